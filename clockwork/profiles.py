@@ -1,0 +1,258 @@
+"""Model profiles (how long LOAD and INFER take) and the estimator.
+
+A profile file ``profiles/<set>/<model>.json`` holds one model on one device kind:
+
+```
+{"model": "resnet50_v2", "device": "v100", "weights_bytes": ..., "weights_pages": 7,
+ "load_ns": 8000000, "exec_ns": {"1": 2900000, "2": ...},
+ "inputs": [{"name": "data", "shape": [3, 224, 224], "dtype": "float32"}],
+ "outputs": [...], "source": {"exec_ns.1": "measured: ...", ...}}
+```
+
+Shapes exclude the batch dimension. ``source`` says, per figure, whether it was
+measured (how, where) or modelled (the formula).
+"""
+
+from __future__ import annotations
+
+import os
+from bisect import insort
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+PAGE_SIZE = 16 * 1024 * 1024  # bytes, Clockwork's weights-cache page
+
+
+class ProfileError(ValueError):
+    """A profile file or profile set is missing or malformed."""
+
+
+@dataclass
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+
+@dataclass
+class ModelProfile:
+    model: str
+    device: str
+    weights_bytes: int
+    load_ns: int
+    exec_ns: dict[int, int]
+    weights_pages: int = 0
+    inputs: list[TensorSpec] = field(default_factory=list)
+    outputs: list[TensorSpec] = field(default_factory=list)
+    source: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.weights_pages:
+            self.weights_pages = pages_for(self.weights_bytes)
+        if not self.exec_ns:
+            raise ProfileError(f"profile {self.model!r}: exec_ns is empty")
+        self.exec_ns = {int(b): int(v) for b, v in sorted(self.exec_ns.items())}
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        return sorted(self.exec_ns)
+
+    def renamed(self, name: str) -> ModelProfile:
+        """The same figures under another instance name (model copies)."""
+        return ModelProfile(
+            model=name,
+            device=self.device,
+            weights_bytes=self.weights_bytes,
+            load_ns=self.load_ns,
+            exec_ns=dict(self.exec_ns),
+            weights_pages=self.weights_pages,
+            inputs=self.inputs,
+            outputs=self.outputs,
+            source=self.source,
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "model": self.model,
+            "device": self.device,
+            "weights_bytes": self.weights_bytes,
+            "weights_pages": self.weights_pages,
+            "load_ns": self.load_ns,
+            "exec_ns": {str(b): v for b, v in self.exec_ns.items()},
+            "inputs": [t.to_json() for t in self.inputs],
+            "outputs": [t.to_json() for t in self.outputs],
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict, where: str = "<profile>") -> ModelProfile:
+        try:
+            return cls(
+                model=str(d["model"]),
+                device=str(d.get("device", "unknown")),
+                weights_bytes=int(d["weights_bytes"]),
+                weights_pages=int(d.get("weights_pages", 0)),
+                load_ns=int(d["load_ns"]),
+                exec_ns={int(k): int(v) for k, v in d["exec_ns"].items()},
+                inputs=[_tensor(t) for t in d.get("inputs", [])],
+                outputs=[_tensor(t) for t in d.get("outputs", [])],
+                source=dict(d.get("source", {})),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ProfileError(f"{where}: malformed profile ({type(e).__name__}: {e})") from e
+
+
+def _tensor(t: dict) -> TensorSpec:
+    return TensorSpec(str(t["name"]), tuple(int(x) for x in t["shape"]), str(t["dtype"]))
+
+
+def pages_for(nbytes: int, page_size: int = PAGE_SIZE) -> int:
+    return max(1, -(-int(nbytes) // page_size))
+
+
+def save_profile(profile: ModelProfile, path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_bytes(orjson.dumps(profile.to_json(), option=orjson.OPT_INDENT_2) + b"\n")
+
+
+def load_profile(path: str | Path) -> ModelProfile:
+    p = Path(path)
+    try:
+        data = orjson.loads(p.read_bytes())
+    except FileNotFoundError:
+        raise ProfileError(f"no profile file {p}") from None
+    except orjson.JSONDecodeError as e:
+        raise ProfileError(f"{p}: not valid JSON ({e})") from e
+    return ModelProfile.from_json(data, str(p))
+
+
+def profile_roots() -> list[Path]:
+    """Where profile sets are looked up, in order."""
+    roots = []
+    if env := os.environ.get("CLOCKWORK_PROFILES"):
+        roots.append(Path(env))
+    roots.append(Path.cwd() / "profiles")
+    roots.append(Path(__file__).resolve().parent.parent / "profiles")
+    return roots
+
+
+@dataclass
+class ProfileSet:
+    """The profiles of one folder: model name -> profile, plus the set's defaults."""
+
+    name: str
+    path: Path
+    profiles: dict[str, ModelProfile]
+    weights_cache_pages: int
+
+    def get(self, model: str) -> ModelProfile:
+        try:
+            return self.profiles[model]
+        except KeyError:
+            known = ", ".join(sorted(self.profiles)) or "(none)"
+            raise ProfileError(
+                f"no profile for model {model!r} in profile set {self.name!r} ({self.path}); "
+                f"known: {known}"
+            ) from None
+
+
+def load_profile_set(name_or_path: str) -> ProfileSet:
+    """Load ``profiles/<name>/`` (or a folder path). ``set.json`` holds the defaults."""
+    candidates = [Path(name_or_path)] if os.sep in name_or_path else []
+    candidates += [root / name_or_path for root in profile_roots()]
+    for folder in candidates:
+        if folder.is_dir():
+            break
+    else:
+        tried = ", ".join(str(c) for c in candidates)
+        raise ProfileError(f"profile set {name_or_path!r} not found (tried {tried})")
+    meta = {}
+    if (folder / "set.json").exists():
+        meta = orjson.loads((folder / "set.json").read_bytes())
+    profiles = {}
+    for f in sorted(folder.glob("*.json")):
+        if f.name == "set.json":
+            continue
+        prof = load_profile(f)
+        profiles[prof.model] = prof
+    if not profiles:
+        raise ProfileError(f"profile set {folder} holds no profiles")
+    return ProfileSet(
+        name=folder.name,
+        path=folder,
+        profiles=profiles,
+        weights_cache_pages=int(meta.get("weights_cache_pages", 1376)),
+    )
+
+
+class SlidingWindow:
+    """The last ``size`` measurements, with an order-statistic percentile.
+
+    Clockwork estimates a duration as the 99th percentile of the last 10
+    measurements (with 10 values that is the maximum).
+    """
+
+    __slots__ = ("size", "_fifo", "_sorted")
+
+    def __init__(self, size: int = 10, seed: int | None = None) -> None:
+        self.size = size
+        self._fifo: deque[int] = deque()
+        self._sorted: list[int] = []
+        if seed is not None:
+            self.insert(seed)
+
+    def insert(self, value: int) -> None:
+        value = int(value)
+        if len(self._fifo) == self.size:
+            old = self._fifo.popleft()
+            self._sorted.remove(old)
+        self._fifo.append(value)
+        insort(self._sorted, value)
+
+    def percentile(self, p: float) -> int:
+        if not self._sorted:
+            raise ValueError("empty window")
+        idx = min(len(self._sorted) - 1, int(p * len(self._sorted)))
+        return self._sorted[idx]
+
+    def __len__(self) -> int:
+        return len(self._fifo)
+
+
+class Estimator:
+    """Per-model duration estimates: EXEC per batch size and LOAD.
+
+    Seeded from the profile; every measurement moves the estimate to the
+    ``percentile`` of the last ``window`` measurements.
+    """
+
+    __slots__ = ("profile", "percentile", "_exec", "_exec_w", "_load_w", "load", "batch_sizes")
+
+    def __init__(self, profile: ModelProfile, window: int = 10, percentile: float = 0.99) -> None:
+        self.profile = profile
+        self.percentile = percentile
+        self.batch_sizes = profile.batch_sizes
+        self._exec_w = {b: SlidingWindow(window, v) for b, v in profile.exec_ns.items()}
+        self._exec = dict(profile.exec_ns)
+        self._load_w = SlidingWindow(window, profile.load_ns)
+        self.load = profile.load_ns
+
+    def exec(self, batch_size: int) -> int:
+        return self._exec[batch_size]
+
+    def add_exec(self, batch_size: int, duration: int) -> None:
+        w = self._exec_w.get(batch_size)
+        if w is None:
+            return
+        w.insert(duration)
+        self._exec[batch_size] = w.percentile(self.percentile)
+
+    def add_load(self, duration: int) -> None:
+        self._load_w.insert(duration)
+        self.load = self._load_w.percentile(self.percentile)
