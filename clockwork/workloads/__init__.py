@@ -1,0 +1,62 @@
+"""Arrival processes. ``build_workload`` turns a scenario's ``[[workloads]]`` entry
+into an object; ``KINDS`` lists what exists."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from clockwork.workloads.base import Arrival, SloSpec, Workload, WorkloadError, select_instances
+from clockwork.workloads.basic import ClosedLoop, OpenLoop
+
+__all__ = ["Arrival", "ClosedLoop", "OpenLoop", "SloSpec", "Workload", "WorkloadError",
+           "KINDS", "build_workload", "select_instances"]
+
+
+def _slo(spec: dict) -> SloSpec:
+    return SloSpec(spec.get("slo_ms"), spec.get("slo_factor"))
+
+
+def _closed(spec: dict, models: list[str]) -> Workload:
+    return ClosedLoop(models, int(spec.get("concurrency", 1)), _slo(spec),
+                      float(spec.get("think_ms", 0.0)))
+
+
+def _open(process: str) -> Callable[[dict, list[str]], Workload]:
+    def make(spec: dict, models: list[str]) -> Workload:
+        if "rate_rps" not in spec:
+            raise WorkloadError(f"{process} workload needs rate_rps")
+        return OpenLoop(models, float(spec["rate_rps"]), _slo(spec), process)
+    return make
+
+
+KINDS: dict[str, Callable[[dict, list[str]], Workload]] = {
+    "closed_loop": _closed,
+    "poisson": _open("poisson"),
+    "fixed_rate": _open("fixed"),
+}
+
+_COMMON = {"kind", "models", "slo_ms", "slo_factor"}
+_KEYS = {
+    "closed_loop": _COMMON | {"concurrency", "think_ms"},
+    "poisson": _COMMON | {"rate_rps"},
+    "fixed_rate": _COMMON | {"rate_rps"},
+}
+
+
+def build_workload(spec: dict, instances: dict[str, str]) -> Workload:
+    """``instances``: instance name -> model name (see ``scenario.instance_names``)."""
+    kind = spec.get("kind")
+    if kind not in KINDS:
+        raise WorkloadError(f"unknown workload kind {kind!r}; known: {', '.join(sorted(KINDS))}")
+    allowed = _KEYS.get(kind)
+    if allowed is not None:
+        bad = set(spec) - allowed
+        if bad:
+            raise WorkloadError(f"{kind} workload: unknown keys {sorted(bad)} (allowed: {sorted(allowed)})")
+    models = select_instances(spec.get("models", "*"), instances)
+    try:
+        return KINDS[kind](spec, models)
+    except (TypeError, ValueError) as e:
+        if isinstance(e, WorkloadError):
+            raise
+        raise WorkloadError(f"{kind} workload: {e}") from e

@@ -1,0 +1,66 @@
+"""Client requests as the controller sees them, and their answers."""
+
+from __future__ import annotations
+
+from clockwork.actions import RequestStatus
+
+# Request.state
+QUEUED, EXECUTING, DONE = 0, 1, 2
+
+
+class Request:
+    """One inference request. Times are int ns on the controller's clock.
+
+    ``slo`` 0 means "the scheduler's default". The scheduler fills ``deadline``
+    (arrival + slo - buffer), ``drop_at`` (last moment a batch-1 EXEC could start)
+    and its own bookkeeping fields.
+    """
+
+    __slots__ = ("id", "model", "arrival", "slo", "deadline", "drop_at", "state", "demand",
+                 "cold", "tag", "inputs")
+
+    def __init__(self, id: int, model: str, arrival: int, slo: int = 0, tag: object = None,
+                 inputs: object = None) -> None:
+        self.id = id
+        self.model = model
+        self.arrival = arrival
+        self.slo = slo
+        self.deadline = 0
+        self.drop_at = 0
+        self.state = QUEUED
+        self.demand = 0.0
+        self.cold = False
+        self.tag = tag  # whoever submitted it (workload index, client stream, ...)
+        self.inputs = inputs
+
+    def __repr__(self) -> str:
+        return f"Request(id={self.id}, model={self.model!r}, arrival={self.arrival}, slo={self.slo})"
+
+
+class Reply:
+    """The one answer to a request. ``time`` is when the controller answered."""
+
+    __slots__ = ("request", "status", "time", "message", "gpu", "batch_size", "outputs")
+
+    def __init__(self, request: Request, status: RequestStatus, time: int, message: str = "",
+                 gpu: int = -1, batch_size: int = 0, outputs: object = None) -> None:
+        self.request = request
+        self.status = status
+        self.time = time
+        self.message = message
+        self.gpu = gpu
+        self.batch_size = batch_size
+        self.outputs = outputs
+
+    @property
+    def latency(self) -> int:
+        return self.time - self.request.arrival
+
+    @property
+    def slo_met(self) -> bool:
+        r = self.request
+        return self.status == RequestStatus.SUCCESS and self.time <= r.arrival + r.slo
+
+    def __repr__(self) -> str:
+        return (f"Reply(request={self.request.id}, status={self.status.name}, time={self.time}, "
+                f"message={self.message!r})")

@@ -1,0 +1,108 @@
+"""Closed-loop and open-loop (Poisson, fixed-rate) workloads."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from clockwork.workloads.base import Arrival, SloSpec, Workload, WorkloadError
+
+
+class ClosedLoop(Workload):
+    """``concurrency`` outstanding requests per instance; each answer sends the next
+    (after ``think_ms``)."""
+
+    kind = "closed_loop"
+
+    def __init__(self, models: Sequence[str], concurrency: int = 1, slo: SloSpec | None = None,
+                 think_ms: float = 0.0) -> None:
+        super().__init__()
+        if concurrency < 1:
+            raise WorkloadError(f"closed_loop concurrency must be >= 1, got {concurrency}")
+        if think_ms < 0:
+            raise WorkloadError("think_ms must be >= 0")
+        self.models = list(models)
+        self.concurrency = concurrency
+        self.slo = slo or SloSpec()
+        self.think = round(think_ms * 1e6)
+        self.outstanding: dict[str, int] = {}
+
+    def initial(self, now: int) -> list[Arrival]:
+        out = []
+        for m in self.models:
+            slo = self.slo.resolve(m, self.exec1)
+            self.outstanding[m] = self.concurrency
+            out.extend((now, m, slo) for _ in range(self.concurrency))
+        return out
+
+    def on_reply(self, model: str, ok: bool, now: int) -> list[Arrival]:
+        self.outstanding[model] -= 1
+        t = now + self.think
+        if t >= self.end:
+            return []
+        self.outstanding[model] += 1
+        return [(t, model, self.slo.resolve(model, self.exec1))]
+
+
+class OpenLoop(Workload):
+    """Arrivals at ``rate_rps`` in total, spread evenly over the instances.
+
+    ``process = "poisson"`` draws exponential gaps; ``"fixed"`` spaces them evenly.
+    """
+
+    kind = "poisson"
+    CHUNK = 8192
+
+    def __init__(self, models: Sequence[str], rate_rps: float, slo: SloSpec | None = None,
+                 process: str = "poisson") -> None:
+        super().__init__()
+        if not rate_rps > 0:
+            raise WorkloadError(f"rate_rps must be > 0, got {rate_rps}")
+        if process not in ("poisson", "fixed"):
+            raise WorkloadError(f"unknown arrival process {process!r} (poisson, fixed)")
+        self.models = list(models)
+        self.rate = float(rate_rps)
+        self.slo = slo or SloSpec()
+        self.process = process
+        self.kind = process if process == "poisson" else "fixed_rate"
+        self._t = 0.0
+        self._buf: list[Arrival] = []
+
+    def bind(self, start, end, rng, exec1) -> None:
+        super().bind(start, end, rng, exec1)
+        self._t = float(start)
+        self._slos = [self.slo.resolve(m, exec1) for m in self.models]
+
+    def _refill(self) -> None:
+        n = self.CHUNK
+        gap = 1e9 / self.rate
+        if self.process == "poisson":
+            gaps = self.rng.exponential(gap, n)
+        else:
+            gaps = np.full(n, gap)
+        times = self._t + np.cumsum(gaps)
+        self._t = float(times[-1])
+        k = len(self.models)
+        idx = self.rng.integers(0, k, n) if self.process == "poisson" else \
+            (np.arange(n) + getattr(self, "_rr", 0)) % k
+        self._rr = (getattr(self, "_rr", 0) + n) % k
+        models, slos, end = self.models, self._slos, self.end
+        buf = []
+        for t, i in zip(times.astype(np.int64).tolist(), idx.tolist(), strict=True):
+            if t >= end:
+                break
+            buf.append((t, models[i], slos[i]))
+        buf.reverse()
+        self._buf = buf
+        if not buf:
+            self._t = float("inf")
+
+    def next_arrival(self) -> Arrival | None:
+        if not self._buf:
+            if self._t >= self.end:
+                return None
+            self._refill()
+            if not self._buf:
+                return None
+        return self._buf.pop()

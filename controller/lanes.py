@@ -1,0 +1,72 @@
+"""Predicting when a worker's executor (EXEC lane, PCIe/LOAD lane) will be free.
+
+The controller keeps, per lane, the actions it has sent and not yet heard back
+about. The lane is predicted free at the end of that chain, each action starting
+no earlier than its ``earliest`` and taking its expected duration, anchored at
+the last completion the worker reported. Work that is ``lag`` overdue is assumed
+done, so one lost result cannot stall a GPU forever.
+"""
+
+from __future__ import annotations
+
+
+class LaneTracker:
+    __slots__ = ("future", "lag", "base", "_work", "_free_at")
+
+    def __init__(self, future: int, lag: int) -> None:
+        self.future = future
+        self.lag = lag
+        self.base = 0  # last reported completion
+        self._work: dict[int, tuple[int, int]] = {}  # id -> (earliest, duration), in send order
+        self._free_at = 0
+
+    def __len__(self) -> int:
+        return len(self._work)
+
+    @property
+    def idle(self) -> bool:
+        return not self._work
+
+    def available(self, now: int) -> int:
+        """Predicted time the lane can start new work (never before ``now + future``)."""
+        free = self._free_at
+        if self._work:
+            first_dur = next(iter(self._work.values()))[1]
+            if self.base + first_dur + self.lag < now:  # overdue: re-anchor
+                self.base = now - self.lag - first_dur
+                self._recompute()
+                free = self._free_at
+        t = now + self.future
+        return free if free > t else t
+
+    def add(self, action_id: int, earliest: int, duration: int, now: int) -> int:
+        """Record sent work; returns its predicted start."""
+        start = self.available(now)
+        if earliest > start:
+            start = earliest
+        if not self._work:
+            self.base = start
+        self._work[action_id] = (earliest, duration)
+        self._free_at = start + duration
+        return start
+
+    def done(self, action_id: int, end: int) -> None:
+        """The worker reported the action finished (or was rejected) at ``end``."""
+        work = self._work
+        if action_id not in work:
+            return
+        first = next(iter(work))
+        del work[action_id]
+        if action_id == first:
+            self.base = end
+        elif end > self.base:
+            self.base = end
+        self._recompute()
+
+    def _recompute(self) -> None:
+        t = self.base
+        for earliest, dur in self._work.values():
+            if earliest > t:
+                t = earliest
+            t += dur
+        self._free_at = t

@@ -1,0 +1,529 @@
+"""The Clockwork scheduler (INFER5, in our words) as a pure core.
+
+Rules (DESIGN.md §4), each in one place below:
+
+* ``on_request``  deadline = arrival + SLO - buffer; answer at once if already
+  infeasible; queue it; kick the GPUs holding the model; ask for a LOAD if none does.
+* ``_schedule_infer``  while a GPU is predicted free before now + schedule_ahead,
+  pick the most urgent model on it (smallest latest-start = oldest deadline -
+  estimate), drop its requests that cannot finish, take the largest batch size
+  whose estimate lets every request in it meet its deadline, send INFER.
+* ``_schedule_loads``  when a GPU's PCIe lane is free, load the model with the
+  highest unmet demand, evicting least-recently-used models without demand first.
+* ``on_result``  feed measured durations into the estimates, answer requests,
+  return the requests of a rejected INFER to their queue if they can still make it.
+* ``on_tick``  answer requests that can no longer start in time; wake GPUs whose
+  schedule-ahead window opened; re-examine unmet demand for LOADs.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left
+from collections.abc import Iterable
+
+from clockwork.actions import NEVER, Action, ActionType, ErrorCode, RequestStatus, Result
+from clockwork.profiles import ModelProfile
+from clockwork.requests import DONE, EXECUTING, QUEUED, Reply, Request
+from controller.config import SchedulerConfig
+from controller.policy import GpuSpec, Policy
+from controller.state import GpuState, Instance, ModelState
+
+
+class _Inflight:
+    __slots__ = ("action", "gpu", "instance", "requests")
+
+    def __init__(self, action: Action, gpu: GpuState, instance: Instance | None,
+                 requests: list[Request]) -> None:
+        self.action = action
+        self.gpu = gpu
+        self.instance = instance
+        self.requests = requests
+
+
+class ClockworkScheduler(Policy):
+    scan_extra = 64  # queued requests looked at beyond max batch when forming a batch
+    def __init__(self, profiles: Iterable[ModelProfile], gpus: Iterable[GpuSpec],
+                 config: SchedulerConfig | None = None) -> None:
+        self.cfg = cfg = config or SchedulerConfig()
+        self.models: dict[str, ModelState] = {p.model: ModelState(p, cfg) for p in profiles}
+        self.gpus: list[GpuState] = [
+            GpuState(i, s.worker, s.gpu, s.pages, cfg) for i, s in enumerate(gpus)
+        ]
+        self._replies: list[Reply] = []
+        self._inflight: dict[int, _Inflight] = {}
+        self._expiry: list[tuple[int, int, Request]] = []  # (drop_at, id, request)
+        self._wakes: list[tuple[int, int]] = []  # (time, gpu index)
+        self._next_action = 1
+        self._use_seq = 0
+        self._unserved: set[str] = set()  # models with queued requests and no copy
+        self._queued: set[str] = set()  # models with queued requests
+        self._next_load_check = 0
+        self.stats = {"infer": 0, "load": 0, "evict": 0, "rejected": 0}
+
+    # ------------------------------------------------------------------ events
+
+    def on_request(self, request: Request, now: int) -> list[Action]:
+        out: list[Action] = []
+        m = self.models.get(request.model)
+        if m is None:
+            self._answer(request, RequestStatus.INVALID_REQUEST, now, f"unknown model {request.model!r}")
+            return out
+        cfg = self.cfg
+        slo = request.slo or cfg.default_slo
+        if slo <= 0:
+            self._answer(request, RequestStatus.INVALID_REQUEST, now, "SLO must be positive")
+            return out
+        request.slo = slo
+        buffer = cfg.buffer if cfg.buffer * 2 <= slo else slo // 2
+        request.deadline = request.arrival + slo - buffer
+        b1 = m.est.exec(m.batch_sizes[0])
+        request.drop_at = request.deadline - b1
+        request.cold = m.ready_copies == 0
+        if request.drop_at < now:
+            self._answer(request, RequestStatus.TIMEOUT, now, "SLO cannot be met")
+            return out
+        # demand for LOADs: the fraction of a GPU this request needs within its load window
+        load_slo = slo - (m.est.load + b1 + buffer + cfg.schedule_ahead)
+        load_slo = max(min(cfg.max_load_slo, load_slo), cfg.schedule_ahead + buffer)
+        request.demand = b1 / load_slo
+        request.state = QUEUED
+        m.queue.append(request)
+        m.live += 1
+        m.outstanding += request.demand
+        heapq.heappush(self._expiry, (request.drop_at, request.id, request))
+        if m.live == 1:
+            self._queued.add(m.name)
+            for g in m.instances:
+                self.gpus[g].active.add(m.name)
+        if m.instances:
+            for g in m.instances:
+                self._schedule_infer(self.gpus[g], now, out)
+        else:
+            if not self._unserved:
+                self._next_load_check = now
+            self._unserved.add(m.name)
+            self._schedule_loads(now, out, only_idle=True)
+        return out
+
+    def on_result(self, result: Result, now: int) -> list[Action]:
+        out: list[Action] = []
+        inf = self._inflight.pop(result.id, None)
+        if inf is None:
+            return out  # unknown or duplicate result: nothing to do
+        g = inf.gpu
+        if not result.ok:
+            self.stats["rejected"] += 1
+        t = inf.action.type
+        if t == ActionType.INFER:
+            g.exec.done(result.id, result.end)
+            inst = inf.instance
+            inst.inflight -= 1
+            m = inst.model
+            if result.ok:
+                m.est.add_exec(inf.action.batch_size, result.duration)
+                for r in inf.requests:
+                    self._answer(r, RequestStatus.SUCCESS, now, "", g.index, inf.action.batch_size,
+                                 result.outputs)
+            else:
+                self._requeue(m, inf.requests, result, now)
+                if result.status in (ErrorCode.WEIGHTS_NOT_PRESENT, ErrorCode.WEIGHTS_CHANGED) \
+                        and not inst.loading and g.instances.get(m.name) is inst:
+                    self._drop_instance(inst)  # our view was wrong: forget the copy
+            self._schedule_infer(g, now, out)
+        elif t == ActionType.LOAD:
+            g.pcie.done(result.id, result.end)
+            inst = inf.instance
+            current = g.instances.get(inst.model.name) is inst
+            if result.ok:
+                inst.model.est.add_load(result.duration)
+                if current:
+                    inst.loading = False
+                    inst.ready_at = result.end
+                    inst.model.ready_copies += 1
+            elif current:
+                self._drop_instance(inst)
+            self._schedule_infer(g, now, out)
+            self._schedule_loads(now, out, only_idle=True)
+        # EVICT results need nothing: pages were freed in our view when it was sent
+        return out
+
+    def on_tick(self, now: int) -> list[Action]:
+        out: list[Action] = []
+        exp = self._expiry
+        while exp and exp[0][0] < now:
+            _, _, r = heapq.heappop(exp)
+            if r.state == QUEUED:
+                m = self.models[r.model]
+                self._unqueue(m, r)
+                self._answer(r, RequestStatus.TIMEOUT, now, "SLO cannot be met")
+        wakes = self._wakes
+        while wakes and wakes[0][0] <= now:
+            _, gi = heapq.heappop(wakes)
+            g = self.gpus[gi]
+            g.wake_at = 0
+            self._schedule_infer(g, now, out)
+        if self._next_load_check and now >= self._next_load_check:
+            self._schedule_loads(now, out, only_idle=False)
+        return out
+
+    def next_wakeup(self) -> int | None:
+        t = NEVER
+        if self._expiry:
+            t = self._expiry[0][0] + 1
+        if self._wakes and self._wakes[0][0] < t:
+            t = self._wakes[0][0]
+        if self._next_load_check and self._next_load_check < t:
+            t = self._next_load_check
+        return None if t == NEVER else t
+
+    def drain_replies(self) -> list[Reply]:
+        out, self._replies = self._replies, []
+        return out
+
+    # ------------------------------------------------------------------ INFER
+
+    def _schedule_infer(self, g: GpuState, now: int, out: list[Action]) -> None:
+        horizon = now + self.cfg.schedule_ahead
+        models = self.models
+        while g.active:
+            t = g.exec.available(now)
+            if t >= horizon:
+                self._wake(g, t - self.cfg.schedule_ahead + 1)
+                return
+            cands = []
+            for name in list(g.active):
+                m = models[name]
+                inst = g.instances[name]
+                start = t if inst.ready_at <= t else inst.ready_at
+                if start >= horizon:
+                    continue
+                choice = self._choose_batch(m, start, drop=not inst.loading, now=now)
+                if choice is not None:
+                    cands.append((choice[0], -choice[1], name, m, inst, start, choice))
+            if not cands:
+                # nothing runnable now; models still loading are woken by their LOAD result
+                return
+            best = self._pick(cands)
+            _, _, _, m, inst, start, (_, b, batch, skipped) = best
+            for r in skipped:  # too urgent for the batch chosen: they cannot be served now
+                self._unqueue(m, r)
+                self._answer(r, RequestStatus.TIMEOUT, now, "SLO cannot be met")
+            self._send_infer(g, m, inst, start, b, batch, now, out)
+
+    def _pick(self, cands: list) -> tuple:
+        """Which candidate batch runs next on a GPU.
+
+        Clockwork's rule is the most urgent (smallest latest-start). Two refinements
+        (``batch_first``), both only when batches conflict:
+
+        * a larger batch that can run first and still leave the most urgent one
+          time to start runs first (the urgent one loses nothing);
+        * if running the urgent batch first would make a more efficient batch
+          (more requests per second of GPU time) miss its deadline, the efficient
+          one runs. Under overload this keeps the GPU at its best batch size
+          instead of splitting every queue into small late batches.
+        """
+        urgent = min(cands)
+        if len(cands) == 1 or not self.cfg.batch_first:
+            return urgent
+        u_start, u_b = urgent[5], -urgent[1]
+        u_exec = urgent[3].est.exec(u_b)
+        u_rate = u_b / u_exec
+        u_latest = urgent[0]
+        best = None
+        for c in sorted(cands):
+            b = -c[1]
+            if b <= u_b or c is urgent:
+                continue
+            e = c[3].est.exec(b)
+            if c[5] + e <= u_latest:
+                if best is None or b > -best[1]:
+                    best = c  # fits before the urgent one
+            elif best is None and b / e > u_rate and u_start + u_exec > c[0]:
+                best = c  # the urgent one first would cost this better batch its deadline
+        return best or urgent
+
+    def _choose_batch(self, m: ModelState, start: int, drop: bool, now: int):
+        """INFER5's choice for one model on a GPU that can start at ``start``.
+
+        For each allowed batch size b, the candidate batch is the first b queued
+        requests that can all finish by their deadlines if a batch of b starts at
+        ``start``; its priority is its oldest deadline - estimate(b). The model's
+        priority is the smallest over the sizes it can fill, and it runs the
+        largest size it can fill. Requests ahead of that batch which are too urgent
+        for it are returned as ``skipped`` (they are dropped if it runs).
+        With ``drop``, requests that cannot finish even alone are answered first.
+
+        Returns (priority, batch size, batch, skipped) or None.
+        """
+        est = m.est
+        sizes = m.batch_sizes
+        e1 = est.exec(sizes[0])
+        if drop:
+            q = m.queue
+            while q:
+                r = q[0]
+                if r.state != QUEUED:
+                    q.popleft()
+                    continue
+                if r.deadline >= start + e1:
+                    break
+                self._unqueue(m, r)
+                self._answer(r, RequestStatus.TIMEOUT, now, "SLO cannot be met")
+        if not m.live:
+            return None
+        head = m.head(sizes[-1] + self.scan_extra)
+        n = len(head)
+        deadlines = [r.deadline for r in head]
+        ordered = all(deadlines[i] <= deadlines[i + 1] for i in range(n - 1))
+        max_exec = self.cfg.max_exec
+        prio = None
+        chosen = None
+        for b in sizes:
+            if b > n:
+                break
+            e = est.exec(b)
+            if b > 1 and e > max_exec:
+                break
+            th = start + e
+            if ordered:
+                j = bisect_left(deadlines, th)
+                if n - j < b:
+                    continue
+                idx = range(j, j + b)
+            else:
+                idx = [i for i in range(n) if deadlines[i] >= th][:b]
+                if len(idx) < b:
+                    continue
+            p = deadlines[idx[0]] - e
+            if prio is None or p < prio:
+                prio = p
+            chosen = (b, idx)
+        if chosen is None:
+            return None
+        b, idx = chosen
+        last = idx[-1]
+        picked = set(idx)
+        batch = [head[i] for i in idx]
+        skipped = [head[i] for i in range(last) if i not in picked]
+        return prio, b, batch, skipped
+
+    def _send_infer(self, g: GpuState, m: ModelState, inst: Instance, start: int, b: int,
+                    batch: list[Request], now: int, out: list[Action]) -> None:
+        cfg = self.cfg
+        e = m.est.exec(b)
+        aid = self._next_action
+        self._next_action += 1
+        earliest = inst.ready_at if inst.ready_at > now else now
+        start = g.exec.add(aid, earliest, e, now)
+        latest = max(now + cfg.future + cfg.latest_delta, start + cfg.latest_delta)
+        a = Action(aid, ActionType.INFER, g.worker, g.gpu, m.name, earliest, latest, e,
+                   batch_size=b, version=inst.version, expected_end=start + e, sent_at=now)
+        for r in batch:
+            self._unqueue(m, r, EXECUTING)
+        inst.inflight += 1
+        self._use_seq += 1
+        inst.last_used = self._use_seq
+        self._inflight[aid] = _Inflight(a, g, inst, batch)
+        self.stats["infer"] += 1
+        out.append(a)
+
+    def _requeue(self, m: ModelState, requests: list[Request], result: Result, now: int) -> None:
+        keep = []
+        e1 = m.est.exec(m.batch_sizes[0])
+        for r in requests:
+            if now + self.cfg.future + e1 <= r.deadline:
+                keep.append(r)
+            else:
+                self._answer(r, RequestStatus.ERROR, now,
+                             f"worker error {result.status.name}: {result.message}")
+        if not keep:
+            return
+        keep.sort(key=lambda r: (r.arrival, r.id))
+        was_empty = m.live == 0
+        for r in reversed(keep):
+            r.state = QUEUED
+            m.queue.appendleft(r)
+            m.live += 1
+            m.outstanding += r.demand
+            heapq.heappush(self._expiry, (r.drop_at, r.id, r))
+        if was_empty:
+            self._queued.add(m.name)
+            for gi in m.instances:
+                self.gpus[gi].active.add(m.name)
+        if not m.instances:
+            self._unserved.add(m.name)
+            if not self._next_load_check:
+                self._next_load_check = now
+
+    def _unqueue(self, m: ModelState, r: Request, state: int = DONE) -> None:
+        """A queued request leaves the queue (to execute, or answered)."""
+        r.state = state
+        m.live -= 1
+        m.outstanding -= r.demand
+        if m.live == 0:
+            m.outstanding = 0.0
+            m.queue.clear()
+            for gi in m.instances:
+                self.gpus[gi].active.discard(m.name)
+            self._unserved.discard(m.name)
+            self._queued.discard(m.name)
+        elif m.queue and m.queue[0] is r:
+            m.queue.popleft()
+
+    def _wake(self, g: GpuState, t: int) -> None:
+        if g.wake_at and g.wake_at <= t:
+            return
+        g.wake_at = t
+        heapq.heappush(self._wakes, (t, g.index))
+
+    # ------------------------------------------------------------------ LOAD / EVICT
+
+    def _schedule_loads(self, now: int, out: list[Action], only_idle: bool) -> None:
+        """Give each GPU whose PCIe lane is free the most under-served model."""
+        cfg = self.cfg
+        horizon = now + cfg.schedule_ahead
+        gpus = [g for g in self.gpus
+                if (g.pcie.idle if only_idle else g.pcie.available(now) < horizon)]
+        if not gpus:
+            self._arm_load_check(now)
+            return
+        wanted = self._load_priorities()
+        if not wanted:
+            self._arm_load_check(now)
+            return
+        shares = {g.index: g.load_share(self.models) for g in gpus}
+        gpus.sort(key=lambda g: (shares[g.index], g.index))
+        taken: set[str] = set()
+        for g in gpus:
+            for prio, name in wanted:
+                if name in taken or name in g.instances:
+                    continue
+                m = self.models[name]
+                if m.pages > g.total_pages:
+                    continue
+                victims = self._victims(g, m, prio, now)
+                if victims is None:
+                    continue
+                for inst in victims:
+                    self._send_evict(inst, now, out)
+                self._send_load(g, m, now, out)
+                taken.add(name)
+                break
+        self._arm_load_check(now)
+
+    def _arm_load_check(self, now: int) -> None:
+        """Re-examine demand soon if some queued model could use another copy."""
+        n = len(self.gpus)
+        models = self.models
+        demand = bool(self._unserved) or any(
+            len(models[name].instances) < n for name in self._queued
+        )
+        self._next_load_check = now + self.cfg.load_check_interval if demand else 0
+
+    def _load_priorities(self) -> list[tuple[float, str]]:
+        """Models with unmet demand, most unmet first: (priority, name)."""
+        share_cache: dict[int, float] = {}
+        out = []
+        for name in self._queued:
+            m = self.models[name]
+            if m.outstanding <= 0:
+                continue
+            prio = m.outstanding
+            if m.instances:
+                per_copy = m.outstanding / len(m.instances)
+                for gi in m.instances:
+                    s = share_cache.get(gi)
+                    if s is None:
+                        s = share_cache[gi] = self.gpus[gi].load_share(self.models)
+                    prio -= per_copy * (1.0 if s <= 1.0 else 1.0 / s)
+            if prio > 1e-9:
+                out.append((prio, m.name))
+        out.sort(key=lambda x: (-x[0], x[1]))
+        return [(p, n) for p, n in out]
+
+    def _victims(self, g: GpuState, m: ModelState, prio: float, now: int) -> list[Instance] | None:
+        """Instances to evict so ``m`` fits on ``g``; None if it cannot fit."""
+        need = m.pages - g.free_pages
+        if need <= 0:
+            return []
+        cands = []
+        for inst in g.instances.values():
+            if inst.loading or inst.inflight:
+                continue
+            vm = inst.model
+            share = vm.outstanding / len(vm.instances) if vm.live else 0.0
+            if share and share >= prio:
+                continue  # as needed here as the model we would load
+            cands.append((share > 0, inst.last_used, vm.name, inst))
+        cands.sort(key=lambda c: c[:3])
+        chosen = []
+        for c in cands:
+            chosen.append(c[3])
+            need -= c[3].model.pages
+            if need <= 0:
+                return chosen
+        return None
+
+    def _send_load(self, g: GpuState, m: ModelState, now: int, out: list[Action]) -> None:
+        cfg = self.cfg
+        aid = self._next_action
+        self._next_action += 1
+        m.versions += 1
+        e = m.est.load
+        start = g.pcie.add(aid, now, e, now)
+        latest = max(now + cfg.future + cfg.latest_delta, start + cfg.latest_delta)
+        inst = Instance(m, g, m.versions, start + e)
+        self._use_seq += 1
+        inst.last_used = self._use_seq
+        g.instances[m.name] = inst
+        g.free_pages -= m.pages
+        m.instances[g.index] = inst
+        self._unserved.discard(m.name)
+        a = Action(aid, ActionType.LOAD, g.worker, g.gpu, m.name, now, latest, e,
+                   version=m.versions, expected_end=start + e, sent_at=now)
+        self._inflight[aid] = _Inflight(a, g, inst, [])
+        self.stats["load"] += 1
+        out.append(a)
+        if m.live:
+            g.active.add(m.name)
+            self._schedule_infer(g, now, out)
+
+    def _send_evict(self, inst: Instance, now: int, out: list[Action]) -> None:
+        g = inst.gpu
+        aid = self._next_action
+        self._next_action += 1
+        a = Action(aid, ActionType.EVICT, g.worker, g.gpu, inst.model.name, 0, NEVER, 0,
+                   version=inst.version, expected_end=now, sent_at=now)
+        self._drop_instance(inst)
+        self._inflight[aid] = _Inflight(a, g, inst, [])
+        self.stats["evict"] += 1
+        out.append(a)
+
+    def _drop_instance(self, inst: Instance) -> None:
+        g, m = inst.gpu, inst.model
+        del g.instances[m.name]
+        del m.instances[g.index]
+        g.active.discard(m.name)
+        g.free_pages += m.pages
+        if not inst.loading:
+            m.ready_copies -= 1
+        if m.live and not m.instances:
+            self._unserved.add(m.name)
+
+    # ------------------------------------------------------------------ answers
+
+    def _answer(self, r: Request, status: RequestStatus, now: int, message: str = "",
+                gpu: int = -1, batch_size: int = 0, outputs: object = None) -> None:
+        r.state = DONE
+        self._replies.append(Reply(r, status, now, message, gpu, batch_size, outputs))
+
+    # ------------------------------------------------------------------ introspection
+
+    def pages_used(self, gpu_index: int) -> int:
+        g = self.gpus[gpu_index]
+        return g.total_pages - g.free_pages
+
+    def queued(self) -> int:
+        return sum(m.live for m in self.models.values())

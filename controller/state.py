@@ -1,0 +1,85 @@
+"""The controller's global view: models (queues, estimates, demand) and GPUs
+(pages, lanes, which models they hold)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from clockwork.profiles import Estimator, ModelProfile
+from clockwork.requests import QUEUED, Request
+from controller.config import SchedulerConfig
+from controller.lanes import LaneTracker
+
+
+class Instance:
+    """A model's weights on one GPU (loading or loaded), as the controller believes."""
+
+    __slots__ = ("model", "gpu", "version", "ready_at", "loading", "inflight", "last_used")
+
+    def __init__(self, model: ModelState, gpu: GpuState, version: int, ready_at: int) -> None:
+        self.model = model
+        self.gpu = gpu
+        self.version = version
+        self.ready_at = ready_at  # predicted until the LOAD result arrives
+        self.loading = True
+        self.inflight = 0  # INFER actions sent and not answered
+        self.last_used = 0
+
+
+class ModelState:
+    """Per model: a FIFO request queue, estimates, demand and where its copies are."""
+
+    __slots__ = ("name", "profile", "est", "queue", "live", "outstanding", "instances",
+                 "ready_copies", "versions", "batch_sizes", "pages")
+
+    def __init__(self, profile: ModelProfile, cfg: SchedulerConfig) -> None:
+        self.name = profile.model
+        self.profile = profile
+        self.est = Estimator(profile, cfg.estimate_window, cfg.estimate_percentile)
+        self.queue: deque[Request] = deque()
+        self.live = 0  # QUEUED requests in ``queue`` (it may also hold answered ones)
+        self.outstanding = 0.0  # LOAD demand of queued requests, in GPUs
+        self.instances: dict[int, Instance] = {}  # gpu index -> instance
+        self.ready_copies = 0
+        self.versions = 0
+        self.pages = profile.weights_pages
+        self.batch_sizes = [b for b in profile.batch_sizes if b <= cfg.max_batch] or [1]
+
+    def head(self, n: int) -> list[Request]:
+        """The first ``n`` queued requests, discarding answered ones at the front."""
+        q = self.queue
+        while q and q[0].state != QUEUED:
+            q.popleft()
+        out = []
+        for r in q:
+            if r.state == QUEUED:
+                out.append(r)
+                if len(out) == n:
+                    break
+        return out
+
+
+class GpuState:
+    __slots__ = ("index", "worker", "gpu", "total_pages", "free_pages", "exec", "pcie",
+                 "instances", "active", "wake_at")
+
+    def __init__(self, index: int, worker: int, gpu: int, pages: int, cfg: SchedulerConfig) -> None:
+        self.index = index
+        self.worker = worker
+        self.gpu = gpu
+        self.total_pages = pages
+        self.free_pages = pages
+        self.exec = LaneTracker(cfg.future, cfg.lag)
+        self.pcie = LaneTracker(cfg.future, cfg.lag)
+        self.instances: dict[str, Instance] = {}
+        self.active: set[str] = set()  # models here with queued requests
+        self.wake_at = 0  # a pending on_tick for this GPU's EXEC lane (0: none)
+
+    def load_share(self, models: dict[str, ModelState]) -> float:
+        """Queued demand this GPU is expected to absorb, in GPUs (1.0 = saturated)."""
+        total = 0.0
+        for name in self.instances:
+            m = models[name]
+            if m.outstanding:
+                total += m.outstanding / len(m.instances)
+        return total

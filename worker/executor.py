@@ -1,0 +1,217 @@
+"""Worker semantics for one GPU, as a pure state machine.
+
+A GPU has a weights cache of fixed-size pages and one executor ("lane") per
+action kind: LOAD (host -> device copy) and EXEC (INFER). EVICT is immediate.
+Each lane takes actions in ``earliest`` order, runs one at a time, waits until
+``earliest`` ("too early" is waited out) and rejects an action it cannot start
+by ``latest`` with that kind's ``*_TOO_LATE`` code, never running it late.
+
+No clocks, threads or sleeps here: a shell calls ``submit(action, now)`` when an
+action arrives and ``advance(now)`` at ``next_time()``; both return the results
+finished by ``now``. How long an action takes comes from a ``Device``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from clockwork.actions import NEVER, TOO_LATE, Action, ActionType, ErrorCode, Result
+from clockwork.profiles import ModelProfile
+
+
+class Device(Protocol):
+    """Tells how long an action takes on this GPU (emulated, or measured for real)."""
+
+    def duration(self, action: Action, profile: ModelProfile) -> int: ...
+
+
+@dataclass(slots=True)
+class Weights:
+    pages: list[int]
+    version: int
+    ready_at: int  # LOAD's end; INFER before this finds no weights
+
+
+@dataclass(slots=True)
+class _Running:
+    action: Action
+    received: int
+    begin: int
+    end: int
+    status: ErrorCode = ErrorCode.SUCCESS
+    message: str = ""
+
+
+class Lane:
+    """One executor: a queue ordered by ``earliest`` and at most one running action."""
+
+    __slots__ = ("pending", "running", "free_at")
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[int, int, Action, int]] = []  # (earliest, id, action, received)
+        self.running: _Running | None = None
+        self.free_at = 0
+
+    def next_time(self) -> int | None:
+        if self.running is not None:
+            return self.running.end
+        if self.pending:
+            earliest, _, _, received = self.pending[0]
+            return max(self.free_at, received, earliest)
+        return None
+
+
+@dataclass
+class GpuExecutor:
+    worker: int
+    gpu: int
+    total_pages: int
+    models: dict[str, ModelProfile]
+    device: Device
+    weights: dict[str, Weights] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.free_pages: list[int] = list(range(self.total_pages - 1, -1, -1))
+        self.load_lane = Lane()
+        self.exec_lane = Lane()
+        self._evicted_while_running: set[int] = set()
+
+    # -- queries -----------------------------------------------------------------
+
+    @property
+    def pages_used(self) -> int:
+        return self.total_pages - len(self.free_pages)
+
+    def loaded_models(self) -> list[str]:
+        return sorted(self.weights)
+
+    def next_time(self) -> int | None:
+        a, b = self.load_lane.next_time(), self.exec_lane.next_time()
+        if a is None:
+            return b
+        if b is None:
+            return a
+        return a if a < b else b
+
+    # -- stimuli -----------------------------------------------------------------
+
+    def submit(self, action: Action, now: int) -> list[Result]:
+        """An action arrives at ``now``. EVICT runs at once; others are queued."""
+        out: list[Result] = []
+        if action.gpu != self.gpu:
+            out.append(self._error(action, now, now, ErrorCode.INVALID_GPU, "wrong gpu"))
+        elif action.model not in self.models:
+            out.append(
+                self._error(action, now, now, ErrorCode.UNKNOWN_MODEL, f"unknown model {action.model!r}")
+            )
+        elif action.type == ActionType.EVICT:
+            out.append(self._evict(action, now))
+        else:
+            lane = self.exec_lane if action.type == ActionType.INFER else self.load_lane
+            heapq.heappush(lane.pending, (action.earliest, action.id, action, now))
+        out.extend(self.advance(now))
+        return out
+
+    def advance(self, now: int) -> list[Result]:
+        """Finish and start whatever is due by ``now``; return finished results."""
+        out: list[Result] = []
+        progress = True
+        while progress:
+            progress = self._step(self.load_lane, now, out) | self._step(self.exec_lane, now, out)
+        return out
+
+    # -- lanes -------------------------------------------------------------------
+
+    def _step(self, lane: Lane, now: int, out: list[Result]) -> bool:
+        r = lane.running
+        if r is not None:
+            if r.end > now:
+                return False
+            lane.running = None
+            lane.free_at = r.end
+            out.append(self._finish(r))
+            return True
+        if not lane.pending:
+            return False
+        earliest, _, action, received = lane.pending[0]
+        consider = max(lane.free_at, received)
+        if consider > now:
+            return False
+        if consider > action.latest:
+            heapq.heappop(lane.pending)
+            lane.free_at = consider
+            late_by = (consider - action.latest) / 1e6
+            out.append(
+                self._error(action, received, consider, TOO_LATE[action.type], f"late by {late_by:.3f} ms")
+            )
+            return True
+        begin = max(consider, earliest)
+        if begin > now:
+            return False
+        heapq.heappop(lane.pending)
+        lane.running = self._start(action, received, begin)
+        return True
+
+    def _start(self, action: Action, received: int, begin: int) -> _Running:
+        profile = self.models[action.model]
+        if action.type == ActionType.INFER:
+            w = self.weights.get(action.model)
+            if action.batch_size not in profile.exec_ns:
+                return _Running(action, received, begin, begin, ErrorCode.INVALID_BATCH_SIZE,
+                                f"batch size {action.batch_size} not in {profile.batch_sizes}")
+            if w is None or w.ready_at > begin:
+                return _Running(action, received, begin, begin, ErrorCode.WEIGHTS_NOT_PRESENT,
+                                "weights not in the cache")
+            if action.version and w.version != action.version:
+                return _Running(action, received, begin, begin, ErrorCode.WEIGHTS_CHANGED,
+                                f"weights version {w.version}, action expects {action.version}")
+            return _Running(action, received, begin, begin + self.device.duration(action, profile))
+        # LOAD
+        if action.model in self.weights:
+            return _Running(action, received, begin, begin, ErrorCode.WEIGHTS_ALREADY_LOADED,
+                            "weights already loaded")
+        need = profile.weights_pages
+        if need > len(self.free_pages):
+            return _Running(action, received, begin, begin, ErrorCode.LOAD_INSUFFICIENT_CACHE,
+                            f"needs {need} pages, {len(self.free_pages)} free")
+        end = begin + self.device.duration(action, profile)
+        pages = [self.free_pages.pop() for _ in range(need)]
+        self.weights[action.model] = Weights(pages, action.version, end)
+        return _Running(action, received, begin, end)
+
+    def _finish(self, r: _Running) -> Result:
+        a = r.action
+        status, message = r.status, r.message
+        if status == ErrorCode.SUCCESS and a.type == ActionType.INFER and a.id in self._evicted_while_running:
+            status, message = ErrorCode.WEIGHTS_CHANGED, "weights evicted during EXEC"
+        self._evicted_while_running.discard(a.id)
+        return Result(
+            id=a.id, type=a.type, status=status, worker=self.worker, gpu=self.gpu, model=a.model,
+            batch_size=a.batch_size, received=r.received, begin=r.begin, end=r.end,
+            duration=r.end - r.begin, message=message,
+        )
+
+    def _evict(self, action: Action, now: int) -> Result:
+        w = self.weights.get(action.model)
+        if w is None:
+            return self._error(action, now, now, ErrorCode.EVICT_NOT_IN_CACHE, "weights not in the cache")
+        lr = self.load_lane.running
+        if lr is not None and lr.action.model == action.model and lr.status == ErrorCode.SUCCESS:
+            return self._error(action, now, now, ErrorCode.WEIGHTS_IN_USE, "weights are being loaded")
+        er = self.exec_lane.running
+        if er is not None and er.action.model == action.model:
+            self._evicted_while_running.add(er.action.id)
+        del self.weights[action.model]
+        self.free_pages.extend(reversed(w.pages))
+        return Result(id=action.id, type=action.type, status=ErrorCode.SUCCESS, worker=self.worker,
+                      gpu=self.gpu, model=action.model, received=now, begin=now, end=now)
+
+    def _error(self, action: Action, received: int, at: int, code: ErrorCode, message: str) -> Result:
+        return Result(id=action.id, type=action.type, status=code, worker=self.worker, gpu=self.gpu,
+                      model=action.model, batch_size=action.batch_size, received=received,
+                      begin=at, end=at, message=message)
+
+
+__all__ = ["Device", "GpuExecutor", "Lane", "Weights", "NEVER"]
