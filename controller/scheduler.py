@@ -80,7 +80,7 @@ class ClockworkScheduler(Policy):
         b1 = m.est.exec(m.batch_sizes[0])
         request.drop_at = request.deadline - b1
         request.cold = m.ready_copies == 0
-        if request.drop_at < now:
+        if request.drop_at < self._earliest_start(m, now):
             self._answer(request, RequestStatus.TIMEOUT, now, "SLO cannot be met")
             return out
         # demand for LOADs: the fraction of a GPU this request needs within its load window
@@ -169,7 +169,10 @@ class ClockworkScheduler(Policy):
 
     def next_wakeup(self) -> int | None:
         t = NEVER
-        if self._expiry:
+        exp = self._expiry
+        while exp and exp[0][2].state != QUEUED:
+            heapq.heappop(exp)  # answered already
+        if exp:
             t = self._expiry[0][0] + 1
         if self._wakes and self._wakes[0][0] < t:
             t = self._wakes[0][0]
@@ -180,6 +183,19 @@ class ClockworkScheduler(Policy):
     def drain_replies(self) -> list[Reply]:
         out, self._replies = self._replies, []
         return out
+
+    def _earliest_start(self, m: ModelState, now: int) -> int:
+        """The soonest any GPU could start an INFER of ``m`` if it were next in line."""
+        if not m.instances:
+            return now + self.cfg.future + m.est.load
+        best = NEVER
+        for gi, inst in m.instances.items():
+            t = self.gpus[gi].exec.available(now)
+            if inst.ready_at > t:
+                t = inst.ready_at
+            if t < best:
+                best = t
+        return best
 
     # ------------------------------------------------------------------ INFER
 

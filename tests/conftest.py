@@ -1,0 +1,20 @@
+from __future__ import annotations
+
+import pytest
+
+from clockwork.profiles import ModelProfile, TensorSpec
+
+
+def make_profile(name: str = "m", exec1: int = 2_900_000, load: int = 8_000_000,
+                 pages: int = 7, batches=(1, 2, 4, 8, 16)) -> ModelProfile:
+    return ModelProfile(
+        model=name, device="test", weights_bytes=pages * 16 * 1024 * 1024, load_ns=load,
+        exec_ns={b: round(exec1 * (0.6 + 0.4 * b)) for b in batches},
+        inputs=[TensorSpec("data", (3, 224, 224), "float32")],
+        outputs=[TensorSpec("output", (1000,), "float32")],
+    )
+
+
+@pytest.fixture
+def profile():
+    return make_profile()

@@ -1,0 +1,154 @@
+"""Worker semantics: windows, one EXEC at a time, pages, error codes."""
+
+from __future__ import annotations
+
+from clockwork.actions import NEVER, Action, ActionType, ErrorCode
+from tests.conftest import make_profile
+from worker.devices.emulated import EmulatedDevice
+from worker.executor import GpuExecutor
+
+MS = 1_000_000
+
+
+def ex(pages=20, **models):
+    profs = {n: make_profile(n, pages=p) for n, p in (models or {"a": 7, "b": 7}).items()}
+    return GpuExecutor(0, 0, pages, profs, EmulatedDevice())
+
+
+def load(aid, model, earliest=0, latest=NEVER, version=1):
+    return Action(aid, ActionType.LOAD, 0, 0, model, earliest, latest, 8 * MS, version=version)
+
+
+def infer(aid, model, earliest=0, latest=NEVER, b=1, version=0):
+    return Action(aid, ActionType.INFER, 0, 0, model, earliest, latest, 0, batch_size=b,
+                  version=version)
+
+
+def evict(aid, model):
+    return Action(aid, ActionType.EVICT, 0, 0, model, 0, NEVER, 0)
+
+
+def run_until_idle(e, now=0):
+    out = []
+    while (t := e.next_time()) is not None:
+        out += e.advance(t)
+    return out
+
+
+def test_load_then_infer_waits_for_earliest():
+    e = ex()
+    assert e.submit(load(1, "a"), 0) == []
+    assert e.submit(infer(2, "a", earliest=20 * MS), 1 * MS) == []
+    res = run_until_idle(e)
+    assert [(r.id, r.status, r.begin, r.end) for r in res] == [
+        (1, ErrorCode.SUCCESS, 0, 8 * MS),
+        (2, ErrorCode.SUCCESS, 20 * MS, 20 * MS + 2_900_000),
+    ]
+    assert res[1].received == 1 * MS
+
+
+def test_one_exec_at_a_time_in_earliest_order():
+    e = ex()
+    e.submit(load(1, "a"), 0)
+    run_until_idle(e)
+    e.submit(infer(3, "a", earliest=9 * MS, b=2), 8 * MS)
+    e.submit(infer(2, "a", earliest=8 * MS, b=1), 8 * MS)
+    res = run_until_idle(e)
+    # 2 has the earlier window so it goes first; 3 waits for the lane, not just its earliest
+    assert [(r.id, r.begin, r.end) for r in res] == [
+        (2, 8 * MS, 10_900_000),
+        (3, 10_900_000, 10_900_000 + 4_060_000),
+    ]
+
+
+def test_too_late_is_rejected_never_run_late():
+    e = ex()
+    e.submit(load(1, "a"), 0)
+    run_until_idle(e)
+    e.submit(infer(2, "a", earliest=8 * MS, latest=20 * MS, b=16), 8 * MS)  # runs 8..28.3 ms
+    e.submit(infer(3, "a", earliest=8 * MS, latest=12 * MS), 8 * MS)
+    res = run_until_idle(e)
+    by_id = {r.id: r for r in res}
+    assert by_id[2].ok
+    assert by_id[3].status == ErrorCode.EXEC_TOO_LATE
+    assert by_id[3].begin == by_id[2].end  # rejected when the lane came free, not run
+
+
+def test_load_too_late_code():
+    e = ex()
+    e.submit(load(1, "a"), 0)
+    e.submit(load(2, "b", latest=5 * MS), 0)
+    res = run_until_idle(e)
+    assert [(r.id, r.status) for r in res] == [(1, ErrorCode.SUCCESS), (2, ErrorCode.LOAD_TOO_LATE)]
+    assert e.loaded_models() == ["a"]
+
+
+def test_infer_without_weights_and_during_load():
+    e = ex()
+    (r,) = e.submit(infer(1, "a"), 0) + run_until_idle(e)
+    assert r.status == ErrorCode.WEIGHTS_NOT_PRESENT
+    e.submit(load(2, "a"), 10 * MS)
+    e.submit(infer(3, "a", earliest=11 * MS), 10 * MS)  # load ends at 18 ms
+    res = run_until_idle(e)
+    assert {x.id: x.status for x in res} == {2: ErrorCode.SUCCESS, 3: ErrorCode.WEIGHTS_NOT_PRESENT}
+
+
+def test_insufficient_cache_and_evict_frees_pages():
+    e = ex(pages=10)  # room for one 7-page model
+    e.submit(load(1, "a"), 0)
+    e.submit(load(2, "b"), 0)
+    res = run_until_idle(e)
+    assert [r.status for r in res] == [ErrorCode.SUCCESS, ErrorCode.LOAD_INSUFFICIENT_CACHE]
+    assert e.pages_used == 7
+    (r,) = e.submit(evict(3, "a"), 20 * MS)
+    assert r.ok and e.pages_used == 0
+    (r,) = e.submit(evict(4, "a"), 20 * MS)
+    assert r.status == ErrorCode.EVICT_NOT_IN_CACHE
+    e.submit(load(5, "b"), 20 * MS)
+    assert [x.ok for x in run_until_idle(e)] == [True]
+    assert e.pages_used == 7 and e.loaded_models() == ["b"]
+
+
+def test_weights_version_and_evict_during_exec():
+    e = ex()
+    e.submit(load(1, "a", version=3), 0)
+    run_until_idle(e)
+    e.submit(infer(2, "a", earliest=9 * MS, version=2), 8 * MS)
+    (r,) = run_until_idle(e)
+    assert r.status == ErrorCode.WEIGHTS_CHANGED
+    e.submit(infer(3, "a", earliest=20 * MS, b=16, version=3), 20 * MS)
+    assert e.submit(evict(4, "a"), 25 * MS)[0].ok  # while EXEC runs
+    (r,) = run_until_idle(e)
+    assert r.id == 3 and r.status == ErrorCode.WEIGHTS_CHANGED
+
+
+def test_unknown_model_and_bad_batch():
+    e = ex()
+    (r,) = e.submit(infer(1, "zzz"), 0)
+    assert r.status == ErrorCode.UNKNOWN_MODEL
+    e.submit(load(2, "a"), 0)
+    run_until_idle(e)
+    (r,) = e.submit(infer(3, "a", earliest=9 * MS, b=3), 9 * MS) + run_until_idle(e)
+    assert r.status == ErrorCode.INVALID_BATCH_SIZE
+
+
+def test_load_and_exec_lanes_overlap():
+    e = ex()
+    e.submit(load(1, "a"), 0)
+    run_until_idle(e)
+    e.submit(load(2, "b"), 10 * MS)
+    e.submit(infer(3, "a", earliest=10 * MS), 10 * MS)
+    res = run_until_idle(e)
+    assert {r.id: (r.begin, r.end) for r in res} == {
+        2: (10 * MS, 18 * MS), 3: (10 * MS, 10 * MS + 2_900_000)}
+
+
+def test_noise_is_seeded_and_bounded():
+    prof = make_profile("a")
+    a = infer(1, "a", b=1)
+    d1 = [EmulatedDevice(0.05, seed=7).duration(a, prof) for _ in range(3)]
+    dev = EmulatedDevice(0.05, seed=7)
+    d2 = [dev.duration(a, prof) for _ in range(200)]
+    assert d1[0] == d2[0]
+    assert min(d2) > 0 and len(set(d2)) > 100
+    assert abs(sum(d2) / len(d2) / 2_900_000 - 1) < 0.02

@@ -1,0 +1,251 @@
+"""Scheduler rules with hand-fed events and exact expected actions.
+
+Defaults: schedule_ahead 10 ms, future 1 ms, latest_delta 10 ms, buffer 5 ms.
+Test profile: LOAD 8 ms, EXEC b=1 2.9 ms, b=2 4.06, b=4 6.38, b=8 11.02, b=16 20.3 ms,
+7 pages.
+"""
+
+from __future__ import annotations
+
+from clockwork.actions import NEVER, Action, ActionType, ErrorCode, RequestStatus, Result
+from clockwork.requests import Request
+from controller.config import SchedulerConfig
+from controller.policy import GpuSpec
+from controller.scheduler import ClockworkScheduler
+from tests.conftest import make_profile
+
+MS = 1_000_000
+E = {1: 2_900_000, 2: 4_060_000, 4: 6_380_000, 8: 11_020_000, 16: 20_300_000}
+
+
+def sched(models=("a",), gpus=1, pages=1376, **cfg):
+    return ClockworkScheduler([make_profile(m) for m in models],
+                              [GpuSpec(0, g, pages) for g in range(gpus)], SchedulerConfig(**cfg))
+
+
+def ok(a: Action, begin: int, duration: int | None = None) -> Result:
+    d = a.expected_duration if duration is None else duration
+    return Result(a.id, a.type, ErrorCode.SUCCESS, a.worker, a.gpu, a.model, a.batch_size,
+                  begin, begin, begin + d, d)
+
+
+def fail(a: Action, at: int, code: ErrorCode) -> Result:
+    return Result(a.id, a.type, code, a.worker, a.gpu, a.model, a.batch_size, at, at, at, 0)
+
+
+def req(i, model="a", t=0, slo=100 * MS):
+    return Request(i, model, t, slo)
+
+
+def brief(actions):
+    return [(a.type.name, a.model, a.batch_size, a.earliest, a.latest, a.expected_duration)
+            for a in actions]
+
+
+def warm(s, model="a", gpu=0, now=0):
+    """Load ``model`` via a first request and finish everything; returns the time."""
+    acts = s.on_request(req(10_000 + gpu, model, now), now)
+    load = next(a for a in acts if a.type == ActionType.LOAD)
+    t = now + 8 * MS + 100_000
+    s.on_result(ok(load, now + 100_000), t)
+    for a in acts:
+        if a.type == ActionType.INFER:
+            s.on_result(ok(a, t), t + a.expected_duration)
+    s.drain_replies()
+    return t + 3 * MS
+
+
+def test_cold_request_loads_then_infers_after_load():
+    s = sched()
+    acts = s.on_request(req(1), 0)
+    assert brief(acts) == [
+        # LOAD predicted to start at now + future (1 ms) and take 8 ms
+        ("LOAD", "a", 0, 0, 11 * MS, 8 * MS),
+        # INFER may start when the LOAD is predicted to end (9 ms)
+        ("INFER", "a", 1, 9 * MS, 19 * MS, E[1]),
+    ]
+    assert acts[1].expected_end == 9 * MS + E[1]
+    assert acts[1].version == acts[0].version == 1
+    s.on_result(ok(acts[0], 100_000), 8_200_000)
+    s.on_result(ok(acts[1], 9 * MS), 12 * MS)
+    (rep,) = s.drain_replies()
+    assert rep.status == RequestStatus.SUCCESS and rep.time == 12 * MS and rep.request.cold
+
+
+def occupy(s, now, duration, gpu=0):
+    """Make the controller believe the GPU has ``duration`` of work outstanding."""
+    s.gpus[gpu].exec.add(999_999, now, duration, now)
+
+
+def test_window_fills_on_arrival_then_batches():
+    s = sched()
+    t = warm(s)
+    sent = []
+    for i in range(1, 7):
+        sent += s.on_request(req(i, t=t), t)
+    # the GPU is predicted free at t+1, 3.9, 6.8, 9.7 ms: four batch-1 INFERs start inside
+    # the 10 ms schedule-ahead window; then it is full and requests 5 and 6 queue
+    assert [(a.batch_size, a.expected_end - t) for a in sent] == [
+        (1, 3_900_000), (1, 6_800_000), (1, 9_700_000), (1, 12_600_000)]
+    assert s.queued() == 2
+    wake = s.next_wakeup()
+    assert wake == t + 12_600_000 - 10 * MS + 1
+    acts = s.on_tick(wake)
+    assert [(a.batch_size, a.expected_duration) for a in acts] == [(2, E[2])]
+
+
+def test_batch_formed_when_gpu_window_opens():
+    s = sched()
+    t = warm(s)
+    occupy(s, t, 30 * MS)  # predicted free at t+31 ms
+    acts = []
+    for i in range(1, 7):
+        acts += s.on_request(req(i, t=t), t)
+    assert acts == []
+    wake = s.next_wakeup()
+    assert wake == t + 31 * MS - 10 * MS + 1
+    acts = s.on_tick(wake)
+    # six queued: the largest batch they fill is 4; the next (2) starts after it, outside
+    # the window, so it waits for the next wake
+    assert [(a.batch_size, a.expected_end - t) for a in acts] == [(4, 31 * MS + E[4])]
+    acts = s.on_tick(s.next_wakeup())
+    assert [a.batch_size for a in acts] == [2]
+
+
+def test_requests_that_cannot_finish_are_answered_at_once():
+    s = sched()
+    t = warm(s)
+    occupy(s, t, 50 * MS)  # GPU busy until t+51 ms
+    s.on_request(req(1, t=t, slo=20 * MS), t)  # deadline t+15 ms: impossible on any GPU
+    s.on_request(req(2, t=t, slo=100 * MS), t)
+    (rep,) = s.drain_replies()
+    assert rep.request.id == 1 and rep.status == RequestStatus.TIMEOUT and rep.time == t
+    acts = s.on_tick(s.next_wakeup())
+    assert [a.batch_size for a in acts] == [1]
+
+
+def test_expired_request_answered_by_tick():
+    s = sched()
+    t = warm(s)
+    occupy(s, t, 80 * MS)  # free at t+81: request 1 could still start at t+81 < t+92.1
+    s.on_request(req(1, t=t, slo=100 * MS), t)
+    assert s.drain_replies() == []
+    s.gpus[0].exec.add(999_998, t, 40 * MS, t)  # more work arrives ahead of it
+    drop_at = t + 95 * MS - E[1]  # deadline t+95 ms minus batch-1 EXEC
+    gpu_wake = s.next_wakeup()
+    assert gpu_wake == t + 71 * MS + 1  # the window was to open at t+81-10 ms
+    assert s.on_tick(gpu_wake) == []  # now busy until t+121 ms
+    wake = s.next_wakeup()
+    assert wake == drop_at + 1
+    s.on_tick(wake)
+    (rep,) = s.drain_replies()
+    assert rep.status == RequestStatus.TIMEOUT and rep.time == drop_at + 1
+
+
+def test_skipped_urgent_requests_dropped_for_full_batch():
+    """INFER5 runs the largest batch it can fill; requests ahead of it that are too
+    urgent for that batch are dropped (Clockwork's queue catch-up)."""
+    s = sched()
+    t = warm(s)
+    occupy(s, t, 30 * MS)
+    s.on_request(req(1, t=t, slo=50 * MS), t)  # deadline t+45: at start t+31 only b<=8 fits
+    for i in range(2, 18):
+        s.on_request(req(i, t=t, slo=100 * MS), t)
+    acts = s.on_tick(t + 21 * MS + 1)
+    assert [a.batch_size for a in acts] == [16]
+    reps = s.drain_replies()
+    assert [(r.request.id, r.status) for r in reps] == [(1, RequestStatus.TIMEOUT)]
+    assert sorted(r.id for r in s._inflight[acts[0].id].requests) == list(range(2, 18))
+
+
+def test_most_urgent_model_first():
+    s = sched(models=("a", "b"))
+    t = warm(s, "a")
+    t = warm(s, "b", now=t)
+    occupy(s, t, 30 * MS)
+    s.on_request(req(1, "a", t=t, slo=200 * MS), t)
+    s.on_request(req(2, "b", t=t, slo=100 * MS), t)
+    first = s.on_tick(s.next_wakeup())
+    second = s.on_tick(s.next_wakeup())
+    assert [a.model for a in first + second] == ["b", "a"]
+
+
+def test_lru_eviction_prefers_models_without_demand():
+    s = sched(models=("a", "b", "c"), pages=14)  # room for two 7-page models
+    t = warm(s, "a")
+    t = warm(s, "b", now=t)  # b used more recently than a
+    acts = s.on_request(req(1, "c", t=t), t)
+    assert [(a.type.name, a.model) for a in acts][:2] == [("EVICT", "a"), ("LOAD", "c")]
+    assert acts[0].earliest == 0 and acts[0].latest == NEVER
+    assert s.pages_used(0) == 14
+
+
+def test_no_eviction_of_model_in_use():
+    s = sched(models=("a", "b"), pages=7)
+    t = warm(s, "a")
+    busy = s.on_request(req(1, "a", t=t), t)
+    assert [a.type for a in busy] == [ActionType.INFER]
+    acts = s.on_request(req(2, "b", t=t), t)
+    assert acts == []  # a has an INFER in flight: not evictable yet
+    s.on_result(ok(busy[0], t + MS), t + 4 * MS)
+    acts = s.on_tick(s.next_wakeup())
+    assert [(a.type.name, a.model) for a in acts][:2] == [("EVICT", "a"), ("LOAD", "b")]
+
+
+def test_rejected_infer_requeued_then_retried():
+    s = sched()
+    t = warm(s)
+    (a,) = s.on_request(req(1, t=t), t)
+    s.on_result(fail(a, t + MS, ErrorCode.EXEC_TOO_LATE), t + 2 * MS)
+    # it can still make its deadline: sent again at once
+    assert s.drain_replies() == []
+    assert s.queued() == 0
+    retry = [x.action for x in s._inflight.values() if x.action.type == ActionType.INFER]
+    assert len(retry) == 1 and retry[0].id != a.id and retry[0].batch_size == 1
+    assert s.stats["rejected"] == 1
+
+
+def test_rejected_infer_too_late_to_retry_answers_error():
+    s = sched()
+    t = warm(s)
+    (a,) = s.on_request(req(1, t=t, slo=20 * MS), t)
+    s.on_result(fail(a, t + 14 * MS, ErrorCode.EXEC_TOO_LATE), t + 14 * MS)
+    (rep,) = s.drain_replies()
+    assert rep.status == RequestStatus.ERROR and "EXEC_TOO_LATE" in rep.message
+
+
+def test_estimates_follow_measurements():
+    s = sched()
+    t = warm(s)
+    for i in range(10):
+        (a,) = s.on_request(req(100 + i, t=t), t)
+        s.on_result(ok(a, t, duration=4 * MS), t + 4 * MS)
+        t += 5 * MS
+    (a,) = s.on_request(req(200, t=t), t)
+    assert a.expected_duration == 4 * MS  # p99 of the last 10 measurements
+
+
+def test_unknown_model_and_bad_slo_are_invalid():
+    s = sched()
+    assert s.on_request(req(1, "nope"), 0) == []
+    assert s.on_request(Request(2, "a", 0, -5), 0) == []
+    reps = s.drain_replies()
+    assert [r.status for r in reps] == [RequestStatus.INVALID_REQUEST] * 2
+    assert "nope" in reps[0].message
+
+
+def test_load_spreads_over_gpus_by_demand():
+    s = sched(models=("a", "b"), gpus=2)
+    acts = s.on_request(req(1, "a"), 0) + s.on_request(req(2, "b"), 0)
+    loads = [(a.model, a.gpu) for a in acts if a.type == ActionType.LOAD]
+    assert sorted(loads) == [("a", 0), ("b", 1)]
+
+
+def test_failed_load_forgets_copy_and_retries():
+    s = sched()
+    acts = s.on_request(req(1), 0)
+    load = acts[0]
+    s.on_result(fail(load, MS, ErrorCode.LOAD_INSUFFICIENT_CACHE), 2 * MS)
+    s.on_result(fail(acts[1], 9 * MS, ErrorCode.WEIGHTS_NOT_PRESENT), 9 * MS)
+    again = s.on_tick(s.next_wakeup())
+    assert [a.type.name for a in again][:1] == ["LOAD"]
