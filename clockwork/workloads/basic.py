@@ -11,13 +11,17 @@ from clockwork.workloads.base import Arrival, SloSpec, Workload, WorkloadError
 
 class ClosedLoop(Workload):
     """``concurrency`` outstanding requests per instance; each answer sends the next
-    (after ``think_ms``)."""
+    after ``think_ms``. After a failure (timeout, error) a client waits ``retry_ms``
+    instead, so an SLO that can never be met does not become a busy loop of
+    instantly rejected requests."""
 
     kind = "closed_loop"
 
     def __init__(self, models: Sequence[str], concurrency: int = 1, slo: SloSpec | None = None,
-                 think_ms: float = 0.0) -> None:
+                 think_ms: float = 0.0, retry_ms: float = 1.0) -> None:
         super().__init__()
+        if retry_ms <= 0:
+            raise WorkloadError("retry_ms must be > 0")
         if concurrency < 1:
             raise WorkloadError(f"closed_loop concurrency must be >= 1, got {concurrency}")
         if think_ms < 0:
@@ -26,6 +30,7 @@ class ClosedLoop(Workload):
         self.concurrency = concurrency
         self.slo = slo or SloSpec()
         self.think = round(think_ms * 1e6)
+        self.retry = max(1, round(retry_ms * 1e6))
         self.outstanding: dict[str, int] = {}
 
     def initial(self, now: int) -> list[Arrival]:
@@ -38,7 +43,7 @@ class ClosedLoop(Workload):
 
     def on_reply(self, model: str, ok: bool, now: int) -> list[Arrival]:
         self.outstanding[model] -= 1
-        t = now + self.think
+        t = now + (self.think if ok else max(self.think, self.retry))
         if t >= self.end:
             return []
         self.outstanding[model] += 1

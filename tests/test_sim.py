@@ -1,0 +1,146 @@
+"""The simulator end to end: acceptance set-ups at short durations, determinism,
+cold starts, logs and summary keys."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from clockwork.scenario import ScenarioError, load_scenario
+from clockwork.sim import simulate
+from clockwork.telemetry import REQUEST_COLUMNS
+
+CAPACITY = 16 / 20.3e-3  # reference ResNet50: batch 16 in 20.3 ms
+
+
+def base(**kw):
+    d = {
+        "seed": 3,
+        "duration_s": 2.0,
+        "cluster": {"workers": 1, "gpus_per_worker": 1, "profiles": "v100-reference"},
+        "models": [{"name": "resnet50_v2"}],
+        "workloads": [{"kind": "poisson", "models": "resnet50_v2", "rate_rps": 200, "slo_ms": 100}],
+    }
+    for k, v in kw.items():
+        if isinstance(v, dict) and isinstance(d.get(k), dict):
+            d[k].update(v)
+        else:
+            d[k] = v
+    return d
+
+
+def check_conservation(res):
+    s = res.summary
+    rows = res.telemetry.requests
+    assert s["submitted"] == s["succeeded"] + s["failed"] + s["dropped"]
+    ids = [r[0] for r in rows]
+    assert len(ids) == len(set(ids)) == s["submitted"]
+    assert s["slo_met"] <= s["succeeded"]
+
+
+def test_fig5_closed_loop_reaches_capacity():
+    res = simulate("scenarios/fig5_1gpu.toml", ["duration_s=5"])
+    s = res.summary
+    check_conservation(res)
+    assert s["goodput_rps"] >= 0.95 * CAPACITY
+    # no request counted as met after its deadline
+    for r in res.telemetry.requests:
+        if r[6]:
+            assert r[2] + r[4] <= r[3]
+
+
+def test_poisson_half_capacity_meets_slo():
+    res = simulate(base(duration_s=5.0, workloads=[
+        {"kind": "poisson", "models": "resnet50_v2", "rate_rps": CAPACITY / 2, "slo_ms": 100}]))
+    check_conservation(res)
+    assert res.summary["slo_attainment"] >= 0.9999
+
+
+def test_same_seed_same_summary_bytes(tmp_path):
+    sc = base(cluster={"noise": 0.05, "jitter_ms": 0.2}, models=[{"name": "resnet50_v2", "copies": 4}])
+    a = simulate(sc).write(tmp_path / "a")
+    b = simulate(sc).write(tmp_path / "b")
+    assert (a / "summary.json").read_bytes() == (b / "summary.json").read_bytes()
+    assert (a / "requests.tsv").read_bytes() == (b / "requests.tsv").read_bytes()
+    c = simulate(sc, ["seed=4"]).write(tmp_path / "c")
+    assert (a / "summary.json").read_bytes() != (c / "summary.json").read_bytes()
+
+
+def test_cold_starts_load_and_evict_within_capacity():
+    # cache of 21 pages holds 3 ResNet50 copies; 8 copies are requested
+    res = simulate(base(
+        duration_s=5.0,
+        cluster={"weights_cache_pages": 21},
+        models=[{"name": "resnet50_v2", "copies": 8}],
+        workloads=[{"kind": "poisson", "models": "resnet50_v2", "rate_rps": 40, "slo_ms": 100}],
+    ))
+    s = res.summary
+    check_conservation(res)
+    assert s["actions"]["load"] > 8 and s["actions"]["evict"] > 0
+    assert s["max_pages_used"] <= s["cache_pages"] == 21
+    assert s["cold_starts"] > 0
+    # LOAD 8 ms + EXEC 2.9 ms fit easily in 100 ms: every request could make it, and does
+    assert s["slo_attainment"] >= 0.999
+
+
+def test_logs_and_summary_keys(tmp_path):
+    out = simulate(base()).write(tmp_path / "run")
+    s = orjson.loads((out / "summary.json").read_bytes())
+    for k in ("submitted", "succeeded", "slo_met", "failed", "dropped", "goodput_rps",
+              "throughput_rps", "slo_attainment", "latency_ms", "cold_starts", "actions",
+              "duration_s"):
+        assert k in s
+    assert set(s["latency_ms"]) >= {"p50", "p90", "p99", "p999", "max"}
+    assert set(s["actions"]) >= {"infer", "load", "evict", "rejected"}
+    header = (out / "requests.tsv").read_text().splitlines()[0].split("\t")
+    assert tuple(header) == REQUEST_COLUMNS
+    lines = (out / "actions.tsv").read_text().splitlines()
+    assert len(lines) == 1 + s["actions"]["infer"] + s["actions"]["load"] + s["actions"]["evict"]
+    assert "wall_s" in orjson.loads((out / "run.json").read_bytes())
+
+
+def test_admission_stops_at_duration_and_drains():
+    res = simulate(base(duration_s=1.0, workloads=[
+        {"kind": "closed_loop", "models": "resnet50_v2", "concurrency": 4, "slo_ms": 100}]))
+    check_conservation(res)
+    assert max(r[2] for r in res.telemetry.requests) < 1_000_000_000
+
+
+def test_slo_factor_and_default_slo():
+    res = simulate(base(workloads=[
+        {"kind": "poisson", "models": "resnet50_v2", "rate_rps": 50, "slo_factor": 10},
+        {"kind": "poisson", "models": "resnet50_v2", "rate_rps": 50},
+    ]))
+    slos = {r[3] - r[2] for r in res.telemetry.requests}
+    assert slos == {29_000_000, 100_000_000}
+
+
+def test_misprediction_noise_is_survived():
+    res = simulate(base(duration_s=3.0, cluster={"noise": 0.2, "slow_prob": 0.01}, workloads=[
+        {"kind": "poisson", "models": "resnet50_v2", "rate_rps": 300, "slo_ms": 50}]))
+    check_conservation(res)
+    assert res.summary["slo_attainment"] > 0.9
+
+
+@pytest.mark.parametrize("override,msg", [
+    ("cluster.workers=0", "cluster.workers"),
+    ("cluster.profiles='nope'", "profile set 'nope' not found"),
+    ("models.0.name='zzz'", "no profile for model 'zzz'"),
+    ("workloads.0.kind='nope'", "unknown workload kind"),
+    ("workloads.0.rate_rps=-1", "rate_rps must be > 0"),
+    ("workloads.0.models='zzz'", "matches no model instance"),
+    ("scheduler.bogus_ms=3", "unknown scheduler setting"),
+    ("duration_s=0", "duration_s"),
+])
+def test_bad_scenarios_have_clear_errors(override, msg):
+    with pytest.raises(ScenarioError, match=msg):
+        simulate(base(), [override])
+
+
+def test_override_parsing():
+    sc = load_scenario("scenarios/fig5_1gpu.toml", ["cluster.workers=4", "workloads.0.slo_ms=25.5",
+                                                    "name=\"x\""])
+    assert sc.cluster["workers"] == 4
+    assert sc.workloads[0]["slo_ms"] == 25.5
+    with pytest.raises(ScenarioError, match="key=value"):
+        load_scenario("scenarios/fig5_1gpu.toml", ["cluster.workers"])
