@@ -1,0 +1,390 @@
+"""Azure Functions Trace 2019: reading, writing and selecting invocation counts.
+
+The dataset (Microsoft's AzurePublicDataset, see ``traces/README.md``) has one file per
+day, ``invocations_per_function_md.anon.dNN.csv`` (older copies
+``invocations_per_function_md.svls.anon.dNN.csv``). Its header is
+``HashOwner,HashApp,HashFunction,Trigger,1,2,...,1440``; each row is one function and
+each minute column counts that function's invocations in that minute of the day.
+
+``AzureTrace.load`` parses a real-size day (about 46,000 rows x 1440 minutes) in a few
+seconds: the numeric columns are decoded in bulk with numpy, blocks of lines at a time,
+and every row is checked to have exactly 1444 columns of non-negative integers. A
+malformed row raises ``TraceError`` naming the file and the 1-based line number; nothing
+is ever shifted or skipped silently.
+
+Files may be gzip-compressed (``.csv.gz``; detected by content), as the shipped samples are.
+
+Minutes are counted from 0 here (``start_minute = 0`` is the column named ``1``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+MINUTES = 1440
+ID_COLUMNS = ("HashOwner", "HashApp", "HashFunction", "Trigger")
+HEADER = ",".join(ID_COLUMNS + tuple(str(m) for m in range(1, MINUTES + 1)))
+NCOLS = len(ID_COLUMNS) + MINUTES
+TRIGGERS = ("http", "timer", "event", "queue", "storage", "orchestration", "others")
+NAME_FORMS = ("invocations_per_function_md.anon.d{day:02d}.csv",
+              "invocations_per_function_md.svls.anon.d{day:02d}.csv")
+_ROOT = Path(__file__).resolve().parents[2]
+_BLOCK_BYTES = 8 << 20
+_U32_MAX = 2**32 - 1
+
+
+class TraceError(ValueError):
+    """A trace file is missing or malformed; the message names the file (and line)."""
+
+
+def trace_file_name(day: int, svls: bool = False) -> str:
+    return NAME_FORMS[1 if svls else 0].format(day=int(day))
+
+
+def trace_dirs(trace_dir: str | Path | None = None) -> list[Path]:
+    """Where day files are looked for, in order: ``trace_dir``, ``$AZURE_TRACE_DIR``,
+    ``./traces/azure``, and ``traces/azure`` in the project checkout."""
+    dirs = []
+    if trace_dir is not None:
+        dirs.append(Path(trace_dir))
+    env = os.environ.get("AZURE_TRACE_DIR")
+    if env:
+        dirs.append(Path(env))
+    dirs += [Path("traces/azure"), _ROOT / "traces" / "azure"]
+    out: list[Path] = []
+    for d in dirs:
+        if d not in out:
+            out.append(d)
+    return out
+
+
+def find_trace_file(day: int, trace_dir: str | Path | None = None) -> Path:
+    """The invocation file of day ``day`` (1-based), in either name form (or ``.gz``)."""
+    if isinstance(day, bool) or not isinstance(day, int | np.integer) or day < 1:
+        raise TraceError(f"trace day must be an integer >= 1, got {day!r}")
+    dirs = trace_dirs(trace_dir)
+    for d in dirs:
+        for form in NAME_FORMS:
+            for suffix in ("", ".gz"):
+                p = d / (form.format(day=int(day)) + suffix)
+                if p.is_file():
+                    return p
+    raise TraceError(
+        f"no Azure trace file for day {day} ({trace_file_name(day)} or "
+        f"{trace_file_name(day, svls=True)}) in {', '.join(str(d) for d in dirs)}; "
+        "see traces/README.md for where to get it, or make one with `clockwork trace synth`")
+
+
+def resolve_trace_path(path: str | Path) -> Path:
+    """A trace path as given, else relative to the project checkout."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    if not p.is_absolute() and (_ROOT / p).is_file():
+        return _ROOT / p
+    raise TraceError(f"trace file {path} not found (see traces/README.md)")
+
+
+# ---------------------------------------------------------------------- parsing
+
+def _diagnose(line: bytes, path: str, lineno: int) -> TraceError:
+    """The precise complaint about one bad line (the slow path, run only on errors)."""
+    where = f"{path}:{lineno}"
+    text = line.decode("utf-8", "replace").rstrip("\r")
+    fields = text.split(",")
+    if len(fields) != NCOLS:
+        return TraceError(f"{where}: expected {NCOLS} columns (4 ids + {MINUTES} minutes), "
+                          f"found {len(fields)}")
+    for j, f in enumerate(fields[len(ID_COLUMNS):], start=1):
+        if f.isascii() and f.isdigit():
+            if int(f) > _U32_MAX:
+                return TraceError(f"{where}: minute {j}: count {f} is too large (max {_U32_MAX})")
+            continue
+        if f[:1] == "-" and f[1:].isascii() and f[1:].isdigit():
+            return TraceError(f"{where}: minute {j}: negative invocation count {f}")
+        return TraceError(f"{where}: minute {j}: {f!r} is not a non-negative integer")
+    return TraceError(f"{where}: malformed row")
+
+
+def _check_header(first: bytes, path: str) -> None:
+    text = first.decode("utf-8", "replace").lstrip("\ufeff").rstrip("\r")
+    if text == HEADER:
+        return
+    cols = text.split(",")
+    if tuple(cols[:4]) != ID_COLUMNS:
+        raise TraceError(f"{path}:1: header must start with {','.join(ID_COLUMNS)}, "
+                         f"found {','.join(cols[:4])!r}; is this an Azure Functions 2019 "
+                         "invocations_per_function file?")
+    if len(cols) != NCOLS:
+        raise TraceError(f"{path}:1: header has {len(cols)} columns, expected {NCOLS} "
+                         f"(4 ids + minutes 1..{MINUTES})")
+    for j, c in enumerate(cols[4:], start=1):
+        if c != str(j):
+            raise TraceError(f"{path}:1: header column {j + 4} is {c!r}, expected {str(j)!r}")
+    raise TraceError(f"{path}:1: unexpected header")
+
+
+def _parse_block(buf: bytes, lo: int, hi: int, path: str, first_lineno: int
+                 ) -> tuple[list[list[str]], np.ndarray]:
+    """Parse the complete lines in ``buf[lo:hi]`` (``hi`` just past a newline): their id
+    columns and their counts (int64, checked to fit uint32)."""
+    a = np.frombuffer(buf, np.uint8, hi - lo, lo)
+    nl = np.flatnonzero(a == 10)
+    k = len(nl)
+    com = np.flatnonzero(a == 44)
+    per_line = np.diff(np.searchsorted(com, nl), prepend=0)
+    line_start = np.empty(k, np.int64)
+    line_start[0] = 0
+    line_start[1:] = nl[:-1] + 1
+
+    def fail(i: int) -> TraceError:
+        return _diagnose(bytes(a[line_start[i]:nl[i]]), path, first_lineno + i)
+
+    bad = np.flatnonzero(per_line != NCOLS - 1)
+    if bad.size:
+        raise fail(int(bad[0]))
+    com = com.reshape(k, NCOLS - 1)
+    starts = com[:, 3:] + 1
+    ends = np.empty_like(starts)
+    ends[:, :-1] = com[:, 4:]
+    ends[:, -1] = nl
+    lens = ends - starts
+    bad = np.flatnonzero(((lens < 1) | (lens > 10)).any(axis=1))
+    if bad.size:
+        raise fail(int(bad[0]))
+    d = a - np.uint8(48)
+    nondigit = (d > 9).view(np.uint8)
+    seg = np.empty(2 * k, np.int64)
+    seg[0::2] = line_start
+    seg[1::2] = starts[:, 0]
+    # non-digit bytes in each line's numeric part: exactly the 1439 commas + the newline
+    nd = np.add.reduceat(nondigit, seg, dtype=np.int64)[1::2]
+    bad = np.flatnonzero(nd != MINUTES)
+    if bad.size:
+        raise fail(int(bad[0]))
+    ends = ends.ravel()
+    lens = lens.ravel()
+    val = d[ends - 1].astype(np.int64)
+    idx = np.flatnonzero(lens > 1)
+    j, p = 2, 10
+    while idx.size:
+        val[idx] += d[ends[idx] - j].astype(np.int64) * p
+        idx = idx[lens[idx] > j]
+        j += 1
+        p *= 10
+    if val.size and int(val.max()) > _U32_MAX:
+        raise fail(int(np.flatnonzero(val > _U32_MAX)[0]) // MINUTES)
+    ids = [buf[lo + s:lo + c].decode("utf-8", "replace").split(",")
+           for s, c in zip(line_start.tolist(), com[:, 3].tolist(), strict=True)]
+    return ids, val.reshape(k, MINUTES)
+
+
+def _parse(buf: bytes, path: str) -> tuple[list[list[str]], np.ndarray]:
+    first_end = buf.find(b"\n")
+    if first_end < 0:
+        first_end = len(buf)
+    _check_header(buf[:first_end], path)
+    if b"\r" in buf[:first_end + 1]:
+        buf = buf.replace(b"\r\n", b"\n")
+        first_end = buf.find(b"\n")
+    end = len(buf)
+    while end > first_end and buf[end - 1:end] == b"\n":
+        end -= 1
+    ids: list[list[str]] = []
+    if end <= first_end + 1:
+        return ids, np.zeros((0, MINUTES), np.uint32)
+    rows = buf.count(b"\n", first_end + 1, end) + 1
+    counts = np.empty((rows, MINUTES), np.uint32)
+    if end == len(buf):
+        buf = buf + b"\n"
+    end += 1  # include the final newline
+    pos = first_end + 1
+    row = 0
+    while pos < end:
+        cut = buf.find(b"\n", min(pos + _BLOCK_BYTES, end - 1)) + 1
+        if cut <= 0 or cut > end:
+            cut = end
+        bids, block = _parse_block(buf, pos, cut, path, row + 2)
+        ids.extend(bids)
+        counts[row:row + len(bids)] = block
+        row += len(bids)
+        pos = cut
+    return ids, counts
+
+
+# ---------------------------------------------------------------------- the trace
+
+@dataclass(eq=False)
+class AzureTrace:
+    """Invocation counts of ``n`` functions over consecutive minutes of one day.
+
+    ``counts[i, j]`` is function ``i``'s count in minute ``start_minute + j`` (0-based
+    minute of the day). ``owners``/``apps``/``functions``/``triggers`` are the id columns.
+    """
+
+    owners: np.ndarray
+    apps: np.ndarray
+    functions: np.ndarray
+    triggers: np.ndarray
+    counts: np.ndarray
+    start_minute: int = 0
+    source: str = ""
+    load_s: float = field(default=0.0, repr=False)
+
+    # -------------------------------------------------------------- I/O
+
+    @classmethod
+    def load(cls, path_or_day: str | Path | int, trace_dir: str | Path | None = None
+             ) -> AzureTrace:
+        """Read a day file, by path or by day number (see ``find_trace_file``)."""
+        import time
+
+        if isinstance(path_or_day, int | np.integer) and not isinstance(path_or_day, bool):
+            path = find_trace_file(int(path_or_day), trace_dir)
+        else:
+            path = resolve_trace_path(path_or_day)
+        t0 = time.perf_counter()
+        try:
+            buf = path.read_bytes()
+            if buf[:2] == b"\x1f\x8b":
+                buf = gzip.decompress(buf)
+        except (OSError, EOFError) as e:
+            raise TraceError(f"cannot read trace file {path}: {getattr(e, 'strerror', None) or e}"
+                             ) from e
+        ids, counts = _parse(buf, str(path))
+        del buf
+        cols = list(zip(*ids, strict=True)) if ids else [(), (), (), ()]
+        arrs = [np.array(c, dtype=str) if c else np.zeros(0, dtype="<U1") for c in cols]
+        tr = cls(arrs[0], arrs[1], arrs[2], arrs[3], counts, 0, str(path))
+        tr.load_s = time.perf_counter() - t0
+        return tr
+
+    def save(self, path: str | Path) -> Path:
+        """Write this (whole-day) trace in the dataset's CSV format (gzip if the name ends
+        in ``.gz``; byte-identical for identical traces)."""
+        if self.n_minutes != MINUTES or self.start_minute != 0:
+            raise ValueError("only a whole day (1440 minutes from minute 0) can be saved")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as raw:
+            f = gzip.GzipFile("", "wb", 6, raw, mtime=0) if path.suffix == ".gz" else raw
+            f.write(HEADER.encode() + b"\n")
+            step = 1024
+            for lo in range(0, self.n_functions, step):
+                hi = min(lo + step, self.n_functions)
+                body, row_ends = _format_rows(self.counts[lo:hi])
+                prev = 0
+                for i, e in enumerate(row_ends.tolist()):
+                    r = lo + i
+                    f.write(f"{self.owners[r]},{self.apps[r]},{self.functions[r]},"
+                            f"{self.triggers[r]},".encode())
+                    f.write(body[prev:e])
+                    prev = e
+            if f is not raw:
+                f.close()
+        return path
+
+    # -------------------------------------------------------------- shape
+
+    @property
+    def n_functions(self) -> int:
+        return int(self.counts.shape[0])
+
+    @property
+    def n_minutes(self) -> int:
+        return int(self.counts.shape[1])
+
+    def __len__(self) -> int:
+        return self.n_functions
+
+    def totals(self) -> np.ndarray:
+        """Invocations per function over the minutes held (uint64)."""
+        return self.counts.sum(axis=1, dtype=np.uint64)
+
+    def per_minute(self) -> np.ndarray:
+        """Invocations per minute over all functions held (uint64)."""
+        return self.counts.sum(axis=0, dtype=np.uint64)
+
+    # -------------------------------------------------------------- selection
+
+    def select(self, rows: Sequence[int] | np.ndarray) -> AzureTrace:
+        """The functions at ``rows`` (indices or a boolean mask), in that order."""
+        rows = np.asarray(rows)
+        return AzureTrace(self.owners[rows], self.apps[rows], self.functions[rows],
+                          self.triggers[rows], self.counts[rows], self.start_minute,
+                          self.source, self.load_s)
+
+    def window(self, start_minute: int = 0, minutes: int | None = None) -> AzureTrace:
+        """Minutes ``[start_minute, start_minute + minutes)`` of the day (0-based);
+        ``minutes=None`` runs to the end of what is held."""
+        lo = int(start_minute) - self.start_minute
+        end = self.start_minute + self.n_minutes
+        if lo < 0 or start_minute >= end:
+            raise ValueError(f"start_minute {start_minute} is outside the minutes held "
+                             f"[{self.start_minute}, {end})")
+        n = self.n_minutes - lo if minutes is None else int(minutes)
+        if n < 1 or lo + n > self.n_minutes:
+            raise ValueError(f"window of {minutes} minutes from minute {start_minute} runs "
+                             f"past minute {end} (the day has {MINUTES})")
+        return AzureTrace(self.owners, self.apps, self.functions, self.triggers,
+                          self.counts[:, lo:lo + n], int(start_minute), self.source, self.load_s)
+
+    def rank_order(self) -> np.ndarray:
+        """Row indices by total invocations, busiest first (ties keep file order)."""
+        return np.argsort(-self.totals().astype(np.float64), kind="stable")
+
+    def ranked(self, top: int | None = None, ranks: tuple[int, int] | None = None
+               ) -> AzureTrace:
+        """Functions sorted busiest first; ``top=N`` keeps the N busiest, ``ranks=(a, b)``
+        keeps ranks ``a <= r < b`` (rank 0 is the busiest)."""
+        if top is not None and ranks is not None:
+            raise ValueError("give top or ranks, not both")
+        order = self.rank_order()
+        if top is not None:
+            if top < 1:
+                raise ValueError(f"top must be >= 1, got {top}")
+            order = order[:top]
+        elif ranks is not None:
+            a, b = (int(x) for x in ranks)
+            if not 0 <= a < b:
+                raise ValueError(f"rank range must satisfy 0 <= start < stop, got {ranks}")
+            order = order[a:b]
+        return self.select(order)
+
+    def trigger_summary(self) -> dict[str, tuple[int, int]]:
+        """Trigger -> (functions, invocations), busiest trigger first."""
+        tot = self.totals()
+        names, inv = np.unique(self.triggers, return_inverse=True)
+        nf = np.bincount(inv, minlength=len(names))
+        ni = np.bincount(inv, weights=tot.astype(np.float64), minlength=len(names))
+        out = {str(n): (int(f), int(round(i))) for n, f, i in zip(names, nf, ni, strict=True)}
+        return dict(sorted(out.items(), key=lambda kv: -kv[1][1]))
+
+
+def _format_rows(counts: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """Decimal text of a block of rows: fields joined by ',' and each row ended by
+    '\\n'. Returns the bytes and the end offset of each row."""
+    v = np.ascontiguousarray(counts, dtype=np.uint64).ravel()
+    ndig = np.ones(v.shape, np.int64)
+    for k in range(1, 10):
+        ndig += v >= 10**k
+    ends = np.cumsum(ndig + 1)  # offset just past each field's separator
+    out = np.empty(int(ends[-1]) if v.size else 0, np.uint8)
+    last = ends - 2  # last digit
+    out[ends - 1] = ord(",")
+    out[ends.reshape(counts.shape)[:, -1] - 1] = ord("\n")
+    idx = np.arange(v.size)
+    q = v.copy()
+    k = 0
+    while idx.size:
+        out[last[idx] - k] = (q[idx] % 10).astype(np.uint8) + 48
+        q[idx] //= 10
+        k += 1
+        idx = idx[ndig[idx] > k]
+    return out.tobytes(), ends.reshape(counts.shape)[:, -1]
