@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from clockwork.workloads.azure_replay import AZURE_KEYS, build_azure
 from clockwork.workloads.base import Arrival, SloSpec, Workload, WorkloadError, select_instances
 from clockwork.workloads.basic import ClosedLoop, OpenLoop
 
@@ -18,7 +19,7 @@ def _slo(spec: dict) -> SloSpec:
 
 def _closed(spec: dict, models: list[str]) -> Workload:
     return ClosedLoop(models, int(spec.get("concurrency", 1)), _slo(spec),
-                      float(spec.get("think_ms", 0.0)))
+                      float(spec.get("think_ms", 0.0)), float(spec.get("retry_ms", 1.0)))
 
 
 def _open(process: str) -> Callable[[dict, list[str]], Workload]:
@@ -33,13 +34,15 @@ KINDS: dict[str, Callable[[dict, list[str]], Workload]] = {
     "closed_loop": _closed,
     "poisson": _open("poisson"),
     "fixed_rate": _open("fixed"),
+    "azure": build_azure,
 }
 
 _COMMON = {"kind", "models", "slo_ms", "slo_factor"}
 _KEYS = {
-    "closed_loop": _COMMON | {"concurrency", "think_ms"},
+    "closed_loop": _COMMON | {"concurrency", "think_ms", "retry_ms"},
     "poisson": _COMMON | {"rate_rps"},
     "fixed_rate": _COMMON | {"rate_rps"},
+    "azure": AZURE_KEYS,
 }
 
 

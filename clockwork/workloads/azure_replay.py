@@ -1,0 +1,300 @@
+"""Clockwork's ``azure`` workload: replay Azure Functions invocation counts onto model
+instances.
+
+Each trace function is mapped to one model instance. Functions are ranked by their
+whole-day invocation total (busiest first) and either cut into contiguous buckets over the
+selected instances (``mapping = "contiguous"``, as Clockwork does: rank ``r`` of ``F``
+functions goes to instance ``r * M // F``), or dealt round-robin (``"stripe"``: rank ``r``
+goes to instance ``r % M``).
+
+Trace minute ``start_minute + m`` becomes the run interval
+``[start + m * interval, start + (m + 1) * interval)``, ``interval = interval_s`` seconds
+(60 replays in real time; smaller compresses the trace). With ``randomise_start`` the
+replay begins at a random point of the first trace minute (the part before it is skipped),
+so runs do not all start on a minute boundary. Rates are ``count * load_factor``.
+
+Arrivals inside a minute, per function with count ``c`` (``lam = c * load_factor``):
+
+``poisson`` (default)
+    ``Poisson(lam)`` arrivals at independent uniform times in the minute: a Poisson
+    process of rate ``lam`` per minute.
+``uniform``
+    Exactly ``lam`` arrivals (fractions carried to the function's next minute, so with
+    ``load_factor = 1`` every minute matches the trace exactly), evenly spaced with a fixed
+    random phase per function.
+``gamma``
+    A renewal process with gamma inter-arrival times of coefficient of variation ``cv``
+    (AlpaServe's bursty arrivals) and mean ``1 / lam`` minutes. The process runs in
+    "operational time" (expected arrivals), so it carries over minute boundaries and
+    rate changes; it starts in equilibrium.
+
+Arrivals are produced lazily, one trace minute at a time (all functions merged and sorted
+by time), and stop at the workload's end and at the end of the selected minutes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from clockwork.workloads.azure import MINUTES, AzureTrace, find_trace_file, resolve_trace_path
+from clockwork.workloads.base import Arrival, SloSpec, Workload, WorkloadError
+
+MAPPINGS = ("contiguous", "stripe")
+ARRIVALS = ("poisson", "uniform", "gamma")
+AZURE_KEYS = {"kind", "models", "slo_ms", "slo_factor", "trace", "day", "trace_dir",
+              "start_minute", "minutes", "interval_s", "load_factor", "mapping",
+              "randomise_start", "arrivals", "cv", "top"}
+
+
+def map_functions(n_functions: int, n_instances: int, mapping: str) -> np.ndarray:
+    """Instance index of each function rank (rank 0 = busiest)."""
+    r = np.arange(n_functions, dtype=np.int64)
+    if mapping == "contiguous":
+        return r * n_instances // max(n_functions, 1)
+    if mapping == "stripe":
+        return r % n_instances
+    raise WorkloadError(f"unknown mapping {mapping!r} (choose from {', '.join(MAPPINGS)})")
+
+
+class AzureReplay(Workload):
+    """Replay a window of an ``AzureTrace`` onto ``models`` (instance names)."""
+
+    kind = "azure"
+
+    def __init__(self, models: Sequence[str], trace: AzureTrace, start_minute: int = 0,
+                 minutes: int | None = None, interval_s: float = 60.0,
+                 load_factor: float = 1.0, mapping: str = "contiguous",
+                 randomise_start: bool = False, arrivals: str = "poisson",
+                 cv: float | None = None, slo: SloSpec | None = None,
+                 top: int | None = None) -> None:
+        super().__init__()
+        if not models:
+            raise WorkloadError("azure workload selects no model instances")
+        if not interval_s > 0:
+            raise WorkloadError(f"interval_s must be > 0, got {interval_s}")
+        if not load_factor > 0:
+            raise WorkloadError(f"load_factor must be > 0, got {load_factor}")
+        if arrivals not in ARRIVALS:
+            raise WorkloadError(f"unknown arrivals {arrivals!r} (choose from {', '.join(ARRIVALS)})")
+        if cv is not None and arrivals != "gamma":
+            raise WorkloadError("cv applies only to arrivals = \"gamma\"")
+        cv = 1.0 if cv is None else float(cv)
+        if not cv > 0:
+            raise WorkloadError(f"cv must be > 0, got {cv}")
+        if not isinstance(randomise_start, bool):
+            raise WorkloadError(f"randomise_start must be true or false, got {randomise_start!r}")
+        if top is not None and (not isinstance(top, int) or top < 1):
+            raise WorkloadError(f"top must be an integer >= 1, got {top!r}")
+        self.models = list(models)
+        self.trace_source = trace.source
+        order = trace.rank_order()  # whole-day (all minutes held) ranking, busiest first
+        if top is not None:
+            order = order[:top]
+        inst = map_functions(len(order), len(self.models), mapping)
+        try:
+            win = trace.window(int(start_minute), None if minutes is None else int(minutes))
+        except ValueError as e:
+            raise WorkloadError(str(e)) from None
+        counts = win.counts[order]
+        active = counts.any(axis=1)
+        self.counts = np.ascontiguousarray(counts[active])
+        self.instance_of = inst[active]
+        self.functions = int(len(order))
+        self.start_minute = int(start_minute)
+        self.minutes = int(win.n_minutes)
+        self.interval = round(float(interval_s) * 1e9)
+        self.load_factor = float(load_factor)
+        self.mapping = mapping
+        self.randomise_start = randomise_start
+        self.arrivals = arrivals
+        self.cv = cv
+        self.slo = slo or SloSpec()
+        self._buf: list[Arrival] = []
+        self._minute = 0
+        self._done = False
+
+    # ---------------------------------------------------------------- facts
+
+    @property
+    def total_invocations(self) -> int:
+        """Trace invocations in the selected window (before ``load_factor``)."""
+        return int(self.counts.sum(dtype=np.uint64))
+
+    def mean_rate_rps(self) -> float:
+        """Offered rate over the window: invocations x load_factor per second of run."""
+        return self.total_invocations * self.load_factor / (self.minutes * self.interval / 1e9)
+
+    def instance_rates(self) -> dict[str, float]:
+        """Mean offered r/s per instance over the window."""
+        per = np.bincount(self.instance_of, weights=self.counts.sum(axis=1, dtype=np.float64),
+                          minlength=len(self.models))
+        scale = self.load_factor / (self.minutes * self.interval / 1e9)
+        return {m: float(v) * scale for m, v in zip(self.models, per, strict=True)}
+
+    # ---------------------------------------------------------------- driving
+
+    def bind(self, start, end, rng, exec1) -> None:
+        super().bind(start, end, rng, exec1)
+        self._slos = [self.slo.resolve(m, exec1) for m in self.models]
+        n = len(self.counts)
+        self._offset = int(rng.integers(0, self.interval)) if self.randomise_start else 0
+        self._minute = 0
+        self._done = False
+        self._buf = []
+        if self.arrivals == "uniform":
+            self._carry = np.zeros(n)
+            self._phase = rng.random(n)
+        elif self.arrivals == "gamma":
+            k = 1.0 / self.cv**2
+            # equilibrium forward-recurrence time: U * size-biased gap, Gamma(k + 1, 1/k)
+            self._resid = rng.random(n) * rng.gamma(k + 1.0, 1.0 / k, n)
+
+    def _minute_arrivals(self, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """Arrival times (ns, unsorted) and function rows for trace minute ``m``."""
+        col = self.counts[:, m]
+        nz = np.flatnonzero(col)
+        lam = col[nz].astype(np.float64) * self.load_factor
+        t0 = self.start + m * self.interval - self._offset
+        width = float(self.interval)
+        rng = self.rng
+        if self.arrivals == "poisson":
+            n = rng.poisson(lam)
+            rows = np.repeat(nz, n)
+            times = t0 + rng.random(rows.size) * width
+        elif self.arrivals == "uniform":
+            x = self._carry[nz] + lam
+            n = np.floor(x + 1e-9).astype(np.int64)
+            self._carry[nz] = x - n
+            rows = np.repeat(nz, n)
+            first = np.cumsum(n) - n
+            k = np.arange(rows.size) - np.repeat(first, n)
+            times = t0 + (k + self._phase[rows]) * (width / np.repeat(n, n))
+        else:
+            pos, idx = self._gamma_positions(nz, lam)
+            rows = nz[idx]
+            times = t0 + pos / lam[idx] * width
+        return times.astype(np.int64), rows
+
+    def _gamma_positions(self, nz: np.ndarray, lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Operational-time positions (< lam) of this minute's arrivals, per active row."""
+        k = 1.0 / self.cv**2
+        rng = self.rng
+        r = self._resid[nz]
+        nd = np.ceil(lam + 6.0 * self.cv * np.sqrt(lam) + 6.0).astype(np.int64)
+        gaps = rng.gamma(k, 1.0 / k, int(nd.sum()))
+        seg = np.repeat(np.arange(len(nz)), nd)
+        cs = np.cumsum(gaps)
+        before = (cs - gaps)[np.cumsum(nd) - nd]
+        pos_after = r[seg] + cs - before[seg]          # positions p_1 .. p_nd
+        pos = np.concatenate([r, pos_after])
+        idx = np.concatenate([np.arange(len(nz)), seg])
+        keep = pos < lam[idx]
+        kept = np.bincount(idx[keep], minlength=len(nz))
+        # residual = first position at or beyond lam, minus lam
+        first_out = np.where(kept == 0, r, 0.0)
+        later = kept > 0
+        if later.any():
+            j = np.flatnonzero(later)
+            slot = (np.cumsum(nd) - nd)[j] + kept[j] - 1   # p_kept in pos_after
+            ok = kept[j] - 1 < nd[j]
+            first_out[j[ok]] = pos_after[slot[ok]]
+        pos, idx = pos[keep], idx[keep]
+        short = np.flatnonzero(kept == nd + 1)
+        if short.size:  # ran out of drawn gaps (rare): continue those rows one by one
+            seg_end = np.cumsum(nd)
+            extra_p, extra_i = [], []
+            for i in short.tolist():
+                p = float(pos_after[seg_end[i] - 1])
+                while True:
+                    p += float(rng.gamma(k, 1.0 / k))
+                    if p >= lam[i]:
+                        break
+                    extra_p.append(p)
+                    extra_i.append(i)
+                first_out[i] = p
+            pos = np.concatenate([pos, np.array(extra_p)])
+            idx = np.concatenate([idx, np.array(extra_i, dtype=np.int64)])
+        self._resid[nz] = first_out - lam
+        return pos, idx
+
+    def _refill(self) -> None:
+        end = min(self.end, self.start + self.minutes * self.interval - self._offset)
+        models, slos, inst = self.models, self._slos, self.instance_of
+        while not self._done:
+            m = self._minute
+            t0 = self.start + m * self.interval - self._offset
+            if m >= self.minutes or t0 >= end:
+                self._done = True
+                break
+            self._minute += 1
+            times, rows = self._minute_arrivals(m)
+            keep = (times >= self.start) & (times < end)
+            times, rows = times[keep], rows[keep]
+            if not times.size:
+                continue
+            o = np.argsort(times, kind="stable")
+            ii = inst[rows[o]].tolist()
+            buf = [(t, models[i], slos[i]) for t, i in zip(times[o].tolist(), ii, strict=True)]
+            buf.reverse()
+            self._buf = buf
+            return
+
+    def next_arrival(self) -> Arrival | None:
+        if not self._buf:
+            self._refill()
+            if not self._buf:
+                return None
+        return self._buf.pop()
+
+
+# ---------------------------------------------------------------- scenario entry
+
+_CACHE: dict[tuple, AzureTrace] = {}
+
+
+def load_cached(path: Path) -> AzureTrace:
+    """Load a trace file, reusing the last few loads of unchanged files."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
+    tr = _CACHE.get(key)
+    if tr is None:
+        tr = AzureTrace.load(path)
+        while len(_CACHE) >= 2:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = tr
+    return tr
+
+
+def build_azure(spec: dict, models: list[str]) -> AzureReplay:
+    """The ``azure`` scenario entry (keys: ``AZURE_KEYS``)."""
+    if ("trace" in spec) == ("day" in spec):
+        raise WorkloadError("azure workload needs exactly one of trace (a file) or day "
+                            "(a number, looked up in traces/azure or $AZURE_TRACE_DIR)")
+    if "trace" in spec:
+        path = resolve_trace_path(spec["trace"])
+    else:
+        path = find_trace_file(spec["day"], spec.get("trace_dir"))
+    start = spec.get("start_minute", 0)
+    minutes = spec.get("minutes")
+    for k, v in (("start_minute", start), ("minutes", minutes)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise WorkloadError(f"{k} must be an integer, got {v!r}")
+    if not 0 <= start < MINUTES:
+        raise WorkloadError(f"start_minute must be in [0, {MINUTES}), got {start}")
+    slo = SloSpec(spec.get("slo_ms"), spec.get("slo_factor"))
+    return AzureReplay(
+        models, load_cached(path), start, minutes,
+        interval_s=float(spec.get("interval_s", 60.0)),
+        load_factor=float(spec.get("load_factor", 1.0)),
+        mapping=str(spec.get("mapping", "contiguous")),
+        randomise_start=spec.get("randomise_start", False),
+        arrivals=str(spec.get("arrivals", "poisson")),
+        cv=spec.get("cv"), slo=slo, top=spec.get("top"))
+
+
+def expected_minute_counts(w: AzureReplay) -> np.ndarray:
+    """Expected arrivals per trace minute of the window (trace counts x load_factor)."""
+    return w.counts.sum(axis=0, dtype=np.float64) * w.load_factor
