@@ -11,7 +11,7 @@ from __future__ import annotations
 
 
 class LaneTracker:
-    __slots__ = ("future", "lag", "base", "_work", "_free_at")
+    __slots__ = ("future", "lag", "base", "_work", "_free_at", "_first")
 
     def __init__(self, future: int, lag: int) -> None:
         self.future = future
@@ -19,6 +19,7 @@ class LaneTracker:
         self.base = 0  # last reported completion
         self._work: dict[int, tuple[int, int]] = {}  # id -> (earliest, duration), in send order
         self._free_at = 0
+        self._first = 0  # duration of the oldest outstanding action (0: none)
 
     def __len__(self) -> int:
         return len(self._work)
@@ -30,12 +31,11 @@ class LaneTracker:
     def available(self, now: int) -> int:
         """Predicted time the lane can start new work (never before ``now + future``)."""
         free = self._free_at
-        if self._work:
-            first_dur = next(iter(self._work.values()))[1]
-            if self.base + first_dur + self.lag < now:  # overdue: re-anchor
-                self.base = now - self.lag - first_dur
-                self._recompute()
-                free = self._free_at
+        first = self._first
+        if first and self.base + first + self.lag < now:  # overdue: re-anchor
+            self.base = now - self.lag - first
+            self._recompute()
+            free = self._free_at
         t = now + self.future
         return free if free > t else t
 
@@ -46,6 +46,7 @@ class LaneTracker:
             start = earliest
         if not self._work:
             self.base = start
+            self._first = duration
         self._work[action_id] = (earliest, duration)
         self._free_at = start + duration
         return start
@@ -64,6 +65,7 @@ class LaneTracker:
         self._recompute()
 
     def _recompute(self) -> None:
+        self._first = next(iter(self._work.values()))[1] if self._work else 0
         t = self.base
         for earliest, dur in self._work.values():
             if earliest > t:

@@ -19,6 +19,7 @@ Rules (DESIGN.md §4), each in one place below:
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from bisect import bisect_left
 from collections.abc import Iterable
 
@@ -86,7 +87,7 @@ class ClockworkScheduler(Policy):
         # demand for LOADs: the fraction of a GPU this request needs within its load window
         load_slo = slo - (m.est.load + b1 + buffer + cfg.schedule_ahead)
         load_slo = max(min(cfg.max_load_slo, load_slo), cfg.schedule_ahead + buffer)
-        request.demand = b1 / load_slo
+        request.demand = m.item_cost / load_slo
         request.state = QUEUED
         m.queue.append(request)
         m.live += 1
@@ -97,8 +98,15 @@ class ClockworkScheduler(Policy):
             for g in m.instances:
                 self.gpus[g].active.add(m.name)
         if m.instances:
-            for g in m.instances:
-                self._schedule_infer(self.gpus[g], now, out)
+            horizon = now + cfg.schedule_ahead
+            gpus = self.gpus
+            for gi in m.instances:
+                g = gpus[gi]
+                free = g.exec.available(now)
+                if free < horizon:
+                    self._schedule_infer(g, now, out)
+                elif not g.wake_at:
+                    self._wake(g, free - cfg.schedule_ahead + 1)
         else:
             if not self._unserved:
                 self._next_load_check = now
@@ -276,8 +284,8 @@ class ClockworkScheduler(Policy):
         est = m.est
         sizes = m.batch_sizes
         e1 = est.exec(sizes[0])
+        q = m.queue
         if drop:
-            q = m.queue
             while q:
                 r = q[0]
                 if r.state != QUEUED:
@@ -289,6 +297,11 @@ class ClockworkScheduler(Policy):
                 self._answer(r, RequestStatus.TIMEOUT, now, "SLO cannot be met")
         if not m.live:
             return None
+        if m.live == 1:  # fast path: a lone request runs alone
+            r = q[0] if q[0].state == QUEUED else m.head(1)[0]
+            if r.deadline < start + e1:
+                return None
+            return r.deadline - e1, sizes[0], [r], []
         head = m.head(sizes[-1] + self.scan_extra)
         n = len(head)
         deadlines = [r.deadline for r in head]
@@ -332,6 +345,11 @@ class ClockworkScheduler(Policy):
         aid = self._next_action
         self._next_action += 1
         earliest = inst.ready_at if inst.ready_at > now else now
+        # workers run a lane in ``earliest`` order; never let a later INFER overtake an
+        # earlier one (e.g. one waiting for its LOAD), or the predicted chain breaks
+        if earliest < g.last_earliest:
+            earliest = g.last_earliest
+        g.last_earliest = earliest
         start = g.exec.add(aid, earliest, e, now)
         latest = max(now + cfg.future + cfg.latest_delta, start + cfg.latest_delta)
         a = Action(aid, ActionType.INFER, g.worker, g.gpu, m.name, earliest, latest, e,
@@ -358,6 +376,8 @@ class ClockworkScheduler(Policy):
             return
         keep.sort(key=lambda r: (r.arrival, r.id))
         was_empty = m.live == 0
+        # drop stale entries (answered, or these very requests from before they ran)
+        m.queue = deque(r for r in m.queue if r.state == QUEUED)
         for r in reversed(keep):
             r.state = QUEUED
             m.queue.appendleft(r)
@@ -413,12 +433,15 @@ class ClockworkScheduler(Policy):
         gpus.sort(key=lambda g: (shares[g.index], g.index))
         taken: set[str] = set()
         for g in gpus:
+            spare = shares[g.index] < 1.0
             for prio, name in wanted:
                 if name in taken or name in g.instances:
                     continue
                 m = self.models[name]
                 if m.pages > g.total_pages:
                     continue
+                if m.instances and not spare:
+                    continue  # another copy on a saturated GPU would relieve nobody
                 victims = self._victims(g, m, prio, now)
                 if victims is None:
                     continue

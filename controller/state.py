@@ -30,7 +30,7 @@ class ModelState:
     """Per model: a FIFO request queue, estimates, demand and where its copies are."""
 
     __slots__ = ("name", "profile", "est", "queue", "live", "outstanding", "instances",
-                 "ready_copies", "versions", "batch_sizes", "pages")
+                 "ready_copies", "versions", "batch_sizes", "pages", "item_cost")
 
     def __init__(self, profile: ModelProfile, cfg: SchedulerConfig) -> None:
         self.name = profile.model
@@ -44,6 +44,11 @@ class ModelState:
         self.versions = 0
         self.pages = profile.weights_pages
         self.batch_sizes = [b for b in profile.batch_sizes if b <= cfg.max_batch] or [1]
+        # GPU time per request at the most efficient allowed batch size (demand accounting)
+        self.item_cost = min(
+            profile.exec_ns[b] / b for b in self.batch_sizes
+            if b == self.batch_sizes[0] or profile.exec_ns[b] <= cfg.max_exec
+        )
 
     def head(self, n: int) -> list[Request]:
         """The first ``n`` queued requests, discarding answered ones at the front."""
@@ -61,7 +66,7 @@ class ModelState:
 
 class GpuState:
     __slots__ = ("index", "worker", "gpu", "total_pages", "free_pages", "exec", "pcie",
-                 "instances", "active", "wake_at")
+                 "instances", "active", "wake_at", "last_earliest")
 
     def __init__(self, index: int, worker: int, gpu: int, pages: int, cfg: SchedulerConfig) -> None:
         self.index = index
@@ -74,6 +79,7 @@ class GpuState:
         self.instances: dict[str, Instance] = {}
         self.active: set[str] = set()  # models here with queued requests
         self.wake_at = 0  # a pending on_tick for this GPU's EXEC lane (0: none)
+        self.last_earliest = 0  # ``earliest`` of the last INFER sent (kept monotone)
 
     def load_share(self, models: dict[str, ModelState]) -> float:
         """Queued demand this GPU is expected to absorb, in GPUs (1.0 = saturated)."""

@@ -30,7 +30,7 @@ def scenarios(draw):
         workloads.append(w)
     return {
         "seed": draw(st.integers(0, 2**31)),
-        "duration_s": draw(st.floats(0.2, 1.0)),
+        "duration_s": draw(st.floats(0.2, 2.0)),
         "cluster": {
             "workers": draw(st.integers(1, 2)),
             "gpus_per_worker": draw(st.integers(1, 2)),
@@ -49,7 +49,7 @@ def scenarios(draw):
     }
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_invariants(sc):
     res = simulate(sc)
