@@ -19,8 +19,8 @@ Rules (DESIGN.md §4), each in one place below:
 from __future__ import annotations
 
 import heapq
-from collections import deque
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Iterable
 
 from clockwork.actions import NEVER, Action, ActionType, ErrorCode, RequestStatus, Result

@@ -19,8 +19,8 @@ import sys
 import time
 
 from clockwork.profiles import load_profile_set
-from clockwork.sim import Simulation
 from clockwork.scenario import load_scenario
+from clockwork.sim import Simulation
 
 
 def scenario(gpus: int, load: float, duration: float, per_gpu: int, seed: int) -> dict:
