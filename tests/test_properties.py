@@ -59,7 +59,7 @@ def test_invariants(sc):
     assert s["submitted"] == len(rows) == s["succeeded"] + s["failed"] + s["dropped"]
     assert len({r[0] for r in rows}) == len(rows)
     # answers never precede arrivals; met means success within the SLO
-    for rid, _m, arrival, deadline, latency, status, met, *_ in rows:
+    for _rid, _m, arrival, deadline, latency, status, met, *_ in rows:
         assert latency >= 0
         assert met == (status == RequestStatus.SUCCESS and arrival + latency <= deadline)
     # with exact predictions and a network faster than the buffer, nothing succeeds late
