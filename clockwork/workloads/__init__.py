@@ -8,6 +8,7 @@ from collections.abc import Callable
 from clockwork.workloads.azure_replay import AZURE_KEYS, build_azure
 from clockwork.workloads.base import Arrival, SloSpec, Workload, WorkloadError, select_instances
 from clockwork.workloads.basic import ClosedLoop, OpenLoop
+from clockwork.workloads.named import NAMED_KEYS, NAMED_KINDS
 
 __all__ = ["Arrival", "ClosedLoop", "OpenLoop", "SloSpec", "Workload", "WorkloadError",
            "KINDS", "build_workload", "select_instances"]
@@ -35,6 +36,7 @@ KINDS: dict[str, Callable[[dict, list[str]], Workload]] = {
     "poisson": _open("poisson"),
     "fixed_rate": _open("fixed"),
     "azure": build_azure,
+    **NAMED_KINDS,
 }
 
 _COMMON = {"kind", "models", "slo_ms", "slo_factor"}
@@ -43,6 +45,7 @@ _KEYS = {
     "poisson": _COMMON | {"rate_rps"},
     "fixed_rate": _COMMON | {"rate_rps"},
     "azure": AZURE_KEYS,
+    **NAMED_KEYS,
 }
 
 

@@ -1,0 +1,386 @@
+"""Clockwork's named workloads: each one's defining property, parameter checks, and a
+short run through the simulator."""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter, defaultdict
+
+import numpy as np
+import pytest
+
+from clockwork.sim import simulate
+from clockwork.telemetry import REQUEST_COLUMNS
+from clockwork.workloads import WorkloadError, build_workload
+from clockwork.workloads.azure import MINUTES, AzureTrace
+from clockwork.workloads.named import OnOff
+
+S = 1_000_000_000
+MS = 1_000_000
+EXEC1 = 2_900_000
+
+
+def instances(n: int, model: str = "resnet50_v2") -> dict[str, str]:
+    return {(model if i == 0 else f"{model}:{i}"): model for i in range(n)}
+
+
+def make(spec: dict, n: int = 4, end: float = 100.0, seed: int = 1, start: int = 0,
+         inst: dict[str, str] | None = None):
+    inst = inst or instances(n)
+    w = build_workload(spec, inst)
+    w.bind(start, start + round(end * S), np.random.default_rng(seed),
+           {i: EXEC1 + 1000 * k for k, i in enumerate(inst)})
+    return w
+
+
+def drain(w) -> list[tuple[int, str, int]]:
+    out = []
+    while (a := w.next_arrival()) is not None:
+        out.append(a)
+    t = [a[0] for a in out]
+    assert t == sorted(t)
+    return out
+
+
+def drive(w, service_ns: int = 5 * MS, fail_every: int = 0):
+    """A fake server answering every request ``service_ns`` after it is sent. Returns the
+    submissions ``(t, instance, slo)`` and the most outstanding per instance."""
+    heap: list = []
+    seq = 0
+
+    def push(t, kind, a):
+        nonlocal seq
+        seq += 1
+        heapq.heappush(heap, (t, seq, kind, a))
+
+    for a in w.initial(w.start):
+        push(a[0], 0, a)
+    nxt = w.next_arrival()
+    if nxt is not None:
+        push(nxt[0], 1, nxt)
+    out: list = []
+    outstanding: Counter = Counter()
+    peak: Counter = Counter()
+    while heap:
+        t, _, kind, a = heapq.heappop(heap)
+        if kind in (0, 1):
+            assert a[0] == t < w.end
+            out.append(a)
+            outstanding[a[1]] += 1
+            peak[a[1]] = max(peak[a[1]], outstanding[a[1]])
+            push(t + service_ns, 2, a[1])
+            if kind == 1:
+                nxt = w.next_arrival()
+                if nxt is not None:
+                    assert nxt[0] >= t
+                    push(nxt[0], 1, nxt)
+        else:
+            outstanding[a] -= 1
+            ok = not (fail_every and len(out) % fail_every == 0)
+            for b in w.on_reply(a, ok, t):
+                assert b[0] >= t
+                push(b[0], 0, b)
+    return out, peak
+
+
+def within(count: float, expected: float, sigmas: float = 5.0) -> bool:
+    return abs(count - expected) <= sigmas * max(expected, 1.0) ** 0.5
+
+
+# ---------------------------------------------------------------- slo_exp_1
+
+
+def test_slo_exp_1_steps_at_period_boundaries_and_stops_past_the_maximum():
+    w = make({"kind": "slo_exp_1", "rate_rps": 50}, n=3, end=1000.0)
+    arr = drain(w)
+    # Clockwork's artifact rule: 1 x EXEC, x1.5 every 30 s; 1.5**13 = 194.6 <= 200 < 1.5**14
+    assert w.stop == 14 * 30 * S
+    assert arr[-1][0] < 14 * 30 * S and arr[-1][0] > 13 * 30 * S
+    seen = set()
+    for t, m, slo in arr:
+        k = t // (30 * S)
+        seen.add(k)
+        assert slo == round(1.5**k * w.exec1[m])
+    assert seen == set(range(14))
+
+
+def test_slo_exp_1_additive_absolute_and_fixed_rate():
+    w = make({"kind": "slo_exp_1", "rate_rps": 20, "slo_ms_start": 10, "slo_ms_max": 100,
+              "factor": 10, "op": "add", "period_s": 3, "process": "fixed"}, n=2, end=100.0)
+    arr = drain(w)
+    # 10, 20, ..., 100 ms, each for 3 s; 110 > 100 ends the run at 30 s
+    assert len(arr) == 30 * 20 - 1  # fixed spacing of 50 ms, the first one after one gap
+    for t, _m, slo in arr:
+        assert slo == (10 + 10 * (t // (3 * S))) * MS
+    assert {a[1] for a in arr[:2]} == set(w.models)
+
+
+def test_slo_exp_1_runs_to_the_end_without_a_maximum_reached():
+    w = make({"kind": "slo_exp_1", "rate_rps": 100, "slo_factor_start": 2, "factor": 1.0},
+             n=2, end=40.0)
+    arr = drain(w)
+    assert w.stop == 40 * S and arr[-1][0] > 39 * S
+    assert {slo / w.exec1[m] for _t, m, slo in arr} == {2.0}
+    assert within(len(arr), 4000)
+
+
+@pytest.mark.parametrize("bad, key", [
+    ({"rate_rps": 0}, "rate_rps"),
+    ({}, "rate_rps"),
+    ({"rate_rps": 10, "op": "pow"}, "op"),
+    ({"rate_rps": 10, "factor": 0}, "factor"),
+    ({"rate_rps": 10, "period_s": -1}, "period_s"),
+    ({"rate_rps": 10, "slo_factor_start": 300}, "slo_factor_max"),
+    ({"rate_rps": 10, "slo_ms_start": 5, "slo_factor_max": 10}, "slo_ms_start"),
+    ({"rate_rps": "fast"}, "rate_rps"),
+    ({"rate_rps": 10, "slo_ms": 100}, "slo_ms"),
+])
+def test_slo_exp_1_rejects_bad_parameters(bad, key):
+    with pytest.raises(WorkloadError, match=key):
+        build_workload({"kind": "slo_exp_1", **bad}, instances(2))
+
+
+# ---------------------------------------------------------------- bursty
+
+
+def test_bursty_rate_differs_between_on_and_off_periods():
+    spec = {"kind": "bursty", "burst_rps": 1000, "rate_rps": 100, "on_s": 1, "off_s": 1,
+            "periods": "fixed", "start": "on", "slo_ms": 50}
+    w = make(spec, n=3, end=20.0)
+    arr = drain(w)
+    assert w.on_periods == [(2 * k * S, (2 * k + 1) * S) for k in range(10)]
+    t = np.array([a[0] for a in arr])
+    on = ((t // S) % 2 == 0).sum()
+    off = len(t) - on
+    assert within(on, 10 * 1000) and within(off, 10 * 100)
+    per = Counter(a[1] for a in arr)
+    assert set(per) == set(w.models) and all(within(c, 11000 / 3) for c in per.values())
+    assert {a[2] for a in arr} == {50 * MS}
+    # each instance on its own process: same total rate, 1/n each
+    wi = make({**spec, "independent": True}, n=3, end=20.0)
+    ti = np.array([a[0] for a in drain(wi)])
+    assert within(((ti // S) % 2 == 0).sum(), 10 * 1000) and within(((ti // S) % 2 == 1).sum(), 1000)
+
+
+def test_bursty_exponential_periods_have_the_configured_means():
+    onoff = OnOff(on_s=2.0, off_s=6.0)
+    rng = np.random.default_rng(3)
+    periods = list(onoff.schedule(rng, 0, 40_000 * S))
+    on = [b - a for a, b, s in periods[1:] if s]
+    off = [b - a for a, b, s in periods[1:] if not s]
+    assert all(periods[i][1] == periods[i + 1][0] for i in range(len(periods) - 1))
+    assert all(periods[i][2] != periods[i + 1][2] for i in range(len(periods) - 1))
+    assert abs(np.mean(on) / S - 2.0) < 0.15 and abs(np.mean(off) / S - 6.0) < 0.45
+    # off periods are idle (rate_rps 0), arrivals only inside on periods
+    w = make({"kind": "bursty", "burst_rps": 200, "on_s": 0.5, "off_s": 1.5}, n=2, end=200.0)
+    arr = drain(w)
+    starts = np.array([a for a, _ in w.on_periods])
+    ends = np.array([b for _, b in w.on_periods])
+    t = np.array([a[0] for a in arr])
+    i = np.searchsorted(starts, t, side="right") - 1
+    assert (i >= 0).all() and (t < ends[i]).all()
+    on_time = sum(min(b, 200 * S) - a for a, b in w.on_periods) / S
+    assert within(len(arr), 200 * on_time)
+
+
+@pytest.mark.parametrize("bad, key", [
+    ({"on_s": 1, "off_s": 1}, "burst_rps"),
+    ({"burst_rps": 10, "on_s": 0, "off_s": 1}, "on_s"),
+    ({"burst_rps": 10, "on_s": 1, "off_s": 1, "periods": "gamma"}, "periods"),
+    ({"burst_rps": 10, "on_s": 1, "off_s": 1, "start": "late"}, "start"),
+    ({"burst_rps": 10, "on_s": 1, "off_s": 1, "rate_rps": -1}, "rate_rps"),
+    ({"burst_rps": 10, "on_s": 1, "off_s": 1, "independent": 1}, "independent"),
+    ({"burst_rps": 10, "on_s": 1, "off_s": 1, "concurrency": 2}, "concurrency"),
+])
+def test_bursty_rejects_bad_parameters(bad, key):
+    with pytest.raises(WorkloadError, match=key):
+        build_workload({"kind": "bursty", **bad}, instances(2))
+
+
+# ---------------------------------------------------------------- bursty_closed_loop
+
+
+def test_bursty_closed_loop_keeps_concurrency_in_bursts_and_idles_between():
+    w = make({"kind": "bursty_closed_loop", "concurrency": 3, "on_s": 0.1, "off_s": 0.2,
+              "periods": "fixed", "start": "on", "slo_ms": 100}, n=2, end=3.0)
+    subs, peak = drive(w, service_ns=10 * MS)
+    assert peak == Counter({m: 3 for m in w.models})
+    for m in w.models:
+        t = sorted(a[0] for a in subs if a[1] == m)
+        # bursts of 10 rounds of 3 (10 ms service in a 100 ms burst), then 200 ms idle
+        # after the last answer (at 100 ms): the next burst begins at 300 ms, and so on
+        bursts = [t[i:i + 30] for i in range(0, len(t), 30)]
+        assert len(bursts) == 10
+        for j, b in enumerate(bursts):
+            assert b[0] == j * 300 * MS and b[-1] == j * 300 * MS + 90 * MS
+    assert {a[2] for a in subs} == {100 * MS}
+
+
+def test_bursty_closed_loop_never_exceeds_concurrency_with_random_periods_and_failures():
+    w = make({"kind": "bursty_closed_loop", "concurrency": 4, "on_s": 0.05, "off_s": 0.05,
+              "retry_ms": 2}, n=5, end=20.0, seed=7)
+    subs, peak = drive(w, service_ns=3 * MS, fail_every=7)
+    assert max(peak.values()) == 4 and set(peak) == set(w.models)
+    assert all(w.outstanding[m] == 0 for m in w.models)
+
+
+# ---------------------------------------------------------------- slo_exp_2
+
+
+def test_slo_exp_2_background_closed_loop_and_stepped_foreground():
+    w = make({"kind": "slo_exp_2", "foreground": 2, "foreground_rps": 100, "period_s": 2,
+              "slo_factor_max": 10, "background_concurrency": 3, "background_slo_ms": 1000,
+              "background_delay_s": 1}, n=6, end=60.0)
+    fg, bg = w.models, w.background
+    assert fg == ["resnet50_v2", "resnet50_v2:1"] and len(bg) == 4
+    subs, peak = drive(w, service_ns=4 * MS)
+    # 1.5**5 = 7.6 <= 10 < 1.5**6: six 2-s periods, the run ends at 12 s
+    assert w.stop == 12 * S and max(a[0] for a in subs) < 12 * S
+    f = [a for a in subs if a[1] in fg]
+    b = [a for a in subs if a[1] in bg]
+    assert within(len(f), 1200)
+    for t, m, slo in f:
+        assert slo == round(1.5 ** (t // (2 * S)) * w.exec1[m])
+    assert {m for _, m, _ in b} == set(bg) and {s for *_, s in b} == {1000 * MS}
+    assert min(a[0] for a in b) == 1 * S
+    assert {peak[m] for m in bg} == {3}
+    # closed loop: 3 outstanding, 4 ms each, from 1 s to 12 s
+    assert all(abs(sum(1 for a in b if a[1] == m) - 3 * 11_000 / 4) <= 3 for m in bg)
+
+
+def test_slo_exp_2_selectors_and_errors():
+    inst = {**instances(2, "resnet18_v2"), **instances(3, "resnet50_v2")}
+    w = build_workload({"kind": "slo_exp_2", "foreground": "resnet18_v2",
+                        "background": "resnet50_v2:*"}, inst)
+    assert w.models == ["resnet18_v2", "resnet18_v2:1"]
+    assert w.background == ["resnet50_v2:1", "resnet50_v2:2"]
+    w = build_workload({"kind": "slo_exp_2", "foreground": 1, "background": 0}, inst)
+    assert w.models == ["resnet18_v2"] and w.background == [] and w.initial(0) == []
+    for bad, key in [({}, "foreground"), ({"foreground": 9}, "foreground"),
+                     ({"foreground": "vgg16"}, "foreground"),
+                     ({"foreground": 2, "background": "resnet18_v2"}, "share"),
+                     ({"foreground": 1, "background_concurrency": 0}, "concurrency"),
+                     ({"foreground": 1, "background_slo_ms": -5}, "background_slo_ms"),
+                     ({"foreground": 1, "background_delay_s": -1}, "background_delay_s")]:
+        with pytest.raises(WorkloadError, match=key):
+            build_workload({"kind": "slo_exp_2", **bad}, inst)
+
+
+# ---------------------------------------------------------------- bursty_experiment
+
+
+def test_bursty_experiment_activates_one_major_per_second_minor_steady():
+    w = make({"kind": "bursty_experiment", "major_start_s": 5, "slo_ms": 100}, n=31, end=40.0)
+    assert w.minor == ["resnet50_v2"] and len(w.major) == 30
+    arr = drain(w)
+    majors_in = defaultdict(set)
+    minor_per_5s = Counter()
+    for t, m, slo in arr:
+        assert slo == 100 * MS
+        if m in w.minor:
+            minor_per_5s[t // (5 * S)] += 1
+        else:
+            majors_in[t // S].add(m)
+            assert w.major.index(m) < w.active_majors(t)
+    assert all(s >= 5 for s in majors_in)
+    for s in range(5, 40):
+        k = min(30, s - 5 + 1)
+        assert majors_in[s] == set(w.major[:k]), s
+        assert w.active_majors(s * S) == k
+    assert all(within(minor_per_5s[i], 1000) for i in range(8))
+    n_major = sum(1 for a in arr if a[1] in w.major)
+    assert within(n_major, 35 * 1000)
+
+
+def test_bursty_experiment_selectors_and_paper_default():
+    inst = {**instances(1, "resnet18_v2"), **instances(4, "resnet50_v2")}
+    w = build_workload({"kind": "bursty_experiment", "minor": "resnet18_v2"}, inst)
+    assert w.minor == ["resnet18_v2"] and w.major == list(instances(4))
+    assert w.major_start == 900 * S and w.every == S
+    with pytest.raises(WorkloadError, match="major"):
+        build_workload({"kind": "bursty_experiment"}, instances(1))
+    with pytest.raises(WorkloadError, match="activate_every_s"):
+        build_workload({"kind": "bursty_experiment", "activate_every_s": 0}, inst)
+
+
+# ---------------------------------------------------------------- azure_scalability
+
+
+@pytest.fixture(scope="module")
+def flat_trace(tmp_path_factory):
+    counts = np.zeros((20, MINUTES), np.uint32)
+    counts[:, :10] = 300  # 20 functions x 300 per minute = 100 r/s at load factor 1
+    ids = np.array([f"{i:064x}" for i in range(20)])
+    tr = AzureTrace(ids, ids, ids, np.array(["http"] * 20), counts, 0, "test")
+    return str(tr.save(tmp_path_factory.mktemp("trace") / "flat.csv"))
+
+
+@pytest.mark.parametrize("period", [20.0, 25.0])
+def test_azure_scalability_ramps_the_load_factor(flat_trace, period):
+    spec = {"kind": "azure_scalability", "trace": flat_trace, "minutes": 10,
+            "load_factor_start": 1.0, "load_factor_step": 2.0, "step_period_s": period,
+            "load_factor_max": 8, "slo_ms": 100}
+    w = make(spec, n=5, end=600.0)
+    arr = drain(w)
+    p = round(period * S)
+    assert w.end == 4 * p and arr[-1][0] < 4 * p  # 16 > 8 ends the run
+    got = np.bincount(np.array([a[0] for a in arr]) // p, minlength=4)
+    for k in range(4):
+        assert within(got[k], 100 * period * 2**k), (k, got)
+    assert [w.load_factor_at(k * p) for k in range(4)] == [1, 2, 4, 8]
+    assert {a[2] for a in arr} == {100 * MS}
+
+
+def test_azure_scalability_worker_units_and_errors(flat_trace):
+    w = make({"kind": "azure_scalability", "trace": flat_trace, "workers": 8,
+              "load_factor_start": 1.0, "load_factor_max": 1.0}, n=2, end=120.0)
+    # 8 workers x 0.125 = trace rate x 1; the maximum is reached at once: one period
+    assert w.end == 60 * S and w.load_factor_at(0) == 1.0
+    assert within(len(drain(w)), 6000)
+    for bad, key in [({"load_factor": 2}, "load_factor"), ({"step_op": "exp"}, "step_op"),
+                     ({"load_factor_step": -1}, "load_factor_step"),
+                     ({"arrivals": "gamma"}, "Poisson"), ({"workers": 0}, "workers")]:
+        with pytest.raises(WorkloadError, match=key):
+            build_workload({"kind": "azure_scalability", "trace": flat_trace, **bad},
+                           instances(2))
+
+
+# ---------------------------------------------------------------- through the simulator
+
+
+def _scenario(workload: dict, copies: int, duration: float) -> dict:
+    return {"seed": 2, "duration_s": duration,
+            "cluster": {"workers": 1, "gpus_per_worker": 1, "profiles": "v100-reference"},
+            "models": [{"name": "resnet50_v2", "copies": copies}], "workloads": [workload]}
+
+
+def _max_concurrent(rows, models) -> dict[str, int]:
+    col = {c: i for i, c in enumerate(REQUEST_COLUMNS)}
+    ev = defaultdict(list)
+    for r in rows:
+        ev[r[col["model"]]].append((r[col["arrival"]], 1))
+        ev[r[col["model"]]].append((r[col["arrival"]] + r[col["latency"]], -1))
+    out = {}
+    for m in models:
+        cur = top = 0
+        for _t, d in sorted(ev[m]):  # answers (-1) before sends at the same time
+            cur += d
+            top = max(top, cur)
+        out[m] = top
+    return out
+
+
+@pytest.mark.parametrize("workload, copies, limit", [
+    ({"kind": "bursty_closed_loop", "concurrency": 4, "on_s": 0.2, "off_s": 0.2}, 3, 4),
+    ({"kind": "slo_exp_2", "foreground": 1, "foreground_rps": 100, "period_s": 0.5,
+      "background_concurrency": 5, "background_delay_s": 0.2}, 4, 5),
+])
+def test_closed_loops_in_the_simulator_stay_within_concurrency(workload, copies, limit):
+    res = simulate(_scenario(workload, copies, 2.0))
+    s = res.summary
+    assert s["submitted"] == s["succeeded"] + s["failed"] + s["dropped"] > 0
+    models = list(instances(copies))
+    if workload["kind"] == "slo_exp_2":
+        models = models[1:]
+    peak = _max_concurrent(res.telemetry.requests, models)
+    assert max(peak.values()) == limit, peak
