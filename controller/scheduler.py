@@ -81,7 +81,23 @@ class ClockworkScheduler(Policy):
         b1 = m.est.exec(m.batch_sizes[0])
         request.drop_at = request.deadline - b1
         request.cold = m.ready_copies == 0
-        if request.drop_at < self._earliest_start(m, now):
+        insts = m.instances
+        if insts:
+            # the soonest any copy could start it if it were next in line
+            gpus = self.gpus
+            frees = []
+            soonest = NEVER
+            for gi, inst in insts.items():
+                g = gpus[gi]
+                free = g.exec.available(now)
+                frees.append((g, free))
+                if inst.ready_at > free:
+                    free = inst.ready_at
+                if free < soonest:
+                    soonest = free
+        else:
+            soonest = now + cfg.future + m.est.load
+        if request.drop_at < soonest:
             self._answer(request, RequestStatus.TIMEOUT, now, "SLO cannot be met")
             return out
         # demand for LOADs: the fraction of a GPU this request needs within its load window
@@ -89,6 +105,9 @@ class ClockworkScheduler(Policy):
         load_slo = max(min(cfg.max_load_slo, load_slo), cfg.schedule_ahead + buffer)
         request.demand = m.item_cost / load_slo
         request.state = QUEUED
+        if m.live and request.deadline < m.last_deadline:
+            m.monotone = False
+        m.last_deadline = request.deadline
         m.queue.append(request)
         m.live += 1
         m.outstanding += request.demand
@@ -97,12 +116,9 @@ class ClockworkScheduler(Policy):
             self._queued.add(m.name)
             for g in m.instances:
                 self.gpus[g].active.add(m.name)
-        if m.instances:
+        if insts:
             horizon = now + cfg.schedule_ahead
-            gpus = self.gpus
-            for gi in m.instances:
-                g = gpus[gi]
-                free = g.exec.available(now)
+            for g, free in frees:
                 if free < horizon:
                     self._schedule_infer(g, now, out)
                 elif not g.wake_at:
@@ -192,19 +208,6 @@ class ClockworkScheduler(Policy):
         out, self._replies = self._replies, []
         return out
 
-    def _earliest_start(self, m: ModelState, now: int) -> int:
-        """The soonest any GPU could start an INFER of ``m`` if it were next in line."""
-        if not m.instances:
-            return now + self.cfg.future + m.est.load
-        best = NEVER
-        for gi, inst in m.instances.items():
-            t = self.gpus[gi].exec.available(now)
-            if inst.ready_at > t:
-                t = inst.ready_at
-            if t < best:
-                best = t
-        return best
-
     # ------------------------------------------------------------------ INFER
 
     def _schedule_infer(self, g: GpuState, now: int, out: list[Action]) -> None:
@@ -228,7 +231,7 @@ class ClockworkScheduler(Policy):
             if not cands:
                 # nothing runnable now; models still loading are woken by their LOAD result
                 return
-            best = self._pick(cands)
+            best = cands[0] if len(cands) == 1 else self._pick(cands)
             _, _, _, m, inst, start, (_, b, batch, skipped) = best
             for r in skipped:  # too urgent for the batch chosen: they cannot be served now
                 self._unqueue(m, r)
@@ -305,14 +308,15 @@ class ClockworkScheduler(Policy):
         head = m.head(sizes[-1] + self.scan_extra)
         n = len(head)
         deadlines = [r.deadline for r in head]
-        ordered = all(deadlines[i] <= deadlines[i + 1] for i in range(n - 1))
+        ordered = m.monotone
+        ex = est._exec
         max_exec = self.cfg.max_exec
         prio = None
         chosen = None
         for b in sizes:
             if b > n:
                 break
-            e = est.exec(b)
+            e = ex[b]
             if b > 1 and e > max_exec:
                 break
             th = start + e
@@ -332,6 +336,9 @@ class ClockworkScheduler(Policy):
         if chosen is None:
             return None
         b, idx = chosen
+        if ordered:
+            j = idx[0]
+            return prio, b, head[j:j + b], head[:j]
         last = idx[-1]
         picked = set(idx)
         batch = [head[i] for i in idx]
@@ -378,6 +385,7 @@ class ClockworkScheduler(Policy):
         was_empty = m.live == 0
         # drop stale entries (answered, or these very requests from before they ran)
         m.queue = deque(r for r in m.queue if r.state == QUEUED)
+        m.monotone = False
         for r in reversed(keep):
             r.state = QUEUED
             m.queue.appendleft(r)
@@ -401,6 +409,7 @@ class ClockworkScheduler(Policy):
         if m.live == 0:
             m.outstanding = 0.0
             m.queue.clear()
+            m.monotone = True
             for gi in m.instances:
                 self.gpus[gi].active.discard(m.name)
             self._unserved.discard(m.name)
@@ -420,13 +429,13 @@ class ClockworkScheduler(Policy):
         """Give each GPU whose PCIe lane is free the most under-served model."""
         cfg = self.cfg
         horizon = now + cfg.schedule_ahead
+        wanted = self._load_priorities()
+        if not wanted:
+            self._arm_load_check(now)
+            return
         gpus = [g for g in self.gpus
                 if (g.pcie.idle if only_idle else g.pcie.available(now) < horizon)]
         if not gpus:
-            self._arm_load_check(now)
-            return
-        wanted = self._load_priorities()
-        if not wanted:
             self._arm_load_check(now)
             return
         shares = {g.index: g.load_share(self.models) for g in gpus}

@@ -30,7 +30,8 @@ class ModelState:
     """Per model: a FIFO request queue, estimates, demand and where its copies are."""
 
     __slots__ = ("name", "profile", "est", "queue", "live", "outstanding", "instances",
-                 "ready_copies", "versions", "batch_sizes", "pages", "item_cost")
+                 "ready_copies", "versions", "batch_sizes", "pages", "item_cost",
+                 "monotone", "last_deadline")
 
     def __init__(self, profile: ModelProfile, cfg: SchedulerConfig) -> None:
         self.name = profile.model
@@ -41,6 +42,8 @@ class ModelState:
         self.outstanding = 0.0  # LOAD demand of queued requests, in GPUs
         self.instances: dict[int, Instance] = {}  # gpu index -> instance
         self.ready_copies = 0
+        self.monotone = True  # queued deadlines are nondecreasing (the common case)
+        self.last_deadline = 0
         self.versions = 0
         self.pages = profile.weights_pages
         self.batch_sizes = [b for b in profile.batch_sizes if b <= cfg.max_batch] or [1]
