@@ -30,6 +30,8 @@ from controller.config import SchedulerConfig
 from controller.policy import GpuSpec, Policy
 from controller.state import GpuState, Instance, ModelState
 
+MISS_MEMORY = 1_000_000_000  # how long a request rejected for a cold model keeps asking for a LOAD
+
 
 class _Inflight:
     __slots__ = ("action", "gpu", "instance", "requests")
@@ -59,6 +61,8 @@ class ClockworkScheduler(Policy):
         self._use_seq = 0
         self._unserved: set[str] = set()  # models with queued requests and no copy
         self._queued: set[str] = set()  # models with queued requests
+        self._misses: dict[str, tuple[int, float]] = {}  # cold model -> (last miss, demand)
+        self._last_now = 0
         self._next_load_check = 0
         self.stats = {"infer": 0, "load": 0, "evict": 0, "rejected": 0}
 
@@ -97,13 +101,19 @@ class ClockworkScheduler(Policy):
                     soonest = free
         else:
             soonest = now + cfg.future + m.est.load
-        if request.drop_at < soonest:
-            self._answer(request, RequestStatus.TIMEOUT, now, "SLO cannot be met")
-            return out
         # demand for LOADs: the fraction of a GPU this request needs within its load window
         load_slo = slo - (m.est.load + b1 + buffer + cfg.schedule_ahead)
         load_slo = max(min(cfg.max_load_slo, load_slo), cfg.schedule_ahead + buffer)
         request.demand = m.item_cost / load_slo
+        if request.drop_at < soonest:
+            self._answer(request, RequestStatus.TIMEOUT, now, "SLO cannot be met")
+            if not insts:
+                # too late for this one, but the model is wanted: load it for the next ones
+                self._misses[m.name] = (now, self._misses.get(m.name, (0, 0.0))[1] + request.demand)
+                if not self._next_load_check:
+                    self._next_load_check = now
+                self._schedule_loads(now, out, only_idle=True)
+            return out
         request.state = QUEUED
         if m.live and request.deadline < m.last_deadline:
             m.monotone = False
@@ -428,6 +438,7 @@ class ClockworkScheduler(Policy):
     def _schedule_loads(self, now: int, out: list[Action], only_idle: bool) -> None:
         """Give each GPU whose PCIe lane is free the most under-served model."""
         cfg = self.cfg
+        self._last_now = now
         horizon = now + cfg.schedule_ahead
         wanted = self._load_priorities()
         if not wanted:
@@ -465,7 +476,7 @@ class ClockworkScheduler(Policy):
         """Re-examine demand soon if some queued model could use another copy."""
         n = len(self.gpus)
         models = self.models
-        demand = bool(self._unserved) or any(
+        demand = bool(self._unserved) or bool(self._misses) or any(
             len(models[name].instances) < n for name in self._queued
         )
         self._next_load_check = now + self.cfg.load_check_interval if demand else 0
@@ -474,6 +485,13 @@ class ClockworkScheduler(Policy):
         """Models with unmet demand, most unmet first: (priority, name)."""
         share_cache: dict[int, float] = {}
         out = []
+        if self._misses:
+            horizon = self._last_now - MISS_MEMORY
+            for name, (t, demand) in list(self._misses.items()):
+                if t < horizon or self.models[name].instances:
+                    del self._misses[name]
+                elif name not in self._queued:
+                    out.append((demand, name))
         for name in self._queued:
             m = self.models[name]
             if m.outstanding <= 0:
