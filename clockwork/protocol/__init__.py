@@ -1,0 +1,1 @@
+"""The wire protocol (``clockwork.v1``): the .proto and its generated modules."""
