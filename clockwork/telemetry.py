@@ -54,7 +54,7 @@ class Telemetry:
             return
         o = self.origin
         measured_end = res.end - o if res.end else received - o
-        err = (res.end - a.expected_end) if res.ok and a.type != ActionType.EVICT else 0
+        err = (res.end - a.expected_end) if not res.status and a.type != ActionType.EVICT else 0
         self.actions.append((a.id, a.type.name, res.status.name, a.worker, a.gpu, a.model,
                              a.batch_size, a.sent_at - o, a.earliest - o if a.earliest else 0,
                              a.latest - o if a.latest < (1 << 62) else -1, a.expected_duration,

@@ -82,7 +82,7 @@ class ClockworkScheduler(Policy):
         request.slo = slo
         buffer = cfg.buffer if cfg.buffer * 2 <= slo else slo // 2
         request.deadline = request.arrival + slo - buffer
-        b1 = m.est.exec(m.batch_sizes[0])
+        b1 = m.est._exec[m.batch_sizes[0]]
         request.drop_at = request.deadline - b1
         request.cold = m.ready_copies == 0
         insts = m.instances
@@ -146,7 +146,7 @@ class ClockworkScheduler(Policy):
         if inf is None:
             return out  # unknown or duplicate result: nothing to do
         g = inf.gpu
-        if not result.ok:
+        if result.status:
             self.stats["rejected"] += 1
         t = inf.action.type
         if t == ActionType.INFER:
@@ -154,7 +154,7 @@ class ClockworkScheduler(Policy):
             inst = inf.instance
             inst.inflight -= 1
             m = inst.model
-            if result.ok:
+            if not result.status:
                 m.est.add_exec(inf.action.batch_size, result.duration)
                 for r in inf.requests:
                     self._answer(r, RequestStatus.SUCCESS, now, "", g.index, inf.action.batch_size,
@@ -169,7 +169,7 @@ class ClockworkScheduler(Policy):
             g.pcie.done(result.id, result.end)
             inst = inf.instance
             current = g.instances.get(inst.model.name) is inst
-            if result.ok:
+            if not result.status:
                 inst.model.est.add_load(result.duration)
                 if current:
                     inst.loading = False
