@@ -62,6 +62,14 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if run.exists():
         r = orjson.loads(run.read_bytes())
         print(f"{'wall time':<40}  {r.get('wall_s', 0):.2f} s")
+    if args.timeline:
+        from clockwork.telemetry import format_timeline, timeline
+
+        if not (f.parent / "requests.tsv").exists():
+            print(f"clockwork report: no requests.tsv in {f.parent}", file=sys.stderr)
+            return 2
+        print()
+        print(format_timeline(timeline(f.parent, args.timeline)))
     return 0
 
 
@@ -88,6 +96,9 @@ def add_report_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="print a run's summary as a table",
                        description="Print the summary.json of a run directory as a table.")
     p.add_argument("dir", help="a run directory (from --out) or a summary.json file")
+    p.add_argument("--timeline", type=float, nargs="?", const=60.0, default=None,
+                   metavar="SECONDS", help="also print per-interval figures (requests, goodput, "
+                   "SLO attainment, cold starts, loads, evicts); interval default 60 s")
     p.set_defaults(func=_cmd_report)
 
 
@@ -106,6 +117,15 @@ def _optional_commands() -> list[Callable]:
         pass
     else:
         out.append(add_trace_parser)
+    try:  # the live system (needs grpcio)
+        from clockwork.live import add_infer_parser, add_replay_parser, add_serve_parser
+        from controller.service import add_controller_parser
+        from worker.service import add_worker_parser
+    except ImportError:
+        pass
+    else:
+        out += [add_serve_parser, add_controller_parser, add_worker_parser, add_infer_parser,
+                add_replay_parser]
     return out
 
 

@@ -178,3 +178,45 @@ def format_summary(s: dict) -> str:
         rows.append(("EXEC prediction error p50 / p99", f"{pe['exec_p50']:.3f} / {pe['exec_p99']:.3f} ms"))
     w = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+
+
+def timeline(run_dir: Path, bucket_s: float = 60.0) -> list[dict]:
+    """Per-interval figures of a run directory's logs: arrivals, goodput, SLO
+    attainment, cold-start requests, LOADs and EVICTs, by arrival (requests) and
+    completion (actions) time."""
+    req = np.genfromtxt(run_dir / "requests.tsv", delimiter="\t", names=True, dtype=None,
+                        encoding="utf-8", usecols=("arrival", "deadline_met", "cold_start"))
+    act = np.genfromtxt(run_dir / "actions.tsv", delimiter="\t", names=True, dtype=None,
+                        encoding="utf-8", usecols=("type", "measured_completion"))
+    req = np.atleast_1d(req)
+    act = np.atleast_1d(act)
+    width = int(bucket_s * 1e9)
+    rb = (req["arrival"] // width).astype(np.int64) if req.size else np.zeros(0, np.int64)
+    ab = (act["measured_completion"] // width).astype(np.int64) if act.size else np.zeros(0, np.int64)
+    n = int(max(rb.max(initial=-1), ab.max(initial=-1))) + 1
+    out = []
+    for i in range(n):
+        sel = rb == i
+        k = int(sel.sum())
+        met = int(req["deadline_met"][sel].sum()) if k else 0
+        kinds = act["type"][ab == i] if act.size else np.zeros(0)
+        out.append({
+            "start_s": round(i * bucket_s, 3),
+            "requests": k,
+            "goodput_rps": round(met / bucket_s, 3),
+            "slo_attainment": round(met / k, 6) if k else 1.0,
+            "cold_starts": int(req["cold_start"][sel].sum()) if k else 0,
+            "loads": int((kinds == "LOAD").sum()),
+            "evicts": int((kinds == "EVICT").sum()),
+        })
+    return out
+
+
+def format_timeline(rows: list[dict]) -> str:
+    head = f"{'start_s':>9} {'requests':>9} {'goodput r/s':>12} {'SLO %':>9} {'cold':>6} {'loads':>6} {'evicts':>6}"
+    lines = [head]
+    for r in rows:
+        lines.append(f"{r['start_s']:>9.0f} {r['requests']:>9,} {r['goodput_rps']:>12,.1f} "
+                     f"{100 * r['slo_attainment']:>9.3f} {r['cold_starts']:>6,} {r['loads']:>6,} "
+                     f"{r['evicts']:>6,}")
+    return "\n".join(lines)

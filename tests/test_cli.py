@@ -1,0 +1,50 @@
+"""The ``clockwork`` command: simulate, report, errors."""
+
+from __future__ import annotations
+
+import orjson
+
+from clockwork.cli import main
+
+
+def test_simulate_writes_outputs_and_report_reads_them(tmp_path, capsys):
+    out = tmp_path / "run"
+    rc = main(["simulate", "scenarios/poisson_warm.toml", "--set", "duration_s=2", "--out", str(out),
+               "--quiet"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "SLO attainment" in printed and "goodput" in printed
+    s = orjson.loads((out / "summary.json").read_bytes())
+    assert s["duration_s"] == 2.0 and s["submitted"] > 1000
+    assert main(["report", str(out), "--timeline", "1"]) == 0
+    table = capsys.readouterr().out
+    rows = [line.split() for line in table.splitlines() if line.strip()[:1].isdigit()]
+    assert sum(int(r[1].replace(",", "")) for r in rows) == s["submitted"]
+
+
+def test_simulate_json(capsys):
+    assert main(["simulate", "scenarios/poisson_warm.toml", "--set", "duration_s=1", "--json",
+                 "--quiet"]) == 0
+    s = orjson.loads(capsys.readouterr().out)
+    assert s["submitted"] == s["succeeded"] + s["failed"] + s["dropped"]
+
+
+def test_bad_input_exit_code_and_message(tmp_path, capsys):
+    assert main(["simulate", str(tmp_path / "missing.toml")]) == 2
+    assert "not found" in capsys.readouterr().err
+    bad = tmp_path / "bad.toml"
+    bad.write_text("seed = [")
+    assert main(["simulate", str(bad)]) == 2
+    assert "not valid TOML" in capsys.readouterr().err
+    assert main(["simulate", "scenarios/poisson_warm.toml", "--set", "cluster.gpus_per_worker=-1"]) == 2
+    assert main(["report", str(tmp_path)]) == 2
+
+
+def test_help_lists_commands(capsys):
+    try:
+        main(["--help"])
+    except SystemExit as e:
+        assert e.code == 0
+    out = capsys.readouterr().out
+    for cmd in ("simulate", "report", "trace"):
+        assert cmd in out
