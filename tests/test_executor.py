@@ -88,7 +88,7 @@ def test_infer_without_weights_and_during_load():
     (r,) = e.submit(infer(1, "a"), 0) + run_until_idle(e)
     assert r.status == ErrorCode.WEIGHTS_NOT_PRESENT
     e.submit(load(2, "a"), 10 * MS)
-    e.submit(infer(3, "a", earliest=11 * MS), 10 * MS)  # load ends at 18 ms
+    e.submit(infer(3, "a", earliest=11 * MS, latest=15 * MS), 10 * MS)  # load ends at 18 ms
     res = run_until_idle(e)
     assert {x.id: x.status for x in res} == {2: ErrorCode.SUCCESS, 3: ErrorCode.WEIGHTS_NOT_PRESENT}
 
@@ -152,3 +152,18 @@ def test_noise_is_seeded_and_bounded():
     assert d1[0] == d2[0]
     assert min(d2) > 0 and len(set(d2)) > 100
     assert abs(sum(d2) / len(d2) / 2_900_000 - 1) < 0.02
+
+
+def test_infer_waits_for_a_load_in_progress_within_its_window():
+    e = ex()
+    e.submit(load(1, "a"), 0)  # weights ready at 8 ms
+    e.submit(infer(2, "a", earliest=7 * MS, latest=12 * MS), 1 * MS)
+    res = run_until_idle(e)
+    assert [(r.id, r.status, r.begin) for r in res] == [
+        (1, ErrorCode.SUCCESS, 0), (2, ErrorCode.SUCCESS, 8 * MS)]
+    # but not beyond its window: then the weights are simply not there
+    e2 = ex()
+    e2.submit(load(1, "a"), 0)
+    e2.submit(infer(2, "a", earliest=1 * MS, latest=5 * MS), 1 * MS)
+    res = run_until_idle(e2)
+    assert {r.id: r.status for r in res}[2] == ErrorCode.WEIGHTS_NOT_PRESENT

@@ -89,6 +89,12 @@ class GpuExecutor:
 
     def next_time(self) -> int | None:
         a, b = self.load_lane.next_time(), self.exec_lane.next_time()
+        lane = self.exec_lane
+        if b is not None and lane.running is None:
+            earliest, _, action, received = lane.pending[0]
+            consider = max(lane.free_at, received)
+            if consider <= action.latest:
+                b = self._begin(action, consider, earliest)
         if a is None:
             return b
         if b is None:
@@ -147,12 +153,24 @@ class GpuExecutor:
                 self._error(action, received, consider, TOO_LATE[action.type], f"late by {late_by:.3f} ms")
             )
             return True
-        begin = max(consider, earliest)
+        begin = self._begin(action, consider, earliest)
         if begin > now:
             return False
         heapq.heappop(lane.pending)
         lane.running = self._start(action, received, begin)
         return True
+
+    def _begin(self, action: Action, consider: int, earliest: int) -> int:
+        """When a lane that can take ``action`` at ``consider`` begins it. An INFER whose
+        weights are still being loaded here waits for the LOAD to finish, if that is
+        within its window (LOAD and EXEC are separate lanes: a LOAD that started a
+        little late must not make an INFER scheduled right behind it fail)."""
+        begin = consider if consider > earliest else earliest
+        if action.type == ActionType.INFER:
+            w = self.weights.get(action.model)
+            if w is not None and begin < w.ready_at <= action.latest:
+                begin = w.ready_at
+        return begin
 
     def _start(self, action: Action, received: int, begin: int) -> _Running:
         profile = self.models[action.model]
