@@ -164,6 +164,5 @@ def test_infer_waits_for_a_load_in_progress_within_its_window():
     # but not beyond its window: then the weights are simply not there
     e2 = ex()
     e2.submit(load(1, "a"), 0)
-    e2.submit(infer(2, "a", earliest=1 * MS, latest=5 * MS), 1 * MS)
-    res = run_until_idle(e2)
+    res = e2.submit(infer(2, "a", earliest=1 * MS, latest=5 * MS), 1 * MS) + run_until_idle(e2)
     assert {r.id: r.status for r in res}[2] == ErrorCode.WEIGHTS_NOT_PRESENT
