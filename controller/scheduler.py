@@ -80,10 +80,19 @@ class ClockworkScheduler(Policy):
             self._answer(request, RequestStatus.INVALID_REQUEST, now, "SLO must be positive")
             return out
         request.slo = slo
-        buffer = cfg.buffer if cfg.buffer * 2 <= slo else slo // 2
-        request.deadline = request.arrival + slo - buffer
-        b1 = m.est._exec[m.batch_sizes[0]]
-        request.drop_at = request.deadline - b1
+        est = m.est
+        b1 = est._exec[m.batch_sizes[0]]
+        key = (slo, b1, est.load)
+        cached = m.slo_cache
+        if cached is None or cached[0] != key:
+            buffer = cfg.buffer if cfg.buffer * 2 <= slo else slo // 2
+            # demand for LOADs: the fraction of a GPU a request needs within its load window
+            load_slo = slo - (est.load + b1 + buffer + cfg.schedule_ahead)
+            load_slo = max(min(cfg.max_load_slo, load_slo), cfg.schedule_ahead + buffer)
+            cached = m.slo_cache = (key, slo - buffer, m.item_cost / load_slo)
+        deadline = request.deadline = request.arrival + cached[1]
+        drop_at = request.drop_at = deadline - b1
+        request.demand = cached[2]
         request.cold = m.ready_copies == 0
         insts = m.instances
         if insts:
@@ -100,12 +109,8 @@ class ClockworkScheduler(Policy):
                 if free < soonest:
                     soonest = free
         else:
-            soonest = now + cfg.future + m.est.load
-        # demand for LOADs: the fraction of a GPU this request needs within its load window
-        load_slo = slo - (m.est.load + b1 + buffer + cfg.schedule_ahead)
-        load_slo = max(min(cfg.max_load_slo, load_slo), cfg.schedule_ahead + buffer)
-        request.demand = m.item_cost / load_slo
-        if request.drop_at < soonest:
+            soonest = now + cfg.future + est.load
+        if drop_at < soonest:
             self._answer(request, RequestStatus.TIMEOUT, now, "SLO cannot be met")
             if not insts:
                 # too late for this one, but the model is wanted: load it for the next ones
@@ -115,24 +120,26 @@ class ClockworkScheduler(Policy):
                 self._schedule_loads(now, out, only_idle=True)
             return out
         request.state = QUEUED
-        if m.live and request.deadline < m.last_deadline:
+        live = m.live
+        if live and deadline < m.last_deadline:
             m.monotone = False
-        m.last_deadline = request.deadline
+        m.last_deadline = deadline
         m.queue.append(request)
-        m.live += 1
+        m.live = live + 1
         m.outstanding += request.demand
-        heapq.heappush(self._expiry, (request.drop_at, request.id, request))
-        if m.live == 1:
+        heapq.heappush(self._expiry, (drop_at, request.id, request))
+        if not live:
             self._queued.add(m.name)
-            for g in m.instances:
-                self.gpus[g].active.add(m.name)
+            for gi in insts:
+                self.gpus[gi].active.add(m.name)
         if insts:
-            horizon = now + cfg.schedule_ahead
+            sa = cfg.schedule_ahead
+            horizon = now + sa
             for g, free in frees:
                 if free < horizon:
                     self._schedule_infer(g, now, out)
                 elif not g.wake_at:
-                    self._wake(g, free - cfg.schedule_ahead + 1)
+                    self._wake(g, free - sa + 1)
         else:
             if not self._unserved:
                 self._next_load_check = now

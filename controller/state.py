@@ -31,7 +31,7 @@ class ModelState:
 
     __slots__ = ("name", "profile", "est", "queue", "live", "outstanding", "instances",
                  "ready_copies", "versions", "batch_sizes", "pages", "item_cost",
-                 "monotone", "last_deadline")
+                 "monotone", "last_deadline", "slo_cache")
 
     def __init__(self, profile: ModelProfile, cfg: SchedulerConfig) -> None:
         self.name = profile.model
@@ -44,6 +44,7 @@ class ModelState:
         self.ready_copies = 0
         self.monotone = True  # queued deadlines are nondecreasing (the common case)
         self.last_deadline = 0
+        self.slo_cache = None  # ((slo, exec1, load), slo - buffer, demand) of the last SLO seen
         self.versions = 0
         self.pages = profile.weights_pages
         self.batch_sizes = [b for b in profile.batch_sizes if b <= cfg.max_batch] or [1]

@@ -1,0 +1,589 @@
+"""The controller service: the scheduler core driven by gRPC events on a real clock.
+
+Everything runs on one asyncio event loop:
+
+- client ``Infer`` / ``InferStream`` -> ``Request`` -> ``policy.on_request``
+- worker result batches -> ``policy.on_result`` (times converted to our clock)
+- a timer at ``policy.next_wakeup()`` -> ``policy.on_tick``
+- the actions returned are queued per worker and written as one ``ActionBatch`` per
+  worker per loop iteration (windows converted to that worker's clock);
+- ``policy.drain_replies()`` answers the waiting client calls, each exactly once.
+
+Each worker's clock offset (worker - controller) is estimated from round trips: a burst
+of ``ClockSync`` calls at connect, then echoes on the action stream; the estimate is the
+offset of the lowest-RTT sample among recent ones. A worker that disconnects has its
+outstanding actions failed back into the policy (so their requests are retried or
+answered), and the controller keeps reconnecting to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import grpc
+
+from clockwork.actions import Action, ActionType, ErrorCode, RequestStatus, Result
+from clockwork.profiles import ModelProfile, ProfileError, load_profile_set
+from clockwork.protocol import clockwork_pb2 as pb
+from clockwork.protocol import clockwork_pb2_grpc as pbg
+from clockwork.protocol.wire import action_to_msg, msg_to_result
+from clockwork.requests import Reply, Request
+from clockwork.time import ms
+from controller import make_policy
+from controller.config import SchedulerConfig
+from controller.policy import GpuSpec, Policy
+
+now_ns = time.monotonic_ns
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
+                   ("grpc.max_send_message_length", 64 << 20)]
+
+
+def parse_models(spec: str | None, profiles: dict[str, ModelProfile]) -> dict[str, str]:
+    """``"resnet50_v2:4,vgg16"`` -> instance name -> profile name (copies named
+    ``m``, ``m:1``, ...). Empty: every profile of the set, one copy."""
+    out: dict[str, str] = {}
+    if not spec:
+        return {m: m for m in sorted(profiles)}
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        name, _, copies = part.partition(":")
+        if name not in profiles:
+            raise ValueError(f"no profile for model {name!r}; known: {', '.join(sorted(profiles))}")
+        n = int(copies) if copies else 1
+        if n < 1:
+            raise ValueError(f"{part!r}: copies must be >= 1")
+        for k in range(n):
+            out[name if k == 0 else f"{name}:{k}"] = name
+    return out
+
+
+@dataclass
+class WorkerLink:
+    index: int
+    address: str
+    channel: grpc.aio.Channel | None = None
+    call: object = None
+    connected: bool = False
+    offset: int = 0  # worker clock - controller clock
+    rtt: int = 0
+    samples: deque = field(default_factory=lambda: deque(maxlen=32))
+    state: pb.WorkerState | None = None
+    pending: list = field(default_factory=list)  # Actions to write
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    outstanding: dict = field(default_factory=dict)  # action id -> Action
+    tasks: list = field(default_factory=list)
+    echo_seq: int = 0
+
+    def add_sample(self, t0: int, tw: int, t2: int) -> None:
+        rtt = t2 - t0
+        self.samples.append((rtt, tw - (t0 + t2) // 2))
+        best = min(self.samples)
+        self.rtt, self.offset = best
+
+
+class ControllerNode:
+    """The controller's shell state. Construct, ``await start()``, serve, ``await stop()``."""
+
+    def __init__(self, workers: list[str], profiles: str = "v100-reference",
+                 models: str | None = None, policy: str = "clockwork",
+                 cfg: SchedulerConfig | None = None, connect_timeout: float = 30.0) -> None:
+        self.pset = load_profile_set(profiles)
+        self.instances = parse_models(models, self.pset.profiles)
+        self.profiles = {i: self.pset.profiles[m].renamed(i) for i, m in self.instances.items()}
+        self.policy_name = policy
+        self.cfg = cfg or SchedulerConfig()
+        self.connect_timeout = connect_timeout
+        self.links = [WorkerLink(i, a) for i, a in enumerate(workers)]
+        self.policy: Policy | None = None
+        self.gpu_index: dict[tuple[int, int], int] = {}
+        self.pending: dict[int, Request] = {}  # request id -> Request (not yet answered)
+        self.next_id = 1
+        self.counters: dict[str, int] = {}
+        self._tick_at: int | None = None
+        self._tick_handle: asyncio.TimerHandle | None = None
+        self._stopping = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def count(self, key: str, n: int = 1) -> None:
+        self.counters[key] = self.counters.get(key, 0) + n
+
+    # ------------------------------------------------------------------ workers
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + self.connect_timeout
+        await asyncio.gather(*(self._connect(link, deadline) for link in self.links))
+        specs = []
+        for link in self.links:
+            for g in link.state.gpus:
+                self.gpu_index[(link.index, g.gpu)] = len(specs)
+                specs.append(GpuSpec(link.index, g.gpu, g.pages))
+        self.policy = make_policy(self.policy_name, list(self.profiles.values()), specs, self.cfg)
+        for link in self.links:
+            self._start_link_tasks(link)
+
+    async def _open(self, link: WorkerLink) -> None:
+        """One connection attempt: clock sync, Connect stream, Hello, state."""
+        ch = grpc.aio.insecure_channel(link.address, options=CHANNEL_OPTIONS)
+        try:
+            await asyncio.wait_for(ch.channel_ready(), 2.0)
+            stub = pbg.WorkerStub(ch)
+            for _ in range(8):
+                t0 = now_ns()
+                r = await stub.ClockSync(pb.ClockSyncRequest(controller_time=t0), timeout=2.0)
+                link.add_sample(t0, r.worker_time, now_ns())
+            call = stub.Connect()
+            hello = pb.Hello(worker_id=link.index, reset=True,
+                             instances=[pb.Instance(name=i, profile=m)
+                                        for i, m in self.instances.items()])
+            await call.write(pb.ControllerMessage(hello=hello))
+            msg = await asyncio.wait_for(call.read(), 5.0)
+            if msg is grpc.aio.EOF or msg.WhichOneof("kind") != "state":
+                raise ConnectionError(f"worker {link.address} did not send its state")
+        except BaseException:
+            await ch.close()
+            raise
+        if msg.state.missing:
+            await ch.close()
+            raise ValueError(f"worker {link.address} has no profile for "
+                             f"{', '.join(msg.state.missing[:5])} ...")
+        if link.state is not None and len(msg.state.gpus) != len(link.state.gpus):
+            await ch.close()
+            raise ValueError(f"worker {link.address} came back with a different GPU count")
+        link.channel, link.call, link.state = ch, call, msg.state
+        link.connected = True
+        self.count("worker_connects")
+
+    async def _connect(self, link: WorkerLink, deadline: float) -> None:
+        last: BaseException | None = None
+        while time.monotonic() < deadline:
+            try:
+                await self._open(link)
+                return
+            except ValueError:
+                raise
+            except (grpc.aio.AioRpcError, TimeoutError, ConnectionError, OSError) as e:
+                last = e
+                await asyncio.sleep(0.2)
+        raise ConnectionError(f"cannot reach worker {link.address}: {last!r}")
+
+    def _start_link_tasks(self, link: WorkerLink) -> None:
+        link.tasks = [asyncio.create_task(self._reader(link)),
+                      asyncio.create_task(self._writer(link)),
+                      asyncio.create_task(self._echoer(link))]
+
+    async def _writer(self, link: WorkerLink) -> None:
+        call = link.call
+        try:
+            while True:
+                await link.wake.wait()
+                link.wake.clear()
+                acts, link.pending = link.pending, []
+                if not acts:
+                    continue
+                off = link.offset
+                msg = pb.ControllerMessage(
+                    actions=pb.ActionBatch(actions=[action_to_msg(a, off) for a in acts]))
+                await call.write(msg)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
+            pass  # the reader notices and handles the loss
+
+    async def _echoer(self, link: WorkerLink) -> None:
+        call = link.call
+        try:
+            while True:
+                await asyncio.sleep(1.0)
+                link.echo_seq += 1
+                await call.write(pb.ControllerMessage(
+                    echo=pb.ClockEcho(seq=link.echo_seq, controller_time=now_ns())))
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
+            pass
+
+    async def _reader(self, link: WorkerLink) -> None:
+        call = link.call
+        try:
+            while True:
+                msg = await call.read()
+                if msg is grpc.aio.EOF:
+                    break
+                kind = msg.WhichOneof("kind")
+                if kind == "results":
+                    self._on_results(link, msg.results.results)
+                elif kind == "echo":
+                    e = msg.echo
+                    link.add_sample(e.controller_time, e.worker_time, now_ns())
+        except grpc.aio.AioRpcError:
+            pass
+        except asyncio.CancelledError:
+            return
+        if not self._stopping:
+            self._lost(link)
+
+    def _lost(self, link: WorkerLink) -> None:
+        """A worker went away: fail its outstanding actions back into the policy, reconnect."""
+        link.connected = False
+        self.count("worker_losses")
+        for t in link.tasks:
+            if t is not asyncio.current_task():
+                t.cancel()
+        if link.channel is not None:
+            asyncio.ensure_future(link.channel.close())
+        lost = list(link.outstanding.values()) + link.pending
+        link.outstanding.clear()
+        link.pending = []
+        print(f"controller: lost worker {link.address}; failing {len(lost)} action(s), "
+              "reconnecting", file=sys.stderr, flush=True)
+        self._fail_actions(lost, "worker lost")
+        asyncio.ensure_future(self._reconnect(link))
+
+    async def _reconnect(self, link: WorkerLink) -> None:
+        while not self._stopping and not link.connected:
+            try:
+                await self._open(link)
+            except (grpc.aio.AioRpcError, TimeoutError, ConnectionError, OSError, ValueError):
+                await asyncio.sleep(1.0)
+                continue
+            print(f"controller: worker {link.address} reconnected", file=sys.stderr, flush=True)
+            self._start_link_tasks(link)
+
+    def _fail_actions(self, actions: list[Action], why: str) -> None:
+        now = now_ns()
+        results = []
+        for a in actions:
+            # INFER: WEIGHTS_NOT_PRESENT makes the scheduler forget that copy and retry or
+            # answer the requests; LOAD/EVICT: any error drops the copy from its view.
+            code = (ErrorCode.WEIGHTS_NOT_PRESENT if a.type == ActionType.INFER
+                    else ErrorCode.NETWORK_SEND_TOO_LATE)
+            results.append(Result(id=a.id, type=a.type, status=code, worker=a.worker, gpu=a.gpu,
+                                  model=a.model, batch_size=a.batch_size, received=now,
+                                  begin=now, end=now, message=why))
+        if results:
+            # later, not from inside the policy call that produced them (no hot loop)
+            self.loop.call_later(0.002, self._feed_results, results)
+
+    def _feed_results(self, results: list[Result]) -> None:
+        if self._stopping:
+            return
+        now = now_ns()
+        out: list[Action] = []
+        for r in results:
+            out.extend(self.policy.on_result(r, now))
+        self._after(out, now)
+
+    # ------------------------------------------------------------------ events
+
+    def _on_results(self, link: WorkerLink, msgs) -> None:
+        now = now_ns()
+        off = link.offset
+        policy = self.policy
+        outstanding = link.outstanding
+        out: list[Action] = []
+        for m in msgs:
+            if outstanding.pop(m.id, None) is None:
+                self.count("results_unknown")
+                continue
+            r = msg_to_result(m, link.index, off)
+            if r.end > now:  # offset error: never let a result finish in our future
+                r.end = now
+            self.count(f"{r.type.name.lower()}_{'ok' if r.ok else 'rejected'}")
+            out.extend(policy.on_result(r, now))
+        self._after(out, now)
+
+    def _after(self, actions: list[Action], now: int) -> None:
+        links = self.links
+        dead: list[Action] = []
+        for a in actions:
+            a.sent_at = now
+            link = links[a.worker]
+            self.count(f"{a.type.name.lower()}_sent")
+            if link.connected:
+                link.outstanding[a.id] = a
+                link.pending.append(a)
+                link.wake.set()
+            else:
+                dead.append(a)
+        if dead:
+            self._fail_actions(dead, "worker not connected")
+        self._answer(self.policy.drain_replies())
+        self._arm()
+
+    def _arm(self) -> None:
+        nw = self.policy.next_wakeup()
+        if nw is None or (self._tick_at is not None and self._tick_at <= nw):
+            return
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+        self._tick_at = nw
+        self._tick_handle = self.loop.call_later(max(0.0, (nw - now_ns()) / 1e9), self._on_tick)
+
+    def _on_tick(self) -> None:
+        self._tick_at = None
+        self._tick_handle = None
+        if self._stopping:
+            return
+        now = now_ns()
+        self._after(self.policy.on_tick(now), now)
+
+    def _answer(self, replies: list[Reply]) -> None:
+        rows: dict[int, int] = {}
+        pending = self.pending
+        for rep in replies:
+            r = rep.request
+            if pending.pop(r.id, None) is None:
+                self.count("replies_duplicate")
+                continue
+            self.count(f"requests_{RequestStatus(rep.status).name.lower()}")
+            resp = pb.InferResponse(status=int(rep.status), message=rep.message,
+                                    latency_ns=rep.time - r.arrival, batch_size=rep.batch_size,
+                                    gpu=rep.gpu, cold=r.cold)
+            if rep.status == RequestStatus.INVALID_REQUEST and r.model not in self.profiles:
+                resp.reason = "unknown_model"
+            outs = rep.outputs
+            if outs:
+                k = id(outs)
+                row = rows.get(k, 0)
+                rows[k] = row + 1
+                for t in outs:
+                    n = t.shape[0] if t.shape else 1
+                    size = len(t.data) // n if n else 0
+                    resp.outputs.append(pb.Tensor(name=t.name, shape=t.shape[1:], dtype=t.dtype,
+                                                  data=t.data[row * size:(row + 1) * size]))
+            r.tag(resp)
+
+    def submit(self, req: pb.InferRequest, deliver) -> None:
+        """A client request; ``deliver(InferResponse)`` is called exactly once."""
+        now = now_ns()
+        rid = self.next_id
+        self.next_id += 1
+        self.count("requests")
+        if self._stopping:
+            deliver(pb.InferResponse(status=RequestStatus.ERROR, reason="shutdown",
+                                     message="controller is shutting down",
+                                     client_id=req.client_id, gpu=-1))
+            return
+        prof = self.profiles.get(req.model)
+        bad = None
+        reason = ""
+        if prof is None:
+            bad, reason = f"unknown model {req.model!r}", "unknown_model"
+        elif req.slo_ms < 0 or req.slo_ms != req.slo_ms:
+            bad, reason = f"slo_ms must be >= 0, got {req.slo_ms}", "bad_slo"
+        elif req.inputs:
+            bad = _check_inputs(req.inputs, prof)
+            reason = "bad_input"
+        cid = req.client_id
+        if bad is not None:
+            self.count("requests_invalid_request")
+            deliver(pb.InferResponse(status=RequestStatus.INVALID_REQUEST, message=bad,
+                                     reason=reason, client_id=cid, gpu=-1))
+            return
+
+        def tagged(resp: pb.InferResponse) -> None:
+            resp.client_id = cid
+            deliver(resp)
+
+        r = Request(rid, req.model, now, ms(req.slo_ms) if req.slo_ms else 0, tagged)
+        self.pending[rid] = r
+        self._after(self.policy.on_request(r, now), now)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+        for r in list(self.pending.values()):
+            r.tag(pb.InferResponse(status=RequestStatus.ERROR, reason="shutdown",
+                                   message="controller is shutting down", gpu=-1))
+        self.pending.clear()
+        for link in self.links:
+            for t in link.tasks:
+                t.cancel()
+            if link.channel is not None:
+                await link.channel.close()
+
+    # ------------------------------------------------------------------ queries
+
+    def model_info(self, name: str) -> pb.ModelInfo:
+        p = self.profiles[name]
+        return pb.ModelInfo(
+            name=name, profile=self.instances[name],
+            inputs=[pb.TensorSpec(name=t.name, shape=t.shape, dtype=t.dtype) for t in p.inputs],
+            outputs=[pb.TensorSpec(name=t.name, shape=t.shape, dtype=t.dtype) for t in p.outputs],
+            batch_sizes=p.batch_sizes, weights_pages=p.weights_pages)
+
+
+def _check_inputs(inputs, prof: ModelProfile) -> str | None:
+    specs = {t.name: t for t in prof.inputs}
+    for t in inputs:
+        spec = specs.get(t.name) if t.name else (prof.inputs[0] if len(prof.inputs) == 1 else None)
+        if spec is None:
+            return f"input {t.name!r} is not one of {sorted(specs)}"
+        shape = tuple(t.shape)
+        if shape != spec.shape and shape != (1, *spec.shape):
+            return f"input {spec.name!r} has shape {list(shape)}, expected {list(spec.shape)}"
+        if t.dtype != spec.dtype:
+            return f"input {spec.name!r} has dtype {t.dtype}, expected {spec.dtype}"
+        n = 1
+        for d in shape:
+            n *= d
+        try:
+            import numpy as np
+
+            itemsize = np.dtype(t.dtype).itemsize
+        except TypeError:
+            return f"input {spec.name!r}: unknown dtype {t.dtype!r}"
+        if len(t.data) != n * itemsize:
+            return f"input {spec.name!r}: {len(t.data)} bytes, expected {n * itemsize}"
+    return None
+
+
+class ClockworkServicer(pbg.ClockworkServicer):
+    def __init__(self, node: ControllerNode) -> None:
+        self.node = node
+
+    async def Infer(self, request, context):  # noqa: N802
+        fut = asyncio.get_running_loop().create_future()
+
+        def deliver(resp):
+            if not fut.done():
+                fut.set_result(resp)
+
+        self.node.submit(request, deliver)
+        return await fut
+
+    async def InferStream(self, request_iterator, context):  # noqa: N802
+        node = self.node
+        out: list[pb.InferResponse] = []
+        ready = asyncio.Event()
+        state = {"open": 0, "done": False}
+
+        def deliver(resp):
+            state["open"] -= 1
+            out.append(resp)
+            ready.set()
+
+        async def reader():
+            async for batch in request_iterator:
+                for req in batch.requests:
+                    state["open"] += 1
+                    node.submit(req, deliver)
+            state["done"] = True
+            ready.set()
+
+        rtask = asyncio.create_task(reader())
+        try:
+            while True:
+                await ready.wait()
+                ready.clear()
+                if out:
+                    batch, out[:] = list(out), []
+                    yield pb.InferResponseBatch(responses=batch)
+                if state["done"] and state["open"] <= 0 and not out:
+                    break
+                if rtask.done() and rtask.exception() is not None:
+                    break
+        finally:
+            rtask.cancel()
+
+    async def ListModels(self, request, context):  # noqa: N802
+        n = self.node
+        return pb.ListModelsResponse(
+            models=[n.model_info(i) for i in n.profiles], default_slo_ms=n.cfg.default_slo / 1e6,
+            workers=len(n.links), workers_connected=sum(1 for lk in n.links if lk.connected),
+            gpus=len(n.gpu_index))
+
+    async def ModelStatus(self, request, context):  # noqa: N802
+        n = self.node
+        if request.model not in n.profiles:
+            return pb.ModelStatusResponse(known=False)
+        resp = pb.ModelStatusResponse(known=True, model=n.model_info(request.model))
+        m = getattr(n.policy, "models", {}).get(request.model)
+        if m is not None:
+            resp.loaded_on.extend(sorted(getattr(m, "instances", {})))
+            resp.queued = int(getattr(m, "live", 0))
+        return resp
+
+    async def Stats(self, request, context):  # noqa: N802
+        n = self.node
+        return pb.StatsResponse(counters=n.counters, outstanding=len(n.pending))
+
+
+async def serve_controller(node: ControllerNode, host: str, port: int, ready=None,
+                           stop: asyncio.Event | None = None) -> None:
+    await node.start()
+    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    pbg.add_ClockworkServicer_to_server(ClockworkServicer(node), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if not bound:
+        raise OSError(f"cannot bind {host}:{port}")
+    await server.start()
+    if ready is not None:
+        ready(bound)
+    stop = stop or asyncio.Event()
+    try:
+        await stop.wait()
+    finally:
+        await node.stop()
+        await server.stop(1.0)
+
+
+def _cmd_controller(args: argparse.Namespace) -> int:
+    workers = [w.strip() for w in args.workers.split(",") if w.strip()]
+    if not workers:
+        print("clockwork controller: --workers needs at least one host:port", file=sys.stderr)
+        return 2
+    try:
+        cfg = SchedulerConfig.from_ms(**{k: v for k, v in (
+            ("schedule_ahead_ms", args.schedule_ahead_ms), ("default_slo_ms", args.default_slo_ms),
+            ("max_batch", args.max_batch)) if v is not None})
+        node = ControllerNode(workers, args.profiles, args.models, args.policy, cfg,
+                              args.connect_timeout)
+    except (ProfileError, ValueError) as e:
+        print(f"clockwork controller: {e}", file=sys.stderr)
+        return 2
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+
+        def ready(port: int) -> None:
+            print(f"clockwork controller listening on {args.host}:{port} ({len(workers)} "
+                  f"worker(s), {len(node.gpu_index)} GPU(s), {len(node.profiles)} model "
+                  f"instance(s))", flush=True)
+
+        await serve_controller(node, args.host, args.port, ready, stop)
+
+    try:
+        asyncio.run(main())
+    except (ConnectionError, ValueError) as e:
+        print(f"clockwork controller: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_controller_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("controller", help="run the controller (scheduler + client API)",
+                       description="Run the Clockwork controller: it connects to the workers, "
+                       "serves the clockwork.v1 client API and makes every scheduling decision.")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=12346, help="port (0 picks a free one; printed)")
+    p.add_argument("--workers", required=True, help="worker addresses, host:port,...")
+    p.add_argument("--profiles", default="v100-reference", help="profile set")
+    p.add_argument("--models", default=None,
+                   help="model instances, name[:copies],... (default: every profile, one copy)")
+    p.add_argument("--policy", default="clockwork", help="scheduling policy")
+    p.add_argument("--schedule-ahead-ms", type=float, default=None)
+    p.add_argument("--default-slo-ms", type=float, default=None)
+    p.add_argument("--max-batch", type=int, default=None)
+    p.add_argument("--connect-timeout", type=float, default=30.0,
+                   help="seconds to wait for every worker at start (default 30)")
+    p.set_defaults(func=_cmd_controller)
