@@ -1,0 +1,253 @@
+"""Client API of the controller (``clockwork.v1``): ``Client`` (blocking) and
+``AsyncClient`` (asyncio).
+
+    import clockwork
+    c = clockwork.Client("127.0.0.1:12346")
+    r = c.infer("resnet50_v2", np.zeros((3, 224, 224), np.float32), slo_ms=100)
+    r.output.shape, r.latency_ms
+
+Every non-success answer raises a subclass of ``clockwork.errors.ClockworkError``
+(``InferenceTimeout``, ``InferenceError``, ``InvalidRequest``, ``UnknownModel`` ...).
+``infer_many`` / ``AsyncClient.stream`` pipeline many requests over one stream, several
+per message, for load generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+
+from clockwork.errors import ControllerUnavailable, error_for
+from clockwork.protocol import clockwork_pb2 as pb
+from clockwork.protocol import clockwork_pb2_grpc as pbg
+from clockwork.protocol.wire import msg_to_array, tensor_to_msg
+
+_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.max_send_message_length", 64 << 20)]
+
+
+@dataclass
+class InferResult:
+    model: str
+    outputs: dict[str, np.ndarray]
+    latency_ms: float  # as the client measured it
+    server_latency_ms: float  # controller arrival -> answer
+    batch_size: int = 0
+    gpu: int = -1
+    cold: bool = False
+    status: int = 0
+
+    @property
+    def output(self) -> np.ndarray:
+        """The first (usually only) output."""
+        return next(iter(self.outputs.values()))
+
+
+@dataclass
+class ModelMeta:
+    name: str
+    profile: str
+    inputs: list[tuple[str, tuple[int, ...], str]] = field(default_factory=list)
+    outputs: list[tuple[str, tuple[int, ...], str]] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=list)
+    weights_pages: int = 0
+
+
+def _target(url: str) -> str:
+    for prefix in ("grpc://", "http://", "clockwork://"):
+        if url.startswith(prefix):
+            url = url[len(prefix):]
+    return url.rstrip("/")
+
+
+def _request(model: str, inputs, slo_ms: float | None, client_id: int = 0) -> pb.InferRequest:
+    req = pb.InferRequest(model=model, slo_ms=float(slo_ms or 0.0), client_id=client_id)
+    if inputs is None:
+        return req
+    if isinstance(inputs, Mapping):
+        items = inputs.items()
+    elif isinstance(inputs, list | tuple):
+        items = ((f"input{i}" if len(inputs) > 1 else "", a) for i, a in enumerate(inputs))
+    else:
+        items = (("", inputs),)
+    req.inputs.extend(tensor_to_msg(name, np.asarray(a)) for name, a in items)
+    return req
+
+
+def _meta(m: pb.ModelInfo) -> ModelMeta:
+    return ModelMeta(m.name, m.profile,
+                     [(t.name, tuple(t.shape), t.dtype) for t in m.inputs],
+                     [(t.name, tuple(t.shape), t.dtype) for t in m.outputs],
+                     list(m.batch_sizes), m.weights_pages)
+
+
+def _result(model: str, resp: pb.InferResponse, latency_ms: float) -> InferResult:
+    if resp.status != 0:
+        raise error_for(resp.status, resp.reason, resp.message, model, latency_ms)
+    return InferResult(model, {t.name: msg_to_array(t) for t in resp.outputs}, latency_ms,
+                       resp.latency_ns / 1e6, resp.batch_size, resp.gpu, resp.cold, resp.status)
+
+
+def _unavailable(e: grpc.RpcError) -> ControllerUnavailable:
+    code = e.code() if hasattr(e, "code") else None
+    return ControllerUnavailable(f"controller unavailable: {code}: "
+                                 f"{e.details() if hasattr(e, 'details') else e}")
+
+
+class Client:
+    """Blocking client. ``url`` is ``host:port`` (optionally ``grpc://host:port``)."""
+
+    def __init__(self, url: str = "127.0.0.1:12346", timeout: float | None = 30.0) -> None:
+        self.url = _target(url)
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(self.url, options=_OPTIONS)
+        self._stub = pbg.ClockworkStub(self._channel)
+
+    def infer(self, model: str, inputs=None, slo_ms: float | None = None) -> InferResult:
+        req = _request(model, inputs, slo_ms)
+        t0 = time.perf_counter()
+        try:
+            resp = self._stub.Infer(req, timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise _unavailable(e) from e
+        return _result(model, resp, (time.perf_counter() - t0) * 1e3)
+
+    def list_models(self) -> list[ModelMeta]:
+        try:
+            r = self._stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise _unavailable(e) from e
+        return [_meta(m) for m in r.models]
+
+    def model_status(self, model: str) -> pb.ModelStatusResponse:
+        return self._stub.ModelStatus(pb.ModelStatusRequest(model=model), timeout=self.timeout)
+
+    def stats(self) -> dict[str, int]:
+        r = self._stub.Stats(pb.StatsRequest(), timeout=self.timeout)
+        return dict(r.counters)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """asyncio client; create it inside a running event loop."""
+
+    def __init__(self, url: str = "127.0.0.1:12346", timeout: float | None = 30.0) -> None:
+        self.url = _target(url)
+        self.timeout = timeout
+        self._channel = grpc.aio.insecure_channel(self.url, options=_OPTIONS)
+        self._stub = pbg.ClockworkStub(self._channel)
+
+    async def infer(self, model: str, inputs=None, slo_ms: float | None = None) -> InferResult:
+        req = _request(model, inputs, slo_ms)
+        t0 = time.perf_counter()
+        try:
+            resp = await self._stub.Infer(req, timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise _unavailable(e) from e
+        return _result(model, resp, (time.perf_counter() - t0) * 1e3)
+
+    async def list_models(self) -> list[ModelMeta]:
+        try:
+            r = await self._stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise _unavailable(e) from e
+        return [_meta(m) for m in r.models]
+
+    async def list_models_raw(self) -> pb.ListModelsResponse:
+        return await self._stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout)
+
+    async def stats(self) -> dict[str, int]:
+        r = await self._stub.Stats(pb.StatsRequest(), timeout=self.timeout)
+        return dict(r.counters)
+
+    def stream(self) -> InferStream:
+        """A pipelined stream: ``submit`` many, replies resolve their futures."""
+        return InferStream(self._stub)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+class InferStream:
+    """Many requests over one ``InferStream`` call. ``submit`` returns a future of the raw
+    ``InferResponse`` (no exception for non-success: load generators count statuses).
+    Requests submitted in one event-loop iteration go in one message."""
+
+    def __init__(self, stub: pbg.ClockworkStub) -> None:
+        self._stub = stub
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future] = {}
+        self._queue: list[pb.InferRequest] = []
+        self._wake = asyncio.Event()
+        self._closed = False
+        self._call = stub.InferStream(self._requests())
+        self._reader = asyncio.create_task(self._read())
+
+    async def _requests(self):
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._queue:
+                batch, self._queue = self._queue, []
+                yield pb.InferRequestBatch(requests=batch)
+            if self._closed and not self._queue:
+                return
+
+    async def _read(self) -> None:
+        try:
+            async for batch in self._call:
+                for resp in batch.responses:
+                    fut = self._waiting.pop(resp.client_id, None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(resp)
+        except grpc.RpcError as e:
+            err = _unavailable(e)
+            for fut in self._waiting.values():
+                if not fut.done():
+                    fut.set_exception(err)
+            self._waiting.clear()
+
+    def submit(self, model: str, inputs=None, slo_ms: float | None = None) -> asyncio.Future:
+        if self._closed:
+            raise RuntimeError("stream is closed")
+        cid = next(self._ids)
+        fut = asyncio.get_running_loop().create_future()
+        if self._reader.done():
+            fut.set_exception(ControllerUnavailable("controller stream closed"))
+            return fut
+        self._waiting[cid] = fut
+        self._queue.append(_request(model, inputs, slo_ms, cid))
+        self._wake.set()
+        return fut
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._waiting)
+
+    async def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        try:
+            await self._reader
+        finally:
+            self._call.cancel()

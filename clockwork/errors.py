@@ -1,0 +1,60 @@
+"""Typed errors for every non-success answer of the client API."""
+
+from __future__ import annotations
+
+
+class ClockworkError(Exception):
+    """Base class. ``status`` is the RequestStatus code, ``reason`` the controller's tag."""
+
+    def __init__(self, message: str, status: int = 1, reason: str = "", model: str = "",
+                 latency_ms: float = 0.0) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.model = model
+        self.latency_ms = latency_ms
+
+
+class InferenceError(ClockworkError):
+    """A worker error that could not be retried in time (status ERROR)."""
+
+
+class WorkerLost(InferenceError):
+    """The worker running the request went away."""
+
+
+class ServerShutdown(InferenceError):
+    """The controller is shutting down."""
+
+
+class InferenceTimeout(ClockworkError):
+    """Dropped: the SLO could no longer be met (status TIMEOUT)."""
+
+
+class InvalidRequest(ClockworkError):
+    """Bad input or SLO (status INVALID_REQUEST)."""
+
+
+class UnknownModel(InvalidRequest):
+    """The controller serves no model of that name."""
+
+
+class ControllerUnavailable(ClockworkError):
+    """The controller could not be reached (connection refused, closed, deadline)."""
+
+
+def error_for(status: int, reason: str, message: str, model: str = "",
+              latency_ms: float = 0.0) -> ClockworkError:
+    """The exception for a non-success answer."""
+    if status == 4:
+        cls: type[ClockworkError] = InferenceTimeout
+    elif status == 6:
+        cls = UnknownModel if reason == "unknown_model" else InvalidRequest
+    elif reason == "worker_lost":
+        cls = WorkerLost
+    elif reason == "shutdown":
+        cls = ServerShutdown
+    else:
+        cls = InferenceError
+    text = f"{model}: {message}" if model else message
+    return cls(text, status, reason, model, latency_ms)

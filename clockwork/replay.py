@@ -1,0 +1,232 @@
+"""``clockwork replay``: a scenario's ``[[workloads]]`` against a live controller.
+
+The workloads are the simulator's objects (``build_workload`` + ``bind``), driven on the
+real clock: open loops by their arrival times, closed loops by the answers. Requests go
+over one pipelined ``InferStream`` (several per message), at most ``max_outstanding`` in
+flight. Latency is measured here (send -> answer), so it includes the network both ways.
+Writes the same outputs as ``simulate``: summary.json, requests.tsv, actions.tsv (empty:
+actions are the controller's; their counts come from its Stats), run.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import heapq
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from clockwork.actions import RequestStatus
+from clockwork.requests import Reply, Request
+from clockwork.scenario import Scenario, ScenarioError, instance_names, load_scenario
+from clockwork.telemetry import Telemetry, format_summary, write_json
+from clockwork.time import NS_PER_S, ms, sec
+
+now_ns = time.monotonic_ns
+
+
+@dataclass
+class ReplayResult:
+    summary: dict
+    telemetry: Telemetry
+    scenario: Scenario
+    wall_s: float
+    answered_once: bool
+
+    def write(self, out: str | Path) -> Path:
+        from clockwork.sim import run_info
+
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        self.telemetry.write(out)
+        write_json(out / "summary.json", self.summary)
+        info = run_info(self.wall_s, self.scenario)
+        info["mode"] = "live"
+        write_json(out / "run.json", info)
+        return out
+
+
+async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
+                 progress: bool = False) -> ReplayResult:
+    from clockwork.client import AsyncClient
+    from clockwork.profiles import load_profile_set
+    from clockwork.workloads import build_workload
+
+    instances = instance_names(sc.models)
+    pset = load_profile_set(str(sc.cluster["profiles"]))
+    exec1 = {}
+    for i, m in instances.items():
+        p = pset.get(m)
+        exec1[i] = p.exec_ns[p.batch_sizes[0]]
+    duration = sec(sc.duration_s)
+    root = np.random.SeedSequence(sc.seed)
+    s_work, _, _ = root.spawn(3)  # the simulator's split, so the arrivals are the same
+    workloads = []
+    for i, (spec, seed) in enumerate(zip(sc.workloads, s_work.spawn(len(sc.workloads)),
+                                         strict=True)):
+        try:
+            w = build_workload(spec, instances)
+        except ValueError as e:
+            raise ScenarioError(f"workloads[{i}]: {e}") from e
+        w.bind(0, duration, np.random.default_rng(seed), exec1)
+        workloads.append(w)
+
+    client = AsyncClient(controller)
+    info = await client.list_models_raw()
+    served = {m.name for m in info.models}
+    missing = sorted(set(instances) - served)
+    if missing:
+        await client.close()
+        raise ScenarioError(f"the controller does not serve {', '.join(missing[:5])}"
+                            f"{' ...' if len(missing) > 5 else ''}")
+    default_slo = ms(info.default_slo_ms or 100.0)
+    stats0 = await client.stats()
+    stream = client.stream()
+    tel = Telemetry(0)
+    heap: list = []  # (t, seq, model, slo, widx) relative to t0
+    seq = 0
+    open_next = [None] * len(workloads)
+    for i, w in enumerate(workloads):
+        for t, m, slo in w.initial(0):
+            seq += 1
+            heapq.heappush(heap, (t, seq, m, slo, i))
+        open_next[i] = w.next_arrival()
+    state = {"sent": 0, "answered": 0, "dup": 0}
+    answered: set[int] = set()
+    done_evt = asyncio.Event()
+    t0 = now_ns()
+
+    def on_done(fut: asyncio.Future, req: Request, widx: int) -> None:
+        nonlocal seq
+        now = now_ns()
+        if req.id in answered:
+            state["dup"] += 1
+            return
+        answered.add(req.id)
+        state["answered"] += 1
+        exc = fut.exception() if not fut.cancelled() else RuntimeError("cancelled")
+        if exc is not None:
+            rep = Reply(req, RequestStatus.ERROR, now - t0, str(exc))
+        else:
+            resp = fut.result()
+            req.cold = resp.cold
+            rep = Reply(req, RequestStatus(resp.status), now - t0, resp.message, resp.gpu,
+                        resp.batch_size)
+        tel.reply(rep)
+        w = workloads[widx]
+        for t, m, slo in w.on_reply(req.model, rep.status == RequestStatus.SUCCESS, now - t0):
+            seq += 1
+            heapq.heappush(heap, (t, seq, m, slo, widx))
+        done_evt.set()
+
+    def send(m: str, slo: int, widx: int, now: int) -> None:
+        rid = state["sent"]
+        state["sent"] += 1
+        req = Request(rid, m, now - t0, slo or default_slo, widx)
+        fut = stream.submit(m, None, slo / 1e6 if slo else None)
+        fut.add_done_callback(lambda f, r=req, i=widx: on_done(f, r, i))
+
+    last = time.monotonic()
+    while True:
+        now = now_ns()
+        rel = now - t0
+        # due arrivals: open loops' own schedule, then queued closed-loop ones
+        for i, w in enumerate(workloads):
+            nxt = open_next[i]
+            while nxt is not None and nxt[0] <= rel:
+                if state["sent"] - state["answered"] >= max_outstanding:
+                    break
+                send(nxt[1], nxt[2], i, now)
+                nxt = w.next_arrival()
+            open_next[i] = nxt
+        while heap and heap[0][0] <= rel and state["sent"] - state["answered"] < max_outstanding:
+            _, _, m, slo, widx = heapq.heappop(heap)
+            send(m, slo, widx, now)
+        if progress and time.monotonic() - last >= 1.0:
+            last = time.monotonic()
+            out = state["sent"] - state["answered"]
+            sys.stderr.write(f"  replay {rel / NS_PER_S:6.1f} s / {sc.duration_s:.1f} s  "
+                             f"{state['sent']:,} sent  {state['answered']:,} answered  "
+                             f"{out:,} in flight   \r")
+            sys.stderr.flush()
+        pending_open = [n[0] for n in open_next if n is not None and n[0] < duration]
+        pending_heap = heap[0][0] if heap and heap[0][0] < duration else None
+        if not pending_open and pending_heap is None:
+            # nothing more to send (arrivals at/after duration are not admitted)
+            if state["sent"] == state["answered"]:
+                break
+            done_evt.clear()
+            try:
+                await asyncio.wait_for(done_evt.wait(), 1.0)
+            except TimeoutError:
+                pass
+            continue
+        nxt_t = min(pending_open + ([pending_heap] if pending_heap is not None else []))
+        delay = (t0 + nxt_t - now_ns()) / 1e9
+        if state["sent"] - state["answered"] >= max_outstanding:
+            done_evt.clear()
+            try:
+                await asyncio.wait_for(done_evt.wait(), 0.05)
+            except TimeoutError:
+                pass
+        elif delay > 0:
+            done_evt.clear()
+            try:
+                # wake for the next arrival, or earlier when an answer may add arrivals
+                await asyncio.wait_for(done_evt.wait(), delay)
+            except TimeoutError:
+                pass
+        else:
+            await asyncio.sleep(0)
+    wall_s = (now_ns() - t0) / NS_PER_S
+    if progress:
+        sys.stderr.write("\n")
+    await stream.close()
+    stats1 = await client.stats()
+    await client.close()
+    d = {k: stats1.get(k, 0) - stats0.get(k, 0) for k in set(stats1) | set(stats0)}
+    extra = {
+        "seed": sc.seed, "policy": sc.scheduler.get("policy", "clockwork"),
+        "model_instances": len(instances), "mode": "live",
+        "answered_once": state["answered"] == state["sent"] and not state["dup"],
+    }
+    summary = tel.summary(sc.duration_s, extra)
+    summary["actions"] = {
+        "infer": d.get("infer_ok", 0) + d.get("infer_rejected", 0),
+        "load": d.get("load_ok", 0) + d.get("load_rejected", 0),
+        "evict": d.get("evict_ok", 0) + d.get("evict_rejected", 0),
+        "rejected": sum(v for k, v in d.items() if k.endswith("_rejected")),
+    }
+    return ReplayResult(summary, tel, sc, wall_s, bool(extra["answered_once"]))
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    try:
+        sc = load_scenario(args.scenario, args.set)
+    except ScenarioError as e:
+        print(f"clockwork replay: {e}", file=sys.stderr)
+        return 2
+    from clockwork.errors import ClockworkError
+
+    progress = not args.quiet and sys.stderr.isatty()
+    try:
+        res = asyncio.run(replay(sc, args.controller, args.max_outstanding, progress))
+    except (ScenarioError, ClockworkError, ValueError) as e:
+        print(f"clockwork replay: {e}", file=sys.stderr)
+        return 2
+    if args.out:
+        out = res.write(args.out)
+        print(f"wrote {out}/summary.json, requests.tsv, actions.tsv, run.json", file=sys.stderr)
+    if args.json:
+        sys.stdout.write(orjson.dumps(res.summary, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        title = sc.data.get("name") or Path(sc.source).stem
+        print(f"{title}: live replay against {args.controller} in {res.wall_s:.1f} s wall; "
+              f"every request answered exactly once: {res.answered_once}")
+        print(format_summary(res.summary))
+    return 0 if res.answered_once else 1

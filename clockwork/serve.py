@@ -1,0 +1,186 @@
+"""``clockwork serve``: start local workers and a controller as child processes, print the
+controller's address, and stop them all on Ctrl-C / SIGTERM.
+
+``LocalCluster`` does the same for tests and experiments (a context manager).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from clockwork.scenario import ScenarioError, load_scenario
+
+_ADDR = re.compile(r"listening on (\S+):(\d+)")
+
+
+class _Child:
+    """A child process whose stdout lines are read by a thread (so waits have deadlines)."""
+
+    def __init__(self, name: str, argv: list[str], echo: bool = False) -> None:
+        self.name = name
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.echo = echo
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env=env, start_new_session=True)
+        self._t = threading.Thread(target=self._pump, daemon=True)
+        self._t.start()
+        self.output: list[str] = []
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self.output.append(line)
+            self.lines.put(line)
+            if self.echo:
+                sys.stderr.write(f"[{self.name}] {line}")
+        self.lines.put(None)
+
+    def wait_address(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{self.name} did not report its address in {timeout:.0f} s:\n"
+                                   + "".join(self.output[-20:]))
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise RuntimeError(f"{self.name} exited (rc {self.proc.wait()}):\n"
+                                   + "".join(self.output[-20:]))
+            m = _ADDR.search(line)
+            if m:
+                return f"{m.group(1)}:{m.group(2)}"
+
+    def stop(self, timeout: float = 5.0) -> int | None:
+        p = self.proc
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout)
+        return p.returncode
+
+
+def _cli() -> list[str]:
+    return [sys.executable, "-m", "clockwork.cli"]
+
+
+class LocalCluster:
+    """Workers and a controller as child processes on ``host``.
+
+    ``with LocalCluster(workers=2, gpus=2) as c: Client(c.address)``.
+    """
+
+    def __init__(self, workers: int = 1, gpus: int = 1, profiles: str = "v100-reference",
+                 models: str | None = None, pages: int | None = None, host: str = "127.0.0.1",
+                 port: int = 0, worker_port: int = 0, echo: bool = False,
+                 controller_args: list[str] | None = None, timeout: float = 30.0) -> None:
+        self.n_workers, self.gpus, self.profiles, self.models = workers, gpus, profiles, models
+        self.pages, self.host, self.port, self.worker_port = pages, host, port, worker_port
+        self.echo = echo
+        self.controller_args = controller_args or []
+        self.timeout = timeout
+        self.workers: list[_Child] = []
+        self.worker_addresses: list[str] = []
+        self.controller: _Child | None = None
+        self.address = ""
+
+    def start(self) -> LocalCluster:
+        try:
+            for i in range(self.n_workers):
+                port = self.worker_port + 10 * i if self.worker_port else 0
+                argv = _cli() + ["worker", "--host", self.host, "--port", str(port),
+                                 "--gpus", str(self.gpus), "--profiles", self.profiles]
+                if self.pages:
+                    argv += ["--pages", str(self.pages)]
+                self.workers.append(_Child(f"worker{i}", argv, self.echo))
+            self.worker_addresses = [w.wait_address(self.timeout) for w in self.workers]
+            argv = _cli() + ["controller", "--host", self.host, "--port", str(self.port),
+                             "--workers", ",".join(self.worker_addresses),
+                             "--profiles", self.profiles] + self.controller_args
+            if self.models:
+                argv += ["--models", self.models]
+            self.controller = _Child("controller", argv, self.echo)
+            self.address = self.controller.wait_address(self.timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.controller is not None:
+            self.controller.stop()
+        for w in self.workers:
+            w.stop()
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def models_arg(models: list[dict]) -> str:
+    return ",".join(f"{m['name']}:{int(m.get('copies', 1))}" for m in models)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    workers, gpus, profiles, models, pages = 1, 1, "v100-reference", None, None
+    extra: list[str] = []
+    if args.scenario:
+        try:
+            sc = load_scenario(args.scenario, args.set)
+        except ScenarioError as e:
+            print(f"clockwork serve: {e}", file=sys.stderr)
+            return 2
+        c = sc.cluster
+        workers, gpus, profiles = int(c["workers"]), int(c["gpus_per_worker"]), str(c["profiles"])
+        pages = c.get("weights_cache_pages")
+        models = models_arg(sc.models)
+        s = sc.scheduler
+        for key, flag in (("schedule_ahead_ms", "--schedule-ahead-ms"),
+                          ("default_slo_ms", "--default-slo-ms"), ("max_batch", "--max-batch")):
+            if key in s:
+                extra += [flag, str(s[key])]
+        if s.get("policy", "clockwork") != "clockwork":
+            extra += ["--policy", str(s["policy"])]
+    cluster = LocalCluster(workers, gpus, profiles, models, pages, args.host, args.port,
+                           args.worker_port, echo=True, controller_args=extra)
+    stop = threading.Event()
+
+    def on_signal(signum, frame):
+        stop.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            cluster.start()
+        except (TimeoutError, RuntimeError) as e:
+            print(f"clockwork serve: {e}", file=sys.stderr)
+            return 1
+        print(f"clockwork serve: controller at {cluster.address} ({workers} worker(s) x {gpus} "
+              f"GPU(s): {', '.join(cluster.worker_addresses)}); Ctrl-C stops", flush=True)
+        print(f"controller listening on {cluster.address}", flush=True)
+        while not stop.is_set():
+            if any(ch.proc.poll() is not None for ch in [cluster.controller, *cluster.workers]):
+                print("clockwork serve: a child process exited; stopping", file=sys.stderr)
+                return 1
+            stop.wait(0.5)
+        return 0
+    finally:
+        cluster.stop()
+        for s, h in old.items():
+            signal.signal(s, h)
+        print("clockwork serve: stopped", file=sys.stderr, flush=True)

@@ -1,0 +1,120 @@
+"""End-to-end: a controller and two emulated workers as real processes on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+grpc = pytest.importorskip("grpc")
+
+import clockwork  # noqa: E402
+from clockwork.errors import InvalidRequest, UnknownModel  # noqa: E402
+from clockwork.replay import replay  # noqa: E402
+from clockwork.scenario import load_scenario  # noqa: E402
+from clockwork.serve import LocalCluster  # noqa: E402
+
+MODELS = "resnet50_v2:2,mobilenet_v2"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = LocalCluster(workers=2, gpus=1, models=MODELS, timeout=30.0)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+        for ch in [c.controller, *c.workers]:
+            if ch is not None:
+                assert ch.proc.poll() is not None, f"{ch.name} still running"
+
+
+def test_sync_client(cluster):
+    with clockwork.Client(cluster.address, timeout=10) as c:
+        names = {m.name for m in c.list_models()}
+        assert names == {"resnet50_v2", "resnet50_v2:1", "mobilenet_v2"}
+        x = np.zeros((3, 224, 224), np.float32)
+        r = c.infer("resnet50_v2", x, slo_ms=200)
+        assert r.status == 0
+        assert r.output.shape == (1000,) and r.output.dtype == np.float32
+        assert not r.output.any()
+        assert r.latency_ms > 0 and r.batch_size >= 1 and r.gpu in (0, 1)
+        r2 = c.infer("mobilenet_v2")  # no inputs, default SLO
+        assert r2.output.shape == (1000,)
+
+
+def test_typed_errors(cluster):
+    with clockwork.Client(cluster.address, timeout=10) as c:
+        with pytest.raises(UnknownModel):
+            c.infer("no_such_model")
+        with pytest.raises(InvalidRequest):
+            c.infer("resnet50_v2", np.zeros((3, 10, 10), np.float32))
+        with pytest.raises(InvalidRequest):
+            c.infer("resnet50_v2", slo_ms=-1)
+
+
+def test_async_client(cluster):
+    async def main():
+        async with clockwork.AsyncClient(cluster.address, timeout=10) as c:
+            rs = await asyncio.gather(*(c.infer("resnet50_v2:1", slo_ms=200) for _ in range(20)))
+            assert all(r.output.shape == (1000,) for r in rs)
+            with pytest.raises(UnknownModel):
+                await c.infer("nope")
+            s = c.stream()
+            futs = [s.submit("mobilenet_v2", slo_ms=200) for _ in range(30)]
+            resps = await asyncio.wait_for(asyncio.gather(*futs), 10)
+            await s.close()
+            assert [r.status for r in resps] == [0] * 30
+            assert len({r.client_id for r in resps}) == 30
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+
+
+def test_replay_poisson(cluster, tmp_path):
+    sc = load_scenario(data={
+        "seed": 5, "duration_s": 2.0,
+        "cluster": {"workers": 2, "gpus_per_worker": 1},
+        "models": [{"name": "resnet50_v2", "copies": 2}, {"name": "mobilenet_v2"}],
+        "workloads": [{"kind": "poisson", "models": "*", "rate_rps": 200, "slo_ms": 100}],
+    })
+    res = asyncio.run(asyncio.wait_for(replay(sc, cluster.address), 30))
+    s = res.summary
+    assert res.answered_once
+    assert s["submitted"] > 250
+    assert s["submitted"] == s["succeeded"] + s["failed"] + s["dropped"]
+    assert s["slo_attainment"] >= 0.95
+    ids = [row[0] for row in res.telemetry.requests]
+    assert len(ids) == len(set(ids)) == s["submitted"]
+    out = res.write(tmp_path / "run")
+    assert (out / "summary.json").exists() and (out / "requests.tsv").exists()
+    with clockwork.Client(cluster.address, timeout=10) as c:
+        st = c.stats()
+    assert st.get("replies_duplicate", 0) == 0
+
+
+def test_worker_loss_answers_requests():
+    """A worker that dies mid-stream: its requests are still answered, the controller lives."""
+    c = LocalCluster(workers=2, gpus=1, models="resnet50_v2", timeout=30.0)
+    try:
+        c.start()
+
+        async def main():
+            async with clockwork.AsyncClient(c.address, timeout=10) as cl:
+                await cl.infer("resnet50_v2", slo_ms=500)  # warm: a copy is loaded
+                s = cl.stream()
+                futs = [s.submit("resnet50_v2", slo_ms=300) for _ in range(50)]
+                c.workers[0].proc.kill()
+                c.workers[1].proc.kill()
+                resps = await asyncio.wait_for(asyncio.gather(*futs), 10)
+                await s.close()
+                assert len(resps) == 50  # every one answered (success or error)
+                with pytest.raises(clockwork.errors.ClockworkError):
+                    await cl.infer("resnet50_v2", slo_ms=50)
+                assert (await cl.stats()).get("worker_losses", 0) >= 1
+
+        asyncio.run(asyncio.wait_for(main(), 25))
+        assert c.controller.proc.poll() is None  # still running
+    finally:
+        c.stop()
