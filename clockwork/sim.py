@@ -21,7 +21,7 @@ from clockwork.profiles import ProfileSet, load_profile_set
 from clockwork.requests import Request
 from clockwork.scenario import Scenario, ScenarioError, instance_names, load_scenario
 from clockwork.telemetry import Telemetry, format_summary, write_json
-from clockwork.time import NS_PER_S, ms, sec
+from clockwork.time import NS_PER_S, VirtualClock, ms, sec
 from clockwork.workloads import Workload, build_workload
 from controller import make_policy
 from controller.config import SchedulerConfig
@@ -122,6 +122,7 @@ class Simulation:
             w.bind(0, self.duration, np.random.default_rng(wseeds[i]), exec1)
             self.workloads.append(w)
         self.telemetry = Telemetry(0)
+        self.clock = VirtualClock(0)  # the run's time; every component is handed clock.now()
         self.max_pages_used = 0
 
     # ------------------------------------------------------------------ network
@@ -225,10 +226,12 @@ class Simulation:
         last_report = wall0
         events = 0
         hard_stop = self.duration + sec(float(self.sc.data.get("drain_s", 120.0)))
+        advance = self.clock.advance_to
         while heap:
             now, _, kind, a = pop(heap)
             if now > hard_stop:
                 break
+            advance(now)
             events += 1
             if kind == _TO_CTRL:
                 tel.result(a, now)
