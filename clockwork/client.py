@@ -129,7 +129,10 @@ class Client:
         return self._stub.ModelStatus(pb.ModelStatusRequest(model=model), timeout=self.timeout)
 
     def stats(self) -> dict[str, int]:
-        r = self._stub.Stats(pb.StatsRequest(), timeout=self.timeout)
+        try:
+            r = self._stub.Stats(pb.StatsRequest(), timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise _unavailable(e) from e
         return dict(r.counters)
 
     def close(self) -> None:
@@ -171,7 +174,10 @@ class AsyncClient:
         return await self._stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout)
 
     async def stats(self) -> dict[str, int]:
-        r = await self._stub.Stats(pb.StatsRequest(), timeout=self.timeout)
+        try:
+            r = await self._stub.Stats(pb.StatsRequest(), timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise _unavailable(e) from e
         return dict(r.counters)
 
     def stream(self) -> InferStream:

@@ -81,6 +81,8 @@ class WorkerLink:
     outstanding: dict = field(default_factory=dict)  # action id -> Action
     tasks: list = field(default_factory=list)
     echo_seq: int = 0
+    echo_due: bool = False
+    error: str = ""
 
     def add_sample(self, t0: int, tw: int, t2: int) -> None:
         rtt = t2 - t0
@@ -181,11 +183,17 @@ class ControllerNode:
                       asyncio.create_task(self._echoer(link))]
 
     async def _writer(self, link: WorkerLink) -> None:
+        """The only task that writes to the stream (grpc.aio allows one write at a time)."""
         call = link.call
         try:
             while True:
                 await link.wake.wait()
                 link.wake.clear()
+                if link.echo_due:
+                    link.echo_due = False
+                    link.echo_seq += 1
+                    await call.write(pb.ControllerMessage(
+                        echo=pb.ClockEcho(seq=link.echo_seq, controller_time=now_ns())))
                 acts, link.pending = link.pending, []
                 if not acts:
                     continue
@@ -193,19 +201,16 @@ class ControllerNode:
                 msg = pb.ControllerMessage(
                     actions=pb.ActionBatch(actions=[action_to_msg(a, off) for a in acts]))
                 await call.write(msg)
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
-            pass  # the reader notices and handles the loss
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the reader notices the loss
+            link.error = repr(e)
 
     async def _echoer(self, link: WorkerLink) -> None:
-        call = link.call
-        try:
-            while True:
-                await asyncio.sleep(1.0)
-                link.echo_seq += 1
-                await call.write(pb.ControllerMessage(
-                    echo=pb.ClockEcho(seq=link.echo_seq, controller_time=now_ns())))
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
-            pass
+        while True:
+            await asyncio.sleep(1.0)
+            link.echo_due = True
+            link.wake.set()
 
     async def _reader(self, link: WorkerLink) -> None:
         call = link.call
@@ -220,8 +225,8 @@ class ControllerNode:
                 elif kind == "echo":
                     e = msg.echo
                     link.add_sample(e.controller_time, e.worker_time, now_ns())
-        except grpc.aio.AioRpcError:
-            pass
+        except grpc.aio.AioRpcError as e:
+            link.error = f"{e.code()}: {e.details()}"
         except asyncio.CancelledError:
             return
         if not self._stopping:
@@ -239,8 +244,9 @@ class ControllerNode:
         lost = list(link.outstanding.values()) + link.pending
         link.outstanding.clear()
         link.pending = []
-        print(f"controller: lost worker {link.address}; failing {len(lost)} action(s), "
-              "reconnecting", file=sys.stderr, flush=True)
+        print(f"controller: lost worker {link.address} ({link.error or 'stream ended'}); "
+              f"failing {len(lost)} action(s), reconnecting", file=sys.stderr, flush=True)
+        link.error = ""
         self._fail_actions(lost, "worker lost")
         asyncio.ensure_future(self._reconnect(link))
 

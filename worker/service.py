@@ -198,7 +198,13 @@ class WorkerServicer(pbg.WorkerServicer):
                     node.hello(msg.hello)
             wake.set()
 
+        def reader_done(t: asyncio.Task) -> None:
+            if not t.cancelled() and t.exception() is not None:
+                print(f"worker: controller stream failed: {t.exception()!r}", file=sys.stderr,
+                      flush=True)
+
         rtask = asyncio.create_task(reader())
+        rtask.add_done_callback(reader_done)
         try:
             while self._active is token:
                 if not node._out and not echoes:
