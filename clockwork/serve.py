@@ -86,12 +86,14 @@ class LocalCluster:
     def __init__(self, workers: int = 1, gpus: int = 1, profiles: str = "v100-reference",
                  models: str | None = None, pages: int | None = None, host: str = "127.0.0.1",
                  port: int = 0, worker_port: int = 0, echo: bool = False,
-                 controller_args: list[str] | None = None, timeout: float = 30.0) -> None:
+                 controller_args: list[str] | None = None, timeout: float = 30.0,
+                 worker_args: list[list[str]] | None = None) -> None:
         self.n_workers, self.gpus, self.profiles, self.models = workers, gpus, profiles, models
         self.pages, self.host, self.port, self.worker_port = pages, host, port, worker_port
         self.echo = echo
         self.controller_args = controller_args or []
         self.timeout = timeout
+        self.worker_args = worker_args or []
         self.workers: list[_Child] = []
         self.worker_addresses: list[str] = []
         self.controller: _Child | None = None
@@ -105,6 +107,8 @@ class LocalCluster:
                                  "--gpus", str(self.gpus), "--profiles", self.profiles]
                 if self.pages:
                     argv += ["--pages", str(self.pages)]
+                if i < len(self.worker_args):
+                    argv += self.worker_args[i]
                 self.workers.append(_Child(f"worker{i}", argv, self.echo))
             self.worker_addresses = [w.wait_address(self.timeout) for w in self.workers]
             argv = _cli() + ["controller", "--host", self.host, "--port", str(self.port),

@@ -118,3 +118,36 @@ def test_worker_loss_answers_requests():
         assert c.controller.proc.poll() is None  # still running
     finally:
         c.stop()
+
+
+def test_clock_offset_is_estimated_and_converted():
+    """Workers whose clocks are far off ours: windows must be converted or every action
+    would be rejected as too late (or wait seconds as too early)."""
+    c = LocalCluster(workers=2, gpus=1, models="resnet50_v2,mobilenet_v2", timeout=30.0,
+                     worker_args=[["--clock-offset-ms", "5000"], ["--clock-offset-ms", "-3000"]])
+    try:
+        c.start()
+        with clockwork.Client(c.address, timeout=10) as cl:
+            for _ in range(10):
+                for m in ("resnet50_v2", "mobilenet_v2"):
+                    r = cl.infer(m, slo_ms=100)
+                    assert r.latency_ms < 100
+            st = cl.stats()
+        assert st.get("infer_rejected", 0) == 0 and st.get("load_rejected", 0) == 0
+    finally:
+        c.stop()
+
+
+def test_offset_estimate_and_wire_conversion():
+    from clockwork.actions import NEVER, Action, ActionType
+    from clockwork.protocol.wire import action_to_msg, msg_to_action
+    from controller.service import WorkerLink
+
+    link = WorkerLink(0, "x")
+    link.add_sample(1_000, 5_000_900, 3_000)  # rtt 2000, offset 4_998_900
+    link.add_sample(10_000, 5_010_500, 11_000)  # rtt 1000: the better sample
+    assert link.rtt == 1000 and link.offset == 5_000_000
+    a = Action(7, ActionType.INFER, 0, 0, "m", earliest=100, latest=NEVER, expected_duration=5,
+               batch_size=4)
+    b = msg_to_action(action_to_msg(a, link.offset))
+    assert b.earliest == 5_000_100 and b.latest == NEVER and b.batch_size == 4

@@ -28,7 +28,11 @@ from clockwork.protocol.wire import msg_to_action, result_to_msg
 from worker.devices.emulated import EmulatedDevice
 from worker.executor import GpuExecutor
 
-now_ns = time.monotonic_ns
+_OFFSET = 0  # --clock-offset-ms: shifts this worker's clock (tests the controller's conversion)
+
+
+def now_ns() -> int:
+    return time.monotonic_ns() + _OFFSET
 
 
 class WorkerNode:
@@ -246,6 +250,8 @@ async def serve_worker(host: str, port: int, node: WorkerNode, ready=None,
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
+    global _OFFSET
+    _OFFSET = round(args.clock_offset_ms * 1e6)
     try:
         load_profile_set(args.profiles)
     except ProfileError as e:
@@ -287,4 +293,6 @@ def add_worker_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profiles", default="v100-reference", help="profile set (folder under profiles/)")
     p.add_argument("--noise", type=float, default=0.0, help="emulated duration noise (std dev fraction)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--clock-offset-ms", type=float, default=0.0,
+                   help="add this to the worker's clock (to test clock-offset handling)")
     p.set_defaults(func=_cmd_worker)
