@@ -1,0 +1,206 @@
+"""Clipper-style serving (Crankshaw et al., NSDI 2017), behind the Policy interface.
+
+Modelled (paper §4.3 and the open-source ModelQueue / container loop):
+
+* **One queue per model, containers pull batches from it.** Each model is deployed as
+  ``replicas`` containers (default 1), each a copy of its weights on one GPU. A
+  container sends one batch and waits for its reply before taking the next (Clipper's
+  container RPC loop), so there is at most one INFER per container in flight; the
+  containers of different models on a GPU contend in the worker's EXEC lane (FIFO in
+  send order). Queues are earliest-deadline first (deadline = arrival + SLO).
+* **Adaptive batching by AIMD, per container.** The container's maximum batch size
+  grows by ``aimd_step`` (default 1) after every batch whose measured latency (the
+  container round trip, send to reply) met the SLO, and shrinks by 10 %
+  (``aimd_backoff`` 0.9) after one that did not. It is capped by the largest compiled
+  batch size (``max_batch``); a batch is padded up to the next compiled size.
+* **Delayed batching** (§4.3.2): with ``batch_wait_ms`` > 0 an idle container whose queue
+  holds fewer requests than its batch size waits until its oldest request has waited
+  that long (or the batch fills).
+* **SLOs:** Clipper does not predict whether a request will miss; it runs it. Like its
+  ModelQueue (``remove_tasks_with_elapsed_deadlines``), requests whose deadline has
+  already passed when a batch is formed are removed and answered TIMEOUT (Clipper's
+  frontend answers them with the default output); ``drop_expired = false`` runs them
+  too. Everything runs with ``earliest = now``, ``latest = NEVER``.
+* **Placement (our choice; Clipper deploys containers statically):** a model's
+  containers are started (LOAD) on its first request, each on a GPU without a copy of
+  it, fewest containers first, then most free pages. They stay there; only when a LOAD
+  does not fit are least-recently-used containers with an empty queue and no batch in
+  flight evicted (their model is re-placed on its next request).
+
+Not modelled: model selection (Exp3/Exp4 bandits), ensembles and straggler mitigation,
+the prediction cache, container RPC/serialisation costs, quantile-regression batching,
+and Clipper's exploration/estimation batch-size modes of later releases. No global
+view: a container knows only its own queue and measured latencies.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from clockwork.actions import Action, RequestStatus, Result
+from clockwork.requests import QUEUED, Request
+from controller.baselines.common import BaselinePolicy, Copy, Gpu, parse_settings
+
+SETTINGS = ("batch_wait_ms", "aimd_step", "aimd_backoff", "initial_batch", "drop_expired",
+            "replicas")
+
+
+@dataclass(frozen=True)
+class ClipperConfig:
+    batch_wait: int = 0  # delayed batching: ns an under-full batch may wait
+    aimd_step: float = 1.0  # additive increase per batch that met the SLO
+    aimd_backoff: float = 0.9  # multiplicative decrease on a miss (10 %)
+    initial_batch: float = 1.0
+    drop_expired: bool = True  # remove requests whose deadline passed while queued
+    replicas: int = 1  # containers per model (each on a different GPU)
+
+    def __post_init__(self) -> None:
+        if self.batch_wait < 0 or self.aimd_step <= 0 or not 0 < self.aimd_backoff < 1:
+            raise ValueError("clipper: need batch_wait >= 0, aimd_step > 0, 0 < aimd_backoff < 1")
+        if self.initial_batch < 1 or self.replicas < 1:
+            raise ValueError("clipper: initial_batch and replicas must be >= 1")
+
+    @classmethod
+    def from_settings(cls, settings=None) -> ClipperConfig:
+        return parse_settings(cls, settings, "clipper")
+
+
+class Container:
+    __slots__ = ("copy", "batch_size", "busy")
+
+    def __init__(self, copy: Copy, batch_size: float) -> None:
+        self.copy = copy
+        self.batch_size = batch_size  # AIMD's current maximum batch size
+        self.busy = False  # a batch is in flight
+
+
+class _Model:
+    __slots__ = ("name", "queue", "containers", "seq")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.queue: list[tuple[int, int, Request]] = []  # (deadline, id, request)
+        self.containers: list[Container] = []
+        self.seq = 0
+
+
+class ClipperPolicy(BaselinePolicy):
+    name = "clipper"
+
+    def __init__(self, profiles, gpus, config=None, settings=None) -> None:
+        super().__init__(profiles, gpus, config)
+        self.ccfg = settings if isinstance(settings, ClipperConfig) else ClipperConfig.from_settings(settings)
+        self.models = {n: _Model(n) for n in self.profiles}
+        self._unplaced: set[str] = set()  # models short of containers, with queued work
+
+    # ------------------------------------------------------------------ hooks
+
+    def _admit(self, r: Request, now: int, out: list[Action]) -> None:
+        m = self.models[r.model]
+        if self.profiles[r.model].weights_pages > max(g.total_pages for g in self.gpus):
+            self._answer(r, RequestStatus.ERROR, now, "model does not fit on any GPU")
+            return
+        heapq.heappush(m.queue, (r.deadline, r.id, r))
+        if len(m.containers) < self.ccfg.replicas:
+            self._place(m, now, out)
+        for c in m.containers:
+            self._dispatch(m, c, now, out)
+
+    def _requeue(self, model: str, requests: list[Request], now: int, out: list[Action]) -> None:
+        m = self.models[model]
+        for r in requests:
+            r.state = QUEUED
+            heapq.heappush(m.queue, (r.deadline, r.id, r))
+        if len(m.containers) < self.ccfg.replicas:
+            self._place(m, now, out)
+        for c in m.containers:
+            self._dispatch(m, c, now, out)
+
+    def _infer_done(self, copy: Copy, action: Action, result: Result, requests: list[Request],
+                    now: int, out: list[Action]) -> None:
+        c: Container = copy.data
+        slo = min(r.slo for r in requests)
+        self.aimd(c, now - action.sent_at, slo)
+
+    def aimd(self, c: Container, latency: int, slo: int) -> None:
+        """Clipper's AIMD rule for one measured batch latency."""
+        cap = self.sizes[c.copy.model][-1]
+        if latency <= slo:
+            c.batch_size = min(cap, c.batch_size + self.ccfg.aimd_step)
+        else:
+            c.batch_size = max(1.0, c.batch_size * self.ccfg.aimd_backoff)
+
+    def _ready(self, copy: Copy, now: int, out: list[Action]) -> None:
+        self._dispatch(self.models[copy.model], copy.data, now, out)
+
+    def _lost(self, model: str, gpu: Gpu, now: int, out: list[Action]) -> None:
+        m = self.models[model]
+        m.containers = [c for c in m.containers if c.copy.gpu is not gpu]
+        if m.queue:
+            self._place(m, now, out)
+
+    def _gpu_free(self, gpu: Gpu, now: int, out: list[Action]) -> None:
+        for c in [c.data for c in gpu.copies.values()]:
+            self._dispatch(self.models[c.copy.model], c, now, out)
+        if self._unplaced:
+            for name in sorted(self._unplaced):
+                self._place(self.models[name], now, out)
+
+    def _tick(self, now: int, out: list[Action]) -> None:
+        for m in self.models.values():
+            if m.queue:
+                for c in m.containers:
+                    self._dispatch(m, c, now, out)
+
+    def _evictable(self, copy: Copy) -> bool:
+        return not self.models[copy.model].queue
+
+    def _drop(self, c: Copy) -> None:
+        super()._drop(c)
+        m = self.models[c.model]
+        m.containers = [k for k in m.containers if k.copy is not c]
+
+    # ------------------------------------------------------------------ rules
+
+    def _place(self, m: _Model, now: int, out: list[Action]) -> None:
+        """Start containers for ``m`` until it has ``replicas`` (where memory allows)."""
+        while len(m.containers) < self.ccfg.replicas:
+            gpus = sorted((g for g in self.gpus if m.name not in g.copies),
+                          key=lambda g: (len(g.copies), -g.free_pages, g.index))
+            if not gpus:
+                break
+            copy = self._try_load(m.name, gpus, now, out)
+            if copy is None:
+                break
+            c = Container(copy, self.ccfg.initial_batch)
+            copy.data = c
+            m.containers.append(c)
+        if m.containers or not m.queue:
+            self._unplaced.discard(m.name)
+        else:
+            self._unplaced.add(m.name)
+
+    def _dispatch(self, m: _Model, c: Container, now: int, out: list[Action]) -> None:
+        """An idle container takes its next batch from the model's queue."""
+        if c.busy and c.copy.inflight:
+            return
+        c.busy = False
+        if c.copy.loading or c.copy.gpu.copies.get(m.name) is not c.copy:
+            return
+        q = m.queue
+        if self.ccfg.drop_expired:
+            while q and q[0][0] <= now:
+                _, _, r = heapq.heappop(q)
+                self._answer(r, RequestStatus.TIMEOUT, now, "deadline elapsed in Clipper's queue")
+        if not q:
+            return
+        size = int(c.batch_size)
+        if len(q) < size and self.ccfg.batch_wait:
+            oldest = min(e[2].arrival for e in q)
+            if now < oldest + self.ccfg.batch_wait:
+                self._wake(oldest + self.ccfg.batch_wait)
+                return
+        batch = [heapq.heappop(q)[2] for _ in range(min(size, len(q)))]
+        self._send_infer(c.copy, batch, now, out)
+        c.busy = True

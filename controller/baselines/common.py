@@ -1,0 +1,331 @@
+"""What the baseline policies share: the controller's view of GPUs and model copies,
+sending LOAD / EVICT / INFER, answering every request exactly once, timers.
+
+Baselines do not control execution windows: every action is sent with
+``earliest = now`` and ``latest = NEVER``, so a worker never rejects one for
+lateness; it runs actions in arrival order on its LOAD and EXEC lanes. An INFER is
+only sent once its model's LOAD has been reported done (the baselines have no
+predicted schedule to place it behind the LOAD). Pages are tracked like
+``controller/state.py`` does: a LOAD takes its pages in our view when it is sent, an
+EVICT gives them back when it is sent, and only copies that are neither loading nor
+running anything are evicted, so the worker's cache is never over-committed.
+
+A rejected INFER returns its requests to the policy (``_requeue``) up to
+``MAX_ATTEMPTS`` times, after which they are answered ``ERROR``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping
+from dataclasses import fields
+
+from clockwork.actions import NEVER, Action, ActionType, ErrorCode, RequestStatus, Result
+from clockwork.profiles import ModelProfile
+from clockwork.requests import DONE, EXECUTING, Reply, Request
+from controller.config import SchedulerConfig
+from controller.policy import GpuSpec, Policy
+
+MAX_ATTEMPTS = 3  # INFERs a request may be part of before a worker error is final
+
+
+def parse_settings(cls, settings: Mapping[str, object] | None, policy: str):
+    """Build a baseline's config dataclass from ``[scheduler]`` keys (``*_ms`` in ms,
+    ``*_us`` in microseconds, stored as int ns)."""
+    out: dict = {}
+    names = {f.name: f for f in fields(cls)}
+    for k, v in (settings or {}).items():
+        if k.endswith("_ms") and k[:-3] in names:
+            out[k[:-3]] = int(round(float(v) * 1e6))
+        elif k.endswith("_us") and k[:-3] in names:
+            out[k[:-3]] = int(round(float(v) * 1e3))
+        elif k in names:
+            out[k] = v
+        else:
+            raise ValueError(f"unknown {policy} setting {k!r}")
+    return cls(**out)
+
+
+class Copy:
+    """A model's weights on one GPU (loading or loaded), as the controller believes."""
+
+    __slots__ = ("model", "gpu", "loading", "inflight", "last_used", "data")
+
+    def __init__(self, model: str, gpu: Gpu) -> None:
+        self.model = model
+        self.gpu = gpu
+        self.loading = True
+        self.inflight = 0  # INFERs sent and not answered
+        self.last_used = 0
+        self.data: object = None  # policy-specific (a container, a queue, ...)
+
+
+class Gpu:
+    __slots__ = ("index", "worker", "gpu", "total_pages", "free_pages", "copies", "outstanding",
+                 "loads")
+
+    def __init__(self, index: int, spec: GpuSpec) -> None:
+        self.index = index
+        self.worker = spec.worker
+        self.gpu = spec.gpu
+        self.total_pages = spec.pages
+        self.free_pages = spec.pages
+        self.copies: dict[str, Copy] = {}
+        self.outstanding = 0  # INFERs sent to this GPU and not answered
+        self.loads = 0  # LOADs sent and not answered
+
+
+class _Sent:
+    __slots__ = ("action", "gpu", "copy", "requests")
+
+    def __init__(self, action: Action, gpu: Gpu, copy: Copy | None, requests: list[Request]) -> None:
+        self.action = action
+        self.gpu = gpu
+        self.copy = copy
+        self.requests = requests
+
+
+class BaselinePolicy(Policy):
+    """Bookkeeping shared by the baselines; subclasses supply the policy in hooks."""
+
+    name = "baseline"
+
+    def __init__(self, profiles: Iterable[ModelProfile], gpus: Iterable[GpuSpec],
+                 config: SchedulerConfig | None = None) -> None:
+        self.cfg = cfg = config or SchedulerConfig()
+        self.profiles: dict[str, ModelProfile] = {p.model: p for p in profiles}
+        self.sizes: dict[str, list[int]] = {
+            n: [b for b in p.batch_sizes if b <= cfg.max_batch] or [p.batch_sizes[0]]
+            for n, p in self.profiles.items()
+        }
+        self.gpus: list[Gpu] = [Gpu(i, s) for i, s in enumerate(gpus)]
+        self.copies: dict[str, dict[int, Copy]] = {n: {} for n in self.profiles}
+        self._replies: list[Reply] = []
+        self._sent: dict[int, _Sent] = {}
+        self._attempts: dict[int, int] = {}
+        self._timers: list[int] = []
+        self._timer_set: set[int] = set()
+        self._next_action = 1
+        self._use_seq = 0
+        self.stats = {"infer": 0, "load": 0, "evict": 0, "rejected": 0}
+
+    # ------------------------------------------------------------------ hooks
+
+    def _admit(self, r: Request, now: int, out: list[Action]) -> None:
+        raise NotImplementedError
+
+    def _requeue(self, model: str, requests: list[Request], now: int, out: list[Action]) -> None:
+        """Requests of a rejected INFER that may be retried."""
+        raise NotImplementedError
+
+    def _infer_done(self, copy: Copy, action: Action, result: Result, requests: list[Request],
+                    now: int, out: list[Action]) -> None:
+        """A successful INFER (its requests are answered already)."""
+
+    def _ready(self, copy: Copy, now: int, out: list[Action]) -> None:
+        """A LOAD finished: the copy can take INFERs."""
+
+    def _lost(self, model: str, gpu: Gpu, now: int, out: list[Action]) -> None:
+        """A copy disappeared (a failed LOAD, or the worker lacked the weights)."""
+
+    def _gpu_free(self, gpu: Gpu, now: int, out: list[Action]) -> None:
+        """An action on ``gpu`` finished: the policy may send more work."""
+
+    def _tick(self, now: int, out: list[Action]) -> None:
+        """A timer set with ``_wake`` fired."""
+
+    def _evictable(self, copy: Copy) -> bool:
+        """Whether the policy lets this (idle, loaded) copy be evicted for memory."""
+        return True
+
+    # ------------------------------------------------------------------ Policy
+
+    def on_request(self, request: Request, now: int) -> list[Action]:
+        out: list[Action] = []
+        if request.model not in self.profiles:
+            self._answer(request, RequestStatus.INVALID_REQUEST, now,
+                         f"unknown model {request.model!r}")
+            return out
+        slo = request.slo or self.cfg.default_slo
+        if slo <= 0:
+            self._answer(request, RequestStatus.INVALID_REQUEST, now, "SLO must be positive")
+            return out
+        request.slo = slo
+        request.deadline = request.arrival + slo
+        self._admit(request, now, out)
+        return out
+
+    def on_result(self, result: Result, now: int) -> list[Action]:
+        out: list[Action] = []
+        s = self._sent.pop(result.id, None)
+        if s is None:
+            return out
+        g, c, a = s.gpu, s.copy, s.action
+        if result.status:
+            self.stats["rejected"] += 1
+        if a.type == ActionType.INFER:
+            g.outstanding -= 1
+            c.inflight -= 1
+            if not result.status:
+                for r in s.requests:
+                    self._attempts.pop(r.id, None)
+                    self._answer(r, RequestStatus.SUCCESS, now, "", g.index, a.batch_size,
+                                 result.outputs)
+                self._infer_done(c, a, result, s.requests, now, out)
+            else:
+                retry = []
+                for r in s.requests:
+                    n = self._attempts.get(r.id, 0) + 1
+                    if n >= MAX_ATTEMPTS:
+                        self._attempts.pop(r.id, None)
+                        self._answer(r, RequestStatus.ERROR, now,
+                                     f"worker error {result.status.name}: {result.message}")
+                    else:
+                        self._attempts[r.id] = n
+                        retry.append(r)
+                if result.status in (ErrorCode.WEIGHTS_NOT_PRESENT, ErrorCode.WEIGHTS_CHANGED) \
+                        and not c.loading and g.copies.get(c.model) is c:
+                    self._drop(c)
+                    self._lost(c.model, g, now, out)
+                if retry:
+                    self._requeue(c.model, retry, now, out)
+        elif a.type == ActionType.LOAD:
+            g.loads -= 1
+            current = g.copies.get(c.model) is c
+            if current and not result.status:
+                c.loading = False
+                self._ready(c, now, out)
+            elif current:
+                self._drop(c)
+                self._lost(c.model, g, now, out)
+        self._gpu_free(g, now, out)
+        return out
+
+    def on_tick(self, now: int) -> list[Action]:
+        out: list[Action] = []
+        t = self._timers
+        fired = False
+        while t and t[0] <= now:
+            self._timer_set.discard(heapq.heappop(t))
+            fired = True
+        if fired:
+            self._tick(now, out)
+        return out
+
+    def next_wakeup(self) -> int | None:
+        return self._timers[0] if self._timers else None
+
+    def drain_replies(self) -> list[Reply]:
+        out, self._replies = self._replies, []
+        return out
+
+    # ------------------------------------------------------------------ helpers
+
+    def _wake(self, t: int) -> None:
+        if t not in self._timer_set:
+            self._timer_set.add(t)
+            heapq.heappush(self._timers, t)
+
+    def _answer(self, r: Request, status: RequestStatus, now: int, message: str = "",
+                gpu: int = -1, batch_size: int = 0, outputs: object = None) -> None:
+        if r.state == DONE:
+            raise AssertionError(f"request {r.id} answered twice")
+        r.state = DONE
+        self._replies.append(Reply(r, status, now, message, gpu, batch_size, outputs))
+
+    def _padded(self, model: str, n: int) -> int:
+        """The compiled batch size that holds ``n`` requests (``n`` <= the largest)."""
+        for b in self.sizes[model]:
+            if b >= n:
+                return b
+        raise ValueError(f"batch of {n} exceeds {model}'s largest batch size")
+
+    def _send_infer(self, c: Copy, batch: list[Request], now: int, out: list[Action]) -> Action:
+        g = c.gpu
+        b = self._padded(c.model, len(batch))
+        e = self.profiles[c.model].exec_ns[b]
+        aid = self._next_action
+        self._next_action += 1
+        a = Action(aid, ActionType.INFER, g.worker, g.gpu, c.model, now, NEVER, e,
+                   batch_size=b, expected_end=now + e, sent_at=now)
+        for r in batch:
+            r.state = EXECUTING
+        c.inflight += 1
+        g.outstanding += 1
+        self._use_seq += 1
+        c.last_used = self._use_seq
+        self._sent[aid] = _Sent(a, g, c, batch)
+        self.stats["infer"] += 1
+        out.append(a)
+        return a
+
+    def _victims(self, g: Gpu, pages: int) -> list[Copy] | None:
+        """Least recently used idle copies to evict so ``pages`` fit on ``g``."""
+        need = pages - g.free_pages
+        if need <= 0:
+            return []
+        cands = sorted((c for c in g.copies.values()
+                        if not c.loading and not c.inflight and self._evictable(c)),
+                       key=lambda c: (c.last_used, c.model))
+        chosen = []
+        for c in cands:
+            chosen.append(c)
+            need -= self.profiles[c.model].weights_pages
+            if need <= 0:
+                return chosen
+        return None
+
+    def _try_load(self, model: str, gpus: Iterable[Gpu], now: int, out: list[Action]) -> Copy | None:
+        """LOAD ``model`` on the first of ``gpus`` where it fits (evicting LRU idle copies)."""
+        pages = self.profiles[model].weights_pages
+        for g in gpus:
+            if model in g.copies or pages > g.total_pages:
+                continue
+            victims = self._victims(g, pages)
+            if victims is None:
+                continue
+            for v in victims:
+                self._send_evict(v, now, out)
+            return self._send_load(g, model, now, out)
+        return None
+
+    def _send_load(self, g: Gpu, model: str, now: int, out: list[Action]) -> Copy:
+        p = self.profiles[model]
+        aid = self._next_action
+        self._next_action += 1
+        a = Action(aid, ActionType.LOAD, g.worker, g.gpu, model, now, NEVER, p.load_ns,
+                   expected_end=now + p.load_ns, sent_at=now)
+        c = Copy(model, g)
+        self._use_seq += 1
+        c.last_used = self._use_seq
+        g.copies[model] = c
+        g.free_pages -= p.weights_pages
+        g.loads += 1
+        self.copies[model][g.index] = c
+        self._sent[aid] = _Sent(a, g, c, [])
+        self.stats["load"] += 1
+        out.append(a)
+        return c
+
+    def _send_evict(self, c: Copy, now: int, out: list[Action]) -> None:
+        g = c.gpu
+        aid = self._next_action
+        self._next_action += 1
+        a = Action(aid, ActionType.EVICT, g.worker, g.gpu, c.model, now, NEVER, 0,
+                   expected_end=now, sent_at=now)
+        self._drop(c)
+        self._sent[aid] = _Sent(a, g, c, [])
+        self.stats["evict"] += 1
+        out.append(a)
+
+    def _drop(self, c: Copy) -> None:
+        g = c.gpu
+        del g.copies[c.model]
+        del self.copies[c.model][g.index]
+        g.free_pages += self.profiles[c.model].weights_pages
+
+    # ------------------------------------------------------------------ introspection
+
+    def pages_used(self, gpu_index: int) -> int:
+        g = self.gpus[gpu_index]
+        return g.total_pages - g.free_pages

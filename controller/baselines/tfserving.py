@@ -1,0 +1,190 @@
+"""TensorFlow-Serving-style serving (Olston et al., 2017, and its batching guide),
+behind the Policy interface.
+
+Modelled:
+
+* **A batching queue per servable version** (one version per model here) with
+  ``max_batch_size`` (default: the largest compiled size within ``max_batch``) and
+  ``batch_timeout_us`` (default 2000 µs). Requests join the queue's open batch; the
+  batch closes when it is full or when its oldest request has waited the timeout,
+  and joins the queue's closed batches (at most ``max_enqueued_batches``, default 100;
+  a request that finds the queue full is answered ERROR, like TF-Serving's
+  UNAVAILABLE "queue is full"). A batch is padded to the next compiled size
+  (``allowed_batch_sizes``).
+* **Queues scheduled round-robin onto the shared GPU** (the shared batch scheduler):
+  whenever the GPU has fewer than ``inflight_per_gpu`` (default 2) INFERs outstanding,
+  the next queue in round-robin order with a closed batch sends it. EXEC runs one at a
+  time on the worker; two outstanding keep it busy across the network round trip.
+* **Load / unload on demand with separate load and inference threads.** A request for
+  a model that is not loaded starts a LOAD (the worker's LOAD lane is separate from its
+  EXEC lane, so loads do not stall inference); its batches wait for the LOAD. When
+  pages are short, least-recently-used models with no queued or running batches are
+  unloaded first (resource-preserving: the unload is sent before the load). With
+  several GPUs, each GPU is one model server; a model is loaded on the GPU with the
+  most free pages (fewest models on a tie) and is served there until unloaded.
+* **No SLO awareness:** batches run however late; nothing is dropped. Actions carry
+  ``earliest = now``, ``latest = NEVER``.
+
+Not modelled: the AspiredVersions lifecycle (sources, canary/rollback version policies),
+several versions of a model, ``num_batch_threads`` beyond the outstanding-INFER limit,
+batch splitting for large requests, RPC and TensorFlow session overheads.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from clockwork.actions import Action, RequestStatus
+from clockwork.requests import QUEUED, Request
+from controller.baselines.common import BaselinePolicy, Copy, Gpu, parse_settings
+
+
+@dataclass(frozen=True)
+class TfServingConfig:
+    max_batch_size: int = 0  # 0: the largest compiled batch size within max_batch
+    batch_timeout: int = 2_000_000  # ns (batch_timeout_us = 2000)
+    max_enqueued_batches: int = 100
+    inflight_per_gpu: int = 2
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 0 or self.batch_timeout < 0:
+            raise ValueError("tfserving: max_batch_size and batch_timeout must be >= 0")
+        if self.max_enqueued_batches < 1 or self.inflight_per_gpu < 1:
+            raise ValueError("tfserving: max_enqueued_batches and inflight_per_gpu must be >= 1")
+
+    @classmethod
+    def from_settings(cls, settings=None) -> TfServingConfig:
+        return parse_settings(cls, settings, "tfserving")
+
+
+class _Queue:
+    __slots__ = ("name", "max_batch", "open", "opened", "closed")
+
+    def __init__(self, name: str, max_batch: int) -> None:
+        self.name = name
+        self.max_batch = max_batch
+        self.open: list[Request] = []
+        self.opened = 0  # arrival of the open batch's first request
+        self.closed: deque[list[Request]] = deque()
+
+    def empty(self) -> bool:
+        return not self.open and not self.closed
+
+
+class TfServingPolicy(BaselinePolicy):
+    name = "tfserving"
+
+    def __init__(self, profiles, gpus, config=None, settings=None) -> None:
+        super().__init__(profiles, gpus, config)
+        self.tcfg = t = settings if isinstance(settings, TfServingConfig) \
+            else TfServingConfig.from_settings(settings)
+        self.queues: dict[str, _Queue] = {}
+        for n in self.profiles:
+            cap = self.sizes[n][-1]
+            self.queues[n] = _Queue(n, min(t.max_batch_size, cap) if t.max_batch_size else cap)
+        self.rr: list[deque[str]] = [deque() for _ in self.gpus]  # ready models per GPU
+        self._unplaced: set[str] = set()
+
+    # ------------------------------------------------------------------ hooks
+
+    def _admit(self, r: Request, now: int, out: list[Action]) -> None:
+        q = self.queues[r.model]
+        if self.profiles[r.model].weights_pages > max(g.total_pages for g in self.gpus):
+            self._answer(r, RequestStatus.ERROR, now, "model does not fit on any GPU")
+            return
+        if len(q.open) >= q.max_batch:
+            self._close(q)
+        if len(q.open) >= q.max_batch or (not q.open and len(q.closed) >= self.tcfg.max_enqueued_batches):
+            self._answer(r, RequestStatus.ERROR, now, "batching queue is full")
+            return
+        if not q.open:
+            q.opened = now
+            if self.tcfg.batch_timeout:
+                self._wake(now + self.tcfg.batch_timeout)
+        q.open.append(r)
+        if len(q.open) >= q.max_batch or not self.tcfg.batch_timeout:
+            self._close(q)
+        self._serve(q, now, out)
+
+    def _close(self, q: _Queue) -> None:
+        """The open batch is full or timed out: it becomes schedulable."""
+        if q.open and len(q.closed) < self.tcfg.max_enqueued_batches:
+            q.closed.append(q.open)
+            q.open = []
+
+    def _requeue(self, model: str, requests: list[Request], now: int, out: list[Action]) -> None:
+        q = self.queues[model]
+        for r in requests:
+            r.state = QUEUED
+        q.closed.appendleft(requests)
+        self._serve(q, now, out)
+
+    def _ready(self, copy: Copy, now: int, out: list[Action]) -> None:
+        self.rr[copy.gpu.index].append(copy.model)
+        self._schedule(copy.gpu, now, out)
+
+    def _lost(self, model: str, gpu: Gpu, now: int, out: list[Action]) -> None:
+        self._serve(self.queues[model], now, out)
+
+    def _gpu_free(self, gpu: Gpu, now: int, out: list[Action]) -> None:
+        self._schedule(gpu, now, out)
+        if self._unplaced:
+            for name in sorted(self._unplaced):
+                self._serve(self.queues[name], now, out)
+
+    def _tick(self, now: int, out: list[Action]) -> None:
+        timeout = self.tcfg.batch_timeout
+        for q in self.queues.values():
+            if q.open and q.opened + timeout <= now:
+                self._close(q)
+                self._serve(q, now, out)
+            elif q.open and q.opened + timeout > now:
+                self._wake(q.opened + timeout)
+
+    def _evictable(self, copy: Copy) -> bool:
+        return self.queues[copy.model].empty()
+
+    def _drop(self, c: Copy) -> None:
+        super()._drop(c)
+        ring = self.rr[c.gpu.index]
+        if c.model in ring:
+            ring.remove(c.model)
+
+    # ------------------------------------------------------------------ rules
+
+    def _serve(self, q: _Queue, now: int, out: list[Action]) -> None:
+        """Make sure a model with queued work is loaded somewhere, then run its GPU."""
+        copies = self.copies[q.name]
+        if not copies:
+            if q.empty():
+                self._unplaced.discard(q.name)
+                return
+            gpus = sorted(self.gpus, key=lambda g: (-g.free_pages, len(g.copies), g.index))
+            if self._try_load(q.name, gpus, now, out) is None:
+                self._unplaced.add(q.name)
+                return
+            self._unplaced.discard(q.name)
+            return
+        self._unplaced.discard(q.name)
+        if q.closed:
+            for c in list(copies.values()):
+                if not c.loading:
+                    self._schedule(c.gpu, now, out)
+
+    def _schedule(self, g: Gpu, now: int, out: list[Action]) -> None:
+        """Round-robin over the GPU's queues with a closed batch."""
+        ring = self.rr[g.index]
+        while g.outstanding < self.tcfg.inflight_per_gpu and ring:
+            for _ in range(len(ring)):
+                name = ring[0]
+                ring.rotate(-1)
+                q = self.queues[name]
+                if q.closed:
+                    batch = q.closed.popleft()
+                    if q.open and q.opened + self.tcfg.batch_timeout <= now:
+                        self._close(q)  # timed out while the queue was full
+                    self._send_infer(g.copies[name], batch, now, out)
+                    break
+            else:
+                return

@@ -1,0 +1,399 @@
+"""Baseline policies (Clipper, TF-Serving, INFaaS), each checked by its own rules with
+hand-fed events, plus whole-run properties in the simulator.
+
+Test profile: LOAD 8 ms, EXEC b=1 2.9 ms, b=2 4.06, b=4 6.38, b=8 11.02, b=16 20.3 ms,
+7 pages.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from clockwork.actions import NEVER, ActionType, ErrorCode, RequestStatus, Result
+from clockwork.requests import Request
+from clockwork.sim import simulate
+from controller import make_policy, split_settings
+from controller.baselines.clipper import ClipperConfig, ClipperPolicy
+from controller.baselines.infaas import InfaasConfig, InfaasPolicy
+from controller.baselines.tfserving import TfServingConfig, TfServingPolicy
+from controller.config import SchedulerConfig
+from controller.policy import GpuSpec
+from tests.conftest import make_profile
+
+MS = 1_000_000
+
+
+def specs(gpus=1, pages=1376):
+    return [GpuSpec(0, g, pages) for g in range(gpus)]
+
+
+def ok(a, end=None, duration=None):
+    d = a.expected_duration if duration is None else duration
+    end = a.sent_at + d if end is None else end
+    return Result(a.id, a.type, ErrorCode.SUCCESS, a.worker, a.gpu, a.model, a.batch_size,
+                  a.sent_at, end - d, end, d)
+
+
+def fail(a, at, code=ErrorCode.WEIGHTS_NOT_PRESENT):
+    return Result(a.id, a.type, code, a.worker, a.gpu, a.model, a.batch_size, at, at, at, 0)
+
+
+def req(i, model="a", t=0, slo=100 * MS):
+    return Request(i, model, t, slo)
+
+
+def of(actions, t):
+    return [a for a in actions if a.type == t]
+
+
+def loaded(p, model="a", now=0):
+    """Send a request for ``model`` and finish its LOAD; returns (actions after LOAD, time)."""
+    acts = p.on_request(req(10_000, model, now), now)
+    load = of(acts, ActionType.LOAD)[0]
+    t = now + 8 * MS
+    return p.on_result(ok(load, t), t), t
+
+
+def finish_all(p, actions, now):
+    out = []
+    for a in actions:
+        if a.type == ActionType.INFER:
+            out += p.on_result(ok(a, now), now)
+    return out
+
+
+def settle(p, actions, t):
+    """Complete every action (and the ones that follow, timers included) in turn;
+    returns the time when nothing is left and drains the replies."""
+    pending = list(actions)
+    for _ in range(1000):
+        if not pending:
+            w = p.next_wakeup()
+            if w is None or w > t + 200 * MS:
+                break
+            t = max(t, w)
+            pending = p.on_tick(t)
+            continue
+        a = pending.pop(0)
+        if a.type == ActionType.EVICT:
+            pending += p.on_result(ok(a, t, 0), t)
+        else:
+            t = max(t, a.sent_at) + a.expected_duration
+            pending += p.on_result(ok(a, t), t)
+    p.drain_replies()
+    return t
+
+
+# ---------------------------------------------------------------------------- common
+
+
+@pytest.mark.parametrize("name", ["clipper", "tfserving", "infaas"])
+def test_windows_open_and_every_request_answered_once(name):
+    p = make_policy(name, [make_profile("a")], specs())
+    acts = p.on_request(req(1), 0)
+    assert [a.type for a in acts] == [ActionType.LOAD]
+    assert acts[0].earliest == 0 and acts[0].latest == NEVER
+    t = 8 * MS
+    acts = p.on_result(ok(acts[0], t), t)
+    for _ in range(5):
+        if of(acts, ActionType.INFER):
+            break
+        t += MS
+        acts = p.on_tick(t)
+    infer = of(acts, ActionType.INFER)[0]
+    assert infer.earliest == t and infer.latest == NEVER
+    # the worker rejects it: the request is retried, then finally answered ERROR
+    seen = []
+    for _ in range(10):
+        t += MS
+        acts = p.on_result(fail(infer, t), t)
+        seen += p.drain_replies()
+        for _ in range(5):
+            nxt = of(acts, ActionType.INFER)
+            if nxt or seen:
+                break
+            load = of(acts, ActionType.LOAD)
+            if load:
+                t += 8 * MS
+                acts = p.on_result(ok(load[0], t), t)
+            else:
+                t += 3 * MS
+                acts = p.on_tick(t)
+        if seen:
+            break
+        infer = nxt[0]
+    assert len(seen) == 1 and seen[0].status == RequestStatus.ERROR
+
+
+def test_unknown_model_and_settings():
+    p = make_policy("clipper", [make_profile("a")], specs())
+    assert p.on_request(req(1, "zzz"), 0) == []
+    [rep] = p.drain_replies()
+    assert rep.status == RequestStatus.INVALID_REQUEST
+    with pytest.raises(ValueError):
+        make_policy("clipper", [make_profile("a")], specs(), None, {"nonsense": 1})
+    common, extra = split_settings("clipper", {"default_slo_ms": 50, "batch_wait_ms": 2})
+    assert common == {"default_slo_ms": 50} and extra == {"batch_wait_ms": 2}
+    p = make_policy("clipper", [make_profile("a")], specs(), SchedulerConfig.from_ms(**common), extra)
+    assert p.ccfg.batch_wait == 2 * MS
+    p = make_policy("tfserving", [make_profile("a")], specs(), None, {"batch_timeout_us": 500})
+    assert p.tcfg.batch_timeout == 500_000
+
+
+@pytest.mark.parametrize("name", ["clipper", "tfserving", "infaas"])
+def test_lru_eviction_never_overcommits_pages(name):
+    # 10 pages: one 7-page model at a time; the idle one is evicted for the next
+    p = make_policy(name, [make_profile("a"), make_profile("b")], specs(pages=10))
+    acts, t = loaded(p, "a")
+    t = settle(p, acts, t) + 30 * MS
+    acts = p.on_request(req(2, "b", t), t)
+    assert [a.type for a in acts] == [ActionType.EVICT, ActionType.LOAD]
+    assert acts[0].model == "a" and acts[1].model == "b"
+    assert p.pages_used(0) == 7
+
+
+# ---------------------------------------------------------------------------- Clipper
+
+
+def clipper(**kw):
+    return ClipperPolicy([make_profile("a")], specs(), SchedulerConfig(), ClipperConfig(**kw))
+
+
+def test_clipper_aimd_additive_increase_and_10_percent_decrease():
+    p = clipper()
+    acts, t = loaded(p)
+    c = p.models["a"].containers[0]
+    assert c.batch_size == 1.0
+    for _ in range(5):  # batches that meet the SLO: +1 each
+        (infer,) = of(acts, ActionType.INFER)
+        for i in range(20):
+            p.on_request(req(100 + i + int(t), "a", t), t)
+        t += 5 * MS
+        acts = p.on_result(ok(infer, t), t)
+    assert c.batch_size == 6.0
+    assert of(acts, ActionType.INFER)[0].batch_size == 8  # 6 requests, padded to 8
+    (infer,) = of(acts, ActionType.INFER)
+    t += 150 * MS  # measured latency 150 ms > SLO 100 ms: cut by 10 %
+    p.on_result(ok(infer, t), t)
+    assert c.batch_size == pytest.approx(5.4)
+    p.aimd(c, 200 * MS, 100 * MS)
+    assert c.batch_size == pytest.approx(4.86)
+    for _ in range(40):
+        p.aimd(c, MS, 100 * MS)
+    assert c.batch_size == 16  # capped by the largest compiled batch size
+    for _ in range(100):
+        p.aimd(c, 200 * MS, 100 * MS)
+    assert c.batch_size == 1.0
+
+
+def test_clipper_one_batch_in_flight_per_container_and_runs_late():
+    p = clipper(initial_batch=4)
+    acts, t = loaded(p)
+    (infer,) = of(acts, ActionType.INFER)
+    acts = []
+    for i in range(6):
+        acts += p.on_request(req(i, "a", t), t)
+    assert acts == []  # the container is busy: requests wait in its queue
+    t += 95 * MS  # requests queued for 95 ms: will miss, still run (Clipper does not predict)
+    acts = p.on_result(ok(infer, t), t)
+    (infer,) = of(acts, ActionType.INFER)
+    # AIMD: 4 + 1 after the first batch met its SLO; all 5 ran although they will miss
+    assert len(p._sent[infer.id].requests) == 5 and infer.latest == NEVER
+
+
+def test_clipper_drops_only_requests_whose_deadline_elapsed():
+    p = clipper()
+    acts, t = loaded(p)
+    (infer,) = of(acts, ActionType.INFER)
+    p.on_request(req(1, "a", t, slo=10 * MS), t)
+    p.on_request(req(2, "a", t, slo=100 * MS), t)
+    t += 20 * MS
+    acts = p.on_result(ok(infer, t), t)
+    reps = {r.request.id: r.status for r in p.drain_replies()}
+    assert reps[1] == RequestStatus.TIMEOUT
+    assert p._sent[of(acts, ActionType.INFER)[0].id].requests[0].id == 2
+
+
+def test_clipper_delayed_batching_waits_up_to_batch_wait():
+    p = clipper(batch_wait=2 * MS, initial_batch=4)
+    acts, t = loaded(p)
+    finish_all(p, acts, t)
+    p.drain_replies()
+    t += MS
+    assert p.on_request(req(1, "a", t), t) == []  # 1 < 4: waits
+    assert p.next_wakeup() == t + 2 * MS
+    assert p.on_request(req(2, "a", t + MS // 2), t + MS // 2) == []
+    acts = p.on_tick(t + 2 * MS)
+    (infer,) = of(acts, ActionType.INFER)
+    assert len(p._sent[infer.id].requests) == 2
+    # a full batch goes at once
+    t += 10 * MS
+    finish_all(p, acts, t)
+    size = int(p.models["a"].containers[0].batch_size)
+    assert size == 6  # 4, +1 per batch that met the SLO
+    acts = []
+    for i in range(size):
+        acts += p.on_request(req(10 + i, "a", t), t)
+    assert len(of(acts, ActionType.INFER)) == 1 and acts[0].batch_size == 8
+
+
+def test_clipper_places_model_once_static():
+    p = ClipperPolicy([make_profile("a"), make_profile("b")], specs(gpus=2))
+    a = p.on_request(req(1, "a"), 0)
+    b = p.on_request(req(2, "b"), 0)
+    assert of(a, ActionType.LOAD)[0].gpu == 0 and of(b, ActionType.LOAD)[0].gpu == 1
+    assert p.on_request(req(3, "a"), 0) == []  # no second copy, no global rebalancing
+
+
+# ---------------------------------------------------------------------------- TF-Serving
+
+
+def tfs(models=("a",), **kw):
+    return TfServingPolicy([make_profile(m) for m in models], specs(), SchedulerConfig(),
+                           TfServingConfig(**kw))
+
+
+def test_tfserving_dispatches_full_batch_at_once():
+    p = tfs(max_batch_size=4, batch_timeout=5 * MS, inflight_per_gpu=1)
+    acts, t = loaded(p)
+    assert acts == []  # the first request's batch is still open (timeout 5 ms from 0)
+    acts = p.on_tick(5 * MS) if p.next_wakeup() <= t else []
+    finish_all(p, of(p.on_tick(t), ActionType.INFER) + acts, t)
+    p.drain_replies()
+    acts = []
+    for i in range(3):
+        acts += p.on_request(req(i, "a", t), t)
+    assert of(acts, ActionType.INFER) == []
+    acts = p.on_request(req(3, "a", t), t)
+    (infer,) = of(acts, ActionType.INFER)
+    assert infer.batch_size == 4
+
+
+def test_tfserving_dispatches_on_timeout():
+    p = tfs(max_batch_size=8, batch_timeout=3 * MS)
+    acts, t = loaded(p)
+    finish_all(p, p.on_tick(t), t)
+    p.drain_replies()
+    t += MS
+    assert p.on_request(req(1, "a", t), t) == []
+    assert p.on_request(req(2, "a", t + MS), t + MS) == []
+    assert p.next_wakeup() == t + 3 * MS
+    assert p.on_tick(t + 3 * MS - 1) == []
+    (infer,) = of(p.on_tick(t + 3 * MS), ActionType.INFER)
+    assert infer.batch_size == 2 and len(p._sent[infer.id].requests) == 2
+
+
+def test_tfserving_round_robin_across_queues():
+    p = tfs(models=("a", "b", "c"), max_batch_size=2, batch_timeout=50 * MS, inflight_per_gpu=1)
+    t = 0
+    for m in ("a", "b", "c"):
+        t = settle(p, p.on_request(req(900 + ord(m), m, t), t), t)
+    t += 100 * MS
+    # fill two full batches of "a", then one of "b" and "c"; one INFER outstanding at a time
+    sent = []
+    for i in range(4):
+        sent += of(p.on_request(req(i, "a", t), t), ActionType.INFER)
+    for i in range(2):
+        sent += of(p.on_request(req(10 + i, "b", t), t), ActionType.INFER)
+        sent += of(p.on_request(req(20 + i, "c", t), t), ActionType.INFER)
+    order = [a.model for a in sent]
+    while sent:
+        a = sent.pop(0)
+        t += 5 * MS
+        nxt = of(p.on_result(ok(a, t), t), ActionType.INFER)
+        order += [x.model for x in nxt]
+        sent += nxt
+    assert order == ["a", "b", "c", "a"]
+
+
+def test_tfserving_queue_full_is_an_error():
+    p = tfs(max_batch_size=1, max_enqueued_batches=2, inflight_per_gpu=1)
+    p.on_request(req(1, "a"), 0)  # loading: batches wait
+    p.on_request(req(2, "a"), 0)
+    p.on_request(req(3, "a"), 0)
+    [rep] = p.drain_replies()
+    assert rep.request.id == 3 and rep.status == RequestStatus.ERROR
+
+
+# ---------------------------------------------------------------------------- INFaaS
+
+
+def infaas(gpus=2, **kw):
+    return InfaasPolicy([make_profile("a"), make_profile("b")], specs(gpus), SchedulerConfig(),
+                        InfaasConfig(**kw))
+
+
+def test_infaas_batch_size_from_profile_and_slo():
+    p = infaas()
+    assert p.b_max("a", 100 * MS) == 16  # 20.3 ms <= 50 ms
+    assert p.b_max("a", 30 * MS) == 8  # 11.02 <= 15 < 20.3
+    assert p.b_max("a", 4 * MS) == 1  # nothing fits: the smallest
+
+
+def test_infaas_scales_up_when_overloaded_and_down_after_quiet_intervals():
+    p = infaas(monitor_interval=100 * MS, scale_down_intervals=2)
+    acts, t = loaded(p, "a")
+    assert len(p.copies["a"]) == 1
+    # 1.27 ms of GPU per request at b=16: 80 requests in 100 ms need ~1.0 GPU > 0.8
+    t = 100 * MS
+    p.models["a"].arrivals = 80
+    acts = p.on_tick(t)
+    loads = of(acts, ActionType.LOAD)
+    assert len(loads) == 1 and loads[0].gpu == 1
+    p.on_result(ok(loads[0], t + 8 * MS), t + 8 * MS)
+    assert len(p.copies["a"]) == 2
+    # low load for two intervals in a row: one copy retires (evicted once idle)
+    evicts = []
+    for k in (2, 3):
+        p.models["a"].arrivals = 5
+        acts = p.on_tick(k * 100 * MS)
+        evicts += of(acts, ActionType.EVICT)
+        if k == 2:
+            assert evicts == []
+    assert len(evicts) == 1 and len(p.copies["a"]) == 1
+
+
+def test_infaas_routes_to_shortest_queue_and_batches_oldest_first():
+    p = infaas(gpus=1, inflight_per_gpu=1)
+    acts, t = loaded(p, "a")
+    (first,) = of(acts, ActionType.INFER)
+    load_b = of(p.on_request(req(1, "b", t), t), ActionType.LOAD)[0]
+    p.on_result(ok(load_b, t + 8 * MS), t + 8 * MS)
+    t += 8 * MS
+    for i in range(3):
+        p.on_request(req(10 + i, "a", t + i), t + i)
+    # "b"'s request (arrived first) goes before "a"'s three
+    acts = p.on_result(ok(first, t + 5 * MS), t + 5 * MS)
+    (infer,) = of(acts, ActionType.INFER)
+    assert infer.model == "b"
+    acts = p.on_result(ok(infer, t + 10 * MS), t + 10 * MS)
+    (infer,) = of(acts, ActionType.INFER)
+    assert infer.model == "a" and infer.batch_size == 4  # 3 requests padded to 4
+
+
+# ---------------------------------------------------------------------------- simulator
+
+
+def scenario(policy, gpus, copies, concurrency, duration=2.0, slo=100, pages=None, **sched):
+    cluster = {"workers": 1, "gpus_per_worker": gpus, "profiles": "v100-reference",
+               "network_latency_ms": 0.1}
+    if pages:
+        cluster["weights_cache_pages"] = pages
+    return {"seed": 3, "duration_s": duration, "cluster": cluster,
+            "scheduler": {"policy": policy, "default_slo_ms": slo, **sched},
+            "models": [{"name": "resnet50_v2", "copies": copies}],
+            "workloads": [{"kind": "closed_loop", "models": "resnet50_v2",
+                           "concurrency": concurrency, "slo_ms": slo}]}
+
+
+@pytest.mark.parametrize("policy", ["clipper", "tfserving", "infaas"])
+@pytest.mark.parametrize("gpus,copies,pages,slo", [(1, 4, None, 100), (2, 6, 30, 25)])
+def test_simulated_runs_answer_everything_and_respect_pages(policy, gpus, copies, pages, slo):
+    res = simulate(scenario(policy, gpus, copies, 4, pages=pages, slo=slo))
+    s = res.summary
+    ids = [row[0] for row in res.telemetry.requests]
+    assert len(ids) == len(set(ids)) == s["submitted"] == max(ids) + 1
+    assert s["submitted"] > 0
+    assert s["submitted"] == s["succeeded"] + s["failed"] + s["dropped"]
+    assert s["max_pages_used"] <= s["cache_pages"]
+    assert s["policy"] == policy
