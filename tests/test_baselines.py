@@ -387,7 +387,7 @@ def scenario(policy, gpus, copies, concurrency, duration=2.0, slo=100, pages=Non
 
 
 @pytest.mark.parametrize("policy", ["clipper", "tfserving", "infaas"])
-@pytest.mark.parametrize("gpus,copies,pages,slo", [(1, 4, None, 100), (2, 6, 30, 25)])
+@pytest.mark.parametrize("gpus,copies,pages,slo", [(1, 4, None, 100), (2, 6, 30, 25), (1, 6, 20, 100)])
 def test_simulated_runs_answer_everything_and_respect_pages(policy, gpus, copies, pages, slo):
     res = simulate(scenario(policy, gpus, copies, 4, pages=pages, slo=slo))
     s = res.summary
@@ -397,3 +397,5 @@ def test_simulated_runs_answer_everything_and_respect_pages(policy, gpus, copies
     assert s["submitted"] == s["succeeded"] + s["failed"] + s["dropped"]
     assert s["max_pages_used"] <= s["cache_pages"]
     assert s["policy"] == policy
+    if pages == 20:  # room for 2 of 6 models: LRU eviction is exercised
+        assert s["actions"]["evict"] > 0
