@@ -71,6 +71,11 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=12346, help="controller port (0: pick one)")
     p.add_argument("--worker-port", type=int, default=0,
                    help="first worker port (default 0: free ports)")
+    p.add_argument("--replay", action="store_true",
+                   help="run the scenario's [[workloads]] against the cluster, print the SLO "
+                   "table, and stop (one command: cluster + load + report)")
+    p.add_argument("--out", metavar="DIR", help="with --replay: write logs and summary.json here")
+    p.add_argument("--quiet", action="store_true", help="with --replay: no progress line")
     p.set_defaults(func=_cmd_serve)
 
 

@@ -23,7 +23,7 @@ from clockwork.scenario import Scenario, ScenarioError, instance_names, load_sce
 from clockwork.telemetry import Telemetry, format_summary, write_json
 from clockwork.time import NS_PER_S, VirtualClock, ms, sec
 from clockwork.workloads import Workload, build_workload
-from controller import make_policy
+from controller import make_policy, split_settings
 from controller.config import SchedulerConfig
 from controller.policy import GpuSpec, Policy
 from worker.devices.emulated import EmulatedDevice
@@ -91,11 +91,13 @@ class Simulation:
         sched = dict(sc.scheduler)
         policy = sched.pop("policy", "clockwork")
         try:
-            cfg = SchedulerConfig.from_ms(**{k: v for k, v in sched.items()})
+            common, extra = split_settings(policy, sched)
+            cfg = SchedulerConfig.from_ms(**common)
+            self.policy: Policy = make_policy(policy, list(self.profiles.values()), specs, cfg,
+                                              extra)
         except (TypeError, ValueError) as e:
             raise ScenarioError(f"[scheduler]: {e}") from e
         self.cfg = cfg
-        self.policy: Policy = make_policy(policy, list(self.profiles.values()), specs, cfg)
         root = np.random.SeedSequence(sc.seed)
         s_work, s_dev, s_net = root.spawn(3)
         dev_seeds = s_dev.spawn(len(specs))
