@@ -207,7 +207,7 @@ def test_find_trace_file_both_name_forms(tmp_path, monkeypatch, small):
         find_trace_file(0)
 
 
-def test_load_stays_fast_at_moderate_size(tmp_path):
+def test_bulk_parse_over_several_blocks(tmp_path):
     # 3,000 rows: correctness of bulk parsing over several blocks (not a timing test)
     c = _counts(3000, seed=2)
     rows = [_row(i, c[i]) for i in range(len(c))]
