@@ -526,6 +526,8 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
     await node.start()
     server = grpc.aio.server(options=CHANNEL_OPTIONS)
     pbg.add_ClockworkServicer_to_server(ClockworkServicer(node), server)
+    from controller.kserve import add_kserve_grpc  # lazy: its inference.* protos clash
+    add_kserve_grpc(node, server)  # with tritonclient's in one process; KServe v2, same port
     bound = server.add_insecure_port(f"{host}:{port}")
     if not bound:
         raise OSError(f"cannot bind {host}:{port}")

@@ -1,4 +1,5 @@
-"""Regenerate ``clockwork_pb2.py`` / ``clockwork_pb2_grpc.py`` from ``clockwork.proto``.
+"""Regenerate ``clockwork_pb2.py`` / ``clockwork_pb2_grpc.py`` from ``clockwork.proto`` and
+``kserve_pb2.py`` / ``kserve_pb2_grpc.py`` from ``kserve.proto`` (KServe v2 / OIP).
 
     pip install -e '.[dev]'          # grpcio-tools
     python -m clockwork.protocol.generate
@@ -17,9 +18,12 @@ def main() -> int:
 
     here = Path(__file__).resolve().parent
     root = here.parent.parent
-    rc = protoc.main(["grpc_tools.protoc", f"-I{root}", f"--python_out={root}",
-                      f"--grpc_python_out={root}", str(here / "clockwork.proto")])
-    return int(rc)
+    for name in ("clockwork.proto", "kserve.proto"):
+        rc = protoc.main(["grpc_tools.protoc", f"-I{root}", f"--python_out={root}",
+                          f"--grpc_python_out={root}", str(here / name)])
+        if rc:
+            return int(rc)
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,298 @@
+"""KServe v2 / Open Inference Protocol front end of the controller (gRPC and REST).
+
+Requests go through :meth:`ControllerNode.submit` like ``clockwork.v1`` ones, so they are
+scheduled, timed out and answered exactly once in the same way. Conventions:
+
+- the model name is the instance name (``resnet50_v2``, ``resnet50_v2:1``, ...); the
+  version is ignored and reported as ``"1"``;
+- models are batchable: metadata shapes carry a leading ``-1``; an input may be sent
+  with a leading batch dimension of 1 or without one, and outputs mirror that choice;
+- the SLO comes from the request parameter ``slo_ms`` (double or integer), else Triton's
+  ``timeout`` (integer microseconds), else the controller's default;
+- status mapping: TIMEOUT -> DEADLINE_EXCEEDED (HTTP 504), unknown model -> NOT_FOUND
+  (404), bad input/SLO -> INVALID_ARGUMENT (400), shutdown -> UNAVAILABLE (503), other
+  errors -> INTERNAL (500).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+
+from clockwork import __version__
+from clockwork.actions import RequestStatus
+from clockwork.protocol import clockwork_pb2 as pb
+from clockwork.protocol import kserve_pb2 as kpb
+from clockwork.protocol import kserve_pb2_grpc as kpbg
+
+# KServe datatype <-> numpy dtype name
+KS_TO_NP = {"BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32",
+            "UINT64": "uint64", "INT8": "int8", "INT16": "int16", "INT32": "int32",
+            "INT64": "int64", "FP16": "float16", "FP32": "float32", "FP64": "float64"}
+NP_TO_KS = {v: k for k, v in KS_TO_NP.items()}
+# KServe datatype -> InferTensorContents field holding it
+CONTENTS_FIELD = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
+                  "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
+                  "UINT16": "uint_contents", "UINT32": "uint_contents",
+                  "UINT64": "uint64_contents", "FP32": "fp32_contents",
+                  "FP64": "fp64_contents"}
+
+NOT_FOUND, INVALID, DEADLINE, UNAVAILABLE, INTERNAL = (
+    "NOT_FOUND", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "UNAVAILABLE", "INTERNAL")
+GRPC_CODE = {NOT_FOUND: grpc.StatusCode.NOT_FOUND, INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+             DEADLINE: grpc.StatusCode.DEADLINE_EXCEEDED,
+             UNAVAILABLE: grpc.StatusCode.UNAVAILABLE, INTERNAL: grpc.StatusCode.INTERNAL}
+HTTP_CODE = {NOT_FOUND: 404, INVALID: 400, DEADLINE: 504, UNAVAILABLE: 503, INTERNAL: 500}
+
+
+class KServeError(Exception):
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+@dataclass
+class InTensor:
+    """One decoded input: name, datatype (KServe), shape (as sent), raw bytes."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    data: bytes
+
+
+@dataclass
+class OutTensor:
+    name: str
+    datatype: str
+    shape: list[int]
+    data: bytes
+
+
+def ks_dtype(np_name: str) -> str:
+    return NP_TO_KS.get(np_name, np_name.upper())
+
+
+def slo_from_params(params: dict) -> float:
+    """``slo_ms`` (ms) or Triton's ``timeout`` (µs) -> SLO in ms; 0 = default."""
+    if "slo_ms" in params:
+        v = params["slo_ms"]
+        key = "slo_ms"
+    elif "timeout" in params:
+        v = params["timeout"]
+        key = "timeout"
+    else:
+        return 0.0
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        try:
+            v = float(v)
+        except (TypeError, ValueError):
+            raise KServeError(INVALID, f"parameter {key!r} must be a number, got {v!r}") from None
+    v = float(v)
+    if v != v or v < 0:
+        raise KServeError(INVALID, f"parameter {key!r} must be >= 0, got {v}")
+    return v if key == "slo_ms" else v / 1000.0
+
+
+class KServeFrontend:
+    """The protocol logic shared by the gRPC servicer and the REST handler."""
+
+    def __init__(self, node) -> None:
+        self.node = node
+
+    # ------------------------------------------------------------------ health/metadata
+
+    def server_ready(self) -> bool:
+        n = self.node
+        return n.policy is not None and not n._stopping and any(lk.connected for lk in n.links)
+
+    def model_ready(self, name: str) -> bool:
+        return name in self.node.profiles and self.server_ready()
+
+    def profile(self, name: str):
+        p = self.node.profiles.get(name)
+        if p is None:
+            raise KServeError(NOT_FOUND, f"unknown model {name!r}; known: "
+                              f"{', '.join(sorted(self.node.profiles))}")
+        return p
+
+    def model_metadata(self, name: str) -> dict:
+        p = self.profile(name)
+        return {"name": name, "versions": ["1"], "platform": "clockwork",
+                "inputs": [{"name": t.name, "datatype": ks_dtype(t.dtype),
+                            "shape": [-1, *t.shape]} for t in p.inputs],
+                "outputs": [{"name": t.name, "datatype": ks_dtype(t.dtype),
+                             "shape": [-1, *t.shape]} for t in p.outputs]}
+
+    def server_metadata(self) -> dict:
+        return {"name": "clockwork", "version": __version__, "extensions": []}
+
+    # ------------------------------------------------------------------ inference
+
+    def _check(self, name: str, inputs: list[InTensor], requested: list[str]):
+        """Validate against the profile -> (clockwork tensors, batch-dim flag)."""
+        p = self.profile(name)
+        specs = {t.name: t for t in p.inputs}
+        tensors = []
+        batched = True
+        seen = set()
+        for t in inputs:
+            spec = specs.get(t.name)
+            if spec is None:
+                raise KServeError(INVALID, f"model {name!r} has no input {t.name!r}; "
+                                  f"inputs: {sorted(specs)}")
+            if t.name in seen:
+                raise KServeError(INVALID, f"input {t.name!r} given twice")
+            seen.add(t.name)
+            np_name = KS_TO_NP.get(t.datatype)
+            if np_name != spec.dtype:
+                raise KServeError(INVALID, f"input {t.name!r} of model {name!r} has datatype "
+                                  f"{t.datatype}, expected {ks_dtype(spec.dtype)}")
+            shape = tuple(int(d) for d in t.shape)
+            if shape == (1, *spec.shape):
+                batched = True
+            elif shape == tuple(spec.shape):
+                batched = False
+            else:
+                raise KServeError(INVALID, f"input {t.name!r} of model {name!r} has shape "
+                                  f"{list(shape)}, expected {[1, *spec.shape]} "
+                                  f"(or {list(spec.shape)})")
+            n = int(np.prod(shape, dtype=np.int64))
+            want = n * np.dtype(np_name).itemsize
+            if len(t.data) != want:
+                raise KServeError(INVALID, f"input {t.name!r} of model {name!r} has "
+                                  f"{len(t.data)} bytes of data, expected {want} for shape "
+                                  f"{list(shape)} {t.datatype}")
+            tensors.append(pb.Tensor(name=t.name, shape=list(spec.shape), dtype=spec.dtype,
+                                     data=t.data))
+        outs = {t.name for t in p.outputs}
+        for r in requested:
+            if r not in outs:
+                raise KServeError(INVALID, f"model {name!r} has no output {r!r}; "
+                                  f"outputs: {sorted(outs)}")
+        return tensors, batched
+
+    async def infer(self, name: str, inputs: list[InTensor], params: dict,
+                    requested: list[str]) -> list[OutTensor]:
+        """Run one request through the controller; raises KServeError on failure."""
+        tensors, batched = self._check(name, inputs, requested)
+        slo = slo_from_params(params)
+        fut = asyncio.get_running_loop().create_future()
+
+        def deliver(resp):
+            if not fut.done():
+                fut.set_result(resp)
+
+        self.node.submit(pb.InferRequest(model=name, inputs=tensors, slo_ms=slo), deliver)
+        resp = await fut
+        if resp.status != RequestStatus.SUCCESS:
+            if resp.status == RequestStatus.TIMEOUT:
+                kind = DEADLINE
+            elif resp.status == RequestStatus.INVALID_REQUEST:
+                kind = NOT_FOUND if resp.reason == "unknown_model" else INVALID
+            elif resp.reason == "shutdown":
+                kind = UNAVAILABLE
+            else:
+                kind = INTERNAL
+            try:
+                status = RequestStatus(resp.status).name
+            except ValueError:
+                status = str(resp.status)
+            raise KServeError(kind, f"{status}: {resp.message or 'request failed'}")
+        got = {t.name: t for t in resp.outputs}
+        out = []
+        for spec in self.profile(name).outputs:
+            if requested and spec.name not in requested:
+                continue
+            t = got.get(spec.name)
+            if t is not None and t.data:
+                data = t.data
+            else:  # no tensor returned: the profile's shape, zeros
+                data = np.zeros(spec.shape, spec.dtype).tobytes()
+            shape = [1, *spec.shape] if batched else list(spec.shape)
+            out.append(OutTensor(spec.name, ks_dtype(spec.dtype), shape, data))
+        return out
+
+
+# ---------------------------------------------------------------------- gRPC
+
+def _param_value(p: kpb.InferParameter):
+    which = p.WhichOneof("parameter_choice")
+    return getattr(p, which) if which else None
+
+
+def _grpc_inputs(request: kpb.ModelInferRequest) -> list[InTensor]:
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise KServeError(INVALID, f"{len(raw)} raw_input_contents for "
+                          f"{len(request.inputs)} inputs")
+    out = []
+    for i, t in enumerate(request.inputs):
+        if raw:
+            data = raw[i]
+        else:
+            np_name = KS_TO_NP.get(t.datatype)
+            field = CONTENTS_FIELD.get(t.datatype)
+            if np_name is None or field is None:
+                raise KServeError(INVALID, f"input {t.name!r}: datatype {t.datatype!r} "
+                                  "cannot be sent as typed contents")
+            data = np.asarray(getattr(t.contents, field), dtype=np_name).tobytes()
+        out.append(InTensor(t.name, t.datatype, list(t.shape), data))
+    return out
+
+
+class KServeGrpcServicer(kpbg.GRPCInferenceServiceServicer):
+    def __init__(self, node) -> None:
+        self.fe = KServeFrontend(node)
+
+    async def _abort(self, context, e: KServeError):
+        await context.abort(GRPC_CODE[e.kind], e.message)
+
+    async def ServerLive(self, request, context):  # noqa: N802
+        return kpb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request, context):  # noqa: N802
+        return kpb.ServerReadyResponse(ready=self.fe.server_ready())
+
+    async def ModelReady(self, request, context):  # noqa: N802
+        if request.name not in self.fe.node.profiles:
+            await self._abort(context, KServeError(NOT_FOUND, f"unknown model {request.name!r}"))
+        return kpb.ModelReadyResponse(ready=self.fe.model_ready(request.name))
+
+    async def ServerMetadata(self, request, context):  # noqa: N802
+        return kpb.ServerMetadataResponse(**self.fe.server_metadata())
+
+    async def ModelMetadata(self, request, context):  # noqa: N802
+        try:
+            md = self.fe.model_metadata(request.name)
+        except KServeError as e:
+            await self._abort(context, e)
+        return kpb.ModelMetadataResponse(
+            name=md["name"], versions=md["versions"], platform=md["platform"],
+            inputs=[kpb.ModelMetadataResponse.TensorMetadata(**t) for t in md["inputs"]],
+            outputs=[kpb.ModelMetadataResponse.TensorMetadata(**t) for t in md["outputs"]])
+
+    async def ModelInfer(self, request, context):  # noqa: N802
+        try:
+            params = {k: _param_value(v) for k, v in request.parameters.items()}
+            outs = await self.fe.infer(request.model_name, _grpc_inputs(request), params,
+                                       [o.name for o in request.outputs])
+        except KServeError as e:
+            await self._abort(context, e)
+        resp = kpb.ModelInferResponse(model_name=request.model_name, model_version="1",
+                                      id=request.id)
+        for o in outs:
+            resp.outputs.append(kpb.ModelInferResponse.InferOutputTensor(
+                name=o.name, datatype=o.datatype, shape=o.shape))
+            resp.raw_output_contents.append(o.data)
+        return resp
+
+
+def add_kserve_grpc(node, server: grpc.aio.Server) -> None:
+    """Register ``inference.GRPCInferenceService`` on the controller's gRPC server."""
+    kpbg.add_GRPCInferenceServiceServicer_to_server(KServeGrpcServicer(node), server)
+

@@ -1,0 +1,113 @@
+"""KServe v2 / Open Inference Protocol front end, driven by the stock ``tritonclient``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("grpc")
+tgrpc = pytest.importorskip("tritonclient.grpc")
+
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from clockwork.serve import LocalCluster  # noqa: E402
+
+MODELS = "resnet50_v2,mobilenet_v2"
+TIMEOUT = 10  # seconds, per client call
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = LocalCluster(workers=1, gpus=1, models=MODELS, timeout=30.0)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+        for ch in [c.controller, *c.workers]:
+            if ch is not None:
+                assert ch.proc.poll() is not None, f"{ch.name} still running"
+
+
+@pytest.fixture()
+def client(cluster):
+    c = tgrpc.InferenceServerClient(cluster.address)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def _input(shape=(1, 3, 224, 224), dtype="FP32", name="data"):
+    x = tgrpc.InferInput(name, list(shape), dtype)
+    x.set_data_from_numpy(np.zeros(shape, {"FP32": np.float32, "FP64": np.float64}[dtype]))
+    return x
+
+
+def test_health_and_metadata(client):
+    assert client.is_server_live(client_timeout=TIMEOUT)
+    assert client.is_server_ready(client_timeout=TIMEOUT)
+    assert client.is_model_ready("resnet50_v2", client_timeout=TIMEOUT)
+    md = client.get_model_metadata("resnet50_v2", as_json=True, client_timeout=TIMEOUT)
+    assert md["name"] == "resnet50_v2"
+    assert md["inputs"] == [{"name": "data", "datatype": "FP32", "shape": ["-1", "3", "224", "224"]}]
+    assert md["outputs"] == [{"name": "output", "datatype": "FP32", "shape": ["-1", "1000"]}]
+    assert client.get_server_metadata(as_json=True, client_timeout=TIMEOUT)["name"] == "clockwork"
+
+
+def test_infer(client):
+    r = client.infer("resnet50_v2", [_input()], parameters={"slo_ms": 100},
+                     client_timeout=TIMEOUT)
+    out = r.as_numpy("output")
+    assert out.shape == (1, 1000) and out.dtype == np.float32 and not out.any()
+    # no batch dimension in, none out; Triton's timeout parameter (µs) as the SLO
+    r = client.infer("resnet50_v2", [_input((3, 224, 224))], timeout=200_000,
+                     client_timeout=TIMEOUT)
+    assert r.as_numpy("output").shape == (1000,)
+    # float SLO, requested output
+    r = client.infer("mobilenet_v2", [_input()], parameters={"slo_ms": 150.5},
+                     outputs=[tgrpc.InferRequestedOutput("output")], client_timeout=TIMEOUT)
+    assert r.as_numpy("output").shape == (1, 1000)
+
+
+def test_typed_contents(cluster):
+    # raw gRPC with typed fp32_contents instead of raw_input_contents (tritonclient's own
+    # messages: ours and its register the same inference.* names, so not both per process)
+    import grpc
+    from tritonclient.grpc import service_pb2 as kpb
+    from tritonclient.grpc import service_pb2_grpc as kpbg
+
+    with grpc.insecure_channel(cluster.address) as ch:
+        stub = kpbg.GRPCInferenceServiceStub(ch)
+        req = kpb.ModelInferRequest(model_name="mobilenet_v2", inputs=[
+            kpb.ModelInferRequest.InferInputTensor(
+                name="data", datatype="FP32", shape=[1, 3, 224, 224],
+                contents=kpb.InferTensorContents(fp32_contents=[0.0] * (3 * 224 * 224)))])
+        req.parameters["slo_ms"].int64_param = 100
+        resp = stub.ModelInfer(req, timeout=TIMEOUT)
+        assert list(resp.outputs[0].shape) == [1, 1000]
+        assert len(resp.raw_output_contents[0]) == 4000
+
+
+def test_errors(client):
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("no_such_model", [_input()], client_timeout=TIMEOUT)
+    assert "unknown model" in e.value.message()
+    assert "NOT_FOUND" in e.value.status()
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("resnet50_v2", [_input((1, 3, 10, 10))], client_timeout=TIMEOUT)
+    assert "shape [1, 3, 10, 10], expected [1, 3, 224, 224]" in e.value.message()
+    assert "INVALID_ARGUMENT" in e.value.status()
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("resnet50_v2", [_input(dtype="FP64")], client_timeout=TIMEOUT)
+    assert "datatype FP64, expected FP32" in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("resnet50_v2", [_input(name="x")], client_timeout=TIMEOUT)
+    assert "no input 'x'" in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("resnet50_v2", [_input()], parameters={"slo_ms": -1},
+                     client_timeout=TIMEOUT)
+    assert "INVALID_ARGUMENT" in e.value.status()
+    with pytest.raises(InferenceServerException) as e:
+        client.get_model_metadata("no_such_model", client_timeout=TIMEOUT)
+    assert "NOT_FOUND" in e.value.status()
