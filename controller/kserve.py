@@ -17,6 +17,9 @@ scheduled, timed out and answered exactly once in the same way. Conventions:
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
+import urllib.parse
 from dataclasses import dataclass
 
 import grpc
@@ -296,3 +299,164 @@ def add_kserve_grpc(node, server: grpc.aio.Server) -> None:
     """Register ``inference.GRPCInferenceService`` on the controller's gRPC server."""
     kpbg.add_GRPCInferenceServiceServicer_to_server(KServeGrpcServicer(node), server)
 
+
+
+# ---------------------------------------------------------------------- REST (HTTP/1.1)
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            413: "Payload Too Large", 500: "Internal Server Error",
+            503: "Service Unavailable", 504: "Gateway Timeout"}
+MAX_BODY = 256 << 20
+
+
+def _rest_inputs(body: dict, binary: bytes) -> list[InTensor]:
+    out = []
+    pos = 0
+    inputs = body.get("inputs")
+    if not isinstance(inputs, list):
+        raise KServeError(INVALID, "request needs an 'inputs' list")
+    for t in inputs:
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+            raise KServeError(INVALID, "each input needs a name, shape, datatype and data")
+        name, datatype = t["name"], t.get("datatype", "")
+        shape = t.get("shape", [])
+        if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
+            raise KServeError(INVALID, f"input {name!r}: shape must be a list of integers")
+        params = t.get("parameters") or {}
+        np_name = KS_TO_NP.get(datatype)
+        if np_name is None:
+            raise KServeError(INVALID, f"input {name!r}: unsupported datatype {datatype!r}")
+        if "binary_data_size" in params:
+            n = int(params["binary_data_size"])
+            if n < 0 or pos + n > len(binary):
+                raise KServeError(INVALID, f"input {name!r}: binary_data_size {n} exceeds "
+                                  "the binary data sent")
+            data = binary[pos:pos + n]
+            pos += n
+        else:
+            if "data" not in t:
+                raise KServeError(INVALID, f"input {name!r} has no data")
+            try:
+                data = np.asarray(t["data"], dtype=np_name).tobytes()
+            except (TypeError, ValueError) as e:
+                raise KServeError(INVALID, f"input {name!r}: bad data ({e})") from None
+        out.append(InTensor(name, datatype, shape, data))
+    return out
+
+
+class KServeHttp:
+    """A small HTTP/1.1 server (keep-alive, Content-Length bodies) on the controller's loop."""
+
+    def __init__(self, node) -> None:
+        self.fe = KServeFrontend(node)
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    break
+                parts = line.decode("latin-1").split()
+                if len(parts) != 3:
+                    break
+                method, target, _version = parts
+                headers = {}
+                while True:
+                    h = await reader.readline()
+                    if h in (b"\r\n", b"\n", b""):
+                        break
+                    k, _, v = h.decode("latin-1").partition(":")
+                    headers[k.strip().lower()] = v.strip()
+                n = int(headers.get("content-length", "0") or 0)
+                if n > MAX_BODY:
+                    await self._send(writer, 413, {"error": "request body too large"})
+                    break
+                body = await reader.readexactly(n) if n else b""
+                status, payload, extra = await self.route(method, target, headers, body)
+                await self._send(writer, status, payload, extra)
+                if headers.get("connection", "").lower() == "close":
+                    break
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError):
+            pass
+        finally:
+            writer.close()
+
+    async def _send(self, writer, status: int, payload, extra: bytes = b"",
+                    more_headers: dict | None = None) -> None:
+        head = json.dumps(payload, separators=(",", ":")).encode() if payload is not None else b""
+        hdrs = {"Content-Type": "application/json", "Content-Length": str(len(head) + len(extra))}
+        if extra:
+            hdrs["Content-Type"] = "application/octet-stream"
+            hdrs["Inference-Header-Content-Length"] = str(len(head))
+        msg = f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n" + "".join(
+            f"{k}: {v}\r\n" for k, v in hdrs.items()) + "\r\n"
+        writer.write(msg.encode("latin-1") + head + extra)
+        await writer.drain()
+
+    async def route(self, method: str, target: str, headers: dict, body: bytes):
+        path = urllib.parse.urlsplit(target).path
+        segs = [urllib.parse.unquote(s) for s in path.strip("/").split("/")]
+        fe = self.fe
+        try:
+            if not segs or segs[0] != "v2":
+                raise KServeError(NOT_FOUND, f"no route {path}")
+            rest = segs[1:]
+            if method == "GET" and rest == []:
+                return 200, fe.server_metadata(), b""
+            if method == "GET" and rest == ["health", "live"]:
+                return 200, None, b""
+            if method == "GET" and rest == ["health", "ready"]:
+                return (200 if fe.server_ready() else 503), None, b""
+            if len(rest) >= 2 and rest[0] == "models":
+                name, tail = rest[1], rest[2:]
+                if len(tail) >= 2 and tail[0] == "versions":
+                    tail = tail[2:]
+                if method == "GET" and tail == []:
+                    return 200, fe.model_metadata(name), b""
+                if method == "GET" and tail == ["ready"]:
+                    fe.profile(name)
+                    return (200 if fe.model_ready(name) else 503), None, b""
+                if method == "POST" and tail == ["infer"]:
+                    return await self.infer(name, headers, body)
+            raise KServeError(NOT_FOUND, f"no route {method} {path}")
+        except KServeError as e:
+            return HTTP_CODE[e.kind], {"error": e.message}, b""
+        except Exception as e:  # noqa: BLE001 - answer, never drop the connection
+            print(f"controller: http {method} {path}: {e!r}", file=sys.stderr, flush=True)
+            return 500, {"error": f"internal error: {e!r}"}, b""
+
+    async def infer(self, name: str, headers: dict, body: bytes):
+        hlen = headers.get("inference-header-content-length")
+        n = int(hlen) if hlen else len(body)
+        try:
+            req = json.loads(body[:n] or b"{}")
+        except ValueError as e:
+            raise KServeError(INVALID, f"request body is not JSON: {e}") from None
+        if not isinstance(req, dict):
+            raise KServeError(INVALID, "request body must be a JSON object")
+        params = req.get("parameters") or {}
+        wanted = req.get("outputs") or []
+        requested = [o.get("name") for o in wanted if isinstance(o, dict)]
+        binary_all = bool(params.get("binary_data_output", False))
+        binary_of = {o.get("name"): bool((o.get("parameters") or {}).get("binary_data",
+                                                                          binary_all))
+                     for o in wanted if isinstance(o, dict)}
+        outs = await self.fe.infer(name, _rest_inputs(req, body[n:]), params, requested)
+        resp = {"model_name": name, "model_version": "1", "outputs": []}
+        if "id" in req:
+            resp["id"] = req["id"]
+        extra = []
+        for o in outs:
+            t = {"name": o.name, "datatype": o.datatype, "shape": o.shape}
+            if binary_of.get(o.name, binary_all):
+                t["parameters"] = {"binary_data_size": len(o.data)}
+                extra.append(o.data)
+            else:
+                t["data"] = np.frombuffer(o.data, KS_TO_NP[o.datatype]).tolist()
+            resp["outputs"].append(t)
+        return 200, resp, b"".join(extra)
+
+
+async def start_http(node, host: str, port: int) -> asyncio.Server:
+    """Serve KServe v2 REST on ``host:port`` (0: a free port) on the running loop."""
+    return await asyncio.start_server(KServeHttp(node).handle, host, port)

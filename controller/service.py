@@ -522,7 +522,8 @@ class ClockworkServicer(pbg.ClockworkServicer):
 
 
 async def serve_controller(node: ControllerNode, host: str, port: int, ready=None,
-                           stop: asyncio.Event | None = None) -> None:
+                           stop: asyncio.Event | None = None,
+                           http_port: int | None = None) -> None:
     await node.start()
     server = grpc.aio.server(options=CHANNEL_OPTIONS)
     pbg.add_ClockworkServicer_to_server(ClockworkServicer(node), server)
@@ -534,10 +535,22 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
     await server.start()
     if ready is not None:
         ready(bound)
+    http = None
+    if http_port is not None:  # KServe v2 REST; after the line above (LocalCluster reads it)
+        from controller.kserve import start_http
+        try:
+            http = await start_http(node, host, http_port)
+            hp = http.sockets[0].getsockname()[1]
+            print(f"clockwork controller http listening on {host}:{hp}", flush=True)
+        except OSError as e:
+            print(f"controller: no HTTP endpoint: cannot bind {host}:{http_port}: {e}",
+                  file=sys.stderr, flush=True)
     stop = stop or asyncio.Event()
     try:
         await stop.wait()
     finally:
+        if http is not None:
+            http.close()
         await node.stop()
         await server.stop(1.0)
 
@@ -568,7 +581,8 @@ def _cmd_controller(args: argparse.Namespace) -> int:
                   f"worker(s), {len(node.gpu_index)} GPU(s), {len(node.profiles)} model "
                   f"instance(s))", flush=True)
 
-        await serve_controller(node, args.host, args.port, ready, stop)
+        await serve_controller(node, args.host, args.port, ready, stop,
+                               args.http_port if args.http_port >= 0 else None)
 
     try:
         asyncio.run(main())
@@ -584,6 +598,8 @@ def add_controller_parser(sub: argparse._SubParsersAction) -> None:
                        "serves the clockwork.v1 client API and makes every scheduling decision.")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=12346, help="port (0 picks a free one; printed)")
+    p.add_argument("--http-port", type=int, default=8000,
+                   help="KServe v2 REST port (default 8000; 0 picks a free one; -1: none)")
     p.add_argument("--workers", required=True, help="worker addresses, host:port,...")
     p.add_argument("--profiles", default="v100-reference", help="profile set")
     p.add_argument("--models", default=None,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import time
+
 import numpy as np
 import pytest
 
@@ -18,7 +21,8 @@ TIMEOUT = 10  # seconds, per client call
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = LocalCluster(workers=1, gpus=1, models=MODELS, timeout=30.0)
+    c = LocalCluster(workers=1, gpus=1, models=MODELS, timeout=30.0,
+                     controller_args=["--http-port", "0"])
     try:
         c.start()
         yield c
@@ -111,3 +115,43 @@ def test_errors(client):
     with pytest.raises(InferenceServerException) as e:
         client.get_model_metadata("no_such_model", client_timeout=TIMEOUT)
     assert "NOT_FOUND" in e.value.status()
+
+
+def _http_address(cluster, timeout: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in list(cluster.controller.output):
+            m = re.search(r"http listening on (\S+:\d+)", line)
+            if m:
+                return m.group(1)
+        time.sleep(0.05)
+    raise TimeoutError("controller printed no http address:\n" + "".join(cluster.controller.output))
+
+
+def test_http(cluster):
+    thttp = pytest.importorskip("tritonclient.http")
+    url = _http_address(cluster)
+    c = thttp.InferenceServerClient(url, connection_timeout=TIMEOUT, network_timeout=TIMEOUT)
+    try:
+        assert c.is_server_live() and c.is_server_ready()
+        assert c.is_model_ready("resnet50_v2") and not c.is_model_ready("no_such_model")
+        md = c.get_model_metadata("resnet50_v2")
+        assert md["inputs"] == [{"name": "data", "datatype": "FP32", "shape": [-1, 3, 224, 224]}]
+        x = thttp.InferInput("data", [1, 3, 224, 224], "FP32")
+        x.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float32))  # binary extension
+        r = c.infer("resnet50_v2", [x], parameters={"slo_ms": 100})
+        out = r.as_numpy("output")
+        assert out.shape == (1, 1000) and out.dtype == np.float32 and not out.any()
+        x = thttp.InferInput("data", [3, 224, 224], "FP32")
+        x.set_data_from_numpy(np.zeros((3, 224, 224), np.float32), binary_data=False)  # JSON
+        r = c.infer("mobilenet_v2", [x], outputs=[thttp.InferRequestedOutput("output")],
+                    timeout=200_000)
+        assert r.as_numpy("output").shape == (1000,)
+        with pytest.raises(InferenceServerException, match="unknown model"):
+            c.infer("no_such_model", [x])
+        bad = thttp.InferInput("data", [1, 3, 10, 10], "FP32")
+        bad.set_data_from_numpy(np.zeros((1, 3, 10, 10), np.float32))
+        with pytest.raises(InferenceServerException, match=r"shape \[1, 3, 10, 10\], expected"):
+            c.infer("resnet50_v2", [bad])
+    finally:
+        c.close()
