@@ -87,13 +87,14 @@ class LocalCluster:
                  models: str | None = None, pages: int | None = None, host: str = "127.0.0.1",
                  port: int = 0, worker_port: int = 0, echo: bool = False,
                  controller_args: list[str] | None = None, timeout: float = 30.0,
-                 worker_args: list[list[str]] | None = None) -> None:
+                 worker_args: list[list[str]] | None = None, http_port: int = 0) -> None:
         self.n_workers, self.gpus, self.profiles, self.models = workers, gpus, profiles, models
         self.pages, self.host, self.port, self.worker_port = pages, host, port, worker_port
         self.echo = echo
         self.controller_args = controller_args or []
         self.timeout = timeout
         self.worker_args = worker_args or []
+        self.http_port = http_port  # KServe v2 REST; 0 picks a free port, -1 turns it off
         self.workers: list[_Child] = []
         self.worker_addresses: list[str] = []
         self.controller: _Child | None = None
@@ -113,7 +114,8 @@ class LocalCluster:
             self.worker_addresses = [w.wait_address(self.timeout) for w in self.workers]
             argv = _cli() + ["controller", "--host", self.host, "--port", str(self.port),
                              "--workers", ",".join(self.worker_addresses),
-                             "--profiles", self.profiles] + self.controller_args
+                             "--profiles", self.profiles,
+                             "--http-port", str(self.http_port)] + self.controller_args
             if self.models:
                 argv += ["--models", self.models]
             self.controller = _Child("controller", argv, self.echo)
@@ -166,7 +168,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     replaying = getattr(args, "replay", False)
     cluster = LocalCluster(workers, gpus, profiles, models, pages, args.host, args.port,
-                           args.worker_port, echo=not replaying, controller_args=extra)
+                           args.worker_port, echo=not replaying, controller_args=extra,
+                           http_port=-1 if replaying else args.http_port)
     stop = threading.Event()
 
     def on_signal(signum, frame):
