@@ -1,0 +1,1 @@
+"""Experiment scripts (paper Section 6); see experiments/README.md."""
