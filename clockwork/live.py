@@ -79,6 +79,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                    "table, and stop (one command: cluster + load + report)")
     p.add_argument("--out", metavar="DIR", help="with --replay: write logs and summary.json here")
     p.add_argument("--quiet", action="store_true", help="with --replay: no progress line")
+    p.add_argument("--log-dir", metavar="DIR", help="the controller writes requests.tsv and "
+                   "actions.tsv (its own view: every request and action) here on shutdown")
     p.set_defaults(func=_cmd_serve)
 
 

@@ -166,6 +166,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     elif getattr(args, "replay", False):
         print("clockwork serve: --replay needs a scenario file", file=sys.stderr)
         return 2
+    if getattr(args, "log_dir", None):
+        extra += ["--log-dir", str(args.log_dir)]
     replaying = getattr(args, "replay", False)
     cluster = LocalCluster(workers, gpus, profiles, models, pages, args.host, args.port,
                            args.worker_port, echo=not replaying, controller_args=extra,

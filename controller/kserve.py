@@ -383,8 +383,12 @@ class KServeHttp:
 
     async def _send(self, writer, status: int, payload, extra: bytes = b"",
                     more_headers: dict | None = None) -> None:
-        head = json.dumps(payload, separators=(",", ":")).encode() if payload is not None else b""
-        hdrs = {"Content-Type": "application/json", "Content-Length": str(len(head) + len(extra))}
+        ctype = "application/json"
+        if isinstance(payload, bytes):  # /metrics, /healthz, /readyz: plain text
+            head, ctype = payload, "text/plain; version=0.0.4; charset=utf-8"
+        else:
+            head = json.dumps(payload, separators=(",", ":")).encode() if payload is not None else b""
+        hdrs = {"Content-Type": ctype, "Content-Length": str(len(head) + len(extra))}
         if extra:
             hdrs["Content-Type"] = "application/octet-stream"
             hdrs["Inference-Header-Content-Length"] = str(len(head))
@@ -398,6 +402,8 @@ class KServeHttp:
         segs = [urllib.parse.unquote(s) for s in path.strip("/").split("/")]
         fe = self.fe
         try:
+            if method == "GET" and path in ("/metrics", "/healthz", "/readyz"):
+                return self.ops(path)
             if not segs or segs[0] != "v2":
                 raise KServeError(NOT_FOUND, f"no route {path}")
             rest = segs[1:]
@@ -424,6 +430,18 @@ class KServeHttp:
         except Exception as e:  # noqa: BLE001 - answer, never drop the connection
             print(f"controller: http {method} {path}: {e!r}", file=sys.stderr, flush=True)
             return 500, {"error": f"internal error: {e!r}"}, b""
+
+    def ops(self, path: str):
+        """Prometheus metrics (controller/metrics.py), liveness, readiness (every worker
+        connected)."""
+        node = self.fe.node
+        if path == "/metrics":
+            return 200, node.metrics.render(), b""
+        if path == "/healthz":
+            return 200, b"ok\n", b""
+        ready = (node.policy is not None and not node._stopping
+                 and all(lk.connected for lk in node.links))
+        return (200, b"ready\n", b"") if ready else (503, b"not ready\n", b"")
 
     async def infer(self, name: str, headers: dict, body: bytes):
         hlen = headers.get("inference-header-content-length")

@@ -37,6 +37,7 @@ from clockwork.requests import Reply, Request
 from clockwork.time import ms
 from controller import make_policy
 from controller.config import SchedulerConfig
+from controller.metrics import ControllerMetrics
 from controller.policy import GpuSpec, Policy
 
 now_ns = time.monotonic_ns
@@ -96,7 +97,8 @@ class ControllerNode:
 
     def __init__(self, workers: list[str], profiles: str = "v100-reference",
                  models: str | None = None, policy: str = "clockwork",
-                 cfg: SchedulerConfig | None = None, connect_timeout: float = 30.0) -> None:
+                 cfg: SchedulerConfig | None = None, connect_timeout: float = 30.0,
+                 log_dir: str | None = None) -> None:
         self.pset = load_profile_set(profiles)
         self.instances = parse_models(models, self.pset.profiles)
         self.profiles = {i: self.pset.profiles[m].renamed(i) for i, m in self.instances.items()}
@@ -113,6 +115,17 @@ class ControllerNode:
         self._tick_handle: asyncio.TimerHandle | None = None
         self._stopping = False
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.metrics = ControllerMetrics(self)
+        self.log_dir = log_dir  # requests.tsv / actions.tsv like the simulator's, at stop
+        self.telemetry = None
+        if log_dir:
+            from clockwork.telemetry import Telemetry
+            self.telemetry = Telemetry(now_ns())
+
+    def write_logs(self) -> None:
+        if self.telemetry is not None:
+            from pathlib import Path
+            self.telemetry.write(Path(self.log_dir))
 
     def count(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
@@ -280,7 +293,11 @@ class ControllerNode:
             return
         now = now_ns()
         out: list[Action] = []
+        tel = self.telemetry
         for r in results:
+            self.metrics.result(None, r)
+            if tel is not None:
+                tel.result(r, now)
             out.extend(self.policy.on_result(r, now))
         self._after(out, now)
 
@@ -292,24 +309,33 @@ class ControllerNode:
         policy = self.policy
         outstanding = link.outstanding
         out: list[Action] = []
+        metrics, tel = self.metrics, self.telemetry
         for m in msgs:
-            if outstanding.pop(m.id, None) is None:
+            a = outstanding.pop(m.id, None)
+            if a is None:
                 self.count("results_unknown")
                 continue
             r = msg_to_result(m, link.index, off)
             if r.end > now:  # offset error: never let a result finish in our future
                 r.end = now
             self.count(f"{r.type.name.lower()}_{'ok' if r.ok else 'rejected'}")
+            metrics.result(a, r)
+            if tel is not None:
+                tel.result(r, now)
             out.extend(policy.on_result(r, now))
         self._after(out, now)
 
     def _after(self, actions: list[Action], now: int) -> None:
         links = self.links
         dead: list[Action] = []
+        tel = self.telemetry
         for a in actions:
             a.sent_at = now
             link = links[a.worker]
             self.count(f"{a.type.name.lower()}_sent")
+            self.metrics.action_sent(a.type.name)
+            if tel is not None:
+                tel.sent(a)
             if link.connected:
                 link.outstanding[a.id] = a
                 link.pending.append(a)
@@ -341,12 +367,18 @@ class ControllerNode:
     def _answer(self, replies: list[Reply]) -> None:
         rows: dict[int, int] = {}
         pending = self.pending
+        metrics, tel = self.metrics, self.telemetry
         for rep in replies:
             r = rep.request
             if pending.pop(r.id, None) is None:
                 self.count("replies_duplicate")
                 continue
-            self.count(f"requests_{RequestStatus(rep.status).name.lower()}")
+            status = RequestStatus(rep.status).name.lower()
+            self.count(f"requests_{status}")
+            metrics.reply(r.model, status, rep.time - r.arrival if rep.status == 0 else None)
+            if tel is not None:
+                r.slo = r.slo or self.cfg.default_slo
+                tel.reply(rep)
             resp = pb.InferResponse(status=int(rep.status), message=rep.message,
                                     latency_ns=rep.time - r.arrival, batch_size=rep.batch_size,
                                     gpu=rep.gpu, cold=r.cold)
@@ -388,6 +420,7 @@ class ControllerNode:
         cid = req.client_id
         if bad is not None:
             self.count("requests_invalid_request")
+            self.metrics.reply(req.model if prof is not None else "", "invalid_request", None)
             deliver(pb.InferResponse(status=RequestStatus.INVALID_REQUEST, message=bad,
                                      reason=reason, client_id=cid, gpu=-1))
             return
@@ -553,6 +586,7 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
             http.close()
         await node.stop()
         await server.stop(1.0)
+        node.write_logs()
 
 
 def _cmd_controller(args: argparse.Namespace) -> int:
@@ -565,7 +599,7 @@ def _cmd_controller(args: argparse.Namespace) -> int:
             ("schedule_ahead_ms", args.schedule_ahead_ms), ("default_slo_ms", args.default_slo_ms),
             ("max_batch", args.max_batch)) if v is not None})
         node = ControllerNode(workers, args.profiles, args.models, args.policy, cfg,
-                              args.connect_timeout)
+                              args.connect_timeout, args.log_dir)
     except (ProfileError, ValueError) as e:
         print(f"clockwork controller: {e}", file=sys.stderr)
         return 2
@@ -610,4 +644,7 @@ def add_controller_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-batch", type=int, default=None)
     p.add_argument("--connect-timeout", type=float, default=30.0,
                    help="seconds to wait for every worker at start (default 30)")
+    p.add_argument("--log-dir", default=None, metavar="DIR",
+                   help="write requests.tsv and actions.tsv (the simulator's logs) here on "
+                   "shutdown")
     p.set_defaults(func=_cmd_controller)
