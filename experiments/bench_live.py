@@ -1,0 +1,228 @@
+"""Benchmark: the highest Poisson request rate the live controller sustains with SLO
+attainment >= 0.999, everything on this machine (controller + emulated workers + load
+generator).
+
+One ``LocalCluster`` (default 2 emulated workers x 8 GPUs, 16 ResNet50 v2 instances: at
+batch 16 the emulated GPUs serve ~23,000 r/s, so they are not the bottleneck), then steps
+of ``--step-s`` seconds at rising rates driven by ``clockwork.replay`` (the load generator
+runs in this process), stopping after the first rate that fails. Per rate it prints:
+
+- offered rate (requests actually sent / step), attainment, goodput;
+- added latency p50/p99 = client-measured latency - EXEC (the profile's duration at the
+  batch size the reply reports; the emulated device runs exactly that long);
+- CPU seconds of the controller, the workers (together) and the load generator (this
+  process), from /proc/PID/stat, and each as a share of one core;
+- the GPUs' busy fraction over the step (from the controller's /metrics).
+
+    python experiments/bench_live.py [--rates 1000,2000,...] [--step-s 10] [--py-spy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+
+from clockwork.profiles import load_profile_set
+from clockwork.replay import replay
+from clockwork.scenario import load_scenario
+from clockwork.serve import LocalCluster
+from controller.metrics import parse_text
+
+TICK = os.sysconf("SC_CLK_TCK")
+HTTP = re.compile(r"http listening on (\S+):(\d+)")
+
+
+def cpu_s(pid: int | None = None) -> float:
+    """utime + stime of a process (this one when ``pid`` is None), seconds."""
+    if pid is None:
+        t = os.times()
+        return t.user + t.system
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # fields 14, 15 of stat(5)
+
+
+def http_address(cluster: LocalCluster, timeout: float = 10.0) -> str | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in list(cluster.controller.output):
+            m = HTTP.search(line)
+            if m:
+                return f"http://{m.group(1)}:{m.group(2)}"
+        time.sleep(0.05)
+    return None
+
+
+def busy_seconds(base: str | None) -> float:
+    """Sum over GPUs of measured EXEC seconds so far (busy fraction x uptime)."""
+    if base is None:
+        return float("nan")
+    with urllib.request.urlopen(base + "/metrics", timeout=5) as r:
+        s = parse_text(r.read().decode())
+    up = s["clockwork_uptime_seconds"][0][1]
+    return sum(v for _, v in s.get("clockwork_gpu_busy_fraction", [])) * up
+
+
+def scenario(rate: float, step_s: float, model: str, copies: int, workers: int, gpus: int,
+             slo_ms: float, seed: int):
+    return load_scenario(data={
+        "seed": seed, "duration_s": step_s,
+        "cluster": {"workers": workers, "gpus_per_worker": gpus, "profiles": "v100-reference"},
+        "scheduler": {"default_slo_ms": slo_ms},
+        "models": [{"name": model, "copies": copies}],
+        "workloads": [{"kind": "poisson", "models": "*", "rate_rps": rate, "slo_ms": slo_ms}],
+    })
+
+
+def added_latency_ms(tel, exec_ns: dict[int, int]) -> tuple[float, float]:
+    rows = [r for r in tel.requests if r[5] == 0]
+    if not rows:
+        return float("nan"), float("nan")
+    lat = np.array([r[4] - exec_ns.get(r[8], 0) for r in rows], dtype=np.int64) / 1e6
+    return float(np.percentile(lat, 50)), float(np.percentile(lat, 99))
+
+
+def py_spy(pid: int, seconds: float = 3.0) -> str:
+    exe = shutil.which("py-spy")
+    if exe is None:
+        return "py-spy not on PATH"
+    try:
+        r = subprocess.run([exe, "record", "-p", str(pid), "-d", str(int(seconds)), "-f",
+                            "raw", "-o", "/tmp/bench_live_pyspy.txt", "--nonblocking"],
+                           capture_output=True, text=True, timeout=seconds + 20)
+        if r.returncode != 0:
+            return f"py-spy failed: {r.stderr.strip()[-300:]}"
+        return top_frames("/tmp/bench_live_pyspy.txt")
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"py-spy failed: {e!r}"
+
+
+def top_frames(path: str, n: int = 15) -> str:
+    """Own-time share of the leaf frames of a py-spy raw (collapsed) profile."""
+    own: dict[str, int] = {}
+    total = 0
+    with open(path) as f:
+        for line in f:
+            stack, _, count = line.rstrip().rpartition(" ")
+            if not stack:
+                continue
+            c = int(count)
+            total += c
+            leaf = stack.split(";")[-1]
+            own[leaf] = own.get(leaf, 0) + c
+    top = sorted(own.items(), key=lambda kv: -kv[1])[:n]
+    return "\n".join(f"  {100 * c / total:5.1f} %  {k}" for k, c in top)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rates", default="1000,2000,4000,6000,8000,10000,12000,14000,16000")
+    ap.add_argument("--step-s", type=float, default=10.0)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--gpus", type=int, default=8, help="GPUs per worker")
+    ap.add_argument("--model", default="resnet50_v2")
+    ap.add_argument("--copies", type=int, default=16)
+    ap.add_argument("--slo-ms", type=float, default=100.0)
+    ap.add_argument("--target", type=float, default=0.999)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--py-spy", action="store_true",
+                   help="at the first failing rate, sample the busiest process with py-spy")
+    args = ap.parse_args()
+    rates = [float(r) for r in args.rates.split(",") if r.strip()]
+    prof = load_profile_set("v100-reference").get(args.model)
+    exec_ns = {int(b): int(v) for b, v in prof.exec_ns.items()}
+    cap = args.workers * args.gpus * max(b / exec_ns[b] * 1e9 for b in exec_ns)
+    print(f"bench_live: {args.workers} emulated worker(s) x {args.gpus} GPU(s), "
+          f"{args.copies} x {args.model}, SLO {args.slo_ms:g} ms, {args.step_s:g} s per rate; "
+          f"emulated GPU capacity at the best batch ~{cap:,.0f} r/s; {os.cpu_count()} CPU(s)",
+          flush=True)
+    cluster = LocalCluster(workers=args.workers, gpus=args.gpus,
+                           models=f"{args.model}:{args.copies}", http_port=0, timeout=60.0)
+    cluster.start()
+    rows = []
+    best = None
+    bottleneck = ""
+    try:
+        base = http_address(cluster)
+        pids = {"controller": cluster.controller.proc.pid,
+                "workers": [w.proc.pid for w in cluster.workers]}
+        # warm-up: load every instance (cold starts are not what this measures)
+        asyncio.run(replay(scenario(500, 2.0, args.model, args.copies, args.workers,
+                                    args.gpus, args.slo_ms, args.seed), cluster.address))
+        head = (f"{'rate':>7} {'sent/s':>8} {'attain':>8} {'goodput':>9} {'added p50':>9} "
+                f"{'p99 ms':>7} {'ctl cpu':>8} {'wrk cpu':>8} {'gen cpu':>8} {'gpu busy':>8} "
+                f"{'wall':>5}")
+        print(head, flush=True)
+        for rate in rates:
+            sc = scenario(rate, args.step_s, args.model, args.copies, args.workers, args.gpus,
+                          args.slo_ms, args.seed)
+            c0 = (cpu_s(pids["controller"]), sum(cpu_s(p) for p in pids["workers"]), cpu_s())
+            b0 = busy_seconds(base)
+            t0 = time.monotonic()
+            res = asyncio.run(replay(sc, cluster.address, 200000))
+            wall = time.monotonic() - t0
+            c1 = (cpu_s(pids["controller"]), sum(cpu_s(p) for p in pids["workers"]), cpu_s())
+            busy = (busy_seconds(base) - b0) / (wall * args.workers * args.gpus)
+            s = res.summary
+            p50, p99 = added_latency_ms(res.telemetry, exec_ns)
+            cpu = [b - a for a, b in zip(c0, c1, strict=True)]
+            row = {"rate": rate, "sent_rps": s["submitted"] / args.step_s,
+                   "attainment": s["slo_attainment"], "goodput_rps": s["goodput_rps"],
+                   "added_p50_ms": p50, "added_p99_ms": p99, "cpu_controller_s": cpu[0],
+                   "cpu_workers_s": cpu[1], "cpu_loadgen_s": cpu[2], "gpu_busy": busy,
+                   "wall_s": wall, "answered_once": res.answered_once,
+                   "latency_p99_ms": s["latency_ms"]["p99"]}
+            rows.append(row)
+            print(f"{rate:>7,.0f} {row['sent_rps']:>8,.0f} {row['attainment']:>8.4f} "
+                  f"{row['goodput_rps']:>9,.0f} {p50:>9.2f} {p99:>7.2f} "
+                  f"{cpu[0]:>5.1f} s {cpu[1]:>5.1f} s {cpu[2]:>5.1f} s {busy:>8.3f} "
+                  f"{wall:>5.1f}", flush=True)
+            ok = (res.answered_once and s["slo_attainment"] >= args.target
+                  and row["sent_rps"] >= 0.97 * rate)
+            if ok:
+                best = rate
+                continue
+            shares = {"controller": cpu[0] / wall, "load generator": cpu[2] / wall,
+                      "workers (together)": cpu[1] / wall}
+            who = max(shares, key=shares.get)
+            bottleneck = (f"first failing rate {rate:,.0f} r/s (attainment "
+                          f"{row['attainment']:.4f}, sent {row['sent_rps']:,.0f}/s); CPU "
+                          "share of one core over the step: " + ", ".join(
+                              f"{k} {v:.2f}" for k, v in shares.items()) + f"; busiest: {who}")
+            if args.py_spy:
+                pid = pids["controller"] if who == "controller" else (
+                    os.getpid() if who == "load generator" else pids["workers"][0])
+                print(f"py-spy on the {who} (pid {pid}) at {rate:,.0f} r/s:", flush=True)
+                # load it again while sampling
+                import threading
+
+                again = scenario(rate, 4.0, args.model, args.copies, args.workers, args.gpus,
+                                 args.slo_ms, args.seed)
+                th = threading.Thread(target=asyncio.run, daemon=True,
+                                      args=(replay(again, cluster.address, 200000),))
+                th.start()
+                time.sleep(0.5)
+                bottleneck += "\n" + py_spy(pid, 3.0)
+                th.join(30)
+            break
+    finally:
+        cluster.stop()
+    print()
+    print(f"highest sustained rate with attainment >= {args.target}: "
+          f"{f'{best:,.0f} r/s' if best else 'none of the rates tried'}")
+    if bottleneck:
+        print("bottleneck: " + bottleneck)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
