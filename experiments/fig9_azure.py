@@ -24,7 +24,7 @@ from experiments import common  # noqa: E402
 
 NAME = "fig9_azure"
 # (workers, copies multiplier, minutes, interval_s, load_factor, bucket_s)
-SCALE = {"smoke": (1, 1, 2, 1.0, 1.0, 0.5), "quick": (1, 1, 30, 6.0, 0.6, 6.0),
+SCALE = {"smoke": (1, 1, 2, 1.0, 0.1, 0.5), "quick": (1, 1, 30, 6.0, 0.6, 6.0),
          "full": (6, 6, 360, 60.0, 30.0, 60.0)}
 BASE_COPIES = (300, 100, 50, 50, 50)
 # emulated GPU timing noise (relative) and jitter, so that Fig. 10 has errors to show

@@ -1,0 +1,52 @@
+"""Run every Section 6 experiment and print a summary table.
+
+    python experiments/run_all.py [--quick | --full | --smoke] [--out DIR]
+
+``--quick`` (default) takes about a minute on a 2-core machine; ``--full`` takes hours.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from experiments import (  # noqa: E402
+    common,
+    fig5_compare,
+    fig6_thousands,
+    fig7_tight_slo,
+    fig8_isolation,
+    fig9_azure,
+    fig11_scale,
+)
+
+SCRIPTS = (fig5_compare, fig6_thousands, fig7_tight_slo, fig8_isolation, fig9_azure, fig11_scale)
+
+
+def main(argv=None) -> list[dict]:
+    args = common.parse_args(argv, __doc__.splitlines()[0])
+    passed = [f"--{args.scale}", "--out", str(args.out)]
+    results = []
+    t0 = time.perf_counter()
+    for mod in SCRIPTS:
+        print(f"== {mod.NAME}")
+        t = time.perf_counter()
+        res = mod.main(passed)
+        res["wall_s"] = round(time.perf_counter() - t, 1)
+        results.append(res)
+    total = time.perf_counter() - t0
+    print(f"\n{'experiment':<16} {'wall s':>7}  paper / ours")
+    for r in results:
+        lines = r["summary"].splitlines()
+        print(f"{r['name']:<16} {r['wall_s']:>7.1f}  {lines[0]}")
+        for ln in lines[1:]:
+            print(f"{'':<26}{ln.strip()}")
+    print(f"{'total':<16} {total:>7.1f}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

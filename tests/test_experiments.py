@@ -1,0 +1,99 @@
+"""Smoke tests of the Section 6 experiment scripts (experiments/fig*.py) at ``--smoke``
+scale: each writes its data and figure with sane values."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from experiments import (
+    common,
+    fig5_compare,
+    fig6_thousands,
+    fig7_tight_slo,
+    fig8_isolation,
+    fig9_azure,
+    fig11_scale,
+)
+
+pytest.importorskip("matplotlib")
+
+
+def _png(path):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and 5_000 < len(data) < 300_000
+
+
+def test_fig5(tmp_path):
+    fig5_compare.main(["--smoke", "--out", str(tmp_path)])
+    rows = common.read_tsv(tmp_path / "fig5_compare.tsv")
+    assert {r["policy"] for r in rows} == set(common.POLICIES)
+    by = {r["policy"]: r for r in rows}
+    assert all(0 <= r["attainment"] <= 1 for r in rows)
+    # the GPU is saturated: clockwork's goodput is near the 1,447 r/s batch-16 bound
+    assert 1000 < by["clockwork"]["goodput_rps"] < 1600
+    assert by["clockwork"]["goodput_rps"] > max(by[p]["goodput_rps"] for p in ("clipper", "tfserving", "infaas"))
+    cdf = json.loads((tmp_path / "fig5_compare_cdf.json").read_text())["cdf"]
+    assert cdf["clockwork"]["F"][-1] == 1.0
+    _png(tmp_path / "fig5_compare.png")
+
+
+def test_fig7_and_min_slo(tmp_path):
+    assert fig7_tight_slo.min_slo([(1, 0, 0.5), (2, 0, 0.995), (4, 0, 1.0)]) == 2
+    assert fig7_tight_slo.min_slo([(1, 0, 1.0), (2, 0, 0.5), (4, 0, 1.0)]) == 4
+    out = fig7_tight_slo.main(["--smoke", "--out", str(tmp_path)])
+    rows = common.read_tsv(tmp_path / "fig7_tight_slo.tsv")
+    assert {r["rate_rps"] for r in rows} == {600, 1200, 2400}
+    slos = sorted({r["slo_ms"] for r in rows})
+    assert slos[0] == pytest.approx(2.9) and len(slos) >= 10
+    # the loosest SLO steps are met
+    assert all(r["attainment"] > 0.99 for r in rows if r["slo_ms"] > 200)
+    assert all(v is not None for v in out["mins"].values())
+    _png(tmp_path / "fig7_tight_slo.png")
+
+
+def test_fig8(tmp_path):
+    out = fig8_isolation.main(["--smoke", "--out", str(tmp_path)])
+    rows = common.read_tsv(tmp_path / "fig8_isolation.tsv")
+    assert {r["case"] for r in rows} == {"with_background", "without_background"}
+    assert out["info"]["without_background"]["background"]["requests"] == 0
+    assert out["info"]["with_background"]["background"]["requests"] > 0
+    _png(tmp_path / "fig8_isolation.png")
+
+
+def test_fig6(tmp_path):
+    out = fig6_thousands.main(["--smoke", "--out", str(tmp_path)])
+    info = json.loads((tmp_path / "fig6_thousands.json").read_text())
+    assert info["max_latency_met_ms"] <= 100 and info["completed_late"] == 0
+    assert info["cold_starts"] > 0 and info["goodput_rps"] > 100
+    assert len(out["timeline"]) >= 3
+    _png(tmp_path / "fig6_thousands.png")
+
+
+def test_fig9_and_fig10(tmp_path):
+    fig9_azure.main(["--smoke", "--out", str(tmp_path)])
+    info = json.loads((tmp_path / "fig9_azure.json").read_text())
+    assert info["attainment"] > 0.9 and info["goodput_rps"] > 0
+    assert info["max_latency_met_ms"] <= 100
+    errs = json.loads((tmp_path / "fig10_prediction_errors.json").read_text())
+    assert errs["INFER"]["n"] > 0 and errs["LOAD"]["n"] > 0
+    assert errs["INFER"]["abs_p99_ms"] < 10
+    rows = common.read_tsv(tmp_path / "fig9_azure.tsv")
+    assert sum(r["cold_starts"] for r in rows) > 0
+    _png(tmp_path / "fig9_azure.png")
+    _png(tmp_path / "fig10_prediction_errors.png")
+
+
+def test_fig11(tmp_path):
+    fig11_scale.main(["--smoke", "--out", str(tmp_path)])
+    rows = common.read_tsv(tmp_path / "fig11_scale.tsv")
+    assert [r["workers"] for r in rows] == [1, 2]
+    assert all(r["peak_goodput_rps"] > 0 and r["wall_s"] > 0 for r in rows)
+    _png(tmp_path / "fig11_scale.png")
+
+
+def test_live_flag_not_supported(capsys):
+    with pytest.raises(SystemExit):
+        fig5_compare.main(["--live"])
+    assert "not yet supported" in capsys.readouterr().out
