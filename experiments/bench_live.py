@@ -2,9 +2,10 @@
 attainment >= 0.999, everything on this machine (controller + emulated workers + load
 generator).
 
-One ``LocalCluster`` (default 2 emulated workers x 8 GPUs, 16 ResNet50 v2 instances: at
-batch 16 the emulated GPUs serve ~23,000 r/s, so they are not the bottleneck), then steps
-of ``--step-s`` seconds at rising rates driven by ``clockwork.replay`` (the load generator
+Per rate a fresh ``LocalCluster`` (default 2 emulated workers x 8 GPUs, 16 MobileNet v2 instances:
+~21,000 r/s at batch 1, ~87,000 at batch 16, so they are not the bottleneck), warmed up for
+2 s at that rate, then a step
+of ``--step-s`` seconds, rates rising, driven by ``clockwork.replay`` (the load generator
 runs in this process), stopping after the first rate that fails. Per rate it prints:
 
 - offered rate (requests actually sent / step), attainment, goodput;
@@ -129,11 +130,12 @@ def main() -> int:
     ap.add_argument("--step-s", type=float, default=10.0)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--gpus", type=int, default=8, help="GPUs per worker")
-    ap.add_argument("--model", default="resnet50_v2")
+    ap.add_argument("--model", default="mobilenet_v2")
     ap.add_argument("--copies", type=int, default=16)
     ap.add_argument("--slo-ms", type=float, default=100.0)
     ap.add_argument("--target", type=float, default=0.999)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out", metavar="JSON", help="also write the rows here")
     ap.add_argument("--py-spy", action="store_true",
                    help="at the first failing rate, sample the busiest process with py-spy")
     args = ap.parse_args()
@@ -145,24 +147,27 @@ def main() -> int:
           f"{args.copies} x {args.model}, SLO {args.slo_ms:g} ms, {args.step_s:g} s per rate; "
           f"emulated GPU capacity at the best batch ~{cap:,.0f} r/s; {os.cpu_count()} CPU(s)",
           flush=True)
-    cluster = LocalCluster(workers=args.workers, gpus=args.gpus,
-                           models=f"{args.model}:{args.copies}", http_port=0, timeout=60.0)
-    cluster.start()
     rows = []
     best = None
     bottleneck = ""
-    try:
-        base = http_address(cluster)
-        pids = {"controller": cluster.controller.proc.pid,
-                "workers": [w.proc.pid for w in cluster.workers]}
-        # warm-up: load every instance (cold starts are not what this measures)
-        asyncio.run(replay(scenario(500, 2.0, args.model, args.copies, args.workers,
-                                    args.gpus, args.slo_ms, args.seed), cluster.address))
-        head = (f"{'rate':>7} {'sent/s':>8} {'attain':>8} {'goodput':>9} {'added p50':>9} "
-                f"{'p99 ms':>7} {'ctl cpu':>8} {'wrk cpu':>8} {'gen cpu':>8} {'gpu busy':>8} "
-                f"{'wall':>5}")
-        print(head, flush=True)
-        for rate in rates:
+    head = (f"{'rate':>7} {'sent/s':>8} {'attain':>8} {'goodput':>9} {'added p50':>9} "
+            f"{'p99 ms':>7} {'ctl cpu':>8} {'wrk cpu':>8} {'gen cpu':>8} {'gpu busy':>8} "
+            f"{'wall':>5}")
+    print(head, flush=True)
+    for rate in rates:
+        # A fresh cluster per rate, warmed up at that rate: the scheduler places one copy
+        # of each instance by the demand it sees first and does not spread them again
+        # later (a cluster warmed at 500 r/s keeps all 16 copies on 6 GPUs of one worker).
+        cluster = LocalCluster(workers=args.workers, gpus=args.gpus,
+                               models=f"{args.model}:{args.copies}", http_port=0, timeout=60.0)
+        cluster.start()
+        try:
+            base = http_address(cluster)
+            pids = {"controller": cluster.controller.proc.pid,
+                    "workers": [w.proc.pid for w in cluster.workers]}
+            asyncio.run(replay(scenario(rate, 2.0, args.model, args.copies, args.workers,
+                                        args.gpus, args.slo_ms, args.seed + 1),
+                               cluster.address, 200000))
             sc = scenario(rate, args.step_s, args.model, args.copies, args.workers, args.gpus,
                           args.slo_ms, args.seed)
             c0 = (cpu_s(pids["controller"]), sum(cpu_s(p) for p in pids["workers"]), cpu_s())
@@ -197,7 +202,9 @@ def main() -> int:
             bottleneck = (f"first failing rate {rate:,.0f} r/s (attainment "
                           f"{row['attainment']:.4f}, sent {row['sent_rps']:,.0f}/s); CPU "
                           "share of one core over the step: " + ", ".join(
-                              f"{k} {v:.2f}" for k, v in shares.items()) + f"; busiest: {who}")
+                              f"{k} {v:.2f}" for k, v in shares.items()) + f"; busiest: {who}"
+                          f"; all three {sum(shares.values()):.2f} of {os.cpu_count()} cores, "
+                          f"1-min load average {os.getloadavg()[0]:.2f} (other users included)")
             if args.py_spy:
                 pid = pids["controller"] if who == "controller" else (
                     os.getpid() if who == "load generator" else pids["workers"][0])
@@ -214,13 +221,19 @@ def main() -> int:
                 bottleneck += "\n" + py_spy(pid, 3.0)
                 th.join(30)
             break
-    finally:
-        cluster.stop()
+        finally:
+            cluster.stop()
     print()
     print(f"highest sustained rate with attainment >= {args.target}: "
           f"{f'{best:,.0f} r/s' if best else 'none of the rates tried'}")
     if bottleneck:
         print("bottleneck: " + bottleneck)
+    if args.out:
+        import json
+
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "rows": rows, "best_rps": best,
+                       "bottleneck": bottleneck}, f, indent=2)
     return 0
 
 
