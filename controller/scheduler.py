@@ -457,7 +457,8 @@ class ClockworkScheduler(Policy):
             self._arm_load_check(now)
             return
         shares = {g.index: g.load_share(self.models) for g in gpus}
-        gpus.sort(key=lambda g: (shares[g.index], g.index))
+        # least loaded first; among equals the GPU holding fewest models, so copies spread
+        gpus.sort(key=lambda g: (shares[g.index], len(g.instances), g.index))
         taken: set[str] = set()
         for g in gpus:
             spare = shares[g.index] < 1.0

@@ -249,3 +249,17 @@ def test_failed_load_forgets_copy_and_retries():
     s.on_result(fail(acts[1], 9 * MS, ErrorCode.WEIGHTS_NOT_PRESENT), 9 * MS)
     again = s.on_tick(s.next_wakeup())
     assert [a.type.name for a in again][:1] == ["LOAD"]
+
+
+def test_cold_models_spread_over_idle_gpus():
+    s = sched(models=("a", "b", "c", "d"), gpus=2)
+    acts = []
+    t = 0
+    for i, m in enumerate("abcd"):
+        acts += s.on_request(req(i, m, t=t), t)
+        # the previous LOADs finished: PCIe lanes are idle again, demand is served
+        for a in [x for x in acts if x.type == ActionType.LOAD and x.id in s._inflight]:
+            s.on_result(ok(a, t), t + 8 * MS)
+        t += 20 * MS
+    loads = sorted((a.model, a.gpu) for a in acts if a.type == ActionType.LOAD)
+    assert [g for _, g in loads].count(0) == 2 and [g for _, g in loads].count(1) == 2
