@@ -222,7 +222,10 @@ class ClockworkScheduler(Policy):
         return None if t == NEVER else t
 
     def drain_replies(self) -> list[Reply]:
-        out, self._replies = self._replies, []
+        out = self._replies
+        if not out:
+            return []  # most calls: nothing to hand over, keep the buffer
+        self._replies = []
         return out
 
     # ------------------------------------------------------------------ INFER
