@@ -1,0 +1,117 @@
+"""PageArena: alignment, page accounting, zero-copy views, the layout rule."""
+
+import numpy as np
+import pytest
+
+from worker.memory import ARENA_ALIGNMENT, TENSOR_ALIGNMENT, ArenaError, PageArena, layout_tensors
+
+PS = 4096
+
+
+def test_arena_is_aligned_and_sized():
+    a = PageArena(5, PS)
+    assert a.address % ARENA_ALIGNMENT == 0
+    assert a.buffer.nbytes == 5 * PS
+    assert a.page(3).ctypes.data == a.address + 3 * PS
+
+
+def test_alloc_free_accounting():
+    a = PageArena(6, PS)
+    p1 = a.alloc(2)
+    p2 = a.alloc(3)
+    assert sorted(p1 + p2) == [0, 1, 2, 3, 4]
+    assert (a.used_pages, a.free_pages) == (5, 1)
+    with pytest.raises(ArenaError, match="needs 2 pages, 1 free"):
+        a.alloc(2)
+    a.free(p1)
+    assert a.free_pages == 3
+    with pytest.raises(ArenaError, match="already free"):
+        a.free(p1)
+    with pytest.raises(ArenaError, match="outside"):
+        a.free([99])
+    p3 = a.alloc(3)
+    assert sorted(p3) == [0, 1, 5]
+    assert a.free_pages == 0
+
+
+def test_contiguous_runs_and_fragmentation():
+    a = PageArena(6, PS)
+    held = a.alloc(6)
+    a.free([held[1], held[3], held[4]])  # free: 1, 3, 4
+    with pytest.raises(ArenaError, match="contiguous"):
+        a.alloc(3, runs=[3])
+    assert a.free_pages == 3  # a failed alloc takes nothing
+    got = a.alloc(3, runs=[2, 1])
+    assert got[:2] == [3, 4] and got[2] == 1
+
+
+def test_layout_rule():
+    offs, pages, runs = layout_tensors([100, 1000, 4000, 10000, 300], PS)
+    assert all(o % TENSOR_ALIGNMENT == 0 for o in offs)
+    assert offs == [0, 256, PS, 2 * PS, 4 * PS + 2048]
+    assert (pages, runs) == (5, [1, 1, 3])
+    # no tensor that fits a page straddles a boundary
+    for o, n in zip(offs, [100, 1000, 4000, 300], strict=False):
+        if n <= PS:
+            assert o // PS == (o + n - 1) // PS
+    assert layout_tensors([], PS) == ([], 1, [1])
+
+
+def _blob(tensors, page_size):
+    offs, pages, runs = layout_tensors([t.nbytes for t in tensors], page_size)
+    blob = np.zeros(pages * page_size, np.uint8)
+    for o, t in zip(offs, tensors, strict=True):
+        blob[o:o + t.nbytes] = np.frombuffer(t.tobytes(), np.uint8)
+    return blob, offs, pages, runs
+
+
+def test_views_share_memory_and_reload_elsewhere_is_identical():
+    rng = np.random.default_rng(0)
+    tensors = [rng.standard_normal(s).astype(np.float32) for s in [(10,), (30, 20), (3000,), (5,)]]
+    blob, offs, pages, runs = _blob(tensors, PS)
+    a = PageArena(10, PS)
+    a.alloc(1)  # so the first load does not start at page 0
+    p1 = a.alloc(pages, runs)
+    a.write(p1, blob)
+    views = [a.view(p1, o, t.shape, t.dtype) for o, t in zip(offs, tensors, strict=True)]
+    for v, t in zip(views, tensors, strict=True):
+        np.testing.assert_array_equal(v, t)
+        assert np.shares_memory(v, a.buffer)
+        assert v.ctypes.data % TENSOR_ALIGNMENT == 0
+    views[1][0, 0] = 42.0  # writes through to the arena
+    assert a.view(p1, offs[1], (30, 20), np.float32)[0, 0] == 42.0
+    # EVICT, then LOAD into different pages
+    a.free(p1)
+    a.alloc(2)
+    p2 = a.alloc(pages, runs)
+    assert p2 != p1
+    a.write(p2, blob)
+    for o, t in zip(offs, tensors, strict=True):
+        np.testing.assert_array_equal(a.view(p2, o, t.shape, t.dtype), t)
+
+
+def test_reload_into_scattered_pages():
+    rng = np.random.default_rng(1)
+    tensors = [rng.standard_normal(900).astype(np.float32) for _ in range(4)]  # 1 page each
+    blob, offs, pages, runs = _blob(tensors, PS)
+    assert runs == [1, 1, 1, 1]
+    a = PageArena(8, PS)
+    first = a.alloc(pages)
+    a.write(first, blob)
+    a.free(first)
+    hold = a.alloc(8)
+    a.free([hold[7], hold[5], hold[2], hold[0]])
+    second = a.alloc(pages)
+    assert set(second) == {0, 2, 5, 7} and second != first
+    a.write(second, blob)
+    for o, t in zip(offs, tensors, strict=True):
+        v = a.view(second, o, t.shape, t.dtype)
+        np.testing.assert_array_equal(v, t)
+
+
+def test_view_rejects_noncontiguous_span():
+    a = PageArena(4, PS)
+    with pytest.raises(ArenaError, match="not contiguous"):
+        a.view([0, 2], 0, (PS // 4 + 1,), np.float32)
+    with pytest.raises(ArenaError, match="runs past"):
+        a.view([0], 0, (PS,), np.float32)

@@ -1,0 +1,191 @@
+"""The weights cache: one preallocated, page-aligned buffer cut into fixed-size pages.
+
+Layout rule (shared with the packager, :mod:`clockwork.models.package`)
+----------------------------------------------------------------------
+A model's weights are one blob of ``weights_pages`` *logical* pages. The packager
+places every tensor at a 256-byte-aligned offset and never lets a tensor that fits in
+a page straddle a page boundary (it moves to the next page instead). A tensor larger
+than a page starts on a page boundary and spans several logical pages; those pages
+form a *run* that must be physically contiguous in the arena. The package lists the
+run lengths (``page_runs``; all 1 unless some tensor is larger than a page).
+
+So LOAD = allocate free pages (contiguous only within a run) + copy the blob page by
+page; EVICT = free the pages. Nothing is allocated while serving: a tensor is a
+zero-copy view of arena memory, found by ``(logical offset, shape, dtype)`` and the
+model's page list. Views are 256-byte aligned (TVM's ``from_dlpack`` wants 64).
+
+Backends: ``numpy`` (host memory, the CPU device). The CUDA device will use a cupy
+buffer; only :func:`_allocate` and :meth:`PageArena._as_array` know the backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from clockwork.profiles import PAGE_SIZE
+
+ARENA_ALIGNMENT = 4096  # bytes; the arena's base address is a multiple of this
+TENSOR_ALIGNMENT = 256  # bytes; every tensor's offset inside the weights blob
+
+
+class ArenaError(RuntimeError):
+    """Not enough free pages, a bad page list, or a tensor outside its pages."""
+
+
+def _allocate(nbytes: int, backend: str) -> np.ndarray:
+    """A uint8 buffer of ``nbytes`` whose address is ARENA_ALIGNMENT-aligned."""
+    if backend != "numpy":
+        # seam for the CUDA device: cupy.empty(...) over-allocated and sliced the same way
+        raise ArenaError(f"arena backend {backend!r} is not supported here (only 'numpy')")
+    raw = np.empty(nbytes + ARENA_ALIGNMENT, dtype=np.uint8)
+    skip = (-raw.ctypes.data) % ARENA_ALIGNMENT
+    return raw[skip : skip + nbytes]
+
+
+def layout_tensors(sizes: Sequence[int], page_size: int = PAGE_SIZE) -> tuple[list[int], int, list[int]]:
+    """Place tensors of ``sizes`` bytes by the layout rule above.
+
+    Returns (logical offsets, number of pages, page run lengths).
+    """
+    offsets: list[int] = []
+    runs: list[int] = []
+    pos = 0
+    counted = 0  # pages in runs so far; always counted * page_size >= pos
+    for n in sizes:
+        pos = -(-pos // TENSOR_ALIGNMENT) * TENSOR_ALIGNMENT
+        within = pos % page_size
+        if within and (n > page_size or within + n > page_size):
+            pos += page_size - within  # no straddling: move to the next page
+        if n > page_size:
+            span = -(-n // page_size)
+            runs.append(span)
+            counted += span
+        elif pos == counted * page_size:
+            runs.append(1)
+            counted += 1
+        offsets.append(pos)
+        pos += n
+    if not runs:
+        runs = [1]
+    return offsets, sum(runs), runs
+
+
+class PageArena:
+    """``n_pages`` pages of ``page_size`` bytes in one aligned buffer.
+
+    ``alloc`` hands out page indices (lowest first, so tests are deterministic);
+    ``free`` returns them. The arena does not know which model owns which pages: the
+    caller (the device) keeps that page table.
+    """
+
+    def __init__(self, n_pages: int, page_size: int = PAGE_SIZE, backend: str = "numpy") -> None:
+        if n_pages <= 0:
+            raise ValueError("n_pages must be positive")
+        if page_size <= 0 or page_size % TENSOR_ALIGNMENT:
+            raise ValueError(f"page_size must be a positive multiple of {TENSOR_ALIGNMENT}")
+        self.n_pages = n_pages
+        self.page_size = page_size
+        self.backend = backend
+        self.buffer = _allocate(n_pages * page_size, backend)
+        self._free = [True] * n_pages
+        self._n_free = n_pages
+
+    # -- accounting ----------------------------------------------------------------
+
+    @property
+    def free_pages(self) -> int:
+        return self._n_free
+
+    @property
+    def used_pages(self) -> int:
+        return self.n_pages - self._n_free
+
+    @property
+    def address(self) -> int:
+        return int(self.buffer.ctypes.data)
+
+    def alloc(self, n: int, runs: Sequence[int] | None = None) -> list[int]:
+        """Take ``n`` free pages. ``runs`` (lengths summing to ``n``) asks for each run
+        to be physically contiguous; without it any free pages do."""
+        if runs is None:
+            runs = [1] * n
+        if sum(runs) != n or any(r <= 0 for r in runs):
+            raise ArenaError(f"runs {list(runs)} do not split {n} pages")
+        if n > self._n_free:
+            raise ArenaError(f"needs {n} pages, {self._n_free} free")
+        taken: list[int] = []
+        try:
+            for r in runs:
+                start = self._find_run(r)
+                for p in range(start, start + r):
+                    self._free[p] = False
+                taken.extend(range(start, start + r))
+        except ArenaError:
+            for p in taken:
+                self._free[p] = True
+            raise
+        self._n_free -= n
+        return taken
+
+    def _find_run(self, length: int) -> int:
+        count = 0
+        for i, free in enumerate(self._free):
+            count = count + 1 if free else 0
+            if count == length:
+                return i - length + 1
+        raise ArenaError(f"no {length} contiguous free pages (fragmented; {self._n_free} free)")
+
+    def free(self, pages: Sequence[int]) -> None:
+        for p in pages:
+            if not 0 <= p < self.n_pages:
+                raise ArenaError(f"page {p} is outside the arena (0..{self.n_pages - 1})")
+            if self._free[p]:
+                raise ArenaError(f"page {p} is already free")
+        for p in pages:
+            self._free[p] = True
+        self._n_free += len(pages)
+
+    # -- data ----------------------------------------------------------------------
+
+    def page(self, index: int) -> np.ndarray:
+        """Page ``index`` as a uint8 view."""
+        if not 0 <= index < self.n_pages:
+            raise ArenaError(f"page {index} is outside the arena (0..{self.n_pages - 1})")
+        start = index * self.page_size
+        return self.buffer[start : start + self.page_size]
+
+    def write(self, pages: Sequence[int], data: bytes | bytearray | memoryview | np.ndarray) -> None:
+        """Copy a weights blob laid out page by page: logical page k -> ``pages[k]``."""
+        blob = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
+        blob = blob.reshape(-1).view(np.uint8)
+        if blob.size > len(pages) * self.page_size:
+            raise ArenaError(f"{blob.size} bytes do not fit in {len(pages)} pages")
+        ps = self.page_size
+        for k, p in enumerate(pages):
+            chunk = blob[k * ps : (k + 1) * ps]
+            if chunk.size == 0:
+                break
+            self.page(p)[: chunk.size] = chunk
+
+    def view(self, pages: Sequence[int], offset: int, shape: Sequence[int],
+             dtype: str | np.dtype) -> np.ndarray:
+        """Zero-copy view of a tensor at logical ``offset`` of a blob held in ``pages``."""
+        dt = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        ps = self.page_size
+        first, within = divmod(offset, ps)
+        span = max(1, -(-(within + nbytes) // ps))
+        if first + span > len(pages):
+            raise ArenaError(f"tensor at offset {offset} ({nbytes} bytes) runs past "
+                             f"{len(pages)} pages")
+        start = pages[first]
+        if span > 1 and list(pages[first : first + span]) != list(range(start, start + span)):
+            raise ArenaError(f"tensor at offset {offset} spans pages "
+                             f"{list(pages[first:first + span])}, which are not contiguous")
+        base = start * ps + within
+        return self.buffer[base : base + nbytes].view(dt).reshape(tuple(shape))
+
+
+__all__ = ["ARENA_ALIGNMENT", "TENSOR_ALIGNMENT", "ArenaError", "PageArena", "layout_tensors"]
