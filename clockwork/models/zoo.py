@@ -1,0 +1,167 @@
+"""The model zoo, built in code with TVM's Relax ``nn`` frontend (no downloads).
+
+Each entry gives a Relax ``nn.Module``, the per-sample input shape, seeded random
+weights (a dict name -> numpy array, names as ``export_tvm`` reports them) and a
+numpy reference forward pass that the tests compare the compiled model against.
+Sizes are tiny so that compiling takes well under a second.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    name: str
+    input_name: str
+    input_shape: tuple[int, ...]  # without the batch dimension
+    dtype: str
+    build: Callable[[], object]  # -> tvm.relax.frontend.nn.Module
+    reference: Callable[[np.ndarray, dict[str, np.ndarray]], np.ndarray]
+
+
+# -- numpy reference ops --------------------------------------------------------------
+
+
+def _relu(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0)
+
+
+def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    y = x @ w.T
+    return y + b if b is not None else y
+
+
+def _conv2d(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, stride: int = 1,
+            padding: int = 0) -> np.ndarray:
+    """NCHW x OIHW, float64 accumulate."""
+    if padding:
+        x = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+    _, _, kh, kw = w.shape
+    win = np.lib.stride_tricks.sliding_window_view(x, (kh, kw), axis=(2, 3))
+    win = win[:, :, ::stride, ::stride]  # N C H' W' kh kw
+    y = np.einsum("nchwij,ocij->nohw", win.astype(np.float64), w.astype(np.float64))
+    if b is not None:
+        y = y + b.reshape(1, -1, 1, 1)
+    return y.astype(np.float32)
+
+
+# -- MLP ------------------------------------------------------------------------------
+
+MLP_DIMS = (64, 128, 128, 10)
+
+
+def _build_mlp():
+    from tvm.relax.frontend import nn
+
+    class MLP(nn.Module):
+        def __init__(self) -> None:
+            d = MLP_DIMS
+            self.fc1 = nn.Linear(d[0], d[1])
+            self.fc2 = nn.Linear(d[1], d[2])
+            self.fc3 = nn.Linear(d[2], d[3])
+
+        def forward(self, x):
+            x = nn.op.relu(self.fc1(x))
+            x = nn.op.relu(self.fc2(x))
+            return self.fc3(x)
+
+    return MLP()
+
+
+def _ref_mlp(x, p):
+    x = _relu(_linear(x, p["fc1.weight"], p["fc1.bias"]))
+    x = _relu(_linear(x, p["fc2.weight"], p["fc2.bias"]))
+    return _linear(x, p["fc3.weight"], p["fc3.bias"])
+
+
+# -- a small ResNet (basic blocks, BatchNorm folded into conv bias) --------------------
+
+RESNET_WIDTHS = (8, 16)
+RESNET_CLASSES = 10
+RESNET_HW = 16
+
+
+def _build_resnet():
+    from tvm.relax.frontend import nn
+
+    class Block(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int) -> None:
+            self.conv1 = nn.Conv2D(cin, cout, 3, stride=stride, padding=1)
+            self.conv2 = nn.Conv2D(cout, cout, 3, padding=1)
+            self.proj = nn.Conv2D(cin, cout, 1, stride=stride) if (stride != 1 or cin != cout) else None
+
+        def forward(self, x):
+            y = nn.op.relu(self.conv1(x))
+            y = self.conv2(y)
+            skip = self.proj(x) if self.proj is not None else x
+            return nn.op.relu(y + skip)
+
+    class TinyResNet(nn.Module):
+        def __init__(self) -> None:
+            w0, w1 = RESNET_WIDTHS
+            self.stem = nn.Conv2D(3, w0, 3, padding=1)
+            self.block1 = Block(w0, w0, 1)
+            self.block2 = Block(w0, w1, 2)
+            self.fc = nn.Linear(w1, RESNET_CLASSES)
+
+        def forward(self, x):
+            x = nn.op.relu(self.stem(x))
+            x = self.block2(self.block1(x))
+            hw = RESNET_HW // 2
+            x = nn.op.sum(x, axis=[2, 3]) * (1.0 / (hw * hw))  # global average pool
+            return self.fc(x)
+
+    return TinyResNet()
+
+
+def _ref_block(x, p, prefix, stride):
+    y = _relu(_conv2d(x, p[f"{prefix}.conv1.weight"], p[f"{prefix}.conv1.bias"], stride, 1))
+    y = _conv2d(y, p[f"{prefix}.conv2.weight"], p[f"{prefix}.conv2.bias"], 1, 1)
+    if f"{prefix}.proj.weight" in p:
+        x = _conv2d(x, p[f"{prefix}.proj.weight"], p[f"{prefix}.proj.bias"], stride, 0)
+    return _relu(y + x)
+
+
+def _ref_resnet(x, p):
+    x = _relu(_conv2d(x, p["stem.weight"], p["stem.bias"], 1, 1))
+    x = _ref_block(x, p, "block1", 1)
+    x = _ref_block(x, p, "block2", 2)
+    x = x.mean(axis=(2, 3))
+    return _linear(x, p["fc.weight"], p["fc.bias"])
+
+
+ZOO: dict[str, ZooModel] = {
+    "mlp": ZooModel("mlp", "x", (MLP_DIMS[0],), "float32", _build_mlp, _ref_mlp),
+    "resnet_tiny": ZooModel("resnet_tiny", "x", (3, RESNET_HW, RESNET_HW), "float32",
+                            _build_resnet, _ref_resnet),
+}
+
+
+def get_model(name: str) -> ZooModel:
+    try:
+        return ZOO[name]
+    except KeyError:
+        raise KeyError(f"unknown zoo model {name!r}; known: {', '.join(sorted(ZOO))}") from None
+
+
+def random_weights(specs: list[tuple[str, tuple[int, ...], str]], seed: int) -> dict[str, np.ndarray]:
+    """Seeded weights: He-scaled normals for weights (fan-in = all but the first dim),
+    small normals for biases."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape, dtype in specs:
+        if len(shape) >= 2:
+            fan_in = int(np.prod(shape[1:]))
+            a = rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)
+        else:
+            a = rng.standard_normal(shape) * 0.1
+        out[name] = a.astype(dtype)
+    return out
+
+
+__all__ = ["ZOO", "ZooModel", "get_model", "random_weights"]

@@ -1,0 +1,126 @@
+"""Real models: zoo packages compiled with TVM, run by the cpu device on a page arena.
+
+Skipped without TVM (``pip install -e .[tvm]``). Packages are compiled once per session
+with small (4 KiB) pages, so that tensors span several pages and runs must be contiguous.
+"""
+
+import numpy as np
+import orjson
+import pytest
+
+pytest.importorskip("tvm")
+
+from clockwork.cli import main  # noqa: E402
+from clockwork.models.package import read_package, reference_weights  # noqa: E402
+from clockwork.models.zoo import ZOO, get_model  # noqa: E402
+from worker.devices.cpu import CpuDevice, DeviceError  # noqa: E402
+from worker.memory import TENSOR_ALIGNMENT  # noqa: E402
+
+PS = 4096
+BATCHES = [1, 2, 4]
+
+
+@pytest.fixture(scope="session")
+def packages(tmp_path_factory):
+    from clockwork.models.package import compile_model
+
+    root = tmp_path_factory.mktemp("packages")
+    return {m: compile_model(m, BATCHES, root / m, page_size=PS) for m in ZOO}
+
+
+def _inputs(meta, b, seed=0):
+    spec = meta["inputs"][0]
+    rng = np.random.default_rng(seed + b)
+    return rng.standard_normal((b, *spec["shape"])).astype(spec["dtype"])
+
+
+def test_package_metadata(packages):
+    for name, path in packages.items():
+        meta = read_package(path)
+        assert meta["model"] == name and meta["batch_sizes"] == BATCHES
+        assert meta["page_size"] == PS
+        assert sum(meta["page_runs"]) == meta["weights_pages"]
+        assert (path / "weights.bin").stat().st_size == meta["weights_pages"] * PS
+        for t in meta["params"]:
+            assert t["offset"] % TENSOR_ALIGNMENT == 0
+            if t["nbytes"] <= PS:  # the layout rule: small tensors never straddle pages
+                assert t["offset"] // PS == (t["offset"] + t["nbytes"] - 1) // PS
+        assert meta["outputs"][0]["shape"] == [10]
+    assert max(read_package(packages["mlp"])["page_runs"]) > 1  # exercises contiguous runs
+
+
+def _check_outputs(dev, name, meta, weights, seed=0):
+    for b in meta["batch_sizes"]:
+        x = _inputs(meta, b, seed)
+        y, exec_ns = dev.infer(name, x)
+        ref = get_model(meta["model"]).reference(x, weights)
+        assert y.shape == (b, *meta["outputs"][0]["shape"])
+        np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+        assert exec_ns > 0
+
+
+def test_outputs_match_reference_after_evict_and_reload_elsewhere(packages):
+    metas = {m: read_package(p) for m, p in packages.items()}
+    need = sum(m["weights_pages"] for m in metas.values())
+    dev = CpuDevice(need + 8, PS)
+    for name, path in packages.items():
+        dev.register(name, path)
+    weights = {m: reference_weights(metas[m], packages[m]) for m in packages}
+    first = {}
+    for name in packages:
+        first[name], load_ns = dev.load(name)
+        assert load_ns > 0
+        _check_outputs(dev, name, metas[name], weights[name])
+    # EVICT everything, take the low pages, LOAD again in reverse order: other pages
+    for name in packages:
+        dev.evict(name)
+        with pytest.raises(DeviceError, match="not in the cache"):
+            dev.infer(name, _inputs(metas[name], 1))
+    blocker = dev.arena.alloc(5)
+    for name in reversed(list(packages)):
+        pages, _ = dev.load(name)
+        assert pages != first[name]
+        _check_outputs(dev, name, metas[name], weights[name], seed=7)
+    dev.arena.free(blocker)
+
+
+def test_weights_are_bound_zero_copy(packages):
+    meta = read_package(packages["mlp"])
+    dev = CpuDevice(meta["weights_pages"], PS)
+    dev.register("m", packages["mlp"])
+    pages, _ = dev.load("m")
+    x = _inputs(meta, 2)
+    y0, _ = dev.infer("m", x)
+    bias = next(t for t in meta["params"] if t["name"] == "fc3.bias")
+    dev.arena.view(pages, bias["offset"], bias["shape"], bias["dtype"])[:] += 1.0
+    y1, _ = dev.infer("m", x)
+    np.testing.assert_allclose(y1, y0 + 1.0, rtol=1e-5, atol=1e-5)
+
+
+def test_device_errors(packages):
+    meta = read_package(packages["resnet_tiny"])
+    dev = CpuDevice(meta["weights_pages"], PS)
+    dev.register("r", packages["resnet_tiny"])
+    with pytest.raises(DeviceError, match="unknown model"):
+        dev.load("nope")
+    dev.load("r")
+    with pytest.raises(DeviceError, match="already loaded"):
+        dev.load("r")
+    with pytest.raises(DeviceError, match="batch size 3"):
+        dev.infer("r", _inputs(meta, 3))
+    with pytest.raises(DeviceError, match="page"):  # 16 MiB arena vs a 4 KiB-page package
+        CpuDevice(1).register("r", packages["resnet_tiny"])
+
+
+def test_cli_compile_default_pages(tmp_path):
+    out = tmp_path / "mlp"
+    assert main(["compile", "mlp", "--device", "cpu", "--batch-sizes", "2,1", "--out",
+                 str(out)]) == 0
+    meta = orjson.loads((out / "model.json").read_bytes())
+    assert meta["batch_sizes"] == [1, 2] and meta["weights_pages"] == 1
+    assert meta["page_size"] == 16 * 1024 * 1024
+    dev = CpuDevice(2)
+    dev.register("mlp", out)
+    dev.load("mlp")
+    _check_outputs(dev, "mlp", meta, reference_weights(meta, out))
+    assert main(["compile", "nope", "--out", str(tmp_path / "x")]) == 2

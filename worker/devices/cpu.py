@@ -1,0 +1,163 @@
+"""The cpu device: TVM-compiled model packages executed on a numpy page arena.
+
+* ``register(name, package)`` is LoadModelFromDisk: it loads the library, creates a
+  Relax VM and reads the weights blob into host memory (kept there, so LOAD is a copy).
+* ``load(name)`` is LOAD: allocate arena pages (contiguous within each run of the
+  package's layout), copy the blob in page by page, and wrap every tensor's arena
+  view as a TVM tensor with ``tvm.runtime.from_dlpack`` (zero-copy; TVM checks that
+  the data is 64-byte aligned, which the layout guarantees).
+* ``evict(name)`` is EVICT: drop the bindings, free the pages.
+* ``infer(name, inputs)`` is INPUT copy + EXEC + OUTPUT copy: the input is copied into
+  a preallocated aligned buffer per (model, batch size), the VM function for that
+  batch size runs with the bound page views as its weights, and the output is copied
+  out. The returned ``exec_ns`` measures the VM call alone.
+
+One EXEC at a time: a lock serialises ``infer``, and ``load``/``evict`` of the same
+model against it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from clockwork.profiles import PAGE_SIZE
+from worker.memory import TENSOR_ALIGNMENT, ArenaError, PageArena
+
+
+class DeviceError(RuntimeError):
+    """A model is unknown, not loaded, or called with a bad batch/input."""
+
+
+def _aligned_empty(shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    dt = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    raw = np.empty(nbytes + TENSOR_ALIGNMENT, np.uint8)
+    skip = (-raw.ctypes.data) % TENSOR_ALIGNMENT
+    return raw[skip : skip + nbytes].view(dt).reshape(shape)
+
+
+@dataclass
+class _Model:
+    name: str
+    path: Path
+    meta: dict
+    vm: object
+    functions: dict[int, object]
+    blob: np.ndarray
+    inputs: dict[int, tuple[np.ndarray, object]] = field(default_factory=dict)
+    pages: list[int] | None = None
+    bound: list[object] | None = None  # tvm tensors viewing arena pages, in params order
+
+
+class CpuDevice:
+    """Real execution on the host CPU; see the module docstring."""
+
+    kind = "cpu"
+
+    def __init__(self, n_pages: int, page_size: int = PAGE_SIZE) -> None:
+        import tvm  # noqa: F401  (fail early, with the message below, if TVM is absent)
+
+        self.arena = PageArena(n_pages, page_size)
+        self.models: dict[str, _Model] = {}
+        self._lock = threading.Lock()
+
+    # -- LoadModelFromDisk --------------------------------------------------------------
+
+    def register(self, name: str, package: str | Path) -> dict:
+        import tvm
+        from tvm import relax
+
+        from clockwork.models.package import LIBRARY, WEIGHTS, read_package
+
+        path = Path(package)
+        meta = read_package(path)
+        if meta["page_size"] != self.arena.page_size:
+            raise DeviceError(f"package {path} is laid out in {meta['page_size']}-byte pages, "
+                              f"the arena has {self.arena.page_size}-byte pages")
+        dev = tvm.cpu()
+        lib = tvm.runtime.load_module(str(path / LIBRARY))
+        vm = relax.VirtualMachine(lib, dev)
+        functions = {int(b): vm[f] for b, f in meta["functions"].items()}
+        blob = np.fromfile(path / WEIGHTS, dtype=np.uint8)
+        m = _Model(name, path, meta, vm, functions, blob)
+        spec = meta["inputs"][0]
+        for b in functions:
+            buf = _aligned_empty((b, *spec["shape"]), spec["dtype"])
+            buf[...] = 0
+            m.inputs[b] = (buf, tvm.runtime.from_dlpack(buf))
+        with self._lock:
+            if name in self.models:
+                raise DeviceError(f"model {name!r} is already registered")
+            self.models[name] = m
+        return meta
+
+    # -- LOAD / EVICT ---------------------------------------------------------------------
+
+    def _model(self, name: str) -> _Model:
+        try:
+            return self.models[name]
+        except KeyError:
+            raise DeviceError(f"unknown model {name!r}") from None
+
+    def loaded(self, name: str) -> bool:
+        return self._model(name).pages is not None
+
+    def load(self, name: str) -> tuple[list[int], int]:
+        """LOAD: returns (pages, duration_ns) where the duration covers alloc + copy + bind."""
+        import tvm
+
+        m = self._model(name)
+        with self._lock:
+            if m.pages is not None:
+                raise DeviceError(f"model {name!r} is already loaded")
+            t0 = time.perf_counter_ns()
+            pages = self.arena.alloc(m.meta["weights_pages"], m.meta["page_runs"])
+            try:
+                self.arena.write(pages, m.blob)
+                bound = [tvm.runtime.from_dlpack(self.arena.view(pages, t["offset"], t["shape"],
+                                                                 t["dtype"]))
+                         for t in m.meta["params"]]
+            except (ArenaError, RuntimeError):
+                self.arena.free(pages)
+                raise
+            m.pages, m.bound = pages, bound
+            return pages, time.perf_counter_ns() - t0
+
+    def evict(self, name: str) -> None:
+        m = self._model(name)
+        with self._lock:
+            if m.pages is None:
+                raise DeviceError(f"model {name!r} is not loaded")
+            m.bound = None
+            self.arena.free(m.pages)
+            m.pages = None
+
+    # -- INPUT + EXEC + OUTPUT ------------------------------------------------------------
+
+    def infer(self, name: str, inputs: np.ndarray) -> tuple[np.ndarray, int]:
+        """Run one batch; returns (outputs, exec_ns)."""
+        m = self._model(name)
+        b = int(inputs.shape[0])
+        if b not in m.functions:
+            raise DeviceError(f"model {name!r}: batch size {b} not in {sorted(m.functions)}")
+        with self._lock:
+            if m.bound is None:
+                raise DeviceError(f"model {name!r}: weights not in the cache")
+            buf, tin = m.inputs[b]
+            if inputs.shape != buf.shape:
+                raise DeviceError(f"model {name!r}: input shape {inputs.shape}, "
+                                  f"expected {buf.shape}")
+            buf[...] = inputs
+            f = m.functions[b]
+            t0 = time.perf_counter_ns()
+            out = f(tin, *m.bound)
+            exec_ns = time.perf_counter_ns() - t0
+            return out.numpy(), exec_ns
+
+
+__all__ = ["CpuDevice", "DeviceError"]
