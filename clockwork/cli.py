@@ -120,9 +120,9 @@ def _optional_commands() -> list[Callable]:
     import importlib.util
 
     if importlib.util.find_spec("tvm") is not None:  # real models (pip install -e .[tvm])
-        from clockwork.models.cli import add_compile_parser
+        from clockwork.models.cli import add_compile_parser, add_profile_parser
 
-        out.append(add_compile_parser)
+        out += [add_compile_parser, add_profile_parser]
     try:  # the live system (needs grpcio)
         from clockwork.live import add_infer_parser, add_replay_parser, add_serve_parser
         from controller.service import add_controller_parser

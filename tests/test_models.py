@@ -124,3 +124,17 @@ def test_cli_compile_default_pages(tmp_path):
     dev.load("mlp")
     _check_outputs(dev, "mlp", meta, reference_weights(meta, out))
     assert main(["compile", "nope", "--out", str(tmp_path / "x")]) == 2
+
+
+def test_cli_profile_writes_scheduler_profile(packages, tmp_path):
+    from clockwork.profiles import load_profile_set
+
+    out = tmp_path / "cpu" / "resnet_tiny.json"
+    assert main(["profile", "resnet_tiny", "--package", str(packages["resnet_tiny"]),
+                 "--runs", "20", "--load-runs", "3", "--out", str(out)]) == 0
+    prof = load_profile_set(str(tmp_path / "cpu")).get("resnet_tiny")
+    assert prof.device == "cpu" and prof.batch_sizes == BATCHES
+    assert prof.load_ns > 0 and all(v > 0 for v in prof.exec_ns.values())
+    assert prof.weights_pages == 1 and prof.inputs[0].shape == (3, 16, 16)
+    assert "p50" in prof.source["exec_ns.1"] and "max" in prof.source["load_ns"]
+    assert main(["profile", "nope", "--out", str(tmp_path / "x.json")]) == 2

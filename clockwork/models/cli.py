@@ -58,3 +58,52 @@ def add_compile_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", metavar="DIR", help="package directory (default packages/DEVICE/MODEL)")
     p.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
     p.set_defaults(func=_cmd_compile)
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from clockwork.models.package import PackageError, compile_model
+    from clockwork.models.profiling import profile_package
+    from clockwork.models.zoo import ZOO
+    from clockwork.profiles import save_profile
+
+    if not _check_device("profile", args.device):
+        return 2
+    with tempfile.TemporaryDirectory(prefix="clockwork-profile-") as tmp:
+        package = Path(args.package) if args.package else None
+        if package is None:
+            if args.model not in ZOO:
+                print(f"clockwork profile: unknown model {args.model!r}; zoo: "
+                      f"{', '.join(sorted(ZOO))} (or pass --package DIR)", file=sys.stderr)
+                return 2
+            package = compile_model(args.model, args.batch_sizes, Path(tmp) / args.model,
+                                    target=DEVICES[args.device])
+        try:
+            prof = profile_package(package, runs=args.runs, load_runs=args.load_runs)
+        except PackageError as e:
+            print(f"clockwork profile: {e}", file=sys.stderr)
+            return 2
+    out = Path(args.out) if args.out else Path("profiles") / args.device / f"{prof.model}.json"
+    save_profile(prof, out)
+    figures = ", ".join(f"b{b} {v / 1e6:.3f}" for b, v in prof.exec_ns.items())
+    print(f"wrote {out}: load {prof.load_ns / 1e6:.3f} ms, exec (p99, ms) {figures}",
+          file=sys.stderr)
+    return 0
+
+
+def add_profile_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "profile", help="measure LOAD and EXEC of a model and write its profile (needs TVM)",
+        description="Measure LOAD and EXEC per batch size over many runs on a real device and "
+        "write profiles/DEVICE/MODEL.json in the scheduler's format (figures are p99s; "
+        "p50/p99/max are in 'source'). Compiles the zoo model first unless --package is given.")
+    p.add_argument("model", help="zoo model name")
+    p.add_argument("--device", default="cpu", choices=sorted(DEVICES))
+    p.add_argument("--package", metavar="DIR", help="profile this compiled package instead")
+    p.add_argument("--batch-sizes", type=_batch_sizes, default=[1, 2, 4, 8, 16],
+                   metavar="B1,B2,...", help="when compiling (default 1,2,4,8,16)")
+    p.add_argument("--runs", type=int, default=200, help="EXEC runs per batch size (default 200)")
+    p.add_argument("--load-runs", type=int, default=50, help="LOAD runs (default 50)")
+    p.add_argument("--out", metavar="FILE", help="default profiles/DEVICE/MODEL.json")
+    p.set_defaults(func=_cmd_profile)
