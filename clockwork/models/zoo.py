@@ -37,14 +37,18 @@ def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
 
 
 def _conv2d(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, stride: int = 1,
-            padding: int = 0) -> np.ndarray:
-    """NCHW x OIHW, float64 accumulate."""
+            padding: int = 0, groups: int = 1) -> np.ndarray:
+    """NCHW x OIHW (I = C / groups), float64 accumulate."""
     if padding:
         x = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
     _, _, kh, kw = w.shape
     win = np.lib.stride_tricks.sliding_window_view(x, (kh, kw), axis=(2, 3))
-    win = win[:, :, ::stride, ::stride]  # N C H' W' kh kw
-    y = np.einsum("nchwij,ocij->nohw", win.astype(np.float64), w.astype(np.float64))
+    win = win[:, :, ::stride, ::stride].astype(np.float64)  # N C H' W' kh kw
+    n, c, h, wd = win.shape[:4]
+    o = w.shape[0]
+    win = win.reshape(n, groups, c // groups, h, wd, kh, kw)
+    wg = w.astype(np.float64).reshape(groups, o // groups, c // groups, kh, kw)
+    y = np.einsum("ngchwij,gocij->ngohw", win, wg).reshape(n, o, h, wd)
     if b is not None:
         y = y + b.reshape(1, -1, 1, 1)
     return y.astype(np.float32)
@@ -135,10 +139,119 @@ def _ref_resnet(x, p):
     return _linear(x, p["fc.weight"], p["fc.bias"])
 
 
+# -- a small MobileNetV2-like net (inverted residual, depthwise conv, relu6) ------------
+
+MOBILENET_HW = 16
+
+
+def _build_mobilenet():
+    from tvm.relax.frontend import nn
+
+    class TinyMobileNet(nn.Module):
+        def __init__(self) -> None:
+            self.stem = nn.Conv2D(3, 8, 3, stride=2, padding=1)
+            self.expand = nn.Conv2D(8, 32, 1)
+            self.dw = nn.Conv2D(32, 32, 3, padding=1, groups=32)
+            self.project = nn.Conv2D(32, 8, 1)
+            self.head = nn.Conv2D(8, 32, 1)
+            self.fc = nn.Linear(32, 10)
+
+        def forward(self, x):
+            x = nn.op.relu6(self.stem(x))
+            y = nn.op.relu6(self.expand(x))
+            y = nn.op.relu6(self.dw(y))
+            x = x + self.project(y)
+            x = nn.op.relu6(self.head(x))
+            hw = MOBILENET_HW // 2
+            x = nn.op.sum(x, axis=[2, 3]) * (1.0 / (hw * hw))
+            return self.fc(x)
+
+    return TinyMobileNet()
+
+
+def _relu6(x):
+    return np.clip(x, 0, 6)
+
+
+def _ref_mobilenet(x, p):
+    x = _relu6(_conv2d(x, p["stem.weight"], p["stem.bias"], 2, 1))
+    y = _relu6(_conv2d(x, p["expand.weight"], p["expand.bias"]))
+    y = _relu6(_conv2d(y, p["dw.weight"], p["dw.bias"], 1, 1, groups=32))
+    x = x + _conv2d(y, p["project.weight"], p["project.bias"])
+    x = _relu6(_conv2d(x, p["head.weight"], p["head.bias"]))
+    return _linear(x.mean(axis=(2, 3)), p["fc.weight"], p["fc.bias"])
+
+
+# -- a small transformer encoder (one pre-LN layer, 2 heads, mean pooling) -------------
+
+TF_SEQ, TF_DIM, TF_HEADS, TF_FF = 8, 32, 2, 64
+
+
+def _build_transformer():
+    from tvm.relax.frontend import nn
+
+    class TinyEncoder(nn.Module):
+        def __init__(self) -> None:
+            self.ln1 = nn.LayerNorm(TF_DIM)
+            self.qkv = nn.Linear(TF_DIM, 3 * TF_DIM)
+            self.attn_out = nn.Linear(TF_DIM, TF_DIM)
+            self.ln2 = nn.LayerNorm(TF_DIM)
+            self.ff1 = nn.Linear(TF_DIM, TF_FF)
+            self.ff2 = nn.Linear(TF_FF, TF_DIM)
+            self.fc = nn.Linear(TF_DIM, 10)
+
+        def forward(self, x):
+            b = x.shape[0]
+            dh = TF_DIM // TF_HEADS
+            qkv = nn.op.reshape(self.qkv(self.ln1(x)), (b, TF_SEQ, 3, TF_HEADS, dh))
+            qkv = nn.op.permute_dims(qkv, (2, 0, 3, 1, 4))  # 3 b h s dh
+            q, k, v = nn.op.split(qkv, 3, axis=0)
+            q = nn.op.reshape(q, (b, TF_HEADS, TF_SEQ, dh))
+            k = nn.op.reshape(k, (b, TF_HEADS, TF_SEQ, dh))
+            v = nn.op.reshape(v, (b, TF_HEADS, TF_SEQ, dh))
+            att = nn.op.matmul(q, nn.op.permute_dims(k, (0, 1, 3, 2))) * (1.0 / dh**0.5)
+            y = nn.op.matmul(nn.op.softmax(att, axis=-1), v)  # b h s dh
+            y = nn.op.reshape(nn.op.permute_dims(y, (0, 2, 1, 3)), (b, TF_SEQ, TF_DIM))
+            x = x + self.attn_out(y)
+            x = x + self.ff2(nn.op.relu(self.ff1(self.ln2(x))))
+            x = nn.op.sum(x, axis=[1]) * (1.0 / TF_SEQ)
+            return self.fc(x)
+
+    return TinyEncoder()
+
+
+def _layer_norm(x, w, b, eps=1e-5):
+    x = x.astype(np.float64)
+    mu = x.mean(-1, keepdims=True)
+    var = x.var(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * w + b
+
+
+def _ref_transformer(x, p):
+    bsz = x.shape[0]
+    dh = TF_DIM // TF_HEADS
+    x = x.astype(np.float64)
+    qkv = _linear(_layer_norm(x, p["ln1.weight"], p["ln1.bias"]), p["qkv.weight"], p["qkv.bias"])
+    qkv = qkv.reshape(bsz, TF_SEQ, 3, TF_HEADS, dh).transpose(2, 0, 3, 1, 4)
+    q, k, v = qkv
+    att = q @ k.transpose(0, 1, 3, 2) / np.sqrt(dh)
+    att = np.exp(att - att.max(-1, keepdims=True))
+    att /= att.sum(-1, keepdims=True)
+    y = (att @ v).transpose(0, 2, 1, 3).reshape(bsz, TF_SEQ, TF_DIM)
+    x = x + _linear(y, p["attn_out.weight"], p["attn_out.bias"])
+    h = _relu(_linear(_layer_norm(x, p["ln2.weight"], p["ln2.bias"]), p["ff1.weight"], p["ff1.bias"]))
+    x = x + _linear(h, p["ff2.weight"], p["ff2.bias"])
+    return _linear(x.mean(axis=1), p["fc.weight"], p["fc.bias"]).astype(np.float32)
+
+
 ZOO: dict[str, ZooModel] = {
     "mlp": ZooModel("mlp", "x", (MLP_DIMS[0],), "float32", _build_mlp, _ref_mlp),
     "resnet_tiny": ZooModel("resnet_tiny", "x", (3, RESNET_HW, RESNET_HW), "float32",
                             _build_resnet, _ref_resnet),
+    "mobilenet_tiny": ZooModel("mobilenet_tiny", "x", (3, MOBILENET_HW, MOBILENET_HW), "float32",
+                               _build_mobilenet, _ref_mobilenet),
+    "transformer_tiny": ZooModel("transformer_tiny", "x", (TF_SEQ, TF_DIM), "float32",
+                                 _build_transformer, _ref_transformer),
 }
 
 
@@ -151,13 +264,15 @@ def get_model(name: str) -> ZooModel:
 
 def random_weights(specs: list[tuple[str, tuple[int, ...], str]], seed: int) -> dict[str, np.ndarray]:
     """Seeded weights: He-scaled normals for weights (fan-in = all but the first dim),
-    small normals for biases."""
+    1 + small normals for norm scales (1-D ``*.weight``), small normals for biases."""
     rng = np.random.default_rng(seed)
     out = {}
     for name, shape, dtype in specs:
         if len(shape) >= 2:
             fan_in = int(np.prod(shape[1:]))
             a = rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)
+        elif name.endswith(".weight"):
+            a = 1.0 + rng.standard_normal(shape) * 0.1
         else:
             a = rng.standard_normal(shape) * 0.1
         out[name] = a.astype(dtype)
