@@ -108,6 +108,21 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
 ]
 
 
+def _needs_tvm(args: argparse.Namespace) -> int:
+    print(f"clockwork {args.command}: real models need Apache TVM, which is not installed; "
+          "install it with: pip install -e '.[tvm]' (the PyPI package is apache-tvm, not tvm)",
+          file=sys.stderr)
+    return 2
+
+
+def _add_tvm_stubs(sub: argparse._SubParsersAction) -> None:
+    for name, what in (("compile", "compile a model into a package"),
+                       ("profile", "measure a compiled model's LOAD/EXEC times")):
+        p = sub.add_parser(name, help=f"{what} (needs apache-tvm)", add_help=True)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=_needs_tvm)
+
+
 def _optional_commands() -> list[Callable]:
     """Commands whose modules may be absent in a light install."""
     out = []
@@ -123,6 +138,8 @@ def _optional_commands() -> list[Callable]:
         from clockwork.models.cli import add_compile_parser, add_profile_parser
 
         out += [add_compile_parser, add_profile_parser]
+    else:
+        out.append(_add_tvm_stubs)
     try:  # the live system (needs grpcio)
         from clockwork.live import add_infer_parser, add_replay_parser, add_serve_parser
         from controller.service import add_controller_parser
