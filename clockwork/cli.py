@@ -23,6 +23,7 @@ EPILOG = """examples:
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from clockwork.scenario import ScenarioError, load_scenario
     from clockwork.sim import Simulation
+    from clockwork.telemetry import emit_run
 
     try:
         sc = load_scenario(args.scenario, args.set)
@@ -31,16 +32,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         print(f"clockwork simulate: {e}", file=sys.stderr)
         return 2
     res = sim.run()
-    if args.out:
-        out = res.write(args.out)
-        print(f"wrote {out}/summary.json, requests.tsv, actions.tsv, run.json", file=sys.stderr)
-    if args.json:
-        sys.stdout.write(orjson.dumps(res.summary, option=orjson.OPT_INDENT_2).decode() + "\n")
-    else:
-        title = sc.data.get("name") or Path(sc.source).stem
-        print(f"{title}: {res.summary['gpus']} GPU(s), {res.summary['model_instances']} model "
-              f"instance(s), policy {res.summary['policy']}, simulated in {res.wall_s:.1f} s wall")
-        print(res.table())
+    s = res.summary
+    emit_run(res, sc, f"{s['gpus']} GPU(s), {s['model_instances']} model instance(s), policy "
+             f"{s['policy']}, simulated in {res.wall_s:.1f} s wall", args.out, args.json)
     return 0
 
 

@@ -19,12 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import orjson
 
 from clockwork.actions import RequestStatus
 from clockwork.requests import Reply, Request
 from clockwork.scenario import Scenario, ScenarioError, instance_names, load_scenario
-from clockwork.telemetry import Telemetry, format_summary, write_json
+from clockwork.telemetry import Telemetry, emit_run, write_json
 from clockwork.time import NS_PER_S, ms, sec
 
 now_ns = time.monotonic_ns
@@ -219,14 +218,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
     except (ScenarioError, ClockworkError, ValueError) as e:
         print(f"clockwork replay: {e}", file=sys.stderr)
         return 2
-    if args.out:
-        out = res.write(args.out)
-        print(f"wrote {out}/summary.json, requests.tsv, actions.tsv, run.json", file=sys.stderr)
-    if args.json:
-        sys.stdout.write(orjson.dumps(res.summary, option=orjson.OPT_INDENT_2).decode() + "\n")
-    else:
-        title = sc.data.get("name") or Path(sc.source).stem
-        print(f"{title}: live replay against {args.controller} in {res.wall_s:.1f} s wall; "
-              f"every request answered exactly once: {res.answered_once}")
-        print(format_summary(res.summary))
+    emit_run(res, sc, f"live replay against {args.controller} in {res.wall_s:.1f} s wall; "
+             f"every request answered exactly once: {res.answered_once}", args.out, args.json)
     return 0 if res.answered_once else 1

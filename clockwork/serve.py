@@ -205,11 +205,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace) -> int:
     """``clockwork serve SCENARIO --replay``: drive the workloads, print the table, stop."""
     import asyncio
-    from pathlib import Path
 
     from clockwork.errors import ClockworkError
     from clockwork.replay import replay
-    from clockwork.telemetry import format_summary
+    from clockwork.telemetry import emit_run
 
     c = sc.cluster
     print(f"clockwork serve: {c['workers']} emulated worker(s) x {c['gpus_per_worker']} GPU(s), "
@@ -221,12 +220,6 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace) -> int:
     except (ScenarioError, ClockworkError, ValueError) as e:
         print(f"clockwork serve: {e}", file=sys.stderr)
         return 2
-    if args.out:
-        res.write(args.out)
-        print(f"wrote {args.out}/summary.json, requests.tsv, actions.tsv, run.json",
-              file=sys.stderr)
-    title = sc.data.get("name") or Path(sc.source).stem
-    print(f"{title}: live cluster, {res.wall_s:.1f} s wall; every request answered exactly "
-          f"once: {res.answered_once}")
-    print(format_summary(res.summary))
+    emit_run(res, sc, f"live cluster, {res.wall_s:.1f} s wall; every request answered exactly "
+             f"once: {res.answered_once}", args.out)
     return 0 if res.answered_once else 1

@@ -220,3 +220,22 @@ def format_timeline(rows: list[dict]) -> str:
                      f"{100 * r['slo_attainment']:>9.3f} {r['cold_starts']:>6,} {r['loads']:>6,} "
                      f"{r['evicts']:>6,}")
     return "\n".join(lines)
+
+
+def emit_run(result, scenario, headline: str, out: str | Path | None = None,
+             as_json: bool = False) -> None:
+    """Show a finished run (simulated or live) on the command line: optionally write its
+    files to ``out``, then print summary.json (``as_json``) or the scenario's name with
+    ``headline`` and the SLO table. ``result`` has ``.summary`` and ``.write(dir)``."""
+    import sys
+
+    if out:
+        written = result.write(out)
+        print(f"wrote {written}/summary.json, requests.tsv, actions.tsv, run.json",
+              file=sys.stderr)
+    if as_json:
+        sys.stdout.write(orjson.dumps(result.summary, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return
+    title = scenario.data.get("name") or Path(scenario.source).stem
+    print(f"{title}: {headline}")
+    print(format_summary(result.summary))
