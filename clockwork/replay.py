@@ -23,7 +23,7 @@ import numpy as np
 from clockwork.actions import RequestStatus
 from clockwork.requests import Reply, Request
 from clockwork.scenario import Scenario, ScenarioError, instance_names, load_scenario
-from clockwork.telemetry import Telemetry, emit_run, write_json
+from clockwork.telemetry import Telemetry, emit_run, write_run
 from clockwork.time import NS_PER_S, ms, sec
 
 now_ns = time.monotonic_ns
@@ -40,14 +40,9 @@ class ReplayResult:
     def write(self, out: str | Path) -> Path:
         from clockwork.sim import run_info
 
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        self.telemetry.write(out)
-        write_json(out / "summary.json", self.summary)
         info = run_info(self.wall_s, self.scenario)
         info["mode"] = "live"
-        write_json(out / "run.json", info)
-        return out
+        return write_run(out, self.telemetry, self.summary, info)
 
 
 async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,

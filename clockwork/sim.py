@@ -20,7 +20,7 @@ import numpy as np
 from clockwork.profiles import ProfileSet, load_profile_set
 from clockwork.requests import Request
 from clockwork.scenario import Scenario, ScenarioError, instance_names, load_scenario
-from clockwork.telemetry import Telemetry, format_summary, write_json
+from clockwork.telemetry import Telemetry, format_summary, write_run
 from clockwork.time import NS_PER_S, VirtualClock, ms, sec
 from clockwork.workloads import Workload, build_workload
 from controller import make_policy, split_settings
@@ -42,12 +42,8 @@ class SimResult:
     events: int
 
     def write(self, out: str | Path) -> Path:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        self.telemetry.write(out)
-        write_json(out / "summary.json", self.summary)
-        write_json(out / "run.json", run_info(self.wall_s, self.scenario, self.events))
-        return out
+        return write_run(out, self.telemetry, self.summary,
+                         run_info(self.wall_s, self.scenario, self.events))
 
     def table(self) -> str:
         return format_summary(self.summary)

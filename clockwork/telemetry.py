@@ -147,6 +147,16 @@ def summarize(requests: list[tuple], actions: list[tuple], duration_s: float,
     return summary
 
 
+def write_run(out: str | Path, telemetry: Telemetry, summary: dict, run: dict) -> Path:
+    """A run's files: requests.tsv, actions.tsv, summary.json and run.json in ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    telemetry.write(out)
+    write_json(out / "summary.json", summary)
+    write_json(out / "run.json", run)
+    return out
+
+
 def write_json(path: Path, data: dict) -> None:
     path.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 
 from clockwork.profiles import ModelProfile, TensorSpec
@@ -18,3 +20,17 @@ def make_profile(name: str = "m", exec1: int = 2_900_000, load: int = 8_000_000,
 @pytest.fixture
 def profile():
     return make_profile()
+
+
+@contextmanager
+def local_cluster(**kw):
+    """A LocalCluster of real processes on loopback for the test's duration; on the way
+    out every process must have stopped."""
+    from clockwork.serve import LocalCluster
+
+    kw.setdefault("timeout", 30.0)
+    c = LocalCluster(**kw)
+    with c:
+        yield c
+    for ch in [c.controller, *c.workers]:
+        assert ch is None or ch.proc.poll() is not None, f"{ch.name} still running"

@@ -13,7 +13,7 @@ tgrpc = pytest.importorskip("tritonclient.grpc")
 
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from clockwork.serve import LocalCluster  # noqa: E402
+from tests.conftest import local_cluster  # noqa: E402
 
 MODELS = "resnet50_v2,mobilenet_v2"
 TIMEOUT = 10  # seconds, per client call
@@ -21,16 +21,9 @@ TIMEOUT = 10  # seconds, per client call
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = LocalCluster(workers=1, gpus=1, models=MODELS, timeout=30.0,
-                     controller_args=["--http-port", "0"])
-    try:
-        c.start()
+    with local_cluster(workers=1, gpus=1, models=MODELS,
+                       controller_args=["--http-port", "0"]) as c:
         yield c
-    finally:
-        c.stop()
-        for ch in [c.controller, *c.workers]:
-            if ch is not None:
-                assert ch.proc.poll() is not None, f"{ch.name} still running"
 
 
 @pytest.fixture()

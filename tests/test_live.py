@@ -13,22 +13,15 @@ import clockwork  # noqa: E402
 from clockwork.errors import InvalidRequest, UnknownModel  # noqa: E402
 from clockwork.replay import replay  # noqa: E402
 from clockwork.scenario import load_scenario  # noqa: E402
-from clockwork.serve import LocalCluster  # noqa: E402
+from tests.conftest import local_cluster  # noqa: E402
 
 MODELS = "resnet50_v2:2,mobilenet_v2"
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = LocalCluster(workers=2, gpus=1, models=MODELS, timeout=30.0)
-    try:
-        c.start()
+    with local_cluster(workers=2, gpus=1, models=MODELS) as c:
         yield c
-    finally:
-        c.stop()
-        for ch in [c.controller, *c.workers]:
-            if ch is not None:
-                assert ch.proc.poll() is not None, f"{ch.name} still running"
 
 
 def test_sync_client(cluster):
@@ -96,9 +89,7 @@ def test_replay_poisson(cluster, tmp_path):
 
 def test_worker_loss_answers_requests():
     """A worker that dies mid-stream: its requests are still answered, the controller lives."""
-    c = LocalCluster(workers=2, gpus=1, models="resnet50_v2", timeout=30.0)
-    try:
-        c.start()
+    with local_cluster(workers=2, gpus=1, models="resnet50_v2") as c:
 
         async def main():
             async with clockwork.AsyncClient(c.address, timeout=10) as cl:
@@ -116,17 +107,14 @@ def test_worker_loss_answers_requests():
 
         asyncio.run(asyncio.wait_for(main(), 25))
         assert c.controller.proc.poll() is None  # still running
-    finally:
-        c.stop()
 
 
 def test_clock_offset_is_estimated_and_converted():
     """Workers whose clocks are far off ours: windows must be converted or every action
     would be rejected as too late (or wait seconds as too early)."""
-    c = LocalCluster(workers=2, gpus=1, models="resnet50_v2,mobilenet_v2", timeout=30.0,
-                     worker_args=[["--clock-offset-ms", "5000"], ["--clock-offset-ms", "-3000"]])
-    try:
-        c.start()
+    with local_cluster(workers=2, gpus=1, models="resnet50_v2,mobilenet_v2",
+                       worker_args=[["--clock-offset-ms", "5000"], ["--clock-offset-ms", "-3000"]]
+                       ) as c:
         with clockwork.Client(c.address, timeout=10) as cl:
             for _ in range(10):
                 for m in ("resnet50_v2", "mobilenet_v2"):
@@ -134,8 +122,6 @@ def test_clock_offset_is_estimated_and_converted():
                     assert r.latency_ms < 100
             st = cl.stats()
         assert st.get("infer_rejected", 0) == 0 and st.get("load_rejected", 0) == 0
-    finally:
-        c.stop()
 
 
 def test_offset_estimate_and_wire_conversion():

@@ -14,6 +14,7 @@ import clockwork  # noqa: E402
 from clockwork.errors import UnknownModel  # noqa: E402
 from clockwork.serve import LocalCluster  # noqa: E402
 from controller.metrics import Counter, Histogram, parse_text  # noqa: E402
+from tests.conftest import local_cluster  # noqa: E402
 
 HTTP = re.compile(r"http listening on (\S+):(\d+)")
 
@@ -63,10 +64,8 @@ def test_registry_renders_parsable_text():
 
 def test_metrics_health_and_logs(tmp_path):
     logs = tmp_path / "logs"
-    c = LocalCluster(workers=2, gpus=1, models="resnet50_v2:2,mobilenet_v2", http_port=0,
-                     controller_args=["--log-dir", str(logs)], timeout=30.0)
-    try:
-        c.start()
+    with local_cluster(workers=2, gpus=1, models="resnet50_v2:2,mobilenet_v2", http_port=0,
+                       controller_args=["--log-dir", str(logs)]) as c:
         base = "http://" + _http_address(c)
         code, _, body = _get(base + "/healthz")
         assert code == 200
@@ -104,8 +103,6 @@ def test_metrics_health_and_logs(tmp_path):
         assert len(busy) == 2 and all(0 <= v <= 1 for _, v in busy)
         assert sum(v for _, v in busy) > 0
         assert _get(base + "/v2/health/live")[0] == 200  # the KServe routes still answer
-    finally:
-        c.stop()
     assert c.controller.proc.returncode == 0
     req = (logs / "requests.tsv").read_text().splitlines()
     act = (logs / "actions.tsv").read_text().splitlines()
