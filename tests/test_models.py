@@ -1,7 +1,8 @@
 """Real models: zoo packages compiled with TVM, run by the cpu device on a page arena.
 
-Skipped without TVM (``pip install -e .[tvm]``). Packages are compiled once per session
-with small (4 KiB) pages, so that tensors span several pages and runs must be contiguous.
+Skipped without TVM (``pip install -e .[tvm]``). The tiny packages are compiled once per
+session with small (4 KiB) pages, so that tensors span several pages and runs must be
+contiguous; the real-size ``resnet18`` once per module, with 16 MiB pages and batch sizes 1, 2.
 """
 
 import numpy as np
@@ -13,11 +14,14 @@ pytest.importorskip("tvm")
 from clockwork.cli import main  # noqa: E402
 from clockwork.models.package import read_package, reference_weights  # noqa: E402
 from clockwork.models.zoo import ZOO, get_model  # noqa: E402
+from clockwork.profiles import PAGE_SIZE  # noqa: E402
 from worker.devices.cpu import CpuDevice, DeviceError  # noqa: E402
 from worker.memory import TENSOR_ALIGNMENT  # noqa: E402
 
 PS = 4096
 BATCHES = [1, 2, 4]
+BIG = "resnet18"
+TINY = [m for m in ZOO if m != BIG]
 
 
 @pytest.fixture(scope="session")
@@ -25,7 +29,14 @@ def packages(tmp_path_factory):
     from clockwork.models.package import compile_model
 
     root = tmp_path_factory.mktemp("packages")
-    return {m: compile_model(m, BATCHES, root / m, page_size=PS) for m in ZOO}
+    return {m: compile_model(m, BATCHES, root / m, page_size=PS) for m in TINY}
+
+
+@pytest.fixture(scope="module")
+def resnet18(tmp_path_factory):
+    from clockwork.models.package import compile_model
+
+    return compile_model(BIG, [1, 2], tmp_path_factory.mktemp("big") / BIG)
 
 
 def _inputs(meta, b, seed=0):
@@ -138,3 +149,49 @@ def test_cli_profile_writes_scheduler_profile(packages, tmp_path):
     assert prof.weights_pages == 1 and prof.inputs[0].shape == (3, 16, 16)
     assert "p50" in prof.source["exec_ns.1"] and "max" in prof.source["load_ns"]
     assert main(["profile", "nope", "--out", str(tmp_path / "x.json")]) == 2
+
+
+def test_resnet18_real_size_over_three_pages(resnet18):
+    meta = read_package(resnet18)
+    n_params = sum(int(np.prod(t["shape"])) for t in meta["params"])
+    assert 11_000_000 < n_params < 11_500_000 and meta["weights_bytes"] == 4 * n_params
+    assert meta["page_size"] == PAGE_SIZE
+    assert meta["weights_pages"] == 3 and meta["page_runs"] == [1, 1, 1]  # packed, not 4
+    for t in meta["params"]:  # no tensor straddles a page
+        assert t["offset"] // PAGE_SIZE == (t["offset"] + t["nbytes"] - 1) // PAGE_SIZE
+    assert meta["inputs"][0]["shape"] == [3, 32, 32] and meta["outputs"][0]["shape"] == [10]
+
+
+def test_resnet18_matches_numpy_after_evict_and_reload_elsewhere(resnet18):
+    meta = read_package(resnet18)
+    weights = reference_weights(meta, resnet18)
+    dev = CpuDevice(2 * meta["weights_pages"] + 1)
+    dev.register(BIG, resnet18)
+    first, _ = dev.load(BIG)
+    _check_outputs(dev, BIG, meta, weights)
+    dev.evict(BIG)
+    blocker = dev.arena.alloc(1)
+    second, _ = dev.load(BIG)
+    assert second != first
+    _check_outputs(dev, BIG, meta, weights, seed=3)
+    dev.arena.free(blocker)
+
+
+def test_pack_tensors_never_worse_than_the_plain_layout():
+    from clockwork.models.package import pack_tensors
+    from worker.memory import layout_tensors
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        sizes = [int(s) for s in rng.integers(1, 3 * PS, size=rng.integers(1, 30))]
+        offsets, n, runs = pack_tensors(sizes, PS)
+        assert n <= layout_tensors(sizes, PS)[1] and sum(runs) == n
+        spans = sorted((o, o + s) for o, s in zip(offsets, sizes, strict=True))
+        for (_, a1), (b0, _) in zip(spans, spans[1:], strict=False):
+            assert a1 <= b0  # no overlap
+        for o, s in zip(offsets, sizes, strict=True):
+            assert o % TENSOR_ALIGNMENT == 0 and o + s <= n * PS
+            if s <= PS:
+                assert o // PS == (o + s - 1) // PS
+            else:
+                assert o % PS == 0

@@ -1,4 +1,6 @@
-"""``clockwork compile`` and ``clockwork profile`` (need TVM: ``pip install -e .[tvm]``)."""
+"""``clockwork compile`` and ``clockwork profile`` (need TVM: ``pip install -e .[tvm]``).
+
+Both take a zoo model name or the path of an ONNX file (``*.onnx``)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,38 @@ def _batch_sizes(text: str) -> list[int]:
     return sizes
 
 
+def is_onnx(model: str) -> bool:
+    """A model argument names an ONNX file (``*.onnx``, or any existing file) rather than
+    a zoo model."""
+    return model.lower().endswith(".onnx") or Path(model).is_file()
+
+
+def _build(cmd: str, model: str, batch_sizes: list[int], out: Path, device: str,
+           seed: int = 0) -> Path | None:
+    """Compile zoo model or ONNX file ``model`` into ``out``; None (after saying why on
+    stderr) if it cannot be."""
+    from clockwork.models.package import PackageError, compile_model
+    from clockwork.models.zoo import ZOO
+
+    if is_onnx(model):
+        try:
+            from clockwork.models.onnx_import import compile_onnx
+        except ImportError as e:  # the onnx package itself is missing
+            print(f"clockwork {cmd}: importing ONNX needs the onnx package "
+                  f"(pip install -e .[tvm]): {e}", file=sys.stderr)
+            return None
+        try:
+            return compile_onnx(model, batch_sizes, out, target=DEVICES[device])
+        except PackageError as e:
+            print(f"clockwork {cmd}: {e}", file=sys.stderr)
+            return None
+    if model not in ZOO:
+        print(f"clockwork {cmd}: unknown model {model!r}; zoo: {', '.join(sorted(ZOO))} "
+              "(or an ONNX file, path/to/model.onnx)", file=sys.stderr)
+        return None
+    return compile_model(model, batch_sizes, out, target=DEVICES[device], seed=seed)
+
+
 def _check_device(cmd: str, device: str) -> bool:
     if device != "cpu":
         print(f"clockwork {cmd}: device {device!r} is not supported yet (use --device cpu)",
@@ -28,17 +62,12 @@ def _check_device(cmd: str, device: str) -> bool:
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
-    from clockwork.models.package import compile_model
-    from clockwork.models.zoo import ZOO
-
     if not _check_device("compile", args.device):
         return 2
-    if args.model not in ZOO:
-        print(f"clockwork compile: unknown model {args.model!r}; zoo: {', '.join(sorted(ZOO))}",
-              file=sys.stderr)
+    name = Path(args.model).stem if is_onnx(args.model) else args.model
+    out = Path(args.out) if args.out else Path("packages") / args.device / name
+    if _build("compile", args.model, args.batch_sizes, out, args.device, args.seed) is None:
         return 2
-    out = Path(args.out) if args.out else Path("packages") / args.device / args.model
-    compile_model(args.model, args.batch_sizes, out, target=DEVICES[args.device], seed=args.seed)
     print(f"wrote {out}/ (model.so, weights.bin, model.json)", file=sys.stderr)
     return 0
 
@@ -47,25 +76,26 @@ def add_compile_parser(sub: argparse._SubParsersAction) -> None:
     from clockwork.models.zoo import ZOO
 
     p = sub.add_parser(
-        "compile", help="compile a zoo model into a model package (needs TVM)",
-        description="Build a zoo model with TVM Relax (seeded random weights) and write a model "
-        "package: model.so (one function per batch size), weights.bin (laid out in 16 MiB "
-        f"pages) and model.json. Zoo: {', '.join(sorted(ZOO))}.")
-    p.add_argument("model", help="zoo model name")
+        "compile", help="compile a zoo model or an ONNX file into a model package (needs TVM)",
+        description="Build a zoo model with TVM Relax (seeded random weights), or import an "
+        "ONNX model (its initializers become the weights), and write a model package: "
+        "model.so (one function per batch size), weights.bin (laid out in 16 MiB pages) and "
+        f"model.json. Zoo: {', '.join(sorted(ZOO))}.")
+    p.add_argument("model", help="zoo model name, or path/to/model.onnx")
     p.add_argument("--device", default="cpu", choices=sorted(DEVICES))
     p.add_argument("--batch-sizes", type=_batch_sizes, default=[1, 2, 4, 8, 16],
                    metavar="B1,B2,...", help="default 1,2,4,8,16")
-    p.add_argument("--out", metavar="DIR", help="package directory (default packages/DEVICE/MODEL)")
-    p.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
+    p.add_argument("--out", metavar="DIR", help="package directory (default packages/DEVICE/MODEL, "
+                   "MODEL the file's stem for ONNX)")
+    p.add_argument("--seed", type=int, default=0, help="weights seed for zoo models (default 0)")
     p.set_defaults(func=_cmd_compile)
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
     import tempfile
 
-    from clockwork.models.package import PackageError, compile_model
+    from clockwork.models.package import PackageError
     from clockwork.models.profiling import profile_package
-    from clockwork.models.zoo import ZOO
     from clockwork.profiles import save_profile
 
     if not _check_device("profile", args.device):
@@ -73,12 +103,10 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="clockwork-profile-") as tmp:
         package = Path(args.package) if args.package else None
         if package is None:
-            if args.model not in ZOO:
-                print(f"clockwork profile: unknown model {args.model!r}; zoo: "
-                      f"{', '.join(sorted(ZOO))} (or pass --package DIR)", file=sys.stderr)
+            package = _build("profile", args.model, args.batch_sizes, Path(tmp) / "package",
+                             args.device)
+            if package is None:
                 return 2
-            package = compile_model(args.model, args.batch_sizes, Path(tmp) / args.model,
-                                    target=DEVICES[args.device])
         try:
             prof = profile_package(package, runs=args.runs, load_runs=args.load_runs)
         except PackageError as e:
@@ -97,8 +125,9 @@ def add_profile_parser(sub: argparse._SubParsersAction) -> None:
         "profile", help="measure LOAD and EXEC of a model and write its profile (needs TVM)",
         description="Measure LOAD and EXEC per batch size over many runs on a real device and "
         "write profiles/DEVICE/MODEL.json in the scheduler's format (figures are p99s; "
-        "p50/p99/max are in 'source'). Compiles the zoo model first unless --package is given.")
-    p.add_argument("model", help="zoo model name")
+        "p50/p99/max are in 'source'). Compiles the zoo model (or imports the ONNX file) first "
+        "unless --package is given.")
+    p.add_argument("model", help="zoo model name, or path/to/model.onnx")
     p.add_argument("--device", default="cpu", choices=sorted(DEVICES))
     p.add_argument("--package", metavar="DIR", help="profile this compiled package instead")
     p.add_argument("--batch-sizes", type=_batch_sizes, default=[1, 2, 4, 8, 16],

@@ -5,7 +5,7 @@ A package directory holds
 * ``model.so``     the compiled TVM library: one Relax function ``forward_b<B>`` per
                    batch size B, each taking ``(input, *weights)`` in ``params`` order;
 * ``weights.bin``  the weights blob, laid out in pages by :func:`worker.memory.layout_tensors`
-                   (``weights_pages`` x ``page_size`` bytes);
+                   (``weights_pages`` x ``page_size`` bytes; see :func:`pack_tensors`);
 * ``model.json``   metadata: inputs/outputs (shapes without the batch dimension),
                    batch sizes, function names, weights size, the page layout
                    (``page_size``, ``weights_pages``, ``page_runs``) and, per tensor, its
@@ -21,7 +21,7 @@ import numpy as np
 import orjson
 
 from clockwork.profiles import PAGE_SIZE
-from worker.memory import layout_tensors
+from worker.memory import TENSOR_ALIGNMENT, layout_tensors
 
 FORMAT = 1
 LIBRARY = "model.so"
@@ -42,18 +42,110 @@ def target_device(target: str) -> str:
     return {"llvm": "cpu", "c": "cpu", "cuda": "cuda"}.get(kind, kind)
 
 
+def pack_tensors(sizes: list[int], page_size: int = PAGE_SIZE) -> tuple[list[int], int, list[int]]:
+    """Offsets (in the given order), page count and page runs for tensors of ``sizes`` bytes.
+
+    Always obeys :func:`worker.memory.layout_tensors`' rule (it is what places the
+    tensors); only the order in which they are placed may differ from the given one.
+    Placing them in the given order wastes the tail of a page whenever the next tensor
+    does not fit (a real ResNet-18 then needs 4 pages of 16 MiB instead of 3), so a
+    first-fit-decreasing order is tried as well and kept if it needs fewer pages.
+    """
+    plain = layout_tensors(sizes, page_size)
+    order = _packing_order(sizes, page_size)
+    offs, n_pages, runs = layout_tensors([sizes[i] for i in order], page_size)
+    if n_pages >= plain[1]:
+        return plain
+    offsets = [0] * len(sizes)
+    for k, i in enumerate(order):
+        offsets[i] = offs[k]
+    return offsets, n_pages, runs
+
+
+def _packing_order(sizes: list[int], page_size: int) -> list[int]:
+    """Indices of ``sizes``: each tensor larger than a page (its run's tail is a bin),
+    then first-fit-decreasing bins of page size, bin after bin."""
+    def cost(n: int) -> int:  # bytes a tensor takes before the next aligned offset
+        return -(-n // TENSOR_ALIGNMENT) * TENSOR_ALIGNMENT
+
+    bins: list[list] = []  # [free bytes, indices]
+    for i, n in enumerate(sizes):
+        if n > page_size:
+            bins.append([-(-n // page_size) * page_size - cost(n), [i]])
+    for i in sorted((i for i, n in enumerate(sizes) if n <= page_size), key=lambda i: -sizes[i]):
+        c = cost(sizes[i])
+        for b in bins:
+            if c <= b[0]:
+                b[0] -= c
+                b[1].append(i)
+                break
+        else:
+            bins.append([page_size - c, [i]])
+    return [i for b in bins for i in b[1]]
+
+
+def write_package(out: str | Path, *, model: str, irmod, target: str, batch_sizes: list[int],
+                  weights: list[tuple[str, np.ndarray]], inputs: list[dict],
+                  outputs: list[dict], page_size: int = PAGE_SIZE, started: float | None = None,
+                  extra: dict | None = None) -> Path:
+    """Compile ``irmod`` (functions ``forward_b<B>(input, *weights)``) for ``target``, lay
+    ``weights`` (in parameter order) out in pages and write the package to ``out``.
+    ``inputs``/``outputs`` are ``{"name", "shape" (no batch dimension), "dtype"}``."""
+    import tvm
+
+    started = time.perf_counter() if started is None else started
+    offsets, n_pages, runs = pack_tensors([a.nbytes for _, a in weights], page_size)
+    blob = np.zeros(n_pages * page_size, dtype=np.uint8)
+    tensors = []
+    for (pname, a), off in zip(weights, offsets, strict=True):
+        a = np.ascontiguousarray(a)
+        blob[off : off + a.nbytes] = np.frombuffer(a.tobytes(), np.uint8)
+        tensors.append({"name": pname, "shape": [int(s) for s in a.shape], "dtype": str(a.dtype),
+                        "offset": int(off), "nbytes": int(a.nbytes)})
+
+    executable = tvm.compile(irmod, target=target)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    executable.export_library(str(out / LIBRARY))
+    blob.tofile(out / WEIGHTS)
+    meta = {
+        "format": FORMAT,
+        "model": model,
+        "target": target,
+        "device": target_device(target),
+        "batch_sizes": batch_sizes,
+        "functions": {str(b): function_name(b) for b in batch_sizes},
+        "inputs": inputs,
+        "outputs": outputs,
+        "weights_bytes": int(sum(t["nbytes"] for t in tensors)),
+        "page_size": page_size,
+        "weights_pages": n_pages,
+        "page_runs": runs,
+        "params": tensors,
+        **(extra or {}),
+        "tvm_version": tvm.__version__,
+        "compile_s": round(time.perf_counter() - started, 3),
+    }
+    (out / METADATA).write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2) + b"\n")
+    return out
+
+
+def check_batch_sizes(batch_sizes: list[int]) -> list[int]:
+    sizes = sorted({int(b) for b in batch_sizes})
+    if not sizes or sizes[0] < 1:
+        raise ValueError(f"batch sizes must be positive integers, got {batch_sizes}")
+    return sizes
+
+
 def compile_model(name: str, batch_sizes: list[int], out: str | Path, target: str = "llvm",
                   seed: int = 0, page_size: int = PAGE_SIZE) -> Path:
     """Build zoo model ``name`` for ``batch_sizes`` and write its package to ``out``."""
-    import tvm
     from tvm.relax.frontend import nn
 
     from clockwork.models.zoo import get_model, random_weights
 
     zm = get_model(name)
-    batch_sizes = sorted({int(b) for b in batch_sizes})
-    if not batch_sizes or batch_sizes[0] < 1:
-        raise ValueError(f"batch sizes must be positive integers, got {batch_sizes}")
+    batch_sizes = check_batch_sizes(batch_sizes)
     t0 = time.perf_counter()
     module = zm.build()
     spec = {}
@@ -65,44 +157,15 @@ def compile_model(name: str, batch_sizes: list[int], out: str | Path, target: st
     specs = [(pname, tuple(int(s) for s in p.shape), str(p.dtype)) for pname, p in params]
     weights = random_weights(specs, seed)
 
-    offsets, n_pages, runs = layout_tensors([weights[n].nbytes for n, _, _ in specs], page_size)
-    blob = np.zeros(n_pages * page_size, dtype=np.uint8)
-    tensors = []
-    for (pname, shape, dtype), off in zip(specs, offsets, strict=True):
-        a = weights[pname]
-        blob[off : off + a.nbytes] = np.frombuffer(a.tobytes(), np.uint8)
-        tensors.append({"name": pname, "shape": list(shape), "dtype": dtype, "offset": off,
-                        "nbytes": int(a.nbytes)})
-
     probe = np.zeros((1, *zm.input_shape), zm.dtype)
     out_sample = zm.reference(probe, weights)
-
-    executable = tvm.compile(irmod, target=target)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    executable.export_library(str(out / LIBRARY))
-    blob.tofile(out / WEIGHTS)
-    meta = {
-        "format": FORMAT,
-        "model": name,
-        "target": target,
-        "device": target_device(target),
-        "batch_sizes": batch_sizes,
-        "functions": {str(b): function_name(b) for b in batch_sizes},
-        "inputs": [{"name": zm.input_name, "shape": list(zm.input_shape), "dtype": zm.dtype}],
-        "outputs": [{"name": "output", "shape": list(out_sample.shape[1:]),
-                     "dtype": str(out_sample.dtype)}],
-        "weights_bytes": int(sum(t["nbytes"] for t in tensors)),
-        "page_size": page_size,
-        "weights_pages": n_pages,
-        "page_runs": runs,
-        "params": tensors,
-        "seed": seed,
-        "tvm_version": tvm.__version__,
-        "compile_s": round(time.perf_counter() - t0, 3),
-    }
-    (out / METADATA).write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2) + b"\n")
-    return out
+    return write_package(
+        out, model=name, irmod=irmod, target=target, batch_sizes=batch_sizes,
+        weights=[(n, weights[n]) for n, _, _ in specs],
+        inputs=[{"name": zm.input_name, "shape": list(zm.input_shape), "dtype": zm.dtype}],
+        outputs=[{"name": "output", "shape": list(out_sample.shape[1:]),
+                  "dtype": str(out_sample.dtype)}],
+        page_size=page_size, started=t0, extra={"seed": seed})
 
 
 def read_package(path: str | Path) -> dict:
@@ -136,4 +199,5 @@ def reference_weights(meta: dict, path: str | Path) -> dict[str, np.ndarray]:
     return out
 
 
-__all__ = ["PackageError", "compile_model", "function_name", "read_package", "reference_weights"]
+__all__ = ["PackageError", "check_batch_sizes", "compile_model", "function_name", "pack_tensors",
+           "read_package", "reference_weights", "write_package"]

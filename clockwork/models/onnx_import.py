@@ -1,0 +1,160 @@
+"""Import a user's ONNX model into a model package (the same kind ``compile_model`` writes).
+
+The graph is imported with TVM's Relax ONNX frontend once per batch size, with the batch
+(first) dimension of the input made concrete, and with the initializers kept as function
+parameters (``keep_params_in_input=True``) rather than folded in as constants. Each import's
+``main`` becomes ``forward_b<B>(input, *weights)`` of one module, and the initializers
+become the package's weights, laid out in pages like a zoo model's. So the cpu device
+LOADs and EXECs an imported model exactly as it does a zoo model.
+
+Supported: one graph input (anything that is not an initializer) whose dimensions are
+all fixed except the first, the batch dimension (symbolic or fixed; it is replaced);
+one or more outputs, each with the batch as its first dimension.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from clockwork.models.package import PackageError, check_batch_sizes, function_name, write_package
+from clockwork.profiles import PAGE_SIZE
+
+
+class OnnxImportError(PackageError):
+    """The file is not a readable ONNX model, or uses something the importer does not."""
+
+
+def _dtype_name(elem_type: int) -> str:
+    import onnx
+
+    return str(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+
+
+def _dims(value_info) -> list[int | str | None]:
+    t = value_info.type.tensor_type
+    if not t.HasField("shape"):
+        return []
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+            for d in t.shape.dim]
+
+
+def load_onnx(path: str | Path):
+    """Read and check an ONNX file; raises :class:`OnnxImportError` with a clear reason."""
+    import onnx
+
+    p = Path(path)
+    if not p.is_file():
+        raise OnnxImportError(f"{p}: no such ONNX file")
+    try:
+        model = onnx.load(str(p))
+        onnx.checker.check_model(model)
+    except Exception as e:  # protobuf DecodeError, ValidationError, ...
+        raise OnnxImportError(f"{p}: not a valid ONNX model ({type(e).__name__}: {e})") from e
+    return model
+
+
+def _graph_input(model, path: Path):
+    init = {t.name for t in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in init]
+    if len(inputs) != 1:
+        raise OnnxImportError(f"{path}: {len(inputs)} graph inputs "
+                              f"({', '.join(i.name for i in inputs)}); only one is supported")
+    spec = inputs[0]
+    if not spec.type.HasField("tensor_type"):
+        raise OnnxImportError(f"{path}: input {spec.name!r} is not a tensor")
+    dims = _dims(spec)
+    if len(dims) < 1:
+        raise OnnxImportError(f"{path}: input {spec.name!r} has no shape; a batch dimension "
+                              "and fixed other dimensions are needed")
+    rest = dims[1:]
+    if not all(isinstance(d, int) and d > 0 for d in rest):
+        raise OnnxImportError(f"{path}: input {spec.name!r} has shape {dims}; every dimension "
+                              "but the first (the batch) must be fixed")
+    return spec.name, [int(d) for d in rest], _dtype_name(spec.type.tensor_type.elem_type)
+
+
+def _output_specs(func, names: list[str], batch: int, path: Path) -> list[dict]:
+    from tvm import relax
+
+    ret = func.ret_ty
+    fields = list(ret.fields) if isinstance(ret, relax.TupleType) else [ret]
+    if len(fields) != len(names):
+        raise OnnxImportError(f"{path}: {len(fields)} outputs imported, the graph names "
+                              f"{len(names)}")
+    out = []
+    for name, t in zip(names, fields, strict=True):
+        if not isinstance(t, relax.TensorType) or t.shape is None:
+            raise OnnxImportError(f"{path}: output {name!r} has no static tensor shape ({t})")
+        try:
+            shape = [int(s) for s in t.shape]
+        except (TypeError, ValueError):
+            raise OnnxImportError(f"{path}: output {name!r} has a symbolic shape "
+                                  f"{list(t.shape)} at batch size {batch}") from None
+        if not shape or shape[0] != batch:
+            raise OnnxImportError(f"{path}: output {name!r} has shape {shape} at batch size "
+                                  f"{batch}; its first dimension must be the batch")
+        out.append({"name": name, "shape": shape[1:], "dtype": str(t.dtype)})
+    return out
+
+
+def compile_onnx(path: str | Path, batch_sizes: list[int], out: str | Path,
+                 target: str = "llvm", page_size: int = PAGE_SIZE,
+                 model_name: str | None = None) -> Path:
+    """Import the ONNX model at ``path`` for ``batch_sizes`` and write its package to ``out``.
+
+    The package's model name is ``model_name`` or the file's stem.
+    """
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    t0 = time.perf_counter()
+    path = Path(path)
+    batch_sizes = check_batch_sizes(batch_sizes)
+    model = load_onnx(path)
+    in_name, in_shape, in_dtype = _graph_input(model, path)
+    out_names = [o.name for o in model.graph.output]
+
+    functions = {}
+    weights: list | None = None
+    outputs: list[dict] | None = None
+    for b in batch_sizes:
+        try:
+            mod = from_onnx(model, shape_dict={in_name: [b, *in_shape]},
+                            dtype_dict={in_name: in_dtype}, keep_params_in_input=True)
+        except Exception as e:  # unsupported operator, shape error, ...
+            raise OnnxImportError(f"{path}: TVM's ONNX frontend failed at batch size {b} "
+                                  f"({type(e).__name__}: {e})") from e
+        mod, params = relax.frontend.detach_params(mod)
+        others = [gv.name_hint for gv in mod.functions if gv.name_hint != "main"]
+        if others:
+            raise OnnxImportError(f"{path}: the import produced functions besides main "
+                                  f"({', '.join(others)}); not supported")
+        func = mod["main"]
+        values = [a.numpy() for a in params.get("main", [])]
+        names = [v.name for v in func.params[1:]]
+        if len(names) != len(values):
+            raise OnnxImportError(f"{path}: {len(func.params) - 1} weight parameters but "
+                                  f"{len(values)} values")
+        b_weights = list(zip(names, values, strict=True))
+        b_outputs = _output_specs(func, out_names, b, path)
+        if weights is None:
+            weights, outputs = b_weights, b_outputs
+        elif ([(n, a.shape, a.dtype) for n, a in b_weights] != [(n, a.shape, a.dtype)
+                                                              for n, a in weights]
+              or b_outputs != outputs):
+            raise OnnxImportError(f"{path}: weights or outputs differ between batch sizes")
+        functions[function_name(b)] = func.with_attr("global_symbol", function_name(b))
+
+    irmod = tvm.IRModule(functions)
+    return write_package(
+        out, model=model_name or path.stem, irmod=irmod, target=target,
+        batch_sizes=batch_sizes, weights=weights,
+        inputs=[{"name": in_name, "shape": in_shape, "dtype": in_dtype}], outputs=outputs,
+        page_size=page_size, started=t0,
+        extra={"source": {"onnx": str(path.resolve()), "opset": [
+            {"domain": o.domain, "version": int(o.version)} for o in model.opset_import]}})
+
+
+__all__ = ["OnnxImportError", "compile_onnx", "load_onnx"]

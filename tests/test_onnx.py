@@ -1,0 +1,167 @@
+"""ONNX import: a small model built with onnx.helper, imported into a model package, run
+by the cpu device and compared with onnxruntime (skipped without tvm/onnx/onnxruntime)."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tvm")
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from clockwork.cli import main  # noqa: E402
+from clockwork.models.onnx_import import OnnxImportError, compile_onnx  # noqa: E402
+from clockwork.models.package import read_package, reference_weights  # noqa: E402
+from worker.devices.cpu import CpuDevice  # noqa: E402
+
+PS = 4096  # small pages, so that the conv weights span a run of several pages
+BATCHES = [1, 2, 4]
+C_IN, HW, C_MID, CLASSES = 3, 8, 48, 10
+
+
+def _small_model(batch_dim="N"):
+    """Conv(3x3) + Relu + Conv(1x1) + Relu + GlobalAveragePool + Flatten + Gemm."""
+    rng = np.random.default_rng(42)
+
+    def init(name, shape, scale):
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype("float32"),
+                                       name)
+
+    inits = [init("conv1.weight", (C_MID, C_IN, 3, 3), 0.3), init("conv1.bias", (C_MID,), 0.1),
+             init("conv2.weight", (C_MID, C_MID, 1, 1), 0.25), init("conv2.bias", (C_MID,), 0.1),
+             init("fc.weight", (CLASSES, C_MID), 0.3), init("fc.bias", (CLASSES,), 0.1)]
+    nodes = [
+        helper.make_node("Conv", ["image", "conv1.weight", "conv1.bias"], ["c1"],
+                         pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "conv2.weight", "conv2.bias"], ["c2"]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("GlobalAveragePool", ["r2"], ["pooled"]),
+        helper.make_node("Flatten", ["pooled"], ["flat"]),
+        helper.make_node("Gemm", ["flat", "fc.weight", "fc.bias"], ["logits"], transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "small_cnn",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [batch_dim, C_IN, HW, HW])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch_dim, CLASSES])],
+        inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return model
+
+
+@pytest.fixture(scope="module")
+def onnx_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("onnx") / "small_cnn.onnx"
+    onnx.save(_small_model(), str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def package(onnx_file, tmp_path_factory):
+    return compile_onnx(onnx_file, BATCHES, tmp_path_factory.mktemp("pkg") / "small_cnn",
+                        page_size=PS)
+
+
+def _x(b, seed):
+    return np.random.default_rng(seed * 100 + b).standard_normal((b, C_IN, HW, HW)).astype(
+        "float32")
+
+
+def _check_against_ort(dev, name, onnx_file, seed):
+    sess = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+    worst = 0.0
+    for b in BATCHES:
+        x = _x(b, seed)
+        y, exec_ns = dev.infer(name, x)
+        (ref,) = sess.run(None, {"image": x})
+        assert y.shape == ref.shape == (b, CLASSES) and exec_ns > 0
+        np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+        worst = max(worst, float(np.abs(y - ref).max()))
+    return worst
+
+
+def test_package_metadata(package, onnx_file):
+    meta = read_package(package)
+    assert meta["model"] == "small_cnn" and meta["batch_sizes"] == BATCHES
+    assert meta["functions"] == {"1": "forward_b1", "2": "forward_b2", "4": "forward_b4"}
+    assert meta["inputs"] == [{"name": "image", "shape": [C_IN, HW, HW], "dtype": "float32"}]
+    assert meta["outputs"] == [{"name": "logits", "shape": [CLASSES], "dtype": "float32"}]
+    assert [t["name"] for t in meta["params"]] == [
+        "conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc.weight", "fc.bias"]
+    assert meta["page_size"] == PS and sum(meta["page_runs"]) == meta["weights_pages"]
+    assert max(meta["page_runs"]) > 1  # conv2.weight (9 KiB) spans a run of pages
+    # the blob holds exactly the ONNX initializers
+    weights = reference_weights(meta, package)
+    for t in onnx.load(str(onnx_file)).graph.initializer:
+        np.testing.assert_array_equal(weights[t.name], numpy_helper.to_array(t))
+
+
+def test_matches_onnxruntime_after_evict_and_reload_elsewhere(package, onnx_file):
+    meta = read_package(package)
+    dev = CpuDevice(2 * meta["weights_pages"] + 2, PS)
+    dev.register("cnn", package)
+    first, _ = dev.load("cnn")
+    _check_against_ort(dev, "cnn", onnx_file, seed=1)
+    dev.evict("cnn")
+    blocker = dev.arena.alloc(meta["weights_pages"] + 1)  # take the pages it had
+    second, _ = dev.load("cnn")
+    assert not set(second) & set(first)
+    _check_against_ort(dev, "cnn", onnx_file, seed=2)
+    dev.arena.free(blocker)
+
+
+def test_fixed_batch_of_one_is_replaced(onnx_file, tmp_path):
+    path = tmp_path / "fixed.onnx"
+    onnx.save(_small_model(batch_dim=1), str(path))
+    out = compile_onnx(path, [2, 1], tmp_path / "fixed", page_size=PS)
+    meta = read_package(out)
+    assert meta["batch_sizes"] == [1, 2] and meta["inputs"][0]["shape"] == [C_IN, HW, HW]
+    dev = CpuDevice(meta["weights_pages"], PS)
+    dev.register("f", out)
+    dev.load("f")
+    y, _ = dev.infer("f", _x(2, 3))
+    # onnx_file is the same model (same seeded weights) with a symbolic batch
+    sess = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(y, sess.run(None, {"image": _x(2, 3)})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(OnnxImportError, match="no such ONNX file"):
+        compile_onnx(tmp_path / "missing.onnx", [1], tmp_path / "a")
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"this is not a protobuf \x00\xff")
+    with pytest.raises(OnnxImportError, match="not a valid ONNX model"):
+        compile_onnx(junk, [1], tmp_path / "b")
+    two = _small_model()
+    two.graph.input.append(helper.make_tensor_value_info("extra", TensorProto.FLOAT, ["N", 4]))
+    path = tmp_path / "two_inputs.onnx"
+    onnx.save(two, str(path))
+    with pytest.raises(OnnxImportError, match="2 graph inputs"):
+        compile_onnx(path, [1], tmp_path / "c")
+
+
+def test_cli_compile_onnx(onnx_file, tmp_path, capsys):
+    out = tmp_path / "pkg"
+    assert main(["compile", str(onnx_file), "--device", "cpu", "--batch-sizes", "1,2",
+                 "--out", str(out)]) == 0
+    meta = read_package(out)
+    assert meta["batch_sizes"] == [1, 2] and meta["page_size"] == 16 * 1024 * 1024
+    assert meta["weights_pages"] == 1
+    dev = CpuDevice(1)
+    dev.register("cnn", out)
+    dev.load("cnn")
+    sess = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+    for b in (1, 2):
+        np.testing.assert_allclose(dev.infer("cnn", _x(b, 5))[0],
+                                   sess.run(None, {"image": _x(b, 5)})[0], rtol=1e-4, atol=1e-4)
+    capsys.readouterr()
+    assert main(["compile", str(tmp_path / "missing.onnx"), "--out", str(tmp_path / "x")]) == 2
+    assert "no such ONNX file" in capsys.readouterr().err
+    junk = tmp_path / "junk.onnx"
+    junk.write_text("not onnx")
+    assert main(["compile", str(junk), "--out", str(tmp_path / "y")]) == 2
+    assert "not a valid ONNX model" in capsys.readouterr().err
+    assert main(["profile", str(tmp_path / "missing.onnx"), "--out",
+                 str(tmp_path / "p.json")]) == 2
