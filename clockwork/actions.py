@@ -82,6 +82,7 @@ class Action:
     version: int = 0  # weights version (LOAD sets it, INFER expects it)
     expected_end: int = 0  # controller's predicted completion (telemetry)
     sent_at: int = 0  # controller clock (telemetry)
+    requests: list | None = None  # INFER: the requests it serves, in batch-row order
 
 
 @dataclass(slots=True)

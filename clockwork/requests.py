@@ -17,7 +17,7 @@ class Request:
     """
 
     __slots__ = ("id", "model", "arrival", "slo", "deadline", "drop_at", "state", "demand",
-                 "cold", "tag", "inputs")
+                 "cold", "tag", "inputs", "row")
 
     def __init__(self, id: int, model: str, arrival: int, slo: int = 0, tag: object = None,
                  inputs: object = None) -> None:
@@ -31,7 +31,8 @@ class Request:
         self.demand = 0.0
         self.cold = False
         self.tag = tag  # whoever submitted it (workload index, client stream, ...)
-        self.inputs = inputs
+        self.inputs = inputs  # the client's input tensors (live system), or None
+        self.row = 0  # its row in the INFER batch that serves it (set when sent)
 
     def __repr__(self) -> str:
         return f"Request(id={self.id}, model={self.model!r}, arrival={self.arrival}, slo={self.slo})"

@@ -168,9 +168,12 @@ class ClockworkScheduler(Policy):
                                  result.outputs)
             else:
                 self._requeue(m, inf.requests, result, now)
+                # our view was wrong: forget the copy. Not when the INFER was turned away
+                # before its LOAD finished (a real LOAD that ran long): the weights are there.
                 if result.status in (ErrorCode.WEIGHTS_NOT_PRESENT, ErrorCode.WEIGHTS_CHANGED) \
-                        and not inst.loading and g.instances.get(m.name) is inst:
-                    self._drop_instance(inst)  # our view was wrong: forget the copy
+                        and not inst.loading and g.instances.get(m.name) is inst \
+                        and result.end >= inst.ready_at:
+                    self._drop_instance(inst, now)
             self._schedule_infer(g, now, out)
         elif t == ActionType.LOAD:
             g.pcie.done(result.id, result.end)
@@ -183,7 +186,7 @@ class ClockworkScheduler(Policy):
                     inst.ready_at = result.end
                     inst.model.ready_copies += 1
             elif current:
-                self._drop_instance(inst)
+                self._drop_instance(inst, now)
             self._schedule_infer(g, now, out)
             self._schedule_loads(now, out, only_idle=True)
         # EVICT results need nothing: pages were freed in our view when it was sent
@@ -380,7 +383,8 @@ class ClockworkScheduler(Policy):
         start = g.exec.add(aid, earliest, e, now)
         latest = max(now + cfg.future + cfg.latest_delta, start + cfg.latest_delta)
         a = Action(aid, ActionType.INFER, g.worker, g.gpu, m.name, earliest, latest, e,
-                   batch_size=b, version=inst.version, expected_end=start + e, sent_at=now)
+                   batch_size=b, version=inst.version, expected_end=start + e, sent_at=now,
+                   requests=batch)
         for r in batch:
             self._unqueue(m, r, EXECUTING)
         inst.inflight += 1
@@ -573,12 +577,12 @@ class ClockworkScheduler(Policy):
         self._next_action += 1
         a = Action(aid, ActionType.EVICT, g.worker, g.gpu, inst.model.name, 0, NEVER, 0,
                    version=inst.version, expected_end=now, sent_at=now)
-        self._drop_instance(inst)
+        self._drop_instance(inst, now)
         self._inflight[aid] = _Inflight(a, g, inst, [])
         self.stats["evict"] += 1
         out.append(a)
 
-    def _drop_instance(self, inst: Instance) -> None:
+    def _drop_instance(self, inst: Instance, now: int) -> None:
         g, m = inst.gpu, inst.model
         del g.instances[m.name]
         del m.instances[g.index]
@@ -588,6 +592,8 @@ class ClockworkScheduler(Policy):
             m.ready_copies -= 1
         if m.live and not m.instances:
             self._unserved.add(m.name)
+            if not self._next_load_check:
+                self._next_load_check = now  # place a new copy at the next tick
 
     # ------------------------------------------------------------------ answers
 

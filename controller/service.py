@@ -32,7 +32,7 @@ from clockwork.actions import Action, ActionType, ErrorCode, RequestStatus, Resu
 from clockwork.profiles import ModelProfile, ProfileError, load_profile_set
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
-from clockwork.protocol.wire import action_to_msg, msg_to_result
+from clockwork.protocol.wire import action_to_msg, batch_inputs, msg_to_result
 from clockwork.requests import Reply, Request
 from clockwork.time import ms
 from controller import make_policy
@@ -168,8 +168,12 @@ class ControllerNode:
             raise
         if msg.state.missing:
             await ch.close()
-            raise ValueError(f"worker {link.address} has no profile for "
-                             f"{', '.join(msg.state.missing[:5])} ...")
+            more = " ..." if len(msg.state.missing) > 5 else ""
+            raise ValueError(f"worker {link.address} ({msg.state.device}) cannot serve "
+                             f"{', '.join(msg.state.missing[:5])}{more}: no profile in its "
+                             f"profile set {msg.state.profiles!r}"
+                             + ("" if msg.state.device == "emulated" else
+                                " or no model package (see clockwork compile)"))
         if link.state is not None and len(msg.state.gpus) != len(link.state.gpus):
             await ch.close()
             raise ValueError(f"worker {link.address} came back with a different GPU count")
@@ -212,12 +216,24 @@ class ControllerNode:
                     continue
                 off = link.offset
                 msg = pb.ControllerMessage(
-                    actions=pb.ActionBatch(actions=[action_to_msg(a, off) for a in acts]))
+                    actions=pb.ActionBatch(actions=[action_to_msg(a, off, self._inputs(a))
+                                                    for a in acts]))
                 await call.write(msg)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - the reader notices the loss
             link.error = repr(e)
+            print(f"controller: writing to worker {link.address} failed: {e!r}",
+                  file=sys.stderr, flush=True)
+
+    def _inputs(self, a: Action) -> list[pb.Tensor] | None:
+        """An INFER's batched input tensors (None when its requests carry none)."""
+        reqs = a.requests
+        if a.type != ActionType.INFER or not reqs:
+            return None
+        for i, r in enumerate(reqs):
+            r.row = i
+        return batch_inputs(reqs, a.batch_size, self.profiles[a.model].inputs)
 
     async def _echoer(self, link: WorkerLink) -> None:
         while True:
@@ -365,7 +381,6 @@ class ControllerNode:
         self._after(self.policy.on_tick(now), now)
 
     def _answer(self, replies: list[Reply]) -> None:
-        rows: dict[int, int] = {}
         pending = self.pending
         metrics, tel = self.metrics, self.telemetry
         for rep in replies:
@@ -386,9 +401,7 @@ class ControllerNode:
                 resp.reason = "unknown_model"
             outs = rep.outputs
             if outs:
-                k = id(outs)
-                row = rows.get(k, 0)
-                rows[k] = row + 1
+                row = r.row
                 for t in outs:
                     n = t.shape[0] if t.shape else 1
                     size = len(t.data) // n if n else 0
@@ -429,7 +442,8 @@ class ControllerNode:
             resp.client_id = cid
             deliver(resp)
 
-        r = Request(rid, req.model, now, ms(req.slo_ms) if req.slo_ms else 0, tagged)
+        r = Request(rid, req.model, now, ms(req.slo_ms) if req.slo_ms else 0, tagged,
+                    req.inputs or None)
         self.pending[rid] = r
         self._after(self.policy.on_request(r, now), now)
 

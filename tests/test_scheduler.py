@@ -263,3 +263,28 @@ def test_cold_models_spread_over_idle_gpus():
         t += 20 * MS
     loads = sorted((a.model, a.gpu) for a in acts if a.type == ActionType.LOAD)
     assert [g for _, g in loads].count(0) == 2 and [g for _, g in loads].count(1) == 2
+
+
+def test_infer_turned_away_during_a_long_load_keeps_the_copy_and_retries():
+    # a real LOAD ran far longer than predicted: the worker turned the INFER (and its
+    # retry) away before the weights were there; the copy is fine once the LOAD is done
+    s = sched()
+    load, inf = s.on_request(req(1, slo=500 * MS), 0)
+    (inf2,) = s.on_result(fail(inf, 9 * MS, ErrorCode.WEIGHTS_NOT_PRESENT), 9 * MS + 100_000)
+    assert inf2.type == ActionType.INFER
+    assert s.on_result(ok(load, 1 * MS, 70 * MS), 72 * MS) == []  # the retry is in flight
+    (inf3,) = s.on_result(fail(inf2, 60 * MS, ErrorCode.WEIGHTS_NOT_PRESENT), 72 * MS)
+    assert inf3.type == ActionType.INFER and inf3.model == "a"  # no new LOAD: weights are there
+    s.on_result(ok(inf3, 73 * MS), 76 * MS)
+    (rep,) = s.drain_replies()
+    assert rep.status == RequestStatus.SUCCESS
+
+
+def test_copy_found_missing_is_replaced_by_a_new_load():
+    s = sched()
+    t = warm(s)
+    (inf,) = s.on_request(req(1, t=t, slo=500 * MS), t)
+    assert s.on_result(fail(inf, t + MS, ErrorCode.WEIGHTS_NOT_PRESENT), t + 2 * MS) == []
+    assert s.next_wakeup() is not None and s.next_wakeup() <= t + 2 * MS
+    acts = s.on_tick(t + 2 * MS)
+    assert [a.type for a in acts] == [ActionType.LOAD, ActionType.INFER]

@@ -9,6 +9,13 @@ by ``latest`` with that kind's ``*_TOO_LATE`` code, never running it late.
 No clocks, threads or sleeps here: a shell calls ``submit(action, now)`` when an
 action arrives and ``advance(now)`` at ``next_time()``; both return the results
 finished by ``now``. How long an action takes comes from a ``Device``.
+
+A device that really computes cannot say in advance how long an action takes: its
+``duration`` returns ``None``. Such an action starts "open": the executor hands it to
+the shell (``take_started()``), the shell runs it and reports ``complete(...)`` with the
+measured times. A LOAD in progress leaves its weights pending, and an INFER that needs
+them waits in its lane until the LOAD completes (and is rejected then if its window has
+passed).
 """
 
 from __future__ import annotations
@@ -22,9 +29,13 @@ from clockwork.profiles import ModelProfile
 
 
 class Device(Protocol):
-    """Tells how long an action takes on this GPU (emulated, or measured for real)."""
+    """Tells how long an action takes on this GPU: a figure (emulated), or ``None``
+    when the shell runs it for real and reports the measured times."""
 
-    def duration(self, action: Action, profile: ModelProfile) -> int: ...
+    def duration(self, action: Action, profile: ModelProfile) -> int | None: ...
+
+
+PENDING = NEVER  # Weights.ready_at while a real LOAD is still running
 
 
 @dataclass(slots=True)
@@ -39,9 +50,11 @@ class _Running:
     action: Action
     received: int
     begin: int
-    end: int
+    end: int | None  # None: open (a real device is running it)
     status: ErrorCode = ErrorCode.SUCCESS
     message: str = ""
+    duration: int | None = None  # measured main phase (EXEC), when it differs from end - begin
+    outputs: object = None
 
 
 class Lane:
@@ -56,7 +69,7 @@ class Lane:
 
     def next_time(self) -> int | None:
         if self.running is not None:
-            return self.running.end
+            return self.running.end  # None while open: complete() moves things on
         if self.pending:
             earliest, _, _, received = self.pending[0]
             return max(self.free_at, received, earliest)
@@ -77,6 +90,7 @@ class GpuExecutor:
         self.load_lane = Lane()
         self.exec_lane = Lane()
         self._evicted_while_running: set[int] = set()
+        self._started: list[Action] = []  # open actions the shell has not taken yet
 
     # -- queries -----------------------------------------------------------------
 
@@ -95,6 +109,8 @@ class GpuExecutor:
             consider = max(lane.free_at, received)
             if consider <= action.latest:
                 b = self._begin(action, consider, earliest)
+                if b >= NEVER:
+                    b = None  # waits for a real LOAD; complete() moves things on
         if a is None:
             return b
         if b is None:
@@ -128,12 +144,42 @@ class GpuExecutor:
             progress = self._step(self.load_lane, now, out) | self._step(self.exec_lane, now, out)
         return out
 
+    def take_started(self) -> list[Action]:
+        """Open actions started since the last call, for the shell to run for real."""
+        out, self._started = self._started, []
+        return out
+
+    def complete(self, action_id: int, now: int, begin: int, end: int, status: ErrorCode =
+                 ErrorCode.SUCCESS, message: str = "", duration: int | None = None,
+                 outputs: object = None) -> list[Result]:
+        """The shell finished an open action: measured ``begin``/``end`` (``end <= now``).
+        Returns its result and whatever else finished or started by ``now``."""
+        for lane in (self.exec_lane, self.load_lane):
+            r = lane.running
+            if r is not None and r.end is None and r.action.id == action_id:
+                break
+        else:
+            raise KeyError(f"action {action_id} is not running open here")
+        r.begin, r.end, r.duration, r.outputs = begin, end, duration, outputs
+        if status != ErrorCode.SUCCESS and r.status == ErrorCode.SUCCESS:
+            r.status, r.message = status, message
+        a = r.action
+        if a.type == ActionType.LOAD:
+            w = self.weights.get(a.model)
+            if w is not None and w.ready_at == PENDING:
+                if r.status == ErrorCode.SUCCESS:
+                    w.ready_at = end
+                else:  # the device could not load it: give the pages back
+                    del self.weights[a.model]
+                    self.free_pages.extend(reversed(w.pages))
+        return self.advance(now)
+
     # -- lanes -------------------------------------------------------------------
 
     def _step(self, lane: Lane, now: int, out: list[Result]) -> bool:
         r = lane.running
         if r is not None:
-            if r.end > now:
+            if r.end is None or r.end > now:
                 return False
             lane.running = None
             lane.free_at = r.end
@@ -168,8 +214,11 @@ class GpuExecutor:
         begin = consider if consider > earliest else earliest
         if action.type == ActionType.INFER:
             w = self.weights.get(action.model)
-            if w is not None and begin < w.ready_at <= action.latest:
-                begin = w.ready_at
+            if w is not None:
+                if w.ready_at == PENDING:
+                    return NEVER  # a real LOAD is running: wait for it
+                if begin < w.ready_at <= action.latest:
+                    begin = w.ready_at
         return begin
 
     def _start(self, action: Action, received: int, begin: int) -> _Running:
@@ -185,7 +234,11 @@ class GpuExecutor:
             if action.version and w.version != action.version:
                 return _Running(action, received, begin, begin, ErrorCode.WEIGHTS_CHANGED,
                                 f"weights version {w.version}, action expects {action.version}")
-            return _Running(action, received, begin, begin + self.device.duration(action, profile))
+            d = self.device.duration(action, profile)
+            if d is None:
+                self._started.append(action)
+                return _Running(action, received, begin, None)
+            return _Running(action, received, begin, begin + d)
         # LOAD
         if action.model in self.weights:
             return _Running(action, received, begin, begin, ErrorCode.WEIGHTS_ALREADY_LOADED,
@@ -194,9 +247,12 @@ class GpuExecutor:
         if need > len(self.free_pages):
             return _Running(action, received, begin, begin, ErrorCode.LOAD_INSUFFICIENT_CACHE,
                             f"needs {need} pages, {len(self.free_pages)} free")
-        end = begin + self.device.duration(action, profile)
+        d = self.device.duration(action, profile)
+        end = None if d is None else begin + d
         pages = [self.free_pages.pop() for _ in range(need)]
-        self.weights[action.model] = Weights(pages, action.version, end)
+        self.weights[action.model] = Weights(pages, action.version, PENDING if end is None else end)
+        if end is None:
+            self._started.append(action)
         return _Running(action, received, begin, end)
 
     def _finish(self, r: _Running) -> Result:
@@ -208,7 +264,8 @@ class GpuExecutor:
         return Result(
             id=a.id, type=a.type, status=status, worker=self.worker, gpu=self.gpu, model=a.model,
             batch_size=a.batch_size, received=r.received, begin=r.begin, end=r.end,
-            duration=r.end - r.begin, message=message,
+            duration=r.end - r.begin if r.duration is None else r.duration, message=message,
+            outputs=r.outputs if status == ErrorCode.SUCCESS else None,
         )
 
     def _evict(self, action: Action, now: int) -> Result:
@@ -232,4 +289,4 @@ class GpuExecutor:
                       begin=at, end=at, message=message)
 
 
-__all__ = ["Device", "GpuExecutor", "Lane", "Weights", "NEVER"]
+__all__ = ["Device", "GpuExecutor", "Lane", "Weights", "NEVER", "PENDING"]

@@ -41,7 +41,9 @@ def _allocate(nbytes: int, backend: str) -> np.ndarray:
         raise ArenaError(f"arena backend {backend!r} is not supported here (only 'numpy')")
     raw = np.empty(nbytes + ARENA_ALIGNMENT, dtype=np.uint8)
     skip = (-raw.ctypes.data) % ARENA_ALIGNMENT
-    return raw[skip : skip + nbytes]
+    buf = raw[skip : skip + nbytes]
+    buf.fill(0)  # touch every page now: a first LOAD must not pay the page faults
+    return buf
 
 
 def layout_tensors(sizes: Sequence[int], page_size: int = PAGE_SIZE) -> tuple[list[int], int, list[int]]:

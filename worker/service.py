@@ -7,6 +7,13 @@ the earliest ``next_time()`` of all executors and calls ``advance(now)``. Finish
 are sent back in batches (everything ready when the stream is free goes in one message).
 
 Windows and result times are this process's monotonic clock; the controller converts.
+
+Devices: ``emulated`` (an action takes its profiled time) or ``cpu`` (TVM-compiled model
+packages really run on the host; ``cuda`` the same on a GPU). A real device's actions
+start "open" in the executor (see ``worker.executor``); this shell runs them on one
+EXEC thread and one LOAD thread per GPU and reports the measured times back with
+``complete``. Packages come from ``--packages DIR`` (``DIR/<profile>/``), an Instance's
+``package`` path, or a ``LoadModelFromDisk`` call.
 """
 
 from __future__ import annotations
@@ -16,17 +23,23 @@ import asyncio
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import numpy as np
+import orjson
 
 from clockwork.actions import ActionType, ErrorCode, Result
 from clockwork.profiles import ModelProfile, ProfileError, load_profile_set
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
-from clockwork.protocol.wire import msg_to_action, result_to_msg
+from clockwork.protocol.wire import msg_to_action, msg_to_array, result_to_msg, tensor_to_msg
 from worker.devices.emulated import EmulatedDevice
 from worker.executor import GpuExecutor
+
+DEVICES = ("emulated", "cpu", "cuda")
+DEFAULT_PROFILES = {"emulated": "v100-reference", "cpu": "cpu", "cuda": "cuda"}
 
 _OFFSET = 0  # --clock-offset-ms: shifts this worker's clock (tests the controller's conversion)
 
@@ -38,35 +51,89 @@ def now_ns() -> int:
 class WorkerNode:
     """The worker's state and its timer task. All methods run on one event loop."""
 
-    def __init__(self, gpus: int, pages: int | None, profiles: str, device: str = "emulated",
-                 noise: float = 0.0, seed: int = 0) -> None:
-        if device != "emulated":
-            raise ValueError(f"device {device!r} is not available yet (only 'emulated')")
-        self.pset = load_profile_set(profiles)
+    def __init__(self, gpus: int, pages: int | None, profiles: str | None = None,
+                 device: str = "emulated", noise: float = 0.0, seed: int = 0,
+                 packages: str | None = None) -> None:
+        if device not in DEVICES:
+            raise ValueError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+        self.pset = load_profile_set(profiles or DEFAULT_PROFILES[device])
         self.n_gpus = gpus
         self.pages = int(pages or self.pset.weights_cache_pages)
         self.device = device
         self.noise = noise
         self.seed = seed
+        self.packages = Path(packages) if packages else Path("packages") / device
+        self.registered: dict[str, Path] = {}  # LoadModelFromDisk: name -> package path
         self.worker_id = 0
         self.instances: dict[str, ModelProfile] = {}
         self.executors: list[GpuExecutor] = []
+        self.real: list = []  # real devices, one per GPU
+        self._threads: list[tuple[ThreadPoolExecutor, ThreadPoolExecutor]] = []
+        self._inputs: dict[int, list[pb.Tensor]] = {}  # INFER id -> its batch's inputs
         self._out: list[pb.ResultMsg] = []
         self._out_ready = asyncio.Event()
         self._kick = asyncio.Event()
         self._zeros: dict[tuple[str, int], list[pb.Tensor]] = {}
+        if device != "emulated":
+            self.real = [_open_device(device, self.pages) for _ in range(gpus)]
+            self._threads = [(ThreadPoolExecutor(1, f"exec{g}"), ThreadPoolExecutor(1, f"load{g}"))
+                             for g in range(gpus)]
         self._reset({})
 
     # -- state ---------------------------------------------------------------------------
 
     def _reset(self, instances: dict[str, ModelProfile]) -> None:
         self.instances = instances
+        for dev in self.real:  # an empty weights cache (EXECs still running free theirs later)
+            for name, m in list(dev.models.items()):
+                if m.pages is not None:
+                    dev.evict(name)
         self.executors = [
             GpuExecutor(self.worker_id, g, self.pages, instances,
-                        EmulatedDevice(self.noise, self.seed * 1000 + g))
+                        self.real[g] if self.real else EmulatedDevice(self.noise, self.seed * 1000 + g))
             for g in range(self.n_gpus)
         ]
+        self._inputs = {}
         self._out = []
+
+    def package_for(self, name: str, profile: str, explicit: str = "") -> Path | None:
+        """Where instance ``name`` (of ``profile``) has its model package, if anywhere."""
+        for p in (Path(explicit) if explicit else None, self.registered.get(name),
+                  self.registered.get(profile), self.packages / profile):
+            if p is not None and (p / "model.json").exists():
+                return p
+        return None
+
+    def _register(self, name: str, path: Path) -> None:
+        for dev in self.real:
+            if name not in dev.models:
+                dev.register(name, path)
+
+    def load_from_disk(self, name: str, path: str) -> pb.LoadModelFromDiskResponse:
+        """LoadModelFromDisk: check the package, remember it under ``name``."""
+        from clockwork.models.package import read_package
+
+        p = Path(path)
+        meta = read_package(p)  # raises on a missing or broken package
+        if self.device == "emulated":
+            raise ValueError("the emulated device runs profiles, not packages "
+                             "(start the worker with --device cpu)")
+        self.registered[name] = p
+        prof = self.pset.profiles.get(name) or self.pset.profiles.get(meta.get("model", ""))
+        info = pb.ModelInfo(
+            name=name, profile=str(meta.get("model", name)),
+            inputs=[pb.TensorSpec(name=t["name"], shape=t["shape"], dtype=t["dtype"])
+                    for t in meta["inputs"]],
+            outputs=[pb.TensorSpec(name=t["name"], shape=t["shape"], dtype=t["dtype"])
+                     for t in meta["outputs"]],
+            batch_sizes=sorted(int(b) for b in meta["functions"]),
+            weights_pages=int(meta["weights_pages"]))
+        pj = p / "profile.json"
+        if pj.exists():
+            text = pj.read_text()
+        else:
+            text = orjson.dumps(prof.to_json()).decode() if prof is not None else ""
+        return pb.LoadModelFromDiskResponse(model=info, profile_json=text)
 
     def hello(self, h: pb.Hello) -> pb.WorkerState:
         self.worker_id = h.worker_id
@@ -74,10 +141,19 @@ class WorkerNode:
         missing = []
         for i in h.instances:
             p = self.pset.profiles.get(i.profile)
-            if p is None:
+            path = self.package_for(i.name, i.profile, i.package) if self.real else None
+            if p is None or (self.real and path is None):
                 missing.append(i.name)
-            else:
-                inst[i.name] = p.renamed(i.name)
+                continue
+            if path is not None:
+                try:
+                    self._register(i.name, path)
+                except Exception as e:  # noqa: BLE001 - a broken package: report it missing
+                    print(f"worker: cannot load package {path} for {i.name}: {e}",
+                          file=sys.stderr, flush=True)
+                    missing.append(i.name)
+                    continue
+            inst[i.name] = p.renamed(i.name)
         if h.reset or not self.executors or inst.keys() != self.instances.keys():
             self._reset(inst)
         self._kick.set()
@@ -97,16 +173,94 @@ class WorkerNode:
         now = now_ns()
         out: list[Result] = []
         n = len(self.executors)
+        real = bool(self.real)
         for m in batch.actions:
             a = msg_to_action(m, self.worker_id)
             if 0 <= a.gpu < n:
-                out.extend(self.executors[a.gpu].submit(a, now))
+                if real and m.inputs:
+                    self._inputs[a.id] = list(m.inputs)
+                res = self.executors[a.gpu].submit(a, now)
+                if real:
+                    self._evicted(res)
+                out.extend(res)
             else:
                 out.append(Result(id=a.id, type=a.type, status=ErrorCode.INVALID_GPU,
                                   worker=self.worker_id, gpu=a.gpu, model=a.model,
                                   batch_size=a.batch_size, received=now, begin=now, end=now,
                                   message=f"no gpu {a.gpu} (worker has {n})"))
         self._emit(out)
+        self._dispatch()
+        self._kick.set()
+
+    # -- real devices ----------------------------------------------------------------------
+
+    def _evicted(self, results: list[Result]) -> None:
+        for r in results:
+            if r.type == ActionType.EVICT and r.status == ErrorCode.SUCCESS:
+                self.real[r.gpu].evict(r.model)
+            elif r.type == ActionType.INFER:
+                self._inputs.pop(r.id, None)
+
+    def _dispatch(self) -> None:
+        """Hand the actions the executors started open to this GPU's EXEC / LOAD thread."""
+        if not self.real:
+            return
+        loop = asyncio.get_running_loop()
+        for e in self.executors:
+            for a in e.take_started():
+                dev = self.real[e.gpu]
+                ex, ld = self._threads[e.gpu]
+                if a.type == ActionType.INFER:
+                    ex.submit(self._run_infer, loop, e, dev, a, self._inputs.pop(a.id, None))
+                else:
+                    ld.submit(self._run_load, loop, e, dev, a)
+
+    def _run_infer(self, loop, e: GpuExecutor, dev, a, inputs) -> None:
+        """EXEC thread: INPUT copy, EXEC, OUTPUT copy; times measured here."""
+        from worker.devices.cpu import DeviceError
+
+        t0 = now_ns()
+        status, message, exec_ns, outs = ErrorCode.SUCCESS, "", None, None
+        try:
+            arr = msg_to_array(inputs[0]) if inputs else None
+            out, exec_ns = dev.infer(a.model, arr, a.batch_size)
+            outs = out if isinstance(out, list) else [out]
+        except DeviceError as err:
+            text = str(err)
+            status = (ErrorCode.WEIGHTS_NOT_PRESENT if "not in the cache" in text
+                      else ErrorCode.INVALID_BATCH_SIZE if "batch size" in text
+                      else ErrorCode.INVALID_INPUT)
+            message = text
+        except Exception as err:  # noqa: BLE001 - a failed EXEC must still be answered
+            status, message = ErrorCode.INVALID_INPUT, f"EXEC failed: {err!r}"
+        t1 = now_ns()
+        loop.call_soon_threadsafe(self._completed, e, a.id, t0, t1, status, message, exec_ns, outs)
+
+    def _run_load(self, loop, e: GpuExecutor, dev, a) -> None:
+        from worker.devices.cpu import DeviceError
+        from worker.memory import ArenaError
+
+        t0 = now_ns()
+        status, message = ErrorCode.SUCCESS, ""
+        try:
+            dev.load(a.model)
+        except ArenaError as err:
+            status, message = ErrorCode.LOAD_INSUFFICIENT_CACHE, str(err)
+        except DeviceError as err:
+            status = (ErrorCode.WEIGHTS_ALREADY_LOADED if "already loaded" in str(err)
+                      else ErrorCode.UNKNOWN_MODEL)
+            message = str(err)
+        except Exception as err:  # noqa: BLE001
+            status, message = ErrorCode.LOAD_INSUFFICIENT_CACHE, f"LOAD failed: {err!r}"
+        t1 = now_ns()
+        loop.call_soon_threadsafe(self._completed, e, a.id, t0, t1, status, message, None, None)
+
+    def _completed(self, e: GpuExecutor, aid: int, t0: int, t1: int, status: ErrorCode,
+                   message: str, duration: int | None, outs) -> None:
+        res = e.complete(aid, now_ns(), t0, t1, status, message, duration, outs)
+        self._evicted(res)
+        self._emit(res)
+        self._dispatch()
         self._kick.set()
 
     def _outputs(self, model: str, batch: int) -> list[pb.Tensor]:
@@ -130,7 +284,12 @@ class WorkerNode:
         for r in results:
             outs = None
             if r.type == ActionType.INFER and r.status == ErrorCode.SUCCESS:
-                outs = self._outputs(r.model, r.batch_size)
+                if r.outputs is not None:  # a real device's arrays
+                    specs = self.instances[r.model].outputs
+                    outs = [tensor_to_msg(specs[k].name if k < len(specs) else f"output{k}", o)
+                            for k, o in enumerate(r.outputs)]
+                else:
+                    outs = self._outputs(r.model, r.batch_size)
             self._out.append(result_to_msg(r, outs))
         self._out_ready.set()
 
@@ -162,7 +321,30 @@ class WorkerNode:
             out: list[Result] = []
             for e in self.executors:
                 out.extend(e.advance(now))
+            if self.real:
+                self._evicted(out)
             self._emit(out)
+            self._dispatch()
+
+
+def _open_device(kind: str, pages: int):
+    """A real device; raises ValueError with what to do instead when it cannot start."""
+    if kind == "cpu":
+        try:
+            from worker.devices.cpu import CpuDevice
+            return CpuDevice(pages)
+        except ImportError:
+            raise ValueError("--device cpu needs Apache TVM: pip install -e '.[tvm]' "
+                             "(or use --device emulated)") from None
+    try:
+        from worker.devices.cuda import CudaDevice
+    except ImportError as e:
+        raise ValueError(f"--device cuda is not available here ({e}); use --device cpu "
+                         "(TVM on the host) or --device emulated") from None
+    try:
+        return CudaDevice(pages)
+    except Exception as e:  # DeviceUnavailable and friends carry the message to show
+        raise ValueError(str(e)) from None
 
 
 class WorkerServicer(pbg.WorkerServicer):
@@ -172,6 +354,13 @@ class WorkerServicer(pbg.WorkerServicer):
 
     async def ClockSync(self, request, context):  # noqa: N802
         return pb.ClockSyncResponse(worker_time=now_ns())
+
+    async def LoadModelFromDisk(self, request, context):  # noqa: N802
+        try:
+            return self.node.load_from_disk(request.name, request.path)
+        except (OSError, ValueError, KeyError) as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"cannot load package {request.path!r}: {e}")
 
     async def Connect(self, request_iterator, context):  # noqa: N802
         node = self.node
@@ -252,6 +441,7 @@ async def serve_worker(host: str, port: int, node: WorkerNode, ready=None,
 def _cmd_worker(args: argparse.Namespace) -> int:
     global _OFFSET
     _OFFSET = round(args.clock_offset_ms * 1e6)
+    args.profiles = args.profiles or DEFAULT_PROFILES[args.device]
     try:
         load_profile_set(args.profiles)
     except ProfileError as e:
@@ -259,15 +449,17 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         return 2
 
     async def main() -> None:
-        node = WorkerNode(args.gpus, args.pages, args.profiles, args.device, args.noise, args.seed)
+        node = WorkerNode(args.gpus, args.pages, args.profiles, args.device, args.noise, args.seed,
+                          args.packages)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
 
         def ready(port: int) -> None:
-            print(f"clockwork worker listening on {args.host}:{port} ({args.gpus} emulated GPU(s), "
-                  f"{node.pages} pages each, profiles {node.pset.name})", flush=True)
+            where = "" if args.device == "emulated" else f", packages from {node.packages}"
+            print(f"clockwork worker listening on {args.host}:{port} ({args.gpus} {args.device} "
+                  f"GPU(s), {node.pages} pages each, profiles {node.pset.name}{where})", flush=True)
 
         await serve_worker(args.host, args.port, node, ready, stop)
 
@@ -282,15 +474,21 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 def add_worker_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("worker", help="run a worker (GPUs that execute the controller's actions)",
                        description="Run a Clockwork worker: it executes timestamped LOAD/EVICT/"
-                       "INFER actions from the controller on its GPUs (emulated by default).")
+                       "INFER actions from the controller on its GPUs: emulated (profiled timings, "
+                       "the default), cpu (TVM-compiled model packages run on this host) or cuda.")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=12345, help="port (0 picks a free one; printed)")
-    p.add_argument("--device", default="emulated", choices=["emulated"],
-                   help="GPU kind (cpu/cuda come with the real-model devices)")
+    p.add_argument("--device", default="emulated", choices=list(DEVICES),
+                   help="emulated (default), cpu (needs TVM: pip install -e '.[tvm]') or cuda")
+    p.add_argument("--packages", metavar="DIR", default=None,
+                   help="cpu/cuda: model packages as DIR/<model>/ (default packages/DEVICE; "
+                   "build them with 'clockwork compile')")
     p.add_argument("--gpus", type=int, default=1, help="number of GPUs (default 1)")
     p.add_argument("--pages", type=int, default=None,
                    help="weights-cache pages per GPU (default: the profile set's)")
-    p.add_argument("--profiles", default="v100-reference", help="profile set (folder under profiles/)")
+    p.add_argument("--profiles", default=None,
+                   help="profile set (folder under profiles/; default v100-reference, or the "
+                   "device's own: cpu, cuda)")
     p.add_argument("--noise", type=float, default=0.0, help="emulated duration noise (std dev fraction)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--clock-offset-ms", type=float, default=0.0,

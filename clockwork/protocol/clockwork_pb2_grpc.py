@@ -290,6 +290,11 @@ class WorkerStub:
                 request_serializer=clockwork_dot_protocol_dot_clockwork__pb2.ClockSyncRequest.SerializeToString,
                 response_deserializer=clockwork_dot_protocol_dot_clockwork__pb2.ClockSyncResponse.FromString,
                 _registered_method=True)
+        self.LoadModelFromDisk = channel.unary_unary(
+                '/clockwork.v1.Worker/LoadModelFromDisk',
+                request_serializer=clockwork_dot_protocol_dot_clockwork__pb2.LoadModelFromDiskRequest.SerializeToString,
+                response_deserializer=clockwork_dot_protocol_dot_clockwork__pb2.LoadModelFromDiskResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -309,6 +314,12 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadModelFromDisk(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -321,6 +332,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.ClockSync,
                     request_deserializer=clockwork_dot_protocol_dot_clockwork__pb2.ClockSyncRequest.FromString,
                     response_serializer=clockwork_dot_protocol_dot_clockwork__pb2.ClockSyncResponse.SerializeToString,
+            ),
+            'LoadModelFromDisk': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadModelFromDisk,
+                    request_deserializer=clockwork_dot_protocol_dot_clockwork__pb2.LoadModelFromDiskRequest.FromString,
+                    response_serializer=clockwork_dot_protocol_dot_clockwork__pb2.LoadModelFromDiskResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -377,6 +393,33 @@ class Worker:
             '/clockwork.v1.Worker/ClockSync',
             clockwork_dot_protocol_dot_clockwork__pb2.ClockSyncRequest.SerializeToString,
             clockwork_dot_protocol_dot_clockwork__pb2.ClockSyncResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadModelFromDisk(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clockwork.v1.Worker/LoadModelFromDisk',
+            clockwork_dot_protocol_dot_clockwork__pb2.LoadModelFromDiskRequest.SerializeToString,
+            clockwork_dot_protocol_dot_clockwork__pb2.LoadModelFromDiskResponse.FromString,
             options,
             channel_credentials,
             insecure,

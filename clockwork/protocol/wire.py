@@ -14,7 +14,7 @@ from clockwork.protocol import clockwork_pb2 as pb
 INT64_MAX = (1 << 63) - 1
 
 
-def action_to_msg(a: Action, offset: int = 0) -> pb.ActionMsg:
+def action_to_msg(a: Action, offset: int = 0, inputs: list[pb.Tensor] | None = None) -> pb.ActionMsg:
     """``offset`` = worker clock - controller clock, added to the window."""
     latest = a.latest
     return pb.ActionMsg(
@@ -22,7 +22,31 @@ def action_to_msg(a: Action, offset: int = 0) -> pb.ActionMsg:
         earliest=a.earliest + offset if a.earliest else 0,
         latest=INT64_MAX if latest >= NEVER else latest + offset,
         expected_duration=a.expected_duration, batch_size=a.batch_size, version=a.version,
+        inputs=inputs or (),
     )
+
+
+def batch_inputs(requests, batch_size: int, specs) -> list[pb.Tensor] | None:
+    """One INFER's input tensors: each request's sample as a row, in order, zero rows
+    after them. ``specs``: the model's input TensorSpecs. None if no request has inputs.
+    A request's tensor is matched by name, or is the only input when unnamed."""
+    if not any(r.inputs for r in requests):
+        return None
+    out = []
+    for k, spec in enumerate(specs):
+        row = int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+        parts = []
+        for r in requests:
+            data = b""
+            for t in r.inputs or ():
+                if t.name == spec.name or (not t.name and k == 0):
+                    data = t.data
+                    break
+            parts.append(data if len(data) == row else bytes(row))
+        parts.append(bytes(row * (batch_size - len(requests))))
+        out.append(pb.Tensor(name=spec.name, shape=[batch_size, *spec.shape], dtype=spec.dtype,
+                             data=b"".join(parts)))
+    return out
 
 
 def msg_to_action(m: pb.ActionMsg, worker: int = 0) -> Action:

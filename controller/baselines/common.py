@@ -247,7 +247,7 @@ class BaselinePolicy(Policy):
         aid = self._next_action
         self._next_action += 1
         a = Action(aid, ActionType.INFER, g.worker, g.gpu, c.model, now, NEVER, e,
-                   batch_size=b, expected_end=now + e, sent_at=now)
+                   batch_size=b, expected_end=now + e, sent_at=now, requests=batch)
         for r in batch:
             r.state = EXECUTING
         c.inflight += 1

@@ -42,16 +42,35 @@ def _aligned_empty(shape: tuple[int, ...], dtype: str) -> np.ndarray:
 
 
 @dataclass
-class _Model:
-    name: str
+class _Package:
+    """A compiled package, loaded once per device and shared by every instance of it."""
+
     path: Path
     meta: dict
     vm: object
     functions: dict[int, object]
     blob: np.ndarray
     inputs: dict[int, tuple[np.ndarray, object]] = field(default_factory=dict)
+
+
+@dataclass
+class _Model:
+    name: str
+    package: _Package
     pages: list[int] | None = None
     bound: list[object] | None = None  # tvm tensors viewing arena pages, in params order
+    busy: bool = False  # an EXEC is running on these weights
+    free_after: list[int] | None = None  # evicted during an EXEC: free these pages after it
+
+    @property
+    def meta(self) -> dict:
+        return self.package.meta
+
+
+def _numpy_outputs(out) -> np.ndarray | list[np.ndarray]:
+    if hasattr(out, "numpy"):
+        return out.numpy()
+    return [o.numpy() for o in out]  # a tuple of outputs
 
 
 class CpuDevice:
@@ -64,37 +83,53 @@ class CpuDevice:
 
         self.arena = PageArena(n_pages, page_size)
         self.models: dict[str, _Model] = {}
-        self._lock = threading.Lock()
+        self.packages: dict[Path, _Package] = {}
+        self._lock = threading.Lock()  # models, packages and the arena's page table
+        self._exec = threading.Lock()  # one EXEC at a time
+
+    def duration(self, action, profile) -> None:
+        """For the executor: durations are measured, not predicted (see worker.executor)."""
+        return None
 
     # -- LoadModelFromDisk --------------------------------------------------------------
 
-    def register(self, name: str, package: str | Path) -> dict:
+    def _package(self, path: Path) -> _Package:
         import tvm
         from tvm import relax
 
         from clockwork.models.package import LIBRARY, WEIGHTS, read_package
 
-        path = Path(package)
+        key = path.resolve()
+        pkg = self.packages.get(key)
+        if pkg is not None:
+            return pkg
         meta = read_package(path)
         if meta["page_size"] != self.arena.page_size:
             raise DeviceError(f"package {path} is laid out in {meta['page_size']}-byte pages, "
                               f"the arena has {self.arena.page_size}-byte pages")
-        dev = tvm.cpu()
         lib = tvm.runtime.load_module(str(path / LIBRARY))
-        vm = relax.VirtualMachine(lib, dev)
+        vm = relax.VirtualMachine(lib, tvm.cpu())
         functions = {int(b): vm[f] for b, f in meta["functions"].items()}
         blob = np.fromfile(path / WEIGHTS, dtype=np.uint8)
-        m = _Model(name, path, meta, vm, functions, blob)
+        pkg = _Package(path, meta, vm, functions, blob)
         spec = meta["inputs"][0]
         for b in functions:
             buf = _aligned_empty((b, *spec["shape"]), spec["dtype"])
             buf[...] = 0
-            m.inputs[b] = (buf, tvm.runtime.from_dlpack(buf))
+            pkg.inputs[b] = (buf, tvm.runtime.from_dlpack(buf))
+        self.packages[key] = pkg
+        return pkg
+
+    def register(self, name: str, package: str | Path) -> dict:
+        """LoadModelFromDisk: make instance ``name`` of the package known (not yet LOADed).
+        Instances of one package share its library and host copy of the weights."""
+        path = Path(package)
         with self._lock:
             if name in self.models:
                 raise DeviceError(f"model {name!r} is already registered")
-            self.models[name] = m
-        return meta
+            pkg = self._package(path)
+            self.models[name] = _Model(name, pkg)
+        return pkg.meta
 
     # -- LOAD / EVICT ---------------------------------------------------------------------
 
@@ -112,52 +147,75 @@ class CpuDevice:
         import tvm
 
         m = self._model(name)
+        meta = m.meta
+        t0 = time.perf_counter_ns()
         with self._lock:
             if m.pages is not None:
                 raise DeviceError(f"model {name!r} is already loaded")
-            t0 = time.perf_counter_ns()
-            pages = self.arena.alloc(m.meta["weights_pages"], m.meta["page_runs"])
-            try:
-                self.arena.write(pages, m.blob)
-                bound = [tvm.runtime.from_dlpack(self.arena.view(pages, t["offset"], t["shape"],
-                                                                 t["dtype"]))
-                         for t in m.meta["params"]]
-            except (ArenaError, RuntimeError):
+            pages = self.arena.alloc(meta["weights_pages"], meta["page_runs"])
+        try:
+            self.arena.write(pages, m.package.blob)
+            bound = [tvm.runtime.from_dlpack(self.arena.view(pages, t["offset"], t["shape"],
+                                                             t["dtype"]))
+                     for t in meta["params"]]
+        except (ArenaError, RuntimeError):
+            with self._lock:
                 self.arena.free(pages)
-                raise
+            raise
+        with self._lock:
             m.pages, m.bound = pages, bound
-            return pages, time.perf_counter_ns() - t0
+        return pages, time.perf_counter_ns() - t0
 
     def evict(self, name: str) -> None:
+        """EVICT: never waits. Pages under a running EXEC are freed when it ends."""
         m = self._model(name)
         with self._lock:
             if m.pages is None:
                 raise DeviceError(f"model {name!r} is not loaded")
             m.bound = None
-            self.arena.free(m.pages)
+            if m.busy:
+                m.free_after = m.pages
+            else:
+                self.arena.free(m.pages)
             m.pages = None
 
     # -- INPUT + EXEC + OUTPUT ------------------------------------------------------------
 
-    def infer(self, name: str, inputs: np.ndarray) -> tuple[np.ndarray, int]:
-        """Run one batch; returns (outputs, exec_ns)."""
+    def infer(self, name: str, inputs: np.ndarray | None,
+              batch_size: int | None = None) -> tuple[np.ndarray | list[np.ndarray], int]:
+        """Run one batch; returns (outputs, exec_ns). ``inputs`` None runs zeros of
+        ``batch_size`` rows."""
         m = self._model(name)
-        b = int(inputs.shape[0])
-        if b not in m.functions:
-            raise DeviceError(f"model {name!r}: batch size {b} not in {sorted(m.functions)}")
-        with self._lock:
-            if m.bound is None:
-                raise DeviceError(f"model {name!r}: weights not in the cache")
-            buf, tin = m.inputs[b]
-            if inputs.shape != buf.shape:
-                raise DeviceError(f"model {name!r}: input shape {inputs.shape}, "
-                                  f"expected {buf.shape}")
-            buf[...] = inputs
-            f = m.functions[b]
-            t0 = time.perf_counter_ns()
-            out = f(tin, *m.bound)
-            exec_ns = time.perf_counter_ns() - t0
-            return out.numpy(), exec_ns
+        pkg = m.package
+        b = int(inputs.shape[0]) if inputs is not None else int(batch_size or 0)
+        if b not in pkg.functions:
+            raise DeviceError(f"model {name!r}: batch size {b} not in {sorted(pkg.functions)}")
+        buf, tin = pkg.inputs[b]
+        if inputs is not None and inputs.shape != buf.shape:
+            raise DeviceError(f"model {name!r}: input shape {inputs.shape}, "
+                              f"expected {buf.shape}")
+        with self._exec:
+            with self._lock:
+                bound = m.bound
+                if bound is None:
+                    raise DeviceError(f"model {name!r}: weights not in the cache")
+                m.busy = True
+            try:
+                if inputs is None:
+                    buf[...] = 0
+                else:
+                    buf[...] = inputs
+                f = pkg.functions[b]
+                t0 = time.perf_counter_ns()
+                out = f(tin, *bound)
+                exec_ns = time.perf_counter_ns() - t0
+                return _numpy_outputs(out), exec_ns
+            finally:
+                with self._lock:
+                    m.busy = False
+                    if m.free_after is not None:
+                        self.arena.free(m.free_after)
+                        m.free_after = None
 
 
 __all__ = ["CpuDevice", "DeviceError"]
