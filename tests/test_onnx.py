@@ -165,3 +165,14 @@ def test_cli_compile_onnx(onnx_file, tmp_path, capsys):
     assert "not a valid ONNX model" in capsys.readouterr().err
     assert main(["profile", str(tmp_path / "missing.onnx"), "--out",
                  str(tmp_path / "p.json")]) == 2
+
+
+def test_cli_profile_onnx(onnx_file, tmp_path):
+    from clockwork.profiles import load_profile_set
+
+    out = tmp_path / "cpu" / "small_cnn.json"
+    assert main(["profile", str(onnx_file), "--batch-sizes", "1,2", "--runs", "5",
+                 "--load-runs", "2", "--out", str(out)]) == 0
+    prof = load_profile_set(str(tmp_path / "cpu")).get("small_cnn")
+    assert prof.batch_sizes == [1, 2] and prof.inputs[0].name == "image"
+    assert prof.outputs[0].shape == (CLASSES,) and all(v > 0 for v in prof.exec_ns.values())
