@@ -4,7 +4,11 @@ Every script has ``main(argv) -> dict`` and takes the same arguments:
 ``--quick`` (default: minutes of simulated time, seconds of wall time), ``--full`` (the
 paper's scale; run by hand), ``--smoke`` (a second or two, for the test suite),
 ``--out DIR`` (default ``experiments/figures``, or ``experiments/figures/full`` with
-``--full``) and ``--live`` (not yet supported: the scripts run in the simulator only).
+``--full``) and ``--live``: instead of the simulator, each scenario runs on a
+``clockwork.serve.LocalCluster`` (emulated workers and a controller as child processes)
+sized from the scenario, and its workloads are replayed on the real clock by
+``clockwork.replay.replay`` (see ``run_live``). Live runs take real time; scales that need
+more worker processes or seconds than ``LIVE_MAX_WORKERS`` / ``LIVE_MAX_S`` are refused.
 
 Each writes ``<name>.tsv`` and/or ``<name>.json`` (data) and ``<name>.png`` (figure) into
 the output directory and prints ``paper: ... / ours: ...`` lines.
@@ -13,11 +17,14 @@ the output directory and prints ``paper: ... / ours: ...`` lines.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,13 +38,22 @@ FIGURES = Path(__file__).resolve().parent / "figures"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from clockwork.sim import SimResult, simulate  # noqa: E402
+from clockwork.replay import ReplayResult, replay  # noqa: E402
+from clockwork.scenario import Scenario, load_scenario  # noqa: E402
+from clockwork.serve import LocalCluster, models_arg  # noqa: E402
+from clockwork.sim import SimResult, Simulation  # noqa: E402
+from clockwork.telemetry import ACTION_COLUMNS  # noqa: E402
 
 POLICIES = ("clockwork", "clipper", "tfserving", "infaas")
 
+# --live limits: every emulated worker is a Python process and every request goes through
+# one Python client, one controller and a worker on this (2-core) machine, in real time.
+LIVE_MAX_WORKERS = 16  # worker processes (each emulates ``gpus_per_worker`` GPUs)
+LIVE_MAX_S = 1800.0  # seconds of real time for one scenario run
 
-class LiveNotSupported(SystemExit):
-    pass
+
+class LiveRefused(SystemExit):
+    """A scale that cannot run live here (too many worker processes or too long)."""
 
 
 def parse_args(argv: Sequence[str] | None, description: str) -> argparse.Namespace:
@@ -51,23 +67,207 @@ def parse_args(argv: Sequence[str] | None, description: str) -> argparse.Namespa
                    help="a second or two of simulated time (tests)")
     p.add_argument("--out", type=Path, default=None, help="output directory")
     p.add_argument("--live", action="store_true",
-                   help="run against the live system (not yet supported)")
+                   help="run on a local live cluster (emulated workers + controller, real "
+                        "time) instead of the simulator")
     p.set_defaults(scale="quick")
     args = p.parse_args(list(argv) if argv is not None else None)
-    if args.live:
-        print("--live: not yet supported; the experiments run in the simulator only")
-        raise LiveNotSupported(2)
     if args.out is None:
-        args.out = FIGURES / "full" if args.scale == "full" else FIGURES
+        sub = "full" if args.scale == "full" else ""
+        args.out = FIGURES / "live" / sub if args.live else FIGURES / sub
     args.out.mkdir(parents=True, exist_ok=True)
     return args
 
 
-def run(scenario: str | Path | dict, overrides: Sequence[str] = ()) -> SimResult:
-    """Run a scenario (a name under ``scenarios/``, a path or a dict) in the simulator."""
-    if isinstance(scenario, str) and not scenario.endswith(".toml"):
-        scenario = SCENARIOS / f"{scenario}.toml"
-    return simulate(scenario, list(overrides))
+def scenario(name: str | Path | dict, overrides: Sequence[str] = ()) -> Scenario:
+    """Load a scenario: a name under ``scenarios/``, a TOML path or a dict."""
+    if isinstance(name, dict):
+        return load_scenario(data=name, overrides=list(overrides))
+    if isinstance(name, str) and not name.endswith(".toml"):
+        name = SCENARIOS / f"{name}.toml"
+    return load_scenario(name, list(overrides))
+
+
+def run(name: str | Path | dict, overrides: Sequence[str] = (), live: bool = False,
+        time_policy: float | None = None) -> SimResult | LiveResult:
+    """Run a scenario in the simulator, or with ``live`` on a local live cluster
+    (``run_live``). Both results have ``summary``, ``telemetry`` (``requests``,
+    ``actions``: the simulator's rows), ``scenario`` and ``wall_s``.
+
+    ``time_policy`` (simulator only; a bucket width in simulated seconds): time every call
+    into the scheduling policy -- the controller's work -- (``on_request``, ``on_result``,
+    ``on_tick``, ``drain_replies``, ``next_wakeup``). ``res.policy_wall_s`` is the total
+    and ``res.policy_wall_by_bucket`` the wall seconds spent per bucket of simulated time."""
+    sc = scenario(name, overrides)
+    if live:
+        return run_live(sc)
+    sim = Simulation(sc)
+    if time_policy:
+        spent = _time_policy(sim.policy, int(time_policy * 1e9))
+    res = sim.run()
+    if time_policy:
+        res.policy_wall_by_bucket = [round(v, 6) for v in spent]
+        res.policy_wall_s = round(sum(spent), 6)
+    return res
+
+
+def _time_policy(policy, bucket_ns: int) -> list[float]:
+    """Wrap the policy's entry points (instance attributes shadow the methods; the
+    simulator looks them up once, when its run starts) to add their wall time into
+    per-bucket cells, by the simulated time of the call (calls without a time go to the
+    bucket of the last call that had one)."""
+    spent: list[float] = []
+    clock = time.perf_counter
+    cur = [0]
+
+    def add(dt: float) -> None:
+        i = cur[0]
+        while len(spent) <= i:
+            spent.append(0.0)
+        spent[i] += dt
+
+    def timed(fn):
+        def call(*a):
+            if a:
+                cur[0] = a[-1] // bucket_ns
+            t = clock()
+            try:
+                return fn(*a)
+            finally:
+                add(clock() - t)
+        return call
+
+    for name in ("on_request", "on_result", "on_tick", "drain_replies", "next_wakeup"):
+        setattr(policy, name, timed(getattr(policy, name)))
+    return spent
+
+
+# ---------------------------------------------------------------------------- live
+
+
+@dataclass
+class LiveResult(ReplayResult):
+    """``clockwork.replay.replay``'s result, with the controller's action log merged into
+    ``telemetry.actions`` (times moved onto the replay's clock) and the CPU time the
+    controller and worker processes used during the replay."""
+
+    controller_cpu_s: float = 0.0
+    workers_cpu_s: float = 0.0
+    ignored: tuple = ()  # scenario settings the live cluster cannot apply
+    events: int = 0
+
+
+# scheduler keys the controller takes as flags (as ``clockwork serve`` passes them)
+_CONTROLLER_FLAGS = (("schedule_ahead_ms", "--schedule-ahead-ms"),
+                     ("default_slo_ms", "--default-slo-ms"), ("max_batch", "--max-batch"))
+
+
+def check_live(workers: int, duration_s: float, what: str = "this scale") -> None:
+    """Refuse (``LiveRefused``, a clear message) a live run this machine cannot hold."""
+    why = []
+    if workers > LIVE_MAX_WORKERS:
+        why.append(f"{workers} emulated workers (one process each; at most {LIVE_MAX_WORKERS} "
+                   "here)")
+    if duration_s > LIVE_MAX_S:
+        why.append(f"{duration_s:,.0f} s of real time per run (at most {LIVE_MAX_S:,.0f} s)")
+    if why:
+        msg = (f"--live: {what} needs {' and '.join(why)}; run it in the simulator, or "
+               "live at a smaller scale (--quick or --smoke)")
+        print(msg, file=sys.stderr)
+        raise LiveRefused(msg)
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a running process (Linux /proc), 0 if unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _read_actions(path: Path, shift: int) -> list[tuple]:
+    """The controller's actions.tsv as the simulator's action rows, times moved by
+    ``-shift`` ns (from the controller's clock origin to the replay's)."""
+    rows = []
+    if not path.exists():
+        return rows
+    lines = path.read_text().splitlines()
+    if not lines or tuple(lines[0].split("\t")) != ACTION_COLUMNS:
+        return rows
+    for line in lines[1:]:
+        f = line.split("\t")
+        v = [int(x) for x in f[6:]]  # batch .. prediction_error
+        latest = v[3] - shift if v[3] != -1 else -1
+        rows.append((int(f[0]), f[1], f[2], int(f[3]), int(f[4]), f[5], v[0], v[1] - shift,
+                     v[2] - shift if v[2] else 0, latest, v[4], v[5], v[6] - shift,
+                     v[7] - shift, v[8]))
+    return rows
+
+
+def _first_arrival(path: Path) -> int | None:
+    try:
+        with path.open() as f:
+            f.readline()
+            arrivals = [int(line.split("\t")[2]) for line in f]
+    except (OSError, IndexError, ValueError):
+        return None
+    return min(arrivals) if arrivals else None
+
+
+def run_live(sc: Scenario, max_outstanding: int = 20000, echo: bool = False) -> LiveResult:
+    """Run ``sc`` live: start a ``LocalCluster`` sized from its ``[cluster]``,
+    ``[[models]]`` and ``[scheduler]`` (as ``clockwork serve`` does), replay its workloads
+    against it with ``clockwork.replay.replay`` (real clock), stop the cluster, and merge
+    the controller's action log (``--log-dir``) into the result.
+
+    Requests are the replay's (latency measured at the client, network included). The
+    controller's logs have their own clock origin (its start); action times are moved onto
+    the replay's by the difference between the first arrival each side saw (the first
+    request's one-way trip, ~0.1 ms, is the error)."""
+    c = sc.cluster
+    workers, gpus = int(c["workers"]), int(c["gpus_per_worker"])
+    check_live(workers, sc.duration_s, f"scenario {sc.data.get('name', sc.source)!r}")
+    s = dict(sc.scheduler)
+    policy = str(s.pop("policy", "clockwork"))
+    ctl = []
+    for key, flag in _CONTROLLER_FLAGS:
+        if key in s:
+            ctl += [flag, str(s.pop(key))]
+    if policy != "clockwork":
+        ctl += ["--policy", policy]
+    ignored = [f"scheduler.{k}" for k in sorted(s)]
+    if float(c.get("jitter_ms", 0.0)):
+        ignored.append("cluster.jitter_ms")
+    if float(c.get("slow_prob", 0.0)):
+        ignored.append("cluster.slow_prob")
+    if ignored:
+        print(f"--live: not applied by the live cluster: {', '.join(ignored)}", file=sys.stderr)
+    wargs = [["--seed", str(sc.seed * 1000 + i)]
+             + (["--noise", str(float(c["noise"]))] if float(c.get("noise", 0.0)) else [])
+             for i in range(workers)]
+    with tempfile.TemporaryDirectory(prefix="cw-live-") as logs:
+        cluster = LocalCluster(workers, gpus, str(c["profiles"]), models_arg(sc.models),
+                               c.get("weights_cache_pages"), echo=echo,
+                               controller_args=ctl + ["--log-dir", logs], worker_args=wargs,
+                               http_port=-1, timeout=60.0)
+        with cluster:
+            procs = [cluster.controller.proc] + [w.proc for w in cluster.workers]
+            cpu0 = [_cpu_s(p.pid) for p in procs]
+            res = asyncio.run(replay(sc, cluster.address, max_outstanding, False))
+            cpu = [_cpu_s(p.pid) - c0 for p, c0 in zip(procs, cpu0, strict=True)]
+            cluster.controller.stop(timeout=60.0)  # writes its logs on SIGTERM
+        tel = res.telemetry
+        ours = min((r[2] for r in tel.requests), default=None)
+        theirs = _first_arrival(Path(logs) / "requests.tsv")
+        shift = theirs - ours if ours is not None and theirs is not None else 0
+        tel.actions = _read_actions(Path(logs) / "actions.tsv", shift)
+    summary = res.summary
+    if tel.actions:  # action counts and prediction errors from the controller's own log
+        base = tel.summary(sc.duration_s)
+        summary = {**base, **{k: v for k, v in summary.items() if k not in base}}
+    summary["gpus"] = workers * gpus
+    return LiveResult(summary, tel, sc, res.wall_s, res.answered_once, controller_cpu_s=cpu[0],
+                      workers_cpu_s=sum(cpu[1:]), ignored=tuple(ignored))
 
 
 def requests(res: SimResult) -> dict[str, np.ndarray]:

@@ -34,7 +34,8 @@ def main(argv=None) -> dict:
             for pol in common.POLICIES:
                 res = common.run("fig5_1gpu", [f"duration_s={dur}", f"scheduler.policy={pol}",
                                                f"scheduler.default_slo_ms={slo}",
-                                               f"workloads.0.slo_ms={slo}"])
+                                               f"workloads.0.slo_ms={slo}"],
+                                 live=args.live)
                 s = res.summary
                 rows.append({"slo_ms": slo, "policy": pol, "goodput_rps": s["goodput_rps"],
                              "throughput_rps": s["throughput_rps"],

@@ -30,7 +30,7 @@ def main(argv=None) -> dict:
     with common.Timer() as t:
         res = common.run("bursty_experiment", [f"models.0.copies={copies}",
                                                f"workloads.0.major_start_s={start}",
-                                               f"duration_s={dur}"])
+                                               f"duration_s={dur}"], live=args.live)
     tl = common.timeline(res, bucket)
     for row in tl:
         row["active_major"] = max(0, min(copies - 1, int((row["t_s"] - start) // 1 + 1)))

@@ -55,7 +55,8 @@ def experiment(scenario: str, name: str, args, workload_overrides=()) -> dict:
                 res = common.run(scenario, [f"duration_s={period * STEPS}",
                                             f"models.0.copies={copies}",
                                             f"workloads.0.period_s={period}",
-                                            f"workloads.0.rate_rps={rate}", *workload_overrides])
+                                            f"workloads.0.rate_rps={rate}", *workload_overrides],
+                                 live=args.live)
                 pts = attainment_by_slo(res)
                 for slo, n, att in pts:
                     rows.append({"copies": copies, "rate_rps": rate, "slo_ms": slo,

@@ -50,7 +50,7 @@ def main(argv=None) -> dict:
         for label, extra in (("with_background", []),
                              ("without_background", ["models.0.copies=6",
                                                      "workloads.0.background=0"])):
-            res = common.run("slo_exp_2", base + extra)
+            res = common.run("slo_exp_2", base + extra, live=args.live)
             pts, bgs = foreground(res)
             for slo, n, att in pts:
                 rows.append({"case": label, "slo_ms": slo, "requests": n,
