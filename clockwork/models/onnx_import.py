@@ -132,18 +132,17 @@ def compile_onnx(path: str | Path, batch_sizes: list[int], out: str | Path,
             raise OnnxImportError(f"{path}: the import produced functions besides main "
                                   f"({', '.join(others)}); not supported")
         func = mod["main"]
-        values = [a.numpy() for a in params.get("main", [])]
+        values = params.get("main", [])
         names = [v.name for v in func.params[1:]]
         if len(names) != len(values):
-            raise OnnxImportError(f"{path}: {len(func.params) - 1} weight parameters but "
+            raise OnnxImportError(f"{path}: {len(names)} weight parameters but "
                                   f"{len(values)} values")
-        b_weights = list(zip(names, values, strict=True))
         b_outputs = _output_specs(func, out_names, b, path)
-        if weights is None:
-            weights, outputs = b_weights, b_outputs
-        elif ([(n, a.shape, a.dtype) for n, a in b_weights] != [(n, a.shape, a.dtype)
-                                                              for n, a in weights]
-              or b_outputs != outputs):
+        if weights is None:  # every import holds the same initializers: keep the first's
+            weights = [(n, v.numpy()) for n, v in zip(names, values, strict=True)]
+            outputs = b_outputs
+        elif ([(n, tuple(v.shape), str(v.dtype)) for n, v in zip(names, values, strict=True)]
+              != [(n, a.shape, str(a.dtype)) for n, a in weights] or b_outputs != outputs):
             raise OnnxImportError(f"{path}: weights or outputs differ between batch sizes")
         functions[function_name(b)] = func.with_attr("global_symbol", function_name(b))
 
@@ -153,7 +152,7 @@ def compile_onnx(path: str | Path, batch_sizes: list[int], out: str | Path,
         batch_sizes=batch_sizes, weights=weights,
         inputs=[{"name": in_name, "shape": in_shape, "dtype": in_dtype}], outputs=outputs,
         page_size=page_size, started=t0,
-        extra={"source": {"onnx": str(path.resolve()), "opset": [
+        extra={"onnx": {"file": str(path.resolve()), "opset": [
             {"domain": o.domain, "version": int(o.version)} for o in model.opset_import]}})
 
 
