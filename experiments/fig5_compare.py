@@ -5,7 +5,7 @@
 swept from 10 to 500 ms. Goodput per policy and SLO, and the latency CDF of completed
 requests per policy at one SLO.
 
-    python experiments/fig5_compare.py [--quick | --full | --smoke] [--out DIR]
+    python experiments/fig5_compare.py [--quick | --full | --smoke] [--live] [--out DIR]
 """
 
 from __future__ import annotations

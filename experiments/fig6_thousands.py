@@ -6,7 +6,7 @@ along; from ``major_start_s`` the major load is spread evenly over the active ma
 copies. ``--full``: 3601 copies, 15 min warm-up, 20 min in all (the paper runs 75 min);
 ``--quick``: 401 copies, 20 s warm-up, 5 min of activation (the cache fills after ~200).
 
-    python experiments/fig6_thousands.py [--quick | --full | --smoke] [--out DIR]
+    python experiments/fig6_thousands.py [--quick | --full | --smoke] [--live] [--out DIR]
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 and is multiplied by 1.5 every period (30 s in the paper; 5 s at ``--quick``) up to 200 x.
 Requests are bucketed by their SLO (deadline - arrival).
 
-    python experiments/fig7_tight_slo.py [--quick | --full | --smoke] [--out DIR]
+    python experiments/fig7_tight_slo.py [--quick | --full | --smoke] [--live] [--out DIR]
 """
 
 from __future__ import annotations

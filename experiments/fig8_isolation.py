@@ -6,7 +6,7 @@ Poisson 200 r/s in total with the stepped low SLO of Fig. 7 (2.9 ms x 1.5 every 
 beside 12 background copies in closed loop (16 each) with a relaxed 1 s SLO. The same run
 without the background copies is the reference.
 
-    python experiments/fig8_isolation.py [--quick | --full | --smoke] [--out DIR]
+    python experiments/fig8_isolation.py [--quick | --full | --smoke] [--live] [--out DIR]
 """
 
 from __future__ import annotations

@@ -5,10 +5,13 @@ errors from the action log (Fig. 10).
 ``--quick``: the shipped 500-function sample trace (``scenarios/azure_sample.toml``) onto
 550 instances on 1 GPU, 30 trace minutes compressed to 6 s each (3 min simulated),
 ~310 r/s. ``--full``: 6 workers, 3300 instances (6 x the sample's model mix), 6 trace
-hours at real speed, load factor 30 (~1,600 r/s). A real trace day: point ``trace`` in
-``scenarios/azure_sample.toml`` at e.g. traces/azure/invocations_per_function_md.anon.d01.csv.
+hours at real speed, load factor 30 (~1,600 r/s), replayed as six consecutive 1-hour
+runs (each starting with empty GPU caches; one 6-hour request log would need ~17 GB of
+memory). A real trace day: point ``trace`` in ``scenarios/azure_sample.toml`` at e.g.
+traces/azure/invocations_per_function_md.anon.d01.csv. ``--live``: ``--smoke`` and
+``--quick`` (3 min); ``--full`` (6 h of real time) is refused.
 
-    python experiments/fig9_azure.py [--quick | --full | --smoke] [--out DIR]
+    python experiments/fig9_azure.py [--quick | --full | --smoke] [--live] [--out DIR]
 """
 
 from __future__ import annotations
