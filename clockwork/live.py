@@ -66,7 +66,12 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                        "address, and stop everything on Ctrl-C / SIGTERM.")
     p.add_argument("scenario", nargs="?", help="scenario TOML (optional)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--device", default="emulated", choices=["emulated"])
+    p.add_argument("--device", default=None, choices=["emulated", "cpu", "cuda"],
+                   help="worker device (default: the scenario's cluster.device, else emulated); "
+                   "cpu runs TVM-compiled packages on this host (missing zoo packages are "
+                   "compiled first; needs pip install -e '.[tvm]')")
+    p.add_argument("--packages", metavar="DIR", default=None,
+                   help="cpu/cuda: model packages as DIR/<model>/ (default packages/DEVICE)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=12346, help="controller port (0: pick one)")
     p.add_argument("--worker-port", type=int, default=0,

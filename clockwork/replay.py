@@ -196,6 +196,8 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         "evict": d.get("evict_ok", 0) + d.get("evict_rejected", 0),
         "rejected": sum(v for k, v in d.items() if k.endswith("_rejected")),
     }
+    # the action log (and so prediction errors) is the controller's: its --log-dir
+    summary["prediction_error_ms"] = None
     return ReplayResult(summary, tel, sc, wall_s, bool(extra["answered_once"]))
 
 

@@ -35,7 +35,8 @@ DEFAULTS: dict[str, Any] = {
 }
 
 CLUSTER_KEYS = {"workers", "gpus_per_worker", "profiles", "weights_cache_pages",
-                "network_latency_ms", "jitter_ms", "noise", "slow_prob", "slow_factor"}
+                "network_latency_ms", "jitter_ms", "noise", "slow_prob", "slow_factor",
+                "device", "packages"}  # device/packages: live runs (serve); the simulator emulates
 TOP_KEYS = {"seed", "duration_s", "cluster", "scheduler", "models", "workloads", "name",
             "description", "drain_s"}
 
@@ -169,6 +170,9 @@ def validate(sc: Scenario) -> None:
     if "weights_cache_pages" in c and (not isinstance(c["weights_cache_pages"], int)
                                        or c["weights_cache_pages"] < 1):
         raise ScenarioError(f"{where}: cluster.weights_cache_pages must be an integer >= 1")
+    if c.get("device", "emulated") not in ("emulated", "cpu", "cuda"):
+        raise ScenarioError(f"{where}: cluster.device must be emulated, cpu or cuda, "
+                            f"got {c['device']!r}")
     for k in ("network_latency_ms", "jitter_ms", "noise", "slow_prob"):
         if not isinstance(c[k], int | float) or c[k] < 0:
             raise ScenarioError(f"{where}: cluster.{k} must be a number >= 0, got {c[k]!r}")

@@ -87,7 +87,8 @@ class LocalCluster:
                  models: str | None = None, pages: int | None = None, host: str = "127.0.0.1",
                  port: int = 0, worker_port: int = 0, echo: bool = False,
                  controller_args: list[str] | None = None, timeout: float = 30.0,
-                 worker_args: list[list[str]] | None = None, http_port: int = 0) -> None:
+                 worker_args: list[list[str]] | None = None, http_port: int = 0,
+                 device: str = "emulated", packages: str | None = None) -> None:
         self.n_workers, self.gpus, self.profiles, self.models = workers, gpus, profiles, models
         self.pages, self.host, self.port, self.worker_port = pages, host, port, worker_port
         self.echo = echo
@@ -95,6 +96,7 @@ class LocalCluster:
         self.timeout = timeout
         self.worker_args = worker_args or []
         self.http_port = http_port  # KServe v2 REST; 0 picks a free port, -1 turns it off
+        self.device, self.packages = device, packages  # cpu/cuda workers run model packages
         self.workers: list[_Child] = []
         self.worker_addresses: list[str] = []
         self.controller: _Child | None = None
@@ -108,6 +110,10 @@ class LocalCluster:
                                  "--gpus", str(self.gpus), "--profiles", self.profiles]
                 if self.pages:
                     argv += ["--pages", str(self.pages)]
+                if self.device != "emulated":
+                    argv += ["--device", self.device]
+                    if self.packages:
+                        argv += ["--packages", str(self.packages)]
                 if i < len(self.worker_args):
                     argv += self.worker_args[i]
                 self.workers.append(_Child(f"worker{i}", argv, self.echo))
@@ -142,8 +148,39 @@ def models_arg(models: list[dict]) -> str:
     return ",".join(f"{m['name']}:{int(m.get('copies', 1))}" for m in models)
 
 
+def ensure_packages(models: str | None, profiles: str, device: str, packages: str) -> None:
+    """Compile (with TVM) every zoo model the cluster serves that has no package yet in
+    ``packages``; batch sizes from the model's profile so package and profile agree."""
+    from pathlib import Path
+
+    from clockwork.profiles import load_profile_set
+
+    pset = load_profile_set(profiles)
+    names = sorted({part.split(":")[0].strip() for part in (models or "").split(",")
+                    if part.strip()} or pset.profiles)
+    todo = [m for m in names if not (Path(packages) / m / "model.json").exists()]
+    if not todo:
+        return
+    try:
+        from clockwork.models.package import compile_model
+        from clockwork.models.zoo import ZOO
+    except ImportError:
+        raise RuntimeError(f"no model packages for {', '.join(todo)} in {packages}, and TVM "
+                           "is not installed to build them: pip install -e '.[tvm]'") from None
+    for m in todo:
+        if m not in ZOO:
+            raise RuntimeError(f"no model package for {m!r} in {packages} (build it with "
+                               f"'clockwork compile MODEL|FILE.onnx --out {packages}/{m}')")
+        sizes = pset.profiles[m].batch_sizes if m in pset.profiles else [1, 2, 4, 8, 16]
+        print(f"clockwork serve: compiling {m} for {device} (batch sizes "
+              f"{','.join(map(str, sizes))}) into {packages}/{m} ...", file=sys.stderr, flush=True)
+        compile_model(m, sizes, Path(packages) / m, target="llvm" if device == "cpu" else "cuda")
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     workers, gpus, profiles, models, pages = 1, 1, "v100-reference", None, None
+    device = getattr(args, "device", None)
+    packages = getattr(args, "packages", None)
     sc = None
     extra: list[str] = []
     if args.scenario:
@@ -155,6 +192,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         c = sc.cluster
         workers, gpus, profiles = int(c["workers"]), int(c["gpus_per_worker"]), str(c["profiles"])
         pages = c.get("weights_cache_pages")
+        device = device or c.get("device")
+        packages = packages or c.get("packages")
         models = models_arg(sc.models)
         s = sc.scheduler
         for key, flag in (("schedule_ahead_ms", "--schedule-ahead-ms"),
@@ -168,10 +207,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     if getattr(args, "log_dir", None):
         extra += ["--log-dir", str(args.log_dir)]
+    device = device or "emulated"
+    if device != "emulated":
+        if sc is None:
+            profiles = device  # the device's own measured profile set (profiles/cpu, ...)
+        packages = packages or f"packages/{device}"
+        try:
+            ensure_packages(models, profiles, device, packages)
+        except (RuntimeError, ValueError, OSError) as e:
+            print(f"clockwork serve: {e}", file=sys.stderr)
+            return 2
     replaying = getattr(args, "replay", False)
     cluster = LocalCluster(workers, gpus, profiles, models, pages, args.host, args.port,
                            args.worker_port, echo=not replaying, controller_args=extra,
-                           http_port=-1 if replaying else args.http_port)
+                           http_port=-1 if replaying else args.http_port, device=device,
+                           packages=packages)
     stop = threading.Event()
 
     def on_signal(signum, frame):
@@ -211,7 +261,7 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace) -> int:
     from clockwork.telemetry import emit_run
 
     c = sc.cluster
-    print(f"clockwork serve: {c['workers']} emulated worker(s) x {c['gpus_per_worker']} GPU(s), "
+    print(f"clockwork serve: {c['workers']} {cluster.device} worker(s) x {c['gpus_per_worker']} GPU(s), "
           f"controller at {cluster.address}; replaying {len(sc.workloads)} workload(s) for "
           f"{sc.duration_s:.0f} s", file=sys.stderr, flush=True)
     progress = not args.quiet and sys.stderr.isatty()
