@@ -40,7 +40,7 @@ if str(ROOT) not in sys.path:
 
 from clockwork.replay import ReplayResult, replay  # noqa: E402
 from clockwork.scenario import Scenario, load_scenario  # noqa: E402
-from clockwork.serve import LocalCluster, models_arg  # noqa: E402
+from clockwork.serve import LocalCluster, ensure_packages, models_arg  # noqa: E402
 from clockwork.sim import SimResult, Simulation  # noqa: E402
 from clockwork.telemetry import ACTION_COLUMNS  # noqa: E402
 
@@ -245,11 +245,15 @@ def run_live(sc: Scenario, max_outstanding: int = 20000, echo: bool = False) -> 
     wargs = [["--seed", str(sc.seed * 1000 + i)]
              + (["--noise", str(float(c["noise"]))] if float(c.get("noise", 0.0)) else [])
              for i in range(workers)]
+    device = str(c.get("device", "emulated"))
+    packages = str(c.get("packages", f"packages/{device}"))
+    if device != "emulated":  # real execution: compile missing zoo packages first
+        ensure_packages(models_arg(sc.models), str(c["profiles"]), device, packages)
     with tempfile.TemporaryDirectory(prefix="cw-live-") as logs:
         cluster = LocalCluster(workers, gpus, str(c["profiles"]), models_arg(sc.models),
                                c.get("weights_cache_pages"), echo=echo,
                                controller_args=ctl + ["--log-dir", logs], worker_args=wargs,
-                               http_port=-1, timeout=60.0)
+                               http_port=-1, timeout=60.0, device=device, packages=packages)
         with cluster:
             procs = [cluster.controller.proc] + [w.proc for w in cluster.workers]
             cpu0 = [_cpu_s(p.pid) for p in procs]

@@ -170,3 +170,21 @@ def test_worker_without_package_is_refused_with_a_clear_message(tmp_path):
     with pytest.raises(RuntimeError, match="no model package"):
         c.start()
     c.stop()
+
+
+def test_live_prediction_script(tmp_path):
+    """experiments/live_prediction.py at a tiny scale: profile vs measured durations of a
+    real cpu run, from the controller's action log."""
+    import json
+
+    from experiments import live_prediction
+
+    out = live_prediction.main(["--duration", "3", "--rate", "40", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "live_prediction.json").read_text())
+    assert (tmp_path / "live_prediction.png").stat().st_size > 0
+    infer = data["INFER"]["profile"]
+    assert infer["n"] == out["INFER"]["profile"]["n"] > 50  # ~120 requests in 3 s
+    assert infer["p1_ms"] <= infer["p50_ms"] <= infer["p99_ms"] <= infer["p99.9_ms"]
+    assert data["LOAD"]["profile"]["n"] > 0  # 36 instances vs an 8-page cache: LOADs happen
+    assert set(data["INFER"]["per_model"]) <= {"mlp", "resnet_tiny", "mobilenet_tiny",
+                                               "transformer_tiny"}
