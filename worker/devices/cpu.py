@@ -2,18 +2,21 @@
 
 * ``register(name, package)`` is LoadModelFromDisk: it loads the library, creates a
   Relax VM and reads the weights blob into host memory (kept there, so LOAD is a copy).
+  Instances of one package (model copies) share its library, VM and host blob.
 * ``load(name)`` is LOAD: allocate arena pages (contiguous within each run of the
   package's layout), copy the blob in page by page, and wrap every tensor's arena
   view as a TVM tensor with ``tvm.runtime.from_dlpack`` (zero-copy; TVM checks that
   the data is 64-byte aligned, which the layout guarantees).
-* ``evict(name)`` is EVICT: drop the bindings, free the pages.
+* ``evict(name)`` is EVICT: drop the bindings, free the pages. It never waits: pages an
+  EXEC is still reading are freed when that EXEC ends.
 * ``infer(name, inputs)`` is INPUT copy + EXEC + OUTPUT copy: the input is copied into
-  a preallocated aligned buffer per (model, batch size), the VM function for that
+  a preallocated aligned buffer per (package, batch size), the VM function for that
   batch size runs with the bound page views as its weights, and the output is copied
   out. The returned ``exec_ns`` measures the VM call alone.
+* ``duration`` returns None: to ``worker.executor`` its actions are "open" (the worker
+  shell runs them on its EXEC and LOAD threads and reports the measured times).
 
-One EXEC at a time: a lock serialises ``infer``, and ``load``/``evict`` of the same
-model against it.
+One EXEC at a time (a lock); LOAD runs beside it, as a GPU's copy engine would.
 """
 
 from __future__ import annotations
