@@ -26,6 +26,7 @@ import numpy as np
 from clockwork.errors import ControllerUnavailable, error_for
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
+from clockwork.protocol.pacing import Pacer
 from clockwork.protocol.wire import msg_to_array, tensor_to_msg
 
 _OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
@@ -180,9 +181,11 @@ class AsyncClient:
             raise _unavailable(e) from e
         return dict(r.counters)
 
-    def stream(self) -> InferStream:
-        """A pipelined stream: ``submit`` many, replies resolve their futures."""
-        return InferStream(self._stub)
+    def stream(self, interval_us: float = 0.0) -> InferStream:
+        """A pipelined stream: ``submit`` many, replies resolve their futures.
+        ``interval_us``: send at most one message per interval (requests submitted in
+        between share it; for load generators, see clockwork.protocol.pacing)."""
+        return InferStream(self._stub, interval_us)
 
     async def close(self) -> None:
         await self._channel.close()
@@ -199,8 +202,9 @@ class InferStream:
     ``InferResponse`` (no exception for non-success: load generators count statuses).
     Requests submitted in one event-loop iteration go in one message."""
 
-    def __init__(self, stub: pbg.ClockworkStub) -> None:
+    def __init__(self, stub: pbg.ClockworkStub, interval_us: float = 0.0) -> None:
         self._stub = stub
+        self._pacer = Pacer(interval_us)
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future] = {}
         self._queue: list[pb.InferRequest] = []
@@ -212,6 +216,8 @@ class InferStream:
     async def _requests(self):
         while True:
             await self._wake.wait()
+            if self._queue:
+                await self._pacer.wait()  # under load: one message per interval
             self._wake.clear()
             if self._queue:
                 batch, self._queue = self._queue, []
@@ -233,7 +239,10 @@ class InferStream:
                     fut.set_exception(err)
             self._waiting.clear()
 
-    def submit(self, model: str, inputs=None, slo_ms: float | None = None) -> asyncio.Future:
+    def submit(self, model: str, inputs=None, slo_ms: float | None = None,
+               skip_outputs: bool = False) -> asyncio.Future:
+        """``skip_outputs``: the answer carries status and timing but no output tensors
+        (load generators; saves copying outputs through the controller)."""
         if self._closed:
             raise RuntimeError("stream is closed")
         cid = next(self._ids)
@@ -242,7 +251,10 @@ class InferStream:
             fut.set_exception(ControllerUnavailable("controller stream closed"))
             return fut
         self._waiting[cid] = fut
-        self._queue.append(_request(model, inputs, slo_ms, cid))
+        req = _request(model, inputs, slo_ms, cid)
+        if skip_outputs:
+            req.skip_outputs = True
+        self._queue.append(req)
         self._wake.set()
         return fut
 

@@ -26,6 +26,10 @@ from clockwork.scenario import Scenario, ScenarioError, instance_names, load_sce
 from clockwork.telemetry import Telemetry, emit_run, write_run
 from clockwork.time import NS_PER_S, ms, sec
 
+TICK_S = 0.0005  # arrivals due within this of each other are sent in one message
+STREAM_INTERVAL_US = 2000.0  # at most one request message per ms (clockwork.protocol.pacing)
+LONG_WAIT_S = 0.002  # longer waits also wake early for answers (closed loops resend)
+
 now_ns = time.monotonic_ns
 
 
@@ -80,7 +84,7 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
                             f"{' ...' if len(missing) > 5 else ''}")
     default_slo = ms(info.default_slo_ms or 100.0)
     stats0 = await client.stats()
-    stream = client.stream()
+    stream = client.stream(STREAM_INTERVAL_US)
     tel = Telemetry(0)
     heap: list = []  # (t, seq, model, slo, widx) relative to t0
     seq = 0
@@ -122,7 +126,7 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         rid = state["sent"]
         state["sent"] += 1
         req = Request(rid, m, now - t0, slo or default_slo, widx)
-        fut = stream.submit(m, None, slo / 1e6 if slo else None)
+        fut = stream.submit(m, None, slo / 1e6 if slo else None, skip_outputs=True)
         fut.add_done_callback(lambda f, r=req, i=widx: on_done(f, r, i))
 
     last = time.monotonic()
@@ -168,13 +172,17 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
                 await asyncio.wait_for(done_evt.wait(), 0.05)
             except TimeoutError:
                 pass
-        elif delay > 0:
+        elif delay >= LONG_WAIT_S:
             done_evt.clear()
             try:
                 # wake for the next arrival, or earlier when an answer may add arrivals
                 await asyncio.wait_for(done_evt.wait(), delay)
             except TimeoutError:
                 pass
+        elif delay > 0:
+            # arrivals close together go out together, up to TICK_S late: one wake-up and
+            # one stream message for several requests instead of one each
+            await asyncio.sleep(max(delay, TICK_S))
         else:
             await asyncio.sleep(0)
     wall_s = (now_ns() - t0) / NS_PER_S

@@ -17,7 +17,7 @@ class Request:
     """
 
     __slots__ = ("id", "model", "arrival", "slo", "deadline", "drop_at", "state", "demand",
-                 "cold", "tag", "inputs", "row")
+                 "cold", "tag", "inputs", "row", "want_outputs")
 
     def __init__(self, id: int, model: str, arrival: int, slo: int = 0, tag: object = None,
                  inputs: object = None) -> None:
@@ -33,6 +33,7 @@ class Request:
         self.tag = tag  # whoever submitted it (workload index, client stream, ...)
         self.inputs = inputs  # the client's input tensors (live system), or None
         self.row = 0  # its row in the INFER batch that serves it (set when sent)
+        self.want_outputs = True  # live system: the client wants output tensors back
 
     def __repr__(self) -> str:
         return f"Request(id={self.id}, model={self.model!r}, arrival={self.arrival}, slo={self.slo})"

@@ -32,6 +32,7 @@ from clockwork.actions import Action, ActionType, ErrorCode, RequestStatus, Resu
 from clockwork.profiles import ModelProfile, ProfileError, load_profile_set
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
+from clockwork.protocol.pacing import Pacer
 from clockwork.protocol.wire import action_to_msg, batch_inputs, msg_to_result
 from clockwork.requests import Reply, Request
 from clockwork.time import ms
@@ -41,6 +42,8 @@ from controller.metrics import ControllerMetrics
 from controller.policy import GpuSpec, Policy
 
 now_ns = time.monotonic_ns
+ACTION_INTERVAL_US = 2000.0  # below the scheduler's 1 ms "future": actions still arrive in time
+REPLY_INTERVAL_US = 2000.0
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
                    ("grpc.max_send_message_length", 64 << 20)]
 
@@ -98,8 +101,12 @@ class ControllerNode:
     def __init__(self, workers: list[str], profiles: str = "v100-reference",
                  models: str | None = None, policy: str = "clockwork",
                  cfg: SchedulerConfig | None = None, connect_timeout: float = 30.0,
-                 log_dir: str | None = None) -> None:
+                 log_dir: str | None = None, action_interval_us: float = 0.0,
+                 reply_interval_us: float = 0.0) -> None:
         self.pset = load_profile_set(profiles)
+        # stream pacing (clockwork.protocol.pacing): per worker action stream, per client stream
+        self.action_interval_us = action_interval_us
+        self.reply_interval_us = reply_interval_us
         self.instances = parse_models(models, self.pset.profiles)
         self.profiles = {i: self.pset.profiles[m].renamed(i) for i, m in self.instances.items()}
         self.policy_name = policy
@@ -202,9 +209,12 @@ class ControllerNode:
     async def _writer(self, link: WorkerLink) -> None:
         """The only task that writes to the stream (grpc.aio allows one write at a time)."""
         call = link.call
+        pacer = Pacer(self.action_interval_us)
         try:
             while True:
                 await link.wake.wait()
+                if link.pending:
+                    await pacer.wait()  # under load: one message per interval
                 link.wake.clear()
                 if link.echo_due:
                     link.echo_due = False
@@ -215,9 +225,15 @@ class ControllerNode:
                 if not acts:
                     continue
                 off = link.offset
-                msg = pb.ControllerMessage(
-                    actions=pb.ActionBatch(actions=[action_to_msg(a, off, self._inputs(a))
-                                                    for a in acts]))
+                real = link.state.device != "emulated"
+                msgs = []
+                for a in acts:
+                    m = action_to_msg(a, off)
+                    if a.type == ActionType.INFER and a.requests:
+                        self._add_inputs(m, a, real)
+                    msgs.append(m)
+                msg = pb.ControllerMessage(actions=pb.ActionBatch(actions=msgs))
+                self.count("msgs_to_workers")
                 await call.write(msg)
         except asyncio.CancelledError:
             raise
@@ -226,14 +242,18 @@ class ControllerNode:
             print(f"controller: writing to worker {link.address} failed: {e!r}",
                   file=sys.stderr, flush=True)
 
-    def _inputs(self, a: Action) -> list[pb.Tensor] | None:
-        """An INFER's batched input tensors (None when its requests carry none)."""
+    def _add_inputs(self, m: pb.ActionMsg, a: Action, real: bool) -> None:
+        """An INFER's batch rows, whether outputs go back, and (real devices) the inputs."""
         reqs = a.requests
-        if a.type != ActionType.INFER or not reqs:
-            return None
+        want = False
         for i, r in enumerate(reqs):
             r.row = i
-        return batch_inputs(reqs, a.batch_size, self.profiles[a.model].inputs)
+            want = want or r.want_outputs
+        m.want_outputs = want
+        if real:
+            inputs = batch_inputs(reqs, a.batch_size, self.profiles[a.model].inputs)
+            if inputs:
+                m.inputs.extend(inputs)
 
     async def _echoer(self, link: WorkerLink) -> None:
         while True:
@@ -250,6 +270,7 @@ class ControllerNode:
                     break
                 kind = msg.WhichOneof("kind")
                 if kind == "results":
+                    self.count("msgs_from_workers")
                     self._on_results(link, msg.results.results)
                 elif kind == "echo":
                     e = msg.echo
@@ -400,7 +421,7 @@ class ControllerNode:
             if rep.status == RequestStatus.INVALID_REQUEST and r.model not in self.profiles:
                 resp.reason = "unknown_model"
             outs = rep.outputs
-            if outs:
+            if outs and r.want_outputs:
                 row = r.row
                 for t in outs:
                     n = t.shape[0] if t.shape else 1
@@ -411,7 +432,22 @@ class ControllerNode:
 
     def submit(self, req: pb.InferRequest, deliver) -> None:
         """A client request; ``deliver(InferResponse)`` is called exactly once."""
+        self.submit_many((req,), deliver)
+
+    def submit_many(self, reqs, deliver) -> None:
+        """Several client requests that arrived together (one stream message): admitted
+        at one ``now``, their actions sent and replies drained once."""
         now = now_ns()
+        out: list[Action] = []
+        on_request = self.policy.on_request
+        for req in reqs:
+            r = self._admit(req, deliver, now)
+            if r is not None:
+                out.extend(on_request(r, now))
+        self._after(out, now)
+
+    def _admit(self, req: pb.InferRequest, deliver, now: int) -> Request | None:
+        """Check a request; answer it at once if it is invalid, else make its Request."""
         rid = self.next_id
         self.next_id += 1
         self.count("requests")
@@ -419,7 +455,7 @@ class ControllerNode:
             deliver(pb.InferResponse(status=RequestStatus.ERROR, reason="shutdown",
                                      message="controller is shutting down",
                                      client_id=req.client_id, gpu=-1))
-            return
+            return None
         prof = self.profiles.get(req.model)
         bad = None
         reason = ""
@@ -436,7 +472,7 @@ class ControllerNode:
             self.metrics.reply(req.model if prof is not None else "", "invalid_request", None)
             deliver(pb.InferResponse(status=RequestStatus.INVALID_REQUEST, message=bad,
                                      reason=reason, client_id=cid, gpu=-1))
-            return
+            return None
 
         def tagged(resp: pb.InferResponse) -> None:
             resp.client_id = cid
@@ -444,8 +480,10 @@ class ControllerNode:
 
         r = Request(rid, req.model, now, ms(req.slo_ms) if req.slo_ms else 0, tagged,
                     req.inputs or None)
+        if req.skip_outputs:
+            r.want_outputs = False
         self.pending[rid] = r
-        self._after(self.policy.on_request(r, now), now)
+        return r
 
     async def stop(self) -> None:
         self._stopping = True
@@ -524,19 +562,23 @@ class ClockworkServicer(pbg.ClockworkServicer):
 
         async def reader():
             async for batch in request_iterator:
-                for req in batch.requests:
-                    state["open"] += 1
-                    node.submit(req, deliver)
+                state["open"] += len(batch.requests)
+                node.count("msgs_from_clients")
+                node.submit_many(batch.requests, deliver)
             state["done"] = True
             ready.set()
 
         rtask = asyncio.create_task(reader())
+        pacer = Pacer(node.reply_interval_us)
         try:
             while True:
                 await ready.wait()
+                if out:
+                    await pacer.wait()  # under load: one message per interval
                 ready.clear()
                 if out:
                     batch, out[:] = list(out), []
+                    node.count("msgs_to_clients")
                     yield pb.InferResponseBatch(responses=batch)
                 if state["done"] and state["open"] <= 0 and not out:
                     break
@@ -613,7 +655,8 @@ def _cmd_controller(args: argparse.Namespace) -> int:
             ("schedule_ahead_ms", args.schedule_ahead_ms), ("default_slo_ms", args.default_slo_ms),
             ("max_batch", args.max_batch)) if v is not None})
         node = ControllerNode(workers, args.profiles, args.models, args.policy, cfg,
-                              args.connect_timeout, args.log_dir)
+                              args.connect_timeout, args.log_dir, args.action_interval_us,
+                              args.reply_interval_us)
     except (ProfileError, ValueError) as e:
         print(f"clockwork controller: {e}", file=sys.stderr)
         return 2
@@ -661,4 +704,10 @@ def add_controller_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-dir", default=None, metavar="DIR",
                    help="write requests.tsv and actions.tsv (the simulator's logs) here on "
                    "shutdown")
+    p.add_argument("--action-interval-us", type=float, default=ACTION_INTERVAL_US,
+                   help="pacing: at most one action message per worker per interval; under "
+                   f"load actions share messages (default {ACTION_INTERVAL_US:g}; 0: off)")
+    p.add_argument("--reply-interval-us", type=float, default=REPLY_INTERVAL_US,
+                   help="pacing of InferStream reply messages, per stream (default "
+                   f"{REPLY_INTERVAL_US:g}; 0: off)")
     p.set_defaults(func=_cmd_controller)

@@ -34,11 +34,13 @@ from clockwork.actions import ActionType, ErrorCode, Result
 from clockwork.profiles import ModelProfile, ProfileError, load_profile_set
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
+from clockwork.protocol.pacing import Pacer
 from clockwork.protocol.wire import msg_to_action, msg_to_array, result_to_msg, tensor_to_msg
 from worker.devices.emulated import EmulatedDevice
 from worker.executor import GpuExecutor
 
 DEVICES = ("emulated", "cpu", "cuda")
+RESULT_INTERVAL_US = 2000.0
 DEFAULT_PROFILES = {"emulated": "v100-reference", "cpu": "cpu", "cuda": "cuda"}
 
 _OFFSET = 0  # --clock-offset-ms: shifts this worker's clock (tests the controller's conversion)
@@ -53,7 +55,7 @@ class WorkerNode:
 
     def __init__(self, gpus: int, pages: int | None, profiles: str | None = None,
                  device: str = "emulated", noise: float = 0.0, seed: int = 0,
-                 packages: str | None = None) -> None:
+                 packages: str | None = None, result_interval_us: float = 0.0) -> None:
         if device not in DEVICES:
             raise ValueError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
         self.pset = load_profile_set(profiles or DEFAULT_PROFILES[device])
@@ -70,9 +72,13 @@ class WorkerNode:
         self.real: list = []  # real devices, one per GPU
         self._threads: list[tuple[ThreadPoolExecutor, ThreadPoolExecutor]] = []
         self._inputs: dict[int, list[pb.Tensor]] = {}  # INFER id -> its batch's inputs
+        self._want: set[int] = set()  # INFERs whose output tensors go back
+        self.result_interval_us = result_interval_us  # pacing of result messages
         self._out: list[pb.ResultMsg] = []
         self._out_ready = asyncio.Event()
-        self._kick = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0
         self._zeros: dict[tuple[str, int], list[pb.Tensor]] = {}
         if device != "emulated":
             self.real = [_open_device(device, self.pages) for _ in range(gpus)]
@@ -94,6 +100,7 @@ class WorkerNode:
             for g in range(self.n_gpus)
         ]
         self._inputs = {}
+        self._want = set()
         self._out = []
 
     def package_for(self, name: str, profile: str, explicit: str = "") -> Path | None:
@@ -156,7 +163,7 @@ class WorkerNode:
             inst[i.name] = p.renamed(i.name)
         if h.reset or not self.executors or inst.keys() != self.instances.keys():
             self._reset(inst)
-        self._kick.set()
+        self._rearm()
         return self.state(missing)
 
     def state(self, missing: list[str] | None = None) -> pb.WorkerState:
@@ -177,6 +184,8 @@ class WorkerNode:
         for m in batch.actions:
             a = msg_to_action(m, self.worker_id)
             if 0 <= a.gpu < n:
+                if m.want_outputs:
+                    self._want.add(a.id)
                 if real and m.inputs:
                     self._inputs[a.id] = list(m.inputs)
                 res = self.executors[a.gpu].submit(a, now)
@@ -190,7 +199,7 @@ class WorkerNode:
                                   message=f"no gpu {a.gpu} (worker has {n})"))
         self._emit(out)
         self._dispatch()
-        self._kick.set()
+        self._rearm()
 
     # -- real devices ----------------------------------------------------------------------
 
@@ -261,7 +270,7 @@ class WorkerNode:
         self._evicted(res)
         self._emit(res)
         self._dispatch()
-        self._kick.set()
+        self._rearm()
 
     def _outputs(self, model: str, batch: int) -> list[pb.Tensor]:
         """Zeros of the profile's output shapes and dtypes (emulated device)."""
@@ -281,10 +290,14 @@ class WorkerNode:
     def _emit(self, results: list[Result]) -> None:
         if not results:
             return
+        want = self._want
         for r in results:
             outs = None
-            if r.type == ActionType.INFER and r.status == ErrorCode.SUCCESS:
-                if r.outputs is not None:  # a real device's arrays
+            if r.type == ActionType.INFER and r.id in want:
+                want.discard(r.id)
+                if r.status != ErrorCode.SUCCESS:
+                    pass
+                elif r.outputs is not None:  # a real device's arrays
                     specs = self.instances[r.model].outputs
                     outs = [tensor_to_msg(specs[k].name if k < len(specs) else f"output{k}", o)
                             for k, o in enumerate(r.outputs)]
@@ -299,32 +312,46 @@ class WorkerNode:
         return out
 
     async def run_timer(self) -> None:
-        """Sleep until the earliest executor time, advance, repeat."""
-        while True:
-            nt = None
-            for e in self.executors:
-                t = e.next_time()
-                if t is not None and (nt is None or t < nt):
-                    nt = t
-            self._kick.clear()
-            if nt is None:
-                await self._kick.wait()
-                continue
-            delay = (nt - now_ns()) / 1e9
-            if delay > 0:
-                try:
-                    await asyncio.wait_for(self._kick.wait(), delay)
-                    continue  # new actions: recompute the wake-up time
-                except TimeoutError:
-                    pass
-            now = now_ns()
-            out: list[Result] = []
-            for e in self.executors:
-                out.extend(e.advance(now))
-            if self.real:
-                self._evicted(out)
-            self._emit(out)
-            self._dispatch()
+        """Keep a timer armed at the earliest executor time (``_rearm``); runs until
+        cancelled. A loop timer handle, not a sleeping task: arming one per completion
+        is cheap."""
+        self._loop = asyncio.get_running_loop()
+        self._rearm()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+    def _rearm(self) -> None:
+        """(Re)arm the timer for the earliest executor time, if that is sooner than the
+        one armed (a timer that fires early just finds nothing due and re-arms)."""
+        if self._loop is None:
+            return
+        nt = None
+        for e in self.executors:
+            t = e.next_time()
+            if t is not None and (nt is None or t < nt):
+                nt = t
+        if nt is None or (self._timer is not None and self._timer_at <= nt):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = nt
+        self._timer = self._loop.call_later(max(0.0, (nt - now_ns()) / 1e9), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        now = now_ns()
+        out: list[Result] = []
+        for e in self.executors:
+            out.extend(e.advance(now))
+        if self.real:
+            self._evicted(out)
+        self._emit(out)
+        self._dispatch()
+        self._rearm()
 
 
 def _open_device(kind: str, pages: int):
@@ -368,6 +395,7 @@ class WorkerServicer(pbg.WorkerServicer):
         self._active = token  # the newest controller connection owns the worker
         echoes: list[pb.ClockEcho] = []
         wake = asyncio.Event()
+        pacer = Pacer(node.result_interval_us)
         it = request_iterator.__aiter__()
         first = await anext(it, None)
         if first is None or first.WhichOneof("kind") != "hello":
@@ -411,6 +439,8 @@ class WorkerServicer(pbg.WorkerServicer):
                 wake.clear()
                 while echoes:
                     yield pb.WorkerMessage(echo=echoes.pop(0))
+                if node._out:
+                    await pacer.wait()  # under load: one message per interval
                 res = node.take_results()
                 if res:
                     yield pb.WorkerMessage(results=pb.ResultBatch(results=res))
@@ -450,7 +480,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         node = WorkerNode(args.gpus, args.pages, args.profiles, args.device, args.noise, args.seed,
-                          args.packages)
+                          args.packages, args.result_interval_us)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -490,6 +520,10 @@ def add_worker_parser(sub: argparse._SubParsersAction) -> None:
                    help="profile set (folder under profiles/; default v100-reference, or the "
                    "device's own: cpu, cuda)")
     p.add_argument("--noise", type=float, default=0.0, help="emulated duration noise (std dev fraction)")
+    p.add_argument("--result-interval-us", type=float, default=RESULT_INTERVAL_US,
+                   help="pacing: at most one result message to the controller per interval; "
+                   "under load results share messages (default "
+                   f"{RESULT_INTERVAL_US:g}; 0: one message whenever results are ready)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--clock-offset-ms", type=float, default=0.0,
                    help="add this to the worker's clock (to test clock-offset handling)")

@@ -14,7 +14,7 @@ from clockwork.protocol import clockwork_pb2 as pb
 INT64_MAX = (1 << 63) - 1
 
 
-def action_to_msg(a: Action, offset: int = 0, inputs: list[pb.Tensor] | None = None) -> pb.ActionMsg:
+def action_to_msg(a: Action, offset: int = 0) -> pb.ActionMsg:
     """``offset`` = worker clock - controller clock, added to the window."""
     latest = a.latest
     return pb.ActionMsg(
@@ -22,7 +22,6 @@ def action_to_msg(a: Action, offset: int = 0, inputs: list[pb.Tensor] | None = N
         earliest=a.earliest + offset if a.earliest else 0,
         latest=INT64_MAX if latest >= NEVER else latest + offset,
         expected_duration=a.expected_duration, batch_size=a.batch_size, version=a.version,
-        inputs=inputs or (),
     )
 
 
