@@ -42,6 +42,11 @@ from controller.metrics import ControllerMetrics
 from controller.policy import GpuSpec, Policy
 
 now_ns = time.monotonic_ns
+# counter keys, made once (these run for every action, result and reply)
+_SENT_KEY = {t: f"{t.name.lower()}_sent" for t in ActionType}
+_RESULT_KEY = {t: (f"{t.name.lower()}_rejected", f"{t.name.lower()}_ok") for t in ActionType}
+_STATUS_NAME = {s: s.name.lower() for s in RequestStatus}
+_STATUS_KEY = {s: f"requests_{s.name.lower()}" for s in RequestStatus}
 ACTION_INTERVAL_US = 2000.0  # below the scheduler's 1 ms "future": actions still arrive in time
 REPLY_INTERVAL_US = 2000.0
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
@@ -355,7 +360,7 @@ class ControllerNode:
             r = msg_to_result(m, link.index, off)
             if r.end > now:  # offset error: never let a result finish in our future
                 r.end = now
-            self.count(f"{r.type.name.lower()}_{'ok' if r.ok else 'rejected'}")
+            self.count(_RESULT_KEY[r.type][r.status == ErrorCode.SUCCESS])
             metrics.result(a, r)
             if tel is not None:
                 tel.result(r, now)
@@ -369,7 +374,7 @@ class ControllerNode:
         for a in actions:
             a.sent_at = now
             link = links[a.worker]
-            self.count(f"{a.type.name.lower()}_sent")
+            self.count(_SENT_KEY[a.type])
             self.metrics.action_sent(a.type.name)
             if tel is not None:
                 tel.sent(a)
@@ -409,8 +414,8 @@ class ControllerNode:
             if pending.pop(r.id, None) is None:
                 self.count("replies_duplicate")
                 continue
-            status = RequestStatus(rep.status).name.lower()
-            self.count(f"requests_{status}")
+            status = _STATUS_NAME[rep.status]
+            self.count(_STATUS_KEY[rep.status])
             metrics.reply(r.model, status, rep.time - r.arrival if rep.status == 0 else None)
             if tel is not None:
                 r.slo = r.slo or self.cfg.default_slo
