@@ -221,6 +221,7 @@ class InferStream:
             self._wake.clear()
             if self._queue:
                 batch, self._queue = self._queue, []
+                self._pacer.note(len(batch))
                 yield pb.InferRequestBatch(requests=batch)
             if self._closed and not self._queue:
                 return

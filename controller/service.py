@@ -229,6 +229,7 @@ class ControllerNode:
                 acts, link.pending = link.pending, []
                 if not acts:
                     continue
+                pacer.note(len(acts))
                 off = link.offset
                 real = link.state.device != "emulated"
                 msgs = []
@@ -583,6 +584,7 @@ class ClockworkServicer(pbg.ClockworkServicer):
                 ready.clear()
                 if out:
                     batch, out[:] = list(out), []
+                    pacer.note(len(batch))
                     node.count("msgs_to_clients")
                     yield pb.InferResponseBatch(responses=batch)
                 if state["done"] and state["open"] <= 0 and not out:

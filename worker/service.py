@@ -443,6 +443,7 @@ class WorkerServicer(pbg.WorkerServicer):
                     await pacer.wait()  # under load: one message per interval
                 res = node.take_results()
                 if res:
+                    pacer.note(len(res))
                     yield pb.WorkerMessage(results=pb.ResultBatch(results=res))
         finally:
             rtask.cancel()
