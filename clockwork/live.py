@@ -97,6 +97,10 @@ def add_replay_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--controller", default="127.0.0.1:12346", help="host:port")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", metavar="DIR", help="write logs and summary.json here")
+    p.add_argument("--check-outputs", metavar="PACKAGES", default=None,
+                   help="send real inputs and check every answer against the zoo model's "
+                   "numpy reference, with the weights of the packages in this folder "
+                   "(real devices; e.g. packages/cpu)")
     p.add_argument("--max-outstanding", type=int, default=20000,
                    help="bound on requests in flight (default 20000)")
     p.add_argument("--json", action="store_true", help="print summary.json instead of the table")

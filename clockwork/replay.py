@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from clockwork.actions import RequestStatus
+from clockwork.models.reference import POOL
 from clockwork.requests import Reply, Request
 from clockwork.scenario import Scenario, ScenarioError, instance_names, load_scenario
 from clockwork.telemetry import Telemetry, emit_run, write_run
@@ -50,7 +51,10 @@ class ReplayResult:
 
 
 async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
-                 progress: bool = False) -> ReplayResult:
+                 progress: bool = False, check_packages: str | None = None) -> ReplayResult:
+    """Drive ``sc``'s workloads against a live controller. ``check_packages``: send real
+    inputs (a seeded pool per model) and check every answer's output against the zoo
+    model's numpy reference with that package folder's weights (``summary["outputs"]``)."""
     from clockwork.client import AsyncClient
     from clockwork.profiles import load_profile_set
     from clockwork.workloads import build_workload
@@ -83,6 +87,16 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         raise ScenarioError(f"the controller does not serve {', '.join(missing[:5])}"
                             f"{' ...' if len(missing) > 5 else ''}")
     default_slo = ms(info.default_slo_ms or 100.0)
+    check = None
+    specs: dict[str, tuple[str, list]] = {}  # instance -> (profile, input pool)
+    if check_packages:
+        from clockwork.models.reference import OutputCheck
+
+        check = OutputCheck(check_packages, sc.seed)
+        for mi in info.models:
+            if mi.inputs:
+                t = mi.inputs[0]
+                specs[mi.name] = (mi.profile, check.pool(mi.profile, tuple(t.shape), t.dtype))
     stats0 = await client.stats()
     stream = client.stream(STREAM_INTERVAL_US)
     tel = Telemetry(0)
@@ -113,6 +127,10 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         else:
             resp = fut.result()
             req.cold = resp.cold
+            if check is not None and resp.status == 0 and resp.outputs and req.model in specs:
+                t = resp.outputs[0]
+                check.record(specs[req.model][0], req.id % POOL,
+                             np.frombuffer(t.data, dtype=t.dtype).reshape(tuple(t.shape)))
             rep = Reply(req, RequestStatus(resp.status), now - t0, resp.message, resp.gpu,
                         resp.batch_size)
         tel.reply(rep)
@@ -126,7 +144,10 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         rid = state["sent"]
         state["sent"] += 1
         req = Request(rid, m, now - t0, slo or default_slo, widx)
-        fut = stream.submit(m, None, slo / 1e6 if slo else None, skip_outputs=True)
+        if check is not None and m in specs:
+            fut = stream.submit(m, specs[m][1][rid % POOL], slo / 1e6 if slo else None)
+        else:
+            fut = stream.submit(m, None, slo / 1e6 if slo else None, skip_outputs=True)
         fut.add_done_callback(lambda f, r=req, i=widx: on_done(f, r, i))
 
     last = time.monotonic()
@@ -206,6 +227,8 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     }
     # the action log (and so prediction errors) is the controller's: its --log-dir
     summary["prediction_error_ms"] = None
+    if check is not None:
+        summary["outputs"] = check.verify()
     return ReplayResult(summary, tel, sc, wall_s, bool(extra["answered_once"]))
 
 
@@ -219,7 +242,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     progress = not args.quiet and sys.stderr.isatty()
     try:
-        res = asyncio.run(replay(sc, args.controller, args.max_outstanding, progress))
+        res = asyncio.run(replay(sc, args.controller, args.max_outstanding, progress,
+                                 args.check_outputs))
     except (ScenarioError, ClockworkError, ValueError) as e:
         print(f"clockwork replay: {e}", file=sys.stderr)
         return 2

@@ -266,7 +266,9 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace) -> int:
           f"{sc.duration_s:.0f} s", file=sys.stderr, flush=True)
     progress = not args.quiet and sys.stderr.isatty()
     try:
-        res = asyncio.run(replay(sc, cluster.address, 20000, progress))
+        # real devices: answers carry real outputs; check every one against the reference
+        check = cluster.packages if cluster.device != "emulated" else None
+        res = asyncio.run(replay(sc, cluster.address, 20000, progress, check))
     except (ScenarioError, ClockworkError, ValueError) as e:
         print(f"clockwork serve: {e}", file=sys.stderr)
         return 2

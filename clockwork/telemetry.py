@@ -183,6 +183,11 @@ def format_summary(s: dict) -> str:
          f"{acts.get('rejected', 0):,}"),
         ("duration", f"{s['duration_s']:.1f} s"),
     ]
+    oc = s.get("outputs")
+    if oc:
+        rows.append(("outputs checked / wrong vs reference",
+                     f"{oc['checked']:,} / {oc['wrong']:,} (max |error| {oc['max_abs_err']:.1e}"
+                     + (f"; {oc['unchecked']:,} without a reference)" if oc["unchecked"] else ")")))
     pe = s.get("prediction_error_ms")
     if pe:
         rows.append(("EXEC prediction error p50 / p99", f"{pe['exec_p50']:.3f} / {pe['exec_p99']:.3f} ms"))

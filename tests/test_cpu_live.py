@@ -20,6 +20,7 @@ pytest.importorskip("tvm")
 from clockwork.client import AsyncClient, Client  # noqa: E402
 from clockwork.models.package import compile_model, read_package, reference_weights  # noqa: E402
 from clockwork.models.zoo import get_model  # noqa: E402
+from clockwork.protocol.wire import msg_to_array  # noqa: E402
 from tests.conftest import local_cluster  # noqa: E402
 
 MODELS = ("mlp", "resnet_tiny")
@@ -95,12 +96,17 @@ def test_batched_outputs_go_to_their_own_requests(cluster, references):
 
     async def run():
         async with AsyncClient(cluster.address) as c:
-            return await asyncio.gather(*(c.infer("resnet_tiny", x, slo_ms=SLO_MS) for x in xs))
+            s = c.stream()  # all 64 in one message: admitted together, so they batch
+            futs = [s.submit("resnet_tiny", x, slo_ms=SLO_MS) for x in xs]
+            out = await asyncio.gather(*futs)
+            await s.close()
+            return out
 
     results = asyncio.run(run())
     for x, r in zip(xs, results, strict=True):
-        np.testing.assert_allclose(r.output, _reference(references, "resnet_tiny", x),
-                                   rtol=1e-4, atol=1e-4)
+        assert r.status == 0, r.message
+        np.testing.assert_allclose(msg_to_array(r.outputs[0]),
+                                   _reference(references, "resnet_tiny", x), rtol=1e-4, atol=1e-4)
     sizes = {r.batch_size for r in results}
     assert max(sizes) > 1, sizes  # rows were really sliced out of batches
 
@@ -188,3 +194,39 @@ def test_live_prediction_script(tmp_path):
     assert data["LOAD"]["profile"]["n"] > 0  # 36 instances vs an 8-page cache: LOADs happen
     assert set(data["INFER"]["per_model"]) <= {"mlp", "resnet_tiny", "mobilenet_tiny",
                                                "transformer_tiny"}
+
+
+def test_replayed_workload_answers_checked_against_the_reference(cluster, packages):
+    """A replayed Poisson workload over all 7 instances (2-page cache): every answer's
+    output is compared with the numpy reference for the input it was sent."""
+    from clockwork.replay import replay
+    from clockwork.scenario import load_scenario
+
+    models = [{"name": m, "copies": COPIES[m]} for m in MODELS]
+    sc = load_scenario(data={
+        "seed": 3, "duration_s": 3.0,
+        "cluster": {"workers": 1, "gpus_per_worker": 1, "profiles": "cpu"},
+        "models": models,
+        "workloads": [{"kind": "poisson", "models": "*", "rate_rps": 60, "slo_ms": SLO_MS}]})
+    res = asyncio.run(replay(sc, cluster.address, check_packages=str(packages)))
+    s = res.summary
+    assert res.answered_once and s["succeeded"] > 100
+    assert s["outputs"]["checked"] == s["succeeded"] and s["outputs"]["wrong"] == 0
+
+
+def test_output_check_flags_a_wrong_answer(packages):
+    from clockwork.models.reference import OutputCheck
+
+    chk = OutputCheck(packages, seed=1)
+    pool = chk.pool("mlp", (64,), "float32")
+    right = _reference_direct(packages, "mlp", pool[2])
+    chk.record("mlp", 2, right)
+    chk.record("mlp", 3, right)  # the answer to another input
+    chk.record("not_in_zoo", 0, right)
+    v = chk.verify()
+    assert (v["checked"], v["wrong"], v["unchecked"]) == (2, 1, 1)
+
+
+def _reference_direct(packages, model, x):
+    meta = read_package(packages / model)
+    return get_model(model).reference(x[None], reference_weights(meta, packages / model))[0]
