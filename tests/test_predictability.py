@@ -32,6 +32,7 @@ def test_predictability_smoke(tmp_path):
     assert r["tail_pct"] == pytest.approx((r["p99_99_ms"] - r["p50_ms"]) / r["p50_ms"] * 100,
                                           rel=1e-3, abs=1e-3)
     assert r["paper_tail_pct"] == 0.03
+    assert 0 <= r["top01_off_cpu_ms"] and r["top01_excess_ms"] <= r["max_ms"]
 
     data = json.loads((out / "predictability.json").read_text())
     assert data["settings"]["runs"] == 40 and data["settings"]["batch"] == 1
@@ -43,7 +44,7 @@ def test_predictability_smoke(tmp_path):
     assert q == sorted(q) and q[-1] == pytest.approx(r["max_ms"], rel=1e-6)
 
     runs = np.load(out / "predictability_runs.npz")
-    assert runs["mlp"].shape == (40,) and (runs["mlp"] > 0).all()
+    assert runs["mlp"].shape == runs["mlp_off_cpu"].shape == (40,) and (runs["mlp"] > 0).all()
     assert runs["mlp"].max() / 1e6 == pytest.approx(r["max_ms"], rel=1e-6)
 
     png = (out / "predictability.png").read_bytes()
