@@ -208,6 +208,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if getattr(args, "log_dir", None):
         extra += ["--log-dir", str(args.log_dir)]
     device = device or "emulated"
+    if device == "cuda":  # no GPU here: say so before compiling or starting anything
+        try:
+            from worker.devices.cuda import probe
+            probe()
+        except Exception as e:  # noqa: BLE001 - DeviceUnavailable says what to do instead
+            print(f"clockwork serve: {e}", file=sys.stderr)
+            return 2
     if device != "emulated":
         if sc is None:
             profiles = device  # the device's own measured profile set (profiles/cpu, ...)

@@ -48,3 +48,18 @@ def test_help_lists_commands(capsys):
     out = capsys.readouterr().out
     for cmd in ("simulate", "report", "trace"):
         assert cmd in out
+
+
+def test_cuda_without_a_gpu_fails_at_start_naming_the_alternatives(capsys):
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("cupy is installed: this machine may have a GPU")
+    for argv in (["worker", "--device", "cuda", "--port", "0"],
+                 ["serve", "--device", "cuda", "--port", "0"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "cuda device unavailable" in err
+        assert "--device cpu" in err and "--device emulated" in err

@@ -472,6 +472,13 @@ async def serve_worker(host: str, port: int, node: WorkerNode, ready=None,
 def _cmd_worker(args: argparse.Namespace) -> int:
     global _OFFSET
     _OFFSET = round(args.clock_offset_ms * 1e6)
+    if args.device == "cuda":  # say first when there is no GPU, before profiles and packages
+        try:
+            from worker.devices.cuda import probe
+            probe()
+        except Exception as e:  # noqa: BLE001 - DeviceUnavailable carries what to do instead
+            print(f"clockwork worker: {e}", file=sys.stderr)
+            return 2
     args.profiles = args.profiles or DEFAULT_PROFILES[args.device]
     try:
         load_profile_set(args.profiles)
