@@ -81,7 +81,7 @@ class WorkerNode:
         self._timer_at = 0
         self._zeros: dict[tuple[str, int], list[pb.Tensor]] = {}
         if device != "emulated":
-            self.real = [_open_device(device, self.pages) for _ in range(gpus)]
+            self.real = [_open_device(device, self.pages, g) for g in range(gpus)]
             self._threads = [(ThreadPoolExecutor(1, f"exec{g}"), ThreadPoolExecutor(1, f"load{g}"))
                              for g in range(gpus)]
         self._reset({})
@@ -354,7 +354,7 @@ class WorkerNode:
         self._rearm()
 
 
-def _open_device(kind: str, pages: int):
+def _open_device(kind: str, pages: int, index: int = 0):
     """A real device; raises ValueError with what to do instead when it cannot start."""
     if kind == "cpu":
         try:
@@ -369,7 +369,7 @@ def _open_device(kind: str, pages: int):
         raise ValueError(f"--device cuda is not available here ({e}); use --device cpu "
                          "(TVM on the host) or --device emulated") from None
     try:
-        return CudaDevice(pages)
+        return CudaDevice(pages, index=index)
     except Exception as e:  # DeviceUnavailable and friends carry the message to show
         raise ValueError(str(e)) from None
 

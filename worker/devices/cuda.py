@@ -383,10 +383,19 @@ class CudaDevice:
 
     # -- INPUT + EXEC + OUTPUT ------------------------------------------------------------
 
-    def infer(self, name: str, inputs: np.ndarray) -> tuple[np.ndarray, int]:
-        """Run one batch; returns (outputs, exec_ns) with exec_ns from CUDA events."""
+    def duration(self, action, profile) -> None:
+        """For the executor: durations are measured, not predicted (see worker.executor)."""
+        return None
+
+    def infer(self, name: str, inputs: np.ndarray | None,
+              batch_size: int | None = None) -> tuple[np.ndarray, int]:
+        """Run one batch; returns (outputs, exec_ns) with exec_ns from CUDA events.
+        ``inputs`` None runs zeros of ``batch_size`` rows."""
         m = self._model(name)
-        b = int(inputs.shape[0])
+        b = int(inputs.shape[0]) if inputs is not None else int(batch_size or 0)
+        if inputs is None and b in m.functions:
+            spec = m.meta["inputs"][0]
+            inputs = np.zeros((b, *spec["shape"]), spec["dtype"])
         if b not in m.functions:
             raise DeviceError(f"model {name!r}: batch size {b} not in {sorted(m.functions)}")
         cupy = self._cupy
