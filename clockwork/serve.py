@@ -174,7 +174,8 @@ def ensure_packages(models: str | None, profiles: str, device: str, packages: st
         sizes = pset.profiles[m].batch_sizes if m in pset.profiles else [1, 2, 4, 8, 16]
         print(f"clockwork serve: compiling {m} for {device} (batch sizes "
               f"{','.join(map(str, sizes))}) into {packages}/{m} ...", file=sys.stderr, flush=True)
-        compile_model(m, sizes, Path(packages) / m, target="llvm" if device == "cpu" else "cuda")
+        from clockwork.models.cli import DEVICES
+        compile_model(m, sizes, Path(packages) / m, target=DEVICES[device])
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

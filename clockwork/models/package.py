@@ -38,7 +38,9 @@ def function_name(batch_size: int) -> str:
 
 
 def target_device(target: str) -> str:
-    kind = target.split()[0]
+    """"cpu" or "cuda" for a TVM target string (plain, e.g. "llvm", or JSON)."""
+    t = target.strip()
+    kind = orjson.loads(t)["kind"] if t.startswith("{") else t.split()[0]
     return {"llvm": "cpu", "c": "cpu", "cuda": "cuda"}.get(kind, kind)
 
 

@@ -23,16 +23,22 @@ def _describe(s: dict[str, int], where: str) -> str:
 
 
 def profile_package(package: str | Path, runs: int = 200, load_runs: int = 50,
-                    warmup: int = 10, seed: int = 0) -> ModelProfile:
-    """Profile the package at ``package`` on the cpu device. Figures are p99s."""
+                    warmup: int = 10, seed: int = 0, device: str = "cpu") -> ModelProfile:
+    """Profile the package at ``package`` on ``device`` (cpu, or cuda on a machine with
+    a GPU). Figures are p99s."""
     from clockwork.models.package import read_package
-    from worker.devices.cpu import CpuDevice
 
     meta = read_package(package)
-    dev = CpuDevice(meta["weights_pages"], meta["page_size"])
+    if device == "cuda":
+        from worker.devices.cuda import CudaDevice
+        dev = CudaDevice(meta["weights_pages"], meta["page_size"])
+    else:
+        from worker.devices.cpu import CpuDevice
+        dev = CpuDevice(meta["weights_pages"], meta["page_size"])
     dev.register(meta["model"], package)
     name = meta["model"]
-    where = f"cpu ({platform.processor() or platform.machine()}, {meta['target']})"
+    where = (f"cuda GPU {device}" if device == "cuda"
+             else f"cpu ({platform.processor() or platform.machine()}, {meta['target']})")
     loads = []
     for _ in range(max(1, load_runs)):
         _, ns = dev.load(name)
@@ -55,7 +61,7 @@ def profile_package(package: str | Path, runs: int = 200, load_runs: int = 50,
     pages = meta["weights_pages"] if meta["page_size"] == PAGE_SIZE else pages_for(
         meta["weights_bytes"])
     return ModelProfile(
-        model=name, device="cpu", weights_bytes=meta["weights_bytes"], load_ns=ls["p99"],
+        model=name, device=device, weights_bytes=meta["weights_bytes"], load_ns=ls["p99"],
         exec_ns=exec_ns, weights_pages=pages,
         inputs=[TensorSpec(t["name"], tuple(t["shape"]), t["dtype"]) for t in meta["inputs"]],
         outputs=[TensorSpec(t["name"], tuple(t["shape"]), t["dtype"]) for t in meta["outputs"]],
