@@ -1,0 +1,67 @@
+"""Every zoo model at every batch size against its numpy reference, on the cpu device:
+compiled outputs before and after an EVICT and a LOAD into different pages (issue 5).
+
+    python experiments/check_outputs.py [--models a,b] [--batch-sizes 1,2,4,8,16]
+
+Prints the largest absolute and relative error per model and batch size; exits 1 if any
+output is outside rtol = atol = 1e-4. Packages are compiled into a temporary folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+
+
+def main(argv=None) -> int:
+    from clockwork.models.package import compile_model, read_package, reference_weights
+    from clockwork.models.zoo import ZOO, get_model
+    from worker.devices.cpu import CpuDevice
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=",".join(sorted(ZOO)))
+    p.add_argument("--batch-sizes", default="1,2,4,8,16")
+    args = p.parse_args(argv)
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    bad = 0
+    print(f"{'model':18} {'batch':>5} {'max |err|':>10} {'after reload':>12}  pages")
+    with tempfile.TemporaryDirectory(prefix="cw-check-") as tmp:
+        for name in args.models.split(","):
+            path = compile_model(name, sizes, Path(tmp) / name)
+            meta = read_package(path)
+            w = reference_weights(meta, path)
+            n = meta["weights_pages"]
+            # room for two copies plus a filler: the reload lands on different pages
+            dev = CpuDevice(2 * n + 1)
+            dev.register(name, path)
+            dev.register("filler", path)
+            pages1, _ = dev.load(name)
+            rng = np.random.default_rng(0)
+            xs = {b: rng.standard_normal((b, *meta["inputs"][0]["shape"])).astype(
+                meta["inputs"][0]["dtype"]) for b in sizes}
+            refs = {b: get_model(name).reference(xs[b], w) for b in sizes}
+            first = {b: dev.infer(name, xs[b])[0] for b in sizes}
+            dev.evict(name)
+            dev.load("filler")  # takes the pages just freed
+            pages2, _ = dev.load(name)
+            assert set(pages1).isdisjoint(pages2), "reload should use other pages"
+            for b in sizes:
+                again = dev.infer(name, xs[b])[0]
+                e1 = float(np.abs(first[b] - refs[b]).max())
+                e2 = float(np.abs(again - refs[b]).max())
+                ok = all(np.allclose(y, refs[b], rtol=1e-4, atol=1e-4) for y in (first[b], again))
+                bad += not ok
+                print(f"{name:18} {b:>5} {e1:>10.2e} {e2:>12.2e}  {pages1} -> {pages2}"
+                      + ("" if ok else "  MISMATCH"))
+    print("all outputs within 1e-4" if not bad else f"{bad} mismatching (model, batch) pairs")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
