@@ -95,8 +95,9 @@ def run(name: str | Path | dict, overrides: Sequence[str] = (), live: bool = Fal
 
     ``time_policy`` (simulator only; a bucket width in simulated seconds): time every call
     into the scheduling policy -- the controller's work -- (``on_request``, ``on_result``,
-    ``on_tick``, ``drain_replies``, ``next_wakeup``). ``res.policy_wall_s`` is the total
-    and ``res.policy_wall_by_bucket`` the wall seconds spent per bucket of simulated time."""
+    ``on_tick``, ``drain_replies``, ``next_wakeup``) in CPU time of the simulator's thread.
+    ``res.policy_wall_s`` is the total and ``res.policy_wall_by_bucket`` the seconds spent
+    per bucket of simulated time."""
     sc = scenario(name, overrides)
     if live:
         return run_live(sc)
@@ -105,25 +106,24 @@ def run(name: str | Path | dict, overrides: Sequence[str] = (), live: bool = Fal
         spent = _time_policy(sim.policy, int(time_policy * 1e9))
     res = sim.run()
     if time_policy:
-        res.policy_wall_by_bucket = [round(v, 6) for v in spent]
-        res.policy_wall_s = round(sum(spent), 6)
+        cpu = spent.seconds()
+        res.policy_wall_by_bucket = [round(v, 6) for v in cpu]
+        res.policy_wall_s = round(sum(cpu), 6)
+        res.policy_calls = sum(spent.calls)
     return res
 
 
-def _time_policy(policy, bucket_ns: int) -> list[float]:
+def _time_policy(policy, bucket_ns: int) -> _Cells:
     """Wrap the policy's entry points (instance attributes shadow the methods; the
-    simulator looks them up once, when its run starts) to add their wall time into
-    per-bucket cells, by the simulated time of the call (calls without a time go to the
-    bucket of the last call that had one)."""
+    simulator looks them up once, when its run starts) to add the CPU time of this thread
+    they take (``time.thread_time``: not inflated when other processes share the cores)
+    into per-bucket cells, by the simulated time of the call (calls without a time go to
+    the bucket of the last call that had one). The clock's own cost inside each timed
+    interval (measured here) is taken off again when the cells are read (``_Cells.seconds``)."""
     spent: list[float] = []
-    clock = time.perf_counter
+    calls: list[int] = []
+    clock = time.thread_time
     cur = [0]
-
-    def add(dt: float) -> None:
-        i = cur[0]
-        while len(spent) <= i:
-            spent.append(0.0)
-        spent[i] += dt
 
     def timed(fn):
         def call(*a):
@@ -133,12 +133,33 @@ def _time_policy(policy, bucket_ns: int) -> list[float]:
             try:
                 return fn(*a)
             finally:
-                add(clock() - t)
+                dt = clock() - t
+                i = cur[0]
+                while len(spent) <= i:
+                    spent.append(0.0)
+                    calls.append(0)
+                spent[i] += dt
+                calls[i] += 1
         return call
 
     for name in ("on_request", "on_result", "on_tick", "drain_replies", "next_wakeup"):
         setattr(policy, name, timed(getattr(policy, name)))
-    return spent
+    pairs = []
+    for _ in range(2000):
+        t = clock()
+        pairs.append(clock() - t)
+    return _Cells(spent, calls, float(np.median(pairs)))
+
+
+class _Cells:
+    """The per-bucket CPU seconds of ``_time_policy``, less the clock's own cost."""
+
+    def __init__(self, spent: list[float], calls: list[int], overhead: float) -> None:
+        self.spent, self.calls, self.overhead = spent, calls, overhead
+
+    def seconds(self) -> list[float]:
+        return [max(0.0, v - n * self.overhead) for v, n in zip(self.spent, self.calls,
+                                                                 strict=True)]
 
 
 # ---------------------------------------------------------------------------- live
