@@ -169,7 +169,12 @@ class PageArena:
             chunk = blob[k * ps : (k + 1) * ps]
             if chunk.size == 0:
                 break
-            self.page(p)[: chunk.size] = chunk
+            self._copy(self.page(p)[: chunk.size], chunk)
+
+    @staticmethod
+    def _copy(dst, chunk: np.ndarray) -> None:
+        """Host bytes into arena memory (a device arena overrides this)."""
+        dst[...] = chunk
 
     def view(self, pages: Sequence[int], offset: int, shape: Sequence[int],
              dtype: str | np.dtype) -> np.ndarray:

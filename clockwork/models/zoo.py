@@ -91,8 +91,9 @@ RESNET_CLASSES = 10
 RESNET_HW = 16
 
 
-def _build_resnet():
-    from tvm.relax.frontend import nn
+def _basic_block(nn):
+    """The ResNet BasicBlock (two 3x3 convs; a 1x1 projection shortcut when the shape
+    changes) as a Relax nn.Module class; shared by resnet_tiny and resnet18."""
 
     class Block(nn.Module):
         def __init__(self, cin: int, cout: int, stride: int) -> None:
@@ -105,6 +106,14 @@ def _build_resnet():
             y = self.conv2(y)
             skip = self.proj(x) if self.proj is not None else x
             return nn.op.relu(y + skip)
+
+    return Block
+
+
+def _build_resnet():
+    from tvm.relax.frontend import nn
+
+    Block = _basic_block(nn)
 
     class TinyResNet(nn.Module):
         def __init__(self) -> None:
@@ -167,17 +176,7 @@ def _build_resnet18():
     from tvm import relax
     from tvm.relax.frontend import nn
 
-    class Block(nn.Module):
-        def __init__(self, cin: int, cout: int, stride: int) -> None:
-            self.conv1 = nn.Conv2D(cin, cout, 3, stride=stride, padding=1)
-            self.conv2 = nn.Conv2D(cout, cout, 3, padding=1)
-            self.proj = nn.Conv2D(cin, cout, 1, stride=stride) if (stride != 1 or cin != cout) else None
-
-        def forward(self, x):
-            y = nn.op.relu(self.conv1(x))
-            y = self.conv2(y)
-            skip = self.proj(x) if self.proj is not None else x
-            return nn.op.relu(y + skip)
+    Block = _basic_block(nn)
 
     class Stage(nn.Module):
         def __init__(self, blocks: list) -> None:

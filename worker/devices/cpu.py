@@ -29,11 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from clockwork.profiles import PAGE_SIZE
+from worker.devices.base import DeviceError, RealDevice
 from worker.memory import TENSOR_ALIGNMENT, ArenaError, PageArena
-
-
-class DeviceError(RuntimeError):
-    """A model is unknown, not loaded, or called with a bad batch/input."""
 
 
 def _aligned_empty(shape: tuple[int, ...], dtype: str) -> np.ndarray:
@@ -76,7 +73,7 @@ def _numpy_outputs(out) -> np.ndarray | list[np.ndarray]:
     return [o.numpy() for o in out]  # a tuple of outputs
 
 
-class CpuDevice:
+class CpuDevice(RealDevice):
     """Real execution on the host CPU; see the module docstring."""
 
     kind = "cpu"
@@ -89,10 +86,6 @@ class CpuDevice:
         self.packages: dict[Path, _Package] = {}
         self._lock = threading.Lock()  # models, packages and the arena's page table
         self._exec = threading.Lock()  # one EXEC at a time
-
-    def duration(self, action, profile) -> None:
-        """For the executor: durations are measured, not predicted (see worker.executor)."""
-        return None
 
     # -- LoadModelFromDisk --------------------------------------------------------------
 
@@ -135,15 +128,6 @@ class CpuDevice:
         return pkg.meta
 
     # -- LOAD / EVICT ---------------------------------------------------------------------
-
-    def _model(self, name: str) -> _Model:
-        try:
-            return self.models[name]
-        except KeyError:
-            raise DeviceError(f"unknown model {name!r}") from None
-
-    def loaded(self, name: str) -> bool:
-        return self._model(name).pages is not None
 
     def load(self, name: str) -> tuple[list[int], int]:
         """LOAD: returns (pages, duration_ns) where the duration covers alloc + copy + bind."""

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from clockwork.profiles import PAGE_SIZE
-from worker.devices.cpu import DeviceError
+from worker.devices.base import DeviceError, RealDevice
 from worker.memory import ARENA_ALIGNMENT, TENSOR_ALIGNMENT, ArenaError, PageArena
 
 INSTALL_HINT = "pip install -e .[cuda]"
@@ -238,22 +238,13 @@ class CudaPageArena(PageArena):
     def address(self) -> int:
         return _ptr(self.buffer)
 
-    def write(self, pages, data) -> None:
-        """Copy a host blob laid out page by page: logical page k -> ``pages[k]``."""
-        blob = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
-        blob = blob.reshape(-1).view(np.uint8)
-        if blob.size > len(pages) * self.page_size:
-            raise ArenaError(f"{blob.size} bytes do not fit in {len(pages)} pages")
-        ps = self.page_size
-        for k, p in enumerate(pages):
-            chunk = blob[k * ps : (k + 1) * ps]
-            if chunk.size == 0:
-                break
-            dst = self.page(p)[: chunk.size]
-            if hasattr(dst, "set"):
-                dst.set(chunk)  # cupy: host -> device
-            else:
-                dst[...] = chunk
+    @staticmethod
+    def _copy(dst, chunk: np.ndarray) -> None:
+        """``PageArena.write``'s copy of one page: host -> device with cupy."""
+        if hasattr(dst, "set"):
+            dst.set(chunk)
+        else:
+            dst[...] = chunk
 
 
 # -- the device -----------------------------------------------------------------------
@@ -279,7 +270,7 @@ def _target_kind(target: str) -> str:
         return target.split()[0] if target else ""
 
 
-class CudaDevice:
+class CudaDevice(RealDevice):
     """Real execution on an NVIDIA GPU; see the module docstring."""
 
     kind = "cuda"
@@ -340,15 +331,6 @@ class CudaDevice:
 
     # -- LOAD / EVICT ---------------------------------------------------------------------
 
-    def _model(self, name: str) -> _Model:
-        try:
-            return self.models[name]
-        except KeyError:
-            raise DeviceError(f"unknown model {name!r}") from None
-
-    def loaded(self, name: str) -> bool:
-        return self._model(name).pages is not None
-
     def load(self, name: str) -> tuple[list[int], int]:
         """LOAD: returns (pages, duration_ns) covering alloc + host-to-device copy + bind."""
         import tvm
@@ -382,10 +364,6 @@ class CudaDevice:
             m.pages = None
 
     # -- INPUT + EXEC + OUTPUT ------------------------------------------------------------
-
-    def duration(self, action, profile) -> None:
-        """For the executor: durations are measured, not predicted (see worker.executor)."""
-        return None
 
     def infer(self, name: str, inputs: np.ndarray | None,
               batch_size: int | None = None) -> tuple[np.ndarray, int]:
