@@ -77,8 +77,10 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--worker-port", type=int, default=0,
                    help="first worker port (default 0: free ports)")
     p.add_argument("--http-port", type=int, default=8000,
-                   help="KServe v2 REST port (0: pick one, -1: off); KServe v2 gRPC shares the "
-                   "controller port")
+                   help="KServe v2 REST, /metrics and health (default 8000; 0: pick one, -1: off)")
+    p.add_argument("--kserve-port", type=int, default=8001,
+                   help="KServe v2 gRPC port (default 8001, as Triton; 0: pick one, -1: off); "
+                   "also served on the controller port")
     p.add_argument("--replay", action="store_true",
                    help="run the scenario's [[workloads]] against the cluster, print the SLO "
                    "table, and stop (one command: cluster + load + report)")

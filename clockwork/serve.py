@@ -88,7 +88,8 @@ class LocalCluster:
                  port: int = 0, worker_port: int = 0, echo: bool = False,
                  controller_args: list[str] | None = None, timeout: float = 30.0,
                  worker_args: list[list[str]] | None = None, http_port: int = 0,
-                 device: str = "emulated", packages: str | None = None) -> None:
+                 device: str = "emulated", packages: str | None = None,
+                 kserve_port: int = -1) -> None:
         self.n_workers, self.gpus, self.profiles, self.models = workers, gpus, profiles, models
         self.pages, self.host, self.port, self.worker_port = pages, host, port, worker_port
         self.echo = echo
@@ -96,6 +97,7 @@ class LocalCluster:
         self.timeout = timeout
         self.worker_args = worker_args or []
         self.http_port = http_port  # KServe v2 REST; 0 picks a free port, -1 turns it off
+        self.kserve_port = kserve_port  # KServe v2 gRPC of its own (also on the main port)
         self.device, self.packages = device, packages  # cpu/cuda workers run model packages
         self.workers: list[_Child] = []
         self.worker_addresses: list[str] = []
@@ -121,7 +123,8 @@ class LocalCluster:
             argv = _cli() + ["controller", "--host", self.host, "--port", str(self.port),
                              "--workers", ",".join(self.worker_addresses),
                              "--profiles", self.profiles,
-                             "--http-port", str(self.http_port)] + self.controller_args
+                             "--http-port", str(self.http_port),
+                             "--kserve-port", str(self.kserve_port)] + self.controller_args
             if self.models:
                 argv += ["--models", self.models]
             self.controller = _Child("controller", argv, self.echo)
@@ -229,6 +232,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cluster = LocalCluster(workers, gpus, profiles, models, pages, args.host, args.port,
                            args.worker_port, echo=not replaying, controller_args=extra,
                            http_port=-1 if replaying else args.http_port, device=device,
+                           kserve_port=-1 if replaying else args.kserve_port,
                            packages=packages)
     stop = threading.Event()
 

@@ -619,7 +619,10 @@ class ClockworkServicer(pbg.ClockworkServicer):
 
 async def serve_controller(node: ControllerNode, host: str, port: int, ready=None,
                            stop: asyncio.Event | None = None,
-                           http_port: int | None = None) -> None:
+                           http_port: int | None = None,
+                           kserve_port: int | None = None) -> None:
+    """Serve until ``stop``: clockwork.v1 and KServe v2 gRPC on ``port``, KServe v2 gRPC
+    also on ``kserve_port`` (Triton's 8001 by default), REST on ``http_port``."""
     await node.start()
     server = grpc.aio.server(options=CHANNEL_OPTIONS)
     pbg.add_ClockworkServicer_to_server(ClockworkServicer(node), server)
@@ -628,9 +631,20 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
     bound = server.add_insecure_port(f"{host}:{port}")
     if not bound:
         raise OSError(f"cannot bind {host}:{port}")
+    kbound = 0
+    if kserve_port is not None:
+        try:
+            kbound = server.add_insecure_port(f"{host}:{kserve_port}")
+        except RuntimeError:
+            kbound = 0
+        if not kbound:
+            print(f"controller: no separate KServe gRPC port: cannot bind {host}:{kserve_port} "
+                  f"(KServe v2 gRPC is still served on {port})", file=sys.stderr, flush=True)
     await server.start()
     if ready is not None:
         ready(bound)
+    if kbound:
+        print(f"clockwork controller kserve grpc listening on {host}:{kbound}", flush=True)
     http = None
     if http_port is not None:  # KServe v2 REST; after the line above (LocalCluster reads it)
         from controller.kserve import start_http
@@ -680,7 +694,8 @@ def _cmd_controller(args: argparse.Namespace) -> int:
                   f"instance(s))", flush=True)
 
         await serve_controller(node, args.host, args.port, ready, stop,
-                               args.http_port if args.http_port >= 0 else None)
+                               args.http_port if args.http_port >= 0 else None,
+                               args.kserve_port if args.kserve_port >= 0 else None)
 
     try:
         asyncio.run(main())
@@ -698,6 +713,9 @@ def add_controller_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=12346, help="port (0 picks a free one; printed)")
     p.add_argument("--http-port", type=int, default=8000,
                    help="KServe v2 REST port (default 8000; 0 picks a free one; -1: none)")
+    p.add_argument("--kserve-port", type=int, default=8001,
+                   help="KServe v2 gRPC port (default 8001, as Triton; 0 picks a free one; "
+                   "-1: none). KServe v2 gRPC is also served on --port")
     p.add_argument("--workers", required=True, help="worker addresses, host:port,...")
     p.add_argument("--profiles", default="v100-reference", help="profile set")
     p.add_argument("--models", default=None,

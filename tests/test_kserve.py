@@ -21,7 +21,7 @@ TIMEOUT = 10  # seconds, per client call
 
 @pytest.fixture(scope="module")
 def cluster():
-    with local_cluster(workers=1, gpus=1, models=MODELS,
+    with local_cluster(workers=1, gpus=1, models=MODELS, kserve_port=0,
                        controller_args=["--http-port", "0"]) as c:
         yield c
 
@@ -146,5 +146,24 @@ def test_http(cluster):
         bad.set_data_from_numpy(np.zeros((1, 3, 10, 10), np.float32))
         with pytest.raises(InferenceServerException, match=r"shape \[1, 3, 10, 10\], expected"):
             c.infer("resnet50_v2", [bad])
+    finally:
+        c.close()
+
+
+def test_kserve_grpc_on_its_own_port(cluster):
+    deadline = time.monotonic() + 10
+    addr = None
+    while addr is None and time.monotonic() < deadline:
+        for line in list(cluster.controller.output):
+            m = re.search(r"kserve grpc listening on (\S+:\d+)", line)
+            if m:
+                addr = m.group(1)
+        time.sleep(0.05)
+    assert addr is not None and addr != cluster.address
+    c = tgrpc.InferenceServerClient(addr)
+    try:
+        assert c.is_server_ready(client_timeout=TIMEOUT)
+        r = c.infer("mobilenet_v2", [_input()], client_timeout=TIMEOUT)
+        assert r.as_numpy("output").shape == (1, 1000)
     finally:
         c.close()
