@@ -136,7 +136,7 @@ class LocalCluster:
 
     def stop(self) -> None:
         if self.controller is not None:
-            self.controller.stop()
+            self.controller.stop(timeout=60.0)  # with --log-dir it writes its logs first
         for w in self.workers:
             w.stop()
 
@@ -149,6 +149,37 @@ class LocalCluster:
 
 def models_arg(models: list[dict]) -> str:
     return ",".join(f"{m['name']}:{int(m.get('copies', 1))}" for m in models)
+
+
+def cluster_from_scenario(sc) -> tuple[dict, list[str]]:
+    """What a scenario's ``[cluster]``, ``[[models]]`` and ``[scheduler]`` mean for a live
+    ``LocalCluster``: (its keyword arguments, the settings a live cluster does not apply).
+    Every ``[scheduler]`` key goes to the controller (``--policy``, ``--set``); timing noise
+    and stragglers to the emulated workers; network jitter is not emulated live."""
+    c = sc.cluster
+    s = dict(sc.scheduler)
+    policy = str(s.pop("policy", "clockwork"))
+    ctl = ["--policy", policy] if policy != "clockwork" else []
+    for key, value in s.items():
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        ctl += ["--set", f"{key}={text}"]
+    workers = int(c["workers"])
+    wargs = []
+    for i in range(workers):
+        w = ["--seed", str(sc.seed * 1000 + i)]
+        if float(c.get("noise", 0.0)):
+            w += ["--noise", str(float(c["noise"]))]
+        if float(c.get("slow_prob", 0.0)):
+            w += ["--slow-prob", str(float(c["slow_prob"])),
+                  "--slow-factor", str(float(c.get("slow_factor", 3.0)))]
+        wargs.append(w)
+    device = str(c.get("device", "emulated"))
+    kw = {"workers": workers, "gpus": int(c["gpus_per_worker"]), "profiles": str(c["profiles"]),
+          "models": models_arg(sc.models), "pages": c.get("weights_cache_pages"),
+          "controller_args": ctl, "worker_args": wargs, "device": device,
+          "packages": str(c["packages"]) if c.get("packages") else None}
+    ignored = ["cluster.jitter_ms"] if float(c.get("jitter_ms", 0.0)) else []
+    return kw, ignored
 
 
 def ensure_packages(models: str | None, profiles: str, device: str, packages: str) -> None:
@@ -185,6 +216,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     workers, gpus, profiles, models, pages = 1, 1, "v100-reference", None, None
     device = getattr(args, "device", None)
     packages = getattr(args, "packages", None)
+    worker_args: list[list[str]] = []
     sc = None
     extra: list[str] = []
     if args.scenario:
@@ -193,19 +225,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except ScenarioError as e:
             print(f"clockwork serve: {e}", file=sys.stderr)
             return 2
-        c = sc.cluster
-        workers, gpus, profiles = int(c["workers"]), int(c["gpus_per_worker"]), str(c["profiles"])
-        pages = c.get("weights_cache_pages")
-        device = device or c.get("device")
-        packages = packages or c.get("packages")
-        models = models_arg(sc.models)
-        s = sc.scheduler
-        for key, flag in (("schedule_ahead_ms", "--schedule-ahead-ms"),
-                          ("default_slo_ms", "--default-slo-ms"), ("max_batch", "--max-batch")):
-            if key in s:
-                extra += [flag, str(s[key])]
-        if s.get("policy", "clockwork") != "clockwork":
-            extra += ["--policy", str(s["policy"])]
+        kw, _ = cluster_from_scenario(sc)
+        workers, gpus, profiles = kw["workers"], kw["gpus"], kw["profiles"]
+        pages, models = kw["pages"], kw["models"]
+        device = device or (kw["device"] if kw["device"] != "emulated" else None)
+        packages = packages or kw["packages"]
+        extra += kw["controller_args"]
+        worker_args = kw["worker_args"]
     elif getattr(args, "replay", False):
         print("clockwork serve: --replay needs a scenario file", file=sys.stderr)
         return 2
@@ -233,6 +259,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                            args.worker_port, echo=not replaying, controller_args=extra,
                            http_port=-1 if replaying else args.http_port, device=device,
                            kserve_port=-1 if replaying else args.kserve_port,
+                           worker_args=worker_args,
                            packages=packages)
     stop = threading.Event()
 

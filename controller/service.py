@@ -36,7 +36,7 @@ from clockwork.protocol.pacing import Pacer
 from clockwork.protocol.wire import action_to_msg, batch_inputs, msg_to_result
 from clockwork.requests import Reply, Request
 from clockwork.time import ms
-from controller import make_policy
+from controller import make_policy, split_settings
 from controller.config import SchedulerConfig
 from controller.metrics import ControllerMetrics
 from controller.policy import GpuSpec, Policy
@@ -107,7 +107,7 @@ class ControllerNode:
                  models: str | None = None, policy: str = "clockwork",
                  cfg: SchedulerConfig | None = None, connect_timeout: float = 30.0,
                  log_dir: str | None = None, action_interval_us: float = 0.0,
-                 reply_interval_us: float = 0.0) -> None:
+                 reply_interval_us: float = 0.0, settings: dict | None = None) -> None:
         self.pset = load_profile_set(profiles)
         # stream pacing (clockwork.protocol.pacing): per worker action stream, per client stream
         self.action_interval_us = action_interval_us
@@ -116,6 +116,7 @@ class ControllerNode:
         self.profiles = {i: self.pset.profiles[m].renamed(i) for i, m in self.instances.items()}
         self.policy_name = policy
         self.cfg = cfg or SchedulerConfig()
+        self.settings = settings or {}  # the policy's own settings (baselines)
         self.connect_timeout = connect_timeout
         self.links = [WorkerLink(i, a) for i, a in enumerate(workers)]
         self.policy: Policy | None = None
@@ -153,7 +154,8 @@ class ControllerNode:
             for g in link.state.gpus:
                 self.gpu_index[(link.index, g.gpu)] = len(specs)
                 specs.append(GpuSpec(link.index, g.gpu, g.pages))
-        self.policy = make_policy(self.policy_name, list(self.profiles.values()), specs, self.cfg)
+        self.policy = make_policy(self.policy_name, list(self.profiles.values()), specs, self.cfg,
+                                  self.settings)
         for link in self.links:
             self._start_link_tasks(link)
 
@@ -666,18 +668,41 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
         node.write_logs()
 
 
+def parse_settings(items: list[str]) -> dict:
+    """``["max_exec_ms=25", "batch_first=false"]`` -> {"max_exec_ms": 25, ...} (values as
+    TOML would read them: booleans, integers, floats, else strings)."""
+    import tomllib
+
+    out = {}
+    for item in items:
+        key, eq, text = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"--set wants KEY=VALUE, got {item!r}")
+        try:
+            value = tomllib.loads(f"v = {text.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text.strip()
+        out[key.strip()] = value
+    return out
+
+
 def _cmd_controller(args: argparse.Namespace) -> int:
     workers = [w.strip() for w in args.workers.split(",") if w.strip()]
     if not workers:
         print("clockwork controller: --workers needs at least one host:port", file=sys.stderr)
         return 2
     try:
-        cfg = SchedulerConfig.from_ms(**{k: v for k, v in (
+        table = {k: v for k, v in (
             ("schedule_ahead_ms", args.schedule_ahead_ms), ("default_slo_ms", args.default_slo_ms),
-            ("max_batch", args.max_batch)) if v is not None})
+            ("max_batch", args.max_batch)) if v is not None}
+        table.update(parse_settings(args.set))
+        common, own = split_settings(args.policy, table)
+        if own and args.policy == "clockwork":
+            raise ValueError(f"unknown scheduler setting(s) {', '.join(sorted(own))}")
+        cfg = SchedulerConfig.from_ms(**common)
         node = ControllerNode(workers, args.profiles, args.models, args.policy, cfg,
                               args.connect_timeout, args.log_dir, args.action_interval_us,
-                              args.reply_interval_us)
+                              args.reply_interval_us, own)
     except (ProfileError, ValueError) as e:
         print(f"clockwork controller: {e}", file=sys.stderr)
         return 2
@@ -724,6 +749,9 @@ def add_controller_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--schedule-ahead-ms", type=float, default=None)
     p.add_argument("--default-slo-ms", type=float, default=None)
     p.add_argument("--max-batch", type=int, default=None)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any [scheduler] setting of a scenario file, e.g. max_exec_ms=25, "
+                   "buffer_ms=5, batch_first=false, or a baseline's own (batch_timeout_us=...)")
     p.add_argument("--connect-timeout", type=float, default=30.0,
                    help="seconds to wait for every worker at start (default 30)")
     p.add_argument("--log-dir", default=None, metavar="DIR",

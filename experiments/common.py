@@ -40,7 +40,7 @@ if str(ROOT) not in sys.path:
 
 from clockwork.replay import ReplayResult, replay  # noqa: E402
 from clockwork.scenario import Scenario, load_scenario  # noqa: E402
-from clockwork.serve import LocalCluster, ensure_packages, models_arg  # noqa: E402
+from clockwork.serve import LocalCluster, cluster_from_scenario, ensure_packages  # noqa: E402
 from clockwork.sim import SimResult, Simulation  # noqa: E402
 from clockwork.telemetry import ACTION_COLUMNS  # noqa: E402
 
@@ -177,11 +177,6 @@ class LiveResult(ReplayResult):
     events: int = 0
 
 
-# scheduler keys the controller takes as flags (as ``clockwork serve`` passes them)
-_CONTROLLER_FLAGS = (("schedule_ahead_ms", "--schedule-ahead-ms"),
-                     ("default_slo_ms", "--default-slo-ms"), ("max_batch", "--max-batch"))
-
-
 def check_live(workers: int, duration_s: float, what: str = "this scale") -> None:
     """Refuse (``LiveRefused``, a clear message) a live run this machine cannot hold."""
     why = []
@@ -245,36 +240,18 @@ def run_live(sc: Scenario, max_outstanding: int = 20000, echo: bool = False) -> 
     controller's logs have their own clock origin (its start); action times are moved onto
     the replay's by the difference between the first arrival each side saw (the first
     request's one-way trip, ~0.1 ms, is the error)."""
-    c = sc.cluster
-    workers, gpus = int(c["workers"]), int(c["gpus_per_worker"])
+    kw, ignored = cluster_from_scenario(sc)
+    workers, gpus = kw["workers"], kw["gpus"]
     check_live(workers, sc.duration_s, f"scenario {sc.data.get('name', sc.source)!r}")
-    s = dict(sc.scheduler)
-    policy = str(s.pop("policy", "clockwork"))
-    ctl = []
-    for key, flag in _CONTROLLER_FLAGS:
-        if key in s:
-            ctl += [flag, str(s.pop(key))]
-    if policy != "clockwork":
-        ctl += ["--policy", policy]
-    ignored = [f"scheduler.{k}" for k in sorted(s)]
-    if float(c.get("jitter_ms", 0.0)):
-        ignored.append("cluster.jitter_ms")
-    if float(c.get("slow_prob", 0.0)):
-        ignored.append("cluster.slow_prob")
     if ignored:
         print(f"--live: not applied by the live cluster: {', '.join(ignored)}", file=sys.stderr)
-    wargs = [["--seed", str(sc.seed * 1000 + i)]
-             + (["--noise", str(float(c["noise"]))] if float(c.get("noise", 0.0)) else [])
-             for i in range(workers)]
-    device = str(c.get("device", "emulated"))
-    packages = str(c.get("packages", f"packages/{device}"))
+    device = kw["device"]
+    kw["packages"] = kw["packages"] or f"packages/{device}"
     if device != "emulated":  # real execution: compile missing zoo packages first
-        ensure_packages(models_arg(sc.models), str(c["profiles"]), device, packages)
+        ensure_packages(kw["models"], kw["profiles"], device, kw["packages"])
     with tempfile.TemporaryDirectory(prefix="cw-live-") as logs:
-        cluster = LocalCluster(workers, gpus, str(c["profiles"]), models_arg(sc.models),
-                               c.get("weights_cache_pages"), echo=echo,
-                               controller_args=ctl + ["--log-dir", logs], worker_args=wargs,
-                               http_port=-1, timeout=60.0, device=device, packages=packages)
+        kw["controller_args"] = kw["controller_args"] + ["--log-dir", logs]
+        cluster = LocalCluster(**kw, echo=echo, http_port=-1, timeout=60.0)
         with cluster:
             procs = [cluster.controller.proc] + [w.proc for w in cluster.workers]
             cpu0 = [_cpu_s(p.pid) for p in procs]

@@ -63,3 +63,31 @@ def test_cuda_without_a_gpu_fails_at_start_naming_the_alternatives(capsys):
         err = capsys.readouterr().err
         assert "cuda device unavailable" in err
         assert "--device cpu" in err and "--device emulated" in err
+
+
+def test_cluster_from_scenario_passes_every_scheduler_key():
+    from clockwork.scenario import load_scenario
+    from clockwork.serve import cluster_from_scenario
+
+    sc = load_scenario(data={
+        "cluster": {"workers": 2, "gpus_per_worker": 1, "profiles": "v100-reference",
+                    "noise": 0.05, "slow_prob": 0.01, "jitter_ms": 0.2},
+        "scheduler": {"policy": "tfserving", "max_exec_ms": 25, "batch_timeout_us": 500,
+                      "batch_first": False},
+        "models": [{"name": "resnet50_v2", "copies": 3}],
+        "workloads": [{"kind": "poisson", "models": "*", "rate_rps": 10}]})
+    kw, ignored = cluster_from_scenario(sc)
+    ctl = kw["controller_args"]
+    assert ctl[:2] == ["--policy", "tfserving"]
+    assert {"max_exec_ms=25", "batch_timeout_us=500", "batch_first=false"} == set(ctl[3::2])
+    assert kw["models"] == "resnet50_v2:3" and len(kw["worker_args"]) == 2
+    assert "--noise" in kw["worker_args"][0] and "--slow-prob" in kw["worker_args"][1]
+    assert ignored == ["cluster.jitter_ms"]
+
+
+def test_controller_set_parses_settings_and_rejects_unknown_ones():
+    from controller.service import parse_settings
+
+    assert parse_settings(["max_exec_ms=25", "batch_first=false", "x=1.5", "name=abc"]) == {
+        "max_exec_ms": 25, "batch_first": False, "x": 1.5, "name": "abc"}
+    assert main(["controller", "--workers", "127.0.0.1:1", "--set", "no_such=1"]) == 2

@@ -55,7 +55,8 @@ class WorkerNode:
 
     def __init__(self, gpus: int, pages: int | None, profiles: str | None = None,
                  device: str = "emulated", noise: float = 0.0, seed: int = 0,
-                 packages: str | None = None, result_interval_us: float = 0.0) -> None:
+                 packages: str | None = None, result_interval_us: float = 0.0,
+                 slow_prob: float = 0.0, slow_factor: float = 3.0) -> None:
         if device not in DEVICES:
             raise ValueError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
         self.pset = load_profile_set(profiles or DEFAULT_PROFILES[device])
@@ -64,6 +65,7 @@ class WorkerNode:
         self.device = device
         self.noise = noise
         self.seed = seed
+        self.slow = (slow_prob, slow_factor)
         self.packages = Path(packages) if packages else Path("packages") / device
         self.registered: dict[str, Path] = {}  # LoadModelFromDisk: name -> package path
         self.worker_id = 0
@@ -96,7 +98,8 @@ class WorkerNode:
                     dev.evict(name)
         self.executors = [
             GpuExecutor(self.worker_id, g, self.pages, instances,
-                        self.real[g] if self.real else EmulatedDevice(self.noise, self.seed * 1000 + g))
+                        self.real[g] if self.real else EmulatedDevice(self.noise, self.seed * 1000 + g,
+                                                                      *self.slow))
             for g in range(self.n_gpus)
         ]
         self._inputs = {}
@@ -488,7 +491,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         node = WorkerNode(args.gpus, args.pages, args.profiles, args.device, args.noise, args.seed,
-                          args.packages, args.result_interval_us)
+                          args.packages, args.result_interval_us, args.slow_prob,
+                          args.slow_factor)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -528,6 +532,9 @@ def add_worker_parser(sub: argparse._SubParsersAction) -> None:
                    help="profile set (folder under profiles/; default v100-reference, or the "
                    "device's own: cpu, cuda)")
     p.add_argument("--noise", type=float, default=0.0, help="emulated duration noise (std dev fraction)")
+    p.add_argument("--slow-prob", type=float, default=0.0,
+                   help="emulated stragglers: this fraction of actions take --slow-factor x")
+    p.add_argument("--slow-factor", type=float, default=3.0)
     p.add_argument("--result-interval-us", type=float, default=RESULT_INTERVAL_US,
                    help="pacing: at most one result message to the controller per interval; "
                    "under load results share messages (default "
