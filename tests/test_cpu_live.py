@@ -230,3 +230,22 @@ def test_output_check_flags_a_wrong_answer(packages):
 def _reference_direct(packages, model, x):
     meta = read_package(packages / model)
     return get_model(model).reference(x[None], reference_weights(meta, packages / model))[0]
+
+
+def test_serve_device_cpu_replay_from_the_command_line(tmp_path):
+    """The user's path: ``clockwork serve scenarios/cpu_live.toml --replay`` compiles the
+    missing packages, starts a cpu worker and a controller, replays, checks every output."""
+    import orjson
+
+    from clockwork.cli import main
+
+    out = tmp_path / "run"
+    rc = main(["serve", "scenarios/cpu_live.toml", "--replay", "--quiet", "--port", "0",
+               "--packages", str(tmp_path / "packages"), "--out", str(out),
+               "--set", "duration_s=2", "--set", "workloads.0.rate_rps=60"])
+    assert rc == 0
+    s = orjson.loads((out / "summary.json").read_bytes())
+    assert s["submitted"] > 60 and s["succeeded"] == s["submitted"]
+    assert s["outputs"]["checked"] == s["succeeded"] and s["outputs"]["wrong"] == 0
+    assert sorted(p.name for p in (tmp_path / "packages").iterdir()) == [
+        "mlp", "mobilenet_tiny", "resnet_tiny", "transformer_tiny"]
