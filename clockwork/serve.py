@@ -275,7 +275,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return 1
         if getattr(args, "replay", False):
             return _replay_against(cluster, sc, args)
-        print(f"clockwork serve: controller at {cluster.address} ({workers} worker(s) x {gpus} "
+        print(f"clockwork serve: controller at {cluster.address} ({workers} {device} worker(s) x {gpus} "
               f"GPU(s): {', '.join(cluster.worker_addresses)}); Ctrl-C stops", flush=True)
         print(f"controller listening on {cluster.address}", flush=True)
         while not stop.is_set():
