@@ -13,7 +13,7 @@ class SchedulerConfig:
     default_slo: int = ms(100)
     max_batch: int = 16
     max_exec: int = ms(25)  # batch sizes > 1 whose estimate exceeds this are not used
-    buffer: int = ms(5)  # network/output allowance taken off the SLO (at most SLO/5)
+    buffer: int = ms(5)  # network/output allowance taken off the SLO (at most SLO/10)
     latest_delta: int = ms(10)  # an action may start this late before the worker rejects it
     future: int = ms(1)  # an idle GPU is predicted to start this long after "now"
     lag: int = ms(10)  # outstanding work this overdue is assumed done

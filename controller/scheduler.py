@@ -85,7 +85,7 @@ class ClockworkScheduler(Policy):
         key = (slo, b1, est.load)
         cached = m.slo_cache
         if cached is None or cached[0] != key:
-            buffer = cfg.buffer if cfg.buffer * 5 <= slo else slo // 5
+            buffer = cfg.buffer if cfg.buffer * 10 <= slo else slo // 10
             # demand for LOADs: the fraction of a GPU a request needs within its load window
             load_slo = slo - (est.load + b1 + buffer + cfg.schedule_ahead)
             load_slo = max(min(cfg.max_load_slo, load_slo), cfg.schedule_ahead + buffer)

@@ -209,7 +209,7 @@ def test_rejected_infer_too_late_to_retry_answers_error():
     s = sched()
     t = warm(s)
     (a,) = s.on_request(req(1, t=t, slo=20 * MS), t)
-    s.on_result(fail(a, t + 14 * MS, ErrorCode.EXEC_TOO_LATE), t + 14 * MS)
+    s.on_result(fail(a, t + 16 * MS, ErrorCode.EXEC_TOO_LATE), t + 16 * MS)
     (rep,) = s.drain_replies()
     assert rep.status == RequestStatus.ERROR and "EXEC_TOO_LATE" in rep.message
 
