@@ -57,7 +57,7 @@ def profile_package(package: str | Path, runs: int = 200, load_runs: int = 50,
         source[f"exec_ns.{b}"] = _describe(s, where)
     ls = _stats(loads)
     source["load_ns"] = _describe(ls, where) + " (alloc + page copy + zero-copy bind)"
-    source["weights_bytes"] = f"package {Path(package).resolve().name}: sum of parameter sizes"
+    source["weights_bytes"] = f"package of {meta['model']}: sum of parameter sizes"
     pages = meta["weights_pages"] if meta["page_size"] == PAGE_SIZE else pages_for(
         meta["weights_bytes"])
     return ModelProfile(
