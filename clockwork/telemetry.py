@@ -72,13 +72,29 @@ class Telemetry:
                     for i, m, a, d, lat, s, met, c, b, g in self.requests))
         _write_tsv(out / "actions.tsv", ACTION_COLUMNS, self.actions)
 
+    def flush(self, out: Path) -> None:
+        """Append the rows collected since the last flush to ``out``'s logs and forget
+        them (a long-running controller's memory stays flat). The first flush starts the
+        files with their headers; ``write`` is the all-at-once form."""
+        first = not getattr(self, "_flushed", False)
+        if first:
+            out.mkdir(parents=True, exist_ok=True)
+        self._flushed = True
+        _write_tsv(out / "requests.tsv", REQUEST_COLUMNS,
+                   ((i, m, a, d, lat, _STATUS.get(s, s), int(met), int(c), b, g)
+                    for i, m, a, d, lat, s, met, c, b, g in self.requests), append=not first)
+        _write_tsv(out / "actions.tsv", ACTION_COLUMNS, self.actions, append=not first)
+        self.requests = []
+        self.actions = []
+
     def summary(self, duration_s: float, extra: dict | None = None) -> dict:
         return summarize(self.requests, self.actions, duration_s, extra)
 
 
-def _write_tsv(path: Path, columns: tuple, rows) -> None:
-    with path.open("w") as f:
-        f.write("\t".join(columns) + "\n")
+def _write_tsv(path: Path, columns: tuple, rows, append: bool = False) -> None:
+    with path.open("a" if append else "w") as f:
+        if not append:
+            f.write("\t".join(columns) + "\n")
         for row in rows:
             f.write("\t".join(map(str, row)) + "\n")
 

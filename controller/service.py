@@ -47,6 +47,7 @@ _SENT_KEY = {t: f"{t.name.lower()}_sent" for t in ActionType}
 _RESULT_KEY = {t: (f"{t.name.lower()}_rejected", f"{t.name.lower()}_ok") for t in ActionType}
 _STATUS_NAME = {s: s.name.lower() for s in RequestStatus}
 _STATUS_KEY = {s: f"requests_{s.name.lower()}" for s in RequestStatus}
+LOG_FLUSH_S = 5.0
 ACTION_INTERVAL_US = 2000.0  # below the scheduler's 1 ms "future": actions still arrive in time
 REPLY_INTERVAL_US = 2000.0
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
@@ -136,9 +137,17 @@ class ControllerNode:
             self.telemetry = Telemetry(now_ns())
 
     def write_logs(self) -> None:
+        """Append the request/action rows since the last call to ``log_dir``'s logs."""
         if self.telemetry is not None:
             from pathlib import Path
-            self.telemetry.write(Path(self.log_dir))
+            self.telemetry.flush(Path(self.log_dir))
+
+    async def _flush_logs(self) -> None:
+        """With --log-dir: write the logs out every LOG_FLUSH_S (memory stays flat; a
+        crash loses at most that much)."""
+        while True:
+            await asyncio.sleep(LOG_FLUSH_S)
+            self.write_logs()
 
     def count(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
@@ -658,9 +667,12 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
             print(f"controller: no HTTP endpoint: cannot bind {host}:{http_port}: {e}",
                   file=sys.stderr, flush=True)
     stop = stop or asyncio.Event()
+    flusher = asyncio.create_task(node._flush_logs()) if node.telemetry is not None else None
     try:
         await stop.wait()
     finally:
+        if flusher is not None:
+            flusher.cancel()
         if http is not None:
             http.close()
         await node.stop()

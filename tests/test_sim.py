@@ -147,3 +147,21 @@ def test_override_parsing():
     assert sc.workloads[0]["slo_ms"] == 25.5
     with pytest.raises(ScenarioError, match="key=value"):
         load_scenario("scenarios/fig5_1gpu.toml", ["cluster.workers"])
+
+
+def test_telemetry_flush_appends_and_forgets(tmp_path):
+    from clockwork.actions import RequestStatus
+    from clockwork.requests import Reply, Request
+    from clockwork.telemetry import Telemetry
+
+    tel = Telemetry(0)
+    for i in range(3):
+        tel.reply(Reply(Request(i, "m", 10 * i, 100), RequestStatus.SUCCESS, 10 * i + 5))
+        if i == 1:
+            tel.flush(tmp_path)
+            assert tel.requests == []
+    tel.flush(tmp_path)
+    lines = (tmp_path / "requests.tsv").read_text().splitlines()
+    assert lines[0].startswith("request_id") and len(lines) == 4  # one header, 3 rows
+    assert [line.split("\t")[0] for line in lines[1:]] == ["0", "1", "2"]
+    assert (tmp_path / "actions.tsv").read_text().count("\n") == 1  # header only
