@@ -42,3 +42,9 @@ class Policy(ABC):
     @abstractmethod
     def drain_replies(self) -> list[Reply]:
         """Answers produced since the last call, each request exactly once."""
+
+    def set_gpu_available(self, gpu_index: int, available: bool, now: int) -> list[Action]:
+        """The shell lost a GPU's worker (False) or got it back with an empty weights
+        cache (True). A policy that does not override this learns of a lost GPU only
+        from the failed results of the actions sent to it."""
+        return []

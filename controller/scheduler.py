@@ -31,6 +31,7 @@ from controller.policy import GpuSpec, Policy
 from controller.state import GpuState, Instance, ModelState
 
 MISS_MEMORY = 1_000_000_000  # how long a request rejected for a cold model keeps asking for a LOAD
+REPLICA_DEMAND = 0.5  # queued demand per copy (in GPUs, see ModelState.outstanding) that asks for a look at adding a copy
 
 
 class _Inflight:
@@ -127,6 +128,11 @@ class ClockworkScheduler(Policy):
         m.queue.append(request)
         m.live = live + 1
         m.outstanding += request.demand
+        if (not self._next_load_check and insts and len(insts) < len(self.gpus)
+                and m.outstanding > REPLICA_DEMAND * len(insts)):
+            # queued demand outgrows this model's copies: consider another one soon
+            # (``_arm_load_check`` keeps looking while such demand lasts)
+            self._next_load_check = now + cfg.load_check_interval
         heapq.heappush(self._expiry, (drop_at, request.id, request))
         if not live:
             self._queued.add(m.name)
@@ -458,8 +464,8 @@ class ClockworkScheduler(Policy):
         if not wanted:
             self._arm_load_check(now)
             return
-        gpus = [g for g in self.gpus
-                if (g.pcie.idle if only_idle else g.pcie.available(now) < horizon)]
+        gpus = [g for g in self.gpus if g.available
+                and (g.pcie.idle if only_idle else g.pcie.available(now) < horizon)]
         if not gpus:
             self._arm_load_check(now)
             return
@@ -601,6 +607,27 @@ class ClockworkScheduler(Policy):
                 gpu: int = -1, batch_size: int = 0, outputs: object = None) -> None:
         r.state = DONE
         self._replies.append(Reply(r, status, now, message, gpu, batch_size, outputs))
+
+    # ------------------------------------------------------------------ GPUs coming and going
+
+    def set_gpu_available(self, gpu_index: int, available: bool, now: int) -> list[Action]:
+        """Lost (False): forget every copy on the GPU (its worker will come back with an
+        empty cache) and place nothing there; queued requests of models left without a
+        copy get new ones elsewhere. Back (True): an empty GPU to place copies on."""
+        g = self.gpus[gpu_index]
+        out: list[Action] = []
+        if g.available == available:
+            return out
+        g.available = available
+        if not available:
+            for inst in list(g.instances.values()):
+                self._drop_instance(inst, now)
+            g.active.clear()
+        else:
+            g.free_pages = g.total_pages - sum(i.model.pages for i in g.instances.values())
+        if self._unserved:
+            self._schedule_loads(now, out, only_idle=False)
+        return out
 
     # ------------------------------------------------------------------ introspection
 

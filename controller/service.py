@@ -314,8 +314,17 @@ class ControllerNode:
         print(f"controller: lost worker {link.address} ({link.error or 'stream ended'}); "
               f"failing {len(lost)} action(s), reconnecting", file=sys.stderr, flush=True)
         link.error = ""
+        self._set_available(link, False)  # the policy places nothing there meanwhile
         self._fail_actions(lost, "worker lost")
         asyncio.ensure_future(self._reconnect(link))
+
+    def _set_available(self, link: WorkerLink, available: bool) -> None:
+        now = now_ns()
+        out: list[Action] = []
+        for (w, _g), idx in self.gpu_index.items():
+            if w == link.index:
+                out.extend(self.policy.set_gpu_available(idx, available, now))
+        self._after(out, now)
 
     async def _reconnect(self, link: WorkerLink) -> None:
         while not self._stopping and not link.connected:
@@ -326,6 +335,7 @@ class ControllerNode:
                 continue
             print(f"controller: worker {link.address} reconnected", file=sys.stderr, flush=True)
             self._start_link_tasks(link)
+            self._set_available(link, True)  # Hello reset its cache: empty GPUs again
 
     def _fail_actions(self, actions: list[Action], why: str) -> None:
         now = now_ns()

@@ -288,3 +288,32 @@ def test_copy_found_missing_is_replaced_by_a_new_load():
     assert s.next_wakeup() is not None and s.next_wakeup() <= t + 2 * MS
     acts = s.on_tick(t + 2 * MS)
     assert [a.type for a in acts] == [ActionType.LOAD, ActionType.INFER]
+
+
+def test_lost_gpu_gets_nothing_and_its_models_move():
+    s = sched(gpus=2)
+    t = warm(s, gpu=0)  # "a" loaded on one GPU
+    (g,) = [i for i in (0, 1) if "a" in s.gpus[i].instances]
+    other = 1 - g
+    acts = s.set_gpu_available(g, False, t)
+    assert not s.gpus[g].instances and s.pages_used(g) == 0
+    acts += s.on_request(req(1, t=t, slo=200 * MS), t)
+    acts += s.on_tick(t + 1)
+    assert acts and all(a.gpu == other for a in acts)  # LOAD (and INFER) elsewhere
+    assert ActionType.LOAD in {a.type for a in acts}
+    # back, with an empty cache: it can take copies again
+    s.set_gpu_available(g, True, t + 2 * MS)
+    assert s.gpus[g].available and s.gpus[g].free_pages == s.gpus[g].total_pages
+
+
+def test_a_burst_on_one_copy_asks_for_another():
+    s = sched(gpus=2)
+    t = warm(s)
+    acts = []
+    for i in range(300):  # far more than one GPU serves within the SLO
+        acts += s.on_request(req(1000 + i, t=t, slo=200 * MS), t)
+    nw = s.next_wakeup()
+    assert nw is not None and nw <= t + s.cfg.load_check_interval
+    acts += s.on_tick(nw)
+    loads = [a for a in acts if a.type == ActionType.LOAD]
+    assert len(loads) == 1 and len(s.models["a"].instances) == 2  # a copy on the other GPU
