@@ -6,8 +6,10 @@ experiments/bench_live.py). A busy stream therefore sends whatever is pending no
 than ``interval`` after its previous message: one message per interval, carrying
 everything that accumulated. A quiet stream sends at once, so pacing adds no latency at
 low rates. "Busy" = more than ``busy_rate`` items (requests, actions, results) per second
-over the last ``WINDOW`` (with a little hysteresis). The added delay is at most one
-interval (asyncio sleeps have ~1 ms resolution).
+over the last ``WINDOW`` *and* this process using more than ``CPU_BUSY`` of a core over
+that window (with a little hysteresis): pacing trades latency for CPU, so it is only
+worth it when CPU is short. The added delay is at most one interval (asyncio sleeps have
+~1 ms resolution).
 """
 
 from __future__ import annotations
@@ -16,10 +18,15 @@ import asyncio
 import time
 
 WINDOW = 100_000_000  # ns over which the stream's item rate is measured
+CPU_BUSY = 0.5  # share of one core this process must be using for pacing to start
+
+
+def _cpu_share(since_wall: int, since_cpu: int, now_wall: int, now_cpu: int) -> float:
+    return (now_cpu - since_cpu) / max(1, now_wall - since_wall)
 
 
 class Pacer:
-    __slots__ = ("interval", "busy_rate", "last", "busy", "_count", "_since")
+    __slots__ = ("interval", "busy_rate", "last", "busy", "_count", "_since", "_cpu_since")
 
     def __init__(self, interval_us: float, busy_rate: float = 1500.0) -> None:
         if interval_us < 0 or busy_rate < 0:
@@ -31,6 +38,7 @@ class Pacer:
         self.busy = busy_rate == 0  # 0: always pace
         self._count = 0
         self._since = time.monotonic_ns()
+        self._cpu_since = time.process_time_ns()
 
     def note(self, items: int) -> None:
         """``items`` more are about to be sent (updates the busy/quiet state)."""
@@ -39,9 +47,12 @@ class Pacer:
         elapsed = now - self._since
         if elapsed >= WINDOW and self.busy_rate:
             rate = self._count * 1e9 / elapsed
-            # hysteresis: quiet again only well below the threshold
-            self.busy = rate > (0.7 if self.busy else 1.0) * self.busy_rate
-            self._count, self._since = 0, now
+            cpu = time.process_time_ns()
+            share = _cpu_share(self._since, self._cpu_since, now, cpu)
+            # hysteresis: quiet again only well below the thresholds
+            k = 0.7 if self.busy else 1.0
+            self.busy = rate > k * self.busy_rate and share > k * CPU_BUSY
+            self._count, self._since, self._cpu_since = 0, now, cpu
 
     async def wait(self) -> None:
         """Before sending: on a busy stream, sleep out the rest of the interval."""
