@@ -32,6 +32,7 @@ class Telemetry:
         self.requests: list[tuple] = []
         self.actions: list[tuple] = []
         self._sent: dict[int, Action] = {}
+        self._flushed = False  # flush() has started the log files
 
     # requests ------------------------------------------------------------------------
 
@@ -76,7 +77,7 @@ class Telemetry:
         """Append the rows collected since the last flush to ``out``'s logs and forget
         them (a long-running controller's memory stays flat). The first flush starts the
         files with their headers; ``write`` is the all-at-once form."""
-        first = not getattr(self, "_flushed", False)
+        first = not self._flushed
         if first:
             out.mkdir(parents=True, exist_ok=True)
         self._flushed = True
