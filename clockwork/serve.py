@@ -134,6 +134,21 @@ class LocalCluster:
             raise
         return self
 
+    def printed_address(self, what: str, timeout: float = 10.0) -> str:
+        """``HOST:PORT`` from the controller's ``{what} listening on`` line (``what``:
+        "http" for KServe REST and /metrics, "kserve grpc"), waiting up to ``timeout``."""
+        pattern = re.compile(rf"{what} listening on (\S+:\d+)")
+        deadline = time.monotonic() + timeout
+        while True:
+            for line in list(self.controller.output):
+                m = pattern.search(line)
+                if m:
+                    return m.group(1)
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"the controller printed no {what} address:\n"
+                                   + "".join(self.controller.output[-20:]))
+            time.sleep(0.05)
+
     def stop(self) -> None:
         if self.controller is not None:
             self.controller.stop(timeout=60.0)  # with --log-dir it writes its logs first

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -39,7 +38,6 @@ from clockwork.serve import LocalCluster
 from controller.metrics import parse_text
 
 TICK = os.sysconf("SC_CLK_TCK")
-HTTP = re.compile(r"http listening on (\S+):(\d+)")
 
 
 def cpu_s(pid: int | None = None) -> float:
@@ -53,14 +51,10 @@ def cpu_s(pid: int | None = None) -> float:
 
 
 def http_address(cluster: LocalCluster, timeout: float = 10.0) -> str | None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in list(cluster.controller.output):
-            m = HTTP.search(line)
-            if m:
-                return f"http://{m.group(1)}:{m.group(2)}"
-        time.sleep(0.05)
-    return None
+    try:
+        return "http://" + cluster.printed_address("http", timeout)
+    except TimeoutError:
+        return None
 
 
 def busy_seconds(base: str | None) -> float:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import re
-import time
-
 import numpy as np
 import pytest
 
@@ -111,14 +108,7 @@ def test_errors(client):
 
 
 def _http_address(cluster, timeout: float = 10.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in list(cluster.controller.output):
-            m = re.search(r"http listening on (\S+:\d+)", line)
-            if m:
-                return m.group(1)
-        time.sleep(0.05)
-    raise TimeoutError("controller printed no http address:\n" + "".join(cluster.controller.output))
+    return cluster.printed_address("http", timeout)
 
 
 def test_http(cluster):
@@ -151,15 +141,8 @@ def test_http(cluster):
 
 
 def test_kserve_grpc_on_its_own_port(cluster):
-    deadline = time.monotonic() + 10
-    addr = None
-    while addr is None and time.monotonic() < deadline:
-        for line in list(cluster.controller.output):
-            m = re.search(r"kserve grpc listening on (\S+:\d+)", line)
-            if m:
-                addr = m.group(1)
-        time.sleep(0.05)
-    assert addr is not None and addr != cluster.address
+    addr = cluster.printed_address("kserve grpc")
+    assert addr != cluster.address
     c = tgrpc.InferenceServerClient(addr)
     try:
         assert c.is_server_ready(client_timeout=TIMEOUT)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import urllib.error
 import urllib.request
 
@@ -12,25 +11,8 @@ grpc = pytest.importorskip("grpc")
 
 import clockwork  # noqa: E402
 from clockwork.errors import UnknownModel  # noqa: E402
-from clockwork.serve import LocalCluster  # noqa: E402
 from controller.metrics import Counter, Histogram, parse_text  # noqa: E402
 from tests.conftest import local_cluster  # noqa: E402
-
-HTTP = re.compile(r"http listening on (\S+):(\d+)")
-
-
-def _http_address(cluster: LocalCluster, timeout: float = 10.0) -> str:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in list(cluster.controller.output):
-            m = HTTP.search(line)
-            if m:
-                return f"{m.group(1)}:{m.group(2)}"
-        time.sleep(0.05)
-    raise TimeoutError("the controller did not print its HTTP address:\n"
-                       + "".join(cluster.controller.output[-20:]))
 
 
 def _get(url: str) -> tuple[int, str, str]:
@@ -66,7 +48,7 @@ def test_metrics_health_and_logs(tmp_path):
     logs = tmp_path / "logs"
     with local_cluster(workers=2, gpus=1, models="resnet50_v2:2,mobilenet_v2", http_port=0,
                        controller_args=["--log-dir", str(logs)]) as c:
-        base = "http://" + _http_address(c)
+        base = "http://" + c.printed_address("http")
         code, _, body = _get(base + "/healthz")
         assert code == 200
         code, _, body = _get(base + "/readyz")
