@@ -5,7 +5,7 @@ import warnings
 
 from clockwork.protocol import clockwork_pb2 as clockwork_dot_protocol_dot_clockwork__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.72.2'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in clockwork/protocol/clockwork_pb2_grpc.py depends on'
+        + f' but the generated code in clockwork/protocol/clockwork_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class ClockworkStub:
+class ClockworkStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -61,7 +61,7 @@ class ClockworkStub:
                 _registered_method=True)
 
 
-class ClockworkServicer:
+class ClockworkServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def Infer(self, request, context):
@@ -132,7 +132,7 @@ def add_ClockworkServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Clockwork:
+class Clockwork(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
@@ -271,7 +271,7 @@ class Clockwork:
             _registered_method=True)
 
 
-class WorkerStub:
+class WorkerStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -297,7 +297,7 @@ class WorkerStub:
                 _registered_method=True)
 
 
-class WorkerServicer:
+class WorkerServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def Connect(self, request_iterator, context):
@@ -346,7 +346,7 @@ def add_WorkerServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Worker:
+class Worker(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod

@@ -5,7 +5,7 @@ import warnings
 
 from clockwork.protocol import kserve_pb2 as clockwork_dot_protocol_dot_kserve__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.72.2'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in clockwork/protocol/kserve_pb2_grpc.py depends on'
+        + f' but the generated code in clockwork/protocol/kserve_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class GRPCInferenceServiceStub:
+class GRPCInferenceServiceStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -66,7 +66,7 @@ class GRPCInferenceServiceStub:
                 _registered_method=True)
 
 
-class GRPCInferenceServiceServicer:
+class GRPCInferenceServiceServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def ServerLive(self, request, context):
@@ -146,7 +146,7 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class GRPCInferenceService:
+class GRPCInferenceService(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
