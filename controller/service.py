@@ -32,6 +32,7 @@ from clockwork.actions import Action, ActionType, ErrorCode, RequestStatus, Resu
 from clockwork.profiles import ModelProfile, ProfileError, load_profile_set
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
+from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
 from clockwork.protocol.pacing import Pacer
 from clockwork.protocol.wire import action_to_msg, batch_inputs, msg_to_result
 from clockwork.requests import Reply, Request
@@ -48,10 +49,9 @@ _RESULT_KEY = {t: (f"{t.name.lower()}_rejected", f"{t.name.lower()}_ok") for t i
 _STATUS_NAME = {s: s.name.lower() for s in RequestStatus}
 _STATUS_KEY = {s: f"requests_{s.name.lower()}" for s in RequestStatus}
 LOG_FLUSH_S = 5.0
-ACTION_INTERVAL_US = 2000.0  # below the scheduler's 1 ms "future": actions still arrive in time
-REPLY_INTERVAL_US = 2000.0
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
                    ("grpc.max_send_message_length", 64 << 20)]
+SERVER_OPTIONS = [*CHANNEL_OPTIONS, *LISTEN_OPTIONS]
 
 
 def parse_models(spec: str | None, profiles: dict[str, ModelProfile]) -> dict[str, str]:
@@ -644,23 +644,13 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
                            kserve_port: int | None = None) -> None:
     """Serve until ``stop``: clockwork.v1 and KServe v2 gRPC on ``port``, KServe v2 gRPC
     also on ``kserve_port`` (Triton's 8001 by default), REST on ``http_port``."""
-    await node.start()
-    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
     pbg.add_ClockworkServicer_to_server(ClockworkServicer(node), server)
     from controller.kserve import add_kserve_grpc  # lazy: its inference.* protos clash
     add_kserve_grpc(node, server)  # with tritonclient's in one process; KServe v2, same port
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if not bound:
-        raise OSError(f"cannot bind {host}:{port}")
-    kbound = 0
-    if kserve_port is not None:
-        try:
-            kbound = server.add_insecure_port(f"{host}:{kserve_port}")
-        except RuntimeError:
-            kbound = 0
-        if not kbound:
-            print(f"controller: no separate KServe gRPC port: cannot bind {host}:{kserve_port} "
-                  f"(KServe v2 gRPC is still served on {port})", file=sys.stderr, flush=True)
+    bound = bind_grpc(server, host, port, "--port")
+    kbound = bind_grpc(server, host, kserve_port, "--kserve-port") if kserve_port is not None else 0
+    await node.start()
     await server.start()
     if ready is not None:
         ready(bound)
@@ -671,11 +661,13 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
         from controller.kserve import start_http
         try:
             http = await start_http(node, host, http_port)
-            hp = http.sockets[0].getsockname()[1]
-            print(f"clockwork controller http listening on {host}:{hp}", flush=True)
         except OSError as e:
-            print(f"controller: no HTTP endpoint: cannot bind {host}:{http_port}: {e}",
-                  file=sys.stderr, flush=True)
+            await node.stop()
+            await server.stop(0)
+            raise ListenError(f"cannot listen on {host}:{http_port} (--http-port): "
+                              f"{e.strerror or e}") from None
+        hp = http.sockets[0].getsockname()[1]
+        print(f"clockwork controller http listening on {host}:{hp}", flush=True)
     stop = stop or asyncio.Event()
     flusher = asyncio.create_task(node._flush_logs()) if node.telemetry is not None else None
     try:
@@ -708,11 +700,8 @@ def parse_settings(items: list[str]) -> dict:
     return out
 
 
-def _cmd_controller(args: argparse.Namespace) -> int:
-    workers = [w.strip() for w in args.workers.split(",") if w.strip()]
-    if not workers:
-        print("clockwork controller: --workers needs at least one host:port", file=sys.stderr)
-        return 2
+def cmd_controller(args: argparse.Namespace) -> int:
+    workers = list(args.workers)  # host:port list, checked by the argument parser
     try:
         table = {k: v for k, v in (
             ("schedule_ahead_ms", args.schedule_ahead_ms), ("default_slo_ms", args.default_slo_ms),
@@ -746,43 +735,10 @@ def _cmd_controller(args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(main())
+    except ListenError as e:
+        print(f"clockwork controller: {e}", file=sys.stderr)
+        return 2
     except (ConnectionError, ValueError) as e:
         print(f"clockwork controller: {e}", file=sys.stderr)
         return 1
     return 0
-
-
-def add_controller_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("controller", help="run the controller (scheduler + client API)",
-                       description="Run the Clockwork controller: it connects to the workers, "
-                       "serves the clockwork.v1 client API and makes every scheduling decision.")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=12346, help="port (0 picks a free one; printed)")
-    p.add_argument("--http-port", type=int, default=8000,
-                   help="KServe v2 REST port (default 8000; 0 picks a free one; -1: none)")
-    p.add_argument("--kserve-port", type=int, default=8001,
-                   help="KServe v2 gRPC port (default 8001, as Triton; 0 picks a free one; "
-                   "-1: none). KServe v2 gRPC is also served on --port")
-    p.add_argument("--workers", required=True, help="worker addresses, host:port,...")
-    p.add_argument("--profiles", default="v100-reference", help="profile set")
-    p.add_argument("--models", default=None,
-                   help="model instances, name[:copies],... (default: every profile, one copy)")
-    p.add_argument("--policy", default="clockwork", help="scheduling policy")
-    p.add_argument("--schedule-ahead-ms", type=float, default=None)
-    p.add_argument("--default-slo-ms", type=float, default=None)
-    p.add_argument("--max-batch", type=int, default=None)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any [scheduler] setting of a scenario file, e.g. max_exec_ms=25, "
-                   "buffer_ms=5, batch_first=false, or a baseline's own (batch_timeout_us=...)")
-    p.add_argument("--connect-timeout", type=float, default=30.0,
-                   help="seconds to wait for every worker at start (default 30)")
-    p.add_argument("--log-dir", default=None, metavar="DIR",
-                   help="write requests.tsv and actions.tsv (the simulator's logs) here on "
-                   "shutdown")
-    p.add_argument("--action-interval-us", type=float, default=ACTION_INTERVAL_US,
-                   help="pacing: at most one action message per worker per interval; under "
-                   f"load actions share messages (default {ACTION_INTERVAL_US:g}; 0: off)")
-    p.add_argument("--reply-interval-us", type=float, default=REPLY_INTERVAL_US,
-                   help="pacing of InferStream reply messages, per stream (default "
-                   f"{REPLY_INTERVAL_US:g}; 0: off)")
-    p.set_defaults(func=_cmd_controller)

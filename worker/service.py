@@ -34,13 +34,13 @@ from clockwork.actions import ActionType, ErrorCode, Result
 from clockwork.profiles import ModelProfile, ProfileError, load_profile_set
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
+from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
 from clockwork.protocol.pacing import Pacer
 from clockwork.protocol.wire import msg_to_action, msg_to_array, result_to_msg, tensor_to_msg
 from worker.devices.emulated import EmulatedDevice
 from worker.executor import GpuExecutor
 
 DEVICES = ("emulated", "cpu", "cuda")
-RESULT_INTERVAL_US = 2000.0
 DEFAULT_PROFILES = {"emulated": "v100-reference", "cpu": "cpu", "cuda": "cuda"}
 
 _OFFSET = 0  # --clock-offset-ms: shifts this worker's clock (tests the controller's conversion)
@@ -455,11 +455,10 @@ class WorkerServicer(pbg.WorkerServicer):
 async def serve_worker(host: str, port: int, node: WorkerNode, ready=None,
                        stop: asyncio.Event | None = None) -> None:
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
-                                      ("grpc.max_send_message_length", 64 << 20)])
+                                      ("grpc.max_send_message_length", 64 << 20),
+                                      *LISTEN_OPTIONS])
     pbg.add_WorkerServicer_to_server(WorkerServicer(node), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if not bound:
-        raise OSError(f"cannot bind {host}:{port}")
+    bound = bind_grpc(server, host, port, "--port")
     await server.start()
     timer = asyncio.create_task(node.run_timer())
     if ready is not None:
@@ -472,7 +471,7 @@ async def serve_worker(host: str, port: int, node: WorkerNode, ready=None,
         await server.stop(0.5)
 
 
-def _cmd_worker(args: argparse.Namespace) -> int:
+def cmd_worker(args: argparse.Namespace) -> int:
     global _OFFSET
     _OFFSET = round(args.clock_offset_ms * 1e6)
     if args.device == "cuda":  # say first when there is no GPU, before profiles and packages
@@ -507,39 +506,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(main())
-    except ValueError as e:
+    except (ListenError, ValueError) as e:
         print(f"clockwork worker: {e}", file=sys.stderr)
         return 2
     return 0
-
-
-def add_worker_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("worker", help="run a worker (GPUs that execute the controller's actions)",
-                       description="Run a Clockwork worker: it executes timestamped LOAD/EVICT/"
-                       "INFER actions from the controller on its GPUs: emulated (profiled timings, "
-                       "the default), cpu (TVM-compiled model packages run on this host) or cuda.")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=12345, help="port (0 picks a free one; printed)")
-    p.add_argument("--device", default="emulated", choices=list(DEVICES),
-                   help="emulated (default), cpu (needs TVM: pip install -e '.[tvm]') or cuda")
-    p.add_argument("--packages", metavar="DIR", default=None,
-                   help="cpu/cuda: model packages as DIR/<model>/ (default packages/DEVICE; "
-                   "build them with 'clockwork compile')")
-    p.add_argument("--gpus", type=int, default=1, help="number of GPUs (default 1)")
-    p.add_argument("--pages", type=int, default=None,
-                   help="weights-cache pages per GPU (default: the profile set's)")
-    p.add_argument("--profiles", default=None,
-                   help="profile set (folder under profiles/; default v100-reference, or the "
-                   "device's own: cpu, cuda)")
-    p.add_argument("--noise", type=float, default=0.0, help="emulated duration noise (std dev fraction)")
-    p.add_argument("--slow-prob", type=float, default=0.0,
-                   help="emulated stragglers: this fraction of actions take --slow-factor x")
-    p.add_argument("--slow-factor", type=float, default=3.0)
-    p.add_argument("--result-interval-us", type=float, default=RESULT_INTERVAL_US,
-                   help="pacing: at most one result message to the controller per interval; "
-                   "under load results share messages (default "
-                   f"{RESULT_INTERVAL_US:g}; 0: one message whenever results are ready)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--clock-offset-ms", type=float, default=0.0,
-                   help="add this to the worker's clock (to test clock-offset handling)")
-    p.set_defaults(func=_cmd_worker)

@@ -12,16 +12,6 @@ from pathlib import Path
 DEVICES = {"cpu": "llvm", "cuda": '{"kind": "cuda", "arch": "sm_90"}'}
 
 
-def _batch_sizes(text: str) -> list[int]:
-    try:
-        sizes = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"batch sizes must be integers, e.g. 1,2,4: {text!r}") from None
-    if not sizes or sizes[0] < 1:
-        raise argparse.ArgumentTypeError(f"batch sizes must be positive: {text!r}")
-    return sizes
-
-
 def is_onnx(model: str) -> bool:
     """A model argument names an ONNX file (``*.onnx``, or any existing file) rather than
     a zoo model."""
@@ -62,7 +52,7 @@ def _check_device(cmd: str, device: str) -> bool:
     return check_cli_device(cmd, device)
 
 
-def _cmd_compile(args: argparse.Namespace) -> int:
+def cmd_compile(args: argparse.Namespace) -> int:
     if not _check_device("compile", args.device):
         return 2
     name = Path(args.model).stem if is_onnx(args.model) else args.model
@@ -73,26 +63,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_compile_parser(sub: argparse._SubParsersAction) -> None:
-    from clockwork.models.zoo import ZOO
-
-    p = sub.add_parser(
-        "compile", help="compile a zoo model or an ONNX file into a model package (needs TVM)",
-        description="Build a zoo model with TVM Relax (seeded random weights), or import an "
-        "ONNX model (its initializers become the weights), and write a model package: "
-        "model.so (one function per batch size), weights.bin (laid out in 16 MiB pages) and "
-        f"model.json. Zoo: {', '.join(sorted(ZOO))}.")
-    p.add_argument("model", help="zoo model name, or path/to/model.onnx")
-    p.add_argument("--device", default="cpu", choices=sorted(DEVICES))
-    p.add_argument("--batch-sizes", type=_batch_sizes, default=[1, 2, 4, 8, 16],
-                   metavar="B1,B2,...", help="default 1,2,4,8,16")
-    p.add_argument("--out", metavar="DIR", help="package directory (default packages/DEVICE/MODEL, "
-                   "MODEL the file's stem for ONNX)")
-    p.add_argument("--seed", type=int, default=0, help="weights seed for zoo models (default 0)")
-    p.set_defaults(func=_cmd_compile)
-
-
-def _cmd_profile(args: argparse.Namespace) -> int:
+def cmd_profile(args: argparse.Namespace) -> int:
     import tempfile
 
     from clockwork.models.package import PackageError
@@ -120,21 +91,3 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     print(f"wrote {out}: load {prof.load_ns / 1e6:.3f} ms, exec (p99, ms) {figures}",
           file=sys.stderr)
     return 0
-
-
-def add_profile_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "profile", help="measure LOAD and EXEC of a model and write its profile (needs TVM)",
-        description="Measure LOAD and EXEC per batch size over many runs on a real device and "
-        "write profiles/DEVICE/MODEL.json in the scheduler's format (figures are p99s; "
-        "p50/p99/max are in 'source'). Compiles the zoo model (or imports the ONNX file) first "
-        "unless --package is given.")
-    p.add_argument("model", help="zoo model name, or path/to/model.onnx")
-    p.add_argument("--device", default="cpu", choices=sorted(DEVICES))
-    p.add_argument("--package", metavar="DIR", help="profile this compiled package instead")
-    p.add_argument("--batch-sizes", type=_batch_sizes, default=[1, 2, 4, 8, 16],
-                   metavar="B1,B2,...", help="when compiling (default 1,2,4,8,16)")
-    p.add_argument("--runs", type=int, default=200, help="EXEC runs per batch size (default 200)")
-    p.add_argument("--load-runs", type=int, default=50, help="LOAD runs (default 50)")
-    p.add_argument("--out", metavar="FILE", help="default profiles/DEVICE/MODEL.json")
-    p.set_defaults(func=_cmd_profile)

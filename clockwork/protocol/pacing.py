@@ -20,6 +20,11 @@ import time
 WINDOW = 100_000_000  # ns over which the stream's item rate is measured
 CPU_BUSY = 0.5  # share of one core this process must be using for pacing to start
 
+# Default intervals (microseconds; 0 turns pacing off), the command-line defaults too.
+ACTION_INTERVAL_US = 2000.0  # controller -> worker actions: below the scheduler's 1 ms "future"
+REPLY_INTERVAL_US = 2000.0  # controller -> client InferStream replies
+RESULT_INTERVAL_US = 2000.0  # worker -> controller results
+
 
 def _cpu_share(since_wall: int, since_cpu: int, now_wall: int, now_cpu: int) -> float:
     return (now_cpu - since_cpu) / max(1, now_wall - since_wall)

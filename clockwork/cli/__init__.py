@@ -1,0 +1,106 @@
+"""The ``clockwork`` command.
+
+Argument parsing (:mod:`clockwork.cli.verbs`) needs only the standard library; each verb's
+implementation is imported when that verb runs. So ``clockwork --help`` and every
+``clockwork VERB --help`` always work, and a verb whose optional part is missing or broken
+says in one line what to install (exit 2) instead of taking the other verbs down with it.
+Every usage error is one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+EPILOG = """examples:
+  clockwork scenarios                                  # the shipped scenarios
+  clockwork simulate fig5_1gpu
+  clockwork simulate poisson_warm --set duration_s=10 --out runs/p
+  clockwork report runs/p
+  clockwork serve demo_live --replay                   # live cluster on this machine
+"""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line: ``clockwork VERB: what is wrong``."""
+
+    def error(self, message: str):  # noqa: D102 - argparse API
+        hint = f" (see {self.prog} --help)"
+        self.exit(2, f"{self.prog}: {message}{hint}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from clockwork.cli.verbs import VERBS
+
+    p = Parser(
+        prog="clockwork",
+        description="Clockwork-py: DNN model serving with predictable tail latency.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for add in VERBS:
+        add(sub)
+    return p
+
+
+def _missing(verb: str, e: ImportError) -> str:
+    from clockwork.cli.verbs import NEEDS
+
+    top = (getattr(e, "name", None) or "").split(".")[0]
+    if top in NEEDS:
+        return f"clockwork {verb}: needs {NEEDS[top]}"
+    return f"clockwork {verb}: cannot load its implementation ({type(e).__name__}: {e})"
+
+
+def _load(verb: str, impl: str):
+    """The function behind ``module:function``, or an error line."""
+    module, _, func = impl.partition(":")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        return None, _missing(verb, e)
+    except Exception as e:  # noqa: BLE001 - e.g. a protobuf runtime that refuses the modules
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return None, f"clockwork {verb}: cannot load its implementation ({type(e).__name__}: {first})"
+    return getattr(mod, func), None
+
+
+def _subparser_help(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """Print the help of the deepest (sub)command named in argv."""
+    try:
+        parser.parse_args([*argv, "--help"])
+    except SystemExit:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    impl = getattr(args, "impl", None)
+    if not args.command:
+        parser.print_help()
+        return 2
+    if not impl:  # a verb with subcommands, none given
+        _subparser_help(parser, [args.command])
+        return 2
+    func, err = _load(args.command, impl)
+    if func is None:
+        print(err, file=sys.stderr)
+        return 2
+    try:
+        return int(func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Validated argument types for the command line: each turns a string into a value or
+raises ``argparse.ArgumentTypeError`` with a message that names what is expected."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def _float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    v = _int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return v
+
+
+def nonneg_int(text: str) -> int:
+    v = _int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return v
+
+
+def any_int(text: str) -> int:
+    return _int(text)
+
+
+def port(text: str) -> int:
+    """A TCP port to listen on: 1-65535, or 0 to let the system pick one."""
+    v = _int(text)
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port 0-65535 (0: pick one), got {text!r}")
+    return v
+
+
+def optional_port(text: str) -> int:
+    """A port, 0 to pick one, or -1 to turn the listener off."""
+    v = _int(text)
+    if not -1 <= v <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"must be a port 0-65535 (0: pick one, -1: off), got {text!r}")
+    return v
+
+
+def finite_float(text: str) -> float:
+    return _float(text)
+
+
+def nonneg_float(text: str) -> float:
+    v = _float(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return v
+
+
+def positive_float(text: str) -> float:
+    v = _float(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return v
+
+
+def probability(text: str) -> float:
+    v = _float(text)
+    if not 0 <= v <= 1:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1], got {text!r}")
+    return v
+
+
+def address(text: str) -> str:
+    """``host:port`` with a port 1-65535."""
+    host, sep, p = text.strip().rpartition(":")
+    if not sep or not host:
+        raise argparse.ArgumentTypeError(f"expected host:port, got {text!r}")
+    try:
+        n = int(p)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected host:port, got {text!r}") from None
+    if not 1 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 1-65535 in {text!r}")
+    return text.strip()
+
+
+def address_list(text: str) -> list[str]:
+    """``host:port,host:port,...`` (at least one)."""
+    items = [w for w in (x.strip() for x in text.split(",")) if w]
+    if not items:
+        raise argparse.ArgumentTypeError("expected host:port[,host:port...], got nothing")
+    return [address(w) for w in items]
+
+
+def batch_sizes(text: str) -> list[int]:
+    try:
+        sizes = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"batch sizes must be integers, e.g. 1,2,4, got {text!r}") from None
+    if not sizes or sizes[0] < 1:
+        raise argparse.ArgumentTypeError(f"batch sizes must be integers >= 1, got {text!r}")
+    return sizes

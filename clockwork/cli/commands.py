@@ -1,0 +1,59 @@
+"""``clockwork simulate`` and ``clockwork report``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import orjson
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from clockwork.scenario import ScenarioError, load_scenario
+    from clockwork.sim import Simulation
+    from clockwork.telemetry import emit_run
+
+    try:
+        sc = load_scenario(args.scenario, args.set)
+        sim = Simulation(sc, progress=not args.quiet and sys.stderr.isatty() or args.progress)
+    except (ScenarioError, ValueError) as e:
+        print(f"clockwork simulate: {e}", file=sys.stderr)
+        return 2
+    res = sim.run()
+    s = res.summary
+    emit_run(res, sc, f"{s['gpus']} GPU(s), {s['model_instances']} model instance(s), policy "
+             f"{s['policy']}, simulated in {res.wall_s:.1f} s wall", args.out, args.json)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from clockwork.telemetry import format_summary
+
+    path = Path(args.dir)
+    f = path / "summary.json" if path.is_dir() else path
+    try:
+        s = orjson.loads(f.read_bytes())
+    except FileNotFoundError:
+        print(f"clockwork report: no summary.json in {path}", file=sys.stderr)
+        return 2
+    except orjson.JSONDecodeError as e:
+        print(f"clockwork report: {f} is not valid JSON: {e}", file=sys.stderr)
+        return 2
+    if not isinstance(s, dict):
+        print(f"clockwork report: {f} is not a run summary", file=sys.stderr)
+        return 2
+    print(format_summary(s))
+    run = f.parent / "run.json"
+    if run.exists():
+        r = orjson.loads(run.read_bytes())
+        print(f"{'wall time':<40}  {r.get('wall_s', 0):.2f} s")
+    if args.timeline:
+        from clockwork.telemetry import format_timeline, timeline
+
+        if not (f.parent / "requests.tsv").exists():
+            print(f"clockwork report: no requests.tsv in {f.parent}", file=sys.stderr)
+            return 2
+        print()
+        print(format_timeline(timeline(f.parent, args.timeline)))
+    return 0

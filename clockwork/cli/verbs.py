@@ -1,0 +1,317 @@
+"""Every ``clockwork`` verb's arguments, in one place.
+
+This module imports only the standard library (and two constants), so
+``clockwork --help`` and every ``clockwork VERB --help`` work whatever optional part is
+missing. Each verb names its implementation as ``"module:function"``; :func:`clockwork.cli.main`
+imports it only when the verb runs (see ``NEEDS`` for what each verb needs installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from clockwork.cli import argtypes as t
+from clockwork.protocol.pacing import ACTION_INTERVAL_US, REPLY_INTERVAL_US, RESULT_INTERVAL_US
+
+DEVICES = ("emulated", "cpu", "cuda")
+COMPILE_DEVICES = ("cpu", "cuda")
+
+SET_HELP = ("override a dotted scenario key, e.g. --set cluster.workers=4 "
+            "--set workloads.0.rate_rps=500 (repeatable; see docs/settings.md)")
+
+# what a verb's implementation needs beyond the base install: (import name, pip extra)
+NEEDS = {
+    "grpc": "grpcio (part of the base install: pip install clockwork-py)",
+    "google": "protobuf (part of the base install: pip install clockwork-py)",
+    "tvm": "Apache TVM: pip install 'clockwork-py[tvm]' (the PyPI package is apache-tvm, "
+           "not tvm)",
+    "onnx": "onnx: pip install 'clockwork-py[tvm]'",
+    "cupy": "cupy: pip install 'clockwork-py[cuda12]' or 'clockwork-py[cuda13]' (match the "
+            "CUDA version nvidia-smi shows)",
+    "matplotlib": "matplotlib: pip install 'clockwork-py[plots]'",
+}
+
+
+def _verb(sub, name: str, impl: str, help: str, description: str, **kw) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help, description=description, **kw)
+    p.set_defaults(impl=impl)
+    return p
+
+
+def add_simulate(sub) -> None:
+    p = _verb(sub, "simulate", "clockwork.cli.commands:cmd_simulate",
+              "run a scenario in the simulator (virtual clock, emulated GPUs)",
+              "Run a scenario in the discrete-event simulator: the production scheduler and "
+              "worker semantics on a virtual clock. Prints the SLO table; with --out also "
+              "writes summary.json, requests.tsv, actions.tsv and run.json.")
+    p.add_argument("scenario", help="scenario TOML file, or the name of a shipped scenario "
+                   "(clockwork scenarios lists them)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
+    p.add_argument("--out", metavar="DIR", help="write logs and summary.json here")
+    p.add_argument("--json", action="store_true", help="print summary.json instead of the table")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.add_argument("--progress", action="store_true", help="progress line even without a TTY")
+
+
+def add_report(sub) -> None:
+    p = _verb(sub, "report", "clockwork.cli.commands:cmd_report",
+              "print a run's summary as a table",
+              "Print the summary.json of a run directory as a table.")
+    p.add_argument("dir", help="a run directory (from --out) or a summary.json file")
+    p.add_argument("--timeline", type=t.positive_float, nargs="?", const=60.0, default=None,
+                   metavar="SECONDS", help="also print per-interval figures (requests, goodput, "
+                   "SLO attainment, cold starts, loads, evicts); interval default 60 s")
+
+
+def add_scenarios(sub) -> None:
+    p = _verb(sub, "scenarios", "clockwork.scenarios_cli:cmd_scenarios",
+              "list the shipped scenarios, or copy them out to edit",
+              "Without arguments, list the scenarios that ship with clockwork (usable by name: "
+              "clockwork simulate NAME). 'copy' writes them, and the trace sample they use, "
+              "into a folder.")
+    ssub = p.add_subparsers(dest="scenarios_command", metavar="SUBCOMMAND")
+    ssub.add_parser("list", help="list the shipped scenarios (the default)")
+    c = ssub.add_parser("copy", help="copy shipped scenarios into a folder")
+    c.add_argument("names", nargs="*", metavar="NAME", help="scenario names")
+    c.add_argument("--all", action="store_true", help="copy every shipped scenario")
+    c.add_argument("--to", required=True, metavar="DIR", help="destination folder")
+
+
+TRACE_EPILOG = """examples:
+  clockwork trace synth --functions 40000 --days 14 --seed 1 --out traces/azure
+  clockwork trace info traces/samples/invocations_per_function_md.anon.d01.csv.gz
+  clockwork trace info 1 --top 20        # day 1 from traces/azure or $AZURE_TRACE_DIR
+
+The real dataset: Microsoft AzurePublicDataset, "Azure Functions Trace 2019"
+(see traces/README.md).
+"""
+
+
+def add_trace(sub) -> None:
+    p = _verb(sub, "trace", "", "synthesise or inspect Azure Functions traces",
+              "Azure Functions Trace 2019 files: make synthetic ones in the same CSV "
+              "format, or summarise a file (real or synthetic).",
+              epilog=TRACE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    tsub = p.add_subparsers(dest="trace_command", metavar="SUBCOMMAND")
+
+    s = tsub.add_parser(
+        "synth", help="write synthetic day files in the dataset's format",
+        description="Write invocations_per_function_md.anon.d01.csv ... dNN.csv into DIR: "
+        "seeded synthetic days whose statistics follow Shahrad et al. (ATC'20) — trigger "
+        "mix, functions per app, heavy-tailed daily counts, diurnal shape, periodic timers, "
+        "bursts (the parameters are documented in clockwork/workloads/synth.py). The same "
+        "seed gives byte-identical files. 40,000 functions take a few seconds per day.")
+    s.set_defaults(impl="clockwork.workloads.trace_cli:cmd_synth")
+    s.add_argument("--functions", type=t.positive_int, default=1000, metavar="N",
+                   help="functions (rows) per day (default 1000; the real days have ~46,000)")
+    s.add_argument("--days", type=t.positive_int, default=1, metavar="D",
+                   help="number of day files, d01..dD (default 1)")
+    s.add_argument("--seed", type=t.nonneg_int, default=0, metavar="S",
+                   help="random seed (default 0)")
+    s.add_argument("--out", required=True, metavar="DIR",
+                   help="output folder (created if missing), e.g. traces/azure")
+    s.add_argument("--gzip", action="store_true",
+                   help="write .csv.gz (the reader and the azure workload read both)")
+
+    i = tsub.add_parser(
+        "info", help="summarise a trace file: rows, totals, triggers, top functions",
+        description="Load a day file (checking every row) and print its size, total and "
+        "peak invocations, the per-trigger breakdown, the busiest functions and the load "
+        "time.")
+    i.set_defaults(impl="clockwork.workloads.trace_cli:cmd_info")
+    i.add_argument("file", metavar="FILE|DAY",
+                   help="a day file, or a day number looked up in traces/azure and "
+                   "$AZURE_TRACE_DIR (both name forms)")
+    i.add_argument("--top", type=t.nonneg_int, default=10, metavar="K",
+                   help="list the K busiest functions (default 10; 0 for none)")
+    i.add_argument("--start-minute", type=t.nonneg_int, default=0, metavar="M",
+                   help="only minutes from M (0-based) ...")
+    i.add_argument("--minutes", type=t.positive_int, default=None, metavar="N",
+                   help="... for N minutes (default: to the end of the day)")
+    i.add_argument("--trace-dir", default=None, metavar="DIR",
+                   help="also look for day files here (for a DAY argument)")
+
+
+def add_compile(sub) -> None:
+    p = _verb(sub, "compile", "clockwork.models.cli:cmd_compile",
+              "compile a zoo model or an ONNX file into a model package (needs TVM)",
+              "Build a zoo model with TVM Relax (seeded random weights), or import an "
+              "ONNX model (its initializers become the weights), and write a model package: "
+              "model.so (one function per batch size), weights.bin (laid out in 16 MiB pages) "
+              "and model.json. Zoo models: mlp, resnet_tiny, resnet18, mobilenet_tiny, "
+              "transformer_tiny.")
+    p.add_argument("model", help="zoo model name, or path/to/model.onnx")
+    p.add_argument("--device", default="cpu", choices=COMPILE_DEVICES)
+    p.add_argument("--batch-sizes", type=t.batch_sizes, default=[1, 2, 4, 8, 16],
+                   metavar="B1,B2,...", help="default 1,2,4,8,16")
+    p.add_argument("--out", metavar="DIR", help="package directory (default packages/DEVICE/MODEL, "
+                   "MODEL the file's stem for ONNX)")
+    p.add_argument("--seed", type=t.nonneg_int, default=0,
+                   help="weights seed for zoo models (default 0)")
+
+
+def add_profile(sub) -> None:
+    p = _verb(sub, "profile", "clockwork.models.cli:cmd_profile",
+              "measure LOAD and EXEC of a model and write its profile (needs TVM)",
+              "Measure LOAD and EXEC per batch size over many runs on a real device and "
+              "write profiles/DEVICE/MODEL.json in the scheduler's format (figures are p99s; "
+              "p50/p99/max are in 'source'). Compiles the zoo model (or imports the ONNX file) "
+              "first unless --package is given.")
+    p.add_argument("model", help="zoo model name, or path/to/model.onnx")
+    p.add_argument("--device", default="cpu", choices=COMPILE_DEVICES)
+    p.add_argument("--package", metavar="DIR", help="profile this compiled package instead")
+    p.add_argument("--batch-sizes", type=t.batch_sizes, default=[1, 2, 4, 8, 16],
+                   metavar="B1,B2,...", help="when compiling (default 1,2,4,8,16)")
+    p.add_argument("--runs", type=t.positive_int, default=200,
+                   help="EXEC runs per batch size (default 200)")
+    p.add_argument("--load-runs", type=t.positive_int, default=50, help="LOAD runs (default 50)")
+    p.add_argument("--out", metavar="FILE", help="default profiles/DEVICE/MODEL.json")
+
+
+def add_serve(sub) -> None:
+    p = _verb(sub, "serve", "clockwork.serve:cmd_serve",
+              "start a controller and local workers (one command)",
+              "Start the workers a scenario's [cluster] describes (without a scenario: one "
+              "emulated worker, 1 GPU) and a controller serving its [[models]] (without: every "
+              "reference profile), print the controller's address, and stop everything on "
+              "Ctrl-C / SIGTERM.")
+    p.add_argument("scenario", nargs="?", help="scenario TOML file or shipped scenario name "
+                   "(optional)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
+    p.add_argument("--device", default=None, choices=DEVICES,
+                   help="worker device (default: the scenario's cluster.device, else emulated); "
+                   "cpu runs TVM-compiled packages on this host (missing zoo packages are "
+                   "compiled first; needs the tvm extra)")
+    p.add_argument("--packages", metavar="DIR", default=None,
+                   help="cpu/cuda: model packages as DIR/<model>/ (default packages/DEVICE)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=t.port, default=12346, help="controller port (0: pick one)")
+    p.add_argument("--worker-port", type=t.port, default=0,
+                   help="first worker port (default 0: free ports)")
+    p.add_argument("--http-port", type=t.optional_port, default=8000,
+                   help="KServe v2 REST, /metrics and health (default 8000; 0: pick one, -1: off)")
+    p.add_argument("--kserve-port", type=t.optional_port, default=8001,
+                   help="KServe v2 gRPC port (default 8001, as Triton; 0: pick one, -1: off); "
+                   "also served on the controller port")
+    p.add_argument("--replay", action="store_true",
+                   help="run the scenario's [[workloads]] against the cluster, print the SLO "
+                   "table, and stop (one command: cluster + load + report)")
+    p.add_argument("--out", metavar="DIR", help="with --replay: write logs and summary.json here")
+    p.add_argument("--quiet", action="store_true", help="with --replay: no progress line")
+    p.add_argument("--log-dir", metavar="DIR", help="the controller writes requests.tsv and "
+                   "actions.tsv (its own view: every request and action) here")
+
+
+def add_controller(sub) -> None:
+    p = _verb(sub, "controller", "controller.service:cmd_controller",
+              "run the controller (scheduler + client API)",
+              "Run the Clockwork controller: it connects to the workers, serves the "
+              "clockwork.v1 client API and KServe v2 (gRPC and REST), and makes every "
+              "scheduling decision.")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=t.port, default=12346,
+                   help="port (default 12346; 0 picks a free one; printed)")
+    p.add_argument("--http-port", type=t.optional_port, default=8000,
+                   help="KServe v2 REST port (default 8000; 0 picks a free one; -1: none)")
+    p.add_argument("--kserve-port", type=t.optional_port, default=8001,
+                   help="KServe v2 gRPC port (default 8001, as Triton; 0 picks a free one; "
+                   "-1: none). KServe v2 gRPC is also served on --port")
+    p.add_argument("--workers", required=True, type=t.address_list, metavar="HOST:PORT,...",
+                   help="worker addresses")
+    p.add_argument("--profiles", default="v100-reference",
+                   help="profile set: a shipped set's name or a folder (default v100-reference)")
+    p.add_argument("--models", default=None,
+                   help="model instances, name[:copies],... (default: every profile, one copy)")
+    p.add_argument("--policy", default="clockwork",
+                   help="scheduling policy: clockwork (default), clipper, tfserving, infaas")
+    p.add_argument("--schedule-ahead-ms", type=t.nonneg_float, default=None)
+    p.add_argument("--default-slo-ms", type=t.positive_float, default=None)
+    p.add_argument("--max-batch", type=t.positive_int, default=None)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any [scheduler] setting of a scenario file, e.g. max_exec_ms=25, "
+                   "buffer_ms=5, batch_first=false, or a baseline's own (batch_timeout_us=...); "
+                   "docs/settings.md lists them")
+    p.add_argument("--connect-timeout", type=t.positive_float, default=30.0,
+                   help="seconds to wait for every worker at start (default 30)")
+    p.add_argument("--log-dir", default=None, metavar="DIR",
+                   help="write requests.tsv and actions.tsv (the simulator's logs) here")
+    p.add_argument("--action-interval-us", type=t.nonneg_float, default=ACTION_INTERVAL_US,
+                   help="pacing: at most one action message per worker per interval; under "
+                   f"load actions share messages (default {ACTION_INTERVAL_US:g}; 0: off)")
+    p.add_argument("--reply-interval-us", type=t.nonneg_float, default=REPLY_INTERVAL_US,
+                   help="pacing of InferStream reply messages, per stream (default "
+                   f"{REPLY_INTERVAL_US:g}; 0: off)")
+
+
+def add_worker(sub) -> None:
+    p = _verb(sub, "worker", "worker.service:cmd_worker",
+              "run a worker (GPUs that execute the controller's actions)",
+              "Run a Clockwork worker: it executes timestamped LOAD/EVICT/INFER actions from "
+              "the controller on its GPUs: emulated (profiled timings, the default), cpu "
+              "(TVM-compiled model packages run on this host) or cuda.")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=t.port, default=12345,
+                   help="port (default 12345; 0 picks a free one; printed)")
+    p.add_argument("--device", default="emulated", choices=DEVICES,
+                   help="emulated (default), cpu (needs the tvm extra) or cuda")
+    p.add_argument("--packages", metavar="DIR", default=None,
+                   help="cpu/cuda: model packages as DIR/<model>/ (default packages/DEVICE; "
+                   "build them with 'clockwork compile')")
+    p.add_argument("--gpus", type=t.positive_int, default=1, help="number of GPUs (default 1)")
+    p.add_argument("--pages", type=t.positive_int, default=None,
+                   help="weights-cache pages per GPU (default: the profile set's)")
+    p.add_argument("--profiles", default=None,
+                   help="profile set (a shipped set's name or a folder; default v100-reference, "
+                   "or the device's own: cpu, cuda)")
+    p.add_argument("--noise", type=t.nonneg_float, default=0.0,
+                   help="emulated duration noise (std dev fraction)")
+    p.add_argument("--slow-prob", type=t.probability, default=0.0,
+                   help="emulated stragglers: this fraction of actions take --slow-factor x")
+    p.add_argument("--slow-factor", type=t.positive_float, default=3.0)
+    p.add_argument("--result-interval-us", type=t.nonneg_float, default=RESULT_INTERVAL_US,
+                   help="pacing: at most one result message to the controller per interval; "
+                   "under load results share messages (default "
+                   f"{RESULT_INTERVAL_US:g}; 0: one message whenever results are ready)")
+    p.add_argument("--seed", type=t.nonneg_int, default=0)
+    p.add_argument("--clock-offset-ms", type=t.finite_float, default=0.0,
+                   help="add this to the worker's clock (to test clock-offset handling)")
+
+
+def add_infer(sub) -> None:
+    p = _verb(sub, "infer", "clockwork.live:cmd_infer",
+              "send an inference request to a live controller",
+              "Send requests (zeros of the model's input shape) to a controller and print "
+              "the answers.")
+    p.add_argument("model", nargs="?", help="model instance name")
+    p.add_argument("--controller", default="127.0.0.1:12346", type=t.address,
+                   help="host:port (default 127.0.0.1:12346)")
+    p.add_argument("--slo-ms", type=t.positive_float, default=None,
+                   help="SLO (default: the controller's)")
+    p.add_argument("-n", type=t.positive_int, default=1, help="how many requests, one after another")
+    p.add_argument("--list", action="store_true", help="list the models and exit")
+    p.add_argument("--timeout", type=t.positive_float, default=30.0,
+                   help="seconds per call (default 30)")
+
+
+def add_replay(sub) -> None:
+    p = _verb(sub, "replay", "clockwork.replay:cmd_replay",
+              "run a scenario's workloads against a live controller",
+              "Drive the scenario's [[workloads]] against a live controller on the real clock; "
+              "writes the same summary.json/logs as simulate.")
+    p.add_argument("scenario", help="scenario TOML file or shipped scenario name")
+    p.add_argument("--controller", default="127.0.0.1:12346", type=t.address,
+                   help="host:port (default 127.0.0.1:12346)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
+    p.add_argument("--out", metavar="DIR", help="write logs and summary.json here")
+    p.add_argument("--check-outputs", metavar="PACKAGES", default=None,
+                   help="send real inputs and check every answer against the zoo model's "
+                   "numpy reference, with the weights of the packages in this folder "
+                   "(real devices; e.g. packages/cpu)")
+    p.add_argument("--max-outstanding", type=t.positive_int, default=20000,
+                   help="bound on requests in flight (default 20000)")
+    p.add_argument("--json", action="store_true", help="print summary.json instead of the table")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+
+
+VERBS = [add_simulate, add_report, add_scenarios, add_serve, add_replay, add_infer,
+         add_controller, add_worker, add_trace, add_compile, add_profile]

@@ -1,0 +1,46 @@
+"""Opening listening gRPC ports: every listener is exclusive, and one that cannot be
+bound is an error that names the address and the flag that chose it."""
+
+from __future__ import annotations
+
+import socket
+
+# gRPC sets SO_REUSEPORT by default on Linux, which lets a second server bind a port that
+# is already in use (and silently share its connections): turn it off on every listener.
+LISTEN_OPTIONS = [("grpc.so_reuseport", 0)]
+
+
+class ListenError(OSError):
+    """A listening socket could not be opened; the message says which and why."""
+
+
+def _check_free(host: str, port: int, flag: str) -> None:
+    """Fail early, in one line, when ``host:port`` cannot be bound (gRPC would also log
+    its own multi-line error)."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise ListenError(f"cannot listen on {host}:{port} ({flag}): {e.strerror or e}") from None
+    for family, kind, proto, _, addr in infos[:1]:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does
+            try:
+                s.bind(addr)
+            except OSError as e:
+                raise ListenError(f"cannot listen on {host}:{port} ({flag}): "
+                                  f"{e.strerror or e}") from None
+
+
+def bind_grpc(server, host: str, port: int, flag: str) -> int:
+    """Add ``host:port`` to a (not yet started) gRPC server; returns the bound port."""
+    _check_free(host, port, flag)
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:
+        bound = 0
+    if not bound:
+        raise ListenError(f"cannot listen on {host}:{port} ({flag}): address in use or "
+                          "not available")
+    return bound
