@@ -133,13 +133,23 @@ def load_profile(path: str | Path) -> ModelProfile:
 
 
 def profile_roots() -> list[Path]:
-    """Where profile sets are looked up, in order."""
+    """Where profile sets are looked up by name, in order: ``$CLOCKWORK_PROFILES``,
+    ``./profiles``, the sets shipped in the package (``clockwork/data/profiles``, found
+    with importlib.resources), and ``profiles/`` of a source checkout."""
+    from clockwork import resources
+
     roots = []
     if env := os.environ.get("CLOCKWORK_PROFILES"):
         roots.append(Path(env))
     roots.append(Path.cwd() / "profiles")
-    roots.append(Path(__file__).resolve().parent.parent / "profiles")
-    return roots
+    roots.append(resources.profiles_root())
+    if (checkout := resources.checkout_root()) is not None:
+        roots.append(checkout / "profiles")
+    out: list[Path] = []
+    for r in roots:
+        if r not in out:
+            out.append(r)
+    return out
 
 
 @dataclass
@@ -163,9 +173,19 @@ class ProfileSet:
 
 
 def load_profile_set(name_or_path: str) -> ProfileSet:
-    """Load ``profiles/<name>/`` (or a folder path). ``set.json`` holds the defaults."""
-    candidates = [Path(name_or_path)] if os.sep in name_or_path else []
-    candidates += [root / name_or_path for root in profile_roots()]
+    """Load a profile set: a folder path (one with a ``/``; ``profiles/<set>`` also finds a
+    shipped set), else ``<root>/<name>/`` for the first of ``profile_roots()`` that has
+    it (the shipped sets come after ``$CLOCKWORK_PROFILES`` and ``./profiles``).
+    ``set.json`` holds the defaults."""
+    from clockwork import resources
+
+    name_or_path = str(name_or_path)
+    candidates = []
+    if os.sep in name_or_path or "/" in name_or_path:
+        candidates += resources.data_path_candidates(name_or_path)
+    for root in profile_roots():
+        if (c := root / name_or_path) not in candidates:
+            candidates.append(c)
     for folder in candidates:
         if folder.is_dir():
             break

@@ -57,6 +57,7 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     model's numpy reference with that package folder's weights (``summary["outputs"]``)."""
     from clockwork.client import AsyncClient
     from clockwork.profiles import load_profile_set
+    from clockwork.resources import scenario_folder
     from clockwork.workloads import build_workload
 
     instances = instance_names(sc.models)
@@ -72,7 +73,7 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     for i, (spec, seed) in enumerate(zip(sc.workloads, s_work.spawn(len(sc.workloads)),
                                          strict=True)):
         try:
-            w = build_workload(spec, instances)
+            w = build_workload(spec, instances, scenario_folder(sc.source))
         except ValueError as e:
             raise ScenarioError(f"workloads[{i}]: {e}") from e
         w.bind(0, duration, np.random.default_rng(seed), exec1)

@@ -130,7 +130,9 @@ def load_scenario(path: str | Path | None = None, overrides: list[str] | None = 
     src = "<dict>"
     raw: dict = {}
     if path is not None:
-        p = Path(path)
+        from clockwork.resources import resolve_scenario  # a file, else a shipped name
+
+        p = resolve_scenario(path)
         src = str(p)
         try:
             raw = tomllib.loads(p.read_text())

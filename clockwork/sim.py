@@ -19,6 +19,7 @@ import numpy as np
 
 from clockwork.profiles import ProfileSet, load_profile_set
 from clockwork.requests import Request
+from clockwork.resources import scenario_folder
 from clockwork.scenario import Scenario, ScenarioError, instance_names, load_scenario
 from clockwork.telemetry import Telemetry, format_summary, write_run
 from clockwork.time import NS_PER_S, VirtualClock, ms, sec
@@ -114,7 +115,7 @@ class Simulation:
         wseeds = s_work.spawn(len(sc.workloads))
         for i, spec in enumerate(sc.workloads):
             try:
-                w = build_workload(spec, self.instances)
+                w = build_workload(spec, self.instances, scenario_folder(sc.source))
             except ValueError as e:
                 raise ScenarioError(f"workloads[{i}]: {e}") from e
             w.bind(0, self.duration, np.random.default_rng(wseeds[i]), exec1)

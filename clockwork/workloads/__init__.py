@@ -4,7 +4,9 @@ into an object; ``KINDS`` lists what exists."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
+from clockwork.resources import find_data_path
 from clockwork.workloads.azure_replay import AZURE_KEYS, build_azure
 from clockwork.workloads.base import Arrival, SloSpec, Workload, WorkloadError, select_instances
 from clockwork.workloads.basic import ClosedLoop, OpenLoop
@@ -49,8 +51,13 @@ _KEYS = {
 }
 
 
-def build_workload(spec: dict, instances: dict[str, str]) -> Workload:
-    """``instances``: instance name -> model name (see ``scenario.instance_names``)."""
+def build_workload(spec: dict, instances: dict[str, str],
+                   base_dir: str | Path | None = None) -> Workload:
+    """``instances``: instance name -> model name (see ``scenario.instance_names``).
+    ``base_dir``: the scenario file's folder; file paths in the entry (``trace``,
+    ``trace_dir``) are looked for as given, then there, then in the shipped data
+    (``clockwork.resources.resolve_data_path``)."""
+    spec = _with_data_paths(spec, base_dir)
     kind = spec.get("kind")
     if kind not in KINDS:
         raise WorkloadError(f"unknown workload kind {kind!r}; known: {', '.join(sorted(KINDS))}")
@@ -66,3 +73,19 @@ def build_workload(spec: dict, instances: dict[str, str]) -> Workload:
         if isinstance(e, WorkloadError):
             raise
         raise WorkloadError(f"{kind} workload: {e}") from e
+
+
+DATA_PATH_KEYS = ("trace", "trace_dir")  # workload keys naming files or folders
+
+
+def _with_data_paths(spec: dict, base_dir: str | Path | None) -> dict:
+    """``spec`` with relative data paths that exist under ``base_dir`` made explicit (the
+    others stay as written, for the workload's own lookup and error message)."""
+    if base_dir is None:
+        return spec
+    out = spec
+    for key in DATA_PATH_KEYS:
+        v = spec.get(key)
+        if isinstance(v, str) and v and (found := find_data_path(v, base_dir)) is not None:
+            out = {**out, key: str(found)}
+    return out

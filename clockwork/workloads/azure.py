@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from clockwork.resources import checkout_root, resolve_data_path
+
 MINUTES = 1440
 ID_COLUMNS = ("HashOwner", "HashApp", "HashFunction", "Trigger")
 HEADER = ",".join(ID_COLUMNS + tuple(str(m) for m in range(1, MINUTES + 1)))
@@ -34,7 +36,6 @@ NCOLS = len(ID_COLUMNS) + MINUTES
 TRIGGERS = ("http", "timer", "event", "queue", "storage", "orchestration", "others")
 NAME_FORMS = ("invocations_per_function_md.anon.d{day:02d}.csv",
               "invocations_per_function_md.svls.anon.d{day:02d}.csv")
-_ROOT = Path(__file__).resolve().parents[2]
 _BLOCK_BYTES = 8 << 20
 _U32_MAX = 2**32 - 1
 
@@ -56,7 +57,9 @@ def trace_dirs(trace_dir: str | Path | None = None) -> list[Path]:
     env = os.environ.get("AZURE_TRACE_DIR")
     if env:
         dirs.append(Path(env))
-    dirs += [Path("traces/azure"), _ROOT / "traces" / "azure"]
+    dirs.append(Path("traces/azure"))
+    if (checkout := checkout_root()) is not None:
+        dirs.append(checkout / "traces" / "azure")
     out: list[Path] = []
     for d in dirs:
         if d not in out:
@@ -81,14 +84,17 @@ def find_trace_file(day: int, trace_dir: str | Path | None = None) -> Path:
         "see traces/README.md for where to get it, or make one with `clockwork trace synth`")
 
 
-def resolve_trace_path(path: str | Path) -> Path:
-    """A trace path as given, else relative to the project checkout."""
-    p = Path(path)
-    if p.is_file():
-        return p
-    if not p.is_absolute() and (_ROOT / p).is_file():
-        return _ROOT / p
-    raise TraceError(f"trace file {path} not found (see traces/README.md)")
+def resolve_trace_path(path: str | Path, base: str | Path | None = None) -> Path:
+    """A trace path as given (or relative to the current folder), else relative to
+    ``base`` (the scenario file's folder), the shipped data (``traces/samples/...``) or
+    the project checkout (see ``clockwork.resources.resolve_data_path``)."""
+    try:
+        p = resolve_data_path(path, base)
+    except FileNotFoundError as e:
+        raise TraceError(f"trace file {e} (see traces/README.md)") from None
+    if not p.is_file():
+        raise TraceError(f"trace file {p} is not a file (see traces/README.md)")
+    return p
 
 
 # ---------------------------------------------------------------------- parsing
