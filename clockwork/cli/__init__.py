@@ -54,10 +54,12 @@ def _missing(verb: str, e: ImportError) -> str:
     return f"clockwork {verb}: cannot load its implementation ({type(e).__name__}: {e})"
 
 
-def _load(verb: str, impl: str):
+def _load(verb: str, impl: str, requires: tuple = ()):
     """The function behind ``module:function``, or an error line."""
     module, _, func = impl.partition(":")
     try:
+        for name in requires:
+            importlib.import_module(name)
         mod = importlib.import_module(module)
     except ImportError as e:
         return None, _missing(verb, e)
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     if not impl:  # a verb with subcommands, none given
         _subparser_help(parser, [args.command])
         return 2
-    func, err = _load(args.command, impl)
+    func, err = _load(args.command, impl, getattr(args, "requires", ()))
     if func is None:
         print(err, file=sys.stderr)
         return 2

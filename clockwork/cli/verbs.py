@@ -32,9 +32,12 @@ NEEDS = {
 }
 
 
-def _verb(sub, name: str, impl: str, help: str, description: str, **kw) -> argparse.ArgumentParser:
+def _verb(sub, name: str, impl: str, help: str, description: str, requires: tuple = (),
+          **kw) -> argparse.ArgumentParser:
+    """A verb: ``impl`` is its ``module:function``; ``requires`` the optional modules it
+    imports late (checked before it runs, so a missing one is a clear message up front)."""
     p = sub.add_parser(name, help=help, description=description, **kw)
-    p.set_defaults(impl=impl)
+    p.set_defaults(impl=impl, requires=requires)
     return p
 
 
@@ -139,7 +142,7 @@ def add_compile(sub) -> None:
               "ONNX model (its initializers become the weights), and write a model package: "
               "model.so (one function per batch size), weights.bin (laid out in 16 MiB pages) "
               "and model.json. Zoo models: mlp, resnet_tiny, resnet18, mobilenet_tiny, "
-              "transformer_tiny.")
+              "transformer_tiny.", requires=("tvm",))
     p.add_argument("model", help="zoo model name, or path/to/model.onnx")
     p.add_argument("--device", default="cpu", choices=COMPILE_DEVICES)
     p.add_argument("--batch-sizes", type=t.batch_sizes, default=[1, 2, 4, 8, 16],
@@ -156,7 +159,7 @@ def add_profile(sub) -> None:
               "Measure LOAD and EXEC per batch size over many runs on a real device and "
               "write profiles/DEVICE/MODEL.json in the scheduler's format (figures are p99s; "
               "p50/p99/max are in 'source'). Compiles the zoo model (or imports the ONNX file) "
-              "first unless --package is given.")
+              "first unless --package is given.", requires=("tvm",))
     p.add_argument("model", help="zoo model name, or path/to/model.onnx")
     p.add_argument("--device", default="cpu", choices=COMPILE_DEVICES)
     p.add_argument("--package", metavar="DIR", help="profile this compiled package instead")

@@ -1,0 +1,144 @@
+"""Every command-line entry point, fed bad values: exit code 2, exactly one line on stderr
+that names the bad value, no traceback. And a verb whose optional part is missing says what
+to install, while every other verb (and every --help) keeps working."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from clockwork.cli import main
+
+SC = "scenarios/poisson_warm.toml"
+
+BAD = [
+    # (argv, a fragment the one stderr line must contain)
+    (["nosuchverb"], "nosuchverb"),
+    (["simulate"], "scenario"),
+    (["simulate", "no_such_scenario"], "no_such_scenario"),
+    (["simulate", SC, "--set", "duration_s=abc"], "abc"),
+    (["simulate", SC, "--set", "duration_s=-1"], "duration_s"),
+    (["simulate", SC, "--set", "cluster.noise=nan"], "nan"),
+    (["simulate", SC, "--set", "cluster.workers=0"], "workers"),
+    (["simulate", SC, "--set", "cluster.workers=true"], "workers"),
+    (["simulate", SC, "--set", "cluster.wokers=2"], "workers"),
+    (["simulate", SC, "--set", "scheduler.max_batch=abc"], "max_batch"),
+    (["simulate", SC, "--set", "nosuch=1"], "nosuch"),
+    (["simulate", SC, "--set", "noequals"], "noequals"),
+    (["simulate", SC, "--set", "cluster.profiles=no_such_set"], "no_such_set"),
+    (["report", "/no/such/dir"], "/no/such/dir"),
+    (["report", SC, "--timeline", "-3"], "-3"),
+    (["serve", "--port", "99999"], "99999"),
+    (["serve", "--http-port", "-5"], "-5"),
+    (["serve", "--device", "tpu"], "tpu"),
+    (["serve", SC, "--set", "cluster.gpus_per_worker=-1"], "gpus_per_worker"),
+    (["serve", "no_such_scenario"], "no_such_scenario"),
+    (["replay", SC, "--controller", "nohostport"], "nohostport"),
+    (["replay", SC, "--max-outstanding", "0"], "0"),
+    (["infer", "m", "--slo-ms", "inf"], "inf"),
+    (["infer", "m", "-n", "-1"], "-1"),
+    (["infer", "m", "--controller", "h:70000"], "70000"),
+    (["controller", "--workers", "x"], "x"),
+    (["controller", "--workers", "127.0.0.1:1", "--max-batch", "0"], "0"),
+    (["controller", "--workers", "127.0.0.1:1", "--default-slo-ms", "nan"], "nan"),
+    (["controller", "--workers", "127.0.0.1:1", "--set", "max_batch=abc"], "abc"),
+    (["controller", "--workers", "127.0.0.1:1", "--set", "nosuch=1"], "nosuch"),
+    (["controller", "--workers", "127.0.0.1:1", "--set", "default_slo_ms=inf"], "inf"),
+    (["controller", "--workers", "127.0.0.1:1", "--models", "resnet50_v2:0"], "resnet50_v2:0"),
+    (["controller", "--workers", "127.0.0.1:1", "--models", "nosuchmodel"], "nosuchmodel"),
+    (["controller", "--workers", "127.0.0.1:1", "--profiles", "no_such_set"], "no_such_set"),
+    (["controller", "--workers", "127.0.0.1:1", "--policy", "nosuchpolicy"], "nosuchpolicy"),
+    (["worker", "--gpus", "-1"], "-1"),
+    (["worker", "--pages", "-5"], "-5"),
+    (["worker", "--port", "abc"], "abc"),
+    (["worker", "--noise", "nan"], "nan"),
+    (["worker", "--slow-prob", "2"], "2"),
+    (["worker", "--profiles", "no_such_set"], "no_such_set"),
+    (["trace", "synth", "--functions", "0", "--out", "x"], "0"),
+    (["trace", "info", "/no/such/trace.csv"], "/no/such/trace.csv"),
+    (["trace", "info", "x.csv", "--top", "-2"], "-2"),
+    (["compile", "mlp", "--batch-sizes", "1,x"], "1,x"),
+    (["compile", "mlp", "--device", "tpu"], "tpu"),
+    (["profile", "mlp", "--runs", "0"], "0"),
+    (["scenarios", "copy", "no_such_scenario", "--to", "out"], "no_such_scenario"),
+]
+
+
+@pytest.mark.parametrize("argv,fragment", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_value_is_one_line_exit_2(argv, fragment, capsys, tmp_path, monkeypatch):
+    argv = [a if a != "out" else str(tmp_path / "out") for a in argv]
+    rc = main(argv)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert rc == 2, (rc, err)
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert fragment in lines[0], (fragment, lines[0])
+
+
+def test_help_works_for_every_verb(capsys):
+    from clockwork.cli import build_parser
+
+    verbs = [a for a in build_parser()._subparsers._group_actions[0].choices]
+    assert {"simulate", "serve", "controller", "worker", "scenarios"} <= set(verbs)
+    for verb in [None, *verbs]:
+        assert main([verb, "--help"] if verb else ["--help"]) == 0
+        assert "usage:" in capsys.readouterr().out
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_missing_optional_parts_are_one_line_and_other_verbs_work(tmp_path):
+    # A light install without grpc, protobuf or TVM: the simulator and every --help still
+    # work; a verb that needs the missing part says what to install.
+    code = f"""
+import sys
+for m in ("grpc", "google.protobuf", "tvm", "onnx"):
+    sys.modules[m] = None
+from clockwork.cli import main
+assert main(["--help"]) == 0
+assert main(["controller", "--help"]) == 0
+assert main(["simulate", "{SC}", "--set", "duration_s=1", "--json"]) == 0
+rc = main(["controller", "--workers", "127.0.0.1:1"])
+print("RC", rc)
+rc = main(["compile", "mlp", "--out", {str(tmp_path / "pkg")!r}])
+print("RC", rc)
+"""
+    p = _run(code)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("RC 2") == 2, p.stdout
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 2, p.stderr
+    assert "Traceback" not in p.stderr
+    assert lines[0].startswith("clockwork controller: needs grpcio")
+    assert lines[1].startswith("clockwork compile: needs Apache TVM") and "tvm" in lines[1]
+
+
+def _busy_port() -> tuple[socket.socket, int]:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s, s.getsockname()[1]
+
+
+@pytest.mark.parametrize("argv", [
+    ["worker", "--port", "{port}"],
+    ["controller", "--workers", "127.0.0.1:1", "--port", "{port}", "--connect-timeout", "1"],
+    ["controller", "--workers", "127.0.0.1:1", "--port", "0", "--kserve-port", "{port}",
+     "--http-port", "-1", "--connect-timeout", "1"],
+])
+def test_listener_that_cannot_bind_exits_2_naming_the_port(argv):
+    s, port = _busy_port()
+    with s:
+        args = [a.replace("{port}", str(port)) for a in argv]
+        p = subprocess.run([sys.executable, "-m", "clockwork.cli", *args], capture_output=True,
+                           text=True, timeout=60)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(port) in lines[0] and "Traceback" not in p.stderr, p.stderr
