@@ -2,7 +2,8 @@
 worker semantics wired by a discrete-event loop (composition root).
 
 ``simulate(scenario)`` runs a scenario and returns a ``SimResult`` whose
-``summary`` holds the keys of DESIGN.md §6. The same seed gives the same summary.
+``summary`` holds the keys listed in docs/contracts.md. The same seed gives the same
+summary.
 """
 
 from __future__ import annotations

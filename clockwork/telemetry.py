@@ -106,7 +106,8 @@ def _pct(values: np.ndarray, q: float) -> float:
 
 def summarize(requests: list[tuple], actions: list[tuple], duration_s: float,
               extra: dict | None = None) -> dict:
-    """The keys of DESIGN.md §6, from request and action rows. Deterministic."""
+    """The run summary (keys listed in docs/contracts.md), from request and action rows.
+    Deterministic."""
     n = len(requests)
     if n:
         status = np.fromiter((r[5] for r in requests), dtype=np.int64, count=n)

@@ -1,6 +1,6 @@
 """The Clockwork scheduler (INFER5, in our words) as a pure core.
 
-Rules (DESIGN.md §4), each in one place below:
+Rules (explained in docs/scheduling.md), each in one place below:
 
 * ``on_request``  deadline = arrival + SLO - buffer; answer at once if already
   infeasible; queue it; kick the GPUs holding the model; ask for a LOAD if none does.

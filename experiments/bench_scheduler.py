@@ -1,6 +1,6 @@
 """Benchmark: requests simulated per wall-clock second on one core.
 
-Default set-up (issue acceptance): 100 emulated GPUs (100 workers x 1 GPU), 200
+Default set-up (the scheduler's throughput target): 100 emulated GPUs (100 workers x 1 GPU), 200
 ResNet50 v2 instances (2 per GPU), Poisson arrivals at 80 % of the cluster's
 best-batch capacity (16 / 11.06 ms = 1,447 r/s per GPU), 100 ms SLO, 10 s virtual.
 

@@ -1,5 +1,5 @@
 """Every zoo model at every batch size against its numpy reference, on the cpu device:
-compiled outputs before and after an EVICT and a LOAD into different pages (issue 5).
+compiled outputs before and after an EVICT and a LOAD into different pages.
 
     python experiments/check_outputs.py [--models a,b] [--batch-sizes 1,2,4,8,16]
 

@@ -1,5 +1,5 @@
 """How well a profile measured by ``clockwork profile`` predicts live EXEC and LOAD
-durations (issue 5): run a scenario on a live cluster of cpu workers (TVM-compiled zoo
+durations: run a scenario on a live cluster of cpu workers (TVM-compiled zoo
 models really executing on this host, more instances than the weights cache holds), then
 read the controller's action log and compare every successful action's measured duration
 with
