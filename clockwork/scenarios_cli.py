@@ -1,0 +1,129 @@
+"""``clockwork scenarios``: list the scenarios shipped with the package, or copy them out.
+
+  clockwork scenarios                       # name and one-line description of each
+  clockwork scenarios copy demo_live poisson_warm --to my-scenarios
+  clockwork scenarios copy --all --to my-scenarios
+
+``copy`` writes ``DIR/NAME.toml`` unchanged, and the shipped data files a copied scenario
+names (``trace = "traces/samples/..."``) under the same relative path in ``DIR``, so the
+copy runs as it is from ``DIR`` or by path from anywhere (data paths are also looked up
+relative to the scenario file's folder). Existing files that differ are not overwritten
+without ``--force``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import filecmp
+import shutil
+import sys
+import tomllib
+from pathlib import Path
+
+from clockwork import resources
+
+IMPL = "clockwork.scenarios_cli:cmd_scenarios"
+
+
+def add_scenarios_parser(sub) -> argparse.ArgumentParser:
+    """The ``scenarios`` verb on an ``add_subparsers()`` object (``dest`` names as in
+    ``clockwork.cli.verbs.add_scenarios``); ``set_defaults`` carries both ``func`` and the
+    ``impl`` string."""
+    p = sub.add_parser(
+        "scenarios", help="list the shipped scenarios, or copy them out to edit",
+        description="Without arguments, list the scenarios that ship with clockwork (usable "
+        "by name: clockwork simulate NAME). 'copy' writes them, and the trace sample they "
+        "use, into a folder.")
+    p.set_defaults(func=cmd_scenarios, impl=IMPL, requires=())
+    ssub = p.add_subparsers(dest="scenarios_command", metavar="SUBCOMMAND")
+    ssub.add_parser("list", help="list the shipped scenarios (the default)")
+    c = ssub.add_parser("copy", help="copy shipped scenarios into a folder")
+    c.add_argument("names", nargs="*", metavar="NAME", help="scenario names")
+    c.add_argument("--all", action="store_true", help="copy every shipped scenario")
+    c.add_argument("--to", required=True, metavar="DIR", help="destination folder")
+    c.add_argument("--force", action="store_true",
+                   help="overwrite files in DIR that differ from the shipped ones")
+    return p
+
+
+def cmd_scenarios(args: argparse.Namespace) -> int:
+    if getattr(args, "scenarios_command", None) == "copy":
+        return _copy(args)
+    return _list()
+
+
+def _list() -> int:
+    items = resources.list_scenarios()
+    if not items:
+        print("clockwork scenarios: no shipped scenarios found in "
+              f"{resources.scenarios_root()}", file=sys.stderr)
+        return 1
+    width = max(len(n) for n, _ in items)
+    for name, desc in items:
+        print(f"{name:<{width}}  {desc}".rstrip())
+    print(f"\n{len(items)} scenarios in {resources.scenarios_root()}; run one with "
+          "`clockwork simulate NAME`, copy it out with `clockwork scenarios copy NAME --to DIR`")
+    return 0
+
+
+def scenario_data_files(path: Path) -> list[str]:
+    """The relative data paths a scenario names that ship with the package (its
+    workloads' ``trace``), as written."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return []
+    out: list[str] = []
+    for w in data.get("workloads", []) or []:
+        v = w.get("trace") if isinstance(w, dict) else None
+        if (isinstance(v, str) and v and not Path(v).is_absolute()
+                and (resources.data_root() / v).is_file() and v not in out):
+            out.append(v)
+    return out
+
+
+def _copy(args: argparse.Namespace) -> int:
+    names = resources.shipped_scenario_names()
+    wanted = list(names) if getattr(args, "all", False) else []
+    for n in getattr(args, "names", None) or []:
+        n = n[: -len(resources.SCENARIO_SUFFIX)] if n.endswith(resources.SCENARIO_SUFFIX) else n
+        n = n.removeprefix("scenarios/")
+        if n not in names:
+            close = difflib.get_close_matches(n, names, n=3, cutoff=0.5)
+            hint = (f"closest: {', '.join(close)}" if close
+                    else f"shipped: {', '.join(names) or '(none)'}")
+            print(f"clockwork scenarios copy: no shipped scenario {n!r}; {hint}", file=sys.stderr)
+            return 2
+        if n not in wanted:
+            wanted.append(n)
+    if not wanted:
+        print("clockwork scenarios copy: name one or more scenarios, or --all "
+              "(clockwork scenarios lists them)", file=sys.stderr)
+        return 2
+    dest = Path(args.to)
+    # (source, destination) of everything to write, decided before writing anything
+    plan: list[tuple[Path, Path]] = []
+    for n in wanted:
+        src = resources.scenarios_root() / f"{n}{resources.SCENARIO_SUFFIX}"
+        plan.append((src, dest / src.name))
+        for rel in scenario_data_files(src):
+            pair = (resources.data_root() / rel, dest / rel)
+            if pair not in plan:
+                plan.append(pair)
+    force = getattr(args, "force", False)
+    clash = [d for s, d in plan if d.exists() and not (d.is_file() and filecmp.cmp(s, d, False))]
+    if clash and not force:
+        print(f"clockwork scenarios copy: {', '.join(map(str, clash))} already exist(s) and "
+              "differ(s); nothing copied (--force overwrites)", file=sys.stderr)
+        return 1
+    try:
+        for s, d in plan:
+            d.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(s, d)
+    except OSError as e:
+        print(f"clockwork scenarios copy: {e}", file=sys.stderr)
+        return 1
+    for _, d in plan:
+        print(f"copied {d}")
+    return 0

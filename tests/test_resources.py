@@ -1,0 +1,272 @@
+"""The shipped data (clockwork/data), name lookup of scenarios and profile sets, data paths
+in scenario files, and ``clockwork scenarios`` (list / copy)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from clockwork import resources
+from clockwork.profiles import ProfileError, load_profile_set
+from clockwork.scenario import ScenarioError, load_scenario
+from clockwork.scenarios_cli import add_scenarios_parser, cmd_scenarios
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE = "traces/samples/invocations_per_function_md.anon.d01.csv.gz"
+
+
+@pytest.fixture
+def elsewhere(tmp_path, monkeypatch):
+    """Run the test from an empty folder outside the checkout."""
+    d = tmp_path / "cwd"
+    d.mkdir()
+    monkeypatch.chdir(d)
+    monkeypatch.delenv("CLOCKWORK_PROFILES", raising=False)
+    return d
+
+
+def run_scenarios(*argv: str) -> int:
+    p = argparse.ArgumentParser(prog="clockwork")
+    add_scenarios_parser(p.add_subparsers(dest="command"))
+    args = p.parse_args(["scenarios", *argv])
+    assert args.func is cmd_scenarios and args.impl == "clockwork.scenarios_cli:cmd_scenarios"
+    return args.func(args)
+
+
+# ------------------------------------------------------------------ layout
+
+def test_data_lives_in_the_package():
+    root = resources.data_root()
+    assert root == REPO / "clockwork" / "data"
+    assert (resources.profiles_root() / "v100-reference" / "resnet50_v2.json").is_file()
+    assert (resources.profiles_root() / "cpu" / "set.json").is_file()
+    assert (root / SAMPLE).is_file()
+    assert "demo_live" in resources.shipped_scenario_names()
+
+
+@pytest.mark.parametrize("link, target", [
+    ("scenarios", "clockwork/data/scenarios"),
+    ("profiles/v100-reference", "../clockwork/data/profiles/v100-reference"),
+    ("profiles/cpu", "../clockwork/data/profiles/cpu"),
+    ("traces/samples", "../clockwork/data/traces/samples"),
+])
+def test_checkout_paths_are_relative_symlinks(link, target):
+    p = REPO / link
+    assert p.is_symlink() and os.readlink(p) == target
+    assert p.resolve() == (REPO / "clockwork" / "data" / link).resolve()
+    assert p.resolve().is_relative_to(REPO / "clockwork" / "data")
+    assert any(p.iterdir())
+
+
+def test_old_paths_still_work_from_the_repo(monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert Path("scenarios/demo_live.toml").is_file()
+    assert Path(SAMPLE).is_file()
+    assert Path("profiles/cpu/resnet18.json").is_file()
+    assert Path("profiles/make_v100_reference.py").is_file()
+    assert Path("traces/README.md").is_file()
+
+
+# ------------------------------------------------------------------ scenarios by name
+
+@pytest.mark.parametrize("name", ["demo_live", "demo_live.toml", "scenarios/demo_live.toml"])
+def test_resolve_scenario_by_name(elsewhere, name):
+    p = resources.resolve_scenario(name)
+    assert p == resources.scenarios_root() / "demo_live.toml"
+    assert load_scenario(name).data["name"] == "demo-live-azure"
+
+
+def test_an_existing_file_wins(elsewhere):
+    own = elsewhere / "demo_live.toml"
+    own.write_text((resources.scenarios_root() / "poisson_warm.toml").read_text())
+    assert resources.resolve_scenario("demo_live.toml") == Path("demo_live.toml")
+    assert load_scenario("demo_live.toml").data["name"] == "poisson-warm"
+    # a bare name is still the shipped scenario (no file called "demo_live" here)
+    assert resources.resolve_scenario("demo_live") == resources.scenarios_root() / "demo_live.toml"
+
+
+def test_repo_relative_scenario_path_from_the_repo(monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert resources.resolve_scenario("scenarios/demo_live.toml") == Path("scenarios/demo_live.toml")
+
+
+@pytest.mark.parametrize("bad, suggestion", [
+    ("demo_lve", "demo_live"),
+    ("scenarios/poison_warm.toml", "poisson_warm"),
+    ("fig5", "fig5_1gpu"),
+])
+def test_unknown_scenario_suggests_the_closest(elsewhere, bad, suggestion):
+    with pytest.raises(ScenarioError) as e:
+        resources.resolve_scenario(bad)
+    msg = str(e.value)
+    assert "\n" not in msg and "not found" in msg and suggestion in msg
+    assert "closest shipped scenarios" in msg
+    with pytest.raises(ScenarioError, match=suggestion):
+        load_scenario(bad)
+
+
+def test_missing_path_is_not_taken_for_a_shipped_name(elsewhere):
+    """Only NAME, NAME.toml and scenarios/NAME.toml mean a shipped scenario."""
+    for bad in ("other/demo_live.toml", str(elsewhere / "demo_live.toml")):
+        with pytest.raises(ScenarioError, match="not found"):
+            resources.resolve_scenario(bad)
+
+
+def test_nothing_close_lists_every_shipped_name(elsewhere):
+    with pytest.raises(ScenarioError, match="shipped scenarios: .*poisson_warm"):
+        resources.resolve_scenario("qqqqqqqqqq")
+
+
+def test_list_scenarios_has_descriptions():
+    items = dict(resources.list_scenarios())
+    assert set(items) == set(resources.shipped_scenario_names())
+    assert len(items) >= 10
+    assert all(d for d in items.values())
+    assert items["poisson_warm"].startswith("One warm model, Poisson arrivals")
+
+
+def test_description_key_wins(tmp_path):
+    f = tmp_path / "x.toml"
+    f.write_text('# a comment\ndescription = """two\n  lines"""\nname = "x"\n')
+    assert resources.scenario_description(f) == "two lines"
+    f.write_text('# first line\n# second line\n\n# later\nname = "x"\n')
+    assert resources.scenario_description(f) == "first line second line"
+    f.write_text('name = "only-a-name"\n')
+    assert resources.scenario_description(f) == "only-a-name"
+
+
+# ------------------------------------------------------------------ data paths
+
+def test_resolve_data_path_order(elsewhere, tmp_path):
+    shipped = resources.data_root() / SAMPLE
+    assert resources.resolve_data_path(SAMPLE) == shipped
+    base = tmp_path / "scen"
+    (base / "traces" / "samples").mkdir(parents=True)
+    shutil.copyfile(shipped, base / SAMPLE)
+    assert resources.resolve_data_path(SAMPLE, base) == base / SAMPLE
+    (elsewhere / "traces" / "samples").mkdir(parents=True)
+    shutil.copyfile(shipped, elsewhere / SAMPLE)
+    assert resources.resolve_data_path(SAMPLE, base) == Path(SAMPLE)  # cwd first
+    with pytest.raises(FileNotFoundError, match="no/such.csv not found .tried"):
+        resources.resolve_data_path("no/such.csv", base)
+
+
+def test_trace_relative_to_the_scenario_folder(elsewhere, tmp_path):
+    """A scenario naming its own trace next to it runs from any folder, unchanged."""
+    from clockwork.sim import Simulation, simulate
+
+    d = tmp_path / "mine"
+    (d / "data").mkdir(parents=True)
+    shutil.copyfile(resources.data_root() / SAMPLE, d / "data" / "day1.csv.gz")
+    text = (resources.scenarios_root() / "azure_sample.toml").read_text()
+    assert f'trace = "{SAMPLE}"' in text
+    (d / "s.toml").write_text(text.replace(SAMPLE, "data/day1.csv.gz"))
+    sim = Simulation(load_scenario(str(d / "s.toml"), ["duration_s=2"]))
+    assert sim.workloads[0].trace_source == str(d / "data" / "day1.csv.gz")
+    assert simulate(str(d / "s.toml"), ["duration_s=2"]).summary["submitted"] > 0
+    (d / "data" / "day1.csv.gz").unlink()
+    with pytest.raises(ScenarioError, match="day1.csv.gz not found"):
+        simulate(str(d / "s.toml"), ["duration_s=2"])
+
+
+def test_shipped_trace_found_from_anywhere(elsewhere):
+    from clockwork.sim import Simulation
+
+    sc = load_scenario("azure_sample", ["duration_s=2"])
+    assert sc.source == str(resources.scenarios_root() / "azure_sample.toml")
+    sim = Simulation(sc)
+    assert sim.workloads[0].trace_source == str(resources.data_root() / SAMPLE)
+    assert sim.run().summary["submitted"] > 0
+
+
+# ------------------------------------------------------------------ profile sets
+
+def test_profile_sets_found_from_anywhere(elsewhere):
+    ps = load_profile_set("v100-reference")
+    assert ps.path == resources.profiles_root() / "v100-reference"
+    assert "resnet50_v2" in ps.profiles
+    assert load_profile_set("profiles/cpu").path == resources.profiles_root() / "cpu"
+    with pytest.raises(ProfileError, match="profile set 'nope' not found"):
+        load_profile_set("nope")
+
+
+def _one_profile_set(folder: Path, weights_cache_pages: int) -> None:
+    folder.mkdir(parents=True)
+    shutil.copyfile(resources.profiles_root() / "v100-reference" / "resnet50_v2.json",
+                    folder / "resnet50_v2.json")
+    (folder / "set.json").write_text(f'{{"weights_cache_pages": {weights_cache_pages}}}')
+
+
+def test_profile_lookup_order(elsewhere, tmp_path, monkeypatch):
+    _one_profile_set(elsewhere / "profiles" / "v100-reference", 11)
+    assert load_profile_set("v100-reference").weights_cache_pages == 11  # ./profiles first
+    _one_profile_set(tmp_path / "env" / "v100-reference", 22)
+    monkeypatch.setenv("CLOCKWORK_PROFILES", str(tmp_path / "env"))
+    assert load_profile_set("v100-reference").weights_cache_pages == 22  # then the env
+    assert load_profile_set(str(tmp_path / "env" / "v100-reference")).path == \
+        tmp_path / "env" / "v100-reference"  # an explicit path wins
+    assert load_profile_set("cpu").path == resources.profiles_root() / "cpu"  # shipped last
+
+
+# ------------------------------------------------------------------ clockwork scenarios
+
+def test_scenarios_list(capsys):
+    assert run_scenarios() == 0
+    out = capsys.readouterr().out
+    for name, _ in resources.list_scenarios():
+        assert name in out
+    assert "One warm model" in out
+    assert run_scenarios("list") == 0
+
+
+def test_scenarios_copy_with_trace(elsewhere, tmp_path, capsys):
+    dest = tmp_path / "out"
+    assert run_scenarios("copy", "demo_live", "poisson_warm.toml", "--to", str(dest)) == 0
+    got = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    assert got == ["demo_live.toml", "poisson_warm.toml", SAMPLE]
+    for n in ("demo_live", "poisson_warm"):  # unchanged copies
+        assert (dest / f"{n}.toml").read_bytes() == \
+            (resources.scenarios_root() / f"{n}.toml").read_bytes()
+    assert (dest / SAMPLE).read_bytes() == (resources.data_root() / SAMPLE).read_bytes()
+    capsys.readouterr()
+    # again: identical files are fine; an edited one is kept unless --force
+    assert run_scenarios("copy", "demo_live", "--to", str(dest)) == 0
+    (dest / "demo_live.toml").write_text("# mine\n")
+    assert run_scenarios("copy", "demo_live", "--to", str(dest)) == 1
+    assert "differ" in capsys.readouterr().err
+    assert (dest / "demo_live.toml").read_text() == "# mine\n"
+    assert run_scenarios("copy", "demo_live", "--to", str(dest), "--force") == 0
+    assert (dest / "demo_live.toml").read_bytes() == \
+        (resources.scenarios_root() / "demo_live.toml").read_bytes()
+
+
+def test_scenarios_copy_all(tmp_path):
+    dest = tmp_path / "all"
+    assert run_scenarios("copy", "--all", "--to", str(dest)) == 0
+    assert sorted(p.stem for p in dest.glob("*.toml")) == resources.shipped_scenario_names()
+    assert (dest / SAMPLE).is_file()
+
+
+def test_scenarios_copy_errors(tmp_path, capsys):
+    dest = tmp_path / "none"
+    assert run_scenarios("copy", "demo_live", "demo_lve", "--to", str(dest)) == 2
+    assert "closest: demo_live" in capsys.readouterr().err
+    assert not dest.exists()  # nothing copied
+    assert run_scenarios("copy", "--to", str(dest)) == 2
+    assert "--all" in capsys.readouterr().err
+
+
+def test_copied_scenario_runs_unchanged_from_elsewhere(elsewhere, tmp_path):
+    from clockwork.sim import Simulation, simulate
+
+    dest = tmp_path / "copied"
+    assert run_scenarios("copy", "azure_sample", "--to", str(dest)) == 0
+    sc = load_scenario(str(dest / "azure_sample.toml"), ["duration_s=2"])
+    assert Simulation(sc).workloads[0].trace_source == str(dest / SAMPLE)  # the copy's
+    res = simulate(sc)
+    assert res.scenario.source == str(dest / "azure_sample.toml")
+    assert res.summary["submitted"] > 0
