@@ -92,24 +92,30 @@ class ModelProfile:
 
     @classmethod
     def from_json(cls, d: dict, where: str = "<profile>") -> ModelProfile:
-        try:
-            return cls(
-                model=str(d["model"]),
-                device=str(d.get("device", "unknown")),
-                weights_bytes=int(d["weights_bytes"]),
-                weights_pages=int(d.get("weights_pages", 0)),
-                load_ns=int(d["load_ns"]),
-                exec_ns={int(k): int(v) for k, v in d["exec_ns"].items()},
-                inputs=[_tensor(t) for t in d.get("inputs", [])],
-                outputs=[_tensor(t) for t in d.get("outputs", [])],
-                source=dict(d.get("source", {})),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise ProfileError(f"{where}: malformed profile ({type(e).__name__}: {e})") from e
+        """A profile from its JSON form, checked against the profile schema
+        (``clockwork.settings.ProfileFile``); a bad file raises ``ProfileError`` with one
+        line naming the key, e.g. ``<file>: load_ns: must be an integer >= 1, got -5``."""
+        from clockwork.settings import ProfileFile, validate
+
+        p = validate(ProfileFile, d, where=where, error=ProfileError)
+        return cls(
+            model=p.model,
+            device=p.device,
+            weights_bytes=p.weights_bytes,
+            weights_pages=p.weights_pages,
+            load_ns=p.load_ns,
+            exec_ns=dict(p.exec_ns),
+            inputs=[_tensor(t) for t in p.inputs],
+            outputs=[_tensor(t) for t in p.outputs],
+            source=dict(p.source),
+        )
 
 
-def _tensor(t: dict) -> TensorSpec:
-    return TensorSpec(str(t["name"]), tuple(int(x) for x in t["shape"]), str(t["dtype"]))
+def _tensor(t) -> TensorSpec:
+    """A ``TensorSpec`` from a validated ``TensorEntry`` (or a dict of the same keys)."""
+    if isinstance(t, dict):
+        return TensorSpec(str(t["name"]), tuple(int(x) for x in t["shape"]), str(t["dtype"]))
+    return TensorSpec(t.name, tuple(t.shape), t.dtype)
 
 
 def pages_for(nbytes: int, page_size: int = PAGE_SIZE) -> int:

@@ -1,7 +1,11 @@
 """Scenario files (TOML): parsing, ``--set`` overrides, validation.
 
 A scenario says which cluster, which scheduler settings, which models (and how
-many copies) and which workloads. See DESIGN.md §6 for the keys.
+many copies) and which workloads. The keys, their defaults and ranges are the
+schemas of ``clockwork.settings`` (``ScenarioSettings``); ``docs/settings.md`` lists
+them. ``[scheduler]`` is checked against the policy's schema where the policy is
+built (``controller.split_settings``), each ``[[workloads]]`` entry by its kind
+(``clockwork.workloads``).
 """
 
 from __future__ import annotations
@@ -12,33 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clockwork.settings import check_scenario, scenario_defaults
+
 
 class ScenarioError(ValueError):
-    """A scenario file or override is wrong; the message says where and why."""
+    """A scenario file or override is wrong; the message (one line) says where and why."""
 
 
-DEFAULTS: dict[str, Any] = {
-    "seed": 1,
-    "duration_s": 60.0,
-    "cluster": {
-        "workers": 1,
-        "gpus_per_worker": 1,
-        "profiles": "v100-reference",
-        "network_latency_ms": 0.1,
-        "jitter_ms": 0.0,
-        "noise": 0.0,
-        "slow_prob": 0.0,
-    },
-    "scheduler": {"policy": "clockwork"},
-    "models": [],
-    "workloads": [],
-}
-
-CLUSTER_KEYS = {"workers", "gpus_per_worker", "profiles", "weights_cache_pages",
-                "network_latency_ms", "jitter_ms", "noise", "slow_prob", "slow_factor",
-                "device", "packages"}  # device/packages: live runs (serve); the simulator emulates
-TOP_KEYS = {"seed", "duration_s", "cluster", "scheduler", "models", "workloads", "name",
-            "description", "drain_s"}
+# what a scenario starts from, from the schema's defaults (ScenarioSettings)
+DEFAULTS: dict[str, Any] = scenario_defaults()
 
 
 @dataclass
@@ -151,46 +137,10 @@ def load_scenario(path: str | Path | None = None, overrides: list[str] | None = 
 
 
 def validate(sc: Scenario) -> None:
-    d = sc.data
-    where = sc.source
-    unknown = set(d) - TOP_KEYS
-    if unknown:
-        raise ScenarioError(f"{where}: unknown top-level keys {sorted(unknown)}")
-    try:
-        if float(d["duration_s"]) <= 0:
-            raise ScenarioError(f"{where}: duration_s must be > 0")
-        int(d["seed"])
-    except (TypeError, ValueError) as e:
-        raise ScenarioError(f"{where}: seed/duration_s: {e}") from None
-    c = d["cluster"]
-    bad = set(c) - CLUSTER_KEYS
-    if bad:
-        raise ScenarioError(f"{where}: unknown [cluster] keys {sorted(bad)}")
-    for k in ("workers", "gpus_per_worker"):
-        if not isinstance(c[k], int) or c[k] < 1:
-            raise ScenarioError(f"{where}: cluster.{k} must be an integer >= 1, got {c[k]!r}")
-    if "weights_cache_pages" in c and (not isinstance(c["weights_cache_pages"], int)
-                                       or c["weights_cache_pages"] < 1):
-        raise ScenarioError(f"{where}: cluster.weights_cache_pages must be an integer >= 1")
-    if c.get("device", "emulated") not in ("emulated", "cpu", "cuda"):
-        raise ScenarioError(f"{where}: cluster.device must be emulated, cpu or cuda, "
-                            f"got {c['device']!r}")
-    for k in ("network_latency_ms", "jitter_ms", "noise", "slow_prob"):
-        if not isinstance(c[k], int | float) or c[k] < 0:
-            raise ScenarioError(f"{where}: cluster.{k} must be a number >= 0, got {c[k]!r}")
-    if not isinstance(d["models"], list) or not d["models"]:
-        raise ScenarioError(f"{where}: at least one [[models]] entry is needed")
-    for i, m in enumerate(d["models"]):
-        if not isinstance(m, dict) or "name" not in m:
-            raise ScenarioError(f"{where}: models[{i}] needs a name")
-        copies = m.get("copies", 1)
-        if not isinstance(copies, int) or copies < 1:
-            raise ScenarioError(f"{where}: models[{i}].copies must be an integer >= 1")
-    if not isinstance(d["workloads"], list) or not d["workloads"]:
-        raise ScenarioError(f"{where}: at least one [[workloads]] entry is needed")
-    for i, w in enumerate(d["workloads"]):
-        if not isinstance(w, dict) or "kind" not in w:
-            raise ScenarioError(f"{where}: workloads[{i}] needs a kind")
+    """Check ``sc.data`` against the scenario schema and replace it by the validated
+    values (defaults filled); a bad key or value raises ``ScenarioError`` with one line
+    naming it, e.g. ``cluster.noise: must be a finite number >= 0, got nan``."""
+    sc.data = check_scenario(sc.data, sc.source, ScenarioError)
 
 
 def instance_names(models: list[dict]) -> dict[str, str]:

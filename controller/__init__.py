@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Mapping, Sequence
+from functools import cache
 
 from clockwork.profiles import ModelProfile
+from clockwork.settings import Settings, SettingsError, from_table, table_keys, unknown_key_line
 from controller.config import SchedulerConfig
 from controller.policy import GpuSpec, Policy
 
@@ -13,7 +16,8 @@ def _clockwork(profiles, gpus, cfg, settings=None) -> Policy:
     from controller.scheduler import ClockworkScheduler
 
     if settings:
-        raise ValueError(f"unknown scheduler setting(s) {', '.join(sorted(settings))}")
+        raise SettingsError(unknown_key_line((sorted(settings)[0],), table_keys(SchedulerConfig),
+                                             "scheduler"))
     return ClockworkScheduler(profiles, gpus, cfg)
 
 
@@ -42,23 +46,58 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "infaas": _infaas,
 }
 
-# [scheduler] keys that belong to one baseline, not to SchedulerConfig
-POLICY_SETTINGS: dict[str, tuple[str, ...]] = {
-    "clipper": ("batch_wait_ms", "aimd_step", "aimd_backoff", "initial_batch", "drop_expired",
-                "replicas"),
-    "tfserving": ("max_batch_size", "batch_timeout_us", "batch_timeout_ms",
-                  "max_enqueued_batches", "inflight_per_gpu"),
-    "infaas": ("monitor_interval_ms", "batch_slo_fraction", "scale_up_util", "scale_down_util",
-               "scale_down_intervals", "inflight_per_gpu"),
-}
+
+@cache
+def policy_config(name: str) -> type[Settings] | None:
+    """The schema of a policy's own ``[scheduler]`` settings, beside ``SchedulerConfig``'s
+    (None: the policy has none)."""
+    if name == "clipper":
+        from controller.baselines.clipper import ClipperConfig
+        return ClipperConfig
+    if name == "tfserving":
+        from controller.baselines.tfserving import TfServingConfig
+        return TfServingConfig
+    if name == "infaas":
+        from controller.baselines.infaas import InfaasConfig
+        return InfaasConfig
+    return None
+
+
+def _check_policy(name: str) -> None:
+    if name not in POLICIES:
+        close = difflib.get_close_matches(str(name), list(POLICIES), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise SettingsError(f"unknown scheduler policy {name!r}{hint}; known: "
+                            f"{', '.join(sorted(POLICIES))}")
 
 
 def split_settings(name: str, table: Mapping[str, object]) -> tuple[dict, dict]:
     """Split a ``[scheduler]`` table (without ``policy``) into SchedulerConfig keys and
-    the named policy's own settings."""
-    own = set(POLICY_SETTINGS.get(name, ()))
-    common = {k: v for k, v in table.items() if k not in own}
-    extra = {k: v for k, v in table.items() if k in own}
+    the named policy's own settings, after checking the whole table against both
+    schemas: an unknown key or a bad value raises ``SettingsError`` (a ``ValueError``)
+    with one line, e.g. ``unknown scheduler setting 'max_batc' (did you mean
+    'max_batch'?)`` or ``max_batch: must be an integer >= 1, got 'abc'``."""
+    _check_policy(name)
+    own_cls = policy_config(name)
+    own = set(table_keys(own_cls)) if own_cls else set()
+    shared = set(table_keys(SchedulerConfig))
+    common: dict = {}
+    extra: dict = {}
+    for k, v in table.items():
+        if k in own:
+            extra[k] = v
+        elif k in shared:
+            common[k] = v
+        else:
+            others = [p for p in sorted(POLICIES)
+                      if (c := policy_config(p)) is not None and k in table_keys(c)]
+            if others:
+                raise SettingsError(f"unknown scheduler setting {k!r} for policy {name!r} "
+                                    f"(it is a setting of {', '.join(others)})")
+            raise SettingsError(unknown_key_line((k,), sorted(shared | own), "scheduler"))
+    SchedulerConfig.from_ms(**common)
+    if own_cls is not None:
+        from_table(own_cls, extra)
     return common, extra
 
 
@@ -66,9 +105,6 @@ def make_policy(name: str, profiles: Sequence[ModelProfile], gpus: Sequence[GpuS
                 cfg: SchedulerConfig | None = None,
                 settings: Mapping[str, object] | None = None) -> Policy:
     """Build a policy. ``settings``: the policy's own ``[scheduler]`` keys (see
-    ``POLICY_SETTINGS`` / ``split_settings``)."""
-    try:
-        factory = POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown scheduler policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
-    return factory(profiles, gpus, cfg or SchedulerConfig(), settings)
+    ``policy_config`` / ``split_settings``)."""
+    _check_policy(name)
+    return POLICIES[name](profiles, gpus, cfg or SchedulerConfig(), settings)

@@ -1,48 +1,66 @@
-"""Scheduler settings (Clockwork INFER5's defaults), int ns inside."""
+"""Scheduler settings (Clockwork INFER5's defaults), int ns inside.
+
+``SchedulerConfig`` is the schema of the clockwork policy's ``[scheduler]`` table (and of
+``clockwork controller --set``): each field's description documents the setting, and a
+time setting ``x`` is written ``x_ms`` in milliseconds (``SchedulerConfig.from_ms``).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from typing import Any, ClassVar
 
+from pydantic import ConfigDict
+
+from clockwork.settings import CONFIG, Settings, from_table, setting
 from clockwork.time import ms
 
 
-@dataclass(frozen=True)
-class SchedulerConfig:
-    schedule_ahead: int = ms(10)  # keep each GPU busy this far into the future
-    default_slo: int = ms(100)
-    max_batch: int = 16
-    max_exec: int = ms(25)  # batch sizes > 1 whose estimate exceeds this are not used
-    buffer: int = ms(5)  # network/output allowance taken off the SLO (at most SLO/10)
-    latest_delta: int = ms(10)  # an action may start this late before the worker rejects it
-    future: int = ms(1)  # an idle GPU is predicted to start this long after "now"
-    lag: int = ms(10)  # outstanding work this overdue is assumed done
-    max_load_slo: int = ms(25)  # cap on the time a cold request allows for LOAD demand
-    estimate_window: int = 10
-    estimate_percentile: float = 0.99
-    batch_first: bool = True  # run a larger batch first when the most urgent can wait
-    load_check_interval: int = ms(2)  # how often unmet demand is re-examined for LOADs
+class SchedulerConfig(Settings):
+    """Frozen and hashable; attributes are plain values (read in the scheduler's hot
+    path). Construct with int ns (``SchedulerConfig(default_slo=ms(50))``) or from a
+    table in milliseconds (``SchedulerConfig.from_ms(default_slo_ms=50)``)."""
 
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if isinstance(v, int) and v < 0:
-                raise ValueError(f"scheduler setting {f.name} must be >= 0, got {v}")
-        if self.max_batch < 1:
-            raise ValueError("max_batch must be >= 1")
-        if not 0 < self.estimate_percentile <= 1:
-            raise ValueError("estimate_percentile must be in (0, 1]")
+    model_config = ConfigDict(**CONFIG, frozen=True)
+    settings_name: ClassVar[str] = "scheduler"
+
+    schedule_ahead: int = setting(
+        ms(10), "Keep each GPU's schedule filled this far into the future: INFERs and "
+        "LOADs are sent to a worker at most this long before they are due to start.",
+        units=("ms",), ge=0)
+    default_slo: int = setting(
+        ms(100), "SLO of a request that does not carry one.", units=("ms",), gt=0)
+    max_batch: int = setting(
+        16, "Largest batch size used (a model's compiled batch sizes above it are not).",
+        ge=1)
+    max_exec: int = setting(
+        ms(25), "Batch sizes > 1 whose estimated EXEC exceeds this are not used.",
+        units=("ms",), ge=0)
+    buffer: int = setting(
+        ms(5), "Network and output allowance taken off each request's SLO when deciding "
+        "whether it can still be met (at most a tenth of the SLO).", units=("ms",), ge=0)
+    latest_delta: int = setting(
+        ms(10), "An action may start this late (after its expected start) before the "
+        "worker rejects it.", units=("ms",), ge=0)
+    future: int = setting(
+        ms(1), "An idle GPU is predicted to start a new action this long after now (the "
+        "time for the action to reach the worker).", units=("ms",), ge=0)
+    lag: int = setting(
+        ms(10), "Outstanding work this far past its predicted end is assumed done.",
+        units=("ms",), ge=0)
+    max_load_slo: int = setting(
+        ms(25), "Cap on the time a cold request allows for LOAD demand.", units=("ms",), ge=0)
+    estimate_window: int = setting(
+        10, "Measurements per estimate: each LOAD and EXEC (per batch size) estimate is a "
+        "percentile of this many latest measurements.", ge=1)
+    estimate_percentile: float = setting(
+        0.99, "The percentile of the window used as the estimate.", gt=0, le=1)
+    batch_first: bool = setting(
+        True, "Run a larger batch first when the most urgent request can wait for it.")
+    load_check_interval: int = setting(
+        ms(2), "How often unmet LOAD demand is re-examined.", units=("ms",), ge=0)
 
     @classmethod
-    def from_ms(cls, **kw: float) -> SchedulerConfig:
-        """Build from a scenario's ``[scheduler]`` table (``*_ms`` keys in milliseconds)."""
-        out: dict = {}
-        names = {f.name for f in fields(cls)}
-        for k, v in kw.items():
-            if k.endswith("_ms") and k[:-3] in names:
-                out[k[:-3]] = ms(float(v))
-            elif k in names:
-                out[k] = v
-            else:
-                raise ValueError(f"unknown scheduler setting {k!r}")
-        return cls(**out)
+    def from_ms(cls, **kw: Any) -> SchedulerConfig:
+        """Build from a scenario's ``[scheduler]`` table (``*_ms`` keys in milliseconds);
+        a bad key or value raises ``SettingsError`` (a ``ValueError``) with one line."""
+        return from_table(cls, kw)

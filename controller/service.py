@@ -56,7 +56,13 @@ SERVER_OPTIONS = [*CHANNEL_OPTIONS, *LISTEN_OPTIONS]
 
 def parse_models(spec: str | None, profiles: dict[str, ModelProfile]) -> dict[str, str]:
     """``"resnet50_v2:4,vgg16"`` -> instance name -> profile name (copies named
-    ``m``, ``m:1``, ...). Empty: every profile of the set, one copy."""
+    ``m``, ``m:1``, ...). Empty: every profile of the set, one copy. Each item is checked
+    like a ``[[models]]`` entry; a bad one raises ``ValueError`` with one line."""
+    import difflib
+
+    from clockwork.scenario import parse_value
+    from clockwork.settings import ModelEntry, SettingsError, validate
+
     out: dict[str, str] = {}
     if not spec:
         return {m: m for m in sorted(profiles)}
@@ -64,14 +70,19 @@ def parse_models(spec: str | None, profiles: dict[str, ModelProfile]) -> dict[st
         part = part.strip()
         if not part:
             continue
-        name, _, copies = part.partition(":")
-        if name not in profiles:
-            raise ValueError(f"no profile for model {name!r}; known: {', '.join(sorted(profiles))}")
-        n = int(copies) if copies else 1
-        if n < 1:
-            raise ValueError(f"{part!r}: copies must be >= 1")
-        for k in range(n):
-            out[name if k == 0 else f"{name}:{k}"] = name
+        name, colon, copies = part.partition(":")
+        entry = {"name": name.strip(), "copies": parse_value(copies.strip()) if colon else 1}
+        m = validate(ModelEntry, entry, where=f"--models {part}")
+        if m.name not in profiles:
+            close = difflib.get_close_matches(m.name, list(profiles), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise SettingsError(f"--models {part}: no profile for model {m.name!r}{hint}; "
+                                f"known: {', '.join(sorted(profiles))}")
+        for k in range(m.copies):
+            inst = m.name if k == 0 else f"{m.name}:{k}"
+            if inst in out:
+                raise SettingsError(f"--models {part}: model instance {inst!r} is listed twice")
+            out[inst] = m.name
     return out
 
 
@@ -684,19 +695,18 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
 
 def parse_settings(items: list[str]) -> dict:
     """``["max_exec_ms=25", "batch_first=false"]`` -> {"max_exec_ms": 25, ...} (values as
-    TOML would read them: booleans, integers, floats, else strings)."""
-    import tomllib
+    TOML would read them: booleans, integers, floats, else strings). The keys and values
+    are checked against the policy's schemas by ``controller.split_settings``; here a
+    malformed item raises ``ValueError`` with one line."""
+    from clockwork.scenario import parse_value
+    from clockwork.settings import SettingsError
 
     out = {}
     for item in items:
         key, eq, text = item.partition("=")
         if not eq or not key.strip():
-            raise ValueError(f"--set wants KEY=VALUE, got {item!r}")
-        try:
-            value = tomllib.loads(f"v = {text.strip()}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = text.strip()
-        out[key.strip()] = value
+            raise SettingsError(f"--set wants KEY=VALUE, got {item!r}")
+        out[key.strip()] = parse_value(text.strip())
     return out
 
 

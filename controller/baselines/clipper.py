@@ -36,30 +36,43 @@ view: a container knows only its own queue and measured latencies.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from typing import ClassVar
 
 from clockwork.actions import Action, RequestStatus, Result
 from clockwork.requests import QUEUED, Request
-from controller.baselines.common import BaselinePolicy, Copy, Gpu, parse_settings
+from clockwork.settings import setting
+from controller.baselines.common import (
+    BaselineConfig,
+    BaselinePolicy,
+    Copy,
+    Gpu,
+    parse_settings,
+)
 
 SETTINGS = ("batch_wait_ms", "aimd_step", "aimd_backoff", "initial_batch", "drop_expired",
             "replicas")
 
 
-@dataclass(frozen=True)
-class ClipperConfig:
-    batch_wait: int = 0  # delayed batching: ns an under-full batch may wait
-    aimd_step: float = 1.0  # additive increase per batch that met the SLO
-    aimd_backoff: float = 0.9  # multiplicative decrease on a miss (10 %)
-    initial_batch: float = 1.0
-    drop_expired: bool = True  # remove requests whose deadline passed while queued
-    replicas: int = 1  # containers per model (each on a different GPU)
+class ClipperConfig(BaselineConfig):
+    """The clipper policy's own ``[scheduler]`` settings."""
 
-    def __post_init__(self) -> None:
-        if self.batch_wait < 0 or self.aimd_step <= 0 or not 0 < self.aimd_backoff < 1:
-            raise ValueError("clipper: need batch_wait >= 0, aimd_step > 0, 0 < aimd_backoff < 1")
-        if self.initial_batch < 1 or self.replicas < 1:
-            raise ValueError("clipper: initial_batch and replicas must be >= 1")
+    settings_name: ClassVar[str] = "clipper"
+
+    batch_wait: int = setting(
+        0, "Delayed batching: an idle container whose queue holds less than its batch size "
+        "waits until its oldest request has waited this long (0: no waiting).",
+        units=("ms",), ge=0)
+    aimd_step: float = setting(
+        1.0, "AIMD additive increase of a container's batch size after a batch that met "
+        "the SLO.", gt=0)
+    aimd_backoff: float = setting(
+        0.9, "AIMD multiplicative decrease of a container's batch size after a batch that "
+        "missed the SLO.", gt=0, lt=1)
+    initial_batch: float = setting(1.0, "A new container's batch size.", ge=1)
+    drop_expired: bool = setting(
+        True, "Answer TIMEOUT, instead of running, the queued requests whose deadline has "
+        "passed when a batch is formed.")
+    replicas: int = setting(1, "Containers per model, each on a different GPU.", ge=1)
 
     @classmethod
     def from_settings(cls, settings=None) -> ClipperConfig:

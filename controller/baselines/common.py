@@ -18,32 +18,30 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Mapping
-from dataclasses import fields
 
 from clockwork.actions import NEVER, Action, ActionType, ErrorCode, RequestStatus, Result
 from clockwork.profiles import ModelProfile
 from clockwork.requests import DONE, EXECUTING, Reply, Request
+from clockwork.settings import CONFIG, Settings, from_table
 from controller.config import SchedulerConfig
 from controller.policy import GpuSpec, Policy
 
 MAX_ATTEMPTS = 3  # INFERs a request may be part of before a worker error is final
 
 
-def parse_settings(cls, settings: Mapping[str, object] | None, policy: str):
-    """Build a baseline's config dataclass from ``[scheduler]`` keys (``*_ms`` in ms,
-    ``*_us`` in microseconds, stored as int ns)."""
-    out: dict = {}
-    names = {f.name: f for f in fields(cls)}
-    for k, v in (settings or {}).items():
-        if k.endswith("_ms") and k[:-3] in names:
-            out[k[:-3]] = int(round(float(v) * 1e6))
-        elif k.endswith("_us") and k[:-3] in names:
-            out[k[:-3]] = int(round(float(v) * 1e3))
-        elif k in names:
-            out[k] = v
-        else:
-            raise ValueError(f"unknown {policy} setting {k!r}")
-    return cls(**out)
+class BaselineConfig(Settings):
+    """Base of a baseline's own settings schema (frozen; time settings in int ns,
+    written in a table under their unit's key, e.g. ``batch_wait_ms``)."""
+
+    model_config = {**CONFIG, "frozen": True}
+
+
+def parse_settings(cls: type[BaselineConfig], settings: Mapping[str, object] | None,
+                   policy: str = "") -> BaselineConfig:
+    """Build a baseline's config from its ``[scheduler]`` keys (time settings in the
+    units of their keys, stored as int ns); a bad key or value raises ``SettingsError``
+    (a ``ValueError``) with one line. ``policy`` is unused: the schema names itself."""
+    return from_table(cls, settings)
 
 
 class Copy:

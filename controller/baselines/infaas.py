@@ -46,29 +46,50 @@ INFaaS's model-profiler.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from typing import ClassVar
+
+from pydantic import model_validator
 
 from clockwork.actions import Action, RequestStatus
 from clockwork.requests import QUEUED, Request
-from controller.baselines.common import BaselinePolicy, Copy, Gpu, parse_settings
+from clockwork.settings import setting
+from controller.baselines.common import (
+    BaselineConfig,
+    BaselinePolicy,
+    Copy,
+    Gpu,
+    parse_settings,
+)
 
 
-@dataclass(frozen=True)
-class InfaasConfig:
-    monitor_interval: int = 1_000_000_000  # ns between autoscaler decisions
-    batch_slo_fraction: float = 0.5
-    scale_up_util: float = 0.8
-    scale_down_util: float = 0.3
-    scale_down_intervals: int = 3
-    inflight_per_gpu: int = 2
+class InfaasConfig(BaselineConfig):
+    """The infaas policy's own ``[scheduler]`` settings."""
 
-    def __post_init__(self) -> None:
-        if self.monitor_interval <= 0 or not 0 < self.batch_slo_fraction <= 1:
-            raise ValueError("infaas: need monitor_interval > 0 and 0 < batch_slo_fraction <= 1")
-        if not 0 <= self.scale_down_util < self.scale_up_util:
-            raise ValueError("infaas: need 0 <= scale_down_util < scale_up_util")
-        if self.scale_down_intervals < 1 or self.inflight_per_gpu < 1:
-            raise ValueError("infaas: scale_down_intervals and inflight_per_gpu must be >= 1")
+    settings_name: ClassVar[str] = "infaas"
+
+    monitor_interval: int = setting(
+        1_000_000_000, "Time between autoscaler decisions.", units=("ms",), gt=0)
+    batch_slo_fraction: float = setting(
+        0.5, "A request's batch size is the largest whose profiled EXEC is at most this "
+        "fraction of its SLO.", gt=0, le=1)
+    scale_up_util: float = setting(
+        0.8, "Add a copy of a model when its load per copy, or the utilisation of a GPU "
+        "holding it, exceeds this (and a GPU below it has room).", gt=0)
+    scale_down_util: float = setting(
+        0.3, "Remove a copy when the model's load would stay at most this per copy "
+        "without it; must be below `scale_up_util`.", ge=0)
+    scale_down_intervals: int = setting(
+        3, "Consecutive monitor intervals the scale-down condition must hold.", ge=1)
+    inflight_per_gpu: int = setting(
+        2, "INFERs a GPU may have outstanding; the copy on it with the oldest queued "
+        "request sends a batch when fewer are.", ge=1)
+
+    @model_validator(mode="after")
+    def _utils_ordered(self) -> InfaasConfig:
+        if not self.scale_down_util < self.scale_up_util:
+            raise ValueError(f"scale_down_util must be below scale_up_util, got "
+                             f"{self.scale_down_util:g} and {self.scale_up_util:g}")
+        return self
 
     @classmethod
     def from_settings(cls, settings=None) -> InfaasConfig:

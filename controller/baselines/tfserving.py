@@ -33,25 +33,37 @@ batch splitting for large requests, RPC and TensorFlow session overheads.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from typing import ClassVar
 
 from clockwork.actions import Action, RequestStatus
 from clockwork.requests import QUEUED, Request
-from controller.baselines.common import BaselinePolicy, Copy, Gpu, parse_settings
+from clockwork.settings import setting
+from controller.baselines.common import (
+    BaselineConfig,
+    BaselinePolicy,
+    Copy,
+    Gpu,
+    parse_settings,
+)
 
 
-@dataclass(frozen=True)
-class TfServingConfig:
-    max_batch_size: int = 0  # 0: the largest compiled batch size within max_batch
-    batch_timeout: int = 2_000_000  # ns (batch_timeout_us = 2000)
-    max_enqueued_batches: int = 100
-    inflight_per_gpu: int = 2
+class TfServingConfig(BaselineConfig):
+    """The tfserving policy's own ``[scheduler]`` settings."""
 
-    def __post_init__(self) -> None:
-        if self.max_batch_size < 0 or self.batch_timeout < 0:
-            raise ValueError("tfserving: max_batch_size and batch_timeout must be >= 0")
-        if self.max_enqueued_batches < 1 or self.inflight_per_gpu < 1:
-            raise ValueError("tfserving: max_enqueued_batches and inflight_per_gpu must be >= 1")
+    settings_name: ClassVar[str] = "tfserving"
+
+    max_batch_size: int = setting(
+        0, "Requests per batch (a batch is padded to the next compiled size); 0: the "
+        "largest compiled batch size within `max_batch`.", ge=0)
+    batch_timeout: int = setting(
+        2_000_000, "An open batch closes when its oldest request has waited this long (or "
+        "when it is full); 0: a batch closes at once.", units=("us", "ms"), ge=0)
+    max_enqueued_batches: int = setting(
+        100, "Closed batches a model's queue holds; a request that finds it full is "
+        "answered ERROR.", ge=1)
+    inflight_per_gpu: int = setting(
+        2, "INFERs a GPU may have outstanding; the next batch (round-robin over the "
+        "queues) is sent when fewer are.", ge=1)
 
     @classmethod
     def from_settings(cls, settings=None) -> TfServingConfig:

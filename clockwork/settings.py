@@ -1,0 +1,622 @@
+"""Typed, validated settings: what every settings schema shares, and the schemas of a
+scenario file's tables and of a profile file.
+
+A schema is a pydantic model derived from ``Settings``: unknown keys are refused, types
+are strict (``true`` is not a number, ``"abc"`` is not an integer), numbers must be
+finite, and each field has a range and a ``description``. The description is the one
+place where a setting is documented: ``docs/settings.md`` is rendered from the schemas
+(``python -m clockwork.settings_doc``).
+
+A bad value is refused with one line that names the key, the value and what is
+expected (``validate`` / ``error_line``)::
+
+    cluster.noise: must be a finite number >= 0, got nan
+    unknown setting 'cluster.wokers' (did you mean 'cluster.workers'?)
+
+Time settings of the scheduler and the baselines are stored as int nanoseconds but
+written in a unit in a table (``default_slo_ms = 100``): such a field is declared with
+``setting(..., units=("ms",))`` and ``from_table`` reads the table form. Those schemas
+live beside their code (``controller/config.py``, ``controller/baselines/``) and use
+this module; this module imports nothing from ``controller/`` or ``worker/``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union
+
+import annotated_types as at
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+)
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError, PydanticUndefined
+
+# ----------------------------------------------------------------------------- base
+
+
+class SettingsError(ValueError):
+    """A setting is unknown or has a bad value; the message is one line."""
+
+
+CONFIG = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class Settings(BaseModel):
+    """Base class of every settings schema."""
+
+    model_config = CONFIG
+    settings_name: ClassVar[str] = ""  # names the table in "unknown <name> setting 'x'"
+
+
+M = TypeVar("M", bound=BaseModel)
+S = TypeVar("S", bound=Settings)
+
+
+# time units of table keys (``<field>_<unit>``) -> nanoseconds per unit
+UNITS: dict[str, int] = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000}
+UNIT_WORDS = {"s": "seconds", "ms": "milliseconds", "us": "microseconds"}
+
+
+def setting(default: Any = PydanticUndefined, description: str = "", *,
+            units: Sequence[str] = (), expected: str | None = None,
+            default_text: str | None = None, **constraints: Any) -> Any:
+    """A ``Field`` with a description and what this module needs to know about it:
+    ``units``, a time setting stored in int ns and written ``<name>_<unit>`` in a table
+    (the first unit is the documented one); ``expected``, the error text for a bad value
+    when the type and range say too little; ``default_text``, the default as the docs
+    should state it (for a ``None`` default that means "computed")."""
+    extra: dict[str, Any] = {}
+    if units:
+        extra["units"] = list(units)
+    if expected:
+        extra["expected"] = expected
+    if default_text:
+        extra["default_text"] = default_text
+    return Field(default, description=description, json_schema_extra=extra or None,
+                 **constraints)
+
+
+def _extra(info: FieldInfo | None) -> dict:
+    e = info.json_schema_extra if info is not None else None
+    return e if isinstance(e, dict) else {}
+
+
+def units_of(info: FieldInfo) -> list[str]:
+    return list(_extra(info).get("units", ()))
+
+
+# ----------------------------------------------------------------------------- messages
+
+
+def show(value: Any) -> str:
+    """A value as the message shows it (TOML words for booleans and non-finite floats)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _num(x: Any) -> str:
+    if isinstance(x, float) and x.is_integer():
+        return str(int(x))
+    return str(x)
+
+
+def _unwrap(tp: Any) -> tuple[Any, list]:
+    """Strip ``Annotated`` and ``| None``; return the type and its constraint metadata."""
+    meta: list = []
+    while True:
+        if typing.get_origin(tp) is Annotated:
+            args = typing.get_args(tp)
+            tp = args[0]
+            for m in args[1:]:
+                if isinstance(m, FieldInfo):
+                    meta.extend(m.metadata)
+                    meta.append(m)
+                else:
+                    meta.append(m)
+            continue
+        if typing.get_origin(tp) in (Union, types.UnionType):
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            if len(args) == 1:
+                tp = args[0]
+                continue
+        return tp, meta
+
+
+def _is_model(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, BaseModel)
+
+
+def _resolve(model: type[BaseModel], loc: Sequence[Any]) -> tuple[Any, list, FieldInfo | None] | None:
+    """The type, constraints and field of the value at ``loc`` (None when unknown, e.g.
+    a free-form key)."""
+    tp: Any = model
+    meta: list = []
+    info: FieldInfo | None = None
+    for i, part in enumerate(loc):
+        tp, m = _unwrap(tp)
+        if _is_model(tp):
+            f = tp.model_fields.get(part) if isinstance(part, str) else None
+            if f is None:
+                return None
+            tp, meta, info = f.annotation, list(f.metadata) + [f], f
+            continue
+        origin = typing.get_origin(tp)
+        args = typing.get_args(tp)
+        if origin in (list, tuple, Sequence) and isinstance(part, int) and args:
+            tp, meta, info = args[0], [], None
+        elif origin in (dict, Mapping) and len(args) == 2:
+            if i + 1 < len(loc) and loc[i + 1] == "[key]":
+                return (*_unwrap(args[0]), None)
+            tp, meta, info = args[1], [], None
+        elif part == "[key]":
+            return None
+        else:
+            return None
+    tp, m = _unwrap(tp)
+    return tp, meta + m, info
+
+
+def _bounds(meta: list, scale: float = 1.0) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for m in meta:
+        for k in ("ge", "gt", "le", "lt"):
+            v = getattr(m, k, None)
+            if v is not None and not isinstance(m, FieldInfo):
+                out[k] = v / scale if scale != 1.0 else v
+    return out
+
+
+def range_text(meta: list, scale: float = 1.0) -> str:
+    """``">= 0"``, ``"in (0, 1]"``, ... from the constraints; "" when unbounded."""
+    b = _bounds(meta, scale)
+    lo = ("[", b["ge"]) if "ge" in b else ("(", b["gt"]) if "gt" in b else None
+    hi = ("]", b["le"]) if "le" in b else (")", b["lt"]) if "lt" in b else None
+    if lo and hi:
+        return f"in {lo[0]}{_num(lo[1])}, {_num(hi[1])}{hi[0]}"
+    if lo:
+        return f"{'>=' if lo[0] == '[' else '>'} {_num(lo[1])}"
+    if hi:
+        return f"{'<=' if hi[0] == ']' else '<'} {_num(hi[1])}"
+    return ""
+
+
+def _min_len(meta: list) -> int:
+    return max([m.min_length for m in meta if isinstance(m, at.MinLen)] or [0])
+
+
+def expected(tp: Any, meta: list, info: FieldInfo | None = None, scale: float = 1.0) -> str:
+    """What a value must be, as words: "an integer >= 1", "a finite number in [0, 1]"."""
+    override = _extra(info).get("expected")
+    if override:
+        return override
+    for m in meta:
+        if isinstance(m, FieldInfo) and _extra(m).get("expected"):
+            return _extra(m)["expected"]
+    rng = range_text(meta, scale)
+    if tp is bool:
+        return "true or false"
+    if tp is int:
+        return f"an integer {rng}".rstrip()
+    if tp is float:
+        return f"a finite number {rng}".rstrip()
+    if tp is str:
+        return "a non-empty string" if _min_len(meta) else "a string"
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if _is_model(tp) or typing.get_origin(tp) in (dict, Mapping) or tp is dict:
+        return "a table"
+    if typing.get_origin(tp) in (list, tuple, Sequence) or tp in (list, tuple):
+        return "a non-empty list" if _min_len(meta) else "a list"
+    return "a valid value"
+
+
+def _key(parts: Sequence[Any]) -> str:
+    return ".".join(str(p) for p in parts)
+
+
+def unknown_key_line(key: Sequence[Any], known: Sequence[str], name: str = "",
+                     note: str = "") -> str:
+    """``unknown scheduler setting 'max_batc' (did you mean 'max_batch'?)``: ``key`` is the
+    full location; ``known`` the valid names beside it; ``name`` names the table when the
+    key is a bare name."""
+    *parent, last = list(key)
+    what = f"unknown {name} setting" if name and not parent else "unknown setting"
+    close = difflib.get_close_matches(str(last), list(known), n=1, cutoff=0.6)
+    if close:
+        hint = f" (did you mean {_key([*parent, close[0]])!r}?)"
+    elif known:
+        hint = f" (known: {', '.join(sorted(known))})"
+    else:
+        hint = ""
+    return f"{what} {_key(key)!r}{hint}{note}"
+
+
+def _table_keys(model: Any) -> list[str]:
+    return list(model.model_fields) if _is_model(model) else []
+
+
+def error_line(exc: ValidationError, model: type[BaseModel], prefix: Sequence[Any] = (),
+               name: str | None = None) -> str:
+    """One line for the first error of ``exc`` (raised validating ``model``): the key
+    (``prefix`` + the error's location, dotted), the bad value and what is expected."""
+    errors = exc.errors(include_url=False)
+    if not errors:
+        return str(exc).splitlines()[0]
+    err = errors[0]
+    loc = tuple(err.get("loc", ()))
+    typ = err.get("type", "")
+    value = err.get("input")
+    name = model.__dict__.get("settings_name", "") if name is None else name
+    msg = str(err.get("msg", "invalid value")).replace("\n", " ")
+    if typ == "extra_forbidden":
+        parent = _resolve(model, loc[:-1]) if loc[:-1] else (model, [], None)
+        known = _table_keys(parent[0]) if parent else []
+        return unknown_key_line((*prefix, *loc), known, name)
+    if loc and loc[-1] == "[key]":
+        where = _key((*prefix, *loc[:-2])) or name or "table"
+        found = _resolve(model, loc)
+        want = expected(*found) if found else "a valid key"
+        return f"{where}: key {show(loc[-2])} must be {want}"
+    key = _key((*prefix, *loc))
+    found = _resolve(model, loc)
+    if found is not None:
+        want = expected(*found)
+    elif msg.startswith("Input should be "):
+        want = msg[len("Input should be "):]
+    else:
+        want = ""
+    if typ == "missing":
+        return f"{key}: required setting missing (must be {want or 'given'})"
+    if typ in ("value_error", "assertion_error"):
+        text = msg.split(", ", 1)[1] if msg.startswith(("Value error, ", "Assertion failed, ")) \
+            else msg
+        where = key or name
+        return f"{where}: {text}" if where else text
+    if want:
+        return f"{key or name or 'value'}: must be {want}, got {show(value)}"
+    return f"{key or name or 'value'}: {msg[:1].lower()}{msg[1:]}, got {show(value)}"
+
+
+def validate(model: type[M], data: Any, *, prefix: Sequence[Any] = (), where: str = "",
+             error: type[Exception] = SettingsError) -> M:
+    """``model.model_validate(data)``; a bad value raises ``error`` with one line
+    (``where``, e.g. a file name, goes first)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        line = error_line(e, model, prefix)
+        raise error(f"{where}: {line}" if where else line) from None
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+_TABLES: dict[type, type[BaseModel]] = {}
+
+
+def table_model(cls: type[Settings]) -> type[BaseModel]:
+    """The schema of ``cls``'s table form: each time field ``x`` (int ns, ``units``)
+    becomes the keys ``x_<unit>`` (finite numbers in that unit, same range)."""
+    if cls in _TABLES:
+        return _TABLES[cls]
+    fields: dict[str, Any] = {}
+    for fname, f in cls.model_fields.items():
+        units = units_of(f)
+        if not units:
+            fields[fname] = (f.annotation, f)
+            continue
+        for u in units:
+            b = _bounds(f.metadata, UNITS[u])
+            fields[f"{fname}_{u}"] = (float | None, Field(None, description=f.description, **b))
+    tm = create_model(f"{cls.__name__}Table", __config__=CONFIG, **fields)
+    tm.settings_name = cls.settings_name  # type: ignore[attr-defined]
+    _TABLES[cls] = tm
+    return tm
+
+
+def table_keys(cls: type[Settings]) -> list[str]:
+    """The keys ``cls`` takes in a table (time fields under their unit names)."""
+    return list(table_model(cls).model_fields)
+
+
+def from_table(cls: type[S], table: Mapping[str, Any] | None, *, prefix: Sequence[Any] = (),
+               where: str = "", error: type[Exception] = SettingsError) -> S:
+    """Build ``cls`` from its table form (time settings in their units, converted to int
+    ns with ``round``); any bad key or value raises ``error`` with one line."""
+    t = validate(table_model(cls), {} if table is None else table, prefix=prefix, where=where,
+                 error=error)
+    data: dict[str, Any] = {}
+    for fname, f in cls.model_fields.items():
+        units = units_of(f)
+        if not units:
+            if fname in t.model_fields_set:
+                data[fname] = getattr(t, fname)
+            continue
+        given = [u for u in units if getattr(t, f"{fname}_{u}") is not None]
+        if len(given) > 1:
+            keys = " and ".join(_key((*prefix, f"{fname}_{u}")) for u in given)
+            line = f"{keys}: give one of them, not both"
+            raise error(f"{where}: {line}" if where else line)
+        if given:
+            data[fname] = round(getattr(t, f"{fname}_{given[0]}") * UNITS[given[0]])
+    return validate(cls, data, prefix=prefix, where=where, error=error)
+
+
+# ----------------------------------------------------------------------------- docs
+
+
+def _type_word(tp: Any) -> str:
+    if tp is bool:
+        return "boolean"
+    if tp is int:
+        return "integer"
+    if tp is float:
+        return "number"
+    if tp is str or typing.get_origin(tp) is Literal:
+        return "string"
+    if typing.get_origin(tp) in (list, tuple, Sequence):
+        args = typing.get_args(tp)
+        inner = _unwrap(args[0])[0] if args else Any
+        return "array of tables" if _is_model(inner) else f"array of {_type_word(inner)}s"
+    if _is_model(tp) or typing.get_origin(tp) in (dict, Mapping):
+        return "table"
+    return "any"
+
+
+def _default_word(f: FieldInfo, scale: float = 1.0) -> str:
+    text = _extra(f).get("default_text")
+    if text:
+        return text
+    if f.is_required():
+        return "required"
+    d = f.get_default(call_default_factory=True)
+    if d is None:
+        return "not set"
+    if isinstance(d, BaseModel):
+        return "see below"
+    if isinstance(d, bool):
+        return f"`{'true' if d else 'false'}`"
+    if isinstance(d, int | float):
+        return f"`{_num(d / scale if scale != 1.0 else d)}`"
+    if isinstance(d, str):
+        return f'`"{d}"`'
+    if isinstance(d, list) and not d:
+        return "`[]`"
+    return f"`{d!r}`"
+
+
+def _allowed(tp: Any, meta: list, scale: float = 1.0) -> str:
+    if typing.get_origin(tp) is Literal:
+        return ", ".join(f'`"{a}"`' for a in typing.get_args(tp))
+    if tp in (int, float):
+        r = range_text(meta, scale)
+        return r.removeprefix("in ") if r else "any"
+    if tp is str:
+        return "non-empty" if _min_len(meta) else ""
+    if typing.get_origin(tp) in (list, tuple, Sequence) and _min_len(meta):
+        return f"at least {_min_len(meta)}"
+    return ""
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def markdown_table(cls: type[BaseModel], skip: Sequence[str] = ()) -> str:
+    """The schema as a Markdown table: key (as written in a table), type, default,
+    allowed values, description. Time fields are shown under their unit keys."""
+    rows = ["| Key | Type | Default | Allowed | Description |",
+            "|---|---|---|---|---|"]
+    for fname, f in cls.model_fields.items():
+        if fname in skip:
+            continue
+        tp, meta = _unwrap(f.annotation)
+        meta = list(f.metadata) + meta
+        units = units_of(f)
+        if units:
+            u = units[0]
+            scale = float(UNITS[u])
+            key = f"`{fname}_{u}`"
+            if len(units) > 1:
+                key += " (or " + ", ".join(f"`{fname}_{v}`" for v in units[1:]) + ")"
+            typ = f"number ({UNIT_WORDS[u]})"
+        else:
+            scale = 1.0
+            key, typ = f"`{fname}`", _type_word(tp)
+        rows.append("| " + " | ".join(_cell(c) for c in (
+            key, typ, _default_word(f, scale), _allowed(tp if not units else float, meta, scale),
+            f.description or "")) + " |")
+    return "\n".join(rows) + "\n"
+
+
+# ----------------------------------------------------------------------------- scenario
+
+
+class ClusterSettings(Settings):
+    """``[cluster]``: the machines, the profile set and the emulation's noise."""
+
+    settings_name: ClassVar[str] = "cluster"
+
+    workers: int = setting(1, "Worker processes (machines).", ge=1)
+    gpus_per_worker: int = setting(1, "GPUs on each worker.", ge=1)
+    profiles: str = setting(
+        "v100-reference", "Profile set (a folder under `profiles/`, or a path) giving each "
+        "model's LOAD and EXEC durations and the weights-cache size.", min_length=1)
+    weights_cache_pages: int | None = setting(
+        None, "Pages (16 MiB each) of each GPU's weights cache.", ge=1,
+        default_text="the profile set's")
+    network_latency_ms: float = setting(
+        0.1, "Simulator: one-way latency of every message between controller and worker, "
+        "in milliseconds.", ge=0)
+    jitter_ms: float = setting(
+        0.0, "Simulator: uniform random extra delay added to each message, up to this many "
+        "milliseconds (not emulated by live runs).", ge=0)
+    noise: float = setting(
+        0.0, "Emulated GPUs: relative standard deviation of each action's duration around "
+        "its profile figure (0.05 = 5 %).", ge=0)
+    slow_prob: float = setting(
+        0.0, "Emulated GPUs: probability that an EXEC is a straggler.", ge=0, le=1)
+    slow_factor: float = setting(
+        3.0, "Emulated GPUs: a straggler takes this many times its profile figure.", ge=1)
+    device: Literal["emulated", "cpu", "cuda"] = setting(
+        "emulated", "Live runs (`clockwork serve`, `--live`): what the workers execute on. "
+        "`emulated` sleeps for the profile figures; `cpu` and `cuda` run compiled model "
+        "packages. The simulator always emulates.")
+    packages: str | None = setting(
+        None, "Live runs on `cpu`/`cuda`: folder of compiled model packages.",
+        default_text="`packages/<device>`", min_length=1)
+
+
+class ModelEntry(Settings):
+    """One ``[[models]]`` entry."""
+
+    settings_name: ClassVar[str] = "model"
+
+    name: str = setting(description="Model name: a profile of the profile set.", min_length=1)
+    copies: int = setting(
+        1, "Instances of the model; copy k > 0 is named `name:k` and has its own weights "
+        "and requests.", ge=1)
+
+
+def _has_nonfinite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, list):
+        return any(_has_nonfinite(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_nonfinite(v) for v in value.values())
+    return False
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PydanticCustomError("finite_number", "Input should be a finite number")
+    if _has_nonfinite(value):
+        raise PydanticCustomError("finite_number", "Input should hold only finite numbers")
+    return value
+
+
+class WorkloadEntry(Settings):
+    """One ``[[workloads]]`` entry. Its keys besides ``kind`` depend on the kind and are
+    checked when the workload is built (``clockwork.workloads``); here every number must
+    be finite."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+    settings_name: ClassVar[str] = "workload"
+    __pydantic_extra__: dict[str, Annotated[Any, AfterValidator(_finite)]]
+
+    kind: str = setting(
+        description="Arrival process: `poisson`, `fixed_rate`, `closed_loop`, `azure` or a "
+        "named workload; the other keys of the entry depend on it.", min_length=1)
+
+
+class SchedulerTable(Settings):
+    """``[scheduler]`` as a scenario file holds it: the policy, and that policy's settings
+    (checked by the policy's schema where the policy is built)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+    settings_name: ClassVar[str] = "scheduler"
+
+    policy: str = setting("clockwork", "Scheduling policy: `clockwork`, or a baseline: "
+                          "`clipper`, `tfserving`, `infaas`.", min_length=1)
+
+
+class ScenarioSettings(Settings):
+    """A scenario file (top level)."""
+
+    settings_name: ClassVar[str] = "top-level"
+
+    name: str | None = setting(None, "Title shown in reports (default: the file's name).")
+    description: str | None = setting(None, "Free text.")
+    seed: int = setting(1, "Seed of every random choice; the same seed gives the same run.",
+                        ge=0)
+    duration_s: float = setting(60.0, "Seconds of (virtual) time during which requests "
+                                "are submitted.", gt=0)
+    drain_s: float = setting(120.0, "Simulator: seconds after `duration_s` to wait for "
+                             "outstanding requests before the run stops.", ge=0)
+    cluster: ClusterSettings = setting(
+        default_factory=ClusterSettings, description="The `[cluster]` table.")
+    scheduler: SchedulerTable = setting(
+        default_factory=SchedulerTable, description="The `[scheduler]` table.")
+    models: list[ModelEntry] = setting(
+        description="The `[[models]]` entries: which models are served.", min_length=1,
+        expected="at least one [[models]] table")
+    workloads: list[WorkloadEntry] = setting(
+        description="The `[[workloads]]` entries: who sends requests.", min_length=1,
+        expected="at least one [[workloads]] table")
+
+
+def scenario_defaults() -> dict[str, Any]:
+    """The defaults a scenario starts from (before the file and the overrides)."""
+    d = ScenarioSettings.model_construct(models=[], workloads=[])
+    return d.model_dump(exclude_none=True)
+
+
+def check_scenario(data: Any, where: str = "", error: type[Exception] = SettingsError) -> dict:
+    """Validate a scenario's merged data; return it as plain values, defaults filled."""
+    return validate(ScenarioSettings, data, where=where, error=error).model_dump(exclude_none=True)
+
+
+# ----------------------------------------------------------------------------- profiles
+
+
+def _batch_key(k: Any) -> Any:
+    if isinstance(k, str) and k.isdigit() and k.isascii():
+        return int(k)
+    return k
+
+
+BatchSize = Annotated[int, BeforeValidator(_batch_key),
+                     Field(ge=1, json_schema_extra={"expected": "a batch size (an integer >= 1)"})]
+Positive = Annotated[int, Field(ge=1)]
+
+
+class TensorEntry(Settings):
+    """An input or output tensor of a profile file."""
+
+    settings_name: ClassVar[str] = "tensor"
+
+    name: str = setting(description="Tensor name.", min_length=1)
+    shape: list[Positive] = setting(description="Dimensions, without the batch dimension.")
+    dtype: str = setting(description="Element type, a numpy dtype name.", min_length=1)
+
+
+class ProfileFile(Settings):
+    """A profile file (``profiles/<set>/<model>.json``)."""
+
+    settings_name: ClassVar[str] = "profile"
+
+    model: str = setting(description="Model name.", min_length=1)
+    device: str = setting("unknown", "Device kind the figures were measured or modelled on.")
+    weights_bytes: int = setting(description="Size of the weights in bytes.", ge=1)
+    weights_pages: int = setting(
+        0, "Weights-cache pages (16 MiB) the weights take; 0 computes them from "
+        "`weights_bytes`.", ge=0)
+    load_ns: int = setting(description="Duration of a LOAD (weights to the GPU), ns.", ge=1)
+    exec_ns: dict[BatchSize, Positive] = setting(
+        description="Duration of an INFER, ns, per compiled batch size (keys: batch sizes).",
+        min_length=1, expected="a non-empty table of batch size -> ns")
+    inputs: list[TensorEntry] = setting(default_factory=list, description="Input tensors.")
+    outputs: list[TensorEntry] = setting(default_factory=list, description="Output tensors.")
+    source: dict[str, str] = setting(
+        default_factory=dict, description="Per figure, how it was obtained (measured: how, "
+        "where; or modelled: the formula).")
