@@ -70,19 +70,23 @@ UNIT_WORDS = {"s": "seconds", "ms": "milliseconds", "us": "microseconds"}
 
 def setting(default: Any = PydanticUndefined, description: str = "", *,
             units: Sequence[str] = (), expected: str | None = None,
-            default_text: str | None = None, **constraints: Any) -> Any:
+            default_text: str | None = None, type_text: str | None = None,
+            allowed_text: str | None = None, **constraints: Any) -> Any:
     """A ``Field`` with a description and what this module needs to know about it:
     ``units``, a time setting stored in int ns and written ``<name>_<unit>`` in a table
     (the first unit is the documented one); ``expected``, the error text for a bad value
-    when the type and range say too little; ``default_text``, the default as the docs
-    should state it (for a ``None`` default that means "computed")."""
+    when the type and range say too little; ``default_text``, ``type_text`` and
+    ``allowed_text``, what the docs should state where the schema says too little (a
+    ``None`` default that means "computed", a free-form type)."""
     extra: dict[str, Any] = {}
     if units:
         extra["units"] = list(units)
     if expected:
         extra["expected"] = expected
-    if default_text:
-        extra["default_text"] = default_text
+    for k, v in (("default_text", default_text), ("type_text", type_text),
+                 ("allowed_text", allowed_text)):
+        if v:
+            extra[k] = v
     return Field(default, description=description, json_schema_extra=extra or None,
                  **constraints)
 
@@ -441,10 +445,11 @@ def markdown_table(cls: type[BaseModel], skip: Sequence[str] = ()) -> str:
             typ = f"number ({UNIT_WORDS[u]})"
         else:
             scale = 1.0
-            key, typ = f"`{fname}`", _type_word(tp)
+            key, typ = f"`{fname}`", _extra(f).get("type_text") or _type_word(tp)
+        allowed = _extra(f).get("allowed_text") or _allowed(tp if not units else float, meta,
+                                                             scale)
         rows.append("| " + " | ".join(_cell(c) for c in (
-            key, typ, _default_word(f, scale), _allowed(tp if not units else float, meta, scale),
-            f.description or "")) + " |")
+            key, typ, _default_word(f, scale), allowed, f.description or "")) + " |")
     return "\n".join(rows) + "\n"
 
 
@@ -459,8 +464,8 @@ class ClusterSettings(Settings):
     workers: int = setting(1, "Worker processes (machines).", ge=1)
     gpus_per_worker: int = setting(1, "GPUs on each worker.", ge=1)
     profiles: str = setting(
-        "v100-reference", "Profile set (a folder under `profiles/`, or a path) giving each "
-        "model's LOAD and EXEC durations and the weights-cache size.", min_length=1)
+        "v100-reference", "Profile set (its name, or a folder path) giving each model's "
+        "LOAD and EXEC durations and the weights-cache size.", min_length=1)
     weights_cache_pages: int | None = setting(
         None, "Pages (16 MiB each) of each GPU's weights cache.", ge=1,
         default_text="the profile set's")
@@ -515,10 +520,20 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def _selector(value: Any) -> Any:
+    ok = (isinstance(value, str) and value) or (
+        isinstance(value, list) and value and all(isinstance(v, str) and v for v in value))
+    if value is not None and not ok:
+        raise PydanticCustomError("selector", "Input should be a model name or glob, or a "
+                                  "list of them")
+    return value
+
+
 class WorkloadEntry(Settings):
-    """One ``[[workloads]]`` entry. Its keys besides ``kind`` depend on the kind and are
-    checked when the workload is built (``clockwork.workloads``); here every number must
-    be finite."""
+    """One ``[[workloads]]`` entry. The keys below mean the same in every kind that takes
+    them and are type-checked here; their ranges, and the other keys, depend on the kind
+    and are checked when the workload is built (``clockwork.workloads``). Every number
+    must be finite."""
 
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
     settings_name: ClassVar[str] = "workload"
@@ -527,6 +542,28 @@ class WorkloadEntry(Settings):
     kind: str = setting(
         description="Arrival process: `poisson`, `fixed_rate`, `closed_loop`, `azure` or a "
         "named workload; the other keys of the entry depend on it.", min_length=1)
+    models: Annotated[Any, AfterValidator(_selector)] = setting(
+        None, "Which model instances get requests: a model name (all its copies), an "
+        "instance name (`m:1`) or a glob, or a list of them.", default_text='`"*"` (all)',
+        expected="a model name or glob, or a list of them",
+        type_text="string or array of strings", allowed_text="non-empty")
+    rate_rps: float | None = setting(
+        None, "Open-loop kinds: requests per second in total, spread over the selected "
+        "instances (for `bursty`, the rate between bursts).")
+    slo_ms: float | None = setting(
+        None, "SLO of each request, in milliseconds.",
+        default_text="the scheduler's `default_slo_ms`")
+    slo_factor: float | None = setting(
+        None, "SLO as a multiple of the model's batch-1 EXEC time (instead of `slo_ms`).")
+    concurrency: int | None = setting(
+        None, "Closed-loop kinds: requests kept outstanding per instance.",
+        default_text="`1`")
+    think_ms: float | None = setting(
+        None, "Closed-loop kinds: pause after a reply before the next request, in "
+        "milliseconds.", default_text="`0`")
+    retry_ms: float | None = setting(
+        None, "Closed-loop kinds: pause after a failed request before the next one, in "
+        "milliseconds.", default_text="`1`")
 
 
 class SchedulerTable(Settings):
@@ -596,7 +633,8 @@ class TensorEntry(Settings):
     settings_name: ClassVar[str] = "tensor"
 
     name: str = setting(description="Tensor name.", min_length=1)
-    shape: list[Positive] = setting(description="Dimensions, without the batch dimension.")
+    shape: list[Positive] = setting(description="Dimensions, without the batch dimension.",
+                                    allowed_text="each >= 1")
     dtype: str = setting(description="Element type, a numpy dtype name.", min_length=1)
 
 
@@ -614,7 +652,8 @@ class ProfileFile(Settings):
     load_ns: int = setting(description="Duration of a LOAD (weights to the GPU), ns.", ge=1)
     exec_ns: dict[BatchSize, Positive] = setting(
         description="Duration of an INFER, ns, per compiled batch size (keys: batch sizes).",
-        min_length=1, expected="a non-empty table of batch size -> ns")
+        min_length=1, expected="a non-empty table of batch size -> ns",
+        allowed_text="keys: batch sizes >= 1; values >= 1; at least one")
     inputs: list[TensorEntry] = setting(default_factory=list, description="Input tensors.")
     outputs: list[TensorEntry] = setting(default_factory=list, description="Output tensors.")
     source: dict[str, str] = setting(

@@ -24,36 +24,35 @@ class SchedulerConfig(Settings):
     settings_name: ClassVar[str] = "scheduler"
 
     schedule_ahead: int = setting(
-        ms(10), "Keep each GPU's schedule filled this far into the future: INFERs and "
-        "LOADs are sent to a worker at most this long before they are due to start.",
+        ms(10), "Keep each GPU's EXEC lane planned this far into the future, no further.",
         units=("ms",), ge=0)
     default_slo: int = setting(
-        ms(100), "SLO of a request that does not carry one.", units=("ms",), gt=0)
+        ms(100), "SLO of a request that gives none (or 0).", units=("ms",), gt=0)
     max_batch: int = setting(
-        16, "Largest batch size used (a model's compiled batch sizes above it are not).",
+        16, "Largest batch size used (of the profile's compiled sizes).",
         ge=1)
     max_exec: int = setting(
-        ms(25), "Batch sizes > 1 whose estimated EXEC exceeds this are not used.",
+        ms(25), "Batch sizes above 1 whose EXEC estimate exceeds this are not used.",
         units=("ms",), ge=0)
     buffer: int = setting(
-        ms(5), "Network and output allowance taken off each request's SLO when deciding "
-        "whether it can still be met (at most a tenth of the SLO).", units=("ms",), ge=0)
+        ms(5), "Network and output allowance taken off a request's SLO (at most a tenth "
+        "of the SLO).", units=("ms",), ge=0)
     latest_delta: int = setting(
-        ms(10), "An action may start this late (after its expected start) before the "
+        ms(10), "How late after its predicted start an action may still start before the "
         "worker rejects it.", units=("ms",), ge=0)
     future: int = setting(
-        ms(1), "An idle GPU is predicted to start a new action this long after now (the "
-        "time for the action to reach the worker).", units=("ms",), ge=0)
+        ms(1), "An idle GPU is predicted to start new work this long after now.",
+        units=("ms",), ge=0)
     lag: int = setting(
-        ms(10), "Outstanding work this far past its predicted end is assumed done.",
+        ms(10), "Outstanding work this overdue is assumed done when predicting a lane.",
         units=("ms",), ge=0)
     max_load_slo: int = setting(
-        ms(25), "Cap on the time a cold request allows for LOAD demand.", units=("ms",), ge=0)
+        ms(25), "Cap on the window a cold request allows for LOAD demand.", units=("ms",), ge=0)
     estimate_window: int = setting(
-        10, "Measurements per estimate: each LOAD and EXEC (per batch size) estimate is a "
-        "percentile of this many latest measurements.", ge=1)
+        10, "Measurements kept per estimate (a model's LOAD, its EXEC per batch size).",
+        ge=1)
     estimate_percentile: float = setting(
-        0.99, "The percentile of the window used as the estimate.", gt=0, le=1)
+        0.99, "The estimate is this percentile of the window.", gt=0, le=1)
     batch_first: bool = setting(
         True, "Run a larger batch first when the most urgent request can wait for it.")
     load_check_interval: int = setting(

@@ -1,0 +1,129 @@
+"""Write ``docs/settings.md`` from the settings schemas: ``python -m clockwork.settings_doc``
+(``--check``: exit 1 if the file is not what the schemas give).
+
+A composition root, like ``clockwork.sim``: besides the scenario schemas of
+``clockwork.settings`` it reads the scheduler's and the baselines' schemas from
+``controller/`` (imported inside ``render``, so importing this module pulls in nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from clockwork.settings import (
+    ClusterSettings,
+    ModelEntry,
+    ProfileFile,
+    ScenarioSettings,
+    SchedulerTable,
+    TensorEntry,
+    WorkloadEntry,
+    markdown_table,
+)
+
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
+
+INTRO = """\
+# Settings
+
+<!-- Generated from the settings schemas by `python -m clockwork.settings_doc`; edit the
+schemas' descriptions (clockwork/settings.py, controller/config.py,
+controller/baselines/), not this file. tests/test_settings.py checks it is current. -->
+
+Every key a scenario file takes, every scheduler setting and every key of a profile file,
+with its type, default, allowed values and meaning. The descriptions are the schemas'
+own (`clockwork/settings.py` for the scenario and profile files, `controller/config.py`
+for the clockwork scheduler, `controller/baselines/` for the baselines), so this page
+and the checks cannot disagree.
+
+How values are checked, everywhere (scenario files, `--set KEY=VALUE` of `clockwork
+simulate`, `serve` and `controller`, `--models`, profile files):
+
+- Types are strict: `true` is not a number, `"4"` is not an integer, `4.0` is not an
+  integer either; an integer is accepted where a number is expected.
+- Numbers must be finite: `nan` and `inf` are refused wherever a number is expected
+  (in `[[workloads]]` entries, for every key).
+- Unknown keys are refused, with the closest valid key when there is one.
+- A refusal is one line naming the key, the value and what is expected, e.g.
+  `cluster.noise: must be a finite number >= 0, got nan` or
+  `unknown setting 'cluster.wokers' (did you mean 'cluster.workers'?)`; the command
+  prints it and exits with status 2.
+
+Time settings of the scheduler and the baselines are written with their unit in the key
+(`default_slo_ms = 100`, `batch_timeout_us = 2000`) and kept as integer nanoseconds
+inside (rounded).
+"""
+
+
+def _section(title: str, text: str, table: str) -> str:
+    return f"## {title}\n\n{text}\n\n{table}" if text else f"## {title}\n\n{table}"
+
+
+def render() -> str:
+    """The whole page, as the schemas give it."""
+    from controller import POLICIES, policy_config
+    from controller.config import SchedulerConfig
+
+    parts = [INTRO]
+    parts.append(_section(
+        "Top level", "The keys outside any table. `--set KEY=VALUE` overrides a dotted key "
+        "(`cluster.workers=4`, `workloads.0.rate_rps=500`; list items by index) before the "
+        "checks.", markdown_table(ScenarioSettings)))
+    parts.append(_section("`[cluster]`", "", markdown_table(ClusterSettings)))
+    parts.append(_section(
+        "`[[models]]`", "One entry per served model; at least one.", markdown_table(ModelEntry)))
+    parts.append(_section(
+        "`[[workloads]]`", "One entry per arrival process; at least one. The keys below mean "
+        "the same in every kind that takes them and are type-checked when the scenario is "
+        "read; their ranges, and every other key (`burst_rps`, `on_s`, `trace`, ...), depend "
+        "on the kind and are checked when the workload is built (`clockwork/workloads/`). "
+        "Every number in an entry must be finite.", markdown_table(WorkloadEntry)))
+    sched = markdown_table(SchedulerTable)
+    parts.append(_section(
+        "`[scheduler]`", "The policy and its settings; the same keys are taken by `clockwork "
+        "controller --set KEY=VALUE` (with the policy from `--policy`). They are checked "
+        "against the policy's schemas when the policy is built.", sched))
+    parts.append(
+        '### `policy = "clockwork"` (and every baseline)\n\n'
+        "The settings of the Clockwork scheduler (`SchedulerConfig`). Every policy takes "
+        "them; the baselines use `default_slo_ms` and `max_batch`.\n\n"
+        + markdown_table(SchedulerConfig))
+    for name in sorted(POLICIES):
+        cls = policy_config(name)
+        if cls is None:
+            continue
+        doc = (cls.__doc__ or "").strip().splitlines()[0].replace("``", "`")
+        parts.append(f'### `policy = "{name}"`\n\n{doc} The policy is described in '
+                     f"`controller/baselines/{name}.py`.\n\n" + markdown_table(cls))
+    parts.append(_section(
+        "Profile files", "`profiles/<set>/<model>.json`: how long one model takes on one kind "
+        "of device. Checked when the profile set is loaded.", markdown_table(ProfileFile)))
+    parts.append("### Tensors (`inputs`, `outputs`)\n\n" + markdown_table(TensorEntry))
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m clockwork.settings_doc",
+                                 description="Write docs/settings.md from the settings schemas.")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"default {DEFAULT_OUT}")
+    ap.add_argument("--check", action="store_true",
+                    help="do not write; exit 1 if the file differs from the schemas")
+    args = ap.parse_args(argv)
+    text = render()
+    if args.check:
+        current = args.out.read_text() if args.out.exists() else ""
+        if current != text:
+            print(f"{args.out} is out of date: run python -m clockwork.settings_doc",
+                  file=sys.stderr)
+            return 1
+        return 0
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,363 @@
+"""The settings schemas: bad values give one line naming the key, the value and what is
+expected (unknown keys: the closest valid one); good values round-trip; every shipped
+scenario and profile still loads; docs/settings.md is what the schemas give."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from pydantic import BaseModel
+
+from clockwork.profiles import ModelProfile, ProfileError, load_profile, load_profile_set
+from clockwork.scenario import ScenarioError, load_scenario
+from clockwork.settings import (
+    ClusterSettings,
+    ModelEntry,
+    ProfileFile,
+    ScenarioSettings,
+    SchedulerTable,
+    SettingsError,
+    TensorEntry,
+    WorkloadEntry,
+    table_keys,
+)
+from controller import make_policy, split_settings
+from controller.baselines.clipper import ClipperConfig
+from controller.baselines.infaas import InfaasConfig
+from controller.baselines.tfserving import TfServingConfig
+from controller.config import SchedulerConfig
+from controller.service import parse_models, parse_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIO = str(ROOT / "scenarios" / "poisson_warm.toml")
+MS = 1_000_000
+
+
+def one_line(msg: str) -> str:
+    assert "\n" not in msg, msg
+    assert "Traceback" not in msg and "validation error" not in msg and "pydantic" not in msg
+    return msg
+
+
+def raises(exc: type[Exception], fn, *args, **kw) -> str:
+    with pytest.raises(exc) as info:
+        fn(*args, **kw)
+    return one_line(str(info.value))
+
+
+# ----------------------------------------------------------------------------- scenarios
+
+
+@pytest.mark.parametrize("override,msg", [
+    ("cluster.noise=nan", "cluster.noise: must be a finite number >= 0, got nan"),
+    ("cluster.noise=-0.5", "cluster.noise: must be a finite number >= 0, got -0.5"),
+    ("cluster.workers=0", "cluster.workers: must be an integer >= 1, got 0"),
+    ("cluster.workers=true", "cluster.workers: must be an integer >= 1, got true"),
+    ("cluster.workers=2.0", "cluster.workers: must be an integer >= 1, got 2.0"),
+    ("cluster.workers='2'", "cluster.workers: must be an integer >= 1, got '2'"),
+    ("cluster.slow_prob=1.5", "cluster.slow_prob: must be a finite number in [0, 1], got 1.5"),
+    ("cluster.jitter_ms=inf", "cluster.jitter_ms: must be a finite number >= 0, got inf"),
+    ("cluster.device='gpu'",
+     "cluster.device: must be one of 'emulated', 'cpu', 'cuda', got 'gpu'"),
+    ("cluster.profiles=3", "cluster.profiles: must be a non-empty string, got 3"),
+    ("cluster.wokers=2", "unknown setting 'cluster.wokers' (did you mean 'cluster.workers'?)"),
+    ("cluster=3", "cluster: must be a table, got 3"),
+    ("duration_s=0", "duration_s: must be a finite number > 0, got 0"),
+    ("duration_s=-inf", "duration_s: must be a finite number > 0, got -inf"),
+    ("seed=-1", "seed: must be an integer >= 0, got -1"),
+    ("seed=1.5", "seed: must be an integer >= 0, got 1.5"),
+    ("drain_s=nan", "drain_s: must be a finite number >= 0, got nan"),
+    ("nosuch=1", "unknown top-level setting 'nosuch' (known: cluster, description, drain_s, "
+                 "duration_s, models, name, scheduler, seed, workloads)"),
+    ("seeed=1", "unknown top-level setting 'seeed' (did you mean 'seed'?)"),
+    ("models.0.copies=0", "models.0.copies: must be an integer >= 1, got 0"),
+    ("models.0.copis=2", "unknown setting 'models.0.copis' (did you mean 'models.0.copies'?)"),
+    ("models.0.name=''", "models.0.name: must be a non-empty string, got ''"),
+    ("models=[]", "models: must be at least one [[models]] table, got []"),
+    ("workloads.0.rate_rps=nan", "workloads.0.rate_rps: must be a finite number, got nan"),
+    ("workloads.0.rate_rps=true", "workloads.0.rate_rps: must be a finite number, got true"),
+    ("workloads.0.slo_ms=inf", "workloads.0.slo_ms: must be a finite number, got inf"),
+    ("workloads.0.slo_factor='x'", "workloads.0.slo_factor: must be a finite number, got 'x'"),
+    ("workloads.0.burst=nan", "workloads.0.burst: must be a finite number, got nan"),
+    ("workloads.0.models=3",
+     "workloads.0.models: must be a model name or glob, or a list of them, got 3"),
+    ("workloads.0.concurrency=1.5", "workloads.0.concurrency: must be an integer, got 1.5"),
+    ("scheduler.policy=3", "scheduler.policy: must be a non-empty string, got 3"),
+])
+def test_bad_scenario_values_give_one_line(override, msg):
+    got = raises(ScenarioError, load_scenario, SCENARIO, [override])
+    assert got == f"{SCENARIO}: {msg}"
+
+
+def test_missing_required_key_and_dict_source():
+    got = raises(ScenarioError, load_scenario, data={
+        "models": [{"copies": 2}], "workloads": [{"kind": "poisson", "rate_rps": 1}]})
+    assert got == "<dict>: models.0.name: required setting missing (must be a non-empty string)"
+    got = raises(ScenarioError, load_scenario, data={"models": [{"name": "a"}]})
+    assert got == "<dict>: workloads: must be at least one [[workloads]] table, got []"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "scenarios").glob("*.toml")),
+                         ids=lambda p: p.stem)
+def test_every_shipped_scenario_loads_and_round_trips(path):
+    sc = load_scenario(path)
+    d = sc.data
+    # defaults filled, plain values
+    assert set(ClusterSettings.model_fields) - {"weights_cache_pages", "packages"} <= set(
+        d["cluster"])
+    assert d["scheduler"]["policy"] and d["seed"] >= 0 and d["duration_s"] > 0
+    assert all(isinstance(m, dict) and m["copies"] >= 1 for m in d["models"])
+    assert all(isinstance(w, dict) and w["kind"] for w in d["workloads"])
+    # validating the validated data changes nothing
+    assert load_scenario(data=d).data == d
+    # and its [scheduler] table passes the policy's schemas
+    sched = dict(d["scheduler"])
+    split_settings(sched.pop("policy"), sched)
+
+
+def test_defaults_are_the_schemas():
+    sc = load_scenario(data={"models": [{"name": "resnet50_v2"}],
+                             "workloads": [{"kind": "poisson", "rate_rps": 10}]})
+    assert sc.seed == 1 and sc.duration_s == 60.0 and sc.data["drain_s"] == 120.0
+    assert sc.cluster == ClusterSettings().model_dump(exclude_none=True)
+    assert sc.scheduler == {"policy": "clockwork"}
+    assert sc.models == [{"name": "resnet50_v2", "copies": 1}]
+    assert sc.workloads == [{"kind": "poisson", "rate_rps": 10.0}]
+    assert "weights_cache_pages" not in sc.cluster  # the profile set's default applies
+
+
+# ----------------------------------------------------------------------------- scheduler
+
+
+@pytest.mark.parametrize("table,msg", [
+    ({"max_batch": "abc"}, "max_batch: must be an integer >= 1, got 'abc'"),
+    ({"max_batch": True}, "max_batch: must be an integer >= 1, got true"),
+    ({"max_batch": 0}, "max_batch: must be an integer >= 1, got 0"),
+    ({"default_slo_ms": float("inf")}, "default_slo_ms: must be a finite number > 0, got inf"),
+    ({"default_slo_ms": 0}, "default_slo_ms: must be a finite number > 0, got 0"),
+    ({"schedule_ahead_ms": -1}, "schedule_ahead_ms: must be a finite number >= 0, got -1"),
+    ({"max_exec_ms": float("nan")}, "max_exec_ms: must be a finite number >= 0, got nan"),
+    ({"estimate_percentile": 1.5},
+     "estimate_percentile: must be a finite number in (0, 1], got 1.5"),
+    ({"estimate_window": 0}, "estimate_window: must be an integer >= 1, got 0"),
+    ({"batch_first": 1}, "batch_first: must be true or false, got 1"),
+    ({"batch_first": "false"}, "batch_first: must be true or false, got 'false'"),
+    ({"max_batc": 3}, "unknown scheduler setting 'max_batc' (did you mean 'max_batch'?)"),
+    ({"default_slo": 5}, "unknown scheduler setting 'default_slo' (did you mean "
+                         "'default_slo_ms'?)"),
+])
+def test_scheduler_config_bad_values(table, msg):
+    assert raises(SettingsError, SchedulerConfig.from_ms, **table) == msg
+
+
+def test_scheduler_config_round_trip_and_frozen():
+    assert SchedulerConfig.from_ms() == SchedulerConfig()
+    c = SchedulerConfig.from_ms(schedule_ahead_ms=2.5, default_slo_ms=50, max_batch=8,
+                                batch_first=False, estimate_percentile=0.5, lag_ms=0)
+    assert (c.schedule_ahead, c.default_slo, c.max_batch, c.batch_first) == (
+        2_500_000, 50 * MS, 8, False)
+    assert c.estimate_percentile == 0.5 and c.lag == 0 and c.max_exec == 25 * MS
+    assert type(c.schedule_ahead) is int and type(c.default_slo) is int
+    assert c == SchedulerConfig(schedule_ahead=2_500_000, default_slo=50 * MS, max_batch=8,
+                                batch_first=False, estimate_percentile=0.5, lag=0)
+    assert len({c, SchedulerConfig.from_ms(**{"default_slo_ms": 50.0, "max_batch": 8,
+                                              "schedule_ahead_ms": 2.5, "lag_ms": 0,
+                                              "batch_first": False,
+                                              "estimate_percentile": 0.5})}) == 1
+    with pytest.raises(ValueError):
+        c.max_batch = 4  # frozen
+    with pytest.raises(ValueError):
+        SchedulerConfig(max_batch=0)
+    assert "default_slo_ms" in table_keys(SchedulerConfig)
+
+
+@pytest.mark.parametrize("cls,table,msg", [
+    (ClipperConfig, {"aimd_backoff": 1}, "aimd_backoff: must be a finite number in (0, 1), got 1"),
+    (ClipperConfig, {"batch_wait_ms": float("nan")},
+     "batch_wait_ms: must be a finite number >= 0, got nan"),
+    (ClipperConfig, {"replicas": 0}, "replicas: must be an integer >= 1, got 0"),
+    (ClipperConfig, {"drop_expired": "yes"}, "drop_expired: must be true or false, got 'yes'"),
+    (ClipperConfig, {"batch_wiat_ms": 1},
+     "unknown clipper setting 'batch_wiat_ms' (did you mean 'batch_wait_ms'?)"),
+    (TfServingConfig, {"batch_timeout_us": -5},
+     "batch_timeout_us: must be a finite number >= 0, got -5"),
+    (TfServingConfig, {"batch_timeout_us": 500, "batch_timeout_ms": 1},
+     "batch_timeout_us and batch_timeout_ms: give one of them, not both"),
+    (TfServingConfig, {"max_enqueued_batches": True},
+     "max_enqueued_batches: must be an integer >= 1, got true"),
+    (InfaasConfig, {"monitor_interval_ms": 0},
+     "monitor_interval_ms: must be a finite number > 0, got 0"),
+    (InfaasConfig, {"scale_down_util": 0.9},
+     "infaas: scale_down_util must be below scale_up_util, got 0.9 and 0.8"),
+    (InfaasConfig, {"batch_slo_fraction": float("inf")},
+     "batch_slo_fraction: must be a finite number in (0, 1], got inf"),
+])
+def test_baseline_configs_bad_values(cls, table, msg):
+    assert raises(SettingsError, cls.from_settings, table) == msg
+
+
+def test_baseline_configs_round_trip():
+    assert ClipperConfig.from_settings(None) == ClipperConfig()
+    c = ClipperConfig.from_settings({"batch_wait_ms": 2, "initial_batch": 4, "replicas": 2})
+    assert (c.batch_wait, c.initial_batch, c.replicas) == (2 * MS, 4.0, 2)
+    assert TfServingConfig.from_settings({"batch_timeout_us": 500}).batch_timeout == 500_000
+    assert TfServingConfig.from_settings({"batch_timeout_ms": 0.5}).batch_timeout == 500_000
+    i = InfaasConfig.from_settings({"monitor_interval_ms": 100, "scale_down_intervals": 2})
+    assert (i.monitor_interval, i.scale_down_intervals) == (100 * MS, 2)
+    assert hash(c) == hash(ClipperConfig(batch_wait=2 * MS, initial_batch=4, replicas=2))
+
+
+def test_split_settings_checks_the_whole_table():
+    common, own = split_settings("tfserving", {"max_batch": 8, "batch_timeout_us": 100})
+    assert common == {"max_batch": 8} and own == {"batch_timeout_us": 100}
+    assert raises(SettingsError, split_settings, "clipper", {"batch_wiat_ms": 1}) == (
+        "unknown scheduler setting 'batch_wiat_ms' (did you mean 'batch_wait_ms'?)")
+    assert raises(SettingsError, split_settings, "clockwork", {"batch_wait_ms": 1}) == (
+        "unknown scheduler setting 'batch_wait_ms' for policy 'clockwork' "
+        "(it is a setting of clipper)")
+    assert raises(SettingsError, split_settings, "clipper", {"aimd_step": float("nan")}) == (
+        "aimd_step: must be a finite number > 0, got nan")
+    assert raises(SettingsError, split_settings, "infaas", {"max_batch": "x"}) == (
+        "max_batch: must be an integer >= 1, got 'x'")
+    assert raises(SettingsError, split_settings, "clipr", {}) == (
+        "unknown scheduler policy 'clipr' (did you mean 'clipper'?); known: clipper, "
+        "clockwork, infaas, tfserving")
+    assert raises(ValueError, make_policy, "nope", [], []).startswith(
+        "unknown scheduler policy 'nope'")
+
+
+@pytest.mark.parametrize("override,msg", [
+    ("scheduler.max_batch=abc", "max_batch: must be an integer >= 1, got 'abc'"),
+    ("scheduler.max_batc=3", "unknown scheduler setting 'max_batc' (did you mean 'max_batch'?)"),
+    ("scheduler.default_slo_ms=inf", "default_slo_ms: must be a finite number > 0, got inf"),
+])
+def test_scenario_scheduler_table_checked_where_the_policy_is_built(override, msg):
+    from clockwork.sim import Simulation
+
+    sc = load_scenario(SCENARIO, [override])  # the scenario schema leaves [scheduler] open
+    got = raises(ScenarioError, Simulation, sc)
+    assert got.endswith(msg)
+
+
+# ----------------------------------------------------------------------------- controller
+
+
+def test_controller_parse_settings_and_models():
+    assert parse_settings(["max_batch=abc", "x=nan", "b=true"])["max_batch"] == "abc"
+    assert raises(ValueError, parse_settings, ["oops"]) == "--set wants KEY=VALUE, got 'oops'"
+    profiles = load_profile_set("v100-reference").profiles
+    assert parse_models("resnet50_v2:2, vgg16", profiles) == {
+        "resnet50_v2": "resnet50_v2", "resnet50_v2:1": "resnet50_v2", "vgg16": "vgg16"}
+    assert raises(ValueError, parse_models, "resnet50_v2:0", profiles) == (
+        "--models resnet50_v2:0: copies: must be an integer >= 1, got 0")
+    assert raises(ValueError, parse_models, "resnet50_v2:x", profiles) == (
+        "--models resnet50_v2:x: copies: must be an integer >= 1, got 'x'")
+    assert raises(ValueError, parse_models, "resnet50_v3", profiles).startswith(
+        "--models resnet50_v3: no profile for model 'resnet50_v3' (did you mean "
+        "'resnet50_v2'?); known: densenet121,")
+    assert raises(ValueError, parse_models, "vgg16,vgg16", profiles) == (
+        "--models vgg16: model instance 'vgg16' is listed twice")
+
+
+@pytest.mark.parametrize("args,text", [
+    (["--set", "max_batch=abc"], "max_batch: must be an integer >= 1, got 'abc'"),
+    (["--set", "nosuch=1"], "unknown scheduler setting 'nosuch'"),
+    (["--set", "default_slo_ms=inf"], "default_slo_ms: must be a finite number > 0, got inf"),
+    (["--models", "resnet50_v2:0"], "copies: must be an integer >= 1, got 0"),
+    (["--models", "nosuchmodel"], "no profile for model 'nosuchmodel'"),
+])
+def test_controller_command_refuses_bad_settings(args, text, capsys):
+    from clockwork.cli import main
+
+    assert main(["controller", "--workers", "127.0.0.1:1", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert one_line(err).startswith("clockwork controller: ") and text in err
+
+
+# ----------------------------------------------------------------------------- profiles
+
+
+GOOD_PROFILE = {"model": "m", "device": "test", "weights_bytes": 100, "load_ns": 5,
+                "exec_ns": {"1": 10, "4": 20},
+                "inputs": [{"name": "data", "shape": [3, 8], "dtype": "float32"}]}
+
+
+@pytest.mark.parametrize("change,msg", [
+    ({"load_ns": -5}, "load_ns: must be an integer >= 1, got -5"),
+    ({"load_ns": 5.5}, "load_ns: must be an integer >= 1, got 5.5"),
+    ({"weights_bytes": True}, "weights_bytes: must be an integer >= 1, got true"),
+    ({"exec_ns": {"1": 10, "x": 3}}, "exec_ns: key 'x' must be a batch size (an integer >= 1)"),
+    ({"exec_ns": {"0": 3}}, "exec_ns: key '0' must be a batch size (an integer >= 1)"),
+    ({"exec_ns": {"1": None}}, "exec_ns.1: must be an integer >= 1, got None"),
+    ({"exec_ns": {}}, "exec_ns: must be a non-empty table of batch size -> ns, got {}"),
+    ({"inputs": [{"name": "d", "shape": [3, 0], "dtype": "f"}]},
+     "inputs.0.shape.1: must be an integer >= 1, got 0"),
+    ({"inputs": [{"name": "d", "shape": [3]}]},
+     "inputs.0.dtype: required setting missing (must be a non-empty string)"),
+    ({"exec": {}}, "unknown profile setting 'exec' (did you mean 'exec_ns'?)"),
+])
+def test_bad_profiles_give_one_line(change, msg, tmp_path):
+    f = tmp_path / "m.json"
+    f.write_bytes(orjson.dumps({**GOOD_PROFILE, **change}))
+    assert raises(ProfileError, load_profile, f) == f"{f}: {msg}"
+
+
+def test_profiles_round_trip():
+    bad = {**GOOD_PROFILE, "exec_ns": {"1": float("nan")}}  # JSON has no nan; a dict may
+    assert raises(ProfileError, ModelProfile.from_json, bad, "x") == (
+        "x: exec_ns.1: must be an integer >= 1, got nan")
+    p = ModelProfile.from_json(GOOD_PROFILE)
+    assert p.exec_ns == {1: 10, 4: 20} and p.weights_pages == 1
+    assert p.inputs[0].shape == (3, 8)
+    for name in ("v100-reference", "cpu"):
+        for prof in load_profile_set(name).profiles.values():
+            assert ModelProfile.from_json(prof.to_json()) == prof
+
+
+# ----------------------------------------------------------------------------- schemas, docs
+
+
+SCHEMAS: list[type[BaseModel]] = [
+    ScenarioSettings, ClusterSettings, ModelEntry, WorkloadEntry, SchedulerTable,
+    SchedulerConfig, ClipperConfig, TfServingConfig, InfaasConfig, ProfileFile, TensorEntry]
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=lambda s: s.__name__)
+def test_every_setting_is_documented(schema):
+    for name, f in schema.model_fields.items():
+        assert f.description and len(f.description) > 8, f"{schema.__name__}.{name}"
+
+
+def test_docs_settings_md_is_current():
+    from clockwork.settings_doc import DEFAULT_OUT, render
+
+    assert DEFAULT_OUT == ROOT / "docs" / "settings.md"
+    assert DEFAULT_OUT.read_text() == render(), (
+        "docs/settings.md is out of date: run python -m clockwork.settings_doc")
+
+
+# ----------------------------------------------------------------------------- the CLI
+
+
+CLI = [sys.executable, "-c", "import sys; from clockwork.cli import main; sys.exit(main())"]
+
+
+@pytest.mark.parametrize("override,text", [
+    ("cluster.noise=nan", "cluster.noise: must be a finite number >= 0, got nan"),
+    ("cluster.workers=true", "cluster.workers: must be an integer >= 1, got true"),
+    ("cluster.wokers=2", "(did you mean 'cluster.workers'?)"),
+    ("scheduler.max_batch=abc", "max_batch: must be an integer >= 1, got 'abc'"),
+    ("workloads.0.rate_rps=nan", "workloads.0.rate_rps: must be a finite number, got nan"),
+])
+def test_simulate_command_prints_one_line_and_exits_2(override, text):
+    r = subprocess.run([*CLI, "simulate", SCENARIO, "--set", override, "--quiet"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and text in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
