@@ -1,9 +1,14 @@
 """Typed, validated settings: what every settings schema shares, and the schemas of a
 scenario file's tables and of a profile file.
 
-A schema is a pydantic model derived from ``Settings``: unknown keys are refused, types
-are strict (``true`` is not a number, ``"abc"`` is not an integer), numbers must be
-finite, and each field has a range and a ``description``. The description is the one
+A schema is a pydantic model derived from ``Settings``, or, for settings read in a hot
+path (``SchedulerConfig``, the baselines' configs), a frozen pydantic dataclass with
+slots and ``CONFIG``: reading an attribute of a ``BaseModel`` instance takes several
+times longer than of a plain dataclass (``BaseModel`` defines ``__getattr__``, which
+turns off CPython's specialised attribute reads), while a slotted pydantic dataclass
+reads as fast as a plain one. Either way unknown keys are refused, types are strict (``true`` is
+not a number, ``"abc"`` is not an integer), numbers must be finite, and each field has a
+range and a ``description``. The description is the one
 place where a setting is documented: ``docs/settings.md`` is rendered from the schemas
 (``python -m clockwork.settings_doc``).
 
@@ -22,6 +27,7 @@ this module; this module imports nothing from ``controller/`` or ``worker/``.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import types
@@ -50,6 +56,8 @@ class SettingsError(ValueError):
 
 
 CONFIG = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+# a schema names its table in messages ("unknown <settings_name> setting 'x'") with a
+# ``settings_name: ClassVar[str]``
 
 
 class Settings(BaseModel):
@@ -59,8 +67,8 @@ class Settings(BaseModel):
     settings_name: ClassVar[str] = ""  # names the table in "unknown <name> setting 'x'"
 
 
-M = TypeVar("M", bound=BaseModel)
-S = TypeVar("S", bound=Settings)
+M = TypeVar("M")
+S = TypeVar("S")
 
 
 # time units of table keys (``<field>_<unit>``) -> nanoseconds per unit
@@ -146,7 +154,15 @@ def _unwrap(tp: Any) -> tuple[Any, list]:
 
 
 def _is_model(tp: Any) -> bool:
-    return isinstance(tp, type) and issubclass(tp, BaseModel)
+    """A schema: a pydantic model or a pydantic dataclass."""
+    return isinstance(tp, type) and (issubclass(tp, BaseModel) or (
+        dataclasses.is_dataclass(tp) and hasattr(tp, "__pydantic_fields__")))
+
+
+def fields_of(cls: Any) -> dict[str, FieldInfo]:
+    """A schema's fields (a pydantic model's or a pydantic dataclass's)."""
+    f = cls.__dict__.get("__pydantic_fields__") if isinstance(cls, type) else None
+    return f if f is not None else cls.model_fields
 
 
 def _resolve(model: type[BaseModel], loc: Sequence[Any]) -> tuple[Any, list, FieldInfo | None] | None:
@@ -158,7 +174,7 @@ def _resolve(model: type[BaseModel], loc: Sequence[Any]) -> tuple[Any, list, Fie
     for i, part in enumerate(loc):
         tp, m = _unwrap(tp)
         if _is_model(tp):
-            f = tp.model_fields.get(part) if isinstance(part, str) else None
+            f = fields_of(tp).get(part) if isinstance(part, str) else None
             if f is None:
                 return None
             tp, meta, info = f.annotation, list(f.metadata) + [f], f
@@ -255,7 +271,7 @@ def unknown_key_line(key: Sequence[Any], known: Sequence[str], name: str = "",
 
 
 def _table_keys(model: Any) -> list[str]:
-    return list(model.model_fields) if _is_model(model) else []
+    return list(fields_of(model)) if _is_model(model) else []
 
 
 def error_line(exc: ValidationError, model: type[BaseModel], prefix: Sequence[Any] = (),
@@ -271,7 +287,7 @@ def error_line(exc: ValidationError, model: type[BaseModel], prefix: Sequence[An
     value = err.get("input")
     name = model.__dict__.get("settings_name", "") if name is None else name
     msg = str(err.get("msg", "invalid value")).replace("\n", " ")
-    if typ == "extra_forbidden":
+    if typ in ("extra_forbidden", "unexpected_keyword_argument"):
         parent = _resolve(model, loc[:-1]) if loc[:-1] else (model, [], None)
         known = _table_keys(parent[0]) if parent else []
         return unknown_key_line((*prefix, *loc), known, name)
@@ -302,10 +318,17 @@ def error_line(exc: ValidationError, model: type[BaseModel], prefix: Sequence[An
 
 def validate(model: type[M], data: Any, *, prefix: Sequence[Any] = (), where: str = "",
              error: type[Exception] = SettingsError) -> M:
-    """``model.model_validate(data)``; a bad value raises ``error`` with one line
-    (``where``, e.g. a file name, goes first)."""
+    """``data`` (a table) as an instance of the schema ``model`` (a pydantic model, or a
+    pydantic dataclass built with ``model(**data)``); a bad value raises ``error`` with
+    one line (``where``, e.g. a file name, goes first)."""
     try:
-        return model.model_validate(data)
+        if issubclass(model, BaseModel):
+            return model.model_validate(data)
+        if not isinstance(data, Mapping) or not all(isinstance(k, str) for k in data):
+            line = (f"{_key(prefix) or model.__dict__.get('settings_name') or 'value'}: "
+                    f"must be a table, got {show(data)}")
+            raise error(f"{where}: {line}" if where else line)
+        return model(**data)
     except ValidationError as e:
         line = error_line(e, model, prefix)
         raise error(f"{where}: {line}" if where else line) from None
@@ -323,7 +346,7 @@ def table_model(cls: type[Settings]) -> type[BaseModel]:
     if cls in _TABLES:
         return _TABLES[cls]
     fields: dict[str, Any] = {}
-    for fname, f in cls.model_fields.items():
+    for fname, f in fields_of(cls).items():
         units = units_of(f)
         if not units:
             fields[fname] = (f.annotation, f)
@@ -339,7 +362,7 @@ def table_model(cls: type[Settings]) -> type[BaseModel]:
 
 def table_keys(cls: type[Settings]) -> list[str]:
     """The keys ``cls`` takes in a table (time fields under their unit names)."""
-    return list(table_model(cls).model_fields)
+    return list(fields_of(table_model(cls)))
 
 
 def from_table(cls: type[S], table: Mapping[str, Any] | None, *, prefix: Sequence[Any] = (),
@@ -349,7 +372,7 @@ def from_table(cls: type[S], table: Mapping[str, Any] | None, *, prefix: Sequenc
     t = validate(table_model(cls), {} if table is None else table, prefix=prefix, where=where,
                  error=error)
     data: dict[str, Any] = {}
-    for fname, f in cls.model_fields.items():
+    for fname, f in fields_of(cls).items():
         units = units_of(f)
         if not units:
             if fname in t.model_fields_set:
@@ -430,7 +453,7 @@ def markdown_table(cls: type[BaseModel], skip: Sequence[str] = ()) -> str:
     allowed values, description. Time fields are shown under their unit keys."""
     rows = ["| Key | Type | Default | Allowed | Description |",
             "|---|---|---|---|---|"]
-    for fname, f in cls.model_fields.items():
+    for fname, f in fields_of(cls).items():
         if fname in skip:
             continue
         tp, meta = _unwrap(f.annotation)

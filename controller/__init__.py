@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 
 from clockwork.profiles import ModelProfile
-from clockwork.settings import Settings, SettingsError, from_table, table_keys, unknown_key_line
+from clockwork.settings import SettingsError, from_table, table_keys, unknown_key_line
 from controller.config import SchedulerConfig
 from controller.policy import GpuSpec, Policy
 
@@ -48,7 +48,7 @@ POLICIES: dict[str, Callable[..., Policy]] = {
 
 
 @cache
-def policy_config(name: str) -> type[Settings] | None:
+def policy_config(name: str) -> type | None:
     """The schema of a policy's own ``[scheduler]`` settings, beside ``SchedulerConfig``'s
     (None: the policy has none)."""
     if name == "clipper":

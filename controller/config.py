@@ -9,18 +9,19 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import ConfigDict
+from pydantic.dataclasses import dataclass
 
-from clockwork.settings import CONFIG, Settings, from_table, setting
+from clockwork.settings import CONFIG, from_table, setting
 from clockwork.time import ms
 
 
-class SchedulerConfig(Settings):
-    """Frozen and hashable; attributes are plain values (read in the scheduler's hot
-    path). Construct with int ns (``SchedulerConfig(default_slo=ms(50))``) or from a
-    table in milliseconds (``SchedulerConfig.from_ms(default_slo_ms=50)``)."""
+@dataclass(frozen=True, slots=True, config=CONFIG)
+class SchedulerConfig:
+    """A frozen, hashable pydantic dataclass with slots: its attributes are read in the
+    scheduler's hot path, and a slotted dataclass's are read as fast as a plain one's. Construct with int ns
+    (``SchedulerConfig(default_slo=ms(50))``) or from a table in milliseconds
+    (``SchedulerConfig.from_ms(default_slo_ms=50)``)."""
 
-    model_config = ConfigDict(**CONFIG, frozen=True)
     settings_name: ClassVar[str] = "scheduler"
 
     schedule_ahead: int = setting(

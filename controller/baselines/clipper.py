@@ -38,22 +38,19 @@ from __future__ import annotations
 import heapq
 from typing import ClassVar
 
+from pydantic.dataclasses import dataclass
+
 from clockwork.actions import Action, RequestStatus, Result
 from clockwork.requests import QUEUED, Request
-from clockwork.settings import setting
-from controller.baselines.common import (
-    BaselineConfig,
-    BaselinePolicy,
-    Copy,
-    Gpu,
-    parse_settings,
-)
+from clockwork.settings import CONFIG, setting
+from controller.baselines.common import BaselinePolicy, Copy, Gpu, parse_settings
 
 SETTINGS = ("batch_wait_ms", "aimd_step", "aimd_backoff", "initial_batch", "drop_expired",
             "replicas")
 
 
-class ClipperConfig(BaselineConfig):
+@dataclass(frozen=True, slots=True, config=CONFIG)
+class ClipperConfig:
     """The clipper policy's own ``[scheduler]`` settings."""
 
     settings_name: ClassVar[str] = "clipper"

@@ -22,25 +22,19 @@ from collections.abc import Iterable, Mapping
 from clockwork.actions import NEVER, Action, ActionType, ErrorCode, RequestStatus, Result
 from clockwork.profiles import ModelProfile
 from clockwork.requests import DONE, EXECUTING, Reply, Request
-from clockwork.settings import CONFIG, Settings, from_table
+from clockwork.settings import from_table
 from controller.config import SchedulerConfig
 from controller.policy import GpuSpec, Policy
 
 MAX_ATTEMPTS = 3  # INFERs a request may be part of before a worker error is final
 
 
-class BaselineConfig(Settings):
-    """Base of a baseline's own settings schema (frozen; time settings in int ns,
-    written in a table under their unit's key, e.g. ``batch_wait_ms``)."""
-
-    model_config = {**CONFIG, "frozen": True}
-
-
-def parse_settings(cls: type[BaselineConfig], settings: Mapping[str, object] | None,
-                   policy: str = "") -> BaselineConfig:
-    """Build a baseline's config from its ``[scheduler]`` keys (time settings in the
-    units of their keys, stored as int ns); a bad key or value raises ``SettingsError``
-    (a ``ValueError``) with one line. ``policy`` is unused: the schema names itself."""
+def parse_settings(cls, settings: Mapping[str, object] | None, policy: str = ""):
+    """Build a baseline's config (a frozen pydantic dataclass with
+    ``clockwork.settings.CONFIG``, time settings in int ns) from its ``[scheduler]`` keys
+    (time settings in the units of their keys, e.g. ``batch_wait_ms``); a bad key or
+    value raises ``SettingsError`` (a ``ValueError``) with one line. ``policy`` is
+    unused: the schema names itself."""
     return from_table(cls, settings)
 
 

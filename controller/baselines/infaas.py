@@ -49,20 +49,16 @@ from collections import deque
 from typing import ClassVar
 
 from pydantic import model_validator
+from pydantic.dataclasses import dataclass
 
 from clockwork.actions import Action, RequestStatus
 from clockwork.requests import QUEUED, Request
-from clockwork.settings import setting
-from controller.baselines.common import (
-    BaselineConfig,
-    BaselinePolicy,
-    Copy,
-    Gpu,
-    parse_settings,
-)
+from clockwork.settings import CONFIG, setting
+from controller.baselines.common import BaselinePolicy, Copy, Gpu, parse_settings
 
 
-class InfaasConfig(BaselineConfig):
+@dataclass(frozen=True, slots=True, config=CONFIG)
+class InfaasConfig:
     """The infaas policy's own ``[scheduler]`` settings."""
 
     settings_name: ClassVar[str] = "infaas"

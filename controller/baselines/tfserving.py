@@ -35,19 +35,16 @@ from __future__ import annotations
 from collections import deque
 from typing import ClassVar
 
+from pydantic.dataclasses import dataclass
+
 from clockwork.actions import Action, RequestStatus
 from clockwork.requests import QUEUED, Request
-from clockwork.settings import setting
-from controller.baselines.common import (
-    BaselineConfig,
-    BaselinePolicy,
-    Copy,
-    Gpu,
-    parse_settings,
-)
+from clockwork.settings import CONFIG, setting
+from controller.baselines.common import BaselinePolicy, Copy, Gpu, parse_settings
 
 
-class TfServingConfig(BaselineConfig):
+@dataclass(frozen=True, slots=True, config=CONFIG)
+class TfServingConfig:
     """The tfserving policy's own ``[scheduler]`` settings."""
 
     settings_name: ClassVar[str] = "tfserving"
