@@ -535,14 +535,6 @@ def _has_nonfinite(value: Any) -> bool:
     return False
 
 
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        raise PydanticCustomError("finite_number", "Input should be a finite number")
-    if _has_nonfinite(value):
-        raise PydanticCustomError("finite_number", "Input should hold only finite numbers")
-    return value
-
-
 def _selector(value: Any) -> Any:
     ok = (isinstance(value, str) and value) or (
         isinstance(value, list) and value and all(isinstance(v, str) and v for v in value))
@@ -560,8 +552,6 @@ class WorkloadEntry(Settings):
 
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
     settings_name: ClassVar[str] = "workload"
-    __pydantic_extra__: dict[str, Annotated[Any, AfterValidator(_finite)]]
-
     kind: str = setting(
         description="Arrival process: `poisson`, `fixed_rate`, `closed_loop`, `azure` or a "
         "named workload; the other keys of the entry depend on it.", min_length=1)
@@ -633,7 +623,15 @@ def scenario_defaults() -> dict[str, Any]:
 
 def check_scenario(data: Any, where: str = "", error: type[Exception] = SettingsError) -> dict:
     """Validate a scenario's merged data; return it as plain values, defaults filled."""
-    return validate(ScenarioSettings, data, where=where, error=error).model_dump(exclude_none=True)
+    sc = validate(ScenarioSettings, data, where=where, error=error)
+    for i, w in enumerate(sc.workloads):  # the kind's own keys: numbers must be finite
+        for key, value in (w.model_extra or {}).items():
+            if _has_nonfinite(value):
+                want = "a finite number" if isinstance(value, float) else \
+                    "free of nan and inf"
+                line = f"workloads.{i}.{key}: must be {want}, got {show(value)}"
+                raise error(f"{where}: {line}" if where else line)
+    return sc.model_dump(exclude_none=True)
 
 
 # ----------------------------------------------------------------------------- profiles
