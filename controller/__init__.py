@@ -63,6 +63,13 @@ def policy_config(name: str) -> type | None:
     return None
 
 
+def __getattr__(name: str) -> object:
+    # POLICY_SETTINGS: policy -> the [scheduler] keys of its own schema (from the schemas)
+    if name == "POLICY_SETTINGS":
+        return {p: tuple(table_keys(c)) for p in POLICIES if (c := policy_config(p))}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def _check_policy(name: str) -> None:
     if name not in POLICIES:
         close = difflib.get_close_matches(str(name), list(POLICIES), n=1)

@@ -213,6 +213,12 @@ def test_baseline_configs_round_trip():
 
 
 def test_split_settings_checks_the_whole_table():
+    from controller import POLICY_SETTINGS  # derived from the baselines' schemas
+
+    assert POLICY_SETTINGS["tfserving"] == ("max_batch_size", "batch_timeout_us",
+                                            "batch_timeout_ms", "max_enqueued_batches",
+                                            "inflight_per_gpu")
+    assert set(POLICY_SETTINGS) == {"clipper", "tfserving", "infaas"}
     common, own = split_settings("tfserving", {"max_batch": 8, "batch_timeout_us": 100})
     assert common == {"max_batch": 8} and own == {"batch_timeout_us": 100}
     assert raises(SettingsError, split_settings, "clipper", {"batch_wiat_ms": 1}) == (
