@@ -23,29 +23,6 @@ from pathlib import Path
 
 from clockwork import resources
 
-IMPL = "clockwork.scenarios_cli:cmd_scenarios"
-
-
-def add_scenarios_parser(sub) -> argparse.ArgumentParser:
-    """The ``scenarios`` verb on an ``add_subparsers()`` object (``dest`` names as in
-    ``clockwork.cli.verbs.add_scenarios``); ``set_defaults`` carries both ``func`` and the
-    ``impl`` string."""
-    p = sub.add_parser(
-        "scenarios", help="list the shipped scenarios, or copy them out to edit",
-        description="Without arguments, list the scenarios that ship with clockwork (usable "
-        "by name: clockwork simulate NAME). 'copy' writes them, and the trace sample they "
-        "use, into a folder.")
-    p.set_defaults(func=cmd_scenarios, impl=IMPL, requires=())
-    ssub = p.add_subparsers(dest="scenarios_command", metavar="SUBCOMMAND")
-    ssub.add_parser("list", help="list the shipped scenarios (the default)")
-    c = ssub.add_parser("copy", help="copy shipped scenarios into a folder")
-    c.add_argument("names", nargs="*", metavar="NAME", help="scenario names")
-    c.add_argument("--all", action="store_true", help="copy every shipped scenario")
-    c.add_argument("--to", required=True, metavar="DIR", help="destination folder")
-    c.add_argument("--force", action="store_true",
-                   help="overwrite files in DIR that differ from the shipped ones")
-    return p
-
 
 def cmd_scenarios(args: argparse.Namespace) -> int:
     if getattr(args, "scenarios_command", None) == "copy":

@@ -3,7 +3,6 @@ in scenario files, and ``clockwork scenarios`` (list / copy)."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 from pathlib import Path
@@ -11,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from clockwork import resources
+from clockwork.cli import main
 from clockwork.profiles import ProfileError, load_profile_set
 from clockwork.scenario import ScenarioError, load_scenario
-from clockwork.scenarios_cli import add_scenarios_parser, cmd_scenarios
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = "traces/samples/invocations_per_function_md.anon.d01.csv.gz"
@@ -30,11 +29,7 @@ def elsewhere(tmp_path, monkeypatch):
 
 
 def run_scenarios(*argv: str) -> int:
-    p = argparse.ArgumentParser(prog="clockwork")
-    add_scenarios_parser(p.add_subparsers(dest="command"))
-    args = p.parse_args(["scenarios", *argv])
-    assert args.func is cmd_scenarios and args.impl == "clockwork.scenarios_cli:cmd_scenarios"
-    return args.func(args)
+    return main(["scenarios", *argv])
 
 
 # ------------------------------------------------------------------ layout

@@ -23,6 +23,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "clockwork" / "data"
+CLIENTS = ("tritonclient[grpc,http]>=2.73", "kserve>=0.21")
 SAMPLE = "traces/samples/invocations_per_function_md.anon.d01.csv.gz"
 NETWORK_TROUBLE = ("Could not find a version that satisfies", "No matching distribution found",
                    "Failed to establish a new connection", "NewConnectionError",
@@ -92,10 +93,12 @@ def venv(wheel, tmp_path_factory) -> Path:
     env = clean_env(v)
     env["PIP_DEFAULT_TIMEOUT"] = "20"
     try:
-        r = run([v / "bin" / "python", "-m", "pip", "install", wheel, "--retries", "1",
-                 "--disable-pip-version-check", "-q"], 300, root, env)
+        # exactly what a user does: the project beside the current stock KServe v2 /
+        # Triton clients, in one environment (they pin protobuf < 7)
+        r = run([v / "bin" / "python", "-m", "pip", "install", wheel, *CLIENTS, "--retries",
+                 "1", "--disable-pip-version-check", "-q"], 420, root, env)
     except subprocess.TimeoutExpired:
-        pytest.skip("pip install of the wheel's dependencies ran past 300 s "
+        pytest.skip("pip install of the wheel's dependencies ran past 420 s "
                     "(package registry unreachable or too slow)")
     if r.returncode != 0:
         text = r.stdout + r.stderr
@@ -202,12 +205,9 @@ def test_installed_serve_replay(venv, elsewhere):
 
 
 COPY = """
-import argparse, sys
-from clockwork.scenarios_cli import add_scenarios_parser
-p = argparse.ArgumentParser(prog="clockwork")
-add_scenarios_parser(p.add_subparsers(dest="command"))
-args = p.parse_args(["scenarios", *sys.argv[1:]])
-sys.exit(args.func(args))
+import sys
+from clockwork.cli import main
+sys.exit(main(["scenarios", *sys.argv[1:]]))
 """
 
 
@@ -223,3 +223,85 @@ def test_installed_scenarios_list_and_copy(venv, elsewhere):
     r = clockwork(venv, elsewhere, "simulate", "mine/azure_sample.toml", "--set", "duration_s=2",
                   "--quiet")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+CLIENT_CHECK = """
+import sys
+from importlib.metadata import version
+import numpy as np
+import tritonclient.grpc as tg
+import tritonclient.http as th
+import clockwork.protocol.clockwork_pb2  # noqa: F401
+from clockwork.client import Client
+
+grpc_addr, http_addr, controller = sys.argv[1:4]
+print("versions", version("tritonclient"), version("kserve"), version("protobuf"))
+x = np.zeros((1, 3, 224, 224), np.float32)
+g = tg.InferenceServerClient(grpc_addr)
+i = tg.InferInput("data", list(x.shape), "FP32")
+i.set_data_from_numpy(x)
+r = g.infer("resnet50_v2", [i], parameters={"slo_ms": 1000})
+print("grpc", r.as_numpy(r.get_response().outputs[0].name).shape)
+h = th.InferenceServerClient(http_addr)
+i = th.InferInput("data", list(x.shape), "FP32")
+i.set_data_from_numpy(x, binary_data=True)
+r = h.infer("resnet50_v2", [i], parameters={"slo_ms": 1000})
+print("http", r.as_numpy(r.get_response()["outputs"][0]["name"]).shape)
+with Client(controller) as c:
+    print("client", c.infer("resnet50_v2", slo_ms=1000).batch_size)
+"""
+
+
+# kserve and tritonclient.grpc cannot share one process (both register the protobuf package
+# ``inference``), so the kserve SDK is imported beside the project in a process of its own.
+KSERVE_CHECK = """
+import kserve
+from clockwork.client import Client  # noqa: F401
+from clockwork.protocol import clockwork_pb2  # noqa: F401
+from clockwork.sim import simulate
+print("kserve ok", simulate("poisson_warm", ["duration_s=1"]).summary["submitted"] > 0)
+"""
+
+
+def test_installed_beside_stock_clients(venv, elsewhere):
+    """pip install WHEEL 'tritonclient[grpc,http]>=2.73' 'kserve>=0.21' in one fresh venv:
+    clockwork --help, a live cluster, and tritonclient grpc + http inference against it."""
+    r = run([venv / "bin" / "python", "-c", "from importlib.metadata import version as v; "
+             "print(v('tritonclient'), v('kserve'), v('protobuf'))"], 60, elsewhere,
+            clean_env(venv))
+    triton, kserve_v, proto = r.stdout.split()
+    assert tuple(map(int, triton.split(".")[:2])) >= (2, 73)
+    assert tuple(map(int, kserve_v.split(".")[:2])) >= (0, 21)
+    assert clockwork(venv, elsewhere, "--help").returncode == 0
+    r = run([venv / "bin" / "python", "-c", KSERVE_CHECK], 120, elsewhere, clean_env(venv))
+    assert "kserve ok True" in r.stdout, r.stdout + r.stderr[-2000:]
+    p = subprocess.Popen([str(venv / "bin" / "clockwork"), "serve", "--port", "0",
+                          "--http-port", "0", "--kserve-port", "0"], cwd=elsewhere,
+                         env=clean_env(venv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, start_new_session=True)
+    addrs: dict[str, str] = {}
+    seen = []
+    try:
+        for line in p.stdout:  # the controller prints its three listeners, then serves
+            seen.append(line)
+            for key, marker in (("controller", "clockwork controller listening on "),
+                                ("grpc", "kserve grpc listening on "),
+                                ("http", "http listening on ")):
+                if marker in line:
+                    addrs[key] = line.split(marker)[1].split()[0]
+            if len(addrs) == 3:
+                break
+        assert len(addrs) == 3, "".join(seen)
+        r = run([venv / "bin" / "python", "-c", CLIENT_CHECK, addrs["grpc"], addrs["http"],
+                 addrs["controller"]], 120, elsewhere, clean_env(venv))
+        assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+        assert f"versions {triton} {kserve_v} {proto}" in r.stdout
+        assert "grpc (1, 1000)" in r.stdout and "http (1, 1000)" in r.stdout, r.stdout
+        assert "client 1" in r.stdout, r.stdout
+    finally:
+        os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()

@@ -78,6 +78,8 @@ def add_scenarios(sub) -> None:
     c.add_argument("names", nargs="*", metavar="NAME", help="scenario names")
     c.add_argument("--all", action="store_true", help="copy every shipped scenario")
     c.add_argument("--to", required=True, metavar="DIR", help="destination folder")
+    c.add_argument("--force", action="store_true",
+                   help="overwrite files in DIR that differ from the shipped ones")
 
 
 TRACE_EPILOG = """examples:
