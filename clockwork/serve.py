@@ -215,7 +215,7 @@ def ensure_packages(models: str | None, profiles: str, device: str, packages: st
         from clockwork.models.zoo import ZOO
     except ImportError:
         raise RuntimeError(f"no model packages for {', '.join(todo)} in {packages}, and TVM "
-                           "is not installed to build them: pip install -e '.[tvm]'") from None
+                           "is not installed to build them: pip install 'clockwork-py[tvm]'") from None
     for m in todo:
         if m not in ZOO:
             raise RuntimeError(f"no model package for {m!r} in {packages} (build it with "

@@ -32,7 +32,7 @@ GPU = _gpu_present()
 def _check_message(msg: str) -> None:
     assert msg.startswith("cuda device unavailable: ")
     assert "--device cpu" in msg and "--device emulated" in msg
-    assert "pip install -e .[cuda]" in msg
+    assert "clockwork-py[cuda12]" in msg and "clockwork-py[cuda13]" in msg
 
 
 def test_unavailable_is_a_device_error():

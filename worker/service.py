@@ -364,7 +364,7 @@ def _open_device(kind: str, pages: int, index: int = 0):
             from worker.devices.cpu import CpuDevice
             return CpuDevice(pages)
         except ImportError:
-            raise ValueError("--device cpu needs Apache TVM: pip install -e '.[tvm]' "
+            raise ValueError("--device cpu needs Apache TVM: pip install 'clockwork-py[tvm]' "
                              "(or use --device emulated)") from None
     try:
         from worker.devices.cuda import CudaDevice

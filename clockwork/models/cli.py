@@ -1,4 +1,4 @@
-"""``clockwork compile`` and ``clockwork profile`` (need TVM: ``pip install -e .[tvm]``).
+"""``clockwork compile`` and ``clockwork profile`` (need TVM: ``pip install 'clockwork-py[tvm]'``).
 
 Both take a zoo model name or the path of an ONNX file (``*.onnx``)."""
 
@@ -30,7 +30,7 @@ def _build(cmd: str, model: str, batch_sizes: list[int], out: Path, device: str,
             from clockwork.models.onnx_import import compile_onnx
         except ImportError as e:  # the onnx package itself is missing
             print(f"clockwork {cmd}: importing ONNX needs the onnx package "
-                  f"(pip install -e .[tvm]): {e}", file=sys.stderr)
+                  f"(pip install 'clockwork-py[tvm]'): {e}", file=sys.stderr)
             return None
         try:
             return compile_onnx(model, batch_sizes, out, target=DEVICES[device])

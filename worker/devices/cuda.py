@@ -44,7 +44,8 @@ from clockwork.profiles import PAGE_SIZE
 from worker.devices.base import DeviceError, RealDevice
 from worker.memory import ARENA_ALIGNMENT, TENSOR_ALIGNMENT, ArenaError, PageArena
 
-INSTALL_HINT = "pip install -e .[cuda]"
+INSTALL_HINT = ("pip install 'clockwork-py[cuda12]' or 'clockwork-py[cuda13]', matching the "
+                "CUDA major version nvidia-smi shows")
 ALTERNATIVES = ("use `--device cpu` for real execution on the host CPU, or `--device emulated` "
                 "for profile-timed emulation")
 DEFAULT_ARCH = "sm_90"
@@ -58,7 +59,7 @@ class DeviceUnavailable(DeviceError):
 def _unavailable(what: str) -> DeviceUnavailable:
     return DeviceUnavailable(
         f"cuda device unavailable: {what}. Real execution on a GPU needs an NVIDIA GPU with "
-        f"its driver and the CUDA extras (`{INSTALL_HINT}`: cupy-cuda13x, nvidia-ml-py); "
+        f"its driver and the CUDA extras ({INSTALL_HINT}: cupy and nvidia-ml-py); "
         f"otherwise {ALTERNATIVES}.")
 
 
@@ -119,7 +120,7 @@ def _tvm():
     try:
         import tvm
     except ImportError as e:
-        raise _unavailable(f"Apache TVM is not installed ({e}; `pip install -e .[tvm]`)") from e
+        raise _unavailable(f"Apache TVM is not installed ({e}; `pip install 'clockwork-py[tvm]'`)") from e
     return tvm
 
 
