@@ -21,6 +21,11 @@ from clockwork.scenario import ScenarioError, load_scenario
 _ADDR = re.compile(r"listening on (\S+):(\d+)")
 
 
+class ChildRefused(RuntimeError):
+    """A worker or the controller exited with code 2 at start (a bad setting, a port it
+    cannot bind); the message is its own one-line explanation."""
+
+
 class _Child:
     """A child process whose stdout lines are read by a thread (so waits have deadlines)."""
 
@@ -55,7 +60,10 @@ class _Child:
             except queue.Empty:
                 continue
             if line is None:
-                raise RuntimeError(f"{self.name} exited (rc {self.proc.wait()}):\n"
+                rc = self.proc.wait()
+                if rc == 2 and self.output:  # it refused a setting or a port: its own line
+                    raise ChildRefused(f"{self.name}: {self.output[-1].strip()}")
+                raise RuntimeError(f"{self.name} exited (rc {rc}):\n"
                                    + "".join(self.output[-20:]))
             m = _ADDR.search(line)
             if m:
@@ -285,6 +293,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         try:
             cluster.start()
+        except ChildRefused as e:
+            print(f"clockwork serve: {e}", file=sys.stderr)
+            return 2
         except (TimeoutError, RuntimeError) as e:
             print(f"clockwork serve: {e}", file=sys.stderr)
             return 1
@@ -294,9 +305,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
               f"GPU(s): {', '.join(cluster.worker_addresses)}); Ctrl-C stops", flush=True)
         print(f"controller listening on {cluster.address}", flush=True)
         while not stop.is_set():
-            if any(ch.proc.poll() is not None for ch in [cluster.controller, *cluster.workers]):
-                print("clockwork serve: a child process exited; stopping", file=sys.stderr)
-                return 1
+            gone = [ch for ch in [cluster.controller, *cluster.workers]
+                    if ch.proc.poll() is not None]
+            if gone:
+                code = gone[0].proc.returncode
+                print(f"clockwork serve: {gone[0].name} exited (code {code}); stopping",
+                      file=sys.stderr)
+                return 2 if code == 2 else 1  # 2: it refused its settings or a port
             stop.wait(0.5)
         return 0
     finally:

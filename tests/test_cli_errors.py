@@ -142,3 +142,14 @@ def test_listener_that_cannot_bind_exits_2_naming_the_port(argv):
     assert p.returncode == 2, (p.returncode, p.stderr)
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and str(port) in lines[0] and "Traceback" not in p.stderr, p.stderr
+
+
+def test_serve_stops_with_exit_2_when_a_port_is_taken(tmp_path):
+    s, port = _busy_port()
+    with s:
+        p = subprocess.run([sys.executable, "-m", "clockwork.cli", "serve", "--port", "0",
+                            "--http-port", str(port), "--kserve-port", "0"],
+                           capture_output=True, text=True, timeout=90, cwd=tmp_path)
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    assert f"{port} (--http-port)" in p.stdout + p.stderr
+    assert "Traceback" not in p.stdout + p.stderr
