@@ -229,7 +229,7 @@ class WorkerNode:
 
     def _run_infer(self, loop, e: GpuExecutor, dev, a, inputs) -> None:
         """EXEC thread: INPUT copy, EXEC, OUTPUT copy; times measured here."""
-        from worker.devices.cpu import DeviceError
+        from worker.devices.base import DeviceError
 
         t0 = now_ns()
         status, message, exec_ns, outs = ErrorCode.SUCCESS, "", None, None
@@ -237,31 +237,25 @@ class WorkerNode:
             arr = msg_to_array(inputs[0]) if inputs else None
             out, exec_ns = dev.infer(a.model, arr, a.batch_size)
             outs = out if isinstance(out, list) else [out]
-        except DeviceError as err:
-            text = str(err)
-            status = (ErrorCode.WEIGHTS_NOT_PRESENT if "not in the cache" in text
-                      else ErrorCode.INVALID_BATCH_SIZE if "batch size" in text
-                      else ErrorCode.INVALID_INPUT)
-            message = text
+        except DeviceError as err:  # each device error carries the code to answer with
+            status, message = err.code, str(err)
         except Exception as err:  # noqa: BLE001 - a failed EXEC must still be answered
             status, message = ErrorCode.INVALID_INPUT, f"EXEC failed: {err!r}"
         t1 = now_ns()
         loop.call_soon_threadsafe(self._completed, e, a.id, t0, t1, status, message, exec_ns, outs)
 
     def _run_load(self, loop, e: GpuExecutor, dev, a) -> None:
-        from worker.devices.cpu import DeviceError
+        from worker.devices.base import DeviceError
         from worker.memory import ArenaError
 
         t0 = now_ns()
         status, message = ErrorCode.SUCCESS, ""
         try:
             dev.load(a.model)
+        except DeviceError as err:  # each device error carries the code to answer with
+            status, message = err.code, str(err)
         except ArenaError as err:
             status, message = ErrorCode.LOAD_INSUFFICIENT_CACHE, str(err)
-        except DeviceError as err:
-            status = (ErrorCode.WEIGHTS_ALREADY_LOADED if "already loaded" in str(err)
-                      else ErrorCode.UNKNOWN_MODEL)
-            message = str(err)
         except Exception as err:  # noqa: BLE001
             status, message = ErrorCode.LOAD_INSUFFICIENT_CACHE, f"LOAD failed: {err!r}"
         t1 = now_ns()

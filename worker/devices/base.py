@@ -1,10 +1,190 @@
-"""What the real devices (cpu, cuda) share."""
+"""The device contract: what every device (emulated, cpu, cuda) offers the worker, and
+the errors it raises.
+
+Units: every duration is an ``int`` of nanoseconds; pages are indices into the device's
+page arena (``arena``), whose pages are ``arena.page_size`` bytes.
+
+Errors: every failure a device reports is a :class:`DeviceError` subclass whose ``code``
+is the :class:`~clockwork.actions.ErrorCode` the worker answers the action with; the
+worker maps ``err.code`` and never reads the message (which is for people).
+
+=========================  ===========================  ==================================
+class                      ``code``                     raised when
+=========================  ===========================  ==================================
+``UnknownModel``           ``UNKNOWN_MODEL``            no instance of that name
+``InvalidPackage``         ``UNKNOWN_MODEL``            ``register`` refuses the package
+                                                        (wrong target or page size, name
+                                                        taken): the instance stays unknown
+``WeightsAlreadyLoaded``   ``WEIGHTS_ALREADY_LOADED``   LOAD of weights already loaded
+``InsufficientCache``      ``LOAD_INSUFFICIENT_CACHE``  LOAD finds too few (contiguous)
+                                                        free pages; also an ``ArenaError``
+``WeightsNotPresent``      ``WEIGHTS_NOT_PRESENT``      EXEC without the weights loaded
+``NotInCache``             ``EVICT_NOT_IN_CACHE``       EVICT of weights not loaded
+``InvalidBatchSize``       ``INVALID_BATCH_SIZE``       EXEC of a batch size the model
+                                                        was not compiled for
+``InvalidInput``           ``INVALID_INPUT``            EXEC input of the wrong shape
+``LoadFailed``             ``LOAD_INSUFFICIENT_CACHE``  the copy itself failed (device)
+``ExecFailed``             ``INVALID_INPUT``            the kernels failed (device)
+``DeviceUnavailable``      ``INVALID_GPU``              the device cannot be used here
+=========================  ===========================  ==================================
+
+``LoadFailed``, ``ExecFailed`` and ``DeviceUnavailable`` are ``DeviceFailure``\\ s: the
+device, not the action, went wrong. Their codes are the ones the worker has always
+answered such failures with.
+"""
 
 from __future__ import annotations
 
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+from clockwork.actions import Action, ErrorCode
+from clockwork.profiles import ModelProfile
+from worker.memory import ArenaError, PageArena
+
+# -- errors ---------------------------------------------------------------------------
+
 
 class DeviceError(RuntimeError):
-    """A model is unknown, not loaded, or called with a bad batch/input."""
+    """A device refused or failed an operation; ``code`` is what the worker answers.
+
+    Devices raise the subclasses below, never this class itself."""
+
+    code: ClassVar[ErrorCode] = ErrorCode.INVALID_INPUT
+
+
+class UnknownModel(DeviceError):
+    """No instance of that name is registered on this device."""
+
+    code = ErrorCode.UNKNOWN_MODEL
+
+
+class InvalidPackage(DeviceError):
+    """``register`` refused the package (compiled for another target, laid out in other
+    pages, or the name is taken); the instance is not made known."""
+
+    code = ErrorCode.UNKNOWN_MODEL
+
+
+class WeightsAlreadyLoaded(DeviceError):
+    """LOAD of an instance whose weights are already in the cache (or being loaded)."""
+
+    code = ErrorCode.WEIGHTS_ALREADY_LOADED
+
+
+class InsufficientCache(DeviceError, ArenaError):
+    """LOAD found too few free (or contiguous) pages. Also an ``ArenaError``."""
+
+    code = ErrorCode.LOAD_INSUFFICIENT_CACHE
+
+
+class WeightsNotPresent(DeviceError):
+    """EXEC of an instance whose weights are not in the cache."""
+
+    code = ErrorCode.WEIGHTS_NOT_PRESENT
+
+
+class NotInCache(DeviceError):
+    """EVICT of an instance whose weights are not in the cache."""
+
+    code = ErrorCode.EVICT_NOT_IN_CACHE
+
+
+class InvalidBatchSize(DeviceError):
+    """EXEC of a batch size the model has no function for."""
+
+    code = ErrorCode.INVALID_BATCH_SIZE
+
+
+class InvalidInput(DeviceError):
+    """EXEC input whose shape is not (batch size, *input shape)."""
+
+    code = ErrorCode.INVALID_INPUT
+
+
+class DeviceFailure(DeviceError):
+    """The device itself failed (a copy, a kernel, the driver)."""
+
+
+class LoadFailed(DeviceFailure):
+    """The LOAD copy or binding failed on the device; the pages were given back."""
+
+    code = ErrorCode.LOAD_INSUFFICIENT_CACHE
+
+
+class ExecFailed(DeviceFailure):
+    """The EXEC kernels (or the INPUT/OUTPUT copies) failed on the device."""
+
+    code = ErrorCode.INVALID_INPUT
+
+
+class DeviceUnavailable(DeviceFailure):
+    """The device cannot be used on this machine (missing package, GPU, driver or
+    compiler); the message says what is missing and what to do instead."""
+
+    code = ErrorCode.INVALID_GPU
+
+
+ERRORS: tuple[type[DeviceError], ...] = (
+    UnknownModel, InvalidPackage, WeightsAlreadyLoaded, InsufficientCache, WeightsNotPresent,
+    NotInCache, InvalidBatchSize, InvalidInput, LoadFailed, ExecFailed, DeviceUnavailable)
+
+
+# -- the contract ---------------------------------------------------------------------
+
+
+@runtime_checkable
+class Device(Protocol):
+    """What every device offers. The worker's executor only asks ``duration``; the worker
+    shell (and the profiler) drive the rest, one EXEC thread and one LOAD thread per
+    device: a LOAD may run while an EXEC runs (two lanes), and EVICT may be called from
+    either side at any time.
+
+    ``models`` maps each registered instance name to its state, whose ``pages`` is the
+    list of arena pages holding its weights (``None`` while not loaded).
+    """
+
+    kind: str  # "emulated", "cpu" or "cuda"
+    arena: PageArena  # the weights cache: n_pages, page_size, used_pages, free_pages
+    models: dict[str, Any]
+
+    def duration(self, action: Action, profile: ModelProfile) -> int | None:
+        """How long ``action`` will take, in ns, known in advance (emulated: the profile's
+        figure, with noise); ``None`` when it is measured as it runs (cpu, cuda)."""
+        ...
+
+    def register(self, name: str, package: Any) -> dict:
+        """LoadModelFromDisk: make instance ``name`` known, not loaded. ``package`` is a
+        compiled package's directory (cpu, cuda) or a ``ModelProfile`` (emulated).
+        Returns the package metadata (``weights_pages``, ``batch_sizes``, ``inputs``,
+        ``outputs``...). Raises ``InvalidPackage``."""
+        ...
+
+    def loaded(self, name: str) -> bool:
+        """Whether instance ``name``'s weights are in the cache. Raises ``UnknownModel``."""
+        ...
+
+    def load(self, name: str) -> tuple[list[int], int]:
+        """LOAD: allocate the weights' pages, copy the weights in, bind them. Returns
+        (pages, load_ns), load_ns > 0 the measured duration. Raises ``UnknownModel``,
+        ``WeightsAlreadyLoaded``, ``InsufficientCache`` (nothing allocated) or
+        ``LoadFailed`` (pages given back)."""
+        ...
+
+    def evict(self, name: str) -> None:
+        """EVICT: drop the weights, free their pages. Never waits: pages an EXEC still
+        reads are freed when that EXEC ends. Raises ``UnknownModel`` or ``NotInCache``."""
+        ...
+
+    def infer(self, name: str, inputs: np.ndarray | None,
+              batch_size: int | None = None) -> tuple[np.ndarray | list[np.ndarray], int]:
+        """INPUT copy + EXEC + OUTPUT copy of one batch. ``inputs`` is (batch, *input
+        shape); ``None`` runs zeros of ``batch_size`` rows. Returns (outputs, exec_ns):
+        outputs one array per model output (a single array when there is one), exec_ns
+        > 0 the EXEC alone. Raises ``UnknownModel``, ``InvalidBatchSize``,
+        ``InvalidInput``, ``WeightsNotPresent`` or ``ExecFailed``."""
+        ...
 
 
 class RealDevice:
@@ -22,7 +202,13 @@ class RealDevice:
         try:
             return self.models[name]
         except KeyError:
-            raise DeviceError(f"unknown model {name!r}") from None
+            raise UnknownModel(f"unknown model {name!r}") from None
 
     def loaded(self, name: str) -> bool:
         return self._model(name).pages is not None
+
+
+__all__ = ["ERRORS", "Device", "DeviceError", "DeviceFailure", "DeviceUnavailable",
+           "ExecFailed", "InsufficientCache", "InvalidBatchSize", "InvalidInput",
+           "InvalidPackage", "LoadFailed", "NotInCache", "RealDevice", "UnknownModel",
+           "WeightsAlreadyLoaded", "WeightsNotPresent"]

@@ -29,7 +29,19 @@ from pathlib import Path
 import numpy as np
 
 from clockwork.profiles import PAGE_SIZE
-from worker.devices.base import DeviceError, RealDevice
+from worker.devices.base import (
+    DeviceError,
+    ExecFailed,
+    InsufficientCache,
+    InvalidBatchSize,
+    InvalidInput,
+    InvalidPackage,
+    LoadFailed,
+    NotInCache,
+    RealDevice,
+    WeightsAlreadyLoaded,
+    WeightsNotPresent,
+)
 from worker.memory import TENSOR_ALIGNMENT, ArenaError, PageArena
 
 
@@ -101,7 +113,7 @@ class CpuDevice(RealDevice):
             return pkg
         meta = read_package(path)
         if meta["page_size"] != self.arena.page_size:
-            raise DeviceError(f"package {path} is laid out in {meta['page_size']}-byte pages, "
+            raise InvalidPackage(f"package {path} is laid out in {meta['page_size']}-byte pages, "
                               f"the arena has {self.arena.page_size}-byte pages")
         lib = tvm.runtime.load_module(str(path / LIBRARY))
         vm = relax.VirtualMachine(lib, tvm.cpu())
@@ -122,7 +134,7 @@ class CpuDevice(RealDevice):
         path = Path(package)
         with self._lock:
             if name in self.models:
-                raise DeviceError(f"model {name!r} is already registered")
+                raise InvalidPackage(f"model {name!r} is already registered")
             pkg = self._package(path)
             self.models[name] = _Model(name, pkg)
         return pkg.meta
@@ -130,7 +142,8 @@ class CpuDevice(RealDevice):
     # -- LOAD / EVICT ---------------------------------------------------------------------
 
     def load(self, name: str) -> tuple[list[int], int]:
-        """LOAD: returns (pages, duration_ns) where the duration covers alloc + copy + bind."""
+        """LOAD: returns (pages, duration_ns) where the duration covers alloc + copy + bind.
+        Errors: see :class:`worker.devices.base.Device`."""
         import tvm
 
         m = self._model(name)
@@ -138,17 +151,20 @@ class CpuDevice(RealDevice):
         t0 = time.perf_counter_ns()
         with self._lock:
             if m.pages is not None:
-                raise DeviceError(f"model {name!r} is already loaded")
-            pages = self.arena.alloc(meta["weights_pages"], meta["page_runs"])
+                raise WeightsAlreadyLoaded(f"model {name!r} is already loaded")
+            try:
+                pages = self.arena.alloc(meta["weights_pages"], meta["page_runs"])
+            except ArenaError as e:
+                raise InsufficientCache(str(e)) from None
         try:
             self.arena.write(pages, m.package.blob)
             bound = [tvm.runtime.from_dlpack(self.arena.view(pages, t["offset"], t["shape"],
                                                              t["dtype"]))
                      for t in meta["params"]]
-        except (ArenaError, RuntimeError):
+        except Exception as e:
             with self._lock:
                 self.arena.free(pages)
-            raise
+            raise LoadFailed(f"model {name!r}: LOAD failed: {e}") from e
         with self._lock:
             m.pages, m.bound = pages, bound
         return pages, time.perf_counter_ns() - t0
@@ -158,7 +174,7 @@ class CpuDevice(RealDevice):
         m = self._model(name)
         with self._lock:
             if m.pages is None:
-                raise DeviceError(f"model {name!r} is not loaded")
+                raise NotInCache(f"model {name!r} is not loaded")
             m.bound = None
             if m.busy:
                 m.free_after = m.pages
@@ -176,16 +192,16 @@ class CpuDevice(RealDevice):
         pkg = m.package
         b = int(inputs.shape[0]) if inputs is not None else int(batch_size or 0)
         if b not in pkg.functions:
-            raise DeviceError(f"model {name!r}: batch size {b} not in {sorted(pkg.functions)}")
+            raise InvalidBatchSize(f"model {name!r}: batch size {b} not in {sorted(pkg.functions)}")
         buf, tin = pkg.inputs[b]
         if inputs is not None and inputs.shape != buf.shape:
-            raise DeviceError(f"model {name!r}: input shape {inputs.shape}, "
+            raise InvalidInput(f"model {name!r}: input shape {inputs.shape}, "
                               f"expected {buf.shape}")
         with self._exec:
             with self._lock:
                 bound = m.bound
                 if bound is None:
-                    raise DeviceError(f"model {name!r}: weights not in the cache")
+                    raise WeightsNotPresent(f"model {name!r}: weights not in the cache")
                 m.busy = True
             try:
                 if inputs is None:
@@ -194,9 +210,12 @@ class CpuDevice(RealDevice):
                     buf[...] = inputs
                 f = pkg.functions[b]
                 t0 = time.perf_counter_ns()
-                out = f(tin, *bound)
-                exec_ns = time.perf_counter_ns() - t0
-                return _numpy_outputs(out), exec_ns
+                try:
+                    out = f(tin, *bound)
+                    exec_ns = max(1, time.perf_counter_ns() - t0)
+                    return _numpy_outputs(out), exec_ns
+                except Exception as e:
+                    raise ExecFailed(f"model {name!r}: EXEC failed: {e}") from e
             finally:
                 with self._lock:
                     m.busy = False

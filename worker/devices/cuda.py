@@ -6,16 +6,25 @@ Same interface and semantics as :class:`worker.devices.cpu.CpuDevice`:
   package's CUDA kernels for this GPU here, with NVRTC or nvcc), create a Relax VM on
   ``tvm.cuda()``, and read the weights blob into pinned host memory (so LOAD is a copy).
 * ``load(name)`` is LOAD: allocate pages of the GPU arena (one preallocated,
-  4096-aligned cupy buffer cut into 16 MiB pages), copy the blob in page by page
-  (host to device) and wrap each tensor's page view as a TVM tensor with
-  ``tvm.runtime.from_dlpack`` (zero-copy).
-* ``evict(name)`` is EVICT: drop the bindings, free the pages.
+  4096-aligned cupy buffer cut into 16 MiB pages), copy the pinned blob in page by page
+  (host to device, asynchronous on the LOAD stream, then wait for that stream) and wrap
+  each tensor's page view as a TVM tensor with ``tvm.runtime.from_dlpack`` (zero-copy).
+* ``evict(name)`` is EVICT: drop the bindings, free the pages. It never waits: pages an
+  EXEC is still reading are freed when that EXEC ends.
 * ``infer(name, inputs)`` is INPUT copy (host to a preallocated device buffer) + EXEC
-  (the VM function with the bound page views as weights) + OUTPUT copy. ``exec_ns`` is
-  the EXEC alone, timed with CUDA events on the stream TVM launches on.
+  (the VM function with the bound page views as weights) + OUTPUT copy, all on the EXEC
+  stream (TVM is told to launch there with ``set_raw_stream``). ``exec_ns`` is the EXEC
+  alone, timed with CUDA events recorded on the EXEC stream.
 
-One EXEC at a time (a lock). ``telemetry()`` reads the GPU's clocks, memory, temperature
-and power from NVML.
+Two lanes, as the scheduler models a GPU: LOAD and EXEC each have their own
+non-blocking CUDA stream and their own lock (one LOAD at a time, one EXEC at a time), so
+a LOAD's copies run beside an EXEC's kernels. A third lock guards only the model table
+and the arena's page table and is never held while the GPU works. Errors are the
+:mod:`worker.devices.base` classes, each with its ``ErrorCode``.
+
+The stream API is injectable (``CudaDevice(..., cupy=, tvm=, nvml=)``, default the real
+cupy, TVM and pynvml), so the lanes can be tested without a GPU. ``telemetry()`` reads
+the GPU's clocks, memory, temperature and power from NVML.
 
 cupy and pynvml are imported lazily: without them, without a GPU (or driver), or with a
 TVM that has no CUDA runtime, constructing a :class:`CudaDevice` raises
@@ -35,13 +44,27 @@ import shutil
 import sys
 import threading
 import time
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from clockwork.profiles import PAGE_SIZE
-from worker.devices.base import DeviceError, RealDevice
+from worker.devices.base import (
+    DeviceError,
+    DeviceUnavailable,
+    ExecFailed,
+    InsufficientCache,
+    InvalidBatchSize,
+    InvalidInput,
+    InvalidPackage,
+    LoadFailed,
+    NotInCache,
+    RealDevice,
+    WeightsAlreadyLoaded,
+    WeightsNotPresent,
+)
 from worker.memory import ARENA_ALIGNMENT, TENSOR_ALIGNMENT, ArenaError, PageArena
 
 INSTALL_HINT = ("pip install 'clockwork-py[cuda12]' or 'clockwork-py[cuda13]', matching the "
@@ -49,11 +72,6 @@ INSTALL_HINT = ("pip install 'clockwork-py[cuda12]' or 'clockwork-py[cuda13]', m
 ALTERNATIVES = ("use `--device cpu` for real execution on the host CPU, or `--device emulated` "
                 "for profile-timed emulation")
 DEFAULT_ARCH = "sm_90"
-
-
-class DeviceUnavailable(DeviceError):
-    """The device cannot be used on this machine (missing package, GPU, driver or
-    compiler); the message says what is missing and what to do instead."""
 
 
 def _unavailable(what: str) -> DeviceUnavailable:
@@ -258,10 +276,13 @@ class _Model:
     meta: dict
     vm: object
     functions: dict[int, object]
-    blob: np.ndarray  # pinned host memory
+    blob: np.ndarray  # pinned host memory: LOAD's copies are asynchronous on the LOAD stream
     inputs: dict[int, tuple[object, object]] = field(default_factory=dict)  # (cupy, tvm)
     pages: list[int] | None = None
     bound: list[object] | None = None
+    loading: bool = False  # a LOAD is copying its weights in
+    busy: int = 0  # EXECs running on these weights
+    free_after: list[int] | None = None  # evicted during an EXEC: free these after it
 
 
 def _target_kind(target: str) -> str:
@@ -271,51 +292,84 @@ def _target_kind(target: str) -> str:
         return target.split()[0] if target else ""
 
 
+def _numpy_outputs(out) -> np.ndarray | list[np.ndarray]:
+    if hasattr(out, "numpy"):
+        return out.numpy()
+    return [o.numpy() for o in out]  # a tuple of outputs
+
+
 class CudaDevice(RealDevice):
-    """Real execution on an NVIDIA GPU; see the module docstring."""
+    """Real execution on an NVIDIA GPU; see the module docstring.
+
+    ``cupy`` is the stream API (default: the real cupy, after :func:`probe`): a module
+    with cupy's ``cuda.Device``, ``cuda.Stream(non_blocking=True)`` (``.ptr``,
+    ``.synchronize()``), ``cuda.Event()`` (``.record(stream)``, ``.synchronize()``),
+    ``cuda.get_elapsed_time`` (ms), ``empty``/``zeros``/``uint8`` for device arrays whose
+    ``set(host, stream=)`` copies host to device, and (``cupyx``'s) ``empty_pinned``.
+    ``tvm`` (default: Apache TVM) loads the package and binds arrays with
+    ``runtime.from_dlpack``; kernels launch on the stream set with
+    ``tvm.cuda(index).set_raw_stream(ptr)``. ``nvml`` (pynvml) feeds ``telemetry``.
+    Tests pass fakes for all three.
+    """
 
     kind = "cuda"
 
-    def __init__(self, n_pages: int, page_size: int = PAGE_SIZE, index: int = 0) -> None:
-        cupy, pynvml, tvm = probe(index)
+    def __init__(self, n_pages: int, page_size: int = PAGE_SIZE, index: int = 0, *,
+                 cupy=None, tvm=None, nvml=None) -> None:
+        if cupy is None:
+            cupy, nvml, tvm = probe(index)
+        elif tvm is None:
+            tvm = _tvm()
         self.index = index
         self._cupy = cupy
-        self._nvml = pynvml
-        self._nvml_handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        self._tvm = tvm
+        self._nvml = nvml
+        self._nvml_handle = nvml.nvmlDeviceGetHandleByIndex(index) if nvml is not None else None
         self._dev = tvm.cuda(index)
         with cupy.cuda.Device(index):
             self.arena = CudaPageArena(n_pages, page_size, cupy)
+            # two lanes, as the scheduler models them: LOAD copies on one stream, EXEC on
+            # another; neither blocks on the legacy default stream
+            self.load_stream = cupy.cuda.Stream(non_blocking=True)
+            self.exec_stream = cupy.cuda.Stream(non_blocking=True)
             self._start = cupy.cuda.Event()
             self._end = cupy.cuda.Event()
         self.models: dict[str, _Model] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # models and the arena's page table; never held on the GPU
+        self._load_lane = threading.Lock()  # one LOAD at a time
+        self._exec_lane = threading.Lock()  # one EXEC at a time
 
     def _pinned(self, a: np.ndarray) -> np.ndarray:
-        import cupyx
-
-        out = cupyx.empty_pinned(a.shape, a.dtype)
+        empty_pinned = getattr(self._cupy, "empty_pinned", None)
+        if empty_pinned is None:
+            empty_pinned = importlib.import_module("cupyx").empty_pinned
+        out = empty_pinned(a.shape, a.dtype)
         out[...] = a
         return out
+
+    def _relax(self):
+        relax = getattr(self._tvm, "relax", None)
+        return relax if relax is not None else importlib.import_module("tvm.relax")
 
     # -- LoadModelFromDisk --------------------------------------------------------------
 
     def register(self, name: str, package: str | Path) -> dict:
-        import tvm
-        from tvm import relax
-
         from clockwork.models.package import LIBRARY, WEIGHTS, read_package
 
-        cupy = self._cupy
+        cupy, tvm = self._cupy, self._tvm
         path = Path(package)
         meta = read_package(path)
         if _target_kind(meta["target"]) != "cuda":
-            raise DeviceError(f"package {path} was compiled for {meta['target']!r}, not cuda "
-                              "(clockwork compile --device cuda)")
+            raise InvalidPackage(f"package {path} was compiled for {meta['target']!r}, not "
+                                 "cuda (clockwork compile --device cuda)")
         if meta["page_size"] != self.arena.page_size:
-            raise DeviceError(f"package {path} is laid out in {meta['page_size']}-byte pages, "
-                              f"the arena has {self.arena.page_size}-byte pages")
+            raise InvalidPackage(f"package {path} is laid out in {meta['page_size']}-byte "
+                                 f"pages, the arena has {self.arena.page_size}-byte pages")
+        with self._lock:
+            if name in self.models:
+                raise InvalidPackage(f"model {name!r} is already registered")
         lib = tvm.runtime.load_module(str(path / LIBRARY))  # compiles the kernels
-        vm = relax.VirtualMachine(lib, self._dev)
+        vm = self._relax().VirtualMachine(lib, self._dev)
         functions = {int(b): vm[f] for b, f in meta["functions"].items()}
         blob = self._pinned(np.fromfile(path / WEIGHTS, dtype=np.uint8))
         m = _Model(name, path, meta, vm, functions, blob)
@@ -326,74 +380,114 @@ class CudaDevice(RealDevice):
                 m.inputs[b] = (buf, tvm.runtime.from_dlpack(buf))
         with self._lock:
             if name in self.models:
-                raise DeviceError(f"model {name!r} is already registered")
+                raise InvalidPackage(f"model {name!r} is already registered")
             self.models[name] = m
         return meta
 
     # -- LOAD / EVICT ---------------------------------------------------------------------
 
     def load(self, name: str) -> tuple[list[int], int]:
-        """LOAD: returns (pages, duration_ns) covering alloc + host-to-device copy + bind."""
-        import tvm
-
+        """LOAD: returns (pages, duration_ns) covering alloc + host-to-device copy + bind.
+        The copies run on the LOAD stream from pinned memory, beside any EXEC."""
         m = self._model(name)
-        with self._lock:
-            if m.pages is not None:
-                raise DeviceError(f"model {name!r} is already loaded")
+        with self._load_lane:
             t0 = time.perf_counter_ns()
-            pages = self.arena.alloc(m.meta["weights_pages"], m.meta["page_runs"])
+            with self._lock:
+                if m.pages is not None or m.loading:
+                    raise WeightsAlreadyLoaded(f"model {name!r} is already loaded")
+                try:
+                    pages = self.arena.alloc(m.meta["weights_pages"], m.meta["page_runs"])
+                except ArenaError as e:
+                    raise InsufficientCache(str(e)) from None
+                m.loading = True
             try:
                 with self._cupy.cuda.Device(self.index):
-                    self.arena.write(pages, m.blob)
-                    self._cupy.cuda.Stream.null.synchronize()
-                bound = [tvm.runtime.from_dlpack(self.arena.view(pages, t["offset"], t["shape"],
-                                                                 t["dtype"]))
-                         for t in m.meta["params"]]
-            except (ArenaError, RuntimeError):
-                self.arena.free(pages)
-                raise
-            m.pages, m.bound = pages, bound
-            return pages, time.perf_counter_ns() - t0
+                    self._copy_in(pages, m.blob)
+                    bound = [self._tvm.runtime.from_dlpack(
+                        self.arena.view(pages, t["offset"], t["shape"], t["dtype"]))
+                        for t in m.meta["params"]]
+            except Exception as e:
+                with self._lock:
+                    m.loading = False
+                    self.arena.free(pages)
+                raise LoadFailed(f"model {name!r}: LOAD failed: {e}") from e
+            with self._lock:
+                m.loading = False
+                m.pages, m.bound = pages, bound
+            return pages, max(1, time.perf_counter_ns() - t0)
+
+    def _copy_in(self, pages: list[int], blob: np.ndarray) -> None:
+        """Page k of the pinned blob -> arena page ``pages[k]``, asynchronously on the LOAD
+        stream; returns when the stream has finished them."""
+        ps, stream = self.arena.page_size, self.load_stream
+        if blob.size > len(pages) * ps:
+            raise ArenaError(f"{blob.size} bytes do not fit in {len(pages)} pages")
+        for k, p in enumerate(pages):
+            chunk = blob[k * ps : (k + 1) * ps]
+            if chunk.size == 0:
+                break
+            self.arena.page(p)[: chunk.size].set(chunk, stream=stream)
+        stream.synchronize()
 
     def evict(self, name: str) -> None:
+        """EVICT: never waits. Pages under a running EXEC are freed when it ends."""
         m = self._model(name)
         with self._lock:
             if m.pages is None:
-                raise DeviceError(f"model {name!r} is not loaded")
+                raise NotInCache(f"model {name!r} is not loaded")
             m.bound = None
-            self.arena.free(m.pages)
+            if m.busy:
+                m.free_after = m.pages
+            else:
+                self.arena.free(m.pages)
             m.pages = None
 
     # -- INPUT + EXEC + OUTPUT ------------------------------------------------------------
 
     def infer(self, name: str, inputs: np.ndarray | None,
-              batch_size: int | None = None) -> tuple[np.ndarray, int]:
-        """Run one batch; returns (outputs, exec_ns) with exec_ns from CUDA events.
-        ``inputs`` None runs zeros of ``batch_size`` rows."""
+              batch_size: int | None = None) -> tuple[np.ndarray | list[np.ndarray], int]:
+        """Run one batch on the EXEC stream; returns (outputs, exec_ns) with exec_ns from
+        CUDA events recorded on that stream around the kernels. ``inputs`` None runs
+        zeros of ``batch_size`` rows."""
         m = self._model(name)
         b = int(inputs.shape[0]) if inputs is not None else int(batch_size or 0)
-        if inputs is None and b in m.functions:
+        if b not in m.functions:
+            raise InvalidBatchSize(f"model {name!r}: batch size {b} not in "
+                                   f"{sorted(m.functions)}")
+        buf, tin = m.inputs[b]
+        if inputs is None:
             spec = m.meta["inputs"][0]
             inputs = np.zeros((b, *spec["shape"]), spec["dtype"])
-        if b not in m.functions:
-            raise DeviceError(f"model {name!r}: batch size {b} not in {sorted(m.functions)}")
-        cupy = self._cupy
-        with self._lock:
-            if m.bound is None:
-                raise DeviceError(f"model {name!r}: weights not in the cache")
-            buf, tin = m.inputs[b]
-            if tuple(inputs.shape) != tuple(buf.shape):
-                raise DeviceError(f"model {name!r}: input shape {inputs.shape}, "
-                                  f"expected {buf.shape}")
-            with cupy.cuda.Device(self.index):
-                buf.set(np.ascontiguousarray(inputs, dtype=buf.dtype))  # INPUT
-                # TVM launches on the legacy default stream, as does cupy's null stream
-                self._start.record(cupy.cuda.Stream.null)
-                out = m.functions[b](tin, *m.bound)  # EXEC
-                self._end.record(cupy.cuda.Stream.null)
-                self._end.synchronize()
-                exec_ns = int(cupy.cuda.get_elapsed_time(self._start, self._end) * 1e6)
-                return out.numpy(), exec_ns  # OUTPUT
+        if tuple(inputs.shape) != tuple(buf.shape):
+            raise InvalidInput(f"model {name!r}: input shape {inputs.shape}, "
+                               f"expected {tuple(buf.shape)}")
+        cupy, stream = self._cupy, self.exec_stream
+        with self._exec_lane:
+            with self._lock:
+                bound = m.bound
+                if bound is None:
+                    raise WeightsNotPresent(f"model {name!r}: weights not in the cache")
+                m.busy += 1
+            try:
+                with cupy.cuda.Device(self.index):
+                    buf.set(np.ascontiguousarray(inputs, dtype=buf.dtype), stream=stream)  # INPUT
+                    self._dev.set_raw_stream(stream.ptr)  # TVM launches on the EXEC stream
+                    self._start.record(stream)
+                    out = m.functions[b](tin, *bound)  # EXEC
+                    self._end.record(stream)
+                    self._end.synchronize()
+                    ms = cupy.cuda.get_elapsed_time(self._start, self._end)
+                    return _numpy_outputs(out), max(1, round(ms * 1e6))  # OUTPUT
+            except DeviceError:
+                raise
+            except Exception as e:
+                raise ExecFailed(f"model {name!r}: EXEC failed: {e}") from e
+            finally:
+                with self._lock:
+                    m.busy -= 1
+                    if not m.busy and m.free_after is not None:
+                        self.arena.free(m.free_after)
+                        m.free_after = None
 
     # -- telemetry ------------------------------------------------------------------------
 
@@ -408,6 +502,12 @@ class CudaDevice(RealDevice):
             except Exception:  # noqa: BLE001  (NVMLError_NotSupported and friends)
                 return None
 
+        if nv is None:  # a fake stream API without NVML
+            nv = types.SimpleNamespace(NVML_CLOCK_SM=0, NVML_CLOCK_MEM=0,
+                                       NVML_TEMPERATURE_GPU=0)
+            for f in ("Name", "MemoryInfo", "PowerUsage", "ClockInfo", "MaxClockInfo",
+                      "Temperature"):
+                setattr(nv, f"nvmlDeviceGet{f}", None)
         name = q(nv.nvmlDeviceGetName)
         mem = q(nv.nvmlDeviceGetMemoryInfo)
         power = q(nv.nvmlDeviceGetPowerUsage)
@@ -428,5 +528,5 @@ class CudaDevice(RealDevice):
         }
 
 
-__all__ = ["CUDA_TARGET", "CudaDevice", "CudaPageArena", "DeviceUnavailable",
+__all__ = ["CUDA_TARGET", "CudaDevice", "CudaPageArena", "DeviceError", "DeviceUnavailable",
            "check_cli_device", "cuda_target", "cuda_target_and_check", "probe"]

@@ -1,0 +1,129 @@
+"""The cuda device's two lanes, without a GPU: over a fake stream API (tests/fake_cuda.py,
+where each stream is a thread running its operations in order and logging when each
+started and ended), LOAD copies run on the LOAD stream from pinned memory, EXEC kernels
+on the EXEC stream, an EXEC is not held up by a long LOAD in progress, and exec_ns comes
+from events recorded on the EXEC stream."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from clockwork.actions import ErrorCode
+from tests.fake_cuda import PAGE, fake_cuda_device, fake_package
+from worker.devices.base import NotInCache, WeightsAlreadyLoaded, WeightsNotPresent
+
+COPY_S = 0.2  # per copy (a page): a 4-page LOAD takes >= 0.8 s
+KERNEL_S = 0.05
+
+
+def _wait_for(pred, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.002)
+
+
+@pytest.fixture
+def device(tmp_path):
+    dev, cp, tvm = fake_cuda_device(12, copy_s=COPY_S, kernel_s=KERNEL_S)
+    dev.register("a", fake_package(tmp_path / "a"))
+    dev.register("b", fake_package(tmp_path / "b"))
+    return dev, cp, tvm
+
+
+def test_lanes_have_their_own_non_blocking_streams(device):
+    dev, cp, _ = device
+    assert dev.load_stream.ptr != dev.exec_stream.ptr
+    assert dev.load_stream.non_blocking and dev.exec_stream.non_blocking
+    assert cp.null.ptr not in (dev.load_stream.ptr, dev.exec_stream.ptr)
+
+
+def test_load_copies_pinned_pages_on_the_load_stream(device):
+    dev, cp, _ = device
+    pages, load_ns = dev.load("a")
+    copies = cp.ops("copy")
+    assert len(copies) == 4 and len(pages) == 4  # one per page
+    assert all(c.stream == dev.load_stream.ptr and c.pinned for c in copies)
+    assert isinstance(load_ns, int) and load_ns >= 4 * COPY_S * 1e9
+    w = dev.arena.view(pages, 0, (4 * PAGE // 4,), "float32")
+    np.testing.assert_array_equal(w, np.arange(4 * PAGE // 4, dtype=np.float32))
+    assert dev.models["a"].bound is not None
+
+
+def test_exec_overlaps_a_long_load_on_another_stream(device):
+    dev, cp, tvm = device
+    dev.load("a")
+    cp.log.clear()
+    done = {}
+
+    def load_b():
+        dev.load("b")
+        done["load"] = time.perf_counter_ns()
+
+    t = threading.Thread(target=load_b)
+    t.start()
+    _wait_for(lambda: cp.ops("copy"))  # b's first page is being copied
+    x = np.ones((2, 8), np.float32)
+    y, exec_ns = dev.infer("a", x)
+    done["exec"] = time.perf_counter_ns()
+    assert t.is_alive(), "EXEC waited for the LOAD"
+    t.join(5)
+    assert done["exec"] < done["load"]
+    assert y.shape == (2, 10)
+
+    copies = [c for c in cp.ops("copy") if c.pinned]  # b's weights
+    (inp,) = [c for c in cp.ops("copy") if not c.pinned]  # a's input
+    (kernel,) = cp.ops("kernel")
+    assert len(copies) == 4 and {c.stream for c in copies} == {dev.load_stream.ptr}
+    assert inp.stream == kernel.stream
+    assert kernel.stream == dev.exec_stream.ptr
+    assert tvm.set_streams[-1] == dev.exec_stream.ptr  # TVM told to launch on the EXEC stream
+    # in time: the kernel ran while the copies were still going
+    assert copies[0].start < kernel.start and kernel.end < copies[-1].end
+
+
+def test_exec_is_timed_by_events_on_the_exec_stream(device):
+    dev, cp, _ = device
+    dev.load("a")
+    cp.log.clear()
+    _, exec_ns = dev.infer("a", None, 1)
+    events, (kernel,) = cp.ops("event"), cp.ops("kernel")
+    assert [e.stream for e in events] == [dev.exec_stream.ptr] * 2
+    assert dev._start.stream == dev._end.stream == dev.exec_stream.ptr
+    # start event before the kernel, end event after it, exec_ns their difference
+    assert events[0].end <= kernel.start and kernel.end <= events[1].start
+    assert isinstance(exec_ns, int) and exec_ns == round((dev._end.t - dev._start.t) / 1e6 * 1e6)
+    assert KERNEL_S * 1e9 <= exec_ns < KERNEL_S * 1e9 + 0.5e9
+
+
+def test_evict_during_exec_frees_pages_when_it_ends(tmp_path):
+    dev, cp, _ = fake_cuda_device(8, kernel_s=0.3)
+    dev.register("a", fake_package(tmp_path / "a"))
+    dev.load("a")
+    t = threading.Thread(target=dev.infer, args=("a", None, 1))
+    t.start()
+    _wait_for(lambda: cp.ops("event"))  # the start event: the kernel is queued
+    dev.evict("a")  # never waits
+    assert not dev.loaded("a") and dev.arena.used_pages == 4  # still read by the EXEC
+    t.join(5)
+    assert dev.arena.used_pages == 0
+
+
+def test_lane_errors_carry_codes(tmp_path):
+    dev, _, _ = fake_cuda_device(8)
+    dev.register("a", fake_package(tmp_path / "a"))
+    with pytest.raises(WeightsNotPresent) as e:
+        dev.infer("a", None, 1)
+    assert e.value.code == ErrorCode.WEIGHTS_NOT_PRESENT
+    with pytest.raises(NotInCache) as e:
+        dev.evict("a")
+    assert e.value.code == ErrorCode.EVICT_NOT_IN_CACHE
+    dev.load("a")
+    with pytest.raises(WeightsAlreadyLoaded) as e:
+        dev.load("a")
+    assert e.value.code == ErrorCode.WEIGHTS_ALREADY_LOADED

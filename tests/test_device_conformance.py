@@ -1,0 +1,179 @@
+"""One contract (worker.devices.base.Device), every device: emulated always; cpu when
+Apache TVM is installed; the cuda device over the fake stream API (tests/fake_cuda.py)
+always, and on a real GPU when one is present. Load then exec works, exec without
+weights raises WeightsNotPresent, evict frees the pages, measured durations are positive
+ints in ns, and every error is a DeviceError subclass carrying its ErrorCode."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from clockwork.actions import ErrorCode
+from tests.conftest import make_profile
+from tests.fake_cuda import fake_cuda_device, fake_package
+from worker.devices import base
+from worker.devices.base import (
+    Device,
+    DeviceError,
+    InsufficientCache,
+    InvalidBatchSize,
+    InvalidInput,
+    InvalidPackage,
+    NotInCache,
+    UnknownModel,
+    WeightsAlreadyLoaded,
+    WeightsNotPresent,
+)
+from worker.memory import ArenaError
+
+BATCHES = [1, 2]
+PS = 4096
+HAS_TVM = importlib.util.find_spec("tvm") is not None
+
+
+def _gpu() -> bool:
+    from worker.devices.cuda import DeviceUnavailable, probe
+
+    try:
+        probe()
+    except DeviceUnavailable:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def cpu_package(tmp_path_factory):
+    from clockwork.models.package import compile_model
+
+    return compile_model("mlp", BATCHES, tmp_path_factory.mktemp("conformance") / "mlp",
+                         page_size=PS)
+
+
+@pytest.fixture(scope="module")
+def cuda_package(tmp_path_factory):
+    from clockwork.models.package import compile_model
+    from worker.devices.cuda import cuda_target_and_check
+
+    return compile_model("mlp", BATCHES, tmp_path_factory.mktemp("conformance-cuda") / "mlp",
+                         target=cuda_target_and_check(), page_size=PS)
+
+
+@pytest.fixture(params=[
+    "emulated",
+    pytest.param("cpu", marks=pytest.mark.skipif(not HAS_TVM, reason="needs Apache TVM")),
+    "cuda-fake",
+    "cuda",
+])
+def kind(request):
+    if request.param == "cuda" and not _gpu():
+        pytest.skip("needs cupy, pynvml and a CUDA GPU")
+    return request.param
+
+
+@pytest.fixture
+def make(kind, request, tmp_path):
+    """make(n_pages or None) -> (device, package); None: just enough pages, plus 2."""
+    if kind == "emulated":
+        from worker.devices.emulated import EmulatedDevice
+
+        prof = make_profile("mlp", pages=3, batches=BATCHES)
+        return lambda n=None: (EmulatedDevice(n_pages=n or prof.weights_pages + 2), prof)
+    if kind == "cpu":
+        from clockwork.models.package import read_package
+        from worker.devices.cpu import CpuDevice
+
+        pkg = request.getfixturevalue("cpu_package")
+        need = read_package(pkg)["weights_pages"]
+        return lambda n=None: (CpuDevice(n or need + 2, PS), pkg)
+    if kind == "cuda-fake":
+        pkg = fake_package(tmp_path / "mlp", pages=3, batch_sizes=BATCHES)
+        return lambda n=None: (fake_cuda_device(n or 5)[0], pkg)
+    from clockwork.models.package import read_package
+    from worker.devices.cuda import CudaDevice
+
+    pkg = request.getfixturevalue("cuda_package")
+    need = read_package(pkg)["weights_pages"]
+    return lambda n=None: (CudaDevice(n or need + 2, PS), pkg)
+
+
+def _raises(cls: type[DeviceError], code: ErrorCode, f, *args) -> DeviceError:
+    with pytest.raises(DeviceError) as e:
+        f(*args)
+    err = e.value
+    assert type(err) is cls, f"{type(err).__name__}: {err}"
+    assert err.code == code == type(err).code and isinstance(err.code, ErrorCode)
+    assert str(err)  # says what went wrong, for people
+    return err
+
+
+def _inputs(meta: dict, b: int) -> np.ndarray:
+    spec = meta["inputs"][0]
+    return np.random.default_rng(b).standard_normal((b, *spec["shape"])).astype(spec["dtype"])
+
+
+def test_load_exec_evict(make):
+    dev, pkg = make()
+    assert isinstance(dev, Device) and dev.kind in ("emulated", "cpu", "cuda")
+    meta = dev.register("m", pkg)
+    need = meta["weights_pages"]
+    assert sorted(meta["batch_sizes"]) == BATCHES
+    assert not dev.loaded("m") and dev.models["m"].pages is None
+
+    _raises(WeightsNotPresent, ErrorCode.WEIGHTS_NOT_PRESENT, dev.infer, "m", None, 1)
+
+    pages, load_ns = dev.load("m")
+    assert len(pages) == need and all(isinstance(p, int) for p in pages)
+    assert type(load_ns) is int and load_ns > 0
+    assert dev.loaded("m") and dev.arena.used_pages == need
+    _raises(WeightsAlreadyLoaded, ErrorCode.WEIGHTS_ALREADY_LOADED, dev.load, "m")
+    assert dev.arena.used_pages == need
+
+    out_shape = tuple(meta["outputs"][0]["shape"])
+    for b in BATCHES:
+        for x in (_inputs(meta, b), None):
+            y, exec_ns = dev.infer("m", x, b)
+            assert type(exec_ns) is int and exec_ns > 0
+            y = y if isinstance(y, list) else [y]
+            assert y[0].shape == (b, *out_shape)
+
+    dev.evict("m")
+    assert not dev.loaded("m") and dev.arena.used_pages == 0
+    _raises(NotInCache, ErrorCode.EVICT_NOT_IN_CACHE, dev.evict, "m")
+    _raises(WeightsNotPresent, ErrorCode.WEIGHTS_NOT_PRESENT, dev.infer, "m", None, 1)
+    pages2, _ = dev.load("m")  # the pages came back: they can be taken again
+    assert len(pages2) == need and dev.arena.used_pages == need
+
+
+def test_bad_calls_raise_coded_errors(make):
+    dev, pkg = make()
+    meta = dev.register("m", pkg)
+    _raises(InvalidPackage, ErrorCode.UNKNOWN_MODEL, dev.register, "m", pkg)
+    for f, args in ((dev.load, ("x",)), (dev.evict, ("x",)), (dev.infer, ("x", None, 1)),
+                    (dev.loaded, ("x",))):
+        _raises(UnknownModel, ErrorCode.UNKNOWN_MODEL, f, *args)
+    dev.load("m")
+    _raises(InvalidBatchSize, ErrorCode.INVALID_BATCH_SIZE, dev.infer, "m", None, 3)
+    x = _inputs(meta, 2)
+    _raises(InvalidInput, ErrorCode.INVALID_INPUT, dev.infer, "m", x[:, :-1], 2)
+    dev.infer("m", x)  # the device still works
+
+
+def test_too_few_pages_is_insufficient_cache(make):
+    dev, pkg = make(1)
+    meta = dev.register("m", pkg)
+    assert meta["weights_pages"] > 1
+    err = _raises(InsufficientCache, ErrorCode.LOAD_INSUFFICIENT_CACHE, dev.load, "m")
+    assert isinstance(err, ArenaError)  # what the worker caught before there were codes
+    assert dev.arena.used_pages == 0 and not dev.loaded("m")
+
+
+def test_every_error_class_has_its_own_code():
+    assert all(issubclass(c, DeviceError) and isinstance(c.code, ErrorCode) for c in base.ERRORS)
+    from worker.devices import cpu, cuda
+
+    assert cpu.DeviceError is cuda.DeviceError is DeviceError  # re-exported
+    assert cuda.DeviceUnavailable is base.DeviceUnavailable
+    assert base.DeviceUnavailable.code == ErrorCode.INVALID_GPU
