@@ -177,3 +177,37 @@ def test_every_error_class_has_its_own_code():
     assert cpu.DeviceError is cuda.DeviceError is DeviceError  # re-exported
     assert cuda.DeviceUnavailable is base.DeviceUnavailable
     assert base.DeviceUnavailable.code == ErrorCode.INVALID_GPU
+
+
+class _Loop:
+    def call_soon_threadsafe(self, f, *args):
+        self.args = args
+
+
+class _Raising:
+    def __init__(self, err: Exception) -> None:
+        self.err = err
+
+    def infer(self, *a):
+        raise self.err
+
+    load = infer
+
+
+@pytest.mark.parametrize("cls", base.ERRORS)
+def test_worker_answers_with_the_error_code(cls):
+    """The worker shell maps ``err.code``, whatever the message says."""
+    from clockwork.actions import Action, ActionType
+    from worker.service import WorkerNode
+
+    node = object.__new__(WorkerNode)  # only the lane runners, no event loop or executors
+    for typ, run in ((ActionType.INFER, node._run_infer), (ActionType.LOAD, node._run_load)):
+        a = Action(1, typ, 0, 0, "m", 0, 1 << 62, 0, batch_size=1)
+        loop = _Loop()
+        dev = _Raising(cls("batch size not in the cache, already loaded"))  # misleading text
+        if typ == ActionType.INFER:
+            run(loop, None, dev, a, None)
+        else:
+            run(loop, None, dev, a)
+        status, message = loop.args[4], loop.args[5]
+        assert status == cls.code and message.startswith("batch size")
