@@ -1,4 +1,4 @@
-"""Typed errors for every non-success answer of the client API."""
+"""Typed errors: every non-success answer of the client API, and a bad scenario."""
 
 from __future__ import annotations
 
@@ -58,3 +58,7 @@ def error_for(status: int, reason: str, message: str, model: str = "",
         cls = InferenceError
     text = f"{model}: {message}" if model else message
     return cls(text, status, reason, model, latency_ms)
+
+
+class ScenarioError(ValueError):
+    """A scenario file or override is wrong; the message (one line) says where and why."""

@@ -89,7 +89,7 @@ def resolve_scenario(name_or_path: str | Path) -> Path:
         shipped = scenarios_root() / f"{name}{SCENARIO_SUFFIX}"
         if shipped.is_file():
             return shipped
-    from clockwork.scenario import ScenarioError
+    from clockwork.errors import ScenarioError
 
     names = shipped_scenario_names()
     close = difflib.get_close_matches(name or p.stem, names, n=3, cutoff=0.5)

@@ -16,12 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clockwork.errors import ScenarioError  # noqa: F401 - re-exported
 from clockwork.settings import check_scenario, scenario_defaults
-
-
-class ScenarioError(ValueError):
-    """A scenario file or override is wrong; the message (one line) says where and why."""
-
 
 # what a scenario starts from, from the schema's defaults (ScenarioSettings)
 DEFAULTS: dict[str, Any] = scenario_defaults()

@@ -10,7 +10,7 @@ reads as fast as a plain one. Either way unknown keys are refused, types are str
 not a number, ``"abc"`` is not an integer), numbers must be finite, and each field has a
 range and a ``description``. The description is the one
 place where a setting is documented: ``docs/settings.md`` is rendered from the schemas
-(``python -m clockwork.settings_doc``).
+(``python -m clockwork.cluster.settings_doc``).
 
 A bad value is refused with one line that names the key, the value and what is
 expected (``validate`` / ``error_line``)::

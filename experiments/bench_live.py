@@ -5,7 +5,7 @@ generator).
 Per rate a fresh ``LocalCluster`` (default 2 emulated workers x 8 GPUs, 16 MobileNet v2 instances:
 ~21,000 r/s at batch 1, ~87,000 at batch 16, so they are not the bottleneck), warmed up for
 2 s at that rate, then a step
-of ``--step-s`` seconds, rates rising, driven by ``clockwork.replay`` (the load generator
+of ``--step-s`` seconds, rates rising, driven by ``clockwork.cluster.replay`` (the load generator
 runs in this process), stopping after the first rate that fails. Per rate it prints:
 
 - offered rate (requests actually sent / step), attainment, goodput;
@@ -31,10 +31,10 @@ import urllib.request
 
 import numpy as np
 
+from clockwork.cluster.replay import replay
+from clockwork.cluster.serve import LocalCluster
 from clockwork.profiles import load_profile_set
-from clockwork.replay import replay
 from clockwork.scenario import load_scenario
-from clockwork.serve import LocalCluster
 from controller.metrics import parse_text
 
 TICK = os.sysconf("SC_CLK_TCK")

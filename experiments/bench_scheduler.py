@@ -18,9 +18,9 @@ import pstats
 import sys
 import time
 
+from clockwork.cluster.sim import Simulation
 from clockwork.profiles import load_profile_set
 from clockwork.scenario import load_scenario
-from clockwork.sim import Simulation
 
 
 def scenario(gpus: int, load: float, duration: float, per_gpu: int, seed: int) -> dict:

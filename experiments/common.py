@@ -5,9 +5,9 @@ Every script has ``main(argv) -> dict`` and takes the same arguments:
 paper's scale; run by hand), ``--smoke`` (a second or two, for the test suite),
 ``--out DIR`` (default ``experiments/figures``, or ``experiments/figures/full`` with
 ``--full``) and ``--live``: instead of the simulator, each scenario runs on a
-``clockwork.serve.LocalCluster`` (emulated workers and a controller as child processes)
+``clockwork.cluster.serve.LocalCluster`` (emulated workers and a controller as child processes)
 sized from the scenario, and its workloads are replayed on the real clock by
-``clockwork.replay.replay`` (see ``run_live``). Live runs take real time; scales that need
+``clockwork.cluster.replay.replay`` (see ``run_live``). Live runs take real time; scales that need
 more worker processes or seconds than ``LIVE_MAX_WORKERS`` / ``LIVE_MAX_S`` are refused.
 
 Each writes ``<name>.tsv`` and/or ``<name>.json`` (data) and ``<name>.png`` (figure) into
@@ -38,10 +38,10 @@ FIGURES = Path(__file__).resolve().parent / "figures"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from clockwork.replay import ReplayResult, replay  # noqa: E402
+from clockwork.cluster.replay import ReplayResult, replay  # noqa: E402
+from clockwork.cluster.serve import LocalCluster, cluster_from_scenario, ensure_packages  # noqa: E402
+from clockwork.cluster.sim import SimResult, Simulation  # noqa: E402
 from clockwork.scenario import Scenario, load_scenario  # noqa: E402
-from clockwork.serve import LocalCluster, cluster_from_scenario, ensure_packages  # noqa: E402
-from clockwork.sim import SimResult, Simulation  # noqa: E402
 from clockwork.telemetry import ACTION_COLUMNS  # noqa: E402
 
 POLICIES = ("clockwork", "clipper", "tfserving", "infaas")
@@ -167,7 +167,7 @@ class _Cells:
 
 @dataclass
 class LiveResult(ReplayResult):
-    """``clockwork.replay.replay``'s result, with the controller's action log merged into
+    """``clockwork.cluster.replay.replay``'s result, with the controller's action log merged into
     ``telemetry.actions`` (times moved onto the replay's clock) and the CPU time the
     controller and worker processes used during the replay."""
 
@@ -233,7 +233,7 @@ def _first_arrival(path: Path) -> int | None:
 def run_live(sc: Scenario, max_outstanding: int = 20000, echo: bool = False) -> LiveResult:
     """Run ``sc`` live: start a ``LocalCluster`` sized from its ``[cluster]``,
     ``[[models]]`` and ``[scheduler]`` (as ``clockwork serve`` does), replay its workloads
-    against it with ``clockwork.replay.replay`` (real clock), stop the cluster, and merge
+    against it with ``clockwork.cluster.replay.replay`` (real clock), stop the cluster, and merge
     the controller's action log (``--log-dir``) into the result.
 
     Requests are the replay's (latency measured at the client, network included). The

@@ -26,7 +26,7 @@ def profile():
 def local_cluster(**kw):
     """A LocalCluster of real processes on loopback for the test's duration; on the way
     out every process must have stopped."""
-    from clockwork.serve import LocalCluster
+    from clockwork.cluster.serve import LocalCluster
 
     kw.setdefault("timeout", 30.0)
     c = LocalCluster(**kw)

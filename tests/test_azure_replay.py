@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from clockwork.sim import simulate
+from clockwork.cluster.sim import simulate
 from clockwork.workloads import WorkloadError, build_workload
 from clockwork.workloads.azure import MINUTES, AzureTrace
 from clockwork.workloads.azure_replay import AzureReplay, map_functions

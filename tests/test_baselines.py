@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from clockwork.actions import NEVER, ActionType, ErrorCode, RequestStatus, Result
+from clockwork.cluster.sim import simulate
 from clockwork.requests import Request
-from clockwork.sim import simulate
 from controller import make_policy, split_settings
 from controller.baselines.clipper import ClipperConfig, ClipperPolicy
 from controller.baselines.infaas import InfaasConfig, InfaasPolicy

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from clockwork.cli import main
+from clockwork.cluster.cli import main
 
 
 def test_simulate_writes_outputs_and_report_reads_them(tmp_path, capsys):
@@ -66,8 +66,8 @@ def test_cuda_without_a_gpu_fails_at_start_naming_the_alternatives(capsys):
 
 
 def test_cluster_from_scenario_passes_every_scheduler_key():
+    from clockwork.cluster.serve import cluster_from_scenario
     from clockwork.scenario import load_scenario
-    from clockwork.serve import cluster_from_scenario
 
     sc = load_scenario(data={
         "cluster": {"workers": 2, "gpus_per_worker": 1, "profiles": "v100-reference",

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from clockwork.cli import main
+from clockwork.cluster.cli import main
 
 SC = "scenarios/poisson_warm.toml"
 
@@ -80,7 +80,7 @@ def test_bad_value_is_one_line_exit_2(argv, fragment, capsys, tmp_path, monkeypa
 
 
 def test_help_works_for_every_verb(capsys):
-    from clockwork.cli import build_parser
+    from clockwork.cluster.cli import build_parser
 
     verbs = [a for a in build_parser()._subparsers._group_actions[0].choices]
     assert {"simulate", "serve", "controller", "worker", "scenarios"} <= set(verbs)
@@ -101,7 +101,7 @@ def test_missing_optional_parts_are_one_line_and_other_verbs_work(tmp_path):
 import sys
 for m in ("grpc", "google.protobuf", "tvm", "onnx"):
     sys.modules[m] = None
-from clockwork.cli import main
+from clockwork.cluster.cli import main
 assert main(["--help"]) == 0
 assert main(["controller", "--help"]) == 0
 assert main(["simulate", "{SC}", "--set", "duration_s=1", "--json"]) == 0
@@ -137,7 +137,7 @@ def test_listener_that_cannot_bind_exits_2_naming_the_port(argv):
     s, port = _busy_port()
     with s:
         args = [a.replace("{port}", str(port)) for a in argv]
-        p = subprocess.run([sys.executable, "-m", "clockwork.cli", *args], capture_output=True,
+        p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", *args], capture_output=True,
                            text=True, timeout=60)
     assert p.returncode == 2, (p.returncode, p.stderr)
     lines = p.stderr.strip().splitlines()
@@ -147,7 +147,7 @@ def test_listener_that_cannot_bind_exits_2_naming_the_port(argv):
 def test_serve_stops_with_exit_2_when_a_port_is_taken(tmp_path):
     s, port = _busy_port()
     with s:
-        p = subprocess.run([sys.executable, "-m", "clockwork.cli", "serve", "--port", "0",
+        p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve", "--port", "0",
                             "--http-port", str(port), "--kserve-port", "0"],
                            capture_output=True, text=True, timeout=90, cwd=tmp_path)
     assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)

@@ -169,7 +169,7 @@ def test_load_model_from_disk(cluster, packages):
 
 
 def test_worker_without_package_is_refused_with_a_clear_message(tmp_path):
-    from clockwork.serve import LocalCluster
+    from clockwork.cluster.serve import LocalCluster
 
     c = LocalCluster(workers=1, gpus=1, profiles="cpu", models="mlp", pages=1, device="cpu",
                      packages=str(tmp_path), timeout=30)
@@ -199,7 +199,7 @@ def test_live_prediction_script(tmp_path):
 def test_replayed_workload_answers_checked_against_the_reference(cluster, packages):
     """A replayed Poisson workload over all 7 instances (2-page cache): every answer's
     output is compared with the numpy reference for the input it was sent."""
-    from clockwork.replay import replay
+    from clockwork.cluster.replay import replay
     from clockwork.scenario import load_scenario
 
     models = [{"name": m, "copies": COPIES[m]} for m in MODELS]
@@ -237,7 +237,7 @@ def test_serve_device_cpu_replay_from_the_command_line(tmp_path):
     missing packages, starts a cpu worker and a controller, replays, checks every output."""
     import orjson
 
-    from clockwork.cli import main
+    from clockwork.cluster.cli import main
 
     out = tmp_path / "run"
     rc = main(["serve", "scenarios/cpu_live.toml", "--replay", "--quiet", "--port", "0",

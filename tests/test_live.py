@@ -10,8 +10,8 @@ import pytest
 grpc = pytest.importorskip("grpc")
 
 import clockwork  # noqa: E402
+from clockwork.cluster.replay import replay  # noqa: E402
 from clockwork.errors import InvalidRequest, UnknownModel  # noqa: E402
-from clockwork.replay import replay  # noqa: E402
 from clockwork.scenario import load_scenario  # noqa: E402
 from tests.conftest import local_cluster  # noqa: E402
 

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("tvm")
 
-from clockwork.cli import main  # noqa: E402
+from clockwork.cluster.cli import main  # noqa: E402
 from clockwork.models.package import read_package, reference_weights  # noqa: E402
 from clockwork.models.zoo import ZOO, get_model  # noqa: E402
 from clockwork.profiles import PAGE_SIZE  # noqa: E402

@@ -9,7 +9,7 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 
-from clockwork.sim import simulate
+from clockwork.cluster.sim import simulate
 from clockwork.telemetry import REQUEST_COLUMNS
 from clockwork.workloads import WorkloadError, build_workload
 from clockwork.workloads.azure import MINUTES, AzureTrace

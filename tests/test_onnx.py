@@ -10,7 +10,7 @@ ort = pytest.importorskip("onnxruntime")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from clockwork.cli import main  # noqa: E402
+from clockwork.cluster.cli import main  # noqa: E402
 from clockwork.models.onnx_import import OnnxImportError, compile_onnx  # noqa: E402
 from clockwork.models.package import read_package, reference_weights  # noqa: E402
 from worker.devices.cpu import CpuDevice  # noqa: E402

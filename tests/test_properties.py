@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clockwork.actions import RequestStatus
-from clockwork.sim import simulate
+from clockwork.cluster.sim import simulate
 
 MODELS = ["resnet50_v2", "resnet18_v2", "mobilenet_v2", "resnet152_v2"]
 

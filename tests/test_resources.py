@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from clockwork import resources
-from clockwork.cli import main
+from clockwork.cluster.cli import main
 from clockwork.profiles import ProfileError, load_profile_set
 from clockwork.scenario import ScenarioError, load_scenario
 
@@ -152,7 +152,7 @@ def test_resolve_data_path_order(elsewhere, tmp_path):
 
 def test_trace_relative_to_the_scenario_folder(elsewhere, tmp_path):
     """A scenario naming its own trace next to it runs from any folder, unchanged."""
-    from clockwork.sim import Simulation, simulate
+    from clockwork.cluster.sim import Simulation, simulate
 
     d = tmp_path / "mine"
     (d / "data").mkdir(parents=True)
@@ -169,7 +169,7 @@ def test_trace_relative_to_the_scenario_folder(elsewhere, tmp_path):
 
 
 def test_shipped_trace_found_from_anywhere(elsewhere):
-    from clockwork.sim import Simulation
+    from clockwork.cluster.sim import Simulation
 
     sc = load_scenario("azure_sample", ["duration_s=2"])
     assert sc.source == str(resources.scenarios_root() / "azure_sample.toml")
@@ -256,7 +256,7 @@ def test_scenarios_copy_errors(tmp_path, capsys):
 
 
 def test_copied_scenario_runs_unchanged_from_elsewhere(elsewhere, tmp_path):
-    from clockwork.sim import Simulation, simulate
+    from clockwork.cluster.sim import Simulation, simulate
 
     dest = tmp_path / "copied"
     assert run_scenarios("copy", "azure_sample", "--to", str(dest)) == 0

@@ -243,7 +243,7 @@ def test_split_settings_checks_the_whole_table():
     ("scheduler.default_slo_ms=inf", "default_slo_ms: must be a finite number > 0, got inf"),
 ])
 def test_scenario_scheduler_table_checked_where_the_policy_is_built(override, msg):
-    from clockwork.sim import Simulation
+    from clockwork.cluster.sim import Simulation
 
     sc = load_scenario(SCENARIO, [override])  # the scenario schema leaves [scheduler] open
     got = raises(ScenarioError, Simulation, sc)
@@ -278,7 +278,7 @@ def test_controller_parse_settings_and_models():
     (["--models", "nosuchmodel"], "no profile for model 'nosuchmodel'"),
 ])
 def test_controller_command_refuses_bad_settings(args, text, capsys):
-    from clockwork.cli import main
+    from clockwork.cluster.cli import main
 
     assert main(["controller", "--workers", "127.0.0.1:1", *args]) == 2
     err = capsys.readouterr().err.strip()
@@ -340,17 +340,17 @@ def test_every_setting_is_documented(schema):
 
 
 def test_docs_settings_md_is_current():
-    from clockwork.settings_doc import DEFAULT_OUT, render
+    from clockwork.cluster.settings_doc import DEFAULT_OUT, render
 
     assert DEFAULT_OUT == ROOT / "docs" / "settings.md"
     assert DEFAULT_OUT.read_text() == render(), (
-        "docs/settings.md is out of date: run python -m clockwork.settings_doc")
+        "docs/settings.md is out of date: run python -m clockwork.cluster.settings_doc")
 
 
 # ----------------------------------------------------------------------------- the CLI
 
 
-CLI = [sys.executable, "-c", "import sys; from clockwork.cli import main; sys.exit(main())"]
+CLI = [sys.executable, "-c", "import sys; from clockwork.cluster.cli import main; sys.exit(main())"]
 
 
 @pytest.mark.parametrize("override,text", [

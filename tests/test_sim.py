@@ -6,9 +6,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from clockwork.cluster.sim import simulate
 from clockwork.profiles import load_profile_set
 from clockwork.scenario import ScenarioError, load_scenario
-from clockwork.sim import simulate
 from clockwork.telemetry import REQUEST_COLUMNS
 
 _R50 = load_profile_set("v100-reference").get("resnet50_v2")

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from clockwork.cli import main
+from clockwork.cluster.cli import main
 from clockwork.workloads import synth
 from clockwork.workloads.azure import HEADER, MINUTES, AzureTrace
 from clockwork.workloads.synth import (

@@ -138,7 +138,7 @@ def test_wheel_holds_every_data_file(wheel):
     assert f"clockwork/data/{SAMPLE}" in names
     assert "clockwork/data/profiles/v100-reference/set.json" in names
     assert "clockwork/data/scenarios/demo_live.toml" in names
-    assert "clockwork/resources.py" in names and "clockwork/scenarios_cli.py" in names
+    assert "clockwork/resources.py" in names and "clockwork/cluster/scenarios_cli.py" in names
 
 
 # ------------------------------------------------------------------ the installed package
@@ -206,7 +206,7 @@ def test_installed_serve_replay(venv, elsewhere):
 
 COPY = """
 import sys
-from clockwork.cli import main
+from clockwork.cluster.cli import main
 sys.exit(main(["scenarios", *sys.argv[1:]]))
 """
 
@@ -258,7 +258,7 @@ KSERVE_CHECK = """
 import kserve
 from clockwork.client import Client  # noqa: F401
 from clockwork.protocol import clockwork_pb2  # noqa: F401
-from clockwork.sim import simulate
+from clockwork.cluster.sim import simulate
 print("kserve ok", simulate("poisson_warm", ["duration_s=1"]).summary["submitted"] > 0)
 """
 

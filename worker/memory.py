@@ -1,7 +1,7 @@
 """The weights cache: one preallocated, page-aligned buffer cut into fixed-size pages.
 
-Layout rule (shared with the packager, :mod:`clockwork.models.package`)
-----------------------------------------------------------------------
+Layout rule (:mod:`clockwork.models.layout`, shared with the packager)
+---------------------------------------------------------------------
 A model's weights are one blob of ``weights_pages`` *logical* pages. The packager
 places every tensor at a 256-byte-aligned offset and never lets a tensor that fits in
 a page straddle a page boundary (it moves to the next page instead). A tensor larger
@@ -24,10 +24,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from clockwork.models.layout import TENSOR_ALIGNMENT, layout_tensors
 from clockwork.profiles import PAGE_SIZE
 
 ARENA_ALIGNMENT = 4096  # bytes; the arena's base address is a multiple of this
-TENSOR_ALIGNMENT = 256  # bytes; every tensor's offset inside the weights blob
 
 
 class ArenaError(RuntimeError):
@@ -44,34 +44,6 @@ def _allocate(nbytes: int, backend: str) -> np.ndarray:
     buf = raw[skip : skip + nbytes]
     buf.fill(0)  # touch every page now: a first LOAD must not pay the page faults
     return buf
-
-
-def layout_tensors(sizes: Sequence[int], page_size: int = PAGE_SIZE) -> tuple[list[int], int, list[int]]:
-    """Place tensors of ``sizes`` bytes by the layout rule above.
-
-    Returns (logical offsets, number of pages, page run lengths).
-    """
-    offsets: list[int] = []
-    runs: list[int] = []
-    pos = 0
-    counted = 0  # pages in runs so far; always counted * page_size >= pos
-    for n in sizes:
-        pos = -(-pos // TENSOR_ALIGNMENT) * TENSOR_ALIGNMENT
-        within = pos % page_size
-        if within and (n > page_size or within + n > page_size):
-            pos += page_size - within  # no straddling: move to the next page
-        if n > page_size:
-            span = -(-n // page_size)
-            runs.append(span)
-            counted += span
-        elif pos == counted * page_size:
-            runs.append(1)
-            counted += 1
-        offsets.append(pos)
-        pos += n
-    if not runs:
-        runs = [1]
-    return offsets, sum(runs), runs
 
 
 class PageArena:

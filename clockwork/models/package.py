@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from clockwork.models.layout import TENSOR_ALIGNMENT, layout_tensors
 from clockwork.profiles import PAGE_SIZE
-from worker.memory import TENSOR_ALIGNMENT, layout_tensors
 
 FORMAT = 1
 LIBRARY = "model.so"

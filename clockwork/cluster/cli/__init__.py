@@ -1,6 +1,6 @@
 """The ``clockwork`` command.
 
-Argument parsing (:mod:`clockwork.cli.verbs`) needs only the standard library; each verb's
+Argument parsing (:mod:`clockwork.cluster.cli.verbs`) needs only the standard library; each verb's
 implementation is imported when that verb runs. So ``clockwork --help`` and every
 ``clockwork VERB --help`` always work, and a verb whose optional part is missing or broken
 says in one line what to install (exit 2) instead of taking the other verbs down with it.
@@ -31,7 +31,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from clockwork.cli.verbs import VERBS
+    from clockwork.cluster.cli.verbs import VERBS
 
     p = Parser(
         prog="clockwork",
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _missing(verb: str, e: ImportError) -> str:
-    from clockwork.cli.verbs import NEEDS
+    from clockwork.cluster.cli.verbs import NEEDS
 
     top = (getattr(e, "name", None) or "").split(".")[0]
     if top in NEEDS:

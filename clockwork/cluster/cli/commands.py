@@ -10,8 +10,8 @@ import orjson
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from clockwork.cluster.sim import Simulation
     from clockwork.scenario import ScenarioError, load_scenario
-    from clockwork.sim import Simulation
     from clockwork.telemetry import emit_run
 
     try:

@@ -67,8 +67,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     import tempfile
 
     from clockwork.models.package import PackageError
-    from clockwork.models.profiling import profile_package
     from clockwork.profiles import save_profile
+    from worker.profiling import profile_package
 
     if not _check_device("profile", args.device):
         return 2

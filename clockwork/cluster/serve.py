@@ -82,7 +82,7 @@ class _Child:
 
 
 def _cli() -> list[str]:
-    return [sys.executable, "-m", "clockwork.cli"]
+    return [sys.executable, "-m", "clockwork.cluster.cli"]
 
 
 class LocalCluster:
@@ -231,7 +231,7 @@ def ensure_packages(models: str | None, profiles: str, device: str, packages: st
         sizes = pset.profiles[m].batch_sizes if m in pset.profiles else [1, 2, 4, 8, 16]
         print(f"clockwork serve: compiling {m} for {device} (batch sizes "
               f"{','.join(map(str, sizes))}) into {packages}/{m} ...", file=sys.stderr, flush=True)
-        from clockwork.models.cli import DEVICES
+        from clockwork.cluster.models_cli import DEVICES
         compile_model(m, sizes, Path(packages) / m, target=DEVICES[device])
 
 
@@ -325,8 +325,8 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace) -> int:
     """``clockwork serve SCENARIO --replay``: drive the workloads, print the table, stop."""
     import asyncio
 
+    from clockwork.cluster.replay import replay
     from clockwork.errors import ClockworkError
-    from clockwork.replay import replay
     from clockwork.telemetry import emit_run
 
     c = sc.cluster

@@ -2,7 +2,7 @@
 
 This module imports only the standard library (and two constants), so
 ``clockwork --help`` and every ``clockwork VERB --help`` work whatever optional part is
-missing. Each verb names its implementation as ``"module:function"``; :func:`clockwork.cli.main`
+missing. Each verb names its implementation as ``"module:function"``; :func:`clockwork.cluster.cli.main`
 imports it only when the verb runs (see ``NEEDS`` for what each verb needs installed).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from clockwork.cli import argtypes as t
+from clockwork.cluster.cli import argtypes as t
 from clockwork.protocol.pacing import ACTION_INTERVAL_US, REPLY_INTERVAL_US, RESULT_INTERVAL_US
 
 DEVICES = ("emulated", "cpu", "cuda")
@@ -42,7 +42,7 @@ def _verb(sub, name: str, impl: str, help: str, description: str, requires: tupl
 
 
 def add_simulate(sub) -> None:
-    p = _verb(sub, "simulate", "clockwork.cli.commands:cmd_simulate",
+    p = _verb(sub, "simulate", "clockwork.cluster.cli.commands:cmd_simulate",
               "run a scenario in the simulator (virtual clock, emulated GPUs)",
               "Run a scenario in the discrete-event simulator: the production scheduler and "
               "worker semantics on a virtual clock. Prints the SLO table; with --out also "
@@ -57,7 +57,7 @@ def add_simulate(sub) -> None:
 
 
 def add_report(sub) -> None:
-    p = _verb(sub, "report", "clockwork.cli.commands:cmd_report",
+    p = _verb(sub, "report", "clockwork.cluster.cli.commands:cmd_report",
               "print a run's summary as a table",
               "Print the summary.json of a run directory as a table.")
     p.add_argument("dir", help="a run directory (from --out) or a summary.json file")
@@ -67,7 +67,7 @@ def add_report(sub) -> None:
 
 
 def add_scenarios(sub) -> None:
-    p = _verb(sub, "scenarios", "clockwork.scenarios_cli:cmd_scenarios",
+    p = _verb(sub, "scenarios", "clockwork.cluster.scenarios_cli:cmd_scenarios",
               "list the shipped scenarios, or copy them out to edit",
               "Without arguments, list the scenarios that ship with clockwork (usable by name: "
               "clockwork simulate NAME). 'copy' writes them, and the trace sample they use, "
@@ -138,7 +138,7 @@ def add_trace(sub) -> None:
 
 
 def add_compile(sub) -> None:
-    p = _verb(sub, "compile", "clockwork.models.cli:cmd_compile",
+    p = _verb(sub, "compile", "clockwork.cluster.models_cli:cmd_compile",
               "compile a zoo model or an ONNX file into a model package (needs TVM)",
               "Build a zoo model with TVM Relax (seeded random weights), or import an "
               "ONNX model (its initializers become the weights), and write a model package: "
@@ -156,7 +156,7 @@ def add_compile(sub) -> None:
 
 
 def add_profile(sub) -> None:
-    p = _verb(sub, "profile", "clockwork.models.cli:cmd_profile",
+    p = _verb(sub, "profile", "clockwork.cluster.models_cli:cmd_profile",
               "measure LOAD and EXEC of a model and write its profile (needs TVM)",
               "Measure LOAD and EXEC per batch size over many runs on a real device and "
               "write profiles/DEVICE/MODEL.json in the scheduler's format (figures are p99s; "
@@ -174,7 +174,7 @@ def add_profile(sub) -> None:
 
 
 def add_serve(sub) -> None:
-    p = _verb(sub, "serve", "clockwork.serve:cmd_serve",
+    p = _verb(sub, "serve", "clockwork.cluster.serve:cmd_serve",
               "start a controller and local workers (one command)",
               "Start the workers a scenario's [cluster] describes (without a scenario: one "
               "emulated worker, 1 GPU) and a controller serving its [[models]] (without: every "
@@ -283,7 +283,7 @@ def add_worker(sub) -> None:
 
 
 def add_infer(sub) -> None:
-    p = _verb(sub, "infer", "clockwork.live:cmd_infer",
+    p = _verb(sub, "infer", "clockwork.cluster.live:cmd_infer",
               "send an inference request to a live controller",
               "Send requests (zeros of the model's input shape) to a controller and print "
               "the answers.")
@@ -299,7 +299,7 @@ def add_infer(sub) -> None:
 
 
 def add_replay(sub) -> None:
-    p = _verb(sub, "replay", "clockwork.replay:cmd_replay",
+    p = _verb(sub, "replay", "clockwork.cluster.replay:cmd_replay",
               "run a scenario's workloads against a live controller",
               "Drive the scenario's [[workloads]] against a live controller on the real clock; "
               "writes the same summary.json/logs as simulate.")

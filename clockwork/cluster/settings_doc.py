@@ -1,7 +1,7 @@
-"""Write ``docs/settings.md`` from the settings schemas: ``python -m clockwork.settings_doc``
+"""Write ``docs/settings.md`` from the settings schemas: ``python -m clockwork.cluster.settings_doc``
 (``--check``: exit 1 if the file is not what the schemas give).
 
-A composition root, like ``clockwork.sim``: besides the scenario schemas of
+A composition root, like ``clockwork.cluster.sim``: besides the scenario schemas of
 ``clockwork.settings`` it reads the scheduler's and the baselines' schemas from
 ``controller/`` (imported inside ``render``, so importing this module pulls in nothing).
 """
@@ -23,12 +23,12 @@ from clockwork.settings import (
     markdown_table,
 )
 
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
 
 INTRO = """\
 # Settings
 
-<!-- Generated from the settings schemas by `python -m clockwork.settings_doc`; edit the
+<!-- Generated from the settings schemas by `python -m clockwork.cluster.settings_doc`; edit the
 schemas' descriptions (clockwork/settings.py, controller/config.py,
 controller/baselines/), not this file. tests/test_settings.py checks it is current. -->
 
@@ -105,7 +105,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m clockwork.settings_doc",
+    ap = argparse.ArgumentParser(prog="python -m clockwork.cluster.settings_doc",
                                  description="Write docs/settings.md from the settings schemas.")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"default {DEFAULT_OUT}")
     ap.add_argument("--check", action="store_true",
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         current = args.out.read_text() if args.out.exists() else ""
         if current != text:
-            print(f"{args.out} is out of date: run python -m clockwork.settings_doc",
+            print(f"{args.out} is out of date: run python -m clockwork.cluster.settings_doc",
                   file=sys.stderr)
             return 1
         return 0

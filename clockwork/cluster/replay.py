@@ -43,7 +43,7 @@ class ReplayResult:
     answered_once: bool
 
     def write(self, out: str | Path) -> Path:
-        from clockwork.sim import run_info
+        from clockwork.cluster.sim import run_info
 
         info = run_info(self.wall_s, self.scenario)
         info["mode"] = "live"

@@ -1,5 +1,0 @@
-import sys
-
-from clockwork.cli import main
-
-sys.exit(main())

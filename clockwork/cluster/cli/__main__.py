@@ -1,0 +1,5 @@
+import sys
+
+from clockwork.cluster.cli import main
+
+sys.exit(main())
