@@ -1,4 +1,4 @@
-"""Model profiles (how long LOAD and INFER take) and the estimator.
+"""Model profiles (how long LOAD and INFER take): files, sets, and their lookup.
 
 A profile file ``profiles/<set>/<model>.json`` holds one model on one device kind:
 
@@ -16,8 +16,6 @@ measured (how, where) or modelled (the formula).
 from __future__ import annotations
 
 import os
-from bisect import insort
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -215,70 +213,3 @@ def load_profile_set(name_or_path: str) -> ProfileSet:
         profiles=profiles,
         weights_cache_pages=int(meta.get("weights_cache_pages", 1376)),
     )
-
-
-class SlidingWindow:
-    """The last ``size`` measurements, with an order-statistic percentile.
-
-    Clockwork estimates a duration as the 99th percentile of the last 10
-    measurements (with 10 values that is the maximum).
-    """
-
-    __slots__ = ("size", "_fifo", "_sorted")
-
-    def __init__(self, size: int = 10, seed: int | None = None) -> None:
-        self.size = size
-        self._fifo: deque[int] = deque()
-        self._sorted: list[int] = []
-        if seed is not None:
-            self.insert(seed)
-
-    def insert(self, value: int) -> None:
-        value = int(value)
-        if len(self._fifo) == self.size:
-            old = self._fifo.popleft()
-            self._sorted.remove(old)
-        self._fifo.append(value)
-        insort(self._sorted, value)
-
-    def percentile(self, p: float) -> int:
-        if not self._sorted:
-            raise ValueError("empty window")
-        idx = min(len(self._sorted) - 1, int(p * len(self._sorted)))
-        return self._sorted[idx]
-
-    def __len__(self) -> int:
-        return len(self._fifo)
-
-
-class Estimator:
-    """Per-model duration estimates: EXEC per batch size and LOAD.
-
-    Seeded from the profile; every measurement moves the estimate to the
-    ``percentile`` of the last ``window`` measurements.
-    """
-
-    __slots__ = ("profile", "percentile", "_exec", "_exec_w", "_load_w", "load", "batch_sizes")
-
-    def __init__(self, profile: ModelProfile, window: int = 10, percentile: float = 0.99) -> None:
-        self.profile = profile
-        self.percentile = percentile
-        self.batch_sizes = profile.batch_sizes
-        self._exec_w = {b: SlidingWindow(window, v) for b, v in profile.exec_ns.items()}
-        self._exec = dict(profile.exec_ns)
-        self._load_w = SlidingWindow(window, profile.load_ns)
-        self.load = profile.load_ns
-
-    def exec(self, batch_size: int) -> int:
-        return self._exec[batch_size]
-
-    def add_exec(self, batch_size: int, duration: int) -> None:
-        w = self._exec_w.get(batch_size)
-        if w is None:
-            return
-        w.insert(duration)
-        self._exec[batch_size] = w.percentile(self.percentile)
-
-    def add_load(self, duration: int) -> None:
-        self._load_w.insert(duration)
-        self.load = self._load_w.percentile(self.percentile)

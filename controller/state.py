@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections import deque
 
-from clockwork.profiles import Estimator, ModelProfile
+from clockwork.profiles import ModelProfile
 from clockwork.requests import QUEUED, Request
 from controller.config import SchedulerConfig
+from controller.estimator import Estimator
 from controller.lanes import LaneTracker
 
 
