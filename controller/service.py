@@ -37,7 +37,7 @@ from clockwork.protocol.pacing import Pacer
 from clockwork.protocol.wire import action_to_msg, batch_inputs, msg_to_result
 from clockwork.requests import Reply, Request
 from clockwork.time import ms
-from controller import POLICIES, make_policy, split_settings
+from controller import make_policy, split_settings
 from controller.config import SchedulerConfig
 from controller.metrics import ControllerMetrics
 from controller.policy import GpuSpec, Policy
@@ -717,12 +717,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
             ("schedule_ahead_ms", args.schedule_ahead_ms), ("default_slo_ms", args.default_slo_ms),
             ("max_batch", args.max_batch)) if v is not None}
         table.update(parse_settings(args.set))
-        if args.policy not in POLICIES:
-            raise ValueError(f"--policy {args.policy!r}: unknown policy; choose one of "
-                             f"{', '.join(sorted(POLICIES))}")
-        common, own = split_settings(args.policy, table)
-        if own and args.policy == "clockwork":
-            raise ValueError(f"unknown scheduler setting(s) {', '.join(sorted(own))}")
+        common, own = split_settings(args.policy, table)  # checks the policy name too
         cfg = SchedulerConfig.from_ms(**common)
         node = ControllerNode(workers, args.profiles, args.models, args.policy, cfg,
                               args.connect_timeout, args.log_dir, args.action_interval_us,

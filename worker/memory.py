@@ -62,9 +62,13 @@ class PageArena:
         self.n_pages = n_pages
         self.page_size = page_size
         self.backend = backend
-        self.buffer = _allocate(n_pages * page_size, backend)
+        self.buffer = self._allocate(n_pages * page_size)
         self._free = [True] * n_pages
         self._n_free = n_pages
+
+    def _allocate(self, nbytes: int):
+        """The memory behind the pages (subclasses: device memory, or none at all)."""
+        return _allocate(nbytes, self.backend)
 
     # -- accounting ----------------------------------------------------------------
 

@@ -64,7 +64,7 @@ from worker.devices.base import (
     WeightsAlreadyLoaded,
     WeightsNotPresent,
 )
-from worker.memory import ARENA_ALIGNMENT, TENSOR_ALIGNMENT, ArenaError, PageArena
+from worker.memory import ARENA_ALIGNMENT, ArenaError, PageArena
 
 INSTALL_HINT = ("pip install 'clockwork-py[cuda12]' or 'clockwork-py[cuda13]', matching the "
                 "CUDA major version nvidia-smi shows")
@@ -226,23 +226,16 @@ class CudaPageArena(PageArena):
     """
 
     def __init__(self, n_pages: int, page_size: int = PAGE_SIZE, xp=None) -> None:
-        # not super().__init__(): that allocates the host buffer this arena replaces
-        if n_pages <= 0:
-            raise ValueError("n_pages must be positive")
-        if page_size <= 0 or page_size % TENSOR_ALIGNMENT:
-            raise ValueError(f"page_size must be a positive multiple of {TENSOR_ALIGNMENT}")
         if xp is None:
             import cupy as xp
         self.xp = xp
-        self.n_pages = n_pages
-        self.page_size = page_size
-        self.backend = xp.__name__
-        nbytes = n_pages * page_size
-        self._raw = xp.empty(nbytes + ARENA_ALIGNMENT, dtype=xp.uint8)
+        super().__init__(n_pages, page_size, backend=xp.__name__)
+
+    def _allocate(self, nbytes: int):
+        """One ARENA_ALIGNMENT-aligned device buffer (over-allocated and sliced)."""
+        self._raw = self.xp.empty(nbytes + ARENA_ALIGNMENT, dtype=self.xp.uint8)
         skip = (-_ptr(self._raw)) % ARENA_ALIGNMENT
-        self.buffer = self._raw[skip : skip + nbytes]
-        self._free = [True] * n_pages
-        self._n_free = n_pages
+        return self._raw[skip : skip + nbytes]
 
     @property
     def address(self) -> int:

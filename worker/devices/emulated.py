@@ -28,23 +28,17 @@ from worker.devices.base import (
     WeightsAlreadyLoaded,
     WeightsNotPresent,
 )
-from worker.memory import TENSOR_ALIGNMENT, ArenaError, PageArena
+from worker.memory import ArenaError, PageArena
 
 
 class PageTable(PageArena):
     """A :class:`PageArena`'s bookkeeping (alloc/free) without the memory behind it."""
 
     def __init__(self, n_pages: int, page_size: int = PAGE_SIZE) -> None:
-        if n_pages <= 0:
-            raise ValueError("n_pages must be positive")
-        if page_size <= 0 or page_size % TENSOR_ALIGNMENT:
-            raise ValueError(f"page_size must be a positive multiple of {TENSOR_ALIGNMENT}")
-        self.n_pages = n_pages
-        self.page_size = page_size
-        self.backend = "none"
-        self.buffer = None
-        self._free = [True] * n_pages
-        self._n_free = n_pages
+        super().__init__(n_pages, page_size, backend="none")
+
+    def _allocate(self, nbytes: int) -> None:
+        return None
 
     @property
     def address(self) -> int:
