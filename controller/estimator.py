@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from bisect import insort
 from collections import deque
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from clockwork.profiles import ModelProfile
 
@@ -50,7 +52,8 @@ class Estimator:
     ``percentile`` of the last ``window`` measurements.
     """
 
-    __slots__ = ("profile", "percentile", "_exec", "_exec_w", "_load_w", "load", "batch_sizes")
+    __slots__ = ("profile", "percentile", "_exec", "exec_ns", "_exec_w", "_load_w", "load",
+                 "batch_sizes")
 
     def __init__(self, profile: ModelProfile, window: int = 10, percentile: float = 0.99) -> None:
         self.profile = profile
@@ -58,10 +61,14 @@ class Estimator:
         self.batch_sizes = profile.batch_sizes
         self._exec_w = {b: SlidingWindow(window, v) for b, v in profile.exec_ns.items()}
         self._exec = dict(profile.exec_ns)
+        # the current EXEC estimate per batch size (ns): a read-only live view, for hot
+        # loops that look up many sizes (``exec(b)`` is the same figure)
+        self.exec_ns: Mapping[int, int] = MappingProxyType(self._exec)
         self._load_w = SlidingWindow(window, profile.load_ns)
-        self.load = profile.load_ns
+        self.load = profile.load_ns  # the current LOAD estimate (ns)
 
     def exec(self, batch_size: int) -> int:
+        """The current EXEC estimate for ``batch_size`` (ns)."""
         return self._exec[batch_size]
 
     def add_exec(self, batch_size: int, duration: int) -> None:

@@ -5,7 +5,8 @@ Metrics (exposition format 0.0.4, served at ``/metrics`` on the controller's HTT
 - ``clockwork_requests_total{model,status}`` counter: answered requests;
 - ``clockwork_request_latency_seconds`` histogram: controller-side latency of successful
   requests (arrival -> answer);
-- ``clockwork_queue_depth`` gauge: requests queued in the scheduler;
+- ``clockwork_queue_depth`` gauge: requests waiting in the scheduling policy
+  (``Policy.queued()``: accepted, not answered, not in an INFER in flight);
 - ``clockwork_requests_outstanding`` gauge: requests accepted and not yet answered;
 - ``clockwork_actions_total{type,status}`` counter: finished actions by result status;
 - ``clockwork_actions_sent_total{type}`` counter;
@@ -125,7 +126,7 @@ class ControllerMetrics:
                                     ERROR_BUCKETS)
         self.busy_ns: dict[tuple[int, int], int] = {}
         self.gauges = [
-            Gauge("clockwork_queue_depth", "Requests queued in the scheduler.", (),
+            Gauge("clockwork_queue_depth", "Requests waiting in the scheduling policy.", (),
                   lambda: [((), self._queued())]),
             Gauge("clockwork_requests_outstanding", "Requests accepted, not yet answered.", (),
                   lambda: [((), len(self.node.pending))]),
@@ -160,8 +161,7 @@ class ControllerMetrics:
     # scrape -------------------------------------------------------------------------
 
     def _queued(self) -> int:
-        q = getattr(self.node.policy, "queued", None)
-        return int(q()) if callable(q) else 0
+        return self.node.policy.queued()
 
     def _busy(self) -> list[tuple[tuple, float]]:
         wall = max(1, time.monotonic_ns() - self.start_ns)

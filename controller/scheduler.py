@@ -23,26 +23,16 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable
 
-from clockwork.actions import NEVER, Action, ActionType, ErrorCode, RequestStatus, Result
+from clockwork.actions import NEVER, Action, ActionType, RequestStatus, Result
 from clockwork.profiles import ModelProfile
 from clockwork.requests import DONE, EXECUTING, QUEUED, Reply, Request
 from controller.config import SchedulerConfig
-from controller.policy import GpuSpec, Policy
+from controller.inflight import COPY_GONE, Inflight, error_message
+from controller.policy import GpuSpec, ModelView, Policy
 from controller.state import GpuState, Instance, ModelState
 
 MISS_MEMORY = 1_000_000_000  # how long a request rejected for a cold model keeps asking for a LOAD
 REPLICA_DEMAND = 0.5  # queued demand per copy (in GPUs, see ModelState.outstanding) that asks for a look at adding a copy
-
-
-class _Inflight:
-    __slots__ = ("action", "gpu", "instance", "requests")
-
-    def __init__(self, action: Action, gpu: GpuState, instance: Instance | None,
-                 requests: list[Request]) -> None:
-        self.action = action
-        self.gpu = gpu
-        self.instance = instance
-        self.requests = requests
 
 
 class ClockworkScheduler(Policy):
@@ -55,17 +45,15 @@ class ClockworkScheduler(Policy):
             GpuState(i, s.worker, s.gpu, s.pages, cfg) for i, s in enumerate(gpus)
         ]
         self._replies: list[Reply] = []
-        self._inflight: dict[int, _Inflight] = {}
+        self._sent = Inflight()  # actions sent, not answered (copy: the Instance)
         self._expiry: list[tuple[int, int, Request]] = []  # (drop_at, id, request)
         self._wakes: list[tuple[int, int]] = []  # (time, gpu index)
-        self._next_action = 1
         self._use_seq = 0
         self._unserved: set[str] = set()  # models with queued requests and no copy
         self._queued: set[str] = set()  # models with queued requests
         self._misses: dict[str, tuple[int, float]] = {}  # cold model -> (last miss, demand)
         self._last_now = 0
         self._next_load_check = 0
-        self.stats = {"infer": 0, "load": 0, "evict": 0, "rejected": 0}
 
     # ------------------------------------------------------------------ events
 
@@ -82,7 +70,7 @@ class ClockworkScheduler(Policy):
             return out
         request.slo = slo
         est = m.est
-        b1 = est._exec[m.batch_sizes[0]]
+        b1 = est.exec_ns[m.batch_sizes[0]]
         key = (slo, b1, est.load)
         cached = m.slo_cache
         if cached is None or cached[0] != key:
@@ -155,16 +143,14 @@ class ClockworkScheduler(Policy):
 
     def on_result(self, result: Result, now: int) -> list[Action]:
         out: list[Action] = []
-        inf = self._inflight.pop(result.id, None)
+        inf = self._sent.resolve(result)
         if inf is None:
             return out  # unknown or duplicate result: nothing to do
         g = inf.gpu
-        if result.status:
-            self.stats["rejected"] += 1
         t = inf.action.type
         if t == ActionType.INFER:
             g.exec.done(result.id, result.end)
-            inst = inf.instance
+            inst = inf.copy
             inst.inflight -= 1
             m = inst.model
             if not result.status:
@@ -176,14 +162,13 @@ class ClockworkScheduler(Policy):
                 self._requeue(m, inf.requests, result, now)
                 # our view was wrong: forget the copy. Not when the INFER was turned away
                 # before its LOAD finished (a real LOAD that ran long): the weights are there.
-                if result.status in (ErrorCode.WEIGHTS_NOT_PRESENT, ErrorCode.WEIGHTS_CHANGED) \
-                        and not inst.loading and g.instances.get(m.name) is inst \
+                if result.status in COPY_GONE and not inst.loading and g.instances.get(m.name) is inst \
                         and result.end >= inst.ready_at:
                     self._drop_instance(inst, now)
             self._schedule_infer(g, now, out)
         elif t == ActionType.LOAD:
             g.pcie.done(result.id, result.end)
-            inst = inf.instance
+            inst = inf.copy
             current = g.instances.get(inst.model.name) is inst
             if not result.status:
                 inst.model.est.add_load(result.duration)
@@ -338,7 +323,7 @@ class ClockworkScheduler(Policy):
         n = len(head)
         deadlines = [r.deadline for r in head]
         ordered = m.monotone
-        ex = est._exec
+        ex = est.exec_ns
         max_exec = self.cfg.max_exec
         prio = None
         chosen = None
@@ -378,8 +363,7 @@ class ClockworkScheduler(Policy):
                     batch: list[Request], now: int, out: list[Action]) -> None:
         cfg = self.cfg
         e = m.est.exec(b)
-        aid = self._next_action
-        self._next_action += 1
+        aid = self._sent.new_id()
         earliest = inst.ready_at if inst.ready_at > now else now
         # workers run a lane in ``earliest`` order; never let a later INFER overtake an
         # earlier one (e.g. one waiting for its LOAD), or the predicted chain breaks
@@ -396,8 +380,7 @@ class ClockworkScheduler(Policy):
         inst.inflight += 1
         self._use_seq += 1
         inst.last_used = self._use_seq
-        self._inflight[aid] = _Inflight(a, g, inst, batch)
-        self.stats["infer"] += 1
+        self._sent.add(a, g, inst, batch)
         out.append(a)
 
     def _requeue(self, m: ModelState, requests: list[Request], result: Result, now: int) -> None:
@@ -407,8 +390,7 @@ class ClockworkScheduler(Policy):
             if now + self.cfg.future + e1 <= r.deadline:
                 keep.append(r)
             else:
-                self._answer(r, RequestStatus.ERROR, now,
-                             f"worker error {result.status.name}: {result.message}")
+                self._answer(r, RequestStatus.ERROR, now, error_message(result))
         if not keep:
             return
         keep.sort(key=lambda r: (r.arrival, r.id))
@@ -555,8 +537,7 @@ class ClockworkScheduler(Policy):
 
     def _send_load(self, g: GpuState, m: ModelState, now: int, out: list[Action]) -> None:
         cfg = self.cfg
-        aid = self._next_action
-        self._next_action += 1
+        aid = self._sent.new_id()
         m.versions += 1
         e = m.est.load
         start = g.pcie.add(aid, now, e, now)
@@ -570,8 +551,7 @@ class ClockworkScheduler(Policy):
         self._unserved.discard(m.name)
         a = Action(aid, ActionType.LOAD, g.worker, g.gpu, m.name, now, latest, e,
                    version=m.versions, expected_end=start + e, sent_at=now)
-        self._inflight[aid] = _Inflight(a, g, inst, [])
-        self.stats["load"] += 1
+        self._sent.add(a, g, inst, [])
         out.append(a)
         if m.live:
             g.active.add(m.name)
@@ -579,13 +559,11 @@ class ClockworkScheduler(Policy):
 
     def _send_evict(self, inst: Instance, now: int, out: list[Action]) -> None:
         g = inst.gpu
-        aid = self._next_action
-        self._next_action += 1
+        aid = self._sent.new_id()
         a = Action(aid, ActionType.EVICT, g.worker, g.gpu, inst.model.name, 0, NEVER, 0,
                    version=inst.version, expected_end=now, sent_at=now)
         self._drop_instance(inst, now)
-        self._inflight[aid] = _Inflight(a, g, inst, [])
-        self.stats["evict"] += 1
+        self._sent.add(a, g, inst, [])
         out.append(a)
 
     def _drop_instance(self, inst: Instance, now: int) -> None:
@@ -629,11 +607,23 @@ class ClockworkScheduler(Policy):
             self._schedule_loads(now, out, only_idle=False)
         return out
 
-    # ------------------------------------------------------------------ introspection
+    # ------------------------------------------------------------------ read-only views
 
     def pages_used(self, gpu_index: int) -> int:
+        """Pages of the GPU's weights cache taken in our view (loaded, loading, or
+        promised to a LOAD already sent)."""
         g = self.gpus[gpu_index]
         return g.total_pages - g.free_pages
 
     def queued(self) -> int:
         return sum(m.live for m in self.models.values())
+
+    def model_view(self, model: str) -> ModelView | None:
+        m = self.models.get(model)
+        if m is None:
+            return None
+        on = tuple(sorted(m.instances))
+        return ModelView(on, tuple(i for i in on if m.instances[i].loading), m.live)
+
+    def stats(self) -> dict[str, int]:
+        return self._sent.counts()

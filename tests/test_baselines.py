@@ -17,7 +17,7 @@ from controller.baselines.clipper import ClipperConfig, ClipperPolicy
 from controller.baselines.infaas import InfaasConfig, InfaasPolicy
 from controller.baselines.tfserving import TfServingConfig, TfServingPolicy
 from controller.config import SchedulerConfig
-from controller.policy import GpuSpec
+from controller.policy import GpuSpec, ModelView
 from tests.conftest import make_profile
 
 MS = 1_000_000
@@ -125,6 +125,55 @@ def test_windows_open_and_every_request_answered_once(name):
     assert len(seen) == 1 and seen[0].status == RequestStatus.ERROR
 
 
+@pytest.mark.parametrize("name", ["clockwork", "clipper", "tfserving", "infaas"])
+def test_read_only_views_follow_the_policy(name):
+    # queued() / model_view() / stats() agree with what the policy sent and answered:
+    # waiting = accepted - in INFERs in flight - answered, copies = LOADs sent
+    p = make_policy(name, [make_profile("a"), make_profile("b")], specs(gpus=2))
+    assert p.model_view("zzz") is None
+    assert p.model_view("a") == ModelView((), (), 0)
+    assert p.queued() == 0 and p.stats() == {"infer": 0, "load": 0, "evict": 0, "rejected": 0}
+    flying: dict[int, int] = {}  # INFER id -> requests it carries
+    sent: list = []
+    answered = accepted = 0
+
+    def step(actions):
+        nonlocal answered
+        sent.extend(actions)
+        for a in of(actions, ActionType.INFER):
+            flying[a.id] = len(a.requests)
+        answered += len(p.drain_replies())
+        assert p.queued() == accepted - sum(flying.values()) - answered
+        assert p.model_view("a").queued == p.queued() and p.model_view("b").queued == 0
+        assert p.stats() == {"infer": len(of(sent, ActionType.INFER)),
+                             "load": len(of(sent, ActionType.LOAD)), "evict": 0,
+                             "rejected": rejected}
+
+    rejected = 0
+    for i in range(5):
+        accepted += 1
+        step(p.on_request(req(i, "a", 0), 0))
+    loads = of(sent, ActionType.LOAD)
+    on = tuple(sorted(a.gpu for a in loads))  # worker 0: GPU g is policy index g
+    assert on and p.model_view("a") == ModelView(on, on, p.queued())
+    assert p.model_view("b") == ModelView((), (), 0)
+    t = 8 * MS
+    for a in loads:
+        step(p.on_result(ok(a, t), t))
+    assert p.model_view("a").loaded_on == on and p.model_view("a").loading_on == ()
+    while not flying:  # batching policies may hold the requests a little longer
+        t += MS
+        step(p.on_tick(t))
+    # a rejected INFER: counted, its requests wait again (or go straight into a new one)
+    aid = next(iter(flying))
+    infer = next(a for a in sent if a.id == aid)
+    del flying[aid]
+    rejected = 1
+    t += MS
+    step(p.on_result(fail(infer, t, ErrorCode.EXEC_TOO_LATE), t))
+    assert p.model_view("a").loaded_on == on  # not a missing-weights error: copies stay
+
+
 def test_unknown_model_and_settings():
     p = make_policy("clipper", [make_profile("a")], specs())
     assert p.on_request(req(1, "zzz"), 0) == []
@@ -198,7 +247,7 @@ def test_clipper_one_batch_in_flight_per_container_and_runs_late():
     acts = p.on_result(ok(infer, t), t)
     (infer,) = of(acts, ActionType.INFER)
     # AIMD: 4 + 1 after the first batch met its SLO; all 5 ran although they will miss
-    assert len(p._sent[infer.id].requests) == 5 and infer.latest == NEVER
+    assert len(infer.requests) == 5 and infer.latest == NEVER
 
 
 def test_clipper_drops_only_requests_whose_deadline_elapsed():
@@ -211,7 +260,7 @@ def test_clipper_drops_only_requests_whose_deadline_elapsed():
     acts = p.on_result(ok(infer, t), t)
     reps = {r.request.id: r.status for r in p.drain_replies()}
     assert reps[1] == RequestStatus.TIMEOUT
-    assert p._sent[of(acts, ActionType.INFER)[0].id].requests[0].id == 2
+    assert of(acts, ActionType.INFER)[0].requests[0].id == 2
 
 
 def test_clipper_delayed_batching_waits_up_to_batch_wait():
@@ -225,7 +274,7 @@ def test_clipper_delayed_batching_waits_up_to_batch_wait():
     assert p.on_request(req(2, "a", t + MS // 2), t + MS // 2) == []
     acts = p.on_tick(t + 2 * MS)
     (infer,) = of(acts, ActionType.INFER)
-    assert len(p._sent[infer.id].requests) == 2
+    assert len(infer.requests) == 2
     # a full batch goes at once
     t += 10 * MS
     finish_all(p, acts, t)
@@ -280,7 +329,7 @@ def test_tfserving_dispatches_on_timeout():
     assert p.next_wakeup() == t + 3 * MS
     assert p.on_tick(t + 3 * MS - 1) == []
     (infer,) = of(p.on_tick(t + 3 * MS), ActionType.INFER)
-    assert infer.batch_size == 2 and len(p._sent[infer.id].requests) == 2
+    assert infer.batch_size == 2 and len(infer.requests) == 2
 
 
 def test_tfserving_round_robin_across_queues():

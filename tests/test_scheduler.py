@@ -155,7 +155,7 @@ def test_skipped_urgent_requests_dropped_for_full_batch():
     assert [a.batch_size for a in acts] == [16]
     reps = s.drain_replies()
     assert [(r.request.id, r.status) for r in reps] == [(1, RequestStatus.TIMEOUT)]
-    assert sorted(r.id for r in s._inflight[acts[0].id].requests) == list(range(2, 18))
+    assert sorted(r.id for r in acts[0].requests) == list(range(2, 18))
 
 
 def test_most_urgent_model_first():
@@ -196,13 +196,14 @@ def test_rejected_infer_requeued_then_retried():
     s = sched()
     t = warm(s)
     (a,) = s.on_request(req(1, t=t), t)
-    s.on_result(fail(a, t + MS, ErrorCode.EXEC_TOO_LATE), t + 2 * MS)
+    acts = s.on_result(fail(a, t + MS, ErrorCode.EXEC_TOO_LATE), t + 2 * MS)
     # it can still make its deadline: sent again at once
     assert s.drain_replies() == []
     assert s.queued() == 0
-    retry = [x.action for x in s._inflight.values() if x.action.type == ActionType.INFER]
+    retry = [x for x in acts if x.type == ActionType.INFER]
     assert len(retry) == 1 and retry[0].id != a.id and retry[0].batch_size == 1
-    assert s.stats["rejected"] == 1
+    assert [r.id for r in retry[0].requests] == [1]
+    assert s.stats() == {"infer": 3, "load": 1, "evict": 0, "rejected": 1}  # warm ran one
 
 
 def test_rejected_infer_too_late_to_retry_answers_error():
@@ -254,11 +255,13 @@ def test_failed_load_forgets_copy_and_retries():
 def test_cold_models_spread_over_idle_gpus():
     s = sched(models=("a", "b", "c", "d"), gpus=2)
     acts = []
+    done = set()
     t = 0
     for i, m in enumerate("abcd"):
         acts += s.on_request(req(i, m, t=t), t)
         # the previous LOADs finished: PCIe lanes are idle again, demand is served
-        for a in [x for x in acts if x.type == ActionType.LOAD and x.id in s._inflight]:
+        for a in [x for x in acts if x.type == ActionType.LOAD and x.id not in done]:
+            done.add(a.id)
             s.on_result(ok(a, t), t + 8 * MS)
         t += 20 * MS
     loads = sorted((a.model, a.gpu) for a in acts if a.type == ActionType.LOAD)

@@ -166,6 +166,9 @@ class ClipperPolicy(BaselinePolicy):
     def _evictable(self, copy: Copy) -> bool:
         return not self.models[copy.model].queue
 
+    def _waiting(self, model: str) -> int:
+        return len(self.models[model].queue)
+
     def _drop(self, c: Copy) -> None:
         super()._drop(c)
         m = self.models[c.model]

@@ -10,8 +10,14 @@ predicted schedule to place it behind the LOAD). Pages are tracked like
 EVICT gives them back when it is sent, and only copies that are neither loading nor
 running anything are evicted, so the worker's cache is never over-committed.
 
-A rejected INFER returns its requests to the policy (``_requeue``) up to
-``MAX_ATTEMPTS`` times, after which they are answered ``ERROR``.
+The book of actions sent and not answered, and what a failed result means, are
+``controller/inflight.py``'s (shared with the Clockwork scheduler). A rejected INFER
+returns its requests to the policy (``_requeue``) up to ``MAX_ATTEMPTS`` times, after
+which they are answered ``ERROR``; one rejected because the weights were missing also
+drops the copy (``_lost``).
+
+A subclass supplies the policy in the hooks below, and ``_waiting`` (how many requests
+of a model its queues hold) for the read-only views.
 """
 
 from __future__ import annotations
@@ -19,12 +25,13 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping
 
-from clockwork.actions import NEVER, Action, ActionType, ErrorCode, RequestStatus, Result
+from clockwork.actions import NEVER, Action, ActionType, RequestStatus, Result
 from clockwork.profiles import ModelProfile
 from clockwork.requests import DONE, EXECUTING, Reply, Request
 from clockwork.settings import from_table
 from controller.config import SchedulerConfig
-from controller.policy import GpuSpec, Policy
+from controller.inflight import COPY_GONE, Inflight, error_message
+from controller.policy import GpuSpec, ModelView, Policy
 
 MAX_ATTEMPTS = 3  # INFERs a request may be part of before a worker error is final
 
@@ -67,16 +74,6 @@ class Gpu:
         self.loads = 0  # LOADs sent and not answered
 
 
-class _Sent:
-    __slots__ = ("action", "gpu", "copy", "requests")
-
-    def __init__(self, action: Action, gpu: Gpu, copy: Copy | None, requests: list[Request]) -> None:
-        self.action = action
-        self.gpu = gpu
-        self.copy = copy
-        self.requests = requests
-
-
 class BaselinePolicy(Policy):
     """Bookkeeping shared by the baselines; subclasses supply the policy in hooks."""
 
@@ -93,13 +90,11 @@ class BaselinePolicy(Policy):
         self.gpus: list[Gpu] = [Gpu(i, s) for i, s in enumerate(gpus)]
         self.copies: dict[str, dict[int, Copy]] = {n: {} for n in self.profiles}
         self._replies: list[Reply] = []
-        self._sent: dict[int, _Sent] = {}
+        self._sent = Inflight()  # actions sent, not answered (gpu: a Gpu, copy: a Copy)
         self._attempts: dict[int, int] = {}
         self._timers: list[int] = []
         self._timer_set: set[int] = set()
-        self._next_action = 1
         self._use_seq = 0
-        self.stats = {"infer": 0, "load": 0, "evict": 0, "rejected": 0}
 
     # ------------------------------------------------------------------ hooks
 
@@ -130,6 +125,11 @@ class BaselinePolicy(Policy):
         """Whether the policy lets this (idle, loaded) copy be evicted for memory."""
         return True
 
+    def _waiting(self, model: str) -> int:
+        """Requests of ``model`` in the policy's queues (accepted, not answered, not in
+        an INFER in flight)."""
+        raise NotImplementedError
+
     # ------------------------------------------------------------------ Policy
 
     def on_request(self, request: Request, now: int) -> list[Action]:
@@ -149,12 +149,10 @@ class BaselinePolicy(Policy):
 
     def on_result(self, result: Result, now: int) -> list[Action]:
         out: list[Action] = []
-        s = self._sent.pop(result.id, None)
+        s = self._sent.resolve(result)
         if s is None:
-            return out
+            return out  # unknown or duplicate result: nothing to do
         g, c, a = s.gpu, s.copy, s.action
-        if result.status:
-            self.stats["rejected"] += 1
         if a.type == ActionType.INFER:
             g.outstanding -= 1
             c.inflight -= 1
@@ -170,13 +168,11 @@ class BaselinePolicy(Policy):
                     n = self._attempts.get(r.id, 0) + 1
                     if n >= MAX_ATTEMPTS:
                         self._attempts.pop(r.id, None)
-                        self._answer(r, RequestStatus.ERROR, now,
-                                     f"worker error {result.status.name}: {result.message}")
+                        self._answer(r, RequestStatus.ERROR, now, error_message(result))
                     else:
                         self._attempts[r.id] = n
                         retry.append(r)
-                if result.status in (ErrorCode.WEIGHTS_NOT_PRESENT, ErrorCode.WEIGHTS_CHANGED) \
-                        and not c.loading and g.copies.get(c.model) is c:
+                if result.status in COPY_GONE and not c.loading and g.copies.get(c.model) is c:
                     self._drop(c)
                     self._lost(c.model, g, now, out)
                 if retry:
@@ -236,8 +232,7 @@ class BaselinePolicy(Policy):
         g = c.gpu
         b = self._padded(c.model, len(batch))
         e = self.profiles[c.model].exec_ns[b]
-        aid = self._next_action
-        self._next_action += 1
+        aid = self._sent.new_id()
         a = Action(aid, ActionType.INFER, g.worker, g.gpu, c.model, now, NEVER, e,
                    batch_size=b, expected_end=now + e, sent_at=now, requests=batch)
         for r in batch:
@@ -246,8 +241,7 @@ class BaselinePolicy(Policy):
         g.outstanding += 1
         self._use_seq += 1
         c.last_used = self._use_seq
-        self._sent[aid] = _Sent(a, g, c, batch)
-        self.stats["infer"] += 1
+        self._sent.add(a, g, c, batch)
         out.append(a)
         return a
 
@@ -283,8 +277,7 @@ class BaselinePolicy(Policy):
 
     def _send_load(self, g: Gpu, model: str, now: int, out: list[Action]) -> Copy:
         p = self.profiles[model]
-        aid = self._next_action
-        self._next_action += 1
+        aid = self._sent.new_id()
         a = Action(aid, ActionType.LOAD, g.worker, g.gpu, model, now, NEVER, p.load_ns,
                    expected_end=now + p.load_ns, sent_at=now)
         c = Copy(model, g)
@@ -294,20 +287,17 @@ class BaselinePolicy(Policy):
         g.free_pages -= p.weights_pages
         g.loads += 1
         self.copies[model][g.index] = c
-        self._sent[aid] = _Sent(a, g, c, [])
-        self.stats["load"] += 1
+        self._sent.add(a, g, c, [])
         out.append(a)
         return c
 
     def _send_evict(self, c: Copy, now: int, out: list[Action]) -> None:
         g = c.gpu
-        aid = self._next_action
-        self._next_action += 1
+        aid = self._sent.new_id()
         a = Action(aid, ActionType.EVICT, g.worker, g.gpu, c.model, now, NEVER, 0,
                    expected_end=now, sent_at=now)
         self._drop(c)
-        self._sent[aid] = _Sent(a, g, c, [])
-        self.stats["evict"] += 1
+        self._sent.add(a, g, c, [])
         out.append(a)
 
     def _drop(self, c: Copy) -> None:
@@ -316,8 +306,22 @@ class BaselinePolicy(Policy):
         del self.copies[c.model][g.index]
         g.free_pages += self.profiles[c.model].weights_pages
 
-    # ------------------------------------------------------------------ introspection
+    # ------------------------------------------------------------------ read-only views
 
     def pages_used(self, gpu_index: int) -> int:
+        """Pages of the GPU's weights cache taken in our view (LOADs sent count)."""
         g = self.gpus[gpu_index]
         return g.total_pages - g.free_pages
+
+    def queued(self) -> int:
+        return sum(self._waiting(n) for n in self.profiles)
+
+    def model_view(self, model: str) -> ModelView | None:
+        if model not in self.profiles:
+            return None
+        copies = self.copies[model]
+        on = tuple(sorted(copies))
+        return ModelView(on, tuple(i for i in on if copies[i].loading), self._waiting(model))
+
+    def stats(self) -> dict[str, int]:
+        return self._sent.counts()

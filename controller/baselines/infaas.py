@@ -286,3 +286,8 @@ class InfaasPolicy(BaselinePolicy):
 
     def _evictable(self, copy: Copy) -> bool:
         return not copy.data.queue
+
+    def _waiting(self, model: str) -> int:
+        # requests routed to a copy, and those waiting for one to be placed
+        return len(self.models[model].pending) + sum(
+            len(c.data.queue) for c in self.copies[model].values() if c.data is not None)

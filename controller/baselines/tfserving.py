@@ -154,6 +154,10 @@ class TfServingPolicy(BaselinePolicy):
     def _evictable(self, copy: Copy) -> bool:
         return self.queues[copy.model].empty()
 
+    def _waiting(self, model: str) -> int:
+        q = self.queues[model]
+        return len(q.open) + sum(len(b) for b in q.closed)
+
     def _drop(self, c: Copy) -> None:
         super()._drop(c)
         ring = self.rr[c.gpu.index]

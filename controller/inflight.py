@@ -1,0 +1,93 @@
+"""The book of actions a policy has sent and not yet seen answered.
+
+Every policy keeps the same record: each action it sends takes the next id and is
+noted with the GPU and model copy it concerns and, for an INFER, the requests it
+carries; when a result arrives the entry is looked up and forgotten. A result whose id
+is not in the book (a duplicate, or an action already resolved) resolves to None and
+must be ignored. The book also counts what was sent and what was rejected: the
+policy's ``stats()``.
+
+What a failed result means is the same for every policy too:
+
+* a failed INFER's requests did not run; the policy retries them or answers them
+  ``ERROR`` with ``error_message(result)``;
+* if the status is one of ``COPY_GONE`` (the worker did not have the weights the
+  INFER expected), the policy's view of that copy was wrong: it forgets the copy,
+  unless it knows better (the copy was replaced, or was still loading);
+* a failed LOAD leaves no copy; a failed EVICT needs nothing (the pages were given
+  back in the policy's view when it was sent).
+
+When a worker is lost the shell fails its outstanding actions back through
+``on_result`` with these codes (INFER: ``WEIGHTS_NOT_PRESENT``), so this is also how
+a policy learns which requests a lost worker held.
+
+The GPU and copy objects are the policy's own; the book only holds them.
+"""
+
+from __future__ import annotations
+
+from clockwork.actions import Action, ActionType, ErrorCode, Result
+
+# A failed INFER with one of these statuses means the copy it was sent to is not there.
+COPY_GONE = frozenset((ErrorCode.WEIGHTS_NOT_PRESENT, ErrorCode.WEIGHTS_CHANGED))
+
+_COUNTER = {ActionType.INFER: "infer", ActionType.LOAD: "load", ActionType.EVICT: "evict"}
+
+
+def error_message(result: Result) -> str:
+    """The message of a request answered ``ERROR`` because its INFER failed."""
+    return f"worker error {result.status.name}: {result.message}"
+
+
+class Sent:
+    """One action in the book: the action, the policy's GPU and copy objects, and the
+    requests it carries (an INFER's batch; empty for LOAD and EVICT)."""
+
+    __slots__ = ("action", "gpu", "copy", "requests")
+
+    def __init__(self, action: Action, gpu: object, copy: object, requests: list) -> None:
+        self.action = action
+        self.gpu = gpu
+        self.copy = copy
+        self.requests = requests
+
+
+class Inflight:
+    """Actions sent and not answered, by id, with the ids to use and the counters."""
+
+    __slots__ = ("_sent", "_next_id", "_counts")
+
+    def __init__(self) -> None:
+        self._sent: dict[int, Sent] = {}
+        self._next_id = 1
+        self._counts = {"infer": 0, "load": 0, "evict": 0, "rejected": 0}
+
+    def new_id(self) -> int:
+        """The id of the next action to send (1, 2, ...)."""
+        aid = self._next_id
+        self._next_id = aid + 1
+        return aid
+
+    def add(self, action: Action, gpu: object, copy: object, requests: list) -> None:
+        """Note an action as sent (its id from ``new_id``)."""
+        self._sent[action.id] = Sent(action, gpu, copy, requests)
+        self._counts[_COUNTER[action.type]] += 1
+
+    def resolve(self, result: Result) -> Sent | None:
+        """The entry a result answers, taken out of the book; None if the result's id is
+        unknown or was answered already (the result must then be ignored). A failed
+        result counts as ``rejected``."""
+        s = self._sent.pop(result.id, None)
+        if s is not None and result.status:
+            self._counts["rejected"] += 1
+        return s
+
+    def __len__(self) -> int:
+        return len(self._sent)
+
+    def __contains__(self, action_id: int) -> bool:
+        return action_id in self._sent
+
+    def counts(self) -> dict[str, int]:
+        """A copy of the counters: ``infer``, ``load``, ``evict`` sent, ``rejected``."""
+        return dict(self._counts)
