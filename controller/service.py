@@ -638,10 +638,10 @@ class ClockworkServicer(pbg.ClockworkServicer):
         if request.model not in n.profiles:
             return pb.ModelStatusResponse(known=False)
         resp = pb.ModelStatusResponse(known=True, model=n.model_info(request.model))
-        m = getattr(n.policy, "models", {}).get(request.model)
-        if m is not None:
-            resp.loaded_on.extend(sorted(getattr(m, "instances", {})))
-            resp.queued = int(getattr(m, "live", 0))
+        view = n.policy.model_view(request.model)
+        if view is not None:
+            resp.loaded_on.extend(view.loaded_on)
+            resp.queued = view.queued
         return resp
 
     async def Stats(self, request, context):  # noqa: N802
