@@ -38,11 +38,14 @@ FIGURES = Path(__file__).resolve().parent / "figures"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from clockwork.actions import Action, Result  # noqa: E402
 from clockwork.cluster.replay import ReplayResult, replay  # noqa: E402
 from clockwork.cluster.serve import LocalCluster, cluster_from_scenario, ensure_packages  # noqa: E402
 from clockwork.cluster.sim import SimResult, Simulation  # noqa: E402
+from clockwork.requests import Reply, Request  # noqa: E402
 from clockwork.scenario import Scenario, load_scenario  # noqa: E402
 from clockwork.telemetry import ACTION_COLUMNS  # noqa: E402
+from controller.policy import ModelView, Policy  # noqa: E402
 
 POLICIES = ("clockwork", "clipper", "tfserving", "infaas")
 
@@ -102,64 +105,117 @@ def run(name: str | Path | dict, overrides: Sequence[str] = (), live: bool = Fal
     if live:
         return run_live(sc)
     sim = Simulation(sc)
+    timed = None
     if time_policy:
-        spent = _time_policy(sim.policy, int(time_policy * 1e9))
+        timed = sim.policy = TimedPolicy(sim.policy, int(time_policy * 1e9))
     res = sim.run()
-    if time_policy:
-        cpu = spent.seconds()
+    if timed is not None:
+        cpu = timed.seconds()
         res.policy_wall_by_bucket = [round(v, 6) for v in cpu]
         res.policy_wall_s = round(sum(cpu), 6)
-        res.policy_calls = sum(spent.calls)
+        res.policy_calls = sum(timed.calls)
     return res
 
 
-def _time_policy(policy, bucket_ns: int) -> _Cells:
-    """Wrap the policy's entry points (instance attributes shadow the methods; the
-    simulator looks them up once, when its run starts) to add the CPU time of this thread
-    they take (``time.thread_time``: not inflated when other processes share the cores)
-    into per-bucket cells, by the simulated time of the call (calls without a time go to
-    the bucket of the last call that had one). The clock's own cost inside each timed
-    interval (measured here) is taken off again when the cells are read (``_Cells.seconds``)."""
-    spent: list[float] = []
-    calls: list[int] = []
-    clock = time.thread_time
-    cur = [0]
+class TimedPolicy(Policy):
+    """A policy that passes every call on to ``inner`` and measures the controller's
+    work: the CPU time of this thread (``time.thread_time``: not inflated when other
+    processes share the cores) that each event call (``on_request``, ``on_result``,
+    ``on_tick``, ``set_gpu_available``) and each ``drain_replies`` / ``next_wakeup``
+    takes, added into cells of ``bucket_ns`` of simulated time by the call's ``now``
+    (calls without one go to the bucket of the last call that had one). The read-only
+    views are passed on untimed. The clock's own cost inside each timed interval
+    (measured when the wrapper is built) is taken off again when the cells are read
+    (``seconds()``).
 
-    def timed(fn):
-        def call(*a):
-            if a:
-                cur[0] = a[-1] // bucket_ns
+    Give it to the simulator in place of the policy it built, before ``run()``:
+    ``sim.policy = TimedPolicy(sim.policy, bucket_ns)``."""
+
+    def __init__(self, inner: Policy, bucket_ns: int) -> None:
+        self.inner = inner
+        self.bucket_ns = bucket_ns
+        self.spent: list[float] = []  # CPU seconds per bucket
+        self.calls: list[int] = []  # timed calls per bucket
+        self._bucket = 0
+        clock = self._clock = time.thread_time
+        pairs = []
+        for _ in range(2000):
             t = clock()
-            try:
-                return fn(*a)
-            finally:
-                dt = clock() - t
-                i = cur[0]
-                while len(spent) <= i:
-                    spent.append(0.0)
-                    calls.append(0)
-                spent[i] += dt
-                calls[i] += 1
-        return call
+            pairs.append(clock() - t)
+        self.overhead = float(np.median(pairs))
 
-    for name in ("on_request", "on_result", "on_tick", "drain_replies", "next_wakeup"):
-        setattr(policy, name, timed(getattr(policy, name)))
-    pairs = []
-    for _ in range(2000):
-        t = clock()
-        pairs.append(clock() - t)
-    return _Cells(spent, calls, float(np.median(pairs)))
-
-
-class _Cells:
-    """The per-bucket CPU seconds of ``_time_policy``, less the clock's own cost."""
-
-    def __init__(self, spent: list[float], calls: list[int], overhead: float) -> None:
-        self.spent, self.calls, self.overhead = spent, calls, overhead
+    def _add(self, dt: float) -> None:
+        i = self._bucket
+        spent = self.spent
+        while len(spent) <= i:
+            spent.append(0.0)
+            self.calls.append(0)
+        spent[i] += dt
+        self.calls[i] += 1
 
     def seconds(self) -> list[float]:
-        return [max(0.0, v - n * self.overhead) for v, n in zip(self.spent, self.calls,
-                                                                 strict=True)]
+        """CPU seconds per bucket, less the clock's own cost."""
+        return [max(0.0, v - n * self.overhead)
+                for v, n in zip(self.spent, self.calls, strict=True)]
+
+    # the timed calls -------------------------------------------------------------------
+
+    def on_request(self, request: Request, now: int) -> list[Action]:
+        self._bucket = now // self.bucket_ns
+        t = self._clock()
+        try:
+            return self.inner.on_request(request, now)
+        finally:
+            self._add(self._clock() - t)
+
+    def on_result(self, result: Result, now: int) -> list[Action]:
+        self._bucket = now // self.bucket_ns
+        t = self._clock()
+        try:
+            return self.inner.on_result(result, now)
+        finally:
+            self._add(self._clock() - t)
+
+    def on_tick(self, now: int) -> list[Action]:
+        self._bucket = now // self.bucket_ns
+        t = self._clock()
+        try:
+            return self.inner.on_tick(now)
+        finally:
+            self._add(self._clock() - t)
+
+    def set_gpu_available(self, gpu_index: int, available: bool, now: int) -> list[Action]:
+        self._bucket = now // self.bucket_ns
+        t = self._clock()
+        try:
+            return self.inner.set_gpu_available(gpu_index, available, now)
+        finally:
+            self._add(self._clock() - t)
+
+    def next_wakeup(self) -> int | None:
+        t = self._clock()
+        try:
+            return self.inner.next_wakeup()
+        finally:
+            self._add(self._clock() - t)
+
+    def drain_replies(self) -> list[Reply]:
+        t = self._clock()
+        try:
+            return self.inner.drain_replies()
+        finally:
+            self._add(self._clock() - t)
+
+    # the read-only views, untimed --------------------------------------------------------
+
+    def queued(self) -> int:
+        return self.inner.queued()
+
+    def model_view(self, model: str) -> ModelView | None:
+        return self.inner.model_view(model)
+
+    def stats(self) -> dict[str, int]:
+        return self.inner.stats()
 
 
 # ---------------------------------------------------------------------------- live

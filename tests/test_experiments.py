@@ -103,6 +103,27 @@ def test_fig11_times_the_controller(tmp_path):
     assert info["first_N_controller_over_one_core"] is None  # a few hundred r/s
 
 
+@pytest.mark.parametrize("policy", ["clockwork", "clipper"])
+def test_timed_policy_changes_nothing_and_counts_every_call(policy):
+    sc = {"seed": 3, "duration_s": 2.0,
+          "cluster": {"workers": 1, "gpus_per_worker": 2, "profiles": "v100-reference"},
+          "scheduler": {"policy": policy},
+          "models": [{"name": "resnet50_v2", "copies": 3}],
+          "workloads": [{"kind": "poisson", "models": "*", "rate_rps": 300, "slo_ms": 100}]}
+    plain = common.Simulation(common.scenario(sc)).run().summary
+    sim = common.Simulation(common.scenario(sc))
+    inner = sim.policy
+    timed = sim.policy = common.TimedPolicy(inner, 500_000_000)  # 0.5 s buckets
+    res = sim.run()
+    assert res.summary == plain  # the wrapper only passes calls on
+    # every request went through the wrapper (and more calls: results, ticks, drains)
+    assert sum(timed.calls) > 2 * res.summary["submitted"] > 0
+    assert 4 <= len(timed.spent) <= 5 and all(v > 0 for v in timed.seconds())
+    assert timed.queued() == inner.queued() == 0
+    assert timed.stats() == inner.stats() and timed.stats()["infer"] > 0
+    assert timed.model_view("resnet50_v2") == inner.model_view("resnet50_v2") is not None
+
+
 def test_fig5_live_smoke(tmp_path):
     """--live: a LocalCluster (1 emulated worker + controller processes) per policy, the
     closed-loop workload replayed on the real clock, the cluster stopped again."""

@@ -36,6 +36,9 @@ def test_sync_client(cluster):
         assert r.latency_ms > 0 and r.batch_size >= 1 and r.gpu in (0, 1)
         r2 = c.infer("mobilenet_v2")  # no inputs, default SLO
         assert r2.output.shape == (1000,)
+        st = c.model_status("resnet50_v2")  # the policy's view (Policy.model_view)
+        assert st.known and r.gpu in st.loaded_on and st.queued == 0
+        assert not c.model_status("no_such_model").known
 
 
 def test_typed_errors(cluster):

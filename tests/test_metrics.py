@@ -44,6 +44,29 @@ def test_registry_renders_parsable_text():
         parse_text("bad line here\n")
 
 
+@pytest.mark.parametrize("policy", ["clockwork", "clipper", "tfserving", "infaas"])
+def test_queue_depth_is_the_policys_for_every_policy(policy):
+    # the gauge reads Policy.queued(): baselines report their queues too (they read 0 once)
+    from types import SimpleNamespace
+
+    from clockwork.requests import Request
+    from controller import make_policy
+    from controller.metrics import ControllerMetrics
+    from controller.policy import GpuSpec
+    from tests.conftest import make_profile
+
+    p = make_policy(policy, [make_profile("a")], [GpuSpec(0, 0, 100)])
+    node = SimpleNamespace(policy=p, pending={}, links=[], gpu_index={})
+    m = ControllerMetrics(node)
+    assert _value(parse_text(m.render().decode()), "clockwork_queue_depth") == 0
+    sent = []
+    for i in range(40):  # one GPU, a LOAD first: most of them wait
+        sent += p.on_request(Request(i, "a", 0, 10**9), 0)
+    running = sum(len(a.requests) for a in sent if a.requests)
+    assert p.queued() == 40 - running > 0
+    assert _value(parse_text(m.render().decode()), "clockwork_queue_depth") == p.queued()
+
+
 def test_metrics_health_and_logs(tmp_path):
     logs = tmp_path / "logs"
     with local_cluster(workers=2, gpus=1, models="resnet50_v2:2,mobilenet_v2", http_port=0,
