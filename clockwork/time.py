@@ -1,15 +1,12 @@
-"""Clocks. Time inside the system is an ``int`` of nanoseconds everywhere.
+"""Time units. Time inside the system is an ``int`` of nanoseconds everywhere.
 
-``RealClock`` reads the monotonic clock; ``VirtualClock`` is advanced by a
-discrete-event loop (the simulator, unit tests). Components take a clock or an
-explicit ``now`` and never call ``time`` themselves, so the same code runs in
-both.
+Components never read a clock: every call takes an explicit ``now`` (the pure cores),
+and only the shells read one (the live services ``time.monotonic_ns()``, the simulator
+its event times). ``ms``/``sec`` convert the float figures of settings and files at the
+edges. ``VirtualClock`` is a clock that only moves when told to.
 """
 
 from __future__ import annotations
-
-import time
-from typing import Protocol
 
 NS_PER_US = 1_000
 NS_PER_MS = 1_000_000
@@ -32,19 +29,6 @@ def to_ms(ns: int) -> float:
 
 def to_s(ns: int) -> float:
     return ns / NS_PER_S
-
-
-class Clock(Protocol):
-    def now(self) -> int: ...
-
-
-class RealClock:
-    """Monotonic wall clock in int nanoseconds."""
-
-    __slots__ = ()
-
-    def now(self) -> int:
-        return time.monotonic_ns()
 
 
 class VirtualClock:
