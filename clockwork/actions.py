@@ -1,12 +1,13 @@
 """The vocabulary controller and workers speak: actions, results, codes.
 
-Codes follow Clockwork's C++ API (``include/clockwork/api/*.h``) so logs read
-the same; the names are ours.
+Codes have the numbers of Clockwork's C++ API (``include/clockwork/api/worker_api.h``
+for ``ErrorCode``, ``api_common.h`` for ``RequestStatus``) where the meaning is the
+same; the names are ours.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum
 
 NEVER = (1 << 63) - 1  # "no upper bound" for a window's latest time
@@ -22,6 +23,7 @@ class ErrorCode(IntEnum):
     """Result status of a worker action. ``SUCCESS`` is 0."""
 
     SUCCESS = 0
+    UNKNOWN_MODEL = 10
     INVALID_GPU = 13
     WEIGHTS_NOT_PRESENT = 20
     WEIGHTS_ALREADY_LOADED = 21
@@ -29,7 +31,6 @@ class ErrorCode(IntEnum):
     WEIGHTS_CHANGED = 23
     INVALID_INPUT = 30
     INVALID_BATCH_SIZE = 31
-    UNKNOWN_MODEL = 40
     NETWORK_SEND_TOO_LATE = 45
     LOAD_TOO_EARLY = 50
     LOAD_TOO_LATE = 51
@@ -102,7 +103,6 @@ class Result:
     duration: int = 0  # measured duration of the main phase (EXEC / copy)
     message: str = ""
     outputs: object = None  # INFER only, optional
-    phases: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
