@@ -462,9 +462,7 @@ class CudaDevice(RealDevice):
                     self._end.synchronize()
                     ms = cupy.cuda.get_elapsed_time(self._start, self._end)
                     return _numpy_outputs(out), max(1, round(ms * 1e6))  # OUTPUT
-            except DeviceError:
-                raise
-            except Exception as e:
+            except Exception as e:  # a cupy or TVM error: nothing in here raises our own
                 raise ExecFailed(f"model {name!r}: EXEC failed: {e}") from e
             finally:
                 with self._lock:
