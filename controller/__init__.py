@@ -1,4 +1,7 @@
-"""The controller: scheduling policies (pure cores) and, later, the service shell."""
+"""The controller package (scheduling policies as pure cores, the service shell around
+them); this module is the policy registry: ``POLICIES``, ``make_policy``, and the
+``[scheduler]`` settings check ``split_settings`` that every shell runs before building
+one."""
 
 from __future__ import annotations
 
