@@ -53,6 +53,10 @@ class Scenario:
     def workloads(self) -> list[dict]:
         return self.data["workloads"]
 
+    @property
+    def faults(self) -> dict:
+        return self.data["faults"]
+
 
 def _merge(base: dict, over: dict) -> dict:
     out = copy.deepcopy(base)

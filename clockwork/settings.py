@@ -44,6 +44,7 @@ from pydantic import (
     Field,
     ValidationError,
     create_model,
+    model_validator,
 )
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError, PydanticUndefined
@@ -590,6 +591,69 @@ class SchedulerTable(Settings):
                           "`clipper`, `tfserving`, `infaas`.", min_length=1)
 
 
+class KillFault(Settings):
+    """One ``[[faults.kill]]`` entry: a worker process dies and later restarts."""
+
+    settings_name: ClassVar[str] = "faults.kill"
+
+    worker: int = setting(description="Index of the worker (0-based).", ge=0)
+    at_s: float = setting(description="When it dies, in seconds from the start.", ge=0)
+    back_s: float | None = setting(
+        None, "When it is restarted (an empty weights cache), in seconds from the start; "
+        "after `at_s`.", default_text="never", gt=0)
+
+    @model_validator(mode="after")
+    def _back_after_death(self) -> KillFault:
+        if self.back_s is not None and self.back_s <= self.at_s:
+            raise ValueError(f"back_s ({self.back_s:g}) must be after at_s ({self.at_s:g})")
+        return self
+
+
+class HangFault(Settings):
+    """One ``[[faults.hang]]`` entry: a worker stops (SIGSTOP) and resumes (SIGCONT)."""
+
+    settings_name: ClassVar[str] = "faults.hang"
+
+    worker: int = setting(description="Index of the worker (0-based).", ge=0)
+    at_s: float = setting(description="When it stops, in seconds from the start.", ge=0)
+    for_s: float = setting(description="How long it stays stopped, in seconds.", gt=0)
+
+
+class SlowNetworkFault(Settings):
+    """One ``[[faults.slow_network]]`` entry: messages to and from a worker take longer."""
+
+    settings_name: ClassVar[str] = "faults.slow_network"
+
+    worker: int = setting(description="Index of the worker (0-based).", ge=0)
+    at_s: float = setting(description="When it starts, in seconds from the start.", ge=0)
+    for_s: float = setting(description="How long it lasts, in seconds.", gt=0)
+    delay_ms: float = setting(description="Extra one-way delay of each message, in "
+                              "milliseconds.", gt=0)
+
+
+class FaultSettings(Settings):
+    """``[faults]``: faults injected into a run. The simulator models each one in its
+    network and workers, deterministically; a live run (`clockwork serve --replay`)
+    kills, restarts, stops and resumes the worker processes at the same times
+    (`slow_network` is simulator-only)."""
+
+    settings_name: ClassVar[str] = "faults"
+
+    kill: list[KillFault] = setting(default_factory=list, description="Workers that die "
+                                    "(and perhaps restart): `{worker, at_s, back_s}`.")
+    hang: list[HangFault] = setting(default_factory=list, description="Workers that stop "
+                                    "for a while: `{worker, at_s, for_s}`.")
+    slow_network: list[SlowNetworkFault] = setting(
+        default_factory=list, description="Slow links: `{worker, at_s, for_s, delay_ms}` "
+        "(simulator only).")
+    detect_ms: float = setting(
+        1.0, "Simulator: how long after a worker dies the controller sees its connection "
+        "close, in milliseconds.", ge=0)
+    reconnect_s: float = setting(
+        0.7, "Simulator: how long after a worker restarts the controller is connected to it "
+        "again (process start-up and the controller's retry), in seconds.", ge=0)
+
+
 class ScenarioSettings(Settings):
     """A scenario file (top level)."""
 
@@ -613,6 +677,8 @@ class ScenarioSettings(Settings):
     workloads: list[WorkloadEntry] = setting(
         description="The `[[workloads]]` entries: who sends requests.", min_length=1,
         expected="at least one [[workloads]] table")
+    faults: FaultSettings = setting(
+        default_factory=FaultSettings, description="The `[faults]` table.")
 
 
 def scenario_defaults() -> dict[str, Any]:

@@ -1,13 +1,14 @@
 """The controller service: the scheduler core driven by gRPC events on a real clock.
 
-Everything runs on one asyncio event loop:
+The glue between the policy and the world is ``controller.loop.ControllerLoop`` (the
+same driver the simulator runs); this module is its transport, on one asyncio loop:
 
-- client ``Infer`` / ``InferStream`` -> ``Request`` -> ``policy.on_request``
-- worker result batches -> ``policy.on_result`` (times converted to our clock)
-- a timer at ``policy.next_wakeup()`` -> ``policy.on_tick``
-- the actions returned are queued per worker and written as one ``ActionBatch`` per
-  worker per loop iteration (windows converted to that worker's clock);
-- ``policy.drain_replies()`` answers the waiting client calls, each exactly once.
+- client ``Infer`` / ``InferStream`` -> ``Request`` -> ``loop.requests``;
+- worker result batches -> ``loop.results`` (times converted to our clock);
+- ``loop.arm`` sets an asyncio timer that calls ``loop.tick``;
+- ``send`` queues a worker's actions; its writer task writes them as one
+  ``ActionBatch`` per loop iteration (windows converted to that worker's clock);
+- ``answer`` answers a waiting client call (exactly once per request).
 
 Each worker's clock offset (worker - controller) is estimated from round trips: a burst
 of ``ClockSync`` calls at connect, then echoes on the action stream; the estimate is the
@@ -39,6 +40,7 @@ from clockwork.requests import Reply, Request
 from clockwork.time import ms
 from controller import make_policy, split_settings
 from controller.config import SchedulerConfig
+from controller.loop import ControllerLoop
 from controller.metrics import ControllerMetrics
 from controller.policy import GpuSpec, Policy
 
@@ -49,8 +51,13 @@ _RESULT_KEY = {t: (f"{t.name.lower()}_rejected", f"{t.name.lower()}_ok") for t i
 _STATUS_NAME = {s: s.name.lower() for s in RequestStatus}
 _STATUS_KEY = {s: f"requests_{s.name.lower()}" for s in RequestStatus}
 LOG_FLUSH_S = 5.0
+RECONNECT_S = 0.25  # between attempts to reach a lost worker again
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
                    ("grpc.max_send_message_length", 64 << 20)]
+# to a worker: retry a refused connection quickly (a restarted worker is back in ~0.3 s)
+WORKER_CHANNEL_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 100),
+                          ("grpc.min_reconnect_backoff_ms", 100),
+                          ("grpc.max_reconnect_backoff_ms", 500)]
 SERVER_OPTIONS = [*CHANNEL_OPTIONS, *LISTEN_OPTIONS]
 
 
@@ -99,7 +106,6 @@ class WorkerLink:
     state: pb.WorkerState | None = None
     pending: list = field(default_factory=list)  # Actions to write
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    outstanding: dict = field(default_factory=dict)  # action id -> Action
     tasks: list = field(default_factory=list)
     echo_seq: int = 0
     echo_due: bool = False
@@ -136,7 +142,6 @@ class ControllerNode:
         self.pending: dict[int, Request] = {}  # request id -> Request (not yet answered)
         self.next_id = 1
         self.counters: dict[str, int] = {}
-        self._tick_at: int | None = None
         self._tick_handle: asyncio.TimerHandle | None = None
         self._stopping = False
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -176,12 +181,13 @@ class ControllerNode:
                 specs.append(GpuSpec(link.index, g.gpu, g.pages))
         self.policy = make_policy(self.policy_name, list(self.profiles.values()), specs, self.cfg,
                                   self.settings)
+        self.ctrl = ControllerLoop(self.policy, self, specs, self.telemetry, observer=self)
         for link in self.links:
             self._start_link_tasks(link)
 
     async def _open(self, link: WorkerLink) -> None:
         """One connection attempt: clock sync, Connect stream, Hello, state."""
-        ch = grpc.aio.insecure_channel(link.address, options=CHANNEL_OPTIONS)
+        ch = grpc.aio.insecure_channel(link.address, options=WORKER_CHANNEL_OPTIONS)
         try:
             await asyncio.wait_for(ch.channel_ready(), 2.0)
             stub = pbg.WorkerStub(ch)
@@ -319,125 +325,63 @@ class ControllerNode:
                 t.cancel()
         if link.channel is not None:
             asyncio.ensure_future(link.channel.close())
-        lost = list(link.outstanding.values()) + link.pending
-        link.outstanding.clear()
         link.pending = []
-        print(f"controller: lost worker {link.address} ({link.error or 'stream ended'}); "
-              f"failing {len(lost)} action(s), reconnecting", file=sys.stderr, flush=True)
+        err = link.error or "stream ended"
         link.error = ""
-        self._set_available(link, False)  # the policy places nothing there meanwhile
-        self._fail_actions(lost, "worker lost")
+        # the policy places nothing there meanwhile; its outstanding actions fail
+        n = self.ctrl.worker_lost(link.index, now_ns(), "worker lost")
+        print(f"controller: lost worker {link.address} ({err}); failed {n} action(s), "
+              "reconnecting", file=sys.stderr, flush=True)
         asyncio.ensure_future(self._reconnect(link))
-
-    def _set_available(self, link: WorkerLink, available: bool) -> None:
-        now = now_ns()
-        out: list[Action] = []
-        for (w, _g), idx in self.gpu_index.items():
-            if w == link.index:
-                out.extend(self.policy.set_gpu_available(idx, available, now))
-        self._after(out, now)
 
     async def _reconnect(self, link: WorkerLink) -> None:
         while not self._stopping and not link.connected:
             try:
                 await self._open(link)
             except (grpc.aio.AioRpcError, TimeoutError, ConnectionError, OSError, ValueError):
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(RECONNECT_S)
                 continue
             print(f"controller: worker {link.address} reconnected", file=sys.stderr, flush=True)
             self._start_link_tasks(link)
-            self._set_available(link, True)  # Hello reset its cache: empty GPUs again
-
-    def _fail_actions(self, actions: list[Action], why: str) -> None:
-        now = now_ns()
-        results = []
-        for a in actions:
-            # INFER: WEIGHTS_NOT_PRESENT makes the scheduler forget that copy and retry or
-            # answer the requests; LOAD/EVICT: any error drops the copy from its view.
-            code = (ErrorCode.WEIGHTS_NOT_PRESENT if a.type == ActionType.INFER
-                    else ErrorCode.NETWORK_SEND_TOO_LATE)
-            results.append(Result(id=a.id, type=a.type, status=code, worker=a.worker, gpu=a.gpu,
-                                  model=a.model, batch_size=a.batch_size, received=now,
-                                  begin=now, end=now, message=why))
-        if results:
-            # later, not from inside the policy call that produced them (no hot loop)
-            self.loop.call_later(0.002, self._feed_results, results)
-
-    def _feed_results(self, results: list[Result]) -> None:
-        if self._stopping:
-            return
-        now = now_ns()
-        out: list[Action] = []
-        tel = self.telemetry
-        for r in results:
-            self.metrics.result(None, r)
-            if tel is not None:
-                tel.result(r, now)
-            out.extend(self.policy.on_result(r, now))
-        self._after(out, now)
+            self.ctrl.worker_back(link.index, now_ns())  # Hello reset its cache: empty GPUs
 
     # ------------------------------------------------------------------ events
 
     def _on_results(self, link: WorkerLink, msgs) -> None:
-        now = now_ns()
-        off = link.offset
-        policy = self.policy
-        outstanding = link.outstanding
-        out: list[Action] = []
-        metrics, tel = self.metrics, self.telemetry
-        for m in msgs:
-            a = outstanding.pop(m.id, None)
-            if a is None:
-                self.count("results_unknown")
-                continue
-            r = msg_to_result(m, link.index, off)
-            if r.end > now:  # offset error: never let a result finish in our future
-                r.end = now
-            self.count(_RESULT_KEY[r.type][r.status == ErrorCode.SUCCESS])
-            metrics.result(a, r)
-            if tel is not None:
-                tel.result(r, now)
-            out.extend(policy.on_result(r, now))
-        self._after(out, now)
+        off, w = link.offset, link.index
+        self.ctrl.results(w, [msg_to_result(m, w, off) for m in msgs], now_ns())
 
-    def _after(self, actions: list[Action], now: int) -> None:
-        links = self.links
-        dead: list[Action] = []
-        tel = self.telemetry
-        for a in actions:
-            a.sent_at = now
-            link = links[a.worker]
-            self.count(_SENT_KEY[a.type])
-            self.metrics.action_sent(a.type.name)
-            if tel is not None:
-                tel.sent(a)
-            if link.connected:
-                link.outstanding[a.id] = a
-                link.pending.append(a)
-                link.wake.set()
-            else:
-                dead.append(a)
-        if dead:
-            self._fail_actions(dead, "worker not connected")
-        self._answer(self.policy.drain_replies())
-        self._arm()
+    # -- the ControllerLoop's transport (controller.loop.ControllerTransport) and observer
 
-    def _arm(self) -> None:
-        nw = self.policy.next_wakeup()
-        if nw is None or (self._tick_at is not None and self._tick_at <= nw):
-            return
+    def send(self, worker: int, actions: list[Action]) -> None:
+        link = self.links[worker]
+        link.pending.extend(actions)
+        link.wake.set()
+
+    def answer(self, reply: Reply) -> None:
+        self._answer((reply,))
+
+    def arm(self, at: int) -> None:
         if self._tick_handle is not None:
             self._tick_handle.cancel()
-        self._tick_at = nw
-        self._tick_handle = self.loop.call_later(max(0.0, (nw - now_ns()) / 1e9), self._on_tick)
+        self._tick_handle = self.loop.call_later(max(0.0, (at - now_ns()) / 1e9), self._on_tick)
 
     def _on_tick(self) -> None:
-        self._tick_at = None
         self._tick_handle = None
-        if self._stopping:
-            return
-        now = now_ns()
-        self._after(self.policy.on_tick(now), now)
+        if not self._stopping:
+            self.ctrl.tick(now_ns())
+
+    def sent(self, a: Action) -> None:
+        self.count(_SENT_KEY[a.type])
+        self.metrics.action_sent(a.type.name)
+
+    def result(self, a: Action | None, r: Result) -> None:
+        if a is not None:
+            self.count(_RESULT_KEY[r.type][r.status == ErrorCode.SUCCESS])
+        self.metrics.result(a, r)
+
+    def unknown(self, worker: int, r: Result) -> None:
+        self.count("results_unknown")
 
     def _answer(self, replies: list[Reply]) -> None:
         pending = self.pending
@@ -476,13 +420,9 @@ class ControllerNode:
         """Several client requests that arrived together (one stream message): admitted
         at one ``now``, their actions sent and replies drained once."""
         now = now_ns()
-        out: list[Action] = []
-        on_request = self.policy.on_request
-        for req in reqs:
-            r = self._admit(req, deliver, now)
-            if r is not None:
-                out.extend(on_request(r, now))
-        self._after(out, now)
+        admit = self._admit
+        self.ctrl.requests([r for r in (admit(req, deliver, now) for req in reqs)
+                            if r is not None], now)
 
     def _admit(self, req: pb.InferRequest, deliver, now: int) -> Request | None:
         """Check a request; answer it at once if it is invalid, else make its Request."""

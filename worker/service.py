@@ -1,10 +1,11 @@
 """The worker service: gRPC shell around the pure ``GpuExecutor`` on a real clock.
 
-One ``GpuExecutor`` per GPU. A controller opens ``Worker.Connect`` and sends ``Hello``
-(its instance list); the worker answers with its state and then, for every batch of
-actions, submits each one with ``now`` = the real clock. One asyncio task sleeps until
-the earliest ``next_time()`` of all executors and calls ``advance(now)``. Finished results
-are sent back in batches (everything ready when the stream is free goes in one message).
+One ``GpuExecutor`` per GPU, driven by ``worker.loop.WorkerLoop`` (the same driver the
+simulator runs); this module is its transport. A controller opens ``Worker.Connect`` and
+sends ``Hello`` (its instance list); the worker answers with its state and then hands
+every batch of actions to ``loop.submit`` with ``now`` = the real clock. ``loop.arm``
+sets an asyncio timer that calls ``loop.timer``. Finished results are sent back in
+batches (everything ready when the stream is free goes in one message).
 
 Windows and result times are this process's monotonic clock; the controller converts.
 
@@ -39,6 +40,7 @@ from clockwork.protocol.pacing import Pacer
 from clockwork.protocol.wire import msg_to_action, msg_to_array, result_to_msg, tensor_to_msg
 from worker.devices.emulated import EmulatedDevice
 from worker.executor import GpuExecutor
+from worker.loop import WorkerLoop
 
 DEVICES = ("emulated", "cpu", "cuda")
 DEFAULT_PROFILES = {"emulated": "v100-reference", "cpu": "cpu", "cuda": "cuda"}
@@ -80,7 +82,7 @@ class WorkerNode:
         self._out_ready = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0
+        self.wloop: WorkerLoop | None = None  # the driver (worker.loop); this node is its transport
         self._zeros: dict[tuple[str, int], list[pb.Tensor]] = {}
         if device != "emulated":
             self.real = [_open_device(device, self.pages, g) for g in range(gpus)]
@@ -102,6 +104,10 @@ class WorkerNode:
                                                                       *self.slow))
             for g in range(self.n_gpus)
         ]
+        if self.wloop is None:
+            self.wloop = WorkerLoop(self.worker_id, self.executors, self, real=bool(self.real))
+        else:
+            self.wloop.reset(self.worker_id, self.executors)
         self._inputs = {}
         self._want = set()
         self._out = []
@@ -166,7 +172,6 @@ class WorkerNode:
             inst[i.name] = p.renamed(i.name)
         if h.reset or not self.executors or inst.keys() != self.instances.keys():
             self._reset(inst)
-        self._rearm()
         return self.state(missing)
 
     def state(self, missing: list[str] | None = None) -> pb.WorkerState:
@@ -181,28 +186,43 @@ class WorkerNode:
 
     def submit(self, batch: pb.ActionBatch) -> None:
         now = now_ns()
-        out: list[Result] = []
-        n = len(self.executors)
         real = bool(self.real)
+        actions = []
         for m in batch.actions:
             a = msg_to_action(m, self.worker_id)
-            if 0 <= a.gpu < n:
-                if m.want_outputs:
-                    self._want.add(a.id)
-                if real and m.inputs:
-                    self._inputs[a.id] = list(m.inputs)
-                res = self.executors[a.gpu].submit(a, now)
-                if real:
-                    self._evicted(res)
-                out.extend(res)
-            else:
-                out.append(Result(id=a.id, type=a.type, status=ErrorCode.INVALID_GPU,
-                                  worker=self.worker_id, gpu=a.gpu, model=a.model,
-                                  batch_size=a.batch_size, received=now, begin=now, end=now,
-                                  message=f"no gpu {a.gpu} (worker has {n})"))
-        self._emit(out)
-        self._dispatch()
-        self._rearm()
+            if m.want_outputs:
+                self._want.add(a.id)
+            if real and m.inputs:
+                self._inputs[a.id] = list(m.inputs)
+            actions.append(a)
+        self.wloop.submit(actions, now)
+
+    # -- the WorkerLoop's transport (worker.loop.WorkerTransport) -------------------------
+
+    def results(self, results: list[Result]) -> None:
+        if self.real:
+            self._evicted(results)
+        self._emit(results)
+
+    def run(self, e: GpuExecutor, a) -> None:
+        """Hand an action the executor started open to its GPU's EXEC / LOAD thread."""
+        loop = asyncio.get_running_loop()
+        dev = self.real[e.gpu]
+        ex, ld = self._threads[e.gpu]
+        if a.type == ActionType.INFER:
+            ex.submit(self._run_infer, loop, e, dev, a, self._inputs.pop(a.id, None))
+        else:
+            ld.submit(self._run_load, loop, e, dev, a)
+
+    def arm(self, at: int) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        loop = self._loop or asyncio.get_running_loop()
+        self._timer = loop.call_later(max(0.0, (at - now_ns()) / 1e9), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.wloop.timer(now_ns())
 
     # -- real devices ----------------------------------------------------------------------
 
@@ -212,20 +232,6 @@ class WorkerNode:
                 self.real[r.gpu].evict(r.model)
             elif r.type == ActionType.INFER:
                 self._inputs.pop(r.id, None)
-
-    def _dispatch(self) -> None:
-        """Hand the actions the executors started open to this GPU's EXEC / LOAD thread."""
-        if not self.real:
-            return
-        loop = asyncio.get_running_loop()
-        for e in self.executors:
-            for a in e.take_started():
-                dev = self.real[e.gpu]
-                ex, ld = self._threads[e.gpu]
-                if a.type == ActionType.INFER:
-                    ex.submit(self._run_infer, loop, e, dev, a, self._inputs.pop(a.id, None))
-                else:
-                    ld.submit(self._run_load, loop, e, dev, a)
 
     def _run_infer(self, loop, e: GpuExecutor, dev, a, inputs) -> None:
         """EXEC thread: INPUT copy, EXEC, OUTPUT copy; times measured here."""
@@ -263,11 +269,7 @@ class WorkerNode:
 
     def _completed(self, e: GpuExecutor, aid: int, t0: int, t1: int, status: ErrorCode,
                    message: str, duration: int | None, outs) -> None:
-        res = e.complete(aid, now_ns(), t0, t1, status, message, duration, outs)
-        self._evicted(res)
-        self._emit(res)
-        self._dispatch()
-        self._rearm()
+        self.wloop.complete(e, aid, now_ns(), t0, t1, status, message, duration, outs)
 
     def _outputs(self, model: str, batch: int) -> list[pb.Tensor]:
         """Zeros of the profile's output shapes and dtypes (emulated device)."""
@@ -309,46 +311,15 @@ class WorkerNode:
         return out
 
     async def run_timer(self) -> None:
-        """Keep a timer armed at the earliest executor time (``_rearm``); runs until
-        cancelled. A loop timer handle, not a sleeping task: arming one per completion
-        is cheap."""
+        """Bind the worker's timer to the running event loop; runs until cancelled (then
+        the armed timer is cancelled)."""
         self._loop = asyncio.get_running_loop()
-        self._rearm()
         try:
             await asyncio.Event().wait()
         finally:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
-
-    def _rearm(self) -> None:
-        """(Re)arm the timer for the earliest executor time, if that is sooner than the
-        one armed (a timer that fires early just finds nothing due and re-arms)."""
-        if self._loop is None:
-            return
-        nt = None
-        for e in self.executors:
-            t = e.next_time()
-            if t is not None and (nt is None or t < nt):
-                nt = t
-        if nt is None or (self._timer is not None and self._timer_at <= nt):
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at = nt
-        self._timer = self._loop.call_later(max(0.0, (nt - now_ns()) / 1e9), self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        now = now_ns()
-        out: list[Result] = []
-        for e in self.executors:
-            out.extend(e.advance(now))
-        if self.real:
-            self._evicted(out)
-        self._emit(out)
-        self._dispatch()
-        self._rearm()
 
 
 def _open_device(kind: str, pages: int, index: int = 0):

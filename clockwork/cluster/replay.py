@@ -51,10 +51,13 @@ class ReplayResult:
 
 
 async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
-                 progress: bool = False, check_packages: str | None = None) -> ReplayResult:
+                 progress: bool = False, check_packages: str | None = None,
+                 on_start=None) -> ReplayResult:
     """Drive ``sc``'s workloads against a live controller. ``check_packages``: send real
     inputs (a seeded pool per model) and check every answer's output against the zoo
-    model's numpy reference with that package folder's weights (``summary["outputs"]``)."""
+    model's numpy reference with that package folder's weights (``summary["outputs"]``).
+    ``on_start(t0)``: called with the replay's time zero (``time.monotonic_ns``) as the
+    first request is due (``clockwork serve`` starts its ``[faults]`` from it)."""
     from clockwork.client import AsyncClient
     from clockwork.profiles import load_profile_set
     from clockwork.resources import scenario_folder
@@ -113,6 +116,8 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     answered: set[int] = set()
     done_evt = asyncio.Event()
     t0 = now_ns()
+    if on_start is not None:
+        on_start(t0)
 
     def on_done(fut: asyncio.Future, req: Request, widx: int) -> None:
         nonlocal seq

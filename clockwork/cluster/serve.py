@@ -111,6 +111,20 @@ class LocalCluster:
         self.worker_addresses: list[str] = []
         self.controller: _Child | None = None
         self.address = ""
+        self._worker_argv: list[list[str]] = []
+
+    def restart_worker(self, i: int) -> None:
+        """Start worker ``i`` again on its port (after it died); returns once it listens.
+        The controller reconnects to it by itself."""
+        old = self.workers[i]
+        if old.proc.poll() is None:
+            raise RuntimeError(f"worker {i} is still running")
+        port = self.worker_addresses[i].rpartition(":")[2]
+        argv = list(self._worker_argv[i])
+        argv[argv.index("--port") + 1] = port
+        child = _Child(f"worker{i}", argv, self.echo)
+        self.workers[i] = child
+        child.wait_address(self.timeout)
 
     def start(self) -> LocalCluster:
         try:
@@ -126,6 +140,7 @@ class LocalCluster:
                         argv += ["--packages", str(self.packages)]
                 if i < len(self.worker_args):
                     argv += self.worker_args[i]
+                self._worker_argv.append(argv)
                 self.workers.append(_Child(f"worker{i}", argv, self.echo))
             self.worker_addresses = [w.wait_address(self.timeout) for w in self.workers]
             argv = _cli() + ["controller", "--host", self.host, "--port", str(self.port),
@@ -334,13 +349,23 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace) -> int:
           f"controller at {cluster.address}; replaying {len(sc.workloads)} workload(s) for "
           f"{sc.duration_s:.0f} s", file=sys.stderr, flush=True)
     progress = not args.quiet and sys.stderr.isatty()
+    from clockwork.cluster.faults import LiveFaults
+
+    try:
+        faults = LiveFaults(cluster, sc.faults)
+    except ValueError as e:
+        print(f"clockwork serve: {e}", file=sys.stderr)
+        return 2
     try:
         # real devices: answers carry real outputs; check every one against the reference
         check = cluster.packages if cluster.device != "emulated" else None
-        res = asyncio.run(replay(sc, cluster.address, 20000, progress, check))
+        res = asyncio.run(replay(sc, cluster.address, 20000, progress, check,
+                                 on_start=faults.start if faults else None))
     except (ScenarioError, ClockworkError, ValueError) as e:
         print(f"clockwork serve: {e}", file=sys.stderr)
         return 2
+    finally:
+        faults.stop()
     emit_run(res, sc, f"live cluster, {res.wall_s:.1f} s wall; every request answered exactly "
              f"once: {res.answered_once}", args.out)
     return 0 if res.answered_once else 1

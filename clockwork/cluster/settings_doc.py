@@ -14,10 +14,14 @@ from pathlib import Path
 
 from clockwork.settings import (
     ClusterSettings,
+    FaultSettings,
+    HangFault,
+    KillFault,
     ModelEntry,
     ProfileFile,
     ScenarioSettings,
     SchedulerTable,
+    SlowNetworkFault,
     TensorEntry,
     WorkloadEntry,
     markdown_table,
@@ -97,6 +101,16 @@ def render() -> str:
         doc = (cls.__doc__ or "").strip().splitlines()[0].replace("``", "`")
         parts.append(f'### `policy = "{name}"`\n\n{doc} The policy is described in '
                      f"`controller/baselines/{name}.py`.\n\n" + markdown_table(cls))
+    parts.append(_section(
+        "`[faults]`", "Faults injected into a run. The simulator models each one in its "
+        "network and workers, deterministically; a live run (`clockwork serve SCENARIO "
+        "--replay`) kills, restarts, stops and resumes the worker processes at the same "
+        "times, counted from the start of the replay. `slow_network` is simulator-only.",
+        markdown_table(FaultSettings)))
+    for cls, key in ((KillFault, "kill"), (HangFault, "hang"),
+                     (SlowNetworkFault, "slow_network")):
+        first = (cls.__doc__ or "").strip().splitlines()[0].replace("``", "`")
+        parts.append(f"### `{key}` entries\n\n{first}\n\n" + markdown_table(cls))
     parts.append(_section(
         "Profile files", "`profiles/<set>/<model>.json`: how long one model takes on one kind "
         "of device. Checked when the profile set is loaded.", markdown_table(ProfileFile)))

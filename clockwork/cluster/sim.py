@@ -1,5 +1,6 @@
-"""An in-process cluster on a virtual clock: the production scheduler and the
-worker semantics wired by a discrete-event loop (composition root).
+"""An in-process cluster on a virtual clock (composition root): the controller's and the
+workers' own drivers (``controller.loop``, ``worker.loop``) -- the code the live services
+run -- joined by a simulated network in a discrete-event loop.
 
 ``simulate(scenario)`` runs a scenario and returns a ``SimResult`` whose
 ``summary`` holds the keys listed in docs/contracts.md. The same seed gives the same
@@ -23,16 +24,15 @@ from clockwork.requests import Request
 from clockwork.resources import scenario_folder
 from clockwork.scenario import Scenario, ScenarioError, instance_names, load_scenario
 from clockwork.telemetry import Telemetry, format_summary, write_run
-from clockwork.time import NS_PER_S, VirtualClock, ms, sec
+from clockwork.time import NS_PER_S, ms, sec
 from clockwork.workloads import Workload, build_workload
 from controller import make_policy, split_settings
 from controller.config import SchedulerConfig
+from controller.loop import ControllerLoop
 from controller.policy import GpuSpec, Policy
 from worker.devices.emulated import EmulatedDevice
 from worker.executor import GpuExecutor
-
-# event kinds
-_OPEN, _SUBMIT, _TO_WORKER, _WAKE, _TO_CTRL, _TICK = range(6)
+from worker.loop import WorkerLoop
 
 
 @dataclass
@@ -68,7 +68,19 @@ def run_info(wall_s: float, sc: Scenario, events: int = 0) -> dict:
     }
 
 
+# event kinds
+_OPEN, _SUBMIT, _TO_WORKER, _WAKE, _TO_CTRL, _TICK, _FAULT = range(7)
+
+
 class Simulation:
+    """A scenario on a virtual clock: one ``ControllerLoop`` and one ``WorkerLoop`` per
+    worker -- the drivers the live services run -- joined by a simulated network (an
+    event queue) instead of gRPC. ``[faults]`` are modelled here: a killed worker loses
+    its state and the messages sent to it, and the controller sees its connection close
+    ``detect_ms`` later; a hung worker handles nothing until it resumes; a slow link
+    delays messages. Messages between the controller and a worker stay in order (one
+    connection each way)."""
+
     def __init__(self, sc: Scenario, progress: bool = False) -> None:
         self.sc = sc
         self.progress = progress
@@ -84,8 +96,8 @@ class Simulation:
             raise ScenarioError(str(e)) from e
         pages = int(c.get("weights_cache_pages", self.pset.weights_cache_pages))
         W, G = int(c["workers"]), int(c["gpus_per_worker"])
-        self.G = G
-        specs = [GpuSpec(w, g, pages) for w in range(W) for g in range(G)]
+        self.W, self.G = W, G
+        self.specs = specs = [GpuSpec(w, g, pages) for w in range(W) for g in range(G)]
         sched = dict(sc.scheduler)
         policy = sched.pop("policy", "clockwork")
         try:
@@ -96,15 +108,16 @@ class Simulation:
         except (TypeError, ValueError) as e:
             raise ScenarioError(f"[scheduler]: {e}") from e
         self.cfg = cfg
+        self.faults = sc.data.get("faults") or {}
+        for kind in ("kill", "hang", "slow_network"):
+            for i, f in enumerate(self.faults.get(kind, ())):
+                if f["worker"] >= W:
+                    raise ScenarioError(f"faults.{kind}.{i}.worker: {f['worker']} is not one "
+                                        f"of the {W} worker(s) (0 ... {W - 1})")
         root = np.random.SeedSequence(sc.seed)
         s_work, s_dev, s_net = root.spawn(3)
-        dev_seeds = s_dev.spawn(len(specs))
-        self.executors = [
-            GpuExecutor(s.worker, s.gpu, pages, self.profiles,
-                        EmulatedDevice(float(c["noise"]), int(dev_seeds[i].generate_state(1)[0]),
-                                       float(c["slow_prob"]), float(c.get("slow_factor", 3.0))))
-            for i, s in enumerate(specs)
-        ]
+        self._dev_seeds = [int(s.generate_state(1)[0]) for s in s_dev.spawn(len(specs))]
+        self._dev_args = (float(c["noise"]), float(c["slow_prob"]), float(c.get("slow_factor", 3.0)))
         self.pages = pages
         self.latency = ms(float(c["network_latency_ms"]))
         self.jitter = ms(float(c["jitter_ms"]))
@@ -122,8 +135,19 @@ class Simulation:
             w.bind(0, self.duration, np.random.default_rng(wseeds[i]), exec1)
             self.workloads.append(w)
         self.telemetry = Telemetry(0)
-        self.clock = VirtualClock(0)  # the run's time; every component is handed clock.now()
         self.max_pages_used = 0
+        self.fault_log: list[tuple[int, str]] = []  # (time, what happened)
+
+    def executors_of(self, w: int, restart: int = 0) -> list[GpuExecutor]:
+        """Worker ``w``'s GPUs with empty caches (``restart``: how many times it restarted;
+        a restarted worker's emulated devices draw new random numbers)."""
+        noise, slow_prob, slow_factor = self._dev_args
+        out = []
+        for g in range(self.G):
+            seed = self._dev_seeds[w * self.G + g] + 7919 * restart
+            out.append(GpuExecutor(w, g, self.pages, self.profiles,
+                                   EmulatedDevice(noise, seed, slow_prob, slow_factor)))
+        return out
 
     # ------------------------------------------------------------------ network
 
@@ -152,65 +176,149 @@ class Simulation:
         heap: list = []
         push, pop = heapq.heappush, heapq.heappop
         seq = 0
-        policy = self.policy
         tel = self.telemetry
-        executors = self.executors
-        G = self.G
+        W = self.W
         workloads = self.workloads
-        wake_at: list[int | None] = [None] * len(executors)
         open_next: list = [None] * len(workloads)
-        state = {"tick": None, "outstanding": 0, "next_id": 0}
-        on_request, on_result, on_tick = policy.on_request, policy.on_result, policy.on_tick
-        drain, next_wakeup = policy.drain_replies, policy.next_wakeup
+        state = {"outstanding": 0, "next_id": 0, "now": 0}
         delay = self._delay
+        # per worker: alive, hung until (0: not hung), restarts, started at, extra delay,
+        # the last arrival time each way (messages stay in order)
+        alive = [True] * W
+        hung = [0] * W
+        restarts = [0] * W
+        started = [0] * W
+        slow = [0] * W
+        last_in = [0] * W  # controller -> worker
+        last_out = [0] * W  # worker -> controller
 
-        def after_policy(actions, now):
-            nonlocal seq
-            for a in actions:
-                tel.sent(a)
+        def arrival(w: int, now: int, last: list) -> int:
+            t = now + delay() + slow[w]
+            if t < last[w]:
+                t = last[w]
+            last[w] = t
+            return t
+
+        class ToWorkers:  # the controller's side of the network
+            @staticmethod
+            def send(w, actions):
+                nonlocal seq
                 seq += 1
-                push(heap, (now + delay(), seq, _TO_WORKER, (a.worker * G + a.gpu, a)))
-            for rep in drain():
+                now = state["now"]
+                push(heap, (arrival(w, now, last_in), seq, _TO_WORKER, (w, now, actions)))
+
+            @staticmethod
+            def answer(rep):
+                nonlocal seq
                 tel.reply(rep)
                 state["outstanding"] -= 1
                 r = rep.request
-                w = workloads[r.tag] if r.tag is not None else None
-                if w is not None:
-                    for t, m, slo in w.on_reply(r.model, rep.status == 0, now):
+                if r.tag is not None:
+                    now = state["now"]
+                    for t, m, slo in workloads[r.tag].on_reply(r.model, rep.status == 0, now):
                         seq += 1
                         push(heap, (t, seq, _SUBMIT, (m, slo, r.tag)))
-            nw = next_wakeup()
-            if nw is not None:
-                tick = state["tick"]
-                if tick is None or nw < tick:
-                    if nw < now:
-                        nw = now
-                    state["tick"] = nw
-                    seq += 1
-                    push(heap, (nw, seq, _TICK, None))
+
+            @staticmethod
+            def arm(at):
+                nonlocal seq
+                seq += 1
+                push(heap, (at, seq, _TICK, None))
+
+        class ToController:  # one worker's side of the network
+            __slots__ = ("w", "restart")
+
+            def __init__(self, w: int, restart: int) -> None:
+                self.w, self.restart = w, restart
+
+            def results(self, results):
+                nonlocal seq
+                w = self.w
+                seq += 1
+                push(heap, (arrival(w, state["now"], last_out), seq, _TO_CTRL, (w, results)))
+
+            def run(self, executor, action):  # emulated executors never start open actions
+                raise AssertionError("the simulator's executors are emulated")
+
+            def arm(self, at):
+                nonlocal seq
+                seq += 1
+                push(heap, (at, seq, _WAKE, (self.w, self.restart)))
+
+        ctrl = ControllerLoop(self.policy, ToWorkers, self.specs, tel)
+        self.controller = ctrl
+        wloops = [WorkerLoop(w, self.executors_of(w), ToController(w, 0)) for w in range(W)]
+        self.workers = wloops
 
         def submit(model, slo, widx, now):
             rid = state["next_id"]
             state["next_id"] = rid + 1
             state["outstanding"] += 1
-            after_policy(on_request(Request(rid, model, now, slo, widx), now), now)
+            ctrl.request(Request(rid, model, now, slo, widx), now)
 
-        def worker_results(idx, results, now):
+        def track_pages(w):
+            for ex in wloops[w].executors:
+                used = ex.pages_used
+                if used > self.max_pages_used:
+                    self.max_pages_used = used
+
+        def fault_at(t, what, *args):
             nonlocal seq
-            ex = executors[idx]
-            used = ex.pages_used
-            if used > self.max_pages_used:
-                self.max_pages_used = used
-            for res in results:
-                seq += 1
-                push(heap, (now + delay(), seq, _TO_CTRL, res))
-            nt = ex.next_time()
-            if nt is not None:
-                cur = wake_at[idx]
-                if cur is None or nt < cur:
-                    wake_at[idx] = nt
-                    seq += 1
-                    push(heap, (nt, seq, _WAKE, idx))
+            seq += 1
+            push(heap, (t, seq, _FAULT, (what, args)))
+
+        fl = self.faults
+        for f in fl.get("kill", ()):
+            fault_at(sec(f["at_s"]), "kill", f["worker"])
+            if f.get("back_s") is not None:
+                fault_at(sec(f["back_s"]), "restart", f["worker"])
+        for f in fl.get("hang", ()):
+            fault_at(sec(f["at_s"]), "hang", f["worker"], sec(f["at_s"] + f["for_s"]))
+        for f in fl.get("slow_network", ()):
+            fault_at(sec(f["at_s"]), "slow", f["worker"], ms(f["delay_ms"]))
+            fault_at(sec(f["at_s"] + f["for_s"]), "slow", f["worker"], 0)
+        detect = ms(float(fl.get("detect_ms", 1.0)))
+        reconnect = sec(float(fl.get("reconnect_s", 0.7)))
+        log = self.fault_log
+
+        def on_fault(now, what, args):
+            nonlocal seq
+            w = args[0]
+            if what == "kill":
+                if alive[w]:
+                    alive[w] = False
+                    hung[w] = 0
+                    log.append((now, f"worker {w} killed"))
+                    fault_at(now + detect, "lost", w)
+            elif what == "lost":
+                n = ctrl.worker_lost(w, now, "worker lost")
+                log.append((now, f"controller lost worker {w}; {n} action(s) failed"))
+            elif what == "restart":
+                if not alive[w]:
+                    restarts[w] += 1
+                    alive[w] = True
+                    started[w] = now
+                    wloops[w] = WorkerLoop(w, self.executors_of(w, restarts[w]),
+                                           ToController(w, restarts[w]))
+                    log.append((now, f"worker {w} restarted"))
+                    fault_at(now + reconnect, "back", w, restarts[w])
+            elif what == "back":
+                if alive[w] and restarts[w] == args[1]:
+                    ctrl.worker_back(w, now)
+                    log.append((now, f"controller reconnected to worker {w}"))
+            elif what == "hang":
+                if alive[w] and args[1] > hung[w]:
+                    hung[w] = args[1]
+                    log.append((now, f"worker {w} hung until {args[1] / NS_PER_S:g} s"))
+                    fault_at(args[1], "resume", w, args[1])
+            elif what == "resume":
+                if alive[w] and hung[w] == args[1]:
+                    hung[w] = 0
+                    log.append((now, f"worker {w} resumed"))
+                    wloops[w].timer(now)
+                    track_pages(w)
+            elif what == "slow":
+                slow[w] = args[1]
 
         for i, w in enumerate(workloads):
             for t, m, slo in w.initial(0):
@@ -226,23 +334,31 @@ class Simulation:
         last_report = wall0
         events = 0
         hard_stop = self.duration + sec(float(self.sc.data.get("drain_s", 120.0)))
-        advance = self.clock.advance_to
+        results, tick = ctrl.results, ctrl.tick
+        now = 0
         while heap:
-            now, _, kind, a = pop(heap)
+            now, s, kind, a = pop(heap)
             if now > hard_stop:
                 break
-            advance(now)
+            state["now"] = now
             events += 1
             if kind == _TO_CTRL:
-                tel.result(a, now)
-                after_policy(on_result(a, now), now)
+                results(a[0], a[1], now)
             elif kind == _TO_WORKER:
-                idx, action = a
-                worker_results(idx, executors[idx].submit(action, now), now)
+                w, sent, actions = a
+                if not alive[w] or sent < started[w]:
+                    pass  # the worker is dead, or this was sent to the one that died
+                elif hung[w] > now:
+                    push(heap, (hung[w], s, kind, a))  # handled when it resumes, in order
+                else:
+                    wloops[w].submit(actions, now)
+                    track_pages(w)
             elif kind == _WAKE:
-                if wake_at[a] == now:
-                    wake_at[a] = None
-                    worker_results(a, executors[a].advance(now), now)
+                w, restart = a
+                wl = wloops[w]
+                if wl.armed == now and restart == restarts[w] and alive[w] and hung[w] <= now:
+                    wl.timer(now)
+                    track_pages(w)
             elif kind == _OPEN:
                 _, m, slo = open_next[a]
                 nxt = workloads[a].next_arrival()
@@ -254,10 +370,11 @@ class Simulation:
             elif kind == _SUBMIT:
                 m, slo, widx = a
                 submit(m, slo, widx, now)
-            else:  # _TICK
-                if state["tick"] == now:
-                    state["tick"] = None
-                    after_policy(on_tick(now), now)
+            elif kind == _TICK:
+                if ctrl.armed == now:
+                    tick(now)
+            else:  # _FAULT
+                on_fault(now, *a)
             if self.progress and not events & 0x3FFF:
                 wall = time.perf_counter()
                 if wall - last_report >= 1.0:
@@ -274,7 +391,7 @@ class Simulation:
         extra = {
             "seed": self.sc.seed,
             "policy": self.sc.scheduler.get("policy", "clockwork"),
-            "gpus": len(executors),
+            "gpus": len(self.specs),
             "model_instances": len(self.instances),
             "cache_pages": self.pages,
             "max_pages_used": self.max_pages_used,
@@ -284,7 +401,7 @@ class Simulation:
 
     @staticmethod
     def _quiet(heap) -> bool:
-        """Only timers left (no requests or worker traffic pending)."""
+        """Only timers left (no requests, worker traffic or faults pending)."""
         return all(k == _TICK or k == _WAKE for _, _, k, _ in heap) if len(heap) < 64 else False
 
     def _report(self, now: int, wall: float, n: int, end: str = "\r") -> None:

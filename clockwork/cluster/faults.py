@@ -1,0 +1,90 @@
+"""A scenario's ``[faults]`` on a live local cluster (composition root).
+
+``LiveFaults`` runs beside a replay (``clockwork serve SCENARIO --replay``): at each
+fault's time, counted from the moment the replay starts, it kills a worker process
+(SIGKILL) and later starts it again on the same port, or stops (SIGSTOP) and resumes
+(SIGCONT) one. The simulator models the same faults in its network and workers
+(``clockwork.cluster.sim``); ``slow_network`` has no live form here and is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+
+class LiveFaults:
+    """Plays ``faults`` (a scenario's ``[faults]`` table) against ``cluster`` (a started
+    ``LocalCluster``). ``start(t0)`` with ``t0`` the replay's start (``time.monotonic_ns``);
+    ``stop()`` ends it early and resumes any stopped worker."""
+
+    def __init__(self, cluster, faults: dict) -> None:
+        if faults.get("slow_network"):
+            raise ValueError("[faults] slow_network has no live form (the simulator models "
+                             "it); remove it to run this scenario live")
+        n = len(cluster.workers)
+        plan: list[tuple[float, str, int]] = []
+        for kind, entries in (("kill", faults.get("kill", ())), ("hang", faults.get("hang", ()))):
+            for i, f in enumerate(entries):
+                w = int(f["worker"])
+                if w >= n:
+                    raise ValueError(f"faults.{kind}.{i}.worker: {w} is not one of the {n} "
+                                     f"worker(s) (0 ... {n - 1})")
+                if kind == "kill":
+                    plan.append((float(f["at_s"]), "kill", w))
+                    if f.get("back_s") is not None:
+                        plan.append((float(f["back_s"]), "restart", w))
+                else:
+                    plan.append((float(f["at_s"]), "stop", w))
+                    plan.append((float(f["at_s"]) + float(f["for_s"]), "resume", w))
+        self.plan = sorted(plan)
+        self.cluster = cluster
+        self.log: list[tuple[float, str]] = []  # (seconds from t0, what was done)
+        self._stop = threading.Event()
+        self._stopped: set[int] = set()
+        self._thread: threading.Thread | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.plan)
+
+    def start(self, t0: int) -> None:
+        self._thread = threading.Thread(target=self._run, args=(t0,), daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10.0)
+        for w in list(self._stopped):
+            self._signal(w, signal.SIGCONT)
+
+    def _signal(self, w: int, sig: int) -> None:
+        p = self.cluster.workers[w].proc
+        if p.poll() is None:
+            os.kill(p.pid, sig)
+        if sig == signal.SIGSTOP:
+            self._stopped.add(w)
+        elif sig == signal.SIGCONT:
+            self._stopped.discard(w)
+
+    def _run(self, t0: int) -> None:
+        for at_s, what, w in self.plan:
+            left = (t0 + round(at_s * 1e9) - time.monotonic_ns()) / 1e9
+            if left > 0 and self._stop.wait(left):
+                return
+            if what == "kill":
+                self._signal(w, signal.SIGKILL)
+                self.cluster.workers[w].proc.wait()
+            elif what == "restart":
+                self.cluster.restart_worker(w)
+            elif what == "stop":
+                self._signal(w, signal.SIGSTOP)
+            else:
+                self._signal(w, signal.SIGCONT)
+            t = (time.monotonic_ns() - t0) / 1e9
+            self.log.append((t, f"{what} worker {w}"))
+            print(f"clockwork serve: {t:7.2f} s  fault: {what} worker {w}", file=sys.stderr,
+                  flush=True)

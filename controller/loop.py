@@ -1,0 +1,218 @@
+"""The controller's driver: the one piece of glue between a scheduling policy (a pure
+core) and whatever carries its messages.
+
+The simulator and the gRPC controller service both run a ``ControllerLoop``; they differ
+only in the ``ControllerTransport`` they hand it (an event queue on a virtual clock, or
+gRPC streams and an asyncio timer on the real clock). The loop never reads a clock:
+every call says what time it is (int ns, the controller's clock).
+
+What it does, for every event:
+
+- feeds the event to the policy (``request``/``requests``, ``results``, ``tick``,
+  ``worker_lost``/``worker_back``);
+- sends the actions the policy returned, one batch per worker (``send``), remembering
+  each as outstanding until its result comes back; an action for a worker that is not
+  connected fails at once;
+- answers every reply the policy produced (``answer``);
+- arms one timer (``arm``) for the policy's next wakeup or the next failure to feed.
+
+A lost worker's outstanding actions fail back into the policy as results (INFER:
+``WEIGHTS_NOT_PRESENT``, so the scheduler forgets the copy and retries or answers the
+requests; LOAD/EVICT: ``NETWORK_SEND_TOO_LATE``, so the copy is dropped from its view).
+These failures are fed ``FAIL_DELAY`` later from the timer, never from inside the policy
+call that produced the actions (no hot loop while a worker is gone).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from clockwork.actions import Action, ActionType, ErrorCode, Result
+from clockwork.requests import Reply, Request
+from clockwork.time import ms
+from controller.policy import GpuSpec, Policy
+
+FAIL_DELAY = ms(2)  # a failed action's result reaches the policy this much later
+
+
+class ControllerTransport(Protocol):
+    """What carries the loop's output. Every method is called from the loop's caller's
+    thread, inside a loop call; none may call back into the loop."""
+
+    def send(self, worker: int, actions: list[Action]) -> None:
+        """Deliver these actions (one message) to ``worker``, which is connected."""
+
+    def answer(self, reply: Reply) -> None:
+        """Answer a request (called exactly once per request)."""
+
+    def arm(self, at: int) -> None:
+        """Call ``loop.tick`` at or after ``at``. Replaces any timer armed for later; the
+        loop never arms a time later than one still pending."""
+
+
+class LoopObserver:
+    """Optional hooks for counters and metrics (the defaults do nothing)."""
+
+    def sent(self, action: Action) -> None:
+        pass
+
+    def result(self, action: Action | None, result: Result) -> None:
+        """A result reached the policy; ``action`` is None for a failure the loop made."""
+
+    def unknown(self, worker: int, result: Result) -> None:
+        """A result for no outstanding action (a duplicate, or from before a loss)."""
+
+
+class ControllerLoop:
+    """Drives ``policy`` through ``transport``. ``specs``: the GPUs, in the policy's
+    index order. ``telemetry`` (optional) records every sent action and its result."""
+
+    def __init__(self, policy: Policy, transport: ControllerTransport, specs: list[GpuSpec],
+                 telemetry=None, observer: LoopObserver | None = None) -> None:
+        self.policy = policy
+        self.transport = transport
+        self.telemetry = telemetry
+        self.observer = observer or LoopObserver()
+        n = 1 + max((s.worker for s in specs), default=-1)
+        self.gpus_of: list[list[int]] = [[] for _ in range(n)]
+        for i, s in enumerate(specs):
+            self.gpus_of[s.worker].append(i)
+        self.up = [True] * n
+        self.outstanding: list[dict[int, Action]] = [{} for _ in range(n)]
+        self.armed: int | None = None  # the time the transport's timer is set for
+        self._failed: list[tuple[int, Result]] = []  # (due, result), due ascending
+
+    # ------------------------------------------------------------------ events
+
+    def request(self, r: Request, now: int) -> None:
+        self._after(self.policy.on_request(r, now), now)
+
+    def requests(self, rs, now: int) -> None:
+        """Several requests that arrived together: admitted at one ``now``, their actions
+        sent and replies answered once."""
+        out: list[Action] = []
+        on_request = self.policy.on_request
+        for r in rs:
+            out.extend(on_request(r, now))
+        self._after(out, now)
+
+    def results(self, worker: int, results: list[Result], now: int) -> None:
+        """Results from ``worker``, their times already on the controller's clock. A
+        result claiming to end after ``now`` (a clock-offset error) is clamped to ``now``."""
+        outstanding = self.outstanding[worker]
+        on_result = self.policy.on_result
+        tel, obs = self.telemetry, self.observer
+        out: list[Action] = []
+        for r in results:
+            a = outstanding.pop(r.id, None)
+            if a is None:
+                obs.unknown(worker, r)
+                continue
+            if r.end > now:
+                r.end = now
+            obs.result(a, r)
+            if tel is not None:
+                tel.result(r, now)
+            out.extend(on_result(r, now))
+        self._after(out, now)
+
+    def tick(self, now: int) -> None:
+        """The armed timer fired (the transport may call this early or late)."""
+        self.armed = None
+        out: list[Action] = []
+        failed = self._failed
+        if failed and failed[0][0] <= now:
+            k = 0
+            while k < len(failed) and failed[k][0] <= now:
+                k += 1
+            due, self._failed = failed[:k], failed[k:]
+            on_result, tel, obs = self.policy.on_result, self.telemetry, self.observer
+            for _, r in due:
+                r.received = r.begin = r.end = now
+                obs.result(None, r)
+                if tel is not None:
+                    tel.result(r, now)
+                out.extend(on_result(r, now))
+        out.extend(self.policy.on_tick(now))
+        self._after(out, now)
+
+    def worker_lost(self, worker: int, now: int, why: str = "worker lost") -> int:
+        """``worker`` went away: the policy places nothing on its GPUs until it is back,
+        and its outstanding actions fail. Returns how many actions failed."""
+        self.up[worker] = False
+        lost = list(self.outstanding[worker].values())
+        self.outstanding[worker].clear()
+        out: list[Action] = []
+        for g in self.gpus_of[worker]:
+            out.extend(self.policy.set_gpu_available(g, False, now))
+        self._fail(lost, why, now)
+        self._after(out, now)
+        return len(lost)
+
+    def worker_back(self, worker: int, now: int) -> None:
+        """``worker`` is connected again, with an empty weights cache."""
+        self.up[worker] = True
+        out: list[Action] = []
+        for g in self.gpus_of[worker]:
+            out.extend(self.policy.set_gpu_available(g, True, now))
+        self._after(out, now)
+
+    # ------------------------------------------------------------------ output
+
+    def _after(self, actions: list[Action], now: int) -> None:
+        if actions:
+            tel, sent = self.telemetry, self.observer.sent
+            up, outstanding = self.up, self.outstanding
+            batches: dict[int, list[Action]] = {}
+            dead: list[Action] = []
+            for a in actions:
+                a.sent_at = now
+                sent(a)
+                if tel is not None:
+                    tel.sent(a)
+                w = a.worker
+                if up[w]:
+                    outstanding[w][a.id] = a
+                    b = batches.get(w)
+                    if b is None:
+                        batches[w] = [a]
+                    else:
+                        b.append(a)
+                else:
+                    dead.append(a)
+            send = self.transport.send
+            for w, b in batches.items():
+                send(w, b)
+            if dead:
+                self._fail(dead, "worker not connected", now)
+        replies = self.policy.drain_replies()
+        if replies:
+            answer = self.transport.answer
+            for rep in replies:
+                answer(rep)
+        self._arm(now)
+
+    def _fail(self, actions: list[Action], why: str, now: int) -> None:
+        due = now + FAIL_DELAY
+        for a in actions:
+            code = (ErrorCode.WEIGHTS_NOT_PRESENT if a.type == ActionType.INFER
+                    else ErrorCode.NETWORK_SEND_TOO_LATE)
+            self._failed.append((due, Result(id=a.id, type=a.type, status=code, worker=a.worker,
+                                             gpu=a.gpu, model=a.model, batch_size=a.batch_size,
+                                             received=due, begin=due, end=due, message=why)))
+
+    def _arm(self, now: int) -> None:
+        nw = self.policy.next_wakeup()
+        if self._failed:
+            f = self._failed[0][0]
+            if nw is None or f < nw:
+                nw = f
+        if nw is None:
+            return
+        if nw < now:
+            nw = now
+        armed = self.armed
+        if armed is not None and armed <= nw:
+            return
+        self.armed = nw
+        self.transport.arm(nw)

@@ -1,0 +1,269 @@
+"""The two drivers (controller.loop, worker.loop), the simulator's fault model, and
+the rule that the simulator and the services drive the cores only through them."""
+
+from __future__ import annotations
+
+import ast
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clockwork.actions import Action, ActionType, ErrorCode
+from clockwork.cluster.sim import simulate
+from clockwork.profiles import load_profile_set
+from clockwork.requests import Request
+from clockwork.time import ms, sec
+from controller import make_policy
+from controller.loop import FAIL_DELAY, ControllerLoop
+from controller.policy import GpuSpec
+from worker.devices.emulated import EmulatedDevice
+from worker.executor import GpuExecutor
+from worker.loop import WorkerLoop
+
+ROOT = Path(__file__).resolve().parents[1]
+PSET = load_profile_set("v100-reference")
+R50 = PSET.get("resnet50_v2")
+
+
+class Recorder:
+    """A transport that records what the loop hands it."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, list[Action]]] = []
+        self.answers = []
+        self.armed: list[int] = []
+        self.results = []
+
+    def send(self, worker, actions):
+        self.sent.append((worker, list(actions)))
+
+    def answer(self, reply):
+        self.answers.append(reply)
+
+    def arm(self, at):
+        self.armed.append(at)
+
+    # worker side
+    def run(self, executor, action):
+        raise AssertionError("emulated")
+
+
+def controller(workers: int = 2):
+    specs = [GpuSpec(w, 0, 100) for w in range(workers)]
+    policy = make_policy("clockwork", [R50], specs)
+    t = Recorder()
+    return ControllerLoop(policy, t, specs), t
+
+
+def test_controller_loop_sends_batches_per_worker_and_arms():
+    loop, t = controller()
+    loop.requests([Request(i, "resnet50_v2", 0, ms(100)) for i in range(4)], 0)
+    assert t.sent, "a cold model gets a LOAD"
+    for w, acts in t.sent:
+        assert all(a.worker == w for a in acts)
+        assert all(a.id in loop.outstanding[w] for a in acts)
+    assert len({w for w, _ in t.sent}) == len(t.sent)  # one message per worker per event
+    assert t.armed and t.armed[-1] == loop.armed
+
+
+def test_lost_worker_fails_its_actions_later_and_requests_are_answered():
+    loop, t = controller(workers=1)
+    loop.request(Request(1, "resnet50_v2", 0, ms(100)), 0)
+    sent = [a for _, acts in t.sent for a in acts]
+    assert sent and loop.outstanding[0]
+    n = loop.worker_lost(0, ms(1))
+    assert n == len(sent) and not loop.outstanding[0] and loop.up == [False]
+    # the failures are fed from the timer FAIL_DELAY later, not from inside worker_lost
+    assert loop.armed is not None and loop.armed <= ms(1) + FAIL_DELAY
+    t_fail = ms(1) + FAIL_DELAY
+    now = t_fail
+    while not t.answers and now < sec(1):
+        loop.tick(now)
+        now = loop.armed if loop.armed is not None else now + ms(1)
+    assert [r.request.id for r in t.answers] == [1]
+    assert t.answers[0].status != 0  # no GPU left: the request fails, it is not lost
+    # nothing is ever sent to the lost worker
+    n_sent = len(t.sent)
+    loop.request(Request(2, "resnet50_v2", now, ms(100)), now)
+    assert len(t.sent) == n_sent
+
+
+def test_worker_back_makes_its_gpus_usable_again():
+    loop, t = controller(workers=1)
+    loop.worker_lost(0, 0)
+    loop.worker_back(0, ms(10))
+    assert loop.up == [True]
+    loop.request(Request(1, "resnet50_v2", ms(10), ms(100)), ms(10))
+    assert t.sent and t.sent[-1][0] == 0
+
+
+def test_unknown_results_are_ignored():
+    loop, t = controller(workers=1)
+    from clockwork.actions import Result
+    r = Result(id=999, type=ActionType.INFER, status=ErrorCode.SUCCESS, worker=0, gpu=0,
+               model="resnet50_v2", batch_size=1, received=0, begin=0, end=0)
+    seen = []
+    loop.observer.unknown = lambda w, res: seen.append(res.id)
+    loop.results(0, [r], 0)
+    assert seen == [999]
+
+
+class WorkerRecorder:
+    def __init__(self) -> None:
+        self.calls: list[list] = []
+        self.armed: list[int] = []
+
+    def results(self, res):
+        self.calls.append(list(res))
+
+    def run(self, executor, action):
+        raise AssertionError("emulated executors start nothing open")
+
+    def arm(self, at):
+        self.armed.append(at)
+
+
+def test_worker_loop_invalid_gpu_and_timer():
+    t = WorkerRecorder()
+    ex = [GpuExecutor(0, 0, 100, {"resnet50_v2": R50}, EmulatedDevice())]
+    loop = WorkerLoop(0, ex, t)
+    bad = Action(id=1, type=ActionType.LOAD, worker=0, gpu=3, model="resnet50_v2",
+                 earliest=0, latest=sec(1), expected_duration=R50.load_ns)
+    load = Action(id=2, type=ActionType.LOAD, worker=0, gpu=0, model="resnet50_v2",
+                  earliest=0, latest=sec(1), expected_duration=R50.load_ns)
+    loop.submit([bad, load], 0)
+    assert [r.status for r in t.calls[0]] == [ErrorCode.INVALID_GPU]
+    assert t.armed == [loop.armed] and loop.armed > 0
+    loop.timer(loop.armed)
+    assert [(r.id, r.status) for r in t.calls[1]] == [(2, ErrorCode.SUCCESS)]
+    assert loop.armed is None
+
+
+FAULTY = {
+    "seed": 2, "duration_s": 6.0,
+    "cluster": {"workers": 2, "gpus_per_worker": 1, "profiles": "v100-reference"},
+    "models": [{"name": "resnet50_v2", "copies": 4}, {"name": "resnet18_v2", "copies": 4}],
+    "workloads": [{"kind": "poisson", "rate_rps": 1600, "slo_ms": 100}],
+    "faults": {"kill": [{"worker": 1, "at_s": 2.0, "back_s": 3.5}],
+               "hang": [{"worker": 0, "at_s": 4.5, "for_s": 0.5}]},
+}
+
+
+def test_faults_are_deterministic_and_take_effect():
+    a, b = simulate(FAULTY), simulate(FAULTY)
+    assert a.telemetry.requests == b.telemetry.requests
+    assert a.telemetry.actions == b.telemetry.actions
+    s = a.summary
+    assert s["submitted"] == s["succeeded"] + s["failed"] + s["dropped"]  # all answered
+    rows = a.telemetry.requests
+    detect, reconnect = ms(1), sec(0.7)
+    # nothing is served by worker 1's GPU while it is dead (answers are when they end)
+    on_dead = [r for r in rows if r[9] == 1 and sec(2.0) + detect < r[2] + r[4] < sec(3.5)]
+    assert on_dead == []
+    # it serves again once the controller has reconnected
+    assert any(r[9] == 1 and r[2] + r[4] > sec(3.5) + reconnect for r in rows)
+    # one GPU cannot keep up with 1,600 r/s of these models, and a hang costs requests
+    def attainment(lo, hi):
+        sel = [r for r in rows if lo <= r[2] < hi]
+        return sum(r[6] for r in sel) / len(sel)
+    assert attainment(0, sec(2)) == 1.0
+    assert attainment(sec(2.1), sec(3.4)) < 0.995
+    assert attainment(sec(4.5), sec(4.9)) < 0.9
+    # without faults the same load is fully met
+    clean = simulate({**FAULTY, "faults": {}})
+    assert clean.summary["slo_attainment"] > s["slo_attainment"]
+
+
+def test_fault_settings_are_checked():
+    from clockwork.scenario import ScenarioError
+    bad = {**FAULTY, "faults": {"kill": [{"worker": 5, "at_s": 1.0}]}}
+    with pytest.raises(ScenarioError, match=r"faults.kill.0.worker: 5 is not one of the 2"):
+        simulate(bad)
+    bad = {**FAULTY, "faults": {"hang": [{"worker": 0, "at_s": 1.0, "for_s": 0}]}}
+    with pytest.raises(ScenarioError, match=r"faults.hang.0.for_s"):
+        simulate(bad)
+
+
+def test_slow_network_delays_answers():
+    d = {**FAULTY, "faults": {"slow_network": [{"worker": 0, "at_s": 1.0, "for_s": 1.0,
+                                                "delay_ms": 30.0}]}}
+    d["cluster"] = {**d["cluster"], "workers": 1}
+    d["workloads"] = [{"kind": "poisson", "rate_rps": 200, "slo_ms": 1000}]
+    rows = simulate(d).telemetry.requests
+    slow = [r[4] for r in rows if sec(1.1) <= r[2] < sec(1.9) and r[5] == 0]
+    fast = [r[4] for r in rows if r[2] < sec(0.9) and r[5] == 0]
+    # 30 ms each way; actions arrive after their windows, are turned away and re-planned
+    assert len(slow) > 100 and min(slow) >= ms(60) > max(fast)
+
+
+# ------------------------------------------------------------------ one driver per core
+
+_CORE_CALLS = {"on_request", "on_result", "on_tick", "drain_replies", "next_wakeup",
+               "set_gpu_available", "advance", "take_started", "complete"}
+
+
+def _calls(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in _CORE_CALLS:
+            base = node.value
+            name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", "")
+            if name in ("policy", "e", "ex", "executor", "executors") or "polic" in name:
+                out.add(f"{name}.{node.attr}")
+    return out
+
+
+@pytest.mark.parametrize("shell", ["clockwork/cluster/sim.py", "controller/service.py",
+                                   "worker/service.py"])
+def test_shells_drive_the_cores_only_through_the_loops(shell):
+    assert _calls(ROOT / shell) == set()
+
+
+# ------------------------------------------------------------------ live faults
+
+def test_live_faults_kill_restart_and_hang(tmp_path):
+    """``clockwork serve --replay`` with [faults]: a worker process is killed, restarted on
+    its port and reconnected; another is stopped and resumed; every request is answered
+    exactly once and the restarted worker serves again."""
+    sc = tmp_path / "f.toml"
+    sc.write_text("""
+seed = 1
+duration_s = 6.0
+[cluster]
+workers = 2
+gpus_per_worker = 1
+[[models]]
+name = "resnet50_v2"
+copies = 4
+[[models]]
+name = "resnet18_v2"
+copies = 4
+[[workloads]]
+kind = "poisson"
+rate_rps = 1600
+slo_ms = 100
+[faults]
+kill = [{ worker = 1, at_s = 1.5, back_s = 3.0 }]
+hang = [{ worker = 0, at_s = 4.5, for_s = 0.5 }]
+""")
+    out = tmp_path / "live"
+    p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve", str(sc),
+                        "--replay", "--quiet", "--out", str(out)], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    for what in ("kill worker 1", "restart worker 1", "stop worker 0", "resume worker 0"):
+        assert f"fault: {what}" in p.stderr
+    assert "every request answered exactly once: True" in p.stdout + p.stderr
+    with open(out / "requests.tsv") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    def served(gpu, lo, hi):
+        return sum(1 for r in rows if r["gpu"] == gpu and r["status"] == "SUCCESS"
+                   and lo <= int(r["arrival"]) + int(r["latency"]) < hi)
+    assert served("1", 0, sec(1.5)) > 100  # both GPUs serve the load that needs both
+    assert served("1", sec(1.6), sec(3.0)) == 0  # dead
+    assert served("1", sec(4.0), sec(6.0)) > 100, "the restarted worker serves again"
+    assert served("0", sec(4.6), sec(5.0)) == 0  # stopped
