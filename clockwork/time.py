@@ -3,7 +3,7 @@
 Components never read a clock: every call takes an explicit ``now`` (the pure cores),
 and only the shells read one (the live services ``time.monotonic_ns()``, the simulator
 its event times). ``ms``/``sec`` convert the float figures of settings and files at the
-edges. ``VirtualClock`` is a clock that only moves when told to.
+edges.
 """
 
 from __future__ import annotations
@@ -29,23 +29,3 @@ def to_ms(ns: int) -> float:
 
 def to_s(ns: int) -> float:
     return ns / NS_PER_S
-
-
-class VirtualClock:
-    """A clock that only moves when told to. Never goes backwards."""
-
-    __slots__ = ("_now",)
-
-    def __init__(self, start: int = 0) -> None:
-        self._now = int(start)
-
-    def now(self) -> int:
-        return self._now
-
-    def advance_to(self, t: int) -> None:
-        if t < self._now:
-            raise ValueError(f"virtual clock cannot go back: {t} < {self._now}")
-        self._now = int(t)
-
-    def advance(self, dt: int) -> None:
-        self.advance_to(self._now + dt)
