@@ -506,6 +506,14 @@ class ClusterSettings(Settings):
         0.0, "Emulated GPUs: probability that an EXEC is a straggler.", ge=0, le=1)
     slow_factor: float = setting(
         3.0, "Emulated GPUs: a straggler takes this many times its profile figure.", ge=1)
+    clock_offsets_ms: list[float] = setting(
+        default_factory=list, description="Each worker's clock minus the controller's, in "
+        "milliseconds (worker 0 first; missing workers: 0). Live runs start the emulated "
+        "workers with `--clock-offset-ms`; the controller estimates the offsets from round "
+        "trips.", expected="an array of numbers", type_text="array of numbers")
+    clock_error_ms: float = setting(
+        0.0, "Simulator: the controller's estimate of each worker's clock offset is off by "
+        "up to this many milliseconds (drawn once per worker).", ge=0)
     device: Literal["emulated", "cpu", "cuda"] = setting(
         "emulated", "Live runs (`clockwork serve`, `--live`): what the workers execute on. "
         "`emulated` sleeps for the profile figures; `cpu` and `cuda` run compiled model "

@@ -9,6 +9,7 @@ summary.
 
 from __future__ import annotations
 
+import copy
 import gc
 import heapq
 import platform
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from clockwork.actions import NEVER
 from clockwork.profiles import ProfileSet, load_profile_set
 from clockwork.requests import Request
 from clockwork.resources import scenario_folder
@@ -122,6 +124,20 @@ class Simulation:
         self.latency = ms(float(c["network_latency_ms"]))
         self.jitter = ms(float(c["jitter_ms"]))
         self._net_rng = np.random.default_rng(s_net)
+        # clocks: worker w's clock is the simulation's + offsets[w]; the controller
+        # converts windows and result times with its estimate, off by up to clock_error_ms
+        given = [ms(float(x)) for x in c.get("clock_offsets_ms", [])]
+        if len(given) > W:
+            raise ScenarioError(f"cluster.clock_offsets_ms: {len(given)} offsets for {W} "
+                                "worker(s)")
+        given += [0] * (W - len(given))
+        # the executors' times start at 0 (a simulated clock starts at 0; a live monotonic
+        # clock is far from it): shift every worker clock so that none starts below 0
+        lift = max(0, -min(given))
+        self.offsets = [o + lift for o in given]
+        err = ms(float(c.get("clock_error_ms", 0.0)))
+        draws = np.random.default_rng(s_net.spawn(1)[0]).uniform(-1.0, 1.0, W)
+        self.estimates = [o + round(err * d) for o, d in zip(self.offsets, draws, strict=True)]
         self._jit: list[int] = []
         self.duration = sec(sc.duration_s)
         exec1 = {i: p.exec_ns[p.batch_sizes[0]] for i, p in self.profiles.items()}
@@ -199,12 +215,29 @@ class Simulation:
             last[w] = t
             return t
 
+        offsets, estimates = self.offsets, self.estimates
+
+        def to_worker_clock(actions, est):
+            """Copies of the actions with their windows on the worker's clock (as the
+            live controller's wire conversion makes them)."""
+            out = []
+            for a in actions:
+                b = copy.copy(a)
+                if b.earliest:
+                    b.earliest += est
+                if b.latest < NEVER:
+                    b.latest += est
+                out.append(b)
+            return out
+
         class ToWorkers:  # the controller's side of the network
             @staticmethod
             def send(w, actions):
                 nonlocal seq
                 seq += 1
                 now = state["now"]
+                if estimates[w]:
+                    actions = to_worker_clock(actions, estimates[w])
                 push(heap, (arrival(w, now, last_in), seq, _TO_WORKER, (w, now, actions)))
 
             @staticmethod
@@ -234,6 +267,12 @@ class Simulation:
             def results(self, results):
                 nonlocal seq
                 w = self.w
+                est = estimates[w]
+                if est:  # to the controller's clock, with its estimate of the offset
+                    for r in results:
+                        r.received -= est
+                        r.begin -= est
+                        r.end -= est
                 seq += 1
                 push(heap, (arrival(w, state["now"], last_out), seq, _TO_CTRL, (w, results)))
 
@@ -243,7 +282,7 @@ class Simulation:
             def arm(self, at):
                 nonlocal seq
                 seq += 1
-                push(heap, (at, seq, _WAKE, (self.w, self.restart)))
+                push(heap, (at - offsets[self.w], seq, _WAKE, (self.w, self.restart)))
 
         ctrl = ControllerLoop(self.policy, ToWorkers, self.specs, tel)
         self.controller = ctrl
@@ -315,7 +354,7 @@ class Simulation:
                 if alive[w] and hung[w] == args[1]:
                     hung[w] = 0
                     log.append((now, f"worker {w} resumed"))
-                    wloops[w].timer(now)
+                    wloops[w].timer(now + offsets[w])
                     track_pages(w)
             elif what == "slow":
                 slow[w] = args[1]
@@ -351,13 +390,14 @@ class Simulation:
                 elif hung[w] > now:
                     push(heap, (hung[w], s, kind, a))  # handled when it resumes, in order
                 else:
-                    wloops[w].submit(actions, now)
+                    wloops[w].submit(actions, now + offsets[w])
                     track_pages(w)
             elif kind == _WAKE:
                 w, restart = a
                 wl = wloops[w]
-                if wl.armed == now and restart == restarts[w] and alive[w] and hung[w] <= now:
-                    wl.timer(now)
+                wnow = now + offsets[w]
+                if wl.armed == wnow and restart == restarts[w] and alive[w] and hung[w] <= now:
+                    wl.timer(wnow)
                     track_pages(w)
             elif kind == _OPEN:
                 _, m, slo = open_next[a]
