@@ -650,16 +650,69 @@ def parse_settings(items: list[str]) -> dict:
     return out
 
 
+def read_settings_file(path: str) -> dict:
+    """The ``[scheduler]`` table of a settings file (``clockwork controller --settings``),
+    as data: a JSON file (suffix ``.json``; ``{"scheduler": {...}}``, what ``clockwork
+    serve`` writes) or else a TOML file with a ``[scheduler]`` table (a scenario file
+    works: only that table is read). The table may name the ``policy``. Its keys and
+    values are checked by ``controller.split_settings`` (``scheduler_settings``); a file
+    that cannot be read or parsed, or has no ``scheduler`` table, raises
+    ``SettingsError`` with one line naming the file."""
+    import json
+    import tomllib
+    from pathlib import Path
+
+    from clockwork.settings import SettingsError
+
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise SettingsError(f"--settings {path}: cannot read it ({e.strerror or e})") from None
+    try:
+        data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as e:
+        kind = "JSON" if p.suffix == ".json" else "TOML"
+        raise SettingsError(f"--settings {path}: not valid {kind}: {e}") from None
+    table = data.get("scheduler") if isinstance(data, dict) else None
+    if not isinstance(table, dict):
+        raise SettingsError(f"--settings {path}: no [scheduler] table (JSON: "
+                            '{"scheduler": {"policy": ..., "<setting>": ...}})')
+    return dict(table)
+
+
+def scheduler_settings(args: argparse.Namespace) -> tuple[str, SchedulerConfig, dict]:
+    """The controller's policy name, ``SchedulerConfig`` and the policy's own settings,
+    from ``--settings FILE`` and, over it, ``--policy``, ``--schedule-ahead-ms``,
+    ``--default-slo-ms``, ``--max-batch`` and ``--set``; checked by
+    ``controller.split_settings`` (a bad key or value raises ``SettingsError`` with one
+    line, prefixed with the file when the file holds it)."""
+    from clockwork.settings import SettingsError
+
+    table: dict = {}
+    policy = args.policy
+    if args.settings:
+        table = read_settings_file(args.settings)
+        in_file = str(table.pop("policy", "clockwork"))
+        policy = policy or in_file
+        try:
+            split_settings(policy, table)  # the file alone, so errors can name it
+        except SettingsError as e:
+            raise SettingsError(f"--settings {args.settings}: {e}") from None
+    policy = policy or "clockwork"
+    table.update({k: v for k, v in (
+        ("schedule_ahead_ms", args.schedule_ahead_ms), ("default_slo_ms", args.default_slo_ms),
+        ("max_batch", args.max_batch)) if v is not None})
+    table.update(parse_settings(args.set))
+    common, own = split_settings(policy, table)  # checks the policy name too
+    return policy, SchedulerConfig.from_ms(**common), own
+
+
 def cmd_controller(args: argparse.Namespace) -> int:
     workers = list(args.workers)  # host:port list, checked by the argument parser
     try:
-        table = {k: v for k, v in (
-            ("schedule_ahead_ms", args.schedule_ahead_ms), ("default_slo_ms", args.default_slo_ms),
-            ("max_batch", args.max_batch)) if v is not None}
-        table.update(parse_settings(args.set))
-        common, own = split_settings(args.policy, table)  # checks the policy name too
-        cfg = SchedulerConfig.from_ms(**common)
-        node = ControllerNode(workers, args.profiles, args.models, args.policy, cfg,
+        policy, cfg, own = scheduler_settings(args)
+        node = ControllerNode(workers, args.profiles, args.models, policy, cfg,
                               args.connect_timeout, args.log_dir, args.action_interval_us,
                               args.reply_interval_us, own)
     except (ProfileError, ValueError) as e:

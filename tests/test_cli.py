@@ -65,9 +65,10 @@ def test_cuda_without_a_gpu_fails_at_start_naming_the_alternatives(capsys):
         assert "--device cpu" in err and "--device emulated" in err
 
 
-def test_cluster_from_scenario_passes_every_scheduler_key():
-    from clockwork.cluster.serve import cluster_from_scenario
+def test_cluster_from_scenario_passes_every_scheduler_key(tmp_path):
+    from clockwork.cluster.serve import LocalCluster, cluster_from_scenario
     from clockwork.scenario import load_scenario
+    from controller.service import read_settings_file
 
     sc = load_scenario(data={
         "cluster": {"workers": 2, "gpus_per_worker": 1, "profiles": "v100-reference",
@@ -77,12 +78,44 @@ def test_cluster_from_scenario_passes_every_scheduler_key():
         "models": [{"name": "resnet50_v2", "copies": 3}],
         "workloads": [{"kind": "poisson", "models": "*", "rate_rps": 10}]})
     kw, ignored = cluster_from_scenario(sc)
-    ctl = kw["controller_args"]
-    assert ctl[:2] == ["--policy", "tfserving"]
-    assert {"max_exec_ms=25", "batch_timeout_us=500", "batch_first=false"} == set(ctl[3::2])
+    table = {"policy": "tfserving", "max_exec_ms": 25, "batch_timeout_us": 500,
+             "batch_first": False}
+    assert kw["scheduler"] == table and kw["controller_args"] == []  # data, not flags
+    # what the controller reads back is the table itself, types included
+    path = LocalCluster(**kw, run_dir=str(tmp_path))._write_settings()
+    assert path.parent == tmp_path and read_settings_file(str(path)) == table
     assert kw["models"] == "resnet50_v2:3" and len(kw["worker_args"]) == 2
     assert "--noise" in kw["worker_args"][0] and "--slow-prob" in kw["worker_args"][1]
     assert ignored == ["cluster.jitter_ms"]
+
+
+def _controller_args(*argv):
+    from clockwork.cluster.cli import build_parser
+
+    return build_parser().parse_args(["controller", "--workers", "127.0.0.1:1", *argv])
+
+
+def test_controller_settings_file_then_flags_over_it(tmp_path):
+    from controller.service import scheduler_settings
+
+    f = tmp_path / "s.json"
+    f.write_text('{"scheduler": {"policy": "clipper", "max_batch": 8, "batch_wait_ms": 2,'
+                 ' "default_slo_ms": 50}}')
+    policy, cfg, own = scheduler_settings(_controller_args("--settings", str(f)))
+    assert policy == "clipper" and cfg.max_batch == 8 and cfg.default_slo == 50_000_000
+    assert own == {"batch_wait_ms": 2}
+    # flags override the file: --max-batch, --set, and --policy (whose own settings apply)
+    policy, cfg, own = scheduler_settings(_controller_args(
+        "--settings", str(f), "--max-batch", "4", "--set", "batch_wait_ms=3"))
+    assert (policy, cfg.max_batch, cfg.default_slo, own) == ("clipper", 4, 50_000_000,
+                                                             {"batch_wait_ms": 3})
+    # a scenario file works: only its [scheduler] table is read
+    policy, cfg, own = scheduler_settings(_controller_args(
+        "--settings", "scenarios/fig5_1gpu.toml"))
+    assert policy == "clockwork" and own == {}
+    # no file: the flags alone, as before
+    policy, cfg, own = scheduler_settings(_controller_args("--set", "max_exec_ms=20"))
+    assert policy == "clockwork" and cfg.max_exec == 20_000_000
 
 
 def test_controller_set_parses_settings_and_rejects_unknown_ones():

@@ -51,6 +51,8 @@ BAD = [
     (["controller", "--workers", "127.0.0.1:1", "--models", "nosuchmodel"], "nosuchmodel"),
     (["controller", "--workers", "127.0.0.1:1", "--profiles", "no_such_set"], "no_such_set"),
     (["controller", "--workers", "127.0.0.1:1", "--policy", "nosuchpolicy"], "nosuchpolicy"),
+    (["controller", "--workers", "127.0.0.1:1", "--settings", "/no/such/settings.json"],
+     "/no/such/settings.json"),
     (["worker", "--gpus", "-1"], "-1"),
     (["worker", "--pages", "-5"], "-5"),
     (["worker", "--port", "abc"], "abc"),
@@ -77,6 +79,31 @@ def test_bad_value_is_one_line_exit_2(argv, fragment, capsys, tmp_path, monkeypa
     assert len(lines) == 1, err
     assert "Traceback" not in err
     assert fragment in lines[0], (fragment, lines[0])
+
+
+BAD_SETTINGS = [
+    # (file name, its text, a fragment the one stderr line must contain besides the name)
+    ("s.json", "{not json", "not valid JSON"),
+    ("s.toml", "[scheduler\nmax_batch = 4", "not valid TOML"),
+    ("s.json", '{"policy": "clipper", "max_batch": 4}', "no [scheduler] table"),
+    ("s.json", '{"scheduler": {"max_batch": "abc"}}', "abc"),
+    ("s.toml", "[scheduler]\nmax_bacth = 4\n", "max_bacth"),
+    ("s.json", '{"scheduler": {"policy": "nosuchpolicy"}}', "nosuchpolicy"),
+    ("s.json", '{"scheduler": {"policy": "clockwork", "batch_wait_ms": 2}}', "batch_wait_ms"),
+]
+
+
+@pytest.mark.parametrize("name,text,fragment", BAD_SETTINGS,
+                         ids=[f"{n}:{t}" for n, t, _ in BAD_SETTINGS])
+def test_bad_settings_file_is_one_line_exit_2(name, text, fragment, capsys, tmp_path):
+    f = tmp_path / name
+    f.write_text(text)
+    rc = main(["controller", "--workers", "127.0.0.1:1", "--settings", str(f)])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert rc == 2, (rc, err)
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert str(f) in lines[0] and fragment in lines[0], lines[0]
 
 
 def test_help_works_for_every_verb(capsys):

@@ -129,7 +129,7 @@ def test_fig5_live_smoke(tmp_path):
     closed-loop workload replayed on the real clock, the cluster stopped again."""
     out = fig5_compare.main(["--smoke", "--live", "--out", str(tmp_path)])
     rows = {r["policy"]: r for r in common.read_tsv(tmp_path / "fig5_compare.tsv")}
-    assert set(rows) == set(common.POLICIES)  # the baselines run live too (--policy)
+    assert set(rows) == set(common.POLICIES)  # the baselines run live too (--settings)
     assert all(r["submitted"] > 100 for r in rows.values())
     # one saturated GPU (1,447 r/s at batch 16): clockwork well ahead of the baselines,
     # whose queues hold the 100 ms SLO's requests too long (loose bounds: real time on

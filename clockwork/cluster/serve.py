@@ -1,20 +1,28 @@
 """``clockwork serve``: start local workers and a controller as child processes, print the
 controller's address, and stop them all on Ctrl-C / SIGTERM.
 
-``LocalCluster`` does the same for tests and experiments (a context manager).
+``LocalCluster`` does the same for tests and experiments (a context manager). A
+scenario's ``[scheduler]`` table reaches the controller as data: ``LocalCluster`` writes
+it to ``controller-settings.json`` in its run directory and starts the controller with
+``--settings`` that file.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Mapping
+from pathlib import Path
 
 from clockwork.scenario import ScenarioError, load_scenario
 
@@ -89,6 +97,11 @@ class LocalCluster:
     """Workers and a controller as child processes on ``host``.
 
     ``with LocalCluster(workers=2, gpus=2) as c: Client(c.address)``.
+
+    ``scheduler``: a ``[scheduler]`` table (``policy`` and settings, as in a scenario
+    file) for the controller; it is written to ``controller-settings.json`` in
+    ``run_dir`` (default: a temporary directory removed at ``stop``) and passed as
+    ``--settings``. ``controller_args`` are further controller flags.
     """
 
     def __init__(self, workers: int = 1, gpus: int = 1, profiles: str = "v100-reference",
@@ -97,7 +110,8 @@ class LocalCluster:
                  controller_args: list[str] | None = None, timeout: float = 30.0,
                  worker_args: list[list[str]] | None = None, http_port: int = 0,
                  device: str = "emulated", packages: str | None = None,
-                 kserve_port: int = -1) -> None:
+                 kserve_port: int = -1, scheduler: Mapping[str, object] | None = None,
+                 run_dir: str | None = None) -> None:
         self.n_workers, self.gpus, self.profiles, self.models = workers, gpus, profiles, models
         self.pages, self.host, self.port, self.worker_port = pages, host, port, worker_port
         self.echo = echo
@@ -107,6 +121,9 @@ class LocalCluster:
         self.http_port = http_port  # KServe v2 REST; 0 picks a free port, -1 turns it off
         self.kserve_port = kserve_port  # KServe v2 gRPC of its own (also on the main port)
         self.device, self.packages = device, packages  # cpu/cuda workers run model packages
+        self.scheduler = dict(scheduler) if scheduler is not None else None
+        self.run_dir = run_dir
+        self._own_run_dir = False  # made by start(), removed by stop()
         self.workers: list[_Child] = []
         self.worker_addresses: list[str] = []
         self.controller: _Child | None = None
@@ -150,12 +167,24 @@ class LocalCluster:
                              "--kserve-port", str(self.kserve_port)] + self.controller_args
             if self.models:
                 argv += ["--models", self.models]
+            if self.scheduler is not None:
+                argv += ["--settings", str(self._write_settings())]
             self.controller = _Child("controller", argv, self.echo)
             self.address = self.controller.wait_address(self.timeout)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _write_settings(self) -> Path:
+        """The controller's settings file: ``{"scheduler": {...}}`` in the run directory."""
+        if self.run_dir is None:
+            self.run_dir = tempfile.mkdtemp(prefix="clockwork-cluster-")
+            self._own_run_dir = True
+        path = Path(self.run_dir) / "controller-settings.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"scheduler": self.scheduler}, indent=1, default=str) + "\n")
+        return path
 
     def printed_address(self, what: str, timeout: float = 10.0) -> str:
         """``HOST:PORT`` from the controller's ``{what} listening on`` line (``what``:
@@ -177,6 +206,9 @@ class LocalCluster:
             self.controller.stop(timeout=60.0)  # with --log-dir it writes its logs first
         for w in self.workers:
             w.stop()
+        if self._own_run_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            self.run_dir, self._own_run_dir = None, False
 
     def __enter__(self) -> LocalCluster:
         return self.start()
@@ -192,15 +224,10 @@ def models_arg(models: list[dict]) -> str:
 def cluster_from_scenario(sc) -> tuple[dict, list[str]]:
     """What a scenario's ``[cluster]``, ``[[models]]`` and ``[scheduler]`` mean for a live
     ``LocalCluster``: (its keyword arguments, the settings a live cluster does not apply).
-    Every ``[scheduler]`` key goes to the controller (``--policy``, ``--set``); timing noise
-    and stragglers to the emulated workers; network jitter is not emulated live."""
+    The whole ``[scheduler]`` table goes to the controller as data (``scheduler``, written
+    to its settings file); timing noise and stragglers to the emulated workers; network
+    jitter is not emulated live."""
     c = sc.cluster
-    s = dict(sc.scheduler)
-    policy = str(s.pop("policy", "clockwork"))
-    ctl = ["--policy", policy] if policy != "clockwork" else []
-    for key, value in s.items():
-        text = str(value).lower() if isinstance(value, bool) else str(value)
-        ctl += ["--set", f"{key}={text}"]
     workers = int(c["workers"])
     wargs = []
     for i in range(workers):
@@ -214,7 +241,8 @@ def cluster_from_scenario(sc) -> tuple[dict, list[str]]:
     device = str(c.get("device", "emulated"))
     kw = {"workers": workers, "gpus": int(c["gpus_per_worker"]), "profiles": str(c["profiles"]),
           "models": models_arg(sc.models), "pages": c.get("weights_cache_pages"),
-          "controller_args": ctl, "worker_args": wargs, "device": device,
+          "scheduler": dict(sc.scheduler), "controller_args": [], "worker_args": wargs,
+          "device": device,
           "packages": str(c["packages"]) if c.get("packages") else None}
     ignored = ["cluster.jitter_ms"] if float(c.get("jitter_ms", 0.0)) else []
     return kw, ignored
@@ -257,6 +285,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     worker_args: list[list[str]] = []
     sc = None
     extra: list[str] = []
+    scheduler = None
     if args.scenario:
         try:
             sc = load_scenario(args.scenario, args.set)
@@ -269,6 +298,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         device = device or (kw["device"] if kw["device"] != "emulated" else None)
         packages = packages or kw["packages"]
         extra += kw["controller_args"]
+        scheduler = kw["scheduler"]
         worker_args = kw["worker_args"]
     elif getattr(args, "replay", False):
         print("clockwork serve: --replay needs a scenario file", file=sys.stderr)
@@ -298,7 +328,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                            http_port=-1 if replaying else args.http_port, device=device,
                            kserve_port=-1 if replaying else args.kserve_port,
                            worker_args=worker_args,
-                           packages=packages)
+                           packages=packages, scheduler=scheduler)
     stop = threading.Event()
 
     def on_signal(signum, frame):

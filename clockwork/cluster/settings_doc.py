@@ -86,9 +86,11 @@ def render() -> str:
         "Every number in an entry must be finite.", markdown_table(WorkloadEntry)))
     sched = markdown_table(SchedulerTable)
     parts.append(_section(
-        "`[scheduler]`", "The policy and its settings; the same keys are taken by `clockwork "
-        "controller --set KEY=VALUE` (with the policy from `--policy`). They are checked "
-        "against the policy's schemas when the policy is built.", sched))
+        "`[scheduler]`", "The policy and its settings; `clockwork controller --settings FILE` "
+        "takes this table from a file (TOML with a `[scheduler]` table, a scenario file "
+        "too, or JSON `{\"scheduler\": {...}}`, which `clockwork serve` writes), and the "
+        "same keys one by one with `--set KEY=VALUE` (the policy with `--policy`). They are "
+        "checked against the policy's schemas when the policy is built.", sched))
     parts.append(
         '### `policy = "clockwork"` (and every baseline)\n\n'
         "The settings of the Clockwork scheduler (`SchedulerConfig`). Every policy takes "

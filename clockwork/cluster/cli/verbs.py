@@ -227,8 +227,14 @@ def add_controller(sub) -> None:
                    help="profile set: a shipped set's name or a folder (default v100-reference)")
     p.add_argument("--models", default=None,
                    help="model instances, name[:copies],... (default: every profile, one copy)")
-    p.add_argument("--policy", default="clockwork",
-                   help="scheduling policy: clockwork (default), clipper, tfserving, infaas")
+    p.add_argument("--settings", metavar="FILE", default=None,
+                   help="the [scheduler] table (policy and settings) as data: a TOML file "
+                   "with a [scheduler] table (a scenario file works) or a JSON file "
+                   "{\"scheduler\": {...}} (what clockwork serve writes); the flags below "
+                   "override it")
+    p.add_argument("--policy", default=None,
+                   help="scheduling policy: clockwork, clipper, tfserving, infaas (default: "
+                   "the settings file's, else clockwork)")
     p.add_argument("--schedule-ahead-ms", type=t.nonneg_float, default=None)
     p.add_argument("--default-slo-ms", type=t.positive_float, default=None)
     p.add_argument("--max-batch", type=t.positive_int, default=None)
