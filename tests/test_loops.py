@@ -285,3 +285,25 @@ def test_clock_offsets_are_converted_both_ways():
     assert off.summary["slo_attainment"] >= 0.99
     for row in off.telemetry.actions:  # sent <= measured completion, on the controller clock
         assert row[13] >= row[7]
+
+
+def test_simulate_cli_reports_the_fault_plan(tmp_path):
+    sc = tmp_path / "f.toml"
+    sc.write_text("""
+duration_s = 3.0
+[cluster]
+workers = 2
+[[models]]
+name = "resnet18_v2"
+[[workloads]]
+kind = "poisson"
+rate_rps = 100
+[faults]
+kill = [{ worker = 1, at_s = 1.0, back_s = 2.0 }]
+""")
+    p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "simulate", str(sc)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    lines = [x.split("fault: ")[1] for x in p.stderr.splitlines() if "fault: " in x]
+    assert lines == ["worker 1 killed", "controller lost worker 1; 0 action(s) failed",
+                     "worker 1 restarted", "controller reconnected to worker 1"]

@@ -21,6 +21,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"clockwork simulate: {e}", file=sys.stderr)
         return 2
     res = sim.run()
+    for t, what in sim.fault_log:  # the [faults] plan as it played out
+        print(f"clockwork simulate: {t / 1e9:7.2f} s  fault: {what}", file=sys.stderr)
     s = res.summary
     emit_run(res, sc, f"{s['gpus']} GPU(s), {s['model_instances']} model instance(s), policy "
              f"{s['policy']}, simulated in {res.wall_s:.1f} s wall", args.out, args.json)
