@@ -96,11 +96,11 @@ def run(name: str | Path | dict, overrides: Sequence[str] = (), live: bool = Fal
     (``run_live``). Both results have ``summary``, ``telemetry`` (``requests``,
     ``actions``: the simulator's rows), ``scenario`` and ``wall_s``.
 
-    ``time_policy`` (simulator only; a bucket width in simulated seconds): time every call
-    into the scheduling policy -- the controller's work -- (``on_request``, ``on_result``,
-    ``on_tick``, ``drain_replies``, ``next_wakeup``) in CPU time of the simulator's thread.
-    ``res.policy_wall_s`` is the total and ``res.policy_wall_by_bucket`` the seconds spent
-    per bucket of simulated time."""
+    ``time_policy`` (simulator only; a bucket width in simulated seconds): the simulator
+    is given a ``TimedPolicy`` around its policy, which times every call into it -- the
+    controller's work -- in CPU time of the simulator's thread. ``res.policy_wall_s`` is
+    the total, ``res.policy_wall_by_bucket`` the seconds spent per bucket of simulated
+    time and ``res.policy_calls`` the number of timed calls."""
     sc = scenario(name, overrides)
     if live:
         return run_live(sc)
