@@ -88,7 +88,13 @@ class Action:
 
 @dataclass(slots=True)
 class Result:
-    """What a worker reports for an action. Times are the worker's clock."""
+    """What a worker reports for an action. Times are the worker's clock.
+
+    ``outputs`` (a successful INFER on a real device): a ``list`` of
+    ``clockwork.tensors.Tensor``, one per model output, each with the batch as its
+    leading dimension; on the controller only when some request of the batch wanted
+    them. None otherwise (an emulated INFER computes none).
+    """
 
     id: int
     type: ActionType
@@ -102,7 +108,7 @@ class Result:
     end: int = 0  # when it finished
     duration: int = 0  # measured duration of the main phase (EXEC / copy)
     message: str = ""
-    outputs: object = None  # INFER only, optional
+    outputs: object = None  # INFER: list[clockwork.tensors.Tensor] (batch-first) or None
 
     @property
     def ok(self) -> bool:

@@ -27,7 +27,7 @@ from clockwork.errors import ControllerUnavailable, error_for
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
 from clockwork.protocol.pacing import Pacer
-from clockwork.protocol.wire import msg_to_array, tensor_to_msg
+from clockwork.protocol.wire import array_to_msg, msg_to_array
 
 _OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
             ("grpc.max_send_message_length", 64 << 20)]
@@ -77,7 +77,7 @@ def _request(model: str, inputs, slo_ms: float | None, client_id: int = 0) -> pb
         items = ((f"input{i}" if len(inputs) > 1 else "", a) for i, a in enumerate(inputs))
     else:
         items = (("", inputs),)
-    req.inputs.extend(tensor_to_msg(name, np.asarray(a)) for name, a in items)
+    req.inputs.extend(array_to_msg(name, a) for name, a in items)
     return req
 
 

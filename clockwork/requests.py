@@ -14,6 +14,11 @@ class Request:
     ``slo`` 0 means "the scheduler's default". The scheduler fills ``deadline``
     (arrival + slo - buffer), ``drop_at`` (last moment a batch-1 EXEC could start)
     and its own bookkeeping fields.
+
+    ``inputs`` (live system): the client's input tensors, a ``list`` of
+    ``clockwork.tensors.Tensor`` checked against the model's input specs (each of the
+    spec's shape, or with a leading batch dimension of 1), or None (the worker runs
+    zeros). ``row`` is the request's row in the INFER batch that serves it.
     """
 
     __slots__ = ("id", "model", "arrival", "slo", "deadline", "drop_at", "state", "demand",
@@ -31,7 +36,7 @@ class Request:
         self.demand = 0.0
         self.cold = False
         self.tag = tag  # whoever submitted it (workload index, client stream, ...)
-        self.inputs = inputs  # the client's input tensors (live system), or None
+        self.inputs = inputs  # list[Tensor] from the client (live system), or None
         self.row = 0  # its row in the INFER batch that serves it (set when sent)
         self.want_outputs = True  # live system: the client wants output tensors back
 
@@ -40,7 +45,13 @@ class Request:
 
 
 class Reply:
-    """The one answer to a request. ``time`` is when the controller answered."""
+    """The one answer to a request. ``time`` is when the controller answered.
+
+    ``outputs``: the output tensors of the whole INFER batch that served the request (a
+    ``list`` of ``clockwork.tensors.Tensor`` with a leading batch dimension, shared by
+    the batch's replies; the request's own row is ``outputs[k].row(request.row)``, a
+    view), or None: no tensors came back (the emulated device, or nobody wanted them).
+    """
 
     __slots__ = ("request", "status", "time", "message", "gpu", "batch_size", "outputs")
 

@@ -12,6 +12,11 @@ scheduled, timed out and answered exactly once in the same way. Conventions:
 - status mapping: TIMEOUT -> DEADLINE_EXCEEDED (HTTP 504), unknown model -> NOT_FOUND
   (404), bad input/SLO -> INVALID_ARGUMENT (400), shutdown -> UNAVAILABLE (503), other
   errors -> INTERNAL (500).
+
+Inputs become ``clockwork.tensors.Tensor``s over the bytes that arrived (a
+``raw_input_contents`` entry, a slice of the REST body) or over the array decoded from
+typed contents / JSON data, and go to the controller as they are (no ``clockwork.v1``
+message in between).
 """
 
 from __future__ import annotations
@@ -20,16 +25,16 @@ import asyncio
 import json
 import sys
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
 
 from clockwork import __version__
 from clockwork.actions import RequestStatus
-from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import kserve_pb2 as kpb
 from clockwork.protocol import kserve_pb2_grpc as kpbg
+from clockwork.tensors import Tensor
 
 # KServe datatype <-> numpy dtype name
 KS_TO_NP = {"BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32",
@@ -60,12 +65,25 @@ class KServeError(Exception):
 
 @dataclass
 class InTensor:
-    """One decoded input: name, datatype (KServe), shape (as sent), raw bytes."""
+    """One decoded input: name, datatype (KServe), shape (as sent), its elements in C
+    order (``bytes``, a ``memoryview`` of the request body, or a numpy array)."""
 
     name: str
     datatype: str
     shape: list[int]
-    data: bytes
+    data: bytes | memoryview | np.ndarray
+
+
+@dataclass(slots=True)
+class TypedInferRequest:
+    """What the controller reads of a request (``pb.InferRequest``'s fields), with the
+    inputs already Tensors: no ``clockwork.v1`` message is built for a KServe request."""
+
+    model: str
+    inputs: list[Tensor] = field(default_factory=list)
+    slo_ms: float = 0.0
+    client_id: int = 0
+    skip_outputs: bool = False
 
 
 @dataclass
@@ -137,7 +155,8 @@ class KServeFrontend:
     # ------------------------------------------------------------------ inference
 
     def _check(self, name: str, inputs: list[InTensor], requested: list[str]):
-        """Validate against the profile -> (clockwork tensors, batch-dim flag)."""
+        """Validate against the profile -> (Tensors of the profile's shapes, batch-dim
+        flag). The Tensors share the inputs' buffers."""
         p = self.profile(name)
         specs = {t.name: t for t in p.inputs}
         tensors = []
@@ -164,14 +183,14 @@ class KServeFrontend:
                 raise KServeError(INVALID, f"input {t.name!r} of model {name!r} has shape "
                                   f"{list(shape)}, expected {[1, *spec.shape]} "
                                   f"(or {list(spec.shape)})")
+            tensor = Tensor(t.name, np.dtype(np_name), tuple(spec.shape), t.data)
             n = int(np.prod(shape, dtype=np.int64))
-            want = n * np.dtype(np_name).itemsize
-            if len(t.data) != want:
+            want = n * tensor.dtype.itemsize
+            if tensor.nbytes != want:
                 raise KServeError(INVALID, f"input {t.name!r} of model {name!r} has "
-                                  f"{len(t.data)} bytes of data, expected {want} for shape "
+                                  f"{tensor.nbytes} bytes of data, expected {want} for shape "
                                   f"{list(shape)} {t.datatype}")
-            tensors.append(pb.Tensor(name=t.name, shape=list(spec.shape), dtype=spec.dtype,
-                                     data=t.data))
+            tensors.append(tensor)
         outs = {t.name for t in p.outputs}
         for r in requested:
             if r not in outs:
@@ -190,7 +209,7 @@ class KServeFrontend:
             if not fut.done():
                 fut.set_result(resp)
 
-        self.node.submit(pb.InferRequest(model=name, inputs=tensors, slo_ms=slo), deliver)
+        self.node.submit(TypedInferRequest(name, tensors, slo), deliver)
         resp = await fut
         if resp.status != RequestStatus.SUCCESS:
             if resp.status == RequestStatus.TIMEOUT:
@@ -243,7 +262,7 @@ def _grpc_inputs(request: kpb.ModelInferRequest) -> list[InTensor]:
             if np_name is None or field is None:
                 raise KServeError(INVALID, f"input {t.name!r}: datatype {t.datatype!r} "
                                   "cannot be sent as typed contents")
-            data = np.asarray(getattr(t.contents, field), dtype=np_name).tobytes()
+            data = np.ascontiguousarray(getattr(t.contents, field), dtype=np_name)
         out.append(InTensor(t.name, t.datatype, list(t.shape), data))
     return out
 
@@ -309,8 +328,11 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
 MAX_BODY = 256 << 20
 
 
-def _rest_inputs(body: dict, binary: bytes) -> list[InTensor]:
+def _rest_inputs(body: dict, binary: bytes | memoryview) -> list[InTensor]:
+    """The inputs of a REST request: binary ones as views of the body after the JSON
+    header (no copy), JSON ones as arrays."""
     out = []
+    binary = memoryview(binary)
     pos = 0
     inputs = body.get("inputs")
     if not isinstance(inputs, list):
@@ -337,7 +359,7 @@ def _rest_inputs(body: dict, binary: bytes) -> list[InTensor]:
             if "data" not in t:
                 raise KServeError(INVALID, f"input {name!r} has no data")
             try:
-                data = np.asarray(t["data"], dtype=np_name).tobytes()
+                data = np.ascontiguousarray(t["data"], dtype=np_name)
             except (TypeError, ValueError) as e:
                 raise KServeError(INVALID, f"input {name!r}: bad data ({e})") from None
         out.append(InTensor(name, datatype, shape, data))
@@ -459,7 +481,8 @@ class KServeHttp:
         binary_of = {o.get("name"): bool((o.get("parameters") or {}).get("binary_data",
                                                                           binary_all))
                      for o in wanted if isinstance(o, dict)}
-        outs = await self.fe.infer(name, _rest_inputs(req, body[n:]), params, requested)
+        outs = await self.fe.infer(name, _rest_inputs(req, memoryview(body)[n:]), params,
+                                   requested)
         resp = {"model_name": name, "model_version": "1", "outputs": []}
         if "id" in req:
             resp["id"] = req["id"]

@@ -35,8 +35,9 @@ from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
 from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
 from clockwork.protocol.pacing import Pacer
-from clockwork.protocol.wire import action_to_msg, batch_inputs, msg_to_result
+from clockwork.protocol.wire import action_to_msg, add_tensors, msg_to_result, msgs_to_tensors
 from clockwork.requests import Reply, Request
+from clockwork.tensors import Tensor, TensorError, batch_inputs, check_inputs, zero_rows
 from clockwork.time import ms
 from controller import make_policy, split_settings
 from controller.config import SchedulerConfig
@@ -285,9 +286,10 @@ class ControllerNode:
             want = want or r.want_outputs
         m.want_outputs = want
         if real:
-            inputs = batch_inputs(reqs, a.batch_size, self.profiles[a.model].inputs)
+            inputs = batch_inputs([r.inputs for r in reqs], a.batch_size,
+                                  self.profiles[a.model].inputs)
             if inputs:
-                m.inputs.extend(inputs)
+                add_tensors(m.inputs, inputs)
 
     async def _echoer(self, link: WorkerLink) -> None:
         while True:
@@ -402,14 +404,13 @@ class ControllerNode:
                                     gpu=rep.gpu, cold=r.cold)
             if rep.status == RequestStatus.INVALID_REQUEST and r.model not in self.profiles:
                 resp.reason = "unknown_model"
-            outs = rep.outputs
-            if outs and r.want_outputs:
-                row = r.row
-                for t in outs:
-                    n = t.shape[0] if t.shape else 1
-                    size = len(t.data) // n if n else 0
-                    resp.outputs.append(pb.Tensor(name=t.name, shape=t.shape[1:], dtype=t.dtype,
-                                                  data=t.data[row * size:(row + 1) * size]))
+            if r.want_outputs and rep.status == RequestStatus.SUCCESS:
+                outs = rep.outputs  # the batch's outputs; ours is row r.row (views, no copy)
+                if outs:
+                    row = r.row
+                    add_tensors(resp.outputs, [t.row(row) if t.shape else t for t in outs])
+                else:  # the emulated device computes nothing: zeros of the output shapes
+                    add_tensors(resp.outputs, zero_rows(self.profiles[r.model].outputs))
             r.tag(resp)
 
     def submit(self, req: pb.InferRequest, deliver) -> None:
@@ -425,7 +426,9 @@ class ControllerNode:
                             if r is not None], now)
 
     def _admit(self, req: pb.InferRequest, deliver, now: int) -> Request | None:
-        """Check a request; answer it at once if it is invalid, else make its Request."""
+        """Check a request; answer it at once if it is invalid, else make its Request.
+        ``req`` is a ``pb.InferRequest``, or an object with the same fields whose inputs
+        are Tensors already (the KServe front end)."""
         rid = self.next_id
         self.next_id += 1
         self.count("requests")
@@ -435,14 +438,14 @@ class ControllerNode:
                                      client_id=req.client_id, gpu=-1))
             return None
         prof = self.profiles.get(req.model)
-        bad = None
+        bad = inputs = None
         reason = ""
         if prof is None:
             bad, reason = f"unknown model {req.model!r}", "unknown_model"
         elif req.slo_ms < 0 or req.slo_ms != req.slo_ms:
             bad, reason = f"slo_ms must be >= 0, got {req.slo_ms}", "bad_slo"
         elif req.inputs:
-            bad = _check_inputs(req.inputs, prof)
+            inputs, bad = _check_inputs(req.inputs, prof)
             reason = "bad_input"
         cid = req.client_id
         if bad is not None:
@@ -457,7 +460,7 @@ class ControllerNode:
             deliver(resp)
 
         r = Request(rid, req.model, now, ms(req.slo_ms) if req.slo_ms else 0, tagged,
-                    req.inputs or None)
+                    inputs)  # list[Tensor] or None
         if req.skip_outputs:
             r.want_outputs = False
         self.pending[rid] = r
@@ -488,29 +491,15 @@ class ControllerNode:
             batch_sizes=p.batch_sizes, weights_pages=p.weights_pages)
 
 
-def _check_inputs(inputs, prof: ModelProfile) -> str | None:
-    specs = {t.name: t for t in prof.inputs}
-    for t in inputs:
-        spec = specs.get(t.name) if t.name else (prof.inputs[0] if len(prof.inputs) == 1 else None)
-        if spec is None:
-            return f"input {t.name!r} is not one of {sorted(specs)}"
-        shape = tuple(t.shape)
-        if shape != spec.shape and shape != (1, *spec.shape):
-            return f"input {spec.name!r} has shape {list(shape)}, expected {list(spec.shape)}"
-        if t.dtype != spec.dtype:
-            return f"input {spec.name!r} has dtype {t.dtype}, expected {spec.dtype}"
-        n = 1
-        for d in shape:
-            n *= d
+def _check_inputs(inputs, prof: ModelProfile) -> tuple[list[Tensor] | None, str | None]:
+    """A request's inputs as Tensors (``pb.Tensor``s are converted; the KServe front end
+    sends Tensors already), and why they do not fit the model (None if they do)."""
+    if not isinstance(inputs[0], Tensor):
         try:
-            import numpy as np
-
-            itemsize = np.dtype(t.dtype).itemsize
-        except TypeError:
-            return f"input {spec.name!r}: unknown dtype {t.dtype!r}"
-        if len(t.data) != n * itemsize:
-            return f"input {spec.name!r}: {len(t.data)} bytes, expected {n * itemsize}"
-    return None
+            inputs = msgs_to_tensors(inputs)
+        except TensorError as e:
+            return None, str(e)
+    return inputs, check_inputs(inputs, prof.inputs)
 
 
 class ClockworkServicer(pbg.ClockworkServicer):

@@ -28,7 +28,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
-import numpy as np
 import orjson
 
 from clockwork.actions import ActionType, ErrorCode, Result
@@ -37,7 +36,8 @@ from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
 from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
 from clockwork.protocol.pacing import Pacer
-from clockwork.protocol.wire import msg_to_action, msg_to_array, result_to_msg, tensor_to_msg
+from clockwork.protocol.wire import msg_to_action, msgs_to_tensors, result_to_msg
+from clockwork.tensors import Tensor
 from worker.devices.emulated import EmulatedDevice
 from worker.executor import GpuExecutor
 from worker.loop import WorkerLoop
@@ -75,7 +75,7 @@ class WorkerNode:
         self.executors: list[GpuExecutor] = []
         self.real: list = []  # real devices, one per GPU
         self._threads: list[tuple[ThreadPoolExecutor, ThreadPoolExecutor]] = []
-        self._inputs: dict[int, list[pb.Tensor]] = {}  # INFER id -> its batch's inputs
+        self._inputs: dict[int, list[Tensor]] = {}  # INFER id -> its batch's inputs
         self._want: set[int] = set()  # INFERs whose output tensors go back
         self.result_interval_us = result_interval_us  # pacing of result messages
         self._out: list[pb.ResultMsg] = []
@@ -83,7 +83,6 @@ class WorkerNode:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self.wloop: WorkerLoop | None = None  # the driver (worker.loop); this node is its transport
-        self._zeros: dict[tuple[str, int], list[pb.Tensor]] = {}
         if device != "emulated":
             self.real = [_open_device(device, self.pages, g) for g in range(gpus)]
             self._threads = [(ThreadPoolExecutor(1, f"exec{g}"), ThreadPoolExecutor(1, f"load{g}"))
@@ -193,7 +192,7 @@ class WorkerNode:
             if m.want_outputs:
                 self._want.add(a.id)
             if real and m.inputs:
-                self._inputs[a.id] = list(m.inputs)
+                self._inputs[a.id] = msgs_to_tensors(m.inputs)
             actions.append(a)
         self.wloop.submit(actions, now)
 
@@ -240,9 +239,12 @@ class WorkerNode:
         t0 = now_ns()
         status, message, exec_ns, outs = ErrorCode.SUCCESS, "", None, None
         try:
-            arr = msg_to_array(inputs[0]) if inputs else None
+            arr = inputs[0].array if inputs else None  # a view over the received bytes
             out, exec_ns = dev.infer(a.model, arr, a.batch_size)
-            outs = out if isinstance(out, list) else [out]
+            prof = self.instances.get(a.model)
+            specs = prof.outputs if prof is not None else []
+            outs = [Tensor.of(specs[k].name if k < len(specs) else f"output{k}", o)
+                    for k, o in enumerate(out if isinstance(out, list) else [out])]
         except DeviceError as err:  # each device error carries the code to answer with
             status, message = err.code, str(err)
         except Exception as err:  # noqa: BLE001 - a failed EXEC must still be answered
@@ -271,21 +273,6 @@ class WorkerNode:
                    message: str, duration: int | None, outs) -> None:
         self.wloop.complete(e, aid, now_ns(), t0, t1, status, message, duration, outs)
 
-    def _outputs(self, model: str, batch: int) -> list[pb.Tensor]:
-        """Zeros of the profile's output shapes and dtypes (emulated device)."""
-        key = (model, batch)
-        t = self._zeros.get(key)
-        if t is None:
-            t = []
-            for spec in self.instances[model].outputs:
-                shape = (batch, *spec.shape)
-                nbytes = int(np.prod(shape)) * np.dtype(spec.dtype).itemsize
-                t.append(pb.Tensor(name=spec.name, shape=shape, dtype=spec.dtype,
-                                   data=bytes(nbytes)))
-            if len(self._zeros) < 4096:
-                self._zeros[key] = t
-        return t
-
     def _emit(self, results: list[Result]) -> None:
         if not results:
             return
@@ -294,14 +281,10 @@ class WorkerNode:
             outs = None
             if r.type == ActionType.INFER and r.id in want:
                 want.discard(r.id)
-                if r.status != ErrorCode.SUCCESS:
-                    pass
-                elif r.outputs is not None:  # a real device's arrays
-                    specs = self.instances[r.model].outputs
-                    outs = [tensor_to_msg(specs[k].name if k < len(specs) else f"output{k}", o)
-                            for k, o in enumerate(r.outputs)]
-                else:
-                    outs = self._outputs(r.model, r.batch_size)
+                if r.status == ErrorCode.SUCCESS:
+                    # a real device's output Tensors; the emulated device has none and
+                    # sends none (the controller answers zeros of the output shapes)
+                    outs = r.outputs
             self._out.append(result_to_msg(r, outs))
         self._out_ready.set()
 

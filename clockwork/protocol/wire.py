@@ -2,6 +2,12 @@
 
 Shared by the controller and worker shells (neither imports the other). Window times
 are converted between clocks by the caller; these functions copy fields as they are.
+
+Tensors: inside the processes they are ``clockwork.tensors.Tensor``; ``pb.Tensor`` exists
+only here and in the messages. Protobuf copies a bytes field on every read and write, so
+each conversion reads or writes ``data`` exactly once: a ``pb.Tensor`` becomes a Tensor
+over the one ``bytes`` object read out of it; a Tensor becomes a ``pb.Tensor`` by one
+write of its data (after ``tobytes()`` when its buffer is not ``bytes`` already).
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ import numpy as np
 
 from clockwork.actions import NEVER, Action, ActionType, ErrorCode, Result
 from clockwork.protocol import clockwork_pb2 as pb
+from clockwork.tensors import Tensor, TensorError
 
 INT64_MAX = (1 << 63) - 1
 
@@ -25,29 +32,6 @@ def action_to_msg(a: Action, offset: int = 0) -> pb.ActionMsg:
     )
 
 
-def batch_inputs(requests, batch_size: int, specs) -> list[pb.Tensor] | None:
-    """One INFER's input tensors: each request's sample as a row, in order, zero rows
-    after them. ``specs``: the model's input TensorSpecs. None if no request has inputs.
-    A request's tensor is matched by name, or is the only input when unnamed."""
-    if not any(r.inputs for r in requests):
-        return None
-    out = []
-    for k, spec in enumerate(specs):
-        row = int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
-        parts = []
-        for r in requests:
-            data = b""
-            for t in r.inputs or ():
-                if t.name == spec.name or (not t.name and k == 0):
-                    data = t.data
-                    break
-            parts.append(data if len(data) == row else bytes(row))
-        parts.append(bytes(row * (batch_size - len(requests))))
-        out.append(pb.Tensor(name=spec.name, shape=[batch_size, *spec.shape], dtype=spec.dtype,
-                             data=b"".join(parts)))
-    return out
-
-
 def msg_to_action(m: pb.ActionMsg, worker: int = 0) -> Action:
     return Action(id=m.id, type=ActionType(m.type), worker=worker, gpu=m.gpu, model=m.model,
                   earliest=m.earliest, latest=NEVER if m.latest >= INT64_MAX else m.latest,
@@ -55,11 +39,14 @@ def msg_to_action(m: pb.ActionMsg, worker: int = 0) -> Action:
                   version=m.version)
 
 
-def result_to_msg(r: Result, outputs: list[pb.Tensor] | None = None) -> pb.ResultMsg:
-    return pb.ResultMsg(id=r.id, type=int(r.type), status=int(r.status), gpu=r.gpu,
-                        model=r.model, batch_size=r.batch_size, received=r.received,
-                        begin=r.begin, end=r.end, duration=r.duration, message=r.message,
-                        outputs=outputs or ())
+def result_to_msg(r: Result, outputs: list[Tensor] | None = None) -> pb.ResultMsg:
+    """``outputs``: the tensors to send with it (None: none, whatever ``r.outputs`` holds)."""
+    m = pb.ResultMsg(id=r.id, type=int(r.type), status=int(r.status), gpu=r.gpu,
+                     model=r.model, batch_size=r.batch_size, received=r.received,
+                     begin=r.begin, end=r.end, duration=r.duration, message=r.message)
+    if outputs:
+        add_tensors(m.outputs, outputs)
+    return m
 
 
 def msg_to_result(m: pb.ResultMsg, worker: int, offset: int = 0) -> Result:
@@ -74,15 +61,40 @@ def msg_to_result(m: pb.ResultMsg, worker: int, offset: int = 0) -> Result:
                   begin=m.begin - offset if m.begin else 0,
                   end=m.end - offset if m.end else 0,
                   duration=m.duration, message=m.message,
-                  outputs=list(m.outputs) if m.outputs else None)
+                  outputs=msgs_to_tensors(m.outputs) if m.outputs else None)
 
 
-def tensor_to_msg(name: str, arr: np.ndarray) -> pb.Tensor:
-    arr = np.ascontiguousarray(arr)
-    if arr.dtype.byteorder == ">":
-        arr = arr.astype(arr.dtype.newbyteorder("<"))
-    return pb.Tensor(name=name, shape=list(arr.shape), dtype=arr.dtype.name, data=arr.tobytes())
+def tensor_to_msg(t: Tensor) -> pb.Tensor:
+    return pb.Tensor(name=t.name, shape=t.shape, dtype=t.dtype.name, data=t.to_bytes())
+
+
+def add_tensors(field, tensors) -> None:
+    """Append ``tensors`` to a repeated ``pb.Tensor`` field, built in place (``append``
+    would copy each message once more)."""
+    for t in tensors:
+        field.add(name=t.name, shape=t.shape, dtype=t.dtype.name, data=t.to_bytes())
+
+
+def msg_to_tensor(m: pb.Tensor) -> Tensor:
+    """A Tensor over the message's bytes. Its size is not checked against the shape
+    (``clockwork.tensors.check_inputs`` does that for client inputs). Raises
+    ``TensorError`` for a dtype name numpy does not know."""
+    try:
+        dtype = np.dtype(m.dtype)
+    except TypeError:
+        raise TensorError(f"input {m.name!r}: unknown dtype {m.dtype!r}") from None
+    return Tensor(m.name, dtype, tuple(m.shape), m.data)
+
+
+def msgs_to_tensors(msgs) -> list[Tensor]:
+    return [msg_to_tensor(m) for m in msgs]
+
+
+def array_to_msg(name: str, arr: np.ndarray) -> pb.Tensor:
+    """A numpy array as a ``pb.Tensor`` (little-endian, C order)."""
+    return tensor_to_msg(Tensor.of(name, arr))
 
 
 def msg_to_array(t: pb.Tensor) -> np.ndarray:
-    return np.frombuffer(t.data, dtype=np.dtype(t.dtype)).reshape(tuple(t.shape))
+    """A numpy view (read-only) over a ``pb.Tensor``'s bytes."""
+    return msg_to_tensor(t).array
