@@ -237,6 +237,9 @@ def cluster_from_scenario(sc) -> tuple[dict, list[str]]:
         if float(c.get("slow_prob", 0.0)):
             w += ["--slow-prob", str(float(c["slow_prob"])),
                   "--slow-factor", str(float(c.get("slow_factor", 3.0)))]
+        offsets = c.get("clock_offsets_ms") or []
+        if i < len(offsets) and float(offsets[i]):
+            w += ["--clock-offset-ms", str(float(offsets[i]))]
         wargs.append(w)
     device = str(c.get("device", "emulated"))
     kw = {"workers": workers, "gpus": int(c["gpus_per_worker"]), "profiles": str(c["profiles"]),
@@ -244,7 +247,7 @@ def cluster_from_scenario(sc) -> tuple[dict, list[str]]:
           "scheduler": dict(sc.scheduler), "controller_args": [], "worker_args": wargs,
           "device": device,
           "packages": str(c["packages"]) if c.get("packages") else None}
-    ignored = ["cluster.jitter_ms"] if float(c.get("jitter_ms", 0.0)) else []
+    ignored = [f"cluster.{k}" for k in ("jitter_ms", "clock_error_ms") if float(c.get(k, 0.0))]
     return kw, ignored
 
 
