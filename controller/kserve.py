@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 import urllib.parse
 from dataclasses import dataclass, field
@@ -114,8 +115,8 @@ def slo_from_params(params: dict) -> float:
         except (TypeError, ValueError):
             raise KServeError(INVALID, f"parameter {key!r} must be a number, got {v!r}") from None
     v = float(v)
-    if v != v or v < 0:
-        raise KServeError(INVALID, f"parameter {key!r} must be >= 0, got {v}")
+    if not math.isfinite(v) or v < 0:
+        raise KServeError(INVALID, f"parameter {key!r} must be a finite number >= 0, got {v}")
     return v if key == "slo_ms" else v / 1000.0
 
 

@@ -53,6 +53,7 @@ _STATUS_NAME = {s: s.name.lower() for s in RequestStatus}
 _STATUS_KEY = {s: f"requests_{s.name.lower()}" for s in RequestStatus}
 LOG_FLUSH_S = 5.0
 RECONNECT_S = 0.25  # between attempts to reach a lost worker again
+MAX_SLO_MS = 86_400_000.0  # one day: a longer SLO is a mistake (inf, a unit error)
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
                    ("grpc.max_send_message_length", 64 << 20)]
 # to a worker: retry a refused connection quickly (a restarted worker is back in ~0.3 s)
@@ -442,8 +443,9 @@ class ControllerNode:
         reason = ""
         if prof is None:
             bad, reason = f"unknown model {req.model!r}", "unknown_model"
-        elif req.slo_ms < 0 or req.slo_ms != req.slo_ms:
-            bad, reason = f"slo_ms must be >= 0, got {req.slo_ms}", "bad_slo"
+        elif not 0 <= req.slo_ms <= MAX_SLO_MS:  # also refuses nan and inf
+            bad, reason = (f"slo_ms must be a number from 0 (the default SLO) to "
+                           f"{MAX_SLO_MS:.0f}, got {req.slo_ms}"), "bad_slo"
         elif req.inputs:
             inputs, bad = _check_inputs(req.inputs, prof)
             reason = "bad_input"
@@ -459,7 +461,8 @@ class ControllerNode:
             resp.client_id = cid
             deliver(resp)
 
-        r = Request(rid, req.model, now, ms(req.slo_ms) if req.slo_ms else 0, tagged,
+        # a positive SLO is at least 1 ns (0 would mean "the default")
+        r = Request(rid, req.model, now, max(1, ms(req.slo_ms)) if req.slo_ms else 0, tagged,
                     inputs)  # list[Tensor] or None
         if req.skip_outputs:
             r.want_outputs = False

@@ -11,7 +11,7 @@ grpc = pytest.importorskip("grpc")
 
 import clockwork  # noqa: E402
 from clockwork.cluster.replay import replay  # noqa: E402
-from clockwork.errors import InvalidRequest, UnknownModel  # noqa: E402
+from clockwork.errors import InferenceTimeout, InvalidRequest, UnknownModel  # noqa: E402
 from clockwork.scenario import load_scenario  # noqa: E402
 from tests.conftest import local_cluster  # noqa: E402
 
@@ -66,6 +66,31 @@ def test_async_client(cluster):
             assert len({r.client_id for r in resps}) == 30
 
     asyncio.run(asyncio.wait_for(main(), 20))
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan"), 1e300])
+def test_a_bad_slo_in_a_stream_harms_only_its_request(cluster, bad):
+    """One request with an impossible SLO in a stream message: it alone is refused; the
+    rest of the message is served and the stream stays open for more."""
+    async def main():
+        async with clockwork.AsyncClient(cluster.address, timeout=10) as c:
+            s = c.stream()
+            futs = [s.submit("mobilenet_v2", slo_ms=200) for _ in range(5)]
+            futs.append(s.submit("mobilenet_v2", slo_ms=bad))
+            futs += [s.submit("mobilenet_v2", slo_ms=200) for _ in range(5)]
+            resps = await asyncio.wait_for(asyncio.gather(*futs), 10)
+            assert [r.status for r in resps] == [0] * 5 + [6] + [0] * 5  # INVALID_REQUEST
+            assert resps[5].reason == "bad_slo"
+            more = await asyncio.wait_for(s.submit("mobilenet_v2", slo_ms=200), 10)
+            assert more.status == 0
+            await s.close()
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+    with clockwork.Client(cluster.address, timeout=10) as c:
+        with pytest.raises(InvalidRequest):
+            c.infer("mobilenet_v2", slo_ms=bad)
+        with pytest.raises(InferenceTimeout):  # 1 ns, not the default SLO
+            c.infer("mobilenet_v2", slo_ms=1e-9)
 
 
 def test_replay_poisson(cluster, tmp_path):
