@@ -58,6 +58,19 @@ class SchedulerConfig:
         True, "Run a larger batch first when the most urgent request can wait for it.")
     load_check_interval: int = setting(
         ms(2), "How often unmet LOAD demand is re-examined.", units=("ms",), ge=0)
+    probe_slack: int = setting(
+        ms(10), "Liveness: an action still unanswered this long after its predicted end "
+        "(or `probe_slack_frac` of its duration, if longer) makes the controller probe its "
+        "worker.", units=("ms",), ge=0)
+    probe_slack_frac: float = setting(
+        0.5, "Liveness: see `probe_slack_ms`.", ge=0)
+    probe_timeout: int = setting(
+        ms(50), "Liveness: a worker that does not answer a probe within this is suspect: "
+        "its in-flight requests are re-planned elsewhere until it answers again.",
+        units=("ms",), gt=0)
+    liveness: bool = setting(
+        True, "Probe workers whose actions are overdue and stop using those that do not "
+        "answer (a hung worker); off: only a closed connection takes a worker out.")
 
     @classmethod
     def from_ms(cls, **kw: Any) -> SchedulerConfig:

@@ -21,10 +21,23 @@ A lost worker's outstanding actions fail back into the policy as results (INFER:
 requests; LOAD/EVICT: ``NETWORK_SEND_TOO_LATE``, so the copy is dropped from its view).
 These failures are fed ``FAIL_DELAY`` later from the timer, never from inside the policy
 call that produced the actions (no hot loop while a worker is gone).
+
+Liveness: a worker can hang without its connection closing. Every action sent has a
+bound -- its predicted end plus ``max(slack_min, slack_frac x expected duration)``. When
+an action is still outstanding at its bound the loop probes its worker (``probe``: a
+message the worker answers at once, which the transport reports with ``heard_from``);
+unanswered within ``probe_timeout`` the worker is *suspect*: treated as lost (its
+requests are re-planned elsewhere while they can still make their deadlines, and its
+late results are dropped). The first message heard from a suspect worker re-admits it:
+the loop asks the transport to ``reset`` it (an empty cache, nothing in flight) and
+gives its GPUs back to the policy, which loads them again by its own demand rules. A
+worker that is merely slow answers the probe and is left alone.
 """
 
 from __future__ import annotations
 
+import heapq
+from dataclasses import dataclass
 from typing import Protocol
 
 from clockwork.actions import Action, ActionType, ErrorCode, Result
@@ -33,6 +46,22 @@ from clockwork.time import ms
 from controller.policy import GpuSpec, Policy
 
 FAIL_DELAY = ms(2)  # a failed action's result reaches the policy this much later
+
+
+@dataclass(frozen=True, slots=True)
+class Liveness:
+    """When an outstanding action makes the loop probe its worker, and how long the
+    worker has to answer before it is suspect (int ns)."""
+
+    slack_min: int = ms(10)
+    slack_frac: float = 0.5
+    probe_timeout: int = ms(50)
+    enabled: bool = True
+
+    @classmethod
+    def of(cls, cfg) -> Liveness:
+        """From a ``SchedulerConfig`` (its ``probe_*`` and ``liveness`` settings)."""
+        return cls(cfg.probe_slack, cfg.probe_slack_frac, cfg.probe_timeout, cfg.liveness)
 
 
 class ControllerTransport(Protocol):
@@ -49,6 +78,13 @@ class ControllerTransport(Protocol):
         """Call ``loop.tick`` at or after ``at``. Replaces any timer armed for later; the
         loop never arms a time later than one still pending."""
 
+    def probe(self, worker: int) -> None:
+        """Ask ``worker`` for an immediate answer; report it with ``loop.heard_from``."""
+
+    def reset(self, worker: int) -> None:
+        """Tell ``worker`` (before anything sent after this call) to drop its weights and
+        everything in flight: it is being re-admitted after it was suspect."""
+
 
 class LoopObserver:
     """Optional hooks for counters and metrics (the defaults do nothing)."""
@@ -62,13 +98,20 @@ class LoopObserver:
     def unknown(self, worker: int, result: Result) -> None:
         """A result for no outstanding action (a duplicate, or from before a loss)."""
 
+    def suspect(self, worker: int, failed: int) -> None:
+        """``worker`` did not answer a probe; ``failed`` actions were failed."""
+
+    def readmitted(self, worker: int) -> None:
+        """A suspect worker was heard from again and is being reset and re-admitted."""
+
 
 class ControllerLoop:
     """Drives ``policy`` through ``transport``. ``specs``: the GPUs, in the policy's
     index order. ``telemetry`` (optional) records every sent action and its result."""
 
     def __init__(self, policy: Policy, transport: ControllerTransport, specs: list[GpuSpec],
-                 telemetry=None, observer: LoopObserver | None = None) -> None:
+                 telemetry=None, observer: LoopObserver | None = None,
+                 liveness: Liveness | None = None) -> None:
         self.policy = policy
         self.transport = transport
         self.telemetry = telemetry
@@ -81,6 +124,11 @@ class ControllerLoop:
         self.outstanding: list[dict[int, Action]] = [{} for _ in range(n)]
         self.armed: int | None = None  # the time the transport's timer is set for
         self._failed: list[tuple[int, Result]] = []  # (due, result), due ascending
+        self.liveness = liveness or Liveness()
+        self._live = self.liveness.enabled
+        self._due: list[tuple[int, int, int]] = []  # (bound, action id, worker) heap
+        self.probing: dict[int, int] = {}  # worker -> when its probe's answer is due
+        self.suspect = [False] * n
 
     # ------------------------------------------------------------------ events
 
@@ -99,6 +147,8 @@ class ControllerLoop:
     def results(self, worker: int, results: list[Result], now: int) -> None:
         """Results from ``worker``, their times already on the controller's clock. A
         result claiming to end after ``now`` (a clock-offset error) is clamped to ``now``."""
+        if worker in self.probing or self.suspect[worker]:
+            self.heard_from(worker, now)
         outstanding = self.outstanding[worker]
         on_result = self.policy.on_result
         tel, obs = self.telemetry, self.observer
@@ -133,13 +183,41 @@ class ControllerLoop:
                 if tel is not None:
                     tel.result(r, now)
                 out.extend(on_result(r, now))
-        out.extend(self.policy.on_tick(now))
+        if self._live:
+            self._check_liveness(now)
+        nw = self.policy.next_wakeup()
+        if nw is not None and nw <= now:
+            out.extend(self.policy.on_tick(now))
         self._after(out, now)
+
+    def heard_from(self, worker: int, now: int) -> None:
+        """The transport got a message from ``worker`` (a result or a probe's answer)."""
+        self.probing.pop(worker, None)
+        if self.suspect[worker]:
+            self.suspect[worker] = False
+            self.observer.readmitted(worker)
+            self.transport.reset(worker)
+            self.worker_back(worker, now)
+
+    def _check_liveness(self, now: int) -> None:
+        probing = self.probing
+        for w in [w for w, until in probing.items() if until <= now]:
+            del probing[w]
+            self.suspect[w] = True
+            n = self.worker_lost(w, now, "worker suspect (no answer to a probe)")
+            self.observer.suspect(w, n)
+        due, outstanding, up = self._due, self.outstanding, self.up
+        while due and due[0][0] <= now:
+            _, aid, w = heapq.heappop(due)
+            if aid in outstanding[w] and up[w] and w not in probing:
+                probing[w] = now + self.liveness.probe_timeout
+                self.transport.probe(w)
 
     def worker_lost(self, worker: int, now: int, why: str = "worker lost") -> int:
         """``worker`` went away: the policy places nothing on its GPUs until it is back,
         and its outstanding actions fail. Returns how many actions failed."""
         self.up[worker] = False
+        self.probing.pop(worker, None)
         lost = list(self.outstanding[worker].values())
         self.outstanding[worker].clear()
         out: list[Action] = []
@@ -152,6 +230,8 @@ class ControllerLoop:
     def worker_back(self, worker: int, now: int) -> None:
         """``worker`` is connected again, with an empty weights cache."""
         self.up[worker] = True
+        self.suspect[worker] = False
+        self.probing.pop(worker, None)
         out: list[Action] = []
         for g in self.gpus_of[worker]:
             out.extend(self.policy.set_gpu_available(g, True, now))
@@ -165,6 +245,9 @@ class ControllerLoop:
             up, outstanding = self.up, self.outstanding
             batches: dict[int, list[Action]] = {}
             dead: list[Action] = []
+            live, due, push = self._live, self._due, heapq.heappush
+            lv = self.liveness
+            slack_min, slack_frac = lv.slack_min, lv.slack_frac
             for a in actions:
                 a.sent_at = now
                 sent(a)
@@ -173,6 +256,10 @@ class ControllerLoop:
                 w = a.worker
                 if up[w]:
                     outstanding[w][a.id] = a
+                    if live:
+                        slack = int(a.expected_duration * slack_frac)
+                        end = a.expected_end if a.expected_end > now else now
+                        push(due, (end + (slack if slack > slack_min else slack_min), a.id, w))
                     b = batches.get(w)
                     if b is None:
                         batches[w] = [a]
@@ -207,6 +294,16 @@ class ControllerLoop:
             f = self._failed[0][0]
             if nw is None or f < nw:
                 nw = f
+        if self._live:
+            due, outstanding = self._due, self.outstanding
+            while due and due[0][1] not in outstanding[due[0][2]]:
+                heapq.heappop(due)  # answered in time
+            if due and (nw is None or due[0][0] < nw):
+                nw = due[0][0]
+            if self.probing:
+                until = min(self.probing.values())
+                if nw is None or until < nw:
+                    nw = until
         if nw is None:
             return
         if nw < now:

@@ -41,7 +41,7 @@ from clockwork.tensors import Tensor, TensorError, batch_inputs, check_inputs, z
 from clockwork.time import ms
 from controller import make_policy, split_settings
 from controller.config import SchedulerConfig
-from controller.loop import ControllerLoop
+from controller.loop import ControllerLoop, Liveness
 from controller.metrics import ControllerMetrics
 from controller.policy import GpuSpec, Policy
 
@@ -111,6 +111,7 @@ class WorkerLink:
     tasks: list = field(default_factory=list)
     echo_seq: int = 0
     echo_due: bool = False
+    reset_due: bool = False  # write a Hello(reset) before any further action
     error: str = ""
 
     def add_sample(self, t0: int, tw: int, t2: int) -> None:
@@ -183,7 +184,8 @@ class ControllerNode:
                 specs.append(GpuSpec(link.index, g.gpu, g.pages))
         self.policy = make_policy(self.policy_name, list(self.profiles.values()), specs, self.cfg,
                                   self.settings)
-        self.ctrl = ControllerLoop(self.policy, self, specs, self.telemetry, observer=self)
+        self.ctrl = ControllerLoop(self.policy, self, specs, self.telemetry, observer=self,
+                                   liveness=Liveness.of(self.cfg))
         for link in self.links:
             self._start_link_tasks(link)
 
@@ -198,10 +200,7 @@ class ControllerNode:
                 r = await stub.ClockSync(pb.ClockSyncRequest(controller_time=t0), timeout=2.0)
                 link.add_sample(t0, r.worker_time, now_ns())
             call = stub.Connect()
-            hello = pb.Hello(worker_id=link.index, reset=True,
-                             instances=[pb.Instance(name=i, profile=m)
-                                        for i, m in self.instances.items()])
-            await call.write(pb.ControllerMessage(hello=hello))
+            await call.write(pb.ControllerMessage(hello=self._hello(link)))
             msg = await asyncio.wait_for(call.read(), 5.0)
             if msg is grpc.aio.EOF or msg.WhichOneof("kind") != "state":
                 raise ConnectionError(f"worker {link.address} did not send its state")
@@ -236,6 +235,12 @@ class ControllerNode:
                 await asyncio.sleep(0.2)
         raise ConnectionError(f"cannot reach worker {link.address}: {last!r}")
 
+    def _hello(self, link: WorkerLink) -> pb.Hello:
+        """Take the worker over with an empty cache and nothing in flight."""
+        return pb.Hello(worker_id=link.index, reset=True,
+                        instances=[pb.Instance(name=i, profile=m)
+                                   for i, m in self.instances.items()])
+
     def _start_link_tasks(self, link: WorkerLink) -> None:
         link.tasks = [asyncio.create_task(self._reader(link)),
                       asyncio.create_task(self._writer(link)),
@@ -256,6 +261,9 @@ class ControllerNode:
                     link.echo_seq += 1
                     await call.write(pb.ControllerMessage(
                         echo=pb.ClockEcho(seq=link.echo_seq, controller_time=now_ns())))
+                if link.reset_due:
+                    link.reset_due = False
+                    await call.write(pb.ControllerMessage(hello=self._hello(link)))
                 acts, link.pending = link.pending, []
                 if not acts:
                     continue
@@ -311,7 +319,9 @@ class ControllerNode:
                     self._on_results(link, msg.results.results)
                 elif kind == "echo":
                     e = msg.echo
-                    link.add_sample(e.controller_time, e.worker_time, now_ns())
+                    t = now_ns()
+                    link.add_sample(e.controller_time, e.worker_time, t)
+                    self.ctrl.heard_from(link.index, t)
         except grpc.aio.AioRpcError as e:
             link.error = f"{e.code()}: {e.details()}"
         except asyncio.CancelledError:
@@ -364,6 +374,19 @@ class ControllerNode:
     def answer(self, reply: Reply) -> None:
         self._answer((reply,))
 
+    def probe(self, worker: int) -> None:
+        link = self.links[worker]
+        link.echo_due = True  # the worker echoes at once; _reader reports heard_from
+        link.wake.set()
+
+    def reset(self, worker: int) -> None:
+        link = self.links[worker]
+        link.pending = []  # queued before it was suspect: failed already
+        link.reset_due = True
+        link.wake.set()
+        print(f"controller: worker {link.address} answers again; resetting and re-admitting it",
+              file=sys.stderr, flush=True)
+
     def arm(self, at: int) -> None:
         if self._tick_handle is not None:
             self._tick_handle.cancel()
@@ -385,6 +408,14 @@ class ControllerNode:
 
     def unknown(self, worker: int, r: Result) -> None:
         self.count("results_unknown")
+
+    def suspect(self, worker: int, failed: int) -> None:
+        self.count("worker_suspects")
+        print(f"controller: worker {self.links[worker].address} does not answer a probe; "
+              f"suspect, {failed} action(s) failed", file=sys.stderr, flush=True)
+
+    def readmitted(self, worker: int) -> None:
+        self.count("worker_readmissions")
 
     def _answer(self, replies: list[Reply]) -> None:
         pending = self.pending

@@ -30,7 +30,7 @@ from clockwork.time import NS_PER_S, ms, sec
 from clockwork.workloads import Workload, build_workload
 from controller import make_policy, split_settings
 from controller.config import SchedulerConfig
-from controller.loop import ControllerLoop
+from controller.loop import ControllerLoop, Liveness, LoopObserver
 from controller.policy import GpuSpec, Policy
 from worker.devices.emulated import EmulatedDevice
 from worker.executor import GpuExecutor
@@ -72,6 +72,7 @@ def run_info(wall_s: float, sc: Scenario, events: int = 0) -> dict:
 
 # event kinds
 _OPEN, _SUBMIT, _TO_WORKER, _WAKE, _TO_CTRL, _TICK, _FAULT = range(7)
+_PROBE, _RESET = "probe", "reset"  # controller -> worker messages that are not actions
 
 
 class Simulation:
@@ -203,6 +204,7 @@ class Simulation:
         alive = [True] * W
         hung = [0] * W
         restarts = [0] * W
+        gen = [0] * W  # worker generation: a restart or a reset makes a new one
         started = [0] * W
         slow = [0] * W
         last_in = [0] * W  # controller -> worker
@@ -239,6 +241,21 @@ class Simulation:
                 if estimates[w]:
                     actions = to_worker_clock(actions, estimates[w])
                 push(heap, (arrival(w, now, last_in), seq, _TO_WORKER, (w, now, actions)))
+
+            @staticmethod
+            def probe(w):
+                nonlocal seq
+                seq += 1
+                now = state["now"]
+                push(heap, (arrival(w, now, last_in), seq, _TO_WORKER, (w, now, _PROBE)))
+
+            @staticmethod
+            def reset(w):
+                nonlocal seq
+                seq += 1
+                now = state["now"]
+                push(heap, (arrival(w, now, last_in), seq, _TO_WORKER, (w, now, _RESET)))
+                log.append((now, f"controller resets worker {w}"))
 
             @staticmethod
             def answer(rep):
@@ -284,7 +301,15 @@ class Simulation:
                 seq += 1
                 push(heap, (at - offsets[self.w], seq, _WAKE, (self.w, self.restart)))
 
-        ctrl = ControllerLoop(self.policy, ToWorkers, self.specs, tel)
+        log = self.fault_log
+
+        class Observer(LoopObserver):
+            def suspect(self, w, failed):
+                log.append((state["now"], f"controller suspects worker {w}; {failed} "
+                                          "action(s) failed"))
+
+        ctrl = ControllerLoop(self.policy, ToWorkers, self.specs, tel, Observer(),
+                              Liveness.of(self.cfg))
         self.controller = ctrl
         wloops = [WorkerLoop(w, self.executors_of(w), ToController(w, 0)) for w in range(W)]
         self.workers = wloops
@@ -335,10 +360,11 @@ class Simulation:
             elif what == "restart":
                 if not alive[w]:
                     restarts[w] += 1
+                    gen[w] += 1
                     alive[w] = True
                     started[w] = now
-                    wloops[w] = WorkerLoop(w, self.executors_of(w, restarts[w]),
-                                           ToController(w, restarts[w]))
+                    wloops[w] = WorkerLoop(w, self.executors_of(w, gen[w]),
+                                           ToController(w, gen[w]))
                     log.append((now, f"worker {w} restarted"))
                     fault_at(now + reconnect, "back", w, restarts[w])
             elif what == "back":
@@ -382,21 +408,30 @@ class Simulation:
             state["now"] = now
             events += 1
             if kind == _TO_CTRL:
-                results(a[0], a[1], now)
+                if a[1] is _PROBE:
+                    ctrl.heard_from(a[0], now)
+                else:
+                    results(a[0], a[1], now)
             elif kind == _TO_WORKER:
                 w, sent, actions = a
                 if not alive[w] or sent < started[w]:
                     pass  # the worker is dead, or this was sent to the one that died
                 elif hung[w] > now:
                     push(heap, (hung[w], s, kind, a))  # handled when it resumes, in order
+                elif actions is _PROBE:  # answered at once
+                    seq += 1
+                    push(heap, (arrival(w, now, last_out), seq, _TO_CTRL, (w, _PROBE)))
+                elif actions is _RESET:  # empty caches, nothing in flight
+                    gen[w] += 1
+                    wloops[w] = WorkerLoop(w, self.executors_of(w, gen[w]), ToController(w, gen[w]))
                 else:
                     wloops[w].submit(actions, now + offsets[w])
                     track_pages(w)
             elif kind == _WAKE:
-                w, restart = a
+                w, g = a
                 wl = wloops[w]
                 wnow = now + offsets[w]
-                if wl.armed == wnow and restart == restarts[w] and alive[w] and hung[w] <= now:
+                if wl.armed == wnow and g == gen[w] and alive[w] and hung[w] <= now:
                     wl.timer(wnow)
                     track_pages(w)
             elif kind == _OPEN:
