@@ -15,6 +15,7 @@ per message, for load generation.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 import time
 from collections.abc import Mapping
@@ -26,11 +27,14 @@ import numpy as np
 from clockwork.errors import ControllerUnavailable, error_for
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
+from clockwork.protocol import keepalive
 from clockwork.protocol.pacing import Pacer
 from clockwork.protocol.wire import array_to_msg, msg_to_array
 
 _OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
-            ("grpc.max_send_message_length", 64 << 20)]
+            ("grpc.max_send_message_length", 64 << 20),
+            *keepalive.CHANNEL]  # a vanished controller fails the calls within ~15 s
+GRACE_S = 1.0  # past its SLO, how long the client waits for an answer before giving up
 
 
 @dataclass
@@ -88,15 +92,30 @@ def _meta(m: pb.ModelInfo) -> ModelMeta:
                      list(m.batch_sizes), m.weights_pages)
 
 
-def _result(model: str, resp: pb.InferResponse, latency_ms: float) -> InferResult:
+def _result(model: str, resp: pb.InferResponse, latency_ms: float,
+            slo_ms: float | None = None) -> InferResult:
     if resp.status != 0:
         raise error_for(resp.status, resp.reason, resp.message, model, latency_ms)
+    if slo_ms and latency_ms > slo_ms:  # the deadline as seen here, the network included
+        raise error_for(4, "late", f"answered {latency_ms:.1f} ms after it was sent, past its "
+                        f"{slo_ms:g} ms SLO", model, latency_ms)
     return InferResult(model, {t.name: msg_to_array(t) for t in resp.outputs}, latency_ms,
                        resp.latency_ns / 1e6, resp.batch_size, resp.gpu, resp.cold, resp.status)
 
 
+def _timeout(timeout: float | None, slo_ms: float | None) -> float | None:
+    """The gRPC deadline of one call: the SLO and a grace, within the client's timeout
+    (the controller sees the remaining time and plans within it)."""
+    if not slo_ms or not 0 < slo_ms < 1e9:  # a nonsense SLO: the controller refuses it
+        return timeout
+    t = slo_ms / 1e3 + GRACE_S
+    return t if timeout is None else min(timeout, t)
+
+
 def _unavailable(e: grpc.RpcError) -> ControllerUnavailable:
     code = e.code() if hasattr(e, "code") else None
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return error_for(4, "deadline", f"no answer within the call's deadline: {e.details()}")
     return ControllerUnavailable(f"controller unavailable: {code}: "
                                  f"{e.details() if hasattr(e, 'details') else e}")
 
@@ -114,10 +133,10 @@ class Client:
         req = _request(model, inputs, slo_ms)
         t0 = time.perf_counter()
         try:
-            resp = self._stub.Infer(req, timeout=self.timeout)
+            resp = self._stub.Infer(req, timeout=_timeout(self.timeout, slo_ms))
         except grpc.RpcError as e:
             raise _unavailable(e) from e
-        return _result(model, resp, (time.perf_counter() - t0) * 1e3)
+        return _result(model, resp, (time.perf_counter() - t0) * 1e3, slo_ms)
 
     def list_models(self) -> list[ModelMeta]:
         try:
@@ -159,10 +178,10 @@ class AsyncClient:
         req = _request(model, inputs, slo_ms)
         t0 = time.perf_counter()
         try:
-            resp = await self._stub.Infer(req, timeout=self.timeout)
+            resp = await self._stub.Infer(req, timeout=_timeout(self.timeout, slo_ms))
         except grpc.RpcError as e:
             raise _unavailable(e) from e
-        return _result(model, resp, (time.perf_counter() - t0) * 1e3)
+        return _result(model, resp, (time.perf_counter() - t0) * 1e3, slo_ms)
 
     async def list_models(self) -> list[ModelMeta]:
         try:
@@ -200,18 +219,45 @@ class AsyncClient:
 class InferStream:
     """Many requests over one ``InferStream`` call. ``submit`` returns a future of the raw
     ``InferResponse`` (no exception for non-success: load generators count statuses).
-    Requests submitted in one event-loop iteration go in one message."""
+    Requests submitted in one event-loop iteration go in one message.
+
+    Deadlines as the client sees them: each message carries the client's send time (the
+    controller charges a request its message's delay); an answer that arrives after the
+    request's SLO (measured here) is reported as status TIMEOUT (reason ``late``), and a
+    request with an SLO unanswered ``GRACE_S`` after it is resolved here with status
+    TIMEOUT (reason ``no_answer``) -- a stalled or vanished controller is noticed within
+    the SLO plus a second. The later answer, if any, is ignored."""
 
     def __init__(self, stub: pbg.ClockworkStub, interval_us: float = 0.0) -> None:
         self._stub = stub
         self._pacer = Pacer(interval_us)
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future] = {}
+        self._sent: dict[int, tuple[int, float]] = {}  # client id -> (send time, SLO ms)
+        self._due: list[tuple[int, int]] = []  # (give-up time, client id) heap
         self._queue: list[pb.InferRequest] = []
         self._wake = asyncio.Event()
         self._closed = False
         self._call = stub.InferStream(self._requests())
         self._reader = asyncio.create_task(self._read())
+        self._watch = asyncio.create_task(self._watchdog())
+
+    async def _watchdog(self) -> None:
+        """Resolve requests whose SLO and grace have passed without an answer."""
+        due = self._due
+        while True:
+            await asyncio.sleep(0.05)
+            now = time.monotonic_ns()
+            while due and due[0][0] <= now:
+                _, cid = heapq.heappop(due)
+                fut = self._waiting.pop(cid, None)
+                sent = self._sent.pop(cid, None)
+                if fut is not None and not fut.done():
+                    waited = (now - sent[0]) / 1e6 if sent else 0.0
+                    fut.set_result(pb.InferResponse(
+                        status=4, reason="no_answer", client_id=cid, gpu=-1,
+                        message=f"no answer {waited:.0f} ms after it was sent (its SLO "
+                                f"{sent[1] if sent else 0:g} ms plus {GRACE_S:g} s)"))
 
     async def _requests(self):
         while True:
@@ -222,16 +268,22 @@ class InferStream:
             if self._queue:
                 batch, self._queue = self._queue, []
                 self._pacer.note(len(batch))
-                yield pb.InferRequestBatch(requests=batch)
+                yield pb.InferRequestBatch(requests=batch, client_time_ns=time.monotonic_ns())
             if self._closed and not self._queue:
                 return
 
     async def _read(self) -> None:
         try:
             async for batch in self._call:
+                now = time.monotonic_ns()
                 for resp in batch.responses:
                     fut = self._waiting.pop(resp.client_id, None)
+                    sent = self._sent.pop(resp.client_id, None)
                     if fut is not None and not fut.done():
+                        if resp.status == 0 and sent and sent[1] and now - sent[0] > sent[1] * 1e6:
+                            resp.status, resp.reason = 4, "late"  # past its SLO as seen here
+                            resp.message = (f"answered {(now - sent[0]) / 1e6:.1f} ms after "
+                                            f"it was sent, past its {sent[1]:g} ms SLO")
                         fut.set_result(resp)
         except grpc.RpcError as e:
             err = _unavailable(e)
@@ -252,6 +304,10 @@ class InferStream:
             fut.set_exception(ControllerUnavailable("controller stream closed"))
             return fut
         self._waiting[cid] = fut
+        if slo_ms and 0 < slo_ms < 1e9:  # (a nonsense SLO: the controller refuses it)
+            t = time.monotonic_ns()
+            self._sent[cid] = (t, float(slo_ms))
+            heapq.heappush(self._due, (t + int((float(slo_ms) / 1e3 + GRACE_S) * 1e9), cid))
         req = _request(model, inputs, slo_ms, cid)
         if skip_outputs:
             req.skip_outputs = True
@@ -270,3 +326,4 @@ class InferStream:
             await self._reader
         finally:
             self._call.cancel()
+            self._watch.cancel()

@@ -33,6 +33,7 @@ from clockwork.actions import Action, ActionType, ErrorCode, RequestStatus, Resu
 from clockwork.profiles import ModelProfile, ProfileError, load_profile_set
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
+from clockwork.protocol import keepalive
 from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
 from clockwork.protocol.pacing import Pacer
 from clockwork.protocol.wire import action_to_msg, add_tensors, msg_to_result, msgs_to_tensors
@@ -59,8 +60,8 @@ CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
 # to a worker: retry a refused connection quickly (a restarted worker is back in ~0.3 s)
 WORKER_CHANNEL_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 100),
                           ("grpc.min_reconnect_backoff_ms", 100),
-                          ("grpc.max_reconnect_backoff_ms", 500)]
-SERVER_OPTIONS = [*CHANNEL_OPTIONS, *LISTEN_OPTIONS]
+                          ("grpc.max_reconnect_backoff_ms", 500), *keepalive.CHANNEL]
+SERVER_OPTIONS = [*CHANNEL_OPTIONS, *LISTEN_OPTIONS, *keepalive.SERVER]
 
 
 def parse_models(spec: str | None, profiles: dict[str, ModelProfile]) -> dict[str, str]:
@@ -445,19 +446,24 @@ class ControllerNode:
                     add_tensors(resp.outputs, zero_rows(self.profiles[r.model].outputs))
             r.tag(resp)
 
-    def submit(self, req: pb.InferRequest, deliver) -> None:
-        """A client request; ``deliver(InferResponse)`` is called exactly once."""
-        self.submit_many((req,), deliver)
+    def submit(self, req: pb.InferRequest, deliver, budget: int | None = None) -> None:
+        """A client request; ``deliver(InferResponse)`` is called exactly once. ``budget``
+        (ns): what is left of the client's call deadline; the SLO is cut to it."""
+        self.submit_many((req,), deliver, 0, budget)
 
-    def submit_many(self, reqs, deliver) -> None:
+    def submit_many(self, reqs, deliver, late: int = 0, budget: int | None = None) -> None:
         """Several client requests that arrived together (one stream message): admitted
-        at one ``now``, their actions sent and replies drained once."""
+        at one ``now``, their actions sent and replies drained once. ``late`` (ns): how
+        much longer than the stream's fastest message this one took to arrive; its
+        requests count as having arrived that much earlier (an SLO runs from the
+        client's send, not from our receipt)."""
         now = now_ns()
         admit = self._admit
-        self.ctrl.requests([r for r in (admit(req, deliver, now) for req in reqs)
+        self.ctrl.requests([r for r in (admit(req, deliver, now, late, budget) for req in reqs)
                             if r is not None], now)
 
-    def _admit(self, req: pb.InferRequest, deliver, now: int) -> Request | None:
+    def _admit(self, req: pb.InferRequest, deliver, now: int, late: int = 0,
+               budget: int | None = None) -> Request | None:
         """Check a request; answer it at once if it is invalid, else make its Request.
         ``req`` is a ``pb.InferRequest``, or an object with the same fields whose inputs
         are Tensors already (the KServe front end)."""
@@ -493,8 +499,10 @@ class ControllerNode:
             deliver(resp)
 
         # a positive SLO is at least 1 ns (0 would mean "the default")
-        r = Request(rid, req.model, now, max(1, ms(req.slo_ms)) if req.slo_ms else 0, tagged,
-                    inputs)  # list[Tensor] or None
+        slo = max(1, ms(req.slo_ms)) if req.slo_ms else 0
+        if budget is not None and budget < (slo or self.cfg.default_slo):
+            slo = max(1, budget)  # the client's call ends sooner than its SLO
+        r = Request(rid, req.model, now - late, slo, tagged, inputs)  # inputs: list[Tensor]
         if req.skip_outputs:
             r.want_outputs = False
         self.pending[rid] = r
@@ -547,7 +555,8 @@ class ClockworkServicer(pbg.ClockworkServicer):
             if not fut.done():
                 fut.set_result(resp)
 
-        self.node.submit(request, deliver)
+        rem = context.time_remaining()  # None: the call has no deadline
+        self.node.submit(request, deliver, None if rem is None else int(rem * 1e9))
         return await fut
 
     async def InferStream(self, request_iterator, context):  # noqa: N802
@@ -562,10 +571,17 @@ class ClockworkServicer(pbg.ClockworkServicer):
             ready.set()
 
         async def reader():
+            fastest = None  # the stream's smallest (receipt - client send time) so far
             async for batch in request_iterator:
                 state["open"] += len(batch.requests)
                 node.count("msgs_from_clients")
-                node.submit_many(batch.requests, deliver)
+                late = 0
+                if batch.client_time_ns:  # clocks differ by an unknown offset: compare
+                    d = now_ns() - batch.client_time_ns  # with the fastest message
+                    if fastest is None or d < fastest:
+                        fastest = d
+                    late = d - fastest
+                node.submit_many(batch.requests, deliver, late)
             state["done"] = True
             ready.set()
 

@@ -34,6 +34,7 @@ from clockwork.actions import ActionType, ErrorCode, Result
 from clockwork.profiles import ModelProfile, ProfileError, load_profile_set
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
+from clockwork.protocol import keepalive
 from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
 from clockwork.protocol.pacing import Pacer
 from clockwork.protocol.wire import msg_to_action, msgs_to_tensors, result_to_msg
@@ -404,7 +405,7 @@ async def serve_worker(host: str, port: int, node: WorkerNode, ready=None,
                        stop: asyncio.Event | None = None) -> None:
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
                                       ("grpc.max_send_message_length", 64 << 20),
-                                      *LISTEN_OPTIONS])
+                                      *LISTEN_OPTIONS, *keepalive.SERVER])
     pbg.add_WorkerServicer_to_server(WorkerServicer(node), server)
     bound = bind_grpc(server, host, port, "--port")
     await server.start()

@@ -1,0 +1,23 @@
+"""gRPC keepalive: how every channel notices a peer that vanished without closing the
+connection (its host gone, a partition, a stopped process), and what every server allows.
+
+A channel pings after ``KEEPALIVE_TIME_MS`` without traffic and gives the connection up
+when a ping goes unanswered for ``KEEPALIVE_TIMEOUT_MS``: its calls then fail with
+UNAVAILABLE (about 15 s after the peer went silent). Servers accept such pings, also on
+idle connections (by default gRPC servers refuse pings more often than every 5 minutes
+and close the connection after two).
+"""
+
+from __future__ import annotations
+
+KEEPALIVE_TIME_MS = 10_000
+KEEPALIVE_TIMEOUT_MS = 5_000
+
+CHANNEL = [("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+           ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+           ("grpc.keepalive_permit_without_calls", 1),
+           ("grpc.http2.max_pings_without_data", 0)]
+
+SERVER = [("grpc.keepalive_permit_without_calls", 1),
+          ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
+          ("grpc.http2.max_ping_strikes", 0)]

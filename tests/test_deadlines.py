@@ -1,0 +1,102 @@
+"""End-to-end deadlines: an SLO counts from the client's send, and a client never reports
+SUCCESS after the deadline it sees (real controller and worker processes on loopback)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import grpc
+import pytest
+
+import clockwork
+from clockwork.errors import InferenceTimeout
+from clockwork.protocol import clockwork_pb2 as pb
+from clockwork.protocol import clockwork_pb2_grpc as pbg
+from tests.conftest import local_cluster
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with local_cluster(workers=1, gpus=1, models="mobilenet_v2") as c:
+        yield c
+
+
+def test_a_message_delayed_on_the_way_is_charged_its_delay(cluster):
+    """Two stream messages: the second claims it was sent 500 ms before it arrived
+    (relative to the first, the stream's fastest); its 100 ms SLO is already spent, so
+    it is answered TIMEOUT at once instead of being served late."""
+    async def main():
+        async with grpc.aio.insecure_channel(cluster.address) as ch:
+            stub = pbg.ClockworkStub(ch)
+            q: asyncio.Queue = asyncio.Queue()
+
+            async def gen():
+                while (m := await q.get()) is not None:
+                    yield m
+
+            call = stub.InferStream(gen())
+            now = time.monotonic_ns()
+            await q.put(pb.InferRequestBatch(client_time_ns=now, requests=[
+                pb.InferRequest(model="mobilenet_v2", slo_ms=100, client_id=1, skip_outputs=True)]))
+            first = await call.read()
+            await q.put(pb.InferRequestBatch(client_time_ns=time.monotonic_ns() - 500_000_000,
+                                             requests=[pb.InferRequest(
+                                                 model="mobilenet_v2", slo_ms=100, client_id=2,
+                                                 skip_outputs=True)]))
+            t0 = time.monotonic()
+            second = await call.read()
+            waited = time.monotonic() - t0
+            await q.put(None)
+            return first.responses[0], second.responses[0], waited
+
+    a, b, waited = asyncio.run(asyncio.wait_for(main(), 20))
+    assert a.status == 0
+    # counted from the client's send (less the first message's own delay)
+    assert b.status == 4 and b.latency_ns >= 400_000_000
+    assert waited < 0.1  # answered at once, not after a useless EXEC
+
+
+def test_a_stalled_controller_never_yields_a_late_success(cluster):
+    """SIGSTOP the controller for 2 s with stream requests (SLO 200 ms) in flight: each
+    resolves within its SLO plus the client's grace as TIMEOUT, none as SUCCESS after
+    its deadline; a blocking call times out the same way; after SIGCONT all is well."""
+    pid = cluster.controller.proc.pid
+
+    async def main():
+        async with clockwork.AsyncClient(cluster.address, timeout=10) as c:
+            s = c.stream()
+            warm = await asyncio.wait_for(s.submit("mobilenet_v2", slo_ms=200), 10)
+            assert warm.status == 0
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                t0 = time.monotonic()
+                futs = [s.submit("mobilenet_v2", slo_ms=200, skip_outputs=True)
+                        for _ in range(20)]
+                resps = await asyncio.wait_for(asyncio.gather(*futs), 5)
+                took = time.monotonic() - t0
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            after = await asyncio.wait_for(s.submit("mobilenet_v2", slo_ms=500), 10)
+            await s.close()
+            return resps, took, after
+
+    resps, took, after = asyncio.run(asyncio.wait_for(main(), 30))
+    assert {r.status for r in resps} == {4}
+    assert {r.reason for r in resps} == {"no_answer"}
+    assert took < 0.2 + clockwork.client.GRACE_S + 0.3
+    assert after.status == 0
+
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with clockwork.Client(cluster.address, timeout=10) as c:
+            t0 = time.monotonic()
+            with pytest.raises(InferenceTimeout):
+                c.infer("mobilenet_v2", slo_ms=200)
+            assert time.monotonic() - t0 < 0.2 + clockwork.client.GRACE_S + 0.3
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    with clockwork.Client(cluster.address, timeout=10) as c:
+        assert c.infer("mobilenet_v2", slo_ms=500).status == 0
