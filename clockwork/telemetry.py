@@ -92,12 +92,23 @@ class Telemetry:
         return summarize(self.requests, self.actions, duration_s, extra)
 
 
+_ROWS_PER_WRITE = 4096
+
+
 def _write_tsv(path: Path, columns: tuple, rows, append: bool = False) -> None:
-    with path.open("a" if append else "w") as f:
+    """Whole rows only: unbuffered, each write call a run of complete lines, so a process
+    killed while writing leaves every row it wrote intact (and none half-written)."""
+    with path.open("ab" if append else "wb", buffering=0) as f:
         if not append:
-            f.write("\t".join(columns) + "\n")
+            f.write(("\t".join(columns) + "\n").encode())
+        buf: list[str] = []
         for row in rows:
-            f.write("\t".join(map(str, row)) + "\n")
+            buf.append("\t".join(map(str, row)))
+            if len(buf) >= _ROWS_PER_WRITE:
+                f.write(("\n".join(buf) + "\n").encode())
+                buf = []
+        if buf:
+            f.write(("\n".join(buf) + "\n").encode())
 
 
 def _pct(values: np.ndarray, q: float) -> float:

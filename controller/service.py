@@ -52,7 +52,7 @@ _SENT_KEY = {t: f"{t.name.lower()}_sent" for t in ActionType}
 _RESULT_KEY = {t: (f"{t.name.lower()}_rejected", f"{t.name.lower()}_ok") for t in ActionType}
 _STATUS_NAME = {s: s.name.lower() for s in RequestStatus}
 _STATUS_KEY = {s: f"requests_{s.name.lower()}" for s in RequestStatus}
-LOG_FLUSH_S = 5.0
+LOG_FLUSH_S = 1.0  # --log-flush-s: a crash loses at most this much of the logs
 RECONNECT_S = 0.25  # between attempts to reach a lost worker again
 MAX_SLO_MS = 86_400_000.0  # one day: a longer SLO is a mistake (inf, a unit error)
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
@@ -129,8 +129,10 @@ class ControllerNode:
                  models: str | None = None, policy: str = "clockwork",
                  cfg: SchedulerConfig | None = None, connect_timeout: float = 30.0,
                  log_dir: str | None = None, action_interval_us: float = 0.0,
-                 reply_interval_us: float = 0.0, settings: dict | None = None) -> None:
+                 reply_interval_us: float = 0.0, settings: dict | None = None,
+                 log_flush_s: float = LOG_FLUSH_S) -> None:
         self.pset = load_profile_set(profiles)
+        self.log_flush_s = log_flush_s
         # stream pacing (clockwork.protocol.pacing): per worker action stream, per client stream
         self.action_interval_us = action_interval_us
         self.reply_interval_us = reply_interval_us
@@ -163,10 +165,10 @@ class ControllerNode:
             self.telemetry.flush(Path(self.log_dir))
 
     async def _flush_logs(self) -> None:
-        """With --log-dir: write the logs out every LOG_FLUSH_S (memory stays flat; a
+        """With --log-dir: write the logs out every ``log_flush_s`` (memory stays flat; a
         crash loses at most that much)."""
         while True:
-            await asyncio.sleep(LOG_FLUSH_S)
+            await asyncio.sleep(self.log_flush_s)
             self.write_logs()
 
     def count(self, key: str, n: int = 1) -> None:
@@ -753,7 +755,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
         policy, cfg, own = scheduler_settings(args)
         node = ControllerNode(workers, args.profiles, args.models, policy, cfg,
                               args.connect_timeout, args.log_dir, args.action_interval_us,
-                              args.reply_interval_us, own)
+                              args.reply_interval_us, own, args.log_flush_s)
     except (ProfileError, ValueError) as e:
         print(f"clockwork controller: {e}", file=sys.stderr)
         return 2

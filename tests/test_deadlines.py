@@ -100,3 +100,38 @@ def test_a_stalled_controller_never_yields_a_late_success(cluster):
         os.kill(pid, signal.SIGCONT)
     with clockwork.Client(cluster.address, timeout=10) as c:
         assert c.infer("mobilenet_v2", slo_ms=500).status == 0
+
+
+def test_a_killed_controller_loses_at_most_the_last_flush_of_its_logs(tmp_path):
+    """--log-dir with --log-flush-s 0.5: kill -9 the controller while it serves; its
+    requests.tsv holds every request answered more than ~0.5 s before the kill, and no
+    half-written row."""
+    logs = tmp_path / "logs"
+    with local_cluster(workers=1, gpus=1, models="mobilenet_v2",
+                       controller_args=["--log-dir", str(logs), "--log-flush-s", "0.5"]) as c:
+        answered_at: list[float] = []
+
+        async def load():
+            async with clockwork.AsyncClient(c.address, timeout=10) as cl:
+                s = cl.stream()
+                t_end = time.monotonic() + 2.5
+                while time.monotonic() < t_end:
+                    futs = [s.submit("mobilenet_v2", slo_ms=200, skip_outputs=True)
+                            for _ in range(20)]
+                    for r in await asyncio.gather(*futs):
+                        assert r.status == 0
+                        answered_at.append(time.monotonic())
+                    await asyncio.sleep(0.01)
+                c.controller.proc.kill()  # SIGKILL: no chance to write anything more
+                killed = time.monotonic()
+                await s.close()
+                return killed
+
+        killed = asyncio.run(asyncio.wait_for(load(), 30))
+        c.controller.proc.wait()
+    text = (logs / "requests.tsv").read_text()
+    assert text.endswith("\n")
+    lines = text.splitlines()
+    assert all(len(x.split("\t")) == 10 for x in lines)  # the header and whole rows only
+    expected = sum(1 for t in answered_at if t < killed - 0.5 - 0.2)
+    assert len(lines) - 1 >= expected > 500

@@ -246,6 +246,9 @@ def add_controller(sub) -> None:
                    help="seconds to wait for every worker at start (default 30)")
     p.add_argument("--log-dir", default=None, metavar="DIR",
                    help="write requests.tsv and actions.tsv (the simulator's logs) here")
+    p.add_argument("--log-flush-s", type=t.positive_float, default=1.0, metavar="S",
+                   help="with --log-dir: append the rows every S seconds (a crash loses at "
+                   "most the last S seconds, never half a row) and at SIGTERM")
     p.add_argument("--action-interval-us", type=t.nonneg_float, default=ACTION_INTERVAL_US,
                    help="pacing: at most one action message per worker per interval; under "
                    f"load actions share messages (default {ACTION_INTERVAL_US:g}; 0: off)")
