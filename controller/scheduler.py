@@ -591,18 +591,31 @@ class ClockworkScheduler(Policy):
     def set_gpu_available(self, gpu_index: int, available: bool, now: int) -> list[Action]:
         """Lost (False): forget every copy on the GPU (its worker will come back with an
         empty cache) and place nothing there; queued requests of models left without a
-        copy get new ones elsewhere. Back (True): an empty GPU to place copies on."""
+        copy get new ones elsewhere. Back (True): an empty GPU; the copies it held when
+        it was lost are loaded again, in the order it last used them, for every model
+        still in use (with a copy elsewhere or requests queued) -- returning capacity
+        takes its share of the load back at once instead of waiting until the other
+        GPUs saturate."""
         g = self.gpus[gpu_index]
         out: list[Action] = []
         if g.available == available:
             return out
         g.available = available
         if not available:
+            g.held = [i.model.name for i in sorted(g.instances.values(),
+                                                   key=lambda i: -i.last_used)
+                      if not i.loading]
             for inst in list(g.instances.values()):
                 self._drop_instance(inst, now)
             g.active.clear()
         else:
             g.free_pages = g.total_pages - sum(i.model.pages for i in g.instances.values())
+            held, g.held = g.held, []
+            for name in held:
+                m = self.models.get(name)
+                if (m is not None and name not in g.instances and m.pages <= g.free_pages
+                        and (m.instances or m.live)):
+                    self._send_load(g, m, now, out)
         if self._unserved:
             self._schedule_loads(now, out, only_idle=False)
         return out

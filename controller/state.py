@@ -71,7 +71,7 @@ class ModelState:
 
 class GpuState:
     __slots__ = ("index", "worker", "gpu", "total_pages", "free_pages", "exec", "pcie",
-                 "instances", "active", "wake_at", "last_earliest", "available")
+                 "instances", "active", "wake_at", "last_earliest", "available", "held")
 
     def __init__(self, index: int, worker: int, gpu: int, pages: int, cfg: SchedulerConfig) -> None:
         self.index = index
@@ -86,6 +86,7 @@ class GpuState:
         self.wake_at = 0  # a pending on_tick for this GPU's EXEC lane (0: none)
         self.last_earliest = 0  # ``earliest`` of the last INFER sent (kept monotone)
         self.available = True  # False while its worker is gone: nothing is placed here
+        self.held: list[str] = []  # the models it held when it was lost (restored on return)
 
     def load_share(self, models: dict[str, ModelState]) -> float:
         """Queued demand this GPU is expected to absorb, in GPUs (1.0 = saturated)."""

@@ -139,6 +139,27 @@ def test_an_answered_probe_leaves_a_slow_worker_alone():
     assert t.resets == []
 
 
+def test_a_returning_gpu_gets_its_copies_back():
+    """A GPU lost and back: the models it held (still in use) are loaded on it again at
+    once, not left to the other GPUs until they saturate."""
+    from clockwork.actions import Result
+    loop, t = controller(workers=2)
+    loop.request(Request(1, "resnet50_v2", 0, ms(100)), 0)
+    (w, acts), = t.sent
+    load = acts[0]
+    assert load.type == ActionType.LOAD
+    loop.results(w, [Result(id=load.id, type=ActionType.LOAD, status=ErrorCode.SUCCESS,
+                            worker=w, gpu=0, model=load.model, batch_size=0, received=0,
+                            begin=0, end=load.expected_end)], load.expected_end)
+    now = load.expected_end + ms(1)
+    loop.worker_lost(w, now)
+    loop.tick(now + FAIL_DELAY)  # its INFER fails back: the request is re-planned
+    n = len(t.sent)
+    loop.worker_back(w, now + ms(5))
+    again = [a for ww, acts in t.sent[n:] for a in acts if ww == w]
+    assert [a.type for a in again][:1] == [ActionType.LOAD] and again[0].model == "resnet50_v2"
+
+
 def test_unknown_results_are_ignored():
     loop, t = controller(workers=1)
     from clockwork.actions import Result
@@ -308,10 +329,15 @@ hang = [{ worker = 0, at_s = 4.5, for_s = 0.5 }]
     def served(gpu, lo, hi):
         return sum(1 for r in rows if r["gpu"] == gpu and r["status"] == "SUCCESS"
                    and lo <= int(r["arrival"]) + int(r["latency"]) < hi)
+
+    def when(what):  # the time the fault was really played (a busy machine delays it)
+        line = next(x for x in p.stderr.splitlines() if f"fault: {what}" in x)
+        return sec(float(line.split("fault:")[0].split()[-2]))
+    killed, back, stopped = when("kill worker 1"), when("restart worker 1"), when("stop worker 0")
     assert served("1", 0, sec(1.5)) > 100  # both GPUs serve the load that needs both
-    assert served("1", sec(1.6), sec(3.0)) == 0  # dead
-    assert served("1", sec(4.0), sec(6.0)) > 100, "the restarted worker serves again"
-    assert served("0", sec(4.6), sec(5.0)) == 0  # stopped
+    assert served("1", killed + sec(0.1), back) == 0  # dead
+    assert served("1", back + sec(1.0), sec(6.0)) > 100, "the restarted worker serves again"
+    assert served("0", stopped + sec(0.1), sec(5.0)) == 0  # stopped
 
 
 def test_clock_offsets_are_converted_both_ways():
