@@ -10,6 +10,11 @@ Every non-success answer raises a subclass of ``clockwork.errors.ClockworkError`
 (``InferenceTimeout``, ``InferenceError``, ``InvalidRequest``, ``UnknownModel`` ...).
 ``infer_many`` / ``AsyncClient.stream`` pipeline many requests over one stream, several
 per message, for load generation.
+
+Security (SECURITY.md): ``token=`` (else ``$CLOCKWORK_TOKEN``) is sent as ``authorization:
+Bearer <token>`` with every call; ``tls=True`` or ``tls_ca=`` (or a ``grpcs://`` URL)
+connects with TLS; ``tls_cert=``/``tls_key=`` answer a server that asks for a client
+certificate. A refused token raises ``clockwork.errors.Unauthenticated``.
 """
 
 from __future__ import annotations
@@ -24,11 +29,12 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from clockwork.errors import ControllerUnavailable, error_for
+from clockwork.errors import ControllerUnavailable, Unauthenticated, error_for
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
 from clockwork.protocol import keepalive
 from clockwork.protocol.pacing import Pacer
+from clockwork.protocol.security import AUTHORIZATION, channel_credentials, client_token
 from clockwork.protocol.wire import array_to_msg, msg_to_array
 
 _OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
@@ -65,7 +71,7 @@ class ModelMeta:
 
 
 def _target(url: str) -> str:
-    for prefix in ("grpc://", "http://", "clockwork://"):
+    for prefix in ("grpc://", "grpcs://", "http://", "clockwork://"):
         if url.startswith(prefix):
             url = url[len(prefix):]
     return url.rstrip("/")
@@ -103,6 +109,49 @@ def _result(model: str, resp: pb.InferResponse, latency_ms: float,
                        resp.latency_ns / 1e6, resp.batch_size, resp.gpu, resp.cold, resp.status)
 
 
+def _channel(url: str, target: str, tls: bool, tls_ca, tls_cert, tls_key, aio: bool):
+    """A channel to ``target``: TLS when asked for (``tls``, a CA, or a grpcs:// URL)."""
+    mod = grpc.aio if aio else grpc
+    if not (tls or tls_ca or url.startswith("grpcs://")):
+        return mod.insecure_channel(target, options=_OPTIONS)
+    return mod.secure_channel(target, channel_credentials(tls_ca, tls_cert, tls_key),
+                              options=_OPTIONS)
+
+
+class _WithToken:
+    """A stub method that sends the bearer token with every call (also ``with_call`` and
+    ``future``); metadata a caller passes is sent as well."""
+
+    __slots__ = ("_method", "_metadata")
+
+    def __init__(self, method, metadata: tuple) -> None:
+        self._method = method
+        self._metadata = metadata
+
+    def _kw(self, kw: dict) -> dict:
+        more = kw.get("metadata")
+        kw["metadata"] = self._metadata + tuple(more) if more else self._metadata
+        return kw
+
+    def __call__(self, *args, **kw):
+        return self._method(*args, **self._kw(kw))
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._method, name)
+        if not callable(attr):
+            return attr
+        return lambda *args, **kw: attr(*args, **self._kw(kw))
+
+
+def _stub(channel, token: str | None) -> pbg.ClockworkStub:
+    stub = pbg.ClockworkStub(channel)
+    if token:
+        md = ((AUTHORIZATION, f"Bearer {token}"),)
+        for name, method in list(vars(stub).items()):
+            setattr(stub, name, _WithToken(method, md))
+    return stub
+
+
 def _timeout(timeout: float | None, slo_ms: float | None) -> float | None:
     """The gRPC deadline of one call: the SLO and a grace, within the client's timeout
     (the controller sees the remaining time and plans within it)."""
@@ -116,18 +165,27 @@ def _unavailable(e: grpc.RpcError) -> ControllerUnavailable:
     code = e.code() if hasattr(e, "code") else None
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return error_for(4, "deadline", f"no answer within the call's deadline: {e.details()}")
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return Unauthenticated(f"controller refused the call: {code}: {e.details()} "
+                               "(token=, --token or $CLOCKWORK_TOKEN)")
     return ControllerUnavailable(f"controller unavailable: {code}: "
                                  f"{e.details() if hasattr(e, 'details') else e}")
 
 
 class Client:
-    """Blocking client. ``url`` is ``host:port`` (optionally ``grpc://host:port``)."""
+    """Blocking client. ``url`` is ``host:port`` (optionally ``grpc://host:port``, or
+    ``grpcs://host:port`` for TLS). ``token``: the controller's bearer token (default
+    ``$CLOCKWORK_TOKEN``; "" sends none); ``tls``/``tls_ca``: TLS verified against the
+    system's CAs / this CA (PEM file or bytes); ``tls_cert``/``tls_key``: a client
+    certificate."""
 
-    def __init__(self, url: str = "127.0.0.1:12346", timeout: float | None = 30.0) -> None:
+    def __init__(self, url: str = "127.0.0.1:12346", timeout: float | None = 30.0, *,
+                 token: str | None = None, tls: bool = False, tls_ca=None, tls_cert=None,
+                 tls_key=None) -> None:
         self.url = _target(url)
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(self.url, options=_OPTIONS)
-        self._stub = pbg.ClockworkStub(self._channel)
+        self._channel = _channel(url, self.url, tls, tls_ca, tls_cert, tls_key, aio=False)
+        self._stub = _stub(self._channel, client_token(token))
 
     def infer(self, model: str, inputs=None, slo_ms: float | None = None) -> InferResult:
         req = _request(model, inputs, slo_ms)
@@ -166,13 +224,16 @@ class Client:
 
 
 class AsyncClient:
-    """asyncio client; create it inside a running event loop."""
+    """asyncio client; create it inside a running event loop. Security keywords as
+    ``Client``'s."""
 
-    def __init__(self, url: str = "127.0.0.1:12346", timeout: float | None = 30.0) -> None:
+    def __init__(self, url: str = "127.0.0.1:12346", timeout: float | None = 30.0, *,
+                 token: str | None = None, tls: bool = False, tls_ca=None, tls_cert=None,
+                 tls_key=None) -> None:
         self.url = _target(url)
         self.timeout = timeout
-        self._channel = grpc.aio.insecure_channel(self.url, options=_OPTIONS)
-        self._stub = pbg.ClockworkStub(self._channel)
+        self._channel = _channel(url, self.url, tls, tls_ca, tls_cert, tls_key, aio=True)
+        self._stub = _stub(self._channel, client_token(token))
 
     async def infer(self, model: str, inputs=None, slo_ms: float | None = None) -> InferResult:
         req = _request(model, inputs, slo_ms)

@@ -43,6 +43,11 @@ class ControllerUnavailable(ClockworkError):
     """The controller could not be reached (connection refused, closed, deadline)."""
 
 
+class Unauthenticated(ControllerUnavailable):
+    """The controller refused the call: no token, or not its token (gRPC UNAUTHENTICATED).
+    Nothing was run."""
+
+
 def error_for(status: int, reason: str, message: str, model: str = "",
               latency_ms: float = 0.0) -> ClockworkError:
     """The exception for a non-success answer."""

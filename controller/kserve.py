@@ -323,7 +323,8 @@ def add_kserve_grpc(node, server: grpc.aio.Server) -> None:
 
 # ---------------------------------------------------------------------- REST (HTTP/1.1)
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+            405: "Method Not Allowed",
             413: "Payload Too Large", 500: "Internal Server Error",
             503: "Service Unavailable", 504: "Gateway Timeout"}
 MAX_BODY = 256 << 20
@@ -367,11 +368,47 @@ def _rest_inputs(body: dict, binary: bytes | memoryview) -> list[InTensor]:
     return out
 
 
-class KServeHttp:
-    """A small HTTP/1.1 server (keep-alive, Content-Length bodies) on the controller's loop."""
+# with a token, every path but these needs "Authorization: Bearer <token>" (probes stay open)
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/v2/health/live", "/v2/health/ready"})
+# a refused request's body is read and dropped (64 KiB at a time, never kept) up to this
+# size, so that the client, still sending, gets to read the 401; larger: the connection closes
+DISCARD_BODY = 16 << 20
 
-    def __init__(self, node) -> None:
+
+class KServeHttp:
+    """A small HTTP/1.1 server (keep-alive, Content-Length bodies) on the controller's loop.
+    With ``token``, a request without it is answered 401 before its body is read."""
+
+    def __init__(self, node, token: str | None = None) -> None:
         self.fe = KServeFrontend(node)
+        self.token = token.encode() if token else None
+        self._refused = None
+
+    def _authorized(self, target: str, headers: dict) -> bool:
+        from clockwork.protocol.security import bearer_ok
+
+        return (urllib.parse.urlsplit(target).path in OPEN_PATHS
+                or bearer_ok(headers.get("authorization"), self.token))
+
+    async def _unauthorized(self, reader, writer, headers: dict) -> None:
+        """401 with ``WWW-Authenticate: Bearer``, then the connection closes. Nothing of the
+        request runs; its body (up to DISCARD_BODY) is read and dropped first, so that the
+        client sees the answer."""
+        from clockwork.protocol.security import Refusals
+
+        if self._refused is None:
+            self._refused = Refusals("controller", self.fe.node.count)
+        self._refused("an unauthenticated HTTP request")
+        n = int(headers.get("content-length", "0") or 0)
+        if 0 < n <= DISCARD_BODY:
+            while n > 0:
+                n -= len(await reader.readexactly(min(n, 64 << 10)))
+        challenge = 'Bearer realm="clockwork"'
+        if headers.get("authorization"):
+            challenge += ', error="invalid_token"'
+        await self._send(writer, 401, {"error": "authentication required: send the header "
+                                       "'Authorization: Bearer <token>'"},
+                         more_headers={"WWW-Authenticate": challenge, "Connection": "close"})
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -390,6 +427,9 @@ class KServeHttp:
                         break
                     k, _, v = h.decode("latin-1").partition(":")
                     headers[k.strip().lower()] = v.strip()
+                if self.token is not None and not self._authorized(target, headers):
+                    await self._unauthorized(reader, writer, headers)
+                    break
                 n = int(headers.get("content-length", "0") or 0)
                 if n > MAX_BODY:
                     await self._send(writer, 413, {"error": "request body too large"})
@@ -415,6 +455,8 @@ class KServeHttp:
         if extra:
             hdrs["Content-Type"] = "application/octet-stream"
             hdrs["Inference-Header-Content-Length"] = str(len(head))
+        if more_headers:
+            hdrs.update(more_headers)
         msg = f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n" + "".join(
             f"{k}: {v}\r\n" for k, v in hdrs.items()) + "\r\n"
         writer.write(msg.encode("latin-1") + head + extra)
@@ -499,6 +541,10 @@ class KServeHttp:
         return 200, resp, b"".join(extra)
 
 
-async def start_http(node, host: str, port: int) -> asyncio.Server:
-    """Serve KServe v2 REST on ``host:port`` (0: a free port) on the running loop."""
-    return await asyncio.start_server(KServeHttp(node).handle, host, port)
+async def start_http(node, host: str, port: int, token: str | None = None,
+                     ssl=None) -> asyncio.Server:
+    """Serve KServe v2 REST on ``host:port`` (0: a free port) on the running loop; with
+    ``token`` every path but the health probes needs it; with ``ssl`` (an
+    ``ssl.SSLContext``) HTTPS only. No SO_REUSEPORT: the port is this listener's alone."""
+    return await asyncio.start_server(KServeHttp(node, token).handle, host, port, ssl=ssl,
+                                      reuse_port=False)

@@ -15,6 +15,12 @@ of ``ClockSync`` calls at connect, then echoes on the action stream; the estimat
 offset of the lowest-RTT sample among recent ones. A worker that disconnects has its
 outstanding actions failed back into the policy (so their requests are retried or
 answered), and the controller keeps reconnecting to it.
+
+Security (``clockwork.protocol.security``, SECURITY.md): with ``--token`` every client call
+on every port must carry the bearer token; with a cluster secret every call to a worker
+carries our proof and the worker's answer must carry its own, or the worker is refused;
+with ``--tls-cert``/``--tls-key`` every listener speaks TLS, and ``--worker-tls-ca`` makes
+the links to the workers TLS too.
 """
 
 from __future__ import annotations
@@ -36,6 +42,20 @@ from clockwork.protocol import clockwork_pb2_grpc as pbg
 from clockwork.protocol import keepalive
 from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
 from clockwork.protocol.pacing import Pacer
+from clockwork.protocol.security import (
+    WORKER_CLOCK_SYNC,
+    WORKER_CONNECT,
+    AuthFailed,
+    ClusterAuth,
+    Refusals,
+    SecurityError,
+    TlsFiles,
+    TokenInterceptor,
+    channel_credentials,
+    cluster_secret,
+    exposure_error,
+    server_token,
+)
 from clockwork.protocol.wire import action_to_msg, add_tensors, msg_to_result, msgs_to_tensors
 from clockwork.requests import Reply, Request
 from clockwork.tensors import Tensor, TensorError, batch_inputs, check_inputs, zero_rows
@@ -125,6 +145,12 @@ class WorkerLink:
 class ControllerNode:
     """The controller's shell state. Construct, ``await start()``, serve, ``await stop()``."""
 
+    # the link to the workers: the cluster secret (None: no proofs either way) and TLS
+    # credentials to dial them with (None: plaintext)
+    cluster_auth: ClusterAuth | None = None
+    worker_credentials: grpc.ChannelCredentials | None = None
+    _worker_refusals: Refusals | None = None
+
     def __init__(self, workers: list[str], profiles: str = "v100-reference",
                  models: str | None = None, policy: str = "clockwork",
                  cfg: SchedulerConfig | None = None, connect_timeout: float = 30.0,
@@ -194,15 +220,18 @@ class ControllerNode:
 
     async def _open(self, link: WorkerLink) -> None:
         """One connection attempt: clock sync, Connect stream, Hello, state."""
-        ch = grpc.aio.insecure_channel(link.address, options=WORKER_CHANNEL_OPTIONS)
+        if self.worker_credentials is not None:
+            ch = grpc.aio.secure_channel(link.address, self.worker_credentials,
+                                         options=WORKER_CHANNEL_OPTIONS)
+        else:
+            ch = grpc.aio.insecure_channel(link.address, options=WORKER_CHANNEL_OPTIONS)
         try:
             await asyncio.wait_for(ch.channel_ready(), 2.0)
             stub = pbg.WorkerStub(ch)
             for _ in range(8):
-                t0 = now_ns()
-                r = await stub.ClockSync(pb.ClockSyncRequest(controller_time=t0), timeout=2.0)
-                link.add_sample(t0, r.worker_time, now_ns())
-            call = stub.Connect()
+                t0, r, t2 = await self._clock_sync(stub, link)
+                link.add_sample(t0, r.worker_time, t2)
+            call = await self._open_connect(stub, link)
             await call.write(pb.ControllerMessage(hello=self._hello(link)))
             msg = await asyncio.wait_for(call.read(), 5.0)
             if msg is grpc.aio.EOF or msg.WhichOneof("kind") != "state":
@@ -224,6 +253,63 @@ class ControllerNode:
         link.channel, link.call, link.state = ch, call, msg.state
         link.connected = True
         self.count("worker_connects")
+
+    async def _clock_sync(self, stub: pbg.WorkerStub, link: WorkerLink):
+        """One ClockSync round trip -> (sent, response, received); with a cluster secret
+        the worker's answer counts only if it proves the secret."""
+        auth = self.cluster_auth
+        md, nonce = auth.call_metadata(WORKER_CLOCK_SYNC) if auth is not None else (None, "")
+        t0 = now_ns()
+        call = stub.ClockSync(pb.ClockSyncRequest(controller_time=t0), timeout=2.0, metadata=md)
+        try:
+            r = await call
+        except grpc.aio.AioRpcError as e:
+            self._auth_refused(link, e)  # a worker that wants a secret we lack or do not share
+            raise
+        t2 = now_ns()
+        if auth is not None:
+            self._check_worker(link, WORKER_CLOCK_SYNC, nonce, await call.initial_metadata())
+        return t0, r, t2
+
+    async def _open_connect(self, stub: pbg.WorkerStub, link: WorkerLink):
+        """The Connect stream; with a cluster secret, nothing is written on it (not even
+        Hello) before the worker has proved the secret in its initial metadata."""
+        auth = self.cluster_auth
+        if auth is None:
+            return stub.Connect()
+        md, nonce = auth.call_metadata(WORKER_CONNECT)
+        call = stub.Connect(metadata=md)
+        try:
+            got = await asyncio.wait_for(call.initial_metadata(), 5.0)
+        except grpc.aio.AioRpcError as e:
+            self._auth_refused(link, e)
+            raise
+        except TimeoutError:
+            call.cancel()
+            raise
+        try:
+            self._check_worker(link, WORKER_CONNECT, nonce, got)
+        except AuthFailed:
+            call.cancel()
+            raise
+        return call
+
+    def _check_worker(self, link: WorkerLink, method: str, nonce: str, metadata) -> None:
+        if not self.cluster_auth.worker_proved(method, nonce, metadata):
+            self._refuse_worker(link, f"worker {link.address}: it did not prove the cluster "
+                                "secret (a worker without it, or with another one)")
+
+    def _auth_refused(self, link: WorkerLink, e: grpc.aio.AioRpcError) -> None:
+        if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+            self._refuse_worker(link, f"worker {link.address}: it refused our cluster "
+                                "credentials (give both the same cluster secret)")
+
+    def _refuse_worker(self, link: WorkerLink, why: str) -> None:
+        """Log (at most a line a second), count and raise: a worker we will not use."""
+        if self._worker_refusals is None:
+            self._worker_refusals = Refusals("controller", self.count)
+        self._worker_refusals(why, "worker_auth_refused")
+        raise AuthFailed(f"refused {why}")
 
     async def _connect(self, link: WorkerLink, deadline: float) -> None:
         last: BaseException | None = None
@@ -633,15 +719,21 @@ class ClockworkServicer(pbg.ClockworkServicer):
 async def serve_controller(node: ControllerNode, host: str, port: int, ready=None,
                            stop: asyncio.Event | None = None,
                            http_port: int | None = None,
-                           kserve_port: int | None = None) -> None:
+                           kserve_port: int | None = None, token: str | None = None,
+                           tls: TlsFiles | None = None) -> None:
     """Serve until ``stop``: clockwork.v1 and KServe v2 gRPC on ``port``, KServe v2 gRPC
-    also on ``kserve_port`` (Triton's 8001 by default), REST on ``http_port``."""
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    also on ``kserve_port`` (Triton's 8001 by default), REST on ``http_port``. ``token``:
+    every client call must carry it (REST health endpoints excepted); ``tls``: every port
+    speaks TLS."""
+    interceptors = [TokenInterceptor(token, node.count)] if token else None
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
     pbg.add_ClockworkServicer_to_server(ClockworkServicer(node), server)
     from controller.kserve import add_kserve_grpc  # lazy: its inference.* protos clash
     add_kserve_grpc(node, server)  # with tritonclient's in one process; KServe v2, same port
-    bound = bind_grpc(server, host, port, "--port")
-    kbound = bind_grpc(server, host, kserve_port, "--kserve-port") if kserve_port is not None else 0
+    creds = tls.grpc_credentials() if tls is not None else None
+    bound = bind_grpc(server, host, port, "--port", creds)
+    kbound = (bind_grpc(server, host, kserve_port, "--kserve-port", creds)
+              if kserve_port is not None else 0)
     await node.start()
     await server.start()
     if ready is not None:
@@ -652,7 +744,8 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
     if http_port is not None:  # KServe v2 REST; after the line above (LocalCluster reads it)
         from controller.kserve import start_http
         try:
-            http = await start_http(node, host, http_port)
+            http = await start_http(node, host, http_port, token,
+                                    tls.ssl_context() if tls is not None else None)
         except OSError as e:
             await node.stop()
             await server.stop(0)
@@ -749,6 +842,30 @@ def scheduler_settings(args: argparse.Namespace) -> tuple[str, SchedulerConfig, 
     return policy, SchedulerConfig.from_ms(**common), own
 
 
+def _security(args: argparse.Namespace, workers: list[str]):
+    """(client token, cluster secret, TLS files) from the flags, checked against the
+    default rule (off loopback: a token, and the cluster secret for far workers, unless
+    --insecure-no-auth); raises ``SecurityError`` with one line."""
+    token = server_token(getattr(args, "token", None), getattr(args, "token_file", None))
+    secret = cluster_secret(getattr(args, "cluster_secret_file", None))
+    tls = TlsFiles.from_flags(getattr(args, "tls_cert", None), getattr(args, "tls_key", None),
+                              getattr(args, "tls_ca", None))
+    why = exposure_error("controller", args.host, token, secret,
+                         getattr(args, "insecure_no_auth", False), workers)
+    if why is not None:
+        raise SecurityError(why)
+    return token, secret, tls
+
+
+def _worker_credentials(args: argparse.Namespace, tls: TlsFiles | None):
+    """With --worker-tls-ca: TLS to the workers, verified against that CA, presenting our
+    --tls-cert/--tls-key as client certificate (for workers started with --tls-ca)."""
+    ca = getattr(args, "worker_tls_ca", None)
+    if not ca:
+        return None
+    return channel_credentials(ca, tls.cert if tls else None, tls.key if tls else None)
+
+
 def cmd_controller(args: argparse.Namespace) -> int:
     workers = list(args.workers)  # host:port list, checked by the argument parser
     try:
@@ -759,6 +876,13 @@ def cmd_controller(args: argparse.Namespace) -> int:
     except (ProfileError, ValueError) as e:
         print(f"clockwork controller: {e}", file=sys.stderr)
         return 2
+    try:
+        token, secret, tls = _security(args, workers)
+        node.worker_credentials = _worker_credentials(args, tls)
+    except SecurityError as e:
+        print(f"clockwork controller: {e}", file=sys.stderr)
+        return 2
+    node.cluster_auth = ClusterAuth(secret) if secret is not None else None
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -767,13 +891,16 @@ def cmd_controller(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
 
         def ready(port: int) -> None:
+            sec = "".join(s for on, s in ((token, ", token required"), (tls, ", TLS"),
+                                           (secret, ", cluster secret")) if on)
             print(f"clockwork controller listening on {args.host}:{port} ({len(workers)} "
                   f"worker(s), {len(node.gpu_index)} GPU(s), {len(node.profiles)} model "
-                  f"instance(s))", flush=True)
+                  f"instance(s){sec})", flush=True)
 
         await serve_controller(node, args.host, args.port, ready, stop,
                                args.http_port if args.http_port >= 0 else None,
-                               args.kserve_port if args.kserve_port >= 0 else None)
+                               args.kserve_port if args.kserve_port >= 0 else None,
+                               token, tls)
 
     try:
         asyncio.run(main())

@@ -153,18 +153,24 @@ def test_load_model_from_disk(cluster, packages):
 
     from clockwork.protocol import clockwork_pb2 as pb
     from clockwork.protocol import clockwork_pb2_grpc as pbg
+    from clockwork.protocol.security import WORKER_LOAD, ClusterAuth
+
+    auth = ClusterAuth(cluster.cluster_secret.encode())  # the worker obeys only its controller
+
+    def md():
+        return auth.call_metadata(WORKER_LOAD)[0]
 
     with grpc.insecure_channel(cluster.worker_addresses[0]) as ch:
         stub = pbg.WorkerStub(ch)
         r = stub.LoadModelFromDisk(pb.LoadModelFromDiskRequest(
-            name="my_resnet", path=str(packages / "resnet_tiny")), timeout=10)
+            name="my_resnet", path=str(packages / "resnet_tiny")), metadata=md(), timeout=10)
         assert r.model.name == "my_resnet" and r.model.profile == "resnet_tiny"
         assert list(r.model.batch_sizes) == [1, 2, 4, 8, 16]
         assert list(r.model.inputs[0].shape) == [3, 16, 16] and r.model.weights_pages == 1
         assert '"exec_ns"' in r.profile_json  # the worker's measured profile for it
         with pytest.raises(grpc.RpcError) as e:
             stub.LoadModelFromDisk(pb.LoadModelFromDiskRequest(
-                name="nope", path=str(packages / "missing")), timeout=10)
+                name="nope", path=str(packages / "missing")), metadata=md(), timeout=10)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 

@@ -14,7 +14,12 @@ packages really run on the host; ``cuda`` the same on a GPU). A real device's ac
 start "open" in the executor (see ``worker.executor``); this shell runs them on one
 EXEC thread and one LOAD thread per GPU and reports the measured times back with
 ``complete``. Packages come from ``--packages DIR`` (``DIR/<profile>/``), an Instance's
-``package`` path, or a ``LoadModelFromDisk`` call.
+``package`` path, or a ``LoadModelFromDisk`` call; the last two name a package inside
+``DIR`` (a name, or a path that resolves inside it), and anything else is refused with
+one message whether or not it exists.
+
+With a cluster secret every call must carry the controller's proof, and the worker proves
+the secret back in the response's initial metadata (``clockwork.protocol.security``).
 """
 
 from __future__ import annotations
@@ -37,6 +42,17 @@ from clockwork.protocol import clockwork_pb2_grpc as pbg
 from clockwork.protocol import keepalive
 from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
 from clockwork.protocol.pacing import Pacer
+from clockwork.protocol.security import (
+    WORKER_CLOCK_SYNC,
+    WORKER_CONNECT,
+    WORKER_LOAD,
+    ClusterAuth,
+    Refusals,
+    SecurityError,
+    TlsFiles,
+    cluster_secret,
+    exposure_error,
+)
 from clockwork.protocol.wire import msg_to_action, msgs_to_tensors, result_to_msg
 from clockwork.tensors import Tensor
 from worker.devices.emulated import EmulatedDevice
@@ -47,6 +63,13 @@ DEVICES = ("emulated", "cpu", "cuda")
 DEFAULT_PROFILES = {"emulated": "v100-reference", "cpu": "cpu", "cuda": "cuda"}
 
 _OFFSET = 0  # --clock-offset-ms: shifts this worker's clock (tests the controller's conversion)
+# LoadModelFromDisk's one answer for every path it will not load: outside the package
+# directory, missing or broken alike (the caller learns nothing about the worker's disk)
+PACKAGE_REFUSED = "cannot load package: no model package by that name in the worker's package directory"
+
+
+class PackageRefused(ValueError):
+    """A package reference the worker will not load (the reason goes to its own log)."""
 
 
 def now_ns() -> int:
@@ -55,6 +78,8 @@ def now_ns() -> int:
 
 class WorkerNode:
     """The worker's state and its timer task. All methods run on one event loop."""
+
+    cluster_auth: ClusterAuth | None = None  # the cluster secret (None: calls are not checked)
 
     def __init__(self, gpus: int, pages: int | None, profiles: str | None = None,
                  device: str = "emulated", noise: float = 0.0, seed: int = 0,
@@ -112,10 +137,30 @@ class WorkerNode:
         self._want = set()
         self._out = []
 
+    def confined(self, ref: str) -> Path | None:
+        """Package reference ``ref`` (a name, or a path) as a directory inside the package
+        directory (``--packages``), resolved; None if it is anywhere else: a ``..`` part,
+        an absolute path outside, or a symbolic link that leads out."""
+        try:
+            root = self.packages.resolve()
+            p = Path(ref)
+            if not ref or ".." in p.parts:
+                return None
+            p = (p if p.is_absolute() else root / p).resolve()
+        except (OSError, ValueError, RuntimeError):  # a NUL byte, a symlink loop
+            return None
+        return p if p != root and p.is_relative_to(root) else None
+
     def package_for(self, name: str, profile: str, explicit: str = "") -> Path | None:
-        """Where instance ``name`` (of ``profile``) has its model package, if anywhere."""
-        for p in (Path(explicit) if explicit else None, self.registered.get(name),
-                  self.registered.get(profile), self.packages / profile):
+        """Where instance ``name`` (of ``profile``) has its model package, if anywhere
+        (always inside the package directory)."""
+        own = self.confined(explicit) if explicit else None
+        if explicit and own is None:
+            print(f"worker: instance {name}: package {explicit!r} is not inside the package "
+                  f"directory {self.packages}; refused", file=sys.stderr, flush=True)
+            return None
+        for p in (own, self.registered.get(name),
+                  self.registered.get(profile), self.confined(profile)):
             if p is not None and (p / "model.json").exists():
                 return p
         return None
@@ -129,8 +174,15 @@ class WorkerNode:
         """LoadModelFromDisk: check the package, remember it under ``name``."""
         from clockwork.models.package import read_package
 
-        p = Path(path)
-        meta = read_package(p)  # raises on a missing or broken package
+        p = self.confined(path)
+        try:
+            if p is None:
+                raise PackageRefused(f"not inside the package directory {self.packages}")
+            meta = read_package(p)  # raises on a missing or broken package
+        except Exception as e:  # noqa: BLE001 - one answer for every refusal (no path oracle)
+            print(f"worker: LoadModelFromDisk {path!r} refused: {e}", file=sys.stderr,
+                  flush=True)
+            raise PackageRefused(PACKAGE_REFUSED) from None
         if self.device == "emulated":
             raise ValueError("the emulated device runs profiles, not packages "
                              "(start the worker with --device cpu)")
@@ -330,19 +382,41 @@ class WorkerServicer(pbg.WorkerServicer):
     def __init__(self, node: WorkerNode) -> None:
         self.node = node
         self._active: object = None
+        self._refused = Refusals("worker")
+
+    async def _authorize(self, context, method: str) -> None:
+        """With a cluster secret: refuse a call without the controller's proof
+        (UNAUTHENTICATED, before anything runs), else send ours back as the response's
+        initial metadata."""
+        auth = self.node.cluster_auth
+        if auth is None:
+            return
+        why, nonce = auth.check_controller(method, context.invocation_metadata())
+        if why is not None:
+            self._refused(f"{method.rpartition('/')[2]} from {context.peer()}: {why}")
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "cluster authentication failed")
+        await context.send_initial_metadata(auth.worker_metadata(method, nonce))
 
     async def ClockSync(self, request, context):  # noqa: N802
+        await self._authorize(context, WORKER_CLOCK_SYNC)
         return pb.ClockSyncResponse(worker_time=now_ns())
 
     async def LoadModelFromDisk(self, request, context):  # noqa: N802
+        await self._authorize(context, WORKER_LOAD)
         try:
             return self.node.load_from_disk(request.name, request.path)
+        except PackageRefused as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except (OSError, ValueError, KeyError) as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"cannot load package {request.path!r}: {e}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot load package: {e}")
 
     async def Connect(self, request_iterator, context):  # noqa: N802
         node = self.node
+        if node.cluster_auth is not None:
+            await self._authorize(context, WORKER_CONNECT)
+        else:  # at once, as with a secret: a controller waits for them before its Hello
+            await context.send_initial_metadata(())
         token = object()
         self._active = token  # the newest controller connection owns the worker
         echoes: list[pb.ClockEcho] = []
@@ -402,12 +476,15 @@ class WorkerServicer(pbg.WorkerServicer):
 
 
 async def serve_worker(host: str, port: int, node: WorkerNode, ready=None,
-                       stop: asyncio.Event | None = None) -> None:
+                       stop: asyncio.Event | None = None, tls: TlsFiles | None = None) -> None:
+    """Serve until ``stop``; with ``tls`` the port speaks TLS only (and asks the controller
+    for a client certificate when ``tls.ca`` is set)."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
                                       ("grpc.max_send_message_length", 64 << 20),
                                       *LISTEN_OPTIONS, *keepalive.SERVER])
     pbg.add_WorkerServicer_to_server(WorkerServicer(node), server)
-    bound = bind_grpc(server, host, port, "--port")
+    bound = bind_grpc(server, host, port, "--port",
+                      tls.grpc_credentials() if tls is not None else None)
     await server.start()
     timer = asyncio.create_task(node.run_timer())
     if ready is not None:
@@ -436,11 +513,24 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except ProfileError as e:
         print(f"clockwork worker: {e}", file=sys.stderr)
         return 2
+    try:
+        secret = cluster_secret(getattr(args, "cluster_secret_file", None))
+        tls = TlsFiles.from_flags(getattr(args, "tls_cert", None), getattr(args, "tls_key", None),
+                                  getattr(args, "tls_ca", None))
+    except SecurityError as e:
+        print(f"clockwork worker: {e}", file=sys.stderr)
+        return 2
+    why = exposure_error("worker", args.host, None, secret,
+                         getattr(args, "insecure_no_auth", False))
+    if why is not None:
+        print(f"clockwork worker: {why}", file=sys.stderr)
+        return 2
 
     async def main() -> None:
         node = WorkerNode(args.gpus, args.pages, args.profiles, args.device, args.noise, args.seed,
                           args.packages, args.result_interval_us, args.slow_prob,
                           args.slow_factor)
+        node.cluster_auth = ClusterAuth(secret) if secret is not None else None
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -451,7 +541,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             print(f"clockwork worker listening on {args.host}:{port} ({args.gpus} {args.device} "
                   f"GPU(s), {node.pages} pages each, profiles {node.pset.name}{where})", flush=True)
 
-        await serve_worker(args.host, args.port, node, ready, stop)
+        await serve_worker(args.host, args.port, node, ready, stop, tls)
 
     try:
         asyncio.run(main())

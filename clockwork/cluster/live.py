@@ -10,8 +10,15 @@ import sys
 def cmd_infer(args: argparse.Namespace) -> int:
     from clockwork.client import Client
     from clockwork.errors import ClockworkError
+    from clockwork.protocol.security import SecurityError, client_token
 
-    with Client(args.controller, timeout=args.timeout) as c:
+    try:
+        token = client_token(getattr(args, "token", None), getattr(args, "token_file", None))
+    except SecurityError as e:
+        print(f"clockwork infer: {e}", file=sys.stderr)
+        return 2
+    with Client(args.controller, timeout=args.timeout, token=token,
+                tls=getattr(args, "tls", False), tls_ca=getattr(args, "tls_ca", None)) as c:
         try:
             if args.list:
                 for m in c.list_models():

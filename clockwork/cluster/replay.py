@@ -52,12 +52,15 @@ class ReplayResult:
 
 async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
                  progress: bool = False, check_packages: str | None = None,
-                 on_start=None) -> ReplayResult:
+                 on_start=None, *, token: str | None = None, tls: bool = False,
+                 tls_ca: str | None = None) -> ReplayResult:
     """Drive ``sc``'s workloads against a live controller. ``check_packages``: send real
     inputs (a seeded pool per model) and check every answer's output against the zoo
     model's numpy reference with that package folder's weights (``summary["outputs"]``).
     ``on_start(t0)``: called with the replay's time zero (``time.monotonic_ns``) as the
-    first request is due (``clockwork serve`` starts its ``[faults]`` from it)."""
+    first request is due (``clockwork serve`` starts its ``[faults]`` from it).
+    ``token``, ``tls``, ``tls_ca``: as ``clockwork.AsyncClient``'s (default token:
+    ``$CLOCKWORK_TOKEN``)."""
     from clockwork.client import AsyncClient
     from clockwork.profiles import load_profile_set
     from clockwork.resources import scenario_folder
@@ -82,7 +85,7 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         w.bind(0, duration, np.random.default_rng(seed), exec1)
         workloads.append(w)
 
-    client = AsyncClient(controller)
+    client = AsyncClient(controller, token=token, tls=tls, tls_ca=tls_ca)
     info = await client.list_models_raw()
     served = {m.name for m in info.models}
     missing = sorted(set(instances) - served)
@@ -248,8 +251,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     progress = not args.quiet and sys.stderr.isatty()
     try:
+        from clockwork.protocol.security import client_token
+
+        token = client_token(getattr(args, "token", None), getattr(args, "token_file", None))
         res = asyncio.run(replay(sc, args.controller, args.max_outstanding, progress,
-                                 args.check_outputs))
+                                 args.check_outputs, token=token,
+                                 tls=getattr(args, "tls", False),
+                                 tls_ca=getattr(args, "tls_ca", None)))
     except (ScenarioError, ClockworkError, ValueError) as e:
         print(f"clockwork replay: {e}", file=sys.stderr)
         return 2

@@ -5,6 +5,10 @@ controller's address, and stop them all on Ctrl-C / SIGTERM.
 scenario's ``[scheduler]`` table reaches the controller as data: ``LocalCluster`` writes
 it to ``controller-settings.json`` in its run directory and starts the controller with
 ``--settings`` that file.
+
+Every cluster has a cluster secret of its own (made at random unless given), handed to
+the children in their environment (``$CLOCKWORK_CLUSTER_SECRET``), never on a command
+line; a client token goes to the controller as a 0600 file in the run directory.
 """
 
 from __future__ import annotations
@@ -37,11 +41,17 @@ class ChildRefused(RuntimeError):
 class _Child:
     """A child process whose stdout lines are read by a thread (so waits have deadlines)."""
 
-    def __init__(self, name: str, argv: list[str], echo: bool = False) -> None:
+    def __init__(self, name: str, argv: list[str], echo: bool = False,
+                 extra_env: Mapping[str, str | None] | None = None) -> None:
         self.name = name
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.echo = echo
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        for k, v in (extra_env or {}).items():  # None: not in the child's environment
+            if v is None:
+                env.pop(k, None)
+            else:
+                env[k] = v
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env=env, start_new_session=True)
         self._t = threading.Thread(target=self._pump, daemon=True)
@@ -102,6 +112,11 @@ class LocalCluster:
     file) for the controller; it is written to ``controller-settings.json`` in
     ``run_dir`` (default: a temporary directory removed at ``stop``) and passed as
     ``--settings``. ``controller_args`` are further controller flags.
+
+    ``cluster_secret``: the secret the controller and the workers prove to each other
+    (default: a new random one; "": none), in the children's environment. ``token``: the
+    controller requires it from clients (a 0600 file in ``run_dir``, ``--token-file``).
+    ``worker_host``: the workers' address (default ``host``).
     """
 
     def __init__(self, workers: int = 1, gpus: int = 1, profiles: str = "v100-reference",
@@ -111,7 +126,8 @@ class LocalCluster:
                  worker_args: list[list[str]] | None = None, http_port: int = 0,
                  device: str = "emulated", packages: str | None = None,
                  kserve_port: int = -1, scheduler: Mapping[str, object] | None = None,
-                 run_dir: str | None = None) -> None:
+                 run_dir: str | None = None, *, cluster_secret: str | None = None,
+                 token: str | None = None, worker_host: str | None = None) -> None:
         self.n_workers, self.gpus, self.profiles, self.models = workers, gpus, profiles, models
         self.pages, self.host, self.port, self.worker_port = pages, host, port, worker_port
         self.echo = echo
@@ -129,6 +145,12 @@ class LocalCluster:
         self.controller: _Child | None = None
         self.address = ""
         self._worker_argv: list[list[str]] = []
+        from clockwork.protocol.security import SECRET_ENV, new_secret
+
+        self.cluster_secret = new_secret() if cluster_secret is None else cluster_secret
+        self._env = {SECRET_ENV: self.cluster_secret or None}  # the children's, not argv
+        self.token = token
+        self.worker_host = worker_host or host
 
     def restart_worker(self, i: int) -> None:
         """Start worker ``i`` again on its port (after it died); returns once it listens.
@@ -139,7 +161,7 @@ class LocalCluster:
         port = self.worker_addresses[i].rpartition(":")[2]
         argv = list(self._worker_argv[i])
         argv[argv.index("--port") + 1] = port
-        child = _Child(f"worker{i}", argv, self.echo)
+        child = _Child(f"worker{i}", argv, self.echo, self._env)
         self.workers[i] = child
         child.wait_address(self.timeout)
 
@@ -147,7 +169,7 @@ class LocalCluster:
         try:
             for i in range(self.n_workers):
                 port = self.worker_port + 10 * i if self.worker_port else 0
-                argv = _cli() + ["worker", "--host", self.host, "--port", str(port),
+                argv = _cli() + ["worker", "--host", self.worker_host, "--port", str(port),
                                  "--gpus", str(self.gpus), "--profiles", self.profiles]
                 if self.pages:
                     argv += ["--pages", str(self.pages)]
@@ -158,7 +180,7 @@ class LocalCluster:
                 if i < len(self.worker_args):
                     argv += self.worker_args[i]
                 self._worker_argv.append(argv)
-                self.workers.append(_Child(f"worker{i}", argv, self.echo))
+                self.workers.append(_Child(f"worker{i}", argv, self.echo, self._env))
             self.worker_addresses = [w.wait_address(self.timeout) for w in self.workers]
             argv = _cli() + ["controller", "--host", self.host, "--port", str(self.port),
                              "--workers", ",".join(self.worker_addresses),
@@ -169,20 +191,30 @@ class LocalCluster:
                 argv += ["--models", self.models]
             if self.scheduler is not None:
                 argv += ["--settings", str(self._write_settings())]
-            self.controller = _Child("controller", argv, self.echo)
+            if self.token:
+                from clockwork.protocol.security import write_private
+
+                argv += ["--token-file", str(write_private(self._run_path() / "token",
+                                                           self.token + "\n"))]
+            self.controller = _Child("controller", argv, self.echo, self._env)
             self.address = self.controller.wait_address(self.timeout)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _write_settings(self) -> Path:
-        """The controller's settings file: ``{"scheduler": {...}}`` in the run directory."""
+    def _run_path(self) -> Path:
+        """The run directory (made on first use: a private temporary one by default)."""
         if self.run_dir is None:
             self.run_dir = tempfile.mkdtemp(prefix="clockwork-cluster-")
             self._own_run_dir = True
-        path = Path(self.run_dir) / "controller-settings.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = Path(self.run_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _write_settings(self) -> Path:
+        """The controller's settings file: ``{"scheduler": {...}}`` in the run directory."""
+        path = self._run_path() / "controller-settings.json"
         path.write_text(json.dumps({"scheduler": self.scheduler}, indent=1, default=str) + "\n")
         return path
 
@@ -308,6 +340,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     if getattr(args, "log_dir", None):
         extra += ["--log-dir", str(args.log_dir)]
+    # the controller's listeners; the workers stay on loopback, behind the cluster secret
+    for flag in ("token_file", "tls_cert", "tls_key"):
+        if getattr(args, flag, None):
+            extra += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    if getattr(args, "insecure_no_auth", False):
+        extra += ["--insecure-no-auth"]
+    if getattr(args, "replay", False) and getattr(args, "tls_cert", None):
+        print("clockwork serve: --replay drives its own cluster over loopback; --tls-cert and "
+              "--tls-key are for a cluster that serves clients", file=sys.stderr)
+        return 2
     device = device or "emulated"
     if device == "cuda":  # no GPU here: say so before compiling or starting anything
         try:
@@ -331,7 +373,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                            http_port=-1 if replaying else args.http_port, device=device,
                            kserve_port=-1 if replaying else args.kserve_port,
                            worker_args=worker_args,
-                           packages=packages, scheduler=scheduler)
+                           packages=packages, scheduler=scheduler,
+                           token=getattr(args, "token", None), worker_host="127.0.0.1")
     stop = threading.Event()
 
     def on_signal(signum, frame):
@@ -392,8 +435,11 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace) -> int:
     try:
         # real devices: answers carry real outputs; check every one against the reference
         check = cluster.packages if cluster.device != "emulated" else None
+        from clockwork.protocol.security import client_token
+
+        token = client_token(getattr(args, "token", None), getattr(args, "token_file", None))
         res = asyncio.run(replay(sc, cluster.address, 20000, progress, check,
-                                 on_start=faults.start if faults else None))
+                                 on_start=faults.start if faults else None, token=token))
     except (ScenarioError, ClockworkError, ValueError) as e:
         print(f"clockwork serve: {e}", file=sys.stderr)
         return 2

@@ -33,11 +33,15 @@ def _check_free(host: str, port: int, flag: str) -> None:
                                   f"{e.strerror or e}") from None
 
 
-def bind_grpc(server, host: str, port: int, flag: str) -> int:
-    """Add ``host:port`` to a (not yet started) gRPC server; returns the bound port."""
+def bind_grpc(server, host: str, port: int, flag: str, credentials=None) -> int:
+    """Add ``host:port`` to a (not yet started) gRPC server, with TLS when ``credentials``
+    (``grpc.ServerCredentials``) are given; returns the bound port."""
     _check_free(host, port, flag)
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        if credentials is not None:
+            bound = server.add_secure_port(f"{host}:{port}", credentials)
+        else:
+            bound = server.add_insecure_port(f"{host}:{port}")
     except RuntimeError:
         bound = 0
     if not bound:

@@ -106,6 +106,17 @@ def address_list(text: str) -> list[str]:
     return [address(w) for w in items]
 
 
+def readable_file(text: str) -> str:
+    """A path to a file this process can read (a certificate, a key, a token)."""
+    import os
+
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"no such file: {text!r}")
+    if not os.access(text, os.R_OK):
+        raise argparse.ArgumentTypeError(f"cannot read {text!r} (permissions)")
+    return text
+
+
 def batch_sizes(text: str) -> list[int]:
     try:
         sizes = sorted({int(x) for x in text.split(",") if x.strip()})

@@ -32,6 +32,53 @@ NEEDS = {
 }
 
 
+def _add_server_security(p, who: str) -> None:
+    """Authentication and TLS flags of a server (SECURITY.md)."""
+    g = p.add_argument_group("security (see SECURITY.md)")
+    if who == "controller":
+        tok = g.add_mutually_exclusive_group()
+        tok.add_argument("--token-file", type=t.readable_file, metavar="FILE",
+                         help="clients must send this file's token (authorization: Bearer "
+                         "TOKEN) on every gRPC port and REST path but the health probes; "
+                         "required when --host is not a loopback address")
+        tok.add_argument("--token", default=None, metavar="TOKEN",
+                         help="the same, given on the command line (visible to other local "
+                         "users in the process list: prefer --token-file)")
+    g.add_argument("--cluster-secret-file", type=t.readable_file, metavar="FILE",
+                   help="the secret shared by the controller and its workers (else "
+                   "$CLOCKWORK_CLUSTER_SECRET); each side proves it to the other on every "
+                   "call; required off loopback")
+    g.add_argument("--insecure-no-auth", action="store_true",
+                   help="listen off loopback without " + ("a token or cluster secret"
+                                                          if who == "controller" else
+                                                          "a cluster secret"))
+    g.add_argument("--tls-cert", type=t.readable_file, metavar="PEM",
+                   help="TLS on every port this process listens on: certificate chain")
+    g.add_argument("--tls-key", type=t.readable_file, metavar="PEM", help="... and its key")
+    g.add_argument("--tls-ca", type=t.readable_file, metavar="PEM",
+                   help="require client certificates signed by this CA (mutual TLS)"
+                   + ("" if who == "controller" else "; the controller presents its "
+                      "--tls-cert"))
+    if who == "controller":
+        g.add_argument("--worker-tls-ca", type=t.readable_file, metavar="PEM",
+                       help="dial the workers with TLS, verified against this CA (the "
+                       "controller's --tls-cert/--tls-key are its client certificate)")
+
+
+def _add_client_security(p) -> None:
+    """A client's token and TLS flags."""
+    g = p.add_argument_group("security (see SECURITY.md)")
+    tok = g.add_mutually_exclusive_group()
+    tok.add_argument("--token-file", type=t.readable_file, metavar="FILE",
+                     help="send this file's token (default: $CLOCKWORK_TOKEN, if set)")
+    tok.add_argument("--token", default=None, metavar="TOKEN",
+                     help="send this token (default: $CLOCKWORK_TOKEN, if set)")
+    g.add_argument("--tls", action="store_true",
+                   help="connect with TLS, verified against the system's CAs")
+    g.add_argument("--tls-ca", type=t.readable_file, metavar="PEM",
+                   help="connect with TLS, verified against this CA")
+
+
 def _verb(sub, name: str, impl: str, help: str, description: str, requires: tuple = (),
           **kw) -> argparse.ArgumentParser:
     """A verb: ``impl`` is its ``module:function``; ``requires`` the optional modules it
@@ -205,6 +252,19 @@ def add_serve(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="with --replay: no progress line")
     p.add_argument("--log-dir", metavar="DIR", help="the controller writes requests.tsv and "
                    "actions.tsv (its own view: every request and action) here")
+    g = p.add_argument_group("security (see SECURITY.md; the workers always listen on "
+                             "127.0.0.1, with a cluster secret made for this cluster)")
+    tok = g.add_mutually_exclusive_group()
+    tok.add_argument("--token-file", type=t.readable_file, metavar="FILE",
+                     help="clients must send this file's token; required when --host is not "
+                     "a loopback address")
+    tok.add_argument("--token", default=None, metavar="TOKEN",
+                     help="the same, given on the command line")
+    g.add_argument("--insecure-no-auth", action="store_true",
+                   help="listen off loopback without a token")
+    g.add_argument("--tls-cert", type=t.readable_file, metavar="PEM",
+                   help="TLS on the controller's ports: certificate chain")
+    g.add_argument("--tls-key", type=t.readable_file, metavar="PEM", help="... and its key")
 
 
 def add_controller(sub) -> None:
@@ -255,6 +315,7 @@ def add_controller(sub) -> None:
     p.add_argument("--reply-interval-us", type=t.nonneg_float, default=REPLY_INTERVAL_US,
                    help="pacing of InferStream reply messages, per stream (default "
                    f"{REPLY_INTERVAL_US:g}; 0: off)")
+    _add_server_security(p, "controller")
 
 
 def add_worker(sub) -> None:
@@ -289,6 +350,7 @@ def add_worker(sub) -> None:
     p.add_argument("--seed", type=t.nonneg_int, default=0)
     p.add_argument("--clock-offset-ms", type=t.finite_float, default=0.0,
                    help="add this to the worker's clock (to test clock-offset handling)")
+    _add_server_security(p, "worker")
 
 
 def add_infer(sub) -> None:
@@ -305,6 +367,7 @@ def add_infer(sub) -> None:
     p.add_argument("--list", action="store_true", help="list the models and exit")
     p.add_argument("--timeout", type=t.positive_float, default=30.0,
                    help="seconds per call (default 30)")
+    _add_client_security(p)
 
 
 def add_replay(sub) -> None:
@@ -325,6 +388,7 @@ def add_replay(sub) -> None:
                    help="bound on requests in flight (default 20000)")
     p.add_argument("--json", action="store_true", help="print summary.json instead of the table")
     p.add_argument("--quiet", action="store_true", help="no progress line")
+    _add_client_security(p)
 
 
 VERBS = [add_simulate, add_report, add_scenarios, add_serve, add_replay, add_infer,

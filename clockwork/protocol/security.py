@@ -1,0 +1,406 @@
+"""Authentication and TLS for every listener (see SECURITY.md for the threat model).
+
+Three mechanisms, each off unless configured, each required by the defaults when a
+process is reachable from other hosts:
+
+- **Client token** (controller; ``--token`` / ``--token-file``): every ``clockwork.v1`` and
+  KServe v2 gRPC call carries ``authorization: Bearer <token>`` in its metadata, every
+  REST request the ``Authorization: Bearer <token>`` header (health endpoints excepted).
+  A call without it, or with another token, is refused before any handler runs
+  (``UNAUTHENTICATED`` / HTTP 401 with ``WWW-Authenticate: Bearer``). Tokens are compared
+  with ``hmac.compare_digest``.
+- **Cluster secret** (controller and workers; ``--cluster-secret-file`` or
+  ``$CLOCKWORK_CLUSTER_SECRET``): mutual authentication of the controller-worker link,
+  per call, with HMAC-SHA256 under the shared secret K:
+
+      controller -> worker, request metadata:
+        x-clockwork-nonce  N   32 random hex digits, new for every call
+        x-clockwork-time   T   the controller's wall clock, integer milliseconds
+        x-clockwork-auth       HMAC(K, "clockwork-v1 controller\\n" METHOD "\\n" T "\\n" N)
+      worker -> controller, response initial metadata (before any message):
+        x-clockwork-worker-auth  HMAC(K, "clockwork-v1 worker\\n" METHOD "\\n" N)
+
+  The worker accepts a call only if the HMAC matches, ``T`` is within ``FRESH_S`` of its
+  own wall clock and ``N`` was not seen before (a replay cache that covers the window);
+  the controller trusts an answer (and writes ``Hello`` on ``Connect``) only once the
+  worker's proof over its fresh ``N`` checks out. METHOD is the full gRPC method name, so
+  a proof for one call is no good for another.
+- **TLS** on every listener (``--tls-cert``/``--tls-key``; ``--tls-ca`` makes a server
+  require client certificates signed by that CA), and the controller's connections to
+  workers (``--worker-tls-ca``).
+
+This module imports ``grpc`` but nothing from ``controller/`` or ``worker/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import os
+import re
+import secrets
+import socket
+import ssl
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+TOKEN_ENV = "CLOCKWORK_TOKEN"  # clients: the bearer token when none is given
+SECRET_ENV = "CLOCKWORK_CLUSTER_SECRET"  # controller and workers: the cluster secret
+MIN_CREDENTIAL = 16  # characters (token) / bytes (secret)
+FRESH_S = 300.0  # a controller's proof is accepted this long either side of the worker's clock
+
+AUTHORIZATION = "authorization"
+NONCE_KEY = "x-clockwork-nonce"
+TIME_KEY = "x-clockwork-time"
+PROOF_KEY = "x-clockwork-auth"
+WORKER_PROOF_KEY = "x-clockwork-worker-auth"
+
+WORKER_CONNECT = "/clockwork.v1.Worker/Connect"
+WORKER_CLOCK_SYNC = "/clockwork.v1.Worker/ClockSync"
+WORKER_LOAD = "/clockwork.v1.Worker/LoadModelFromDisk"
+
+_TOKEN_CHARS = re.compile(r"[\x21-\x7e]+")  # visible ASCII: safe in a header and in metadata
+_NONCE = re.compile(r"[0-9a-f]{32}")
+
+
+class SecurityError(ValueError):
+    """A security setting that cannot be used; the message is one line naming the flag."""
+
+
+class AuthFailed(ValueError):
+    """A peer did not authenticate (a worker without the cluster secret, or a worker that
+    refused ours)."""
+
+
+# ---------------------------------------------------------------------- settings
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) reaches only this machine. A name counts
+    when every address it resolves to is a loopback address; "" and wildcards do not."""
+    h = host.strip().strip("[]")
+    if not h:
+        return False
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(h, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback
+                               for i in infos)
+
+
+def address_host(address: str) -> str:
+    """``host:port`` -> host (brackets of an IPv6 literal removed)."""
+    return address.rpartition(":")[0].strip("[]")
+
+
+def _read(path: str, flag: str) -> bytes:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise SecurityError(f"{flag} {path}: cannot read it ({e.strerror or e})") from None
+    return data.strip()
+
+
+def check_token(token: str, where: str) -> str:
+    if not _TOKEN_CHARS.fullmatch(token):
+        raise SecurityError(f"{where}: a token is visible ASCII characters without spaces")
+    if len(token) < MIN_CREDENTIAL:
+        raise SecurityError(f"{where}: a token needs at least {MIN_CREDENTIAL} characters "
+                            "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')")
+    return token
+
+
+def server_token(token: str | None, token_file: str | None) -> str | None:
+    """The controller's client token from ``--token`` or ``--token-file`` (None: off)."""
+    if token_file:
+        return check_token(_read(token_file, "--token-file").decode("latin-1"),
+                           f"--token-file {token_file}")
+    if token:
+        return check_token(token, "--token")
+    return None
+
+
+def client_token(token: str | None = None, token_file: str | None = None) -> str | None:
+    """A client's token: ``token``, else ``token_file``'s content, else
+    ``$CLOCKWORK_TOKEN``; None (or "") sends none. Only its characters are checked (the
+    server decides what is long enough)."""
+    if token is None and token_file:
+        token = _read(token_file, "--token-file").decode("latin-1")
+    if token is None:
+        token = os.environ.get(TOKEN_ENV)
+    if not token:
+        return None
+    if not _TOKEN_CHARS.fullmatch(token):
+        raise SecurityError("token: visible ASCII characters without spaces, please")
+    return token
+
+
+def cluster_secret(secret_file: str | None, env=None) -> bytes | None:
+    """The cluster secret from ``--cluster-secret-file``, else ``$CLOCKWORK_CLUSTER_SECRET``
+    (None: off). Surrounding whitespace is not part of it."""
+    env = os.environ if env is None else env
+    if secret_file:
+        data = _read(secret_file, "--cluster-secret-file")
+        where = f"--cluster-secret-file {secret_file}"
+    elif env.get(SECRET_ENV):
+        data = env[SECRET_ENV].strip().encode()
+        where = f"${SECRET_ENV}"
+    else:
+        return None
+    if len(data) < MIN_CREDENTIAL:
+        raise SecurityError(f"{where}: the cluster secret needs at least {MIN_CREDENTIAL} bytes "
+                            "(e.g. python -c 'import secrets; print(secrets.token_hex(32))')")
+    return data
+
+
+def new_secret() -> str:
+    """A fresh cluster secret (64 hex digits), as ``clockwork serve`` makes per cluster."""
+    return secrets.token_hex(32)
+
+
+def write_private(path: Path, text: str) -> Path:
+    """Write ``text`` to a new file only its owner can read (0600)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o600)
+    return path
+
+
+def exposure_error(who: str, host: str, token: str | None, secret: bytes | None,
+                   insecure: bool, workers: list[str] = ()) -> str | None:
+    """The default rule: a listener off loopback needs a token (controller) or the cluster
+    secret (worker), and a controller whose workers are off loopback needs the secret,
+    unless ``--insecure-no-auth``. Returns the one-line refusal, or None."""
+    if insecure:
+        return None
+    off = "--insecure-no-auth to run without authentication"
+    if who == "controller":
+        if token is None and not is_loopback(host):
+            return (f"--host {host} is not a loopback address, so clients must authenticate: "
+                    f"give --token-file FILE (or --token), or {off}")
+        far = [w for w in workers if not is_loopback(address_host(w))]
+        if secret is None and far:
+            return (f"worker {far[0]} is not on a loopback address, so the link needs the "
+                    f"cluster secret: give --cluster-secret-file FILE (or ${SECRET_ENV}), "
+                    f"or {off}")
+        return None
+    if secret is None and not is_loopback(host):
+        return (f"--host {host} is not a loopback address, so the controller must "
+                f"authenticate: give --cluster-secret-file FILE (or ${SECRET_ENV}), or {off}")
+    return None
+
+
+# ---------------------------------------------------------------------- TLS
+
+
+@dataclass
+class TlsFiles:
+    """A server's certificate chain and key (PEM files), and the CA its clients' certificates
+    must chain to (None: no client certificates asked for)."""
+
+    cert: str
+    key: str
+    ca: str | None = None
+
+    @classmethod
+    def from_flags(cls, cert: str | None, key: str | None, ca: str | None) -> TlsFiles | None:
+        if not cert and not key:
+            if ca:
+                raise SecurityError("--tls-ca (client certificates) needs --tls-cert and --tls-key")
+            return None
+        if not cert or not key:
+            raise SecurityError("--tls-cert and --tls-key go together")
+        files = cls(cert, key, ca or None)
+        files.ssl_context()  # refuses a certificate, key or CA that cannot be used
+        return files
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The REST listener's context (TLS 1.2 or newer)."""
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            ctx.load_cert_chain(self.cert, self.key)
+        except (OSError, ssl.SSLError) as e:
+            raise SecurityError(f"--tls-cert {self.cert} / --tls-key {self.key}: cannot use "
+                                f"them ({getattr(e, 'strerror', None) or e})") from None
+        if self.ca:
+            try:
+                ctx.load_verify_locations(self.ca)
+            except (OSError, ssl.SSLError) as e:
+                raise SecurityError(f"--tls-ca {self.ca}: cannot use it "
+                                    f"({getattr(e, 'strerror', None) or e})") from None
+            ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.set_alpn_protocols(["http/1.1"])
+        return ctx
+
+    def grpc_credentials(self) -> grpc.ServerCredentials:
+        ca = Path(self.ca).read_bytes() if self.ca else None
+        return grpc.ssl_server_credentials(
+            [(Path(self.key).read_bytes(), Path(self.cert).read_bytes())],
+            root_certificates=ca, require_client_auth=ca is not None)
+
+
+def channel_credentials(ca: str | bytes | None = None, cert: str | bytes | None = None,
+                        key: str | bytes | None = None) -> grpc.ChannelCredentials:
+    """TLS credentials for dialing a server: verified against ``ca`` (a PEM file or PEM
+    bytes; None: the system's roots), presenting ``cert``/``key`` if the server asks."""
+
+    def pem(x):
+        if x is None or isinstance(x, bytes):
+            return x
+        try:
+            return Path(x).read_bytes()
+        except OSError as e:
+            raise SecurityError(f"{x}: cannot read it ({e.strerror or e})") from None
+
+    return grpc.ssl_channel_credentials(root_certificates=pem(ca), private_key=pem(key),
+                                        certificate_chain=pem(cert))
+
+
+# ---------------------------------------------------------------------- client token
+
+
+def bearer_ok(value: str | bytes | None, token: bytes) -> bool:
+    """Whether an ``authorization`` value is ``Bearer <token>`` (scheme in any case; the
+    token compared in constant time)."""
+    if not value:
+        return False
+    if isinstance(value, str):
+        value = value.encode("latin-1", "replace")
+    scheme, _, given = value.strip().partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), token)
+
+
+class Refusals:
+    """Counts refused calls and logs them, at most one line a second per process."""
+
+    def __init__(self, who: str, count=None) -> None:
+        self.who = who
+        self.count = count  # count(key) -> None, e.g. the controller's Stats counters
+        self._last = 0.0
+        self._quiet = 0
+
+    def __call__(self, what: str, key: str = "auth_refused") -> None:
+        if self.count is not None:
+            self.count(key)
+        now = time.monotonic()
+        if now - self._last < 1.0:
+            self._quiet += 1
+            return
+        more = f" (and {self._quiet} more since the last line)" if self._quiet else ""
+        self._last, self._quiet = now, 0
+        print(f"{self.who}: refused {what}{more}", file=sys.stderr, flush=True)
+
+
+class TokenInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses every gRPC call without ``authorization: Bearer <token>`` with
+    ``UNAUTHENTICATED`` before its handler runs (nothing is admitted or counted as a
+    request)."""
+
+    MESSAGE = "authentication required: send the metadata 'authorization: Bearer <token>'"
+
+    def __init__(self, token: str, count=None) -> None:
+        self._token = token.encode()
+        self._refused = Refusals("controller", count)
+
+    async def intercept_service(self, continuation, details):
+        for key, value in details.invocation_metadata or ():
+            if key == AUTHORIZATION and bearer_ok(value, self._token):
+                return await continuation(details)
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        self._refused(f"an unauthenticated call to {details.method}")
+        return _deny(handler, grpc.StatusCode.UNAUTHENTICATED, self.MESSAGE)
+
+
+def _deny(handler, code: grpc.StatusCode, message: str):
+    """A handler of ``handler``'s kind that only aborts (and reads no request)."""
+
+    async def abort(_request, context):
+        await context.abort(code, message)
+
+    kw = {"request_deserializer": handler.request_deserializer,
+          "response_serializer": handler.response_serializer}
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(abort, **kw)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(abort, **kw)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(abort, **kw)
+    return grpc.unary_unary_rpc_method_handler(abort, **kw)
+
+
+# ---------------------------------------------------------------------- cluster secret
+
+
+def _mac(key: bytes, *parts: str) -> str:
+    return hmac.new(key, "\n".join(parts).encode(), hashlib.sha256).hexdigest()
+
+
+class ClusterAuth:
+    """Both ends of the controller-worker handshake under one shared secret."""
+
+    def __init__(self, secret: bytes, clock=time.time) -> None:
+        self._key = bytes(secret)
+        self._clock = clock
+        self._seen: dict[str, float] = {}  # nonces accepted -> when they may be forgotten
+
+    # the controller's side
+
+    def call_metadata(self, method: str) -> tuple[tuple[tuple[str, str], ...], str]:
+        """(metadata for a call to ``method``, its nonce): prove we know the secret."""
+        nonce = secrets.token_hex(16)
+        t = str(int(self._clock() * 1000))
+        proof = _mac(self._key, "clockwork-v1 controller", method, t, nonce)
+        return ((NONCE_KEY, nonce), (TIME_KEY, t), (PROOF_KEY, proof)), nonce
+
+    def worker_proved(self, method: str, nonce: str, metadata) -> bool:
+        """Whether the worker's initial metadata proves the secret for this call."""
+        want = _mac(self._key, "clockwork-v1 worker", method, nonce).encode()
+        for key, value in metadata or ():
+            if key == WORKER_PROOF_KEY:
+                v = value.encode("latin-1", "replace") if isinstance(value, str) else value
+                return hmac.compare_digest(v, want)
+        return False
+
+    # the worker's side
+
+    def check_controller(self, method: str, metadata) -> tuple[str | None, str]:
+        """(why the call is refused or None, its nonce). An accepted nonce is remembered, so
+        the same metadata is refused the second time."""
+        md = {k: v for k, v in metadata or () if isinstance(v, str)}
+        nonce, t, proof = md.get(NONCE_KEY, ""), md.get(TIME_KEY, ""), md.get(PROOF_KEY, "")
+        if not (nonce or t or proof):
+            return "no cluster credentials", ""
+        if not _NONCE.fullmatch(nonce) or not t.isdigit():
+            return "malformed cluster credentials", ""
+        want = _mac(self._key, "clockwork-v1 controller", method, t, nonce)
+        if not hmac.compare_digest(proof.encode("latin-1", "replace"), want.encode()):
+            return "wrong cluster credentials", ""
+        now = self._clock()
+        if abs(now - int(t) / 1000) > FRESH_S:
+            return (f"stale cluster credentials (the clocks differ by more than "
+                    f"{FRESH_S:.0f} s?)"), ""
+        if nonce in self._seen:
+            return "replayed cluster credentials", ""
+        if len(self._seen) >= 4096:
+            self._seen = {n: t for n, t in self._seen.items() if t > now}
+        self._seen[nonce] = now + 2 * FRESH_S
+        return None, nonce
+
+    def worker_metadata(self, method: str, nonce: str) -> tuple[tuple[str, str], ...]:
+        """The worker's proof for an accepted call (its response's initial metadata)."""
+        return ((WORKER_PROOF_KEY, _mac(self._key, "clockwork-v1 worker", method, nonce)),)
+

@@ -1,0 +1,600 @@
+"""Security of the live system (SECURITY.md), with real processes on loopback and the real
+clients: client tokens on every front end (clockwork.v1, KServe gRPC, REST), TLS on every
+listener (tritonclient grpc/http with their ssl options, clockwork.Client), the
+controller-worker handshake under the cluster secret (a fake controller cannot drive a
+worker, a fake worker is refused), the package directory of a worker, exclusive
+listening ports, and the refusal to listen off loopback without credentials."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import http.client
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+grpc = pytest.importorskip("grpc")
+pytest.importorskip("cryptography")
+tgrpc = pytest.importorskip("tritonclient.grpc")
+thttp = pytest.importorskip("tritonclient.http")
+
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+import clockwork  # noqa: E402
+from clockwork.cluster.serve import _Child, _cli  # noqa: E402
+from clockwork.errors import ControllerUnavailable, Unauthenticated  # noqa: E402
+from clockwork.protocol import clockwork_pb2 as pb  # noqa: E402
+from clockwork.protocol import clockwork_pb2_grpc as pbg  # noqa: E402
+from clockwork.protocol.security import (  # noqa: E402
+    SECRET_ENV,
+    TOKEN_ENV,
+    WORKER_CLOCK_SYNC,
+    WORKER_CONNECT,
+    WORKER_LOAD,
+    ClusterAuth,
+    bearer_ok,
+    is_loopback,
+)
+from tests.conftest import local_cluster  # noqa: E402
+from tests.pki import make_pki  # noqa: E402
+
+TOKEN = "test-token-0123456789abcdef"
+MODEL = "resnet50_v2"
+TIMEOUT = 10  # seconds, per client call
+X = np.zeros((1, 3, 224, 224), np.float32)
+NOT_PEM = os.path.abspath(__file__)  # a readable file that is no certificate
+
+
+def wait_output(child: _Child, text: str, timeout: float = 20.0) -> str:
+    """The first line of ``child``'s output that contains ``text`` (waits up to ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for line in list(child.output):
+            if text in line:
+                return line
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{child.name} printed no {text!r}:\n" + "".join(child.output[-20:]))
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def cluster(pki):
+    """Token and TLS on every port of the controller (main, KServe gRPC, REST)."""
+    with local_cluster(models=MODEL, token=TOKEN, http_port=0, kserve_port=0,
+                       controller_args=["--tls-cert", pki.cert, "--tls-key", pki.key]) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def addresses(cluster):
+    return {"grpc": cluster.address, "kserve": cluster.printed_address("kserve grpc"),
+            "http": cluster.printed_address("http")}
+
+
+def stats(cluster, pki) -> dict[str, int]:
+    with clockwork.Client(cluster.address, timeout=TIMEOUT, token=TOKEN, tls_ca=pki.ca) as c:
+        return c.stats()
+
+
+def _triton_grpc(addr, pki, **kw):
+    return tgrpc.InferenceServerClient(addr, ssl=True, root_certificates=pki.ca, **kw)
+
+
+def _triton_http(addr, pki):
+    return thttp.InferenceServerClient(addr, ssl=True, ssl_options={"ca_certs": pki.ca},
+                                       connection_timeout=TIMEOUT, network_timeout=TIMEOUT)
+
+
+def _grpc_input():
+    x = tgrpc.InferInput("data", list(X.shape), "FP32")
+    x.set_data_from_numpy(X)
+    return x
+
+
+def _http_input():
+    x = thttp.InferInput("data", list(X.shape), "FP32")
+    x.set_data_from_numpy(X)
+    return x
+
+
+# ---------------------------------------------------------------------- client token + TLS
+
+
+def test_authenticated_clients_work_over_tls(cluster, addresses, pki):
+    with clockwork.Client(cluster.address, timeout=TIMEOUT, token=TOKEN, tls_ca=pki.ca) as c:
+        assert c.infer(MODEL, slo_ms=1000).output.shape == (1000,)
+        assert [m.name for m in c.list_models()] == [MODEL]
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    for addr in (addresses["grpc"], addresses["kserve"]):
+        g = _triton_grpc(addr, pki)
+        try:
+            r = g.infer(MODEL, [_grpc_input()], headers=auth, client_timeout=TIMEOUT)
+            assert r.as_numpy("output").shape == (1, 1000)
+            assert g.is_server_ready(headers=auth, client_timeout=TIMEOUT)
+        finally:
+            g.close()
+    h = _triton_http(addresses["http"], pki)
+    try:
+        r = h.infer(MODEL, [_http_input()], headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.as_numpy("output").shape == (1, 1000)
+        # the scheme is case-insensitive (RFC 6750); the token is not
+        assert h.get_server_metadata(headers={"authorization": f"bearer {TOKEN}"})["name"]
+    finally:
+        h.close()
+
+
+def test_async_client_and_stream_with_token(cluster, pki):
+    async def main():
+        async with clockwork.AsyncClient(f"grpcs://{cluster.address}", timeout=TIMEOUT,
+                                         token=TOKEN, tls_ca=pki.ca) as c:
+            r = await c.infer(MODEL, slo_ms=1000)
+            assert r.output.shape == (1000,)
+            s = c.stream()
+            resps = await asyncio.wait_for(asyncio.gather(
+                *(s.submit(MODEL, slo_ms=1000) for _ in range(10))), TIMEOUT)
+            await s.close()
+            assert [x.status for x in resps] == [0] * 10
+        async with clockwork.AsyncClient(cluster.address, timeout=TIMEOUT, token="",
+                                         tls_ca=pki.ca) as c:
+            with pytest.raises(Unauthenticated):
+                await c.infer(MODEL)
+            s = c.stream()
+            with pytest.raises(Unauthenticated):
+                await asyncio.wait_for(s.submit(MODEL), TIMEOUT)
+            await s.close()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_unauthenticated_calls_are_refused_and_nothing_runs(cluster, addresses, pki):
+    before = stats(cluster, pki)
+    for token in ("", "wrong-token-0123456789abcdef", TOKEN[:-1], TOKEN + "x"):
+        with clockwork.Client(cluster.address, timeout=TIMEOUT, token=token,
+                              tls_ca=pki.ca) as c:
+            for call in (lambda: c.infer(MODEL), c.list_models, c.stats):
+                with pytest.raises(Unauthenticated) as e:
+                    call()
+                assert isinstance(e.value, ControllerUnavailable)  # a subclass of it
+    for addr in (addresses["grpc"], addresses["kserve"]):
+        g = _triton_grpc(addr, pki)
+        try:
+            for headers in (None, {"authorization": "Bearer nope"},
+                            {"authorization": TOKEN}):  # no scheme
+                with pytest.raises(InferenceServerException) as e:
+                    g.infer(MODEL, [_grpc_input()], headers=headers, client_timeout=TIMEOUT)
+                assert e.value.status() == "StatusCode.UNAUTHENTICATED", e.value
+            with pytest.raises(InferenceServerException) as e:
+                g.get_model_metadata(MODEL, client_timeout=TIMEOUT)
+            assert e.value.status() == "StatusCode.UNAUTHENTICATED"
+        finally:
+            g.close()
+    h = _triton_http(addresses["http"], pki)
+    try:
+        for headers in (None, {"Authorization": "Bearer nope"}):
+            with pytest.raises(InferenceServerException) as e:
+                h.infer(MODEL, [_http_input()], headers=headers)
+            assert e.value.status() == "401", e.value
+        with pytest.raises(InferenceServerException) as e:
+            h.get_model_metadata(MODEL)
+        assert e.value.status() == "401"
+    finally:
+        h.close()
+    after = stats(cluster, pki)
+    # the one authenticated Stats call is not a request; nothing was admitted
+    assert after.get("requests", 0) == before.get("requests", 0)
+    assert after["auth_refused"] >= before.get("auth_refused", 0) + 4 * 3 + 2 * 4 + 3
+    assert "refused an unauthenticated" in wait_output(cluster.controller, "refused")
+
+
+def _https(addresses, pki) -> http.client.HTTPSConnection:
+    host, port = addresses["http"].rsplit(":", 1)
+    ctx = ssl.create_default_context(cafile=pki.ca)
+    return http.client.HTTPSConnection(host, int(port), context=ctx, timeout=TIMEOUT)
+
+
+def test_rest_401_challenge_and_open_health_probes(addresses, pki):
+    for path, headers, want in [
+            ("/v2/models/resnet50_v2/infer", {}, 'Bearer realm="clockwork"'),
+            ("/v2/models/resnet50_v2/infer", {"Authorization": "Bearer nope"},
+             'Bearer realm="clockwork", error="invalid_token"'),
+            ("/metrics", {}, 'Bearer realm="clockwork"'),
+            ("/v2", {}, 'Bearer realm="clockwork"')]:
+        conn = _https(addresses, pki)
+        method = "POST" if path.endswith("infer") else "GET"
+        conn.request(method, path, body=b'{"inputs": []}' if method == "POST" else None,
+                     headers=headers)
+        r = conn.getresponse()
+        assert r.status == 401, (path, r.status)
+        assert r.getheader("WWW-Authenticate") == want
+        assert b"authentication required" in r.read()
+        conn.close()
+    for path in ("/healthz", "/readyz", "/v2/health/live", "/v2/health/ready"):
+        conn = _https(addresses, pki)
+        conn.request("GET", path)
+        r = conn.getresponse()
+        r.read()
+        assert r.status == 200, (path, r.status)
+        conn.close()
+    conn = _https(addresses, pki)
+    conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    r = conn.getresponse()
+    assert r.status == 200 and b"clockwork_" in r.read()
+    conn.close()
+
+
+def test_tls_is_verified_and_required(cluster, addresses, pki):
+    # a CA that did not sign the controller's certificate: the handshake fails
+    with clockwork.Client(cluster.address, timeout=3, token=TOKEN, tls_ca=pki.other_ca) as c:
+        with pytest.raises(ControllerUnavailable) as e:
+            c.stats()
+        assert not isinstance(e.value, Unauthenticated)
+    # plaintext against a TLS port
+    with clockwork.Client(cluster.address, timeout=3, token=TOKEN) as c:
+        with pytest.raises(ControllerUnavailable):
+            c.stats()
+    h = thttp.InferenceServerClient(addresses["http"], connection_timeout=3, network_timeout=3)
+    try:
+        with pytest.raises(Exception):  # noqa: B017 - plaintext HTTP to an HTTPS port
+            h.is_server_live()
+    finally:
+        h.close()
+    conn = _https(addresses, pki)  # and HTTPS to it still works
+    conn.request("GET", "/healthz")
+    assert conn.getresponse().status == 200
+    conn.close()
+
+
+def test_token_from_the_environment(cluster, pki, monkeypatch):
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    with clockwork.Client(cluster.address, timeout=TIMEOUT, tls_ca=pki.ca) as c:
+        assert c.infer(MODEL, slo_ms=1000).output.shape == (1000,)
+    with clockwork.Client(cluster.address, timeout=TIMEOUT, tls_ca=pki.ca, token="") as c:
+        with pytest.raises(Unauthenticated):
+            c.stats()  # token="" overrides the environment: none is sent
+
+
+def test_cli_infer_with_token(cluster, pki, tmp_path):
+    base = [sys.executable, "-m", "clockwork.cluster.cli", "infer", MODEL, "--controller",
+            cluster.address, "--tls-ca", pki.ca, "--timeout", "10"]
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    p = subprocess.run(base + ["--token", TOKEN], capture_output=True, text=True, timeout=60,
+                       env=env)
+    assert p.returncode == 0 and f"{MODEL}: ok" in p.stdout, p.stderr
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    p = subprocess.run(base + ["--token-file", str(tmp_path / "token")], capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert p.returncode == 0, p.stderr
+    p = subprocess.run(base, capture_output=True, text=True, timeout=60,
+                       env={**env, TOKEN_ENV: TOKEN})
+    assert p.returncode == 0, p.stderr
+    p = subprocess.run(base, capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 1 and "Unauthenticated" in p.stderr, p.stderr
+
+
+def test_listeners_are_exclusive(cluster, addresses):
+    """No listener sets SO_REUSEPORT, so not even a socket that asks for it can share a
+    port with the controller (every port) or a worker."""
+    ports = [int(a.rsplit(":", 1)[1]) for a in (*addresses.values(), *cluster.worker_addresses)]
+    assert len(set(ports)) == 4  # main, KServe gRPC, REST, the worker
+    for port in ports:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            with pytest.raises(OSError) as e:
+                s.bind(("127.0.0.1", port))
+            assert e.value.errno == errno.EADDRINUSE
+
+
+REST_TWICE = """
+import asyncio
+from controller.kserve import start_http
+
+async def main():
+    first = await start_http(None, "127.0.0.1", 0)
+    port = first.sockets[0].getsockname()[1]
+    for kw in ({}, {"reuse_port": True}):  # ours again; one that asks for SO_REUSEPORT
+        try:
+            await asyncio.start_server(lambda r, w: None, "127.0.0.1", port, **kw)
+        except OSError as e:
+            print("refused", e.errno)
+    try:
+        await start_http(None, "127.0.0.1", port)
+    except OSError as e:
+        print("refused", e.errno)
+    first.close()
+
+asyncio.run(main())
+"""
+
+
+def test_rest_listener_refuses_a_second_one():
+    # a process of its own: controller.kserve's inference.* protos clash with tritonclient's
+    p = subprocess.run([sys.executable, "-c", REST_TWICE], capture_output=True, text=True,
+                       timeout=60)
+    assert p.stdout.split() == ["refused", str(errno.EADDRINUSE)] * 3, p.stdout + p.stderr
+
+
+# ---------------------------------------------------------------------- cluster secret
+
+
+@pytest.fixture(scope="module")
+def plain_cluster():
+    """A LocalCluster as tests and experiments use it: loopback, no token, a cluster
+    secret made for it."""
+    with local_cluster(models=MODEL) as c:
+        yield c
+
+
+def _secret(cluster) -> bytes:
+    return cluster.cluster_secret.encode()
+
+
+def test_local_cluster_uses_a_secret_it_keeps_off_the_command_line(plain_cluster):
+    secret = plain_cluster.cluster_secret
+    assert len(secret) == 64
+    assert "cluster secret" in wait_output(plain_cluster.controller, "listening on")
+    for ch in (plain_cluster.controller, *plain_cluster.workers):
+        with open(f"/proc/{ch.proc.pid}/cmdline", "rb") as f:
+            assert secret.encode() not in f.read()
+    with clockwork.Client(plain_cluster.address, timeout=TIMEOUT) as c:
+        assert c.infer(MODEL, slo_ms=1000).output.shape == (1000,)
+
+
+def test_fake_controller_cannot_drive_a_worker(plain_cluster):
+    addr = plain_cluster.worker_addresses[0]
+    wrong = ClusterAuth(b"not-the-cluster-secret-0123456789")
+    right = ClusterAuth(_secret(plain_cluster))
+    with grpc.insecure_channel(addr) as ch:
+        stub = pbg.WorkerStub(ch)
+        for md in (None, wrong.call_metadata(WORKER_CONNECT)[0],
+                   right.call_metadata(WORKER_CLOCK_SYNC)[0]):  # a proof for another call
+            call = stub.Connect(iter([pb.ControllerMessage(hello=pb.Hello(worker_id=0,
+                                                                          reset=True))]),
+                                metadata=md, timeout=TIMEOUT)
+            with pytest.raises(grpc.RpcError) as e:
+                next(call)
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        for method, rpc, req in ((WORKER_CLOCK_SYNC, stub.ClockSync, pb.ClockSyncRequest()),
+                                 (WORKER_LOAD, stub.LoadModelFromDisk,
+                                  pb.LoadModelFromDiskRequest(name="x", path="mlp"))):
+            for md in (None, wrong.call_metadata(method)[0]):
+                with pytest.raises(grpc.RpcError) as e:
+                    rpc(req, metadata=md, timeout=TIMEOUT)
+                assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        # with the secret: answered, and the worker proves it back
+        md, nonce = right.call_metadata(WORKER_CLOCK_SYNC)
+        r, call = stub.ClockSync.with_call(pb.ClockSyncRequest(), metadata=md, timeout=TIMEOUT)
+        assert r.worker_time > 0
+        assert right.worker_proved(WORKER_CLOCK_SYNC, nonce, call.initial_metadata())
+        assert not wrong.worker_proved(WORKER_CLOCK_SYNC, nonce, call.initial_metadata())
+        # the same metadata again: a replay
+        with pytest.raises(grpc.RpcError) as e:
+            stub.ClockSync(pb.ClockSyncRequest(), metadata=md, timeout=TIMEOUT)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    line = wait_output(plain_cluster.workers[0], "worker: refused")
+    assert "no cluster credentials" in line or "wrong cluster credentials" in line
+    with clockwork.Client(plain_cluster.address, timeout=TIMEOUT) as c:  # still serving
+        assert c.infer(MODEL, slo_ms=1000).status == 0
+        assert c.stats().get("worker_losses", 0) == 0
+
+
+def test_fake_worker_on_a_dead_workers_port_is_refused():
+    with local_cluster(models=MODEL) as c:
+        port = c.worker_addresses[0].rsplit(":", 1)[1]
+        with clockwork.Client(c.address, timeout=TIMEOUT) as cl:
+            connects = cl.stats()["worker_connects"]
+            c.workers[0].proc.send_signal(signal.SIGKILL)
+            c.workers[0].proc.wait(10)
+            wait_output(c.controller, "lost worker")
+            # a worker that does not know the secret (it would obey anyone) takes the port
+            fake = _Child("fake", _cli() + ["worker", "--port", port, "--gpus", "1"],
+                          extra_env={SECRET_ENV: None})
+            try:
+                fake.wait_address(30)
+                line = wait_output(c.controller, "did not prove the cluster secret")
+                assert f"refused worker 127.0.0.1:{port}" in line
+                s = cl.stats()
+                assert s["worker_connects"] == connects and s["worker_auth_refused"] >= 1
+                assert cl.list_models()  # the controller serves on, with no worker
+                with pytest.raises(clockwork.errors.ClockworkError):
+                    cl.infer(MODEL, slo_ms=50)  # no worker: nothing can run it
+            finally:
+                fake.stop()
+            c.restart_worker(0)  # the real one, with the secret: taken back
+            wait_output(c.controller, "reconnected")
+            assert cl.stats()["worker_connects"] == connects + 1
+            assert cl.infer(MODEL, slo_ms=1000).status == 0
+
+
+def test_worker_tls_with_client_certificates(pki):
+    """Workers speak TLS and require the controller's certificate (mutual TLS); the
+    controller verifies them against the CA."""
+    wargs = ["--tls-cert", pki.cert, "--tls-key", pki.key, "--tls-ca", pki.ca]
+    with local_cluster(models=MODEL, worker_args=[wargs],
+                       controller_args=["--tls-cert", pki.cert, "--tls-key", pki.key,
+                                        "--worker-tls-ca", pki.ca]) as c:
+        with clockwork.Client(c.address, timeout=TIMEOUT, tls_ca=pki.ca) as cl:
+            assert cl.infer(MODEL, slo_ms=1000).status == 0
+        auth = ClusterAuth(_secret(c))
+        addr = c.worker_addresses[0]
+        for ch in (grpc.insecure_channel(addr),  # plaintext
+                   grpc.secure_channel(addr, grpc.ssl_channel_credentials(  # no client cert
+                       _read(pki.ca)))):
+            with ch:
+                with pytest.raises(grpc.RpcError) as e:
+                    pbg.WorkerStub(ch).ClockSync(
+                        pb.ClockSyncRequest(), metadata=auth.call_metadata(WORKER_CLOCK_SYNC)[0],
+                        timeout=3)
+                assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        creds = grpc.ssl_channel_credentials(_read(pki.ca), _read(pki.client_key),
+                                             _read(pki.client_cert))
+        with grpc.secure_channel(addr, creds) as ch:  # a client certificate and the secret
+            r = pbg.WorkerStub(ch).ClockSync(
+                pb.ClockSyncRequest(), metadata=auth.call_metadata(WORKER_CLOCK_SYNC)[0],
+                timeout=TIMEOUT)
+            assert r.worker_time > 0
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+# ---------------------------------------------------------------------- package directory
+
+
+def _fake_package(d) -> None:
+    from clockwork.models.package import FORMAT, LIBRARY, METADATA, WEIGHTS
+
+    d.mkdir(parents=True)
+    (d / METADATA).write_text(f'{{"format": {FORMAT}, "weights_pages": 0, '
+                              '"page_size": 16777216, "inputs": [], "outputs": [], '
+                              '"functions": {"1": "f"}}')
+    (d / LIBRARY).write_bytes(b"")
+    (d / WEIGHTS).write_bytes(b"")
+
+
+def test_packages_load_only_from_the_package_directory(tmp_path):
+    root, outside = tmp_path / "packages", tmp_path / "outside"
+    _fake_package(root / "inside")
+    _fake_package(outside / "pkg")
+    (root / "escape").symlink_to(outside / "pkg")
+    (root / "alias").symlink_to(root / "inside")
+    secret = "package-test-secret-0123456789"
+    w = _Child("worker", _cli() + ["worker", "--port", "0", "--packages", str(root)],
+               extra_env={SECRET_ENV: secret})
+    try:
+        addr = w.wait_address(30)
+        auth = ClusterAuth(secret.encode())
+        with grpc.insecure_channel(addr) as ch:
+            stub = pbg.WorkerStub(ch)
+
+            def load(path: str) -> grpc.RpcError:
+                with pytest.raises(grpc.RpcError) as e:
+                    stub.LoadModelFromDisk(pb.LoadModelFromDiskRequest(name="m", path=path),
+                                           metadata=auth.call_metadata(WORKER_LOAD)[0],
+                                           timeout=TIMEOUT)
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                return e.value.details()
+
+            refused = {load(p) for p in (
+                str(outside / "pkg"),  # a real package, outside
+                str(outside / "nothing"),  # nothing there
+                "/etc", "/etc/passwd", "/", "",
+                "../outside/pkg", "inside/../../outside/pkg", "inside/../inside",
+                "escape", str(root / "escape"),  # a symlink out of the directory
+                "missing", str(root / "missing"), "inside/model.json")}
+            assert len(refused) == 1, refused  # one answer: existing or not, it says nothing
+            (msg,) = refused
+            assert "outside" not in msg and str(tmp_path) not in msg
+            # inside (by name, by path, through a symlink that stays inside): accepted; an
+            # emulated worker then says it runs profiles, not packages
+            for p in ("inside", str(root / "inside"), "alias", "./inside"):
+                assert "emulated device" in load(p), p
+        wait_output(w, "LoadModelFromDisk '/etc' refused")  # reasons: the worker's own log
+    finally:
+        w.stop()
+
+
+def test_confined_package_references(tmp_path):
+    from worker.service import WorkerNode
+
+    root = tmp_path / "pk"
+    (root / "a").mkdir(parents=True)
+    (tmp_path / "out").mkdir()
+    (root / "up").symlink_to(tmp_path / "out")
+    node = WorkerNode(1, None, packages=str(root))
+    assert node.confined("a") == (root / "a").resolve()
+    assert node.confined(str(root / "a")) == (root / "a").resolve()
+    for bad in ("", ".", "..", "../out", "a/../../out", str(tmp_path / "out"), "up",
+                "up/x", "/", "a\0b"):
+        assert node.confined(bad) is None, bad
+    # a Hello instance's package outside the directory is not used (the instance is missing)
+    assert node.package_for("m", "mlp", str(tmp_path / "out")) is None
+
+
+# ---------------------------------------------------------------------- the default rule
+
+
+def _cli_run(args, env=None, timeout=60) -> subprocess.CompletedProcess:
+    e = {k: v for k, v in os.environ.items() if k not in (SECRET_ENV, TOKEN_ENV)}
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", *args],
+                          capture_output=True, text=True, timeout=timeout, env=e)
+
+
+@pytest.mark.parametrize("args, env, fragment", [
+    (["controller", "--host", "0.0.0.0", "--workers", "127.0.0.1:1", "--port", "0"], None,
+     "--token-file"),
+    (["controller", "--host", "0.0.0.0", "--workers", "127.0.0.1:1", "--port", "0",
+      "--token", "short"], None, "at least 16"),
+    (["controller", "--workers", "192.0.2.1:5000", "--port", "0"], None,
+     "--cluster-secret-file"),
+    (["worker", "--host", "0.0.0.0", "--port", "0"], None, "--cluster-secret-file"),
+    (["worker", "--port", "0"], {SECRET_ENV: "too-short"}, "at least 16"),
+    (["worker", "--port", "0", "--tls-cert", NOT_PEM], None, "--tls-key"),
+    (["worker", "--port", "0", "--tls-cert", NOT_PEM, "--tls-key", NOT_PEM], None,
+     "cannot use"),
+    (["controller", "--workers", "127.0.0.1:1", "--tls-ca", NOT_PEM], None, "--tls-cert"),
+])
+def test_refuses_to_start_without_credentials_off_loopback(args, env, fragment):
+    p = _cli_run(args, env)
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in p.stderr, p.stderr
+
+
+def test_serve_off_loopback_needs_a_token(tmp_path):
+    p = _cli_run(["serve", "--host", "0.0.0.0", "--port", "0", "--http-port", "-1",
+                  "--kserve-port", "-1"], timeout=90)
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    assert "is not a loopback address, so clients must authenticate" in p.stderr
+    assert "Traceback" not in p.stdout + p.stderr
+
+
+def test_off_loopback_starts_with_a_secret_or_when_told_to(tmp_path):
+    (tmp_path / "secret").write_text("s" * 32 + "\n")
+    for extra, env in ((["--insecure-no-auth"], None),
+                       (["--cluster-secret-file", str(tmp_path / "secret")], None),
+                       ([], {SECRET_ENV: "e" * 32})):
+        w = _Child("worker", _cli() + ["worker", "--host", "0.0.0.0", "--port", "0", *extra],
+                   extra_env={SECRET_ENV: None, **(env or {})})
+        try:
+            assert w.wait_address(30).startswith("0.0.0.0:")
+        finally:
+            assert w.stop() == 0
+
+
+def test_helpers():
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert is_loopback("127.3.4.5") and is_loopback("[::1]")
+    assert not is_loopback("0.0.0.0") and not is_loopback("::") and not is_loopback("")
+    assert not is_loopback("192.0.2.7")
+    t = b"a" * 20
+    assert bearer_ok("Bearer " + "a" * 20, t) and bearer_ok(b"BEARER  " + t, t)
+    assert not bearer_ok(None, t) and not bearer_ok("Basic " + "a" * 20, t)
+    assert not bearer_ok("Bearer " + "a" * 19, t) and not bearer_ok("a" * 20, t)
+    a, b = ClusterAuth(b"k" * 20), ClusterAuth(b"k" * 20)
+    md, nonce = a.call_metadata(WORKER_CONNECT)
+    assert b.check_controller(WORKER_CONNECT, md) == (None, nonce)
+    assert b.check_controller(WORKER_CONNECT, md)[0] == "replayed cluster credentials"
+    md, _ = a.call_metadata(WORKER_CONNECT)
+    assert b.check_controller(WORKER_LOAD, md)[0] == "wrong cluster credentials"
+    late = ClusterAuth(b"k" * 20, clock=lambda: time.time() + 3600)
+    md, _ = a.call_metadata(WORKER_CONNECT)
+    assert "stale" in late.check_controller(WORKER_CONNECT, md)[0]
+    assert a.worker_proved(WORKER_CONNECT, nonce, b.worker_metadata(WORKER_CONNECT, nonce))
+    assert not a.worker_proved(WORKER_CONNECT, nonce, ())
