@@ -55,3 +55,39 @@ hang = [{ worker = 0, at_s = 2.0, for_s = 3.0 }]
     # re-admitted: worker 0's GPU serves again after it resumed
     assert any(r["gpu"] == "0" and int(r["arrival"]) > sec(5.5) and r["status"] == "SUCCESS"
                for r in rows)
+
+
+def test_a_killed_controller_is_replaced_and_every_request_answered_once():
+    """kill -9 the controller while a stream has requests in flight: each of them is
+    answered exactly once (an error, at once); a new controller started on the same port
+    takes the workers over and serves."""
+    import asyncio
+
+    import clockwork
+    from clockwork.errors import ControllerUnavailable
+    from tests.conftest import local_cluster
+
+    with local_cluster(workers=2, gpus=1, models="mobilenet_v2:2") as c:
+        async def before_and_during():
+            async with clockwork.AsyncClient(c.address, timeout=10) as cl:
+                s = cl.stream()
+                ok = await asyncio.wait_for(asyncio.gather(
+                    *(s.submit("mobilenet_v2", slo_ms=200) for _ in range(50))), 10)
+                futs = [s.submit("mobilenet_v2:1", slo_ms=200) for _ in range(200)]
+                c.controller.proc.kill()
+                done = await asyncio.wait_for(
+                    asyncio.gather(*futs, return_exceptions=True), 5)
+                await s.close()
+                return ok, done
+
+        ok, done = asyncio.run(before_and_during())
+        assert [r.status for r in ok] == [0] * 50
+        assert len(done) == 200  # every one resolved, none twice (a future resolves once)
+        for r in done:  # answered before the kill, or the stream's error
+            assert isinstance(r, ControllerUnavailable) or r.status in (0, 4)
+        c.controller.proc.wait()
+        c.restart_controller()
+        with clockwork.Client(c.address, timeout=10) as cl:
+            assert cl.infer("mobilenet_v2", slo_ms=500).status == 0
+            assert cl.infer("mobilenet_v2:1", slo_ms=500).status == 0
+            assert cl.stats()["worker_connects"] == 2  # both workers taken over

@@ -145,6 +145,7 @@ class LocalCluster:
         self.controller: _Child | None = None
         self.address = ""
         self._worker_argv: list[list[str]] = []
+        self._controller_argv: list[str] = []
         from clockwork.protocol.security import SECRET_ENV, new_secret
 
         self.cluster_secret = new_secret() if cluster_secret is None else cluster_secret
@@ -164,6 +165,16 @@ class LocalCluster:
         child = _Child(f"worker{i}", argv, self.echo, self._env)
         self.workers[i] = child
         child.wait_address(self.timeout)
+
+    def restart_controller(self) -> None:
+        """Start a new controller on the same port (after the old one died); it takes the
+        workers over (its Hello resets them). Returns once it listens."""
+        if self.controller is not None and self.controller.proc.poll() is None:
+            raise RuntimeError("the controller is still running")
+        argv = list(self._controller_argv)
+        argv[argv.index("--port") + 1] = self.address.rpartition(":")[2]
+        self.controller = _Child("controller", argv, self.echo, self._env)
+        self.address = self.controller.wait_address(self.timeout)
 
     def start(self) -> LocalCluster:
         try:
@@ -196,6 +207,7 @@ class LocalCluster:
 
                 argv += ["--token-file", str(write_private(self._run_path() / "token",
                                                            self.token + "\n"))]
+            self._controller_argv = argv
             self.controller = _Child("controller", argv, self.echo, self._env)
             self.address = self.controller.wait_address(self.timeout)
         except BaseException:
