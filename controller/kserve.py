@@ -57,6 +57,11 @@ GRPC_CODE = {NOT_FOUND: grpc.StatusCode.NOT_FOUND, INVALID: grpc.StatusCode.INVA
 HTTP_CODE = {NOT_FOUND: 404, INVALID: 400, DEADLINE: 504, UNAVAILABLE: 503, INTERNAL: 500}
 
 
+# the protocol extensions served (Triton's names; ServerMetadata.extensions): binary
+# tensors after the JSON header of a REST request or response
+EXTENSIONS = ("binary_tensor_data",)
+
+
 class KServeError(Exception):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -151,7 +156,7 @@ class KServeFrontend:
                              "shape": [-1, *t.shape]} for t in p.outputs]}
 
     def server_metadata(self) -> dict:
-        return {"name": "clockwork", "version": __version__, "extensions": []}
+        return {"name": "clockwork", "version": __version__, "extensions": list(EXTENSIONS)}
 
     # ------------------------------------------------------------------ inference
 
@@ -475,9 +480,10 @@ class KServeHttp:
             if method == "GET" and rest == []:
                 return 200, fe.server_metadata(), b""
             if method == "GET" and rest == ["health", "live"]:
-                return 200, None, b""
+                return 200, {"live": True}, b""
             if method == "GET" and rest == ["health", "ready"]:
-                return (200 if fe.server_ready() else 503), None, b""
+                ready = fe.server_ready()
+                return (200 if ready else 503), {"ready": ready}, b""
             if len(rest) >= 2 and rest[0] == "models":
                 name, tail = rest[1], rest[2:]
                 if len(tail) >= 2 and tail[0] == "versions":
@@ -486,7 +492,8 @@ class KServeHttp:
                     return 200, fe.model_metadata(name), b""
                 if method == "GET" and tail == ["ready"]:
                     fe.profile(name)
-                    return (200 if fe.model_ready(name) else 503), None, b""
+                    ready = fe.model_ready(name)
+                    return (200 if ready else 503), {"name": name, "ready": ready}, b""
                 if method == "POST" and tail == ["infer"]:
                     return await self.infer(name, headers, body)
             raise KServeError(NOT_FOUND, f"no route {method} {path}")

@@ -140,6 +140,31 @@ def test_http(cluster):
         c.close()
 
 
+def _get(url: str):
+    """GET -> (status, JSON body or None), with the standard library."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=TIMEOUT) as r:
+            status, body = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, body = e.code, e.read()
+    return status, (json.loads(body) if body else None)
+
+
+def test_http_health_bodies(cluster):
+    base = "http://" + _http_address(cluster)
+    assert _get(base + "/v2/health/live") == (200, {"live": True})
+    assert _get(base + "/v2/health/ready") == (200, {"ready": True})
+    assert _get(base + "/v2/models/resnet50_v2/ready") == (200, {"name": "resnet50_v2",
+                                                                 "ready": True})
+    status, md = _get(base + "/v2")
+    assert status == 200 and md["name"] == "clockwork"
+    assert "binary_tensor_data" in md["extensions"]
+
+
 def test_kserve_grpc_on_its_own_port(cluster):
     addr = cluster.printed_address("kserve grpc")
     assert addr != cluster.address
