@@ -3,10 +3,13 @@
 Requests go through :meth:`ControllerNode.submit` like ``clockwork.v1`` ones, so they are
 scheduled, timed out and answered exactly once in the same way. Conventions:
 
-- the model name is the instance name (``resnet50_v2``, ``resnet50_v2:1``, ...); the
-  version is ignored and reported as ``"1"``;
-- models are batchable: metadata shapes carry a leading ``-1``; an input may be sent
-  with a leading batch dimension of 1 or without one, and outputs mirror that choice;
+- the model name is the instance name (``resnet50_v2``, ``resnet50_v2:1``, ...); each has
+  one version, ``"1"`` (a request naming no version gets it; any other is NOT_FOUND);
+- a request carries one row: metadata shapes carry a leading ``-1`` and the model
+  configuration says ``max_batch_size`` 1 (Triton's form of "a batch dimension, of at
+  most 1"); an input may be sent with a leading batch dimension of 1 or without one, and
+  outputs mirror that choice. The controller batches rows of many requests itself (the
+  profile's batch sizes: the configuration's ``execution_batch_sizes`` parameter);
 - the SLO comes from the request parameter ``slo_ms`` (double or integer), else Triton's
   ``timeout`` (integer microseconds), else the controller's default;
 - status mapping: TIMEOUT -> DEADLINE_EXCEEDED (HTTP 504), unknown model -> NOT_FOUND
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
+from google.protobuf import json_format
 
 from clockwork import __version__
 from clockwork.actions import RequestStatus
@@ -58,8 +62,14 @@ HTTP_CODE = {NOT_FOUND: 404, INVALID: 400, DEADLINE: 504, UNAVAILABLE: 503, INTE
 
 
 # the protocol extensions served (Triton's names; ServerMetadata.extensions): binary
-# tensors after the JSON header of a REST request or response
-EXTENSIONS = ("binary_tensor_data",)
+# tensors after the JSON header of a REST request or response; Triton's model
+# configuration (``.../config``, ModelConfig)
+EXTENSIONS = ("binary_tensor_data", "model_configuration")
+VERSION = "1"  # every model's only version
+PLATFORM = "clockwork"  # model metadata's platform; the configuration's platform and backend
+# rows per request (the configuration's max_batch_size): a request carries one row, with or
+# without its batch dimension; the scheduler forms the batches that run
+MAX_BATCH_SIZE = 1
 
 
 class KServeError(Exception):
@@ -147,9 +157,39 @@ class KServeFrontend:
                               f"{', '.join(sorted(self.node.profiles))}")
         return p
 
+    def check_version(self, name: str, version: str) -> None:
+        """NOT_FOUND unless ``version`` is the model's (``"1"``) or empty (the default)."""
+        if version not in ("", VERSION):
+            raise KServeError(NOT_FOUND, f"model {name!r} has no version {version!r} "
+                              f"(its only version is {VERSION!r})")
+
+    def model_config(self, name: str) -> dict:
+        """Triton's model configuration of an instance (model_config.proto's field names,
+        REST's JSON form; gRPC parses it into ``ModelConfig``): dims leave out the batch
+        dimension, ``max_batch_size`` is what one request may carry (1), the profile's
+        batch sizes (those the scheduler runs) are the ``execution_batch_sizes``
+        parameter, and one instance group: at most one copy per GPU, on any GPU of the
+        cluster (``count`` 1, ``gpus`` the controller-wide GPU indices)."""
+        p = self.profile(name)
+        n = self.node
+        return {
+            "name": name, "platform": PLATFORM, "backend": PLATFORM,
+            "max_batch_size": MAX_BATCH_SIZE,
+            "input": [{"name": t.name, "data_type": "TYPE_" + ks_dtype(t.dtype),
+                       "format": "FORMAT_NONE", "dims": list(t.shape)} for t in p.inputs],
+            "output": [{"name": t.name, "data_type": "TYPE_" + ks_dtype(t.dtype),
+                        "dims": list(t.shape), "label_filename": ""} for t in p.outputs],
+            "dynamic_batching": {},
+            "instance_group": [{"name": name, "kind": "KIND_GPU", "count": 1,
+                                "gpus": list(range(len(n.gpu_index)))}],
+            "parameters": {
+                "execution_batch_sizes": {"string_value": ",".join(map(str, p.batch_sizes))},
+                "default_slo_ms": {"string_value": f"{n.cfg.default_slo / 1e6:g}"}},
+        }
+
     def model_metadata(self, name: str) -> dict:
         p = self.profile(name)
-        return {"name": name, "versions": ["1"], "platform": "clockwork",
+        return {"name": name, "versions": [VERSION], "platform": PLATFORM,
                 "inputs": [{"name": t.name, "datatype": ks_dtype(t.dtype),
                             "shape": [-1, *t.shape]} for t in p.inputs],
                 "outputs": [{"name": t.name, "datatype": ks_dtype(t.dtype),
@@ -289,6 +329,10 @@ class KServeGrpcServicer(kpbg.GRPCInferenceServiceServicer):
     async def ModelReady(self, request, context):  # noqa: N802
         if request.name not in self.fe.node.profiles:
             await self._abort(context, KServeError(NOT_FOUND, f"unknown model {request.name!r}"))
+        try:
+            self.fe.check_version(request.name, request.version)
+        except KServeError as e:
+            await self._abort(context, e)
         return kpb.ModelReadyResponse(ready=self.fe.model_ready(request.name))
 
     async def ServerMetadata(self, request, context):  # noqa: N802
@@ -297,6 +341,7 @@ class KServeGrpcServicer(kpbg.GRPCInferenceServiceServicer):
     async def ModelMetadata(self, request, context):  # noqa: N802
         try:
             md = self.fe.model_metadata(request.name)
+            self.fe.check_version(request.name, request.version)
         except KServeError as e:
             await self._abort(context, e)
         return kpb.ModelMetadataResponse(
@@ -304,14 +349,23 @@ class KServeGrpcServicer(kpbg.GRPCInferenceServiceServicer):
             inputs=[kpb.ModelMetadataResponse.TensorMetadata(**t) for t in md["inputs"]],
             outputs=[kpb.ModelMetadataResponse.TensorMetadata(**t) for t in md["outputs"]])
 
+    async def ModelConfig(self, request, context):  # noqa: N802
+        try:
+            cfg = self.fe.model_config(request.name)
+            self.fe.check_version(request.name, request.version)
+        except KServeError as e:
+            await self._abort(context, e)
+        return kpb.ModelConfigResponse(config=json_format.ParseDict(cfg, kpb.ModelConfig()))
+
     async def ModelInfer(self, request, context):  # noqa: N802
         try:
+            self.fe.check_version(request.model_name, request.model_version)
             params = {k: _param_value(v) for k, v in request.parameters.items()}
             outs = await self.fe.infer(request.model_name, _grpc_inputs(request), params,
                                        [o.name for o in request.outputs])
         except KServeError as e:
             await self._abort(context, e)
-        resp = kpb.ModelInferResponse(model_name=request.model_name, model_version="1",
+        resp = kpb.ModelInferResponse(model_name=request.model_name, model_version=VERSION,
                                       id=request.id)
         for o in outs:
             resp.outputs.append(kpb.ModelInferResponse.InferOutputTensor(
@@ -486,10 +540,15 @@ class KServeHttp:
                 return (200 if ready else 503), {"ready": ready}, b""
             if len(rest) >= 2 and rest[0] == "models":
                 name, tail = rest[1], rest[2:]
+                version = ""
                 if len(tail) >= 2 and tail[0] == "versions":
-                    tail = tail[2:]
+                    version, tail = tail[1], tail[2:]
+                fe.profile(name)  # NOT_FOUND: an unknown model, then an unknown version
+                fe.check_version(name, version)
                 if method == "GET" and tail == []:
                     return 200, fe.model_metadata(name), b""
+                if method == "GET" and tail == ["config"]:
+                    return 200, fe.model_config(name), b""
                 if method == "GET" and tail == ["ready"]:
                     fe.profile(name)
                     ready = fe.model_ready(name)
@@ -533,7 +592,7 @@ class KServeHttp:
                      for o in wanted if isinstance(o, dict)}
         outs = await self.fe.infer(name, _rest_inputs(req, memoryview(body)[n:]), params,
                                    requested)
-        resp = {"model_name": name, "model_version": "1", "outputs": []}
+        resp = {"model_name": name, "model_version": VERSION, "outputs": []}
         if "id" in req:
             resp["id"] = req["id"]
         extra = []

@@ -107,6 +107,61 @@ def test_errors(client):
     assert "NOT_FOUND" in e.value.status()
 
 
+def _agrees(config: dict, metadata: dict) -> None:
+    """What Triton's tools derive from the two must match: a batch dimension (-1) in the
+    metadata exactly when max_batch_size > 0, the same names, dims and datatypes."""
+    batch = [-1] if int(config["max_batch_size"]) > 0 else []
+    for kind, ckey in (("inputs", "input"), ("outputs", "output")):
+        got = [(t["name"], t["data_type"], [*batch, *map(int, t["dims"])])
+               for t in config[ckey]]
+        want = [(t["name"], "TYPE_" + t["datatype"], [int(d) for d in t["shape"]])
+                for t in metadata[kind]]
+        assert got == want, (kind, got, want)
+
+
+def test_model_config_grpc(client, cluster):
+    cfg = client.get_model_config("resnet50_v2", client_timeout=TIMEOUT, as_json=True)["config"]
+    assert cfg["name"] == "resnet50_v2"
+    assert cfg["platform"] == "clockwork" and cfg["backend"] == "clockwork"
+    assert cfg["max_batch_size"] == 1
+    assert cfg["input"] == [{"name": "data", "data_type": "TYPE_FP32", "dims": ["3", "224", "224"]}]
+    assert cfg["output"] == [{"name": "output", "data_type": "TYPE_FP32", "dims": ["1000"]}]
+    assert cfg["dynamic_batching"] == {}
+    assert cfg["instance_group"] == [{"name": "resnet50_v2", "kind": "KIND_GPU", "count": 1,
+                                      "gpus": [0]}]
+    assert cfg["parameters"]["execution_batch_sizes"]["string_value"] == "1,2,4,8,16"
+    _agrees(cfg, client.get_model_metadata("resnet50_v2", as_json=True, client_timeout=TIMEOUT))
+    # a version: "1" is the model's, another is unknown
+    assert client.get_model_config("resnet50_v2", "1", client_timeout=TIMEOUT).config.name
+    with pytest.raises(InferenceServerException) as e:
+        client.get_model_config("resnet50_v2", "2", client_timeout=TIMEOUT)
+    assert "NOT_FOUND" in e.value.status() and "no version '2'" in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        client.get_model_config("no_such_model", client_timeout=TIMEOUT)
+    assert "NOT_FOUND" in e.value.status()
+    # what the configuration says is what inference accepts: one row (batch dim 1) ...
+    r = client.infer("resnet50_v2", [_input()], parameters={"slo_ms": 100},
+                     client_timeout=TIMEOUT)
+    assert r.as_numpy("output").shape == (1, 1000)
+    # ... and not more than max_batch_size rows
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("resnet50_v2", [_input((2, 3, 224, 224))], client_timeout=TIMEOUT)
+    assert "INVALID_ARGUMENT" in e.value.status()
+
+
+def test_unknown_version_grpc(client):
+    for call in (lambda: client.get_model_metadata("resnet50_v2", "7", client_timeout=TIMEOUT),
+                 lambda: client.is_model_ready("resnet50_v2", "7", client_timeout=TIMEOUT),
+                 lambda: client.infer("resnet50_v2", [_input()], model_version="7",
+                                      client_timeout=TIMEOUT)):
+        with pytest.raises(InferenceServerException) as e:
+            call()
+        assert "NOT_FOUND" in e.value.status(), e.value
+        assert "no version '7'" in e.value.message()
+    r = client.infer("resnet50_v2", [_input()], model_version="1", client_timeout=TIMEOUT)
+    assert r.get_response().model_version == "1"
+
+
 def _http_address(cluster, timeout: float = 10.0) -> str:
     return cluster.printed_address("http", timeout)
 
@@ -163,6 +218,40 @@ def test_http_health_bodies(cluster):
     status, md = _get(base + "/v2")
     assert status == 200 and md["name"] == "clockwork"
     assert "binary_tensor_data" in md["extensions"]
+
+
+def test_model_config_http(cluster):
+    thttp = pytest.importorskip("tritonclient.http")
+    url = _http_address(cluster)
+    c = thttp.InferenceServerClient(url, connection_timeout=TIMEOUT, network_timeout=TIMEOUT)
+    try:
+        cfg = c.get_model_config("mobilenet_v2")
+        assert cfg["name"] == "mobilenet_v2" and cfg["max_batch_size"] == 1
+        assert cfg["backend"] == "clockwork"
+        assert cfg["input"] == [{"name": "data", "data_type": "TYPE_FP32",
+                                 "format": "FORMAT_NONE", "dims": [3, 224, 224]}]
+        assert cfg["output"][0]["dims"] == [1000]
+        assert cfg["dynamic_batching"] == {}
+        assert cfg["instance_group"] == [{"name": "mobilenet_v2", "kind": "KIND_GPU",
+                                          "count": 1, "gpus": [0]}]
+        _agrees(cfg, c.get_model_metadata("mobilenet_v2"))
+        assert c.get_model_config("mobilenet_v2", "1") == cfg
+        for call in (lambda: c.get_model_config("mobilenet_v2", "2"),
+                     lambda: c.get_model_metadata("mobilenet_v2", "2"),
+                     lambda: c.get_model_config("no_such_model")):
+            with pytest.raises(InferenceServerException) as e:
+                call()
+            assert e.value.status() == "404", e.value
+        x = thttp.InferInput("data", [1, 3, 224, 224], "FP32")
+        x.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float32))
+        with pytest.raises(InferenceServerException, match="no version '2'") as e:
+            c.infer("mobilenet_v2", [x], model_version="2")
+        assert e.value.status() == "404"
+        assert not c.is_model_ready("mobilenet_v2", "2")
+        assert c.infer("mobilenet_v2", [x], model_version="1").get_response()[
+            "model_version"] == "1"
+    finally:
+        c.close()
 
 
 def test_kserve_grpc_on_its_own_port(cluster):
