@@ -27,6 +27,12 @@ class ServerShutdown(InferenceError):
     """The controller is shutting down."""
 
 
+class Overloaded(InferenceError):
+    """Turned away at once, never queued: too many requests outstanding on its stream, its
+    connection or the whole controller (reason ``overloaded``; see the controller's
+    ``--limit``). Retrying later, or with fewer requests in flight, can succeed."""
+
+
 class InferenceTimeout(ClockworkError):
     """Dropped: the SLO could no longer be met (status TIMEOUT)."""
 
@@ -59,6 +65,8 @@ def error_for(status: int, reason: str, message: str, model: str = "",
         cls = WorkerLost
     elif reason == "shutdown":
         cls = ServerShutdown
+    elif reason == "overloaded":
+        cls = Overloaded
     else:
         cls = InferenceError
     text = f"{model}: {message}" if model else message

@@ -40,6 +40,7 @@ from clockwork.actions import RequestStatus
 from clockwork.protocol import kserve_pb2 as kpb
 from clockwork.protocol import kserve_pb2_grpc as kpbg
 from clockwork.tensors import Tensor
+from controller.intake import OVERLOADED, submit_unary
 
 # KServe datatype <-> numpy dtype name
 KS_TO_NP = {"BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32",
@@ -245,8 +246,9 @@ class KServeFrontend:
         return tensors, batched
 
     async def infer(self, name: str, inputs: list[InTensor], params: dict,
-                    requested: list[str]) -> list[OutTensor]:
-        """Run one request through the controller; raises KServeError on failure."""
+                    requested: list[str], conn: str = "kserve") -> list[OutTensor]:
+        """Run one request through the controller; raises KServeError on failure.
+        ``conn`` names the client connection (its outstanding requests are bounded)."""
         tensors, batched = self._check(name, inputs, requested)
         slo = slo_from_params(params)
         fut = asyncio.get_running_loop().create_future()
@@ -255,14 +257,14 @@ class KServeFrontend:
             if not fut.done():
                 fut.set_result(resp)
 
-        self.node.submit(TypedInferRequest(name, tensors, slo), deliver)
+        submit_unary(self.node, TypedInferRequest(name, tensors, slo), deliver, conn)
         resp = await fut
         if resp.status != RequestStatus.SUCCESS:
             if resp.status == RequestStatus.TIMEOUT:
                 kind = DEADLINE
             elif resp.status == RequestStatus.INVALID_REQUEST:
                 kind = NOT_FOUND if resp.reason == "unknown_model" else INVALID
-            elif resp.reason == "shutdown":
+            elif resp.reason in ("shutdown", OVERLOADED):
                 kind = UNAVAILABLE
             else:
                 kind = INTERNAL
@@ -362,7 +364,7 @@ class KServeGrpcServicer(kpbg.GRPCInferenceServiceServicer):
             self.fe.check_version(request.model_name, request.model_version)
             params = {k: _param_value(v) for k, v in request.parameters.items()}
             outs = await self.fe.infer(request.model_name, _grpc_inputs(request), params,
-                                       [o.name for o in request.outputs])
+                                       [o.name for o in request.outputs], context.peer())
         except KServeError as e:
             await self._abort(context, e)
         resp = kpb.ModelInferResponse(model_name=request.model_name, model_version=VERSION,
@@ -384,9 +386,11 @@ def add_kserve_grpc(node, server: grpc.aio.Server) -> None:
 
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
             405: "Method Not Allowed",
-            413: "Payload Too Large", 500: "Internal Server Error",
+            408: "Request Timeout", 411: "Length Required", 413: "Payload Too Large",
+            414: "URI Too Long", 431: "Request Header Fields Too Large",
+            500: "Internal Server Error",
             503: "Service Unavailable", 504: "Gateway Timeout"}
-MAX_BODY = 256 << 20
+LINGER_S = 2.0  # after a 413, what the client is still sending is read and dropped this long
 
 
 def _rest_inputs(body: dict, binary: bytes | memoryview) -> list[InTensor]:
@@ -470,31 +474,20 @@ class KServeHttp:
                          more_headers={"WWW-Authenticate": challenge, "Connection": "close"})
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = "rest:" + ":".join(str(x) for x in (writer.get_extra_info("peername") or ()))
         try:
             while True:
-                line = await reader.readline()
-                if not line:
+                head = await self._read_head(reader, writer)
+                if head is None:
                     break
-                parts = line.decode("latin-1").split()
-                if len(parts) != 3:
-                    break
-                method, target, _version = parts
-                headers = {}
-                while True:
-                    h = await reader.readline()
-                    if h in (b"\r\n", b"\n", b""):
-                        break
-                    k, _, v = h.decode("latin-1").partition(":")
-                    headers[k.strip().lower()] = v.strip()
+                method, target, headers, deadline = head
                 if self.token is not None and not self._authorized(target, headers):
                     await self._unauthorized(reader, writer, headers)
                     break
-                n = int(headers.get("content-length", "0") or 0)
-                if n > MAX_BODY:
-                    await self._send(writer, 413, {"error": "request body too large"})
+                body = await self._read_body(reader, writer, headers, deadline)
+                if body is None:
                     break
-                body = await reader.readexactly(n) if n else b""
-                status, payload, extra = await self.route(method, target, headers, body)
+                status, payload, extra = await self.route(method, target, headers, body, peer)
                 await self._send(writer, status, payload, extra)
                 if headers.get("connection", "").lower() == "close":
                     break
@@ -502,6 +495,104 @@ class KServeHttp:
             pass
         finally:
             writer.close()
+
+    async def _read_head(self, reader: asyncio.StreamReader, writer):
+        """The next request's line and headers -> (method, target, headers, deadline for
+        the rest of the request), or None: close the connection (it was idle for
+        ``rest_idle_timeout``, ended, or its head broke a limit and was answered)."""
+        lim = self.fe.node.limits
+        loop = asyncio.get_running_loop()
+        try:
+            line = await asyncio.wait_for(reader.readline(), lim.rest_idle_timeout / 1e9)
+        except TimeoutError:
+            return None  # idle keep-alive connection
+        except ValueError:  # longer than the stream's line limit (64 KiB)
+            return await self._refuse(writer, 414, "request line too long")
+        if not line:
+            return None
+        deadline = loop.time() + lim.rest_read_timeout / 1e9
+        size = len(line)
+        if size > lim.rest_max_header_bytes:
+            return await self._refuse(writer, 414, "request line too long")
+        parts = line.decode("latin-1").split()
+        if len(parts) != 3:
+            return await self._refuse(writer, 400, "malformed request line")
+        method, target, _version = parts
+        headers: dict[str, str] = {}
+        count = 0
+        while True:
+            try:
+                h = await asyncio.wait_for(reader.readline(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                return await self._refuse(writer, 408, "request head not received in time")
+            except ValueError:
+                return await self._refuse(writer, 431, "header line too long")
+            if h in (b"\r\n", b"\n", b""):
+                break
+            size += len(h)
+            count += 1
+            if size > lim.rest_max_header_bytes or count > lim.rest_max_headers:
+                return await self._refuse(
+                    writer, 431, f"request head over {lim.rest_max_header_bytes} bytes or "
+                    f"{lim.rest_max_headers} header lines")
+            k, _, v = h.decode("latin-1").partition(":")
+            headers[k.strip().lower()] = v.strip()
+        return method, target, headers, deadline
+
+    async def _read_body(self, reader: asyncio.StreamReader, writer, headers: dict,
+                         deadline: float) -> bytes | None:
+        """The request's body (Content-Length bytes), or None: close the connection (the
+        request broke a limit and was answered: 400 a bad length, 411 a chunked body, 413
+        too large, 408 too slow)."""
+        lim = self.fe.node.limits
+        loop = asyncio.get_running_loop()
+        if "transfer-encoding" in headers:
+            return await self._refuse(writer, 411, "send the body with a Content-Length "
+                                      "(Transfer-Encoding is not supported)")
+        try:
+            n = int(headers.get("content-length", "0") or 0)
+        except ValueError:
+            n = -1
+        if n < 0:
+            return await self._refuse(writer, 400, "bad Content-Length")
+        expect = headers.get("expect", "").lower() == "100-continue"
+        if n > lim.rest_max_body_bytes:
+            await self._refuse(writer, 413, f"request body of {n} bytes is over the limit "
+                               f"of {lim.rest_max_body_bytes} (rest_max_body_bytes)")
+            if not expect:  # the client may be sending it: read and drop it for a while,
+                await self._drain(reader, n)  # so that it sees the answer
+            return None
+        if not n:
+            return b""
+        if expect:
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        try:
+            return await asyncio.wait_for(reader.readexactly(n),
+                                          max(0.0, deadline - loop.time()))
+        except TimeoutError:
+            return await self._refuse(writer, 408, "request body not received in time")
+
+    async def _drain(self, reader: asyncio.StreamReader, n: int) -> None:
+        """Read and drop up to ``n`` bytes for at most ``LINGER_S`` (no memory kept)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + LINGER_S
+        while n > 0:
+            left = end - loop.time()
+            if left <= 0:
+                return
+            try:
+                chunk = await asyncio.wait_for(reader.read(min(n, 1 << 20)), left)
+            except (TimeoutError, ConnectionError):
+                return
+            if not chunk:
+                return
+            n -= len(chunk)
+
+    async def _refuse(self, writer, status: int, why: str) -> None:
+        """Answer ``status`` with ``why`` and let the caller close the connection."""
+        self.fe.node.count(f"http_{status}")
+        await self._send(writer, status, {"error": why}, more_headers={"Connection": "close"})
+        return None
 
     async def _send(self, writer, status: int, payload, extra: bytes = b"",
                     more_headers: dict | None = None) -> None:
@@ -521,7 +612,8 @@ class KServeHttp:
         writer.write(msg.encode("latin-1") + head + extra)
         await writer.drain()
 
-    async def route(self, method: str, target: str, headers: dict, body: bytes):
+    async def route(self, method: str, target: str, headers: dict, body: bytes,
+                    peer: str = "rest"):
         path = urllib.parse.urlsplit(target).path
         segs = [urllib.parse.unquote(s) for s in path.strip("/").split("/")]
         fe = self.fe
@@ -554,7 +646,7 @@ class KServeHttp:
                     ready = fe.model_ready(name)
                     return (200 if ready else 503), {"name": name, "ready": ready}, b""
                 if method == "POST" and tail == ["infer"]:
-                    return await self.infer(name, headers, body)
+                    return await self.infer(name, headers, body, peer)
             raise KServeError(NOT_FOUND, f"no route {method} {path}")
         except KServeError as e:
             return HTTP_CODE[e.kind], {"error": e.message}, b""
@@ -574,11 +666,23 @@ class KServeHttp:
                  and all(lk.connected for lk in node.links))
         return (200, b"ready\n", b"") if ready else (503, b"not ready\n", b"")
 
-    async def infer(self, name: str, headers: dict, body: bytes):
+    async def infer(self, name: str, headers: dict, body: bytes, peer: str = "rest"):
         hlen = headers.get("inference-header-content-length")
-        n = int(hlen) if hlen else len(body)
         try:
-            req = json.loads(body[:n] or b"{}")
+            n = int(hlen) if hlen else len(body)
+        except ValueError:
+            n = -1
+        if not 0 <= n <= len(body):
+            raise KServeError(INVALID, f"Inference-Header-Content-Length {hlen!r} is not a "
+                              f"length within the body of {len(body)} bytes")
+        # a large JSON part is decoded on a worker thread, off the event loop
+        offload = n > self.fe.node.limits.rest_json_offload_bytes
+        try:
+            if offload:
+                req = await asyncio.get_running_loop().run_in_executor(
+                    None, json.loads, body[:n] or b"{}")
+            else:
+                req = json.loads(body[:n] or b"{}")
         except ValueError as e:
             raise KServeError(INVALID, f"request body is not JSON: {e}") from None
         if not isinstance(req, dict):
@@ -590,8 +694,13 @@ class KServeHttp:
         binary_of = {o.get("name"): bool((o.get("parameters") or {}).get("binary_data",
                                                                           binary_all))
                      for o in wanted if isinstance(o, dict)}
-        outs = await self.fe.infer(name, _rest_inputs(req, memoryview(body)[n:]), params,
-                                   requested)
+        binary = memoryview(body)[n:]
+        if offload:  # JSON data lists become arrays there too
+            inputs = await asyncio.get_running_loop().run_in_executor(
+                None, _rest_inputs, req, binary)
+        else:
+            inputs = _rest_inputs(req, binary)
+        outs = await self.fe.infer(name, inputs, params, requested, peer)
         resp = {"model_name": name, "model_version": VERSION, "outputs": []}
         if "id" in req:
             resp["id"] = req["id"]

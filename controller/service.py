@@ -42,6 +42,7 @@ from clockwork.protocol import clockwork_pb2_grpc as pbg
 from clockwork.protocol import keepalive
 from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
 from clockwork.protocol.pacing import Pacer
+from clockwork.protocol.ratelog import LogLimiter
 from clockwork.protocol.security import (
     WORKER_CLOCK_SYNC,
     WORKER_CONNECT,
@@ -56,12 +57,20 @@ from clockwork.protocol.security import (
     exposure_error,
     server_token,
 )
-from clockwork.protocol.wire import action_to_msg, add_tensors, msg_to_result, msgs_to_tensors
+from clockwork.protocol.wire import (
+    WireError,
+    action_to_msg,
+    add_tensors,
+    msg_to_result,
+    msgs_to_tensors,
+)
 from clockwork.requests import Reply, Request
 from clockwork.tensors import Tensor, TensorError, batch_inputs, check_inputs, zero_rows
 from clockwork.time import ms
 from controller import make_policy, split_settings
 from controller.config import SchedulerConfig
+from controller.intake import Gate, serve_stream, submit_unary
+from controller.limits import Limits, limits_from_flags
 from controller.loop import ControllerLoop, Liveness
 from controller.metrics import ControllerMetrics
 from controller.policy import GpuSpec, Policy
@@ -82,6 +91,14 @@ WORKER_CHANNEL_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.initial_reconnect_backoff_ms"
                           ("grpc.min_reconnect_backoff_ms", 100),
                           ("grpc.max_reconnect_backoff_ms", 500), *keepalive.CHANNEL]
 SERVER_OPTIONS = [*CHANNEL_OPTIONS, *LISTEN_OPTIONS, *keepalive.SERVER]
+
+
+def server_options(limits: Limits) -> list[tuple[str, object]]:
+    """The client-facing gRPC server's options: ``SERVER_OPTIONS`` with the receive limit
+    of ``limits`` (``grpc_max_receive_bytes``)."""
+    own = limits.grpc_server_options()
+    keys = {k for k, _ in own}
+    return [(k, v) for k, v in SERVER_OPTIONS if k not in keys] + own
 
 
 def parse_models(spec: str | None, profiles: dict[str, ModelProfile]) -> dict[str, str]:
@@ -145,6 +162,10 @@ class WorkerLink:
 class ControllerNode:
     """The controller's shell state. Construct, ``await start()``, serve, ``await stop()``."""
 
+    # the bounds on what clients may hold and send (controller/limits.py); cmd_controller
+    # sets them from --limit before the node starts
+    limits: Limits = Limits()
+
     # the link to the workers: the cluster secret (None: no proofs either way) and TLS
     # credentials to dial them with (None: plaintext)
     cluster_auth: ClusterAuth | None = None
@@ -174,6 +195,8 @@ class ControllerNode:
         self.pending: dict[int, Request] = {}  # request id -> Request (not yet answered)
         self.next_id = 1
         self.counters: dict[str, int] = {}
+        self.gate = Gate(self)  # requests outstanding, in all and per connection
+        self._bad_worker_msg = LogLimiter("controller")
         self._tick_handle: asyncio.TimerHandle | None = None
         self._stopping = False
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -334,6 +357,19 @@ class ControllerNode:
         link.tasks = [asyncio.create_task(self._reader(link)),
                       asyncio.create_task(self._writer(link)),
                       asyncio.create_task(self._echoer(link))]
+        for t in link.tasks:
+            t.add_done_callback(lambda t, link=link: self._link_task_done(link, t))
+
+    def _link_task_done(self, link: WorkerLink, t: asyncio.Task) -> None:
+        """Supervision: a link task that dies of an exception (none should: each handles
+        its own) is logged, and the link is treated as lost and reconnected."""
+        if t.cancelled() or t.exception() is None or t not in link.tasks:
+            return
+        e = t.exception()
+        link.error = f"{t.get_coro().__name__} failed: {e!r}"
+        self._bad_worker_msg(f"worker {link.address}: {link.error}; resetting the link", e)
+        if not self._stopping:
+            self._lost(link)
 
     async def _writer(self, link: WorkerLink) -> None:
         """The only task that writes to the stream (grpc.aio allows one write at a time)."""
@@ -370,10 +406,12 @@ class ControllerNode:
                 await call.write(msg)
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # noqa: BLE001 - the reader notices the loss
-            link.error = repr(e)
-            print(f"controller: writing to worker {link.address} failed: {e!r}",
-                  file=sys.stderr, flush=True)
+        except Exception as e:  # noqa: BLE001 - reset the link (the stream may be fine)
+            if link.call is call and link.connected and not self._stopping:
+                link.error = f"writing failed: {e!r}"
+                self._bad_worker_msg(f"writing to worker {link.address} failed: {e!r}",
+                                     None if isinstance(e, grpc.RpcError) else e)
+                self._lost(link)
 
     def _add_inputs(self, m: pb.ActionMsg, a: Action, real: bool) -> None:
         """An INFER's batch rows, whether outputs go back, and (real devices) the inputs."""
@@ -396,6 +434,10 @@ class ControllerNode:
             link.wake.set()
 
     async def _reader(self, link: WorkerLink) -> None:
+        """The worker's messages. A malformed result is logged, counted and dropped
+        (``_on_results``); one that leaves an action's outcome unknown, and any exception
+        while handling a message, end the link: it is treated as lost (its actions fail
+        back into the policy) and reconnected."""
         call = link.call
         try:
             while True:
@@ -405,21 +447,35 @@ class ControllerNode:
                 kind = msg.WhichOneof("kind")
                 if kind == "results":
                     self.count("msgs_from_workers")
-                    self._on_results(link, msg.results.results)
+                    why = self._on_results(link, msg.results.results)
+                    if why:
+                        link.error = why
+                        break
                 elif kind == "echo":
                     e = msg.echo
                     t = now_ns()
-                    link.add_sample(e.controller_time, e.worker_time, t)
+                    if 0 < e.controller_time <= t:  # an echo of ours: a clock sample
+                        link.add_sample(e.controller_time, e.worker_time, t)
+                    else:
+                        self.count("echoes_malformed")
                     self.ctrl.heard_from(link.index, t)
+                elif kind != "state":
+                    self.count("msgs_malformed")
         except grpc.aio.AioRpcError as e:
             link.error = f"{e.code()}: {e.details()}"
         except asyncio.CancelledError:
             return
+        except Exception as e:  # noqa: BLE001 - a message we could not handle: reset
+            link.error = f"handling its message failed: {e!r}"
+            self._bad_worker_msg(f"worker {link.address}: {link.error}", e)
         if not self._stopping:
             self._lost(link)
 
     def _lost(self, link: WorkerLink) -> None:
-        """A worker went away: fail its outstanding actions back into the policy, reconnect."""
+        """A worker went away: fail its outstanding actions back into the policy, reconnect.
+        Once per connection (the reader, the writer and supervision may all notice)."""
+        if not link.connected:
+            return
         link.connected = False
         self.count("worker_losses")
         for t in link.tasks:
@@ -443,15 +499,44 @@ class ControllerNode:
             except (grpc.aio.AioRpcError, TimeoutError, ConnectionError, OSError, ValueError):
                 await asyncio.sleep(RECONNECT_S)
                 continue
+            except Exception as e:  # noqa: BLE001 - whatever the worker said: keep trying
+                self._bad_worker_msg(f"reconnecting to worker {link.address} failed: {e!r}", e)
+                await asyncio.sleep(RECONNECT_S)
+                continue
             print(f"controller: worker {link.address} reconnected", file=sys.stderr, flush=True)
             self._start_link_tasks(link)
             self.ctrl.worker_back(link.index, now_ns())  # Hello reset its cache: empty GPUs
 
     # ------------------------------------------------------------------ events
 
-    def _on_results(self, link: WorkerLink, msgs) -> None:
+    def _on_results(self, link: WorkerLink, msgs) -> str:
+        """Decode a batch of results and hand the good ones to the loop. A malformed one
+        (``WireError``: an unknown type, bad outputs...; or a type, GPU, model or output
+        batch that does not match its action) is logged, counted ``results_malformed``
+        and dropped. Returns why the link must be reset, "" if not: a dropped result whose
+        id names an outstanding action leaves that action's outcome unknown, so the worker
+        is treated as lost (its actions fail and their requests are retried or answered)."""
         off, w = link.offset, link.index
-        self.ctrl.results(w, [msg_to_result(m, w, off) for m in msgs], now_ns())
+        outstanding = self.ctrl.outstanding[w]
+        good: list[Result] = []
+        why = ""
+        for m in msgs:
+            try:
+                r = msg_to_result(m, w, off)
+                a = outstanding.get(r.id)
+                bad = _mismatch(a, r) if a is not None else ""
+                if bad:
+                    raise WireError(f"result {r.id}: {bad}")
+            except WireError as e:
+                self.count("results_malformed")
+                self._bad_worker_msg(f"worker {link.address}: malformed result dropped: {e}")
+                if not why and m.id in outstanding:
+                    why = f"malformed result for outstanding action {m.id} ({e})"
+                continue
+            good.append(r)
+        if good:
+            self.ctrl.results(w, good, now_ns())
+        return why
 
     # -- the ControllerLoop's transport (controller.loop.ControllerTransport) and observer
 
@@ -529,7 +614,13 @@ class ControllerNode:
                 outs = rep.outputs  # the batch's outputs; ours is row r.row (views, no copy)
                 if outs:
                     row = r.row
-                    add_tensors(resp.outputs, [t.row(row) if t.shape else t for t in outs])
+                    try:
+                        add_tensors(resp.outputs, [t.row(row) if t.shape else t for t in outs])
+                    except (IndexError, ValueError) as e:  # answered all the same, ERROR
+                        self.count("replies_bad_outputs")
+                        resp = pb.InferResponse(status=RequestStatus.ERROR, gpu=rep.gpu,
+                                                message=f"the worker's outputs do not fit: {e}",
+                                                latency_ns=rep.time - r.arrival)
                 else:  # the emulated device computes nothing: zeros of the output shapes
                     add_tensors(resp.outputs, zero_rows(self.profiles[r.model].outputs))
             r.tag(resp)
@@ -621,6 +712,16 @@ class ControllerNode:
             batch_sizes=p.batch_sizes, weights_pages=p.weights_pages)
 
 
+def _mismatch(a: Action, r: Result) -> str:
+    """How a result contradicts the action it names ("" if it does not)."""
+    if r.type != a.type or r.gpu != a.gpu or r.model != a.model:
+        return (f"a {r.type.name} of {r.model!r} on gpu {r.gpu}, but action {a.id} is a "
+                f"{a.type.name} of {a.model!r} on gpu {a.gpu}")
+    if r.outputs and a.requests and any(t.shape[0] < len(a.requests) for t in r.outputs):
+        return f"outputs of fewer rows than the {len(a.requests)} request(s) of action {a.id}"
+    return ""
+
+
 def _check_inputs(inputs, prof: ModelProfile) -> tuple[list[Tensor] | None, str | None]:
     """A request's inputs as Tensors (``pb.Tensor``s are converted; the KServe front end
     sends Tensors already), and why they do not fit the model (None if they do)."""
@@ -644,54 +745,13 @@ class ClockworkServicer(pbg.ClockworkServicer):
                 fut.set_result(resp)
 
         rem = context.time_remaining()  # None: the call has no deadline
-        self.node.submit(request, deliver, None if rem is None else int(rem * 1e9))
+        submit_unary(self.node, request, deliver, context.peer(),
+                     None if rem is None else int(rem * 1e9))
         return await fut
 
     async def InferStream(self, request_iterator, context):  # noqa: N802
-        node = self.node
-        out: list[pb.InferResponse] = []
-        ready = asyncio.Event()
-        state = {"open": 0, "done": False}
-
-        def deliver(resp):
-            state["open"] -= 1
-            out.append(resp)
-            ready.set()
-
-        async def reader():
-            fastest = None  # the stream's smallest (receipt - client send time) so far
-            async for batch in request_iterator:
-                state["open"] += len(batch.requests)
-                node.count("msgs_from_clients")
-                late = 0
-                if batch.client_time_ns:  # clocks differ by an unknown offset: compare
-                    d = now_ns() - batch.client_time_ns  # with the fastest message
-                    if fastest is None or d < fastest:
-                        fastest = d
-                    late = d - fastest
-                node.submit_many(batch.requests, deliver, late)
-            state["done"] = True
-            ready.set()
-
-        rtask = asyncio.create_task(reader())
-        pacer = Pacer(node.reply_interval_us)
-        try:
-            while True:
-                await ready.wait()
-                if out:
-                    await pacer.wait()  # under load: one message per interval
-                ready.clear()
-                if out:
-                    batch, out[:] = list(out), []
-                    pacer.note(len(batch))
-                    node.count("msgs_to_clients")
-                    yield pb.InferResponseBatch(responses=batch)
-                if state["done"] and state["open"] <= 0 and not out:
-                    break
-                if rtask.done() and rtask.exception() is not None:
-                    break
-        finally:
-            rtask.cancel()
+        """Slices, bounds and reply messages: ``controller.intake.serve_stream``."""
+        await serve_stream(self.node, request_iterator, context)
 
     async def ListModels(self, request, context):  # noqa: N802
         n = self.node
@@ -726,7 +786,7 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
     every client call must carry it (REST health endpoints excepted); ``tls``: every port
     speaks TLS."""
     interceptors = [TokenInterceptor(token, node.count)] if token else None
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
+    server = grpc.aio.server(options=server_options(node.limits), interceptors=interceptors)
     pbg.add_ClockworkServicer_to_server(ClockworkServicer(node), server)
     from controller.kserve import add_kserve_grpc  # lazy: its inference.* protos clash
     add_kserve_grpc(node, server)  # with tritonclient's in one process; KServe v2, same port
@@ -870,12 +930,14 @@ def cmd_controller(args: argparse.Namespace) -> int:
     workers = list(args.workers)  # host:port list, checked by the argument parser
     try:
         policy, cfg, own = scheduler_settings(args)
+        limits = limits_from_flags(getattr(args, "limit", None) or [])
         node = ControllerNode(workers, args.profiles, args.models, policy, cfg,
                               args.connect_timeout, args.log_dir, args.action_interval_us,
                               args.reply_interval_us, own, args.log_flush_s)
     except (ProfileError, ValueError) as e:
         print(f"clockwork controller: {e}", file=sys.stderr)
         return 2
+    node.limits = limits
     try:
         token, secret, tls = _security(args, workers)
         node.worker_credentials = _worker_credentials(args, tls)

@@ -49,14 +49,22 @@ class WorkerLoop:
     # ------------------------------------------------------------------ events
 
     def submit(self, actions, now: int) -> None:
-        """Actions arrived (``Action`` objects, windows on this worker's clock)."""
+        """Actions arrived (``Action`` objects, windows on this worker's clock). One the
+        executor raises on (values it cannot take) is answered ``INVALID_INPUT``; the
+        others go on."""
         out: list[Result] = []
         executors = self.executors
         n = len(executors)
         for a in actions:
             g = a.gpu
             if 0 <= g < n:
-                out.extend(executors[g].submit(a, now))
+                try:
+                    out.extend(executors[g].submit(a, now))
+                except Exception as e:  # noqa: BLE001 - one action the executor cannot take
+                    out.append(Result(id=a.id, type=a.type, status=ErrorCode.INVALID_INPUT,
+                                      worker=self.worker, gpu=g, model=a.model,
+                                      batch_size=a.batch_size, received=now, begin=now,
+                                      end=now, message=f"action refused: {e!r}"))
             else:
                 out.append(Result(id=a.id, type=a.type, status=ErrorCode.INVALID_GPU,
                                   worker=self.worker, gpu=g, model=a.model,

@@ -42,6 +42,7 @@ from clockwork.protocol import clockwork_pb2_grpc as pbg
 from clockwork.protocol import keepalive
 from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
 from clockwork.protocol.pacing import Pacer
+from clockwork.protocol.ratelog import LogLimiter
 from clockwork.protocol.security import (
     WORKER_CLOCK_SYNC,
     WORKER_CONNECT,
@@ -53,7 +54,7 @@ from clockwork.protocol.security import (
     cluster_secret,
     exposure_error,
 )
-from clockwork.protocol.wire import msg_to_action, msgs_to_tensors, result_to_msg
+from clockwork.protocol.wire import WireError, msg_to_action, msgs_to_tensors, result_to_msg
 from clockwork.tensors import Tensor
 from worker.devices.emulated import EmulatedDevice
 from worker.executor import GpuExecutor
@@ -109,6 +110,7 @@ class WorkerNode:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self.wloop: WorkerLoop | None = None  # the driver (worker.loop); this node is its transport
+        self._complain = LogLimiter("worker")  # malformed messages from the controller
         if device != "emulated":
             self.real = [_open_device(device, self.pages, g) for g in range(gpus)]
             self._threads = [(ThreadPoolExecutor(1, f"exec{g}"), ThreadPoolExecutor(1, f"load{g}"))
@@ -237,16 +239,32 @@ class WorkerNode:
     # -- actions -------------------------------------------------------------------------
 
     def submit(self, batch: pb.ActionBatch) -> None:
+        """A batch of actions from the controller. An action that cannot be decoded (an
+        unknown type, unreadable inputs: ``WireError``) is answered at once with
+        ``INVALID_INPUT`` and the rest run as usual."""
         now = now_ns()
         real = bool(self.real)
         actions = []
+        bad: list[pb.ResultMsg] = []
         for m in batch.actions:
-            a = msg_to_action(m, self.worker_id)
+            try:
+                a = msg_to_action(m, self.worker_id)
+                inputs = msgs_to_tensors(m.inputs) if real and m.inputs else None
+            except WireError as e:
+                self._complain(f"malformed action {m.id} answered INVALID_INPUT: {e}")
+                bad.append(pb.ResultMsg(id=m.id, type=m.type, status=ErrorCode.INVALID_INPUT,
+                                        gpu=m.gpu, model=m.model, batch_size=m.batch_size,
+                                        received=now, begin=now, end=now,
+                                        message=f"malformed action: {e}"))
+                continue
             if m.want_outputs:
                 self._want.add(a.id)
-            if real and m.inputs:
-                self._inputs[a.id] = msgs_to_tensors(m.inputs)
+            if inputs:
+                self._inputs[a.id] = inputs
             actions.append(a)
+        if bad:
+            self._out.extend(bad)
+            self._out_ready.set()
         self.wloop.submit(actions, now)
 
     # -- the WorkerLoop's transport (worker.loop.WorkerTransport) -------------------------
@@ -433,16 +451,19 @@ class WorkerServicer(pbg.WorkerServicer):
                 kind = msg.WhichOneof("kind")
                 if self._active is not token:
                     return
-                if kind == "actions":
-                    node.submit(msg.actions)
-                elif kind == "echo":
-                    e = pb.ClockEcho()
-                    e.CopyFrom(msg.echo)
-                    e.worker_time = now_ns()
-                    echoes.append(e)
-                    wake.set()
-                elif kind == "hello":
-                    node.hello(msg.hello)
+                try:
+                    if kind == "actions":
+                        node.submit(msg.actions)
+                    elif kind == "echo":
+                        e = pb.ClockEcho()
+                        e.CopyFrom(msg.echo)
+                        e.worker_time = now_ns()
+                        echoes.append(e)
+                        wake.set()
+                    elif kind == "hello":
+                        node.hello(msg.hello)
+                except Exception as e:  # noqa: BLE001 - one bad message, not the stream
+                    node._complain(f"a {kind} message from the controller failed: {e!r}", e)
             wake.set()
 
         def reader_done(t: asyncio.Task) -> None:

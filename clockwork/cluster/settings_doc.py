@@ -34,12 +34,14 @@ INTRO = """\
 
 <!-- Generated from the settings schemas by `python -m clockwork.cluster.settings_doc`; edit the
 schemas' descriptions (clockwork/settings.py, controller/config.py,
-controller/baselines/), not this file. tests/test_settings.py checks it is current. -->
+controller/baselines/, controller/limits.py), not this file. tests/test_settings.py checks
+it is current. -->
 
 Every key a scenario file takes, every scheduler setting and every key of a profile file,
 with its type, default, allowed values and meaning. The descriptions are the schemas'
 own (`clockwork/settings.py` for the scenario and profile files, `controller/config.py`
-for the clockwork scheduler, `controller/baselines/` for the baselines), so this page
+for the clockwork scheduler, `controller/baselines/` for the baselines,
+`controller/limits.py` for the controller's limits), so this page
 and the checks cannot disagree.
 
 How values are checked, everywhere (scenario files, `--set KEY=VALUE` of `clockwork
@@ -113,6 +115,15 @@ def render() -> str:
                      (SlowNetworkFault, "slow_network")):
         first = (cls.__doc__ or "").strip().splitlines()[0].replace("``", "`")
         parts.append(f"### `{key}` entries\n\n{first}\n\n" + markdown_table(cls))
+    from controller.limits import Limits
+    parts.append(_section(
+        "Controller limits", "The bounds on what clients may hold and send "
+        "(`controller/limits.py`), set with `clockwork controller --limit KEY=VALUE` "
+        "(repeatable; values as in TOML, time settings in seconds under their `_s` key). "
+        "A request over an outstanding-requests bound is answered at once with status "
+        "`ERROR`, reason `overloaded` (KServe `UNAVAILABLE` / 503; the Python client raises "
+        "`clockwork.errors.Overloaded`); see also [contracts.md](contracts.md#statuses-and-"
+        "errors).", markdown_table(Limits)))
     parts.append(_section(
         "Profile files", "`profiles/<set>/<model>.json`: how long one model takes on one kind "
         "of device. Checked when the profile set is loaded.", markdown_table(ProfileFile)))

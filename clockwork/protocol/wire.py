@@ -8,6 +8,13 @@ only here and in the messages. Protobuf copies a bytes field on every read and w
 each conversion reads or writes ``data`` exactly once: a ``pb.Tensor`` becomes a Tensor
 over the one ``bytes`` object read out of it; a Tensor becomes a ``pb.Tensor`` by one
 write of its data (after ``tobytes()`` when its buffer is not ``bytes`` already).
+
+Decoding checks what the message says and raises :class:`WireError` (a ``ValueError``)
+for anything the rest of the process could not handle: an unknown action type, a
+negative batch size or duration, a dtype numpy does not know or that is not a plain
+number type, a negative or absurd shape, a result's output tensor whose bytes do not fit
+its shape. That is the only exception a decoder raises, whatever the message holds
+(``tests/test_wire_fuzz.py``), so a shell can drop or answer one bad message and carry on.
 """
 
 from __future__ import annotations
@@ -19,6 +26,37 @@ from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.tensors import Tensor, TensorError
 
 INT64_MAX = (1 << 63) - 1
+MAX_DIMS = 32  # a tensor with more dimensions is refused
+_NUMERIC_KINDS = frozenset("biufc")  # bool, int, uint, float, complex
+
+
+class WireError(ValueError):
+    """A message field that cannot be decoded; the text says which and why."""
+
+
+class TensorWireError(WireError, TensorError):
+    """A ``pb.Tensor`` that cannot be read (both a ``WireError`` and a ``TensorError``)."""
+
+
+_ACTION_TYPES = {int(t): t for t in ActionType}
+_ERROR_CODES = {int(c): c for c in ErrorCode}
+_dtypes: dict[str, np.dtype] = {}
+
+
+def _dtype(name: str, what: str) -> np.dtype:
+    """A plain little-endian number dtype from its name (cached)."""
+    dt = _dtypes.get(name)
+    if dt is not None:
+        return dt
+    try:
+        dt = np.dtype(name)
+    except Exception:  # noqa: BLE001 - numpy raises TypeError, ValueError, SyntaxError...
+        raise TensorWireError(f"{what}: unknown dtype {name!r}") from None
+    if dt.kind not in _NUMERIC_KINDS or dt.shape != () or dt.byteorder == ">":
+        raise TensorWireError(f"{what}: dtype {name!r} is not a little-endian number type")
+    if len(_dtypes) < 256:
+        _dtypes[name] = dt
+    return dt
 
 
 def action_to_msg(a: Action, offset: int = 0) -> pb.ActionMsg:
@@ -33,7 +71,15 @@ def action_to_msg(a: Action, offset: int = 0) -> pb.ActionMsg:
 
 
 def msg_to_action(m: pb.ActionMsg, worker: int = 0) -> Action:
-    return Action(id=m.id, type=ActionType(m.type), worker=worker, gpu=m.gpu, model=m.model,
+    """Raises ``WireError`` for an unknown type or a negative batch size or duration (a
+    GPU the worker does not have is the worker's to answer: ``INVALID_GPU``)."""
+    t = _ACTION_TYPES.get(m.type)
+    if t is None:
+        raise WireError(f"action {m.id}: unknown action type {m.type}")
+    if m.batch_size < 0 or m.expected_duration < 0:
+        raise WireError(f"action {m.id}: negative batch size or expected duration "
+                        f"({m.batch_size}, {m.expected_duration})")
+    return Action(id=m.id, type=t, worker=worker, gpu=m.gpu, model=m.model,
                   earliest=m.earliest, latest=NEVER if m.latest >= INT64_MAX else m.latest,
                   expected_duration=m.expected_duration, batch_size=m.batch_size,
                   version=m.version)
@@ -50,18 +96,40 @@ def result_to_msg(r: Result, outputs: list[Tensor] | None = None) -> pb.ResultMs
 
 
 def msg_to_result(m: pb.ResultMsg, worker: int, offset: int = 0) -> Result:
-    """``offset`` = worker clock - controller clock, subtracted from the times."""
-    try:
-        status = ErrorCode(m.status)
-    except ValueError:
-        status = ErrorCode.INVALID_INPUT
-    return Result(id=m.id, type=ActionType(m.type), status=status, worker=worker, gpu=m.gpu,
+    """``offset`` = worker clock - controller clock, subtracted from the times. An
+    unknown status code reads as ``INVALID_INPUT`` (the action failed, reason unknown).
+    Raises ``WireError`` for an unknown type, a negative GPU, batch size or duration, or
+    an output tensor that is unreadable, has no batch dimension of at least
+    ``batch_size`` rows, or whose bytes do not fit its shape."""
+    t = _ACTION_TYPES.get(m.type)
+    if t is None:
+        raise WireError(f"result {m.id}: unknown action type {m.type}")
+    if m.gpu < 0 or m.batch_size < 0 or m.duration < 0:
+        raise WireError(f"result {m.id}: negative gpu, batch size or duration "
+                        f"({m.gpu}, {m.batch_size}, {m.duration})")
+    status = _ERROR_CODES.get(m.status, ErrorCode.INVALID_INPUT)
+    outputs = None
+    if m.outputs:
+        outputs = msgs_to_tensors(m.outputs)
+        for o in outputs:
+            if not o.shape or o.shape[0] < m.batch_size or o.nbytes != _nbytes(o):
+                raise TensorWireError(f"result {m.id}: output {o.name!r} of shape "
+                                      f"{list(o.shape)} ({o.nbytes} bytes) does not hold a "
+                                      f"batch of {m.batch_size}")
+    return Result(id=m.id, type=t, status=status, worker=worker, gpu=m.gpu,
                   model=m.model, batch_size=m.batch_size,
                   received=m.received - offset if m.received else 0,
                   begin=m.begin - offset if m.begin else 0,
                   end=m.end - offset if m.end else 0,
-                  duration=m.duration, message=m.message,
-                  outputs=msgs_to_tensors(m.outputs) if m.outputs else None)
+                  duration=m.duration, message=m.message, outputs=outputs)
+
+
+def _nbytes(t: Tensor) -> int:
+    """Bytes the tensor's shape and dtype call for."""
+    n = t.dtype.itemsize
+    for d in t.shape:
+        n *= d
+    return n
 
 
 def tensor_to_msg(t: Tensor) -> pb.Tensor:
@@ -78,12 +146,15 @@ def add_tensors(field, tensors) -> None:
 def msg_to_tensor(m: pb.Tensor) -> Tensor:
     """A Tensor over the message's bytes. Its size is not checked against the shape
     (``clockwork.tensors.check_inputs`` does that for client inputs). Raises
-    ``TensorError`` for a dtype name numpy does not know."""
-    try:
-        dtype = np.dtype(m.dtype)
-    except TypeError:
-        raise TensorError(f"input {m.name!r}: unknown dtype {m.dtype!r}") from None
-    return Tensor(m.name, dtype, tuple(m.shape), m.data)
+    ``TensorWireError`` (a ``TensorError``) for a dtype name numpy does not know, one
+    that is not a little-endian number type, a negative dimension or more than
+    ``MAX_DIMS`` dimensions."""
+    what = f"input {m.name!r}"
+    dtype = _dtype(m.dtype, what)
+    shape = tuple(m.shape)
+    if len(shape) > MAX_DIMS or any(d < 0 for d in shape):
+        raise TensorWireError(f"{what}: bad shape {list(shape[:MAX_DIMS + 1])}")
+    return Tensor(m.name, dtype, shape, m.data)
 
 
 def msgs_to_tensors(msgs) -> list[Tensor]:

@@ -315,6 +315,12 @@ def add_controller(sub) -> None:
     p.add_argument("--reply-interval-us", type=t.nonneg_float, default=REPLY_INTERVAL_US,
                    help="pacing of InferStream reply messages, per stream (default "
                    f"{REPLY_INTERVAL_US:g}; 0: off)")
+    p.add_argument("--limit", action="append", default=[], metavar="KEY=VALUE",
+                   help="a bound on clients (repeatable): requests outstanding per stream, "
+                   "connection and in all, admission slices, reply message and buffer "
+                   "sizes, gRPC and REST message sizes and timeouts, e.g. --limit "
+                   "stream_outstanding=10000 --limit rest_max_body_bytes=8388608; "
+                   "docs/settings.md (Controller limits) lists every key and default")
     _add_server_security(p, "controller")
 
 

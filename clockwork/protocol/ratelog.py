@@ -1,0 +1,31 @@
+"""Rate-limited log lines: a peer that keeps sending malformed messages (or a flood of
+refused requests) must not flood the log or spend the process's time writing it."""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+
+
+class LogLimiter:
+    """Log lines of one kind at most once per ``every`` seconds, saying how many were
+    left out in between (a misbehaving peer must not flood the log)."""
+
+    def __init__(self, prefix: str, every: float = 1.0) -> None:
+        self.prefix = prefix
+        self.every = every
+        self._last = -1e9
+        self._skipped = 0
+
+    def __call__(self, line: str, exc: BaseException | None = None) -> None:
+        t = time.monotonic()
+        if t - self._last < self.every:
+            self._skipped += 1
+            return
+        more = f" ({self._skipped} more like it not shown)" if self._skipped else ""
+        self._last, self._skipped = t, 0
+        text = f"{self.prefix}: {line}{more}"
+        if exc is not None and not isinstance(exc, ValueError):  # a bug: say where
+            text += "\n" + "".join(traceback.format_exception(exc)).rstrip()
+        print(text, file=sys.stderr, flush=True)

@@ -1,0 +1,303 @@
+"""How client requests come into the controller and replies go out, within the bounds of
+``controller.limits.Limits``.
+
+- :class:`Gate` counts the requests admitted and not yet answered, in all and per client
+  connection; a request over a bound is answered at once with status ``ERROR``, reason
+  ``overloaded`` (never queued).
+- :func:`submit_guarded` hands requests to ``ControllerNode.submit_many`` so that each is
+  answered exactly once even if admitting them raises: a request it could not admit is
+  answered ``ERROR`` and the exception is logged, never passed to the caller's task.
+- :func:`serve_stream` is ``InferStream``: a message's requests are admitted in slices
+  of ``admit_slice`` (each slice at its own arrival time, the event loop free between
+  slices; as the message's own delay beyond the stream's fastest, the time a slice
+  waited counts against its SLOs: ``late`` of ``ControllerNode.submit_many``),
+  over-limit requests are answered ``overloaded``, replies go back in messages
+  of at most ``reply_message_bytes``, and a client that does not read its replies gets
+  at most ``stream_reply_buffer_bytes`` of them buffered: beyond that its stream is
+  ended with ``RESOURCE_EXHAUSTED`` and its buffered and later replies are dropped (the
+  requests are still answered exactly once inside, counted ``replies_discarded``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Sequence
+
+import grpc
+
+from clockwork.actions import RequestStatus
+from clockwork.protocol import clockwork_pb2 as pb
+from clockwork.protocol.pacing import Pacer
+from clockwork.protocol.ratelog import LogLimiter
+
+now_ns = time.monotonic_ns
+OVERLOADED = "overloaded"
+_FRAME = 6  # bytes a reply adds to its message besides its own size (tag and length)
+
+
+class Gate:
+    """Requests admitted and not yet answered: in all, and per client connection (a gRPC
+    peer address, a REST connection). ``room`` says how many more may come in."""
+
+    __slots__ = ("node", "total", "conns")
+
+    def __init__(self, node) -> None:
+        self.node = node  # reads node.limits (set after construction by the command)
+        self.total = 0
+        self.conns: dict[str, int] = {}
+
+    def room(self, conn: str) -> tuple[int, str]:
+        """How many more requests ``conn`` may have admitted now, and which bound says
+        so (for the overloaded answer)."""
+        lim = self.node.limits
+        g = lim.global_outstanding - self.total
+        c = lim.connection_outstanding - self.conns.get(conn, 0)
+        if g <= c:
+            return g, f"{lim.global_outstanding} requests outstanding in the controller " \
+                      "(limit global_outstanding)"
+        return c, f"{lim.connection_outstanding} requests outstanding on this connection " \
+                  "(limit connection_outstanding)"
+
+    def enter(self, conn: str, n: int = 1) -> None:
+        self.total += n
+        self.conns[conn] = self.conns.get(conn, 0) + n
+
+    def leave(self, conn: str, n: int = 1) -> None:
+        self.total -= n
+        left = self.conns.get(conn, 0) - n
+        if left > 0:
+            self.conns[conn] = left
+        else:
+            self.conns.pop(conn, None)
+
+
+def overloaded(node, req, why: str) -> pb.InferResponse:
+    """The answer to a request turned away by a bound (counted)."""
+    node.count("requests")
+    node.count("requests_overloaded")
+    node.metrics.reply(req.model if req.model in node.profiles else "", OVERLOADED, None)
+    return pb.InferResponse(status=RequestStatus.ERROR, reason=OVERLOADED,
+                            message=f"overloaded: {why}", client_id=req.client_id, gpu=-1)
+
+
+def submit_guarded(node, reqs: Sequence, deliver, *args) -> None:
+    """``node.submit_many(reqs, deliver, *args)``; if it raises, every request of ``reqs`` it did
+    not answer or hand to the scheduler is answered ``ERROR`` now (each exactly once:
+    a later answer of one already handed over is a counted duplicate), and the exception
+    is logged and counted (``admit_errors``) instead of reaching the caller."""
+    start = node.next_id
+    state = [0, False]  # requests taken from reqs, all taken
+
+    def feed():
+        for r in reqs:
+            state[0] += 1
+            yield r
+        state[1] = True
+
+    try:
+        node.submit_many(feed(), deliver, *args)
+    except Exception as e:  # noqa: BLE001 - isolate: this request or a bug, not the caller
+        _admit_failed(node, reqs, deliver, start, state, e)
+
+
+def _admit_failed(node, reqs, deliver, start: int, state: list, e: Exception) -> None:
+    node.count("admit_errors")
+    log = getattr(node, "_admit_log", None)
+    if log is None:
+        log = node._admit_log = LogLimiter("controller")
+    log(f"admitting {len(reqs)} request(s) failed: {e!r}; answering them ERROR", e)
+    msg = f"the controller could not admit this request: {e!r}"
+    pending = node.pending
+    swept = set()
+    for rid in range(start, node.next_id):  # admitted, maybe not scheduled: answer now
+        r = pending.pop(rid, None)
+        if r is not None:
+            swept.add(rid)
+            node.count("requests_error")
+            r.tag(pb.InferResponse(status=RequestStatus.ERROR, message=msg, gpu=-1))
+    taken, all_taken = state
+    if all_taken:
+        return  # every request was admitted (or answered) before the scheduler raised
+    reqs = list(reqs)
+    for i in range(max(0, taken - 1), len(reqs)):  # the one that raised, those not reached
+        if i == taken - 1:
+            if start + i in swept:
+                continue
+        else:
+            node.count("requests")  # never reached: not counted yet
+        node.count("requests_error")
+        deliver(pb.InferResponse(status=RequestStatus.ERROR, message=msg,
+                                 client_id=reqs[i].client_id, gpu=-1))
+
+
+def submit_unary(node, req, deliver, conn: str, budget: int | None = None) -> None:
+    """One request of a unary call (``Infer``, KServe): through the gate, then
+    :func:`submit_guarded`; ``deliver`` is called exactly once. ``budget`` (ns): what is
+    left of the call's deadline (``ControllerNode.submit``)."""
+    gate = node.gate
+    room, why = gate.room(conn)
+    if room < 1:
+        deliver(overloaded(node, req, why))
+        return
+    gate.enter(conn)
+
+    def done(resp: pb.InferResponse) -> None:
+        gate.leave(conn)
+        deliver(resp)
+
+    submit_guarded(node, (req,), done, 0, budget)
+
+
+class _Stream:
+    """One ``InferStream`` call's state."""
+
+    __slots__ = ("open", "done", "dead", "buffered", "out", "wake", "why")
+
+    def __init__(self) -> None:
+        self.open = 0  # requests admitted, not yet answered
+        self.done = False  # the client closed its side
+        self.dead = False  # replies are no longer sent (slow reader, or the call ended)
+        self.buffered = 0  # bytes in out
+        self.out: deque[tuple[pb.InferResponse, int]] = deque()
+        self.wake = asyncio.Event()
+        self.why = ""
+
+
+async def serve_stream(node, requests, context) -> None:
+    """``InferStream``: see the module docstring. Returns when every request read has
+    been answered and the client closed its side; raises ``AbortError`` (through
+    ``context.abort``) for a slow reader or a failure."""
+    lim = node.limits
+    gate = node.gate
+    conn = context.peer()
+    st = _Stream()
+    out = st.out
+    cap = lim.stream_reply_buffer_bytes
+    killed = asyncio.Event()
+
+    def reply(resp: pb.InferResponse) -> None:
+        if st.dead:
+            node.count("replies_discarded")
+            return
+        size = resp.ByteSize() + _FRAME
+        out.append((resp, size))
+        st.buffered += size
+        if st.buffered > cap:
+            node.count("streams_slow_reader")
+            st.why = (f"the client is not reading its replies: {st.buffered} bytes waiting "
+                      f"(limit stream_reply_buffer_bytes {cap})")
+            node.count("replies_discarded", len(out))
+            _close(st)
+            killed.set()
+            return
+        st.wake.set()
+
+    def deliver(resp: pb.InferResponse) -> None:
+        st.open -= 1
+        gate.leave(conn)
+        reply(resp)
+
+    def admit(reqs, late: int) -> None:
+        k = len(reqs)
+        room, why = gate.room(conn)
+        mine = lim.stream_outstanding - st.open
+        if mine <= room:
+            room, why = mine, (f"{lim.stream_outstanding} requests outstanding on this "
+                               "stream (limit stream_outstanding)")
+        n = min(k, max(0, room))
+        if n:
+            st.open += n
+            gate.enter(conn, n)
+            submit_guarded(node, reqs if n == k else reqs[:n], deliver, late)
+        for req in reqs[n:]:
+            reply(overloaded(node, req, why))
+
+    async def reader() -> None:
+        size = lim.admit_slice
+        fastest = None  # the stream's smallest (receipt - client send time) so far
+        async for batch in requests:
+            if st.dead:
+                return
+            node.count("msgs_from_clients")
+            t0 = now_ns()
+            late = 0
+            if batch.client_time_ns:  # clocks differ by an unknown offset: compare with
+                d = t0 - batch.client_time_ns  # the stream's fastest message
+                if fastest is None or d < fastest:
+                    fastest = d
+                late = d - fastest
+            reqs = batch.requests
+            n = len(reqs)
+            if n <= size:
+                admit(reqs, late)
+                continue
+            node.count("msgs_admitted_in_slices")
+            for i in range(0, n, size):
+                # a later slice arrives later, and the wait counts against its SLO
+                admit(reqs[i:i + size], late + now_ns() - t0)
+                await asyncio.sleep(0)  # everyone else's turn before the next slice
+                if st.dead:
+                    return
+        st.done = True
+        st.wake.set()
+
+    async def writer() -> None:
+        pacer = Pacer(node.reply_interval_us)
+        limit = lim.reply_message_bytes
+        wake = st.wake
+        while True:
+            await wake.wait()
+            if out:
+                await pacer.wait()  # under load: one message per interval
+            wake.clear()
+            while out:
+                batch: list[pb.InferResponse] = []
+                size = 0
+                while out and (not batch or size + out[0][1] <= limit):
+                    resp, n = out.popleft()
+                    batch.append(resp)
+                    size += n
+                st.buffered -= size
+                pacer.note(len(batch))
+                node.count("msgs_to_clients")
+                await context.write(pb.InferResponseBatch(responses=batch))
+            if st.done and st.open <= 0 and not out:
+                return
+            if rtask.done() and not st.done:
+                return  # the reader failed; the handler says why
+
+    rtask = asyncio.create_task(reader())
+    rtask.add_done_callback(lambda _: st.wake.set())
+    wtask = asyncio.create_task(writer())
+    ktask = asyncio.create_task(killed.wait())
+    try:
+        await asyncio.wait([wtask, ktask], return_when=asyncio.FIRST_COMPLETED)
+        if killed.is_set():
+            rtask.cancel()
+            wtask.cancel()
+            log = getattr(node, "_slow_log", None)
+            if log is None:
+                log = node._slow_log = LogLimiter("controller")
+            log(f"InferStream from {conn} ended: {st.why}")
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, st.why)
+        wtask.result()  # a failed write (the client went away) raises here
+        if rtask.done() and not rtask.cancelled() and rtask.exception() is not None:
+            e = rtask.exception()
+            if isinstance(e, grpc.RpcError | asyncio.CancelledError):
+                raise e
+            node.count("streams_failed")
+            LogLimiter("controller")(f"InferStream from {conn} failed: {e!r}", e)
+            await context.abort(grpc.StatusCode.INTERNAL, f"stream failed: {e!r}")
+    finally:
+        _close(st)
+        for t in (rtask, wtask, ktask):
+            t.cancel()
+
+
+def _close(st: _Stream) -> None:
+    """No more replies go out on this stream: drop those waiting, discard later ones."""
+    st.dead = True
+    st.out.clear()
+    st.buffered = 0

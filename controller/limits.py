@@ -1,0 +1,114 @@
+"""The controller's bounds, in one place: how much a client (or all of them) may have
+outstanding, how a large stream message is admitted, how big reply messages and reply
+buffers may grow, what the gRPC and REST servers accept.
+
+``Limits`` is the schema (``clockwork controller --limit KEY=VALUE``; each field's
+description documents it and ``docs/settings.md`` is rendered from it); the code that
+enforces each bound reads it from here: ``controller/intake.py`` (outstanding requests,
+admission in slices, reply messages and the slow-reader cap), ``controller/service.py``
+(the gRPC server's receive limit) and ``controller/kserve.py`` (the REST server).
+
+Why each exists, in short: a request takes controller memory and scheduler time until it
+is answered; a reply takes memory until the client reads it; a gRPC message and a REST
+body are held whole in memory; and a single event loop serves every client and worker,
+so no one message may keep it busy for long.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic.dataclasses import dataclass
+
+from clockwork.settings import CONFIG, from_table, setting
+
+MiB = 1 << 20
+S = 1_000_000_000  # ns per second
+
+
+@dataclass(frozen=True, slots=True, config=CONFIG)
+class Limits:
+    """A frozen pydantic dataclass (its fields are read per request). Build it from a
+    table with ``Limits.from_table({"stream_outstanding": 1000, "rest_idle_timeout_s":
+    10})``; time settings are int ns inside."""
+
+    settings_name: ClassVar[str] = "limits"
+
+    stream_outstanding: int = setting(
+        50_000, "Requests of one `InferStream` call admitted and not yet answered. A request "
+        "beyond it is answered at once with status `ERROR`, reason `overloaded` (the "
+        "Python client raises `Overloaded`), never queued.", ge=1)
+    connection_outstanding: int = setting(
+        100_000, "The same bound over everything one client connection (one gRPC peer "
+        "address: its streams and its unary calls; one REST connection) has outstanding.",
+        ge=1)
+    global_outstanding: int = setting(
+        200_000, "The same bound over the whole controller, every front end together.",
+        ge=1)
+    admit_slice: int = setting(
+        100, "A stream message with more requests than this is admitted in slices of "
+        "this many: each slice arrives at its own time (the wait counts against its SLO) "
+        "and goes to the scheduler (so its actions start), then the event loop serves "
+        "everyone else before the next slice (a slice of 100 holds it 1-2 ms). Under a "
+        "200,000-request message on two cores, other clients' worst latency was 0.4-0.75 "
+        "s with 100 per slice, 0.4-1.04 s with 1,000, and calls ran into their deadlines "
+        "(the loop held ~3 s) with no slicing.", ge=1)
+    reply_message_bytes: int = setting(
+        1 * MiB, "An `InferStream` reply message carries replies up to this many bytes "
+        "(one larger reply goes alone): well under the 4 MiB gRPC clients accept by "
+        "default.", ge=1024)
+    stream_reply_buffer_bytes: int = setting(
+        64 * MiB, "Replies of one `InferStream` waiting for the client to read them. A "
+        "stream whose client does not read and falls this far behind is ended with "
+        "`RESOURCE_EXHAUSTED` (the status follows the messages already in flight): the "
+        "controller stops reading it, frees the waiting replies and drops those still to "
+        "come (each request is still answered once inside, counted "
+        "`replies_discarded`).", ge=1024)
+    grpc_max_receive_bytes: int = setting(
+        64 * MiB, "Largest gRPC message the controller accepts from a client (a stream "
+        "message of many requests counts whole).", ge=1024)
+    rest_max_body_bytes: int = setting(
+        64 * MiB, "Largest REST request body; a larger one is answered 413 before it is "
+        "read (what the client already sent is drained and dropped).", ge=1024)
+    rest_max_header_bytes: int = setting(
+        64 * 1024, "Largest REST request head (request line and headers); larger is "
+        "answered 431 (a request line alone over it, 414). No single line may be longer "
+        "than 64 KiB (the stream reader's line limit) whatever this says.", ge=1024)
+    rest_max_headers: int = setting(
+        100, "Most header lines in a REST request; more is answered 431.", ge=1)
+    rest_idle_timeout: int = setting(
+        60 * S, "A REST connection that does not start a request for this long is closed.",
+        units=("s",), gt=0)
+    rest_read_timeout: int = setting(
+        30 * S, "A REST request whose head and body take longer than this to arrive is "
+        "answered 408 and its connection closed.", units=("s",), gt=0)
+    rest_json_offload_bytes: int = setting(
+        1 * MiB, "A REST request whose JSON part is larger than this is decoded on a "
+        "worker thread, off the event loop.", ge=0)
+
+    @classmethod
+    def from_table(cls, table: dict[str, Any] | None = None, where: str = "") -> Limits:
+        """From ``{"key": value}`` (time settings under their unit keys, e.g.
+        ``rest_idle_timeout_s``); a bad key or value raises ``SettingsError`` with one
+        line."""
+        return from_table(cls, table, where=where)
+
+    def grpc_server_options(self) -> list[tuple[str, int]]:
+        return [("grpc.max_receive_message_length", self.grpc_max_receive_bytes)]
+
+
+def limits_from_flags(items: list[str]) -> Limits:
+    """``clockwork controller --limit KEY=VALUE`` (repeatable) as ``Limits``: values are
+    read as TOML would (``--limit stream_outstanding=1000``, ``--limit
+    rest_idle_timeout_s=5.5``); a malformed item, an unknown key or a bad value raises
+    ``SettingsError`` with one line."""
+    from clockwork.scenario import parse_value
+    from clockwork.settings import SettingsError
+
+    table: dict[str, Any] = {}
+    for item in items:
+        key, eq, text = item.partition("=")
+        if not eq or not key.strip():
+            raise SettingsError(f"--limit wants KEY=VALUE, got {item!r}")
+        table[key.strip()] = parse_value(text.strip())
+    return Limits.from_table(table, where="--limit")

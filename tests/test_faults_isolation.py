@@ -1,0 +1,621 @@
+"""Misbehaving clients and workers against a live controller (real processes on loopback,
+real clients): the controller stays up, its memory stays bounded, other clients keep
+being served, and every request is answered exactly once.
+
+Each test measures healthy clients (4 concurrent unary ``Infer`` calls in a closed loop,
+model ``small``) without the fault, then with it, and checks the p99 latency with the
+fault against ``_p99_bound`` of the one without. The controller's memory is its VmRSS
+from /proc. The figures are printed (``pytest -s``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+grpc = pytest.importorskip("grpc")
+
+import clockwork  # noqa: E402
+from clockwork.cluster.serve import _Child, _cli  # noqa: E402
+from clockwork.errors import ClockworkError, Overloaded  # noqa: E402
+from clockwork.protocol import clockwork_pb2 as pb  # noqa: E402
+from clockwork.protocol import clockwork_pb2_grpc as pbg  # noqa: E402
+from tests.conftest import local_cluster  # noqa: E402
+
+pytestmark = pytest.mark.faults
+
+MiB = 1 << 20
+STATUS_KEYS = ("requests_success", "requests_timeout", "requests_error",
+               "requests_invalid_request", "requests_overloaded")
+
+
+# The 200,000-request message keeps both cores busy for ~3 s (the controller admitting
+# and answering it, the flood client reading the answers): every process waits for CPU,
+# and a request crosses four of them. Its p99 bound is absolute, and the discriminating
+# check is that no healthy call runs into its gRPC deadline (SLO + 1 s). Measured over
+# seven runs: admitted whole, the message held the event loop ~3 s (88 healthy calls
+# answered in 4 s, 16 of them at their deadline, p99 1,106 ms); in slices of 1,000 p99
+# 175-890 ms, worst 0.42-1.04 s; in slices of 100 (the default) p99 245-553 ms, worst
+# 0.37-0.75 s.
+SATURATED_P99_MS = 1000.0
+
+
+def _p99_bound(base_p99: float) -> float:
+    """How much worse the healthy clients' p99 may be while a fault runs, in ms: four
+    times the p99 without it plus 50 ms (two shared cores run the controller, a worker,
+    the clients and the fault; without the bounds these tests check, the same faults cost
+    seconds, or the controller)."""
+    return 4 * base_p99 + 50.0
+
+
+@pytest.fixture(scope="module")
+def profiles(tmp_path_factory) -> Path:
+    """A profile set with fast models: ``small`` (16-byte outputs), ``big`` (256 KiB
+    outputs: replies that fill memory fast) and ``slow`` (20 ms per batch)."""
+    d = tmp_path_factory.mktemp("profiles")
+    (d / "set.json").write_text(json.dumps({"device": "test", "weights_cache_pages": 64}))
+    for name, out, exec1 in (("small", 4, 800_000), ("big", 65536, 800_000),
+                             ("slow", 4, 20_000_000)):
+        (d / f"{name}.json").write_text(json.dumps({
+            "model": name, "device": "test", "weights_bytes": MiB, "load_ns": 2_000_000,
+            "exec_ns": {str(b): exec1 + 50_000 * b for b in (1, 2, 4, 8, 16)},
+            "inputs": [{"name": "x", "shape": [4], "dtype": "float32"}],
+            "outputs": [{"name": "y", "shape": [out], "dtype": "float32"}]}))
+    return d
+
+
+def _cluster(profiles: Path, *limits: str, args: tuple = (), **kw):
+    argv = [x for lim in limits for x in ("--limit", lim)] + list(args)
+    return local_cluster(workers=1, gpus=2, profiles=str(profiles), controller_args=argv,
+                         **kw)
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for process {pid}")
+
+
+class Healthy:
+    """Closed-loop unary clients; every call's latency (ms) and outcome is recorded: a
+    call that returns or raises a ``ClockworkError`` has been answered once."""
+
+    def __init__(self, address: str, conc: int = 4, model: str = "small") -> None:
+        self.address, self.conc, self.model = address, conc, model
+        self.lat: list[float] = []
+        self.outcomes: dict[str, int] = {}
+        self.errors: list[str] = []  # the first few, for the report
+        self.sent = 0
+
+    async def run(self, seconds: float) -> Healthy:
+        async with clockwork.AsyncClient(self.address, timeout=10) as c:
+            end = time.monotonic() + seconds
+
+            async def loop() -> None:
+                while time.monotonic() < end:
+                    self.sent += 1
+                    t0 = time.perf_counter()
+                    try:
+                        await c.infer(self.model, slo_ms=100)
+                        what = "ok"
+                    except ClockworkError as e:
+                        what = type(e).__name__
+                        if len(self.errors) < 3:
+                            self.errors.append(str(e))
+                    self.lat.append((time.perf_counter() - t0) * 1e3)
+                    self.outcomes[what] = self.outcomes.get(what, 0) + 1
+
+            await asyncio.gather(*(loop() for _ in range(self.conc)))
+        assert len(self.lat) == self.sent == sum(self.outcomes.values())
+        return self
+
+    def p(self, q: float) -> float:
+        return float(np.percentile(self.lat, q))
+
+    def text(self) -> str:
+        return (f"n={len(self.lat)} p50={self.p(50):.1f} ms p99={self.p(99):.1f} ms "
+                f"max={max(self.lat):.1f} ms {self.outcomes} {self.errors}")
+
+
+async def _baseline(address: str) -> Healthy:
+    await Healthy(address).run(1.0)  # warm: models loaded, connections up
+    return await Healthy(address).run(2.0)
+
+
+async def _settled(address: str, timeout: float = 10.0) -> dict[str, int]:
+    """The controller's counters once nothing is outstanding; checks that every request
+    it counted has exactly one answer."""
+    async with clockwork.AsyncClient(address, timeout=10) as c:
+        end = time.monotonic() + timeout
+        while True:
+            r = await c._stub.Stats(pb.StatsRequest())
+            if r.outstanding == 0 or time.monotonic() > end:
+                break
+            await asyncio.sleep(0.05)
+    counters = dict(r.counters)
+    assert r.outstanding == 0, f"{r.outstanding} requests never answered: {counters}"
+    assert counters.get("replies_duplicate", 0) == 0
+    assert counters.get("requests", 0) == sum(counters.get(k, 0) for k in STATUS_KEYS), counters
+    return counters
+
+
+def _report(name: str, base: Healthy, fault: Healthy, bound: float | None = None,
+            **figures) -> None:
+    """Print the figures; check the healthy p99 with the fault against ``bound`` (ms;
+    default ``_p99_bound`` of the p99 without it)."""
+    bound = _p99_bound(base.p(99)) if bound is None else bound
+    more = " ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in figures.items())
+    print(f"\n[{name}] healthy without the fault: {base.text()}\n"
+          f"[{name}] healthy with the fault:    {fault.text()}\n[{name}] {more} "
+          f"p99_bound_ms={bound:.1f}")
+    assert fault.p(99) <= bound, f"healthy p99 {fault.p(99):.1f} ms > bound {bound:.1f} ms"
+
+
+# ---------------------------------------------------------------------- slow reader
+
+
+def test_client_that_never_reads_is_cut_off_and_memory_stays_bounded(profiles):
+    """An InferStream client sends 1,000 requests for ``big`` (256 KiB replies: 250 MiB in
+    all) and never reads. Its replies are buffered up to stream_reply_buffer_bytes (16 MiB
+    here), then the stream is ended with RESOURCE_EXHAUSTED, the buffer freed and the
+    rest of its replies discarded (each request still answered once inside). Without the
+    cap the controller grew by ~570 MiB in 3 s on the development machine."""
+    cap = 16 * MiB
+    with _cluster(profiles, f"stream_reply_buffer_bytes={cap}") as c:
+        pid = c.controller.proc.pid
+
+        async def main():
+            base = await _baseline(c.address)
+            rss0 = _rss_mb(pid)
+            ch = grpc.aio.insecure_channel(c.address)
+            sent = 0
+
+            async def requests():
+                nonlocal sent
+                for _ in range(100):
+                    yield pb.InferRequestBatch(requests=[
+                        pb.InferRequest(model="big", slo_ms=100, client_id=sent + k + 1)
+                        for k in range(10)])
+                    sent += 10
+                    await asyncio.sleep(0.01)
+                await asyncio.Event().wait()  # keep the stream open, never read
+
+            call = pbg.ClockworkStub(ch).InferStream(requests())
+            peak = rss0
+
+            async def watch():
+                nonlocal peak
+                while True:
+                    peak = max(peak, _rss_mb(pid))
+                    await asyncio.sleep(0.02)
+
+            w = asyncio.create_task(watch())
+            fault = await Healthy(c.address).run(3.0)
+            w.cancel()
+            rss1 = _rss_mb(pid)
+            # the stream was ended: reading it now gives what was in flight, then the status
+            got = 0
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                async for b in call:
+                    got += len(b.responses)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "not reading its replies" in err.value.details()
+            await ch.close()
+            counters = await _settled(c.address)
+            assert counters["streams_slow_reader"] == 1
+            _report("slow reader", base, fault, rss_before_mb=rss0, rss_peak_mb=peak,
+                    rss_after_mb=rss1, sent=sent, read_after_cut=got,
+                    discarded=counters.get("replies_discarded", 0))
+            assert counters.get("replies_discarded", 0) >= 1
+            assert peak - rss0 < cap / MiB + 48, "controller memory grew past the cap"
+
+        asyncio.run(asyncio.wait_for(main(), 60))
+
+
+# ---------------------------------------------------------------------- huge REST body
+
+
+def test_rest_body_of_200_mb_is_refused_at_once(profiles):
+    """A REST request announcing a 200 MB body is answered 413 as soon as its head is
+    read (rest_max_body_bytes, 64 MiB by default), while the client is still sending;
+    what it sends is drained, not kept. Healthy gRPC and REST clients carry on."""
+    size = 200 * 1000 * 1000
+    with _cluster(profiles, http_port=0) as c:
+        pid = c.controller.proc.pid
+        host, port = c.printed_address("http").rsplit(":", 1)
+
+        async def main():
+            base = await _baseline(c.address)
+            rss0 = _rss_mb(pid)
+            box: dict = {}
+
+            def big_request() -> None:
+                s = socket.create_connection((host, int(port)))
+                s.sendall(b"POST /v2/models/small/infer HTTP/1.1\r\nHost: x\r\n"
+                          b"Content-Type: application/json\r\n"
+                          + f"Content-Length: {size}\r\n\r\n".encode())
+                t0 = time.monotonic()
+                chunk = bytes(MiB)
+
+                def send() -> None:
+                    n = 0
+                    try:
+                        while n < size:
+                            n += s.send(chunk[:min(MiB, size - n)])
+                    except OSError:
+                        pass
+                    box["sent"] = n
+
+                th = threading.Thread(target=send)
+                th.start()
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    more = s.recv(4096)
+                    if not more:
+                        break
+                    head += more
+                box["answer_s"] = time.monotonic() - t0
+                box["status"] = head.split(b" ", 2)[1] if head else b""
+                th.join(10)
+                s.close()
+
+            t = asyncio.get_running_loop().run_in_executor(None, big_request)
+            fault = await Healthy(c.address).run(2.0)
+            await t
+            rss1 = _rss_mb(pid)
+            # the REST front end still answers
+            rest = await asyncio.get_running_loop().run_in_executor(None, _rest_infer, host,
+                                                                    int(port))
+            counters = await _settled(c.address)
+            _report("200 MB REST body", base, fault, answer_ms=box["answer_s"] * 1e3,
+                    client_sent_mb=box.get("sent", 0) / 1e6, rss_before_mb=rss0,
+                    rss_after_mb=rss1)
+            assert box["status"] == b"413"
+            assert box["answer_s"] < 1.0
+            assert rss1 - rss0 < 32, "the body was kept in memory"
+            assert rest == 200
+            assert counters.get("http_413") == 1
+
+        asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_rest_head_limits_timeouts_and_json_off_the_loop(profiles):
+    """The REST server's other bounds: too many header lines 431, a chunked body 411, an
+    idle connection closed after rest_idle_timeout_s, a body that does not arrive within
+    rest_read_timeout_s 408; a JSON body over rest_json_offload_bytes (0 here: every one)
+    is decoded on a worker thread and answered as usual."""
+    limits = ("rest_max_headers=10", "rest_idle_timeout_s=0.3", "rest_read_timeout_s=0.3",
+              "rest_json_offload_bytes=0")
+    with _cluster(profiles, *limits, http_port=0) as c:
+        host, port = c.printed_address("http").rsplit(":", 1)
+
+        def exchange(data: bytes) -> tuple[bytes, float]:
+            """Send ``data``, read until the server closes: (what it sent, seconds)."""
+            with socket.create_connection((host, int(port)), timeout=5) as s:
+                t0 = time.monotonic()
+                s.sendall(data)
+                got = b""
+                while more := s.recv(65536):
+                    got += more
+                return got, time.monotonic() - t0
+
+        head = b"POST /v2/models/small/infer HTTP/1.1\r\nHost: x\r\n"
+        many = head + b"".join(b"X-%d: y\r\n" % i for i in range(20)) + b"\r\n"
+        assert exchange(many)[0].startswith(b"HTTP/1.1 431 ")
+        chunked = head + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+        assert exchange(chunked)[0].startswith(b"HTTP/1.1 411 ")
+        got, took = exchange(b"")
+        assert got == b"" and 0.2 < took < 3.0  # idle: closed without a word
+        got, took = exchange(head + b"Content-Length: 100\r\n\r\n{\"inputs\"")
+        assert got.startswith(b"HTTP/1.1 408 ") and 0.2 < took < 3.0
+        assert _rest_infer(host, int(port)) == 200
+        with clockwork.Client(c.address, timeout=10) as cl:
+            counters = cl.stats()
+        assert counters["http_431"] == counters["http_411"] == counters["http_408"] == 1
+
+
+def test_grpc_message_over_the_receive_limit_is_refused(profiles):
+    """grpc_max_receive_bytes bounds a client's message: a larger one fails that call
+    with RESOURCE_EXHAUSTED; the controller and the client's next calls are fine."""
+    with _cluster(profiles, "grpc_max_receive_bytes=65536") as c:
+        with clockwork.Client(c.address, timeout=10) as cl:
+            with pytest.raises(clockwork.errors.ControllerUnavailable,
+                               match="RESOURCE_EXHAUSTED"):
+                cl.infer("small", {"x": np.zeros(40000, np.float32)})
+            assert cl.infer("small", np.zeros(4, np.float32)).status == 0
+
+
+def _rest_infer(host: str, port: int) -> int:
+    import http.client
+
+    body = json.dumps({"inputs": [{"name": "x", "shape": [4], "datatype": "FP32",
+                                   "data": [0, 0, 0, 0]}]})
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    conn.request("POST", "/v2/models/small/infer", body,
+                 {"Content-Type": "application/json"})
+    status = conn.getresponse().status
+    conn.close()
+    return status
+
+
+# ---------------------------------------------------------------------- 200,000 at once
+
+FLOOD = r"""
+import asyncio, json, sys, time
+import grpc
+from clockwork.protocol import clockwork_pb2 as pb
+addr, path, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+async def main():
+    data = open(path, "rb").read()  # one InferRequestBatch, made beforehand
+    ch = grpc.aio.insecure_channel(addr)  # gRPC's default 4 MB receive limit
+    call = ch.stream_stream("/clockwork.v1.Clockwork/InferStream",
+                            response_deserializer=pb.InferResponseBatch.FromString)(iter([data]))
+    t0 = time.monotonic()
+    got, msgs, status = {}, 0, {}
+    async for b in call:
+        msgs += 1
+        for r in b.responses:
+            got[r.client_id] = got.get(r.client_id, 0) + 1
+            status[r.status] = status.get(r.status, 0) + 1
+    print(json.dumps({"answered": len(got), "messages": msgs,
+                      "twice": sum(1 for v in got.values() if v != 1),
+                      "ids": sorted(got) == list(range(1, n + 1)),
+                      "seconds": time.monotonic() - t0, "status": status}))
+asyncio.run(main())
+"""
+
+
+def test_stream_message_of_200k_requests_is_admitted_in_slices(profiles, tmp_path):
+    """One InferStream message of 200,000 requests (4 MB) is admitted 100 at a time
+    (admit_slice), the event loop serving everyone else between slices; its replies come
+    back in messages under reply_message_bytes to a client with gRPC's default 4 MB
+    receive limit, each request answered once. The requests carry an SLO no request can
+    meet (answered TIMEOUT on arrival), so the GPUs stay free for the healthy clients:
+    this measures the controller, not the scheduler. Admitted whole instead, the
+    message stalled the controller for ~3 s (healthy calls ran into their 1.1 s gRPC
+    deadline). The liveness probe timeout is raised: on two shared cores the four busy
+    processes starve one another long enough to make a healthy worker look hung. The
+    healthy p99 bound is SATURATED_P99_MS (see there)."""
+    n = 200_000
+    limits = (f"stream_outstanding={n}", f"connection_outstanding={n}",
+              f"global_outstanding={2 * n}")
+    msg = pb.InferRequestBatch(requests=[pb.InferRequest(model="big", slo_ms=0.001,
+                                                         client_id=i + 1) for i in range(n)])
+    path = tmp_path / "message.bin"
+    path.write_bytes(msg.SerializeToString())
+    with _cluster(profiles, *limits, args=("--set", "probe_timeout_ms=1000")) as c:
+        async def main():
+            base = await _baseline(c.address)
+            flood = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", FLOOD, c.address, str(path), str(n),
+                stdout=subprocess.PIPE)
+            fault = await Healthy(c.address).run(4.0)
+            out, _ = await flood.communicate()
+            res = json.loads(out.decode().strip().splitlines()[-1])
+            counters = await _settled(c.address)
+            _report("200k-request message", base, fault, bound=SATURATED_P99_MS,
+                    flood_seconds=res["seconds"],
+                    flood_reply_messages=res["messages"], message_bytes=path.stat().st_size,
+                    slices=n // 100)
+            assert res["answered"] == n and res["twice"] == 0 and res["ids"]
+            assert res["status"] == {"4": n}  # TIMEOUT: no such SLO can be met
+            assert res["messages"] >= 2  # the 4 MB+ of replies was split
+            assert counters["msgs_admitted_in_slices"] == 1
+            assert max(fault.lat) < 1100.0  # no healthy call stalled to its deadline
+
+        asyncio.run(asyncio.wait_for(main(), 60))
+
+
+# ---------------------------------------------------------------------- stream limits
+
+
+def test_stream_over_its_outstanding_limit_is_answered_overloaded(profiles):
+    """stream_outstanding=50 and connection_outstanding=80: a stream message of 200
+    requests and another stream's 50 on the same connection get 80 admitted in all and
+    170 answered at once ``overloaded`` (the client raises ``Overloaded`` for unary
+    calls); a client on another connection is not affected; nothing is lost."""
+    with _cluster(profiles, "stream_outstanding=50", "connection_outstanding=80") as c:
+        async def main():
+            async with clockwork.AsyncClient(c.address, timeout=10) as cl:
+                await cl.infer("slow", slo_ms=2000)  # loaded: the next ones only wait
+                s1, s2 = cl.stream(), cl.stream()
+                f1 = [s1.submit("slow", slo_ms=2000) for _ in range(200)]
+                f2 = [s2.submit("slow", slo_ms=2000) for _ in range(50)]
+                # a channel of its own (gRPC shares connections between channels)
+                async with grpc.aio.insecure_channel(
+                        c.address, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+                    r = await pbg.ClockworkStub(ch).Infer(
+                        pb.InferRequest(model="slow", slo_ms=2000), timeout=10)
+                    assert r.status == 0
+                r1 = await asyncio.wait_for(asyncio.gather(*f1), 20)
+                r2 = await asyncio.wait_for(asyncio.gather(*f2), 20)
+                await s1.close()
+                await s2.close()
+            for rs in (r1, r2):  # each request answered once, by id
+                assert sorted(r.client_id for r in rs) == list(range(1, len(rs) + 1))
+            rs = r1 + r2
+            over = [r for r in rs if r.reason == "overloaded"]
+            assert len(over) == 170 and all(r.status == 1 for r in over)
+            assert all(r.status == 0 for r in rs if r.reason != "overloaded")
+            assert len([r for r in r1 if r.reason != "overloaded"]) <= 50
+            counters = await _settled(c.address)
+            assert counters["requests_overloaded"] == 170
+            print(f"\n[stream limits] admitted {len(rs) - len(over)}, overloaded "
+                  f"{len(over)} (stream 1: {sum(r.reason == 'overloaded' for r in r1)}, "
+                  f"stream 2: {sum(r.reason == 'overloaded' for r in r2)})")
+
+        asyncio.run(asyncio.wait_for(main(), 60))
+    err = clockwork.errors.error_for(1, "overloaded", "overloaded: ...")
+    assert isinstance(err, Overloaded)
+
+
+# ---------------------------------------------------------------------- a bad worker
+
+
+class FakeWorker(pbg.WorkerServicer):
+    """A worker speaking the real protocol, badly. Connection 1 answers every action
+    with an unknown action type; connection 2 answers LOADs correctly and INFERs with
+    an output tensor of a dtype that is no number type; from connection 3 on it answers
+    every action SUCCESS at once. It echoes clock echoes (so it is never suspect)."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.actions = 0
+
+    async def ClockSync(self, request, context):  # noqa: N802
+        return pb.ClockSyncResponse(worker_time=time.monotonic_ns())
+
+    async def Connect(self, request_iterator, context):  # noqa: N802
+        self.connections += 1
+        conn = self.connections
+        it = request_iterator.__aiter__()
+        hello = await anext(it)
+        assert hello.WhichOneof("kind") == "hello"
+        yield pb.WorkerMessage(state=pb.WorkerState(
+            device="emulated", profiles="test", gpus=[pb.GpuState(gpu=0, pages=64)],
+            worker_time=time.monotonic_ns()))
+        out: asyncio.Queue = asyncio.Queue()
+
+        async def read() -> None:
+            async for msg in it:
+                kind = msg.WhichOneof("kind")
+                if kind == "echo":
+                    e = pb.ClockEcho()
+                    e.CopyFrom(msg.echo)
+                    e.worker_time = time.monotonic_ns()
+                    await out.put(pb.WorkerMessage(echo=e))
+                elif kind == "actions":
+                    res = [self._result(conn, a) for a in msg.actions.actions]
+                    await out.put(pb.WorkerMessage(results=pb.ResultBatch(results=res)))
+            await out.put(None)
+
+        task = asyncio.create_task(read())
+        try:
+            while (m := await out.get()) is not None:
+                yield m
+        finally:
+            task.cancel()
+
+    def _result(self, conn: int, a: pb.ActionMsg) -> pb.ResultMsg:
+        self.actions += 1
+        now = time.monotonic_ns()
+        r = pb.ResultMsg(id=a.id, type=a.type, status=0, gpu=a.gpu, model=a.model,
+                         batch_size=a.batch_size, received=now, begin=now, end=now,
+                         duration=a.expected_duration)
+        if conn == 1:
+            r.type = 99
+        elif conn == 2 and a.type == 2:
+            r.outputs.add(name="y", shape=[a.batch_size, 4], dtype="object",
+                          data=bytes(16 * a.batch_size))
+        return r
+
+
+def test_malformed_worker_results_reset_the_link_and_lose_nothing(profiles, tmp_path):
+    """A fake worker answers with malformed results: each is logged, counted
+    (results_malformed) and dropped, its link is reset (the worker treated as lost: its
+    actions fail, their requests are retried or answered) and reconnected; the
+    controller stays up, and once the worker answers properly requests succeed. Every
+    client request is answered exactly once."""
+    async def main():
+        fake = FakeWorker()
+        server = grpc.aio.server()
+        pbg.add_WorkerServicer_to_server(fake, server)
+        wport = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        ctl = _Child("controller", _cli() + [
+            "controller", "--host", "127.0.0.1", "--port", "0",
+            "--workers", f"127.0.0.1:{wport}", "--profiles", str(profiles),
+            "--models", "small", "--http-port", "-1", "--kserve-port", "-1"])
+        try:
+            address = await asyncio.get_running_loop().run_in_executor(
+                None, ctl.wait_address, 30.0)
+            answers: dict[str, int] = {}
+            async with clockwork.AsyncClient(address, timeout=10) as cl:
+                end = time.monotonic() + 20
+                # unary calls until the worker behaves and one has succeeded
+                while time.monotonic() < end:
+                    try:
+                        await cl.infer("small", slo_ms=200)
+                        answers["ok"] = answers.get("ok", 0) + 1
+                        if fake.connections >= 3:
+                            break
+                    except ClockworkError as e:
+                        answers[type(e).__name__] = answers.get(type(e).__name__, 0) + 1
+                    await asyncio.sleep(0.02)
+                assert fake.connections >= 3, f"{fake.connections} connection(s): {answers}"
+                # a client's malformed input is answered too, alone
+                s = cl.stream()
+                bad = pb.Tensor(name="x", shape=[4], dtype="object", data=bytes(16))
+                futs = [s.submit("small", np.zeros(4, np.float32), slo_ms=200)
+                        for _ in range(20)]
+                s._queue[3].inputs[0].CopyFrom(bad)
+                rs = await asyncio.wait_for(asyncio.gather(*futs), 10)
+                await s.close()
+            assert sorted(r.client_id for r in rs) == list(range(1, 21))
+            assert rs[3].status == 6 and "dtype" in rs[3].message
+            assert all(r.status == 0 for i, r in enumerate(rs) if i != 3)
+            counters = await _settled(address)
+            assert ctl.proc.poll() is None, "the controller died"
+            log = "".join(ctl.output)
+            print(f"\n[malformed worker] connections={fake.connections} unary={answers} "
+                  f"results_malformed={counters.get('results_malformed')} "
+                  f"worker_losses={counters.get('worker_losses')}")
+            assert counters["results_malformed"] >= 2
+            assert counters["worker_losses"] >= 2 and counters["worker_connects"] >= 3
+            assert "unknown action type 99" in log and "not a little-endian number" in log
+        finally:
+            ctl.stop()
+            await server.stop(0)
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_worker_answers_a_malformed_action_and_keeps_its_stream(profiles):
+    """A real worker sent an action of unknown type next to a good LOAD answers the bad
+    one INVALID_INPUT, runs the LOAD, and its stream goes on (it echoes after)."""
+    w = _Child("worker", _cli() + ["worker", "--host", "127.0.0.1", "--port", "0",
+                                   "--profiles", str(profiles)])
+    try:
+        address = w.wait_address(30.0)
+
+        async def main():
+            async with grpc.aio.insecure_channel(address) as ch:
+                call = pbg.WorkerStub(ch).Connect()
+                await call.write(pb.ControllerMessage(hello=pb.Hello(
+                    worker_id=0, reset=True, instances=[pb.Instance(name="small",
+                                                                    profile="small")])))
+                assert (await call.read()).WhichOneof("kind") == "state"
+                far = time.monotonic_ns() + 10**10
+                await call.write(pb.ControllerMessage(actions=pb.ActionBatch(actions=[
+                    pb.ActionMsg(id=1, type=42, gpu=0, model="small", latest=far),
+                    pb.ActionMsg(id=2, type=0, gpu=0, model="small", latest=far,
+                                 expected_duration=2_000_000)])))
+                results = {}
+                while len(results) < 2:
+                    m = await call.read()
+                    for r in m.results.results:
+                        results[r.id] = r
+                assert results[1].status == 30 and "unknown action type 42" in \
+                    results[1].message
+                assert results[2].status == 0
+                await call.write(pb.ControllerMessage(echo=pb.ClockEcho(seq=7)))
+                m = await call.read()
+                assert m.WhichOneof("kind") == "echo" and m.echo.seq == 7
+                call.cancel()
+
+        asyncio.run(asyncio.wait_for(main(), 20))
+        assert w.proc.poll() is None
+        assert "malformed action 1" in "".join(w.output)
+    finally:
+        w.stop()
