@@ -168,6 +168,7 @@ class ControllerLoop:
 
     def tick(self, now: int) -> None:
         """The armed timer fired (the transport may call this early or late)."""
+        lag = now - self.armed if self.armed is not None else 0  # how late we are
         self.armed = None
         out: list[Action] = []
         failed = self._failed
@@ -184,7 +185,7 @@ class ControllerLoop:
                     tel.result(r, now)
                 out.extend(on_result(r, now))
         if self._live:
-            self._check_liveness(now)
+            self._check_liveness(now, lag)
         nw = self.policy.next_wakeup()
         if nw is not None and nw <= now:
             out.extend(self.policy.on_tick(now))
@@ -199,8 +200,14 @@ class ControllerLoop:
             self.transport.reset(worker)
             self.worker_back(worker, now)
 
-    def _check_liveness(self, now: int) -> None:
+    def _check_liveness(self, now: int, lag: int = 0) -> None:
         probing = self.probing
+        if lag > self.liveness.probe_timeout // 2:
+            # we ourselves ran this late (a saturated CPU): an answer may be waiting
+            # unread; give every probe a fresh timeout instead of blaming the workers
+            for w in probing:
+                probing[w] = now + self.liveness.probe_timeout
+            return
         for w in [w for w, until in probing.items() if until <= now]:
             del probing[w]
             self.suspect[w] = True

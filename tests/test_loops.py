@@ -117,7 +117,8 @@ def test_an_overdue_action_probes_its_worker_and_silence_makes_it_suspect():
     assert loop.armed <= bound
     loop.tick(bound)
     assert t.probes == [w] and w in loop.probing
-    loop.tick(bound + ms(50))  # no answer within the probe timeout
+    while loop.armed is not None and loop.armed <= bound + ms(50):  # the timer, on time
+        loop.tick(loop.armed)  # no answer within the probe timeout
     assert loop.suspect[w] and not loop.up[w] and not loop.outstanding[w]
     # heard from again: reset first, then its GPUs are the policy's again
     n = len(t.sent)
@@ -378,3 +379,21 @@ kill = [{ worker = 1, at_s = 1.0, back_s = 2.0 }]
     lines = [x.split("fault: ")[1] for x in p.stderr.splitlines() if "fault: " in x]
     assert lines == ["worker 1 killed", "controller lost worker 1; 0 action(s) failed",
                      "worker 1 restarted", "controller reconnected to worker 1"]
+
+
+def test_a_late_timer_does_not_blame_the_workers():
+    """The controller's own timer fired far too late (a saturated CPU): answers may be
+    waiting unread, so the probes get a fresh timeout instead of making workers suspect."""
+    loop, t = controller(workers=1)
+    loop.request(Request(1, "resnet50_v2", 0, ms(100)), 0)
+    a = t.sent[0][1][0]
+    bound = a.expected_end + max(ms(10), a.expected_duration // 2)
+    loop.tick(bound)
+    assert t.probes == [0]
+    armed = loop.armed
+    loop.tick(armed + ms(500))  # 500 ms late
+    assert not loop.suspect[0] and 0 in loop.probing
+    until = loop.probing[0]
+    while not loop.suspect[0] and loop.armed is not None and loop.armed <= until:
+        loop.tick(loop.armed)  # on time now, and still no answer
+    assert loop.suspect[0]

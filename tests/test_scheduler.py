@@ -304,9 +304,11 @@ def test_lost_gpu_gets_nothing_and_its_models_move():
     acts += s.on_tick(t + 1)
     assert acts and all(a.gpu == other for a in acts)  # LOAD (and INFER) elsewhere
     assert ActionType.LOAD in {a.type for a in acts}
-    # back, with an empty cache: it can take copies again
-    s.set_gpu_available(g, True, t + 2 * MS)
-    assert s.gpus[g].available and s.gpus[g].free_pages == s.gpus[g].total_pages
+    # back, with an empty cache: the copy it held ("a", still in use) is loaded again
+    back = s.set_gpu_available(g, True, t + 2 * MS)
+    assert [(a.type, a.gpu, a.model) for a in back][:1] == [(ActionType.LOAD, g, "a")]
+    pages = s.models["a"].pages
+    assert s.gpus[g].available and s.gpus[g].free_pages == s.gpus[g].total_pages - pages
 
 
 def test_a_burst_on_one_copy_asks_for_another():

@@ -380,7 +380,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"clockwork serve: {e}", file=sys.stderr)
             return 2
     replaying = getattr(args, "replay", False)
-    cluster = LocalCluster(workers, gpus, profiles, models, pages, args.host, args.port,
+    port = args.port if args.port is not None else (0 if replaying else 12346)
+    cluster = LocalCluster(workers, gpus, profiles, models, pages, args.host, port,
                            args.worker_port, echo=not replaying, controller_args=extra,
                            http_port=-1 if replaying else args.http_port, device=device,
                            kserve_port=-1 if replaying else args.kserve_port,

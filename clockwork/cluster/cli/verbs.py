@@ -237,7 +237,9 @@ def add_serve(sub) -> None:
     p.add_argument("--packages", metavar="DIR", default=None,
                    help="cpu/cuda: model packages as DIR/<model>/ (default packages/DEVICE)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=t.port, default=12346, help="controller port (0: pick one)")
+    p.add_argument("--port", type=t.port, default=None,
+                   help="controller port (0: pick one; default 12346, or any free port with "
+                   "--replay)")
     p.add_argument("--worker-port", type=t.port, default=0,
                    help="first worker port (default 0: free ports)")
     p.add_argument("--http-port", type=t.optional_port, default=8000,
