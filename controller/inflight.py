@@ -34,9 +34,22 @@ COPY_GONE = frozenset((ErrorCode.WEIGHTS_NOT_PRESENT, ErrorCode.WEIGHTS_CHANGED)
 _COUNTER = {ActionType.INFER: "infer", ActionType.LOAD: "load", ActionType.EVICT: "evict"}
 
 
+WORKER_ERROR = "worker error "
+
+
 def error_message(result: Result) -> str:
-    """The message of a request answered ``ERROR`` because its INFER failed."""
-    return f"worker error {result.status.name}: {result.message}"
+    """The message of a request answered ``ERROR`` because its INFER failed:
+    ``worker error CODE: the worker's message`` (``failed_code`` reads CODE back)."""
+    return f"{WORKER_ERROR}{result.status.name}: {result.message}"
+
+
+def failed_code(message: str) -> ErrorCode | None:
+    """The worker's ``ErrorCode`` in a message made by ``error_message``; None if the
+    message is not one (the KServe front end maps answers by it)."""
+    if not message.startswith(WORKER_ERROR):
+        return None
+    name = message[len(WORKER_ERROR):].partition(":")[0]
+    return ErrorCode.__members__.get(name)
 
 
 class Sent:

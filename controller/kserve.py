@@ -12,9 +12,10 @@ scheduled, timed out and answered exactly once in the same way. Conventions:
   profile's batch sizes: the configuration's ``execution_batch_sizes`` parameter);
 - the SLO comes from the request parameter ``slo_ms`` (double or integer), else Triton's
   ``timeout`` (integer microseconds), else the controller's default;
-- status mapping: TIMEOUT -> DEADLINE_EXCEEDED (HTTP 504), unknown model -> NOT_FOUND
-  (404), bad input/SLO -> INVALID_ARGUMENT (400), shutdown -> UNAVAILABLE (503), other
-  errors -> INTERNAL (500).
+- how a request fails: one table, ``controller/kserve_status.py`` (the SLO cannot be met
+  -> DEADLINE_EXCEEDED / 504, shed or unavailable -> UNAVAILABLE / 503 with Retry-After,
+  a bad request -> INVALID_ARGUMENT / 400, an unknown model or version -> NOT_FOUND /
+  404, only a bug -> INTERNAL / 500, saying "internal error" and no more).
 
 Inputs become ``clockwork.tensors.Tensor``s over the bytes that arrived (a
 ``raw_input_contents`` entry, a slice of the REST body) or over the array decoded from
@@ -25,9 +26,9 @@ message in between).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
-import sys
 import urllib.parse
 from dataclasses import dataclass, field
 
@@ -39,8 +40,22 @@ from clockwork import __version__
 from clockwork.actions import RequestStatus
 from clockwork.protocol import kserve_pb2 as kpb
 from clockwork.protocol import kserve_pb2_grpc as kpbg
+from clockwork.protocol.ratelog import LogLimiter
 from clockwork.tensors import Tensor
-from controller.intake import OVERLOADED, submit_unary
+from controller.intake import submit_unary
+from controller.kserve_status import (  # noqa: F401 - the kinds, re-exported
+    DEADLINE,
+    GRPC_CODE,
+    HTTP_CODE,
+    INTERNAL,
+    INTERNAL_MESSAGE,
+    INVALID,
+    NOT_FOUND,
+    RETRY_AFTER_S,
+    UNAVAILABLE,
+    KServeError,
+    of_answer,
+)
 
 # KServe datatype <-> numpy dtype name
 KS_TO_NP = {"BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32",
@@ -54,13 +69,6 @@ CONTENTS_FIELD = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int
                   "UINT64": "uint64_contents", "FP32": "fp32_contents",
                   "FP64": "fp64_contents"}
 
-NOT_FOUND, INVALID, DEADLINE, UNAVAILABLE, INTERNAL = (
-    "NOT_FOUND", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "UNAVAILABLE", "INTERNAL")
-GRPC_CODE = {NOT_FOUND: grpc.StatusCode.NOT_FOUND, INVALID: grpc.StatusCode.INVALID_ARGUMENT,
-             DEADLINE: grpc.StatusCode.DEADLINE_EXCEEDED,
-             UNAVAILABLE: grpc.StatusCode.UNAVAILABLE, INTERNAL: grpc.StatusCode.INTERNAL}
-HTTP_CODE = {NOT_FOUND: 404, INVALID: 400, DEADLINE: 504, UNAVAILABLE: 503, INTERNAL: 500}
-
 
 # the protocol extensions served (Triton's names; ServerMetadata.extensions): binary
 # tensors after the JSON header of a REST request or response; Triton's model
@@ -73,11 +81,14 @@ PLATFORM = "clockwork"  # model metadata's platform; the configuration's platfor
 MAX_BATCH_SIZE = 1
 
 
-class KServeError(Exception):
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
+_internal_log = LogLimiter("controller")
+
+
+def _internal(where: str, e: Exception) -> KServeError:
+    """An unexpected exception: logged (rate-limited, with its traceback) and answered
+    INTERNAL with a stable message that says nothing of it."""
+    _internal_log(f"kserve {where}: {e!r}", e)
+    return KServeError(INTERNAL, INTERNAL_MESSAGE)
 
 
 @dataclass
@@ -260,19 +271,7 @@ class KServeFrontend:
         submit_unary(self.node, TypedInferRequest(name, tensors, slo), deliver, conn)
         resp = await fut
         if resp.status != RequestStatus.SUCCESS:
-            if resp.status == RequestStatus.TIMEOUT:
-                kind = DEADLINE
-            elif resp.status == RequestStatus.INVALID_REQUEST:
-                kind = NOT_FOUND if resp.reason == "unknown_model" else INVALID
-            elif resp.reason in ("shutdown", OVERLOADED):
-                kind = UNAVAILABLE
-            else:
-                kind = INTERNAL
-            try:
-                status = RequestStatus(resp.status).name
-            except ValueError:
-                status = str(resp.status)
-            raise KServeError(kind, f"{status}: {resp.message or 'request failed'}")
+            raise of_answer(resp.status, resp.reason, resp.message)
         got = {t.name: t for t in resp.outputs}
         out = []
         for spec in self.profile(name).outputs:
@@ -315,12 +314,31 @@ def _grpc_inputs(request: kpb.ModelInferRequest) -> list[InTensor]:
     return out
 
 
+def _guarded(method):
+    """A servicer method whose unexpected exception is answered INTERNAL ("internal
+    error", logged) instead of gRPC's UNKNOWN with the exception's text."""
+
+    @functools.wraps(method)
+    async def run(self, request, context):
+        try:
+            return await method(self, request, context)
+        except grpc.aio.AbortError:
+            raise
+        except KServeError as e:
+            await self._abort(context, e)
+        except Exception as e:  # noqa: BLE001 - a bug: answer it, say nothing of it
+            await self._abort(context, _internal(method.__name__, e))
+
+    return run
+
+
 class KServeGrpcServicer(kpbg.GRPCInferenceServiceServicer):
     def __init__(self, node) -> None:
         self.fe = KServeFrontend(node)
 
     async def _abort(self, context, e: KServeError):
-        await context.abort(GRPC_CODE[e.kind], e.message)
+        trailer = (("retry-after", str(RETRY_AFTER_S)),) if e.kind == UNAVAILABLE else ()
+        await context.abort(GRPC_CODE[e.kind], e.message, trailer)
 
     async def ServerLive(self, request, context):  # noqa: N802
         return kpb.ServerLiveResponse(live=True)
@@ -328,6 +346,7 @@ class KServeGrpcServicer(kpbg.GRPCInferenceServiceServicer):
     async def ServerReady(self, request, context):  # noqa: N802
         return kpb.ServerReadyResponse(ready=self.fe.server_ready())
 
+    @_guarded
     async def ModelReady(self, request, context):  # noqa: N802
         if request.name not in self.fe.node.profiles:
             await self._abort(context, KServeError(NOT_FOUND, f"unknown model {request.name!r}"))
@@ -340,6 +359,7 @@ class KServeGrpcServicer(kpbg.GRPCInferenceServiceServicer):
     async def ServerMetadata(self, request, context):  # noqa: N802
         return kpb.ServerMetadataResponse(**self.fe.server_metadata())
 
+    @_guarded
     async def ModelMetadata(self, request, context):  # noqa: N802
         try:
             md = self.fe.model_metadata(request.name)
@@ -351,6 +371,7 @@ class KServeGrpcServicer(kpbg.GRPCInferenceServiceServicer):
             inputs=[kpb.ModelMetadataResponse.TensorMetadata(**t) for t in md["inputs"]],
             outputs=[kpb.ModelMetadataResponse.TensorMetadata(**t) for t in md["outputs"]])
 
+    @_guarded
     async def ModelConfig(self, request, context):  # noqa: N802
         try:
             cfg = self.fe.model_config(request.name)
@@ -359,6 +380,7 @@ class KServeGrpcServicer(kpbg.GRPCInferenceServiceServicer):
             await self._abort(context, e)
         return kpb.ModelConfigResponse(config=json_format.ParseDict(cfg, kpb.ModelConfig()))
 
+    @_guarded
     async def ModelInfer(self, request, context):  # noqa: N802
         try:
             self.fe.check_version(request.model_name, request.model_version)
@@ -602,6 +624,8 @@ class KServeHttp:
         else:
             head = json.dumps(payload, separators=(",", ":")).encode() if payload is not None else b""
         hdrs = {"Content-Type": ctype, "Content-Length": str(len(head) + len(extra))}
+        if status == 503:  # unavailable now (shed, not ready, shutting down): try again
+            hdrs["Retry-After"] = str(RETRY_AFTER_S)
         if extra:
             hdrs["Content-Type"] = "application/octet-stream"
             hdrs["Inference-Header-Content-Length"] = str(len(head))
@@ -651,8 +675,7 @@ class KServeHttp:
         except KServeError as e:
             return HTTP_CODE[e.kind], {"error": e.message}, b""
         except Exception as e:  # noqa: BLE001 - answer, never drop the connection
-            print(f"controller: http {method} {path}: {e!r}", file=sys.stderr, flush=True)
-            return 500, {"error": f"internal error: {e!r}"}, b""
+            return 500, {"error": _internal(f"http {method} {path}", e).message}, b""
 
     def ops(self, path: str):
         """Prometheus metrics (controller/metrics.py), liveness, readiness (every worker

@@ -1,0 +1,111 @@
+"""The one table of how a KServe v2 request fails: each outcome maps to one gRPC status,
+one HTTP status and a stable message (``docs/contracts.md``, "Statuses and errors").
+
+The controller answers every request once with a ``RequestStatus`` and, for some, a
+``reason``; :func:`of_answer` turns such an answer into a :class:`KServeError` of one
+:data:`KINDS` kind. What the front end refuses by itself (an unknown model or version, a
+malformed request) raises ``KServeError`` directly.
+
+Rules, in order (the first that applies):
+
+==============================================================  =====================  ====
+answer                                                          gRPC                   HTTP
+==============================================================  =====================  ====
+``TIMEOUT`` (the SLO cannot be met: turned away, expired,
+left out of a batch)                                            ``DEADLINE_EXCEEDED``  504
+``ERROR`` from a worker's ``*_TOO_LATE`` (or ``*_TOO_EARLY``)
+rejection, not retried in time                                  ``DEADLINE_EXCEEDED``  504
+``INVALID_REQUEST`` ``unknown_model``                           ``NOT_FOUND``          404
+``INVALID_REQUEST`` (``bad_input``, ``bad_slo``)                ``INVALID_ARGUMENT``   400
+``ERROR`` ``overloaded`` / ``shutdown``; a baseline's full
+queue; a worker lost or its weights gone (not retried in
+time); a model that fits on no GPU                              ``UNAVAILABLE``        503
+anything else (a bug: a worker refusing what the controller
+sent, outputs that do not fit, an exception while admitting)    ``INTERNAL``           500
+==============================================================  =====================  ====
+
+Every 503 carries ``Retry-After`` (REST) / ``retry-after`` trailing metadata (gRPC). An
+INTERNAL answer says ``internal error`` and nothing of the exception or the worker's
+text (the controller logs and counts those); the other messages are the controller's
+``STATUS: message`` (a worker error: its code, without the worker's free text).
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from clockwork.actions import ErrorCode, RequestStatus
+from controller.inflight import failed_code
+
+NOT_FOUND, INVALID, DEADLINE, UNAVAILABLE, INTERNAL = (
+    "NOT_FOUND", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "UNAVAILABLE", "INTERNAL")
+KINDS = (NOT_FOUND, INVALID, DEADLINE, UNAVAILABLE, INTERNAL)
+GRPC_CODE = {NOT_FOUND: grpc.StatusCode.NOT_FOUND, INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+             DEADLINE: grpc.StatusCode.DEADLINE_EXCEEDED,
+             UNAVAILABLE: grpc.StatusCode.UNAVAILABLE, INTERNAL: grpc.StatusCode.INTERNAL}
+HTTP_CODE = {NOT_FOUND: 404, INVALID: 400, DEADLINE: 504, UNAVAILABLE: 503, INTERNAL: 500}
+RETRY_AFTER_S = 1  # Retry-After of every 503 (seconds)
+INTERNAL_MESSAGE = "internal error"
+
+# reasons of ERROR answers that mean "not now": load shed, shutting down
+UNAVAILABLE_REASONS = frozenset({"overloaded", "shutdown"})
+# ERROR messages of policies that mean the same (controller/baselines): a full batching
+# queue is load shedding; a model too large for every GPU cannot be served here
+UNAVAILABLE_MESSAGES = frozenset({"batching queue is full", "model does not fit on any GPU"})
+# worker errors that mean the request's copy was gone (a lost or reset worker, evicted
+# weights): the infrastructure, not the request, and not retried in time
+UNAVAILABLE_CODES = frozenset({ErrorCode.WEIGHTS_NOT_PRESENT, ErrorCode.WEIGHTS_CHANGED,
+                               ErrorCode.EXEC_WEIGHTS_MISSING})
+
+
+class KServeError(Exception):
+    """A KServe request's failure: ``kind`` (one of :data:`KINDS`) and its message."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+    @property
+    def grpc_code(self) -> grpc.StatusCode:
+        return GRPC_CODE[self.kind]
+
+    @property
+    def http_status(self) -> int:
+        return HTTP_CODE[self.kind]
+
+
+def worker_kind(code: ErrorCode) -> str:
+    """The kind of an ``ERROR`` answer caused by a worker's rejection ``code``."""
+    if code.name.endswith(("_TOO_LATE", "_TOO_EARLY")):
+        return DEADLINE  # it could not run inside its window, and no retry met the SLO
+    if code in UNAVAILABLE_CODES:
+        return UNAVAILABLE
+    return INTERNAL  # the worker refused what we sent: a bug on one side
+
+
+def of_answer(status: int, reason: str, message: str) -> KServeError:
+    """The KServeError for a controller answer that is not SUCCESS."""
+    try:
+        name = RequestStatus(status).name
+    except ValueError:
+        return KServeError(INTERNAL, INTERNAL_MESSAGE)
+    text = message or "request failed"
+    if status == RequestStatus.TIMEOUT:
+        return KServeError(DEADLINE, f"{name}: {text}")
+    if status == RequestStatus.INVALID_REQUEST:
+        return KServeError(NOT_FOUND if reason == "unknown_model" else INVALID,
+                           f"{name}: {text}")
+    if status != RequestStatus.ERROR:
+        return KServeError(INTERNAL, INTERNAL_MESSAGE)
+    if reason in UNAVAILABLE_REASONS or message in UNAVAILABLE_MESSAGES:
+        return KServeError(UNAVAILABLE, f"{name}: {text}")
+    code = failed_code(message)
+    if code is not None:
+        kind = worker_kind(code)
+        if kind == DEADLINE:
+            return KServeError(DEADLINE, f"TIMEOUT: SLO cannot be met (worker error "
+                               f"{code.name})")
+        if kind == UNAVAILABLE:
+            return KServeError(UNAVAILABLE, f"{name}: worker error {code.name}")
+    return KServeError(INTERNAL, INTERNAL_MESSAGE)
