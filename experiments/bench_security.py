@@ -16,6 +16,9 @@ Per run, two loads, each measured at the client:
 - ``unary``: ``--callers`` concurrent ``AsyncClient.infer`` loops, one gRPC call per
   request (the token is checked on every call): r/s and p50 latency.
 
+Both also report the controller's CPU time per request answered (µs, from
+/proc/PID/stat), which other processes on a shared machine disturb less than r/s.
+
     python experiments/bench_security.py [--runs 2] [--seconds 5]
 """
 
@@ -28,12 +31,17 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-from clockwork.client import AsyncClient
-from clockwork.cluster.replay import replay
-from clockwork.cluster.serve import LocalCluster
-from clockwork.errors import ClockworkError
-from clockwork.scenario import load_scenario
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from clockwork.client import AsyncClient  # noqa: E402
+from clockwork.cluster.replay import replay  # noqa: E402
+from clockwork.cluster.serve import LocalCluster  # noqa: E402
+from clockwork.errors import ClockworkError  # noqa: E402
+from clockwork.scenario import load_scenario  # noqa: E402
+from experiments.bench_live import cpu_s  # noqa: E402
+from tests.pki import make_pki  # noqa: E402
 
 CONFIGS = ("none", "token", "token+tls")
 TOKEN = "bench-security-token-0123456789"
@@ -57,8 +65,9 @@ def client_kw(cfg: str, ca: str) -> dict:
 
 
 async def unary(address: str, kw: dict, names: list[str], seconds: float, callers: int,
-                slo_ms: float) -> tuple[float, float, int]:
-    """(r/s answered successfully, p50 ms, errors) of ``callers`` concurrent Infer loops."""
+                slo_ms: float) -> tuple[float, float, int, int]:
+    """(r/s answered successfully, p50 ms, errors, calls made) of ``callers`` concurrent
+    Infer loops."""
     lat: list[float] = []
     errors = 0
     async with AsyncClient(address, timeout=10.0, **kw) as c:
@@ -80,7 +89,8 @@ async def unary(address: str, kw: dict, names: list[str], seconds: float, caller
 
         await asyncio.gather(*(loop(i) for i in range(callers)))
         wall = time.monotonic() - t_start
-    return len(lat) / wall, statistics.median(lat) * 1e3 if lat else float("nan"), errors
+    return (len(lat) / wall, statistics.median(lat) * 1e3 if lat else float("nan"), errors,
+            len(lat) + errors + 1)
 
 
 def one_run(cfg: str, pki, args, seed: int) -> dict:
@@ -96,14 +106,20 @@ def one_run(cfg: str, pki, args, seed: int) -> dict:
         asyncio.run(replay(warm, cluster.address, 200000, **ckw))
         sc = scenario(args.seconds, args.model, args.copies, args.concurrency, args.slo_ms,
                       seed)
+        pid = cluster.controller.proc.pid
+        c0 = cpu_s(pid)
         res = asyncio.run(replay(sc, cluster.address, 200000, **ckw))
+        c1 = cpu_s(pid)
         s = res.summary
-        u_rps, u_p50, u_err = asyncio.run(unary(cluster.address, ckw, names, args.seconds,
-                                                args.callers, args.slo_ms))
+        u_rps, u_p50, u_err, u_n = asyncio.run(unary(cluster.address, ckw, names,
+                                                     args.seconds, args.callers, args.slo_ms))
+        c2 = cpu_s(pid)
     return {"config": cfg, "stream_rps": s["throughput_rps"],
             "stream_p50_ms": s["latency_ms"]["p50"],
+            "stream_cpu_us": (c1 - c0) / max(1, s["submitted"]) * 1e6,
             "stream_failed": s["submitted"] - s["succeeded"], "unary_rps": u_rps,
-            "unary_p50_ms": u_p50, "unary_errors": u_err}
+            "unary_p50_ms": u_p50, "unary_cpu_us": (c2 - c1) / max(1, u_n) * 1e6,
+            "unary_errors": u_err}
 
 
 def main() -> int:
@@ -119,15 +135,13 @@ def main() -> int:
     ap.add_argument("--slo-ms", type=float, default=1000.0)
     ap.add_argument("--out", metavar="JSON", help="also write the rows here")
     args = ap.parse_args()
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-    from tests.pki import make_pki
-
     print(f"bench_security: 1 emulated worker x 4 GPUs, {args.copies} x {args.model}, "
           f"{args.seconds:g} s per load; stream: closed loop, {args.concurrency} in flight "
           f"per instance; unary: {args.callers} callers; {os.cpu_count()} CPU(s), 1-min "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
-    print(f"{'config':<10} {'run':>3} {'stream r/s':>10} {'p50 ms':>7} {'unary r/s':>10} "
-          f"{'p50 ms':>7}  failed", flush=True)
+    head = (f"{'stream r/s':>10} {'p50 ms':>7} {'cpu µs':>7} {'unary r/s':>10} {'p50 ms':>7} "
+            f"{'cpu µs':>7}")
+    print(f"{'config':<10} {'run':>3} {head}  failed", flush=True)
     rows = []
     with tempfile.TemporaryDirectory() as d:
         pki = make_pki(d)
@@ -137,11 +151,12 @@ def main() -> int:
                 r["run"] = run + 1
                 rows.append(r)
                 print(f"{cfg:<10} {run + 1:>3} {r['stream_rps']:>10,.0f} "
-                      f"{r['stream_p50_ms']:>7.2f} {r['unary_rps']:>10,.0f} "
-                      f"{r['unary_p50_ms']:>7.2f}  {r['stream_failed']}+{r['unary_errors']}",
+                      f"{r['stream_p50_ms']:>7.2f} {r['stream_cpu_us']:>7.0f} "
+                      f"{r['unary_rps']:>10,.0f} {r['unary_p50_ms']:>7.2f} "
+                      f"{r['unary_cpu_us']:>7.0f}  {r['stream_failed']}+{r['unary_errors']}",
                       flush=True)
     print()
-    print(f"{'mean':<10} {'':>3} {'stream r/s':>10} {'p50 ms':>7} {'unary r/s':>10} {'p50 ms':>7}")
+    print(f"{'mean':<10} {'':>3} {head}")
     for cfg in CONFIGS:
         mine = [r for r in rows if r["config"] == cfg]
 
@@ -149,7 +164,8 @@ def main() -> int:
             return statistics.fmean(r[k] for r in mine)
 
         print(f"{cfg:<10} {'':>3} {mean('stream_rps'):>10,.0f} {mean('stream_p50_ms'):>7.2f} "
-              f"{mean('unary_rps'):>10,.0f} {mean('unary_p50_ms'):>7.2f}")
+              f"{mean('stream_cpu_us'):>7.0f} {mean('unary_rps'):>10,.0f} "
+              f"{mean('unary_p50_ms'):>7.2f} {mean('unary_cpu_us'):>7.0f}")
     if args.out:
         import json
 

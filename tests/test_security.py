@@ -598,3 +598,25 @@ def test_helpers():
     assert "stale" in late.check_controller(WORKER_CONNECT, md)[0]
     assert a.worker_proved(WORKER_CONNECT, nonce, b.worker_metadata(WORKER_CONNECT, nonce))
     assert not a.worker_proved(WORKER_CONNECT, nonce, ())
+
+
+
+def test_worker_forgets_old_nonces_without_letting_them_replay(monkeypatch):
+    from clockwork.protocol import security
+
+    monkeypatch.setattr(security, "MAX_NONCES", 3)
+    now = [1_000_000.0]
+    ctl, wrk = ClusterAuth(b"k" * 20, clock=lambda: now[0]), ClusterAuth(b"k" * 20,
+                                                                          clock=lambda: now[0])
+    sent = []
+    for _ in range(5):
+        now[0] += 0.01
+        md, _ = ctl.call_metadata(WORKER_CLOCK_SYNC)
+        sent.append(md)
+        assert wrk.check_controller(WORKER_CLOCK_SYNC, md)[0] is None
+    assert len(wrk._seen) == 3  # bounded: the two oldest were forgotten ...
+    for md in sent:  # ... and still cannot be replayed, nor can the remembered ones
+        assert wrk.check_controller(WORKER_CLOCK_SYNC, md)[0] == "replayed cluster credentials"
+    now[0] += 10 * security.FRESH_S  # all expire; a fresh call is accepted
+    md, _ = ctl.call_metadata(WORKER_CLOCK_SYNC)
+    assert wrk.check_controller(WORKER_CLOCK_SYNC, md)[0] is None and len(wrk._seen) == 1

@@ -44,6 +44,7 @@ import socket
 import ssl
 import sys
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +54,7 @@ TOKEN_ENV = "CLOCKWORK_TOKEN"  # clients: the bearer token when none is given
 SECRET_ENV = "CLOCKWORK_CLUSTER_SECRET"  # controller and workers: the cluster secret
 MIN_CREDENTIAL = 16  # characters (token) / bytes (secret)
 FRESH_S = 300.0  # a controller's proof is accepted this long either side of the worker's clock
+MAX_NONCES = 100_000  # nonces a worker remembers at most (the oldest go first)
 
 AUTHORIZATION = "authorization"
 NONCE_KEY = "x-clockwork-nonce"
@@ -355,7 +357,11 @@ class ClusterAuth:
     def __init__(self, secret: bytes, clock=time.time) -> None:
         self._key = bytes(secret)
         self._clock = clock
-        self._seen: dict[str, float] = {}  # nonces accepted -> when they may be forgotten
+        # nonces accepted, oldest first -> (when they may be forgotten, their time T in ms);
+        # a call stamped no later than a forgotten nonce's T is refused (``_floor``), so
+        # forgetting one never lets it be replayed
+        self._seen: OrderedDict[str, tuple[float, int]] = OrderedDict()
+        self._floor = -1
 
     # the controller's side
 
@@ -390,14 +396,20 @@ class ClusterAuth:
         if not hmac.compare_digest(proof.encode("latin-1", "replace"), want.encode()):
             return "wrong cluster credentials", ""
         now = self._clock()
-        if abs(now - int(t) / 1000) > FRESH_S:
+        ts = int(t)
+        if abs(now - ts / 1000) > FRESH_S:
             return (f"stale cluster credentials (the clocks differ by more than "
                     f"{FRESH_S:.0f} s?)"), ""
-        if nonce in self._seen:
+        seen = self._seen
+        while seen:  # forget the expired (and, past MAX_NONCES, the oldest): O(1) a call
+            first = next(iter(seen.values()))
+            if first[0] > now and len(seen) < MAX_NONCES:
+                break
+            seen.popitem(last=False)
+            self._floor = max(self._floor, first[1])
+        if nonce in seen or ts <= self._floor:
             return "replayed cluster credentials", ""
-        if len(self._seen) >= 4096:
-            self._seen = {n: t for n, t in self._seen.items() if t > now}
-        self._seen[nonce] = now + 2 * FRESH_S
+        seen[nonce] = (now + 3 * FRESH_S, ts)  # by then ts is older than any fresh call
         return None, nonce
 
     def worker_metadata(self, method: str, nonce: str) -> tuple[tuple[str, str], ...]:
