@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 from google.protobuf import json_format
+from prometheus_client import generate_latest
 
 from clockwork import __version__
 from clockwork.actions import RequestStatus
@@ -682,7 +683,7 @@ class KServeHttp:
         connected)."""
         node = self.fe.node
         if path == "/metrics":
-            return 200, node.metrics.render(), b""
+            return 200, generate_latest(node.metrics.registry), b""
         if path == "/healthz":
             return 200, b"ok\n", b""
         ready = (node.policy is not None and not node._stopping

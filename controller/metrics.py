@@ -1,195 +1,422 @@
-"""Prometheus text-format metrics of the controller (no client library needed).
+"""Prometheus metrics of the controller, served at ``/metrics`` on its HTTP port.
 
-Metrics (exposition format 0.0.4, served at ``/metrics`` on the controller's HTTP port):
+Each ``ControllerNode`` has its own ``prometheus_client.CollectorRegistry``
+(``ControllerMetrics.registry``; several controllers in one process do not clash) and the
+route answers ``prometheus_client.generate_latest(registry)`` (text format 0.0.4). The
+full list, with units and labels, is in docs/architecture.md ("Metrics").
 
-- ``clockwork_requests_total{model,status}`` counter: answered requests;
-- ``clockwork_request_latency_seconds`` histogram: controller-side latency of successful
-  requests (arrival -> answer);
-- ``clockwork_queue_depth`` gauge: requests waiting in the scheduling policy
-  (``Policy.queued()``: accepted, not answered, not in an INFER in flight);
-- ``clockwork_requests_outstanding`` gauge: requests accepted and not yet answered;
-- ``clockwork_actions_total{type,status}`` counter: finished actions by result status;
-- ``clockwork_actions_sent_total{type}`` counter;
-- ``clockwork_gpu_busy_fraction{worker,gpu}`` gauge: measured EXEC time / wall time since
-  the controller started;
-- ``clockwork_exec_prediction_error_seconds`` histogram: |measured - expected| EXEC
-  duration of successful INFERs;
-- ``clockwork_workers_connected`` gauge, ``clockwork_uptime_seconds`` gauge.
+Triton's names where the meaning is the same, so dashboards built for Triton work
+(labels ``model``, ``version`` -- always ``"1"``; requests for unknown models are not
+counted there):
 
-Hooks are plain dict increments so that they cost little on the controller's hot path.
+- ``nv_inference_request_success`` / ``nv_inference_request_failure``: answered requests;
+- ``nv_inference_count`` (inferences = successful requests, each one sample) and
+  ``nv_inference_exec_count`` (successful INFER batches);
+- ``nv_inference_request_duration_us`` (arrival -> answer), ``nv_inference_queue_duration_us``
+  (arrival -> the batch's EXEC began), ``nv_inference_compute_infer_duration_us`` (the
+  batch's EXEC time, charged to each request of the batch, as Triton does): cumulative
+  microseconds of successful requests;
+- ``nv_inference_pending_request_count``: requests waiting (``Policy.model_view``);
+- ``nv_gpu_utilization`` (0..1, EXEC busy time over the last ``UTIL_WINDOW_S``),
+  ``nv_gpu_memory_used_bytes`` / ``nv_gpu_memory_total_bytes`` (weights-cache pages x
+  16 MiB), labelled ``gpu_uuid`` (``worker<W>-gpu<G>``), ``worker``, ``gpu``.
+
+Triton's counters are exposed under their exact sample names (no ``_total`` suffix),
+which the client library writes only for families of type ``untyped``; so that is their
+``# TYPE``. PromQL (``rate``, ``increase``) works on them as on counters.
+
+Ours, ``clockwork_*``: requests by model and status, controller-side latency histogram,
+SLO attainment and requests that met their SLO, cold starts, actions by type and status,
+actions sent, EXEC prediction error, GPU busy time, weights-cache pages, queue depth
+(``Policy.queued()``), requests outstanding, workers connected, uptime; plus the
+client library's ``process_*`` metrics of the controller process.
+
+The hooks (``reply``, ``answered``, ``result``, ``action_sent``) run for every request
+answered and every action: they only add into plain ints of a per-model slot object
+(cached in a dict) and lists; the metric families are built from them at scrape time by
+a custom collector. (A ``prometheus_client`` ``Counter`` child's ``inc`` takes a lock and
+costs several times a dict increment; a ``Histogram.observe`` more still.)
 """
 
 from __future__ import annotations
 
 import bisect
-import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
+
+from clockwork.actions import ActionType, ErrorCode
+from clockwork.profiles import PAGE_SIZE
 
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.05, 0.075, 0.1, 0.15,
                    0.25, 0.5, 1.0)
 ERROR_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2)
+VERSION = "1"  # the model version reported everywhere (KServe metadata too)
+UTIL_WINDOW_S = 2.0  # nv_gpu_utilization: busy time over this much of the recent past
+_BUCKET_NS = 250_000_000  # ... counted in buckets of this width
+_NB = 16  # slots of the per-GPU ring (> the window's buckets: old slots are reused)
+_INFER = ActionType.INFER
 
 
-def _esc(v: object) -> str:
-    return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+class _Model:
+    """What the hooks count for one model instance (plain ints: cheap to add to)."""
+
+    __slots__ = ("status", "success", "duration_ns", "slo_met", "cold", "execs", "queue_ns",
+                 "compute_ns", "labels", "mlabels")
+
+    def __init__(self, name: str) -> None:
+        self.labels = {"model": name, "version": VERSION}  # (shared by its samples)
+        self.mlabels = {"model": name}
+        self.status: dict[str, int] = {}  # answered requests by status name
+        self.success = 0
+        self.duration_ns = 0  # arrival -> answer, successful requests
+        self.slo_met = 0
+        self.cold = 0
+        self.execs = 0  # successful INFER batches
+        self.queue_ns = 0  # arrival -> EXEC begin, requests of successful INFERs
+        self.compute_ns = 0  # EXEC duration x requests, successful INFERs
 
 
-def _labels(names: tuple[str, ...], values: tuple) -> str:
-    if not names:
-        return ""
-    return "{" + ",".join(f'{n}="{_esc(v)}"' for n, v in zip(names, values, strict=True)) + "}"
+class _Hist:
+    """Bucket counts of int-ns observations (bounds given in seconds)."""
 
+    __slots__ = ("bounds", "bounds_ns", "counts", "sum_ns")
 
-def _num(v: float) -> str:
-    if v == math.inf:
-        return "+Inf"
-    if isinstance(v, int) or float(v).is_integer():
-        return str(int(v))
-    return repr(float(v))
-
-
-class Counter:
-    def __init__(self, name: str, help: str, labels: tuple[str, ...] = ()) -> None:
-        self.name, self.help, self.labelnames = name, help, labels
-        self.values: dict[tuple, float] = {}
-
-    def inc(self, labels: tuple = (), n: float = 1) -> None:
-        v = self.values
-        v[labels] = v.get(labels, 0) + n
-
-    def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} counter"
-        for k in sorted(self.values, key=str):
-            yield f"{self.name}{_labels(self.labelnames, k)} {_num(self.values[k])}"
-
-
-class Gauge:
-    """A gauge whose samples come from a function at scrape time."""
-
-    def __init__(self, name: str, help: str, labels: tuple[str, ...],
-                 fn: Callable[[], Iterable[tuple[tuple, float]]]) -> None:
-        self.name, self.help, self.labelnames, self.fn = name, help, labels, fn
-
-    def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} gauge"
-        for k, v in self.fn():
-            yield f"{self.name}{_labels(self.labelnames, k)} {_num(v)}"
-
-
-class Histogram:
-    def __init__(self, name: str, help: str, buckets: tuple[float, ...]) -> None:
-        self.name, self.help = name, help
-        self.bounds = tuple(sorted(buckets))
+    def __init__(self, bounds_s: tuple[float, ...]) -> None:
+        self.bounds = tuple(sorted(bounds_s))
+        self.bounds_ns = [round(b * 1e9) for b in self.bounds]
         self.counts = [0] * (len(self.bounds) + 1)  # last: above every bound
-        self.sum = 0.0
-        self.count = 0
+        self.sum_ns = 0
 
-    def observe(self, v: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, v)] += 1
-        self.sum += v
-        self.count += 1
-
-    def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} histogram"
-        acc = 0
-        for b, c in zip((*self.bounds, math.inf), self.counts, strict=True):
+    def family(self, name: str, doc: str) -> HistogramMetricFamily:
+        acc, buckets = 0, []
+        for b, c in zip((*self.bounds, float("inf")), self.counts, strict=True):
             acc += c
-            yield f'{self.name}_bucket{{le="{_num(b) if b == math.inf else repr(b)}"}} {acc}'
-        yield f"{self.name}_sum {repr(self.sum)}"
-        yield f"{self.name}_count {self.count}"
+            buckets.append((floatToGoString(b), acc))
+        return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=self.sum_ns / 1e9)
+
+
+def _family(name: str, doc: str, typ: str, sample: str, rows) -> Metric:
+    """A family of samples named ``sample``, ``rows``: (labels dict, value). Triton's
+    counters are ``untyped`` families with samples named exactly ``name`` (no ``_total``)."""
+    m = Metric(name, doc, typ)
+    m.samples = [Sample(sample, lb, v) for lb, v in rows]
+    return m
+
+
+def _untyped(name: str, doc: str, rows) -> Metric:
+    return _family(name, doc, "unknown", name, rows)
+
+
+def _name(enum, v) -> str:
+    try:
+        return enum(v).name
+    except ValueError:
+        return str(int(v))
 
 
 class ControllerMetrics:
-    """The controller's metrics; ``node`` is a ``ControllerNode`` (read at scrape time)."""
+    """The controller's metrics; ``node`` is a ``ControllerNode`` (read at scrape time:
+    ``policy``, ``pending``, ``links``, ``gpu_index``, ``profiles``, ``cfg``)."""
 
     CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
     def __init__(self, node) -> None:
         self.node = node
         self.start_ns = time.monotonic_ns()
-        self.requests = Counter("clockwork_requests_total",
-                                "Answered requests by model instance and status.",
-                                ("model", "status"))
-        self.latency = Histogram("clockwork_request_latency_seconds",
-                                 "Controller-side latency of successful requests.",
-                                 LATENCY_BUCKETS)
-        self.actions = Counter("clockwork_actions_total",
-                               "Finished actions by type and result status.", ("type", "status"))
-        self.sent = Counter("clockwork_actions_sent_total", "Actions sent to workers.",
-                            ("type",))
-        self.pred_error = Histogram("clockwork_exec_prediction_error_seconds",
-                                    "|measured - expected| EXEC duration of successful INFERs.",
-                                    ERROR_BUCKETS)
-        self.busy_ns: dict[tuple[int, int], int] = {}
-        self.gauges = [
-            Gauge("clockwork_queue_depth", "Requests waiting in the scheduling policy.", (),
-                  lambda: [((), self._queued())]),
-            Gauge("clockwork_requests_outstanding", "Requests accepted, not yet answered.", (),
-                  lambda: [((), len(self.node.pending))]),
-            Gauge("clockwork_gpu_busy_fraction",
-                  "Measured EXEC time / wall time since the controller started.",
-                  ("worker", "gpu"), self._busy),
-            Gauge("clockwork_workers_connected", "Workers connected now.", (),
-                  lambda: [((), sum(1 for lk in self.node.links if lk.connected))]),
-            Gauge("clockwork_uptime_seconds", "Seconds since the controller started.", (),
-                  lambda: [((), (time.monotonic_ns() - self.start_ns) / 1e9)]),
-        ]
+        cfg = getattr(node, "cfg", None)
+        self.default_slo = getattr(cfg, "default_slo", 0)  # for requests with slo 0
+        self.models: dict[str, _Model] = {}
+        self.latency = _Hist(LATENCY_BUCKETS)  # successful requests, arrival -> answer
+        self.pred_error = _Hist(ERROR_BUCKETS)  # |measured - expected| EXEC, successful INFERs
+        self.actions: dict[tuple, int] = {}  # (ActionType, ErrorCode) -> finished actions
+        self.sent: dict[str, int] = {}  # type name -> actions sent
+        self.busy_ns: dict[tuple[int, int], int] = {}  # (worker, gpu) -> EXEC ns since start
+        # (worker, gpu) -> [bucket ids, busy ns per bucket]: a ring of _NB slots
+        self.recent: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
+        self.registry = CollectorRegistry()
+        self.registry.register(_Collector(self))
+        ProcessCollector(registry=self.registry)
 
-    # hooks --------------------------------------------------------------------------
+    # hooks (hot path) ---------------------------------------------------------------
+
+    def _model(self, model: str) -> _Model:
+        m = self.models.get(model)
+        if m is None:
+            m = self.models[model] = _Model(model)
+        return m
 
     def reply(self, model: str, status: str, latency_ns: int | None) -> None:
-        self.requests.inc((model, status))
+        """A request answered without a ``Reply`` (refused at admission: invalid,
+        overloaded); ``model`` is "" for an unknown model. ``latency_ns`` (successful
+        requests only) counts into the latency figures."""
+        m = self.models.get(model) or self._model(model)
+        st = m.status
+        st[status] = st.get(status, 0) + 1
         if latency_ns is not None:
-            self.latency.observe(latency_ns / 1e9)
+            m.success += 1
+            m.duration_ns += latency_ns
+            h = self.latency
+            h.counts[bisect.bisect_left(h.bounds_ns, latency_ns)] += 1
+            h.sum_ns += latency_ns
+
+    def answered(self, rep, status: str) -> None:
+        """The policy answered ``rep.request`` (``rep``: a ``Reply``; ``status``: the
+        status's lower-case name)."""
+        r = rep.request
+        m = self.models.get(r.model) or self._model(r.model)
+        st = m.status
+        st[status] = st.get(status, 0) + 1
+        if not rep.status:
+            lat = rep.time - r.arrival
+            m.success += 1
+            m.duration_ns += lat
+            h = self.latency
+            h.counts[bisect.bisect_left(h.bounds_ns, lat)] += 1
+            h.sum_ns += lat
+            if lat <= (r.slo or self.default_slo):
+                m.slo_met += 1
+        if r.cold:
+            m.cold += 1
 
     def action_sent(self, type_name: str) -> None:
-        self.sent.inc((type_name,))
+        s = self.sent
+        s[type_name] = s.get(type_name, 0) + 1
 
     def result(self, action, result) -> None:
-        t = result.type.name
-        self.actions.inc((t, result.status.name))
-        if t == "INFER" and result.status == 0:
-            key = (result.worker, result.gpu)
-            self.busy_ns[key] = self.busy_ns.get(key, 0) + result.duration
+        t = result.type
+        key = (t, result.status)
+        a = self.actions
+        a[key] = a.get(key, 0) + 1
+        if t == _INFER and not result.status:
+            d = result.duration
+            gk = (result.worker, result.gpu)
+            busy = self.busy_ns
+            busy[gk] = busy.get(gk, 0) + d
+            ring = self.recent.get(gk)
+            if ring is None:
+                ring = self.recent[gk] = ([-1] * _NB, [0] * _NB)
+            k = result.end // _BUCKET_NS
+            i = k % _NB
+            ids, vals = ring
+            if ids[i] != k:
+                ids[i] = k
+                vals[i] = d
+            else:
+                vals[i] += d
             if action is not None:
-                self.pred_error.observe(abs(result.duration - action.expected_duration) / 1e9)
+                err = d - action.expected_duration
+                if err < 0:
+                    err = -err
+                h = self.pred_error
+                h.counts[bisect.bisect_left(h.bounds_ns, err)] += 1
+                h.sum_ns += err
+                reqs = action.requests
+                if reqs:
+                    m = self.models.get(action.model) or self._model(action.model)
+                    n = len(reqs)
+                    m.execs += 1
+                    m.compute_ns += d * n
+                    q = n * result.begin - sum([r.arrival for r in reqs])
+                    if q > 0:
+                        m.queue_ns += q
 
     # scrape -------------------------------------------------------------------------
 
-    def _queued(self) -> int:
-        return self.node.policy.queued()
-
-    def _busy(self) -> list[tuple[tuple, float]]:
-        wall = max(1, time.monotonic_ns() - self.start_ns)
-        keys = sorted(set(self.node.gpu_index) | set(self.busy_ns))
-        return [(k, round(min(1.0, self.busy_ns.get(k, 0) / wall), 6)) for k in keys]
-
     def render(self) -> bytes:
-        lines: list[str] = []
-        for m in (self.requests, self.latency, self.actions, self.sent, self.pred_error,
-                  *self.gauges):
-            lines.extend(m.render())
-        return ("\n".join(lines) + "\n").encode()
+        """The exposition (what ``/metrics`` answers)."""
+        return generate_latest(self.registry)
+
+    def utilization(self, key: tuple[int, int], now: int) -> float:
+        """EXEC busy fraction of GPU ``key`` over the last ``UTIL_WINDOW_S`` (results
+        count in the bucket of their end; at most one bucket less while warming up)."""
+        ring = self.recent.get(key)
+        if ring is None:
+            return 0.0
+        kn = now // _BUCKET_NS
+        first = kn - round(UTIL_WINDOW_S * 1e9 / _BUCKET_NS) + 1
+        span = now - max(first * _BUCKET_NS, self.start_ns)
+        if span <= 0:
+            return 0.0
+        busy = sum(v for k, v in zip(*ring, strict=True) if first <= k <= kn)
+        return min(1.0, busy / span)
+
+
+class _Collector:
+    """Builds the families from ``ControllerMetrics``'s counts and the node's state."""
+
+    def __init__(self, m: ControllerMetrics) -> None:
+        self.m = m
+
+    def describe(self) -> list:
+        return []  # nothing to check against other collectors (the registry is ours)
+
+    def collect(self) -> Iterator[Metric]:
+        m, node = self.m, self.m.node
+        now = time.monotonic_ns()
+        for n in getattr(node, "profiles", ()):  # every instance served, from the start
+            if n not in m.models:
+                m._model(n)
+        models = dict(m.models)
+        per = [s for n, s in sorted(models.items()) if n]  # "": unknown models
+
+        # --- Triton's names
+        yield _untyped("nv_inference_request_success",
+                       "Number of successful inference requests, all batch sizes",
+                       [(s.labels, s.success) for s in per])
+        yield _untyped("nv_inference_request_failure",
+                       "Number of failed inference requests, all batch sizes",
+                       [(s.labels, sum(s.status.values()) - s.success) for s in per])
+        yield _untyped("nv_inference_count",
+                       "Number of inferences performed (successful requests)",
+                       [(s.labels, s.success) for s in per])
+        yield _untyped("nv_inference_exec_count",
+                       "Number of model executions performed (successful INFER batches)",
+                       [(s.labels, s.execs) for s in per])
+        yield _untyped("nv_inference_request_duration_us",
+                       "Cumulative inference request duration in microseconds "
+                       "(arrival to answer)", [(s.labels, s.duration_ns // 1000) for s in per])
+        yield _untyped("nv_inference_queue_duration_us",
+                       "Cumulative inference queuing duration in microseconds "
+                       "(arrival to the batch's EXEC start)",
+                       [(s.labels, s.queue_ns // 1000) for s in per])
+        yield _untyped("nv_inference_compute_infer_duration_us",
+                       "Cumulative compute inference duration in microseconds (the batch's "
+                       "EXEC time, for each request of the batch)",
+                       [(s.labels, s.compute_ns // 1000) for s in per])
+        policy = getattr(node, "policy", None)
+        views = []
+        if policy is not None:
+            view = policy.model_view
+            views = [(s.labels, v.queued) for s in per
+                     if (v := view(s.labels["model"])) is not None]
+        yield _family("nv_inference_pending_request_count",
+                      "Instantaneous number of pending requests awaiting execution per-model",
+                      "gauge", "nv_inference_pending_request_count", views)
+
+        gpus = self._gpus()
+        glab = ("gpu_uuid", "worker", "gpu")
+        util = GaugeMetricFamily("nv_gpu_utilization",
+                                 f"GPU utilization rate [0.0 - 1.0]: EXEC busy time over the "
+                                 f"last {UTIL_WINDOW_S:g} s", labels=glab)
+        used = GaugeMetricFamily("nv_gpu_memory_used_bytes",
+                                 "GPU weights-cache memory in use, bytes (pages x 16 MiB)",
+                                 labels=glab)
+        total = GaugeMetricFamily("nv_gpu_memory_total_bytes",
+                                  "GPU weights-cache memory, bytes (pages x 16 MiB)", labels=glab)
+        pused = GaugeMetricFamily("clockwork_gpu_pages_used",
+                                  "Weights-cache pages in use in the scheduler's view (loaded, "
+                                  "loading, promised to a LOAD sent)", labels=("worker", "gpu"))
+        ptotal = GaugeMetricFamily("clockwork_gpu_pages", "Weights-cache pages of the GPU",
+                                   labels=("worker", "gpu"))
+        wall = max(1, now - m.start_ns)
+        frac = GaugeMetricFamily("clockwork_gpu_busy_fraction",
+                                 "Measured EXEC time / wall time since the controller started",
+                                 labels=("worker", "gpu"))
+        busy = CounterMetricFamily("clockwork_gpu_busy_seconds",
+                                   "Measured EXEC time since the controller started",
+                                   labels=("worker", "gpu"))
+        for (w, g), idx, pages in gpus:
+            ids = (f"worker{w}-gpu{g}", str(w), str(g))
+            wg = (str(w), str(g))
+            util.add_metric(ids, round(m.utilization((w, g), now), 6))
+            b = m.busy_ns.get((w, g), 0)
+            frac.add_metric(wg, round(min(1.0, b / wall), 6))
+            busy.add_metric(wg, b / 1e9)
+            if pages is not None:
+                total.add_metric(ids, pages * PAGE_SIZE)
+                ptotal.add_metric(wg, pages)
+            if policy is not None and idx is not None:
+                p = policy.pages_used(idx)
+                used.add_metric(ids, p * PAGE_SIZE)
+                pused.add_metric(wg, p)
+        yield from (util, used, total)
+
+        # --- ours
+        yield _family("clockwork_requests", "Answered requests by model instance and status",
+                      "counter", "clockwork_requests_total",
+                      [({"model": n, "status": st}, v) for n, s in sorted(models.items())
+                       for st, v in sorted(s.status.items())])
+        yield m.latency.family("clockwork_request_latency_seconds",
+                               "Controller-side latency of successful requests")
+        yield _family("clockwork_requests_slo_met",
+                      "Requests answered successfully within their SLO", "counter",
+                      "clockwork_requests_slo_met_total", [(s.mlabels, s.slo_met) for s in per])
+        att = []
+        for s in per:
+            answered = sum(s.status.values()) - s.status.get("invalid_request", 0)
+            if answered:
+                att.append((s.mlabels, round(s.slo_met / answered, 9)))
+        yield _family("clockwork_slo_attainment",
+                      "Requests that met their SLO / requests answered (invalid requests not "
+                      "counted), since the controller started", "gauge",
+                      "clockwork_slo_attainment", att)
+        yield _family("clockwork_cold_starts",
+                      "Requests answered that arrived when no copy of the model was loaded",
+                      "counter", "clockwork_cold_starts_total", [(s.mlabels, s.cold) for s in per])
+
+        act = CounterMetricFamily("clockwork_actions_total",
+                                  "Finished actions by type and result status",
+                                  labels=("type", "status"))
+        rows = sorted(((_name(ActionType, t), _name(ErrorCode, s)), v)
+                      for (t, s), v in list(m.actions.items()))
+        for k, v in rows:
+            act.add_metric(k, v)
+        yield act
+        sent = CounterMetricFamily("clockwork_actions_sent_total", "Actions sent to workers",
+                                   labels=("type",))
+        for t, v in sorted(m.sent.items()):
+            sent.add_metric((t,), v)
+        yield sent
+        yield m.pred_error.family("clockwork_exec_prediction_error_seconds",
+                                  "|measured - expected| EXEC duration of successful INFERs")
+        yield from (frac, busy, pused, ptotal)
+
+        links = getattr(node, "links", [])
+        yield GaugeMetricFamily("clockwork_queue_depth",
+                                "Requests waiting in the scheduling policy (Policy.queued())",
+                                value=policy.queued() if policy is not None else 0)
+        yield GaugeMetricFamily("clockwork_requests_outstanding",
+                                "Requests accepted, not yet answered",
+                                value=len(getattr(node, "pending", ())))
+        yield GaugeMetricFamily("clockwork_workers_connected", "Workers connected now",
+                                value=sum(1 for lk in links if lk.connected))
+        yield GaugeMetricFamily("clockwork_uptime_seconds",
+                                "Seconds since the controller started",
+                                value=(now - m.start_ns) / 1e9)
+
+    def _gpus(self) -> list[tuple[tuple[int, int], int | None, int | None]]:
+        """(worker, gpu), the policy's index, the weights-cache pages (None: unknown)."""
+        node = self.m.node
+        index = dict(getattr(node, "gpu_index", {}))
+        pages: dict[tuple[int, int], int] = {}
+        for lk in getattr(node, "links", []):
+            st = getattr(lk, "state", None)
+            if st is not None:
+                for g in st.gpus:
+                    pages[(lk.index, g.gpu)] = g.pages
+        keys = sorted(set(index) | set(self.m.busy_ns))
+        return [(k, index.get(k), pages.get(k)) for k in keys]
 
 
 def parse_text(text: str) -> dict[str, list[tuple[dict, float]]]:
-    """Parse exposition-format samples: name -> [(labels, value)]. Raises ValueError on a
-    malformed line (used by tests and the benchmark)."""
-    import re
+    """Samples of an exposition, read with ``prometheus_client``'s parser: sample name ->
+    [(labels, value)]. Raises ValueError on a malformed exposition (tests, the benchmark).
+    (The parser names a counter's samples ``<name>_total``, as a scraper would store them
+    for the exposition's ``_total`` counters; Triton's ``nv_*`` are untyped, exact.)"""
+    from prometheus_client.parser import text_string_to_metric_families
 
-    line_re = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})? (\S+)$')
-    label_re = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
     out: dict[str, list[tuple[dict, float]]] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = line_re.match(line)
-        if not m:
-            raise ValueError(f"bad sample line: {line!r}")
-        labels = dict(label_re.findall(m.group(3) or ""))
-        out.setdefault(m.group(1), []).append((labels, float(m.group(4))))
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
     return out

@@ -6,10 +6,10 @@ nanoseconds on the caller's clock (the one ``now`` is read from).
 
 The event methods (``on_request``, ``on_result``, ``on_tick``, ``set_gpu_available``)
 change the policy; ``next_wakeup`` and ``drain_replies`` are how the shell learns what
-to do next. The read-only methods (``queued``, ``model_view``, ``stats``) are for
-status calls, metrics and experiments: they change nothing, so a shell may call them
-at any time between events, as often as it likes. Shells use only this interface; they
-never read a policy's own attributes.
+to do next. The read-only methods (``queued``, ``model_view``, ``pages_used``,
+``stats``) are for status calls, metrics and experiments: they change nothing, so a
+shell may call them at any time between events, as often as it likes. Shells use only
+this interface; they never read a policy's own attributes.
 """
 
 from __future__ import annotations
@@ -82,6 +82,11 @@ class Policy(ABC):
     def model_view(self, model: str) -> ModelView | None:
         """A snapshot of one model instance (``ModelView``); None for a name the policy
         was not built with. Read-only."""
+
+    @abstractmethod
+    def pages_used(self, gpu_index: int) -> int:
+        """Pages of GPU ``gpu_index``'s weights cache taken in the policy's view (copies
+        loaded or loading, pages promised to a LOAD already sent). Read-only."""
 
     @abstractmethod
     def stats(self) -> dict[str, int]:

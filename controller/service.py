@@ -601,7 +601,7 @@ class ControllerNode:
                 continue
             status = _STATUS_NAME[rep.status]
             self.count(_STATUS_KEY[rep.status])
-            metrics.reply(r.model, status, rep.time - r.arrival if rep.status == 0 else None)
+            metrics.answered(rep, status)
             if tel is not None:
                 r.slo = r.slo or self.cfg.default_slo
                 tel.reply(rep)

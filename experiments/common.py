@@ -214,6 +214,9 @@ class TimedPolicy(Policy):
     def model_view(self, model: str) -> ModelView | None:
         return self.inner.model_view(model)
 
+    def pages_used(self, gpu_index: int) -> int:
+        return self.inner.pages_used(gpu_index)
+
     def stats(self) -> dict[str, int]:
         return self.inner.stats()
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import time
 import urllib.error
 import urllib.request
 
 import pytest
 
 grpc = pytest.importorskip("grpc")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 import clockwork  # noqa: E402
 from clockwork.errors import UnknownModel  # noqa: E402
-from controller.metrics import Counter, Histogram, parse_text  # noqa: E402
+from clockwork.profiles import PAGE_SIZE  # noqa: E402
+from controller.metrics import parse_text  # noqa: E402
 from tests.conftest import local_cluster  # noqa: E402
 
 
@@ -28,18 +31,111 @@ def _value(samples, name: str, **labels) -> float:
                                                            for k, x in labels.items()))
 
 
-def test_registry_renders_parsable_text():
-    c = Counter("x_total", "help", ("model", "status"))
-    c.inc(("a\"b", "ok"))
-    c.inc(("a\"b", "ok"), 2)
-    h = Histogram("lat_seconds", "help", (0.001, 0.01))
-    for v in (0.0005, 0.005, 0.5):
-        h.observe(v)
-    text = "\n".join([*c.render(), *h.render()]) + "\n"
-    s = parse_text(text)
-    assert s["x_total"] == [({"model": 'a\\"b', "status": "ok"}, 3.0)]
-    buckets = [v for _, v in s["lat_seconds_bucket"]]
-    assert buckets == [1, 2, 3] and s["lat_seconds_count"] == [({}, 3.0)]
+MS = 1_000_000
+
+
+def _families(text: str) -> dict:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def _fake_node(policy=None):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(policy=policy, pending={1: None}, links=[], gpu_index={(0, 0): 0},
+                           profiles={"a": None, "b": None},
+                           cfg=SimpleNamespace(default_slo=100 * MS))
+
+
+def test_hooks_to_exposition_exact_values():
+    # every figure from hand-made events; two controllers in one process do not clash
+    from types import SimpleNamespace
+
+    from clockwork.actions import Action, ActionType, ErrorCode, RequestStatus, Result
+    from clockwork.requests import Reply, Request
+    from controller.metrics import ControllerMetrics
+    from controller.policy import ModelView
+
+    policy = SimpleNamespace(queued=lambda: 4, pages_used=lambda i: 7,
+                             model_view=lambda n: ModelView((0,), (), 3 if n == "a" else 0))
+    m, other = ControllerMetrics(_fake_node(policy)), ControllerMetrics(_fake_node())
+    assert m.registry is not other.registry
+    m.start_ns -= 10_000 * MS  # started 10 s ago: a full utilization window behind us
+    end = time.monotonic_ns()  # the EXEC ended now: nv_gpu_utilization sees it
+    begin = end - 10 * MS
+    t0 = begin - 5 * MS
+    reqs = [Request(i, "a", t0 + i * MS, 100 * MS) for i in range(3)]
+    reqs[1].slo = 14 * MS  # answered 15 ms after arrival: missed
+    reqs[2].cold = True
+    act = Action(1, ActionType.INFER, 0, 0, "a", 0, 1 << 62, 9 * MS, batch_size=4,
+                 requests=reqs)
+    m.action_sent("INFER")
+    m.result(act, Result(1, ActionType.INFER, ErrorCode.SUCCESS, 0, 0, "a", 4,
+                         begin=begin, end=end, duration=10 * MS))
+    m.result(None, Result(2, ActionType.LOAD, ErrorCode.LOAD_TOO_LATE, 0, 0, "b"))
+    answer = end + MS
+    for r in reqs:
+        m.answered(Reply(r, RequestStatus.SUCCESS, answer, gpu=0, batch_size=4), "success")
+    late = Request(9, "a", t0, 0)  # slo 0: the default
+    m.answered(Reply(late, RequestStatus.TIMEOUT, t0 + 50 * MS), "timeout")
+    m.reply("a", "overloaded", None)
+    m.reply("a", "invalid_request", None)
+    m.reply("", "invalid_request", None)  # an unknown model: no nv_* sample
+
+    text = m.render().decode()
+    assert "# TYPE nv_inference_request_success untyped" in text
+    assert "\nnv_inference_count{" in text  # Triton's exact sample names, no _total
+    f = _families(text)
+    lab = {"model": "a", "version": "1"}
+
+    def one(name, **labels):
+        got = [s for s in f[name].samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+        assert len(got) == 1, (name, labels, f[name].samples)
+        return got[0].value
+
+    lat = [answer - r.arrival for r in reqs]
+    assert one("nv_inference_request_success", **lab) == 3
+    assert one("nv_inference_request_failure", **lab) == 3  # timeout, overloaded, invalid
+    assert one("nv_inference_count", **lab) == 3
+    assert one("nv_inference_exec_count", **lab) == 1
+    assert one("nv_inference_request_duration_us", **lab) == sum(lat) // 1000
+    assert one("nv_inference_queue_duration_us", **lab) == sum(begin - r.arrival
+                                                               for r in reqs) // 1000
+    assert one("nv_inference_compute_infer_duration_us", **lab) == 3 * 10_000
+    assert one("nv_inference_pending_request_count", **lab) == 3
+    assert one("nv_inference_request_success", model="b", version="1") == 0
+    assert not [s for s in f["nv_inference_request_failure"].samples if s.labels["model"] == ""]
+    g = {"gpu_uuid": "worker0-gpu0", "worker": "0", "gpu": "0"}
+    assert 10 / 2000 <= one("nv_gpu_utilization", **g) <= 10 / 1750 + 1e-6
+    assert one("nv_gpu_memory_used_bytes", **g) == 7 * PAGE_SIZE
+    assert one("clockwork_gpu_pages_used", worker="0", gpu="0") == 7
+    assert f["nv_gpu_utilization"].type == "gauge"
+
+    def ours(name, **labels):
+        return _value(parse_text(text), name, **labels)
+
+    assert ours("clockwork_requests_total", model="a", status="success") == 3
+    assert ours("clockwork_requests_total", model="", status="invalid_request") == 1
+    assert ours("clockwork_requests_slo_met_total", model="a") == 2
+    assert ours("clockwork_slo_attainment", model="a") == pytest.approx(2 / 5)
+    assert ours("clockwork_cold_starts_total", model="a") == 1
+    assert ours("clockwork_actions_total", type="INFER", status="SUCCESS") == 1
+    assert ours("clockwork_actions_total", type="LOAD", status="LOAD_TOO_LATE") == 1
+    assert ours("clockwork_actions_sent_total", type="INFER") == 1
+    assert ours("clockwork_exec_prediction_error_seconds_count") == 1
+    assert ours("clockwork_exec_prediction_error_seconds_sum") == pytest.approx(0.001)
+    b = [v for lb, v in parse_text(text)["clockwork_exec_prediction_error_seconds_bucket"]
+         if lb["le"] in ("0.0005", "0.001", "+Inf")]
+    assert b == [0, 1, 1]
+    assert ours("clockwork_request_latency_seconds_count") == 3
+    assert ours("clockwork_request_latency_seconds_sum") == pytest.approx(sum(lat) / 1e9)
+    assert ours("clockwork_gpu_busy_seconds_total", worker="0", gpu="0") == pytest.approx(0.01)
+    assert ours("clockwork_queue_depth") == 4 and ours("clockwork_requests_outstanding") == 1
+    assert "process_cpu_seconds_total" in text  # the library's process collector
+
+    quiet = parse_text(other.render().decode())  # the other controller saw nothing
+    assert _value(quiet, "nv_inference_request_success") == 0
+    assert _value(quiet, "clockwork_requests_total") == 0
     with pytest.raises(ValueError):
         parse_text("bad line here\n")
 
@@ -107,6 +203,51 @@ def test_metrics_health_and_logs(tmp_path):
         busy = s["clockwork_gpu_busy_fraction"]
         assert len(busy) == 2 and all(0 <= v <= 1 for _, v in busy)
         assert sum(v for _, v in busy) > 0
+
+        # Triton's names, parsed by the client library as a scraper would
+        f = _families(text)
+        for name in ("nv_inference_request_success", "nv_inference_request_failure",
+                     "nv_inference_count", "nv_inference_exec_count",
+                     "nv_inference_request_duration_us", "nv_inference_queue_duration_us",
+                     "nv_inference_compute_infer_duration_us"):
+            assert f[name].type == "unknown" and {x.name for x in f[name].samples} == {name}
+            # every instance served (resnet50_v2:2 -> resnet50_v2, resnet50_v2:1), used or not
+            assert {x.labels["model"] for x in f[name].samples} == {
+                "resnet50_v2", "resnet50_v2:1", "mobilenet_v2"}
+            assert {x.labels["version"] for x in f[name].samples} == {"1"}
+        for model, n in (("resnet50_v2", 5), ("mobilenet_v2", 3)):
+            assert _value(s, "nv_inference_request_success", model=model, version="1") == n
+            assert _value(s, "nv_inference_count", model=model) == n
+            assert _value(s, "nv_inference_request_failure", model=model) == 0
+            assert 1 <= _value(s, "nv_inference_exec_count", model=model) <= n
+            assert _value(s, "clockwork_requests_slo_met_total", model=model) == n
+            assert _value(s, "clockwork_slo_attainment", model=model) == 1.0
+            assert _value(s, "nv_inference_pending_request_count", model=model) == 0
+        assert _value(s, "nv_inference_request_success", model="resnet50_v2:1") == 0
+        util = s["nv_gpu_utilization"]  # the last EXECs ended within the 2 s window
+        assert len(util) == 2 and all(0 <= v <= 1 for _, v in util)
+        assert sum(v for _, v in util) > 0
+        assert {lb["gpu_uuid"] for lb, _ in util} == {"worker0-gpu0", "worker1-gpu0"}
+
+        # weights-cache pages: the scheduler's copies (ModelStatus) x the models' pages
+        with clockwork.Client(c.address, timeout=10) as cl:
+            pages = {m.name: m.weights_pages for m in cl.list_models()}
+            for _ in range(20):  # a LOAD or EVICT may land between the two reads
+                expect = [0, 0]  # GPU index = worker here (one GPU each)
+                for name, n in pages.items():
+                    for gi in cl.model_status(name).loaded_on:
+                        expect[gi] += n
+                m = parse_text(_get(base + "/metrics")[2])
+                used = [_value(m, "clockwork_gpu_pages_used", worker=str(w)) for w in (0, 1)]
+                if used == expect:
+                    break
+                time.sleep(0.05)
+        assert used == expect and sum(used) >= pages["resnet50_v2"] + pages["mobilenet_v2"]
+        assert [_value(m, "nv_gpu_memory_used_bytes", worker=str(w)) for w in (0, 1)] == [
+            u * PAGE_SIZE for u in used]
+        total = [_value(m, "nv_gpu_memory_total_bytes", worker=str(w)) for w in (0, 1)]
+        assert all(t > 0 for t in total) and total == [
+            PAGE_SIZE * _value(m, "clockwork_gpu_pages", worker=str(w)) for w in (0, 1)]
         assert _get(base + "/v2/health/live")[0] == 200  # the KServe routes still answer
     assert c.controller.proc.returncode == 0
     req = (logs / "requests.tsv").read_text().splitlines()
@@ -117,3 +258,21 @@ def test_metrics_health_and_logs(tmp_path):
     assert act[0].startswith("action_id\ttype\tstatus")
     kinds = [row.split("\t")[1] for row in act[1:]]
     assert "INFER" in kinds and "LOAD" in kinds
+
+    # the scraped figures against the controller's own logs, request by request
+    rq = [dict(zip(req[0].split("\t"), row.split("\t"), strict=True)) for row in req[1:]]
+    ac = [dict(zip(act[0].split("\t"), row.split("\t"), strict=True)) for row in act[1:]]
+    for model in ("resnet50_v2", "mobilenet_v2"):
+        mine = [r for r in rq if r["model"] == model]
+        infers = [a for a in ac if a["model"] == model and a["type"] == "INFER"
+                  and a["status"] == "SUCCESS"]
+        duration = sum(int(r["latency"]) for r in mine) // 1000
+        compute = sum(int(a["measured_duration"]) * int(a["batch_size"]) for a in infers)
+        assert _value(s, "nv_inference_request_duration_us", model=model) == duration
+        assert _value(s, "nv_inference_exec_count", model=model) == len(infers)
+        assert _value(s, "nv_inference_compute_infer_duration_us", model=model) == compute // 1000
+        queue = _value(s, "nv_inference_queue_duration_us", model=model)
+        assert 0 <= queue <= duration - compute // 1000 + 1
+        assert _value(s, "clockwork_cold_starts_total", model=model) == sum(
+            int(r["cold_start"]) for r in mine)
+    assert _value(s, "clockwork_cold_starts_total") >= 1  # nothing was loaded at start
