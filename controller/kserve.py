@@ -30,6 +30,7 @@ import functools
 import json
 import math
 import urllib.parse
+from collections import deque
 from dataclasses import dataclass, field
 
 import grpc
@@ -43,7 +44,7 @@ from clockwork.protocol import kserve_pb2 as kpb
 from clockwork.protocol import kserve_pb2_grpc as kpbg
 from clockwork.protocol.ratelog import LogLimiter
 from clockwork.tensors import Tensor
-from controller.intake import submit_unary
+from controller.intake import overloaded, submit_guarded, submit_unary
 from controller.kserve_status import (  # noqa: F401 - the kinds, re-exported
     DEADLINE,
     GRPC_CODE,
@@ -261,16 +262,26 @@ class KServeFrontend:
                     requested: list[str], conn: str = "kserve") -> list[OutTensor]:
         """Run one request through the controller; raises KServeError on failure.
         ``conn`` names the client connection (its outstanding requests are bounded)."""
-        tensors, batched = self._check(name, inputs, requested)
-        slo = slo_from_params(params)
+        req, batched = self.prepare(name, inputs, params, requested)
         fut = asyncio.get_running_loop().create_future()
 
         def deliver(resp):
             if not fut.done():
                 fut.set_result(resp)
 
-        submit_unary(self.node, TypedInferRequest(name, tensors, slo), deliver, conn)
-        resp = await fut
+        submit_unary(self.node, req, deliver, conn)
+        return self.finish(name, await fut, requested, batched)
+
+    def prepare(self, name: str, inputs: list[InTensor], params: dict,
+                requested: list[str]) -> tuple[TypedInferRequest, bool]:
+        """A checked request for the controller, and whether its inputs had a batch
+        dimension (the outputs will); raises KServeError."""
+        tensors, batched = self._check(name, inputs, requested)
+        return TypedInferRequest(name, tensors, slo_from_params(params)), batched
+
+    def finish(self, name: str, resp, requested: list[str], batched: bool) -> list[OutTensor]:
+        """The outputs of the controller's answer ``resp`` (a ``pb.InferResponse``);
+        raises the KServeError its status maps to."""
         if resp.status != RequestStatus.SUCCESS:
             raise of_answer(resp.status, resp.reason, resp.message)
         got = {t.name: t for t in resp.outputs}
@@ -390,13 +401,194 @@ class KServeGrpcServicer(kpbg.GRPCInferenceServiceServicer):
                                        [o.name for o in request.outputs], context.peer())
         except KServeError as e:
             await self._abort(context, e)
-        resp = kpb.ModelInferResponse(model_name=request.model_name, model_version=VERSION,
-                                      id=request.id)
-        for o in outs:
-            resp.outputs.append(kpb.ModelInferResponse.InferOutputTensor(
-                name=o.name, datatype=o.datatype, shape=o.shape))
-            resp.raw_output_contents.append(o.data)
-        return resp
+        return _grpc_response(request, outs)
+
+    async def ModelStreamInfer(self, request_iterator, context):  # noqa: N802
+        """Many requests on one stream, one response each: ``_ModelStream``."""
+        await _ModelStream(self.fe, context).serve(request_iterator)
+
+
+def _grpc_response(request: kpb.ModelInferRequest, outs: list[OutTensor]):
+    resp = kpb.ModelInferResponse(model_name=request.model_name, model_version=VERSION,
+                                  id=request.id)
+    for o in outs:
+        resp.outputs.append(kpb.ModelInferResponse.InferOutputTensor(
+            name=o.name, datatype=o.datatype, shape=o.shape))
+        resp.raw_output_contents.append(o.data)
+    return resp
+
+
+class _ModelStream:
+    """One ``ModelStreamInfer`` call. Each request read is checked at once (a bad one is
+    answered at once); the good ones are admitted together once per event-loop turn,
+    through the controller's batched path (``submit_guarded``: one ``submit_many`` per
+    ``admit_slice``), within the stream's (``stream_outstanding``) and the connection's
+    bounds (over them: ``overloaded``). Every request gets exactly one
+    ``ModelStreamInferResponse``, in completion order: its ``infer_response``, or
+    ``error_message`` ``KIND: message`` (the kinds of ``controller.kserve_status``) with
+    ``infer_response`` naming the request (model, version, id). No request's failure ends
+    the stream; it ends when the client has closed its side and every request has been
+    answered. A client that does not read its responses gets at most
+    ``stream_reply_buffer_bytes`` of them buffered, then its stream is ended with
+    RESOURCE_EXHAUSTED (its requests are still answered once inside)."""
+
+    def __init__(self, fe: KServeFrontend, context) -> None:
+        self.fe = fe
+        self.node = fe.node
+        self.context = context
+        self.conn = context.peer()
+        self.loop = asyncio.get_running_loop()
+        self.waiting: list = []  # (request, TypedInferRequest, batched, requested): read
+        self.pending: dict[int, tuple] = {}  # client_id -> (request, batched, requested)
+        self.seq = 0
+        self.open = 0  # admitted, not yet answered
+        self.done = False  # the client closed its side
+        self.dead = False  # no more responses go out
+        self.out: deque = deque()  # (ModelStreamInferResponse, size) to write
+        self.buffered = 0
+        self.wake = asyncio.Event()
+        self.killed = asyncio.Event()
+        self.why = ""
+
+    # -- responses
+
+    def _reply(self, msg) -> None:
+        if self.dead:
+            self.node.count("replies_discarded")
+            return
+        size = msg.ByteSize()
+        self.out.append((msg, size))
+        self.buffered += size
+        cap = self.node.limits.stream_reply_buffer_bytes
+        if self.buffered > cap:
+            self.node.count("streams_slow_reader")
+            self.why = (f"the client is not reading its responses: {self.buffered} bytes "
+                        f"waiting (limit stream_reply_buffer_bytes {cap})")
+            self.node.count("replies_discarded", len(self.out))
+            self._close()
+            self.killed.set()
+            return
+        self.wake.set()
+
+    def _error(self, request, e: KServeError) -> None:
+        self._reply(kpb.ModelStreamInferResponse(
+            error_message=f"{e.kind}: {e.message}",
+            infer_response=kpb.ModelInferResponse(model_name=request.model_name,
+                                                  model_version=request.model_version,
+                                                  id=request.id)))
+
+    def _deliver(self, resp) -> None:
+        """The controller's answer to one admitted request (exactly once each)."""
+        item = self.pending.pop(resp.client_id, None)
+        if item is None:
+            return
+        self.open -= 1
+        self.node.gate.leave(self.conn)
+        request, batched, requested = item
+        try:
+            outs = self.fe.finish(request.model_name, resp, requested, batched)
+        except KServeError as e:
+            self._error(request, e)
+            return
+        except Exception as e:  # noqa: BLE001 - a bug: answer it, keep the stream
+            self._error(request, _internal("ModelStreamInfer", e))
+            return
+        self._reply(kpb.ModelStreamInferResponse(infer_response=_grpc_response(request, outs)))
+
+    # -- requests
+
+    def _read_one(self, request) -> None:
+        try:
+            self.fe.check_version(request.model_name, request.model_version)
+            params = {k: _param_value(v) for k, v in request.parameters.items()}
+            requested = [o.name for o in request.outputs]
+            typed, batched = self.fe.prepare(request.model_name, _grpc_inputs(request),
+                                             params, requested)
+        except KServeError as e:
+            self._error(request, e)
+            return
+        except Exception as e:  # noqa: BLE001 - a bug: answer it, keep the stream
+            self._error(request, _internal("ModelStreamInfer", e))
+            return
+        self.waiting.append((request, typed, batched, requested))
+        if len(self.waiting) == 1:
+            self.loop.call_soon(self._admit)  # with whatever else arrives this turn
+
+    def _admit(self) -> None:
+        batch, self.waiting = self.waiting, []
+        if not batch or self.dead:
+            return  # (the call ended: what it sent last is not run)
+        node, lim, gate = self.node, self.node.limits, self.node.gate
+        room, why = gate.room(self.conn)
+        mine = lim.stream_outstanding - self.open
+        if mine <= room:
+            room, why = mine, (f"{lim.stream_outstanding} requests outstanding on this "
+                               "stream (limit stream_outstanding)")
+        n = min(len(batch), max(0, room))
+        reqs = []
+        for request, typed, batched, requested in batch[:n]:
+            self.seq += 1
+            typed.client_id = self.seq
+            self.pending[self.seq] = (request, batched, requested)
+            reqs.append(typed)
+        if n:
+            self.open += n
+            gate.enter(self.conn, n)
+            size = lim.admit_slice
+            for i in range(0, n, size):
+                submit_guarded(node, reqs[i:i + size], self._deliver, 0)
+        for request, typed, _, _ in batch[n:]:
+            resp = overloaded(node, typed, why)
+            self._error(request, of_answer(resp.status, resp.reason, resp.message))
+
+    async def _reader(self, requests) -> None:
+        async for request in requests:
+            if self.dead:
+                return
+            self._read_one(request)
+        self.done = True
+        self.wake.set()
+
+    async def _writer(self, rtask: asyncio.Task) -> None:
+        wake, out = self.wake, self.out
+        while True:
+            await wake.wait()
+            wake.clear()
+            while out:
+                msg, size = out.popleft()
+                self.buffered -= size
+                await self.context.write(msg)
+            if self.done and self.open <= 0 and not self.waiting and not out:
+                return
+            if rtask.done() and not self.done:
+                return  # the reader failed; serve() says why
+
+    def _close(self) -> None:
+        self.dead = True
+        self.out.clear()
+        self.buffered = 0
+
+    async def serve(self, requests) -> None:
+        rtask = asyncio.create_task(self._reader(requests))
+        rtask.add_done_callback(lambda _: self.wake.set())
+        wtask = asyncio.create_task(self._writer(rtask))
+        ktask = asyncio.create_task(self.killed.wait())
+        try:
+            await asyncio.wait([wtask, ktask], return_when=asyncio.FIRST_COMPLETED)
+            if self.killed.is_set():
+                _internal_log(f"ModelStreamInfer from {self.conn} ended: {self.why}")
+                await self.context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self.why)
+            wtask.result()  # a failed write (the client went away) raises here
+            if rtask.done() and not rtask.cancelled() and rtask.exception() is not None:
+                e = rtask.exception()
+                if isinstance(e, grpc.RpcError | asyncio.CancelledError):
+                    raise e
+                await self.context.abort(grpc.StatusCode.INTERNAL,
+                                         _internal("ModelStreamInfer", e).message)
+        finally:
+            self._close()
+            for t in (rtask, wtask, ktask):
+                t.cancel()
 
 
 def add_kserve_grpc(node, server: grpc.aio.Server) -> None:

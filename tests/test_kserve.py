@@ -162,6 +162,82 @@ def test_unknown_version_grpc(client):
     assert r.get_response().model_version == "1"
 
 
+def test_stream_infer(cluster):
+    """ModelStreamInfer with tritonclient's stream API: one response per request, in
+    any order, matched by id; bad requests in the middle (shape, unknown model, unknown
+    version, an SLO that cannot be met) are answered with an error and the stream goes
+    on."""
+    import queue
+
+    c = tgrpc.InferenceServerClient(cluster.address)
+    got: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        sent = 0
+        for i in range(30):
+            c.async_stream_infer("resnet50_v2" if i % 2 else "mobilenet_v2",
+                                 [_input() if i % 3 else _input((3, 224, 224))],
+                                 request_id=f"r{i}", parameters={"slo_ms": 1000})
+            sent += 1
+            if i == 10:
+                c.async_stream_infer("resnet50_v2", [_input((1, 3, 10, 10))],
+                                     request_id="bad-shape")
+                c.async_stream_infer("no_such_model", [_input()], request_id="bad-model")
+                c.async_stream_infer("resnet50_v2", [_input()], model_version="3",
+                                     request_id="bad-version")
+                c.async_stream_infer("resnet50_v2", [_input()], request_id="too-tight",
+                                     parameters={"slo_ms": 0.001})
+                sent += 4
+        results, errors = {}, []
+        for _ in range(sent):
+            result, error = got.get(timeout=TIMEOUT)
+            if error is not None:
+                errors.append(str(error))
+            else:
+                results[result.get_response().id] = result
+        assert got.empty()
+    finally:
+        c.stop_stream()
+        c.close()
+    assert sorted(results) == sorted(f"r{i}" for i in range(30))
+    for i in range(30):
+        shape = (1, 1000) if i % 3 else (1000,)
+        assert results[f"r{i}"].as_numpy("output").shape == shape
+    assert len(errors) == 4, errors
+    assert any(e.startswith("INVALID_ARGUMENT: ") and "shape [1, 3, 10, 10]" in e
+               for e in errors), errors
+    assert any(e.startswith("NOT_FOUND: ") and "unknown model" in e for e in errors), errors
+    assert any(e.startswith("NOT_FOUND: ") and "no version '3'" in e for e in errors), errors
+    assert any(e.startswith("DEADLINE_EXCEEDED: TIMEOUT") for e in errors), errors
+
+
+def test_stream_errors_name_their_request(cluster):
+    """On the wire an error response carries the request's id (raw gRPC, tritonclient's
+    messages), and a client that sends nothing and closes gets an empty stream."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as kpb
+    from tritonclient.grpc import service_pb2_grpc as kpbg
+
+    def reqs():
+        for i, shape in enumerate(([1, 4], [1, 3, 224, 224], [7])):
+            r = kpb.ModelInferRequest(model_name="mobilenet_v2", id=f"q{i}", inputs=[
+                kpb.ModelInferRequest.InferInputTensor(name="data", datatype="FP32",
+                                                       shape=shape)])
+            r.raw_input_contents.append(np.zeros(shape, np.float32).tobytes())
+            yield r
+
+    with grpc.insecure_channel(cluster.address) as ch:
+        stub = kpbg.GRPCInferenceServiceStub(ch)
+        out = {r.infer_response.id: r for r in stub.ModelStreamInfer(reqs(), timeout=TIMEOUT)}
+        assert list(stub.ModelStreamInfer(iter(()), timeout=TIMEOUT)) == []
+    assert sorted(out) == ["q0", "q1", "q2"]
+    assert out["q1"].error_message == "" and list(out["q1"].infer_response.outputs[0].shape) \
+        == [1, 1000]
+    for k in ("q0", "q2"):
+        assert out[k].error_message.startswith("INVALID_ARGUMENT: ")
+        assert out[k].infer_response.model_name == "mobilenet_v2"
+
+
 def _http_address(cluster, timeout: float = 10.0) -> str:
     return cluster.printed_address("http", timeout)
 

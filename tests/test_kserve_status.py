@@ -121,13 +121,36 @@ def _rest_post(url: str, body: bytes):
         return e.code, dict(e.headers), e.read()
 
 
+def _stream_errors(address: str, n: int) -> list[str]:
+    """Send ``n`` requests to ``slow`` on one ModelStreamInfer stream -> the error
+    messages of their answers (None for a success)."""
+    import queue
+
+    import tritonclient.grpc as tgrpc
+
+    c = tgrpc.InferenceServerClient(address)
+    got: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result, error: got.put(error))
+    try:
+        x = tgrpc.InferInput("x", [1, 4], "FP32")
+        x.set_data_from_numpy(np.zeros((1, 4), np.float32))
+        for i in range(n):
+            c.async_stream_infer("slow", [x], request_id=str(i), parameters={"slo_ms": 50})
+        errors = [got.get(timeout=10) for _ in range(n)]
+    finally:
+        c.stop_stream()
+        c.close()
+    return [None if e is None else str(e) for e in errors]
+
+
 def test_overload_has_no_internal_errors(slow_profiles):
     """A 1-GPU emulated cluster whose model serves at most ~60 requests/s, stragglers on
     the worker (EXEC_TOO_LATE rejections follow them), a bound of 4 outstanding requests,
     and 256 closed-loop tritonclient gRPC callers with a 50 ms SLO (offering far over 5x
     the capacity): every answer is OK, DEADLINE_EXCEEDED or UNAVAILABLE; REST, beside
     it, is 200, 504 or 503 (with Retry-After; one is made sure of first: a request to
-    ``glacial``, 0.5 s per EXEC, holds one of the 4 places while 3 more wait behind it)."""
+    ``glacial``, 0.5 s per EXEC, holds one of the 4 places while 3 more wait behind it;
+    a ModelStreamInfer stream then is answered UNAVAILABLE per request)."""
     tgrpc = pytest.importorskip("tritonclient.grpc")
     aio = pytest.importorskip("tritonclient.grpc.aio")
     from tritonclient.utils import InferenceServerException
@@ -178,6 +201,8 @@ def test_overload_has_no_internal_errors(slow_profiles):
                     await asyncio.sleep(0.01)  # polling a condition, not a wait for time
             shed = await asyncio.get_running_loop().run_in_executor(
                 None, _rest_post, http.replace("/slow/", "/glacial/"), rest_body)
+            stream_shed = await asyncio.get_running_loop().run_in_executor(
+                None, _stream_errors, cluster.address, 3)
             for r in await asyncio.gather(*slow4, return_exceptions=True):  # a straggler
                 if isinstance(r, Exception):  # can make them late, never INTERNAL
                     assert r.status() == "StatusCode.DEADLINE_EXCEEDED", r
@@ -187,9 +212,9 @@ def test_overload_has_no_internal_errors(slow_profiles):
             await asyncio.gather(rest_caller(), *(caller() for _ in range(256)))
             elapsed = time.monotonic() - t0
             await c.close()
-            return grpc_tally, rest_tally, retry_after, elapsed, shed
+            return grpc_tally, rest_tally, retry_after, elapsed, shed, stream_shed
 
-        grpc_tally, rest_tally, retry_after, elapsed, shed = asyncio.run(main())
+        grpc_tally, rest_tally, retry_after, elapsed, shed, stream_shed = asyncio.run(main())
         with Client(cluster.address) as k:
             counters = k.stats()
     total = sum(grpc_tally.values())
@@ -204,6 +229,8 @@ def test_overload_has_no_internal_errors(slow_profiles):
     status, headers, body = shed
     assert (status, headers.get("Retry-After")) == (503, "1"), shed
     assert json.loads(body)["error"].startswith("ERROR: overloaded: "), shed
+    assert stream_shed == ["UNAVAILABLE: ERROR: overloaded: 4 requests outstanding in the "
+                           "controller (limit global_outstanding)"] * 3, stream_shed
     # worker rejections were answered ERROR by the scheduler (and mapped, above, to
     # DEADLINE_EXCEEDED / UNAVAILABLE, never INTERNAL)
     assert counters.get("infer_rejected", 0) > 0, counters
