@@ -74,8 +74,8 @@ CONTENTS_FIELD = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int
 
 # the protocol extensions served (Triton's names; ServerMetadata.extensions): binary
 # tensors after the JSON header of a REST request or response; Triton's model
-# configuration (``.../config``, ModelConfig)
-EXTENSIONS = ("binary_tensor_data", "model_configuration")
+# configuration (``.../config``, ModelConfig) and statistics (``.../stats``, ModelStatistics)
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics")
 VERSION = "1"  # every model's only version
 PLATFORM = "clockwork"  # model metadata's platform; the configuration's platform and backend
 # rows per request (the configuration's max_batch_size): a request carries one row, with or
@@ -200,6 +200,19 @@ class KServeFrontend:
                 "execution_batch_sizes": {"string_value": ",".join(map(str, p.batch_sizes))},
                 "default_slo_ms": {"string_value": f"{n.cfg.default_slo / 1e6:g}"}},
         }
+
+    def model_statistics(self, name: str = "", version: str = "") -> dict:
+        """Triton's ``ModelStatisticsResponse`` (REST's JSON form) of one model instance,
+        or of every one for an empty ``name``; the figures are the controller's
+        (``ControllerMetrics.statistics``), cumulative since it started."""
+        if name:
+            self.profile(name)
+            self.check_version(name, version)
+            names = [name]
+        else:
+            names = list(self.node.profiles)
+        stats = self.node.metrics.statistics
+        return {"model_stats": [{"name": n, "version": VERSION, **stats(n)} for n in names]}
 
     def model_metadata(self, name: str) -> dict:
         p = self.profile(name)
@@ -382,6 +395,11 @@ class KServeGrpcServicer(kpbg.GRPCInferenceServiceServicer):
             name=md["name"], versions=md["versions"], platform=md["platform"],
             inputs=[kpb.ModelMetadataResponse.TensorMetadata(**t) for t in md["inputs"]],
             outputs=[kpb.ModelMetadataResponse.TensorMetadata(**t) for t in md["outputs"]])
+
+    @_guarded
+    async def ModelStatistics(self, request, context):  # noqa: N802
+        stats = self.fe.model_statistics(request.name, request.version)
+        return json_format.ParseDict(stats, kpb.ModelStatisticsResponse())
 
     @_guarded
     async def ModelConfig(self, request, context):  # noqa: N802
@@ -847,6 +865,8 @@ class KServeHttp:
             if method == "GET" and rest == ["health", "ready"]:
                 ready = fe.server_ready()
                 return (200 if ready else 503), {"ready": ready}, b""
+            if method == "GET" and rest == ["models", "stats"]:
+                return 200, fe.model_statistics(), b""
             if len(rest) >= 2 and rest[0] == "models":
                 name, tail = rest[1], rest[2:]
                 version = ""
@@ -858,6 +878,8 @@ class KServeHttp:
                     return 200, fe.model_metadata(name), b""
                 if method == "GET" and tail == ["config"]:
                     return 200, fe.model_config(name), b""
+                if method == "GET" and tail == ["stats"]:
+                    return 200, fe.model_statistics(name, version), b""
                 if method == "GET" and tail == ["ready"]:
                     fe.profile(name)
                     ready = fe.model_ready(name)

@@ -71,7 +71,7 @@ class _Model:
     """What the hooks count for one model instance (plain ints: cheap to add to)."""
 
     __slots__ = ("status", "success", "duration_ns", "slo_met", "cold", "execs", "queue_ns",
-                 "compute_ns", "labels", "mlabels")
+                 "compute_ns", "labels", "mlabels", "fail_ns", "last", "batches")
 
     def __init__(self, name: str) -> None:
         self.labels = {"model": name, "version": VERSION}  # (shared by its samples)
@@ -84,6 +84,9 @@ class _Model:
         self.execs = 0  # successful INFER batches
         self.queue_ns = 0  # arrival -> EXEC begin, requests of successful INFERs
         self.compute_ns = 0  # EXEC duration x requests, successful INFERs
+        self.fail_ns = 0  # arrival -> answer, requests the policy answered otherwise
+        self.last = 0  # when the last successful request was answered (controller clock)
+        self.batches: dict[int, list[int]] = {}  # batch size -> [successful INFERs, EXEC ns]
 
 
 class _Hist:
@@ -185,6 +188,9 @@ class ControllerMetrics:
             h.sum_ns += lat
             if lat <= (r.slo or self.default_slo):
                 m.slo_met += 1
+            m.last = rep.time
+        else:
+            m.fail_ns += rep.time - r.arrival
         if r.cold:
             m.cold += 1
 
@@ -229,8 +235,50 @@ class ControllerMetrics:
                     q = n * result.begin - sum([r.arrival for r in reqs])
                     if q > 0:
                         m.queue_ns += q
+                    b = m.batches.get(action.batch_size)
+                    if b is None:
+                        b = m.batches[action.batch_size] = [0, 0]
+                    b[0] += 1
+                    b[1] += d
 
     # scrape -------------------------------------------------------------------------
+
+    def statistics(self, model: str) -> dict:
+        """Triton's ``ModelStatistics`` of one model instance, less ``name`` and
+        ``version`` (the statistics extension; field names of grpc_service.proto, REST's
+        JSON form): ``inference_count`` successful requests, ``execution_count``
+        successful INFER batches, ``last_inference`` ms since the epoch of the last
+        success (0: none yet); ``inference_stats``: ``success`` (arrival -> answer),
+        ``fail`` (every other answer; refusals at admission count 0 ns), ``queue``
+        (arrival -> the batch's EXEC began), ``compute_infer`` (the batch's EXEC, charged
+        to each of its requests), ``compute_input``/``compute_output`` (0 ns: inputs and
+        outputs travel with the action and its result), each ``{count, ns}`` with count
+        the successful requests, as Triton; ``batch_stats`` per batch size that ran
+        (the profile's sizes: padding rows included), ``compute_infer`` = {INFERs, EXEC
+        ns}."""
+        m = self.models.get(model)
+        if m is None:
+            m = _Model(model)
+        fails = sum(v for k, v in m.status.items() if k != "success")
+        last = 0
+        if m.last:  # controller clock (monotonic) -> wall clock
+            last = (time.time_ns() - (time.monotonic_ns() - m.last)) // 1_000_000
+
+        def dur(count: int, ns: int) -> dict:
+            return {"count": count, "ns": ns}
+
+        n = m.success
+        return {
+            "last_inference": last, "inference_count": n, "execution_count": m.execs,
+            "inference_stats": {
+                "success": dur(n, m.duration_ns), "fail": dur(fails, m.fail_ns),
+                "queue": dur(n, m.queue_ns), "compute_input": dur(n, 0),
+                "compute_infer": dur(n, m.compute_ns), "compute_output": dur(n, 0),
+                "cache_hit": dur(0, 0), "cache_miss": dur(0, 0)},
+            "batch_stats": [{"batch_size": b, "compute_input": dur(c, 0),
+                             "compute_infer": dur(c, ns), "compute_output": dur(c, 0)}
+                            for b, (c, ns) in sorted(m.batches.items())],
+        }
 
     def render(self) -> bytes:
         """The exposition (what ``/metrics`` answers)."""

@@ -238,6 +238,90 @@ def test_stream_errors_name_their_request(cluster):
         assert out[k].infer_response.model_name == "mobilenet_v2"
 
 
+def _ints(d):
+    """gRPC JSON writes uint64 as strings: back to ints, throughout."""
+    if isinstance(d, dict):
+        return {k: v if k in ("name", "version") else _ints(v) for k, v in d.items()}
+    if isinstance(d, list):
+        return [_ints(v) for v in d]
+    return int(d) if isinstance(d, str) and d.isdigit() else d
+
+
+def _stat(stats: dict, *path: str) -> int:
+    for p in path:
+        stats = stats.get(p, {}) if isinstance(stats, dict) else {}
+    return int(stats or 0)
+
+
+def test_statistics(client, cluster):
+    """Triton's statistics extension, gRPC and REST, from what the controller saw: the
+    deltas over 5 successes (one at a time: batches of 1) and 1 request whose SLO cannot
+    be met."""
+    import time
+
+    thttp = pytest.importorskip("tritonclient.http")
+
+    def grpc_stats():
+        s = _ints(client.get_inference_statistics("mobilenet_v2", as_json=True,
+                                                  client_timeout=TIMEOUT))
+        assert [m["name"] for m in s["model_stats"]] == ["mobilenet_v2"]
+        return s["model_stats"][0]
+
+    before = grpc_stats()
+    t0_ms = time.time() * 1000
+    for _ in range(5):
+        client.infer("mobilenet_v2", [_input()], parameters={"slo_ms": 1000},
+                     client_timeout=TIMEOUT)
+    with pytest.raises(InferenceServerException, match="DEADLINE_EXCEEDED"):
+        client.infer("mobilenet_v2", [_input()], parameters={"slo_ms": 0.001},
+                     client_timeout=TIMEOUT)
+    after = grpc_stats()
+
+    def delta(*path):
+        return _stat(after, *path) - _stat(before, *path)
+
+    assert after["version"] == "1"
+    assert delta("inference_count") == 5 and delta("execution_count") == 5
+    assert delta("inference_stats", "success", "count") == 5
+    assert delta("inference_stats", "fail", "count") == 1
+    for part in ("queue", "compute_input", "compute_infer", "compute_output"):
+        assert delta("inference_stats", part, "count") == 5, part
+    infer_ns = delta("inference_stats", "compute_infer", "ns")
+    exec1 = 768_293  # mobilenet_v2's batch-1 EXEC in v100-reference, emulated exactly
+    assert infer_ns == 5 * exec1
+    assert delta("inference_stats", "success", "ns") > infer_ns
+    assert delta("inference_stats", "queue", "ns") >= 0
+    batch1 = lambda s: next((b for b in s.get("batch_stats", []) if b["batch_size"] == 1), {})  # noqa: E731
+    assert _stat(batch1(after), "compute_infer", "count") - \
+        _stat(batch1(before), "compute_infer", "count") == 5
+    assert _stat(batch1(after), "compute_infer", "ns") - \
+        _stat(batch1(before), "compute_infer", "ns") == infer_ns
+    assert t0_ms - 1000 <= after["last_inference"] <= time.time() * 1000 + 1000
+    # every model, unknown names and versions
+    every = _ints(client.get_inference_statistics(as_json=True, client_timeout=TIMEOUT))
+    assert sorted(m["name"] for m in every["model_stats"]) == ["mobilenet_v2", "resnet50_v2"]
+    for args in (("no_such_model",), ("mobilenet_v2", "2")):
+        with pytest.raises(InferenceServerException) as e:
+            client.get_inference_statistics(*args, client_timeout=TIMEOUT)
+        assert "NOT_FOUND" in e.value.status()
+    # REST: the same figures, numbers as numbers
+    c = thttp.InferenceServerClient(_http_address(cluster), connection_timeout=TIMEOUT,
+                                    network_timeout=TIMEOUT)
+    try:
+        rest = c.get_inference_statistics("mobilenet_v2")["model_stats"][0]
+        assert rest["inference_count"] == after["inference_count"]
+        assert rest["inference_stats"]["compute_infer"] == after["inference_stats"][
+            "compute_infer"]
+        assert c.get_inference_statistics("mobilenet_v2", "1")["model_stats"][0]["name"] \
+            == "mobilenet_v2"
+        assert len(c.get_inference_statistics()["model_stats"]) == 2
+        with pytest.raises(InferenceServerException) as e:
+            c.get_inference_statistics("mobilenet_v2", "2")
+        assert e.value.status() == "404"
+    finally:
+        c.close()
+
+
 def _http_address(cluster, timeout: float = 10.0) -> str:
     return cluster.printed_address("http", timeout)
 
