@@ -176,9 +176,11 @@ def test_unauthenticated_calls_are_refused_and_nothing_runs(cluster, addresses, 
                 with pytest.raises(InferenceServerException) as e:
                     g.infer(MODEL, [_grpc_input()], headers=headers, client_timeout=TIMEOUT)
                 assert e.value.status() == "StatusCode.UNAUTHENTICATED", e.value
-            with pytest.raises(InferenceServerException) as e:
-                g.get_model_metadata(MODEL, client_timeout=TIMEOUT)
-            assert e.value.status() == "StatusCode.UNAUTHENTICATED"
+            for call, args in ((g.get_model_metadata, (MODEL,)),
+                               (g.get_inference_statistics, ())):
+                with pytest.raises(InferenceServerException) as e:
+                    call(*args, client_timeout=TIMEOUT)
+                assert e.value.status() == "StatusCode.UNAUTHENTICATED"
         finally:
             g.close()
     h = _triton_http(addresses["http"], pki)
@@ -187,9 +189,10 @@ def test_unauthenticated_calls_are_refused_and_nothing_runs(cluster, addresses, 
             with pytest.raises(InferenceServerException) as e:
                 h.infer(MODEL, [_http_input()], headers=headers)
             assert e.value.status() == "401", e.value
-        with pytest.raises(InferenceServerException) as e:
-            h.get_model_metadata(MODEL)
-        assert e.value.status() == "401"
+        for call, args in ((h.get_model_metadata, (MODEL,)), (h.get_inference_statistics, ())):
+            with pytest.raises(InferenceServerException) as e:
+                call(*args)
+            assert e.value.status() == "401"
     finally:
         h.close()
     after = stats(cluster, pki)
