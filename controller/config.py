@@ -54,6 +54,11 @@ class SchedulerConfig:
         ge=1)
     estimate_percentile: float = setting(
         0.99, "The estimate is this percentile of the window.", gt=0, le=1)
+    estimate_stale: int = setting(
+        ms(1000), "A request that only an inflated EXEC estimate makes infeasible, when no "
+        "EXEC of its model was measured for this long, resets the model's estimates to "
+        "the profile (a straggler's figure would otherwise keep every request out).",
+        units=("ms",), ge=0)
     batch_first: bool = setting(
         True, "Run a larger batch first when the most urgent request can wait for it.")
     load_check_interval: int = setting(

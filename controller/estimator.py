@@ -53,11 +53,14 @@ class Estimator:
     """
 
     __slots__ = ("profile", "percentile", "_exec", "exec_ns", "_exec_w", "_load_w", "load",
-                 "batch_sizes")
+                 "batch_sizes", "window", "measured_at", "inflated")
 
     def __init__(self, profile: ModelProfile, window: int = 10, percentile: float = 0.99) -> None:
         self.profile = profile
         self.percentile = percentile
+        self.window = window
+        self.measured_at = 0  # when the last EXEC was measured (ns)
+        self.inflated = False  # some EXEC estimate is above the profile's figure
         self.batch_sizes = profile.batch_sizes
         self._exec_w = {b: SlidingWindow(window, v) for b, v in profile.exec_ns.items()}
         self._exec = dict(profile.exec_ns)
@@ -71,12 +74,26 @@ class Estimator:
         """The current EXEC estimate for ``batch_size`` (ns)."""
         return self._exec[batch_size]
 
-    def add_exec(self, batch_size: int, duration: int) -> None:
+    def add_exec(self, batch_size: int, duration: int, now: int = 0) -> None:
         w = self._exec_w.get(batch_size)
         if w is None:
             return
         w.insert(duration)
-        self._exec[batch_size] = w.percentile(self.percentile)
+        e = self._exec[batch_size] = w.percentile(self.percentile)
+        self.measured_at = now
+        if e > self.profile.exec_ns[batch_size]:
+            self.inflated = True
+        elif self.inflated:
+            prof = self.profile.exec_ns
+            self.inflated = any(v > prof[b] for b, v in self._exec.items())
+
+    def forget_exec(self) -> None:
+        """Back to the profile's EXEC figures. For an estimate that a straggler pushed past
+        every SLO: with no EXEC run, no measurement would ever bring it down again."""
+        self._exec_w = {b: SlidingWindow(self.window, v) for b, v in self.profile.exec_ns.items()}
+        self._exec.clear()
+        self._exec.update(self.profile.exec_ns)
+        self.inflated = False
 
     def add_load(self, duration: int) -> None:
         self._load_w.insert(duration)

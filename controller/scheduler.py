@@ -99,6 +99,11 @@ class ClockworkScheduler(Policy):
                     soonest = free
         else:
             soonest = now + cfg.future + est.load
+        if (drop_at < soonest and est.inflated
+                and now - est.measured_at > cfg.estimate_stale):
+            # the estimate may be a straggler's, and nothing has run since to correct it
+            est.forget_exec()
+            drop_at = request.drop_at = deadline - est.exec_ns[m.batch_sizes[0]]
         if drop_at < soonest:
             self._answer(request, RequestStatus.TIMEOUT, now, "SLO cannot be met")
             if not insts:
@@ -154,7 +159,7 @@ class ClockworkScheduler(Policy):
             inst.inflight -= 1
             m = inst.model
             if not result.status:
-                m.est.add_exec(inf.action.batch_size, result.duration)
+                m.est.add_exec(inf.action.batch_size, result.duration, now)
                 for r in inf.requests:
                     self._answer(r, RequestStatus.SUCCESS, now, "", g.index, inf.action.batch_size,
                                  result.outputs)

@@ -322,3 +322,20 @@ def test_a_burst_on_one_copy_asks_for_another():
     acts += s.on_tick(nw)
     loads = [a for a in acts if a.type == ActionType.LOAD]
     assert len(loads) == 1 and len(s.models["a"].instances) == 2  # a copy on the other GPU
+
+
+def test_a_stragglers_estimate_does_not_lock_a_model_out_for_ever():
+    """One straggler pushes the EXEC estimate past every SLO; with no EXEC run nothing
+    would correct it. Requests are refused while the measurement is fresh; once it is
+    estimate_stale old, the estimate goes back to the profile and requests run again."""
+    s = sched(gpus=1)
+    t = warm(s)
+    m = s.models["a"]
+    m.est.add_exec(m.batch_sizes[0], 500 * MS, t)  # a 500 ms straggler
+    acts = s.on_request(req(1, t=t + 100 * MS, slo=100 * MS), t + 100 * MS)
+    assert [r.status for r in s.drain_replies()] == [RequestStatus.TIMEOUT] and not acts
+    later = t + s.cfg.estimate_stale + 200 * MS
+    acts = s.on_request(req(2, t=later, slo=100 * MS), later)
+    acts += s.on_tick(later + 1)
+    assert not s.drain_replies() and any(a.type == ActionType.INFER for a in acts)
+    assert m.est.exec(m.batch_sizes[0]) == m.est.profile.exec_ns[m.batch_sizes[0]]
