@@ -130,7 +130,7 @@ class ClockworkScheduler(Policy):
         if not live:
             self._queued.add(m.name)
             for gi in insts:
-                self.gpus[gi].active.add(m.name)
+                self.gpus[gi].active[m.name] = None
         if insts:
             sa = cfg.schedule_ahead
             horizon = now + sa
@@ -412,7 +412,7 @@ class ClockworkScheduler(Policy):
         if was_empty:
             self._queued.add(m.name)
             for gi in m.instances:
-                self.gpus[gi].active.add(m.name)
+                self.gpus[gi].active[m.name] = None
         if not m.instances:
             self._unserved.add(m.name)
             if not self._next_load_check:
@@ -428,7 +428,7 @@ class ClockworkScheduler(Policy):
             m.queue.clear()
             m.monotone = True
             for gi in m.instances:
-                self.gpus[gi].active.discard(m.name)
+                self.gpus[gi].active.pop(m.name, None)
             self._unserved.discard(m.name)
             self._queued.discard(m.name)
         elif m.queue and m.queue[0] is r:
@@ -559,7 +559,7 @@ class ClockworkScheduler(Policy):
         self._sent.add(a, g, inst, [])
         out.append(a)
         if m.live:
-            g.active.add(m.name)
+            g.active[m.name] = None
             self._schedule_infer(g, now, out)
 
     def _send_evict(self, inst: Instance, now: int, out: list[Action]) -> None:
@@ -575,7 +575,7 @@ class ClockworkScheduler(Policy):
         g, m = inst.gpu, inst.model
         del g.instances[m.name]
         del m.instances[g.index]
-        g.active.discard(m.name)
+        g.active.pop(m.name, None)
         g.free_pages += m.pages
         if not inst.loading:
             m.ready_copies -= 1

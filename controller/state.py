@@ -82,7 +82,9 @@ class GpuState:
         self.exec = LaneTracker(cfg.future, cfg.lag)
         self.pcie = LaneTracker(cfg.future, cfg.lag)
         self.instances: dict[str, Instance] = {}
-        self.active: set[str] = set()  # models here with queued requests
+        # models here with queued requests (a dict: ordered, so runs repeat exactly whatever
+        # the process's string hashing; used as an ordered set)
+        self.active: dict[str, None] = {}
         self.wake_at = 0  # a pending on_tick for this GPU's EXEC lane (0: none)
         self.last_earliest = 0  # ``earliest`` of the last INFER sent (kept monotone)
         self.available = True  # False while its worker is gone: nothing is placed here
