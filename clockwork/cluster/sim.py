@@ -232,30 +232,28 @@ class Simulation:
                 out.append(b)
             return out
 
+        def to_worker(w, payload):
+            """One message (actions, a probe or a reset) on the link to worker ``w``."""
+            nonlocal seq
+            seq += 1
+            now = state["now"]
+            push(heap, (arrival(w, now, last_in), seq, _TO_WORKER, (w, now, payload)))
+
         class ToWorkers:  # the controller's side of the network
             @staticmethod
             def send(w, actions):
-                nonlocal seq
-                seq += 1
-                now = state["now"]
                 if estimates[w]:
                     actions = to_worker_clock(actions, estimates[w])
-                push(heap, (arrival(w, now, last_in), seq, _TO_WORKER, (w, now, actions)))
+                to_worker(w, actions)
 
             @staticmethod
             def probe(w):
-                nonlocal seq
-                seq += 1
-                now = state["now"]
-                push(heap, (arrival(w, now, last_in), seq, _TO_WORKER, (w, now, _PROBE)))
+                to_worker(w, _PROBE)
 
             @staticmethod
             def reset(w):
-                nonlocal seq
-                seq += 1
-                now = state["now"]
-                push(heap, (arrival(w, now, last_in), seq, _TO_WORKER, (w, now, _RESET)))
-                log.append((now, f"controller resets worker {w}"))
+                to_worker(w, _RESET)
+                log.append((state["now"], f"controller resets worker {w}"))
 
             @staticmethod
             def answer(rep):
@@ -343,7 +341,6 @@ class Simulation:
             fault_at(sec(f["at_s"] + f["for_s"]), "slow", f["worker"], 0)
         detect = ms(float(fl.get("detect_ms", 1.0)))
         reconnect = sec(float(fl.get("reconnect_s", 0.7)))
-        log = self.fault_log
 
         def on_fault(now, what, args):
             nonlocal seq
