@@ -802,7 +802,7 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
         print(f"clockwork controller kserve grpc listening on {host}:{kbound}", flush=True)
     http = None
     if http_port is not None:  # KServe v2 REST; after the line above (LocalCluster reads it)
-        from controller.kserve import start_http
+        from controller.kserve_rest import start_http
         try:
             http = await start_http(node, host, http_port, token,
                                     tls.ssl_context() if tls is not None else None)

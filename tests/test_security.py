@@ -303,7 +303,7 @@ def test_listeners_are_exclusive(cluster, addresses):
 
 REST_TWICE = """
 import asyncio
-from controller.kserve import start_http
+from controller.kserve_rest import start_http
 
 async def main():
     first = await start_http(None, "127.0.0.1", 0)
