@@ -79,6 +79,21 @@ class GRPCInferenceServiceStub(object):
                 request_serializer=clockwork_dot_protocol_dot_kserve__pb2.ModelStatisticsRequest.SerializeToString,
                 response_deserializer=clockwork_dot_protocol_dot_kserve__pb2.ModelStatisticsResponse.FromString,
                 _registered_method=True)
+        self.RepositoryIndex = channel.unary_unary(
+                '/inference.GRPCInferenceService/RepositoryIndex',
+                request_serializer=clockwork_dot_protocol_dot_kserve__pb2.RepositoryIndexRequest.SerializeToString,
+                response_deserializer=clockwork_dot_protocol_dot_kserve__pb2.RepositoryIndexResponse.FromString,
+                _registered_method=True)
+        self.RepositoryModelLoad = channel.unary_unary(
+                '/inference.GRPCInferenceService/RepositoryModelLoad',
+                request_serializer=clockwork_dot_protocol_dot_kserve__pb2.RepositoryModelLoadRequest.SerializeToString,
+                response_deserializer=clockwork_dot_protocol_dot_kserve__pb2.RepositoryModelLoadResponse.FromString,
+                _registered_method=True)
+        self.RepositoryModelUnload = channel.unary_unary(
+                '/inference.GRPCInferenceService/RepositoryModelUnload',
+                request_serializer=clockwork_dot_protocol_dot_kserve__pb2.RepositoryModelUnloadRequest.SerializeToString,
+                response_deserializer=clockwork_dot_protocol_dot_kserve__pb2.RepositoryModelUnloadResponse.FromString,
+                _registered_method=True)
 
 
 class GRPCInferenceServiceServicer(object):
@@ -138,6 +153,24 @@ class GRPCInferenceServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RepositoryIndex(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RepositoryModelLoad(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RepositoryModelUnload(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -185,6 +218,21 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.ModelStatistics,
                     request_deserializer=clockwork_dot_protocol_dot_kserve__pb2.ModelStatisticsRequest.FromString,
                     response_serializer=clockwork_dot_protocol_dot_kserve__pb2.ModelStatisticsResponse.SerializeToString,
+            ),
+            'RepositoryIndex': grpc.unary_unary_rpc_method_handler(
+                    servicer.RepositoryIndex,
+                    request_deserializer=clockwork_dot_protocol_dot_kserve__pb2.RepositoryIndexRequest.FromString,
+                    response_serializer=clockwork_dot_protocol_dot_kserve__pb2.RepositoryIndexResponse.SerializeToString,
+            ),
+            'RepositoryModelLoad': grpc.unary_unary_rpc_method_handler(
+                    servicer.RepositoryModelLoad,
+                    request_deserializer=clockwork_dot_protocol_dot_kserve__pb2.RepositoryModelLoadRequest.FromString,
+                    response_serializer=clockwork_dot_protocol_dot_kserve__pb2.RepositoryModelLoadResponse.SerializeToString,
+            ),
+            'RepositoryModelUnload': grpc.unary_unary_rpc_method_handler(
+                    servicer.RepositoryModelUnload,
+                    request_deserializer=clockwork_dot_protocol_dot_kserve__pb2.RepositoryModelUnloadRequest.FromString,
+                    response_serializer=clockwork_dot_protocol_dot_kserve__pb2.RepositoryModelUnloadResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -430,6 +478,87 @@ class GRPCInferenceService(object):
             '/inference.GRPCInferenceService/ModelStatistics',
             clockwork_dot_protocol_dot_kserve__pb2.ModelStatisticsRequest.SerializeToString,
             clockwork_dot_protocol_dot_kserve__pb2.ModelStatisticsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RepositoryIndex(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/RepositoryIndex',
+            clockwork_dot_protocol_dot_kserve__pb2.RepositoryIndexRequest.SerializeToString,
+            clockwork_dot_protocol_dot_kserve__pb2.RepositoryIndexResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RepositoryModelLoad(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/RepositoryModelLoad',
+            clockwork_dot_protocol_dot_kserve__pb2.RepositoryModelLoadRequest.SerializeToString,
+            clockwork_dot_protocol_dot_kserve__pb2.RepositoryModelLoadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RepositoryModelUnload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/RepositoryModelUnload',
+            clockwork_dot_protocol_dot_kserve__pb2.RepositoryModelUnloadRequest.SerializeToString,
+            clockwork_dot_protocol_dot_kserve__pb2.RepositoryModelUnloadResponse.FromString,
             options,
             channel_credentials,
             insecure,
