@@ -1,17 +1,25 @@
 """KServe v2 / Open Inference Protocol front end of the controller (gRPC and REST).
 
-Requests go through :meth:`ControllerNode.submit` like ``clockwork.v1`` ones, so they are
-scheduled, timed out and answered exactly once in the same way. Conventions:
+Requests go through :meth:`ControllerNode.submit_many` like ``clockwork.v1`` ones, so they
+are scheduled, timed out and answered exactly once in the same way. Conventions:
 
 - the model name is the instance name (``resnet50_v2``, ``resnet50_v2:1``, ...); each has
   one version, ``"1"`` (a request naming no version gets it; any other is NOT_FOUND);
-- a request carries one row: metadata shapes carry a leading ``-1`` and the model
-  configuration says ``max_batch_size`` 1 (Triton's form of "a batch dimension, of at
-  most 1"); an input may be sent with a leading batch dimension of 1 or without one, and
-  outputs mirror that choice. The controller batches rows of many requests itself (the
-  profile's batch sizes: the configuration's ``execution_batch_sizes`` parameter);
+- a request carries 1 to ``max_batch_size`` rows, the profile's largest batch size (the
+  model configuration's ``max_batch_size``; metadata shapes carry a leading ``-1``): its
+  inputs have shape ``[n, *spec]``, the same ``n`` for all, or the spec's shape without a
+  batch dimension (one row). Its rows become ``n`` controller requests, one row each,
+  with the request's SLO, admitted together (one ``submit_many``, every row counted in the
+  connection's bound), so the scheduler may run them in one batch or in several, with
+  rows of other requests. The answer has the ``n`` output rows in order (``[n, *out]``,
+  or the output's shape when the inputs had no batch dimension); if any row fails the
+  request fails, with the worst row's status (``kserve_status.worst``). The profile's
+  batch sizes are the configuration's ``execution_batch_sizes`` parameter;
 - the SLO comes from the request parameter ``slo_ms`` (double or integer), else Triton's
-  ``timeout`` (integer microseconds), else the controller's default;
+  ``timeout`` (integer microseconds), else the controller's default; a gRPC ``ModelInfer``
+  with a deadline gets at most what is left of it;
+- every field of a request is checked once, by ``controller/kserve_validate.py`` (gRPC
+  and REST alike): a bad one is INVALID_ARGUMENT / 400 naming the field and the value;
 - how a request fails: one table, ``controller/kserve_status.py`` (the SLO cannot be met
   -> DEADLINE_EXCEEDED / 504, shed or unavailable -> UNAVAILABLE / 503 with Retry-After,
   a bad request -> INVALID_ARGUMENT / 400, an unknown model or version -> NOT_FOUND /
@@ -19,15 +27,17 @@ scheduled, timed out and answered exactly once in the same way. Conventions:
 
 Inputs become ``clockwork.tensors.Tensor``s over the bytes that arrived (a
 ``raw_input_contents`` entry, a slice of the REST body) or over the array decoded from
-typed contents / JSON data, and go to the controller as they are (no ``clockwork.v1``
-message in between).
+typed contents / JSON data, one per row (views, no copy), and go to the controller as
+they are (no ``clockwork.v1`` message in between).
+
+The model repository extension (``RepositoryIndex``, ``RepositoryModelLoad``,
+``RepositoryModelUnload``) calls ``controller/repository.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -41,7 +51,7 @@ from clockwork.protocol import kserve_pb2 as kpb
 from clockwork.protocol import kserve_pb2_grpc as kpbg
 from clockwork.protocol.ratelog import LogLimiter
 from clockwork.tensors import Tensor
-from controller.intake import overloaded, submit_guarded, submit_unary
+from controller.intake import overloaded, submit_guarded
 from controller.kserve_status import (  # noqa: F401 - the kinds, re-exported
     DEADLINE,
     GRPC_CODE,
@@ -54,30 +64,29 @@ from controller.kserve_status import (  # noqa: F401 - the kinds, re-exported
     UNAVAILABLE,
     KServeError,
     of_answer,
+    worst,
 )
-
-# KServe datatype <-> numpy dtype name
-KS_TO_NP = {"BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32",
-            "UINT64": "uint64", "INT8": "int8", "INT16": "int16", "INT32": "int32",
-            "INT64": "int64", "FP16": "float16", "FP32": "float32", "FP64": "float64"}
-NP_TO_KS = {v: k for k, v in KS_TO_NP.items()}
-# KServe datatype -> InferTensorContents field holding it
-CONTENTS_FIELD = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
-                  "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
-                  "UINT16": "uint_contents", "UINT32": "uint_contents",
-                  "UINT64": "uint64_contents", "FP32": "fp32_contents",
-                  "FP64": "fp64_contents"}
-
+from controller.kserve_validate import (  # noqa: F401 - re-exported (kserve_rest, tests)
+    CONTENTS_FIELD,
+    KS_TO_NP,
+    NP_TO_KS,
+    VERSION,
+    InTensor,
+    check_inputs,
+    grpc_params,
+    grpc_request,
+    max_batch_size,
+    rest_request,
+    slo_from_params,
+)
+from controller.kserve_validate import check_version as _check_version
 
 # the protocol extensions served (Triton's names; ServerMetadata.extensions): binary
 # tensors after the JSON header of a REST request or response; Triton's model
-# configuration (``.../config``, ModelConfig) and statistics (``.../stats``, ModelStatistics)
-EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics")
-VERSION = "1"  # every model's only version
+# configuration (``.../config``, ModelConfig), statistics (``.../stats``, ModelStatistics)
+# and model repository (index, load, unload)
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics", "model_repository")
 PLATFORM = "clockwork"  # model metadata's platform; the configuration's platform and backend
-# rows per request (the configuration's max_batch_size): a request carries one row, with or
-# without its batch dimension; the scheduler forms the batches that run
-MAX_BATCH_SIZE = 1
 
 
 _internal_log = LogLimiter("controller")
@@ -90,21 +99,11 @@ def _internal(where: str, e: Exception) -> KServeError:
     return KServeError(INTERNAL, INTERNAL_MESSAGE)
 
 
-@dataclass
-class InTensor:
-    """One decoded input: name, datatype (KServe), shape (as sent), its elements in C
-    order (``bytes``, a ``memoryview`` of the request body, or a numpy array)."""
-
-    name: str
-    datatype: str
-    shape: list[int]
-    data: bytes | memoryview | np.ndarray
-
-
 @dataclass(slots=True)
 class TypedInferRequest:
     """What the controller reads of a request (``pb.InferRequest``'s fields), with the
-    inputs already Tensors: no ``clockwork.v1`` message is built for a KServe request."""
+    inputs already Tensors: no ``clockwork.v1`` message is built for a KServe request.
+    One row of a KServe request."""
 
     model: str
     inputs: list[Tensor] = field(default_factory=list)
@@ -125,25 +124,50 @@ def ks_dtype(np_name: str) -> str:
     return NP_TO_KS.get(np_name, np_name.upper())
 
 
-def slo_from_params(params: dict) -> float:
-    """``slo_ms`` (ms) or Triton's ``timeout`` (µs) -> SLO in ms; 0 = default."""
-    if "slo_ms" in params:
-        v = params["slo_ms"]
-        key = "slo_ms"
-    elif "timeout" in params:
-        v = params["timeout"]
-        key = "timeout"
-    else:
-        return 0.0
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        try:
-            v = float(v)
-        except (TypeError, ValueError):
-            raise KServeError(INVALID, f"parameter {key!r} must be a number, got {v!r}") from None
-    v = float(v)
-    if not math.isfinite(v) or v < 0:
-        raise KServeError(INVALID, f"parameter {key!r} must be a finite number >= 0, got {v}")
-    return v if key == "slo_ms" else v / 1000.0
+class _Rows:
+    """The answers to one KServe request's rows, collected as they come (each once)."""
+
+    __slots__ = ("resps", "left")
+
+    def __init__(self, n: int) -> None:
+        self.resps: list = [None] * n
+        self.left = n
+
+    def put(self, i: int, resp) -> bool:
+        """Row ``i``'s answer; True once every row has one."""
+        if self.resps[i] is None:
+            self.resps[i] = resp
+            self.left -= 1
+        return self.left == 0
+
+
+def submit_rows(node, rows: list[TypedInferRequest], deliver, conn: str,
+                budget: int | None = None) -> None:
+    """One KServe request's rows (a unary call's), admitted together: through the
+    connection's gate (all rows, or none: over a bound every row is answered
+    ``overloaded``), then one :func:`submit_guarded`. ``deliver(answers)`` is called once,
+    with the rows' answers in order. ``budget`` (ns): what is left of the call's
+    deadline."""
+    gate = node.gate
+    n = len(rows)
+    room, why = gate.room(conn)
+    if room < n:
+        deliver([overloaded(node, r, why) for r in rows])
+        return
+    gate.enter(conn, n)
+    got = _Rows(n)
+    for i, r in enumerate(rows):
+        r.client_id = i
+
+    def done(resp) -> None:
+        i = resp.client_id
+        if not 0 <= i < n or got.resps[i] is not None:
+            return  # (never: the controller answers each request once)
+        gate.leave(conn)
+        if got.put(i, resp):
+            deliver(got.resps)
+
+    submit_guarded(node, rows, done, 0, budget)
 
 
 class KServeFrontend:
@@ -170,22 +194,20 @@ class KServeFrontend:
 
     def check_version(self, name: str, version: str) -> None:
         """NOT_FOUND unless ``version`` is the model's (``"1"``) or empty (the default)."""
-        if version not in ("", VERSION):
-            raise KServeError(NOT_FOUND, f"model {name!r} has no version {version!r} "
-                              f"(its only version is {VERSION!r})")
+        _check_version(name, version)
 
     def model_config(self, name: str) -> dict:
         """Triton's model configuration of an instance (model_config.proto's field names,
         REST's JSON form; gRPC parses it into ``ModelConfig``): dims leave out the batch
-        dimension, ``max_batch_size`` is what one request may carry (1), the profile's
-        batch sizes (those the scheduler runs) are the ``execution_batch_sizes``
-        parameter, and one instance group: at most one copy per GPU, on any GPU of the
+        dimension, ``max_batch_size`` is the most rows one request may carry (the
+        profile's largest batch size), the profile's batch sizes (those the scheduler
+        runs) are the ``execution_batch_sizes`` parameter, and one instance group: at most one copy per GPU, on any GPU of the
         cluster (``count`` 1, ``gpus`` the controller-wide GPU indices)."""
         p = self.profile(name)
         n = self.node
         return {
             "name": name, "platform": PLATFORM, "backend": PLATFORM,
-            "max_batch_size": MAX_BATCH_SIZE,
+            "max_batch_size": max_batch_size(p),
             "input": [{"name": t.name, "data_type": "TYPE_" + ks_dtype(t.dtype),
                        "format": "FORMAT_NONE", "dims": list(t.shape)} for t in p.inputs],
             "output": [{"name": t.name, "data_type": "TYPE_" + ks_dtype(t.dtype),
@@ -224,117 +246,66 @@ class KServeFrontend:
 
     # ------------------------------------------------------------------ inference
 
-    def _check(self, name: str, inputs: list[InTensor], requested: list[str]):
-        """Validate against the profile -> (Tensors of the profile's shapes, batch-dim
-        flag). The Tensors share the inputs' buffers."""
-        p = self.profile(name)
-        specs = {t.name: t for t in p.inputs}
-        tensors = []
-        batched = True
-        seen = set()
-        for t in inputs:
-            spec = specs.get(t.name)
-            if spec is None:
-                raise KServeError(INVALID, f"model {name!r} has no input {t.name!r}; "
-                                  f"inputs: {sorted(specs)}")
-            if t.name in seen:
-                raise KServeError(INVALID, f"input {t.name!r} given twice")
-            seen.add(t.name)
-            np_name = KS_TO_NP.get(t.datatype)
-            if np_name != spec.dtype:
-                raise KServeError(INVALID, f"input {t.name!r} of model {name!r} has datatype "
-                                  f"{t.datatype}, expected {ks_dtype(spec.dtype)}")
-            shape = tuple(int(d) for d in t.shape)
-            if shape == (1, *spec.shape):
-                batched = True
-            elif shape == tuple(spec.shape):
-                batched = False
-            else:
-                raise KServeError(INVALID, f"input {t.name!r} of model {name!r} has shape "
-                                  f"{list(shape)}, expected {[1, *spec.shape]} "
-                                  f"(or {list(spec.shape)})")
-            tensor = Tensor(t.name, np.dtype(np_name), tuple(spec.shape), t.data)
-            n = int(np.prod(shape, dtype=np.int64))
-            want = n * tensor.dtype.itemsize
-            if tensor.nbytes != want:
-                raise KServeError(INVALID, f"input {t.name!r} of model {name!r} has "
-                                  f"{tensor.nbytes} bytes of data, expected {want} for shape "
-                                  f"{list(shape)} {t.datatype}")
-            tensors.append(tensor)
-        outs = {t.name for t in p.outputs}
-        for r in requested:
-            if r not in outs:
-                raise KServeError(INVALID, f"model {name!r} has no output {r!r}; "
-                                  f"outputs: {sorted(outs)}")
-        return tensors, batched
-
     async def infer(self, name: str, inputs: list[InTensor], params: dict,
-                    requested: list[str], conn: str = "kserve") -> list[OutTensor]:
-        """Run one request through the controller; raises KServeError on failure.
-        ``conn`` names the client connection (its outstanding requests are bounded)."""
-        req, batched = self.prepare(name, inputs, params, requested)
+                    requested: list[str], conn: str = "kserve",
+                    budget: int | None = None) -> list[OutTensor]:
+        """Run one request (its rows) through the controller; raises KServeError on
+        failure. ``conn`` names the client connection (its outstanding requests are
+        bounded; every row counts); ``budget`` (ns): what is left of the call's
+        deadline, if it has one (the SLO is cut to it)."""
+        rows, batched = self.prepare(name, inputs, params, requested)
         fut = asyncio.get_running_loop().create_future()
 
-        def deliver(resp):
+        def deliver(resps):
             if not fut.done():
-                fut.set_result(resp)
+                fut.set_result(resps)
 
-        submit_unary(self.node, req, deliver, conn)
+        submit_rows(self.node, rows, deliver, conn, budget)
         return self.finish(name, await fut, requested, batched)
 
     def prepare(self, name: str, inputs: list[InTensor], params: dict,
-                requested: list[str]) -> tuple[TypedInferRequest, bool]:
-        """A checked request for the controller, and whether its inputs had a batch
-        dimension (the outputs will); raises KServeError."""
-        tensors, batched = self._check(name, inputs, requested)
-        return TypedInferRequest(name, tensors, slo_from_params(params)), batched
+                requested: list[str]) -> tuple[list[TypedInferRequest], bool]:
+        """A checked request as controller requests, one per row (Tensors over the
+        inputs' buffers, the request's SLO), and whether its inputs had a batch dimension
+        (the outputs will); raises KServeError."""
+        p = self.profile(name)
+        slo = slo_from_params(params)
+        rows, batched = check_inputs(name, p, inputs, requested)
+        return [TypedInferRequest(name, row, slo) for row in rows], batched
 
-    def finish(self, name: str, resp, requested: list[str], batched: bool) -> list[OutTensor]:
-        """The outputs of the controller's answer ``resp`` (a ``pb.InferResponse``);
-        raises the KServeError its status maps to."""
-        if resp.status != RequestStatus.SUCCESS:
-            raise of_answer(resp.status, resp.reason, resp.message)
-        got = {t.name: t for t in resp.outputs}
+    def finish(self, name: str, resps, requested: list[str],
+               batched: bool) -> list[OutTensor]:
+        """The outputs of the controller's answers to a request's rows (``resps``: a
+        ``pb.InferResponse`` per row, in order, or one), rows stacked in order; raises
+        the KServeError of the worst row that failed."""
+        if not isinstance(resps, list | tuple):
+            resps = [resps]
+        failed = [r for r in resps if r.status != RequestStatus.SUCCESS]
+        if failed:
+            raise worst(of_answer(r.status, r.reason, r.message) for r in failed)
+        n = len(resps)
+        got = [{t.name: t for t in r.outputs} for r in resps]
         out = []
         for spec in self.profile(name).outputs:
             if requested and spec.name not in requested:
                 continue
-            t = got.get(spec.name)
-            if t is not None and t.data:
-                data = t.data
-            else:  # no tensor returned: the profile's shape, zeros
-                data = np.zeros(spec.shape, spec.dtype).tobytes()
-            shape = [1, *spec.shape] if batched else list(spec.shape)
+            row_bytes = int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+            parts = []
+            for g in got:
+                t = g.get(spec.name)
+                data = t.data if t is not None and t.data else bytes(row_bytes)
+                if len(data) != row_bytes:  # the controller checked the worker's outputs
+                    raise _internal("finish", ValueError(
+                        f"output {spec.name!r} of {name!r}: {len(data)} bytes in a row, "
+                        f"expected {row_bytes}"))
+                parts.append(data)
+            data = parts[0] if n == 1 else b"".join(parts)
+            shape = [n, *spec.shape] if batched else list(spec.shape)
             out.append(OutTensor(spec.name, ks_dtype(spec.dtype), shape, data))
         return out
 
 
 # ---------------------------------------------------------------------- gRPC
-
-def _param_value(p: kpb.InferParameter):
-    which = p.WhichOneof("parameter_choice")
-    return getattr(p, which) if which else None
-
-
-def _grpc_inputs(request: kpb.ModelInferRequest) -> list[InTensor]:
-    raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
-        raise KServeError(INVALID, f"{len(raw)} raw_input_contents for "
-                          f"{len(request.inputs)} inputs")
-    out = []
-    for i, t in enumerate(request.inputs):
-        if raw:
-            data = raw[i]
-        else:
-            np_name = KS_TO_NP.get(t.datatype)
-            field = CONTENTS_FIELD.get(t.datatype)
-            if np_name is None or field is None:
-                raise KServeError(INVALID, f"input {t.name!r}: datatype {t.datatype!r} "
-                                  "cannot be sent as typed contents")
-            data = np.ascontiguousarray(getattr(t.contents, field), dtype=np_name)
-        out.append(InTensor(t.name, t.datatype, list(t.shape), data))
-    return out
-
 
 def _guarded(method):
     """A servicer method whose unexpected exception is answered INTERNAL ("internal
@@ -409,11 +380,14 @@ class KServeGrpcServicer(kpbg.GRPCInferenceServiceServicer):
 
     @_guarded
     async def ModelInfer(self, request, context):  # noqa: N802
+        """One request of 1 to max_batch_size rows (``KServeFrontend.infer``); its SLO is
+        cut to what is left of the call's deadline, when the client set one."""
         try:
-            self.fe.check_version(request.model_name, request.model_version)
-            params = {k: _param_value(v) for k, v in request.parameters.items()}
-            outs = await self.fe.infer(request.model_name, _grpc_inputs(request), params,
-                                       [o.name for o in request.outputs], context.peer())
+            inputs, params, requested = grpc_request(request)
+            rem = context.time_remaining()  # None: the call has no deadline
+            outs = await self.fe.infer(request.model_name, inputs, params, requested,
+                                       context.peer(),
+                                       None if rem is None else max(0, int(rem * 1e9)))
         except KServeError as e:
             await self._abort(context, e)
         return _grpc_response(request, outs)
@@ -421,6 +395,49 @@ class KServeGrpcServicer(kpbg.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(self, request_iterator, context):  # noqa: N802
         """Many requests on one stream, one response each: ``_ModelStream``."""
         await _ModelStream(self.fe, context).serve(request_iterator)
+
+    # -- the model repository extension (controller/repository.py)
+
+    @staticmethod
+    def _repository(request):
+        """``controller.repository`` (imported on first use), after checking the
+        request's ``repository_name``: this server has one repository, unnamed."""
+        if request.repository_name:
+            raise KServeError(NOT_FOUND, f"unknown repository {request.repository_name!r} "
+                              "(this server has one repository: leave repository_name empty)")
+        from controller import repository
+
+        return repository
+
+    @_guarded
+    async def RepositoryIndex(self, request, context):  # noqa: N802
+        models = self._repository(request).index(self.fe.node, request.ready)
+        return kpb.RepositoryIndexResponse(models=[
+            kpb.RepositoryIndexResponse.ModelIndex(
+                name=str(m.get("name", "")), version=str(m.get("version", "")),
+                state=str(m.get("state", "")), reason=str(m.get("reason", "")))
+            for m in models])
+
+    @_guarded
+    async def RepositoryModelLoad(self, request, context):  # noqa: N802
+        await self._repository(request).load(self.fe.node, request.model_name,
+                                             _repository_params(request.parameters))
+        return kpb.RepositoryModelLoadResponse()
+
+    @_guarded
+    async def RepositoryModelUnload(self, request, context):  # noqa: N802
+        await self._repository(request).unload(self.fe.node, request.model_name,
+                                               _repository_params(request.parameters))
+        return kpb.RepositoryModelUnloadResponse()
+
+
+def _repository_params(parameters) -> dict:
+    """A ``map<string, ModelRepositoryParameter>`` as a dict (an unset value: None)."""
+    out = {}
+    for k, v in parameters.items():
+        which = v.WhichOneof("parameter_choice")
+        out[k] = getattr(v, which) if which else None
+    return out
 
 
 def _grpc_response(request: kpb.ModelInferRequest, outs: list[OutTensor]):
@@ -433,19 +450,32 @@ def _grpc_response(request: kpb.ModelInferRequest, outs: list[OutTensor]):
     return resp
 
 
+@dataclass(slots=True)
+class _Request:
+    """One admitted request of a stream: what its response needs, and its rows' answers."""
+
+    request: object  # the ModelInferRequest
+    batched: bool
+    requested: list[str]
+    rows: _Rows
+
+
 class _ModelStream:
     """One ``ModelStreamInfer`` call. Each request read is checked at once (a bad one is
     answered at once); the good ones are admitted together once per event-loop turn,
     through the controller's batched path (``submit_guarded``: one ``submit_many`` per
-    ``admit_slice``), within the stream's (``stream_outstanding``) and the connection's
-    bounds (over them: ``overloaded``). Every request gets exactly one
-    ``ModelStreamInferResponse``, in completion order: its ``infer_response``, or
-    ``error_message`` ``KIND: message`` (the kinds of ``controller.kserve_status``) with
-    ``infer_response`` naming the request (model, version, id). No request's failure ends
-    the stream; it ends when the client has closed its side and every request has been
-    answered. A client that does not read its responses gets at most
-    ``stream_reply_buffer_bytes`` of them buffered, then its stream is ended with
-    RESOURCE_EXHAUSTED (its requests are still answered once inside)."""
+    ``admit_slice`` rows or so, a request's rows never split), within the stream's
+    (``stream_outstanding``) and the connection's bounds, counted in rows (a request
+    whose rows do not all fit is answered ``overloaded``, and so is every request read
+    after it in that turn). Every request gets exactly one ``ModelStreamInferResponse``,
+    once all its rows are answered, in completion order: its ``infer_response`` (all its
+    rows, in order), or ``error_message`` ``KIND: message`` (the kinds of
+    ``controller.kserve_status``; the worst row's) with ``infer_response`` naming the
+    request (model, version, id). No request's failure ends the stream; it ends when the
+    client has closed its side and every request has been answered. A client that does
+    not read its responses gets at most ``stream_reply_buffer_bytes`` of them buffered,
+    then its stream is ended with RESOURCE_EXHAUSTED (its requests are still answered
+    once inside)."""
 
     def __init__(self, fe: KServeFrontend, context) -> None:
         self.fe = fe
@@ -453,10 +483,10 @@ class _ModelStream:
         self.context = context
         self.conn = context.peer()
         self.loop = asyncio.get_running_loop()
-        self.waiting: list = []  # (request, TypedInferRequest, batched, requested): read
-        self.pending: dict[int, tuple] = {}  # client_id -> (request, batched, requested)
+        self.waiting: list = []  # (request, rows, batched, requested): read, not admitted
+        self.pending: dict[int, tuple] = {}  # a row's client_id -> (_Request, row index)
         self.seq = 0
-        self.open = 0  # admitted, not yet answered
+        self.open = 0  # rows admitted, not yet answered
         self.done = False  # the client closed its side
         self.dead = False  # no more responses go out
         self.out: deque = deque()  # (ModelStreamInferResponse, size) to write
@@ -493,15 +523,20 @@ class _ModelStream:
                                                   id=request.id)))
 
     def _deliver(self, resp) -> None:
-        """The controller's answer to one admitted request (exactly once each)."""
+        """The controller's answer to one admitted row (exactly once each); the last of
+        a request's rows answers the request."""
         item = self.pending.pop(resp.client_id, None)
         if item is None:
             return
         self.open -= 1
         self.node.gate.leave(self.conn)
-        request, batched, requested = item
+        req, i = item
+        if not req.rows.put(i, resp):
+            return
+        request = req.request
         try:
-            outs = self.fe.finish(request.model_name, resp, requested, batched)
+            outs = self.fe.finish(request.model_name, req.rows.resps, req.requested,
+                                  req.batched)
         except KServeError as e:
             self._error(request, e)
             return
@@ -514,18 +549,15 @@ class _ModelStream:
 
     def _read_one(self, request) -> None:
         try:
-            self.fe.check_version(request.model_name, request.model_version)
-            params = {k: _param_value(v) for k, v in request.parameters.items()}
-            requested = [o.name for o in request.outputs]
-            typed, batched = self.fe.prepare(request.model_name, _grpc_inputs(request),
-                                             params, requested)
+            inputs, params, requested = grpc_request(request)
+            rows, batched = self.fe.prepare(request.model_name, inputs, params, requested)
         except KServeError as e:
             self._error(request, e)
             return
         except Exception as e:  # noqa: BLE001 - a bug: answer it, keep the stream
             self._error(request, _internal("ModelStreamInfer", e))
             return
-        self.waiting.append((request, typed, batched, requested))
+        self.waiting.append((request, rows, batched, requested))
         if len(self.waiting) == 1:
             self.loop.call_soon(self._admit)  # with whatever else arrives this turn
 
@@ -539,22 +571,34 @@ class _ModelStream:
         if mine <= room:
             room, why = mine, (f"{lim.stream_outstanding} requests outstanding on this "
                                "stream (limit stream_outstanding)")
-        n = min(len(batch), max(0, room))
-        reqs = []
-        for request, typed, batched, requested in batch[:n]:
-            self.seq += 1
-            typed.client_id = self.seq
-            self.pending[self.seq] = (request, batched, requested)
-            reqs.append(typed)
-        if n:
-            self.open += n
-            gate.enter(self.conn, n)
-            size = lim.admit_slice
-            for i in range(0, n, size):
-                submit_guarded(node, reqs[i:i + size], self._deliver, 0)
-        for request, typed, _, _ in batch[n:]:
-            resp = overloaded(node, typed, why)
-            self._error(request, of_answer(resp.status, resp.reason, resp.message))
+        slices: list[list[TypedInferRequest]] = []
+        current: list[TypedInferRequest] = []
+        taken = 0
+        for request, rows, batched, requested in batch:
+            k = len(rows)
+            if k > room:
+                break
+            room -= k
+            taken += 1
+            req = _Request(request, batched, requested, _Rows(k))
+            for i, row in enumerate(rows):
+                self.seq += 1
+                row.client_id = self.seq
+                self.pending[self.seq] = (req, i)
+            self.open += k
+            gate.enter(self.conn, k)
+            current.extend(rows)
+            if len(current) >= lim.admit_slice:
+                slices.append(current)
+                current = []
+        if current:
+            slices.append(current)
+        for reqs in slices:
+            submit_guarded(node, reqs, self._deliver, 0)
+        for request, rows, _, _ in batch[taken:]:
+            answers = [overloaded(node, row, why) for row in rows]
+            self._error(request, of_answer(answers[0].status, answers[0].reason,
+                                           answers[0].message))
 
     async def _reader(self, requests) -> None:
         async for request in requests:
@@ -612,53 +656,7 @@ def add_kserve_grpc(node, server: grpc.aio.Server) -> None:
 
 
 # ---------------------------------------------------------------------- REST bodies
-
-def rest_request(req: dict, binary: bytes | memoryview):
-    """A REST request's JSON header (``req``) and the binary data after it ->
-    (inputs, parameters, requested output names, {output: binary?}, binary by default)."""
-    params = req.get("parameters") or {}
-    wanted = req.get("outputs") or []
-    requested = [o.get("name") for o in wanted if isinstance(o, dict)]
-    binary_all = bool(params.get("binary_data_output", False))
-    binary_of = {o.get("name"): bool((o.get("parameters") or {}).get("binary_data",
-                                                                      binary_all))
-                 for o in wanted if isinstance(o, dict)}
-    return _rest_inputs(req, binary), params, requested, binary_of, binary_all
-
-
-def _rest_inputs(body: dict, binary: bytes | memoryview) -> list[InTensor]:
-    """The inputs of a REST request: binary ones as views of the body after the JSON
-    header (no copy), JSON ones as arrays."""
-    out = []
-    binary = memoryview(binary)
-    pos = 0
-    inputs = body.get("inputs")
-    if not isinstance(inputs, list):
-        raise KServeError(INVALID, "request needs an 'inputs' list")
-    for t in inputs:
-        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
-            raise KServeError(INVALID, "each input needs a name, shape, datatype and data")
-        name, datatype = t["name"], t.get("datatype", "")
-        shape = t.get("shape", [])
-        if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
-            raise KServeError(INVALID, f"input {name!r}: shape must be a list of integers")
-        params = t.get("parameters") or {}
-        np_name = KS_TO_NP.get(datatype)
-        if np_name is None:
-            raise KServeError(INVALID, f"input {name!r}: unsupported datatype {datatype!r}")
-        if "binary_data_size" in params:
-            n = int(params["binary_data_size"])
-            if n < 0 or pos + n > len(binary):
-                raise KServeError(INVALID, f"input {name!r}: binary_data_size {n} exceeds "
-                                  "the binary data sent")
-            data = binary[pos:pos + n]
-            pos += n
-        else:
-            if "data" not in t:
-                raise KServeError(INVALID, f"input {name!r} has no data")
-            try:
-                data = np.ascontiguousarray(t["data"], dtype=np_name)
-            except (TypeError, ValueError) as e:
-                raise KServeError(INVALID, f"input {name!r}: bad data ({e})") from None
-        out.append(InTensor(name, datatype, shape, data))
-    return out
+# ``rest_request(req, binary)`` (imported above from controller.kserve_validate, where
+# gRPC's requests are checked too): a REST request's JSON header and the binary data
+# after it -> (inputs, parameters, requested output names, {output: binary?}, binary by
+# default). controller/kserve_rest.py calls it, then ``KServeFrontend.infer``.

@@ -24,6 +24,11 @@ anything else (a bug: a worker refusing what the controller
 sent, outputs that do not fit, an exception while admitting)    ``INTERNAL``           500
 ==============================================================  =====================  ====
 
+A request of several rows (a KServe request's batch; each row is one controller request)
+fails when any row fails, with the worst row's kind (:func:`worst`; :data:`SEVERITY`
+orders them: a bug, then a request the client must change, then "not now", then
+"too late").
+
 Every 503 carries ``Retry-After`` (REST) / ``retry-after`` trailing metadata (gRPC). An
 INTERNAL answer says ``internal error`` and nothing of the exception or the worker's
 text (the controller logs and counts those); the other messages are the controller's
@@ -40,6 +45,8 @@ from controller.inflight import failed_code
 NOT_FOUND, INVALID, DEADLINE, UNAVAILABLE, INTERNAL = (
     "NOT_FOUND", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "UNAVAILABLE", "INTERNAL")
 KINDS = (NOT_FOUND, INVALID, DEADLINE, UNAVAILABLE, INTERNAL)
+# the kinds from worst to least bad (a request of many rows fails with its worst row's)
+SEVERITY = (INTERNAL, INVALID, NOT_FOUND, UNAVAILABLE, DEADLINE)
 GRPC_CODE = {NOT_FOUND: grpc.StatusCode.NOT_FOUND, INVALID: grpc.StatusCode.INVALID_ARGUMENT,
              DEADLINE: grpc.StatusCode.DEADLINE_EXCEEDED,
              UNAVAILABLE: grpc.StatusCode.UNAVAILABLE, INTERNAL: grpc.StatusCode.INTERNAL}
@@ -109,3 +116,14 @@ def of_answer(status: int, reason: str, message: str) -> KServeError:
         if kind == UNAVAILABLE:
             return KServeError(UNAVAILABLE, f"{name}: worker error {code.name}")
     return KServeError(INTERNAL, INTERNAL_MESSAGE)
+
+
+def worst(errors) -> KServeError:
+    """The worst of several rows' errors (by :data:`SEVERITY`; the first of a kind)."""
+    best = None
+    for e in errors:
+        if best is None or SEVERITY.index(e.kind) < SEVERITY.index(best.kind):
+            best = e
+    if best is None:
+        raise ValueError("worst() of no errors")
+    return best

@@ -90,7 +90,8 @@ def test_errors(client):
     assert "NOT_FOUND" in e.value.status()
     with pytest.raises(InferenceServerException) as e:
         client.infer("resnet50_v2", [_input((1, 3, 10, 10))], client_timeout=TIMEOUT)
-    assert "shape [1, 3, 10, 10], expected [1, 3, 224, 224]" in e.value.message()
+    assert "shape [1, 3, 10, 10], expected [n, 3, 224, 224] with 1 <= n <= 16 rows, or " \
+        "[3, 224, 224]" in e.value.message()
     assert "INVALID_ARGUMENT" in e.value.status()
     with pytest.raises(InferenceServerException) as e:
         client.infer("resnet50_v2", [_input(dtype="FP64")], client_timeout=TIMEOUT)
@@ -123,7 +124,7 @@ def test_model_config_grpc(client, cluster):
     cfg = client.get_model_config("resnet50_v2", client_timeout=TIMEOUT, as_json=True)["config"]
     assert cfg["name"] == "resnet50_v2"
     assert cfg["platform"] == "clockwork" and cfg["backend"] == "clockwork"
-    assert cfg["max_batch_size"] == 1
+    assert cfg["max_batch_size"] == 16  # the profile's largest batch size
     assert cfg["input"] == [{"name": "data", "data_type": "TYPE_FP32", "dims": ["3", "224", "224"]}]
     assert cfg["output"] == [{"name": "output", "data_type": "TYPE_FP32", "dims": ["1000"]}]
     assert cfg["dynamic_batching"] == {}
@@ -139,14 +140,16 @@ def test_model_config_grpc(client, cluster):
     with pytest.raises(InferenceServerException) as e:
         client.get_model_config("no_such_model", client_timeout=TIMEOUT)
     assert "NOT_FOUND" in e.value.status()
-    # what the configuration says is what inference accepts: one row (batch dim 1) ...
-    r = client.infer("resnet50_v2", [_input()], parameters={"slo_ms": 100},
-                     client_timeout=TIMEOUT)
-    assert r.as_numpy("output").shape == (1, 1000)
-    # ... and not more than max_batch_size rows
+    # what the configuration says is what inference accepts: up to max_batch_size rows ...
+    for n in (1, 16):
+        r = client.infer("resnet50_v2", [_input((n, 3, 224, 224))],
+                         parameters={"slo_ms": 1000}, client_timeout=TIMEOUT)
+        assert r.as_numpy("output").shape == (n, 1000)
+    # ... and not more
     with pytest.raises(InferenceServerException) as e:
-        client.infer("resnet50_v2", [_input((2, 3, 224, 224))], client_timeout=TIMEOUT)
+        client.infer("resnet50_v2", [_input((17, 3, 224, 224))], client_timeout=TIMEOUT)
     assert "INVALID_ARGUMENT" in e.value.status()
+    assert "batch of 17 rows is over the model's max_batch_size 16" in e.value.message()
 
 
 def test_unknown_version_grpc(client):
@@ -386,7 +389,7 @@ def test_model_config_http(cluster):
     c = thttp.InferenceServerClient(url, connection_timeout=TIMEOUT, network_timeout=TIMEOUT)
     try:
         cfg = c.get_model_config("mobilenet_v2")
-        assert cfg["name"] == "mobilenet_v2" and cfg["max_batch_size"] == 1
+        assert cfg["name"] == "mobilenet_v2" and cfg["max_batch_size"] == 16
         assert cfg["backend"] == "clockwork"
         assert cfg["input"] == [{"name": "data", "data_type": "TYPE_FP32",
                                  "format": "FORMAT_NONE", "dims": [3, 224, 224]}]
