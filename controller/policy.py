@@ -4,8 +4,8 @@ A policy is a pure core: it takes events and the current time and returns the
 actions to send. It never reads a clock, sleeps or does I/O. Times are int
 nanoseconds on the caller's clock (the one ``now`` is read from).
 
-The event methods (``on_request``, ``on_result``, ``on_tick``, ``set_gpu_available``)
-change the policy; ``next_wakeup`` and ``drain_replies`` are how the shell learns what
+The event methods (``on_request``, ``on_result``, ``on_tick``, ``set_gpu_available``,
+``add_model``, ``remove_model``) change the policy; ``next_wakeup`` and ``drain_replies`` are how the shell learns what
 to do next. The read-only methods (``queued``, ``model_view``, ``pages_used``,
 ``stats``) are for status calls, metrics and experiments: they change nothing, so a
 shell may call them at any time between events, as often as it likes. Shells use only
@@ -18,7 +18,13 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from clockwork.actions import Action, Result
+from clockwork.profiles import ModelProfile
 from clockwork.requests import Reply, Request
+
+# The message of a request answered INVALID_REQUEST because its model was removed
+# (``Policy.remove_model``) while it waited, or arrived after (front ends tag such
+# answers ``unknown_model``: the model is no longer served).
+MODEL_UNLOADED = "model unloaded"
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,7 @@ class ModelView:
     loaded_on: tuple[int, ...]  # GPUs holding a copy of its weights or loading one, ascending
     loading_on: tuple[int, ...]  # those of ``loaded_on`` whose LOAD is not yet reported done
     queued: int  # its requests waiting: accepted, not answered, not part of an INFER in flight
+    removing: bool = False  # removed (``Policy.remove_model``); copies not all evicted yet
 
 
 class Policy(ABC):
@@ -70,6 +77,41 @@ class Policy(ABC):
         from the failed results of the actions sent to it."""
         return []
 
+    def add_model(self, name: str, profile: ModelProfile, now: int) -> list[Action]:
+        """A model instance joins at run time, served under ``name`` with ``profile``'s
+        figures (the profile's own ``model`` name does not matter). It is schedulable at
+        once: a request for it is accepted from the next ``on_request`` on and its weights
+        are loaded on demand by the policy's usual rules, exactly as for a model the
+        policy was built with. Nothing else changes: no action is sent for it before a
+        request arrives, and no other model's queue, copy or estimate is touched.
+
+        Raises ``ValueError`` if ``name`` is known: served, or removed with copies still
+        to evict (``model_view(name)`` is not None); the caller waits until it is None.
+        A policy that cannot add models raises ``NotImplementedError``."""
+        raise NotImplementedError(f"policy {type(self).__name__} cannot add models at run time")
+
+    def remove_model(self, name: str, now: int) -> list[Action]:
+        """Stop serving ``name``, freeing its GPU memory:
+
+        * from this call on, a request for it is answered at once ``INVALID_REQUEST``, as
+          for a model never served (never queued);
+        * every request of it waiting in a queue is answered now, ``INVALID_REQUEST`` with
+          message ``MODEL_UNLOADED`` (it is in the next ``drain_replies``);
+        * INFERs already sent run to the end and their requests are answered as usual
+          (a failed one is not retried: its requests are answered like the queued ones);
+        * each copy is EVICTed as soon as nothing runs or loads on it -- in the returned
+          actions for copies idle now, else when its last INFER or its LOAD reports --
+          and its pages count as free from then (``pages_used``);
+        * while copies remain, ``model_view(name)`` has ``removing`` True; once the last
+          copy is gone the policy forgets the name (``model_view`` None) and
+          ``add_model`` may use it again.
+
+        Other models are not touched, except that the freed pages may now take a LOAD
+        they were waiting for. Raises ``KeyError`` for a name not served (never added,
+        or removed already). A policy that cannot remove models raises
+        ``NotImplementedError``."""
+        raise NotImplementedError(f"policy {type(self).__name__} cannot remove models at run time")
+
     # ------------------------------------------------------------------ read-only views
 
     @abstractmethod
@@ -81,7 +123,7 @@ class Policy(ABC):
     @abstractmethod
     def model_view(self, model: str) -> ModelView | None:
         """A snapshot of one model instance (``ModelView``); None for a name the policy
-        was not built with. Read-only."""
+        does not know (never served, or removed and all its copies evicted). Read-only."""
 
     @abstractmethod
     def pages_used(self, gpu_index: int) -> int:

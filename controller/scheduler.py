@@ -14,6 +14,10 @@ Rules (explained in docs/scheduling.md), each in one place below:
   return the requests of a rejected INFER to their queue if they can still make it.
 * ``on_tick``  answer requests that can no longer start in time; wake GPUs whose
   schedule-ahead window opened; re-examine unmet demand for LOADs.
+* ``add_model`` / ``remove_model``  the set of models changes at run time: a new model
+  is an empty queue like any other; a removed one answers its queue, leaves
+  ``self.models`` (so no request reaches it) and waits in ``_removed`` until each copy
+  is idle and EVICTed.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from clockwork.profiles import ModelProfile
 from clockwork.requests import DONE, EXECUTING, QUEUED, Reply, Request
 from controller.config import SchedulerConfig
 from controller.inflight import COPY_GONE, Inflight, error_message
-from controller.policy import GpuSpec, ModelView, Policy
+from controller.policy import MODEL_UNLOADED, GpuSpec, ModelView, Policy
 from controller.state import GpuState, Instance, ModelState
 
 MISS_MEMORY = 1_000_000_000  # how long a request rejected for a cold model keeps asking for a LOAD
@@ -54,6 +58,7 @@ class ClockworkScheduler(Policy):
         self._misses: dict[str, tuple[int, float]] = {}  # cold model -> (last miss, demand)
         self._last_now = 0
         self._next_load_check = 0
+        self._removed: dict[str, ModelState] = {}  # removed, copies not yet all evicted
 
     # ------------------------------------------------------------------ events
 
@@ -61,7 +66,9 @@ class ClockworkScheduler(Policy):
         out: list[Action] = []
         m = self.models.get(request.model)
         if m is None:
-            self._answer(request, RequestStatus.INVALID_REQUEST, now, f"unknown model {request.model!r}")
+            self._answer(request, RequestStatus.INVALID_REQUEST, now,
+                         MODEL_UNLOADED if request.model in self._removed
+                         else f"unknown model {request.model!r}")
             return out
         cfg = self.cfg
         slo = request.slo or cfg.default_slo
@@ -170,6 +177,8 @@ class ClockworkScheduler(Policy):
                 if result.status in COPY_GONE and not inst.loading and g.instances.get(m.name) is inst \
                         and result.end >= inst.ready_at:
                     self._drop_instance(inst, now)
+            if m.removed and self._retire(inst, now, out) and (self._unserved or self._misses):
+                self._schedule_loads(now, out, only_idle=False)  # its pages may take a LOAD
             self._schedule_infer(g, now, out)
         elif t == ActionType.LOAD:
             g.pcie.done(result.id, result.end)
@@ -181,6 +190,8 @@ class ClockworkScheduler(Policy):
                     inst.loading = False
                     inst.ready_at = result.end
                     inst.model.ready_copies += 1
+                    if inst.model.removed:
+                        self._retire(inst, now, out)
             elif current:
                 self._drop_instance(inst, now)
             self._schedule_infer(g, now, out)
@@ -389,6 +400,10 @@ class ClockworkScheduler(Policy):
         out.append(a)
 
     def _requeue(self, m: ModelState, requests: list[Request], result: Result, now: int) -> None:
+        if m.removed:  # nowhere to run them any more
+            for r in requests:
+                self._answer(r, RequestStatus.INVALID_REQUEST, now, MODEL_UNLOADED)
+            return
         keep = []
         e1 = m.est.exec(m.batch_sizes[0])
         for r in requests:
@@ -456,7 +471,7 @@ class ClockworkScheduler(Policy):
         if not gpus:
             self._arm_load_check(now)
             return
-        shares = {g.index: g.load_share(self.models) for g in gpus}
+        shares = {g.index: g.load_share() for g in gpus}
         # least loaded first; among equals the GPU holding fewest models, so copies spread
         gpus.sort(key=lambda g: (shares[g.index], len(g.instances), g.index))
         taken: set[str] = set()
@@ -510,7 +525,7 @@ class ClockworkScheduler(Policy):
                 for gi in m.instances:
                     s = share_cache.get(gi)
                     if s is None:
-                        s = share_cache[gi] = self.gpus[gi].load_share(self.models)
+                        s = share_cache[gi] = self.gpus[gi].load_share()
                     prio -= per_copy * (1.0 if s <= 1.0 else 1.0 / s)
             if prio > 1e-9:
                 out.append((prio, m.name))
@@ -579,10 +594,49 @@ class ClockworkScheduler(Policy):
         g.free_pages += m.pages
         if not inst.loading:
             m.ready_copies -= 1
-        if m.live and not m.instances:
+        if m.removed and not m.instances:
+            self._removed.pop(m.name, None)  # its last copy is gone: forget it
+        elif m.live and not m.instances:
             self._unserved.add(m.name)
             if not self._next_load_check:
                 self._next_load_check = now  # place a new copy at the next tick
+
+    # ------------------------------------------------------------------ models coming and going
+
+    def add_model(self, name: str, profile: ModelProfile, now: int) -> list[Action]:
+        if name in self.models or name in self._removed:
+            raise ValueError(f"model {name!r} is already known"
+                             + (" (its copies are being evicted)" if name in self._removed else ""))
+        if profile.model != name:
+            profile = profile.renamed(name)
+        self.models[name] = ModelState(profile, self.cfg)
+        return []  # loaded on demand, like any model without a copy
+
+    def remove_model(self, name: str, now: int) -> list[Action]:
+        m = self.models.pop(name, None)
+        if m is None:
+            raise KeyError(name)
+        out: list[Action] = []
+        m.removed = True
+        self._misses.pop(name, None)
+        if m.instances:
+            self._removed[name] = m
+        for r in list(m.queue):
+            if r.state == QUEUED:
+                self._unqueue(m, r)
+                self._answer(r, RequestStatus.INVALID_REQUEST, now, MODEL_UNLOADED)
+        for inst in list(m.instances.values()):
+            self._retire(inst, now, out)
+        if out and (self._unserved or self._misses):
+            self._schedule_loads(now, out, only_idle=False)  # the freed pages may take a LOAD
+        return out
+
+    def _retire(self, inst: Instance, now: int, out: list[Action]) -> bool:
+        """EVICT a removed model's copy if nothing runs or loads on it; whether it did."""
+        if inst.loading or inst.inflight or inst.gpu.instances.get(inst.model.name) is not inst:
+            return False
+        self._send_evict(inst, now, out)
+        return True
 
     # ------------------------------------------------------------------ answers
 
@@ -637,11 +691,11 @@ class ClockworkScheduler(Policy):
         return sum(m.live for m in self.models.values())
 
     def model_view(self, model: str) -> ModelView | None:
-        m = self.models.get(model)
+        m = self.models.get(model) or self._removed.get(model)
         if m is None:
             return None
         on = tuple(sorted(m.instances))
-        return ModelView(on, tuple(i for i in on if m.instances[i].loading), m.live)
+        return ModelView(on, tuple(i for i in on if m.instances[i].loading), m.live, m.removed)
 
     def stats(self) -> dict[str, int]:
         return self._sent.counts()

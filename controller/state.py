@@ -32,7 +32,7 @@ class ModelState:
 
     __slots__ = ("name", "profile", "est", "queue", "live", "outstanding", "instances",
                  "ready_copies", "versions", "batch_sizes", "pages", "item_cost",
-                 "monotone", "last_deadline", "slo_cache")
+                 "monotone", "last_deadline", "slo_cache", "removed")
 
     def __init__(self, profile: ModelProfile, cfg: SchedulerConfig) -> None:
         self.name = profile.model
@@ -47,6 +47,7 @@ class ModelState:
         self.last_deadline = 0
         self.slo_cache = None  # ((slo, exec1, load), slo - buffer, demand) of the last SLO seen
         self.versions = 0
+        self.removed = False  # removed at run time: its copies are evicted once idle
         self.pages = profile.weights_pages
         self.batch_sizes = [b for b in profile.batch_sizes if b <= cfg.max_batch] or [1]
         # GPU time per request at the most efficient allowed batch size (demand accounting)
@@ -90,11 +91,11 @@ class GpuState:
         self.available = True  # False while its worker is gone: nothing is placed here
         self.held: list[str] = []  # the models it held when it was lost (restored on return)
 
-    def load_share(self, models: dict[str, ModelState]) -> float:
+    def load_share(self) -> float:
         """Queued demand this GPU is expected to absorb, in GPUs (1.0 = saturated)."""
         total = 0.0
-        for name in self.instances:
-            m = models[name]
+        for inst in self.instances.values():
+            m = inst.model
             if m.outstanding:
                 total += m.outstanding / len(m.instances)
         return total

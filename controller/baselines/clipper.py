@@ -106,6 +106,19 @@ class ClipperPolicy(BaselinePolicy):
 
     # ------------------------------------------------------------------ hooks
 
+    def _added(self, model: str) -> None:
+        self.models[model] = _Model(model)
+
+    def _take_queued(self, model: str) -> list[Request]:
+        m = self.models[model]
+        out = [e[2] for e in sorted(m.queue)]
+        m.queue = []
+        self._unplaced.discard(model)
+        return out
+
+    def _forget(self, model: str) -> None:
+        del self.models[model]
+
     def _admit(self, r: Request, now: int, out: list[Action]) -> None:
         m = self.models[r.model]
         if self.profiles[r.model].weights_pages > max(g.total_pages for g in self.gpus):
@@ -130,6 +143,8 @@ class ClipperPolicy(BaselinePolicy):
     def _infer_done(self, copy: Copy, action: Action, result: Result, requests: list[Request],
                     now: int, out: list[Action]) -> None:
         c: Container = copy.data
+        if copy.model not in self.serving:
+            return  # removed: no more batches
         slo = min(r.slo for r in requests)
         self.aimd(c, now - action.sent_at, slo)
 

@@ -16,6 +16,13 @@ returns its requests to the policy (``_requeue``) up to ``MAX_ATTEMPTS`` times, 
 which they are answered ``ERROR``; one rejected because the weights were missing also
 drops the copy (``_lost``).
 
+Models come and go at run time (``add_model`` / ``remove_model``): an added model gets
+the same per-model state as one the policy was built with (the ``_added`` hook); a
+removed one leaves ``serving`` at once (its requests are refused like an unknown
+model's), its queued requests are answered (the subclass hands them over in
+``_take_queued``), its copies are EVICTed as each becomes idle, and its state is
+forgotten (``_forget``) when the last copy is gone.
+
 A subclass supplies the policy in the hooks below, and ``_waiting`` (how many requests
 of a model its queues hold) for the read-only views.
 """
@@ -31,7 +38,7 @@ from clockwork.requests import DONE, EXECUTING, Reply, Request
 from clockwork.settings import from_table
 from controller.config import SchedulerConfig
 from controller.inflight import COPY_GONE, Inflight, error_message
-from controller.policy import GpuSpec, ModelView, Policy
+from controller.policy import MODEL_UNLOADED, GpuSpec, ModelView, Policy
 
 MAX_ATTEMPTS = 3  # INFERs a request may be part of before a worker error is final
 
@@ -48,11 +55,12 @@ def parse_settings(cls, settings: Mapping[str, object] | None, policy: str = "")
 class Copy:
     """A model's weights on one GPU (loading or loaded), as the controller believes."""
 
-    __slots__ = ("model", "gpu", "loading", "inflight", "last_used", "data")
+    __slots__ = ("model", "gpu", "pages", "loading", "inflight", "last_used", "data")
 
-    def __init__(self, model: str, gpu: Gpu) -> None:
+    def __init__(self, model: str, gpu: Gpu, pages: int = 0) -> None:
         self.model = model
         self.gpu = gpu
+        self.pages = pages  # its weights' pages on the GPU
         self.loading = True
         self.inflight = 0  # INFERs sent and not answered
         self.last_used = 0
@@ -81,12 +89,13 @@ class BaselinePolicy(Policy):
 
     def __init__(self, profiles: Iterable[ModelProfile], gpus: Iterable[GpuSpec],
                  config: SchedulerConfig | None = None) -> None:
-        self.cfg = cfg = config or SchedulerConfig()
+        self.cfg = config or SchedulerConfig()
+        # every model with state here (served, or removed with copies left); ``serving``:
+        # those that take requests
         self.profiles: dict[str, ModelProfile] = {p.model: p for p in profiles}
-        self.sizes: dict[str, list[int]] = {
-            n: [b for b in p.batch_sizes if b <= cfg.max_batch] or [p.batch_sizes[0]]
-            for n, p in self.profiles.items()
-        }
+        self.serving: set[str] = set(self.profiles)
+        self._removing: set[str] = set()  # removed, some copy not yet evicted
+        self.sizes: dict[str, list[int]] = {n: self._sizes(p) for n, p in self.profiles.items()}
         self.gpus: list[Gpu] = [Gpu(i, s) for i, s in enumerate(gpus)]
         self.copies: dict[str, dict[int, Copy]] = {n: {} for n in self.profiles}
         self._replies: list[Reply] = []
@@ -96,7 +105,23 @@ class BaselinePolicy(Policy):
         self._timer_set: set[int] = set()
         self._use_seq = 0
 
+    def _sizes(self, p: ModelProfile) -> list[int]:
+        return [b for b in p.batch_sizes if b <= self.cfg.max_batch] or [p.batch_sizes[0]]
+
     # ------------------------------------------------------------------ hooks
+
+    def _added(self, model: str) -> None:
+        """``add_model``: make the policy's own state for a new model (as ``__init__``
+        does for the models it is built with)."""
+        raise NotImplementedError
+
+    def _take_queued(self, model: str) -> list[Request]:
+        """``remove_model``: empty every queue of ``model`` and return its requests (they
+        are answered by the caller), oldest first."""
+        raise NotImplementedError
+
+    def _forget(self, model: str) -> None:
+        """A removed model's last copy is gone: drop the policy's own state of it."""
 
     def _admit(self, r: Request, now: int, out: list[Action]) -> None:
         raise NotImplementedError
@@ -134,9 +159,10 @@ class BaselinePolicy(Policy):
 
     def on_request(self, request: Request, now: int) -> list[Action]:
         out: list[Action] = []
-        if request.model not in self.profiles:
+        if request.model not in self.serving:
             self._answer(request, RequestStatus.INVALID_REQUEST, now,
-                         f"unknown model {request.model!r}")
+                         MODEL_UNLOADED if request.model in self._removing
+                         else f"unknown model {request.model!r}")
             return out
         slo = request.slo or self.cfg.default_slo
         if slo <= 0:
@@ -175,7 +201,11 @@ class BaselinePolicy(Policy):
                 if result.status in COPY_GONE and not c.loading and g.copies.get(c.model) is c:
                     self._drop(c)
                     self._lost(c.model, g, now, out)
-                if retry:
+                if retry and c.model in self._removing:
+                    for r in retry:  # nowhere to run them any more
+                        self._attempts.pop(r.id, None)
+                        self._answer(r, RequestStatus.INVALID_REQUEST, now, MODEL_UNLOADED)
+                elif retry:
                     self._requeue(c.model, retry, now, out)
         elif a.type == ActionType.LOAD:
             g.loads -= 1
@@ -186,6 +216,8 @@ class BaselinePolicy(Policy):
             elif current:
                 self._drop(c)
                 self._lost(c.model, g, now, out)
+        if self._removing:
+            self._sweep(now, out)
         self._gpu_free(g, now, out)
         return out
 
@@ -206,6 +238,48 @@ class BaselinePolicy(Policy):
     def drain_replies(self) -> list[Reply]:
         out, self._replies = self._replies, []
         return out
+
+    # ------------------------------------------------------------------ models coming and going
+
+    def add_model(self, name: str, profile: ModelProfile, now: int) -> list[Action]:
+        if name in self.profiles:
+            raise ValueError(f"model {name!r} is already known"
+                             + (" (its copies are being evicted)" if name in self._removing else ""))
+        if profile.model != name:
+            profile = profile.renamed(name)
+        self.profiles[name] = profile
+        self.sizes[name] = self._sizes(profile)
+        self.copies[name] = {}
+        self._added(name)
+        self.serving.add(name)
+        return []  # loaded on demand, like any model without a copy
+
+    def remove_model(self, name: str, now: int) -> list[Action]:
+        if name not in self.serving:
+            raise KeyError(name)
+        out: list[Action] = []
+        self.serving.discard(name)
+        self._removing.add(name)
+        for r in self._take_queued(name):
+            self._attempts.pop(r.id, None)
+            self._answer(r, RequestStatus.INVALID_REQUEST, now, MODEL_UNLOADED)
+        freed = {c.gpu.index: c.gpu for c in self.copies[name].values()}
+        self._sweep(now, out)
+        for g in freed.values():  # pages freed: the policy may place waiting work
+            self._gpu_free(g, now, out)
+        return out
+
+    def _sweep(self, now: int, out: list[Action]) -> None:
+        """EVICT the idle copies of removed models; forget a model whose copies are gone."""
+        for name in sorted(self._removing):
+            copies = self.copies[name]
+            for c in list(copies.values()):
+                if not c.loading and not c.inflight and c.gpu.copies.get(name) is c:
+                    self._send_evict(c, now, out)
+            if not copies:
+                self._removing.discard(name)
+                self._forget(name)
+                del self.profiles[name], self.sizes[name], self.copies[name]
 
     # ------------------------------------------------------------------ helpers
 
@@ -256,7 +330,7 @@ class BaselinePolicy(Policy):
         chosen = []
         for c in cands:
             chosen.append(c)
-            need -= self.profiles[c.model].weights_pages
+            need -= c.pages
             if need <= 0:
                 return chosen
         return None
@@ -280,7 +354,7 @@ class BaselinePolicy(Policy):
         aid = self._sent.new_id()
         a = Action(aid, ActionType.LOAD, g.worker, g.gpu, model, now, NEVER, p.load_ns,
                    expected_end=now + p.load_ns, sent_at=now)
-        c = Copy(model, g)
+        c = Copy(model, g, p.weights_pages)
         self._use_seq += 1
         c.last_used = self._use_seq
         g.copies[model] = c
@@ -304,7 +378,7 @@ class BaselinePolicy(Policy):
         g = c.gpu
         del g.copies[c.model]
         del self.copies[c.model][g.index]
-        g.free_pages += self.profiles[c.model].weights_pages
+        g.free_pages += c.pages
 
     # ------------------------------------------------------------------ read-only views
 
@@ -314,14 +388,16 @@ class BaselinePolicy(Policy):
         return g.total_pages - g.free_pages
 
     def queued(self) -> int:
-        return sum(self._waiting(n) for n in self.profiles)
+        return sum(self._waiting(n) for n in self.serving)
 
     def model_view(self, model: str) -> ModelView | None:
         if model not in self.profiles:
             return None
         copies = self.copies[model]
         on = tuple(sorted(copies))
-        return ModelView(on, tuple(i for i in on if copies[i].loading), self._waiting(model))
+        removing = model in self._removing
+        return ModelView(on, tuple(i for i in on if copies[i].loading),
+                         0 if removing else self._waiting(model), removing)
 
     def stats(self) -> dict[str, int]:
         return self._sent.counts()

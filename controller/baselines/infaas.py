@@ -196,6 +196,8 @@ class InfaasPolicy(BaselinePolicy):
             m.load = self.model_load(m.name, m.arrivals / secs)
             m.arrivals = 0
         for name in sorted(self.models):
+            if name not in self.serving:
+                continue  # removed: its copies go as they become idle
             m = self.models[name]
             copies = self.copies[name]
             live = [c for c in copies.values() if not c.data.draining]
@@ -231,6 +233,24 @@ class InfaasPolicy(BaselinePolicy):
             self._send_evict(c, now, out)
 
     # ------------------------------------------------------------------ hooks
+
+    def _added(self, model: str) -> None:
+        self.models[model] = _Model(model)
+
+    def _take_queued(self, model: str) -> list[Request]:
+        m = self.models[model]
+        out = list(m.pending)
+        m.pending.clear()
+        for c in self.copies[model].values():
+            if c.data is not None:
+                out.extend(c.data.queue)
+                c.data.queue.clear()
+        self._unplaced.discard(model)
+        out.sort(key=lambda r: (r.arrival, r.id))
+        return out
+
+    def _forget(self, model: str) -> None:
+        del self.models[model]
 
     def _admit(self, r: Request, now: int, out: list[Action]) -> None:
         if self.profiles[r.model].weights_pages > max(g.total_pages for g in self.gpus):

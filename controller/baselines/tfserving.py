@@ -97,6 +97,22 @@ class TfServingPolicy(BaselinePolicy):
 
     # ------------------------------------------------------------------ hooks
 
+    def _added(self, model: str) -> None:
+        cap = self.sizes[model][-1]
+        t = self.tcfg
+        self.queues[model] = _Queue(model, min(t.max_batch_size, cap) if t.max_batch_size else cap)
+
+    def _take_queued(self, model: str) -> list[Request]:
+        q = self.queues[model]
+        out = [r for b in q.closed for r in b] + q.open
+        q.closed.clear()
+        q.open = []
+        self._unplaced.discard(model)
+        return out
+
+    def _forget(self, model: str) -> None:
+        del self.queues[model]
+
     def _admit(self, r: Request, now: int, out: list[Action]) -> None:
         q = self.queues[r.model]
         if self.profiles[r.model].weights_pages > max(g.total_pages for g in self.gpus):
