@@ -341,17 +341,17 @@ def _rest_inputs(body: dict, binary: bytes | memoryview) -> list[InTensor]:
     return out
 
 
-def _first_odd(data):
-    """The first element of a nested list that is not a number or a bool (or a list),
-    for the message about it."""
+def _first_odd(data) -> tuple[bool, object]:
+    """(found, the first element of a nested list that is neither a number, a bool nor a
+    list), for the message about it."""
     stack = [data]
     while stack:
         v = stack.pop()
         if isinstance(v, list):
             stack.extend(reversed(v))
         elif v is None or not isinstance(v, int | float | bool):
-            return v
-    return None
+            return True, v
+    return False, None
 
 
 def _json_data(name: str, datatype: str, shape: list[int], data) -> np.ndarray:
@@ -365,8 +365,8 @@ def _json_data(name: str, datatype: str, shape: list[int], data) -> np.ndarray:
     except (ValueError, TypeError, OverflowError):  # ragged nesting
         arr = None
     if arr is None or arr.dtype.kind in "OUS":
-        odd = _first_odd(data)
-        if odd is not None or (arr is not None and arr.dtype.kind in "US"):
+        found, odd = _first_odd(data)
+        if found:
             raise _bad(f"input {name!r}: 'data' holds {_short(odd)}; {datatype} data must "
                        "be numbers")
         raise _bad(f"input {name!r}: 'data' must be a flat list, or nested lists of equal "

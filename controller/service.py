@@ -811,8 +811,7 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
             await server.stop(0)
             raise ListenError(f"cannot listen on {host}:{http_port} (--http-port): "
                               f"{e.strerror or e}") from None
-        hp = http.sockets[0].getsockname()[1]
-        print(f"clockwork controller http listening on {host}:{hp}", flush=True)
+        print(f"clockwork controller http listening on {host}:{http.port}", flush=True)
     stop = stop or asyncio.Event()
     flusher = asyncio.create_task(node._flush_logs()) if node.telemetry is not None else None
     try:
@@ -821,7 +820,7 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
         if flusher is not None:
             flusher.cancel()
         if http is not None:
-            http.close()
+            await http.close()
         await node.stop()
         await server.stop(1.0)
         node.write_logs()
