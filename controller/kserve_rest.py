@@ -1,13 +1,31 @@
-"""KServe v2 REST (HTTP/1.1) of the controller: the transport and the routes. The
-protocol logic is ``controller.kserve.KServeFrontend``'s, shared with gRPC."""
+"""KServe v2 REST (HTTP/1.1) of the controller, in two layers:
+
+- :class:`KServeRest`, the routes, independent of the transport: ``route(method, target,
+  headers, body, peer)`` -> :class:`Reply` (status, JSON payload or plain text, binary
+  tensor data after the JSON, more headers). The protocol logic is
+  ``controller.kserve.KServeFrontend``'s, shared with gRPC. Tests drive it without
+  sockets.
+- the HTTP server: aiohttp's (``aiohttp.web``), on the controller's event loop, configured
+  in one place, :func:`make_runner`, from ``node.limits``: chunked and compressed
+  (``gzip``, ``deflate``) request bodies, ``Expect: 100-continue``, keep-alive, bounds on
+  the request line, the headers and the body (the decoded body too), the idle and read
+  timeouts, response compression for clients that accept it. Its handler
+  (:class:`_Handler`) only checks the token, reads the body and writes the Reply.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import urllib.parse
+from typing import NamedTuple
 
 import numpy as np
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_urldispatcher import _default_expect_handler
 from prometheus_client import generate_latest
 
 from controller.kserve import (
@@ -23,256 +41,206 @@ from controller.kserve import (
     rest_request,
 )
 
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
-            405: "Method Not Allowed",
-            408: "Request Timeout", 411: "Length Required", 413: "Payload Too Large",
-            414: "URI Too Long", 431: "Request Header Fields Too Large",
-            500: "Internal Server Error",
-            503: "Service Unavailable", 504: "Gateway Timeout"}
-LINGER_S = 2.0  # after a 413, what the client is still sending is read and dropped this long
-
-
 # with a token, every path but these needs "Authorization: Bearer <token>" (probes stay open)
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/v2/health/live", "/v2/health/ready"})
-# a refused request's body is read and dropped (64 KiB at a time, never kept) up to this
-# size, so that the client, still sending, gets to read the 401; larger: the connection closes
-DISCARD_BODY = 16 << 20
+JSON_TYPE = "application/json"
+TEXT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # /metrics, /healthz, /readyz
+BINARY_TYPE = "application/octet-stream"  # JSON header + binary tensor data
+# a response body at least this long is compressed when the client accepts gzip or
+# deflate (a shorter one gains nothing worth the CPU; aiohttp compresses bodies over 4 KiB
+# on a worker thread)
+COMPRESS_MIN_BYTES = 1024
+# at shutdown, requests being handled get this long to finish (then they are cancelled)
+SHUTDOWN_GRACE_S = 1.0
+
+GET, POST = frozenset({"GET", "HEAD"}), frozenset({"POST"})
 
 
-class KServeHttp:
-    """A small HTTP/1.1 server (keep-alive, Content-Length bodies) on the controller's loop.
-    With ``token``, a request without it is answered 401 before its body is read."""
+class Reply(NamedTuple):
+    """A route's answer. ``payload``: a dict or list (JSON), bytes (plain text: /metrics
+    and the probes) or None (an empty body); ``extra``: binary tensor data after the JSON
+    (the binary tensor extension); ``headers``: more response headers."""
+
+    status: int
+    payload: object = None
+    extra: bytes = b""
+    headers: dict | None = None
+
+
+def _error(e: KServeError) -> Reply:
+    return Reply(HTTP_CODE[e.kind], {"error": e.message})
+
+
+def _resolve(path: str) -> tuple[str, list[str], frozenset[str]] | None:
+    """A request path -> (route, its arguments, the methods it takes), or None: no such
+    path."""
+    if path in ("/metrics", "/healthz", "/readyz"):
+        return "ops", [path], GET
+    segs = [urllib.parse.unquote(s) for s in path.strip("/").split("/")]
+    if segs[0] != "v2":
+        return None
+    rest = segs[1:]
+    if rest == []:
+        return "server", [], GET
+    if rest in (["health", "live"], ["health", "ready"]):
+        return "health_" + rest[1], [], GET
+    if rest == ["models", "stats"]:
+        return "all_stats", [], GET
+    if rest == ["repository", "index"]:
+        return "repo_index", [], POST
+    if len(rest) == 4 and rest[:2] == ["repository", "models"] and rest[3] in ("load",
+                                                                                 "unload"):
+        return "repo_" + rest[3], [rest[2]], POST
+    if len(rest) >= 2 and rest[0] == "models":
+        name, tail = rest[1], rest[2:]
+        version = ""
+        if len(tail) >= 2 and tail[0] == "versions":
+            version, tail = tail[1], tail[2:]
+        if tail == []:
+            return "model", [name, version], GET
+        if len(tail) == 1 and tail[0] in ("config", "stats", "ready"):
+            return tail[0], [name, version], GET
+        if tail == ["infer"]:
+            return "infer", [name, version], POST
+    return None
+
+
+class KServeRest:
+    """The REST routes of one controller (``node``); with ``token``, :meth:`authorized`
+    says whether a request carries it."""
 
     def __init__(self, node, token: str | None = None) -> None:
         self.fe = KServeFrontend(node)
+        self.node = node
         self.token = token.encode() if token else None
         self._refused = None
 
-    def _authorized(self, target: str, headers: dict) -> bool:
+    # ------------------------------------------------------------------ authentication
+
+    def authorized(self, target: str, headers) -> bool:
+        """Whether the request may run: no token is needed, its path is open (the
+        probes), or it carries ``Authorization: Bearer <token>``."""
         from clockwork.protocol.security import bearer_ok
 
-        return (urllib.parse.urlsplit(target).path in OPEN_PATHS
+        return (self.token is None or urllib.parse.urlsplit(target).path in OPEN_PATHS
                 or bearer_ok(headers.get("authorization"), self.token))
 
-    async def _unauthorized(self, reader, writer, headers: dict) -> None:
-        """401 with ``WWW-Authenticate: Bearer``, then the connection closes. Nothing of the
-        request runs; its body (up to DISCARD_BODY) is read and dropped first, so that the
-        client sees the answer."""
+    def unauthorized(self, headers) -> Reply:
+        """401 with ``WWW-Authenticate: Bearer`` (counted, logged at most once a
+        second); nothing of the request runs and its body is not read."""
         from clockwork.protocol.security import Refusals
 
         if self._refused is None:
-            self._refused = Refusals("controller", self.fe.node.count)
+            self._refused = Refusals("controller", self.node.count)
         self._refused("an unauthenticated HTTP request")
-        n = int(headers.get("content-length", "0") or 0)
-        if 0 < n <= DISCARD_BODY:
-            while n > 0:
-                n -= len(await reader.readexactly(min(n, 64 << 10)))
         challenge = 'Bearer realm="clockwork"'
         if headers.get("authorization"):
             challenge += ', error="invalid_token"'
-        await self._send(writer, 401, {"error": "authentication required: send the header "
-                                       "'Authorization: Bearer <token>'"},
-                         more_headers={"WWW-Authenticate": challenge, "Connection": "close"})
+        return Reply(401, {"error": "authentication required: send the header "
+                           "'Authorization: Bearer <token>'"},
+                     headers={"WWW-Authenticate": challenge})
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = "rest:" + ":".join(str(x) for x in (writer.get_extra_info("peername") or ()))
-        try:
-            while True:
-                head = await self._read_head(reader, writer)
-                if head is None:
-                    break
-                method, target, headers, deadline = head
-                if self.token is not None and not self._authorized(target, headers):
-                    await self._unauthorized(reader, writer, headers)
-                    break
-                body = await self._read_body(reader, writer, headers, deadline)
-                if body is None:
-                    break
-                status, payload, extra = await self.route(method, target, headers, body, peer)
-                await self._send(writer, status, payload, extra)
-                if headers.get("connection", "").lower() == "close":
-                    break
-        except (ConnectionError, asyncio.IncompleteReadError, ValueError):
-            pass
-        finally:
-            writer.close()
+    # ------------------------------------------------------------------ routes
 
-    async def _read_head(self, reader: asyncio.StreamReader, writer):
-        """The next request's line and headers -> (method, target, headers, deadline for
-        the rest of the request), or None: close the connection (it was idle for
-        ``rest_idle_timeout``, ended, or its head broke a limit and was answered)."""
-        lim = self.fe.node.limits
-        loop = asyncio.get_running_loop()
-        try:
-            line = await asyncio.wait_for(reader.readline(), lim.rest_idle_timeout / 1e9)
-        except TimeoutError:
-            return None  # idle keep-alive connection
-        except ValueError:  # longer than the stream's line limit (64 KiB)
-            return await self._refuse(writer, 414, "request line too long")
-        if not line:
-            return None
-        deadline = loop.time() + lim.rest_read_timeout / 1e9
-        size = len(line)
-        if size > lim.rest_max_header_bytes:
-            return await self._refuse(writer, 414, "request line too long")
-        parts = line.decode("latin-1").split()
-        if len(parts) != 3:
-            return await self._refuse(writer, 400, "malformed request line")
-        method, target, _version = parts
-        headers: dict[str, str] = {}
-        count = 0
-        while True:
-            try:
-                h = await asyncio.wait_for(reader.readline(), max(0.0, deadline - loop.time()))
-            except TimeoutError:
-                return await self._refuse(writer, 408, "request head not received in time")
-            except ValueError:
-                return await self._refuse(writer, 431, "header line too long")
-            if h in (b"\r\n", b"\n", b""):
-                break
-            size += len(h)
-            count += 1
-            if size > lim.rest_max_header_bytes or count > lim.rest_max_headers:
-                return await self._refuse(
-                    writer, 431, f"request head over {lim.rest_max_header_bytes} bytes or "
-                    f"{lim.rest_max_headers} header lines")
-            k, _, v = h.decode("latin-1").partition(":")
-            headers[k.strip().lower()] = v.strip()
-        return method, target, headers, deadline
-
-    async def _read_body(self, reader: asyncio.StreamReader, writer, headers: dict,
-                         deadline: float) -> bytes | None:
-        """The request's body (Content-Length bytes), or None: close the connection (the
-        request broke a limit and was answered: 400 a bad length, 411 a chunked body, 413
-        too large, 408 too slow)."""
-        lim = self.fe.node.limits
-        loop = asyncio.get_running_loop()
-        if "transfer-encoding" in headers:
-            return await self._refuse(writer, 411, "send the body with a Content-Length "
-                                      "(Transfer-Encoding is not supported)")
-        try:
-            n = int(headers.get("content-length", "0") or 0)
-        except ValueError:
-            n = -1
-        if n < 0:
-            return await self._refuse(writer, 400, "bad Content-Length")
-        expect = headers.get("expect", "").lower() == "100-continue"
-        if n > lim.rest_max_body_bytes:
-            await self._refuse(writer, 413, f"request body of {n} bytes is over the limit "
-                               f"of {lim.rest_max_body_bytes} (rest_max_body_bytes)")
-            if not expect:  # the client may be sending it: read and drop it for a while,
-                await self._drain(reader, n)  # so that it sees the answer
-            return None
-        if not n:
-            return b""
-        if expect:
-            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        try:
-            return await asyncio.wait_for(reader.readexactly(n),
-                                          max(0.0, deadline - loop.time()))
-        except TimeoutError:
-            return await self._refuse(writer, 408, "request body not received in time")
-
-    async def _drain(self, reader: asyncio.StreamReader, n: int) -> None:
-        """Read and drop up to ``n`` bytes for at most ``LINGER_S`` (no memory kept)."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + LINGER_S
-        while n > 0:
-            left = end - loop.time()
-            if left <= 0:
-                return
-            try:
-                chunk = await asyncio.wait_for(reader.read(min(n, 1 << 20)), left)
-            except (TimeoutError, ConnectionError):
-                return
-            if not chunk:
-                return
-            n -= len(chunk)
-
-    async def _refuse(self, writer, status: int, why: str) -> None:
-        """Answer ``status`` with ``why`` and let the caller close the connection."""
-        self.fe.node.count(f"http_{status}")
-        await self._send(writer, status, {"error": why}, more_headers={"Connection": "close"})
-        return None
-
-    async def _send(self, writer, status: int, payload, extra: bytes = b"",
-                    more_headers: dict | None = None) -> None:
-        ctype = "application/json"
-        if isinstance(payload, bytes):  # /metrics, /healthz, /readyz: plain text
-            head, ctype = payload, "text/plain; version=0.0.4; charset=utf-8"
-        else:
-            head = json.dumps(payload, separators=(",", ":")).encode() if payload is not None else b""
-        hdrs = {"Content-Type": ctype, "Content-Length": str(len(head) + len(extra))}
-        if status == 503:  # unavailable now (shed, not ready, shutting down): try again
-            hdrs["Retry-After"] = str(RETRY_AFTER_S)
-        if extra:
-            hdrs["Content-Type"] = "application/octet-stream"
-            hdrs["Inference-Header-Content-Length"] = str(len(head))
-        if more_headers:
-            hdrs.update(more_headers)
-        msg = f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n" + "".join(
-            f"{k}: {v}\r\n" for k, v in hdrs.items()) + "\r\n"
-        writer.write(msg.encode("latin-1") + head + extra)
-        await writer.drain()
-
-    async def route(self, method: str, target: str, headers: dict, body: bytes,
-                    peer: str = "rest"):
+    async def route(self, method: str, target: str, headers, body: bytes,
+                    peer: str = "rest") -> Reply:
+        """Answer one request. ``target``: the request target (path and query, as
+        sent); ``headers``: a mapping whose ``get`` takes lower-case names (aiohttp's
+        headers, or a dict with lower-case keys); ``body``: the whole (decoded) body;
+        ``peer``: the client connection (its outstanding requests are bounded). Every
+        failure is an answer: the kserve_status table's status, 405 with ``Allow`` for
+        a method the path does not take, 500 "internal error" for a bug."""
         path = urllib.parse.urlsplit(target).path
-        segs = [urllib.parse.unquote(s) for s in path.strip("/").split("/")]
-        fe = self.fe
         try:
-            if method == "GET" and path in ("/metrics", "/healthz", "/readyz"):
-                return self.ops(path)
-            if not segs or segs[0] != "v2":
-                raise KServeError(NOT_FOUND, f"no route {path}")
-            rest = segs[1:]
-            if method == "GET" and rest == []:
-                return 200, fe.server_metadata(), b""
-            if method == "GET" and rest == ["health", "live"]:
-                return 200, {"live": True}, b""
-            if method == "GET" and rest == ["health", "ready"]:
+            found = _resolve(path)
+            if found is None:
+                raise KServeError(NOT_FOUND, f"no route {method} {path}")
+            what, args, methods = found
+            if method not in methods:
+                return Reply(405, {"error": f"{method} is not allowed on {path}"},
+                             headers={"Allow": ", ".join(sorted(methods))})
+            if what == "ops":
+                return await self.ops(path)
+            fe = self.fe
+            if what == "server":
+                return Reply(200, fe.server_metadata())
+            if what == "health_live":
+                return Reply(200, {"live": True})
+            if what == "health_ready":
                 ready = fe.server_ready()
-                return (200 if ready else 503), {"ready": ready}, b""
-            if method == "GET" and rest == ["models", "stats"]:
-                return 200, fe.model_statistics(), b""
-            if len(rest) >= 2 and rest[0] == "models":
-                name, tail = rest[1], rest[2:]
-                version = ""
-                if len(tail) >= 2 and tail[0] == "versions":
-                    version, tail = tail[1], tail[2:]
-                fe.profile(name)  # NOT_FOUND: an unknown model, then an unknown version
-                fe.check_version(name, version)
-                if method == "GET" and tail == []:
-                    return 200, fe.model_metadata(name), b""
-                if method == "GET" and tail == ["config"]:
-                    return 200, fe.model_config(name), b""
-                if method == "GET" and tail == ["stats"]:
-                    return 200, fe.model_statistics(name, version), b""
-                if method == "GET" and tail == ["ready"]:
-                    fe.profile(name)
-                    ready = fe.model_ready(name)
-                    return (200 if ready else 503), {"name": name, "ready": ready}, b""
-                if method == "POST" and tail == ["infer"]:
-                    return await self.infer(name, headers, body, peer)
-            raise KServeError(NOT_FOUND, f"no route {method} {path}")
+                return Reply(200 if ready else 503, {"ready": ready})
+            if what == "all_stats":
+                return Reply(200, fe.model_statistics())
+            if what.startswith("repo_"):
+                return await self.repository(what[5:], args, body)
+            name, version = args
+            fe.profile(name)  # NOT_FOUND: an unknown model, then an unknown version
+            fe.check_version(name, version)
+            if what == "model":
+                return Reply(200, fe.model_metadata(name))
+            if what == "config":
+                return Reply(200, fe.model_config(name))
+            if what == "stats":
+                return Reply(200, fe.model_statistics(name, version))
+            if what == "ready":
+                ready = fe.model_ready(name)
+                return Reply(200 if ready else 503, {"name": name, "ready": ready})
+            return await self.infer(name, headers, body, peer)
         except KServeError as e:
-            return HTTP_CODE[e.kind], {"error": e.message}, b""
+            return _error(e)
         except Exception as e:  # noqa: BLE001 - answer, never drop the connection
-            return 500, {"error": _internal(f"http {method} {path}", e).message}, b""
+            return _error(_internal(f"http {method} {path}", e))
 
-    def ops(self, path: str):
+    async def ops(self, path: str) -> Reply:
         """Prometheus metrics (controller/metrics.py), liveness, readiness (every worker
-        connected)."""
-        node = self.fe.node
+        connected). The metric families are collected on the event loop (they read the
+        controller's state, which only the loop may touch) and rendered as text on a
+        worker thread: with thousands of model instances that takes a few hundred ms."""
+        node = self.node
         if path == "/metrics":
-            return 200, generate_latest(node.metrics.registry), b""
+            families = list(node.metrics.registry.collect())
+            text = await asyncio.get_running_loop().run_in_executor(
+                None, generate_latest, _Collected(families))
+            return Reply(200, text)
         if path == "/healthz":
-            return 200, b"ok\n", b""
+            return Reply(200, b"ok\n")
         ready = (node.policy is not None and not node._stopping
                  and all(lk.connected for lk in node.links))
-        return (200, b"ready\n", b"") if ready else (503, b"not ready\n", b"")
+        return Reply(200, b"ready\n") if ready else Reply(503, b"not ready\n")
 
-    async def infer(self, name: str, headers: dict, body: bytes, peer: str = "rest"):
+    async def _json(self, body: bytes | memoryview, what: str = "request body"):
+        """``body`` decoded as JSON; on a worker thread, off the event loop, when larger
+        than ``rest_json_offload_bytes``; INVALID_ARGUMENT when it is not JSON."""
+        try:
+            if len(body) > self.node.limits.rest_json_offload_bytes:
+                return await asyncio.get_running_loop().run_in_executor(None, json.loads,
+                                                                        body)
+            return json.loads(body)
+        except ValueError as e:
+            raise KServeError(INVALID, f"{what} is not JSON: {e}") from None
+
+    async def repository(self, op: str, args: list[str], body: bytes) -> Reply:
+        """Triton's model repository extension: ``index`` (body ``{"ready": bool}``,
+        optional) answers the list of models; ``load`` / ``unload`` of ``args[0]`` (body
+        ``{"parameters": {...}}``, optional) answer ``{}`` once done."""
+        from controller import repository
+
+        req = await self._json(body) if body.strip() else {}
+        if not isinstance(req, dict):
+            raise KServeError(INVALID, "request body must be a JSON object")
+        if op == "index":
+            ready = req.get("ready", False)
+            if not isinstance(ready, bool):
+                raise KServeError(INVALID, f"'ready' must be true or false, got {ready!r}")
+            return Reply(200, repository.index(self.node, ready))
+        params = req.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise KServeError(INVALID, "'parameters' must be a JSON object")
+        await (repository.load if op == "load" else repository.unload)(self.node, args[0],
+                                                                        params)
+        return Reply(200, {})
+
+    async def infer(self, name: str, headers, body: bytes, peer: str = "rest") -> Reply:
         hlen = headers.get("inference-header-content-length")
         try:
             n = int(hlen) if hlen else len(body)
@@ -281,21 +249,12 @@ class KServeHttp:
         if not 0 <= n <= len(body):
             raise KServeError(INVALID, f"Inference-Header-Content-Length {hlen!r} is not a "
                               f"length within the body of {len(body)} bytes")
-        # a large JSON part is decoded on a worker thread, off the event loop
-        offload = n > self.fe.node.limits.rest_json_offload_bytes
-        try:
-            if offload:
-                req = await asyncio.get_running_loop().run_in_executor(
-                    None, json.loads, body[:n] or b"{}")
-            else:
-                req = json.loads(body[:n] or b"{}")
-        except ValueError as e:
-            raise KServeError(INVALID, f"request body is not JSON: {e}") from None
+        req = await self._json((body if n == len(body) else body[:n]) or b"{}")
         if not isinstance(req, dict):
             raise KServeError(INVALID, "request body must be a JSON object")
         binary = memoryview(body)[n:]
-        if offload:  # JSON data lists become arrays there too
-            inputs, params, requested, binary_of, binary_all = (
+        if n > self.node.limits.rest_json_offload_bytes:  # JSON data lists become arrays
+            inputs, params, requested, binary_of, binary_all = (  # off the loop too
                 await asyncio.get_running_loop().run_in_executor(
                     None, rest_request, req, binary))
         else:
@@ -313,13 +272,240 @@ class KServeHttp:
             else:
                 t["data"] = np.frombuffer(o.data, KS_TO_NP[o.datatype]).tolist()
             resp["outputs"].append(t)
-        return 200, resp, b"".join(extra)
+        return Reply(200, resp, b"".join(extra))
+
+
+class _Collected:
+    """Metric families already collected: what ``generate_latest`` renders."""
+
+    def __init__(self, families: list) -> None:
+        self.families = families
+
+    def collect(self) -> list:
+        return self.families
+
+
+def encode(reply: Reply) -> tuple[bytes, dict[str, str]]:
+    """A Reply's body and headers: JSON (``application/json``), plain text, or the JSON
+    header followed by binary tensor data (``application/octet-stream`` with
+    ``Inference-Header-Content-Length``); every 503 says ``Retry-After``."""
+    status, payload, extra, more = reply
+    if isinstance(payload, bytes):
+        head, ctype = payload, TEXT_TYPE
+    elif payload is None:
+        head, ctype = b"", JSON_TYPE
+    else:
+        head, ctype = json.dumps(payload, separators=(",", ":")).encode(), JSON_TYPE
+    headers = {"Content-Type": ctype}
+    if extra:
+        headers["Content-Type"] = BINARY_TYPE
+        headers["Inference-Header-Content-Length"] = str(len(head))
+        head += extra
+    if status == 503:  # unavailable now (shed, not ready, shutting down): try again
+        headers["Retry-After"] = str(RETRY_AFTER_S)
+    if more:
+        headers.update(more)
+    return head, headers
+
+
+# ---------------------------------------------------------------------- the HTTP server
+
+_ROUTED = "clockwork.routed"  # set on a request that reached _Handler
+
+
+class _Handler:
+    """aiohttp's side: one catch-all route whose handler checks the token, reads the body
+    within the bounds and answers the Reply of :meth:`KServeRest.route`; and its
+    ``Expect: 100-continue`` handler, which refuses (401, 413) before the client sends
+    the body."""
+
+    def __init__(self, rest: KServeRest) -> None:
+        self.rest = rest
+        self.limits = rest.node.limits
+
+    async def expect(self, request: web.Request) -> web.StreamResponse | None:
+        request[_ROUTED] = True
+        rest = self.rest
+        if not rest.authorized(request.raw_path, request.headers):
+            return await self._closing(request, self._reply(request, rest.unauthorized(
+                request.headers)))
+        n = request.content_length
+        if n is not None and n > self.limits.rest_max_body_bytes:
+            return await self._closing(request, self._too_large(n))
+        return await _default_expect_handler(request)  # 100 Continue
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        request[_ROUTED] = True
+        rest = self.rest
+        headers = request.headers
+        target = request.raw_path
+        if not rest.authorized(target, headers):
+            resp = self._reply(request, rest.unauthorized(headers))
+            resp.force_close()
+            return resp  # the body is read and dropped for a while (lingering), unkept
+        body = b""
+        if request.body_exists:
+            body = await self._read_body(request)
+            if isinstance(body, web.StreamResponse):
+                return body
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        reply = await rest.route(request.method, target, headers, body,
+                                 "rest:" + ":".join(str(x) for x in (peer or ())))
+        return self._reply(request, reply)
+
+    async def _read_body(self, request: web.Request) -> bytes | web.StreamResponse:
+        """The request's whole body, decoded (chunked, gzip, deflate), or the response
+        that refuses it: 413 over ``rest_max_body_bytes`` (announced or decoded), 408 not
+        received within ``rest_read_timeout``, 400 malformed."""
+        lim = self.limits
+        cap = lim.rest_max_body_bytes
+        n = request.content_length
+        if n is not None and n > cap:
+            resp = self._too_large(n)
+            resp.force_close()  # what the client still sends is read and dropped for
+            return resp  # rest_linger_timeout, so that it sees the answer; then closed
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(lim.rest_read_timeout / 1e9):
+                while chunk := await request.content.readany():
+                    size += len(chunk)
+                    if size > cap:
+                        resp = self._refuse(413, f"request body over the limit of {cap} "
+                                            "bytes (rest_max_body_bytes) once decoded")
+                        if "content-encoding" in request.headers:  # a compression bomb:
+                            return await self._closing(request, resp)  # decode no more
+                        resp.force_close()
+                        return resp
+                    chunks.append(chunk)
+        except TimeoutError:
+            return await self._closing(request, self._refuse(
+                408, "request body not received in time (rest_read_timeout)"))
+        except web.RequestPayloadError as e:  # bad chunks, a body that does not decode
+            resp = self._refuse(400, f"malformed request body: {e}")
+            return await self._closing(request, resp)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def _too_large(self, n: int) -> web.Response:
+        return self._refuse(413, f"request body of {n} bytes is over the limit of "
+                            f"{self.limits.rest_max_body_bytes} (rest_max_body_bytes)")
+
+    def _refuse(self, status: int, why: str) -> web.Response:
+        """A refusal by the transport (counted ``http_<status>``); the connection closes
+        after it."""
+        self.rest.node.count(f"http_{status}")
+        body, headers = encode(Reply(status, {"error": why}))
+        resp = web.Response(status=status, body=body, headers=headers)
+        resp.force_close()
+        return resp
+
+    @staticmethod
+    async def _closing(request: web.Request, resp: web.Response) -> web.Response:
+        """Send ``resp``, then close the connection at once: nothing more of the request
+        is read (the client is not sending it, or it is not worth reading)."""
+        await resp.prepare(request)
+        await resp.write_eof()
+        request.protocol.force_close()
+        return resp
+
+    @staticmethod
+    def _reply(request: web.Request, reply: Reply) -> web.Response:
+        body, headers = encode(reply)
+        resp = web.Response(status=reply.status, body=body, headers=headers)
+        if len(body) >= COMPRESS_MIN_BYTES and "accept-encoding" in request.headers:
+            resp.enable_compression()  # gzip or deflate, as the client accepts
+        return resp
+
+
+class _Quiet(logging.Filter):
+    """aiohttp logs a traceback for every malformed request; those are the client's
+    (counted ``http_400``), not ours: left out. Anything else is logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, HttpProcessingError | ConnectionError)
+
+
+_log = logging.getLogger("controller.http")
+_log.addFilter(_Quiet())
+
+
+def _access_counter(count):
+    """An aiohttp access logger that counts, as ``http_<status>``, the answers aiohttp
+    gives by itself to requests that never reached the handler (400: a malformed
+    request line or header, one too long, too many headers)."""
+
+    class Counter(AbstractAccessLogger):
+        def log(self, request, response, time) -> None:
+            if _ROUTED not in request and response.status >= 400:
+                count(f"http_{response.status}")
+
+    return Counter
+
+
+def make_runner(node, token: str | None = None) -> web.AppRunner:
+    """The REST server of ``node`` (aiohttp's, not started): every bound is
+    ``node.limits``' (``rest_*``):
+
+    - the request line and each header (name and value) at most
+      ``rest_max_header_bytes``, at most ``rest_max_headers`` headers: else 400;
+    - the body (Content-Length or chunked; after decoding ``gzip``/``deflate``, which
+      aiohttp does in slices as it is read) at most ``rest_max_body_bytes``: else 413,
+      before reading it when its length is announced (with ``Expect: 100-continue``
+      before the client sends it); within ``rest_read_timeout`` of the head: else 408;
+    - a keep-alive connection idle (or whose next request head does not arrive) for
+      ``rest_idle_timeout`` is closed;
+    - after an answer given without reading the whole body (401, 413), what the client
+      still sends is read and dropped for up to ``rest_linger_timeout``, then the
+      connection closes.
+
+    A response of at least ``COMPRESS_MIN_BYTES`` is compressed when the client sends
+    ``Accept-Encoding: gzip`` (or ``deflate``). A path that exists answers 405 with
+    ``Allow`` for another method."""
+    lim = node.limits
+    handler = _Handler(KServeRest(node, token))
+    app = web.Application(client_max_size=lim.rest_max_body_bytes, logger=_log)
+    app.router.add_route("*", "/{path:.*}", handler.handle, expect_handler=handler.expect)
+    return web.AppRunner(
+        app, handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S,
+        access_log_class=_access_counter(node.count), access_log=_log, logger=_log,
+        keepalive_timeout=lim.rest_idle_timeout / 1e9,
+        lingering_time=lim.rest_linger_timeout / 1e9,
+        max_line_size=lim.rest_max_header_bytes, max_field_size=lim.rest_max_header_bytes,
+        max_headers=lim.rest_max_headers)
+
+
+class RestServer:
+    """A started REST server: ``port`` (the bound one), ``await close()``."""
+
+    def __init__(self, runner: web.AppRunner) -> None:
+        self.runner = runner
+
+    @property
+    def addresses(self) -> list:
+        return self.runner.addresses
+
+    @property
+    def port(self) -> int:
+        return self.runner.addresses[0][1]
+
+    async def close(self) -> None:
+        """Stop listening, close idle connections; requests being handled get
+        ``SHUTDOWN_GRACE_S`` to finish."""
+        await self.runner.cleanup()
 
 
 async def start_http(node, host: str, port: int, token: str | None = None,
-                     ssl=None) -> asyncio.Server:
+                     ssl=None) -> RestServer:
     """Serve KServe v2 REST on ``host:port`` (0: a free port) on the running loop; with
     ``token`` every path but the health probes needs it; with ``ssl`` (an
-    ``ssl.SSLContext``) HTTPS only. No SO_REUSEPORT: the port is this listener's alone."""
-    return await asyncio.start_server(KServeHttp(node, token).handle, host, port, ssl=ssl,
-                                      reuse_port=False)
+    ``ssl.SSLContext``) HTTPS only. No SO_REUSEPORT: the port is this listener's alone.
+    Raises OSError when it cannot listen."""
+    runner = make_runner(node, token)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port, ssl_context=ssl, reuse_port=False).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return RestServer(runner)

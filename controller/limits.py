@@ -6,7 +6,8 @@ buffers may grow, what the gRPC and REST servers accept.
 description documents it and ``docs/settings.md`` is rendered from it); the code that
 enforces each bound reads it from here: ``controller/intake.py`` (outstanding requests,
 admission in slices, reply messages and the slow-reader cap), ``controller/service.py``
-(the gRPC server's receive limit) and ``controller/kserve.py`` (the REST server).
+(the gRPC server's receive limit) and ``controller/kserve_rest.py`` (the REST server,
+aiohttp's, configured from here in ``make_runner``).
 
 Why each exists, in short: a request takes controller memory and scheduler time until it
 is answered; a reply takes memory until the client reads it; a gRPC message and a REST
@@ -68,20 +69,28 @@ class Limits:
         64 * MiB, "Largest gRPC message the controller accepts from a client (a stream "
         "message of many requests counts whole).", ge=1024)
     rest_max_body_bytes: int = setting(
-        64 * MiB, "Largest REST request body; a larger one is answered 413 before it is "
-        "read (what the client already sent is drained and dropped).", ge=1024)
+        64 * MiB, "Largest REST request body, counted after decoding a `gzip` or `deflate` "
+        "body (decoded in slices as it is read: a compression bomb is refused at this "
+        "size, not held). Larger is answered 413: at once when the body's length is "
+        "announced (with `Expect: 100-continue`, before the client sends it), else as "
+        "soon as the limit is passed.", ge=1024)
     rest_max_header_bytes: int = setting(
-        64 * 1024, "Largest REST request head (request line and headers); larger is "
-        "answered 431 (a request line alone over it, 414). No single line may be longer "
-        "than 64 KiB (the stream reader's line limit) whatever this says.", ge=1024)
+        16 * 1024, "Longest REST request line, and longest header (name and value); "
+        "longer is answered 400. With `rest_max_headers`, a request head is at most "
+        "their product.", ge=1024)
     rest_max_headers: int = setting(
-        100, "Most header lines in a REST request; more is answered 431.", ge=1)
+        100, "Most headers in a REST request; more is answered 400.", ge=1)
     rest_idle_timeout: int = setting(
-        60 * S, "A REST connection that does not start a request for this long is closed.",
+        60 * S, "A REST connection that does not send a whole request head for this long "
+        "(from its start, or from the end of its last answer) is closed.",
         units=("s",), gt=0)
     rest_read_timeout: int = setting(
-        30 * S, "A REST request whose head and body take longer than this to arrive is "
-        "answered 408 and its connection closed.", units=("s",), gt=0)
+        30 * S, "A REST request whose body takes longer than this to arrive (from the end "
+        "of its head) is answered 408 and its connection closed.", units=("s",), gt=0)
+    rest_linger_timeout: int = setting(
+        2 * S, "After answering a REST request without reading all of its body (401, 413), "
+        "what the client still sends is read and dropped for up to this long, so that "
+        "it sees the answer; then the connection closes.", units=("s",), ge=0)
     rest_json_offload_bytes: int = setting(
         1 * MiB, "A REST request whose JSON part is larger than this is decoded on a "
         "worker thread, off the event loop.", ge=0)

@@ -302,22 +302,24 @@ def test_listeners_are_exclusive(cluster, addresses):
 
 
 REST_TWICE = """
-import asyncio
+import asyncio, types
 from controller.kserve_rest import start_http
+from controller.limits import Limits
 
 async def main():
-    first = await start_http(None, "127.0.0.1", 0)
-    port = first.sockets[0].getsockname()[1]
+    node = types.SimpleNamespace(limits=Limits(), count=lambda key: None)
+    first = await start_http(node, "127.0.0.1", 0)
+    port = first.port
     for kw in ({}, {"reuse_port": True}):  # ours again; one that asks for SO_REUSEPORT
         try:
             await asyncio.start_server(lambda r, w: None, "127.0.0.1", port, **kw)
         except OSError as e:
             print("refused", e.errno)
     try:
-        await start_http(None, "127.0.0.1", port)
+        await start_http(node, "127.0.0.1", port)
     except OSError as e:
         print("refused", e.errno)
-    first.close()
+    await first.close()
 
 asyncio.run(main())
 """
