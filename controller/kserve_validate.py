@@ -354,6 +354,17 @@ def _first_odd(data) -> tuple[bool, object]:
     return False, None
 
 
+def _all_ints(data) -> bool:
+    stack = [data]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, list):
+            stack.extend(v)
+        elif type(v) is not int:
+            return False
+    return True
+
+
 def _json_data(name: str, datatype: str, shape: list[int], data) -> np.ndarray:
     """JSON ``data`` (a flat or nested list of numbers) -> a flat array of the datatype,
     its element count the shape's."""
@@ -364,6 +375,11 @@ def _json_data(name: str, datatype: str, shape: list[int], data) -> np.ndarray:
         arr = np.array(data)
     except (ValueError, TypeError, OverflowError):  # ragged nesting
         arr = None
+    if np_name == "uint64" and arr is not None and arr.dtype.kind in "fO" and _all_ints(data):
+        try:  # (numpy reads a mix of int64 and larger uint64 values as float64)
+            arr = np.array(data, dtype=np.uint64)
+        except OverflowError:
+            raise _bad(f"input {name!r}: a value is out of range for UINT64") from None
     if arr is None or arr.dtype.kind in "OUS":
         found, odd = _first_odd(data)
         if found:

@@ -1,0 +1,188 @@
+"""The KServe request validator (controller/kserve_validate.py) on its own: rows split
+without copying, inputs that disagree on the batch, datatypes' ranges, SLO parameters,
+and the worst of several rows' errors (controller/kserve_status.py). gRPC requests are
+tritonclient's messages (the validator reads fields by name; ours cannot be imported
+beside tritonclient's)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from clockwork.profiles import ModelProfile, TensorSpec
+from controller.kserve_status import (
+    DEADLINE,
+    INTERNAL,
+    INVALID,
+    NOT_FOUND,
+    UNAVAILABLE,
+    KServeError,
+    worst,
+)
+from controller.kserve_validate import (
+    InTensor,
+    check_inputs,
+    check_version,
+    grpc_request,
+    max_batch_size,
+    rest_request,
+    slo_from_params,
+)
+
+# a model of two inputs (different dtypes) and one output, batch sizes up to 4
+TWO = ModelProfile(model="two", device="test", weights_bytes=1, load_ns=1,
+                   exec_ns={1: 1, 2: 2, 4: 4},
+                   inputs=[TensorSpec("a", (2, 3), "float32"), TensorSpec("b", (5,), "int8")],
+                   outputs=[TensorSpec("y", (7,), "float32")])
+
+
+def _invalid(call, *says: str, kind: str = INVALID) -> str:
+    with pytest.raises(KServeError) as e:
+        call()
+    assert e.value.kind == kind, e.value.message
+    for s in says:
+        assert s in e.value.message, e.value.message
+    return e.value.message
+
+
+_SAME = object()
+
+
+def _inputs(n: int | None, nb=_SAME):
+    """Inputs of TWO with n rows (None: no batch dimension); ``nb``: b's rows, if not n."""
+    nb = n if nb is _SAME else nb
+    a = np.arange((n or 1) * 6, dtype=np.float32).tobytes()
+    b = np.arange((nb or 1) * 5, dtype=np.int8)
+    return [InTensor("a", "FP32", [n, 2, 3] if n is not None else [2, 3], a),
+            InTensor("b", "INT8", [nb, 5] if nb is not None else [5], b)]
+
+
+def test_rows_are_views_in_order():
+    ins = _inputs(3)
+    rows, batched = check_inputs("two", TWO, ins, [])
+    assert batched and len(rows) == 3 and max_batch_size(TWO) == 4
+    a_all = np.frombuffer(ins[0].data, np.float32).reshape(3, 2, 3)
+    for i, (a, b) in enumerate(rows):
+        assert (a.name, a.shape, b.name, b.shape) == ("a", (2, 3), "b", (5,))
+        np.testing.assert_array_equal(a.array, a_all[i])
+        np.testing.assert_array_equal(b.array, ins[1].data.reshape(3, 5)[i])
+        assert isinstance(a.data, memoryview) and a.data.obj is ins[0].data  # no copy
+        assert np.shares_memory(b.data, ins[1].data)
+    rows, batched = check_inputs("two", TWO, _inputs(None), ["y"])
+    assert not batched and len(rows) == 1 and rows[0][0].shape == (2, 3)
+
+
+def test_batch_form_checks():
+    _invalid(lambda: check_inputs("two", TWO, _inputs(2, 3), []), "inputs disagree",
+             "'a' has shape [2, 2, 3], 'b' has shape [3, 5]")
+    _invalid(lambda: check_inputs("two", TWO, _inputs(1, None), []), "inputs disagree")
+    _invalid(lambda: check_inputs("two", TWO, _inputs(5), []),
+             "batch of 5 rows is over the model's max_batch_size 4")
+    _invalid(lambda: check_inputs("two", TWO, _inputs(0), []), "a batch of 0 rows")
+    _invalid(lambda: check_inputs("two", TWO, _inputs(2)[:1], []),
+             "model 'two' needs input(s) ['b']; the request has ['a']")
+    _invalid(lambda: check_inputs("two", TWO, [], []), "needs input(s) ['a', 'b']",
+             "has none")
+    _invalid(lambda: check_inputs("two", TWO, _inputs(2), ["z"]), "no output 'z'")
+    bad = _inputs(2)
+    bad[1].datatype = "UINT8"
+    _invalid(lambda: check_inputs("two", TWO, bad, []), "datatype UINT8, expected INT8")
+
+
+def test_versions():
+    check_version("m", "")
+    check_version("m", "1")
+    _invalid(lambda: check_version("m", "2"), "no version '2'", kind=NOT_FOUND)
+
+
+def test_slo_parameters():
+    assert slo_from_params({}) == 0.0
+    assert slo_from_params({"slo_ms": 12.5}) == 12.5
+    assert slo_from_params({"timeout": 250_000}) == 250.0  # µs
+    assert slo_from_params({"slo_ms": 3, "timeout": 250_000}) == 3.0
+    for params, says in (({"slo_ms": True}, "'slo_ms'"), ({"slo_ms": "5"}, "got '5'"),
+                         ({"slo_ms": None}, "got None"), ({"slo_ms": -0.5}, "got -0.5"),
+                         ({"slo_ms": math.nan}, "got nan"), ({"slo_ms": math.inf}, "got inf"),
+                         ({"slo_ms": 5, "timeout": False}, "'timeout'"),
+                         ({"timeout": [1]}, "'timeout'")):
+        _invalid(lambda p=params: slo_from_params(p), says, "finite number >= 0")
+
+
+def _rest(inputs, **body):
+    return rest_request({"inputs": inputs, **body}, b"")
+
+
+def test_rest_json_data():
+    def one(datatype, data, shape=(2,)):
+        return _rest([{"name": "x", "datatype": datatype, "shape": list(shape),
+                       "data": data}])[0][0].data
+
+    assert one("INT8", [[1], [-2]]).tolist() == [1, -2]  # nested, of its shape
+    assert one("FP32", [1, 2.5]).dtype == np.float32  # integers are numbers
+    assert one("BOOL", [True, False]).tolist() == [True, False]
+    assert one("UINT64", [0, 2**64 - 1]).tolist() == [0, 2**64 - 1]
+    _invalid(lambda: one("INT8", [1, 300]), "value 300 is out of range for INT8")
+    _invalid(lambda: one("UINT16", [1, -1]), "value -1 is out of range for UINT16")
+    _invalid(lambda: one("INT32", [1, 2.5]), "INT32 'data' must be integers")
+    _invalid(lambda: one("BOOL", [1, 0]), "BOOL 'data' must be true/false")
+    _invalid(lambda: one("INT64", [1, 2**70]), "'data' must be a flat list")
+    _invalid(lambda: one("FP32", [1, None]), "'data' holds None")
+    _invalid(lambda: one("FP32", [1, {}]), "'data' holds {}")
+
+
+def test_rest_request_fields():
+    good = [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0]}]
+    inputs, params, requested, binary_of, binary_all = _rest(
+        good, id="q", parameters={"binary_data_output": True, "slo_ms": 5},
+        outputs=[{"name": "y"}, {"name": "z", "parameters": {"binary_data": False}}])
+    assert params["slo_ms"] == 5 and requested == ["y", "z"]
+    assert binary_of == {"y": True, "z": False} and binary_all is True
+    _invalid(lambda: rest_request([], b""), "must be a JSON object")
+    _invalid(lambda: _rest(good, parameters={"binary_data_output": 1}),
+             "'binary_data_output' must be true or false")
+    _invalid(lambda: _rest(good, outputs=[{"name": "y", "parameters": {
+        "classification": 2}}]), "'classification' is not supported")
+    # binary data: views of what follows the header, exactly all of it
+    body = np.arange(6, dtype=np.float32).tobytes()
+    inputs = rest_request({"inputs": [
+        {"name": "x", "datatype": "FP32", "shape": [2], "parameters": {"binary_data_size": 8}},
+        {"name": "w", "datatype": "FP32", "shape": [4], "parameters": {"binary_data_size": 16}},
+    ]}, memoryview(body))[0]
+    assert [np.frombuffer(t.data, np.float32).tolist() for t in inputs] == [[0, 1], [2, 3, 4, 5]]
+    assert all(t.data.obj is body for t in inputs)
+
+
+def _grpc(**kw):
+    from tritonclient.grpc import service_pb2 as kpb
+
+    r = kpb.ModelInferRequest(model_name="two", **kw)
+    return kpb, r
+
+
+def test_grpc_typed_contents():
+    kpb, r = _grpc()
+    r.inputs.add(name="a", datatype="INT8", shape=[3]).contents.int_contents.extend([1, -2, 3])
+    r.inputs.add(name="u", datatype="UINT16", shape=[1]).contents.uint_contents.append(65535)
+    r.inputs.add(name="f", datatype="BOOL", shape=[2]).contents.bool_contents.extend([1, 0])
+    inputs, params, requested = grpc_request(r)
+    assert [(t.data.dtype.name, t.data.tolist()) for t in inputs] == [
+        ("int8", [1, -2, 3]), ("uint16", [65535]), ("bool", [True, False])]
+    kpb, r = _grpc()
+    r.inputs.add(name="a", datatype="INT8", shape=[1]).contents.int_contents.append(128)
+    _invalid(lambda: grpc_request(r), "value 128 is out of range for INT8")
+    kpb, r = _grpc()
+    r.inputs.add(name="a", datatype="FP16", shape=[1]).contents.fp32_contents.append(1)
+    _invalid(lambda: grpc_request(r), "FP16 cannot be sent as typed contents")
+    kpb, r = _grpc(model_version="3")
+    _invalid(lambda: grpc_request(r), "no version '3'", kind=NOT_FOUND)
+
+
+def test_worst_of_several_rows():
+    e = {k: KServeError(k, k.lower()) for k in (DEADLINE, UNAVAILABLE, INVALID, INTERNAL)}
+    assert worst([e[DEADLINE], e[UNAVAILABLE]]) is e[UNAVAILABLE]
+    assert worst([e[DEADLINE], e[INTERNAL], e[INVALID]]) is e[INTERNAL]
+    assert worst([e[DEADLINE]]) is e[DEADLINE]
+    first = KServeError(DEADLINE, "first")
+    assert worst([first, e[DEADLINE]]) is first
