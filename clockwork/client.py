@@ -8,6 +8,12 @@
 
 Every non-success answer raises a subclass of ``clockwork.errors.ClockworkError``
 (``InferenceTimeout``, ``InferenceError``, ``InvalidRequest``, ``UnknownModel`` ...).
+
+The model repository: ``load_model(name, copies=1, profile=None)`` serves a profile of the
+controller's set under ``name`` (instances ``name``, ``name:1``, ...) while it runs;
+``unload_model(name)`` stops serving it (its waiting requests fail ``UnknownModel``, its
+GPU memory is freed as its copies go idle); ``repository_index()`` lists every model
+with its state (``READY``, ``LOADING``, ``UNLOADING``, ``UNAVAILABLE``, "" = not loaded).
 ``infer_many`` / ``AsyncClient.stream`` pipeline many requests over one stream, several
 per message, for load generation.
 
@@ -29,7 +35,15 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from clockwork.errors import ControllerUnavailable, Unauthenticated, error_for
+from clockwork.errors import (
+    ClockworkError,
+    ControllerUnavailable,
+    InvalidRequest,
+    RepositoryUnavailable,
+    Unauthenticated,
+    UnknownModel,
+    error_for,
+)
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
 from clockwork.protocol import keepalive
@@ -68,6 +82,8 @@ class ModelMeta:
     outputs: list[tuple[str, tuple[int, ...], str]] = field(default_factory=list)
     batch_sizes: list[int] = field(default_factory=list)
     weights_pages: int = 0
+    state: str = ""  # READY, LOADING, UNLOADING, UNAVAILABLE, or "" (a profile not loaded)
+    reason: str = ""  # why not READY (e.g. "unloaded")
 
 
 def _target(url: str) -> str:
@@ -95,7 +111,25 @@ def _meta(m: pb.ModelInfo) -> ModelMeta:
     return ModelMeta(m.name, m.profile,
                      [(t.name, tuple(t.shape), t.dtype) for t in m.inputs],
                      [(t.name, tuple(t.shape), t.dtype) for t in m.outputs],
-                     list(m.batch_sizes), m.weights_pages)
+                     list(m.batch_sizes), m.weights_pages, m.state, m.reason)
+
+
+def _load_request(name: str, copies: int, profile: str | None, package: str):
+    return pb.LoadModelRequest(name=name, copies=int(copies), profile=profile or "",
+                               package=package or "")
+
+
+def _repository_error(e: grpc.RpcError, name: str) -> ClockworkError:
+    """The typed error of a failed LoadModel / UnloadModel call."""
+    code = e.code() if hasattr(e, "code") else None
+    details = e.details() if hasattr(e, "details") else str(e)
+    if code == grpc.StatusCode.NOT_FOUND:
+        return UnknownModel(f"{name}: {details}", 6, "unknown_model", name)
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidRequest(f"{name}: {details}", 6, "bad_request", name)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return RepositoryUnavailable(f"{name}: {details}", 1, "unavailable", name)
+    return _unavailable(e)
 
 
 def _result(model: str, resp: pb.InferResponse, latency_ms: float,
@@ -206,6 +240,45 @@ class Client:
     def model_status(self, model: str) -> pb.ModelStatusResponse:
         return self._stub.ModelStatus(pb.ModelStatusRequest(model=model), timeout=self.timeout)
 
+    def load_model(self, name: str, copies: int = 1, profile: str | None = None,
+                   package: str = "", timeout: float | None = None) -> list[ModelMeta]:
+        """Serve ``copies`` instances of ``profile`` (default ``name``) as ``name``,
+        ``name:1``, ...; returns them once they take requests. Loading what is loaded
+        with the same arguments does nothing. ``package``: cpu/cuda workers' model
+        package (a directory inside each worker's package directory). Raises
+        ``UnknownModel`` (no such profile or package), ``InvalidRequest`` (a bad name
+        or count, or ``name`` loaded otherwise: unload it first) or
+        ``RepositoryUnavailable``."""
+        try:
+            r = self._stub.LoadModel(_load_request(name, copies, profile, package),
+                                     timeout=timeout or self.timeout)
+        except grpc.RpcError as e:
+            raise _repository_error(e, name) from e
+        return [_meta(m) for m in r.models]
+
+    def unload_model(self, name: str, timeout: float | None = None) -> list[str]:
+        """Stop serving ``name`` (every instance loaded as ``name``, or that one
+        instance); returns the instances unloaded once their waiting requests are
+        answered (their copies leave the GPUs as they go idle). A model that is not
+        loaded: ``[]``. Raises ``UnknownModel`` for a name the controller does not know."""
+        try:
+            r = self._stub.UnloadModel(pb.UnloadModelRequest(name=name),
+                                       timeout=timeout or self.timeout)
+        except grpc.RpcError as e:
+            raise _repository_error(e, name) from e
+        return list(r.instances)
+
+    def repository_index(self, ready_only: bool = False) -> list[ModelMeta]:
+        """Every model the controller can serve, with its ``state`` (and ``reason``):
+        instances READY, LOADING, UNLOADING or UNAVAILABLE (``unloaded``), and profiles
+        not loaded (state ""). ``ready_only``: the READY ones."""
+        try:
+            r = self._stub.ListModels(pb.ListModelsRequest(index=True, ready_only=ready_only),
+                                      timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise _unavailable(e) from e
+        return [_meta(m) for m in r.models]
+
     def stats(self) -> dict[str, int]:
         try:
             r = self._stub.Stats(pb.StatsRequest(), timeout=self.timeout)
@@ -253,6 +326,34 @@ class AsyncClient:
 
     async def list_models_raw(self) -> pb.ListModelsResponse:
         return await self._stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout)
+
+    async def load_model(self, name: str, copies: int = 1, profile: str | None = None,
+                         package: str = "", timeout: float | None = None) -> list[ModelMeta]:
+        """As ``Client.load_model``."""
+        try:
+            r = await self._stub.LoadModel(_load_request(name, copies, profile, package),
+                                           timeout=timeout or self.timeout)
+        except grpc.RpcError as e:
+            raise _repository_error(e, name) from e
+        return [_meta(m) for m in r.models]
+
+    async def unload_model(self, name: str, timeout: float | None = None) -> list[str]:
+        """As ``Client.unload_model``."""
+        try:
+            r = await self._stub.UnloadModel(pb.UnloadModelRequest(name=name),
+                                             timeout=timeout or self.timeout)
+        except grpc.RpcError as e:
+            raise _repository_error(e, name) from e
+        return list(r.instances)
+
+    async def repository_index(self, ready_only: bool = False) -> list[ModelMeta]:
+        """As ``Client.repository_index``."""
+        try:
+            r = await self._stub.ListModels(
+                pb.ListModelsRequest(index=True, ready_only=ready_only), timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise _unavailable(e) from e
+        return [_meta(m) for m in r.models]
 
     async def stats(self) -> dict[str, int]:
         try:

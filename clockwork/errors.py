@@ -42,11 +42,18 @@ class InvalidRequest(ClockworkError):
 
 
 class UnknownModel(InvalidRequest):
-    """The controller serves no model of that name."""
+    """The controller serves no model of that name (never loaded, or unloaded; for
+    ``load_model``: no such profile, or a worker lacks its package)."""
 
 
 class ControllerUnavailable(ClockworkError):
     """The controller could not be reached (connection refused, closed, deadline)."""
+
+
+class RepositoryUnavailable(ControllerUnavailable):
+    """A model could not be loaded or unloaded now (gRPC UNAVAILABLE): a worker did not
+    take it in time, an unload of the same name is still finishing, the controller is
+    stopping, or it could not be reached. Retrying later can succeed."""
 
 
 class Unauthenticated(ControllerUnavailable):

@@ -10,6 +10,14 @@ same driver the simulator runs); this module is its transport, on one asyncio lo
   ``ActionBatch`` per loop iteration (windows converted to that worker's clock);
 - ``answer`` answers a waiting client call (exactly once per request).
 
+The model repository (``load_model`` / ``unload_model``; ``controller/repository.py``
+puts the KServe face on them): a model loaded at run time is announced to every worker
+(an ``InstanceUpdate``, in stream order before any action naming it, answered with the
+worker's state) and then added to the policy; one unloaded is removed from the policy at
+once (its queued requests are answered ``INVALID_REQUEST`` reason ``unknown_model``, new
+ones refused the same way), and forgotten -- by the node and the workers -- once the
+policy has evicted its copies and its last request running has been answered.
+
 Each worker's clock offset (worker - controller) is estimated from round trips: a burst
 of ``ClockSync`` calls at connect, then echoes on the action stream; the estimate is the
 offset of the lowest-RTT sample among recent ones. A worker that disconnects has its
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import signal
 import sys
 import time
@@ -91,6 +100,12 @@ WORKER_CHANNEL_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.initial_reconnect_backoff_ms"
                           ("grpc.min_reconnect_backoff_ms", 100),
                           ("grpc.max_reconnect_backoff_ms", 500), *keepalive.CHANNEL]
 SERVER_OPTIONS = [*CHANNEL_OPTIONS, *LISTEN_OPTIONS, *keepalive.SERVER]
+# the model repository
+MAX_COPIES = 1024  # instances one load may make
+UPDATE_TIMEOUT_S = 30.0  # for the workers to take an InstanceUpdate (a cpu worker reads its package)
+UNLOAD_WAIT_S = 60.0  # a load waits this long for an unload of the same names to finish
+UNLOAD_POLL_S = 0.005  # how often an unload looks whether its copies and requests are gone
+_MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}(:[0-9]{1,6})?")
 
 
 def server_options(limits: Limits) -> list[tuple[str, object]]:
@@ -133,6 +148,33 @@ def parse_models(spec: str | None, profiles: dict[str, ModelProfile]) -> dict[st
     return out
 
 
+class RepositoryError(Exception):
+    """A model repository call that failed: ``code`` (a ``grpc.StatusCode``: NOT_FOUND,
+    INVALID_ARGUMENT or UNAVAILABLE) and a one-line message for the client."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class LoadedModel:
+    """What one load made: the instances of ``name`` (``name``, ``name:1``, ...) and the
+    parameters they were loaded with (a second identical load is a no-op)."""
+
+    profile: str
+    copies: int
+    package: str
+    instances: list[str]
+
+
+def _group_name(instance: str) -> str:
+    """``resnet50_v2:3`` -> ``resnet50_v2`` (the model the copy was loaded as)."""
+    base, colon, k = instance.rpartition(":")
+    return base if colon and k.isdigit() else instance
+
+
 @dataclass
 class WorkerLink:
     index: int
@@ -151,6 +193,10 @@ class WorkerLink:
     echo_due: bool = False
     reset_due: bool = False  # write a Hello(reset) before any further action
     error: str = ""
+    # InstanceUpdates to write, each after the first ``pos`` actions of ``pending``
+    updates: list = field(default_factory=list)  # (pos, pb.InstanceUpdate)
+    acks: dict = field(default_factory=dict)  # update seq -> Future of its missing names
+    told: dict = field(default_factory=dict)  # the instance list its last Hello carried
 
     def add_sample(self, t0: int, tw: int, t2: int) -> None:
         rtt = t2 - t0
@@ -183,8 +229,25 @@ class ControllerNode:
         # stream pacing (clockwork.protocol.pacing): per worker action stream, per client stream
         self.action_interval_us = action_interval_us
         self.reply_interval_us = reply_interval_us
+        # instance -> profile name: every instance the workers are told of (served, loading,
+        # unloading); ``profiles``: those that take requests (and unloading ones whose
+        # last requests still run), as ModelProfiles named after the instance
         self.instances = parse_models(models, self.pset.profiles)
         self.profiles = {i: self.pset.profiles[m].renamed(i) for i, m in self.instances.items()}
+        # the model repository: models as loaded (at start or by load_model), instances
+        # being loaded / unloaded, instances unloaded (the index lists them UNAVAILABLE)
+        self.loaded: dict[str, LoadedModel] = {}
+        for i, m in self.instances.items():
+            g = self.loaded.setdefault(_group_name(i), LoadedModel(m, 0, "", []))
+            g.copies += 1
+            g.instances.append(i)
+        self.packages: dict[str, str] = {}  # instance -> its package (load_model's package)
+        self.loading: set[str] = set()
+        self.unloading: set[str] = set()
+        self.unloaded: dict[str, str] = {}  # instance -> the profile it had
+        self._repo_lock = asyncio.Lock()
+        self._update_seq = 0
+        self._unloads: set[asyncio.Task] = set()
         self.policy_name = policy
         self.cfg = cfg or SchedulerConfig()
         self.settings = settings or {}  # the policy's own settings (baselines)
@@ -276,6 +339,13 @@ class ControllerNode:
         link.channel, link.call, link.state = ch, call, msg.state
         link.connected = True
         self.count("worker_connects")
+        if link.told != self.instances:  # a model loaded or unloaded while we said Hello
+            gone = [i for i in link.told if i not in self.instances]
+            new = [pb.Instance(name=i, profile=p, package=self.packages.get(i, ""))
+                   for i, p in self.instances.items() if link.told.get(i) != p]
+            link.updates.append((0, pb.InstanceUpdate(add=new, remove=gone)))
+            link.told = dict(self.instances)
+            link.wake.set()
 
     async def _clock_sync(self, stub: pbg.WorkerStub, link: WorkerLink):
         """One ClockSync round trip -> (sent, response, received); with a cluster secret
@@ -349,9 +419,21 @@ class ControllerNode:
 
     def _hello(self, link: WorkerLink) -> pb.Hello:
         """Take the worker over with an empty cache and nothing in flight."""
+        self._drop_updates(link)  # what they said is in the instance list
+        link.told = dict(self.instances)
         return pb.Hello(worker_id=link.index, reset=True,
-                        instances=[pb.Instance(name=i, profile=m)
+                        instances=[pb.Instance(name=i, profile=m, package=self.packages.get(i, ""))
                                    for i, m in self.instances.items()])
+
+    @staticmethod
+    def _drop_updates(link: WorkerLink) -> None:
+        """Forget the link's InstanceUpdates not written and not answered (a Hello will
+        carry the whole instance list); whoever waits for an answer gets None."""
+        link.updates = []
+        for f in link.acks.values():
+            if not f.done():
+                f.set_result(None)
+        link.acks = {}
 
     def _start_link_tasks(self, link: WorkerLink) -> None:
         link.tasks = [asyncio.create_task(self._reader(link)),
@@ -390,18 +472,12 @@ class ControllerNode:
                     link.reset_due = False
                     await call.write(pb.ControllerMessage(hello=self._hello(link)))
                 acts, link.pending = link.pending, []
+                if link.updates:
+                    acts = await self._write_updates(link, call, acts)
                 if not acts:
                     continue
                 pacer.note(len(acts))
-                off = link.offset
-                real = link.state.device != "emulated"
-                msgs = []
-                for a in acts:
-                    m = action_to_msg(a, off)
-                    if a.type == ActionType.INFER and a.requests:
-                        self._add_inputs(m, a, real)
-                    msgs.append(m)
-                msg = pb.ControllerMessage(actions=pb.ActionBatch(actions=msgs))
+                msg = self._actions_msg(link, acts)
                 self.count("msgs_to_workers")
                 await call.write(msg)
         except asyncio.CancelledError:
@@ -412,6 +488,32 @@ class ControllerNode:
                 self._bad_worker_msg(f"writing to worker {link.address} failed: {e!r}",
                                      None if isinstance(e, grpc.RpcError) else e)
                 self._lost(link)
+
+    def _actions_msg(self, link: WorkerLink, acts: list[Action]) -> pb.ControllerMessage:
+        """One message of actions for ``link`` (windows on its clock; INFERs' batch rows
+        and, for a real device, their inputs)."""
+        off = link.offset
+        real = link.state.device != "emulated"
+        msgs = []
+        for a in acts:
+            m = action_to_msg(a, off)
+            if a.type == ActionType.INFER and a.requests:
+                self._add_inputs(m, a, real)
+            msgs.append(m)
+        return pb.ControllerMessage(actions=pb.ActionBatch(actions=msgs))
+
+    async def _write_updates(self, link: WorkerLink, call, acts: list[Action]) -> list[Action]:
+        """Write the link's InstanceUpdates, each after the actions queued before it;
+        returns the actions queued after the last one (the caller writes them)."""
+        ups, link.updates = link.updates, []
+        done = 0
+        for pos, u in ups:
+            if pos > done:
+                self.count("msgs_to_workers")
+                await call.write(self._actions_msg(link, acts[done:pos]))
+                done = pos
+            await call.write(pb.ControllerMessage(update=u))
+        return acts[done:]
 
     def _add_inputs(self, m: pb.ActionMsg, a: Action, real: bool) -> None:
         """An INFER's batch rows, whether outputs go back, and (real devices) the inputs."""
@@ -459,7 +561,11 @@ class ControllerNode:
                     else:
                         self.count("echoes_malformed")
                     self.ctrl.heard_from(link.index, t)
-                elif kind != "state":
+                elif kind == "state":
+                    f = link.acks.pop(msg.state.update_seq, None)
+                    if f is not None and not f.done():
+                        f.set_result(list(msg.state.missing))
+                else:
                     self.count("msgs_malformed")
         except grpc.aio.AioRpcError as e:
             link.error = f"{e.code()}: {e.details()}"
@@ -484,6 +590,7 @@ class ControllerNode:
         if link.channel is not None:
             asyncio.ensure_future(link.channel.close())
         link.pending = []
+        self._drop_updates(link)  # its Hello will carry the instance list when it is back
         err = link.error or "stream ended"
         link.error = ""
         # the policy places nothing there meanwhile; its outstanding actions fail
@@ -608,8 +715,9 @@ class ControllerNode:
             resp = pb.InferResponse(status=int(rep.status), message=rep.message,
                                     latency_ns=rep.time - r.arrival, batch_size=rep.batch_size,
                                     gpu=rep.gpu, cold=r.cold)
-            if rep.status == RequestStatus.INVALID_REQUEST and r.model not in self.profiles:
-                resp.reason = "unknown_model"
+            if rep.status == RequestStatus.INVALID_REQUEST and (
+                    r.model not in self.profiles or r.model in self.unloading):
+                resp.reason = "unknown_model"  # (also: its model was unloaded meanwhile)
             if r.want_outputs and rep.status == RequestStatus.SUCCESS:
                 outs = rep.outputs  # the batch's outputs; ours is row r.row (views, no copy)
                 if outs:
@@ -701,15 +809,260 @@ class ControllerNode:
             if link.channel is not None:
                 await link.channel.close()
 
+    # ------------------------------------------------------------------ model repository
+
+    def serving(self) -> bool:
+        """Whether the controller serves: started, not stopping, a worker connected."""
+        return (self.policy is not None and not self._stopping
+                and any(lk.connected for lk in self.links))
+
+    def model_state(self, name: str) -> tuple[str, str] | None:
+        """(state, reason) of a name in the model repository, Triton's states: ``READY``
+        (served), ``LOADING``, ``UNLOADING`` (refusing requests, its last ones running or
+        its copies being evicted), ``UNAVAILABLE`` (``unloaded``, or no worker connected),
+        or ``""`` for a profile of the set that can be loaded and is not; None for a name
+        the repository does not know."""
+        if name in self.loading:
+            return "LOADING", ""
+        if name in self.unloading:
+            return "UNLOADING", ""
+        if name in self.profiles:
+            return ("READY", "") if self.serving() else ("UNAVAILABLE", "no worker connected")
+        if name in self.unloaded:
+            return "UNAVAILABLE", "unloaded"
+        if name in self.pset.profiles:
+            return "", ""
+        return None
+
+    def model_ready(self, name: str) -> bool:
+        """Whether requests for ``name`` are served now (state ``READY``)."""
+        return name in self.profiles and name not in self.unloading and self.serving()
+
+    def repository_index(self, ready_only: bool = False) -> list[tuple[str, str, str]]:
+        """(name, state, reason) of every name the repository knows, by name: the
+        instances served, loading, unloading or unloaded, and the profiles not loaded."""
+        names = set(self.pset.profiles) | set(self.unloaded) | set(self.instances) | self.loading
+        out = []
+        for n in sorted(names):
+            state, reason = self.model_state(n)
+            if not ready_only or state == "READY":
+                out.append((n, state, reason))
+        return out
+
+    async def load_model(self, name: str, copies: int = 1, profile: str | None = None,
+                         package: str = "") -> list[str]:
+        """Serve ``copies`` instances of ``profile`` (default: ``name``, or for a copy's name
+        ``m:k`` its model ``m``) as ``name``, ``name:1``, ...; returns their names once
+        every connected worker can run them and the policy has them (loaded on a GPU
+        when requests come). Loading what is loaded with the same parameters does
+        nothing. Raises ``RepositoryError``: NOT_FOUND for an unknown profile or a
+        package a worker lacks; INVALID_ARGUMENT for a bad name, ``copies`` or a name
+        loaded otherwise; UNAVAILABLE if not serving or a worker did not answer."""
+        async with self._repo_lock:
+            return await self._load(name, copies, profile, package)
+
+    async def _load(self, name: str, copies: int, profile: str | None,
+                    package: str) -> list[str]:
+        bad = grpc.StatusCode.INVALID_ARGUMENT
+        if self.policy is None or self._stopping:
+            raise RepositoryError(grpc.StatusCode.UNAVAILABLE, "the controller is not serving")
+        if not isinstance(name, str) or not _MODEL_NAME.fullmatch(name):
+            raise RepositoryError(bad, f"bad model name {name!r}: letters, digits, '_', '.' "
+                                  "and '-' (at most 128), optionally ':N' (a copy's name)")
+        if isinstance(copies, bool) or not isinstance(copies, int) \
+                or not 1 <= copies <= MAX_COPIES:
+            raise RepositoryError(bad, f"copies must be an integer from 1 to {MAX_COPIES}, "
+                                  f"got {copies!r}")
+        base = _group_name(name)
+        if base != name and copies != 1:
+            raise RepositoryError(bad, f"{name!r} names one copy: load {base!r} with "
+                                  f"copies={copies} instead")
+        profile = profile or base
+        prof = self.pset.profiles.get(profile)
+        if prof is None:
+            raise RepositoryError(grpc.StatusCode.NOT_FOUND, (
+                f"no profile {profile!r} in the controller's profile set {self.pset.name!r}; "
+                f"known: {', '.join(sorted(self.pset.profiles))}"))
+        biggest = max((g.pages for lk in self.links if lk.state for g in lk.state.gpus),
+                      default=0)
+        if prof.weights_pages > biggest:
+            raise RepositoryError(bad, f"profile {profile!r} needs {prof.weights_pages} pages "
+                                  f"of weights cache; the largest GPU here has {biggest}")
+        names = [name] + [f"{name}:{k}" for k in range(1, copies)]
+        have = self.loaded.get(name)
+        if have is not None:
+            if (have.profile, have.copies, have.package) != (profile, copies, package):
+                was = f"profile {have.profile!r}, copies {have.copies}" + (
+                    f", package {have.package!r}" if have.package else "")
+                raise RepositoryError(bad, f"model {name!r} is loaded already ({was}); "
+                                      "unload it first to load it otherwise")
+            names = [i for i in names if i not in self.profiles or i in self.unloading]
+            if not names:
+                return have.instances  # loaded as asked: nothing to do
+        for i in names:
+            if i in self.profiles and i not in self.unloading:
+                raise RepositoryError(bad, f"{i!r} is served already (a copy of model "
+                                      f"{_group_name(i)!r}); unload it first")
+        await self._wait_unloaded(names)
+        # the workers first (a worker that reconnects meanwhile has them in its Hello)
+        self.loading.update(names)
+        try:
+            for i in names:
+                self.instances[i] = profile
+                if package:
+                    self.packages[i] = package
+            missing = await self._update_workers(
+                add=[pb.Instance(name=i, profile=profile, package=package) for i in names])
+            if missing:
+                for i in names:
+                    del self.instances[i]
+                    self.packages.pop(i, None)
+                await self._update_workers(remove=names, wait=False)
+                where = "; ".join(f"worker {a}: {', '.join(ms)}" for a, ms in missing)
+                raise RepositoryError(grpc.StatusCode.NOT_FOUND, (
+                    f"a worker cannot serve profile {profile!r} ({where}): no such profile in "
+                    "its profile set" + ("" if self.links[0].state is None
+                                         or self.links[0].state.device == "emulated"
+                                         else ", or no model package (see clockwork compile)")))
+            now = now_ns()
+            out: list[Action] = []
+            for i in names:
+                self.profiles[i] = prof.renamed(i)
+                self.unloaded.pop(i, None)
+                out += self.policy.add_model(i, self.profiles[i], now)
+        finally:
+            self.loading.difference_update(names)
+        if have is None:
+            self.loaded[name] = LoadedModel(profile, copies, package, [])
+        g = self.loaded[name]
+        g.instances = [i for i in [name] + [f"{name}:{k}" for k in range(1, copies)]
+                       if i in self.profiles]
+        self.count("models_loaded", len(names))
+        self.ctrl._after(out, now)  # (none, for our policies: weights load on demand)
+        return g.instances
+
+    async def unload_model(self, name: str) -> list[str]:
+        """Stop serving ``name`` (every instance loaded as ``name``, or the one instance of
+        that name): its queued requests are answered now (``INVALID_REQUEST``, reason
+        ``unknown_model``), new ones are refused the same way, requests already running
+        finish; returns the instances unloaded, without waiting for their copies to be
+        evicted (the state is ``UNLOADING`` until then). A name the repository knows but
+        does not serve is a no-op (``[]``). Raises ``RepositoryError`` NOT_FOUND for a
+        name it does not know."""
+        async with self._repo_lock:
+            return self._unload(name)
+
+    def _unload(self, name: str) -> list[str]:
+        g = self.loaded.get(name)
+        if g is not None:
+            names = [i for i in g.instances if i in self.profiles and i not in self.unloading]
+            del self.loaded[name]
+        elif name in self.profiles and name not in self.unloading:
+            names = [name]
+            owner = self.loaded.get(_group_name(name))
+            if owner is not None and name in owner.instances:
+                owner.instances.remove(name)
+                if not owner.instances:
+                    del self.loaded[_group_name(name)]
+        elif self.model_state(name) is not None:
+            return []  # not served: nothing to do
+        else:
+            raise RepositoryError(grpc.StatusCode.NOT_FOUND, f"unknown model {name!r}")
+        if not names:
+            return []
+        now = now_ns()
+        self.unloading.update(names)
+        out: list[Action] = []
+        for i in names:
+            try:
+                out += self.policy.remove_model(i, now)
+            except KeyError:
+                pass  # the policy never had it
+        self.ctrl._after(out, now)  # EVICTs of idle copies; the queued requests answered
+        self.count("models_unloaded", len(names))
+        t = asyncio.ensure_future(self._forget_unloaded(names))
+        self._unloads.add(t)
+        t.add_done_callback(self._unloads.discard)
+        return names
+
+    async def _forget_unloaded(self, names: list[str]) -> None:
+        """Once the policy has let go of ``names`` (copies evicted) and none of their
+        requests is left unanswered, forget them here and on the workers."""
+        left = list(names)
+        while left and not self._stopping:
+            left = [i for i in left if self.policy.model_view(i) is not None]
+            if not left:
+                busy = {r.model for r in self.pending.values()}
+                left = [i for i in names if i in busy]
+            if left:
+                await asyncio.sleep(UNLOAD_POLL_S)
+        await asyncio.sleep(0)  # the last answers' callers (KServe) read the profile first
+        for i in names:
+            if i in self.unloading:
+                self.unloading.discard(i)
+                self.profiles.pop(i, None)
+                self.unloaded[i] = self.instances.pop(i, "")
+                self.packages.pop(i, None)
+        if not self._stopping:
+            await self._update_workers(remove=names, wait=False)
+
+    async def _wait_unloaded(self, names: list[str]) -> None:
+        """Until no instance of ``names`` is still being unloaded."""
+        deadline = time.monotonic() + UNLOAD_WAIT_S
+        while any(i in self.unloading for i in names):
+            if time.monotonic() > deadline or self._stopping:
+                raise RepositoryError(grpc.StatusCode.UNAVAILABLE, (
+                    f"{', '.join(i for i in names if i in self.unloading)} still being "
+                    "unloaded (requests running); try again"))
+            await asyncio.sleep(UNLOAD_POLL_S)
+
+    async def _update_workers(self, add=(), remove=(), wait: bool = True):
+        """Send an InstanceUpdate to every connected worker, after the actions queued for
+        it so far; with ``wait``, wait for their answers and return [(worker address,
+        instances it could not add)] for those that could not. A worker lost meanwhile
+        gets the instance list in its Hello when it is back."""
+        self._update_seq += 1
+        seq = self._update_seq
+        u = pb.InstanceUpdate(seq=seq, add=list(add), remove=list(remove))
+        waits = []
+        for link in self.links:
+            if not link.connected:
+                continue
+            link.updates.append((len(link.pending), u))
+            if wait:
+                f = self.loop.create_future()
+                link.acks[seq] = f
+                waits.append((link, f))
+            link.wake.set()
+        missing = []
+        deadline = time.monotonic() + UPDATE_TIMEOUT_S
+        for link, f in waits:
+            try:
+                got = await asyncio.wait_for(asyncio.shield(f),
+                                             max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                link.acks.pop(seq, None)
+                if not link.connected:
+                    continue
+                raise RepositoryError(grpc.StatusCode.UNAVAILABLE, (
+                    f"worker {link.address} did not take the model within "
+                    f"{UPDATE_TIMEOUT_S:g} s")) from None
+            if got:
+                missing.append((link.address, got))
+        return missing
+
     # ------------------------------------------------------------------ queries
 
     def model_info(self, name: str) -> pb.ModelInfo:
-        p = self.profiles[name]
+        profile = self.instances.get(name) or self.unloaded.get(name) or name
+        p = self.profiles.get(name) or self.pset.profiles[profile]
+        state, reason = self.model_state(name) or ("", "")
         return pb.ModelInfo(
-            name=name, profile=self.instances[name],
+            name=name, profile=profile,
             inputs=[pb.TensorSpec(name=t.name, shape=t.shape, dtype=t.dtype) for t in p.inputs],
             outputs=[pb.TensorSpec(name=t.name, shape=t.shape, dtype=t.dtype) for t in p.outputs],
-            batch_sizes=p.batch_sizes, weights_pages=p.weights_pages)
+            batch_sizes=p.batch_sizes, weights_pages=p.weights_pages, state=state,
+            reason=reason)
 
 
 def _mismatch(a: Action, r: Result) -> str:
@@ -755,8 +1108,12 @@ class ClockworkServicer(pbg.ClockworkServicer):
 
     async def ListModels(self, request, context):  # noqa: N802
         n = self.node
+        if request.index:
+            names = [name for name, _, _ in n.repository_index(request.ready_only)]
+        else:
+            names = [i for i in n.profiles if not request.ready_only or n.model_ready(i)]
         return pb.ListModelsResponse(
-            models=[n.model_info(i) for i in n.profiles], default_slo_ms=n.cfg.default_slo / 1e6,
+            models=[n.model_info(i) for i in names], default_slo_ms=n.cfg.default_slo / 1e6,
             workers=len(n.links), workers_connected=sum(1 for lk in n.links if lk.connected),
             gpus=len(n.gpu_index))
 
@@ -774,6 +1131,22 @@ class ClockworkServicer(pbg.ClockworkServicer):
     async def Stats(self, request, context):  # noqa: N802
         n = self.node
         return pb.StatsResponse(counters=n.counters, outstanding=len(n.pending))
+
+    async def LoadModel(self, request, context):  # noqa: N802
+        n = self.node
+        try:
+            names = await n.load_model(request.name, request.copies or 1,
+                                       request.profile or None, request.package)
+        except RepositoryError as e:
+            await context.abort(e.code, e.message)
+        return pb.LoadModelResponse(models=[n.model_info(i) for i in names])
+
+    async def UnloadModel(self, request, context):  # noqa: N802
+        try:
+            names = await self.node.unload_model(request.name)
+        except RepositoryError as e:
+            await context.abort(e.code, e.message)
+        return pb.UnloadModelResponse(instances=names)
 
 
 async def serve_controller(node: ControllerNode, host: str, port: int, ready=None,

@@ -144,6 +144,19 @@ class GpuExecutor:
             progress = self._step(self.load_lane, now, out) | self._step(self.exec_lane, now, out)
         return out
 
+    def forget(self, model: str) -> None:
+        """``model`` leaves this worker (the controller's model repository removed it):
+        its weights, if still cached, are dropped and their pages freed (as EVICT does;
+        an EXEC running on them fails ``WEIGHTS_CHANGED``). The caller removes it from
+        ``models``."""
+        w = self.weights.pop(model, None)
+        if w is None:
+            return
+        er = self.exec_lane.running
+        if er is not None and er.action.model == model:
+            self._evicted_while_running.add(er.action.id)
+        self.free_pages.extend(reversed(w.pages))
+
     def take_started(self) -> list[Action]:
         """Open actions started since the last call, for the shell to run for real."""
         out, self._started = self._started, []

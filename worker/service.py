@@ -3,7 +3,9 @@
 One ``GpuExecutor`` per GPU, driven by ``worker.loop.WorkerLoop`` (the same driver the
 simulator runs); this module is its transport. A controller opens ``Worker.Connect`` and
 sends ``Hello`` (its instance list); the worker answers with its state and then hands
-every batch of actions to ``loop.submit`` with ``now`` = the real clock. ``loop.arm``
+every batch of actions to ``loop.submit`` with ``now`` = the real clock. Instances join
+and leave while it serves by ``InstanceUpdate`` (the controller's model repository),
+answered with the state too; the weights cache and the actions in flight stay as they are. ``loop.arm``
 sets an asyncio timer that calls ``loop.timer``. Finished results are sent back in
 batches (everything ready when the stream is free goes in one message).
 
@@ -205,28 +207,63 @@ class WorkerNode:
             text = orjson.dumps(prof.to_json()).decode() if prof is not None else ""
         return pb.LoadModelFromDiskResponse(model=info, profile_json=text)
 
+    def _instance(self, i: pb.Instance) -> ModelProfile | None:
+        """The profile instance ``i`` runs with (its package registered on a real device);
+        None if this worker cannot serve it (no such profile, no package, a broken one)."""
+        p = self.pset.profiles.get(i.profile)
+        path = self.package_for(i.name, i.profile, i.package) if self.real else None
+        if p is None or (self.real and path is None):
+            return None
+        if path is not None:
+            try:
+                self._register(i.name, path)
+            except Exception as e:  # noqa: BLE001 - a broken package: report it missing
+                print(f"worker: cannot load package {path} for {i.name}: {e}",
+                      file=sys.stderr, flush=True)
+                return None
+        return p.renamed(i.name)
+
     def hello(self, h: pb.Hello) -> pb.WorkerState:
         self.worker_id = h.worker_id
         inst: dict[str, ModelProfile] = {}
         missing = []
         for i in h.instances:
-            p = self.pset.profiles.get(i.profile)
-            path = self.package_for(i.name, i.profile, i.package) if self.real else None
-            if p is None or (self.real and path is None):
+            p = self._instance(i)
+            if p is None:
                 missing.append(i.name)
-                continue
-            if path is not None:
-                try:
-                    self._register(i.name, path)
-                except Exception as e:  # noqa: BLE001 - a broken package: report it missing
-                    print(f"worker: cannot load package {path} for {i.name}: {e}",
-                          file=sys.stderr, flush=True)
-                    missing.append(i.name)
-                    continue
-            inst[i.name] = p.renamed(i.name)
+            else:
+                inst[i.name] = p
         if h.reset or not self.executors or inst.keys() != self.instances.keys():
             self._reset(inst)
         return self.state(missing)
+
+    def update(self, u: pb.InstanceUpdate) -> pb.WorkerState:
+        """InstanceUpdate: instances leave (their cached weights, if any, are dropped) and
+        join, without touching anything else; the state answers it (``missing``: those
+        it could not add)."""
+        for name in u.remove:
+            if self.instances.pop(name, None) is None:
+                continue
+            for e in self.executors:
+                e.forget(name)
+            for dev in self.real:
+                dev.unregister(name)
+        missing = []
+        for i in u.add:
+            if i.name in self.instances:  # another profile under an old name: replace it
+                for e in self.executors:
+                    e.forget(i.name)
+                for dev in self.real:
+                    dev.unregister(i.name)
+            p = self._instance(i)
+            if p is None:
+                self.instances.pop(i.name, None)
+                missing.append(i.name)
+            else:
+                self.instances[i.name] = p  # the executors share this dict
+        st = self.state(missing)
+        st.update_seq = u.seq
+        return st
 
     def state(self, missing: list[str] | None = None) -> pb.WorkerState:
         return pb.WorkerState(
@@ -438,6 +475,7 @@ class WorkerServicer(pbg.WorkerServicer):
         token = object()
         self._active = token  # the newest controller connection owns the worker
         echoes: list[pb.ClockEcho] = []
+        states: list[pb.WorkerState] = []  # answers to InstanceUpdates
         wake = asyncio.Event()
         pacer = Pacer(node.result_interval_us)
         it = request_iterator.__aiter__()
@@ -462,6 +500,9 @@ class WorkerServicer(pbg.WorkerServicer):
                         wake.set()
                     elif kind == "hello":
                         node.hello(msg.hello)
+                    elif kind == "update":
+                        states.append(node.update(msg.update))
+                        wake.set()
                 except Exception as e:  # noqa: BLE001 - one bad message, not the stream
                     node._complain(f"a {kind} message from the controller failed: {e!r}", e)
             wake.set()
@@ -475,7 +516,7 @@ class WorkerServicer(pbg.WorkerServicer):
         rtask.add_done_callback(reader_done)
         try:
             while self._active is token:
-                if not node._out and not echoes:
+                if not node._out and not echoes and not states:
                     w1 = asyncio.ensure_future(node._out_ready.wait())
                     w2 = asyncio.ensure_future(wake.wait())
                     await asyncio.wait([w1, w2, rtask], return_when=asyncio.FIRST_COMPLETED)
@@ -486,6 +527,8 @@ class WorkerServicer(pbg.WorkerServicer):
                 wake.clear()
                 while echoes:
                     yield pb.WorkerMessage(echo=echoes.pop(0))
+                while states:
+                    yield pb.WorkerMessage(state=states.pop(0))
                 if node._out:
                     await pacer.wait()  # under load: one message per interval
                 res = node.take_results()

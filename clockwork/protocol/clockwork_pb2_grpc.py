@@ -59,6 +59,16 @@ class ClockworkStub(object):
                 request_serializer=clockwork_dot_protocol_dot_clockwork__pb2.StatsRequest.SerializeToString,
                 response_deserializer=clockwork_dot_protocol_dot_clockwork__pb2.StatsResponse.FromString,
                 _registered_method=True)
+        self.LoadModel = channel.unary_unary(
+                '/clockwork.v1.Clockwork/LoadModel',
+                request_serializer=clockwork_dot_protocol_dot_clockwork__pb2.LoadModelRequest.SerializeToString,
+                response_deserializer=clockwork_dot_protocol_dot_clockwork__pb2.LoadModelResponse.FromString,
+                _registered_method=True)
+        self.UnloadModel = channel.unary_unary(
+                '/clockwork.v1.Clockwork/UnloadModel',
+                request_serializer=clockwork_dot_protocol_dot_clockwork__pb2.UnloadModelRequest.SerializeToString,
+                response_deserializer=clockwork_dot_protocol_dot_clockwork__pb2.UnloadModelResponse.FromString,
+                _registered_method=True)
 
 
 class ClockworkServicer(object):
@@ -96,6 +106,21 @@ class ClockworkServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadModel(self, request, context):
+        """The model repository (errors: NOT_FOUND for an unknown profile or model,
+        INVALID_ARGUMENT for bad parameters or a name loaded otherwise, UNAVAILABLE when a
+        worker did not answer in time).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadModel(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClockworkServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -123,6 +148,16 @@ def add_ClockworkServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=clockwork_dot_protocol_dot_clockwork__pb2.StatsRequest.FromString,
                     response_serializer=clockwork_dot_protocol_dot_clockwork__pb2.StatsResponse.SerializeToString,
+            ),
+            'LoadModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadModel,
+                    request_deserializer=clockwork_dot_protocol_dot_clockwork__pb2.LoadModelRequest.FromString,
+                    response_serializer=clockwork_dot_protocol_dot_clockwork__pb2.LoadModelResponse.SerializeToString,
+            ),
+            'UnloadModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadModel,
+                    request_deserializer=clockwork_dot_protocol_dot_clockwork__pb2.UnloadModelRequest.FromString,
+                    response_serializer=clockwork_dot_protocol_dot_clockwork__pb2.UnloadModelResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -260,6 +295,60 @@ class Clockwork(object):
             '/clockwork.v1.Clockwork/Stats',
             clockwork_dot_protocol_dot_clockwork__pb2.StatsRequest.SerializeToString,
             clockwork_dot_protocol_dot_clockwork__pb2.StatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clockwork.v1.Clockwork/LoadModel',
+            clockwork_dot_protocol_dot_clockwork__pb2.LoadModelRequest.SerializeToString,
+            clockwork_dot_protocol_dot_clockwork__pb2.LoadModelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clockwork.v1.Clockwork/UnloadModel',
+            clockwork_dot_protocol_dot_clockwork__pb2.UnloadModelRequest.SerializeToString,
+            clockwork_dot_protocol_dot_clockwork__pb2.UnloadModelResponse.FromString,
             options,
             channel_credentials,
             insecure,

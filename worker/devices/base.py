@@ -207,6 +207,19 @@ class RealDevice:
     def loaded(self, name: str) -> bool:
         return self._model(name).pages is not None
 
+    def unregister(self, name: str) -> None:
+        """Forget instance ``name`` (the controller unloaded it); its weights, if still
+        cached, are evicted first. Nothing happens for a name not registered."""
+        m = self.models.get(name)
+        if m is None:
+            return
+        if m.pages is not None:
+            try:
+                self.evict(name)
+            except DeviceError:
+                pass  # evicted meanwhile
+        self.models.pop(name, None)
+
 
 __all__ = ["ERRORS", "Device", "DeviceError", "DeviceFailure", "DeviceUnavailable",
            "ExecFailed", "InsufficientCache", "InvalidBatchSize", "InvalidInput",
