@@ -223,8 +223,6 @@ class KServeRest:
         """Triton's model repository extension: ``index`` (body ``{"ready": bool}``,
         optional) answers the list of models; ``load`` / ``unload`` of ``args[0]`` (body
         ``{"parameters": {...}}``, optional) answer ``{}`` once done."""
-        from controller import repository
-
         req = await self._json(body) if body.strip() else {}
         if not isinstance(req, dict):
             raise KServeError(INVALID, "request body must be a JSON object")
@@ -232,10 +230,14 @@ class KServeRest:
             ready = req.get("ready", False)
             if not isinstance(ready, bool):
                 raise KServeError(INVALID, f"'ready' must be true or false, got {ready!r}")
+            from controller import repository
+
             return Reply(200, repository.index(self.node, ready))
         params = req.get("parameters") or {}
         if not isinstance(params, dict):
             raise KServeError(INVALID, "'parameters' must be a JSON object")
+        from controller import repository
+
         await (repository.load if op == "load" else repository.unload)(self.node, args[0],
                                                                         params)
         return Reply(200, {})
@@ -370,20 +372,16 @@ class _Handler:
             async with asyncio.timeout(lim.rest_read_timeout / 1e9):
                 while chunk := await request.content.readany():
                     size += len(chunk)
-                    if size > cap:
-                        resp = self._refuse(413, f"request body over the limit of {cap} "
-                                            "bytes (rest_max_body_bytes) once decoded")
-                        if "content-encoding" in request.headers:  # a compression bomb:
-                            return await self._closing(request, resp)  # decode no more
-                        resp.force_close()
-                        return resp
+                    if size > cap:  # (a compression bomb: decode no more of it)
+                        return self._drop_rest(request, self._refuse(
+                            413, f"request body over the limit of {cap} bytes "
+                            "(rest_max_body_bytes) once decoded"))
                     chunks.append(chunk)
         except TimeoutError:
             return await self._closing(request, self._refuse(
                 408, "request body not received in time (rest_read_timeout)"))
         except web.RequestPayloadError as e:  # bad chunks, a body that does not decode
-            resp = self._refuse(400, f"malformed request body: {e}")
-            return await self._closing(request, resp)
+            return self._drop_rest(request, self._refuse(400, f"malformed request body: {e}"))
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def _too_large(self, n: int) -> web.Response:
@@ -397,6 +395,17 @@ class _Handler:
         body, headers = encode(Reply(status, {"error": why}))
         resp = web.Response(status=status, body=body, headers=headers)
         resp.force_close()
+        return resp
+
+    @staticmethod
+    def _drop_rest(request: web.Request, resp: web.Response) -> web.Response:
+        """Answer ``resp`` and parse (decode) nothing more of this connection: what the
+        client still sends is read from the socket and dropped unparsed for up to
+        ``rest_linger_timeout`` (so that it sees the answer: a socket closed with unread
+        data resets the connection), then it closes."""
+        proto = request.protocol
+        proto.close()  # aiohttp drops, unparsed, what arrives from now on
+        proto.resume_reading()  # and reads the socket again if the body had paused it
         return resp
 
     @staticmethod

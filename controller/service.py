@@ -1167,6 +1167,8 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
     bound = bind_grpc(server, host, port, "--port", creds)
     kbound = (bind_grpc(server, host, kserve_port, "--kserve-port", creds)
               if kserve_port is not None else 0)
+    if http_port is not None:  # aiohttp's import takes ~0.3 s: before the ready line, so
+        from controller.kserve_rest import start_http  # that it stalls no client's call
     await node.start()
     await server.start()
     if ready is not None:
@@ -1175,7 +1177,6 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
         print(f"clockwork controller kserve grpc listening on {host}:{kbound}", flush=True)
     http = None
     if http_port is not None:  # KServe v2 REST; after the line above (LocalCluster reads it)
-        from controller.kserve_rest import start_http
         try:
             http = await start_http(node, host, http_port, token,
                                     tls.ssl_context() if tls is not None else None)

@@ -1,0 +1,406 @@
+"""The controller's KServe v2 REST server as HTTP/1.1 (aiohttp's server, configured by
+``controller.kserve_rest.make_runner`` from the controller's limits), against a live
+cluster on loopback with real clients: chunked and compressed request bodies, compressed
+responses, ``Expect: 100-continue``, a compression bomb, 405 with ``Allow``, header
+bounds, keep-alive, the idle and read timeouts, /metrics. The routes without sockets run
+in a process of their own (``controller.kserve``'s protos clash with tritonclient's)."""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import json
+import socket
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+thttp = pytest.importorskip("tritonclient.http")
+
+import clockwork  # noqa: E402
+from tests.conftest import local_cluster  # noqa: E402
+
+MiB = 1 << 20
+BODY_LIMIT = MiB  # rest_max_body_bytes of the cluster
+HEADER_BYTES = 4096  # rest_max_header_bytes
+MAX_HEADERS = 20  # rest_max_headers
+INFER = "/v2/models/small/infer"
+
+
+@pytest.fixture(scope="module")
+def profiles(tmp_path_factory) -> Path:
+    """``small`` (4 floats in and out) and ``big`` (4 in, 65,536 out: a 256 KiB answer)."""
+    d = tmp_path_factory.mktemp("profiles")
+    (d / "set.json").write_text(json.dumps({"device": "test", "weights_cache_pages": 64}))
+    for name, out in (("small", 4), ("big", 65536)):
+        (d / f"{name}.json").write_text(json.dumps({
+            "model": name, "device": "test", "weights_bytes": MiB, "load_ns": 2_000_000,
+            "exec_ns": {str(b): 500_000 + 50_000 * b for b in (1, 2, 4)},
+            "inputs": [{"name": "x", "shape": [4], "dtype": "float32"}],
+            "outputs": [{"name": "y", "shape": [out], "dtype": "float32"}]}))
+    return d
+
+
+def _cluster(profiles: Path, *limits: str):
+    argv = [x for lim in limits for x in ("--limit", lim)]
+    return local_cluster(workers=1, gpus=1, profiles=str(profiles), controller_args=argv,
+                         http_port=0)
+
+
+@pytest.fixture(scope="module")
+def cluster(profiles):
+    with _cluster(profiles, f"rest_max_body_bytes={BODY_LIMIT}",
+                  f"rest_max_header_bytes={HEADER_BYTES}",
+                  f"rest_max_headers={MAX_HEADERS}") as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def addr(cluster) -> tuple[str, int]:
+    host, port = cluster.printed_address("http").rsplit(":", 1)
+    return host, int(port)
+
+
+def _json_body(model_input=(1.0, 2.0, 3.0, 4.0)) -> bytes:
+    return json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32",
+                                   "data": list(model_input)}]}).encode()
+
+
+def _request(addr, method: str, path: str, body=None, headers=None, **kw):
+    """One request on a new connection -> (status, headers, body)."""
+    conn = http.client.HTTPConnection(*addr, timeout=10)
+    try:
+        conn.request(method, path, body, headers or {}, **kw)
+        r = conn.getresponse()
+        return r.status, r.headers, r.read()
+    finally:
+        conn.close()
+
+
+def _head(sock: socket.socket) -> bytes:
+    """Bytes from ``sock`` up to the end of one response head (or EOF)."""
+    got = b""
+    while b"\r\n\r\n" not in got:
+        more = sock.recv(4096)
+        if not more:
+            break
+        got += more
+    return got
+
+
+def _until_eof(sock: socket.socket) -> bytes:
+    got = b""
+    while more := sock.recv(65536):
+        got += more
+    return got
+
+
+def _peak_rss_mb(pid: int) -> float:
+    """The process's peak resident memory so far (VmHWM), MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def _counters(cluster) -> dict:
+    with clockwork.Client(cluster.address, timeout=10) as cl:
+        return cl.stats()
+
+
+# ---------------------------------------------------------------------- bodies
+
+
+def test_chunked_body_is_accepted(addr):
+    body = _json_body()
+    pieces = [body[i:i + 7] for i in range(0, len(body), 7)]  # many small chunks
+    status, headers, got = _request(addr, "POST", INFER, iter(pieces),
+                                    {"Content-Type": "application/json"},
+                                    encode_chunked=True)
+    assert status == 200, got
+    out = json.loads(got)["outputs"][0]
+    assert out["name"] == "y" and out["shape"] == [1, 4] and len(out["data"]) == 4
+    # a chunked body with binary tensors after the JSON header
+    head = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32",
+                                   "parameters": {"binary_data_size": 16}}],
+                       "parameters": {"binary_data_output": True}}).encode()
+    data = head + np.arange(4, dtype=np.float32).tobytes()
+    status, headers, got = _request(
+        addr, "POST", INFER, iter([data[:10], data[10:]]),
+        {"Inference-Header-Content-Length": str(len(head))}, encode_chunked=True)
+    assert status == 200, got
+    assert headers["Content-Type"] == "application/octet-stream"
+    n = int(headers["Inference-Header-Content-Length"])
+    assert json.loads(got[:n])["outputs"][0]["parameters"]["binary_data_size"] == 16
+    assert len(got) == n + 16
+
+
+def test_chunked_body_over_the_limit_is_refused(addr):
+    chunk = bytes(64 * 1024)
+    status, headers, got = _request(addr, "POST", INFER,
+                                    iter([chunk] * (BODY_LIMIT // len(chunk) + 2)),
+                                    encode_chunked=True)
+    assert status == 413 and b"rest_max_body_bytes" in got
+    assert headers["Connection"] == "close"
+
+
+def test_expect_100_continue(addr):
+    body = _json_body()
+    with socket.create_connection(addr, timeout=10) as s:
+        # over the limit: 413 at once, before any body is sent; then the server closes
+        s.sendall(f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {BODY_LIMIT + 1}\r\nExpect: 100-continue\r\n\r\n"
+                  .encode())
+        got = _until_eof(s)
+        assert got.startswith(b"HTTP/1.1 413 "), got
+        assert b"100 Continue" not in got
+    with socket.create_connection(addr, timeout=10) as s:
+        # within it: 100 Continue, then the body is sent and answered
+        s.sendall(f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\n\r\n".encode())
+        assert _head(s).startswith(b"HTTP/1.1 100 Continue\r\n")
+        s.sendall(body)
+        r = http.client.HTTPResponse(s)
+        r.begin()
+        assert r.status == 200 and json.loads(r.read())["outputs"][0]["shape"] == [1, 4]
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests_and_responses_with_tritonclient(addr, algorithm):
+    cl = thttp.InferenceServerClient(f"{addr[0]}:{addr[1]}")
+    try:
+        for binary in (False, True):
+            x = thttp.InferInput("x", [1, 4], "FP32")
+            x.set_data_from_numpy(np.ones((1, 4), np.float32), binary_data=binary)
+            want = [thttp.InferRequestedOutput("y", binary_data=binary)]
+            for model, n in (("small", 4), ("big", 65536)):  # big: a compressed answer
+                r = cl.infer(model, [x], outputs=want, request_compression_algorithm=algorithm,
+                             response_compression_algorithm=algorithm)
+                y = r.as_numpy("y")
+                assert y.shape == (1, n) and y.dtype == np.float32
+    finally:
+        cl.close()
+
+
+def test_response_compression_raw(addr):
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32",
+                                   "data": [0, 0, 0, 0]}]}).encode()
+    for enc, decode in (("gzip", gzip.decompress), ("deflate", zlib.decompress)):
+        status, headers, got = _request(addr, "POST", "/v2/models/big/infer", body,
+                                        {"Accept-Encoding": enc})
+        assert status == 200 and headers["Content-Encoding"] == enc
+        assert len(got) < 65536  # 65,536 zeros as JSON: ~262 KB before compression
+        assert json.loads(decode(got))["outputs"][0]["shape"] == [1, 65536]
+    status, headers, got = _request(addr, "POST", "/v2/models/big/infer", body)
+    assert status == 200 and "Content-Encoding" not in headers and len(got) > 65536
+    # a short answer is not worth compressing
+    status, headers, got = _request(addr, "GET", "/v2/health/live", None,
+                                    {"Accept-Encoding": "gzip"})
+    assert status == 200 and "Content-Encoding" not in headers
+    assert json.loads(got) == {"live": True}
+
+
+def test_request_body_compressed_raw(addr):
+    body = _json_body()
+    for enc, data in (("gzip", gzip.compress(body)), ("deflate", zlib.compress(body))):
+        status, _, got = _request(addr, "POST", INFER, data, {"Content-Encoding": enc})
+        assert status == 200, got
+    status, _, got = _request(addr, "POST", INFER, b"not gzip at all",
+                              {"Content-Encoding": "gzip"})
+    assert status == 400, got
+
+
+def test_compression_bomb_is_refused_and_not_held(cluster, addr):
+    """256 MiB of zeros, gzip-compressed to ~260 KB (16 members of 16 MiB): under the
+    1 MiB body limit as sent, far over it decoded. Answered 413 once the decoded body
+    passes the limit; the controller decodes no more of it (its peak memory does not
+    grow by the decoded size) and answers the next request."""
+    member = gzip.compress(bytes(16 * MiB), compresslevel=9)
+    bomb = member * 16
+    assert len(bomb) < BODY_LIMIT
+    pid = cluster.controller.proc.pid
+    before = _counters(cluster).get("http_413", 0)
+    peak0 = _peak_rss_mb(pid)
+    with socket.create_connection(addr, timeout=10) as s:
+        s.sendall(f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+                  f"Content-Length: {len(bomb)}\r\n\r\n".encode() + bomb)
+        got = _until_eof(s)  # answered, then closed (after rest_linger_timeout)
+    peak1 = _peak_rss_mb(pid)
+    assert got.startswith(b"HTTP/1.1 413 ") and b"once decoded" in got, got[:300]
+    assert peak1 - peak0 < 64, f"the controller's peak memory grew {peak1 - peak0:.0f} MB"
+    status, _, _ = _request(addr, "POST", INFER, _json_body())
+    assert status == 200
+    assert _counters(cluster).get("http_413", 0) == before + 1
+
+
+# ---------------------------------------------------------------------- routes, heads
+
+
+def test_wrong_method_is_405_with_allow(addr):
+    for method, path, allow in (("GET", INFER, "POST"), ("DELETE", INFER, "POST"),
+                                ("POST", "/v2/health/live", "GET, HEAD"),
+                                ("PUT", "/v2/models/small", "GET, HEAD"),
+                                ("GET", "/v2/repository/index", "POST"),
+                                ("POST", "/metrics", "GET, HEAD")):
+        status, headers, got = _request(addr, method, path)
+        assert status == 405, (method, path, got)
+        assert headers["Allow"] == allow
+        assert "error" in json.loads(got)
+    status, _, got = _request(addr, "GET", "/v2/no/such/path")
+    assert status == 404 and "no route" in json.loads(got)["error"]
+    status, headers, got = _request(addr, "HEAD", "/v2/models/small")
+    assert status == 200 and got == b"" and int(headers["Content-Length"]) > 0
+
+
+def test_repository_routes_check_their_bodies(addr):
+    for path, body in (("/v2/repository/index", b'{"ready": "yes"}'),
+                       ("/v2/repository/index", b"[1, 2]"),
+                       ("/v2/repository/index", b"{not json"),
+                       ("/v2/repository/models/small/load", b'{"parameters": [1]}'),
+                       ("/v2/repository/models/small/unload", b'"x"')):
+        status, _, got = _request(addr, "POST", path, body)
+        assert status == 400, (path, body, got)
+        assert json.loads(got)["error"]
+
+
+def test_head_bounds(cluster, addr):
+    before = _counters(cluster).get("http_400", 0)
+    many = "".join(f"X-{i}: y\r\n" for i in range(MAX_HEADERS + 5))
+    long_header = f"X-Long: {'a' * (HEADER_BYTES + 10)}\r\n"
+    long_line = f"GET /v2/{'a' * (HEADER_BYTES + 10)} HTTP/1.1\r\nHost: x\r\n\r\n"
+    for data in (f"GET /v2 HTTP/1.1\r\nHost: x\r\n{many}\r\n",
+                 f"GET /v2 HTTP/1.1\r\nHost: x\r\n{long_header}\r\n", long_line):
+        with socket.create_connection(addr, timeout=10) as s:
+            s.sendall(data.encode())
+            got = _until_eof(s)  # answered, then closed
+        assert got.split(b" ", 2)[1] == b"400", got[:200]
+    # within the bounds: answered
+    ok = "".join(f"X-{i}: y\r\n" for i in range(MAX_HEADERS - 2))
+    status, _, _ = _request(addr, "GET", "/v2", None,
+                            dict(line.split(": ") for line in ok.split("\r\n") if line))
+    assert status == 200
+    assert _counters(cluster).get("http_400", 0) == before + 3
+
+
+def test_keep_alive(addr):
+    conn = http.client.HTTPConnection(*addr, timeout=10)
+    try:
+        socks = []
+        for _ in range(3):
+            conn.request("POST", INFER, _json_body())
+            r = conn.getresponse()
+            assert r.status == 200 and r.read()
+            socks.append(conn.sock)
+        assert socks[0] is not None and socks[0] is socks[1] is socks[2]
+    finally:
+        conn.close()
+
+
+def test_metrics_scrape(addr):
+    from controller.metrics import parse_text
+
+    for _ in range(3):
+        assert _request(addr, "POST", INFER, _json_body())[0] == 200
+    status, headers, got = _request(addr, "GET", "/metrics")
+    assert status == 200
+    assert headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    samples = parse_text(got.decode())
+    ok = {s[0]["model"]: s[1] for s in samples["nv_inference_request_success"]}
+    assert ok["small"] >= 3 and "big" in ok
+    assert samples["clockwork_workers_connected"][0][1] == 1
+    # compressed for a scraper that asks
+    status, headers, got = _request(addr, "GET", "/metrics", None,
+                                    {"Accept-Encoding": "gzip"})
+    assert status == 200 and headers["Content-Encoding"] == "gzip"
+    assert parse_text(gzip.decompress(got).decode())["nv_inference_request_success"]
+    status, _, got = _request(addr, "GET", "/healthz")
+    assert (status, got) == (200, b"ok\n")
+
+
+# ---------------------------------------------------------------------- timeouts
+
+
+def test_idle_and_read_timeouts(profiles):
+    with _cluster(profiles, "rest_idle_timeout_s=0.3", "rest_read_timeout_s=0.3") as c:
+        host, port = c.printed_address("http").rsplit(":", 1)
+        addr = (host, int(port))
+        # a keep-alive connection left idle after an answer is closed by the server
+        with socket.create_connection(addr, timeout=10) as s:
+            body = _json_body()
+            s.sendall(f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}"
+                      "\r\n\r\n".encode() + body)
+            r = http.client.HTTPResponse(s)
+            r.begin()
+            assert r.status == 200 and r.read()
+            t0 = time.monotonic()
+            assert s.recv(1) == b""  # EOF: the server closed it
+            assert 0.2 < time.monotonic() - t0 < 5.0
+        # a connection that never sends is closed too; so is one whose head never ends
+        for data in (b"", b"GET /v2 HTTP/1.1\r\nHost: x\r\nX-Slow: "):
+            with socket.create_connection(addr, timeout=10) as s:
+                t0 = time.monotonic()
+                s.sendall(data)
+                assert _until_eof(s) == b""
+                assert 0.2 < time.monotonic() - t0 < 5.0
+        # a body that does not arrive in time: 408, then closed
+        with socket.create_connection(addr, timeout=10) as s:
+            t0 = time.monotonic()
+            s.sendall(f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
+                      '{"inputs"'.encode())
+            got = _until_eof(s)
+            assert got.startswith(b"HTTP/1.1 408 "), got
+            assert 0.2 < time.monotonic() - t0 < 5.0
+        assert _request(addr, "POST", INFER, _json_body())[0] == 200
+        assert _counters(c).get("http_408") == 1
+
+
+# ---------------------------------------------------------------------- without sockets
+
+ROUTES = r"""
+import asyncio, types
+from controller.kserve_rest import KServeRest, Reply, encode
+from controller.limits import Limits
+
+counted = []
+node = types.SimpleNamespace(limits=Limits(), count=counted.append, profiles={})
+
+async def main():
+    rest = KServeRest(node, token="secret")
+    r = await rest.route("DELETE", "/v2/models/m/infer?x=1", {}, b"")
+    assert r.status == 405 and r.headers == {"Allow": "POST"}, r
+    r = await rest.route("GET", "/v2/models/m", {}, b"")
+    assert r.status == 404 and "unknown model" in r.payload["error"], r
+    r = await rest.route("GET", "/nothing", {}, b"")
+    assert r.status == 404, r
+    r = await rest.route("GET", "/v2/health/live", {}, b"")
+    assert r == Reply(200, {"live": True}), r
+    r = await rest.route("POST", "/v2/repository/index", {}, b'{"ready": 1}')
+    assert r.status == 400, r
+    assert rest.authorized("/v2/health/ready", {})
+    assert not rest.authorized("/v2", {"authorization": "Bearer wrong"})
+    assert rest.authorized("/v2", {"authorization": "Bearer secret"})
+    r = rest.unauthorized({"authorization": "Bearer wrong"})
+    assert r.status == 401 and "invalid_token" in r.headers["WWW-Authenticate"], r
+    assert counted == ["auth_refused"], counted
+    body, headers = encode(Reply(200, {"a": 1}, b"\x00" * 8))
+    assert headers["Content-Type"] == "application/octet-stream"
+    assert headers["Inference-Header-Content-Length"] == "7" and body == b'{"a":1}' + bytes(8)
+    body, headers = encode(Reply(503, {"ready": False}))
+    assert headers["Retry-After"] == "1" and headers["Content-Type"] == "application/json"
+    body, headers = encode(Reply(200, b"ok\n"))
+    assert body == b"ok\n" and headers["Content-Type"].startswith("text/plain")
+    print("routes ok")
+
+asyncio.run(main())
+"""
+
+
+def test_routes_without_sockets():
+    p = subprocess.run([sys.executable, "-c", ROUTES], capture_output=True, text=True,
+                       timeout=60)
+    assert p.stdout.strip() == "routes ok", p.stdout + p.stderr
