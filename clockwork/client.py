@@ -115,6 +115,9 @@ def _meta(m: pb.ModelInfo) -> ModelMeta:
 
 
 def _load_request(name: str, copies: int, profile: str | None, package: str):
+    if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
+        raise InvalidRequest(f"{name}: copies must be an integer >= 1, got {copies!r}", 6,
+                             "bad_request", name)
     return pb.LoadModelRequest(name=name, copies=int(copies), profile=profile or "",
                                package=package or "")
 

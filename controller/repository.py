@@ -17,6 +17,11 @@ copies     how many instances (each scheduled like a model of its own)          
 profile    the profile in the controller's profile set                            ``name``
 package    cpu/cuda workers: the model package directory, inside each worker's    (the
            package directory                                                      worker's)
+config     Triton's model configuration (JSON text, what ``tritonclient``'s        --
+           ``load_model(name, config=...)`` sends): ``instance_group`` counts add
+           up to ``copies``; ``parameters`` may hold ``copies``, ``profile`` and
+           ``package`` (``{"string_value": ...}``); the other fields (a
+           configuration read back from ``get_model_config``) are not used
 =========  =====================================================================  ==========
 
 Loading a model that is loaded with the same parameters succeeds and changes nothing;
@@ -32,12 +37,17 @@ lacks), UNAVAILABLE when the controller is not serving or a worker did not answe
 
 from __future__ import annotations
 
+import json
+
 import grpc
 
 from controller.kserve_status import INVALID, NOT_FOUND, UNAVAILABLE, KServeError
 
 VERSION = "1"  # every model has one version
-LOAD_PARAMS = ("copies", "profile", "package")
+LOAD_PARAMS = ("copies", "profile", "package", "config")
+# Triton model configuration fields a load accepts (those our get_model_config answers)
+CONFIG_FIELDS = ("name", "platform", "backend", "max_batch_size", "input", "output",
+                 "dynamic_batching", "instance_group", "parameters")
 UNLOAD_PARAMS = ("unload_dependents",)  # Triton's; there are no dependents here
 _KIND = {grpc.StatusCode.NOT_FOUND: NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT: INVALID,
          grpc.StatusCode.UNAVAILABLE: UNAVAILABLE}
@@ -58,6 +68,8 @@ async def load(node, name: str, params: dict) -> None:
     """Load ``name`` (parameters above); returns once it is served. Raises
     ``KServeError``."""
     _check_keys(params, LOAD_PARAMS, "load")
+    if params.get("config") is not None:
+        params = _merge(params, _from_config(params["config"], name))
     copies = _count(params.get("copies"))
     profile = _text(params.get("profile"), "profile") or None
     package = _text(params.get("package"), "package")
@@ -87,8 +99,62 @@ def _error(e: Exception) -> Exception:
 def _check_keys(params: dict, known: tuple[str, ...], what: str) -> None:
     for k in params:
         if k not in known:
-            raise KServeError(INVALID, f"unknown {what} parameter {k!r}; known: "
+            why = (" (this server loads models from its profile set, not from files)"
+                   if isinstance(k, str) and k.startswith("file:") else "")
+            raise KServeError(INVALID, f"unknown {what} parameter {k!r}{why}; known: "
                               f"{', '.join(known)}")
+
+
+def _from_config(text, name: str) -> dict:
+    """The load parameters a Triton model configuration (JSON) gives."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    try:
+        cfg = json.loads(text) if isinstance(text, str) else None
+    except ValueError as e:
+        raise KServeError(INVALID, f"parameter 'config' is not JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise KServeError(INVALID, "parameter 'config' must be a JSON object (a model "
+                          "configuration)")
+    for k in cfg:
+        if k not in CONFIG_FIELDS:
+            raise KServeError(INVALID, f"model configuration field {k!r} is not supported "
+                              f"here; supported: {', '.join(CONFIG_FIELDS)}")
+    if cfg.get("name") not in (None, "", name):
+        raise KServeError(INVALID, f"the configuration names model {cfg['name']!r}, the "
+                          f"request {name!r}")
+    out: dict = {}
+    groups = cfg.get("instance_group")
+    if groups is not None:
+        if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+            raise KServeError(INVALID, "'instance_group' must be a list of objects")
+        counts = [g.get("count", 1) for g in groups]
+        if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in counts):
+            raise KServeError(INVALID, "an instance_group 'count' must be an integer >= 1")
+        if counts:
+            out["copies"] = sum(counts)
+    extra = cfg.get("parameters") or {}
+    if not isinstance(extra, dict):
+        raise KServeError(INVALID, "'parameters' must be an object")
+    for k, v in extra.items():
+        if k not in ("copies", "profile", "package"):
+            continue  # (execution_batch_sizes, default_slo_ms: read back, not settable)
+        if not isinstance(v, dict) or not isinstance(v.get("string_value"), str):
+            raise KServeError(INVALID, f"configuration parameter {k!r} must be "
+                              '{"string_value": "..."}')
+        out[k] = v["string_value"]
+    return out
+
+
+def _merge(params: dict, more: dict) -> dict:
+    """Load parameters and those of a configuration; the same key twice must agree."""
+    out = {k: v for k, v in params.items() if k != "config"}
+    for k, v in more.items():
+        if out.get(k) is not None and str(out[k]).strip() != str(v).strip():
+            raise KServeError(INVALID, f"parameter {k!r} is {out[k]!r}, the configuration "
+                              f"says {v!r}")
+        out[k] = v
+    return out
 
 
 def _count(v) -> int:

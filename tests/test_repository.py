@@ -275,3 +275,405 @@ def test_clockwork_removal_leaves_other_models_queues_and_schedules_alone():
     assert [a.id for a in d.pending] == pending  # nothing sent or taken back
     d.run()
     assert all(d.replies[i].status == RequestStatus.SUCCESS for i in range(10, 40) if i % 3 != 1)
+
+
+# ---------------------------------------------------------------------------- KServe parameters
+
+
+class _FakeNode:
+    """Records what ``controller.repository`` asks of a node."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.calls: list = []
+        self.error = error
+
+    async def load_model(self, name, copies=1, profile=None, package=""):
+        self.calls.append(("load", name, copies, profile, package))
+        if self.error is not None:
+            raise self.error
+        return [name]
+
+    async def unload_model(self, name):
+        self.calls.append(("unload", name))
+        if self.error is not None:
+            raise self.error
+        return [name]
+
+
+def test_repository_parameters_are_checked_and_passed_on():
+    import asyncio
+    import json
+
+    from controller import repository
+    from controller.kserve_status import INVALID, NOT_FOUND, UNAVAILABLE, KServeError
+
+    def load(params, name="m", node=None):
+        node = node or _FakeNode()
+        asyncio.run(repository.load(node, name, params))
+        return node.calls[-1]
+
+    assert load({}) == ("load", "m", 1, None, "")
+    assert load({"copies": "3", "profile": "resnet50_v2"}) == ("load", "m", 3, "resnet50_v2", "")
+    assert load({"copies": 2, "package": b"pkg/resnet"}) == ("load", "m", 2, None, "pkg/resnet")
+    assert load({"copies": 2.0, "profile": None}) == ("load", "m", 2, None, "")
+    # Triton's config parameter (what tritonclient's load_model(config=...) sends)
+    cfg = {"name": "m", "instance_group": [{"count": 2}, {"count": 1, "kind": "KIND_GPU"}],
+           "parameters": {"profile": {"string_value": "mobilenet_v2"}}}
+    assert load({"config": json.dumps(cfg)}) == ("load", "m", 3, "mobilenet_v2", "")
+    assert load({"config": json.dumps(cfg), "copies": 3}) == ("load", "m", 3, "mobilenet_v2", "")
+    for bad in ({"copies": 0}, {"copies": "two"}, {"copies": True}, {"copies": -1},
+                {"profile": 5}, {"replicas": 2}, {"file:1/model.onnx": b"x"},
+                {"config": "{"}, {"config": "[]"}, {"config": json.dumps({"name": "other"})},
+                {"config": json.dumps({"instance_group": [{"count": 0}]})},
+                {"config": json.dumps({"version_policy": {}})},
+                {"config": json.dumps(cfg), "copies": 2}):
+        with pytest.raises(KServeError) as e:
+            load(bad)
+        assert e.value.kind == INVALID, bad
+    asyncio.run(repository.unload(_FakeNode(), "m", {"unload_dependents": True}))
+    with pytest.raises(KServeError) as e:
+        asyncio.run(repository.unload(_FakeNode(), "m", {"copies": 1}))
+    assert e.value.kind == INVALID
+    # the node's errors keep their kind; anything else is not the repository's
+    import grpc
+
+    from controller.service import RepositoryError
+
+    for code, kind in ((grpc.StatusCode.NOT_FOUND, NOT_FOUND),
+                       (grpc.StatusCode.INVALID_ARGUMENT, INVALID),
+                       (grpc.StatusCode.UNAVAILABLE, UNAVAILABLE)):
+        node = _FakeNode(RepositoryError(code, "why"))
+        with pytest.raises(KServeError) as e:
+            load({}, node=node)
+        assert (e.value.kind, e.value.message) == (kind, "why")
+    with pytest.raises(ZeroDivisionError):
+        load({}, node=_FakeNode(ZeroDivisionError()))
+
+
+# ---------------------------------------------------------------------------- the worker
+
+
+def test_a_worker_serves_an_instance_added_at_run_time_and_drops_a_removed_one():
+    import asyncio
+
+    from clockwork.actions import NEVER
+    from clockwork.protocol import clockwork_pb2 as pb
+    from worker.service import WorkerNode
+
+    async def main():
+        w = WorkerNode(gpus=1, pages=100)
+        timer = asyncio.ensure_future(w.run_timer())
+        st = w.hello(pb.Hello(worker_id=0, reset=True,
+                              instances=[pb.Instance(name="a", profile="resnet50_v2")]))
+        assert list(st.missing) == []
+        executor = w.executors[0]
+
+        def act(i, kind, model, batch=0):
+            return pb.ActionMsg(id=i, type=int(kind), gpu=0, model=model, earliest=0,
+                                latest=NEVER, batch_size=batch, version=1)
+
+        async def results(n):
+            got = []
+            for _ in range(400):
+                got += w.take_results()
+                if len(got) >= n:
+                    return got
+                await asyncio.sleep(0.005)
+            raise AssertionError(f"{len(got)} of {n} results")
+
+        w.submit(pb.ActionBatch(actions=[act(1, ActionType.LOAD, "a")]))
+        assert [r.status for r in await results(1)] == [0]
+        used = executor.pages_used
+        # an instance the worker has never heard of is refused
+        w.submit(pb.ActionBatch(actions=[act(2, ActionType.LOAD, "b")]))
+        assert [r.status for r in await results(1)] == [ErrorCode.UNKNOWN_MODEL]
+        st = w.update(pb.InstanceUpdate(seq=7, add=[
+            pb.Instance(name="b", profile="mobilenet_v2"), pb.Instance(name="c", profile="nope")]))
+        assert st.update_seq == 7 and list(st.missing) == ["c"]
+        assert executor is w.executors[0] and executor.pages_used == used  # nothing reset
+        w.submit(pb.ActionBatch(actions=[act(3, ActionType.LOAD, "b"),
+                                         act(4, ActionType.INFER, "b", 1)]))
+        assert sorted((r.id, r.status) for r in await results(2)) == [(3, 0), (4, 0)]
+        assert executor.loaded_models() == ["a", "b"]
+        # removed with its weights still cached: they go, and its pages with them
+        st = w.update(pb.InstanceUpdate(seq=8, remove=["b"]))
+        assert st.update_seq == 8 and st.gpus[0].loaded == ["a"]
+        assert executor.pages_used == used and "b" not in w.instances
+        w.submit(pb.ActionBatch(actions=[act(5, ActionType.INFER, "b", 1),
+                                         act(6, ActionType.INFER, "a", 1)]))
+        assert sorted((r.id, r.status) for r in await results(2)) == [
+            (5, ErrorCode.UNKNOWN_MODEL), (6, 0)]
+        timer.cancel()
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+
+
+# ---------------------------------------------------------------------------- live
+
+
+def _poll(what, deadline_s: float = 10.0, every_s: float = 0.02):
+    """``what()`` until it is truthy (returned), or fail at the deadline."""
+    import time
+
+    end = time.monotonic() + deadline_s
+    while True:
+        got = what()
+        if got:
+            return got
+        if time.monotonic() > end:
+            raise AssertionError(f"not within {deadline_s} s: {what.__doc__ or what}")
+        time.sleep(every_s)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    pytest.importorskip("grpc")
+    from tests.conftest import local_cluster
+
+    with local_cluster(workers=1, gpus=1, models="resnet50_v2", kserve_port=0,
+                       controller_args=["--http-port", "0"]) as c:
+        yield c
+
+
+def _index(cl) -> dict[str, tuple[str, str]]:
+    return {m.name: (m.state, m.reason) for m in cl.repository_index()}
+
+
+def _pages_used(cluster) -> int:
+    """The controller's view of GPU 0's weights cache (its /metrics)."""
+    import re
+    import urllib.request
+
+    url = f"http://{cluster.printed_address('http')}/metrics"
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    m = re.search(r'^clockwork_gpu_pages_used\{[^}]*\} (\S+)$', text, re.M)
+    return int(float(m.group(1)))
+
+
+def test_client_loads_serves_and_unloads_a_model(cluster):
+    import clockwork
+    from clockwork.errors import InvalidRequest, UnknownModel
+
+    with clockwork.Client(cluster.address, timeout=20) as cl:
+        idx = _index(cl)
+        assert idx["resnet50_v2"] == ("READY", "") and idx["mobilenet_v2"] == ("", "")
+        assert "mnet" not in idx
+        with pytest.raises(UnknownModel):
+            cl.infer("mnet", slo_ms=200)
+        pages = _pages_used(cluster)
+        got = cl.load_model("mnet", copies=2, profile="mobilenet_v2")
+        assert [(m.name, m.profile, m.state) for m in got] == [
+            ("mnet", "mobilenet_v2", "READY"), ("mnet:1", "mobilenet_v2", "READY")]
+        assert got[0].inputs == [("data", (3, 224, 224), "float32")]
+        assert {"mnet", "mnet:1"} <= {m.name for m in cl.list_models()}
+        for name in ("mnet", "mnet:1"):
+            r = cl.infer(name, slo_ms=300)
+            assert r.status == 0 and r.output.shape == (1000,)
+        assert _pages_used(cluster) > pages  # its weights were loaded on demand
+        # the same load again: nothing changes; another one: refused
+        assert [m.name for m in cl.load_model("mnet", copies=2, profile="mobilenet_v2")] == [
+            "mnet", "mnet:1"]
+        with pytest.raises(InvalidRequest, match="loaded already"):
+            cl.load_model("mnet", copies=3, profile="mobilenet_v2")
+        with pytest.raises(InvalidRequest, match="served already"):
+            cl.load_model("mnet:1", profile="mobilenet_v2")
+        with pytest.raises(UnknownModel, match="no profile 'nope'"):
+            cl.load_model("nope")
+        with pytest.raises(InvalidRequest):
+            cl.load_model("bad name")
+        with pytest.raises(InvalidRequest):
+            cl.load_model("m2", copies=0, profile="mobilenet_v2")
+        # unload: refused at once, forgotten once its copies are evicted, pages given back
+        assert cl.unload_model("mnet") == ["mnet", "mnet:1"]
+        with pytest.raises(UnknownModel):
+            cl.infer("mnet", slo_ms=200)
+
+        def unloaded():
+            """both instances UNAVAILABLE / unloaded"""
+            i = _index(cl)
+            return i.get("mnet") == i.get("mnet:1") == ("UNAVAILABLE", "unloaded")
+
+        _poll(unloaded)
+        assert _pages_used(cluster) == pages
+        assert "mnet" not in {m.name for m in cl.list_models()}
+        assert cl.unload_model("mnet") == []  # not loaded: nothing to do
+        with pytest.raises(UnknownModel):
+            cl.unload_model("never_heard_of")
+        # and back, under the same name
+        assert [m.name for m in cl.load_model("mnet", profile="mobilenet_v2")] == ["mnet"]
+        assert cl.infer("mnet", slo_ms=300).status == 0
+        assert cl.unload_model("mnet") == ["mnet"]
+        # the resident model never noticed
+        assert cl.infer("resnet50_v2", slo_ms=300).status == 0
+        st = cl.stats()
+        assert st.get("infer_rejected", 0) == 0 and st.get("load_rejected", 0) == 0
+
+
+def test_unload_answers_waiting_requests_lets_running_ones_finish(cluster):
+    import asyncio
+
+    import clockwork
+
+    async def main():
+        async with clockwork.AsyncClient(cluster.address, timeout=20) as cl:
+            await cl.load_model("burst", profile="resnet152_v2")
+            assert (await cl.infer("burst", slo_ms=500)).status == 0  # loaded
+            s = cl.stream()
+            # far more than one GPU runs in the time it takes to unload: most wait
+            futs = [s.submit("burst", slo_ms=5000, skip_outputs=True) for _ in range(400)]
+            while s.outstanding == 400:  # the first answers: the burst is being served
+                await asyncio.sleep(0.001)
+            assert await cl.unload_model("burst") == ["burst"]
+            resps = await asyncio.wait_for(asyncio.gather(*futs), 20)
+            await s.close()
+            return resps
+
+    resps = asyncio.run(asyncio.wait_for(main(), 60))
+    ok = [r for r in resps if r.status == 0]
+    gone = [r for r in resps if r.status == RequestStatus.INVALID_REQUEST]
+    assert len(ok) + len(gone) == 400  # every one answered, and only these two ways
+    assert ok and gone
+    assert all(r.reason == "unknown_model" and r.message == MODEL_UNLOADED for r in gone)
+
+
+def test_tritonclient_grpc_repository(cluster):
+    tgrpc = pytest.importorskip("tritonclient.grpc")
+    import numpy as np
+    from tritonclient.utils import InferenceServerException
+
+    c = tgrpc.InferenceServerClient(cluster.address)
+    try:
+        idx = {m.name: m for m in c.get_model_repository_index().models}
+        assert idx["resnet50_v2"].state == "READY" and idx["resnet18_v2"].state == ""
+        c.load_model("resnet18_v2")
+        assert c.is_model_ready("resnet18_v2")
+        idx = {m.name: m for m in c.get_model_repository_index().models}
+        assert (idx["resnet18_v2"].state, idx["resnet18_v2"].version) == ("READY", "1")
+        x = tgrpc.InferInput("data", [1, 3, 224, 224], "FP32")
+        x.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float32))
+        r = c.infer("resnet18_v2", [x], parameters={"slo_ms": 300})
+        assert r.as_numpy("output").shape == (1, 1000)
+        # copies through Triton's configuration
+        c.load_model("r18", config='{"instance_group": [{"count": 2}], "parameters": '
+                                   '{"profile": {"string_value": "resnet18_v2"}}}')
+        assert c.is_model_ready("r18") and c.is_model_ready("r18:1")
+        with pytest.raises(InferenceServerException) as e:
+            c.load_model("no_such_profile")
+        assert "NOT_FOUND" in str(e.value.status())
+        c.unload_model("resnet18_v2")
+        c.unload_model("r18")
+        with pytest.raises(InferenceServerException) as e:
+            c.infer("resnet18_v2", [x], parameters={"slo_ms": 300})
+        assert "NOT_FOUND" in str(e.value.status())
+
+        def unloaded():
+            """resnet18_v2 UNAVAILABLE / unloaded in the index"""
+            m = {m.name: m for m in c.get_model_repository_index().models}["resnet18_v2"]
+            return (m.state, m.reason) == ("UNAVAILABLE", "unloaded")
+
+        _poll(unloaded)
+        ready = [m.name for m in c.get_model_repository_index().models if m.state == "READY"]
+        assert "resnet50_v2" in ready and "resnet18_v2" not in ready and "r18" not in ready
+        try:
+            assert not c.is_model_ready("resnet18_v2")
+        except InferenceServerException as e:  # (an unknown model: NOT_FOUND)
+            assert "NOT_FOUND" in str(e.status())
+    finally:
+        c.close()
+
+
+def test_tritonclient_http_repository(cluster):
+    thttp = pytest.importorskip("tritonclient.http")
+    import numpy as np
+    from tritonclient.utils import InferenceServerException
+
+    c = thttp.InferenceServerClient(cluster.printed_address("http"), connection_timeout=20,
+                                    network_timeout=20)
+    try:
+        idx = {m["name"]: m for m in c.get_model_repository_index()}
+        assert idx["resnet50_v2"]["state"] == "READY" and idx["resnet34_v2"]["state"] == ""
+        c.load_model("resnet34_v2")
+        assert c.is_model_ready("resnet34_v2")
+        x = thttp.InferInput("data", [1, 3, 224, 224], "FP32")
+        x.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float32), binary_data=True)
+        r = c.infer("resnet34_v2", [x], parameters={"slo_ms": 300})
+        assert r.as_numpy("output").shape == (1, 1000)
+        c.load_model("resnet34_v2")  # loaded as asked: no-op
+        with pytest.raises(InferenceServerException) as e:
+            c.load_model("resnet34_v2", config='{"instance_group": [{"count": 2}]}')
+        assert "400" in str(e.value.status()) or "loaded already" in str(e.value)
+        c.unload_model("resnet34_v2")
+
+        def unloaded():
+            """resnet34_v2 UNAVAILABLE / unloaded in the index"""
+            m = {m["name"]: m for m in c.get_model_repository_index()}["resnet34_v2"]
+            return (m["state"], m.get("reason")) == ("UNAVAILABLE", "unloaded")
+
+        _poll(unloaded)
+        assert "resnet34_v2" not in [m["name"] for m in c.get_model_repository_index()
+                                     if m.get("state") == "READY"]
+        with pytest.raises(InferenceServerException):
+            c.infer("resnet34_v2", [x], parameters={"slo_ms": 300})
+    finally:
+        c.close()
+
+
+def test_load_and_unload_leave_another_models_steady_traffic_alone(cluster):
+    """The acceptance test: a closed loop on resnet50_v2 (the GPU it shares with the
+    churn) keeps its SLO attainment while another model is loaded, used and unloaded
+    over and over; every one of its requests is answered."""
+    import asyncio
+    import time
+
+    import clockwork
+
+    async def closed_loop(cl, seconds: float, clients: int = 6, slo_ms: float = 100):
+        s = cl.stream()
+        statuses: list[int] = []
+        end = time.monotonic() + seconds
+
+        async def one():
+            while time.monotonic() < end:
+                r = await s.submit("resnet50_v2", slo_ms=slo_ms, skip_outputs=True)
+                statuses.append(r.status)
+
+        await asyncio.gather(*(one() for _ in range(clients)))
+        await s.close()
+        return statuses
+
+    async def churn(cl, seconds: float):
+        end = time.monotonic() + seconds
+        cycles, answers = 0, []
+        while time.monotonic() < end:
+            await cl.load_model("churn", copies=2, profile="mobilenet_v2")
+            s = cl.stream()
+            futs = [s.submit("churn" if i % 2 else "churn:1", slo_ms=200, skip_outputs=True)
+                    for i in range(40)]
+            await asyncio.sleep(0.01)
+            await cl.unload_model("churn")  # some of them still waiting
+            answers += await asyncio.wait_for(asyncio.gather(*futs), 10)
+            await s.close()
+            cycles += 1
+        return cycles, answers
+
+    async def main():
+        async with clockwork.AsyncClient(cluster.address, timeout=20) as cl:
+            quiet = await closed_loop(cl, 2.0)
+            busy, (cycles, answers) = await asyncio.gather(closed_loop(cl, 4.0),
+                                                           churn(cl, 3.5))
+            return quiet, busy, cycles, answers
+
+    quiet, busy, cycles, answers = asyncio.run(asyncio.wait_for(main(), 120))
+    assert cycles >= 3
+    # the churned model's requests: each answered, served or refused as unloaded
+    assert {r.status for r in answers} <= {0, RequestStatus.INVALID_REQUEST}
+    assert any(r.status == 0 for r in answers)
+    # the steady model: only successes or SLO misses (never an error), and as many met
+    # as without the churn
+    for statuses in (quiet, busy):
+        assert set(statuses) <= {0, RequestStatus.TIMEOUT}
+    attain = {k: v.count(0) / len(v) for k, v in (("quiet", quiet), ("busy", busy))}
+    print(f"steady model: {len(quiet)} requests alone, {len(busy)} beside {cycles} "
+          f"load/unload cycles; SLO attainment {attain}")
+    assert len(busy) > 100
+    assert attain["busy"] >= 0.99 or attain["busy"] >= attain["quiet"] - 0.01, attain
