@@ -677,3 +677,48 @@ def test_load_and_unload_leave_another_models_steady_traffic_alone(cluster):
           f"load/unload cycles; SLO attainment {attain}")
     assert len(busy) > 100
     assert attain["busy"] >= 0.99 or attain["busy"] >= attain["quiet"] - 0.01, attain
+
+
+def test_cpu_worker_runs_a_package_loaded_at_run_time(tmp_path):
+    """A cpu worker (TVM packages really computed): a model loaded while it serves, from
+    a package named in the load, gives the reference outputs; unloaded, its pages are
+    given back. Skipped without TVM."""
+    pytest.importorskip("tvm")
+    import numpy as np
+
+    import clockwork
+    from clockwork.errors import UnknownModel
+    from clockwork.models.package import compile_model, read_package, reference_weights
+    from clockwork.models.zoo import get_model
+    from tests.conftest import local_cluster
+
+    compile_model("mlp", [1, 2], tmp_path / "mlp")
+    compile_model("resnet_tiny", [1, 2], tmp_path / "tiny_pkg")  # not under its profile name
+    meta = read_package(tmp_path / "tiny_pkg")
+    weights = reference_weights(meta, tmp_path / "tiny_pkg")
+    x = np.random.default_rng(3).standard_normal(meta["inputs"][0]["shape"]).astype("float32")
+    with local_cluster(workers=1, gpus=1, profiles="cpu", models="mlp", pages=4,
+                       device="cpu", packages=str(tmp_path)) as c:
+        with clockwork.Client(c.address, timeout=60) as cl:
+            # no package of that name in the worker's package directory: refused, not served
+            with pytest.raises(UnknownModel, match="cannot serve"):
+                cl.load_model("tiny", profile="resnet_tiny")
+            with pytest.raises(UnknownModel):
+                cl.load_model("tiny", profile="resnet_tiny", package="../elsewhere")
+            assert "tiny" not in {m.name for m in cl.list_models()}
+            got = cl.load_model("tiny", copies=2, profile="resnet_tiny", package="tiny_pkg")
+            assert [m.name for m in got] == ["tiny", "tiny:1"]
+            want = get_model("resnet_tiny").reference(x[None], weights)[0]
+            for name in ("tiny", "tiny:1"):
+                r = cl.infer(name, x, slo_ms=2000)
+                np.testing.assert_allclose(r.output, want, rtol=1e-4, atol=1e-4)
+            assert cl.unload_model("tiny") == ["tiny", "tiny:1"]
+            _poll(lambda: {m.name: m.state for m in cl.repository_index()}.get("tiny")
+                  == "UNAVAILABLE")
+            # the resident model still runs, and the name loads again
+            assert cl.infer("mlp", slo_ms=2000).status == 0
+            cl.load_model("tiny", profile="resnet_tiny", package="tiny_pkg")
+            r = cl.infer("tiny", x, slo_ms=2000)
+            np.testing.assert_allclose(r.output, want, rtol=1e-4, atol=1e-4)
+            st = cl.stats()
+            assert st.get("infer_rejected", 0) == 0 and st.get("load_rejected", 0) == 0
