@@ -33,7 +33,7 @@ TIMEOUT = 10  # seconds, per client call
 BATCH_SIZES = (1, 2, 4, 8)  # the profile of model "m"
 MAX = max(BATCH_SIZES)  # its max_batch_size
 IN, OUT = 64, 10  # its input and output row lengths
-GLACIAL_S = 1.0  # "glacial": one EXEC takes this long
+GLACIAL_S = 2.0  # "glacial": one EXEC takes this long
 SLO = {"slo_ms": 5000}
 
 
@@ -194,8 +194,8 @@ def test_over_max_batch_size(cluster, client):
 
 
 def test_every_row_counts_in_the_connection_bound(cluster):
-    """With ``connection_outstanding`` = MAX and one request (``glacial``, one EXEC of a
-    second) outstanding on the channel, a request of MAX rows is shed at once
+    """With ``connection_outstanding`` = MAX and one request (``glacial``, one EXEC of
+    GLACIAL_S) outstanding on the channel, a request of MAX rows is shed at once
     (UNAVAILABLE): its rows count one each; MAX - 1 rows still fit."""
     from clockwork.client import AsyncClient
 
@@ -227,15 +227,15 @@ def test_every_row_counts_in_the_connection_bound(cluster):
 
 
 def test_slo_cut_to_the_call_deadline(client):
-    """An SLO of 10 s on a call with a 0.5 s deadline, for a model whose EXEC takes a
-    second: the controller turns it away at once (TIMEOUT: the SLO cannot be met), rather
-    than run it past the client's deadline; with a 5 s deadline it runs."""
+    """An SLO of 10 s on a call with a 1 s deadline, for a model whose EXEC takes 2 s: the
+    controller turns it away at once (TIMEOUT: the SLO cannot be met), rather than run it
+    past the client's deadline; with a 6 s deadline it runs."""
     x = [_ginput(np.zeros((1, 4), np.float32))]
     with pytest.raises(InferenceServerException) as e:
-        client.infer("glacial", x, parameters={"slo_ms": 10_000}, client_timeout=0.5)
+        client.infer("glacial", x, parameters={"slo_ms": 10_000}, client_timeout=GLACIAL_S / 2)
     assert "DEADLINE_EXCEEDED" in e.value.status()
     assert e.value.message().startswith("TIMEOUT"), e.value.message()  # the server's answer
-    r = client.infer("glacial", x, parameters={"slo_ms": 10_000}, client_timeout=5)
+    r = client.infer("glacial", x, parameters={"slo_ms": 10_000}, client_timeout=3 * GLACIAL_S)
     assert r.as_numpy("y").shape == (1, 4)
 
 
