@@ -134,10 +134,11 @@ class _Rows:
         self.left = n
 
     def put(self, i: int, resp) -> bool:
-        """Row ``i``'s answer; True once every row has one."""
-        if self.resps[i] is None:
-            self.resps[i] = resp
-            self.left -= 1
+        """Row ``i``'s answer; True when it was the last one missing (once)."""
+        if self.resps[i] is not None:
+            return False
+        self.resps[i] = resp
+        self.left -= 1
         return self.left == 0
 
 
