@@ -40,7 +40,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Protocol
 
-from clockwork.actions import Action, ActionType, ErrorCode, Result
+from clockwork.actions import NEVER, Action, ActionType, ErrorCode, Result
 from clockwork.requests import Reply, Request
 from clockwork.time import ms
 from controller.policy import GpuSpec, Policy
@@ -71,8 +71,8 @@ class ControllerTransport(Protocol):
     def send(self, worker: int, actions: list[Action]) -> None:
         """Deliver these actions (one message) to ``worker``, which is connected."""
 
-    def answer(self, reply: Reply) -> None:
-        """Answer a request (called exactly once per request)."""
+    def answer(self, replies: list[Reply]) -> None:
+        """Answer these requests (each is answered exactly once, in one call or another)."""
 
     def arm(self, at: int) -> None:
         """Call ``loop.tick`` at or after ``at``. Replaces any timer armed for later; the
@@ -116,6 +116,10 @@ class ControllerLoop:
         self.transport = transport
         self.telemetry = telemetry
         self.observer = observer or LoopObserver()
+        # the hooks an observer overrides (a default, no-op hook is never called)
+        kind = type(self.observer)
+        self._obs_sent = None if kind.sent is LoopObserver.sent else self.observer.sent
+        self._obs_result = None if kind.result is LoopObserver.result else self.observer.result
         n = 1 + max((s.worker for s in specs), default=-1)
         self.gpus_of: list[list[int]] = [[] for _ in range(n)]
         for i, s in enumerate(specs):
@@ -129,6 +133,11 @@ class ControllerLoop:
         self._due: list[tuple[int, int, int]] = []  # (bound, action id, worker) heap
         self.probing: dict[int, int] = {}  # worker -> when its probe's answer is due
         self.suspect = [False] * n
+        # the earliest of: the next failure to feed, the next liveness bound of an
+        # outstanding action, the next probe deadline (NEVER: none). Recomputed when
+        # ``_dirty`` (after any event that can change one of them but a new request)
+        self._other = NEVER
+        self._dirty = False
 
     # ------------------------------------------------------------------ events
 
@@ -147,20 +156,22 @@ class ControllerLoop:
     def results(self, worker: int, results: list[Result], now: int) -> None:
         """Results from ``worker``, their times already on the controller's clock. A
         result claiming to end after ``now`` (a clock-offset error) is clamped to ``now``."""
+        self._dirty = True
         if worker in self.probing or self.suspect[worker]:
             self.heard_from(worker, now)
         outstanding = self.outstanding[worker]
         on_result = self.policy.on_result
-        tel, obs = self.telemetry, self.observer
+        tel, obs = self.telemetry, self._obs_result
         out: list[Action] = []
         for r in results:
             a = outstanding.pop(r.id, None)
             if a is None:
-                obs.unknown(worker, r)
+                self.observer.unknown(worker, r)
                 continue
             if r.end > now:
                 r.end = now
-            obs.result(a, r)
+            if obs is not None:
+                obs(a, r)
             if tel is not None:
                 tel.result(r, now)
             out.extend(on_result(r, now))
@@ -170,6 +181,7 @@ class ControllerLoop:
         """The armed timer fired (the transport may call this early or late)."""
         lag = now - self.armed if self.armed is not None else 0  # how late we are
         self.armed = None
+        self._dirty = True
         out: list[Action] = []
         failed = self._failed
         if failed and failed[0][0] <= now:
@@ -177,10 +189,11 @@ class ControllerLoop:
             while k < len(failed) and failed[k][0] <= now:
                 k += 1
             due, self._failed = failed[:k], failed[k:]
-            on_result, tel, obs = self.policy.on_result, self.telemetry, self.observer
+            on_result, tel, obs = self.policy.on_result, self.telemetry, self._obs_result
             for _, r in due:
                 r.received = r.begin = r.end = now
-                obs.result(None, r)
+                if obs is not None:
+                    obs(None, r)
                 if tel is not None:
                     tel.result(r, now)
                 out.extend(on_result(r, now))
@@ -193,6 +206,7 @@ class ControllerLoop:
 
     def heard_from(self, worker: int, now: int) -> None:
         """The transport got a message from ``worker`` (a result or a probe's answer)."""
+        self._dirty = True
         self.probing.pop(worker, None)
         if self.suspect[worker]:
             self.suspect[worker] = False
@@ -208,11 +222,12 @@ class ControllerLoop:
             for w in probing:
                 probing[w] = now + self.liveness.probe_timeout
             return
-        for w in [w for w, until in probing.items() if until <= now]:
-            del probing[w]
-            self.suspect[w] = True
-            n = self.worker_lost(w, now, "worker suspect (no answer to a probe)")
-            self.observer.suspect(w, n)
+        if probing:
+            for w in [w for w, until in probing.items() if until <= now]:
+                del probing[w]
+                self.suspect[w] = True
+                n = self.worker_lost(w, now, "worker suspect (no answer to a probe)")
+                self.observer.suspect(w, n)
         due, outstanding, up = self._due, self.outstanding, self.up
         while due and due[0][0] <= now:
             _, aid, w = heapq.heappop(due)
@@ -224,6 +239,7 @@ class ControllerLoop:
         """``worker`` went away: the policy places nothing on its GPUs until it is back,
         and its outstanding actions fail. Returns how many actions failed."""
         self.up[worker] = False
+        self._dirty = True
         self.probing.pop(worker, None)
         lost = list(self.outstanding[worker].values())
         self.outstanding[worker].clear()
@@ -237,6 +253,7 @@ class ControllerLoop:
     def worker_back(self, worker: int, now: int) -> None:
         """``worker`` is connected again, with an empty weights cache."""
         self.up[worker] = True
+        self._dirty = True
         self.suspect[worker] = False
         self.probing.pop(worker, None)
         out: list[Action] = []
@@ -247,17 +264,20 @@ class ControllerLoop:
     # ------------------------------------------------------------------ output
 
     def _after(self, actions: list[Action], now: int) -> None:
+        """Send ``actions``, answer the policy's replies, arm the timer."""
         if actions:
-            tel, sent = self.telemetry, self.observer.sent
+            tel, sent = self.telemetry, self._obs_sent
             up, outstanding = self.up, self.outstanding
             batches: dict[int, list[Action]] = {}
             dead: list[Action] = []
             live, due, push = self._live, self._due, heapq.heappush
             lv = self.liveness
             slack_min, slack_frac = lv.slack_min, lv.slack_frac
+            low = NEVER  # the earliest liveness bound pushed
             for a in actions:
                 a.sent_at = now
-                sent(a)
+                if sent is not None:
+                    sent(a)
                 if tel is not None:
                     tel.sent(a)
                 w = a.worker
@@ -266,7 +286,10 @@ class ControllerLoop:
                     if live:
                         slack = int(a.expected_duration * slack_frac)
                         end = a.expected_end if a.expected_end > now else now
-                        push(due, (end + (slack if slack > slack_min else slack_min), a.id, w))
+                        bound = end + (slack if slack > slack_min else slack_min)
+                        push(due, (bound, a.id, w))
+                        if bound < low:
+                            low = bound
                     b = batches.get(w)
                     if b is None:
                         batches[w] = [a]
@@ -279,14 +302,47 @@ class ControllerLoop:
                 send(w, b)
             if dead:
                 self._fail(dead, "worker not connected", now)
+            if low < self._other and not self._dirty:
+                self._other = low
         replies = self.policy.drain_replies()
         if replies:
-            answer = self.transport.answer
-            for rep in replies:
-                answer(rep)
-        self._arm(now)
+            self.transport.answer(replies)
+        # arm the timer: the policy's next wakeup, the next failure to feed, the next
+        # liveness bound or probe deadline, whichever is first
+        nw = self.policy.next_wakeup()
+        if self._dirty:
+            self._other = self._earliest_other()
+            self._dirty = False
+        other, armed = self._other, self.armed
+        if armed is not None and nw is not None and armed <= nw and armed <= other:
+            return  # most calls: the timer armed will do
+        if nw is None or other < nw:
+            if other == NEVER:
+                return
+            nw = other
+        if nw < now:
+            nw = now
+        if armed is not None and armed <= nw:
+            return
+        self.armed = nw
+        self.transport.arm(nw)
+
+    def _earliest_other(self) -> int:
+        at = self._failed[0][0] if self._failed else NEVER
+        if self._live:
+            due, outstanding = self._due, self.outstanding
+            while due and due[0][1] not in outstanding[due[0][2]]:
+                heapq.heappop(due)  # answered in time
+            if due and due[0][0] < at:
+                at = due[0][0]
+            if self.probing:
+                until = min(self.probing.values())
+                if until < at:
+                    at = until
+        return at
 
     def _fail(self, actions: list[Action], why: str, now: int) -> None:
+        self._dirty = True
         due = now + FAIL_DELAY
         for a in actions:
             code = (ErrorCode.WEIGHTS_NOT_PRESENT if a.type == ActionType.INFER
@@ -294,29 +350,3 @@ class ControllerLoop:
             self._failed.append((due, Result(id=a.id, type=a.type, status=code, worker=a.worker,
                                              gpu=a.gpu, model=a.model, batch_size=a.batch_size,
                                              received=due, begin=due, end=due, message=why)))
-
-    def _arm(self, now: int) -> None:
-        nw = self.policy.next_wakeup()
-        if self._failed:
-            f = self._failed[0][0]
-            if nw is None or f < nw:
-                nw = f
-        if self._live:
-            due, outstanding = self._due, self.outstanding
-            while due and due[0][1] not in outstanding[due[0][2]]:
-                heapq.heappop(due)  # answered in time
-            if due and (nw is None or due[0][0] < nw):
-                nw = due[0][0]
-            if self.probing:
-                until = min(self.probing.values())
-                if nw is None or until < nw:
-                    nw = until
-        if nw is None:
-            return
-        if nw < now:
-            nw = now
-        armed = self.armed
-        if armed is not None and armed <= nw:
-            return
-        self.armed = nw
-        self.transport.arm(nw)

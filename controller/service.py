@@ -652,8 +652,8 @@ class ControllerNode:
         link.pending.extend(actions)
         link.wake.set()
 
-    def answer(self, reply: Reply) -> None:
-        self._answer((reply,))
+    def answer(self, replies: list[Reply]) -> None:
+        self._answer(replies)
 
     def probe(self, worker: int) -> None:
         link = self.links[worker]

@@ -42,8 +42,8 @@ class Recorder:
     def send(self, worker, actions):
         self.sent.append((worker, list(actions)))
 
-    def answer(self, reply):
-        self.answers.append(reply)
+    def answer(self, replies):
+        self.answers.extend(replies)
 
     def arm(self, at):
         self.armed.append(at)

@@ -197,7 +197,11 @@ class Simulation:
         W = self.W
         workloads = self.workloads
         open_next: list = [None] * len(workloads)
-        state = {"outstanding": 0, "next_id": 0, "now": 0}
+        # the workloads that answer replies with new requests (closed loops)
+        closed = [type(w).on_reply is not Workload.on_reply for w in workloads]
+        # the virtual time, requests answered-pending and submitted (closure cells: the
+        # transports below read them)
+        now = outstanding = next_id = 0
         delay = self._delay
         # per worker: alive, hung until (0: not hung), restarts, started at, extra delay,
         # the last arrival time each way (messages stay in order)
@@ -236,8 +240,11 @@ class Simulation:
             """One message (actions, a probe or a reset) on the link to worker ``w``."""
             nonlocal seq
             seq += 1
-            now = state["now"]
-            push(heap, (arrival(w, now, last_in), seq, _TO_WORKER, (w, now, payload)))
+            t = now + delay() + slow[w]  # arrival(w, now, last_in), inlined: once per message
+            if t < last_in[w]:
+                t = last_in[w]
+            last_in[w] = t
+            push(heap, (t, seq, _TO_WORKER, (w, now, payload)))
 
         class ToWorkers:  # the controller's side of the network
             @staticmethod
@@ -253,19 +260,21 @@ class Simulation:
             @staticmethod
             def reset(w):
                 to_worker(w, _RESET)
-                log.append((state["now"], f"controller resets worker {w}"))
+                log.append((now, f"controller resets worker {w}"))
 
             @staticmethod
-            def answer(rep):
-                nonlocal seq
-                tel.reply(rep)
-                state["outstanding"] -= 1
-                r = rep.request
-                if r.tag is not None:
-                    now = state["now"]
-                    for t, m, slo in workloads[r.tag].on_reply(r.model, rep.status == 0, now):
-                        seq += 1
-                        push(heap, (t, seq, _SUBMIT, (m, slo, r.tag)))
+            def answer(replies):
+                nonlocal seq, outstanding
+                reply = tel.reply
+                outstanding -= len(replies)
+                for rep in replies:
+                    reply(rep)
+                    r = rep.request
+                    tag = r.tag
+                    if tag is not None and closed[tag]:
+                        for t, m, slo in workloads[tag].on_reply(r.model, rep.status == 0, now):
+                            seq += 1
+                            push(heap, (t, seq, _SUBMIT, (m, slo, tag)))
 
             @staticmethod
             def arm(at):
@@ -289,7 +298,11 @@ class Simulation:
                         r.begin -= est
                         r.end -= est
                 seq += 1
-                push(heap, (arrival(w, state["now"], last_out), seq, _TO_CTRL, (w, results)))
+                t = now + delay() + slow[w]  # arrival(w, now, last_out), inlined
+                if t < last_out[w]:
+                    t = last_out[w]
+                last_out[w] = t
+                push(heap, (t, seq, _TO_CTRL, (w, results)))
 
             def run(self, executor, action):  # emulated executors never start open actions
                 raise AssertionError("the simulator's executors are emulated")
@@ -303,7 +316,7 @@ class Simulation:
 
         class Observer(LoopObserver):
             def suspect(self, w, failed):
-                log.append((state["now"], f"controller suspects worker {w}; {failed} "
+                log.append((now, f"controller suspects worker {w}; {failed} "
                                           "action(s) failed"))
 
         ctrl = ControllerLoop(self.policy, ToWorkers, self.specs, tel, Observer(),
@@ -312,11 +325,14 @@ class Simulation:
         wloops = [WorkerLoop(w, self.executors_of(w), ToController(w, 0)) for w in range(W)]
         self.workers = wloops
 
-        def submit(model, slo, widx, now):
-            rid = state["next_id"]
-            state["next_id"] = rid + 1
-            state["outstanding"] += 1
-            ctrl.request(Request(rid, model, now, slo, widx), now)
+        request = ctrl.request
+
+        def submit(model, slo, widx, at):
+            nonlocal next_id, outstanding
+            rid = next_id
+            next_id += 1
+            outstanding += 1
+            request(Request(rid, model, at, slo, widx), at)
 
         def track_pages(w):
             for ex in wloops[w].executors:
@@ -397,14 +413,21 @@ class Simulation:
         events = 0
         hard_stop = self.duration + sec(float(self.sc.data.get("drain_s", 120.0)))
         results, tick = ctrl.results, ctrl.tick
-        now = 0
+        progress, duration = self.progress, self.duration
         while heap:
             now, s, kind, a = pop(heap)
             if now > hard_stop:
                 break
-            state["now"] = now
             events += 1
-            if kind == _TO_CTRL:
+            if kind == _OPEN:  # the most frequent event first
+                _, m, slo = open_next[a]
+                nxt = workloads[a].next_arrival()
+                open_next[a] = nxt
+                if nxt is not None:
+                    seq += 1
+                    push(heap, (nxt[0], seq, _OPEN, a))
+                submit(m, slo, a, now)
+            elif kind == _TO_CTRL:
                 if a[1] is _PROBE:
                     ctrl.heard_from(a[0], now)
                 else:
@@ -431,14 +454,6 @@ class Simulation:
                 if wl.armed == wnow and g == gen[w] and alive[w] and hung[w] <= now:
                     wl.timer(wnow)
                     track_pages(w)
-            elif kind == _OPEN:
-                _, m, slo = open_next[a]
-                nxt = workloads[a].next_arrival()
-                open_next[a] = nxt
-                if nxt is not None:
-                    seq += 1
-                    push(heap, (nxt[0], seq, _OPEN, a))
-                submit(m, slo, a, now)
             elif kind == _SUBMIT:
                 m, slo, widx = a
                 submit(m, slo, widx, now)
@@ -447,19 +462,19 @@ class Simulation:
                     tick(now)
             else:  # _FAULT
                 on_fault(now, *a)
-            if self.progress and not events & 0x3FFF:
+            if progress and not events & 0x3FFF:
                 wall = time.perf_counter()
                 if wall - last_report >= 1.0:
                     last_report = wall
-                    self._report(now, wall - wall0, state["next_id"])
-            if not state["outstanding"] and now >= self.duration and self._quiet(heap):
+                    self._report(now, wall - wall0, next_id)
+            if not outstanding and now >= duration and self._quiet(heap):
                 break
         wall_s = time.perf_counter() - wall0
         if self.progress:
             self._report(min(now, self.duration) if heap else self.duration, wall_s,
-                         state["next_id"], end="\n")
-        if state["outstanding"]:
-            raise RuntimeError(f"simulation ended with {state['outstanding']} unanswered requests")
+                         next_id, end="\n")
+        if outstanding:
+            raise RuntimeError(f"simulation ended with {outstanding} unanswered requests")
         extra = {
             "seed": self.sc.seed,
             "policy": self.sc.scheduler.get("policy", "clockwork"),
