@@ -799,6 +799,8 @@ class ControllerNode:
         self._stopping = True
         if self._tick_handle is not None:
             self._tick_handle.cancel()
+        for t in list(self._unloads):
+            t.cancel()
         for r in list(self.pending.values()):
             r.tag(pb.InferResponse(status=RequestStatus.ERROR, reason="shutdown",
                                    message="controller is shutting down", gpu=-1))
@@ -866,6 +868,9 @@ class ControllerNode:
         bad = grpc.StatusCode.INVALID_ARGUMENT
         if self.policy is None or self._stopping:
             raise RepositoryError(grpc.StatusCode.UNAVAILABLE, "the controller is not serving")
+        if type(self.policy).add_model is Policy.add_model:
+            raise RepositoryError(bad, f"the {self.policy_name} policy cannot load models "
+                                  "while it runs")
         if not isinstance(name, str) or not _MODEL_NAME.fullmatch(name):
             raise RepositoryError(bad, f"bad model name {name!r}: letters, digits, '_', '.' "
                                   "and '-' (at most 128), optionally ':N' (a copy's name)")
@@ -953,6 +958,11 @@ class ControllerNode:
             return self._unload(name)
 
     def _unload(self, name: str) -> list[str]:
+        if self.policy is None or self._stopping:
+            raise RepositoryError(grpc.StatusCode.UNAVAILABLE, "the controller is not serving")
+        if type(self.policy).remove_model is Policy.remove_model:
+            raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, (
+                f"the {self.policy_name} policy cannot unload models while it runs"))
         g = self.loaded.get(name)
         if g is not None:
             names = [i for i in g.instances if i in self.profiles and i not in self.unloading]

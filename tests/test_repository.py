@@ -722,3 +722,24 @@ def test_cpu_worker_runs_a_package_loaded_at_run_time(tmp_path):
             np.testing.assert_allclose(r.output, want, rtol=1e-4, atol=1e-4)
             st = cl.stats()
             assert st.get("infer_rejected", 0) == 0 and st.get("load_rejected", 0) == 0
+
+
+@pytest.mark.parametrize("name", ["clipper", "tfserving", "infaas"])
+def test_baselines_load_and_unload_live(name):
+    pytest.importorskip("grpc")
+    import clockwork
+    from clockwork.errors import UnknownModel
+    from tests.conftest import local_cluster
+
+    with local_cluster(workers=1, gpus=1, models="resnet50_v2",
+                       controller_args=["--policy", name]) as c:
+        with clockwork.Client(c.address, timeout=20) as cl:
+            cl.load_model("mnet", copies=2, profile="mobilenet_v2")
+            assert cl.infer("mnet:1", slo_ms=1000).status == 0
+            assert cl.unload_model("mnet") == ["mnet", "mnet:1"]
+            with pytest.raises(UnknownModel):
+                cl.infer("mnet", slo_ms=1000)
+            _poll(lambda: _index(cl).get("mnet:1") == ("UNAVAILABLE", "unloaded"))
+            cl.load_model("mnet", profile="mobilenet_v2")
+            assert cl.infer("mnet", slo_ms=1000).status == 0
+            assert cl.infer("resnet50_v2", slo_ms=1000).status == 0
