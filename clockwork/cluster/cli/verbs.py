@@ -29,6 +29,7 @@ NEEDS = {
     "cupy": "cupy: pip install 'clockwork-py[cuda12]' or 'clockwork-py[cuda13]' (match the "
             "CUDA version nvidia-smi shows)",
     "matplotlib": "matplotlib: pip install 'clockwork-py[plots]'",
+    "tqdm": "tqdm (part of the base install: pip install clockwork-py)",
 }
 
 
@@ -399,5 +400,104 @@ def add_replay(sub) -> None:
     _add_client_security(p)
 
 
-VERBS = [add_simulate, add_report, add_scenarios, add_serve, add_replay, add_infer,
-         add_controller, add_worker, add_trace, add_compile, add_profile]
+SWEEP_EPILOG = """a sweep file (TOML):
+  scenarios = ["poisson_warm", "bursty"]      # shipped names or paths
+  seeds = [1, 2, 3]                           # optional: each point once per seed
+  overrides = ["duration_s=20"]               # optional: --set for every point
+  out = "sweeps/example"                      # optional (--out wins)
+  [grid]                                      # every combination is a point
+  "workloads.0.slo_ms" = [25, 50, 100]
+
+examples:
+  clockwork sweep example --jobs 2            # the shipped example (clockwork/data/sweeps)
+  clockwork sweep my_sweep.toml --out runs/s --plot
+  clockwork sweep my_sweep.toml --list        # the points, done or not, and their commands
+"""
+
+
+def _add_parallel(p) -> None:
+    p.add_argument("--jobs", "-j", type=t.positive_int, default=None, metavar="N",
+                   help="simulations run at once (default: the CPUs this process may use)")
+    p.add_argument("--backend", default="local", metavar="NAME",
+                   help="where simulations run: local (processes on this machine; the "
+                   "default)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or status lines")
+    p.add_argument("--progress", action="store_true", help="progress bar even without a TTY")
+
+
+def add_sweep(sub) -> None:
+    p = _verb(sub, "sweep", "clockwork.cluster.sweep:cmd_sweep",
+              "run a grid of simulations (scenarios x overrides x seeds) in parallel",
+              "Run every point of a sweep file -- scenarios x combinations of [grid] values "
+              "x seeds, each one `clockwork simulate SCENARIO --set ...` -- as parallel "
+              "simulations, and gather their summaries into OUT/results.tsv and "
+              "OUT/results.json (one row per point: scenario, overrides, seed, requests, "
+              "goodput, SLO attainment, latency percentiles, cold starts). Each point writes "
+              "OUT/points/<name>/ with summary.json last; a point already done is not run "
+              "again, so an interrupted sweep resumes where it stopped and deleting a "
+              "point's folder reruns just that point. Exit 1 if a point failed.",
+              epilog=SWEEP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+              requires=("tqdm",))
+    p.add_argument("file", help="sweep TOML file, or the name of a shipped sweep")
+    p.add_argument("--out", metavar="DIR",
+                   help="output folder (default: the file's out, else sweeps/<file stem>)")
+    p.add_argument("--plot", action="store_true",
+                   help="also draw SLO attainment and goodput against the first grid key "
+                   "into OUT/sweep.png (needs matplotlib: the plots extra)")
+    p.add_argument("--list", action="store_true",
+                   help="list the points (done or not) and their commands; run nothing")
+    _add_parallel(p)
+
+
+PLAN_EPILOG = """the answer:
+  The GPU count is varied through cluster.workers (gpus_per_worker stays the scenario's;
+  GPUs = workers x gpus_per_worker). A count meets the target when every seed's SLO
+  attainment is >= --attainment. Attainment need not grow with GPUs (noise, placement),
+  so the answer N is defined by what was checked: N meets the target, N-1 GPUs were
+  checked and do not (unless N is --min-gpus), and no checked count below N meets it.
+  The search doubles the count until one meets the target, then narrows the gap,
+  checking several counts per round when --jobs allows.
+
+examples:
+  clockwork plan azure_sample --slo-ms 100 --attainment 0.999 --set duration_s=60 \\
+      --set workloads.0.minutes=1 --set workloads.0.load_factor=30
+  clockwork plan poisson_warm --set workloads.0.rate_rps=5000 --max-gpus 16 --plot plan.png
+"""
+
+
+def add_plan(sub) -> None:
+    p = _verb(sub, "plan", "clockwork.cluster.plan:cmd_plan",
+              "find the fewest GPUs that meet an SLO attainment target (parallel simulation)",
+              "Capacity planning: simulate the scenario at several GPU counts (in parallel, "
+              "each count with --seeds seeds) and print the smallest count N that meets the "
+              "target -- every seed's SLO attainment >= --attainment -- with the curve of "
+              "GPUs against attainment, goodput and cold starts. Exit 0 with an answer, 1 "
+              "when even --max-gpus misses the target.",
+              epilog=PLAN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+              requires=("tqdm",))
+    p.add_argument("scenario", help="scenario TOML file or shipped scenario name")
+    p.add_argument("--slo-ms", type=t.positive_float, default=None, metavar="MS",
+                   help="the SLO: set every workload's slo_ms (default: the scenario's)")
+    p.add_argument("--attainment", type=t.probability, default=0.999, metavar="FRACTION",
+                   help="the target SLO attainment, 0..1 (default 0.999)")
+    p.add_argument("--min-gpus", type=t.positive_int, default=1, metavar="N",
+                   help="smallest GPU count to consider (default 1)")
+    p.add_argument("--max-gpus", type=t.positive_int, default=64, metavar="N",
+                   help="largest GPU count to consider (default 64)")
+    p.add_argument("--seeds", type=t.positive_int, default=2, metavar="K",
+                   help="seeds per count: the scenario's seed and the K-1 after it "
+                   "(default 2)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
+    p.add_argument("--out", metavar="DIR",
+                   help="keep every simulation here (OUT/points/...; a rerun reuses them) "
+                   "and write OUT/plan.json and OUT/curve.tsv")
+    p.add_argument("--plot", metavar="FILE", default=None,
+                   help="draw the curve (attainment and goodput against GPUs) into FILE "
+                   "(needs matplotlib: the plots extra)")
+    p.add_argument("--json", action="store_true",
+                   help="print the answer and the curve as JSON instead of the table")
+    _add_parallel(p)
+
+
+VERBS = [add_simulate, add_report, add_sweep, add_plan, add_scenarios, add_serve, add_replay,
+         add_infer, add_controller, add_worker, add_trace, add_compile, add_profile]

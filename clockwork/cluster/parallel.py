@@ -1,0 +1,338 @@
+"""Many simulations at once (composition root): the runner behind ``clockwork sweep`` and
+``clockwork plan``.
+
+A *point* is one simulation: a scenario file and its ``--set`` overrides (the seed
+among them). Points are independent and each is deterministic, so they run as parallel
+tasks and give the same ``summary.json`` as ``clockwork simulate`` of the same scenario
+and overrides, in whatever order or process they run.
+
+Each point has a folder under ``ROOT/points/``, named from its parameters (readable
+``key=value`` parts and a hash of all of them, so a name never changes). A point is done
+when its ``summary.json`` exists: that file is written last, atomically (a temporary
+file renamed), by the parent process, after the task returned. So a sweep stopped at any
+moment resumes where it left off, and a point whose folder is deleted runs again.
+
+Where tasks run is a *backend*: a function ``jobs -> concurrent.futures.Executor``,
+registered by name in ``BACKENDS``. ``local`` (the default) is a process pool on this
+machine; with one job the points run one after another in this process. A backend for
+another engine (a Ray cluster, say) registers an executor factory with
+``register_backend``; a task (``run_point``) needs the scenario files where it runs, and
+with ``logs`` writes the point's logs into its folder there, while ``summary.json`` and
+``run.json`` are written by the parent from what the task returns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import multiprocessing
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from clockwork.telemetry import write_json
+
+POINTS = "points"  # ROOT/points/<name>/
+SUMMARY = "summary.json"
+_NAME_CHARS = re.compile(r"[^A-Za-z0-9._=+-]+")
+_READABLE_MAX = 96  # characters of a point's folder name before its hash
+
+
+# ----------------------------------------------------------------------------- values
+
+
+def toml_value(v: Any) -> str:
+    """``v`` written as a TOML value, the form ``--set key=VALUE`` parses back
+    (``clockwork.scenario.parse_value``). Raises ``ValueError`` for other types."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {toml_value(x)}"
+                               for k, x in v.items()) + "}"
+    raise ValueError(f"a {type(v).__name__} value cannot be written as a --set value")
+
+
+def label_value(v: Any) -> str:
+    """A value as it appears in a folder name and a table cell (strings unquoted)."""
+    return v if isinstance(v, str) else toml_value(v)
+
+
+# ----------------------------------------------------------------------------- points
+
+
+@dataclass(frozen=True)
+class Point:
+    """One simulation: ``path`` (the scenario file) with ``overrides`` (``key=value``,
+    applied in order, as ``clockwork simulate --set``). ``scenario`` is the scenario as
+    the user wrote it (a shipped name or a path): it names the point, not ``path``, so a
+    point's name does not depend on where the package is installed. ``labels`` are the
+    ``(key, value)`` pairs that tell this point from the others (they make the readable
+    part of its name; every override is in its hash)."""
+
+    scenario: str
+    path: str
+    overrides: tuple[str, ...] = ()
+    labels: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def key(self) -> str:
+        """A hash of the scenario (as written) and every override."""
+        text = "\n".join([self.scenario, *self.overrides])
+        return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+    @property
+    def name(self) -> str:
+        """The point's folder name: readable ``scenario_key=value_...`` (at most 96
+        characters) then ``-`` and the hash."""
+        stem = Path(self.scenario).name
+        stem = stem[:-5] if stem.endswith(".toml") else stem
+        parts = [stem, *(f"{k}={label_value(v)}" for k, v in self.labels)]
+        readable = _NAME_CHARS.sub("_", "_".join(parts)).strip("._")[:_READABLE_MAX]
+        return f"{readable or 'point'}-{self.key}"
+
+    def command(self) -> str:
+        """The ``clockwork simulate`` command line that runs this point alone."""
+        import shlex
+
+        sets = " ".join(f"--set {shlex.quote(o)}" for o in self.overrides)
+        return f"clockwork simulate {shlex.quote(self.scenario)}" + (f" {sets}" if sets else "")
+
+
+@dataclass
+class Outcome:
+    """What became of a point: its ``summary`` (None if it failed: ``error`` says why),
+    whether it was already done (``reused``), and the task's wall time."""
+
+    point: Point
+    folder: Path
+    summary: dict | None = None
+    error: str | None = None
+    reused: bool = False
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.summary is not None
+
+
+def point_folder(root: str | Path, point: Point) -> Path:
+    return Path(root) / POINTS / point.name
+
+
+def done_summary(folder: Path) -> dict | None:
+    """The point's summary if it is done (``summary.json`` there and readable)."""
+    try:
+        s = orjson.loads((folder / SUMMARY).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return s if isinstance(s, dict) else None
+
+
+def _write_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    write_json(tmp, data)
+    os.replace(tmp, path)
+
+
+def run_point(point: Point, folder: str | None = None, logs: bool = False) -> dict:
+    """Simulate ``point`` (in whatever process the backend runs it). With ``logs``, the
+    request and action logs go into ``folder``. Returns ``{"summary", "run", "wall_s"}``,
+    or ``{"error": one line}`` if the point cannot run."""
+    from clockwork.cluster.sim import Simulation, run_info
+    from clockwork.scenario import ScenarioError, load_scenario
+
+    t0 = time.perf_counter()
+    try:
+        sc = load_scenario(point.path, list(point.overrides))
+        res = Simulation(sc).run()
+    except (ScenarioError, ValueError) as e:
+        return {"error": str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}
+    except Exception as e:  # noqa: BLE001 - reported as the point's error, the others go on
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return {"error": f"{type(e).__name__}: {first}"}
+    if logs and folder:
+        res.telemetry.write(Path(folder))
+    run = run_info(res.wall_s, sc, res.events)
+    return {"summary": res.summary, "run": run, "wall_s": time.perf_counter() - t0}
+
+
+# ----------------------------------------------------------------------------- backends
+
+
+def _ignore_sigint() -> None:  # a pool worker: Ctrl-C is the parent's to handle
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def local_executor(jobs: int) -> Executor:
+    """A process pool of ``jobs`` processes on this machine. On Linux they are forked
+    (started at once: the simulator is already imported, nothing to load again);
+    elsewhere spawned."""
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context(
+        "fork" if sys.platform.startswith("linux") and "fork" in methods else "spawn")
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_ignore_sigint)
+
+
+# name -> (jobs -> Executor); one entry per place points can run
+BACKENDS: dict[str, Callable[[int], Executor]] = {"local": local_executor}
+
+
+def register_backend(name: str, factory: Callable[[int], Executor]) -> None:
+    """Make ``factory`` (``jobs -> concurrent.futures.Executor``) available as
+    ``--backend name``. Its executor runs ``run_point(point, folder, logs)`` tasks."""
+    BACKENDS[name] = factory
+
+
+def default_jobs() -> int:
+    """The CPUs this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _stop(executor: Executor) -> None:
+    """Stop at once: drop the queued tasks and end the running ones (a point left half
+    done has no summary.json and runs again next time)."""
+    executor.shutdown(wait=False, cancel_futures=True)
+    procs = getattr(executor, "_processes", None) or {}
+    for p in list(procs.values()):
+        try:
+            p.terminate()
+        except Exception:  # noqa: BLE001, S110 - already gone
+            pass
+
+
+@dataclass
+class Runner:
+    """Runs points: ``jobs`` at a time on ``backend``, the finished ones skipped.
+    Use as a context manager (the executor is started at the first point that must run
+    and kept for later ``run`` calls)."""
+
+    jobs: int = field(default_factory=default_jobs)
+    backend: str = "local"
+    logs: bool = False
+    progress: bool | None = None  # None: a bar when stderr is a terminal
+    _executor: Executor | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {self.backend!r} (known: "
+                             f"{', '.join(sorted(BACKENDS))})")
+        if self.jobs < 1:
+            raise ValueError(f"jobs must be >= 1, got {self.jobs}")
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._executor is not None:
+            if exc_type is not None:
+                _stop(self._executor)
+            else:
+                self._executor.shutdown(wait=True)
+            self._executor = None
+
+    @property
+    def inline(self) -> bool:
+        return self.backend == "local" and self.jobs == 1
+
+    def run(self, points: Sequence[Point], root: str | Path, desc: str = "points") -> list[Outcome]:
+        """Every point's outcome, in the order of ``points``: the done ones read back,
+        the others run (``jobs`` at a time) and written."""
+        out: list[Outcome] = []
+        todo: list[Outcome] = []
+        for p in points:
+            folder = point_folder(root, p)
+            s = done_summary(folder)
+            o = Outcome(p, folder, summary=s, reused=s is not None)
+            out.append(o)
+            if s is None:
+                todo.append(o)
+        if todo:
+            for o in todo:
+                o.folder.mkdir(parents=True, exist_ok=True)
+                (o.folder / "error.txt").unlink(missing_ok=True)
+                write_json(o.folder / "point.json", {"scenario": o.point.scenario,
+                                                     "overrides": list(o.point.overrides),
+                                                     "command": o.point.command()})
+            self._run(todo, desc)
+        return out
+
+    def _bar(self, total: int, desc: str):
+        from tqdm import tqdm
+
+        class Bar(tqdm):
+            monitor_interval = 0  # no monitor thread (pool workers may be forked later)
+
+        show = self.progress if self.progress is not None else sys.stderr.isatty()
+        return Bar(total=total, desc=desc, unit="sim", disable=not show, file=sys.stderr,
+                   dynamic_ncols=True, leave=True)
+
+    def _finish(self, o: Outcome, answer: dict) -> None:
+        if "error" in answer:
+            o.error = str(answer["error"])
+            (o.folder / "error.txt").write_text(o.error + "\n")
+            return
+        o.wall_s = float(answer.get("wall_s", 0.0))
+        write_json(o.folder / "run.json", answer["run"])
+        _write_atomic(o.folder / SUMMARY, answer["summary"])  # last: the point is done
+        o.summary = answer["summary"]
+
+    def _run(self, todo: list[Outcome], desc: str) -> None:
+        if self.inline:
+            with self._bar(len(todo), desc) as bar:
+                for o in todo:
+                    self._finish(o, run_point(o.point, str(o.folder), self.logs))
+                    bar.update(1)
+            return
+        if self._executor is None:
+            self._executor = BACKENDS[self.backend](self.jobs)
+        ex = self._executor
+        futures: dict[Future, Outcome] = {}
+        try:
+            for o in todo:  # all submitted before the bar exists (forked workers, no threads)
+                futures[ex.submit(run_point, o.point, str(o.folder), self.logs)] = o
+            with self._bar(len(todo), desc) as bar:
+                for f in as_completed(futures):
+                    o = futures[f]
+                    try:
+                        answer = f.result()
+                    except Exception as e:  # noqa: BLE001 - a worker died, e.g. out of memory
+                        answer = {"error": f"{type(e).__name__}: {e}".strip()}
+                    self._finish(o, answer)
+                    bar.update(1)
+        except BaseException:
+            _stop(ex)
+            self._executor = None
+            raise
+
+
+def run_points(points: Iterable[Point], root: str | Path, jobs: int | None = None,
+               backend: str = "local", logs: bool = False,
+               progress: bool | None = None, desc: str = "points") -> list[Outcome]:
+    """Run ``points`` once (see ``Runner``)."""
+    with Runner(jobs or default_jobs(), backend, logs, progress) as r:
+        return r.run(list(points), root, desc)

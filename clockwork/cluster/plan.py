@@ -1,0 +1,358 @@
+"""``clockwork plan``: the fewest GPUs at which a scenario meets an SLO attainment target,
+found by parallel simulation.
+
+What varies is ``cluster.workers``; ``gpus_per_worker`` stays the scenario's, so the
+counts are multiples of it (GPUs = workers x gpus_per_worker; with the shipped scenarios,
+one GPU per worker, workers and GPUs are the same). A count *meets the target* when the
+simulation of every seed (the scenario's seed and the ``seeds - 1`` after it) has
+``slo_attainment >= target``. With ``--slo-ms`` every workload's ``slo_ms`` is set to it
+(``--set workloads.I.slo_ms=MS``), else the scenario's SLOs hold.
+
+Attainment need not grow with the GPU count (seeds, placement, cold starts), so the
+answer is defined by what was simulated: the answer N meets the target, N minus one
+worker was simulated and does not (unless N is the smallest count allowed), and no
+simulated count below N meets it. The search keeps that true: first it tries counts
+that double from ``--min-gpus`` (the smallest first) until one meets the target, then
+it narrows the gap between the largest count known to miss and the smallest known to
+meet, each round simulating ``max(1, jobs // seeds)`` evenly spaced counts in parallel
+(a k-ary search; bisection with one count per round). Every simulation is a
+``clockwork.cluster.parallel`` point: cached per count for the run, and with ``--out``
+kept on disk, so a rerun reuses them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clockwork.cluster.parallel import BACKENDS, Outcome, Point, Runner, default_jobs
+
+
+class PlanError(ValueError):
+    """A bad argument or scenario; the message is one line."""
+
+
+@dataclass
+class Count:
+    """One GPU count: its simulations (one per seed)."""
+
+    workers: int
+    gpus: int
+    outcomes: list[Outcome]
+
+    @property
+    def summaries(self) -> list[dict]:
+        return [o.summary for o in self.outcomes if o.summary is not None]
+
+    def meets(self, target: float) -> bool:
+        return all(s["slo_attainment"] >= target for s in self.summaries)
+
+    def row(self, target: float) -> dict[str, Any]:
+        ss = self.summaries
+        att = [s["slo_attainment"] for s in ss]
+        mean = (lambda xs: round(sum(xs) / len(xs), 9) if xs else None)  # noqa: E731
+        return {
+            "gpus": self.gpus,
+            "workers": self.workers,
+            "meets": self.meets(target),
+            "attainment_min": min(att) if att else None,
+            "attainment_mean": mean(att),
+            "goodput_rps_mean": mean([s["goodput_rps"] for s in ss]),
+            "cold_starts_mean": mean([s["cold_starts"] for s in ss]),
+            "p99_ms_max": max((s["latency_ms"]["p99"] for s in ss), default=None),
+            "seeds": [{"seed": s.get("seed"), "slo_attainment": s["slo_attainment"],
+                       "goodput_rps": s["goodput_rps"], "cold_starts": s["cold_starts"],
+                       "submitted": s["submitted"]} for s in ss],
+            "command": self.outcomes[0].point.command() if self.outcomes else "",
+        }
+
+
+@dataclass
+class Plan:
+    """The search: its inputs, what it simulated (``counts``, by workers) and the answer
+    (in workers, or None)."""
+
+    scenario: str
+    path: str
+    sets: list[str]
+    seeds: list[int]
+    target: float
+    gpus_per_worker: int
+    min_workers: int
+    max_workers: int
+    slo_ms: float | None = None
+    counts: dict[int, Count] = field(default_factory=dict)
+    rounds: list[list[int]] = field(default_factory=list)
+    answer: int | None = None
+
+    def points(self, workers: int) -> list[Point]:
+        over = [*self.sets, f"cluster.workers={workers}"]
+        return [Point(self.scenario, self.path, tuple(over + [f"seed={s}"]),
+                      (("workers", workers), ("seed", s))) for s in self.seeds]
+
+    def meets(self, w: int) -> bool:
+        return self.counts[w].meets(self.target)
+
+    def curve(self) -> list[dict]:
+        return [self.counts[w].row(self.target) for w in sorted(self.counts)]
+
+    def result(self) -> dict:
+        g = self.gpus_per_worker
+        return {
+            "scenario": self.scenario,
+            "target_attainment": self.target,
+            "slo_ms": self.slo_ms,
+            "seeds": self.seeds,
+            "gpus_per_worker": g,
+            "min_gpus": self.min_workers * g,
+            "max_gpus": self.max_workers * g,
+            "overrides": self.sets,
+            "answer_gpus": None if self.answer is None else self.answer * g,
+            "answer_workers": self.answer,
+            "rounds": [[w * g for w in r] for r in self.rounds],
+            "curve": self.curve(),
+        }
+
+
+def next_counts(plan: Plan, k: int) -> list[int]:
+    """The worker counts to simulate next (at most ``k``), or [] when the answer is
+    known (``plan.answer`` set) or the range is exhausted."""
+    done = plan.counts
+    passing = [w for w in done if plan.meets(w)]
+    if not passing:  # grow: doubling counts from the minimum, the smallest first
+        cands, w = [], plan.min_workers
+        while w < plan.max_workers:
+            cands.append(w)
+            w *= 2
+        cands.append(plan.max_workers)
+        todo = [c for c in dict.fromkeys(cands) if c not in done]
+        return todo[:k]
+    hi = min(passing)
+    lo = max((w for w in done if w < hi), default=plan.min_workers - 1)  # all of them miss
+    if hi - lo <= 1:
+        plan.answer = hi
+        return []
+    inside = list(range(lo + 1, hi))
+    if len(inside) <= k:
+        return inside
+    step = (hi - lo) / (k + 1)
+    picks = sorted({min(hi - 1, max(lo + 1, lo + round(step * j))) for j in range(1, k + 1)})
+    return picks
+
+
+def search(plan: Plan, runner: Runner, root: str | Path, k: int, log=None) -> Plan:
+    """Run the search to the end; ``log(line)`` is told each round."""
+    g = plan.gpus_per_worker
+    while True:
+        todo = next_counts(plan, k)
+        if not todo:
+            break
+        plan.rounds.append(todo)
+        pts = {w: plan.points(w) for w in todo}
+        flat = [p for w in todo for p in pts[w]]
+        outs = runner.run(flat, root, desc=f"plan round {len(plan.rounds)}")
+        by_name = {o.point.name: o for o in outs}
+        for w in todo:
+            c = plan.counts[w] = Count(w, w * g, [by_name[p.name] for p in pts[w]])
+            bad = [o for o in c.outcomes if not o.ok]
+            if bad:
+                raise PlanError(f"{w * g} GPUs ({w} workers): {bad[0].error}")
+        if log:
+            log(f"round {len(plan.rounds)}: " + ", ".join(
+                f"{w * g} GPUs {'meet' if plan.meets(w) else 'miss'} (attainment min "
+                f"{min(s['slo_attainment'] for s in plan.counts[w].summaries):.6f})"
+                for w in todo))
+    return plan
+
+
+def make_plan(scenario: str, sets: list[str], target: float, slo_ms: float | None,
+              min_gpus: int, max_gpus: int, seeds: int) -> Plan:
+    """Check the arguments against the scenario and set up the search."""
+    from clockwork.resources import resolve_scenario
+    from clockwork.scenario import ScenarioError, load_scenario
+
+    try:
+        path = resolve_scenario(scenario)
+        sc = load_scenario(path, sets)
+    except ScenarioError as e:
+        raise PlanError(str(e)) from None
+    sets = list(sets)
+    if slo_ms is not None:
+        for i, w in enumerate(sc.workloads):
+            fixed = [k for k in w if k.startswith(("slo_factor", "slo_ms_", "slo_factor_"))]
+            if fixed:
+                raise PlanError(f"--slo-ms: workloads.{i} ({w.get('kind')}) sets its SLO with "
+                                f"{fixed[0]}; leave out --slo-ms to plan with the scenario's "
+                                "SLOs")
+            sets.append(f"workloads.{i}.slo_ms={slo_ms:g}")
+    g = int(sc.cluster["gpus_per_worker"])
+    lo_w, hi_w = math.ceil(min_gpus / g), max_gpus // g
+    if hi_w < lo_w:
+        raise PlanError(f"--min-gpus {min_gpus} .. --max-gpus {max_gpus} holds no multiple of "
+                        f"the scenario's gpus_per_worker ({g})")
+    if max_gpus < min_gpus:
+        raise PlanError(f"--max-gpus {max_gpus} is below --min-gpus {min_gpus}")
+    seed0 = sc.seed
+    try:  # the overrides, seeds and worker counts all load
+        for w in (lo_w, hi_w):
+            load_scenario(path, [*sets, f"cluster.workers={w}", f"seed={seed0 + seeds - 1}"])
+    except ScenarioError as e:
+        raise PlanError(str(e)) from None
+    return Plan(scenario, str(path), sets, [seed0 + i for i in range(seeds)], target, g,
+                lo_w, hi_w, slo_ms)
+
+
+def format_curve(plan: Plan) -> str:
+    head = ["GPUs", "workers", "meets", "attainment min", "mean", "goodput r/s", "cold starts",
+            "p99 ms"]
+    cells = [head]
+    for r in plan.curve():
+        mark = " <-" if plan.answer is not None and r["workers"] == plan.answer else ""
+        cells.append([str(r["gpus"]), str(r["workers"]), "yes" if r["meets"] else "no",
+                      f"{r['attainment_min']:.6f}", f"{r['attainment_mean']:.6f}",
+                      f"{r['goodput_rps_mean']:,.1f}", f"{r['cold_starts_mean']:,.1f}",
+                      f"{r['p99_ms_max']:.2f}{mark}"])
+    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
+    return "\n".join("  ".join(x.rjust(w) for x, w in zip(row, widths, strict=True))
+                     for row in cells)
+
+
+def answer_line(plan: Plan) -> str:
+    g = plan.gpus_per_worker
+    slo = f"SLO {plan.slo_ms:g} ms" if plan.slo_ms is not None else "the scenario's SLOs"
+    want = (f"attainment >= {plan.target:g} with {slo} in every seed "
+            f"({len(plan.seeds)} seed{'s' if len(plan.seeds) != 1 else ''})")
+    if plan.answer is None:
+        return (f"not met: even {plan.max_workers * g} GPUs (--max-gpus) miss {want}")
+    n = plan.answer * g
+    per = f" ({plan.answer} workers x {g} GPUs)" if g != 1 else ""
+    if plan.answer == plan.min_workers:
+        below = ("fewer is none" if plan.answer == 1 else
+                 f"{n - g} GPUs are below --min-gpus, not checked")
+    else:
+        below = f"{n - g} GPUs do not"
+    return f"{n} GPUs{per} meet {want}; {below}"
+
+
+def plot_curve(plan: Plan, path: Path) -> Path:
+    import os
+
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    curve = plan.curve()
+    x = [r["gpus"] for r in curve]
+    fig, axes = plt.subplots(2, 1, figsize=(6.4, 5.6), sharex=True)
+    ax = axes[0]
+    for r in curve:
+        ax.scatter([r["gpus"]] * len(r["seeds"]), [s["slo_attainment"] for s in r["seeds"]],
+                   s=12, color="0.6", zorder=2)
+    ax.plot(x, [r["attainment_min"] for r in curve], marker="o", label="min over seeds",
+            zorder=3)
+    ax.axhline(plan.target, ls="--", color="tab:red", label=f"target {plan.target:g}")
+    if plan.answer is not None:
+        for a in axes:
+            a.axvline(plan.answer * plan.gpus_per_worker, ls=":", color="tab:green")
+    ax.set(ylabel="SLO attainment", title=f"clockwork plan {plan.scenario}: "
+           + (f"{plan.answer * plan.gpus_per_worker} GPUs" if plan.answer else "not met"))
+    ax.legend(loc="lower right", fontsize="small")
+    axes[1].plot(x, [r["goodput_rps_mean"] for r in curve], marker="o", label="goodput")
+    axes[1].set(xlabel="GPUs", ylabel="goodput (r/s, mean)")
+    axes[1].xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    for a in axes:
+        a.grid(True, alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    def fail(msg: str) -> int:
+        print(f"clockwork plan: {msg}", file=sys.stderr)
+        return 2
+
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            return fail("--plot needs matplotlib: pip install 'clockwork-py[plots]'")
+    if args.backend not in BACKENDS:
+        return fail(f"--backend: unknown backend {args.backend!r} (known: "
+                    f"{', '.join(sorted(BACKENDS))})")
+    try:
+        plan = make_plan(args.scenario, args.set, args.attainment, args.slo_ms, args.min_gpus,
+                         args.max_gpus, args.seeds)
+    except PlanError as e:
+        return fail(str(e))
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and not out.is_dir():
+        return fail(f"--out: {out} exists and is not a folder")
+    jobs = args.jobs or default_jobs()
+    k = max(1, jobs // len(plan.seeds))
+    quiet = args.quiet
+
+    def log(line: str) -> None:
+        if not quiet:
+            print(f"plan: {line}", file=sys.stderr)
+
+    log(f"{plan.scenario}: {plan.min_workers * plan.gpus_per_worker}.."
+        f"{plan.max_workers * plan.gpus_per_worker} GPUs, {len(plan.seeds)} seed(s) "
+        f"{plan.seeds}, target attainment {plan.target:g}; {k} count(s) per round, "
+        f"{jobs} job(s)")
+    tmp = None
+    if out is None:
+        tmp = tempfile.TemporaryDirectory(prefix="clockwork-plan-")
+        root = Path(tmp.name)
+    else:
+        root = out
+        out.mkdir(parents=True, exist_ok=True)
+    try:
+        with Runner(jobs, args.backend, progress=False if quiet else
+                    (True if args.progress else None)) as runner:
+            search(plan, runner, root, k, log)
+    except PlanError as e:
+        return _failed(str(e))
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    result = plan.result()
+    if out is not None:
+        from clockwork.telemetry import write_json
+
+        write_json(out / "plan.json", result)
+        cols = ["gpus", "workers", "meets", "attainment_min", "attainment_mean",
+                "goodput_rps_mean", "cold_starts_mean", "p99_ms_max"]
+        lines = ["\t".join(cols)] + ["\t".join(str(r[c]).lower() if isinstance(r[c], bool)
+                                               else str(r[c]) for c in cols)
+                                     for r in result["curve"]]
+        (out / "curve.tsv").write_text("\n".join(lines) + "\n")
+    if args.plot:
+        png = plot_curve(plan, Path(args.plot))
+        log(f"wrote {png}")
+    if args.json:
+        import orjson
+
+        sys.stdout.write(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        print(answer_line(plan))
+        print(format_curve(plan))
+        if plan.answer is not None:
+            check = plan.counts[plan.answer].outcomes[0].point.command()
+            print(f"check (first seed): {check}")
+    return 0 if plan.answer is not None else 1
+
+
+def _failed(msg: str) -> int:
+    print(f"clockwork plan: {msg}", file=sys.stderr)
+    return 1

@@ -1,0 +1,441 @@
+"""``clockwork sweep``: a grid of simulations declared in a TOML file, run in parallel,
+resumable, gathered into one table.
+
+A sweep file::
+
+    name = "rate-vs-slo"                  # optional title
+    scenarios = ["poisson_warm", "bursty"]  # shipped names or paths (relative to this file
+                                          # first, then to the current folder)
+    seeds = [1, 2]                        # optional: each point once per seed (--set seed=S);
+                                          # without it, the scenario's own seed
+    overrides = ["duration_s=20"]         # optional: --set overrides applied to every point
+    out = "sweeps/rate-vs-slo"            # optional: the output folder (relative to the
+                                          # current folder; --out wins; default sweeps/<stem>)
+    logs = false                          # optional: keep each point's requests.tsv and
+                                          # actions.tsv (they can be large)
+
+    [grid]                                # key -> values; every combination is a point
+    "workloads.0.slo_ms" = [25, 50, 100]  # a dotted key is quoted, or written as a table:
+    cluster.workers = [1, 2]              # this is [grid.cluster] workers = [1, 2]
+
+The points are scenarios x grid combinations x seeds, in that order (the first grid key
+varies slowest). Each is ``clockwork simulate SCENARIO --set K=V ...`` with the fixed
+overrides first, then the grid's, then the seed: its ``summary.json`` is byte for byte
+the one that command writes. Points run as parallel tasks (``clockwork.cluster.parallel``);
+each writes ``OUT/points/<name>/`` (``point.json``: what it is and the command that runs
+it alone; ``run.json``; ``summary.json`` last), and a point whose ``summary.json`` exists
+is not run again. ``OUT/results.tsv`` and ``OUT/results.json`` hold one row per point in
+the order above; ``--plot`` draws SLO attainment and goodput against the first grid key
+into ``OUT/sweep.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, ClassVar
+
+import annotated_types as at
+
+from clockwork.cluster.parallel import (
+    BACKENDS,
+    Outcome,
+    Point,
+    Runner,
+    default_jobs,
+    done_summary,
+    label_value,
+    point_folder,
+    toml_value,
+)
+from clockwork.settings import Settings, setting, validate
+
+SWEEPS = "sweeps"  # shipped sweep files: clockwork/data/sweeps/<name>.toml
+
+
+class SweepError(ValueError):
+    """A bad sweep file; the message is one line."""
+
+
+class SweepFile(Settings):
+    """A sweep file (top level)."""
+
+    settings_name: ClassVar[str] = "sweep"
+
+    name: str | None = setting(None, "Title shown in reports (default: the file's name).")
+    description: str | None = setting(None, "Free text.")
+    scenarios: list[Annotated[str, at.MinLen(1)]] = setting(
+        description="Scenarios: shipped names or TOML paths.", min_length=1,
+        expected="an array of at least one scenario name or path")
+    seeds: list[Annotated[int, at.Ge(0)]] | None = setting(
+        None, "Seeds: every point runs once per seed (`--set seed=S`).", min_length=1,
+        expected="an array of at least one integer >= 0")
+    overrides: list[Annotated[str, at.MinLen(3)]] = setting(
+        default_factory=list, description="`--set` overrides (`key=value`) for every point.",
+        expected="an array of key=value strings")
+    grid: dict[str, Annotated[list[Any], at.MinLen(1)]] = setting(
+        default_factory=dict, description="Scenario key -> values; every combination of "
+        "values is a point.", expected="a table of key = [values]")
+    out: str | None = setting(None, "Output folder.", min_length=1)
+    logs: bool = setting(False, "Keep every point's requests.tsv and actions.tsv.")
+
+
+@dataclass
+class Sweep:
+    """A sweep file, read and checked: its points in order."""
+
+    path: Path
+    name: str
+    spec: SweepFile
+    grid: dict[str, list[Any]]
+    points: list[Point]
+    grid_of: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seed_of: dict[str, int | None] = field(default_factory=dict)
+
+    @property
+    def keys(self) -> list[str]:
+        return list(self.grid)
+
+
+def resolve_sweep(name_or_path: str) -> Path:
+    """An existing file, else a shipped sweep by name (``clockwork/data/sweeps``)."""
+    p = Path(name_or_path)
+    if p.is_file():
+        return p
+    from clockwork.resources import data_root
+
+    stem = p.name[:-5] if p.name.endswith(".toml") else p.name
+    shipped = data_root() / SWEEPS / f"{stem}.toml"
+    if len(p.parts) <= 2 and shipped.is_file():
+        return shipped
+    names = sorted(q.stem for q in (data_root() / SWEEPS).glob("*.toml"))
+    raise SweepError(f"sweep file {name_or_path} not found"
+                     + (f" (shipped sweeps: {', '.join(names)})" if names else ""))
+
+
+def _flatten(grid: Any, prefix: str = "") -> Any:
+    """``[grid.cluster] workers = [...]`` -> ``{"cluster.workers": [...]}``."""
+    if not isinstance(grid, dict):
+        return grid
+    out: dict[str, Any] = {}
+    for k, v in grid.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{key}."))
+        else:
+            out[key] = v
+    return out
+
+
+def _scenario_path(entry: str, base: Path, where: str) -> Path:
+    from clockwork.resources import resolve_scenario
+    from clockwork.scenario import ScenarioError
+
+    p = Path(entry)
+    if not p.is_absolute() and (base / p).is_file():
+        return base / p
+    try:
+        return resolve_scenario(entry)
+    except ScenarioError as e:
+        raise SweepError(f"{where}: scenarios: {e}") from None
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read and check a sweep file: the schema, then every point's scenario with its
+    overrides (as ``clockwork simulate`` would load it). Raises ``SweepError``."""
+    from clockwork.scenario import ScenarioError, load_scenario, parse_value
+
+    path = resolve_sweep(str(path))
+    where = str(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except OSError as e:
+        raise SweepError(f"{where}: cannot read it ({e.strerror or e})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SweepError(f"{where}: not valid TOML: {e}") from None
+    if isinstance(raw.get("grid"), dict):
+        raw["grid"] = _flatten(raw["grid"])
+    spec = validate(SweepFile, raw, where=where, error=SweepError)
+
+    def bad(line: str) -> SweepError:
+        return SweepError(f"{where}: {line}")
+
+    for i, o in enumerate(spec.overrides):
+        k, eq, _ = o.partition("=")
+        if not eq or not k.strip():
+            raise bad(f"overrides.{i}: expected key=value, got {o!r}")
+    fixed_keys = {o.partition("=")[0].strip() for o in spec.overrides}
+    grid: dict[str, list[Any]] = {}
+    for key, values in spec.grid.items():
+        if not all(key.split(".")):
+            raise bad(f"grid: key {key!r} has an empty part")
+        if key == "seed":
+            raise bad("grid.seed: give the seeds as seeds = [...]")
+        if key in fixed_keys:
+            raise bad(f"grid.{key}: also set in overrides (give it in one place)")
+        texts = []
+        for v in values:
+            try:
+                t = toml_value(v)
+            except ValueError:
+                raise bad(f"grid.{key}: values must be numbers, booleans, strings, arrays or "
+                          f"tables, got {v!r}") from None
+            if parse_value(t) != v:
+                raise bad(f"grid.{key}: value {v!r} does not survive --set (write it "
+                          "differently)")
+            if t in texts:
+                raise bad(f"grid.{key}: value {t} is listed twice")
+            texts.append(t)
+        grid[key] = list(values)
+    if spec.seeds is not None and len(set(spec.seeds)) != len(spec.seeds):
+        raise bad("seeds: a seed is listed twice")
+    if "seed" in fixed_keys and spec.seeds is not None:
+        raise bad("overrides: seed is set there and by seeds = [...] (give it in one place)")
+    if len(set(spec.scenarios)) != len(spec.scenarios):
+        raise bad("scenarios: a scenario is listed twice")
+
+    base = path.parent
+    keys = list(grid)
+    combos = list(itertools.product(*(grid[k] for k in keys)))
+    points: list[Point] = []
+    sweep = Sweep(path, spec.name or path.stem, spec, grid, points)
+    for entry in spec.scenarios:
+        scen = _scenario_path(entry, base, where)
+        for combo in combos:
+            sets = [*spec.overrides, *(f"{k}={toml_value(v)}" for k, v in zip(keys, combo,
+                                                                             strict=True))]
+            try:
+                load_scenario(scen, sets)
+            except ScenarioError as e:
+                what = " ".join(f"{k}={label_value(v)}" for k, v in zip(keys, combo,
+                                                                       strict=True))
+                raise bad(f"scenario {entry}" + (f" with {what}" if what else "")
+                          + f": {e}") from None
+            labels = tuple(zip(keys, combo, strict=True))
+            for seed in spec.seeds if spec.seeds is not None else [None]:
+                p = Point(entry, str(scen), tuple(sets + ([f"seed={seed}"] if seed is not None
+                                                          else [])),
+                          labels + ((("seed", seed),) if seed is not None else ()))
+                points.append(p)
+                sweep.grid_of[p.name] = dict(zip(keys, combo, strict=True))
+                sweep.seed_of[p.name] = seed
+    return sweep
+
+
+# ----------------------------------------------------------------------------- results
+
+
+FIGURES = (  # column, path in summary.json
+    ("submitted", ("submitted",)),
+    ("succeeded", ("succeeded",)),
+    ("slo_met", ("slo_met",)),
+    ("dropped", ("dropped",)),
+    ("failed", ("failed",)),
+    ("goodput_rps", ("goodput_rps",)),
+    ("throughput_rps", ("throughput_rps",)),
+    ("slo_attainment", ("slo_attainment",)),
+    ("p50_ms", ("latency_ms", "p50")),
+    ("p99_ms", ("latency_ms", "p99")),
+    ("p999_ms", ("latency_ms", "p999")),
+    ("max_ms", ("latency_ms", "max")),
+    ("cold_starts", ("cold_starts",)),
+    ("loads", ("actions", "load")),
+    ("evicts", ("actions", "evict")),
+    ("gpus", ("gpus",)),
+)
+
+
+def figure(summary: dict, path: tuple[str, ...]) -> Any:
+    v: Any = summary
+    for k in path:
+        v = v.get(k) if isinstance(v, dict) else None
+    return v
+
+
+def rows(sweep: Sweep, outcomes: list[Outcome]) -> list[dict]:
+    """One row per point, in the sweep's order: what it is and its main figures."""
+    out = []
+    for o in outcomes:
+        p = o.point
+        s = o.summary or {}
+        seed = s.get("seed", sweep.seed_of.get(p.name))
+        row: dict[str, Any] = {
+            "point": p.name,
+            "scenario": p.scenario,
+            "seed": seed,
+            "overrides": [x for x in p.overrides if not x.startswith("seed=")],
+            **{k: v for k, v in sweep.grid_of.get(p.name, {}).items()},
+            "status": "ok" if o.ok else "error",
+        }
+        for col, path in FIGURES:
+            row[col] = figure(s, path) if o.ok else None
+        row["error"] = o.error or ""
+        out.append(row)
+    return out
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, list) and all(isinstance(x, str) for x in v):
+        text = " ".join(v)
+    elif isinstance(v, str):
+        text = v
+    else:
+        text = label_value(v)
+    return text.replace("\t", " ").replace("\n", " ")
+
+
+def write_results(out: Path, sweep: Sweep, outcomes: list[Outcome]) -> list[dict]:
+    """``results.tsv`` and ``results.json`` in ``out``; returns the rows."""
+    from clockwork.telemetry import write_json
+
+    table = rows(sweep, outcomes)
+    cols = list(table[0]) if table else []
+    lines = ["\t".join(cols)]
+    lines += ["\t".join(_cell(r[c]) for c in cols) for r in table]
+    (out / "results.tsv").write_text("\n".join(lines) + "\n")
+    doc = {
+        "sweep": sweep.name,
+        "file": str(sweep.path),
+        "scenarios": sweep.spec.scenarios,
+        "seeds": sweep.spec.seeds,
+        "overrides": sweep.spec.overrides,
+        "grid": sweep.grid,
+        "points": [{**r, "summary": o.summary} for r, o in zip(table, outcomes, strict=True)],
+    }
+    write_json(out / "results.json", doc)
+    return table
+
+
+def format_rows(sweep: Sweep, table: list[dict]) -> str:
+    """The results as an aligned text table (the main columns)."""
+    cols = ["scenario", *sweep.keys, "seed", "submitted", "goodput_rps", "slo_attainment",
+            "p99_ms", "cold_starts", "status"]
+    head = {"goodput_rps": "goodput r/s", "slo_attainment": "attainment", "p99_ms": "p99 ms",
+            "cold_starts": "cold"}
+
+    def fmt(c: str, v: Any) -> str:
+        if v is None:
+            return "-"
+        if c == "slo_attainment":
+            return f"{v:.6f}"
+        if c in ("goodput_rps", "p99_ms"):
+            return f"{v:,.1f}" if c == "goodput_rps" else f"{v:.2f}"
+        if isinstance(v, int) and not isinstance(v, bool) and c not in sweep.keys:
+            return f"{v:,}"
+        return _cell(v)
+
+    cells = [[head.get(c, c) for c in cols]]
+    cells += [[fmt(c, r.get(c)) for c in cols] for r in table]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
+    return "\n".join("  ".join(x.ljust(w) for x, w in zip(row, widths, strict=True)).rstrip()
+                     for row in cells)
+
+
+def plot(out: Path, sweep: Sweep, table: list[dict]) -> Path:
+    """SLO attainment and goodput against the first grid key: one line per scenario and
+    combination of the other keys, the mean over seeds with their min..max as bars."""
+    import os
+
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    key, others = sweep.keys[0], sweep.keys[1:]
+    xs = sweep.grid[key]
+    numeric = all(isinstance(x, int | float) and not isinstance(x, bool) for x in xs)
+    pos = {toml_value(x): (x if numeric else i) for i, x in enumerate(xs)}
+    lines: dict[str, dict[Any, list[dict]]] = {}
+    for r in table:
+        if r["status"] != "ok":
+            continue
+        label = " ".join([r["scenario"], *(f"{k}={label_value(r[k])}" for k in others)])
+        lines.setdefault(label, {}).setdefault(pos[toml_value(r[key])], []).append(r)
+    fig, axes = plt.subplots(2, 1, figsize=(7.0, 6.0), sharex=True)
+    for label, by_x in lines.items():
+        x = sorted(by_x)
+        for ax, col in zip(axes, ("slo_attainment", "goodput_rps"), strict=True):
+            vals = [[r[col] for r in by_x[v]] for v in x]
+            mean = [sum(v) / len(v) for v in vals]
+            lo = [m - min(v) for m, v in zip(mean, vals, strict=True)]
+            hi = [max(v) - m for m, v in zip(mean, vals, strict=True)]
+            ax.errorbar(x, mean, yerr=[lo, hi], marker="o", capsize=3, label=label)
+    axes[0].set(ylabel="SLO attainment", title=f"sweep {sweep.name}")
+    axes[1].set(ylabel="goodput (r/s)", xlabel=key)
+    if not numeric:
+        axes[1].set_xticks(range(len(xs)), [label_value(x) for x in xs])
+    axes[0].legend(fontsize="small", loc="best")
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    path = out / "sweep.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------- command
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    def fail(msg: str) -> int:
+        print(f"clockwork sweep: {msg}", file=sys.stderr)
+        return 2
+
+    try:
+        sweep = load_sweep(args.file)
+    except SweepError as e:
+        return fail(str(e))
+    if args.plot:
+        if not sweep.keys:
+            return fail("--plot draws against the first [grid] key; this sweep has no [grid]")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            return fail("--plot needs matplotlib: pip install 'clockwork-py[plots]'")
+    if args.backend not in BACKENDS:
+        return fail(f"--backend: unknown backend {args.backend!r} (known: "
+                    f"{', '.join(sorted(BACKENDS))})")
+    out = Path(args.out or sweep.spec.out or Path(SWEEPS) / sweep.path.stem)
+    if out.exists() and not out.is_dir():
+        return fail(f"--out: {out} exists and is not a folder")
+    points = sweep.points
+    done = [done_summary(point_folder(out, p)) is not None for p in points]
+    if args.list:
+        for p, d in zip(points, done, strict=True):
+            print(f"{'done ' if d else 'to run'}  {p.name}  {p.command()}")
+        print(f"{len(points)} points, {sum(done)} done, in {out}", file=sys.stderr)
+        return 0
+    jobs = args.jobs or default_jobs()
+    todo = len(points) - sum(done)
+    quiet = args.quiet
+    if not quiet:
+        print(f"sweep {sweep.name}: {len(points)} points ({sum(done)} done, {todo} to run), "
+              f"{min(jobs, max(todo, 1))} at a time ({args.backend}), out {out}",
+              file=sys.stderr)
+    out.mkdir(parents=True, exist_ok=True)
+    with Runner(jobs, args.backend, sweep.spec.logs,
+                progress=False if quiet else (True if args.progress else None)) as runner:
+        outcomes = runner.run(points, out, desc=f"sweep {sweep.name}")
+    table = write_results(out, sweep, outcomes)
+    failed = [o for o in outcomes if not o.ok]
+    print(format_rows(sweep, table))
+    if args.plot:
+        png = plot(out, sweep, table)
+        if not quiet:
+            print(f"wrote {png}", file=sys.stderr)
+    if not quiet:
+        ran = sum(1 for o in outcomes if not o.reused)
+        print(f"{len(points)} points: {ran - len(failed)} run, "
+              f"{sum(o.reused for o in outcomes)} already done, {len(failed)} failed; "
+              f"wrote {out / 'results.tsv'}, {out / 'results.json'}", file=sys.stderr)
+    for o in failed:
+        print(f"clockwork sweep: point {o.point.name} failed: {o.error}", file=sys.stderr)
+    return 1 if failed else 0
