@@ -184,7 +184,8 @@ class KServeFrontend:
         return n.policy is not None and not n._stopping and any(lk.connected for lk in n.links)
 
     def model_ready(self, name: str) -> bool:
-        return name in self.node.profiles and self.server_ready()
+        """Served now: loaded (not loading or unloading) and the server ready."""
+        return self.node.model_ready(name) and self.server_ready()
 
     def profile(self, name: str):
         p = self.node.profiles.get(name)
@@ -342,7 +343,7 @@ class KServeGrpcServicer(kpbg.GRPCInferenceServiceServicer):
 
     @_guarded
     async def ModelReady(self, request, context):  # noqa: N802
-        if request.name not in self.fe.node.profiles:
+        if self.fe.node.model_state(request.name) is None:  # a name the repository knows
             await self._abort(context, KServeError(NOT_FOUND, f"unknown model {request.name!r}"))
         try:
             self.fe.check_version(request.name, request.version)

@@ -261,6 +261,12 @@ class ControllerLoop:
             out.extend(self.policy.set_gpu_available(g, True, now))
         self._after(out, now)
 
+    def apply(self, actions: list[Action], now: int) -> None:
+        """What the policy produced when the caller changed it directly (a model added or
+        removed by the operator): the actions are sent, the replies answered, the timer
+        armed, as after any event."""
+        self._after(actions, now)
+
     # ------------------------------------------------------------------ output
 
     def _after(self, actions: list[Action], now: int) -> None:

@@ -943,7 +943,7 @@ class ControllerNode:
         g.instances = [i for i in [name] + [f"{name}:{k}" for k in range(1, copies)]
                        if i in self.profiles]
         self.count("models_loaded", len(names))
-        self.ctrl._after(out, now)  # (none, for our policies: weights load on demand)
+        self.ctrl.apply(out, now)  # (none, for our policies: weights load on demand)
         return g.instances
 
     async def unload_model(self, name: str) -> list[str]:
@@ -988,7 +988,7 @@ class ControllerNode:
                 out += self.policy.remove_model(i, now)
             except KeyError:
                 pass  # the policy never had it
-        self.ctrl._after(out, now)  # EVICTs of idle copies; the queued requests answered
+        self.ctrl.apply(out, now)  # EVICTs of idle copies; the queued requests answered
         self.count("models_unloaded", len(names))
         t = asyncio.ensure_future(self._forget_unloaded(names))
         self._unloads.add(t)
