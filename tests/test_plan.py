@@ -1,0 +1,164 @@
+"""``clockwork plan``: on the shipped Azure sample its answer N is checked by simulating N
+(every seed meets the target) and N-1 (a seed does not); the search keeps its definition
+(N meets, N-1 was checked and misses, no checked count below N meets) on made-up curves,
+monotone or not; bad arguments are one line and exit 2."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import orjson
+import pytest
+
+from clockwork.cluster.cli import main
+from clockwork.cluster.parallel import Outcome
+from clockwork.cluster.plan import Plan, search
+from clockwork.cluster.sim import simulate
+
+# the Azure sample's first trace minute in 10 s (~1,500 r/s onto 550 instances): 1 GPU
+# misses a 100 ms SLO often, 2 sometimes, 3 or more almost never
+AZURE = ["duration_s=10", "workloads.0.minutes=1", "workloads.0.interval_s=10",
+         "workloads.0.load_factor=5"]
+TARGET = 0.999
+
+
+def test_plan_azure_sample_answer_checks_out(tmp_path, capsys):
+    argv = ["plan", "azure_sample", "--slo-ms", "100", "--attainment", str(TARGET),
+            "--max-gpus", "8", "--seeds", "2", "--jobs", "2", "--json", "--quiet",
+            "--out", str(tmp_path / "plan")]
+    for s in AZURE:
+        argv += ["--set", s]
+    assert main(argv) == 0
+    res = orjson.loads(capsys.readouterr().out)
+    n = res["answer_gpus"]
+    assert n is not None and n >= 2
+    assert res["gpus_per_worker"] == 1 and res["seeds"] == [1, 2]
+    curve = {r["gpus"]: r for r in res["curve"]}
+    assert curve[n]["meets"] and not curve[n - 1]["meets"]
+    assert not any(r["meets"] for g, r in curve.items() if g < n)
+    assert (tmp_path / "plan" / "plan.json").exists()
+    assert (tmp_path / "plan" / "curve.tsv").read_text().startswith("gpus\tworkers\tmeets")
+
+    # the answer, checked by simulating N and N-1 directly
+    def attainments(gpus):
+        over = [*AZURE, "workloads.0.slo_ms=100", f"cluster.workers={gpus}"]
+        return [simulate("azure_sample", [*over, f"seed={s}"]).summary["slo_attainment"]
+                for s in res["seeds"]]
+
+    at_n = attainments(n)
+    assert all(a >= TARGET for a in at_n), at_n
+    assert [s["slo_attainment"] for s in curve[n]["seeds"]] == at_n
+    at_less = attainments(n - 1)
+    assert any(a < TARGET for a in at_less), at_less
+
+    # a rerun with the same --out simulates nothing new and gives the same answer
+    assert main(argv) == 0
+    again = orjson.loads(capsys.readouterr().out)
+    assert again == res
+
+
+def test_plan_table_and_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "curve.png"
+    # a warm model at 2.5 x one GPU's best-batch capacity (1,447 r/s): 3 GPUs needed
+    argv = ["plan", "poisson_warm", "--set", "duration_s=2", "--set", "drain_s=1",
+            "--set", "workloads.0.rate_rps=3600", "--seeds", "1", "--jobs", "2",
+            "--max-gpus", "6", "--plot", str(png), "--quiet"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    assert "GPUs meet attainment >= 0.999" in first and "do not" in first
+    assert "GPUs  workers  meets" in out and "<-" in out and "check (first seed):" in out
+    assert png.stat().st_size > 1000
+
+
+def test_plan_not_met_exits_1(capsys):
+    argv = ["plan", "poisson_warm", "--set", "duration_s=1", "--set", "drain_s=1",
+            "--set", "workloads.0.rate_rps=5000", "--max-gpus", "1", "--seeds", "1",
+            "--jobs", "1", "--quiet"]
+    assert main(argv) == 1
+    assert capsys.readouterr().out.startswith("not met: even 1 GPUs")
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["plan", "no_such_scenario"], "no_such_scenario"),
+    (["plan", "poisson_warm", "--min-gpus", "8", "--max-gpus", "4"], "--max-gpus"),
+    (["plan", "poisson_warm", "--attainment", "1.5"], "1.5"),
+    (["plan", "poisson_warm", "--slo-ms", "-1"], "-1"),
+    (["plan", "poisson_warm", "--seeds", "0"], "0"),
+    (["plan", "poisson_warm", "--set", "cluster.wokers=2"], "cluster.workers"),
+    (["plan", "slo_exp_1", "--slo-ms", "50"], "slo"),
+    (["plan", "poisson_warm", "--backend", "nosuch"], "nosuch"),
+])
+def test_plan_bad_arguments_one_line_exit_2(capsys, argv, fragment):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("clockwork plan") and fragment in err[0], err
+
+
+# ---------------------------------------------------------------------- the search alone
+
+
+class FakeRunner:
+    """Answers each point from a made-up attainment curve (workers, seed) -> attainment."""
+
+    def __init__(self, curve):
+        self.curve = curve
+        self.simulated: list[int] = []
+
+    def run(self, points, root, desc=""):
+        out = []
+        for p in points:
+            over = dict(o.split("=", 1) for o in p.overrides)
+            w, s = int(over["cluster.workers"]), int(over["seed"])
+            self.simulated.append(w)
+            out.append(Outcome(p, Path(root), summary={
+                "slo_attainment": self.curve(w, s), "goodput_rps": 1.0, "cold_starts": 0,
+                "submitted": 1, "seed": s, "latency_ms": {"p99": 1.0}}))
+        return out
+
+
+def _plan(lo=1, hi=64, seeds=(1, 2), target=0.99):
+    return Plan("x", "x.toml", [], list(seeds), target, 1, lo, hi)
+
+
+def _check(plan, curve):
+    met = {w: all(curve(w, s) >= plan.target for s in plan.seeds) for w in plan.counts}
+    if plan.answer is None:
+        assert not any(met.values()) and plan.max_workers in met
+        return
+    n = plan.answer
+    assert met[n]
+    assert n == plan.min_workers or met[n - 1] is False
+    assert not any(m for w, m in met.items() if w < n)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_search_monotone_finds_the_threshold(k):
+    for need in (1, 2, 3, 7, 8, 9, 33, 64):
+        curve = (lambda w, s, need=need: 1.0 if w >= need else 0.5)  # noqa: E731
+        plan = search(_plan(), FakeRunner(curve), "/nowhere", k)
+        assert plan.answer == need
+        _check(plan, curve)
+
+
+def test_search_not_met_and_min_passes():
+    plan = search(_plan(hi=10), FakeRunner(lambda w, s: 0.5), "/nowhere", 2)
+    assert plan.answer is None and 10 in plan.counts
+    plan = search(_plan(lo=4), FakeRunner(lambda w, s: 1.0), "/nowhere", 1)
+    assert plan.answer == 4 and list(plan.counts) == [4]
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_search_non_monotone_keeps_its_definition(k):
+    rng = random.Random(7)
+    for _ in range(60):
+        table = {(w, s): rng.random() for w in range(1, 41) for s in (1, 2)}
+        cut = rng.randint(1, 45)
+        curve = (lambda w, s, t=table, c=cut: 1.0 if w >= c or t[(w, s)] > 0.9  # noqa: E731
+                 else 0.5)
+        runner = FakeRunner(curve)
+        plan = search(_plan(hi=40), runner, "/nowhere", k)
+        _check(plan, curve)
+        assert len(runner.simulated) == 2 * len(plan.counts)  # each count simulated once

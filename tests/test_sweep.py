@@ -1,0 +1,211 @@
+"""``clockwork sweep``: every point's summary.json is byte for byte what a sequential
+``clockwork simulate`` of the same point writes, a rerun runs nothing and writes the same
+table, a deleted point (only it) runs again; bad sweep files are one line and exit 2."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import orjson
+import pytest
+
+from clockwork.cluster.cli import main
+from clockwork.cluster.parallel import Point, toml_value
+from clockwork.cluster.sweep import load_sweep
+from clockwork.scenario import parse_value
+
+SWEEP8 = """
+name = "t8"
+scenarios = ["poisson_warm", "bursty"]
+seeds = [1, 2]
+overrides = ["duration_s=5", "drain_s=1"]
+
+[grid]
+"workloads.0.slo_ms" = [20, 100]
+"""
+
+
+def _summaries(out):
+    return {p.name: (p / "summary.json").read_bytes()
+            for p in sorted((out / "points").iterdir())}
+
+
+def _mtimes(out):
+    return {p.name: (p / "summary.json").stat().st_mtime_ns
+            for p in sorted((out / "points").iterdir())}
+
+
+def test_sweep_matches_simulate_and_resumes(tmp_path, capsys):
+    f = tmp_path / "s.toml"
+    f.write_text(SWEEP8)
+    out = tmp_path / "out"
+    assert main(["sweep", str(f), "--jobs", "2", "--out", str(out), "--quiet"]) == 0
+    sweep = load_sweep(f)
+    assert len(sweep.points) == 8
+    got = _summaries(out)
+    assert sorted(got) == sorted(p.name for p in sweep.points)
+
+    # each point == a sequential `clockwork simulate` of it (summary.json has no wall time)
+    for i, p in enumerate(sweep.points):
+        seq = tmp_path / f"seq{i}"
+        argv = ["simulate", p.scenario, "--out", str(seq), "--quiet"]
+        for o in p.overrides:
+            argv += ["--set", o]
+        assert main(argv) == 0
+        assert (seq / "summary.json").read_bytes() == got[p.name], p.name
+        assert "wall" not in orjson.loads(got[p.name])
+
+    tsv = (out / "results.tsv").read_bytes()
+    js = (out / "results.json").read_bytes()
+    rows = orjson.loads(js)["points"]
+    assert [r["point"] for r in rows] == [p.name for p in sweep.points]
+    assert {r["scenario"] for r in rows} == {"poisson_warm", "bursty"}
+    assert {r["seed"] for r in rows} == {1, 2}
+    for r in rows:
+        assert r["status"] == "ok" and r["submitted"] > 0
+        assert 0 < r["slo_attainment"] <= 1 and r["goodput_rps"] > 0
+        assert r["workloads.0.slo_ms"] in (20, 100)
+        assert r["overrides"][:2] == ["duration_s=5", "drain_s=1"]
+    header = tsv.decode().splitlines()[0].split("\t")
+    for col in ("point", "scenario", "seed", "overrides", "workloads.0.slo_ms", "submitted",
+                "goodput_rps", "slo_attainment", "p50_ms", "p99_ms", "cold_starts"):
+        assert col in header
+    assert len(tsv.decode().splitlines()) == 9
+
+    # a rerun runs nothing and writes the same table
+    before = _mtimes(out)
+    capsys.readouterr()
+    assert main(["sweep", str(f), "--jobs", "2", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "0 run, 8 already done" in err
+    assert _mtimes(out) == before
+    assert (out / "results.tsv").read_bytes() == tsv
+    assert (out / "results.json").read_bytes() == js
+
+    # one point's folder deleted: only it runs again, to the same bytes
+    gone = sweep.points[5].name
+    for x in (out / "points" / gone).iterdir():
+        x.unlink()
+    (out / "points" / gone).rmdir()
+    assert main(["sweep", str(f), "--jobs", "2", "--out", str(out)]) == 0
+    assert "1 run, 7 already done" in capsys.readouterr().err
+    after = _mtimes(out)
+    assert {k: v for k, v in after.items() if k != gone} == \
+        {k: v for k, v in before.items() if k != gone}
+    assert _summaries(out) == got
+    assert (out / "results.tsv").read_bytes() == tsv
+    assert (out / "results.json").read_bytes() == js
+
+
+def test_list_plot_and_a_failing_point(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    f = tmp_path / "s.toml"
+    f.write_text('scenarios = ["poisson_warm"]\noverrides = ["duration_s=1", "drain_s=1"]\n'
+                 'out = "ignored"\n[grid.workloads.0]\nrate_rps = [100.0, 200.0]\n')
+    out = tmp_path / "o"
+    assert main(["sweep", str(f), "--out", str(out), "--list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == 2 and all(x.startswith("to run") for x in listed)
+    assert "clockwork simulate poisson_warm --set duration_s=1" in listed[0]
+    assert main(["sweep", str(f), "--out", str(out), "--jobs", "1", "--plot", "--quiet"]) == 0
+    assert (out / "sweep.png").stat().st_size > 1000
+    capsys.readouterr()
+    assert main(["sweep", str(f), "--out", str(out), "--list"]) == 0
+    assert all(x.startswith("done") for x in capsys.readouterr().out.splitlines())
+
+    # a point that cannot run (a key its workload kind refuses): the others still run
+    f.write_text('scenarios = ["poisson_warm"]\noverrides = ["duration_s=1", "drain_s=1"]\n'
+                 '[grid]\n"workloads.0.rate_rps" = [100.0]\n"workloads.0.burst" = [1, 2]\n')
+    f2 = tmp_path / "ok.toml"
+    f2.write_text('scenarios = ["poisson_warm"]\noverrides = ["duration_s=1", "drain_s=1"]\n')
+    capsys.readouterr()
+    assert main(["sweep", str(f), "--out", str(tmp_path / "bad"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "failed" in err and "burst" in err
+    rows = orjson.loads((tmp_path / "bad" / "results.json").read_bytes())["points"]
+    assert [r["status"] for r in rows] == ["error", "error"]
+    assert all("burst" in r["error"] for r in rows)
+    assert not list((tmp_path / "bad" / "points").glob("*/summary.json"))
+
+
+BAD = [
+    ("scenarios = []", "scenarios"),
+    ('scenarios = "poisson_warm"', "scenarios"),
+    ('scenarios = ["poisson_warm"]\nseeds = [1, -1]', "seeds.1"),
+    ('scenarios = ["poisson_warm"]\nseeds = [1, 1]', "seeds"),
+    ('scenarios = ["poisson_warm"]\nsedes = [1]', "seeds"),
+    ('scenarios = ["no_such_scenario"]', "no_such_scenario"),
+    ('scenarios = ["poisson_warm"]\n[grid]\n"cluster.wokers" = [1]', "cluster.workers"),
+    ('scenarios = ["poisson_warm"]\n[grid]\n"cluster.workers" = [0, 1]', "cluster.workers"),
+    ('scenarios = ["poisson_warm"]\n[grid]\n"cluster.workers" = []', "grid.cluster.workers"),
+    ('scenarios = ["poisson_warm"]\n[grid]\n"cluster.workers" = 2', "grid.cluster.workers"),
+    ('scenarios = ["poisson_warm"]\n[grid]\n"cluster.workers" = [1, 1]', "listed twice"),
+    ('scenarios = ["poisson_warm"]\n[grid]\nseed = [1, 2]', "seeds"),
+    ('scenarios = ["poisson_warm"]\noverrides = ["duration_s"]', "overrides.0"),
+    ('scenarios = ["poisson_warm"]\noverrides = ["duration_s=1"]\n[grid]\nduration_s = [2]',
+     "duration_s"),
+    ('scenarios = ["poisson_warm"]\nlogs = "yes"', "logs"),
+    ('scenarios = ["poisson_warm"', "TOML"),
+]
+
+
+@pytest.mark.parametrize("text,fragment", BAD)
+def test_bad_sweep_file_is_one_line_exit_2(tmp_path, capsys, text, fragment):
+    f = tmp_path / "bad.toml"
+    f.write_text(text + "\n")
+    assert main(["sweep", str(f), "--out", str(tmp_path / "o")]) == 2
+    cap = capsys.readouterr()
+    lines = cap.err.strip().splitlines()
+    assert len(lines) == 1, cap.err
+    assert lines[0].startswith("clockwork sweep: ") and fragment in lines[0], lines[0]
+    assert "Traceback" not in cap.err and not (tmp_path / "o").exists()
+
+
+def test_bad_arguments(tmp_path, capsys):
+    assert main(["sweep", "no_such_sweep"]) == 2
+    assert "no_such_sweep" in capsys.readouterr().err
+    f = tmp_path / "s.toml"
+    f.write_text('scenarios = ["poisson_warm"]\n')
+    assert main(["sweep", str(f), "--plot"]) == 2  # nothing to plot against
+    assert "[grid]" in capsys.readouterr().err
+    assert main(["sweep", str(f), "--jobs", "0"]) == 2
+    assert main(["sweep", str(f), "--backend", "nosuch"]) == 2
+    assert "nosuch" in capsys.readouterr().err
+
+
+def test_shipped_example_loads():
+    s = load_sweep("example")
+    assert len(s.points) == 12 and s.keys == ["workloads.0.slo_ms"]
+
+
+def test_help_lists_the_verbs(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "sweep" in out and "plan" in out
+    for verb in ("sweep", "plan"):
+        assert main([verb, "--help"]) == 0
+        assert "--jobs" in capsys.readouterr().out
+
+
+def test_missing_progress_bar_package_says_what_to_install(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm raises ImportError
+    assert main(["sweep", "example"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("clockwork sweep: needs tqdm") and "\n" not in err
+
+
+@pytest.mark.parametrize("value", [1, -3, 2.5, 1e-05, 1e20, True, False, "a b\"c", "x/y",
+                                   [1, 2.0, "z"], {"a": 1, "b c": [True]}, []])
+def test_values_survive_set(value):
+    assert parse_value(toml_value(value)) == value
+
+
+def test_point_names_are_stable():
+    p = Point("poisson_warm", "/anywhere/poisson_warm.toml",
+              ("duration_s=2", "workloads.0.slo_ms=25", "seed=1"),
+              (("workloads.0.slo_ms", 25), ("seed", 1)))
+    assert p.name == "poisson_warm_workloads.0.slo_ms=25_seed=1-f6b82cd6df"
+    assert Point("poisson_warm", "/elsewhere.toml", p.overrides, p.labels).name == p.name
+    long = Point("x.toml", "x", ("a=" + "q" * 300,), (("a", "q" * 300),))
+    assert len(long.name) <= 96 + 11 and os.sep not in long.name
