@@ -209,3 +209,14 @@ def test_point_names_are_stable():
     assert Point("poisson_warm", "/elsewhere.toml", p.overrides, p.labels).name == p.name
     long = Point("x.toml", "x", ("a=" + "q" * 300,), (("a", "q" * 300),))
     assert len(long.name) <= 96 + 11 and os.sep not in long.name
+
+
+def test_plot_without_matplotlib_says_what_to_install(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    f = tmp_path / "s.toml"
+    f.write_text('scenarios = ["poisson_warm"]\n[grid]\n"cluster.workers" = [1]\n')
+    assert main(["sweep", str(f), "--plot", "--out", str(tmp_path / "o")]) == 2
+    assert main(["plan", "poisson_warm", "--plot", str(tmp_path / "p.png")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all("needs matplotlib" in x and "[plots]" in x for x in err)
+    assert not (tmp_path / "o").exists()

@@ -18,6 +18,7 @@ EPILOG = """examples:
   clockwork simulate fig5_1gpu
   clockwork simulate poisson_warm --set duration_s=10 --out runs/p
   clockwork report runs/p
+  clockwork sweep example --jobs 2                     # a grid of simulations in parallel
   clockwork serve demo_live --replay                   # live cluster on this machine
 """
 

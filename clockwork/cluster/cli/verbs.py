@@ -451,17 +451,18 @@ def add_sweep(sub) -> None:
 
 PLAN_EPILOG = """the answer:
   The GPU count is varied through cluster.workers (gpus_per_worker stays the scenario's;
-  GPUs = workers x gpus_per_worker). A count meets the target when every seed's SLO
-  attainment is >= --attainment. Attainment need not grow with GPUs (noise, placement),
-  so the answer N is defined by what was checked: N meets the target, N-1 GPUs were
-  checked and do not (unless N is --min-gpus), and no checked count below N meets it.
-  The search doubles the count until one meets the target, then narrows the gap,
-  checking several counts per round when --jobs allows.
+  GPUs = workers x gpus_per_worker, the same as workers in every shipped scenario). A
+  count meets the target when every seed's SLO attainment is >= --attainment.
+  Attainment need not grow with GPUs (seeds, placement, cold starts), so the answer N
+  is defined by what was simulated: N meets the target, one worker fewer (N-1 GPUs)
+  was simulated and misses it (unless N is --min-gpus), and no simulated count below N
+  meets it. The search doubles the count from --min-gpus until one meets the target,
+  then narrows the gap, simulating max(1, jobs // seeds) counts per round in parallel.
 
 examples:
-  clockwork plan azure_sample --slo-ms 100 --attainment 0.999 --set duration_s=60 \\
-      --set workloads.0.minutes=1 --set workloads.0.load_factor=30
-  clockwork plan poisson_warm --set workloads.0.rate_rps=5000 --max-gpus 16 --plot plan.png
+  clockwork plan azure_sample --slo-ms 100 --attainment 0.999 --set duration_s=10 \\
+      --set workloads.0.minutes=1 --set workloads.0.interval_s=10     # 3 GPUs
+  clockwork plan poisson_warm --set workloads.0.rate_rps=3600 --max-gpus 16 --plot plan.png
 """
 
 
