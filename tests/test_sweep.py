@@ -220,3 +220,26 @@ def test_plot_without_matplotlib_says_what_to_install(tmp_path, monkeypatch, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all("needs matplotlib" in x and "[plots]" in x for x in err)
     assert not (tmp_path / "o").exists()
+
+
+def test_a_backend_plugs_in(tmp_path, monkeypatch, capsys):
+    """The seam another engine uses: a factory jobs -> concurrent.futures.Executor (here
+    threads), or "module:function" imported when asked for."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from clockwork.cluster import parallel
+
+    monkeypatch.setitem(parallel.BACKENDS, "threads", lambda jobs: ThreadPoolExecutor(1))
+    monkeypatch.setitem(parallel.BACKENDS, "absent", "no_such_engine_module:executor")
+    f = tmp_path / "s.toml"
+    f.write_text('scenarios = ["poisson_warm"]\nseeds = [1, 2]\n'
+                 'overrides = ["duration_s=1", "drain_s=1"]\n')
+    assert main(["sweep", str(f), "--out", str(tmp_path / "a"), "--backend", "threads",
+                 "--quiet"]) == 0
+    assert main(["sweep", str(f), "--out", str(tmp_path / "b"), "--jobs", "2", "--quiet"]) == 0
+    assert (tmp_path / "a" / "results.json").read_bytes() == \
+        (tmp_path / "b" / "results.json").read_bytes()
+    capsys.readouterr()
+    assert main(["sweep", str(f), "--backend", "absent"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("clockwork sweep: --backend absent needs no_such_engine_module")

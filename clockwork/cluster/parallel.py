@@ -195,14 +195,42 @@ def local_executor(jobs: int) -> Executor:
     return ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_ignore_sigint)
 
 
-# name -> (jobs -> Executor); one entry per place points can run
-BACKENDS: dict[str, Callable[[int], Executor]] = {"local": local_executor}
+# name -> (jobs -> Executor), or "module:function" naming one (imported when used, so a
+# backend whose engine is not installed costs nothing until it is asked for)
+BACKENDS: dict[str, Callable[[int], Executor] | str] = {"local": local_executor}
 
 
-def register_backend(name: str, factory: Callable[[int], Executor]) -> None:
-    """Make ``factory`` (``jobs -> concurrent.futures.Executor``) available as
-    ``--backend name``. Its executor runs ``run_point(point, folder, logs)`` tasks."""
+def register_backend(name: str, factory: Callable[[int], Executor] | str) -> None:
+    """Make ``factory`` (``jobs -> concurrent.futures.Executor``, or its
+    ``"module:function"``) available as ``--backend name``. Its executor runs
+    ``run_point(point, folder, logs)`` tasks."""
     BACKENDS[name] = factory
+
+
+def backend(name: str) -> Callable[[int], Executor]:
+    """The executor factory of backend ``name``: ``ValueError`` if there is none,
+    ``ImportError`` if its module (or the engine it needs) cannot be imported."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r} (known: {', '.join(sorted(BACKENDS))})")
+    f = BACKENDS[name]
+    if isinstance(f, str):
+        import importlib
+
+        module, _, func = f.partition(":")
+        f = getattr(importlib.import_module(module), func)
+    return f
+
+
+def check_backend(name: str) -> str | None:
+    """None if backend ``name`` can be used, else a one-line reason."""
+    try:
+        backend(name)
+    except ValueError as e:
+        return f"--backend: {e}"
+    except ImportError as e:
+        return (f"--backend {name} needs {e.name or 'a module that is missing'} "
+                f"({type(e).__name__}: {e})")
+    return None
 
 
 def default_jobs() -> int:
@@ -309,7 +337,7 @@ class Runner:
                     bar.update(1)
             return
         if self._executor is None:
-            self._executor = BACKENDS[self.backend](self.jobs)
+            self._executor = backend(self.backend)(self.jobs)
         ex = self._executor
         futures: dict[Future, Outcome] = {}
         try:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clockwork.cluster.parallel import BACKENDS, Outcome, Point, Runner, default_jobs
+from clockwork.cluster.parallel import Outcome, Point, Runner, check_backend, default_jobs
 
 
 class PlanError(ValueError):
@@ -287,9 +287,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             return fail("--plot needs matplotlib: pip install 'clockwork-py[plots]'")
-    if args.backend not in BACKENDS:
-        return fail(f"--backend: unknown backend {args.backend!r} (known: "
-                    f"{', '.join(sorted(BACKENDS))})")
+    if (why := check_backend(args.backend)) is not None:
+        return fail(why)
     try:
         plan = make_plan(args.scenario, args.set, args.attainment, args.slo_ms, args.min_gpus,
                          args.max_gpus, args.seeds)

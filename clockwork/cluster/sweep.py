@@ -42,10 +42,10 @@ from typing import Annotated, Any, ClassVar
 import annotated_types as at
 
 from clockwork.cluster.parallel import (
-    BACKENDS,
     Outcome,
     Point,
     Runner,
+    check_backend,
     default_jobs,
     done_summary,
     label_value,
@@ -400,9 +400,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             return fail("--plot needs matplotlib: pip install 'clockwork-py[plots]'")
-    if args.backend not in BACKENDS:
-        return fail(f"--backend: unknown backend {args.backend!r} (known: "
-                    f"{', '.join(sorted(BACKENDS))})")
+    if (why := check_backend(args.backend)) is not None:
+        return fail(why)
     out = Path(args.out or sweep.spec.out or Path(SWEEPS) / sweep.path.stem)
     if out.exists() and not out.is_dir():
         return fail(f"--out: {out} exists and is not a folder")
