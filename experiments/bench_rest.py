@@ -10,7 +10,7 @@ latencies and reads the controller's CPU time from /proc.
 
 It prints requests/s, latency p50/p99 (ms, client-measured, from send to answer), the
 controller's CPU time per request (µs: less noisy than wall figures on a shared machine)
-and the number of failed requests (must be 0).
+and the number of failed requests, by error (must be 0).
 
 To compare two versions of the code, run the same command with the other version first on
 ``PYTHONPATH`` and as the working directory (the controller is started as ``python -m``,
@@ -68,26 +68,28 @@ def client_proc(url: str, n: int, floats: int, start: float, warm_end: float, en
         x.set_data_from_numpy(np.ones((1, floats), np.float32), binary_data=True)
         out_y = [thttp.InferRequestedOutput("y", binary_data=True)]
         lat: list[float] = []
-        fails = [0]
+        fails: dict[str, int] = {}
 
         async def one_client():
             while (t0 := time.time()) < end:
+                why = ""
                 try:
                     r = await cl.infer(MODEL, [x], outputs=out_y)
-                    ok = r.as_numpy("y") is not None
-                except Exception:  # noqa: BLE001 - counted
-                    ok = False
+                    if r.as_numpy("y") is None:
+                        why = "no output"
+                except Exception as e:  # noqa: BLE001 - counted, by kind
+                    why = f"{type(e).__name__}: {str(e)[:80]}"
                 t1 = time.time()
                 if warm_end <= t1 < end:
-                    if ok:
+                    if not why:
                         lat.append((t1 - t0) * 1e3)
                     else:
-                        fails[0] += 1
+                        fails[why] = fails.get(why, 0) + 1
 
         await asyncio.sleep(max(0.0, start - time.time()))
         await asyncio.gather(*(one_client() for _ in range(n)))
         await cl.close()
-        return lat, fails[0]
+        return lat, fails
 
     out.send(asyncio.run(main()))
     out.close()
@@ -125,11 +127,12 @@ def run(args) -> dict:
             time.sleep(max(0.0, end - time.time()))
             c1 = cpu_s(pid)
             lat: list[float] = []
-            fails = 0
+            why: dict[str, int] = {}
             for rd in pipes:
                 got, f = rd.recv()
                 lat += got
-                fails += f
+                for k, v in f.items():
+                    why[k] = why.get(k, 0) + v
             for p in procs:
                 p.join(30)
     a = np.array(lat) if lat else np.array([float("nan")])
@@ -137,7 +140,8 @@ def run(args) -> dict:
     return {"concurrency": args.concurrency, "duration_s": args.duration,
             "requests": n, "rps": n / args.duration,
             "p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99)),
-            "ctl_cpu_us_per_req": (c1 - c0) / max(n, 1) * 1e6, "failed": fails}
+            "ctl_cpu_us_per_req": (c1 - c0) / max(n, 1) * 1e6,
+            "failed": sum(why.values()), "failures": why}
 
 
 def main() -> int:
@@ -171,7 +175,7 @@ def main() -> int:
         print(f"bench_rest ({r['code']}): concurrency {r['concurrency']}, "
               f"{r['duration_s']:g} s: {r['rps']:,.0f} requests/s, p50 {r['p50_ms']:.2f} ms, "
               f"p99 {r['p99_ms']:.2f} ms, controller {r['ctl_cpu_us_per_req']:.0f} µs "
-              f"CPU/request, {r['failed']} failed")
+              f"CPU/request, {r['failed']} failed" + (f" {r['failures']}" if r["failed"] else ""))
     return 0 if r["failed"] == 0 and r["requests"] else 1
 
 
