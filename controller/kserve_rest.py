@@ -28,6 +28,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_urldispatcher import _default_expect_handler
 from prometheus_client import generate_latest
 
+from clockwork.protocol.security import Refusals, bearer_ok
 from controller.kserve import (
     HTTP_CODE,
     INVALID,
@@ -120,16 +121,12 @@ class KServeRest:
     def authorized(self, target: str, headers) -> bool:
         """Whether the request may run: no token is needed, its path is open (the
         probes), or it carries ``Authorization: Bearer <token>``."""
-        from clockwork.protocol.security import bearer_ok
-
         return (self.token is None or urllib.parse.urlsplit(target).path in OPEN_PATHS
                 or bearer_ok(headers.get("authorization"), self.token))
 
     def unauthorized(self, headers) -> Reply:
         """401 with ``WWW-Authenticate: Bearer`` (counted, logged at most once a
         second); nothing of the request runs and its body is not read."""
-        from clockwork.protocol.security import Refusals
-
         if self._refused is None:
             self._refused = Refusals("controller", self.node.count)
         self._refused("an unauthenticated HTTP request")
@@ -344,7 +341,7 @@ class _Handler:
         if not rest.authorized(target, headers):
             resp = self._reply(request, rest.unauthorized(headers))
             resp.force_close()
-            return resp  # the body is read and dropped for a while (lingering), unkept
+            return self._drop_rest(request, resp)  # its body is not read
         body = b""
         if request.body_exists:
             body = await self._read_body(request)
@@ -363,9 +360,7 @@ class _Handler:
         cap = lim.rest_max_body_bytes
         n = request.content_length
         if n is not None and n > cap:
-            resp = self._too_large(n)
-            resp.force_close()  # what the client still sends is read and dropped for
-            return resp  # rest_linger_timeout, so that it sees the answer; then closed
+            return self._drop_rest(request, self._too_large(n))
         chunks: list[bytes] = []
         size = 0
         try:
@@ -399,10 +394,12 @@ class _Handler:
 
     @staticmethod
     def _drop_rest(request: web.Request, resp: web.Response) -> web.Response:
-        """Answer ``resp`` and parse (decode) nothing more of this connection: what the
-        client still sends is read from the socket and dropped unparsed for up to
-        ``rest_linger_timeout`` (so that it sees the answer: a socket closed with unread
-        data resets the connection), then it closes."""
+        """Answer ``resp`` (which closes the connection) without reading the rest of the
+        body: what the client still sends is read from the socket and dropped, unparsed
+        and not decoded, for up to ``rest_linger_timeout`` (so that it sees the answer: a
+        socket closed with data unread resets the connection), then it closes."""
+        if request.content.is_eof():
+            return resp  # the whole body is in already
         proto = request.protocol
         proto.close()  # aiohttp drops, unparsed, what arrives from now on
         proto.resume_reading()  # and reads the socket again if the body had paused it
@@ -464,9 +461,9 @@ def make_runner(node, token: str | None = None) -> web.AppRunner:
       before the client sends it); within ``rest_read_timeout`` of the head: else 408;
     - a keep-alive connection idle (or whose next request head does not arrive) for
       ``rest_idle_timeout`` is closed;
-    - after an answer given without reading the whole body (401, 413), what the client
-      still sends is read and dropped for up to ``rest_linger_timeout``, then the
-      connection closes.
+    - after an answer given without reading the whole body (401, 413, 400 a body that
+      does not decode), what the client still sends is read and dropped (not parsed or
+      decoded) for up to ``rest_linger_timeout``, then the connection closes.
 
     A response of at least ``COMPRESS_MIN_BYTES`` is compressed when the client sends
     ``Accept-Encoding: gzip`` (or ``deflate``). A path that exists answers 405 with

@@ -359,6 +359,34 @@ def test_idle_and_read_timeouts(profiles):
         assert _counters(c).get("http_408") == 1
 
 
+def test_token_is_checked_before_the_body(profiles):
+    """With a client token, a request without it is answered 401 (``WWW-Authenticate``)
+    before its body is read: with ``Expect: 100-continue`` before the client sends it,
+    and without, while the body has not arrived. The probes stay open."""
+    token = "rest-token-0123456789abcdef"
+    with local_cluster(workers=1, gpus=1, profiles=str(profiles), http_port=0,
+                       token=token) as c:
+        host, port = c.printed_address("http").rsplit(":", 1)
+        addr = (host, int(port))
+        head = (f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                "Content-Length: 1000\r\n")
+        with socket.create_connection(addr, timeout=5) as s:
+            s.sendall((head + "Expect: 100-continue\r\n\r\n").encode())
+            got = _until_eof(s)
+            assert got.startswith(b"HTTP/1.1 401 ") and b"100 Continue" not in got, got
+            assert b'WWW-Authenticate: Bearer realm="clockwork"' in got
+        with socket.create_connection(addr, timeout=5) as s:
+            s.sendall((head + "Authorization: Bearer nope\r\n\r\n").encode())
+            got = _head(s)  # answered though none of the 1,000 bytes was sent
+            assert got.startswith(b"HTTP/1.1 401 "), got
+            assert b'error="invalid_token"' in got
+        status, _, _ = _request(addr, "POST", INFER, _json_body(),
+                                {"Authorization": f"Bearer {token}"})
+        assert status == 200
+        assert _request(addr, "GET", "/v2/health/ready")[0] == 200
+        assert _request(addr, "GET", "/metrics")[0] == 401
+
+
 # ---------------------------------------------------------------------- without sockets
 
 ROUTES = r"""
