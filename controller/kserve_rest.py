@@ -171,6 +171,12 @@ class KServeRest:
             if what.startswith("repo_"):
                 return await self.repository(what[5:], args, body)
             name, version = args
+            if what == "ready" and fe.node.model_state(name) is not None:
+                # a name the repository knows (loading, unloading, unloaded): 503 until
+                # it is served, as gRPC's ModelReady answers ready=false
+                fe.check_version(name, version)
+                ready = fe.model_ready(name)
+                return Reply(200 if ready else 503, {"name": name, "ready": ready})
             fe.profile(name)  # NOT_FOUND: an unknown model, then an unknown version
             fe.check_version(name, version)
             if what == "model":
@@ -179,9 +185,6 @@ class KServeRest:
                 return Reply(200, fe.model_config(name))
             if what == "stats":
                 return Reply(200, fe.model_statistics(name, version))
-            if what == "ready":
-                ready = fe.model_ready(name)
-                return Reply(200 if ready else 503, {"name": name, "ready": ready})
             return await self.infer(name, headers, body, peer)
         except KServeError as e:
             return _error(e)

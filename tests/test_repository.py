@@ -574,10 +574,10 @@ def test_tritonclient_grpc_repository(cluster):
         _poll(unloaded)
         ready = [m.name for m in c.get_model_repository_index().models if m.state == "READY"]
         assert "resnet50_v2" in ready and "resnet18_v2" not in ready and "r18" not in ready
-        try:
-            assert not c.is_model_ready("resnet18_v2")
-        except InferenceServerException as e:  # (an unknown model: NOT_FOUND)
-            assert "NOT_FOUND" in str(e.status())
+        assert not c.is_model_ready("resnet18_v2")  # known, not served: ready=false
+        with pytest.raises(InferenceServerException) as e:
+            c.is_model_ready("no_such_model")
+        assert "NOT_FOUND" in str(e.value.status())
     finally:
         c.close()
 
@@ -612,6 +612,7 @@ def test_tritonclient_http_repository(cluster):
         _poll(unloaded)
         assert "resnet34_v2" not in [m["name"] for m in c.get_model_repository_index()
                                      if m.get("state") == "READY"]
+        assert not c.is_model_ready("resnet34_v2")  # known, not served: 503
         with pytest.raises(InferenceServerException):
             c.infer("resnet34_v2", [x], parameters={"slo_ms": 300})
     finally:
