@@ -244,9 +244,9 @@ def default_jobs() -> int:
 def _stop(executor: Executor) -> None:
     """Stop at once: drop the queued tasks and end the running ones (a point left half
     done has no summary.json and runs again next time)."""
+    procs = list((getattr(executor, "_processes", None) or {}).values())  # gone after shutdown
     executor.shutdown(wait=False, cancel_futures=True)
-    procs = getattr(executor, "_processes", None) or {}
-    for p in list(procs.values()):
+    for p in procs:
         try:
             p.terminate()
         except Exception:  # noqa: BLE001, S110 - already gone
