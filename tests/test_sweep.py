@@ -243,3 +243,37 @@ def test_a_backend_plugs_in(tmp_path, monkeypatch, capsys):
     assert main(["sweep", str(f), "--backend", "absent"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("clockwork sweep: --backend absent needs no_such_engine_module")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_stops_the_running_simulations(tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    f = tmp_path / "s.toml"
+    f.write_text('scenarios = ["poisson_warm"]\nseeds = [1, 2, 3]\n'
+                 'overrides = ["duration_s=600"]\n')
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clockwork.cluster.cli", "sweep", str(f), "--jobs", "2",
+         "--out", str(tmp_path / "o"), "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    children_file = f"/proc/{proc.pid}/task/{proc.pid}/children"
+    kids: list[int] = []
+    deadline = time.monotonic() + 30
+    while len(kids) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        try:
+            kids = [int(x) for x in open(children_file).read().split()]
+        except OSError:
+            break
+    assert len(kids) >= 2, "the pool did not start"
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130 and b"interrupted" in err
+    for pid in kids:  # the simulations were ended, not left running
+        assert not os.path.exists(f"/proc/{pid}") or \
+            open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+    assert not list((tmp_path / "o" / "points").glob("*/summary.json"))
