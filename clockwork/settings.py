@@ -521,6 +521,12 @@ class ClusterSettings(Settings):
     packages: str | None = setting(
         None, "Live runs on `cpu`/`cuda`: folder of compiled model packages.",
         default_text="`packages/<device>`", min_length=1)
+    backend: Literal["local", "ray"] = setting(
+        "local", "Live runs (`clockwork serve`): where the workers run. `local`: `workers` "
+        "child processes on this machine; `ray`: one worker per Ray node, a Ray actor "
+        "holding that node's GPUs (`workers` and `gpus_per_worker` then come from the Ray "
+        "cluster; needs the `ray` extra). `clockwork serve --ray [ADDRESS]` picks `ray` "
+        "too. The simulator ignores it.")
 
 
 class ModelEntry(Settings):

@@ -31,6 +31,8 @@ from pathlib import Path
 from clockwork.scenario import ScenarioError, load_scenario
 
 _ADDR = re.compile(r"listening on (\S+):(\d+)")
+# ``--ray``: a LocalCluster whose workers are Ray actors (imported when asked for)
+RAY_CLUSTER = "clockwork.cluster.ray_cluster:RayCluster"
 
 
 class ChildRefused(RuntimeError):
@@ -176,23 +178,41 @@ class LocalCluster:
         self.controller = _Child("controller", argv, self.echo, self._env)
         self.address = self.controller.wait_address(self.timeout)
 
+    def worker_flags(self, i: int) -> list[str]:
+        """Worker ``i``'s ``clockwork worker`` flags but ``--host`` and ``--port``."""
+        argv = ["--gpus", str(self.gpus), "--profiles", self.profiles]
+        if self.pages:
+            argv += ["--pages", str(self.pages)]
+        if self.device != "emulated":
+            argv += ["--device", self.device]
+            if self.packages:
+                argv += ["--packages", str(self.packages)]
+        if i < len(self.worker_args):
+            argv += self.worker_args[i]
+        return argv
+
+    def _start_workers(self) -> list[str]:
+        """Start the workers; return their addresses once each listens (RayCluster
+        starts them as Ray actors instead)."""
+        for i in range(self.n_workers):
+            port = self.worker_port + 10 * i if self.worker_port else 0
+            argv = _cli() + ["worker", "--host", self.worker_host, "--port", str(port),
+                             *self.worker_flags(i)]
+            self._worker_argv.append(argv)
+            self.workers.append(_Child(f"worker{i}", argv, self.echo, self._env))
+        return [w.wait_address(self.timeout) for w in self.workers]
+
+    def _stop_workers(self) -> None:
+        for w in self.workers:
+            w.stop()
+
+    def shape(self) -> str:
+        """The workers in words: ``2 emulated worker(s) x 2 GPU(s)``."""
+        return f"{self.n_workers} {self.device} worker(s) x {self.gpus} GPU(s)"
+
     def start(self) -> LocalCluster:
         try:
-            for i in range(self.n_workers):
-                port = self.worker_port + 10 * i if self.worker_port else 0
-                argv = _cli() + ["worker", "--host", self.worker_host, "--port", str(port),
-                                 "--gpus", str(self.gpus), "--profiles", self.profiles]
-                if self.pages:
-                    argv += ["--pages", str(self.pages)]
-                if self.device != "emulated":
-                    argv += ["--device", self.device]
-                    if self.packages:
-                        argv += ["--packages", str(self.packages)]
-                if i < len(self.worker_args):
-                    argv += self.worker_args[i]
-                self._worker_argv.append(argv)
-                self.workers.append(_Child(f"worker{i}", argv, self.echo, self._env))
-            self.worker_addresses = [w.wait_address(self.timeout) for w in self.workers]
+            self.worker_addresses = self._start_workers()
             argv = _cli() + ["controller", "--host", self.host, "--port", str(self.port),
                              "--workers", ",".join(self.worker_addresses),
                              "--profiles", self.profiles,
@@ -248,8 +268,7 @@ class LocalCluster:
     def stop(self) -> None:
         if self.controller is not None:
             self.controller.stop(timeout=60.0)  # with --log-dir it writes its logs first
-        for w in self.workers:
-            w.stop()
+        self._stop_workers()
         if self._own_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
             self.run_dir, self._own_run_dir = None, False
@@ -350,6 +369,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     elif getattr(args, "replay", False):
         print("clockwork serve: --replay needs a scenario file", file=sys.stderr)
         return 2
+    ray_address = getattr(args, "ray", None)  # "local": start a Ray instance here
+    if ray_address is None and sc is not None and sc.cluster.get("backend") == "ray":
+        ray_address = "local"
+    if ray_address is not None:
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            from clockwork.cluster.cli.verbs import NEEDS
+            print(f"clockwork serve: needs {NEEDS['ray']}", file=sys.stderr)
+            return 2
+        if sc is not None and any(sc.faults.get(k) for k in ("kill", "hang", "slow_network")):
+            print("clockwork serve: [faults] are not played on a Ray cluster (Ray restarts a "
+                  "worker that dies by itself); remove them, or run without --ray",
+                  file=sys.stderr)
+            return 2
     if getattr(args, "log_dir", None):
         extra += ["--log-dir", str(args.log_dir)]
     # the controller's listeners; the workers stay on loopback, behind the cluster secret
@@ -381,13 +415,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return 2
     replaying = getattr(args, "replay", False)
     port = args.port if args.port is not None else (0 if replaying else 12346)
-    cluster = LocalCluster(workers, gpus, profiles, models, pages, args.host, port,
-                           args.worker_port, echo=not replaying, controller_args=extra,
-                           http_port=-1 if replaying else args.http_port, device=device,
-                           kserve_port=-1 if replaying else args.kserve_port,
-                           worker_args=worker_args,
-                           packages=packages, scheduler=scheduler,
-                           token=getattr(args, "token", None), worker_host="127.0.0.1")
+    kw = {"echo": not replaying, "controller_args": extra,
+          "http_port": -1 if replaying else args.http_port, "device": device,
+          "kserve_port": -1 if replaying else args.kserve_port, "worker_args": worker_args,
+          "packages": packages, "scheduler": scheduler, "token": getattr(args, "token", None),
+          "worker_host": "127.0.0.1"}
+    if ray_address is None:
+        cluster = LocalCluster(workers, gpus, profiles, models, pages, args.host, port,
+                               args.worker_port, **kw)
+    else:  # one worker per Ray node (its GPUs), the controller here
+        import importlib
+
+        module, _, name = RAY_CLUSTER.partition(":")  # it builds on this module
+        ray_cluster = getattr(importlib.import_module(module), name)
+        cluster = ray_cluster(address=None if ray_address == "local" else ray_address,
+                              workers=workers, gpus=gpus, profiles=profiles, models=models,
+                              pages=pages, host=args.host, port=port,
+                              worker_port=args.worker_port, timeout=60.0, **kw)
     stop = threading.Event()
 
     def on_signal(signum, frame):
@@ -405,8 +449,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return 1
         if getattr(args, "replay", False):
             return _replay_against(cluster, sc, args)
-        print(f"clockwork serve: controller at {cluster.address} ({workers} {device} worker(s) x {gpus} "
-              f"GPU(s): {', '.join(cluster.worker_addresses)}); Ctrl-C stops", flush=True)
+        print(f"clockwork serve: controller at {cluster.address} ({cluster.shape()}: "
+              f"{', '.join(cluster.worker_addresses)}); Ctrl-C stops", flush=True)
         print(f"controller listening on {cluster.address}", flush=True)
         while not stop.is_set():
             gone = [ch for ch in [cluster.controller, *cluster.workers]
@@ -433,9 +477,8 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace) -> int:
     from clockwork.errors import ClockworkError
     from clockwork.telemetry import emit_run
 
-    c = sc.cluster
-    print(f"clockwork serve: {c['workers']} {cluster.device} worker(s) x {c['gpus_per_worker']} GPU(s), "
-          f"controller at {cluster.address}; replaying {len(sc.workloads)} workload(s) for "
+    print(f"clockwork serve: {cluster.shape()}, controller at {cluster.address}; replaying "
+          f"{len(sc.workloads)} workload(s) for "
           f"{sc.duration_s:.0f} s", file=sys.stderr, flush=True)
     progress = not args.quiet and sys.stderr.isatty()
     from clockwork.cluster.faults import LiveFaults

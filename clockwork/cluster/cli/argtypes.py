@@ -98,6 +98,20 @@ def address(text: str) -> str:
     return text.strip()
 
 
+def ray_address(text: str) -> str:
+    """A Ray cluster to attach to: ``auto``, ``local`` (start one), ``host:port`` or
+    ``ray://host:port``."""
+    text = text.strip()
+    if text in ("auto", "local"):
+        return text
+    try:
+        return ("ray://" + address(text[6:])) if text.startswith("ray://") else address(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected a Ray address (auto, HOST:PORT or ray://HOST:PORT), got {text!r}; "
+            "give the scenario before --ray") from None
+
+
 def address_list(text: str) -> list[str]:
     """``host:port,host:port,...`` (at least one)."""
     items = [w for w in (x.strip() for x in text.split(",")) if w]

@@ -30,6 +30,7 @@ NEEDS = {
             "CUDA version nvidia-smi shows)",
     "matplotlib": "matplotlib: pip install 'clockwork-py[plots]'",
     "tqdm": "tqdm (part of the base install: pip install clockwork-py)",
+    "ray": "ray: pip install 'clockwork-py[ray]'",
 }
 
 
@@ -248,6 +249,13 @@ def add_serve(sub) -> None:
     p.add_argument("--kserve-port", type=t.optional_port, default=8001,
                    help="KServe v2 gRPC port (default 8001, as Triton; 0: pick one, -1: off); "
                    "also served on the controller port")
+    p.add_argument("--ray", nargs="?", const="local", default=None, type=t.ray_address,
+                   metavar="ADDRESS", help="run the workers on a Ray cluster: one worker per "
+                   "node, a Ray actor holding the node's GPUs (emulated ones: the custom "
+                   "resource clockwork_gpu), restarted by Ray when it dies; the controller "
+                   "runs here. ADDRESS: auto, HOST:PORT or ray://HOST:PORT; without it a "
+                   "local Ray instance is started. Needs the ray extra (also: the scenario's "
+                   "cluster.backend = \"ray\")")
     p.add_argument("--replay", action="store_true",
                    help="run the scenario's [[workloads]] against the cluster, print the SLO "
                    "table, and stop (one command: cluster + load + report)")

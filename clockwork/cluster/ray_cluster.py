@@ -1,0 +1,325 @@
+"""``clockwork serve --ray [ADDRESS]``: the workers as Ray actors (composition root).
+
+Ray places and restarts the processes; the data path stays our gRPC protocol:
+
+- one **worker per Ray node** that offers GPUs: an actor (``WorkerActor``) that holds
+  all of that node's GPUs -- ``num_gpus`` for real ones (``--device cuda``; Ray sets
+  ``CUDA_VISIBLE_DEVICES``), the custom resource ``clockwork_gpu`` for emulated (and
+  ``cpu``) ones, so a cluster without GPUs can run it (``ray start --resources
+  '{"clockwork_gpu": 2}'``). It is pinned to its node (``NodeAffinitySchedulingStrategy``,
+  not soft) and runs the worker service in its own process (a thread with its own event
+  loop), listening on the node's address;
+- the **controller** is a child process of the driver (this machine, the head node when
+  run as a Ray job), started with ``--workers`` set to the addresses the actors report;
+- ``max_restarts`` (default: unlimited): an actor whose process dies is started again by
+  Ray on the same node, and its worker listens on the **same port** as before (the port
+  chosen at first start is kept in a file in the node's temporary folder, named after
+  this cluster's run id). The controller, which keeps reconnecting to a lost worker at
+  its address, takes it over again (Hello with reset: an empty weights cache) -- no new
+  address to learn;
+- the actors' output (the worker's lines) goes to Ray's log files on each node and is
+  streamed to the driver by Ray (``log_to_driver``), prefixed with the actor's pid and
+  node;
+- the cluster secret (a new random one per cluster) reaches the controller in its
+  environment and the actors as a constructor argument: the Ray cluster is the trust
+  boundary (whoever can submit work to it can run code on its nodes anyway).
+
+``RayCluster`` is a ``LocalCluster`` whose workers are those actors: ``with
+RayCluster(address=...) as c: Client(c.address)``; ``c.worker_info(i)`` has each actor's
+pid, node and address.
+
+Not here yet: nodes that join while the cluster serves get no worker (the policy takes
+its GPUs at start), and a worker whose old port is taken when Ray restarts it fails to
+start (the controller would have to learn a new address).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import secrets
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from clockwork.cluster.serve import ChildRefused, LocalCluster
+
+RESOURCE = "clockwork_gpu"  # Ray custom resource: emulated (and cpu-device) GPUs
+READY_TIMEOUT_S = 60.0  # for a worker in an actor to listen
+REBIND_S = 10.0  # a restarted worker retries its old port this long
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's nodes use 127.0.0.1
+
+
+def _state_dir(run_id: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"clockwork-ray-{run_id}"
+
+
+def worker_args(flags: list[str], host: str, port: int):
+    """``clockwork worker`` flags -> its parsed arguments (the CLI's own parser and checks;
+    a bad value raises ``ValueError`` with argparse's one line)."""
+    import contextlib
+    import io
+
+    from clockwork.cluster.cli import build_parser
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return build_parser().parse_args(["worker", "--host", host, "--port", str(port),
+                                              *flags])
+    except SystemExit:
+        raise ValueError(err.getvalue().strip() or f"bad worker flags {flags}") from None
+
+
+class WorkerActor:
+    """A ``clockwork worker`` in a Ray actor's process (made a Ray actor class by
+    ``RayCluster``). ``__init__`` returns once the worker listens; if the worker's thread
+    ends by itself the process exits, so that Ray starts the actor again."""
+
+    def __init__(self, index: int, flags: list[str], secret: str, run_id: str,
+                 host: str | None = None, port: int = 0, insecure: bool = False) -> None:
+        from clockwork.protocol.security import SECRET_ENV, cluster_secret, exposure_error
+
+        self.index = index
+        self.pid = os.getpid()
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.host = host or ray.util.get_node_ip_address()  # the node's address in Ray
+        self._port_file = _state_dir(run_id) / f"worker{index}.port"
+        # a restart (same node): take the port of the first start again
+        self.restarted = self._port_file.exists()
+        if self.restarted:
+            port = int(self._port_file.read_text())
+        self.args = worker_args(flags, self.host, port)
+        self.secret = cluster_secret(None, {SECRET_ENV: secret}) if secret else None
+        why = exposure_error("worker", self.host, None, self.secret, insecure)
+        if why is not None:
+            raise ValueError(why)
+        self.port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._stopping = False
+        deadline = time.monotonic() + (REBIND_S if self.restarted else 0.0)
+        while True:
+            self._ready = threading.Event()
+            self._error: BaseException | None = None
+            self._thread = threading.Thread(target=self._run, name="clockwork-worker",
+                                            daemon=True)
+            self._thread.start()
+            if not self._ready.wait(READY_TIMEOUT_S):
+                raise TimeoutError(f"worker {index} did not listen in {READY_TIMEOUT_S:.0f} s")
+            if self._error is None:
+                break
+            self._thread.join()
+            if time.monotonic() >= deadline:  # not a port still held: refuse now
+                raise self._error
+            time.sleep(0.25)
+        self._port_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._port_file.with_suffix(".tmp")
+        tmp.write_text(str(self.port))
+        tmp.replace(self._port_file)
+        self.started = time.time()
+        print(f"clockwork ray: worker {index} {'restarted' if self.restarted else 'started'} "
+              f"(pid {self.pid}, node {self.node_id[:12]}) at {self.address()}", flush=True)
+
+    def _run(self) -> None:
+        from clockwork.protocol.security import ClusterAuth
+        from worker.service import WorkerNode, serve_worker
+
+        a = self.args
+
+        async def main() -> None:
+            node = WorkerNode(a.gpus, a.pages, a.profiles, a.device, a.noise, a.seed,
+                              a.packages, a.result_interval_us, a.slow_prob, a.slow_factor)
+            node.cluster_auth = ClusterAuth(self.secret) if self.secret is not None else None
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+
+            def ready(port: int) -> None:
+                self.port = port
+                where = "" if a.device == "emulated" else f", packages from {node.packages}"
+                print(f"clockwork worker listening on {a.host}:{port} ({a.gpus} {a.device} "
+                      f"GPU(s), {node.pages} pages each, profiles {node.pset.name}{where})",
+                      flush=True)
+                self._ready.set()
+
+            await serve_worker(a.host, a.port, node, ready, self._stop)
+
+        try:
+            asyncio.run(main())
+        except BaseException as e:  # noqa: BLE001 - reported to __init__, or fatal below
+            self._error = e
+            if not self._ready.is_set():
+                self._ready.set()
+                return
+        if not self._stopping:  # the worker ended by itself: let Ray start it again
+            print(f"clockwork ray: worker {self.index} ended ({self._error!r}); exiting so "
+                  "that Ray restarts it", file=sys.stderr, flush=True)
+            os._exit(1)
+
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def info(self) -> dict:
+        return {"index": self.index, "address": self.address(), "pid": self.pid,
+                "node_id": self.node_id, "restarted": self.restarted,
+                "started": self.started}
+
+    def stop(self) -> None:
+        """Stop the worker and forget its port (the cluster is going away)."""
+        self._stopping = True
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(5.0)
+        self._port_file.unlink(missing_ok=True)
+        try:
+            self._port_file.parent.rmdir()
+        except OSError:
+            pass
+
+
+def gpu_nodes(device: str) -> list[tuple[str, str, int]]:
+    """The live Ray nodes that offer GPUs: (node id, address, GPU count); ``GPU`` for the
+    cuda device, ``clockwork_gpu`` otherwise."""
+    key = "GPU" if device == "cuda" else RESOURCE
+    out = []
+    for n in ray.nodes():
+        count = int(n.get("Resources", {}).get(key, 0))
+        if n.get("Alive") and count > 0:
+            out.append((n["NodeID"], n["NodeManagerAddress"], count))
+    return sorted(out, key=lambda t: (t[1], t[0]))
+
+
+class RayCluster(LocalCluster):
+    """A controller (child process) and one worker per Ray node (a ``WorkerActor``).
+
+    ``address``: the Ray cluster to attach to (``"auto"``, ``HOST:PORT``,
+    ``ray://HOST:PORT``), or None: start a local one-node Ray instance offering ``gpus``
+    GPUs (``clockwork_gpu``, or real ones for ``device="cuda"``). When Ray is already
+    initialised in this process (a test, a Ray job) that session is used and left running.
+    ``max_restarts``: Ray restarts a dead worker actor this often (-1: always).
+    ``worker_num_cpus``: CPUs each worker actor reserves. The other arguments are
+    ``LocalCluster``'s; ``workers`` is ignored (one worker per node that offers GPUs)."""
+
+    def __init__(self, *, address: str | None = None, max_restarts: int = -1,
+                 worker_num_cpus: float = 1.0, insecure_workers: bool = False,
+                 **kw) -> None:
+        super().__init__(**kw)
+        self.ray_address = address
+        self.max_restarts = max_restarts
+        self.worker_num_cpus = worker_num_cpus
+        self.insecure_workers = insecure_workers
+        self.run_id = secrets.token_hex(6)
+        self.actors: list = []
+        self.nodes: list[tuple[str, str, int]] = []
+        self._own_ray = False
+
+    def _init_ray(self) -> None:
+        if ray.is_initialized():
+            return
+        kw: dict = {"log_to_driver": True, "include_dashboard": False,
+                    "configure_logging": False}
+        if self.ray_address in (None, "", "local"):
+            kw |= {"address": "local", "num_cpus": max(1, math.ceil(self.worker_num_cpus))}
+            if self.device == "cuda":
+                pass  # Ray counts this machine's GPUs
+            else:
+                kw["resources"] = {RESOURCE: self.gpus}
+            # on loopback, like a LocalCluster's workers (Ray would take this machine's
+            # address; this is what it does on macOS and Windows, where clusters are off)
+            # (the processes Ray starts read the variable; this one read it at import)
+            if os.environ.setdefault(LOOPBACK_ENV, "0") == "0":
+                try:
+                    from ray._private import ray_constants
+                    ray_constants.ENABLE_RAY_CLUSTER = False
+                except (ImportError, AttributeError):
+                    pass
+        else:
+            kw["address"] = self.ray_address
+        ray.init(**kw)
+        self._own_ray = True
+
+    def _flags(self, i: int, gpus: int) -> list[str]:
+        """Worker ``i``'s flags with its node's GPU count; paths made absolute (an actor's
+        working folder is not ours)."""
+        saved = self.gpus, self.profiles, self.packages
+        try:
+            self.gpus = gpus
+            if Path(self.profiles).exists():
+                self.profiles = str(Path(self.profiles).resolve())
+            if self.packages:
+                self.packages = str(Path(self.packages).resolve())
+            return self.worker_flags(i)
+        finally:
+            self.gpus, self.profiles, self.packages = saved
+
+    def _start_workers(self) -> list[str]:
+        self._init_ray()
+        self.nodes = gpu_nodes(self.device)
+        if not self.nodes:
+            what = ("GPUs (resource 'GPU')" if self.device == "cuda" else
+                    f"emulated GPUs (resource '{RESOURCE}': ray start --resources "
+                    f"'{{\"{RESOURCE}\": 2}}')")
+            raise ChildRefused(f"no live Ray node offers {what}")
+        actor_cls = ray.remote(WorkerActor)
+        refs = []
+        for i, (node_id, ip, n) in enumerate(self.nodes):
+            flags = self._flags(i, n)
+            worker_args(flags, "127.0.0.1", 0)  # a bad flag: one line here, not in an actor
+            opts: dict = {"num_cpus": self.worker_num_cpus,
+                          "max_restarts": self.max_restarts,
+                          "name": f"clockwork-{self.run_id}-worker{i}",
+                          "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id,
+                                                                                soft=False)}
+            if self.device == "cuda":
+                opts["num_gpus"] = n
+            else:
+                opts["resources"] = {RESOURCE: n}
+            port = self.worker_port + 10 * i if self.worker_port else 0
+            a = actor_cls.options(**opts).remote(i, flags, self.cluster_secret or "",
+                                                 self.run_id, ip, port, self.insecure_workers)
+            self.actors.append(a)
+            refs.append(a.address.remote())
+        try:
+            return ray.get(refs, timeout=self.timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(f"the worker actors did not start in {self.timeout:.0f} s "
+                               "(are their nodes' GPUs taken by other actors?)") from None
+        except ray.exceptions.RayActorError as e:
+            cause = getattr(e, "cause", None) or e
+            first = str(cause).strip().splitlines()[-1] if str(cause).strip() else repr(cause)
+            raise ChildRefused(f"a worker actor failed to start: {first}") from None
+
+    def shape(self) -> str:
+        gpus = "+".join(str(n) for *_, n in self.nodes) or "0"
+        return (f"{len(self.nodes)} {self.device} worker actor(s) on Ray node(s) x "
+                f"{gpus} GPU(s)")
+
+    def worker_info(self, i: int, timeout: float = 30.0) -> dict:
+        """Worker ``i``'s actor: index, address, pid, node_id, restarted, started (waits
+        while Ray restarts it)."""
+        return ray.get(self.actors[i].info.remote(), timeout=timeout)
+
+    def restart_worker(self, i: int) -> None:
+        raise RuntimeError("Ray restarts a worker actor by itself")
+
+    def _stop_workers(self) -> None:
+        if self.actors:
+            try:
+                ray.get([a.stop.remote() for a in self.actors], timeout=10.0)
+            except Exception:  # noqa: BLE001 - a dead or restarting actor: kill it anyway
+                pass
+            for a in self.actors:
+                try:
+                    ray.kill(a, no_restart=True)
+                except Exception:  # noqa: BLE001
+                    pass
+            self.actors = []
+        if self._own_ray:
+            ray.shutdown()
+            self._own_ray = False

@@ -1,0 +1,196 @@
+"""``clockwork serve --ray``: the workers as Ray actors on a local two-node Ray cluster
+(``ray.cluster_utils.Cluster``, 2 emulated GPUs per node as the custom resource
+``clockwork_gpu``). A replay at 1,000 r/s; a worker actor's process killed mid-run is
+restarted by Ray and re-admitted by the controller, and every request is answered once.
+Skipped without the ``ray`` extra; the one-line message without it is tested anyway."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+# Ray's nodes on 127.0.0.1 (else Ray uses this machine's address); read at Ray's import
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+from clockwork.scenario import load_scenario  # noqa: E402
+
+RATE = 1000
+DURATION_S = 20.0
+KILL_RUN_S = 8.0
+KILL_AT_S = 3.0
+
+
+def _scenario(duration_s: float):
+    return load_scenario(data={
+        "seed": 7, "duration_s": duration_s,
+        "cluster": {"workers": 2, "gpus_per_worker": 2, "backend": "ray"},
+        "models": [{"name": "resnet18_v2", "copies": 4}, {"name": "mobilenet_v2", "copies": 4}],
+        "workloads": [{"kind": "poisson", "models": "*", "rate_rps": RATE, "slo_ms": 100}],
+    })
+
+
+@pytest.fixture(scope="module")
+def ray_nodes():
+    ray = pytest.importorskip("ray", reason="needs the ray extra: pip install 'clockwork-py[ray]'")
+    from ray.cluster_utils import Cluster
+
+    node = {"num_cpus": 1, "resources": {"clockwork_gpu": 2}, "node_ip_address": "127.0.0.1"}
+    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+    try:
+        cluster.add_node(**node)
+        ray.init(address=cluster.address, log_to_driver=False)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def test_replay_on_ray_and_a_killed_worker_actor_is_readmitted(ray_nodes):
+    import clockwork
+    from clockwork.cluster.ray_cluster import RayCluster
+    from clockwork.cluster.replay import replay
+
+    t0 = time.monotonic()
+    sc = _scenario(DURATION_S)
+    with RayCluster(models="resnet18_v2:4,mobilenet_v2:4", http_port=-1, kserve_port=-1,
+                    timeout=60.0) as c:
+        assert len(c.worker_addresses) == 2 and [n for *_, n in c.nodes] == [2, 2]
+        infos = [c.worker_info(i) for i in range(2)]
+        assert len({i["node_id"] for i in infos}) == 2  # one worker per node
+        started = time.monotonic() - t0
+        with clockwork.Client(c.address, timeout=10) as cl:  # warm: every copy loaded
+            for m in ("resnet18_v2", "mobilenet_v2"):
+                for k in range(4):
+                    assert cl.infer(f"{m}:{k}" if k else m, slo_ms=500).status == 0
+
+        res = asyncio.run(asyncio.wait_for(replay(sc, c.address), DURATION_S + 60))
+        s = res.summary
+        assert res.answered_once
+        assert s["submitted"] >= 0.9 * RATE * DURATION_S
+        assert s["slo_attainment"] >= 0.999, s
+
+        # kill worker 0's process mid-run: Ray restarts it, the controller re-admits it
+        victim = c.worker_info(0)
+        times: dict[str, float] = {}
+
+        def on_start(t_ns: int) -> None:
+            def kill() -> None:
+                time.sleep(KILL_AT_S)
+                n = len(c.controller.output)
+                times["kill"] = time.monotonic()
+                os.kill(victim["pid"], signal.SIGKILL)
+                back = f"worker {victim['address']} reconnected"
+                while time.monotonic() < times["kill"] + 30 and len(times) < 3:
+                    if "readmitted" not in times and any(
+                            back in line for line in c.controller.output[n:]):
+                        times["readmitted"] = time.monotonic()
+                    if "ready" not in times:
+                        try:
+                            if c.worker_info(0, timeout=1.0)["pid"] != victim["pid"]:
+                                times["ready"] = time.monotonic()
+                        except Exception:  # noqa: BLE001 - Ray is restarting it
+                            pass
+                    time.sleep(0.02)
+            threading.Thread(target=kill, daemon=True).start()
+
+        n_out = len(c.controller.output)
+        res2 = asyncio.run(asyncio.wait_for(
+            replay(_scenario(KILL_RUN_S), c.address, on_start=on_start), KILL_RUN_S + 60))
+        s2 = res2.summary
+        assert res2.answered_once, s2
+        assert s2["submitted"] == s2["succeeded"] + s2["failed"] + s2["dropped"]
+        after = "".join(c.controller.output[n_out:])
+        assert f"lost worker {victim['address']}" in after, after
+        assert f"worker {victim['address']} reconnected" in after, after
+        again = c.worker_info(0)
+        assert again["restarted"] and again["address"] == victim["address"]
+        assert again["pid"] != victim["pid"]
+        with clockwork.Client(c.address, timeout=10) as cl:
+            st = cl.stats()
+            assert st["worker_connects"] == 3 and st.get("replies_duplicate", 0) == 0
+            # the re-admitted worker's GPUs serve again
+            gpus = {cl.infer(f"resnet18_v2:{k}" if k else "resnet18_v2", slo_ms=500).gpu
+                    for k in range(4)
+                    for _ in range(3)}
+        print(f"\nray: cluster up in {started:.1f} s; {s['submitted']} requests, attainment "
+              f"{s['slo_attainment']:.4f}, p99 {s['latency_ms']['p99']:.1f} ms; kill run "
+              f"{s2['submitted']} requests, attainment {s2['slo_attainment']:.4f}, "
+              f"actor back {times['ready'] - times['kill']:.2f} s and re-admitted "
+              f"{times['readmitted'] - times['kill']:.2f} s after the kill; "
+              f"GPUs serving {sorted(gpus)}")
+
+
+def test_serve_ray_replays_a_scenario_on_the_attached_cluster(ray_nodes, tmp_path):
+    """The command line: ``clockwork serve SCENARIO --ray ADDRESS --replay`` attaches to the
+    running Ray cluster, starts a worker on each of its nodes, replays and stops them."""
+    import ray
+
+    sc = tmp_path / "s.toml"
+    sc.write_text("""
+seed = 2
+duration_s = 3.0
+[cluster]
+workers = 2
+gpus_per_worker = 2
+[[models]]
+name = "resnet18_v2"
+copies = 2
+[[workloads]]
+kind = "poisson"
+rate_rps = 200
+slo_ms = 100
+""")
+    p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve", str(sc),
+                        "--ray", ray_nodes.address, "--replay", "--quiet",
+                        "--out", str(tmp_path / "run")],
+                       capture_output=True, text=True, timeout=120)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-3000:]
+    assert "2 emulated worker actor(s) on Ray node(s) x 2+2 GPU(s)" in out, out[-3000:]
+    assert "every request answered exactly once: True" in out
+    assert (tmp_path / "run" / "summary.json").exists()
+    # its actors are gone: the nodes' GPUs are free again
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("clockwork_gpu", 0) < 4:
+        assert time.monotonic() < deadline, ray.available_resources()
+        time.sleep(0.2)
+
+
+def test_without_ray_serve_ray_says_what_to_install(tmp_path):
+    """No ray installed (its import blocked): ``--ray``, and a scenario's backend = "ray",
+    are one line naming the extra, exit 2."""
+    sc = tmp_path / "s.toml"
+    sc.write_text('[cluster]\nbackend = "ray"\n[[models]]\nname = "resnet18_v2"\n'
+                  '[[workloads]]\nkind = "poisson"\nrate_rps = 10\n')
+    code = f"""
+import sys
+sys.modules["ray"] = None
+from clockwork.cluster.cli import main
+print("RC", main(["serve", "--ray"]))
+print("RC", main(["serve", {str(sc)!r}, "--replay"]))
+print("RC", main(["serve", "--ray", "auto", "--port", "0"]))
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("RC 2") == 3, p.stdout
+    lines = p.stderr.strip().splitlines()
+    assert lines == ["clockwork serve: needs ray: pip install 'clockwork-py[ray]'"] * 3, p.stderr
+
+
+def test_ray_address_is_checked(capsys):
+    """``--ray`` takes an optional ADDRESS: a scenario given after it is refused in one
+    line that says to put the scenario first."""
+    from clockwork.cluster.cli import main
+
+    assert main(["serve", "--ray", "scenarios/poisson_warm.toml"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "Ray address" in lines[0] and "before --ray" in lines[0], lines
