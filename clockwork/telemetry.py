@@ -1,12 +1,18 @@
 """Request and action records, their log files, and the run summary.
 
-Columns follow Clockwork's telemetry. Logs are TSV with a header line; times are
-int ns relative to the run's start (latency in ns too), so they load straight
-into numpy/pandas.
+Columns follow Clockwork's telemetry. Times are int ns relative to the run's start
+(latency in ns too). In memory the rows are numpy columns, appended in chunks (no Python
+object is kept per row): int64 times and ids, small ints for status, batch size, worker
+and GPU, model names as int codes into a names table. On disk a run's logs are either
+TSV with a header line (``requests.tsv``, ``actions.tsv``; the default) or numpy ``.npz``
+files of the same columns plus the names tables (``requests.npz``, ``actions.npz``);
+``read_logs`` reads either.
 """
 
 from __future__ import annotations
 
+import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -20,29 +26,147 @@ REQUEST_COLUMNS = ("request_id", "model", "arrival", "deadline", "latency", "sta
 ACTION_COLUMNS = ("action_id", "type", "status", "worker", "gpu", "model", "batch_size",
                   "sent", "earliest", "latest", "expected_duration", "measured_duration",
                   "expected_completion", "measured_completion", "prediction_error")
+# the columns' types in memory and in .npz files; ``model`` is a code into the names
+# table, ``status`` the RequestStatus / ErrorCode number, ``type`` the ActionType number
+_I8, _I32, _I64, _BOOL = np.dtype(np.int8), np.dtype(np.int32), np.dtype(np.int64), np.dtype(bool)
+REQUEST_DTYPES = (_I64, _I32, _I64, _I64, _I64, _I8, _BOOL, _BOOL, _I32, _I32)
+ACTION_DTYPES = (_I64, _I8, _I8, _I32, _I32, _I32, _I32) + (_I64,) * 8
+LOG_FORMATS = ("tsv", "npz")
 
 _STATUS = {s.value: s.name for s in RequestStatus}
+_TYPE_NAME = {t.value: t.name for t in ActionType}
+_ERROR_NAME = {e.value: e.name for e in ErrorCode}
+_NO_BOUND = 1 << 62  # an action's ``latest`` at or above this: no bound (-1 in the log)
+
+# rows wait in a flat Python list until this many have come, then move into the columns;
+# the columns grow by chunks of at most _CHUNK_ROWS rows (no copy when they grow)
+_BUF_ROWS = 4096
+_CHUNK_ROWS = 1 << 16
+_ROWS_PER_WRITE = 4096  # TSV rows per write call (whole lines only)
+
+_REQUEST_TSV = "%d\t%s\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%d\n"
+_ACTION_TSV = "%d\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n"
+
+
+def check_log_format(fmt: str) -> str:
+    if fmt not in LOG_FORMATS:
+        raise ValueError(f"log format {fmt!r}: use one of {', '.join(LOG_FORMATS)}")
+    return fmt
+
+
+class ColumnLog:
+    """Rows of integers kept as numpy columns. ``buf`` takes a row's values flattened
+    (``buf.extend(row)``; callers call ``drain`` when it holds ``limit`` values or more);
+    ``drain`` converts them in one go and copies them into preallocated chunks."""
+
+    __slots__ = ("names", "dtypes", "width", "buf", "limit", "_chunks", "_fill", "_rows")
+
+    def __init__(self, names: tuple, dtypes: tuple) -> None:
+        self.names = names
+        self.dtypes = dtypes
+        self.width = len(names)
+        self.buf: list = []
+        self.limit = _BUF_ROWS * self.width
+        self._chunks: list[list[np.ndarray]] = []  # per chunk: one array per column
+        self._fill = 0  # rows used in the last chunk
+        self._rows = 0  # rows in the chunks
+
+    def __len__(self) -> int:
+        return self._rows + len(self.buf) // self.width
+
+    def drain(self) -> None:
+        buf = self.buf
+        if not buf:
+            return
+        flat = np.fromiter(buf, dtype=np.int64, count=len(buf)).reshape(-1, self.width)
+        buf.clear()  # (the same list: callers may hold it)
+        i, k = 0, len(flat)
+        while i < k:
+            if not self._chunks or self._fill == len(self._chunks[-1][0]):
+                cap = min(_CHUNK_ROWS, max(_BUF_ROWS, self._rows))
+                self._chunks.append([np.empty(cap, dt) for dt in self.dtypes])
+                self._fill = 0
+            chunk, f = self._chunks[-1], self._fill
+            take = min(k - i, len(chunk[0]) - f)
+            part = flat[i:i + take]
+            for j, col in enumerate(chunk):
+                col[f:f + take] = part[:, j]
+            self._fill += take
+            self._rows += take
+            i += take
+
+    def arrays(self) -> list[np.ndarray]:
+        """The columns (views; the chunks are merged into one on the way)."""
+        self.drain()
+        chunks = self._chunks
+        if not chunks:
+            return [np.zeros(0, dt) for dt in self.dtypes]
+        if len(chunks) > 1:
+            merged = []
+            for j in range(self.width):  # column by column: the old chunks go as we merge
+                parts = [c[j] for c in chunks[:-1]] + [chunks[-1][j][:self._fill]]
+                merged.append(np.concatenate(parts))
+                for c in chunks:
+                    c[j] = None
+            self._chunks = [merged]
+            self._fill = self._rows
+        return [a[:self._fill] for a in self._chunks[0]]
+
+    def set_arrays(self, arrays: list[np.ndarray]) -> None:
+        self.clear()
+        cols = [np.ascontiguousarray(a, dtype=dt) for a, dt in zip(arrays, self.dtypes, strict=True)]
+        if len({len(c) for c in cols}) > 1:
+            raise ValueError("columns of different lengths")
+        if len(cols[0]):
+            self._chunks = [cols]
+            self._fill = self._rows = len(cols[0])
+
+    def clear(self) -> None:
+        self.buf.clear()
+        self._chunks = []
+        self._fill = self._rows = 0
 
 
 class Telemetry:
-    """Collects one row per answered request and per finished action."""
+    """Collects one row per answered request and per finished action. ``log_format``:
+    how ``write`` and ``flush`` store the logs (``"tsv"`` or ``"npz"``)."""
 
-    def __init__(self, origin: int = 0) -> None:
+    def __init__(self, origin: int = 0, log_format: str = "tsv") -> None:
         self.origin = origin
-        self.requests: list[tuple] = []
-        self.actions: list[tuple] = []
+        self.log_format = check_log_format(log_format)
+        self.models: list = []  # model names by code
+        self._model_code: dict = {}
+        self._req = ColumnLog(REQUEST_COLUMNS, REQUEST_DTYPES)
+        self._act = ColumnLog(ACTION_COLUMNS, ACTION_DTYPES)
+        self._rbuf, self._rlimit = self._req.buf, self._req.limit
+        self._abuf, self._alimit = self._act.buf, self._act.limit
         self._sent: dict[int, Action] = {}
-        self._flushed = False  # flush() has started the log files
+        self._flushed = False  # flush() has started the TSV files
+
+    def _code(self, model) -> int:
+        code = self._model_code.get(model)
+        if code is None:
+            code = self._model_code[model] = len(self.models)
+            self.models.append(model)
+        return code
 
     # requests ------------------------------------------------------------------------
 
     def reply(self, rep: Reply) -> None:
         r = rep.request
         o = self.origin
+        arrival = r.arrival
+        deadline = arrival + r.slo
+        t = rep.time
         status = int(rep.status)
-        met = status == 0 and rep.time <= r.arrival + r.slo
-        self.requests.append((r.id, r.model, r.arrival - o, r.arrival + r.slo - o,
-                              rep.time - r.arrival, status, met, r.cold, rep.batch_size, rep.gpu))
+        m = self._model_code.get(r.model)
+        if m is None:
+            m = self._code(r.model)
+        buf = self._rbuf
+        buf.extend((r.id, m, arrival - o, deadline - o, t - arrival, status,
+                    status == 0 and t <= deadline, r.cold, rep.batch_size, rep.gpu))
+        if len(buf) >= self._rlimit:
+            self._req.drain()
 
     # actions -------------------------------------------------------------------------
 
@@ -54,98 +178,272 @@ class Telemetry:
         if a is None:
             return
         o = self.origin
-        measured_end = res.end - o if res.end else received - o
-        err = (res.end - a.expected_end) if not res.status and a.type != ActionType.EVICT else 0
-        self.actions.append((a.id, a.type.name, res.status.name, a.worker, a.gpu, a.model,
-                             a.batch_size, a.sent_at - o, a.earliest - o if a.earliest else 0,
-                             a.latest - o if a.latest < (1 << 62) else -1, a.expected_duration,
-                             res.duration, a.expected_end - o, measured_end, err))
+        end = res.end
+        status = res.status
+        kind = a.type
+        m = self._model_code.get(a.model)
+        if m is None:
+            m = self._code(a.model)
+        buf = self._abuf
+        buf.extend((a.id, kind, status, a.worker, a.gpu, m, a.batch_size, a.sent_at - o,
+                    a.earliest - o if a.earliest else 0,
+                    a.latest - o if a.latest < _NO_BOUND else -1, a.expected_duration,
+                    res.duration, a.expected_end - o, end - o if end else received - o,
+                    end - a.expected_end if not status and kind != ActionType.EVICT else 0))
+        if len(buf) >= self._alimit:
+            self._act.drain()
 
     def unfinished_actions(self) -> int:
         return len(self._sent)
 
+    # the logs ------------------------------------------------------------------------
+
+    def request_columns(self) -> dict[str, np.ndarray]:
+        """The request log as columns (``model``: codes into ``models``)."""
+        return dict(zip(REQUEST_COLUMNS, self._req.arrays(), strict=True))
+
+    def action_columns(self) -> dict[str, np.ndarray]:
+        """The action log as columns (``model``: codes into ``models``; ``type`` and
+        ``status``: ActionType and ErrorCode numbers)."""
+        return dict(zip(ACTION_COLUMNS, self._act.arrays(), strict=True))
+
+    @property
+    def requests(self) -> list[tuple]:
+        """The request rows as tuples (made on each access): request_id, model, arrival,
+        deadline, latency, status (int), deadline_met, cold_start (bools), batch_size, gpu."""
+        cols = [c.tolist() for c in self._req.arrays()]
+        models = self.models
+        cols[1] = [models[c] for c in cols[1]]
+        return list(zip(*cols, strict=True))
+
+    @requests.setter
+    def requests(self, rows) -> None:
+        self._req.clear()
+        for r in rows:
+            self._rbuf.extend((r[0], self._code(r[1]), *r[2:]))
+        self._req.drain()
+
+    @property
+    def actions(self) -> list[tuple]:
+        """The action rows as tuples (made on each access), ACTION_COLUMNS order, with
+        ``type`` and ``status`` as names."""
+        cols = [c.tolist() for c in self._act.arrays()]
+        models = self.models
+        cols[1] = [_TYPE_NAME[c] for c in cols[1]]
+        cols[2] = [_ERROR_NAME.get(c, c) for c in cols[2]]
+        cols[5] = [models[c] for c in cols[5]]
+        return list(zip(*cols, strict=True))
+
+    @actions.setter
+    def actions(self, rows) -> None:
+        self._act.clear()
+        for r in rows:
+            kind = ActionType[r[1]] if isinstance(r[1], str) else r[1]
+            status = ErrorCode[r[2]] if isinstance(r[2], str) else r[2]
+            self._abuf.extend((r[0], kind, status, *r[3:5], self._code(r[5]), *r[6:]))
+        self._act.drain()
+
     # output --------------------------------------------------------------------------
 
-    def write(self, out: Path) -> None:
+    def write(self, out: Path, log_format: str | None = None) -> None:
+        """Every row so far into ``out`` as ``log_format`` (default ``self.log_format``):
+        requests.tsv and actions.tsv, or requests.npz and actions.npz; the other
+        format's files, left there by an earlier run, are removed."""
+        fmt = check_log_format(log_format or self.log_format)
+        out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        _write_tsv(out / "requests.tsv", REQUEST_COLUMNS,
-                   ((i, m, a, d, lat, _STATUS.get(s, s), int(met), int(c), b, g)
-                    for i, m, a, d, lat, s, met, c, b, g in self.requests))
-        _write_tsv(out / "actions.tsv", ACTION_COLUMNS, self.actions)
+        for other in LOG_FORMATS:
+            if other != fmt:
+                for name in ("requests", "actions"):
+                    (out / f"{name}.{other}").unlink(missing_ok=True)
+        if fmt == "npz":
+            self._write_npz(out)
+        else:
+            self._write_tsv(out, append=False)
 
-    def flush(self, out: Path) -> None:
-        """Append the rows collected since the last flush to ``out``'s logs and forget
-        them (a long-running controller's memory stays flat). The first flush starts the
-        files with their headers; ``write`` is the all-at-once form."""
+    def flush(self, out: Path, final: bool = False) -> None:
+        """TSV: append the rows collected since the last flush to ``out``'s logs and
+        forget them (a long-running controller's memory stays flat); the first flush
+        starts the files with their headers. npz: nothing until ``final``, which writes
+        every row (the .npz files are written once, at the end). ``write`` is the
+        all-at-once form."""
+        out = Path(out)
+        if self.log_format == "npz":
+            if final:
+                self.write(out)
+            return
         first = not self._flushed
         if first:
             out.mkdir(parents=True, exist_ok=True)
         self._flushed = True
-        _write_tsv(out / "requests.tsv", REQUEST_COLUMNS,
-                   ((i, m, a, d, lat, _STATUS.get(s, s), int(met), int(c), b, g)
-                    for i, m, a, d, lat, s, met, c, b, g in self.requests), append=not first)
-        _write_tsv(out / "actions.tsv", ACTION_COLUMNS, self.actions, append=not first)
-        self.requests = []
-        self.actions = []
+        self._write_tsv(out, append=not first)
+        self._req.clear()
+        self._act.clear()
+
+    def _write_tsv(self, out: Path, append: bool) -> None:
+        models = np.array(self.models + [None], dtype=object)[:-1]  # (1-d even for tuples)
+        req = self._req.arrays()
+        status = np.array([_STATUS.get(v, v) for v in range(-128, 128)], dtype=object)
+
+        def req_blocks():
+            for i in range(0, len(req[0]), _ROWS_PER_WRITE):
+                cols = [c[i:i + _ROWS_PER_WRITE] for c in req]
+                lists = [c.tolist() for c in cols]
+                lists[1] = models[cols[1]].tolist()
+                lists[5] = status[cols[5].astype(np.int64) + 128].tolist()
+                yield lists
+
+        act = self._act.arrays()
+        kinds = np.array([_TYPE_NAME.get(v, v) for v in range(-128, 128)], dtype=object)
+        errors = np.array([_ERROR_NAME.get(v, v) for v in range(-128, 128)], dtype=object)
+
+        def act_blocks():
+            for i in range(0, len(act[0]), _ROWS_PER_WRITE):
+                cols = [c[i:i + _ROWS_PER_WRITE] for c in act]
+                lists = [c.tolist() for c in cols]
+                lists[1] = kinds[cols[1].astype(np.int64) + 128].tolist()
+                lists[2] = errors[cols[2].astype(np.int64) + 128].tolist()
+                lists[5] = models[cols[5]].tolist()
+                yield lists
+
+        _write_tsv(out / "requests.tsv", REQUEST_COLUMNS, _REQUEST_TSV, req_blocks(), append)
+        _write_tsv(out / "actions.tsv", ACTION_COLUMNS, _ACTION_TSV, act_blocks(), append)
+
+    def _write_npz(self, out: Path) -> None:
+        names = np.array([str(m) for m in self.models], dtype=str)
+        _write_npz(out / "requests.npz", {
+            **self.request_columns(), "model_names": names,
+            "status_codes": np.array(list(_STATUS), dtype=np.int8),
+            "status_names": np.array(list(_STATUS.values()), dtype=str)})
+        _write_npz(out / "actions.npz", {
+            **self.action_columns(), "model_names": names,
+            "type_codes": np.array(list(_TYPE_NAME), dtype=np.int8),
+            "type_names": np.array(list(_TYPE_NAME.values()), dtype=str),
+            "status_codes": np.array(list(_ERROR_NAME), dtype=np.int8),
+            "status_names": np.array(list(_ERROR_NAME.values()), dtype=str)})
 
     def summary(self, duration_s: float, extra: dict | None = None) -> dict:
-        return summarize(self.requests, self.actions, duration_s, extra)
+        return _summary(self.request_columns(), self.action_columns(), duration_s, extra)
 
 
-_ROWS_PER_WRITE = 4096
-
-
-def _write_tsv(path: Path, columns: tuple, rows, append: bool = False) -> None:
+def _write_tsv(path: Path, columns: tuple, fmt: str, blocks, append: bool = False) -> None:
     """Whole rows only: unbuffered, each write call a run of complete lines, so a process
-    killed while writing leaves every row it wrote intact (and none half-written)."""
+    killed while writing leaves every row it wrote intact (and none half-written).
+    ``blocks``: lists of column values, ``fmt`` one line's %-format."""
+    line = fmt.__mod__
     with path.open("ab" if append else "wb", buffering=0) as f:
         if not append:
             f.write(("\t".join(columns) + "\n").encode())
-        buf: list[str] = []
-        for row in rows:
-            buf.append("\t".join(map(str, row)))
-            if len(buf) >= _ROWS_PER_WRITE:
-                f.write(("\n".join(buf) + "\n").encode())
-                buf = []
-        if buf:
-            f.write(("\n".join(buf) + "\n").encode())
+        for cols in blocks:
+            f.write("".join(map(line, zip(*cols, strict=True))).encode())
+
+
+def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """A compressed .npz (what ``np.savez_compressed`` writes, at zlib level 1: about the
+    size of its level 6 in a quarter of the time), written under a temporary name and
+    renamed into place (a reader never sees half a file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, allowZip64=True, compresslevel=1) as z:
+        for name, a in arrays.items():
+            with z.open(name + ".npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(a), allow_pickle=False)
+    os.replace(tmp, path)
+
+
+def read_logs(run_dir: str | Path) -> Telemetry:
+    """A run directory's logs as a ``Telemetry`` (its columns; ``log_format`` the format
+    found): requests.npz/actions.npz or requests.tsv/actions.tsv, whichever ``requests``
+    file is newer if both are there. A missing actions file reads as no actions.
+    Raises ``FileNotFoundError`` without a requests file, ``ValueError`` for a file
+    that is not such a log."""
+    run_dir = Path(run_dir)
+    found = [(p.stat().st_mtime_ns, fmt) for fmt in LOG_FORMATS
+             if (p := run_dir / f"requests.{fmt}").exists()]
+    if not found:
+        raise FileNotFoundError(f"no requests.tsv or requests.npz in {run_dir}")
+    fmt = max(found)[1]
+    tel = Telemetry(0, fmt)
+    if fmt == "npz":
+        _read_npz(tel, run_dir / "requests.npz", tel._req)
+        if (run_dir / "actions.npz").exists():
+            _read_npz(tel, run_dir / "actions.npz", tel._act)
+    else:
+        _read_tsv(tel, run_dir / "requests.tsv", tel._req)
+        if (run_dir / "actions.tsv").exists():
+            _read_tsv(tel, run_dir / "actions.tsv", tel._act)
+    return tel
+
+
+def _read_npz(tel: Telemetry, path: Path, log: ColumnLog) -> None:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            cols = [z[name] for name in log.names]
+            names = z["model_names"].tolist()
+    except (KeyError, ValueError, OSError) as e:
+        raise ValueError(f"{path}: not a log file ({e})") from None
+    codes = np.array([tel._code(n) for n in names] + [0], dtype=np.int64)[:-1]
+    m = log.names.index("model")
+    cols[m] = codes[cols[m]] if len(cols[m]) else cols[m]
+    log.set_arrays(cols)
+
+
+def _read_tsv(tel: Telemetry, path: Path, log: ColumnLog) -> None:
+    with path.open() as f:
+        header = f.readline().rstrip("\n").split("\t")
+        if tuple(header) != log.names:
+            raise ValueError(f"{path}: not a log file (header {header[:3]}...)")
+        rows = [line.rstrip("\n").split("\t") for line in f if line.strip()]
+    if any(len(r) != log.width for r in rows):
+        raise ValueError(f"{path}: a row without {log.width} fields")
+    fields = list(zip(*rows, strict=True)) if rows else [()] * log.width
+    cols = []
+    for name, dt, values in zip(log.names, log.dtypes, fields, strict=True):
+        if name == "model":
+            cols.append(np.array([tel._code(v) for v in values], dtype=np.int64))
+        elif name == "status":
+            table = {v: k for k, v in (_STATUS if log.names == REQUEST_COLUMNS
+                                       else _ERROR_NAME).items()}
+            cols.append(np.array([table[v] if v in table else int(v) for v in values],
+                                 dtype=np.int64))
+        elif name == "type":
+            table = {v: k for k, v in _TYPE_NAME.items()}
+            cols.append(np.array([table[v] for v in values], dtype=np.int64))
+        else:
+            cols.append(np.array(values, dtype=str).astype(np.int64) if values
+                        else np.zeros(0, dt))
+    log.set_arrays(cols)
 
 
 def _pct(values: np.ndarray, q: float) -> float:
     return round(float(np.percentile(values, q)) / 1e6, 6) if len(values) else 0.0
 
 
-def summarize(requests: list[tuple], actions: list[tuple], duration_s: float,
-              extra: dict | None = None) -> dict:
-    """The run summary (keys listed in docs/contracts.md), from request and action rows.
-    Deterministic."""
-    n = len(requests)
-    if n:
-        status = np.fromiter((r[5] for r in requests), dtype=np.int64, count=n)
-        met = np.fromiter((r[6] for r in requests), dtype=bool, count=n)
-        cold = np.fromiter((r[7] for r in requests), dtype=bool, count=n)
-        lat = np.fromiter((r[4] for r in requests), dtype=np.int64, count=n)
-    else:
-        status = lat = np.zeros(0, dtype=np.int64)
-        met = cold = np.zeros(0, dtype=bool)
+def summarize(requests, actions, duration_s: float, extra: dict | None = None) -> dict:
+    """The run summary (keys listed in docs/contracts.md), from request and action rows
+    (as ``Telemetry.requests`` / ``.actions``). Deterministic."""
+    tel = Telemetry(0)
+    tel.requests = requests
+    tel.actions = actions
+    return tel.summary(duration_s, extra)
+
+
+def _summary(req: dict, act: dict, duration_s: float, extra: dict | None) -> dict:
+    status, lat = req["status"], req["latency"]
+    n = len(status)
     ok = status == RequestStatus.SUCCESS
     succeeded = int(ok.sum())
     dropped = int((status == RequestStatus.TIMEOUT).sum())
     invalid = int((status == RequestStatus.INVALID_REQUEST).sum())
     failed = n - succeeded - dropped
-    slo_met = int(met.sum())
+    slo_met = int(req["deadline_met"].sum())
     lat_ok = lat[ok]
-    counts = {"infer": 0, "load": 0, "evict": 0, "rejected": 0}
-    exec_err = []
-    load_err = []
-    for a in actions:
-        counts[a[1].lower()] += 1
-        if a[2] != ErrorCode.SUCCESS.name:
-            counts["rejected"] += 1
-        elif a[1] == "INFER":
-            exec_err.append(a[14])
-        elif a[1] == "LOAD":
-            load_err.append(a[14])
+    kind, ran, err = act["type"], act["status"] == ErrorCode.SUCCESS, act["prediction_error"]
+    counts = {"infer": int((kind == ActionType.INFER).sum()),
+              "load": int((kind == ActionType.LOAD).sum()),
+              "evict": int((kind == ActionType.EVICT).sum()),
+              "rejected": int(len(kind) - ran.sum())}
+    exec_err = np.abs(err[ran & (kind == ActionType.INFER)])
+    load_err = np.abs(err[ran & (kind == ActionType.LOAD)])
     d = duration_s if duration_s > 0 else 1.0
     summary = {
         "submitted": n,
@@ -162,12 +460,12 @@ def summarize(requests: list[tuple], actions: list[tuple], duration_s: float,
             "p999": _pct(lat_ok, 99.9),
             "max": round(float(lat_ok.max()) / 1e6, 6) if len(lat_ok) else 0.0,
         },
-        "cold_starts": int(cold.sum()),
+        "cold_starts": int(req["cold_start"].sum()),
         "actions": counts,
         "prediction_error_ms": {
-            "exec_p50": _pct(np.abs(np.array(exec_err, dtype=np.int64)), 50),
-            "exec_p99": _pct(np.abs(np.array(exec_err, dtype=np.int64)), 99),
-            "load_p99": _pct(np.abs(np.array(load_err, dtype=np.int64)), 99),
+            "exec_p50": _pct(exec_err, 50),
+            "exec_p99": _pct(exec_err, 99),
+            "load_p99": _pct(load_err, 99),
         },
         "duration_s": duration_s,
     }
@@ -177,7 +475,8 @@ def summarize(requests: list[tuple], actions: list[tuple], duration_s: float,
 
 
 def write_run(out: str | Path, telemetry: Telemetry, summary: dict, run: dict) -> Path:
-    """A run's files: requests.tsv, actions.tsv, summary.json and run.json in ``out``."""
+    """A run's files in ``out``: the two logs (as ``telemetry.log_format``),
+    summary.json and run.json."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     telemetry.write(out)
@@ -225,33 +524,30 @@ def format_summary(s: dict) -> str:
 
 
 def timeline(run_dir: Path, bucket_s: float = 60.0) -> list[dict]:
-    """Per-interval figures of a run directory's logs: arrivals, goodput, SLO
-    attainment, cold-start requests, LOADs and EVICTs, by arrival (requests) and
+    """Per-interval figures of a run directory's logs (TSV or npz): arrivals, goodput,
+    SLO attainment, cold-start requests, LOADs and EVICTs, by arrival (requests) and
     completion (actions) time."""
-    req = np.genfromtxt(run_dir / "requests.tsv", delimiter="\t", names=True, dtype=None,
-                        encoding="utf-8", usecols=("arrival", "deadline_met", "cold_start"))
-    act = np.genfromtxt(run_dir / "actions.tsv", delimiter="\t", names=True, dtype=None,
-                        encoding="utf-8", usecols=("type", "measured_completion"))
-    req = np.atleast_1d(req)
-    act = np.atleast_1d(act)
+    tel = read_logs(run_dir)
+    req = tel.request_columns()
+    act = tel.action_columns()
     width = int(bucket_s * 1e9)
-    rb = (req["arrival"] // width).astype(np.int64) if req.size else np.zeros(0, np.int64)
-    ab = (act["measured_completion"] // width).astype(np.int64) if act.size else np.zeros(0, np.int64)
+    rb = req["arrival"] // width
+    ab = act["measured_completion"] // width
     n = int(max(rb.max(initial=-1), ab.max(initial=-1))) + 1
     out = []
     for i in range(n):
         sel = rb == i
         k = int(sel.sum())
         met = int(req["deadline_met"][sel].sum()) if k else 0
-        kinds = act["type"][ab == i] if act.size else np.zeros(0)
+        kinds = act["type"][ab == i]
         out.append({
             "start_s": round(i * bucket_s, 3),
             "requests": k,
             "goodput_rps": round(met / bucket_s, 3),
             "slo_attainment": round(met / k, 6) if k else 1.0,
             "cold_starts": int(req["cold_start"][sel].sum()) if k else 0,
-            "loads": int((kinds == "LOAD").sum()),
-            "evicts": int((kinds == "EVICT").sum()),
+            "loads": int((kinds == ActionType.LOAD).sum()),
+            "evicts": int((kinds == ActionType.EVICT).sum()),
         })
     return out
 
@@ -275,7 +571,8 @@ def emit_run(result, scenario, headline: str, out: str | Path | None = None,
 
     if out:
         written = result.write(out)
-        print(f"wrote {written}/summary.json, requests.tsv, actions.tsv, run.json",
+        fmt = getattr(getattr(result, "telemetry", None), "log_format", "tsv")
+        print(f"wrote {written}/summary.json, requests.{fmt}, actions.{fmt}, run.json",
               file=sys.stderr)
     if as_json:
         sys.stdout.write(orjson.dumps(result.summary, option=orjson.OPT_INDENT_2).decode() + "\n")

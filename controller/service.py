@@ -223,7 +223,7 @@ class ControllerNode:
                  cfg: SchedulerConfig | None = None, connect_timeout: float = 30.0,
                  log_dir: str | None = None, action_interval_us: float = 0.0,
                  reply_interval_us: float = 0.0, settings: dict | None = None,
-                 log_flush_s: float = LOG_FLUSH_S) -> None:
+                 log_flush_s: float = LOG_FLUSH_S, log_format: str = "tsv") -> None:
         self.pset = load_profile_set(profiles)
         self.log_flush_s = log_flush_s
         # stream pacing (clockwork.protocol.pacing): per worker action stream, per client stream
@@ -268,13 +268,14 @@ class ControllerNode:
         self.telemetry = None
         if log_dir:
             from clockwork.telemetry import Telemetry
-            self.telemetry = Telemetry(now_ns())
+            self.telemetry = Telemetry(now_ns(), log_format)
 
-    def write_logs(self) -> None:
-        """Append the request/action rows since the last call to ``log_dir``'s logs."""
+    def write_logs(self, final: bool = False) -> None:
+        """TSV logs: append the request/action rows since the last call to ``log_dir``'s
+        logs. npz logs: written once, when ``final`` (at stop)."""
         if self.telemetry is not None:
             from pathlib import Path
-            self.telemetry.flush(Path(self.log_dir))
+            self.telemetry.flush(Path(self.log_dir), final=final)
 
     async def _flush_logs(self) -> None:
         """With --log-dir: write the logs out every ``log_flush_s`` (memory stays flat; a
@@ -1207,7 +1208,7 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
             await http.close()
         await node.stop()
         await server.stop(1.0)
-        node.write_logs()
+        node.write_logs(final=True)
 
 
 def parse_settings(items: list[str]) -> dict:
@@ -1316,7 +1317,8 @@ def cmd_controller(args: argparse.Namespace) -> int:
         limits = limits_from_flags(getattr(args, "limit", None) or [])
         node = ControllerNode(workers, args.profiles, args.models, policy, cfg,
                               args.connect_timeout, args.log_dir, args.action_interval_us,
-                              args.reply_interval_us, own, args.log_flush_s)
+                              args.reply_interval_us, own, args.log_flush_s,
+                              getattr(args, "log_format", "tsv"))
     except (ProfileError, ValueError) as e:
         print(f"clockwork controller: {e}", file=sys.stderr)
         return 2

@@ -24,6 +24,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for t, what in sim.fault_log:  # the [faults] plan as it played out
         print(f"clockwork simulate: {t / 1e9:7.2f} s  fault: {what}", file=sys.stderr)
     s = res.summary
+    res.telemetry.log_format = args.log_format
     emit_run(res, sc, f"{s['gpus']} GPU(s), {s['model_instances']} model instance(s), policy "
              f"{s['policy']}, simulated in {res.wall_s:.1f} s wall", args.out, args.json)
     return 0
@@ -53,9 +54,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.timeline:
         from clockwork.telemetry import format_timeline, timeline
 
-        if not (f.parent / "requests.tsv").exists():
-            print(f"clockwork report: no requests.tsv in {f.parent}", file=sys.stderr)
+        try:
+            rows = timeline(f.parent, args.timeline)
+        except (FileNotFoundError, ValueError) as e:
+            print(f"clockwork report: {e}", file=sys.stderr)
             return 2
         print()
-        print(format_timeline(timeline(f.parent, args.timeline)))
+        print(format_timeline(rows))
     return 0

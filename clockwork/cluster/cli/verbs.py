@@ -100,6 +100,9 @@ def add_simulate(sub) -> None:
                    "(clockwork scenarios lists them)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
     p.add_argument("--out", metavar="DIR", help="write logs and summary.json here")
+    p.add_argument("--log-format", choices=("tsv", "npz"), default="tsv",
+                   help="with --out: the logs as requests.tsv/actions.tsv (default) or as "
+                   "numpy columns, requests.npz/actions.npz (smaller, faster to write)")
     p.add_argument("--json", action="store_true", help="print summary.json instead of the table")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument("--progress", action="store_true", help="progress line even without a TTY")
@@ -108,7 +111,8 @@ def add_simulate(sub) -> None:
 def add_report(sub) -> None:
     p = _verb(sub, "report", "clockwork.cluster.cli.commands:cmd_report",
               "print a run's summary as a table",
-              "Print the summary.json of a run directory as a table.")
+              "Print the summary.json of a run directory as a table; --timeline reads "
+              "its logs (requests.tsv/actions.tsv or requests.npz/actions.npz).")
     p.add_argument("dir", help="a run directory (from --out) or a summary.json file")
     p.add_argument("--timeline", type=t.positive_float, nargs="?", const=60.0, default=None,
                    metavar="SECONDS", help="also print per-interval figures (requests, goodput, "
@@ -320,6 +324,10 @@ def add_controller(sub) -> None:
     p.add_argument("--log-flush-s", type=t.positive_float, default=1.0, metavar="S",
                    help="with --log-dir: append the rows every S seconds (a crash loses at "
                    "most the last S seconds, never half a row) and at SIGTERM")
+    p.add_argument("--log-format", choices=("tsv", "npz"), default="tsv",
+                   help="with --log-dir: tsv (default; flushed every --log-flush-s) or npz "
+                   "(requests.npz/actions.npz, numpy columns held in memory and written "
+                   "once at stop: a crash loses them all)")
     p.add_argument("--action-interval-us", type=t.nonneg_float, default=ACTION_INTERVAL_US,
                    help="pacing: at most one action message per worker per interval; under "
                    f"load actions share messages (default {ACTION_INTERVAL_US:g}; 0: off)")

@@ -1,0 +1,305 @@
+"""Telemetry's columnar logs: rows as tuples, the summary and the TSV match the row-list
+form they replaced (reference implementations below), the npz format round-trips, and
+``clockwork report`` / ``clockwork simulate`` / the live controller handle both formats."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+
+import numpy as np
+import orjson
+import pytest
+
+from clockwork import telemetry as T
+from clockwork.actions import Action, ActionType, ErrorCode, RequestStatus, Result
+from clockwork.cluster.cli import main
+from clockwork.requests import Reply, Request
+from clockwork.telemetry import Telemetry, read_logs, summarize, timeline
+
+# ---------------------------------------------------------------- reference (row lists)
+
+_STATUS = {s.value: s.name for s in RequestStatus}
+
+
+def ref_request_row(rep: Reply, o: int) -> tuple:
+    r = rep.request
+    status = int(rep.status)
+    met = status == 0 and rep.time <= r.arrival + r.slo
+    return (r.id, r.model, r.arrival - o, r.arrival + r.slo - o, rep.time - r.arrival, status,
+            met, r.cold, rep.batch_size, rep.gpu)
+
+
+def ref_action_row(a: Action, res: Result, received: int, o: int) -> tuple:
+    measured_end = res.end - o if res.end else received - o
+    err = (res.end - a.expected_end) if not res.status and a.type != ActionType.EVICT else 0
+    return (a.id, a.type.name, res.status.name, a.worker, a.gpu, a.model, a.batch_size,
+            a.sent_at - o, a.earliest - o if a.earliest else 0,
+            a.latest - o if a.latest < (1 << 62) else -1, a.expected_duration, res.duration,
+            a.expected_end - o, measured_end, err)
+
+
+def ref_tsv(columns, rows) -> bytes:
+    return ("\t".join(columns) + "\n" + "".join("\t".join(map(str, r)) + "\n"
+                                                 for r in rows)).encode()
+
+
+def ref_request_tsv(rows) -> bytes:
+    return ref_tsv(T.REQUEST_COLUMNS, ((i, m, a, d, lat, _STATUS.get(s, s), int(met), int(c), b, g)
+                                       for i, m, a, d, lat, s, met, c, b, g in rows))
+
+
+def _pct(values, q):
+    return round(float(np.percentile(values, q)) / 1e6, 6) if len(values) else 0.0
+
+
+def ref_summarize(requests, actions, duration_s):
+    n = len(requests)
+    status = np.array([r[5] for r in requests], dtype=np.int64)
+    lat = np.array([r[4] for r in requests], dtype=np.int64)
+    ok = status == 0
+    succeeded = int(ok.sum())
+    dropped = int((status == RequestStatus.TIMEOUT).sum())
+    slo_met = sum(bool(r[6]) for r in requests)
+    lat_ok = lat[ok]
+    counts = {"infer": 0, "load": 0, "evict": 0, "rejected": 0}
+    exec_err, load_err = [], []
+    for a in actions:
+        counts[a[1].lower()] += 1
+        if a[2] != "SUCCESS":
+            counts["rejected"] += 1
+        elif a[1] == "INFER":
+            exec_err.append(a[14])
+        elif a[1] == "LOAD":
+            load_err.append(a[14])
+    d = duration_s
+    return {
+        "submitted": n, "succeeded": succeeded, "slo_met": slo_met,
+        "failed": n - succeeded - dropped, "dropped": dropped,
+        "invalid": int((status == RequestStatus.INVALID_REQUEST).sum()),
+        "goodput_rps": round(slo_met / d, 6), "throughput_rps": round(succeeded / d, 6),
+        "slo_attainment": round(slo_met / n, 9) if n else 0.0,
+        "latency_ms": {"p50": _pct(lat_ok, 50), "p90": _pct(lat_ok, 90), "p99": _pct(lat_ok, 99),
+                       "p999": _pct(lat_ok, 99.9),
+                       "max": round(float(lat_ok.max()) / 1e6, 6) if len(lat_ok) else 0.0},
+        "cold_starts": sum(bool(r[7]) for r in requests),
+        "actions": counts,
+        "prediction_error_ms": {
+            "exec_p50": _pct(np.abs(np.array(exec_err, dtype=np.int64)), 50),
+            "exec_p99": _pct(np.abs(np.array(exec_err, dtype=np.int64)), 99),
+            "load_p99": _pct(np.abs(np.array(load_err, dtype=np.int64)), 99)},
+        "duration_s": duration_s,
+    }
+
+
+# ---------------------------------------------------------------- a made-up run
+
+
+def fill(tel: Telemetry, n: int, seed: int = 1, o: int = 0) -> tuple[list, list]:
+    """``n`` replies and about n/3 actions of every kind and status into ``tel``; the
+    reference rows."""
+    rng = np.random.default_rng(seed)
+    models = ["resnet50_v2", "resnet50_v2:1", "mobilenet_v2", "bert:7"]
+    statuses = [RequestStatus.SUCCESS] * 6 + [RequestStatus.TIMEOUT, RequestStatus.ERROR,
+                                              RequestStatus.INVALID_REQUEST]
+    errors = [ErrorCode.SUCCESS] * 5 + [ErrorCode.EXEC_TOO_LATE, ErrorCode.LOAD_TOO_LATE,
+                                        ErrorCode.WEIGHTS_NOT_PRESENT]
+    reqs, acts = [], []
+    t = o
+    for i in range(n):
+        t += int(rng.integers(0, 3_000_000))
+        r = Request(i, models[int(rng.integers(len(models)))], t, int(rng.integers(1, 10**8)))
+        r.cold = bool(rng.random() < 0.1)
+        rep = Reply(r, statuses[int(rng.integers(len(statuses)))],
+                    t + int(rng.integers(1, 2 * 10**8)), gpu=int(rng.integers(-1, 400)),
+                    batch_size=int(rng.integers(0, 17)))
+        tel.reply(rep)
+        reqs.append(ref_request_row(rep, o))
+        if i % 3 == 0:
+            kind = ActionType(int(rng.integers(3)))
+            dur = int(rng.integers(10**6))
+            a = Action(id=i, type=kind, worker=int(rng.integers(100)), gpu=int(rng.integers(4)),
+                       model=models[int(rng.integers(len(models)))],
+                       earliest=t + 10 if rng.random() < 0.5 else 0,
+                       latest=t + 10**7 if rng.random() < 0.5 else (1 << 63) - 1,
+                       expected_duration=dur, expected_end=t + dur, sent_at=t,
+                       batch_size=int(rng.integers(1, 17)) if kind == ActionType.INFER else 0)
+            tel.sent(a)
+            status = errors[int(rng.integers(len(errors)))]
+            end = a.expected_end + int(rng.integers(-10**5, 10**5)) if rng.random() < 0.9 else 0
+            res = Result(id=i, type=kind, status=status, worker=a.worker, gpu=a.gpu, model=a.model,
+                         end=end, duration=int(rng.integers(10**6)))
+            tel.result(res, t + 5)
+            acts.append(ref_action_row(a, res, t + 5, o))
+    return reqs, acts
+
+
+N = T._BUF_ROWS * 3 + T._CHUNK_ROWS // 2 + 17  # crosses buffer drains and chunk growth
+
+
+@pytest.fixture(scope="module")
+def run():
+    tel = Telemetry(origin=1000)
+    reqs, acts = fill(tel, N, o=1000)
+    return tel, reqs, acts
+
+
+def test_rows_as_tuples_are_the_row_lists(run):
+    tel, reqs, acts = run
+    assert tel.requests == reqs
+    assert tel.actions == acts
+    assert [type(x) for x in tel.requests[0]] == [type(x) for x in reqs[0]]
+    cols = tel.request_columns()
+    assert cols["status"].dtype == np.int8 and cols["arrival"].dtype == np.int64
+    assert [tel.models[c] for c in cols["model"][:50]] == [r[1] for r in reqs[:50]]
+
+
+def test_summary_is_the_row_lists_summary(run):
+    tel, reqs, acts = run
+    ref = ref_summarize(reqs, acts, 12.5)
+    got = tel.summary(12.5)
+    assert orjson.dumps(got) == orjson.dumps(ref)  # same keys, order, values and types
+    assert orjson.dumps(summarize(reqs, acts, 12.5)) == orjson.dumps(ref)
+    empty = Telemetry()
+    assert orjson.dumps(empty.summary(1.0)) == orjson.dumps(ref_summarize([], [], 1.0))
+
+
+def test_tsv_is_the_row_lists_tsv(run, tmp_path):
+    tel, reqs, acts = run
+    tel.write(tmp_path)
+    assert (tmp_path / "requests.tsv").read_bytes() == ref_request_tsv(reqs)
+    assert (tmp_path / "actions.tsv").read_bytes() == ref_tsv(T.ACTION_COLUMNS, acts)
+
+
+def test_npz_round_trips_and_reads_back_as_the_same_tsv(run, tmp_path):
+    tel, reqs, acts = run
+    tel.write(tmp_path / "tsv")
+    tel.write(tmp_path / "npz", "npz")
+    assert sorted(os.listdir(tmp_path / "npz")) == ["actions.npz", "requests.npz"]
+    with np.load(tmp_path / "npz" / "requests.npz") as z:
+        assert set(T.REQUEST_COLUMNS) <= set(z.files)
+        assert z["model"].dtype == np.int32 and z["deadline_met"].dtype == bool
+        assert [str(z["model_names"][c]) for c in z["model"][:20]] == [r[1] for r in reqs[:20]]
+        assert dict(zip(z["status_codes"].tolist(), z["status_names"].tolist(), strict=True)) \
+            == _STATUS
+    back = read_logs(tmp_path / "npz")
+    assert back.log_format == "npz"
+    assert back.requests == reqs and back.actions == acts
+    back.write(tmp_path / "again", "tsv")
+    for name in ("requests.tsv", "actions.tsv"):
+        assert filecmp.cmp(tmp_path / "again" / name, tmp_path / "tsv" / name, shallow=False)
+    tsv = read_logs(tmp_path / "tsv")
+    assert tsv.log_format == "tsv" and tsv.requests == reqs and tsv.actions == acts
+    assert timeline(tmp_path / "npz", 2.0) == timeline(tmp_path / "tsv", 2.0)
+    assert orjson.dumps(back.summary(3.0)) == orjson.dumps(tel.summary(3.0))
+
+
+def test_writing_one_format_removes_the_others_files(run, tmp_path):
+    tel, _, _ = run
+    tel.write(tmp_path, "tsv")
+    tel.write(tmp_path, "npz")
+    assert sorted(os.listdir(tmp_path)) == ["actions.npz", "requests.npz"]
+    tel.write(tmp_path, "tsv")
+    assert sorted(os.listdir(tmp_path)) == ["actions.tsv", "requests.tsv"]
+
+
+def test_empty_logs_in_both_formats(tmp_path):
+    tel = Telemetry()
+    for fmt in ("tsv", "npz"):
+        tel.write(tmp_path / fmt, fmt)
+        back = read_logs(tmp_path / fmt)
+        assert back.requests == [] and back.actions == []
+        assert timeline(tmp_path / fmt, 1.0) == []
+    assert (tmp_path / "tsv" / "requests.tsv").read_text() == "\t".join(T.REQUEST_COLUMNS) + "\n"
+
+
+def test_tsv_flush_appends_whole_lines_and_forgets(tmp_path):
+    tel = Telemetry(0)
+    ref = Telemetry(0)
+    rows = []
+    for part in range(3):
+        got, _ = fill(tel, 2 * T._BUF_ROWS + part, seed=part)
+        fill(ref, 2 * T._BUF_ROWS + part, seed=part)
+        rows += got
+        tel.flush(tmp_path)
+        assert tel.requests == [] and tel.actions == []
+    assert (tmp_path / "requests.tsv").read_bytes() == ref_request_tsv(rows)
+    ref.write(tmp_path / "all")
+    assert filecmp.cmp(tmp_path / "actions.tsv", tmp_path / "all" / "actions.tsv", shallow=False)
+
+
+def test_npz_flush_writes_only_at_the_end(tmp_path):
+    tel = Telemetry(0, "npz")
+    reqs, acts = fill(tel, 100)
+    tel.flush(tmp_path)
+    assert not tmp_path.exists() or not os.listdir(tmp_path)
+    more, more_acts = fill(tel, 50, seed=2)
+    tel.flush(tmp_path, final=True)
+    assert sorted(os.listdir(tmp_path)) == ["actions.npz", "requests.npz"]
+    back = read_logs(tmp_path)
+    assert back.requests == reqs + more and back.actions == acts + more_acts
+
+
+def test_rows_can_be_set_from_tuples_with_names():
+    """(experiments/common.py replaces the action log with rows read from a TSV.)"""
+    tel = Telemetry()
+    _, acts = fill(tel, 300)
+    other = Telemetry()
+    other.actions = acts
+    assert other.actions == acts
+    assert other.action_columns()["type"].tolist() == tel.action_columns()["type"].tolist()
+
+
+def test_read_logs_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no requests.tsv or requests.npz"):
+        read_logs(tmp_path)
+    (tmp_path / "requests.tsv").write_text("a\tb\n1\t2\n")
+    with pytest.raises(ValueError, match="not a log file"):
+        read_logs(tmp_path)
+    with pytest.raises(ValueError, match="log format"):
+        Telemetry(0, "csv")
+
+
+def test_simulate_npz_and_report(tmp_path, capsys):
+    runs = {}
+    for fmt in ("tsv", "npz"):
+        out = tmp_path / fmt
+        assert main(["simulate", "scenarios/faults.toml", "--set", "duration_s=4", "--out",
+                     str(out), "--quiet", "--log-format", fmt]) == 0
+        capsys.readouterr()
+        assert {p.name for p in out.iterdir()} == {"summary.json", "run.json",
+                                                   f"requests.{fmt}", f"actions.{fmt}"}
+        assert main(["report", str(out), "--timeline", "0.5"]) == 0
+        runs[fmt] = capsys.readouterr().out
+    assert (tmp_path / "tsv" / "summary.json").read_bytes() == \
+        (tmp_path / "npz" / "summary.json").read_bytes()
+    strip = lambda text: [x for x in text.splitlines() if not x.startswith("wall time")]  # noqa: E731
+    assert strip(runs["tsv"]) == strip(runs["npz"])
+    assert len(strip(runs["npz"])) > 15
+    back = read_logs(tmp_path / "npz")
+    assert len(back.requests) == orjson.loads((tmp_path / "npz" / "summary.json").read_bytes())[
+        "submitted"]
+    (tmp_path / "npz" / "requests.npz").unlink()
+    assert main(["report", str(tmp_path / "npz"), "--timeline"]) == 2
+    assert "no requests.tsv or requests.npz" in capsys.readouterr().err
+
+
+def test_live_controller_writes_npz_at_stop(tmp_path):
+    """--log-format npz: nothing during the run, requests.npz/actions.npz at SIGTERM."""
+    import clockwork
+    from tests.conftest import local_cluster
+
+    logs = tmp_path / "logs"
+    with local_cluster(workers=1, gpus=1, models="mobilenet_v2", http_port=-1,
+                       controller_args=["--log-dir", str(logs), "--log-format", "npz",
+                                        "--log-flush-s", "0.1"]) as c:
+        with clockwork.Client(c.address, timeout=10) as cl:
+            for _ in range(6):
+                assert cl.infer("mobilenet_v2", slo_ms=500).status == 0
+        c.controller.stop(timeout=30.0)
+    assert sorted(os.listdir(logs)) == ["actions.npz", "requests.npz"]
+    tel = read_logs(logs)
+    assert [r[1] for r in tel.requests] == ["mobilenet_v2"] * 6
+    assert all(r[5] == 0 and r[6] for r in tel.requests)
+    kinds = {a[1] for a in tel.actions}
+    assert {"LOAD", "INFER"} <= kinds
