@@ -397,7 +397,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
               "--tls-key are for a cluster that serves clients", file=sys.stderr)
         return 2
     device = device or "emulated"
-    if device == "cuda":  # no GPU here: say so before compiling or starting anything
+    if device == "cuda" and ray_address in (None, "local"):  # no GPU here: say so before
+        # compiling or starting anything (on a Ray cluster the GPUs are the nodes')
         try:
             from worker.devices.cuda import probe
             probe()
