@@ -188,9 +188,13 @@ print("RC", main(["serve", "--ray", "auto", "--port", "0"]))
 
 def test_ray_address_is_checked(capsys):
     """``--ray`` takes an optional ADDRESS: a scenario given after it is refused in one
-    line that says to put the scenario first."""
+    line that says to put the scenario first; ``cluster.backend`` is checked."""
     from clockwork.cluster.cli import main
 
     assert main(["serve", "--ray", "scenarios/poisson_warm.toml"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "Ray address" in lines[0] and "before --ray" in lines[0], lines
+    # the scenario key takes local or ray only
+    assert main(["serve", "scenarios/poisson_warm.toml", "--set", "cluster.backend=k8s"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "cluster.backend" in lines[0] and "k8s" in lines[0], lines
