@@ -303,3 +303,15 @@ def test_live_controller_writes_npz_at_stop(tmp_path):
     assert all(r[5] == 0 and r[6] for r in tel.requests)
     kinds = {a[1] for a in tel.actions}
     assert {"LOAD", "INFER"} <= kinds
+
+
+def test_bench_logs_smoke(tmp_path, capsys):
+    """experiments/bench_logs.py end to end at a tiny size (its figures are not checked)."""
+    from experiments import bench_logs
+
+    res = bench_logs.main(["--repeat", "1", "--gpus", "2", "--per-gpu", "2", "--duration", "0.3",
+                           "--json", str(tmp_path / "b.json")])
+    assert res["summaries_identical"] and res["requests"] > 100
+    m = res["modes"]
+    assert m["none"]["log_bytes"] == 0 < m["npz"]["log_bytes"] < m["tsv"]["log_bytes"]
+    assert orjson.loads((tmp_path / "b.json").read_bytes())["modes"].keys() == {"none", "tsv", "npz"}
