@@ -124,6 +124,7 @@ class ControllerLoop:
         self.gpus_of: list[list[int]] = [[] for _ in range(n)]
         for i, s in enumerate(specs):
             self.gpus_of[s.worker].append(i)
+        self.n_gpus = len(specs)
         self.up = [True] * n
         self.outstanding: list[dict[int, Action]] = [{} for _ in range(n)]
         self.armed: int | None = None  # the time the transport's timer is set for
@@ -249,6 +250,26 @@ class ControllerLoop:
         self._fail(lost, why, now)
         self._after(out, now)
         return len(lost)
+
+    def add_worker(self, specs: list[GpuSpec], now: int) -> int:
+        """A worker joins at run time with these GPUs (each spec's ``worker`` is the new
+        worker's index: the number of workers so far, which this returns). The policy
+        gets each GPU (``add_gpu``: the next GPU indices) and may place copies on them at
+        once."""
+        w = len(self.up)
+        if any(s.worker != w for s in specs):
+            raise ValueError(f"the new worker's GPUs must name worker {w}")
+        self.gpus_of.append([])
+        self.up.append(True)
+        self.outstanding.append({})
+        self.suspect.append(False)
+        out: list[Action] = []
+        for s in specs:
+            out.extend(self.policy.add_gpu(s, now))
+            self.gpus_of[w].append(self.n_gpus)
+            self.n_gpus += 1
+        self._after(out, now)
+        return w
 
     def worker_back(self, worker: int, now: int) -> None:
         """``worker`` is connected again, with an empty weights cache."""

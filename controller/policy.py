@@ -77,6 +77,14 @@ class Policy(ABC):
         from the failed results of the actions sent to it."""
         return []
 
+    def add_gpu(self, spec: GpuSpec, now: int) -> list[Action]:
+        """A GPU joins at run time (its worker was added to the cluster): it gets the next
+        index (the number of GPUs so far), an empty weights cache, and is available at
+        once. The policy places copies on it by its usual rules (queued requests of
+        models without a copy may get one there at once: the actions returned). A policy
+        that cannot grow raises ``NotImplementedError``."""
+        raise NotImplementedError(f"policy {type(self).__name__} cannot add GPUs at run time")
+
     def add_model(self, name: str, profile: ModelProfile, now: int) -> list[Action]:
         """A model instance joins at run time, served under ``name`` with ``profile``'s
         figures (the profile's own ``model`` name does not matter). It is schedulable at

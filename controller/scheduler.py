@@ -679,6 +679,14 @@ class ClockworkScheduler(Policy):
             self._schedule_loads(now, out, only_idle=False)
         return out
 
+    def add_gpu(self, spec: GpuSpec, now: int) -> list[Action]:
+        g = GpuState(len(self.gpus), spec.worker, spec.gpu, spec.pages, self.cfg)
+        self.gpus.append(g)
+        out: list[Action] = []
+        if self._unserved:  # models waiting for a copy may get one here at once
+            self._schedule_loads(now, out, only_idle=False)
+        return out
+
     # ------------------------------------------------------------------ read-only views
 
     def pages_used(self, gpu_index: int) -> int:

@@ -380,6 +380,16 @@ class BaselinePolicy(Policy):
         del self.copies[c.model][g.index]
         g.free_pages += c.pages
 
+    def add_gpu(self, spec: GpuSpec, now: int) -> list[Action]:
+        """A new, empty GPU: copies are placed on it by the policy's rules as demand asks."""
+        g = Gpu(len(self.gpus), spec)
+        self.gpus.append(g)
+        self._gpu_added(g)
+        return []
+
+    def _gpu_added(self, g: Gpu) -> None:
+        """Hook: per-GPU state of a subclass for a GPU added at run time."""
+
     # ------------------------------------------------------------------ read-only views
 
     def pages_used(self, gpu_index: int) -> int:

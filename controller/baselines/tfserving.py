@@ -102,6 +102,9 @@ class TfServingPolicy(BaselinePolicy):
         t = self.tcfg
         self.queues[model] = _Queue(model, min(t.max_batch_size, cap) if t.max_batch_size else cap)
 
+    def _gpu_added(self, g: Gpu) -> None:
+        self.rr.append(deque())
+
     def _take_queued(self, model: str) -> list[Request]:
         q = self.queues[model]
         out = [r for b in q.closed for r in b] + q.open

@@ -1,0 +1,61 @@
+"""Workers joining a running cluster: every policy takes a GPU added at run time
+(``Policy.add_gpu``) and places copies on it; the controller loop gives the new worker its
+index and GPUs; a live controller connects a worker it is told of while serving
+(``clockwork.v1`` AddWorker, ``Client.add_worker``) and schedules work there."""
+
+from __future__ import annotations
+
+import pytest
+
+from clockwork.actions import ActionType
+from clockwork.profiles import load_profile_set
+from clockwork.requests import Request
+from clockwork.time import ms
+from controller import make_policy
+from controller.loop import ControllerLoop
+from controller.policy import GpuSpec
+from tests.test_loops import Recorder
+
+PSET = load_profile_set("v100-reference")
+R50, R18 = PSET.get("resnet50_v2"), PSET.get("resnet18_v2")
+
+
+@pytest.mark.parametrize("policy", ["clockwork", "clipper", "tfserving", "infaas"])
+def test_a_gpu_added_at_run_time_gets_copies(policy):
+    """One GPU with room for one model; both models wanted; a second worker's GPU is
+    added and the model that had no room is loaded there (nothing evicted on the first)."""
+    room = max(R50.weights_pages, R18.weights_pages)
+    specs = [GpuSpec(0, 0, room)]
+    t = Recorder()
+    loop = ControllerLoop(make_policy(policy, [R50, R18], specs), t, specs)
+    now = 0
+    loop.requests([Request(i, "resnet50_v2", now, ms(500)) for i in range(4)], now)
+    loads0 = [a for _, acts in t.sent for a in acts if a.type == ActionType.LOAD]
+    assert [(a.worker, a.model) for a in loads0] == [(0, "resnet50_v2")]
+    now = ms(1)
+    assert loop.add_worker([GpuSpec(1, 0, room)], now) == 1
+    assert loop.gpus_of == [[0], [1]] and loop.up == [True, True]
+    rid = 100
+    for step in range(40):  # requests for the other model keep coming; timers fire
+        now += ms(5)
+        loop.requests([Request(rid, "resnet18_v2", now, ms(500))], now)
+        rid += 1
+        if loop.armed is not None and loop.armed <= now:
+            loop.tick(now)
+        if any(a.type == ActionType.LOAD and a.model == "resnet18_v2"
+               for _, acts in t.sent for a in acts):
+            break
+    loads = [(a.worker, a.model) for _, acts in t.sent for a in acts
+             if a.type in (ActionType.LOAD, ActionType.EVICT)]
+    assert (1, "resnet18_v2") in loads, loads
+    assert all(w == 1 for w, m in loads if m == "resnet18_v2"), loads
+    assert not any(a.type == ActionType.EVICT for _, acts in t.sent for a in acts)
+
+
+def test_add_worker_checks_the_worker_index():
+    specs = [GpuSpec(0, 0, 100)]
+    loop = ControllerLoop(make_policy("clockwork", [R50], specs), Recorder(), specs)
+    with pytest.raises(ValueError, match="worker 1"):
+        loop.add_worker([GpuSpec(3, 0, 100)], 0)
+    assert loop.add_worker([GpuSpec(1, 0, 100), GpuSpec(1, 1, 100)], 0) == 1
+    assert loop.gpus_of == [[0], [1, 2]] and loop.n_gpus == 3
