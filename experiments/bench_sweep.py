@@ -1,9 +1,9 @@
 """Benchmark: one 8-point ``clockwork sweep`` with ``--jobs 1`` and with ``--jobs 2``.
 
-The sweep: the shipped Azure sample (its first three trace minutes, each compressed into
+The sweep: the shipped Azure sample (its first six trace minutes, each compressed into
 10 s, load factor 5: ~1,500 r/s onto 550 model instances, with cold starts), 1 or 2 GPUs
-x SLO 50 or 100 ms x seeds 1 and 2 -- eight simulations of ~45,000 requests (1-2 s)
-each. Each run is the
+x SLO 50 or 100 ms x seeds 1 and 2 -- eight simulations of ~90,000 requests (2-4 s of
+wall time) each. Each run is the
 command itself (``python -m clockwork.cluster.cli sweep ... --quiet``, a new process)
 into an empty output folder, so every point is simulated; the two settings alternate
 (1, 2, 1, 2, ...) so that other load on the machine falls on both. Prints the wall times
@@ -33,7 +33,7 @@ SWEEP = """
 name = "bench8"
 scenarios = ["azure_sample"]
 seeds = [1, 2]
-overrides = ["duration_s=30", "workloads.0.minutes=3", "workloads.0.interval_s=10",
+overrides = ["duration_s=60", "workloads.0.minutes=6", "workloads.0.interval_s=10",
              "workloads.0.load_factor=5"]
 
 [grid]
