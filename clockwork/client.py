@@ -135,6 +135,14 @@ def _repository_error(e: grpc.RpcError, name: str) -> ClockworkError:
     return _unavailable(e)
 
 
+def _worker_error(e: grpc.RpcError) -> ClockworkError:
+    """The typed error of a failed AddWorker call."""
+    code = e.code() if hasattr(e, "code") else None
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidRequest(f"add worker: {e.details()}", 6, "bad_request", "")
+    return _unavailable(e)
+
+
 def _result(model: str, resp: pb.InferResponse, latency_ms: float,
             slo_ms: float | None = None) -> InferResult:
     if resp.status != 0:
@@ -282,6 +290,19 @@ class Client:
             raise _unavailable(e) from e
         return [_meta(m) for m in r.models]
 
+    def add_worker(self, address: str, timeout: float | None = None) -> dict:
+        """Have the controller connect the worker at ``address`` (``host:port``) while it
+        serves: returns ``{"worker": index, "gpus": [controller-wide GPU indices],
+        "added": False if it was connected already}``. Raises ``InvalidRequest`` (the
+        worker cannot serve the models, or the policy cannot grow) or
+        ``ControllerUnavailable`` (the worker or the controller cannot be reached)."""
+        try:
+            r = self._stub.AddWorker(pb.AddWorkerRequest(address=address),
+                                     timeout=timeout or self.timeout)
+        except grpc.RpcError as e:
+            raise _worker_error(e) from e
+        return {"worker": r.worker, "gpus": list(r.gpus), "added": r.added}
+
     def stats(self) -> dict[str, int]:
         try:
             r = self._stub.Stats(pb.StatsRequest(), timeout=self.timeout)
@@ -348,6 +369,15 @@ class AsyncClient:
         except grpc.RpcError as e:
             raise _repository_error(e, name) from e
         return list(r.instances)
+
+    async def add_worker(self, address: str, timeout: float | None = None) -> dict:
+        """As ``Client.add_worker``."""
+        try:
+            r = await self._stub.AddWorker(pb.AddWorkerRequest(address=address),
+                                           timeout=timeout or self.timeout)
+        except grpc.RpcError as e:
+            raise _worker_error(e) from e
+        return {"worker": r.worker, "gpus": list(r.gpus), "added": r.added}
 
     async def repository_index(self, ready_only: bool = False) -> list[ModelMeta]:
         """As ``Client.repository_index``."""

@@ -253,6 +253,8 @@ class ControllerNode:
         self.settings = settings or {}  # the policy's own settings (baselines)
         self.connect_timeout = connect_timeout
         self.links = [WorkerLink(i, a) for i, a in enumerate(workers)]
+        self._add_lock = asyncio.Lock()  # workers joining at run time, one at a time
+        self.ctrl: ControllerLoop | None = None
         self.policy: Policy | None = None
         self.gpu_index: dict[tuple[int, int], int] = {}
         self.pending: dict[int, Request] = {}  # request id -> Request (not yet answered)
@@ -304,6 +306,49 @@ class ControllerNode:
                                    liveness=Liveness.of(self.cfg))
         for link in self.links:
             self._start_link_tasks(link)
+
+    async def add_worker(self, address: str,
+                         timeout: float | None = None) -> tuple[int, list[int], bool]:
+        """Connect a worker while serving (a node joined the cluster): as for the workers
+        at start -- clock sync, Hello with the instance list, its state -- then its GPUs
+        get the next controller-wide indices, the policy places copies there by its
+        rules, and the link is kept up like any other. Returns (worker index, its GPU
+        indices, added); a worker already connected (same address) is left as it is
+        (added False). Raises ``RepositoryError`` (UNAVAILABLE: cannot reach it in
+        ``timeout`` seconds, default ``connect_timeout``; INVALID_ARGUMENT: it cannot serve the models, or the policy
+        cannot grow)."""
+        if self.ctrl is None or self._stopping:
+            raise RepositoryError(grpc.StatusCode.UNAVAILABLE, "the controller is not serving")
+        async with self._add_lock:
+            for lk in self.links:
+                if lk.address == address:
+                    return lk.index, [self.gpu_index[(lk.index, g.gpu)]
+                                      for g in lk.state.gpus], False
+            link = WorkerLink(len(self.links), address)
+            wait = self.connect_timeout if timeout is None else timeout
+            try:
+                await asyncio.wait_for(self._connect(link, time.monotonic() + wait), wait)
+            except ValueError as e:
+                raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+            except (ConnectionError, TimeoutError) as e:
+                raise RepositoryError(grpc.StatusCode.UNAVAILABLE,
+                                      str(e) or f"cannot reach worker {address} in "
+                                      f"{wait:.1f} s") from None
+            specs = [GpuSpec(link.index, g.gpu, g.pages) for g in link.state.gpus]
+            first = len(self.gpu_index)
+            try:
+                self.ctrl.add_worker(specs, now_ns())
+            except NotImplementedError as e:
+                await link.channel.close()
+                raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+            self.links.append(link)
+            for i, s in enumerate(specs):
+                self.gpu_index[(link.index, s.gpu)] = first + i
+            self._start_link_tasks(link)
+            self.count("workers_added")
+            print(f"controller: worker {address} joined with {len(specs)} GPU(s)",
+                  file=sys.stderr, flush=True)
+            return link.index, list(range(first, first + len(specs))), True
 
     async def _open(self, link: WorkerLink) -> None:
         """One connection attempt: clock sync, Connect stream, Hello, state."""
@@ -1151,6 +1196,17 @@ class ClockworkServicer(pbg.ClockworkServicer):
         except RepositoryError as e:
             await context.abort(e.code, e.message)
         return pb.LoadModelResponse(models=[n.model_info(i) for i in names])
+
+    async def AddWorker(self, request, context):  # noqa: N802
+        if not request.address:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "give the worker's host:port")
+        try:
+            left = context.time_remaining()  # answer before the caller's deadline
+            w, gpus, added = await self.node.add_worker(
+                request.address, None if left is None else max(0.5, left - 0.5))
+        except RepositoryError as e:
+            await context.abort(e.code, e.message)
+        return pb.AddWorkerResponse(worker=w, gpus=gpus, added=added)
 
     async def UnloadModel(self, request, context):  # noqa: N802
         try:

@@ -36,7 +36,7 @@ def test_a_gpu_added_at_run_time_gets_copies(policy):
     assert loop.add_worker([GpuSpec(1, 0, room)], now) == 1
     assert loop.gpus_of == [[0], [1]] and loop.up == [True, True]
     rid = 100
-    for step in range(40):  # requests for the other model keep coming; timers fire
+    for _ in range(40):  # requests for the other model keep coming; timers fire
         now += ms(5)
         loop.requests([Request(rid, "resnet18_v2", now, ms(500))], now)
         rid += 1
@@ -59,3 +59,33 @@ def test_add_worker_checks_the_worker_index():
         loop.add_worker([GpuSpec(3, 0, 100)], 0)
     assert loop.add_worker([GpuSpec(1, 0, 100), GpuSpec(1, 1, 100)], 0) == 1
     assert loop.gpus_of == [[0], [1, 2]] and loop.n_gpus == 3
+
+
+def test_live_controller_connects_a_worker_while_serving():
+    """A 1-worker cluster whose GPU holds one of its two models; a second worker process is
+    started and added while the controller serves: it gets worker index 1 and GPU 1, the
+    second model is loaded there (the first stays on GPU 0), both are served; adding it
+    again changes nothing; an address nobody listens on is refused in one answer."""
+    pytest.importorskip("grpc")
+    from clockwork.client import Client
+    from clockwork.errors import ControllerUnavailable
+    from tests.conftest import local_cluster
+
+    room = max(R50.weights_pages, R18.weights_pages)
+    with local_cluster(workers=1, gpus=1, models="resnet50_v2,resnet18_v2",
+                       pages=room) as c, Client(c.address) as k:
+        k.infer("resnet50_v2", slo_ms=1000)  # raises unless served
+        assert list(k.model_status("resnet50_v2").loaded_on) == [0]
+        got = c.add_worker()
+        assert got == {"worker": 1, "gpus": [1], "added": True}
+        assert k.add_worker(c.worker_addresses[1]) == {"worker": 1, "gpus": [1],
+                                                      "added": False}
+        for _ in range(5):
+            k.infer("resnet18_v2", slo_ms=1000)  # raises unless served
+            k.infer("resnet50_v2", slo_ms=1000)  # raises unless served
+        assert list(k.model_status("resnet18_v2").loaded_on) == [1]
+        assert list(k.model_status("resnet50_v2").loaded_on) == [0]
+        stats = k.stats()
+        assert stats.get("workers_added") == 1 and stats.get("evicts_sent", 0) == 0, stats
+        with pytest.raises(ControllerUnavailable, match="cannot reach"):
+            k.add_worker("127.0.0.1:9", timeout=3)

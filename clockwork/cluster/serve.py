@@ -206,6 +206,23 @@ class LocalCluster:
         for w in self.workers:
             w.stop()
 
+    def add_worker(self) -> dict:
+        """Start one more worker process (the flags of the others) and have the running
+        controller connect it (``Client.add_worker``): returns its answer, ``{"worker",
+        "gpus", "added"}``. The new worker's GPUs serve from then on."""
+        from clockwork.client import Client
+
+        i = len(self.workers)
+        argv = _cli() + ["worker", "--host", self.worker_host, "--port", "0",
+                         *self.worker_flags(i)]
+        self._worker_argv.append(argv)
+        child = _Child(f"worker{i}", argv, self.echo, self._env)
+        self.workers.append(child)
+        address = child.wait_address(self.timeout)
+        self.worker_addresses.append(address)
+        with Client(self.address, token=self.token or "") as c:
+            return c.add_worker(address, timeout=self.timeout)
+
     def shape(self) -> str:
         """The workers in words: ``2 emulated worker(s) x 2 GPU(s)``."""
         return f"{self.n_workers} {self.device} worker(s) x {self.gpus} GPU(s)"

@@ -59,6 +59,11 @@ class ClockworkStub(object):
                 request_serializer=clockwork_dot_protocol_dot_clockwork__pb2.StatsRequest.SerializeToString,
                 response_deserializer=clockwork_dot_protocol_dot_clockwork__pb2.StatsResponse.FromString,
                 _registered_method=True)
+        self.AddWorker = channel.unary_unary(
+                '/clockwork.v1.Clockwork/AddWorker',
+                request_serializer=clockwork_dot_protocol_dot_clockwork__pb2.AddWorkerRequest.SerializeToString,
+                response_deserializer=clockwork_dot_protocol_dot_clockwork__pb2.AddWorkerResponse.FromString,
+                _registered_method=True)
         self.LoadModel = channel.unary_unary(
                 '/clockwork.v1.Clockwork/LoadModel',
                 request_serializer=clockwork_dot_protocol_dot_clockwork__pb2.LoadModelRequest.SerializeToString,
@@ -106,6 +111,12 @@ class ClockworkServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddWorker(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def LoadModel(self, request, context):
         """The model repository (errors: NOT_FOUND for an unknown profile or model,
         INVALID_ARGUMENT for bad parameters or a name loaded otherwise, UNAVAILABLE when a
@@ -148,6 +159,11 @@ def add_ClockworkServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=clockwork_dot_protocol_dot_clockwork__pb2.StatsRequest.FromString,
                     response_serializer=clockwork_dot_protocol_dot_clockwork__pb2.StatsResponse.SerializeToString,
+            ),
+            'AddWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddWorker,
+                    request_deserializer=clockwork_dot_protocol_dot_clockwork__pb2.AddWorkerRequest.FromString,
+                    response_serializer=clockwork_dot_protocol_dot_clockwork__pb2.AddWorkerResponse.SerializeToString,
             ),
             'LoadModel': grpc.unary_unary_rpc_method_handler(
                     servicer.LoadModel,
@@ -295,6 +311,33 @@ class Clockwork(object):
             '/clockwork.v1.Clockwork/Stats',
             clockwork_dot_protocol_dot_clockwork__pb2.StatsRequest.SerializeToString,
             clockwork_dot_protocol_dot_clockwork__pb2.StatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clockwork.v1.Clockwork/AddWorker',
+            clockwork_dot_protocol_dot_clockwork__pb2.AddWorkerRequest.SerializeToString,
+            clockwork_dot_protocol_dot_clockwork__pb2.AddWorkerResponse.FromString,
             options,
             channel_credentials,
             insecure,
