@@ -337,7 +337,7 @@ class Runner:
                     bar.update(1)
             return
         if self._executor is None:
-            self._executor = backend(self.backend)(self.jobs)
+            self._executor = backend(self.backend)(min(self.jobs, len(todo)))
         ex = self._executor
         futures: dict[Future, Outcome] = {}
         try:

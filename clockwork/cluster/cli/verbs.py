@@ -444,14 +444,14 @@ def _add_parallel(p) -> None:
 def add_sweep(sub) -> None:
     p = _verb(sub, "sweep", "clockwork.cluster.sweep:cmd_sweep",
               "run a grid of simulations (scenarios x overrides x seeds) in parallel",
-              "Run every point of a sweep file -- scenarios x combinations of [grid] values "
-              "x seeds, each one `clockwork simulate SCENARIO --set ...` -- as parallel "
-              "simulations, and gather their summaries into OUT/results.tsv and "
-              "OUT/results.json (one row per point: scenario, overrides, seed, requests, "
-              "goodput, SLO attainment, latency percentiles, cold starts). Each point writes "
-              "OUT/points/<name>/ with summary.json last; a point already done is not run "
-              "again, so an interrupted sweep resumes where it stopped and deleting a "
-              "point's folder reruns just that point. Exit 1 if a point failed.",
+              "Run every point of a sweep file -- scenarios x combinations of [grid] values x\n"
+              "seeds, each one `clockwork simulate SCENARIO --set ...` -- as parallel simulations,\n"
+              "and gather their summaries into OUT/results.tsv and OUT/results.json (one row per\n"
+              "point: scenario, overrides, seed, requests, goodput, SLO attainment, latency\n"
+              "percentiles, cold starts). Each point writes OUT/points/<name>/ with summary.json\n"
+              "last; a point already done is not run again, so an interrupted sweep resumes where\n"
+              "it stopped and deleting a point's folder reruns just that point. Exit 1 if a point\n"
+              "failed.",
               epilog=SWEEP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
               requires=("tqdm",))
     p.add_argument("file", help="sweep TOML file, or the name of a shipped sweep")
@@ -485,11 +485,11 @@ examples:
 def add_plan(sub) -> None:
     p = _verb(sub, "plan", "clockwork.cluster.plan:cmd_plan",
               "find the fewest GPUs that meet an SLO attainment target (parallel simulation)",
-              "Capacity planning: simulate the scenario at several GPU counts (in parallel, "
-              "each count with --seeds seeds) and print the smallest count N that meets the "
-              "target -- every seed's SLO attainment >= --attainment -- with the curve of "
-              "GPUs against attainment, goodput and cold starts. Exit 0 with an answer, 1 "
-              "when even --max-gpus misses the target.",
+              "Capacity planning: simulate the scenario at several GPU counts (in parallel, each\n"
+              "count with --seeds seeds) and print the smallest count N that meets the target --\n"
+              "every seed's SLO attainment >= --attainment -- with the curve of GPUs against\n"
+              "attainment, goodput and cold starts. Exit 0 with an answer, 1 when even --max-gpus\n"
+              "misses the target.",
               epilog=PLAN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
               requires=("tqdm",))
     p.add_argument("scenario", help="scenario TOML file or shipped scenario name")
