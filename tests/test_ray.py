@@ -198,3 +198,32 @@ def test_ray_address_is_checked(capsys):
     assert main(["serve", "scenarios/poisson_warm.toml", "--set", "cluster.backend=k8s"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "cluster.backend" in lines[0] and "k8s" in lines[0], lines
+
+
+def test_a_node_that_joins_gets_a_worker_that_serves(ray_nodes):
+    """A third Ray node offering 2 GPUs joins while the cluster serves: a worker actor is
+    started there and added to the running controller, whose new GPUs (4 and 5) then hold
+    copies and serve requests."""
+    import clockwork
+    from clockwork.cluster.ray_cluster import RayCluster
+
+    with RayCluster(models="resnet18_v2:6", http_port=-1, kserve_port=-1, timeout=60.0,
+                    watch_s=0.5) as c, clockwork.Client(c.address, timeout=10) as cl:
+        assert len(c.worker_addresses) == 2
+        node = ray_nodes.add_node(num_cpus=1, resources={"clockwork_gpu": 2},
+                                  node_ip_address="127.0.0.1")
+        try:
+            deadline = time.monotonic() + 60
+            while cl.stats().get("workers_added", 0) < 1:  # polling a condition
+                assert time.monotonic() < deadline, "the new node's worker was not added"
+                time.sleep(0.1)
+            assert len(c.worker_addresses) == 3 and len(c.nodes) == 3
+            gpus = set()
+            while not gpus & {4, 5}:  # six copies on six GPUs: the new ones take some
+                assert time.monotonic() < deadline, f"no request ran on GPUs 4-5: {gpus}"
+                for k in range(6):
+                    gpus.add(cl.infer(f"resnet18_v2:{k}" if k else "resnet18_v2",
+                                      slo_ms=500).gpu)
+        finally:
+            c.stop()
+            ray_nodes.remove_node(node)

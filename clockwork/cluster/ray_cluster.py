@@ -28,9 +28,14 @@ Ray places and restarts the processes; the data path stays our gRPC protocol:
 RayCluster(address=...) as c: Client(c.address)``; ``c.worker_info(i)`` has each actor's
 pid, node and address.
 
-Not here yet: nodes that join while the cluster serves get no worker (the policy takes
-its GPUs at start), and a worker whose old port is taken when Ray restarts it fails to
-start (the controller would have to learn a new address).
+- **nodes that join** while the cluster serves: every ``watch_s`` seconds (2 s) Ray's
+  node list is read; a live node offering GPUs without a worker gets one (an actor, as
+  above), and the running controller is told to connect it (``Client.add_worker``: its
+  GPUs get the next indices and the policy places copies there by its usual rules).
+
+Not here yet: a worker whose old port is taken when Ray restarts it fails to start (the
+controller would have to learn a new address); a node that leaves keeps its worker's
+GPUs in the controller's view, lost (the controller keeps trying to reconnect).
 """
 
 from __future__ import annotations
@@ -183,6 +188,13 @@ class WorkerActor:
             pass
 
 
+def _first_line(e: BaseException) -> str:
+    """The last line of a Ray error's cause (what went wrong, without Ray's traceback)."""
+    cause = getattr(e, "cause", None) or e
+    text = str(cause).strip()
+    return text.splitlines()[-1] if text else repr(cause)
+
+
 def gpu_nodes(device: str) -> list[tuple[str, str, int]]:
     """The live Ray nodes that offer GPUs: (node id, address, GPU count); ``GPU`` for the
     cuda device, ``clockwork_gpu`` otherwise."""
@@ -208,8 +220,13 @@ class RayCluster(LocalCluster):
 
     def __init__(self, *, address: str | None = None, max_restarts: int = -1,
                  worker_num_cpus: float = 1.0, insecure_workers: bool = False,
-                 **kw) -> None:
+                 watch_s: float = 2.0, **kw) -> None:
         super().__init__(**kw)
+        # how often Ray's node list is read for new nodes offering GPUs (each gets a
+        # worker actor, added to the running controller); 0: never
+        self.watch_s = watch_s
+        self._watch_stop = threading.Event()
+        self._watcher: threading.Thread | None = None
         self.ray_address = address
         self.max_restarts = max_restarts
         self.worker_num_cpus = worker_num_cpus
@@ -266,34 +283,79 @@ class RayCluster(LocalCluster):
                     f"emulated GPUs (resource '{RESOURCE}': ray start --resources "
                     f"'{{\"{RESOURCE}\": 2}}')")
             raise ChildRefused(f"no live Ray node offers {what}")
-        actor_cls = ray.remote(WorkerActor)
-        refs = []
-        for i, (node_id, ip, n) in enumerate(self.nodes):
-            flags = self._flags(i, n)
-            worker_args(flags, "127.0.0.1", 0)  # a bad flag: one line here, not in an actor
-            opts: dict = {"num_cpus": self.worker_num_cpus,
-                          "max_restarts": self.max_restarts,
-                          "name": f"clockwork-{self.run_id}-worker{i}",
-                          "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id,
-                                                                                soft=False)}
-            if self.device == "cuda":
-                opts["num_gpus"] = n
-            else:
-                opts["resources"] = {RESOURCE: n}
-            port = self.worker_port + 10 * i if self.worker_port else 0
-            a = actor_cls.options(**opts).remote(i, flags, self.cluster_secret or "",
-                                                 self.run_id, ip, port, self.insecure_workers)
-            self.actors.append(a)
-            refs.append(a.address.remote())
+        refs = [self._start_actor(i, node).address.remote()
+                for i, node in enumerate(self.nodes)]
         try:
             return ray.get(refs, timeout=self.timeout)
         except ray.exceptions.GetTimeoutError:
             raise TimeoutError(f"the worker actors did not start in {self.timeout:.0f} s "
                                "(are their nodes' GPUs taken by other actors?)") from None
         except ray.exceptions.RayActorError as e:
-            cause = getattr(e, "cause", None) or e
-            first = str(cause).strip().splitlines()[-1] if str(cause).strip() else repr(cause)
-            raise ChildRefused(f"a worker actor failed to start: {first}") from None
+            raise ChildRefused(f"a worker actor failed to start: {_first_line(e)}") from None
+
+    def _start_actor(self, i: int, node: tuple[str, str, int]):
+        """Worker ``i``'s actor on ``node`` (node id, address, GPU count)."""
+        node_id, ip, n = node
+        flags = self._flags(i, n)
+        worker_args(flags, "127.0.0.1", 0)  # a bad flag: one line here, not in an actor
+        opts: dict = {"num_cpus": self.worker_num_cpus,
+                      "max_restarts": self.max_restarts,
+                      "name": f"clockwork-{self.run_id}-worker{i}",
+                      "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id,
+                                                                            soft=False)}
+        if self.device == "cuda":
+            opts["num_gpus"] = n
+        else:
+            opts["resources"] = {RESOURCE: n}
+        port = self.worker_port + 10 * i if self.worker_port else 0
+        a = ray.remote(WorkerActor).options(**opts).remote(
+            i, flags, self.cluster_secret or "", self.run_id, ip, port, self.insecure_workers)
+        self.actors.append(a)
+        return a
+
+    def start(self) -> RayCluster:
+        super().start()
+        if self.watch_s > 0:
+            self._watcher = threading.Thread(target=self._watch, name="clockwork-ray-nodes",
+                                             daemon=True)
+            self._watcher.start()
+        return self
+
+    def add_new_nodes(self) -> list[dict]:
+        """A worker actor on every live Ray node offering GPUs that has none yet, each
+        added to the running controller (``Client.add_worker``); returns the controller's
+        answers. Called every ``watch_s`` seconds while the cluster runs."""
+        from clockwork.client import Client
+
+        known = {node_id for node_id, *_ in self.nodes}
+        added = []
+        for node in gpu_nodes(self.device):
+            if node[0] in known:
+                continue
+            i = len(self.nodes)
+            actor = self._start_actor(i, node)
+            self.nodes.append(node)
+            try:
+                address = ray.get(actor.address.remote(), timeout=self.timeout)
+            except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as e:
+                print(f"clockwork: worker actor {i} on Ray node {node[1]} did not start: "
+                      f"{_first_line(e)}", file=sys.stderr, flush=True)
+                continue
+            self.worker_addresses.append(address)
+            with Client(self.address, token=self.token or "") as c:
+                got = c.add_worker(address, timeout=self.timeout)
+            print(f"clockwork: Ray node {node[1]} joined: worker {got['worker']} at "
+                  f"{address}, GPUs {got['gpus']}", file=sys.stderr, flush=True)
+            added.append(got)
+        return added
+
+    def _watch(self) -> None:
+        while not self._watch_stop.wait(self.watch_s):
+            try:
+                self.add_new_nodes()
+            except Exception as e:  # noqa: BLE001 - keep watching; say what went wrong
+                print(f"clockwork: adding new Ray nodes failed: {e!r}", file=sys.stderr,
+                      flush=True)
 
     def shape(self) -> str:
         gpus = "+".join(str(n) for *_, n in self.nodes) or "0"
@@ -309,6 +371,10 @@ class RayCluster(LocalCluster):
         raise RuntimeError("Ray restarts a worker actor by itself")
 
     def _stop_workers(self) -> None:
+        self._watch_stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=self.timeout)
+            self._watcher = None
         if self.actors:
             try:
                 ray.get([a.stop.remote() for a in self.actors], timeout=10.0)
