@@ -165,8 +165,8 @@ slo_ms = 100
 
 
 def test_without_ray_serve_ray_says_what_to_install(tmp_path):
-    """No ray installed (its import blocked): ``--ray``, and a scenario's backend = "ray",
-    are one line naming the extra, exit 2."""
+    """No ray installed (its import blocked): ``serve --ray``, a scenario's backend =
+    "ray" and ``sweep --ray`` are one line naming the extra, exit 2."""
     sc = tmp_path / "s.toml"
     sc.write_text('[cluster]\nbackend = "ray"\n[[models]]\nname = "resnet18_v2"\n'
                   '[[workloads]]\nkind = "poisson"\nrate_rps = 10\n')
@@ -177,13 +177,16 @@ from clockwork.cluster.cli import main
 print("RC", main(["serve", "--ray"]))
 print("RC", main(["serve", {str(sc)!r}, "--replay"]))
 print("RC", main(["serve", "--ray", "auto", "--port", "0"]))
+print("RC", main(["sweep", "example", "--ray", "--quiet", "--out", {str(tmp_path / "sw")!r}]))
 """
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0, p.stderr
-    assert p.stdout.count("RC 2") == 3, p.stdout
+    assert p.stdout.count("RC 2") == 4, p.stdout
     lines = p.stderr.strip().splitlines()
-    assert lines == ["clockwork serve: needs ray: pip install 'clockwork-py[ray]'"] * 3, p.stderr
+    assert lines[:3] == ["clockwork serve: needs ray: pip install 'clockwork-py[ray]'"] * 3, \
+        p.stderr
+    assert lines[3:] == ["clockwork sweep: needs ray: pip install 'clockwork-py[ray]'"], p.stderr
 
 
 def test_ray_address_is_checked(capsys):
@@ -227,3 +230,19 @@ def test_a_node_that_joins_gets_a_worker_that_serves(ray_nodes):
         finally:
             c.stop()
             ray_nodes.remove_node(node)
+
+
+def test_sweep_points_run_as_ray_tasks_give_the_local_results(ray_nodes, tmp_path):
+    """``--backend ray`` (``--ray ADDRESS``): the points run as Ray tasks on the attached
+    cluster; every summary is the one a local, in-process run gives."""
+    from clockwork.cluster.parallel import Point, run_points
+    from clockwork.resources import resolve_scenario
+
+    path = str(resolve_scenario("poisson_warm"))
+    points = [Point("poisson_warm", path, ("duration_s=3", f"seed={s}"), (("seed", s),))
+              for s in (1, 2, 3)]
+    on_ray = run_points(points, tmp_path / "ray", backend="ray", progress=False)
+    local = run_points(points, tmp_path / "local", jobs=1, progress=False)
+    assert all(o.ok for o in on_ray), [o.error for o in on_ray]
+    assert [o.summary for o in on_ray] == [o.summary for o in local]
+    assert len({o.summary["seed"] for o in on_ray}) == 3

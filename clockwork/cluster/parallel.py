@@ -197,7 +197,10 @@ def local_executor(jobs: int) -> Executor:
 
 # name -> (jobs -> Executor), or "module:function" naming one (imported when used, so a
 # backend whose engine is not installed costs nothing until it is asked for)
-BACKENDS: dict[str, Callable[[int], Executor] | str] = {"local": local_executor}
+BACKENDS: dict[str, Callable[[int], Executor] | str] = {
+    "local": local_executor,
+    "ray": "clockwork.cluster.ray_cluster:RayExecutor",  # the ray extra
+}
 
 
 def register_backend(name: str, factory: Callable[[int], Executor] | str) -> None:
@@ -221,6 +224,17 @@ def backend(name: str) -> Callable[[int], Executor]:
     return f
 
 
+def backend_of(args) -> str:
+    """The backend a command's arguments ask for: ``--ray [ADDRESS]`` is ``ray`` on that
+    cluster (Ray reads ``RAY_ADDRESS``; none: a local Ray instance), else ``--backend``."""
+    ray_address = getattr(args, "ray", None)
+    if ray_address is None:
+        return args.backend
+    if ray_address != "local":
+        os.environ["RAY_ADDRESS"] = ray_address
+    return "ray"
+
+
 def check_backend(name: str) -> str | None:
     """None if backend ``name`` can be used, else a one-line reason."""
     try:
@@ -228,6 +242,8 @@ def check_backend(name: str) -> str | None:
     except ValueError as e:
         return f"--backend: {e}"
     except ImportError as e:
+        if name == "ray":
+            return "needs ray: pip install 'clockwork-py[ray]'"
         return (f"--backend {name} needs {e.name or 'a module that is missing'} "
                 f"({type(e).__name__}: {e})")
     return None

@@ -30,7 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clockwork.cluster.parallel import Outcome, Point, Runner, check_backend, default_jobs
+from clockwork.cluster.parallel import (
+    Outcome,
+    Point,
+    Runner,
+    backend_of,
+    check_backend,
+    default_jobs,
+)
 
 
 class PlanError(ValueError):
@@ -287,6 +294,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             return fail("--plot needs matplotlib: pip install 'clockwork-py[plots]'")
+    args.backend = backend_of(args)
     if (why := check_backend(args.backend)) is not None:
         return fail(why)
     try:

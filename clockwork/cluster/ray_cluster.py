@@ -48,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import Executor, Future
 from pathlib import Path
 
 import ray
@@ -389,3 +390,40 @@ class RayCluster(LocalCluster):
         if self._own_ray:
             ray.shutdown()
             self._own_ray = False
+
+
+class RayExecutor(Executor):
+    """``clockwork sweep|plan --ray [ADDRESS]`` (``--backend ray``): each task a Ray task
+    of one CPU, on the Ray cluster this process is attached to, else the one
+    ``RAY_ADDRESS`` names, else a local Ray instance started for it (and stopped at
+    shutdown). Ray runs as many at once as the cluster has CPUs (``jobs`` is not a bound
+    here). A task that fails raises in its future, as in a process pool."""
+
+    def __init__(self, jobs: int) -> None:
+        self._own = not ray.is_initialized()
+        if self._own:
+            ray.init(log_to_driver=False, include_dashboard=False, configure_logging=False)
+        self._remote: dict = {}
+        self._refs: list = []
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        task = self._remote.get(fn)
+        if task is None:
+            task = self._remote[fn] = ray.remote(num_cpus=1, max_retries=0)(fn)
+        ref = task.remote(*args, **kwargs)
+        self._refs.append(ref)
+        return ref.future()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        if cancel_futures:
+            for ref in self._refs:
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception:  # noqa: BLE001, S110 - finished already
+                    pass
+        elif wait and self._refs:
+            ray.wait(self._refs, num_returns=len(self._refs))
+        self._refs = []
+        if self._own:
+            ray.shutdown()
+            self._own = False

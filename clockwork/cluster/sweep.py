@@ -45,6 +45,7 @@ from clockwork.cluster.parallel import (
     Outcome,
     Point,
     Runner,
+    backend_of,
     check_backend,
     default_jobs,
     done_summary,
@@ -400,6 +401,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             return fail("--plot needs matplotlib: pip install 'clockwork-py[plots]'")
+    args.backend = backend_of(args)
     if (why := check_backend(args.backend)) is not None:
         return fail(why)
     out = Path(args.out or sweep.spec.out or Path(SWEEPS) / sweep.path.stem)

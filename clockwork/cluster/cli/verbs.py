@@ -436,7 +436,13 @@ def _add_parallel(p) -> None:
                    help="simulations run at once (default: the CPUs this process may use)")
     p.add_argument("--backend", default="local", metavar="NAME",
                    help="where simulations run: local (processes on this machine; the "
-                   "default)")
+                   "default) or ray (tasks on a Ray cluster, see --ray)")
+    p.add_argument("--ray", nargs="?", const="local", default=None, type=t.ray_address,
+                   metavar="ADDRESS",
+                   help="run the simulations as Ray tasks (one CPU each) on the Ray cluster "
+                   "at ADDRESS (auto, HOST:PORT, ray://HOST:PORT; without one: a local Ray "
+                   "instance); the nodes need clockwork-py installed and the scenario files "
+                   "at the same paths")
     p.add_argument("--quiet", action="store_true", help="no progress bar or status lines")
     p.add_argument("--progress", action="store_true", help="progress bar even without a TTY")
 
