@@ -5,13 +5,20 @@ about. The lane is predicted free at the end of that chain, each action starting
 no earlier than its ``earliest`` and taking its expected duration, anchored at
 the last completion the worker reported. Work that is ``lag`` overdue is assumed
 done, so one lost result cannot stall a GPU forever.
+
+``on_change`` (optional) is called after every change of the prediction (work added, a
+result, a re-anchor); ``free_at`` and ``due`` are the prediction's raw figures, which
+``available`` turns into a start time (see ``ClockworkScheduler``'s copy index, which
+keeps them ordered per model without asking every lane on every request).
 """
 
 from __future__ import annotations
 
+from clockwork.actions import NEVER
+
 
 class LaneTracker:
-    __slots__ = ("future", "lag", "base", "_work", "_free_at", "_first")
+    __slots__ = ("future", "lag", "base", "_work", "_free_at", "_first", "on_change")
 
     def __init__(self, future: int, lag: int) -> None:
         self.future = future
@@ -20,6 +27,7 @@ class LaneTracker:
         self._work: dict[int, tuple[int, int]] = {}  # id -> (earliest, duration), in send order
         self._free_at = 0
         self._first = 0  # duration of the oldest outstanding action (0: none)
+        self.on_change = None  # called after every change of the prediction
 
     def __len__(self) -> int:
         return len(self._work)
@@ -27,6 +35,19 @@ class LaneTracker:
     @property
     def idle(self) -> bool:
         return not self._work
+
+    @property
+    def free_at(self) -> int:
+        """The end of the predicted chain; ``available(now)`` is ``max(free_at, now +
+        future)`` unless the lane is overdue at ``now`` (``due < now``)."""
+        return self._free_at
+
+    @property
+    def due(self) -> int:
+        """``available(now)`` re-anchors the lane (assumes its oldest action done) for
+        any ``now`` after this; a huge number when the lane is empty."""
+        first = self._first
+        return self.base + first + self.lag if first else NEVER
 
     def available(self, now: int) -> int:
         """Predicted time the lane can start new work (never before ``now + future``)."""
@@ -36,6 +57,8 @@ class LaneTracker:
             self.base = now - self.lag - first
             self._recompute()
             free = self._free_at
+            if self.on_change is not None:
+                self.on_change()
         t = now + self.future
         return free if free > t else t
 
@@ -49,6 +72,8 @@ class LaneTracker:
             self._first = duration
         self._work[action_id] = (earliest, duration)
         self._free_at = start + duration
+        if self.on_change is not None:
+            self.on_change()
         return start
 
     def done(self, action_id: int, end: int) -> None:
@@ -63,6 +88,8 @@ class LaneTracker:
         elif end > self.base:
             self.base = end
         self._recompute()
+        if self.on_change is not None:
+            self.on_change()
 
     def _recompute(self) -> None:
         self._first = next(iter(self._work.values()))[1] if self._work else 0

@@ -33,14 +33,19 @@ from clockwork.requests import DONE, EXECUTING, QUEUED, Reply, Request
 from controller.config import SchedulerConfig
 from controller.inflight import COPY_GONE, Inflight, error_message
 from controller.policy import MODEL_UNLOADED, GpuSpec, ModelView, Policy
-from controller.state import GpuState, Instance, ModelState
+from controller.state import CopyIndex, GpuState, Instance, ModelState
 
 MISS_MEMORY = 1_000_000_000  # how long a request rejected for a cold model keeps asking for a LOAD
 REPLICA_DEMAND = 0.5  # queued demand per copy (in GPUs, see ModelState.outstanding) that asks for a look at adding a copy
 
 
+def _by_seq(inst: Instance) -> int:
+    return inst.seq
+
+
 class ClockworkScheduler(Policy):
     scan_extra = 64  # queued requests looked at beyond max batch when forming a batch
+    wide_copies = 8  # a model with this many copies gets a CopyIndex (dropped below half)
     def __init__(self, profiles: Iterable[ModelProfile], gpus: Iterable[GpuSpec],
                  config: SchedulerConfig | None = None) -> None:
         self.cfg = cfg = config or SchedulerConfig()
@@ -59,6 +64,7 @@ class ClockworkScheduler(Policy):
         self._last_now = 0
         self._next_load_check = 0
         self._removed: dict[str, ModelState] = {}  # removed, copies not yet all evicted
+        self._copy_seq = 0  # numbers the copies in order of creation (Instance.seq)
 
     # ------------------------------------------------------------------ events
 
@@ -91,7 +97,11 @@ class ClockworkScheduler(Policy):
         request.demand = cached[2]
         request.cold = m.ready_copies == 0
         insts = m.instances
-        if insts:
+        ix = m.wide
+        if ix is not None:
+            # many copies: the index knows the soonest without asking every lane
+            soonest = self._soonest(m, ix, now)
+        elif insts:
             # the soonest any copy could start it if it were next in line
             gpus = self.gpus
             frees = []
@@ -138,7 +148,9 @@ class ClockworkScheduler(Policy):
             self._queued.add(m.name)
             for gi in insts:
                 self.gpus[gi].active[m.name] = None
-        if insts:
+        if ix is not None:
+            self._kick_copies(m, ix, now, out)
+        elif insts:
             sa = cfg.schedule_ahead
             horizon = now + sa
             for g, free in frees:
@@ -190,6 +202,8 @@ class ClockworkScheduler(Policy):
                     inst.loading = False
                     inst.ready_at = result.end
                     inst.model.ready_copies += 1
+                    if inst.model.wide is not None:
+                        inst.model.wide.push(inst)
                     if inst.model.removed:
                         self._retire(inst, now, out)
             elif current:
@@ -213,6 +227,9 @@ class ClockworkScheduler(Policy):
             _, gi = heapq.heappop(wakes)
             g = self.gpus[gi]
             g.wake_at = 0
+            if g.wide:
+                for wm in g.wide:
+                    wm.wide.unwoken.add(gi)
             self._schedule_infer(g, now, out)
         if self._next_load_check and now >= self._next_load_check:
             self._schedule_loads(now, out, only_idle=False)
@@ -452,8 +469,96 @@ class ClockworkScheduler(Policy):
     def _wake(self, g: GpuState, t: int) -> None:
         if g.wake_at and g.wake_at <= t:
             return
+        if not g.wake_at and g.wide:
+            for wm in g.wide:
+                wm.wide.unwoken.discard(g.index)
         g.wake_at = t
         heapq.heappush(self._wakes, (t, g.index))
+
+    # ------------------------------------------------------------------ many copies
+
+    def _soonest(self, m: ModelState, ix: CopyIndex, now: int) -> int:
+        """The soonest any copy of ``m`` could start a request (what ``on_request``'s loop
+        over the copies finds): lanes that are overdue are re-anchored first, as asking
+        them would; every other lane's ``available(now)`` is max(free_at, now + future)."""
+        insts = m.instances
+        if ix.size() > 4 * len(insts) + 64:
+            ix.rebuild(insts)
+        due = ix.by_due
+        if due and due[0][0] < now:
+            lanes = []
+            while due and due[0][0] < now:
+                d, seq, gi = heapq.heappop(due)
+                inst = insts.get(gi)
+                if inst is not None and inst.seq == seq and inst.gpu.exec.due == d:
+                    lanes.append(inst.gpu.exec)
+            for lane in lanes:
+                lane.available(now)  # re-anchors it; its on_change records the new figures
+        h = ix.by_start
+        pop = heapq.heappop
+        while True:
+            key, seq, gi = h[0]
+            inst = insts.get(gi)
+            if inst is not None and inst.seq == seq:
+                free = inst.gpu.exec._free_at
+                ready = inst.ready_at
+                if key == (free if free > ready else ready):
+                    break
+            pop(h)
+        t = now + self.cfg.future
+        return key if key > t else t
+
+    def _kick_copies(self, m: ModelState, ix: CopyIndex, now: int, out: list[Action]) -> None:
+        """``on_request``'s loop over the copies, from the index: INFER on each GPU free
+        before the horizon (in the order of ``m.instances``), a wake for each other GPU
+        without one."""
+        cfg = self.cfg
+        sa = cfg.schedule_ahead
+        horizon = now + sa
+        t = now + cfg.future
+        insts = m.instances
+        free: dict[int, Instance] = {}
+        if t < horizon:
+            h = ix.by_free
+            back = []
+            while h and h[0][0] < horizon:
+                e = heapq.heappop(h)
+                key, seq, gi = e
+                inst = insts.get(gi)
+                if (inst is not None and inst.seq == seq and gi not in free
+                        and inst.gpu.exec._free_at == key):
+                    free[gi] = inst
+                    back.append(e)
+            for e in back:
+                heapq.heappush(h, e)
+        if ix.unwoken:
+            gpus = self.gpus
+            for gi in [gi for gi in ix.unwoken if gi not in free]:
+                g = gpus[gi]
+                f = g.exec._free_at
+                self._wake(g, (f if f > t else t) - sa + 1)
+        if free:
+            for inst in sorted(free.values(), key=_by_seq) if len(free) > 1 else free.values():
+                self._schedule_infer(inst.gpu, now, out)
+
+    def _index_copy(self, m: ModelState, inst: Instance) -> None:
+        g = inst.gpu
+        g.wide.append(m)
+        if g.exec.on_change is None:
+            g.exec.on_change = lambda: self._lane_changed(g)
+        m.wide.push(inst)
+        if not g.wake_at:
+            m.wide.unwoken.add(g.index)
+
+    def _lane_changed(self, g: GpuState) -> None:
+        gi = g.index
+        for m in g.wide:
+            m.wide.push(m.instances[gi])
+
+    def _unindex_copy(self, m: ModelState, g: GpuState) -> None:
+        g.wide.remove(m)
+        if not g.wide:
+            g.exec.on_change = None
 
     # ------------------------------------------------------------------ LOAD / EVICT
 
@@ -568,6 +673,14 @@ class ClockworkScheduler(Policy):
         g.instances[m.name] = inst
         g.free_pages -= m.pages
         m.instances[g.index] = inst
+        self._copy_seq += 1
+        inst.seq = self._copy_seq
+        if m.wide is not None:
+            self._index_copy(m, inst)
+        elif len(m.instances) >= self.wide_copies:
+            m.wide = CopyIndex()
+            for i in m.instances.values():
+                self._index_copy(m, i)
         self._unserved.discard(m.name)
         a = Action(aid, ActionType.LOAD, g.worker, g.gpu, m.name, now, latest, e,
                    version=m.versions, expected_end=start + e, sent_at=now)
@@ -591,6 +704,13 @@ class ClockworkScheduler(Policy):
         del g.instances[m.name]
         del m.instances[g.index]
         g.active.pop(m.name, None)
+        if m.wide is not None:
+            self._unindex_copy(m, g)
+            m.wide.unwoken.discard(g.index)
+            if len(m.instances) < max(1, self.wide_copies // 2):
+                for i in m.instances.values():
+                    self._unindex_copy(m, i.gpu)
+                m.wide = None
         g.free_pages += m.pages
         if not inst.loading:
             m.ready_copies -= 1

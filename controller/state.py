@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 from collections import deque
+from heapq import heapify, heappush
 
+from clockwork.actions import NEVER
 from clockwork.profiles import ModelProfile
 from clockwork.requests import QUEUED, Request
 from controller.config import SchedulerConfig
@@ -15,7 +17,8 @@ from controller.lanes import LaneTracker
 class Instance:
     """A model's weights on one GPU (loading or loaded), as the controller believes."""
 
-    __slots__ = ("model", "gpu", "version", "ready_at", "loading", "inflight", "last_used")
+    __slots__ = ("model", "gpu", "version", "ready_at", "loading", "inflight", "last_used",
+                 "seq")
 
     def __init__(self, model: ModelState, gpu: GpuState, version: int, ready_at: int) -> None:
         self.model = model
@@ -25,6 +28,66 @@ class Instance:
         self.loading = True
         self.inflight = 0  # INFER actions sent and not answered
         self.last_used = 0
+        self.seq = 0  # order of creation (a model's ``instances`` dict is in this order)
+
+
+class CopyIndex:
+    """A model's copies ordered by when their GPUs' EXEC lanes come free, for a model
+    with many copies: ``on_request`` then looks only at the copies that matter instead
+    of asking every lane (``ClockworkScheduler`` keeps it; ``LaneTracker.on_change``
+    reports every change of a lane).
+
+    Three heaps of (key, copy seq, gpu index); an entry is current while that copy (same
+    ``seq``) is still there and its key equals the figure now; stale entries are skipped
+    when met. Every copy has a current entry in each heap (``by_due``: while its lane has
+    work).
+
+    * ``by_start``: max(lane ``free_at``, copy ``ready_at``); the soonest any copy could
+      start is max(now + future, the smallest key), once no lane is overdue;
+    * ``by_free``: lane ``free_at``: the copies whose lane is free before a horizon;
+    * ``by_due``: lane ``due``: the lanes ``available(now)`` would re-anchor;
+    * ``unwoken``: gpu indices of the copies whose GPU has no wake pending.
+    """
+
+    __slots__ = ("by_start", "by_free", "by_due", "unwoken")
+
+    def __init__(self) -> None:
+        self.by_start: list[tuple[int, int, int]] = []
+        self.by_free: list[tuple[int, int, int]] = []
+        self.by_due: list[tuple[int, int, int]] = []
+        self.unwoken: set[int] = set()
+
+    def push(self, inst: Instance) -> None:
+        """Record ``inst``'s current figures."""
+        g = inst.gpu
+        lane = g.exec
+        free = lane._free_at
+        ready = inst.ready_at
+        seq, gi = inst.seq, g.index
+        heappush(self.by_start, (free if free > ready else ready, seq, gi))
+        heappush(self.by_free, (free, seq, gi))
+        due = lane.due
+        if due != NEVER:
+            heappush(self.by_due, (due, seq, gi))
+
+    def rebuild(self, instances: dict[int, Instance]) -> None:
+        """Drop the stale entries: one current entry per copy and heap."""
+        start, free_l, due_l = [], [], []
+        for gi, inst in instances.items():
+            lane = inst.gpu.exec
+            free = lane._free_at
+            ready = inst.ready_at
+            start.append((free if free > ready else ready, inst.seq, gi))
+            free_l.append((free, inst.seq, gi))
+            due = lane.due
+            if due != NEVER:
+                due_l.append((due, inst.seq, gi))
+        for h in (start, free_l, due_l):
+            heapify(h)
+        self.by_start, self.by_free, self.by_due = start, free_l, due_l
+
+    def size(self) -> int:
+        return max(len(self.by_start), len(self.by_free), len(self.by_due))
 
 
 class ModelState:
@@ -32,7 +95,7 @@ class ModelState:
 
     __slots__ = ("name", "profile", "est", "queue", "live", "outstanding", "instances",
                  "ready_copies", "versions", "batch_sizes", "pages", "item_cost",
-                 "monotone", "last_deadline", "slo_cache", "removed")
+                 "monotone", "last_deadline", "slo_cache", "removed", "wide")
 
     def __init__(self, profile: ModelProfile, cfg: SchedulerConfig) -> None:
         self.name = profile.model
@@ -48,6 +111,7 @@ class ModelState:
         self.slo_cache = None  # ((slo, exec1, load), slo - buffer, demand) of the last SLO seen
         self.versions = 0
         self.removed = False  # removed at run time: its copies are evicted once idle
+        self.wide: CopyIndex | None = None  # kept while the model has many copies
         self.pages = profile.weights_pages
         self.batch_sizes = [b for b in profile.batch_sizes if b <= cfg.max_batch] or [1]
         # GPU time per request at the most efficient allowed batch size (demand accounting)
@@ -72,7 +136,8 @@ class ModelState:
 
 class GpuState:
     __slots__ = ("index", "worker", "gpu", "total_pages", "free_pages", "exec", "pcie",
-                 "instances", "active", "wake_at", "last_earliest", "available", "held")
+                 "instances", "active", "wake_at", "last_earliest", "available", "held",
+                 "wide")
 
     def __init__(self, index: int, worker: int, gpu: int, pages: int, cfg: SchedulerConfig) -> None:
         self.index = index
@@ -90,6 +155,7 @@ class GpuState:
         self.last_earliest = 0  # ``earliest`` of the last INFER sent (kept monotone)
         self.available = True  # False while its worker is gone: nothing is placed here
         self.held: list[str] = []  # the models it held when it was lost (restored on return)
+        self.wide: list[ModelState] = []  # models with a CopyIndex that have a copy here
 
     def load_share(self) -> float:
         """Queued demand this GPU is expected to absorb, in GPUs (1.0 = saturated)."""

@@ -339,3 +339,95 @@ def test_a_stragglers_estimate_does_not_lock_a_model_out_for_ever():
     acts += s.on_tick(later + 1)
     assert not s.drain_replies() and any(a.type == ActionType.INFER for a in acts)
     assert m.est.exec(m.batch_sizes[0]) == m.est.profile.exec_ns[m.batch_sizes[0]]
+
+
+# ---------------------------------------------------------------- the copy index (CopyIndex)
+
+
+def _hot_scenario(duration=3.0):
+    """One model on 6 GPUs at 80 % of their capacity; 5 workers killed and back (the
+    model drops to one copy and returns), then a hang (overdue lanes)."""
+    return {
+        "seed": 3, "duration_s": duration,
+        "cluster": {"workers": 6, "gpus_per_worker": 1, "profiles": "v100-reference",
+                    "network_latency_ms": 0.1, "jitter_ms": 0.05},
+        "models": [{"name": "resnet50_v2"}, {"name": "resnet18_v2", "copies": 2}],
+        "workloads": [{"kind": "poisson", "models": "resnet50_v2", "rate_rps": 6900.0,
+                       "slo_ms": 100},
+                      {"kind": "poisson", "models": "resnet18_v2", "rate_rps": 300.0,
+                       "slo_ms": 50}],
+        "faults": {"kill": [{"worker": w, "at_s": 1.0, "back_s": 1.6} for w in range(1, 6)],
+                   "hang": [{"worker": 0, "at_s": 2.2, "for_s": 0.2}]},
+    }
+
+
+def check_copy_index(s: ClockworkScheduler) -> None:
+    """Every copy of an indexed model has a current entry in each heap; ``unwoken`` and
+    the GPUs' ``wide`` lists mirror the copies; copies are numbered in dict order."""
+    models = list(s.models.values()) + list(s._removed.values())
+    for m in models:
+        seqs = [i.seq for i in m.instances.values()]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+        ix = m.wide
+        if ix is None:
+            assert all(m not in g.wide for g in s.gpus)
+            continue
+        assert len(m.instances) >= max(1, s.wide_copies // 2)
+        for gi, inst in m.instances.items():
+            g = s.gpus[gi]
+            lane = g.exec
+            assert g.wide.count(m) == 1 and lane.on_change is not None
+            assert (max(lane.free_at, inst.ready_at), inst.seq, gi) in ix.by_start
+            assert (lane.free_at, inst.seq, gi) in ix.by_free
+            if lane.due != NEVER:
+                assert (lane.due, inst.seq, gi) in ix.by_due
+        assert ix.unwoken == {gi for gi in m.instances if not s.gpus[gi].wake_at}
+        assert ix.size() <= 4 * len(m.instances) + 64 + 3 * len(m.instances) + 3
+    for g in s.gpus:
+        for m in g.wide:
+            assert m.wide is not None and m.instances[g.index].gpu is g
+        assert (g.exec.on_change is None) == (not g.wide)
+
+
+def _simulate(wide_copies, tmp, check=False):
+    from clockwork.cluster.sim import Simulation
+    from clockwork.scenario import load_scenario
+
+    sim = Simulation(load_scenario(data=_hot_scenario()))
+    pol = sim.policy
+    assert isinstance(pol, ClockworkScheduler)
+    pol.wide_copies = wide_copies
+    if check:
+        events = [0]
+
+        def checked(f):
+            def call(*a):
+                out = f(*a)
+                events[0] += 1
+                check_copy_index(pol)
+                return out
+            return call
+
+        for name in ("on_request", "on_result", "on_tick", "set_gpu_available"):
+            setattr(pol, name, checked(getattr(pol, name)))
+    res = sim.run()
+    res.write(tmp)
+    return res, pol
+
+
+def test_copy_index_keeps_its_invariants(tmp_path):
+    res, pol = _simulate(4, tmp_path, check=True)
+    assert res.summary["actions"]["load"] >= 10  # copies went away and came back
+    assert pol.models["resnet50_v2"].wide is not None
+
+
+def test_copy_index_changes_no_decision(tmp_path):
+    """The same run with every model indexed (from 1 copy), from 4 copies, and never:
+    byte-identical logs (the index only answers what the loop over the copies did)."""
+    outs = []
+    for w in (1, 4, 10**9):
+        d = tmp_path / str(w)
+        _simulate(w, d)
+        outs.append([(d / f).read_bytes() for f in ("summary.json", "requests.tsv",
+                                                     "actions.tsv")])
+    assert outs[0] == outs[2] and outs[1] == outs[2]
