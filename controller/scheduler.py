@@ -37,6 +37,11 @@ from controller.state import CopyIndex, GpuState, Instance, ModelState
 
 MISS_MEMORY = 1_000_000_000  # how long a request rejected for a cold model keeps asking for a LOAD
 REPLICA_DEMAND = 0.5  # queued demand per copy (in GPUs, see ModelState.outstanding) that asks for a look at adding a copy
+# A model with k copies, all on GPUs with load_share <= 1, has LOAD priority
+# outstanding - k * (outstanding / k), which rounding keeps within (k + 2) * outstanding
+# * 2**-53 of 0: at most 1e-9 (not wanted) while (k + 2) * outstanding < 9e6. Models above
+# ROUNDING (a tenth of that) are kept in ``_big`` and have their priority computed.
+ROUNDING = 1e6
 
 
 def _by_seq(inst: Instance) -> int:
@@ -65,6 +70,17 @@ class ClockworkScheduler(Policy):
         self._next_load_check = 0
         self._removed: dict[str, ModelState] = {}  # removed, copies not yet all evicted
         self._copy_seq = 0  # numbers the copies in order of creation (Instance.seq)
+        # LOAD demand, kept up to date between looks (see _schedule_loads):
+        self._cold: list[tuple[float, str]] = []  # heap (-outstanding, name) over _unserved, stale entries too
+        self._cold_hold: list[tuple[float, str]] | None = None  # pushes held during a look
+        self._cold_skip: set[str] = set()  # models that lost their last copy during a look
+        self._dirty_models: set[ModelState] = set()  # outstanding or copies changed
+        self._dirty_gpus: set[int] = set()  # instances changed
+        self._over: set[int] = set()  # GPUs with share > 1.0 (as of the last look)
+        self._big: set[str] = set()  # queued models with copies and (copies + 2) * outstanding >= ROUNDING
+        self._pcie_idle: set[int] = set(range(len(self.gpus)))  # GPUs whose PCIe lane is idle
+        for g in self.gpus:
+            g.pcie.on_change = self._pcie_hook(g)
 
     # ------------------------------------------------------------------ events
 
@@ -138,6 +154,12 @@ class ClockworkScheduler(Policy):
         m.queue.append(request)
         m.live = live + 1
         m.outstanding += request.demand
+        if insts:
+            self._dirty_models.add(m)
+            if m.outstanding * (len(insts) + 2) >= ROUNDING:
+                self._big.add(m.name)
+        else:
+            self._push_cold(m)
         if (not self._next_load_check and insts and len(insts) < len(self.gpus)
                 and m.outstanding > REPLICA_DEMAND * len(insts)):
             # queued demand outgrows this model's copies: consider another one soon
@@ -441,6 +463,7 @@ class ClockworkScheduler(Policy):
             m.live += 1
             m.outstanding += r.demand
             heapq.heappush(self._expiry, (r.drop_at, r.id, r))
+        self._demand_changed(m)
         if was_empty:
             self._queued.add(m.name)
             for gi in m.instances:
@@ -455,6 +478,10 @@ class ClockworkScheduler(Policy):
         r.state = state
         m.live -= 1
         m.outstanding -= r.demand
+        if m.instances:
+            self._dirty_models.add(m)
+        elif m.live:
+            self._push_cold(m)
         if m.live == 0:
             m.outstanding = 0.0
             m.queue.clear()
@@ -563,42 +590,90 @@ class ClockworkScheduler(Policy):
     # ------------------------------------------------------------------ LOAD / EVICT
 
     def _schedule_loads(self, now: int, out: list[Action], only_idle: bool) -> None:
-        """Give each GPU whose PCIe lane is free the most under-served model."""
-        cfg = self.cfg
+        """Give each GPU whose PCIe lane is free the most under-served model.
+
+        The models wanted (``_load_priorities``' order) come from indexes kept up to date
+        between looks, in three parts: cold ones (queued, no copy: priority = their
+        demand, a heap read in order only as far as needed), warm ones (a copy on a GPU
+        with load_share > 1; a model whose copies all sit on GPUs with share <= 1 has
+        priority <= 1e-9, see ROUNDING) and recent misses. A saturated GPU takes only
+        models without a copy, so it looks only at the cold ones and the misses."""
         self._last_now = now
-        horizon = now + cfg.schedule_ahead
-        wanted = self._load_priorities()
-        if not wanted:
-            self._arm_load_check(now)
-            return
-        gpus = [g for g in self.gpus if g.available
-                and (g.pcie.idle if only_idle else g.pcie.available(now) < horizon)]
-        if not gpus:
-            self._arm_load_check(now)
-            return
-        shares = {g.index: g.load_share() for g in gpus}
+        if only_idle:
+            # which GPUs could take a LOAD does not depend on the demand: look first
+            gpus = [g for g in (self.gpus[i] for i in self._pcie_idle) if g.available]
+            if not gpus:
+                self._forget_misses()  # as reading the demand would have
+                self._arm_load_check(now)
+                return
+        self._forget_misses()
+        self._refresh_shares()
+        warm = self._warm_wanted()  # (-priority, name), sorted: warm models and misses
+        self._cold_hold = []  # the heap is read in order below: pushes wait until the end
+        skip = self._cold_skip
+        cold = self._cold_order(skip)  # (-priority, name) in order, read lazily
+        first = next(cold, None)
+        try:
+            if warm or first is not None:
+                self._place_loads(gpus if only_idle else None, warm, cold, first, now, out)
+        finally:
+            held, self._cold_hold = self._cold_hold, None
+            skip.clear()
+            for e in held:
+                heapq.heappush(self._cold, e)
+        self._arm_load_check(now)
+
+    def _place_loads(self, gpus, warm, cold, first, now, out) -> None:
+        if gpus is None:
+            # (asked only when something is wanted: ``available`` may re-anchor a lane)
+            horizon = now + self.cfg.schedule_ahead
+            gpus = [g for g in self.gpus if g.available and g.pcie.available(now) < horizon]
+            if not gpus:
+                return
         # least loaded first; among equals the GPU holding fewest models, so copies spread
-        gpus.sort(key=lambda g: (shares[g.index], len(g.instances), g.index))
+        gpus.sort(key=lambda g: (g.share, len(g.instances), g.index))
+        cold_seen = [] if first is None else [first]  # the cold ones read so far, in order
+
+        def cold_part():
+            yield from cold_seen
+            for e in cold:
+                cold_seen.append(e)
+                yield e
+
+        def merged(left):  # ``left`` (sorted) and the cold ones, in order
+            i, n = 0, len(left)
+            for c in cold_part():
+                while i < n and left[i] < c:
+                    yield left[i]
+                    i += 1
+                yield c
+            yield from left[i:]
+
+        misses = [e for e in warm if not self.models[e[1]].instances]
         taken: set[str] = set()
+        models = self.models
+        evicted = False
         for g in gpus:
-            spare = shares[g.index] < 1.0
-            for prio, name in wanted:
+            spare = g.share < 1.0
+            # without a spare share only models without a copy qualify: the cold ones and
+            # the misses (unless an EVICT took some model's last copy)
+            for negp, name in merged(warm if spare or evicted else misses):
                 if name in taken or name in g.instances:
                     continue
-                m = self.models[name]
+                m = models[name]
                 if m.pages > g.total_pages:
                     continue
                 if m.instances and not spare:
                     continue  # another copy on a saturated GPU would relieve nobody
-                victims = self._victims(g, m, prio, now)
+                victims = self._victims(g, m, -negp, now)
                 if victims is None:
                     continue
                 for inst in victims:
                     self._send_evict(inst, now, out)
+                    evicted = True
                 self._send_load(g, m, now, out)
                 taken.add(name)
                 break
-        self._arm_load_check(now)
 
     def _arm_load_check(self, now: int) -> None:
         """Re-examine demand soon if some queued model could use another copy."""
@@ -609,33 +684,133 @@ class ClockworkScheduler(Policy):
         )
         self._next_load_check = now + self.cfg.load_check_interval if demand else 0
 
-    def _load_priorities(self) -> list[tuple[float, str]]:
-        """Models with unmet demand, most unmet first: (priority, name)."""
-        share_cache: dict[int, float] = {}
+    # ------------------------------------------------------------------ LOAD demand, kept up to date
+
+    def _pcie_hook(self, g: GpuState):
+        idle, gi = self._pcie_idle, g.index
+        lane = g.pcie
+
+        def changed() -> None:
+            if lane.idle:
+                idle.add(gi)
+            else:
+                idle.discard(gi)
+        return changed
+
+    def _push_cold(self, m: ModelState) -> None:
+        """``m`` is queued without a copy and its demand changed: record it."""
+        e = (-m.outstanding, m.name)
+        if self._cold_hold is not None:
+            self._cold_hold.append(e)  # read in order right now: added after
+        else:
+            heapq.heappush(self._cold, e)
+
+    def _demand_changed(self, m: ModelState) -> None:
+        """``m``'s outstanding demand or its copies changed."""
+        if m.instances:
+            self._dirty_models.add(m)
+            if m.live and m.outstanding * (len(m.instances) + 2) >= ROUNDING:
+                self._big.add(m.name)
+        elif m.live:
+            self._push_cold(m)
+
+    def _refresh_shares(self) -> None:
+        """``g.share = g.load_share()`` for every GPU whose figure may have changed, and
+        ``_over`` the GPUs with a share above 1."""
+        dirty = self._dirty_gpus
+        if self._dirty_models:
+            for m in self._dirty_models:
+                dirty.update(m.instances)
+            self._dirty_models.clear()
+        if dirty:
+            gpus, over = self.gpus, self._over
+            for gi in dirty:
+                g = gpus[gi]
+                s = g.share = g.load_share()
+                if s > 1.0:
+                    over.add(gi)
+                else:
+                    over.discard(gi)
+            dirty.clear()
+
+    def _warm_wanted(self) -> list[tuple[float, str]]:
+        """The models with a copy whose demand is not met, and the recent misses:
+        (-priority, name), most unmet first (``_refresh_shares`` first)."""
+        models, gpus, queued = self.models, self.gpus, self._queued
         out = []
         if self._misses:
-            horizon = self._last_now - MISS_MEMORY
-            for name, (t, demand) in list(self._misses.items()):
-                if t < horizon or self.models[name].instances:
-                    del self._misses[name]
-                elif name not in self._queued:
-                    out.append((demand, name))
-        for name in self._queued:
-            m = self.models[name]
+            out = [(-demand, name) for name, (_, demand) in self._misses.items()
+                   if name not in queued]
+        names = set()
+        for gi in self._over:
+            for name, inst in gpus[gi].instances.items():
+                if inst.model.live:
+                    names.add(name)
+        if self._big:
+            for name in list(self._big):
+                m = models.get(name)
+                if (m is None or not m.live or not m.instances
+                        or m.outstanding * (len(m.instances) + 2) < ROUNDING):
+                    self._big.discard(name)
+                else:
+                    names.add(name)
+        for name in names:
+            m = models[name]
             if m.outstanding <= 0:
                 continue
             prio = m.outstanding
-            if m.instances:
-                per_copy = m.outstanding / len(m.instances)
-                for gi in m.instances:
-                    s = share_cache.get(gi)
-                    if s is None:
-                        s = share_cache[gi] = self.gpus[gi].load_share()
-                    prio -= per_copy * (1.0 if s <= 1.0 else 1.0 / s)
+            per_copy = prio / len(m.instances)
+            for gi in m.instances:
+                s = gpus[gi].share
+                prio -= per_copy * (1.0 if s <= 1.0 else 1.0 / s)
             if prio > 1e-9:
-                out.append((prio, m.name))
-        out.sort(key=lambda x: (-x[0], x[1]))
-        return [(p, n) for p, n in out]
+                out.append((-prio, name))
+        out.sort()  # most unmet first; ties by name
+        return out
+
+    def _cold_order(self, skip: set[str]):
+        """The cold models (queued, no copy) by priority = demand, most first:
+        (-priority, name), read from the heap in order without taking it apart. As of
+        the start of the read: models in ``skip`` (without a copy only since) are left
+        out."""
+        h = self._cold
+        unserved = self._unserved
+        if len(h) > 2 * len(unserved) + 64:
+            models = self.models
+            h = self._cold = [(-models[n].outstanding, n) for n in unserved]
+            heapq.heapify(h)
+        if not h:
+            return
+        models = self.models
+        seen = set()
+        front = [(h[0], 0)]
+        n = len(h)
+        pop, push = heapq.heappop, heapq.heappush
+        while front:
+            e, i = pop(front)
+            j = 2 * i + 1
+            if j < n:
+                push(front, (h[j], j))
+                if j + 1 < n:
+                    push(front, (h[j + 1], j + 1))
+            negp, name = e
+            if name in seen or name not in unserved or name in skip:
+                continue
+            m = models[name]
+            if m.outstanding != -negp or m.instances:
+                continue
+            seen.add(name)
+            if m.outstanding > 1e-9:
+                yield e
+
+    def _forget_misses(self) -> None:
+        """Forget the cold misses that are too old, or whose model has a copy now."""
+        if self._misses:
+            horizon = self._last_now - MISS_MEMORY
+            models = self.models
+            for name, (t, _) in list(self._misses.items()):
+                if t < horizon or models[name].instances:
+                    del self._misses[name]
 
     def _victims(self, g: GpuState, m: ModelState, prio: float, now: int) -> list[Instance] | None:
         """Instances to evict so ``m`` fits on ``g``; None if it cannot fit."""
@@ -675,6 +850,7 @@ class ClockworkScheduler(Policy):
         m.instances[g.index] = inst
         self._copy_seq += 1
         inst.seq = self._copy_seq
+        self._demand_changed(m)
         if m.wide is not None:
             self._index_copy(m, inst)
         elif len(m.instances) >= self.wide_copies:
@@ -704,6 +880,10 @@ class ClockworkScheduler(Policy):
         del g.instances[m.name]
         del m.instances[g.index]
         g.active.pop(m.name, None)
+        self._dirty_gpus.add(g.index)
+        self._demand_changed(m)
+        if self._cold_hold is not None and not m.instances:
+            self._cold_skip.add(m.name)
         if m.wide is not None:
             self._unindex_copy(m, g)
             m.wide.unwoken.discard(g.index)

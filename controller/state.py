@@ -137,7 +137,7 @@ class ModelState:
 class GpuState:
     __slots__ = ("index", "worker", "gpu", "total_pages", "free_pages", "exec", "pcie",
                  "instances", "active", "wake_at", "last_earliest", "available", "held",
-                 "wide")
+                 "wide", "share")
 
     def __init__(self, index: int, worker: int, gpu: int, pages: int, cfg: SchedulerConfig) -> None:
         self.index = index
@@ -156,6 +156,7 @@ class GpuState:
         self.available = True  # False while its worker is gone: nothing is placed here
         self.held: list[str] = []  # the models it held when it was lost (restored on return)
         self.wide: list[ModelState] = []  # models with a CopyIndex that have a copy here
+        self.share = 0.0  # load_share() when the scheduler last looked (see _refresh_shares)
 
     def load_share(self) -> float:
         """Queued demand this GPU is expected to absorb, in GPUs (1.0 = saturated)."""

@@ -431,3 +431,150 @@ def test_copy_index_changes_no_decision(tmp_path):
         outs.append([(d / f).read_bytes() for f in ("summary.json", "requests.tsv",
                                                      "actions.tsv")])
     assert outs[0] == outs[2] and outs[1] == outs[2]
+
+
+# ---------------------------------------------------------------- LOAD demand, kept up to date
+
+
+def _churn_scenario():
+    """Thirty models on 3 GPUs whose caches hold a few of them: cold starts, misses (a
+    40 ms SLO cannot wait for a VGG16 LOAD), EVICTs, saturated GPUs; a worker killed and
+    back."""
+    return {
+        "seed": 5, "duration_s": 2.0,
+        "cluster": {"workers": 3, "gpus_per_worker": 1, "profiles": "v100-reference",
+                    "network_latency_ms": 0.1, "weights_cache_pages": 40},
+        "models": [{"name": "mobilenet_v2", "copies": 10}, {"name": "resnet50_v2", "copies": 12},
+                   {"name": "vgg16", "copies": 3}, {"name": "resnet18_v2", "copies": 5}],
+        "workloads": [{"kind": "poisson", "models": "*", "rate_rps": 2500.0, "slo_ms": 100},
+                      {"kind": "poisson", "models": "mobilenet_v2", "rate_rps": 3000.0,
+                       "slo_ms": 30},
+                      {"kind": "poisson", "models": "vgg16", "rate_rps": 300.0, "slo_ms": 40}],
+        "faults": {"kill": [{"worker": 2, "at_s": 0.8, "back_s": 1.2}]},
+    }
+
+
+def reference_wanted(s: ClockworkScheduler) -> list[tuple[float, str]]:
+    """The LOAD priorities recomputed from scratch (every queued model, every GPU's
+    load_share): what the scheduler's indexes must give, in the same order."""
+    from controller.scheduler import MISS_MEMORY
+
+    out = [(-d, n) for n, (t, d) in s._misses.items()
+           if t >= s._last_now - MISS_MEMORY and not s.models[n].instances
+           and n not in s._queued]
+    for name in s._queued:
+        m = s.models[name]
+        if m.outstanding <= 0:
+            continue
+        prio = m.outstanding
+        if m.instances:
+            per_copy = m.outstanding / len(m.instances)
+            for gi in m.instances:
+                sh = s.gpus[gi].load_share()
+                prio -= per_copy * (1.0 if sh <= 1.0 else 1.0 / sh)
+        if prio > 1e-9:
+            out.append((-prio, name))
+    return sorted(out)
+
+
+def check_demand_index(s: ClockworkScheduler) -> None:
+    from controller.scheduler import MISS_MEMORY, ROUNDING
+
+    assert s._cold_hold is None and not s._cold_skip
+    assert s._queued == {n for n, m in s.models.items() if m.live}
+    assert s._unserved == {n for n in s._queued if not s.models[n].instances}
+    assert s._pcie_idle == {g.index for g in s.gpus if g.pcie.idle}
+    for n in s._unserved:
+        assert (-s.models[n].outstanding, n) in s._cold
+    for n in s._queued:
+        m = s.models[n]
+        if m.instances and m.outstanding * (len(m.instances) + 2) >= ROUNDING:
+            assert n in s._big
+    # a GPU whose figure is not marked as changed holds its load_share
+    dirty = set(s._dirty_gpus)
+    for m in s._dirty_models:
+        dirty.update(m.instances)
+    for g in s.gpus:
+        if g.index not in dirty:
+            assert g.share == g.load_share()
+            assert (g.index in s._over) == (g.share > 1.0)
+    # the wanted order
+    s._refresh_shares()
+    horizon = s._last_now - MISS_MEMORY
+    got = [e for e in s._warm_wanted() + list(s._cold_order(set()))
+           if e[1] not in s._misses or e[1] in s._queued  # (misses are pruned first)
+           or (s._misses[e[1]][0] >= horizon and not s.models[e[1]].instances)]
+    assert sorted(got) == reference_wanted(s)
+
+
+def test_load_demand_indexes_keep_their_invariants():
+    from clockwork.cluster.sim import Simulation
+    from clockwork.scenario import load_scenario
+
+    sim = Simulation(load_scenario(data=_churn_scenario()))
+    pol = sim.policy
+    calls = [0]
+
+    def checked(f):
+        def call(*a):
+            out = f(*a)
+            calls[0] += 1
+            check_demand_index(pol)
+            return out
+        return call
+
+    for name in ("on_request", "on_result", "on_tick", "set_gpu_available"):
+        setattr(pol, name, checked(getattr(pol, name)))
+    res = sim.run()
+    s = res.summary
+    assert s["actions"]["evict"] > 20 and s["actions"]["load"] > 50
+    assert s["slo_attainment"] < 0.9  # saturated: warm models are wanted too
+
+
+class _PlainLoads(ClockworkScheduler):
+    """LOAD placement as first written: every wanted model recomputed from scratch at
+    every look, every GPU with a free PCIe lane tried against all of them in order."""
+
+    def _schedule_loads(self, now, out, only_idle):
+        self._last_now = now
+        horizon = now + self.cfg.schedule_ahead
+        self._forget_misses()
+        wanted = [(-p, n) for p, n in reference_wanted(self)]
+        gpus = [g for g in self.gpus if g.available
+                and (g.pcie.idle if only_idle else g.pcie.available(now) < horizon)] \
+            if wanted else []
+        shares = {g.index: g.load_share() for g in gpus}
+        gpus.sort(key=lambda g: (shares[g.index], len(g.instances), g.index))
+        taken = set()
+        for g in gpus:
+            spare = shares[g.index] < 1.0
+            for prio, name in wanted:
+                if name in taken or name in g.instances:
+                    continue
+                m = self.models[name]
+                if m.pages > g.total_pages or (m.instances and not spare):
+                    continue
+                victims = self._victims(g, m, prio, now)
+                if victims is None:
+                    continue
+                for inst in victims:
+                    self._send_evict(inst, now, out)
+                self._send_load(g, m, now, out)
+                taken.add(name)
+                break
+        self._arm_load_check(now)
+
+
+def test_load_demand_indexes_change_no_decision(tmp_path):
+    from clockwork.cluster.sim import Simulation
+    from clockwork.scenario import load_scenario
+
+    logs = []
+    for plain in (False, True):
+        sim = Simulation(load_scenario(data=_churn_scenario()))
+        if plain:
+            sim.policy.__class__ = _PlainLoads
+        sim.run().write(tmp_path / str(plain))
+        logs.append([(tmp_path / str(plain) / f).read_bytes()
+                     for f in ("summary.json", "requests.tsv", "actions.tsv")])
+    assert logs[0] == logs[1]
