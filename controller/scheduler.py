@@ -982,6 +982,10 @@ class ClockworkScheduler(Policy):
     def add_gpu(self, spec: GpuSpec, now: int) -> list[Action]:
         g = GpuState(len(self.gpus), spec.worker, spec.gpu, spec.pages, self.cfg)
         self.gpus.append(g)
+        # the LOAD placement's indexes (as for the GPUs at start): an idle PCIe lane
+        self._pcie_idle.add(g.index)
+        g.pcie.on_change = self._pcie_hook(g)
+        self._dirty_gpus.add(g.index)
         out: list[Action] = []
         if self._unserved:  # models waiting for a copy may get one here at once
             self._schedule_loads(now, out, only_idle=False)
