@@ -779,13 +779,18 @@ class ClockworkScheduler(Policy):
             models = self.models
             h = self._cold = [(-models[n].outstanding, n) for n in unserved]
             heapq.heapify(h)
+        models = self.models
+        pop, push = heapq.heappop, heapq.heappush
+        while h:  # stale entries on top (models loaded since, or with less demand now) go
+            negp, name = h[0]
+            if name in unserved and name not in skip and models[name].outstanding == -negp:
+                break
+            pop(h)
         if not h:
             return
-        models = self.models
         seen = set()
         front = [(h[0], 0)]
         n = len(h)
-        pop, push = heapq.heappop, heapq.heappush
         while front:
             e, i = pop(front)
             j = 2 * i + 1
