@@ -6,10 +6,11 @@ no earlier than its ``earliest`` and taking its expected duration, anchored at
 the last completion the worker reported. Work that is ``lag`` overdue is assumed
 done, so one lost result cannot stall a GPU forever.
 
-``on_change`` (optional) is called after every change of the prediction (work added, a
-result, a re-anchor); ``free_at`` and ``due`` are the prediction's raw figures, which
-``available`` turns into a start time (see ``ClockworkScheduler``'s copy index, which
-keeps them ordered per model without asking every lane on every request).
+``WatchedLane`` (a lane's class can be switched to it and back) calls ``on_change`` after
+every change of the prediction (work added, a result, a re-anchor); ``free_at`` and
+``due`` are the prediction's raw figures, which ``available`` turns into a start time (see
+``ClockworkScheduler``'s copy index, which keeps them ordered per model without asking
+every lane on every request).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class LaneTracker:
         self._work: dict[int, tuple[int, int]] = {}  # id -> (earliest, duration), in send order
         self._free_at = 0
         self._first = 0  # duration of the oldest outstanding action (0: none)
-        self.on_change = None  # called after every change of the prediction
+        self.on_change = None  # WatchedLane: called after every change of the prediction
 
     def __len__(self) -> int:
         return len(self._work)
@@ -72,8 +73,6 @@ class LaneTracker:
             self._first = duration
         self._work[action_id] = (earliest, duration)
         self._free_at = start + duration
-        if self.on_change is not None:
-            self.on_change()
         return start
 
     def done(self, action_id: int, end: int) -> None:
@@ -88,8 +87,6 @@ class LaneTracker:
         elif end > self.base:
             self.base = end
         self._recompute()
-        if self.on_change is not None:
-            self.on_change()
 
     def _recompute(self) -> None:
         self._first = next(iter(self._work.values()))[1] if self._work else 0
@@ -99,3 +96,31 @@ class LaneTracker:
                 t = earliest
             t += dur
         self._free_at = t
+
+
+class WatchedLane(LaneTracker):
+    """A lane that reports every change of its prediction to ``on_change`` (set it
+    first). ``watch``/``unwatch`` switch a ``LaneTracker`` to this class and back, so an
+    unwatched lane pays nothing."""
+
+    __slots__ = ()
+
+    def add(self, action_id: int, earliest: int, duration: int, now: int) -> int:
+        start = LaneTracker.add(self, action_id, earliest, duration, now)
+        self.on_change()
+        return start
+
+    def done(self, action_id: int, end: int) -> None:
+        if action_id in self._work:
+            LaneTracker.done(self, action_id, end)
+            self.on_change()
+
+
+def watch(lane: LaneTracker, on_change) -> None:
+    lane.on_change = on_change
+    lane.__class__ = WatchedLane
+
+
+def unwatch(lane: LaneTracker) -> None:
+    lane.on_change = None
+    lane.__class__ = LaneTracker

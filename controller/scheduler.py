@@ -32,6 +32,7 @@ from clockwork.profiles import ModelProfile
 from clockwork.requests import DONE, EXECUTING, QUEUED, Reply, Request
 from controller.config import SchedulerConfig
 from controller.inflight import COPY_GONE, Inflight, error_message
+from controller.lanes import unwatch, watch
 from controller.policy import MODEL_UNLOADED, GpuSpec, ModelView, Policy
 from controller.state import CopyIndex, GpuState, Instance, ModelState
 
@@ -40,7 +41,8 @@ REPLICA_DEMAND = 0.5  # queued demand per copy (in GPUs, see ModelState.outstand
 # A model with k copies, all on GPUs with load_share <= 1, has LOAD priority
 # outstanding - k * (outstanding / k), which rounding keeps within (k + 2) * outstanding
 # * 2**-53 of 0: at most 1e-9 (not wanted) while (k + 2) * outstanding < 9e6. Models above
-# ROUNDING (a tenth of that) are kept in ``_big`` and have their priority computed.
+# ROUNDING (a ninth of that) are kept in ``_big`` and have their priority computed
+# (``ModelState.big_at`` = ROUNDING / (k + 2)).
 ROUNDING = 1e6
 
 
@@ -74,13 +76,13 @@ class ClockworkScheduler(Policy):
         self._cold: list[tuple[float, str]] = []  # heap (-outstanding, name) over _unserved, stale entries too
         self._cold_hold: list[tuple[float, str]] | None = None  # pushes held during a look
         self._cold_skip: set[str] = set()  # models that lost their last copy during a look
-        self._dirty_models: set[ModelState] = set()  # outstanding or copies changed
+        self._dirty_models: list[ModelState] = []  # outstanding or copies changed (m.dirty)
         self._dirty_gpus: set[int] = set()  # instances changed
         self._over: set[int] = set()  # GPUs with share > 1.0 (as of the last look)
-        self._big: set[str] = set()  # queued models with copies and (copies + 2) * outstanding >= ROUNDING
+        self._big: set[str] = set()  # queued models with copies and outstanding >= big_at
         self._pcie_idle: set[int] = set(range(len(self.gpus)))  # GPUs whose PCIe lane is idle
         for g in self.gpus:
-            g.pcie.on_change = self._pcie_hook(g)
+            watch(g.pcie, self._pcie_hook(g))
 
     # ------------------------------------------------------------------ events
 
@@ -155,9 +157,9 @@ class ClockworkScheduler(Policy):
         m.live = live + 1
         m.outstanding += request.demand
         if insts:
-            self._dirty_models.add(m)
-            if m.outstanding * (len(insts) + 2) >= ROUNDING:
-                self._big.add(m.name)
+            if not m.dirty:
+                m.dirty = True
+                self._dirty_models.append(m)
         else:
             self._push_cold(m)
         if (not self._next_load_check and insts and len(insts) < len(self.gpus)
@@ -479,7 +481,9 @@ class ClockworkScheduler(Policy):
         m.live -= 1
         m.outstanding -= r.demand
         if m.instances:
-            self._dirty_models.add(m)
+            if not m.dirty:
+                m.dirty = True
+                self._dirty_models.append(m)
         elif m.live:
             self._push_cold(m)
         if m.live == 0:
@@ -496,7 +500,7 @@ class ClockworkScheduler(Policy):
     def _wake(self, g: GpuState, t: int) -> None:
         if g.wake_at and g.wake_at <= t:
             return
-        if not g.wake_at and g.wide:
+        if g.wide and not g.wake_at:
             for wm in g.wide:
                 wm.wide.unwoken.discard(g.index)
         g.wake_at = t
@@ -572,7 +576,7 @@ class ClockworkScheduler(Policy):
         g = inst.gpu
         g.wide.append(m)
         if g.exec.on_change is None:
-            g.exec.on_change = lambda: self._lane_changed(g)
+            watch(g.exec, lambda: self._lane_changed(g))
         m.wide.push(inst)
         if not g.wake_at:
             m.wide.unwoken.add(g.index)
@@ -585,7 +589,7 @@ class ClockworkScheduler(Policy):
     def _unindex_copy(self, m: ModelState, g: GpuState) -> None:
         g.wide.remove(m)
         if not g.wide:
-            g.exec.on_change = None
+            unwatch(g.exec)
 
     # ------------------------------------------------------------------ LOAD / EVICT
 
@@ -708,9 +712,10 @@ class ClockworkScheduler(Policy):
     def _demand_changed(self, m: ModelState) -> None:
         """``m``'s outstanding demand or its copies changed."""
         if m.instances:
-            self._dirty_models.add(m)
-            if m.live and m.outstanding * (len(m.instances) + 2) >= ROUNDING:
-                self._big.add(m.name)
+            if not m.dirty:
+                m.dirty = True
+                self._dirty_models.append(m)
+            m.big_at = ROUNDING / (len(m.instances) + 2)
         elif m.live:
             self._push_cold(m)
 
@@ -719,8 +724,12 @@ class ClockworkScheduler(Policy):
         ``_over`` the GPUs with a share above 1."""
         dirty = self._dirty_gpus
         if self._dirty_models:
+            big = self._big
             for m in self._dirty_models:
+                m.dirty = False
                 dirty.update(m.instances)
+                if m.live and m.instances and m.outstanding >= m.big_at:
+                    big.add(m.name)
             self._dirty_models.clear()
         if dirty:
             gpus, over = self.gpus, self._over
@@ -750,7 +759,7 @@ class ClockworkScheduler(Policy):
             for name in list(self._big):
                 m = models.get(name)
                 if (m is None or not m.live or not m.instances
-                        or m.outstanding * (len(m.instances) + 2) < ROUNDING):
+                        or m.outstanding < m.big_at):
                     self._big.discard(name)
                 else:
                     names.add(name)
@@ -989,7 +998,7 @@ class ClockworkScheduler(Policy):
         self.gpus.append(g)
         # the LOAD placement's indexes (as for the GPUs at start): an idle PCIe lane
         self._pcie_idle.add(g.index)
-        g.pcie.on_change = self._pcie_hook(g)
+        watch(g.pcie, self._pcie_hook(g))
         self._dirty_gpus.add(g.index)
         out: list[Action] = []
         if self._unserved:  # models waiting for a copy may get one here at once

@@ -95,7 +95,8 @@ class ModelState:
 
     __slots__ = ("name", "profile", "est", "queue", "live", "outstanding", "instances",
                  "ready_copies", "versions", "batch_sizes", "pages", "item_cost",
-                 "monotone", "last_deadline", "slo_cache", "removed", "wide")
+                 "monotone", "last_deadline", "slo_cache", "removed", "wide", "dirty",
+                 "big_at")
 
     def __init__(self, profile: ModelProfile, cfg: SchedulerConfig) -> None:
         self.name = profile.model
@@ -112,6 +113,8 @@ class ModelState:
         self.versions = 0
         self.removed = False  # removed at run time: its copies are evicted once idle
         self.wide: CopyIndex | None = None  # kept while the model has many copies
+        self.dirty = False  # demand or copies changed since the scheduler last looked
+        self.big_at = float("inf")  # outstanding from which rounding matters (ROUNDING)
         self.pages = profile.weights_pages
         self.batch_sizes = [b for b in profile.batch_sizes if b <= cfg.max_batch] or [1]
         # GPU time per request at the most efficient allowed batch size (demand accounting)

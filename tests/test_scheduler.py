@@ -10,6 +10,7 @@ from __future__ import annotations
 from clockwork.actions import NEVER, Action, ActionType, ErrorCode, RequestStatus, Result
 from clockwork.requests import Request
 from controller.config import SchedulerConfig
+from controller.lanes import LaneTracker, WatchedLane
 from controller.policy import GpuSpec
 from controller.scheduler import ClockworkScheduler
 from tests.conftest import make_profile
@@ -376,7 +377,7 @@ def check_copy_index(s: ClockworkScheduler) -> None:
         for gi, inst in m.instances.items():
             g = s.gpus[gi]
             lane = g.exec
-            assert g.wide.count(m) == 1 and lane.on_change is not None
+            assert g.wide.count(m) == 1 and isinstance(lane, WatchedLane)
             assert (max(lane.free_at, inst.ready_at), inst.seq, gi) in ix.by_start
             assert (lane.free_at, inst.seq, gi) in ix.by_free
             if lane.due != NEVER:
@@ -386,7 +387,7 @@ def check_copy_index(s: ClockworkScheduler) -> None:
     for g in s.gpus:
         for m in g.wide:
             assert m.wide is not None and m.instances[g.index].gpu is g
-        assert (g.exec.on_change is None) == (not g.wide)
+        assert (g.exec.on_change is None) == (not g.wide) == (type(g.exec) is LaneTracker)
 
 
 def _simulate(wide_copies, tmp, check=False):
@@ -488,8 +489,13 @@ def check_demand_index(s: ClockworkScheduler) -> None:
         assert (-s.models[n].outstanding, n) in s._cold
     for n in s._queued:
         m = s.models[n]
-        if m.instances and m.outstanding * (len(m.instances) + 2) >= ROUNDING:
-            assert n in s._big
+        if m.instances:
+            assert m.big_at == ROUNDING / (len(m.instances) + 2)
+            if m.outstanding >= m.big_at and not m.dirty:  # (dirty ones: at the next look)
+                assert n in s._big
+    assert len(s._dirty_models) == len(set(map(id, s._dirty_models)))
+    assert all(m.dirty for m in s._dirty_models)
+    assert not any(m.dirty for m in s.models.values() if m not in s._dirty_models)
     # a GPU whose figure is not marked as changed holds its load_share
     dirty = set(s._dirty_gpus)
     for m in s._dirty_models:
