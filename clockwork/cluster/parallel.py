@@ -249,6 +249,19 @@ def check_backend(name: str) -> str | None:
     return None
 
 
+def check_parts(args) -> str | None:
+    """What ``sweep`` and ``plan`` check before anything runs: ``--plot`` needs
+    matplotlib; the backend (``--ray``/``--backend``, set on ``args.backend``) must be
+    usable. None if all is there, else a one-line reason."""
+    if getattr(args, "plot", None):
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            return "--plot needs matplotlib: pip install 'clockwork-py[plots]'"
+    args.backend = backend_of(args)
+    return check_backend(args.backend)
+
+
 def default_jobs() -> int:
     """The CPUs this process may use."""
     try:

@@ -34,8 +34,7 @@ from clockwork.cluster.parallel import (
     Outcome,
     Point,
     Runner,
-    backend_of,
-    check_backend,
+    check_parts,
     default_jobs,
 )
 
@@ -289,13 +288,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"clockwork plan: {msg}", file=sys.stderr)
         return 2
 
-    if args.plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            return fail("--plot needs matplotlib: pip install 'clockwork-py[plots]'")
-    args.backend = backend_of(args)
-    if (why := check_backend(args.backend)) is not None:
+    if (why := check_parts(args)) is not None:
         return fail(why)
     try:
         plan = make_plan(args.scenario, args.set, args.attainment, args.slo_ms, args.min_gpus,

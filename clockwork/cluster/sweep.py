@@ -45,8 +45,7 @@ from clockwork.cluster.parallel import (
     Outcome,
     Point,
     Runner,
-    backend_of,
-    check_backend,
+    check_parts,
     default_jobs,
     done_summary,
     label_value,
@@ -394,15 +393,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         sweep = load_sweep(args.file)
     except SweepError as e:
         return fail(str(e))
-    if args.plot:
-        if not sweep.keys:
-            return fail("--plot draws against the first [grid] key; this sweep has no [grid]")
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            return fail("--plot needs matplotlib: pip install 'clockwork-py[plots]'")
-    args.backend = backend_of(args)
-    if (why := check_backend(args.backend)) is not None:
+    if args.plot and not sweep.keys:
+        return fail("--plot draws against the first [grid] key; this sweep has no [grid]")
+    if (why := check_parts(args)) is not None:
         return fail(why)
     out = Path(args.out or sweep.spec.out or Path(SWEEPS) / sweep.path.stem)
     if out.exists() and not out.is_dir():
