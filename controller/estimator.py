@@ -53,7 +53,7 @@ class Estimator:
     """
 
     __slots__ = ("profile", "percentile", "_exec", "exec_ns", "_exec_w", "_load_w", "load",
-                 "batch_sizes", "window", "measured_at", "inflated")
+                 "batch_sizes", "window", "measured_at", "inflated", "version")
 
     def __init__(self, profile: ModelProfile, window: int = 10, percentile: float = 0.99) -> None:
         self.profile = profile
@@ -61,6 +61,7 @@ class Estimator:
         self.window = window
         self.measured_at = 0  # when the last EXEC was measured (ns)
         self.inflated = False  # some EXEC estimate is above the profile's figure
+        self.version = 0  # bumped whenever an EXEC estimate changes
         self.batch_sizes = profile.batch_sizes
         self._exec_w = {b: SlidingWindow(window, v) for b, v in profile.exec_ns.items()}
         self._exec = dict(profile.exec_ns)
@@ -79,7 +80,10 @@ class Estimator:
         if w is None:
             return
         w.insert(duration)
-        e = self._exec[batch_size] = w.percentile(self.percentile)
+        e = w.percentile(self.percentile)
+        if e != self._exec[batch_size]:
+            self._exec[batch_size] = e
+            self.version += 1
         self.measured_at = now
         if e > self.profile.exec_ns[batch_size]:
             self.inflated = True
@@ -93,6 +97,7 @@ class Estimator:
         self._exec_w = {b: SlidingWindow(self.window, v) for b, v in self.profile.exec_ns.items()}
         self._exec.clear()
         self._exec.update(self.profile.exec_ns)
+        self.version += 1
         self.inflated = False
 
     def add_load(self, duration: int) -> None:

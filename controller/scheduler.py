@@ -155,6 +155,7 @@ class ClockworkScheduler(Policy):
         m.last_deadline = deadline
         m.queue.append(request)
         m.live = live + 1
+        m.qver += 1
         m.outstanding += request.demand
         if insts:
             if not m.dirty:
@@ -354,8 +355,18 @@ class ClockworkScheduler(Policy):
         With ``drop``, requests that cannot finish even alone are answered first.
 
         Returns (priority, batch size, batch, skipped) or None.
+
+        The choice depends on ``start`` only through which deadlines each size's
+        ``start + estimate`` passes, so it holds for a range of starts; it is kept
+        (``m.memo``) with that range and returned again while the queue and the
+        estimates are as they were and ``start`` is in the range (no request would be
+        dropped there either). Same answers, computed once.
         """
         est = m.est
+        memo = m.memo
+        if (memo is not None and memo[0] == m.qver and memo[1] == est.version
+                and memo[2] <= start <= memo[3]):
+            return memo[4]
         sizes = m.batch_sizes
         e1 = est.exec(sizes[0])
         q = m.queue
@@ -384,6 +395,8 @@ class ClockworkScheduler(Policy):
         max_exec = self.cfg.max_exec
         prio = None
         chosen = None
+        # the starts for which every size's split of ``deadlines`` stays where it is
+        lo, hi = -NEVER, deadlines[0] - e1
         for b in sizes:
             if b > n:
                 break
@@ -393,6 +406,10 @@ class ClockworkScheduler(Policy):
             th = start + e
             if ordered:
                 j = bisect_left(deadlines, th)
+                if j < n and deadlines[j] - e < hi:
+                    hi = deadlines[j] - e
+                if j and deadlines[j - 1] - e >= lo:
+                    lo = deadlines[j - 1] - e + 1
                 if n - j < b:
                     continue
                 idx = range(j, j + b)
@@ -405,11 +422,16 @@ class ClockworkScheduler(Policy):
                 prio = p
             chosen = (b, idx)
         if chosen is None:
+            if ordered and lo <= start <= hi:
+                m.memo = (m.qver, est.version, lo, hi, None)
             return None
         b, idx = chosen
         if ordered:
             j = idx[0]
-            return prio, b, head[j:j + b], head[:j]
+            res = prio, b, head[j:j + b], head[:j]
+            if lo <= start <= hi:
+                m.memo = (m.qver, est.version, lo, hi, res)
+            return res
         last = idx[-1]
         picked = set(idx)
         batch = [head[i] for i in idx]
@@ -459,6 +481,7 @@ class ClockworkScheduler(Policy):
         # drop stale entries (answered, or these very requests from before they ran)
         m.queue = deque(r for r in m.queue if r.state == QUEUED)
         m.monotone = False
+        m.qver += 1
         for r in reversed(keep):
             r.state = QUEUED
             m.queue.appendleft(r)
@@ -479,6 +502,7 @@ class ClockworkScheduler(Policy):
         """A queued request leaves the queue (to execute, or answered)."""
         r.state = state
         m.live -= 1
+        m.qver += 1
         m.outstanding -= r.demand
         if m.instances:
             if not m.dirty:

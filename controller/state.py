@@ -96,7 +96,7 @@ class ModelState:
     __slots__ = ("name", "profile", "est", "queue", "live", "outstanding", "instances",
                  "ready_copies", "versions", "batch_sizes", "pages", "item_cost",
                  "monotone", "last_deadline", "slo_cache", "removed", "wide", "dirty",
-                 "big_at")
+                 "big_at", "qver", "memo")
 
     def __init__(self, profile: ModelProfile, cfg: SchedulerConfig) -> None:
         self.name = profile.model
@@ -115,6 +115,10 @@ class ModelState:
         self.wide: CopyIndex | None = None  # kept while the model has many copies
         self.dirty = False  # demand or copies changed since the scheduler last looked
         self.big_at = float("inf")  # outstanding from which rounding matters (ROUNDING)
+        self.qver = 0  # bumped whenever a request joins or leaves the queue
+        # the scheduler's last batch choice, reused while nothing it read has changed:
+        # (qver, est.version, lowest start, highest start, choice) (Scheduler._choose_batch)
+        self.memo: tuple | None = None
         self.pages = profile.weights_pages
         self.batch_sizes = [b for b in profile.batch_sizes if b <= cfg.max_batch] or [1]
         # GPU time per request at the most efficient allowed batch size (demand accounting)

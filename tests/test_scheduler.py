@@ -584,3 +584,71 @@ def test_load_demand_indexes_change_no_decision(tmp_path):
         logs.append([(tmp_path / str(plain) / f).read_bytes()
                      for f in ("summary.json", "requests.tsv", "actions.tsv")])
     assert logs[0] == logs[1]
+
+
+# ---------------------------------------------------------------- the batch choice, memoised
+
+
+def _noisy_hot_scenario():
+    sc = _hot_scenario(duration=2.5)
+    sc["cluster"].update(noise=0.05, slow_prob=0.01)  # estimates move: their version too
+    return sc
+
+
+def test_memoised_batch_choice_is_the_fresh_one():
+    """Every time ``_choose_batch`` answers from its memo, the choice computed from
+    scratch at that instant is the same batch (and would have answered nobody)."""
+    from clockwork.cluster.sim import Simulation
+    from clockwork.scenario import load_scenario
+
+    sim = Simulation(load_scenario(data=_noisy_hot_scenario()))
+    pol = sim.policy
+    choose = pol._choose_batch
+    seen = {"hits": 0, "calls": 0}
+
+    def ids(choice):
+        if choice is None:
+            return None
+        prio, b, batch, skipped = choice
+        return prio, b, [r.id for r in batch], [r.id for r in skipped]
+
+    def checked(m, start, drop, now):
+        seen["calls"] += 1
+        memo = m.memo
+        got = choose(m, start, drop, now)
+        if m.memo is memo and memo is not None and memo[2] <= start <= memo[3] \
+                and got is memo[4]:
+            seen["hits"] += 1
+            replies = len(pol._replies)
+            m.memo = None
+            fresh = choose(m, start, drop, now)
+            assert len(pol._replies) == replies  # nobody would have been dropped
+            assert ids(fresh) == ids(got)
+        return got
+
+    pol._choose_batch = checked
+    res = sim.run()
+    assert res.summary["submitted"] > 10_000 and res.summary["dropped"] > 1_000
+    assert seen["hits"] >= 100, seen
+
+
+def test_memoised_batch_choice_changes_no_decision(tmp_path):
+    from clockwork.cluster.sim import Simulation
+    from clockwork.scenario import load_scenario
+
+    logs = []
+    for memo in (True, False):
+        sim = Simulation(load_scenario(data=_noisy_hot_scenario()))
+        pol = sim.policy
+        if not memo:
+            choose = pol._choose_batch
+
+            def fresh(m, start, drop, now, choose=choose):
+                m.memo = None
+                return choose(m, start, drop, now)
+
+            pol._choose_batch = fresh
+        sim.run().write(tmp_path / str(memo))
+        logs.append([(tmp_path / str(memo) / f).read_bytes()
+                     for f in ("summary.json", "requests.tsv", "actions.tsv")])
+    assert logs[0] == logs[1]
