@@ -1,0 +1,537 @@
+"""Benchmark: the controller's KServe v2 front end against the KServe Python server.
+
+Two servers, each a process (or processes) of its own on loopback, driven by the same
+stock client (``tritonclient.grpc.aio`` / ``tritonclient.http.aio``, binary tensor data on
+REST: the ``Inference-Header-Content-Length`` extension, which kserve 0.21 implements):
+
+- ours: a ``LocalCluster`` (one emulated worker, ``--gpus`` GPUs, as in
+  ``experiments/bench_rest.py``; KServe gRPC on the controller's main port, REST on its
+  ``--http-port``) whose two models do no work: their emulated execution of a batch of 1
+  takes ``--exec-us`` µs (EXEC). The client sends no SLO; the controller's default SLO is
+  ``--slo-ms`` (long, as the peer has none). Its CPU time is the controller's and the
+  worker's;
+- the peer: ``kserve.ModelServer`` (kserve 0.21, one uvicorn worker, its gRPC server in the
+  same process) serving ``kserve.Model`` subclasses whose ``predict`` does no work: it
+  answers with the input (tiny) or a constant array of the output's shape (resnet). Its
+  per-request INFO logging is turned off. Note: kserve 0.21 turns a binary REST input into
+  a Python list (``InferRequest.from_bytes``), ~0.1 s of CPU for the resnet input.
+
+The two models, on both servers: ``tiny`` (input ``x`` [1, 64] float32, 256 bytes; output
+``y`` as the input) and ``resnet`` (input ``x`` [1, 3, 224, 224] float32, 602,112 bytes;
+output ``y`` [1, 1000] float32, what a ResNet answers).
+
+Each cell (size x protocol x concurrency) is run ``--repeats`` times on each server,
+interleaved (ours then the peer, then the peer then ours, ...). A run: ``--concurrency``
+closed-loop clients (each sends one batch-1 request and the next when the answer arrives)
+spread over ``--procs`` client processes (started once, reused), ``--warmup`` seconds of
+load, then ``--duration`` seconds in which the answers, their latencies (client-measured,
+send to answer) and the servers' CPU time (/proc) are counted. Failed requests are counted
+by their error message (must be 0). The per-run lines also give the client processes' CPU
+time and the CPU time the idle server used meanwhile (should be ~0).
+
+The table at the end (markdown) has, per cell, the median over the repeats (the best run
+in parentheses) of requests/s, p50 and p99 latency (ms), ours/peer requests/s, ours p50
+minus EXEC (at concurrency 1: what our front end adds over a server that does no work,
+to compare with the peer's p50), the errors and the servers' CPU µs per request.
+
+To measure another version of our code, run it with that version on ``PYTHONPATH`` and as
+the working directory (the controller is started as ``python -m``)::
+
+    (cd /tmp/old && PYTHONPATH=/tmp/old python /path/to/experiments/bench_kserve.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+try:
+    from experiments.bench_rest import cpu_s
+except ImportError:  # run by path without the repository on PYTHONPATH
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
+    from experiments.bench_rest import cpu_s
+
+# model -> (input shape, output shape), without the batch dimension
+SIZES = {"tiny": ([64], [64]), "resnet": ([3, 224, 224], [1000])}
+PROTOCOLS = ("grpc", "rest")
+SERVERS = ("ours", "peer")
+
+
+# ---------------------------------------------------------------- the peer (kserve)
+
+def serve_peer(http_port: int, grpc_port: int) -> None:
+    """The peer's process: ``kserve.ModelServer`` with a no-op model per size. Its
+    per-request INFO logging (access log, gRPC method, latency) is turned off (ours logs
+    nothing per request either)."""
+    import logging
+
+    sys.argv = sys.argv[:1]  # kserve parses sys.argv at import
+    import kserve
+    from kserve import InferOutput, InferRequest, InferResponse
+
+    class NoOp(kserve.Model):
+        def __init__(self, name: str, out_shape: list[int]) -> None:
+            super().__init__(name)
+            self.out = np.zeros([1, *out_shape], np.float32)
+            self.echo = name == "tiny"  # answers with its input
+            self.ready = True
+
+        async def predict(self, payload: InferRequest, headers=None,
+                          response_headers=None) -> InferResponse:
+            y = payload.inputs[0].as_numpy() if self.echo else self.out
+            out = InferOutput("y", list(y.shape), "FP32")
+            out.set_data_from_numpy(y)  # raw bytes (data=y breaks kserve 0.21's to_grpc)
+            return InferResponse(
+                response_id=payload.id or "", model_name=self.name, infer_outputs=[out],
+                use_binary_outputs=payload.use_binary_outputs,
+                requested_outputs=payload.request_outputs)
+
+    server = kserve.ModelServer(http_port=http_port, grpc_port=grpc_port, workers=1,
+                                enable_latency_logging=False, grace_period=1)
+    for name in ("kserve", "kserve.trace", "uvicorn", "uvicorn.access", "uvicorn.error"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    server.start([NoOp(m, out) for m, (_, out) in SIZES.items()])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Peer:
+    """The peer server as a child process (``--serve-peer`` mode of this file)."""
+
+    def __init__(self, log: Path) -> None:
+        self.http_port, self.grpc_port = free_port(), free_port()
+        self.log = log
+        with open(log, "w") as f:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), "--serve-peer",
+                 str(self.http_port), str(self.grpc_port)],
+                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+# ---------------------------------------------------------------- ours
+
+def write_profiles(d: Path, exec_us: float) -> None:
+    """The profile set of ours: one profile per ``SIZES`` entry, ``exec_us`` µs per batch
+    of 1 (10 µs more per further row), as ``bench_rest.write_profiles``."""
+    (d / "set.json").write_text(json.dumps({"device": "test", "weights_cache_pages": 64}))
+    ns = int(exec_us * 1000)
+    for name, (ins, outs) in SIZES.items():
+        (d / f"{name}.json").write_text(json.dumps({
+            "model": name, "device": "test", "weights_bytes": 1 << 20, "load_ns": 2_000_000,
+            "exec_ns": {str(b): ns + 10_000 * (b - 1) for b in (1, 2, 4, 8, 16)},
+            "inputs": [{"name": "x", "shape": ins, "dtype": "float32"}],
+            "outputs": [{"name": "y", "shape": outs, "dtype": "float32"}]}))
+
+
+# ---------------------------------------------------------------- CPU time of process trees
+
+def tree_pids(roots: list[int]) -> list[int]:
+    """``roots`` and their descendants."""
+    out, todo = [], list(roots)
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for t in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def tree_cpu(pids: list[int]) -> float:
+    total = 0.0
+    for p in pids:
+        try:
+            total += cpu_s(p)
+        except OSError:
+            pass
+    return total
+
+
+# ---------------------------------------------------------------- clients
+
+def client_loop(conn) -> None:
+    """A client process: runs the jobs it receives (dicts; None ends it) and sends back
+    each one's result."""
+    while (job := conn.recv()) is not None:
+        fn = ready_job if job["kind"] == "ready" else load_job
+        conn.send(asyncio.run(fn(job)))
+    conn.close()
+
+
+def _client(proto: str, url: str, n: int):
+    if proto == "grpc":
+        import tritonclient.grpc.aio as tc
+
+        return tc, tc.InferenceServerClient(url)
+    import tritonclient.http.aio as tc
+
+    return tc, tc.InferenceServerClient(url, conn_limit=max(n, 1), conn_timeout=60.0)
+
+
+async def ready_job(job: dict) -> str:
+    """Polls the server's readiness and its models' until all are ready; "" or why not."""
+    deadline = time.monotonic() + job["timeout"]
+    why = "not ready"
+    for proto, url in job["urls"].items():
+        _, cl = _client(proto, url, 1)
+        try:
+            while True:
+                try:
+                    if await cl.is_server_ready() and all(
+                            [await cl.is_model_ready(m) for m in SIZES]):
+                        break
+                    why = f"{proto}: not ready"
+                except Exception as e:  # noqa: BLE001 - not listening yet
+                    why = f"{proto}: {type(e).__name__}: {str(e)[:200]}"
+                if time.monotonic() > deadline:
+                    return why
+                await asyncio.sleep(0.05)
+        finally:
+            await cl.close()
+    return ""
+
+
+async def load_job(job: dict) -> dict:
+    """``job["n"]`` closed-loop clients until ``job["end"]`` (time.time()); returns the
+    latencies (ms) of the answers that arrived inside [warm_end, end), the failures there
+    by message, and this process's CPU seconds over that window."""
+    proto, n, model = job["proto"], job["n"], job["model"]
+    start, warm_end, end = job["start"], job["warm_end"], job["end"]
+    ins, outs = SIZES[model]
+    tc, cl = _client(proto, job["url"], n)
+    x = tc.InferInput("x", [1, *ins], "FP32")
+    data = np.ones([1, *ins], np.float32)
+    if proto == "grpc":
+        x.set_data_from_numpy(data)
+        want = [tc.InferRequestedOutput("y")]
+    else:
+        x.set_data_from_numpy(data, binary_data=True)
+        want = [tc.InferRequestedOutput("y", binary_data=True)]
+    out_shape = (1, *outs)
+    lat: list[float] = []
+    fails: dict[str, int] = {}
+    cpu = [0.0, 0.0]
+
+    async def one_client() -> None:
+        while (t0 := time.time()) < end:
+            p0 = time.perf_counter()
+            why = ""
+            try:
+                r = await cl.infer(model, [x], outputs=want)
+                y = r.as_numpy("y")
+                if y is None or y.shape != out_shape:
+                    why = f"output y: {None if y is None else y.shape}"
+            except Exception as e:  # noqa: BLE001 - counted, by message
+                why = f"{type(e).__name__}: {str(e)[:100]}"
+            ms = (time.perf_counter() - p0) * 1e3
+            t1 = t0 + ms / 1e3
+            if warm_end <= t1 < end:
+                if why:
+                    fails[why] = fails.get(why, 0) + 1
+                else:
+                    lat.append(ms)
+
+    async def cpu_window() -> None:
+        await asyncio.sleep(max(0.0, warm_end - time.time()))
+        cpu[0] = time.process_time()
+        await asyncio.sleep(max(0.0, end - time.time()))
+        cpu[1] = time.process_time()
+
+    await asyncio.sleep(max(0.0, start - time.time()))
+    await asyncio.gather(cpu_window(), *(one_client() for _ in range(n)))
+    await cl.close()
+    return {"lat": lat, "fails": fails, "cpu_s": cpu[1] - cpu[0]}
+
+
+class Clients:
+    """``procs`` client processes, started once and given one job per run."""
+
+    def __init__(self, procs: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.pipes, self.procs = [], []
+        for _ in range(procs):
+            a, b = ctx.Pipe()
+            p = ctx.Process(target=client_loop, args=(b,), daemon=True)
+            p.start()
+            self.pipes.append(a)
+            self.procs.append(p)
+
+    def ready(self, urls: dict[str, str], timeout: float = 60.0) -> None:
+        self.pipes[0].send({"kind": "ready", "urls": urls, "timeout": timeout})
+        why = self.pipes[0].recv()
+        if why:
+            raise RuntimeError(f"server not ready in {timeout:.0f} s: {why}")
+
+    def load(self, job: dict, concurrency: int, during) -> dict:
+        """Runs ``concurrency`` clients spread over the processes; ``during(warm_end,
+        end)`` runs meanwhile in this process (CPU readings). Returns the merged result."""
+        k = len(self.pipes)
+        per = [concurrency // k + (i < concurrency % k) for i in range(k)]
+        used = [p for p, n in zip(self.pipes, per, strict=True) if n]
+        for pipe, n in zip(self.pipes, per, strict=True):
+            if n:
+                pipe.send(dict(job, kind="load", n=n))
+        extra = during(job["warm_end"], job["end"])
+        lat: list[float] = []
+        fails: dict[str, int] = {}
+        client_cpu = 0.0
+        for pipe in used:
+            r = pipe.recv()
+            lat += r["lat"]
+            client_cpu += r["cpu_s"]
+            for m, c in r["fails"].items():
+                fails[m] = fails.get(m, 0) + c
+        return {"lat": lat, "fails": fails, "client_cpu_s": client_cpu, **extra}
+
+    def close(self) -> None:
+        for pipe in self.pipes:
+            pipe.send(None)
+        for p in self.procs:
+            p.join(10)
+
+
+# ---------------------------------------------------------------- the runs
+
+def one_run(clients: Clients, server: str, urls: dict, pids: dict, cell: tuple,
+            args) -> dict:
+    model, proto, conc = cell
+    start = time.time() + 0.3
+    warm_end = start + args.warmup
+    end = warm_end + args.duration
+    other = "peer" if server == "ours" else "ours"
+
+    def during(warm_end: float, end: float) -> dict:
+        time.sleep(max(0.0, warm_end - time.time()))
+        mine, theirs = tree_pids(pids[server]), tree_pids(pids[other])
+        c0, o0 = tree_cpu(mine), tree_cpu(theirs)
+        time.sleep(max(0.0, end - time.time()))
+        return {"server_cpu_s": tree_cpu(mine) - c0, "idle_cpu_s": tree_cpu(theirs) - o0}
+
+    job = {"proto": proto, "url": urls[server][proto], "model": model, "start": start,
+           "warm_end": warm_end, "end": end}
+    r = clients.load(job, conc, during)
+    n = len(r["lat"])
+    a = np.array(r["lat"]) if n else np.array([float("nan")])
+    return {"server": server, "size": model, "proto": proto, "concurrency": conc,
+            "requests": n, "rps": n / args.duration,
+            "p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99)),
+            "failed": sum(r["fails"].values()), "failures": r["fails"],
+            "server_cpu_us": r["server_cpu_s"] / max(n, 1) * 1e6,
+            "client_cpu_us": r["client_cpu_s"] / max(n, 1) * 1e6,
+            "idle_other_cpu_ms": r["idle_cpu_s"] * 1e3}
+
+
+def cells_of(args) -> list[tuple]:
+    if args.cells:
+        out = []
+        for c in args.cells.split(","):
+            size, proto, conc = c.strip().split("/")
+            if size not in SIZES or proto not in PROTOCOLS:
+                raise SystemExit(f"--cells {c}: want SIZE/PROTOCOL/CONCURRENCY with SIZE in "
+                                 f"{list(SIZES)}, PROTOCOL in {list(PROTOCOLS)}")
+            out.append((size, proto, int(conc)))
+        return out
+    sizes, protos = args.sizes.split(","), args.protocols.split(",")
+    concs = [int(c) for c in args.concurrency.split(",")]
+    for s in sizes:
+        if s not in SIZES:
+            raise SystemExit(f"--sizes: {s!r} is not one of {list(SIZES)}")
+    for p in protos:
+        if p not in PROTOCOLS:
+            raise SystemExit(f"--protocols: {p!r} is not one of {list(PROTOCOLS)}")
+    return [(s, p, c) for s in sizes for p in protos for c in concs]
+
+
+def run_all(args) -> list[dict]:
+    from clockwork.cluster.serve import LocalCluster
+
+    cells = cells_of(args)
+    servers = args.servers.split(",")
+    results: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        write_profiles(Path(tmp), args.exec_us)
+        peer = Peer(Path(tmp) / "peer.log") if "peer" in servers else None
+        clients = Clients(args.procs)
+        cluster = LocalCluster(workers=1, gpus=args.gpus, profiles=tmp, http_port=0,
+                               timeout=60.0,
+                               controller_args=["--default-slo-ms", f"{args.slo_ms:g}"])
+        try:
+            urls, pids = {}, {}
+            if "ours" in servers:
+                cluster.start()
+                urls["ours"] = {"grpc": cluster.address,
+                                "rest": cluster.printed_address("http")}
+                pids["ours"] = [cluster.controller.proc.pid] + [
+                    w.proc.pid for w in cluster.workers]
+            if peer is not None:
+                urls["peer"] = {"grpc": f"127.0.0.1:{peer.grpc_port}",
+                                "rest": f"127.0.0.1:{peer.http_port}"}
+                pids["peer"] = [peer.proc.pid]
+            for s in servers:
+                try:
+                    clients.ready(urls[s])
+                except RuntimeError as e:
+                    log = peer.log.read_text()[-3000:] if s == "peer" else ""
+                    raise RuntimeError(f"{s}: {e}\n{log}") from None
+            for s in SERVERS:
+                pids.setdefault(s, [])
+            for rep in range(args.repeats):
+                for cell in cells:
+                    order = servers if rep % 2 == 0 else servers[::-1]
+                    for s in order:
+                        r = one_run(clients, s, urls, pids, cell, args)
+                        r["repeat"] = rep
+                        results.append(r)
+                        print_run(r)
+        finally:
+            clients.close()
+            cluster.stop()
+            if peer is not None:
+                peer.stop()
+    return results
+
+
+def print_run(r: dict) -> None:
+    print(f"[{r['server']:4}] {r['size']:6} {r['proto']:4} c={r['concurrency']:<3} "
+          f"rep {r['repeat'] + 1}: {r['rps']:8,.0f} req/s  p50 {r['p50_ms']:7.2f} ms  "
+          f"p99 {r['p99_ms']:7.2f} ms  server {r['server_cpu_us']:6.0f} µs CPU/req  "
+          f"clients {r['client_cpu_us']:5.0f} µs CPU/req  idle other "
+          f"{r['idle_other_cpu_ms']:.0f} ms CPU  {r['failed']} failed"
+          + (f" {r['failures']}" if r["failed"] else ""), flush=True)
+
+
+def table(results: list[dict], args) -> str:
+    """The markdown table: per cell, medians over the repeats (best in parentheses)."""
+    exec_ms = args.exec_us / 1e3
+    by: dict[tuple, list[dict]] = {}
+    for r in results:
+        by.setdefault((r["size"], r["proto"], r["concurrency"], r["server"]), []).append(r)
+
+    def med(rs, k):
+        return statistics.median(r[k] for r in rs) if rs else float("nan")
+
+    def fig(rs, k, fmt, best):
+        if not rs:
+            return "–"
+        return f"{med(rs, k):{fmt}} ({best(r[k] for r in rs):{fmt}})"
+
+    lines = [
+        "| size | protocol | clients | ours req/s | peer req/s | ours/peer | ours p50 ms "
+        "| ours p50 − EXEC | peer p50 ms | ours p99 ms | peer p99 ms | errors ours/peer "
+        "| server CPU µs/req ours/peer |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for cell in cells_of(args):
+        o, p = by.get((*cell, "ours"), []), by.get((*cell, "peer"), [])
+        ratio = (f"{med(o, 'rps') / med(p, 'rps'):.2f}" if o and p and med(p, "rps")
+                 else "–")
+        p50x = f"{med(o, 'p50_ms') - exec_ms:.2f}" if o else "–"
+        errs = "/".join(str(sum(r["failed"] for r in rs)) if rs else "–" for rs in (o, p))
+        cpu = "/".join(f"{med(rs, 'server_cpu_us'):.0f}" if rs else "–" for rs in (o, p))
+        lines.append(
+            f"| {cell[0]} | {'gRPC' if cell[1] == 'grpc' else 'REST binary'} | {cell[2]} "
+            f"| {fig(o, 'rps', ',.0f', max)} | {fig(p, 'rps', ',.0f', max)} | {ratio} "
+            f"| {fig(o, 'p50_ms', '.2f', min)} | {p50x} | {fig(p, 'p50_ms', '.2f', min)} "
+            f"| {fig(o, 'p99_ms', '.2f', min)} | {fig(p, 'p99_ms', '.2f', min)} "
+            f"| {errs} | {cpu} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    if len(sys.argv) == 4 and sys.argv[1] == "--serve-peer":
+        serve_peer(int(sys.argv[2]), int(sys.argv[3]))
+        return 0
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Prints a line per run and a markdown table at the end (see the module "
+               "docstring).")
+    ap.add_argument("--sizes", default="tiny,resnet",
+                    help="input sizes: tiny (64 float32), resnet (float32 [1,3,224,224])")
+    ap.add_argument("--protocols", default="grpc,rest",
+                    help="grpc, rest (REST with binary tensor data)")
+    ap.add_argument("--concurrency", default="1,8,32,64",
+                    help="closed-loop clients per run, comma-separated")
+    ap.add_argument("--cells", default="",
+                    help="instead of the grid: SIZE/PROTOCOL/CLIENTS,... (tiny/grpc/8)")
+    ap.add_argument("--servers", default="ours,peer", help="ours, peer or both (the order "
+                    "of the first repeat)")
+    ap.add_argument("--duration", type=float, default=5.0,
+                    help="seconds measured per run, after the warm-up")
+    ap.add_argument("--warmup", type=float, default=1.0,
+                    help="seconds of load before measuring, per run")
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="runs per cell and server, interleaved")
+    ap.add_argument("--procs", type=int, default=1,
+                    help="client processes the clients are spread over")
+    ap.add_argument("--gpus", type=int, default=1, help="ours: emulated GPUs")
+    ap.add_argument("--exec-us", type=float, default=100.0,
+                    help="ours: emulated execution time of a batch of 1 (EXEC), µs")
+    ap.add_argument("--slo-ms", type=float, default=10_000.0,
+                    help="ours: the controller's default SLO (the client sends none; the "
+                    "peer has none), ms")
+    ap.add_argument("--json", metavar="FILE", help="also write every run's figures there")
+    args = ap.parse_args()
+    for s in args.servers.split(","):
+        if s not in SERVERS:
+            raise SystemExit(f"--servers: {s!r} is not one of {list(SERVERS)}")
+    from importlib.metadata import version
+
+    import controller
+
+    code = str(Path(controller.__file__).resolve().parent.parent)
+    print(f"bench_kserve: ours from {code}; kserve {version('kserve')} "
+          f"(ModelServer, 1 uvicorn worker); tritonclient {version('tritonclient')} "
+          f"(grpc.aio / http.aio, REST with binary tensor data); "
+          f"EXEC {args.exec_us:g} µs; load average {open('/proc/loadavg').read().strip()}",
+          flush=True)
+    results = run_all(args)
+    print()
+    print(f"median of {args.repeats} run(s) per cell and server (best run in parentheses); "
+          f"{args.duration:g} s measured after {args.warmup:g} s warm-up; {args.procs} client "
+          f"process(es); EXEC = {args.exec_us / 1e3:g} ms")
+    print(table(results, args))
+    slow = sorted({f"{r['server']} {r['size']}/{r['proto']}/{r['concurrency']}"
+                   for r in results if not r["p99_ms"] <= args.warmup * 1e3})
+    if slow:
+        print(f"note: a run's p99 exceeded the warm-up ({args.warmup:g} s) in: "
+              f"{', '.join(slow)}: its closed loop had not reached a steady state when "
+              f"measuring began, so its latencies are those of the first rounds (too low); "
+              f"rerun those cells with a longer --warmup")
+    print(f"load average after: {open('/proc/loadavg').read().strip()}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "code": code,
+                                               "runs": results}, indent=1))
+    failed = sum(r["failed"] for r in results)
+    return 0 if failed == 0 and all(r["requests"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
