@@ -49,6 +49,7 @@ from clockwork.profiles import ModelProfile, ProfileError, load_profile_set
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
 from clockwork.protocol import keepalive
+from clockwork.protocol.framing import FrameStream, dial, host_of
 from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
 from clockwork.protocol.pacing import Pacer
 from clockwork.protocol.ratelog import LogLimiter
@@ -180,7 +181,9 @@ class WorkerLink:
     index: int
     address: str
     channel: grpc.aio.Channel | None = None
-    call: object = None
+    call: object = None  # what actions go on: the Connect stream, or the fast link's FrameStream
+    grpc_call: object = None  # the Connect stream (idle while the fast link carries the messages)
+    fast: bool = True  # ask for the fast link (off after it could not be reached)
     connected: bool = False
     offset: int = 0  # worker clock - controller clock
     rtt: int = 0
@@ -368,6 +371,7 @@ class ControllerNode:
             msg = await asyncio.wait_for(call.read(), 5.0)
             if msg is grpc.aio.EOF or msg.WhichOneof("kind") != "state":
                 raise ConnectionError(f"worker {link.address} did not send its state")
+            stream = await self._dial_fast(link, msg.state) if msg.state.link_port else call
         except BaseException:
             await ch.close()
             raise
@@ -382,9 +386,11 @@ class ControllerNode:
         if link.state is not None and len(msg.state.gpus) != len(link.state.gpus):
             await ch.close()
             raise ValueError(f"worker {link.address} came back with a different GPU count")
-        link.channel, link.call, link.state = ch, call, msg.state
+        link.channel, link.call, link.grpc_call, link.state = ch, stream, call, msg.state
         link.connected = True
         self.count("worker_connects")
+        if stream is not call:
+            self.count("worker_fast_links")
         if link.told != self.instances:  # a model loaded or unloaded while we said Hello
             gone = [i for i in link.told if i not in self.instances]
             new = [pb.Instance(name=i, profile=p, package=self.packages.get(i, ""))
@@ -392,6 +398,19 @@ class ControllerNode:
             link.updates.append((0, pb.InstanceUpdate(add=new, remove=gone)))
             link.told = dict(self.instances)
             link.wake.set()
+
+    async def _dial_fast(self, link: WorkerLink, state: pb.WorkerState) -> FrameStream:
+        """The fast link the worker offered (``clockwork.protocol.framing``). If it cannot
+        be reached, this link stays on gRPC from the next attempt on (and says so once)."""
+        try:
+            return await dial(host_of(link.address), state.link_port, state.link_ticket,
+                              pb.WorkerMessage.FromString)
+        except (OSError, TimeoutError) as e:
+            link.fast = False
+            print(f"controller: worker {link.address}: its fast link (port {state.link_port}) "
+                  f"cannot be reached ({e!r}); using its gRPC stream", file=sys.stderr,
+                  flush=True)
+            raise ConnectionError(f"fast link of {link.address} unreachable") from e
 
     async def _clock_sync(self, stub: pbg.WorkerStub, link: WorkerLink):
         """One ClockSync round trip -> (sent, response, received); with a cluster secret
@@ -467,7 +486,7 @@ class ControllerNode:
         """Take the worker over with an empty cache and nothing in flight."""
         self._drop_updates(link)  # what they said is in the instance list
         link.told = dict(self.instances)
-        return pb.Hello(worker_id=link.index, reset=True,
+        return pb.Hello(worker_id=link.index, reset=True, fast_link=link.fast,
                         instances=[pb.Instance(name=i, profile=m, package=self.packages.get(i, ""))
                                    for i, m in self.instances.items()])
 
@@ -532,7 +551,7 @@ class ControllerNode:
             if link.call is call and link.connected and not self._stopping:
                 link.error = f"writing failed: {e!r}"
                 self._bad_worker_msg(f"writing to worker {link.address} failed: {e!r}",
-                                     None if isinstance(e, grpc.RpcError) else e)
+                                     None if isinstance(e, grpc.RpcError | OSError) else e)
                 self._lost(link)
 
     def _actions_msg(self, link: WorkerLink, acts: list[Action]) -> pb.ControllerMessage:
@@ -590,7 +609,7 @@ class ControllerNode:
         try:
             while True:
                 msg = await call.read()
-                if msg is grpc.aio.EOF:
+                if msg is grpc.aio.EOF or msg is None:
                     break
                 kind = msg.WhichOneof("kind")
                 if kind == "results":
@@ -615,6 +634,8 @@ class ControllerNode:
                     self.count("msgs_malformed")
         except grpc.aio.AioRpcError as e:
             link.error = f"{e.code()}: {e.details()}"
+        except ConnectionError as e:  # the fast link (an oversized frame)
+            link.error = str(e)
         except asyncio.CancelledError:
             return
         except Exception as e:  # noqa: BLE001 - a message we could not handle: reset
@@ -633,6 +654,8 @@ class ControllerNode:
         for t in link.tasks:
             if t is not asyncio.current_task():
                 t.cancel()
+        if isinstance(link.call, FrameStream):
+            link.call.close()
         if link.channel is not None:
             asyncio.ensure_future(link.channel.close())
         link.pending = []

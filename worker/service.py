@@ -7,7 +7,12 @@ every batch of actions to ``loop.submit`` with ``now`` = the real clock. Instanc
 and leave while it serves by ``InstanceUpdate`` (the controller's model repository),
 answered with the state too; the weights cache and the actions in flight stay as they are. ``loop.arm``
 sets an asyncio timer that calls ``loop.timer``. Finished results are sent back in
-batches (everything ready when the stream is free goes in one message).
+batches (everything ready when the stream is free goes in one message). A controller that
+asks for it gets the fast link: the same messages as frames on a TCP connection to
+``--link-port`` that presents the ticket handed out on the stream
+(``clockwork.protocol.framing``); one ``_Session`` per controller connection serves
+either transport. The event loop runs on ``select()`` so that timers fire to the
+microsecond (``clockwork.protocol.precise_loop``).
 
 Windows and result times are this process's monotonic clock; the controller converts.
 
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hmac
 import signal
 import sys
 import time
@@ -42,8 +48,10 @@ from clockwork.profiles import ModelProfile, ProfileError, load_profile_set
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
 from clockwork.protocol import keepalive
+from clockwork.protocol.framing import TICKET_BYTES, FrameStream, new_ticket
 from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
 from clockwork.protocol.pacing import Pacer
+from clockwork.protocol.precise_loop import run_precise
 from clockwork.protocol.ratelog import LogLimiter
 from clockwork.protocol.security import (
     WORKER_CLOCK_SYNC,
@@ -434,9 +442,10 @@ def _open_device(kind: str, pages: int, index: int = 0):
 
 
 class WorkerServicer(pbg.WorkerServicer):
-    def __init__(self, node: WorkerNode) -> None:
+    def __init__(self, node: WorkerNode, link_port: int = 0) -> None:
         self.node = node
-        self._active: object = None
+        self._session: _Session | None = None  # the controller connection that owns us
+        self.link_port = link_port  # the fast link's port (0: not offered)
         self._refused = Refusals("worker")
 
     async def _authorize(self, context, method: str) -> None:
@@ -472,93 +481,202 @@ class WorkerServicer(pbg.WorkerServicer):
             await self._authorize(context, WORKER_CONNECT)
         else:  # at once, as with a secret: a controller waits for them before its Hello
             await context.send_initial_metadata(())
-        token = object()
-        self._active = token  # the newest controller connection owns the worker
-        echoes: list[pb.ClockEcho] = []
-        states: list[pb.WorkerState] = []  # answers to InstanceUpdates
-        wake = asyncio.Event()
-        pacer = Pacer(node.result_interval_us)
         it = request_iterator.__aiter__()
         first = await anext(it, None)
         if first is None or first.WhichOneof("kind") != "hello":
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "first message must be Hello")
-        yield pb.WorkerMessage(state=node.hello(first.hello))
+        if self._session is not None:
+            self._session.stop()
+        # the newest controller connection owns the worker
+        session = self._session = _Session(node, first.hello.fast_link and self.link_port > 0)
+        state = node.hello(first.hello)
+        if session.ticket:
+            state.link_port, state.link_ticket = self.link_port, session.ticket
+        yield pb.WorkerMessage(state=state)
 
         async def reader() -> None:
             async for msg in it:
-                kind = msg.WhichOneof("kind")
-                if self._active is not token:
+                if not session.handle(msg):
                     return
-                try:
-                    if kind == "actions":
-                        node.submit(msg.actions)
-                    elif kind == "echo":
-                        e = pb.ClockEcho()
-                        e.CopyFrom(msg.echo)
-                        e.worker_time = now_ns()
-                        echoes.append(e)
-                        wake.set()
-                    elif kind == "hello":
-                        node.hello(msg.hello)
-                    elif kind == "update":
-                        states.append(node.update(msg.update))
-                        wake.set()
-                except Exception as e:  # noqa: BLE001 - one bad message, not the stream
-                    node._complain(f"a {kind} message from the controller failed: {e!r}", e)
-            wake.set()
-
-        def reader_done(t: asyncio.Task) -> None:
-            if not t.cancelled() and t.exception() is not None:
-                print(f"worker: controller stream failed: {t.exception()!r}", file=sys.stderr,
-                      flush=True)
+            session.wake.set()
 
         rtask = asyncio.create_task(reader())
-        rtask.add_done_callback(reader_done)
+        rtask.add_done_callback(_report_reader)
         try:
-            while self._active is token:
-                if not node._out and not echoes and not states:
-                    w1 = asyncio.ensure_future(node._out_ready.wait())
-                    w2 = asyncio.ensure_future(wake.wait())
-                    await asyncio.wait([w1, w2, rtask], return_when=asyncio.FIRST_COMPLETED)
-                    w1.cancel()
-                    w2.cancel()
-                    if rtask.done():
-                        return
-                wake.clear()
-                while echoes:
-                    yield pb.WorkerMessage(echo=echoes.pop(0))
-                while states:
-                    yield pb.WorkerMessage(state=states.pop(0))
-                if node._out:
-                    await pacer.wait()  # under load: one message per interval
-                res = node.take_results()
-                if res:
-                    pacer.note(len(res))
-                    yield pb.WorkerMessage(results=pb.ResultBatch(results=res))
+            if session.ticket:  # the link moves to TCP: this stream waits, idle
+                ended = asyncio.ensure_future(session.ended.wait())
+                await asyncio.wait([rtask, ended], return_when=asyncio.FIRST_COMPLETED)
+                ended.cancel()
+                return
+            async for m in session.outgoing(rtask):
+                yield m
         finally:
             rtask.cancel()
+            session.stop()
+
+    async def serve_link(self, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> None:
+        """A connection to the link port: the ticket of the session that owns the worker
+        first (else it is closed at once), then that session's messages as frames."""
+        stream = FrameStream(reader, writer, pb.ControllerMessage.FromString)
+        session = self._session
+        try:
+            ticket = await asyncio.wait_for(reader.readexactly(TICKET_BYTES), 5.0)
+        except (asyncio.IncompleteReadError, TimeoutError, OSError):
+            ticket = b""
+        if session is None or not session.claim(ticket):
+            self._refused(f"fast link from {writer.get_extra_info('peername')}: no valid ticket")
+            stream.close()
+            return
+
+        async def read() -> None:
+            while (msg := await stream.read()) is not None:
+                if not session.handle(msg):
+                    return
+            session.wake.set()
+
+        rtask = asyncio.create_task(read())
+        rtask.add_done_callback(_report_reader)
+        try:
+            async for m in session.outgoing(rtask):
+                await stream.write(m)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            rtask.cancel()
+            session.stop()
+            stream.close()
+
+
+def _report_reader(t: asyncio.Task) -> None:
+    if not t.cancelled() and t.exception() is not None:
+        print(f"worker: controller stream failed: {t.exception()!r}", file=sys.stderr, flush=True)
+
+
+class _Session:
+    """One controller connection (a ``Connect`` stream, and its fast link if it takes
+    one): what it has sent is handled by ``handle``; ``outgoing`` yields what to send it
+    (results as they are ready, echoes, the answers to InstanceUpdates) until the session
+    ends: a newer controller connection took the worker over, or either transport
+    ended."""
+
+    def __init__(self, node: WorkerNode, offer: bool) -> None:
+        self.node = node
+        self.echoes: list[pb.ClockEcho] = []
+        self.states: list[pb.WorkerState] = []  # answers to InstanceUpdates
+        # something to send (results, echoes, states) or the end: one event, the node's
+        self.wake = node._out_ready
+        self.ended = asyncio.Event()
+        self.ticket = new_ticket() if offer else b""
+        self.claimed = False
+
+    @property
+    def active(self) -> bool:
+        return not self.ended.is_set()
+
+    def stop(self) -> None:
+        self.ended.set()
+        self.wake.set()
+
+    def claim(self, ticket: bytes) -> bool:
+        """Whether ``ticket`` is this session's, not yet used (constant-time compare)."""
+        if not self.ticket or self.claimed or not self.active:
+            return False
+        if not hmac.compare_digest(ticket, self.ticket):
+            return False
+        self.claimed = True
+        return True
+
+    def handle(self, msg: pb.ControllerMessage) -> bool:
+        """One message from the controller; False once the session has ended."""
+        if not self.active:
+            return False
+        node = self.node
+        kind = msg.WhichOneof("kind")
+        try:
+            if kind == "actions":
+                node.submit(msg.actions)
+            elif kind == "echo":
+                e = pb.ClockEcho()
+                e.CopyFrom(msg.echo)
+                e.worker_time = now_ns()
+                self.echoes.append(e)
+                self.wake.set()
+            elif kind == "hello":
+                node.hello(msg.hello)
+            elif kind == "update":
+                self.states.append(node.update(msg.update))
+                self.wake.set()
+        except Exception as e:  # noqa: BLE001 - one bad message, not the stream
+            node._complain(f"a {kind} message from the controller failed: {e!r}", e)
+        return True
+
+    async def outgoing(self, rtask: asyncio.Task):
+        """The messages to send, until the session ends or ``rtask`` (the reader) does."""
+        node = self.node
+        echoes, states, wake = self.echoes, self.states, self.wake
+        rtask.add_done_callback(lambda _: wake.set())
+        pacer = Pacer(node.result_interval_us)
+        while self.active:
+            if not node._out and not echoes and not states:
+                await wake.wait()
+                if rtask.done() or not self.active:
+                    return
+            wake.clear()
+            while echoes:
+                yield pb.WorkerMessage(echo=echoes.pop(0))
+            while states:
+                yield pb.WorkerMessage(state=states.pop(0))
+            if node._out:
+                await pacer.wait()  # under load: one message per interval
+            res = node.take_results()
+            if res:
+                pacer.note(len(res))
+                yield pb.WorkerMessage(results=pb.ResultBatch(results=res))
 
 
 async def serve_worker(host: str, port: int, node: WorkerNode, ready=None,
-                       stop: asyncio.Event | None = None, tls: TlsFiles | None = None) -> None:
+                       stop: asyncio.Event | None = None, tls: TlsFiles | None = None,
+                       link_port: int = 0) -> None:
     """Serve until ``stop``; with ``tls`` the port speaks TLS only (and asks the controller
-    for a client certificate when ``tls.ca`` is set)."""
+    for a client certificate when ``tls.ca`` is set). ``link_port``: where the fast link
+    (``clockwork.protocol.framing``) listens (0: a free port; -1: no fast link; none
+    with TLS). ``ready(port, link_port)`` is called once both listen (link_port 0: none)."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
                                       ("grpc.max_send_message_length", 64 << 20),
                                       *LISTEN_OPTIONS, *keepalive.SERVER])
-    pbg.add_WorkerServicer_to_server(WorkerServicer(node), server)
+    servicer = WorkerServicer(node)
+    pbg.add_WorkerServicer_to_server(servicer, server)
     bound = bind_grpc(server, host, port, "--port",
                       tls.grpc_credentials() if tls is not None else None)
+    link = None
+    if link_port >= 0 and tls is None:
+        try:
+            link = await asyncio.start_server(servicer.serve_link, host, link_port)
+        except OSError as e:
+            raise ListenError(f"--link-port {link_port}: cannot listen on {host}: "
+                              f"{e.strerror or e}") from None
+        servicer.link_port = link.sockets[0].getsockname()[1]
     await server.start()
     timer = asyncio.create_task(node.run_timer())
     if ready is not None:
-        ready(bound)
+        ready(bound, servicer.link_port)
     stop = stop or asyncio.Event()
     try:
         await stop.wait()
     finally:
         timer.cancel()
+        if link is not None:
+            link.close()
         await server.stop(0.5)
+
+
+def listening_line(args: argparse.Namespace, node: WorkerNode, port: int, link_port: int) -> str:
+    """The line a worker prints once it serves (launchers read its address from it)."""
+    where = "" if args.device == "emulated" else f", packages from {node.packages}"
+    fast = f", fast link on port {link_port}" if link_port else ""
+    return (f"clockwork worker listening on {args.host}:{port} ({args.gpus} {args.device} "
+            f"GPU(s), {node.pages} pages each, profiles {node.pset.name}{where}{fast})")
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -600,15 +718,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
 
-        def ready(port: int) -> None:
-            where = "" if args.device == "emulated" else f", packages from {node.packages}"
-            print(f"clockwork worker listening on {args.host}:{port} ({args.gpus} {args.device} "
-                  f"GPU(s), {node.pages} pages each, profiles {node.pset.name}{where})", flush=True)
+        def ready(port: int, link_port: int) -> None:
+            print(listening_line(args, node, port, link_port), flush=True)
 
-        await serve_worker(args.host, args.port, node, ready, stop, tls)
+        await serve_worker(args.host, args.port, node, ready, stop, tls, args.link_port)
 
     try:
-        asyncio.run(main())
+        run_precise(main())
     except (ListenError, ValueError) as e:
         print(f"clockwork worker: {e}", file=sys.stderr)
         return 2

@@ -134,8 +134,9 @@ class WorkerActor:
               f"(pid {self.pid}, node {self.node_id[:12]}) at {self.address()}", flush=True)
 
     def _run(self) -> None:
+        from clockwork.protocol.precise_loop import run_precise
         from clockwork.protocol.security import ClusterAuth
-        from worker.service import WorkerNode, serve_worker
+        from worker.service import WorkerNode, listening_line, serve_worker
 
         a = self.args
 
@@ -146,18 +147,15 @@ class WorkerActor:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
 
-            def ready(port: int) -> None:
+            def ready(port: int, link_port: int) -> None:
                 self.port = port
-                where = "" if a.device == "emulated" else f", packages from {node.packages}"
-                print(f"clockwork worker listening on {a.host}:{port} ({a.gpus} {a.device} "
-                      f"GPU(s), {node.pages} pages each, profiles {node.pset.name}{where})",
-                      flush=True)
+                print(listening_line(a, node, port, link_port), flush=True)
                 self._ready.set()
 
-            await serve_worker(a.host, a.port, node, ready, self._stop)
+            await serve_worker(a.host, a.port, node, ready, self._stop, None, a.link_port)
 
         try:
-            asyncio.run(main())
+            run_precise(main())
         except BaseException as e:  # noqa: BLE001 - reported to __init__, or fatal below
             self._error = e
             if not self._ready.is_set():

@@ -352,6 +352,11 @@ def add_worker(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=t.port, default=12345,
                    help="port (default 12345; 0 picks a free one; printed)")
+    p.add_argument("--link-port", type=t.optional_port, default=0,
+                   help="port of the fast link: the controller sends actions and reads "
+                   "results on a plain TCP connection here instead of the gRPC stream, "
+                   "after authenticating on gRPC (default 0: a free port, printed; -1: off, "
+                   "everything on the gRPC port; always off with --tls-cert)")
     p.add_argument("--device", default="emulated", choices=DEVICES,
                    help="emulated (default), cpu (needs the tvm extra) or cuda")
     p.add_argument("--packages", metavar="DIR", default=None,

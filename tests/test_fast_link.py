@@ -1,0 +1,112 @@
+"""The worker link's fast path (``clockwork.protocol.framing``): actions and results on a
+ticketed TCP connection, set up over the gRPC Connect stream; off with --link-port -1."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import time
+
+import pytest
+
+import clockwork
+from clockwork.cluster.serve import LocalCluster
+from clockwork.protocol import clockwork_pb2 as pb
+from clockwork.protocol.framing import MAX_FRAME, TICKET_BYTES, FrameStream, dial, host_of
+
+MODEL = "resnet18_v2"
+TIMEOUT = 30.0
+
+
+def _line(child, text: str, timeout: float = 20.0) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        for line in list(child.output):
+            if text in line:
+                return line
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{child.name} printed no {text!r}:\n" + "".join(child.output[-20:]))
+        time.sleep(0.05)
+
+
+def _serve_some(address: str, n: int = 20) -> dict[str, int]:
+    with clockwork.Client(address, timeout=TIMEOUT) as c:
+        for _ in range(n):
+            assert c.infer(MODEL, slo_ms=1000).status == 0
+        return c.stats()
+
+
+def test_actions_and_results_travel_on_the_fast_link():
+    with LocalCluster(models=MODEL, timeout=60) as c:
+        line = _line(c.workers[0], "listening on")
+        port = int(re.search(r"fast link on port (\d+)", line).group(1))
+        st = _serve_some(c.address)
+        assert st["worker_fast_links"] == 1 and st["worker_connects"] == 1
+        assert st["msgs_from_workers"] >= 1
+        # a stranger with a wrong ticket is turned away; the controller's link serves on
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(bytes(TICKET_BYTES))
+            assert s.recv(1) == b""  # closed by the worker
+        _line(c.workers[0], "no valid ticket")
+        st = _serve_some(c.address)
+        assert st.get("worker_losses", 0) == 0 and st["worker_fast_links"] == 1
+
+
+def test_link_port_off_keeps_everything_on_grpc():
+    with LocalCluster(models=MODEL, timeout=60, worker_args=[["--link-port", "-1"]]) as c:
+        assert "fast link" not in _line(c.workers[0], "listening on")
+        st = _serve_some(c.address)
+        assert st.get("worker_fast_links", 0) == 0 and st["worker_connects"] == 1
+
+
+def test_a_restarted_worker_gets_a_new_fast_link():
+    with LocalCluster(models=MODEL, timeout=60) as c:
+        _serve_some(c.address, 5)
+        c.workers[0].proc.kill()
+        c.workers[0].proc.wait(10)
+        c.restart_worker(0)
+        deadline = time.monotonic() + TIMEOUT
+        with clockwork.Client(c.address, timeout=TIMEOUT) as cl:
+            while cl.stats().get("worker_fast_links", 0) < 2:
+                assert time.monotonic() < deadline, cl.stats()
+                time.sleep(0.1)
+        st = _serve_some(c.address, 5)
+        assert st["worker_fast_links"] == 2 and st["worker_losses"] == 1
+
+
+def test_frames_are_bounded_and_a_cut_frame_ends_the_link():
+    async def run():
+        got = []
+
+        async def serve(reader, writer):
+            stream = FrameStream(reader, writer, pb.ControllerMessage.FromString)
+            assert await reader.readexactly(TICKET_BYTES) == b"t" * TICKET_BYTES
+            got.append(await stream.read())  # a whole message
+            try:
+                await stream.read()  # a header announcing too much
+            except ConnectionError as e:
+                got.append(str(e))
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        s = await dial("127.0.0.1", port, b"t" * TICKET_BYTES, pb.WorkerMessage.FromString)
+        await s.write(pb.ControllerMessage(echo=pb.ClockEcho(seq=7)))
+        s._w.write((MAX_FRAME + 1).to_bytes(4, "little"))
+        assert await s.read() is None  # the server closed: the end of the link
+        s.close()
+        server.close()
+        return got
+
+    first, err = asyncio.run(run())
+    assert first.echo.seq == 7 and "at most" in err
+
+
+def test_dial_fails_fast_on_a_closed_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens on it once closed
+    with pytest.raises(OSError):
+        asyncio.run(dial("127.0.0.1", port, b"x" * TICKET_BYTES, pb.WorkerMessage.FromString))
+    assert host_of("[::1]:5") == "::1" and host_of("10.0.0.1:12345") == "10.0.0.1"
