@@ -277,9 +277,10 @@ class KServeFrontend:
 
     def finish(self, name: str, resps, requested: list[str],
                batched: bool) -> list[OutTensor]:
-        """The outputs of the controller's answers to a request's rows (``resps``: a
-        ``pb.InferResponse`` per row, in order, or one), rows stacked in order; raises
-        the KServeError of the worst row that failed."""
+        """The outputs of the controller's answers to a request's rows (``resps``: an
+        answer per row, in order, or one; a successful one is an ``Answer`` whose outputs
+        are Tensor rows), rows stacked in order: each row copied once, into the bytes of
+        the response's output; raises the KServeError of the worst row that failed."""
         if not isinstance(resps, list | tuple):
             resps = [resps]
         failed = [r for r in resps if r.status != RequestStatus.SUCCESS]
@@ -295,13 +296,15 @@ class KServeFrontend:
             parts = []
             for g in got:
                 t = g.get(spec.name)
-                data = t.data if t is not None and t.data else bytes(row_bytes)
-                if len(data) != row_bytes:  # the controller checked the worker's outputs
+                if t is None or not t.nbytes:
+                    parts.append(bytes(row_bytes))
+                    continue
+                if t.nbytes != row_bytes:  # the controller checked the worker's outputs
                     raise _internal("finish", ValueError(
-                        f"output {spec.name!r} of {name!r}: {len(data)} bytes in a row, "
+                        f"output {spec.name!r} of {name!r}: {t.nbytes} bytes in a row, "
                         f"expected {row_bytes}"))
-                parts.append(data)
-            data = parts[0] if n == 1 else b"".join(parts)
+                parts.append(t.data)
+            data = b"".join(parts)  # one copy of each row (the bytes themselves if n == 1)
             shape = [n, *spec.shape] if batched else list(spec.shape)
             out.append(OutTensor(spec.name, ks_dtype(spec.dtype), shape, data))
         return out

@@ -74,7 +74,7 @@ from clockwork.protocol.wire import (
     msg_to_result,
     msgs_to_tensors,
 )
-from clockwork.requests import Reply, Request
+from clockwork.requests import Answer, Reply, Request
 from clockwork.tensors import Tensor, TensorError, batch_inputs, check_inputs, zero_rows
 from clockwork.time import ms
 from controller import make_policy, split_settings
@@ -781,26 +781,42 @@ class ControllerNode:
             if tel is not None:
                 r.slo = r.slo or self.cfg.default_slo
                 tel.reply(rep)
-            resp = pb.InferResponse(status=int(rep.status), message=rep.message,
-                                    latency_ns=rep.time - r.arrival, batch_size=rep.batch_size,
-                                    gpu=rep.gpu, cold=r.cold)
-            if rep.status == RequestStatus.INVALID_REQUEST and (
-                    r.model not in self.profiles or r.model in self.unloading):
-                resp.reason = "unknown_model"  # (also: its model was unloaded meanwhile)
-            if r.want_outputs and rep.status == RequestStatus.SUCCESS:
-                outs = rep.outputs  # the batch's outputs; ours is row r.row (views, no copy)
-                if outs:
-                    row = r.row
-                    try:
-                        add_tensors(resp.outputs, [t.row(row) if t.shape else t for t in outs])
-                    except (IndexError, ValueError) as e:  # answered all the same, ERROR
-                        self.count("replies_bad_outputs")
-                        resp = pb.InferResponse(status=RequestStatus.ERROR, gpu=rep.gpu,
-                                                message=f"the worker's outputs do not fit: {e}",
-                                                latency_ns=rep.time - r.arrival)
-                else:  # the emulated device computes nothing: zeros of the output shapes
-                    add_tensors(resp.outputs, zero_rows(self.profiles[r.model].outputs))
-            r.tag(resp)
+            r.tag(self._response(rep, r))
+
+    def _response(self, rep: Reply, r: Request):
+        """The answer to deliver: a ``pb.InferResponse``, or an ``Answer`` for a typed
+        request (KServe), with the request's output rows (views into the batch's outputs,
+        no copy; zeros of the output shapes from an emulated device)."""
+        status, latency = rep.status, rep.time - r.arrival
+        outs = ()
+        if r.want_outputs and status == RequestStatus.SUCCESS:
+            batch = rep.outputs
+            if batch:
+                row = r.row
+                try:
+                    outs = [t.row(row) if t.shape else t for t in batch]
+                except (IndexError, ValueError) as e:  # answered all the same, ERROR
+                    self.count("replies_bad_outputs")
+                    msg = f"the worker's outputs do not fit: {e}"
+                    if r.typed:
+                        return Answer(RequestStatus.ERROR, msg, latency_ns=latency, gpu=rep.gpu)
+                    return pb.InferResponse(status=RequestStatus.ERROR, gpu=rep.gpu,
+                                            message=msg, latency_ns=latency)
+            else:  # the emulated device computes nothing
+                outs = zero_rows(self.profiles[r.model].outputs)
+        reason = ""
+        if status == RequestStatus.INVALID_REQUEST and (
+                r.model not in self.profiles or r.model in self.unloading):
+            reason = "unknown_model"  # (also: its model was unloaded meanwhile)
+        if r.typed:
+            return Answer(int(status), rep.message, reason, outs, latency, rep.batch_size,
+                          rep.gpu, r.cold)
+        resp = pb.InferResponse(status=int(status), message=rep.message, reason=reason,
+                                latency_ns=latency, batch_size=rep.batch_size, gpu=rep.gpu,
+                                cold=r.cold)
+        if outs:
+            add_tensors(resp.outputs, outs)
+        return resp
 
     def submit(self, req: pb.InferRequest, deliver, budget: int | None = None) -> None:
         """A client request; ``deliver(InferResponse)`` is called exactly once. ``budget``
@@ -861,6 +877,7 @@ class ControllerNode:
         r = Request(rid, req.model, now - late, slo, tagged, inputs)  # inputs: list[Tensor]
         if req.skip_outputs:
             r.want_outputs = False
+        r.typed = not isinstance(req, pb.InferRequest)  # KServe's rows: answered with Answers
         self.pending[rid] = r
         return r
 
