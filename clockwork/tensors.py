@@ -90,7 +90,8 @@ class Tensor:
         return f"Tensor({self.name!r}, {self.dtype.name}, {list(self.shape)}, {self.nbytes} bytes)"
 
 
-def _row_nbytes(spec: TensorSpec) -> int:
+def row_nbytes(spec: TensorSpec) -> int:
+    """Bytes in one row (one sample) of a tensor of ``spec``."""
     n = np.dtype(spec.dtype).itemsize
     for d in spec.shape:
         n *= d
@@ -112,7 +113,7 @@ def check_inputs(inputs: Sequence[Tensor], specs: Sequence[TensorSpec]) -> str |
             return f"input {spec.name!r} has shape {list(shape)}, expected {list(spec.shape)}"
         if t.dtype != np.dtype(spec.dtype):
             return f"input {spec.name!r} has dtype {t.dtype}, expected {spec.dtype}"
-        want = _row_nbytes(spec)
+        want = row_nbytes(spec)
         if t.nbytes != want:
             return f"input {spec.name!r}: {t.nbytes} bytes, expected {want}"
     return None
@@ -135,7 +136,7 @@ def join_rows(rows: Sequence[Tensor | None], spec: TensorSpec, batch_size: int) 
     """One input of an INFER batch: ``rows[i]`` is row i (None, or a tensor whose buffer
     does not hold exactly one sample: zeros), then zero rows up to ``batch_size``. The
     result's data is one ``bytes`` object: one allocation, one copy per row."""
-    size = _row_nbytes(spec)
+    size = row_nbytes(spec)
     zero = _zero_row(size)
     parts = [t.data if t is not None and t.nbytes == size else zero for t in rows]
     parts.extend([zero] * (batch_size - len(rows)))
@@ -173,7 +174,7 @@ def zero_rows(specs: Sequence[TensorSpec]) -> tuple[Tensor, ...]:
     key = tuple((s.name, tuple(s.shape), s.dtype) for s in specs)
     z = _zero_tensors.get(key)
     if z is None:
-        z = tuple(Tensor(name, np.dtype(dtype), shape, _zero_row(_row_nbytes(s)))
+        z = tuple(Tensor(name, np.dtype(dtype), shape, _zero_row(row_nbytes(s)))
                   for (name, shape, dtype), s in zip(key, specs, strict=True))
         if len(_zero_tensors) >= _ZERO_CACHE_MAX:
             _zero_tensors.clear()
@@ -181,4 +182,5 @@ def zero_rows(specs: Sequence[TensorSpec]) -> tuple[Tensor, ...]:
     return z
 
 
-__all__ = ["Tensor", "TensorError", "batch_inputs", "check_inputs", "join_rows", "zero_rows"]
+__all__ = ["Tensor", "TensorError", "batch_inputs", "check_inputs", "join_rows", "row_nbytes",
+           "zero_rows"]

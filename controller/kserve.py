@@ -42,7 +42,6 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import grpc
-import numpy as np
 from google.protobuf import json_format
 
 from clockwork import __version__
@@ -50,7 +49,7 @@ from clockwork.actions import RequestStatus
 from clockwork.protocol import kserve_pb2 as kpb
 from clockwork.protocol import kserve_pb2_grpc as kpbg
 from clockwork.protocol.ratelog import LogLimiter
-from clockwork.tensors import Tensor
+from clockwork.tensors import Tensor, row_nbytes
 from controller.intake import overloaded, submit_guarded
 from controller.kserve_status import (  # noqa: F401 - the kinds, re-exported
     DEADLINE,
@@ -292,7 +291,7 @@ class KServeFrontend:
         for spec in self.profile(name).outputs:
             if requested and spec.name not in requested:
                 continue
-            row_bytes = int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+            row_bytes = row_nbytes(spec)
             parts = []
             for g in got:
                 t = g.get(spec.name)
