@@ -249,7 +249,12 @@ class ClockworkScheduler(Policy):
                 self._answer(r, RequestStatus.TIMEOUT, now, "SLO cannot be met")
         wakes = self._wakes
         while wakes and wakes[0][0] <= now:
-            _, gi = heapq.heappop(wakes)
+            top = heapq.heappop(wakes)
+            # the same wake again (a stale one replaced by an earlier one re-pushes it)
+            # would run the same GPU at the same instant again, finding nothing to do
+            while wakes and wakes[0] == top:
+                heapq.heappop(wakes)
+            gi = top[1]
             g = self.gpus[gi]
             g.wake_at = 0
             if g.wide:

@@ -7,8 +7,10 @@ Test profile: LOAD 8 ms, EXEC b=1 2.9 ms, b=2 4.06, b=4 6.38, b=8 11.02, b=16 20
 
 from __future__ import annotations
 
+import heapq
+
 from clockwork.actions import NEVER, Action, ActionType, ErrorCode, RequestStatus, Result
-from clockwork.requests import Request
+from clockwork.requests import QUEUED, Request
 from controller.config import SchedulerConfig
 from controller.lanes import LaneTracker, WatchedLane
 from controller.policy import GpuSpec
@@ -651,4 +653,63 @@ def test_memoised_batch_choice_changes_no_decision(tmp_path):
         sim.run().write(tmp_path / str(memo))
         logs.append([(tmp_path / str(memo) / f).read_bytes()
                      for f in ("summary.json", "requests.tsv", "actions.tsv")])
+    assert logs[0] == logs[1]
+
+
+# ---------------------------------------------------------------- GPU wakes
+
+
+class _EveryWake(ClockworkScheduler):
+    """on_tick as it was before repeated wakes were skipped: every heap entry runs."""
+
+    def on_tick(self, now):
+        out = []
+        exp = self._expiry
+        while exp and exp[0][0] < now:
+            _, _, r = heapq.heappop(exp)
+            if r.state == QUEUED:
+                self._unqueue(self.models[r.model], r)
+                self._answer(r, RequestStatus.TIMEOUT, now, "SLO cannot be met")
+        wakes = self._wakes
+        while wakes and wakes[0][0] <= now:
+            _, gi = heapq.heappop(wakes)
+            g = self.gpus[gi]
+            g.wake_at = 0
+            if g.wide:
+                for wm in g.wide:
+                    wm.wide.unwoken.add(gi)
+            if wakes and wakes[0] == (_, gi):
+                self.repeats += 1
+            self._schedule_infer(g, now, out)
+        if self._next_load_check and now >= self._next_load_check:
+            self._schedule_loads(now, out, only_idle=False)
+        return out
+
+
+def test_repeated_wakes_change_no_decision(tmp_path):
+    """A stale wake (replaced by an earlier one) used to re-push the GPU's current wake
+    each time it ran, so the same (time, GPU) piled up in the heap and ran again and
+    again at the same instant; skipping the repeats gives byte-identical logs."""
+    from clockwork.cluster.sim import Simulation
+    from clockwork.scenario import load_scenario
+
+    sc = {"seed": 5, "duration_s": 3.0,
+          "cluster": {"workers": 3, "gpus_per_worker": 2, "profiles": "v100-reference",
+                      "noise": 0.02, "jitter_ms": 0.1},
+          "models": [{"name": "resnet50_v2", "copies": 60}, {"name": "mobilenet_v2",
+                                                             "copies": 60}],
+          "workloads": [{"kind": "poisson", "models": "*", "rate_rps": 4000.0,
+                         "slo_ms": 100}]}
+    logs, repeats = [], 0
+    for every in (False, True):
+        sim = Simulation(load_scenario(data=sc))
+        if every:
+            sim.policy.__class__ = _EveryWake
+            sim.policy.repeats = 0
+        sim.run().write(tmp_path / str(every))
+        if every:
+            repeats = sim.policy.repeats
+        logs.append([(tmp_path / str(every) / f).read_bytes()
+                     for f in ("summary.json", "requests.tsv", "actions.tsv")])
+    assert repeats > 100  # the case arises
     assert logs[0] == logs[1]
