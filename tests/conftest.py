@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 
 import pytest
@@ -34,3 +35,16 @@ def local_cluster(**kw):
         yield c
     for ch in [c.controller, *c.workers]:
         assert ch is None or ch.proc.poll() is not None, f"{ch.name} still running"
+
+
+def wait_output(child, text: str, timeout: float = 20.0) -> str:
+    """The first line of a ``clockwork.cluster.serve._Child``'s output that contains
+    ``text`` (waits up to ``timeout`` seconds for it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for line in list(child.output):
+            if text in line:
+                return line
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{child.name} printed no {text!r}:\n" + "".join(child.output[-20:]))
+        time.sleep(0.05)

@@ -14,20 +14,10 @@ import clockwork
 from clockwork.cluster.serve import LocalCluster
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol.framing import MAX_FRAME, TICKET_BYTES, FrameStream, dial, host_of
+from tests.conftest import wait_output
 
 MODEL = "resnet18_v2"
 TIMEOUT = 30.0
-
-
-def _line(child, text: str, timeout: float = 20.0) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
-        for line in list(child.output):
-            if text in line:
-                return line
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"{child.name} printed no {text!r}:\n" + "".join(child.output[-20:]))
-        time.sleep(0.05)
 
 
 def _serve_some(address: str, n: int = 20) -> dict[str, int]:
@@ -39,7 +29,7 @@ def _serve_some(address: str, n: int = 20) -> dict[str, int]:
 
 def test_actions_and_results_travel_on_the_fast_link():
     with LocalCluster(models=MODEL, timeout=60) as c:
-        line = _line(c.workers[0], "listening on")
+        line = wait_output(c.workers[0], "listening on")
         port = int(re.search(r"fast link on port (\d+)", line).group(1))
         st = _serve_some(c.address)
         assert st["worker_fast_links"] == 1 and st["worker_connects"] == 1
@@ -48,14 +38,14 @@ def test_actions_and_results_travel_on_the_fast_link():
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
             s.sendall(bytes(TICKET_BYTES))
             assert s.recv(1) == b""  # closed by the worker
-        _line(c.workers[0], "no valid ticket")
+        wait_output(c.workers[0], "no valid ticket")
         st = _serve_some(c.address)
         assert st.get("worker_losses", 0) == 0 and st["worker_fast_links"] == 1
 
 
 def test_link_port_off_keeps_everything_on_grpc():
     with LocalCluster(models=MODEL, timeout=60, worker_args=[["--link-port", "-1"]]) as c:
-        assert "fast link" not in _line(c.workers[0], "listening on")
+        assert "fast link" not in wait_output(c.workers[0], "listening on")
         st = _serve_some(c.address)
         assert st.get("worker_fast_links", 0) == 0 and st["worker_connects"] == 1
 

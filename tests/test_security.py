@@ -43,7 +43,7 @@ from clockwork.protocol.security import (  # noqa: E402
     bearer_ok,
     is_loopback,
 )
-from tests.conftest import local_cluster  # noqa: E402
+from tests.conftest import local_cluster, wait_output  # noqa: E402
 from tests.pki import make_pki  # noqa: E402
 
 TOKEN = "test-token-0123456789abcdef"
@@ -51,18 +51,6 @@ MODEL = "resnet50_v2"
 TIMEOUT = 10  # seconds, per client call
 X = np.zeros((1, 3, 224, 224), np.float32)
 NOT_PEM = os.path.abspath(__file__)  # a readable file that is no certificate
-
-
-def wait_output(child: _Child, text: str, timeout: float = 20.0) -> str:
-    """The first line of ``child``'s output that contains ``text`` (waits up to ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        for line in list(child.output):
-            if text in line:
-                return line
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"{child.name} printed no {text!r}:\n" + "".join(child.output[-20:]))
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
