@@ -11,8 +11,8 @@ batches (everything ready when the stream is free goes in one message). A contro
 asks for it gets the fast link: the same messages as frames on a TCP connection to
 ``--link-port`` that presents the ticket handed out on the stream
 (``clockwork.protocol.framing``); one ``_Session`` per controller connection serves
-either transport. The event loop runs on ``select()`` so that timers fire to the
-microsecond (``clockwork.protocol.precise_loop``).
+either transport. The event loop's timers fire to the microsecond
+(``clockwork.protocol.precise_loop``), not rounded up to a millisecond as epoll's.
 
 Windows and result times are this process's monotonic clock; the controller converts.
 
