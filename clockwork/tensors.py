@@ -14,7 +14,9 @@ The helpers:
 - :meth:`Tensor.of` (numpy -> Tensor) and :attr:`Tensor.array` (Tensor -> numpy), both
   without copying (unless the array is not C-contiguous little-endian);
 - :func:`batch_inputs` / :func:`join_rows`: the requests' samples as the rows of one
-  INFER batch, zero rows after them: one allocation, one copy per row;
+  INFER batch, zero rows after them: one allocation, one copy per row
+  (:func:`batch_rows` / :func:`row_buffers`: the same rows' buffers, uncopied, for the
+  worker link's fast path);
 - :meth:`Tensor.row`: one row of a batch output, a view (no copy);
 - :func:`check_inputs`: a client's inputs against the model's input ``TensorSpec``s;
 - :func:`zero_rows`: one zero row per output spec, cached (the emulated device computes
@@ -132,23 +134,30 @@ def _zero_row(nbytes: int) -> bytes:
     return z
 
 
-def join_rows(rows: Sequence[Tensor | None], spec: TensorSpec, batch_size: int) -> Tensor:
-    """One input of an INFER batch: ``rows[i]`` is row i (None, or a tensor whose buffer
-    does not hold exactly one sample: zeros), then zero rows up to ``batch_size``. The
-    result's data is one ``bytes`` object: one allocation, one copy per row."""
+def row_buffers(rows: Sequence[Tensor | None], spec: TensorSpec, batch_size: int) -> list:
+    """The buffers of one input of an INFER batch, in order: ``rows[i]``'s data as it is
+    (zeros for None, or for a tensor whose buffer does not hold exactly one sample), then
+    zero rows up to ``batch_size``. No copy: the caller joins them (:func:`join_rows`) or
+    writes them out one after the other (the worker link's attachments)."""
     size = row_nbytes(spec)
     zero = _zero_row(size)
     parts = [t.data if t is not None and t.nbytes == size else zero for t in rows]
     parts.extend([zero] * (batch_size - len(rows)))
-    return Tensor(spec.name, np.dtype(spec.dtype), (batch_size, *spec.shape), b"".join(parts))
+    return parts
 
 
-def batch_inputs(inputs: Sequence[Sequence[Tensor] | None], batch_size: int,
-                 specs: Sequence[TensorSpec]) -> list[Tensor] | None:
-    """An INFER's input tensors from its requests' inputs (``inputs[i]``: request i's
-    tensors, or None), one per spec, each request's sample as a row, in order, zero rows
-    after them. None if no request has inputs. A request's tensor is matched by name, or
-    is the first input when its name is empty."""
+def join_rows(rows: Sequence[Tensor | None], spec: TensorSpec, batch_size: int) -> Tensor:
+    """One input of an INFER batch (see :func:`row_buffers`) as one tensor whose data is
+    one ``bytes`` object: one allocation, one copy per row."""
+    return Tensor(spec.name, np.dtype(spec.dtype), (batch_size, *spec.shape),
+                  b"".join(row_buffers(rows, spec, batch_size)))
+
+
+def batch_rows(inputs: Sequence[Sequence[Tensor] | None],
+               specs: Sequence[TensorSpec]) -> list[list[Tensor | None]] | None:
+    """Per input spec, the INFER's rows: request i's tensor for that input (or None), in
+    order; None if no request has inputs. A request's tensor is matched by name, or is
+    the first input when its name is empty."""
     if not any(inputs):
         return None
     out = []
@@ -161,8 +170,19 @@ def batch_inputs(inputs: Sequence[Sequence[Tensor] | None], batch_size: int,
                     found = t
                     break
             rows.append(found)
-        out.append(join_rows(rows, spec, batch_size))
+        out.append(rows)
     return out
+
+
+def batch_inputs(inputs: Sequence[Sequence[Tensor] | None], batch_size: int,
+                 specs: Sequence[TensorSpec]) -> list[Tensor] | None:
+    """An INFER's input tensors from its requests' inputs (``inputs[i]``: request i's
+    tensors, or None), one per spec, each request's sample as a row, in order, zero rows
+    after them (:func:`batch_rows`, :func:`join_rows`). None if no request has inputs."""
+    per_spec = batch_rows(inputs, specs)
+    if per_spec is None:
+        return None
+    return [join_rows(rows, spec, batch_size) for rows, spec in zip(per_spec, specs, strict=True)]
 
 
 _zero_tensors: dict[tuple, tuple[Tensor, ...]] = {}
@@ -182,5 +202,5 @@ def zero_rows(specs: Sequence[TensorSpec]) -> tuple[Tensor, ...]:
     return z
 
 
-__all__ = ["Tensor", "TensorError", "batch_inputs", "check_inputs", "join_rows", "row_nbytes",
-           "zero_rows"]
+__all__ = ["Tensor", "TensorError", "batch_inputs", "batch_rows", "check_inputs", "join_rows",
+           "row_buffers", "row_nbytes", "zero_rows"]

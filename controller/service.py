@@ -43,6 +43,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import grpc
+import numpy as np
 
 from clockwork.actions import Action, ActionType, ErrorCode, RequestStatus, Result
 from clockwork.profiles import ModelProfile, ProfileError, load_profile_set
@@ -71,11 +72,20 @@ from clockwork.protocol.wire import (
     WireError,
     action_to_msg,
     add_tensors,
+    attach_tensor,
     msg_to_result,
     msgs_to_tensors,
 )
 from clockwork.requests import Answer, Reply, Request
-from clockwork.tensors import Tensor, TensorError, batch_inputs, check_inputs, zero_rows
+from clockwork.tensors import (
+    Tensor,
+    TensorError,
+    batch_inputs,
+    batch_rows,
+    check_inputs,
+    row_buffers,
+    zero_rows,
+)
 from clockwork.time import ms
 from controller import make_policy, split_settings
 from controller.config import SchedulerConfig
@@ -542,9 +552,8 @@ class ControllerNode:
                 if not acts:
                     continue
                 pacer.note(len(acts))
-                msg = self._actions_msg(link, acts)
                 self.count("msgs_to_workers")
-                await call.write(msg)
+                await self._write_actions(link, call, acts)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - reset the link (the stream may be fine)
@@ -554,18 +563,21 @@ class ControllerNode:
                                      None if isinstance(e, grpc.RpcError | OSError) else e)
                 self._lost(link)
 
-    def _actions_msg(self, link: WorkerLink, acts: list[Action]) -> pb.ControllerMessage:
+    async def _write_actions(self, link: WorkerLink, call, acts: list[Action]) -> None:
         """One message of actions for ``link`` (windows on its clock; INFERs' batch rows
-        and, for a real device, their inputs)."""
+        and, for a real device, their inputs: on the fast link as the frame's
+        attachments, the rows' own buffers; on gRPC joined into the message)."""
         off = link.offset
         real = link.state.device != "emulated"
+        attach = [] if real and isinstance(call, FrameStream) else None
         msgs = []
         for a in acts:
             m = action_to_msg(a, off)
             if a.type == ActionType.INFER and a.requests:
-                self._add_inputs(m, a, real)
+                self._add_inputs(m, a, real, attach)
             msgs.append(m)
-        return pb.ControllerMessage(actions=pb.ActionBatch(actions=msgs))
+        msg = pb.ControllerMessage(actions=pb.ActionBatch(actions=msgs))
+        await (call.write(msg, attach) if attach else call.write(msg))
 
     async def _write_updates(self, link: WorkerLink, call, acts: list[Action]) -> list[Action]:
         """Write the link's InstanceUpdates, each after the actions queued before it;
@@ -575,24 +587,34 @@ class ControllerNode:
         for pos, u in ups:
             if pos > done:
                 self.count("msgs_to_workers")
-                await call.write(self._actions_msg(link, acts[done:pos]))
+                await self._write_actions(link, call, acts[done:pos])
                 done = pos
             await call.write(pb.ControllerMessage(update=u))
         return acts[done:]
 
-    def _add_inputs(self, m: pb.ActionMsg, a: Action, real: bool) -> None:
-        """An INFER's batch rows, whether outputs go back, and (real devices) the inputs."""
+    def _add_inputs(self, m: pb.ActionMsg, a: Action, real: bool, attach: list | None) -> None:
+        """An INFER's batch rows, whether outputs go back, and (real devices) the inputs:
+        appended to ``attach`` as the rows' buffers if it is a list, else in the message."""
         reqs = a.requests
         want = False
         for i, r in enumerate(reqs):
             r.row = i
             want = want or r.want_outputs
         m.want_outputs = want
-        if real:
-            inputs = batch_inputs([r.inputs for r in reqs], a.batch_size,
-                                  self.profiles[a.model].inputs)
+        if not real:
+            return
+        specs = self.profiles[a.model].inputs
+        if attach is None:
+            inputs = batch_inputs([r.inputs for r in reqs], a.batch_size, specs)
             if inputs:
                 add_tensors(m.inputs, inputs)
+            return
+        per_spec = batch_rows([r.inputs for r in reqs], specs)
+        if per_spec is not None:
+            b = a.batch_size
+            for rows, spec in zip(per_spec, specs, strict=True):
+                attach_tensor(m.inputs, spec.name, (b, *spec.shape), np.dtype(spec.dtype),
+                              row_buffers(rows, spec, b), attach)
 
     async def _echoer(self, link: WorkerLink) -> None:
         while True:

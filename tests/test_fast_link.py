@@ -100,3 +100,47 @@ def test_dial_fails_fast_on_a_closed_port():
     with pytest.raises(OSError):
         asyncio.run(dial("127.0.0.1", port, b"x" * TICKET_BYTES, pb.WorkerMessage.FromString))
     assert host_of("[::1]:5") == "::1" and host_of("10.0.0.1:12345") == "10.0.0.1"
+
+
+def test_attachments_travel_after_the_message_and_are_cut_per_tensor():
+    import numpy as np
+
+    from clockwork.protocol.wire import WireError, msgs_to_tensors, split_attachments
+
+    batch = pb.ActionBatch(actions=[
+        pb.ActionMsg(id=1, inputs=[pb.Tensor(name="x", shape=[2], dtype="uint8", attached=2),
+                                   pb.Tensor(name="y", shape=[1], dtype="uint8", data=b"\x09")]),
+        pb.ActionMsg(id=2, inputs=[pb.Tensor(name="x", shape=[4], dtype="uint8", attached=4)])])
+
+    async def run():
+        got = []
+
+        async def serve(reader, writer):
+            stream = FrameStream(reader, writer, pb.ControllerMessage.FromString)
+            await reader.readexactly(TICKET_BYTES)
+            msg = await stream.read()
+            got.append((msg, bytes(stream.tail)))
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        s = await dial("127.0.0.1", port, b"t" * TICKET_BYTES, pb.WorkerMessage.FromString)
+        await s.write(pb.ControllerMessage(actions=batch),
+                      [b"ab", np.array([1, 2], np.uint8), memoryview(b"cd")])
+        assert await s.read() is None
+        s.close()
+        server.close()
+        return got[0]
+
+    msg, tail = asyncio.run(run())
+    assert tail == b"ab\x01\x02cd"
+    cuts = split_attachments(msg.actions.actions, memoryview(tail))
+    first = msgs_to_tensors(msg.actions.actions[0].inputs, cuts[0])
+    second = msgs_to_tensors(msg.actions.actions[1].inputs, cuts[1])
+    assert [bytes(t.data) for t in first] == [b"ab", b"\x09"]
+    assert second[0].array.tolist() == [1, 2, 99, 100]
+    with pytest.raises(WireError):  # the sizes do not add up to the attachments
+        split_attachments(msg.actions.actions, memoryview(tail + b"z"))
+    with pytest.raises(WireError):  # attached data that never came (the gRPC stream)
+        msgs_to_tensors(msg.actions.actions[1].inputs)
+    assert split_attachments(msg.actions.actions, memoryview(b"")) is None

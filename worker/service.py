@@ -64,7 +64,13 @@ from clockwork.protocol.security import (
     cluster_secret,
     exposure_error,
 )
-from clockwork.protocol.wire import WireError, msg_to_action, msgs_to_tensors, result_to_msg
+from clockwork.protocol.wire import (
+    WireError,
+    msg_to_action,
+    msgs_to_tensors,
+    result_to_msg,
+    split_attachments,
+)
 from clockwork.tensors import Tensor
 from worker.devices.emulated import EmulatedDevice
 from worker.executor import GpuExecutor
@@ -283,18 +289,29 @@ class WorkerNode:
 
     # -- actions -------------------------------------------------------------------------
 
-    def submit(self, batch: pb.ActionBatch) -> None:
-        """A batch of actions from the controller. An action that cannot be decoded (an
-        unknown type, unreadable inputs: ``WireError``) is answered at once with
-        ``INVALID_INPUT`` and the rest run as usual."""
+    def submit(self, batch: pb.ActionBatch, tail=None) -> None:
+        """A batch of actions from the controller; ``tail``: its frame's attachments (the
+        fast link), the inputs' bytes. An action that cannot be decoded (an unknown
+        type, unreadable inputs: ``WireError``) is answered at once with
+        ``INVALID_INPUT`` and the rest run as usual; attachments that do not add up make
+        every action of the batch such a one."""
         now = now_ns()
         real = bool(self.real)
         actions = []
         bad: list[pb.ResultMsg] = []
-        for m in batch.actions:
+        cuts, whole = None, None
+        if tail is not None:
             try:
+                cuts = split_attachments(batch.actions, tail)
+            except WireError as e:
+                whole = e
+        for i, m in enumerate(batch.actions):
+            try:
+                if whole is not None:
+                    raise whole
                 a = msg_to_action(m, self.worker_id)
-                inputs = msgs_to_tensors(m.inputs) if real and m.inputs else None
+                inputs = (msgs_to_tensors(m.inputs, cuts[i] if cuts else None)
+                          if real and m.inputs else None)
             except WireError as e:
                 self._complain(f"malformed action {m.id} answered INVALID_INPUT: {e}")
                 bad.append(pb.ResultMsg(id=m.id, type=m.type, status=ErrorCode.INVALID_INPUT,
@@ -531,7 +548,7 @@ class WorkerServicer(pbg.WorkerServicer):
 
         async def read() -> None:
             while (msg := await stream.read()) is not None:
-                if not session.handle(msg):
+                if not session.handle(msg, stream.tail):
                     return
             session.wake.set()
 
@@ -587,15 +604,16 @@ class _Session:
         self.claimed = True
         return True
 
-    def handle(self, msg: pb.ControllerMessage) -> bool:
-        """One message from the controller; False once the session has ended."""
+    def handle(self, msg: pb.ControllerMessage, tail=None) -> bool:
+        """One message from the controller (``tail``: its frame's attachments); False
+        once the session has ended."""
         if not self.active:
             return False
         node = self.node
         kind = msg.WhichOneof("kind")
         try:
             if kind == "actions":
-                node.submit(msg.actions)
+                node.submit(msg.actions, tail)
             elif kind == "echo":
                 e = pb.ClockEcho()
                 e.CopyFrom(msg.echo)

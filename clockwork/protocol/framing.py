@@ -18,8 +18,13 @@ time) against the ticket of the controller that owns it now and from then on rea
 gRPC stream stays open and idle: when either ends, both do. The ticket only travels on
 the authenticated gRPC stream, so the fast link is as authenticated as the stream is.
 
-A frame: 4 bytes little-endian length, then that many bytes of one serialized message.
-A frame over ``MAX_FRAME`` bytes, like a connection that ends mid-frame, ends the link.
+A frame: 4 bytes little-endian length of the rest, 4 bytes little-endian length of the
+message, the serialized message, then its *attachments*: the bytes of the tensors whose
+``attached`` field is set, one after the other in the order of the message's tensors.
+So an INFER's input rows go from the buffers they arrived in straight to the socket (no
+joined batch, no copy into a protobuf field), and the worker's tensors are views into
+the one buffer the frame was read into. A frame over ``MAX_FRAME`` bytes, like a
+connection that ends mid-frame, ends the link.
 """
 
 from __future__ import annotations
@@ -38,22 +43,31 @@ def new_ticket() -> bytes:
 
 
 class FrameStream:
-    """One end of a framed link: ``write(msg)`` and ``read()`` (a message parsed with
-    ``parse``, or None once the peer has gone); ``close()``. One reader and one writer
-    task at a time."""
+    """One end of a framed link: ``write(msg, attachments)`` and ``read()`` (a message
+    parsed with ``parse``, or None once the peer has gone; the frame's attachments are
+    then ``tail``, a memoryview); ``close()``. One reader and one writer task at a
+    time."""
 
-    __slots__ = ("_r", "_w", "_parse")
+    __slots__ = ("_r", "_w", "_parse", "tail")
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  parse) -> None:
         self._r, self._w, self._parse = reader, writer, parse
+        self.tail = memoryview(b"")
 
-    async def write(self, msg) -> None:
+    async def write(self, msg, attachments=()) -> None:
+        """``msg``, then ``attachments`` (buffers: bytes, memoryviews, C-contiguous
+        arrays), written to the socket as they are."""
         w = self._w
         if w.is_closing():
             raise ConnectionError("the link is closed")
         data = msg.SerializeToString()
-        w.writelines((len(data).to_bytes(4, "little"), data))
+        n = len(data)
+        total = 4 + n + sum(memoryview(a).nbytes for a in attachments)
+        if total > MAX_FRAME:
+            raise ConnectionError(f"a frame of {total} bytes (at most {MAX_FRAME})")
+        w.writelines((total.to_bytes(4, "little"), n.to_bytes(4, "little"), data,
+                      *attachments))
         if w.transport.get_write_buffer_size() > _HIGH_WATER:
             await w.drain()
 
@@ -70,8 +84,15 @@ class FrameStream:
             return None
 
     async def read(self):
-        data = await self.read_frame()
-        return None if data is None else self._parse(data)
+        frame = await self.read_frame()
+        if frame is None:
+            return None
+        n = int.from_bytes(frame[:4], "little") if len(frame) >= 4 else -1
+        if not 0 <= n <= len(frame) - 4:
+            raise ConnectionError(f"a frame whose message length ({n}) does not fit it")
+        view = memoryview(frame)
+        self.tail = view[4 + n:]
+        return self._parse(view[4:4 + n])
 
     def close(self) -> None:
         self._w.close()

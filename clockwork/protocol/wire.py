@@ -143,22 +143,66 @@ def add_tensors(field, tensors) -> None:
         field.add(name=t.name, shape=t.shape, dtype=t.dtype.name, data=t.to_bytes())
 
 
-def msg_to_tensor(m: pb.Tensor) -> Tensor:
-    """A Tensor over the message's bytes. Its size is not checked against the shape
+def msg_to_tensor(m: pb.Tensor, attached=None) -> Tensor:
+    """A Tensor over the message's bytes, or over ``attached`` (its bytes from the
+    frame's attachments, see :func:`split_attachments`) when the message says its data
+    is attached. Its size is not checked against the shape
     (``clockwork.tensors.check_inputs`` does that for client inputs). Raises
     ``TensorWireError`` (a ``TensorError``) for a dtype name numpy does not know, one
     that is not a little-endian number type, a negative dimension or more than
-    ``MAX_DIMS`` dimensions."""
+    ``MAX_DIMS`` dimensions, or attached data that did not come."""
     what = f"input {m.name!r}"
     dtype = _dtype(m.dtype, what)
     shape = tuple(m.shape)
     if len(shape) > MAX_DIMS or any(d < 0 for d in shape):
         raise TensorWireError(f"{what}: bad shape {list(shape[:MAX_DIMS + 1])}")
+    if m.attached:
+        if attached is None:
+            raise TensorWireError(f"{what}: {m.attached} attached bytes that did not come")
+        return Tensor(m.name, dtype, shape, attached)
     return Tensor(m.name, dtype, shape, m.data)
 
 
-def msgs_to_tensors(msgs) -> list[Tensor]:
-    return [msg_to_tensor(m) for m in msgs]
+def msgs_to_tensors(msgs, attached=None) -> list[Tensor]:
+    """``attached``: the tensors' attached bytes, one entry per message (None: none)."""
+    if attached is None:
+        return [msg_to_tensor(m) for m in msgs]
+    return [msg_to_tensor(m, a) for m, a in zip(msgs, attached, strict=True)]
+
+
+def split_attachments(actions, tail) -> list[list] | None:
+    """A frame's attachments (``tail``, a memoryview) cut per action and input tensor, in
+    order (``tail[i][k]``: action i's input k, a view; None where not attached), or None
+    when the frame has none. Cut for every tensor before any is decoded, so that one
+    malformed action cannot shift its neighbours' bytes; raises ``WireError`` when the
+    sizes the messages give do not add up to the attachments."""
+    if not len(tail):
+        return None
+    out, off, n = [], 0, len(tail)
+    for m in actions:
+        cuts = []
+        for t in m.inputs:
+            k = t.attached
+            if k:
+                if off + k > n:
+                    raise WireError(f"attachments: {n} bytes, the tensors say more")
+                cuts.append(tail[off:off + k])
+                off += k
+            else:
+                cuts.append(None)
+        out.append(cuts)
+    if off != n:
+        raise WireError(f"attachments: {n} bytes, the tensors account for {off}")
+    return out
+
+
+def attach_tensor(field, name: str, shape, dtype: np.dtype, buffers, attachments: list) -> None:
+    """Append a tensor to a repeated ``pb.Tensor`` field whose data travels as
+    ``buffers`` (its rows, in order) among a frame's ``attachments``, not in the
+    message."""
+    field.add(name=name, shape=shape, dtype=dtype.name,
+              attached=sum(memoryview(b).nbytes for b in buffers))
+    attachments.extend(buffers)
 
 
 def array_to_msg(name: str, arr: np.ndarray) -> pb.Tensor:
