@@ -75,6 +75,7 @@ from clockwork.protocol.wire import (
     attach_tensor,
     msg_to_result,
     msgs_to_tensors,
+    split_attachments,
 )
 from clockwork.requests import Answer, Reply, Request
 from clockwork.tensors import (
@@ -636,7 +637,8 @@ class ControllerNode:
                 kind = msg.WhichOneof("kind")
                 if kind == "results":
                     self.count("msgs_from_workers")
-                    why = self._on_results(link, msg.results.results)
+                    why = self._on_results(link, msg.results.results,
+                                           call.tail if isinstance(call, FrameStream) else None)
                     if why:
                         link.error = why
                         break
@@ -707,7 +709,7 @@ class ControllerNode:
 
     # ------------------------------------------------------------------ events
 
-    def _on_results(self, link: WorkerLink, msgs) -> str:
+    def _on_results(self, link: WorkerLink, msgs, tail=None) -> str:
         """Decode a batch of results and hand the good ones to the loop. A malformed one
         (``WireError``: an unknown type, bad outputs...; or a type, GPU, model or output
         batch that does not match its action) is logged, counted ``results_malformed``
@@ -718,9 +720,17 @@ class ControllerNode:
         outstanding = self.ctrl.outstanding[w]
         good: list[Result] = []
         why = ""
-        for m in msgs:
+        cuts = whole = None
+        if tail is not None:  # the fast link: output tensors attached after the message
             try:
-                r = msg_to_result(m, w, off)
+                cuts = split_attachments(msgs, tail, "outputs")
+            except WireError as e:
+                whole = e
+        for i, m in enumerate(msgs):
+            try:
+                if whole is not None:
+                    raise whole
+                r = msg_to_result(m, w, off, cuts[i] if cuts else None)
                 a = outstanding.get(r.id)
                 bad = _mismatch(a, r) if a is not None else ""
                 if bad:

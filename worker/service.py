@@ -66,6 +66,8 @@ from clockwork.protocol.security import (
 )
 from clockwork.protocol.wire import (
     WireError,
+    add_tensors,
+    attach_tensor,
     msg_to_action,
     msgs_to_tensors,
     result_to_msg,
@@ -122,6 +124,7 @@ class WorkerNode:
         self._want: set[int] = set()  # INFERs whose output tensors go back
         self.result_interval_us = result_interval_us  # pacing of result messages
         self._out: list[pb.ResultMsg] = []
+        self._outs: dict[int, list[Tensor]] = {}  # id(msg in _out) -> its output tensors
         self._out_ready = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -418,12 +421,28 @@ class WorkerNode:
                     # a real device's output Tensors; the emulated device has none and
                     # sends none (the controller answers zeros of the output shapes)
                     outs = r.outputs
-            self._out.append(result_to_msg(r, outs))
+            m = result_to_msg(r)
+            if outs:
+                self._outs[id(m)] = outs  # added when sent: in the message or attached
+            self._out.append(m)
         self._out_ready.set()
 
-    def take_results(self) -> list[pb.ResultMsg]:
+    def take_results(self, attach: list | None = None) -> list[pb.ResultMsg]:
+        """The results ready to send, with their output tensors: in the messages, or (a
+        list ``attach``, the fast link) as attachments, the device's buffers."""
         out, self._out = self._out, []
         self._out_ready.clear()
+        if self._outs:
+            outs, self._outs = self._outs, {}
+            for m in out:
+                ts = outs.get(id(m))
+                if ts is None:
+                    continue
+                if attach is None:
+                    add_tensors(m.outputs, ts)
+                else:
+                    for t in ts:
+                        attach_tensor(m.outputs, t.name, t.shape, t.dtype, [t.data], attach)
         return out
 
     async def run_timer(self) -> None:
@@ -525,7 +544,7 @@ class WorkerServicer(pbg.WorkerServicer):
                 await asyncio.wait([rtask, ended], return_when=asyncio.FIRST_COMPLETED)
                 ended.cancel()
                 return
-            async for m in session.outgoing(rtask):
+            async for m, _ in session.outgoing(rtask, fast=False):
                 yield m
         finally:
             rtask.cancel()
@@ -555,8 +574,8 @@ class WorkerServicer(pbg.WorkerServicer):
         rtask = asyncio.create_task(read())
         rtask.add_done_callback(_report_reader)
         try:
-            async for m in session.outgoing(rtask):
-                await stream.write(m)
+            async for m, attached in session.outgoing(rtask, fast=True):
+                await stream.write(m, attached)
         except (ConnectionError, OSError):
             pass
         finally:
@@ -629,8 +648,9 @@ class _Session:
             node._complain(f"a {kind} message from the controller failed: {e!r}", e)
         return True
 
-    async def outgoing(self, rtask: asyncio.Task):
-        """The messages to send, until the session ends or ``rtask`` (the reader) does."""
+    async def outgoing(self, rtask: asyncio.Task, fast: bool):
+        """(message, attachments) to send, until the session ends or ``rtask`` (the
+        reader) does; ``fast``: output tensors as attachments (else in the messages)."""
         node = self.node
         echoes, states, wake = self.echoes, self.states, self.wake
         rtask.add_done_callback(lambda _: wake.set())
@@ -642,15 +662,16 @@ class _Session:
                     return
             wake.clear()
             while echoes:
-                yield pb.WorkerMessage(echo=echoes.pop(0))
+                yield pb.WorkerMessage(echo=echoes.pop(0)), ()
             while states:
-                yield pb.WorkerMessage(state=states.pop(0))
+                yield pb.WorkerMessage(state=states.pop(0)), ()
             if node._out:
                 await pacer.wait()  # under load: one message per interval
-            res = node.take_results()
+            attach: list | None = [] if fast else None
+            res = node.take_results(attach)
             if res:
                 pacer.note(len(res))
-                yield pb.WorkerMessage(results=pb.ResultBatch(results=res))
+                yield pb.WorkerMessage(results=pb.ResultBatch(results=res)), attach or ()
 
 
 async def serve_worker(host: str, port: int, node: WorkerNode, ready=None,

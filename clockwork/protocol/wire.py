@@ -95,8 +95,9 @@ def result_to_msg(r: Result, outputs: list[Tensor] | None = None) -> pb.ResultMs
     return m
 
 
-def msg_to_result(m: pb.ResultMsg, worker: int, offset: int = 0) -> Result:
-    """``offset`` = worker clock - controller clock, subtracted from the times. An
+def msg_to_result(m: pb.ResultMsg, worker: int, offset: int = 0, attached=None) -> Result:
+    """``offset`` = worker clock - controller clock, subtracted from the times;
+    ``attached``: the outputs' attached bytes (:func:`split_attachments`). An
     unknown status code reads as ``INVALID_INPUT`` (the action failed, reason unknown).
     Raises ``WireError`` for an unknown type, a negative GPU, batch size or duration, or
     an output tensor that is unreadable, has no batch dimension of at least
@@ -110,7 +111,7 @@ def msg_to_result(m: pb.ResultMsg, worker: int, offset: int = 0) -> Result:
     status = _ERROR_CODES.get(m.status, ErrorCode.INVALID_INPUT)
     outputs = None
     if m.outputs:
-        outputs = msgs_to_tensors(m.outputs)
+        outputs = msgs_to_tensors(m.outputs, attached)
         for o in outputs:
             if not o.shape or o.shape[0] < m.batch_size or o.nbytes != _nbytes(o):
                 raise TensorWireError(f"result {m.id}: output {o.name!r} of shape "
@@ -170,18 +171,19 @@ def msgs_to_tensors(msgs, attached=None) -> list[Tensor]:
     return [msg_to_tensor(m, a) for m, a in zip(msgs, attached, strict=True)]
 
 
-def split_attachments(actions, tail) -> list[list] | None:
-    """A frame's attachments (``tail``, a memoryview) cut per action and input tensor, in
-    order (``tail[i][k]``: action i's input k, a view; None where not attached), or None
-    when the frame has none. Cut for every tensor before any is decoded, so that one
-    malformed action cannot shift its neighbours' bytes; raises ``WireError`` when the
-    sizes the messages give do not add up to the attachments."""
+def split_attachments(msgs, tail, field: str = "inputs") -> list[list] | None:
+    """A frame's attachments (``tail``, a memoryview) cut per message (actions: their
+    ``inputs``; results, ``field="outputs"``) and tensor, in order (``[i][k]``: message
+    i's tensor k, a view; None where not attached), or None when the frame has none. Cut
+    for every tensor before any is decoded, so that one malformed message cannot shift
+    its neighbours' bytes; raises ``WireError`` when the sizes the messages give do not
+    add up to the attachments."""
     if not len(tail):
         return None
     out, off, n = [], 0, len(tail)
-    for m in actions:
+    for m in msgs:
         cuts = []
-        for t in m.inputs:
+        for t in getattr(m, field):
             k = t.attached
             if k:
                 if off + k > n:
