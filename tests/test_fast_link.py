@@ -144,3 +144,16 @@ def test_attachments_travel_after_the_message_and_are_cut_per_tensor():
     with pytest.raises(WireError):  # attached data that never came (the gRPC stream)
         msgs_to_tensors(msg.actions.actions[1].inputs)
     assert split_attachments(msg.actions.actions, memoryview(b"")) is None
+
+
+def test_attached_outputs_make_a_result_whose_rows_are_views():
+    from clockwork.protocol.wire import WireError, msg_to_result, split_attachments
+
+    res = [pb.ResultMsg(id=3, type=1, batch_size=2, outputs=[
+        pb.Tensor(name="y", shape=[2, 2], dtype="uint8", attached=4)])]
+    tail = memoryview(b"\x01\x02\x03\x04")
+    cuts = split_attachments(res, tail, "outputs")
+    r = msg_to_result(res[0], 0, 0, cuts[0])
+    assert r.outputs[0].row(1).array.tolist() == [3, 4]
+    with pytest.raises(WireError):
+        msg_to_result(res[0], 0, 0)  # attached bytes that never came
