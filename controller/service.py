@@ -43,7 +43,6 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import grpc
-import numpy as np
 
 from clockwork.actions import Action, ActionType, ErrorCode, RequestStatus, Result
 from clockwork.profiles import ModelProfile, ProfileError, load_profile_set
@@ -193,7 +192,8 @@ class WorkerLink:
     address: str
     channel: grpc.aio.Channel | None = None
     call: object = None  # what actions go on: the Connect stream, or the fast link's FrameStream
-    grpc_call: object = None  # the Connect stream (idle while the fast link carries the messages)
+    # the Connect stream, held (so it stays open) while the fast link carries the messages
+    grpc_call: object = None
     fast: bool = True  # ask for the fast link (off after it could not be reached)
     connected: bool = False
     offset: int = 0  # worker clock - controller clock
@@ -614,7 +614,7 @@ class ControllerNode:
         if per_spec is not None:
             b = a.batch_size
             for rows, spec in zip(per_spec, specs, strict=True):
-                attach_tensor(m.inputs, spec.name, (b, *spec.shape), np.dtype(spec.dtype),
+                attach_tensor(m.inputs, spec.name, (b, *spec.shape), spec.dtype,
                               row_buffers(rows, spec, b), attach)
 
     async def _echoer(self, link: WorkerLink) -> None:

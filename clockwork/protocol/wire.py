@@ -198,11 +198,11 @@ def split_attachments(msgs, tail, field: str = "inputs") -> list[list] | None:
     return out
 
 
-def attach_tensor(field, name: str, shape, dtype: np.dtype, buffers, attachments: list) -> None:
+def attach_tensor(field, name: str, shape, dtype, buffers, attachments: list) -> None:
     """Append a tensor to a repeated ``pb.Tensor`` field whose data travels as
     ``buffers`` (its rows, in order) among a frame's ``attachments``, not in the
-    message."""
-    field.add(name=name, shape=shape, dtype=dtype.name,
+    message. ``dtype``: a numpy dtype or its name."""
+    field.add(name=name, shape=shape, dtype=np.dtype(dtype).name,
               attached=sum(memoryview(b).nbytes for b in buffers))
     attachments.extend(buffers)
 
