@@ -124,7 +124,7 @@ class WorkerNode:
         self._want: set[int] = set()  # INFERs whose output tensors go back
         self.result_interval_us = result_interval_us  # pacing of result messages
         self._out: list[pb.ResultMsg] = []
-        self._outs: dict[int, list[Tensor]] = {}  # id(msg in _out) -> its output tensors
+        self._outs: list[tuple[pb.ResultMsg, list[Tensor]]] = []  # results in _out with outputs
         self._out_ready = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -156,7 +156,7 @@ class WorkerNode:
             self.wloop.reset(self.worker_id, self.executors)
         self._inputs = {}
         self._want = set()
-        self._out = []
+        self._out, self._outs = [], []
 
     def confined(self, ref: str) -> Path | None:
         """Package reference ``ref`` (a name, or a path) as a directory inside the package
@@ -423,7 +423,7 @@ class WorkerNode:
                     outs = r.outputs
             m = result_to_msg(r)
             if outs:
-                self._outs[id(m)] = outs  # added when sent: in the message or attached
+                self._outs.append((m, outs))  # added when sent: in the message or attached
             self._out.append(m)
         self._out_ready.set()
 
@@ -433,11 +433,8 @@ class WorkerNode:
         out, self._out = self._out, []
         self._out_ready.clear()
         if self._outs:
-            outs, self._outs = self._outs, {}
-            for m in out:
-                ts = outs.get(id(m))
-                if ts is None:
-                    continue
+            outs, self._outs = self._outs, []
+            for m, ts in outs:  # in the order of ``out``
                 if attach is None:
                     add_tensors(m.outputs, ts)
                 else:
