@@ -49,7 +49,7 @@ from clockwork.actions import RequestStatus
 from clockwork.protocol import kserve_pb2 as kpb
 from clockwork.protocol import kserve_pb2_grpc as kpbg
 from clockwork.protocol.ratelog import LogLimiter
-from clockwork.tensors import Tensor, row_nbytes
+from clockwork.tensors import Tensor
 from controller.intake import overloaded, submit_guarded
 from controller.kserve_status import (  # noqa: F401 - the kinds, re-exported
     DEADLINE,
@@ -75,6 +75,7 @@ from controller.kserve_validate import (  # noqa: F401 - re-exported (kserve_res
     grpc_params,
     grpc_request,
     max_batch_size,
+    profile_plan,
     rest_request,
     slo_from_params,
 )
@@ -102,13 +103,16 @@ def _internal(where: str, e: Exception) -> KServeError:
 class TypedInferRequest:
     """What the controller reads of a request (``pb.InferRequest``'s fields), with the
     inputs already Tensors: no ``clockwork.v1`` message is built for a KServe request.
-    One row of a KServe request."""
+    One row of a KServe request. ``checked``: the profile whose input specs the inputs
+    were checked against and cut to (``check_inputs``); the controller checks them
+    again unless that is the model's profile still."""
 
     model: str
     inputs: list[Tensor] = field(default_factory=list)
     slo_ms: float = 0.0
     client_id: int = 0
     skip_outputs: bool = False
+    checked: object = None
 
 
 @dataclass
@@ -272,7 +276,7 @@ class KServeFrontend:
         p = self.profile(name)
         slo = slo_from_params(params)
         rows, batched = check_inputs(name, p, inputs, requested)
-        return [TypedInferRequest(name, row, slo) for row in rows], batched
+        return [TypedInferRequest(name, row, slo, checked=p) for row in rows], batched
 
     def finish(self, name: str, resps, requested: list[str],
                batched: bool) -> list[OutTensor]:
@@ -282,30 +286,30 @@ class KServeFrontend:
         the response's output; raises the KServeError of the worst row that failed."""
         if not isinstance(resps, list | tuple):
             resps = [resps]
-        failed = [r for r in resps if r.status != RequestStatus.SUCCESS]
-        if failed:
-            raise worst(of_answer(r.status, r.reason, r.message) for r in failed)
+        ok = RequestStatus.SUCCESS
+        if any(r.status != ok for r in resps):
+            raise worst(of_answer(r.status, r.reason, r.message) for r in resps
+                        if r.status != ok)
         n = len(resps)
         got = [{t.name: t for t in r.outputs} for r in resps]
         out = []
-        for spec in self.profile(name).outputs:
-            if requested and spec.name not in requested:
+        for oname, datatype, row_bytes, oshape in profile_plan(self.profile(name)).out_rows:
+            if requested and oname not in requested:
                 continue
-            row_bytes = row_nbytes(spec)
             parts = []
             for g in got:
-                t = g.get(spec.name)
+                t = g.get(oname)
                 if t is None or not t.nbytes:
                     parts.append(bytes(row_bytes))
                     continue
                 if t.nbytes != row_bytes:  # the controller checked the worker's outputs
                     raise _internal("finish", ValueError(
-                        f"output {spec.name!r} of {name!r}: {t.nbytes} bytes in a row, "
+                        f"output {oname!r} of {name!r}: {t.nbytes} bytes in a row, "
                         f"expected {row_bytes}"))
                 parts.append(t.data)
             data = b"".join(parts)  # one copy of each row (the bytes themselves if n == 1)
-            shape = [n, *spec.shape] if batched else list(spec.shape)
-            out.append(OutTensor(spec.name, ks_dtype(spec.dtype), shape, data))
+            shape = [n, *oshape] if batched else list(oshape)
+            out.append(OutTensor(oname, datatype, shape, data))
         return out
 
 
@@ -447,10 +451,10 @@ def _repository_params(parameters) -> dict:
 def _grpc_response(request: kpb.ModelInferRequest, outs: list[OutTensor]):
     resp = kpb.ModelInferResponse(model_name=request.model_name, model_version=VERSION,
                                   id=request.id)
+    add, raw = resp.outputs.add, resp.raw_output_contents
     for o in outs:
-        resp.outputs.append(kpb.ModelInferResponse.InferOutputTensor(
-            name=o.name, datatype=o.datatype, shape=o.shape))
-        resp.raw_output_contents.append(o.data)
+        add(name=o.name, datatype=o.datatype, shape=o.shape)  # built in place, no copy
+        raw.append(o.data)
     return resp
 
 

@@ -56,6 +56,7 @@ FIELD_DTYPE = {"bool_contents": "bool", "int_contents": "int32", "int64_contents
 ALL_FIELDS = (*FIELD_DTYPE, "bytes_contents")
 # numpy kinds a JSON data list may decode to, per datatype family
 _JSON_KINDS = {"b": "b", "u": "iu", "i": "iu", "f": "iuf"}
+KS_ITEMSIZE = {k: np.dtype(v).itemsize for k, v in KS_TO_NP.items()}  # bytes per element
 VERSION = "1"  # every model's only version
 SLO_PARAMS = (("slo_ms", 1.0), ("timeout", 1e-3))  # (parameter, to ms): Triton's timeout is µs
 
@@ -160,7 +161,7 @@ def _datatype(name: str, datatype) -> str:
 
 def _sized(name: str, datatype: str, shape: list[int], data) -> None:
     """Raw data must hold exactly the shape's elements."""
-    want = _count(shape) * np.dtype(KS_TO_NP[datatype]).itemsize
+    want = _count(shape) * KS_ITEMSIZE[datatype]
     have = len(data) if isinstance(data, bytes) else memoryview(data).nbytes
     if have != want:
         raise _bad(f"input {name!r}: {have} bytes of data, expected {want} for shape "
@@ -203,6 +204,8 @@ def param_value(p):
 
 def grpc_params(parameters) -> dict:
     """A protobuf ``map<string, InferParameter>`` as a dict."""
+    if not parameters:
+        return {}
     return {k: param_value(v) for k, v in parameters.items()}
 
 
@@ -210,19 +213,29 @@ def grpc_request(request) -> tuple[list[InTensor], dict, list[str]]:
     """A ``ModelInferRequest`` -> (inputs, parameters, requested output names)."""
     check_version(request.model_name, request.model_version)
     params = _check_params(grpc_params(request.parameters))
-    for o in request.outputs:
-        _output_params(o.name, grpc_params(o.parameters))
-    requested = _requested([o.name for o in request.outputs])
+    wanted = request.outputs
+    requested: list[str] = []
+    if wanted:
+        names = []
+        for o in wanted:
+            name = o.name
+            if o.parameters:
+                _output_params(name, grpc_params(o.parameters))
+            names.append(name)
+        requested = _requested(names)
     raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
-        raise _bad(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs "
+    tensors = request.inputs
+    if raw and len(raw) != len(tensors):
+        raise _bad(f"{len(raw)} raw_input_contents for {len(tensors)} inputs "
                    "(send one per input, in order, or none)")
     names = _Names()
     out = []
-    for i, t in enumerate(request.inputs):
+    for i, t in enumerate(tensors):
         name = names(t.name)
         datatype = _datatype(name, t.datatype)
-        shape = _shape(name, list(t.shape))
+        shape = list(t.shape)  # int64s: only the sign is left to check
+        if shape and min(shape) < 0:
+            _shape(name, shape)  # raises
         if raw:
             if t.HasField("contents"):
                 raise _bad(f"input {name!r} has typed contents and the request has "
@@ -420,12 +433,48 @@ def _row_slices(data, n: int, row_bytes: int, row_elems: int) -> list:
     return [mv[i * row_bytes:(i + 1) * row_bytes] for i in range(n)]
 
 
+class _Plan:
+    """What the front end reads of a profile, worked out once per profile object
+    (:func:`profile_plan`): its input specs by name, (name, numpy dtype, shape, elements)
+    of each in order, its ``max_batch_size``, its output names and (name, KServe
+    datatype, bytes in a row, shape) of each output in order."""
+
+    __slots__ = ("profile", "specs", "inputs", "limit", "outputs", "out_rows")
+
+    def __init__(self, profile) -> None:
+        self.profile = profile
+        self.specs = {t.name: t for t in profile.inputs}
+        self.inputs = [(t.name, np.dtype(t.dtype), tuple(t.shape), _count(t.shape))
+                       for t in profile.inputs]
+        self.limit = max_batch_size(profile)
+        self.outputs = frozenset(t.name for t in profile.outputs)
+        self.out_rows = [(t.name, NP_TO_KS.get(t.dtype, t.dtype.upper()),
+                          _count(t.shape) * np.dtype(t.dtype).itemsize, tuple(t.shape))
+                         for t in profile.outputs]
+
+
+_plans: dict[str, _Plan] = {}  # model instance -> the plan of its current profile
+_PLANS_MAX = 4096  # then the cache starts over
+
+
+def profile_plan(profile) -> _Plan:
+    """The plan of ``profile``; made again when the instance's profile object is another
+    (a model loaded again; profiles are not changed in place)."""
+    p = _plans.get(profile.model)
+    if p is None or p.profile is not profile:
+        if len(_plans) >= _PLANS_MAX:
+            _plans.clear()
+        p = _plans[profile.model] = _Plan(profile)
+    return p
+
+
 def check_inputs(model: str, profile, inputs: list[InTensor],
                  requested: list[str]) -> tuple[list[list[Tensor]], bool]:
     """The inputs against the model -> (its rows: per row, one Tensor per input of the
     profile, in the profile's order; whether the inputs had a batch dimension)."""
-    specs = {t.name: t for t in profile.inputs}
-    limit = max_batch_size(profile)
+    plan = profile_plan(profile)
+    specs = plan.specs
+    limit = plan.limit
     got: dict[str, InTensor] = {}
     form = None  # (rows, batched, the input that set them)
     for t in inputs:
@@ -457,20 +506,21 @@ def check_inputs(model: str, profile, inputs: list[InTensor],
             raise _bad(f"inputs disagree on the batch: {first.name!r} has shape "
                        f"{list(first.shape)}, {t.name!r} has shape {list(shape)}")
         got[t.name] = t
-    missing = [s for s in specs if s not in got]
-    if missing:
+    if len(got) != len(specs):
+        missing = [s for s in specs if s not in got]
         raise _bad(f"model {model!r} needs input(s) {missing}; the request has "
                    f"{sorted(got) or 'none'}")
-    outs = {t.name for t in profile.outputs}
+    outs = plan.outputs
     for r in requested:
         if r not in outs:
             raise _bad(f"model {model!r} has no output {r!r}; outputs: {sorted(outs)}")
     n, batched = (form[0], form[1]) if form is not None else (1, False)
+    if n == 1:  # one row: each input's data as it is
+        return [[Tensor(name, dtype, shape, got[name].data)
+                 for name, dtype, shape, _ in plan.inputs]], batched
     rows: list[list[Tensor]] = [[] for _ in range(n)]
-    for spec in profile.inputs:
-        t = got[spec.name]
-        dtype = np.dtype(spec.dtype)
-        elems = _count(spec.shape)
-        for i, part in enumerate(_row_slices(t.data, n, elems * dtype.itemsize, elems)):
-            rows[i].append(Tensor(spec.name, dtype, tuple(spec.shape), part))
+    for name, dtype, shape, elems in plan.inputs:
+        for i, part in enumerate(_row_slices(got[name].data, n, elems * dtype.itemsize,
+                                             elems)):
+            rows[i].append(Tensor(name, dtype, shape, part))
     return rows, batched

@@ -888,8 +888,12 @@ class ControllerNode:
             bad, reason = (f"slo_ms must be a number from 0 (the default SLO) to "
                            f"{MAX_SLO_MS:.0f}, got {req.slo_ms}"), "bad_slo"
         elif req.inputs:
-            inputs, bad = _check_inputs(req.inputs, prof)
-            reason = "bad_input"
+            if (not isinstance(req, pb.InferRequest)
+                    and getattr(req, "checked", None) is prof):  # cut to its specs (KServe)
+                inputs = req.inputs
+            else:
+                inputs, bad = _check_inputs(req.inputs, prof)
+                reason = "bad_input"
         cid = req.client_id
         if bad is not None:
             self.count("requests_invalid_request")

@@ -27,6 +27,7 @@ from controller.kserve_validate import (
     check_version,
     grpc_request,
     max_batch_size,
+    profile_plan,
     rest_request,
     slo_from_params,
 )
@@ -89,6 +90,25 @@ def test_batch_form_checks():
     bad = _inputs(2)
     bad[1].datatype = "UINT8"
     _invalid(lambda: check_inputs("two", TWO, bad, []), "datatype UINT8, expected INT8")
+
+
+def test_profile_read_again_when_replaced():
+    """What is worked out of a profile once (``profile_plan``) is worked out again when the
+    instance's profile object is another (a model loaded again under the same name)."""
+    check_inputs("two", TWO, _inputs(2), [])
+    assert profile_plan(TWO) is profile_plan(TWO)
+    other = ModelProfile(model="two", device="test", weights_bytes=1, load_ns=1,
+                         exec_ns={1: 1, 2: 2},
+                         inputs=[TensorSpec("a", (2, 3), "float32")],
+                         outputs=[TensorSpec("z", (4,), "float64")])
+    assert profile_plan(other).out_rows == [("z", "FP64", 32, (4,))]
+    _invalid(lambda: check_inputs("two", other, _inputs(2), []), "has no input 'b'")
+    _invalid(lambda: check_inputs("two", other, _inputs(4)[:1], []),
+             "over the model's max_batch_size 2")
+    rows, _ = check_inputs("two", other, _inputs(2)[:1], ["z"])
+    assert len(rows) == 2 and [t.name for t in rows[0]] == ["a"]
+    rows, _ = check_inputs("two", TWO, _inputs(4), ["y"])  # and back
+    assert len(rows) == 4 and [t.name for t in rows[0]] == ["a", "b"]
 
 
 def test_versions():
