@@ -69,7 +69,7 @@ from clockwork.protocol.security import (
 )
 from clockwork.protocol.wire import (
     WireError,
-    action_to_msg,
+    add_action,
     add_tensors,
     attach_tensor,
     msg_to_result,
@@ -571,13 +571,13 @@ class ControllerNode:
         off = link.offset
         real = link.state.device != "emulated"
         attach = [] if real and isinstance(call, FrameStream) else None
-        msgs = []
+        msg = pb.ControllerMessage()
+        msg.actions.SetInParent()  # an ActionBatch, even of no actions
+        field = msg.actions.actions  # (built in place: no copies)
         for a in acts:
-            m = action_to_msg(a, off)
+            m = add_action(field, a, off)
             if a.type == ActionType.INFER and a.requests:
                 self._add_inputs(m, a, real, attach)
-            msgs.append(m)
-        msg = pb.ControllerMessage(actions=pb.ActionBatch(actions=msgs))
         await (call.write(msg, attach) if attach else call.write(msg))
 
     async def _write_updates(self, link: WorkerLink, call, acts: list[Action]) -> list[Action]:

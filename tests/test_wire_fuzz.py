@@ -144,3 +144,34 @@ def test_typed_errors_name_the_problem():
     r = msg_to_result(pb.ResultMsg(id=1, type=2, status=12345, batch_size=2, outputs=[
         pb.Tensor(name="o", shape=[2, 3], dtype="float32", data=bytes(24))]), 0)
     assert r.status == ErrorCode.INVALID_INPUT and r.outputs[0].array.shape == (2, 3)
+
+
+@SETTINGS
+@given(st.sampled_from(list(ActionType)), st.integers(0, 7), st.integers(0, 1 << 40),
+       st.integers(0, 1 << 40), st.booleans(), st.integers(-(1 << 20), 1 << 20), TEXT)
+def test_actions_and_results_built_in_place_round_trip(kind, gpu, earliest, span, never,
+                                                       offset, model):
+    """``add_action`` / ``add_result`` (built inside a batch) make the messages
+    ``action_to_msg`` / ``result_to_msg`` make, and they decode to what was encoded."""
+    from clockwork.actions import NEVER, Action, Result
+    from clockwork.protocol.wire import action_to_msg, add_action, add_result, result_to_msg
+
+    a = Action(id=span + 1, type=kind, worker=0, gpu=gpu, model=model, earliest=earliest,
+               latest=NEVER if never else earliest + span, expected_duration=span,
+               batch_size=gpu, version=3)
+    batch = pb.ControllerMessage()
+    m = add_action(batch.actions.actions, a, offset)
+    assert m == action_to_msg(a, offset) and batch.actions.actions[0] == m
+    b = msg_to_action(m, 0)
+    assert (b.id, b.type, b.gpu, b.model, b.expected_duration, b.batch_size, b.version) == (
+        a.id, a.type, a.gpu, a.model, a.expected_duration, a.batch_size, a.version)
+    assert b.earliest == (earliest + offset if earliest else 0)
+    assert b.latest == (NEVER if never else earliest + span + offset)
+    r = Result(id=a.id, type=kind, status=ErrorCode.SUCCESS if never else ErrorCode.INVALID_GPU,
+               worker=0, gpu=gpu, model=model, batch_size=gpu, received=earliest,
+               begin=earliest + 1, end=earliest + span + 1, duration=span, message=model)
+    out = pb.WorkerMessage()
+    m = add_result(out.results.results, r)
+    assert m == result_to_msg(r) and out.WhichOneof("kind") == "results"
+    back = msg_to_result(pb.ResultMsg.FromString(m.SerializeToString()), 0, 0)
+    assert back == r

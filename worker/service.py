@@ -66,11 +66,11 @@ from clockwork.protocol.security import (
 )
 from clockwork.protocol.wire import (
     WireError,
+    add_result,
     add_tensors,
     attach_tensor,
     msg_to_action,
     msgs_to_tensors,
-    result_to_msg,
     split_attachments,
 )
 from clockwork.tensors import Tensor
@@ -123,8 +123,9 @@ class WorkerNode:
         self._inputs: dict[int, list[Tensor]] = {}  # INFER id -> its batch's inputs
         self._want: set[int] = set()  # INFERs whose output tensors go back
         self.result_interval_us = result_interval_us  # pacing of result messages
-        self._out: list[pb.ResultMsg] = []
-        self._outs: list[tuple[pb.ResultMsg, list[Tensor]]] = []  # results in _out with outputs
+        # results to send, in order: (Result, output tensors to send or None), or the
+        # ResultMsg answering a malformed action
+        self._out: list[tuple[Result, list[Tensor] | None] | pb.ResultMsg] = []
         self._out_ready = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -156,7 +157,7 @@ class WorkerNode:
             self.wloop.reset(self.worker_id, self.executors)
         self._inputs = {}
         self._want = set()
-        self._out, self._outs = [], []
+        self._out = []
 
     def confined(self, ref: str) -> Path | None:
         """Package reference ``ref`` (a name, or a path) as a directory inside the package
@@ -413,6 +414,7 @@ class WorkerNode:
         if not results:
             return
         want = self._want
+        out = self._out
         for r in results:
             outs = None
             if r.type == ActionType.INFER and r.id in want:
@@ -421,26 +423,37 @@ class WorkerNode:
                     # a real device's output Tensors; the emulated device has none and
                     # sends none (the controller answers zeros of the output shapes)
                     outs = r.outputs
-            m = result_to_msg(r)
-            if outs:
-                self._outs.append((m, outs))  # added when sent: in the message or attached
-            self._out.append(m)
+            out.append((r, outs or None))  # a message when sent: outputs in it or attached
         self._out_ready.set()
 
-    def take_results(self, attach: list | None = None) -> list[pb.ResultMsg]:
-        """The results ready to send, with their output tensors: in the messages, or (a
-        list ``attach``, the fast link) as attachments, the device's buffers."""
+    def take_message(self, attach: list | None = None) -> pb.WorkerMessage | None:
+        """The results ready to send as one message (None: none), built in place, with
+        their output tensors: in the message, or (a list ``attach``, the fast link) as
+        attachments, the device's buffers."""
         out, self._out = self._out, []
         self._out_ready.clear()
-        if self._outs:
-            outs, self._outs = self._outs, []
-            for m, ts in outs:  # in the order of ``out``
+        if not out:
+            return None
+        msg = pb.WorkerMessage()
+        field = msg.results.results
+        for item in out:
+            if isinstance(item, pb.ResultMsg):  # a malformed action's answer
+                field.append(item)
+                continue
+            r, ts = item
+            m = add_result(field, r)
+            if ts:
                 if attach is None:
                     add_tensors(m.outputs, ts)
                 else:
                     for t in ts:
                         attach_tensor(m.outputs, t.name, t.shape, t.dtype, [t.data], attach)
-        return out
+        return msg
+
+    def take_results(self, attach: list | None = None) -> list[pb.ResultMsg]:
+        """:meth:`take_message`'s results."""
+        msg = self.take_message(attach)
+        return list(msg.results.results) if msg is not None else []
 
     async def run_timer(self) -> None:
         """Bind the worker's timer to the running event loop; runs until cancelled (then
@@ -665,10 +678,10 @@ class _Session:
             if node._out:
                 await pacer.wait()  # under load: one message per interval
             attach: list | None = [] if fast else None
-            res = node.take_results(attach)
-            if res:
-                pacer.note(len(res))
-                yield pb.WorkerMessage(results=pb.ResultBatch(results=res)), attach or ()
+            msg = node.take_message(attach)
+            if msg is not None:
+                pacer.note(len(msg.results.results))
+                yield msg, attach or ()
 
 
 async def serve_worker(host: str, port: int, node: WorkerNode, ready=None,

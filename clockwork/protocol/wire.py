@@ -61,13 +61,31 @@ def _dtype(name: str, what: str) -> np.dtype:
 
 def action_to_msg(a: Action, offset: int = 0) -> pb.ActionMsg:
     """``offset`` = worker clock - controller clock, added to the window."""
+    m = pb.ActionMsg()
+    _fill_action(m, a, offset)
+    return m
+
+
+def add_action(field, a: Action, offset: int = 0) -> pb.ActionMsg:
+    """:func:`action_to_msg`, appended to a repeated ``ActionMsg`` field (``ActionBatch
+    .actions``) and built there (a message built apart is copied once more when added)."""
+    m = field.add()
+    _fill_action(m, a, offset)
+    return m
+
+
+def _fill_action(m: pb.ActionMsg, a: Action, offset: int) -> None:
+    m.id = a.id
+    m.type = a.type
+    m.gpu = a.gpu
+    m.model = a.model
+    if a.earliest:
+        m.earliest = a.earliest + offset
     latest = a.latest
-    return pb.ActionMsg(
-        id=a.id, type=int(a.type), gpu=a.gpu, model=a.model,
-        earliest=a.earliest + offset if a.earliest else 0,
-        latest=INT64_MAX if latest >= NEVER else latest + offset,
-        expected_duration=a.expected_duration, batch_size=a.batch_size, version=a.version,
-    )
+    m.latest = INT64_MAX if latest >= NEVER else latest + offset
+    m.expected_duration = a.expected_duration
+    m.batch_size = a.batch_size
+    m.version = a.version
 
 
 def msg_to_action(m: pb.ActionMsg, worker: int = 0) -> Action:
@@ -87,12 +105,33 @@ def msg_to_action(m: pb.ActionMsg, worker: int = 0) -> Action:
 
 def result_to_msg(r: Result, outputs: list[Tensor] | None = None) -> pb.ResultMsg:
     """``outputs``: the tensors to send with it (None: none, whatever ``r.outputs`` holds)."""
-    m = pb.ResultMsg(id=r.id, type=int(r.type), status=int(r.status), gpu=r.gpu,
-                     model=r.model, batch_size=r.batch_size, received=r.received,
-                     begin=r.begin, end=r.end, duration=r.duration, message=r.message)
+    m = pb.ResultMsg()
+    _fill_result(m, r)
     if outputs:
         add_tensors(m.outputs, outputs)
     return m
+
+
+def add_result(field, r: Result) -> pb.ResultMsg:
+    """:func:`result_to_msg` without outputs, appended to a repeated ``ResultMsg`` field
+    (``ResultBatch.results``) and built there (no copy); the caller adds the outputs."""
+    m = field.add()
+    _fill_result(m, r)
+    return m
+
+
+def _fill_result(m: pb.ResultMsg, r: Result) -> None:
+    m.id = r.id
+    m.type = r.type
+    m.status = r.status
+    m.gpu = r.gpu
+    m.model = r.model
+    m.batch_size = r.batch_size
+    m.received = r.received
+    m.begin = r.begin
+    m.end = r.end
+    m.duration = r.duration
+    m.message = r.message
 
 
 def msg_to_result(m: pb.ResultMsg, worker: int, offset: int = 0, attached=None) -> Result:
@@ -105,24 +144,24 @@ def msg_to_result(m: pb.ResultMsg, worker: int, offset: int = 0, attached=None) 
     t = _ACTION_TYPES.get(m.type)
     if t is None:
         raise WireError(f"result {m.id}: unknown action type {m.type}")
-    if m.gpu < 0 or m.batch_size < 0 or m.duration < 0:
+    gpu, batch, duration = m.gpu, m.batch_size, m.duration
+    if gpu < 0 or batch < 0 or duration < 0:
         raise WireError(f"result {m.id}: negative gpu, batch size or duration "
-                        f"({m.gpu}, {m.batch_size}, {m.duration})")
+                        f"({gpu}, {batch}, {duration})")
     status = _ERROR_CODES.get(m.status, ErrorCode.INVALID_INPUT)
     outputs = None
     if m.outputs:
         outputs = msgs_to_tensors(m.outputs, attached)
         for o in outputs:
-            if not o.shape or o.shape[0] < m.batch_size or o.nbytes != _nbytes(o):
+            if not o.shape or o.shape[0] < batch or o.nbytes != _nbytes(o):
                 raise TensorWireError(f"result {m.id}: output {o.name!r} of shape "
                                       f"{list(o.shape)} ({o.nbytes} bytes) does not hold a "
-                                      f"batch of {m.batch_size}")
-    return Result(id=m.id, type=t, status=status, worker=worker, gpu=m.gpu,
-                  model=m.model, batch_size=m.batch_size,
-                  received=m.received - offset if m.received else 0,
-                  begin=m.begin - offset if m.begin else 0,
-                  end=m.end - offset if m.end else 0,
-                  duration=m.duration, message=m.message, outputs=outputs)
+                                      f"batch of {batch}")
+    received, begin, end = m.received, m.begin, m.end
+    return Result(id=m.id, type=t, status=status, worker=worker, gpu=gpu, model=m.model,
+                  batch_size=batch, received=received - offset if received else 0,
+                  begin=begin - offset if begin else 0, end=end - offset if end else 0,
+                  duration=duration, message=m.message, outputs=outputs)
 
 
 def _nbytes(t: Tensor) -> int:
