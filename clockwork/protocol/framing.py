@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import struct
 
 MAX_FRAME = 64 << 20  # bytes in one message, as the gRPC link's limit
 TICKET_BYTES = 32
 CONNECT_TIMEOUT_S = 2.0
 _HIGH_WATER = 1 << 20  # buffered bytes above which a write waits for the socket
+_HEAD = struct.Struct("<II")  # a frame's length (of the rest), its message's length
 
 
 def new_ticket() -> bytes:
@@ -63,11 +65,15 @@ class FrameStream:
             raise ConnectionError("the link is closed")
         data = msg.SerializeToString()
         n = len(data)
-        total = 4 + n + sum(memoryview(a).nbytes for a in attachments)
+        total = 4 + n
+        if attachments:
+            total += sum(memoryview(a).nbytes for a in attachments)
         if total > MAX_FRAME:
             raise ConnectionError(f"a frame of {total} bytes (at most {MAX_FRAME})")
-        w.writelines((total.to_bytes(4, "little"), n.to_bytes(4, "little"), data,
-                      *attachments))
+        if attachments:
+            w.writelines((_HEAD.pack(total, n), data, *attachments))
+        else:
+            w.write(_HEAD.pack(total, n) + data)  # (writelines would join the parts too)
         if w.transport.get_write_buffer_size() > _HIGH_WATER:
             await w.drain()
 
