@@ -882,14 +882,14 @@ class ControllerNode:
         prof = self.profiles.get(req.model)
         bad = inputs = None
         reason = ""
+        typed = not isinstance(req, pb.InferRequest)  # KServe's rows: answered with Answers
         if prof is None:
             bad, reason = f"unknown model {req.model!r}", "unknown_model"
         elif not 0 <= req.slo_ms <= MAX_SLO_MS:  # also refuses nan and inf
             bad, reason = (f"slo_ms must be a number from 0 (the default SLO) to "
                            f"{MAX_SLO_MS:.0f}, got {req.slo_ms}"), "bad_slo"
         elif req.inputs:
-            if (not isinstance(req, pb.InferRequest)
-                    and getattr(req, "checked", None) is prof):  # cut to its specs (KServe)
+            if typed and getattr(req, "checked", None) is prof:  # cut to its specs (KServe)
                 inputs = req.inputs
             else:
                 inputs, bad = _check_inputs(req.inputs, prof)
@@ -913,7 +913,7 @@ class ControllerNode:
         r = Request(rid, req.model, now - late, slo, tagged, inputs)  # inputs: list[Tensor]
         if req.skip_outputs:
             r.want_outputs = False
-        r.typed = not isinstance(req, pb.InferRequest)  # KServe's rows: answered with Answers
+        r.typed = typed
         self.pending[rid] = r
         return r
 
