@@ -34,7 +34,7 @@ from controller.config import SchedulerConfig
 from controller.inflight import COPY_GONE, Inflight, error_message
 from controller.lanes import unwatch, watch
 from controller.policy import MODEL_UNLOADED, GpuSpec, ModelView, Policy
-from controller.state import CopyIndex, GpuState, Instance, ModelState
+from controller.state import CopyIndex, GpuState, Instance, ModelState, by_seq
 
 MISS_MEMORY = 1_000_000_000  # how long a request rejected for a cold model keeps asking for a LOAD
 REPLICA_DEMAND = 0.5  # queued demand per copy (in GPUs, see ModelState.outstanding) that asks for a look at adding a copy
@@ -44,10 +44,6 @@ REPLICA_DEMAND = 0.5  # queued demand per copy (in GPUs, see ModelState.outstand
 # ROUNDING (a ninth of that) are kept in ``_big`` and have their priority computed
 # (``ModelState.big_at`` = ROUNDING / (k + 2)).
 ROUNDING = 1e6
-
-
-def _by_seq(inst: Instance) -> int:
-    return inst.seq
 
 
 class ClockworkScheduler(Policy):
@@ -598,7 +594,7 @@ class ClockworkScheduler(Policy):
                 f = g.exec._free_at
                 self._wake(g, (f if f > t else t) - sa + 1)
         if free:
-            for inst in sorted(free.values(), key=_by_seq) if len(free) > 1 else free.values():
+            for inst in sorted(free.values(), key=by_seq) if len(free) > 1 else free.values():
                 self._schedule_infer(inst.gpu, now, out)
 
     def _index_copy(self, m: ModelState, inst: Instance) -> None:

@@ -167,9 +167,22 @@ class GpuState:
 
     def load_share(self) -> float:
         """Queued demand this GPU is expected to absorb, in GPUs (1.0 = saturated)."""
+        insts = self.instances
+        active = self.active
+        if len(active) * 4 < len(insts):
+            # only the models with queued requests have demand: those, in the order of
+            # ``instances`` (creation order, ``seq``), so the sum is the same float
+            copies = sorted([insts[name] for name in active], key=by_seq)
+        else:
+            copies = insts.values()
         total = 0.0
-        for inst in self.instances.values():
+        for inst in copies:
             m = inst.model
             if m.outstanding:
                 total += m.outstanding / len(m.instances)
         return total
+
+
+def by_seq(inst: Instance) -> int:
+    """Sort key: copies in order of creation."""
+    return inst.seq

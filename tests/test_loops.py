@@ -299,7 +299,7 @@ def test_live_faults_kill_restart_and_hang(tmp_path):
     sc = tmp_path / "f.toml"
     sc.write_text("""
 seed = 1
-duration_s = 6.0
+duration_s = 8.0
 [cluster]
 workers = 2
 gpus_per_worker = 1
@@ -337,7 +337,8 @@ hang = [{ worker = 0, at_s = 4.5, for_s = 0.5 }]
     killed, back, stopped = when("kill worker 1"), when("restart worker 1"), when("stop worker 0")
     assert served("1", 0, sec(1.5)) > 100  # both GPUs serve the load that needs both
     assert served("1", killed + sec(0.1), back) == 0  # dead
-    assert served("1", back + sec(1.0), sec(6.0)) > 100, "the restarted worker serves again"
+    # (to the end of the run: a busy machine can play the restart seconds late)
+    assert served("1", back + sec(1.0), sec(8.0)) > 100, "the restarted worker serves again"
     assert served("0", stopped + sec(0.1), sec(5.0)) == 0  # stopped
 
 

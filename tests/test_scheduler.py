@@ -457,6 +457,17 @@ def _churn_scenario():
     }
 
 
+def share_of_every_copy(g) -> float:
+    """A GPU's load share summed over every copy it holds (``load_share`` may read only
+    the copies with queued requests): the same float, summed in the same order."""
+    total = 0.0
+    for inst in g.instances.values():
+        m = inst.model
+        if m.outstanding:
+            total += m.outstanding / len(m.instances)
+    return total
+
+
 def reference_wanted(s: ClockworkScheduler) -> list[tuple[float, str]]:
     """The LOAD priorities recomputed from scratch (every queued model, every GPU's
     load_share): what the scheduler's indexes must give, in the same order."""
@@ -473,7 +484,8 @@ def reference_wanted(s: ClockworkScheduler) -> list[tuple[float, str]]:
         if m.instances:
             per_copy = m.outstanding / len(m.instances)
             for gi in m.instances:
-                sh = s.gpus[gi].load_share()
+                sh = share_of_every_copy(s.gpus[gi])
+                assert s.gpus[gi].load_share() == sh
                 prio -= per_copy * (1.0 if sh <= 1.0 else 1.0 / sh)
         if prio > 1e-9:
             out.append((-prio, name))
@@ -503,6 +515,8 @@ def check_demand_index(s: ClockworkScheduler) -> None:
     for m in s._dirty_models:
         dirty.update(m.instances)
     for g in s.gpus:
+        assert g.load_share() == share_of_every_copy(g)
+        assert set(g.active) == {n for n, i in g.instances.items() if i.model.live}
         if g.index not in dirty:
             assert g.share == g.load_share()
             assert (g.index in s._over) == (g.share > 1.0)

@@ -102,15 +102,24 @@ class GpuExecutor:
         return sorted(self.weights)
 
     def next_time(self) -> int | None:
-        a, b = self.load_lane.next_time(), self.exec_lane.next_time()
+        lane = self.load_lane
+        r = lane.running
+        a = r.end if r is not None else lane.next_time() if lane.pending else None
         lane = self.exec_lane
-        if b is not None and lane.running is None:
+        r = lane.running
+        if r is not None:
+            b = r.end  # None while open: complete() moves things on
+        elif lane.pending:
             earliest, _, action, received = lane.pending[0]
-            consider = max(lane.free_at, received)
+            consider = lane.free_at if lane.free_at > received else received
             if consider <= action.latest:
                 b = self._begin(action, consider, earliest)
                 if b >= NEVER:
                     b = None  # waits for a real LOAD; complete() moves things on
+            else:
+                b = consider if consider > earliest else earliest  # its rejection
+        else:
+            b = None
         if a is None:
             return b
         if b is None:
@@ -139,10 +148,13 @@ class GpuExecutor:
     def advance(self, now: int) -> list[Result]:
         """Finish and start whatever is due by ``now``; return finished results."""
         out: list[Result] = []
-        progress = True
-        while progress:
-            progress = self._step(self.load_lane, now, out) | self._step(self.exec_lane, now, out)
-        return out
+        load, ex, step = self.load_lane, self.exec_lane, self._step
+        while True:  # a step of each lane per round (an idle lane is not asked)
+            p = step(load, now, out) if load.running is not None or load.pending else False
+            if (ex.running is not None or ex.pending) and step(ex, now, out):
+                continue
+            if not p:
+                return out
 
     def forget(self, model: str) -> None:
         """``model`` leaves this worker (the controller's model repository removed it):
