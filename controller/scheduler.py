@@ -164,7 +164,6 @@ class ClockworkScheduler(Policy):
             # queued demand outgrows this model's copies: consider another one soon
             # (``_arm_load_check`` keeps looking while such demand lasts)
             self._next_load_check = now + cfg.load_check_interval
-        heapq.heappush(self._expiry, (drop_at, request.id, request))
         if not live:
             self._queued.add(m.name)
             for gi in insts:
@@ -184,6 +183,8 @@ class ClockworkScheduler(Policy):
                 self._next_load_check = now
             self._unserved.add(m.name)
             self._schedule_loads(now, out, only_idle=True)
+        if request.state == QUEUED:  # (one sent at once needs no expiry)
+            heapq.heappush(self._expiry, (drop_at, request.id, request))
         return out
 
     def on_result(self, result: Result, now: int) -> list[Action]:
