@@ -72,9 +72,9 @@ from clockwork.protocol.wire import (
     add_action,
     add_tensors,
     attach_tensor,
+    cut_attachments,
     msg_to_result,
     msgs_to_tensors,
-    split_attachments,
 )
 from clockwork.requests import Answer, Reply, Request
 from clockwork.tensors import (
@@ -720,12 +720,8 @@ class ControllerNode:
         outstanding = self.ctrl.outstanding[w]
         good: list[Result] = []
         why = ""
-        cuts = whole = None
-        if tail is not None:  # the fast link: output tensors attached after the message
-            try:
-                cuts = split_attachments(msgs, tail, "outputs")
-            except WireError as e:
-                whole = e
+        # the fast link: output tensors attached after the message
+        cuts, whole = cut_attachments(msgs, tail, "outputs")
         for i, m in enumerate(msgs):
             try:
                 if whole is not None:

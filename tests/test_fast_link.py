@@ -105,7 +105,12 @@ def test_dial_fails_fast_on_a_closed_port():
 def test_attachments_travel_after_the_message_and_are_cut_per_tensor():
     import numpy as np
 
-    from clockwork.protocol.wire import WireError, msgs_to_tensors, split_attachments
+    from clockwork.protocol.wire import (
+        WireError,
+        cut_attachments,
+        msgs_to_tensors,
+        split_attachments,
+    )
 
     batch = pb.ActionBatch(actions=[
         pb.ActionMsg(id=1, inputs=[pb.Tensor(name="x", shape=[2], dtype="uint8", attached=2),
@@ -144,6 +149,10 @@ def test_attachments_travel_after_the_message_and_are_cut_per_tensor():
     with pytest.raises(WireError):  # attached data that never came (the gRPC stream)
         msgs_to_tensors(msg.actions.actions[1].inputs)
     assert split_attachments(msg.actions.actions, memoryview(b"")) is None
+    # what the services call: no tail (a gRPC frame), or the error for the whole frame
+    assert cut_attachments(msg.actions.actions, None) == (None, None)
+    cuts, err = cut_attachments(msg.actions.actions, memoryview(tail + b"z"))
+    assert cuts is None and isinstance(err, WireError)
 
 
 def test_attached_outputs_make_a_result_whose_rows_are_views():

@@ -69,9 +69,9 @@ from clockwork.protocol.wire import (
     add_result,
     add_tensors,
     attach_tensor,
+    cut_attachments,
     msg_to_action,
     msgs_to_tensors,
-    split_attachments,
 )
 from clockwork.tensors import Tensor
 from worker.devices.emulated import EmulatedDevice
@@ -303,12 +303,7 @@ class WorkerNode:
         real = bool(self.real)
         actions = []
         bad: list[pb.ResultMsg] = []
-        cuts, whole = None, None
-        if tail is not None:
-            try:
-                cuts = split_attachments(batch.actions, tail)
-            except WireError as e:
-                whole = e
+        cuts, whole = cut_attachments(batch.actions, tail)
         for i, m in enumerate(batch.actions):
             try:
                 if whole is not None:

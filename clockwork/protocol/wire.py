@@ -237,6 +237,19 @@ def split_attachments(msgs, tail, field: str = "inputs") -> list[list] | None:
     return out
 
 
+def cut_attachments(msgs, tail, field: str = "inputs") -> tuple[list[list] | None,
+                                                                   WireError | None]:
+    """``split_attachments`` for a frame that may have come without a tail (``tail`` None:
+    the gRPC stream): (the cuts or None, None), or (None, the error) when the sizes do not
+    add up -- every message of that frame is then malformed, each answered on its own."""
+    if tail is None:
+        return None, None
+    try:
+        return split_attachments(msgs, tail, field), None
+    except WireError as e:
+        return None, e
+
+
 def attach_tensor(field, name: str, shape, dtype, buffers, attachments: list) -> None:
     """Append a tensor to a repeated ``pb.Tensor`` field whose data travels as
     ``buffers`` (its rows, in order) among a frame's ``attachments``, not in the
