@@ -433,6 +433,7 @@ class InferStream:
         self._queue: list[pb.InferRequest] = []
         self._wake = asyncio.Event()
         self._closed = False
+        self._error: Exception | None = None  # what ended the call, for later submits
         self._call = stub.InferStream(self._requests())
         self._reader = asyncio.create_task(self._read())
         self._watch = asyncio.create_task(self._watchdog())
@@ -481,7 +482,7 @@ class InferStream:
                                             f"it was sent, past its {sent[1]:g} ms SLO")
                         fut.set_result(resp)
         except grpc.RpcError as e:
-            err = _unavailable(e)
+            err = self._error = _unavailable(e)
             for fut in self._waiting.values():
                 if not fut.done():
                     fut.set_exception(err)
@@ -495,8 +496,8 @@ class InferStream:
             raise RuntimeError("stream is closed")
         cid = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
-        if self._reader.done():
-            fut.set_exception(ControllerUnavailable("controller stream closed"))
+        if self._reader.done():  # the call has ended: say why, if the controller said
+            fut.set_exception(self._error or ControllerUnavailable("controller stream closed"))
             return fut
         self._waiting[cid] = fut
         if slo_ms and 0 < slo_ms < 1e9:  # (a nonsense SLO: the controller refuses it)

@@ -34,6 +34,7 @@ This module imports ``grpc`` but nothing from ``controller/`` or ``worker/``.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import ipaddress
@@ -327,18 +328,34 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         return _deny(handler, grpc.StatusCode.UNAUTHENTICATED, self.MESSAGE)
 
 
+FIRST_MESSAGE_WAIT_S = 1.0  # how long a refused stream waits for the client's first message
+
+
 def _deny(handler, code: grpc.StatusCode, message: str):
-    """A handler of ``handler``'s kind that only aborts (and reads no request)."""
+    """A handler of ``handler``'s kind that only aborts. A stream of requests is refused
+    once its first message has arrived (or after ``FIRST_MESSAGE_WAIT_S``, or at the
+    client's end of stream), never before: grpc's asyncio client loses the refusal when
+    it ends the call while the client's first write is still on its way (the write
+    fails and the call reports INTERNAL "Internal error from Core" instead; grpc/grpc
+    issue 36066). Nothing read is used; a unary call's request is read before any
+    handler anyway."""
 
     async def abort(_request, context):
+        await context.abort(code, message)
+
+    async def abort_stream(requests, context):
+        try:
+            await asyncio.wait_for(anext(aiter(requests)), FIRST_MESSAGE_WAIT_S)
+        except (TimeoutError, StopAsyncIteration, grpc.RpcError):
+            pass  # no message, or the client went away: refuse all the same
         await context.abort(code, message)
 
     kw = {"request_deserializer": handler.request_deserializer,
           "response_serializer": handler.response_serializer}
     if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(abort, **kw)
+        return grpc.stream_stream_rpc_method_handler(abort_stream, **kw)
     if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(abort, **kw)
+        return grpc.stream_unary_rpc_method_handler(abort_stream, **kw)
     if handler.response_streaming:
         return grpc.unary_stream_rpc_method_handler(abort, **kw)
     return grpc.unary_unary_rpc_method_handler(abort, **kw)
