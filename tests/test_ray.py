@@ -22,7 +22,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 from clockwork.scenario import load_scenario  # noqa: E402
 
 RATE = 1000
-DURATION_S = 20.0
+DURATION_S = 10.0
 KILL_RUN_S = 8.0
 KILL_AT_S = 3.0
 
