@@ -37,6 +37,7 @@ import argparse
 import asyncio
 import re
 import signal
+import ssl
 import sys
 import time
 from collections import deque
@@ -63,6 +64,7 @@ from clockwork.protocol.security import (
     TlsFiles,
     TokenInterceptor,
     channel_credentials,
+    client_ssl_context,
     cluster_secret,
     exposure_error,
     server_token,
@@ -227,9 +229,10 @@ class ControllerNode:
     limits: Limits = Limits()
 
     # the link to the workers: the cluster secret (None: no proofs either way) and TLS
-    # credentials to dial them with (None: plaintext)
+    # credentials to dial them with (None: plaintext), for gRPC and for their fast links
     cluster_auth: ClusterAuth | None = None
     worker_credentials: grpc.ChannelCredentials | None = None
+    worker_tls: ssl.SSLContext | None = None
     _worker_refusals: Refusals | None = None
 
     def __init__(self, workers: list[str], profiles: str = "v100-reference",
@@ -415,7 +418,7 @@ class ControllerNode:
         be reached, this link stays on gRPC from the next attempt on (and says so once)."""
         try:
             return await dial(host_of(link.address), state.link_port, state.link_ticket,
-                              pb.WorkerMessage.FromString)
+                              pb.WorkerMessage.FromString, self.worker_tls)
         except (OSError, TimeoutError) as e:
             link.fast = False
             print(f"controller: worker {link.address}: its fast link (port {state.link_port}) "
@@ -1431,11 +1434,13 @@ def _security(args: argparse.Namespace, workers: list[str]):
 
 def _worker_credentials(args: argparse.Namespace, tls: TlsFiles | None):
     """With --worker-tls-ca: TLS to the workers, verified against that CA, presenting our
-    --tls-cert/--tls-key as client certificate (for workers started with --tls-ca)."""
+    --tls-cert/--tls-key as client certificate (for workers started with --tls-ca): the
+    gRPC credentials and the fast links' context; (None, None) without."""
     ca = getattr(args, "worker_tls_ca", None)
     if not ca:
-        return None
-    return channel_credentials(ca, tls.cert if tls else None, tls.key if tls else None)
+        return None, None
+    cert, key = (tls.cert, tls.key) if tls else (None, None)
+    return channel_credentials(ca, cert, key), client_ssl_context(ca, cert, key)
 
 
 def cmd_controller(args: argparse.Namespace) -> int:
@@ -1453,7 +1458,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
     node.limits = limits
     try:
         token, secret, tls = _security(args, workers)
-        node.worker_credentials = _worker_credentials(args, tls)
+        node.worker_credentials, node.worker_tls = _worker_credentials(args, tls)
     except SecurityError as e:
         print(f"clockwork controller: {e}", file=sys.stderr)
         return 2

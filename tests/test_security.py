@@ -433,13 +433,44 @@ def test_fake_worker_on_a_dead_workers_port_is_refused():
 
 def test_worker_tls_with_client_certificates(pki):
     """Workers speak TLS and require the controller's certificate (mutual TLS); the
-    controller verifies them against the CA."""
+    controller verifies them against the CA. The fast link speaks TLS with the same
+    rule: a plaintext connection or one without a client certificate gets nowhere."""
     wargs = ["--tls-cert", pki.cert, "--tls-key", pki.key, "--tls-ca", pki.ca]
     with local_cluster(models=MODEL, worker_args=[wargs],
                        controller_args=["--tls-cert", pki.cert, "--tls-key", pki.key,
                                         "--worker-tls-ca", pki.ca]) as c:
+        line = wait_output(c.workers[0], "listening on")
+        link_port = int(line.split("fast link on port ")[1].split()[0].rstrip(",)"))
         with clockwork.Client(c.address, timeout=TIMEOUT, tls_ca=pki.ca) as cl:
-            assert cl.infer(MODEL, slo_ms=1000).status == 0
+            for _ in range(10):
+                assert cl.infer(MODEL, slo_ms=1000).status == 0
+            st = cl.stats()
+            assert st["worker_fast_links"] == 1 and st["worker_connects"] == 1
+        with socket.create_connection(("127.0.0.1", link_port), timeout=10) as s:
+            s.sendall(bytes(64))  # plaintext: not a TLS handshake
+            try:
+                data = s.recv(64)
+            except ConnectionError:
+                data = b""
+            assert data == b"" or data[0] == 0x15  # closed, or a TLS alert record
+        no_cert = ssl.create_default_context(cafile=pki.ca)  # verifies the worker; no cert
+        # (TLS 1.2: the handshake itself fails; with 1.3 the refusal comes after it)
+        no_cert.maximum_version = ssl.TLSVersion.TLSv1_2
+        with socket.create_connection(("127.0.0.1", link_port), timeout=10) as raw:
+            with pytest.raises((ssl.SSLError, ConnectionError)):
+                no_cert.wrap_socket(raw, server_hostname="127.0.0.1").close()
+        with_cert = ssl.create_default_context(cafile=pki.ca)  # the same, with a certificate:
+        with_cert.maximum_version = ssl.TLSVersion.TLSv1_2
+        with_cert.load_cert_chain(pki.client_cert, pki.client_key)
+        with socket.create_connection(("127.0.0.1", link_port), timeout=10) as raw:
+            with with_cert.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+                s.sendall(bytes(32))  # in, but the ticket is still checked
+                assert s.recv(1) == b""
+        wait_output(c.workers[0], "no valid ticket")
+        with clockwork.Client(c.address, timeout=TIMEOUT, tls_ca=pki.ca) as cl:
+            assert cl.infer(MODEL, slo_ms=1000).status == 0  # the link serves on
+            st = cl.stats()
+            assert st.get("worker_losses", 0) == 0 and st["worker_fast_links"] == 1
         auth = ClusterAuth(_secret(c))
         addr = c.worker_addresses[0]
         for ch in (grpc.insecure_channel(addr),  # plaintext

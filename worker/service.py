@@ -81,6 +81,7 @@ from worker.loop import WorkerLoop
 DEVICES = ("emulated", "cpu", "cuda")
 DEFAULT_PROFILES = {"emulated": "v100-reference", "cpu": "cpu", "cuda": "cuda"}
 
+LINK_HANDSHAKE_S = 5.0  # a TLS fast link's handshake must finish within this (as its ticket)
 _OFFSET = 0  # --clock-offset-ms: shifts this worker's clock (tests the controller's conversion)
 # LoadModelFromDisk's one answer for every path it will not load: outside the package
 # directory, missing or broken alike (the caller learns nothing about the worker's disk)
@@ -684,8 +685,9 @@ async def serve_worker(host: str, port: int, node: WorkerNode, ready=None,
                        link_port: int = 0) -> None:
     """Serve until ``stop``; with ``tls`` the port speaks TLS only (and asks the controller
     for a client certificate when ``tls.ca`` is set). ``link_port``: where the fast link
-    (``clockwork.protocol.framing``) listens (0: a free port; -1: no fast link; none
-    with TLS). ``ready(port, link_port)`` is called once both listen (link_port 0: none)."""
+    (``clockwork.protocol.framing``) listens (0: a free port; -1: no fast link; with
+    ``tls`` it speaks TLS too, with the same certificate and client-certificate rule).
+    ``ready(port, link_port)`` is called once both listen (link_port 0: none)."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
                                       ("grpc.max_send_message_length", 64 << 20),
                                       *LISTEN_OPTIONS, *keepalive.SERVER])
@@ -694,9 +696,11 @@ async def serve_worker(host: str, port: int, node: WorkerNode, ready=None,
     bound = bind_grpc(server, host, port, "--port",
                       tls.grpc_credentials() if tls is not None else None)
     link = None
-    if link_port >= 0 and tls is None:
+    if link_port >= 0:
+        tls_link = {} if tls is None else {"ssl": tls.ssl_context(alpn=()),
+                                           "ssl_handshake_timeout": LINK_HANDSHAKE_S}
         try:
-            link = await asyncio.start_server(servicer.serve_link, host, link_port)
+            link = await asyncio.start_server(servicer.serve_link, host, link_port, **tls_link)
         except OSError as e:
             raise ListenError(f"--link-port {link_port}: cannot listen on {host}: "
                               f"{e.strerror or e}") from None

@@ -8,9 +8,9 @@ trip). The controller and its workers exchange a message per batch of actions an
 batch of results, so this is most of what the link costs.
 
 How it is set up (``controller.service`` and ``worker.service``): the controller opens
-``Worker.Connect`` as before (clock sync, cluster-secret proofs and TLS all stay on
+``Worker.Connect`` as before (clock sync and the cluster-secret proofs stay on
 gRPC) and says in its ``Hello`` that it can take the fast link. A worker listening for
-it (``clockwork worker --link-port``; not with TLS) answers with its ``WorkerState``
+it (``clockwork worker --link-port``; over TLS on a TLS cluster) answers with its ``WorkerState``
 carrying the port and a fresh random ticket. The controller connects to that port on
 the worker's host and sends the ticket first; the worker checks it (once, in constant
 time) against the ticket of the controller that owns it now and from then on reads
@@ -110,10 +110,14 @@ def host_of(address: str) -> str:
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
-async def dial(host: str, port: int, ticket: bytes, parse) -> FrameStream:
+async def dial(host: str, port: int, ticket: bytes, parse, tls=None) -> FrameStream:
     """Connect to a worker's link port and present ``ticket``; raises ``OSError`` /
-    ``TimeoutError`` when it cannot connect."""
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port),
+    ``TimeoutError`` when it cannot connect (``ssl.SSLError``, an ``OSError``: the TLS
+    handshake failed). ``tls``: an ``ssl.SSLContext`` for a worker whose link speaks TLS
+    (its certificate is checked against ``host``)."""
+    extra = {} if tls is None else {"ssl": tls, "server_hostname": host,
+                                    "ssl_handshake_timeout": CONNECT_TIMEOUT_S}
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, **extra),
                                             CONNECT_TIMEOUT_S)
     writer.write(ticket)
     return FrameStream(reader, writer, parse)

@@ -228,8 +228,10 @@ class TlsFiles:
         files.ssl_context()  # refuses a certificate, key or CA that cannot be used
         return files
 
-    def ssl_context(self) -> ssl.SSLContext:
-        """The REST listener's context (TLS 1.2 or newer)."""
+    def ssl_context(self, alpn: tuple[str, ...] = ("http/1.1",)) -> ssl.SSLContext:
+        """A listener's context (TLS 1.2 or newer): the REST port's (``alpn``), or the
+        worker's fast link's (no ALPN). With ``ca`` the peer must present a certificate
+        it signed."""
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         try:
@@ -244,7 +246,8 @@ class TlsFiles:
                 raise SecurityError(f"--tls-ca {self.ca}: cannot use it "
                                     f"({getattr(e, 'strerror', None) or e})") from None
             ctx.verify_mode = ssl.CERT_REQUIRED
-        ctx.set_alpn_protocols(["http/1.1"])
+        if alpn:
+            ctx.set_alpn_protocols(list(alpn))
         return ctx
 
     def grpc_credentials(self) -> grpc.ServerCredentials:
@@ -269,6 +272,22 @@ def channel_credentials(ca: str | bytes | None = None, cert: str | bytes | None 
 
     return grpc.ssl_channel_credentials(root_certificates=pem(ca), private_key=pem(key),
                                         certificate_chain=pem(cert))
+
+
+def client_ssl_context(ca: str | None, cert: str | None = None,
+                       key: str | None = None) -> ssl.SSLContext:
+    """A TLS context for dialing a server (TLS 1.2 or newer; its certificate verified
+    against ``ca`` and the host name dialled), presenting ``cert``/``key`` if given: the
+    controller's side of a worker's fast link, as ``channel_credentials`` is of its gRPC."""
+    try:
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        if cert:
+            ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as e:
+        raise SecurityError(f"TLS files {ca}, {cert}, {key}: cannot use them "
+                            f"({getattr(e, 'strerror', None) or e})") from None
+    return ctx
 
 
 # ---------------------------------------------------------------------- client token

@@ -354,9 +354,9 @@ def add_worker(sub) -> None:
                    help="port (default 12345; 0 picks a free one; printed)")
     p.add_argument("--link-port", type=t.optional_port, default=0,
                    help="port of the fast link: the controller sends actions and reads "
-                   "results on a plain TCP connection here instead of the gRPC stream, "
-                   "after authenticating on gRPC (default 0: a free port, printed; -1: off, "
-                   "everything on the gRPC port; always off with --tls-cert)")
+                   "results on a TCP connection here instead of the gRPC stream, after "
+                   "authenticating on gRPC (default 0: a free port, printed; -1: off, "
+                   "everything on the gRPC port; with --tls-cert it speaks TLS too)")
     p.add_argument("--device", default="emulated", choices=DEVICES,
                    help="emulated (default), cpu (needs the tvm extra) or cuda")
     p.add_argument("--packages", metavar="DIR", default=None,
