@@ -111,6 +111,41 @@ def test_batched_outputs_go_to_their_own_requests(cluster, references):
     assert max(sizes) > 1, sizes  # rows were really sliced out of batches
 
 
+def test_tensors_on_a_mutual_tls_cluster(packages, references, tmp_path):
+    """On a cluster whose worker speaks TLS and wants the controller's certificate, the
+    fast link is used (over TLS) and a batch's input and output rows, attached to its
+    frames, reach the right requests."""
+    from tests.pki import make_pki
+
+    pki = make_pki(tmp_path)
+    tls = ["--tls-cert", pki.cert, "--tls-key", pki.key]
+    with local_cluster(workers=1, gpus=1, profiles="cpu", models="resnet_tiny", pages=PAGES,
+                       device="cpu", packages=str(packages),
+                       worker_args=[[*tls, "--tls-ca", pki.ca]],
+                       controller_args=[*tls, "--worker-tls-ca", pki.ca]) as c:
+        rng = np.random.default_rng(13)
+        meta = references["resnet_tiny"][0]
+        xs = [_sample(meta, rng) for _ in range(64)]
+
+        async def run():
+            async with AsyncClient(c.address, tls_ca=pki.ca) as cl:
+                await cl.infer("resnet_tiny", xs[0], slo_ms=SLO_MS)  # loaded: the rest batch
+                s = cl.stream()  # one message: admitted together, so they batch
+                out = await asyncio.gather(*(s.submit("resnet_tiny", x, slo_ms=SLO_MS)
+                                             for x in xs))
+                await s.close()
+                return out, await cl.stats()
+
+        results, st = asyncio.run(run())
+    assert st["worker_fast_links"] == 1
+    for x, r in zip(xs, results, strict=True):
+        assert r.status == 0, r.message
+        np.testing.assert_allclose(msg_to_array(r.outputs[0]),
+                                   _reference(references, "resnet_tiny", x), rtol=1e-4,
+                                   atol=1e-4)
+    assert max(r.batch_size for r in results) > 1
+
+
 def test_tritonclient_grpc_and_http(cluster, references):
     script = f"""
 import re, sys, time
