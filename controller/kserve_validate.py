@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from clockwork.tensors import Tensor
+from clockwork.tensors import Tensor, row_nbytes
 from controller.kserve_status import INVALID, NOT_FOUND, KServeError
 
 # KServe datatype <-> numpy dtype name
@@ -448,9 +448,8 @@ class _Plan:
                        for t in profile.inputs]
         self.limit = max_batch_size(profile)
         self.outputs = frozenset(t.name for t in profile.outputs)
-        self.out_rows = [(t.name, NP_TO_KS.get(t.dtype, t.dtype.upper()),
-                          _count(t.shape) * np.dtype(t.dtype).itemsize, tuple(t.shape))
-                         for t in profile.outputs]
+        self.out_rows = [(t.name, NP_TO_KS.get(t.dtype, t.dtype.upper()), row_nbytes(t),
+                          tuple(t.shape)) for t in profile.outputs]
 
 
 _plans: dict[str, _Plan] = {}  # model instance -> the plan of its current profile
