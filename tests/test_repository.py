@@ -375,7 +375,8 @@ def test_a_worker_serves_an_instance_added_at_run_time_and_drops_a_removed_one()
         async def results(n):
             got = []
             for _ in range(400):
-                got += w.take_results()
+                msg = w.take_message()
+                got += msg.results.results if msg is not None else []
                 if len(got) >= n:
                     return got
                 await asyncio.sleep(0.005)

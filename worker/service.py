@@ -81,7 +81,7 @@ from worker.loop import WorkerLoop
 DEVICES = ("emulated", "cpu", "cuda")
 DEFAULT_PROFILES = {"emulated": "v100-reference", "cpu": "cpu", "cuda": "cuda"}
 
-LINK_HANDSHAKE_S = 5.0  # a TLS fast link's handshake must finish within this (as its ticket)
+LINK_WAIT_S = 5.0  # a fast link's TLS handshake, then its ticket, must each come within this
 _OFFSET = 0  # --clock-offset-ms: shifts this worker's clock (tests the controller's conversion)
 # LoadModelFromDisk's one answer for every path it will not load: outside the package
 # directory, missing or broken alike (the caller learns nothing about the worker's disk)
@@ -446,11 +446,6 @@ class WorkerNode:
                         attach_tensor(m.outputs, t.name, t.shape, t.dtype, [t.data], attach)
         return msg
 
-    def take_results(self, attach: list | None = None) -> list[pb.ResultMsg]:
-        """:meth:`take_message`'s results."""
-        msg = self.take_message(attach)
-        return list(msg.results.results) if msg is not None else []
-
     async def run_timer(self) -> None:
         """Bind the worker's timer to the running event loop; runs until cancelled (then
         the armed timer is cancelled)."""
@@ -563,7 +558,7 @@ class WorkerServicer(pbg.WorkerServicer):
         stream = FrameStream(reader, writer, pb.ControllerMessage.FromString)
         session = self._session
         try:
-            ticket = await asyncio.wait_for(reader.readexactly(TICKET_BYTES), 5.0)
+            ticket = await asyncio.wait_for(reader.readexactly(TICKET_BYTES), LINK_WAIT_S)
         except (asyncio.IncompleteReadError, TimeoutError, OSError):
             ticket = b""
         if session is None or not session.claim(ticket):
@@ -698,7 +693,7 @@ async def serve_worker(host: str, port: int, node: WorkerNode, ready=None,
     link = None
     if link_port >= 0:
         tls_link = {} if tls is None else {"ssl": tls.ssl_context(alpn=()),
-                                           "ssl_handshake_timeout": LINK_HANDSHAKE_S}
+                                           "ssl_handshake_timeout": LINK_WAIT_S}
         try:
             link = await asyncio.start_server(servicer.serve_link, host, link_port, **tls_link)
         except OSError as e:
