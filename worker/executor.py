@@ -102,24 +102,15 @@ class GpuExecutor:
         return sorted(self.weights)
 
     def next_time(self) -> int | None:
-        lane = self.load_lane
-        r = lane.running
-        a = r.end if r is not None else lane.next_time() if lane.pending else None
+        a, b = self.load_lane.next_time(), self.exec_lane.next_time()
         lane = self.exec_lane
-        r = lane.running
-        if r is not None:
-            b = r.end  # None while open: complete() moves things on
-        elif lane.pending:
+        if b is not None and lane.running is None:
             earliest, _, action, received = lane.pending[0]
-            consider = lane.free_at if lane.free_at > received else received
+            consider = max(lane.free_at, received)
             if consider <= action.latest:
                 b = self._begin(action, consider, earliest)
                 if b >= NEVER:
                     b = None  # waits for a real LOAD; complete() moves things on
-            else:
-                b = consider if consider > earliest else earliest  # its rejection
-        else:
-            b = None
         if a is None:
             return b
         if b is None:
