@@ -63,12 +63,13 @@ def test_invariants(sc):
         assert latency >= 0
         assert met == (status == RequestStatus.SUCCESS and arrival + latency <= deadline)
     # with exact predictions, nothing succeeds late unless the network round trip exceeds
-    # the buffer the scheduler keeps off the SLO (5 ms, at most a fifth of the SLO)
+    # the buffer the scheduler keeps off the SLO (5 ms, at most a tenth of the SLO: the
+    # scheduler's ``buffer`` setting)
     c = sc["cluster"]
     if c["noise"] == 0:
         rtt = 2e6 * (c["network_latency_ms"] + c["jitter_ms"])
         late = [r for r in rows if r[5] == RequestStatus.SUCCESS and not r[6]
-                and min(5e6, (r[3] - r[2]) // 5) > rtt]
+                and min(5e6, (r[3] - r[2]) // 10) > rtt]
         assert late == []
     # the weights cache is never over-committed
     assert s["max_pages_used"] <= s["cache_pages"]
