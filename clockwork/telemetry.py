@@ -12,6 +12,9 @@ files of the same columns plus the names tables (``requests.npz``, ``actions.npz
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+import weakref
 import zipfile
 from pathlib import Path
 
@@ -57,11 +60,18 @@ def check_log_format(fmt: str) -> str:
 class ColumnLog:
     """Rows of integers kept as numpy columns. ``buf`` takes a row's values flattened
     (``buf.extend(row)``; callers call ``drain`` when it holds ``limit`` values or more);
-    ``drain`` converts them in one go and copies them into preallocated chunks."""
+    ``drain`` converts them in one go and copies them into preallocated chunks.
 
-    __slots__ = ("names", "dtypes", "width", "buf", "limit", "_chunks", "_fill", "_rows")
+    With ``spill`` (a path prefix), the rows go to one file per column instead
+    (``<spill>.<column>``, raw values appended at each ``drain``) and nothing but the
+    last ``limit`` values stays in memory; ``arrays`` then returns read-only memory maps
+    of those files, so a run of any length keeps its log in bounded memory (the page
+    cache holds what the machine can spare)."""
 
-    def __init__(self, names: tuple, dtypes: tuple) -> None:
+    __slots__ = ("names", "dtypes", "width", "buf", "limit", "_chunks", "_fill", "_rows",
+                 "_spill", "_files")
+
+    def __init__(self, names: tuple, dtypes: tuple, spill: Path | None = None) -> None:
         self.names = names
         self.dtypes = dtypes
         self.width = len(names)
@@ -69,10 +79,26 @@ class ColumnLog:
         self.limit = _BUF_ROWS * self.width
         self._chunks: list[list[np.ndarray]] = []  # per chunk: one array per column
         self._fill = 0  # rows used in the last chunk
-        self._rows = 0  # rows in the chunks
+        self._rows = 0  # rows in the chunks (or, spilling, in the files)
+        self._spill = spill
+        self._files: list | None = None  # spilling: the column files, open for appending
+        if spill is not None:
+            self._open_files()
 
     def __len__(self) -> int:
         return self._rows + len(self.buf) // self.width
+
+    def _paths(self) -> list[Path]:
+        sp = self._spill
+        return [sp.with_name(f"{sp.name}.{n}") for n in self.names]
+
+    def _open_files(self) -> None:
+        # new files (new inodes): maps handed out by ``arrays`` before a ``clear`` keep
+        # the old files' contents (unlinked, freed when the last map goes)
+        paths = self._paths()
+        for p in paths:
+            p.unlink(missing_ok=True)
+        self._files = [p.open("wb") for p in paths]
 
     def drain(self) -> None:
         buf = self.buf
@@ -80,7 +106,13 @@ class ColumnLog:
             return
         flat = np.fromiter(buf, dtype=np.int64, count=len(buf)).reshape(-1, self.width)
         buf.clear()  # (the same list: callers may hold it)
-        i, k = 0, len(flat)
+        k = len(flat)
+        if self._files is not None:
+            for j, (f, dt) in enumerate(zip(self._files, self.dtypes, strict=True)):
+                f.write(flat[:, j].astype(dt).tobytes())
+            self._rows += k
+            return
+        i = 0
         while i < k:
             if not self._chunks or self._fill == len(self._chunks[-1][0]):
                 cap = min(_CHUNK_ROWS, max(_BUF_ROWS, self._rows))
@@ -96,8 +128,15 @@ class ColumnLog:
             i += take
 
     def arrays(self) -> list[np.ndarray]:
-        """The columns (views; the chunks are merged into one on the way)."""
+        """The columns (views; the chunks are merged into one on the way; spilling:
+        read-only maps of the column files)."""
         self.drain()
+        if self._files is not None:
+            for f in self._files:
+                f.flush()
+            n = self._rows
+            return [np.memmap(p, dtype=dt, mode="r", shape=(n,)) if n else np.zeros(0, dt)
+                    for p, dt in zip(self._paths(), self.dtypes, strict=True)]
         chunks = self._chunks
         if not chunks:
             return [np.zeros(0, dt) for dt in self.dtypes]
@@ -117,31 +156,68 @@ class ColumnLog:
         cols = [np.ascontiguousarray(a, dtype=dt) for a, dt in zip(arrays, self.dtypes, strict=True)]
         if len({len(c) for c in cols}) > 1:
             raise ValueError("columns of different lengths")
-        if len(cols[0]):
-            self._chunks = [cols]
-            self._fill = self._rows = len(cols[0])
+        if not len(cols[0]):
+            return
+        if self._files is not None:
+            for f, c in zip(self._files, cols, strict=True):
+                f.write(c.tobytes())
+            self._rows = len(cols[0])
+            return
+        self._chunks = [cols]
+        self._fill = self._rows = len(cols[0])
 
     def clear(self) -> None:
         self.buf.clear()
         self._chunks = []
         self._fill = self._rows = 0
+        if self._files is not None:
+            self.close()
+            self._open_files()
+
+    def close(self) -> None:
+        """Spilling: close the column files (they stay on disk until removed) and forget
+        their rows; rows that come after are kept in memory."""
+        for f in self._files or ():
+            f.close()
+        if self._files is not None:
+            self._files = None
+            self._rows = 0
 
 
 class Telemetry:
     """Collects one row per answered request and per finished action. ``log_format``:
-    how ``write`` and ``flush`` store the logs (``"tsv"`` or ``"npz"``)."""
+    how ``write`` and ``flush`` store the logs (``"tsv"`` or ``"npz"``). ``spill_dir``:
+    keep the rows in column files in a new folder inside it instead of in memory (see
+    ``ColumnLog``; ~75 bytes of disk per request at paper scale); the folder is removed
+    when this object is."""
 
-    def __init__(self, origin: int = 0, log_format: str = "tsv") -> None:
+    def __init__(self, origin: int = 0, log_format: str = "tsv",
+                 spill_dir: str | Path | None = None) -> None:
         self.origin = origin
         self.log_format = check_log_format(log_format)
         self.models: list = []  # model names by code
         self._model_code: dict = {}
-        self._req = ColumnLog(REQUEST_COLUMNS, REQUEST_DTYPES)
-        self._act = ColumnLog(ACTION_COLUMNS, ACTION_DTYPES)
+        req_spill = act_spill = None
+        self.spill_folder: Path | None = None
+        if spill_dir is not None:
+            Path(spill_dir).mkdir(parents=True, exist_ok=True)
+            self.spill_folder = Path(tempfile.mkdtemp(prefix="clockwork-rows-", dir=spill_dir))
+            req_spill, act_spill = self.spill_folder / "requests", self.spill_folder / "actions"
+        self._req = ColumnLog(REQUEST_COLUMNS, REQUEST_DTYPES, req_spill)
+        self._act = ColumnLog(ACTION_COLUMNS, ACTION_DTYPES, act_spill)
+        self._finalizer = None if self.spill_folder is None else weakref.finalize(
+            self, _remove_spill, self._req, self._act, self.spill_folder)
         self._rbuf, self._rlimit = self._req.buf, self._req.limit
         self._abuf, self._alimit = self._act.buf, self._act.limit
         self._sent: dict[int, Action] = {}
         self._flushed = False  # flush() has started the TSV files
+
+    def close(self) -> None:
+        """With ``spill_dir``: remove the rows' folder now, and its rows with it (columns
+        already handed out stay readable); rows that come after are kept in memory.
+        Without: nothing."""
+        if self._finalizer is not None:
+            self._finalizer()
 
     def _code(self, model) -> int:
         code = self._model_code.get(model)
@@ -326,6 +402,12 @@ class Telemetry:
         return _summary(self.request_columns(), self.action_columns(), duration_s, extra)
 
 
+def _remove_spill(req: ColumnLog, act: ColumnLog, folder: Path) -> None:
+    req.close()
+    act.close()
+    shutil.rmtree(folder, ignore_errors=True)  # (maps still open keep their data)
+
+
 def _write_tsv(path: Path, columns: tuple, fmt: str, blocks, append: bool = False) -> None:
     """Whole rows only: unbuffered, each write call a run of complete lines, so a process
     killed while writing leaves every row it wrote intact (and none half-written).
@@ -415,7 +497,9 @@ def _read_tsv(tel: Telemetry, path: Path, log: ColumnLog) -> None:
 
 
 def _pct(values: np.ndarray, q: float) -> float:
-    return round(float(np.percentile(values, q)) / 1e6, 6) if len(values) else 0.0
+    """``values``' q-th percentile in ms; ``values`` is a scratch copy: partitioned in place
+    (the same figure, without a second copy of a long run's latencies)."""
+    return round(float(np.percentile(values, q, overwrite_input=True)) / 1e6, 6) if len(values) else 0.0
 
 
 def summarize(requests, actions, duration_s: float, extra: dict | None = None) -> dict:

@@ -287,7 +287,10 @@ class ControllerNode:
         self.telemetry = None
         if log_dir:
             from clockwork.telemetry import Telemetry
-            self.telemetry = Telemetry(now_ns(), log_format)
+            # npz logs are written once, at stop: until then the rows wait in column files
+            # in log_dir (memory stays flat however long the controller runs)
+            self.telemetry = Telemetry(now_ns(), log_format,
+                                       spill_dir=log_dir if log_format == "npz" else None)
 
     def write_logs(self, final: bool = False) -> None:
         """TSV logs: append the request/action rows since the last call to ``log_dir``'s
@@ -295,6 +298,8 @@ class ControllerNode:
         if self.telemetry is not None:
             from pathlib import Path
             self.telemetry.flush(Path(self.log_dir), final=final)
+            if final:
+                self.telemetry.close()  # (npz: the rows' column files go)
 
     async def _flush_logs(self) -> None:
         """With --log-dir: write the logs out every ``log_flush_s`` (memory stays flat; a

@@ -35,7 +35,9 @@ logs are written), 73 bytes per request at this scale (measured), so one continu
 6-hour run would hold ~14 GiB of rows, ~15-17 GiB at its peak with the ~0.7 GiB base and
 the summary's temporaries: barely inside this 23 GiB machine and not beside other jobs.
 A 1-hour part: ~2.4 GiB of rows, an estimated 3-4 GiB peak. ``--part-minutes 0`` runs one continuous simulation
-anyway.
+anyway; with ``--spill-dir DIR`` the rows go to files in DIR instead (~15 GiB of disk for
+the 6 hours) and the process's memory stays near its set-up size, so the continuous
+replay -- the paper's experiment, without a cold start every hour -- fits any machine.
 
 Each part runs in a child process (``--part``, internal). Printed: simulated requests,
 offered r/s, goodput and attainment, cold-start requests and cold models per minute, the
@@ -169,11 +171,12 @@ def run_part(spec: dict) -> dict:
     c0, w0 = cpu(), time.perf_counter()
     sc = common.scenario(scenario_data(Path(spec["trace"]), spec["start"], spec["minutes"],
                                        spec["load_factor"], spec["noise"]))
-    sim = Sampled(sc, progress=True)
+    sim = Sampled(sc, progress=True, spill_dir=spec.get("spill_dir"))
     c1, w1 = cpu(), time.perf_counter()
     rss_setup = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     res = sim.run()
     c2, w2 = cpu(), time.perf_counter()
+    rss_end = memory_now()
     samples.insert(0, (0, c1, 0))
     samples.append((sim.duration + 1, c2, res.summary["submitted"]))
     tel = res.telemetry
@@ -188,6 +191,7 @@ def run_part(spec: dict) -> dict:
     if spec["out"]:
         tel.log_format = spec["log_format"]
         res.write(spec["out"])
+    tel.close()  # (--spill-dir: the rows' files go)
     c3, w3 = cpu(), time.perf_counter()
     ru = resource.getrusage(resource.RUSAGE_SELF)
     s = res.summary
@@ -202,7 +206,19 @@ def run_part(spec: dict) -> dict:
             "cpu_s": {"setup": c1 - c0, "simulate": c2 - c1, "write": c3 - c2,
                       "process": ru.ru_utime + ru.ru_stime},
             "wall_s": {"setup": w1 - w0, "simulate": w2 - w1, "write": w3 - w2},
-            "maxrss_setup_kb": rss_setup, "maxrss_kb": ru.ru_maxrss}
+            "maxrss_setup_kb": rss_setup, "maxrss_kb": ru.ru_maxrss, "rss_end_kb": rss_end}
+
+
+def memory_now() -> dict:
+    """This process's resident memory now, kB (Linux ``/proc/self/status``): all of it,
+    and the anonymous part (not counting file pages such as --spill-dir's maps, which
+    the kernel may drop); empty elsewhere."""
+    try:
+        lines = Path("/proc/self/status").read_text().splitlines()
+    except OSError:
+        return {}
+    fields = dict(ln.split(":", 1) for ln in lines if ":" in ln)
+    return {k: int(fields[k].split()[0]) for k in ("VmRSS", "RssAnon") if k in fields}
 
 
 def spawn_part(spec: dict) -> dict:
@@ -266,6 +282,11 @@ def parse_args(argv) -> argparse.Namespace:
                    help="split the replay into consecutive runs of at most this many trace "
                         "minutes, each a fresh process starting cold (default 60; 0: one "
                         "continuous run)")
+    p.add_argument("--spill-dir", type=Path, default=None,
+                   help="keep each simulation's request and action rows in files in a "
+                        "temporary folder inside this one instead of in memory (removed at "
+                        "the end; ~75 bytes of disk per request): memory stays flat, so a "
+                        "continuous run (--part-minutes 0) of the whole replay fits")
     p.add_argument("--no-noise", action="store_true",
                    help="no emulated timing noise and jitter (fig9_azure.py's 2 %% and "
                         "0.1 ms are on by default)")
@@ -342,7 +363,8 @@ def main(argv=None) -> dict:
                 out = str((args.out / f"part-{s:04d}").resolve())
             spec = {"trace": str(trace), "start": s, "minutes": n, "load_factor": lf,
                     "noise": not args.no_noise, "out": out, "log_format": args.log_format,
-                    "progress": args.progress or sys.stderr.isatty()}
+                    "progress": args.progress or sys.stderr.isatty(),
+                    "spill_dir": str(args.spill_dir.resolve()) if args.spill_dir else None}
             r = in_process(spec) if args.in_process else spawn_part(spec)
             parts.append(r)
             sm = r["summary"]
@@ -385,6 +407,7 @@ def summarise(args, parts, lf, base, trace, wall, setup_parent, load0, load1) ->
         "trace": str(trace), "trace_rps_6h": base, "load_factor": lf,
         "replay_start": args.replay_start, "start_minute": args.start_minute, "minutes": args.minutes, "parts": len(parts),
         "part_minutes": args.part_minutes, "noise": not args.no_noise,
+        "spill_dir": str(args.spill_dir) if args.spill_dir else None,
         "logs": None if not args.out or args.no_logs else args.log_format,
         "duration_s": dur, "requests": n, "offered_rps": n / dur,
         "goodput_rps": tot["slo_met"] / dur, "attainment": tot["slo_met"] / max(1, n),
@@ -404,6 +427,7 @@ def summarise(args, parts, lf, base, trace, wall, setup_parent, load0, load1) ->
                                          for x in p["requests_per_cpu_s_by_minute"]],
         "maxrss_gib": max(p["maxrss_kb"] for p in parts) / 2**20,
         "maxrss_setup_gib": max(p["maxrss_setup_kb"] for p in parts) / 2**20,
+        "rss_anon_end_gib": max(p["rss_end_kb"].get("RssAnon", 0) for p in parts) / 2**20,
         "maxrss_children_gib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20,
         "log_bytes_per_request": log_per_req,
         "full_6h": {"requests": PAPER_REQUESTS, "parts": full_parts,
@@ -441,11 +465,14 @@ def report(i: dict) -> None:
         f"{' '.join(f'{x:,}' for x in i['requests_per_cpu_s_by_minute'][:12])}"
         + (" ..." if len(i["requests_per_cpu_s_by_minute"]) > 12 else ""),
         f"memory     peak RSS {i['maxrss_gib']:.2f} GiB ({i['maxrss_setup_gib']:.2f} GiB after "
-        f"set-up); logs in memory {i['log_bytes_per_request']:.0f} bytes per request",
+        f"set-up; anonymous {i['rss_anon_end_gib']:.2f} GiB at the end of the simulation); "
+        f"log rows {i['log_bytes_per_request']:.0f} bytes per request "
+        + ("(in files: --spill-dir)" if i["spill_dir"] else "(in memory)"),
         f"full 6 h   {f['requests'] / 1e6:.0f} M requests in {f['parts']} part(s): ~{f['cpu_s']:,.0f} "
         f"CPU s = {f['cpu_h']:.2f} h on one core, {f['vs_target']:.1f}x the 30-minute target "
         f"(which needs {f['needed_requests_per_cpu_s']:,.0f} requests per CPU-second); one "
-        f"continuous run would hold ~{f['continuous_log_gib']:.1f} GiB of log rows",
+        f"continuous run would hold ~{f['continuous_log_gib']:.1f} GiB of log rows"
+        + (" (in --spill-dir)" if i["spill_dir"] else " (in memory; --spill-dir: on disk)"),
     ]
     print("\n".join(lines), flush=True)
 

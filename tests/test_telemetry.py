@@ -285,7 +285,9 @@ def test_simulate_npz_and_report(tmp_path, capsys):
 
 
 def test_live_controller_writes_npz_at_stop(tmp_path):
-    """--log-format npz: nothing during the run, requests.npz/actions.npz at SIGTERM."""
+    """--log-format npz: during the run the rows wait in column files in a folder inside
+    the log folder (not in memory); requests.npz/actions.npz at SIGTERM, and the folder
+    goes."""
     import clockwork
     from tests.conftest import local_cluster
 
@@ -296,6 +298,9 @@ def test_live_controller_writes_npz_at_stop(tmp_path):
         with clockwork.Client(c.address, timeout=10) as cl:
             for _ in range(6):
                 assert cl.infer("mobilenet_v2", slo_ms=500).status == 0
+        (rows,) = os.listdir(logs)
+        assert rows.startswith("clockwork-rows-")
+        assert {p.name for p in (logs / rows).iterdir()} >= {"requests.latency", "actions.type"}
         c.controller.stop(timeout=30.0)
     assert sorted(os.listdir(logs)) == ["actions.npz", "requests.npz"]
     tel = read_logs(logs)
@@ -315,3 +320,63 @@ def test_bench_logs_smoke(tmp_path, capsys):
     m = res["modes"]
     assert m["none"]["log_bytes"] == 0 < m["npz"]["log_bytes"] < m["tsv"]["log_bytes"]
     assert orjson.loads((tmp_path / "b.json").read_bytes())["modes"].keys() == {"none", "tsv", "npz"}
+
+
+# ------------------------------------------------------------------ rows kept in files
+
+def test_spilled_rows_are_the_same_rows_and_stay_out_of_memory(run, tmp_path):
+    """``spill_dir``: the same rows, summary and log files as in memory; the columns are
+    read-only maps of files and no chunk is held in memory."""
+    tel, reqs, acts = run
+    sp = Telemetry(origin=1000, spill_dir=tmp_path / "spill")
+    fill(sp, N, o=1000)
+    assert sp._req._chunks == [] and sp._act._chunks == []
+    assert len(sp._req.buf) < sp._req.limit  # at most one buffer's rows in memory
+    cols = sp.request_columns()
+    assert all(isinstance(c, np.memmap) and not c.flags.writeable for c in cols.values())
+    assert sp.requests == reqs and sp.actions == acts
+    assert orjson.dumps(sp.summary(12.5)) == orjson.dumps(tel.summary(12.5))
+    files = {p.name for p in sp.spill_folder.iterdir()}
+    assert files == {f"requests.{c}" for c in T.REQUEST_COLUMNS} | {
+        f"actions.{c}" for c in T.ACTION_COLUMNS}
+    assert (sp.spill_folder / "requests.latency").stat().st_size == 8 * N
+    for fmt in ("tsv", "npz"):
+        tel.write(tmp_path / f"mem-{fmt}", fmt)
+        sp.write(tmp_path / f"spill-{fmt}", fmt)
+        for name in ("requests", "actions"):
+            assert (tmp_path / f"mem-{fmt}" / f"{name}.{fmt}").read_bytes() == \
+                (tmp_path / f"spill-{fmt}" / f"{name}.{fmt}").read_bytes()
+
+
+def test_spilled_columns_handed_out_survive_clear_and_the_folder_goes(tmp_path):
+    sp = Telemetry(spill_dir=tmp_path)
+    fill(sp, 3 * T._BUF_ROWS)
+    before = sp.request_columns()["request_id"]
+    want = before.copy()
+    folder = sp.spill_folder
+    sp._req.clear()  # (as a TSV flush does): new files, the map keeps the old rows
+    fill(sp, 10)
+    assert len(sp.request_columns()["request_id"]) == 10
+    assert np.array_equal(before, want)
+    sp.requests = [(7, "m", 1, 2, 3, int(RequestStatus.SUCCESS), True, False, 1, 0)]
+    assert sp.requests == [(7, "m", 1, 2, 3, 0, True, False, 1, 0)]
+    del sp
+    assert not folder.exists()  # removed with the object
+    assert np.array_equal(before, want)  # (unlinked, still mapped)
+
+
+def test_simulate_with_spill_dir_writes_the_same_files(tmp_path, capsys):
+    outs = {}
+    for mode, extra in (("memory", []), ("files", ["--spill-dir", str(tmp_path / "sp")])):
+        out = outs[mode] = tmp_path / mode
+        assert main(["simulate", "scenarios/faults.toml", "--set", "duration_s=6", "--out",
+                     str(out), "--quiet", "--log-format", "npz", *extra]) == 0
+    capsys.readouterr()
+    for name in ("summary.json", "requests.npz", "actions.npz"):
+        assert (outs["memory"] / name).read_bytes() == (outs["files"] / name).read_bytes(), name
+    assert list((tmp_path / "sp").iterdir()) == []  # the run's folder is gone
+    (tmp_path / "f").write_text("")
+    assert main(["simulate", "scenarios/faults.toml", "--spill-dir", str(tmp_path / "f"),
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("clockwork simulate: ") and "Traceback" not in err

@@ -84,9 +84,14 @@ class Simulation:
     delays messages. Messages between the controller and a worker stay in order (one
     connection each way)."""
 
-    def __init__(self, sc: Scenario, progress: bool = False) -> None:
+    def __init__(self, sc: Scenario, progress: bool = False,
+                 spill_dir: str | Path | None = None) -> None:
+        """``spill_dir``: keep the request and action rows in files in a new folder
+        inside it instead of in memory (a long run's memory stays flat; see
+        ``Telemetry``)."""
         self.sc = sc
         self.progress = progress
+        self.spill_dir = spill_dir
         c = sc.cluster
         try:
             self.pset: ProfileSet = load_profile_set(str(c["profiles"]))
@@ -151,7 +156,7 @@ class Simulation:
                 raise ScenarioError(f"workloads[{i}]: {e}") from e
             w.bind(0, self.duration, np.random.default_rng(wseeds[i]), exec1)
             self.workloads.append(w)
-        self.telemetry = Telemetry(0)
+        self.telemetry = Telemetry(0, spill_dir=spill_dir)
         self.max_pages_used = 0
         self.fault_log: list[tuple[int, str]] = []  # (time, what happened)
 
@@ -500,12 +505,13 @@ class Simulation:
 
 
 def simulate(scenario: Scenario | str | Path | dict, overrides: list[str] | None = None,
-             progress: bool = False) -> SimResult:
-    """Run a scenario (a ``Scenario``, a TOML path or a dict) in the simulator."""
+             progress: bool = False, spill_dir: str | Path | None = None) -> SimResult:
+    """Run a scenario (a ``Scenario``, a TOML path or a dict) in the simulator
+    (``spill_dir``: see ``Simulation``)."""
     if isinstance(scenario, Scenario):
         sc = scenario if not overrides else load_scenario(data=scenario.data, overrides=overrides)
     elif isinstance(scenario, dict):
         sc = load_scenario(data=scenario, overrides=overrides)
     else:
         sc = load_scenario(scenario, overrides)
-    return Simulation(sc, progress).run()
+    return Simulation(sc, progress, spill_dir).run()

@@ -16,8 +16,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     try:
         sc = load_scenario(args.scenario, args.set)
-        sim = Simulation(sc, progress=not args.quiet and sys.stderr.isatty() or args.progress)
-    except (ScenarioError, ValueError) as e:
+        sim = Simulation(sc, progress=not args.quiet and sys.stderr.isatty() or args.progress,
+                         spill_dir=args.spill_dir)
+    except (ScenarioError, ValueError, OSError) as e:
         print(f"clockwork simulate: {e}", file=sys.stderr)
         return 2
     res = sim.run()
@@ -25,8 +26,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"clockwork simulate: {t / 1e9:7.2f} s  fault: {what}", file=sys.stderr)
     s = res.summary
     res.telemetry.log_format = args.log_format
-    emit_run(res, sc, f"{s['gpus']} GPU(s), {s['model_instances']} model instance(s), policy "
-             f"{s['policy']}, simulated in {res.wall_s:.1f} s wall", args.out, args.json)
+    try:
+        emit_run(res, sc, f"{s['gpus']} GPU(s), {s['model_instances']} model instance(s), "
+                 f"policy {s['policy']}, simulated in {res.wall_s:.1f} s wall", args.out, args.json)
+    finally:
+        res.telemetry.close()  # (--spill-dir: the rows' files go now)
     return 0
 
 
