@@ -1,5 +1,6 @@
 """experiments/azure_paper_scale.py end to end at a small size (the shipped trace sample,
-two one-minute parts in child processes), with the rows kept in files (--spill-dir)."""
+two one-minute parts in child processes): with the rows kept in files (--spill-dir), and
+with the parts side by side (--jobs 2), each giving the same parts."""
 
 from __future__ import annotations
 
@@ -30,3 +31,13 @@ def test_two_parts_with_rows_in_files(tmp_path, capsys):
         assert len(z["latency"]) == s["submitted"] > 0
     assert sum(json.loads((out / p / "summary.json").read_text())["submitted"]
                for p in ("part-0000", "part-0001")) == info["requests"]
+
+    # the same two parts side by side, rows in memory: the same summaries and logs
+    info2 = azure_paper_scale.main(["--trace", "sample", "--load-factor", "1", "--minutes", "2",
+                                    "--part-minutes", "1", "--jobs", "2", "--out",
+                                    str(tmp_path / "out2")])
+    assert info2["requests"] == info["requests"] and info2["spill_dir"] is None
+    for part in ("part-0000", "part-0001"):
+        for name in ("summary.json", "requests.npz", "actions.npz"):
+            assert (out / part / name).read_bytes() == (tmp_path / "out2" / part / name).read_bytes()
+    assert info2["cpu_s"]["child"] > 0 and "(in memory)" in capsys.readouterr().out
