@@ -11,6 +11,7 @@ files of the same columns plus the names tables (``requests.npz``, ``actions.npz
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -69,7 +70,7 @@ class ColumnLog:
     cache holds what the machine can spare)."""
 
     __slots__ = ("names", "dtypes", "width", "buf", "limit", "_chunks", "_fill", "_rows",
-                 "_spill", "_files")
+                 "_spill", "_files", "_on_disk", "spill_error")
 
     def __init__(self, names: tuple, dtypes: tuple, spill: Path | None = None) -> None:
         self.names = names
@@ -82,6 +83,8 @@ class ColumnLog:
         self._rows = 0  # rows in the chunks (or, spilling, in the files)
         self._spill = spill
         self._files: list | None = None  # spilling: the column files, open for appending
+        self._on_disk = 0  # rows in the files after spilling failed (then in memory)
+        self.spill_error: OSError | None = None  # why spilling stopped, if it did
         if spill is not None:
             self._open_files()
 
@@ -98,7 +101,8 @@ class ColumnLog:
         paths = self._paths()
         for p in paths:
             p.unlink(missing_ok=True)
-        self._files = [p.open("wb") for p in paths]
+        # unbuffered: a row counted is on disk, and a failed write fails that drain only
+        self._files = [p.open("wb", buffering=0) for p in paths]
 
     def drain(self) -> None:
         buf = self.buf
@@ -108,10 +112,16 @@ class ColumnLog:
         buf.clear()  # (the same list: callers may hold it)
         k = len(flat)
         if self._files is not None:
-            for j, (f, dt) in enumerate(zip(self._files, self.dtypes, strict=True)):
-                f.write(flat[:, j].astype(dt).tobytes())
-            self._rows += k
-            return
+            try:
+                for j, (f, dt) in enumerate(zip(self._files, self.dtypes, strict=True)):
+                    data = flat[:, j].astype(dt).tobytes()
+                    if f.write(data) != len(data):
+                        raise OSError(errno.ENOSPC, f"short write to {f.name}")
+            except OSError as e:  # a full disk: keep what is in the files, the rest in memory
+                self._stop_spilling(e)
+            else:
+                self._rows += k
+                return
         i = 0
         while i < k:
             if not self._chunks or self._fill == len(self._chunks[-1][0]):
@@ -127,16 +137,37 @@ class ColumnLog:
             self._rows += take
             i += take
 
+    def _stop_spilling(self, e: OSError) -> None:
+        """Writing a column file failed (a full disk): the rows of the earlier drains stay
+        in the files, this drain's and all later ones are kept in memory (nothing is lost;
+        ``spill_error`` says why)."""
+        self.spill_error = e
+        for f in self._files or ():
+            try:
+                f.close()
+            except OSError:
+                pass
+        self._files = None
+        self._on_disk, self._rows = self._rows, 0
+
+    def _mapped(self, n: int) -> list[np.ndarray]:
+        return [np.memmap(p, dtype=dt, mode="r", shape=(n,)) if n else np.zeros(0, dt)
+                for p, dt in zip(self._paths(), self.dtypes, strict=True)]
+
     def arrays(self) -> list[np.ndarray]:
         """The columns (views; the chunks are merged into one on the way; spilling:
         read-only maps of the column files)."""
         self.drain()
         if self._files is not None:
-            for f in self._files:
-                f.flush()
-            n = self._rows
-            return [np.memmap(p, dtype=dt, mode="r", shape=(n,)) if n else np.zeros(0, dt)
-                    for p, dt in zip(self._paths(), self.dtypes, strict=True)]
+            return self._mapped(self._rows)
+        if self._on_disk:  # spilling stopped: the files' rows, then the memory's
+            disk, self._on_disk = self._mapped(self._on_disk), 0
+            mem = self._memory_arrays()
+            self._chunks = [[np.concatenate([d, m]) for d, m in zip(disk, mem, strict=True)]]
+            self._fill = self._rows = len(self._chunks[0][0])
+        return self._memory_arrays()
+
+    def _memory_arrays(self) -> list[np.ndarray]:
         chunks = self._chunks
         if not chunks:
             return [np.zeros(0, dt) for dt in self.dtypes]
@@ -169,7 +200,7 @@ class ColumnLog:
     def clear(self) -> None:
         self.buf.clear()
         self._chunks = []
-        self._fill = self._rows = 0
+        self._fill = self._rows = self._on_disk = 0
         if self._files is not None:
             self.close()
             self._open_files()
@@ -211,6 +242,12 @@ class Telemetry:
         self._abuf, self._alimit = self._act.buf, self._act.limit
         self._sent: dict[int, Action] = {}
         self._flushed = False  # flush() has started the TSV files
+
+    @property
+    def spill_error(self) -> OSError | None:
+        """With ``spill_dir``: why rows stopped going to files (a full disk), if they did;
+        the rows after that were kept in memory."""
+        return self._req.spill_error or self._act.spill_error
 
     def close(self) -> None:
         """With ``spill_dir``: remove the rows' folder now, and its rows with it (columns

@@ -299,6 +299,10 @@ class ControllerNode:
             from pathlib import Path
             self.telemetry.flush(Path(self.log_dir), final=final)
             if final:
+                if self.telemetry.spill_error is not None:
+                    print(f"controller: log rows stopped going to files in {self.log_dir} "
+                          f"({self.telemetry.spill_error}); the rest were kept in memory",
+                          file=sys.stderr, flush=True)
                 self.telemetry.close()  # (npz: the rows' column files go)
 
     async def _flush_logs(self) -> None:

@@ -380,3 +380,36 @@ def test_simulate_with_spill_dir_writes_the_same_files(tmp_path, capsys):
                  "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("clockwork simulate: ") and "Traceback" not in err
+
+
+FULL_DISK = """
+import resource, sys
+import orjson
+from clockwork.telemetry import Telemetry
+from tests.test_telemetry import N, fill
+resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.RLIM_INFINITY))  # a full disk
+mem = Telemetry(origin=1000)
+reqs, acts = fill(mem, N, o=1000)
+sp = Telemetry(origin=1000, spill_dir=sys.argv[1])
+fill(sp, N, o=1000)
+ok = (sp.requests == reqs and sp.actions == acts
+      and orjson.dumps(sp.summary(3.0)) == orjson.dumps(mem.summary(3.0)))
+size = (sp.spill_folder / "requests.latency").stat().st_size
+print(ok, sp._req._on_disk + sp._req._rows == N, size, repr(sp.spill_error))
+"""
+
+
+def test_a_full_disk_keeps_the_rest_of_the_rows_in_memory(tmp_path):
+    """Column files that cannot grow (a real EFBIG: the file size limit of the process):
+    the rows already in them stay, the rest go to memory, none is lost."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", FULL_DISK, str(tmp_path)], capture_output=True,
+                       text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert r.returncode == 0, r.stderr
+    ok, all_rows, size, err = r.stdout.split(" ", 3)
+    assert ok == "True" and all_rows == "True"
+    assert "File too large" in err or "short write" in err, err
+    assert 0 < int(size) <= 100_000 < 8 * N  # part of the rows did go to the file
+    assert list(tmp_path.iterdir()) == []  # and the folder went at exit

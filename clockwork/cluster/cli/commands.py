@@ -22,6 +22,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"clockwork simulate: {e}", file=sys.stderr)
         return 2
     res = sim.run()
+    if res.telemetry.spill_error is not None:
+        print(f"clockwork simulate: warning: rows stopped going to --spill-dir "
+              f"({res.telemetry.spill_error}); the rest were kept in memory", file=sys.stderr)
     for t, what in sim.fault_log:  # the [faults] plan as it played out
         print(f"clockwork simulate: {t / 1e9:7.2f} s  fault: {what}", file=sys.stderr)
     s = res.summary
