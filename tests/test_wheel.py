@@ -94,9 +94,11 @@ def venv(wheel, tmp_path_factory) -> Path:
     env["PIP_DEFAULT_TIMEOUT"] = "20"
     try:
         # exactly what a user does: the project beside the current stock KServe v2 /
-        # Triton clients, in one environment (they pin protobuf < 7)
+        # Triton clients, in one environment (they pin protobuf < 7); --no-compile: pip's
+        # byte-compiling of every installed file took half the set-up and changes nothing
+        # the tests look at (what they import is compiled as they import it)
         r = run([v / "bin" / "python", "-m", "pip", "install", wheel, *CLIENTS, "--retries",
-                 "1", "--disable-pip-version-check", "-q"], 420, root, env)
+                 "1", "--disable-pip-version-check", "--no-compile", "-q"], 420, root, env)
     except subprocess.TimeoutExpired:
         pytest.skip("pip install of the wheel's dependencies ran past 420 s "
                     "(package registry unreachable or too slow)")
