@@ -6,8 +6,8 @@ errors from the action log (Fig. 10).
 550 instances on 1 GPU, 30 trace minutes compressed to 6 s each (3 min simulated),
 ~310 r/s. ``--full``: 6 workers, 3300 instances (6 x the sample's model mix), 6 trace
 hours at real speed, load factor 30 (~1,600 r/s), replayed as six consecutive 1-hour
-runs (each starting with empty GPU caches; one 6-hour request log would need ~17 GB of
-memory). A real trace day: point ``trace`` in ``scenarios/azure_sample.toml`` at e.g.
+runs (each starting with empty GPU caches; one run holds an hour's log rows, ~0.5 GB,
+and this script's per-run analysis copies). A real trace day: point ``trace`` in ``scenarios/azure_sample.toml`` at e.g.
 traces/azure/invocations_per_function_md.anon.d01.csv. ``--live``: ``--smoke`` and
 ``--quick`` (3 min); ``--full`` (6 h of real time) is refused.
 
@@ -47,7 +47,7 @@ def main(argv=None) -> dict:
     acts = {"infer": 0, "load": 0, "evict": 0, "rejected": 0}
     with common.Timer() as t:
         # --full replays its 6 trace hours as 6 consecutive 1-hour runs (each starts with
-        # empty GPU caches): one 6-hour run's request log would need ~17 GB of memory here
+        # empty GPU caches), one hour's rows in memory at a time
         for start in range(0, minutes, chunk):
             over = [f"cluster.workers={workers}", f"workloads.0.minutes={chunk}",
                     f"workloads.0.start_minute={start}",
