@@ -67,7 +67,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -171,6 +171,9 @@ def run_part(spec: dict) -> dict:
             samples.append((now, cpu(), n))
             if spec["progress"]:
                 super()._report(now, wall, n, end)
+            status = spec.get("status")
+            if status and len(samples) % 10 == 1:  # for the parent's line (--jobs)
+                Path(status).write_text(f"{now / self.duration:.4f} {n}")
 
     c0, w0 = cpu(), time.perf_counter()
     sc = common.scenario(scenario_data(Path(spec["trace"]), spec["start"], spec["minutes"],
@@ -223,6 +226,23 @@ def memory_now() -> dict:
         return {}
     fields = dict(ln.split(":", 1) for ln in lines if ":" in ln)
     return {k: int(fields[k].split()[0]) for k in ("VmRSS", "RssAnon") if k in fields}
+
+
+PROGRESS_S = 60.0  # with --jobs: a line on the running parts this often
+
+
+def parts_line(specs: list[dict], done: dict) -> str:
+    """Where each part is, from the status files its process writes now and then."""
+    out = []
+    for i, spec in enumerate(specs):
+        if i in done:
+            continue
+        try:
+            frac, n = Path(spec["status"]).read_text().split()
+            out.append(f"part {i + 1} {100 * float(frac):.0f} % ({int(n):,} requests)")
+        except (OSError, ValueError):
+            out.append(f"part {i + 1} starting or waiting")
+    return "; ".join(out)
 
 
 def spawn_part(spec: dict, alone: bool = True) -> dict:
@@ -397,10 +417,19 @@ def main(argv=None) -> dict:
             for i, spec in enumerate(specs):
                 finished(i, in_process(spec) if args.in_process else spawn_part(spec))
         else:  # parts side by side, each its own process
-            with ThreadPoolExecutor(args.jobs) as pool:
+            with tempfile.TemporaryDirectory(prefix=f"{NAME}-") as status_dir, \
+                    ThreadPoolExecutor(args.jobs) as pool:
+                for i, spec in enumerate(specs):
+                    spec["status"] = str(Path(status_dir) / f"part-{i}")
                 futures = {pool.submit(spawn_part, spec, False): i for i, spec in enumerate(specs)}
-                for f in as_completed(futures):
-                    finished(futures[f], f.result())
+                pending = set(futures)
+                while pending:
+                    ended, pending = wait(pending, timeout=PROGRESS_S, return_when=FIRST_COMPLETED)
+                    for f in ended:
+                        finished(futures[f], f.result())
+                    if pending and not ended:
+                        print(f"  {(time.perf_counter() - t.t0) / 60:,.1f} min: "
+                              + parts_line(specs, done), flush=True)
     parts = [done[i] for i in range(len(specs))]
     load1 = os.getloadavg()
     info = summarise(args, parts, lf, base, trace, t.wall_s, setup_parent, load0, load1)

@@ -11,7 +11,7 @@ import numpy as np
 from experiments import azure_paper_scale
 
 
-def test_two_parts_with_rows_in_files(tmp_path, capsys):
+def test_two_parts_with_rows_in_files(tmp_path, capsys, monkeypatch):
     spill, out = tmp_path / "spill", tmp_path / "out"
     info = azure_paper_scale.main(["--trace", "sample", "--load-factor", "1", "--minutes", "2",
                                    "--part-minutes", "1", "--spill-dir", str(spill),
@@ -33,6 +33,7 @@ def test_two_parts_with_rows_in_files(tmp_path, capsys):
                for p in ("part-0000", "part-0001")) == info["requests"]
 
     # the same two parts side by side, rows in memory: the same summaries and logs
+    monkeypatch.setattr(azure_paper_scale, "PROGRESS_S", 0.2)  # (a line on the parts)
     info2 = azure_paper_scale.main(["--trace", "sample", "--load-factor", "1", "--minutes", "2",
                                     "--part-minutes", "1", "--jobs", "2", "--out",
                                     str(tmp_path / "out2")])
@@ -40,4 +41,6 @@ def test_two_parts_with_rows_in_files(tmp_path, capsys):
     for part in ("part-0000", "part-0001"):
         for name in ("summary.json", "requests.npz", "actions.npz"):
             assert (out / part / name).read_bytes() == (tmp_path / "out2" / part / name).read_bytes()
-    assert info2["cpu_s"]["child"] > 0 and "(in memory)" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert info2["cpu_s"]["child"] > 0 and "(in memory)" in text
+    assert " min: part 1 " in text, text  # where the running parts are
