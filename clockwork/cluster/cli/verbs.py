@@ -332,8 +332,9 @@ def add_controller(sub) -> None:
                    "most the last S seconds, never half a row) and at SIGTERM")
     p.add_argument("--log-format", choices=("tsv", "npz"), default="tsv",
                    help="with --log-dir: tsv (default; flushed every --log-flush-s) or npz "
-                   "(requests.npz/actions.npz, numpy columns held in memory and written "
-                   "once at stop: a crash loses them all)")
+                   "(requests.npz/actions.npz, written once at stop; until then the rows "
+                   "wait in raw column files in a clockwork-rows-* folder in DIR, not in "
+                   "memory, and a crash leaves them there without the .npz files)")
     p.add_argument("--action-interval-us", type=t.nonneg_float, default=ACTION_INTERVAL_US,
                    help="pacing: at most one action message per worker per interval; under "
                    f"load actions share messages (default {ACTION_INTERVAL_US:g}; 0: off)")
