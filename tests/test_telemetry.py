@@ -413,3 +413,41 @@ def test_a_full_disk_keeps_the_rest_of_the_rows_in_memory(tmp_path):
     assert "File too large" in err or "short write" in err, err
     assert 0 < int(size) <= 100_000 < 8 * N  # part of the rows did go to the file
     assert list(tmp_path.iterdir()) == []  # and the folder went at exit
+
+
+def _timeline_reference(run_dir, bucket_s):
+    """The per-interval figures counted interval by interval (the definition)."""
+    tel = read_logs(run_dir)
+    req, act = tel.request_columns(), tel.action_columns()
+    width = int(bucket_s * 1e9)
+    rb, ab = req["arrival"] // width, act["measured_completion"] // width
+    n = int(max(rb.max(initial=-1), ab.max(initial=-1))) + 1
+    out = []
+    for i in range(n):
+        sel = rb == i
+        k = int(sel.sum())
+        met = int(req["deadline_met"][sel].sum())
+        kinds = act["type"][ab == i]
+        out.append({"start_s": round(i * bucket_s, 3), "requests": k,
+                    "goodput_rps": round(met / bucket_s, 3),
+                    "slo_attainment": round(met / k, 6) if k else 1.0,
+                    "cold_starts": int(req["cold_start"][sel].sum()),
+                    "loads": int((kinds == ActionType.LOAD).sum()),
+                    "evicts": int((kinds == ActionType.EVICT).sum())})
+    return out
+
+
+def test_timeline_counts_as_defined_reading_only_its_columns(tmp_path, capsys):
+    for fmt in ("tsv", "npz"):
+        assert main(["simulate", "azure_sample", "--set", "duration_s=8", "--out",
+                     str(tmp_path / fmt), "--quiet", "--log-format", fmt]) == 0
+    capsys.readouterr()
+    for bucket in (0.25, 1.0, 3.0):
+        want = _timeline_reference(tmp_path / "tsv", bucket)
+        assert sum(r["loads"] for r in want) > 0 and sum(r["cold_starts"] for r in want) > 0
+        assert timeline(tmp_path / "tsv", bucket) == want
+        assert timeline(tmp_path / "npz", bucket) == want
+    req, act = T.read_columns(tmp_path / "npz", ("latency",), ())
+    assert list(req) == ["latency"] and act == {} and len(req["latency"]) > 100
+    with pytest.raises(ValueError, match="unknown requests column"):
+        T.read_columns(tmp_path / "npz", ("nope",), ())
