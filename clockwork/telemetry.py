@@ -506,30 +506,54 @@ def _read_npz(tel: Telemetry, path: Path, log: ColumnLog) -> None:
     log.set_arrays(cols)
 
 
+_TSV_READ_ROWS = 1 << 16  # rows parsed at a time (Python objects for these only)
+
+
 def _read_tsv(tel: Telemetry, path: Path, log: ColumnLog) -> None:
+    """A TSV log into ``log``'s columns, ``_TSV_READ_ROWS`` lines at a time: only those
+    lines are ever Python objects, so a log of any length reads in about its columns'
+    memory."""
+    status_of = {v: k for k, v in (_STATUS if log.names == REQUEST_COLUMNS
+                                   else _ERROR_NAME).items()}
+    type_of = {v: k for k, v in _TYPE_NAME.items()}
+
+    def columns(rows: list[list[str]]) -> list[np.ndarray]:
+        if any(len(r) != log.width for r in rows):
+            raise ValueError(f"{path}: a row without {log.width} fields")
+        out = []
+        for name, dt, values in zip(log.names, log.dtypes, zip(*rows, strict=True), strict=True):
+            if name == "model":
+                col = np.array([tel._code(v) for v in values], dtype=np.int64)
+            elif name == "status":
+                col = np.array([status_of[v] if v in status_of else int(v) for v in values],
+                               dtype=np.int64)
+            elif name == "type":
+                col = np.array([type_of[v] for v in values], dtype=np.int64)
+            else:
+                col = np.fromiter(map(int, values), np.int64, len(values))
+            out.append(col.astype(dt))
+        return out
+
+    parts: list[list[np.ndarray]] = []
     with path.open() as f:
         header = f.readline().rstrip("\n").split("\t")
         if tuple(header) != log.names:
             raise ValueError(f"{path}: not a log file (header {header[:3]}...)")
-        rows = [line.rstrip("\n").split("\t") for line in f if line.strip()]
-    if any(len(r) != log.width for r in rows):
-        raise ValueError(f"{path}: a row without {log.width} fields")
-    fields = list(zip(*rows, strict=True)) if rows else [()] * log.width
+        while True:
+            lines = f.readlines(_TSV_READ_ROWS * 64)  # (a size hint: whole lines)
+            if not lines:
+                break
+            rows = [line.rstrip("\n").split("\t") for line in lines if line.strip()]
+            if rows:
+                parts.append(columns(rows))
+    if not parts:
+        log.set_arrays([np.zeros(0, dt) for dt in log.dtypes])
+        return
     cols = []
-    for name, dt, values in zip(log.names, log.dtypes, fields, strict=True):
-        if name == "model":
-            cols.append(np.array([tel._code(v) for v in values], dtype=np.int64))
-        elif name == "status":
-            table = {v: k for k, v in (_STATUS if log.names == REQUEST_COLUMNS
-                                       else _ERROR_NAME).items()}
-            cols.append(np.array([table[v] if v in table else int(v) for v in values],
-                                 dtype=np.int64))
-        elif name == "type":
-            table = {v: k for k, v in _TYPE_NAME.items()}
-            cols.append(np.array([table[v] for v in values], dtype=np.int64))
-        else:
-            cols.append(np.array(values, dtype=str).astype(np.int64) if values
-                        else np.zeros(0, dt))
+    for j in range(log.width):  # column by column: the parts go as they are joined
+        cols.append(np.concatenate([p[j] for p in parts]) if len(parts) > 1 else parts[0][j])
+        for p in parts:
+            p[j] = None
     log.set_arrays(cols)
 
 

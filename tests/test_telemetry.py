@@ -451,3 +451,14 @@ def test_timeline_counts_as_defined_reading_only_its_columns(tmp_path, capsys):
     assert list(req) == ["latency"] and act == {} and len(req["latency"]) > 100
     with pytest.raises(ValueError, match="unknown requests column"):
         T.read_columns(tmp_path / "npz", ("nope",), ())
+
+
+def test_tsv_read_in_parts_is_the_same_rows(run, tmp_path, monkeypatch):
+    """A TSV log read back a few hundred lines at a time (as a long log is): the same rows
+    and summary as written."""
+    tel, reqs, acts = run
+    tel.write(tmp_path, "tsv")
+    monkeypatch.setattr(T, "_TSV_READ_ROWS", 100)  # ~6 KB of lines per part: ~90 parts
+    back = read_logs(tmp_path)
+    assert back.requests == reqs and back.actions == acts
+    assert orjson.dumps(back.summary(12.5)) == orjson.dumps(tel.summary(12.5))
