@@ -286,11 +286,22 @@ class ControllerNode:
         self.log_dir = log_dir  # requests.tsv / actions.tsv like the simulator's, at stop
         self.telemetry = None
         if log_dir:
+            import os
+            from pathlib import Path
+
             from clockwork.telemetry import Telemetry
-            # npz logs are written once, at stop: until then the rows wait in column files
-            # in log_dir (memory stays flat however long the controller runs)
-            self.telemetry = Telemetry(now_ns(), log_format,
-                                       spill_dir=log_dir if log_format == "npz" else None)
+
+            try:  # a log folder we cannot write is said now, not at the first flush or stop
+                Path(log_dir).mkdir(parents=True, exist_ok=True)
+                if not os.access(log_dir, os.W_OK | os.X_OK):
+                    raise PermissionError("not writable")
+                # npz logs are written once, at stop: until then the rows wait in column
+                # files in log_dir (memory stays flat however long the controller runs)
+                self.telemetry = Telemetry(now_ns(), log_format,
+                                           spill_dir=log_dir if log_format == "npz" else None)
+            except OSError as e:
+                raise ValueError(f"--log-dir {log_dir}: cannot write there "
+                                 f"({e.strerror or e})") from None
 
     def write_logs(self, final: bool = False) -> None:
         """TSV logs: append the request/action rows since the last call to ``log_dir``'s
