@@ -673,8 +673,17 @@ def timeline(run_dir: Path, bucket_s: float = 60.0) -> list[dict]:
     SLO attainment, cold-start requests, LOADs and EVICTs, by arrival (requests) and
     completion (actions) time. Reads only the columns it needs from npz logs, and counts
     in one pass (a log of hundreds of millions of rows is fine)."""
-    req, act = read_columns(run_dir, ("arrival", "deadline_met", "cold_start"),
-                            ("type", "measured_completion"))
+    req, act = read_columns(run_dir, TIMELINE_COLUMNS[0], TIMELINE_COLUMNS[1])
+    return timeline_of(req, act, bucket_s)
+
+
+# the request and the action columns ``timeline_of`` reads
+TIMELINE_COLUMNS = (("arrival", "deadline_met", "cold_start"), ("type", "measured_completion"))
+
+
+def timeline_of(req: dict, act: dict, bucket_s: float = 60.0) -> list[dict]:
+    """``timeline``'s figures from columns (``Telemetry.request_columns()`` /
+    ``action_columns()``, or at least ``TIMELINE_COLUMNS`` of them)."""
     width = int(bucket_s * 1e9)
     rb = req["arrival"] // width
     ab = act["measured_completion"] // width

@@ -158,6 +158,7 @@ def run_part(spec: dict) -> dict:
     import numpy as np
 
     from clockwork.cluster.sim import Simulation
+    from clockwork.telemetry import timeline_of
 
     cpu = time.process_time
     samples: list[tuple[int, float, int]] = []
@@ -195,6 +196,9 @@ def run_part(spec: dict) -> dict:
     cold = req["cold_start"]
     pairs = np.unique(minute[cold] * (1 << 20) + req["model"][cold])
     per_min = np.bincount((pairs >> 20).astype(np.int64), minlength=spec["minutes"])
+    del minute, cold, pairs
+    # Fig. 9's series: per trace minute, requests, goodput, attainment, cold starts, LOADs
+    by_minute = timeline_of(req, tel.action_columns(), 60.0)[:spec["minutes"]]
     if spec["out"]:
         tel.log_format = spec["log_format"]
         res.write(spec["out"])
@@ -209,6 +213,7 @@ def run_part(spec: dict) -> dict:
             "events": res.events,
             "requests_per_cpu_s_by_minute": cpu_timeline(samples, spec["minutes"]),
             "cold_models_per_minute": per_min[:spec["minutes"]].tolist(),
+            "by_minute": by_minute,
             "log_bytes": int(log_bytes),
             "cpu_s": {"setup": c1 - c0, "simulate": c2 - c1, "write": c3 - c2,
                       "process": ru.ru_utime + ru.ru_stime},
@@ -479,6 +484,14 @@ def summarise(args, parts, lf, base, trace, wall, setup_parent, load0, load1) ->
         "requests_per_wall_s": n / wall,
         "requests_per_cpu_s_by_minute": [x for p in parts
                                          for x in p["requests_per_cpu_s_by_minute"]],
+        # per trace minute (Fig. 9): requests, goodput r/s, attainment, cold-start
+        # requests, LOADs, EVICTs, and distinct cold models
+        "by_minute": [{"trace_minute": p["start_minute"] + k,
+                       **{c: v for c, v in row.items() if c != "start_s"}, "cold_models": cm}
+                      for p in parts
+                      for k, (row, cm) in enumerate(zip(p["by_minute"],
+                                                        p["cold_models_per_minute"],
+                                                        strict=False))],
         "maxrss_gib": max(p["maxrss_kb"] for p in parts) / 2**20,
         "maxrss_setup_gib": max(p["maxrss_setup_kb"] for p in parts) / 2**20,
         "rss_anon_end_gib": max(p["rss_end_kb"].get("RssAnon", 0) for p in parts) / 2**20,

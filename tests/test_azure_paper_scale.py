@@ -25,6 +25,13 @@ def test_two_parts_with_rows_in_files(tmp_path, capsys, monkeypatch):
     assert info["spill_dir"] == str(spill) and list(spill.iterdir()) == []  # the rows' folders went
     saved = json.loads((out / "azure_paper_scale.json").read_text())
     assert saved["requests"] == info["requests"]
+    # Fig. 9's series, a row per trace minute
+    rows = info["by_minute"]
+    assert [r["trace_minute"] for r in rows] == [0, 1]
+    assert sum(r["requests"] for r in rows) == info["requests"]
+    assert sum(r["loads"] for r in rows) == info["actions"]["load"]
+    assert sum(r["cold_starts"] for r in rows) == info["cold_starts"]
+    assert all(0.99 < r["slo_attainment"] <= 1 and r["cold_models"] > 0 for r in rows)
     for part in ("part-0000", "part-0001"):
         z = np.load(out / part / "requests.npz")
         s = json.loads((out / part / "summary.json").read_text())
