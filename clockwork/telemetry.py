@@ -476,11 +476,7 @@ def read_logs(run_dir: str | Path) -> Telemetry:
     Raises ``FileNotFoundError`` without a requests file, ``ValueError`` for a file
     that is not such a log."""
     run_dir = Path(run_dir)
-    found = [(p.stat().st_mtime_ns, fmt) for fmt in LOG_FORMATS
-             if (p := run_dir / f"requests.{fmt}").exists()]
-    if not found:
-        raise FileNotFoundError(f"no requests.tsv or requests.npz in {run_dir}")
-    fmt = max(found)[1]
+    fmt = _format_in(run_dir)
     tel = Telemetry(0, fmt)
     if fmt == "npz":
         _read_npz(tel, run_dir / "requests.npz", tel._req)
@@ -491,6 +487,16 @@ def read_logs(run_dir: str | Path) -> Telemetry:
         if (run_dir / "actions.tsv").exists():
             _read_tsv(tel, run_dir / "actions.tsv", tel._act)
     return tel
+
+
+def _format_in(run_dir: Path) -> str:
+    """The format of a run directory's logs: the one whose requests file is newer if both
+    are there; raises ``FileNotFoundError`` without one."""
+    found = [(p.stat().st_mtime_ns, fmt) for fmt in LOG_FORMATS
+             if (p := run_dir / f"requests.{fmt}").exists()]
+    if not found:
+        raise FileNotFoundError(f"no requests.tsv or requests.npz in {run_dir}")
+    return max(found)[1]
 
 
 def _read_npz(tel: Telemetry, path: Path, log: ColumnLog) -> None:
@@ -719,9 +725,7 @@ def read_columns(run_dir: str | Path, request_columns: tuple, action_columns: tu
     """Some columns of a run directory's logs, as ``read_logs`` finds them: from npz logs
     only those columns are read; TSV logs are read whole. ``model`` comes as codes."""
     run_dir = Path(run_dir)
-    found = [(p.stat().st_mtime_ns, fmt) for fmt in LOG_FORMATS
-             if (p := run_dir / f"requests.{fmt}").exists()]
-    if found and max(found)[1] == "npz":
+    if _format_in(run_dir) == "npz":
         out = []
         for name, want, names in (("requests", request_columns, REQUEST_COLUMNS),
                                   ("actions", action_columns, ACTION_COLUMNS)):
