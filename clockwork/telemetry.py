@@ -111,17 +111,10 @@ class ColumnLog:
         flat = np.fromiter(buf, dtype=np.int64, count=len(buf)).reshape(-1, self.width)
         buf.clear()  # (the same list: callers may hold it)
         k = len(flat)
-        if self._files is not None:
-            try:
-                for j, (f, dt) in enumerate(zip(self._files, self.dtypes, strict=True)):
-                    data = flat[:, j].astype(dt).tobytes()
-                    if f.write(data) != len(data):
-                        raise OSError(errno.ENOSPC, f"short write to {f.name}")
-            except OSError as e:  # a full disk: keep what is in the files, the rest in memory
-                self._stop_spilling(e)
-            else:
-                self._rows += k
-                return
+        if self._files is not None and self._append_to_files(
+                [flat[:, j].astype(dt) for j, dt in enumerate(self.dtypes)]):
+            self._rows += k
+            return
         i = 0
         while i < k:
             if not self._chunks or self._fill == len(self._chunks[-1][0]):
@@ -136,6 +129,19 @@ class ColumnLog:
             self._fill += take
             self._rows += take
             i += take
+
+    def _append_to_files(self, cols: list[np.ndarray]) -> bool:
+        """Spilling: append a column each to the files (contiguous arrays of the columns'
+        types, written as they are); False if a write failed (a full disk): then spilling
+        has stopped and the caller keeps these rows in memory."""
+        try:
+            for f, c in zip(self._files, cols, strict=True):
+                if f.write(c) != c.nbytes:
+                    raise OSError(errno.ENOSPC, f"short write to {f.name}")
+        except OSError as e:  # keep what is in the files, the rest in memory
+            self._stop_spilling(e)
+            return False
+        return True
 
     def _stop_spilling(self, e: OSError) -> None:
         """Writing a column file failed (a full disk): the rows of the earlier drains stay
@@ -189,9 +195,7 @@ class ColumnLog:
             raise ValueError("columns of different lengths")
         if not len(cols[0]):
             return
-        if self._files is not None:
-            for f, c in zip(self._files, cols, strict=True):
-                f.write(c.tobytes())
+        if self._files is not None and self._append_to_files(cols):
             self._rows = len(cols[0])
             return
         self._chunks = [cols]
