@@ -1,7 +1,7 @@
 """Benchmark: the controller's KServe v2 front end against the KServe Python server.
 
-Two servers, each a process (or processes) of its own on loopback, driven by the same
-stock client (``tritonclient.grpc.aio`` / ``tritonclient.http.aio``, binary tensor data on
+Two servers (and, on request, a third as a floor), each a process (or processes) of its
+own on loopback, driven by the same stock client (``tritonclient.grpc.aio`` / ``tritonclient.http.aio``, binary tensor data on
 REST: the ``Inference-Header-Content-Length`` extension, which kserve 0.21 implements):
 
 - ours: a ``LocalCluster`` (one emulated worker, ``--gpus`` GPUs, as in
@@ -14,7 +14,12 @@ REST: the ``Inference-Header-Content-Length`` extension, which kserve 0.21 imple
   same process) serving ``kserve.Model`` subclasses whose ``predict`` does no work: it
   answers with the input (tiny) or a constant array of the output's shape (resnet). Its
   per-request INFO logging is turned off. Note: kserve 0.21 turns a binary REST input into
-  a Python list (``InferRequest.from_bytes``), ~0.1 s of CPU for the resnet input.
+  a Python list (``InferRequest.from_bytes``), ~0.1 s of CPU for the resnet input;
+- the floor (``--servers ours,peer,floor``; gRPC only): a bare ``grpc.aio`` server of the
+  same service that answers ``ModelInfer`` from the request alone (the input again for
+  tiny, zeros for resnet) with no checks, no model and nothing else: what the Python gRPC
+  stack alone costs per call on this machine, which neither the peer nor ours can go
+  below.
 
 The two models, on both servers: ``tiny`` (input ``x`` [1, 64] float32, 256 bytes; output
 ``y`` as the input) and ``resnet`` (input ``x`` [1, 3, 224, 224] float32, 602,112 bytes;
@@ -67,7 +72,7 @@ except ImportError:  # run by path without the repository on PYTHONPATH
 # model -> (input shape, output shape), without the batch dimension
 SIZES = {"tiny": ([64], [64]), "resnet": ([3, 224, 224], [1000])}
 PROTOCOLS = ("grpc", "rest")
-SERVERS = ("ours", "peer")
+SERVERS = ("ours", "peer", "floor")
 
 
 # ---------------------------------------------------------------- the peer (kserve)
@@ -106,6 +111,51 @@ def serve_peer(http_port: int, grpc_port: int) -> None:
     server.start([NoOp(m, out) for m, (_, out) in SIZES.items()])
 
 
+# ---------------------------------------------------------------- the floor (bare grpc.aio)
+
+def serve_floor(grpc_port: int) -> None:
+    """The floor's process: ``inference.GRPCInferenceService`` on a bare ``grpc.aio``
+    server. Health and readiness say yes; ``ModelInfer`` answers output ``y`` at once: the
+    first input's bytes again (tiny) or zeros of the output's shape (resnet). Nothing is
+    checked and nothing else is done."""
+    import grpc
+
+    from clockwork.protocol import kserve_pb2 as kpb
+    from clockwork.protocol import kserve_pb2_grpc as kpbg
+
+    zeros = {m: bytes(4 * int(np.prod(out))) for m, (_, out) in SIZES.items()}
+    shapes = {m: [1, *out] for m, (_, out) in SIZES.items()}
+
+    class Floor(kpbg.GRPCInferenceServiceServicer):
+        async def ServerLive(self, request, context):  # noqa: N802
+            return kpb.ServerLiveResponse(live=True)
+
+        async def ServerReady(self, request, context):  # noqa: N802
+            return kpb.ServerReadyResponse(ready=True)
+
+        async def ModelReady(self, request, context):  # noqa: N802
+            return kpb.ModelReadyResponse(ready=request.name in SIZES)
+
+        async def ModelInfer(self, request, context):  # noqa: N802
+            m = request.model_name
+            resp = kpb.ModelInferResponse(model_name=m, id=request.id)
+            out = resp.outputs.add()
+            out.name, out.datatype = "y", "FP32"
+            out.shape.extend(shapes.get(m, ()))
+            resp.raw_output_contents.append(
+                request.raw_input_contents[0] if m == "tiny" else zeros.get(m, b""))
+            return resp
+
+    async def main() -> None:
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
+        kpbg.add_GRPCInferenceServiceServicer_to_server(Floor(), server)
+        server.add_insecure_port(f"127.0.0.1:{grpc_port}")
+        await server.start()
+        await server.wait_for_termination()
+
+    asyncio.run(main())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -113,15 +163,17 @@ def free_port() -> int:
 
 
 class Peer:
-    """The peer server as a child process (``--serve-peer`` mode of this file)."""
+    """The peer server as a child process (``--serve-peer`` mode of this file); with
+    ``floor``, the floor server instead (``--serve-floor``, gRPC only)."""
 
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, floor: bool = False) -> None:
         self.http_port, self.grpc_port = free_port(), free_port()
         self.log = log
+        mode = (["--serve-floor", str(self.grpc_port)] if floor else
+                ["--serve-peer", str(self.http_port), str(self.grpc_port)])
         with open(log, "w") as f:
             self.proc = subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), "--serve-peer",
-                 str(self.http_port), str(self.grpc_port)],
+                [sys.executable, str(Path(__file__).resolve()), *mode],
                 stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
     def stop(self) -> None:
@@ -327,11 +379,11 @@ def one_run(clients: Clients, server: str, urls: dict, pids: dict, cell: tuple,
     start = time.time() + 0.3
     warm_end = start + args.warmup
     end = warm_end + args.duration
-    other = "peer" if server == "ours" else "ours"
+    others = [p for s, ps in pids.items() if s != server for p in ps]
 
     def during(warm_end: float, end: float) -> dict:
         time.sleep(max(0.0, warm_end - time.time()))
-        mine, theirs = tree_pids(pids[server]), tree_pids(pids[other])
+        mine, theirs = tree_pids(pids[server]), tree_pids(others)
         c0, o0 = tree_cpu(mine), tree_cpu(theirs)
         time.sleep(max(0.0, end - time.time()))
         return {"server_cpu_s": tree_cpu(mine) - c0, "idle_cpu_s": tree_cpu(theirs) - o0}
@@ -380,6 +432,7 @@ def run_all(args) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         write_profiles(Path(tmp), args.exec_us)
         peer = Peer(Path(tmp) / "peer.log") if "peer" in servers else None
+        floor = Peer(Path(tmp) / "floor.log", floor=True) if "floor" in servers else None
         clients = Clients(args.procs)
         cluster = LocalCluster(workers=1, gpus=args.gpus, profiles=tmp, http_port=0,
                                timeout=60.0,
@@ -396,11 +449,15 @@ def run_all(args) -> list[dict]:
                 urls["peer"] = {"grpc": f"127.0.0.1:{peer.grpc_port}",
                                 "rest": f"127.0.0.1:{peer.http_port}"}
                 pids["peer"] = [peer.proc.pid]
+            if floor is not None:
+                urls["floor"] = {"grpc": f"127.0.0.1:{floor.grpc_port}"}
+                pids["floor"] = [floor.proc.pid]
             for s in servers:
                 try:
                     clients.ready(urls[s])
                 except RuntimeError as e:
-                    log = peer.log.read_text()[-3000:] if s == "peer" else ""
+                    log = {"peer": peer, "floor": floor}.get(s)
+                    log = log.log.read_text()[-3000:] if log is not None else ""
                     raise RuntimeError(f"{s}: {e}\n{log}") from None
             for s in SERVERS:
                 pids.setdefault(s, [])
@@ -408,6 +465,8 @@ def run_all(args) -> list[dict]:
                 for cell in cells:
                     order = servers if rep % 2 == 0 else servers[::-1]
                     for s in order:
+                        if cell[1] not in urls[s]:
+                            continue  # the floor speaks gRPC only
                         r = one_run(clients, s, urls, pids, cell, args)
                         r["repeat"] = rep
                         results.append(r)
@@ -415,8 +474,9 @@ def run_all(args) -> list[dict]:
         finally:
             clients.close()
             cluster.stop()
-            if peer is not None:
-                peer.stop()
+            for p in (peer, floor):
+                if p is not None:
+                    p.stop()
     return results
 
 
@@ -444,11 +504,13 @@ def table(results: list[dict], args) -> str:
             return "–"
         return f"{med(rs, k):{fmt}} ({best(r[k] for r in rs):{fmt}})"
 
+    floor = "floor" in args.servers.split(",")
     lines = [
         "| size | protocol | clients | ours req/s | peer req/s | ours/peer | ours p50 ms "
         "| ours p50 − EXEC | peer p50 ms | ours p99 ms | peer p99 ms | errors ours/peer "
-        "| server CPU µs/req ours/peer |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+        "| server CPU µs/req ours/peer |"
+        + (" floor req/s | floor p50 ms | floor CPU µs/req |" if floor else ""),
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|" + ("--:|--:|--:|" if floor else "")]
     for cell in cells_of(args):
         o, p = by.get((*cell, "ours"), []), by.get((*cell, "peer"), [])
         ratio = (f"{med(o, 'rps') / med(p, 'rps'):.2f}" if o and p and med(p, "rps")
@@ -456,18 +518,27 @@ def table(results: list[dict], args) -> str:
         p50x = f"{med(o, 'p50_ms') - exec_ms:.2f}" if o else "–"
         errs = "/".join(str(sum(r["failed"] for r in rs)) if rs else "–" for rs in (o, p))
         cpu = "/".join(f"{med(rs, 'server_cpu_us'):.0f}" if rs else "–" for rs in (o, p))
-        lines.append(
+        line = (
             f"| {cell[0]} | {'gRPC' if cell[1] == 'grpc' else 'REST binary'} | {cell[2]} "
             f"| {fig(o, 'rps', ',.0f', max)} | {fig(p, 'rps', ',.0f', max)} | {ratio} "
             f"| {fig(o, 'p50_ms', '.2f', min)} | {p50x} | {fig(p, 'p50_ms', '.2f', min)} "
             f"| {fig(o, 'p99_ms', '.2f', min)} | {fig(p, 'p99_ms', '.2f', min)} "
             f"| {errs} | {cpu} |")
+        if floor:
+            f = by.get((*cell, "floor"), [])
+            cpu_f = f"{med(f, 'server_cpu_us'):.0f}" if f else "–"
+            line += (f" {fig(f, 'rps', ',.0f', max)} | {fig(f, 'p50_ms', '.2f', min)} "
+                     f"| {cpu_f} |")
+        lines.append(line)
     return "\n".join(lines)
 
 
 def main() -> int:
     if len(sys.argv) == 4 and sys.argv[1] == "--serve-peer":
         serve_peer(int(sys.argv[2]), int(sys.argv[3]))
+        return 0
+    if len(sys.argv) == 3 and sys.argv[1] == "--serve-floor":
+        serve_floor(int(sys.argv[2]))
         return 0
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -481,8 +552,10 @@ def main() -> int:
                     help="closed-loop clients per run, comma-separated")
     ap.add_argument("--cells", default="",
                     help="instead of the grid: SIZE/PROTOCOL/CLIENTS,... (tiny/grpc/8)")
-    ap.add_argument("--servers", default="ours,peer", help="ours, peer or both (the order "
-                    "of the first repeat)")
+    ap.add_argument("--servers", default="ours,peer",
+                    help="comma-separated, in the order of the first repeat: ours, peer, "
+                    "floor (a bare grpc.aio server that checks and runs nothing: the "
+                    "Python gRPC stack's own cost; gRPC cells only)")
     ap.add_argument("--duration", type=float, default=5.0,
                     help="seconds measured per run, after the warm-up")
     ap.add_argument("--warmup", type=float, default=1.0,
