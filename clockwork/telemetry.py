@@ -440,7 +440,7 @@ class Telemetry:
             "status_names": np.array(list(_ERROR_NAME.values()), dtype=str)})
 
     def summary(self, duration_s: float, extra: dict | None = None) -> dict:
-        return _summary(self.request_columns(), self.action_columns(), duration_s, extra)
+        return summary_of(self.request_columns(), self.action_columns(), duration_s, extra)
 
 
 def _remove_spill(req: ColumnLog, act: ColumnLog, folder: Path) -> None:
@@ -582,7 +582,9 @@ def summarize(requests, actions, duration_s: float, extra: dict | None = None) -
     return tel.summary(duration_s, extra)
 
 
-def _summary(req: dict, act: dict, duration_s: float, extra: dict | None) -> dict:
+def summary_of(req: dict, act: dict, duration_s: float, extra: dict | None = None) -> dict:
+    """``summary``'s figures from columns (``Telemetry.request_columns()`` /
+    ``action_columns()``, or a selection of their rows)."""
     status, lat = req["status"], req["latency"]
     n = len(status)
     ok = status == RequestStatus.SUCCESS

@@ -30,7 +30,15 @@ most ``--part-minutes`` (default 60, as ``fig9_azure.py --full``) run one after 
 (or ``--jobs`` at a time, each in its own process: the same results in less wall time),
 each in a fresh process that starts with empty GPU caches, idle queues and fresh
 estimates: so a split replay is NOT the same as one continuous run -- it has a burst of
-cold starts at every part's start and forgets what the scheduler learnt. Why split: the
+cold starts at every part's start and forgets what the scheduler learnt.
+``--warmup-minutes W`` narrows the difference: each part after the first also simulates
+the W trace minutes before its own (not before ``--start-minute``) and counts only the
+requests that arrive, and the actions that complete, in its own minutes, so it begins from the
+caches, queues and estimates those minutes leave. Still not the continuous run (the
+state W minutes in is not the state hours in: the figures differ a little, see
+experiments/RESULTS.md), but without the cold burst; a part whose warm-up reaches back
+to ``--start-minute`` is exactly the continuous run's tail. It costs the warm-up's
+simulation (W / part-minutes more per part). Why split: the
 simulator keeps every request and action row in memory (numpy columns, whether or not
 logs are written), 73 bytes per request at this scale (measured), so one continuous
 6-hour run would hold ~14 GiB of rows, ~15-17 GiB at its peak with the ~0.7 GiB base and
@@ -53,6 +61,7 @@ requests per CPU-second, the child's peak RSS, the load average, and the time th
     python experiments/azure_paper_scale.py [--minutes N | --hours H] [--start-minute M]
         [--replay-start M]
         [--trace synth|sample|PATH] [--rate R | --load-factor F] [--part-minutes P]
+        [--warmup-minutes W] [--jobs N] [--spill-dir DIR]
         [--out DIR [--log-format npz|tsv] [--no-logs]] [--json FILE] [--progress]
 """
 
@@ -158,7 +167,7 @@ def run_part(spec: dict) -> dict:
     import numpy as np
 
     from clockwork.cluster.sim import Simulation
-    from clockwork.telemetry import timeline_of
+    from clockwork.telemetry import summary_of, timeline_of
 
     cpu = time.process_time
     samples: list[tuple[int, float, int]] = []
@@ -177,8 +186,10 @@ def run_part(spec: dict) -> dict:
                 Path(status).write_text(f"{now / self.duration:.4f} {n}")
 
     c0, w0 = cpu(), time.perf_counter()
-    sc = common.scenario(scenario_data(Path(spec["trace"]), spec["start"], spec["minutes"],
-                                       spec["load_factor"], spec["noise"]))
+    warm = spec.get("warmup", 0)  # minutes simulated before ``start``, not counted
+    sc = common.scenario(scenario_data(Path(spec["trace"]), spec["start"] - warm,
+                                       spec["minutes"] + warm, spec["load_factor"],
+                                       spec["noise"]))
     sim = Sampled(sc, progress=True, spill_dir=spec.get("spill_dir"))
     c1, w1 = cpu(), time.perf_counter()
     rss_setup = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -188,9 +199,13 @@ def run_part(spec: dict) -> dict:
     samples.insert(0, (0, c1, 0))
     samples.append((sim.duration + 1, c2, res.summary["submitted"]))
     tel = res.telemetry
-    req = tel.request_columns()
-    log_bytes = sum(a.nbytes for a in req.values())
-    log_bytes += sum(a.nbytes for a in tel.action_columns().values())
+    req, act = tel.request_columns(), tel.action_columns()
+    log_bytes = sum(a.nbytes for a in req.values()) + sum(a.nbytes for a in act.values())
+    s = res.summary
+    if warm:  # count only the requests that arrived, and the actions done, from ``start``
+        req, act = counted(req, act, warm * MINUTE_NS)
+        s = dict(summary_of(req, act, spec["minutes"] * 60.0),
+                 max_pages_used=s["max_pages_used"])
     # distinct instances with a cold-start request, per trace minute
     minute = req["arrival"] // 60_000_000_000
     cold = req["cold_start"]
@@ -198,20 +213,20 @@ def run_part(spec: dict) -> dict:
     per_min = np.bincount((pairs >> 20).astype(np.int64), minlength=spec["minutes"])
     del minute, cold, pairs
     # Fig. 9's series: per trace minute, requests, goodput, attainment, cold starts, LOADs
-    by_minute = timeline_of(req, tel.action_columns(), 60.0)[:spec["minutes"]]
+    by_minute = timeline_of(req, act, 60.0)[:spec["minutes"]]
+    del req, act
     if spec["out"]:
         tel.log_format = spec["log_format"]
         res.write(spec["out"])
     tel.close()  # (--spill-dir: the rows' files go)
     c3, w3 = cpu(), time.perf_counter()
     ru = resource.getrusage(resource.RUSAGE_SELF)
-    s = res.summary
-    return {"start_minute": spec["start"], "minutes": spec["minutes"],
+    return {"start_minute": spec["start"], "minutes": spec["minutes"], "warmup_minutes": warm,
             "summary": {k: s[k] for k in ("submitted", "succeeded", "slo_met", "failed",
                                           "dropped", "cold_starts", "actions", "latency_ms",
                                           "max_pages_used")},
             "events": res.events,
-            "requests_per_cpu_s_by_minute": cpu_timeline(samples, spec["minutes"]),
+            "requests_per_cpu_s_by_minute": cpu_timeline(samples, spec["minutes"] + warm)[warm:],
             "cold_models_per_minute": per_min[:spec["minutes"]].tolist(),
             "by_minute": by_minute,
             "log_bytes": int(log_bytes),
@@ -219,6 +234,24 @@ def run_part(spec: dict) -> dict:
                       "process": ru.ru_utime + ru.ru_stime},
             "wall_s": {"setup": w1 - w0, "simulate": w2 - w1, "write": w3 - w2},
             "maxrss_setup_kb": rss_setup, "maxrss_kb": ru.ru_maxrss, "rss_end_kb": rss_end}
+
+
+MINUTE_NS = 60_000_000_000
+
+
+def counted(req: dict, act: dict, cut: int) -> tuple[dict, dict]:
+    """The rows a part with a warm-up counts: requests that arrived at or after ``cut``
+    (ns of simulated time) and actions that completed then (as ``timeline_of`` places
+    them), with those times moved back by ``cut`` (so that minute 0 is the part's first
+    counted minute)."""
+    keep = req["arrival"] >= cut
+    req = {k: v[keep] for k, v in req.items()}
+    req["arrival"] = req["arrival"] - cut
+    keep = act["measured_completion"] >= cut
+    act = {k: v[keep] for k, v in act.items()}
+    for k in ("sent", "measured_completion"):
+        act[k] = act[k] - cut
+    return req, act
 
 
 def memory_now() -> dict:
@@ -314,6 +347,12 @@ def parse_args(argv) -> argparse.Namespace:
                    help="split the replay into consecutive runs of at most this many trace "
                         "minutes, each a fresh process starting cold (default 60; 0: one "
                         "continuous run)")
+    p.add_argument("--warmup-minutes", type=int, default=0,
+                   help="with parts: each part after the first also simulates up to this "
+                        "many trace minutes before its own (never before --start-minute) and "
+                        "counts only its own, so that it starts from the state those minutes "
+                        "leave instead of cold (default 0: cold parts). Reaching back to "
+                        "--start-minute, a part is the continuous run's tail exactly")
     p.add_argument("--spill-dir", type=Path, default=None,
                    help="keep each simulation's request and action rows in files in a "
                         "temporary folder inside this one instead of in memory (removed at "
@@ -351,6 +390,8 @@ def parse_args(argv) -> argparse.Namespace:
         p.error("--minutes / --hours: at least one trace minute")
     if args.part_minutes < 0:
         p.error("--part-minutes must be >= 0")
+    if args.warmup_minutes < 0:
+        p.error("--warmup-minutes must be >= 0")
     if args.jobs < 1:
         p.error("--jobs must be >= 1")
     return args
@@ -390,7 +431,10 @@ def main(argv=None) -> dict:
           f"{trace.name}" + (f" ({base:,.1f} r/s over the 6 h from minute "
                              f"{args.replay_start})" if base else "")
           + f"; load factor {lf:.4f}; minutes {args.start_minute}.."
-          f"{args.start_minute + args.minutes - 1} in {len(starts)} part(s); load average "
+          f"{args.start_minute + args.minutes - 1} in {len(starts)} part(s)"
+          + (f", each after the first warmed up by up to {args.warmup_minutes} earlier trace "
+             f"minute(s) (simulated, not counted)"
+             if args.warmup_minutes and len(starts) > 1 else "") + "; load average "
           f"{load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}", flush=True)
     specs = []
     for s in starts:
@@ -399,6 +443,7 @@ def main(argv=None) -> dict:
             out = str((args.out / f"part-{s:04d}").resolve())
         specs.append({"trace": str(trace), "start": s,
                       "minutes": min(part, args.start_minute + args.minutes - s),
+                      "warmup": min(args.warmup_minutes, s - args.start_minute),
                       "load_factor": lf, "noise": not args.no_noise, "out": out,
                       "log_format": args.log_format,
                       # one progress line, of a part running alone
@@ -411,7 +456,8 @@ def main(argv=None) -> dict:
             sm, s, n = r["summary"], r["start_minute"], r["minutes"]
             left = args.minutes - sum(p["minutes"] for p in done.values())
             eta = (time.perf_counter() - t.t0) / (args.minutes - left) * left
-            print(f"  part {i + 1}/{len(starts)} (minutes {s}..{s + n - 1}): "
+            warm = f", warmed up from {s - r['warmup_minutes']}" if r["warmup_minutes"] else ""
+            print(f"  part {i + 1}/{len(starts)} (minutes {s}..{s + n - 1}{warm}): "
                   f"{sm['submitted']:,} requests, attainment "
                   f"{sm['slo_met'] / max(1, sm['submitted']):.6f}, CPU {r['cpu_s']['child']:,.1f} s "
                   f"(simulation {r['cpu_s']['simulate']:,.1f} s), wall {r['wall_s']['child']:,.1f} s, "
@@ -465,7 +511,8 @@ def summarise(args, parts, lf, base, trace, wall, setup_parent, load0, load1) ->
         "instances": INSTANCES, "workers": WORKERS, "gpus": WORKERS * GPUS_PER_WORKER,
         "trace": str(trace), "trace_rps_6h": base, "load_factor": lf,
         "replay_start": args.replay_start, "start_minute": args.start_minute, "minutes": args.minutes, "parts": len(parts),
-        "part_minutes": args.part_minutes, "noise": not args.no_noise,
+        "part_minutes": args.part_minutes, "warmup_minutes": args.warmup_minutes,
+        "noise": not args.no_noise,
         "spill_dir": str(args.spill_dir) if args.spill_dir else None,
         "logs": None if not args.out or args.no_logs else args.log_format,
         "duration_s": dur, "requests": n, "offered_rps": n / dur,

@@ -51,3 +51,21 @@ def test_two_parts_with_rows_in_files(tmp_path, capsys, monkeypatch):
     text = capsys.readouterr().out
     assert info2["cpu_s"]["child"] > 0 and "(in memory)" in text
     assert " min: part 1 " in text, text  # where the running parts are
+
+
+def test_a_warmed_up_part_counts_only_its_own_minutes(tmp_path):
+    """A part whose warm-up reaches back to --start-minute simulates what the continuous
+    run does, so its counted figures are that run's for the part's own minutes, exactly."""
+    common = ["--trace", "sample", "--load-factor", "1", "--minutes", "3", "--no-noise"]
+    whole = azure_paper_scale.main([*common, "--part-minutes", "0"])
+    split = azure_paper_scale.main([*common, "--part-minutes", "2", "--warmup-minutes", "2"])
+    assert split["parts"] == 2 and split["warmup_minutes"] == 2
+    # part 2 (trace minute 2) simulated minutes 0..2, as the continuous run did
+    assert split["by_minute"][2] == whole["by_minute"][2]
+    assert split["by_minute"][2]["requests"] > 0 and split["by_minute"][2]["cold_starts"] > 0
+    # part 1 (minutes 0..1) had no warm-up, and nothing after it: its minutes may differ
+    # from the continuous run's only by what the third minute changed
+    assert [r["trace_minute"] for r in split["by_minute"]] == [0, 1, 2]
+    assert split["requests"] == sum(r["requests"] for r in split["by_minute"])
+    assert split["requests"] == whole["requests"]  # the arrivals are the trace's
+    assert split["actions"]["load"] == sum(r["loads"] for r in split["by_minute"])
