@@ -105,13 +105,15 @@ def copies() -> dict[str, int]:
 
 
 def scenario_data(trace: Path, start: int, minutes: int, load_factor: float,
-                  noise: bool) -> dict:
+                  noise: bool, seed: int | None = None) -> dict:
     """The paper-scale scenario for trace minutes ``[start, start + minutes)``: the Azure
     sample scenario with the cluster, instances and trace replaced."""
     from experiments import fig9_azure
 
     data = tomllib.loads(BASE.read_text())
     data["name"] = "azure-paper-scale"
+    if seed is not None:
+        data["seed"] = seed
     data["duration_s"] = minutes * 60.0
     data["cluster"].update(workers=WORKERS, gpus_per_worker=GPUS_PER_WORKER)
     if noise:
@@ -189,7 +191,7 @@ def run_part(spec: dict) -> dict:
     warm = spec.get("warmup", 0)  # minutes simulated before ``start``, not counted
     sc = common.scenario(scenario_data(Path(spec["trace"]), spec["start"] - warm,
                                        spec["minutes"] + warm, spec["load_factor"],
-                                       spec["noise"]))
+                                       spec["noise"], spec.get("seed")))
     sim = Sampled(sc, progress=True, spill_dir=spec.get("spill_dir"))
     c1, w1 = cpu(), time.perf_counter()
     rss_setup = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -362,6 +364,11 @@ def parse_args(argv) -> argparse.Namespace:
                    help="parts to run at the same time, each in its own process (default 1: "
                         "one after another); the same results, in less wall time on a "
                         "machine with that many free cores (and memory for that many parts)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="the scenario's seed (arrival times within each trace minute, "
+                        "timing noise; default that of scenarios/azure_sample.toml, 1): "
+                        "another seed is another equally likely run, to see how much the "
+                        "figures vary between runs")
     p.add_argument("--no-noise", action="store_true",
                    help="no emulated timing noise and jitter (fig9_azure.py's 2 %% and "
                         "0.1 ms are on by default)")
@@ -444,6 +451,7 @@ def main(argv=None) -> dict:
         specs.append({"trace": str(trace), "start": s,
                       "minutes": min(part, args.start_minute + args.minutes - s),
                       "warmup": min(args.warmup_minutes, s - args.start_minute),
+                      "seed": args.seed,
                       "load_factor": lf, "noise": not args.no_noise, "out": out,
                       "log_format": args.log_format,
                       # one progress line, of a part running alone
@@ -512,6 +520,7 @@ def summarise(args, parts, lf, base, trace, wall, setup_parent, load0, load1) ->
         "trace": str(trace), "trace_rps_6h": base, "load_factor": lf,
         "replay_start": args.replay_start, "start_minute": args.start_minute, "minutes": args.minutes, "parts": len(parts),
         "part_minutes": args.part_minutes, "warmup_minutes": args.warmup_minutes,
+        "seed": args.seed,
         "noise": not args.no_noise,
         "spill_dir": str(args.spill_dir) if args.spill_dir else None,
         "logs": None if not args.out or args.no_logs else args.log_format,
