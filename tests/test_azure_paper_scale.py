@@ -69,3 +69,12 @@ def test_a_warmed_up_part_counts_only_its_own_minutes(tmp_path):
     assert split["requests"] == sum(r["requests"] for r in split["by_minute"])
     assert split["requests"] == whole["requests"]  # the arrivals are the trace's
     assert split["actions"]["load"] == sum(r["loads"] for r in split["by_minute"])
+
+
+def test_another_seed_is_another_run_of_the_same_minutes():
+    args = ["--trace", "sample", "--load-factor", "1", "--minutes", "1", "--no-noise"]
+    one, again = azure_paper_scale.main(args), azure_paper_scale.main(args)
+    other = azure_paper_scale.main([*args, "--seed", "2"])
+    assert one["by_minute"] == again["by_minute"] and one["seed"] is None
+    assert other["seed"] == 2 and other["by_minute"] != one["by_minute"]
+    assert abs(other["requests"] - one["requests"]) < 0.05 * one["requests"]  # the same trace
