@@ -31,14 +31,16 @@ most ``--part-minutes`` (default 60, as ``fig9_azure.py --full``) run one after 
 each in a fresh process that starts with empty GPU caches, idle queues and fresh
 estimates: so a split replay is NOT the same as one continuous run -- it has a burst of
 cold starts at every part's start and forgets what the scheduler learnt.
-``--warmup-minutes W`` narrows the difference: each part after the first also simulates
-the W trace minutes before its own (not before ``--start-minute``) and counts only the
-requests that arrive, and the actions that complete, in its own minutes, so it begins from the
-caches, queues and estimates those minutes leave. Still not the continuous run (the
-state W minutes in is not the state hours in: the figures differ a little, see
-experiments/RESULTS.md), but without the cold burst; a part whose warm-up reaches back
-to ``--start-minute`` is exactly the continuous run's tail. It costs the warm-up's
-simulation (W / part-minutes more per part). Why split: the
+``--warmup-minutes W`` takes the cold burst away: each part after the first also
+simulates the W trace minutes before its own (not before ``--start-minute``) and counts
+only the requests that arrive, and the actions that complete, in its own minutes, so it
+begins from the caches, queues and estimates those minutes leave. It is still not the
+continuous run, whose state at that minute is another: measured over 12 minutes
+(experiments/RESULTS.md), split runs, warmed up or not, differ from the continuous one
+in attainment by about as much as two continuous runs with different ``--seed``s do,
+and in cold starts by more. A part whose warm-up reaches back to ``--start-minute`` is
+exactly the continuous run's tail. A warm-up is simulated like any other minutes (W /
+part-minutes more per part). Why split: the
 simulator keeps every request and action row in memory (numpy columns, whether or not
 logs are written), 73 bytes per request at this scale (measured), so one continuous
 6-hour run would hold ~14 GiB of rows, ~15-17 GiB at its peak with the ~0.7 GiB base and
