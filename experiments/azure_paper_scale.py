@@ -95,6 +95,7 @@ PAPER_RPS = 9638.0  # offered = goodput, over 6 hours
 PAPER_HOURS = 6
 PAPER_REQUESTS = 208e6  # "58 failures in 208 M requests"
 TARGET_WALL_S = 1800.0  # acceptance target: the 6-hour replay simulated in < 30 minutes
+MINUTE_NS = 60_000_000_000  # a trace minute, replayed at real speed
 SYNTH_FUNCTIONS, SYNTH_SEED = 46000, 1
 SAMPLE = common.ROOT / "traces" / "samples" / "invocations_per_function_md.anon.d01.csv.gz"
 BASE = common.SCENARIOS / "azure_sample.toml"
@@ -211,7 +212,7 @@ def run_part(spec: dict) -> dict:
         s = dict(summary_of(req, act, spec["minutes"] * 60.0),
                  max_pages_used=s["max_pages_used"])
     # distinct instances with a cold-start request, per trace minute
-    minute = req["arrival"] // 60_000_000_000
+    minute = req["arrival"] // MINUTE_NS
     cold = req["cold_start"]
     pairs = np.unique(minute[cold] * (1 << 20) + req["model"][cold])
     per_min = np.bincount((pairs >> 20).astype(np.int64), minlength=spec["minutes"])
@@ -238,9 +239,6 @@ def run_part(spec: dict) -> dict:
                       "process": ru.ru_utime + ru.ru_stime},
             "wall_s": {"setup": w1 - w0, "simulate": w2 - w1, "write": w3 - w2},
             "maxrss_setup_kb": rss_setup, "maxrss_kb": ru.ru_maxrss, "rss_end_kb": rss_end}
-
-
-MINUTE_NS = 60_000_000_000
 
 
 def counted(req: dict, act: dict, cut: int) -> tuple[dict, dict]:

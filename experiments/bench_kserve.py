@@ -1,8 +1,9 @@
 """Benchmark: the controller's KServe v2 front end against the KServe Python server.
 
 Two servers (and, on request, a third as a floor), each a process (or processes) of its
-own on loopback, driven by the same stock client (``tritonclient.grpc.aio`` / ``tritonclient.http.aio``, binary tensor data on
-REST: the ``Inference-Header-Content-Length`` extension, which kserve 0.21 implements):
+own on loopback, driven by the same stock client (``tritonclient.grpc.aio`` /
+``tritonclient.http.aio``, binary tensor data on REST: the
+``Inference-Header-Content-Length`` extension, which kserve 0.21 implements):
 
 - ours: a ``LocalCluster`` (one emulated worker, ``--gpus`` GPUs, as in
   ``experiments/bench_rest.py``; KServe gRPC on the controller's main port, REST on its
@@ -37,7 +38,8 @@ time and the CPU time the idle server used meanwhile (should be ~0).
 The table at the end (markdown) has, per cell, the median over the repeats (the best run
 in parentheses) of requests/s, p50 and p99 latency (ms), ours/peer requests/s, ours p50
 minus EXEC (at concurrency 1: what our front end adds over a server that does no work,
-to compare with the peer's p50), the errors and the servers' CPU µs per request.
+to compare with the peer's p50), the errors and the servers' CPU µs per request; with the
+floor, also its requests/s, p50 and CPU µs per request (gRPC cells).
 
 To measure another version of our code, run it with that version on ``PYTHONPATH`` and as
 the working directory (the controller is started as ``python -m``)::
