@@ -277,3 +277,32 @@ def test_ctrl_c_stops_the_running_simulations(tmp_path):
         assert not os.path.exists(f"/proc/{pid}") or \
             open(f"/proc/{pid}/stat").read().split()[2] == "Z"
     assert not list((tmp_path / "o" / "points").glob("*/summary.json"))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork is Linux's default here")
+def test_a_process_with_grpc_does_not_fork_its_pool(tmp_path, monkeypatch):
+    """Forking while gRPC's threads may be inside a call can leave the child with gRPC's
+    locks held; a process that has loaded gRPC gets its pool from a fork server instead,
+    with the same results."""
+    import grpc
+
+    from clockwork.cluster import parallel
+
+    monkeypatch.delitem(sys.modules, "grpc")
+    assert parallel.start_method() == "fork"
+    monkeypatch.setitem(sys.modules, "grpc", grpc)
+    assert parallel.start_method() == "forkserver"
+    channel = grpc.insecure_channel("127.0.0.1:1")  # gRPC's threads busy reconnecting
+    channel.subscribe(lambda state: None, try_to_connect=True)
+    try:
+        f = tmp_path / "s.toml"
+        f.write_text('scenarios = ["poisson_warm"]\nseeds = [1, 2]\n'
+                     'overrides = ["duration_s=1", "drain_s=1"]\n')
+        assert main(["sweep", str(f), "--out", str(tmp_path / "a"), "--jobs", "2",
+                     "--quiet"]) == 0
+        assert main(["sweep", str(f), "--out", str(tmp_path / "b"), "--jobs", "1",
+                     "--quiet"]) == 0
+        assert (tmp_path / "a" / "results.json").read_bytes() == \
+            (tmp_path / "b" / "results.json").read_bytes()
+    finally:
+        channel.close()

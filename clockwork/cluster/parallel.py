@@ -185,13 +185,23 @@ def _ignore_sigint() -> None:  # a pool worker: Ctrl-C is the parent's to handle
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def local_executor(jobs: int) -> Executor:
-    """A process pool of ``jobs`` processes on this machine. On Linux they are forked
-    (started at once: the simulator is already imported, nothing to load again);
-    elsewhere spawned."""
+def start_method() -> str:
+    """How ``local_executor`` starts its processes. On Linux they are forked (started at
+    once: the simulator is already imported, nothing to load again), unless this process
+    has loaded gRPC: gRPC's own threads may be inside a call at the fork, and the child
+    then inherits its locks held (a test run's forked simulation crashed in gRPC objects'
+    clean-up so). Then, and where there is no fork, the processes come from a fork server
+    (a fresh process started for the purpose), or are spawned."""
     methods = multiprocessing.get_all_start_methods()
-    ctx = multiprocessing.get_context(
-        "fork" if sys.platform.startswith("linux") and "fork" in methods else "spawn")
+    if sys.platform.startswith("linux") and "fork" in methods and "grpc" not in sys.modules:
+        return "fork"
+    return "forkserver" if "forkserver" in methods else "spawn"
+
+
+def local_executor(jobs: int) -> Executor:
+    """A process pool of ``jobs`` processes on this machine, started as ``start_method``
+    says."""
+    ctx = multiprocessing.get_context(start_method())
     return ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_ignore_sigint)
 
 
