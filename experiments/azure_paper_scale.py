@@ -241,18 +241,23 @@ def run_part(spec: dict) -> dict:
             "maxrss_setup_kb": rss_setup, "maxrss_kb": ru.ru_maxrss, "rss_end_kb": rss_end}
 
 
+# the columns a part's figures read (summary_of, timeline_of, cold models per minute)
+COUNTED_COLUMNS = (("arrival", "status", "latency", "deadline_met", "cold_start", "model"),
+                   ("type", "status", "prediction_error", "measured_completion"))
+
+
 def counted(req: dict, act: dict, cut: int) -> tuple[dict, dict]:
-    """The rows a part with a warm-up counts: requests that arrived at or after ``cut``
-    (ns of simulated time) and actions that completed then (as ``timeline_of`` places
-    them), with those times moved back by ``cut`` (so that minute 0 is the part's first
-    counted minute)."""
+    """The rows a part with a warm-up counts, of ``COUNTED_COLUMNS`` only (copies: the
+    other columns stay where they are, in files with ``--spill-dir``): requests that
+    arrived at or after ``cut`` (ns of simulated time) and actions that completed then
+    (as ``timeline_of`` places them), with those times moved back by ``cut`` (so that
+    minute 0 is the part's first counted minute)."""
     keep = req["arrival"] >= cut
-    req = {k: v[keep] for k, v in req.items()}
-    req["arrival"] = req["arrival"] - cut
+    req = {k: req[k][keep] for k in COUNTED_COLUMNS[0]}
+    req["arrival"] -= cut
     keep = act["measured_completion"] >= cut
-    act = {k: v[keep] for k, v in act.items()}
-    for k in ("sent", "measured_completion"):
-        act[k] = act[k] - cut
+    act = {k: act[k][keep] for k in COUNTED_COLUMNS[1]}
+    act["measured_completion"] -= cut
     return req, act
 
 
