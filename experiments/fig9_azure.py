@@ -7,7 +7,8 @@ errors from the action log (Fig. 10).
 ~310 r/s. ``--full``: 6 workers, 3300 instances (6 x the sample's model mix), 6 trace
 hours at real speed, load factor 30 (~1,600 r/s), replayed as six consecutive 1-hour
 runs (each starting with empty GPU caches; one run holds an hour's log rows, ~0.5 GB,
-and this script's per-run analysis copies). A real trace day: point ``trace`` in ``scenarios/azure_sample.toml`` at e.g.
+and this script's per-run analysis copies). A real trace day: point ``trace`` in
+``scenarios/azure_sample.toml`` at e.g.
 traces/azure/invocations_per_function_md.anon.d01.csv. ``--live``: ``--smoke`` and
 ``--quick`` (3 min); ``--full`` (6 h of real time) is refused.
 
