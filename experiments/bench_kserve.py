@@ -1,7 +1,7 @@
 """Benchmark: the controller's KServe v2 front end against the KServe Python server.
 
-Two servers (and, on request, a third as a floor), each a process (or processes) of its
-own on loopback, driven by the same stock client (``tritonclient.grpc.aio`` /
+Two servers (and, on request, two bare ones as floors), each a process (or processes) of
+its own on loopback, driven by the same stock client (``tritonclient.grpc.aio`` /
 ``tritonclient.http.aio``, binary tensor data on REST: the
 ``Inference-Header-Content-Length`` extension, which kserve 0.21 implements):
 
@@ -20,7 +20,12 @@ own on loopback, driven by the same stock client (``tritonclient.grpc.aio`` /
   same service that answers ``ModelInfer`` from the request alone (the input again for
   tiny, zeros for resnet) with no checks, no model and nothing else: what the Python gRPC
   stack alone costs per call on this machine, which neither the peer nor ours can go
-  below.
+  below;
+- the hop (``--servers ...,hop``; gRPC only): the floor plus, for each call, the round trip
+  our design makes to a worker process: a 12-byte frame over loopback TCP to a second
+  process that sends it back after EXEC (``--exec-us``) on a microsecond timer, as our
+  emulated worker does. What any server that hands each request to another process costs
+  at least, in CPU and in latency.
 
 The two models, on both servers: ``tiny`` (input ``x`` [1, 64] float32, 256 bytes; output
 ``y`` as the input) and ``resnet`` (input ``x`` [1, 3, 224, 224] float32, 602,112 bytes;
@@ -39,7 +44,7 @@ The table at the end (markdown) has, per cell, the median over the repeats (the 
 in parentheses) of requests/s, p50 and p99 latency (ms), ours/peer requests/s, ours p50
 minus EXEC (at concurrency 1: what our front end adds over a server that does no work,
 to compare with the peer's p50), the errors and the servers' CPU µs per request; with the
-floor, also its requests/s, p50 and CPU µs per request (gRPC cells).
+floor and the hop, also their requests/s, p50 and CPU µs per request (gRPC cells).
 
 To measure another version of our code, run it with that version on ``PYTHONPATH`` and as
 the working directory (the controller is started as ``python -m``)::
@@ -57,6 +62,7 @@ import os
 import signal
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -74,7 +80,8 @@ except ImportError:  # run by path without the repository on PYTHONPATH
 # model -> (input shape, output shape), without the batch dimension
 SIZES = {"tiny": ([64], [64]), "resnet": ([3, 224, 224], [1000])}
 PROTOCOLS = ("grpc", "rest")
-SERVERS = ("ours", "peer", "floor")
+SERVERS = ("ours", "peer", "floor", "hop")
+BARE = ("floor", "hop")  # gRPC only
 
 
 # ---------------------------------------------------------------- the peer (kserve)
@@ -115,11 +122,18 @@ def serve_peer(http_port: int, grpc_port: int) -> None:
 
 # ---------------------------------------------------------------- the floor (bare grpc.aio)
 
-def serve_floor(grpc_port: int) -> None:
+def serve_floor(grpc_port: int, hop_exec_us: float | None = None) -> None:
     """The floor's process: ``inference.GRPCInferenceService`` on a bare ``grpc.aio``
-    server. Health and readiness say yes; ``ModelInfer`` answers output ``y`` at once: the
-    first input's bytes again (tiny) or zeros of the output's shape (resnet). Nothing is
-    checked and nothing else is done."""
+    server. Health and readiness say yes; ``ModelInfer`` answers output ``y``: the first
+    input's bytes again (tiny) or zeros of the output's shape (resnet). Nothing is checked
+    and nothing else is done.
+
+    With ``hop_exec_us`` (the *hop* server), each ``ModelInfer`` first makes the round trip
+    that our design cannot do without: a small frame over loopback TCP to a second process
+    (:func:`serve_echo`, started here as a child), which waits ``hop_exec_us`` µs on a
+    microsecond timer, as our emulated worker does, and sends it back; the call is
+    answered when it returns. The tensor stays in this process, as ours keeps an emulated
+    model's."""
     import grpc
 
     from clockwork.protocol import kserve_pb2 as kpb
@@ -127,6 +141,7 @@ def serve_floor(grpc_port: int) -> None:
 
     zeros = {m: bytes(4 * int(np.prod(out))) for m, (_, out) in SIZES.items()}
     shapes = {m: [1, *out] for m, (_, out) in SIZES.items()}
+    link: dict = {}  # the hop's connection: writer, pending futures by call number
 
     class Floor(kpbg.GRPCInferenceServiceServicer):
         async def ServerLive(self, request, context):  # noqa: N802
@@ -140,6 +155,12 @@ def serve_floor(grpc_port: int) -> None:
 
         async def ModelInfer(self, request, context):  # noqa: N802
             m = request.model_name
+            if link:
+                link["n"] += 1
+                k = link["n"]
+                fut = link["pending"][k] = asyncio.get_running_loop().create_future()
+                link["writer"].write(HOP_FRAME.pack(HOP_FRAME.size - 4, k))
+                await fut
             resp = kpb.ModelInferResponse(model_name=m, id=request.id)
             out = resp.outputs.add()
             out.name, out.datatype = "y", "FP32"
@@ -148,7 +169,32 @@ def serve_floor(grpc_port: int) -> None:
                 request.raw_input_contents[0] if m == "tiny" else zeros.get(m, b""))
             return resp
 
+    async def read_replies(reader: asyncio.StreamReader) -> None:
+        pending = link["pending"]
+        while True:
+            _, k = HOP_FRAME.unpack(await reader.readexactly(HOP_FRAME.size))
+            fut = pending.pop(k)
+            if not fut.done():
+                fut.set_result(None)
+
     async def main() -> None:
+        if hop_exec_us is not None:
+            port = free_port()
+            echo = subprocess.Popen([sys.executable, str(Path(__file__).resolve()),
+                                     "--serve-echo", str(port), f"{hop_exec_us:g}"])
+            for _ in range(200):
+                try:
+                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                    break
+                except OSError:
+                    await asyncio.sleep(0.05)
+            else:
+                echo.kill()
+                raise SystemExit("hop: the echo process did not listen")
+            writer.transport.get_extra_info("socket").setsockopt(
+                socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            link.update(writer=writer, pending={}, n=0,
+                        task=asyncio.create_task(read_replies(reader)))
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
         kpbg.add_GRPCInferenceServiceServicer_to_server(Floor(), server)
         server.add_insecure_port(f"127.0.0.1:{grpc_port}")
@@ -158,6 +204,35 @@ def serve_floor(grpc_port: int) -> None:
     asyncio.run(main())
 
 
+HOP_FRAME = struct.Struct("<IQ")  # length of what follows, call number
+
+
+def serve_echo(port: int, exec_us: float) -> None:
+    """The hop's second process: on a microsecond-precise loop (as our worker's), each
+    frame read is sent back ``exec_us`` µs later, timed by a loop timer."""
+    from clockwork.protocol.precise_loop import run_precise
+
+    delay = exec_us / 1e6
+
+    async def conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.transport.get_extra_info("socket").setsockopt(
+            socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                frame = await reader.readexactly(HOP_FRAME.size)
+                loop.call_later(delay, writer.write, frame)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(conn, "127.0.0.1", port)
+        async with server:
+            await server.serve_forever()
+
+    run_precise(main())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -165,14 +240,16 @@ def free_port() -> int:
 
 
 class Peer:
-    """The peer server as a child process (``--serve-peer`` mode of this file); with
-    ``floor``, the floor server instead (``--serve-floor``, gRPC only)."""
+    """A server other than ours as a child process of this file: ``peer``
+    (``--serve-peer``), ``floor`` (``--serve-floor``) or ``hop`` (``--serve-hop``, the floor
+    and its echo process, ``exec_us`` µs per round trip), in a process group of its own."""
 
-    def __init__(self, log: Path, floor: bool = False) -> None:
+    def __init__(self, log: Path, kind: str = "peer", exec_us: float = 0.0) -> None:
         self.http_port, self.grpc_port = free_port(), free_port()
         self.log = log
-        mode = (["--serve-floor", str(self.grpc_port)] if floor else
-                ["--serve-peer", str(self.http_port), str(self.grpc_port)])
+        mode = {"peer": ["--serve-peer", str(self.http_port), str(self.grpc_port)],
+                "floor": ["--serve-floor", str(self.grpc_port)],
+                "hop": ["--serve-hop", str(self.grpc_port), f"{exec_us:g}"]}[kind]
         with open(log, "w") as f:
             self.proc = subprocess.Popen(
                 [sys.executable, str(Path(__file__).resolve()), *mode],
@@ -186,6 +263,10 @@ class Peer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+        try:  # what it started (the hop's echo process)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 # ---------------------------------------------------------------- ours
@@ -433,8 +514,8 @@ def run_all(args) -> list[dict]:
     results: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         write_profiles(Path(tmp), args.exec_us)
-        peer = Peer(Path(tmp) / "peer.log") if "peer" in servers else None
-        floor = Peer(Path(tmp) / "floor.log", floor=True) if "floor" in servers else None
+        others = {s: Peer(Path(tmp) / f"{s}.log", s, args.exec_us)
+                  for s in servers if s != "ours"}
         clients = Clients(args.procs)
         cluster = LocalCluster(workers=1, gpus=args.gpus, profiles=tmp, http_port=0,
                                timeout=60.0,
@@ -447,19 +528,16 @@ def run_all(args) -> list[dict]:
                                 "rest": cluster.printed_address("http")}
                 pids["ours"] = [cluster.controller.proc.pid] + [
                     w.proc.pid for w in cluster.workers]
-            if peer is not None:
-                urls["peer"] = {"grpc": f"127.0.0.1:{peer.grpc_port}",
-                                "rest": f"127.0.0.1:{peer.http_port}"}
-                pids["peer"] = [peer.proc.pid]
-            if floor is not None:
-                urls["floor"] = {"grpc": f"127.0.0.1:{floor.grpc_port}"}
-                pids["floor"] = [floor.proc.pid]
+            for s, p in others.items():
+                urls[s] = {"grpc": f"127.0.0.1:{p.grpc_port}"}
+                if s not in BARE:
+                    urls[s]["rest"] = f"127.0.0.1:{p.http_port}"
+                pids[s] = [p.proc.pid]
             for s in servers:
                 try:
                     clients.ready(urls[s])
                 except RuntimeError as e:
-                    log = {"peer": peer, "floor": floor}.get(s)
-                    log = log.log.read_text()[-3000:] if log is not None else ""
+                    log = others[s].log.read_text()[-3000:] if s in others else ""
                     raise RuntimeError(f"{s}: {e}\n{log}") from None
             for s in SERVERS:
                 pids.setdefault(s, [])
@@ -468,7 +546,7 @@ def run_all(args) -> list[dict]:
                     order = servers if rep % 2 == 0 else servers[::-1]
                     for s in order:
                         if cell[1] not in urls[s]:
-                            continue  # the floor speaks gRPC only
+                            continue  # the floor and the hop speak gRPC only
                         r = one_run(clients, s, urls, pids, cell, args)
                         r["repeat"] = rep
                         results.append(r)
@@ -476,9 +554,8 @@ def run_all(args) -> list[dict]:
         finally:
             clients.close()
             cluster.stop()
-            for p in (peer, floor):
-                if p is not None:
-                    p.stop()
+            for p in others.values():
+                p.stop()
     return results
 
 
@@ -506,13 +583,13 @@ def table(results: list[dict], args) -> str:
             return "–"
         return f"{med(rs, k):{fmt}} ({best(r[k] for r in rs):{fmt}})"
 
-    floor = "floor" in args.servers.split(",")
+    bare = [s for s in BARE if s in args.servers.split(",")]
     lines = [
         "| size | protocol | clients | ours req/s | peer req/s | ours/peer | ours p50 ms "
         "| ours p50 − EXEC | peer p50 ms | ours p99 ms | peer p99 ms | errors ours/peer "
         "| server CPU µs/req ours/peer |"
-        + (" floor req/s | floor p50 ms | floor CPU µs/req |" if floor else ""),
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|" + ("--:|--:|--:|" if floor else "")]
+        + "".join(f" {s} req/s | {s} p50 ms | {s} CPU µs/req |" for s in bare),
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|" + "--:|--:|--:|" * len(bare)]
     for cell in cells_of(args):
         o, p = by.get((*cell, "ours"), []), by.get((*cell, "peer"), [])
         ratio = (f"{med(o, 'rps') / med(p, 'rps'):.2f}" if o and p and med(p, "rps")
@@ -526,8 +603,8 @@ def table(results: list[dict], args) -> str:
             f"| {fig(o, 'p50_ms', '.2f', min)} | {p50x} | {fig(p, 'p50_ms', '.2f', min)} "
             f"| {fig(o, 'p99_ms', '.2f', min)} | {fig(p, 'p99_ms', '.2f', min)} "
             f"| {errs} | {cpu} |")
-        if floor:
-            f = by.get((*cell, "floor"), [])
+        for s in bare:
+            f = by.get((*cell, s), [])
             cpu_f = f"{med(f, 'server_cpu_us'):.0f}" if f else "–"
             line += (f" {fig(f, 'rps', ',.0f', max)} | {fig(f, 'p50_ms', '.2f', min)} "
                      f"| {cpu_f} |")
@@ -541,6 +618,12 @@ def main() -> int:
         return 0
     if len(sys.argv) == 3 and sys.argv[1] == "--serve-floor":
         serve_floor(int(sys.argv[2]))
+        return 0
+    if len(sys.argv) == 4 and sys.argv[1] == "--serve-hop":
+        serve_floor(int(sys.argv[2]), hop_exec_us=float(sys.argv[3]))
+        return 0
+    if len(sys.argv) == 4 and sys.argv[1] == "--serve-echo":
+        serve_echo(int(sys.argv[2]), float(sys.argv[3]))
         return 0
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -557,7 +640,9 @@ def main() -> int:
     ap.add_argument("--servers", default="ours,peer",
                     help="comma-separated, in the order of the first repeat: ours, peer, "
                     "floor (a bare grpc.aio server that checks and runs nothing: the "
-                    "Python gRPC stack's own cost; gRPC cells only)")
+                    "Python gRPC stack's own cost), hop (the floor plus a round trip to a "
+                    "second process that waits EXEC: the least our design's worker hop "
+                    "costs); floor and hop serve gRPC cells only")
     ap.add_argument("--duration", type=float, default=5.0,
                     help="seconds measured per run, after the warm-up")
     ap.add_argument("--warmup", type=float, default=1.0,
