@@ -23,6 +23,31 @@ def profile():
     return make_profile()
 
 
+CPU_BATCHES = [1, 2, 4, 8, 16]  # the batch sizes of the shipped cpu profiles
+
+
+@pytest.fixture(scope="session")
+def cpu_package(tmp_path_factory):
+    """``cpu_package(model, root)``: the zoo model's CPU package for ``CPU_BATCHES``, copied
+    into ``root / model``. Each model is compiled once per test session (TVM takes
+    seconds a model) and every test gets its own copy. Needs TVM."""
+    import shutil
+
+    pytest.importorskip("tvm")
+    from clockwork.models.package import compile_model
+
+    cache = tmp_path_factory.mktemp("cpu-package-cache")
+
+    def get(model: str, root):
+        built = cache / model
+        if not (built / "model.json").exists():
+            compile_model(model, CPU_BATCHES, built)
+        shutil.copytree(built, root / model)
+        return root / model
+
+    return get
+
+
 @contextmanager
 def local_cluster(**kw):
     """A LocalCluster of real processes on loopback for the test's duration; on the way

@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("tvm")
 
 from clockwork.client import AsyncClient, Client  # noqa: E402
-from clockwork.models.package import compile_model, read_package, reference_weights  # noqa: E402
+from clockwork.models.package import read_package, reference_weights  # noqa: E402
 from clockwork.models.zoo import get_model  # noqa: E402
 from clockwork.protocol.wire import msg_to_array  # noqa: E402
 from tests.conftest import local_cluster  # noqa: E402
@@ -30,10 +30,10 @@ SLO_MS = 1000  # generous: the suite may share the machine's cores with other jo
 
 
 @pytest.fixture(scope="module")
-def packages(tmp_path_factory):
+def packages(tmp_path_factory, cpu_package):
     root = tmp_path_factory.mktemp("cpu-packages")
     for m in MODELS:
-        compile_model(m, [1, 2, 4, 8, 16], root / m)
+        cpu_package(m, root)
     return root
 
 
@@ -273,13 +273,16 @@ def _reference_direct(packages, model, x):
     return get_model(model).reference(x[None], reference_weights(meta, packages / model))[0]
 
 
-def test_serve_device_cpu_replay_from_the_command_line(tmp_path):
+def test_serve_device_cpu_replay_from_the_command_line(tmp_path, cpu_package):
     """The user's path: ``clockwork serve scenarios/cpu_live.toml --replay`` compiles the
-    missing packages, starts a cpu worker and a controller, replays, checks every output."""
+    missing packages (two of the four here; the other two are already there), starts a
+    cpu worker and a controller, replays, checks every output."""
     import orjson
 
     from clockwork.cluster.cli import main
 
+    for m in MODELS:
+        cpu_package(m, tmp_path / "packages")
     out = tmp_path / "run"
     rc = main(["serve", "scenarios/cpu_live.toml", "--replay", "--quiet", "--port", "0",
                "--packages", str(tmp_path / "packages"), "--out", str(out),

@@ -293,13 +293,12 @@ def test_stream_batches_aio(cluster):
 
 
 @pytest.fixture(scope="module")
-def real_cluster(tmp_path_factory):
+def real_cluster(tmp_path_factory, cpu_package):
     """A cpu worker running the zoo's mlp (outputs depend on inputs). Needs TVM."""
-    pytest.importorskip("tvm")
-    from clockwork.models.package import compile_model, read_package, reference_weights
+    from clockwork.models.package import read_package, reference_weights
 
     root = tmp_path_factory.mktemp("cpu-packages")
-    compile_model("mlp", [1, 2, 4, 8, 16], root / "mlp")
+    cpu_package("mlp", root)
     meta = read_package(root / "mlp")
     with local_cluster(workers=1, gpus=1, profiles="cpu", models="mlp", device="cpu",
                        packages=str(root), http_port=0) as c:
