@@ -110,6 +110,10 @@ def capacity(gpus: int, counts: dict[str, int]) -> float:
     return float(x * gpus)
 
 
+TARGET_RPS = 100_000  # simulated requests per CPU-second that every shape should reach
+TARGET_SPREAD = 1.5  # the best shape's rate over the worst's, at most
+
+
 def cell_toml(gpus: int, copies: int, models: int, requests: int, seed: int) -> tuple[str, float, float]:
     counts = instances(gpus, copies, models)
     rate = LOAD * capacity(gpus, counts)
@@ -224,6 +228,13 @@ def main(argv=None) -> dict:
               f"| {r['wall_rps']:,.0f} | {r['cpu_rps']:,.0f} | {r['us_per_request']:.1f} "
               f"| {r['vs_best']:.2f} | {r['sim_wall_s']:.2f} | {r['attainment']:.4f} "
               f"| {r['same_as'] + ' cell' if r['same_as'] else ''} |")
+    worst = min(r["cpu_rps"] for r in rows)
+    short = [r for r in rows if r["cpu_rps"] < TARGET_RPS]
+    met = not short and top / worst <= TARGET_SPREAD
+    print(f"target: every shape >= {TARGET_RPS:,} simulated requests per CPU-second (one "
+          f"core) and within {TARGET_SPREAD:g}x of the best shape: "
+          f"{len(rows) - len(short)} of {len(rows)} shapes reach the rate; best/worst "
+          f"{top / worst:.2f}x ({top:,.0f} / {worst:,.0f} r/s): {'met' if met else 'NOT met'}")
     info = {"requests_per_cell": n, "repeat": a.repeat, "load_before": load0[0],
             "load_after": load1[0], "cells": rows}
     if a.json:

@@ -612,6 +612,39 @@ def table(results: list[dict], args) -> str:
     return "\n".join(lines)
 
 
+def against_targets(results: list[dict], args) -> list[str]:
+    """Lines that check the medians against the targets: from 8 clients ours (and the
+    hop) serve at least the peer's requests/s; at 1 client on gRPC ours p50 − EXEC (and
+    the hop's) is at most the peer's p50."""
+    exec_ms = args.exec_us / 1e3
+    by: dict[tuple, list[dict]] = {}
+    for r in results:
+        by.setdefault((r["size"], r["proto"], r["concurrency"], r["server"]), []).append(r)
+
+    def med(cell, server, k):
+        rs = by.get((*cell, server), [])
+        return statistics.median(r[k] for r in rs) if rs else None
+
+    lines = []
+    for s in ("ours", "hop"):
+        busy = [c for c in cells_of(args) if c[2] >= 8 and med(c, s, "rps") is not None
+                and med(c, "peer", "rps")]
+        if busy:
+            short = [f"{c[0]}/{c[1]}/{c[2]} {med(c, s, 'rps') / med(c, 'peer', 'rps'):.2f}"
+                     for c in busy if med(c, s, "rps") < med(c, "peer", "rps")]
+            lines.append(f"target, {s} >= the peer's requests/s from 8 clients: "
+                         f"{len(busy) - len(short)} of {len(busy)} cells"
+                         + (f"; short: {', '.join(short)}" if short else ""))
+        one = [c for c in cells_of(args) if c[2] == 1 and c[1] == "grpc"
+               and med(c, s, "p50_ms") is not None and med(c, "peer", "p50_ms") is not None]
+        for c in one:
+            mine, theirs = med(c, s, "p50_ms") - exec_ms, med(c, "peer", "p50_ms")
+            lines.append(f"target, {s} p50 - EXEC <= the peer's p50 at 1 client, "
+                         f"{c[0]}/{c[1]}: {mine:.2f} against {theirs:.2f} ms: "
+                         f"{'met' if mine <= theirs else 'NOT met'}")
+    return lines
+
+
 def main() -> int:
     if len(sys.argv) == 4 and sys.argv[1] == "--serve-peer":
         serve_peer(int(sys.argv[2]), int(sys.argv[3]))
@@ -678,6 +711,8 @@ def main() -> int:
           f"{args.duration:g} s measured after {args.warmup:g} s warm-up; {args.procs} client "
           f"process(es); EXEC = {args.exec_us / 1e3:g} ms")
     print(table(results, args))
+    for line in against_targets(results, args):
+        print(line)
     slow = sorted({f"{r['server']} {r['size']}/{r['proto']}/{r['concurrency']}"
                    for r in results if not r["p99_ms"] <= args.warmup * 1e3})
     if slow:
