@@ -1,5 +1,7 @@
-"""experiments/bench_kserve.py's floor server (a bare grpc.aio KServe v2 server) driven by
-the stock tritonclient, and one short run of the benchmark against it."""
+"""experiments/bench_kserve.py's bare servers driven by the stock tritonclient: the floor (a
+bare grpc.aio KServe v2 server) and the hop (the floor plus a round trip to a second
+process); one short run of the benchmark against them, and its check against the
+targets."""
 
 from __future__ import annotations
 
@@ -17,22 +19,28 @@ from experiments import bench_kserve
 SCRIPT = Path(bench_kserve.__file__)
 
 
-@pytest.fixture
-def floor():
-    port = bench_kserve.free_port()
-    p = subprocess.Popen([sys.executable, str(SCRIPT), "--serve-floor", str(port)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+@pytest.fixture(params=["floor", "hop"])
+def bare(request, tmp_path):
+    p = bench_kserve.Peer(tmp_path / "log", request.param, exec_us=100)
     try:
-        yield f"127.0.0.1:{port}"
+        yield f"127.0.0.1:{p.grpc_port}"
+        tree = bench_kserve.tree_pids([p.proc.pid])  # the server, and the hop's echo process
+        assert len(tree) == (2 if request.param == "hop" else 1)
     finally:
-        p.terminate()
-        p.wait(10)
+        p.stop()
+    assert p.proc.poll() is not None
+    for pid in tree:  # none left running
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        assert state in ("Z", "X"), (pid, state)
 
 
-def test_the_floor_answers_the_stock_client(floor):
+def test_the_bare_servers_answer_the_stock_client(bare):
     import tritonclient.grpc as tc
 
-    cl = tc.InferenceServerClient(floor)
+    cl = tc.InferenceServerClient(bare)
     deadline = time.monotonic() + 30
     while True:  # until it listens
         try:
@@ -40,7 +48,7 @@ def test_the_floor_answers_the_stock_client(floor):
                 break
         except Exception:  # noqa: BLE001 - not listening yet
             pass
-        assert time.monotonic() < deadline, "the floor server did not start"
+        assert time.monotonic() < deadline, "the server did not start"
         time.sleep(0.05)
     assert cl.is_model_ready("tiny") and cl.is_model_ready("resnet")
     assert not cl.is_model_ready("nope")
@@ -56,18 +64,44 @@ def test_the_floor_answers_the_stock_client(floor):
     cl.close()
 
 
-def test_a_short_run_against_the_floor(tmp_path):
+def test_a_short_run_against_the_floor_and_the_hop(tmp_path):
     out = tmp_path / "runs.json"
-    r = subprocess.run([sys.executable, str(SCRIPT), "--servers", "floor", "--cells",
+    r = subprocess.run([sys.executable, str(SCRIPT), "--servers", "floor,hop", "--cells",
                         "tiny/grpc/2,tiny/rest/2", "--duration", "0.5", "--warmup", "0.2",
-                        "--repeats", "1", "--procs", "1", "--json", str(out)],
+                        "--repeats", "1", "--procs", "1", "--exec-us", "5000",
+                        "--json", str(out)],
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    runs = json.loads(out.read_text())["runs"]
-    # the floor speaks gRPC only: the REST cell is skipped, the gRPC one measured
-    assert [(x["server"], x["proto"]) for x in runs] == [("floor", "grpc")]
-    assert runs[0]["requests"] > 0 and runs[0]["failed"] == 0
+    runs = {x["server"]: x for x in json.loads(out.read_text())["runs"]}
+    # they speak gRPC only: the REST cell is skipped, the gRPC one measured
+    assert sorted(runs) == ["floor", "hop"] and {x["proto"] for x in runs.values()} == {"grpc"}
+    assert all(x["requests"] > 0 and x["failed"] == 0 for x in runs.values())
+    # each hop call waited for the second process's 5 ms; the floor's do not wait
+    assert runs["hop"]["p50_ms"] >= 5.0 > runs["floor"]["p50_ms"]
     row = next(ln for ln in r.stdout.splitlines() if ln.startswith("| tiny | gRPC | 2 "))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[3] == "–" and cells[4] == "–"  # neither ours nor the peer ran
     assert float(cells[13].split()[0].replace(",", "")) > 0  # the floor's requests/s
+    assert float(cells[17].split()[0]) >= 5.0  # the hop's p50, ms
+
+
+def _run(server, size, proto, clients, rps, p50):
+    return {"server": server, "size": size, "proto": proto, "concurrency": clients,
+            "rps": rps, "p50_ms": p50}
+
+
+def test_the_targets_are_checked_on_the_medians():
+    import argparse
+
+    args = argparse.Namespace(exec_us=100.0, cells="tiny/grpc/1,tiny/grpc/8,tiny/rest/8",
+                              sizes="", protocols="", concurrency="")
+    runs = [_run("peer", "tiny", "grpc", 1, 800, 1.2), _run("ours", "tiny", "grpc", 1, 500, 1.5),
+            _run("peer", "tiny", "grpc", 8, 2000, 4.0), _run("ours", "tiny", "grpc", 8, 1000, 8),
+            _run("ours", "tiny", "grpc", 8, 2500, 3), _run("ours", "tiny", "grpc", 8, 1500, 5),
+            _run("peer", "tiny", "rest", 8, 1000, 8.0), _run("ours", "tiny", "rest", 8, 1200, 7)]
+    lines = bench_kserve.against_targets(runs, args)
+    assert lines == [
+        "target, ours >= the peer's requests/s from 8 clients: 1 of 2 cells; short: "
+        "tiny/grpc/8 0.75",  # the median of 1000, 2500, 1500 against 2000
+        "target, ours p50 - EXEC <= the peer's p50 at 1 client, tiny/grpc: 1.40 against "
+        "1.20 ms: NOT met"]

@@ -1,0 +1,34 @@
+"""experiments/bench_grid.py: a tiny grid (two shapes) as whole ``clockwork simulate``
+processes, its table, its JSON and its line against the targets."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from experiments import bench_grid
+
+SCRIPT = Path(bench_grid.__file__)
+
+
+def test_a_tiny_grid(tmp_path):
+    out = tmp_path / "grid.json"
+    r = subprocess.run([sys.executable, str(SCRIPT), "--gpus", "10", "--copies", "1,4",
+                        "--models", "1", "--requests", "3000", "--repeat", "1",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    info = json.loads(out.read_text())
+    cells = info["cells"]
+    assert [(c["gpus"], c["copies"], c["models"]) for c in cells] == [(10, 1, 1), (10, 4, 1)]
+    for c in cells:
+        assert c["requests"] > 2000 and c["attainment"] > 0.99 and c["cpu_rps"] > 0
+    assert max(c["vs_best"] for c in cells) == 1.0
+    target = next(ln for ln in r.stdout.splitlines() if ln.startswith("target:"))
+    rates = sorted(c["cpu_rps"] for c in cells)
+    reach = sum(x >= bench_grid.TARGET_RPS for x in rates)
+    met = reach == 2 and rates[1] / rates[0] <= bench_grid.TARGET_SPREAD
+    assert f"{reach} of 2 shapes reach the rate" in target
+    assert f"best/worst {rates[1] / rates[0]:.2f}x" in target
+    assert target.endswith(": met" if met else ": NOT met")
