@@ -191,8 +191,6 @@ def serve_floor(grpc_port: int, hop_exec_us: float | None = None) -> None:
             else:
                 echo.kill()
                 raise SystemExit("hop: the echo process did not listen")
-            writer.transport.get_extra_info("socket").setsockopt(
-                socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             link.update(writer=writer, pending={}, n=0,
                         task=asyncio.create_task(read_replies(reader)))
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
@@ -215,9 +213,7 @@ def serve_echo(port: int, exec_us: float) -> None:
     delay = exec_us / 1e6
 
     async def conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.transport.get_extra_info("socket").setsockopt(
-            socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()  # (asyncio's TCP sockets have TCP_NODELAY set)
         try:
             while True:
                 frame = await reader.readexactly(HOP_FRAME.size)
@@ -568,12 +564,18 @@ def print_run(r: dict) -> None:
           + (f" {r['failures']}" if r["failed"] else ""), flush=True)
 
 
-def table(results: list[dict], args) -> str:
-    """The markdown table: per cell, medians over the repeats (best in parentheses)."""
-    exec_ms = args.exec_us / 1e3
+def by_cell(results: list[dict]) -> dict[tuple, list[dict]]:
+    """The runs by (size, protocol, clients, server)."""
     by: dict[tuple, list[dict]] = {}
     for r in results:
         by.setdefault((r["size"], r["proto"], r["concurrency"], r["server"]), []).append(r)
+    return by
+
+
+def table(results: list[dict], args) -> str:
+    """The markdown table: per cell, medians over the repeats (best in parentheses)."""
+    exec_ms = args.exec_us / 1e3
+    by = by_cell(results)
 
     def med(rs, k):
         return statistics.median(r[k] for r in rs) if rs else float("nan")
@@ -617,9 +619,7 @@ def against_targets(results: list[dict], args) -> list[str]:
     hop) serve at least the peer's requests/s; at 1 client on gRPC ours p50 − EXEC (and
     the hop's) is at most the peer's p50."""
     exec_ms = args.exec_us / 1e3
-    by: dict[tuple, list[dict]] = {}
-    for r in results:
-        by.setdefault((r["size"], r["proto"], r["concurrency"], r["server"]), []).append(r)
+    by = by_cell(results)
 
     def med(cell, server, k):
         rs = by.get((*cell, server), [])
