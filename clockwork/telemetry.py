@@ -668,6 +668,8 @@ def format_summary(s: dict) -> str:
          f"{acts.get('rejected', 0):,}"),
         ("duration", f"{s['duration_s']:.1f} s"),
     ]
+    if "workers_suspected" in s:  # live runs: the controller's liveness verdicts
+        rows.append(("workers suspected (then reset)", f"{s['workers_suspected']:,}"))
     oc = s.get("outputs")
     if oc:
         rows.append(("outputs checked / wrong vs reference",

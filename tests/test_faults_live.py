@@ -4,6 +4,7 @@ when a worker hangs. Part of the fault-injection suite (marker ``faults``)."""
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 
@@ -49,6 +50,9 @@ hang = [{ worker = 0, at_s = 2.0, for_s = 3.0 }]
 """)
     assert "every request answered exactly once: True" in p.stdout + p.stderr
     assert "fault: stop worker 0" in p.stderr and "fault: resume worker 0" in p.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["workers_suspected"] >= 1  # reported, as in the printed table
+    assert "workers suspected (then reset)" in p.stdout
     during = [r for r in rows if sec(2.0) <= int(r["arrival"]) < sec(5.0)]
     met = sum(r["deadline_met"] == "1" for r in during) / len(during)
     assert len(during) > 1000 and met >= 0.9, met

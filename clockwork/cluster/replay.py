@@ -234,6 +234,9 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         "evict": d.get("evict_ok", 0) + d.get("evict_rejected", 0),
         "rejected": sum(v for k, v in d.items() if k.endswith("_rejected")),
     }
+    # a worker that did not answer a probe in time: its actions failed, and when it
+    # answered again it was reset (its weights cache emptied)
+    summary["workers_suspected"] = d.get("worker_suspects", 0)
     # the action log (and so prediction errors) is the controller's: its --log-dir
     summary["prediction_error_ms"] = None
     if check is not None:
