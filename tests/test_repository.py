@@ -409,6 +409,51 @@ def test_a_worker_serves_an_instance_added_at_run_time_and_drops_a_removed_one()
     asyncio.run(asyncio.wait_for(main(), 20))
 
 
+def test_a_reset_hello_empties_the_cache_and_reuses_the_instances_profiles():
+    """A Hello that resets the worker (its re-admission after it was suspect) empties the
+    weights cache; an instance it names again with the same profile keeps the profile
+    object made before (with thousands of instances, making them all anew held the
+    worker's loop past the probe timeout, and it was suspect again); one named with
+    another profile gets that one; a removed instance is forgotten."""
+    import asyncio
+
+    from clockwork.actions import NEVER
+    from clockwork.protocol import clockwork_pb2 as pb
+    from worker.service import WorkerNode
+
+    def hello(**profiles):
+        return pb.Hello(worker_id=0, reset=True, instances=[
+            pb.Instance(name=n, profile=p) for n, p in profiles.items()])
+
+    async def main():
+        w = WorkerNode(gpus=1, pages=100)
+        timer = asyncio.ensure_future(w.run_timer())
+        w.hello(hello(a="resnet50_v2", b="mobilenet_v2"))
+        a, b = w.instances["a"], w.instances["b"]
+        assert (a.model, b.model) == ("a", "b") and a.exec_ns == w.pset.profiles["resnet50_v2"].exec_ns
+        w.submit(pb.ActionBatch(actions=[pb.ActionMsg(
+            id=1, type=int(ActionType.LOAD), gpu=0, model="a", earliest=0, latest=NEVER,
+            version=1)]))
+        for _ in range(400):
+            if w.executors[0].loaded_models() == ["a"]:
+                break
+            await asyncio.sleep(0.005)
+        assert w.executors[0].loaded_models() == ["a"] and w.executors[0].pages_used > 0
+        st = w.hello(hello(a="resnet50_v2", b="resnet18_v2"))
+        assert st.gpus[0].loaded == [] and w.executors[0].pages_used == 0  # reset
+        assert w.instances["a"] is a  # the same figures: not made again
+        assert w.instances["b"] is not b and w.instances["b"].exec_ns == \
+            w.pset.profiles["resnet18_v2"].exec_ns and w.instances["b"].model == "b"
+        w.update(pb.InstanceUpdate(seq=1, remove=["a"]))
+        w.update(pb.InstanceUpdate(seq=2, add=[pb.Instance(name="a", profile="resnet50_v2")]))
+        assert w.instances["a"] is not a and w.instances["a"].exec_ns == a.exec_ns
+        w.hello(hello(c="resnet50_v2"))
+        assert list(w.instances) == ["c"] and list(w._renamed) == ["c"]  # bounded by the set
+        timer.cancel()
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+
+
 # ---------------------------------------------------------------------------- live
 
 

@@ -118,6 +118,10 @@ class WorkerNode:
         self.registered: dict[str, Path] = {}  # LoadModelFromDisk: name -> package path
         self.worker_id = 0
         self.instances: dict[str, ModelProfile] = {}
+        # instance name -> (its profile, the profile under its name): a Hello that names the
+        # same instances again (a reset, at thousands of instances) reuses them instead of
+        # making each anew, so the worker answers within the controller's probe timeout
+        self._renamed: dict[str, tuple[ModelProfile, ModelProfile]] = {}
         self.executors: list[GpuExecutor] = []
         self.real: list = []  # real devices, one per GPU
         self._threads: list[tuple[ThreadPoolExecutor, ThreadPoolExecutor]] = []
@@ -240,7 +244,12 @@ class WorkerNode:
                 print(f"worker: cannot load package {path} for {i.name}: {e}",
                       file=sys.stderr, flush=True)
                 return None
-        return p.renamed(i.name)
+        made = self._renamed.get(i.name)
+        if made is not None and made[0] is p:
+            return made[1]  # a Hello again (a reset): the same figures, made before
+        r = p.renamed(i.name)
+        self._renamed[i.name] = (p, r)
+        return r
 
     def hello(self, h: pb.Hello) -> pb.WorkerState:
         self.worker_id = h.worker_id
@@ -252,6 +261,7 @@ class WorkerNode:
                 missing.append(i.name)
             else:
                 inst[i.name] = p
+        self._renamed = {name: self._renamed[name] for name in inst}  # only the current ones
         if h.reset or not self.executors or inst.keys() != self.instances.keys():
             self._reset(inst)
         return self.state(missing)
@@ -261,6 +271,7 @@ class WorkerNode:
         join, without touching anything else; the state answers it (``missing``: those
         it could not add)."""
         for name in u.remove:
+            self._renamed.pop(name, None)
             if self.instances.pop(name, None) is None:
                 continue
             for e in self.executors:
