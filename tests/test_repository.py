@@ -454,6 +454,37 @@ def test_a_reset_hello_empties_the_cache_and_reuses_the_instances_profiles():
     asyncio.run(asyncio.wait_for(main(), 20))
 
 
+def test_the_controllers_hello_lists_the_current_instances_each_time():
+    """The Hello that takes a worker over names every instance with its profile and
+    package, as they are when it is written: the encoded list is reused only while the
+    instances and packages are the same (it is kept because at thousands of instances
+    making it anew held the controller's loop), and each link gets its own index."""
+    from clockwork.protocol import clockwork_pb2 as pb
+    from controller.service import ControllerNode, WorkerLink
+
+    node = ControllerNode([], "v100-reference", models="resnet50_v2:3,vgg16")
+
+    def listed(h: pb.Hello) -> dict:
+        return {i.name: (i.profile, i.package) for i in h.instances}
+
+    h0 = node._hello(WorkerLink(0, "a"))
+    h1 = node._hello(WorkerLink(1, "b", fast=False))
+    assert (h0.worker_id, h0.reset, h0.fast_link) == (0, True, True)
+    assert (h1.worker_id, h1.reset, h1.fast_link) == (1, True, False)
+    want = {"resnet50_v2": ("resnet50_v2", ""), "resnet50_v2:1": ("resnet50_v2", ""),
+            "resnet50_v2:2": ("resnet50_v2", ""), "vgg16": ("vgg16", "")}
+    assert listed(h0) == listed(h1) == want
+    node.instances["extra"] = "mobilenet_v2"  # as a model load does
+    node.packages["extra"] = "pkgs/extra"
+    link = WorkerLink(0, "a")
+    assert listed(node._hello(link)) == {**want, "extra": ("mobilenet_v2", "pkgs/extra")}
+    assert link.told == node.instances
+    del node.instances["vgg16"]  # as an unload does
+    assert "vgg16" not in listed(node._hello(link))
+    node.packages["extra"] = "pkgs/other"  # the same instances, another package
+    assert listed(node._hello(link))["extra"] == ("mobilenet_v2", "pkgs/other")
+
+
 # ---------------------------------------------------------------------------- live
 
 
