@@ -72,12 +72,13 @@ class ColumnLog:
     __slots__ = ("names", "dtypes", "width", "buf", "limit", "_chunks", "_fill", "_rows",
                  "_spill", "_files", "_on_disk", "spill_error")
 
-    def __init__(self, names: tuple, dtypes: tuple, spill: Path | None = None) -> None:
+    def __init__(self, names: tuple, dtypes: tuple, spill: Path | None = None,
+                 buf_rows: int = _BUF_ROWS) -> None:
         self.names = names
         self.dtypes = dtypes
         self.width = len(names)
         self.buf: list = []
-        self.limit = _BUF_ROWS * self.width
+        self.limit = buf_rows * self.width
         self._chunks: list[list[np.ndarray]] = []  # per chunk: one array per column
         self._fill = 0  # rows used in the last chunk
         self._rows = 0  # rows in the chunks (or, spilling, in the files)
@@ -224,10 +225,12 @@ class Telemetry:
     how ``write`` and ``flush`` store the logs (``"tsv"`` or ``"npz"``). ``spill_dir``:
     keep the rows in column files in a new folder inside it instead of in memory (see
     ``ColumnLog``; ~75 bytes of disk per request at paper scale); the folder is removed
-    when this object is."""
+    when this object is. ``buffer_rows``: rows of each log held as Python values before
+    they are converted into columns in one go (fewer: each conversion is shorter, as an
+    event loop wants; more: fewer conversions, as the simulator wants)."""
 
     def __init__(self, origin: int = 0, log_format: str = "tsv",
-                 spill_dir: str | Path | None = None) -> None:
+                 spill_dir: str | Path | None = None, buffer_rows: int = _BUF_ROWS) -> None:
         self.origin = origin
         self.log_format = check_log_format(log_format)
         self.models: list = []  # model names by code
@@ -238,8 +241,8 @@ class Telemetry:
             Path(spill_dir).mkdir(parents=True, exist_ok=True)
             self.spill_folder = Path(tempfile.mkdtemp(prefix="clockwork-rows-", dir=spill_dir))
             req_spill, act_spill = self.spill_folder / "requests", self.spill_folder / "actions"
-        self._req = ColumnLog(REQUEST_COLUMNS, REQUEST_DTYPES, req_spill)
-        self._act = ColumnLog(ACTION_COLUMNS, ACTION_DTYPES, act_spill)
+        self._req = ColumnLog(REQUEST_COLUMNS, REQUEST_DTYPES, req_spill, buffer_rows)
+        self._act = ColumnLog(ACTION_COLUMNS, ACTION_DTYPES, act_spill, buffer_rows)
         self._finalizer = None if self.spill_folder is None else weakref.finalize(
             self, _remove_spill, self._req, self._act, self.spill_folder)
         self._rbuf, self._rlimit = self._req.buf, self._req.limit
@@ -383,7 +386,16 @@ class Telemetry:
         forget them (a long-running controller's memory stays flat); the first flush
         starts the files with their headers. npz: nothing until ``final``, which writes
         every row (the .npz files are written once, at the end). ``write`` is the
-        all-at-once form."""
+        all-at-once form; ``flush_steps`` the same work in steps."""
+        for _ in self.flush_steps(out, final):
+            pass
+
+    def flush_steps(self, out: Path, final: bool = False, rows_per_step: int = _ROWS_PER_WRITE):
+        """``flush`` as a generator: the rows are taken (and forgotten here) when the first
+        step runs, and each step appends at most ``rows_per_step`` of them to one of the
+        files, so that an event loop can serve everyone else between steps (formatting a
+        busy second's rows takes milliseconds per thousand). Run it to the end: rows of
+        an abandoned one are lost. npz: one step, at ``final``."""
         out = Path(out)
         if self.log_format == "npz":
             if final:
@@ -393,38 +405,17 @@ class Telemetry:
         if first:
             out.mkdir(parents=True, exist_ok=True)
         self._flushed = True
-        self._write_tsv(out, append=not first)
+        # views that outlive the clear (in memory: the chunks' arrays; spilling: maps of
+        # the old files, which clear replaces with new ones)
+        req, act, models = self._req.arrays(), self._act.arrays(), list(self.models)
         self._req.clear()
         self._act.clear()
+        yield from _tsv_steps(out, req, act, models, not first, rows_per_step)
 
     def _write_tsv(self, out: Path, append: bool) -> None:
-        models = np.array(self.models + [None], dtype=object)[:-1]  # (1-d even for tuples)
-        req = self._req.arrays()
-        status = np.array([_STATUS.get(v, v) for v in range(-128, 128)], dtype=object)
-
-        def req_blocks():
-            for i in range(0, len(req[0]), _ROWS_PER_WRITE):
-                cols = [c[i:i + _ROWS_PER_WRITE] for c in req]
-                lists = [c.tolist() for c in cols]
-                lists[1] = models[cols[1]].tolist()
-                lists[5] = status[cols[5].astype(np.int64) + 128].tolist()
-                yield lists
-
-        act = self._act.arrays()
-        kinds = np.array([_TYPE_NAME.get(v, v) for v in range(-128, 128)], dtype=object)
-        errors = np.array([_ERROR_NAME.get(v, v) for v in range(-128, 128)], dtype=object)
-
-        def act_blocks():
-            for i in range(0, len(act[0]), _ROWS_PER_WRITE):
-                cols = [c[i:i + _ROWS_PER_WRITE] for c in act]
-                lists = [c.tolist() for c in cols]
-                lists[1] = kinds[cols[1].astype(np.int64) + 128].tolist()
-                lists[2] = errors[cols[2].astype(np.int64) + 128].tolist()
-                lists[5] = models[cols[5]].tolist()
-                yield lists
-
-        _write_tsv(out / "requests.tsv", REQUEST_COLUMNS, _REQUEST_TSV, req_blocks(), append)
-        _write_tsv(out / "actions.tsv", ACTION_COLUMNS, _ACTION_TSV, act_blocks(), append)
+        for _ in _tsv_steps(out, self._req.arrays(), self._act.arrays(), list(self.models),
+                            append, _ROWS_PER_WRITE):
+            pass
 
     def _write_npz(self, out: Path) -> None:
         names = np.array([str(m) for m in self.models], dtype=str)
@@ -449,16 +440,49 @@ def _remove_spill(req: ColumnLog, act: ColumnLog, folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)  # (maps still open keep their data)
 
 
-def _write_tsv(path: Path, columns: tuple, fmt: str, blocks, append: bool = False) -> None:
+def _tsv_steps(out: Path, req: list, act: list, model_names: list, append: bool, rows: int):
+    """Write (or with ``append``, add to) requests.tsv and actions.tsv from the columns
+    ``req`` and ``act`` (model codes into ``model_names``), ``rows`` rows per write;
+    a generator that yields after each write."""
+    models = np.array(model_names + [None], dtype=object)[:-1]  # (1-d even for tuples)
+    status = np.array([_STATUS.get(v, v) for v in range(-128, 128)], dtype=object)
+
+    def req_blocks():
+        for i in range(0, len(req[0]), rows):
+            cols = [c[i:i + rows] for c in req]
+            lists = [c.tolist() for c in cols]
+            lists[1] = models[cols[1]].tolist()
+            lists[5] = status[cols[5].astype(np.int64) + 128].tolist()
+            yield lists
+
+    kinds = np.array([_TYPE_NAME.get(v, v) for v in range(-128, 128)], dtype=object)
+    errors = np.array([_ERROR_NAME.get(v, v) for v in range(-128, 128)], dtype=object)
+
+    def act_blocks():
+        for i in range(0, len(act[0]), rows):
+            cols = [c[i:i + rows] for c in act]
+            lists = [c.tolist() for c in cols]
+            lists[1] = kinds[cols[1].astype(np.int64) + 128].tolist()
+            lists[2] = errors[cols[2].astype(np.int64) + 128].tolist()
+            lists[5] = models[cols[5]].tolist()
+            yield lists
+
+    yield from _write_tsv(out / "requests.tsv", REQUEST_COLUMNS, _REQUEST_TSV, req_blocks(), append)
+    yield from _write_tsv(out / "actions.tsv", ACTION_COLUMNS, _ACTION_TSV, act_blocks(), append)
+
+
+def _write_tsv(path: Path, columns: tuple, fmt: str, blocks, append: bool = False):
     """Whole rows only: unbuffered, each write call a run of complete lines, so a process
     killed while writing leaves every row it wrote intact (and none half-written).
-    ``blocks``: lists of column values, ``fmt`` one line's %-format."""
+    ``blocks``: lists of column values, ``fmt`` one line's %-format. A generator: yields
+    after each write."""
     line = fmt.__mod__
     with path.open("ab" if append else "wb", buffering=0) as f:
         if not append:
             f.write(("\t".join(columns) + "\n").encode())
         for cols in blocks:
             f.write("".join(map(line, zip(*cols, strict=True))).encode())
+            yield
 
 
 def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:

@@ -228,6 +228,31 @@ def test_tsv_flush_appends_whole_lines_and_forgets(tmp_path):
     assert filecmp.cmp(tmp_path / "actions.tsv", tmp_path / "all" / "actions.tsv", shallow=False)
 
 
+def test_tsv_flush_in_steps_writes_what_flush_writes(tmp_path):
+    """The controller's periodic flush runs in steps (the event loop serves others between
+    them): the rows are taken at the first step, each step writes at most its share, rows
+    that come in meanwhile go to the next flush, and the files are what ``flush`` and
+    ``write`` make of the same rows."""
+    tel = Telemetry(0)
+    ref = Telemetry(0)
+    first, _ = fill(tel, 250, seed=1)
+    fill(ref, 250, seed=1)
+    steps = tel.flush_steps(tmp_path, rows_per_step=100)
+    next(steps)  # the rows are taken: the first 100 requests are in the file
+    assert tel.requests == [] and tel.actions == []
+    assert (tmp_path / "requests.tsv").read_bytes() == ref_request_tsv(first[:100])
+    later, _ = fill(tel, 120, seed=2)  # arrives while the steps go on
+    fill(ref, 120, seed=2)
+    n_acts = len(ref.actions) - len(tel.actions)  # the first fill's actions
+    assert 1 + sum(1 for _ in steps) == 3 + -(-n_acts // 100)  # 250 requests: 3 steps
+    assert (tmp_path / "requests.tsv").read_bytes() == ref_request_tsv(first)
+    assert len(tel.requests) == 120
+    tel.flush(tmp_path)
+    assert (tmp_path / "requests.tsv").read_bytes() == ref_request_tsv(first + later)
+    ref.write(tmp_path / "all")
+    assert filecmp.cmp(tmp_path / "actions.tsv", tmp_path / "all" / "actions.tsv", shallow=False)
+
+
 def test_npz_flush_writes_only_at_the_end(tmp_path):
     tel = Telemetry(0, "npz")
     reqs, acts = fill(tel, 100)
