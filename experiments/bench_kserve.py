@@ -252,6 +252,9 @@ class Peer:
                 stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
     def stop(self) -> None:
+        """Stop the server and what it started (the hop's echo process); returns when none
+        of them runs any more."""
+        tree = tree_pids([self.proc.pid])
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -263,6 +266,7 @@ class Peer:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except OSError:
             pass
+        wait_gone(tree, 10.0)
 
 
 # ---------------------------------------------------------------- ours
@@ -295,6 +299,21 @@ def tree_pids(roots: list[int]) -> list[int]:
         except OSError:
             pass
     return out
+
+
+def wait_gone(pids: list[int], timeout: float) -> None:
+    """Until none of ``pids`` runs (gone, or a zombie left for its parent to reap), at most
+    ``timeout`` seconds: a SIGKILL is delivered when kill returns, not yet done."""
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                break  # gone
+            if state in ("Z", "X"):
+                break
+            time.sleep(0.01)
 
 
 def tree_cpu(pids: list[int]) -> float:
