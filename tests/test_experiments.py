@@ -163,3 +163,26 @@ def test_live_refuses_scales_it_cannot_hold(tmp_path, capsys):
     with pytest.raises(common.LiveRefused):
         fig11_scale.main(["--full", "--live", "--out", str(tmp_path)])
     assert "150 emulated workers" in capsys.readouterr().err
+
+
+def test_live_scale_runs_the_simulator_and_the_live_cluster_side_by_side(tmp_path, capsys):
+    """experiments/live_scale.py at a small shape: the simulator's run and a live one of
+    the same scenario (the same arrivals), printed and written side by side, the live one
+    with the count of workers the controller found suspect."""
+    from experiments import live_scale
+
+    sc = live_scale.scenario(30, 2, 1, 150.0, 1.0, 100.0)
+    assert sum(m["copies"] for m in sc["models"]) == 30 and len(sc["models"]) == 9
+    assert live_scale.main(["--instances", "30", "--workers", "2", "--gpus", "1", "--rate",
+                            "150", "--duration", "1", "--repeats", "1", "--json",
+                            str(tmp_path / "runs.json")]) == 0
+    sim, live = json.loads((tmp_path / "runs.json").read_text())["runs"]
+    assert (sim["mode"], live["mode"]) == ("simulator", "live")
+    assert sim["requests"] == live["requests"] > 80
+    assert sim["workers_suspected"] is None and isinstance(live["workers_suspected"], int)
+    assert live["controller_cpu_s"] > 0 and 0 < live["attainment"] <= 1
+    out = capsys.readouterr().out
+    assert "live attainment median" in out and "workers suspected" in out
+    with pytest.raises(SystemExit) as e:  # a shape that cannot be: one line, exit 2
+        live_scale.main(["--instances", "0"])
+    assert e.value.code == 2 and "must be positive" in capsys.readouterr().err
