@@ -29,9 +29,11 @@ message the worker answers at once, which the transport reports with ``heard_fro
 unanswered within ``probe_timeout`` the worker is *suspect*: treated as lost (its
 requests are re-planned elsewhere while they can still make their deadlines, and its
 late results are dropped). The first message heard from a suspect worker re-admits it:
-the loop asks the transport to ``reset`` it (an empty cache, nothing in flight) and
-gives its GPUs back to the policy, which loads them again by its own demand rules. A
-worker that is merely slow answers the probe and is left alone.
+it is the same process, with the weights it had, so the policy keeps the copies it held
+(``readmit_gpu``: ready at once, no LOAD), and the loop asks the transport to ``reset``
+the worker -- keep exactly those weights, drop every other one and everything in flight
+-- before anything else is sent to it. A worker that is merely slow answers the probe
+and is left alone.
 """
 
 from __future__ import annotations
@@ -81,9 +83,10 @@ class ControllerTransport(Protocol):
     def probe(self, worker: int) -> None:
         """Ask ``worker`` for an immediate answer; report it with ``loop.heard_from``."""
 
-    def reset(self, worker: int) -> None:
-        """Tell ``worker`` (before anything sent after this call) to drop its weights and
-        everything in flight: it is being re-admitted after it was suspect."""
+    def reset(self, worker: int, keep: list[tuple[int, str, int]]) -> None:
+        """Tell ``worker`` (before anything sent after this call) to drop everything in
+        flight and every weights but ``keep``'s, each (its GPU on the worker, model,
+        version): it is being re-admitted after it was suspect."""
 
 
 class LoopObserver:
@@ -124,6 +127,7 @@ class ControllerLoop:
         self.gpus_of: list[list[int]] = [[] for _ in range(n)]
         for i, s in enumerate(specs):
             self.gpus_of[s.worker].append(i)
+        self.local = [s.gpu for s in specs]  # policy GPU index -> the GPU on its worker
         self.n_gpus = len(specs)
         self.up = [True] * n
         self.outstanding: list[dict[int, Action]] = [{} for _ in range(n)]
@@ -210,10 +214,8 @@ class ControllerLoop:
         self._dirty = True
         self.probing.pop(worker, None)
         if self.suspect[worker]:
-            self.suspect[worker] = False
             self.observer.readmitted(worker)
-            self.transport.reset(worker)
-            self.worker_back(worker, now)
+            self._readmit(worker, now)
 
     def _check_liveness(self, now: int, lag: int = 0) -> None:
         probing = self.probing
@@ -267,6 +269,7 @@ class ControllerLoop:
         for s in specs:
             out.extend(self.policy.add_gpu(s, now))
             self.gpus_of[w].append(self.n_gpus)
+            self.local.append(s.gpu)
             self.n_gpus += 1
         self._after(out, now)
         return w
@@ -280,6 +283,22 @@ class ControllerLoop:
         out: list[Action] = []
         for g in self.gpus_of[worker]:
             out.extend(self.policy.set_gpu_available(g, True, now))
+        self._after(out, now)
+
+    def _readmit(self, worker: int, now: int) -> None:
+        """A suspect ``worker`` answers again: its GPUs are back with the copies the
+        policy keeps, which the reset tells the worker to keep, before anything else."""
+        self.up[worker] = True
+        self._dirty = True
+        self.suspect[worker] = False
+        self.probing.pop(worker, None)
+        keep: list[tuple[int, str, int]] = []
+        out: list[Action] = []
+        for g in self.gpus_of[worker]:
+            kept, actions = self.policy.readmit_gpu(g, now)
+            keep.extend((self.local[g], model, version) for model, version in kept)
+            out.extend(actions)
+        self.transport.reset(worker, keep)
         self._after(out, now)
 
     def apply(self, actions: list[Action], now: int) -> None:

@@ -5,7 +5,7 @@ actions to send. It never reads a clock, sleeps or does I/O. Times are int
 nanoseconds on the caller's clock (the one ``now`` is read from).
 
 The event methods (``on_request``, ``on_result``, ``on_tick``, ``set_gpu_available``,
-``add_model``, ``remove_model``) change the policy; ``next_wakeup`` and ``drain_replies`` are how the shell learns what
+``readmit_gpu``, ``add_model``, ``remove_model``) change the policy; ``next_wakeup`` and ``drain_replies`` are how the shell learns what
 to do next. The read-only methods (``queued``, ``model_view``, ``pages_used``,
 ``stats``) are for status calls, metrics and experiments: they change nothing, so a
 shell may call them at any time between events, as often as it likes. Shells use only
@@ -76,6 +76,15 @@ class Policy(ABC):
         cache (True). A policy that does not override this learns of a lost GPU only
         from the failed results of the actions sent to it."""
         return []
+
+    def readmit_gpu(self, gpu_index: int, now: int) -> tuple[list[tuple[str, int]], list[Action]]:
+        """A lost GPU is back with the weights its worker still has (the same worker
+        process: it stopped answering for a while, then answered again). Returns the
+        copies the policy keeps, as (model, version) -- the worker drops every other
+        weights it holds and everything in flight -- and the actions to send after that.
+        A policy that does not override this keeps nothing: the GPU is back with an
+        empty cache (``set_gpu_available(gpu_index, True, now)``)."""
+        return [], self.set_gpu_available(gpu_index, True, now)
 
     def add_gpu(self, spec: GpuSpec, now: int) -> list[Action]:
         """A GPU joins at run time (its worker was added to the cluster): it gets the next

@@ -882,7 +882,22 @@ class ClockworkScheduler(Policy):
         e = m.est.load
         start = g.pcie.add(aid, now, e, now)
         latest = max(now + cfg.future + cfg.latest_delta, start + cfg.latest_delta)
-        inst = Instance(m, g, m.versions, start + e)
+        inst = self._place_copy(g, m, m.versions, start + e, loading=True)
+        a = Action(aid, ActionType.LOAD, g.worker, g.gpu, m.name, now, latest, e,
+                   version=m.versions, expected_end=start + e, sent_at=now)
+        self._sent.add(a, g, inst, [])
+        out.append(a)
+        if m.live:
+            g.active[m.name] = None
+            self._schedule_infer(g, now, out)
+
+    def _place_copy(self, g: GpuState, m: ModelState, version: int, ready_at: int,
+                    loading: bool) -> Instance:
+        """A copy of ``m`` on ``g`` in our view: its pages taken, the indexes told."""
+        inst = Instance(m, g, version, ready_at)
+        inst.loading = loading
+        if not loading:
+            m.ready_copies += 1
         self._use_seq += 1
         inst.last_used = self._use_seq
         g.instances[m.name] = inst
@@ -898,13 +913,7 @@ class ClockworkScheduler(Policy):
             for i in m.instances.values():
                 self._index_copy(m, i)
         self._unserved.discard(m.name)
-        a = Action(aid, ActionType.LOAD, g.worker, g.gpu, m.name, now, latest, e,
-                   version=m.versions, expected_end=start + e, sent_at=now)
-        self._sent.add(a, g, inst, [])
-        out.append(a)
-        if m.live:
-            g.active[m.name] = None
-            self._schedule_infer(g, now, out)
+        return inst
 
     def _send_evict(self, inst: Instance, now: int, out: list[Action]) -> None:
         g = inst.gpu
@@ -988,21 +997,21 @@ class ClockworkScheduler(Policy):
     # ------------------------------------------------------------------ GPUs coming and going
 
     def set_gpu_available(self, gpu_index: int, available: bool, now: int) -> list[Action]:
-        """Lost (False): forget every copy on the GPU (its worker will come back with an
-        empty cache) and place nothing there; queued requests of models left without a
-        copy get new ones elsewhere. Back (True): an empty GPU; the copies it held when
-        it was lost are loaded again, in the order it last used them, for every model
-        still in use (with a copy elsewhere or requests queued) -- returning capacity
-        takes its share of the load back at once instead of waiting until the other
-        GPUs saturate."""
+        """Lost (False): forget every copy on the GPU and place nothing there; queued
+        requests of models left without a copy get new ones elsewhere. Back (True): an
+        empty GPU (its worker came back with an empty cache); the copies it held when it
+        was lost are loaded again, in the order it last used them, for every model still
+        in use (with a copy elsewhere or requests queued) -- returning capacity takes its
+        share of the load back at once instead of waiting until the other GPUs
+        saturate."""
         g = self.gpus[gpu_index]
         out: list[Action] = []
         if g.available == available:
             return out
         g.available = available
         if not available:
-            g.held = [i.model.name for i in sorted(g.instances.values(),
-                                                   key=lambda i: -i.last_used)
+            g.held = [(i.model.name, i.version)
+                      for i in sorted(g.instances.values(), key=lambda i: -i.last_used)
                       if not i.loading]
             for inst in list(g.instances.values()):
                 self._drop_instance(inst, now)
@@ -1010,7 +1019,7 @@ class ClockworkScheduler(Policy):
         else:
             g.free_pages = g.total_pages - sum(i.model.pages for i in g.instances.values())
             held, g.held = g.held, []
-            for name in held:
+            for name, _ in held:
                 m = self.models.get(name)
                 if (m is not None and name not in g.instances and m.pages <= g.free_pages
                         and (m.instances or m.live)):
@@ -1018,6 +1027,32 @@ class ClockworkScheduler(Policy):
         if self._unserved:
             self._schedule_loads(now, out, only_idle=False)
         return out
+
+    def readmit_gpu(self, gpu_index: int, now: int) -> tuple[list[tuple[str, int]], list[Action]]:
+        """Back with the weights it had: the copies the GPU held (loaded, not loading)
+        when it was lost are its copies again at once, ready, with the versions they had
+        -- every one whose model is still served -- and no LOAD is sent for them. A copy
+        the worker turns out not to have fails its first INFER (``WEIGHTS_NOT_PRESENT``)
+        and is forgotten then, like any copy our view was wrong about."""
+        g = self.gpus[gpu_index]
+        if g.available:
+            return [], []
+        g.available = True
+        g.free_pages = g.total_pages - sum(i.model.pages for i in g.instances.values())
+        held, g.held = g.held, []
+        keep: list[tuple[str, int]] = []
+        for name, version in reversed(held):  # least recently used first: the same order
+            m = self.models.get(name)
+            if m is not None and name not in g.instances and m.pages <= g.free_pages:
+                self._place_copy(g, m, version, now, loading=False)
+                keep.append((name, version))
+                if m.live:
+                    g.active[m.name] = None
+        out: list[Action] = []
+        self._schedule_infer(g, now, out)
+        if self._unserved:
+            self._schedule_loads(now, out, only_idle=False)
+        return keep, out
 
     def add_gpu(self, spec: GpuSpec, now: int) -> list[Action]:
         g = GpuState(len(self.gpus), spec.worker, spec.gpu, spec.pages, self.cfg)

@@ -209,6 +209,7 @@ class WorkerLink:
     echo_seq: int = 0
     echo_due: bool = False
     reset_due: bool = False  # write a Hello(reset) before any further action
+    keep: list = field(default_factory=list)  # the reset's weights to keep: (gpu, model, version)
     error: str = ""
     # InstanceUpdates to write, each after the first ``pos`` actions of ``pending``
     updates: list = field(default_factory=list)  # (pos, pb.InstanceUpdate)
@@ -595,7 +596,11 @@ class ControllerNode:
                         echo=pb.ClockEcho(seq=link.echo_seq, controller_time=now_ns())))
                 if link.reset_due:
                     link.reset_due = False
-                    await call.write(pb.ControllerMessage(hello=self._hello(link)))
+                    h = self._hello(link)
+                    h.keep.extend(pb.KeptWeights(gpu=g, model=m, version=v)
+                                  for g, m, v in link.keep)
+                    link.keep = []
+                    await call.write(pb.ControllerMessage(hello=h))
                 acts, link.pending = link.pending, []
                 if link.updates:
                     acts = await self._write_updates(link, call, acts)
@@ -806,13 +811,14 @@ class ControllerNode:
         link.echo_due = True  # the worker echoes at once; _reader reports heard_from
         link.wake.set()
 
-    def reset(self, worker: int) -> None:
+    def reset(self, worker: int, keep: list[tuple[int, str, int]]) -> None:
         link = self.links[worker]
         link.pending = []  # queued before it was suspect: failed already
         link.reset_due = True
+        link.keep = keep
         link.wake.set()
-        print(f"controller: worker {link.address} answers again; resetting and re-admitting it",
-              file=sys.stderr, flush=True)
+        print(f"controller: worker {link.address} answers again; resetting and re-admitting it "
+              f"({len(keep)} cached model(s) kept)", file=sys.stderr, flush=True)
 
     def arm(self, at: int) -> None:
         if self._tick_handle is not None:

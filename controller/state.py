@@ -161,7 +161,8 @@ class GpuState:
         self.wake_at = 0  # a pending on_tick for this GPU's EXEC lane (0: none)
         self.last_earliest = 0  # ``earliest`` of the last INFER sent (kept monotone)
         self.available = True  # False while its worker is gone: nothing is placed here
-        self.held: list[str] = []  # the models it held when it was lost (restored on return)
+        # the copies (model, version) it held when it was lost (restored on return)
+        self.held: list[tuple[str, int]] = []
         self.wide: list[ModelState] = []  # models with a CopyIndex that have a copy here
         self.share = 0.0  # load_share() when the scheduler last looked (see _refresh_shares)
 

@@ -166,3 +166,30 @@ def test_infer_waits_for_a_load_in_progress_within_its_window():
     e2.submit(load(1, "a"), 0)
     res = e2.submit(infer(2, "a", earliest=1 * MS, latest=5 * MS), 1 * MS) + run_until_idle(e2)
     assert {r.id: r.status for r in res}[2] == ErrorCode.WEIGHTS_NOT_PRESENT
+
+
+def test_a_reset_keeps_only_the_named_weights_fully_loaded_at_their_version():
+    """``keep_weights``: the executors after a reset take over the weights the controller
+    names (GPU, model, version) that are loaded by then; not one still loading, not one
+    at another version, not one on another GPU; nothing in flight goes with them."""
+    from worker.executor import keep_weights
+    old = ex(pages=30, a=7, b=7, c=7)
+    old.submit(load(1, "a", version=4), 0)
+    old.submit(load(2, "b", version=5), 0)
+    run_until_idle(old)  # a and b loaded by 16 ms
+    old.submit(load(3, "c", version=6), 20 * MS)  # loading until 28 ms
+    old.submit(infer(4, "a", earliest=30 * MS), 20 * MS)  # in flight
+    new = [ex(pages=30, a=7, b=7, c=7)]
+    kept = keep_weights([old], new, [(0, "a", 4), (0, "b", 9), (0, "c", 6), (1, "a", 4)],
+                        21 * MS)
+    assert kept == [{"a"}]
+    e = new[0]
+    assert e.loaded_models() == ["a"] and e.pages_used == 7
+    assert e.next_time() is None  # the INFER in flight was not taken over
+    # the kept weights serve at once, at their version; the others need a LOAD
+    e.submit(infer(5, "a", earliest=22 * MS, version=4), 21 * MS)
+    e.submit(infer(6, "b", earliest=22 * MS), 21 * MS)
+    res = {r.id: r.status for r in run_until_idle(e)}
+    assert res == {5: ErrorCode.SUCCESS, 6: ErrorCode.WEIGHTS_NOT_PRESENT}
+    # a kept copy is a copy like any other: EVICT frees its pages
+    assert e.submit(evict(7, "a"), 40 * MS)[0].ok and e.pages_used == 0

@@ -20,7 +20,8 @@ def _serve(tmp_path, scenario: str):
     sc.write_text(scenario)
     out = tmp_path / "run"
     p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve", str(sc),
-                        "--replay", "--quiet", "--out", str(out)], capture_output=True,
+                        "--replay", "--quiet", "--out", str(out),
+                        "--log-dir", str(tmp_path / "controller")], capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     with open(out / "requests.tsv") as f:
@@ -59,6 +60,15 @@ hang = [{ worker = 0, at_s = 2.0, for_s = 3.0 }]
     # re-admitted: worker 0's GPU serves again after it resumed
     assert any(r["gpu"] == "0" and int(r["arrival"]) > sec(5.5) and r["status"] == "SUCCESS"
                for r in rows)
+    # ... with the weights it had: the reset kept them (no LOAD of a model it held), and
+    # no INFER found them missing
+    with open(tmp_path / "controller" / "actions.tsv") as f:  # the controller's own log
+        acts = [a for a in csv.DictReader(f, delimiter="\t") if a["worker"] == "0"]
+    held = {a["model"] for a in acts if a["type"] == "LOAD" and a["status"] == "SUCCESS"
+            and int(a["sent"]) < sec(2.0)}
+    after = [a for a in acts if int(a["sent"]) > sec(5.0)]
+    assert held and not [a for a in after if a["type"] == "LOAD" and a["model"] in held]
+    assert not [a for a in after if a["status"] == "WEIGHTS_NOT_PRESENT"]
 
 
 def test_a_killed_controller_is_replaced_and_every_request_answered_once():

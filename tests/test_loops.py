@@ -38,6 +38,7 @@ class Recorder:
         self.results = []
         self.probes: list[int] = []
         self.resets: list[int] = []
+        self.kept: list[list[tuple[int, str, int]]] = []  # what each reset keeps
 
     def send(self, worker, actions):
         self.sent.append((worker, list(actions)))
@@ -51,8 +52,9 @@ class Recorder:
     def probe(self, worker):
         self.probes.append(worker)
 
-    def reset(self, worker):
+    def reset(self, worker, keep):
         self.resets.append(worker)
+        self.kept.append(list(keep))
 
     # worker side
     def run(self, executor, action):
@@ -161,6 +163,71 @@ def test_a_returning_gpu_gets_its_copies_back():
     assert [a.type for a in again][:1] == [ActionType.LOAD] and again[0].model == "resnet50_v2"
 
 
+def _loaded_then_suspect(loop, t):
+    """A request loads resnet50_v2 on a worker and runs; the worker then hangs (its next
+    INFER is never answered) until the loop finds it suspect. Returns (worker, the LOAD,
+    the time it was found suspect)."""
+    from clockwork.actions import Result
+    loop.request(Request(1, "resnet50_v2", 0, ms(100)), 0)
+    (w, acts), = t.sent
+    load, infer = acts
+    assert (load.type, infer.type) == (ActionType.LOAD, ActionType.INFER)
+    end = load.expected_end
+    loop.results(w, [Result(id=load.id, type=ActionType.LOAD, status=ErrorCode.SUCCESS,
+                            worker=w, gpu=0, model=load.model, received=0, begin=0, end=end)],
+                 end)
+    now = end
+    while not loop.suspect[w]:  # the INFER is overdue, the probe goes unanswered
+        now = loop.armed
+        loop.tick(now)
+    return w, load, now
+
+
+def test_a_readmitted_worker_keeps_the_copies_it_held():
+    """A worker found suspect and heard from again is the same process, with the weights
+    it had: the reset keeps them (GPU, model, the LOAD's version), the copy is ready at
+    once, and the next request runs on it with no LOAD."""
+    loop, t = controller(workers=1)
+    w, load, now = _loaded_then_suspect(loop, t)
+    loop.tick(now + FAIL_DELAY)  # the failed INFER: its request has no GPU left
+    n = len(t.sent)
+    back = now + ms(20)
+    loop.heard_from(w, back)
+    assert t.resets == [w] and t.kept == [[(0, "resnet50_v2", load.version)]]
+    assert loop.up[w] and not loop.suspect[w]
+    assert not [a for _, acts in t.sent[n:] for a in acts if a.type == ActionType.LOAD]
+    assert loop.policy.model_view("resnet50_v2").loading_on == ()
+    loop.request(Request(2, "resnet50_v2", back, ms(100)), back)
+    (ww, acts), = t.sent[-1:]
+    assert ww == w and [a.type for a in acts] == [ActionType.INFER]
+    assert acts[0].version == load.version
+
+
+def test_a_kept_copy_the_worker_does_not_have_is_forgotten_and_its_request_served():
+    """The reset named a copy the worker no longer has: its first INFER fails
+    WEIGHTS_NOT_PRESENT, the copy is forgotten, a LOAD follows and the request is
+    still served within its deadline."""
+    from clockwork.actions import Result
+    loop, t = controller(workers=1)
+    w, load, now = _loaded_then_suspect(loop, t)
+    back = now + FAIL_DELAY
+    loop.tick(back)
+    loop.heard_from(w, back)
+    loop.request(Request(2, "resnet50_v2", back, ms(100)), back)
+    (ww, (infer,)), = t.sent[-1:]
+    loop.results(w, [Result(id=infer.id, type=ActionType.INFER,
+                            status=ErrorCode.WEIGHTS_NOT_PRESENT, worker=w, gpu=0,
+                            model=infer.model, batch_size=1, received=back, begin=back,
+                            end=back)], back + ms(1))
+    assert loop.policy.model_view("resnet50_v2").loaded_on == ()  # forgotten
+    n = len(t.sent)
+    while len(t.sent) == n:
+        loop.tick(loop.armed)  # the next LOAD check
+    again = t.sent[-1][1]
+    assert [a.type for a in again] == [ActionType.LOAD, ActionType.INFER]
+    assert again[1].expected_end < back + ms(100)
+
+
 def test_unknown_results_are_ignored():
     loop, t = controller(workers=1)
     from clockwork.actions import Result
@@ -242,6 +309,18 @@ def test_faults_are_deterministic_and_take_effect():
     # without faults the same load is fully met
     clean = simulate({**FAULTY, "faults": {}})
     assert clean.summary["slo_attainment"] > s["slo_attainment"]
+
+
+def test_a_hung_worker_comes_back_with_its_weights():
+    """Simulated: worker 0 hangs 0.5 s and is re-admitted with the weights it had. No
+    LOAD is sent to it after the hang, and every INFER it gets from then succeeds."""
+    rows = simulate(FAULTY).telemetry.actions  # (id, type, status, worker, gpu, model, .., sent, ..)
+    held = {a[5] for a in rows if a[:4] == (a[0], "LOAD", "SUCCESS", 0) and a[7] < sec(4.5)}
+    assert len(held) == 8  # both models' 4 instances
+    assert not [a for a in rows if a[1] == "LOAD" and a[3] == 0 and a[7] > sec(4.5)]
+    after = [a for a in rows if a[1] == "INFER" and a[3] == 0 and a[7] > sec(5.0)]
+    assert len(after) > 100 and {a[2] for a in after} == {"SUCCESS"}
+    assert {a[5] for a in after} <= held
 
 
 def test_fault_settings_are_checked():

@@ -21,6 +21,7 @@ passed).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -159,6 +160,22 @@ class GpuExecutor:
         if er is not None and er.action.model == model:
             self._evicted_while_running.add(er.action.id)
         self.free_pages.extend(reversed(w.pages))
+
+    def take_weights(self, old: GpuExecutor, keep: dict[str, int], now: int) -> set[str]:
+        """A reset that keeps some weights: this new executor for the same GPU takes over
+        from ``old`` (the one it replaces) the weights ``keep`` names (model -> version)
+        that are fully loaded there by ``now`` at that version, for models it serves.
+        Nothing in flight is taken over. Returns the names taken."""
+        taken: set[str] = set()
+        for name, version in keep.items():
+            w = old.weights.get(name)
+            if (w is None or w.version != version or w.ready_at > now or name not in self.models
+                    or name in self.weights or len(w.pages) > len(self.free_pages)):
+                continue
+            pages = [self.free_pages.pop() for _ in w.pages]
+            self.weights[name] = Weights(pages, version, w.ready_at)
+            taken.add(name)
+        return taken
 
     def take_started(self) -> list[Action]:
         """Open actions started since the last call, for the shell to run for real."""
@@ -305,4 +322,20 @@ class GpuExecutor:
                       begin=at, end=at, message=message)
 
 
-__all__ = ["Device", "GpuExecutor", "Lane", "Weights", "NEVER", "PENDING"]
+def keep_weights(old: list[GpuExecutor], new: list[GpuExecutor],
+                 keep: Iterable[tuple[int, str, int]], now: int) -> list[set[str]]:
+    """A worker's reset that keeps the weights ``keep`` names, each (GPU, model,
+    version): ``new`` (the GPUs' executors after it) take them over from ``old`` (those
+    before it; ``take_weights``). Returns, per GPU of ``new``, the names kept."""
+    per: dict[int, dict[str, int]] = {}
+    for gpu, model, version in keep:
+        per.setdefault(gpu, {})[model] = version
+    out: list[set[str]] = []
+    for ex in new:
+        want = per.get(ex.gpu)
+        before = old[ex.gpu] if want and ex.gpu < len(old) else None
+        out.append(ex.take_weights(before, want, now) if before is not None else set())
+    return out
+
+
+__all__ = ["Device", "GpuExecutor", "Lane", "Weights", "NEVER", "PENDING", "keep_weights"]

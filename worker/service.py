@@ -75,7 +75,7 @@ from clockwork.protocol.wire import (
 )
 from clockwork.tensors import Tensor
 from worker.devices.emulated import EmulatedDevice
-from worker.executor import GpuExecutor
+from worker.executor import GpuExecutor, keep_weights
 from worker.loop import WorkerLoop
 
 DEVICES = ("emulated", "cpu", "cuda")
@@ -144,18 +144,22 @@ class WorkerNode:
 
     # -- state ---------------------------------------------------------------------------
 
-    def _reset(self, instances: dict[str, ModelProfile]) -> None:
+    def _reset(self, instances: dict[str, ModelProfile], keep=()) -> None:
+        """Nothing in flight, and an empty weights cache but for ``keep``'s weights,
+        each (GPU, instance, version), where they are fully loaded."""
+        old = self.executors
         self.instances = instances
-        for dev in self.real:  # an empty weights cache (EXECs still running free theirs later)
-            for name, m in list(dev.models.items()):
-                if m.pages is not None:
-                    dev.evict(name)
         self.executors = [
             GpuExecutor(self.worker_id, g, self.pages, instances,
                         self.real[g] if self.real else EmulatedDevice(self.noise, self.seed * 1000 + g,
                                                                       *self.slow))
             for g in range(self.n_gpus)
         ]
+        kept = keep_weights(old, self.executors, keep, now_ns()) if keep else []
+        for g, dev in enumerate(self.real):  # EXECs still running free theirs later
+            for name, m in list(dev.models.items()):
+                if m.pages is not None and not (kept and name in kept[g]):
+                    dev.evict(name)
         if self.wloop is None:
             self.wloop = WorkerLoop(self.worker_id, self.executors, self, real=bool(self.real))
         else:
@@ -263,7 +267,7 @@ class WorkerNode:
                 inst[i.name] = p
         self._renamed = {name: self._renamed[name] for name in inst}  # only the current ones
         if h.reset or not self.executors or inst.keys() != self.instances.keys():
-            self._reset(inst)
+            self._reset(inst, [(k.gpu, k.model, k.version) for k in h.keep])
         return self.state(missing)
 
     def update(self, u: pb.InstanceUpdate) -> pb.WorkerState:

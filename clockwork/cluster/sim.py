@@ -33,7 +33,7 @@ from controller.config import SchedulerConfig
 from controller.loop import ControllerLoop, Liveness, LoopObserver
 from controller.policy import GpuSpec, Policy
 from worker.devices.emulated import EmulatedDevice
-from worker.executor import GpuExecutor
+from worker.executor import GpuExecutor, keep_weights
 from worker.loop import WorkerLoop
 
 
@@ -72,7 +72,15 @@ def run_info(wall_s: float, sc: Scenario, events: int = 0) -> dict:
 
 # event kinds
 _OPEN, _SUBMIT, _TO_WORKER, _WAKE, _TO_CTRL, _TICK, _FAULT = range(7)
-_PROBE, _RESET = "probe", "reset"  # controller -> worker messages that are not actions
+_PROBE = "probe"  # a controller -> worker message that is not actions (nor a reset)
+
+
+@dataclass(slots=True)
+class _Reset:
+    """The controller's reset of a worker it re-admits: the weights to keep, each
+    (GPU, model, version); everything else is dropped."""
+
+    keep: list[tuple[int, str, int]]
 
 
 class Simulation:
@@ -263,9 +271,10 @@ class Simulation:
                 to_worker(w, _PROBE)
 
             @staticmethod
-            def reset(w):
-                to_worker(w, _RESET)
-                log.append((now, f"controller resets worker {w}"))
+            def reset(w, keep):
+                to_worker(w, _Reset(keep))
+                log.append((now, f"controller resets worker {w}, keeping {len(keep)} "
+                                 "cached model(s)"))
 
             @staticmethod
             def answer(replies):
@@ -446,9 +455,11 @@ class Simulation:
                 elif actions is _PROBE:  # answered at once
                     seq += 1
                     push(heap, (arrival(w, now, last_out), seq, _TO_CTRL, (w, _PROBE)))
-                elif actions is _RESET:  # empty caches, nothing in flight
+                elif type(actions) is _Reset:  # nothing in flight, only the kept weights
                     gen[w] += 1
-                    wloops[w] = WorkerLoop(w, self.executors_of(w, gen[w]), ToController(w, gen[w]))
+                    fresh = self.executors_of(w, gen[w])
+                    keep_weights(wloops[w].executors, fresh, actions.keep, now + offsets[w])
+                    wloops[w] = WorkerLoop(w, fresh, ToController(w, gen[w]))
                 else:
                     wloops[w].submit(actions, now + offsets[w])
                     track_pages(w)
