@@ -39,6 +39,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from clockwork.actions import Action, Result  # noqa: E402
+from clockwork.cluster.faults import LiveFaults  # noqa: E402
 from clockwork.cluster.replay import ReplayResult, replay  # noqa: E402
 from clockwork.cluster.serve import LocalCluster, cluster_from_scenario, ensure_packages  # noqa: E402
 from clockwork.cluster.sim import SimResult, Simulation  # noqa: E402
@@ -292,8 +293,10 @@ def _first_arrival(path: Path) -> int | None:
 def run_live(sc: Scenario, max_outstanding: int = 20000, echo: bool = False) -> LiveResult:
     """Run ``sc`` live: start a ``LocalCluster`` sized from its ``[cluster]``,
     ``[[models]]`` and ``[scheduler]`` (as ``clockwork serve`` does), replay its workloads
-    against it with ``clockwork.cluster.replay.replay`` (real clock), stop the cluster, and merge
-    the controller's action log (``--log-dir``) into the result.
+    against it with ``clockwork.cluster.replay.replay`` (real clock) while its ``[faults]``
+    are played on the worker processes (``LiveFaults``, as ``clockwork serve --replay``
+    does), stop the cluster, and merge the controller's action log (``--log-dir``) into the
+    result.
 
     Requests are the replay's (latency measured at the client, network included). The
     controller's logs have their own clock origin (its start); action times are moved onto
@@ -312,9 +315,14 @@ def run_live(sc: Scenario, max_outstanding: int = 20000, echo: bool = False) -> 
         kw["controller_args"] = kw["controller_args"] + ["--log-dir", logs]
         cluster = LocalCluster(**kw, echo=echo, http_port=-1, timeout=60.0)
         with cluster:
+            faults = LiveFaults(cluster, sc.faults)  # as ``clockwork serve --replay`` plays them
             procs = [cluster.controller.proc] + [w.proc for w in cluster.workers]
             cpu0 = [_cpu_s(p.pid) for p in procs]
-            res = asyncio.run(replay(sc, cluster.address, max_outstanding, False))
+            try:
+                res = asyncio.run(replay(sc, cluster.address, max_outstanding, False,
+                                         on_start=faults.start if faults else None))
+            finally:
+                faults.stop()
             cpu = [_cpu_s(p.pid) - c0 for p, c0 in zip(procs, cpu0, strict=True)]
             cluster.controller.stop(timeout=60.0)  # writes its logs on SIGTERM
         tel = res.telemetry

@@ -6,11 +6,16 @@ controller and the load generator as processes on this machine, real clocks, rea
 sockets -- and the same scenario in the simulator, and prints them side by side: SLO
 attainment, latency, cold starts, failed requests, rejected actions, and how often the
 controller found a worker suspect (no answer to a probe within ``probe_timeout_ms``;
-each time the worker's in-flight actions fail and, when it answers again, it is reset
-with an empty weights cache, so its models start cold).
+each time the worker's in-flight actions fail and, when it answers again, it is reset:
+nothing in flight, only the weights it had loaded kept).
 
     python experiments/live_scale.py [--instances 4026] [--workers 6] [--gpus 2]
-                                     [--rate 1000] [--duration 20] [--repeats 3] [--json F]
+                                     [--rate 1000] [--duration 20] [--repeats 3]
+                                     [--hang-s S] [--json F]
+
+``--hang-s S`` makes each worker in turn hang for S seconds once during the run (a
+``[faults]`` hang: SIGSTOP and SIGCONT live, the same in the simulator), spread evenly
+over it, so every worker is found suspect once and re-admitted.
 
 Instances are copies of the nine ``v100-reference`` profiles, as many of each; the
 Poisson workload spreads ``--rate`` evenly over them (at 1,000 r/s each instance sees a
@@ -36,9 +41,11 @@ PROFILES = ("mobilenet_v2", "resnet18_v2", "resnet34_v2", "resnet50_v2", "resnet
 
 
 def scenario(instances: int, workers: int, gpus: int, rate: float, duration: float,
-             slo_ms: float) -> dict:
+             slo_ms: float, hang_s: float = 0.0) -> dict:
     k, extra = divmod(instances, len(PROFILES))
-    return {
+    faults = {"hang": [{"worker": w, "at_s": round(duration * (w + 1) / (workers + 1), 3),
+                        "for_s": hang_s} for w in range(workers)]} if hang_s > 0 else {}
+    return {"faults": faults,
         "name": f"live-scale-{instances}", "seed": 1, "duration_s": duration,
         "cluster": {"workers": workers, "gpus_per_worker": gpus, "profiles": "v100-reference"},
         "models": [{"name": p, "copies": k + (i < extra)} for i, p in enumerate(PROFILES)
@@ -55,7 +62,7 @@ def row(mode: str, res) -> dict:
         "mode": mode, "requests": s["submitted"], "attainment": s["slo_attainment"],
         "p50_ms": lat.get("p50", 0.0), "p99_ms": lat.get("p99", 0.0),
         "cold_starts": s.get("cold_starts", 0), "failed": s["failed"],
-        "rejected_actions": acts.get("rejected", 0),
+        "rejected_actions": acts.get("rejected", 0), "loads": acts.get("load", 0),
         "workers_suspected": s.get("workers_suspected", 0) if mode == "live" else None,
         "controller_cpu_s": getattr(res, "controller_cpu_s", None),
         "workers_cpu_s": getattr(res, "workers_cpu_s", None),
@@ -69,7 +76,8 @@ def show(r: dict) -> str:
            f"  CPU s controller {r['controller_cpu_s']:.1f} workers {r['workers_cpu_s']:.1f}")
     return (f"{r['mode']:<9} {r['requests']:>7,} requests  attainment {r['attainment']:.4f}  "
             f"p50 {r['p50_ms']:6.2f} p99 {r['p99_ms']:6.2f} ms  cold {r['cold_starts']:>6,}  "
-            f"failed {r['failed']:>4,}  rejected actions {r['rejected_actions']:>4,}  "
+            f"failed {r['failed']:>4,}  loads {r['loads']:>6,}  "
+            f"rejected actions {r['rejected_actions']:>4,}  "
             f"workers suspected {sus}{cpu}")
 
 
@@ -85,16 +93,19 @@ def main(argv=None) -> int:
     p.add_argument("--duration", type=float, default=20.0, help="seconds of load per run")
     p.add_argument("--slo-ms", type=float, default=100.0)
     p.add_argument("--repeats", type=int, default=3, help="live runs (default 3)")
+    p.add_argument("--hang-s", type=float, default=0.0,
+                   help="each worker in turn hangs this long once (default 0: none)")
     p.add_argument("--json", type=Path, help="also write every run's figures here")
     a = p.parse_args(argv)
     if a.instances < 1 or a.workers < 1 or a.gpus < 1 or a.rate <= 0 or a.duration <= 0 \
-            or a.repeats < 1:
+            or a.repeats < 1 or not 0 <= a.hang_s < a.duration:
         p.error("--instances, --workers, --gpus, --rate, --duration and --repeats must be "
-                "positive")
+                "positive, and --hang-s from 0 to below --duration")
     common.check_live(a.workers, a.duration)
-    sc = scenario(a.instances, a.workers, a.gpus, a.rate, a.duration, a.slo_ms)
+    sc = scenario(a.instances, a.workers, a.gpus, a.rate, a.duration, a.slo_ms, a.hang_s)
+    hangs = f", each worker hangs {a.hang_s:g} s once" if a.hang_s else ""
     print(f"live_scale: {a.instances:,} instances, {a.workers} workers x {a.gpus} GPUs, "
-          f"Poisson {a.rate:,.0f} r/s, SLO {a.slo_ms:g} ms, {a.duration:g} s per run",
+          f"Poisson {a.rate:,.0f} r/s, SLO {a.slo_ms:g} ms, {a.duration:g} s per run{hangs}",
           flush=True)
     rows = [row("simulator", common.run(sc))]
     print(show(rows[0]), flush=True)

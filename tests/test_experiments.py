@@ -173,16 +173,22 @@ def test_live_scale_runs_the_simulator_and_the_live_cluster_side_by_side(tmp_pat
 
     sc = live_scale.scenario(30, 2, 1, 150.0, 1.0, 100.0)
     assert sum(m["copies"] for m in sc["models"]) == 30 and len(sc["models"]) == 9
+    assert sc["faults"] == {}
+    hangs = live_scale.scenario(30, 2, 1, 150.0, 1.5, 100.0, hang_s=0.2)["faults"]["hang"]
+    assert hangs == [{"worker": 0, "at_s": 0.5, "for_s": 0.2},
+                     {"worker": 1, "at_s": 1.0, "for_s": 0.2}]  # each in turn, spread
     assert live_scale.main(["--instances", "30", "--workers", "2", "--gpus", "1", "--rate",
-                            "150", "--duration", "1", "--repeats", "1", "--json",
-                            str(tmp_path / "runs.json")]) == 0
+                            "150", "--duration", "1", "--repeats", "1", "--hang-s", "0.1",
+                            "--json", str(tmp_path / "runs.json")]) == 0
     sim, live = json.loads((tmp_path / "runs.json").read_text())["runs"]
     assert (sim["mode"], live["mode"]) == ("simulator", "live")
     assert sim["requests"] == live["requests"] > 80
+    assert sim["loads"] > 0 and live["loads"] > 0
     assert sim["workers_suspected"] is None and isinstance(live["workers_suspected"], int)
     assert live["controller_cpu_s"] > 0 and 0 < live["attainment"] <= 1
     out = capsys.readouterr().out
     assert "live attainment median" in out and "workers suspected" in out
+    assert "each worker hangs 0.1 s once" in out
     with pytest.raises(SystemExit) as e:  # a shape that cannot be: one line, exit 2
         live_scale.main(["--instances", "0"])
     assert e.value.code == 2 and "must be positive" in capsys.readouterr().err
