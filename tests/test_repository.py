@@ -821,3 +821,62 @@ def test_baselines_load_and_unload_live(name):
             cl.load_model("mnet", profile="mobilenet_v2")
             assert cl.infer("mnet", slo_ms=1000).status == 0
             assert cl.infer("resnet50_v2", slo_ms=1000).status == 0
+
+
+@pytest.mark.parametrize("device", ["emulated", "cpu"])
+def test_a_reset_hello_keeps_the_weights_it_lists(device, tmp_path, cpu_package):
+    """A Hello with reset and ``keep`` (a re-admission): the worker keeps each listed
+    weights it has fully loaded at that version -- in its executor and, for a real device,
+    on the device -- and drops the others; a keep naming another version keeps nothing."""
+    import asyncio
+
+    from clockwork.actions import NEVER
+    from clockwork.protocol import clockwork_pb2 as pb
+    from worker.service import WorkerNode, now_ns
+
+    if device == "cpu":
+        for m in ("mlp", "resnet_tiny"):
+            cpu_package(m, tmp_path)
+        profiles = {"a": "mlp", "b": "resnet_tiny"}
+    else:
+        profiles = {"a": "resnet50_v2", "b": "mobilenet_v2"}
+
+    def hello(*keep):
+        return pb.Hello(worker_id=0, reset=True, keep=keep, instances=[
+            pb.Instance(name=n, profile=p) for n, p in profiles.items()])
+
+    async def loaded(w, names):
+        w.submit(pb.ActionBatch(actions=[pb.ActionMsg(
+            id=i + 1, type=int(ActionType.LOAD), gpu=0, model=n, earliest=0, latest=NEVER,
+            version=7) for i, n in enumerate(names)]))
+        for _ in range(2000):
+            if w.executors[0].loaded_models() == sorted(names) and all(
+                    wt.ready_at <= now_ns() for wt in w.executors[0].weights.values()):
+                return
+            await asyncio.sleep(0.005)
+        raise AssertionError(f"not loaded: {w.executors[0].loaded_models()}")
+
+    def on_device(w):
+        return sorted(n for n, m in w.real[0].models.items() if m.pages is not None) \
+            if w.real else w.executors[0].loaded_models()
+
+    async def main():
+        w = WorkerNode(gpus=1, pages=100 if device == "emulated" else 8, device=device,
+                       packages=str(tmp_path))
+        timer = asyncio.ensure_future(w.run_timer())
+        w.hello(hello())
+        await loaded(w, ["a", "b"])
+        used = w.executors[0].pages_used
+        st = w.hello(hello(pb.KeptWeights(gpu=0, model="a", version=7),
+                           pb.KeptWeights(gpu=1, model="b", version=7)))  # no GPU 1
+        assert list(st.gpus[0].loaded) == ["a"] and on_device(w) == ["a"]
+        assert 0 < w.executors[0].pages_used < used
+        st = w.hello(hello(pb.KeptWeights(gpu=0, model="a", version=6)))  # another version
+        assert list(st.gpus[0].loaded) == [] and on_device(w) == []
+        await loaded(w, ["b"])  # the cache works on after a reset
+        timer.cancel()
+        for ex, ld in w._threads:
+            ex.shutdown()
+            ld.shutdown()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
