@@ -694,6 +694,8 @@ def format_summary(s: dict) -> str:
     ]
     if "workers_suspected" in s:  # live runs: the controller's liveness verdicts
         rows.append(("workers suspected (then reset)", f"{s['workers_suspected']:,}"))
+        if "weights_kept" in s:
+            rows.append(("  copies kept through the resets", f"{s['weights_kept']:,}"))
     oc = s.get("outputs")
     if oc:
         rows.append(("outputs checked / wrong vs reference",

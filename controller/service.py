@@ -817,6 +817,7 @@ class ControllerNode:
         link.reset_due = True
         link.keep = keep
         link.wake.set()
+        self.count("weights_kept", len(keep))
         print(f"controller: worker {link.address} answers again; resetting and re-admitting it "
               f"({len(keep)} cached model(s) kept)", file=sys.stderr, flush=True)
 

@@ -53,6 +53,7 @@ hang = [{ worker = 0, at_s = 2.0, for_s = 3.0 }]
     assert "fault: stop worker 0" in p.stderr and "fault: resume worker 0" in p.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["workers_suspected"] >= 1  # reported, as in the printed table
+    assert summary["weights_kept"] >= 1 and "copies kept through the resets" in p.stdout
     assert "workers suspected (then reset)" in p.stdout
     during = [r for r in rows if sec(2.0) <= int(r["arrival"]) < sec(5.0)]
     met = sum(r["deadline_met"] == "1" for r in during) / len(during)

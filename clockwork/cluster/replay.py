@@ -235,8 +235,9 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         "rejected": sum(v for k, v in d.items() if k.endswith("_rejected")),
     }
     # a worker that did not answer a probe in time: its actions failed, and when it
-    # answered again it was reset (its weights cache emptied)
+    # answered again it was reset, keeping the weights it had loaded (how many: kept)
     summary["workers_suspected"] = d.get("worker_suspects", 0)
+    summary["weights_kept"] = d.get("weights_kept", 0)
     # the action log (and so prediction errors) is the controller's: its --log-dir
     summary["prediction_error_ms"] = None
     if check is not None:
