@@ -28,12 +28,13 @@ an action is still outstanding at its bound the loop probes its worker (``probe`
 message the worker answers at once, which the transport reports with ``heard_from``);
 unanswered within ``probe_timeout`` the worker is *suspect*: treated as lost (its
 requests are re-planned elsewhere while they can still make their deadlines, and its
-late results are dropped). The first message heard from a suspect worker re-admits it:
-it is the same process, with the weights it had, so the policy keeps the copies it held
-(``readmit_gpu``: ready at once, no LOAD), and the loop asks the transport to ``reset``
-the worker -- keep exactly those weights, drop every other one and everything in flight
--- before anything else is sent to it. A worker that is merely slow answers the probe
-and is left alone.
+late results are dropped). The first message heard from a suspect worker starts its
+re-admission: it is the same process, with the weights it had, so the loop asks the
+transport to ``reset`` it -- keep the copies its GPUs held (``Policy.held_copies``),
+drop every other weights and everything in flight. When the worker has answered the
+reset (``reset_done``: it has caught up with everything sent before it) its GPUs are the
+policy's again, with those copies ready at once (``readmit_gpu``, no LOAD). A worker
+that is merely slow answers the probe and is left alone.
 """
 
 from __future__ import annotations
@@ -84,9 +85,9 @@ class ControllerTransport(Protocol):
         """Ask ``worker`` for an immediate answer; report it with ``loop.heard_from``."""
 
     def reset(self, worker: int, keep: list[tuple[int, str, int]]) -> None:
-        """Tell ``worker`` (before anything sent after this call) to drop everything in
-        flight and every weights but ``keep``'s, each (its GPU on the worker, model,
-        version): it is being re-admitted after it was suspect."""
+        """Tell ``worker`` to drop everything in flight and every weights but
+        ``keep``'s, each (its GPU on the worker, model, version): it is being re-admitted
+        after it was suspect. Report its answer with ``loop.reset_done``."""
 
 
 class LoopObserver:
@@ -138,6 +139,7 @@ class ControllerLoop:
         self._due: list[tuple[int, int, int]] = []  # (bound, action id, worker) heap
         self.probing: dict[int, int] = {}  # worker -> when its probe's answer is due
         self.suspect = [False] * n
+        self.resetting = [False] * n  # reset sent, its answer not yet heard
         # the earliest of: the next failure to feed, the next liveness bound of an
         # outstanding action, the next probe deadline (NEVER: none). Recomputed when
         # ``_dirty`` (after any event that can change one of them but a new request)
@@ -214,8 +216,27 @@ class ControllerLoop:
         self._dirty = True
         self.probing.pop(worker, None)
         if self.suspect[worker]:
+            self.suspect[worker] = False
+            self.resetting[worker] = True
             self.observer.readmitted(worker)
-            self._readmit(worker, now)
+            held = self.policy.held_copies
+            self.transport.reset(worker, [(self.local[g], model, version)
+                                          for g in self.gpus_of[worker]
+                                          for model, version in held(g)])
+
+    def reset_done(self, worker: int, now: int) -> None:
+        """``worker`` answered the reset sent when it was re-admitted: its GPUs are the
+        policy's again, with the copies the reset kept (``readmit_gpu``)."""
+        if not self.resetting[worker]:
+            return  # lost meanwhile, or not ours
+        self.resetting[worker] = False
+        self.up[worker] = True
+        self._dirty = True
+        self.probing.pop(worker, None)
+        out: list[Action] = []
+        for g in self.gpus_of[worker]:
+            out.extend(self.policy.readmit_gpu(g, now))
+        self._after(out, now)
 
     def _check_liveness(self, now: int, lag: int = 0) -> None:
         probing = self.probing
@@ -242,6 +263,7 @@ class ControllerLoop:
         """``worker`` went away: the policy places nothing on its GPUs until it is back,
         and its outstanding actions fail. Returns how many actions failed."""
         self.up[worker] = False
+        self.resetting[worker] = False
         self._dirty = True
         self.probing.pop(worker, None)
         lost = list(self.outstanding[worker].values())
@@ -265,6 +287,7 @@ class ControllerLoop:
         self.up.append(True)
         self.outstanding.append({})
         self.suspect.append(False)
+        self.resetting.append(False)
         out: list[Action] = []
         for s in specs:
             out.extend(self.policy.add_gpu(s, now))
@@ -279,26 +302,11 @@ class ControllerLoop:
         self.up[worker] = True
         self._dirty = True
         self.suspect[worker] = False
+        self.resetting[worker] = False
         self.probing.pop(worker, None)
         out: list[Action] = []
         for g in self.gpus_of[worker]:
             out.extend(self.policy.set_gpu_available(g, True, now))
-        self._after(out, now)
-
-    def _readmit(self, worker: int, now: int) -> None:
-        """A suspect ``worker`` answers again: its GPUs are back with the copies the
-        policy keeps, which the reset tells the worker to keep, before anything else."""
-        self.up[worker] = True
-        self._dirty = True
-        self.suspect[worker] = False
-        self.probing.pop(worker, None)
-        keep: list[tuple[int, str, int]] = []
-        out: list[Action] = []
-        for g in self.gpus_of[worker]:
-            kept, actions = self.policy.readmit_gpu(g, now)
-            keep.extend((self.local[g], model, version) for model, version in kept)
-            out.extend(actions)
-        self.transport.reset(worker, keep)
         self._after(out, now)
 
     def apply(self, actions: list[Action], now: int) -> None:

@@ -77,14 +77,13 @@ class Policy(ABC):
         from the failed results of the actions sent to it."""
         return []
 
-    def readmit_gpu(self, gpu_index: int, now: int) -> tuple[list[tuple[str, int]], list[Action]]:
+    def readmit_gpu(self, gpu_index: int, now: int) -> list[Action]:
         """A lost GPU is back with the weights its worker still has (the same worker
-        process: it stopped answering for a while, then answered again). Returns the
-        copies the policy keeps, as (model, version) -- the worker drops every other
-        weights it holds and everything in flight -- and the actions to send after that.
-        A policy that does not override this keeps nothing: the GPU is back with an
-        empty cache (``set_gpu_available(gpu_index, True, now)``)."""
-        return [], self.set_gpu_available(gpu_index, True, now)
+        process: it stopped answering for a while, then answered again, and was reset
+        keeping ``held_copies(gpu_index)``): those copies are ready at once, with no
+        LOAD. A policy that does not override this gets an empty GPU
+        (``set_gpu_available(gpu_index, True, now)``)."""
+        return self.set_gpu_available(gpu_index, True, now)
 
     def add_gpu(self, spec: GpuSpec, now: int) -> list[Action]:
         """A GPU joins at run time (its worker was added to the cluster): it gets the next
@@ -130,6 +129,12 @@ class Policy(ABC):
         raise NotImplementedError(f"policy {type(self).__name__} cannot remove models at run time")
 
     # ------------------------------------------------------------------ read-only views
+
+    def held_copies(self, gpu_index: int) -> list[tuple[str, int]]:
+        """The copies, each (model, version), a lost GPU's worker is to keep if it comes
+        back as the same process: what ``readmit_gpu`` takes back. Read-only; a policy
+        that does not override this keeps nothing."""
+        return []
 
     @abstractmethod
     def queued(self) -> int:

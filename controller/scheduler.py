@@ -1028,31 +1028,30 @@ class ClockworkScheduler(Policy):
             self._schedule_loads(now, out, only_idle=False)
         return out
 
-    def readmit_gpu(self, gpu_index: int, now: int) -> tuple[list[tuple[str, int]], list[Action]]:
+    def readmit_gpu(self, gpu_index: int, now: int) -> list[Action]:
         """Back with the weights it had: the copies the GPU held (loaded, not loading)
-        when it was lost are its copies again at once, ready, with the versions they had
-        -- every one whose model is still served -- and no LOAD is sent for them. A copy
-        the worker turns out not to have fails its first INFER (``WEIGHTS_NOT_PRESENT``)
-        and is forgotten then, like any copy our view was wrong about."""
+        when it was lost (``held_copies``) are its copies again at once, ready, with the
+        versions they had -- every one whose model is still served -- and no LOAD is sent
+        for them. A copy the worker turns out not to have fails its first INFER
+        (``WEIGHTS_NOT_PRESENT``) and is forgotten then, like any copy our view was wrong
+        about."""
         g = self.gpus[gpu_index]
+        out: list[Action] = []
         if g.available:
-            return [], []
+            return out
         g.available = True
         g.free_pages = g.total_pages - sum(i.model.pages for i in g.instances.values())
         held, g.held = g.held, []
-        keep: list[tuple[str, int]] = []
         for name, version in reversed(held):  # least recently used first: the same order
             m = self.models.get(name)
             if m is not None and name not in g.instances and m.pages <= g.free_pages:
                 self._place_copy(g, m, version, now, loading=False)
-                keep.append((name, version))
                 if m.live:
                     g.active[m.name] = None
-        out: list[Action] = []
         self._schedule_infer(g, now, out)
         if self._unserved:
             self._schedule_loads(now, out, only_idle=False)
-        return keep, out
+        return out
 
     def add_gpu(self, spec: GpuSpec, now: int) -> list[Action]:
         g = GpuState(len(self.gpus), spec.worker, spec.gpu, spec.pages, self.cfg)
@@ -1067,6 +1066,10 @@ class ClockworkScheduler(Policy):
         return out
 
     # ------------------------------------------------------------------ read-only views
+
+    def held_copies(self, gpu_index: int) -> list[tuple[str, int]]:
+        g = self.gpus[gpu_index]
+        return [] if g.available else [(n, v) for n, v in g.held if n in self.models]
 
     def pages_used(self, gpu_index: int) -> int:
         """Pages of the GPU's weights cache taken in our view (loaded, loading, or

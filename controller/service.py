@@ -705,6 +705,9 @@ class ControllerNode:
                         self.count("echoes_malformed")
                     self.ctrl.heard_from(link.index, t)
                 elif kind == "state":
+                    if msg.state.update_seq == 0:  # the answer to a reset's Hello
+                        self.ctrl.reset_done(link.index, now_ns())
+                        continue
                     f = link.acks.pop(msg.state.update_seq, None)
                     if f is not None and not f.done():
                         f.set_result(list(msg.state.missing))

@@ -122,11 +122,13 @@ def test_an_overdue_action_probes_its_worker_and_silence_makes_it_suspect():
     while loop.armed is not None and loop.armed <= bound + ms(50):  # the timer, on time
         loop.tick(loop.armed)  # no answer within the probe timeout
     assert loop.suspect[w] and not loop.up[w] and not loop.outstanding[w]
-    # heard from again: reset first, then its GPUs are the policy's again
+    # heard from again: reset first; once the worker answered it, its GPUs are the
+    # policy's again
     n = len(t.sent)
     loop.heard_from(w, bound + ms(60))
-    assert t.resets == [w] and loop.up[w] and not loop.suspect[w]
-    assert len(t.sent) >= n
+    assert t.resets == [w] and not loop.suspect[w] and not loop.up[w] and len(t.sent) == n
+    loop.reset_done(w, bound + ms(61))
+    assert loop.up[w]
 
 
 def test_an_answered_probe_leaves_a_slow_worker_alone():
@@ -185,8 +187,8 @@ def _loaded_then_suspect(loop, t):
 
 def test_a_readmitted_worker_keeps_the_copies_it_held():
     """A worker found suspect and heard from again is the same process, with the weights
-    it had: the reset keeps them (GPU, model, the LOAD's version), the copy is ready at
-    once, and the next request runs on it with no LOAD."""
+    it had: the reset keeps them (GPU, model, the LOAD's version); once the worker has
+    answered it the copy is ready at once, and the next request runs on it with no LOAD."""
     loop, t = controller(workers=1)
     w, load, now = _loaded_then_suspect(loop, t)
     loop.tick(now + FAIL_DELAY)  # the failed INFER: its request has no GPU left
@@ -194,6 +196,9 @@ def test_a_readmitted_worker_keeps_the_copies_it_held():
     back = now + ms(20)
     loop.heard_from(w, back)
     assert t.resets == [w] and t.kept == [[(0, "resnet50_v2", load.version)]]
+    assert not loop.up[w] and len(t.sent) == n  # nothing until the worker answers the reset
+    loop.reset_done(w, back)
+    loop.reset_done(w, back)  # a second answer changes nothing
     assert loop.up[w] and not loop.suspect[w]
     assert not [a for _, acts in t.sent[n:] for a in acts if a.type == ActionType.LOAD]
     assert loop.policy.model_view("resnet50_v2").loading_on == ()
@@ -213,6 +218,7 @@ def test_a_kept_copy_the_worker_does_not_have_is_forgotten_and_its_request_serve
     back = now + FAIL_DELAY
     loop.tick(back)
     loop.heard_from(w, back)
+    loop.reset_done(w, back)
     loop.request(Request(2, "resnet50_v2", back, ms(100)), back)
     (ww, (infer,)), = t.sent[-1:]
     loop.results(w, [Result(id=infer.id, type=ActionType.INFER,

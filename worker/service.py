@@ -655,8 +655,9 @@ class _Session:
                 e.worker_time = now_ns()
                 self.echoes.append(e)
                 self.wake.set()
-            elif kind == "hello":
-                node.hello(msg.hello)
+            elif kind == "hello":  # a reset (a re-admission): answered once applied
+                self.states.append(node.hello(msg.hello))
+                self.wake.set()
             elif kind == "update":
                 self.states.append(node.update(msg.update))
                 self.wake.set()

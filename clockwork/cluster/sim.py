@@ -73,6 +73,7 @@ def run_info(wall_s: float, sc: Scenario, events: int = 0) -> dict:
 # event kinds
 _OPEN, _SUBMIT, _TO_WORKER, _WAKE, _TO_CTRL, _TICK, _FAULT = range(7)
 _PROBE = "probe"  # a controller -> worker message that is not actions (nor a reset)
+_RESET_DONE = "reset done"  # a worker's answer to a reset
 
 
 @dataclass(slots=True)
@@ -444,6 +445,8 @@ class Simulation:
             elif kind == _TO_CTRL:
                 if a[1] is _PROBE:
                     ctrl.heard_from(a[0], now)
+                elif a[1] is _RESET_DONE:
+                    ctrl.reset_done(a[0], now)
                 else:
                     results(a[0], a[1], now)
             elif kind == _TO_WORKER:
@@ -460,6 +463,8 @@ class Simulation:
                     fresh = self.executors_of(w, gen[w])
                     keep_weights(wloops[w].executors, fresh, actions.keep, now + offsets[w])
                     wloops[w] = WorkerLoop(w, fresh, ToController(w, gen[w]))
+                    seq += 1
+                    push(heap, (arrival(w, now, last_out), seq, _TO_CTRL, (w, _RESET_DONE)))
                 else:
                     wloops[w].submit(actions, now + offsets[w])
                     track_pages(w)
