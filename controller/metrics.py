@@ -28,7 +28,8 @@ which the client library writes only for families of type ``untyped``; so that i
 Ours, ``clockwork_*``: requests by model and status, controller-side latency histogram,
 SLO attainment and requests that met their SLO, cold starts, actions by type and status,
 actions sent, EXEC prediction error, GPU busy time, weights-cache pages, queue depth
-(``Policy.queued()``), requests outstanding, workers connected, uptime; plus the
+(``Policy.queued()``), requests outstanding, workers connected, workers lost, suspect
+and re-admitted, weights kept through re-admissions, uptime; plus the
 client library's ``process_*`` metrics of the controller process.
 
 The hooks (``reply``, ``answered``, ``result``, ``action_sent``) run for every request
@@ -66,6 +67,11 @@ _BUCKET_NS = 250_000_000  # ... counted in buckets of this width
 _NB = 16  # slots of the per-GPU ring (> the window's buckets: old slots are reused)
 _INFER = ActionType.INFER
 
+
+
+# clockwork_worker_events{event}: the controller's counters they read
+WORKER_EVENTS = (("lost", "worker_losses"), ("suspect", "worker_suspects"),
+                 ("readmitted", "worker_readmissions"))
 
 class _Model:
     """What the hooks count for one model instance (plain ints: cheap to add to)."""
@@ -438,6 +444,17 @@ class _Collector:
                                 value=len(getattr(node, "pending", ())))
         yield GaugeMetricFamily("clockwork_workers_connected", "Workers connected now",
                                 value=sum(1 for lk in links if lk.connected))
+        counted = getattr(node, "counters", {})
+        ev = CounterMetricFamily("clockwork_worker_events",
+                                 "Workers lost (connection closed), found suspect (no answer to "
+                                 "a liveness probe) and re-admitted after it", labels=["event"])
+        for event, key in WORKER_EVENTS:
+            ev.add_metric((event,), counted.get(key, 0))
+        yield ev
+        yield CounterMetricFamily("clockwork_weights_kept",
+                                  "Copies re-admitted workers kept through their reset "
+                                  "(served again with no LOAD)",
+                                  value=counted.get("weights_kept", 0))
         yield GaugeMetricFamily("clockwork_uptime_seconds",
                                 "Seconds since the controller started",
                                 value=(now - m.start_ns) / 1e9)

@@ -163,6 +163,20 @@ def test_queue_depth_is_the_policys_for_every_policy(policy):
     assert _value(parse_text(m.render().decode()), "clockwork_queue_depth") == p.queued()
 
 
+def test_worker_events_and_kept_weights_are_the_controllers_counters():
+    """clockwork_worker_events_total{event} and clockwork_weights_kept_total read the
+    controller's counters (absent ones are 0)."""
+    from controller.metrics import ControllerMetrics
+
+    node = _fake_node()
+    node.counters = {"worker_suspects": 3, "worker_readmissions": 2, "weights_kept": 41}
+    samples = parse_text(ControllerMetrics(node).render().decode())
+    assert _value(samples, "clockwork_worker_events_total", event="suspect") == 3
+    assert _value(samples, "clockwork_worker_events_total", event="readmitted") == 2
+    assert _value(samples, "clockwork_worker_events_total", event="lost") == 0
+    assert _value(samples, "clockwork_weights_kept_total") == 41
+
+
 def test_metrics_health_and_logs(tmp_path):
     logs = tmp_path / "logs"
     with local_cluster(workers=2, gpus=1, models="resnet50_v2:2,mobilenet_v2", http_port=0,
