@@ -30,16 +30,19 @@ unanswered within ``probe_timeout`` the worker is *suspect*: treated as lost (it
 requests are re-planned elsewhere while they can still make their deadlines, and its
 late results are dropped). The first message heard from a suspect worker starts its
 re-admission: it is the same process, with the weights it had, so the loop asks the
-transport to ``reset`` it -- keep the copies its GPUs held (``Policy.held_copies``),
-drop every other weights and everything in flight. When the worker has answered the
-reset (``reset_done``: it has caught up with everything sent before it) its GPUs are the
-policy's again, with those copies ready at once (``readmit_gpu``, no LOAD). A worker
-that is merely slow answers the probe and is left alone.
+transport to ``reset`` it -- keep the copies its GPUs held (``keep_list``, from
+``Policy.held_copies``), drop every other weights and everything in flight. When the
+worker has answered the reset (``reset_done``: it has caught up with everything sent
+before it, and says which of those weights it had) its GPUs are the policy's again, with
+those copies ready at once (``readmit_gpu``, no LOAD). A worker that reconnects is
+handled alike (``worker_back`` with what it kept). A worker that is merely slow answers
+the probe and is left alone.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -87,7 +90,8 @@ class ControllerTransport(Protocol):
     def reset(self, worker: int, keep: list[tuple[int, str, int]]) -> None:
         """Tell ``worker`` to drop everything in flight and every weights but
         ``keep``'s, each (its GPU on the worker, model, version): it is being re-admitted
-        after it was suspect. Report its answer with ``loop.reset_done``."""
+        after it was suspect. Report its answer with ``loop.reset_done``, with the
+        weights it kept."""
 
 
 class LoopObserver:
@@ -219,24 +223,26 @@ class ControllerLoop:
             self.suspect[worker] = False
             self.resetting[worker] = True
             self.observer.readmitted(worker)
-            held = self.policy.held_copies
-            self.transport.reset(worker, [(self.local[g], model, version)
-                                          for g in self.gpus_of[worker]
-                                          for model, version in held(g)])
+            self.transport.reset(worker, self.keep_list(worker))
 
-    def reset_done(self, worker: int, now: int) -> None:
-        """``worker`` answered the reset sent when it was re-admitted: its GPUs are the
-        policy's again, with the copies the reset kept (``readmit_gpu``)."""
+    def keep_list(self, worker: int) -> list[tuple[int, str, int]]:
+        """The weights a lost ``worker`` is asked to keep, each (its GPU on the worker,
+        model, version): the copies its GPUs held (``Policy.held_copies``); none for a
+        worker not (yet) added."""
+        if not 0 <= worker < len(self.gpus_of):
+            return []
+        held = self.policy.held_copies
+        return [(self.local[g], model, version) for g in self.gpus_of[worker]
+                for model, version in held(g)]
+
+    def reset_done(self, worker: int, now: int, kept: dict[int, Container[str]]) -> None:
+        """``worker`` answered the reset sent when it was re-admitted, having kept
+        ``kept`` (its GPU -> the models whose weights it kept): its GPUs are the policy's
+        again, with those copies (``readmit_gpu``)."""
         if not self.resetting[worker]:
             return  # lost meanwhile, or not ours
         self.resetting[worker] = False
-        self.up[worker] = True
-        self._dirty = True
-        self.probing.pop(worker, None)
-        out: list[Action] = []
-        for g in self.gpus_of[worker]:
-            out.extend(self.policy.readmit_gpu(g, now))
-        self._after(out, now)
+        self._back(worker, now, kept)
 
     def _check_liveness(self, now: int, lag: int = 0) -> None:
         probing = self.probing
@@ -297,16 +303,21 @@ class ControllerLoop:
         self._after(out, now)
         return w
 
-    def worker_back(self, worker: int, now: int) -> None:
-        """``worker`` is connected again, with an empty weights cache."""
-        self.up[worker] = True
-        self._dirty = True
+    def worker_back(self, worker: int, now: int,
+                    kept: dict[int, Container[str]] | None = None) -> None:
+        """``worker`` is connected again, having kept ``kept`` (its GPU -> the models
+        whose weights it kept, of ``keep_list``; None: an empty weights cache)."""
         self.suspect[worker] = False
         self.resetting[worker] = False
+        self._back(worker, now, kept or {})
+
+    def _back(self, worker: int, now: int, kept: dict[int, Container[str]]) -> None:
+        self.up[worker] = True
+        self._dirty = True
         self.probing.pop(worker, None)
         out: list[Action] = []
         for g in self.gpus_of[worker]:
-            out.extend(self.policy.set_gpu_available(g, True, now))
+            out.extend(self.policy.readmit_gpu(g, now, kept.get(self.local[g], ())))
         self._after(out, now)
 
     def apply(self, actions: list[Action], now: int) -> None:

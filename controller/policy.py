@@ -15,6 +15,7 @@ this interface; they never read a policy's own attributes.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Container
 from dataclasses import dataclass
 
 from clockwork.actions import Action, Result
@@ -77,12 +78,12 @@ class Policy(ABC):
         from the failed results of the actions sent to it."""
         return []
 
-    def readmit_gpu(self, gpu_index: int, now: int) -> list[Action]:
-        """A lost GPU is back with the weights its worker still has (the same worker
-        process: it stopped answering for a while, then answered again, and was reset
-        keeping ``held_copies(gpu_index)``): those copies are ready at once, with no
-        LOAD. A policy that does not override this gets an empty GPU
-        (``set_gpu_available(gpu_index, True, now)``)."""
+    def readmit_gpu(self, gpu_index: int, now: int, kept: Container[str]) -> list[Action]:
+        """A lost GPU is back, and its worker kept the weights named in ``kept`` of those
+        it was asked to keep (``held_copies(gpu_index)``, at their versions; the worker
+        says which it had): those copies are ready at once, with no LOAD; anything else
+        is as after ``set_gpu_available(gpu_index, True, now)``. A policy that does not
+        override this gets an empty GPU."""
         return self.set_gpu_available(gpu_index, True, now)
 
     def add_gpu(self, spec: GpuSpec, now: int) -> list[Action]:
@@ -131,9 +132,10 @@ class Policy(ABC):
     # ------------------------------------------------------------------ read-only views
 
     def held_copies(self, gpu_index: int) -> list[tuple[str, int]]:
-        """The copies, each (model, version), a lost GPU's worker is to keep if it comes
-        back as the same process: what ``readmit_gpu`` takes back. Read-only; a policy
-        that does not override this keeps nothing."""
+        """The copies, each (model, version), a lost GPU's worker is asked to keep when it
+        is reset or reconnected (if it is the same process, it still has them): what
+        ``readmit_gpu`` can take back. Read-only; a policy that does not override this
+        keeps nothing."""
         return []
 
     @abstractmethod

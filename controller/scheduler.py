@@ -25,7 +25,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 
 from clockwork.actions import NEVER, Action, ActionType, RequestStatus, Result
 from clockwork.profiles import ModelProfile
@@ -999,42 +999,32 @@ class ClockworkScheduler(Policy):
     def set_gpu_available(self, gpu_index: int, available: bool, now: int) -> list[Action]:
         """Lost (False): forget every copy on the GPU and place nothing there; queued
         requests of models left without a copy get new ones elsewhere. Back (True): an
-        empty GPU (its worker came back with an empty cache); the copies it held when it
-        was lost are loaded again, in the order it last used them, for every model still
-        in use (with a copy elsewhere or requests queued) -- returning capacity takes its
-        share of the load back at once instead of waiting until the other GPUs
-        saturate."""
+        empty GPU (``readmit_gpu`` with nothing kept)."""
         g = self.gpus[gpu_index]
+        if available:
+            return self.readmit_gpu(gpu_index, now, ())
         out: list[Action] = []
-        if g.available == available:
+        if not g.available:
             return out
-        g.available = available
-        if not available:
-            g.held = [(i.model.name, i.version)
-                      for i in sorted(g.instances.values(), key=lambda i: -i.last_used)
-                      if not i.loading]
-            for inst in list(g.instances.values()):
-                self._drop_instance(inst, now)
-            g.active.clear()
-        else:
-            g.free_pages = g.total_pages - sum(i.model.pages for i in g.instances.values())
-            held, g.held = g.held, []
-            for name, _ in held:
-                m = self.models.get(name)
-                if (m is not None and name not in g.instances and m.pages <= g.free_pages
-                        and (m.instances or m.live)):
-                    self._send_load(g, m, now, out)
+        g.available = False
+        g.held = [(i.model.name, i.version)
+                  for i in sorted(g.instances.values(), key=lambda i: -i.last_used)
+                  if not i.loading]
+        for inst in list(g.instances.values()):
+            self._drop_instance(inst, now)
+        g.active.clear()
         if self._unserved:
             self._schedule_loads(now, out, only_idle=False)
         return out
 
-    def readmit_gpu(self, gpu_index: int, now: int) -> list[Action]:
-        """Back with the weights it had: the copies the GPU held (loaded, not loading)
-        when it was lost (``held_copies``) are its copies again at once, ready, with the
-        versions they had -- every one whose model is still served -- and no LOAD is sent
-        for them. A copy the worker turns out not to have fails its first INFER
-        (``WEIGHTS_NOT_PRESENT``) and is forgotten then, like any copy our view was wrong
-        about."""
+    def readmit_gpu(self, gpu_index: int, now: int, kept: Container[str]) -> list[Action]:
+        """Back, its worker having kept the weights named in ``kept`` of those it held
+        when it was lost (``held_copies``, at their versions): those are its copies
+        again at once, ready, for every model still served, and no LOAD is sent for them.
+        The other copies it held are loaded again, in the order it last used them, for
+        every model still in use (with a copy elsewhere or requests queued) -- returning
+        capacity takes its share of the load back at once instead of waiting until the
+        other GPUs saturate."""
         g = self.gpus[gpu_index]
         out: list[Action] = []
         if g.available:
@@ -1042,13 +1032,19 @@ class ClockworkScheduler(Policy):
         g.available = True
         g.free_pages = g.total_pages - sum(i.model.pages for i in g.instances.values())
         held, g.held = g.held, []
-        for name, version in reversed(held):  # least recently used first: the same order
+        if kept:
+            for name, version in reversed(held):  # least recently used first: same order
+                m = self.models.get(name)
+                if name in kept and m is not None and m.pages <= g.free_pages:
+                    self._place_copy(g, m, version, now, loading=False)
+                    if m.live:
+                        g.active[m.name] = None
+            self._schedule_infer(g, now, out)
+        for name, _ in held:
             m = self.models.get(name)
-            if m is not None and name not in g.instances and m.pages <= g.free_pages:
-                self._place_copy(g, m, version, now, loading=False)
-                if m.live:
-                    g.active[m.name] = None
-        self._schedule_infer(g, now, out)
+            if (m is not None and name not in g.instances and m.pages <= g.free_pages
+                    and (m.instances or m.live)):
+                self._send_load(g, m, now, out)
         if self._unserved:
             self._schedule_loads(now, out, only_idle=False)
         return out

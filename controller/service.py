@@ -418,7 +418,11 @@ class ControllerNode:
                 t0, r, t2 = await self._clock_sync(stub, link)
                 link.add_sample(t0, r.worker_time, t2)
             call = await self._open_connect(stub, link)
-            await call.write(pb.ControllerMessage(hello=self._hello(link)))
+            h = self._hello(link)
+            if self.ctrl is not None:  # a reconnection: the worker may be the same process
+                h.keep.extend(pb.KeptWeights(gpu=g, model=m, version=v)
+                              for g, m, v in self.ctrl.keep_list(link.index))
+            await call.write(pb.ControllerMessage(hello=h))
             msg = await asyncio.wait_for(call.read(), 5.0)
             if msg is grpc.aio.EOF or msg.WhichOneof("kind") != "state":
                 raise ConnectionError(f"worker {link.address} did not send its state")
@@ -706,7 +710,7 @@ class ControllerNode:
                     self.ctrl.heard_from(link.index, t)
                 elif kind == "state":
                     if msg.state.update_seq == 0:  # the answer to a reset's Hello
-                        self.ctrl.reset_done(link.index, now_ns())
+                        self.ctrl.reset_done(link.index, now_ns(), self._kept(msg.state))
                         continue
                     f = link.acks.pop(msg.state.update_seq, None)
                     if f is not None and not f.done():
@@ -762,7 +766,8 @@ class ControllerNode:
                 continue
             print(f"controller: worker {link.address} reconnected", file=sys.stderr, flush=True)
             self._start_link_tasks(link)
-            self.ctrl.worker_back(link.index, now_ns())  # Hello reset its cache: empty GPUs
+            # the Hello reset it, keeping what it still had of the copies it held
+            self.ctrl.worker_back(link.index, now_ns(), self._kept(link.state))
 
     # ------------------------------------------------------------------ events
 
@@ -820,9 +825,15 @@ class ControllerNode:
         link.reset_due = True
         link.keep = keep
         link.wake.set()
-        self.count("weights_kept", len(keep))
         print(f"controller: worker {link.address} answers again; resetting and re-admitting it "
-              f"({len(keep)} cached model(s) kept)", file=sys.stderr, flush=True)
+              f"(asked to keep {len(keep)} cached model(s))", file=sys.stderr, flush=True)
+
+    def _kept(self, state: pb.WorkerState) -> dict[int, set[str]]:
+        """What a worker's answer to a reset says it holds (its GPU -> the models loaded:
+        those it kept of the ones the reset listed), counted ``weights_kept``."""
+        kept = {g.gpu: set(g.loaded) for g in state.gpus}
+        self.count("weights_kept", sum(len(v) for v in kept.values()))
+        return kept
 
     def arm(self, at: int) -> None:
         if self._tick_handle is not None:

@@ -106,3 +106,57 @@ def test_a_killed_controller_is_replaced_and_every_request_answered_once():
             assert cl.infer("mobilenet_v2", slo_ms=500).status == 0
             assert cl.infer("mobilenet_v2:1", slo_ms=500).status == 0
             assert cl.stats()["worker_connects"] == 2  # both workers taken over
+
+
+def test_a_worker_reconnected_while_its_process_lived_on_keeps_its_weights():
+    """The controller's stream to a worker breaks while the worker process lives on (the
+    controller drops a link on a message it cannot handle, say): on reconnecting, its
+    Hello asks the worker to keep the copies its GPU held, the worker's answer says what
+    it kept, and those serve again with no LOAD. Controller and worker in this process,
+    on loopback gRPC."""
+    import asyncio
+
+    from clockwork.protocol import clockwork_pb2 as pb
+    from controller.service import ControllerNode
+    from worker.service import WorkerNode, serve_worker
+
+    async def answer(node, model):
+        got = asyncio.get_running_loop().create_future()
+        node.submit_many([pb.InferRequest(model=model, slo_ms=1000)],
+                         lambda r: got.done() or got.set_result(r))
+        return await asyncio.wait_for(got, 10)
+
+    async def main():
+        wnode = WorkerNode(gpus=1, pages=100)
+        stop = asyncio.Event()
+        port = asyncio.get_running_loop().create_future()
+        served = asyncio.create_task(serve_worker("127.0.0.1", 0, wnode, stop=stop,
+                                                  link_port=-1,
+                                                  ready=lambda p, _: port.set_result(p)))
+        node = ControllerNode([f"127.0.0.1:{await port}"], "v100-reference",
+                              models="resnet50_v2,mobilenet_v2")
+        await node.start()
+        try:
+            for m in ("resnet50_v2", "mobilenet_v2"):
+                assert (await answer(node, m)).status == 0
+            loads = node.counters.get("load_ok", 0)
+            assert loads == 2
+            link = node.links[0]
+            node._lost(link)  # the stream is dropped; the process lives on
+            assert not link.connected
+            while not link.connected:  # the controller reconnects on its own
+                await asyncio.sleep(0.01)
+            assert sorted(link.state.gpus[0].loaded) == ["mobilenet_v2", "resnet50_v2"]
+            assert node.counters.get("worker_losses") == 1
+            assert node.counters.get("weights_kept") == 2
+            for m in ("resnet50_v2", "mobilenet_v2"):
+                r = await answer(node, m)
+                assert r.status == 0 and not r.cold
+            assert node.counters.get("load_ok", 0) == loads  # served with no LOAD
+            assert wnode.executors[0].loaded_models() == ["mobilenet_v2", "resnet50_v2"]
+        finally:
+            await node.stop()
+            stop.set()
+            await served
+
+    asyncio.run(asyncio.wait_for(main(), 60))

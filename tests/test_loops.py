@@ -127,7 +127,7 @@ def test_an_overdue_action_probes_its_worker_and_silence_makes_it_suspect():
     n = len(t.sent)
     loop.heard_from(w, bound + ms(60))
     assert t.resets == [w] and not loop.suspect[w] and not loop.up[w] and len(t.sent) == n
-    loop.reset_done(w, bound + ms(61))
+    loop.reset_done(w, bound + ms(61), {})  # it kept nothing
     assert loop.up[w]
 
 
@@ -197,8 +197,8 @@ def test_a_readmitted_worker_keeps_the_copies_it_held():
     loop.heard_from(w, back)
     assert t.resets == [w] and t.kept == [[(0, "resnet50_v2", load.version)]]
     assert not loop.up[w] and len(t.sent) == n  # nothing until the worker answers the reset
-    loop.reset_done(w, back)
-    loop.reset_done(w, back)  # a second answer changes nothing
+    loop.reset_done(w, back, {0: {"resnet50_v2"}})
+    loop.reset_done(w, back, {})  # a second answer changes nothing
     assert loop.up[w] and not loop.suspect[w]
     assert not [a for _, acts in t.sent[n:] for a in acts if a.type == ActionType.LOAD]
     assert loop.policy.model_view("resnet50_v2").loading_on == ()
@@ -206,6 +206,46 @@ def test_a_readmitted_worker_keeps_the_copies_it_held():
     (ww, acts), = t.sent[-1:]
     assert ww == w and [a.type for a in acts] == [ActionType.INFER]
     assert acts[0].version == load.version
+
+
+def test_a_copy_the_worker_did_not_keep_is_loaded_again():
+    """The reset asked the worker to keep a copy, but its answer says it did not have it
+    (a LOAD that had not finished, say): the copy is loaded again at once, as for a worker
+    that comes back empty, and is not counted ready before that LOAD."""
+    loop, t = controller(workers=1)
+    w, load, now = _loaded_then_suspect(loop, t)
+    back = now + FAIL_DELAY
+    loop.tick(back)
+    loop.heard_from(w, back)
+    assert t.kept == [[(0, "resnet50_v2", load.version)]]
+    n = len(t.sent)
+    loop.reset_done(w, back, {0: set()})
+    again = [a for _, acts in t.sent[n:] for a in acts]
+    assert [a.type for a in again][:1] == [ActionType.LOAD] and again[0].model == "resnet50_v2"
+    assert loop.policy.model_view("resnet50_v2").loading_on == (0,)
+
+
+def test_a_reconnected_worker_keeps_what_it_says_it_kept():
+    """A worker lost and reconnected (its stream broke; the process may have lived on) is
+    asked to keep the copies its GPUs held (``keep_list``); what its answer says it kept
+    is ready at once, with no LOAD."""
+    from clockwork.actions import Result
+    loop, t = controller(workers=1)
+    loop.request(Request(1, "resnet50_v2", 0, ms(100)), 0)
+    (w, (load, infer)), = t.sent
+    end = load.expected_end
+    loop.results(w, [Result(id=load.id, type=ActionType.LOAD, status=ErrorCode.SUCCESS,
+                            worker=w, gpu=0, model=load.model, received=0, begin=0, end=end)],
+                 end)
+    loop.worker_lost(w, end + ms(1))
+    assert loop.keep_list(w) == [(0, "resnet50_v2", load.version)]
+    loop.tick(end + ms(1) + FAIL_DELAY)
+    n = len(t.sent)
+    loop.worker_back(w, end + ms(5), {0: {"resnet50_v2"}})
+    assert not [a for _, acts in t.sent[n:] for a in acts if a.type == ActionType.LOAD]
+    assert loop.policy.model_view("resnet50_v2").loaded_on == (0,)
+    assert loop.policy.model_view("resnet50_v2").loading_on == ()
+    assert loop.keep_list(w) == []  # back: nothing held for a loss any more
 
 
 def test_a_kept_copy_the_worker_does_not_have_is_forgotten_and_its_request_served():
@@ -218,7 +258,7 @@ def test_a_kept_copy_the_worker_does_not_have_is_forgotten_and_its_request_serve
     back = now + FAIL_DELAY
     loop.tick(back)
     loop.heard_from(w, back)
-    loop.reset_done(w, back)
+    loop.reset_done(w, back, {0: {"resnet50_v2"}})  # it says so, but is wrong
     loop.request(Request(2, "resnet50_v2", back, ms(100)), back)
     (ww, (infer,)), = t.sent[-1:]
     loop.results(w, [Result(id=infer.id, type=ActionType.INFER,

@@ -446,7 +446,7 @@ class Simulation:
                 if a[1] is _PROBE:
                     ctrl.heard_from(a[0], now)
                 elif a[1] is _RESET_DONE:
-                    ctrl.reset_done(a[0], now)
+                    ctrl.reset_done(a[0], now, a[2])
                 else:
                     results(a[0], a[1], now)
             elif kind == _TO_WORKER:
@@ -461,10 +461,12 @@ class Simulation:
                 elif type(actions) is _Reset:  # nothing in flight, only the kept weights
                     gen[w] += 1
                     fresh = self.executors_of(w, gen[w])
-                    keep_weights(wloops[w].executors, fresh, actions.keep, now + offsets[w])
+                    kept = keep_weights(wloops[w].executors, fresh, actions.keep,
+                                        now + offsets[w])
                     wloops[w] = WorkerLoop(w, fresh, ToController(w, gen[w]))
-                    seq += 1
-                    push(heap, (arrival(w, now, last_out), seq, _TO_CTRL, (w, _RESET_DONE)))
+                    seq += 1  # the answer says what it kept
+                    push(heap, (arrival(w, now, last_out), seq, _TO_CTRL,
+                                (w, _RESET_DONE, dict(enumerate(kept)))))
                 else:
                     wloops[w].submit(actions, now + offsets[w])
                     track_pages(w)
