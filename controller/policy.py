@@ -7,7 +7,7 @@ nanoseconds on the caller's clock (the one ``now`` is read from).
 The event methods (``on_request``, ``on_result``, ``on_tick``, ``set_gpu_available``,
 ``readmit_gpu``, ``add_model``, ``remove_model``) change the policy; ``next_wakeup`` and ``drain_replies`` are how the shell learns what
 to do next. The read-only methods (``queued``, ``model_view``, ``pages_used``,
-``stats``) are for status calls, metrics and experiments: they change nothing, so a
+``stats``, ``held_copies``) are for status calls, metrics and experiments: they change nothing, so a
 shell may call them at any time between events, as often as it likes. Shells use only
 this interface; they never read a policy's own attributes.
 """
