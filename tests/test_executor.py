@@ -179,7 +179,7 @@ def test_a_reset_keeps_only_the_named_weights_fully_loaded_at_their_version():
     run_until_idle(old)  # a and b loaded by 16 ms
     old.submit(load(3, "c", version=6), 20 * MS)  # loading until 28 ms
     old.submit(infer(4, "a", earliest=30 * MS), 20 * MS)  # in flight
-    new = [ex(pages=30, a=7, b=7, c=7)]
+    new = [GpuExecutor(0, 0, 30, old.models, EmulatedDevice())]  # the same models
     kept = keep_weights([old], new, [(0, "a", 4), (0, "b", 9), (0, "c", 6), (1, "a", 4)],
                         21 * MS)
     assert kept == [{"a"}]
@@ -193,3 +193,7 @@ def test_a_reset_keeps_only_the_named_weights_fully_loaded_at_their_version():
     assert res == {5: ErrorCode.SUCCESS, 6: ErrorCode.WEIGHTS_NOT_PRESENT}
     # a kept copy is a copy like any other: EVICT frees its pages
     assert e.submit(evict(7, "a"), 40 * MS)[0].ok and e.pages_used == 0
+    # an instance name that now runs another model keeps nothing
+    other = GpuExecutor(0, 0, 30, {**old.models, "a": make_profile("a", pages=7)},
+                        EmulatedDevice())
+    assert keep_weights([old], [other], [(0, "a", 4)], 21 * MS) == [set()]

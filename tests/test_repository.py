@@ -874,6 +874,15 @@ def test_a_reset_hello_keeps_the_weights_it_lists(device, tmp_path, cpu_package)
         st = w.hello(hello(pb.KeptWeights(gpu=0, model="a", version=6)))  # another version
         assert list(st.gpus[0].loaded) == [] and on_device(w) == []
         await loaded(w, ["b"])  # the cache works on after a reset
+        # the name "b" given another model: its weights are not b's any more
+        swapped = pb.Hello(worker_id=0, reset=True, instances=[
+            pb.Instance(name="a", profile=profiles["a"]),
+            pb.Instance(name="b", profile=profiles["a"])],
+            keep=[pb.KeptWeights(gpu=0, model="b", version=7)])
+        st = w.hello(swapped)
+        assert list(st.gpus[0].loaded) == [] and on_device(w) == []
+        if w.real:  # and the device runs the package of the model it names now
+            assert w.real[0].models["b"].meta["model"] == profiles["a"]
         timer.cancel()
         for ex, ld in w._threads:
             ex.shutdown()

@@ -164,12 +164,15 @@ class GpuExecutor:
     def take_weights(self, old: GpuExecutor, keep: dict[str, int], now: int) -> set[str]:
         """A reset that keeps some weights: this new executor for the same GPU takes over
         from ``old`` (the one it replaces) the weights ``keep`` names (model -> version)
-        that are fully loaded there by ``now`` at that version, for models it serves.
-        Nothing in flight is taken over. Returns the names taken."""
+        that are fully loaded there by ``now`` at that version, for models it serves with
+        the same profile as ``old`` did (an instance name given another model in between
+        keeps nothing). Nothing in flight is taken over. Returns the names taken."""
         taken: set[str] = set()
+        models = self.models
         for name, version in keep.items():
             w = old.weights.get(name)
-            if (w is None or w.version != version or w.ready_at > now or name not in self.models
+            if (w is None or w.version != version or w.ready_at > now
+                    or models.get(name) is not old.models.get(name) or name not in models
                     or name in self.weights or len(w.pages) > len(self.free_pages)):
                 continue
             pages = [self.free_pages.pop() for _ in w.pages]

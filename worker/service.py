@@ -241,6 +241,10 @@ class WorkerNode:
         path = self.package_for(i.name, i.profile, i.package) if self.real else None
         if p is None or (self.real and path is None):
             return None
+        made = self._renamed.get(i.name)
+        if made is not None and made[0] is not p:  # the name now runs another model
+            for dev in self.real:
+                dev.unregister(i.name)  # (its weights evicted), registered anew below
         if path is not None:
             try:
                 self._register(i.name, path)
@@ -248,7 +252,6 @@ class WorkerNode:
                 print(f"worker: cannot load package {path} for {i.name}: {e}",
                       file=sys.stderr, flush=True)
                 return None
-        made = self._renamed.get(i.name)
         if made is not None and made[0] is p:
             return made[1]  # a Hello again (a reset): the same figures, made before
         r = p.renamed(i.name)
