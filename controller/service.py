@@ -418,11 +418,9 @@ class ControllerNode:
                 t0, r, t2 = await self._clock_sync(stub, link)
                 link.add_sample(t0, r.worker_time, t2)
             call = await self._open_connect(stub, link)
-            h = self._hello(link)
-            if self.ctrl is not None:  # a reconnection: the worker may be the same process
-                h.keep.extend(pb.KeptWeights(gpu=g, model=m, version=v)
-                              for g, m, v in self.ctrl.keep_list(link.index))
-            await call.write(pb.ControllerMessage(hello=h))
+            # a reconnection (a loop already runs): the worker may be the same process
+            keep = self.ctrl.keep_list(link.index) if self.ctrl is not None else ()
+            await call.write(pb.ControllerMessage(hello=self._hello(link, keep)))
             msg = await asyncio.wait_for(call.read(), 5.0)
             if msg is grpc.aio.EOF or msg.WhichOneof("kind") != "state":
                 raise ConnectionError(f"worker {link.address} did not send its state")
@@ -537,8 +535,9 @@ class ControllerNode:
                 await asyncio.sleep(0.2)
         raise ConnectionError(f"cannot reach worker {link.address}: {last!r}")
 
-    def _hello(self, link: WorkerLink) -> pb.Hello:
-        """Take the worker over with an empty cache and nothing in flight."""
+    def _hello(self, link: WorkerLink, keep=()) -> pb.Hello:
+        """Take the worker over with nothing in flight and an empty cache but for the
+        weights ``keep`` lists, each (GPU, model, version), that it still has."""
         self._drop_updates(link)  # what they said is in the instance list
         link.told = dict(self.instances)
         # The instance list, encoded once for as long as it stays the same: with thousands
@@ -553,6 +552,7 @@ class ControllerNode:
             cached = self._hello_list = (key, listed.SerializeToString())
         h = pb.Hello.FromString(cached[1])
         h.worker_id, h.reset, h.fast_link = link.index, True, link.fast
+        h.keep.extend(pb.KeptWeights(gpu=g, model=m, version=v) for g, m, v in keep)
         return h
 
     @staticmethod
@@ -600,11 +600,8 @@ class ControllerNode:
                         echo=pb.ClockEcho(seq=link.echo_seq, controller_time=now_ns())))
                 if link.reset_due:
                     link.reset_due = False
-                    h = self._hello(link)
-                    h.keep.extend(pb.KeptWeights(gpu=g, model=m, version=v)
-                                  for g, m, v in link.keep)
-                    link.keep = []
-                    await call.write(pb.ControllerMessage(hello=h))
+                    keep, link.keep = link.keep, []
+                    await call.write(pb.ControllerMessage(hello=self._hello(link, keep)))
                 acts, link.pending = link.pending, []
                 if link.updates:
                     acts = await self._write_updates(link, call, acts)

@@ -172,7 +172,7 @@ class GpuExecutor:
         for name, version in keep.items():
             w = old.weights.get(name)
             if (w is None or w.version != version or w.ready_at > now
-                    or models.get(name) is not old.models.get(name) or name not in models
+                    or name not in models or models[name] is not old.models.get(name)
                     or name in self.weights or len(w.pages) > len(self.free_pages)):
                 continue
             pages = [self.free_pages.pop() for _ in w.pages]
