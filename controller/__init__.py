@@ -1,11 +1,12 @@
 """The controller package (scheduling policies as pure cores, the service shell around
-them); this module is the policy registry: ``POLICIES``, ``make_policy``, and the
-``[scheduler]`` settings check ``split_settings`` that every shell runs before building
-one."""
+them); this module is the policy registry: ``POLICIES``, ``make_policy``,
+``policy_class``, and the ``[scheduler]`` settings check ``split_settings`` that every
+shell runs before building one."""
 
 from __future__ import annotations
 
 import difflib
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 
@@ -14,39 +15,42 @@ from clockwork.settings import SettingsError, from_table, table_keys, unknown_ke
 from controller.config import SchedulerConfig
 from controller.policy import GpuSpec, Policy
 
+# policy name -> (module, class), imported on first use (the baselines stay unimported
+# unless asked for)
+_CLASSES = {
+    "clockwork": ("controller.scheduler", "ClockworkScheduler"),
+    "clipper": ("controller.baselines.clipper", "ClipperPolicy"),
+    "tfserving": ("controller.baselines.tfserving", "TfServingPolicy"),
+    "infaas": ("controller.baselines.infaas", "InfaasPolicy"),
+}
+
+
+def policy_class(name: str) -> type[Policy]:
+    """The class of policy ``name`` (for what it can do before one is built, such as
+    ``Policy.adopts_weights``)."""
+    _check_policy(name)
+    module, cls = _CLASSES[name]
+    return getattr(importlib.import_module(module), cls)
+
 
 def _clockwork(profiles, gpus, cfg, settings=None) -> Policy:
-    from controller.scheduler import ClockworkScheduler
-
     if settings:
         raise SettingsError(unknown_key_line((sorted(settings)[0],), table_keys(SchedulerConfig),
                                              "scheduler"))
-    return ClockworkScheduler(profiles, gpus, cfg)
+    return policy_class("clockwork")(profiles, gpus, cfg)
 
 
-def _clipper(profiles, gpus, cfg, settings=None) -> Policy:
-    from controller.baselines.clipper import ClipperPolicy
-
-    return ClipperPolicy(profiles, gpus, cfg, settings)
-
-
-def _tfserving(profiles, gpus, cfg, settings=None) -> Policy:
-    from controller.baselines.tfserving import TfServingPolicy
-
-    return TfServingPolicy(profiles, gpus, cfg, settings)
-
-
-def _infaas(profiles, gpus, cfg, settings=None) -> Policy:
-    from controller.baselines.infaas import InfaasPolicy
-
-    return InfaasPolicy(profiles, gpus, cfg, settings)
+def _baseline(name: str) -> Callable[..., Policy]:
+    def build(profiles, gpus, cfg, settings=None) -> Policy:
+        return policy_class(name)(profiles, gpus, cfg, settings)
+    return build
 
 
 POLICIES: dict[str, Callable[..., Policy]] = {
     "clockwork": _clockwork,
-    "clipper": _clipper,
-    "tfserving": _tfserving,
-    "infaas": _infaas,
+    "clipper": _baseline("clipper"),
+    "tfserving": _baseline("tfserving"),
+    "infaas": _baseline("infaas"),
 }
 
 

@@ -303,6 +303,18 @@ class ControllerLoop:
         self._after(out, now)
         return w
 
+    def adopt(self, worker: int, now: int, held: dict[int, list[tuple[str, int]]]) -> None:
+        """At start, before any request: ``worker`` still holds ``held`` (its GPU -> the
+        weights fully loaded there, each (model, version)) from an earlier controller,
+        kept through this controller's Hello; the policy takes them over as its copies
+        (``Policy.adopt_copies``; only a policy with ``adopts_weights``)."""
+        out: list[Action] = []
+        for g in self.gpus_of[worker]:
+            copies = held.get(self.local[g])
+            if copies:
+                out.extend(self.policy.adopt_copies(g, now, copies))
+        self._after(out, now)
+
     def worker_back(self, worker: int, now: int,
                     kept: dict[int, Container[str]] | None = None) -> None:
         """``worker`` is connected again, having kept ``kept`` (its GPU -> the models

@@ -455,6 +455,10 @@ class _Collector:
                                   "Copies re-admitted workers kept through their reset "
                                   "(served again with no LOAD)",
                                   value=counted.get("weights_kept", 0))
+        yield CounterMetricFamily("clockwork_weights_adopted",
+                                  "Copies workers still held from an earlier controller, "
+                                  "taken over at start (served with no LOAD)",
+                                  value=counted.get("weights_adopted", 0))
         yield GaugeMetricFamily("clockwork_uptime_seconds",
                                 "Seconds since the controller started",
                                 value=(now - m.start_ns) / 1e9)

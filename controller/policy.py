@@ -15,7 +15,7 @@ this interface; they never read a policy's own attributes.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Container
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
 from clockwork.actions import Action, Result
@@ -85,6 +85,19 @@ class Policy(ABC):
         is as after ``set_gpu_available(gpu_index, True, now)``. A policy that does not
         override this gets an empty GPU."""
         return self.set_gpu_available(gpu_index, True, now)
+
+    #: whether ``adopt_copies`` takes over weights a worker already holds (a policy that
+    #: leaves this False starts with empty caches: the controller has them emptied)
+    adopts_weights = False
+
+    def adopt_copies(self, gpu_index: int, now: int,
+                     copies: Sequence[tuple[str, int]]) -> list[Action]:
+        """At start, before any request: the GPU's worker still holds these weights,
+        each (model, version), fully loaded, from an earlier controller. A policy with
+        ``adopts_weights`` makes them its copies, ready at once, exactly as if it had
+        loaded them itself (its later LOADs of the model carry higher versions). Only
+        called on a policy with ``adopts_weights``."""
+        raise NotImplementedError(f"policy {type(self).__name__} does not adopt weights")
 
     def add_gpu(self, spec: GpuSpec, now: int) -> list[Action]:
         """A GPU joins at run time (its worker was added to the cluster): it gets the next

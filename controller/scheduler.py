@@ -25,7 +25,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Container, Iterable
+from collections.abc import Container, Iterable, Sequence
 
 from clockwork.actions import NEVER, Action, ActionType, RequestStatus, Result
 from clockwork.profiles import ModelProfile
@@ -1047,6 +1047,24 @@ class ClockworkScheduler(Policy):
                 self._send_load(g, m, now, out)
         if self._unserved:
             self._schedule_loads(now, out, only_idle=False)
+        return out
+
+    adopts_weights = True
+
+    def adopt_copies(self, gpu_index: int, now: int,
+                     copies: Sequence[tuple[str, int]]) -> list[Action]:
+        g = self.gpus[gpu_index]
+        out: list[Action] = []
+        for name, version in copies:
+            m = self.models.get(name)
+            if m is None or name in g.instances or m.pages > g.free_pages:
+                continue  # (a worker keeps only listed instances, within its pages)
+            if version > m.versions:
+                m.versions = version
+            self._place_copy(g, m, version, now, loading=False)
+            if m.live:
+                g.active[m.name] = None
+        self._schedule_infer(g, now, out)
         return out
 
     def add_gpu(self, spec: GpuSpec, now: int) -> list[Action]:

@@ -89,7 +89,7 @@ from clockwork.tensors import (
     zero_rows,
 )
 from clockwork.time import ms
-from controller import make_policy, split_settings
+from controller import make_policy, policy_class, split_settings
 from controller.config import SchedulerConfig
 from controller.intake import Gate, serve_stream, submit_unary
 from controller.limits import Limits, limits_from_flags
@@ -242,7 +242,8 @@ class ControllerNode:
                  cfg: SchedulerConfig | None = None, connect_timeout: float = 30.0,
                  log_dir: str | None = None, action_interval_us: float = 0.0,
                  reply_interval_us: float = 0.0, settings: dict | None = None,
-                 log_flush_s: float = LOG_FLUSH_S, log_format: str = "tsv") -> None:
+                 log_flush_s: float = LOG_FLUSH_S, log_format: str = "tsv",
+                 adopt_weights: bool = True) -> None:
         self.pset = load_profile_set(profiles)
         self.log_flush_s = log_flush_s
         # stream pacing (clockwork.protocol.pacing): per worker action stream, per client stream
@@ -269,6 +270,9 @@ class ControllerNode:
         self._update_seq = 0
         self._unloads: set[asyncio.Task] = set()
         self.policy_name = policy
+        # at start, take over the weights the workers still hold (a controller restarted
+        # on running workers) instead of emptying their caches, if the policy can
+        self.adopt_weights = adopt_weights and policy_class(policy).adopts_weights
         self.cfg = cfg or SchedulerConfig()
         self.settings = settings or {}  # the policy's own settings (baselines)
         self.connect_timeout = connect_timeout
@@ -358,8 +362,24 @@ class ControllerNode:
                                   self.settings)
         self.ctrl = ControllerLoop(self.policy, self, specs, self.telemetry, observer=self,
                                    liveness=Liveness.of(self.cfg))
+        if self.adopt_weights:
+            for link in self.links:
+                self._adopt(link)
         for link in self.links:
             self._start_link_tasks(link)
+
+    def _adopt(self, link: WorkerLink) -> None:
+        """The weights the worker kept through our first Hello (it held them for an
+        earlier controller) become the policy's copies, counted ``weights_adopted``."""
+        held = {g.gpu: list(zip(g.loaded, g.versions, strict=True))
+                for g in link.state.gpus if len(g.versions) == len(g.loaded)}
+        n = sum(len(c) for c in held.values())
+        if not n:
+            return
+        self.ctrl.adopt(link.index, now_ns(), held)
+        self.count("weights_adopted", n)
+        print(f"controller: worker {link.address} still holds {n} cached model(s); "
+              "serving them with no LOAD", file=sys.stderr, flush=True)
 
     async def add_worker(self, address: str,
                          timeout: float | None = None) -> tuple[int, list[int], bool]:
@@ -420,7 +440,9 @@ class ControllerNode:
             call = await self._open_connect(stub, link)
             # a reconnection (a loop already runs): the worker may be the same process
             keep = self.ctrl.keep_list(link.index) if self.ctrl is not None else ()
-            await call.write(pb.ControllerMessage(hello=self._hello(link, keep)))
+            # at start: the worker keeps what it holds, for the policy to adopt
+            adopt = self.ctrl is None and self.adopt_weights
+            await call.write(pb.ControllerMessage(hello=self._hello(link, keep, adopt)))
             msg = await asyncio.wait_for(call.read(), 5.0)
             if msg is grpc.aio.EOF or msg.WhichOneof("kind") != "state":
                 raise ConnectionError(f"worker {link.address} did not send its state")
@@ -535,9 +557,10 @@ class ControllerNode:
                 await asyncio.sleep(0.2)
         raise ConnectionError(f"cannot reach worker {link.address}: {last!r}")
 
-    def _hello(self, link: WorkerLink, keep=()) -> pb.Hello:
+    def _hello(self, link: WorkerLink, keep=(), adopt: bool = False) -> pb.Hello:
         """Take the worker over with nothing in flight and an empty cache but for the
-        weights ``keep`` lists, each (GPU, model, version), that it still has."""
+        weights ``keep`` lists, each (GPU, model, version), that it still has (``adopt``:
+        but for every weights it has fully loaded for an instance it still serves)."""
         self._drop_updates(link)  # what they said is in the instance list
         link.told = dict(self.instances)
         # The instance list, encoded once for as long as it stays the same: with thousands
@@ -551,7 +574,7 @@ class ControllerNode:
                 for i, m in self.instances.items()])
             cached = self._hello_list = (key, listed.SerializeToString())
         h = pb.Hello.FromString(cached[1])
-        h.worker_id, h.reset, h.fast_link = link.index, True, link.fast
+        h.worker_id, h.reset, h.fast_link, h.adopt = link.index, True, link.fast, adopt
         h.keep.extend(pb.KeptWeights(gpu=g, model=m, version=v) for g, m, v in keep)
         return h
 
@@ -1515,7 +1538,8 @@ def cmd_controller(args: argparse.Namespace) -> int:
         node = ControllerNode(workers, args.profiles, args.models, policy, cfg,
                               args.connect_timeout, args.log_dir, args.action_interval_us,
                               args.reply_interval_us, own, args.log_flush_s,
-                              getattr(args, "log_format", "tsv"))
+                              getattr(args, "log_format", "tsv"),
+                              adopt_weights=not getattr(args, "fresh_caches", False))
     except (ProfileError, ValueError) as e:
         print(f"clockwork controller: {e}", file=sys.stderr)
         return 2

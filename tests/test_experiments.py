@@ -165,6 +165,28 @@ def test_live_refuses_scales_it_cannot_hold(tmp_path, capsys):
     assert "150 emulated workers" in capsys.readouterr().err
 
 
+def test_controller_restart_compares_taking_over_the_caches_with_emptying_them(
+        tmp_path, capsys):
+    """experiments/controller_restart.py at a small shape: load, a controller restart,
+    load again, once taking the workers' weights over and once with --fresh-caches. The
+    restarted controller that adopts serves with fewer LOADs and cold starts than the one
+    that empties the caches (which loads every model it serves again)."""
+    from experiments import controller_restart
+
+    assert controller_restart.main(["--instances", "12", "--workers", "2", "--gpus", "1",
+                                    "--rate", "120", "--warm", "1.5", "--after", "1",
+                                    "--repeats", "1", "--json", str(tmp_path / "r.json")]) == 0
+    adopt, fresh = json.loads((tmp_path / "r.json").read_text())["runs"]
+    assert (adopt["mode"], fresh["mode"]) == ("adopt", "fresh")
+    assert adopt["answered_once"] and fresh["answered_once"]
+    assert adopt["adopted"] >= 6 and fresh["adopted"] == 0  # 12 small models, all cached
+    assert adopt["loads"] < fresh["loads"] and adopt["cold_starts"] < fresh["cold_starts"]
+    assert "after the restart" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        controller_restart.main(["--warm", "0"])
+    assert e.value.code == 2 and "must be positive" in capsys.readouterr().err
+
+
 def test_live_scale_runs_the_simulator_and_the_live_cluster_side_by_side(tmp_path, capsys):
     """experiments/live_scale.py at a small shape: the simulator's run and a live one of
     the same scenario (the same arrivals), printed and written side by side, the live one

@@ -75,7 +75,8 @@ hang = [{ worker = 0, at_s = 2.0, for_s = 3.0 }]
 def test_a_killed_controller_is_replaced_and_every_request_answered_once():
     """kill -9 the controller while a stream has requests in flight: each of them is
     answered exactly once (an error, at once); a new controller started on the same port
-    takes the workers over and serves."""
+    takes the workers over and serves, with the weights they still hold (no LOAD for a
+    model served before the kill)."""
     import asyncio
 
     import clockwork
@@ -103,9 +104,12 @@ def test_a_killed_controller_is_replaced_and_every_request_answered_once():
         c.controller.proc.wait()
         c.restart_controller()
         with clockwork.Client(c.address, timeout=10) as cl:
-            assert cl.infer("mobilenet_v2", slo_ms=500).status == 0
+            r = cl.infer("mobilenet_v2", slo_ms=500)
+            assert r.status == 0 and not r.cold  # served before the kill: still cached
             assert cl.infer("mobilenet_v2:1", slo_ms=500).status == 0
-            assert cl.stats()["worker_connects"] == 2  # both workers taken over
+            st = cl.stats()
+            assert st["worker_connects"] == 2  # both workers taken over
+            assert st.get("weights_adopted", 0) >= 1
 
 
 def test_a_worker_reconnected_while_its_process_lived_on_keeps_its_weights():
@@ -156,6 +160,75 @@ def test_a_worker_reconnected_while_its_process_lived_on_keeps_its_weights():
             assert wnode.executors[0].loaded_models() == ["mobilenet_v2", "resnet50_v2"]
         finally:
             await node.stop()
+            stop.set()
+            await served
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_new_controller_takes_over_the_weights_its_workers_hold():
+    """A controller stops; a new one starts on the same worker process (a restart or an
+    upgrade). Its Hello asks the worker to keep what it holds, the worker's answer lists
+    those weights with their versions, and the clockwork policy serves them with no
+    LOAD. ``adopt_weights=False`` (``--fresh-caches``) and the baselines start with an
+    empty cache, as before. Controllers and worker in this process, on loopback gRPC."""
+    import asyncio
+
+    from clockwork.protocol import clockwork_pb2 as pb
+    from controller.service import ControllerNode
+    from worker.service import WorkerNode, serve_worker
+
+    async def answer(node, model):
+        got = asyncio.get_running_loop().create_future()
+        node.submit_many([pb.InferRequest(model=model, slo_ms=1000)],
+                         lambda r: got.done() or got.set_result(r))
+        return await asyncio.wait_for(got, 10)
+
+    models = ("resnet50_v2", "mobilenet_v2")
+
+    async def controller(address, **kw):
+        node = ControllerNode([address], "v100-reference", models=",".join(models), **kw)
+        await node.start()
+        return node
+
+    async def main():
+        wnode = WorkerNode(gpus=1, pages=100)
+        stop = asyncio.Event()
+        port = asyncio.get_running_loop().create_future()
+        served = asyncio.create_task(serve_worker("127.0.0.1", 0, wnode, stop=stop,
+                                                  link_port=-1,
+                                                  ready=lambda p, _: port.set_result(p)))
+        address = f"127.0.0.1:{await port}"
+        try:
+            first = await controller(address)
+            for m in models:
+                assert (await answer(first, m)).status == 0
+            assert first.counters.get("load_ok") == 2
+            assert first.counters.get("weights_adopted") is None  # the worker was empty
+            await first.stop()
+
+            second = await controller(address)  # the same worker, a new controller
+            try:
+                assert second.counters.get("weights_adopted") == 2
+                for m in models:
+                    r = await answer(second, m)
+                    assert r.status == 0 and not r.cold
+                assert second.counters.get("load_ok", 0) == 0  # served with no LOAD
+                assert wnode.executors[0].loaded_models() == sorted(models)
+            finally:
+                await second.stop()
+
+            for kw in ({"adopt_weights": False}, {"policy": "clipper"}):
+                node = await controller(address, **kw)
+                try:
+                    assert node.counters.get("weights_adopted") is None
+                    assert wnode.executors[0].loaded_models() == []  # emptied at start
+                    r = await answer(node, models[0])
+                    assert r.status == 0 and (r.cold or "policy" in kw), kw  # (clipper: no flag)
+                    assert node.counters.get("load_ok") == 1
+                finally:
+                    await node.stop()
+        finally:
             stop.set()
             await served
 

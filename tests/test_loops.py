@@ -248,6 +248,36 @@ def test_a_reconnected_worker_keeps_what_it_says_it_kept():
     assert loop.keep_list(w) == []  # back: nothing held for a loss any more
 
 
+def test_a_new_controller_adopts_the_weights_its_workers_hold():
+    """At start, a worker still holds weights loaded for an earlier controller: the loop
+    hands them to the policy (``adopt``), the next request runs on them at once with the
+    version the worker has and no LOAD, and a later LOAD of that model carries a higher
+    version than any adopted. The baselines do not adopt."""
+    from clockwork.actions import Result
+    from controller import policy_class
+
+    specs = [GpuSpec(0, 0, 100), GpuSpec(0, 1, 100)]
+    loop = ControllerLoop(make_policy("clockwork", [R50], specs), t := Recorder(), specs)
+    loop.adopt(0, 0, {1: [("resnet50_v2", 7)], 5: [("resnet50_v2", 2)]})  # (no GPU 5)
+    assert loop.policy.model_view("resnet50_v2").loaded_on == (1,)
+    assert t.sent == []
+    loop.request(Request(1, "resnet50_v2", 0, ms(100)), 0)
+    (w, acts), = t.sent
+    assert [(a.type, a.gpu, a.version) for a in acts] == [(ActionType.INFER, 1, 7)]
+    assert loop.keep_list(0) == []  # adopted copies are ordinary ones
+    # lose the copy: the model is loaded again, with a version above the adopted one
+    loop.results(0, [Result(id=acts[0].id, type=ActionType.INFER,
+                            status=ErrorCode.WEIGHTS_NOT_PRESENT, worker=0, gpu=1,
+                            model="resnet50_v2", batch_size=1, received=0, begin=0,
+                            end=ms(1))], ms(1))
+    loop.request(Request(2, "resnet50_v2", ms(2), ms(100)), ms(2))
+    loop.tick(ms(5))
+    loads = [a for _, acts in t.sent[1:] for a in acts if a.type == ActionType.LOAD]
+    assert loads and all(a.version > 7 for a in loads)
+    assert policy_class("clockwork").adopts_weights
+    assert not any(policy_class(p).adopts_weights for p in ("clipper", "tfserving", "infaas"))
+
+
 def test_a_kept_copy_the_worker_does_not_have_is_forgotten_and_its_request_served():
     """The reset named a copy the worker no longer has: its first INFER fails
     WEIGHTS_NOT_PRESENT, the copy is forgotten, a LOAD follows and the request is

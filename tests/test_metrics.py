@@ -164,17 +164,19 @@ def test_queue_depth_is_the_policys_for_every_policy(policy):
 
 
 def test_worker_events_and_kept_weights_are_the_controllers_counters():
-    """clockwork_worker_events_total{event} and clockwork_weights_kept_total read the
-    controller's counters (absent ones are 0)."""
+    """clockwork_worker_events_total{event}, clockwork_weights_kept_total and
+    clockwork_weights_adopted_total read the controller's counters (absent ones are 0)."""
     from controller.metrics import ControllerMetrics
 
     node = _fake_node()
-    node.counters = {"worker_suspects": 3, "worker_readmissions": 2, "weights_kept": 41}
+    node.counters = {"worker_suspects": 3, "worker_readmissions": 2, "weights_kept": 41,
+                     "weights_adopted": 7}
     samples = parse_text(ControllerMetrics(node).render().decode())
     assert _value(samples, "clockwork_worker_events_total", event="suspect") == 3
     assert _value(samples, "clockwork_worker_events_total", event="readmitted") == 2
     assert _value(samples, "clockwork_worker_events_total", event="lost") == 0
     assert _value(samples, "clockwork_weights_kept_total") == 41
+    assert _value(samples, "clockwork_weights_adopted_total") == 7
 
 
 def test_metrics_health_and_logs(tmp_path):

@@ -889,3 +889,67 @@ def test_a_reset_hello_keeps_the_weights_it_lists(device, tmp_path, cpu_package)
             ld.shutdown()
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+@pytest.mark.parametrize("device", ["emulated", "cpu"])
+def test_a_hello_that_adopts_keeps_what_the_worker_holds_for_the_same_models(
+        device, tmp_path, cpu_package):
+    """A Hello with reset and ``adopt`` (a new controller taking the worker over): the
+    worker keeps every weights it has fully loaded for an instance listed again with the
+    same model -- in its executor and, for a real device, on the device -- and its answer
+    lists them with their versions; an instance gone, or its name given another model,
+    keeps nothing. A Hello without ``adopt`` empties the cache, as before."""
+    import asyncio
+
+    from clockwork.actions import NEVER
+    from clockwork.protocol import clockwork_pb2 as pb
+    from worker.service import WorkerNode, now_ns
+
+    if device == "cpu":
+        for m in ("mlp", "resnet_tiny"):
+            cpu_package(m, tmp_path)
+        one, other = "mlp", "resnet_tiny"
+    else:
+        one, other = "resnet50_v2", "mobilenet_v2"
+
+    def hello(adopt, **profiles):
+        return pb.Hello(worker_id=0, reset=True, adopt=adopt, instances=[
+            pb.Instance(name=n, profile=p) for n, p in profiles.items()])
+
+    async def load(w, versions, held=()):
+        w.submit(pb.ActionBatch(actions=[pb.ActionMsg(
+            id=i + 1, type=int(ActionType.LOAD), gpu=0, model=n, earliest=0, latest=NEVER,
+            version=v) for i, (n, v) in enumerate(versions.items())]))
+        for _ in range(2000):
+            if w.executors[0].loaded_models() == sorted([*versions, *held]) and all(
+                    wt.ready_at <= now_ns() for wt in w.executors[0].weights.values()):
+                return
+            await asyncio.sleep(0.005)
+        raise AssertionError(f"not loaded: {w.executors[0].loaded_models()}")
+
+    def on_device(w):
+        return sorted(n for n, m in w.real[0].models.items() if m.pages is not None) \
+            if w.real else w.executors[0].loaded_models()
+
+    async def main():
+        w = WorkerNode(gpus=1, pages=100 if device == "emulated" else 8, device=device,
+                       packages=str(tmp_path))
+        timer = asyncio.ensure_future(w.run_timer())
+        w.hello(hello(False, a=one, b=other, c=one))
+        await load(w, {"a": 3, "b": 9, "c": 4})
+        # a new controller: "a" as before, "b" now another model, "c" gone
+        st = w.hello(hello(True, a=one, b=one))
+        assert list(st.gpus[0].loaded) == ["a"] and list(st.gpus[0].versions) == [3]
+        assert on_device(w) == ["a"]
+        assert w.executors[0].weights["a"].version == 3
+        await load(w, {"b": 1}, held=["a"])
+        st = w.hello(hello(True, a=one, b=one))  # again: both held, both kept
+        assert list(st.gpus[0].loaded) == ["a", "b"] and list(st.gpus[0].versions) == [3, 1]
+        st = w.hello(hello(False, a=one, b=one))  # without adopt: an empty cache
+        assert list(st.gpus[0].loaded) == [] and on_device(w) == []
+        timer.cancel()
+        for ex, ld in w._threads:
+            ex.shutdown()
+            ld.shutdown()
+
+    asyncio.run(asyncio.wait_for(main(), 60))

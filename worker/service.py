@@ -270,8 +270,17 @@ class WorkerNode:
                 inst[i.name] = p
         self._renamed = {name: self._renamed[name] for name in inst}  # only the current ones
         if h.reset or not self.executors or inst.keys() != self.instances.keys():
-            self._reset(inst, [(k.gpu, k.model, k.version) for k in h.keep])
+            self._reset(inst, self.held() if h.adopt else
+                        [(k.gpu, k.model, k.version) for k in h.keep])
         return self.state(missing)
+
+    def held(self) -> list[tuple[int, str, int]]:
+        """The weights fully loaded now, each (GPU, instance, version): what a Hello
+        that adopts keeps (``_reset`` keeps them where the instance still runs the same
+        model)."""
+        now = now_ns()
+        return [(e.gpu, name, w.version) for e in self.executors
+                for name, w in e.weights.items() if w.ready_at <= now]
 
     def update(self, u: pb.InstanceUpdate) -> pb.WorkerState:
         """InstanceUpdate: instances leave (their cached weights, if any, are dropped) and
@@ -307,7 +316,9 @@ class WorkerNode:
             device=self.device, profiles=self.pset.name,
             profile_names=sorted(self.pset.profiles),
             gpus=[pb.GpuState(gpu=e.gpu, pages=e.total_pages, pages_used=e.pages_used,
-                              loaded=e.loaded_models()) for e in self.executors],
+                              loaded=(names := e.loaded_models()),
+                              versions=[e.weights[n].version for n in names])
+                  for e in self.executors],
             missing=missing or [], worker_time=now_ns())
 
     # -- actions -------------------------------------------------------------------------

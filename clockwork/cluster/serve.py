@@ -25,7 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from clockwork.scenario import ScenarioError, load_scenario
@@ -168,12 +168,14 @@ class LocalCluster:
         self.workers[i] = child
         child.wait_address(self.timeout)
 
-    def restart_controller(self) -> None:
-        """Start a new controller on the same port (after the old one died); it takes the
-        workers over (its Hello resets them). Returns once it listens."""
+    def restart_controller(self, extra: Sequence[str] = ()) -> None:
+        """Start a new controller on the same port (after the old one died or was
+        stopped), with ``extra`` controller flags besides the first one's; it takes the
+        workers over (its Hello resets them, keeping the weights they hold unless
+        ``--fresh-caches``). Returns once it listens."""
         if self.controller is not None and self.controller.proc.poll() is None:
             raise RuntimeError("the controller is still running")
-        argv = list(self._controller_argv)
+        argv = list(self._controller_argv) + list(extra)
         argv[argv.index("--port") + 1] = self.address.rpartition(":")[2]
         self.controller = _Child("controller", argv, self.echo, self._env)
         self.address = self.controller.wait_address(self.timeout)

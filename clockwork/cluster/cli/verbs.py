@@ -325,6 +325,11 @@ def add_controller(sub) -> None:
                    "docs/settings.md lists them")
     p.add_argument("--connect-timeout", type=t.positive_float, default=30.0,
                    help="seconds to wait for every worker at start (default 30)")
+    p.add_argument("--fresh-caches", action="store_true",
+                   help="empty the workers' weights caches at start. Default: a worker "
+                   "that still holds models loaded for an earlier controller (this one "
+                   "restarted) keeps them, and the clockwork policy serves them with no "
+                   "LOAD (the baselines always start empty)")
     p.add_argument("--log-dir", default=None, metavar="DIR",
                    help="write requests.tsv and actions.tsv (the simulator's logs) here")
     p.add_argument("--log-flush-s", type=t.positive_float, default=1.0, metavar="S",
