@@ -109,6 +109,22 @@ def test_insufficient_cache_and_evict_frees_pages():
     assert e.pages_used == 7 and e.loaded_models() == ["b"]
 
 
+def test_peak_pages_is_the_most_pages_ever_in_use_at_once():
+    """``peak_pages`` rises as a LOAD takes pages, and an EVICT does not lower it (the
+    simulator's ``max_pages_used`` is the highest over its executors)."""
+    e = ex(pages=20, a=7, b=3)
+    assert e.peak_pages == 0
+    e.submit(load(1, "a"), 0)
+    e.submit(load(2, "b"), 0)
+    run_until_idle(e)
+    assert e.pages_used == e.peak_pages == 10
+    e.submit(evict(3, "a"), 20 * MS)
+    assert e.pages_used == 3 and e.peak_pages == 10
+    e.submit(load(4, "a", version=2), 20 * MS)
+    run_until_idle(e)
+    assert e.pages_used == e.peak_pages == 10
+
+
 def test_weights_version_and_evict_during_exec():
     e = ex()
     e.submit(load(1, "a", version=3), 0)

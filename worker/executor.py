@@ -92,6 +92,7 @@ class GpuExecutor:
         self.exec_lane = Lane()
         self._evicted_while_running: set[int] = set()
         self._started: list[Action] = []  # open actions the shell has not taken yet
+        self.peak_pages = 0  # the most pages ever in use at once (set as pages are taken)
 
     # -- queries -----------------------------------------------------------------
 
@@ -178,6 +179,7 @@ class GpuExecutor:
             pages = [self.free_pages.pop() for _ in w.pages]
             self.weights[name] = Weights(pages, version, w.ready_at)
             taken.add(name)
+        self._note_peak()
         return taken
 
     def take_started(self) -> list[Action]:
@@ -286,10 +288,16 @@ class GpuExecutor:
         d = self.device.duration(action, profile)
         end = None if d is None else begin + d
         pages = [self.free_pages.pop() for _ in range(need)]
+        self._note_peak()
         self.weights[action.model] = Weights(pages, action.version, PENDING if end is None else end)
         if end is None:
             self._started.append(action)
         return _Running(action, received, begin, end)
+
+    def _note_peak(self) -> None:
+        used = self.total_pages - len(self.free_pages)
+        if used > self.peak_pages:
+            self.peak_pages = used
 
     def _finish(self, r: _Running) -> Result:
         a = r.action

@@ -166,7 +166,7 @@ class Simulation:
             w.bind(0, self.duration, np.random.default_rng(wseeds[i]), exec1)
             self.workloads.append(w)
         self.telemetry = Telemetry(0, spill_dir=spill_dir)
-        self.max_pages_used = 0
+        self._executors: list[GpuExecutor] = []  # every one made, for their peak pages
         self.fault_log: list[tuple[int, str]] = []  # (time, what happened)
 
     def executors_of(self, w: int, restart: int = 0) -> list[GpuExecutor]:
@@ -178,7 +178,13 @@ class Simulation:
             seed = self._dev_seeds[w * self.G + g] + 7919 * restart
             out.append(GpuExecutor(w, g, self.pages, self.profiles,
                                    EmulatedDevice(noise, seed, slow_prob, slow_factor)))
+        self._executors.extend(out)
         return out
+
+    @property
+    def max_pages_used(self) -> int:
+        """The most pages ever in use at once on one GPU."""
+        return max((e.peak_pages for e in self._executors), default=0)
 
     # ------------------------------------------------------------------ network
 
@@ -349,12 +355,6 @@ class Simulation:
             outstanding += 1
             request(Request(rid, model, at, slo, widx), at)
 
-        def track_pages(w):
-            for ex in wloops[w].executors:
-                used = ex.pages_used
-                if used > self.max_pages_used:
-                    self.max_pages_used = used
-
         def fault_at(t, what, *args):
             nonlocal seq
             seq += 1
@@ -409,7 +409,6 @@ class Simulation:
                     hung[w] = 0
                     log.append((now, f"worker {w} resumed"))
                     wloops[w].timer(now + offsets[w])
-                    track_pages(w)
             elif what == "slow":
                 slow[w] = args[1]
 
@@ -469,14 +468,12 @@ class Simulation:
                                 (w, _RESET_DONE, dict(enumerate(kept)))))
                 else:
                     wloops[w].submit(actions, now + offsets[w])
-                    track_pages(w)
             elif kind == _WAKE:
                 w, g = a
                 wl = wloops[w]
                 wnow = now + offsets[w]
                 if wl.armed == wnow and g == gen[w] and alive[w] and hung[w] <= now:
                     wl.timer(wnow)
-                    track_pages(w)
             elif kind == _SUBMIT:
                 m, slo, widx = a
                 submit(m, slo, widx, now)
