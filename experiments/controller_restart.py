@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import time
@@ -30,8 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from experiments import common  # noqa: E402
-from experiments.live_scale import scenario  # noqa: E402
+from experiments import common, live_scale  # noqa: E402
 
 MODES = ("adopt", "fresh")
 
@@ -41,9 +39,11 @@ def one(a: argparse.Namespace, mode: str) -> dict:
     from clockwork.cluster.replay import replay
     from clockwork.cluster.serve import LocalCluster, cluster_from_scenario
 
-    warm = common.scenario(scenario(a.instances, a.workers, a.gpus, a.rate, a.warm, a.slo_ms))
-    data = scenario(a.instances, a.workers, a.gpus, a.rate, a.after, a.slo_ms)
-    after = common.scenario({**data, "seed": 2})
+    def load(duration: float, seed: int):
+        data = live_scale.scenario(a.instances, a.workers, a.gpus, a.rate, duration, a.slo_ms)
+        return common.scenario({**data, "seed": seed})
+
+    warm, after = load(a.warm, 1), load(a.after, 2)
     kw, _ = cluster_from_scenario(warm)
     with LocalCluster(**kw, echo=False, http_port=-1, timeout=60.0) as cluster:
         before = asyncio.run(replay(warm, cluster.address, 20000, False)).summary
@@ -74,16 +74,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 epilog="Each run takes --warm + --after seconds plus two "
                                        "start-ups (~5-10 s each) and drains.")
-    p.add_argument("--instances", type=int, default=4026,
-                   help="model instances (default 4,026, the paper's)")
-    p.add_argument("--workers", type=int, default=6, help="emulated worker processes (default 6)")
-    p.add_argument("--gpus", type=int, default=2, help="GPUs per worker (default 2)")
-    p.add_argument("--rate", type=float, default=1000.0, help="Poisson r/s over all instances")
+    live_scale.add_shape_args(p)
     p.add_argument("--warm", type=float, default=15.0,
                    help="seconds of load before the restart (default 15)")
     p.add_argument("--after", type=float, default=15.0,
                    help="seconds of load after it (default 15)")
-    p.add_argument("--slo-ms", type=float, default=100.0)
     p.add_argument("--repeats", type=int, default=2,
                    help="rounds of both modes, alternating (default 2)")
     p.add_argument("--json", type=Path, help="also write every run's figures here")
@@ -107,9 +102,7 @@ def main(argv=None) -> int:
               f"LOADs {statistics.median(r['loads'] for r in rs):,.0f}, attainment "
               f"{statistics.median(r['attainment'] for r in rs):.4f} after the restart")
     if a.json:
-        a.json.write_text(json.dumps({"args": {k: (str(v) if isinstance(v, Path) else v)
-                                               for k, v in vars(a).items()},
-                                      "runs": rows}, indent=1))
+        live_scale.write_runs(a.json, a, rows)
     return 0
 
 

@@ -27,7 +27,6 @@ other load moves them); the simulator's run is deterministic and done once.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -52,6 +51,23 @@ def scenario(instances: int, workers: int, gpus: int, rate: float, duration: flo
                    if k + (i < extra)],
         "workloads": [{"kind": "poisson", "models": "*", "rate_rps": rate, "slo_ms": slo_ms}],
     }
+
+
+def add_shape_args(p: argparse.ArgumentParser) -> None:
+    """The scenario's shape as flags (``--instances``, ``--workers``, ``--gpus``,
+    ``--rate``, ``--slo-ms``), with the paper's figures as defaults."""
+    p.add_argument("--instances", type=int, default=4026,
+                   help="model instances (default 4,026, the paper's)")
+    p.add_argument("--workers", type=int, default=6, help="emulated worker processes (default 6)")
+    p.add_argument("--gpus", type=int, default=2, help="GPUs per worker (default 2)")
+    p.add_argument("--rate", type=float, default=1000.0, help="Poisson r/s over all instances")
+    p.add_argument("--slo-ms", type=float, default=100.0)
+
+
+def write_runs(path: Path, a: argparse.Namespace, rows: list[dict]) -> None:
+    """The flags and every run's figures, as JSON."""
+    common.write_json(path, {"args": {k: (str(v) if isinstance(v, Path) else v)
+                                      for k, v in vars(a).items()}, "runs": rows})
 
 
 def row(mode: str, res) -> dict:
@@ -85,13 +101,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 epilog="Each live run takes --duration seconds plus start-up "
                                        "(~5 s) and drain.")
-    p.add_argument("--instances", type=int, default=4026,
-                   help="model instances (default 4,026, the paper's)")
-    p.add_argument("--workers", type=int, default=6, help="emulated worker processes (default 6)")
-    p.add_argument("--gpus", type=int, default=2, help="GPUs per worker (default 2)")
-    p.add_argument("--rate", type=float, default=1000.0, help="Poisson r/s over all instances")
+    add_shape_args(p)
     p.add_argument("--duration", type=float, default=20.0, help="seconds of load per run")
-    p.add_argument("--slo-ms", type=float, default=100.0)
     p.add_argument("--repeats", type=int, default=3, help="live runs (default 3)")
     p.add_argument("--hang-s", type=float, default=0.0,
                    help="each worker in turn hangs this long once (default 0: none)")
@@ -119,9 +130,7 @@ def main(argv=None) -> int:
           f"{max(att):.4f}) against the simulator's {rows[0]['attainment']:.4f}; workers "
           f"suspected per run: {', '.join(str(r['workers_suspected']) for r in live)}")
     if a.json:
-        a.json.write_text(json.dumps({"args": {k: (str(v) if isinstance(v, Path) else v)
-                                               for k, v in vars(a).items()},
-                                      "runs": rows}, indent=1))
+        write_runs(a.json, a, rows)
     return 0
 
 

@@ -120,29 +120,18 @@ def test_a_worker_reconnected_while_its_process_lived_on_keeps_its_weights():
     on loopback gRPC."""
     import asyncio
 
-    from clockwork.protocol import clockwork_pb2 as pb
     from controller.service import ControllerNode
-    from worker.service import WorkerNode, serve_worker
-
-    async def answer(node, model):
-        got = asyncio.get_running_loop().create_future()
-        node.submit_many([pb.InferRequest(model=model, slo_ms=1000)],
-                         lambda r: got.done() or got.set_result(r))
-        return await asyncio.wait_for(got, 10)
+    from worker.service import WorkerNode
 
     async def main():
         wnode = WorkerNode(gpus=1, pages=100)
-        stop = asyncio.Event()
-        port = asyncio.get_running_loop().create_future()
-        served = asyncio.create_task(serve_worker("127.0.0.1", 0, wnode, stop=stop,
-                                                  link_port=-1,
-                                                  ready=lambda p, _: port.set_result(p)))
-        node = ControllerNode([f"127.0.0.1:{await port}"], "v100-reference",
+        address, stop, served = await _serve_in_process(wnode)
+        node = ControllerNode([address], "v100-reference",
                               models="resnet50_v2,mobilenet_v2")
         await node.start()
         try:
             for m in ("resnet50_v2", "mobilenet_v2"):
-                assert (await answer(node, m)).status == 0
+                assert (await _answer(node, m)).status == 0
             loads = node.counters.get("load_ok", 0)
             assert loads == 2
             link = node.links[0]
@@ -154,7 +143,7 @@ def test_a_worker_reconnected_while_its_process_lived_on_keeps_its_weights():
             assert node.counters.get("worker_losses") == 1
             assert node.counters.get("weights_kept") == 2
             for m in ("resnet50_v2", "mobilenet_v2"):
-                r = await answer(node, m)
+                r = await _answer(node, m)
                 assert r.status == 0 and not r.cold
             assert node.counters.get("load_ok", 0) == loads  # served with no LOAD
             assert wnode.executors[0].loaded_models() == ["mobilenet_v2", "resnet50_v2"]
@@ -174,15 +163,8 @@ def test_a_new_controller_takes_over_the_weights_its_workers_hold():
     empty cache, as before. Controllers and worker in this process, on loopback gRPC."""
     import asyncio
 
-    from clockwork.protocol import clockwork_pb2 as pb
     from controller.service import ControllerNode
-    from worker.service import WorkerNode, serve_worker
-
-    async def answer(node, model):
-        got = asyncio.get_running_loop().create_future()
-        node.submit_many([pb.InferRequest(model=model, slo_ms=1000)],
-                         lambda r: got.done() or got.set_result(r))
-        return await asyncio.wait_for(got, 10)
+    from worker.service import WorkerNode
 
     models = ("resnet50_v2", "mobilenet_v2")
 
@@ -193,16 +175,11 @@ def test_a_new_controller_takes_over_the_weights_its_workers_hold():
 
     async def main():
         wnode = WorkerNode(gpus=1, pages=100)
-        stop = asyncio.Event()
-        port = asyncio.get_running_loop().create_future()
-        served = asyncio.create_task(serve_worker("127.0.0.1", 0, wnode, stop=stop,
-                                                  link_port=-1,
-                                                  ready=lambda p, _: port.set_result(p)))
-        address = f"127.0.0.1:{await port}"
+        address, stop, served = await _serve_in_process(wnode)
         try:
             first = await controller(address)
             for m in models:
-                assert (await answer(first, m)).status == 0
+                assert (await _answer(first, m)).status == 0
             assert first.counters.get("load_ok") == 2
             assert first.counters.get("weights_adopted") is None  # the worker was empty
             await first.stop()
@@ -211,7 +188,7 @@ def test_a_new_controller_takes_over_the_weights_its_workers_hold():
             try:
                 assert second.counters.get("weights_adopted") == 2
                 for m in models:
-                    r = await answer(second, m)
+                    r = await _answer(second, m)
                     assert r.status == 0 and not r.cold
                 assert second.counters.get("load_ok", 0) == 0  # served with no LOAD
                 assert wnode.executors[0].loaded_models() == sorted(models)
@@ -223,7 +200,7 @@ def test_a_new_controller_takes_over_the_weights_its_workers_hold():
                 try:
                     assert node.counters.get("weights_adopted") is None
                     assert wnode.executors[0].loaded_models() == []  # emptied at start
-                    r = await answer(node, models[0])
+                    r = await _answer(node, models[0])
                     assert r.status == 0 and (r.cold or "policy" in kw), kw  # (clipper: no flag)
                     assert node.counters.get("load_ok") == 1
                 finally:
@@ -233,3 +210,29 @@ def test_a_new_controller_takes_over_the_weights_its_workers_hold():
             await served
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+async def _serve_in_process(wnode):
+    """Serve the worker node ``wnode`` in this process on loopback gRPC, without the fast
+    link: (its address, the event that stops it, the serving task)."""
+    import asyncio
+
+    from worker.service import serve_worker
+
+    stop = asyncio.Event()
+    port = asyncio.get_running_loop().create_future()
+    served = asyncio.create_task(serve_worker("127.0.0.1", 0, wnode, stop=stop, link_port=-1,
+                                              ready=lambda p, _: port.set_result(p)))
+    return f"127.0.0.1:{await port}", stop, served
+
+
+async def _answer(node, model: str):
+    """One request through the controller node ``node`` (in this process): its answer."""
+    import asyncio
+
+    from clockwork.protocol import clockwork_pb2 as pb
+
+    got = asyncio.get_running_loop().create_future()
+    node.submit_many([pb.InferRequest(model=model, slo_ms=1000)],
+                     lambda r: got.done() or got.set_result(r))
+    return await asyncio.wait_for(got, 10)

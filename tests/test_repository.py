@@ -830,9 +830,8 @@ def test_a_reset_hello_keeps_the_weights_it_lists(device, tmp_path, cpu_package)
     on the device -- and drops the others; a keep naming another version keeps nothing."""
     import asyncio
 
-    from clockwork.actions import NEVER
     from clockwork.protocol import clockwork_pb2 as pb
-    from worker.service import WorkerNode, now_ns
+    from worker.service import WorkerNode
 
     if device == "cpu":
         for m in ("mlp", "resnet_tiny"):
@@ -845,42 +844,27 @@ def test_a_reset_hello_keeps_the_weights_it_lists(device, tmp_path, cpu_package)
         return pb.Hello(worker_id=0, reset=True, keep=keep, instances=[
             pb.Instance(name=n, profile=p) for n, p in profiles.items()])
 
-    async def loaded(w, names):
-        w.submit(pb.ActionBatch(actions=[pb.ActionMsg(
-            id=i + 1, type=int(ActionType.LOAD), gpu=0, model=n, earliest=0, latest=NEVER,
-            version=7) for i, n in enumerate(names)]))
-        for _ in range(2000):
-            if w.executors[0].loaded_models() == sorted(names) and all(
-                    wt.ready_at <= now_ns() for wt in w.executors[0].weights.values()):
-                return
-            await asyncio.sleep(0.005)
-        raise AssertionError(f"not loaded: {w.executors[0].loaded_models()}")
-
-    def on_device(w):
-        return sorted(n for n, m in w.real[0].models.items() if m.pages is not None) \
-            if w.real else w.executors[0].loaded_models()
-
     async def main():
         w = WorkerNode(gpus=1, pages=100 if device == "emulated" else 8, device=device,
                        packages=str(tmp_path))
         timer = asyncio.ensure_future(w.run_timer())
         w.hello(hello())
-        await loaded(w, ["a", "b"])
+        await _load(w, {"a": 7, "b": 7})
         used = w.executors[0].pages_used
         st = w.hello(hello(pb.KeptWeights(gpu=0, model="a", version=7),
                            pb.KeptWeights(gpu=1, model="b", version=7)))  # no GPU 1
-        assert list(st.gpus[0].loaded) == ["a"] and on_device(w) == ["a"]
+        assert list(st.gpus[0].loaded) == ["a"] and _on_device(w) == ["a"]
         assert 0 < w.executors[0].pages_used < used
         st = w.hello(hello(pb.KeptWeights(gpu=0, model="a", version=6)))  # another version
-        assert list(st.gpus[0].loaded) == [] and on_device(w) == []
-        await loaded(w, ["b"])  # the cache works on after a reset
+        assert list(st.gpus[0].loaded) == [] and _on_device(w) == []
+        await _load(w, {"b": 7})  # the cache works on after a reset
         # the name "b" given another model: its weights are not b's any more
         swapped = pb.Hello(worker_id=0, reset=True, instances=[
             pb.Instance(name="a", profile=profiles["a"]),
             pb.Instance(name="b", profile=profiles["a"])],
             keep=[pb.KeptWeights(gpu=0, model="b", version=7)])
         st = w.hello(swapped)
-        assert list(st.gpus[0].loaded) == [] and on_device(w) == []
+        assert list(st.gpus[0].loaded) == [] and _on_device(w) == []
         if w.real:  # and the device runs the package of the model it names now
             assert w.real[0].models["b"].meta["model"] == profiles["a"]
         timer.cancel()
@@ -901,9 +885,8 @@ def test_a_hello_that_adopts_keeps_what_the_worker_holds_for_the_same_models(
     keeps nothing. A Hello without ``adopt`` empties the cache, as before."""
     import asyncio
 
-    from clockwork.actions import NEVER
     from clockwork.protocol import clockwork_pb2 as pb
-    from worker.service import WorkerNode, now_ns
+    from worker.service import WorkerNode
 
     if device == "cpu":
         for m in ("mlp", "resnet_tiny"):
@@ -916,40 +899,52 @@ def test_a_hello_that_adopts_keeps_what_the_worker_holds_for_the_same_models(
         return pb.Hello(worker_id=0, reset=True, adopt=adopt, instances=[
             pb.Instance(name=n, profile=p) for n, p in profiles.items()])
 
-    async def load(w, versions, held=()):
-        w.submit(pb.ActionBatch(actions=[pb.ActionMsg(
-            id=i + 1, type=int(ActionType.LOAD), gpu=0, model=n, earliest=0, latest=NEVER,
-            version=v) for i, (n, v) in enumerate(versions.items())]))
-        for _ in range(2000):
-            if w.executors[0].loaded_models() == sorted([*versions, *held]) and all(
-                    wt.ready_at <= now_ns() for wt in w.executors[0].weights.values()):
-                return
-            await asyncio.sleep(0.005)
-        raise AssertionError(f"not loaded: {w.executors[0].loaded_models()}")
-
-    def on_device(w):
-        return sorted(n for n, m in w.real[0].models.items() if m.pages is not None) \
-            if w.real else w.executors[0].loaded_models()
-
     async def main():
         w = WorkerNode(gpus=1, pages=100 if device == "emulated" else 8, device=device,
                        packages=str(tmp_path))
         timer = asyncio.ensure_future(w.run_timer())
         w.hello(hello(False, a=one, b=other, c=one))
-        await load(w, {"a": 3, "b": 9, "c": 4})
+        await _load(w, {"a": 3, "b": 9, "c": 4})
         # a new controller: "a" as before, "b" now another model, "c" gone
         st = w.hello(hello(True, a=one, b=one))
         assert list(st.gpus[0].loaded) == ["a"] and list(st.gpus[0].versions) == [3]
-        assert on_device(w) == ["a"]
+        assert _on_device(w) == ["a"]
         assert w.executors[0].weights["a"].version == 3
-        await load(w, {"b": 1}, held=["a"])
+        await _load(w, {"b": 1}, held=["a"])
         st = w.hello(hello(True, a=one, b=one))  # again: both held, both kept
         assert list(st.gpus[0].loaded) == ["a", "b"] and list(st.gpus[0].versions) == [3, 1]
         st = w.hello(hello(False, a=one, b=one))  # without adopt: an empty cache
-        assert list(st.gpus[0].loaded) == [] and on_device(w) == []
+        assert list(st.gpus[0].loaded) == [] and _on_device(w) == []
         timer.cancel()
         for ex, ld in w._threads:
             ex.shutdown()
             ld.shutdown()
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+async def _load(w, versions: dict[str, int], held=()) -> None:
+    """LOAD each model at its version on GPU 0 of the worker node ``w`` (``held``: the
+    models it holds already), and wait until every one is fully loaded."""
+    import asyncio
+
+    from clockwork.actions import NEVER
+    from clockwork.protocol import clockwork_pb2 as pb
+    from worker.service import now_ns
+
+    w.submit(pb.ActionBatch(actions=[pb.ActionMsg(
+        id=i + 1, type=int(ActionType.LOAD), gpu=0, model=n, earliest=0, latest=NEVER,
+        version=v) for i, (n, v) in enumerate(versions.items())]))
+    for _ in range(2000):
+        if w.executors[0].loaded_models() == sorted([*versions, *held]) and all(
+                wt.ready_at <= now_ns() for wt in w.executors[0].weights.values()):
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"not loaded: {w.executors[0].loaded_models()}")
+
+
+def _on_device(w) -> list[str]:
+    """The models whose weights GPU 0 of worker node ``w`` holds: on its real device, or
+    in its executor for the emulated one."""
+    return sorted(n for n, m in w.real[0].models.items() if m.pages is not None) \
+        if w.real else w.executors[0].loaded_models()
