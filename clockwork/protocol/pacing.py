@@ -14,7 +14,6 @@ worth it when CPU is short. The added delay is at most one interval (asyncio sle
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 WINDOW = 100_000_000  # ns over which the stream's item rate is measured
@@ -64,5 +63,8 @@ class Pacer:
         if self.interval and self.busy:
             delay = self.last + self.interval - time.monotonic_ns()
             if delay > 0:
+                import asyncio  # (here: the CLI reads this module's defaults, and the
+                # simulator's path should not pay for importing asyncio)
+
                 await asyncio.sleep(delay / 1e9)
         self.last = time.monotonic_ns()
