@@ -1032,14 +1032,8 @@ class ClockworkScheduler(Policy):
         g.available = True
         g.free_pages = g.total_pages - sum(i.model.pages for i in g.instances.values())
         held, g.held = g.held, []
-        if kept:
-            for name, version in reversed(held):  # least recently used first: same order
-                m = self.models.get(name)
-                if name in kept and m is not None and m.pages <= g.free_pages:
-                    self._place_copy(g, m, version, now, loading=False)
-                    if m.live:
-                        g.active[m.name] = None
-            self._schedule_infer(g, now, out)
+        if kept:  # least recently used first: the same order as before the loss
+            self._take_over(g, [(n, v) for n, v in reversed(held) if n in kept], now, out)
         for name, _ in held:
             m = self.models.get(name)
             if (m is not None and name not in g.instances and m.pages <= g.free_pages
@@ -1053,19 +1047,26 @@ class ClockworkScheduler(Policy):
 
     def adopt_copies(self, gpu_index: int, now: int,
                      copies: Sequence[tuple[str, int]]) -> list[Action]:
-        g = self.gpus[gpu_index]
         out: list[Action] = []
+        self._take_over(self.gpus[gpu_index], copies, now, out)
+        return out
+
+    def _take_over(self, g: GpuState, copies: Iterable[tuple[str, int]], now: int,
+                   out: list[Action]) -> None:
+        """Weights ``g``'s worker holds, each (model, version), become ready copies at
+        once, with no LOAD (a model no longer served, already placed there or too large
+        for the free pages is skipped; later LOADs of a model carry higher versions);
+        then the GPU's queued work is scheduled."""
         for name, version in copies:
             m = self.models.get(name)
             if m is None or name in g.instances or m.pages > g.free_pages:
-                continue  # (a worker keeps only listed instances, within its pages)
+                continue
             if version > m.versions:
                 m.versions = version
             self._place_copy(g, m, version, now, loading=False)
             if m.live:
                 g.active[m.name] = None
         self._schedule_infer(g, now, out)
-        return out
 
     def add_gpu(self, spec: GpuSpec, now: int) -> list[Action]:
         g = GpuState(len(self.gpus), spec.worker, spec.gpu, spec.pages, self.cfg)

@@ -275,12 +275,11 @@ class WorkerNode:
         return self.state(missing)
 
     def held(self) -> list[tuple[int, str, int]]:
-        """The weights fully loaded now, each (GPU, instance, version): what a Hello
-        that adopts keeps (``_reset`` keeps them where the instance still runs the same
-        model)."""
-        now = now_ns()
+        """Every weights cached, each (GPU, instance, version): what a Hello that adopts
+        asks ``_reset`` to keep (it keeps those fully loaded, for instances that still
+        run the same model)."""
         return [(e.gpu, name, w.version) for e in self.executors
-                for name, w in e.weights.items() if w.ready_at <= now]
+                for name, w in e.weights.items()]
 
     def update(self, u: pb.InstanceUpdate) -> pb.WorkerState:
         """InstanceUpdate: instances leave (their cached weights, if any, are dropped) and
