@@ -28,12 +28,19 @@ class SlidingWindow:
             self.insert(seed)
 
     def insert(self, value: int) -> None:
+        self.push(value, 0.0)
+
+    def push(self, value: int, p: float) -> int:
+        """``insert(value)``, then the ``percentile(p)`` of the window."""
         value = int(value)
-        if len(self._fifo) == self.size:
-            old = self._fifo.popleft()
-            self._sorted.remove(old)
-        self._fifo.append(value)
-        insort(self._sorted, value)
+        fifo, srt = self._fifo, self._sorted
+        if len(fifo) == self.size:
+            srt.remove(fifo.popleft())
+        fifo.append(value)
+        insort(srt, value)
+        n = len(srt)
+        idx = int(p * n)
+        return srt[idx if idx < n else n - 1]
 
     def percentile(self, p: float) -> int:
         if not self._sorted:
@@ -79,8 +86,7 @@ class Estimator:
         w = self._exec_w.get(batch_size)
         if w is None:
             return
-        w.insert(duration)
-        e = w.percentile(self.percentile)
+        e = w.push(duration, self.percentile)
         if e != self._exec[batch_size]:
             self._exec[batch_size] = e
             self.version += 1
@@ -101,5 +107,4 @@ class Estimator:
         self.inflated = False
 
     def add_load(self, duration: int) -> None:
-        self._load_w.insert(duration)
-        self.load = self._load_w.percentile(self.percentile)
+        self.load = self._load_w.push(duration, self.percentile)

@@ -82,11 +82,13 @@ class LaneTracker:
             return
         first = next(iter(work))
         del work[action_id]
-        if action_id == first:
+        if action_id == first or end > self.base:
             self.base = end
-        elif end > self.base:
-            self.base = end
-        self._recompute()
+        if not work:  # _recompute, written out for the commonest case: nothing left
+            self._first = 0
+            self._free_at = self.base
+        else:
+            self._recompute()
 
     def _recompute(self) -> None:
         self._first = next(iter(self._work.values()))[1] if self._work else 0

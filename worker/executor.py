@@ -104,15 +104,32 @@ class GpuExecutor:
         return sorted(self.weights)
 
     def next_time(self) -> int | None:
-        a, b = self.load_lane.next_time(), self.exec_lane.next_time()
+        # Lane.next_time of each lane, written out (asked after every event of the worker)
+        lane = self.load_lane
+        r = lane.running
+        if r is not None:
+            a = r.end  # None while open: complete() moves things on
+        elif lane.pending:
+            earliest, _, _, received = lane.pending[0]
+            a = max(lane.free_at, received, earliest)
+        else:
+            a = None
         lane = self.exec_lane
-        if b is not None and lane.running is None:
+        r = lane.running
+        if r is not None:
+            b = r.end
+        elif lane.pending:
             earliest, _, action, received = lane.pending[0]
-            consider = max(lane.free_at, received)
+            free = lane.free_at
+            consider = free if free > received else received
             if consider <= action.latest:
                 b = self._begin(action, consider, earliest)
                 if b >= NEVER:
                     b = None  # waits for a real LOAD; complete() moves things on
+            else:  # too late already: the next step answers it
+                b = consider if consider > earliest else earliest
+        else:
+            return a
         if a is None:
             return b
         if b is None:
@@ -142,10 +159,22 @@ class GpuExecutor:
         """Finish and start whatever is due by ``now``; return finished results."""
         out: list[Result] = []
         load, ex, step = self.load_lane, self.exec_lane, self._step
-        while True:  # a step of each lane per round (an idle lane is not asked)
-            p = step(load, now, out) if load.running is not None or load.pending else False
-            if (ex.running is not None or ex.pending) and step(ex, now, out):
-                continue
+        while True:  # a step of each lane per round (an idle lane, or one whose running
+            # action ends after ``now``, is not asked: its step would do nothing)
+            r = load.running
+            if r is None:
+                p = step(load, now, out) if load.pending else False
+            else:
+                end = r.end
+                p = end is not None and end <= now and step(load, now, out)
+            r = ex.running
+            if r is None:
+                if ex.pending and step(ex, now, out):
+                    continue
+            else:
+                end = r.end
+                if end is not None and end <= now and step(ex, now, out):
+                    continue
             if not p:
                 return out
 

@@ -223,6 +223,7 @@ class Simulation:
         # transports below read them)
         now = outstanding = next_id = 0
         delay = self._delay
+        fixed = None if self.jitter else self.latency  # the delay when it never varies
         # per worker: alive, hung until (0: not hung), restarts, started at, extra delay,
         # the last arrival time each way (messages stay in order)
         alive = [True] * W
@@ -260,7 +261,8 @@ class Simulation:
             """One message (actions, a probe or a reset) on the link to worker ``w``."""
             nonlocal seq
             seq += 1
-            t = now + delay() + slow[w]  # arrival(w, now, last_in), inlined: once per message
+            # arrival(w, now, last_in), inlined: once per message
+            t = now + (delay() if fixed is None else fixed) + slow[w]
             if t < last_in[w]:
                 t = last_in[w]
             last_in[w] = t
@@ -319,7 +321,8 @@ class Simulation:
                         r.begin -= est
                         r.end -= est
                 seq += 1
-                t = now + delay() + slow[w]  # arrival(w, now, last_out), inlined
+                # arrival(w, now, last_out), inlined
+                t = now + (delay() if fixed is None else fixed) + slow[w]
                 if t < last_out[w]:
                     t = last_out[w]
                 last_out[w] = t
