@@ -128,6 +128,17 @@ def cell_toml(gpus: int, copies: int, models: int, requests: int, seed: int) -> 
     return "\n".join(lines), rate, duration
 
 
+def compile_sources() -> None:
+    """Compile the project's modules into their ``__pycache__`` once, before any cell, so
+    that each cell's process times running, not compiling. Python does this on first
+    import anyway, but not where ``PYTHONDONTWRITEBYTECODE`` is set: there every process
+    would compile every module again (~0.1 s of CPU, a few % of a cell)."""
+    import compileall
+
+    for pkg in ("clockwork", "controller", "worker"):
+        compileall.compile_dir(ROOT / pkg, quiet=2)
+
+
 def run_cell(toml: str, work: Path, keep: Path | None, tag: str) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     sc = work / f"{tag}.toml"
@@ -186,6 +197,7 @@ def main(argv=None) -> dict:
             continue
         by_toml[key] = (g, c, m)
         cells[(g, c, m)] = {"toml": toml, "rate": rate, "duration": dur, "runs": []}
+    compile_sources()
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench_grid-") as tmp:
         for rep in range(a.repeat):
