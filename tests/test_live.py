@@ -147,7 +147,9 @@ def test_clock_offset_is_estimated_and_converted():
             for _ in range(10):
                 for m in ("resnet50_v2", "mobilenet_v2"):
                     r = cl.infer(m, slo_ms=100)
-                    assert r.latency_ms < 100
+                    # the controller's own latency (what its SLO bounds): the client's
+                    # adds the client's own delays, which a loaded host can stretch
+                    assert r.server_latency_ms < 100
             st = cl.stats()
         assert st.get("infer_rejected", 0) == 0 and st.get("load_rejected", 0) == 0
 
