@@ -645,11 +645,30 @@ class SlowNetworkFault(Settings):
                               "milliseconds.", gt=0)
 
 
+class ControllerRestartFault(Settings):
+    """One ``[[faults.controller_restart]]`` entry: the controller dies, a new one starts.
+
+    The new controller takes the workers over (simulator only)."""
+
+    settings_name: ClassVar[str] = "faults.controller_restart"
+
+    at_s: float = setting(description="When the controller dies, in seconds from the start. "
+                          "Every request it had not answered fails then.", ge=0)
+    down_s: float = setting(
+        1.0, "How long until the new controller starts, in seconds (process start-up); "
+        "requests that arrive meanwhile wait for it (their clients retry), and those that "
+        "can no longer meet their SLO then time out.", ge=0)
+    fresh_caches: bool = setting(
+        False, "The new controller empties the workers' weights caches (as "
+        "`clockwork controller --fresh-caches`); by default it takes over the weights "
+        "they hold (the clockwork policy only).")
+
+
 class FaultSettings(Settings):
     """``[faults]``: faults injected into a run. The simulator models each one in its
     network and workers, deterministically; a live run (`clockwork serve --replay`)
     kills, restarts, stops and resumes the worker processes at the same times
-    (`slow_network` is simulator-only)."""
+    (`slow_network` and `controller_restart` are simulator-only)."""
 
     settings_name: ClassVar[str] = "faults"
 
@@ -660,6 +679,9 @@ class FaultSettings(Settings):
     slow_network: list[SlowNetworkFault] = setting(
         default_factory=list, description="Slow links: `{worker, at_s, for_s, delay_ms}` "
         "(simulator only).")
+    controller_restart: list[ControllerRestartFault] = setting(
+        default_factory=list, description="Controller restarts: `{at_s, down_s, "
+        "fresh_caches}` (simulator only; not with `kill` or `hang`).")
     detect_ms: float = setting(
         1.0, "Simulator: how long after a worker dies the controller sees its connection "
         "close, in milliseconds.", ge=0)

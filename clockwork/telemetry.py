@@ -316,6 +316,13 @@ class Telemetry:
     def unfinished_actions(self) -> int:
         return len(self._sent)
 
+    def forget_unfinished(self) -> int:
+        """The controller that sent the actions not finished yet is gone (a simulated
+        controller restart): they will never be logged. Returns how many there were."""
+        n = len(self._sent)
+        self._sent.clear()
+        return n
+
     # the logs ------------------------------------------------------------------------
 
     def request_columns(self) -> dict[str, np.ndarray]:

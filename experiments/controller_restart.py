@@ -14,8 +14,14 @@ attainment, cold-start requests (no copy of their model loaded when they arrived
 LOADs the new controller sent, and p99 latency. The two modes alternate
 (``--repeats`` rounds), as the machine's other load moves single runs.
 
+``--simulate``: the same in the simulator instead, once per mode (runs repeat exactly):
+one run of ``--warm`` + ``--after`` seconds of load whose ``[faults]`` restart the
+controller at ``--warm`` s, the new one starting ``--down`` s later. The figures "after"
+are over the requests that arrive from then on and the LOADs sent from the restart on.
+
     python experiments/controller_restart.py [--instances 4026] [--workers 6] [--gpus 2]
         [--rate 1000] [--warm 15] [--after 15] [--repeats 2] [--json F]
+        [--simulate [--down 1.0]]
 """
 
 from __future__ import annotations
@@ -63,6 +69,28 @@ def one(a: argparse.Namespace, mode: str) -> dict:
             "p99_ms": s["latency_ms"]["p99"], "answered_once": res.answered_once}
 
 
+def one_sim(a: argparse.Namespace, mode: str) -> dict:
+    from clockwork.cluster.sim import simulate
+    from clockwork.time import sec
+
+    data = live_scale.scenario(a.instances, a.workers, a.gpus, a.rate, a.warm + a.after,
+                               a.slo_ms)
+    data["faults"] = {"controller_restart": [{"at_s": a.warm, "down_s": a.down,
+                                              "fresh_caches": mode == "fresh"}]}
+    res = simulate(common.scenario(data))
+    t0, t1 = sec(a.warm), sec(a.warm + a.down)
+    rows = res.telemetry.requests  # (id, model, arrival, deadline, latency, status, met, cold, ..)
+    after = [r for r in rows if r[2] >= t1]
+    lat = sorted(r[4] for r in after if r[5] == 0)
+    return {"mode": mode, "restart_s": a.down, "adopted": res.summary["weights_adopted"],
+            "warm_cold_starts": sum(1 for r in rows if r[2] < t0 and r[7]),
+            "requests": len(after), "attainment": sum(r[6] for r in after) / len(after),
+            "cold_starts": sum(1 for r in after if r[7]),
+            "loads": sum(1 for x in res.telemetry.actions if x[1] == "LOAD" and x[7] >= t0),
+            "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))] / 1e6 if lat else 0.0,
+            "answered_once": True}  # (the simulator checks it)
+
+
 def show(r: dict) -> str:
     return (f"  {r['mode']:<5}  restart {r['restart_s']:5.2f} s  adopted {r['adopted']:>5,}  "
             f"after: {r['requests']:>6,} requests, attainment {r['attainment']:.4f}, "
@@ -82,18 +110,27 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=2,
                    help="rounds of both modes, alternating (default 2)")
     p.add_argument("--json", type=Path, help="also write every run's figures here")
+    p.add_argument("--simulate", action="store_true",
+                   help="run it in the simulator ([faults] controller_restart), once per mode")
+    p.add_argument("--down", type=float, default=1.0,
+                   help="--simulate: seconds until the new controller starts (default 1.0)")
     a = p.parse_args(argv)
     if min(a.instances, a.workers, a.gpus, a.repeats) < 1 or min(a.rate, a.warm, a.after) <= 0:
         p.error("--instances, --workers, --gpus, --rate, --warm, --after and --repeats must "
                 "be positive")
-    common.check_live(a.workers, a.warm + a.after)
+    if a.simulate and not 0 <= a.down < a.after:
+        p.error("--down must be at least 0 and below --after")
+    if a.simulate:
+        a.repeats = 1  # (the same run again would give the same figures)
+    else:
+        common.check_live(a.workers, a.warm + a.after)
     print(f"controller_restart: {a.instances:,} instances, {a.workers} workers x {a.gpus} "
           f"GPUs, Poisson {a.rate:,.0f} r/s, SLO {a.slo_ms:g} ms; {a.warm:g} s of load, a "
           f"controller restart, {a.after:g} s of load", flush=True)
     rows = []
     for _ in range(a.repeats):
         for mode in MODES:
-            r = one(a, mode)
+            r = one_sim(a, mode) if a.simulate else one(a, mode)
             rows.append(r)
             print(show(r), flush=True)
     for mode in MODES:

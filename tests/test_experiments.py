@@ -185,6 +185,19 @@ def test_controller_restart_compares_taking_over_the_caches_with_emptying_them(
     with pytest.raises(SystemExit) as e:
         controller_restart.main(["--warm", "0"])
     assert e.value.code == 2 and "must be positive" in capsys.readouterr().err
+    # the same in the simulator ([faults] controller_restart): the same contrast
+    assert controller_restart.main(["--simulate", "--instances", "12", "--workers", "2",
+                                    "--gpus", "1", "--rate", "120", "--warm", "1.5",
+                                    "--after", "1", "--down", "0.3",
+                                    "--json", str(tmp_path / "s.json")]) == 0
+    adopt, fresh = json.loads((tmp_path / "s.json").read_text())["runs"]
+    assert (adopt["mode"], fresh["mode"]) == ("adopt", "fresh")
+    assert adopt["adopted"] == 12 and fresh["adopted"] == 0
+    assert adopt["loads"] == adopt["cold_starts"] == 0 < fresh["cold_starts"]
+    assert fresh["loads"] >= 12 and adopt["requests"] == fresh["requests"] > 50
+    with pytest.raises(SystemExit) as e:
+        controller_restart.main(["--simulate", "--after", "1", "--down", "1"])
+    assert e.value.code == 2 and "--down must be" in capsys.readouterr().err
 
 
 def test_live_scale_runs_the_simulator_and_the_live_cluster_side_by_side(tmp_path, capsys):

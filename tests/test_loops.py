@@ -421,6 +421,63 @@ def test_slow_network_delays_answers():
     assert len(slow) > 100 and min(slow) >= ms(60) > max(fast)
 
 
+RESTART_AT, DOWN = 3.0107, 0.5
+RESTART = {**FAULTY, "faults": {"controller_restart": [{"at_s": RESTART_AT, "down_s": DOWN}]}}
+
+
+def _restart(**fault):
+    return {**RESTART, "faults": {"controller_restart": [
+        {"at_s": RESTART_AT, "down_s": DOWN, **fault}]}}
+
+
+def test_a_restarted_controller_takes_over_the_workers_weights_in_the_simulator():
+    """[faults] controller_restart: the controller dies; what it had not answered fails
+    then, once; what arrives while none serves waits for the new one, which takes over
+    the weights the workers hold: no LOAD, no cold start after it. With fresh_caches (or
+    a baseline policy) every model is loaded again. Runs repeat exactly."""
+    a, b = simulate(RESTART), simulate(RESTART)
+    assert a.telemetry.requests == b.telemetry.requests
+    assert a.telemetry.actions == b.telemetry.actions
+    s = a.summary
+    assert s["submitted"] == s["succeeded"] + s["failed"] + s["dropped"]  # all answered
+    rows, acts = a.telemetry.requests, a.telemetry.actions  # (id, model, arrival, ., latency,
+    t0, t1 = sec(RESTART_AT), sec(RESTART_AT + DOWN)        # status, met, cold, ...)
+    died = [r for r in rows if r[2] + r[4] == t0]
+    assert died and {r[5] for r in died} == {1} and s["failed"] == len(died)  # ERROR
+    waited = [r for r in rows if t0 < r[2] < t1]
+    assert len(waited) > 500 and min(r[2] + r[4] for r in waited) >= t1
+    assert sum(r[6] for r in waited) > 0  # the last ones still make their SLO
+    def copies(actions, before):  # (worker, gpu, model) of the LOADs sent before/after t0
+        return {x[3:6] for x in actions
+                if x[1] == "LOAD" and x[2] == "SUCCESS" and (x[7] < t0) == before}
+    held = copies(acts, True)
+    assert len(held) >= 8 and not [x for x in acts if x[1] == "EVICT"]
+    assert not held & copies(acts, False)  # the copies held are not loaded again
+    assert not [r for r in rows if r[2] > t0 and r[7]]  # no cold start
+    after = [r for r in rows if r[2] > t1 + sec(0.2)]
+    assert sum(r[6] for r in after) / len(after) > 0.99
+    fresh = simulate(_restart(fresh_caches=True))
+    assert len([r for r in fresh.telemetry.requests if r[2] > t0 and r[7]]) > 500  # cold
+    for run in (fresh, simulate({**RESTART, "scheduler": {"policy": "clipper"}})):
+        again = copies(run.telemetry.actions, False)
+        assert len(again) >= 8 and again & copies(run.telemetry.actions, True)
+
+
+def test_controller_restart_settings_are_checked():
+    from clockwork.cluster.faults import LiveFaults
+    from clockwork.scenario import ScenarioError
+
+    with pytest.raises(ScenarioError, match="not together with faults.kill"):
+        simulate({**FAULTY, "faults": {**FAULTY["faults"], **RESTART["faults"]}})
+    with pytest.raises(ScenarioError, match="must start before the end"):
+        simulate(_restart(down_s=FAULTY["duration_s"]))
+    twice = {"controller_restart": [{"at_s": 2.0, "down_s": 1.0}, {"at_s": 2.5}]}
+    with pytest.raises(ScenarioError, match=r"controller_restart.1.at_s: 2.5 is not after"):
+        simulate({**FAULTY, "faults": twice})
+    with pytest.raises(ValueError, match="controller_restart has no live form"):
+        LiveFaults(None, RESTART["faults"])
+
+
 # ------------------------------------------------------------------ one driver per core
 
 _CORE_CALLS = {"on_request", "on_result", "on_tick", "drain_replies", "next_wakeup",

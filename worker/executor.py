@@ -362,6 +362,13 @@ class GpuExecutor:
                       begin=at, end=at, message=message)
 
 
+def held_weights(executors: Iterable[GpuExecutor]) -> list[tuple[int, str, int]]:
+    """Every weights cached on these GPUs, each (GPU, model, version): what a reset that
+    takes the worker over for a new controller asks ``keep_weights`` to keep (it keeps
+    those fully loaded, for models served with the same profile)."""
+    return [(e.gpu, name, w.version) for e in executors for name, w in e.weights.items()]
+
+
 def keep_weights(old: list[GpuExecutor], new: list[GpuExecutor],
                  keep: Iterable[tuple[int, str, int]], now: int) -> list[set[str]]:
     """A worker's reset that keeps the weights ``keep`` names, each (GPU, model,
@@ -378,4 +385,5 @@ def keep_weights(old: list[GpuExecutor], new: list[GpuExecutor],
     return out
 
 
-__all__ = ["Device", "GpuExecutor", "Lane", "Weights", "NEVER", "PENDING", "keep_weights"]
+__all__ = ["Device", "GpuExecutor", "Lane", "Weights", "NEVER", "PENDING", "held_weights",
+           "keep_weights"]

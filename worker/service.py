@@ -75,7 +75,7 @@ from clockwork.protocol.wire import (
 )
 from clockwork.tensors import Tensor
 from worker.devices.emulated import EmulatedDevice
-from worker.executor import GpuExecutor, keep_weights
+from worker.executor import GpuExecutor, held_weights, keep_weights
 from worker.loop import WorkerLoop
 
 DEVICES = ("emulated", "cpu", "cuda")
@@ -278,8 +278,7 @@ class WorkerNode:
         """Every weights cached, each (GPU, instance, version): what a Hello that adopts
         asks ``_reset`` to keep (it keeps those fully loaded, for instances that still
         run the same model)."""
-        return [(e.gpu, name, w.version) for e in self.executors
-                for name, w in e.weights.items()]
+        return held_weights(self.executors)
 
     def update(self, u: pb.InstanceUpdate) -> pb.WorkerState:
         """InstanceUpdate: instances leave (their cached weights, if any, are dropped) and

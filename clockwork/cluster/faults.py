@@ -4,7 +4,8 @@
 fault's time, counted from the moment the replay starts, it kills a worker process
 (SIGKILL) and later starts it again on the same port, or stops (SIGSTOP) and resumes
 (SIGCONT) one. The simulator models the same faults in its network and workers
-(``clockwork.cluster.sim``); ``slow_network`` has no live form here and is refused.
+(``clockwork.cluster.sim``); ``slow_network`` and ``controller_restart`` have no live
+form here and are refused.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ class LiveFaults:
     ``stop()`` ends it early and resumes any stopped worker."""
 
     def __init__(self, cluster, faults: dict) -> None:
+        if faults.get("controller_restart"):
+            raise ValueError("[faults] controller_restart has no live form here (a replay's "
+                             "streams do not outlive their controller; "
+                             "experiments/controller_restart.py restarts a live one between "
+                             "two loads); remove it to run this scenario live")
         if faults.get("slow_network"):
             raise ValueError("[faults] slow_network has no live form (the simulator models "
                              "it); remove it to run this scenario live")

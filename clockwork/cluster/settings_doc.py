@@ -14,6 +14,7 @@ from pathlib import Path
 
 from clockwork.settings import (
     ClusterSettings,
+    ControllerRestartFault,
     FaultSettings,
     HangFault,
     KillFault,
@@ -109,10 +110,12 @@ def render() -> str:
         "`[faults]`", "Faults injected into a run. The simulator models each one in its "
         "network and workers, deterministically; a live run (`clockwork serve SCENARIO "
         "--replay`) kills, restarts, stops and resumes the worker processes at the same "
-        "times, counted from the start of the replay. `slow_network` is simulator-only.",
+        "times, counted from the start of the replay. `slow_network` and `controller_restart` "
+        "are simulator-only.",
         markdown_table(FaultSettings)))
     for cls, key in ((KillFault, "kill"), (HangFault, "hang"),
-                     (SlowNetworkFault, "slow_network")):
+                     (SlowNetworkFault, "slow_network"),
+                     (ControllerRestartFault, "controller_restart")):
         first = (cls.__doc__ or "").strip().splitlines()[0].replace("``", "`")
         parts.append(f"### `{key}` entries\n\n{first}\n\n" + markdown_table(cls))
     from controller.limits import Limits

@@ -20,20 +20,20 @@ from pathlib import Path
 
 import numpy as np
 
-from clockwork.actions import NEVER
+from clockwork.actions import NEVER, RequestStatus
 from clockwork.profiles import ProfileSet, load_profile_set
-from clockwork.requests import Request
+from clockwork.requests import Reply, Request
 from clockwork.resources import scenario_folder
 from clockwork.scenario import Scenario, ScenarioError, instance_names, load_scenario
 from clockwork.telemetry import Telemetry, format_summary, write_run
 from clockwork.time import NS_PER_S, ms, sec
 from clockwork.workloads import Workload, build_workload
-from controller import make_policy, split_settings
+from controller import make_policy, policy_class, split_settings
 from controller.config import SchedulerConfig
 from controller.loop import ControllerLoop, Liveness, LoopObserver
 from controller.policy import GpuSpec, Policy
 from worker.devices.emulated import EmulatedDevice
-from worker.executor import GpuExecutor, keep_weights
+from worker.executor import GpuExecutor, held_weights, keep_weights
 from worker.loop import WorkerLoop
 
 
@@ -74,14 +74,17 @@ def run_info(wall_s: float, sc: Scenario, events: int = 0) -> dict:
 _OPEN, _SUBMIT, _TO_WORKER, _WAKE, _TO_CTRL, _TICK, _FAULT = range(7)
 _PROBE = "probe"  # a controller -> worker message that is not actions (nor a reset)
 _RESET_DONE = "reset done"  # a worker's answer to a reset
+_TAKEN_OVER = "taken over"  # a worker's answer to a new controller's reset
 
 
 @dataclass(slots=True)
 class _Reset:
     """The controller's reset of a worker it re-admits: the weights to keep, each
-    (GPU, model, version); everything else is dropped."""
+    (GPU, model, version); everything else is dropped. ``epoch`` > 0: a new controller
+    (the ``epoch``-th) taking the worker over; ``keep`` None: keep every weights held."""
 
-    keep: list[tuple[int, str, int]]
+    keep: list[tuple[int, str, int]] | None
+    epoch: int = 0
 
 
 class Simulation:
@@ -90,8 +93,9 @@ class Simulation:
     event queue) instead of gRPC. ``[faults]`` are modelled here: a killed worker loses
     its state and the messages sent to it, and the controller sees its connection close
     ``detect_ms`` later; a hung worker handles nothing until it resumes; a slow link
-    delays messages. Messages between the controller and a worker stay in order (one
-    connection each way)."""
+    delays messages; a controller restart fails what the controller had not answered and
+    starts a new ControllerLoop (a new policy) that takes the workers over. Messages
+    between the controller and a worker stay in order (one connection each way)."""
 
     def __init__(self, sc: Scenario, progress: bool = False,
                  spill_dir: str | Path | None = None) -> None:
@@ -125,7 +129,11 @@ class Simulation:
         except (TypeError, ValueError) as e:
             raise ScenarioError(f"[scheduler]: {e}") from e
         self.cfg = cfg
+        # what a controller that restarts builds its new policy from
+        self._policy_args = (policy, list(self.profiles.values()), specs, cfg, extra)
+        self._adopts = policy_class(policy).adopts_weights
         self.faults = sc.data.get("faults") or {}
+        self._check_restarts(self.faults.get("controller_restart") or [], sc.duration_s)
         for kind in ("kill", "hang", "slow_network"):
             for i, f in enumerate(self.faults.get(kind, ())):
                 if f["worker"] >= W:
@@ -168,6 +176,21 @@ class Simulation:
         self.telemetry = Telemetry(0, spill_dir=spill_dir)
         self._executors: list[GpuExecutor] = []  # every one made, for their peak pages
         self.fault_log: list[tuple[int, str]] = []  # (time, what happened)
+
+    def _check_restarts(self, restarts: list[dict], duration_s: float) -> None:
+        if restarts and (self.faults.get("kill") or self.faults.get("hang")):
+            raise ScenarioError("faults.controller_restart: not together with faults.kill or "
+                                "faults.hang (the simulator models them apart)")
+        end = -1.0
+        for i, f in enumerate(restarts):
+            if f["at_s"] <= end:
+                raise ScenarioError(f"faults.controller_restart.{i}.at_s: {f['at_s']:g} is not "
+                                    f"after the previous restart's end ({end:g} s)")
+            end = f["at_s"] + f["down_s"]
+            if end >= duration_s:
+                raise ScenarioError(f"faults.controller_restart.{i}: the new controller must "
+                                    f"start before the end ({end:g} s >= duration_s "
+                                    f"{duration_s:g})")
 
     def executors_of(self, w: int, restart: int = 0) -> list[GpuExecutor]:
         """Worker ``w``'s GPUs with empty caches (``restart``: how many times it restarted;
@@ -293,6 +316,8 @@ class Simulation:
                 for rep in replies:
                     reply(rep)
                     r = rep.request
+                    if track:
+                        unanswered.pop(r.id, None)
                     tag = r.tag
                     if tag is not None and closed[tag]:
                         for t, m, slo in workloads[tag].on_reply(r.model, rep.status == 0, now):
@@ -350,13 +375,26 @@ class Simulation:
         self.workers = wloops
 
         request = ctrl.request
+        # controller restarts: the requests not answered yet (a controller that dies fails
+        # them), whether a controller serves now, and the requests that wait for one
+        ctrl_restarts = self.faults.get("controller_restart") or ()
+        track = bool(ctrl_restarts)
+        unanswered: dict[int, Request] = {}
+        ctrl_up = True
+        waiting: list[Request] = []
 
         def submit(model, slo, widx, at):
             nonlocal next_id, outstanding
             rid = next_id
             next_id += 1
             outstanding += 1
-            request(Request(rid, model, at, slo, widx), at)
+            r = Request(rid, model, at, slo, widx)
+            if track:
+                unanswered[rid] = r
+                if not ctrl_up:  # the client's call waits for the new controller
+                    waiting.append(r)
+                    return
+            request(r, at)
 
         def fault_at(t, what, *args):
             nonlocal seq
@@ -370,6 +408,68 @@ class Simulation:
                 fault_at(sec(f["back_s"]), "restart", f["worker"])
         for f in fl.get("hang", ()):
             fault_at(sec(f["at_s"]), "hang", f["worker"], sec(f["at_s"] + f["for_s"]))
+        for f in ctrl_restarts:
+            fault_at(sec(f["at_s"]), "controller_dies", -1)
+            fault_at(sec(f["at_s"] + f["down_s"]), "controller_starts", -1,
+                     self._adopts and not f["fresh_caches"])
+        # the new controller's epoch (a count of restarts); the workers whose messages go
+        # to a controller that is gone; what each worker kept for the new one
+        epoch = 0
+        deaf = [False] * W
+        taken: dict[int, dict[int, list[tuple[str, int]]]] = {}
+        adopting = False
+        adopted = 0  # copies the new controllers took over, all restarts together
+
+        def controller_dies(now):
+            nonlocal ctrl_up, epoch
+            ctrl_up = False
+            epoch += 1
+            for i in range(W):
+                deaf[i] = True
+            lost = list(unanswered.values())
+            ToWorkers.answer([Reply(r, RequestStatus.ERROR, now, "the controller died")
+                              for r in lost])
+            n = tel.forget_unfinished()
+            log.append((now, f"controller died: {len(lost)} request(s) failed, {n} "
+                             "action(s) lost"))
+
+        def controller_starts(now, adopt):
+            nonlocal adopting
+            adopting = adopt
+            taken.clear()
+            for i in range(W):  # its Hello to each worker: reset, keeping what it holds
+                to_worker(i, _Reset(None if adopt else [], epoch))
+            log.append((now, "a new controller starts and takes the workers over"
+                             + (" (keeping their weights)" if adopt else
+                                " (emptying their caches)")))
+
+        def taken_over(now, w, held):
+            """Worker ``w`` answered the new controller's Hello; once every worker has,
+            the new controller serves (its policy adopts the weights kept)."""
+            nonlocal ctrl, request, results, tick, ctrl_up, adopted
+            deaf[w] = False
+            taken[w] = held
+            if len(taken) < W:
+                return
+            self.policy = make_policy(*self._policy_args)
+            ctrl = ControllerLoop(self.policy, ToWorkers, self.specs, tel, Observer(),
+                                  Liveness.of(self.cfg))
+            self.controller = ctrl
+            request, results, tick = ctrl.request, ctrl.results, ctrl.tick
+            n = 0
+            if adopting:
+                for i in range(W):
+                    if any(taken[i].values()):
+                        ctrl.adopt(i, now, taken[i])
+                        n += sum(len(c) for c in taken[i].values())
+            ctrl_up = True
+            adopted += n
+            log.append((now, f"the new controller serves ({n} cached model(s) taken over, "
+                             f"{len(waiting)} request(s) waited for it)"))
+            if waiting:
+                ctrl.requests(list(waiting), now)
+                waiting.clear()
+
         for f in fl.get("slow_network", ()):
             fault_at(sec(f["at_s"]), "slow", f["worker"], ms(f["delay_ms"]))
             fault_at(sec(f["at_s"] + f["for_s"]), "slow", f["worker"], 0)
@@ -379,7 +479,11 @@ class Simulation:
         def on_fault(now, what, args):
             nonlocal seq
             w = args[0]
-            if what == "kill":
+            if what == "controller_dies":
+                controller_dies(now)
+            elif what == "controller_starts":
+                controller_starts(now, args[1])
+            elif what == "kill":
                 if alive[w]:
                     alive[w] = False
                     hung[w] = 0
@@ -445,7 +549,10 @@ class Simulation:
                     push(heap, (nxt[0], seq, _OPEN, a))
                 submit(m, slo, a, now)
             elif kind == _TO_CTRL:
-                if a[1] is _PROBE:
+                if track and deaf[a[0]]:  # to a controller that is gone: lost
+                    if a[1] is _TAKEN_OVER and a[2] == epoch:
+                        taken_over(now, a[0], a[3])
+                elif a[1] is _PROBE:
                     ctrl.heard_from(a[0], now)
                 elif a[1] is _RESET_DONE:
                     ctrl.reset_done(a[0], now, a[2])
@@ -463,12 +570,18 @@ class Simulation:
                 elif type(actions) is _Reset:  # nothing in flight, only the kept weights
                     gen[w] += 1
                     fresh = self.executors_of(w, gen[w])
-                    kept = keep_weights(wloops[w].executors, fresh, actions.keep,
+                    old, keep = wloops[w].executors, actions.keep
+                    kept = keep_weights(old, fresh, held_weights(old) if keep is None else keep,
                                         now + offsets[w])
                     wloops[w] = WorkerLoop(w, fresh, ToController(w, gen[w]))
                     seq += 1  # the answer says what it kept
-                    push(heap, (arrival(w, now, last_out), seq, _TO_CTRL,
-                                (w, _RESET_DONE, dict(enumerate(kept)))))
+                    if actions.epoch:  # to a new controller: each GPU's (model, version)s
+                        answer = (w, _TAKEN_OVER, actions.epoch, {
+                            e.gpu: [(n, e.weights[n].version) for n in e.loaded_models()]
+                            for e in fresh})
+                    else:
+                        answer = (w, _RESET_DONE, dict(enumerate(kept)))
+                    push(heap, (arrival(w, now, last_out), seq, _TO_CTRL, answer))
                 else:
                     wloops[w].submit(actions, now + offsets[w])
             elif kind == _WAKE:
@@ -481,7 +594,7 @@ class Simulation:
                 m, slo, widx = a
                 submit(m, slo, widx, now)
             elif kind == _TICK:
-                if ctrl.armed == now:
+                if ctrl.armed == now and ctrl_up:  # (no timer of a controller that died)
                     tick(now)
             else:  # _FAULT
                 on_fault(now, *a)
@@ -506,6 +619,8 @@ class Simulation:
             "cache_pages": self.pages,
             "max_pages_used": self.max_pages_used,
         }
+        if ctrl_restarts:
+            extra["weights_adopted"] = adopted
         summary = tel.summary(self.sc.duration_s, extra)
         return SimResult(summary, tel, self.sc, wall_s, events)
 
