@@ -68,14 +68,6 @@ class Lane:
         self.running: _Running | None = None
         self.free_at = 0
 
-    def next_time(self) -> int | None:
-        if self.running is not None:
-            return self.running.end  # None while open: complete() moves things on
-        if self.pending:
-            earliest, _, _, received = self.pending[0]
-            return max(self.free_at, received, earliest)
-        return None
-
 
 @dataclass
 class GpuExecutor:
@@ -104,7 +96,9 @@ class GpuExecutor:
         return sorted(self.weights)
 
     def next_time(self) -> int | None:
-        # Lane.next_time of each lane, written out (asked after every event of the worker)
+        """When ``advance`` next has something to do: the end of a lane's running action,
+        else when its first queued one can begin (asked after every event of the worker);
+        None: nothing to do until a new action or ``complete``."""
         lane = self.load_lane
         r = lane.running
         if r is not None:
