@@ -270,15 +270,11 @@ class WorkerNode:
                 inst[i.name] = p
         self._renamed = {name: self._renamed[name] for name in inst}  # only the current ones
         if h.reset or not self.executors or inst.keys() != self.instances.keys():
-            self._reset(inst, self.held() if h.adopt else
+            # adopt: every weights cached (``_reset`` keeps those fully loaded, for
+            # instances that still run the same model)
+            self._reset(inst, held_weights(self.executors) if h.adopt else
                         [(k.gpu, k.model, k.version) for k in h.keep])
         return self.state(missing)
-
-    def held(self) -> list[tuple[int, str, int]]:
-        """Every weights cached, each (GPU, instance, version): what a Hello that adopts
-        asks ``_reset`` to keep (it keeps those fully loaded, for instances that still
-        run the same model)."""
-        return held_weights(self.executors)
 
     def update(self, u: pb.InstanceUpdate) -> pb.WorkerState:
         """InstanceUpdate: instances leave (their cached weights, if any, are dropped) and

@@ -124,13 +124,12 @@ class Simulation:
         try:
             common, extra = split_settings(policy, sched)
             cfg = SchedulerConfig.from_ms(**common)
-            self.policy: Policy = make_policy(policy, list(self.profiles.values()), specs, cfg,
-                                              extra)
+            # (kept: a controller that restarts builds its new policy from them)
+            self._policy_args = (policy, list(self.profiles.values()), specs, cfg, extra)
+            self.policy: Policy = make_policy(*self._policy_args)
         except (TypeError, ValueError) as e:
             raise ScenarioError(f"[scheduler]: {e}") from e
         self.cfg = cfg
-        # what a controller that restarts builds its new policy from
-        self._policy_args = (policy, list(self.profiles.values()), specs, cfg, extra)
         self._adopts = policy_class(policy).adopts_weights
         self.faults = sc.data.get("faults") or {}
         self._check_restarts(self.faults.get("controller_restart") or [], sc.duration_s)
