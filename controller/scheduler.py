@@ -299,6 +299,25 @@ class ClockworkScheduler(Policy):
                 start = t if inst.ready_at <= t else inst.ready_at
                 if start >= horizon:
                     continue
+                if m.live == 1:
+                    # a lone request (the common case with many models) runs alone, if it
+                    # can still finish in time; if not, it is dropped unless its copy is
+                    # still loading. (_choose_batch's rule for one request, inlined: most
+                    # candidates are lone requests.)
+                    q = m.queue
+                    r = q[0]
+                    while r.state != QUEUED:
+                        q.popleft()
+                        r = q[0]
+                    b1 = m.batch_sizes[0]
+                    p = r.deadline - m.est.exec_ns[b1]
+                    if p < start:
+                        if not inst.loading:
+                            self._unqueue(m, r)
+                            self._answer(r, RequestStatus.TIMEOUT, now, "SLO cannot be met")
+                        continue
+                    cands.append((p, -b1, name, m, inst, start, (p, b1, [r], [])))
+                    continue
                 choice = self._choose_batch(m, start, drop=not inst.loading, now=now)
                 if choice is not None:
                     cands.append((choice[0], -choice[1], name, m, inst, start, choice))
@@ -328,7 +347,10 @@ class ClockworkScheduler(Policy):
         urgent = min(cands)
         if len(cands) == 1 or not self.cfg.batch_first:
             return urgent
-        u_start, u_b = urgent[5], -urgent[1]
+        neg_ub = urgent[1]
+        if not any(c[1] < neg_ub for c in cands):
+            return urgent  # no larger batch to weigh (e.g. only lone requests)
+        u_start, u_b = urgent[5], -neg_ub
         u_exec = urgent[3].est.exec(u_b)
         u_rate = u_b / u_exec
         u_latest = urgent[0]
@@ -355,6 +377,8 @@ class ClockworkScheduler(Policy):
         largest size it can fill. Requests ahead of that batch which are too urgent
         for it are returned as ``skipped`` (they are dropped if it runs).
         With ``drop``, requests that cannot finish even alone are answered first.
+        (``_schedule_infer`` decides a lone request's case itself, without calling this:
+        the same answer, it runs alone if it can finish in time.)
 
         Returns (priority, batch size, batch, skipped) or None.
 
@@ -384,11 +408,6 @@ class ClockworkScheduler(Policy):
                 self._answer(r, RequestStatus.TIMEOUT, now, "SLO cannot be met")
         if not m.live:
             return None
-        if m.live == 1:  # fast path: a lone request runs alone
-            r = q[0] if q[0].state == QUEUED else m.head(1)[0]
-            if r.deadline < start + e1:
-                return None
-            return r.deadline - e1, sizes[0], [r], []
         head = m.head(sizes[-1] + self.scan_extra)
         n = len(head)
         deadlines = [r.deadline for r in head]
