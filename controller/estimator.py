@@ -70,7 +70,9 @@ class Estimator:
         self.inflated = False  # some EXEC estimate is above the profile's figure
         self.version = 0  # bumped whenever an EXEC estimate changes
         self.batch_sizes = profile.batch_sizes
-        self._exec_w = {b: SlidingWindow(window, v) for b, v in profile.exec_ns.items()}
+        # a batch size's window, seeded with the profile's figure, is made at its first
+        # measurement: most sizes of most models are never measured
+        self._exec_w: dict[int, SlidingWindow] = {}
         self._exec = dict(profile.exec_ns)
         # the current EXEC estimate per batch size (ns): a read-only live view, for hot
         # loops that look up many sizes (``exec(b)`` is the same figure)
@@ -85,7 +87,10 @@ class Estimator:
     def add_exec(self, batch_size: int, duration: int, now: int = 0) -> None:
         w = self._exec_w.get(batch_size)
         if w is None:
-            return
+            seed = self.profile.exec_ns.get(batch_size)
+            if seed is None:
+                return
+            w = self._exec_w[batch_size] = SlidingWindow(self.window, seed)
         e = w.push(duration, self.percentile)
         if e != self._exec[batch_size]:
             self._exec[batch_size] = e
@@ -100,7 +105,7 @@ class Estimator:
     def forget_exec(self) -> None:
         """Back to the profile's EXEC figures. For an estimate that a straggler pushed past
         every SLO: with no EXEC run, no measurement would ever bring it down again."""
-        self._exec_w = {b: SlidingWindow(self.window, v) for b, v in self.profile.exec_ns.items()}
+        self._exec_w = {}
         self._exec.clear()
         self._exec.update(self.profile.exec_ns)
         self.version += 1
