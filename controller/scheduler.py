@@ -682,32 +682,40 @@ class ClockworkScheduler(Policy):
         # least loaded first; among equals the GPU holding fewest models, so copies spread
         gpus.sort(key=lambda g: (g.share, len(g.instances), g.index))
         cold_seen = [] if first is None else [first]  # the cold ones read so far, in order
-
-        def cold_part():
-            yield from cold_seen
-            for e in cold:
-                cold_seen.append(e)
-                yield e
+        at = [cold_seen, 0]  # the list the entry yielded last sits in, and its index there
 
         def merged(left):  # ``left`` (sorted) and the cold ones, in order
-            i, n = 0, len(left)
-            for c in cold_part():
+            i, n, k = 0, len(left), 0
+            while True:
+                if k < len(cold_seen):
+                    c = cold_seen[k]
+                else:
+                    c = next(cold, None)
+                    if c is None:
+                        break
+                    cold_seen.append(c)
                 while i < n and left[i] < c:
+                    at[0], at[1] = left, i
                     yield left[i]
                     i += 1
+                at[0], at[1] = cold_seen, k
                 yield c
-            yield from left[i:]
+                k += 1
+            while i < n:
+                at[0], at[1] = left, i
+                yield left[i]
+                i += 1
 
         misses = [e for e in warm if not self.models[e[1]].instances]
-        taken: set[str] = set()
         models = self.models
         evicted = False
         for g in gpus:
             spare = g.share < 1.0
             # without a spare share only models without a copy qualify: the cold ones and
             # the misses (unless an EVICT took some model's last copy)
-            for negp, name in merged(warm if spare or evicted else misses):
-                if name in taken or name in g.instances:
+            for e in merged(warm if spare or evicted else misses):
+                negp, name = e
+                if name in g.instances:
                     continue
                 m = models[name]
                 if m.pages > g.total_pages:
@@ -721,7 +729,14 @@ class ClockworkScheduler(Policy):
                     self._send_evict(inst, now, out)
                     evicted = True
                 self._send_load(g, m, now, out)
-                taken.add(name)
+                # taken: out of every list, so the next GPUs do not read past it again
+                # (a miss sits in ``warm`` and in ``misses``)
+                src, idx = at
+                del src[idx]
+                if src is misses:
+                    warm.remove(e)
+                elif src is warm and misses and e in misses:
+                    misses.remove(e)
                 break
 
     def _arm_load_check(self, now: int) -> None:
