@@ -304,11 +304,9 @@ class ClockworkScheduler(Policy):
                     # can still finish in time; if not, it is dropped unless its copy is
                     # still loading. (_choose_batch's rule for one request, inlined: most
                     # candidates are lone requests.)
-                    q = m.queue
-                    r = q[0]
-                    while r.state != QUEUED:
-                        q.popleft()
-                        r = q[0]
+                    r = m.queue[0]
+                    if r.state != QUEUED:
+                        r = m.head(1)[0]  # (lets go of the answered ones in front)
                     b1 = m.batch_sizes[0]
                     p = r.deadline - m.est.exec_ns[b1]
                     if p < start:
