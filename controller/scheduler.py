@@ -166,8 +166,8 @@ class ClockworkScheduler(Policy):
             self._next_load_check = now + cfg.load_check_interval
         if not live:
             self._queued.add(m.name)
-            for gi in insts:
-                self.gpus[gi].active[m.name] = None
+            for gi, inst in insts.items():
+                self.gpus[gi].active[m.name] = inst
         if ix is not None:
             self._kick_copies(m, ix, now, out)
         elif insts:
@@ -286,16 +286,14 @@ class ClockworkScheduler(Policy):
 
     def _schedule_infer(self, g: GpuState, now: int, out: list[Action]) -> None:
         horizon = now + self.cfg.schedule_ahead
-        models = self.models
         while g.active:
             t = g.exec.available(now)
             if t >= horizon:
                 self._wake(g, t - self.cfg.schedule_ahead + 1)
                 return
             cands = []
-            for name in list(g.active):
-                m = models[name]
-                inst = g.instances[name]
+            for name, inst in list(g.active.items()):
+                m = inst.model
                 start = t if inst.ready_at <= t else inst.ready_at
                 if start >= horizon:
                     continue
@@ -314,19 +312,23 @@ class ClockworkScheduler(Policy):
                             self._unqueue(m, r)
                             self._answer(r, RequestStatus.TIMEOUT, now, "SLO cannot be met")
                         continue
-                    cands.append((p, -b1, name, m, inst, start, (p, b1, [r], [])))
+                    cands.append((p, -b1, name, m, inst, start, r))  # (its batch: below)
                     continue
-                choice = self._choose_batch(m, start, drop=not inst.loading, now=now)
+                choice = self._choose_batch(m, start, not inst.loading, now)
                 if choice is not None:
                     cands.append((choice[0], -choice[1], name, m, inst, start, choice))
             if not cands:
                 # nothing runnable now; models still loading are woken by their LOAD result
                 return
             best = cands[0] if len(cands) == 1 else self._pick(cands)
-            _, _, _, m, inst, start, (_, b, batch, skipped) = best
-            for r in skipped:  # too urgent for the batch chosen: they cannot be served now
-                self._unqueue(m, r)
-                self._answer(r, RequestStatus.TIMEOUT, now, "SLO cannot be met")
+            _, neg_b, _, m, inst, start, choice = best
+            if type(choice) is tuple:
+                _, b, batch, skipped = choice
+                for r in skipped:  # too urgent for the batch chosen: they cannot be served now
+                    self._unqueue(m, r)
+                    self._answer(r, RequestStatus.TIMEOUT, now, "SLO cannot be met")
+            else:  # a lone request (its batch is built only if it is the one chosen)
+                b, batch = -neg_b, [choice]
             self._send_infer(g, m, inst, start, b, batch, now, out)
 
     def _pick(self, cands: list) -> tuple:
@@ -346,17 +348,18 @@ class ClockworkScheduler(Policy):
         if len(cands) == 1 or not self.cfg.batch_first:
             return urgent
         neg_ub = urgent[1]
-        if not any(c[1] < neg_ub for c in cands):
-            return urgent  # no larger batch to weigh (e.g. only lone requests)
+        larger = [c for c in cands if c[1] < neg_ub]  # the candidates with a larger batch
+        if not larger:
+            return urgent  # none to weigh (e.g. only lone requests)
         u_start, u_b = urgent[5], -neg_ub
         u_exec = urgent[3].est.exec(u_b)
         u_rate = u_b / u_exec
         u_latest = urgent[0]
         best = None
-        for c in sorted(cands):
+        if len(larger) > 1:
+            larger.sort()
+        for c in larger:
             b = -c[1]
-            if b <= u_b or c is urgent:
-                continue
             e = c[3].est.exec(b)
             if c[5] + e <= u_latest:
                 if best is None or b > -best[1]:
@@ -510,8 +513,8 @@ class ClockworkScheduler(Policy):
         self._demand_changed(m)
         if was_empty:
             self._queued.add(m.name)
-            for gi in m.instances:
-                self.gpus[gi].active[m.name] = None
+            for gi, inst in m.instances.items():
+                self.gpus[gi].active[m.name] = inst
         if not m.instances:
             self._unserved.add(m.name)
             if not self._next_load_check:
@@ -920,7 +923,7 @@ class ClockworkScheduler(Policy):
         self._sent.add(a, g, inst, [])
         out.append(a)
         if m.live:
-            g.active[m.name] = None
+            g.active[m.name] = inst
             self._schedule_infer(g, now, out)
 
     def _place_copy(self, g: GpuState, m: ModelState, version: int, ready_at: int,
@@ -1095,9 +1098,9 @@ class ClockworkScheduler(Policy):
                 continue
             if version > m.versions:
                 m.versions = version
-            self._place_copy(g, m, version, now, loading=False)
+            inst = self._place_copy(g, m, version, now, loading=False)
             if m.live:
-                g.active[m.name] = None
+                g.active[m.name] = inst
         self._schedule_infer(g, now, out)
 
     def add_gpu(self, spec: GpuSpec, now: int) -> list[Action]:

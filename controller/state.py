@@ -155,9 +155,9 @@ class GpuState:
         self.exec = LaneTracker(cfg.future, cfg.lag)
         self.pcie = LaneTracker(cfg.future, cfg.lag)
         self.instances: dict[str, Instance] = {}
-        # models here with queued requests (a dict: ordered, so runs repeat exactly whatever
-        # the process's string hashing; used as an ordered set)
-        self.active: dict[str, None] = {}
+        # the models here with queued requests -> their copy here (a dict: ordered, so runs
+        # repeat exactly whatever the process's string hashing)
+        self.active: dict[str, Instance] = {}
         self.wake_at = 0  # a pending on_tick for this GPU's EXEC lane (0: none)
         self.last_earliest = 0  # ``earliest`` of the last INFER sent (kept monotone)
         self.available = True  # False while its worker is gone: nothing is placed here
@@ -173,7 +173,7 @@ class GpuState:
         if len(active) * 4 < len(insts):
             # only the models with queued requests have demand: those, in the order of
             # ``instances`` (creation order, ``seq``), so the sum is the same float
-            copies = sorted([insts[name] for name in active], key=by_seq)
+            copies = sorted(active.values(), key=by_seq)
         else:
             copies = insts.values()
         total = 0.0

@@ -517,6 +517,7 @@ def check_demand_index(s: ClockworkScheduler) -> None:
     for g in s.gpus:
         assert g.load_share() == share_of_every_copy(g)
         assert set(g.active) == {n for n, i in g.instances.items() if i.model.live}
+        assert all(g.active[n] is g.instances[n] for n in g.active)  # (each its copy here)
         if g.index not in dirty:
             assert g.share == g.load_share()
             assert (g.index in s._over) == (g.share > 1.0)
