@@ -356,8 +356,7 @@ class ClockworkScheduler(Policy):
         u_rate = u_b / u_exec
         u_latest = urgent[0]
         best = None
-        if len(larger) > 1:
-            larger.sort()
+        larger.sort()
         for c in larger:
             b = -c[1]
             e = c[3].est.exec(b)
