@@ -114,12 +114,17 @@ def main(argv=None) -> dict:
     p.add_argument("--scenario", default="cpu_live", help="scenario (default cpu_live)")
     p.add_argument("--duration", type=float, default=30.0, help="seconds (default 30)")
     p.add_argument("--rate", type=float, default=None, help="override the Poisson rate (r/s)")
+    p.add_argument("--packages", type=Path, default=None,
+                   help="folder of compiled model packages (default: the scenario's, else "
+                        "packages/DEVICE); missing ones are compiled there first")
     p.add_argument("--out", type=Path, default=common.FIGURES / NAME)
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     over = [f"duration_s={args.duration}"]
     if args.rate:
         over.append(f"workloads.0.rate_rps={args.rate}")
+    if args.packages:
+        over.append(f"cluster.packages={args.packages}")
     sc = common.scenario(args.scenario, over)
     if sc.cluster.get("device", "emulated") == "emulated":
         p.error(f"scenario {args.scenario!r} uses emulated workers; this measures real ones")

@@ -219,14 +219,18 @@ def test_worker_without_package_is_refused_with_a_clear_message(tmp_path):
     c.stop()
 
 
-def test_live_prediction_script(tmp_path):
+def test_live_prediction_script(tmp_path, cpu_package):
     """experiments/live_prediction.py at a tiny scale: profile vs measured durations of a
-    real cpu run, from the controller's action log."""
+    real cpu run, from the controller's action log (the packages of the session's cache,
+    so the four models are not compiled again)."""
     import json
 
     from experiments import live_prediction
 
-    out = live_prediction.main(["--duration", "3", "--rate", "40", "--out", str(tmp_path)])
+    for m in ("mlp", "resnet_tiny", "mobilenet_tiny", "transformer_tiny"):
+        cpu_package(m, tmp_path / "packages")
+    out = live_prediction.main(["--duration", "3", "--rate", "40", "--out", str(tmp_path),
+                                "--packages", str(tmp_path / "packages")])
     data = json.loads((tmp_path / "live_prediction.json").read_text())
     assert (tmp_path / "live_prediction.png").stat().st_size > 0
     infer = data["INFER"]["profile"]
@@ -281,7 +285,7 @@ def test_serve_device_cpu_replay_from_the_command_line(tmp_path, cpu_package):
 
     from clockwork.cluster.cli import main
 
-    for m in MODELS:
+    for m in ("mobilenet_tiny", "transformer_tiny"):  # the two slow ones: the session's
         cpu_package(m, tmp_path / "packages")
     out = tmp_path / "run"
     rc = main(["serve", "scenarios/cpu_live.toml", "--replay", "--quiet", "--port", "0",

@@ -92,22 +92,33 @@ def venv(wheel, tmp_path_factory) -> Path:
     assert r.returncode == 0, f"venv failed:\n{r.stdout}\n{r.stderr}"
     env = clean_env(v)
     env["PIP_DEFAULT_TIMEOUT"] = "20"
-    try:
-        # exactly what a user does: the project beside the current stock KServe v2 /
-        # Triton clients, in one environment (they pin protobuf < 7); --no-compile: pip's
-        # byte-compiling of every installed file took half the set-up and changes nothing
-        # the tests look at (what they import is compiled as they import it)
-        r = run([v / "bin" / "python", "-m", "pip", "install", wheel, *CLIENTS, "--retries",
-                 "1", "--disable-pip-version-check", "--no-compile", "-q"], 420, root, env)
-    except subprocess.TimeoutExpired:
-        pytest.skip("pip install of the wheel's dependencies ran past 420 s "
-                    "(package registry unreachable or too slow)")
-    if r.returncode != 0:
-        text = r.stdout + r.stderr
-        if any(m in text for m in NETWORK_TROUBLE):
+
+    def pip_install(*args, timeout: float) -> None:
+        """``pip install ARGS`` in the venv; skips the tests where the registry cannot be
+        reached (or is too slow), fails them on any other error."""
+        what = " ".join(getattr(a, "name", str(a)) for a in args)
+        cmd = [v / "bin" / "python", "-m", "pip", "install", *args, "--retries", "1",
+               "--disable-pip-version-check", "-q"]
+        try:
+            r = run(cmd, timeout, root, env)
+        except subprocess.TimeoutExpired:
+            pytest.skip(f"pip install {what} ran past {timeout:.0f} s "
+                        "(package registry unreachable or too slow)")
+        if r.returncode != 0:
+            text = r.stdout + r.stderr
             lines = [ln for ln in text.splitlines() if any(m in ln for m in NETWORK_TROUBLE)]
-            pytest.skip(f"cannot install the dependencies from the registry: {lines[0].strip()}")
-        pytest.fail(f"pip install {wheel.name} failed:\n{text}")
+            if lines:
+                pytest.skip(f"cannot install from the registry: {lines[0].strip()}")
+            pytest.fail(f"pip install {what} failed:\n{text}")
+
+    # as the README's commands do, a current pip first: over these dependencies its
+    # resolver takes half the time of the one a new venv bundles
+    pip_install("-U", "pip", timeout=120)
+    # exactly what a user does: the project beside the current stock KServe v2 / Triton
+    # clients, in one environment (they pin protobuf < 7); --no-compile: pip's
+    # byte-compiling of every installed file took half the set-up and changes nothing
+    # the tests look at (what they import is compiled as they import it)
+    pip_install(wheel, *CLIENTS, "--no-compile", timeout=420)
     return v
 
 
