@@ -41,6 +41,7 @@ from controller.kserve import (
     _internal,
     rest_request,
 )
+from controller.kserve_validate import json_loads
 
 # with a token, every path but these needs "Authorization: Bearer <token>" (probes stay open)
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/v2/health/live", "/v2/health/ready"})
@@ -209,13 +210,14 @@ class KServeRest:
         return Reply(200, b"ready\n") if ready else Reply(503, b"not ready\n")
 
     async def _json(self, body: bytes | memoryview, what: str = "request body"):
-        """``body`` decoded as JSON; on a worker thread, off the event loop, when larger
-        than ``rest_json_offload_bytes``; INVALID_ARGUMENT when it is not JSON."""
+        """``body`` decoded as JSON (``json_loads``); on a worker thread, off the event loop,
+        when larger than ``rest_json_offload_bytes``; INVALID_ARGUMENT when it is not
+        JSON."""
         try:
             if len(body) > self.node.limits.rest_json_offload_bytes:
-                return await asyncio.get_running_loop().run_in_executor(None, json.loads,
+                return await asyncio.get_running_loop().run_in_executor(None, json_loads,
                                                                         body)
-            return json.loads(body)
+            return json_loads(body)
         except ValueError as e:
             raise KServeError(INVALID, f"{what} is not JSON: {e}") from None
 

@@ -30,10 +30,12 @@ unchecked, and no malformed request is answered 500. Two steps:
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
 import numpy as np
+import orjson
 
 from clockwork.tensors import Tensor, row_nbytes
 from controller.kserve_status import INVALID, NOT_FOUND, KServeError
@@ -266,14 +268,59 @@ def _typed_contents(name: str, datatype: str, shape: list[int], contents) -> np.
         raise _bad(f"input {name!r}: {len(values)} elements in contents.{field}, expected "
                    f"{want} for shape {shape}")
     np_name = KS_TO_NP[datatype]
-    arr = np.array(values, dtype=FIELD_DTYPE[field])
+    arr = _packed_array(contents, field, want) if field in _PACKED else None
+    if arr is None:
+        arr = np.array(values, dtype=FIELD_DTYPE[field])
     if arr.dtype != np_name:
         _in_range(name, arr, np_name)
         arr = arr.astype(np_name)
     return arr
 
 
+# typed-contents fields whose elements have one width on the wire (packed: floats
+# little-endian, a bool one byte of 0 or 1), read as one buffer rather than one by one
+_PACKED = {"fp32_contents": np.dtype("<f4"), "fp64_contents": np.dtype("<f8"),
+           "bool_contents": np.dtype("?")}
+
+
+def _varint(v: int) -> bytes:
+    out = bytearray()
+    while v > 0x7F:
+        out.append(v & 0x7F | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def _packed_array(contents, field: str, n: int) -> np.ndarray | None:
+    """The ``n`` elements of ``field`` (the only field set in ``contents``) as an array over
+    the bytes of the message serialised again, a copy made in C: reading a repeated
+    field element by element builds a Python object each (~0.1 us each, 0.27 s for 16
+    ResNet images). None where the bytes are not the one packed field expected (e.g.
+    unknown fields the client added): the caller then reads the elements."""
+    dt = _PACKED[field]
+    size = n * dt.itemsize
+    head = _varint(contents.DESCRIPTOR.fields_by_name[field].number << 3 | 2) + _varint(size)
+    raw = contents.SerializeToString()
+    if not n or len(raw) != len(head) + size or not raw.startswith(head):
+        return None
+    return np.frombuffer(raw, dt, offset=len(head))
+
+
 # ---------------------------------------------------------------------- REST
+
+def json_loads(body: bytes | memoryview):
+    """A JSON body as Python values: read by orjson (4-5x faster than the standard library
+    on tensor data lists), and by the standard library's ``json`` where orjson refuses
+    it, so that what ``json`` reads beyond strict JSON is still read (NaN and Infinity,
+    numbers beyond a float's range, a byte-order mark, lone surrogates) and a body
+    neither reads gets ``json``'s message. One difference: an integer beyond 64 bits is
+    read as a float, as Triton's own server reads it."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return json.loads(bytes(body) if isinstance(body, memoryview) else body)
+
 
 def _object(where: str, v) -> dict:
     if v is None:

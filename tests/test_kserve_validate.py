@@ -26,6 +26,7 @@ from controller.kserve_validate import (
     check_inputs,
     check_version,
     grpc_request,
+    json_loads,
     max_batch_size,
     profile_plan,
     rest_request,
@@ -152,6 +153,29 @@ def test_rest_json_data():
     _invalid(lambda: one("FP32", [1, {}]), "'data' holds {}")
 
 
+def test_json_bodies_read_as_the_standard_library_reads_them():
+    """``json_loads`` (orjson, then ``json`` where orjson refuses): the same values as
+    ``json.loads``, beyond strict JSON too, and ``json``'s message for a body that is not
+    JSON; an integer beyond 64 bits is a float."""
+    import json
+
+    x = np.random.default_rng(2).standard_normal(5000).astype(np.float32)
+    tensor = json.dumps({"inputs": [{"name": "x", "shape": [5000], "datatype": "FP32",
+                                     "data": x.tolist()}], "id": "\u00e9"}).encode()
+    for body in (tensor, b'{"a":[1,2.5,-0.0,1e-400,-0,1E5],"a":3}', b'{"x": NaN}',
+                 b"[Infinity, -Infinity]", b"1e400", b"\xef\xbb\xbf{}", b'"\\ud800"',
+                 b"[18446744073709551615, -9223372036854775808]"):
+        assert repr(json_loads(body)) == repr(json.loads(body)), body[:40]
+        assert repr(json_loads(memoryview(body))) == repr(json.loads(body)), body[:40]
+    for bad in (b"{", b"{}x", b"", b'"\xff"', b"[" * 2000 + b"]" * 2000):
+        with pytest.raises((ValueError, RecursionError)) as ours:
+            json_loads(bad)
+        with pytest.raises((ValueError, RecursionError)) as theirs:
+            json.loads(bad)
+        assert (type(ours.value), str(ours.value)) == (type(theirs.value), str(theirs.value))
+    assert json_loads(b"[18446744073709551616]") == [float(2**64)]
+
+
 def test_rest_request_fields():
     good = [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0]}]
     inputs, params, requested, binary_of, binary_all = _rest(
@@ -197,6 +221,34 @@ def test_grpc_typed_contents():
     _invalid(lambda: grpc_request(r), "FP16 cannot be sent as typed contents")
     kpb, r = _grpc(model_version="3")
     _invalid(lambda: grpc_request(r), "no version '3'", kind=NOT_FOUND)
+
+
+def test_grpc_packed_contents_read_as_one_buffer():
+    """FP32, FP64 and BOOL typed contents are read from the serialised field as one buffer
+    (``_packed_array``): bit for bit what reading them element by element gives, special
+    values included; a message with a field the validator does not know is read element
+    by element, with the same result."""
+    from controller.kserve_validate import _packed_array
+
+    rng = np.random.default_rng(1)
+    tiny = np.finfo(np.float32).smallest_subnormal
+    specials = [0.0, -0.0, np.inf, -np.inf, np.nan, tiny, np.finfo(np.float32).max]
+    cases = [("FP32", "fp32_contents", np.float32), ("FP64", "fp64_contents", np.float64),
+             ("BOOL", "bool_contents", np.bool_)]
+    for datatype, field, dtype in cases:
+        x = (rng.random(1001) < 0.5 if dtype is np.bool_
+             else np.concatenate([rng.standard_normal(1000), specials]).astype(dtype))
+        for unknown in (False, True):
+            kpb, r = _grpc()
+            c = r.inputs.add(name="x", datatype=datatype, shape=[len(x)]).contents
+            getattr(c, field).extend(x.tolist())
+            if unknown:
+                c.MergeFromString(b"\xf8\x07\x01")  # field 127 (varint 1): not in the proto
+            assert (_packed_array(c, field, len(x)) is None) == unknown
+            one_by_one = np.array(getattr(c, field), dtype=dtype)
+            got = grpc_request(r)[0][0].data
+            assert got.dtype == dtype and got.tobytes() == one_by_one.tobytes()
+            assert got.tobytes() == x.tobytes()
 
 
 def test_worst_of_several_rows():

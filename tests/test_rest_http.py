@@ -140,6 +140,23 @@ def test_chunked_body_is_accepted(addr):
     assert len(got) == n + 16
 
 
+def test_json_beyond_strict_json(addr):
+    """What Python's json reads beyond strict JSON is still read (NaN, Infinity, a number
+    beyond a float's range, a byte-order mark), an integer beyond 64 bits is a number (a
+    float, as Triton reads it), and a body that is not JSON is the client's error."""
+    for data, head in ((b"[NaN, Infinity, -Infinity, 1e400]", b""),
+                       (b"[1, 2, 3, 4]", b"\xef\xbb\xbf"),
+                       (b"[1, 2, 3, 18446744073709551616]", b"")):
+        body = head + (b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", '
+                       b'"data": ' + data + b"}]}")
+        status, _, got = _request(addr, "POST", INFER, body,
+                                  {"Content-Type": "application/json"})
+        assert status == 200, got
+        assert json.loads(got)["outputs"][0]["shape"] == [1, 4]
+    status, _, got = _request(addr, "POST", INFER, b'{"inputs": [', {})
+    assert status == 400 and b"request body is not JSON" in got, got
+
+
 def test_chunked_body_over_the_limit_is_refused(addr):
     chunk = bytes(64 * 1024)
     status, headers, got = _request(addr, "POST", INFER,
