@@ -3,7 +3,8 @@
 Two servers (and, on request, two bare ones as floors), each a process (or processes) of
 its own on loopback, driven by the same stock client (``tritonclient.grpc.aio`` /
 ``tritonclient.http.aio``, binary tensor data on REST: the
-``Inference-Header-Content-Length`` extension, which kserve 0.21 implements):
+``Inference-Header-Content-Length`` extension, which kserve 0.21 implements; with
+``--protocols json`` or a ``SIZE/json/N`` cell, REST with the tensors as JSON lists):
 
 - ours: a ``LocalCluster`` (one emulated worker, ``--gpus`` GPUs, as in
   ``experiments/bench_rest.py``; KServe gRPC on the controller's main port, REST on its
@@ -79,7 +80,8 @@ except ImportError:  # run by path without the repository on PYTHONPATH
 
 # model -> (input shape, output shape), without the batch dimension
 SIZES = {"tiny": ([64], [64]), "resnet": ([3, 224, 224], [1000])}
-PROTOCOLS = ("grpc", "rest")
+PROTOCOLS = ("grpc", "rest", "json")  # json: REST with the tensors as JSON lists
+PROTOCOL_LABEL = {"grpc": "gRPC", "rest": "REST binary", "json": "REST JSON"}
 SERVERS = ("ours", "peer", "floor", "hop")
 BARE = ("floor", "hop")  # gRPC only
 
@@ -380,12 +382,16 @@ async def load_job(job: dict) -> dict:
     tc, cl = _client(proto, job["url"], n)
     x = tc.InferInput("x", [1, *ins], "FP32")
     data = np.ones([1, *ins], np.float32)
+    kw = {}
     if proto == "grpc":
         x.set_data_from_numpy(data)
         want = [tc.InferRequestedOutput("y")]
     else:
-        x.set_data_from_numpy(data, binary_data=True)
-        want = [tc.InferRequestedOutput("y", binary_data=True)]
+        binary = proto == "rest"
+        x.set_data_from_numpy(data, binary_data=binary)
+        want = [tc.InferRequestedOutput("y", binary_data=binary)]
+        if not binary:  # (tritonclient names no type; kserve 0.21 reads a body without
+            kw["headers"] = {"Content-Type": "application/json"}  # one as binary data)
     out_shape = (1, *outs)
     lat: list[float] = []
     fails: dict[str, int] = {}
@@ -396,7 +402,7 @@ async def load_job(job: dict) -> dict:
             p0 = time.perf_counter()
             why = ""
             try:
-                r = await cl.infer(model, [x], outputs=want)
+                r = await cl.infer(model, [x], outputs=want, **kw)
                 y = r.as_numpy("y")
                 if y is None or y.shape != out_shape:
                     why = f"output y: {None if y is None else y.shape}"
@@ -539,14 +545,14 @@ def run_all(args) -> list[dict]:
             urls, pids = {}, {}
             if "ours" in servers:
                 cluster.start()
-                urls["ours"] = {"grpc": cluster.address,
-                                "rest": cluster.printed_address("http")}
+                http = cluster.printed_address("http")
+                urls["ours"] = {"grpc": cluster.address, "rest": http, "json": http}
                 pids["ours"] = [cluster.controller.proc.pid] + [
                     w.proc.pid for w in cluster.workers]
             for s, p in others.items():
                 urls[s] = {"grpc": f"127.0.0.1:{p.grpc_port}"}
                 if s not in BARE:
-                    urls[s]["rest"] = f"127.0.0.1:{p.http_port}"
+                    urls[s]["rest"] = urls[s]["json"] = f"127.0.0.1:{p.http_port}"
                 pids[s] = [p.proc.pid]
             for s in servers:
                 try:
@@ -619,7 +625,7 @@ def table(results: list[dict], args) -> str:
         errs = "/".join(str(sum(r["failed"] for r in rs)) if rs else "–" for rs in (o, p))
         cpu = "/".join(f"{med(rs, 'server_cpu_us'):.0f}" if rs else "–" for rs in (o, p))
         line = (
-            f"| {cell[0]} | {'gRPC' if cell[1] == 'grpc' else 'REST binary'} | {cell[2]} "
+            f"| {cell[0]} | {PROTOCOL_LABEL[cell[1]]} | {cell[2]} "
             f"| {fig(o, 'rps', ',.0f', max)} | {fig(p, 'rps', ',.0f', max)} | {ratio} "
             f"| {fig(o, 'p50_ms', '.2f', min)} | {p50x} | {fig(p, 'p50_ms', '.2f', min)} "
             f"| {fig(o, 'p99_ms', '.2f', min)} | {fig(p, 'p99_ms', '.2f', min)} "
@@ -684,7 +690,8 @@ def main() -> int:
     ap.add_argument("--sizes", default="tiny,resnet",
                     help="input sizes: tiny (64 float32), resnet (float32 [1,3,224,224])")
     ap.add_argument("--protocols", default="grpc,rest",
-                    help="grpc, rest (REST with binary tensor data)")
+                    help="grpc, rest (REST with binary tensor data), json (REST with the "
+                         "tensors as JSON lists; not in the default grid)")
     ap.add_argument("--concurrency", default="1,8,32,64",
                     help="closed-loop clients per run, comma-separated")
     ap.add_argument("--cells", default="",
