@@ -94,15 +94,17 @@ def _run(server, size, proto, clients, rps, p50):
 def test_the_targets_are_checked_on_the_medians():
     import argparse
 
-    args = argparse.Namespace(exec_us=100.0, cells="tiny/grpc/1,tiny/grpc/8,tiny/rest/8",
+    args = argparse.Namespace(exec_us=100.0,
+                              cells="tiny/grpc/1,tiny/grpc/8,tiny/rest/8,tiny/json/8",
                               sizes="", protocols="", concurrency="")
     runs = [_run("peer", "tiny", "grpc", 1, 800, 1.2), _run("ours", "tiny", "grpc", 1, 500, 1.5),
             _run("peer", "tiny", "grpc", 8, 2000, 4.0), _run("ours", "tiny", "grpc", 8, 1000, 8),
             _run("ours", "tiny", "grpc", 8, 2500, 3), _run("ours", "tiny", "grpc", 8, 1500, 5),
-            _run("peer", "tiny", "rest", 8, 1000, 8.0), _run("ours", "tiny", "rest", 8, 1200, 7)]
+            _run("peer", "tiny", "rest", 8, 1000, 8.0), _run("ours", "tiny", "rest", 8, 1200, 7),
+            _run("peer", "tiny", "json", 8, 800, 9.0), _run("ours", "tiny", "json", 8, 900, 8)]
     lines = bench_kserve.against_targets(runs, args)
     assert lines == [
-        "target, ours >= the peer's requests/s from 8 clients: 1 of 2 cells; short: "
+        "target, ours >= the peer's requests/s from 8 clients: 2 of 3 cells; short: "
         "tiny/grpc/8 0.75",  # the median of 1000, 2500, 1500 against 2000
         "target, ours p50 - EXEC <= the peer's p50 at 1 client, tiny/grpc: 1.40 against "
         "1.20 ms: NOT met"]
