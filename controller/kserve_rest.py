@@ -22,6 +22,7 @@ import urllib.parse
 from typing import NamedTuple
 
 import numpy as np
+import orjson
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.http_exceptions import HttpProcessingError
@@ -268,15 +269,19 @@ class KServeRest:
         if "id" in req:
             resp["id"] = req["id"]
         extra = []
+        finite = True
         for o in outs:
             t = {"name": o.name, "datatype": o.datatype, "shape": o.shape}
             if binary_of.get(o.name, binary_all):
                 t["parameters"] = {"binary_data_size": len(o.data)}
                 extra.append(o.data)
             else:
-                t["data"] = np.frombuffer(o.data, KS_TO_NP[o.datatype]).tolist()
+                arr = np.frombuffer(o.data, KS_TO_NP[o.datatype])
+                if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                    finite = False
+                t["data"] = arr.tolist()
             resp["outputs"].append(t)
-        return Reply(200, resp, b"".join(extra))
+        return Reply(200, resp if finite else _NonFinite(resp), b"".join(extra))
 
 
 class _Collected:
@@ -289,6 +294,24 @@ class _Collected:
         return self.families
 
 
+class _NonFinite(dict):
+    """A JSON payload holding NaN or an infinity (in an output's data), which only
+    Python's ``json`` writes as such (orjson would write null)."""
+
+
+def _dumps(payload) -> bytes:
+    """JSON text of a payload: by orjson (20x faster than Python's ``json`` on an output's
+    numbers), by ``json`` where orjson cannot write it as ``json`` does (``_NonFinite``; a
+    string with a lone surrogate; an integer beyond 64 bits). Both write the same
+    values; orjson writes non-ASCII characters as UTF-8, not ``\\u`` escapes."""
+    if type(payload) is not _NonFinite:
+        try:
+            return orjson.dumps(payload)
+        except orjson.JSONEncodeError:
+            pass
+    return json.dumps(payload, separators=(",", ":")).encode()
+
+
 def encode(reply: Reply) -> tuple[bytes, dict[str, str]]:
     """A Reply's body and headers: JSON (``application/json``), plain text, or the JSON
     header followed by binary tensor data (``application/octet-stream`` with
@@ -299,7 +322,7 @@ def encode(reply: Reply) -> tuple[bytes, dict[str, str]]:
     elif payload is None:
         head, ctype = b"", JSON_TYPE
     else:
-        head, ctype = json.dumps(payload, separators=(",", ":")).encode(), JSON_TYPE
+        head, ctype = _dumps(payload), JSON_TYPE
     headers = {"Content-Type": ctype}
     if extra:
         headers["Content-Type"] = BINARY_TYPE

@@ -407,8 +407,8 @@ def test_token_is_checked_before_the_body(profiles):
 # ---------------------------------------------------------------------- without sockets
 
 ROUTES = r"""
-import asyncio, types
-from controller.kserve_rest import KServeRest, Reply, encode
+import asyncio, json, types
+from controller.kserve_rest import KServeRest, Reply, _NonFinite, encode
 from controller.limits import Limits
 
 counted = []
@@ -439,6 +439,13 @@ async def main():
     assert headers["Retry-After"] == "1" and headers["Content-Type"] == "application/json"
     body, headers = encode(Reply(200, b"ok\n"))
     assert body == b"ok\n" and headers["Content-Type"].startswith("text/plain")
+    # JSON written by orjson, or by json where orjson would write otherwise: the same values
+    for payload in ({"outputs": [{"data": [0.1, 1e-07, -0.0, 5e-324, 2**64 - 1]}], "id": "é"},
+                    {"id": "\ud800"}, {"n": 2**70}):
+        body, headers = encode(Reply(200, payload))
+        assert json.loads(body) == payload and headers["Content-Type"] == "application/json"
+    body, _ = encode(Reply(200, _NonFinite({"data": [float("nan"), float("inf"), 1.5]})))
+    assert body == b'{"data":[NaN,Infinity,1.5]}', body
     print("routes ok")
 
 asyncio.run(main())
