@@ -1,6 +1,7 @@
 """The ``kserve`` SDK's clients (REST and gRPC) against a plain controller: health,
-readiness, inference of 1, 2 and max_batch_size rows, and a malformed request answered
-as the client's error (never a server error) with the next request served.
+readiness, inference of 1, 2 (tensors as JSON / typed contents) and max_batch_size rows
+(binary data), and a malformed request answered as the client's error (never a server
+error) with the next request served.
 
 ``kserve`` and ``tritonclient.grpc`` register the same protobuf package (``inference``), so
 the SDK runs in a process of its own (as in tests/test_security_kserve.py)."""
@@ -26,9 +27,11 @@ grpc_addr, http_addr = sys.argv[1:3]
 
 
 def request(n=1, dtype="FP32"):
+    # 1 or 2 rows as JSON lists, more as binary data (a JSON list of 16 images costs the
+    # SDK seconds to build)
     x = InferInput("data", [n, 3, 224, 224], dtype)
     x.set_data_from_numpy(np.zeros((n, 3, 224, 224), np.float32 if dtype == "FP32"
-                                   else np.float64), binary_data=False)
+                                   else np.float64), binary_data=n > 2)
     return InferRequest(model_name="resnet50_v2", infer_inputs=[x],
                         parameters={"slo_ms": 2000})
 
