@@ -285,7 +285,9 @@ def test_serve_device_cpu_replay_from_the_command_line(tmp_path, cpu_package):
 
     from clockwork.cluster.cli import main
 
-    for m in ("mobilenet_tiny", "transformer_tiny"):  # the two slow ones: the session's
+    # the two slow to compile come from the session's cache; serve compiles mlp and
+    # resnet_tiny itself
+    for m in ("mobilenet_tiny", "transformer_tiny"):
         cpu_package(m, tmp_path / "packages")
     out = tmp_path / "run"
     rc = main(["serve", "scenarios/cpu_live.toml", "--replay", "--quiet", "--port", "0",
