@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 import orjson
@@ -111,7 +112,11 @@ def slo_from_params(params: dict) -> float:
         v = params[key]
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise _bad(f"parameter {key!r} must be a finite number >= 0, got {_short(v)}")
-        v = float(v)
+        try:
+            v = float(v)
+        except OverflowError:  # an integer beyond a float's range (read by ``json``)
+            raise _bad(f"parameter {key!r} must be a finite number >= 0, got "
+                       f"{_short(v)}") from None
         if not math.isfinite(v) or v < 0:
             raise _bad(f"parameter {key!r} must be a finite number >= 0, got {v}")
         if slo is None:
@@ -136,14 +141,19 @@ def _output_params(name: str, params) -> None:
 
 
 def _requested(names: list) -> list[str]:
-    seen = set()
+    seen: set[str] = set()
     for n in names:
-        if not isinstance(n, str) or not n:
-            raise _bad(f"each requested output needs a non-empty string 'name', got {_short(n)}")
-        if n in seen:
-            raise _bad(f"output {n!r} requested twice")
+        _requested_one(n, seen)
         seen.add(n)
     return list(names)
+
+
+def _requested_one(n, seen) -> None:
+    """A requested output's name: a non-empty string not in ``seen`` (those before it)."""
+    if not isinstance(n, str) or not n:
+        raise _bad(f"each requested output needs a non-empty string 'name', got {_short(n)}")
+    if n in seen:
+        raise _bad(f"output {n!r} requested twice")
 
 
 def _shape(name: str, shape) -> list[int]:
@@ -309,17 +319,25 @@ def _packed_array(contents, field: str, n: int) -> np.ndarray | None:
 
 # ---------------------------------------------------------------------- REST
 
+JSON_DEPTH = 1024  # orjson's limit: a body nested deeper is refused (json's stack would run out)
+
+
 def json_loads(body: bytes | memoryview):
     """A JSON body as Python values: read by orjson (4-5x faster than the standard library
     on tensor data lists), and by the standard library's ``json`` where orjson refuses
     it, so that what ``json`` reads beyond strict JSON is still read (NaN and Infinity,
     numbers beyond a float's range, a byte-order mark, lone surrogates) and a body
     neither reads gets ``json``'s message. One difference: an integer beyond 64 bits is
-    read as a float, as Triton's own server reads it."""
+    read as a float, as Triton's own server reads it. ValueError for a body that is not
+    JSON, or is nested more than ``JSON_DEPTH`` levels deep."""
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError:
+        pass
+    try:
         return json.loads(bytes(body) if isinstance(body, memoryview) else body)
+    except RecursionError:  # orjson refuses more than 1,024 levels; json runs out of stack
+        raise ValueError(f"nested more than {JSON_DEPTH} levels deep") from None
 
 
 def _object(where: str, v) -> dict:
@@ -350,8 +368,8 @@ def rest_request(req: dict, binary: bytes | memoryview):
     for o in wanted:
         if not isinstance(o, dict):
             raise _bad(f"each of 'outputs' must be an object with a 'name', got {_short(o)}")
-        names.append(o.get("name"))
-        _requested(names)
+        _requested_one(o.get("name"), binary_of)
+        names.append(o["name"])
         oparams = _object(f"output {o['name']!r}: 'parameters'", o.get("parameters"))
         _output_params(o["name"], oparams)
         binary_of[o["name"]] = oparams.get("binary_data", binary_all)
@@ -456,8 +474,24 @@ def _json_data(name: str, datatype: str, shape: list[int], data) -> np.ndarray:
         what = {"b": "true/false", "i": "integers", "u": "integers", "f": "numbers"}
         raise _bad(f"input {name!r}: {datatype} 'data' must be "
                    f"{what[np.dtype(np_name).kind]}, got {arr.dtype.name} values")
+    if arr.dtype.kind != "b" and _bools_among(data, arr):
+        raise _bad(f"input {name!r}: 'data' holds true/false; {datatype} data must be "
+                   f"{'numbers' if np.dtype(np_name).kind == 'f' else 'integers'}")
     _in_range(name, arr, np_name)
     return np.ascontiguousarray(arr.reshape(-1), dtype=np_name)
+
+
+def _bools_among(data: list, arr: np.ndarray) -> bool:
+    """Whether JSON ``true``/``false`` sits among the numbers of ``data`` (``arr`` is
+    numpy's reading of it, which turns them into 1 and 0 silently). The elements are
+    looked at only when some value is 0 or 1: a scan of every element costs about as
+    much as reading them."""
+    if not arr.size or not ((arr == 0) | (arr == 1)).any():
+        return False
+    leaves = data
+    for _ in range(arr.ndim - 1):  # (regular nesting: numpy read it as ndim levels)
+        leaves = chain.from_iterable(leaves)
+    return bool in map(type, leaves)
 
 
 # ---------------------------------------------------------------------- the model

@@ -113,6 +113,8 @@ def _from_config(text, name: str) -> dict:
         cfg = json.loads(text) if isinstance(text, str) else None
     except ValueError as e:
         raise KServeError(INVALID, f"parameter 'config' is not JSON: {e}") from None
+    except RecursionError:
+        raise KServeError(INVALID, "parameter 'config' is nested too deeply") from None
     if not isinstance(cfg, dict):
         raise KServeError(INVALID, "parameter 'config' must be a JSON object (a model "
                           "configuration)")

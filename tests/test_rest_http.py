@@ -157,6 +157,29 @@ def test_json_beyond_strict_json(addr):
     assert status == 400 and b"request body is not JSON" in got, got
 
 
+def test_bodies_that_once_were_answered_500(addr):
+    """Malformed in ways the JSON readers or numpy take quietly or crash on: JSON nested
+    deeper than any reader goes (in the body, in a tensor's data, in a model
+    configuration), an integer SLO beyond a float's range, JSON true/false among the
+    numbers of a float tensor: 400 with a message, never 500 or a quiet 1.0."""
+    deep = b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": ' + (
+        b"[" * 3000 + b"1" + b"]" * 3000) + b"}]}"
+    huge = ('{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": '
+            '[1, 2, 3, 4]}], "parameters": {"slo_ms": 1' + "0" * 400 + "}}").encode()
+    mixed = _json_body((1.0, True, 3.0, 4.0))
+    for path, body, says in ((INFER, b"[" * 100_000, b"nested more than 1024 levels"),
+                             (INFER, deep, b"nested more than 1024 levels"),
+                             (INFER, huge, b"'slo_ms' must be a finite number"),
+                             (INFER, mixed, b"holds true/false"),
+                             ("/v2/repository/models/small/load",
+                              json.dumps({"parameters": {"config": "[" * 100_000}}).encode(),
+                              b"nested too deeply")):
+        status, _, got = _request(addr, "POST", path, body)
+        assert status == 400 and says in got, (path, body[:60], got)
+    status, _, got = _request(addr, "POST", INFER, _json_body((0.0, 1.0, 1, 0)))
+    assert status == 200, got  # 0 and 1 as numbers are numbers
+
+
 def test_chunked_body_over_the_limit_is_refused(addr):
     chunk = bytes(64 * 1024)
     status, headers, got = _request(addr, "POST", INFER,
