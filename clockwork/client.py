@@ -349,7 +349,10 @@ class AsyncClient:
         return [_meta(m) for m in r.models]
 
     async def list_models_raw(self) -> pb.ListModelsResponse:
-        return await self._stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout)
+        try:
+            return await self._stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise _unavailable(e) from e
 
     async def load_model(self, name: str, copies: int = 1, profile: str | None = None,
                          package: str = "", timeout: float | None = None) -> list[ModelMeta]:

@@ -49,6 +49,8 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError, PydanticUndefined
 
+from clockwork.time import MAX_SLO_FACTOR, MAX_SLO_MS, MAX_TIME_S, NS_PER_S
+
 # ----------------------------------------------------------------------------- base
 
 
@@ -86,10 +88,13 @@ def setting(default: Any = PydanticUndefined, description: str = "", *,
     (the first unit is the documented one); ``expected``, the error text for a bad value
     when the type and range say too little; ``default_text``, ``type_text`` and
     ``allowed_text``, what the docs should state where the schema says too little (a
-    ``None`` default that means "computed", a free-form type)."""
+    ``None`` default that means "computed", a free-form type). A time setting with
+    ``units`` and no upper bound of its own is at most a year (``MAX_TIME_S``)."""
     extra: dict[str, Any] = {}
     if units:
         extra["units"] = list(units)
+        if "le" not in constraints and "lt" not in constraints:
+            constraints["le"] = MAX_TIME_S * NS_PER_S  # (int ns) at most a year
     if expected:
         extra["expected"] = expected
     for k, v in (("default_text", default_text), ("type_text", type_text),
@@ -206,11 +211,22 @@ def _bounds(meta: list, scale: float = 1.0) -> dict[str, Any]:
     return out
 
 
+# the time bounds (``clockwork.time``) in each unit a setting is written or kept in, and
+# their words: a range up to one of them reads "(at most a day)" instead of the number
+_TIME_WORDS = {v * k: words for v, words in ((MAX_SLO_MS / 1e3, "a day"),
+                                             (MAX_TIME_S, "a year"))
+               for k in (1, 1e3, 1e6, 1e9)}
+
+
 def range_text(meta: list, scale: float = 1.0) -> str:
-    """``">= 0"``, ``"in (0, 1]"``, ... from the constraints; "" when unbounded."""
+    """``">= 0"``, ``"in (0, 1]"``, ``">= 0 (at most a year)"``, ... from the
+    constraints; "" when unbounded."""
     b = _bounds(meta, scale)
     lo = ("[", b["ge"]) if "ge" in b else ("(", b["gt"]) if "gt" in b else None
     hi = ("]", b["le"]) if "le" in b else (")", b["lt"]) if "lt" in b else None
+    if hi and hi[0] == "]" and hi[1] in _TIME_WORDS:
+        below = range_text([m for m in meta if getattr(m, "le", None) is None], scale)
+        return f"{below} (at most {_TIME_WORDS[hi[1]]})".lstrip()
     if lo and hi:
         return f"in {lo[0]}{_num(lo[1])}, {_num(hi[1])}{hi[0]}"
     if lo:
@@ -582,7 +598,8 @@ class WorkloadEntry(Settings):
         None, "SLO of each request, in milliseconds.",
         default_text="the scheduler's `default_slo_ms`")
     slo_factor: float | None = setting(
-        None, "SLO as a multiple of the model's batch-1 EXEC time (instead of `slo_ms`).")
+        None, "SLO as a multiple of the model's batch-1 EXEC time (instead of `slo_ms`).",
+        le=MAX_SLO_FACTOR)
     concurrency: int | None = setting(
         None, "Closed-loop kinds: requests kept outstanding per instance.",
         default_text="`1`")
@@ -733,7 +750,50 @@ def check_scenario(data: Any, where: str = "", error: type[Exception] = Settings
                     "free of nan and inf"
                 line = f"workloads.{i}.{key}: must be {want}, got {show(value)}"
                 raise error(f"{where}: {line}" if where else line)
-    return sc.model_dump(exclude_none=True)
+    out = sc.model_dump(exclude_none=True)
+    line = _time_too_long(out, ())
+    if line:
+        raise error(f"{where}: {line}" if where else line)
+    return out
+
+
+def time_bound(key: str) -> tuple[float, str] | None:
+    """The most a setting named ``key`` may be, by its name, and that bound in words: an
+    SLO (``slo_ms``) a day, any other time (a name ending in ``_s``, ``_ms`` or ``_us``) a
+    year;
+    None for a setting that is not a time."""
+    if key == "slo_ms":
+        return MAX_SLO_MS, "a day"
+    if key.endswith("_s"):
+        return MAX_TIME_S, "a year"
+    if key.endswith("_ms"):
+        return MAX_TIME_S * 1e3, "a year"
+    if key.endswith("_us"):
+        return MAX_TIME_S * 1e6, "a year"
+    return None
+
+
+def _time_too_long(v: Any, path: tuple, key: str = "") -> str | None:
+    """The message for the first time in a scenario's data ``v`` (tables, arrays; an
+    array's numbers go by the array's name) beyond its ``time_bound`` either way (clock
+    offsets may be negative), or None."""
+    if isinstance(v, dict):
+        for k, x in v.items():
+            line = _time_too_long(x, (*path, k), k if isinstance(k, str) else "")
+            if line:
+                return line
+    elif isinstance(v, list):
+        for j, x in enumerate(v):
+            line = _time_too_long(x, (*path, j), key)
+            if line:
+                return line
+    elif isinstance(v, int | float) and not isinstance(v, bool):
+        bound = time_bound(key)
+        if bound is not None and abs(v) > bound[0] and math.isfinite(v):  # (inf: the
+            # schema of its table says what is expected there)
+            side = f"at most {bound[0]:,.0f}" if v > 0 else f"at least {-bound[0]:,.0f}"
+            return f"{_key(path)}: must be {side} ({bound[1]}), got {show(v)}"
+    return None
 
 
 # ----------------------------------------------------------------------------- profiles

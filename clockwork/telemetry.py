@@ -720,23 +720,38 @@ def timeline(run_dir: Path, bucket_s: float = 60.0) -> list[dict]:
     SLO attainment, cold-start requests, LOADs and EVICTs, by arrival (requests) and
     completion (actions) time. Reads only the columns it needs from npz logs, and counts
     in one pass (a log of hundreds of millions of rows is fine)."""
+    _timeline_interval(bucket_s)  # (before the logs are read)
     req, act = read_columns(run_dir, TIMELINE_COLUMNS[0], TIMELINE_COLUMNS[1])
     return timeline_of(req, act, bucket_s)
 
 
+def _timeline_interval(bucket_s: float) -> None:
+    if not bucket_s >= TIMELINE_MIN_S:
+        raise ValueError(f"the timeline's interval must be at least {TIMELINE_MIN_S} s, got "
+                         f"{bucket_s}")
+
+
 # the request and the action columns ``timeline_of`` reads
 TIMELINE_COLUMNS = (("arrival", "deadline_met", "cold_start"), ("type", "measured_completion"))
+TIMELINE_MIN_S = 0.001  # the shortest interval of a timeline (start_s is rounded to it)
+TIMELINE_MAX_ROWS = 1_000_000  # the most rows a timeline makes
 
 
 def timeline_of(req: dict, act: dict, bucket_s: float = 60.0) -> list[dict]:
     """``timeline``'s figures from columns (``Telemetry.request_columns()`` /
-    ``action_columns()``, or at least ``TIMELINE_COLUMNS`` of them)."""
-    width = int(bucket_s * 1e9)
+    ``action_columns()``, or at least ``TIMELINE_COLUMNS`` of them). ValueError for an
+    interval under ``TIMELINE_MIN_S`` or one that makes more than ``TIMELINE_MAX_ROWS``
+    rows."""
+    _timeline_interval(bucket_s)
+    width = round(bucket_s * 1e9)
     rb = req["arrival"] // width
     ab = act["measured_completion"] // width
     n = int(max(rb.max(initial=-1), ab.max(initial=-1))) + 1
     if n <= 0:
         return []
+    if n > TIMELINE_MAX_ROWS:
+        raise ValueError(f"intervals of {bucket_s:g} s make {n:,} rows (at most "
+                         f"{TIMELINE_MAX_ROWS:,}): take a longer interval")
     rin, ain = rb >= 0, ab >= 0  # (a time before the run's start is in no interval)
     rb = rb.astype(np.intp)
     count = np.bincount(rb[rin], minlength=n)
@@ -791,8 +806,10 @@ def read_columns(run_dir: str | Path, request_columns: tuple, action_columns: tu
 def format_timeline(rows: list[dict]) -> str:
     head = f"{'start_s':>9} {'requests':>9} {'goodput r/s':>12} {'SLO %':>9} {'cold':>6} {'loads':>6} {'evicts':>6}"
     lines = [head]
+    # whole seconds as such; intervals of a fraction of a second to the millisecond
+    dec = 0 if all(float(r["start_s"]).is_integer() for r in rows) else 3
     for r in rows:
-        lines.append(f"{r['start_s']:>9.0f} {r['requests']:>9,} {r['goodput_rps']:>12,.1f} "
+        lines.append(f"{r['start_s']:>9.{dec}f} {r['requests']:>9,} {r['goodput_rps']:>12,.1f} "
                      f"{100 * r['slo_attainment']:>9.3f} {r['cold_starts']:>6,} {r['loads']:>6,} "
                      f"{r['evicts']:>6,}")
     return "\n".join(lines)

@@ -12,6 +12,13 @@ NS_PER_US = 1_000
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
 
+# Bounds on times a user gives (settings, requests): beyond them a value is a mistake (a
+# unit error, a stand-in for infinity), and its nanoseconds would not fit the int64
+# columns of the logs.
+MAX_SLO_MS = 86_400_000.0  # an SLO: at most a day
+MAX_SLO_FACTOR = 10_000.0  # an SLO as a multiple of the batch-1 EXEC: at most this
+MAX_TIME_S = 365 * 86_400  # any other time setting: at most a year
+
 
 def ms(x: float) -> int:
     """Milliseconds (float, at the edges) -> int nanoseconds."""

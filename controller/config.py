@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 from pydantic.dataclasses import dataclass
 
 from clockwork.settings import CONFIG, from_table, setting
-from clockwork.time import ms
+from clockwork.time import MAX_SLO_MS, ms
 
 
 @dataclass(frozen=True, slots=True, config=CONFIG)
@@ -28,7 +28,8 @@ class SchedulerConfig:
         ms(10), "Keep each GPU's EXEC lane planned this far into the future, no further.",
         units=("ms",), ge=0)
     default_slo: int = setting(
-        ms(100), "SLO of a request that gives none (or 0).", units=("ms",), gt=0)
+        ms(100), "SLO of a request that gives none (or 0).", units=("ms",), gt=0,
+        le=ms(MAX_SLO_MS))
     max_batch: int = setting(
         16, "Largest batch size used (of the profile's compiled sizes).",
         ge=1)

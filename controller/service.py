@@ -88,7 +88,7 @@ from clockwork.tensors import (
     row_buffers,
     zero_rows,
 )
-from clockwork.time import ms
+from clockwork.time import MAX_SLO_MS, ms
 from controller import make_policy, policy_class, split_settings
 from controller.config import SchedulerConfig
 from controller.intake import Gate, serve_stream, submit_unary
@@ -106,7 +106,6 @@ _STATUS_KEY = {s: f"requests_{s.name.lower()}" for s in RequestStatus}
 LOG_FLUSH_S = 1.0  # --log-flush-s: a crash loses at most this much of the logs
 LOG_ROWS_PER_STEP = 256  # log rows formatted and written between turns of the event loop
 RECONNECT_S = 0.25  # between attempts to reach a lost worker again
-MAX_SLO_MS = 86_400_000.0  # one day: a longer SLO is a mistake (inf, a unit error)
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
                    ("grpc.max_send_message_length", 64 << 20)]
 # to a worker: retry a refused connection quickly (a restarted worker is back in ~0.3 s)

@@ -20,6 +20,20 @@ def test_simulate_writes_outputs_and_report_reads_them(tmp_path, capsys):
     table = capsys.readouterr().out
     rows = [line.split() for line in table.splitlines() if line.strip()[:1].isdigit()]
     assert sum(int(r[1].replace(",", "")) for r in rows) == s["submitted"]
+    # intervals of a fraction of a second are labelled to the millisecond, each once
+    assert main(["report", str(out), "--timeline", "0.5"]) == 0
+    table = capsys.readouterr().out.split("start_s")[1]
+    starts = [line.split()[0] for line in table.splitlines()[1:]]
+    assert starts == ["0.000", "0.500", "1.000", "1.500", "2.000"], starts
+    # an interval too short to mean anything: refused before anything is printed
+    assert main(["report", str(out), "--timeline", "1e-10"]) == 2
+    got = capsys.readouterr()
+    assert got.out == "" and "at least 0.001 s" in got.err
+    # a run.json that cannot be read: the summary still, with a warning
+    (out / "run.json").write_text("{")
+    assert main(["report", str(out)]) == 0
+    got = capsys.readouterr()
+    assert "SLO attainment" in got.out and "run.json is not readable" in got.err
 
 
 def test_simulate_json(capsys):

@@ -70,12 +70,39 @@ BAD = [
     (["compile", "mlp", "--device", "tpu"], "tpu"),
     (["profile", "mlp", "--runs", "0"], "0"),
     (["scenarios", "copy", "no_such_scenario", "--to", "out"], "no_such_scenario"),
+    # where results go, checked before anything runs ("afile": a plain file, "adir": a
+    # folder, "notsummary": a JSON file that is not a run's summary)
+    (["simulate", SC, "--out", "afile"], "exists and is not a folder"),
+    (["simulate", SC, "--out", "afile/sub"], "is not a folder"),
+    (["serve", SC, "--replay", "--out", "afile"], "exists and is not a folder"),
+    (["replay", SC, "--out", "afile"], "exists and is not a folder"),
+    (["trace", "synth", "--functions", "10", "--out", "afile"], "exists and is not a folder"),
+    (["scenarios", "copy", "demo_live", "--to", "afile"], "exists and is not a folder"),
+    (["sweep", "example", "--out", "afile"], "exists and is not a folder"),
+    (["plan", SC, "--slo-ms", "100", "--plot", "adir"], "is a folder"),
+    (["profile", "mlp", "--out", "adir"], "is a folder"),
+    (["compile", "mlp", "--out", "afile"], "exists and is not a folder"),
+    (["replay", SC, "--check-outputs", "/no/such/packages"], "/no/such/packages"),
+    (["replay", SC, "--controller", "127.0.0.1:1"], "controller unavailable"),
+    (["report", "notsummary"], "is not a run summary"),
+    (["simulate", "azure_sample", "--set", "workloads.0.minutes=0"], "0 minutes is empty"),
+    # times beyond what means anything (and what int64 nanoseconds hold)
+    (["simulate", SC, "--set", "workloads.0.slo_ms=1e13"], "at most 86,400,000 (a day)"),
+    (["simulate", SC, "--set", "workloads.0.slo_factor=1e9"], "<= 10000"),
+    (["simulate", SC, "--set", "duration_s=1e300"], "at most 31,536,000 (a year)"),
+    (["simulate", SC, "--set", "scheduler.future_ms=1e13"], "future_ms"),
+    (["controller", "--workers", "127.0.0.1:1", "--default-slo-ms", "1e13"], "a day"),
 ]
 
 
 @pytest.mark.parametrize("argv,fragment", BAD, ids=[" ".join(a) for a, _ in BAD])
 def test_bad_value_is_one_line_exit_2(argv, fragment, capsys, tmp_path, monkeypatch):
-    argv = [a if a != "out" else str(tmp_path / "out") for a in argv]
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "notsummary").write_text("{}")
+    (tmp_path / "adir").mkdir()
+    names = {"out": "out", "afile": "afile", "afile/sub": "afile/sub", "adir": "adir",
+             "notsummary": "notsummary"}
+    argv = [str(tmp_path / names[a]) if a in names else a for a in argv]
     rc = main(argv)
     err = capsys.readouterr().err
     lines = err.strip().splitlines()

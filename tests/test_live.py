@@ -113,6 +113,13 @@ def test_replay_poisson(cluster, tmp_path):
     with clockwork.Client(cluster.address, timeout=10) as c:
         st = c.stats()
     assert st.get("replies_duplicate", 0) == 0
+    # --check-outputs with a folder that has no package for any model: refused before a
+    # request is sent, instead of a run that checks nothing
+    from clockwork.errors import ScenarioError
+
+    with pytest.raises(ScenarioError, match="no compiled package there"):
+        asyncio.run(asyncio.wait_for(replay(sc, cluster.address,
+                                            check_packages=str(tmp_path)), 30))
 
 
 def test_worker_loss_answers_requests():

@@ -104,6 +104,14 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
             if mi.inputs:
                 t = mi.inputs[0]
                 specs[mi.name] = (mi.profile, check.pool(mi.profile, tuple(t.shape), t.dtype))
+        sent_to = sorted({specs[n][0] for n in instances if n in specs})
+        if not any((Path(check_packages) / p / "model.json").exists() for p in sent_to):
+            await client.close()
+            raise ScenarioError(f"--check-outputs {check_packages}: no compiled package "
+                                f"there for any model of the scenario "
+                                f"({', '.join(sent_to[:5]) or 'none with inputs'}"
+                                f"{' ...' if len(sent_to) > 5 else ''}): nothing to check "
+                                "against")
     stats0 = await client.stats()
     stream = client.stream(STREAM_INTERVAL_US)
     tel = Telemetry(0)

@@ -335,7 +335,9 @@ class AzureTrace:
             raise ValueError(f"start_minute {start_minute} is outside the minutes held "
                              f"[{self.start_minute}, {end})")
         n = self.n_minutes - lo if minutes is None else int(minutes)
-        if n < 1 or lo + n > self.n_minutes:
+        if n < 1:
+            raise ValueError(f"a window of {minutes} minutes is empty: give at least 1")
+        if lo + n > self.n_minutes:
             raise ValueError(f"window of {minutes} minutes from minute {start_minute} runs "
                              f"past minute {end} (the day has {MINUTES})")
         return AzureTrace(self.owners, self.apps, self.functions, self.triggers,

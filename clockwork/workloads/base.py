@@ -16,6 +16,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from clockwork.time import MAX_SLO_FACTOR, MAX_SLO_MS
+
 Arrival = tuple[int, str, int]
 
 
@@ -82,10 +84,12 @@ class SloSpec:
     def __init__(self, slo_ms: float | None = None, slo_factor: float | None = None) -> None:
         if slo_ms is not None and slo_factor is not None:
             raise WorkloadError("give slo_ms or slo_factor, not both")
-        if slo_ms is not None and slo_ms <= 0:
-            raise WorkloadError(f"slo_ms must be > 0, got {slo_ms}")
-        if slo_factor is not None and slo_factor <= 0:
-            raise WorkloadError(f"slo_factor must be > 0, got {slo_factor}")
+        if slo_ms is not None and not 0 < slo_ms <= MAX_SLO_MS:
+            raise WorkloadError(f"slo_ms must be > 0 and at most {MAX_SLO_MS:,.0f} (a day), "
+                                f"got {slo_ms}")
+        if slo_factor is not None and not 0 < slo_factor <= MAX_SLO_FACTOR:
+            raise WorkloadError(f"slo_factor must be > 0 and at most {MAX_SLO_FACTOR:,.0f}, "
+                                f"got {slo_factor}")
         self.slo_ms = slo_ms
         self.slo_factor = slo_factor
 

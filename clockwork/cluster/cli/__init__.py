@@ -103,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as e:  # a file or folder it could not read or write (one line, no traceback)
+        print(f"clockwork {args.command}: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

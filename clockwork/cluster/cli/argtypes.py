@@ -131,6 +131,65 @@ def readable_file(text: str) -> str:
     return text
 
 
+def in_dir(text: str) -> str:
+    """An existing folder to read from."""
+    import os
+
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"no such folder: {text!r}")
+    return text
+
+
+def _makeable(path, text: str, what: str) -> None:
+    """ArgumentTypeError unless ``path`` (not there yet) could be made: its nearest
+    existing parent is a folder this process can write into."""
+    import os
+
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot make {what} {text!r}: {str(parent)!r} is "
+                                         "not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"cannot make {what} {text!r}: cannot write into "
+                                         f"{str(parent)!r} (permissions)")
+
+
+def out_dir(text: str) -> str:
+    """A folder to write into: one this process can write, or one it can make. Checked
+    before anything runs, so that a run is not lost to a path it cannot write at the end."""
+    import os
+    from pathlib import Path
+
+    p = Path(text)
+    if p.exists():
+        if not p.is_dir():
+            raise argparse.ArgumentTypeError(f"{text!r} exists and is not a folder")
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise argparse.ArgumentTypeError(f"cannot write into {text!r} (permissions)")
+    else:
+        _makeable(p, text, "folder")
+    return text
+
+
+def out_file(text: str) -> str:
+    """A file to write: one this process can overwrite, or one it can make (with its
+    folders)."""
+    import os
+    from pathlib import Path
+
+    p = Path(text)
+    if p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; expected a file name")
+    if p.exists():
+        if not os.access(p, os.W_OK):
+            raise argparse.ArgumentTypeError(f"cannot write {text!r} (permissions)")
+    else:
+        _makeable(p, text, "file")
+    return text
+
+
 def batch_sizes(text: str) -> list[int]:
     try:
         sizes = sorted({int(x) for x in text.split(",") if x.strip()})

@@ -50,22 +50,37 @@ def cmd_report(args: argparse.Namespace) -> int:
     except orjson.JSONDecodeError as e:
         print(f"clockwork report: {f} is not valid JSON: {e}", file=sys.stderr)
         return 2
-    if not isinstance(s, dict):
-        print(f"clockwork report: {f} is not a run summary", file=sys.stderr)
+    try:
+        table = format_summary(s) if isinstance(s, dict) else None
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        table, why = None, f" ({type(e).__name__}: {e})"
+    else:
+        why = ""
+    if table is None:
+        print(f"clockwork report: {f} is not a run summary (the summary.json that "
+              f"clockwork simulate/replay/serve --replay write){why}", file=sys.stderr)
         return 2
-    print(format_summary(s))
-    run = f.parent / "run.json"
-    if run.exists():
-        r = orjson.loads(run.read_bytes())
-        print(f"{'wall time':<40}  {r.get('wall_s', 0):.2f} s")
-    if args.timeline:
-        from clockwork.telemetry import format_timeline, timeline
+    rows = None
+    if args.timeline:  # (read before anything is printed: a bad interval prints nothing)
+        from clockwork.telemetry import timeline
 
         try:
             rows = timeline(f.parent, args.timeline)
         except (FileNotFoundError, ValueError) as e:
             print(f"clockwork report: {e}", file=sys.stderr)
             return 2
+    print(table)
+    run = f.parent / "run.json"
+    if run.exists():
+        try:
+            r = orjson.loads(run.read_bytes())
+            print(f"{'wall time':<40}  {float(r.get('wall_s', 0)):.2f} s")
+        except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+            print(f"clockwork report: warning: {run} is not readable run information; "
+                  "left out", file=sys.stderr)
+    if rows is not None:
+        from clockwork.telemetry import format_timeline
+
         print()
         print(format_timeline(rows))
     return 0

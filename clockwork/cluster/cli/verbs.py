@@ -99,7 +99,7 @@ def add_simulate(sub) -> None:
     p.add_argument("scenario", help="scenario TOML file, or the name of a shipped scenario "
                    "(clockwork scenarios lists them)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
-    p.add_argument("--out", metavar="DIR", help="write logs and summary.json here")
+    p.add_argument("--out", type=t.out_dir, metavar="DIR", help="write logs and summary.json here")
     p.add_argument("--log-format", choices=("tsv", "npz"), default="tsv",
                    help="with --out: the logs as requests.tsv/actions.tsv (default) or as "
                    "numpy columns, requests.npz/actions.npz (smaller, faster to write)")
@@ -136,7 +136,8 @@ def add_scenarios(sub) -> None:
     c = ssub.add_parser("copy", help="copy shipped scenarios into a folder")
     c.add_argument("names", nargs="*", metavar="NAME", help="scenario names")
     c.add_argument("--all", action="store_true", help="copy every shipped scenario")
-    c.add_argument("--to", required=True, metavar="DIR", help="destination folder")
+    c.add_argument("--to", type=t.out_dir, required=True, metavar="DIR",
+                   help="destination folder")
     c.add_argument("--force", action="store_true",
                    help="overwrite files in DIR that differ from the shipped ones")
 
@@ -172,7 +173,7 @@ def add_trace(sub) -> None:
                    help="number of day files, d01..dD (default 1)")
     s.add_argument("--seed", type=t.nonneg_int, default=0, metavar="S",
                    help="random seed (default 0)")
-    s.add_argument("--out", required=True, metavar="DIR",
+    s.add_argument("--out", type=t.out_dir, required=True, metavar="DIR",
                    help="output folder (created if missing), e.g. traces/azure")
     s.add_argument("--gzip", action="store_true",
                    help="write .csv.gz (the reader and the azure workload read both)")
@@ -208,7 +209,7 @@ def add_compile(sub) -> None:
     p.add_argument("--device", default="cpu", choices=COMPILE_DEVICES)
     p.add_argument("--batch-sizes", type=t.batch_sizes, default=[1, 2, 4, 8, 16],
                    metavar="B1,B2,...", help="default 1,2,4,8,16")
-    p.add_argument("--out", metavar="DIR", help="package directory (default packages/DEVICE/MODEL, "
+    p.add_argument("--out", type=t.out_dir, metavar="DIR", help="package directory (default packages/DEVICE/MODEL, "
                    "MODEL the file's stem for ONNX)")
     p.add_argument("--seed", type=t.nonneg_int, default=0,
                    help="weights seed for zoo models (default 0)")
@@ -229,7 +230,7 @@ def add_profile(sub) -> None:
     p.add_argument("--runs", type=t.positive_int, default=200,
                    help="EXEC runs per batch size (default 200)")
     p.add_argument("--load-runs", type=t.positive_int, default=50, help="LOAD runs (default 50)")
-    p.add_argument("--out", metavar="FILE", help="default profiles/DEVICE/MODEL.json")
+    p.add_argument("--out", type=t.out_file, metavar="FILE", help="default profiles/DEVICE/MODEL.json")
 
 
 def add_serve(sub) -> None:
@@ -269,7 +270,7 @@ def add_serve(sub) -> None:
     p.add_argument("--replay", action="store_true",
                    help="run the scenario's [[workloads]] against the cluster, print the SLO "
                    "table, and stop (one command: cluster + load + report)")
-    p.add_argument("--out", metavar="DIR", help="with --replay: write logs and summary.json here")
+    p.add_argument("--out", type=t.out_dir, metavar="DIR", help="with --replay: write logs and summary.json here")
     p.add_argument("--quiet", action="store_true", help="with --replay: no progress line")
     p.add_argument("--log-dir", metavar="DIR", help="the controller writes requests.tsv and "
                    "actions.tsv (its own view: every request and action) here")
@@ -421,8 +422,8 @@ def add_replay(sub) -> None:
     p.add_argument("--controller", default="127.0.0.1:12346", type=t.address,
                    help="host:port (default 127.0.0.1:12346)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
-    p.add_argument("--out", metavar="DIR", help="write logs and summary.json here")
-    p.add_argument("--check-outputs", metavar="PACKAGES", default=None,
+    p.add_argument("--out", type=t.out_dir, metavar="DIR", help="write logs and summary.json here")
+    p.add_argument("--check-outputs", type=t.in_dir, metavar="PACKAGES", default=None,
                    help="send real inputs and check every answer against the zoo model's "
                    "numpy reference, with the weights of the packages in this folder "
                    "(real devices; e.g. packages/cpu)")
@@ -478,7 +479,7 @@ def add_sweep(sub) -> None:
               epilog=SWEEP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
               requires=("tqdm",))
     p.add_argument("file", help="sweep TOML file, or the name of a shipped sweep")
-    p.add_argument("--out", metavar="DIR",
+    p.add_argument("--out", type=t.out_dir, metavar="DIR",
                    help="output folder (default: the file's out, else sweeps/<file stem>)")
     p.add_argument("--plot", action="store_true",
                    help="also draw SLO attainment and goodput against the first grid key "
@@ -528,10 +529,10 @@ def add_plan(sub) -> None:
                    help="seeds per count: the scenario's seed and the K-1 after it "
                    "(default 2)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
-    p.add_argument("--out", metavar="DIR",
+    p.add_argument("--out", type=t.out_dir, metavar="DIR",
                    help="keep every simulation here (OUT/points/...; a rerun reuses them) "
                    "and write OUT/plan.json and OUT/curve.tsv")
-    p.add_argument("--plot", metavar="FILE", default=None,
+    p.add_argument("--plot", type=t.out_file, metavar="FILE", default=None,
                    help="draw the curve (attainment and goodput against GPUs) into FILE "
                    "(needs matplotlib: the plots extra)")
     p.add_argument("--json", action="store_true",
