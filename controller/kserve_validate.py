@@ -491,7 +491,7 @@ def _bools_among(data: list, arr: np.ndarray) -> bool:
     leaves = data
     for _ in range(arr.ndim - 1):  # (regular nesting: numpy read it as ndim levels)
         leaves = chain.from_iterable(leaves)
-    return bool in map(type, leaves)
+    return bool in set(map(type, leaves))  # (a set of types: ~15 ns an element)
 
 
 # ---------------------------------------------------------------------- the model
