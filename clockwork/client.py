@@ -130,8 +130,11 @@ def _repository_error(e: grpc.RpcError, name: str) -> ClockworkError:
         return UnknownModel(f"{name}: {details}", 6, "unknown_model", name)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidRequest(f"{name}: {details}", 6, "bad_request", name)
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return RepositoryUnavailable(f"{name}: {details}", 1, "unavailable", name)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        why = details if code == grpc.StatusCode.UNAVAILABLE else (
+            f"no answer within the client's timeout ({details}); the controller may still "
+            "finish it: see repository_index")
+        return RepositoryUnavailable(f"{name}: {why}", 1, "unavailable", name)
     return _unavailable(e)
 
 
@@ -206,10 +209,16 @@ def _timeout(timeout: float | None, slo_ms: float | None) -> float | None:
     return t if timeout is None else min(timeout, t)
 
 
-def _unavailable(e: grpc.RpcError) -> ControllerUnavailable:
+def _unavailable(e: grpc.RpcError, infer: bool = False) -> ClockworkError:
+    """The typed error of a failed call. A deadline that passes is ``InferenceTimeout``
+    for an inference (its deadline is its SLO and a grace) and ``ControllerUnavailable``
+    for any other call (the client's timeout)."""
     code = e.code() if hasattr(e, "code") else None
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return error_for(4, "deadline", f"no answer within the call's deadline: {e.details()}")
+        if infer:
+            return error_for(4, "deadline",
+                             f"no answer within the call's deadline: {e.details()}")
+        return ControllerUnavailable(f"no answer within the client's timeout: {e.details()}")
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return Unauthenticated(f"controller refused the call: {code}: {e.details()} "
                                "(token=, --token or $CLOCKWORK_TOKEN)")
@@ -238,7 +247,7 @@ class Client:
         try:
             resp = self._stub.Infer(req, timeout=_timeout(self.timeout, slo_ms))
         except grpc.RpcError as e:
-            raise _unavailable(e) from e
+            raise _unavailable(e, infer=True) from e
         return _result(model, resp, (time.perf_counter() - t0) * 1e3, slo_ms)
 
     def list_models(self) -> list[ModelMeta]:
@@ -249,7 +258,11 @@ class Client:
         return [_meta(m) for m in r.models]
 
     def model_status(self, model: str) -> pb.ModelStatusResponse:
-        return self._stub.ModelStatus(pb.ModelStatusRequest(model=model), timeout=self.timeout)
+        try:
+            return self._stub.ModelStatus(pb.ModelStatusRequest(model=model),
+                                          timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise _unavailable(e) from e
 
     def load_model(self, name: str, copies: int = 1, profile: str | None = None,
                    package: str = "", timeout: float | None = None) -> list[ModelMeta]:
@@ -338,7 +351,7 @@ class AsyncClient:
         try:
             resp = await self._stub.Infer(req, timeout=_timeout(self.timeout, slo_ms))
         except grpc.RpcError as e:
-            raise _unavailable(e) from e
+            raise _unavailable(e, infer=True) from e
         return _result(model, resp, (time.perf_counter() - t0) * 1e3, slo_ms)
 
     async def list_models(self) -> list[ModelMeta]:
@@ -485,11 +498,21 @@ class InferStream:
                                             f"it was sent, past its {sent[1]:g} ms SLO")
                         fut.set_result(resp)
         except grpc.RpcError as e:
-            err = self._error = _unavailable(e)
-            for fut in self._waiting.values():
-                if not fut.done():
-                    fut.set_exception(err)
-            self._waiting.clear()
+            self._fail_waiting(_unavailable(e, infer=True))
+        except asyncio.CancelledError:  # the channel closed under it (client.close())
+            self._fail_waiting(ControllerUnavailable("the client was closed with requests "
+                                                     "on its stream unanswered"))
+        else:  # the controller ended the stream (it stops, or closed it): none is lost
+            self._fail_waiting(ControllerUnavailable("controller stream closed"))
+
+    def _fail_waiting(self, err: ClockworkError) -> None:
+        """Every request still waiting fails with ``err`` (and a later submit too)."""
+        self._error = err
+        for fut in self._waiting.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self._waiting.clear()
+        self._sent.clear()
 
     def submit(self, model: str, inputs=None, slo_ms: float | None = None,
                skip_outputs: bool = False) -> asyncio.Future:
@@ -502,14 +525,15 @@ class InferStream:
         if self._reader.done():  # the call has ended: say why, if the controller said
             fut.set_exception(self._error or ControllerUnavailable("controller stream closed"))
             return fut
-        self._waiting[cid] = fut
-        if slo_ms and 0 < slo_ms < 1e9:  # (a nonsense SLO: the controller refuses it)
-            t = time.monotonic_ns()
-            self._sent[cid] = (t, float(slo_ms))
-            heapq.heappush(self._due, (t + int((float(slo_ms) / 1e3 + GRACE_S) * 1e9), cid))
-        req = _request(model, inputs, slo_ms, cid)
+        req = _request(model, inputs, slo_ms, cid)  # (raises on bad values: nothing kept)
         if skip_outputs:
             req.skip_outputs = True
+        self._waiting[cid] = fut
+        slo = req.slo_ms
+        if 0 < slo < 1e9:  # (a nonsense SLO: the controller refuses it)
+            t = time.monotonic_ns()
+            self._sent[cid] = (t, slo)
+            heapq.heappush(self._due, (t + int((slo / 1e3 + GRACE_S) * 1e9), cid))
         self._queue.append(req)
         self._wake.set()
         return fut
@@ -522,7 +546,7 @@ class InferStream:
         self._closed = True
         self._wake.set()
         try:
-            await self._reader
+            await asyncio.shield(self._reader)  # (the reader ends however the call ends)
         finally:
             self._call.cancel()
             self._watch.cancel()

@@ -59,7 +59,9 @@ class Tensor:
     def of(cls, name: str, arr) -> Tensor:
         """A tensor over ``arr``'s memory (copied only when it is not C-contiguous or not
         little-endian)."""
-        a = np.ascontiguousarray(arr)
+        a = np.asarray(arr)
+        if not a.flags.c_contiguous:  # (np.ascontiguousarray would make a 0-d array 1-d)
+            a = np.ascontiguousarray(a)
         if a.dtype.byteorder == ">":
             a = a.astype(a.dtype.newbyteorder("<"))
         return cls(name, a.dtype, a.shape, a)

@@ -1118,6 +1118,7 @@ class ControllerNode:
         await self._wait_unloaded(names)
         # the workers first (a worker that reconnects meanwhile has them in its Hello)
         self.loading.update(names)
+        committed = False  # (from here on the policy has them: the load is made)
         try:
             for i in names:
                 self.instances[i] = profile
@@ -1126,22 +1127,28 @@ class ControllerNode:
             missing = await self._update_workers(
                 add=[pb.Instance(name=i, profile=profile, package=package) for i in names])
             if missing:
-                for i in names:
-                    del self.instances[i]
-                    self.packages.pop(i, None)
-                await self._update_workers(remove=names, wait=False)
                 where = "; ".join(f"worker {a}: {', '.join(ms)}" for a, ms in missing)
                 raise RepositoryError(grpc.StatusCode.NOT_FOUND, (
                     f"a worker cannot serve profile {profile!r} ({where}): no such profile in "
                     "its profile set" + ("" if self.links[0].state is None
                                          or self.links[0].state.device == "emulated"
                                          else ", or no model package (see clockwork compile)")))
+            committed = True
             now = now_ns()
             out: list[Action] = []
             for i in names:
                 self.profiles[i] = prof.renamed(i)
                 self.unloaded.pop(i, None)
                 out += self.policy.add_model(i, self.profiles[i], now)
+        except BaseException:
+            # a worker that cannot serve it or did not answer, or the call cancelled (its
+            # client's deadline passed): a load makes every instance or none
+            if not committed:
+                for i in names:
+                    self.instances.pop(i, None)
+                    self.packages.pop(i, None)
+                await self._update_workers(remove=names, wait=False)  # (never waits)
+            raise
         finally:
             self.loading.difference_update(names)
         if have is None:

@@ -122,6 +122,57 @@ def test_replay_poisson(cluster, tmp_path):
                                             check_packages=str(tmp_path)), 30))
 
 
+def test_client_calls_past_their_timeout_are_controller_unavailable():
+    """A controller that never answers (a socket that accepts and says nothing): every
+    call but an inference fails ControllerUnavailable when the client's timeout passes
+    (load/unload: RepositoryUnavailable, one of those); an inference, whose deadline is
+    its SLO and a grace, InferenceTimeout."""
+    import socket
+
+    from clockwork.errors import ControllerUnavailable, RepositoryUnavailable
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        with clockwork.Client(f"127.0.0.1:{s.getsockname()[1]}", timeout=0.5) as c:
+            for call in (c.stats, c.list_models, c.repository_index,
+                         lambda: c.model_status("m")):
+                with pytest.raises(ControllerUnavailable, match="client's timeout"):
+                    call()
+            for call in (lambda: c.load_model("m"), lambda: c.unload_model("m")):
+                with pytest.raises(RepositoryUnavailable, match="client's timeout"):
+                    call()
+            with pytest.raises(InferenceTimeout):
+                c.infer("m", slo_ms=100)
+
+
+def test_a_stream_closed_under_its_requests_fails_them(cluster):
+    """``AsyncClient.close()`` with requests still on a stream: each fails
+    ControllerUnavailable (none waits for good), the stream's own close returns; a submit
+    that raises (a bad input or SLO) leaves nothing outstanding."""
+    from clockwork.errors import ControllerUnavailable
+
+    async def go():
+        c = clockwork.AsyncClient(cluster.address, timeout=10)
+        s = c.stream()
+        with pytest.raises(ValueError):
+            s.submit("mobilenet_v2", inputs={"data": [[1.0, 2.0], [3.0]]})  # ragged
+        with pytest.raises(ValueError):
+            s.submit("mobilenet_v2", slo_ms="soon")
+        assert s.outstanding == 0
+        futs = [s.submit("mobilenet_v2", slo_ms=60_000) for _ in range(200)]
+        await asyncio.sleep(0)
+        await c.close()
+        done, pending = await asyncio.wait(futs, timeout=5)
+        assert not pending and s.outstanding == 0
+        failed = [f.exception() for f in done if f.exception() is not None]
+        assert failed and all(isinstance(e, ControllerUnavailable) for e in failed), failed
+        assert all(f.result().reason != "no_answer" for f in done if f.exception() is None)
+        await asyncio.wait_for(s.close(), 5)
+
+    asyncio.run(go())
+
+
 def test_worker_loss_answers_requests():
     """A worker that dies mid-stream: its requests are still answered, the controller lives."""
     with local_cluster(workers=2, gpus=1, models="resnet50_v2") as c:

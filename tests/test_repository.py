@@ -586,6 +586,39 @@ def test_client_loads_serves_and_unloads_a_model(cluster):
         assert st.get("infer_rejected", 0) == 0 and st.get("load_rejected", 0) == 0
 
 
+def test_a_load_cut_short_by_its_deadline_makes_nothing():
+    """The client's deadline passes while the worker is to take the model (it is stopped):
+    the load makes nothing, the repository index still answers (it was INTERNAL with a
+    half-made instance), and the same load works once the worker is back."""
+    import os
+    import signal
+
+    import clockwork
+    from clockwork.errors import RepositoryUnavailable, UnknownModel
+    from tests.conftest import local_cluster
+
+    with local_cluster(workers=1, gpus=1, models="resnet50_v2") as c:
+        worker = c.workers[0].proc
+        with clockwork.Client(c.address, timeout=20) as cl:
+            # (an answer: the worker's link is up, so the load waits for the worker)
+            assert cl.infer("resnet50_v2", slo_ms=500).status == 0
+            os.kill(worker.pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(RepositoryUnavailable, match="client's timeout"):
+                    cl.load_model("mnet", profile="mobilenet_v2", timeout=1.0)
+                # the controller sees the deadline a moment after the client: until then
+                # the load may still finish; with the worker stopped it can only give up
+                _poll(lambda: "mnet" not in _index(cl))
+            finally:
+                os.kill(worker.pid, signal.SIGCONT)
+            idx = _index(cl)
+            assert "mnet" not in idx and idx["resnet50_v2"] == ("READY", "")
+            with pytest.raises(UnknownModel):
+                cl.infer("mnet", slo_ms=300)
+            assert [m.name for m in cl.load_model("mnet", profile="mobilenet_v2")] == ["mnet"]
+            assert cl.infer("mnet", slo_ms=500).status == 0
+
+
 def test_unload_answers_waiting_requests_lets_running_ones_finish(cluster):
     import asyncio
 

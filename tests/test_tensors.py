@@ -31,6 +31,10 @@ def test_of_and_array_share_memory():
     assert np.array_equal(tr.array, a) and not tr.array.flags.writeable
     assert tr.to_bytes() is raw  # bytes stay bytes
     assert np.shares_memory(tr.array, np.frombuffer(raw, np.uint8))
+    # a 0-d array keeps its shape (), a strided one is made contiguous
+    assert Tensor.of("x", np.float32(2.5)).shape == ()
+    t = Tensor.of("x", a.T)
+    assert t.shape == (3, 2) and t.array.flags.c_contiguous and np.array_equal(t.array, a.T)
 
 
 def test_join_rows_and_zero_padding():
