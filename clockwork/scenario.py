@@ -111,9 +111,11 @@ def apply_override(data: dict, assignment: str) -> None:
 
 
 def load_scenario(path: str | Path | None = None, overrides: list[str] | None = None,
-                  data: dict | None = None) -> Scenario:
-    """Read a TOML file (or take ``data``), apply overrides, fill defaults, validate."""
-    src = "<dict>"
+                  data: dict | None = None, source: str | None = None) -> Scenario:
+    """Read a TOML file (or take ``data``), apply overrides, fill defaults, validate.
+    ``source``: with ``data``, the file it came from (its folder is where the scenario's
+    relative paths, e.g. a trace, are looked up)."""
+    src = source or "<dict>"
     raw: dict = {}
     if path is not None:
         from clockwork.resources import resolve_scenario  # a file, else a shipped name

@@ -759,11 +759,13 @@ def check_scenario(data: Any, where: str = "", error: type[Exception] = Settings
 
 def time_bound(key: str) -> tuple[float, str] | None:
     """The most a setting named ``key`` may be, by its name, and that bound in words: an
-    SLO (``slo_ms``) a day, any other time (a name ending in ``_s``, ``_ms`` or ``_us``) a
-    year;
-    None for a setting that is not a time."""
-    if key == "slo_ms":
+    SLO (``slo_ms``, ``slo_ms_start``, ...) a day, an SLO factor (``slo_factor...``)
+    10,000, any other time (a name ending in ``_s``, ``_ms`` or ``_us``) a year; None for
+    a setting that is neither."""
+    if key == "slo_ms" or key.startswith("slo_ms_"):  # (slo_ms_start, slo_ms_max)
         return MAX_SLO_MS, "a day"
+    if key.startswith("slo_factor"):
+        return MAX_SLO_FACTOR, "the most an SLO factor may be"
     if key.endswith("_s"):
         return MAX_TIME_S, "a year"
     if key.endswith("_ms"):

@@ -715,14 +715,15 @@ def format_summary(s: dict) -> str:
     return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
 
 
-def timeline(run_dir: Path, bucket_s: float = 60.0) -> list[dict]:
+def timeline(run_dir: Path, bucket_s: float = 60.0, duration_s: float | None = None
+             ) -> list[dict]:
     """Per-interval figures of a run directory's logs (TSV or npz): arrivals, goodput,
     SLO attainment, cold-start requests, LOADs and EVICTs, by arrival (requests) and
     completion (actions) time. Reads only the columns it needs from npz logs, and counts
     in one pass (a log of hundreds of millions of rows is fine)."""
     _timeline_interval(bucket_s)  # (before the logs are read)
     req, act = read_columns(run_dir, TIMELINE_COLUMNS[0], TIMELINE_COLUMNS[1])
-    return timeline_of(req, act, bucket_s)
+    return timeline_of(req, act, bucket_s, duration_s)
 
 
 def _timeline_interval(bucket_s: float) -> None:
@@ -737,11 +738,13 @@ TIMELINE_MIN_S = 0.001  # the shortest interval of a timeline (start_s is rounde
 TIMELINE_MAX_ROWS = 1_000_000  # the most rows a timeline makes
 
 
-def timeline_of(req: dict, act: dict, bucket_s: float = 60.0) -> list[dict]:
+def timeline_of(req: dict, act: dict, bucket_s: float = 60.0,
+                duration_s: float | None = None) -> list[dict]:
     """``timeline``'s figures from columns (``Telemetry.request_columns()`` /
-    ``action_columns()``, or at least ``TIMELINE_COLUMNS`` of them). ValueError for an
-    interval under ``TIMELINE_MIN_S`` or one that makes more than ``TIMELINE_MAX_ROWS``
-    rows."""
+    ``action_columns()``, or at least ``TIMELINE_COLUMNS`` of them). With the run's
+    ``duration_s``, the goodput of an interval that the end of the arrivals cuts short
+    is over the part of it before the end. ValueError for an interval under
+    ``TIMELINE_MIN_S`` or one that makes more than ``TIMELINE_MAX_ROWS`` rows."""
     _timeline_interval(bucket_s)
     width = round(bucket_s * 1e9)
     rb = req["arrival"] // width
@@ -764,10 +767,13 @@ def timeline_of(req: dict, act: dict, bucket_s: float = 60.0) -> list[dict]:
     out = []
     for i in range(n):
         k, m = int(count[i]), int(met[i])
+        span = bucket_s
+        if duration_s is not None and 0 < duration_s - i * bucket_s < bucket_s:
+            span = duration_s - i * bucket_s  # (the arrivals ended inside it)
         out.append({
             "start_s": round(i * bucket_s, 3),
             "requests": k,
-            "goodput_rps": round(m / bucket_s, 3),
+            "goodput_rps": round(m / span, 3),
             "slo_attainment": round(m / k, 6) if k else 1.0,
             "cold_starts": int(cold[i]),
             "loads": int(loads[i]),

@@ -36,6 +36,13 @@ def test_simulate_writes_outputs_and_report_reads_them(tmp_path, capsys):
     assert "SLO attainment" in got.out and "run.json is not readable" in got.err
 
 
+def test_requests_left_when_drain_s_runs_out_is_one_line(capsys):
+    assert main(["simulate", "scenarios/poisson_warm.toml", "--set", "duration_s=1",
+                 "--set", "drain_s=0", "--quiet"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "unanswered request(s) at drain_s = 0 s" in err, err
+
+
 def test_simulate_json(capsys):
     assert main(["simulate", "scenarios/poisson_warm.toml", "--set", "duration_s=1", "--json",
                  "--quiet"]) == 0

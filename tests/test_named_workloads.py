@@ -345,6 +345,43 @@ def test_azure_scalability_worker_units_and_errors(flat_trace):
                            instances(2))
 
 
+def test_azure_kinds_take_no_booleans_or_strings_for_numbers(flat_trace):
+    for kind in ("azure", "azure_scalability"):
+        for bad, key in [({"interval_s": True}, "interval_s"), ({"cv": True}, "cv"),
+                         ({"top": True}, "top"), ({"randomise_start": 1}, "randomise_start"),
+                         ({"mapping": 3}, "mapping"), ({"minutes": "2"}, "minutes")]:
+            with pytest.raises(WorkloadError, match=key):
+                build_workload({"kind": kind, "trace": flat_trace, **bad}, instances(2))
+    with pytest.raises(WorkloadError, match="load_factor"):
+        build_workload({"kind": "azure", "trace": flat_trace, "load_factor": "2"},
+                       instances(2))
+
+
+def test_stepped_and_tiny_slos_stay_within_what_they_mean():
+    """An SLO that rounds to 0 ns is 1 ns (0 would mean the controller's default); a
+    stepped SLO that grows without a maximum stops at a day, even past a float's range."""
+    from clockwork.time import MAX_SLO_MS, ms
+
+    w = make({"kind": "poisson", "rate_rps": 50, "slo_ms": 4e-7}, end=1.0)
+    assert {a[2] for a in drain(w)} == {1}
+    w = make({"kind": "poisson", "rate_rps": 50, "slo_factor": 1e-12}, end=1.0)
+    assert {a[2] for a in drain(w)} == {1}
+    down = make({"kind": "slo_exp_1", "rate_rps": 50, "slo_ms_start": 100, "factor": 0.5,
+                 "period_s": 0.1}, end=4.0)
+    assert min(a[2] for a in drain(down)) == 1  # halved 40 times: below 1 ns, kept at 1
+    up = make({"kind": "slo_exp_1", "rate_rps": 5, "slo_ms_start": 5, "factor": 1e10,
+               "period_s": 0.1}, end=100.0)
+    slos = [a[2] for a in drain(up)]
+    assert max(slos) == ms(MAX_SLO_MS) and slos[-1] == ms(MAX_SLO_MS)  # (1e10^k: inf soon)
+
+
+def test_tiny_rates_send_nothing_rather_than_wrap_around():
+    for spec in ({"kind": "fixed_rate", "rate_rps": 1e-10}, {"kind": "poisson",
+                                                            "rate_rps": 1e-300},
+                 {"kind": "bursty", "burst_rps": 1e-300, "on_s": 1, "off_s": 1}):
+        assert drain(make(spec, end=2.0)) == [], spec
+
+
 # ---------------------------------------------------------------- through the simulator
 
 

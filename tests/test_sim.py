@@ -41,6 +41,25 @@ def check_conservation(res):
     assert s["slo_met"] <= s["succeeded"]
 
 
+def test_overrides_of_a_loaded_scenario_keep_its_folder(tmp_path):
+    """``simulate(Scenario, overrides)``: the scenario's relative paths (here a trace that
+    only its folder has) are still looked up in its folder, as the command line does."""
+    import shutil
+
+    from clockwork.resources import find_data_path
+
+    shutil.copy(find_data_path("traces/samples/invocations_per_function_md.anon.d01.csv.gz"),
+                tmp_path / "only_here.csv.gz")
+    (tmp_path / "sc.toml").write_text(
+        'duration_s = 2\n[cluster]\nworkers = 1\n[[models]]\nname = "resnet50_v2"\n'
+        'copies = 4\n[[workloads]]\nkind = "azure"\ntrace = "only_here.csv.gz"\n'
+        "minutes = 2\ninterval_s = 1\n")
+    sc = load_scenario(tmp_path / "sc.toml")
+    got = simulate(sc, ["duration_s=1"]).summary
+    assert got == simulate(str(tmp_path / "sc.toml"), ["duration_s=1"]).summary
+    assert got["submitted"] > 0
+
+
 def test_fig5_closed_loop_reaches_capacity():
     res = simulate("scenarios/fig5_1gpu.toml", ["duration_s=5"])
     s = res.summary

@@ -472,6 +472,12 @@ def test_timeline_counts_as_defined_reading_only_its_columns(tmp_path, capsys):
         assert sum(r["loads"] for r in want) > 0 and sum(r["cold_starts"] for r in want) > 0
         assert timeline(tmp_path / "tsv", bucket) == want
         assert timeline(tmp_path / "npz", bucket) == want
+    # with the run's duration (8 s), the 3 s interval from 6 s has 2 s of arrivals: its
+    # goodput is over those 2 s, the others' as before
+    full, cut = timeline(tmp_path / "npz", 3.0), timeline(tmp_path / "npz", 3.0, 8.0)
+    met_last = round(full[2]["goodput_rps"] * 3.0)
+    assert cut[:2] == full[:2] and cut[2]["goodput_rps"] == round(met_last / 2.0, 3)
+    assert met_last > 0 and cut[3:] == full[3:]
     req, act = T.read_columns(tmp_path / "npz", ("latency",), ())
     assert list(req) == ["latency"] and act == {} and len(req["latency"]) > 100
     with pytest.raises(ValueError, match="unknown requests column"):

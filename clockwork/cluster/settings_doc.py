@@ -52,10 +52,12 @@ simulate`, `serve` and `controller`, `--models`, profile files):
   integer either; an integer is accepted where a number is expected.
 - Numbers must be finite: `nan` and `inf` are refused wherever a number is expected
   (in `[[workloads]]` entries, for every key).
-- Times are bounded: an SLO (`slo_ms`, `default_slo_ms`) is at most a day (86,400,000
-  ms, as the live controller takes), `slo_factor` at most 10,000, and any other time (a
-  key ending in `_s`, `_ms` or `_us`) at most a year, either way. A larger value is a
-  unit slip or a stand-in for "never", and would not fit the logs' nanoseconds.
+- Times are bounded: an SLO (`slo_ms`, `default_slo_ms`, `slo_ms_start`, `slo_ms_max`) is
+  at most a day (86,400,000 ms, as the live controller takes), an SLO factor
+  (`slo_factor`, `slo_factor_start`, ...) at most 10,000, and any other time (a key ending
+  in `_s`, `_ms` or `_us`) at most a year, either way. A larger value is a unit slip or a
+  stand-in for "never", and would not fit the logs' nanoseconds. (A stepped SLO that
+  grows without a maximum stops growing at a day; one that shrinks stays at least 1 ns.)
 - Unknown keys are refused, with the closest valid key when there is one.
 - A refusal is one line naming the key, the value and what is expected, e.g.
   `cluster.noise: must be a finite number >= 0, got nan` or

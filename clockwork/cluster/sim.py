@@ -609,7 +609,10 @@ class Simulation:
             self._report(min(now, self.duration) if heap else self.duration, wall_s,
                          next_id, end="\n")
         if outstanding:
-            raise RuntimeError(f"simulation ended with {outstanding} unanswered requests")
+            raise RuntimeError(
+                f"simulation ended with {outstanding} unanswered request(s) at drain_s = "
+                f"{self.sc.data.get('drain_s', 120.0):g} s after duration_s: give them "
+                "longer (--set drain_s=...)")
         extra = {
             "seed": self.sc.seed,
             "policy": self.sc.scheduler.get("policy", "clockwork"),
@@ -641,7 +644,11 @@ def simulate(scenario: Scenario | str | Path | dict, overrides: list[str] | None
     """Run a scenario (a ``Scenario``, a TOML path or a dict) in the simulator
     (``spill_dir``: see ``Simulation``)."""
     if isinstance(scenario, Scenario):
-        sc = scenario if not overrides else load_scenario(data=scenario.data, overrides=overrides)
+        if overrides:  # (the same file: its folder still finds the scenario's traces)
+            sc = load_scenario(data=scenario.data, overrides=overrides, source=scenario.source)
+            sc.overrides = [*scenario.overrides, *overrides]
+        else:
+            sc = scenario
     elif isinstance(scenario, dict):
         sc = load_scenario(data=scenario, overrides=overrides)
     else:

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from clockwork.workloads.azure import MINUTES, AzureTrace, find_trace_file, resolve_trace_path
-from clockwork.workloads.base import Arrival, SloSpec, Workload, WorkloadError
+from clockwork.workloads.base import Arrival, Params, SloSpec, Workload, WorkloadError
 
 MAPPINGS = ("contiguous", "stripe")
 ARRIVALS = ("poisson", "uniform", "gamma")
@@ -277,22 +277,18 @@ def build_azure(spec: dict, models: list[str]) -> AzureReplay:
         path = resolve_trace_path(spec["trace"])
     else:
         path = find_trace_file(spec["day"], spec.get("trace_dir"))
-    start = spec.get("start_minute", 0)
-    minutes = spec.get("minutes")
-    for k, v in (("start_minute", start), ("minutes", minutes)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-            raise WorkloadError(f"{k} must be an integer, got {v!r}")
+    p = Params(spec)  # (types as strict as every other kind's: true is not a number)
+    start = p.integer("start_minute", 0)
+    minutes = p.integer("minutes", 0) if "minutes" in spec else None
     if not 0 <= start < MINUTES:
         raise WorkloadError(f"start_minute must be in [0, {MINUTES}), got {start}")
-    slo = SloSpec(spec.get("slo_ms"), spec.get("slo_factor"))
     return AzureReplay(
         models, load_cached(path), start, minutes,
-        interval_s=float(spec.get("interval_s", 60.0)),
-        load_factor=float(spec.get("load_factor", 1.0)),
-        mapping=str(spec.get("mapping", "contiguous")),
-        randomise_start=spec.get("randomise_start", False),
-        arrivals=str(spec.get("arrivals", "poisson")),
-        cv=spec.get("cv"), slo=slo, top=spec.get("top"))
+        interval_s=p.num("interval_s", 60.0), load_factor=p.num("load_factor", 1.0),
+        mapping=p.string("mapping", "contiguous"),
+        randomise_start=p.flag("randomise_start", False),
+        arrivals=p.string("arrivals", "poisson"), cv=p.opt_num("cv"), slo=p.slo(),
+        top=p.integer("top", 0) if "top" in spec else None)
 
 
 def expected_minute_counts(w: AzureReplay) -> np.ndarray:

@@ -12,6 +12,7 @@ controller's default.
 from __future__ import annotations
 
 import fnmatch
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -94,8 +95,60 @@ class SloSpec:
         self.slo_factor = slo_factor
 
     def resolve(self, model: str, exec1: dict[str, int]) -> int:
-        if self.slo_ms is not None:
-            return round(self.slo_ms * 1e6)
+        if self.slo_ms is not None:  # (at least 1 ns: 0 means the controller's default)
+            return max(1, round(self.slo_ms * 1e6))
         if self.slo_factor is not None:
-            return round(self.slo_factor * exec1[model])
+            return max(1, round(self.slo_factor * exec1[model]))
         return 0
+
+
+class Params:
+    """Typed, validated access to a ``[[workloads]]`` entry; errors name the key."""
+
+    def __init__(self, spec: dict) -> None:
+        self.spec = spec
+        self.kind = spec.get("kind", "?")
+
+    def num(self, key: str, default: float | None = None) -> float:
+        if key not in self.spec:
+            if default is None:
+                raise WorkloadError(f"{self.kind} workload needs {key}")
+            return float(default)
+        v = self.spec[key]
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise WorkloadError(f"{key} must be a finite number, got {v!r}")
+        return float(v)
+
+    def opt_num(self, key: str) -> float | None:
+        return self.num(key) if key in self.spec else None
+
+    def integer(self, key: str, default: int) -> int:
+        v = self.spec.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise WorkloadError(f"{key} must be an integer, got {v!r}")
+        return v
+
+    def flag(self, key: str, default: bool) -> bool:
+        v = self.spec.get(key, default)
+        if not isinstance(v, bool):
+            raise WorkloadError(f"{key} must be true or false, got {v!r}")
+        return v
+
+    def string(self, key: str, default: str) -> str:
+        v = self.spec.get(key, default)
+        if not isinstance(v, str):
+            raise WorkloadError(f"{key} must be a string, got {v!r}")
+        return v
+
+    def choice(self, key: str, default: str, choices: Sequence[str]) -> str:
+        v = self.spec.get(key, default)
+        if v not in choices:
+            raise WorkloadError(f"{key} must be one of {', '.join(choices)}, got {v!r}")
+        return v
+
+    def slo(self, prefix: str = "") -> SloSpec:
+        ms, fac = f"{prefix}slo_ms", f"{prefix}slo_factor"
+        try:
+            return SloSpec(self.opt_num(ms), self.opt_num(fac))
+        except WorkloadError as e:
+            raise WorkloadError(f"{ms}/{fac}: {e}") from None

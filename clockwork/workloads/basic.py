@@ -94,7 +94,9 @@ class OpenLoop(Workload):
         self._rr = (getattr(self, "_rr", 0) + n) % k
         models, slos, end = self.models, self._slos, self.end
         buf = []
-        for t, i in zip(times.astype(np.int64).tolist(), idx.tolist(), strict=True):
+        # (a time past the end is not used: clipped there, it cannot wrap around int64)
+        for t, i in zip(np.minimum(times, end).astype(np.int64).tolist(), idx.tolist(),
+                        strict=True):
             if t >= end:
                 break
             buf.append((t, models[i], slos[i]))

@@ -43,7 +43,14 @@ from operator import itemgetter
 import numpy as np
 
 from clockwork.workloads.azure_replay import AZURE_KEYS, build_azure
-from clockwork.workloads.base import Arrival, SloSpec, Workload, WorkloadError, select_instances
+from clockwork.workloads.base import (
+    Arrival,
+    Params,
+    SloSpec,
+    Workload,
+    WorkloadError,
+    select_instances,
+)
 from clockwork.workloads.named_slo import (
     OPS,
     AzureScalability,
@@ -64,7 +71,7 @@ def poisson_times(rng: np.random.Generator, t0: int, t1: int,
     chunks of about ``CHUNK`` arrivals."""
     if not rate_rps > 0 or t1 <= t0:
         return
-    step = max(1, int(CHUNK / rate_rps * 1e9))
+    step = max(1, int(min(CHUNK / rate_rps * 1e9, t1 - t0)))  # (a tiny rate: one chunk)
     a = t0
     while a < t1:
         b = min(t1, a + step)
@@ -294,55 +301,10 @@ class BurstyExperiment(StreamWorkload):
 
 # ---------------------------------------------------------------- scenario entries
 
-class Params:
-    """Typed, validated access to a ``[[workloads]]`` entry; errors name the key."""
-
-    def __init__(self, spec: dict) -> None:
-        self.spec = spec
-        self.kind = spec.get("kind", "?")
-
-    def num(self, key: str, default: float | None = None) -> float:
-        if key not in self.spec:
-            if default is None:
-                raise WorkloadError(f"{self.kind} workload needs {key}")
-            return float(default)
-        v = self.spec[key]
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-            raise WorkloadError(f"{key} must be a finite number, got {v!r}")
-        return float(v)
-
-    def opt_num(self, key: str) -> float | None:
-        return self.num(key) if key in self.spec else None
-
-    def integer(self, key: str, default: int) -> int:
-        v = self.spec.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise WorkloadError(f"{key} must be an integer, got {v!r}")
-        return v
-
-    def flag(self, key: str, default: bool) -> bool:
-        v = self.spec.get(key, default)
-        if not isinstance(v, bool):
-            raise WorkloadError(f"{key} must be true or false, got {v!r}")
-        return v
-
-    def choice(self, key: str, default: str, choices: Sequence[str]) -> str:
-        v = self.spec.get(key, default)
-        if v not in choices:
-            raise WorkloadError(f"{key} must be one of {', '.join(choices)}, got {v!r}")
-        return v
-
-    def slo(self, prefix: str = "") -> SloSpec:
-        ms, fac = f"{prefix}slo_ms", f"{prefix}slo_factor"
-        try:
-            return SloSpec(self.opt_num(ms), self.opt_num(fac))
-        except WorkloadError as e:
-            raise WorkloadError(f"{ms}/{fac}: {e}") from None
-
-    def onoff(self) -> OnOff:
-        return OnOff(self.num("on_s"), self.num("off_s"),
-                     self.choice("periods", "exponential", PERIODS),
-                     self.choice("start", "random", STARTS))
+def _onoff(p: Params) -> OnOff:
+    """An entry's on/off periods (``on_s``, ``off_s``, ``periods``, ``start``)."""
+    return OnOff(p.num("on_s"), p.num("off_s"), p.choice("periods", "exponential", PERIODS),
+                 p.choice("start", "random", STARTS))
 
 
 def _base_model(instance: str) -> str:
@@ -404,13 +366,13 @@ def _stepped_slo(p: Params) -> SteppedSlo:
 
 def build_bursty(spec: dict, models: list[str]) -> Workload:
     p = Params(spec)
-    return BurstyOpenLoop(models, p.num("burst_rps"), p.onoff(), p.num("rate_rps", 0.0),
+    return BurstyOpenLoop(models, p.num("burst_rps"), _onoff(p), p.num("rate_rps", 0.0),
                           p.flag("independent", False), p.slo())
 
 
 def build_bursty_closed(spec: dict, models: list[str]) -> Workload:
     p = Params(spec)
-    return BurstyClosedLoop(models, p.integer("concurrency", 1), p.onoff(), p.slo(),
+    return BurstyClosedLoop(models, p.integer("concurrency", 1), _onoff(p), p.slo(),
                             p.num("think_ms", 0.0), p.num("retry_ms", 1.0))
 
 

@@ -30,11 +30,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from clockwork.time import MAX_SLO_MS, ms
 from clockwork.workloads.azure_replay import AzureReplay
 from clockwork.workloads.base import Arrival, SloSpec, Workload, WorkloadError
 from clockwork.workloads.basic import ClosedLoop, OpenLoop
 
 OPS = ("mul", "add")
+
+
+MAX_SLO_NS = ms(MAX_SLO_MS)
 
 
 class StepSchedule:
@@ -107,8 +111,13 @@ class SteppedSlo:
         return max(0, (t - self.t0) // self.schedule.period)
 
     def slo_ns(self, k: int, instance: str) -> int:
+        """Period ``k``'s SLO, in ns: at least 1 ns (0 would mean the controller's
+        default) and at most a day (a schedule that grows without a maximum stops there)."""
         v = self.schedule.value(k)
-        return round(v * 1e6) if self.absolute else round(v * self.exec1[instance])
+        ns = v * 1e6 if self.absolute else v * self.exec1[instance]
+        if not ns < MAX_SLO_NS:  # (grown past a day, to infinity even)
+            return MAX_SLO_NS
+        return max(1, round(ns))
 
     def at(self, t: int, instance: str) -> int:
         return self.slo_ns(self.period_at(t), instance)

@@ -21,7 +21,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     except (ScenarioError, ValueError, OSError) as e:
         print(f"clockwork simulate: {e}", file=sys.stderr)
         return 2
-    res = sim.run()
+    try:
+        res = sim.run()
+    except RuntimeError as e:  # requests still unanswered when drain_s ran out
+        print(f"clockwork simulate: {e}", file=sys.stderr)
+        return 1
     if res.telemetry.spill_error is not None:
         print(f"clockwork simulate: warning: rows stopped going to --spill-dir "
               f"({res.telemetry.spill_error}); the rest were kept in memory", file=sys.stderr)
@@ -65,7 +69,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         from clockwork.telemetry import timeline
 
         try:
-            rows = timeline(f.parent, args.timeline)
+            d = s.get("duration_s")
+            rows = timeline(f.parent, args.timeline,
+                            d if isinstance(d, int | float) and d > 0 else None)
         except (FileNotFoundError, ValueError) as e:
             print(f"clockwork report: {e}", file=sys.stderr)
             return 2
