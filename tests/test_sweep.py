@@ -211,6 +211,26 @@ def test_point_names_are_stable():
     assert len(long.name) <= 96 + 11 and os.sep not in long.name
 
 
+def test_a_points_command_runs_as_written_from_any_folder(tmp_path, monkeypatch, capsys):
+    """point.json's command: a shipped scenario by its name, a file by its full path (the
+    sweep file named it relative to its own folder, which need not be the current one)."""
+    import shlex
+    import shutil
+
+    from clockwork.resources import resolve_scenario
+
+    here = tmp_path / "sweeps"
+    here.mkdir()
+    shutil.copy(resolve_scenario("poisson_warm"), here / "mine.toml")
+    p = Point("mine.toml", str(here / "mine.toml"), ("duration_s=1",))
+    monkeypatch.chdir(tmp_path)  # not the scenario's folder
+    argv = shlex.split(p.command())
+    assert argv[:2] == ["clockwork", "simulate"] and argv[2] == str(here / "mine.toml")
+    assert main(argv[1:] + ["--quiet"]) == 0
+    assert Point("poisson_warm", "/x/poisson_warm.toml").command() == \
+        "clockwork simulate poisson_warm"
+
+
 def test_plot_without_matplotlib_says_what_to_install(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     f = tmp_path / "s.toml"

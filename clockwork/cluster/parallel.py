@@ -113,11 +113,14 @@ class Point:
         return f"{readable or 'point'}-{self.key}"
 
     def command(self) -> str:
-        """The ``clockwork simulate`` command line that runs this point alone."""
+        """The ``clockwork simulate`` command line that runs this point alone, from any
+        folder: a shipped scenario by its name, a file by its path as found."""
         import shlex
 
+        shipped = "/" not in self.scenario and not self.scenario.endswith(".toml")
+        scenario = self.scenario if shipped else str(Path(self.path).resolve())
         sets = " ".join(f"--set {shlex.quote(o)}" for o in self.overrides)
-        return f"clockwork simulate {shlex.quote(self.scenario)}" + (f" {sets}" if sets else "")
+        return f"clockwork simulate {shlex.quote(scenario)}" + (f" {sets}" if sets else "")
 
 
 @dataclass
