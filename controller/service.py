@@ -490,7 +490,8 @@ class ControllerNode:
         """One ClockSync round trip -> (sent, response, received); with a cluster secret
         the worker's answer counts only if it proves the secret."""
         auth = self.cluster_auth
-        md, nonce = auth.call_metadata(WORKER_CLOCK_SYNC) if auth is not None else (None, "")
+        md, nonce = (auth.call_metadata(WORKER_CLOCK_SYNC, link.address) if auth is not None
+                     else (None, ""))
         t0 = now_ns()
         call = stub.ClockSync(pb.ClockSyncRequest(controller_time=t0), timeout=2.0, metadata=md)
         try:
@@ -509,7 +510,7 @@ class ControllerNode:
         auth = self.cluster_auth
         if auth is None:
             return stub.Connect()
-        md, nonce = auth.call_metadata(WORKER_CONNECT)
+        md, nonce = auth.call_metadata(WORKER_CONNECT, link.address)
         call = stub.Connect(metadata=md)
         try:
             got = await asyncio.wait_for(call.initial_metadata(), 5.0)
@@ -527,7 +528,7 @@ class ControllerNode:
         return call
 
     def _check_worker(self, link: WorkerLink, method: str, nonce: str, metadata) -> None:
-        if not self.cluster_auth.worker_proved(method, nonce, metadata):
+        if not self.cluster_auth.worker_proved(method, nonce, metadata, link.address):
             self._refuse_worker(link, f"worker {link.address}: it did not prove the cluster "
                                 "secret (a worker without it, or with another one)")
 

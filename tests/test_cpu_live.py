@@ -193,7 +193,7 @@ def test_load_model_from_disk(cluster, packages):
     auth = ClusterAuth(cluster.cluster_secret.encode())  # the worker obeys only its controller
 
     def md():
-        return auth.call_metadata(WORKER_LOAD)[0]
+        return auth.call_metadata(WORKER_LOAD, cluster.worker_addresses[0])[0]
 
     with grpc.insecure_channel(cluster.worker_addresses[0]) as ch:
         stub = pbg.WorkerStub(ch)

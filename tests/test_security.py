@@ -40,6 +40,7 @@ from clockwork.protocol.security import (  # noqa: E402
     WORKER_CONNECT,
     WORKER_LOAD,
     ClusterAuth,
+    answers_to,
     bearer_ok,
     is_loopback,
 )
@@ -369,10 +370,17 @@ def test_fake_controller_cannot_drive_a_worker(plain_cluster):
     addr = plain_cluster.worker_addresses[0]
     wrong = ClusterAuth(b"not-the-cluster-secret-0123456789")
     right = ClusterAuth(_secret(plain_cluster))
+    host, port = addr.rsplit(":", 1)
+    other = f"{host}:{int(port) + 1}"  # another worker's address, on this machine
     with grpc.insecure_channel(addr) as ch:
         stub = pbg.WorkerStub(ch)
-        for md in (None, wrong.call_metadata(WORKER_CONNECT)[0],
-                   right.call_metadata(WORKER_CLOCK_SYNC)[0]):  # a proof for another call
+        for md in (None, wrong.call_metadata(WORKER_CONNECT, addr)[0],
+                   right.call_metadata(WORKER_CLOCK_SYNC, addr)[0],  # a proof for another call
+                   # the right secret, made for another worker: what a process the
+                   # controller dialled at that address (AddWorker, a port taken over)
+                   # would relay here
+                   right.call_metadata(WORKER_CONNECT, other)[0],
+                   right.call_metadata(WORKER_CONNECT, "192.0.2.7:" + port)[0]):
             call = stub.Connect(iter([pb.ControllerMessage(hello=pb.Hello(worker_id=0,
                                                                           reset=True))]),
                                 metadata=md, timeout=TIMEOUT)
@@ -382,16 +390,23 @@ def test_fake_controller_cannot_drive_a_worker(plain_cluster):
         for method, rpc, req in ((WORKER_CLOCK_SYNC, stub.ClockSync, pb.ClockSyncRequest()),
                                  (WORKER_LOAD, stub.LoadModelFromDisk,
                                   pb.LoadModelFromDiskRequest(name="x", path="mlp"))):
-            for md in (None, wrong.call_metadata(method)[0]):
+            for md in (None, wrong.call_metadata(method, addr)[0],
+                       right.call_metadata(method, other)[0]):
                 with pytest.raises(grpc.RpcError) as e:
                     rpc(req, metadata=md, timeout=TIMEOUT)
                 assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
         # with the secret: answered, and the worker proves it back
-        md, nonce = right.call_metadata(WORKER_CLOCK_SYNC)
+        md, nonce = right.call_metadata(WORKER_CLOCK_SYNC, addr)
         r, call = stub.ClockSync.with_call(pb.ClockSyncRequest(), metadata=md, timeout=TIMEOUT)
         assert r.worker_time > 0
-        assert right.worker_proved(WORKER_CLOCK_SYNC, nonce, call.initial_metadata())
-        assert not wrong.worker_proved(WORKER_CLOCK_SYNC, nonce, call.initial_metadata())
+        assert right.worker_proved(WORKER_CLOCK_SYNC, nonce, call.initial_metadata(), addr)
+        assert not wrong.worker_proved(WORKER_CLOCK_SYNC, nonce, call.initial_metadata(), addr)
+        # its proof is for this address only: no good for a call made to another one
+        assert not right.worker_proved(WORKER_CLOCK_SYNC, nonce, call.initial_metadata(),
+                                       other)
+        # the same worker by another name of this machine: accepted
+        md, _ = right.call_metadata(WORKER_CLOCK_SYNC, f"localhost:{port}")
+        assert stub.ClockSync(pb.ClockSyncRequest(), metadata=md, timeout=TIMEOUT).worker_time
         # the same metadata again: a replay
         with pytest.raises(grpc.RpcError) as e:
             stub.ClockSync(pb.ClockSyncRequest(), metadata=md, timeout=TIMEOUT)
@@ -479,14 +494,14 @@ def test_worker_tls_with_client_certificates(pki):
             with ch:
                 with pytest.raises(grpc.RpcError) as e:
                     pbg.WorkerStub(ch).ClockSync(
-                        pb.ClockSyncRequest(), metadata=auth.call_metadata(WORKER_CLOCK_SYNC)[0],
-                        timeout=3)
+                        pb.ClockSyncRequest(),
+                        metadata=auth.call_metadata(WORKER_CLOCK_SYNC, addr)[0], timeout=3)
                 assert e.value.code() == grpc.StatusCode.UNAVAILABLE
         creds = grpc.ssl_channel_credentials(_read(pki.ca), _read(pki.client_key),
                                              _read(pki.client_cert))
         with grpc.secure_channel(addr, creds) as ch:  # a client certificate and the secret
             r = pbg.WorkerStub(ch).ClockSync(
-                pb.ClockSyncRequest(), metadata=auth.call_metadata(WORKER_CLOCK_SYNC)[0],
+                pb.ClockSyncRequest(), metadata=auth.call_metadata(WORKER_CLOCK_SYNC, addr)[0],
                 timeout=TIMEOUT)
             assert r.worker_time > 0
 
@@ -528,7 +543,7 @@ def test_packages_load_only_from_the_package_directory(tmp_path):
             def load(path: str) -> grpc.RpcError:
                 with pytest.raises(grpc.RpcError) as e:
                     stub.LoadModelFromDisk(pb.LoadModelFromDiskRequest(name="m", path=path),
-                                           metadata=auth.call_metadata(WORKER_LOAD)[0],
+                                           metadata=auth.call_metadata(WORKER_LOAD, addr)[0],
                                            timeout=TIMEOUT)
                 assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
                 return e.value.details()
@@ -631,16 +646,33 @@ def test_helpers():
     assert not bearer_ok(None, t) and not bearer_ok("Basic " + "a" * 20, t)
     assert not bearer_ok("Bearer " + "a" * 19, t) and not bearer_ok("a" * 20, t)
     a, b = ClusterAuth(b"k" * 20), ClusterAuth(b"k" * 20)
-    md, nonce = a.call_metadata(WORKER_CONNECT)
-    assert b.check_controller(WORKER_CONNECT, md) == (None, nonce)
+    w = "10.0.0.5:12345"
+    md, nonce = a.call_metadata(WORKER_CONNECT, w)
+    assert b.check_controller(WORKER_CONNECT, md) == (None, nonce, w)
     assert b.check_controller(WORKER_CONNECT, md)[0] == "replayed cluster credentials"
-    md, _ = a.call_metadata(WORKER_CONNECT)
+    md, _ = a.call_metadata(WORKER_CONNECT, w)
     assert b.check_controller(WORKER_LOAD, md)[0] == "wrong cluster credentials"
+    md, _ = a.call_metadata(WORKER_CONNECT, w)  # the target cannot be changed on the way
+    forged = tuple((k, "10.0.0.6:12345" if k == "x-clockwork-target" else v) for k, v in md)
+    assert b.check_controller(WORKER_CONNECT, forged)[0] == "wrong cluster credentials"
+    md, _ = a.call_metadata(WORKER_CONNECT, w)  # a proof for another worker: refused there
+    assert "made for another worker" in b.check_controller(
+        WORKER_CONNECT, md, lambda t: t == "10.0.0.6:12345")[0]
     late = ClusterAuth(b"k" * 20, clock=lambda: time.time() + 3600)
-    md, _ = a.call_metadata(WORKER_CONNECT)
+    md, _ = a.call_metadata(WORKER_CONNECT, w)
     assert "stale" in late.check_controller(WORKER_CONNECT, md)[0]
-    assert a.worker_proved(WORKER_CONNECT, nonce, b.worker_metadata(WORKER_CONNECT, nonce))
-    assert not a.worker_proved(WORKER_CONNECT, nonce, ())
+    assert a.worker_proved(WORKER_CONNECT, nonce, b.worker_metadata(WORKER_CONNECT, nonce, w),
+                           w)
+    assert not a.worker_proved(WORKER_CONNECT, nonce,
+                               b.worker_metadata(WORKER_CONNECT, nonce, w), "10.0.0.6:1")
+    assert not a.worker_proved(WORKER_CONNECT, nonce, (), w)
+    # which addresses a worker answers to: its port on a name or address of this machine,
+    # or an address it was told it is reached at (--advertise)
+    assert answers_to("127.0.0.1:7000", 7000) and answers_to("localhost:7000", 7000)
+    assert answers_to("[::1]:7000", 7000) or not socket.has_ipv6
+    assert not answers_to("127.0.0.1:7001", 7000) and not answers_to("192.0.2.7:7000", 7000)
+    assert not answers_to("no-such-host.invalid:7000", 7000) and not answers_to("x", 7000)
+    assert answers_to("gateway.example:80", 7000, ("gateway.example:80",))
 
 
 
@@ -654,12 +686,12 @@ def test_worker_forgets_old_nonces_without_letting_them_replay(monkeypatch):
     sent = []
     for _ in range(5):
         now[0] += 0.01
-        md, _ = ctl.call_metadata(WORKER_CLOCK_SYNC)
+        md, _ = ctl.call_metadata(WORKER_CLOCK_SYNC, "w:1")
         sent.append(md)
         assert wrk.check_controller(WORKER_CLOCK_SYNC, md)[0] is None
     assert len(wrk._seen) == 3  # bounded: the two oldest were forgotten ...
     for md in sent:  # ... and still cannot be replayed, nor can the remembered ones
         assert wrk.check_controller(WORKER_CLOCK_SYNC, md)[0] == "replayed cluster credentials"
     now[0] += 10 * security.FRESH_S  # all expire; a fresh call is accepted
-    md, _ = ctl.call_metadata(WORKER_CLOCK_SYNC)
+    md, _ = ctl.call_metadata(WORKER_CLOCK_SYNC, "w:1")
     assert wrk.check_controller(WORKER_CLOCK_SYNC, md)[0] is None and len(wrk._seen) == 1

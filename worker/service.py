@@ -61,6 +61,7 @@ from clockwork.protocol.security import (
     Refusals,
     SecurityError,
     TlsFiles,
+    answers_to,
     cluster_secret,
     exposure_error,
 )
@@ -502,11 +503,18 @@ def _open_device(kind: str, pages: int, index: int = 0):
 
 
 class WorkerServicer(pbg.WorkerServicer):
-    def __init__(self, node: WorkerNode, link_port: int = 0) -> None:
+    def __init__(self, node: WorkerNode, link_port: int = 0, port: int = 0,
+                 advertise: tuple[str, ...] = ()) -> None:
         self.node = node
         self._session: _Session | None = None  # the controller connection that owns us
         self.link_port = link_port  # the fast link's port (0: not offered)
+        self.port = port  # the gRPC port it listens on (set once bound)
+        self.advertise = advertise  # other addresses it is reached as (--advertise)
         self._refused = Refusals("worker")
+
+    def _is_me(self, target: str) -> bool:
+        """Whether the controller's proof was made for this worker's address."""
+        return answers_to(target, self.port, self.advertise)
 
     async def _authorize(self, context, method: str) -> None:
         """With a cluster secret: refuse a call without the controller's proof
@@ -515,12 +523,13 @@ class WorkerServicer(pbg.WorkerServicer):
         auth = self.node.cluster_auth
         if auth is None:
             return
-        why, nonce = auth.check_controller(method, context.invocation_metadata())
+        why, nonce, target = auth.check_controller(method, context.invocation_metadata(),
+                                                   self._is_me)
         if why is not None:
             self._refused(f"{method.rpartition('/')[2]} from {context.peer()}: {why}")
             await context.abort(grpc.StatusCode.UNAUTHENTICATED,
                                 "cluster authentication failed")
-        await context.send_initial_metadata(auth.worker_metadata(method, nonce))
+        await context.send_initial_metadata(auth.worker_metadata(method, nonce, target))
 
     async def ClockSync(self, request, context):  # noqa: N802
         await self._authorize(context, WORKER_CLOCK_SYNC)
@@ -701,19 +710,23 @@ class _Session:
 
 async def serve_worker(host: str, port: int, node: WorkerNode, ready=None,
                        stop: asyncio.Event | None = None, tls: TlsFiles | None = None,
-                       link_port: int = 0) -> None:
+                       link_port: int = 0, advertise: tuple[str, ...] = ()) -> None:
     """Serve until ``stop``; with ``tls`` the port speaks TLS only (and asks the controller
     for a client certificate when ``tls.ca`` is set). ``link_port``: where the fast link
     (``clockwork.protocol.framing``) listens (0: a free port; -1: no fast link; with
     ``tls`` it speaks TLS too, with the same certificate and client-certificate rule).
-    ``ready(port, link_port)`` is called once both listen (link_port 0: none)."""
+    ``ready(port, link_port)`` is called once both listen (link_port 0: none).
+    ``advertise``: addresses (``HOST:PORT``) the controller may dial it at besides this
+    machine's names and ``port`` (a NAT, a container's port mapping): with a cluster
+    secret, the controller's proof must name one of them."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
                                       ("grpc.max_send_message_length", 64 << 20),
                                       *LISTEN_OPTIONS, *keepalive.SERVER])
-    servicer = WorkerServicer(node)
+    servicer = WorkerServicer(node, advertise=tuple(advertise))
     pbg.add_WorkerServicer_to_server(servicer, server)
     bound = bind_grpc(server, host, port, "--port",
                       tls.grpc_credentials() if tls is not None else None)
+    servicer.port = bound
     link = None
     if link_port >= 0:
         tls_link = {} if tls is None else {"ssl": tls.ssl_context(alpn=()),
@@ -788,7 +801,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         def ready(port: int, link_port: int) -> None:
             print(listening_line(args, node, port, link_port), flush=True)
 
-        await serve_worker(args.host, args.port, node, ready, stop, tls, args.link_port)
+        await serve_worker(args.host, args.port, node, ready, stop, tls, args.link_port,
+                           tuple(args.advertise))
 
     try:
         run_precise(main())

@@ -62,6 +62,7 @@ NONCE_KEY = "x-clockwork-nonce"
 TIME_KEY = "x-clockwork-time"
 PROOF_KEY = "x-clockwork-auth"
 WORKER_PROOF_KEY = "x-clockwork-worker-auth"
+TARGET_KEY = "x-clockwork-target"  # the worker address the controller dialled (HOST:PORT)
 
 WORKER_CONNECT = "/clockwork.v1.Worker/Connect"
 WORKER_CLOCK_SYNC = "/clockwork.v1.Worker/ClockSync"
@@ -401,16 +402,19 @@ class ClusterAuth:
 
     # the controller's side
 
-    def call_metadata(self, method: str) -> tuple[tuple[tuple[str, str], ...], str]:
-        """(metadata for a call to ``method``, its nonce): prove we know the secret."""
+    def call_metadata(self, method: str, target: str
+                      ) -> tuple[tuple[tuple[str, str], ...], str]:
+        """(metadata for a call to ``method`` on the worker at ``target``, the address
+        dialled, its nonce): prove we know the secret, to that worker only."""
         nonce = secrets.token_hex(16)
         t = str(int(self._clock() * 1000))
-        proof = _mac(self._key, "clockwork-v1 controller", method, t, nonce)
-        return ((NONCE_KEY, nonce), (TIME_KEY, t), (PROOF_KEY, proof)), nonce
+        proof = _mac(self._key, "clockwork-v2 controller", method, target, t, nonce)
+        return ((NONCE_KEY, nonce), (TIME_KEY, t), (TARGET_KEY, target),
+                (PROOF_KEY, proof)), nonce
 
-    def worker_proved(self, method: str, nonce: str, metadata) -> bool:
+    def worker_proved(self, method: str, nonce: str, metadata, target: str) -> bool:
         """Whether the worker's initial metadata proves the secret for this call."""
-        want = _mac(self._key, "clockwork-v1 worker", method, nonce).encode()
+        want = _mac(self._key, "clockwork-v2 worker", method, target, nonce).encode()
         for key, value in metadata or ():
             if key == WORKER_PROOF_KEY:
                 v = value.encode("latin-1", "replace") if isinstance(value, str) else value
@@ -419,23 +423,31 @@ class ClusterAuth:
 
     # the worker's side
 
-    def check_controller(self, method: str, metadata) -> tuple[str | None, str]:
-        """(why the call is refused or None, its nonce). An accepted nonce is remembered, so
-        the same metadata is refused the second time."""
+    def check_controller(self, method: str, metadata, is_me=None
+                         ) -> tuple[str | None, str, str]:
+        """(why the call is refused or None, its nonce, the target it was made for). An
+        accepted nonce is remembered, so the same metadata is refused the second time.
+        ``is_me(target)``: whether the address the proof was made for is this worker's
+        (a proof the controller made for another address, relayed here by whoever it
+        dialled there, is refused)."""
         md = {k: v for k, v in metadata or () if isinstance(v, str)}
         nonce, t, proof = md.get(NONCE_KEY, ""), md.get(TIME_KEY, ""), md.get(PROOF_KEY, "")
+        target = md.get(TARGET_KEY, "")
         if not (nonce or t or proof):
-            return "no cluster credentials", ""
-        if not _NONCE.fullmatch(nonce) or not t.isdigit():
-            return "malformed cluster credentials", ""
-        want = _mac(self._key, "clockwork-v1 controller", method, t, nonce)
+            return "no cluster credentials", "", ""
+        if not _NONCE.fullmatch(nonce) or not t.isdigit() or len(target) > 300:
+            return "malformed cluster credentials", "", ""
+        want = _mac(self._key, "clockwork-v2 controller", method, target, t, nonce)
         if not hmac.compare_digest(proof.encode("latin-1", "replace"), want.encode()):
-            return "wrong cluster credentials", ""
+            return "wrong cluster credentials", "", ""
+        if is_me is not None and not is_me(target):
+            return (f"cluster credentials made for another worker ({target!r}; relayed?)",
+                    "", "")
         now = self._clock()
         ts = int(t)
         if abs(now - ts / 1000) > FRESH_S:
             return (f"stale cluster credentials (the clocks differ by more than "
-                    f"{FRESH_S:.0f} s?)"), ""
+                    f"{FRESH_S:.0f} s?)"), "", ""
         seen = self._seen
         while seen:  # forget the expired (and, past MAX_NONCES, the oldest): O(1) a call
             first = next(iter(seen.values()))
@@ -444,11 +456,58 @@ class ClusterAuth:
             seen.popitem(last=False)
             self._floor = max(self._floor, first[1])
         if nonce in seen or ts <= self._floor:
-            return "replayed cluster credentials", ""
+            return "replayed cluster credentials", "", ""
         seen[nonce] = (now + 3 * FRESH_S, ts)  # by then ts is older than any fresh call
-        return None, nonce
+        return None, nonce, target
 
-    def worker_metadata(self, method: str, nonce: str) -> tuple[tuple[str, str], ...]:
+    def worker_metadata(self, method: str, nonce: str, target: str
+                        ) -> tuple[tuple[str, str], ...]:
         """The worker's proof for an accepted call (its response's initial metadata)."""
-        return ((WORKER_PROOF_KEY, _mac(self._key, "clockwork-v1 worker", method, nonce)),)
+        return ((WORKER_PROOF_KEY,
+                 _mac(self._key, "clockwork-v2 worker", method, target, nonce)),)
+
+
+def split_address(address: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` (``[v6]:PORT`` too) -> (host, port), or None when it is not one."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return (host[1:-1] if host.startswith("[") and host.endswith("]") else host), int(port)
+
+
+_LOCAL_HOSTS: OrderedDict[str, bool] = OrderedDict()  # host -> local?, the most recent
+
+
+def is_local_host(host: str) -> bool:
+    """Whether ``host`` (a name or an address) names this machine: one of the addresses
+    it resolves to can be bound here. Remembered for the 256 most recent names."""
+    got = _LOCAL_HOSTS.get(host)
+    if got is None:
+        got = False
+        try:
+            infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+        except (OSError, UnicodeError):
+            infos = []
+        for family, _, _, _, sa in infos:
+            try:
+                with socket.socket(family, socket.SOCK_STREAM) as s:
+                    s.bind((sa[0], 0))
+                got = True
+                break
+            except OSError:
+                continue
+        _LOCAL_HOSTS[host] = got
+        while len(_LOCAL_HOSTS) > 256:
+            _LOCAL_HOSTS.popitem(last=False)
+    return got
+
+
+def answers_to(target: str, port: int, advertised: tuple[str, ...] = ()) -> bool:
+    """Whether a worker listening on ``port`` of this machine, or reached as one of
+    ``advertised`` (``--advertise``: an address behind a NAT or port mapping), is the
+    worker at ``target``."""
+    if target in advertised:
+        return True
+    hp = split_address(target)
+    return hp is not None and hp[1] == port and is_local_host(hp[0])
 

@@ -365,6 +365,12 @@ def add_worker(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=t.port, default=12345,
                    help="port (default 12345; 0 picks a free one; printed)")
+    p.add_argument("--advertise", type=t.address, action="append", default=[],
+                   metavar="HOST:PORT",
+                   help="an address the controller reaches this worker at that is not "
+                   "this machine's name and --port (a NAT, a container's port mapping); "
+                   "with a cluster secret the controller's proof names the address it "
+                   "dialled, and a proof for any other worker is refused (repeatable)")
     p.add_argument("--link-port", type=t.optional_port, default=0,
                    help="port of the fast link: the controller sends actions and reads "
                    "results on a TCP connection here instead of the gRPC stream, after "
