@@ -103,6 +103,7 @@ _SENT_KEY = {t: f"{t.name.lower()}_sent" for t in ActionType}
 _RESULT_KEY = {t: (f"{t.name.lower()}_rejected", f"{t.name.lower()}_ok") for t in ActionType}
 _STATUS_NAME = {s: s.name.lower() for s in RequestStatus}
 _STATUS_KEY = {s: f"requests_{s.name.lower()}" for s in RequestStatus}
+SHUTDOWN_MESSAGE = "controller is shutting down"
 LOG_FLUSH_S = 1.0  # --log-flush-s: a crash loses at most this much of the logs
 LOG_ROWS_PER_STEP = 256  # log rows formatted and written between turns of the event loop
 RECONNECT_S = 0.25  # between attempts to reach a lost worker again
@@ -899,7 +900,17 @@ class ControllerNode:
             if tel is not None:
                 r.slo = r.slo or self.cfg.default_slo
                 tel.reply(rep)
-            r.tag(self._response(rep, r))
+            try:
+                resp = self._response(rep, r)
+            except Exception as e:  # noqa: BLE001 - a bug: still one answer, ERROR
+                self.count("replies_bad_answer")
+                print(f"controller: building the answer to request {r.id} failed: {e!r}",
+                      file=sys.stderr, flush=True)
+                msg = "internal error"
+                resp = (Answer(RequestStatus.ERROR, msg, gpu=rep.gpu) if r.typed
+                        else pb.InferResponse(status=RequestStatus.ERROR, message=msg,
+                                              gpu=rep.gpu))
+            r.tag(resp)
 
     def _response(self, rep: Reply, r: Request):
         """The answer to deliver: a ``pb.InferResponse``, or an ``Answer`` for a typed
@@ -926,6 +937,8 @@ class ControllerNode:
         if status == RequestStatus.INVALID_REQUEST and (
                 r.model not in self.profiles or r.model in self.unloading):
             reason = "unknown_model"  # (also: its model was unloaded meanwhile)
+        elif status == RequestStatus.ERROR and rep.message == SHUTDOWN_MESSAGE:
+            reason = "shutdown"
         if r.typed:
             return Answer(int(status), rep.message, reason, outs, latency, rep.batch_size,
                           rep.gpu, r.cold)
@@ -961,9 +974,10 @@ class ControllerNode:
         self.next_id += 1
         self.count("requests")
         if self._stopping:
+            self.count(_STATUS_KEY[RequestStatus.ERROR])
             deliver(pb.InferResponse(status=RequestStatus.ERROR, reason="shutdown",
-                                     message="controller is shutting down",
-                                     client_id=req.client_id, gpu=-1))
+                                     message=SHUTDOWN_MESSAGE, client_id=req.client_id,
+                                     gpu=-1))
             return None
         prof = self.profiles.get(req.model)
         bad = inputs = None
@@ -1009,9 +1023,11 @@ class ControllerNode:
             self._tick_handle.cancel()
         for t in list(self._unloads):
             t.cancel()
-        for r in list(self.pending.values()):
-            r.tag(pb.InferResponse(status=RequestStatus.ERROR, reason="shutdown",
-                                   message="controller is shutting down", gpu=-1))
+        # the requests still waiting: answered ERROR/shutdown as any answer is (counted,
+        # in the metrics and the request log)
+        now = now_ns()
+        self._answer([Reply(r, RequestStatus.ERROR, now, SHUTDOWN_MESSAGE)
+                      for r in list(self.pending.values())])
         self.pending.clear()
         for link in self.links:
             for t in link.tasks:

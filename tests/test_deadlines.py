@@ -135,3 +135,35 @@ def test_a_killed_controller_loses_at_most_the_last_flush_of_its_logs(tmp_path):
     assert all(len(x.split("\t")) == 10 for x in lines)  # the header and whole rows only
     expected = sum(1 for t in answered_at if t < killed - 0.5 - 0.2)
     assert len(lines) - 1 >= expected > 500
+
+
+def test_requests_a_stopping_controller_answers_are_in_its_log(tmp_path):
+    """SIGTERM to the controller while requests wait (their worker is stopped): each is
+    answered ERROR/shutdown, once, and each is a row of its requests.tsv (the answers of
+    a stop went around the log and the counters)."""
+    logs = tmp_path / "logs"
+    with local_cluster(workers=1, gpus=1, models="mobilenet_v2",
+                       controller_args=["--log-dir", str(logs)]) as c:
+        async def run():
+            async with clockwork.AsyncClient(c.address, timeout=10) as cl:
+                assert (await cl.infer("mobilenet_v2", slo_ms=500)).status == 0
+                os.kill(c.workers[0].proc.pid, signal.SIGSTOP)
+                try:
+                    s = cl.stream()
+                    futs = [s.submit("mobilenet_v2", slo_ms=20_000, skip_outputs=True)
+                            for _ in range(20)]
+                    while (await cl._stub.Stats(pb.StatsRequest())).outstanding < 20:
+                        await asyncio.sleep(0.02)
+                    c.controller.proc.send_signal(signal.SIGTERM)
+                    done = await asyncio.gather(*futs, return_exceptions=True)
+                finally:
+                    os.kill(c.workers[0].proc.pid, signal.SIGCONT)
+                return done
+
+        done = asyncio.run(asyncio.wait_for(run(), 30))
+        assert c.controller.proc.wait(20) == 0
+    shutdown = [r for r in done if not isinstance(r, BaseException) and r.reason == "shutdown"]
+    assert len(shutdown) == 20 and all(r.status == 1 for r in shutdown), done
+    rows = [x.split("\t") for x in (logs / "requests.tsv").read_text().splitlines()[1:]]
+    assert len(rows) == 21, rows  # the first success and the 20
+    assert sorted(r[5] for r in rows) == ["ERROR"] * 20 + ["SUCCESS"], rows

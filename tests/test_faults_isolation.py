@@ -466,6 +466,34 @@ def test_stream_over_its_outstanding_limit_is_answered_overloaded(profiles):
     assert isinstance(err, Overloaded)
 
 
+def test_a_stream_whose_client_clock_lies_is_answered_and_ends(profiles):
+    """``client_time_ns`` at the ends of int64 (a message stamped far in the future, then
+    one far in the past): its requests are answered (late: TIMEOUT), the stream ends, and
+    nothing stays outstanding. (It once made a latency beyond int64: the reply was lost,
+    the stream hung and its slot of global_outstanding was never given back.)"""
+    with _cluster(profiles, "global_outstanding=2") as c:
+        async def main():
+            async with grpc.aio.insecure_channel(c.address) as ch:
+                stub = pbg.ClockworkStub(ch)
+
+                async def gen():
+                    yield pb.InferRequestBatch(client_time_ns=2**63 - 1)
+                    yield pb.InferRequestBatch(client_time_ns=-2**63, requests=[
+                        pb.InferRequest(model="slow", slo_ms=100, client_id=i)
+                        for i in (1, 2)])
+
+                got = []
+                async for b in stub.InferStream(gen(), timeout=10):
+                    got += [(r.client_id, r.status) for r in b.responses]
+                assert sorted(i for i, _ in got) == [1, 2] and all(s != 0 for _, s in got)
+            counters = await _settled(c.address)
+            assert counters.get("replies_bad_answer", 0) == 0
+            async with clockwork.AsyncClient(c.address, timeout=10) as cl:
+                assert (await cl.infer("slow", slo_ms=2000)).status == 0  # a slot is free
+
+        asyncio.run(asyncio.wait_for(main(), 30))
+
+
 # ---------------------------------------------------------------------- a bad worker
 
 

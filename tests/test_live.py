@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import numpy as np
 import pytest
@@ -225,3 +226,39 @@ def test_offset_estimate_and_wire_conversion():
                batch_size=4)
     b = msg_to_action(action_to_msg(a, link.offset))
     assert b.earliest == 5_000_100 and b.latest == NEVER and b.batch_size == 4
+
+
+def test_serve_replay_stops_on_ctrl_c():
+    """``clockwork serve SCENARIO --replay`` and SIGINT (Ctrl-C) mid-replay: it stops at
+    once (exit 130) and its processes are gone (it had run the whole replay first)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "clockwork.cluster.cli", "serve",
+                          "poisson_warm", "--replay", "--quiet", "--set", "duration_s=120",
+                          "--port", "0", "--worker-port", "0"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        for line in p.stderr:  # until the replay has begun
+            if "replaying" in line:
+                break
+        p.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 130 and "interrupted" in err, (p.returncode, err)
+        assert time.monotonic() - t0 < 20
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    left = []  # the processes of its session (the cluster's), from /proc
+    for d in os.listdir("/proc"):
+        try:
+            stat = open(f"/proc/{d}/stat").read()
+        except OSError:
+            continue
+        if d.isdigit() and int(stat.rpartition(")")[2].split()[3]) == p.pid:
+            left.append(d)
+    assert left == [], left

@@ -468,7 +468,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"clockwork serve: {e}", file=sys.stderr)
             return 1
         if getattr(args, "replay", False):
-            return _replay_against(cluster, sc, args)
+            return _replay_against(cluster, sc, args, stop)
         print(f"clockwork serve: controller at {cluster.address} ({cluster.shape()}: "
               f"{', '.join(cluster.worker_addresses)}); Ctrl-C stops", flush=True)
         print(f"controller listening on {cluster.address}", flush=True)
@@ -489,8 +489,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print("clockwork serve: stopped", file=sys.stderr, flush=True)
 
 
-def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace) -> int:
-    """``clockwork serve SCENARIO --replay``: drive the workloads, print the table, stop."""
+def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
+                    stop: threading.Event) -> int:
+    """``clockwork serve SCENARIO --replay``: drive the workloads, print the table, stop.
+    ``stop`` set (Ctrl-C, SIGTERM): the replay ends at once, exit 130."""
     import asyncio
 
     from clockwork.cluster.replay import replay
@@ -514,8 +516,22 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace) -> int:
         from clockwork.protocol.security import client_token
 
         token = client_token(getattr(args, "token", None), getattr(args, "token_file", None))
-        res = asyncio.run(replay(sc, cluster.address, 20000, progress, check,
-                                 on_start=faults.start if faults else None, token=token))
+
+        async def until_stopped():
+            task = asyncio.ensure_future(replay(
+                sc, cluster.address, 20000, progress, check,
+                on_start=faults.start if faults else None, token=token))
+            while not task.done():
+                if stop.is_set():  # (the signal handler only sets it)
+                    task.cancel()
+                    break
+                await asyncio.wait({task}, timeout=0.1)
+            return await task
+
+        res = asyncio.run(until_stopped())
+    except asyncio.CancelledError:
+        print("\nclockwork serve: interrupted; the replay stopped", file=sys.stderr)
+        return 130
     except (ScenarioError, ClockworkError, ValueError) as e:
         print(f"clockwork serve: {e}", file=sys.stderr)
         return 2
