@@ -123,6 +123,45 @@ def test_device_errors(packages):
         CpuDevice(1).register("r", packages["resnet_tiny"])
 
 
+def test_a_broken_package_is_refused_not_run(packages, tmp_path, capsys):
+    """A package whose library was cut short (a copy that stopped partway), is not a
+    library, or whose model.json lacks a key: the device refuses it (InvalidPackage) and
+    `clockwork profile` says so in one line, exit 2. Loading the cut library would have
+    killed the process (SIGBUS)."""
+    import shutil
+
+    from clockwork.models.package import LIBRARY, METADATA
+
+    src = packages["resnet_tiny"]
+    cases = {}
+    for name, change in (("cut", lambda d: (d / LIBRARY).write_bytes(
+                             (src / LIBRARY).read_bytes()[:2000])),
+                         ("cut_late", lambda d: (d / LIBRARY).write_bytes(
+                             (src / LIBRARY).read_bytes()[:-100])),
+                         ("garbage", lambda d: (d / LIBRARY).write_bytes(b"x" * 5000))):
+        d = tmp_path / name
+        shutil.copytree(src, d)
+        change(d)
+        cases[name] = d
+    for name, d in cases.items():
+        with pytest.raises(DeviceError, match="model.so"):
+            CpuDevice(1, PS).register("r", d)
+        capsys.readouterr()
+        assert main(["profile", "r", "--package", str(d), "--runs", "1", "--load-runs", "1",
+                     "--out", str(tmp_path / "p.json")]) == 2, name
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "model.so" in err, err
+    nokey = tmp_path / "nokey"
+    shutil.copytree(src, nokey)
+    meta = orjson.loads((nokey / METADATA).read_bytes())
+    del meta["weights_pages"]
+    (nokey / METADATA).write_bytes(orjson.dumps(meta))
+    assert main(["profile", "r", "--package", str(nokey), "--out", str(tmp_path / "p.json")]) == 2
+    assert "weights_pages" in capsys.readouterr().err
+    dev = CpuDevice(1, PS)  # the good one still goes
+    dev.register("r", src)
+
+
 def test_cli_compile_default_pages(tmp_path):
     out = tmp_path / "mlp"
     assert main(["compile", "mlp", "--device", "cpu", "--batch-sizes", "2,1", "--out",

@@ -68,6 +68,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     from clockwork.models.package import PackageError
     from clockwork.profiles import save_profile
+    from worker.devices.base import DeviceError
     from worker.profiling import profile_package
 
     if not _check_device("profile", args.device):
@@ -82,8 +83,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         try:
             prof = profile_package(package, runs=args.runs, load_runs=args.load_runs,
                                    device=args.device)
-        except PackageError as e:
-            print(f"clockwork profile: {e}", file=sys.stderr)
+        except (PackageError, DeviceError, KeyError) as e:  # a package it cannot run
+            why = f"model.json has no {e}" if isinstance(e, KeyError) else e
+            print(f"clockwork profile: {package}: {why}", file=sys.stderr)
             return 2
     out = Path(args.out) if args.out else Path("profiles") / args.device / f"{prof.model}.json"
     save_profile(prof, out)

@@ -170,6 +170,36 @@ def compile_model(name: str, batch_sizes: list[int], out: str | Path, target: st
         page_size=page_size, started=t0, extra={"seed": seed})
 
 
+# the keys of model.json a package cannot be read without
+REQUIRED = ("weights_pages", "page_size")
+
+
+def elf_problem(path: Path) -> str:
+    """Why the shared library at ``path`` cannot be loaded safely ("" if it can, as far as
+    its headers tell): not a 64-bit little-endian ELF file, or shorter than its headers
+    and loadable segments say (a copy cut short: loading it would kill the process with
+    SIGBUS when a page past the end is touched)."""
+    import struct
+
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(64)
+        if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+            return "not a 64-bit little-endian ELF shared library (compiled elsewhere?)"
+        phoff, shoff = struct.unpack_from("<QQ", head, 32)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", head, 54)
+        if phoff + phnum * phentsize > size or shoff + shnum * shentsize > size:
+            return f"{size} bytes, shorter than its headers say (cut short?)"
+        f.seek(phoff)
+        table = f.read(phnum * phentsize)
+    for i in range(phnum):
+        p_type, _, p_offset, _, _, p_filesz = struct.unpack_from("<IIQQQQ", table,
+                                                                 i * phentsize)
+        if p_type == 1 and p_offset + p_filesz > size:  # PT_LOAD
+            return f"{size} bytes, shorter than its segments say (cut short?)"
+    return ""
+
+
 def read_package(path: str | Path) -> dict:
     """The metadata of the package at ``path``, checked against the files."""
     p = Path(path)
@@ -179,8 +209,12 @@ def read_package(path: str | Path) -> dict:
         raise PackageError(f"{p} is not a model package (no {METADATA})") from None
     except orjson.JSONDecodeError as e:
         raise PackageError(f"{p / METADATA}: not valid JSON ({e})") from e
-    if meta.get("format") != FORMAT:
-        raise PackageError(f"{p}: package format {meta.get('format')!r}, expected {FORMAT}")
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else meta
+        raise PackageError(f"{p}: package format {got!r}, expected {FORMAT}")
+    missing = [k for k in REQUIRED if k not in meta]
+    if missing:
+        raise PackageError(f"{p / METADATA}: no {', '.join(missing)}")
     for f in (LIBRARY, WEIGHTS):
         if not (p / f).exists():
             raise PackageError(f"{p}: missing {f}")

@@ -105,7 +105,7 @@ class CpuDevice(RealDevice):
         import tvm
         from tvm import relax
 
-        from clockwork.models.package import LIBRARY, WEIGHTS, read_package
+        from clockwork.models.package import LIBRARY, WEIGHTS, elf_problem, read_package
 
         key = path.resolve()
         pkg = self.packages.get(key)
@@ -115,9 +115,16 @@ class CpuDevice(RealDevice):
         if meta["page_size"] != self.arena.page_size:
             raise InvalidPackage(f"package {path} is laid out in {meta['page_size']}-byte pages, "
                               f"the arena has {self.arena.page_size}-byte pages")
-        lib = tvm.runtime.load_module(str(path / LIBRARY))
-        vm = relax.VirtualMachine(lib, tvm.cpu())
-        functions = {int(b): vm[f] for b, f in meta["functions"].items()}
+        why = elf_problem(path / LIBRARY)  # (a truncated library would crash the process)
+        if why:
+            raise InvalidPackage(f"package {path}: {LIBRARY}: {why}")
+        try:
+            lib = tvm.runtime.load_module(str(path / LIBRARY))
+            vm = relax.VirtualMachine(lib, tvm.cpu())
+            functions = {int(b): vm[f] for b, f in meta["functions"].items()}
+        except Exception as e:  # noqa: BLE001 - TVM's own errors: a library it cannot use
+            raise InvalidPackage(f"package {path}: {LIBRARY} cannot be loaded: "
+                                 f"{type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
         blob = np.fromfile(path / WEIGHTS, dtype=np.uint8)
         pkg = _Package(path, meta, vm, functions, blob)
         spec = meta["inputs"][0]
