@@ -127,6 +127,43 @@ def test_fixed_batch_of_one_is_replaced(onnx_file, tmp_path):
     np.testing.assert_allclose(y, sess.run(None, {"image": _x(2, 3)})[0], rtol=1e-4, atol=1e-4)
 
 
+def test_a_flatten_exported_with_shape_initializers_imports(tmp_path):
+    """``x.view(x.size(0), -1)`` as exporters write it (Shape, Gather, Unsqueeze, Concat,
+    Reshape) with its index, axes and shape as integer initializers: imported (they become
+    constants; TVM could not read the Reshape's target from run-time parameters), the
+    weights are the float initializers only, and the answers are onnxruntime's."""
+    rng = np.random.default_rng(4)
+    graph = helper.make_graph([
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Unsqueeze", ["n", "ax0"], ["n1"]),
+        helper.make_node("Concat", ["n1", "minus1"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["flat"]),
+        helper.make_node("Gemm", ["flat", "W", "b"], ["y"], transB=1)], "dflat",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2, 3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+         numpy_helper.from_array(np.array([0], np.int64), "ax0"),
+         numpy_helper.from_array(np.array([-1], np.int64), "minus1"),
+         numpy_helper.from_array(rng.standard_normal((4, 18)).astype("float32"), "W"),
+         numpy_helper.from_array(rng.standard_normal(4).astype("float32"), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "dflat.onnx"
+    onnx.save(model, str(path))
+    out = compile_onnx(path, [1, 2], tmp_path / "dflat", page_size=PS)
+    meta = read_package(out)
+    assert [t["name"] for t in meta["params"]] == ["W", "b"]
+    dev = CpuDevice(meta["weights_pages"], PS)
+    dev.register("d", out)
+    dev.load("d")
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for b in (1, 2):
+        x = rng.standard_normal((b, 2, 3, 3)).astype("float32")
+        np.testing.assert_allclose(dev.infer("d", x)[0], sess.run(None, {"x": x})[0],
+                                   rtol=1e-4, atol=1e-4)
+
+
 def test_bad_files(tmp_path):
     with pytest.raises(OnnxImportError, match="no such ONNX file"):
         compile_onnx(tmp_path / "missing.onnx", [1], tmp_path / "a")

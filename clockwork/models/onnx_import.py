@@ -2,7 +2,8 @@
 
 The graph is imported with TVM's Relax ONNX frontend once per batch size, with the batch
 (first) dimension of the input made concrete, and with the initializers kept as function
-parameters (``keep_params_in_input=True``) rather than folded in as constants. Each import's
+parameters (``keep_params_in_input=True``) rather than folded in as constants, except the
+small integer ones (shapes, axes, indices), which become constants. Each import's
 ``main`` becomes ``forward_b<B>(input, *weights)`` of one module, and the initializers
 become the package's weights, laid out in pages like a zoo model's. So the cpu device
 LOADs and EXECs an imported model exactly as it does a zoo model.
@@ -52,6 +53,41 @@ def load_onnx(path: str | Path):
     except Exception as e:  # protobuf DecodeError, ValidationError, ...
         raise OnnxImportError(f"{p}: not a valid ONNX model ({type(e).__name__}: {e})") from e
     return model
+
+
+SHAPE_CONSTANT_MAX = 1024  # elements: an integer initializer this small is a shape, not a weight
+
+
+def _shape_constants(model):
+    """``model`` with its small integer initializers (shapes, axes, indices: what a graph
+    exported as ``x.view(x.size(0), -1)`` feeds a Reshape) as Constant nodes: with every
+    initializer a run-time parameter, TVM's importer cannot read the target shape of such
+    a Reshape. Weights (floating point, or larger) stay parameters."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    ints = (TensorProto.INT64, TensorProto.INT32)
+    g = model.graph
+    small = [t for t in g.initializer
+             if t.data_type in ints and len(t.dims) <= 1
+             and (t.dims[0] if t.dims else 1) <= SHAPE_CONSTANT_MAX]
+    if not small:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    names = {t.name for t in small}
+    keep = [t for t in out.graph.initializer if t.name not in names]
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(keep)
+    inputs = [i for i in out.graph.input if i.name not in names]  # (older exports list them)
+    del out.graph.input[:]
+    out.graph.input.extend(inputs)
+    nodes = [helper.make_node("Constant", [], [t.name], value=t, name=f"{t.name}__constant")
+             for t in small]
+    rest = list(out.graph.node)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes + rest)
+    return out
 
 
 def _graph_input(model, path: Path):
@@ -112,7 +148,7 @@ def compile_onnx(path: str | Path, batch_sizes: list[int], out: str | Path,
     t0 = time.perf_counter()
     path = Path(path)
     batch_sizes = check_batch_sizes(batch_sizes)
-    model = load_onnx(path)
+    model = _shape_constants(load_onnx(path))
     in_name, in_shape, in_dtype = _graph_input(model, path)
     out_names = [o.name for o in model.graph.output]
 
