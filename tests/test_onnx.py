@@ -164,6 +164,33 @@ def test_a_flatten_exported_with_shape_initializers_imports(tmp_path):
                                    rtol=1e-4, atol=1e-4)
 
 
+def test_an_embedding_with_an_index_out_of_range_reads_no_further(tmp_path):
+    """An embedding (Gather on a table, int64 ids from the client): in-range ids (negative
+    ones too) are onnxruntime's answers; ids out of range read the nearest row instead of
+    memory past the table (which killed the worker with SIGSEGV)."""
+    table = np.arange(50, dtype=np.float32).reshape(10, 5)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["y"], axis=0)], "emb",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, 5])],
+        [numpy_helper.from_array(table, "table")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "emb.onnx"
+    onnx.save(model, str(path))
+    out = compile_onnx(path, [1, 2], tmp_path / "emb", page_size=PS)
+    meta = read_package(out)
+    dev = CpuDevice(meta["weights_pages"], PS)
+    dev.register("e", out)
+    dev.load("e")
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    ids = np.array([[0, 9, -1], [3, -10, 4]], np.int64)
+    np.testing.assert_array_equal(dev.infer("e", ids)[0], sess.run(None, {"ids": ids})[0])
+    bad = np.array([[12, 100_000_000, -50]], np.int64)
+    y, _ = dev.infer("e", bad)
+    np.testing.assert_array_equal(y[0], table[[9, 9, 0]])
+
+
 def test_bad_files(tmp_path):
     with pytest.raises(OnnxImportError, match="no such ONNX file"):
         compile_onnx(tmp_path / "missing.onnx", [1], tmp_path / "a")

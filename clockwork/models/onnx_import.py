@@ -90,6 +90,35 @@ def _shape_constants(model):
     return out
 
 
+def _safe_takes(mod):
+    """``mod`` with every ``take`` (ONNX Gather, after its negative indices are made
+    positive) in ``clip`` mode instead of ``fast``: an index out of range, which a client
+    can send to an embedding model, then reads the nearest row instead of memory past the
+    table (another model's weights) or killing the worker with SIGSEGV. In-range indices
+    give the same answers. (ONNX would refuse the request; the answer for such an index
+    is not defined there.)"""
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    take = tvm.ir.Op.get("relax.take")
+
+    @mutator
+    class SafeTake(PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if (isinstance(call, relax.Call) and call.op.same_as(take)
+                    and call.attrs.mode == "fast"):
+                return relax.op.take(call.args[0], call.args[1], axis=call.attrs.axis,
+                                     mode="clip")
+            return call
+
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mod[gv] = SafeTake().visit_expr(func)
+    return mod
+
+
 def _graph_input(model, path: Path):
     init = {t.name for t in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in init]
@@ -162,6 +191,7 @@ def compile_onnx(path: str | Path, batch_sizes: list[int], out: str | Path,
         except Exception as e:  # unsupported operator, shape error, ...
             raise OnnxImportError(f"{path}: TVM's ONNX frontend failed at batch size {b} "
                                   f"({type(e).__name__}: {e})") from e
+        mod = _safe_takes(mod)
         mod, params = relax.frontend.detach_params(mod)
         others = [gv.name_hint for gv in mod.functions if gv.name_hint != "main"]
         if others:
