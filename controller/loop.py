@@ -63,6 +63,10 @@ class Liveness:
     slack_frac: float = 0.5
     probe_timeout: int = ms(50)
     enabled: bool = True
+    # an action still unanswered this long after it was first found overdue (and at
+    # least twice its expected duration), from a worker that answers its probes, makes
+    # the worker suspect all the same: a device that hangs under a live process
+    stuck_min: int = ms(1000)
 
     @classmethod
     def of(cls, cfg) -> Liveness:
@@ -140,7 +144,8 @@ class ControllerLoop:
         self._failed: list[tuple[int, Result]] = []  # (due, result), due ascending
         self.liveness = liveness or Liveness()
         self._live = self.liveness.enabled
-        self._due: list[tuple[int, int, int]] = []  # (bound, action id, worker) heap
+        # (bound, action id, worker, 0 = first look / 1 = the look for a stuck action) heap
+        self._due: list[tuple[int, int, int, int]] = []
         self.probing: dict[int, int] = {}  # worker -> when its probe's answer is due
         self.suspect = [False] * n
         self.resetting = [False] * n  # reset sent, its answer not yet heard
@@ -260,10 +265,23 @@ class ControllerLoop:
                 self.observer.suspect(w, n)
         due, outstanding, up = self._due, self.outstanding, self.up
         while due and due[0][0] <= now:
-            _, aid, w = heapq.heappop(due)
-            if aid in outstanding[w] and up[w] and w not in probing:
-                probing[w] = now + self.liveness.probe_timeout
-                self.transport.probe(w)
+            _, aid, w, again = heapq.heappop(due)
+            a = outstanding[w].get(aid)
+            if a is None or not up[w]:
+                continue  # answered, or its worker is gone already
+            if not again:  # overdue: is its worker alive? And look at it once more later
+                if w not in probing:
+                    probing[w] = now + self.liveness.probe_timeout
+                    self.transport.probe(w)
+                wait = max(self.liveness.stuck_min, 2 * a.expected_duration)
+                heapq.heappush(due, (now + wait, aid, w, 1))
+            elif w in probing:  # the probe out decides first
+                heapq.heappush(due, (probing[w] + 1, aid, w, 1))
+            else:  # long overdue, and its worker answers: it will never finish there
+                self.suspect[w] = True
+                n = self.worker_lost(w, now, "worker suspect (an action long overdue, "
+                                             "though the worker answers probes)")
+                self.observer.suspect(w, n)
 
     def worker_lost(self, worker: int, now: int, why: str = "worker lost") -> int:
         """``worker`` went away: the policy places nothing on its GPUs until it is back,
@@ -364,7 +382,7 @@ class ControllerLoop:
                         slack = int(a.expected_duration * slack_frac)
                         end = a.expected_end if a.expected_end > now else now
                         bound = end + (slack if slack > slack_min else slack_min)
-                        push(due, (bound, a.id, w))
+                        push(due, (bound, a.id, w, 0))
                         if bound < low:
                             low = bound
                     b = batches.get(w)

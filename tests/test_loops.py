@@ -144,6 +144,35 @@ def test_an_answered_probe_leaves_a_slow_worker_alone():
     assert t.resets == []
 
 
+def test_an_action_a_live_worker_never_finishes_makes_it_suspect():
+    """A worker that answers its probes but never reports an action (a device hung under
+    a live process): once the action is long overdue (stuck_min, or twice its expected
+    duration), the worker is suspect and the action fails, so its requests are answered
+    instead of waiting for good."""
+    loop, t = controller(workers=1)
+    loop.request(Request(1, "resnet50_v2", 0, ms(100)), 0)
+    a = t.sent[0][1][0]
+    bound = a.expected_end + max(ms(10), a.expected_duration // 2)
+    loop.tick(bound)
+    assert t.probes == [0]
+    loop.heard_from(0, bound + ms(1))  # the probe is answered: alive
+    stuck = bound + max(loop.liveness.stuck_min, 2 * a.expected_duration)
+    while loop.armed is not None and loop.armed < stuck:  # the timer, on time
+        now = loop.armed
+        loop.tick(now)
+        if 0 in loop.probing:  # (the INFER behind the LOAD is overdue too) answered
+            loop.heard_from(0, now + 1)
+        assert not loop.suspect[0] and a.id in loop.outstanding[0]  # not yet
+    assert loop.armed == stuck  # it comes back for the action
+    loop.tick(stuck)
+    assert loop.suspect[0] and not loop.up[0] and not loop.outstanding[0]
+    now = stuck
+    while not t.answers and now < stuck + sec(1):
+        now = loop.armed if loop.armed is not None else now + ms(1)
+        loop.tick(now)
+    assert [r.request.id for r in t.answers] == [1] and t.answers[0].status != 0
+
+
 def test_a_returning_gpu_gets_its_copies_back():
     """A GPU lost and back: the models it held (still in use) are loaded on it again at
     once, not left to the other GPUs until they saturate."""
