@@ -14,7 +14,7 @@ bottleneck). Reported per N at the largest step served with attainment >= 0.99 (
 peak step, which is overloaded). With ``--live`` it is the controller process's CPU time
 per second of the run.
 
-``--quick``: N = 1, 2, 4, 8 steps of 4 s. ``--full``: N = 10, 20, 40, 80, 110, 150, 6 steps of
+``--quick``: N = 1, 2, 4; 8 steps of 4 s. ``--full``: N = 10, 20, 40, 80, 110, 150, 6 steps of
 10 s from 6 x N (the paper's N; shorter steps than its runs, see experiments/README.md).
 
     python experiments/fig11_scale.py [--quick | --full | --smoke] [--live] [--out DIR]

@@ -11,9 +11,9 @@ EVICT gives them back when it is sent, and only copies that are neither loading 
 running anything are evicted, so the worker's cache is never over-committed.
 
 The book of actions sent and not answered, and what a failed result means, are
-``controller/inflight.py``'s (shared with the Clockwork scheduler). A rejected INFER
-returns its requests to the policy (``_requeue``) up to ``MAX_ATTEMPTS`` times, after
-which they are answered ``ERROR``; one rejected because the weights were missing also
+``controller/inflight.py``'s (shared with the Clockwork scheduler). A request runs in at
+most ``MAX_ATTEMPTS`` INFERs: a rejected INFER returns its requests to the policy
+(``_requeue``), and the last rejection answers them ``ERROR``; one rejected because the weights were missing also
 drops the copy (``_lost``).
 
 Models come and go at run time (``add_model`` / ``remove_model``): an added model gets
