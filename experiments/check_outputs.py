@@ -24,7 +24,7 @@ def main(argv=None) -> int:
     from clockwork.models.zoo import ZOO, get_model
     from worker.devices.cpu import CpuDevice
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--models", default=",".join(sorted(ZOO)))
     p.add_argument("--batch-sizes", default="1,2,4,8,16")
     args = p.parse_args(argv)

@@ -69,7 +69,9 @@ def parse_args(argv: Sequence[str] | None, description: str) -> argparse.Namespa
                    help="the paper's scale (long; run by hand)")
     g.add_argument("--smoke", "--tiny", dest="scale", action="store_const", const="smoke",
                    help="a second or two of simulated time (tests)")
-    p.add_argument("--out", type=Path, default=None, help="output directory")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output directory (default: experiments/figures/, or its live/ and "
+                   "full/ folders: the figures kept in the repository, overwritten)")
     p.add_argument("--live", action="store_true",
                    help="run on a local live cluster (emulated workers + controller, real "
                         "time) instead of the simulator")
@@ -105,7 +107,7 @@ def run(name: str | Path | dict, overrides: Sequence[str] = (), live: bool = Fal
     sc = scenario(name, overrides)
     if live:
         return run_live(sc)
-    sim = Simulation(sc)
+    sim = Simulation(sc, progress=sys.stderr.isatty())  # (a long --full run shows progress)
     timed = None
     if time_policy:
         timed = sim.policy = TimedPolicy(sim.policy, int(time_policy * 1e9))
@@ -248,8 +250,7 @@ def check_live(workers: int, duration_s: float, what: str = "this scale") -> Non
     if why:
         msg = (f"--live: {what} needs {' and '.join(why)}; run it in the simulator, or "
                "live at a smaller scale (--quick or --smoke)")
-        print(msg, file=sys.stderr)
-        raise LiveRefused(msg)
+        raise LiveRefused(msg)  # (a SystemExit: its message is printed once, on stderr)
 
 
 def _cpu_s(pid: int) -> float:

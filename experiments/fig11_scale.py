@@ -38,7 +38,7 @@ PAPER = "linear to ~110 workers, then the controller is the bottleneck; peak 103
 
 
 def main(argv=None) -> dict:
-    args = common.parse_args(argv, __doc__.splitlines()[0])
+    args = common.parse_args(argv, " ".join(__doc__.split("\n\n")[0].split()))
     workers_list, period, steps, mult, per_worker = SCALE[args.scale]
     if args.live:
         common.check_live(max(workers_list), period * steps, f"fig11 --{args.scale}")

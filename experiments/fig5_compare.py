@@ -26,7 +26,7 @@ CDF_SLO = 100
 
 
 def main(argv=None) -> dict:
-    args = common.parse_args(argv, __doc__.splitlines()[0])
+    args = common.parse_args(argv, " ".join(__doc__.split("\n\n")[0].split()))
     slos, dur = SLOS[args.scale], DURATION[args.scale]
     rows, cdfs = [], {}
     with common.Timer() as t:

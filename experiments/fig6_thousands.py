@@ -25,7 +25,7 @@ SCALE = {"smoke": (11, 0.5, 2.0, 0.5), "quick": (401, 20.0, 320.0, 5.0),
 
 
 def main(argv=None) -> dict:
-    args = common.parse_args(argv, __doc__.splitlines()[0])
+    args = common.parse_args(argv, " ".join(__doc__.split("\n\n")[0].split()))
     copies, start, dur, bucket = SCALE[args.scale]
     with common.Timer() as t:
         res = common.run("bursty_experiment", [f"models.0.copies={copies}",

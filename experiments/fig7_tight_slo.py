@@ -66,7 +66,7 @@ def experiment(scenario: str, name: str, args, workload_overrides=()) -> dict:
 
 
 def main(argv=None) -> dict:
-    args = common.parse_args(argv, __doc__.splitlines()[0])
+    args = common.parse_args(argv, " ".join(__doc__.split("\n\n")[0].split()))
     e = experiment("slo_exp_1", NAME, args)
     rows, mins = e["rows"], e["mins"]
     common.write_tsv(args.out / f"{NAME}.tsv", rows)

@@ -41,7 +41,7 @@ def foreground(res) -> tuple[list, dict]:
 
 
 def main(argv=None) -> dict:
-    args = common.parse_args(argv, __doc__.splitlines()[0])
+    args = common.parse_args(argv, " ".join(__doc__.split("\n\n")[0].split()))
     period = PERIOD[args.scale]
     base = [f"duration_s={period * STEPS}", f"workloads.0.period_s={period}",
             f"workloads.0.background_delay_s={min(10.0, period)}"]

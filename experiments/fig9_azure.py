@@ -36,7 +36,7 @@ NOISE, JITTER_MS = 0.02, 0.1
 
 
 def main(argv=None) -> dict:
-    args = common.parse_args(argv, __doc__.splitlines()[0])
+    args = common.parse_args(argv, " ".join(__doc__.split("\n\n")[0].split()))
     workers, mult, minutes, interval, lf, bucket, chunk = SCALE[args.scale]
     if args.live:
         common.check_live(workers, minutes * interval, f"fig9 --{args.scale}")

@@ -110,7 +110,7 @@ def _plot(res: dict, path: Path) -> None:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--scenario", default="cpu_live", help="scenario (default cpu_live)")
     p.add_argument("--duration", type=float, default=30.0, help="seconds (default 30)")
     p.add_argument("--rate", type=float, default=None, help="override the Poisson rate (r/s)")

@@ -98,7 +98,7 @@ def show(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()),
                                 epilog="Each live run takes --duration seconds plus start-up "
                                        "(~5 s) and drain.")
     add_shape_args(p)

@@ -50,7 +50,7 @@ PERCENTILES = (("p50", 50.0), ("p99", 99.0), ("p99_9", 99.9), ("p99_99", 99.99))
 def parse_args(argv) -> argparse.Namespace:
     from clockwork.models.zoo import ZOO
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--quick", action="store_true",
                    help=f"{QUICK_RUNS} runs per model (a smoke test), output under quick/")
     p.add_argument("--runs", type=int, default=None,

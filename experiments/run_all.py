@@ -30,7 +30,7 @@ SCRIPTS = (fig5_compare, fig6_thousands, fig7_tight_slo, fig8_isolation, fig9_az
 
 
 def main(argv=None) -> list[dict]:
-    args = common.parse_args(argv, __doc__.splitlines()[0])
+    args = common.parse_args(argv, " ".join(__doc__.split("\n\n")[0].split()))
     passed = [f"--{args.scale}", "--out", str(args.out)] + (["--live"] if args.live else [])
     results = []
     t0 = time.perf_counter()
