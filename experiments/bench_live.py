@@ -120,15 +120,25 @@ def top_frames(path: str, n: int = 15) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rates", default="1000,2000,4000,6000,8000,10000,12000,14000,16000")
-    ap.add_argument("--step-s", type=float, default=10.0)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--gpus", type=int, default=8, help="GPUs per worker")
-    ap.add_argument("--model", default="mobilenet_v2")
-    ap.add_argument("--copies", type=int, default=16)
-    ap.add_argument("--slo-ms", type=float, default=100.0)
-    ap.add_argument("--target", type=float, default=0.999)
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--rates", default="1000,2000,4000,6000,8000,10000,12000,14000,16000",
+                    help="offered Poisson rates, r/s, comma-separated, tried in order "
+                    "(default %(default)s)")
+    ap.add_argument("--step-s", type=float, default=10.0,
+                    help="seconds measured per rate, after a 2 s warm-up (default %(default)s)")
+    ap.add_argument("--workers", type=int, default=2,
+                    help="emulated worker processes (default %(default)s)")
+    ap.add_argument("--gpus", type=int, default=8,
+                    help="GPUs per worker (default %(default)s)")
+    ap.add_argument("--model", default="mobilenet_v2",
+                    help="profile served (default %(default)s)")
+    ap.add_argument("--copies", type=int, default=16,
+                    help="instances of it (default %(default)s)")
+    ap.add_argument("--slo-ms", type=float, default=100.0,
+                    help="every request's SLO (default %(default)s)")
+    ap.add_argument("--target", type=float, default=0.999,
+                    help="stop at the first rate whose SLO attainment is below this (0: run "
+                    "every rate; default %(default)s)")
+    ap.add_argument("--seed", type=int, default=1, help="arrivals' seed (default %(default)s)")
     ap.add_argument("--out", metavar="JSON", help="also write the rows here")
     ap.add_argument("--py-spy", action="store_true",
                    help="at the first failing rate, sample the busiest process with py-spy")

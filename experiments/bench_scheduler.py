@@ -39,11 +39,16 @@ def scenario(gpus: int, load: float, duration: float, per_gpu: int, seed: int) -
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--gpus", type=int, default=100)
-    ap.add_argument("--load", type=float, default=0.8)
-    ap.add_argument("--duration", type=float, default=10.0)
-    ap.add_argument("--per-gpu", type=int, default=2, help="model instances per GPU")
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--gpus", type=int, default=100,
+                    help="GPUs, one per worker (default %(default)s)")
+    ap.add_argument("--load", type=float, default=0.8,
+                    help="offered load, a fraction of the best-batch capacity "
+                    "(default %(default)s)")
+    ap.add_argument("--duration", type=float, default=10.0,
+                    help="simulated seconds (default %(default)s)")
+    ap.add_argument("--per-gpu", type=int, default=2,
+                    help="model instances per GPU (default %(default)s)")
+    ap.add_argument("--seed", type=int, default=1, help="arrivals' seed (default %(default)s)")
     ap.add_argument("--profile", action="store_true", help="cProfile the run")
     a = ap.parse_args()
     sim = Simulation(load_scenario(data=scenario(a.gpus, a.load, a.duration, a.per_gpu, a.seed)))

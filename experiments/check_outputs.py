@@ -3,8 +3,8 @@ compiled outputs before and after an EVICT and a LOAD into different pages.
 
     python experiments/check_outputs.py [--models a,b] [--batch-sizes 1,2,4,8,16]
 
-Prints the largest absolute and relative error per model and batch size; exits 1 if any
-output is outside rtol = atol = 1e-4. Packages are compiled into a temporary folder.
+Prints the largest absolute error per model and batch size, before and after the reload;
+exits 1 if any output is outside rtol = atol = 1e-4. Packages are compiled into a temporary folder.
 """
 
 from __future__ import annotations
