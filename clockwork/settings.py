@@ -519,7 +519,8 @@ class ClusterSettings(Settings):
         0.0, "Emulated GPUs: relative standard deviation of each action's duration around "
         "its profile figure (0.05 = 5 %).", ge=0)
     slow_prob: float = setting(
-        0.0, "Emulated GPUs: probability that an EXEC is a straggler.", ge=0, le=1)
+        0.0, "Emulated GPUs: probability that an action (an EXEC or a LOAD) is a "
+        "straggler.", ge=0, le=1)
     slow_factor: float = setting(
         3.0, "Emulated GPUs: a straggler takes this many times its profile figure.", ge=1)
     clock_offsets_ms: list[float] = setting(

@@ -126,6 +126,23 @@ def test_windows_open_and_every_request_answered_once(name):
 
 
 @pytest.mark.parametrize("name", ["clockwork", "clipper", "tfserving", "infaas"])
+def test_a_request_before_any_copy_is_loaded_is_a_cold_start(name):
+    """Request.cold (the logs' cold_start, summary.json's cold_starts) as every policy
+    records it: no copy of the model loaded when the request arrived. The baselines left
+    it False, so their cold starts read 0."""
+    p = make_policy(name, [make_profile("a")], specs())
+    first = req(1)
+    acts = p.on_request(first, 0)
+    load = of(acts, ActionType.LOAD)[0]
+    assert first.cold
+    t = 8 * MS
+    p.on_result(ok(load, t), t)
+    later = req(2, t=t)
+    p.on_request(later, t)
+    assert not later.cold
+
+
+@pytest.mark.parametrize("name", ["clockwork", "clipper", "tfserving", "infaas"])
 def test_read_only_views_follow_the_policy(name):
     # queued() / model_view() / stats() agree with what the policy sent and answered:
     # waiting = accepted - in INFERs in flight - answered, copies = LOADs sent

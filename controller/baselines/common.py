@@ -170,6 +170,9 @@ class BaselinePolicy(Policy):
             return out
         request.slo = slo
         request.deadline = request.arrival + slo
+        # a cold start: no copy of its model loaded when it arrived (as the Clockwork
+        # scheduler records it)
+        request.cold = all(c.loading for c in self.copies[request.model].values())
         self._admit(request, now, out)
         return out
 

@@ -58,7 +58,8 @@ class _Model:
 class EmulatedDevice:
     """Duration = profile figure x (1 + noise); noise ~ N(0, ``noise``) clipped at -90 %.
 
-    ``slow_prob``/``slow_factor`` add rare stragglers (e.g. 0.001 of EXECs take 3x).
+    ``slow_prob``/``slow_factor`` add rare stragglers (e.g. 0.001 of actions, EXECs and
+    LOADs alike, take 3x).
     """
 
     kind = "emulated"
