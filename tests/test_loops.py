@@ -131,14 +131,21 @@ def test_an_overdue_action_probes_its_worker_and_silence_makes_it_suspect():
     assert loop.up[w]
 
 
-def test_an_answered_probe_leaves_a_slow_worker_alone():
+def _overdue_and_probe_answered():
+    """One worker, one request: its first action overdue at its bound, the probe that
+    makes answered 1 ms later. -> (loop, transport, the action, its bound)."""
     loop, t = controller(workers=1)
     loop.request(Request(1, "resnet50_v2", 0, ms(100)), 0)
     a = t.sent[0][1][0]
     bound = a.expected_end + max(ms(10), a.expected_duration // 2)
     loop.tick(bound)
     assert t.probes == [0]
-    loop.heard_from(0, bound + ms(1))
+    loop.heard_from(0, bound + ms(1))  # the probe is answered: alive
+    return loop, t, a, bound
+
+
+def test_an_answered_probe_leaves_a_slow_worker_alone():
+    loop, t, a, bound = _overdue_and_probe_answered()
     loop.tick(bound + ms(100))
     assert not loop.suspect[0] and loop.up[0] and a.id in loop.outstanding[0]
     assert t.resets == []
@@ -149,13 +156,7 @@ def test_an_action_a_live_worker_never_finishes_makes_it_suspect():
     a live process): once the action is long overdue (stuck_min, or twice its expected
     duration), the worker is suspect and the action fails, so its requests are answered
     instead of waiting for good."""
-    loop, t = controller(workers=1)
-    loop.request(Request(1, "resnet50_v2", 0, ms(100)), 0)
-    a = t.sent[0][1][0]
-    bound = a.expected_end + max(ms(10), a.expected_duration // 2)
-    loop.tick(bound)
-    assert t.probes == [0]
-    loop.heard_from(0, bound + ms(1))  # the probe is answered: alive
+    loop, t, a, bound = _overdue_and_probe_answered()
     stuck = bound + max(loop.liveness.stuck_min, 2 * a.expected_duration)
     while loop.armed is not None and loop.armed < stuck:  # the timer, on time
         now = loop.armed
