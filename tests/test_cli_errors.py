@@ -85,6 +85,10 @@ BAD = [
     (["replay", SC, "--check-outputs", "/no/such/packages"], "/no/such/packages"),
     (["replay", SC, "--controller", "127.0.0.1:1"], "controller unavailable"),
     (["report", "notsummary"], "is not a run summary"),
+    # a Ray cluster where nothing listens: said at once (ray.init retried ~14 minutes)
+    (["serve", SC, "--replay", "--ray", "127.0.0.1:1"], "cannot reach the Ray cluster"),
+    (["sweep", "example", "--ray", "127.0.0.1:1", "--out", "out"], "cannot reach the Ray"),
+    (["plan", SC, "--slo-ms", "100", "--ray", "ray://127.0.0.1:1"], "cannot reach the Ray"),
     (["simulate", "azure_sample", "--set", "workloads.0.minutes=0"], "0 minutes is empty"),
     # times beyond what means anything (and what int64 nanoseconds hold)
     (["simulate", SC, "--set", "workloads.0.slo_ms=1e13"], "at most 86,400,000 (a day)"),
@@ -97,6 +101,7 @@ BAD = [
 
 @pytest.mark.parametrize("argv,fragment", BAD, ids=[" ".join(a) for a, _ in BAD])
 def test_bad_value_is_one_line_exit_2(argv, fragment, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "")  # (--ray sets it: put back as it was afterwards)
     (tmp_path / "afile").write_text("x")
     (tmp_path / "notsummary").write_text("{}")
     (tmp_path / "adir").mkdir()

@@ -249,13 +249,23 @@ def test_a_backend_plugs_in(tmp_path, monkeypatch, capsys):
 
     from clockwork.cluster import parallel
 
-    monkeypatch.setitem(parallel.BACKENDS, "threads", lambda jobs: ThreadPoolExecutor(1))
+    submitted = []
+
+    class Threads(ThreadPoolExecutor):  # (and what the engine is handed)
+        def submit(self, fn, /, *args, **kw):
+            submitted.append(args)
+            return super().submit(fn, *args, **kw)
+
+    monkeypatch.setitem(parallel.BACKENDS, "threads", lambda jobs: Threads(1))
     monkeypatch.setitem(parallel.BACKENDS, "absent", "no_such_engine_module:executor")
     f = tmp_path / "s.toml"
     f.write_text('scenarios = ["poisson_warm"]\nseeds = [1, 2]\n'
                  'overrides = ["duration_s=1", "drain_s=1"]\n')
-    assert main(["sweep", str(f), "--out", str(tmp_path / "a"), "--backend", "threads",
-                 "--quiet"]) == 0
+    monkeypatch.chdir(tmp_path)  # a relative --out: the engine still gets full paths
+    assert main(["sweep", str(f), "--out", "a", "--backend", "threads", "--quiet"]) == 0
+    # (an engine's workers need not share our folder: Ray's run where ray start ran)
+    assert len(submitted) == 2 and all(
+        os.path.isabs(point.path) and os.path.isabs(folder) for point, folder, _ in submitted)
     assert main(["sweep", str(f), "--out", str(tmp_path / "b"), "--jobs", "2", "--quiet"]) == 0
     assert (tmp_path / "a" / "results.json").read_bytes() == \
         (tmp_path / "b" / "results.json").read_bytes()

@@ -23,6 +23,7 @@ with ``logs`` writes the point's logs into its folder there, while ``summary.jso
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -248,8 +249,33 @@ def backend_of(args) -> str:
     return "ray"
 
 
+def ray_unreachable(address: str | None, timeout: float = 3.0) -> str | None:
+    """Why the Ray cluster at ``address`` (``HOST:PORT`` or ``ray://HOST:PORT``) cannot be
+    reached (nothing answers there within ``timeout`` s), or None (reachable, or an
+    address Ray finds itself: none, ``auto``, ``local``). Asked before ``ray.init``,
+    which would retry an address where nothing listens for ~14 minutes."""
+    import socket
+
+    if not address or address in ("auto", "local"):
+        return None
+    hostport = address[6:] if address.startswith("ray://") else address
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        return None  # (not one we can try; Ray says what is wrong with it)
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        return (f"cannot reach the Ray cluster at {address} ({e.strerror or e}); start it "
+                "(ray start --head) or give its address")
+    return None
+
+
 def check_backend(name: str) -> str | None:
     """None if backend ``name`` can be used, else a one-line reason."""
+    if name == "ray":
+        why = ray_unreachable(os.environ.get("RAY_ADDRESS"))
+        if why:
+            return f"--ray: {why}"
     try:
         backend(name)
     except ValueError as e:
@@ -384,7 +410,9 @@ class Runner:
         futures: dict[Future, Outcome] = {}
         try:
             for o in todo:  # all submitted before the bar exists (forked workers, no threads)
-                futures[ex.submit(run_point, o.point, str(o.folder), self.logs)] = o
+                # (full paths: a Ray worker's folder is not ours)
+                point = dataclasses.replace(o.point, path=str(Path(o.point.path).resolve()))
+                futures[ex.submit(run_point, point, str(o.folder.resolve()), self.logs)] = o
             with self._bar(len(todo), desc) as bar:
                 for f in as_completed(futures):
                     o = futures[f]

@@ -398,6 +398,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             from clockwork.cluster.cli.verbs import NEEDS
             print(f"clockwork serve: needs {NEEDS['ray']}", file=sys.stderr)
             return 2
+        from clockwork.cluster.parallel import ray_unreachable
+
+        why = ray_unreachable(ray_address)
+        if why:
+            print(f"clockwork serve: --ray: {why}", file=sys.stderr)
+            return 2
         if sc is not None and any(sc.faults.get(k) for k in ("kill", "hang", "slow_network")):
             print("clockwork serve: [faults] are not played on a Ray cluster (Ray restarts a "
                   "worker that dies by itself); remove them, or run without --ray",
@@ -464,9 +470,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except ChildRefused as e:
             print(f"clockwork serve: {e}", file=sys.stderr)
             return 2
-        except (TimeoutError, RuntimeError) as e:
+        except (TimeoutError, RuntimeError, ConnectionError) as e:
             print(f"clockwork serve: {e}", file=sys.stderr)
             return 1
+        for s in old:  # again: ray.init puts its own SIGTERM handler (sys.exit) in place
+            signal.signal(s, on_signal)
         if getattr(args, "replay", False):
             return _replay_against(cluster, sc, args, stop)
         print(f"clockwork serve: controller at {cluster.address} ({cluster.shape()}: "
