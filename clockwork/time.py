@@ -30,6 +30,9 @@ def sec(x: float) -> int:
     return round(x * NS_PER_S)
 
 
+MAX_SLO_NS = ms(MAX_SLO_MS)
+
+
 def to_ms(ns: int) -> float:
     return ns / NS_PER_MS
 

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 from pydantic.dataclasses import dataclass
 
 from clockwork.settings import CONFIG, from_table, setting
-from clockwork.time import MAX_SLO_MS, ms
+from clockwork.time import MAX_SLO_NS, ms
 
 
 @dataclass(frozen=True, slots=True, config=CONFIG)
@@ -29,7 +29,7 @@ class SchedulerConfig:
         units=("ms",), ge=0)
     default_slo: int = setting(
         ms(100), "SLO of a request that gives none (or 0).", units=("ms",), gt=0,
-        le=ms(MAX_SLO_MS))
+        le=MAX_SLO_NS)
     max_batch: int = setting(
         16, "Largest batch size used (of the profile's compiled sizes).",
         ge=1)

@@ -31,11 +31,10 @@ from clockwork.actions import RequestStatus
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol.pacing import Pacer
 from clockwork.protocol.ratelog import LogLimiter
-from clockwork.time import MAX_SLO_MS, ms
+from clockwork.time import MAX_SLO_NS
 
 now_ns = time.monotonic_ns
 OVERLOADED = "overloaded"
-MAX_LATE_NS = ms(MAX_SLO_MS)  # how late a stream's message may be taken to be, at most
 _FRAME = 6  # bytes a reply adds to its message besides its own size (tag and length)
 
 
@@ -231,7 +230,7 @@ async def serve_stream(node, requests, context) -> None:
                     fastest = d
                 # (at most a day, the longest SLO: a client clock that jumps, or lies,
                 # makes its own requests late, never a time beyond int64)
-                late = min(d - fastest, MAX_LATE_NS)
+                late = min(d - fastest, MAX_SLO_NS)
             reqs = batch.requests
             n = len(reqs)
             if n <= size:

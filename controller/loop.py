@@ -260,9 +260,7 @@ class ControllerLoop:
         if probing:
             for w in [w for w, until in probing.items() if until <= now]:
                 del probing[w]
-                self.suspect[w] = True
-                n = self.worker_lost(w, now, "worker suspect (no answer to a probe)")
-                self.observer.suspect(w, n)
+                self._suspect(w, now, "worker suspect (no answer to a probe)")
         due, outstanding, up = self._due, self.outstanding, self.up
         while due and due[0][0] <= now:
             _, aid, w, again = heapq.heappop(due)
@@ -278,11 +276,13 @@ class ControllerLoop:
             elif w in probing:  # the probe out decides first
                 heapq.heappush(due, (probing[w] + 1, aid, w, 1))
             else:  # long overdue, and its worker answers: it will never finish there
-                self.suspect[w] = True
-                n = self.worker_lost(w, now, "worker suspect (an action long overdue, "
-                                             "though the worker answers probes)")
-                self.observer.suspect(w, n)
+                self._suspect(w, now, "worker suspect (an action long overdue, though the "
+                                      "worker answers probes)")
 
+    def _suspect(self, w: int, now: int, why: str) -> None:
+        """``w`` is suspect: handled as lost (``worker_lost``) until it is heard from."""
+        self.suspect[w] = True
+        self.observer.suspect(w, self.worker_lost(w, now, why))
     def worker_lost(self, worker: int, now: int, why: str = "worker lost") -> int:
         """``worker`` went away: the policy places nothing on its GPUs until it is back,
         and its outstanding actions fail. Returns how many actions failed."""

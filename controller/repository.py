@@ -37,11 +37,10 @@ lacks), UNAVAILABLE when the controller is not serving or a worker did not answe
 
 from __future__ import annotations
 
-import json
-
 import grpc
 
 from controller.kserve_status import INVALID, NOT_FOUND, UNAVAILABLE, KServeError
+from controller.kserve_validate import json_loads
 
 VERSION = "1"  # every model has one version
 LOAD_PARAMS = ("copies", "profile", "package", "config")
@@ -110,11 +109,9 @@ def _from_config(text, name: str) -> dict:
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     try:
-        cfg = json.loads(text) if isinstance(text, str) else None
-    except ValueError as e:
+        cfg = json_loads(text) if isinstance(text, str) else None
+    except ValueError as e:  # (also nested too deeply: json_loads says so)
         raise KServeError(INVALID, f"parameter 'config' is not JSON: {e}") from None
-    except RecursionError:
-        raise KServeError(INVALID, "parameter 'config' is nested too deeply") from None
     if not isinstance(cfg, dict):
         raise KServeError(INVALID, "parameter 'config' must be a JSON object (a model "
                           "configuration)")

@@ -173,7 +173,7 @@ def test_bodies_that_once_were_answered_500(addr):
                              (INFER, mixed, b"holds true/false"),
                              ("/v2/repository/models/small/load",
                               json.dumps({"parameters": {"config": "[" * 100_000}}).encode(),
-                              b"nested too deeply")):
+                              b"nested more than 1024 levels")):
         status, _, got = _request(addr, "POST", path, body)
         assert status == 400 and says in got, (path, body[:60], got)
     status, _, got = _request(addr, "POST", INFER, _json_body((0.0, 1.0, 1, 0)))

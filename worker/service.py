@@ -503,12 +503,12 @@ def _open_device(kind: str, pages: int, index: int = 0):
 
 
 class WorkerServicer(pbg.WorkerServicer):
-    def __init__(self, node: WorkerNode, link_port: int = 0, port: int = 0,
+    def __init__(self, node: WorkerNode, link_port: int = 0,
                  advertise: tuple[str, ...] = ()) -> None:
         self.node = node
         self._session: _Session | None = None  # the controller connection that owns us
         self.link_port = link_port  # the fast link's port (0: not offered)
-        self.port = port  # the gRPC port it listens on (set once bound)
+        self.port = 0  # the gRPC port it listens on (set once bound)
         self.advertise = advertise  # other addresses it is reached as (--advertise)
         self._refused = Refusals("worker")
 

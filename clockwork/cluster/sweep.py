@@ -177,7 +177,7 @@ def load_sweep(path: str | Path) -> Sweep:
             raise bad("grid.seed: give the seeds as seeds = [...]")
         if key in fixed_keys:
             raise bad(f"grid.{key}: also set in overrides (give it in one place)")
-        texts, seen = [], []
+        seen = []
         for v in values:
             try:
                 t = toml_value(v)
@@ -187,10 +187,9 @@ def load_sweep(path: str | Path) -> Sweep:
             if parse_value(t) != v:
                 raise bad(f"grid.{key}: value {v!r} does not survive --set (write it "
                           "differently)")
-            if t in texts or any(w == v and isinstance(w, bool) == isinstance(v, bool)
-                                 for w in seen):  # (1 and 1.0: the same simulation)
+            if any(w == v and isinstance(w, bool) == isinstance(v, bool)
+                   for w in seen):  # (1 and 1.0 too: the same simulation)
                 raise bad(f"grid.{key}: value {t} is listed twice")
-            texts.append(t)
             seen.append(v)
         grid[key] = list(values)
     if spec.seeds is not None and len(set(spec.seeds)) != len(spec.seeds):
@@ -198,16 +197,16 @@ def load_sweep(path: str | Path) -> Sweep:
     if "seed" in fixed_keys and spec.seeds is not None:
         raise bad("overrides: seed is set there and by seeds = [...] (give it in one place)")
     base = path.parent
-    found = [str(Path(_scenario_path(e, base, where)).resolve()) for e in spec.scenarios]
-    if len(set(spec.scenarios)) != len(spec.scenarios) or len(set(found)) != len(found):
+    paths = [_scenario_path(e, base, where) for e in spec.scenarios]
+    found = {str(Path(p).resolve()) for p in paths}
+    if len(set(spec.scenarios)) != len(spec.scenarios) or len(found) != len(paths):
         raise bad("scenarios: a scenario is listed twice (by name or by path)")
 
     keys = list(grid)
     combos = list(itertools.product(*(grid[k] for k in keys)))
     points: list[Point] = []
     sweep = Sweep(path, spec.name or path.stem, spec, grid, points)
-    for entry in spec.scenarios:
-        scen = _scenario_path(entry, base, where)
+    for entry, scen in zip(spec.scenarios, paths, strict=True):
         for combo in combos:
             sets = [*spec.overrides, *(f"{k}={toml_value(v)}" for k, v in zip(keys, combo,
                                                                              strict=True))]

@@ -467,14 +467,6 @@ class ClusterAuth:
                  _mac(self._key, "clockwork-v2 worker", method, target, nonce)),)
 
 
-def split_address(address: str) -> tuple[str, int] | None:
-    """``HOST:PORT`` (``[v6]:PORT`` too) -> (host, port), or None when it is not one."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        return None
-    return (host[1:-1] if host.startswith("[") and host.endswith("]") else host), int(port)
-
-
 _LOCAL_HOSTS: OrderedDict[str, bool] = OrderedDict()  # host -> local?, the most recent
 
 
@@ -508,6 +500,6 @@ def answers_to(target: str, port: int, advertised: tuple[str, ...] = ()) -> bool
     worker at ``target``."""
     if target in advertised:
         return True
-    hp = split_address(target)
-    return hp is not None and hp[1] == port and is_local_host(hp[0])
+    host = address_host(target)
+    return bool(host) and target.rpartition(":")[2] == str(port) and is_local_host(host)
 

@@ -30,15 +30,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from clockwork.time import MAX_SLO_MS, ms
+from clockwork.time import MAX_SLO_NS
 from clockwork.workloads.azure_replay import AzureReplay
 from clockwork.workloads.base import Arrival, SloSpec, Workload, WorkloadError
 from clockwork.workloads.basic import ClosedLoop, OpenLoop
 
 OPS = ("mul", "add")
-
-
-MAX_SLO_NS = ms(MAX_SLO_MS)
 
 
 class StepSchedule:
