@@ -594,7 +594,8 @@ class WorkloadEntry(Settings):
         type_text="string or array of strings", allowed_text="non-empty")
     rate_rps: float | None = setting(
         None, "Open-loop kinds: requests per second in total, spread over the selected "
-        "instances (for `bursty`, the rate between bursts).")
+        "instances (for `bursty`, the rate between bursts); `fixed_rate` sends them evenly "
+        "spaced, the first at the start.")
     slo_ms: float | None = setting(
         None, "SLO of each request, in milliseconds.",
         default_text="the scheduler's `default_slo_ms`")

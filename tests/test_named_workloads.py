@@ -109,7 +109,8 @@ def test_slo_exp_1_additive_absolute_and_fixed_rate():
               "factor": 10, "op": "add", "period_s": 3, "process": "fixed"}, n=2, end=100.0)
     arr = drain(w)
     # 10, 20, ..., 100 ms, each for 3 s; 110 > 100 ends the run at 30 s
-    assert len(arr) == 30 * 20 - 1  # fixed spacing of 50 ms, the first one after one gap
+    assert len(arr) == 30 * 20  # fixed spacing of 50 ms, the first one at the start
+    assert arr[0][0] == 0 and arr[1][0] == 50 * MS
     for t, _m, slo in arr:
         assert slo == (10 + 10 * (t // (3 * S))) * MS
     assert {a[1] for a in arr[:2]} == set(w.models)
@@ -376,10 +377,11 @@ def test_stepped_and_tiny_slos_stay_within_what_they_mean():
 
 
 def test_tiny_rates_send_nothing_rather_than_wrap_around():
-    for spec in ({"kind": "fixed_rate", "rate_rps": 1e-10}, {"kind": "poisson",
-                                                            "rate_rps": 1e-300},
+    for spec in ({"kind": "poisson", "rate_rps": 1e-300},
                  {"kind": "bursty", "burst_rps": 1e-300, "on_s": 1, "off_s": 1}):
         assert drain(make(spec, end=2.0)) == [], spec
+    # fixed spacing sends its first at the start; the next is ~300 years later
+    assert [a[0] for a in drain(make({"kind": "fixed_rate", "rate_rps": 1e-10}, end=2.0))] == [0]
 
 
 # ---------------------------------------------------------------- through the simulator
@@ -421,3 +423,13 @@ def test_closed_loops_in_the_simulator_stay_within_concurrency(workload, copies,
         models = models[1:]
     peak = _max_concurrent(res.telemetry.requests, models)
     assert max(peak.values()) == limit, peak
+
+
+@pytest.mark.parametrize("rate, seconds", [(7, 3.0), (10_000, 2.0)])
+def test_fixed_rate_sends_rate_times_duration_evenly_from_the_start(rate, seconds):
+    # 10,000 r/s for 2 s spans several refills of the arrival buffer
+    w = make({"kind": "fixed_rate", "rate_rps": rate}, n=3, end=seconds, start=5 * S)
+    arr = drain(w)
+    assert len(arr) == round(rate * seconds)
+    assert [t for t, _m, _s in arr] == [5 * S + int(k * S / rate) for k in range(len(arr))]
+    assert [m for _t, m, _s in arr[:6]] == list(w.models) * 2

@@ -53,7 +53,8 @@ class ClosedLoop(Workload):
 class OpenLoop(Workload):
     """Arrivals at ``rate_rps`` in total, spread evenly over the instances.
 
-    ``process = "poisson"`` draws exponential gaps; ``"fixed"`` spaces them evenly.
+    ``process = "poisson"`` draws exponential gaps; ``"fixed"`` spaces them evenly, the first
+    at the start, so ``rate_rps`` for D seconds is ``rate_rps * D`` arrivals.
     """
 
     kind = "poisson"
@@ -77,17 +78,21 @@ class OpenLoop(Workload):
     def bind(self, start, end, rng, exec1) -> None:
         super().bind(start, end, rng, exec1)
         self._t = float(start)
+        self._k = 0
         self._slos = [self.slo.resolve(m, exec1) for m in self.models]
 
     def _refill(self) -> None:
         n = self.CHUNK
         gap = 1e9 / self.rate
         if self.process == "poisson":
-            gaps = self.rng.exponential(gap, n)
+            times = self._t + np.cumsum(self.rng.exponential(gap, n))
+            self._t = float(times[-1])
         else:
-            gaps = np.full(n, gap)
-        times = self._t + np.cumsum(gaps)
-        self._t = float(times[-1])
+            # the k-th arrival at start + k gaps (k from 0), not a running sum of gaps
+            k0 = self._k
+            times = self.start + (np.arange(k0, k0 + n) * gap)
+            self._k = k0 + n
+            self._t = float(times[-1]) + gap
         k = len(self.models)
         idx = self.rng.integers(0, k, n) if self.process == "poisson" else \
             (np.arange(n) + getattr(self, "_rr", 0)) % k
