@@ -191,6 +191,18 @@ def test_unauthenticated_calls_are_refused_and_nothing_runs(cluster, addresses, 
                 assert e.value.status() == "StatusCode.UNAUTHENTICATED"
         finally:
             g.close()
+    # a refused call's body is not parsed: bytes that are no protobuf are refused just the
+    # same (parsed, they failed as INTERNAL "Exception deserializing request")
+    with open(pki.ca, "rb") as f:
+        creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+    kserve_infer = "/inference.GRPCInferenceService/ModelInfer"
+    for addr, method in ((addresses["grpc"], kserve_infer), (addresses["kserve"], kserve_infer),
+                         (addresses["grpc"], "/clockwork.v1.Clockwork/Infer")):
+        with grpc.secure_channel(addr, creds) as ch:
+            call = ch.unary_unary(method)  # no serializer: the body as given
+            with pytest.raises(grpc.RpcError) as e:
+                call(b"\xff" * 64 + b"\x0a\xff\xff\xff\xff\x0f", timeout=TIMEOUT)
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED, (addr, method, e.value)
     h = _triton_http(addresses["http"], pki)
     try:
         for headers in (None, {"Authorization": "Bearer nope"}):

@@ -357,8 +357,8 @@ def _deny(handler, code: grpc.StatusCode, message: str):
     client's end of stream), never before: grpc's asyncio client loses the refusal when
     it ends the call while the client's first write is still on its way (the write
     fails and the call reports INTERNAL "Internal error from Core" instead; grpc/grpc
-    issue 36066). Nothing read is used; a unary call's request is read before any
-    handler anyway."""
+    issue 36066). Nothing read is used, so nothing is parsed: the request arrives as bytes
+    (a unary call's request is received before any handler anyway)."""
 
     async def abort(_request, context):
         await context.abort(code, message)
@@ -370,8 +370,7 @@ def _deny(handler, code: grpc.StatusCode, message: str):
             pass  # no message, or the client went away: refuse all the same
         await context.abort(code, message)
 
-    kw = {"request_deserializer": handler.request_deserializer,
-          "response_serializer": handler.response_serializer}
+    kw = {"request_deserializer": None, "response_serializer": handler.response_serializer}
     if handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(abort_stream, **kw)
     if handler.request_streaming:
