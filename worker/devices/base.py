@@ -207,6 +207,21 @@ class RealDevice:
     def loaded(self, name: str) -> bool:
         return self._model(name).pages is not None
 
+    def evict(self, name: str) -> None:
+        """EVICT: never waits. Pages under a running EXEC are freed when it ends (the
+        subclass's ``_lock`` guards ``arena``; its models keep ``bound``, ``busy`` and
+        ``free_after``)."""
+        m = self._model(name)
+        with self._lock:
+            if m.pages is None:
+                raise NotInCache(f"model {name!r} is not loaded")
+            m.bound = None
+            if m.busy:
+                m.free_after = m.pages
+            else:
+                self.arena.free(m.pages)
+            m.pages = None
+
     def unregister(self, name: str) -> None:
         """Forget instance ``name`` (the controller unloaded it); its weights, if still
         cached, are evicted first. Nothing happens for a name not registered."""
@@ -221,7 +236,14 @@ class RealDevice:
         self.models.pop(name, None)
 
 
+def numpy_outputs(out):
+    """A TVM function's result as numpy: one array, or a list of them for a tuple."""
+    if hasattr(out, "numpy"):
+        return out.numpy()
+    return [o.numpy() for o in out]
+
+
 __all__ = ["ERRORS", "Device", "DeviceError", "DeviceFailure", "DeviceUnavailable",
            "ExecFailed", "InsufficientCache", "InvalidBatchSize", "InvalidInput",
            "InvalidPackage", "LoadFailed", "NotInCache", "RealDevice", "UnknownModel",
-           "WeightsAlreadyLoaded", "WeightsNotPresent"]
+           "WeightsAlreadyLoaded", "WeightsNotPresent", "numpy_outputs"]

@@ -37,10 +37,10 @@ from worker.devices.base import (
     InvalidInput,
     InvalidPackage,
     LoadFailed,
-    NotInCache,
     RealDevice,
     WeightsAlreadyLoaded,
     WeightsNotPresent,
+    numpy_outputs,
 )
 from worker.memory import TENSOR_ALIGNMENT, ArenaError, PageArena
 
@@ -77,12 +77,6 @@ class _Model:
     @property
     def meta(self) -> dict:
         return self.package.meta
-
-
-def _numpy_outputs(out) -> np.ndarray | list[np.ndarray]:
-    if hasattr(out, "numpy"):
-        return out.numpy()
-    return [o.numpy() for o in out]  # a tuple of outputs
 
 
 class CpuDevice(RealDevice):
@@ -176,19 +170,6 @@ class CpuDevice(RealDevice):
             m.pages, m.bound = pages, bound
         return pages, time.perf_counter_ns() - t0
 
-    def evict(self, name: str) -> None:
-        """EVICT: never waits. Pages under a running EXEC are freed when it ends."""
-        m = self._model(name)
-        with self._lock:
-            if m.pages is None:
-                raise NotInCache(f"model {name!r} is not loaded")
-            m.bound = None
-            if m.busy:
-                m.free_after = m.pages
-            else:
-                self.arena.free(m.pages)
-            m.pages = None
-
     # -- INPUT + EXEC + OUTPUT ------------------------------------------------------------
 
     def infer(self, name: str, inputs: np.ndarray | None,
@@ -220,7 +201,7 @@ class CpuDevice(RealDevice):
                 try:
                     out = f(tin, *bound)
                     exec_ns = max(1, time.perf_counter_ns() - t0)
-                    return _numpy_outputs(out), exec_ns
+                    return numpy_outputs(out), exec_ns
                 except Exception as e:
                     raise ExecFailed(f"model {name!r}: EXEC failed: {e}") from e
             finally:

@@ -59,10 +59,10 @@ from worker.devices.base import (
     InvalidInput,
     InvalidPackage,
     LoadFailed,
-    NotInCache,
     RealDevice,
     WeightsAlreadyLoaded,
     WeightsNotPresent,
+    numpy_outputs,
 )
 from worker.memory import ARENA_ALIGNMENT, ArenaError, PageArena
 
@@ -276,12 +276,6 @@ def _target_kind(target: str) -> str:
         return target.split()[0] if target else ""
 
 
-def _numpy_outputs(out) -> np.ndarray | list[np.ndarray]:
-    if hasattr(out, "numpy"):
-        return out.numpy()
-    return [o.numpy() for o in out]  # a tuple of outputs
-
-
 class CudaDevice(RealDevice):
     """Real execution on an NVIDIA GPU; see the module docstring.
 
@@ -413,19 +407,6 @@ class CudaDevice(RealDevice):
             self.arena.page(p)[: chunk.size].set(chunk, stream=stream)
         stream.synchronize()
 
-    def evict(self, name: str) -> None:
-        """EVICT: never waits. Pages under a running EXEC are freed when it ends."""
-        m = self._model(name)
-        with self._lock:
-            if m.pages is None:
-                raise NotInCache(f"model {name!r} is not loaded")
-            m.bound = None
-            if m.busy:
-                m.free_after = m.pages
-            else:
-                self.arena.free(m.pages)
-            m.pages = None
-
     # -- INPUT + EXEC + OUTPUT ------------------------------------------------------------
 
     def infer(self, name: str, inputs: np.ndarray | None,
@@ -461,7 +442,7 @@ class CudaDevice(RealDevice):
                     self._end.record(stream)
                     self._end.synchronize()
                     ms = cupy.cuda.get_elapsed_time(self._start, self._end)
-                    return _numpy_outputs(out), max(1, round(ms * 1e6))  # OUTPUT
+                    return numpy_outputs(out), max(1, round(ms * 1e6))  # OUTPUT
             except Exception as e:  # a cupy or TVM error: nothing in here raises our own
                 raise ExecFailed(f"model {name!r}: EXEC failed: {e}") from e
             finally:
