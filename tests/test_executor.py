@@ -213,3 +213,48 @@ def test_a_reset_keeps_only_the_named_weights_fully_loaded_at_their_version():
     other = GpuExecutor(0, 0, 30, {**old.models, "a": make_profile("a", pages=7)},
                         EmulatedDevice())
     assert keep_weights([old], [other], [(0, "a", 4)], 21 * MS) == [set()]
+
+
+class _OpenInfer:
+    """A device whose INFERs the shell runs for real (as cpu/cuda ones): no duration."""
+
+    def duration(self, action, profile):
+        return profile.load_ns if action.type == ActionType.LOAD else None
+
+
+def test_an_action_is_never_started_after_its_latest_when_asked_late():
+    # a real device's completion reaches the worker's loop late (busy loop): the next
+    # INFER, whose window has passed by then, is answered too late, not handed over
+    e = GpuExecutor(0, 0, 20, {"a": make_profile("a")}, _OpenInfer())
+    e.submit(load(1, "a"), 0)
+    e.advance(8 * MS)
+    e.submit(infer(2, "a", 10 * MS, 20 * MS, version=1), 10 * MS)
+    assert [a.id for a in e.take_started()] == [2]
+    e.submit(infer(3, "a", 11 * MS, 21 * MS, version=1), 11 * MS)
+    res = e.complete(2, now=40 * MS, begin=10 * MS, end=15 * MS)
+    assert [(r.id, r.status) for r in res] == [(2, ErrorCode.SUCCESS),
+                                               (3, ErrorCode.EXEC_TOO_LATE)]
+    assert e.take_started() == []
+    # an emulated one advanced after the window (a late timer): too late, at that time
+    e = ex()
+    e.submit(load(1, "a"), 0)
+    e.advance(8 * MS)
+    e.submit(infer(2, "a", 10 * MS, 20 * MS), 9 * MS)
+    (r,) = e.advance(30 * MS)
+    assert (r.status, r.begin) == (ErrorCode.EXEC_TOO_LATE, 30 * MS)
+    # advanced late but within the window: it begins then, not at the time it could have
+    e.submit(load(3, "b"), 30 * MS)
+    e.advance(38 * MS)
+    e.submit(infer(4, "b", 40 * MS, 50 * MS), 39 * MS)
+    assert e.advance(45 * MS) == []
+    (r,) = run_until_idle(e)
+    assert (r.status, r.begin) == (ErrorCode.SUCCESS, 45 * MS)
+
+
+def test_a_window_that_closes_before_it_opens_is_too_late():
+    e = ex()
+    e.submit(load(1, "a"), 0)
+    e.advance(8 * MS)
+    e.submit(infer(2, "a", 20 * MS, 15 * MS), 9 * MS)
+    (r,) = run_until_idle(e)
+    assert r.status == ErrorCode.EXEC_TOO_LATE

@@ -249,20 +249,21 @@ class GpuExecutor:
         if not lane.pending:
             return False
         earliest, _, action, received = lane.pending[0]
-        consider = max(lane.free_at, received)
-        if consider > now:
+        if max(lane.free_at, received) > now:
             return False
-        if consider > action.latest:
+        # the lane can take it now (not at an earlier time it could have, had this been
+        # asked then: a late timer or a late completion is time really lost)
+        if now > action.latest:
             heapq.heappop(lane.pending)
-            lane.free_at = consider
-            late_by = (consider - action.latest) / 1e6
+            lane.free_at = now
+            late_by = (now - action.latest) / 1e6
             out.append(
-                self._error(action, received, consider, TOO_LATE[action.type], f"late by {late_by:.3f} ms")
+                self._error(action, received, now, TOO_LATE[action.type], f"late by {late_by:.3f} ms")
             )
             return True
-        begin = self._begin(action, consider, earliest)
+        begin = self._begin(action, now, earliest)
         if begin > now:
-            return False
+            return False  # (asked again then: past ``latest``, it is answered as above)
         heapq.heappop(lane.pending)
         lane.running = self._start(action, received, begin)
         return True
