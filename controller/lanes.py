@@ -38,6 +38,12 @@ class LaneTracker:
         return not self._work
 
     @property
+    def last_earliest(self) -> int:
+        """``earliest`` of the newest outstanding action (0 when there is none)."""
+        work = self._work
+        return next(reversed(work.values()))[0] if work else 0
+
+    @property
     def free_at(self) -> int:
         """The end of the predicted chain; ``available(now)`` is ``max(free_at, now +
         future)`` unless the lane is overdue at ``now`` (``due < now``)."""

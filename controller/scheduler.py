@@ -58,7 +58,10 @@ class ClockworkScheduler(Policy):
         ]
         self._replies: list[Reply] = []
         self._sent = Inflight()  # actions sent, not answered (copy: the Instance)
-        self._expiry: list[tuple[int, int, Request]] = []  # (drop_at, id, request)
+        # (drop_at, id, request) of queued requests; answered ones leave it from the top,
+        # or all at once when they outnumber the queued ones (``_push_expiry``)
+        self._expiry: list[tuple[int, int, Request]] = []
+        self._live = 0  # queued requests, over every model (the sum of their ``live``)
         self._wakes: list[tuple[int, int]] = []  # (time, gpu index)
         self._use_seq = 0
         self._unserved: set[str] = set()  # models with queued requests and no copy
@@ -151,6 +154,7 @@ class ClockworkScheduler(Policy):
         m.last_deadline = deadline
         m.queue.append(request)
         m.live = live + 1
+        self._live += 1
         m.qver += 1
         m.outstanding += request.demand
         if insts:
@@ -184,8 +188,17 @@ class ClockworkScheduler(Policy):
             self._unserved.add(m.name)
             self._schedule_loads(now, out, only_idle=True)
         if request.state == QUEUED:  # (one sent at once needs no expiry)
-            heapq.heappush(self._expiry, (drop_at, request.id, request))
+            self._push_expiry(drop_at, request)
         return out
+
+    def _push_expiry(self, drop_at: int, r: Request) -> None:
+        exp = self._expiry
+        if len(exp) > 2 * self._live + 64:
+            # answered requests (with their inputs) would otherwise stay until their
+            # drop time, up to a day, whenever an earlier one is still queued
+            exp = self._expiry = [e for e in exp if e[2].state == QUEUED]
+            heapq.heapify(exp)
+        heapq.heappush(exp, (drop_at, r.id, r))
 
     def on_result(self, result: Result, now: int) -> list[Action]:
         out: list[Action] = []
@@ -214,6 +227,8 @@ class ClockworkScheduler(Policy):
             if m.removed and self._retire(inst, now, out) and (self._unserved or self._misses):
                 self._schedule_loads(now, out, only_idle=False)  # its pages may take a LOAD
             self._schedule_infer(g, now, out)
+            if result.status and m.live:
+                self._offer(m, now, out)  # put back: the other copies may run them sooner
         elif t == ActionType.LOAD:
             g.pcie.done(result.id, result.end)
             inst = inf.copy
@@ -438,7 +453,8 @@ class ClockworkScheduler(Policy):
                 idx = [i for i in range(n) if deadlines[i] >= th][:b]
                 if len(idx) < b:
                     continue
-            p = deadlines[idx[0]] - e
+            # the batch's oldest deadline (its first request's when the queue is in order)
+            p = (deadlines[idx[0]] if ordered else min([deadlines[i] for i in idx])) - e
             if prio is None or p < prio:
                 prio = p
             chosen = (b, idx)
@@ -466,10 +482,11 @@ class ClockworkScheduler(Policy):
         aid = self._sent.new_id()
         earliest = inst.ready_at if inst.ready_at > now else now
         # workers run a lane in ``earliest`` order; never let a later INFER overtake an
-        # earlier one (e.g. one waiting for its LOAD), or the predicted chain breaks
-        if earliest < g.last_earliest:
-            earliest = g.last_earliest
-        g.last_earliest = earliest
+        # outstanding one (e.g. one waiting for its LOAD), or the predicted chain breaks.
+        # (Not one already answered: one failed back before its start holds nothing up.)
+        last = g.exec.last_earliest
+        if earliest < last:
+            earliest = last
         start = g.exec.add(aid, earliest, e, now)
         latest = max(now + cfg.future + cfg.latest_delta, start + cfg.latest_delta)
         a = Action(aid, ActionType.INFER, g.worker, g.gpu, m.name, earliest, latest, e,
@@ -507,8 +524,9 @@ class ClockworkScheduler(Policy):
             r.state = QUEUED
             m.queue.appendleft(r)
             m.live += 1
+            self._live += 1
             m.outstanding += r.demand
-            heapq.heappush(self._expiry, (r.drop_at, r.id, r))
+            self._push_expiry(r.drop_at, r)
         self._demand_changed(m)
         if was_empty:
             self._queued.add(m.name)
@@ -523,6 +541,7 @@ class ClockworkScheduler(Policy):
         """A queued request leaves the queue (to execute, or answered)."""
         r.state = state
         m.live -= 1
+        self._live -= 1
         m.qver += 1
         m.outstanding -= r.demand
         if m.instances:
@@ -583,6 +602,23 @@ class ClockworkScheduler(Policy):
             pop(h)
         t = now + self.cfg.future
         return key if key > t else t
+
+    def _offer(self, m: ModelState, now: int, out: list[Action]) -> None:
+        """What ``on_request`` does for a new request, for ``m``'s queue as it stands: an
+        INFER decision on each GPU with a copy whose lane is free before the horizon, a
+        wake for each other one."""
+        ix = m.wide
+        if ix is not None:
+            self._kick_copies(m, ix, now, out)
+            return
+        sa = self.cfg.schedule_ahead
+        horizon = now + sa
+        for g in [inst.gpu for inst in m.instances.values()]:
+            free = g.exec.available(now)
+            if free < horizon:
+                self._schedule_infer(g, now, out)
+            elif not g.wake_at:
+                self._wake(g, free - sa + 1)
 
     def _kick_copies(self, m: ModelState, ix: CopyIndex, now: int, out: list[Action]) -> None:
         """``on_request``'s loop over the copies, from the index: INFER on each GPU free
@@ -1127,7 +1163,7 @@ class ClockworkScheduler(Policy):
         return g.total_pages - g.free_pages
 
     def queued(self) -> int:
-        return sum(m.live for m in self.models.values())
+        return self._live
 
     def model_view(self, model: str) -> ModelView | None:
         m = self.models.get(model) or self._removed.get(model)

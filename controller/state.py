@@ -143,7 +143,7 @@ class ModelState:
 
 class GpuState:
     __slots__ = ("index", "worker", "gpu", "total_pages", "free_pages", "exec", "pcie",
-                 "instances", "active", "wake_at", "last_earliest", "available", "held",
+                 "instances", "active", "wake_at", "available", "held",
                  "wide", "share")
 
     def __init__(self, index: int, worker: int, gpu: int, pages: int, cfg: SchedulerConfig) -> None:
@@ -159,7 +159,6 @@ class GpuState:
         # repeat exactly whatever the process's string hashing)
         self.active: dict[str, Instance] = {}
         self.wake_at = 0  # a pending on_tick for this GPU's EXEC lane (0: none)
-        self.last_earliest = 0  # ``earliest`` of the last INFER sent (kept monotone)
         self.available = True  # False while its worker is gone: nothing is placed here
         # the copies (model, version) it held when it was lost (restored on return)
         self.held: list[tuple[str, int]] = []

@@ -728,3 +728,88 @@ def test_repeated_wakes_change_no_decision(tmp_path):
                      for f in ("summary.json", "requests.tsv", "actions.tsv")])
     assert repeats > 100  # the case arises
     assert logs[0] == logs[1]
+
+
+def test_requests_put_back_after_a_failed_infer_go_to_another_copy_at_once():
+    # a has copies on GPUs 0 and 1; GPU 0 is lost with the INFER and fails it back: the
+    # request runs on GPU 1 now, not answered TIMEOUT once its drop time has passed
+    s = sched(gpus=2)
+    s.adopt_copies(0, 0, [("a", 1)])
+    s.adopt_copies(1, 0, [("a", 1)])
+    (inf,) = s.on_request(req(1, t=MS), MS)
+    assert inf.gpu == 0
+    assert s.set_gpu_available(0, False, 2 * MS) == []
+    again = s.on_result(fail(inf, 2 * MS, ErrorCode.WEIGHTS_NOT_PRESENT), 2 * MS)
+    assert [(a.type, a.gpu, [r.id for r in a.requests]) for a in again] == [
+        (ActionType.INFER, 1, [1])]
+    assert s.queued() == 0 and s.drain_replies() == []
+
+
+def test_an_infer_failed_back_before_its_start_holds_no_later_one_back():
+    # a's INFER waits for its LOAD (earliest 9 ms); the worker is lost at 2 ms and comes
+    # back at 3 ms with b's weights: b's INFER may start at once, its window not pushed
+    # to 9 ms (predicted to end after its deadline)
+    s = sched(models=("a", "b"))
+    s.adopt_copies(0, 0, [("b", 1)])
+    acts = s.on_request(req(1, "a", 0, slo=14 * MS), 0)
+    assert [(a.type, a.earliest) for a in acts] == [(ActionType.LOAD, 0),
+                                                    (ActionType.INFER, 9 * MS)]
+    s.set_gpu_available(0, False, 2 * MS)
+    for a in acts:
+        code = (ErrorCode.WEIGHTS_NOT_PRESENT if a.type == ActionType.INFER
+                else ErrorCode.NETWORK_SEND_TOO_LATE)
+        s.on_result(fail(a, 2 * MS, code), 2 * MS)
+    s.drain_replies()
+    s.readmit_gpu(0, 3 * MS, {"b"})
+    r = req(2, "b", 3 * MS, slo=8 * MS)
+    (inf,) = [a for a in s.on_request(r, 3 * MS) if a.type == ActionType.INFER]
+    assert inf.earliest == 3 * MS and inf.expected_end <= r.deadline
+
+
+def test_a_batch_from_a_queue_out_of_order_ranks_by_its_oldest_deadline():
+    # a's queue holds deadlines 95 then 18 ms (its SLOs differ): the batch of both is as
+    # urgent as 18 ms - EXEC(2) and goes before b's lone request (21.6 ms - EXEC(1)); ranked
+    # by its first request (95 ms) it went after, and a's 18 ms request missed
+    s = sched(models=("a", "b"), batch_first=False)
+    s.adopt_copies(0, 0, [("a", 1), ("b", 1)])
+    occupy(s, 0, 12 * MS)
+    s.on_request(Request(1, "a", 0, 100 * MS), 0)
+    s.on_request(Request(2, "a", 0, 20 * MS), 0)
+    s.on_request(Request(3, "b", 0, 24 * MS), 0)
+    s.gpus[0].exec.done(999_999, 12 * MS)
+    sent = [(a.model, [r.id for r in a.requests]) for a in s.on_tick(12 * MS)
+            if a.type == ActionType.INFER]
+    assert sent == [("a", [1, 2]), ("b", [3])]
+    assert s.drain_replies() == []
+
+
+def test_answered_requests_do_not_pile_up_behind_a_queued_one():
+    # one model kept busy by 80 clients, half of them with a day's SLO: a queued request
+    # with a short SLO is nearly always at the top of the expiry heap; the heap holds
+    # about the queued requests, not every answered one until its own drop time (with
+    # its inputs)
+    from clockwork.cluster.sim import Simulation
+    from clockwork.scenario import load_scenario
+
+    sim = Simulation(load_scenario(data={
+        "seed": 1, "duration_s": 3.0,
+        "cluster": {"workers": 1, "gpus_per_worker": 1, "profiles": "v100-reference"},
+        "models": [{"name": "resnet50_v2"}],
+        "workloads": [{"kind": "closed_loop", "models": "resnet50_v2", "concurrency": 40,
+                       "slo_ms": 86_400_000},
+                      {"kind": "closed_loop", "models": "resnet50_v2", "concurrency": 40,
+                       "slo_ms": 100}]}))
+    pol = sim.policy
+    most = [0]
+    on_request = pol.on_request
+
+    def watched(r, now):
+        out = on_request(r, now)
+        assert pol.queued() == sum(m.live for m in pol.models.values())
+        most[0] = max(most[0], len(pol._expiry) - 2 * pol.queued())
+        return out
+
+    pol.on_request = watched
+    res = sim.run()
+    assert res.summary["submitted"] > 3000
+    assert most[0] <= 65
