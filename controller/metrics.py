@@ -164,6 +164,10 @@ class ControllerMetrics:
             m = self.models[model] = _Model(model)
         return m
 
+    def forget(self, model: str) -> None:
+        """``model`` is no longer served (unloaded): its series leave ``/metrics``."""
+        self.models.pop(model, None)
+
     def reply(self, model: str, status: str, latency_ns: int | None) -> None:
         """A request answered without a ``Reply`` (refused at admission: invalid,
         overloaded); ``model`` is "" for an unknown model. ``latency_ns`` (successful

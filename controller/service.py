@@ -118,6 +118,7 @@ SERVER_OPTIONS = [*CHANNEL_OPTIONS, *LISTEN_OPTIONS, *keepalive.SERVER]
 MAX_COPIES = 1024  # instances one load may make
 UPDATE_TIMEOUT_S = 30.0  # for the workers to take an InstanceUpdate (a cpu worker reads its package)
 UNLOAD_WAIT_S = 60.0  # a load waits this long for an unload of the same names to finish
+UNLOADED_KEPT = 1000  # unloaded instances the index still lists (the newest ones)
 UNLOAD_POLL_S = 0.005  # how often an unload looks whether its copies and requests are gone
 _MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}(:[0-9]{1,6})?")
 
@@ -911,6 +912,7 @@ class ControllerNode:
                         else pb.InferResponse(status=RequestStatus.ERROR, message=msg,
                                               gpu=rep.gpu))
             r.tag(resp)
+            r.tag = r.inputs = None  # answered: whatever still holds it holds no tensors
 
     def _response(self, rep: Reply, r: Request):
         """The answer to deliver: a ``pb.InferResponse``, or an ``Answer`` for a typed
@@ -1242,8 +1244,12 @@ class ControllerNode:
             if i in self.unloading:
                 self.unloading.discard(i)
                 self.profiles.pop(i, None)
+                self.unloaded.pop(i, None)  # (the newest last)
                 self.unloaded[i] = self.instances.pop(i, "")
                 self.packages.pop(i, None)
+                self.metrics.forget(i)
+        while len(self.unloaded) > UNLOADED_KEPT:  # names come from clients: keep the newest
+            del self.unloaded[next(iter(self.unloaded))]
         if not self._stopping:
             await self._update_workers(remove=names, wait=False)
 

@@ -981,3 +981,45 @@ def _on_device(w) -> list[str]:
     in its executor for the emulated one."""
     return sorted(n for n, m in w.real[0].models.items() if m.pages is not None) \
         if w.real else w.executors[0].loaded_models()
+
+
+def test_unloaded_names_are_forgotten_oldest_first_with_their_metrics(monkeypatch):
+    """Clients choose the names they load and unload: the controller keeps the newest
+    ``UNLOADED_KEPT`` unloaded ones for the index, and drops each one's ``/metrics``
+    series when it is unloaded. Controller and worker in this process."""
+    import asyncio
+
+    import controller.service as service
+    from controller.service import ControllerNode
+    from tests.test_faults_live import _answer, _serve_in_process
+    from worker.service import WorkerNode
+
+    monkeypatch.setattr(service, "UNLOADED_KEPT", 2)
+
+    async def main():
+        wnode = WorkerNode(gpus=1, pages=100)
+        address, stop, served = await _serve_in_process(wnode)
+        node = ControllerNode([address], "v100-reference", models="resnet50_v2")
+        await node.start()
+        try:
+            for i in range(4):
+                name = f"tmp{i}"
+                await node.load_model(name, profile="mobilenet_v2")
+                assert (await _answer(node, name)).status == 0
+                assert f'model="{name}"' in node.metrics.render().decode()
+                await node.unload_model(name)
+                while node.model_state(name) != ("UNAVAILABLE", "unloaded"):
+                    await asyncio.sleep(0.005)
+                assert f'model="{name}"' not in node.metrics.render().decode()
+            names = [n for n, _state, _reason in node.repository_index()]
+            assert [n for n in names if n.startswith("tmp")] == ["tmp2", "tmp3"]
+            assert node.model_state("tmp0") is None
+            # a forgotten name can be loaded again
+            await node.load_model("tmp0", profile="mobilenet_v2")
+            assert (await _answer(node, "tmp0")).status == 0
+        finally:
+            await node.stop()
+            stop.set()
+            await served
+
+    asyncio.run(asyncio.wait_for(main(), 60))
