@@ -455,11 +455,12 @@ class InferStream:
         self._watch = asyncio.create_task(self._watchdog())
 
     async def _watchdog(self) -> None:
-        """Resolve requests whose SLO and grace have passed without an answer."""
-        due = self._due
+        """Resolve requests whose SLO and grace have passed without an answer (ends with
+        the reader: the call's end fails whatever still waits)."""
         while True:
             await asyncio.sleep(0.05)
             now = time.monotonic_ns()
+            due = self._due
             while due and due[0][0] <= now:
                 _, cid = heapq.heappop(due)
                 fut = self._waiting.pop(cid, None)
@@ -504,6 +505,8 @@ class InferStream:
                                                      "on its stream unanswered"))
         else:  # the controller ended the stream (it stops, or closed it): none is lost
             self._fail_waiting(ControllerUnavailable("controller stream closed"))
+        finally:
+            self._watch.cancel()  # nothing is left to watch (it woke 20 times a second)
 
     def _fail_waiting(self, err: ClockworkError) -> None:
         """Every request still waiting fails with ``err`` (and a later submit too)."""
@@ -533,7 +536,11 @@ class InferStream:
         if 0 < slo < 1e9:  # (a nonsense SLO: the controller refuses it)
             t = time.monotonic_ns()
             self._sent[cid] = (t, slo)
-            heapq.heappush(self._due, (t + int((slo / 1e3 + GRACE_S) * 1e9), cid))
+            due = self._due
+            if len(due) > 2 * len(self._sent) + 64:  # answered ones (SLOs up to a day)
+                due = self._due = [e for e in due if e[1] in self._sent]
+                heapq.heapify(due)
+            heapq.heappush(due, (t + int((slo / 1e3 + GRACE_S) * 1e9), cid))
         self._queue.append(req)
         self._wake.set()
         return fut

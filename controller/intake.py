@@ -33,6 +33,11 @@ from clockwork.protocol.pacing import Pacer
 from clockwork.protocol.ratelog import LogLimiter
 from clockwork.time import MAX_SLO_NS
 
+# one line a second of each kind, per process (a misbehaving client must not flood the log)
+_ADMIT_LOG = LogLimiter("controller")
+_SLOW_LOG = LogLimiter("controller")
+_FAILED_LOG = LogLimiter("controller")
+
 now_ns = time.monotonic_ns
 OVERLOADED = "overloaded"
 _FRAME = 6  # bytes a reply adds to its message besides its own size (tag and length)
@@ -105,10 +110,7 @@ def submit_guarded(node, reqs: Sequence, deliver, *args) -> None:
 
 def _admit_failed(node, reqs, deliver, start: int, state: list, e: Exception) -> None:
     node.count("admit_errors")
-    log = getattr(node, "_admit_log", None)
-    if log is None:
-        log = node._admit_log = LogLimiter("controller")
-    log(f"admitting {len(reqs)} request(s) failed: {e!r}; answering them ERROR", e)
+    _ADMIT_LOG(f"admitting {len(reqs)} request(s) failed: {e!r}; answering them ERROR", e)
     msg = f"the controller could not admit this request: {e!r}"
     pending = node.pending
     swept = set()
@@ -280,10 +282,7 @@ async def serve_stream(node, requests, context) -> None:
         if killed.is_set():
             rtask.cancel()
             wtask.cancel()
-            log = getattr(node, "_slow_log", None)
-            if log is None:
-                log = node._slow_log = LogLimiter("controller")
-            log(f"InferStream from {conn} ended: {st.why}")
+            _SLOW_LOG(f"InferStream from {conn} ended: {st.why}")
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, st.why)
         wtask.result()  # a failed write (the client went away) raises here
         if rtask.done() and not rtask.cancelled() and rtask.exception() is not None:
@@ -291,7 +290,7 @@ async def serve_stream(node, requests, context) -> None:
             if isinstance(e, grpc.RpcError | asyncio.CancelledError):
                 raise e
             node.count("streams_failed")
-            LogLimiter("controller")(f"InferStream from {conn} failed: {e!r}", e)
+            _FAILED_LOG(f"InferStream from {conn} failed: {e!r}", e)
             await context.abort(grpc.StatusCode.INTERNAL, f"stream failed: {e!r}")
     finally:
         _close(st)

@@ -174,6 +174,24 @@ def test_a_stream_closed_under_its_requests_fails_them(cluster):
     asyncio.run(go())
 
 
+def test_a_stream_keeps_nothing_of_answered_requests_and_nothing_runs_after_it(cluster):
+    """Answered requests with long SLOs leave no give-up entries behind, and a stream
+    its client closes without closing the stream stops its watchdog with its reader."""
+    async def go():
+        async with clockwork.AsyncClient(cluster.address, timeout=10) as c:
+            s = c.stream()
+            for _ in range(300):  # one at a time: one outstanding
+                r = await asyncio.wait_for(s.submit("mobilenet_v2", slo_ms=86_400_000), 10)
+                assert r.status == 0
+            assert len(s._due) <= 2 * s.outstanding + 65
+        # left with the client, not closed: the call ends, its reader and watchdog too
+        await asyncio.wait_for(asyncio.gather(s._reader, s._watch, return_exceptions=True),
+                               5)
+        assert s._watch.cancelled()
+
+    asyncio.run(go())
+
+
 def test_worker_loss_answers_requests():
     """A worker that dies mid-stream: its requests are still answered, the controller lives."""
     with local_cluster(workers=2, gpus=1, models="resnet50_v2") as c:
