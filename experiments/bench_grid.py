@@ -53,6 +53,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from clockwork.cluster.cli import argtypes as t  # noqa: E402
 from clockwork.profiles import load_profile_set  # noqa: E402
 
 PROFILES = "v100-reference"
@@ -165,27 +166,44 @@ def run_cell(toml: str, work: Path, keep: Path | None, tag: str) -> dict:
             "loads": s["actions"]["load"], "infers": s["actions"]["infer"]}
 
 
+def model_count(text: str) -> int | str:
+    """A ``--models`` item: a number of models (>= 1), or ``hot``."""
+    if text == "hot":
+        return text
+    try:
+        return t.positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of models >= 1 or hot, got {text!r}") from None
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="30,000 requests per cell")
-    ap.add_argument("--requests", type=int, default=None,
-                    help="requests simulated per cell (default 150,000)")
-    ap.add_argument("--repeat", type=int, default=1, help="runs per cell, interleaved")
-    ap.add_argument("--gpus", default="10,100,400", help="GPU counts (comma-separated)")
-    ap.add_argument("--copies", default="1,4,16", help="copies per GPU (comma-separated)")
-    ap.add_argument("--models", default="1,1000,hot",
-                    help="model counts, or hot (comma-separated)")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--keep", type=Path, default=None,
+    ap.add_argument("--requests", type=t.positive_int, default=None,
+                    help="requests simulated per cell, >= 1 (default 150,000)")
+    ap.add_argument("--repeat", type=t.positive_int, default=1,
+                    help="runs per cell, interleaved (>= 1, default 1)")
+    ap.add_argument("--gpus", type=t.comma_list(t.positive_int), default="10,100,400",
+                    help="GPU counts, each >= 1 (comma-separated)")
+    ap.add_argument("--copies", type=t.comma_list(t.positive_int), default="1,4,16",
+                    help="copies per GPU, each >= 1 (comma-separated)")
+    ap.add_argument("--models", type=t.comma_list(model_count), default="1,1000,hot",
+                    help="model counts (each >= 1), or hot (comma-separated)")
+    ap.add_argument("--seed", type=t.nonneg_int, default=1, help="seed, >= 0 (default 1)")
+    ap.add_argument("--keep", type=t.out_dir, default=None, metavar="DIR",
                     help="keep each cell's logs in DIR/G-C-M (default: a temp dir, removed)")
-    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    ap.add_argument("--json", type=t.out_file, default=None, metavar="FILE",
+                    help="also write the figures here")
     a = ap.parse_args(argv)
     n = a.requests or (30_000 if a.quick else 150_000)
-    shape = [(g, c, m) for m in (x if x == "hot" else int(x) for x in a.models.split(","))
-             for g in map(int, a.gpus.split(",")) for c in map(int, a.copies.split(","))
+    shape = [(g, c, m) for m in a.models for g in a.gpus for c in a.copies
              if m != "hot" or c == 1]
+    if not shape:
+        ap.error("--models hot runs with 1 copy per GPU only: add 1 to --copies")
+    keep = Path(a.keep) if a.keep else None
     cells: dict[tuple, dict] = {}
     same: dict[tuple, tuple] = {}  # a cell whose scenario is another's (1,000 models)
     by_toml: dict[str, tuple] = {}
@@ -203,7 +221,7 @@ def main(argv=None) -> dict:
         for rep in range(a.repeat):
             for (g, c, m), cell in cells.items():
                 tag = f"{g}-{c}-{m}"
-                r = run_cell(cell["toml"], Path(tmp), a.keep, tag)
+                r = run_cell(cell["toml"], Path(tmp), keep, tag)
                 r["load"] = os.getloadavg()[0]
                 cell["runs"].append(r)
                 print(f"  [{rep + 1}/{a.repeat}] {g:>4} GPUs x {c:>2} copies x {m:>4} models: "
@@ -250,7 +268,9 @@ def main(argv=None) -> dict:
     info = {"requests_per_cell": n, "repeat": a.repeat, "load_before": load0[0],
             "load_after": load1[0], "cells": rows}
     if a.json:
-        a.json.write_text(json.dumps(info, indent=2) + "\n")
+        out = Path(a.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(info, indent=2) + "\n")
     return info
 
 

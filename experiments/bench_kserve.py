@@ -78,6 +78,22 @@ except ImportError:  # run by path without the repository on PYTHONPATH
     sys.path.append(str(Path(__file__).resolve().parent.parent))
     from experiments.bench_rest import cpu_s
 
+
+def _argtypes():
+    """``clockwork/cluster/cli/argtypes.py`` of this script's checkout (it needs only the
+    standard library): the code under test, first on PYTHONPATH, may be older and lack
+    some of them."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "clockwork" / "cluster" / "cli" / "argtypes.py"
+    spec = importlib.util.spec_from_file_location("bench_kserve_argtypes", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+t = _argtypes()
+
 # model -> (input shape, output shape), without the batch dimension
 SIZES = {"tiny": ([64], [64]), "resnet": ([3, 224, 224], [1000])}
 PROTOCOLS = ("grpc", "rest", "json")  # json: REST with the tensors as JSON lists
@@ -506,32 +522,49 @@ def one_run(clients: Clients, server: str, urls: dict, pids: dict, cell: tuple,
             "idle_other_cpu_ms": r["idle_cpu_s"] * 1e3}
 
 
+def _items(option: str, text: str, item) -> list:
+    """``text`` as a comma-separated list of ``item``s; a bad one raises
+    ``argparse.ArgumentTypeError`` naming ``option``."""
+    try:
+        return t.comma_list(item)(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"argument {option}: {e}") from None
+
+
+def parse_cell(text: str) -> tuple[str, str, int]:
+    """A ``--cells`` item: SIZE/PROTOCOL/CLIENTS."""
+    parts = text.split("/")
+    try:
+        if len(parts) != 3 or parts[0] not in SIZES or parts[1] not in PROTOCOLS:
+            raise argparse.ArgumentTypeError
+        return parts[0], parts[1], t.positive_int(parts[2])
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"want SIZE/PROTOCOL/CLIENTS with SIZE in {list(SIZES)}, PROTOCOL in "
+            f"{list(PROTOCOLS)} and CLIENTS >= 1, got {text!r}") from None
+
+
 def cells_of(args) -> list[tuple]:
+    """The cells (size, protocol, clients): ``--cells``, else ``--sizes`` x ``--protocols``
+    x ``--concurrency``. A bad one raises ``argparse.ArgumentTypeError``."""
     if args.cells:
-        out = []
-        for c in args.cells.split(","):
-            size, proto, conc = c.strip().split("/")
-            if size not in SIZES or proto not in PROTOCOLS:
-                raise SystemExit(f"--cells {c}: want SIZE/PROTOCOL/CONCURRENCY with SIZE in "
-                                 f"{list(SIZES)}, PROTOCOL in {list(PROTOCOLS)}")
-            out.append((size, proto, int(conc)))
-        return out
-    sizes, protos = args.sizes.split(","), args.protocols.split(",")
-    concs = [int(c) for c in args.concurrency.split(",")]
-    for s in sizes:
-        if s not in SIZES:
-            raise SystemExit(f"--sizes: {s!r} is not one of {list(SIZES)}")
-    for p in protos:
-        if p not in PROTOCOLS:
-            raise SystemExit(f"--protocols: {p!r} is not one of {list(PROTOCOLS)}")
+        return _items("--cells", args.cells, parse_cell)
+    sizes = _items("--sizes", args.sizes, t.one_of(*SIZES))
+    protos = _items("--protocols", args.protocols, t.one_of(*PROTOCOLS))
+    concs = _items("--concurrency", args.concurrency, t.positive_int)
     return [(s, p, c) for s in sizes for p in protos for c in concs]
+
+
+def servers_of(args) -> list[str]:
+    """``--servers``, in order. A bad one raises ``argparse.ArgumentTypeError``."""
+    return _items("--servers", args.servers, t.one_of(*SERVERS))
 
 
 def run_all(args) -> list[dict]:
     from clockwork.cluster.serve import LocalCluster
 
     cells = cells_of(args)
-    servers = args.servers.split(",")
+    servers = servers_of(args)
     results: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         write_profiles(Path(tmp), args.exec_us)
@@ -610,7 +643,7 @@ def table(results: list[dict], args) -> str:
             return "–"
         return f"{med(rs, k):{fmt}} ({best(r[k] for r in rs):{fmt}})"
 
-    bare = [s for s in BARE if s in args.servers.split(",")]
+    bare = [s for s in BARE if s in servers_of(args)]
     lines = [
         "| size | protocol | clients | ours req/s | peer req/s | ours/peer | ours p50 ms "
         "| ours p50 − EXEC | peer p50 ms | ours p99 ms | peer p99 ms | errors ours/peer "
@@ -693,34 +726,42 @@ def main() -> int:
                     help="grpc, rest (REST with binary tensor data), json (REST with the "
                          "tensors as JSON lists; not in the default grid)")
     ap.add_argument("--concurrency", default="1,8,32,64",
-                    help="closed-loop clients per run, comma-separated")
+                    help="closed-loop clients per run (each >= 1), comma-separated")
     ap.add_argument("--cells", default="",
-                    help="instead of the grid: SIZE/PROTOCOL/CLIENTS,... (tiny/grpc/8)")
+                    help="instead of the grid: SIZE/PROTOCOL/CLIENTS,... (tiny/grpc/8; "
+                    "CLIENTS >= 1)")
     ap.add_argument("--servers", default="ours,peer",
                     help="comma-separated, in the order of the first repeat: ours, peer, "
                     "floor (a bare grpc.aio server that checks and runs nothing: the "
                     "Python gRPC stack's own cost), hop (the floor plus a round trip to a "
                     "second process that waits EXEC: the least our design's worker hop "
                     "costs); floor and hop serve gRPC cells only")
-    ap.add_argument("--duration", type=float, default=5.0,
-                    help="seconds measured per run, after the warm-up")
-    ap.add_argument("--warmup", type=float, default=1.0,
-                    help="seconds of load before measuring, per run")
-    ap.add_argument("--repeats", type=int, default=2,
-                    help="runs per cell and server, interleaved")
-    ap.add_argument("--procs", type=int, default=1,
-                    help="client processes the clients are spread over")
-    ap.add_argument("--gpus", type=int, default=1, help="ours: emulated GPUs")
-    ap.add_argument("--exec-us", type=float, default=100.0,
-                    help="ours: emulated execution time of a batch of 1 (EXEC), µs")
-    ap.add_argument("--slo-ms", type=float, default=10_000.0,
+    ap.add_argument("--duration", type=t.positive_float, default=5.0,
+                    help="seconds measured per run, after the warm-up (> 0)")
+    ap.add_argument("--warmup", type=t.nonneg_float, default=1.0,
+                    help="seconds of load before measuring, per run (>= 0)")
+    ap.add_argument("--repeats", type=t.positive_int, default=2,
+                    help="runs per cell and server, interleaved (>= 1)")
+    ap.add_argument("--procs", type=t.positive_int, default=1,
+                    help="client processes the clients are spread over (>= 1)")
+    ap.add_argument("--gpus", type=t.positive_int, default=1,
+                    help="ours: emulated GPUs (>= 1)")
+    ap.add_argument("--exec-us", type=t.positive_float, default=100.0,
+                    help="ours: emulated execution time of a batch of 1 (EXEC), µs "
+                    "(>= 0.001)")
+    ap.add_argument("--slo-ms", type=t.positive_float, default=10_000.0,
                     help="ours: the controller's default SLO (the client sends none; the "
-                    "peer has none), ms")
-    ap.add_argument("--json", metavar="FILE", help="also write every run's figures there")
+                    "peer has none), ms (> 0)")
+    ap.add_argument("--json", type=t.out_file, metavar="FILE",
+                    help="also write every run's figures there")
     args = ap.parse_args()
-    for s in args.servers.split(","):
-        if s not in SERVERS:
-            raise SystemExit(f"--servers: {s!r} is not one of {list(SERVERS)}")
+    try:
+        cells_of(args)
+        servers_of(args)
+    except argparse.ArgumentTypeError as e:
+        ap.error(str(e))
+    if int(args.exec_us * 1000) < 1:  # the profiles hold whole nanoseconds, at least 1
+        ap.error(f"argument --exec-us: must be at least 0.001 (1 ns), got {args.exec_us:g}")
     from importlib.metadata import version
 
     import controller
@@ -748,6 +789,7 @@ def main() -> int:
               f"rerun those cells with a longer --warmup")
     print(f"load average after: {open('/proc/loadavg').read().strip()}")
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"args": vars(args), "code": code,
                                                "runs": results}, indent=1))
     failed = sum(r["failed"] for r in results)

@@ -31,6 +31,7 @@ import urllib.request
 
 import numpy as np
 
+from clockwork.cluster.cli import argtypes as t
 from clockwork.cluster.replay import replay
 from clockwork.cluster.serve import LocalCluster
 from clockwork.profiles import load_profile_set
@@ -119,31 +120,35 @@ def top_frames(path: str, n: int = 15) -> str:
 
 
 def main() -> int:
+    models = sorted(load_profile_set("v100-reference").profiles)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rates", default="1000,2000,4000,6000,8000,10000,12000,14000,16000",
-                    help="offered Poisson rates, r/s, comma-separated, tried in order "
-                    "(default %(default)s)")
-    ap.add_argument("--step-s", type=float, default=10.0,
-                    help="seconds measured per rate, after a 2 s warm-up (default %(default)s)")
-    ap.add_argument("--workers", type=int, default=2,
-                    help="emulated worker processes (default %(default)s)")
-    ap.add_argument("--gpus", type=int, default=8,
-                    help="GPUs per worker (default %(default)s)")
-    ap.add_argument("--model", default="mobilenet_v2",
-                    help="profile served (default %(default)s)")
-    ap.add_argument("--copies", type=int, default=16,
-                    help="instances of it (default %(default)s)")
-    ap.add_argument("--slo-ms", type=float, default=100.0,
-                    help="every request's SLO (default %(default)s)")
-    ap.add_argument("--target", type=float, default=0.999,
-                    help="stop at the first rate whose SLO attainment is below this (0: run "
-                    "every rate; default %(default)s)")
-    ap.add_argument("--seed", type=int, default=1, help="arrivals' seed (default %(default)s)")
-    ap.add_argument("--out", metavar="JSON", help="also write the rows here")
+    ap.add_argument("--rates", type=t.comma_list(t.positive_float),
+                    default="1000,2000,4000,6000,8000,10000,12000,14000,16000",
+                    help="offered Poisson rates, r/s (each > 0), comma-separated, tried in "
+                    "order (default %(default)s)")
+    ap.add_argument("--step-s", type=t.positive_float, default=10.0,
+                    help="seconds measured per rate, after a 2 s warm-up (> 0, default "
+                    "%(default)s)")
+    ap.add_argument("--workers", type=t.positive_int, default=2,
+                    help="emulated worker processes (>= 1, default %(default)s)")
+    ap.add_argument("--gpus", type=t.positive_int, default=8,
+                    help="GPUs per worker (>= 1, default %(default)s)")
+    ap.add_argument("--model", default="mobilenet_v2", choices=models, metavar="MODEL",
+                    help=f"profile served: {', '.join(models)} (default %(default)s)")
+    ap.add_argument("--copies", type=t.positive_int, default=16,
+                    help="instances of it (>= 1, default %(default)s)")
+    ap.add_argument("--slo-ms", type=t.positive_float, default=100.0,
+                    help="every request's SLO (> 0, default %(default)s)")
+    ap.add_argument("--target", type=t.probability, default=0.999,
+                    help="stop at the first rate whose SLO attainment is below this, in "
+                    "[0, 1] (0: run every rate; default %(default)s)")
+    ap.add_argument("--seed", type=t.nonneg_int, default=1,
+                    help="arrivals' seed (>= 0, default %(default)s)")
+    ap.add_argument("--out", type=t.out_file, metavar="JSON", help="also write the rows here")
     ap.add_argument("--py-spy", action="store_true",
                    help="at the first failing rate, sample the busiest process with py-spy")
     args = ap.parse_args()
-    rates = [float(r) for r in args.rates.split(",") if r.strip()]
+    rates = args.rates
     prof = load_profile_set("v100-reference").get(args.model)
     exec_ns = {int(b): int(v) for b, v in prof.exec_ns.items()}
     cap = args.workers * args.gpus * max(b / exec_ns[b] * 1e9 for b in exec_ns)
@@ -234,7 +239,9 @@ def main() -> int:
         print("bottleneck: " + bottleneck)
     if args.out:
         import json
+        from pathlib import Path
 
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w") as f:
             json.dump({"args": vars(args), "rows": rows, "best_rps": best,
                        "bottleneck": bottleneck}, f, indent=2)

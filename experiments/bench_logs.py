@@ -102,25 +102,48 @@ def cpu_model() -> str:
     return platform.processor() or ""
 
 
+def child_args(argv: list[str]) -> argparse.Namespace:
+    """The arguments of a run (``--child MODE ...``, from ``run_one``, which checked their
+    values). Plain types: a ``--baseline`` run imports that checkout's ``clockwork``, which
+    may not have the argument types ``main`` uses."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--child", choices=MODES, required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--gpus", type=int, required=True)
+    ap.add_argument("--per-gpu", type=int, required=True)
+    ap.add_argument("--load", type=float, required=True)
+    ap.add_argument("--duration", type=float, required=True)
+    ap.add_argument("--seed", type=int, required=True)
+    return ap.parse_args(argv)
+
+
 def main(argv=None) -> dict | None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeat", type=int, default=3, help="runs per mode (default 3)")
-    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated (default all)")
-    ap.add_argument("--gpus", type=int, default=100)
-    ap.add_argument("--per-gpu", type=int, default=4, help="model instances per GPU")
-    ap.add_argument("--load", type=float, default=0.8)
-    ap.add_argument("--duration", type=float, default=10.0, help="virtual seconds")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--baseline", default=None, metavar="DIR",
-                    help="also run none and tsv on the code of this checkout")
-    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
-    ap.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
-    a = ap.parse_args(argv)
-    if a.child:
-        child(a)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--child"]:
+        child(child_args(argv))
         return None
-    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    from clockwork.cluster.cli import argtypes as t
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeat", type=t.positive_int, default=3,
+                    help="runs per mode (>= 1, default 3)")
+    ap.add_argument("--modes", type=t.comma_list(t.one_of(*MODES)), default=",".join(MODES),
+                    help=f"comma-separated, of {', '.join(MODES)} (default all)")
+    ap.add_argument("--gpus", type=t.positive_int, default=100, help="GPUs (>= 1, default 100)")
+    ap.add_argument("--per-gpu", type=t.positive_int, default=4,
+                    help="model instances per GPU (>= 1, default 4)")
+    ap.add_argument("--load", type=t.positive_float, default=0.8,
+                    help="offered load, a fraction of the best-batch capacity (> 0, "
+                    "default 0.8)")
+    ap.add_argument("--duration", type=t.positive_float, default=10.0,
+                    help="virtual seconds (> 0, default 10)")
+    ap.add_argument("--seed", type=t.nonneg_int, default=1, help="seed (>= 0, default 1)")
+    ap.add_argument("--baseline", type=t.in_dir, default=None, metavar="DIR",
+                    help="also run none and tsv on the code of this checkout")
+    ap.add_argument("--json", type=t.out_file, default=None, metavar="FILE",
+                    help="also write the figures here")
+    a = ap.parse_args(argv)
+    modes = list(a.modes)
     if a.baseline:
         modes += ["base-none", "base-tsv"]
     runs: dict[str, list[dict]] = {m: [] for m in modes}
@@ -168,7 +191,9 @@ def main(argv=None) -> dict | None:
         "args": {k: getattr(a, k) for k in ("gpus", "per_gpu", "load", "duration", "seed")},
     }
     if a.json:
-        a.json.write_text(json.dumps(result, indent=2) + "\n")
+        out = Path(a.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 

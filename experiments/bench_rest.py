@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from clockwork.cluster.cli import argtypes as t
+
 TICK = os.sysconf("SC_CLK_TCK")
 MODEL = "tiny"
 
@@ -150,21 +152,24 @@ def main() -> int:
         epilog="Prints one line: rps, p50/p99 latency, controller CPU µs per request, "
                "failures. Compare versions by running it alternately (see the module "
                "docstring).")
-    ap.add_argument("--concurrency", type=int, default=8,
-                    help="closed-loop clients (outstanding requests at any time)")
-    ap.add_argument("--duration", type=float, default=10.0,
-                    help="seconds measured, after the warm-up")
-    ap.add_argument("--warmup", type=float, default=2.0,
-                    help="seconds of load before measuring")
-    ap.add_argument("--procs", type=int, default=1,
-                    help="client processes the clients are spread over")
-    ap.add_argument("--gpus", type=int, default=2, help="emulated GPUs (one copy on each)")
-    ap.add_argument("--floats", type=int, default=16,
-                    help="float32 elements of the input and of the output")
-    ap.add_argument("--exec-us", type=float, default=100.0,
-                    help="emulated execution time of a batch of 1, µs")
+    ap.add_argument("--concurrency", type=t.positive_int, default=8,
+                    help="closed-loop clients (outstanding requests at any time; >= 1)")
+    ap.add_argument("--duration", type=t.positive_float, default=10.0,
+                    help="seconds measured, after the warm-up (> 0)")
+    ap.add_argument("--warmup", type=t.nonneg_float, default=2.0,
+                    help="seconds of load before measuring (>= 0)")
+    ap.add_argument("--procs", type=t.positive_int, default=1,
+                    help="client processes the clients are spread over (>= 1)")
+    ap.add_argument("--gpus", type=t.positive_int, default=2,
+                    help="emulated GPUs (one copy on each; >= 1)")
+    ap.add_argument("--floats", type=t.positive_int, default=16,
+                    help="float32 elements of the input and of the output (>= 1)")
+    ap.add_argument("--exec-us", type=t.positive_float, default=100.0,
+                    help="emulated execution time of a batch of 1, µs (>= 0.001)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args()
+    if int(args.exec_us * 1000) < 1:  # the profile holds whole nanoseconds, at least 1
+        ap.error(f"argument --exec-us: must be at least 0.001 (1 ns), got {args.exec_us:g}")
     import controller
 
     r = run(args)

@@ -18,6 +18,7 @@ import pstats
 import sys
 import time
 
+from clockwork.cluster.cli import argtypes as t
 from clockwork.cluster.sim import Simulation
 from clockwork.profiles import load_profile_set
 from clockwork.scenario import load_scenario
@@ -39,16 +40,17 @@ def scenario(gpus: int, load: float, duration: float, per_gpu: int, seed: int) -
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--gpus", type=int, default=100,
-                    help="GPUs, one per worker (default %(default)s)")
-    ap.add_argument("--load", type=float, default=0.8,
+    ap.add_argument("--gpus", type=t.positive_int, default=100,
+                    help="GPUs, one per worker (>= 1, default %(default)s)")
+    ap.add_argument("--load", type=t.positive_float, default=0.8,
                     help="offered load, a fraction of the best-batch capacity "
-                    "(default %(default)s)")
-    ap.add_argument("--duration", type=float, default=10.0,
-                    help="simulated seconds (default %(default)s)")
-    ap.add_argument("--per-gpu", type=int, default=2,
-                    help="model instances per GPU (default %(default)s)")
-    ap.add_argument("--seed", type=int, default=1, help="arrivals' seed (default %(default)s)")
+                    "(> 0, default %(default)s)")
+    ap.add_argument("--duration", type=t.positive_float, default=10.0,
+                    help="simulated seconds (> 0, default %(default)s)")
+    ap.add_argument("--per-gpu", type=t.positive_int, default=2,
+                    help="model instances per GPU (>= 1, default %(default)s)")
+    ap.add_argument("--seed", type=t.nonneg_int, default=1,
+                    help="arrivals' seed (>= 0, default %(default)s)")
     ap.add_argument("--profile", action="store_true", help="cProfile the run")
     a = ap.parse_args()
     sim = Simulation(load_scenario(data=scenario(a.gpus, a.load, a.duration, a.per_gpu, a.seed)))

@@ -36,9 +36,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from clockwork.client import AsyncClient  # noqa: E402
+from clockwork.cluster.cli import argtypes as t  # noqa: E402
 from clockwork.cluster.replay import replay  # noqa: E402
 from clockwork.cluster.serve import LocalCluster  # noqa: E402
 from clockwork.errors import ClockworkError  # noqa: E402
+from clockwork.profiles import load_profile_set  # noqa: E402
 from clockwork.scenario import load_scenario  # noqa: E402
 from experiments.bench_live import cpu_s  # noqa: E402
 from tests.pki import make_pki  # noqa: E402
@@ -123,17 +125,23 @@ def one_run(cfg: str, pki, args, seed: int) -> dict:
 
 
 def main() -> int:
+    models = sorted(load_profile_set("v100-reference").profiles)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=int, default=2, help="runs per configuration (default 2)")
-    ap.add_argument("--seconds", type=float, default=5.0, help="per load and run (default 5)")
-    ap.add_argument("--model", default="mobilenet_v2")
-    ap.add_argument("--copies", type=int, default=8)
-    ap.add_argument("--concurrency", type=int, default=8,
-                    help="stream: requests in flight per instance (default 8)")
-    ap.add_argument("--callers", type=int, default=32,
-                    help="unary: concurrent Infer loops (default 32)")
-    ap.add_argument("--slo-ms", type=float, default=1000.0)
-    ap.add_argument("--out", metavar="JSON", help="also write the rows here")
+    ap.add_argument("--runs", type=t.positive_int, default=2,
+                    help="runs per configuration (>= 1, default 2)")
+    ap.add_argument("--seconds", type=t.positive_float, default=5.0,
+                    help="per load and run (> 0, default 5)")
+    ap.add_argument("--model", default="mobilenet_v2", choices=models, metavar="MODEL",
+                    help=f"profile served: {', '.join(models)} (default mobilenet_v2)")
+    ap.add_argument("--copies", type=t.positive_int, default=8,
+                    help="instances of it (>= 1, default 8)")
+    ap.add_argument("--concurrency", type=t.positive_int, default=8,
+                    help="stream: requests in flight per instance (>= 1, default 8)")
+    ap.add_argument("--callers", type=t.positive_int, default=32,
+                    help="unary: concurrent Infer loops (>= 1, default 32)")
+    ap.add_argument("--slo-ms", type=t.positive_float, default=1000.0,
+                    help="every request's SLO (> 0, default 1000)")
+    ap.add_argument("--out", type=t.out_file, metavar="JSON", help="also write the rows here")
     args = ap.parse_args()
     print(f"bench_security: 1 emulated worker x 4 GPUs, {args.copies} x {args.model}, "
           f"{args.seconds:g} s per load; stream: closed loop, {args.concurrency} in flight "
@@ -169,6 +177,7 @@ def main() -> int:
     if args.out:
         import json
 
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w") as f:
             json.dump({"args": vars(args), "rows": rows}, f, indent=2)
     return 0

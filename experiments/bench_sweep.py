@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from clockwork.cluster.cli import argtypes as t
+
 ROOT = Path(__file__).resolve().parent.parent
 
 SWEEP = """
@@ -62,9 +64,12 @@ def run(sweep: Path, out: Path, jobs: int) -> float:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeat", type=int, default=2, help="runs per setting (default 2)")
-    ap.add_argument("--jobs", type=int, default=2, help="the parallel setting (default 2)")
-    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    ap.add_argument("--repeat", type=t.positive_int, default=2,
+                    help="runs per setting (>= 1, default 2)")
+    ap.add_argument("--jobs", type=t.positive_int, default=2,
+                    help="the parallel setting (>= 1, default 2)")
+    ap.add_argument("--json", type=t.out_file, default=None, metavar="FILE",
+                    help="also write the figures here")
     a = ap.parse_args(argv)
     walls: dict[int, list[float]] = {1: [], a.jobs: []}
     loads: list[float] = []
@@ -103,7 +108,9 @@ def main(argv=None) -> dict:
           f"{res['median_ratio']:.3f} (target <= 0.6); load average before the runs "
           f"{min(loads):.2f}..{max(loads):.2f} on {os.cpu_count()} CPUs ({res['machine']})")
     if a.json:
-        a.json.write_text(json.dumps(res, indent=1) + "\n")
+        out = Path(a.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(res, indent=1) + "\n")
     return res
 
 

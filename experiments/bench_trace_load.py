@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from clockwork.cluster.cli import argtypes as t
+
 _CHILD = r"""
 import json, resource, sys, time, tracemalloc
 from clockwork.workloads.azure import AzureTrace
@@ -83,9 +85,12 @@ def describe(path: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--functions", type=int, default=40_000)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--file", help="benchmark this day file instead of a synthetic one")
+    ap.add_argument("--functions", type=t.positive_int, default=40_000,
+                    help="functions (rows) of the synthetic day (>= 1, default 40,000)")
+    ap.add_argument("--seed", type=t.nonneg_int, default=1,
+                    help="the synthetic day's seed (>= 0, default 1)")
+    ap.add_argument("--file", type=t.readable_file,
+                    help="benchmark this day file instead of a synthetic one")
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} CPUs, python {sys.version.split()[0]}, numpy {np.__version__}")
     with tempfile.TemporaryDirectory() as tmp:

@@ -3,7 +3,11 @@ scale: each writes its data and figure with sane values."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -226,3 +230,118 @@ def test_live_scale_runs_the_simulator_and_the_live_cluster_side_by_side(tmp_pat
     with pytest.raises(SystemExit) as e:  # a shape that cannot be: one line, exit 2
         live_scale.main(["--instances", "0"])
     assert e.value.code == 2 and "must be positive" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------- benchmarks' bad arguments
+
+EXPERIMENTS = Path(common.__file__).resolve().parent
+# small shapes first, so that a value that got past the parser would run briefly
+GRID = ["--gpus", "1", "--copies", "1", "--models", "1", "--requests", "100"]
+KSERVE = ["--servers", "floor", "--cells", "tiny/grpc/1", "--repeats", "1", "--warmup", "0.1",
+          "--duration", "0.2"]
+LIVE = ["--rates", "100", "--step-s", "0.3", "--workers", "1", "--gpus", "1", "--copies", "1"]
+LOGS = ["--repeat", "1", "--gpus", "1", "--per-gpu", "1", "--duration", "0.2"]
+REST = ["--duration", "0.3", "--warmup", "0.1", "--concurrency", "1"]
+SCHED = ["--gpus", "1", "--per-gpu", "1", "--duration", "0.2"]
+SEC = ["--runs", "1", "--seconds", "0.3", "--copies", "1", "--concurrency", "1", "--callers", "1"]
+
+BENCH_BAD = [
+    # (script, argv: {dir} a folder, {file} a file; the option the error names)
+    ("bench_grid", GRID + ["--repeat", "0"], "--repeat"),
+    ("bench_grid", GRID + ["--repeat", "-1"], "--repeat"),
+    ("bench_grid", GRID + ["--requests", "-5"], "--requests"),
+    ("bench_grid", GRID + ["--gpus", "0"], "--gpus"),
+    ("bench_grid", GRID + ["--gpus", ""], "--gpus"),
+    ("bench_grid", GRID + ["--copies", "1,x"], "--copies"),
+    ("bench_grid", GRID + ["--models", "many"], "--models"),
+    ("bench_grid", GRID + ["--models", "hot", "--copies", "4"], "--models"),
+    ("bench_grid", GRID + ["--seed", "-1"], "--seed"),
+    ("bench_grid", GRID + ["--json", "{dir}"], "--json"),
+    ("bench_grid", GRID + ["--json", "{file}/grid.json"], "--json"),
+    ("bench_grid", GRID + ["--keep", "{file}"], "--keep"),
+    ("bench_kserve", ["--cells", "tiny/grpc"], "--cells"),
+    ("bench_kserve", ["--cells", "tiny/grpc/0"], "--cells"),
+    ("bench_kserve", ["--sizes", "huge"], "--sizes"),
+    ("bench_kserve", ["--protocols", "ftp"], "--protocols"),
+    ("bench_kserve", ["--concurrency", "8,abc"], "--concurrency"),
+    ("bench_kserve", ["--servers", "ours,nobody"], "--servers"),
+    ("bench_kserve", KSERVE + ["--duration", "0"], "--duration"),
+    ("bench_kserve", KSERVE + ["--warmup", "-1"], "--warmup"),
+    ("bench_kserve", KSERVE + ["--repeats", "0"], "--repeats"),
+    ("bench_kserve", KSERVE + ["--procs", "0"], "--procs"),
+    ("bench_kserve", KSERVE + ["--exec-us", "nan"], "--exec-us"),
+    ("bench_kserve", KSERVE + ["--exec-us", "0.0001"], "--exec-us"),
+    ("bench_kserve", KSERVE + ["--slo-ms", "-1"], "--slo-ms"),
+    ("bench_kserve", KSERVE + ["--json", "{dir}"], "--json"),
+    ("bench_live", ["--rates", ""], "--rates"),
+    ("bench_live", ["--rates", "1000,abc"], "--rates"),
+    ("bench_live", LIVE + ["--step-s", "0"], "--step-s"),
+    ("bench_live", LIVE + ["--workers", "0"], "--workers"),
+    ("bench_live", LIVE + ["--model", "nosuch"], "--model"),
+    ("bench_live", LIVE + ["--slo-ms", "nan"], "--slo-ms"),
+    ("bench_live", LIVE + ["--target", "2"], "--target"),
+    ("bench_live", LIVE + ["--seed", "-3"], "--seed"),
+    ("bench_live", LIVE + ["--out", "{dir}"], "--out"),
+    ("bench_logs", LOGS + ["--repeat", "0"], "--repeat"),
+    ("bench_logs", LOGS + ["--modes", ""], "--modes"),
+    ("bench_logs", LOGS + ["--modes", "none,foo"], "--modes"),
+    ("bench_logs", LOGS + ["--gpus", "0"], "--gpus"),
+    ("bench_logs", LOGS + ["--load", "inf"], "--load"),
+    ("bench_logs", LOGS + ["--duration", "-1"], "--duration"),
+    ("bench_logs", LOGS + ["--baseline", "{dir}/missing"], "--baseline"),
+    ("bench_logs", LOGS + ["--json", "{dir}"], "--json"),
+    ("bench_rest", REST + ["--concurrency", "0"], "--concurrency"),
+    ("bench_rest", REST + ["--duration", "0"], "--duration"),
+    ("bench_rest", REST + ["--warmup", "-1"], "--warmup"),
+    ("bench_rest", REST + ["--procs", "0"], "--procs"),
+    ("bench_rest", REST + ["--floats", "0"], "--floats"),
+    ("bench_rest", REST + ["--exec-us", "-5"], "--exec-us"),
+    ("bench_scheduler", SCHED + ["--gpus", "0"], "--gpus"),
+    ("bench_scheduler", SCHED + ["--load", "0"], "--load"),
+    ("bench_scheduler", SCHED + ["--duration", "nan"], "--duration"),
+    ("bench_scheduler", SCHED + ["--per-gpu", "0"], "--per-gpu"),
+    ("bench_scheduler", SCHED + ["--seed", "-1"], "--seed"),
+    ("bench_security", SEC + ["--runs", "0"], "--runs"),
+    ("bench_security", SEC + ["--seconds", "0"], "--seconds"),
+    ("bench_security", SEC + ["--model", "nosuch"], "--model"),
+    ("bench_security", SEC + ["--callers", "0"], "--callers"),
+    ("bench_security", SEC + ["--slo-ms", "inf"], "--slo-ms"),
+    ("bench_security", SEC + ["--out", "{dir}"], "--out"),
+    ("bench_sweep", ["--repeat", "0"], "--repeat"),
+    ("bench_sweep", ["--repeat", "1", "--jobs", "0"], "--jobs"),
+    ("bench_sweep", ["--repeat", "1", "--json", "{dir}"], "--json"),
+    ("bench_trace_load", ["--functions", "0"], "--functions"),
+    ("bench_trace_load", ["--functions", "10", "--seed", "-1"], "--seed"),
+    ("bench_trace_load", ["--file", "{dir}/missing.csv"], "--file"),
+]
+
+
+@pytest.mark.parametrize("script,argv,option", BENCH_BAD,
+                         ids=[f"{s} {' '.join(a)}" for s, a, _ in BENCH_BAD])
+def test_a_benchmarks_bad_value_is_a_usage_error(script, argv, option, tmp_path):
+    """A benchmark given a value it cannot use stops in its parser: the usage and one
+    error line that names the option, exit 2, no traceback and no work done."""
+    (tmp_path / "file").write_text("")
+    argv = [a.format(dir=tmp_path, file=tmp_path / "file") for a in argv]
+    r = subprocess.run([sys.executable, str(EXPERIMENTS / f"{script}.py"), *argv],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stdout[-1000:] + r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert r.stderr.startswith("usage: ") and r.stderr.count("error:") == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"{script}.py: error: ") and option in last, last
+
+
+def test_comma_list_keeps_order_and_repeats_and_checks_each_item():
+    from clockwork.cluster.cli import argtypes as t
+
+    ints = t.comma_list(t.positive_int)
+    assert ints("16, 1,,4,1") == [16, 1, 4, 1]
+    with pytest.raises(argparse.ArgumentTypeError, match="got '0'"):
+        ints("1,0")
+    with pytest.raises(argparse.ArgumentTypeError, match="got nothing"):
+        ints(" , ")
+    names = t.comma_list(t.one_of("a", "b"))
+    assert names("b,a") == ["b", "a"]
+    with pytest.raises(argparse.ArgumentTypeError, match="one of a, b, got 'c'"):
+        names("a,c")

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def _int(text: str) -> int:
@@ -188,6 +192,33 @@ def out_file(text: str) -> str:
     else:
         _makeable(p, text, "file")
     return text
+
+
+def one_of(*names: str) -> Callable[[str], str]:
+    """A type for one of ``names`` (for the items of a ``comma_list``; a lone option has
+    ``choices``)."""
+
+    def name(text: str) -> str:
+        if text not in names:
+            raise argparse.ArgumentTypeError(
+                f"expected one of {', '.join(names)}, got {text!r}")
+        return text
+
+    return name
+
+
+def comma_list(item: Callable[[str], T]) -> Callable[[str], list[T]]:
+    """A type for ``A,B,...``: at least one item, each turned into a value by the type
+    ``item``; the order and any repeats are kept, empty items skipped."""
+
+    def items(text: str) -> list[T]:
+        words = [w for w in (x.strip() for x in text.split(",")) if w]
+        if not words:
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated list, got nothing in {text!r}")
+        return [item(w) for w in words]
+
+    return items
 
 
 def batch_sizes(text: str) -> list[int]:
