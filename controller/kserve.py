@@ -468,6 +468,13 @@ class _Request:
     rows: _Rows
 
 
+def _final(resp) -> None:
+    """Mark a stream response as its request's last (and only) one, as Triton does for a
+    model that is not decoupled: clients that wait for ``triton_final_response`` (for
+    example with ``enable_empty_final_response``) end the request on it."""
+    resp.parameters["triton_final_response"].bool_param = True
+
+
 class _ModelStream:
     """One ``ModelStreamInfer`` call. Each request read is checked at once (a bad one is
     answered at once); the good ones are admitted together once per event-loop turn,
@@ -524,11 +531,11 @@ class _ModelStream:
         self.wake.set()
 
     def _error(self, request, e: KServeError) -> None:
-        self._reply(kpb.ModelStreamInferResponse(
-            error_message=f"{e.kind}: {e.message}",
-            infer_response=kpb.ModelInferResponse(model_name=request.model_name,
-                                                  model_version=request.model_version,
-                                                  id=request.id)))
+        resp = kpb.ModelInferResponse(model_name=request.model_name,
+                                      model_version=request.model_version, id=request.id)
+        _final(resp)
+        self._reply(kpb.ModelStreamInferResponse(error_message=f"{e.kind}: {e.message}",
+                                                 infer_response=resp))
 
     def _deliver(self, resp) -> None:
         """The controller's answer to one admitted row (exactly once each); the last of
@@ -551,7 +558,9 @@ class _ModelStream:
         except Exception as e:  # noqa: BLE001 - a bug: answer it, keep the stream
             self._error(request, _internal("ModelStreamInfer", e))
             return
-        self._reply(kpb.ModelStreamInferResponse(infer_response=_grpc_response(request, outs)))
+        resp = _grpc_response(request, outs)
+        _final(resp)
+        self._reply(kpb.ModelStreamInferResponse(infer_response=resp))
 
     # -- requests
 

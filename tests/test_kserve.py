@@ -239,6 +239,30 @@ def test_stream_errors_name_their_request(cluster):
     for k in ("q0", "q2"):
         assert out[k].error_message.startswith("INVALID_ARGUMENT: ")
         assert out[k].infer_response.model_name == "mobilenet_v2"
+    for r in out.values():  # each is its request's last, as Triton marks it
+        assert r.infer_response.parameters["triton_final_response"].bool_param is True
+
+
+def test_stream_responses_are_final_for_clients_that_wait_for_it(cluster):
+    """tritonclient's decoupled pattern: ``enable_empty_final_response`` and reading
+    ``triton_final_response`` to know a request is done."""
+    import queue
+
+    c = tgrpc.InferenceServerClient(cluster.address)
+    got: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        for i in range(3):
+            c.async_stream_infer("mobilenet_v2", [_input()], request_id=f"f{i}",
+                                 enable_empty_final_response=True)
+        for _ in range(3):
+            result, error = got.get(timeout=TIMEOUT)
+            assert error is None, error
+            params = result.get_response().parameters
+            assert params["triton_final_response"].bool_param is True
+    finally:
+        c.stop_stream()
+        c.close()
 
 
 def _ints(d):
