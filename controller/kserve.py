@@ -258,7 +258,11 @@ class KServeFrontend:
         failure. ``conn`` names the client connection (its outstanding requests are
         bounded; every row counts); ``budget`` (ns): what is left of the call's
         deadline, if it has one (the SLO is cut to it)."""
-        rows, batched = self.prepare(name, inputs, params, requested)
+        try:
+            rows, batched = self.prepare(name, inputs, params, requested)
+        except KServeError:
+            self.refused(name)
+            raise
         fut = asyncio.get_running_loop().create_future()
 
         def deliver(resps):
@@ -267,6 +271,14 @@ class KServeFrontend:
 
         submit_rows(self.node, rows, deliver, conn, budget)
         return self.finish(name, await fut, requested, batched)
+
+    def refused(self, name: str) -> None:
+        """A request turned away here before the controller saw it (unknown model, bad
+        inputs or parameters): counted as the controller counts the requests it refuses
+        (one, whatever its rows; an unknown model's under the model "")."""
+        node = self.node
+        node.count("requests_invalid_request")
+        node.metrics.reply(name if name in node.profiles else "", "invalid_request", None)
 
     def prepare(self, name: str, inputs: list[InTensor], params: dict,
                 requested: list[str]) -> tuple[list[TypedInferRequest], bool]:
@@ -391,7 +403,11 @@ class KServeGrpcServicer(kpbg.GRPCInferenceServiceServicer):
         """One request of 1 to max_batch_size rows (``KServeFrontend.infer``); its SLO is
         cut to what is left of the call's deadline, when the client set one."""
         try:
-            inputs, params, requested = grpc_request(request)
+            try:
+                inputs, params, requested = grpc_request(request)
+            except KServeError:
+                self.fe.refused(request.model_name)
+                raise
             rem = context.time_remaining()  # None: the call has no deadline
             outs = await self.fe.infer(request.model_name, inputs, params, requested,
                                        context.peer(),
@@ -569,6 +585,7 @@ class _ModelStream:
             inputs, params, requested = grpc_request(request)
             rows, batched = self.fe.prepare(request.model_name, inputs, params, requested)
         except KServeError as e:
+            self.fe.refused(request.model_name)
             self._error(request, e)
             return
         except Exception as e:  # noqa: BLE001 - a bug: answer it, keep the stream

@@ -246,24 +246,12 @@ class KServeRest:
         return Reply(200, {})
 
     async def infer(self, name: str, headers, body: bytes, peer: str = "rest") -> Reply:
-        hlen = headers.get("inference-header-content-length")
         try:
-            n = int(hlen) if hlen else len(body)
-        except ValueError:
-            n = -1
-        if not 0 <= n <= len(body):
-            raise KServeError(INVALID, f"Inference-Header-Content-Length {hlen!r} is not a "
-                              f"length within the body of {len(body)} bytes")
-        req = await self._json((body if n == len(body) else body[:n]) or b"{}")
-        if not isinstance(req, dict):
-            raise KServeError(INVALID, "request body must be a JSON object")
-        binary = memoryview(body)[n:]
-        if n > self.node.limits.rest_json_offload_bytes:  # JSON data lists become arrays
-            inputs, params, requested, binary_of, binary_all = (  # off the loop too
-                await asyncio.get_running_loop().run_in_executor(
-                    None, rest_request, req, binary))
-        else:
-            inputs, params, requested, binary_of, binary_all = rest_request(req, binary)
+            inputs, params, requested, req, binary_of, binary_all = await self._infer_request(
+                headers, body)
+        except KServeError:
+            self.fe.refused(name)
+            raise
         outs = await self.fe.infer(name, inputs, params, requested, peer)
         resp = {"model_name": name, "model_version": VERSION, "outputs": []}
         if "id" in req:
@@ -282,6 +270,29 @@ class KServeRest:
                 t["data"] = arr.tolist()
             resp["outputs"].append(t)
         return Reply(200, resp if finite else _NonFinite(resp), b"".join(extra))
+
+    async def _infer_request(self, headers, body: bytes):
+        """An inference request's body, read and checked: (inputs, parameters, requested
+        outputs, the JSON header, binary_data per output, binary_data for all)."""
+        hlen = headers.get("inference-header-content-length")
+        try:
+            n = int(hlen) if hlen else len(body)
+        except ValueError:
+            n = -1
+        if not 0 <= n <= len(body):
+            raise KServeError(INVALID, f"Inference-Header-Content-Length {hlen!r} is not a "
+                              f"length within the body of {len(body)} bytes")
+        req = await self._json((body if n == len(body) else body[:n]) or b"{}")
+        if not isinstance(req, dict):
+            raise KServeError(INVALID, "request body must be a JSON object")
+        binary = memoryview(body)[n:]
+        if n > self.node.limits.rest_json_offload_bytes:  # JSON data lists become arrays
+            inputs, params, requested, binary_of, binary_all = (  # off the loop too
+                await asyncio.get_running_loop().run_in_executor(
+                    None, rest_request, req, binary))
+        else:
+            inputs, params, requested, binary_of, binary_all = rest_request(req, binary)
+        return inputs, params, requested, req, binary_of, binary_all
 
 
 class _Collected:

@@ -349,6 +349,59 @@ def test_statistics(client, cluster):
         c.close()
 
 
+def test_requests_the_front_end_refuses_count_as_failures(client, cluster):
+    """A request refused by the KServe checks (a bad shape, a bad parameter, a bad
+    tensor), over gRPC, its stream and REST, is a failure in the statistics and in
+    /metrics, as one the controller refuses is."""
+    import queue
+    import re
+    import urllib.request
+
+    thttp = pytest.importorskip("tritonclient.http")
+
+    def fails():
+        s = _ints(client.get_inference_statistics("mobilenet_v2", as_json=True,
+                                                  client_timeout=TIMEOUT))
+        return _stat(s["model_stats"][0], "inference_stats", "fail", "count")
+
+    def metric():
+        text = urllib.request.urlopen(f"http://{_http_address(cluster)}/metrics",
+                                      timeout=TIMEOUT).read().decode()
+        m = re.search(r'^nv_inference_request_failure\{model="mobilenet_v2"[^}]*\} (\S+)$',
+                      text, re.M)
+        return float(m.group(1))
+
+    before, before_metric = fails(), metric()
+    bad = 0
+    for inputs, params in (([_input((1, 3, 224, 225))], {}),
+                           ([_input()], {"slo_ms": "soon"}),
+                           ([_input((1, 3, 224, 224), "FP64")], {})):
+        with pytest.raises(InferenceServerException, match="INVALID_ARGUMENT"):
+            client.infer("mobilenet_v2", inputs, parameters=params, client_timeout=TIMEOUT)
+        bad += 1
+    got: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put(error))
+    try:
+        client.async_stream_infer("mobilenet_v2", [_input((2, 3, 224, 225))])
+        assert "INVALID_ARGUMENT" in str(got.get(timeout=TIMEOUT))
+        bad += 1
+    finally:
+        client.stop_stream()
+    h = thttp.InferenceServerClient(_http_address(cluster), connection_timeout=TIMEOUT,
+                                    network_timeout=TIMEOUT)
+    try:
+        x = thttp.InferInput("data", [1, 3, 224, 225], "FP32")
+        x.set_data_from_numpy(np.zeros((1, 3, 224, 225), np.float32), binary_data=True)
+        with pytest.raises(InferenceServerException) as e:
+            h.infer("mobilenet_v2", [x])
+        assert e.value.status() == "400"
+        bad += 1
+    finally:
+        h.close()
+    assert fails() - before == bad
+    assert metric() - before_metric == bad
+
+
 def _http_address(cluster, timeout: float = 10.0) -> str:
     return cluster.printed_address("http", timeout)
 
