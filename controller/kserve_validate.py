@@ -39,6 +39,7 @@ import numpy as np
 import orjson
 
 from clockwork.tensors import Tensor, row_nbytes
+from clockwork.time import MAX_SLO_MS
 from controller.kserve_status import INVALID, NOT_FOUND, KServeError
 
 # KServe datatype <-> numpy dtype name
@@ -104,7 +105,8 @@ def check_version(name: str, version: str) -> None:
 
 def slo_from_params(params: dict) -> float:
     """``slo_ms`` (ms) or else Triton's ``timeout`` (µs) -> the SLO in ms; 0 = the
-    default. Each present must be a finite number >= 0 (``true`` is not a number)."""
+    default. Each present must be a finite number >= 0 (``true`` is not a number);
+    ``slo_ms`` at most a day, ``timeout`` any (Triton takes any: beyond a day, a day)."""
     slo = None
     for key, to_ms in SLO_PARAMS:
         if key not in params:
@@ -119,8 +121,11 @@ def slo_from_params(params: dict) -> float:
                        f"{_short(v)}") from None
         if not math.isfinite(v) or v < 0:
             raise _bad(f"parameter {key!r} must be a finite number >= 0, got {v}")
+        if key == "slo_ms" and v > MAX_SLO_MS:
+            raise _bad(f"parameter 'slo_ms' must be at most {MAX_SLO_MS:.0f} (a day), got "
+                       f"{_short(params[key])}")
         if slo is None:
-            slo = v * to_ms
+            slo = min(v * to_ms, MAX_SLO_MS)
     return slo or 0.0
 
 

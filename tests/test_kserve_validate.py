@@ -130,6 +130,13 @@ def test_slo_parameters():
                          ({"timeout": [1]}, "'timeout'"),
                          ({"slo_ms": 10**400}, "'slo_ms'")):  # (JSON's integers have no bound)
         _invalid(lambda p=params: slo_from_params(p), says, "finite number >= 0")
+    # at most a day: slo_ms beyond it is refused, named as sent; Triton's timeout (any
+    # value, for Triton) is taken as a day
+    assert slo_from_params({"slo_ms": 86_400_000}) == 86_400_000
+    _invalid(lambda: slo_from_params({"slo_ms": 86_400_001}), "'slo_ms'", "86400001",
+             "at most 86400000")
+    assert slo_from_params({"timeout": 2 * 86_400 * 10**6}) == 86_400_000
+    assert slo_from_params({"timeout": 2**64 - 1}) == 86_400_000
 
 
 def _rest(inputs, **body):
