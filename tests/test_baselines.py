@@ -218,6 +218,88 @@ def test_lru_eviction_never_overcommits_pages(name):
     assert p.pages_used(0) == 7
 
 
+@pytest.mark.parametrize("name", ["clipper", "tfserving", "infaas"])
+def test_nothing_is_placed_on_a_gpu_reported_lost(name):
+    p = make_policy(name, [make_profile("a"), make_profile("b")], specs(gpus=2))
+    assert p.set_gpu_available(1, False, 0) == []
+    acts = p.on_request(req(1, "a"), 0) + p.on_request(req(2, "b"), 0)
+    assert [(a.type, a.model, a.gpu) for a in acts] == [(ActionType.LOAD, "a", 0),
+                                                        (ActionType.LOAD, "b", 0)]
+
+
+@pytest.mark.parametrize("name", ["clipper", "tfserving", "infaas"])
+def test_a_lost_gpus_copies_are_forgotten_and_it_comes_back_empty(name):
+    """``set_gpu_available(g, False)``: the policy forgets every copy on g, re-places the
+    queued requests of a model left without one elsewhere, and sends nothing to g; the
+    INFERs that were on g fail back (as the shell fails a lost worker's actions) and
+    their requests run elsewhere. Back (``readmit_gpu``, which the shell calls): g is
+    empty -- the baselines ask the worker to keep nothing -- and is used again."""
+    p = make_policy(name, [make_profile("a"), make_profile("b")], specs(gpus=2))
+    acts, t = loaded(p, "a")  # on GPU 0 (the first choice of every baseline)
+    t = settle(p, acts, t)
+    assert p.model_view("a").loaded_on == (0,)
+    acts = []
+    for i in range(60):  # (an SLO long enough for Clipper not to drop any)
+        acts += p.on_request(req(i, "a", t, slo=10_000 * MS), t)
+    t += MS
+    acts += p.on_tick(t)
+    lost = of(acts, ActionType.INFER)
+    assert lost and all(a.gpu == 0 for a in lost) and p.queued() > 0
+    out = p.set_gpu_available(0, False, t)
+    assert p.pages_used(0) == 0 and p.held_copies(0) == []
+    assert [(a.type, a.model, a.gpu) for a in out] == [(ActionType.LOAD, "a", 1)]
+    assert p.model_view("a").loaded_on == (1,)
+    pending = list(out)
+    for a in lost:  # the shell fails the lost worker's actions
+        t += MS
+        pending += p.on_result(fail(a, t), t)
+    replies = p.drain_replies()
+    sent = list(pending)
+    for _ in range(1000):  # run everything else to the end on a perfect GPU 1
+        if not pending:
+            w = p.next_wakeup()
+            if w is None or w > t + 200 * MS:
+                break
+            t = max(t, w)
+            pending = p.on_tick(t)
+            sent += pending
+            continue
+        a = pending.pop(0)
+        t = max(t, a.sent_at) + a.expected_duration
+        more = p.on_result(ok(a, t), t)
+        sent += more
+        pending += more
+        replies += p.drain_replies()
+    assert sent and all(a.gpu == 1 for a in sent)
+    assert sorted(r.request.id for r in replies) == list(range(60))
+    assert {r.status for r in replies} == {RequestStatus.SUCCESS}
+    # back: the worker kept nothing it was asked to keep, so nothing is taken back
+    assert p.readmit_gpu(0, t, {"a", "b"}) == []
+    assert p.pages_used(0) == 0 and p.model_view("a").loaded_on == (1,)
+    acts = p.on_request(req(100, "b", t), t)  # placed by the usual rule: GPU 0 again
+    assert [(a.type, a.model, a.gpu) for a in acts] == [(ActionType.LOAD, "b", 0)]
+
+
+def test_simulated_baselines_send_nothing_to_a_killed_worker():
+    """Worker 1 is killed at 0.5 s and back at 1.5 s: each baseline sends it nothing
+    meanwhile (they kept re-sending LOADs there, each failed back 2 ms later)."""
+    for policy in ("clipper", "tfserving", "infaas"):
+        sc = {"seed": 1, "duration_s": 2.0,
+              "cluster": {"workers": 2, "gpus_per_worker": 1, "profiles": "v100-reference"},
+              "scheduler": {"policy": policy, "default_slo_ms": 100},
+              "models": [{"name": "resnet50_v2", "copies": 4},
+                         {"name": "resnet18_v2", "copies": 4}],
+              "workloads": [{"kind": "poisson", "rate_rps": 400, "slo_ms": 100}],
+              "faults": {"kill": [{"worker": 1, "at_s": 0.5, "back_s": 1.5}]}}
+        res = simulate(sc)
+        rows = res.telemetry.actions  # (id, type, status, worker, gpu, model, batch, sent, ..)
+        assert any(a[3] == 1 and a[7] < 500 * MS for a in rows), policy
+        assert [a for a in rows if a[3] == 1 and 500 * MS <= a[7] < 1500 * MS] == [], policy
+        s = res.summary
+        assert s["submitted"] == s["succeeded"] + s["failed"] + s["dropped"], policy
+        assert s["actions"]["rejected"] < 50, policy  # those out on worker 1 at the kill
+
+
 # ---------------------------------------------------------------------------- Clipper
 
 

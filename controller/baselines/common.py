@@ -23,6 +23,11 @@ model's), its queued requests are answered (the subclass hands them over in
 ``_take_queued``), its copies are EVICTed as each becomes idle, and its state is
 forgotten (``_forget``) when the last copy is gone.
 
+A GPU reported lost (``set_gpu_available(..., False)``) loses every copy, each as a
+lost copy (``_drop``, ``_lost``), and is skipped by every placement (``Gpu.up``) until it
+is back, empty (the baselines keep no weights through a loss: ``held_copies`` is empty,
+so the shell's ``readmit_gpu`` is ``set_gpu_available(..., True)``).
+
 A subclass supplies the policy in the hooks below, and ``_waiting`` (how many requests
 of a model its queues hold) for the read-only views.
 """
@@ -69,7 +74,7 @@ class Copy:
 
 class Gpu:
     __slots__ = ("index", "worker", "gpu", "total_pages", "free_pages", "copies", "outstanding",
-                 "loads")
+                 "loads", "up")
 
     def __init__(self, index: int, spec: GpuSpec) -> None:
         self.index = index
@@ -80,6 +85,7 @@ class Gpu:
         self.copies: dict[str, Copy] = {}
         self.outstanding = 0  # INFERs sent to this GPU and not answered
         self.loads = 0  # LOADs sent and not answered
+        self.up = True  # False while its worker is lost (``set_gpu_available``): nothing goes there
 
 
 class BaselinePolicy(Policy):
@@ -342,7 +348,7 @@ class BaselinePolicy(Policy):
         """LOAD ``model`` on the first of ``gpus`` where it fits (evicting LRU idle copies)."""
         pages = self.profiles[model].weights_pages
         for g in gpus:
-            if model in g.copies or pages > g.total_pages:
+            if not g.up or model in g.copies or pages > g.total_pages:
                 continue
             victims = self._victims(g, pages)
             if victims is None:
@@ -383,6 +389,8 @@ class BaselinePolicy(Policy):
         del self.copies[c.model][g.index]
         g.free_pages += c.pages
 
+    # ------------------------------------------------------------------ GPUs coming and going
+
     def add_gpu(self, spec: GpuSpec, now: int) -> list[Action]:
         """A new, empty GPU: copies are placed on it by the policy's rules as demand asks."""
         g = Gpu(len(self.gpus), spec)
@@ -392,6 +400,28 @@ class BaselinePolicy(Policy):
 
     def _gpu_added(self, g: Gpu) -> None:
         """Hook: per-GPU state of a subclass for a GPU added at run time."""
+
+    def set_gpu_available(self, gpu_index: int, available: bool, now: int) -> list[Action]:
+        """Lost (False): every copy on the GPU is forgotten, each as a lost copy is
+        (``_drop``, then ``_lost``: the policy re-places queued work of a model left
+        without a copy elsewhere, by its rules), and nothing is placed there until it is
+        back (``Gpu.up``). Its actions in flight are failed back by the shell through
+        ``on_result``, which retries their requests elsewhere. Back (True): an empty GPU,
+        used again as when a GPU frees up (``_gpu_free``). The baselines keep no weights
+        through a loss (``held_copies`` is empty), so ``readmit_gpu`` comes here."""
+        g = self.gpus[gpu_index]
+        out: list[Action] = []
+        if g.up == available:
+            return out
+        g.up = available
+        if not available:
+            for name in sorted(g.copies):
+                self._drop(g.copies[name])
+                self._lost(name, g, now, out)
+            if self._removing:
+                self._sweep(now, out)
+        self._gpu_free(g, now, out)
+        return out
 
     # ------------------------------------------------------------------ read-only views
 
