@@ -471,6 +471,22 @@ def infaas(gpus=2, **kw):
                         InfaasConfig(**kw))
 
 
+def test_infaas_monitor_interval_is_at_least_a_millisecond(capsys):
+    """A shorter autoscaler tick only spins the simulator (1e-6 ms: a 1 ns tick, and a 1 s
+    run never ended): refused with one line, exit 2."""
+    from clockwork.cluster.cli import main
+    from clockwork.settings import SettingsError
+
+    with pytest.raises(SettingsError, match=r"^monitor_interval_ms: must be a finite number "
+                                            r">= 1 \(at most a year\), got 1e-06$"):
+        InfaasConfig.from_settings({"monitor_interval_ms": 1e-6})
+    assert InfaasConfig.from_settings({"monitor_interval_ms": 1}).monitor_interval == MS
+    rc = main(["simulate", "poisson_warm", "--set", "duration_s=1", "--set",
+               "scheduler.policy=infaas", "--set", "scheduler.monitor_interval_ms=1e-6"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "monitor_interval_ms" in err[0], err
+
+
 def test_infaas_batch_size_from_profile_and_slo():
     p = infaas()
     assert p.b_max("a", 100 * MS) == 16  # 20.3 ms <= 50 ms

@@ -211,7 +211,7 @@ def test_scheduler_config_round_trip_and_frozen():
     (TfServingConfig, {"max_enqueued_batches": True},
      "max_enqueued_batches: must be an integer >= 1, got true"),
     (InfaasConfig, {"monitor_interval_ms": 0},
-     "monitor_interval_ms: must be a finite number > 0 (at most a year), got 0"),
+     "monitor_interval_ms: must be a finite number >= 1 (at most a year), got 0"),
     (InfaasConfig, {"scale_down_util": 0.9},
      "infaas: scale_down_util must be below scale_up_util, got 0.9 and 0.8"),
     (InfaasConfig, {"batch_slo_fraction": float("inf")},

@@ -64,7 +64,8 @@ class InfaasConfig:
     settings_name: ClassVar[str] = "infaas"
 
     monitor_interval: int = setting(
-        1_000_000_000, "Time between autoscaler decisions.", units=("ms",), gt=0)
+        1_000_000_000, "Time between autoscaler decisions.", units=("ms",),
+        ge=1_000_000)  # at least 1 ms: a shorter tick only spins the simulator
     batch_slo_fraction: float = setting(
         0.5, "A request's batch size is the largest whose profiled EXEC is at most this "
         "fraction of its SLO.", gt=0, le=1)
