@@ -385,6 +385,21 @@ def test_clipper_delayed_batching_waits_up_to_batch_wait():
     assert len(of(acts, ActionType.INFER)) == 1 and acts[0].batch_size == 8
 
 
+@pytest.mark.parametrize("max_batch,cap", [(32, 16), (4, 4)])
+def test_clipper_initial_batch_is_capped_like_aimd(max_batch, cap):
+    """``initial_batch`` beyond the largest compiled size (within ``max_batch``) starts
+    at that size; it was taken as is, and a batch of more requests than any compiled
+    size raised ValueError."""
+    p = ClipperPolicy([make_profile("a")], specs(), SchedulerConfig(max_batch=max_batch),
+                      ClipperConfig(initial_batch=100))
+    acts = []
+    for i in range(40):
+        acts += p.on_request(req(i, slo=10_000 * MS), 0)
+    (load,) = of(acts, ActionType.LOAD)
+    (infer,) = of(p.on_result(ok(load, 8 * MS), 8 * MS), ActionType.INFER)
+    assert infer.batch_size == cap and len(infer.requests) == cap
+
+
 def test_clipper_places_model_once_static():
     p = ClipperPolicy([make_profile("a"), make_profile("b")], specs(gpus=2))
     a = p.on_request(req(1, "a"), 0)

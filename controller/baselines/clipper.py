@@ -201,7 +201,8 @@ class ClipperPolicy(BaselinePolicy):
             copy = self._try_load(m.name, gpus, now, out)
             if copy is None:
                 break
-            c = Container(copy, self.ccfg.initial_batch)
+            # capped by the largest compiled size within max_batch, as aimd() caps it
+            c = Container(copy, min(self.sizes[m.name][-1], self.ccfg.initial_batch))
             copy.data = c
             m.containers.append(c)
         if m.containers or not m.queue:
