@@ -220,6 +220,59 @@ def test_a_failed_inflight_infer_of_a_removed_model_is_not_retried(name):
     assert p.pages_used(0) == 0 and p.model_view("a") is None
 
 
+@pytest.mark.parametrize("name,settings", [("tfserving", {"batch_timeout_us": 0}),
+                                           ("infaas", {})])
+def test_two_failed_infers_of_a_removed_model_on_one_copy(name, settings):
+    """Two INFERs of a removed model out on one copy both fail WEIGHTS_NOT_PRESENT (its
+    worker was lost): the first drops the copy, so the model is forgotten; the second's
+    requests are answered like the first's (it raised KeyError: they were retried on a
+    model the policy no longer knew)."""
+    p = make_policy(name, [make_profile("a")], [GpuSpec(0, 0, 1376)], settings=settings)
+    (load,) = p.on_request(req(1), 0)
+    infers = of(p.on_result(ok(load, 8 * MS), 8 * MS), ActionType.INFER)
+    infers += of(p.on_request(req(2, t=8 * MS), 8 * MS), ActionType.INFER)
+    assert len(infers) == 2 and infers[0].gpu == infers[1].gpu
+    assert p.remove_model("a", 9 * MS) == []  # both copies' INFERs still run
+    for i, a in enumerate(infers):
+        assert p.on_result(fail(a, (10 + i) * MS, ErrorCode.WEIGHTS_NOT_PRESENT),
+                           (10 + i) * MS) == []
+        (rep,) = p.drain_replies()
+        assert rep.request.id == i + 1
+        assert (rep.status, rep.message) == (RequestStatus.INVALID_REQUEST, MODEL_UNLOADED)
+    assert p.model_view("a") is None and p.pages_used(0) == 0 and p.queued() == 0
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_removed_models_infer_lost_with_its_gpu_is_not_retried(name):
+    """remove_model while an INFER of the model runs, then its GPU is lost (the shell
+    fails the INFER back later): the model is forgotten with its last copy and its name
+    may be added again, but the lost INFER's requests are answered ``MODEL_UNLOADED``,
+    never retried on the new model of that name."""
+    p = policy(name, gpus=2)
+    d = Driver(p)
+    d.request(req(1, "a"))
+    d.run()
+    d.request(req(2, "a", d.t))
+    while not of(d.pending, ActionType.INFER):  # (tfserving: its batch timeout first)
+        assert d.step()
+    (infer,) = of(d.pending, ActionType.INFER)
+    d.pending.remove(infer)
+    d.take(p.remove_model("a", d.t))
+    d.take(p.set_gpu_available(infer.gpu, False, d.t))
+    assert p.model_view("a") is None and 2 not in d.replies
+    assert p.add_model("a", make_profile("a"), d.t) == []
+    d.t += 2 * MS
+    d.take(p.on_result(fail(infer, d.t, ErrorCode.WEIGHTS_NOT_PRESENT), d.t))
+    assert (d.replies[2].status, d.replies[2].message) == (RequestStatus.INVALID_REQUEST,
+                                                           MODEL_UNLOADED)
+    assert p.queued() == 0 and not of(d.pending, ActionType.LOAD)
+    d.request(req(3, "a", d.t))  # the new model is served on the GPU left
+    d.run()
+    assert d.replies[3].status == RequestStatus.SUCCESS
+    assert {a.gpu for a in d.sent if a.sent_at >= infer.sent_at and a is not infer} \
+        <= {1 - infer.gpu}
+
+
 # ---------------------------------------------------------------------------- Clockwork
 
 

@@ -143,7 +143,7 @@ class ClipperPolicy(BaselinePolicy):
     def _infer_done(self, copy: Copy, action: Action, result: Result, requests: list[Request],
                     now: int, out: list[Action]) -> None:
         c: Container = copy.data
-        if copy.model not in self.serving:
+        if not self._serves(copy):
             return  # removed: no more batches
         slo = min(r.slo for r in requests)
         self.aimd(c, now - action.sent_at, slo)

@@ -21,7 +21,9 @@ the same per-model state as one the policy was built with (the ``_added`` hook);
 removed one leaves ``serving`` at once (its requests are refused like an unknown
 model's), its queued requests are answered (the subclass hands them over in
 ``_take_queued``), its copies are EVICTed as each becomes idle, and its state is
-forgotten (``_forget``) when the last copy is gone.
+forgotten (``_forget``) when the last copy is gone. An INFER of it may still be out
+then (sent to a copy lost meanwhile): if it fails, its requests are answered like the
+queued ones, never retried, even if the name was added again (``_serves``).
 
 A GPU reported lost (``set_gpu_available(..., False)``) loses every copy, each as a
 lost copy (``_drop``, ``_lost``), and is skipped by every placement (``Gpu.up``) until it
@@ -60,12 +62,16 @@ def parse_settings(cls, settings: Mapping[str, object] | None, policy: str = "")
 class Copy:
     """A model's weights on one GPU (loading or loaded), as the controller believes."""
 
-    __slots__ = ("model", "gpu", "pages", "loading", "inflight", "last_used", "data")
+    __slots__ = ("model", "gpu", "pages", "loading", "inflight", "last_used", "data", "group")
 
-    def __init__(self, model: str, gpu: Gpu, pages: int = 0) -> None:
+    def __init__(self, model: str, gpu: Gpu, pages: int = 0,
+                 group: dict[int, Copy] | None = None) -> None:
         self.model = model
         self.gpu = gpu
         self.pages = pages  # its weights' pages on the GPU
+        # its model's copies (``BaselinePolicy.copies[model]``) when it was made: a model
+        # removed and added again under the same name has a new one
+        self.group = group
         self.loading = True
         self.inflight = 0  # INFERs sent and not answered
         self.last_used = 0
@@ -210,8 +216,8 @@ class BaselinePolicy(Policy):
                 if result.status in COPY_GONE and not c.loading and g.copies.get(c.model) is c:
                     self._drop(c)
                     self._lost(c.model, g, now, out)
-                if retry and c.model in self._removing:
-                    for r in retry:  # nowhere to run them any more
+                if retry and not self._serves(c):
+                    for r in retry:  # removed: nowhere to run them any more
                         self._attempts.pop(r.id, None)
                         self._answer(r, RequestStatus.INVALID_REQUEST, now, MODEL_UNLOADED)
                 elif retry:
@@ -292,6 +298,12 @@ class BaselinePolicy(Policy):
 
     # ------------------------------------------------------------------ helpers
 
+    def _serves(self, c: Copy) -> bool:
+        """Whether ``c``'s model is still served: not removed since ``c`` was made (its
+        state may even be forgotten already, or the name added again, while an INFER
+        sent to ``c`` was still out)."""
+        return c.model in self.serving and self.copies.get(c.model) is c.group
+
     def _wake(self, t: int) -> None:
         if t not in self._timer_set:
             self._timer_set.add(t)
@@ -363,7 +375,7 @@ class BaselinePolicy(Policy):
         aid = self._sent.new_id()
         a = Action(aid, ActionType.LOAD, g.worker, g.gpu, model, now, NEVER, p.load_ns,
                    expected_end=now + p.load_ns, sent_at=now)
-        c = Copy(model, g, p.weights_pages)
+        c = Copy(model, g, p.weights_pages, self.copies[model])
         self._use_seq += 1
         c.last_used = self._use_seq
         g.copies[model] = c
