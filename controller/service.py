@@ -53,6 +53,7 @@ from clockwork.protocol import keepalive
 from clockwork.protocol.framing import FrameStream, dial, host_of
 from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
 from clockwork.protocol.pacing import Pacer
+from clockwork.protocol.parent import stop_when_orphaned
 from clockwork.protocol.ratelog import LogLimiter
 from clockwork.protocol.security import (
     WORKER_CLOCK_SYNC,
@@ -1586,6 +1587,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        orphan = asyncio.ensure_future(stop_when_orphaned(stop, "controller"))
 
         def ready(port: int) -> None:
             sec = "".join(s for on, s in ((token, ", token required"), (tls, ", TLS"),
@@ -1594,10 +1596,13 @@ def cmd_controller(args: argparse.Namespace) -> int:
                   f"worker(s), {len(node.gpu_index)} GPU(s), {len(node.profiles)} model "
                   f"instance(s){sec})", flush=True)
 
-        await serve_controller(node, args.host, args.port, ready, stop,
-                               args.http_port if args.http_port >= 0 else None,
-                               args.kserve_port if args.kserve_port >= 0 else None,
-                               token, tls)
+        try:
+            await serve_controller(node, args.host, args.port, ready, stop,
+                                   args.http_port if args.http_port >= 0 else None,
+                                   args.kserve_port if args.kserve_port >= 0 else None,
+                                   token, tls)
+        finally:
+            orphan.cancel()
 
     try:
         asyncio.run(main())

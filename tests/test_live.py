@@ -246,6 +246,49 @@ def test_offset_estimate_and_wire_conversion():
     assert b.earliest == 5_000_100 and b.latest == NEVER and b.batch_size == 4
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    out = []
+    for d in os.listdir("/proc"):
+        try:
+            stat = open(f"/proc/{d}/stat").read()
+        except OSError:
+            continue
+        if d.isdigit() and int(stat.rpartition(")")[2].split()[1]) == pid:
+            out.append(int(d))
+    return out
+
+
+def test_serve_killed_outright_takes_its_cluster_with_it():
+    """``clockwork serve`` killed with SIGKILL (no chance to stop its children): its
+    controller and worker notice they were orphaned and stop, freeing their ports."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "clockwork.cluster.cli", "serve", "--port",
+                          "0", "--http-port", "-1", "--kserve-port", "-1"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in p.stdout:  # until it serves
+            if "Ctrl-C stops" in line:
+                break
+        kids = _children(p.pid)
+        assert len(kids) == 2, kids  # a worker and the controller
+    finally:
+        p.kill()
+        p.wait(10)
+    deadline = time.monotonic() + 20
+    while (alive := [k for k in kids if os.path.exists(f"/proc/{k}")
+                     and "Z" not in open(f"/proc/{k}/stat").read().rpartition(")")[2][:3]]):
+        if time.monotonic() > deadline:
+            for k in alive:
+                os.kill(k, signal.SIGKILL)
+            raise AssertionError(f"still running 20 s after their parent was killed: {alive}")
+        time.sleep(0.1)
+
+
 def test_serve_replay_stops_on_ctrl_c():
     """``clockwork serve SCENARIO --replay`` and SIGINT (Ctrl-C) mid-replay: it stops at
     once (exit 130) and its processes are gone (it had run the whole replay first)."""

@@ -51,6 +51,7 @@ from clockwork.protocol import keepalive
 from clockwork.protocol.framing import TICKET_BYTES, FrameStream, new_ticket
 from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
 from clockwork.protocol.pacing import Pacer
+from clockwork.protocol.parent import stop_when_orphaned
 from clockwork.protocol.precise_loop import run_precise
 from clockwork.protocol.ratelog import LogLimiter
 from clockwork.protocol.security import (
@@ -797,12 +798,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        orphan = asyncio.ensure_future(stop_when_orphaned(stop, "worker"))
 
         def ready(port: int, link_port: int) -> None:
             print(listening_line(args, node, port, link_port), flush=True)
 
-        await serve_worker(args.host, args.port, node, ready, stop, tls, args.link_port,
-                           tuple(args.advertise))
+        try:
+            await serve_worker(args.host, args.port, node, ready, stop, tls, args.link_port,
+                               tuple(args.advertise))
+        finally:
+            orphan.cancel()
 
     try:
         run_precise(main())

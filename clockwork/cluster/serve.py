@@ -28,6 +28,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from clockwork.protocol.parent import parent_env
 from clockwork.scenario import ScenarioError, load_scenario
 
 _ADDR = re.compile(r"listening on (\S+):(\d+)")
@@ -48,7 +49,7 @@ class _Child:
         self.name = name
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.echo = echo
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **parent_env())  # stops if we die
         for k, v in (extra_env or {}).items():  # None: not in the child's environment
             if v is None:
                 env.pop(k, None)
