@@ -18,8 +18,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
+
+if TYPE_CHECKING:
+    from clockwork.settings import ProfileSetFile
 
 PAGE_SIZE = 16 * 1024 * 1024  # bytes, Clockwork's weights-cache page
 
@@ -196,20 +200,38 @@ def load_profile_set(name_or_path: str) -> ProfileSet:
     else:
         tried = ", ".join(str(c) for c in candidates)
         raise ProfileError(f"profile set {name_or_path!r} not found (tried {tried})")
-    meta = {}
-    if (folder / "set.json").exists():
-        meta = orjson.loads((folder / "set.json").read_bytes())
-    profiles = {}
+    meta = _load_set_file(folder / "set.json")
+    profiles: dict[str, ModelProfile] = {}
+    files: dict[str, Path] = {}  # model -> the file that gave its profile
     for f in sorted(folder.glob("*.json")):
         if f.name == "set.json":
             continue
         prof = load_profile(f)
+        if prof.model in files:
+            raise ProfileError(f"{f}: model {prof.model!r} already has a profile in this "
+                               f"set, {files[prof.model]}: one profile file per model")
         profiles[prof.model] = prof
+        files[prof.model] = f
     if not profiles:
         raise ProfileError(f"profile set {folder} holds no profiles")
     return ProfileSet(
         name=folder.name,
         path=folder,
         profiles=profiles,
-        weights_cache_pages=int(meta.get("weights_cache_pages", 1376)),
+        weights_cache_pages=meta.weights_cache_pages,
     )
+
+
+def _load_set_file(path: Path) -> ProfileSetFile:
+    """A profile set's ``set.json`` checked against its schema
+    (``clockwork.settings.ProfileSetFile``; the defaults when there is none); a bad file
+    raises ``ProfileError`` with one line naming the file and the key."""
+    from clockwork.settings import ProfileSetFile, validate
+
+    try:
+        data = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        data = {}
+    except orjson.JSONDecodeError as e:
+        raise ProfileError(f"{path}: not valid JSON ({e})") from e
+    return validate(ProfileSetFile, data, where=str(path), error=ProfileError)

@@ -825,6 +825,22 @@ class TensorEntry(Settings):
     dtype: str = setting(description="Element type, a numpy dtype name.", min_length=1)
 
 
+class ProfileSetFile(Settings):
+    """A profile set's ``set.json`` (``profiles/<set>/set.json``): the set's defaults."""
+
+    settings_name: ClassVar[str] = "profile set"
+
+    name: str | None = setting(None, "Title of the set (free text; the set is named by its "
+                               "folder).")
+    description: str | None = setting(None, "Free text.")
+    device: str | None = setting(None, "Device kind of the set's figures (free text).")
+    source: str | None = setting(None, "How the set's defaults were obtained (free text).")
+    weights_cache_pages: int = setting(
+        1376, "Pages (16 MiB each) of each GPU's weights cache, unless the scenario's "
+        "`cluster.weights_cache_pages` says otherwise (1376: Clockwork's on a 32 GB V100).",
+        ge=1)
+
+
 class ProfileFile(Settings):
     """A profile file (``profiles/<set>/<model>.json``)."""
 

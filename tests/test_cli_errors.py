@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 
+import orjson
 import pytest
 
 from clockwork.cluster.cli import main
@@ -140,6 +141,26 @@ def test_bad_settings_file_is_one_line_exit_2(name, text, fragment, capsys, tmp_
     assert rc == 2, (rc, err)
     assert len(lines) == 1 and "Traceback" not in err, err
     assert str(f) in lines[0] and fragment in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("[1]", "profile set: must be a table, got [1]"),
+    ('{"weights_cache_pages": 0}', "weights_cache_pages: must be an integer >= 1, got 0"),
+    ('{"weights_cache_pages": "many"}', "weights_cache_pages: must be an integer >= 1"),
+])
+def test_bad_profile_set_file_is_one_line_exit_2(text, fragment, capsys, tmp_path):
+    from clockwork.profiles import load_profile_set
+
+    (tmp_path / "resnet50_v2.json").write_bytes(
+        orjson.dumps(load_profile_set("v100-reference").get("resnet50_v2").to_json()))
+    (tmp_path / "set.json").write_text(text)
+    rc = main(["simulate", SC, "--set", f"cluster.profiles='{tmp_path}'", "--out",
+               str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert rc == 2, (rc, err)
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert str(tmp_path / "set.json") in lines[0] and fragment in lines[0], lines[0]
 
 
 def test_help_works_for_every_verb(capsys):

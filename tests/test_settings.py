@@ -18,6 +18,7 @@ from clockwork.settings import (
     ClusterSettings,
     ModelEntry,
     ProfileFile,
+    ProfileSetFile,
     ScenarioSettings,
     SchedulerTable,
     SettingsError,
@@ -333,6 +334,41 @@ def test_bad_profiles_give_one_line(change, msg, tmp_path):
     assert raises(ProfileError, load_profile, f) == f"{f}: {msg}"
 
 
+@pytest.mark.parametrize("text,msg", [
+    (b"[1]", "profile set: must be a table, got [1]"),
+    (b'{"weights_cache_pages": 0}', "weights_cache_pages: must be an integer >= 1, got 0"),
+    (b'{"weights_cache_pages": -5}', "weights_cache_pages: must be an integer >= 1, got -5"),
+    (b'{"weights_cache_pages": "many"}',
+     "weights_cache_pages: must be an integer >= 1, got 'many'"),
+    (b'{"weights_cache_pages": 8.5}', "weights_cache_pages: must be an integer >= 1, got 8.5"),
+    (b'{"weight_cache_pages": 8}', "unknown profile set setting 'weight_cache_pages' (did you "
+                                   "mean 'weights_cache_pages'?)"),
+    (b"{not json", "not valid JSON"),
+])
+def test_bad_set_json_gives_one_line_naming_the_file(text, msg, tmp_path):
+    (tmp_path / "m.json").write_bytes(orjson.dumps(GOOD_PROFILE))
+    (tmp_path / "set.json").write_bytes(text)
+    got = raises(ProfileError, load_profile_set, str(tmp_path))
+    assert got.startswith(f"{tmp_path / 'set.json'}: ") and msg in got
+
+
+def test_set_json_defaults_and_its_cache_size(tmp_path):
+    (tmp_path / "m.json").write_bytes(orjson.dumps(GOOD_PROFILE))
+    assert load_profile_set(str(tmp_path)).weights_cache_pages == 1376  # no set.json
+    (tmp_path / "set.json").write_bytes(b'{"device": "test", "weights_cache_pages": 64}')
+    assert load_profile_set(str(tmp_path)).weights_cache_pages == 64
+    assert load_profile_set("v100-reference").weights_cache_pages == 1376
+    assert load_profile_set("cpu").weights_cache_pages == 32
+
+
+def test_two_profile_files_of_one_model_are_refused_naming_both(tmp_path):
+    (tmp_path / "m.json").write_bytes(orjson.dumps(GOOD_PROFILE))
+    (tmp_path / "m_copy.json").write_bytes(orjson.dumps({**GOOD_PROFILE, "load_ns": 9}))
+    got = raises(ProfileError, load_profile_set, str(tmp_path))
+    assert got == (f"{tmp_path / 'm_copy.json'}: model 'm' already has a profile in this "
+                   f"set, {tmp_path / 'm.json'}: one profile file per model")
+
+
 def test_profiles_round_trip():
     bad = {**GOOD_PROFILE, "exec_ns": {"1": float("nan")}}  # JSON has no nan; a dict may
     assert raises(ProfileError, ModelProfile.from_json, bad, "x") == (
@@ -350,7 +386,8 @@ def test_profiles_round_trip():
 
 SCHEMAS: list[type] = [
     ScenarioSettings, ClusterSettings, ModelEntry, WorkloadEntry, SchedulerTable,
-    SchedulerConfig, ClipperConfig, TfServingConfig, InfaasConfig, ProfileFile, TensorEntry]
+    SchedulerConfig, ClipperConfig, TfServingConfig, InfaasConfig, ProfileFile, TensorEntry,
+    ProfileSetFile]
 
 
 @pytest.mark.parametrize("schema", SCHEMAS, ids=lambda s: s.__name__)

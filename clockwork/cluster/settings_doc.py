@@ -20,6 +20,7 @@ from clockwork.settings import (
     KillFault,
     ModelEntry,
     ProfileFile,
+    ProfileSetFile,
     ScenarioSettings,
     SchedulerTable,
     SlowNetworkFault,
@@ -137,6 +138,10 @@ def render() -> str:
         "Profile files", "`profiles/<set>/<model>.json`: how long one model takes on one kind "
         "of device. Checked when the profile set is loaded.", markdown_table(ProfileFile)))
     parts.append("### Tensors (`inputs`, `outputs`)\n\n" + markdown_table(TensorEntry))
+    parts.append(_section(
+        "Profile sets (`set.json`)", "`profiles/<set>/set.json` (optional): the set's "
+        "defaults. Checked when the profile set is loaded, as is that no two profile files "
+        "of a set are of the same model.", markdown_table(ProfileSetFile)))
     return "\n".join(parts)
 
 
