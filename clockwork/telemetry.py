@@ -681,18 +681,21 @@ def format_summary(s: dict) -> str:
     """A human-readable table of a summary."""
     lat = s.get("latency_ms", {})
     acts = s.get("actions", {})
+    # no requests, no answers: a percentage or a latency of nothing is not 0
+    attainment = f"{100 * s['slo_attainment']:.4f} %" if s["submitted"] else "n/a (no requests)"
+    latency = (f"{lat.get('p50', 0):.2f} / {lat.get('p99', 0):.2f} / "
+               f"{lat.get('p999', 0):.2f} / {lat.get('max', 0):.2f} ms") if s["succeeded"] \
+        else "n/a (no requests)" if not s["submitted"] else "n/a (none succeeded)"
     rows = [
         ("requests submitted", f"{s['submitted']:,}"),
         ("  succeeded", f"{s['succeeded']:,}"),
         ("  met SLO", f"{s['slo_met']:,}"),
         ("  dropped (timeout)", f"{s['dropped']:,}"),
         ("  failed", f"{s['failed']:,}"),
-        ("SLO attainment", f"{100 * s['slo_attainment']:.4f} %"),
+        ("SLO attainment", attainment),
         ("goodput", f"{s['goodput_rps']:,.1f} r/s"),
         ("throughput", f"{s['throughput_rps']:,.1f} r/s"),
-        ("latency p50 / p99 / p99.9 / max",
-         f"{lat.get('p50', 0):.2f} / {lat.get('p99', 0):.2f} / {lat.get('p999', 0):.2f} / "
-         f"{lat.get('max', 0):.2f} ms"),
+        ("latency p50 / p99 / p99.9 / max", latency),
         ("cold-start requests", f"{s.get('cold_starts', 0):,}"),
         ("actions infer / load / evict / rejected",
          f"{acts.get('infer', 0):,} / {acts.get('load', 0):,} / {acts.get('evict', 0):,} / "

@@ -97,6 +97,11 @@ BAD = [
     (["simulate", SC, "--set", "duration_s=1e300"], "at most 31,536,000 (a year)"),
     (["simulate", SC, "--set", "scheduler.future_ms=1e13"], "future_ms"),
     (["controller", "--workers", "127.0.0.1:1", "--default-slo-ms", "1e13"], "a day"),
+    # values that were taken: a cache no served model fits, a fault after the run
+    (["simulate", SC, "--set", "cluster.weights_cache_pages=1"],
+     "model 'resnet50_v2' takes 7 pages, more than the 1 page(s)"),
+    (["simulate", SC, "--set", "duration_s=1", "--set", "faults.kill=[{worker=0,at_s=50}]"],
+     "faults.kill.0.at_s: must be before the end (duration_s 1), got 50"),
 ]
 
 
@@ -161,6 +166,25 @@ def test_bad_profile_set_file_is_one_line_exit_2(text, fragment, capsys, tmp_pat
     assert rc == 2, (rc, err)
     assert len(lines) == 1 and "Traceback" not in err, err
     assert str(tmp_path / "set.json") in lines[0] and fragment in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("override", ["workloads.0.rate_rps=1e-9", "duration_s=1e-12"])
+def test_a_run_without_requests_warns_and_says_n_a(override, capsys, tmp_path):
+    """Not an error (a sweep may hold such a point): exit 0, one warning line, and a table
+    that says n/a where a percentage or a latency of nothing would read 0; summary.json
+    as for any run."""
+    rc = main(["simulate", SC, "--set", "duration_s=1", "--set", override, "--out",
+               str(tmp_path)])
+    got = capsys.readouterr()
+    assert rc == 0, got.err
+    warnings = [x for x in got.err.splitlines() if "warning" in x]
+    assert len(warnings) == 1 and "no requests were submitted" in warnings[0], got.err
+    assert "n/a" in got.out and "0.0000 %" not in got.out and "0.00 ms" not in got.out
+    s = orjson.loads((tmp_path / "summary.json").read_bytes())
+    assert (s["submitted"], s["slo_attainment"], s["latency_ms"]["p99"]) == (0, 0.0, 0.0)
+    assert main(["simulate", SC, "--set", "duration_s=1", "--out", str(tmp_path / "b")]) == 0
+    got = capsys.readouterr()
+    assert "warning" not in got.err and "n/a" not in got.out and "100.0000 %" in got.out
 
 
 def test_help_works_for_every_verb(capsys):

@@ -153,10 +153,46 @@ def test_misprediction_noise_is_survived():
     ("workloads.0.models='zzz'", "matches no model instance"),
     ("scheduler.bogus_ms=3", "unknown scheduler setting"),
     ("duration_s=0", "duration_s"),
+    # a weights cache that no copy of a served model fits (every request would time out)
+    ("cluster.weights_cache_pages=6", r"^cluster.weights_cache_pages: model 'resnet50_v2' "
+     r"takes 7 pages, more than the 6 page\(s\) of each GPU's weights cache"),
+    # faults at or after the end (they would happen after the run, to no effect)
+    ("faults.kill=[{worker=0, at_s=2.0}]",
+     r"^faults.kill.0.at_s: must be before the end \(duration_s 2\), got 2$"),
+    ("faults.hang=[{worker=0, at_s=0.5, for_s=1}, {worker=0, at_s=500, for_s=1}]",
+     r"^faults.hang.1.at_s: must be before the end \(duration_s 2\), got 500$"),
+    ("faults.slow_network=[{worker=0, at_s=900, for_s=1, delay_ms=5}]",
+     r"^faults.slow_network.0.at_s: must be before the end \(duration_s 2\), got 900$"),
 ])
 def test_bad_scenarios_have_clear_errors(override, msg):
     with pytest.raises(ScenarioError, match=msg):
         simulate(base(), [override])
+
+
+def test_a_profile_sets_cache_too_small_for_a_model_is_named(tmp_path):
+    """The cache size from the profile set's set.json (not the scenario): the message
+    names that file."""
+    (tmp_path / "resnet50_v2.json").write_bytes(orjson.dumps(_R50.to_json()))
+    (tmp_path / "set.json").write_bytes(b'{"weights_cache_pages": 3}')
+    d = base(cluster={"profiles": str(tmp_path)})
+    with pytest.raises(ScenarioError, match=r"weights_cache_pages of profile set .* takes 7 "
+                       r"pages, more than the 3 page"):
+        simulate(d)
+    assert str(tmp_path / "set.json") in str(pytest.raises(ScenarioError, simulate, d).value)
+    assert simulate(d, ["cluster.weights_cache_pages=7"]).summary["slo_met"] > 0  # fits
+
+
+def test_fault_times_are_checked_after_overrides():
+    """``--set duration_s`` that ends the run before a fault: refused, as a fault in the
+    file after its own end is."""
+    d = base(faults={"kill": [{"worker": 0, "at_s": 1.5, "back_s": 1.8}]})
+    assert simulate(d).summary["submitted"] > 0
+    with pytest.raises(ScenarioError, match=r"faults.kill.0.at_s: must be before the end "
+                       r"\(duration_s 1\), got 1.5"):
+        simulate(d, ["duration_s=1"])
+    sc = load_scenario(data=d)
+    with pytest.raises(ScenarioError, match="faults.kill.0.at_s"):
+        simulate(sc, ["duration_s=1.5"])
 
 
 def test_override_parsing():

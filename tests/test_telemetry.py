@@ -285,12 +285,18 @@ def test_read_logs_errors(tmp_path):
         Telemetry(0, "csv")
 
 
+# scenarios/faults.toml's faults moved into a run of a few seconds (a fault at or after
+# duration_s is refused)
+EARLY = ["--set", "faults.kill=[{worker=1, at_s=1.0, back_s=2.5}]",
+         "--set", "faults.hang=[{worker=0, at_s=3.0, for_s=0.5}]"]
+
+
 def test_simulate_npz_and_report(tmp_path, capsys):
     runs = {}
     for fmt in ("tsv", "npz"):
         out = tmp_path / fmt
-        assert main(["simulate", "scenarios/faults.toml", "--set", "duration_s=4", "--out",
-                     str(out), "--quiet", "--log-format", fmt]) == 0
+        assert main(["simulate", "scenarios/faults.toml", "--set", "duration_s=4", *EARLY,
+                     "--out", str(out), "--quiet", "--log-format", fmt]) == 0
         capsys.readouterr()
         assert {p.name for p in out.iterdir()} == {"summary.json", "run.json",
                                                    f"requests.{fmt}", f"actions.{fmt}"}
@@ -394,8 +400,8 @@ def test_simulate_with_spill_dir_writes_the_same_files(tmp_path, capsys):
     outs = {}
     for mode, extra in (("memory", []), ("files", ["--spill-dir", str(tmp_path / "sp")])):
         out = outs[mode] = tmp_path / mode
-        assert main(["simulate", "scenarios/faults.toml", "--set", "duration_s=6", "--out",
-                     str(out), "--quiet", "--log-format", "npz", *extra]) == 0
+        assert main(["simulate", "scenarios/faults.toml", "--set", "duration_s=6", *EARLY,
+                     "--out", str(out), "--quiet", "--log-format", "npz", *extra]) == 0
     capsys.readouterr()
     for name in ("summary.json", "requests.npz", "actions.npz"):
         assert (outs["memory"] / name).read_bytes() == (outs["files"] / name).read_bytes(), name

@@ -116,6 +116,7 @@ class Simulation:
         except ValueError as e:
             raise ScenarioError(str(e)) from e
         pages = int(c.get("weights_cache_pages", self.pset.weights_cache_pages))
+        self._check_cache_fits(pages, "weights_cache_pages" in c)
         W, G = int(c["workers"]), int(c["gpus_per_worker"])
         self.W, self.G = W, G
         self.specs = specs = [GpuSpec(w, g, pages) for w in range(W) for g in range(G)]
@@ -138,6 +139,9 @@ class Simulation:
                 if f["worker"] >= W:
                     raise ScenarioError(f"faults.{kind}.{i}.worker: {f['worker']} is not one "
                                         f"of the {W} worker(s) (0 ... {W - 1})")
+                if f["at_s"] >= sc.duration_s:  # (as a controller restart must be)
+                    raise ScenarioError(f"faults.{kind}.{i}.at_s: must be before the end "
+                                        f"(duration_s {sc.duration_s:g}), got {f['at_s']:g}")
         root = np.random.SeedSequence(sc.seed)
         s_work, s_dev, s_net = root.spawn(3)
         self._dev_seeds = [int(s.generate_state(1)[0]) for s in s_dev.spawn(len(specs))]
@@ -175,6 +179,20 @@ class Simulation:
         self.telemetry = Telemetry(0, spill_dir=spill_dir)
         self._executors: list[GpuExecutor] = []  # every one made, for their peak pages
         self.fault_log: list[tuple[int, str]] = []  # (time, what happened)
+
+    def _check_cache_fits(self, pages: int, from_scenario: bool) -> None:
+        """Every served model's weights fit in a GPU's weights cache (one that does not
+        could never be loaded: each of its requests would time out)."""
+        biggest = max(set(self.instances.values()),
+                      key=lambda m: (self.pset.get(m).weights_pages, m))
+        need = self.pset.get(biggest).weights_pages
+        if need > pages:
+            where = ("cluster.weights_cache_pages" if from_scenario else
+                     f"weights_cache_pages of profile set {self.pset.name!r} "
+                     f"({self.pset.path / 'set.json'})")
+            raise ScenarioError(f"{where}: model {biggest!r} takes {need} pages, more than "
+                                f"the {pages} page(s) of each GPU's weights cache: it could "
+                                "never be loaded")
 
     def _check_restarts(self, restarts: list[dict], duration_s: float) -> None:
         if restarts and (self.faults.get("kill") or self.faults.get("hang")):

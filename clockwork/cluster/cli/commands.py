@@ -32,6 +32,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for t, what in sim.fault_log:  # the [faults] plan as it played out
         print(f"clockwork simulate: {t / 1e9:7.2f} s  fault: {what}", file=sys.stderr)
     s = res.summary
+    if not s["submitted"]:  # (a sweep may hold such a point: a warning, not an error)
+        print(f"clockwork simulate: warning: no requests were submitted in duration_s = "
+              f"{sc.duration_s:g} s (rates too low or the run too short): the figures are "
+              "empty", file=sys.stderr)
     res.telemetry.log_format = args.log_format
     try:
         emit_run(res, sc, f"{s['gpus']} GPU(s), {s['model_instances']} model instance(s), "
