@@ -495,14 +495,22 @@ def markdown_table(cls: type[BaseModel], skip: Sequence[str] = ()) -> str:
 
 # ----------------------------------------------------------------------------- scenario
 
+# Bounds on sizes a scenario gives: beyond them a value is a mistake (a typo, a stand-in
+# for "many"), and building the run would exhaust memory before it starts. The largest
+# shipped set-ups are far below them (the paper's 150 workers, 3,601 copies of a model).
+MAX_WORKERS = 10_000
+MAX_GPUS_PER_WORKER = 64
+MAX_COPIES = 100_000  # per [[models]] entry
+MAX_CONCURRENCY = 100_000  # outstanding requests per instance of a closed loop
+
 
 class ClusterSettings(Settings):
     """``[cluster]``: the machines, the profile set and the emulation's noise."""
 
     settings_name: ClassVar[str] = "cluster"
 
-    workers: int = setting(1, "Worker processes (machines).", ge=1)
-    gpus_per_worker: int = setting(1, "GPUs on each worker.", ge=1)
+    workers: int = setting(1, "Worker processes (machines).", ge=1, le=MAX_WORKERS)
+    gpus_per_worker: int = setting(1, "GPUs on each worker.", ge=1, le=MAX_GPUS_PER_WORKER)
     profiles: str = setting(
         "v100-reference", "Profile set (its name, or a folder path) giving each model's "
         "LOAD and EXEC durations and the weights-cache size.", min_length=1)
@@ -554,7 +562,7 @@ class ModelEntry(Settings):
     name: str = setting(description="Model name: a profile of the profile set.", min_length=1)
     copies: int = setting(
         1, "Instances of the model; copy k > 0 is named `name:k` and has its own weights "
-        "and requests.", ge=1)
+        "and requests.", ge=1, le=MAX_COPIES)
 
 
 def _has_nonfinite(value: Any) -> bool:
@@ -604,7 +612,7 @@ class WorkloadEntry(Settings):
         le=MAX_SLO_FACTOR)
     concurrency: int | None = setting(
         None, "Closed-loop kinds: requests kept outstanding per instance.",
-        default_text="`1`")
+        default_text="`1`", le=MAX_CONCURRENCY)
     think_ms: float | None = setting(
         None, "Closed-loop kinds: pause after a reply before the next request, in "
         "milliseconds.", default_text="`0`")

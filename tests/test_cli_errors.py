@@ -97,11 +97,15 @@ BAD = [
     (["simulate", SC, "--set", "duration_s=1e300"], "at most 31,536,000 (a year)"),
     (["simulate", SC, "--set", "scheduler.future_ms=1e13"], "future_ms"),
     (["controller", "--workers", "127.0.0.1:1", "--default-slo-ms", "1e13"], "a day"),
-    # values that were taken: a cache no served model fits, a fault after the run
+    # values that were taken: a cache no served model fits, a fault after the run, sizes
+    # that ran out of memory
     (["simulate", SC, "--set", "cluster.weights_cache_pages=1"],
      "model 'resnet50_v2' takes 7 pages, more than the 1 page(s)"),
     (["simulate", SC, "--set", "duration_s=1", "--set", "faults.kill=[{worker=0,at_s=50}]"],
      "faults.kill.0.at_s: must be before the end (duration_s 1), got 50"),
+    (["simulate", SC, "--set", "cluster.workers=1000000"], "cluster.workers"),
+    (["simulate", SC, "--set", "cluster.gpus_per_worker=1000"], "cluster.gpus_per_worker"),
+    (["simulate", SC, "--set", "models.0.copies=10000000"], "models.0.copies"),
 ]
 
 

@@ -57,10 +57,10 @@ def raises(exc: type[Exception], fn, *args, **kw) -> str:
 @pytest.mark.parametrize("override,msg", [
     ("cluster.noise=nan", "cluster.noise: must be a finite number >= 0, got nan"),
     ("cluster.noise=-0.5", "cluster.noise: must be a finite number >= 0, got -0.5"),
-    ("cluster.workers=0", "cluster.workers: must be an integer >= 1, got 0"),
-    ("cluster.workers=true", "cluster.workers: must be an integer >= 1, got true"),
-    ("cluster.workers=2.0", "cluster.workers: must be an integer >= 1, got 2.0"),
-    ("cluster.workers='2'", "cluster.workers: must be an integer >= 1, got '2'"),
+    ("cluster.workers=0", "cluster.workers: must be an integer in [1, 10000], got 0"),
+    ("cluster.workers=true", "cluster.workers: must be an integer in [1, 10000], got true"),
+    ("cluster.workers=2.0", "cluster.workers: must be an integer in [1, 10000], got 2.0"),
+    ("cluster.workers='2'", "cluster.workers: must be an integer in [1, 10000], got '2'"),
     ("cluster.slow_prob=1.5", "cluster.slow_prob: must be a finite number in [0, 1], got 1.5"),
     ("cluster.jitter_ms=inf", "cluster.jitter_ms: must be a finite number >= 0, got inf"),
     ("cluster.device='gpu'",
@@ -76,7 +76,7 @@ def raises(exc: type[Exception], fn, *args, **kw) -> str:
     ("nosuch=1", "unknown top-level setting 'nosuch' (known: cluster, description, drain_s, "
                  "duration_s, faults, models, name, scheduler, seed, workloads)"),
     ("seeed=1", "unknown top-level setting 'seeed' (did you mean 'seed'?)"),
-    ("models.0.copies=0", "models.0.copies: must be an integer >= 1, got 0"),
+    ("models.0.copies=0", "models.0.copies: must be an integer in [1, 100000], got 0"),
     ("models.0.copis=2", "unknown setting 'models.0.copis' (did you mean 'models.0.copies'?)"),
     ("models.0.name=''", "models.0.name: must be a non-empty string, got ''"),
     ("models=[]", "models: must be at least one [[models]] table, got []"),
@@ -100,12 +100,40 @@ def raises(exc: type[Exception], fn, *args, **kw) -> str:
     ("workloads.0.burst=nan", "workloads.0.burst: must be a finite number, got nan"),
     ("workloads.0.models=3",
      "workloads.0.models: must be a model name or glob, or a list of them, got 3"),
-    ("workloads.0.concurrency=1.5", "workloads.0.concurrency: must be an integer, got 1.5"),
+    ("workloads.0.concurrency=1.5", "workloads.0.concurrency: must be an integer <= 100000, got 1.5"),
     ("scheduler.policy=3", "scheduler.policy: must be a non-empty string, got 3"),
+    # sizes beyond what a run can build (memory): refused before anything is built
+    ("cluster.workers=1000000", "cluster.workers: must be an integer in [1, 10000], got 1000000"),
+    ("cluster.gpus_per_worker=65",
+     "cluster.gpus_per_worker: must be an integer in [1, 64], got 65"),
+    ("models.0.copies=10000000",
+     "models.0.copies: must be an integer in [1, 100000], got 10000000"),
+    ("workloads.0.concurrency=100000000",
+     "workloads.0.concurrency: must be an integer <= 100000, got 100000000"),
 ])
 def test_bad_scenario_values_give_one_line(override, msg):
     got = raises(ScenarioError, load_scenario, SCENARIO, [override])
     assert got == f"{SCENARIO}: {msg}"
+
+
+def test_the_largest_sizes_still_load():
+    sc = load_scenario(SCENARIO, ["cluster.workers=10000", "cluster.gpus_per_worker=64",
+                                  "models.0.copies=100000"])
+    assert (sc.cluster["workers"], sc.models[0]["copies"]) == (10000, 100000)
+
+
+def test_closed_loops_bound_their_concurrency():
+    """The kinds check it too: a named kind's own key (background_concurrency), and a
+    closed loop made in code."""
+    from clockwork.cluster.sim import Simulation
+    from clockwork.workloads import ClosedLoop, WorkloadError
+
+    with pytest.raises(ScenarioError, match=r"background_concurrency must be >= 1 and at "
+                       r"most 100,000, got 1000000$"):
+        Simulation(load_scenario("slo_exp_2", ["workloads.0.background_concurrency=1000000"]))
+    with pytest.raises(WorkloadError, match="at most 100,000, got 100001"):
+        ClosedLoop(["m"], 100_001)
+    assert ClosedLoop(["m"], 100_000).concurrency == 100_000
 
 
 def test_missing_required_key_and_dict_source():
@@ -281,9 +309,9 @@ def test_controller_parse_settings_and_models():
     assert parse_models("resnet50_v2:2, vgg16", profiles) == {
         "resnet50_v2": "resnet50_v2", "resnet50_v2:1": "resnet50_v2", "vgg16": "vgg16"}
     assert raises(ValueError, parse_models, "resnet50_v2:0", profiles) == (
-        "--models resnet50_v2:0: copies: must be an integer >= 1, got 0")
+        "--models resnet50_v2:0: copies: must be an integer in [1, 100000], got 0")
     assert raises(ValueError, parse_models, "resnet50_v2:x", profiles) == (
-        "--models resnet50_v2:x: copies: must be an integer >= 1, got 'x'")
+        "--models resnet50_v2:x: copies: must be an integer in [1, 100000], got 'x'")
     assert raises(ValueError, parse_models, "resnet50_v3", profiles).startswith(
         "--models resnet50_v3: no profile for model 'resnet50_v3' (did you mean "
         "'resnet50_v2'?); known: densenet121,")
@@ -295,7 +323,7 @@ def test_controller_parse_settings_and_models():
     (["--set", "max_batch=abc"], "max_batch: must be an integer >= 1, got 'abc'"),
     (["--set", "nosuch=1"], "unknown scheduler setting 'nosuch'"),
     (["--set", "default_slo_ms=inf"], "default_slo_ms: must be a finite number > 0 (at most a day), got inf"),
-    (["--models", "resnet50_v2:0"], "copies: must be an integer >= 1, got 0"),
+    (["--models", "resnet50_v2:0"], "copies: must be an integer in [1, 100000], got 0"),
     (["--models", "nosuchmodel"], "no profile for model 'nosuchmodel'"),
 ])
 def test_controller_command_refuses_bad_settings(args, text, capsys):
@@ -412,7 +440,7 @@ CLI = [sys.executable, "-c", "import sys; from clockwork.cluster.cli import main
 
 @pytest.mark.parametrize("override,text", [
     ("cluster.noise=nan", "cluster.noise: must be a finite number >= 0, got nan"),
-    ("cluster.workers=true", "cluster.workers: must be an integer >= 1, got true"),
+    ("cluster.workers=true", "cluster.workers: must be an integer in [1, 10000], got true"),
     ("cluster.wokers=2", "(did you mean 'cluster.workers'?)"),
     ("scheduler.max_batch=abc", "max_batch: must be an integer >= 1, got 'abc'"),
     ("workloads.0.rate_rps=nan", "workloads.0.rate_rps: must be a finite number, got nan"),
