@@ -77,6 +77,18 @@ def parse_value(text: str) -> Any:
         return text
 
 
+def _index(part: str) -> int:
+    """A list index of a ``--set`` key: 0, 1, ... (no sign: ``-1`` would count from the
+    end); anything else raises ``ValueError``."""
+    if not (part.isascii() and part.isdigit()):
+        raise ValueError(part)
+    return int(part)
+
+
+def _items(items: list) -> str:
+    return f" (items 0 ... {len(items) - 1})" if items else " (the list is empty)"
+
+
 def apply_override(data: dict, assignment: str) -> None:
     """Apply ``a.b.c=value``; list items by index (``workloads.0.rate_rps=100``)."""
     if "=" not in assignment:
@@ -90,9 +102,10 @@ def apply_override(data: dict, assignment: str) -> None:
         where = ".".join(parts[: i + 1])
         if isinstance(node, list):
             try:
-                node = node[int(p)]
+                node = node[_index(p)]
             except (ValueError, IndexError):
-                raise ScenarioError(f"--set {key}: no list item {p!r} at {where}") from None
+                raise ScenarioError(f"--set {key}: no list item {p!r} at {where}"
+                                    f"{_items(node)}") from None
         elif isinstance(node, dict):
             node = node.setdefault(p, {})
         else:
@@ -101,9 +114,9 @@ def apply_override(data: dict, assignment: str) -> None:
     value = parse_value(raw.strip())
     if isinstance(node, list):
         try:
-            node[int(last)] = value
+            node[_index(last)] = value
         except (ValueError, IndexError):
-            raise ScenarioError(f"--set {key}: no list item {last!r}") from None
+            raise ScenarioError(f"--set {key}: no list item {last!r}{_items(node)}") from None
     elif isinstance(node, dict):
         node[last] = value
     else:

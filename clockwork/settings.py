@@ -389,6 +389,7 @@ def from_table(cls: type[S], table: Mapping[str, Any] | None, *, prefix: Sequenc
     t = validate(table_model(cls), {} if table is None else table, prefix=prefix, where=where,
                  error=error)
     data: dict[str, Any] = {}
+    unit_of: dict[str, str] = {}  # time field -> the unit it was given in
     for fname, f in fields_of(cls).items():
         units = units_of(f)
         if not units:
@@ -402,7 +403,23 @@ def from_table(cls: type[S], table: Mapping[str, Any] | None, *, prefix: Sequenc
             raise error(f"{where}: {line}" if where else line)
         if given:
             data[fname] = round(getattr(t, f"{fname}_{given[0]}") * UNITS[given[0]])
-    return validate(cls, data, prefix=prefix, where=where, error=error)
+            unit_of[fname] = given[0]
+    try:
+        return cls.model_validate(data) if issubclass(cls, BaseModel) else cls(**data)
+    except ValidationError as e:
+        err = (e.errors(include_url=False) or [{}])[0]
+        loc = tuple(err.get("loc", ()))
+        if len(loc) == 1 and loc[0] in unit_of:
+            # a value the table's range took that its rounding to int ns does not (1e-9
+            # ms > 0 is 0 ns): named as written, key and value
+            fname, u = loc[0], unit_of[loc[0]]
+            f = fields_of(cls)[fname]
+            want = expected(float, list(f.metadata), f, UNITS[u])
+            line = (f"{_key((*prefix, f'{fname}_{u}'))}: must be {want}, got "
+                    f"{show(getattr(t, f'{fname}_{u}'))} (rounds to {data[fname]} ns)")
+        else:
+            line = error_line(e, cls, prefix)
+        raise error(f"{where}: {line}" if where else line) from None
 
 
 # ----------------------------------------------------------------------------- docs

@@ -98,7 +98,7 @@ BAD = [
     (["simulate", SC, "--set", "scheduler.future_ms=1e13"], "future_ms"),
     (["controller", "--workers", "127.0.0.1:1", "--default-slo-ms", "1e13"], "a day"),
     # values that were taken: a cache no served model fits, a fault after the run, sizes
-    # that ran out of memory
+    # that ran out of memory, a negative list index, an SLO that rounds to 0 ns
     (["simulate", SC, "--set", "cluster.weights_cache_pages=1"],
      "model 'resnet50_v2' takes 7 pages, more than the 1 page(s)"),
     (["simulate", SC, "--set", "duration_s=1", "--set", "faults.kill=[{worker=0,at_s=50}]"],
@@ -106,6 +106,9 @@ BAD = [
     (["simulate", SC, "--set", "cluster.workers=1000000"], "cluster.workers"),
     (["simulate", SC, "--set", "cluster.gpus_per_worker=1000"], "cluster.gpus_per_worker"),
     (["simulate", SC, "--set", "models.0.copies=10000000"], "models.0.copies"),
+    (["simulate", SC, "--set", "workloads.-1.rate_rps=10"], "no list item '-1'"),
+    (["simulate", SC, "--set", "scheduler.default_slo_ms=1e-9"],
+     "default_slo_ms: must be a finite number > 0 (at most a day), got 1e-09"),
 ]
 
 

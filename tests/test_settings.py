@@ -136,6 +136,16 @@ def test_closed_loops_bound_their_concurrency():
     assert ClosedLoop(["m"], 100_000).concurrency == 100_000
 
 
+@pytest.mark.parametrize("override", ["workloads.-1.rate_rps=10", "workloads.+0.rate_rps=10",
+                                      "workloads.1.rate_rps=10", "models.-1={name='x'}"])
+def test_set_takes_list_items_by_index_from_0_only(override):
+    """``--set workloads.-1....`` is refused (it edited the last item, as Python does)."""
+    key = override.partition("=")[0]
+    item = key.split(".")[1]
+    got = raises(ScenarioError, load_scenario, SCENARIO, [override])
+    assert got.startswith(f"--set {key}: no list item {item!r}") and "(items 0 ... 0)" in got
+
+
 def test_missing_required_key_and_dict_source():
     got = raises(ScenarioError, load_scenario, data={
         "models": [{"copies": 2}], "workloads": [{"kind": "poisson", "rate_rps": 1}]})
@@ -199,6 +209,11 @@ def test_defaults_are_the_schemas():
     ({"max_batc": 3}, "unknown scheduler setting 'max_batc' (did you mean 'max_batch'?)"),
     ({"default_slo": 5}, "unknown scheduler setting 'default_slo' (did you mean "
                          "'default_slo_ms'?)"),
+    # in range as written, 0 ns once rounded: named as written, not as kept (default_slo)
+    ({"default_slo_ms": 1e-9}, "default_slo_ms: must be a finite number > 0 (at most a day), "
+                               "got 1e-09 (rounds to 0 ns)"),
+    ({"probe_timeout_ms": 4e-7}, "probe_timeout_ms: must be a finite number > 0 (at most a "
+                                 "year), got 4e-07 (rounds to 0 ns)"),
 ])
 def test_scheduler_config_bad_values(table, msg):
     assert raises(SettingsError, SchedulerConfig.from_ms, **table) == msg
