@@ -436,6 +436,9 @@ class ControllerNode:
         try:
             await asyncio.wait_for(ch.channel_ready(), 2.0)
             stub = pbg.WorkerStub(ch)
+            # a new connection may reach another clock (a rebooted host, another machine at
+            # the address): the old samples, with their tiny echo round trips, would win
+            link.samples.clear()
             for _ in range(8):
                 t0, r, t2 = await self._clock_sync(stub, link)
                 link.add_sample(t0, r.worker_time, t2)

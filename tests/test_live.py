@@ -231,6 +231,38 @@ def test_clock_offset_is_estimated_and_converted():
         assert st.get("infer_rejected", 0) == 0 and st.get("load_rejected", 0) == 0
 
 
+def test_a_worker_back_with_another_clock_is_measured_afresh():
+    """A worker restarted with a clock 30 s away from its old one (a rebooted host, another
+    machine at the same address): the controller's offset is measured again, not taken
+    from the samples of the old clock (4 of 10 requests timed out)."""
+    import time
+
+    with local_cluster(workers=1, gpus=1, models="mobilenet_v2",
+                       worker_args=[["--clock-offset-ms", "0"]]) as c:
+        with clockwork.Client(c.address, timeout=10) as cl:
+            for _ in range(20):
+                assert cl.infer("mobilenet_v2", slo_ms=100).status == 0
+        # the fast link's echoes (one a second) add clock samples with tiny round trips,
+        # better than any a new connection's gRPC ClockSyncs measure: time for a few
+        time.sleep(3.5)
+        c.workers[0].proc.kill()
+        c.workers[0].proc.wait(10)
+        argv = c._worker_argv[0]
+        argv[argv.index("--clock-offset-ms") + 1] = "30000"
+        c.restart_worker(0)
+        with clockwork.Client(c.address, timeout=10) as cl:
+            deadline = time.monotonic() + 20
+            while cl.stats().get("worker_connects", 0) < 2:  # reconnected
+                assert time.monotonic() < deadline, cl.stats()
+                time.sleep(0.05)
+            before = cl.stats()
+            for _ in range(10):
+                r = cl.infer("mobilenet_v2", slo_ms=100)
+                assert r.status == 0 and r.server_latency_ms < 100, r
+            st = cl.stats()
+        assert st.get("infer_rejected", 0) == before.get("infer_rejected", 0)
+
+
 def test_offset_estimate_and_wire_conversion():
     from clockwork.actions import NEVER, Action, ActionType
     from clockwork.protocol.wire import action_to_msg, msg_to_action
