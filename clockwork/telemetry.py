@@ -534,12 +534,16 @@ def _format_in(run_dir: Path) -> str:
     return max(found)[1]
 
 
+# what np.load raises for a file that is not a whole .npz (truncated: BadZipFile, EOFError)
+_UNREADABLE_NPZ = (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile)
+
+
 def _read_npz(tel: Telemetry, path: Path, log: ColumnLog) -> None:
     try:
         with np.load(path, allow_pickle=False) as z:
             cols = [z[name] for name in log.names]
             names = z["model_names"].tolist()
-    except (KeyError, ValueError, OSError) as e:
+    except _UNREADABLE_NPZ as e:
         raise ValueError(f"{path}: not a log file ({e})") from None
     codes = np.array([tel._code(n) for n in names] + [0], dtype=np.int64)[:-1]
     m = log.names.index("model")
@@ -804,7 +808,7 @@ def read_columns(run_dir: str | Path, request_columns: tuple, action_columns: tu
             try:
                 with np.load(path, allow_pickle=False) as z:
                     out.append({c: z[c] for c in want})
-            except (KeyError, ValueError, OSError) as e:
+            except _UNREADABLE_NPZ as e:
                 raise ValueError(f"{path}: not a log file ({e})") from None
         return out[0], out[1]
     tel = read_logs(run_dir)

@@ -310,6 +310,12 @@ def test_simulate_npz_and_report(tmp_path, capsys):
     back = read_logs(tmp_path / "npz")
     assert len(back.requests) == orjson.loads((tmp_path / "npz" / "summary.json").read_bytes())[
         "submitted"]
+    whole = (tmp_path / "npz" / "requests.npz").read_bytes()
+    for cut in (whole[:3000], b""):  # a truncated or an empty file: one line, exit 2
+        (tmp_path / "npz" / "requests.npz").write_bytes(cut)
+        assert main(["report", str(tmp_path / "npz"), "--timeline", "0.5"]) == 2
+        err = capsys.readouterr().err
+        assert "requests.npz: not a log file" in err and "Traceback" not in err, err
     (tmp_path / "npz" / "requests.npz").unlink()
     assert main(["report", str(tmp_path / "npz"), "--timeline"]) == 2
     assert "no requests.tsv or requests.npz" in capsys.readouterr().err
