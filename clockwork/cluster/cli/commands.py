@@ -3,10 +3,32 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import orjson
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c():
+    """SIGTERM ends the run as Ctrl-C does (exit 130, --spill-dir's folder removed); it
+    killed the process, leaving the folder behind. Only in the main thread (where Python
+    runs signal handlers); the previous handler is put back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -22,7 +44,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"clockwork simulate: {e}", file=sys.stderr)
         return 2
     try:
-        res = sim.run()
+        with _sigterm_as_ctrl_c():
+            res = sim.run()
     except RuntimeError as e:  # requests still unanswered when drain_s ran out
         print(f"clockwork simulate: {e}", file=sys.stderr)
         return 1
