@@ -411,6 +411,7 @@ class Telemetry:
         first = not self._flushed
         if first:
             out.mkdir(parents=True, exist_ok=True)
+            _keep_earlier_logs(out)
         self._flushed = True
         # views that outlive the clear (in memory: the chunks' arrays; spilling: maps of
         # the old files, which clear replaces with new ones)
@@ -478,17 +479,52 @@ def _tsv_steps(out: Path, req: list, act: list, model_names: list, append: bool,
     yield from _write_tsv(out / "actions.tsv", ACTION_COLUMNS, _ACTION_TSV, act_blocks(), append)
 
 
+def _keep_earlier_logs(out: Path) -> None:
+    """A controller's first flush into a folder that holds an earlier run's TSV logs (a
+    controller restarted with the same --log-dir): those become ``requests.N.tsv`` and
+    ``actions.N.tsv`` (N the next free number), not overwritten."""
+    old = [out / f"{n}.tsv" for n in ("requests", "actions")]
+    if not any(p.exists() for p in old):
+        return
+    n = 1
+    while any((out / f"{p.stem}.{n}.tsv").exists() for p in old):
+        n += 1
+    for p in old:
+        if p.exists():
+            p.rename(out / f"{p.stem}.{n}.tsv")
+
+
+def _write_all(f, data: bytes) -> None:
+    """All of ``data`` to the unbuffered file ``f`` (a raw write may take only part); if
+    that fails (a full disk), the file is cut back to where it was, so that it still
+    ends with a whole line, and the error raised."""
+    start = f.tell()
+    view = memoryview(data)
+    try:
+        while view:
+            n = f.write(view)
+            if not n:
+                raise OSError(errno.ENOSPC, "no byte written")
+            view = view[n:]
+    except OSError:
+        try:
+            f.truncate(start)
+        except OSError:
+            pass
+        raise
+
+
 def _write_tsv(path: Path, columns: tuple, fmt: str, blocks, append: bool = False):
-    """Whole rows only: unbuffered, each write call a run of complete lines, so a process
-    killed while writing leaves every row it wrote intact (and none half-written).
-    ``blocks``: lists of column values, ``fmt`` one line's %-format. A generator: yields
-    after each write."""
+    """Whole rows only: unbuffered, each write a run of complete lines written entirely or
+    taken back (``_write_all``), so a process killed while writing, or a write that
+    fails, leaves every row it wrote intact and none half-written. ``blocks``: lists of
+    column values, ``fmt`` one line's %-format. A generator: yields after each write."""
     line = fmt.__mod__
     with path.open("ab" if append else "wb", buffering=0) as f:
-        if not append:
-            f.write(("\t".join(columns) + "\n").encode())
+        if not append or not f.tell():  # (a new file: one that went missing since)
+            _write_all(f, ("\t".join(columns) + "\n").encode())
         for cols in blocks:
-            f.write("".join(map(line, zip(*cols, strict=True))).encode())
+            _write_all(f, "".join(map(line, zip(*cols, strict=True))).encode())
             yield
 
 

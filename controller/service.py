@@ -288,6 +288,7 @@ class ControllerNode:
         self.counters: dict[str, int] = {}
         self.gate = Gate(self)  # requests outstanding, in all and per connection
         self._bad_worker_msg = LogLimiter("controller")
+        self._log_error = LogLimiter("controller")
         self._tick_handle: asyncio.TimerHandle | None = None
         self._stopping = False
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -320,11 +321,17 @@ class ControllerNode:
         logs. npz logs: written once, when ``final`` (at stop)."""
         if self.telemetry is not None:
             from pathlib import Path
-            if self._log_steps is not None:  # a periodic flush stopped midway: its rows first
-                for _ in self._log_steps:
-                    pass
+            try:
+                if self._log_steps is not None:  # a periodic flush stopped midway: its rows
+                    for _ in self._log_steps:
+                        pass
+                self.telemetry.flush(Path(self.log_dir), final=final)
+            except OSError as e:  # (as in _flush_logs: whole rows kept, these lost)
+                self.count("log_flush_errors")
+                print(f"controller: writing the logs in {self.log_dir} failed ({e})",
+                      file=sys.stderr, flush=True)
+            finally:
                 self._log_steps = None
-            self.telemetry.flush(Path(self.log_dir), final=final)
             if final:
                 if self.telemetry.spill_error is not None:
                     print(f"controller: log rows stopped going to files in {self.log_dir} "
@@ -342,8 +349,14 @@ class ControllerNode:
             await asyncio.sleep(self.log_flush_s)
             self._log_steps = self.telemetry.flush_steps(Path(self.log_dir),
                                                          rows_per_step=LOG_ROWS_PER_STEP)
-            for _ in self._log_steps:
-                await asyncio.sleep(0)
+            try:
+                for _ in self._log_steps:
+                    await asyncio.sleep(0)
+            except OSError as e:  # a full disk, the folder gone: this flush's rows are lost,
+                # the files still end with whole rows, and the next flush tries again
+                self.count("log_flush_errors")
+                self._log_error(f"writing the logs in {self.log_dir} failed ({e}); this "
+                                f"flush's rows are lost, the next one tries again")
             self._log_steps = None
 
     def count(self, key: str, n: int = 1) -> None:

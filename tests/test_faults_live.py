@@ -236,3 +236,54 @@ async def _answer(node, model: str):
     node.submit_many([pb.InferRequest(model=model, slo_ms=1000)],
                      lambda r: got.done() or got.set_result(r))
     return await asyncio.wait_for(got, 10)
+
+
+def test_a_log_flush_that_fails_is_logged_and_the_next_one_goes_on(tmp_path):
+    """--log-dir: a flush that cannot write (here requests.tsv turned into a folder; a
+    full disk alike) is counted and logged, the controller serves on, and once the files
+    can be written again the logs go on, with whole rows only."""
+    import asyncio
+    import time
+
+    from clockwork.actions import RequestStatus
+    from clockwork.telemetry import read_logs
+    from controller.service import ControllerNode
+    from worker.service import WorkerNode
+
+    logs = tmp_path / "logs"
+
+    async def main():
+        wnode = WorkerNode(gpus=1, pages=100)
+        address, stop, served = await _serve_in_process(wnode)
+        node = ControllerNode([address], "v100-reference", models="mobilenet_v2",
+                              log_dir=str(logs), log_flush_s=0.05)
+        await node.start()
+        flusher = asyncio.create_task(node._flush_logs())  # (serve_controller's task)
+
+        async def until(what, seconds=10.0):
+            end = time.monotonic() + seconds
+            while not what():
+                assert time.monotonic() < end, what
+                await asyncio.sleep(0.01)
+
+        try:
+            assert (await _answer(node, "mobilenet_v2")).status == 0
+            await until(lambda: (logs / "requests.tsv").exists()
+                        and len((logs / "requests.tsv").read_text().splitlines()) == 2)
+            (logs / "requests.tsv").rename(tmp_path / "first.tsv")
+            (logs / "requests.tsv").mkdir()
+            assert (await _answer(node, "mobilenet_v2")).status == 0
+            await until(lambda: node.counters.get("log_flush_errors", 0) >= 1)
+            (logs / "requests.tsv").rmdir()
+            assert (await _answer(node, "mobilenet_v2")).status == 0
+            await until(lambda: (logs / "requests.tsv").is_file())
+            await until(lambda: len((logs / "requests.tsv").read_text().splitlines()) >= 2)
+        finally:
+            flusher.cancel()
+            await node.stop()
+            stop.set()
+            await served
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    back = read_logs(logs)  # a header and whole rows: what came after the failure
+    assert 1 <= len(back.requests) <= 2 and all(r[5] == RequestStatus.SUCCESS for r in back.requests)

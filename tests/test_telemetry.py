@@ -530,3 +530,56 @@ def test_simulate_stopped_by_sigterm_removes_its_spill_folder(tmp_path):
             p.kill()
     assert p.returncode == 130 and "interrupted" in err, (p.returncode, err)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_second_controller_keeps_the_first_ones_tsv_logs(tmp_path):
+    """A controller restarted with the same --log-dir: its first flush moves the earlier
+    logs aside (requests.1.tsv, then .2, ...) instead of writing over them."""
+    runs = []
+    for seed in (1, 2, 3):
+        tel = Telemetry(0, "tsv")
+        reqs, acts = fill(tel, 40, seed=seed)
+        tel.flush(tmp_path)
+        runs.append((reqs, acts))
+    assert sorted(os.listdir(tmp_path)) == ["actions.1.tsv", "actions.2.tsv", "actions.tsv",
+                                            "requests.1.tsv", "requests.2.tsv", "requests.tsv"]
+    back = read_logs(tmp_path)
+    assert (back.requests, back.actions) == runs[2]
+    first = (tmp_path / "requests.1.tsv").read_text()
+    (tmp_path / "requests.tsv").write_text(first)
+    assert read_logs(tmp_path).requests == runs[0][0]
+
+
+def test_a_failed_log_write_leaves_whole_rows(tmp_path):
+    """A write that fails part-way (a full disk) is taken back: the file ends with the
+    last whole row it had, and the error is raised (the controller logs it, drops that
+    flush's rows and tries again at the next)."""
+    import errno
+
+    from clockwork.telemetry import _write_all
+
+    path = tmp_path / "requests.tsv"
+    path.write_bytes(b"a\tb\n1\t2\n")
+
+    class Disk:  # an unbuffered file that takes 5 bytes a call, and fills up after 12
+        def __init__(self, f):
+            self.f, self.taken = f, 0
+
+        def write(self, b):
+            if self.taken >= 12:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            n = self.f.write(bytes(b[:5]))
+            self.taken += n
+            return n
+
+        def tell(self):
+            return self.f.tell()
+
+        def truncate(self, n):
+            return self.f.truncate(n)
+
+    with path.open("ab", buffering=0) as f:
+        _write_all(Disk(f), b"3\t4\n")  # short writes: all of it all the same
+        with pytest.raises(OSError, match="No space"):
+            _write_all(Disk(f), b"5\t6\n7\t8\n9\t10\n11\t12\n")
+    assert path.read_bytes() == b"a\tb\n1\t2\n3\t4\n"
