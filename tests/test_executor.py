@@ -258,3 +258,25 @@ def test_a_window_that_closes_before_it_opens_is_too_late():
     e.submit(infer(2, "a", 20 * MS, 15 * MS), 9 * MS)
     (r,) = run_until_idle(e)
     assert r.status == ErrorCode.EXEC_TOO_LATE
+
+
+def test_a_removed_models_queued_actions_are_answered_once_unknown_model():
+    """``forget``: a model that leaves the worker takes its queued actions with it, each
+    answered ``UNKNOWN_MODEL`` at once (left queued, the first to come due raised KeyError
+    from ``_start`` in the worker's timer and was never answered); another model's queued
+    actions and a running one go on as usual."""
+    e = ex()
+    e.submit(load(1, "a"), 0)  # running until 8 ms
+    e.submit(load(2, "b", earliest=20 * MS), 1 * MS)
+    e.submit(infer(3, "b", earliest=30 * MS), 1 * MS)
+    e.submit(infer(4, "a", earliest=9 * MS), 1 * MS)
+    e.submit(infer(5, "b", earliest=40 * MS), 1 * MS)
+    del e.models["b"]
+    res = e.forget("b", 2 * MS)
+    assert [(r.id, r.status, r.received, r.end) for r in res] == [
+        (2, ErrorCode.UNKNOWN_MODEL, 1 * MS, 2 * MS), (3, ErrorCode.UNKNOWN_MODEL, 1 * MS, 2 * MS),
+        (5, ErrorCode.UNKNOWN_MODEL, 1 * MS, 2 * MS)]
+    assert "removed" in res[0].message
+    assert [(r.id, r.status) for r in run_until_idle(e)] == [
+        (1, ErrorCode.SUCCESS), (4, ErrorCode.SUCCESS)]
+    assert e.forget("b", 50 * MS) == [] and e.next_time() is None

@@ -462,6 +462,42 @@ def test_a_worker_serves_an_instance_added_at_run_time_and_drops_a_removed_one()
     asyncio.run(asyncio.wait_for(main(), 20))
 
 
+def test_a_removed_instances_queued_actions_are_answered_unknown_model():
+    """An InstanceUpdate removes an instance while an action for it waits on the worker (a
+    LOAD not yet due): it is answered ``UNKNOWN_MODEL`` once, with the update (it was
+    never answered: when it came due the worker's timer raised KeyError), and the timer
+    then finds nothing of it; an action for another instance goes on."""
+    import asyncio
+
+    from clockwork.actions import NEVER
+    from clockwork.protocol import clockwork_pb2 as pb
+    from worker.service import WorkerNode, now_ns
+
+    def act(i, model, earliest):
+        return pb.ActionMsg(id=i, type=int(ActionType.LOAD), gpu=0, model=model,
+                            earliest=earliest, latest=NEVER, version=1)
+
+    async def main():
+        w = WorkerNode(gpus=1, pages=100)
+        timer = asyncio.ensure_future(w.run_timer())
+        w.hello(pb.Hello(worker_id=0, reset=True,
+                         instances=[pb.Instance(name="a", profile="resnet50_v2")]))
+        w.update(pb.InstanceUpdate(seq=1, add=[pb.Instance(name="b", profile="resnet18_v2")]))
+        later = now_ns() + 60 * 10**9
+        w.submit(pb.ActionBatch(actions=[act(1, "b", later), act(2, "a", later)]))
+        assert w.take_message() is None
+        w.update(pb.InstanceUpdate(seq=2, remove=["b"]))
+        msg = w.take_message()
+        assert [(r.id, r.status) for r in msg.results.results] == [(1, ErrorCode.UNKNOWN_MODEL)]
+        while (t := w.executors[0].next_time()) is not None:  # the times both were due
+            w.wloop.timer(t)
+        msg = w.take_message()
+        assert [(r.id, r.status) for r in msg.results.results] == [(2, ErrorCode.SUCCESS)]
+        timer.cancel()
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+
+
 def test_a_reset_hello_empties_the_cache_and_reuses_the_instances_profiles():
     """A Hello that resets the worker (its re-admission after it was suspect) empties the
     weights cache; an instance it names again with the same profile keeps the profile

@@ -172,18 +172,33 @@ class GpuExecutor:
             if not p:
                 return out
 
-    def forget(self, model: str) -> None:
-        """``model`` leaves this worker (the controller's model repository removed it):
-        its weights, if still cached, are dropped and their pages freed (as EVICT does;
-        an EXEC running on them fails ``WEIGHTS_CHANGED``). The caller removes it from
-        ``models``."""
+    def forget(self, model: str, now: int) -> list[Result]:
+        """``model`` leaves this worker at ``now`` (the controller's model repository
+        removed it, or gave its name another model): its weights, if still cached, are
+        dropped and their pages freed (as EVICT does; an EXEC running on them fails
+        ``WEIGHTS_CHANGED``), and its actions still queued here are taken out and answered
+        ``UNKNOWN_MODEL``, as an action for a model the worker does not serve is at
+        ``submit`` (each once: left queued, one would reach ``_start`` for a model no
+        longer in ``models``). One running goes on and is answered as usual. Returns those
+        answers. The caller removes it from ``models``."""
+        out: list[Result] = []
+        for lane in (self.load_lane, self.exec_lane):
+            if any(p[2].model == model for p in lane.pending):
+                gone = sorted((p for p in lane.pending if p[2].model == model),
+                              key=lambda p: (p[0], p[1]))
+                lane.pending = [p for p in lane.pending if p[2].model != model]
+                heapq.heapify(lane.pending)
+                out.extend(self._error(a, received, now, ErrorCode.UNKNOWN_MODEL,
+                                       f"model {model!r} was removed")
+                           for _, _, a, received in gone)
         w = self.weights.pop(model, None)
         if w is None:
-            return
+            return out
         er = self.exec_lane.running
         if er is not None and er.action.model == model:
             self._evicted_while_running.add(er.action.id)
         self.free_pages.extend(reversed(w.pages))
+        return out
 
     def take_weights(self, old: GpuExecutor, keep: dict[str, int], now: int) -> set[str]:
         """A reset that keeps some weights: this new executor for the same GPU takes over

@@ -89,6 +89,15 @@ class WorkerLoop:
         res = executor.complete(action_id, now, begin, end, status, message, duration, outputs)
         self._after(res, now)
 
+    def forget(self, model: str, now: int) -> None:
+        """Instance ``model`` left the worker (the caller takes it out of the executors'
+        ``models``): every GPU drops its weights and answers its queued actions
+        (``GpuExecutor.forget``)."""
+        out: list[Result] = []
+        for e in self.executors:
+            out.extend(e.forget(model, now))
+        self._after(out, now)
+
     # ------------------------------------------------------------------ output
 
     def _after(self, out: list[Result], now: int) -> None:

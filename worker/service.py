@@ -5,8 +5,9 @@ simulator runs); this module is its transport. A controller opens ``Worker.Conne
 sends ``Hello`` (its instance list); the worker answers with its state and then hands
 every batch of actions to ``loop.submit`` with ``now`` = the real clock. Instances join
 and leave while it serves by ``InstanceUpdate`` (the controller's model repository),
-answered with the state too; the weights cache and the actions in flight stay as they are. ``loop.arm``
-sets an asyncio timer that calls ``loop.timer``. Finished results are sent back in
+answered with the state too; the weights cache and the actions in flight stay as they are
+(but for those of the instances that leave). ``loop.arm`` sets an asyncio timer that calls
+``loop.timer``. Finished results are sent back in
 batches (everything ready when the stream is free goes in one message). A controller that
 asks for it gets the fast link: the same messages as frames on a TCP connection to
 ``--link-port`` that presents the ticket handed out on the stream
@@ -279,22 +280,21 @@ class WorkerNode:
         return self.state(missing)
 
     def update(self, u: pb.InstanceUpdate) -> pb.WorkerState:
-        """InstanceUpdate: instances leave (their cached weights, if any, are dropped) and
-        join, without touching anything else; the state answers it (``missing``: those
+        """InstanceUpdate: instances leave (their cached weights, if any, are dropped, and
+        their actions still queued answered ``UNKNOWN_MODEL``) and join, without touching anything else; the state answers it (``missing``: those
         it could not add)."""
+        now = now_ns()
         for name in u.remove:
             self._renamed.pop(name, None)
             if self.instances.pop(name, None) is None:
                 continue
-            for e in self.executors:
-                e.forget(name)
+            self.wloop.forget(name, now)  # its queued actions answered UNKNOWN_MODEL
             for dev in self.real:
                 dev.unregister(name)
         missing = []
         for i in u.add:
             if i.name in self.instances:  # another profile under an old name: replace it
-                for e in self.executors:
-                    e.forget(i.name)
+                self.wloop.forget(i.name, now)
                 for dev in self.real:
                     dev.unregister(i.name)
             p = self._instance(i)
