@@ -583,3 +583,25 @@ def test_a_failed_log_write_leaves_whole_rows(tmp_path):
         with pytest.raises(OSError, match="No space"):
             _write_all(Disk(f), b"5\t6\n7\t8\n9\t10\n11\t12\n")
     assert path.read_bytes() == b"a\tb\n1\t2\n3\t4\n"
+
+
+def test_report_reads_a_controllers_log_dir_without_a_summary(tmp_path, capsys):
+    """``clockwork report`` on what ``clockwork controller --log-dir`` leaves (logs, no
+    summary.json): the figures computed from the logs, said so in a note."""
+    from clockwork.telemetry import summary_of
+
+    tel = Telemetry(0, "tsv")
+    fill(tel, 200)
+    tel.flush(tmp_path)
+    assert main(["report", str(tmp_path), "--timeline", "1"]) == 0
+    out = capsys.readouterr()
+    assert "figures computed from its logs" in out.err
+    tel_back = read_logs(tmp_path)
+    req = tel_back.request_columns()
+    span = int((req["arrival"] + req["latency"]).max() - req["arrival"].min())
+    s = summary_of(req, tel_back.action_columns(), round(span / 1e9, 6))
+    assert f"{s['submitted']:,}" in out.out and "start_s" in out.out
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["report", str(empty)]) == 2
+    assert "no summary.json" in capsys.readouterr().err

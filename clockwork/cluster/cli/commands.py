@@ -68,6 +68,27 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _summary_from_logs(path: Path) -> dict | str | None:
+    """A folder with logs and no summary.json (``clockwork controller --log-dir``): the
+    summary computed from its logs, over the span from the first arrival to the last
+    answer (a note says so); None without logs, a message for logs it cannot read."""
+    from clockwork.telemetry import read_logs, summary_of
+
+    if not any((path / f"requests.{x}").exists() for x in ("tsv", "npz")):
+        return None
+    try:
+        tel = read_logs(path)
+    except (FileNotFoundError, ValueError) as e:
+        return str(e)
+    req = tel.request_columns()
+    arrival, latency = req["arrival"], req["latency"]
+    span = int((arrival + latency).max() - arrival.min()) if len(arrival) else 0
+    print(f"clockwork report: no summary.json in {path}: figures computed from its logs, "
+          f"over {span / 1e9:.1f} s from the first arrival to the last answer",
+          file=sys.stderr)
+    return summary_of(req, tel.action_columns(), round(span / 1e9, 6))
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from clockwork.telemetry import format_summary
 
@@ -76,8 +97,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         s = orjson.loads(f.read_bytes())
     except FileNotFoundError:
-        print(f"clockwork report: no summary.json in {path}", file=sys.stderr)
-        return 2
+        s = _summary_from_logs(path) if path.is_dir() else None
+        if s is None:
+            print(f"clockwork report: no summary.json in {path}", file=sys.stderr)
+            return 2
+        if isinstance(s, str):
+            print(f"clockwork report: {s}", file=sys.stderr)
+            return 2
     except orjson.JSONDecodeError as e:
         print(f"clockwork report: {f} is not valid JSON: {e}", file=sys.stderr)
         return 2
