@@ -268,6 +268,12 @@ class Telemetry:
         if code is None:
             code = self._model_code[model] = len(self.models)
             self.models.append(model)
+            if self.spill_folder is not None:  # (the codes in it readable after a crash)
+                try:
+                    with (self.spill_folder / "model_names").open("a") as f:
+                        f.write(f"{model}\n")
+                except OSError:
+                    pass  # (the end's .npz names them all)
         return code
 
     # requests ------------------------------------------------------------------------

@@ -375,7 +375,10 @@ def test_spilled_rows_are_the_same_rows_and_stay_out_of_memory(run, tmp_path):
     assert orjson.dumps(sp.summary(12.5)) == orjson.dumps(tel.summary(12.5))
     files = {p.name for p in sp.spill_folder.iterdir()}
     assert files == {f"requests.{c}" for c in T.REQUEST_COLUMNS} | {
-        f"actions.{c}" for c in T.ACTION_COLUMNS}
+        f"actions.{c}" for c in T.ACTION_COLUMNS} | {"model_names"}
+    # the codes named as they came, for a folder a crash leaves behind
+    assert (sp.spill_folder / "model_names").read_text().splitlines() == [
+        str(m) for m in sp.models]
     assert (sp.spill_folder / "requests.latency").stat().st_size == 8 * N
     for fmt in ("tsv", "npz"):
         tel.write(tmp_path / f"mem-{fmt}", fmt)
