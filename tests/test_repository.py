@@ -1045,6 +1045,98 @@ def test_a_hello_that_adopts_keeps_what_the_worker_holds_for_the_same_models(
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_weights_whose_load_ends_after_a_reset_or_a_removal_leave_the_device(
+        device, tmp_path, cpu_package, monkeypatch):
+    """A reset (a Hello with reset: a re-admission, a new controller) while a LOAD runs on
+    the device's LOAD thread: the weights it loads leave the device when it ends, as the
+    executors after the reset hold none (they stayed: from then on a LOAD failed
+    WEIGHTS_ALREADY_LOADED, an INFER WEIGHTS_NOT_PRESENT, an EVICT EVICT_NOT_IN_CACHE until
+    the next reset, and their pages stayed taken). An instance removed while its LOAD
+    runs: its pages are freed when it ends (they were lost). ``cuda`` over the fake stream
+    API (tests/fake_cuda.py)."""
+    import asyncio
+    import threading
+
+    from clockwork.actions import NEVER
+    from clockwork.protocol import clockwork_pb2 as pb
+    from worker import service
+    from worker.service import WorkerNode
+
+    if device == "cpu":
+        cpu_package("mlp", tmp_path)
+    else:
+        from tests.fake_cuda import fake_cuda_device, fake_package
+
+        fake_package(tmp_path / "mlp", pages=1)
+        monkeypatch.setattr(service, "_open_device",
+                            lambda kind, pages, index=0: fake_cuda_device(8)[0])
+    hello = pb.Hello(worker_id=0, reset=True, instances=[pb.Instance(name="a", profile="mlp")])
+
+    def act(i, kind, batch=0):
+        return pb.ActionMsg(id=i, type=int(kind), gpu=0, model="a", earliest=0, latest=NEVER,
+                            batch_size=batch, version=1)
+
+    async def main():
+        w = WorkerNode(gpus=1, pages=8, profiles="cpu", device=device, packages=str(tmp_path))
+        timer = asyncio.ensure_future(w.run_timer())
+        dev, load_thread = w.real[0], w._threads[0][1]
+        started, go = threading.Event(), threading.Event()
+        # the LOAD's copy of the weights into the pages it took, held until ``go``
+        owner, name = (dev.arena, "write") if device == "cpu" else (dev, "_copy_in")
+        copy = getattr(owner, name)
+
+        def held_copy(*args):
+            started.set()
+            go.wait(20)
+            return copy(*args)
+
+        async def load_held(i):  # a LOAD of "a" under way on the LOAD thread
+            started.clear()
+            go.clear()
+            w.submit(pb.ActionBatch(actions=[act(i, ActionType.LOAD)]))
+            await asyncio.to_thread(started.wait, 20)
+
+        async def load_ends():  # the LOAD thread has done all it was given
+            go.set()
+            await asyncio.wrap_future(load_thread.submit(lambda: None))
+
+        async def results(n):
+            got = []
+            while len(got) < n:
+                await asyncio.wait_for(w._out_ready.wait(), 20)
+                msg = w.take_message()
+                got += [(r.id, r.status) for r in msg.results.results] if msg else []
+            return got
+
+        setattr(owner, name, held_copy)
+        w.hello(hello)
+        await load_held(1)
+        st = w.hello(hello)  # the reset
+        assert list(st.gpus[0].loaded) == [] and st.gpus[0].pages_used == 0
+        await load_ends()
+        assert dev.models["a"].pages is None and dev.arena.used_pages == 0
+        # the cache works on: LOAD, INFER, EVICT
+        w.submit(pb.ActionBatch(actions=[act(2, ActionType.LOAD), act(3, ActionType.INFER, 1)]))
+        assert sorted(await results(2)) == [(2, ErrorCode.SUCCESS), (3, ErrorCode.SUCCESS)]
+        w.submit(pb.ActionBatch(actions=[act(4, ActionType.EVICT)]))
+        assert await results(1) == [(4, ErrorCode.SUCCESS)]
+        assert dev.arena.used_pages == 0
+        # removed while its LOAD runs: nothing stays on the device
+        await load_held(5)
+        w.update(pb.InstanceUpdate(seq=1, remove=["a"]))
+        await load_ends()
+        assert "a" not in dev.models and dev.arena.used_pages == 0
+        (r,) = await results(1)
+        assert r[0] == 5 and r[1] != ErrorCode.SUCCESS
+        timer.cancel()
+        for ex, ld in w._threads:
+            ex.shutdown()
+            ld.shutdown()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
 async def _load(w, versions: dict[str, int], held=()) -> None:
     """LOAD each model at its version on GPU 0 of the worker node ``w`` (``held``: the
     models it holds already), and wait until every one is fully loaded."""

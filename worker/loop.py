@@ -84,7 +84,7 @@ class WorkerLoop:
                  status: ErrorCode = ErrorCode.SUCCESS, message: str = "",
                  duration: int | None = None, outputs: object = None) -> None:
         """A real device finished an open action (measured ``begin``/``end``)."""
-        if executor not in self.executors:
+        if not any(e is executor for e in self.executors):  # (not ``in``: dataclass ==)
             return  # an action of executors replaced by a reset
         res = executor.complete(action_id, now, begin, end, status, message, duration, outputs)
         self._after(res, now)

@@ -159,10 +159,13 @@ class WorkerNode:
             for g in range(self.n_gpus)
         ]
         kept = keep_weights(old, self.executors, keep, now_ns()) if keep else []
-        for g, dev in enumerate(self.real):  # EXECs still running free theirs later
+        # EXECs still running free theirs later; a LOAD still running on a LOAD thread
+        # evicts its own weights when it ends (``_run_load``: its executor is gone), and
+        # one that ends meanwhile may evict them first (``drop``: no error then)
+        for g, dev in enumerate(self.real):
             for name, m in list(dev.models.items()):
                 if m.pages is not None and not (kept and name in kept[g]):
-                    dev.evict(name)
+                    dev.drop(name)
         if self.wloop is None:
             self.wloop = WorkerLoop(self.worker_id, self.executors, self, real=bool(self.real))
         else:
@@ -418,6 +421,13 @@ class WorkerNode:
         status, message = ErrorCode.SUCCESS, ""
         try:
             dev.load(a.model)
+            if self.executors[e.gpu] is not e:
+                # a reset replaced the executor that asked for these weights while they
+                # loaded: the executors after it do not hold them (the reset evicted only
+                # what was loaded then), so they leave the device now (a LOAD of the new
+                # executors runs after this one, on this thread). (A reset after this
+                # check finds them loaded and evicts them itself.)
+                dev.drop(a.model)
         except DeviceError as err:  # each device error carries the code to answer with
             status, message = err.code, str(err)
         except ArenaError as err:

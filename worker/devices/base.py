@@ -222,6 +222,16 @@ class RealDevice:
                 self.arena.free(m.pages)
             m.pages = None
 
+    def drop(self, name: str) -> bool:
+        """Evict ``name``'s weights if they are cached (``evict``), else nothing (not
+        loaded, not registered); whether it evicted. For the worker's resets, whose
+        evictions may meet the LOAD thread's (``worker.service``)."""
+        try:
+            self.evict(name)
+        except (NotInCache, UnknownModel):
+            return False
+        return True
+
     def unregister(self, name: str) -> None:
         """Forget instance ``name`` (the controller unloaded it); its weights, if still
         cached, are evicted first. Nothing happens for a name not registered."""

@@ -7,6 +7,8 @@
   package's layout), copy the blob in page by page, and wrap every tensor's arena
   view as a TVM tensor with ``tvm.runtime.from_dlpack`` (zero-copy; TVM checks that
   the data is 64-byte aligned, which the layout guarantees).
+  A model unregistered while its LOAD copies gets nothing: its pages are freed when the
+  copy ends, and the LOAD fails.
 * ``evict(name)`` is EVICT: drop the bindings, free the pages. It never waits: pages an
   EXEC is still reading are freed when that EXEC ends.
 * ``infer(name, inputs)`` is INPUT copy + EXEC + OUTPUT copy: the input is copied into
@@ -167,6 +169,9 @@ class CpuDevice(RealDevice):
                 self.arena.free(pages)
             raise LoadFailed(f"model {name!r}: LOAD failed: {e}") from e
         with self._lock:
+            if self.models.get(name) is not m:  # unregistered while it loaded: not kept
+                self.arena.free(pages)
+                raise LoadFailed(f"model {name!r}: unregistered during its LOAD")
             m.pages, m.bound = pages, bound
         return pages, time.perf_counter_ns() - t0
 

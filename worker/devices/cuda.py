@@ -391,6 +391,9 @@ class CudaDevice(RealDevice):
                 raise LoadFailed(f"model {name!r}: LOAD failed: {e}") from e
             with self._lock:
                 m.loading = False
+                if self.models.get(name) is not m:  # unregistered while it loaded: not kept
+                    self.arena.free(pages)
+                    raise LoadFailed(f"model {name!r}: unregistered during its LOAD")
                 m.pages, m.bound = pages, bound
             return pages, max(1, time.perf_counter_ns() - t0)
 
