@@ -166,3 +166,123 @@ def test_attached_outputs_make_a_result_whose_rows_are_views():
     assert r.outputs[0].row(1).array.tolist() == [3, 4]
     with pytest.raises(WireError):
         msg_to_result(res[0], 0, 0)  # attached bytes that never came
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_a_backlog_of_results_goes_back_in_messages_under_the_cap(fast):
+    """Results that waited (a controller that read slowly) go back in messages of at most
+    ``RESULT_MESSAGE_BYTES`` (with their attachments on the fast link), in order, every
+    one; a result larger than that goes alone. (The whole backlog went in one message:
+    past 64 MiB the fast link's frame raised and the link ended, the gRPC stream failed
+    RESOURCE_EXHAUSTED, every result in it lost.)"""
+    import numpy as np
+
+    from clockwork.actions import ActionType, ErrorCode, Result
+    from clockwork.tensors import Tensor
+    from worker.service import RESULT_MESSAGE_BYTES, WorkerNode
+
+    node = WorkerNode(1, None)
+    n = 30_000  # ~1.6 MB
+    small = [Result(id=i, type=ActionType.EVICT, status=ErrorCode.EVICT_NOT_IN_CACHE, worker=0,
+                    gpu=0, model="resnet50_v2", received=i, begin=i, end=i,
+                    message="weights not in the cache") for i in range(1, n + 1)]
+    big = Result(id=n + 1, type=ActionType.INFER, status=ErrorCode.SUCCESS, worker=0, gpu=0,
+                 model="resnet50_v2", batch_size=1, received=1, begin=1, end=2,
+                 outputs=[Tensor.of("y", np.ones((1, RESULT_MESSAGE_BYTES // 4), np.float32))])
+    node._want.add(big.id)
+    node._emit(small[:10] + [big] + small[10:])
+    got, sizes = [], []
+    while True:
+        attach = [] if fast else None
+        msg = node.take_message(attach)
+        if msg is None:
+            break
+        ids = [r.id for r in msg.results.results]
+        got += ids
+        sizes.append(msg.ByteSize() + sum(memoryview(a).nbytes for a in attach or ()))
+        if ids == [big.id]:
+            assert sizes.pop() > RESULT_MESSAGE_BYTES  # alone, whole
+            assert len(msg.results.results[0].outputs) == 1
+    assert got == [*range(1, 11), big.id, *range(11, n + 1)]
+    assert len(sizes) >= 2 and max(sizes) <= RESULT_MESSAGE_BYTES
+    assert node._out_bytes == 0 and not node._out_ready.is_set()
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_the_worker_reads_no_more_actions_while_its_results_back_up(fast, monkeypatch):
+    """Backpressure: the worker reads the controller's next message only once the results
+    waiting to be sent are within ``RESULT_BACKLOG_BYTES`` (it read on, and a controller
+    that read slowly made the backlog grow without bound). Three messages written at once,
+    each answered with more than that; every result comes back, in messages under the cap.
+    (The cap and bound made small here.)"""
+    import struct
+
+    import grpc
+
+    from clockwork.actions import NEVER, ActionType
+    from clockwork.protocol import clockwork_pb2_grpc as pbg
+    from worker import service
+    from worker.service import WorkerNode, serve_worker
+
+    monkeypatch.setattr(service, "RESULT_MESSAGE_BYTES", 4096)
+    monkeypatch.setattr(service, "RESULT_BACKLOG_BYTES", 16384)
+    per, batches = 300, 3  # 300 answers: ~27 kB estimated
+
+    def batch(k):
+        return pb.ControllerMessage(actions=pb.ActionBatch(actions=[
+            pb.ActionMsg(id=k * per + i + 1, type=int(ActionType.EVICT), gpu=0, model="a",
+                         earliest=0, latest=NEVER) for i in range(per)]))
+
+    async def run():
+        node = WorkerNode(1, None)
+        backlog = []  # the results waiting when each message was handed to the worker
+        submit = node.submit
+        monkeypatch.setattr(node, "submit", lambda b, tail=None: (
+            backlog.append(node._out_bytes), submit(b, tail)))
+        stop = asyncio.Event()
+        ports = asyncio.get_running_loop().create_future()
+        served = asyncio.create_task(serve_worker(
+            "127.0.0.1", 0, node, lambda p, lp: ports.set_result((p, lp)), stop,
+            link_port=0 if fast else -1))
+        port, _ = await ports
+        q: asyncio.Queue = asyncio.Queue()
+        await q.put(pb.ControllerMessage(hello=pb.Hello(
+            worker_id=0, reset=True, fast_link=fast,
+            instances=[pb.Instance(name="a", profile="resnet50_v2")])))
+
+        async def gen():
+            while (m := await q.get()) is not None:
+                yield m
+
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            call = pbg.WorkerStub(ch).Connect(gen())
+            st = (await call.read()).state
+            if fast:
+                link = await dial("127.0.0.1", st.link_port, st.link_ticket,
+                                  pb.WorkerMessage.FromString)
+                frames = []
+                for k in range(batches):
+                    data = batch(k).SerializeToString()
+                    frames.append(struct.pack("<II", 4 + len(data), len(data)) + data)
+                link._w.write(b"".join(frames))  # all at once: the worker has them together
+                read = link.read
+            else:
+                for k in range(batches):
+                    await q.put(batch(k))
+                read = call.read
+            ids, sizes = [], []
+            while len(ids) < per * batches:
+                msg = await asyncio.wait_for(read(), 10)
+                ids += [r.id for r in msg.results.results]
+                sizes.append(msg.ByteSize())
+            if fast:
+                link.close()
+            await q.put(None)
+        stop.set()
+        await served
+        return backlog, ids, sizes
+
+    backlog, ids, sizes = asyncio.run(asyncio.wait_for(run(), 30))
+    assert ids == list(range(1, per * batches + 1))
+    assert max(sizes) <= 4096
+    assert len(backlog) == batches and max(backlog) <= 16384, backlog

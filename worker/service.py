@@ -7,10 +7,11 @@ every batch of actions to ``loop.submit`` with ``now`` = the real clock. Instanc
 and leave while it serves by ``InstanceUpdate`` (the controller's model repository),
 answered with the state too; the weights cache and the actions in flight stay as they are
 (but for those of the instances that leave). ``loop.arm`` sets an asyncio timer that calls
-``loop.timer``. Finished results are sent back in
-batches (everything ready when the stream is free goes in one message). A controller that
-asks for it gets the fast link: the same messages as frames on a TCP connection to
-``--link-port`` that presents the ticket handed out on the stream
+``loop.timer``. Finished results are sent back in batches (what is ready when the stream
+is free, in messages of at most ``RESULT_MESSAGE_BYTES``); while more than
+``RESULT_BACKLOG_BYTES`` of them wait to be sent, the worker reads nothing more from its
+controller. A controller that asks for it gets the fast link: the same messages as frames
+on a TCP connection to ``--link-port`` that presents the ticket handed out on the stream
 (``clockwork.protocol.framing``); one ``_Session`` per controller connection serves
 either transport. The event loop's timers fire to the microsecond
 (``clockwork.protocol.precise_loop``), not rounded up to a millisecond as epoll's.
@@ -38,6 +39,7 @@ import hmac
 import signal
 import sys
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -85,6 +87,22 @@ DEVICES = ("emulated", "cpu", "cuda")
 DEFAULT_PROFILES = {"emulated": "v100-reference", "cpu": "cpu", "cuda": "cuda"}
 
 LINK_WAIT_S = 5.0  # a fast link's TLS handshake, then its ticket, must each come within this
+# Results go back in messages of at most this many bytes (the message, and the output
+# tensors attached to its frame on the fast link; one larger result goes alone), as the
+# controller's replies go to its clients (``reply_message_bytes``, controller.limits): a
+# backlog of results (a controller that read slowly) never makes a message over the
+# links' 64 MiB (``MAX_FRAME``, gRPC's max message), which ended the link, every result
+# in it lost.
+RESULT_MESSAGE_BYTES = 1 << 20
+# Backpressure: while the results not yet sent come to more than this many bytes (an
+# estimate, ``_backlog_bytes``), the worker reads no more messages from its controller (the
+# controller's writes wait; it reads on, and the worker sends on), so a controller that
+# reads results slowly makes the worker wait instead of hold an unbounded backlog (~300 B
+# a result in memory). A few messages' worth: a burst of results (one message of many
+# actions) goes out at the stream's pace, and normal traffic (hundreds of bytes at a
+# time) never comes near it.
+RESULT_BACKLOG_BYTES = 4 * RESULT_MESSAGE_BYTES
+_RESULT_BYTES = 64  # a result's fixed fields in a message, estimated (strings, tensors added)
 _OFFSET = 0  # --clock-offset-ms: shifts this worker's clock (tests the controller's conversion)
 # LoadModelFromDisk's one answer for every path it will not load: outside the package
 # directory, missing or broken alike (the caller learns nothing about the worker's disk)
@@ -132,9 +150,12 @@ class WorkerNode:
         self._want: set[int] = set()  # INFERs whose output tensors go back
         self.result_interval_us = result_interval_us  # pacing of result messages
         # results to send, in order: (Result, output tensors to send or None), or the
-        # ResultMsg answering a malformed action
-        self._out: list[tuple[Result, list[Tensor] | None] | pb.ResultMsg] = []
+        # ResultMsg answering a malformed action; ``_out_bytes``: their bytes, estimated
+        self._out: deque[tuple[Result, list[Tensor] | None] | pb.ResultMsg] = deque()
+        self._out_bytes = 0
         self._out_ready = asyncio.Event()
+        self._room = asyncio.Event()  # set when _out_bytes <= RESULT_BACKLOG_BYTES
+        self._room.set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self.wloop: WorkerLoop | None = None  # the driver (worker.loop); this node is its transport
@@ -172,7 +193,9 @@ class WorkerNode:
             self.wloop.reset(self.worker_id, self.executors)
         self._inputs = {}
         self._want = set()
-        self._out = []
+        self._out = deque()
+        self._out_bytes = 0
+        self._room.set()
 
     def confined(self, ref: str) -> Path | None:
         """Package reference ``ref`` (a name, or a path) as a directory inside the package
@@ -354,6 +377,7 @@ class WorkerNode:
             actions.append(a)
         if bad:
             self._out.extend(bad)
+            self._out_bytes += sum(_backlog_bytes(b) for b in bad)
             self._out_ready.set()
         self.wloop.submit(actions, now)
 
@@ -446,6 +470,7 @@ class WorkerNode:
             return
         want = self._want
         out = self._out
+        size = 0
         for r in results:
             outs = None
             if r.type == ActionType.INFER and r.id in want:
@@ -454,31 +479,56 @@ class WorkerNode:
                     # a real device's output Tensors; the emulated device has none and
                     # sends none (the controller answers zeros of the output shapes)
                     outs = r.outputs
-            out.append((r, outs or None))  # a message when sent: outputs in it or attached
+            if outs:
+                out.append((r, outs))  # a message when sent: outputs in it or attached
+                size += _backlog_bytes((r, outs))
+            else:
+                out.append((r, None))
+                size += _RESULT_BYTES + len(r.model) + len(r.message)  # (_backlog_bytes)
+        self._out_bytes += size
         self._out_ready.set()
 
     def take_message(self, attach: list | None = None) -> pb.WorkerMessage | None:
-        """The results ready to send as one message (None: none), built in place, with
-        their output tensors: in the message, or (a list ``attach``, the fast link) as
-        attachments, the device's buffers."""
-        out, self._out = self._out, []
-        self._out_ready.clear()
+        """The next results ready to send as one message (None: none), built in place,
+        with their output tensors: in the message, or (a list ``attach``, the fast link)
+        as attachments, the device's buffers. In order, as many as fit in
+        ``RESULT_MESSAGE_BYTES`` (at least one); the rest wait for the next call."""
+        out = self._out
         if not out:
+            self._out_ready.clear()
             return None
         msg = pb.WorkerMessage()
         field = msg.results.results
-        for item in out:
-            if isinstance(item, pb.ResultMsg):  # a malformed action's answer
-                field.append(item)
-                continue
-            r, ts = item
-            m = add_result(field, r)
-            if ts:
-                if attach is None:
-                    add_tensors(m.outputs, ts)
-                else:
-                    for t in ts:
-                        attach_tensor(m.outputs, t.name, t.shape, t.dtype, [t.data], attach)
+        limit = RESULT_MESSAGE_BYTES
+        if self._out_bytes <= limit // 4:
+            # the usual case: a few results, all in (a result's size is within a few
+            # times its estimate), not measured one by one
+            for item in out:
+                _add_item(field, item, attach)
+            out.clear()
+            self._out_bytes = 0
+        else:
+            size = 0
+            taken = 0  # their estimated bytes (``_out_bytes``)
+            while out:
+                item = out[0]
+                mark = len(attach) if attach is not None else 0
+                n = _add_item(field, item, attach).ByteSize() + 6  # (+ its tag and length)
+                if attach is not None and len(attach) > mark:
+                    n += sum(memoryview(a).nbytes for a in attach[mark:])
+                if size and size + n > limit:  # the next message's first
+                    del field[-1]
+                    if attach is not None:
+                        del attach[mark:]
+                    break
+                out.popleft()
+                size += n
+                taken += _backlog_bytes(item)
+            self._out_bytes -= taken
+        if not out:
+            self._out_ready.clear()
+        if self._out_bytes <= RESULT_BACKLOG_BYTES:
+            self._room.set()
         return msg
 
     async def run_timer(self) -> None:
@@ -491,6 +541,36 @@ class WorkerNode:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
+
+
+def _add_item(field, item, attach: list | None):
+    """Result ``item`` of ``WorkerNode._out`` added to ``field`` (a message's repeated
+    ``ResultMsg``), its output tensors in it or (``attach``) attached; a message of
+    its size."""
+    if isinstance(item, pb.ResultMsg):  # a malformed action's answer
+        field.append(item)
+        return item
+    r, ts = item
+    m = add_result(field, r)
+    if ts:
+        if attach is None:
+            add_tensors(m.outputs, ts)
+        else:
+            for t in ts:
+                attach_tensor(m.outputs, t.name, t.shape, t.dtype, [t.data], attach)
+    return m
+
+
+def _backlog_bytes(item) -> int:
+    """A result waiting in ``WorkerNode._out``: its bytes in a message, estimated (cheaply:
+    ``take_message`` measures them exactly)."""
+    if isinstance(item, pb.ResultMsg):
+        return item.ByteSize() + 6
+    r, ts = item
+    n = _RESULT_BYTES + len(r.model) + len(r.message)
+    if ts:
+        n += sum(_RESULT_BYTES + t.nbytes for t in ts)
+    return n
 
 
 def _open_device(kind: str, pages: int, index: int = 0):
@@ -575,7 +655,11 @@ class WorkerServicer(pbg.WorkerServicer):
         yield pb.WorkerMessage(state=state)
 
         async def reader() -> None:
-            async for msg in it:
+            while True:
+                await session.room()
+                msg = await anext(it, None)
+                if msg is None:
+                    break
                 if not session.handle(msg):
                     return
             session.wake.set()
@@ -610,7 +694,10 @@ class WorkerServicer(pbg.WorkerServicer):
             return
 
         async def read() -> None:
-            while (msg := await stream.read()) is not None:
+            while True:
+                await session.room()
+                if (msg := await stream.read()) is None:
+                    break
                 if not session.handle(msg, stream.tail):
                     return
             session.wake.set()
@@ -666,6 +753,15 @@ class _Session:
             return False
         self.claimed = True
         return True
+
+    async def room(self) -> None:
+        """Returns once the results waiting to be sent are at most
+        ``RESULT_BACKLOG_BYTES``: the reader asks before it reads the controller's next
+        message (backpressure: the controller's writes wait; ``outgoing`` sends on)."""
+        node = self.node
+        while node._out_bytes > RESULT_BACKLOG_BYTES:
+            node._room.clear()
+            await node._room.wait()
 
     def handle(self, msg: pb.ControllerMessage, tail=None) -> bool:
         """One message from the controller (``tail``: its frame's attachments); False
