@@ -200,9 +200,10 @@ def test_remove_an_idle_model_evicts_it_at_once(name):
         p.remove_model("nope", d.t)
 
 
-@pytest.mark.parametrize("name", POLICIES)
-def test_a_failed_inflight_infer_of_a_removed_model_is_not_retried(name):
-    p = policy(name)
+def _removed_while_its_infer_runs(name: str, gpus: int = 1):
+    """Model a served, request 2's INFER sent (and taken out of the driver's hands, for
+    the test to answer), then a removed: (policy, driver, that INFER)."""
+    p = policy(name, gpus=gpus)
     d = Driver(p)
     d.request(req(1, "a"))
     d.run()
@@ -210,8 +211,14 @@ def test_a_failed_inflight_infer_of_a_removed_model_is_not_retried(name):
     while not of(d.pending, ActionType.INFER):  # (tfserving: its batch timeout first)
         assert d.step()
     (infer,) = of(d.pending, ActionType.INFER)
-    d.take(p.remove_model("a", d.t))
     d.pending.remove(infer)
+    d.take(p.remove_model("a", d.t))
+    return p, d, infer
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_failed_inflight_infer_of_a_removed_model_is_not_retried(name):
+    p, d, infer = _removed_while_its_infer_runs(name)
     out = p.on_result(fail(infer, d.t + MS, ErrorCode.EXEC_TOO_LATE), d.t + MS)
     d.take(out)
     assert d.replies[2].status == RequestStatus.INVALID_REQUEST
@@ -248,16 +255,7 @@ def test_a_removed_models_infer_lost_with_its_gpu_is_not_retried(name):
     fails the INFER back later): the model is forgotten with its last copy and its name
     may be added again, but the lost INFER's requests are answered ``MODEL_UNLOADED``,
     never retried on the new model of that name."""
-    p = policy(name, gpus=2)
-    d = Driver(p)
-    d.request(req(1, "a"))
-    d.run()
-    d.request(req(2, "a", d.t))
-    while not of(d.pending, ActionType.INFER):  # (tfserving: its batch timeout first)
-        assert d.step()
-    (infer,) = of(d.pending, ActionType.INFER)
-    d.pending.remove(infer)
-    d.take(p.remove_model("a", d.t))
+    p, d, infer = _removed_while_its_infer_runs(name, gpus=2)
     d.take(p.set_gpu_available(infer.gpu, False, d.t))
     assert p.model_view("a") is None and 2 not in d.replies
     assert p.add_model("a", make_profile("a"), d.t) == []
