@@ -316,7 +316,7 @@ def run_live(sc: Scenario, max_outstanding: int = 20000, echo: bool = False) -> 
         kw["controller_args"] = kw["controller_args"] + ["--log-dir", logs]
         cluster = LocalCluster(**kw, echo=echo, http_port=-1, timeout=60.0)
         with cluster:
-            faults = LiveFaults(cluster, sc.faults)  # as ``clockwork serve --replay`` plays them
+            faults = LiveFaults(cluster, sc.faults, sc.duration_s)  # as ``serve --replay`` does
             procs = [cluster.controller.proc] + [w.proc for w in cluster.workers]
             cpu0 = [_cpu_s(p.pid) for p in procs]
             try:

@@ -505,7 +505,16 @@ def test_controller_restart_settings_are_checked():
     with pytest.raises(ScenarioError, match=r"controller_restart.1.at_s: 2.5 is not after"):
         simulate({**FAULTY, "faults": twice})
     with pytest.raises(ValueError, match="controller_restart has no live form"):
-        LiveFaults(None, RESTART["faults"])
+        LiveFaults(None, RESTART["faults"], 10.0)
+    # live as in the simulator: a fault at or after the end would never happen
+
+    class Cluster:
+        workers = [None, None]
+
+    with pytest.raises(ValueError, match=r"faults.hang.0.at_s: must be before the end"):
+        LiveFaults(Cluster(), {"hang": [{"worker": 1, "at_s": 10.0, "for_s": 1.0}]}, 10.0)
+    assert LiveFaults(Cluster(), {"hang": [{"worker": 1, "at_s": 9.0, "for_s": 1.0}]},
+                      10.0).plan == [(9.0, "stop", 1), (10.0, "resume", 1)]
 
 
 # ------------------------------------------------------------------ one driver per core

@@ -17,12 +17,22 @@ import threading
 import time
 
 
+def fault_time_error(kind: str, i: int, fault: dict, duration_s: float) -> str | None:
+    """The message for a kill, hang or slow_network fault that starts at or after the end
+    of the run (it would never happen: the run has ended), as for a controller restart;
+    None when it starts before. One rule for the simulator and for live replays."""
+    if fault["at_s"] >= duration_s:
+        return (f"faults.{kind}.{i}.at_s: must be before the end (duration_s "
+                f"{duration_s:g}), got {fault['at_s']:g}")
+    return None
+
+
 class LiveFaults:
     """Plays ``faults`` (a scenario's ``[faults]`` table) against ``cluster`` (a started
     ``LocalCluster``). ``start(t0)`` with ``t0`` the replay's start (``time.monotonic_ns``);
     ``stop()`` ends it early and resumes any stopped worker."""
 
-    def __init__(self, cluster, faults: dict) -> None:
+    def __init__(self, cluster, faults: dict, duration_s: float) -> None:
         if faults.get("controller_restart"):
             raise ValueError("[faults] controller_restart has no live form here (a replay's "
                              "streams do not outlive their controller; "
@@ -39,6 +49,9 @@ class LiveFaults:
                 if w >= n:
                     raise ValueError(f"faults.{kind}.{i}.worker: {w} is not one of the {n} "
                                      f"worker(s) (0 ... {n - 1})")
+                why = fault_time_error(kind, i, f, duration_s)
+                if why:
+                    raise ValueError(why)
                 if kind == "kill":
                     plan.append((float(f["at_s"]), "kill", w))
                     if f.get("back_s") is not None:

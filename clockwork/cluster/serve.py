@@ -515,7 +515,7 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
     from clockwork.cluster.faults import LiveFaults
 
     try:
-        faults = LiveFaults(cluster, sc.faults)
+        faults = LiveFaults(cluster, sc.faults, sc.duration_s)
     except ValueError as e:
         print(f"clockwork serve: {e}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from clockwork.actions import NEVER, RequestStatus
+from clockwork.cluster.faults import fault_time_error
 from clockwork.profiles import ProfileSet, load_profile_set
 from clockwork.requests import Reply, Request
 from clockwork.resources import scenario_folder
@@ -139,9 +140,9 @@ class Simulation:
                 if f["worker"] >= W:
                     raise ScenarioError(f"faults.{kind}.{i}.worker: {f['worker']} is not one "
                                         f"of the {W} worker(s) (0 ... {W - 1})")
-                if f["at_s"] >= sc.duration_s:  # (as a controller restart must be)
-                    raise ScenarioError(f"faults.{kind}.{i}.at_s: must be before the end "
-                                        f"(duration_s {sc.duration_s:g}), got {f['at_s']:g}")
+                why = fault_time_error(kind, i, f, sc.duration_s)
+                if why:
+                    raise ScenarioError(why)
         root = np.random.SeedSequence(sc.seed)
         s_work, s_dev, s_net = root.spawn(3)
         self._dev_seeds = [int(s.generate_state(1)[0]) for s in s_dev.spawn(len(specs))]
