@@ -863,8 +863,10 @@ def test_load_and_unload_leave_another_models_steady_traffic_alone(cluster):
 
     quiet, busy, cycles, answers = asyncio.run(asyncio.wait_for(main(), 120))
     assert cycles >= 3
-    # the churned model's requests: each answered, served or refused as unloaded
-    assert {r.status for r in answers} <= {0, RequestStatus.INVALID_REQUEST}
+    # the churned model's requests: each answered, served or refused as unloaded (or, a
+    # cold model on a busy 2-core host, past its SLO: never an error)
+    assert {r.status for r in answers} <= {0, RequestStatus.INVALID_REQUEST,
+                                           RequestStatus.TIMEOUT}
     assert any(r.status == 0 for r in answers)
     # the steady model: only successes or SLO misses (never an error), and as many met
     # as without the churn
