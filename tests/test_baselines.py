@@ -62,9 +62,10 @@ def finish_all(p, actions, now):
     return out
 
 
-def settle(p, actions, t):
+def settle(p, actions, t, sent=None, replies=None):
     """Complete every action (and the ones that follow, timers included) in turn;
-    returns the time when nothing is left and drains the replies."""
+    returns the time when nothing is left and drains the replies. ``sent`` and
+    ``replies`` (lists), if given, get every action that followed and every reply."""
     pending = list(actions)
     for _ in range(1000):
         if not pending:
@@ -72,15 +73,20 @@ def settle(p, actions, t):
             if w is None or w > t + 200 * MS:
                 break
             t = max(t, w)
-            pending = p.on_tick(t)
-            continue
-        a = pending.pop(0)
-        if a.type == ActionType.EVICT:
-            pending += p.on_result(ok(a, t, 0), t)
+            more = p.on_tick(t)
         else:
-            t = max(t, a.sent_at) + a.expected_duration
-            pending += p.on_result(ok(a, t), t)
-    p.drain_replies()
+            a = pending.pop(0)
+            if a.type == ActionType.EVICT:
+                more = p.on_result(ok(a, t, 0), t)
+            else:
+                t = max(t, a.sent_at) + a.expected_duration
+                more = p.on_result(ok(a, t), t)
+        pending += more
+        if sent is not None:
+            sent += more
+    got = p.drain_replies()
+    if replies is not None:
+        replies += got
     return t
 
 
@@ -255,21 +261,7 @@ def test_a_lost_gpus_copies_are_forgotten_and_it_comes_back_empty(name):
         pending += p.on_result(fail(a, t), t)
     replies = p.drain_replies()
     sent = list(pending)
-    for _ in range(1000):  # run everything else to the end on a perfect GPU 1
-        if not pending:
-            w = p.next_wakeup()
-            if w is None or w > t + 200 * MS:
-                break
-            t = max(t, w)
-            pending = p.on_tick(t)
-            sent += pending
-            continue
-        a = pending.pop(0)
-        t = max(t, a.sent_at) + a.expected_duration
-        more = p.on_result(ok(a, t), t)
-        sent += more
-        pending += more
-        replies += p.drain_replies()
+    t = settle(p, pending, t, sent, replies)  # everything else, on a perfect GPU 1
     assert sent and all(a.gpu == 1 for a in sent)
     assert sorted(r.request.id for r in replies) == list(range(60))
     assert {r.status for r in replies} == {RequestStatus.SUCCESS}
