@@ -112,16 +112,23 @@ def test_matches_onnxruntime_after_evict_and_reload_elsewhere(package, onnx_file
     dev.arena.free(blocker)
 
 
-def test_fixed_batch_of_one_is_replaced(onnx_file, tmp_path):
-    path = tmp_path / "fixed.onnx"
-    onnx.save(_small_model(batch_dim=1), str(path))
-    out = compile_onnx(path, [2, 1], tmp_path / "fixed", page_size=PS)
+def _compiled_and_loaded(model, tmp_path, name: str, batch_sizes=(1, 2)):
+    """``model`` saved as NAME.onnx, compiled, and loaded on a CpuDevice as instance NAME:
+    (the device, the package's metadata, the .onnx file)."""
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, str(path))
+    out = compile_onnx(path, list(batch_sizes), tmp_path / name, page_size=PS)
     meta = read_package(out)
-    assert meta["batch_sizes"] == [1, 2] and meta["inputs"][0]["shape"] == [C_IN, HW, HW]
     dev = CpuDevice(meta["weights_pages"], PS)
-    dev.register("f", out)
-    dev.load("f")
-    y, _ = dev.infer("f", _x(2, 3))
+    dev.register(name, out)
+    dev.load(name)
+    return dev, meta, path
+
+
+def test_fixed_batch_of_one_is_replaced(onnx_file, tmp_path):
+    dev, meta, _ = _compiled_and_loaded(_small_model(batch_dim=1), tmp_path, "fixed", (2, 1))
+    assert meta["batch_sizes"] == [1, 2] and meta["inputs"][0]["shape"] == [C_IN, HW, HW]
+    y, _ = dev.infer("fixed", _x(2, 3))
     # onnx_file is the same model (same seeded weights) with a symbolic batch
     sess = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(y, sess.run(None, {"image": _x(2, 3)})[0], rtol=1e-4, atol=1e-4)
@@ -149,18 +156,12 @@ def test_a_flatten_exported_with_shape_initializers_imports(tmp_path):
          numpy_helper.from_array(rng.standard_normal(4).astype("float32"), "b")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    path = tmp_path / "dflat.onnx"
-    onnx.save(model, str(path))
-    out = compile_onnx(path, [1, 2], tmp_path / "dflat", page_size=PS)
-    meta = read_package(out)
+    dev, meta, path = _compiled_and_loaded(model, tmp_path, "dflat")
     assert [t["name"] for t in meta["params"]] == ["W", "b"]
-    dev = CpuDevice(meta["weights_pages"], PS)
-    dev.register("d", out)
-    dev.load("d")
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     for b in (1, 2):
         x = rng.standard_normal((b, 2, 3, 3)).astype("float32")
-        np.testing.assert_allclose(dev.infer("d", x)[0], sess.run(None, {"x": x})[0],
+        np.testing.assert_allclose(dev.infer("dflat", x)[0], sess.run(None, {"x": x})[0],
                                    rtol=1e-4, atol=1e-4)
 
 
@@ -176,18 +177,12 @@ def test_an_embedding_with_an_index_out_of_range_reads_no_further(tmp_path):
         [numpy_helper.from_array(table, "table")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    path = tmp_path / "emb.onnx"
-    onnx.save(model, str(path))
-    out = compile_onnx(path, [1, 2], tmp_path / "emb", page_size=PS)
-    meta = read_package(out)
-    dev = CpuDevice(meta["weights_pages"], PS)
-    dev.register("e", out)
-    dev.load("e")
+    dev, _, path = _compiled_and_loaded(model, tmp_path, "emb")
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     ids = np.array([[0, 9, -1], [3, -10, 4]], np.int64)
-    np.testing.assert_array_equal(dev.infer("e", ids)[0], sess.run(None, {"ids": ids})[0])
+    np.testing.assert_array_equal(dev.infer("emb", ids)[0], sess.run(None, {"ids": ids})[0])
     bad = np.array([[12, 100_000_000, -50]], np.int64)
-    y, _ = dev.infer("e", bad)
+    y, _ = dev.infer("emb", bad)
     np.testing.assert_array_equal(y[0], table[[9, 9, 0]])
 
 
