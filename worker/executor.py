@@ -183,11 +183,11 @@ class GpuExecutor:
         answers. The caller removes it from ``models``."""
         out: list[Result] = []
         for lane in (self.load_lane, self.exec_lane):
-            if any(p[2].model == model for p in lane.pending):
-                gone = sorted((p for p in lane.pending if p[2].model == model),
-                              key=lambda p: (p[0], p[1]))
+            gone = [p for p in lane.pending if p[2].model == model]
+            if gone:
                 lane.pending = [p for p in lane.pending if p[2].model != model]
                 heapq.heapify(lane.pending)
+                gone.sort(key=lambda p: (p[0], p[1]))  # (in the order they would have run)
                 out.extend(self._error(a, received, now, ErrorCode.UNKNOWN_MODEL,
                                        f"model {model!r} was removed")
                            for _, _, a, received in gone)

@@ -307,8 +307,8 @@ class WorkerNode:
 
     def update(self, u: pb.InstanceUpdate) -> pb.WorkerState:
         """InstanceUpdate: instances leave (their cached weights, if any, are dropped, and
-        their actions still queued answered ``UNKNOWN_MODEL``) and join, without touching anything else; the state answers it (``missing``: those
-        it could not add)."""
+        their actions still queued answered ``UNKNOWN_MODEL``) and join, without touching
+        anything else; the state answers it (``missing``: those it could not add)."""
         now = now_ns()
         for name in u.remove:
             self._renamed.pop(name, None)
@@ -479,12 +479,9 @@ class WorkerNode:
                     # a real device's output Tensors; the emulated device has none and
                     # sends none (the controller answers zeros of the output shapes)
                     outs = r.outputs
-            if outs:
-                out.append((r, outs))  # a message when sent: outputs in it or attached
-                size += _backlog_bytes((r, outs))
-            else:
-                out.append((r, None))
-                size += _RESULT_BYTES + len(r.model) + len(r.message)  # (_backlog_bytes)
+            item = (r, outs or None)  # a message when sent: outputs in it or attached
+            out.append(item)
+            size += _backlog_bytes(item)
         self._out_bytes += size
         self._out_ready.set()
 
