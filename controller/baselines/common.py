@@ -13,8 +13,8 @@ running anything are evicted, so the worker's cache is never over-committed.
 The book of actions sent and not answered, and what a failed result means, are
 ``controller/inflight.py``'s (shared with the Clockwork scheduler). A request runs in at
 most ``MAX_ATTEMPTS`` INFERs: a rejected INFER returns its requests to the policy
-(``_requeue``), and the last rejection answers them ``ERROR``; one rejected because the weights were missing also
-drops the copy (``_lost``).
+(``_requeue``), and the last rejection answers them ``ERROR``; one rejected because the
+weights were missing also drops the copy (``_lost``).
 
 Models come and go at run time (``add_model`` / ``remove_model``): an added model gets
 the same per-model state as one the policy was built with (the ``_added`` hook); a
@@ -26,8 +26,8 @@ then (sent to a copy lost meanwhile): if it fails, its requests are answered lik
 queued ones, never retried, even if the name was added again (``_serves``).
 
 A GPU reported lost (``set_gpu_available(..., False)``) loses every copy, each as a
-lost copy (``_drop``, ``_lost``), and is skipped by every placement (``Gpu.up``) until it
-is back, empty (the baselines keep no weights through a loss: ``held_copies`` is empty,
+lost copy (``_drop``, ``_lost``), and gets no LOAD (``_try_load``, through which every
+placement goes, skips it: ``Gpu.up``) until it is back, empty (the baselines keep no weights through a loss: ``held_copies`` is empty,
 so the shell's ``readmit_gpu`` is ``set_gpu_available(..., True)``).
 
 A subclass supplies the policy in the hooks below, and ``_waiting`` (how many requests
