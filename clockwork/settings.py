@@ -32,7 +32,7 @@ import difflib
 import math
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union
 
 import annotated_types as at
@@ -334,10 +334,12 @@ def error_line(exc: ValidationError, model: type[BaseModel], prefix: Sequence[An
 
 
 def validate(model: type[M], data: Any, *, prefix: Sequence[Any] = (), where: str = "",
-             error: type[Exception] = SettingsError) -> M:
+             error: type[Exception] = SettingsError,
+             explain: Callable[[ValidationError], str | None] | None = None) -> M:
     """``data`` (a table) as an instance of the schema ``model`` (a pydantic model, or a
     pydantic dataclass built with ``model(**data)``); a bad value raises ``error`` with
-    one line (``where``, e.g. a file name, goes first)."""
+    one line (``where``, e.g. a file name, goes first): ``explain``'s for the error, if it
+    gives one, else ``error_line``'s."""
     try:
         if issubclass(model, BaseModel):
             return model.model_validate(data)
@@ -347,7 +349,7 @@ def validate(model: type[M], data: Any, *, prefix: Sequence[Any] = (), where: st
             raise error(f"{where}: {line}" if where else line)
         return model(**data)
     except ValidationError as e:
-        line = error_line(e, model, prefix)
+        line = (explain(e) if explain is not None else None) or error_line(e, model, prefix)
         raise error(f"{where}: {line}" if where else line) from None
 
 
@@ -404,22 +406,21 @@ def from_table(cls: type[S], table: Mapping[str, Any] | None, *, prefix: Sequenc
         if given:
             data[fname] = round(getattr(t, f"{fname}_{given[0]}") * UNITS[given[0]])
             unit_of[fname] = given[0]
-    try:
-        return cls.model_validate(data) if issubclass(cls, BaseModel) else cls(**data)
-    except ValidationError as e:
+
+    def as_written(e: ValidationError) -> str | None:
+        """A value the table's range took that its rounding to int ns does not (1e-9 ms
+        > 0 is 0 ns): named as written, key and value."""
         err = (e.errors(include_url=False) or [{}])[0]
         loc = tuple(err.get("loc", ()))
-        if len(loc) == 1 and loc[0] in unit_of:
-            # a value the table's range took that its rounding to int ns does not (1e-9
-            # ms > 0 is 0 ns): named as written, key and value
-            fname, u = loc[0], unit_of[loc[0]]
-            f = fields_of(cls)[fname]
-            want = expected(float, list(f.metadata), f, UNITS[u])
-            line = (f"{_key((*prefix, f'{fname}_{u}'))}: must be {want}, got "
-                    f"{show(getattr(t, f'{fname}_{u}'))} (rounds to {data[fname]} ns)")
-        else:
-            line = error_line(e, cls, prefix)
-        raise error(f"{where}: {line}" if where else line) from None
+        if len(loc) != 1 or loc[0] not in unit_of:
+            return None
+        fname, u = loc[0], unit_of[loc[0]]
+        f = fields_of(cls)[fname]
+        want = expected(float, list(f.metadata), f, UNITS[u])
+        return (f"{_key((*prefix, f'{fname}_{u}'))}: must be {want}, got "
+                f"{show(getattr(t, f'{fname}_{u}'))} (rounds to {data[fname]} ns)")
+
+    return validate(cls, data, prefix=prefix, where=where, error=error, explain=as_written)
 
 
 # ----------------------------------------------------------------------------- docs
