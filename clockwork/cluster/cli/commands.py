@@ -68,10 +68,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _summary_from_logs(path: Path) -> dict | str | None:
+def _summary_from_logs(path: Path) -> tuple[dict, dict, dict] | str | None:
     """A folder with logs and no summary.json (``clockwork controller --log-dir``): the
     summary computed from its logs, over the span from the first arrival to the last
-    answer (a note says so); None without logs, a message for logs it cannot read."""
+    answer (a note says so), with the request and action columns read; None without
+    logs, a message for logs it cannot read."""
     from clockwork.telemetry import read_logs, summary_of
 
     if not any((path / f"requests.{x}").exists() for x in ("tsv", "npz")):
@@ -86,7 +87,8 @@ def _summary_from_logs(path: Path) -> dict | str | None:
     print(f"clockwork report: no summary.json in {path}: figures computed from its logs, "
           f"over {span / 1e9:.1f} s from the first arrival to the last answer",
           file=sys.stderr)
-    return summary_of(req, tel.action_columns(), round(span / 1e9, 6))
+    act = tel.action_columns()
+    return summary_of(req, act, round(span / 1e9, 6)), req, act
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -94,16 +96,18 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     path = Path(args.dir)
     f = path / "summary.json" if path.is_dir() else path
+    columns = None  # (request, action) columns, when read already
     try:
         s = orjson.loads(f.read_bytes())
     except FileNotFoundError:
-        s = _summary_from_logs(path) if path.is_dir() else None
-        if s is None:
+        got = _summary_from_logs(path) if path.is_dir() else None
+        if got is None:
             print(f"clockwork report: no summary.json in {path}", file=sys.stderr)
             return 2
-        if isinstance(s, str):
-            print(f"clockwork report: {s}", file=sys.stderr)
+        if isinstance(got, str):
+            print(f"clockwork report: {got}", file=sys.stderr)
             return 2
+        s, *columns = got
     except orjson.JSONDecodeError as e:
         print(f"clockwork report: {f} is not valid JSON: {e}", file=sys.stderr)
         return 2
@@ -119,12 +123,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 2
     rows = None
     if args.timeline:  # (read before anything is printed: a bad interval prints nothing)
-        from clockwork.telemetry import timeline
+        from clockwork.telemetry import timeline, timeline_of
 
         try:
             d = s.get("duration_s")
-            rows = timeline(f.parent, args.timeline,
-                            d if isinstance(d, int | float) and d > 0 else None)
+            d = d if isinstance(d, int | float) and d > 0 else None
+            rows = (timeline(f.parent, args.timeline, d) if columns is None else
+                    timeline_of(*columns, args.timeline, d))
         except (FileNotFoundError, ValueError) as e:
             print(f"clockwork report: {e}", file=sys.stderr)
             return 2
