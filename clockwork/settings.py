@@ -520,6 +520,11 @@ MAX_WORKERS = 10_000
 MAX_GPUS_PER_WORKER = 64
 MAX_COPIES = 100_000  # per [[models]] entry
 MAX_CONCURRENCY = 100_000  # outstanding requests per instance of a closed loop
+# ... and on their products, each within a few GiB of memory (measured: ~60 KiB a GPU,
+# ~3.5 KiB an instance, ~1 KiB an outstanding request)
+MAX_GPUS = 65_536  # workers x gpus_per_worker
+MAX_INSTANCES = 1_000_000  # the copies of every [[models]] entry together
+MAX_OUTSTANDING = 1_000_000  # a closed loop's concurrency x the instances it selects
 
 
 class ClusterSettings(Settings):
@@ -779,10 +784,24 @@ def check_scenario(data: Any, where: str = "", error: type[Exception] = Settings
                 line = f"workloads.{i}.{key}: must be {want}, got {show(value)}"
                 raise error(f"{where}: {line}" if where else line)
     out = sc.model_dump(exclude_none=True)
-    line = _time_too_long(out, ())
+    line = _time_too_long(out, ()) or _too_big(sc)
     if line:
         raise error(f"{where}: {line}" if where else line)
     return out
+
+
+def _too_big(sc: ScenarioSettings) -> str | None:
+    """The message for a scenario whose GPUs or instances in all exceed their bound."""
+    c = sc.cluster
+    if c.workers * c.gpus_per_worker > MAX_GPUS:
+        return (f"cluster: workers x gpus_per_worker must be at most {MAX_GPUS:,} GPUs in "
+                f"all, got {c.workers:,} x {c.gpus_per_worker} = "
+                f"{c.workers * c.gpus_per_worker:,}")
+    total = sum(m.copies for m in sc.models)
+    if total > MAX_INSTANCES:
+        return (f"models: the copies of all entries must be at most {MAX_INSTANCES:,} "
+                f"instances in all, got {total:,} ({len(sc.models)} entries)")
+    return None
 
 
 def time_bound(key: str) -> tuple[float, str] | None:

@@ -139,7 +139,7 @@ def parse_models(spec: str | None, profiles: dict[str, ModelProfile]) -> dict[st
     import difflib
 
     from clockwork.scenario import parse_value
-    from clockwork.settings import ModelEntry, SettingsError, validate
+    from clockwork.settings import MAX_INSTANCES, ModelEntry, SettingsError, validate
 
     out: dict[str, str] = {}
     if not spec:
@@ -156,6 +156,9 @@ def parse_models(spec: str | None, profiles: dict[str, ModelProfile]) -> dict[st
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise SettingsError(f"--models {part}: no profile for model {m.name!r}{hint}; "
                                 f"known: {', '.join(sorted(profiles))}")
+        if len(out) + m.copies > MAX_INSTANCES:
+            raise SettingsError(f"--models {part}: at most {MAX_INSTANCES:,} instances in "
+                                f"all, got {len(out) + m.copies:,} with this item")
         for k in range(m.copies):
             inst = m.name if k == 0 else f"{m.name}:{k}"
             if inst in out:

@@ -117,9 +117,36 @@ def test_bad_scenario_values_give_one_line(override, msg):
 
 
 def test_the_largest_sizes_still_load():
-    sc = load_scenario(SCENARIO, ["cluster.workers=10000", "cluster.gpus_per_worker=64",
+    sc = load_scenario(SCENARIO, ["cluster.workers=1024", "cluster.gpus_per_worker=64",
                                   "models.0.copies=100000"])
-    assert (sc.cluster["workers"], sc.models[0]["copies"]) == (10000, 100000)
+    assert (sc.cluster["workers"], sc.models[0]["copies"]) == (1024, 100000)
+    sc = load_scenario(SCENARIO, ["cluster.workers=10000", "cluster.gpus_per_worker=6"])
+    assert sc.cluster["workers"] == 10000
+
+
+def test_sizes_are_bounded_in_all_too(tmp_path):
+    """Each entry within its bound can still add up to more than memory holds: the GPUs,
+    the instances and a closed loop's outstanding requests are bounded in all."""
+    from clockwork.workloads import ClosedLoop, WorkloadError
+
+    got = raises(ScenarioError, load_scenario, SCENARIO,
+                 ["cluster.workers=1025", "cluster.gpus_per_worker=64"])
+    assert got == (f"{SCENARIO}: cluster: workers x gpus_per_worker must be at most 65,536 "
+                   "GPUs in all, got 1,025 x 64 = 65,600")
+    entries = '[[models]]\nname = "resnet50_v2"\ncopies = 100000\n' * 10
+    path = tmp_path / "big.toml"
+    path.write_text(entries + '[[workloads]]\nkind = "poisson"\nrate_rps = 10\n')
+    assert len(load_scenario(str(path)).models) == 10  # 1,000,000: the bound itself
+    path.write_text(entries + '[[models]]\nname = "resnet18_v2"\n'
+                    '[[workloads]]\nkind = "poisson"\nrate_rps = 10\n')
+    assert raises(ScenarioError, load_scenario, str(path)) == (
+        f"{path}: models: the copies of all entries must be at most 1,000,000 instances in "
+        "all, got 1,000,001 (11 entries)")
+    assert ClosedLoop([f"m{i}" for i in range(10)], 100_000).concurrency == 100_000
+    with pytest.raises(WorkloadError, match=r"^closed_loop concurrency x the 11 instances "
+                       r"selected must be at most 1,000,000 outstanding requests in all, got "
+                       r"100,000 x 11 = 1,100,000$"):
+        ClosedLoop([f"m{i}" for i in range(11)], 100_000)
 
 
 def test_closed_loops_bound_their_concurrency():
@@ -332,6 +359,11 @@ def test_controller_parse_settings_and_models():
         "'resnet50_v2'?); known: densenet121,")
     assert raises(ValueError, parse_models, "vgg16,vgg16", profiles) == (
         "--models vgg16: model instance 'vgg16' is listed twice")
+    many = {f"m{i}": None for i in range(11)}  # (only their names are read)
+    assert len(parse_models(",".join(f"m{i}:100000" for i in range(10)), many)) == 1_000_000
+    assert raises(ValueError, parse_models, ",".join(f"m{i}:100000" for i in range(11)),
+                  many) == "--models m10:100000: at most 1,000,000 instances in all, got " \
+        "1,100,000 with this item"
 
 
 @pytest.mark.parametrize("args,text", [

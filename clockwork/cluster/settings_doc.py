@@ -13,6 +13,9 @@ import sys
 from pathlib import Path
 
 from clockwork.settings import (
+    MAX_GPUS,
+    MAX_INSTANCES,
+    MAX_OUTSTANDING,
     ClusterSettings,
     ControllerRestartFault,
     FaultSettings,
@@ -59,6 +62,11 @@ simulate`, `serve` and `controller`, `--models`, profile files):
   in `_s`, `_ms` or `_us`) at most a year, either way. A larger value is a unit slip or a
   stand-in for "never", and would not fit the logs' nanoseconds. (A stepped SLO that
   grows without a maximum stops growing at a day; one that shrinks stays at least 1 ns.)
+- Sizes are bounded, each key (the ranges below) and in all, so that a typo is refused
+  before the run exhausts memory building it: `workers` x `gpus_per_worker` at most
+  MAX_GPUS GPUs, the `copies` of all `[[models]]` entries together at most MAX_INSTANCES
+  instances, and a closed loop's `concurrency` x the instances it selects at most
+  MAX_OUTSTANDING outstanding requests.
 - Unknown keys are refused, with the closest valid key when there is one.
 - A refusal is one line naming the key, the value and what is expected, e.g.
   `cluster.noise: must be a finite number >= 0, got nan` or
@@ -80,7 +88,9 @@ def render() -> str:
     from controller import POLICIES, policy_config
     from controller.config import SchedulerConfig
 
-    parts = [INTRO]
+    parts = [INTRO.replace("MAX_GPUS", f"{MAX_GPUS:,}")
+             .replace("MAX_INSTANCES", f"{MAX_INSTANCES:,}")
+             .replace("MAX_OUTSTANDING", f"{MAX_OUTSTANDING:,}")]
     parts.append(_section(
         "Top level", "The keys outside any table. `--set KEY=VALUE` overrides a dotted key "
         "(`cluster.workers=4`, `workloads.0.rate_rps=500`; list items by index) before the "

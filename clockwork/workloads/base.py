@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from clockwork.settings import MAX_CONCURRENCY, MAX_OUTSTANDING
 from clockwork.time import MAX_SLO_FACTOR, MAX_SLO_MS
 
 Arrival = tuple[int, str, int]
@@ -24,6 +25,20 @@ Arrival = tuple[int, str, int]
 
 class WorkloadError(ValueError):
     """A workload's parameters are wrong (unknown model, bad rate, ...)."""
+
+
+def check_concurrency(concurrency: int, instances: int, key: str = "concurrency") -> None:
+    """A closed loop's ``concurrency`` (requests outstanding per instance) over
+    ``instances`` instances: at least 1, and within the bounds per instance and in all
+    (each outstanding request is held in memory from the start)."""
+    if not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise WorkloadError(f"{key} must be >= 1 and at most {MAX_CONCURRENCY:,}, "
+                            f"got {concurrency}")
+    if concurrency * instances > MAX_OUTSTANDING:
+        raise WorkloadError(
+            f"{key} x the {instances:,} instances selected must be at most "
+            f"{MAX_OUTSTANDING:,} outstanding requests in all, got {concurrency:,} x "
+            f"{instances:,} = {concurrency * instances:,}")
 
 
 def select_instances(spec: str | Sequence[str], instances: dict[str, str]) -> list[str]:

@@ -6,8 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from clockwork.settings import MAX_CONCURRENCY
-from clockwork.workloads.base import Arrival, SloSpec, Workload, WorkloadError
+from clockwork.workloads.base import Arrival, SloSpec, Workload, WorkloadError, check_concurrency
 
 
 class ClosedLoop(Workload):
@@ -23,9 +22,7 @@ class ClosedLoop(Workload):
         super().__init__()
         if retry_ms <= 0:
             raise WorkloadError("retry_ms must be > 0")
-        if not 1 <= concurrency <= MAX_CONCURRENCY:
-            raise WorkloadError(f"closed_loop concurrency must be >= 1 and at most "
-                                f"{MAX_CONCURRENCY:,}, got {concurrency}")
+        check_concurrency(concurrency, len(models), "closed_loop concurrency")
         if think_ms < 0:
             raise WorkloadError("think_ms must be >= 0")
         self.models = list(models)

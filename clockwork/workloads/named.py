@@ -42,7 +42,6 @@ from operator import itemgetter
 
 import numpy as np
 
-from clockwork.settings import MAX_CONCURRENCY
 from clockwork.workloads.azure_replay import AZURE_KEYS, build_azure
 from clockwork.workloads.base import (
     Arrival,
@@ -50,6 +49,7 @@ from clockwork.workloads.base import (
     SloSpec,
     Workload,
     WorkloadError,
+    check_concurrency,
     select_instances,
 )
 from clockwork.workloads.named_slo import (
@@ -193,9 +193,7 @@ class BurstyClosedLoop(Workload):
         super().__init__()
         if not models:
             raise WorkloadError("bursty_closed_loop selects no model instances")
-        if not 1 <= concurrency <= MAX_CONCURRENCY:
-            raise WorkloadError(f"concurrency must be >= 1 and at most {MAX_CONCURRENCY:,}, "
-                                f"got {concurrency}")
+        check_concurrency(concurrency, len(models), "concurrency")
         if think_ms < 0:
             raise WorkloadError(f"think_ms must be >= 0, got {think_ms}")
         if not retry_ms > 0:

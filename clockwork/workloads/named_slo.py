@@ -30,10 +30,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from clockwork.settings import MAX_CONCURRENCY
 from clockwork.time import MAX_SLO_NS
 from clockwork.workloads.azure_replay import AzureReplay
-from clockwork.workloads.base import Arrival, SloSpec, Workload, WorkloadError
+from clockwork.workloads.base import Arrival, SloSpec, Workload, WorkloadError, check_concurrency
 from clockwork.workloads.basic import ClosedLoop, OpenLoop
 
 OPS = ("mul", "add")
@@ -168,9 +167,7 @@ class SloExperiment2(SloExperiment1):
             raise WorkloadError(f"foreground and background share instances {sorted(overlap)}")
         if delay_s < 0:
             raise WorkloadError(f"background_delay_s must be >= 0, got {delay_s}")
-        if not 1 <= concurrency <= MAX_CONCURRENCY:
-            raise WorkloadError(f"background_concurrency must be >= 1 and at most "
-                                f"{MAX_CONCURRENCY:,}, got {concurrency}")
+        check_concurrency(concurrency, len(background), "background_concurrency")
         self.background = list(background)
         self._bg_set = set(self.background)
         self.delay = round(delay_s * 1e9)
