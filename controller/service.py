@@ -117,6 +117,7 @@ WORKER_CHANNEL_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.initial_reconnect_backoff_ms"
 SERVER_OPTIONS = [*CHANNEL_OPTIONS, *LISTEN_OPTIONS, *keepalive.SERVER]
 # the model repository
 MAX_COPIES = 1024  # instances one load may make
+MAX_SERVED = 1_000_000  # instances served at once, loads included (as a scenario's bound)
 UPDATE_TIMEOUT_S = 30.0  # for the workers to take an InstanceUpdate (a cpu worker reads its package)
 UNLOAD_WAIT_S = 60.0  # a load waits this long for an unload of the same names to finish
 UNLOADED_KEPT = 1000  # unloaded instances the index still lists (the newest ones)
@@ -1154,6 +1155,10 @@ class ControllerNode:
             if i in self.profiles and i not in self.unloading:
                 raise RepositoryError(bad, f"{i!r} is served already (a copy of model "
                                       f"{_group_name(i)!r}); unload it first")
+        if len(self.instances) + len(names) > MAX_SERVED:
+            raise RepositoryError(bad, f"at most {MAX_SERVED:,} instances are served at once; "
+                                  f"{len(self.instances):,} are, and this load adds "
+                                  f"{len(names):,}: unload some first")
         await self._wait_unloaded(names)
         # the workers first (a worker that reconnects meanwhile has them in its Hello)
         self.loading.update(names)

@@ -1164,6 +1164,45 @@ def _on_device(w) -> list[str]:
         if w.real else w.executors[0].loaded_models()
 
 
+def test_loads_stop_at_the_bound_on_instances_served(monkeypatch):
+    """Each load makes at most MAX_COPIES instances, and all of them together stay within
+    MAX_SERVED: a client loading name after name is refused, with nothing loaded, once
+    the next load would pass it. Controller and worker in this process."""
+    import asyncio
+
+    import controller.service as service
+    from controller.service import ControllerNode, RepositoryError
+    from tests.test_faults_live import _answer, _serve_in_process
+    from worker.service import WorkerNode
+
+    monkeypatch.setattr(service, "MAX_SERVED", 4)
+
+    async def main():
+        wnode = WorkerNode(gpus=1, pages=100)
+        address, stop, served = await _serve_in_process(wnode)
+        node = ControllerNode([address], "v100-reference", models="resnet50_v2")
+        await node.start()
+        try:
+            assert await node.load_model("a", copies=2, profile="mobilenet_v2") == ["a", "a:1"]
+            with pytest.raises(RepositoryError) as e:
+                await node.load_model("b", copies=2, profile="mobilenet_v2")
+            assert e.value.message == ("at most 4 instances are served at once; 3 are, and "
+                                       "this load adds 2: unload some first")
+            assert node.model_state("b") is None and node.model_state("b:1") is None
+            assert await node.load_model("b", profile="mobilenet_v2") == ["b"]  # the 4th
+            assert (await _answer(node, "b")).status == 0
+            await node.unload_model("a")
+            while node.model_state("a:1") != ("UNAVAILABLE", "unloaded"):
+                await asyncio.sleep(0.005)
+            assert await node.load_model("c", copies=2, profile="mobilenet_v2") == ["c", "c:1"]
+        finally:
+            await node.stop()
+            stop.set()
+            await served
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
 def test_unloaded_names_are_forgotten_oldest_first_with_their_metrics(monkeypatch):
     """Clients choose the names they load and unload: the controller keeps the newest
     ``UNLOADED_KEPT`` unloaded ones for the index, and drops each one's ``/metrics``
