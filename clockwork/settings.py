@@ -49,6 +49,14 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError, PydanticUndefined
 
+from clockwork.sizes import (
+    MAX_CONCURRENCY,
+    MAX_COPIES,
+    MAX_GPUS,
+    MAX_GPUS_PER_WORKER,
+    MAX_INSTANCES,
+    MAX_WORKERS,
+)
 from clockwork.time import MAX_SLO_FACTOR, MAX_SLO_MS, MAX_TIME_S, NS_PER_S
 
 # ----------------------------------------------------------------------------- base
@@ -512,19 +520,6 @@ def markdown_table(cls: type[BaseModel], skip: Sequence[str] = ()) -> str:
 
 
 # ----------------------------------------------------------------------------- scenario
-
-# Bounds on sizes a scenario gives: beyond them a value is a mistake (a typo, a stand-in
-# for "many"), and building the run would exhaust memory before it starts. The largest
-# shipped set-ups are far below them (the paper's 150 workers, 3,601 copies of a model).
-MAX_WORKERS = 10_000
-MAX_GPUS_PER_WORKER = 64
-MAX_COPIES = 100_000  # per [[models]] entry
-MAX_CONCURRENCY = 100_000  # outstanding requests per instance of a closed loop
-# ... and on their products, each within a few GiB of memory (measured: ~60 KiB a GPU,
-# ~3.5 KiB an instance, ~1 KiB an outstanding request)
-MAX_GPUS = 65_536  # workers x gpus_per_worker
-MAX_INSTANCES = 1_000_000  # the copies of every [[models]] entry together
-MAX_OUTSTANDING = 1_000_000  # a closed loop's concurrency x the instances it selects
 
 
 class ClusterSettings(Settings):

@@ -80,6 +80,7 @@ from clockwork.protocol.wire import (
     msgs_to_tensors,
 )
 from clockwork.requests import Answer, Reply, Request
+from clockwork.sizes import MAX_GPUS_PER_WORKER, MAX_INSTANCES
 from clockwork.tensors import (
     Tensor,
     TensorError,
@@ -117,7 +118,7 @@ WORKER_CHANNEL_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.initial_reconnect_backoff_ms"
 SERVER_OPTIONS = [*CHANNEL_OPTIONS, *LISTEN_OPTIONS, *keepalive.SERVER]
 # the model repository
 MAX_COPIES = 1024  # instances one load may make
-MAX_SERVED = 1_000_000  # instances served at once, loads included (as a scenario's bound)
+MAX_SERVED = MAX_INSTANCES  # instances served at once (--models, then loads)
 UPDATE_TIMEOUT_S = 30.0  # for the workers to take an InstanceUpdate (a cpu worker reads its package)
 UNLOAD_WAIT_S = 60.0  # a load waits this long for an unload of the same names to finish
 UNLOADED_KEPT = 1000  # unloaded instances the index still lists (the newest ones)
@@ -140,7 +141,7 @@ def parse_models(spec: str | None, profiles: dict[str, ModelProfile]) -> dict[st
     import difflib
 
     from clockwork.scenario import parse_value
-    from clockwork.settings import MAX_INSTANCES, ModelEntry, SettingsError, validate
+    from clockwork.settings import ModelEntry, SettingsError, validate
 
     out: dict[str, str] = {}
     if not spec:
@@ -157,8 +158,8 @@ def parse_models(spec: str | None, profiles: dict[str, ModelProfile]) -> dict[st
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise SettingsError(f"--models {part}: no profile for model {m.name!r}{hint}; "
                                 f"known: {', '.join(sorted(profiles))}")
-        if len(out) + m.copies > MAX_INSTANCES:
-            raise SettingsError(f"--models {part}: at most {MAX_INSTANCES:,} instances in "
+        if len(out) + m.copies > MAX_SERVED:
+            raise SettingsError(f"--models {part}: at most {MAX_SERVED:,} instances in "
                                 f"all, got {len(out) + m.copies:,} with this item")
         for k in range(m.copies):
             inst = m.name if k == 0 else f"{m.name}:{k}"
@@ -480,6 +481,10 @@ class ControllerNode:
                              f"profile set {msg.state.profiles!r}"
                              + ("" if msg.state.device == "emulated" else
                                 " or no model package (see clockwork compile)"))
+        if not 1 <= len(msg.state.gpus) <= MAX_GPUS_PER_WORKER:
+            await ch.close()
+            raise ValueError(f"worker {link.address} has {len(msg.state.gpus)} GPUs: a worker "
+                             f"has 1 to {MAX_GPUS_PER_WORKER}")
         if link.state is not None and len(msg.state.gpus) != len(link.state.gpus):
             await ch.close()
             raise ValueError(f"worker {link.address} came back with a different GPU count")

@@ -89,3 +89,43 @@ def test_live_controller_connects_a_worker_while_serving():
         assert stats.get("workers_added") == 1 and stats.get("evicts_sent", 0) == 0, stats
         with pytest.raises(ControllerUnavailable, match="cannot reach"):
             k.add_worker("127.0.0.1:9", timeout=3)
+
+
+def test_a_worker_with_more_gpus_than_a_worker_may_have_is_refused():
+    """A worker's GPU count comes from the worker: the controller takes 1 to
+    MAX_GPUS_PER_WORKER (as ``clockwork worker --gpus`` does), at start and when one is
+    added while serving, and says why otherwise. Controller and workers in this process."""
+    import asyncio
+
+    from clockwork.sizes import MAX_GPUS_PER_WORKER
+    from controller.service import ControllerNode, RepositoryError
+    from tests.test_faults_live import _serve_in_process
+    from worker.service import WorkerNode
+
+    async def main():
+        big = WorkerNode(gpus=MAX_GPUS_PER_WORKER + 1, pages=100)
+        big_address, stop_big, served_big = await _serve_in_process(big)
+        ok = WorkerNode(gpus=MAX_GPUS_PER_WORKER, pages=100)
+        address, stop, served = await _serve_in_process(ok)
+        refused = f"worker {big_address} has 65 GPUs: a worker has 1 to 64"
+        node = ControllerNode([big_address], "v100-reference", models="resnet50_v2")
+        try:
+            with pytest.raises(ValueError, match=f"^{refused}$"):
+                await node.start()
+        finally:
+            await node.stop()
+        node = ControllerNode([address], "v100-reference", models="resnet50_v2")
+        await node.start()
+        try:
+            with pytest.raises(RepositoryError) as e:
+                await node.add_worker(big_address)
+            assert e.value.message == refused
+            assert len(node.links) == 1 and len(node.gpu_index) == MAX_GPUS_PER_WORKER
+        finally:
+            await node.stop()
+            for s in (stop, stop_big):
+                s.set()
+            await served
+            await served_big
+
+    asyncio.run(asyncio.wait_for(main(), 60))

@@ -13,9 +13,6 @@ import sys
 from pathlib import Path
 
 from clockwork.settings import (
-    MAX_GPUS,
-    MAX_INSTANCES,
-    MAX_OUTSTANDING,
     ClusterSettings,
     ControllerRestartFault,
     FaultSettings,
@@ -31,6 +28,7 @@ from clockwork.settings import (
     WorkloadEntry,
     markdown_table,
 )
+from clockwork.sizes import MAX_GPUS, MAX_INSTANCES, MAX_OUTSTANDING
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
 

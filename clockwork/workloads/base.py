@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from clockwork.settings import MAX_CONCURRENCY, MAX_OUTSTANDING
+from clockwork.sizes import MAX_CONCURRENCY, MAX_OUTSTANDING
 from clockwork.time import MAX_SLO_FACTOR, MAX_SLO_MS
 
 Arrival = tuple[int, str, int]

@@ -35,6 +35,19 @@ def positive_int(text: str) -> int:
     return v
 
 
+def int_in(lo: int, hi: int) -> Callable[[str], int]:
+    """A type for an integer from ``lo`` to ``hi``."""
+
+    def bounded(text: str) -> int:
+        v = _int(text)
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"must be an integer from {lo:,} to {hi:,}, "
+                                             f"got {text!r}")
+        return v
+
+    return bounded
+
+
 def nonneg_int(text: str) -> int:
     v = _int(text)
     if v < 0:

@@ -12,6 +12,7 @@ import argparse
 
 from clockwork.cluster.cli import argtypes as t
 from clockwork.protocol.pacing import ACTION_INTERVAL_US, REPLY_INTERVAL_US, RESULT_INTERVAL_US
+from clockwork.sizes import MAX_GPUS_PER_WORKER
 
 DEVICES = ("emulated", "cpu", "cuda")
 COMPILE_DEVICES = ("cpu", "cuda")
@@ -381,7 +382,8 @@ def add_worker(sub) -> None:
     p.add_argument("--packages", metavar="DIR", default=None,
                    help="cpu/cuda: model packages as DIR/<model>/ (default packages/DEVICE; "
                    "build them with 'clockwork compile')")
-    p.add_argument("--gpus", type=t.positive_int, default=1, help="number of GPUs (default 1)")
+    p.add_argument("--gpus", type=t.int_in(1, MAX_GPUS_PER_WORKER), default=1,
+                   help=f"number of GPUs, 1 to {MAX_GPUS_PER_WORKER} (default 1)")
     p.add_argument("--pages", type=t.positive_int, default=None,
                    help="weights-cache pages per GPU (default: the profile set's)")
     p.add_argument("--profiles", default=None,
