@@ -280,3 +280,31 @@ def test_a_removed_models_queued_actions_are_answered_once_unknown_model():
     assert [(r.id, r.status) for r in run_until_idle(e)] == [
         (1, ErrorCode.SUCCESS), (4, ErrorCode.SUCCESS)]
     assert e.forget("b", 50 * MS) == [] and e.next_time() is None
+
+
+def test_free_pages_hand_out_what_a_stack_of_every_page_would():
+    """The cache's free pages are handed out in the order a stack holding every page
+    number gives them (the order a real device's arena offsets follow), without holding
+    one number per page: a cache of 10^12 pages costs what its pages in use do."""
+    import random
+
+    from worker.executor import FreePages
+
+    rng = random.Random(7)
+    free, stack, held = FreePages(50), list(range(49, -1, -1)), []
+    for _ in range(2000):
+        if held and (rng.random() < 0.5 or not len(free)):
+            pages = held.pop(rng.randrange(len(held)))
+            free.give(pages)
+            stack.extend(reversed(pages))
+        else:
+            n = rng.randint(1, len(free))
+            got = free.take(n)
+            assert got == [stack.pop() for _ in range(n)]
+            held.append(got)
+        assert len(free) == len(stack)
+    e = ex(pages=10**12, a=7)
+    assert e.free_pages._back == [] and len(e.free_pages) == 10**12
+    e.submit(load(1, "a"), 0)
+    run_until_idle(e)
+    assert e.weights["a"].pages == list(range(7)) and e.pages_used == 7

@@ -69,6 +69,37 @@ class Lane:
         self.free_at = 0
 
 
+class FreePages:
+    """The free page numbers of a weights cache of ``total`` pages, handed out as a stack
+    of every page would (lowest first; pages given back are taken again first, the last
+    given back first), without holding a number per page: its memory grows with the
+    pages ever in use, not with the cache's size."""
+
+    __slots__ = ("total", "_fresh", "_back")
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self._fresh = 0  # pages never taken: _fresh .. total - 1
+        self._back: list[int] = []  # pages given back, the next to take last
+
+    def __len__(self) -> int:
+        return len(self._back) + self.total - self._fresh
+
+    def take(self, n: int) -> list[int]:
+        """``n`` free pages (at most ``len(self)``), taken."""
+        back = self._back
+        out = [back.pop() for _ in range(min(n, len(back)))]
+        if len(out) < n:
+            start = self._fresh
+            self._fresh = start + n - len(out)
+            out.extend(range(start, self._fresh))
+        return out
+
+    def give(self, pages: list[int]) -> None:
+        """Pages free again (taken again first, the first of ``pages`` first)."""
+        self._back.extend(reversed(pages))
+
+
 @dataclass
 class GpuExecutor:
     worker: int
@@ -79,7 +110,7 @@ class GpuExecutor:
     weights: dict[str, Weights] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.free_pages: list[int] = list(range(self.total_pages - 1, -1, -1))
+        self.free_pages = FreePages(self.total_pages)
         self.load_lane = Lane()
         self.exec_lane = Lane()
         self._evicted_while_running: set[int] = set()
@@ -197,7 +228,7 @@ class GpuExecutor:
         er = self.exec_lane.running
         if er is not None and er.action.model == model:
             self._evicted_while_running.add(er.action.id)
-        self.free_pages.extend(reversed(w.pages))
+        self.free_pages.give(w.pages)
         return out
 
     def take_weights(self, old: GpuExecutor, keep: dict[str, int], now: int) -> set[str]:
@@ -214,7 +245,7 @@ class GpuExecutor:
                     or name not in models or models[name] is not old.models.get(name)
                     or name in self.weights or len(w.pages) > len(self.free_pages)):
                 continue
-            pages = [self.free_pages.pop() for _ in w.pages]
+            pages = self.free_pages.take(len(w.pages))
             self.weights[name] = Weights(pages, version, w.ready_at)
             taken.add(name)
         self._note_peak()
@@ -247,7 +278,7 @@ class GpuExecutor:
                     w.ready_at = end
                 else:  # the device could not load it: give the pages back
                     del self.weights[a.model]
-                    self.free_pages.extend(reversed(w.pages))
+                    self.free_pages.give(w.pages)
         return self.advance(now)
 
     # -- lanes -------------------------------------------------------------------
@@ -326,7 +357,7 @@ class GpuExecutor:
                             f"needs {need} pages, {len(self.free_pages)} free")
         d = self.device.duration(action, profile)
         end = None if d is None else begin + d
-        pages = [self.free_pages.pop() for _ in range(need)]
+        pages = self.free_pages.take(need)
         self._note_peak()
         self.weights[action.model] = Weights(pages, action.version, PENDING if end is None else end)
         if end is None:
@@ -362,7 +393,7 @@ class GpuExecutor:
         if er is not None and er.action.model == action.model:
             self._evicted_while_running.add(er.action.id)
         del self.weights[action.model]
-        self.free_pages.extend(reversed(w.pages))
+        self.free_pages.give(w.pages)
         return Result(id=action.id, type=action.type, status=ErrorCode.SUCCESS, worker=self.worker,
                       gpu=self.gpu, model=action.model, received=now, begin=now, end=now)
 
