@@ -6,6 +6,7 @@ monotone or not; bad arguments are one line and exit 2."""
 from __future__ import annotations
 
 import random
+import sys
 from pathlib import Path
 
 import orjson
@@ -162,3 +163,41 @@ def test_search_non_monotone_keeps_its_definition(k):
         plan = search(_plan(hi=40), runner, "/nowhere", k)
         _check(plan, curve)
         assert len(runner.simulated) == 2 * len(plan.counts)  # each count simulated once
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sigterm_stops_like_ctrl_c_and_removes_the_temporary_folder(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clockwork.cluster.cli", "plan", "poisson_warm", "--set",
+         "duration_s=600", "--seeds", "1", "--jobs", "2", "--max-gpus", "4", "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "TMPDIR": str(tmp_path)})
+    kids: list[int] = []
+    try:
+        deadline = time.monotonic() + 30
+        while len(kids) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            try:
+                kids = [int(x) for x in open(f"/proc/{proc.pid}/task/{proc.pid}/children")
+                        .read().split()]
+            except OSError:
+                break
+        assert len(kids) >= 2, "the pool did not start"
+        assert list(tmp_path.glob("clockwork-plan-*"))
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+        assert proc.returncode == 130 and b"interrupted" in proc.stderr.read()
+        assert not list(tmp_path.glob("clockwork-plan-*"))
+    finally:
+        for pid in kids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        proc.kill()
+        proc.wait()

@@ -311,6 +311,89 @@ def test_ctrl_c_stops_the_running_simulations(tmp_path):
     assert not list((tmp_path / "o" / "points").glob("*/summary.json"))
 
 
+def _pool_of(proc, n: int = 2) -> list[int]:
+    """The pids of ``proc``'s children once ``n`` of them run (its process pool)."""
+    import time
+
+    children_file = f"/proc/{proc.pid}/task/{proc.pid}/children"
+    kids: list[int] = []
+    deadline = time.monotonic() + 30
+    while len(kids) < n and time.monotonic() < deadline:
+        time.sleep(0.2)
+        try:
+            kids = [int(x) for x in open(children_file).read().split()]
+        except OSError:
+            break
+    assert len(kids) >= n, "the pool did not start"
+    return kids
+
+
+def _gone(pids: list[int], within_s: float = 10.0) -> bool:
+    """Every process in ``pids`` has ended (or is a zombie) within ``within_s``."""
+    import time
+
+    def alive(pid: int) -> bool:
+        try:
+            return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + within_s
+    while any(alive(p) for p in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _long_sweep(tmp_path, *extra):
+    import signal
+    import subprocess
+
+    f = tmp_path / "s.toml"
+    f.write_text('scenarios = ["poisson_warm"]\nseeds = [1, 2, 3]\n'
+                 'overrides = ["duration_s=600"]\n')
+    return subprocess.Popen(
+        [sys.executable, "-m", "clockwork.cluster.cli", "sweep", str(f), "--jobs", "2",
+         "--out", str(tmp_path / "o"), "--quiet", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sigterm_stops_like_ctrl_c_and_sigkill_leaves_no_simulation_running(tmp_path):
+    """SIGTERM: exit 130 as Ctrl-C, the pool ended. SIGKILL (nothing to handle it): the
+    pool's processes end by themselves, not left running handed to pid 1."""
+    import signal
+    import time
+
+    pool: list[int] = []
+    try:
+        proc = _long_sweep(tmp_path)
+        kids = _pool_of(proc)
+        pool += kids
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+        assert proc.returncode == 130 and b"interrupted" in err, err
+        assert _gone(kids)
+
+        proc = _long_sweep(tmp_path)
+        kids = _pool_of(proc)
+        pool += kids
+        time.sleep(0.5)
+        proc.kill()
+        proc.communicate(timeout=20)
+        assert _gone(kids), "the pool outlived its parent"
+    finally:
+        for pid in pool:  # (were they left running)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    assert not list((tmp_path / "o" / "points").glob("*/summary.json"))
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork is Linux's default here")
 def test_a_process_with_grpc_does_not_fork_its_pool(tmp_path, monkeypatch):
     """Forking while gRPC's threads may be inside a call can leave the child with gRPC's

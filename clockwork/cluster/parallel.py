@@ -185,8 +185,30 @@ def run_point(point: Point, folder: str | None = None, logs: bool = False) -> di
 # ----------------------------------------------------------------------------- backends
 
 
-def _ignore_sigint() -> None:  # a pool worker: Ctrl-C is the parent's to handle
+def _pool_worker(parent: int | None) -> None:
+    """A pool worker starts so: Ctrl-C is the parent's to handle, SIGTERM ends it, and it
+    ends once its parent is gone. A worker whose parent was killed (SIGKILL, the OOM killer) would
+    otherwise wait forever on its task pipe, handed to pid 1. As in
+    ``clockwork.protocol.parent``: a thread checks every ``CHECK_EVERY_S`` that the
+    parent is still this process's parent (``parent``: the process that made the pool,
+    when it is the worker's parent; a fork server's workers watch the fork server, which
+    ends with it)."""
+    import threading
+
+    from clockwork.protocol.parent import CHECK_EVERY_S
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (forked: not the parent's, that stops it)
+    ppid = os.getppid()
+    if parent is not None and ppid != parent:  # gone already
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == ppid:
+            time.sleep(CHECK_EVERY_S)
+        os._exit(1)  # (the whole process, at once: a simulation running here too)
+
+    threading.Thread(target=watch, name="clockwork-parent-watch", daemon=True).start()
 
 
 def start_method() -> str:
@@ -204,9 +226,12 @@ def start_method() -> str:
 
 def local_executor(jobs: int) -> Executor:
     """A process pool of ``jobs`` processes on this machine, started as ``start_method``
-    says."""
-    ctx = multiprocessing.get_context(start_method())
-    return ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_ignore_sigint)
+    says; they end with this process, however it ends (``_pool_worker``)."""
+    method = start_method()
+    ctx = multiprocessing.get_context(method)
+    parent = None if method == "forkserver" else os.getpid()
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_pool_worker,
+                               initargs=(parent,))
 
 
 # name -> (jobs -> Executor), or "module:function" naming one (imported when used, so a

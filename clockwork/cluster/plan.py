@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clockwork.cluster.cli.commands import _sigterm_as_ctrl_c
 from clockwork.cluster.parallel import (
     Outcome,
     Point,
@@ -310,22 +311,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
         f"{plan.max_workers * plan.gpus_per_worker} GPUs, {len(plan.seeds)} seed(s) "
         f"{plan.seeds}, target attainment {plan.target:g}; {k} count(s) per round, "
         f"{jobs} job(s)")
-    tmp = None
-    if out is None:
-        tmp = tempfile.TemporaryDirectory(prefix="clockwork-plan-")
-        root = Path(tmp.name)
-    else:
-        root = out
-        out.mkdir(parents=True, exist_ok=True)
-    try:
-        with Runner(jobs, args.backend, progress=False if quiet else
-                    (True if args.progress else None)) as runner:
-            search(plan, runner, root, k, log)
-    except PlanError as e:
-        return _failed(str(e))
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
+    with _sigterm_as_ctrl_c():  # (as Ctrl-C: the simulations stopped, the temporary folder gone)
+        tmp = None
+        if out is None:
+            tmp = tempfile.TemporaryDirectory(prefix="clockwork-plan-")
+            root = Path(tmp.name)
+        else:
+            root = out
+            out.mkdir(parents=True, exist_ok=True)
+        try:
+            with Runner(jobs, args.backend, progress=False if quiet else
+                        (True if args.progress else None)) as runner:
+                search(plan, runner, root, k, log)
+        except PlanError as e:
+            return _failed(str(e))
+        finally:
+            if tmp is not None:
+                tmp.cleanup()
     result = plan.result()
     if out is not None:
         from clockwork.telemetry import write_json

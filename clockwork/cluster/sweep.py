@@ -41,6 +41,7 @@ from typing import Annotated, Any, ClassVar
 
 import annotated_types as at
 
+from clockwork.cluster.cli.commands import _sigterm_as_ctrl_c
 from clockwork.cluster.parallel import (
     Outcome,
     Point,
@@ -417,8 +418,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               f"{min(jobs, max(todo, 1))} at a time ({args.backend}), out {out}",
               file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
-    with Runner(jobs, args.backend, sweep.spec.logs,
-                progress=False if quiet else (True if args.progress else None)) as runner:
+    with _sigterm_as_ctrl_c(), Runner(jobs, args.backend, sweep.spec.logs, progress=False
+                                      if quiet else (True if args.progress else None)) as runner:
         outcomes = runner.run(points, out, desc=f"sweep {sweep.name}")
     table = write_results(out, sweep, outcomes)
     failed = [o for o in outcomes if not o.ok]
