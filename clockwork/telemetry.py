@@ -24,6 +24,7 @@ import orjson
 
 from clockwork.actions import Action, ActionType, ErrorCode, RequestStatus, Result
 from clockwork.requests import Reply
+from clockwork.time import MAX_TIME_S
 
 REQUEST_COLUMNS = ("request_id", "model", "arrival", "deadline", "latency", "status",
                    "deadline_met", "cold_start", "batch_size", "gpu")
@@ -770,15 +771,19 @@ def timeline(run_dir: Path, bucket_s: float = 60.0, duration_s: float | None = N
     SLO attainment, cold-start requests, LOADs and EVICTs, by arrival (requests) and
     completion (actions) time. Reads only the columns it needs from npz logs, and counts
     in one pass (a log of hundreds of millions of rows is fine)."""
-    _timeline_interval(bucket_s)  # (before the logs are read)
+    check_timeline_interval(bucket_s)  # (before the logs are read)
     req, act = read_columns(run_dir, TIMELINE_COLUMNS[0], TIMELINE_COLUMNS[1])
     return timeline_of(req, act, bucket_s, duration_s)
 
 
-def _timeline_interval(bucket_s: float) -> None:
+def check_timeline_interval(bucket_s: float) -> None:
+    """ValueError unless the interval is at least TIMELINE_MIN_S and at most a year."""
     if not bucket_s >= TIMELINE_MIN_S:
         raise ValueError(f"the timeline's interval must be at least {TIMELINE_MIN_S} s, got "
                          f"{bucket_s}")
+    if not bucket_s <= MAX_TIME_S:  # (its nanoseconds would not fit an int64)
+        raise ValueError(f"the timeline's interval must be at most {MAX_TIME_S:,} s (a year), "
+                         f"got {bucket_s:g}")
 
 
 # the request and the action columns ``timeline_of`` reads
@@ -790,12 +795,17 @@ TIMELINE_MAX_ROWS = 1_000_000  # the most rows a timeline makes
 def timeline_of(req: dict, act: dict, bucket_s: float = 60.0,
                 duration_s: float | None = None) -> list[dict]:
     """``timeline``'s figures from columns (``Telemetry.request_columns()`` /
-    ``action_columns()``, or at least ``TIMELINE_COLUMNS`` of them). With the run's
-    ``duration_s``, the goodput of an interval that the end of the arrivals cuts short
-    is over the part of it before the end. ValueError for an interval under
-    ``TIMELINE_MIN_S`` or one that makes more than ``TIMELINE_MAX_ROWS`` rows."""
-    _timeline_interval(bucket_s)
+    ``action_columns()``, or at least ``TIMELINE_COLUMNS`` of them). Interval i is
+    [i, i + 1) x ``bucket_s`` from the logs' time 0, and its goodput is over its length;
+    ``duration_s``: the time (from time 0, in seconds) the run ended, if known: the
+    goodput of the interval it cuts short is over the part before it. An interval
+    without requests has ``slo_attainment`` 1.0 (nothing missed; ``format_timeline``
+    shows n/a). ValueError for an interval under ``TIMELINE_MIN_S`` or over a year, or
+    one that makes more than ``TIMELINE_MAX_ROWS`` rows."""
+    check_timeline_interval(bucket_s)
     width = round(bucket_s * 1e9)
+    # (an end past what int64 nanoseconds hold, ~292 years, cuts nothing)
+    end = round(duration_s * 1e9) if duration_s is not None and 0 < duration_s < 9e9 else None
     rb = req["arrival"] // width
     ab = act["measured_completion"] // width
     n = int(max(rb.max(initial=-1), ab.max(initial=-1))) + 1
@@ -816,13 +826,13 @@ def timeline_of(req: dict, act: dict, bucket_s: float = 60.0,
     out = []
     for i in range(n):
         k, m = int(count[i]), int(met[i])
-        span = bucket_s
-        if duration_s is not None and 0 < duration_s - i * bucket_s < bucket_s:
-            span = duration_s - i * bucket_s  # (the arrivals ended inside it)
+        span = width  # ns
+        if end is not None and 0 < end - i * width < width:
+            span = end - i * width  # (the run ended inside it)
         out.append({
             "start_s": round(i * bucket_s, 3),
             "requests": k,
-            "goodput_rps": round(m / span, 3),
+            "goodput_rps": round(m * 1e9 / span, 3),
             "slo_attainment": round(m / k, 6) if k else 1.0,
             "cold_starts": int(cold[i]),
             "loads": int(loads[i]),
@@ -858,15 +868,21 @@ def read_columns(run_dir: str | Path, request_columns: tuple, action_columns: tu
     return {c: req[c] for c in request_columns}, {c: act[c] for c in action_columns}
 
 
-def format_timeline(rows: list[dict]) -> str:
+def format_timeline(rows: list[dict], actions_logged: bool = True) -> str:
+    """``timeline``'s rows as a table. SLO % of an interval without requests: n/a (as
+    the summary's table says for a run without requests). ``actions_logged`` False (the
+    action log has no rows of the run's actions, as a live replay's): loads and evicts
+    n/a instead of 0."""
     head = f"{'start_s':>9} {'requests':>9} {'goodput r/s':>12} {'SLO %':>9} {'cold':>6} {'loads':>6} {'evicts':>6}"
     lines = [head]
     # whole seconds as such; intervals of a fraction of a second to the millisecond
     dec = 0 if all(float(r["start_s"]).is_integer() for r in rows) else 3
     for r in rows:
+        slo = f"{100 * r['slo_attainment']:>9.3f}" if r["requests"] else f"{'n/a':>9}"
+        acts = (f"{r['loads']:>6,} {r['evicts']:>6,}" if actions_logged
+                else f"{'n/a':>6} {'n/a':>6}")
         lines.append(f"{r['start_s']:>9.{dec}f} {r['requests']:>9,} {r['goodput_rps']:>12,.1f} "
-                     f"{100 * r['slo_attainment']:>9.3f} {r['cold_starts']:>6,} {r['loads']:>6,} "
-                     f"{r['evicts']:>6,}")
+                     f"{slo} {r['cold_starts']:>6,} {acts}")
     return "\n".join(lines)
 
 

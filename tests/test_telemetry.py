@@ -608,3 +608,135 @@ def test_report_reads_a_controllers_log_dir_without_a_summary(tmp_path, capsys):
     empty.mkdir()
     assert main(["report", str(empty)]) == 2
     assert "no summary.json" in capsys.readouterr().err
+
+
+# A controller's log folder (no summary.json) whose first arrival is 2.1 s after the logs'
+# time 0 (an idle controller before the load came): five requests, the last answered at
+# 4.2 s; a LOAD, an INFER and an EVICT.
+_REQ_ROWS = [  # (arrival ns, latency ns, deadline_met, cold_start)
+    (2_100_000_000, 50_000_000, 1, 1), (2_500_000_000, 60_000_000, 1, 0),
+    (2_900_000_000, 70_000_000, 1, 0), (3_200_000_000, 300_000_000, 0, 0),
+    (4_000_000_000, 200_000_000, 1, 0)]
+_ACT_ROWS = [("LOAD", 2_000_000_000, 2_050_000_000), ("INFER", 2_100_000_000, 2_200_000_000),
+             ("EVICT", 3_500_000_000, 3_600_000_000)]  # (type, sent, measured completion)
+
+
+def _controller_logs(path, actions=True):
+    path.mkdir()
+    lines = ["\t".join(T.REQUEST_COLUMNS)]
+    for i, (t, lat, met, cold) in enumerate(_REQ_ROWS):
+        lines.append(f"{i + 1}\tm\t{t}\t{t + 100_000_000}\t{lat}\tSUCCESS\t{met}\t{cold}\t1\t0")
+    (path / "requests.tsv").write_text("\n".join(lines) + "\n")
+    lines = ["\t".join(T.ACTION_COLUMNS)]
+    for i, (kind, sent, done) in enumerate(_ACT_ROWS if actions else []):
+        d = done - sent
+        lines.append(f"{i + 1}\t{kind}\tSUCCESS\t0\t0\tm\t{int(kind == 'INFER')}\t{sent}\t"
+                     f"{sent}\t-1\t{d}\t{d}\t{done}\t{done}\t0")
+    (path / "actions.tsv").write_text("\n".join(lines) + "\n")
+
+
+def _timeline_rows(text):
+    return [line.split() for line in text.split("start_s")[1].splitlines()[1:]]
+
+
+def test_report_timeline_rates_are_over_each_intervals_length(tmp_path, capsys):
+    """Intervals of 1.5 s from the logs' time 0: [1.5, 3) holds 3 met requests, 2.0 r/s
+    over its 1.5 s; [3, 4.5) holds 1 met of 2, and the run ends at the last answer (4.2
+    s): 1 / 1.2 s. (The span from the first arrival to the last answer, 2.1 s, was taken
+    as the end: 3 / 0.6 s = 5.0 r/s and 1 / 1.5 s.) With a summary.json, its duration_s
+    is the end. An interval without requests: SLO % n/a, not 100 %."""
+    from clockwork.telemetry import summary_of, timeline_of
+
+    logs = tmp_path / "logs"
+    _controller_logs(logs)
+    assert main(["report", str(logs), "--timeline", "1.5"]) == 0
+    got = capsys.readouterr()
+    assert "over 2.1 s from the first arrival to the last answer" in got.err
+    assert _timeline_rows(got.out) == [
+        ["0.000", "0", "0.0", "n/a", "0", "0", "0"],
+        ["1.500", "3", "2.0", "100.000", "1", "1", "0"],
+        ["3.000", "2", "0.8", "50.000", "0", "0", "1"]]
+    tel = read_logs(logs)
+    req, act = tel.request_columns(), tel.action_columns()
+    rows = timeline_of(req, act, 1.5, 4.2)
+    assert [r["goodput_rps"] for r in rows] == [0.0, 2.0, round(1 / 1.2, 3)]
+    assert [r["slo_attainment"] for r in rows] == [1.0, 1.0, 0.5]  # (the data: 1.0)
+    # the same logs with a summary.json whose arrivals end at 4.1 s: 1 / 1.1 s
+    write = tmp_path / "run"
+    _controller_logs(write)
+    T.write_json(write / "summary.json", summary_of(req, act, 4.1))
+    assert main(["report", str(write), "--timeline", "1.5"]) == 0
+    got = capsys.readouterr()
+    assert [r[2] for r in _timeline_rows(got.out)] == ["0.0", "2.0", "0.9"]
+    # 1 s intervals: [4, 5) is cut at 4.2 s (1 / 0.2 s), the others whole
+    assert main(["report", str(logs), "--timeline", "1"]) == 0
+    assert [r[2] for r in _timeline_rows(capsys.readouterr().out)] == \
+        ["0.0", "0.0", "3.0", "0.0", "5.0"]
+
+
+def test_report_timeline_interval_over_a_year_is_one_line(tmp_path, capsys):
+    """An interval whose nanoseconds overflow (>= ~9.2e9 s) was a traceback; intervals
+    are bounded at a year (as other times)."""
+    from clockwork.telemetry import timeline_of
+
+    _controller_logs(tmp_path / "logs")
+    for bucket in ("1e10", "1e300", "31536001"):
+        assert main(["report", str(tmp_path / "logs"), "--timeline", bucket]) == 2
+        got = capsys.readouterr()
+        lines = got.err.strip().splitlines()
+        assert "at most 31,536,000 s (a year)" in lines[-1] and "Traceback" not in got.err
+        assert got.out == ""
+    assert main(["report", str(tmp_path / "logs"), "--timeline", "31536000"]) == 0
+    assert _timeline_rows(capsys.readouterr().out)[0][:2] == ["0", "5"]
+    tel = read_logs(tmp_path / "logs")
+    with pytest.raises(ValueError, match="a year"):
+        timeline_of(tel.request_columns(), tel.action_columns(), 1e10)
+
+
+def test_report_on_a_missing_path_or_a_sweeps_folder_says_what_it_is(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err.strip() == \
+        f"clockwork report: no such folder: {tmp_path / 'nope'}"
+    assert main(["report", str(tmp_path / "nope" / "summary.json")]) == 2
+    assert "no such file: " in capsys.readouterr().err
+    sweep = tmp_path / "sweep"
+    (sweep / "points" / "a-1").mkdir(parents=True)  # a point not finished
+    assert main(["report", str(sweep)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is a sweep's output, not a run" in err and "no point finished yet" in err, err
+    point = sweep / "points" / "b-2"
+    _controller_logs(point)
+    tel = read_logs(point)
+    T.write_json(point / "summary.json", T.summary_of(tel.request_columns(),
+                                                     tel.action_columns(), 4.1))
+    (sweep / "results.tsv").write_text("point\n")
+    assert main(["report", str(sweep)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert str(sweep / "results.tsv") in err and f"clockwork report {point}" in err, err
+    assert main(["report", str(point)]) == 0  # (what it points to works)
+    capsys.readouterr()
+
+
+def test_report_timeline_of_a_live_replay_says_n_a_for_actions_it_has_not(tmp_path,
+                                                                          capsys):
+    """A live replay's actions.tsv has only its header (its actions are the controller's,
+    in the controller's --log-dir: docs/contracts.md) while its summary counts them from
+    the controller's counters: the loads and evicts columns are n/a, not 0."""
+    run = tmp_path / "replay"
+    _controller_logs(run, actions=False)
+    tel = read_logs(run)
+    s = T.summary_of(tel.request_columns(), tel.action_columns(), 4.1)
+    s["actions"] = {"infer": 5, "load": 2, "evict": 0, "rejected": 0}
+    T.write_json(run / "summary.json", s)
+    assert main(["report", str(run), "--timeline", "1.5"]) == 0
+    got = capsys.readouterr()
+    assert "loads and evicts n/a" in got.err
+    assert [r[5:] for r in _timeline_rows(got.out)] == [["n/a", "n/a"]] * 3
+    # a summary that counts no LOADs or EVICTs: 0 is the truth
+    s["actions"] = {"infer": 5, "load": 0, "evict": 0, "rejected": 0}
+    T.write_json(run / "summary.json", s)
+    assert main(["report", str(run), "--timeline", "1.5"]) == 0
+    got = capsys.readouterr()
+    assert "n/a" not in got.err and [r[5:] for r in _timeline_rows(got.out)][1:] == \
+        [["0", "0"]] * 2

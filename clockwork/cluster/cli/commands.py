@@ -68,11 +68,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _summary_from_logs(path: Path) -> tuple[dict, dict, dict] | str | None:
+def _summary_from_logs(path: Path) -> tuple[dict, dict, dict, float | None] | str | None:
     """A folder with logs and no summary.json (``clockwork controller --log-dir``): the
     summary computed from its logs, over the span from the first arrival to the last
-    answer (a note says so), with the request and action columns read; None without
-    logs, a message for logs it cannot read."""
+    answer (a note says so), with the request and action columns read and the time of
+    the last answer (s from the logs' time 0: where the run ended, for the timeline;
+    None without requests); None without logs, a message for logs it cannot read."""
     from clockwork.telemetry import read_logs, summary_of
 
     if not any((path / f"requests.{x}").exists() for x in ("tsv", "npz")):
@@ -83,12 +84,38 @@ def _summary_from_logs(path: Path) -> tuple[dict, dict, dict] | str | None:
         return str(e)
     req = tel.request_columns()
     arrival, latency = req["arrival"], req["latency"]
-    span = int((arrival + latency).max() - arrival.min()) if len(arrival) else 0
+    last = int((arrival + latency).max()) if len(arrival) else None  # ns
+    span = last - int(arrival.min()) if last is not None else 0
     print(f"clockwork report: no summary.json in {path}: figures computed from its logs, "
           f"over {span / 1e9:.1f} s from the first arrival to the last answer",
           file=sys.stderr)
     act = tel.action_columns()
-    return summary_of(req, act, round(span / 1e9, 6)), req, act
+    end = last / 1e9 if last is not None and last > 0 else None
+    return summary_of(req, act, round(span / 1e9, 6)), req, act, end
+
+
+def _no_summary(path: Path) -> str:
+    """Why ``path`` (a folder or a file's path) has no run summary to report, in words."""
+    if not path.exists():
+        return f"no such {'file' if path.suffix == '.json' else 'folder'}: {path}"
+    if (path / "points").is_dir():  # a sweep's OUT (clockwork sweep; its points inside)
+        got = [str(path / "results.tsv")] if (path / "results.tsv").exists() else []
+        point = next((p for p in sorted((path / "points").iterdir())
+                      if (p / "summary.json").exists()), None)
+        if point is not None:
+            got.append(f"a point's run: clockwork report {point}")
+        return (f"{path} is a sweep's output, not a run: no summary.json of its own"
+                + (f"; see {' or '.join(got)}" if got else " (and no point finished yet)"))
+    return f"no summary.json in {path}"
+
+
+def _actions_counted(s: dict) -> bool:
+    """Whether summary ``s`` counts LOADs or EVICTs (from its action log or, in a live
+    replay, from the controller's counters)."""
+    acts = s.get("actions")
+    if not isinstance(acts, dict):
+        return False
+    return any(isinstance(acts.get(k), int) and acts[k] > 0 for k in ("load", "evict"))
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -97,17 +124,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     path = Path(args.dir)
     f = path / "summary.json" if path.is_dir() else path
     columns = None  # (request, action) columns, when read already
+    end = None  # where the run ended, s from the logs' time 0
     try:
         s = orjson.loads(f.read_bytes())
     except FileNotFoundError:
         got = _summary_from_logs(path) if path.is_dir() else None
         if got is None:
-            print(f"clockwork report: no summary.json in {path}", file=sys.stderr)
+            print(f"clockwork report: {_no_summary(path)}", file=sys.stderr)
             return 2
         if isinstance(got, str):
             print(f"clockwork report: {got}", file=sys.stderr)
             return 2
-        s, *columns = got
+        s, *columns, end = got
     except orjson.JSONDecodeError as e:
         print(f"clockwork report: {f} is not valid JSON: {e}", file=sys.stderr)
         return 2
@@ -123,13 +151,20 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 2
     rows = None
     if args.timeline:  # (read before anything is printed: a bad interval prints nothing)
-        from clockwork.telemetry import timeline, timeline_of
+        from clockwork.telemetry import (
+            TIMELINE_COLUMNS,
+            check_timeline_interval,
+            read_columns,
+            timeline_of,
+        )
 
         try:
-            d = s.get("duration_s")
-            d = d if isinstance(d, int | float) and d > 0 else None
-            rows = (timeline(f.parent, args.timeline, d) if columns is None else
-                    timeline_of(*columns, args.timeline, d))
+            check_timeline_interval(args.timeline)  # (before the logs are read)
+            if columns is None:  # a summary.json: its duration_s is where the arrivals end
+                d = s.get("duration_s")
+                end = d if isinstance(d, int | float) and d > 0 else None
+                columns = read_columns(f.parent, *TIMELINE_COLUMNS)
+            rows = timeline_of(*columns, args.timeline, end)
         except (FileNotFoundError, ValueError) as e:
             print(f"clockwork report: {e}", file=sys.stderr)
             return 2
@@ -145,6 +180,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     if rows is not None:
         from clockwork.telemetry import format_timeline
 
+        # a live replay's action log is empty (its actions are the controller's, in the
+        # controller's --log-dir) while its summary counts them: loads and evicts n/a
+        logged = len(columns[1]["type"]) > 0 or not _actions_counted(s)
+        if not logged:
+            print(f"clockwork report: the actions the summary counts are not in "
+                  f"{f.parent}'s action log (a live replay's are the controller's: "
+                  "its --log-dir): loads and evicts n/a", file=sys.stderr)
         print()
-        print(format_timeline(rows))
+        print(format_timeline(rows, logged))
     return 0
