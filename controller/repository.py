@@ -123,6 +123,7 @@ def _from_config(text, name: str) -> dict:
         raise KServeError(INVALID, f"the configuration names model {cfg['name']!r}, the "
                           f"request {name!r}")
     out: dict = {}
+    counts: list = []
     groups = cfg.get("instance_group")
     if groups is not None:
         if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
@@ -141,6 +142,10 @@ def _from_config(text, name: str) -> dict:
         if not isinstance(v, dict) or not isinstance(v.get("string_value"), str):
             raise KServeError(INVALID, f"configuration parameter {k!r} must be "
                               '{"string_value": "..."}')
+        if k == "copies" and counts and _count(v["string_value"]) != sum(counts):
+            raise KServeError(INVALID, f"the configuration's instance_group counts add up "
+                              f"to {sum(counts)}, its parameter 'copies' says "
+                              f"{v['string_value']!r}")
         out[k] = v["string_value"]
     return out
 

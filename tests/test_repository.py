@@ -372,6 +372,15 @@ def test_repository_parameters_are_checked_and_passed_on():
            "parameters": {"profile": {"string_value": "mobilenet_v2"}}}
     assert load({"config": json.dumps(cfg)}) == ("load", "m", 3, "mobilenet_v2", "")
     assert load({"config": json.dumps(cfg), "copies": 3}) == ("load", "m", 3, "mobilenet_v2", "")
+    # the configuration's own 'copies' parameter must agree with its instance_group counts
+    agree = {"instance_group": [{"count": 2}], "parameters": {"copies": {"string_value": "2"}}}
+    assert load({"config": json.dumps(agree)}) == ("load", "m", 2, None, "")
+    clash = {"instance_group": [{"count": 2}], "parameters": {"copies": {"string_value": "5"}}}
+    with pytest.raises(KServeError) as e:
+        load({"config": json.dumps(clash)})
+    assert e.value.kind == INVALID
+    assert "up to 2," in e.value.message and "'5'" in e.value.message, e.value.message
+    assert "\n" not in e.value.message
     for bad in ({"copies": 0}, {"copies": "two"}, {"copies": True}, {"copies": -1},
                 {"profile": 5}, {"replicas": 2}, {"file:1/model.onnx": b"x"},
                 {"config": "{"}, {"config": "[]"}, {"config": json.dumps({"name": "other"})},
