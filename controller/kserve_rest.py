@@ -179,6 +179,8 @@ class KServeRest:
                 fe.check_version(name, version)
                 ready = fe.model_ready(name)
                 return Reply(200 if ready else 503, {"name": name, "ready": ready})
+            if what == "infer":  # (checks its model and version, counting a refusal)
+                return await self.infer(name, headers, body, peer, version)
             fe.profile(name)  # NOT_FOUND: an unknown model, then an unknown version
             fe.check_version(name, version)
             if what == "model":
@@ -187,7 +189,7 @@ class KServeRest:
                 return Reply(200, fe.model_config(name))
             if what == "stats":
                 return Reply(200, fe.model_statistics(name, version))
-            return await self.infer(name, headers, body, peer)
+            raise AssertionError(f"route {what!r}")  # (every route is answered above)
         except KServeError as e:
             return _error(e)
         except Exception as e:  # noqa: BLE001 - answer, never drop the connection
@@ -245,8 +247,13 @@ class KServeRest:
                                                                         params)
         return Reply(200, {})
 
-    async def infer(self, name: str, headers, body: bytes, peer: str = "rest") -> Reply:
+    async def infer(self, name: str, headers, body: bytes, peer: str = "rest",
+                    version: str = "") -> Reply:
+        """An inference request. A refusal (an unknown or unloaded model, an unknown
+        version, a bad body) is counted once, here or in ``fe.infer``, as gRPC's are."""
         try:
+            self.fe.profile(name)  # NOT_FOUND: an unknown model, then an unknown version
+            self.fe.check_version(name, version)
             inputs, params, requested, req, binary_of, binary_all = await self._infer_request(
                 headers, body)
         except KServeError:

@@ -825,6 +825,69 @@ def test_tritonclient_http_repository(cluster):
         c.close()
 
 
+def test_inference_for_an_unknown_or_unloaded_model_is_counted_alike_on_every_api(cluster):
+    """A request for a model never loaded, or unloaded, is refused and counted once
+    (``requests_invalid_request``, ``clockwork_requests_total{status="invalid_request"}``)
+    whichever API sent it: REST as gRPC and clockwork.v1."""
+    import re
+    import urllib.request
+
+    import numpy as np
+
+    import clockwork
+
+    tgrpc = pytest.importorskip("tritonclient.grpc")
+    thttp = pytest.importorskip("tritonclient.http")
+    from tritonclient.utils import InferenceServerException
+
+    http = cluster.printed_address("http")
+
+    def counted(cl) -> tuple[int, float]:
+        text = urllib.request.urlopen(f"http://{http}/metrics", timeout=10).read().decode()
+        series = re.findall(r'^clockwork_requests_total\{[^}]*status="invalid_request"[^}]*\} '
+                            r"(\S+)$", text, re.M)
+        return (cl.stats().get("requests_invalid_request", 0),
+                sum(float(v) for v in series))
+
+    g = tgrpc.InferenceServerClient(cluster.address)
+    h = thttp.InferenceServerClient(http, connection_timeout=20, network_timeout=20)
+    gx = tgrpc.InferInput("data", [1, 3, 224, 224], "FP32")
+    gx.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float32))
+    hx = thttp.InferInput("data", [1, 3, 224, 224], "FP32")
+    hx.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float32), binary_data=True)
+    try:
+        with clockwork.Client(cluster.address, timeout=20) as cl:
+            cl.load_model("gone", profile="resnet18_v2")
+            cl.unload_model("gone")
+            _poll(lambda: _index(cl).get("gone") == ("UNAVAILABLE", "unloaded"))
+            for name in ("no_such_model", "gone"):
+                calls = (("grpc", lambda n=name: g.infer(n, [gx], client_timeout=20)),
+                         ("rest", lambda n=name: h.infer(n, [hx])),
+                         ("rest, version 1", lambda n=name: h.infer(n, [hx], model_version="1")))
+                for api, call in calls:
+                    before = counted(cl)
+                    with pytest.raises(InferenceServerException) as e:
+                        call()
+                    assert str(e.value.status()) in ("StatusCode.NOT_FOUND", "404"), e.value
+                    assert counted(cl) == (before[0] + 1, before[1] + 1), (name, api)
+                before = counted(cl)
+                with pytest.raises(clockwork.errors.UnknownModel):
+                    cl.infer(name)
+                assert counted(cl) == (before[0] + 1, before[1] + 1), (name, "clockwork.v1")
+            # an unknown version of a served model: refused and counted alike too
+            for api, call in (("grpc", lambda: g.infer("resnet50_v2", [gx], model_version="7",
+                                                        client_timeout=20)),
+                              ("rest", lambda: h.infer("resnet50_v2", [hx], model_version="7"))):
+                before = counted(cl)
+                with pytest.raises(InferenceServerException) as e:
+                    call()
+                assert str(e.value.status()) in ("StatusCode.NOT_FOUND", "404"), e.value
+                assert counted(cl) == (before[0] + 1, before[1] + 1), ("version 7", api)
+    finally:
+        g.close()
+        h.close()
+
+
 def test_load_and_unload_leave_another_models_steady_traffic_alone(cluster):
     """The acceptance test: a closed loop on resnet50_v2 (the GPU it shares with the
     churn) keeps its SLO attainment while another model is loaded, used and unloaded
