@@ -143,6 +143,10 @@ BAD = [
     ('scenarios = ["poisson_warm"]\n[grid]\n"cluster.workers" = [1, 1]', "listed twice"),
     ('scenarios = ["poisson_warm"]\n[grid]\n"workloads.0.slo_ms" = [25, 25.0]', "listed twice"),
     ('scenarios = ["poisson_warm", "poisson_warm.toml"]', "listed twice"),
+    ('scenarios = ["poisson_warm"]\n[grid]\n"cluster.workers" = [1, 2]\n[grid.cluster]\n'
+     'workers = [3]', "grid.cluster.workers: listed twice"),
+    ('scenarios = ["poisson_warm"]\n[grid]\ncluster = {workers = [3]}\n'
+     '"cluster.workers" = [1]', "grid.cluster.workers: listed twice"),
     ('scenarios = ["poisson_warm"]\n[grid]\nseed = [1, 2]', "seeds"),
     ('scenarios = ["poisson_warm"]\noverrides = ["duration_s"]', "overrides.0"),
     ('scenarios = ["poisson_warm"]\noverrides = ["duration_s=1"]\n[grid]\nduration_s = [2]',

@@ -119,16 +119,19 @@ def resolve_sweep(name_or_path: str) -> Path:
 
 
 def _flatten(grid: Any, prefix: str = "") -> Any:
-    """``[grid.cluster] workers = [...]`` -> ``{"cluster.workers": [...]}``."""
+    """``[grid.cluster] workers = [...]`` -> ``{"cluster.workers": [...]}``. A key given
+    in both forms (``"cluster.workers" = [...]`` and ``[grid.cluster] workers = [...]``)
+    is a ``SweepError`` (one would have hidden the other)."""
     if not isinstance(grid, dict):
         return grid
     out: dict[str, Any] = {}
     for k, v in grid.items():
         key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{key}."))
-        else:
-            out[key] = v
+        for kk, vv in (_flatten(v, f"{key}.") if isinstance(v, dict) else {key: v}).items():
+            if kk in out:
+                raise SweepError(f"grid.{kk}: listed twice (as \"{kk}\" and in a [grid.*] "
+                                 "table; give it in one place)")
+            out[kk] = vv
     return out
 
 
@@ -159,7 +162,10 @@ def load_sweep(path: str | Path) -> Sweep:
     except tomllib.TOMLDecodeError as e:
         raise SweepError(f"{where}: not valid TOML: {e}") from None
     if isinstance(raw.get("grid"), dict):
-        raw["grid"] = _flatten(raw["grid"])
+        try:
+            raw["grid"] = _flatten(raw["grid"])
+        except SweepError as e:
+            raise SweepError(f"{where}: {e}") from None
     spec = validate(SweepFile, raw, where=where, error=SweepError)
 
     def bad(line: str) -> SweepError:
