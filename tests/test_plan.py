@@ -82,6 +82,19 @@ def test_plan_not_met_exits_1(capsys):
     assert capsys.readouterr().out.startswith("not met: even 1 GPUs")
 
 
+def test_plan_reruns_a_summary_that_is_not_a_runs_summary(tmp_path, capsys):
+    argv = ["plan", "poisson_warm", "--set", "duration_s=1", "--set", "drain_s=1",
+            "--set", "workloads.0.rate_rps=2000", "--max-gpus", "2", "--seeds", "1",
+            "--jobs", "1", "--quiet", "--json", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    first = orjson.loads(capsys.readouterr().out)
+    for i, f in enumerate(sorted(tmp_path.glob("points/*/summary.json"))):
+        f.write_bytes([b"{}", b'{"slo_attainment": "x"}'][i % 2])
+    assert main(argv) == 0
+    cap = capsys.readouterr()
+    assert orjson.loads(cap.out) == first and "Traceback" not in cap.err
+
+
 @pytest.mark.parametrize("argv,fragment", [
     (["plan", "no_such_scenario"], "no_such_scenario"),
     (["plan", "poisson_warm", "--min-gpus", "8", "--max-gpus", "4"], "--max-gpus"),

@@ -98,6 +98,27 @@ def test_sweep_matches_simulate_and_resumes(tmp_path, capsys):
     assert (out / "results.json").read_bytes() == js
 
 
+def test_a_summary_that_is_not_a_runs_summary_is_run_again(tmp_path, capsys):
+    """A point's summary.json that is JSON but not a run's summary (``{}``, a figure that
+    is not a number) is not done: the point runs again, no traceback."""
+    f = tmp_path / "s.toml"
+    f.write_text('scenarios = ["poisson_warm"]\nseeds = [1, 2, 3, 4]\n'
+                 'overrides = ["duration_s=1", "drain_s=1"]\n')
+    out = tmp_path / "o"
+    assert main(["sweep", str(f), "--jobs", "1", "--out", str(out), "--quiet"]) == 0
+    good = _summaries(out)
+    names = sorted(good)
+    for name, text in zip(names, [b"{}", b'{"slo_attainment": "x"}', b"[1]"], strict=False):
+        (out / "points" / name / "summary.json").write_bytes(text)
+    capsys.readouterr()
+    assert main(["sweep", str(f), "--jobs", "1", "--out", str(out), "--list"]) == 0
+    assert [x.split()[0] for x in capsys.readouterr().out.splitlines()].count("done") == 1
+    assert main(["sweep", str(f), "--jobs", "1", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "3 run, 1 already done" in err and "Traceback" not in err
+    assert _summaries(out) == good
+
+
 def test_list_plot_and_a_failing_point(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     f = tmp_path / "s.toml"

@@ -8,9 +8,10 @@ and overrides, in whatever order or process they run.
 
 Each point has a folder under ``ROOT/points/``, named from its parameters (readable
 ``key=value`` parts and a hash of all of them, so a name never changes). A point is done
-when its ``summary.json`` exists: that file is written last, atomically (a temporary
-file renamed), by the parent process, after the task returned. So a sweep stopped at any
-moment resumes where it left off, and a point whose folder is deleted runs again.
+when its ``summary.json`` exists and is a run's summary: that file is written last,
+atomically (a temporary file renamed), by the parent process, after the task returned. So
+a sweep stopped at any moment resumes where it left off, and a point whose folder is
+deleted (or whose ``summary.json`` is not a run's summary) runs again.
 
 Where tasks run is a *backend*: a function ``jobs -> concurrent.futures.Executor``,
 registered by name in ``BACKENDS``. ``local`` (the default) is a process pool on this
@@ -145,13 +146,34 @@ def point_folder(root: str | Path, point: Point) -> Path:
     return Path(root) / POINTS / point.name
 
 
+# the figures of a run's summary that sweep and plan read: numbers, at these paths
+_FIGURES = (("submitted",), ("succeeded",), ("slo_met",), ("failed",), ("dropped",),
+            ("goodput_rps",), ("throughput_rps",), ("slo_attainment",), ("cold_starts",),
+            ("latency_ms", "p50"), ("latency_ms", "p99"), ("latency_ms", "p999"),
+            ("latency_ms", "max"), ("actions", "load"), ("actions", "evict"))
+
+
+def is_summary(s: Any) -> bool:
+    """``s`` is a run's summary: a JSON object with a number at every path sweep and plan
+    read (``_FIGURES``)."""
+    for path in _FIGURES:
+        v = s
+        for k in path:
+            v = v.get(k) if isinstance(v, dict) else None
+        if not isinstance(v, int | float) or isinstance(v, bool):
+            return False
+    return True
+
+
 def done_summary(folder: Path) -> dict | None:
-    """The point's summary if it is done (``summary.json`` there and readable)."""
+    """The point's summary if it is done: ``summary.json`` there, readable, and a run's
+    summary (``is_summary``). Anything else there (a file left half written by hand, or
+    by another program) is not done: the point runs again and replaces it."""
     try:
         s = orjson.loads((folder / SUMMARY).read_bytes())
     except (OSError, orjson.JSONDecodeError):
         return None
-    return s if isinstance(s, dict) else None
+    return s if is_summary(s) else None
 
 
 def _write_atomic(path: Path, data: dict) -> None:
