@@ -24,8 +24,9 @@ config     Triton's model configuration (JSON text, what ``tritonclient``'s     
            configuration read back from ``get_model_config``) are not used
 =========  =====================================================================  ==========
 
-Loading a model that is loaded with the same parameters succeeds and changes nothing;
-with other parameters it is refused (INVALID_ARGUMENT: unload it first). Unloading
+Loading a model that is loaded with the same parameters succeeds and changes nothing, and
+so does a load without parameters (Triton's reload: the model as it was loaded); with
+other parameters it is refused (INVALID_ARGUMENT: unload it first). Unloading
 answers the model's queued requests at once (NOT_FOUND to their callers), refuses new
 ones, lets the running ones finish and returns; the GPU memory is freed as each copy goes
 idle (the state is ``UNLOADING`` until then, ``UNAVAILABLE`` / ``unloaded`` after).
@@ -67,6 +68,10 @@ async def load(node, name: str, params: dict) -> None:
     """Load ``name`` (parameters above); returns once it is served. Raises
     ``KServeError``."""
     _check_keys(params, LOAD_PARAMS, "load")
+    have = node.loaded.get(name) if all(v is None for v in params.values()) else None
+    if have is not None:
+        # Triton's reload (no configuration, no parameters): the model as it was loaded
+        params = {"copies": have.copies, "profile": have.profile, "package": have.package}
     if params.get("config") is not None:
         params = _merge(params, _from_config(params["config"], name))
     copies = _count(params.get("copies"))

@@ -337,6 +337,7 @@ class _FakeNode:
     def __init__(self, error: Exception | None = None) -> None:
         self.calls: list = []
         self.error = error
+        self.loaded: dict = {}  # (what a load without parameters reloads)
 
     async def load_model(self, name, copies=1, profile=None, package=""):
         self.calls.append(("load", name, copies, profile, package))
@@ -763,6 +764,11 @@ def test_tritonclient_grpc_repository(cluster):
         c.load_model("r18", config='{"instance_group": [{"count": 2}], "parameters": '
                                    '{"profile": {"string_value": "resnet18_v2"}}}')
         assert c.is_model_ready("r18") and c.is_model_ready("r18:1")
+        # Triton's reload (no configuration, no parameters) of a loaded model: as it is
+        c.load_model("r18")
+        assert c.is_model_ready("r18") and c.is_model_ready("r18:1")
+        assert [m.name for m in c.get_model_repository_index().models
+                if m.name.startswith("r18")] == ["r18", "r18:1"]
         with pytest.raises(InferenceServerException) as e:
             c.load_model("no_such_profile")
         assert "NOT_FOUND" in str(e.value.status())
