@@ -177,8 +177,9 @@ def _count(v) -> int:
         n = int(v)
     elif isinstance(v, str | bytes):
         text = v.decode("utf-8", "replace") if isinstance(v, bytes) else v
-        if text.strip().isdigit():
-            n = int(text.strip())
+        text = text.strip()
+        if text.isascii() and text.isdigit():  # (not other scripts' digits, nor '²')
+            n = int(text)
     if n is None or n < 1:
         raise KServeError(INVALID, f"parameter 'copies' must be an integer >= 1, got {v!r}")
     return n

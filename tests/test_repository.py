@@ -383,6 +383,7 @@ def test_repository_parameters_are_checked_and_passed_on():
     assert "up to 2," in e.value.message and "'5'" in e.value.message, e.value.message
     assert "\n" not in e.value.message
     for bad in ({"copies": 0}, {"copies": "two"}, {"copies": True}, {"copies": -1},
+                {"copies": "\u0661\u0662"}, {"copies": "\u00b2"},
                 {"profile": 5}, {"replicas": 2}, {"file:1/model.onnx": b"x"},
                 {"config": "{"}, {"config": "[]"}, {"config": json.dumps({"name": "other"})},
                 {"config": json.dumps({"instance_group": [{"count": 0}]})},
