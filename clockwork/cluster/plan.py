@@ -9,13 +9,16 @@ simulation of every seed (the scenario's seed and the ``seeds - 1`` after it) ha
 (``--set workloads.I.slo_ms=MS``), else the scenario's SLOs hold.
 
 Attainment need not grow with the GPU count (seeds, placement, cold starts), so the
-answer is defined by what was simulated: the answer N meets the target, N minus one
-worker was simulated and does not (unless N is the smallest count allowed), and no
-simulated count below N meets it. The search keeps that true: first it tries counts
-that double from ``--min-gpus`` (the smallest first) until one meets the target, then
-it narrows the gap between the largest count known to miss and the smallest known to
-meet, each round simulating ``max(1, jobs // seeds)`` evenly spaced counts in parallel
-(a k-ary search; bisection with one count per round). Every simulation is a
+answer is defined by the counts the search decided on (the curve): the answer N meets
+the target, N minus one worker was decided on and does not (unless N is the smallest
+count allowed), and no count of the curve below N meets it. The search is the one of a
+single count at a time (``walk``): counts that double from ``--min-gpus`` (the smallest
+first) until one meets the target, then bisection between the largest count known to
+miss and the smallest known to meet (their midpoint, rounded down). It decides from
+those counts only, so the answer and the curve do not depend on ``--jobs``: with more
+jobs, each round also simulates, ahead of need, the counts the search may ask for after
+(up to ``max(1, jobs // seeds)`` counts a round, in parallel), which saves rounds and
+changes nothing else; they are not in the curve. Every simulation is a
 ``clockwork.cluster.parallel`` point: cached per count for the run, and with ``--out``
 kept on disk, so a rerun reuses them.
 """
@@ -53,6 +56,10 @@ class Count:
     outcomes: list[Outcome]
 
     @property
+    def ok(self) -> bool:
+        return all(o.ok for o in self.outcomes)
+
+    @property
     def summaries(self) -> list[dict]:
         return [o.summary for o in self.outcomes if o.summary is not None]
 
@@ -81,8 +88,8 @@ class Count:
 
 @dataclass
 class Plan:
-    """The search: its inputs, what it simulated (``counts``, by workers) and the answer
-    (in workers, or None)."""
+    """The search: its inputs, what it simulated (``counts``, by workers), the counts it
+    decided on (``decided``, in order: the curve) and the answer (in workers, or None)."""
 
     scenario: str
     path: str
@@ -95,6 +102,7 @@ class Plan:
     slo_ms: float | None = None
     counts: dict[int, Count] = field(default_factory=dict)
     rounds: list[list[int]] = field(default_factory=list)
+    decided: list[int] = field(default_factory=list)
     answer: int | None = None
 
     def points(self, workers: int) -> list[Point]:
@@ -106,7 +114,8 @@ class Plan:
         return self.counts[w].meets(self.target)
 
     def curve(self) -> list[dict]:
-        return [self.counts[w].row(self.target) for w in sorted(self.counts)]
+        """The counts decided on (``decided``), by GPUs: the same whatever ``--jobs``."""
+        return [self.counts[w].row(self.target) for w in sorted(self.decided)]
 
     def result(self) -> dict:
         g = self.gpus_per_worker
@@ -126,35 +135,90 @@ class Plan:
         }
 
 
+def _doubling(plan: Plan) -> list[int]:
+    """The counts the search grows through: doubling from the minimum, then the maximum."""
+    cands, w = [], plan.min_workers
+    while w < plan.max_workers:
+        cands.append(w)
+        w *= 2
+    cands.append(plan.max_workers)
+    return list(dict.fromkeys(cands))
+
+
+def walk(plan: Plan, known: dict[int, bool]) -> tuple[int | None, list[int], int | None]:
+    """The search as one count at a time would make it, told which counts meet the
+    target (``known``): ``(next, path, answer)``. ``path`` is the counts it decided on,
+    in order; ``next`` the count it needs next (None when it is done: ``answer`` is the
+    answer then, None for "not met"). First the counts of ``_doubling``, the smallest
+    first, until one meets the target; then bisection between the largest count known
+    to miss and the smallest known to meet, at their midpoint ``(lo + hi) // 2``."""
+    path: list[int] = []
+    lo, hi = plan.min_workers - 1, None
+    for c in _doubling(plan):
+        if c not in known:
+            return c, path, None
+        path.append(c)
+        if known[c]:
+            hi = c
+            break
+        lo = c
+    if hi is None:
+        return None, path, None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if mid not in known:
+            return mid, path, None
+        path.append(mid)
+        if known[mid]:
+            hi = mid
+        else:
+            lo = mid
+    return None, path, hi
+
+
 def next_counts(plan: Plan, k: int) -> list[int]:
-    """The worker counts to simulate next (at most ``k``), or [] when the answer is
-    known (``plan.answer`` set) or the range is exhausted."""
-    done = plan.counts
-    passing = [w for w in done if plan.meets(w)]
-    if not passing:  # grow: doubling counts from the minimum, the smallest first
-        cands, w = [], plan.min_workers
-        while w < plan.max_workers:
-            cands.append(w)
-            w *= 2
-        cands.append(plan.max_workers)
-        todo = [c for c in dict.fromkeys(cands) if c not in done]
-        return todo[:k]
-    hi = min(passing)
-    lo = max((w for w in done if w < hi), default=plan.min_workers - 1)  # all of them miss
-    if hi - lo <= 1:
-        plan.answer = hi
+    """The worker counts to simulate next (at most ``k``), or [] when the search is done
+    (``plan.answer`` set, or None: not met). The decisions are ``walk``'s, made from the
+    counts on its path only, so the answer and ``plan.decided`` do not depend on ``k``: the
+    first count is the one ``walk`` needs, the others are those it may need after it
+    (the next levels of its tree of outcomes, a miss first), simulated ahead to save
+    rounds. Raises ``PlanError`` when the path needs a count whose simulation failed."""
+    g = plan.gpus_per_worker
+    known = {w: c.meets(plan.target) for w, c in plan.counts.items() if c.ok}
+    nxt, plan.decided, answer = walk(plan, known)
+    if nxt is None:
+        plan.answer = answer
         return []
-    inside = list(range(lo + 1, hi))
-    if len(inside) <= k:
-        return inside
-    step = (hi - lo) / (k + 1)
-    picks = sorted({min(hi - 1, max(lo + 1, lo + round(step * j))) for j in range(1, k + 1)})
+    if nxt in plan.counts:  # simulated, and it failed
+        bad = next(o for o in plan.counts[nxt].outcomes if not o.ok)
+        raise PlanError(f"{nxt * g} GPUs ({nxt} workers): {bad.error}")
+    picks: list[int] = []
+    level = [known]
+    while level and len(picks) < k:
+        deeper = []
+        for assumed in level:
+            n = walk(plan, assumed)[0]
+            if n is None or n in picks or n in plan.counts:
+                continue
+            picks.append(n)
+            if len(picks) == k:
+                break
+            deeper += [{**assumed, n: False}, {**assumed, n: True}]
+        level = deeper
     return picks
 
 
 def search(plan: Plan, runner: Runner, root: str | Path, k: int, log=None) -> Plan:
     """Run the search to the end; ``log(line)`` is told each round."""
     g = plan.gpus_per_worker
+
+    def said(w: int) -> str:
+        c = plan.counts[w]
+        if not c.ok:
+            return f"{w * g} GPUs failed"
+        return (f"{w * g} GPUs {'meet' if plan.meets(w) else 'miss'} (attainment min "
+                f"{min(s['slo_attainment'] for s in c.summaries):.6f})")
+
     while True:
         todo = next_counts(plan, k)
         if not todo:
@@ -165,15 +229,9 @@ def search(plan: Plan, runner: Runner, root: str | Path, k: int, log=None) -> Pl
         outs = runner.run(flat, root, desc=f"plan round {len(plan.rounds)}")
         by_name = {o.point.name: o for o in outs}
         for w in todo:
-            c = plan.counts[w] = Count(w, w * g, [by_name[p.name] for p in pts[w]])
-            bad = [o for o in c.outcomes if not o.ok]
-            if bad:
-                raise PlanError(f"{w * g} GPUs ({w} workers): {bad[0].error}")
+            plan.counts[w] = Count(w, w * g, [by_name[p.name] for p in pts[w]])
         if log:
-            log(f"round {len(plan.rounds)}: " + ", ".join(
-                f"{w * g} GPUs {'meet' if plan.meets(w) else 'miss'} (attainment min "
-                f"{min(s['slo_attainment'] for s in plan.counts[w].summaries):.6f})"
-                for w in todo))
+            log(f"round {len(plan.rounds)}: " + ", ".join(said(w) for w in todo))
     return plan
 
 

@@ -503,10 +503,13 @@ PLAN_EPILOG = """the answer:
   GPUs = workers x gpus_per_worker, the same as workers in every shipped scenario). A
   count meets the target when every seed's SLO attainment is >= --attainment.
   Attainment need not grow with GPUs (seeds, placement, cold starts), so the answer N
-  is defined by what was simulated: N meets the target, one worker fewer (N-1 GPUs)
-  was simulated and misses it (unless N is --min-gpus), and no simulated count below N
-  meets it. The search doubles the count from --min-gpus until one meets the target,
-  then narrows the gap, simulating max(1, jobs // seeds) counts per round in parallel.
+  is defined by the counts the search decided on (the curve printed): N meets the
+  target, one worker fewer (N-1 GPUs) is in the curve and misses it (unless N is
+  --min-gpus), and no count of the curve below N meets it. The search doubles the
+  count from --min-gpus until one meets the target, then bisects the gap (midpoints
+  rounded down), one count at a time: the answer and the curve are the same whatever
+  --jobs. More jobs simulate ahead, in parallel, the counts it may need next (up to
+  max(1, jobs // seeds) a round): fewer rounds, the same answer.
 
 examples:
   clockwork plan azure_sample --slo-ms 100 --attainment 0.999 --set duration_s=10 \\
