@@ -302,6 +302,35 @@ def test_a_backend_plugs_in(tmp_path, monkeypatch, capsys):
     assert err.startswith("clockwork sweep: --backend absent needs no_such_engine_module")
 
 
+def test_the_pool_grows_with_a_larger_round(tmp_path, monkeypatch):
+    """A Runner kept for several runs (clockwork plan's rounds) makes its pool for the
+    first run's points, no more than --jobs; a later, larger run gets a larger pool (up
+    to --jobs), not the first one's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from clockwork.cluster import parallel
+
+    sizes = []
+
+    def pool(jobs):
+        sizes.append(jobs)
+        return ThreadPoolExecutor(jobs)
+
+    summary = {k: 1 for k in ("submitted", "succeeded", "slo_met", "failed", "dropped",
+                              "goodput_rps", "throughput_rps", "slo_attainment",
+                              "cold_starts")}
+    summary |= {"latency_ms": {"p50": 1, "p99": 1, "p999": 1, "max": 1},
+                "actions": {"load": 0, "evict": 0}}
+    monkeypatch.setattr(parallel, "run_point",
+                        lambda point, folder, logs: {"summary": summary, "run": {}})
+    monkeypatch.setitem(parallel.BACKENDS, "spy", pool)
+    pts = [Point("x", "x.toml", (f"seed={i}",)) for i in range(12)]
+    with parallel.Runner(4, "spy", progress=False) as r:
+        for n in (1, 2, 2, 3, 12, 1):
+            assert all(o.ok for o in r.run(pts[:n], tmp_path / str(n)))
+    assert sizes == [1, 2, 3, 4]
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_ctrl_c_stops_the_running_simulations(tmp_path):
     import signal

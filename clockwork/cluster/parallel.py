@@ -371,14 +371,17 @@ def _stop(executor: Executor) -> None:
 @dataclass
 class Runner:
     """Runs points: ``jobs`` at a time on ``backend``, the finished ones skipped.
-    Use as a context manager (the executor is started at the first point that must run
-    and kept for later ``run`` calls)."""
+    Use as a context manager (the executor is started at the first point that must run,
+    for at most as many jobs as that ``run`` has points, and kept for later ``run``
+    calls; one with more points gets a larger one, unless the executor says its size
+    does not matter: ``sized_by_jobs = False``)."""
 
     jobs: int = field(default_factory=default_jobs)
     backend: str = "local"
     logs: bool = False
     progress: bool | None = None  # None: a bar when stderr is a terminal
     _executor: Executor | None = field(default=None, init=False, repr=False)
+    _size: int = field(default=0, init=False, repr=False)  # the jobs it was made for
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -451,8 +454,16 @@ class Runner:
                     self._finish(o, run_point(o.point, str(o.folder), self.logs))
                     bar.update(1)
             return
+        want = min(self.jobs, len(todo))
+        if (self._executor is not None and self._size < want
+                and getattr(self._executor, "sized_by_jobs", True)):
+            # (made for a smaller round: a process pool starts its processes at once, so
+            # it was made no larger than its first round; idle now, it is made anew)
+            self._executor.shutdown(wait=True)
+            self._executor = None
         if self._executor is None:
-            self._executor = backend(self.backend)(min(self.jobs, len(todo)))
+            self._executor = backend(self.backend)(want)
+            self._size = want
         ex = self._executor
         futures: dict[Future, Outcome] = {}
         try:

@@ -397,6 +397,8 @@ class RayExecutor(Executor):
     shutdown). Ray runs as many at once as the cluster has CPUs (``jobs`` is not a bound
     here). A task that fails raises in its future, as in a process pool."""
 
+    sized_by_jobs = False  # (so a sweep's Runner keeps it for a larger round of points)
+
     def __init__(self, jobs: int) -> None:
         self._own = not ray.is_initialized()
         if self._own:
