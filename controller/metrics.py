@@ -28,8 +28,8 @@ which the client library writes only for families of type ``untyped``; so that i
 Ours, ``clockwork_*``: requests by model and status, controller-side latency histogram,
 SLO attainment and requests that met their SLO, cold starts, actions by type and status,
 actions sent, EXEC prediction error, GPU busy time, weights-cache pages, queue depth
-(``Policy.queued()``), requests outstanding, workers connected, workers lost, suspect
-and re-admitted, weights kept through re-admissions, uptime; plus the
+(``Policy.queued()``), requests outstanding, workers connected, workers lost, suspect,
+re-admitted and refused on reconnecting, weights kept through re-admissions, uptime; plus the
 client library's ``process_*`` metrics of the controller process.
 
 The hooks (``reply``, ``answered``, ``result``, ``action_sent``) run for every request
@@ -71,7 +71,7 @@ _INFER = ActionType.INFER
 
 # clockwork_worker_events{event}: the controller's counters they read
 WORKER_EVENTS = (("lost", "worker_losses"), ("suspect", "worker_suspects"),
-                 ("readmitted", "worker_readmissions"))
+                 ("readmitted", "worker_readmissions"), ("refused", "worker_refusals"))
 
 class _Model:
     """What the hooks count for one model instance (plain ints: cheap to add to)."""
@@ -451,7 +451,9 @@ class _Collector:
         counted = getattr(node, "counters", {})
         ev = CounterMetricFamily("clockwork_worker_events",
                                  "Workers lost (connection closed), found suspect (no answer to "
-                                 "a liveness probe) and re-admitted after it", labels=["event"])
+                                 "a liveness probe), re-admitted after it, and refused on "
+                                 "reconnecting (each attempt: it cannot serve a model loaded "
+                                 "while it was away, or has other GPUs)", labels=["event"])
         for event, key in WORKER_EVENTS:
             ev.add_metric((event,), counted.get(key, 0))
         yield ev

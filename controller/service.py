@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import re
 import signal
 import ssl
@@ -109,6 +110,7 @@ SHUTDOWN_MESSAGE = "controller is shutting down"
 LOG_FLUSH_S = 1.0  # --log-flush-s: a crash loses at most this much of the logs
 LOG_ROWS_PER_STEP = 256  # log rows formatted and written between turns of the event loop
 RECONNECT_S = 0.25  # between attempts to reach a lost worker again
+REFUSED_LOG_S = 10.0  # a worker refused at each reconnection attempt: a line this often
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
                    ("grpc.max_send_message_length", 64 << 20)]
 # to a worker: retry a refused connection quickly (a restarted worker is back in ~0.3 s)
@@ -179,6 +181,11 @@ class RepositoryError(Exception):
         self.message = message
 
 
+class CannotServe(ValueError):
+    """A worker that lacks the profile (or package) of an instance served: it is not
+    used."""
+
+
 @dataclass
 class LoadedModel:
     """What one load made: the instances of ``name`` (``name``, ``name:1``, ...) and the
@@ -222,6 +229,9 @@ class WorkerLink:
     updates: list = field(default_factory=list)  # (pos, pb.InstanceUpdate)
     acks: dict = field(default_factory=dict)  # update seq -> Future of its missing names
     told: dict = field(default_factory=dict)  # the instance list its last Hello carried
+    # why a reconnection was refused (it cannot serve a model loaded while it was away)
+    refused: LogLimiter = field(default_factory=lambda: LogLimiter("controller",
+                                                                   REFUSED_LOG_S))
 
     def add_sample(self, t0: int, tw: int, t2: int) -> None:
         rtt = t2 - t0
@@ -273,7 +283,10 @@ class ControllerNode:
         self.loading: set[str] = set()
         self.unloading: set[str] = set()
         self.unloaded: dict[str, str] = {}  # instance -> the profile it had
-        self._repo_lock = asyncio.Lock()
+        # loads and unloads of one model (a name and its copies' names) one at a time, in
+        # the order they came; of different models side by side (a load waits up to
+        # UPDATE_TIMEOUT_S for the workers: an unload of another model must not wait)
+        self._model_locks: dict[str, list] = {}  # model -> [its asyncio.Lock, users]
         self._update_seq = 0
         self._unloads: set[asyncio.Task] = set()
         self.policy_name = policy
@@ -476,11 +489,11 @@ class ControllerNode:
         if msg.state.missing:
             await ch.close()
             more = " ..." if len(msg.state.missing) > 5 else ""
-            raise ValueError(f"worker {link.address} ({msg.state.device}) cannot serve "
-                             f"{', '.join(msg.state.missing[:5])}{more}: no profile in its "
-                             f"profile set {msg.state.profiles!r}"
-                             + ("" if msg.state.device == "emulated" else
-                                " or no model package (see clockwork compile)"))
+            raise CannotServe(f"worker {link.address} ({msg.state.device}) cannot serve "
+                              f"{', '.join(msg.state.missing[:5])}{more}: no profile in its "
+                              f"profile set {msg.state.profiles!r}"
+                              + ("" if msg.state.device == "emulated" else
+                                 " or no model package (see clockwork compile)"))
         if not 1 <= len(msg.state.gpus) <= MAX_GPUS_PER_WORKER:
             await ch.close()
             raise ValueError(f"worker {link.address} has {len(msg.state.gpus)} GPUs: a worker "
@@ -805,7 +818,17 @@ class ControllerNode:
         while not self._stopping and not link.connected:
             try:
                 await self._open(link)
-            except (grpc.aio.AioRpcError, TimeoutError, ConnectionError, OSError, ValueError):
+            except ValueError as e:
+                # it cannot serve a model loaded while it was away (a load checks only the
+                # workers connected), or came back with other GPUs: it stays out, and says
+                # why (each attempt counted, a line every REFUSED_LOG_S at most)
+                self.count("worker_refusals")
+                link.refused(f"{e}; it stays out (trying again every {RECONNECT_S:g} s) "
+                             + ("until they are unloaded" if isinstance(e, CannotServe) else
+                                "until it is restarted as it was"))
+                await asyncio.sleep(RECONNECT_S)
+                continue
+            except (grpc.aio.AioRpcError, TimeoutError, ConnectionError, OSError):
                 await asyncio.sleep(RECONNECT_S)
                 continue
             except Exception as e:  # noqa: BLE001 - whatever the worker said: keep trying
@@ -1112,8 +1135,27 @@ class ControllerNode:
         nothing. Raises ``RepositoryError``: NOT_FOUND for an unknown profile or a
         package a worker lacks; INVALID_ARGUMENT for a bad name, ``copies`` or a name
         loaded otherwise; UNAVAILABLE if not serving or a worker did not answer."""
-        async with self._repo_lock:
+        async with self._model_lock(name):
             return await self._load(name, copies, profile, package)
+
+    @contextlib.asynccontextmanager
+    async def _model_lock(self, name: str):
+        """Held while a load or an unload of ``name`` works: one of the model ``name``
+        belongs to (its copies' names too) at a time. The bookkeeping between two awaits
+        needs no lock (one event loop); what a load must see unchanged while it waits for
+        the workers is its own model's, which only its loads and unloads change."""
+        key = _group_name(str(name))
+        held = self._model_locks.get(key)
+        if held is None:
+            held = self._model_locks[key] = [asyncio.Lock(), 0]
+        held[1] += 1
+        try:
+            async with held[0]:
+                yield
+        finally:
+            held[1] -= 1
+            if not held[1]:  # names come from clients: keep only those in use
+                del self._model_locks[key]
 
     async def _load(self, name: str, copies: int, profile: str | None,
                     package: str) -> list[str]:
@@ -1160,11 +1202,13 @@ class ControllerNode:
             if i in self.profiles and i not in self.unloading:
                 raise RepositoryError(bad, f"{i!r} is served already (a copy of model "
                                       f"{_group_name(i)!r}); unload it first")
+        await self._wait_unloaded(names)
+        # (checked here, with no await before the instances are added: a load of another
+        # model may have added its own while this one waited)
         if len(self.instances) + len(names) > MAX_SERVED:
             raise RepositoryError(bad, f"at most {MAX_SERVED:,} instances are served at once; "
                                   f"{len(self.instances):,} are, and this load adds "
                                   f"{len(names):,}: unload some first")
-        await self._wait_unloaded(names)
         # the workers first (a worker that reconnects meanwhile has them in its Hello)
         self.loading.update(names)
         committed = False  # (from here on the policy has them: the load is made)
@@ -1217,7 +1261,7 @@ class ControllerNode:
         evicted (the state is ``UNLOADING`` until then). A name the repository knows but
         does not serve is a no-op (``[]``). Raises ``RepositoryError`` NOT_FOUND for a
         name it does not know."""
-        async with self._repo_lock:
+        async with self._model_lock(name):
             return self._unload(name)
 
     def _unload(self, name: str) -> list[str]:

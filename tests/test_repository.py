@@ -1322,3 +1322,134 @@ def test_unloaded_names_are_forgotten_oldest_first_with_their_metrics(monkeypatc
             await served
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+async def _until(what, said: str, deadline_s: float = 10.0) -> None:
+    """Let the event loop run until ``what()`` is truthy; fail at the deadline, saying
+    what did not happen."""
+    import asyncio
+    import time
+
+    end = time.monotonic() + deadline_s
+    while not what():
+        if time.monotonic() > end:
+            raise AssertionError(f"not within {deadline_s} s: {said}")
+        await asyncio.sleep(0.005)
+
+
+def test_a_worker_slow_to_take_a_load_holds_up_that_load_only():
+    """Worker 1 takes model ``slow`` but its answer never comes (a stalled worker): that
+    load waits for it, and meanwhile an unload of another model returns and refuses its
+    requests at once, and a load of a third model is made (both waited for the slow load,
+    up to UPDATE_TIMEOUT_S = 30 s). Cut short, the slow load leaves nothing. Controller
+    and workers in this process."""
+    import asyncio
+
+    from controller.service import ControllerNode
+    from tests.test_faults_live import _answer, _serve_in_process
+    from worker.service import WorkerNode
+
+    async def main():
+        wnodes = [WorkerNode(gpus=1, pages=100) for _ in range(2)]
+        stalled = asyncio.Event()
+        take = wnodes[1].update
+
+        def update(u):  # its answer names an update nobody waits for: never answered
+            st = take(u)
+            if any(i.name == "slow" for i in u.add):
+                st.update_seq += 1 << 40
+                stalled.set()
+            return st
+
+        wnodes[1].update = update
+        served = [await _serve_in_process(w) for w in wnodes]
+        node = ControllerNode([a for a, _, _ in served], "v100-reference", models="resnet50_v2")
+        await node.start()
+        try:
+            await node.load_model("other", profile="mobilenet_v2")
+            assert (await _answer(node, "other")).status == 0
+            slow = asyncio.create_task(node.load_model("slow", profile="resnet18_v2"))
+            await asyncio.wait_for(stalled.wait(), 10)
+            assert node.model_state("slow") == ("LOADING", "")
+            assert await asyncio.wait_for(node.unload_model("other"), 5) == ["other"]
+            r = await _answer(node, "other")
+            assert (r.status, r.reason) == (RequestStatus.INVALID_REQUEST, "unknown_model")
+            assert await asyncio.wait_for(
+                node.load_model("third", profile="mobilenet_v2"), 5) == ["third"]
+            assert (await _answer(node, "third")).status == 0
+            assert not slow.done() and node.model_state("slow") == ("LOADING", "")
+            slow.cancel()  # its client's deadline
+            with pytest.raises(asyncio.CancelledError):
+                await slow
+            assert node.model_state("slow") is None and "slow" not in node.instances
+            assert not node._model_locks  # (a lock per model only while it is used)
+            assert (await _answer(node, "resnet50_v2")).status == 0
+        finally:
+            await node.stop()
+            for _, stop, task in served:
+                stop.set()
+                await task
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_worker_back_without_a_model_loaded_while_it_was_away_says_why(
+        tmp_path, monkeypatch, capsys):
+    """A load while worker 1 is away is checked against worker 0 only. Worker 1 comes back
+    with a profile set that lacks the model: each reconnection is refused, counted
+    (``worker_refusals``, ``clockwork_worker_events_total{event="refused"}``) and logged
+    with the reason (rate-limited), until the model is unloaded; then it rejoins.
+    Controller and workers in this process."""
+    import asyncio
+    import shutil
+
+    import controller.service as service
+    from clockwork.profiles import load_profile_set
+    from controller.service import ControllerNode, RepositoryError
+    from tests.test_faults_live import _answer, _serve_in_process
+    from worker.service import WorkerNode, serve_worker
+
+    monkeypatch.setattr(service, "REFUSED_LOG_S", 1000.0, raising=False)  # one line
+    partial = tmp_path / "partial"
+    shutil.copytree(load_profile_set("v100-reference").path, partial)
+    (partial / "resnet18_v2.json").unlink()
+
+    async def main():
+        address, stop, served = await _serve_in_process(WorkerNode(gpus=1, pages=100))
+        address1, stop1, served1 = await _serve_in_process(
+            WorkerNode(gpus=1, pages=100, profiles=str(partial)))
+        node = ControllerNode([address, address1], "v100-reference", models="resnet50_v2")
+        await node.start()
+        try:
+            with pytest.raises(RepositoryError, match="cannot serve profile 'resnet18_v2'"):
+                await node.load_model("r", profile="resnet18_v2")  # both connected
+            stop1.set()
+            await served1
+            await _until(lambda: not node.links[1].connected, "worker 1 lost")
+            assert await node.load_model("r", profile="resnet18_v2") == ["r"]
+            port = int(address1.rpartition(":")[2])
+            stop1 = asyncio.Event()
+            served1 = asyncio.create_task(serve_worker(
+                "127.0.0.1", port, WorkerNode(gpus=1, pages=100, profiles=str(partial)),
+                stop=stop1, link_port=-1))
+            await _until(lambda: node.counters.get("worker_refusals", 0) >= 3,
+                         "worker 1 refused three times")
+            assert not node.links[1].connected
+            lines = [ln for ln in capsys.readouterr().err.splitlines() if "cannot serve" in ln]
+            assert lines == [
+                f"controller: worker {address1} (emulated) cannot serve r: no profile in its "
+                "profile set 'partial'; it stays out (trying again every 0.25 s) "
+                "until they are unloaded"]
+            assert 'clockwork_worker_events_total{event="refused"}' in \
+                node.metrics.render().decode()
+            assert (await _answer(node, "r")).status == 0  # worker 0 serves it
+            assert await node.unload_model("r") == ["r"]
+            await _until(lambda: node.links[1].connected, "worker 1 back")
+            assert (await _answer(node, "resnet50_v2")).status == 0
+        finally:
+            await node.stop()
+            for s, t in ((stop, served), (stop1, served1)):
+                s.set()
+                await t
+
+    asyncio.run(asyncio.wait_for(main(), 60))
