@@ -249,3 +249,31 @@ def test_sweep_points_run_as_ray_tasks_give_the_local_results(ray_nodes, tmp_pat
     assert all(o.ok for o in on_ray), [o.error for o in on_ray]
     assert [o.summary for o in on_ray] == [o.summary for o in local]
     assert len({o.summary["seed"] for o in on_ray}) == 3
+
+
+def test_sweep_ray_without_an_address_starts_a_local_instance(monkeypatch):
+    """``--ray`` alone or ``--ray local`` starts a local Ray instance (``ray.init`` with
+    address "local"), not the cluster RAY_ADDRESS names or a running ``ray start`` head
+    (which ``ray.init()`` attaches to); ``--ray ADDRESS`` attaches there; ``--backend
+    ray`` takes RAY_ADDRESS, else a local instance."""
+    import argparse
+
+    pytest.importorskip("ray", reason="needs the ray extra: pip install 'clockwork-py[ray]'")
+    from clockwork.cluster import parallel, ray_cluster
+
+    seen = []
+    monkeypatch.setattr(ray_cluster.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray_cluster.ray, "init", lambda **kw: seen.append(kw["address"]))
+    monkeypatch.setattr(ray_cluster.ray, "shutdown", lambda: None)
+    for flag, env, address in [("local", "127.0.0.1:1", "local"), ("local", None, "local"),
+                               ("auto", "127.0.0.1:1", "auto"),
+                               ("10.0.0.1:6379", None, "10.0.0.1:6379"),
+                               (None, "127.0.0.1:1", "127.0.0.1:1"), (None, None, "local")]:
+        if env is None:
+            monkeypatch.delenv("RAY_ADDRESS", raising=False)
+        else:
+            monkeypatch.setenv("RAY_ADDRESS", env)
+        args = argparse.Namespace(ray=flag, backend="ray")
+        assert parallel.backend_of(args) == "ray"
+        parallel.backend("ray")(4).shutdown()
+        assert seen[-1] == address, (flag, env, seen)

@@ -297,6 +297,13 @@ def test_a_backend_plugs_in(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "a" / "results.json").read_bytes() == \
         (tmp_path / "b" / "results.json").read_bytes()
     capsys.readouterr()
+    # (Ray runs as many at once as its cluster has CPUs: the status line says so, not --jobs)
+    monkeypatch.setitem(parallel.BACKENDS, "ray", lambda jobs: Threads(1))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # (--ray takes it out: put back after)
+    assert main(["sweep", str(f), "--out", "c", "--ray", "--jobs", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "as many at a time as the Ray cluster has CPUs (ray)" in err and "2 at a time" \
+        not in err
     assert main(["sweep", str(f), "--backend", "absent"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("clockwork sweep: --backend absent needs no_such_engine_module")

@@ -287,11 +287,15 @@ def backend(name: str) -> Callable[[int], Executor]:
 
 def backend_of(args) -> str:
     """The backend a command's arguments ask for: ``--ray [ADDRESS]`` is ``ray`` on that
-    cluster (Ray reads ``RAY_ADDRESS``; none: a local Ray instance), else ``--backend``."""
+    cluster (put in ``RAY_ADDRESS``, which ``RayExecutor`` reads; ``--ray`` alone or
+    ``--ray local``: a local Ray instance started for the command, whatever
+    ``RAY_ADDRESS`` said), else ``--backend``."""
     ray_address = getattr(args, "ray", None)
     if ray_address is None:
         return args.backend
-    if ray_address != "local":
+    if ray_address == "local":
+        os.environ.pop("RAY_ADDRESS", None)  # (not a cluster the environment names)
+    else:
         os.environ["RAY_ADDRESS"] = ray_address
     return "ray"
 

@@ -368,7 +368,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     log(f"{plan.scenario}: {plan.min_workers * plan.gpus_per_worker}.."
         f"{plan.max_workers * plan.gpus_per_worker} GPUs, {len(plan.seeds)} seed(s) "
         f"{plan.seeds}, target attainment {plan.target:g}; {k} count(s) per round, "
-        f"{jobs} job(s)")
+        + ("as many simulations at a time as the Ray cluster has CPUs" if args.backend == "ray"
+           else f"{jobs} job(s)"))
     with _sigterm_as_ctrl_c():  # (as Ctrl-C: the simulations stopped, the temporary folder gone)
         tmp = None
         if out is None:

@@ -394,15 +394,17 @@ class RayExecutor(Executor):
     """``clockwork sweep|plan --ray [ADDRESS]`` (``--backend ray``): each task a Ray task
     of one CPU, on the Ray cluster this process is attached to, else the one
     ``RAY_ADDRESS`` names, else a local Ray instance started for it (and stopped at
-    shutdown). Ray runs as many at once as the cluster has CPUs (``jobs`` is not a bound
-    here). A task that fails raises in its future, as in a process pool."""
+    shutdown; not a cluster already running here, which ``ray.init()`` would attach to).
+    Ray runs as many at once as the cluster has CPUs (``jobs`` is not a bound here). A
+    task that fails raises in its future, as in a process pool."""
 
     sized_by_jobs = False  # (so a sweep's Runner keeps it for a larger round of points)
 
     def __init__(self, jobs: int) -> None:
         self._own = not ray.is_initialized()
         if self._own:
-            ray.init(log_to_driver=False, include_dashboard=False, configure_logging=False)
+            ray.init(address=os.environ.get("RAY_ADDRESS") or "local", log_to_driver=False,
+                     include_dashboard=False, configure_logging=False)
         self._remote: dict = {}
         self._refs: list = []
 

@@ -420,9 +420,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     todo = len(points) - sum(done)
     quiet = args.quiet
     if not quiet:
+        at_once = ("as many at a time as the Ray cluster has CPUs" if args.backend == "ray"
+                   else f"{min(jobs, max(todo, 1))} at a time")
         print(f"sweep {sweep.name}: {len(points)} points ({sum(done)} done, {todo} to run), "
-              f"{min(jobs, max(todo, 1))} at a time ({args.backend}), out {out}",
-              file=sys.stderr)
+              f"{at_once} ({args.backend}), out {out}", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     with _sigterm_as_ctrl_c(), Runner(jobs, args.backend, sweep.spec.logs, progress=False
                                       if quiet else (True if args.progress else None)) as runner:
