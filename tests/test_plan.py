@@ -82,6 +82,18 @@ def test_plan_not_met_exits_1(capsys):
     assert capsys.readouterr().out.startswith("not met: even 1 GPUs")
 
 
+def test_plan_warns_when_no_request_was_submitted(capsys):
+    argv = ["plan", "poisson_warm", "--set", "duration_s=1", "--set", "drain_s=1",
+            "--set", "workloads.0.rate_rps=0.001", "--max-gpus", "2", "--seeds", "1",
+            "--jobs", "1", "--quiet"]
+    assert main(argv) == 1
+    cap = capsys.readouterr()
+    assert cap.out.startswith("not met")
+    err = cap.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("clockwork plan: warning: no requests were "
+                                               "submitted in duration_s = 1 s"), err
+
+
 def test_plan_reruns_a_summary_that_is_not_a_runs_summary(tmp_path, capsys):
     argv = ["plan", "poisson_warm", "--set", "duration_s=1", "--set", "drain_s=1",
             "--set", "workloads.0.rate_rps=2000", "--max-gpus", "2", "--seeds", "1",
@@ -98,6 +110,8 @@ def test_plan_reruns_a_summary_that_is_not_a_runs_summary(tmp_path, capsys):
 @pytest.mark.parametrize("argv,fragment", [
     (["plan", "no_such_scenario"], "no_such_scenario"),
     (["plan", "poisson_warm", "--min-gpus", "8", "--max-gpus", "4"], "--max-gpus"),
+    (["plan", "poisson_warm", "--min-gpus", "5", "--max-gpus", "3"],
+     "--max-gpus 3 is below --min-gpus 5"),
     (["plan", "poisson_warm", "--attainment", "1.5"], "1.5"),
     (["plan", "poisson_warm", "--slo-ms", "-1"], "-1"),
     (["plan", "poisson_warm", "--seeds", "0"], "0"),

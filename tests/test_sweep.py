@@ -201,6 +201,32 @@ def test_bad_arguments(tmp_path, capsys):
     assert "nosuch" in capsys.readouterr().err
 
 
+def test_jobs_is_bounded_and_one_out_folder_takes_one_sweep(tmp_path, capsys):
+    """--jobs above 1,024 is refused (a typo must not fork thousands of processes); a
+    second sweep (or plan) on an --out that another one is writing is refused at once,
+    in one line, running nothing."""
+    import fcntl
+
+    f = tmp_path / "s.toml"
+    f.write_text('scenarios = ["poisson_warm"]\noverrides = ["duration_s=1", "drain_s=1"]\n')
+    out = tmp_path / "o"
+    for argv in (["sweep", str(f), "--out", str(out)], ["plan", "poisson_warm"]):
+        assert main([*argv, "--jobs", "5000"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--jobs 5000: at most 1,024" in err[0], err
+    assert not out.exists()
+    out.mkdir()
+    with open(out / ".lock", "a") as held:  # (as a sweep running on it holds it)
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        for argv in (["sweep", str(f), "--jobs", "1"],
+                     ["plan", "poisson_warm", "--max-gpus", "1", "--seeds", "1"]):
+            assert main([*argv, "--out", str(out)]) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and "in use by another sweep or plan" in err[0], err
+        assert not (out / "points").exists()
+    assert main(["sweep", str(f), "--jobs", "1", "--out", str(out), "--quiet"]) == 0
+
+
 def test_shipped_example_loads():
     s = load_sweep("example")
     assert len(s.points) == 12 and s.keys == ["workloads.0.slo_ms"]

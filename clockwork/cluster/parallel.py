@@ -24,6 +24,7 @@ with ``logs`` writes the point's logs into its folder there, while ``summary.jso
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -341,15 +342,47 @@ def check_backend(name: str) -> str | None:
 
 def check_parts(args) -> str | None:
     """What ``sweep`` and ``plan`` check before anything runs: ``--plot`` needs
-    matplotlib; the backend (``--ray``/``--backend``, set on ``args.backend``) must be
+    matplotlib; ``--jobs`` is at most ``MAX_JOBS``; the backend (``--ray``/``--backend``, set on ``args.backend``) must be
     usable. None if all is there, else a one-line reason."""
     if getattr(args, "plot", None):
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             return "--plot needs matplotlib: pip install 'clockwork-py[plots]'"
+    jobs = getattr(args, "jobs", None)
+    if jobs is not None and jobs > MAX_JOBS:
+        return f"--jobs {jobs}: at most {MAX_JOBS:,} simulations at once"
     args.backend = backend_of(args)
     return check_backend(args.backend)
+
+
+MAX_JOBS = 1024  # --jobs: simulations at once (a typo must not start thousands of processes)
+LOCK = ".lock"  # OUT/.lock: held by the sweep or plan writing OUT
+
+
+class FolderBusy(ValueError):
+    """Another process holds the folder's lock; the message is one line."""
+
+
+@contextlib.contextmanager
+def locked(folder: Path):
+    """Hold ``folder``'s lock (``LOCK``, an exclusive ``flock``) while the block runs, so
+    that two sweeps (or plans) on one folder do not both run every point. Raises
+    ``FolderBusy`` at once if another process holds it. (No lock where there is no
+    ``fcntl``.)"""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    with open(folder / LOCK, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FolderBusy(f"{folder} is in use by another sweep or plan (it holds "
+                             f"{folder / LOCK}); wait for it to end or give another "
+                             "--out") from None
+        yield  # (closing the file lets go of the lock)
 
 
 def default_jobs() -> int:

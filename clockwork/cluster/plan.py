@@ -35,11 +35,13 @@ from typing import Any
 
 from clockwork.cluster.cli.commands import _sigterm_as_ctrl_c
 from clockwork.cluster.parallel import (
+    FolderBusy,
     Outcome,
     Point,
     Runner,
     check_parts,
     default_jobs,
+    locked,
 )
 
 
@@ -257,11 +259,11 @@ def make_plan(scenario: str, sets: list[str], target: float, slo_ms: float | Non
             sets.append(f"workloads.{i}.slo_ms={slo_ms:g}")
     g = int(sc.cluster["gpus_per_worker"])
     lo_w, hi_w = math.ceil(min_gpus / g), max_gpus // g
+    if max_gpus < min_gpus:
+        raise PlanError(f"--max-gpus {max_gpus} is below --min-gpus {min_gpus}")
     if hi_w < lo_w:
         raise PlanError(f"--min-gpus {min_gpus} .. --max-gpus {max_gpus} holds no multiple of "
                         f"the scenario's gpus_per_worker ({g})")
-    if max_gpus < min_gpus:
-        raise PlanError(f"--max-gpus {max_gpus} is below --min-gpus {min_gpus}")
     seed0 = sc.seed
     try:  # the overrides, seeds and worker counts all load
         for w in (lo_w, hi_w):
@@ -355,8 +357,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except PlanError as e:
         return fail(str(e))
     out = Path(args.out) if args.out else None
-    if out is not None and out.exists() and not out.is_dir():
+    if out is None:
+        return _run_plan(args, plan, None)
+    if out.exists() and not out.is_dir():
         return fail(f"--out: {out} exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with locked(out):
+            return _run_plan(args, plan, out)
+    except FolderBusy as e:
+        return fail(str(e))
+
+
+def _run_plan(args: argparse.Namespace, plan: Plan, out: Path | None) -> int:
     jobs = args.jobs or default_jobs()
     k = max(1, jobs // len(plan.seeds))
     quiet = args.quiet
@@ -377,7 +390,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
             root = Path(tmp.name)
         else:
             root = out
-            out.mkdir(parents=True, exist_ok=True)
         try:
             with Runner(jobs, args.backend, progress=False if quiet else
                         (True if args.progress else None)) as runner:
@@ -387,6 +399,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         finally:
             if tmp is not None:
                 tmp.cleanup()
+    empty = [s for w in plan.decided for s in plan.counts[w].summaries if not s["submitted"]]
+    if empty:  # (as clockwork simulate: the figures are empty, "not met" says nothing)
+        print(f"clockwork plan: warning: no requests were submitted in duration_s = "
+              f"{empty[0].get('duration_s', 0):g} s (rates too low or the run too short): "
+              "attainment is 0 at every such count", file=sys.stderr)
     result = plan.result()
     if out is not None:
         from clockwork.telemetry import write_json

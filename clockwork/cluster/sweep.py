@@ -43,6 +43,7 @@ import annotated_types as at
 
 from clockwork.cluster.cli.commands import _sigterm_as_ctrl_c
 from clockwork.cluster.parallel import (
+    FolderBusy,
     Outcome,
     Point,
     Runner,
@@ -50,6 +51,7 @@ from clockwork.cluster.parallel import (
     default_jobs,
     done_summary,
     label_value,
+    locked,
     point_folder,
     toml_value,
 )
@@ -409,13 +411,24 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     out = Path(args.out or sweep.spec.out or Path(SWEEPS) / sweep.path.stem)
     if out.exists() and not out.is_dir():
         return fail(f"--out: {out} exists and is not a folder")
-    points = sweep.points
-    done = [done_summary(point_folder(out, p)) is not None for p in points]
     if args.list:
+        points = sweep.points
+        done = [done_summary(point_folder(out, p)) is not None for p in points]
         for p, d in zip(points, done, strict=True):
             print(f"{'done ' if d else 'to run'}  {p.name}  {p.command()}")
         print(f"{len(points)} points, {sum(done)} done, in {out}", file=sys.stderr)
         return 0
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with locked(out):
+            return _run_sweep(args, sweep, out)
+    except FolderBusy as e:
+        return fail(str(e))
+
+
+def _run_sweep(args: argparse.Namespace, sweep: Sweep, out: Path) -> int:
+    points = sweep.points
+    done = [done_summary(point_folder(out, p)) is not None for p in points]
     jobs = args.jobs or default_jobs()
     todo = len(points) - sum(done)
     quiet = args.quiet
@@ -424,7 +437,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                    else f"{min(jobs, max(todo, 1))} at a time")
         print(f"sweep {sweep.name}: {len(points)} points ({sum(done)} done, {todo} to run), "
               f"{at_once} ({args.backend}), out {out}", file=sys.stderr)
-    out.mkdir(parents=True, exist_ok=True)
     with _sigterm_as_ctrl_c(), Runner(jobs, args.backend, sweep.spec.logs, progress=False
                                       if quiet else (True if args.progress else None)) as runner:
         outcomes = runner.run(points, out, desc=f"sweep {sweep.name}")
