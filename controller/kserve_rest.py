@@ -517,7 +517,11 @@ def make_runner(node, token: str | None = None) -> web.AppRunner:
     lim = node.limits
     handler = _Handler(KServeRest(node, token))
     app = web.Application(client_max_size=lim.rest_max_body_bytes, logger=_log)
-    app.router.add_route("*", "/{path:.*}", handler.handle, expect_handler=handler.expect)
+    # every path is the handler's: [\s\S], not ".", which stops at a line break (the
+    # path aiohttp matches is percent-decoded: "/v2/models/a%0Ab" would get aiohttp's
+    # plain-text 404)
+    app.router.add_route("*", r"/{path:[\s\S]*}", handler.handle,
+                         expect_handler=handler.expect)
     return web.AppRunner(
         app, handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S,
         access_log_class=_access_counter(node.count), access_log=_log, logger=_log,

@@ -297,6 +297,24 @@ def test_wrong_method_is_405_with_allow(addr):
     assert status == 200 and got == b"" and int(headers["Content-Length"]) > 0
 
 
+def test_paths_with_line_breaks_are_answered_by_the_routes(addr):
+    """A path holding an encoded line break (a model name with ``%0A``) is answered by
+    the controller's routes, with a JSON error, not by aiohttp's plain-text "404: Not
+    Found" (the catch-all route's ``.*`` stopped at the decoded line break; found by
+    tests/test_rest_schemathesis.py)."""
+    for method, path, want, why in (
+            ("GET", "/v2/models/a%0Ab", 404, "unknown model"),
+            ("GET", "/v2/models/a%0D%0Ab/ready", 404, "unknown model"),
+            ("POST", "/v2/models/%0A/infer", 404, "unknown model"),
+            ("GET", "/v2/models/small/versions/1%0A/ready", 404, "no version"),
+            ("GET", "/v2/no%0Asuch", 404, "no route"),
+            ("GET", "/v2/models/small%0A/infer", 405, "not allowed")):
+        status, headers, got = _request(addr, method, path, b"{}" if method == "POST" else None)
+        assert status == want, (path, status, got)
+        assert headers["Content-Type"] == "application/json", (path, headers)
+        assert why in json.loads(got)["error"], (path, got)
+
+
 def test_repository_routes_check_their_bodies(addr):
     for path, body in (("/v2/repository/index", b'{"ready": "yes"}'),
                        ("/v2/repository/index", b"[1, 2]"),
