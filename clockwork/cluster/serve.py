@@ -334,6 +334,16 @@ def cluster_from_scenario(sc) -> tuple[dict, list[str]]:
     return kw, ignored
 
 
+def tvm_missing() -> bool:
+    """Whether Apache TVM cannot be imported (the tvm extra is not installed): a cpu or
+    cuda worker runs TVM-compiled packages, and missing packages are compiled with it."""
+    try:
+        import tvm  # noqa: F401
+    except ImportError:
+        return True
+    return False
+
+
 def ensure_packages(models: str | None, profiles: str, device: str, packages: str) -> None:
     """Compile (with TVM) every zoo model the cluster serves that has no package yet in
     ``packages``; batch sizes from the model's profile so package and profile agree."""
@@ -347,12 +357,12 @@ def ensure_packages(models: str | None, profiles: str, device: str, packages: st
     todo = [m for m in names if not (Path(packages) / m / "model.json").exists()]
     if not todo:
         return
-    try:
-        from clockwork.models.package import compile_model
-        from clockwork.models.zoo import ZOO
-    except ImportError:
+    if tvm_missing():  # (compile_model imports it only once it runs)
         raise RuntimeError(f"no model packages for {', '.join(todo)} in {packages}, and TVM "
-                           "is not installed to build them: pip install 'clockwork-py[tvm]'") from None
+                           "is not installed to build them: pip install 'clockwork-py[tvm]'")
+    from clockwork.models.package import compile_model
+    from clockwork.models.zoo import ZOO
+
     for m in todo:
         if m not in ZOO:
             raise RuntimeError(f"no model package for {m!r} in {packages} (build it with "
@@ -367,6 +377,7 @@ def ensure_packages(models: str | None, profiles: str, device: str, packages: st
 def cmd_serve(args: argparse.Namespace) -> int:
     workers, gpus, profiles, models, pages = 1, 1, "v100-reference", None, None
     device = getattr(args, "device", None)
+    device_from = "--device"  # where the device was named (for messages)
     packages = getattr(args, "packages", None)
     worker_args: list[list[str]] = []
     sc = None
@@ -381,7 +392,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         kw, _ = cluster_from_scenario(sc)
         workers, gpus, profiles = kw["workers"], kw["gpus"], kw["profiles"]
         pages, models = kw["pages"], kw["models"]
-        device = device or (kw["device"] if kw["device"] != "emulated" else None)
+        if device is None and kw["device"] != "emulated":
+            device, device_from = kw["device"], "cluster.device ="
         packages = packages or kw["packages"]
         extra += kw["controller_args"]
         scheduler = kw["scheduler"]
@@ -431,6 +443,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except Exception as e:  # noqa: BLE001 - DeviceUnavailable says what to do instead
             print(f"clockwork serve: {e}", file=sys.stderr)
             return 2
+    if device != "emulated" and ray_address is None and tvm_missing():
+        # the workers run TVM-compiled packages (and missing ones are compiled here first):
+        # said before compiling or starting anything (a Ray cluster's nodes have their own)
+        from clockwork.cluster.cli.verbs import NEEDS
+        print(f"clockwork serve: {device_from} {device} needs {NEEDS['tvm']}", file=sys.stderr)
+        return 2
     if device != "emulated":
         if sc is None:
             profiles = device  # the device's own measured profile set (profiles/cpu, ...)

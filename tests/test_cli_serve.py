@@ -1,0 +1,50 @@
+"""``clockwork serve`` on the command line: what it refuses before it starts anything
+(one line on stderr, exit 2) and what it checks early instead of leaving it to a child."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _without_tvm(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
+    """``clockwork ARGV`` in a fresh interpreter where ``import tvm`` fails, as it does
+    without the tvm extra (``sys.modules["tvm"] = None``: every import of tvm, or of a
+    module under it, raises ImportError), run from an empty folder (no packages/)."""
+    code = ("import sys\nsys.modules['tvm'] = None\n"
+            "from clockwork.cluster.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("argv", [
+    ["serve", "--device", "cpu", "--port", "0", "--http-port", "-1", "--kserve-port", "-1"],
+    ["serve", str(ROOT / "scenarios" / "cpu_live.toml"), "--replay"],
+    ["serve", "cpu_live", "--replay"],
+], ids=["--device cpu", "cpu_live.toml --replay", "cpu_live --replay"])
+def test_serve_cpu_without_tvm_names_the_extra(tmp_path, argv):
+    p = _without_tvm(tmp_path, *argv)
+    err = p.stderr.strip()
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr + p.stdout, p.stderr
+    assert len(err.splitlines()) == 1, err
+    assert "pip install 'clockwork-py[tvm]'" in err and err.startswith("clockwork serve: "), err
+    assert not (tmp_path / "packages").exists()  # refused before compiling anything
+
+
+def test_ensure_packages_without_tvm_names_the_extra(tmp_path, monkeypatch):
+    """The packages a cluster lacks are compiled with TVM (on a Ray cluster, here, before
+    the nodes run them): without it, one line naming the models and the extra (it was a
+    ModuleNotFoundError from deep inside the compiler)."""
+    from clockwork.cluster.serve import ensure_packages
+
+    monkeypatch.setitem(sys.modules, "tvm", None)
+    with pytest.raises(RuntimeError, match=r"no model packages for mlp in .*pip install "
+                       r"'clockwork-py\[tvm\]'"):
+        ensure_packages("mlp:2", "cpu", "cpu", str(tmp_path / "packages"))
+    assert not (tmp_path / "packages").exists()
