@@ -86,11 +86,44 @@ class ModelMeta:
     reason: str = ""  # why not READY (e.g. "unloaded")
 
 
+DEFAULT_PORT = 12346  # the controller's (clockwork controller --port)
+
+
 def _target(url: str) -> str:
+    """``HOST:PORT`` of a controller URL (``host:port``, ``[v6addr]:port``, optionally
+    after ``grpc://`` or ``grpcs://``). A missing or bad port raises ``ValueError``:
+    gRPC would dial 443 for a bare host, and no controller listens there."""
+    if not isinstance(url, str):
+        raise TypeError(f"the controller's address is a string HOST:PORT, got {url!r}")
+    given = url
+    url = url.strip()
     for prefix in ("grpc://", "grpcs://", "http://", "clockwork://"):
         if url.startswith(prefix):
             url = url[len(prefix):]
-    return url.rstrip("/")
+    url = url.rstrip("/")
+    if url.startswith("["):  # [v6 address]:port
+        host, bracket, rest = url.partition("]")
+        host += bracket
+        colon, port = rest[:1] == ":", rest[1:]
+        if not bracket or (rest and not colon):
+            raise ValueError(f"controller address {given!r}: expected [ADDRESS]:PORT")
+    else:
+        host, colon, port = url.rpartition(":")
+        if ":" in host:
+            raise ValueError(f"controller address {given!r}: an IPv6 address goes in "
+                             f"brackets, [ADDRESS]:PORT (e.g. [::1]:{DEFAULT_PORT})")
+    if colon and not host:
+        raise ValueError(f"controller address {given!r} has no host: expected HOST:PORT, "
+                         f"e.g. '127.0.0.1{url}'")
+    if not colon:
+        example = f"{url or '127.0.0.1'}:{DEFAULT_PORT}"
+        raise ValueError(f"controller address {given!r} has no port: expected HOST:PORT, "
+                         f"e.g. {example!r} ({DEFAULT_PORT} is the controller's default "
+                         "port)")
+    if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        raise ValueError(f"controller address {given!r}: the port must be 1-65535, got "
+                         f"{port!r} (expected HOST:PORT)")
+    return url
 
 
 def _request(model: str, inputs, slo_ms: float | None, client_id: int = 0) -> pb.InferRequest:
@@ -228,7 +261,7 @@ def _unavailable(e: grpc.RpcError, infer: bool = False) -> ClockworkError:
 
 class Client:
     """Blocking client. ``url`` is ``host:port`` (optionally ``grpc://host:port``, or
-    ``grpcs://host:port`` for TLS). ``token``: the controller's bearer token (default
+    ``grpcs://host:port`` for TLS; no port: ``ValueError``). ``token``: the controller's bearer token (default
     ``$CLOCKWORK_TOKEN``; "" sends none); ``tls``/``tls_ca``: TLS verified against the
     system's CAs / this CA (PEM file or bytes); ``tls_cert``/``tls_key``: a client
     certificate."""

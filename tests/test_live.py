@@ -147,6 +147,23 @@ def test_client_calls_past_their_timeout_are_controller_unavailable():
                 c.infer("m", slo_ms=100)
 
 
+def test_an_address_without_a_port_is_refused_not_dialled_on_443():
+    """gRPC dials 443 for a bare host; no controller listens there. A controller address
+    is HOST:PORT: without a port (or with a bad one) the client says so at once."""
+    for url in ("localhost", "grpc://localhost", "grpcs://example.com", "[::1]",
+                "127.0.0.1:", "localhost:http", "localhost:0", "localhost:65536", "::1"):
+        for cls in (clockwork.Client, clockwork.AsyncClient):
+            with pytest.raises(ValueError, match=r"HOST:PORT|\[ADDRESS\]:PORT"):
+                cls(url)
+    with pytest.raises(ValueError, match=r"'localhost' has no port: expected HOST:PORT, "
+                                         r"e\.g\. 'localhost:12346'"):
+        clockwork.Client("localhost")
+    for url, target in (("127.0.0.1:5", "127.0.0.1:5"), ("grpc://h:7/", "h:7"),
+                        ("[::1]:9", "[::1]:9")):
+        with clockwork.Client(url) as c:
+            assert c.url == target
+
+
 def test_a_stream_closed_under_its_requests_fails_them(cluster):
     """``AsyncClient.close()`` with requests still on a stream: each fails
     ControllerUnavailable (none waits for good), the stream's own close returns; a submit
