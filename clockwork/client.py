@@ -155,10 +155,14 @@ def _load_request(name: str, copies: int, profile: str | None, package: str):
                                package=package or "")
 
 
-def _repository_error(e: grpc.RpcError, name: str) -> ClockworkError:
-    """The typed error of a failed LoadModel / UnloadModel call."""
+def _repository_error(e: grpc.RpcError, name: str, url: str = "") -> ClockworkError:
+    """The typed error of a failed LoadModel / UnloadModel call (``url``: the
+    controller's address)."""
     code = e.code() if hasattr(e, "code") else None
     details = e.details() if hasattr(e, "details") else str(e)
+    if _unreachable(e):
+        return RepositoryUnavailable(f"{name}: {_unreachable_text(e, url)}", 1,
+                                     "unavailable", name)
     if code == grpc.StatusCode.NOT_FOUND:
         return UnknownModel(f"{name}: {details}", 6, "unknown_model", name)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
@@ -168,15 +172,15 @@ def _repository_error(e: grpc.RpcError, name: str) -> ClockworkError:
             f"no answer within the client's timeout ({details}); the controller may still "
             "finish it: see repository_index")
         return RepositoryUnavailable(f"{name}: {why}", 1, "unavailable", name)
-    return _unavailable(e)
+    return _unavailable(e, url=url)
 
 
-def _worker_error(e: grpc.RpcError) -> ClockworkError:
+def _worker_error(e: grpc.RpcError, url: str = "") -> ClockworkError:
     """The typed error of a failed AddWorker call."""
     code = e.code() if hasattr(e, "code") else None
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidRequest(f"add worker: {e.details()}", 6, "bad_request", "")
-    return _unavailable(e)
+    return _unavailable(e, url=url)
 
 
 def _result(model: str, resp: pb.InferResponse, latency_ms: float,
@@ -242,10 +246,33 @@ def _timeout(timeout: float | None, slo_ms: float | None) -> float | None:
     return t if timeout is None else min(timeout, t)
 
 
-def _unavailable(e: grpc.RpcError, infer: bool = False) -> ClockworkError:
+# how gRPC's own errors begin when it found no connection to the controller (refused,
+# no route, a name that does not resolve): the call never reached it
+_NO_CONNECTION = ("failed to connect to all addresses", "errors resolving",
+                  "DNS resolution failed")
+
+
+def _unreachable(e: grpc.RpcError) -> bool:
+    """Whether a call failed for want of a connection to the controller (gRPC's own
+    UNAVAILABLE; the controller's answers UNAVAILABLE carry its own messages)."""
+    if not hasattr(e, "code") or e.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    details = e.details() or ""
+    return any(details.startswith(p) for p in _NO_CONNECTION)
+
+
+def _unreachable_text(e: grpc.RpcError, url: str) -> str:
+    return (f"could not reach the controller at {url or 'its address'} (is it running, "
+            f"and listening there?): {e.details()}")
+
+
+def _unavailable(e: grpc.RpcError, infer: bool = False, url: str = "") -> ClockworkError:
     """The typed error of a failed call. A deadline that passes is ``InferenceTimeout``
     for an inference (its deadline is its SLO and a grace) and ``ControllerUnavailable``
-    for any other call (the client's timeout)."""
+    for any other call (the client's timeout). No connection to the controller at
+    ``url`` (refused, an unknown host): ``ControllerUnavailable`` saying so."""
+    if _unreachable(e):
+        return ControllerUnavailable(_unreachable_text(e, url))
     code = e.code() if hasattr(e, "code") else None
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         if infer:
@@ -280,14 +307,14 @@ class Client:
         try:
             resp = self._stub.Infer(req, timeout=_timeout(self.timeout, slo_ms))
         except grpc.RpcError as e:
-            raise _unavailable(e, infer=True) from e
+            raise _unavailable(e, infer=True, url=self.url) from e
         return _result(model, resp, (time.perf_counter() - t0) * 1e3, slo_ms)
 
     def list_models(self) -> list[ModelMeta]:
         try:
             r = self._stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout)
         except grpc.RpcError as e:
-            raise _unavailable(e) from e
+            raise _unavailable(e, url=self.url) from e
         return [_meta(m) for m in r.models]
 
     def model_status(self, model: str) -> pb.ModelStatusResponse:
@@ -295,7 +322,7 @@ class Client:
             return self._stub.ModelStatus(pb.ModelStatusRequest(model=model),
                                           timeout=self.timeout)
         except grpc.RpcError as e:
-            raise _unavailable(e) from e
+            raise _unavailable(e, url=self.url) from e
 
     def load_model(self, name: str, copies: int = 1, profile: str | None = None,
                    package: str = "", timeout: float | None = None) -> list[ModelMeta]:
@@ -310,7 +337,7 @@ class Client:
             r = self._stub.LoadModel(_load_request(name, copies, profile, package),
                                      timeout=timeout or self.timeout)
         except grpc.RpcError as e:
-            raise _repository_error(e, name) from e
+            raise _repository_error(e, name, self.url) from e
         return [_meta(m) for m in r.models]
 
     def unload_model(self, name: str, timeout: float | None = None) -> list[str]:
@@ -322,7 +349,7 @@ class Client:
             r = self._stub.UnloadModel(pb.UnloadModelRequest(name=name),
                                        timeout=timeout or self.timeout)
         except grpc.RpcError as e:
-            raise _repository_error(e, name) from e
+            raise _repository_error(e, name, self.url) from e
         return list(r.instances)
 
     def repository_index(self, ready_only: bool = False) -> list[ModelMeta]:
@@ -333,7 +360,7 @@ class Client:
             r = self._stub.ListModels(pb.ListModelsRequest(index=True, ready_only=ready_only),
                                       timeout=self.timeout)
         except grpc.RpcError as e:
-            raise _unavailable(e) from e
+            raise _unavailable(e, url=self.url) from e
         return [_meta(m) for m in r.models]
 
     def add_worker(self, address: str, timeout: float | None = None) -> dict:
@@ -346,14 +373,14 @@ class Client:
             r = self._stub.AddWorker(pb.AddWorkerRequest(address=address),
                                      timeout=timeout or self.timeout)
         except grpc.RpcError as e:
-            raise _worker_error(e) from e
+            raise _worker_error(e, self.url) from e
         return {"worker": r.worker, "gpus": list(r.gpus), "added": r.added}
 
     def stats(self) -> dict[str, int]:
         try:
             r = self._stub.Stats(pb.StatsRequest(), timeout=self.timeout)
         except grpc.RpcError as e:
-            raise _unavailable(e) from e
+            raise _unavailable(e, url=self.url) from e
         return dict(r.counters)
 
     def close(self) -> None:
@@ -384,21 +411,21 @@ class AsyncClient:
         try:
             resp = await self._stub.Infer(req, timeout=_timeout(self.timeout, slo_ms))
         except grpc.RpcError as e:
-            raise _unavailable(e, infer=True) from e
+            raise _unavailable(e, infer=True, url=self.url) from e
         return _result(model, resp, (time.perf_counter() - t0) * 1e3, slo_ms)
 
     async def list_models(self) -> list[ModelMeta]:
         try:
             r = await self._stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout)
         except grpc.RpcError as e:
-            raise _unavailable(e) from e
+            raise _unavailable(e, url=self.url) from e
         return [_meta(m) for m in r.models]
 
     async def list_models_raw(self) -> pb.ListModelsResponse:
         try:
             return await self._stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout)
         except grpc.RpcError as e:
-            raise _unavailable(e) from e
+            raise _unavailable(e, url=self.url) from e
 
     async def load_model(self, name: str, copies: int = 1, profile: str | None = None,
                          package: str = "", timeout: float | None = None) -> list[ModelMeta]:
@@ -407,7 +434,7 @@ class AsyncClient:
             r = await self._stub.LoadModel(_load_request(name, copies, profile, package),
                                            timeout=timeout or self.timeout)
         except grpc.RpcError as e:
-            raise _repository_error(e, name) from e
+            raise _repository_error(e, name, self.url) from e
         return [_meta(m) for m in r.models]
 
     async def unload_model(self, name: str, timeout: float | None = None) -> list[str]:
@@ -416,7 +443,7 @@ class AsyncClient:
             r = await self._stub.UnloadModel(pb.UnloadModelRequest(name=name),
                                              timeout=timeout or self.timeout)
         except grpc.RpcError as e:
-            raise _repository_error(e, name) from e
+            raise _repository_error(e, name, self.url) from e
         return list(r.instances)
 
     async def add_worker(self, address: str, timeout: float | None = None) -> dict:
@@ -425,7 +452,7 @@ class AsyncClient:
             r = await self._stub.AddWorker(pb.AddWorkerRequest(address=address),
                                            timeout=timeout or self.timeout)
         except grpc.RpcError as e:
-            raise _worker_error(e) from e
+            raise _worker_error(e, self.url) from e
         return {"worker": r.worker, "gpus": list(r.gpus), "added": r.added}
 
     async def repository_index(self, ready_only: bool = False) -> list[ModelMeta]:
@@ -434,21 +461,21 @@ class AsyncClient:
             r = await self._stub.ListModels(
                 pb.ListModelsRequest(index=True, ready_only=ready_only), timeout=self.timeout)
         except grpc.RpcError as e:
-            raise _unavailable(e) from e
+            raise _unavailable(e, url=self.url) from e
         return [_meta(m) for m in r.models]
 
     async def stats(self) -> dict[str, int]:
         try:
             r = await self._stub.Stats(pb.StatsRequest(), timeout=self.timeout)
         except grpc.RpcError as e:
-            raise _unavailable(e) from e
+            raise _unavailable(e, url=self.url) from e
         return dict(r.counters)
 
     def stream(self, interval_us: float = 0.0) -> InferStream:
         """A pipelined stream: ``submit`` many, replies resolve their futures.
         ``interval_us``: send at most one message per interval (requests submitted in
         between share it; for load generators, see clockwork.protocol.pacing)."""
-        return InferStream(self._stub, interval_us)
+        return InferStream(self._stub, interval_us, self.url)
 
     async def close(self) -> None:
         await self._channel.close()
@@ -472,8 +499,10 @@ class InferStream:
     TIMEOUT (reason ``no_answer``) -- a stalled or vanished controller is noticed within
     the SLO plus a second. The later answer, if any, is ignored."""
 
-    def __init__(self, stub: pbg.ClockworkStub, interval_us: float = 0.0) -> None:
+    def __init__(self, stub: pbg.ClockworkStub, interval_us: float = 0.0,
+                 url: str = "") -> None:
         self._stub = stub
+        self._url = url  # the controller's address, for messages
         self._pacer = Pacer(interval_us)
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future] = {}
@@ -532,7 +561,7 @@ class InferStream:
                                             f"it was sent, past its {sent[1]:g} ms SLO")
                         fut.set_result(resp)
         except grpc.RpcError as e:
-            self._fail_waiting(_unavailable(e, infer=True))
+            self._fail_waiting(_unavailable(e, infer=True, url=self._url))
         except asyncio.CancelledError:  # the channel closed under it (client.close())
             self._fail_waiting(ControllerUnavailable("the client was closed with requests "
                                                      "on its stream unanswered"))

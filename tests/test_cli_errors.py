@@ -84,7 +84,8 @@ BAD = [
     (["profile", "mlp", "--out", "adir"], "is a folder"),
     (["compile", "mlp", "--out", "afile"], "exists and is not a folder"),
     (["replay", SC, "--check-outputs", "/no/such/packages"], "/no/such/packages"),
-    (["replay", SC, "--controller", "127.0.0.1:1"], "controller unavailable"),
+    (["replay", SC, "--controller", "127.0.0.1:1"],
+     "could not reach the controller at 127.0.0.1:1"),
     (["report", "notsummary"], "is not a run summary"),
     # a Ray cluster where nothing listens: said at once (ray.init retried ~14 minutes)
     (["serve", SC, "--replay", "--ray", "127.0.0.1:1"], "cannot reach the Ray cluster"),

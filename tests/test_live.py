@@ -164,6 +164,43 @@ def test_an_address_without_a_port_is_refused_not_dialled_on_443():
             assert c.url == target
 
 
+def test_a_controller_not_running_is_named_in_the_error():
+    """Nothing listens at the address (connection refused): every call, and a stream's
+    requests, fail ``ControllerUnavailable`` (load/unload: ``RepositoryUnavailable``)
+    saying the controller could not be reached at that address."""
+    import socket
+
+    from clockwork.errors import ControllerUnavailable, RepositoryUnavailable
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    said = f"could not reach the controller at {address}"
+    with clockwork.Client(address, timeout=5) as c:
+        for call in (c.stats, c.list_models, c.repository_index,
+                     lambda: c.model_status("m"), lambda: c.infer("m", slo_ms=100),
+                     lambda: c.infer("m"), lambda: c.add_worker("127.0.0.1:1")):
+            with pytest.raises(ControllerUnavailable, match=said):
+                call()
+        for call in (lambda: c.load_model("m"), lambda: c.unload_model("m")):
+            with pytest.raises(RepositoryUnavailable, match=f"m: {said}"):
+                call()
+
+    async def main():
+        async with clockwork.AsyncClient(address, timeout=5) as c:
+            with pytest.raises(ControllerUnavailable, match=said):
+                await c.infer("m", slo_ms=100)
+            with pytest.raises(RepositoryUnavailable, match=said):
+                await c.load_model("m")
+            s = c.stream()
+            fut = s.submit("m", slo_ms=1000)
+            with pytest.raises(ControllerUnavailable, match=said):
+                await asyncio.wait_for(fut, 10)
+            await s.close()
+
+    asyncio.run(main())
+
+
 def test_a_stream_closed_under_its_requests_fails_them(cluster):
     """``AsyncClient.close()`` with requests still on a stream: each fails
     ControllerUnavailable (none waits for good), the stream's own close returns; a submit
