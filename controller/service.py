@@ -125,7 +125,9 @@ UPDATE_TIMEOUT_S = 30.0  # for the workers to take an InstanceUpdate (a cpu work
 UNLOAD_WAIT_S = 60.0  # a load waits this long for an unload of the same names to finish
 UNLOADED_KEPT = 1000  # unloaded instances the index still lists (the newest ones)
 UNLOAD_POLL_S = 0.005  # how often an unload looks whether its copies and requests are gone
-_MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}(:[0-9]{1,6})?")
+# a model's name, or a copy's: NAME:k, k >= 1 without a leading zero (copy 0 is NAME)
+_MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}(:[1-9][0-9]{0,5})?")
+_COPY_SUFFIX = re.compile(r"(.+):([0-9]+)")
 
 
 def server_options(limits: Limits) -> list[tuple[str, object]]:
@@ -1166,8 +1168,16 @@ class ControllerNode:
             raise RepositoryError(bad, f"the {self.policy_name} policy cannot load models "
                                   "while it runs")
         if not isinstance(name, str) or not _MODEL_NAME.fullmatch(name):
+            copy = _COPY_SUFFIX.fullmatch(name) if isinstance(name, str) else None
+            if copy and _MODEL_NAME.fullmatch(copy[1]) and len(copy[2]) <= 6:
+                base, k = copy[1], int(copy[2])
+                right = base if k == 0 else f"{base}:{k}"
+                raise RepositoryError(bad, (
+                    f"bad model name {name!r}: NAME:K names copy K of NAME (K from 1, no "
+                    f"leading zero; copy 0 is NAME itself), so this copy is {right!r}"))
             raise RepositoryError(bad, f"bad model name {name!r}: letters, digits, '_', '.' "
-                                  "and '-' (at most 128), optionally ':N' (a copy's name)")
+                                  "and '-' (at most 128), optionally ':K' (a copy's name, K "
+                                  "from 1, no leading zero)")
         if isinstance(copies, bool) or not isinstance(copies, int) \
                 or not 1 <= copies <= MAX_COPIES:
             raise RepositoryError(bad, f"copies must be an integer from 1 to {MAX_COPIES}, "

@@ -684,6 +684,45 @@ def test_client_loads_serves_and_unloads_a_model(cluster):
         assert st.get("infer_rejected", 0) == 0 and st.get("load_rejected", 0) == 0
 
 
+def test_names_that_clash_with_the_copies_naming_are_refused(cluster):
+    """Copy k of NAME is NAME:k (k >= 1) and copy 0 is NAME: a load of NAME:0 or NAME:0k
+    would make an instance no copy is named like ('a:01' beside 'a:1', both copy 1 of
+    'a'). Refused INVALID_ARGUMENT on every API, naming the copy's right name; nothing
+    is made. A copy's own name (NAME:k) still loads."""
+    import clockwork
+    from clockwork.errors import InvalidRequest
+
+    tgrpc = pytest.importorskip("tritonclient.grpc")
+    thttp = pytest.importorskip("tritonclient.http")
+    from tritonclient.utils import InferenceServerException
+
+    with clockwork.Client(cluster.address, timeout=20) as cl:
+        for name, right in (("mobilenet_v2:0", "mobilenet_v2"), ("mnet:01", "mnet:1"),
+                            ("mnet:007", "mnet:7")):
+            with pytest.raises(InvalidRequest, match=f"this copy is '{right}'"):
+                cl.load_model(name, profile="mobilenet_v2")
+        k = tgrpc.InferenceServerClient(cluster.address)
+        h = thttp.InferenceServerClient(cluster.printed_address("http"),
+                                        connection_timeout=20, network_timeout=20)
+        try:
+            with pytest.raises(InferenceServerException) as e:
+                k.load_model("mobilenet_v2:0")
+            assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+            assert "copy 0 is NAME itself" in e.value.message()
+            with pytest.raises(InferenceServerException) as e:
+                h.load_model("mobilenet_v2:01")
+            assert e.value.status() == "400" and "'mobilenet_v2:1'" in e.value.message()
+        finally:
+            k.close()
+            h.close()
+        idx = _index(cl)
+        assert not [n for n in idx if n.startswith("mnet") or n.startswith("mobilenet_v2:")]
+        # a copy's own name loads (and unloads)
+        assert [m.name for m in cl.load_model("mnet:2", profile="mobilenet_v2")] == ["mnet:2"]
+        assert cl.unload_model("mnet:2") == ["mnet:2"]
+        _poll(lambda: _index(cl).get("mnet:2") == ("UNAVAILABLE", "unloaded"))
+
+
 def test_a_load_cut_short_by_its_deadline_makes_nothing():
     """The client's deadline passes while the worker is to take the model (it is stopped):
     the load makes nothing, the repository index still answers (it was INTERNAL with a
