@@ -197,6 +197,16 @@ class KServeFrontend:
                               f"{', '.join(sorted(self.node.profiles))}")
         return p
 
+    def described(self, name: str):
+        """The profile of a model whose metadata, configuration and statistics are
+        answered: one served and not being unloaded. An unknown model, and one being
+        unloaded (not ready, its requests refused ``NOT_FOUND``), are ``NOT_FOUND``, as
+        Triton answers a model with no ready version."""
+        p = self.profile(name)
+        if name in self.node.unloading:
+            raise KServeError(NOT_FOUND, f"model {name!r} is being unloaded (not ready)")
+        return p
+
     def check_version(self, name: str, version: str) -> None:
         """NOT_FOUND unless ``version`` is the model's (``"1"``) or empty (the default)."""
         _check_version(name, version)
@@ -208,7 +218,7 @@ class KServeFrontend:
         profile's largest batch size), the profile's batch sizes (those the scheduler
         runs) are the ``execution_batch_sizes`` parameter, and one instance group: at most one copy per GPU, on any GPU of the
         cluster (``count`` 1, ``gpus`` the controller-wide GPU indices)."""
-        p = self.profile(name)
+        p = self.described(name)
         n = self.node
         return {
             "name": name, "platform": PLATFORM, "backend": PLATFORM,
@@ -227,19 +237,21 @@ class KServeFrontend:
 
     def model_statistics(self, name: str = "", version: str = "") -> dict:
         """Triton's ``ModelStatisticsResponse`` (REST's JSON form) of one model instance,
-        or of every one for an empty ``name``; the figures are the controller's
-        (``ControllerMetrics.statistics``), cumulative since it started."""
+        or of every one for an empty ``name`` (those served, not being unloaded); the
+        figures are the controller's (``ControllerMetrics.statistics``), cumulative
+        since it started."""
         if name:
-            self.profile(name)
+            self.described(name)
             self.check_version(name, version)
             names = [name]
         else:
-            names = list(self.node.profiles)
+            gone = self.node.unloading
+            names = [n for n in self.node.profiles if n not in gone]
         stats = self.node.metrics.statistics
         return {"model_stats": [{"name": n, "version": VERSION, **stats(n)} for n in names]}
 
     def model_metadata(self, name: str) -> dict:
-        p = self.profile(name)
+        p = self.described(name)
         return {"name": name, "versions": [VERSION], "platform": PLATFORM,
                 "inputs": [{"name": t.name, "datatype": ks_dtype(t.dtype),
                             "shape": [-1, *t.shape]} for t in p.inputs],

@@ -181,7 +181,7 @@ class KServeRest:
                 return Reply(200 if ready else 503, {"name": name, "ready": ready})
             if what == "infer":  # (checks its model and version, counting a refusal)
                 return await self.infer(name, headers, body, peer, version)
-            fe.profile(name)  # NOT_FOUND: an unknown model, then an unknown version
+            fe.described(name)  # NOT_FOUND: an unknown or unloading model, then version
             fe.check_version(name, version)
             if what == "model":
                 return Reply(200, fe.model_metadata(name))

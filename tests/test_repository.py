@@ -871,6 +871,101 @@ def test_tritonclient_http_repository(cluster):
         c.close()
 
 
+def test_a_model_being_unloaded_has_no_metadata_configuration_or_statistics():
+    """While a model is UNLOADING (its last INFER still on a worker: the worker is
+    stopped, liveness probes off so the controller waits for it) it is not ready and its
+    requests are refused NOT_FOUND; its metadata, configuration and statistics are
+    NOT_FOUND / 404 too (they were 200), as Triton answers a model with no ready
+    version, and the statistics of every model leave it out. Once the worker goes on,
+    the unload finishes."""
+    import os
+    import re
+    import signal
+    import threading
+    import urllib.request
+
+    import clockwork
+    from clockwork.errors import UnknownModel
+
+    tgrpc = pytest.importorskip("tritonclient.grpc")
+    thttp = pytest.importorskip("tritonclient.http")
+    from tritonclient.utils import InferenceServerException
+
+    from tests.conftest import local_cluster
+
+    def infers_sent(http: str) -> float:
+        text = urllib.request.urlopen(f"http://{http}/metrics", timeout=10).read().decode()
+        m = re.search(r'^clockwork_actions_sent_total\{type="INFER"\} (\S+)$', text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    def refused(status: str, call, *args) -> str:
+        with pytest.raises(InferenceServerException) as e:
+            call(*args)
+        assert e.value.status() == status, (e.value.status(), e.value.message())
+        return e.value.message()
+
+    with local_cluster(workers=1, gpus=1, models="resnet50_v2", kserve_port=0,
+                       controller_args=["--http-port", "0", "--set", "liveness=false"]) as c:
+        http = c.printed_address("http")
+        k = tgrpc.InferenceServerClient(c.address)
+        h = thttp.InferenceServerClient(http, connection_timeout=20, network_timeout=20)
+        worker = c.workers[0].proc
+        stopped = False
+        try:
+            with clockwork.Client(c.address, timeout=20) as cl:
+                cl.load_model("held", profile="mobilenet_v2")
+                assert cl.infer("held", slo_ms=500).status == 0  # its weights are loaded
+                for cli in (k, h):  # served: all there
+                    assert cli.get_model_metadata("held")
+                    assert cli.get_model_config("held")
+                    assert cli.get_inference_statistics("held")
+                sent = infers_sent(http)
+                os.kill(worker.pid, signal.SIGSTOP)
+                stopped = True
+                answers = []
+
+                def ask():
+                    with clockwork.Client(c.address, timeout=30) as other:
+                        try:
+                            answers.append(other.infer("held", slo_ms=20000).status)
+                        except UnknownModel as e:  # its INFER dropped by the unload
+                            answers.append(e.reason)
+
+                t = threading.Thread(target=ask)
+                t.start()
+                _poll(lambda: infers_sent(http) > sent)  # its INFER is on the stopped worker
+                assert cl.unload_model("held") == ["held"]
+                assert _index(cl)["held"] == ("UNLOADING", "")
+                assert not k.is_model_ready("held") and not h.is_model_ready("held")
+                for version in ("", "1"):
+                    for call in (k.get_model_metadata, k.get_model_config,
+                                 k.get_inference_statistics):
+                        msg = refused("StatusCode.NOT_FOUND", call, "held", version)
+                        assert "'held' is being unloaded" in msg
+                    for call in (h.get_model_metadata, h.get_model_config,
+                                 h.get_inference_statistics):
+                        msg = refused("404", call, "held", version)
+                        assert "'held' is being unloaded" in msg
+                for stats in (k.get_inference_statistics(as_json=True),
+                              h.get_inference_statistics()):
+                    names = {s["name"] for s in stats["model_stats"]}
+                    assert "resnet50_v2" in names and "held" not in names
+                # still UNLOADING (nothing above let the INFER finish)
+                assert _index(cl)["held"] == ("UNLOADING", "")
+                os.kill(worker.pid, signal.SIGCONT)
+                stopped = False
+                t.join(30)
+                assert answers in ([0], ["unknown_model"])  # answered once
+                _poll(lambda: _index(cl)["held"] == ("UNAVAILABLE", "unloaded"))
+                refused("StatusCode.NOT_FOUND", k.get_model_metadata, "held")
+                refused("404", h.get_model_config, "held")
+        finally:
+            if stopped:
+                os.kill(worker.pid, signal.SIGCONT)
+            k.close()
+            h.close()
+
+
 def test_inference_for_an_unknown_or_unloaded_model_is_counted_alike_on_every_api(cluster):
     """A request for a model never loaded, or unloaded, is refused and counted once
     (``requests_invalid_request``, ``clockwork_requests_total{status="invalid_request"}``)
