@@ -33,7 +33,8 @@ idle (the state is ``UNLOADING`` until then, ``UNAVAILABLE`` / ``unloaded`` afte
 Unloading a name the repository knows but does not serve succeeds; an unknown one is
 NOT_FOUND. Errors are ``KServeError``: INVALID_ARGUMENT for bad parameters or a name
 loaded otherwise, NOT_FOUND for an unknown profile or model (or a package a worker
-lacks), UNAVAILABLE when the controller is not serving or a worker did not answer.
+lacks), UNAVAILABLE when the controller is not serving, a worker did not answer, or no
+worker is connected to take the model (a load completes once one can serve it).
 """
 
 from __future__ import annotations

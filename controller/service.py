@@ -125,6 +125,9 @@ UPDATE_TIMEOUT_S = 30.0  # for the workers to take an InstanceUpdate (a cpu work
 UNLOAD_WAIT_S = 60.0  # a load waits this long for an unload of the same names to finish
 UNLOADED_KEPT = 1000  # unloaded instances the index still lists (the newest ones)
 UNLOAD_POLL_S = 0.005  # how often an unload looks whether its copies and requests are gone
+NO_WORKER_FOR_LOAD = ("no worker is connected to take the model (a load completes once a "
+                      "connected worker can serve it); nothing was loaded: try again once a "
+                      "worker is back")
 # a model's name, or a copy's: NAME:k, k >= 1 without a leading zero (copy 0 is NAME)
 _MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}(:[1-9][0-9]{0,5})?")
 _COPY_SUFFIX = re.compile(r"(.+):([0-9]+)")
@@ -1136,7 +1139,8 @@ class ControllerNode:
         when requests come). Loading what is loaded with the same parameters does
         nothing. Raises ``RepositoryError``: NOT_FOUND for an unknown profile or a
         package a worker lacks; INVALID_ARGUMENT for a bad name, ``copies`` or a name
-        loaded otherwise; UNAVAILABLE if not serving or a worker did not answer."""
+        loaded otherwise; UNAVAILABLE if not serving, a worker did not answer, or no
+        worker is connected to take it (nothing is made)."""
         async with self._model_lock(name):
             return await self._load(name, copies, profile, package)
 
@@ -1212,6 +1216,8 @@ class ControllerNode:
             if i in self.profiles and i not in self.unloading:
                 raise RepositoryError(bad, f"{i!r} is served already (a copy of model "
                                       f"{_group_name(i)!r}); unload it first")
+        if not any(lk.connected for lk in self.links):
+            raise RepositoryError(grpc.StatusCode.UNAVAILABLE, NO_WORKER_FOR_LOAD)
         await self._wait_unloaded(names)
         # (checked here, with no await before the instances are added: a load of another
         # model may have added its own while this one waited)
@@ -1351,7 +1357,9 @@ class ControllerNode:
         """Send an InstanceUpdate to every connected worker, after the actions queued for
         it so far; with ``wait``, wait for their answers and return [(worker address,
         instances it could not add)] for those that could not. A worker lost meanwhile
-        gets the instance list in its Hello when it is back."""
+        gets the instance list in its Hello when it is back; instances to add that no
+        worker answered for (none connected, or every one lost meanwhile) raise
+        ``RepositoryError`` UNAVAILABLE: nothing says they can be served."""
         self._update_seq += 1
         seq = self._update_seq
         u = pb.InstanceUpdate(seq=seq, add=list(add), remove=list(remove))
@@ -1366,6 +1374,7 @@ class ControllerNode:
                 waits.append((link, f))
             link.wake.set()
         missing = []
+        answered = 0
         deadline = time.monotonic() + UPDATE_TIMEOUT_S
         for link, f in waits:
             try:
@@ -1378,8 +1387,12 @@ class ControllerNode:
                 raise RepositoryError(grpc.StatusCode.UNAVAILABLE, (
                     f"worker {link.address} did not take the model within "
                     f"{UPDATE_TIMEOUT_S:g} s")) from None
+            if got is not None:  # (None: the link was lost meanwhile)
+                answered += 1
             if got:
                 missing.append((link.address, got))
+        if wait and add and not answered:
+            raise RepositoryError(grpc.StatusCode.UNAVAILABLE, NO_WORKER_FOR_LOAD)
         return missing
 
     # ------------------------------------------------------------------ queries

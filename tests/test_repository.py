@@ -756,6 +756,89 @@ def test_a_load_cut_short_by_its_deadline_makes_nothing():
             assert cl.infer("mnet", slo_ms=500).status == 0
 
 
+def test_a_load_with_no_worker_connected_is_unavailable_and_makes_nothing():
+    """Every worker is away (killed; the controller keeps reconnecting): a load has no
+    worker to take the model, so nothing says it can be served. It is UNAVAILABLE on every
+    API (it succeeded at once, the model listed with nowhere to run), nothing is made,
+    and the same load works once the worker is back. A load as the model is already
+    loaded changes nothing and still succeeds. A load whose only worker is lost while it
+    waits for the worker's answer makes nothing either."""
+    import os
+    import signal
+    import threading
+
+    import clockwork
+    from clockwork.errors import RepositoryUnavailable
+    from tests.conftest import local_cluster
+
+    tgrpc = pytest.importorskip("tritonclient.grpc")
+    thttp = pytest.importorskip("tritonclient.http")
+    from tritonclient.utils import InferenceServerException
+
+    with local_cluster(workers=1, gpus=1, models="resnet50_v2", kserve_port=0,
+                       controller_args=["--http-port", "0"]) as c:
+        k = tgrpc.InferenceServerClient(c.address)
+        h = thttp.InferenceServerClient(c.printed_address("http"), connection_timeout=20,
+                                        network_timeout=20)
+        try:
+            with clockwork.Client(c.address, timeout=20) as cl:
+                cl.load_model("kept", profile="mobilenet_v2")
+                worker = c.workers[0].proc
+                worker.kill()
+                worker.wait()
+                _poll(lambda: _index(cl)["resnet50_v2"] == ("UNAVAILABLE",
+                                                            "no worker connected"))
+                with pytest.raises(RepositoryUnavailable, match="no worker is connected"):
+                    cl.load_model("mnet", copies=2, profile="mobilenet_v2")
+                with pytest.raises(InferenceServerException) as e:
+                    k.load_model("resnet18_v2")
+                assert e.value.status() == "StatusCode.UNAVAILABLE"
+                assert "no worker is connected" in e.value.message()
+                with pytest.raises(InferenceServerException) as e:
+                    h.load_model("resnet34_v2")
+                assert e.value.status() == "503"
+                assert "no worker is connected" in e.value.message()
+                idx = _index(cl)
+                assert not {"mnet", "mnet:1"} & set(idx)
+                assert idx["resnet18_v2"] == idx["resnet34_v2"] == ("", "")  # not loaded
+                # loaded already as asked: nothing to do, no worker needed
+                assert [m.name for m in cl.load_model("kept", profile="mobilenet_v2")] == [
+                    "kept"]
+                c.restart_worker(0)
+                _poll(lambda: _index(cl)["resnet50_v2"] == ("READY", ""))
+                got = cl.load_model("mnet", copies=2, profile="mobilenet_v2")
+                assert [(m.name, m.state) for m in got] == [("mnet", "READY"),
+                                                            ("mnet:1", "READY")]
+                assert cl.infer("mnet:1", slo_ms=500).status == 0
+                k.load_model("resnet18_v2")
+                assert k.is_model_ready("resnet18_v2")
+                # the only worker is lost while the load waits for its answer: nothing
+                # made either
+                worker = c.workers[0].proc
+                os.kill(worker.pid, signal.SIGSTOP)
+                outcome = []
+
+                def load():
+                    with clockwork.Client(c.address, timeout=20) as other:
+                        try:
+                            outcome.append(other.load_model("late", profile="mobilenet_v2"))
+                        except RepositoryUnavailable as e:
+                            outcome.append(e)
+
+                t = threading.Thread(target=load)
+                t.start()
+                _poll(lambda: _index(cl).get("late") == ("LOADING", ""))
+                worker.kill()
+                worker.wait()
+                t.join(30)
+                assert len(outcome) == 1 and isinstance(outcome[0], RepositoryUnavailable)
+                assert "no worker is connected" in str(outcome[0])
+                _poll(lambda: "late" not in _index(cl))
+        finally:
+            k.close()
+            h.close()
+
+
 def test_unload_answers_waiting_requests_lets_running_ones_finish(cluster):
     import asyncio
 
