@@ -383,6 +383,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     sc = None
     extra: list[str] = []
     scheduler = None
+    # options that mean something only with another one: refused, not ignored
+    if args.set and not args.scenario:
+        print("clockwork serve: --set needs a scenario (it overrides the scenario's keys: "
+              "clockwork serve SCENARIO --set KEY=VALUE)", file=sys.stderr)
+        return 2
+    if getattr(args, "out", None) and not getattr(args, "replay", False):
+        print("clockwork serve: --out needs --replay (the replay's logs and summary.json go "
+              "there; a serving cluster's logs: --log-dir)", file=sys.stderr)
+        return 2
     if args.scenario:
         try:
             sc = load_scenario(args.scenario, args.set)

@@ -36,6 +36,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from clockwork.scenario import ScenarioError, load_scenario
     from clockwork.telemetry import emit_run
 
+    if args.log_format is not None and not args.out:
+        print("clockwork simulate: --log-format needs --out (the logs are written only "
+              "there)", file=sys.stderr)
+        return 2
     try:
         sc = load_scenario(args.scenario, args.set)
         sim = Simulation(sc, progress=not args.quiet and sys.stderr.isatty() or args.progress,
@@ -59,7 +63,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"clockwork simulate: warning: no requests were submitted in duration_s = "
               f"{sc.duration_s:g} s (rates too low or the run too short): the figures are "
               "empty", file=sys.stderr)
-    res.telemetry.log_format = args.log_format
+    res.telemetry.log_format = args.log_format or "tsv"
     try:
         emit_run(res, sc, f"{s['gpus']} GPU(s), {s['model_instances']} model instance(s), "
                  f"policy {s['policy']}, simulated in {res.wall_s:.1f} s wall", args.out, args.json)

@@ -101,9 +101,10 @@ def add_simulate(sub) -> None:
                    "(clockwork scenarios lists them)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
     p.add_argument("--out", type=t.out_dir, metavar="DIR", help="write logs and summary.json here")
-    p.add_argument("--log-format", choices=("tsv", "npz"), default="tsv",
-                   help="with --out: the logs as requests.tsv/actions.tsv (default) or as "
-                   "numpy columns, requests.npz/actions.npz (smaller, faster to write)")
+    p.add_argument("--log-format", choices=("tsv", "npz"), default=None,
+                   help="with --out (needs it): the logs as requests.tsv/actions.tsv "
+                   "(default) or as numpy columns, requests.npz/actions.npz (smaller, faster "
+                   "to write)")
     p.add_argument("--spill-dir", metavar="DIR",
                    help="keep the request and action rows in files in a temporary folder "
                    "inside DIR instead of in memory, so that a long run's memory stays flat "
@@ -244,7 +245,8 @@ def add_serve(sub) -> None:
               "Ctrl-C / SIGTERM.")
     p.add_argument("scenario", nargs="?", help="scenario TOML file or shipped scenario name "
                    "(optional)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="with a scenario (needs one): " + SET_HELP)
     p.add_argument("--device", default=None, choices=DEVICES,
                    help="worker device (default: the scenario's cluster.device, else emulated); "
                    "cpu runs TVM-compiled packages on this host (missing zoo packages are "
@@ -272,7 +274,8 @@ def add_serve(sub) -> None:
     p.add_argument("--replay", action="store_true",
                    help="run the scenario's [[workloads]] against the cluster, print the SLO "
                    "table, and stop (one command: cluster + load + report)")
-    p.add_argument("--out", type=t.out_dir, metavar="DIR", help="with --replay: write logs and summary.json here")
+    p.add_argument("--out", type=t.out_dir, metavar="DIR",
+                   help="with --replay (needs it): write logs and summary.json here")
     p.add_argument("--quiet", action="store_true", help="with --replay: no progress line")
     p.add_argument("--log-dir", metavar="DIR", help="the controller writes requests.tsv and "
                    "actions.tsv (its own view: every request and action) here")
