@@ -112,6 +112,52 @@ def test_a_killed_controller_is_replaced_and_every_request_answered_once():
             assert st.get("weights_adopted", 0) >= 1
 
 
+def test_a_restarted_controller_forgets_what_changed_at_run_time():
+    """The controller keeps no state on disk: a new one (same flags) serves the models of
+    its --models and connects the workers of its --workers. A model loaded at run time
+    is unknown to it (its weights dropped from the worker), a --models model unloaded at
+    run time is served again, and a worker added at run time is not connected (its
+    process runs on, unused), as Triton's explicit mode keeps no runtime loads."""
+    import clockwork
+    from clockwork.errors import UnknownModel
+    from tests.conftest import local_cluster
+
+    def index(cl) -> dict:
+        return {m.name: (m.state, m.reason) for m in cl.repository_index()}
+
+    def until(what, deadline_s: float = 10.0):
+        import time
+
+        end = time.monotonic() + deadline_s
+        while not what():
+            assert time.monotonic() < end, what.__doc__
+            time.sleep(0.02)
+
+    with local_cluster(workers=1, gpus=1, models="resnet50_v2,mobilenet_v2") as c:
+        with clockwork.Client(c.address, timeout=20) as cl:
+            cl.load_model("mnet", profile="mobilenet_v2")
+            assert cl.infer("mnet", slo_ms=500).status == 0  # its weights on the worker
+            assert cl.unload_model("mobilenet_v2") == ["mobilenet_v2"]
+            until(lambda: index(cl)["mobilenet_v2"] == ("UNAVAILABLE", "unloaded"))
+            assert c.add_worker()["added"]
+            assert cl.stats()["worker_connects"] == 2
+        c.controller.stop()
+        c.restart_controller()
+        with clockwork.Client(c.address, timeout=20) as cl:
+            idx = index(cl)
+            assert "mnet" not in idx  # never heard of
+            with pytest.raises(UnknownModel):
+                cl.infer("mnet", slo_ms=500)
+            with pytest.raises(UnknownModel):
+                cl.unload_model("mnet")
+            assert idx["mobilenet_v2"] == idx["resnet50_v2"] == ("READY", "")
+            assert cl.infer("mobilenet_v2", slo_ms=500).status == 0
+            st = cl.stats()
+            assert st["worker_connects"] == 1  # the worker of --workers only
+            assert st.get("weights_adopted", 0) == 0  # mnet's weights were not kept
+            assert c.workers[1].proc.poll() is None  # the added worker runs on, unused
+
+
 def test_a_worker_reconnected_while_its_process_lived_on_keeps_its_weights():
     """The controller's stream to a worker breaks while the worker process lives on (the
     controller drops a link on a message it cannot handle, say): on reconnecting, its
