@@ -48,3 +48,38 @@ def test_ensure_packages_without_tvm_names_the_extra(tmp_path, monkeypatch):
                        r"'clockwork-py\[tvm\]'"):
         ensure_packages("mlp:2", "cpu", "cpu", str(tmp_path / "packages"))
     assert not (tmp_path / "packages").exists()
+
+
+QUIET_PORTS = ["--port", "0", "--http-port", "-1", "--kserve-port", "-1"]
+SC = str(ROOT / "scenarios" / "poisson_warm.toml")
+
+EARLY = [
+    # (argv, what the one line must say): settings the controller would refuse, checked
+    # by serve before it starts any process (they were refused by the controller child
+    # after the workers had started, echoed and then repeated, naming serve's temporary
+    # settings or token file instead of what the user gave)
+    (["serve", "--set", "scheduler.nope=1", SC], "unknown scheduler setting 'nope'"),
+    (["serve", SC, "--set", "scheduler.max_batch=abc"], "max_batch"),
+    (["serve", SC, "--set", "scheduler.policy=clipper", "--set", "scheduler.nope=2"],
+     "unknown scheduler setting 'nope'"),
+    (["serve", SC, "--set", "scheduler.policy=nosuchpolicy"], "nosuchpolicy"),
+    (["serve", "--host", "0.0.0.0"], "--host 0.0.0.0 is not a loopback address"),
+    (["serve", "--token", "short"], "--token: a token needs at least"),
+    (["serve", "--tls-cert", SC], "--tls-cert and --tls-key go together"),
+]
+
+
+@pytest.mark.parametrize("argv,fragment", EARLY, ids=[" ".join(a[1:4]) for a, _ in EARLY])
+def test_serve_refuses_controller_settings_before_starting_anything(argv, fragment, tmp_path):
+    try:
+        p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", *argv,
+                            *QUIET_PORTS], capture_output=True, text=True, timeout=60,
+                           cwd=tmp_path)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"clockwork {' '.join(argv)} started serving")
+    out = p.stdout + p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2, (p.returncode, out)
+    assert len(lines) == 1 and "Traceback" not in out, out
+    assert lines[0].startswith("clockwork serve: ") and fragment in lines[0], lines[0]
+    assert "listening" not in out and "clockwork-cluster-" not in out, out  # nothing started

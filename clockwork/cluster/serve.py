@@ -334,6 +334,45 @@ def cluster_from_scenario(sc) -> tuple[dict, list[str]]:
     return kw, ignored
 
 
+def scheduler_error(table: Mapping[str, object]) -> str | None:
+    """What the controller would refuse in a scenario's ``[scheduler]`` table (an unknown
+    policy, key or value), in one line as ``clockwork simulate`` says it; None if nothing.
+    Checked before the cluster starts: the controller reads the table from a settings
+    file serve writes, and its refusal came after the workers had started, naming that
+    file."""
+    from controller import split_settings
+
+    rest = dict(table)
+    policy = str(rest.pop("policy", "clockwork"))
+    try:
+        split_settings(policy, rest)
+    except (TypeError, ValueError) as e:
+        return f"[scheduler]: {e}"
+    return None
+
+
+def controller_security_error(args: argparse.Namespace) -> str | None:
+    """What the controller would refuse in serve's security flags -- a token it cannot
+    use, ``--tls-cert`` without ``--tls-key``, a ``--host`` off loopback without a token
+    (the controller's own rule, ``exposure_error``) -- in one line; None if nothing.
+    The workers always listen on loopback, behind the cluster secret serve makes."""
+    from clockwork.protocol.security import (
+        SecurityError,
+        TlsFiles,
+        exposure_error,
+        server_token,
+    )
+
+    try:
+        token = server_token(getattr(args, "token", None), getattr(args, "token_file", None))
+        TlsFiles.from_flags(getattr(args, "tls_cert", None), getattr(args, "tls_key", None),
+                            None)
+    except SecurityError as e:
+        return str(e)
+    return exposure_error("controller", args.host, token, None,
+                          getattr(args, "insecure_no_auth", False))
+
+
 def tvm_missing() -> bool:
     """Whether Apache TVM cannot be imported (the tvm extra is not installed): a cpu or
     cuda worker runs TVM-compiled packages, and missing packages are compiled with it."""
@@ -399,6 +438,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"clockwork serve: {e}", file=sys.stderr)
             return 2
         kw, _ = cluster_from_scenario(sc)
+        why = scheduler_error(kw["scheduler"])
+        if why:
+            print(f"clockwork serve: {why}", file=sys.stderr)
+            return 2
         workers, gpus, profiles = kw["workers"], kw["gpus"], kw["profiles"]
         pages, models = kw["pages"], kw["models"]
         if device is None and kw["device"] != "emulated":
@@ -409,6 +452,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         worker_args = kw["worker_args"]
     elif getattr(args, "replay", False):
         print("clockwork serve: --replay needs a scenario file", file=sys.stderr)
+        return 2
+    why = controller_security_error(args)
+    if why:
+        print(f"clockwork serve: {why}", file=sys.stderr)
         return 2
     ray_address = getattr(args, "ray", None)  # "local": start a Ray instance here
     if ray_address is None and sc is not None and sc.cluster.get("backend") == "ray":
