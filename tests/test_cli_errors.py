@@ -84,8 +84,6 @@ BAD = [
     (["profile", "mlp", "--out", "adir"], "is a folder"),
     (["compile", "mlp", "--out", "afile"], "exists and is not a folder"),
     (["replay", SC, "--check-outputs", "/no/such/packages"], "/no/such/packages"),
-    (["replay", SC, "--controller", "127.0.0.1:1"],
-     "could not reach the controller at 127.0.0.1:1"),
     (["report", "notsummary"], "is not a run summary"),
     # a Ray cluster where nothing listens: said at once (ray.init retried ~14 minutes)
     (["serve", SC, "--replay", "--ray", "127.0.0.1:1"], "cannot reach the Ray cluster"),
@@ -128,6 +126,25 @@ def test_bad_value_is_one_line_exit_2(argv, fragment, capsys, tmp_path, monkeypa
     assert rc == 2, (rc, err)
     assert len(lines) == 1, err
     assert "Traceback" not in err
+    assert fragment in lines[0], (fragment, lines[0])
+
+
+RUNTIME_FAILURES = [
+    # (argv, a fragment of the one stderr line): a failure while running, not a usage
+    # error: exit 1 (docs/contracts.md, exit codes)
+    (["replay", SC, "--controller", "127.0.0.1:1"],
+     "could not reach the controller at 127.0.0.1:1"),
+]
+
+
+@pytest.mark.parametrize("argv,fragment", RUNTIME_FAILURES,
+                         ids=[" ".join(a) for a, _ in RUNTIME_FAILURES])
+def test_runtime_failure_is_one_line_exit_1(argv, fragment, capsys):
+    rc = main(argv)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert rc == 1, (rc, err)
+    assert len(lines) == 1 and "Traceback" not in err, err
     assert fragment in lines[0], (fragment, lines[0])
 
 

@@ -231,8 +231,9 @@ def test_scenarios_copy_with_trace(elsewhere, tmp_path, capsys):
     # again: identical files are fine; an edited one is kept unless --force
     assert run_scenarios("copy", "demo_live", "--to", str(dest)) == 0
     (dest / "demo_live.toml").write_text("# mine\n")
-    assert run_scenarios("copy", "demo_live", "--to", str(dest)) == 1
-    assert "differ" in capsys.readouterr().err
+    assert run_scenarios("copy", "demo_live", "--to", str(dest)) == 2  # a usage error
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "differ" in err and "--force" in err, err
     assert (dest / "demo_live.toml").read_text() == "# mine\n"
     assert run_scenarios("copy", "demo_live", "--to", str(dest), "--force") == 0
     assert (dest / "demo_live.toml").read_bytes() == \

@@ -253,6 +253,17 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     return ReplayResult(summary, tel, sc, wall_s, bool(extra["answered_once"]))
 
 
+def exit_code(e: Exception) -> int:
+    """A replay's error as an exit code: 1 for a controller that could not be reached or
+    stopped answering (a failure while running), 2 for what the user must correct (the
+    scenario, an argument, a token the controller refuses)."""
+    from clockwork.errors import ControllerUnavailable, Unauthenticated
+
+    if isinstance(e, ControllerUnavailable) and not isinstance(e, Unauthenticated):
+        return 1
+    return 2
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     try:
         sc = load_scenario(args.scenario, args.set)
@@ -272,7 +283,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                                  tls_ca=getattr(args, "tls_ca", None)))
     except (ScenarioError, ClockworkError, ValueError) as e:
         print(f"clockwork replay: {e}", file=sys.stderr)
-        return 2
+        return exit_code(e)
     emit_run(res, sc, f"live replay against {args.controller} in {res.wall_s:.1f} s wall; "
              f"every request answered exactly once: {res.answered_once}", args.out, args.json)
     return 0 if res.answered_once else 1

@@ -8,7 +8,7 @@
 names (``trace = "traces/samples/..."``) under the same relative path in ``DIR``, so the
 copy runs as it is from ``DIR`` or by path from anywhere (data paths are also looked up
 relative to the scenario file's folder). Existing files that differ are not overwritten
-without ``--force``.
+without ``--force``: nothing is copied, one line, exit 2 (a usage error).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def _copy(args: argparse.Namespace) -> int:
     if clash and not force:
         print(f"clockwork scenarios copy: {', '.join(map(str, clash))} already exist(s) and "
               "differ(s); nothing copied (--force overwrites)", file=sys.stderr)
-        return 1
+        return 2  # a usage error: the user decides (another --to, or --force)
     try:
         for s, d in plan:
             d.parent.mkdir(parents=True, exist_ok=True)

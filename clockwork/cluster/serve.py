@@ -616,8 +616,10 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
         print("\nclockwork serve: interrupted; the replay stopped", file=sys.stderr)
         return 130
     except (ScenarioError, ClockworkError, ValueError) as e:
+        from clockwork.cluster.replay import exit_code
+
         print(f"clockwork serve: {e}", file=sys.stderr)
-        return 2
+        return exit_code(e)
     finally:
         faults.stop()
     emit_run(res, sc, f"live cluster, {res.wall_s:.1f} s wall; every request answered exactly "
