@@ -145,3 +145,37 @@ def test_controller_set_parses_settings_and_rejects_unknown_ones():
     assert parse_settings(["max_exec_ms=25", "batch_first=false", "x=1.5", "name=abc"]) == {
         "max_exec_ms": 25, "batch_first": False, "x": 1.5, "name": "abc"}
     assert main(["controller", "--workers", "127.0.0.1:1", "--set", "no_such=1"]) == 2
+
+
+def _option(verb: str, flag: str):
+    from clockwork.cluster.cli import build_parser
+
+    sub = build_parser()._subparsers._group_actions[0].choices[verb]
+    return next(a for a in sub._actions if flag in a.option_strings)
+
+
+def test_every_tuning_flag_says_what_it_does_and_its_default():
+    from controller.config import SchedulerConfig
+
+    cfg = SchedulerConfig()
+    scheduler = {"--schedule-ahead-ms": f"else {cfg.schedule_ahead / 1e6:g})",
+                 "--default-slo-ms": f"else {cfg.default_slo / 1e6:g})",
+                 "--max-batch": f"else {cfg.max_batch})"}
+    for flag, default in scheduler.items():  # (None: the --settings file's, else these)
+        text = _option("controller", flag).help or ""
+        assert len(text) > 40 and default in text, (flag, text)
+    for verb, flag, default in [("worker", "--slow-factor", 3.0), ("worker", "--seed", 0),
+                                ("worker", "--noise", 0.0), ("compile", "--device", "cpu"),
+                                ("profile", "--device", "cpu"), ("infer", "-n", 1)]:
+        a = _option(verb, flag)
+        assert a.default == default, (verb, flag, a.default)
+        text = a.help or ""
+        shown = f"{default:g}" if isinstance(default, float) else str(default)
+        assert len(text) > 20 and f"(default {shown}" in text, (verb, flag, text)
+
+
+def test_version_prints_the_installed_version(capsys):
+    from importlib.metadata import version
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"clockwork {version('clockwork-py')}"

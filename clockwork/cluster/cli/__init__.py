@@ -31,6 +31,26 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message}{hint}\n")
 
 
+class _Version(argparse.Action):
+    """``--version``: the installed package's version (looked up only when asked)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help="print the installed clockwork-py version and exit"):
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("clockwork-py")
+        except PackageNotFoundError:  # imported from a source tree that is not installed
+            from clockwork import __version__
+
+            v = f"{__version__} (not installed)"
+        print(f"clockwork {v}")
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from clockwork.cluster.cli.verbs import VERBS
 
@@ -40,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--version", action=_Version)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for add in VERBS:
         add(sub)

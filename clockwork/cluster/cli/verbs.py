@@ -209,7 +209,9 @@ def add_compile(sub) -> None:
               "and model.json. Zoo models: mlp, resnet_tiny, resnet18, mobilenet_tiny, "
               "transformer_tiny.", requires=("tvm",))
     p.add_argument("model", help="zoo model name, or path/to/model.onnx")
-    p.add_argument("--device", default="cpu", choices=COMPILE_DEVICES)
+    p.add_argument("--device", default="cpu", choices=COMPILE_DEVICES,
+                   help="what the package runs on: cpu (this host's CPU; TVM target llvm) or "
+                   "cuda (an NVIDIA GPU; cross-compiles without one) (default cpu)")
     p.add_argument("--batch-sizes", type=t.batch_sizes, default=[1, 2, 4, 8, 16],
                    metavar="B1,B2,...", help="default 1,2,4,8,16")
     p.add_argument("--out", type=t.out_dir, metavar="DIR", help="package directory (default packages/DEVICE/MODEL, "
@@ -226,7 +228,9 @@ def add_profile(sub) -> None:
               "p50/p99/max are in 'source'). Compiles the zoo model (or imports the ONNX file) "
               "first unless --package is given.", requires=("tvm",))
     p.add_argument("model", help="zoo model name, or path/to/model.onnx")
-    p.add_argument("--device", default="cpu", choices=COMPILE_DEVICES)
+    p.add_argument("--device", default="cpu", choices=COMPILE_DEVICES,
+                   help="where to measure: cpu (this host) or cuda (needs an NVIDIA GPU "
+                   "here) (default cpu)")
     p.add_argument("--package", metavar="DIR", help="profile this compiled package instead")
     p.add_argument("--batch-sizes", type=t.batch_sizes, default=[1, 2, 4, 8, 16],
                    metavar="B1,B2,...", help="when compiling (default 1,2,4,8,16)")
@@ -322,9 +326,17 @@ def add_controller(sub) -> None:
     p.add_argument("--policy", default=None,
                    help="scheduling policy: clockwork, clipper, tfserving, infaas (default: "
                    "the settings file's, else clockwork)")
-    p.add_argument("--schedule-ahead-ms", type=t.nonneg_float, default=None)
-    p.add_argument("--default-slo-ms", type=t.positive_float, default=None)
-    p.add_argument("--max-batch", type=t.positive_int, default=None)
+    # (their defaults: SchedulerConfig's, checked by tests/test_cli.py)
+    p.add_argument("--schedule-ahead-ms", type=t.nonneg_float, default=None, metavar="MS",
+                   help="keep each GPU's EXEC lane planned this far into the future, no "
+                   "further ([scheduler] schedule_ahead_ms; default: the --settings file's, "
+                   "else 10)")
+    p.add_argument("--default-slo-ms", type=t.positive_float, default=None, metavar="MS",
+                   help="the SLO of a request that gives none ([scheduler] default_slo_ms; "
+                   "default: the --settings file's, else 100)")
+    p.add_argument("--max-batch", type=t.positive_int, default=None, metavar="N",
+                   help="the largest batch size used, of each profile's compiled sizes "
+                   "([scheduler] max_batch; default: the --settings file's, else 16)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any [scheduler] setting of a scenario file, e.g. max_exec_ms=25, "
                    "buffer_ms=5, batch_first=false, or a baseline's own (batch_timeout_us=...); "
@@ -394,15 +406,20 @@ def add_worker(sub) -> None:
                    help="profile set (a shipped set's name or a folder; default v100-reference, "
                    "or the device's own: cpu, cuda)")
     p.add_argument("--noise", type=t.nonneg_float, default=0.0,
-                   help="emulated duration noise (std dev fraction)")
+                   help="emulated duration noise: each action takes its profiled duration x "
+                   "(1 + N(0, NOISE)), at least 10 %% of it (default 0: none)")
     p.add_argument("--slow-prob", type=t.probability, default=0.0,
                    help="emulated stragglers: this fraction of actions take --slow-factor x")
-    p.add_argument("--slow-factor", type=t.positive_float, default=3.0)
+    p.add_argument("--slow-factor", type=t.positive_float, default=3.0,
+                   help="emulated stragglers take this many times their duration "
+                   "(default 3)")
     p.add_argument("--result-interval-us", type=t.nonneg_float, default=RESULT_INTERVAL_US,
                    help="pacing: at most one result message to the controller per interval; "
                    "under load results share messages (default "
                    f"{RESULT_INTERVAL_US:g}; 0: one message whenever results are ready)")
-    p.add_argument("--seed", type=t.nonneg_int, default=0)
+    p.add_argument("--seed", type=t.nonneg_int, default=0,
+                   help="seed of the emulated noise and stragglers; GPU g draws from seed x "
+                   "1000 + g (default 0)")
     p.add_argument("--clock-offset-ms", type=t.finite_float, default=0.0,
                    help="add this to the worker's clock (to test clock-offset handling)")
     _add_server_security(p, "worker")
@@ -418,7 +435,8 @@ def add_infer(sub) -> None:
                    help="host:port (default 127.0.0.1:12346)")
     p.add_argument("--slo-ms", type=t.positive_float, default=None,
                    help="SLO (default: the controller's)")
-    p.add_argument("-n", type=t.positive_int, default=1, help="how many requests, one after another")
+    p.add_argument("-n", type=t.positive_int, default=1,
+                   help="how many requests, one after another (default 1)")
     p.add_argument("--list", action="store_true", help="list the models and exit")
     p.add_argument("--timeout", type=t.positive_float, default=30.0,
                    help="seconds per call (default 30)")
