@@ -49,3 +49,54 @@ def test_simulate_log_format_with_out_still_writes_it(tmp_path):
     assert main(["simulate", SC, "--set", "duration_s=1", "--out", str(tmp_path / "t"),
                  "--quiet"]) == 0
     assert (tmp_path / "t" / "requests.tsv").exists()  # tsv by default
+
+
+def test_controller_settings_takes_a_shipped_scenario_name(tmp_path, monkeypatch):
+    """--settings NAME finds a shipped scenario as simulate NAME does (its [scheduler]
+    table is read); a path that is a file still wins, and a name that is neither is
+    one line naming the closest shipped scenarios."""
+    from clockwork.cluster.cli import build_parser
+    from clockwork.resources import resolve_scenario
+    from controller.service import scheduler_settings
+
+    monkeypatch.chdir(tmp_path)  # (in the checkout scenarios/cpu_live.toml is a file too)
+
+    def parse(*argv):
+        return build_parser().parse_args(["controller", "--workers", "127.0.0.1:1", *argv])
+
+    for name in ("cpu_live", "cpu_live.toml", "scenarios/cpu_live.toml"):
+        args = parse("--settings", name)
+        assert args.settings == str(resolve_scenario("cpu_live")), args.settings
+        policy, cfg, own = scheduler_settings(args)
+        assert policy == "clockwork" and cfg.default_slo == 50_000_000 and own == {}
+
+
+def test_controller_settings_unknown_name_is_one_line(capsys):
+    from clockwork.cluster.cli import main
+
+    assert main(["controller", "--workers", "127.0.0.1:1", "--settings", "cpu_lvie"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--settings" in err and "cpu_live" in err, err
+
+
+@pytest.mark.parametrize("device", ["emulated", "cpu"])
+def test_worker_packages_that_do_not_exist_is_one_warning_line(device, tmp_path):
+    """The worker starts (a package folder may come later) and says so in one line."""
+    if device == "cpu":
+        pytest.importorskip("tvm")
+    missing = tmp_path / "no_such_packages"
+    p = subprocess.Popen([sys.executable, "-m", "clockwork.cluster.cli", "worker", "--port", "0",
+                          "--device", device, "--packages", str(missing)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         cwd=tmp_path)
+    try:
+        line = p.stdout.readline()
+        assert "clockwork worker listening on" in line, (line, p.stderr.read())
+    finally:
+        p.terminate()
+        _, err = p.communicate(timeout=30)
+    warnings = [x for x in err.splitlines() if "warning" in x]
+    assert len(warnings) == 1 and "Traceback" not in err, err
+    assert warnings[0].startswith(f"clockwork worker: warning: --packages {missing}: no such "
+                                  "folder"), warnings[0]
+    assert not missing.exists()

@@ -148,6 +148,24 @@ def readable_file(text: str) -> str:
     return text
 
 
+def settings_file(text: str) -> str:
+    """A settings file (``controller --settings``): an existing file as given, else a
+    shipped scenario by name -- ``clockwork.resources.resolve_scenario``, the lookup of
+    ``clockwork simulate NAME`` -- as the path of its file. A ``.json`` name that is
+    not a file stays as given (the controller says it cannot read it)."""
+    import os
+
+    if os.path.isfile(text) or text.endswith(".json"):
+        return text
+    from clockwork.errors import ScenarioError
+    from clockwork.resources import resolve_scenario
+
+    try:
+        return str(resolve_scenario(text))
+    except ScenarioError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def in_dir(text: str) -> str:
     """An existing folder to read from."""
     import os

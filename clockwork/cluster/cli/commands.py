@@ -1,4 +1,5 @@
-"""``clockwork simulate`` and ``clockwork report``."""
+"""``clockwork simulate`` and ``clockwork report``, and what the command line checks before
+``clockwork worker`` runs (``worker.service.cmd_worker``)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,25 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     finally:
         res.telemetry.close()  # (--spill-dir: the rows' files go now)
     return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """``clockwork worker``: a ``--packages`` folder that does not exist is one warning
+    line (the worker still starts: the folder may be filled later, and LOADs of its
+    packages fail until then), then ``worker.service.cmd_worker``."""
+    from worker.service import cmd_worker as run
+
+    folder = args.packages
+    if folder is not None and not Path(folder).is_dir():
+        if args.device == "emulated":
+            why = (" (the emulated device reads no packages: --packages is for --device cpu "
+                   "or cuda)")
+        else:
+            why = (f"; every LOAD fails until {folder}/<model>/ holds the model's package "
+                   f"(clockwork compile MODEL --device {args.device} --out {folder}/MODEL)")
+        print(f"clockwork worker: warning: --packages {folder}: no such folder{why}",
+              file=sys.stderr, flush=True)
+    return run(args)
 
 
 def _summary_from_logs(path: Path) -> tuple[dict, dict, dict, float | None] | str | None:

@@ -318,9 +318,10 @@ def add_controller(sub) -> None:
                    help="profile set: a shipped set's name or a folder (default v100-reference)")
     p.add_argument("--models", default=None,
                    help="model instances, name[:copies],... (default: every profile, one copy)")
-    p.add_argument("--settings", metavar="FILE", default=None,
+    p.add_argument("--settings", metavar="FILE", default=None, type=t.settings_file,
                    help="the [scheduler] table (policy and settings) as data: a TOML file "
-                   "with a [scheduler] table (a scenario file works) or a JSON file "
+                   "with a [scheduler] table (a scenario file works, or a shipped "
+                   "scenario's name, as for simulate) or a JSON file "
                    "{\"scheduler\": {...}} (what clockwork serve writes); the flags below "
                    "override it")
     p.add_argument("--policy", default=None,
@@ -374,11 +375,12 @@ def add_controller(sub) -> None:
 
 
 def add_worker(sub) -> None:
-    p = _verb(sub, "worker", "worker.service:cmd_worker",
+    p = _verb(sub, "worker", "clockwork.cluster.cli.commands:cmd_worker",
               "run a worker (GPUs that execute the controller's actions)",
               "Run a Clockwork worker: it executes timestamped LOAD/EVICT/INFER actions from "
               "the controller on its GPUs: emulated (profiled timings, the default), cpu "
-              "(TVM-compiled model packages run on this host) or cuda.")
+              "(TVM-compiled model packages run on this host) or cuda.",
+              requires=("worker.service",))
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=t.port, default=12345,
                    help="port (default 12345; 0 picks a free one; printed)")
@@ -397,7 +399,8 @@ def add_worker(sub) -> None:
                    help="emulated (default), cpu (needs the tvm extra) or cuda")
     p.add_argument("--packages", metavar="DIR", default=None,
                    help="cpu/cuda: model packages as DIR/<model>/ (default packages/DEVICE; "
-                   "build them with 'clockwork compile')")
+                   "build them with 'clockwork compile'); a DIR that does not exist is a "
+                   "warning: the worker starts, and LOADs fail until the packages are there")
     p.add_argument("--gpus", type=t.int_in(1, MAX_GPUS_PER_WORKER), default=1,
                    help=f"number of GPUs, 1 to {MAX_GPUS_PER_WORKER} (default 1)")
     p.add_argument("--pages", type=t.positive_int, default=None,
