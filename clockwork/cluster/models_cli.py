@@ -88,8 +88,71 @@ def cmd_profile(args: argparse.Namespace) -> int:
             print(f"clockwork profile: {package}: {why}", file=sys.stderr)
             return 2
     out = Path(args.out) if args.out else Path("profiles") / args.device / f"{prof.model}.json"
+    started = _start_set(out.parent, prof.model)
     save_profile(prof, out)
+    if started:
+        print(f"clockwork profile: {started}", file=sys.stderr)
     figures = ", ".join(f"b{b} {v / 1e6:.3f}" for b, v in prof.exec_ns.items())
     print(f"wrote {out}: load {prof.load_ns / 1e6:.3f} ms, exec (p99, ms) {figures}",
           file=sys.stderr)
+    unreached = _unreached(out.parent)
+    if unreached:
+        print(f"clockwork profile: warning: {unreached}", file=sys.stderr)
     return 0
+
+
+def _named_folder(folder: Path) -> bool:
+    """Whether ``folder`` is where a profile set is looked up by its name (``<root>/<name>``
+    for a root of ``clockwork.profiles.profile_roots()``: ``$CLOCKWORK_PROFILES``,
+    ``./profiles``, ...)."""
+    from clockwork.profiles import profile_roots
+
+    where = folder.resolve()
+    return any((root / folder.name).resolve() == where for root in profile_roots())
+
+
+def _start_set(folder: Path, model: str) -> str | None:
+    """A profile written into a new folder where sets are looked up by name -- the default
+    ``profiles/DEVICE/``, which ``--profiles DEVICE`` reads before the shipped set -- would
+    make a set of that one model that hides the whole set of the name (the shipped ``cpu``:
+    its other models, its ``set.json``). So such a folder starts as a copy of the set the
+    name finds now (but ``model``'s own file). Returns what it did in words, or None (the
+    folder exists, is not found by name, or no set has the name)."""
+    import shutil
+
+    from clockwork.profiles import ProfileError, load_profile, load_profile_set
+
+    if folder.exists() or not _named_folder(folder):
+        return None
+    try:
+        found = load_profile_set(folder.name)
+    except ProfileError:
+        return None
+    folder.mkdir(parents=True)
+    n = 0
+    for f in sorted(found.path.glob("*.json")):
+        if f.name != "set.json":
+            if load_profile(f).model == model:
+                continue
+            n += 1
+        shutil.copyfile(f, folder / f.name)
+    return (f"{folder}/ is new: started it as a copy of profile set {found.name!r} "
+            f"({found.path}: {n} other profile(s) and its set.json), so that --profiles "
+            f"{folder.name} keeps every model beside the new {model}")
+
+
+def _unreached(folder: Path) -> str | None:
+    """Why ``--profiles NAME`` does not read the set in ``folder`` (NAME its name; another
+    root, e.g. ``$CLOCKWORK_PROFILES``, has a set of that name first), or None."""
+    from clockwork.profiles import ProfileError, load_profile_set
+
+    if not _named_folder(folder):
+        return None
+    try:
+        found = load_profile_set(folder.name).path
+    except ProfileError:
+        return None
+    if found.resolve() == folder.resolve():
+        return None
+    return (f"--profiles {folder.name} finds the set {found} first ($CLOCKWORK_PROFILES, "
+            f"./profiles, then the shipped sets), not {folder}: use --profiles {folder}")

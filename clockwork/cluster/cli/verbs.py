@@ -237,7 +237,11 @@ def add_profile(sub) -> None:
     p.add_argument("--runs", type=t.positive_int, default=200,
                    help="EXEC runs per batch size (default 200)")
     p.add_argument("--load-runs", type=t.positive_int, default=50, help="LOAD runs (default 50)")
-    p.add_argument("--out", type=t.out_file, metavar="FILE", help="default profiles/DEVICE/MODEL.json")
+    p.add_argument("--out", type=t.out_file, metavar="FILE",
+                   help="default profiles/DEVICE/MODEL.json: in the set --profiles DEVICE "
+                   "reads (./profiles/DEVICE comes before the shipped set of that name); "
+                   "a new profiles/DEVICE/ starts as a copy of the set the name finds now, "
+                   "so it keeps that set's other models")
 
 
 def add_serve(sub) -> None:

@@ -1,0 +1,61 @@
+"""``clockwork profile`` writing into a profile set by name: the set it writes into keeps
+the models it had (a new ./profiles/DEVICE/ shadowed the whole shipped set with one
+model), and a file that the set's name does not reach is said so."""
+
+from __future__ import annotations
+
+import pytest
+
+from clockwork.cluster.cli import main
+
+pytest.importorskip("tvm")
+
+FAST = ["--batch-sizes", "1", "--runs", "2", "--load-runs", "1"]
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CLOCKWORK_PROFILES", raising=False)
+    return tmp_path
+
+
+def test_profile_into_a_new_local_set_keeps_the_shipped_models(here, capsys):
+    from clockwork.profiles import load_profile_set
+    from clockwork.resources import profiles_root
+
+    shipped = load_profile_set(str(profiles_root() / "cpu"))
+    assert main(["profile", "mlp", "--device", "cpu", *FAST]) == 0
+    err = capsys.readouterr().err
+    local = load_profile_set("cpu")  # what --profiles cpu (worker, serve, scenarios) reads
+    assert local.path == here / "profiles" / "cpu", err
+    assert sorted(local.profiles) == sorted(shipped.profiles), err
+    assert local.weights_cache_pages == shipped.weights_cache_pages
+    assert local.get("mlp").batch_sizes == [1]  # the new measurement ...
+    for m in set(shipped.profiles) - {"mlp"}:  # ... beside the others, as shipped
+        assert local.get(m).to_json() == shipped.get(m).to_json()
+    assert "copy of profile set 'cpu'" in err and "wrote profiles/cpu/mlp.json" in err, err
+    # again: the folder is there, so only the file is written
+    assert main(["profile", "mlp", "--device", "cpu", *FAST]) == 0
+    err = capsys.readouterr().err
+    assert "copy" not in err and len(err.strip().splitlines()) == 1, err
+    assert sorted(load_profile_set("cpu").profiles) == sorted(shipped.profiles)
+
+
+def test_profile_into_a_set_the_name_does_not_reach_says_so(here, monkeypatch, capsys):
+    from clockwork.profiles import load_profile_set
+    from clockwork.resources import profiles_root
+
+    env = here / "env"
+    (env / "cpu").mkdir(parents=True)
+    shipped = profiles_root() / "cpu"
+    for f in ("resnet_tiny.json", "set.json"):
+        (env / "cpu" / f).write_bytes((shipped / f).read_bytes())
+    monkeypatch.setenv("CLOCKWORK_PROFILES", str(env))  # looked up before ./profiles
+    assert main(["profile", "mlp", "--device", "cpu", *FAST]) == 0
+    err = capsys.readouterr().err
+    warnings = [x for x in err.splitlines() if "warning" in x]
+    assert len(warnings) == 1 and str(env / "cpu") in warnings[0], err
+    assert "--profiles profiles/cpu" in warnings[0], warnings[0]
+    assert load_profile_set("profiles/cpu").get("resnet_tiny")  # started from env's set
+    assert sorted(load_profile_set("cpu").profiles) == ["resnet_tiny"]  # env's, untouched
