@@ -34,6 +34,7 @@ by time), and stop at the workload's end and at the end of the selected minutes.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -265,6 +266,8 @@ def load_cached(path: Path) -> AzureTrace:
         while len(_CACHE) >= 2:
             _CACHE.pop(next(iter(_CACHE)))
         _CACHE[key] = tr
+    if tr.source != str(path):  # the same file reached by another path (another cwd)
+        tr = dataclasses.replace(tr, source=str(path))
     return tr
 
 
