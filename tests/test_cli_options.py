@@ -17,6 +17,8 @@ NEEDS_ANOTHER = [
     (["serve", "--set", "cluster.workers=2", *QUIET_PORTS], "--set needs a scenario"),
     (["serve", "--out", "run", *QUIET_PORTS], "--out needs --replay"),
     (["serve", SC, "--out", "run", *QUIET_PORTS], "--out needs --replay"),
+    (["serve", "--quiet", *QUIET_PORTS], "--quiet needs --replay"),
+    (["serve", SC, "--quiet", *QUIET_PORTS], "--quiet needs --replay"),
     (["simulate", SC, "--set", "duration_s=1", "--log-format", "npz"],
      "--log-format needs --out"),
     (["simulate", SC, "--set", "duration_s=1", "--log-format", "tsv"],

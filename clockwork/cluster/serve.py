@@ -431,6 +431,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print("clockwork serve: --out needs --replay (the replay's logs and summary.json go "
               "there; a serving cluster's logs: --log-dir)", file=sys.stderr)
         return 2
+    if getattr(args, "quiet", False) and not getattr(args, "replay", False):
+        print("clockwork serve: --quiet needs --replay (it hides the replay's progress line; "
+              "a serving cluster prints none)", file=sys.stderr)
+        return 2
     if args.scenario:
         try:
             sc = load_scenario(args.scenario, args.set)

@@ -284,7 +284,8 @@ def add_serve(sub) -> None:
                    "table, and stop (one command: cluster + load + report)")
     p.add_argument("--out", type=t.out_dir, metavar="DIR",
                    help="with --replay (needs it): write logs and summary.json here")
-    p.add_argument("--quiet", action="store_true", help="with --replay: no progress line")
+    p.add_argument("--quiet", action="store_true",
+                   help="with --replay (needs it): no progress line")
     p.add_argument("--log-dir", metavar="DIR", help="the controller writes requests.tsv and "
                    "actions.tsv (its own view: every request and action) here")
     g = p.add_argument_group("security (see SECURITY.md; the workers always listen on "
