@@ -1658,13 +1658,17 @@ def _worker_credentials(args: argparse.Namespace, tls: TlsFiles | None):
 
 def cmd_controller(args: argparse.Namespace) -> int:
     workers = list(args.workers)  # host:port list, checked by the argument parser
+    if getattr(args, "log_format", None) is not None and not args.log_dir:
+        print("clockwork controller: --log-format needs --log-dir (the logs are written "
+              "only there)", file=sys.stderr)
+        return 2
     try:
         policy, cfg, own = scheduler_settings(args)
         limits = limits_from_flags(getattr(args, "limit", None) or [])
         node = ControllerNode(workers, args.profiles, args.models, policy, cfg,
                               args.connect_timeout, args.log_dir, args.action_interval_us,
                               args.reply_interval_us, own, args.log_flush_s,
-                              getattr(args, "log_format", "tsv"),
+                              getattr(args, "log_format", None) or "tsv",
                               adopt_weights=not getattr(args, "fresh_caches", False))
     except (ProfileError, ValueError) as e:
         print(f"clockwork controller: {e}", file=sys.stderr)

@@ -19,6 +19,11 @@ NEEDS_ANOTHER = [
     (["serve", SC, "--out", "run", *QUIET_PORTS], "--out needs --replay"),
     (["serve", "--quiet", *QUIET_PORTS], "--quiet needs --replay"),
     (["serve", SC, "--quiet", *QUIET_PORTS], "--quiet needs --replay"),
+    # (a worker address nothing listens on: a controller that started would wait for it)
+    (["controller", "--workers", "127.0.0.1:1", "--log-format", "npz", *QUIET_PORTS],
+     "--log-format needs --log-dir"),
+    (["controller", "--workers", "127.0.0.1:1", "--log-format", "tsv", *QUIET_PORTS],
+     "--log-format needs --log-dir"),
     (["simulate", SC, "--set", "duration_s=1", "--log-format", "npz"],
      "--log-format needs --out"),
     (["simulate", SC, "--set", "duration_s=1", "--log-format", "tsv"],

@@ -359,11 +359,12 @@ def add_controller(sub) -> None:
     p.add_argument("--log-flush-s", type=t.positive_float, default=1.0, metavar="S",
                    help="with --log-dir: append the rows every S seconds (a crash loses at "
                    "most the last S seconds, never half a row) and at SIGTERM")
-    p.add_argument("--log-format", choices=("tsv", "npz"), default="tsv",
-                   help="with --log-dir: tsv (default; flushed every --log-flush-s) or npz "
-                   "(requests.npz/actions.npz, written once at stop; until then the rows "
-                   "wait in raw column files in a clockwork-rows-* folder in DIR, not in "
-                   "memory, and a crash leaves them there without the .npz files)")
+    p.add_argument("--log-format", choices=("tsv", "npz"), default=None,
+                   help="with --log-dir (needs it): tsv (default; flushed every "
+                   "--log-flush-s) or npz (requests.npz/actions.npz, written once at stop; "
+                   "until then the rows wait in raw column files in a clockwork-rows-* "
+                   "folder in DIR, not in memory, and a crash leaves them there without the "
+                   ".npz files)")
     p.add_argument("--action-interval-us", type=t.nonneg_float, default=ACTION_INTERVAL_US,
                    help="pacing: at most one action message per worker per interval; under "
                    f"load actions share messages (default {ACTION_INTERVAL_US:g}; 0: off)")
