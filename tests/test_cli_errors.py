@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import orjson
 import pytest
@@ -300,3 +301,38 @@ def test_serve_stops_with_exit_2_when_a_port_is_taken(tmp_path):
     assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
     assert f"{port} (--http-port)" in p.stdout + p.stderr
     assert "Traceback" not in p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("flag,child", [("--port", "controller"), ("--worker-port", "worker0")])
+@pytest.mark.parametrize("replay", [False, True], ids=["serving", "--replay"])
+def test_serve_says_a_childs_refusal_once_naming_the_child(tmp_path, flag, child, replay):
+    """A child that refuses to start (its port is taken): its one line once, named --
+    echoed as ``[child] ...`` while serve echoes its children, else said by serve as
+    ``clockwork serve: child: ...`` -- and exit 2."""
+    s, port = _busy_port()
+    ports = ["--port", "0", "--http-port", "-1", "--kserve-port", "-1"]
+    argv = ["serve", SC, "--replay"] if replay else ["serve"]
+    with s:
+        p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", *argv, *ports,
+                            flag, str(port)], capture_output=True, text=True, timeout=90,
+                           cwd=Path(__file__).resolve().parent.parent)
+    out = p.stdout + p.stderr
+    assert p.returncode == 2, (p.returncode, out)
+    refusal = [ln for ln in out.splitlines() if f"cannot listen on 127.0.0.1:{port}" in ln]
+    assert len(refusal) == 1, out
+    assert refusal[0].startswith(f"clockwork serve: {child}: " if replay else f"[{child}] "), out
+    assert "Traceback" not in out
+
+
+@pytest.mark.parametrize("echo", [True, False])
+def test_a_child_that_fails_at_start_shows_its_output_once(capsys, echo):
+    """A child that exits before it listens (not a refusal, exit 1): its output is in the
+    error once -- echoed already, or in the message when not echoed."""
+    from clockwork.cluster.serve import _Child
+
+    c = _Child("worker0", [sys.executable, "-c", "import sys; print('boom'); sys.exit(1)"],
+               echo=echo)
+    with pytest.raises(RuntimeError) as e:
+        c.wait_address(30)
+    said = capsys.readouterr().err + str(e.value)
+    assert said.count("boom") == 1 and "worker0 exited (rc 1)" in str(e.value), said

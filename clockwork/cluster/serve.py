@@ -38,7 +38,13 @@ RAY_CLUSTER = "clockwork.cluster.ray_cluster:RayCluster"
 
 class ChildRefused(RuntimeError):
     """A worker or the controller exited with code 2 at start (a bad setting, a port it
-    cannot bind); the message is its own one-line explanation."""
+    cannot bind); the message is its own one-line explanation. ``echoed``: that line is
+    already on stderr, echoed from the child's output with its name (``[controller]
+    ...``), so whoever reports the refusal does not print it again."""
+
+    def __init__(self, message: str, echoed: bool = False) -> None:
+        super().__init__(message)
+        self.echoed = echoed
 
 
 class _Child:
@@ -74,8 +80,8 @@ class _Child:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"{self.name} did not report its address in {timeout:.0f} s:\n"
-                                   + "".join(self.output[-20:]))
+                raise TimeoutError(f"{self.name} did not report its address in "
+                                   f"{timeout:.0f} s{self._output_note()}")
             try:
                 line = self.lines.get(timeout=left)
             except queue.Empty:
@@ -83,12 +89,20 @@ class _Child:
             if line is None:
                 rc = self.proc.wait()
                 if rc == 2 and self.output:  # it refused a setting or a port: its own line
-                    raise ChildRefused(f"{self.name}: {self.output[-1].strip()}")
-                raise RuntimeError(f"{self.name} exited (rc {rc}):\n"
-                                   + "".join(self.output[-20:]))
+                    raise ChildRefused(f"{self.name}: {self.output[-1].strip()}", self.echo)
+                raise RuntimeError(f"{self.name} exited (rc {rc}){self._output_note()}")
             m = _ADDR.search(line)
             if m:
                 return f"{m.group(1)}:{m.group(2)}"
+
+    def _output_note(self) -> str:
+        """The child's output for a message saying it failed: its last lines, or, when
+        they were echoed to stderr already, where they are."""
+        if not self.output:
+            return ""
+        if self.echo:
+            return " (its output is above)"
+        return ":\n" + "".join(self.output[-20:])
 
     def stop(self, timeout: float = 5.0) -> int | None:
         p = self.proc
@@ -547,7 +561,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         try:
             cluster.start()
         except ChildRefused as e:
-            print(f"clockwork serve: {e}", file=sys.stderr)
+            if not e.echoed:  # (echoed: the child's own line, named, is on stderr)
+                print(f"clockwork serve: {e}", file=sys.stderr)
             return 2
         except (TimeoutError, RuntimeError, ConnectionError) as e:
             print(f"clockwork serve: {e}", file=sys.stderr)
