@@ -3,7 +3,8 @@ stand-in for "many"), and building the run would exhaust memory before it starts
 largest shipped set-ups are far below them (the paper's 150 workers, 3,601 copies of a
 model). Each holds per key (the scenario's schema, the command line) and, where keys
 multiply, in all, each product within a few GiB of memory (measured: ~60 KiB a GPU,
-~3.5 KiB an instance, ~1 KiB an outstanding request).
+~3.5 KiB an instance, ~1 KiB an outstanding request). Below them, the bound on a
+message between the controller and a worker.
 
 Standard library only; nothing else of the project is imported here."""
 
@@ -14,3 +15,13 @@ MAX_CONCURRENCY = 100_000  # outstanding requests per instance of a closed loop
 MAX_GPUS = 65_536  # workers x gpus_per_worker
 MAX_INSTANCES = 1_000_000  # the copies of every [[models]] entry together
 MAX_OUTSTANDING = 1_000_000  # a closed loop's concurrency x the instances it selects
+
+# Actions in one message from the controller to a worker. A worker handles a message's
+# actions in one go, its event loop busy meanwhile (~4-7 us an action: 1,024 take ~4-7 ms;
+# 100,000 took ~0.4-1 s, past the controller's 50 ms liveness probe timeout); it refuses a
+# larger message whole, ending that connection (worker/service.py). The controller's
+# messages carry what it planned for the worker's GPUs since its last one (at most ~50
+# actions measured, 64 GPUs a worker at full load: tests/test_worker_message_bounds.py);
+# it splits a longer list (one that grew while a write waited) into messages of at most
+# this many.
+MAX_ACTIONS_PER_MESSAGE = 1024

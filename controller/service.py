@@ -81,7 +81,7 @@ from clockwork.protocol.wire import (
     msgs_to_tensors,
 )
 from clockwork.requests import Answer, Reply, Request
-from clockwork.sizes import MAX_GPUS_PER_WORKER, MAX_INSTANCES
+from clockwork.sizes import MAX_ACTIONS_PER_MESSAGE, MAX_GPUS_PER_WORKER, MAX_INSTANCES
 from clockwork.tensors import (
     Tensor,
     TensorError,
@@ -677,7 +677,6 @@ class ControllerNode:
                 if not acts:
                     continue
                 pacer.note(len(acts))
-                self.count("msgs_to_workers")
                 await self._write_actions(link, call, acts)
         except asyncio.CancelledError:
             raise
@@ -689,20 +688,24 @@ class ControllerNode:
                 self._lost(link)
 
     async def _write_actions(self, link: WorkerLink, call, acts: list[Action]) -> None:
-        """One message of actions for ``link`` (windows on its clock; INFERs' batch rows
-        and, for a real device, their inputs: on the fast link as the frame's
-        attachments, the rows' own buffers; on gRPC joined into the message)."""
+        """The actions for ``link`` in one message, or in several of at most
+        ``MAX_ACTIONS_PER_MESSAGE`` (the most a worker takes in one: a list that grew
+        while a write waited), in order (windows on its clock; INFERs' batch rows and, for
+        a real device, their inputs: on the fast link as the frame's attachments, the
+        rows' own buffers; on gRPC joined into the message)."""
         off = link.offset
         real = link.state.device != "emulated"
-        attach = [] if real and isinstance(call, FrameStream) else None
-        msg = pb.ControllerMessage()
-        msg.actions.SetInParent()  # an ActionBatch, even of no actions
-        field = msg.actions.actions  # (built in place: no copies)
-        for a in acts:
-            m = add_action(field, a, off)
-            if a.type == ActionType.INFER and a.requests:
-                self._add_inputs(m, a, real, attach)
-        await (call.write(msg, attach) if attach else call.write(msg))
+        for start in range(0, max(len(acts), 1), MAX_ACTIONS_PER_MESSAGE):
+            attach = [] if real and isinstance(call, FrameStream) else None
+            msg = pb.ControllerMessage()
+            msg.actions.SetInParent()  # an ActionBatch, even of no actions
+            field = msg.actions.actions  # (built in place: no copies)
+            for a in acts[start:start + MAX_ACTIONS_PER_MESSAGE]:
+                m = add_action(field, a, off)
+                if a.type == ActionType.INFER and a.requests:
+                    self._add_inputs(m, a, real, attach)
+            self.count("msgs_to_workers")
+            await (call.write(msg, attach) if attach else call.write(msg))
 
     async def _write_updates(self, link: WorkerLink, call, acts: list[Action]) -> list[Action]:
         """Write the link's InstanceUpdates, each after the actions queued before it;
@@ -711,7 +714,6 @@ class ControllerNode:
         done = 0
         for pos, u in ups:
             if pos > done:
-                self.count("msgs_to_workers")
                 await self._write_actions(link, call, acts[done:pos])
                 done = pos
             await call.write(pb.ControllerMessage(update=u))

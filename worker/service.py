@@ -78,6 +78,7 @@ from clockwork.protocol.wire import (
     msg_to_action,
     msgs_to_tensors,
 )
+from clockwork.sizes import MAX_ACTIONS_PER_MESSAGE
 from clockwork.tensors import Tensor
 from worker.devices.emulated import EmulatedDevice
 from worker.executor import GpuExecutor, held_weights, keep_weights
@@ -645,7 +646,8 @@ class WorkerServicer(pbg.WorkerServicer):
         if self._session is not None:
             self._session.stop()
         # the newest controller connection owns the worker
-        session = self._session = _Session(node, first.hello.fast_link and self.link_port > 0)
+        session = self._session = _Session(node, first.hello.fast_link and self.link_port > 0,
+                                           self._refused)
         state = node.hello(first.hello)
         if session.ticket:
             state.link_port, state.link_ticket = self.link_port, session.ticket
@@ -668,12 +670,14 @@ class WorkerServicer(pbg.WorkerServicer):
                 ended = asyncio.ensure_future(session.ended.wait())
                 await asyncio.wait([rtask, ended], return_when=asyncio.FIRST_COMPLETED)
                 ended.cancel()
-                return
-            async for m, _ in session.outgoing(rtask, fast=False):
-                yield m
+            else:
+                async for m, _ in session.outgoing(rtask, fast=False):
+                    yield m
         finally:
             rtask.cancel()
             session.stop()
+        if session.refused:  # the controller's stream ends with why
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, session.refused)
 
     async def serve_link(self, reader: asyncio.StreamReader,
                          writer: asyncio.StreamWriter) -> None:
@@ -721,11 +725,14 @@ class _Session:
     """One controller connection (a ``Connect`` stream, and its fast link if it takes
     one): what it has sent is handled by ``handle``; ``outgoing`` yields what to send it
     (results as they are ready, echoes, the answers to InstanceUpdates) until the session
-    ends: a newer controller connection took the worker over, or either transport
-    ended."""
+    ends: a newer controller connection took the worker over, either transport ended, or
+    it refused a message (more than ``MAX_ACTIONS_PER_MESSAGE`` actions: ``refused``
+    says so, and the gRPC stream ends with it, ``RESOURCE_EXHAUSTED``)."""
 
-    def __init__(self, node: WorkerNode, offer: bool) -> None:
+    def __init__(self, node: WorkerNode, offer: bool, refusals=None) -> None:
         self.node = node
+        self._refusals = refusals  # logs a refused message (``Refusals``)
+        self.refused = ""  # why the session ended on a message it refused, if it did
         self.echoes: list[pb.ClockEcho] = []
         self.states: list[pb.WorkerState] = []  # answers to InstanceUpdates
         # something to send (results, echoes, states) or the end: one event, the node's
@@ -767,6 +774,18 @@ class _Session:
             return False
         node = self.node
         kind = msg.WhichOneof("kind")
+        if kind == "actions" and len(msg.actions.actions) > MAX_ACTIONS_PER_MESSAGE:
+            # handling it would hold the event loop past the controller's probe timeout:
+            # refused whole, and the connection ends (its actions cannot be answered
+            # one by one in less time than running them)
+            self.refused = (f"a message of {len(msg.actions.actions)} actions: at most "
+                            f"{MAX_ACTIONS_PER_MESSAGE} per message "
+                            "(clockwork.sizes.MAX_ACTIONS_PER_MESSAGE)")
+            if self._refusals is not None:
+                self._refusals(f"{self.refused}; ending the controller's connection",
+                               "message_too_large")
+            self.stop()
+            return False
         try:
             if kind == "actions":
                 node.submit(msg.actions, tail)
