@@ -729,7 +729,7 @@ class _Session:
     it refused a message (more than ``MAX_ACTIONS_PER_MESSAGE`` actions: ``refused``
     says so, and the gRPC stream ends with it, ``RESOURCE_EXHAUSTED``)."""
 
-    def __init__(self, node: WorkerNode, offer: bool, refusals=None) -> None:
+    def __init__(self, node: WorkerNode, offer: bool, refusals) -> None:
         self.node = node
         self._refusals = refusals  # logs a refused message (``Refusals``)
         self.refused = ""  # why the session ended on a message it refused, if it did
@@ -781,9 +781,8 @@ class _Session:
             self.refused = (f"a message of {len(msg.actions.actions)} actions: at most "
                             f"{MAX_ACTIONS_PER_MESSAGE} per message "
                             "(clockwork.sizes.MAX_ACTIONS_PER_MESSAGE)")
-            if self._refusals is not None:
-                self._refusals(f"{self.refused}; ending the controller's connection",
-                               "message_too_large")
+            self._refusals(f"{self.refused}; ending the controller's connection",
+                           "message_too_large")
             self.stop()
             return False
         try:
