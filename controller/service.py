@@ -1660,16 +1660,20 @@ def _worker_credentials(args: argparse.Namespace, tls: TlsFiles | None):
 
 def cmd_controller(args: argparse.Namespace) -> int:
     workers = list(args.workers)  # host:port list, checked by the argument parser
-    if getattr(args, "log_format", None) is not None and not args.log_dir:
-        print("clockwork controller: --log-format needs --log-dir (the logs are written "
-              "only there)", file=sys.stderr)
-        return 2
+    for flag, given in (("--log-format", getattr(args, "log_format", None)),
+                        ("--log-flush-s", getattr(args, "log_flush_s", None))):
+        if given is not None and not args.log_dir:
+            print(f"clockwork controller: {flag} needs --log-dir (the logs are written "
+                  "only there)", file=sys.stderr)
+            return 2
+    flush_s = getattr(args, "log_flush_s", None)
     try:
         policy, cfg, own = scheduler_settings(args)
         limits = limits_from_flags(getattr(args, "limit", None) or [])
         node = ControllerNode(workers, args.profiles, args.models, policy, cfg,
                               args.connect_timeout, args.log_dir, args.action_interval_us,
-                              args.reply_interval_us, own, args.log_flush_s,
+                              args.reply_interval_us, own,
+                              LOG_FLUSH_S if flush_s is None else flush_s,
                               getattr(args, "log_format", None) or "tsv",
                               adopt_weights=not getattr(args, "fresh_caches", False))
     except (ProfileError, ValueError) as e:

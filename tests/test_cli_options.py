@@ -24,6 +24,8 @@ NEEDS_ANOTHER = [
      "--log-format needs --log-dir"),
     (["controller", "--workers", "127.0.0.1:1", "--log-format", "tsv", *QUIET_PORTS],
      "--log-format needs --log-dir"),
+    (["controller", "--workers", "127.0.0.1:1", "--log-flush-s", "0.5", *QUIET_PORTS],
+     "--log-flush-s needs --log-dir"),
     (["simulate", SC, "--set", "duration_s=1", "--log-format", "npz"],
      "--log-format needs --out"),
     (["simulate", SC, "--set", "duration_s=1", "--log-format", "tsv"],

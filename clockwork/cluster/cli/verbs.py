@@ -356,9 +356,10 @@ def add_controller(sub) -> None:
                    "LOAD (the baselines always start empty)")
     p.add_argument("--log-dir", default=None, metavar="DIR",
                    help="write requests.tsv and actions.tsv (the simulator's logs) here")
-    p.add_argument("--log-flush-s", type=t.positive_float, default=1.0, metavar="S",
-                   help="with --log-dir: append the rows every S seconds (a crash loses at "
-                   "most the last S seconds, never half a row) and at SIGTERM")
+    p.add_argument("--log-flush-s", type=t.positive_float, default=None, metavar="S",
+                   help="with --log-dir (needs it): append the rows every S seconds (a "
+                   "crash loses at most the last S seconds, never half a row) and at "
+                   "SIGTERM (default 1)")
     p.add_argument("--log-format", choices=("tsv", "npz"), default=None,
                    help="with --log-dir (needs it): tsv (default; flushed every "
                    "--log-flush-s) or npz (requests.npz/actions.npz, written once at stop; "
