@@ -255,6 +255,7 @@ class ControllerNode:
     # the link to the workers: the cluster secret (None: no proofs either way) and TLS
     # credentials to dial them with (None: plaintext), for gRPC and for their fast links
     cluster_auth: ClusterAuth | None = None
+    insecure_no_auth: bool = False  # --insecure-no-auth: far workers without the secret too
     worker_credentials: grpc.ChannelCredentials | None = None
     worker_tls: ssl.SSLContext | None = None
     _worker_refusals: Refusals | None = None
@@ -436,6 +437,13 @@ class ControllerNode:
                 if lk.address == address:
                     return lk.index, [self.gpu_index[(lk.index, g.gpu)]
                                       for g in lk.state.gpus], False
+            # (the rule for the workers at start: one off loopback needs the secret)
+            why = exposure_error("controller", "127.0.0.1", None,
+                                 None if self.cluster_auth is None else b"",
+                                 self.insecure_no_auth, [address])
+            if why is not None:
+                raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT,
+                                      f"this controller runs without the cluster secret: {why}")
             link = WorkerLink(len(self.links), address)
             wait = self.connect_timeout if timeout is None else timeout
             try:
@@ -1687,6 +1695,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
         print(f"clockwork controller: {e}", file=sys.stderr)
         return 2
     node.cluster_auth = ClusterAuth(secret) if secret is not None else None
+    node.insecure_no_auth = getattr(args, "insecure_no_auth", False)
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -129,3 +129,58 @@ def test_a_worker_with_more_gpus_than_a_worker_may_have_is_refused():
             await served_big
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_far_worker_without_the_cluster_secret_is_refused_before_it_is_dialed():
+    """As for the workers at start: a worker off loopback is joined only with the cluster
+    secret (or --insecure-no-auth); without, AddWorker is INVALID_ARGUMENT and nothing is
+    dialed -- the Hello would tell that host the models in clear text."""
+    import asyncio
+
+    grpc = pytest.importorskip("grpc")
+    from clockwork.protocol.security import ClusterAuth
+    from controller.service import ControllerNode, RepositoryError
+    from tests.test_faults_live import _serve_in_process
+    from worker.service import WorkerNode
+
+    async def main():
+        address, stop, served = await _serve_in_process(WorkerNode(gpus=1, pages=100))
+        node = ControllerNode([address], "v100-reference", models="resnet50_v2")
+        await node.start()
+        dialed = []
+
+        async def connect(link, deadline):  # (no traffic ever leaves loopback here)
+            dialed.append(link.address)
+            raise ConnectionError(f"cannot reach worker {link.address}")
+
+        node._connect = connect
+        try:
+            for far in ("192.0.2.1:12345", "[2001:db8::1]:12345"):
+                with pytest.raises(RepositoryError) as e:
+                    await node.add_worker(far)
+                assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+                assert "cluster secret" in e.value.message and far in e.value.message
+            assert dialed == []
+            # a loopback worker needs no secret; with the secret, or told to run without
+            # authentication, a far worker is dialed (here: unreachable)
+            with pytest.raises(RepositoryError) as e:
+                await node.add_worker("127.0.0.1:1")
+            assert e.value.code == grpc.StatusCode.UNAVAILABLE
+            for setting in ("cluster_auth", "insecure_no_auth"):
+                node.cluster_auth, node.insecure_no_auth = None, False
+                if setting == "cluster_auth":
+                    node.cluster_auth = ClusterAuth(b"k" * 20)
+                else:
+                    node.insecure_no_auth = True
+                with pytest.raises(RepositoryError) as e:
+                    await node.add_worker("192.0.2.1:12345")
+                assert e.value.code == grpc.StatusCode.UNAVAILABLE
+            assert dialed == ["127.0.0.1:1", "192.0.2.1:12345", "192.0.2.1:12345"]
+            assert len(node.links) == 1
+        finally:
+            node.cluster_auth = None
+            await node.stop()
+            stop.set()
+            await served
+
+    asyncio.run(main())

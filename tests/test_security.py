@@ -43,6 +43,7 @@ from clockwork.protocol.security import (  # noqa: E402
     answers_to,
     bearer_ok,
     is_loopback,
+    peer_is_local,
 )
 from tests.conftest import local_cluster, wait_output  # noqa: E402
 from tests.pki import make_pki  # noqa: E402
@@ -611,6 +612,9 @@ def _cli_run(args, env=None, timeout=60) -> subprocess.CompletedProcess:
      "--token-file"),
     (["controller", "--host", "0.0.0.0", "--workers", "127.0.0.1:1", "--port", "0",
       "--token", "short"], None, "at least 16"),
+    # (an empty token on loopback: refused, not taken as "no token")
+    (["controller", "--workers", "127.0.0.1:1", "--port", "0", "--token", ""], None,
+     "--token: empty"),
     (["controller", "--workers", "192.0.2.1:5000", "--port", "0"], None,
      "--cluster-secret-file"),
     (["worker", "--host", "0.0.0.0", "--port", "0"], None, "--cluster-secret-file"),
@@ -680,11 +684,62 @@ def test_helpers():
     assert not a.worker_proved(WORKER_CONNECT, nonce, (), w)
     # which addresses a worker answers to: its port on a name or address of this machine,
     # or an address it was told it is reached at (--advertise)
-    assert answers_to("127.0.0.1:7000", 7000) and answers_to("localhost:7000", 7000)
-    assert answers_to("[::1]:7000", 7000) or not socket.has_ipv6
-    assert not answers_to("127.0.0.1:7001", 7000) and not answers_to("192.0.2.7:7000", 7000)
-    assert not answers_to("no-such-host.invalid:7000", 7000) and not answers_to("x", 7000)
-    assert answers_to("gateway.example:80", 7000, ("gateway.example:80",))
+    here = "ipv4:127.0.0.1:40000"  # the gRPC peer of a call from this machine
+    assert answers_to("127.0.0.1:7000", 7000, here) and answers_to("localhost:7000", 7000, here)
+    assert answers_to("[::1]:7000", 7000, "ipv6:[::1]:4000") or not socket.has_ipv6
+    assert not answers_to("127.0.0.1:7001", 7000, here)
+    assert not answers_to("192.0.2.7:7000", 7000, here)
+    assert not answers_to("no-such-host.invalid:7000", 7000, here)
+    assert not answers_to("x", 7000, here)
+    assert answers_to("gateway.example:80", 7000, "ipv4:192.0.2.1:5", ("gateway.example:80",))
+
+
+@pytest.mark.parametrize("target", ["127.0.0.1:7000", "localhost:7000", "0.0.0.0:7000",
+                                    "127.0.0.2:7000"])
+@pytest.mark.parametrize("peer", ["ipv4:192.0.2.9:40000", "ipv6:[2001:db8::1]:40000",
+                                  "ipv6:%5B2001:db8::1%5D:40000", "ipv4:10.1.2.3:1"])
+def test_a_proof_for_a_loopback_worker_relayed_from_another_machine_is_refused(target, peer):
+    # Every machine has 127.0.0.1 (and 0.0.0.0): a proof the controller made for a worker
+    # on its own machine, relayed by whoever took that port over to a worker on another
+    # machine listening on the same port, must not be taken there as its own
+    assert not answers_to(target, 7000, peer)
+    assert answers_to(target, 7000, "ipv4:127.0.0.1:40000")
+    assert answers_to(target, 7000, "ipv6:[::ffff:127.0.0.1]:40000")
+    # (an address it was told it is reached at stays its own, from anywhere: --advertise)
+    assert answers_to(target, 7000, peer, (target,))
+
+
+def test_the_peer_of_a_real_loopback_call_is_local():
+    """peer_is_local reads the peer as this gRPC version writes it (IPv6 brackets are
+    percent-encoded by some versions)."""
+    hosts = ["127.0.0.1"] + (["[::1]"] if socket.has_ipv6 else [])
+
+    async def main():
+        seen = []
+
+        def echo(request, context):
+            seen.append(context.peer())
+            return request
+
+        handler = grpc.method_handlers_generic_handler(
+            "t.T", {"E": grpc.unary_unary_rpc_method_handler(echo)})
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((handler,))
+        ports = [(h, server.add_insecure_port(f"{h}:0")) for h in hosts]
+        await server.start()
+        try:
+            for h, port in ports:
+                if port == 0:  # (no IPv6 loopback here)
+                    continue
+                async with grpc.aio.insecure_channel(f"{h}:{port}") as ch:
+                    await ch.unary_unary("/t.T/E")(b"x", timeout=10)
+        finally:
+            await server.stop(None)
+        return seen
+
+    seen = asyncio.run(main())
+    assert seen and all(peer_is_local(p) for p in seen), seen
+    assert not peer_is_local("ipv4:192.0.2.9:1") and not peer_is_local("garbage")
 
 
 

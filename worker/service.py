@@ -601,9 +601,10 @@ class WorkerServicer(pbg.WorkerServicer):
         self.advertise = advertise  # other addresses it is reached as (--advertise)
         self._refused = Refusals("worker")
 
-    def _is_me(self, target: str) -> bool:
-        """Whether the controller's proof was made for this worker's address."""
-        return answers_to(target, self.port, self.advertise)
+    def _is_me(self, target: str, peer: str) -> bool:
+        """Whether the controller's proof, from gRPC peer ``peer``, was made for this
+        worker's address."""
+        return answers_to(target, self.port, peer, self.advertise)
 
     async def _authorize(self, context, method: str) -> None:
         """With a cluster secret: refuse a call without the controller's proof
@@ -612,10 +613,11 @@ class WorkerServicer(pbg.WorkerServicer):
         auth = self.node.cluster_auth
         if auth is None:
             return
+        peer = context.peer()
         why, nonce, target = auth.check_controller(method, context.invocation_metadata(),
-                                                   self._is_me)
+                                                   lambda t: self._is_me(t, peer))
         if why is not None:
-            self._refused(f"{method.rpartition('/')[2]} from {context.peer()}: {why}")
+            self._refused(f"{method.rpartition('/')[2]} from {peer}: {why}")
             await context.abort(grpc.StatusCode.UNAUTHENTICATED,
                                 "cluster authentication failed")
         await context.send_initial_metadata(auth.worker_metadata(method, nonce, target))

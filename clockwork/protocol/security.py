@@ -48,6 +48,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote
 
 import grpc
 
@@ -116,6 +117,9 @@ def _read(path: str, flag: str) -> bytes:
 
 
 def check_token(token: str, where: str) -> str:
+    if not token:
+        raise SecurityError(f"{where}: empty; a token needs at least {MIN_CREDENTIAL} "
+                            "characters")
     if not _TOKEN_CHARS.fullmatch(token):
         raise SecurityError(f"{where}: a token is visible ASCII characters without spaces")
     if len(token) < MIN_CREDENTIAL:
@@ -129,7 +133,7 @@ def server_token(token: str | None, token_file: str | None) -> str | None:
     if token_file:
         return check_token(_read(token_file, "--token-file").decode("latin-1"),
                            f"--token-file {token_file}")
-    if token:
+    if token is not None:  # (an empty --token "" is refused, not read as no token)
         return check_token(token, "--token")
     return None
 
@@ -493,12 +497,43 @@ def is_local_host(host: str) -> bool:
     return got
 
 
-def answers_to(target: str, port: int, advertised: tuple[str, ...] = ()) -> bool:
+def peer_is_local(peer: str) -> bool:
+    """Whether a gRPC peer (``context.peer()``: ``ipv4:A:P``, ``ipv6:[A]:P`` -- its
+    brackets percent-encoded by some gRPC versions -- or ``unix:PATH``) is on this
+    machine's loopback."""
+    kind, _, rest = unquote(peer).partition(":")
+    if kind in ("unix", "unix-abstract"):
+        return True
+    host = rest.rpartition(":")[0].strip("[]").split("%")[0]
+    try:
+        a = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(a, "ipv4_mapped", None)
+    return (mapped or a).is_loopback
+
+
+def _any_machine(host: str) -> bool:
+    """A host every machine has: a loopback address or name, or a wildcard address."""
+    try:
+        if ipaddress.ip_address(host).is_unspecified:
+            return True
+    except ValueError:
+        pass
+    return is_loopback(host)
+
+
+def answers_to(target: str, port: int, peer: str, advertised: tuple[str, ...] = ()) -> bool:
     """Whether a worker listening on ``port`` of this machine, or reached as one of
     ``advertised`` (``--advertise``: an address behind a NAT or port mapping), is the
-    worker at ``target``."""
+    worker at ``target``. A loopback or wildcard ``target`` names a worker on the
+    controller's own machine, which every machine could claim to be: it is this worker
+    only for a caller (``peer``, the gRPC peer) on this machine's loopback -- a proof
+    made for 127.0.0.1:P and relayed here from another machine is refused."""
     if target in advertised:
         return True
     host = address_host(target)
-    return bool(host) and target.rpartition(":")[2] == str(port) and is_local_host(host)
+    if not host or target.rpartition(":")[2] != str(port) or not is_local_host(host):
+        return False
+    return not _any_machine(host) or peer_is_local(peer)
 

@@ -75,7 +75,9 @@ def _add_client_security(p) -> None:
     tok.add_argument("--token-file", type=t.readable_file, metavar="FILE",
                      help="send this file's token (default: $CLOCKWORK_TOKEN, if set)")
     tok.add_argument("--token", default=None, metavar="TOKEN",
-                     help="send this token (default: $CLOCKWORK_TOKEN, if set)")
+                     help="send this token (default: $CLOCKWORK_TOKEN, if set; on the "
+                     "command line it is visible in the process list: prefer --token-file "
+                     "or the variable)")
     g.add_argument("--tls", action="store_true",
                    help="connect with TLS, verified against the system's CAs")
     g.add_argument("--tls-ca", type=t.readable_file, metavar="PEM",
@@ -295,7 +297,8 @@ def add_serve(sub) -> None:
                      help="clients must send this file's token; required when --host is not "
                      "a loopback address")
     tok.add_argument("--token", default=None, metavar="TOKEN",
-                     help="the same, given on the command line")
+                     help="the same, given on the command line (visible to other local "
+                     "users in the process list: prefer --token-file)")
     g.add_argument("--insecure-no-auth", action="store_true",
                    help="listen off loopback without a token")
     g.add_argument("--tls-cert", type=t.readable_file, metavar="PEM",
