@@ -83,3 +83,19 @@ def test_serve_refuses_controller_settings_before_starting_anything(argv, fragme
     assert len(lines) == 1 and "Traceback" not in out, out
     assert lines[0].startswith("clockwork serve: ") and fragment in lines[0], lines[0]
     assert "listening" not in out and "clockwork-cluster-" not in out, out  # nothing started
+
+
+def test_serve_replay_serves_rest_and_kserve_only_when_asked(tmp_path):
+    """With --replay the REST and KServe gRPC listeners are off by default (the replay's
+    clients use the controller port); --http-port/--kserve-port given turn them on, e.g.
+    to watch /metrics during the replay, and the first line says where."""
+    base = ["serve", "poisson_warm", "--replay", "--set", "duration_s=1", "--quiet"]
+    lines = {}
+    for name, extra in (("default", []), ("asked", ["--http-port", "0", "--kserve-port", "0"])):
+        p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", *base, *extra],
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert p.returncode == 0, p.stdout + p.stderr
+        lines[name] = p.stderr.splitlines()[0]
+    assert "REST at" not in lines["default"] and "KServe" not in lines["default"]
+    assert ", REST at 127.0.0.1:" in lines["asked"], lines["asked"]
+    assert ", KServe gRPC at 127.0.0.1:" in lines["asked"], lines["asked"]

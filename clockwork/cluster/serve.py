@@ -427,6 +427,11 @@ def ensure_packages(models: str | None, profiles: str, device: str, packages: st
         compile_model(m, sizes, Path(packages) / m, target=DEVICES[device])
 
 
+def _listener(port: int | None, default: int, replaying: bool) -> int:
+    """A serve listener's port: as given, else ``default`` (-1, off, with --replay)."""
+    return port if port is not None else (-1 if replaying else default)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     workers, gpus, profiles, models, pages = 1, 1, "v100-reference", None, None
     device = getattr(args, "device", None)
@@ -535,8 +540,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     replaying = getattr(args, "replay", False)
     port = args.port if args.port is not None else (0 if replaying else 12346)
     kw = {"echo": not replaying, "controller_args": extra,
-          "http_port": -1 if replaying else args.http_port, "device": device,
-          "kserve_port": -1 if replaying else args.kserve_port, "worker_args": worker_args,
+          # (a replay's clients use the controller port: the other listeners are off
+          # unless asked for, e.g. to watch /metrics during the replay)
+          "http_port": _listener(args.http_port, 8000, replaying), "device": device,
+          "kserve_port": _listener(args.kserve_port, 8001, replaying),
+          "worker_args": worker_args,
           "packages": packages, "scheduler": scheduler, "token": getattr(args, "token", None),
           "worker_host": "127.0.0.1"}
     if ray_address is None:
@@ -601,8 +609,12 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
     from clockwork.errors import ClockworkError
     from clockwork.telemetry import emit_run
 
-    print(f"clockwork serve: {cluster.shape()}, controller at {cluster.address}; replaying "
-          f"{len(sc.workloads)} workload(s) for "
+    also = "".join(f", {name} at {cluster.printed_address(what)}"
+                   for name, what, port in (("REST", "http", cluster.http_port),
+                                            ("KServe gRPC", "kserve grpc",
+                                             cluster.kserve_port)) if port != -1)
+    print(f"clockwork serve: {cluster.shape()}, controller at {cluster.address}{also}; "
+          f"replaying {len(sc.workloads)} workload(s) for "
           f"{sc.duration_s:.0f} s", file=sys.stderr, flush=True)
     progress = not args.quiet and sys.stderr.isatty()
     from clockwork.cluster.faults import LiveFaults

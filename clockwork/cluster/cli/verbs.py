@@ -269,11 +269,12 @@ def add_serve(sub) -> None:
                    "--replay)")
     p.add_argument("--worker-port", type=t.port, default=0,
                    help="first worker port (default 0: free ports)")
-    p.add_argument("--http-port", type=t.optional_port, default=8000,
-                   help="KServe v2 REST, /metrics and health (default 8000; 0: pick one, -1: off)")
-    p.add_argument("--kserve-port", type=t.optional_port, default=8001,
-                   help="KServe v2 gRPC port (default 8001, as Triton; 0: pick one, -1: off); "
-                   "also served on the controller port")
+    p.add_argument("--http-port", type=t.optional_port, default=None,
+                   help="KServe v2 REST, /metrics and health (default 8000, off with "
+                   "--replay; 0: pick one, -1: off)")
+    p.add_argument("--kserve-port", type=t.optional_port, default=None,
+                   help="KServe v2 gRPC port (default 8001, as Triton, off with --replay; "
+                   "0: pick one, -1: off); also served on the controller port")
     p.add_argument("--ray", nargs="?", const="local", default=None, type=t.ray_address,
                    metavar="ADDRESS", help="run the workers on a Ray cluster: one worker per "
                    "node, a Ray actor holding the node's GPUs (emulated ones: the custom "
