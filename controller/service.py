@@ -1586,7 +1586,8 @@ def read_settings_file(path: str) -> dict:
     """The ``[scheduler]`` table of a settings file (``clockwork controller --settings``),
     as data: a JSON file (suffix ``.json``; ``{"scheduler": {...}}``, what ``clockwork
     serve`` writes) or else a TOML file with a ``[scheduler]`` table (a scenario file
-    works: only that table is read). The table may name the ``policy``. Its keys and
+    works: only that table is read, and one without it gives the defaults, as
+    ``simulate`` runs it). The table may name the ``policy``. Its keys and
     values are checked by ``controller.split_settings`` (``scheduler_settings``); a file
     that cannot be read or parsed, or has no ``scheduler`` table, raises
     ``SettingsError`` with one line naming the file."""
@@ -1607,6 +1608,9 @@ def read_settings_file(path: str) -> dict:
         kind = "JSON" if p.suffix == ".json" else "TOML"
         raise SettingsError(f"--settings {path}: not valid {kind}: {e}") from None
     table = data.get("scheduler") if isinstance(data, dict) else None
+    if (table is None and p.suffix != ".json" and isinstance(data, dict)
+            and {"cluster", "models", "workloads"} & data.keys()):
+        table = {}  # a scenario without [scheduler]: the defaults, as simulate runs it
     if not isinstance(table, dict):
         raise SettingsError(f"--settings {path}: no [scheduler] table (JSON: "
                             '{"scheduler": {"policy": ..., "<setting>": ...}})')

@@ -154,6 +154,7 @@ BAD_SETTINGS = [
     ("s.json", "{not json", "not valid JSON"),
     ("s.toml", "[scheduler\nmax_batch = 4", "not valid TOML"),
     ("s.json", '{"policy": "clipper", "max_batch": 4}', "no [scheduler] table"),
+    ("s.toml", "[schedular]\nmax_batch = 4\n", "no [scheduler] table"),
     ("s.json", '{"scheduler": {"max_batch": "abc"}}', "abc"),
     ("s.toml", "[scheduler]\nmax_bacth = 4\n", "max_bacth"),
     ("s.json", '{"scheduler": {"policy": "nosuchpolicy"}}', "nosuchpolicy"),

@@ -80,6 +80,20 @@ def test_controller_settings_takes_a_shipped_scenario_name(tmp_path, monkeypatch
         assert policy == "clockwork" and cfg.default_slo == 50_000_000 and own == {}
 
 
+def test_controller_settings_of_a_scenario_without_scheduler_table_are_the_defaults():
+    """A shipped scenario with no [scheduler] table (poisson_warm, cold_starts) runs on
+    the default settings in simulate; --settings takes it the same way."""
+    from clockwork.cluster.cli import build_parser
+    from controller.config import SchedulerConfig
+    from controller.service import scheduler_settings
+
+    for name in ("poisson_warm", "cold_starts"):
+        args = build_parser().parse_args(["controller", "--workers", "127.0.0.1:1",
+                                          "--settings", name])
+        policy, cfg, own = scheduler_settings(args)
+        assert policy == "clockwork" and cfg == SchedulerConfig() and own == {}
+
+
 def test_controller_settings_unknown_name_is_one_line(capsys):
     from clockwork.cluster.cli import main
 

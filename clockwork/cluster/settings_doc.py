@@ -106,7 +106,7 @@ def render() -> str:
     parts.append(_section(
         "`[scheduler]`", "The policy and its settings; `clockwork controller --settings FILE` "
         "takes this table from a file (TOML with a `[scheduler]` table, a scenario file "
-        "too, or JSON `{\"scheduler\": {...}}`, which `clockwork serve` writes), and the "
+        "too -- one without the table gives the defaults --, or JSON `{\"scheduler\": {...}}`, which `clockwork serve` writes), and the "
         "same keys one by one with `--set KEY=VALUE` (the policy with `--policy`). They are "
         "checked against the policy's schemas when the policy is built.", sched))
     parts.append(
