@@ -710,18 +710,31 @@ def summary_of(req: dict, act: dict, duration_s: float, extra: dict | None = Non
 
 
 def write_run(out: str | Path, telemetry: Telemetry, summary: dict, run: dict) -> Path:
-    """A run's files in ``out``: the two logs (as ``telemetry.log_format``),
-    summary.json and run.json."""
+    """A run's files in ``out``: the two logs (as ``telemetry.log_format``), run.json and
+    summary.json, the summary last. ``out`` never holds an earlier run's summary beside
+    this run's logs: both JSON files are encoded before anything is written (a value JSON
+    cannot hold changes nothing), an earlier summary.json and run.json are removed before
+    the logs are written, and summary.json is written under a temporary name and renamed
+    into place once everything else is there."""
     out = Path(out)
+    summary_bytes, run_bytes = _json_bytes(summary), _json_bytes(run)
     out.mkdir(parents=True, exist_ok=True)
+    for name in ("summary.json", "run.json"):
+        (out / name).unlink(missing_ok=True)
     telemetry.write(out)
-    write_json(out / "summary.json", summary)
-    write_json(out / "run.json", run)
+    (out / "run.json").write_bytes(run_bytes)
+    tmp = out / "summary.json.tmp"
+    tmp.write_bytes(summary_bytes)
+    os.replace(tmp, out / "summary.json")
     return out
 
 
+def _json_bytes(data: dict) -> bytes:
+    return orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
+
+
 def write_json(path: Path, data: dict) -> None:
-    path.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
+    path.write_bytes(_json_bytes(data))
 
 
 def format_summary(s: dict) -> str:

@@ -1,0 +1,93 @@
+"""Inputs beyond what a run can hold, refused before anything runs: one line on stderr
+naming the problem, exit 2, no traceback, no hang, memory bounded (docs/contracts.md).
+Seeds, offered load, sweep and plan sizes, TOML files that are not UTF-8 or nest too
+deeply; and a run's files in --out never mixed with an earlier run's."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clockwork.cluster.cli import main
+
+SC = "scenarios/poisson_warm.toml"
+
+
+def run_cli(*argv: str, mem_gib: float = 2.0, timeout: float = 60.0
+            ) -> subprocess.CompletedProcess:
+    """``clockwork ARGV`` as a process whose address space is capped (a refusal must come
+    before any big allocation; without it the process fails on the cap, not the host)."""
+    cap = int(mem_gib * 2**30)
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    return subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", *argv],
+                          capture_output=True, text=True, timeout=timeout, preexec_fn=limit)
+
+
+def refused(p: subprocess.CompletedProcess, *fragments: str) -> str:
+    """``p`` exited 2 with one line on stderr holding every fragment; that line."""
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    assert len(lines) == 1, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])
+    return lines[0]
+
+
+def refused_in_process(argv: list[str], capsys, *fragments: str) -> str:
+    rc = main(argv)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert rc == 2, (rc, err)
+    assert len(lines) == 1, err
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])
+    return lines[0]
+
+
+# ----------------------------------------------------------------------------- --out
+
+
+def test_write_run_encodes_before_touching_the_folder(tmp_path):
+    """A summary JSON cannot hold (an integer past 64 bits) fails before the folder is
+    touched: the earlier run's logs and summary stay together."""
+    from clockwork.telemetry import Telemetry, write_run
+
+    for name in ("summary.json", "run.json", "requests.tsv", "actions.tsv"):
+        (tmp_path / name).write_text("earlier run\n")
+    with pytest.raises(TypeError):
+        write_run(tmp_path, Telemetry(), {"seed": 2**70}, {})
+    for name in ("summary.json", "run.json", "requests.tsv", "actions.tsv"):
+        assert (tmp_path / name).read_text() == "earlier run\n", name
+
+
+def test_write_run_leaves_no_old_summary_beside_new_logs(tmp_path, monkeypatch):
+    """Logs that fail half-way (a full disk) leave no summary.json from an earlier run
+    beside them: it is removed before the logs are written, and written last."""
+    from clockwork.telemetry import Telemetry, write_run
+
+    (tmp_path / "summary.json").write_text("earlier run\n")
+    (tmp_path / "run.json").write_text("earlier run\n")
+    tel = Telemetry()
+
+    def broken(out, log_format=None):
+        (Path(out) / "requests.tsv").write_text("new, cut short\n")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tel, "write", broken)
+    with pytest.raises(OSError):
+        write_run(tmp_path, tel, {"submitted": 0}, {"wall_s": 0})
+    assert not (tmp_path / "summary.json").exists()
+    assert not (tmp_path / "run.json").exists()
+    # and a whole write puts both back, the summary last
+    monkeypatch.undo()
+    write_run(tmp_path, tel, {"submitted": 0}, {"wall_s": 0})
+    assert (tmp_path / "summary.json").read_text().startswith("{")
+    assert not list(tmp_path.glob("*.tmp"))
