@@ -3,9 +3,12 @@ connection (its host gone, a partition, a stopped process), and what every serve
 
 A channel pings after ``KEEPALIVE_TIME_MS`` without traffic and gives the connection up
 when a ping goes unanswered for ``KEEPALIVE_TIMEOUT_MS``: its calls then fail with
-UNAVAILABLE (about 15 s after the peer went silent). Servers accept such pings, also on
-idle connections (by default gRPC servers refuse pings more often than every 5 minutes
-and close the connection after two).
+UNAVAILABLE (about 15 s after the peer went silent). The wait for the answer is set twice:
+``grpc.keepalive_timeout_ms`` alone does not bound it in current gRPC (1.85 here), whose
+pings, keepalive ones included, time out after ``grpc.http2.ping_timeout_ms`` (60 s by
+default): without it a stopped peer was noticed after 60 s. Servers accept such
+pings, also on idle connections (by default gRPC servers refuse pings more often than
+every 5 minutes and close the connection after two).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ KEEPALIVE_TIMEOUT_MS = 5_000
 
 CHANNEL = [("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
            ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+           ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
            ("grpc.keepalive_permit_without_calls", 1),
            ("grpc.http2.max_pings_without_data", 0)]
 
