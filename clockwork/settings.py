@@ -55,6 +55,7 @@ from clockwork.sizes import (
     MAX_GPUS,
     MAX_GPUS_PER_WORKER,
     MAX_INSTANCES,
+    MAX_SEED,
     MAX_WORKERS,
 )
 from clockwork.time import MAX_SLO_FACTOR, MAX_SLO_MS, MAX_TIME_S, NS_PER_S
@@ -743,7 +744,8 @@ class ScenarioSettings(Settings):
     name: str | None = setting(None, "Title shown in reports (default: the file's name).")
     description: str | None = setting(None, "Free text.")
     seed: int = setting(1, "Seed of every random choice; the same seed gives the same run.",
-                        ge=0)
+                        ge=0, le=MAX_SEED, allowed_text="[0, 2^63 - 1]",
+                        expected="an integer in [0, 2^63 - 1]")
     duration_s: float = setting(60.0, "Seconds of (virtual) time during which requests "
                                 "are submitted.", gt=0)
     drain_s: float = setting(120.0, "Simulator: seconds after `duration_s` to wait for "

@@ -16,6 +16,11 @@ MAX_GPUS = 65_536  # workers x gpus_per_worker
 MAX_INSTANCES = 1_000_000  # the copies of every [[models]] entry together
 MAX_OUTSTANDING = 1_000_000  # a closed loop's concurrency x the instances it selects
 
+# A run's seed (`seed`, a sweep's `seeds`, the seeds a plan runs): what a TOML integer, the
+# summary's JSON and numpy's SeedSequence all hold (orjson refused 2^64 only after the
+# run, as it wrote summary.json).
+MAX_SEED = 2**63 - 1
+
 # Actions in one message from the controller to a worker. A worker handles a message's
 # actions in one go, its event loop busy meanwhile (~4-7 us an action: 1,024 take ~4-7 ms;
 # 100,000 took ~0.4-1 s, past the controller's 50 ms liveness probe timeout); it refuses a

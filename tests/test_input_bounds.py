@@ -91,3 +91,41 @@ def test_write_run_leaves_no_old_summary_beside_new_logs(tmp_path, monkeypatch):
     write_run(tmp_path, tel, {"submitted": 0}, {"wall_s": 0})
     assert (tmp_path / "summary.json").read_text().startswith("{")
     assert not list(tmp_path.glob("*.tmp"))
+
+
+# ----------------------------------------------------------------------------- seeds
+
+MAX_SEED = 2**63 - 1
+
+
+def test_seed_beyond_64_bits_is_refused_before_the_run(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.json").write_text("earlier run\n")
+    line = refused_in_process(["simulate", SC, "--set", "duration_s=1", "--set",
+                               f"seed={2**64}", "--out", str(out)], capsys, "seed")
+    assert str(2**64) in line
+    assert (out / "summary.json").read_text() == "earlier run\n"
+    assert not (out / "requests.tsv").exists()
+
+
+def test_largest_seed_runs(tmp_path, capsys):
+    import orjson
+
+    rc = main(["simulate", SC, "--set", "duration_s=0.2", "--set", f"seed={MAX_SEED}",
+               "--out", str(tmp_path), "--quiet"])
+    assert rc == 0, capsys.readouterr().err
+    assert orjson.loads((tmp_path / "summary.json").read_bytes())["seed"] == MAX_SEED
+
+
+def test_sweep_seed_beyond_64_bits_is_refused(tmp_path, capsys):
+    f = tmp_path / "s.toml"
+    f.write_text(f'scenarios = ["poisson_warm"]\nseeds = [1, {2**64}]\n')
+    refused_in_process(["sweep", str(f), "--list", "--out", str(tmp_path / "o")], capsys,
+                       "seeds")
+
+
+def test_plan_seed_range_past_the_largest_seed_is_refused(capsys):
+    line = refused_in_process(["plan", SC, "--set", f"seed={MAX_SEED}", "--seeds", "2",
+                               "--max-gpus", "1"], capsys, "--seeds 2")
+    assert f"{MAX_SEED:,}" in line

@@ -70,8 +70,8 @@ def raises(exc: type[Exception], fn, *args, **kw) -> str:
     ("cluster=3", "cluster: must be a table, got 3"),
     ("duration_s=0", "duration_s: must be a finite number > 0, got 0"),
     ("duration_s=-inf", "duration_s: must be a finite number > 0, got -inf"),
-    ("seed=-1", "seed: must be an integer >= 0, got -1"),
-    ("seed=1.5", "seed: must be an integer >= 0, got 1.5"),
+    ("seed=-1", "seed: must be an integer in [0, 2^63 - 1], got -1"),
+    ("seed=1.5", "seed: must be an integer in [0, 2^63 - 1], got 1.5"),
     ("drain_s=nan", "drain_s: must be a finite number >= 0, got nan"),
     ("nosuch=1", "unknown top-level setting 'nosuch' (known: cluster, description, drain_s, "
                  "duration_s, faults, models, name, scheduler, seed, workloads)"),

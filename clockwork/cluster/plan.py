@@ -43,6 +43,7 @@ from clockwork.cluster.parallel import (
     default_jobs,
     locked,
 )
+from clockwork.sizes import MAX_SEED
 
 
 class PlanError(ValueError):
@@ -265,6 +266,10 @@ def make_plan(scenario: str, sets: list[str], target: float, slo_ms: float | Non
         raise PlanError(f"--min-gpus {min_gpus} .. --max-gpus {max_gpus} holds no multiple of "
                         f"the scenario's gpus_per_worker ({g})")
     seed0 = sc.seed
+    if seed0 + seeds - 1 > MAX_SEED:
+        raise PlanError(f"--seeds {seeds}: the seeds {seed0} ... {seed0 + seeds - 1} pass the "
+                        f"largest seed, {MAX_SEED:,} (2^63 - 1); give a smaller seed "
+                        "(--set seed=S) or fewer seeds")
     try:  # the overrides, seeds and worker counts all load
         for w in (lo_w, hi_w):
             load_scenario(path, [*sets, f"cluster.workers={w}", f"seed={seed0 + seeds - 1}"])

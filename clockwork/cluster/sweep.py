@@ -56,6 +56,7 @@ from clockwork.cluster.parallel import (
     toml_value,
 )
 from clockwork.settings import Settings, setting, validate
+from clockwork.sizes import MAX_SEED
 
 SWEEPS = "sweeps"  # shipped sweep files: clockwork/data/sweeps/<name>.toml
 
@@ -74,9 +75,9 @@ class SweepFile(Settings):
     scenarios: list[Annotated[str, at.MinLen(1)]] = setting(
         description="Scenarios: shipped names or TOML paths.", min_length=1,
         expected="an array of at least one scenario name or path")
-    seeds: list[Annotated[int, at.Ge(0)]] | None = setting(
+    seeds: list[Annotated[int, at.Ge(0), at.Le(MAX_SEED)]] | None = setting(
         None, "Seeds: every point runs once per seed (`--set seed=S`).", min_length=1,
-        expected="an array of at least one integer >= 0")
+        expected="an array of at least one integer in [0, 2^63 - 1]")
     overrides: list[Annotated[str, at.MinLen(3)]] = setting(
         default_factory=list, description="`--set` overrides (`key=value`) for every point.",
         expected="an array of key=value strings")
