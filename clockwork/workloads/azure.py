@@ -13,6 +13,10 @@ malformed row raises ``TraceError`` naming the file and the 1-based line number;
 is ever shifted or skipped silently.
 
 Files may be gzip-compressed (``.csv.gz``; detected by content), as the shipped samples are.
+A file is read whole, so its size is bounded: at most ``MAX_TRACE_BYTES`` (1 GiB) of CSV,
+after decompression (a full-size day, 40,000-46,000 functions, is 120-160 MB; a larger
+file, or a ``.gz`` that inflates past it, is refused with ``TraceError`` before it is held
+in memory). Damaged gzip data is a ``TraceError`` too.
 
 Minutes are counted from 0 here (``start_minute = 0`` is the column named ``1``).
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +42,9 @@ TRIGGERS = ("http", "timer", "event", "queue", "storage", "orchestration", "othe
 NAME_FORMS = ("invocations_per_function_md.anon.d{day:02d}.csv",
               "invocations_per_function_md.svls.anon.d{day:02d}.csv")
 _BLOCK_BYTES = 8 << 20
+#: the most bytes of CSV a trace file may hold (after decompression): a real day is 120-160 MB
+MAX_TRACE_BYTES = 1 << 30
+_GZ_READ = 16 << 20  # decompressed bytes read at a time
 _U32_MAX = 2**32 - 1
 
 
@@ -97,12 +105,53 @@ def resolve_trace_path(path: str | Path, base: str | Path | None = None) -> Path
     return p
 
 
+# ---------------------------------------------------------------------- reading
+
+def _too_big(path: Path, what: str) -> TraceError:
+    return TraceError(f"trace file {path} {what} more than {MAX_TRACE_BYTES >> 20:,} MiB of "
+                      "CSV, the most a day file may hold (a real day is 120-160 MB): not an "
+                      "Azure Functions day file, or a damaged one")
+
+
+def _read_text(path: Path) -> bytes:
+    """The CSV bytes of a trace file (gunzipped if it starts with gzip's magic), at most
+    ``MAX_TRACE_BYTES`` of them: a larger file, or gzip data that inflates past that, is
+    refused as soon as that is known, never held whole."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(2) != b"\x1f\x8b":
+                if os.fstat(f.fileno()).st_size > MAX_TRACE_BYTES:
+                    raise _too_big(path, "holds")
+                f.seek(0)
+                return f.read()
+            f.seek(0)
+            parts: list[bytes] = []
+            total = 0
+            with gzip.GzipFile(fileobj=f, mode="rb") as g:
+                while chunk := g.read(_GZ_READ):
+                    total += len(chunk)
+                    if total > MAX_TRACE_BYTES:
+                        raise _too_big(path, "decompresses to")
+                    parts.append(chunk)
+    except zlib.error as e:
+        raise TraceError(f"cannot read trace file {path}: damaged gzip data ({e})") from None
+    except (OSError, EOFError) as e:
+        raise TraceError(f"cannot read trace file {path}: {getattr(e, 'strerror', None) or e}"
+                         ) from e
+    buf = b"".join(parts)
+    del parts
+    return buf
+
+
 # ---------------------------------------------------------------------- parsing
 
 def _diagnose(line: bytes, path: str, lineno: int) -> TraceError:
     """The precise complaint about one bad line (the slow path, run only on errors)."""
     where = f"{path}:{lineno}"
-    text = line.decode("utf-8", "replace").rstrip("\r")
+    text = line.decode("utf-8", "replace")
+    if text.endswith("\r"):
+        return TraceError(f"{where}: the line ends with CR LF (\\r\\n), the header with LF "
+                          "alone: give every line the same ending")
     fields = text.split(",")
     if len(fields) != NCOLS:
         return TraceError(f"{where}: expected {NCOLS} columns (4 ids + {MINUTES} minutes), "
@@ -111,6 +160,9 @@ def _diagnose(line: bytes, path: str, lineno: int) -> TraceError:
         if f.isascii() and f.isdigit():
             if int(f) > _U32_MAX:
                 return TraceError(f"{where}: minute {j}: count {f} is too large (max {_U32_MAX})")
+            if len(f) > 10:
+                return TraceError(f"{where}: minute {j}: count {f!r} has {len(f)} digits: at "
+                                  "most 10 (zero padding past 10 digits is not read)")
             continue
         if f[:1] == "-" and f[1:].isascii() and f[1:].isdigit():
             return TraceError(f"{where}: minute {j}: negative invocation count {f}")
@@ -256,13 +308,7 @@ class AzureTrace:
         else:
             path = resolve_trace_path(path_or_day)
         t0 = time.perf_counter()
-        try:
-            buf = path.read_bytes()
-            if buf[:2] == b"\x1f\x8b":
-                buf = gzip.decompress(buf)
-        except (OSError, EOFError) as e:
-            raise TraceError(f"cannot read trace file {path}: {getattr(e, 'strerror', None) or e}"
-                             ) from e
+        buf = _read_text(path)
         ids, counts = _parse(buf, str(path))
         del buf
         cols = list(zip(*ids, strict=True)) if ids else [(), (), (), ()]

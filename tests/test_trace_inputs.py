@@ -1,0 +1,116 @@
+"""Bad Azure trace files and bad ``trace synth`` arguments: one line naming the file (and
+line) and exit 2, never a traceback, never a file held whole past its bound."""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import pytest
+
+from clockwork.cluster.cli import main
+from clockwork.workloads import azure
+from clockwork.workloads.azure import HEADER, MINUTES, AzureTrace, TraceError
+
+
+def _text(rows: int = 40, newline: str = "\n") -> str:
+    rng = np.random.default_rng(3)
+    c = rng.poisson(rng.gamma(0.3, 20.0, (rows, 1)), (rows, MINUTES))
+    lines = [HEADER] + [",".join([f"o{i:063x}", f"a{i:063x}", f"f{i:063x}", "http"]
+                                 + [str(v) for v in c[i]]) for i in range(rows)]
+    return newline.join(lines) + newline
+
+
+def _corrupt_gzip(tmp_path):
+    """A gzip file with one byte flipped mid-stream so that inflating it fails (not only
+    its CRC)."""
+    data = gzip.compress(_text().encode(), mtime=0)
+    for off in range(len(data) // 2, len(data) - 8):
+        bad = bytearray(data)
+        bad[off] ^= 0xFF
+        try:
+            gzip.decompress(bytes(bad))
+        except zlib.error:
+            p = tmp_path / "corrupt.csv.gz"
+            p.write_bytes(bytes(bad))
+            return p
+        except (OSError, EOFError):
+            continue
+    raise AssertionError("no flipped byte made inflating fail")
+
+
+def test_corrupt_gzip_is_a_trace_error_naming_the_file(tmp_path):
+    p = _corrupt_gzip(tmp_path)
+    with pytest.raises(TraceError, match=r"corrupt\.csv\.gz: damaged gzip data"):
+        AzureTrace.load(p)
+
+
+def test_corrupt_gzip_on_the_command_line_is_one_line_exit_2(tmp_path):
+    p = _corrupt_gzip(tmp_path)
+    for argv in (["trace", "info", str(p)],
+                 ["simulate", "azure_sample", "--set", "duration_s=1",
+                  "--set", f"workloads.0.trace={p}"]):
+        r = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", *argv],
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert r.returncode == 2, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+        assert str(p) in lines[0] and "damaged gzip data" in lines[0]
+
+
+def test_gzip_that_inflates_past_the_bound_is_refused(tmp_path, monkeypatch):
+    text = _text().encode()
+    p = tmp_path / "t.csv.gz"
+    p.write_bytes(gzip.compress(text, mtime=0))
+    assert len(AzureTrace.load(p)) == 40  # within the bound: read as ever
+    monkeypatch.setattr(azure, "MAX_TRACE_BYTES", len(text) - 1, raising=False)
+    monkeypatch.setattr(azure, "_GZ_READ", 4096, raising=False)
+    read = []
+    real = gzip.GzipFile.read
+
+    def spy(self, n=-1):
+        read.append(n)
+        return real(self, n)
+
+    monkeypatch.setattr(gzip.GzipFile, "read", spy)
+    with pytest.raises(TraceError, match=r"t\.csv\.gz decompresses to more than"):
+        AzureTrace.load(p)
+    assert read and all(0 < n <= 4096 for n in read)  # never asked for all of it at once
+
+
+def test_plain_file_past_the_bound_is_refused_unread(tmp_path, monkeypatch):
+    p = tmp_path / "t.csv"
+    p.write_text(_text())
+    monkeypatch.setattr(azure, "MAX_TRACE_BYTES", p.stat().st_size - 1, raising=False)
+    with pytest.raises(TraceError, match=r"t\.csv holds more than"):
+        AzureTrace.load(p)
+
+
+def test_the_bound_fits_a_real_day():
+    assert azure.MAX_TRACE_BYTES == 1 << 30  # (a real day is 120-160 MB; documented)
+
+
+def test_crlf_rows_under_an_lf_header_say_so(tmp_path):
+    text = _text()
+    head, body = text.split("\n", 1)
+    p = tmp_path / "mixed.csv"
+    p.write_bytes((head + "\n" + body.replace("\n", "\r\n")).encode())
+    with pytest.raises(TraceError, match=r"mixed\.csv:2: the line ends with CR LF"):
+        AzureTrace.load(p)
+    rc = main(["trace", "info", str(p)])
+    assert rc == 2
+
+
+def test_zero_padded_counts_past_10_digits_say_so(tmp_path):
+    lines = _text().split("\n")
+    f = lines[3].split(",")
+    f[4 + 6] = "0" * 11 + "7"  # minute 7
+    lines[3] = ",".join(f)
+    p = tmp_path / "padded.csv"
+    p.write_text("\n".join(lines))
+    with pytest.raises(TraceError, match=r"padded\.csv:4: minute 7: count '000000000007' has "
+                                         r"12 digits"):
+        AzureTrace.load(p)
