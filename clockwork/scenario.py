@@ -18,6 +18,7 @@ from typing import Any
 
 from clockwork.errors import ScenarioError  # noqa: F401 - re-exported
 from clockwork.settings import check_scenario, scenario_defaults
+from clockwork.sizes import MAX_TOML_DEPTH
 
 # what a scenario starts from, from the schema's defaults (ScenarioSettings)
 DEFAULTS: dict[str, Any] = scenario_defaults()
@@ -68,13 +69,58 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
+def _too_deep(value: Any, levels: int) -> bool:
+    """Whether ``value`` holds arrays or tables nested more than ``levels`` deep (walked
+    without recursion: the point is a value too deep to recurse through)."""
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict | list):
+            if depth >= levels:
+                return True
+            stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return False
+
+
+def _nested_line(where: str = "") -> str:
+    line = f"nested too deeply (at most {MAX_TOML_DEPTH} levels of arrays and tables)"
+    return f"{where}: {line}" if where else line
+
+
+def parse_toml(raw: bytes | str, where: str, error: type[Exception] = ScenarioError) -> dict:
+    """A TOML document (a file's bytes, or text): UTF-8, valid TOML, arrays and tables
+    nested at most ``MAX_TOML_DEPTH`` levels; otherwise ``error`` with one line that starts
+    with ``where`` (the file)."""
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise error(f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset "
+                        f"{e.start}); a TOML file is UTF-8") from None
+    try:
+        data = tomllib.loads(raw)
+    except tomllib.TOMLDecodeError as e:
+        raise error(f"{where}: not valid TOML: {e}") from None
+    except RecursionError:  # (far deeper than the bound: the parser ran out of stack)
+        raise error(_nested_line(where)) from None
+    if any(_too_deep(v, MAX_TOML_DEPTH) for v in data.values()):
+        raise error(_nested_line(where))
+    return data
+
+
 def parse_value(text: str) -> Any:
     """A ``--set`` value: TOML syntax if it parses (numbers, booleans, strings,
-    arrays), else the raw string."""
+    arrays), else the raw string. One nested more than ``MAX_TOML_DEPTH`` levels raises
+    ``ScenarioError``."""
     try:
-        return tomllib.loads(f"v = {text}")["v"]
+        value = tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+    except RecursionError:
+        raise ScenarioError(_nested_line()) from None
+    if _too_deep(value, MAX_TOML_DEPTH):
+        raise ScenarioError(_nested_line())
+    return value
 
 
 def _index(part: str) -> int:
@@ -111,7 +157,10 @@ def apply_override(data: dict, assignment: str) -> None:
         else:
             raise ScenarioError(f"--set {key}: {where} is not a table")
     last = parts[-1]
-    value = parse_value(raw.strip())
+    try:
+        value = parse_value(raw.strip())
+    except ScenarioError as e:
+        raise ScenarioError(f"--set {key}: {e}") from None
     if isinstance(node, list):
         try:
             node[_index(last)] = value
@@ -136,12 +185,15 @@ def load_scenario(path: str | Path | None = None, overrides: list[str] | None = 
         p = resolve_scenario(path)
         src = str(p)
         try:
-            raw = tomllib.loads(p.read_text())
+            text = p.read_bytes()
         except FileNotFoundError:
             raise ScenarioError(f"scenario file {p} not found") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ScenarioError(f"{p}: not valid TOML: {e}") from e
+        except OSError as e:
+            raise ScenarioError(f"{p}: cannot read it ({e.strerror or e})") from None
+        raw = parse_toml(text, str(p))
     if data is not None:
+        if isinstance(data, dict) and any(_too_deep(v, MAX_TOML_DEPTH) for v in data.values()):
+            raise ScenarioError(_nested_line(src))
         raw = _merge(raw, data)
     for o in overrides or []:
         apply_override(raw, o)

@@ -21,6 +21,11 @@ MAX_OUTSTANDING = 1_000_000  # a closed loop's concurrency x the instances it se
 # run, as it wrote summary.json).
 MAX_SEED = 2**63 - 1
 
+# Levels of arrays and inline tables a TOML file (a scenario, a sweep file) or a --set value
+# may nest: the deepest shipped file nests 4; Python's TOML parser and the checks after it
+# recurse once a level, and ran out of stack (RecursionError) at ~500.
+MAX_TOML_DEPTH = 100
+
 # Actions in one message from the controller to a worker. A worker handles a message's
 # actions in one go, its event loop busy meanwhile (~4-7 us an action: 1,024 take ~4-7 ms;
 # 100,000 took ~0.4-1 s, past the controller's 50 ms liveness probe timeout); it refuses a

@@ -129,3 +129,68 @@ def test_plan_seed_range_past_the_largest_seed_is_refused(capsys):
     line = refused_in_process(["plan", SC, "--set", f"seed={MAX_SEED}", "--seeds", "2",
                                "--max-gpus", "1"], capsys, "--seeds 2")
     assert f"{MAX_SEED:,}" in line
+
+
+# ----------------------------------------------------------------------------- TOML files
+
+MAX_DEPTH = 100
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "1" + "]" * depth
+
+
+@pytest.fixture
+def odd_files(tmp_path):
+    """A scenario that is not UTF-8, one nested 500 levels deep (past what Python's TOML
+    parser recurses through), one just past the bound, sweep files of each kind, and a
+    sweep naming the scenario that is not UTF-8."""
+    f = {
+        "binary": tmp_path / "bin.toml",
+        "deep": tmp_path / "deep.toml",
+        "deeper": tmp_path / "deeper.toml",
+        "sw_binary": tmp_path / "sw_bin.toml",
+        "sw_deep": tmp_path / "sw_deep.toml",
+        "sw_names_binary": tmp_path / "sw_names_bin.toml",
+    }
+    f["binary"].write_bytes(b"\xff\xfe\x00")
+    f["deep"].write_text(f"x = {nested(500)}\n")
+    f["deeper"].write_text(f"duration_s = 1\nx = {nested(MAX_DEPTH + 1)}\n")
+    f["sw_binary"].write_bytes(b'scenarios = ["poisson_warm"]\n# \xff\xfe\n')
+    f["sw_deep"].write_text(f'scenarios = ["poisson_warm"]\nx = {nested(500)}\n')
+    f["sw_names_binary"].write_text('scenarios = ["bin.toml"]\n')
+    return f
+
+
+@pytest.mark.parametrize("verb", ["simulate", "plan"])
+def test_scenario_not_utf8_names_the_file(verb, odd_files, capsys):
+    p = str(odd_files["binary"])
+    line = refused_in_process([verb, p], capsys, p, "UTF-8")
+    assert "0xff" in line
+
+
+@pytest.mark.parametrize("verb", ["simulate", "plan"])
+@pytest.mark.parametrize("which", ["deep", "deeper"])
+def test_scenario_nested_too_deeply(verb, which, odd_files, capsys):
+    p = str(odd_files[which])
+    refused_in_process([verb, p], capsys, p, f"at most {MAX_DEPTH} levels")
+
+
+@pytest.mark.parametrize("which", ["sw_binary", "sw_deep", "sw_names_binary"])
+def test_sweep_file_not_utf8_or_too_deep(which, odd_files, tmp_path, capsys):
+    line = refused_in_process(["sweep", str(odd_files[which]), "--list", "--out",
+                               str(tmp_path / "o")], capsys)
+    assert "UTF-8" in line or f"at most {MAX_DEPTH} levels" in line
+    assert str(odd_files[which]) in line
+
+
+@pytest.mark.parametrize("depth", [500, MAX_DEPTH + 1])
+def test_set_value_nested_too_deeply(depth, capsys):
+    refused_in_process(["simulate", SC, "--set", f"workloads.0.x={nested(depth)}"], capsys,
+                       "--set workloads.0.x", f"at most {MAX_DEPTH} levels")
+
+
+def test_set_value_nested_to_the_bound_is_read(capsys):
+    """As deep as allowed: read, and refused only for what it is (a key poisson lacks)."""
+    refused_in_process(["simulate", SC, "--set", f"workloads.0.x={nested(MAX_DEPTH)}"],
+                       capsys, "unknown keys ['x']")

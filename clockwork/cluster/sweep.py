@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
@@ -154,16 +153,15 @@ def _scenario_path(entry: str, base: Path, where: str) -> Path:
 def load_sweep(path: str | Path) -> Sweep:
     """Read and check a sweep file: the schema, then every point's scenario with its
     overrides (as ``clockwork simulate`` would load it). Raises ``SweepError``."""
-    from clockwork.scenario import ScenarioError, load_scenario, parse_value
+    from clockwork.scenario import ScenarioError, load_scenario, parse_toml, parse_value
 
     path = resolve_sweep(str(path))
     where = str(path)
     try:
-        raw = tomllib.loads(path.read_text())
+        text = path.read_bytes()
     except OSError as e:
         raise SweepError(f"{where}: cannot read it ({e.strerror or e})") from None
-    except tomllib.TOMLDecodeError as e:
-        raise SweepError(f"{where}: not valid TOML: {e}") from None
+    raw = parse_toml(text, where, SweepError)
     if isinstance(raw.get("grid"), dict):
         try:
             raw["grid"] = _flatten(raw["grid"])
