@@ -154,8 +154,8 @@ def apply_override(data: dict, assignment: str) -> None:
                                     f"{_items(node)}") from None
         elif isinstance(node, dict):
             node = node.setdefault(p, {})
-        else:
-            raise ScenarioError(f"--set {key}: {where} is not a table")
+        else:  # (node is the value at parts[:i], not at parts[:i + 1])
+            raise ScenarioError(f"--set {key}: {'.'.join(parts[:i])} is not a table")
     last = parts[-1]
     try:
         value = parse_value(raw.strip())
@@ -169,7 +169,7 @@ def apply_override(data: dict, assignment: str) -> None:
     elif isinstance(node, dict):
         node[last] = value
     else:
-        raise ScenarioError(f"--set {key}: parent is not a table")
+        raise ScenarioError(f"--set {key}: {'.'.join(parts[:-1])} is not a table")
 
 
 def load_scenario(path: str | Path | None = None, overrides: list[str] | None = None,

@@ -194,3 +194,19 @@ def test_set_value_nested_to_the_bound_is_read(capsys):
     """As deep as allowed: read, and refused only for what it is (a key poisson lacks)."""
     refused_in_process(["simulate", SC, "--set", f"workloads.0.x={nested(MAX_DEPTH)}"],
                        capsys, "unknown keys ['x']")
+
+
+# ----------------------------------------------------------------------------- --set paths
+
+
+@pytest.mark.parametrize("key", ["seed.a", "seed.a.b", "seed.a.b.c"])
+def test_set_through_a_value_names_the_value(key, capsys):
+    """``--set seed.a.b=1`` where ``seed`` is a number (poisson_warm says seed = 1): the
+    line names ``seed``, the value in the way, not the key below it."""
+    refused_in_process(["simulate", SC, "--set", f"{key}=1"], capsys,
+                       f"--set {key}: seed is not a table")
+
+
+def test_set_through_a_list_item_value_names_it(capsys):
+    refused_in_process(["simulate", SC, "--set", "workloads.0.kind.x.y=1"], capsys,
+                       "workloads.0.kind is not a table")
