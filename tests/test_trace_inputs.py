@@ -114,3 +114,60 @@ def test_zero_padded_counts_past_10_digits_say_so(tmp_path):
     with pytest.raises(TraceError, match=r"padded\.csv:4: minute 7: count '000000000007' has "
                                          r"12 digits"):
         AzureTrace.load(p)
+
+
+# ---------------------------------------------------------------------- trace synth
+
+def test_synth_too_many_functions_is_one_line_exit_2(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["trace", "synth", "--functions", str(10**12), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--functions 1,000,000,000,000" in err[0] and "100,000" in err[0]
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_synth_bound_in_the_api():
+    from clockwork.workloads import synth
+
+    assert synth.MAX_FUNCTIONS == 100_000
+    with pytest.raises(ValueError, match="at most 100,000"):
+        synth.days_of(synth.MAX_FUNCTIONS + 1)
+    with pytest.raises(ValueError, match="at most 100,000"):
+        synth.write_synthetic("unused", synth.MAX_FUNCTIONS + 1)
+
+
+def test_synth_writes_each_day_before_making_the_next(tmp_path, monkeypatch):
+    import gc
+    import weakref
+
+    from clockwork.workloads import synth
+
+    saved: list = []
+    real_save = AzureTrace.save
+
+    def save(self, path):
+        gc.collect()
+        alive = [r for r in saved if r() is not None]
+        assert not alive, f"{len(alive)} earlier day(s) still in memory"
+        saved.append(weakref.ref(self))
+        return real_save(self, path)
+
+    monkeypatch.setattr(AzureTrace, "save", save)
+    paths = synth.write_synthetic(tmp_path / "s", 50, 4, seed=3)
+    assert len(saved) == 4 and [p.name for p in paths] == [
+        f"invocations_per_function_md.anon.d0{d}.csv" for d in range(1, 5)]
+    monkeypatch.setattr(AzureTrace, "save", real_save)
+    # the same bytes as the days made all at once
+    for p, tr in zip(paths, synth.generate(50, 4, seed=3), strict=True):
+        assert tr.save(tmp_path / "again.csv").read_bytes() == p.read_bytes()
+
+
+def test_synth_still_makes_the_shipped_sample(tmp_path):
+    from clockwork.resources import checkout_root
+    from clockwork.workloads import synth
+
+    root = checkout_root()
+    if root is None:
+        pytest.skip("not a checkout")
+    (p,) = synth.write_synthetic(tmp_path, 500, 1, seed=1, gzip=True)
+    assert p.read_bytes() == (root / "traces" / "samples" / p.name).read_bytes()

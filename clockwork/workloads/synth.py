@@ -1,10 +1,14 @@
 """Synthetic Azure-Functions-format traces, seeded, for tests, demos and scale runs.
 
-``generate(functions, days, seed)`` returns one ``AzureTrace`` per day and
-``write_synthetic(out_dir, ...)`` writes them as ``invocations_per_function_md.anon.dNN.csv``
-in exactly the dataset's format, so the reader and the replay cannot tell them apart from
-the real files. Everything is drawn from one ``numpy.random.Generator(seed)``: the same
-arguments give byte-identical files.
+``generate(functions, days, seed)`` returns one ``AzureTrace`` per day (``days_of`` yields
+them one at a time) and ``write_synthetic(out_dir, ...)`` writes them as
+``invocations_per_function_md.anon.dNN.csv`` in exactly the dataset's format, so the reader
+and the replay cannot tell them apart from the real files. Everything is drawn from one
+``numpy.random.Generator(seed)``: the same arguments give byte-identical files.
+``write_synthetic`` writes each day as soon as it is made, so its memory is one day's
+whatever ``days`` is: about 12 KB a function (40,000 functions: ~500 MB). ``functions`` is
+at most ``MAX_FUNCTIONS`` (100,000, about twice a real day's ~46,000: ~1.2 GB while a day is
+made, ~300 MB of CSV a day).
 
 The statistics follow Shahrad et al., "Serverless in the Wild: Characterizing and
 Optimizing the Serverless Workload at a Large Cloud Provider" (USENIX ATC 2020), the paper
@@ -64,6 +68,7 @@ Applications and owners
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -107,6 +112,8 @@ APP_SIZES: dict[tuple[int, int], float] = {
 OWNER_APPS_P = 0.6
 
 _BLOCK = 2048
+#: the most functions (rows) a synthetic day may have (a real day has ~46,000)
+MAX_FUNCTIONS = 100_000
 
 
 def daily_count_cdf(k: np.ndarray | float, trigger: str) -> np.ndarray:
@@ -189,10 +196,28 @@ def _timer_rows(period_s: np.ndarray, offset: np.ndarray) -> np.ndarray:
 
 def generate(functions: int, days: int = 1, seed: int = 0) -> list[AzureTrace]:
     """``days`` synthetic day traces of ``functions`` functions each (same functions)."""
+    return list(days_of(functions, days, seed))
+
+
+def check_size(functions: int, days: int) -> None:
+    """ValueError unless 1 <= functions <= MAX_FUNCTIONS and days >= 1."""
     if functions < 1:
         raise ValueError(f"functions must be >= 1, got {functions}")
+    if functions > MAX_FUNCTIONS:
+        raise ValueError(f"functions must be at most {MAX_FUNCTIONS:,} (a real day has "
+                         f"~46,000), got {functions:,}")
     if days < 1:
         raise ValueError(f"days must be >= 1, got {days}")
+
+
+def days_of(functions: int, days: int = 1, seed: int = 0) -> Iterator[AzureTrace]:
+    """``generate``'s days one at a time: each is made when it is asked for (the same
+    traces, drawn in the same order)."""
+    check_size(functions, days)
+    return _days(functions, days, seed)
+
+
+def _days(functions: int, days: int, seed: int) -> Iterator[AzureTrace]:
     rng = np.random.default_rng(seed)
     n = int(functions)
     names = list(TRIGGER_SHARE)
@@ -217,30 +242,37 @@ def generate(functions: int, days: int = 1, seed: int = 0) -> list[AzureTrace]:
     timer_counts = _timer_rows(periods[is_timer], offsets[is_timer])
 
     order = np.lexsort((funcs, apps, owners))
-    traces = []
+    where = np.empty_like(order)  # each function's row in the sorted day
+    where[order] = np.arange(n)
+    timer_rows = where[is_timer]
     for day in range(days):
         x = base + rng.normal(0.0, DAY_SIGMA, size=n)
         daily = np.minimum(np.maximum(np.rint(10.0**np.minimum(x, 12.0)), 1), DAILY_CAP)
         daily = daily.astype(np.int64)
         daily[is_timer] = 0  # timers follow their schedule instead
         bursty = bursty_pick & (daily >= BURSTY_MIN_DAILY) & ~is_timer
-        counts = np.zeros((n, MINUTES), np.uint32)
+        counts = np.empty((n, MINUTES), np.uint32)  # sorted rows (no second copy)
         for lo in range(0, n, _BLOCK):
             hi = min(lo + _BLOCK, n)
             w = _minute_weights(rng, amp[lo:hi], peak[lo:hi], bursty[lo:hi])
-            counts[lo:hi] = rng.multinomial(daily[lo:hi], w)
-        counts[is_timer] = timer_counts
-        traces.append(AzureTrace(owners[order], apps[order], funcs[order], triggers[order],
-                                 counts[order], 0, f"synthetic(seed={seed}, day={day + 1})"))
-    return traces
+            counts[where[lo:hi]] = rng.multinomial(daily[lo:hi], w)
+            del w
+        counts[timer_rows] = timer_counts
+        yield AzureTrace(owners[order], apps[order], funcs[order], triggers[order],
+                         counts, 0, f"synthetic(seed={seed}, day={day + 1})")
+        del counts
 
 
 def write_synthetic(out_dir: str | Path, functions: int, days: int = 1, seed: int = 0,
                     gzip: bool = False) -> list[Path]:
     """Generate and write ``invocations_per_function_md.anon.d01.csv`` ... into ``out_dir``
-    (``.csv.gz`` with ``gzip``)."""
+    (``.csv.gz`` with ``gzip``), each day as soon as it is made (one day in memory)."""
+    days_iter = days_of(functions, days, seed)  # (checks the sizes before anything is made)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     suffix = ".gz" if gzip else ""
-    return [tr.save(out / (trace_file_name(d + 1) + suffix))
-            for d, tr in enumerate(generate(functions, days, seed))]
+    paths = []
+    for d, tr in enumerate(days_iter):
+        paths.append(tr.save(out / (trace_file_name(d + 1) + suffix)))
+        del tr
+    return paths

@@ -9,13 +9,22 @@ from pathlib import Path
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from clockwork.workloads.synth import write_synthetic
+    from clockwork.workloads.synth import MAX_FUNCTIONS, write_synthetic
 
     if args.functions < 1 or args.days < 1:
         print("clockwork trace synth: --functions and --days must be >= 1", file=sys.stderr)
         return 2
+    if args.functions > MAX_FUNCTIONS:
+        print(f"clockwork trace synth: --functions {args.functions:,} is over the most, "
+              f"{MAX_FUNCTIONS:,} (a real day has ~46,000)", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
-    paths = write_synthetic(args.out, args.functions, args.days, args.seed, args.gzip)
+    try:
+        paths = write_synthetic(args.out, args.functions, args.days, args.seed, args.gzip)
+    except OSError as e:  # (a full disk, a folder that cannot be written)
+        print(f"clockwork trace synth: cannot write into {args.out}: "
+              f"{getattr(e, 'strerror', None) or e}", file=sys.stderr)
+        return 1
     wall = time.perf_counter() - t0
     for p in paths:
         print(f"{p}  ({p.stat().st_size / 1e6:.1f} MB)")
