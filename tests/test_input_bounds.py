@@ -210,3 +210,28 @@ def test_set_through_a_value_names_the_value(key, capsys):
 def test_set_through_a_list_item_value_names_it(capsys):
     refused_in_process(["simulate", SC, "--set", "workloads.0.kind.x.y=1"], capsys,
                        "workloads.0.kind is not a table")
+
+
+# ----------------------------------------------------------------------------- scenarios copy
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_copy_refuses_a_file_where_a_folder_goes(force, tmp_path, capsys):
+    """``DIR/traces/samples`` a plain file: azure_sample's trace cannot go under it, so
+    nothing is copied (it copied the scenario, then failed 'File exists', exit 1)."""
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "samples").write_text("x")
+    line = refused_in_process(["scenarios", "copy", "azure_sample", "--to", str(tmp_path)]
+                              + (["--force"] if force else []), capsys, "nothing copied")
+    assert str(tmp_path / "traces" / "samples") in line
+    assert not (tmp_path / "azure_sample.toml").exists()
+
+
+def test_copy_refuses_a_folder_where_a_file_goes(tmp_path, capsys):
+    (tmp_path / "poisson_warm.toml").mkdir()
+    (tmp_path / "traces").mkdir()
+    line = refused_in_process(["scenarios", "copy", "poisson_warm", "azure_sample", "--to",
+                               str(tmp_path), "--force"], capsys, "nothing copied")
+    assert str(tmp_path / "poisson_warm.toml") in line
+    assert not (tmp_path / "azure_sample.toml").exists()
+    assert not list((tmp_path / "traces").iterdir())

@@ -60,6 +60,19 @@ def scenario_data_files(path: Path) -> list[str]:
     return out
 
 
+def _blocked(plan: list[tuple[Path, Path]], dest: Path) -> str | None:
+    """Why a file of ``plan`` cannot be written whatever ``--force`` says, or None: a
+    folder where the file goes, or something other than a folder where a folder on its
+    way goes (``DIR/traces/samples`` a plain file)."""
+    for _, d in plan:
+        if d.is_dir():
+            return f"{d} is a folder, where the file {d.name} goes"
+        for a in reversed(d.parents):
+            if (a == dest or dest in a.parents) and a.exists() and not a.is_dir():
+                return f"{a} is not a folder, and {d} goes under it"
+    return None
+
+
 def _copy(args: argparse.Namespace) -> int:
     names = resources.shipped_scenario_names()
     wanted = list(names) if getattr(args, "all", False) else []
@@ -88,6 +101,10 @@ def _copy(args: argparse.Namespace) -> int:
             pair = (resources.data_root() / rel, dest / rel)
             if pair not in plan:
                 plan.append(pair)
+    blocked = _blocked(plan, dest)
+    if blocked:  # (--force overwrites files; it does not replace a folder or a file's kind)
+        print(f"clockwork scenarios copy: {blocked}; nothing copied", file=sys.stderr)
+        return 2
     force = getattr(args, "force", False)
     clash = [d for s, d in plan if d.exists() and not (d.is_file() and filecmp.cmp(s, d, False))]
     if clash and not force:
