@@ -26,6 +26,12 @@ MAX_SEED = 2**63 - 1
 # recurse once a level, and ran out of stack (RecursionError) at ~500.
 MAX_TOML_DEPTH = 100
 
+# Simulations one `clockwork sweep` lists (scenarios x grid combinations x seeds), and seeds
+# `clockwork plan --seeds` runs at each GPU count: counted before any is built (a grid of
+# 10^10 points ran out of memory listing them). Checking a sweep loads every combination's
+# scenario (~0.5 ms each); each point is at least a process start (~0.4 s) and a simulation.
+MAX_POINTS = 100_000
+
 # Actions in one message from the controller to a worker. A worker handles a message's
 # actions in one go, its event loop busy meanwhile (~4-7 us an action: 1,024 take ~4-7 ms;
 # 100,000 took ~0.4-1 s, past the controller's 50 ms liveness probe timeout); it refuses a

@@ -43,7 +43,7 @@ from clockwork.cluster.parallel import (
     default_jobs,
     locked,
 )
-from clockwork.sizes import MAX_SEED
+from clockwork.sizes import MAX_POINTS, MAX_SEED
 
 
 class PlanError(ValueError):
@@ -244,6 +244,9 @@ def make_plan(scenario: str, sets: list[str], target: float, slo_ms: float | Non
     from clockwork.resources import resolve_scenario
     from clockwork.scenario import ScenarioError, load_scenario
 
+    if seeds > MAX_POINTS:  # (before the list of them is built)
+        raise PlanError(f"--seeds {seeds}: at most {MAX_POINTS:,} seeds (each GPU count runs "
+                        "one simulation per seed)")
     try:
         path = resolve_scenario(scenario)
         sc = load_scenario(path, sets)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +56,7 @@ from clockwork.cluster.parallel import (
     toml_value,
 )
 from clockwork.settings import Settings, setting, validate
-from clockwork.sizes import MAX_SEED
+from clockwork.sizes import MAX_POINTS, MAX_SEED
 
 SWEEPS = "sweeps"  # shipped sweep files: clockwork/data/sweeps/<name>.toml
 
@@ -150,6 +151,21 @@ def _scenario_path(entry: str, base: Path, where: str) -> Path:
         raise SweepError(f"{where}: scenarios: {e}") from None
 
 
+def _same_as(v: Any) -> Any:
+    """A hashable stand-in for a grid value, equal for two values that are ``==`` and
+    both booleans or neither (1 and 1.0 are one point, true and 1 are not), so that
+    duplicates are found with one set lookup each (comparing each value with every
+    other took minutes for 50,000 values)."""
+    def plain(x: Any) -> Any:  # (== as the value's: a tuple, a frozenset of items)
+        if isinstance(x, list):
+            return tuple(plain(y) for y in x)
+        if isinstance(x, dict):
+            return frozenset((k, plain(y)) for k, y in x.items())
+        return x
+
+    return isinstance(v, bool), plain(v)
+
+
 def load_sweep(path: str | Path) -> Sweep:
     """Read and check a sweep file: the schema, then every point's scenario with its
     overrides (as ``clockwork simulate`` would load it). Raises ``SweepError``."""
@@ -177,6 +193,16 @@ def load_sweep(path: str | Path) -> Sweep:
         if not eq or not k.strip():
             raise bad(f"overrides.{i}: expected key=value, got {o!r}")
     fixed_keys = {o.partition("=")[0].strip() for o in spec.overrides}
+    sizes = [len(spec.scenarios), *(len(v) for v in spec.grid.values()),
+             len(spec.seeds or [None])]
+    n = math.prod(sizes)
+    if n > MAX_POINTS:  # (counted: itertools.product of 10^10 ran out of memory)
+        what = " x ".join([f"{len(spec.scenarios):,} scenario"
+                           + ("s" if len(spec.scenarios) != 1 else ""),
+                           *(f"{len(v):,}" for v in spec.grid.values())]
+                          + ([f"{len(spec.seeds):,} seeds"] if spec.seeds else []))
+        raise bad(f"{n:,} points ({what}): a sweep runs at most {MAX_POINTS:,}; split it "
+                  "into several sweeps")
     grid: dict[str, list[Any]] = {}
     for key, values in spec.grid.items():
         if not all(key.split(".")):
@@ -185,7 +211,7 @@ def load_sweep(path: str | Path) -> Sweep:
             raise bad("grid.seed: give the seeds as seeds = [...]")
         if key in fixed_keys:
             raise bad(f"grid.{key}: also set in overrides (give it in one place)")
-        seen = []
+        seen: set = set()
         for v in values:
             try:
                 t = toml_value(v)
@@ -195,10 +221,10 @@ def load_sweep(path: str | Path) -> Sweep:
             if parse_value(t) != v:
                 raise bad(f"grid.{key}: value {v!r} does not survive --set (write it "
                           "differently)")
-            if any(w == v and isinstance(w, bool) == isinstance(v, bool)
-                   for w in seen):  # (1 and 1.0 too: the same simulation)
+            same = _same_as(v)  # (1 and 1.0 too: the same simulation)
+            if same in seen:
                 raise bad(f"grid.{key}: value {t} is listed twice")
-            seen.append(v)
+            seen.add(same)
         grid[key] = list(values)
     if spec.seeds is not None and len(set(spec.seeds)) != len(spec.seeds):
         raise bad("seeds: a seed is listed twice")
