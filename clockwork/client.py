@@ -89,17 +89,30 @@ class ModelMeta:
 DEFAULT_PORT = 12346  # the controller's (clockwork controller --port)
 
 
-def _target(url: str) -> str:
-    """``HOST:PORT`` of a controller URL (``host:port``, ``[v6addr]:port``, optionally
-    after ``grpc://`` or ``grpcs://``). A missing or bad port raises ``ValueError``:
-    gRPC would dial 443 for a bare host, and no controller listens there."""
+# a controller URL's scheme (any case) -> whether it means TLS
+_SCHEMES = {"grpc": False, "http": False, "clockwork": False, "grpcs": True, "https": True}
+
+
+def _address(url: str) -> tuple[str, bool]:
+    """``(HOST:PORT, tls)`` of a controller URL (``host:port``, ``[v6addr]:port``,
+    optionally after ``grpc://`` or ``grpcs://``, in any case, and surrounding space):
+    ``tls`` when its scheme says so. The one place that reads a URL, so that the address
+    dialled and the TLS decision come from the same text (a ``grpcs://`` URL with a
+    leading space was dialled without TLS). A missing or bad port, or an unknown scheme,
+    raises ``ValueError``: gRPC would dial 443 for a bare host, and no controller
+    listens there."""
     if not isinstance(url, str):
         raise TypeError(f"the controller's address is a string HOST:PORT, got {url!r}")
     given = url
     url = url.strip()
-    for prefix in ("grpc://", "grpcs://", "http://", "clockwork://"):
-        if url.startswith(prefix):
-            url = url[len(prefix):]
+    tls = False
+    scheme, sep, rest = url.partition("://")
+    if sep:
+        if scheme.lower() not in _SCHEMES:
+            raise ValueError(f"controller address {given!r}: unknown scheme {scheme!r}: "
+                             "expected HOST:PORT, optionally after grpc:// or grpcs:// "
+                             "(TLS)")
+        tls, url = _SCHEMES[scheme.lower()], rest
     url = url.rstrip("/")
     if url.startswith("["):  # [v6 address]:port
         host, bracket, rest = url.partition("]")
@@ -123,7 +136,7 @@ def _target(url: str) -> str:
     if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
         raise ValueError(f"controller address {given!r}: the port must be 1-65535, got "
                          f"{port!r} (expected HOST:PORT)")
-    return url
+    return url, tls
 
 
 def _request(model: str, inputs, slo_ms: float | None, client_id: int = 0) -> pb.InferRequest:
@@ -194,10 +207,11 @@ def _result(model: str, resp: pb.InferResponse, latency_ms: float,
                        resp.latency_ns / 1e6, resp.batch_size, resp.gpu, resp.cold, resp.status)
 
 
-def _channel(url: str, target: str, tls: bool, tls_ca, tls_cert, tls_key, aio: bool):
-    """A channel to ``target``: TLS when asked for (``tls``, a CA, or a grpcs:// URL)."""
+def _channel(target: str, tls: bool, tls_ca, tls_cert, tls_key, aio: bool):
+    """A channel to ``target``: TLS when asked for (``tls``, which a grpcs:// URL sets,
+    or a CA)."""
     mod = grpc.aio if aio else grpc
-    if not (tls or tls_ca or url.startswith("grpcs://")):
+    if not (tls or tls_ca):
         return mod.insecure_channel(target, options=_OPTIONS)
     return mod.secure_channel(target, channel_credentials(tls_ca, tls_cert, tls_key),
                               options=_OPTIONS)
@@ -296,9 +310,10 @@ class Client:
     def __init__(self, url: str = "127.0.0.1:12346", timeout: float | None = 30.0, *,
                  token: str | None = None, tls: bool = False, tls_ca=None, tls_cert=None,
                  tls_key=None) -> None:
-        self.url = _target(url)
+        self.url, tls_url = _address(url)
         self.timeout = timeout
-        self._channel = _channel(url, self.url, tls, tls_ca, tls_cert, tls_key, aio=False)
+        self._channel = _channel(self.url, tls or tls_url, tls_ca, tls_cert, tls_key,
+                                 aio=False)
         self._stub = _stub(self._channel, client_token(token))
 
     def infer(self, model: str, inputs=None, slo_ms: float | None = None) -> InferResult:
@@ -400,9 +415,10 @@ class AsyncClient:
     def __init__(self, url: str = "127.0.0.1:12346", timeout: float | None = 30.0, *,
                  token: str | None = None, tls: bool = False, tls_ca=None, tls_cert=None,
                  tls_key=None) -> None:
-        self.url = _target(url)
+        self.url, tls_url = _address(url)
         self.timeout = timeout
-        self._channel = _channel(url, self.url, tls, tls_ca, tls_cert, tls_key, aio=True)
+        self._channel = _channel(self.url, tls or tls_url, tls_ca, tls_cert, tls_key,
+                                 aio=True)
         self._stub = _stub(self._channel, client_token(token))
 
     async def infer(self, model: str, inputs=None, slo_ms: float | None = None) -> InferResult:

@@ -1,18 +1,24 @@
-"""The Python client's own contract (``clockwork/client.py``) and the keepalive its
-channels use. Real processes and real gRPC on loopback; a stalled peer is a SIGSTOPped
-process."""
+"""The Python client's own contract (``clockwork/client.py``) and its channels'
+keepalive. Real processes and real gRPC on loopback; a stalled controller is a
+SIGSTOPped process, an unresponsive one a socket that accepts and says nothing."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 
 grpc = pytest.importorskip("grpc")
+
+import clockwork  # noqa: E402
+from clockwork.errors import ControllerUnavailable  # noqa: E402
 
 
 def _stop(pid: int) -> None:
@@ -20,6 +26,56 @@ def _stop(pid: int) -> None:
     os.kill(pid, signal.SIGSTOP)
     while open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in "tT":
         time.sleep(0.001)
+
+
+@contextmanager
+def _first_bytes():
+    """``(address, got)``: a socket that accepts one connection and records in ``got``
+    the first bytes the client sends on it (never answering)."""
+    got: list[bytes] = []
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        s.settimeout(10)
+
+        def accept():
+            conn, _ = s.accept()
+            with conn:
+                conn.settimeout(10)
+                got.append(conn.recv(64))
+                conn.recv(1)  # (held open until the client gives up)
+
+        t = threading.Thread(target=accept, daemon=True)
+        t.start()
+        yield f"127.0.0.1:{s.getsockname()[1]}", got
+        t.join(10)
+
+
+# ---------------------------------------------------------------- addresses and TLS
+
+@pytest.mark.parametrize("url,tls", [(" grpcs://{}", True), ("grpcs://{}\n", True),
+                                     ("GRPCS://{}", True), ("https://{}", True),
+                                     (" grpc://{}", False), ("HTTP://{}", False)])
+def test_tls_is_decided_from_the_address_as_it_is_read(url, tls):
+    """A ``grpcs://`` address opens its connection with a TLS handshake however it is
+    spelled (surrounding whitespace, any case; ``https://`` too), so the bearer token
+    never goes out in the clear; ``grpc://`` speaks plain HTTP/2."""
+    with _first_bytes() as (address, got):
+        with clockwork.Client(url.format(address), timeout=0.5, token="s3cret") as c:
+            with pytest.raises(ControllerUnavailable):
+                c.stats()
+    assert got, "the client never connected"
+    if tls:
+        assert got[0][:1] == b"\x16", got[0]  # a TLS handshake record
+    else:
+        assert got[0].startswith(b"PRI * HTTP/2.0"), got[0]
+
+
+def test_an_unknown_scheme_is_named_not_taken_for_ipv6():
+    for url in ("ftp://h:1", "grpcss://h:1"):
+        for cls in (clockwork.Client, clockwork.AsyncClient):
+            with pytest.raises(ValueError, match=r"scheme .* grpc:// or grpcs://"):
+                cls(url)
 
 
 # ---------------------------------------------------------------- keepalive
