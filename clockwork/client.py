@@ -51,8 +51,16 @@ from clockwork.protocol.pacing import Pacer
 from clockwork.protocol.security import AUTHORIZATION, channel_credentials, client_token
 from clockwork.protocol.wire import array_to_msg, msg_to_array
 
-_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
-            ("grpc.max_send_message_length", 64 << 20),
+# the largest gRPC message either way: the channel's limits, and what the controller
+# accepts by default (its grpc_max_receive_bytes; a stream message counts whole)
+MAX_MESSAGE_BYTES = 64 << 20
+# a stream message carries requests up to this many bytes (one larger goes alone): well
+# under MAX_MESSAGE_BYTES, so the requests of one event-loop turn never add up to a
+# message gRPC refuses (which ended the whole stream)
+STREAM_MESSAGE_BYTES = 4 << 20
+_MAX_REQUEST_BYTES = MAX_MESSAGE_BYTES - 64  # one request (room for a stream message's fields)
+_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             *keepalive.CHANNEL]  # a vanished controller fails the calls within ~15 s
 GRACE_S = 1.0  # past its SLO, how long the client waits for an answer before giving up
 
@@ -151,6 +159,19 @@ def _request(model: str, inputs, slo_ms: float | None, client_id: int = 0) -> pb
         items = (("", inputs),)
     req.inputs.extend(array_to_msg(name, a) for name, a in items)
     return req
+
+
+def _size(req: pb.InferRequest) -> int:
+    """The request's size in bytes; one too large for any gRPC message raises
+    ``InvalidRequest`` (the caller's input, not a transient failure: sent, gRPC refused
+    it with RESOURCE_EXHAUSTED, which read as ControllerUnavailable, and on a stream it
+    ended the whole call)."""
+    n = req.ByteSize()
+    if n > _MAX_REQUEST_BYTES:
+        raise InvalidRequest(f"{req.model}: the request is {n:,} bytes, too large to send: "
+                             f"a gRPC message carries at most {MAX_MESSAGE_BYTES:,} "
+                             "(send smaller inputs)", 6, "bad_input", req.model)
+    return n
 
 
 def _meta(m: pb.ModelInfo) -> ModelMeta:
@@ -318,6 +339,7 @@ class Client:
 
     def infer(self, model: str, inputs=None, slo_ms: float | None = None) -> InferResult:
         req = _request(model, inputs, slo_ms)
+        _size(req)
         t0 = time.perf_counter()
         try:
             resp = self._stub.Infer(req, timeout=_timeout(self.timeout, slo_ms))
@@ -423,6 +445,7 @@ class AsyncClient:
 
     async def infer(self, model: str, inputs=None, slo_ms: float | None = None) -> InferResult:
         req = _request(model, inputs, slo_ms)
+        _size(req)
         t0 = time.perf_counter()
         try:
             resp = await self._stub.Infer(req, timeout=_timeout(self.timeout, slo_ms))
@@ -506,7 +529,9 @@ class AsyncClient:
 class InferStream:
     """Many requests over one ``InferStream`` call. ``submit`` returns a future of the raw
     ``InferResponse`` (no exception for non-success: load generators count statuses).
-    Requests submitted in one event-loop iteration go in one message.
+    Requests submitted in one event-loop iteration go together, in messages of up to
+    ``STREAM_MESSAGE_BYTES`` (a larger request alone; one too large for any message
+    raises ``InvalidRequest`` at its submit, and the stream carries on).
 
     Deadlines as the client sees them: each message carries the client's send time (the
     controller charges a request its message's delay); an answer that arrives after the
@@ -524,7 +549,8 @@ class InferStream:
         self._waiting: dict[int, asyncio.Future] = {}
         self._sent: dict[int, tuple[int, float]] = {}  # client id -> (send time, SLO ms)
         self._due: list[tuple[int, int]] = []  # (give-up time, client id) heap
-        self._queue: list[pb.InferRequest] = []
+        self._queue: list[pb.InferRequest] = []  # submitted, not yet sent
+        self._sizes: list[int] = []  # their sizes in bytes
         self._wake = asyncio.Event()
         self._closed = False
         self._error: Exception | None = None  # what ended the call, for later submits
@@ -551,17 +577,24 @@ class InferStream:
                                 f"{sent[1] if sent else 0:g} ms plus {GRACE_S:g} s)"))
 
     async def _requests(self):
+        """The call's messages: what was submitted, up to ``STREAM_MESSAGE_BYTES`` a
+        message (one larger request alone), until the stream is closed and all sent."""
         while True:
-            await self._wake.wait()
-            if self._queue:
-                await self._pacer.wait()  # under load: one message per interval
-            self._wake.clear()
-            if self._queue:
-                batch, self._queue = self._queue, []
-                self._pacer.note(len(batch))
-                yield pb.InferRequestBatch(requests=batch, client_time_ns=time.monotonic_ns())
-            if self._closed and not self._queue:
-                return
+            if not self._queue:
+                if self._closed:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            await self._pacer.wait()  # under load: one message per interval
+            sizes = self._sizes
+            n, size = 1, sizes[0]
+            while n < len(sizes) and size + sizes[n] <= STREAM_MESSAGE_BYTES:
+                size += sizes[n]
+                n += 1
+            batch, self._queue, self._sizes = self._queue[:n], self._queue[n:], sizes[n:]
+            self._pacer.note(n)
+            yield pb.InferRequestBatch(requests=batch, client_time_ns=time.monotonic_ns())
 
     async def _read(self) -> None:
         try:
@@ -609,6 +642,7 @@ class InferStream:
         req = _request(model, inputs, slo_ms, cid)  # (raises on bad values: nothing kept)
         if skip_outputs:
             req.skip_outputs = True
+        size = _size(req)  # (too large to send: raises, nothing kept)
         self._waiting[cid] = fut
         slo = req.slo_ms
         if 0 < slo < 1e9:  # (a nonsense SLO: the controller refuses it)
@@ -620,6 +654,7 @@ class InferStream:
                 heapq.heapify(due)
             heapq.heappush(due, (t + int((slo / 1e3 + GRACE_S) * 1e9), cid))
         self._queue.append(req)
+        self._sizes.append(size)
         self._wake.set()
         return fut
 

@@ -4,6 +4,7 @@ SIGSTOPped process, an unresponsive one a socket that accepts and says nothing."
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -13,12 +14,26 @@ import threading
 import time
 from contextlib import contextmanager
 
+import numpy as np
 import pytest
 
 grpc = pytest.importorskip("grpc")
 
 import clockwork  # noqa: E402
-from clockwork.errors import ControllerUnavailable  # noqa: E402
+from clockwork.errors import (  # noqa: E402
+    ControllerUnavailable,
+    InvalidRequest,
+)
+from tests.conftest import local_cluster  # noqa: E402
+
+RESNET_INPUT = np.zeros((3, 224, 224), np.float32)  # 602,112 bytes
+HUGE = (64 << 20) // 4 + 1  # float32 elements: more than a 64 MiB gRPC message carries
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with local_cluster(workers=1, gpus=1, models="resnet50_v2,mobilenet_v2") as c:
+        yield c
 
 
 def _stop(pid: int) -> None:
@@ -120,3 +135,45 @@ def test_keepalive_gives_up_on_a_silent_peer_within_its_ping_timeout():
         os.kill(p.pid, signal.SIGCONT)
         p.kill()
         p.wait()
+
+
+# ---------------------------------------------------------------- stream messages
+
+def test_a_turn_of_large_requests_goes_in_several_messages(cluster):
+    """120 ResNet inputs (72 MB) submitted in one event-loop turn go in messages under
+    the stream's byte bound and are all answered (in one message gRPC refused them,
+    and the stream died with them); a request too large for any message fails alone,
+    at its submit, and the stream carries on."""
+    async def main():
+        async with clockwork.AsyncClient(cluster.address, timeout=10) as c:
+            s = c.stream()
+            futs = [s.submit("resnet50_v2", RESNET_INPUT, slo_ms=20_000, skip_outputs=True)
+                    for _ in range(120)]
+            resps = await asyncio.wait_for(asyncio.gather(*futs), 30)
+            assert [r.status for r in resps] == [0] * 120
+            with pytest.raises(InvalidRequest, match="too large to send"):
+                s.submit("mobilenet_v2", np.zeros(HUGE, np.float32), slo_ms=1000)
+            assert s.outstanding == 0
+            r = await asyncio.wait_for(s.submit("mobilenet_v2", slo_ms=1000), 10)
+            assert r.status == 0
+            await s.close()
+
+    asyncio.run(asyncio.wait_for(main(), 40))
+
+
+def test_an_input_too_large_to_send_is_an_invalid_request(cluster):
+    """An input over what one gRPC message may carry is the caller's mistake, refused
+    before sending (``InvalidRequest``, not a transient ``ControllerUnavailable``)."""
+    huge = np.zeros(HUGE, np.float32)
+    with clockwork.Client(cluster.address, timeout=10) as c:
+        with pytest.raises(InvalidRequest, match="too large to send") as e:
+            c.infer("mobilenet_v2", huge, slo_ms=1000)
+        assert e.value.model == "mobilenet_v2"
+        assert c.infer("mobilenet_v2", slo_ms=1000).status == 0
+
+    async def main():
+        async with clockwork.AsyncClient(cluster.address, timeout=10) as c:
+            with pytest.raises(InvalidRequest, match="too large to send"):
+                await c.infer("mobilenet_v2", {"data": huge}, slo_ms=1000)
+
+    asyncio.run(main())
