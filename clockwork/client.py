@@ -63,6 +63,7 @@ _OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             *keepalive.CHANNEL]  # a vanished controller fails the calls within ~15 s
 GRACE_S = 1.0  # past its SLO, how long the client waits for an answer before giving up
+CLOSE_DRAIN_S = 1.0  # InferStream.close(): how long it waits for answers, then cancels
 
 
 @dataclass
@@ -538,7 +539,12 @@ class InferStream:
     request's SLO (measured here) is reported as status TIMEOUT (reason ``late``), and a
     request with an SLO unanswered ``GRACE_S`` after it is resolved here with status
     TIMEOUT (reason ``no_answer``) -- a stalled or vanished controller is noticed within
-    the SLO plus a second. The later answer, if any, is ignored."""
+    the SLO plus a second. The later answer, if any, is ignored.
+
+    ``close()`` sends what was submitted, waits up to ``CLOSE_DRAIN_S`` for the answers
+    still due, then cancels the call: requests still unanswered fail
+    ``ControllerUnavailable``. It returns promptly even when the controller is stalled;
+    await the futures first to have every answer."""
 
     def __init__(self, stub: pbg.ClockworkStub, interval_us: float = 0.0,
                  url: str = "") -> None:
@@ -663,10 +669,22 @@ class InferStream:
         return len(self._waiting)
 
     async def close(self) -> None:
+        """End the stream (see the class): at most ``CLOSE_DRAIN_S`` for the answers
+        still due, then the call is cancelled and what is unanswered fails. (It waited
+        for the reader without a bound: on a stalled controller, until keepalive gave
+        the connection up.)"""
         self._closed = True
         self._wake.set()
         try:
-            await asyncio.shield(self._reader)  # (the reader ends however the call ends)
+            # (asyncio.wait leaves the reader running when the drain ends or close is
+            # cancelled: the call's cancel below ends it)
+            await asyncio.wait({self._reader}, timeout=CLOSE_DRAIN_S)
+            if not self._reader.done() and self._waiting:
+                self._fail_waiting(ControllerUnavailable(
+                    f"the stream was closed with {len(self._waiting)} request(s) "
+                    f"unanswered {CLOSE_DRAIN_S:g} s later (the controller at "
+                    f"{self._url or 'its address'} did not answer them in time)"))
         finally:
             self._call.cancel()
             self._watch.cancel()
+        await asyncio.wait({self._reader}, timeout=CLOSE_DRAIN_S)

@@ -177,3 +177,37 @@ def test_an_input_too_large_to_send_is_an_invalid_request(cluster):
                 await c.infer("mobilenet_v2", {"data": huge}, slo_ms=1000)
 
     asyncio.run(main())
+
+
+# ---------------------------------------------------------------- closing a stream
+
+def test_closing_a_stream_on_a_stalled_controller_returns_promptly(cluster):
+    """``InferStream.close()`` with the controller stopped (SIGSTOP) and requests
+    outstanding, with and without an SLO: close returns after its short drain, and each
+    request fails ``ControllerUnavailable`` saying the stream was closed unanswered."""
+    pid = cluster.controller.proc.pid
+
+    async def main():
+        async with clockwork.AsyncClient(cluster.address, timeout=10) as c:
+            s = c.stream()
+            assert (await asyncio.wait_for(s.submit("mobilenet_v2", slo_ms=1000), 10)).status == 0
+            _stop(pid)
+            try:
+                futs = [s.submit("mobilenet_v2") for _ in range(5)]
+                futs += [s.submit("mobilenet_v2", slo_ms=60_000) for _ in range(5)]
+                t0 = time.monotonic()
+                await asyncio.wait_for(s.close(), 6)
+                took = time.monotonic() - t0
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert took < 3.0, took  # (its drain: 1 s)
+            assert all(f.done() for f in futs) and s.outstanding == 0
+            for f in futs:
+                e = f.exception()
+                assert isinstance(e, ControllerUnavailable) and "unanswered" in str(e), e
+            s2 = c.stream()  # the client (and the controller) carry on
+            r = await asyncio.wait_for(s2.submit("mobilenet_v2", slo_ms=1000), 10)
+            assert r.status == 0
+            await s2.close()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
