@@ -28,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import math
+import numbers
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -63,6 +65,7 @@ _OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             *keepalive.CHANNEL]  # a vanished controller fails the calls within ~15 s
 GRACE_S = 1.0  # past its SLO, how long the client waits for an answer before giving up
+MAX_TIMEOUT_S = 86_400.0  # a client's timeout beyond a day is taken as a day
 CLOSE_DRAIN_S = 1.0  # InferStream.close(): how long it waits for answers, then cancels
 
 
@@ -146,6 +149,26 @@ def _address(url: str) -> tuple[str, bool]:
         raise ValueError(f"controller address {given!r}: the port must be 1-65535, got "
                          f"{port!r} (expected HOST:PORT)")
     return url, tls
+
+
+def _seconds(timeout, what: str = "timeout") -> float | None:
+    """A timeout as the client keeps it: None (no limit) or seconds > 0, at most
+    ``MAX_TIMEOUT_S`` (gRPC cannot take a deadline ~300 years away: every call failed at
+    once). Anything else (inf, nan, 0, a negative, a string, a bool) raises
+    ``ValueError`` naming it, instead of every call failing with an unrelated error."""
+    if timeout is None:
+        return None
+    if (isinstance(timeout, numbers.Real) and not isinstance(timeout, bool)
+            and math.isfinite(timeout) and timeout > 0):
+        return min(float(timeout), MAX_TIMEOUT_S)
+    raise ValueError(f"{what} must be None (no limit) or a finite number of seconds > 0, "
+                     f"got {timeout!r}")
+
+
+def _per_call(timeout, client_timeout: float | None) -> float | None:
+    """A call's own ``timeout=``: None is the client's; 0 is refused, as in the client
+    (it was taken as the client's)."""
+    return client_timeout if timeout is None else _seconds(timeout)
 
 
 def _request(model: str, inputs, slo_ms: float | None, client_id: int = 0) -> pb.InferRequest:
@@ -273,13 +296,15 @@ def _stub(channel, token: str | None) -> pbg.ClockworkStub:
     return stub
 
 
-def _timeout(timeout: float | None, slo_ms: float | None) -> float | None:
-    """The gRPC deadline of one call: the SLO and a grace, within the client's timeout
-    (the controller sees the remaining time and plans within it)."""
-    if not slo_ms or not 0 < slo_ms < 1e9:  # a nonsense SLO: the controller refuses it
-        return timeout
+def _deadline(timeout: float | None, slo_ms: float) -> tuple[float | None, bool]:
+    """The gRPC deadline of one inference (the controller sees the remaining time and
+    plans within it), and whether it is the SLO's: the SLO and a grace when that is
+    sooner than the client's timeout (its passing is ``InferenceTimeout``), else the
+    client's timeout (``ControllerUnavailable``)."""
+    if not 0 < slo_ms < 1e9:  # none, or a nonsense SLO (the controller refuses it)
+        return timeout, False
     t = slo_ms / 1e3 + GRACE_S
-    return t if timeout is None else min(timeout, t)
+    return (t, True) if timeout is None or t < timeout else (timeout, False)
 
 
 # how gRPC's own errors begin when it found no connection to the controller (refused,
@@ -302,18 +327,20 @@ def _unreachable_text(e: grpc.RpcError, url: str) -> str:
             f"and listening there?): {e.details()}")
 
 
-def _unavailable(e: grpc.RpcError, infer: bool = False, url: str = "") -> ClockworkError:
-    """The typed error of a failed call. A deadline that passes is ``InferenceTimeout``
-    for an inference (its deadline is its SLO and a grace) and ``ControllerUnavailable``
-    for any other call (the client's timeout). No connection to the controller at
+def _unavailable(e: grpc.RpcError, url: str = "",
+                 slo: pb.InferRequest | None = None) -> ClockworkError:
+    """The typed error of a failed call. A deadline that passes is the client's timeout,
+    ``ControllerUnavailable`` (as the controller not answering at all), unless it was
+    the SLO's deadline of the inference ``slo`` (its SLO and a grace, sooner than the
+    client's timeout): then ``InferenceTimeout``. No connection to the controller at
     ``url`` (refused, an unknown host): ``ControllerUnavailable`` saying so."""
     if _unreachable(e):
         return ControllerUnavailable(_unreachable_text(e, url))
     code = e.code() if hasattr(e, "code") else None
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        if infer:
-            return error_for(4, "deadline",
-                             f"no answer within the call's deadline: {e.details()}")
+        if slo is not None:
+            return error_for(4, "deadline", f"no answer within its {slo.slo_ms:g} ms SLO "
+                             f"and {GRACE_S:g} s more: {e.details()}", slo.model)
         return ControllerUnavailable(f"no answer within the client's timeout: {e.details()}")
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return Unauthenticated(f"controller refused the call: {code}: {e.details()} "
@@ -324,16 +351,17 @@ def _unavailable(e: grpc.RpcError, infer: bool = False, url: str = "") -> Clockw
 
 class Client:
     """Blocking client. ``url`` is ``host:port`` (optionally ``grpc://host:port``, or
-    ``grpcs://host:port`` for TLS; no port: ``ValueError``). ``token``: the controller's bearer token (default
-    ``$CLOCKWORK_TOKEN``; "" sends none); ``tls``/``tls_ca``: TLS verified against the
-    system's CAs / this CA (PEM file or bytes); ``tls_cert``/``tls_key``: a client
-    certificate."""
+    ``grpcs://host:port`` for TLS; no port: ``ValueError``). ``timeout``: each call's,
+    in seconds (None: no limit; beyond a day: a day; else ``ValueError``). ``token``: the
+    controller's bearer token (default ``$CLOCKWORK_TOKEN``; "" sends none);
+    ``tls``/``tls_ca``: TLS verified against the system's CAs / this CA (PEM file or
+    bytes); ``tls_cert``/``tls_key``: a client certificate."""
 
     def __init__(self, url: str = "127.0.0.1:12346", timeout: float | None = 30.0, *,
                  token: str | None = None, tls: bool = False, tls_ca=None, tls_cert=None,
                  tls_key=None) -> None:
         self.url, tls_url = _address(url)
-        self.timeout = timeout
+        self.timeout = _seconds(timeout)
         self._channel = _channel(self.url, tls or tls_url, tls_ca, tls_cert, tls_key,
                                  aio=False)
         self._stub = _stub(self._channel, client_token(token))
@@ -341,11 +369,12 @@ class Client:
     def infer(self, model: str, inputs=None, slo_ms: float | None = None) -> InferResult:
         req = _request(model, inputs, slo_ms)
         _size(req)
+        deadline, slos = _deadline(self.timeout, req.slo_ms)
         t0 = time.perf_counter()
         try:
-            resp = self._stub.Infer(req, timeout=_timeout(self.timeout, slo_ms))
+            resp = self._stub.Infer(req, timeout=deadline)
         except grpc.RpcError as e:
-            raise _unavailable(e, infer=True, url=self.url) from e
+            raise _unavailable(e, self.url, req if slos else None) from e
         return _result(model, resp, (time.perf_counter() - t0) * 1e3, slo_ms)
 
     def list_models(self) -> list[ModelMeta]:
@@ -371,9 +400,10 @@ class Client:
         ``UnknownModel`` (no such profile or package), ``InvalidRequest`` (a bad name
         or count, or ``name`` loaded otherwise: unload it first) or
         ``RepositoryUnavailable``."""
+        req = _load_request(name, copies, profile, package)
+        timeout = _per_call(timeout, self.timeout)
         try:
-            r = self._stub.LoadModel(_load_request(name, copies, profile, package),
-                                     timeout=timeout or self.timeout)
+            r = self._stub.LoadModel(req, timeout=timeout)
         except grpc.RpcError as e:
             raise _repository_error(e, name, self.url) from e
         return [_meta(m) for m in r.models]
@@ -383,9 +413,10 @@ class Client:
         instance); returns the instances unloaded once their waiting requests are
         answered (their copies leave the GPUs as they go idle). A model that is not
         loaded: ``[]``. Raises ``UnknownModel`` for a name the controller does not know."""
+        req = pb.UnloadModelRequest(name=name)
+        timeout = _per_call(timeout, self.timeout)
         try:
-            r = self._stub.UnloadModel(pb.UnloadModelRequest(name=name),
-                                       timeout=timeout or self.timeout)
+            r = self._stub.UnloadModel(req, timeout=timeout)
         except grpc.RpcError as e:
             raise _repository_error(e, name, self.url) from e
         return list(r.instances)
@@ -407,9 +438,10 @@ class Client:
         "added": False if it was connected already}``. Raises ``InvalidRequest`` (the
         worker cannot serve the models, or the policy cannot grow) or
         ``ControllerUnavailable`` (the worker or the controller cannot be reached)."""
+        req = pb.AddWorkerRequest(address=address)
+        timeout = _per_call(timeout, self.timeout)
         try:
-            r = self._stub.AddWorker(pb.AddWorkerRequest(address=address),
-                                     timeout=timeout or self.timeout)
+            r = self._stub.AddWorker(req, timeout=timeout)
         except grpc.RpcError as e:
             raise _worker_error(e, self.url) from e
         return {"worker": r.worker, "gpus": list(r.gpus), "added": r.added}
@@ -432,14 +464,14 @@ class Client:
 
 
 class AsyncClient:
-    """asyncio client; create it inside a running event loop. Security keywords as
-    ``Client``'s."""
+    """asyncio client; create it inside a running event loop. ``url``, ``timeout`` and
+    the security keywords as ``Client``'s."""
 
     def __init__(self, url: str = "127.0.0.1:12346", timeout: float | None = 30.0, *,
                  token: str | None = None, tls: bool = False, tls_ca=None, tls_cert=None,
                  tls_key=None) -> None:
         self.url, tls_url = _address(url)
-        self.timeout = timeout
+        self.timeout = _seconds(timeout)
         self._channel = _channel(self.url, tls or tls_url, tls_ca, tls_cert, tls_key,
                                  aio=True)
         self._stub = _stub(self._channel, client_token(token))
@@ -447,11 +479,12 @@ class AsyncClient:
     async def infer(self, model: str, inputs=None, slo_ms: float | None = None) -> InferResult:
         req = _request(model, inputs, slo_ms)
         _size(req)
+        deadline, slos = _deadline(self.timeout, req.slo_ms)
         t0 = time.perf_counter()
         try:
-            resp = await self._stub.Infer(req, timeout=_timeout(self.timeout, slo_ms))
+            resp = await self._stub.Infer(req, timeout=deadline)
         except grpc.RpcError as e:
-            raise _unavailable(e, infer=True, url=self.url) from e
+            raise _unavailable(e, self.url, req if slos else None) from e
         return _result(model, resp, (time.perf_counter() - t0) * 1e3, slo_ms)
 
     async def list_models(self) -> list[ModelMeta]:
@@ -470,27 +503,30 @@ class AsyncClient:
     async def load_model(self, name: str, copies: int = 1, profile: str | None = None,
                          package: str = "", timeout: float | None = None) -> list[ModelMeta]:
         """As ``Client.load_model``."""
+        req = _load_request(name, copies, profile, package)
+        timeout = _per_call(timeout, self.timeout)
         try:
-            r = await self._stub.LoadModel(_load_request(name, copies, profile, package),
-                                           timeout=timeout or self.timeout)
+            r = await self._stub.LoadModel(req, timeout=timeout)
         except grpc.RpcError as e:
             raise _repository_error(e, name, self.url) from e
         return [_meta(m) for m in r.models]
 
     async def unload_model(self, name: str, timeout: float | None = None) -> list[str]:
         """As ``Client.unload_model``."""
+        req = pb.UnloadModelRequest(name=name)
+        timeout = _per_call(timeout, self.timeout)
         try:
-            r = await self._stub.UnloadModel(pb.UnloadModelRequest(name=name),
-                                             timeout=timeout or self.timeout)
+            r = await self._stub.UnloadModel(req, timeout=timeout)
         except grpc.RpcError as e:
             raise _repository_error(e, name, self.url) from e
         return list(r.instances)
 
     async def add_worker(self, address: str, timeout: float | None = None) -> dict:
         """As ``Client.add_worker``."""
+        req = pb.AddWorkerRequest(address=address)
+        timeout = _per_call(timeout, self.timeout)
         try:
-            r = await self._stub.AddWorker(pb.AddWorkerRequest(address=address),
-                                           timeout=timeout or self.timeout)
+            r = await self._stub.AddWorker(req, timeout=timeout)
         except grpc.RpcError as e:
             raise _worker_error(e, self.url) from e
         return {"worker": r.worker, "gpus": list(r.gpus), "added": r.added}
@@ -616,7 +652,7 @@ class InferStream:
                                             f"it was sent, past its {sent[1]:g} ms SLO")
                         fut.set_result(resp)
         except grpc.RpcError as e:
-            self._fail_waiting(_unavailable(e, infer=True, url=self._url))
+            self._fail_waiting(_unavailable(e, self._url))
         except asyncio.CancelledError:  # the channel closed under it (client.close())
             self._fail_waiting(ControllerUnavailable("the client was closed with requests "
                                                      "on its stream unanswered"))

@@ -22,6 +22,7 @@ grpc = pytest.importorskip("grpc")
 import clockwork  # noqa: E402
 from clockwork.errors import (  # noqa: E402
     ControllerUnavailable,
+    InferenceTimeout,
     InvalidRequest,
 )
 from tests.conftest import local_cluster  # noqa: E402
@@ -41,6 +42,15 @@ def _stop(pid: int) -> None:
     os.kill(pid, signal.SIGSTOP)
     while open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in "tT":
         time.sleep(0.001)
+
+
+@contextmanager
+def _silent():
+    """The address of a socket that accepts connections and never answers."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        yield f"127.0.0.1:{s.getsockname()[1]}"
 
 
 @contextmanager
@@ -211,3 +221,59 @@ def test_closing_a_stream_on_a_stalled_controller_returns_promptly(cluster):
             await s2.close()
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+# ---------------------------------------------------------------- deadlines and errors
+
+def test_the_clients_timeout_is_controller_unavailable_and_the_slo_inference_timeout():
+    """``infer``'s gRPC deadline is the client's timeout or, when sooner, its SLO plus a
+    grace. A controller that says nothing: the client's timeout passing first is
+    ``ControllerUnavailable`` (no SLO, or the timeout sooner than the SLO), the SLO's
+    deadline passing first ``InferenceTimeout``."""
+    with _silent() as address:
+        with clockwork.Client(address, timeout=0.3) as c:
+            for slo in (None, 5000):
+                with pytest.raises(ControllerUnavailable, match="client's timeout"):
+                    c.infer("m", slo_ms=slo)
+        with clockwork.Client(address, timeout=30) as c:
+            with pytest.raises(InferenceTimeout, match="SLO"):
+                c.infer("m", slo_ms=10)
+
+        async def main():
+            async with clockwork.AsyncClient(address, timeout=0.3) as c:
+                with pytest.raises(ControllerUnavailable, match="client's timeout"):
+                    await c.infer("m")
+
+        asyncio.run(main())
+
+
+BAD_TIMEOUTS = [float("inf"), float("nan"), -1, 0, -0.0, "5", True, [1]]
+
+
+@pytest.mark.parametrize("bad", BAD_TIMEOUTS, ids=repr)
+def test_a_bad_timeout_is_refused_at_once_naming_it(bad):
+    """A client's timeout is None (no limit) or a finite number of seconds > 0; anything
+    else is a ValueError that names it, at construction or at the call, instead of every
+    call failing at once with an unrelated error."""
+    said = f"None (no limit) or a finite number of seconds > 0, got {bad!r}"
+    calls = [lambda: clockwork.Client("127.0.0.1:1", timeout=bad),
+             lambda: clockwork.AsyncClient("127.0.0.1:1", timeout=bad)]
+    c = clockwork.Client("127.0.0.1:1")
+    calls += [lambda: c.load_model("m", timeout=bad), lambda: c.unload_model("m", timeout=bad),
+              lambda: c.add_worker("127.0.0.1:2", timeout=bad)]
+    for call in calls:
+        with pytest.raises(ValueError) as e:
+            call()
+        assert said in str(e.value) and "timeout" in str(e.value)
+    c.close()
+
+
+def test_a_huge_timeout_is_a_day_and_calls_work(cluster):
+    """A timeout beyond what gRPC can take (it overflowed: every call failed at once) is
+    taken as a day."""
+    for t in (1e10, 1e300):
+        with clockwork.Client(cluster.address, timeout=t) as c:
+            assert c.timeout == 86_400
+            assert isinstance(c.stats(), dict)
+            assert c.infer("mobilenet_v2").status == 0
+            assert c.unload_model("inception_v3", timeout=t) == []  # a profile not served

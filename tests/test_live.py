@@ -127,9 +127,10 @@ def test_replay_poisson(cluster, tmp_path):
 
 def test_client_calls_past_their_timeout_are_controller_unavailable():
     """A controller that never answers (a socket that accepts and says nothing): every
-    call but an inference fails ControllerUnavailable when the client's timeout passes
-    (load/unload: RepositoryUnavailable, one of those); an inference, whose deadline is
-    its SLO and a grace, InferenceTimeout."""
+    call fails ControllerUnavailable when the client's timeout passes (load/unload:
+    RepositoryUnavailable, one of those), an inference too when the timeout is sooner
+    than its SLO and a grace (the SLO's deadline passing is InferenceTimeout:
+    tests/test_client_api.py)."""
     import socket
 
     from clockwork.errors import ControllerUnavailable, RepositoryUnavailable
@@ -145,8 +146,8 @@ def test_client_calls_past_their_timeout_are_controller_unavailable():
             for call in (lambda: c.load_model("m"), lambda: c.unload_model("m")):
                 with pytest.raises(RepositoryUnavailable, match="client's timeout"):
                     call()
-            with pytest.raises(InferenceTimeout):
-                c.infer("m", slo_ms=100)
+            with pytest.raises(ControllerUnavailable, match="client's timeout"):
+                c.infer("m", slo_ms=100)  # 0.5 s, sooner than 100 ms + 1 s
 
 
 def test_an_address_without_a_port_is_refused_not_dialled_on_443():
