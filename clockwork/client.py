@@ -14,13 +14,18 @@ controller's set under ``name`` (instances ``name``, ``name:1``, ...) while it r
 ``unload_model(name)`` stops serving it (its waiting requests fail ``UnknownModel``, its
 GPU memory is freed as its copies go idle); ``repository_index()`` lists every model
 with its state (``READY``, ``LOADING``, ``UNLOADING``, ``UNAVAILABLE``, "" = not loaded).
-``infer_many`` / ``AsyncClient.stream`` pipeline many requests over one stream, several
-per message, for load generation.
+``AsyncClient.stream()`` pipelines many requests over one stream, several per message,
+for load generation.
 
 Security (SECURITY.md): ``token=`` (else ``$CLOCKWORK_TOKEN``) is sent as ``authorization:
 Bearer <token>`` with every call; ``tls=True`` or ``tls_ca=`` (or a ``grpcs://`` URL)
 connects with TLS; ``tls_cert=``/``tls_key=`` answer a server that asks for a client
 certificate. A refused token raises ``clockwork.errors.Unauthenticated``.
+
+Mistakes the client sees itself raise before anything is sent: ``ValueError`` for an
+argument of the wrong type or a bad timeout (a ``model`` that is not a string, an
+``slo_ms`` that is not a number), ``InvalidRequest`` for a request too large to send or
+a bad ``copies``; a call on a closed client raises ``RuntimeError``.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import heapq
 import itertools
 import math
 import numbers
+import operator
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -67,6 +73,8 @@ _OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 GRACE_S = 1.0  # past its SLO, how long the client waits for an answer before giving up
 MAX_TIMEOUT_S = 86_400.0  # a client's timeout beyond a day is taken as a day
 CLOSE_DRAIN_S = 1.0  # InferStream.close(): how long it waits for answers, then cancels
+_INT32_MAX = (1 << 31) - 1
+_CLOSED = "the client is closed"
 
 
 @dataclass
@@ -171,8 +179,27 @@ def _per_call(timeout, client_timeout: float | None) -> float | None:
     return client_timeout if timeout is None else _seconds(timeout)
 
 
+def _text(value, what: str) -> str:
+    """``value``, which must be a string (protobuf would raise its own TypeError)."""
+    if not isinstance(value, str):
+        raise ValueError(f"{what} must be a string, got {value!r}")
+    return value
+
+
 def _request(model: str, inputs, slo_ms: float | None, client_id: int = 0) -> pb.InferRequest:
-    req = pb.InferRequest(model=model, slo_ms=float(slo_ms or 0.0), client_id=client_id)
+    """The request message. A model that is not a string, or an SLO that is not a
+    number (a bool, a string), raises ``ValueError``; a number the controller cannot
+    take (negative, nan, inf) is its to refuse (``bad_slo``)."""
+    _text(model, "model (a model instance name)")
+    if slo_ms is not None and (isinstance(slo_ms, bool)
+                               or not isinstance(slo_ms, numbers.Real)):
+        raise ValueError(f"slo_ms must be None (the controller's default) or a number of "
+                         f"milliseconds, got {slo_ms!r}")
+    try:
+        slo = float(slo_ms or 0.0)
+    except OverflowError:  # an int beyond any float: sent as inf, for the controller to refuse
+        slo = math.inf
+    req = pb.InferRequest(model=model, slo_ms=slo, client_id=client_id)
     if inputs is None:
         return req
     if isinstance(inputs, Mapping):
@@ -206,10 +233,22 @@ def _meta(m: pb.ModelInfo) -> ModelMeta:
 
 
 def _load_request(name: str, copies: int, profile: str | None, package: str):
-    if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
-        raise InvalidRequest(f"{name}: copies must be an integer >= 1, got {copies!r}", 6,
-                             "bad_request", name)
-    return pb.LoadModelRequest(name=name, copies=int(copies), profile=profile or "",
+    """A load's message. ``copies`` is any integral number (``int``, numpy's) from 1 to
+    the field's 2**31 - 1 (the controller has its own, lower bound), else
+    ``InvalidRequest``."""
+    _text(name, "name")
+    if profile is not None:
+        _text(profile, "profile")
+    if package is not None:
+        _text(package, "package")
+    try:
+        n = None if isinstance(copies, bool) else operator.index(copies)
+    except TypeError:
+        n = None
+    if n is None or not 1 <= n <= _INT32_MAX:
+        raise InvalidRequest(f"{name}: copies must be an integer from 1 to {_INT32_MAX:,}, "
+                             f"got {copies!r}", 6, "bad_request", name)
+    return pb.LoadModelRequest(name=name, copies=n, profile=profile or "",
                                package=package or "")
 
 
@@ -287,6 +326,20 @@ class _WithToken:
         return lambda *args, **kw: attr(*args, **self._kw(kw))
 
 
+class _Closed:
+    """A closed client's stub: every call raises ``RuntimeError`` before reaching gRPC
+    (whose closed channels raise ``ValueError``, or ``UsageError`` for asyncio), so the
+    two clients, and a stream, say the same."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str):
+        raise RuntimeError(_CLOSED)
+
+
+_CLOSED_STUB = _Closed()
+
+
 def _stub(channel, token: str | None) -> pbg.ClockworkStub:
     stub = pbg.ClockworkStub(channel)
     if token:
@@ -355,7 +408,8 @@ class Client:
     in seconds (None: no limit; beyond a day: a day; else ``ValueError``). ``token``: the
     controller's bearer token (default ``$CLOCKWORK_TOKEN``; "" sends none);
     ``tls``/``tls_ca``: TLS verified against the system's CAs / this CA (PEM file or
-    bytes); ``tls_cert``/``tls_key``: a client certificate."""
+    bytes); ``tls_cert``/``tls_key``: a client certificate. After ``close()`` every call
+    raises ``RuntimeError``."""
 
     def __init__(self, url: str = "127.0.0.1:12346", timeout: float | None = 30.0, *,
                  token: str | None = None, tls: bool = False, tls_ca=None, tls_cert=None,
@@ -385,9 +439,9 @@ class Client:
         return [_meta(m) for m in r.models]
 
     def model_status(self, model: str) -> pb.ModelStatusResponse:
+        req = pb.ModelStatusRequest(model=_text(model, "model"))
         try:
-            return self._stub.ModelStatus(pb.ModelStatusRequest(model=model),
-                                          timeout=self.timeout)
+            return self._stub.ModelStatus(req, timeout=self.timeout)
         except grpc.RpcError as e:
             raise _unavailable(e, url=self.url) from e
 
@@ -413,7 +467,7 @@ class Client:
         instance); returns the instances unloaded once their waiting requests are
         answered (their copies leave the GPUs as they go idle). A model that is not
         loaded: ``[]``. Raises ``UnknownModel`` for a name the controller does not know."""
-        req = pb.UnloadModelRequest(name=name)
+        req = pb.UnloadModelRequest(name=_text(name, "name"))
         timeout = _per_call(timeout, self.timeout)
         try:
             r = self._stub.UnloadModel(req, timeout=timeout)
@@ -438,7 +492,7 @@ class Client:
         "added": False if it was connected already}``. Raises ``InvalidRequest`` (the
         worker cannot serve the models, or the policy cannot grow) or
         ``ControllerUnavailable`` (the worker or the controller cannot be reached)."""
-        req = pb.AddWorkerRequest(address=address)
+        req = pb.AddWorkerRequest(address=_text(address, "address"))
         timeout = _per_call(timeout, self.timeout)
         try:
             r = self._stub.AddWorker(req, timeout=timeout)
@@ -454,6 +508,7 @@ class Client:
         return dict(r.counters)
 
     def close(self) -> None:
+        self._stub = _CLOSED_STUB
         self._channel.close()
 
     def __enter__(self) -> Client:
@@ -465,7 +520,8 @@ class Client:
 
 class AsyncClient:
     """asyncio client; create it inside a running event loop. ``url``, ``timeout`` and
-    the security keywords as ``Client``'s."""
+    the security keywords as ``Client``'s; after ``close()`` every call raises
+    ``RuntimeError``."""
 
     def __init__(self, url: str = "127.0.0.1:12346", timeout: float | None = 30.0, *,
                  token: str | None = None, tls: bool = False, tls_ca=None, tls_cert=None,
@@ -513,7 +569,7 @@ class AsyncClient:
 
     async def unload_model(self, name: str, timeout: float | None = None) -> list[str]:
         """As ``Client.unload_model``."""
-        req = pb.UnloadModelRequest(name=name)
+        req = pb.UnloadModelRequest(name=_text(name, "name"))
         timeout = _per_call(timeout, self.timeout)
         try:
             r = await self._stub.UnloadModel(req, timeout=timeout)
@@ -523,7 +579,7 @@ class AsyncClient:
 
     async def add_worker(self, address: str, timeout: float | None = None) -> dict:
         """As ``Client.add_worker``."""
-        req = pb.AddWorkerRequest(address=address)
+        req = pb.AddWorkerRequest(address=_text(address, "address"))
         timeout = _per_call(timeout, self.timeout)
         try:
             r = await self._stub.AddWorker(req, timeout=timeout)
@@ -554,6 +610,7 @@ class AsyncClient:
         return InferStream(self._stub, interval_us, self.url)
 
     async def close(self) -> None:
+        self._stub = _CLOSED_STUB
         await self._channel.close()
 
     async def __aenter__(self) -> AsyncClient:

@@ -277,3 +277,61 @@ def test_a_huge_timeout_is_a_day_and_calls_work(cluster):
             assert isinstance(c.stats(), dict)
             assert c.infer("mobilenet_v2").status == 0
             assert c.unload_model("inception_v3", timeout=t) == []  # a profile not served
+
+
+def test_load_model_takes_any_integral_copies_and_refuses_the_rest(cluster):
+    with clockwork.Client(cluster.address, timeout=10) as c:
+        try:
+            assert [m.name for m in c.load_model("q", copies=np.int64(1),
+                                                 profile="mobilenet_v2")] == ["q"]
+        finally:
+            c.unload_model("q")
+        for bad in (0, -1, 1.5, 2.0, True, "2", 2**31, 2**40):
+            with pytest.raises(InvalidRequest, match="copies"):
+                c.load_model("q", copies=bad, profile="mobilenet_v2")
+
+
+def test_arguments_of_the_wrong_type_are_value_errors(cluster):
+    """A model that is not a string, or an SLO that is not a number (a bool, a string),
+    is refused before anything is sent, and a stream keeps nothing of it."""
+    async def main():
+        async with clockwork.AsyncClient(cluster.address, timeout=10) as c:
+            s = c.stream()
+            for kw in ({"model": 5}, {"model": None}, {"slo_ms": True}, {"slo_ms": "100"}):
+                args = {"model": "mobilenet_v2", **kw}
+                with pytest.raises(ValueError, match="model|slo_ms"):
+                    s.submit(args.pop("model"), **args)
+                with pytest.raises(ValueError, match="model|slo_ms"):
+                    await c.infer(**{"model": "mobilenet_v2", **kw})
+            assert s.outstanding == 0
+            await s.close()
+
+    asyncio.run(main())
+    with clockwork.Client(cluster.address, timeout=10) as c:
+        with pytest.raises(ValueError, match="slo_ms"):
+            c.infer("mobilenet_v2", slo_ms=True)
+        with pytest.raises(ValueError, match="model"):
+            c.model_status(None)
+
+
+def test_a_closed_client_raises_the_same_error_from_both_clients(cluster):
+    """Any call on a closed client, blocking or asyncio, raises ``RuntimeError`` ("the
+    client is closed"), never reaching gRPC."""
+    c = clockwork.Client(cluster.address, timeout=10)
+    c.close()
+    for call in (lambda: c.infer("mobilenet_v2"), c.stats, c.list_models,
+                 lambda: c.load_model("q", profile="mobilenet_v2")):
+        with pytest.raises(RuntimeError, match="client is closed"):
+            call()
+
+    async def main():
+        ac = clockwork.AsyncClient(cluster.address, timeout=10)
+        await ac.close()
+        with pytest.raises(RuntimeError, match="client is closed"):
+            await ac.infer("mobilenet_v2")
+        with pytest.raises(RuntimeError, match="client is closed"):
+            await ac.stats()
+        with pytest.raises(RuntimeError, match="client is closed"):
+            ac.stream()
+
+    asyncio.run(main())
