@@ -581,15 +581,161 @@ def _format_in(run_dir: Path) -> str:
 _UNREADABLE_NPZ = (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile)
 
 
+class _BadLog(ValueError):
+    """A log file that cannot be read as one; the message names the file (and line)."""
+
+
+def _value_range(dt: np.dtype) -> tuple[int, int]:
+    """The smallest and largest value a log column of type ``dt`` holds."""
+    if dt == _BOOL:
+        return 0, 1
+    info = np.iinfo(dt)
+    return int(info.min), int(info.max)
+
+
+def _range_words(dt: np.dtype) -> str:
+    """What a value of a log column of type ``dt`` must be, after "is not"."""
+    lo, hi = _value_range(dt)
+    return "0 or 1" if dt == _BOOL else f"within {lo:,}..{hi:,}"
+
+
+def _kind_words(dt: np.dtype) -> str:
+    """``dt`` in words, for a column that should hold integers."""
+    what = {"f": "floating-point", "U": "text", "S": "bytes", "O": "object", "c": "complex",
+            "V": "structured", "M": "datetime", "m": "timedelta"}.get(dt.kind, "")
+    return f"{what} values ({dt})" if what else f"{dt} values"
+
+
+def _fit_column(where: str, name: str, a: np.ndarray, dt: np.dtype) -> np.ndarray:
+    """Column ``name`` as read from ``where``, as type ``dt``: ValueError naming both
+    unless it is one-dimensional, of integers (or bools), every value within ``dt``."""
+    if a.ndim != 1:
+        raise _BadLog(f"{where}: column '{name}' has shape {a.shape}, not one value a row")
+    if a.dtype.kind not in "biu":
+        raise _BadLog(f"{where}: column '{name}' holds {_kind_words(a.dtype)}, not integers")
+    if a.dtype == dt:
+        return a
+    if len(a) and not np.can_cast(a.dtype, dt):
+        lo, hi = _value_range(dt)
+        amin, amax = int(a.min()), int(a.max())
+        if amin < lo or amax > hi:
+            raise _BadLog(f"{where}: column '{name}' holds {amin if amin < lo else amax}, "
+                          f"not {_range_words(dt)}")
+    return a.astype(dt)
+
+
+def _check_codes(where: str, codes: np.ndarray, n_names: int) -> None:
+    """ValueError unless every model code is an index into the ``n_names`` model names."""
+    if len(codes):
+        lo, hi = int(codes.min()), int(codes.max())
+        if lo < 0 or hi >= n_names:
+            raise _BadLog(f"{where}: column 'model' holds code {lo if lo < 0 else hi}, but "
+                             f"model_names has {n_names} name(s) (codes 0..{n_names - 1})")
+
+
+def _model_names(where: str, z) -> list[str]:
+    a = z["model_names"]
+    if a.ndim != 1 or a.dtype.kind not in "US":
+        raise _BadLog(f"{where}: model_names is {a.dtype} of shape {a.shape}, not a list "
+                         "of names")
+    return a.tolist()
+
+
+def _npy_header(z, name: str) -> tuple[tuple, np.dtype]:
+    """The shape and type of member ``name`` of an open .npz, from its header alone."""
+    fmt = np.lib.format
+    with z.zip.open(name + ".npy") as f:
+        version = fmt.read_magic(f)
+        read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+        shape, _, dtype = read(f)
+    return shape, dtype
+
+
+def _memory_room() -> int | None:
+    """Bytes this process can still take, as far as it can tell: the memory the machine
+    has available, and what is left of an address-space limit (``ulimit -v``); None if
+    neither is known."""
+    import resource
+
+    room = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    room = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY:
+            with open("/proc/self/statm") as f:
+                used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+            room = soft - used if room is None else min(room, soft - used)
+    except (OSError, ValueError, IndexError):
+        pass
+    return room
+
+
+def _check_npz_columns(path: Path, z, want: tuple, dtypes: dict, extra_per_row: int = 0
+                       ) -> None:
+    """Before any of them is read: the columns ``want`` of the open .npz at ``path`` are
+    there, one-dimensional, integers (or bools), of one length, and they (with
+    ``extra_per_row`` bytes a row more) fit in the memory this process can take.
+    ValueError naming the file and the column otherwise."""
+    rows = None
+    need = 0
+    for c in want:
+        if c not in z.files:
+            raise _BadLog(f"{path}: not a log file (no column '{c}')")
+        shape, dtype = _npy_header(z, c)
+        if len(shape) != 1:
+            raise _BadLog(f"{path}: column '{c}' has shape {shape}, not one value a row")
+        if dtype.kind not in "biu":
+            raise _BadLog(f"{path}: column '{c}' holds {_kind_words(dtype)}, not integers")
+        if rows is None:
+            rows = shape[0]
+        elif shape[0] != rows:
+            raise _BadLog(f"{path}: columns of different lengths ('{want[0]}' has "
+                             f"{rows:,} rows, '{c}' {shape[0]:,})")
+        need += shape[0] * (dtype.itemsize + (dtypes[c].itemsize if dtype != dtypes[c] else 0))
+    need += (rows or 0) * extra_per_row
+    room = _memory_room()
+    if room is not None and need > room:
+        raise _BadLog(f"{path}: its {rows:,} rows need {need / 2**30:,.2f} GiB of memory "
+                         f"to read, more than the {max(room, 0) / 2**30:,.2f} GiB this process "
+                         "can take")
+
+
+def _load_npz_columns(path: Path, z, want: tuple, dtypes: dict) -> dict[str, np.ndarray]:
+    """The columns ``want`` of the open .npz at ``path``, checked (``_check_npz_columns``
+    first) and as their log types."""
+    out = {}
+    for c in want:
+        try:
+            a = z[c]
+        except MemoryError:
+            raise _BadLog(f"{path}: column '{c}' does not fit in this process's memory"
+                             ) from None
+        out[c] = _fit_column(str(path), c, a, dtypes[c])
+    return out
+
+
 def _read_npz(tel: Telemetry, path: Path, log: ColumnLog) -> None:
+    dtypes = dict(zip(log.names, log.dtypes, strict=True))
     try:
         with np.load(path, allow_pickle=False) as z:
-            cols = [z[name] for name in log.names]
-            names = z["model_names"].tolist()
+            # (model codes become names' codes: int64, then the column's type)
+            _check_npz_columns(path, z, log.names, dtypes, extra_per_row=16)
+            cols = list(_load_npz_columns(path, z, log.names, dtypes).values())
+            names = _model_names(str(path), z)
+    except _BadLog:
+        raise
     except _UNREADABLE_NPZ as e:
-        raise ValueError(f"{path}: not a log file ({e})") from None
+        raise _BadLog(f"{path}: not a log file ({e})") from None
     codes = np.array([tel._code(n) for n in names] + [0], dtype=np.int64)[:-1]
     m = log.names.index("model")
+    _check_codes(str(path), cols[m], len(names))
     cols[m] = codes[cols[m]] if len(cols[m]) else cols[m]
     log.set_arrays(cols)
 
@@ -600,40 +746,61 @@ _TSV_READ_ROWS = 1 << 16  # rows parsed at a time (Python objects for these only
 def _read_tsv(tel: Telemetry, path: Path, log: ColumnLog) -> None:
     """A TSV log into ``log``'s columns, ``_TSV_READ_ROWS`` lines at a time: only those
     lines are ever Python objects, so a log of any length reads in about its columns'
-    memory."""
+    memory. A row that is not one (a field too many or too few, a value that is not a
+    number, or one outside its column's type) is a ValueError naming the file, line and
+    column."""
     status_of = {v: k for k, v in (_STATUS if log.names == REQUEST_COLUMNS
                                    else _ERROR_NAME).items()}
     type_of = {v: k for k, v in _TYPE_NAME.items()}
+    ranges = [None if dt == _I64 else _value_range(dt) for dt in log.dtypes]
 
-    def columns(rows: list[list[str]]) -> list[np.ndarray]:
+    def columns(rows: list[list[str]]) -> list[np.ndarray] | None:
+        """The rows' columns; None if some row is bad (``_bad_tsv_row`` says which)."""
         if any(len(r) != log.width for r in rows):
-            raise ValueError(f"{path}: a row without {log.width} fields")
+            return None
         out = []
-        for name, dt, values in zip(log.names, log.dtypes, zip(*rows, strict=True), strict=True):
-            if name == "model":
-                col = np.array([tel._code(v) for v in values], dtype=np.int64)
-            elif name == "status":
-                col = np.array([status_of[v] if v in status_of else int(v) for v in values],
-                               dtype=np.int64)
-            elif name == "type":
-                col = np.array([type_of[v] for v in values], dtype=np.int64)
-            else:
-                col = np.fromiter(map(int, values), np.int64, len(values))
+        for name, dt, lim, values in zip(log.names, log.dtypes, ranges,
+                                         zip(*rows, strict=True), strict=True):
+            try:
+                if name == "model":
+                    col = np.array([tel._code(v) for v in values], dtype=np.int64)
+                elif name == "status":
+                    col = np.array([status_of[v] if v in status_of else int(v)
+                                    for v in values], dtype=np.int64)
+                elif name == "type":
+                    col = np.array([type_of[v] if v in type_of else int(v) for v in values],
+                                   dtype=np.int64)
+                else:
+                    col = np.fromiter(map(int, values), np.int64, len(values))
+            except (ValueError, OverflowError):  # (not a number, or past int64)
+                return None
+            if lim is not None and name != "model" and (
+                    int(col.min()) < lim[0] or int(col.max()) > lim[1]):
+                return None
             out.append(col.astype(dt))
         return out
 
     parts: list[list[np.ndarray]] = []
-    with path.open() as f:
-        header = f.readline().rstrip("\n").split("\t")
-        if tuple(header) != log.names:
-            raise ValueError(f"{path}: not a log file (header {header[:3]}...)")
-        while True:
-            lines = f.readlines(_TSV_READ_ROWS * 64)  # (a size hint: whole lines)
-            if not lines:
-                break
-            rows = [line.rstrip("\n").split("\t") for line in lines if line.strip()]
-            if rows:
-                parts.append(columns(rows))
+    lineno = 1  # the line before the block being read
+    try:
+        with path.open(encoding="utf-8") as f:
+            header = f.readline().rstrip("\n").split("\t")
+            if tuple(header) != log.names:
+                raise _BadLog(f"{path}: not a log file (header {header[:3]}...)")
+            while True:
+                lines = f.readlines(_TSV_READ_ROWS * 64)  # (a size hint: whole lines)
+                if not lines:
+                    break
+                rows = [line.rstrip("\n").split("\t") for line in lines if line.strip()]
+                if rows:
+                    cols = columns(rows)
+                    if cols is None:
+                        raise _bad_tsv_row(path, log, lines, lineno + 1, status_of, type_of)
+                    parts.append(cols)
+                lineno += len(lines)
+    except UnicodeDecodeError as e:
+        raise _BadLog(f"{path}: not a log file: bytes that are not UTF-8 text after line "
+                      f"{lineno} ({e.reason})") from None
     if not parts:
         log.set_arrays([np.zeros(0, dt) for dt in log.dtypes])
         return
@@ -643,6 +810,33 @@ def _read_tsv(tel: Telemetry, path: Path, log: ColumnLog) -> None:
         for p in parts:
             p[j] = None
     log.set_arrays(cols)
+
+
+def _bad_tsv_row(path: Path, log: ColumnLog, lines: list[str], first: int, status_of: dict,
+                 type_of: dict) -> ValueError:
+    """What is wrong with the first bad row of ``lines`` (line ``first`` of ``path`` on):
+    the slow path, run only when a block of rows failed."""
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        where = f"{path}:{first + i}"
+        row = line.rstrip("\n").split("\t")
+        if len(row) != log.width:
+            return _BadLog(f"{where}: {len(row)} tab-separated fields, expected {log.width}")
+        for name, dt, v in zip(log.names, log.dtypes, row, strict=True):
+            if name == "model" or (name == "status" and v in status_of) or (
+                    name == "type" and v in type_of):
+                continue
+            try:
+                x = int(v)
+            except ValueError:
+                what = ("a status name or a number" if name == "status" else
+                        "an action type name or a number" if name == "type" else "an integer")
+                return _BadLog(f"{where}: column '{name}': {v.strip()!r} is not {what}")
+            lo, hi = _value_range(dt)
+            if not lo <= x <= hi:
+                return _BadLog(f"{where}: column '{name}': {x} is not {_range_words(dt)}")
+    return _BadLog(f"{path}: lines {first}-{first + len(lines) - 1}: not a log's rows")
 
 
 def _pct(values: np.ndarray, q: float) -> float:
@@ -737,15 +931,39 @@ def write_json(path: Path, data: dict) -> None:
     path.write_bytes(_json_bytes(data))
 
 
+def _check_counts(s: dict, keys: tuple, required: bool = False) -> None:
+    """ValueError unless each of ``keys`` that ``s`` has is a whole number >= 0 (a count);
+    with ``required``, KeyError for one it lacks."""
+    for k in keys:
+        if k not in s and not required:
+            continue
+        v = s[k]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"{k!r} is {v!r}, not a count (a whole number >= 0)")
+
+
 def format_summary(s: dict) -> str:
-    """A human-readable table of a summary."""
+    """A human-readable table of a summary. ValueError for a count that is not a whole
+    number >= 0 (a hand-edited summary); a latency it lacks is n/a, not 0."""
+    # (the request counts, from the request log: a live run's counter differences, as
+    # its actions', are shown as they come)
+    _check_counts(s, ("submitted", "succeeded", "slo_met", "dropped", "failed"), required=True)
+    _check_counts(s, ("cold_starts",))
     lat = s.get("latency_ms", {})
+    if not isinstance(lat, dict):
+        raise TypeError(f"'latency_ms' is {lat!r}, not an object of percentiles")
     acts = s.get("actions", {})
     # no requests, no answers: a percentage or a latency of nothing is not 0
     attainment = f"{100 * s['slo_attainment']:.4f} %" if s["submitted"] else "n/a (no requests)"
-    latency = (f"{lat.get('p50', 0):.2f} / {lat.get('p99', 0):.2f} / "
-               f"{lat.get('p999', 0):.2f} / {lat.get('max', 0):.2f} ms") if s["succeeded"] \
-        else "n/a (no requests)" if not s["submitted"] else "n/a (none succeeded)"
+    keys = ("p50", "p99", "p999", "max")
+    if not s["submitted"]:
+        latency = "n/a (no requests)"
+    elif not s["succeeded"]:
+        latency = "n/a (none succeeded)"
+    elif not any(k in lat for k in keys):  # (a hand-made summary without them)
+        latency = "n/a (not in the summary)"
+    else:
+        latency = " / ".join(f"{lat[k]:.2f}" if k in lat else "n/a" for k in keys) + " ms"
     rows = [
         ("requests submitted", f"{s['submitted']:,}"),
         ("  succeeded", f"{s['succeeded']:,}"),
@@ -816,6 +1034,8 @@ def timeline_of(req: dict, act: dict, bucket_s: float = 60.0,
     shows n/a). ValueError for an interval under ``TIMELINE_MIN_S`` or over a year, or
     one that makes more than ``TIMELINE_MAX_ROWS`` rows."""
     check_timeline_interval(bucket_s)
+    req = _timeline_columns("request", req, TIMELINE_COLUMNS[0])
+    act = _timeline_columns("action", act, TIMELINE_COLUMNS[1])
     width = round(bucket_s * 1e9)
     # (an end past what int64 nanoseconds hold, ~292 years, cuts nothing)
     end = round(duration_s * 1e9) if duration_s is not None and 0 < duration_s < 9e9 else None
@@ -854,6 +1074,24 @@ def timeline_of(req: dict, act: dict, bucket_s: float = 60.0,
     return out
 
 
+def _timeline_columns(what: str, cols: dict, names: tuple) -> dict[str, np.ndarray]:
+    """The columns ``timeline_of`` reads, as int64 (bools as bools): ValueError unless
+    each is a one-dimensional array of integers (or bools) and all are of one length."""
+    out = {}
+    for c in names:
+        a = np.asarray(cols[c])
+        if a.ndim != 1 or a.dtype.kind not in "biu":
+            raise ValueError(f"the {what} column '{c}' is {_kind_words(a.dtype)} of shape "
+                             f"{a.shape}, not one integer a row")
+        if a.dtype.kind == "u" and len(a) and int(a.max()) > _value_range(_I64)[1]:
+            raise ValueError(f"the {what} column '{c}' holds {int(a.max())}, past int64")
+        out[c] = a if a.dtype.kind in "bi" else a.astype(_I64)
+        if len(a) != len(out[names[0]]):
+            raise ValueError(f"the {what} columns are of different lengths ('{names[0]}' "
+                             f"{len(out[names[0]]):,}, '{c}' {len(a):,})")
+    return out
+
+
 def read_columns(run_dir: str | Path, request_columns: tuple, action_columns: tuple
                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Some columns of a run directory's logs, as ``read_logs`` finds them: from npz logs
@@ -866,13 +1104,21 @@ def read_columns(run_dir: str | Path, request_columns: tuple, action_columns: tu
             if not set(want) <= set(names):
                 raise ValueError(f"unknown {name} column(s): {sorted(set(want) - set(names))}")
             path = run_dir / f"{name}.npz"
+            dts = dict(zip(names, REQUEST_DTYPES if name == "requests" else ACTION_DTYPES,
+                           strict=True))
             if name == "actions" and not path.exists():
-                dts = dict(zip(ACTION_COLUMNS, ACTION_DTYPES, strict=True))
                 out.append({c: np.zeros(0, dts[c]) for c in want})
                 continue
             try:
                 with np.load(path, allow_pickle=False) as z:
-                    out.append({c: z[c] for c in want})
+                    # (the requests' columns, read first, leave less room for the actions')
+                    _check_npz_columns(path, z, tuple(want), dts)
+                    cols = _load_npz_columns(path, z, tuple(want), dts)
+                    if "model" in cols:
+                        _check_codes(str(path), cols["model"], len(_model_names(str(path), z)))
+                    out.append(cols)
+            except _BadLog:
+                raise
             except _UNREADABLE_NPZ as e:
                 raise ValueError(f"{path}: not a log file ({e})") from None
         return out[0], out[1]

@@ -1,0 +1,281 @@
+"""``clockwork report`` on damaged or hand-edited run folders: one line on stderr naming
+the file (and the line, for TSV logs) and exit 2; never a traceback, never figures made
+from values a log cannot hold; memory bounded for an .npz that inflates past it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import orjson
+import pytest
+
+from clockwork import telemetry as T
+from clockwork.cluster.cli import main
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A short simulated run, as TSV and as npz logs."""
+    base = tmp_path_factory.mktemp("runs")
+    for fmt in ("tsv", "npz"):
+        assert main(["simulate", "poisson_warm", "--set", "duration_s=1", "--quiet",
+                     "--out", str(base / fmt), "--log-format", fmt]) == 0
+    return base
+
+
+def _copy(runs, fmt, tmp_path, summary=True):
+    d = tmp_path / fmt
+    shutil.copytree(runs / fmt, d)
+    if not summary:
+        (d / "summary.json").unlink()
+    return d
+
+
+def _one_line(capsys, rc, *fragments):
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.strip().splitlines()]
+    assert rc == 2, err
+    assert len(lines) == 1 and "Traceback" not in err, err
+    for f in fragments:
+        assert f in lines[0], lines[0]
+    return lines[0]
+
+
+def _edit_tsv(path, line_no, column, value):
+    """Line ``line_no`` (1-based, the header is 1) of a TSV log with one cell replaced."""
+    lines = path.read_text().splitlines(keepends=True)
+    names = lines[0].rstrip("\n").split("\t")
+    cells = lines[line_no - 1].rstrip("\n").split("\t")
+    cells[names.index(column)] = value
+    lines[line_no - 1] = "\t".join(cells) + "\n"
+    path.write_text("".join(lines))
+
+
+def _edit_npz(path, **columns):
+    with np.load(path) as z:
+        arrays = dict(z)
+    arrays.update(columns)
+    np.savez_compressed(path, **arrays)
+
+
+# ---------------------------------------------------------------------- TSV logs
+
+@pytest.mark.parametrize("log, column, value, fragment", [
+    ("actions", "type", "FOO", "column 'type': 'FOO' is not an action type name"),
+    ("requests", "arrival", "99999999999999999999",
+     "column 'arrival': 99999999999999999999 is not within"),
+    ("requests", "arrival", "X4374624", "column 'arrival': 'X4374624' is not an integer"),
+    ("requests", "status", "300", "column 'status': 300 is not within -128..127"),
+    ("requests", "status", "WHAT", "column 'status': 'WHAT' is not a status name"),
+    ("requests", "deadline_met", "2", "column 'deadline_met': 2 is not 0 or 1"),
+    ("actions", "gpu", "3000000000", "column 'gpu': 3000000000 is not within"),
+])
+@pytest.mark.parametrize("summary", [True, False])
+def test_a_bad_tsv_cell_names_file_line_and_column(runs, tmp_path, capsys, log, column, value,
+                                                   fragment, summary):
+    d = _copy(runs, "tsv", tmp_path, summary)
+    _edit_tsv(d / f"{log}.tsv", 4, column, value)
+    rc = main(["report", str(d), "--timeline", "1"])
+    _one_line(capsys, rc, f"{d / log}.tsv:4: ", fragment)
+
+
+def test_a_tsv_row_with_a_field_too_many_names_its_line(runs, tmp_path, capsys):
+    d = _copy(runs, "tsv", tmp_path, summary=False)
+    p = d / "requests.tsv"
+    lines = p.read_text().splitlines(keepends=True)
+    lines[6] = lines[6].rstrip("\n") + "\t5\n"
+    p.write_text("".join(lines))
+    _one_line(capsys, main(["report", str(d)]), f"{p}:7: 11 tab-separated fields, expected 10")
+
+
+def test_a_tsv_log_that_is_not_utf8_names_the_file(runs, tmp_path, capsys):
+    d = _copy(runs, "tsv", tmp_path, summary=False)
+    p = d / "requests.tsv"
+    p.write_bytes(p.read_bytes() + b"\xff\xfe\x00garbage\n")
+    _one_line(capsys, main(["report", str(d)]), f"{p}: not a log file", "UTF-8")
+
+
+def test_a_numeric_action_type_reads_back(tmp_path):
+    """The writer writes an action type it has no name for as its number: the reader
+    takes that back (it took only names)."""
+    tel = T.Telemetry(0)
+    tel.actions = [(1, 7, "SUCCESS", 0, 0, "m", 1, 0, 0, -1, 5, 5, 5, 5, 0)]
+    tel.write(tmp_path)
+    assert "\t7\t" in (tmp_path / "actions.tsv").read_text()
+    assert T.read_logs(tmp_path).action_columns()["type"].tolist() == [7]
+
+
+# ---------------------------------------------------------------------- npz logs
+
+@pytest.mark.parametrize("code", [99, -1])
+def test_a_model_code_without_a_name_is_refused(runs, tmp_path, capsys, code):
+    d = _copy(runs, "npz", tmp_path, summary=False)
+    with np.load(d / "requests.npz") as z:
+        model = np.full_like(z["model"], code)
+    _edit_npz(d / "requests.npz", model=model)
+    _one_line(capsys, main(["report", str(d)]), f"{d / 'requests.npz'}: column 'model' holds "
+              f"code {code}, but model_names has 1 name(s)")
+    with pytest.raises(ValueError, match=f"code {code}"):
+        T.read_columns(d, ("model",), ())
+
+
+def _arrival(d, how):
+    with np.load(d / "requests.npz") as z:
+        a = z["arrival"]
+    return {"str": np.array(["a"] * len(a)), "2d": a.reshape(-1, 1), "0d": np.array(5),
+            "nan": np.full(len(a), np.nan), "short": a[:5],
+            "uint64_over": (a % 256).astype(np.uint64) + 2**63}[how]
+
+
+@pytest.mark.parametrize("how, fragment", [
+    ("str", "column 'arrival' holds text values (<U1), not integers"),
+    ("2d", ", 1), not one value a row"),
+    ("0d", "column 'arrival' has shape (), not one value a row"),
+    ("nan", "column 'arrival' holds floating-point values (float64), not integers"),
+    ("short", "columns of different lengths"),
+    ("uint64_over", "column 'arrival' holds 92233720368547"),
+])
+@pytest.mark.parametrize("summary", [True, False])
+def test_a_bad_npz_column_names_file_and_column(runs, tmp_path, capsys, how, fragment, summary):
+    d = _copy(runs, "npz", tmp_path, summary)
+    _edit_npz(d / "requests.npz", arrival=_arrival(d, how))
+    for argv in (["report", str(d), "--timeline", "1"],) + ((["report", str(d)],)
+                                                          if not summary else ()):
+        _one_line(capsys, main(argv), f"{d / 'requests.npz'}: ", fragment)
+
+
+def test_a_string_measured_completion_is_refused_on_the_timeline(runs, tmp_path, capsys):
+    d = _copy(runs, "npz", tmp_path)
+    with np.load(d / "actions.npz") as z:
+        n = len(z["type"])
+    _edit_npz(d / "actions.npz", measured_completion=np.array(["x"] * n))
+    _one_line(capsys, main(["report", str(d), "--timeline", "1"]),
+              f"{d / 'actions.npz'}: column 'measured_completion' holds text values")
+
+
+def test_timeline_of_refuses_columns_it_cannot_count():
+    req = {"arrival": np.array(["1", "2"]), "deadline_met": np.ones(2, bool),
+           "cold_start": np.zeros(2, bool)}
+    act = {"type": np.zeros(0, np.int8), "measured_completion": np.zeros(0, np.int64)}
+    with pytest.raises(ValueError, match="request column 'arrival' is text values"):
+        T.timeline_of(req, act, 1.0)
+    req["arrival"] = np.zeros((2, 1), np.int64)
+    with pytest.raises(ValueError, match=r"shape \(2, 1\)"):
+        T.timeline_of(req, act, 1.0)
+    req["arrival"] = np.zeros(3, np.int64)
+    with pytest.raises(ValueError, match="different lengths"):
+        T.timeline_of(req, act, 1.0)
+
+
+def test_a_valid_npz_of_other_integer_types_reads_as_the_log_types(runs, tmp_path):
+    d = _copy(runs, "npz", tmp_path, summary=False)
+    ref = T.read_logs(d).request_columns()
+    with np.load(d / "requests.npz") as z:
+        _edit_npz(d / "requests.npz", status=z["status"].astype(np.int64),
+                  deadline_met=z["deadline_met"].astype(np.uint8))
+    got = T.read_logs(d).request_columns()
+    for c in ref:
+        assert got[c].dtype == ref[c].dtype and np.array_equal(got[c], ref[c]), c
+
+
+def test_npz_columns_past_the_memory_left_are_refused_unread(runs, tmp_path, capsys,
+                                                            monkeypatch):
+    d = _copy(runs, "npz", tmp_path)
+    monkeypatch.setattr(T, "_memory_room", lambda: 1000, raising=False)
+    loaded = []
+    real = np.lib.npyio.NpzFile.__getitem__
+
+    def spy(self, key):
+        loaded.append(key)
+        return real(self, key)
+
+    monkeypatch.setattr(np.lib.npyio.NpzFile, "__getitem__", spy)
+    line = _one_line(capsys, main(["report", str(d), "--timeline", "1"]),
+                     f"{d / 'requests.npz'}: its ", "GiB of memory to read, more than")
+    assert "rows need" in line and not {"arrival", "deadline_met", "cold_start"} & set(loaded)
+
+
+def _zip_bomb(path, rows: int, dtypes: dict) -> None:
+    """An .npz (a zip, written byte by byte) whose members are columns of ``rows`` zeros,
+    each a few KB that inflate to ``rows`` x its size; ``rows`` x 8 a multiple of 16 MiB
+    and under 4 GiB. (Its CRCs are not right: a reader must refuse it before it reads
+    that far.)"""
+    chunk = 16 << 20
+    c = zlib.compressobj(9, zlib.DEFLATED, -15)
+    zeros = c.compress(bytes(chunk)) + c.flush(zlib.Z_FULL_FLUSH)  # (no reference before it)
+    end = zlib.compressobj(9, zlib.DEFLATED, -15).flush()  # (the last, empty block)
+    local, central = b"", b""
+    for name, dt in dtypes.items():
+        dt = np.dtype(dt)
+        nbytes = rows * dt.itemsize
+        assert nbytes % chunk == 0 and nbytes < 2**32 - 1024
+        head = f"{{'descr': '{dt.str}', 'fortran_order': False, 'shape': ({rows},), }}".encode()
+        head += b" " * (63 - (10 + len(head)) % 64) + b"\n"
+        head = b"\x93NUMPY\x01\x00" + struct.pack("<H", len(head)) + head
+        c = zlib.compressobj(9, zlib.DEFLATED, -15)
+        data = c.compress(head) + c.flush(zlib.Z_FULL_FLUSH) + zeros * (nbytes // chunk) + end
+        fname = f"{name}.npy".encode()
+        sizes = struct.pack("<III", 0, len(data), len(head) + nbytes)
+        offset = len(local)
+        local += (struct.pack("<IHHHHH", 0x04034B50, 20, 0, 8, 0, 0x21) + sizes
+                  + struct.pack("<HH", len(fname), 0) + fname + data)
+        central += (struct.pack("<IHHHHHH", 0x02014B50, 20, 20, 0, 8, 0, 0x21) + sizes
+                    + struct.pack("<HHHHHII", len(fname), 0, 0, 0, 0, 0, offset) + fname)
+    n = len(dtypes)
+    path.write_bytes(local + central + struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, n, n,
+                                                   len(central), len(local), 0))
+
+
+def test_a_compressed_npz_past_the_address_space_limit_is_one_line(runs, tmp_path):
+    """The reviewer's case: a requests.npz of a few MB whose arrival column inflates to
+    3.9 GiB (4.8 GiB with the two others), reported with --timeline under `ulimit -v
+    4000000`: refused, naming the file, before anything is allocated (allocating the
+    arrival column was a MemoryError traceback)."""
+    d = _copy(runs, "npz", tmp_path)
+    rows = 31 << 24
+    _zip_bomb(d / "requests.npz", rows, {"arrival": np.int64, "deadline_met": np.bool_,
+                                         "cold_start": np.bool_})
+    assert (d / "requests.npz").stat().st_size < 8 << 20
+    with np.load(d / "requests.npz") as z:  # (a well-formed .npz: its header says so)
+        assert T._npy_header(z, "arrival") == ((rows,), np.dtype(np.int64))
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    r = subprocess.run(["bash", "-c", 'ulimit -v 4000000; exec "$0" -m clockwork.cluster.cli '
+                        'report "$1" --timeline 1', sys.executable, str(d)],
+                       capture_output=True, text=True, timeout=120, env=env)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"{d / 'requests.npz'}: its {rows:,} rows need" in lines[0], lines[0]
+
+
+# ---------------------------------------------------------------------- summary.json
+
+@pytest.mark.parametrize("value", [-5, 1.5, True, "1452"])
+def test_a_summary_count_that_is_not_a_count_is_refused(runs, tmp_path, capsys, value):
+    d = _copy(runs, "tsv", tmp_path)
+    s = orjson.loads((d / "summary.json").read_bytes())
+    s["submitted"] = value
+    (d / "summary.json").write_bytes(orjson.dumps(s))
+    _one_line(capsys, main(["report", str(d)]), f"{d / 'summary.json'} is not a run summary",
+              "'submitted' is")
+
+
+def test_a_summary_without_latencies_says_n_a(runs, tmp_path, capsys):
+    d = _copy(runs, "tsv", tmp_path)
+    s = orjson.loads((d / "summary.json").read_bytes())
+    assert s["succeeded"] > 0
+    del s["latency_ms"]
+    (d / "summary.json").write_bytes(orjson.dumps(s))
+    assert main(["report", str(d)]) == 0
+    out = capsys.readouterr().out
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("latency p50")]
+    assert line.endswith("  n/a (not in the summary)"), line
+    s["latency_ms"] = {"p50": 1.0}
+    (d / "summary.json").write_bytes(orjson.dumps(s))
+    assert main(["report", str(d)]) == 0
+    assert "1.00 / n/a / n/a / n/a ms" in capsys.readouterr().out
