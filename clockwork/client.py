@@ -72,7 +72,7 @@ _OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             *keepalive.CHANNEL]  # a vanished controller fails the calls within ~15 s
 GRACE_S = 1.0  # past its SLO, how long the client waits for an answer before giving up
 MAX_TIMEOUT_S = 86_400.0  # a client's timeout beyond a day is taken as a day
-CLOSE_DRAIN_S = 1.0  # InferStream.close(): how long it waits for answers, then cancels
+CLOSE_POLL_S = 0.05  # InferStream.close(): how often it looks whether all are answered
 _INT32_MAX = (1 << 31) - 1
 _CLOSED = "the client is closed"
 
@@ -634,10 +634,10 @@ class InferStream:
     TIMEOUT (reason ``no_answer``) -- a stalled or vanished controller is noticed within
     the SLO plus a second. The later answer, if any, is ignored.
 
-    ``close()`` sends what was submitted, waits up to ``CLOSE_DRAIN_S`` for the answers
-    still due, then cancels the call: requests still unanswered fail
-    ``ControllerUnavailable``. It returns promptly even when the controller is stalled;
-    await the futures first to have every answer."""
+    ``close()`` sends what was submitted and waits for the answers still due: it returns
+    once every request is answered or given up (its SLO plus ``GRACE_S``), or the call
+    ends -- a stalled or vanished controller within ~15 s (keepalive), what is
+    unanswered then failing ``ControllerUnavailable``. Cancel it to abandon the rest."""
 
     def __init__(self, stub: pbg.ClockworkStub, interval_us: float = 0.0,
                  url: str = "") -> None:
@@ -762,22 +762,25 @@ class InferStream:
         return len(self._waiting)
 
     async def close(self) -> None:
-        """End the stream (see the class): at most ``CLOSE_DRAIN_S`` for the answers
-        still due, then the call is cancelled and what is unanswered fails. (It waited
-        for the reader without a bound: on a stalled controller, until keepalive gave
-        the connection up.)"""
+        """End the stream (see the class): wait for the answers still due, each no longer
+        than the watchdog gives it (its SLO plus ``GRACE_S``), or until the call ends (a
+        stalled or vanished controller: keepalive, ~15 s); then the call is cancelled.
+        Cancelling ``close()`` abandons what is unanswered (it fails
+        ``ControllerUnavailable``)."""
         self._closed = True
         self._wake.set()
         try:
-            # (asyncio.wait leaves the reader running when the drain ends or close is
-            # cancelled: the call's cancel below ends it)
-            await asyncio.wait({self._reader}, timeout=CLOSE_DRAIN_S)
-            if not self._reader.done() and self._waiting:
+            # (nothing waiting: every request answered or given up by the watchdog; the
+            # reader also ends when the controller ends the call, answered or not)
+            while self._waiting and not self._reader.done():
+                await asyncio.wait({self._reader}, timeout=CLOSE_POLL_S)
+        except asyncio.CancelledError:
+            if self._waiting:
                 self._fail_waiting(ControllerUnavailable(
                     f"the stream was closed with {len(self._waiting)} request(s) "
-                    f"unanswered {CLOSE_DRAIN_S:g} s later (the controller at "
-                    f"{self._url or 'its address'} did not answer them in time)"))
+                    "unanswered (its close() was cancelled)"))
+            raise
         finally:
             self._call.cancel()
             self._watch.cancel()
-        await asyncio.wait({self._reader}, timeout=CLOSE_DRAIN_S)
+        await asyncio.wait({self._reader}, timeout=1.0)  # (the cancel ends it at once)
