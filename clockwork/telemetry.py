@@ -1158,7 +1158,7 @@ def emit_run(result, scenario, headline: str, out: str | Path | None = None,
         print(f"wrote {written}/summary.json, requests.{fmt}, actions.{fmt}, run.json",
               file=sys.stderr)
     if as_json:
-        sys.stdout.write(orjson.dumps(result.summary, option=orjson.OPT_INDENT_2).decode() + "\n")
+        sys.stdout.write(_json_bytes(result.summary).decode())  # (summary.json's bytes)
         return
     title = scenario.data.get("name") or Path(scenario.source).stem
     print(f"{title}: {headline}")

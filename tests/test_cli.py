@@ -43,11 +43,13 @@ def test_requests_left_when_drain_s_runs_out_is_one_line(capsys):
     assert len(err.splitlines()) == 1 and "unanswered request(s) at drain_s = 0 s" in err, err
 
 
-def test_simulate_json(capsys):
+def test_simulate_json(capsys, tmp_path):
     assert main(["simulate", "scenarios/poisson_warm.toml", "--set", "duration_s=1", "--json",
-                 "--quiet"]) == 0
-    s = orjson.loads(capsys.readouterr().out)
+                 "--quiet", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    s = orjson.loads(out)
     assert s["submitted"] == s["succeeded"] + s["failed"] + s["dropped"]
+    assert out.encode() == (tmp_path / "summary.json").read_bytes()  # (keys sorted, as there)
 
 
 def test_bad_input_exit_code_and_message(tmp_path, capsys):
