@@ -55,6 +55,7 @@ from clockwork.sizes import (
     MAX_GPUS,
     MAX_GPUS_PER_WORKER,
     MAX_INSTANCES,
+    MAX_OFFERED_REQUESTS,
     MAX_SEED,
     MAX_WORKERS,
 )
@@ -622,7 +623,8 @@ class WorkloadEntry(Settings):
     rate_rps: float | None = setting(
         None, "Open-loop kinds: requests per second in total, spread over the selected "
         "instances (for `bursty`, the rate between bursts); `fixed_rate` sends them evenly "
-        "spaced, the first at the start.")
+        "spaced, the first at the start. With every other `*_rps` key, times `duration_s`, "
+        "at most the requests a run may offer (above).")
     slo_ms: float | None = setting(
         None, "SLO of each request, in milliseconds.",
         default_text="the scheduler's `default_slo_ms`")
@@ -781,7 +783,7 @@ def check_scenario(data: Any, where: str = "", error: type[Exception] = Settings
                 line = f"workloads.{i}.{key}: must be {want}, got {show(value)}"
                 raise error(f"{where}: {line}" if where else line)
     out = sc.model_dump(exclude_none=True)
-    line = _time_too_long(out, ()) or _too_big(sc)
+    line = _time_too_long(out, ()) or _too_big(sc) or _offers_too_many(sc)
     if line:
         raise error(f"{where}: {line}" if where else line)
     return out
@@ -799,6 +801,39 @@ def _too_big(sc: ScenarioSettings) -> str | None:
         return (f"models: the copies of all entries must be at most {MAX_INSTANCES:,} "
                 f"instances in all, got {total:,} ({len(sc.models)} entries)")
     return None
+
+
+def count_text(n: float) -> str:
+    """A count of requests in a message: ``1,200,000,000``; ``2e+300`` when the digits
+    would say nothing more."""
+    return f"{n:,.0f}" if n < 1e15 else f"{n:.3g}"
+
+
+def _offers_too_many(sc: ScenarioSettings) -> str | None:
+    """The message for a scenario whose open-loop rates (every ``*_rps`` key of every
+    ``[[workloads]]`` entry) x ``duration_s`` offer more than ``MAX_OFFERED_REQUESTS``
+    requests in all (each workload checks its own figure again when it is built, with its
+    default rates and trace)."""
+    total, most = 0.0, None
+    for i, w in enumerate(sc.workloads):
+        rates = {"rate_rps": w.rate_rps, **{k: v for k, v in (w.model_extra or {}).items()
+                                            if k.endswith("_rps")}}
+        for key, v in rates.items():
+            if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
+                n = float(v) * sc.duration_s
+                total += n
+                if most is None or n > most[0]:
+                    most = (n, f"workloads.{i}.{key}", v)
+    if most is None or total <= MAX_OFFERED_REQUESTS:
+        return None
+    n, key, v = most
+    if n > MAX_OFFERED_REQUESTS:
+        return (f"{key}: {v:g} r/s x duration_s {sc.duration_s:g} offers "
+                f"{count_text(n)} requests, more than a run may offer "
+                f"({MAX_OFFERED_REQUESTS:,})")
+    return (f"workloads: the rates of all entries x duration_s {sc.duration_s:g} offer "
+            f"{count_text(total)} requests (the most: {key}, {v:g} r/s), more than a run "
+            f"may offer ({MAX_OFFERED_REQUESTS:,})")
 
 
 def time_bound(key: str) -> tuple[float, str] | None:

@@ -32,6 +32,22 @@ MAX_TOML_DEPTH = 100
 # scenario (~0.5 ms each); each point is at least a process start (~0.4 s) and a simulation.
 MAX_POINTS = 100_000
 
+# Requests a run's workloads may offer (expected; closed loops not counted): each costs
+# ~75 bytes of rows in memory (--spill-dir keeps them in files) and ~40 us of one core, so
+# 10^9 is ~70 GiB and ~11 hours; the paper-scale Azure replay offers ~2 * 10^8. A larger
+# figure is a unit slip (rate_rps = 1e12 ran until killed, memory growing). Checked
+# before the run: the `*_rps` keys of all [[workloads]] entries x duration_s when the
+# scenario is read, and each workload's own figure (default rates, a trace's counts x
+# load_factor) when it is built.
+MAX_OFFERED_REQUESTS = 1_000_000_000
+
+# Arrivals an azure replay draws for one trace minute: a minute's arrivals are drawn,
+# sorted and held at once (~145 bytes each at the peak, measured: 5 * 10^7 is ~7 GiB), a
+# whole minute even when the run ends inside it. The paper-scale replay draws ~6 * 10^5 a
+# minute, experiments/fig11_scale.py --full ~2.1 * 10^7 in its peak minute. For gamma
+# arrivals, the gaps drawn (a minute's arrivals plus 6 standard deviations) count.
+MAX_MINUTE_ARRIVALS = 50_000_000
+
 # Actions in one message from the controller to a worker. A worker handles a message's
 # actions in one go, its event loop busy meanwhile (~4-7 us an action: 1,024 take ~4-7 ms;
 # 100,000 took ~0.4-1 s, past the controller's 50 ms liveness probe timeout); it refuses a

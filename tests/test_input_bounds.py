@@ -291,3 +291,100 @@ def test_sweep_duplicates_keep_their_meaning(tmp_path, capsys):
 def test_plan_with_too_many_seeds_is_refused_at_once():
     p = run_cli("plan", SC, "--seeds", "1000000000", timeout=30)
     refused(p, "--seeds 1000000000", f"at most {MAX_POINTS:,}")
+
+
+# ----------------------------------------------------------------------------- offered load
+
+MAX_OFFERED = 1_000_000_000
+MAX_MINUTE = 50_000_000
+AZ = "azure_sample"
+
+
+@pytest.mark.parametrize("argv,fragments", [
+    # open loops: a rate that ran until killed, memory growing
+    ((SC, "--set", "duration_s=2", "--set", "workloads.0.rate_rps=1e12"),
+     ("workloads.0.rate_rps", f"{MAX_OFFERED:,}")),
+    (("poisson_warm", "--set", "duration_s=2", "--set", "workloads.0.kind=\"fixed_rate\"",
+      "--set", "workloads.0.rate_rps=1e300"), ("workloads.0.rate_rps", f"{MAX_OFFERED:,}")),
+    (("bursty", "--set", "duration_s=2", "--set", "workloads.0.burst_rps=1e12"),
+     ("workloads.0.burst_rps", f"{MAX_OFFERED:,}")),
+    (("bursty_experiment", "--set", "duration_s=100", "--set", "workloads.0.major_rps=1e8"),
+     ("workloads.0.major_rps", f"{MAX_OFFERED:,}")),
+])
+def test_open_loop_rate_beyond_the_bound_is_refused(argv, fragments):
+    refused(run_cli("simulate", *argv, timeout=30), *fragments)
+
+
+def test_rates_of_all_workloads_count_together(tmp_path):
+    f = tmp_path / "two.toml"
+    f.write_text('duration_s = 10\n[[models]]\nname = "resnet50_v2"\n'
+                 '[[workloads]]\nkind = "poisson"\nrate_rps = 6e7\n'
+                 '[[workloads]]\nkind = "fixed_rate"\nrate_rps = 6e7\n')
+    refused(run_cli("simulate", str(f), timeout=30), "1,200,000,000 requests",
+            f"{MAX_OFFERED:,}")
+
+
+def test_default_rates_count_too(tmp_path):
+    """bursty_experiment's default rates (200 + 1000 r/s) over a year: 3.8 * 10^10."""
+    f = tmp_path / "year.toml"
+    f.write_text('duration_s = 31536000\n[[models]]\nname = "resnet50_v2"\ncopies = 2\n'
+                 '[[workloads]]\nkind = "bursty_experiment"\n')
+    refused(run_cli("simulate", str(f), timeout=30), "bursty_experiment", f"{MAX_OFFERED:,}")
+
+
+@pytest.mark.parametrize("sets,fragments", [
+    # arrivals per trace minute: 22 GiB, "array is too big", "lam value too large", a
+    # negative repeat count, PiB for gamma
+    (("workloads.0.load_factor=1e6",), ("load_factor", f"{MAX_MINUTE:,}")),
+    (("workloads.0.load_factor=1e15",), ("load_factor", f"{MAX_MINUTE:,}")),
+    (("workloads.0.load_factor=1e300",), ("load_factor", f"{MAX_MINUTE:,}")),
+    (("workloads.0.arrivals=\"uniform\"", "workloads.0.load_factor=1e300"),
+     ("load_factor", f"{MAX_MINUTE:,}")),
+    (("workloads.0.arrivals=\"gamma\"", "workloads.0.load_factor=1e12"),
+     ("load_factor", f"{MAX_MINUTE:,}")),
+    # a short run still draws its whole first trace minute
+    (("duration_s=2", "workloads.0.load_factor=20000"), ("trace minute 0", f"{MAX_MINUTE:,}")),
+    # ZeroDivisionError, OverflowError
+    (("workloads.0.arrivals=\"gamma\"", "workloads.0.cv=1e-300"), ("cv", "0.01", "100")),
+    (("workloads.0.arrivals=\"gamma\"", "workloads.0.cv=1e300"), ("cv", "0.01", "100")),
+    # 0 ns minutes: no requests and a misleading warning, or numpy's "high <= 0"
+    (("workloads.0.interval_s=1e-12",), ("interval_s", "1e-12")),
+    (("workloads.0.interval_s=1e-12", "workloads.0.randomise_start=true"),
+     ("interval_s", "1e-12")),
+])
+def test_azure_arrivals_beyond_the_bounds_are_refused(sets, fragments):
+    argv = [AZ, "--set", "duration_s=60"]
+    for s in sets:
+        argv += ["--set", s]
+    refused(run_cli("simulate", *argv, timeout=30), *fragments)
+
+
+def test_azure_trace_of_huge_counts_is_refused(tmp_path):
+    """Every minute 4,294,967,295 invocations (a uint32's most): 160 GiB to draw."""
+    trace = tmp_path / "u32max.csv"
+    trace.write_text("HashOwner,HashApp,HashFunction,Trigger,"
+                     + ",".join(str(m) for m in range(1, 1441)) + "\n"
+                     + "o,a,f,http," + ",".join(["4294967295"] * 1440) + "\n")
+    refused(run_cli("simulate", AZ, "--set", "duration_s=10", "--set",
+                    f"workloads.0.trace=\"{trace}\"", timeout=30),
+            "trace minute 0", f"{MAX_MINUTE:,}")
+
+
+@pytest.mark.parametrize("sets,fragments", [
+    (("workloads.0.workers=1000000000",), ("workers", "10000")),
+    (("workloads.0.load_factor_start=1e9", "workloads.0.load_factor_max=1e10"),
+     (f"{MAX_MINUTE:,}",)),
+])
+def test_azure_scalability_beyond_the_bounds_is_refused(sets, fragments):
+    argv = ["azure_scalability", "--set", "duration_s=60"]
+    for s in sets:
+        argv += ["--set", s]
+    refused(run_cli("simulate", *argv, timeout=30), *fragments)
+
+
+def test_sweep_refuses_a_rate_beyond_the_bound_at_its_check(tmp_path, capsys):
+    f = tmp_path / "s.toml"
+    f.write_text('scenarios = ["poisson_warm"]\noverrides = ["duration_s=2"]\n'
+                 '[grid]\n"workloads.0.rate_rps" = [100, 1e12]\n')
+    refused_in_process(["sweep", str(f), "--list", "--out", str(tmp_path / "o")], capsys,
+                       "workloads.0.rate_rps", f"{MAX_OFFERED:,}")

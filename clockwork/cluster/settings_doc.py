@@ -28,7 +28,15 @@ from clockwork.settings import (
     WorkloadEntry,
     markdown_table,
 )
-from clockwork.sizes import MAX_GPUS, MAX_INSTANCES, MAX_OUTSTANDING
+from clockwork.sizes import (
+    MAX_GPUS,
+    MAX_INSTANCES,
+    MAX_MINUTE_ARRIVALS,
+    MAX_OFFERED_REQUESTS,
+    MAX_OUTSTANDING,
+    MAX_POINTS,
+    MAX_TOML_DEPTH,
+)
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
 
@@ -65,6 +73,22 @@ simulate`, `serve` and `controller`, `--models`, profile files):
   MAX_GPUS GPUs, the `copies` of all `[[models]]` entries together at most MAX_INSTANCES
   instances, and a closed loop's `concurrency` x the instances it selects at most
   MAX_OUTSTANDING outstanding requests.
+- Offered load is bounded (`clockwork/sizes.py`): a run's workloads offer at most
+  MAX_OFFERED_REQUESTS requests (expected; closed loops not counted; ~75 bytes of rows
+  each, ~70 GiB in all without `--spill-dir`). Every `*_rps` key of every `[[workloads]]`
+  entry x `duration_s`, in all, is checked when the scenario is read (so a sweep or a
+  plan refuses it before anything runs), and each workload's own figure (its default
+  rates, an `azure` replay's trace counts x `load_factor`) when it is built. An `azure`
+  replay draws each trace minute whole, even when the run ends inside it, so every minute
+  the run reaches counts whole, and one trace minute may draw at most
+  MAX_MINUTE_ARRIVALS arrivals (held at once: ~7 GiB; for `arrivals = "gamma"`, the gaps
+  drawn). Its `interval_s` is at least 1e-06 (a microsecond) and its `cv` in [0.01, 100].
+- Seeds are integers from 0 to 2^63 - 1 (`seed`, a sweep's `seeds`, the last seed of
+  `clockwork plan --seeds K`); a sweep holds at most MAX_POINTS points, and a plan runs at
+  most as many seeds.
+- A scenario or sweep file is UTF-8 TOML, and arrays and tables nest at most
+  MAX_TOML_DEPTH levels in it (and in a `--set` value); a file that is not is one line
+  naming it.
 - Unknown keys are refused, with the closest valid key when there is one.
 - A refusal is one line naming the key, the value and what is expected, e.g.
   `cluster.noise: must be a finite number >= 0, got nan` or
@@ -88,7 +112,11 @@ def render() -> str:
 
     parts = [INTRO.replace("MAX_GPUS", f"{MAX_GPUS:,}")
              .replace("MAX_INSTANCES", f"{MAX_INSTANCES:,}")
-             .replace("MAX_OUTSTANDING", f"{MAX_OUTSTANDING:,}")]
+             .replace("MAX_OUTSTANDING", f"{MAX_OUTSTANDING:,}")
+             .replace("MAX_OFFERED_REQUESTS", f"{MAX_OFFERED_REQUESTS:,}")
+             .replace("MAX_MINUTE_ARRIVALS", f"{MAX_MINUTE_ARRIVALS:,}")
+             .replace("MAX_POINTS", f"{MAX_POINTS:,}")
+             .replace("MAX_TOML_DEPTH", f"{MAX_TOML_DEPTH}")]
     parts.append(_section(
         "Top level", "The keys outside any table. `--set KEY=VALUE` overrides a dotted key "
         "(`cluster.workers=4`, `workloads.0.rate_rps=500`; list items by index) before the "

@@ -29,7 +29,11 @@ Arrivals inside a minute, per function with count ``c`` (``lam = c * load_factor
     rate changes; it starts in equilibrium.
 
 Arrivals are produced lazily, one trace minute at a time (all functions merged and sorted
-by time), and stop at the workload's end and at the end of the selected minutes.
+by time), and stop at the workload's end and at the end of the selected minutes. A minute
+is drawn whole even when the run ends inside it, so ``bind`` refuses, before any is drawn,
+a replay whose minutes the run reaches would draw more than
+``clockwork.sizes.MAX_MINUTE_ARRIVALS`` in one minute or ``MAX_OFFERED_REQUESTS`` in all.
+``interval_s`` is at least a microsecond and ``cv`` in [0.01, 100].
 """
 
 from __future__ import annotations
@@ -40,11 +44,15 @@ from pathlib import Path
 
 import numpy as np
 
+from clockwork.settings import count_text
+from clockwork.sizes import MAX_MINUTE_ARRIVALS, MAX_OFFERED_REQUESTS
 from clockwork.workloads.azure import MINUTES, AzureTrace, find_trace_file, resolve_trace_path
 from clockwork.workloads.base import Arrival, Params, SloSpec, Workload, WorkloadError
 
 MAPPINGS = ("contiguous", "stripe")
 ARRIVALS = ("poisson", "uniform", "gamma")
+MIN_INTERVAL_S = 1e-6  # a trace minute's run time: at least a microsecond (0 ns drew nothing)
+CV_RANGE = (0.01, 100.0)  # gamma arrivals' coefficient of variation (1e-300: 1 / cv**2 failed)
 AZURE_KEYS = {"kind", "models", "slo_ms", "slo_factor", "trace", "day", "trace_dir",
               "start_minute", "minutes", "interval_s", "load_factor", "mapping",
               "randomise_start", "arrivals", "cv", "top"}
@@ -74,8 +82,9 @@ class AzureReplay(Workload):
         super().__init__()
         if not models:
             raise WorkloadError("azure workload selects no model instances")
-        if not interval_s > 0:
-            raise WorkloadError(f"interval_s must be > 0, got {interval_s}")
+        if not interval_s >= MIN_INTERVAL_S:
+            raise WorkloadError(f"interval_s must be at least {MIN_INTERVAL_S:g} (a "
+                                f"microsecond), got {interval_s:g}")
         if not load_factor > 0:
             raise WorkloadError(f"load_factor must be > 0, got {load_factor}")
         if arrivals not in ARRIVALS:
@@ -83,8 +92,8 @@ class AzureReplay(Workload):
         if cv is not None and arrivals != "gamma":
             raise WorkloadError("cv applies only to arrivals = \"gamma\"")
         cv = 1.0 if cv is None else float(cv)
-        if not cv > 0:
-            raise WorkloadError(f"cv must be > 0, got {cv}")
+        if not CV_RANGE[0] <= cv <= CV_RANGE[1]:
+            raise WorkloadError(f"cv must be in [{CV_RANGE[0]:g}, {CV_RANGE[1]:g}], got {cv:g}")
         if not isinstance(randomise_start, bool):
             raise WorkloadError(f"randomise_start must be true or false, got {randomise_start!r}")
         if top is not None and (not isinstance(top, int) or top < 1):
@@ -152,6 +161,50 @@ class AzureReplay(Workload):
             k = 1.0 / self.cv**2
             # equilibrium forward-recurrence time: U * size-biased gap, Gamma(k + 1, 1/k)
             self._resid = rng.random(n) * rng.gamma(k + 1.0, 1.0 / k, n)
+        self._check_draws()
+
+    def _draw_factor(self, m: int) -> float:
+        """The load factor trace minute ``m``'s arrivals are drawn at."""
+        return self.load_factor
+
+    def _check_draws(self) -> None:
+        """Refuse a replay that would draw more than ``MAX_MINUTE_ARRIVALS`` for one trace
+        minute (drawn, sorted and held at once), or more than ``MAX_OFFERED_REQUESTS`` in
+        all: every trace minute the run reaches counts whole, as ``_refill`` draws it (for
+        gamma arrivals, the gaps ``_gamma_positions`` draws), before any is drawn."""
+        end = min(self.end, self.start + self.minutes * self.interval - self._offset)
+        reached = min(self.minutes, max(0, -(-(end - self.start + self._offset)
+                                            // self.interval)))
+        if not reached:
+            return
+        factors = np.array([self._draw_factor(m) for m in range(reached)])
+        invocations = self.counts[:, :reached].sum(axis=0, dtype=np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            if self.arrivals == "gamma":
+                draws = np.empty(reached)
+                for m in range(reached):
+                    col = self.counts[:, m]
+                    lam = col[col > 0].astype(np.float64) * factors[m]
+                    draws[m] = np.ceil(lam + 6.0 * self.cv * np.sqrt(lam) + 6.0).sum()
+            else:
+                draws = invocations * factors
+        what = "gamma gaps" if self.arrivals == "gamma" else "arrivals"
+        over = np.flatnonzero(~(draws <= MAX_MINUTE_ARRIVALS))
+        if over.size:
+            m = int(over[0])
+            raise WorkloadError(
+                f"{self.kind} workload: trace minute {self.start_minute + m} draws "
+                f"{count_text(float(draws[m]))} {what} ({invocations[m]:,.0f} invocations x "
+                f"load_factor {factors[m]:g}; a trace minute is drawn whole, even when the "
+                f"run ends inside it), more than the {MAX_MINUTE_ARRIVALS:,} one trace minute "
+                "may hold")
+        total = float(draws.sum())
+        if not total <= MAX_OFFERED_REQUESTS:
+            first = self.start_minute
+            raise WorkloadError(
+                f"{self.kind} workload: trace minutes {first}-{first + reached - 1} draw "
+                f"{count_text(total)} {what} (whole minutes, at load_factor up to "
+                f"{factors.max():g}), more than a run may offer ({MAX_OFFERED_REQUESTS:,})")
 
     def _minute_arrivals(self, m: int) -> tuple[np.ndarray, np.ndarray]:
         """Arrival times (ns, unsorted) and function rows for trace minute ``m``."""

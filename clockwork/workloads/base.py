@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from clockwork.sizes import MAX_CONCURRENCY, MAX_OUTSTANDING
+from clockwork.sizes import MAX_CONCURRENCY, MAX_OFFERED_REQUESTS, MAX_OUTSTANDING
 from clockwork.time import MAX_SLO_FACTOR, MAX_SLO_MS
 
 Arrival = tuple[int, str, int]
@@ -39,6 +39,16 @@ def check_concurrency(concurrency: int, instances: int, key: str = "concurrency"
             f"{key} x the {instances:,} instances selected must be at most "
             f"{MAX_OUTSTANDING:,} outstanding requests in all, got {concurrency:,} x "
             f"{instances:,} = {concurrency * instances:,}")
+
+
+def check_offered(requests: float, what: str) -> None:
+    """A workload that would offer ``requests`` (expected) over its run: at most
+    ``MAX_OFFERED_REQUESTS``, else ``WorkloadError`` saying ``what`` offers them (checked
+    in ``bind``, before the first arrival is drawn)."""
+    if not requests <= MAX_OFFERED_REQUESTS:
+        n = f"{requests:,.0f}" if requests < 1e15 else f"{requests:.3g}"
+        raise WorkloadError(f"{what} offers {n} requests, more than a run may offer "
+                            f"({MAX_OFFERED_REQUESTS:,})")
 
 
 def select_instances(spec: str | Sequence[str], instances: dict[str, str]) -> list[str]:

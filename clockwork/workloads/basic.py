@@ -6,7 +6,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from clockwork.workloads.base import Arrival, SloSpec, Workload, WorkloadError, check_concurrency
+from clockwork.workloads.base import (
+    Arrival,
+    SloSpec,
+    Workload,
+    WorkloadError,
+    check_concurrency,
+    check_offered,
+)
 
 
 class ClosedLoop(Workload):
@@ -75,6 +82,9 @@ class OpenLoop(Workload):
         self._buf: list[Arrival] = []
 
     def bind(self, start, end, rng, exec1) -> None:
+        secs = max(0, end - start) / 1e9
+        check_offered(self.rate * secs, f"{self.kind} workload: rate_rps {self.rate:g} for "
+                      f"{secs:g} s")
         super().bind(start, end, rng, exec1)
         self._t = float(start)
         self._k = 0

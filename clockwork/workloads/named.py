@@ -42,6 +42,7 @@ from operator import itemgetter
 
 import numpy as np
 
+from clockwork.sizes import MAX_WORKERS
 from clockwork.workloads.azure_replay import AZURE_KEYS, build_azure
 from clockwork.workloads.base import (
     Arrival,
@@ -50,6 +51,7 @@ from clockwork.workloads.base import (
     Workload,
     WorkloadError,
     check_concurrency,
+    check_offered,
     select_instances,
 )
 from clockwork.workloads.named_slo import (
@@ -166,6 +168,12 @@ class BurstyOpenLoop(StreamWorkload):
         self.slo = slo or SloSpec()
         self.on_periods: list[tuple[int, int]] = []  # shared process only, as generated
 
+    def bind(self, start, end, rng, exec1) -> None:
+        secs = max(0, end - start) / 1e9  # (at most: bursts throughout)
+        check_offered(max(self.burst_rps, self.rate_rps) * secs,
+                      f"bursty workload: burst_rps {self.burst_rps:g} for {secs:g} s")
+        super().bind(start, end, rng, exec1)
+
     def _one(self, rng, models, slos, share: float, log: bool) -> Iterator[Arrival]:
         for t0, t1, on in self.onoff.schedule(rng, self.start, self.end):
             if on and log:
@@ -273,6 +281,14 @@ class BurstyExperiment(StreamWorkload):
         self.major_start = round(major_start_s * 1e9)
         self.every = max(1, round(activate_every_s * 1e9))
         self.slo = slo or SloSpec()
+
+    def bind(self, start, end, rng, exec1) -> None:
+        secs = max(0, end - start) / 1e9
+        major = max(0, end - start - self.major_start) / 1e9
+        check_offered(self.minor_rps * secs + self.major_rps * major,
+                      f"bursty_experiment workload: minor_rps {self.minor_rps:g} for {secs:g} s "
+                      f"and major_rps {self.major_rps:g} for {major:g} s")
+        super().bind(start, end, rng, exec1)
 
     def active_majors(self, t: int) -> int:
         """How many major instances receive requests at time ``t``."""
@@ -415,8 +431,8 @@ def build_azure_scalability(spec: dict, models: list[str]) -> Workload:
     scale = 1.0
     if "workers" in spec:
         w = p.integer("workers", 1)
-        if w < 1:
-            raise WorkloadError(f"workers must be >= 1, got {w}")
+        if not 1 <= w <= MAX_WORKERS:  # (as cluster.workers)
+            raise WorkloadError(f"workers must be in [1, {MAX_WORKERS}], got {w}")
         scale = 0.125 * w
     base = {k: v for k, v in spec.items() if k in AZURE_KEYS and k != "load_factor"}
     base["kind"] = "azure"

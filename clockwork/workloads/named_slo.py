@@ -215,24 +215,34 @@ class AzureScalability(AzureReplay):
         return obj
 
     def bind(self, start, end, rng, exec1) -> None:
-        super().bind(start, end, rng, exec1)
-        self.end = self.schedule.stop_time(start, end)
-        n = max(1, -(-(self.end - start) // self.schedule.period))
+        # (the factors first: the replay's bind checks the minutes it will draw at them)
+        stop = self.schedule.stop_time(start, end)
+        n = max(1, -(-(stop - start) // self.schedule.period))
         self._factors = self.schedule.values(n) * self.scale
+        super().bind(start, stop, rng, exec1)
 
     def load_factor_at(self, t: int) -> float:
         """The trace multiplier in force at time ``t`` (ns)."""
         k = min(max(0, (t - self.start) // self.schedule.period), len(self._factors) - 1)
         return float(self._factors[k])
 
-    def _minute_arrivals(self, m: int) -> tuple[np.ndarray, np.ndarray]:
+    def _span(self, m: int) -> tuple[int, int, float]:
+        """The factor periods trace minute ``m`` spans (first, last) and the highest factor
+        among them, which its arrivals are drawn at."""
         period, f = self.schedule.period, self._factors
         t0 = self.start + m * self.interval - self._offset
         lo = max(t0, self.start)
         hi = max(lo + 1, min(t0 + self.interval, self.end))
         k0 = min((lo - self.start) // period, len(f) - 1)
         k1 = min((hi - 1 - self.start) // period, len(f) - 1)
-        top = float(f[k0:k1 + 1].max())
+        return k0, k1, float(f[k0:k1 + 1].max())
+
+    def _draw_factor(self, m: int) -> float:
+        return self._span(m)[2]
+
+    def _minute_arrivals(self, m: int) -> tuple[np.ndarray, np.ndarray]:
+        period, f = self.schedule.period, self._factors
+        k0, k1, top = self._span(m)
         saved = self.load_factor
         self.load_factor = top
         try:
