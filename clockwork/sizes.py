@@ -48,6 +48,12 @@ MAX_OFFERED_REQUESTS = 1_000_000_000
 # arrivals, the gaps drawn (a minute's arrivals plus 6 standard deviations) count.
 MAX_MINUTE_ARRIVALS = 50_000_000
 
+# Steps a stepped schedule (slo_exp_1's and slo_exp_2's SLO, azure_scalability's load
+# factor) takes in a run: each value is kept (period_s = 1e-9 for a minute asked for
+# 6 * 10^10 of them: a MemoryError). Steps after the value passes its maximum, which ends
+# the run, do not count.
+MAX_STEPS = 1_000_000
+
 # Actions in one message from the controller to a worker. A worker handles a message's
 # actions in one go, its event loop busy meanwhile (~4-7 us an action: 1,024 take ~4-7 ms;
 # 100,000 took ~0.4-1 s, past the controller's 50 ms liveness probe timeout); it refuses a

@@ -388,3 +388,30 @@ def test_sweep_refuses_a_rate_beyond_the_bound_at_its_check(tmp_path, capsys):
                  '[grid]\n"workloads.0.rate_rps" = [100, 1e12]\n')
     refused_in_process(["sweep", str(f), "--list", "--out", str(tmp_path / "o")], capsys,
                        "workloads.0.rate_rps", f"{MAX_OFFERED:,}")
+
+
+# ----------------------------------------------------------------------------- stepped schedules
+
+MAX_STEPS = 1_000_000
+
+
+@pytest.mark.parametrize("argv,key", [
+    (("azure_scalability", "--set", "duration_s=60", "--set", "workloads.0.step_period_s=1e-9",
+      "--set", "workloads.0.step_op=\"add\"", "--set", "workloads.0.load_factor_step=1e-12"),
+     "step_period_s"),
+    (("slo_exp_1", "--set", "duration_s=60", "--set", "workloads.0.period_s=1e-9", "--set",
+      "workloads.0.op=\"add\"", "--set", "workloads.0.factor=1e-12"), "period_s"),
+    (("slo_exp_1", "--set", "duration_s=60", "--set", "workloads.0.period_s=1e-9", "--set",
+      "workloads.0.factor=0.5"), "period_s"),
+])
+def test_stepped_schedule_of_too_many_steps_is_refused(argv, key):
+    """A value that steps every nanosecond for a minute: 6 * 10^10 values (a MemoryError
+    traceback, or a list growing as the run goes)."""
+    refused(run_cli("simulate", *argv, timeout=30), key, f"{MAX_STEPS:,}")
+
+
+def test_stepped_schedule_that_stops_early_still_runs(capsys):
+    """Many periods in the run, but the value passes its maximum within a few: it runs."""
+    rc = main(["simulate", "slo_exp_1", "--set", "duration_s=2", "--set",
+               "workloads.0.period_s=1e-6", "--set", "workloads.0.rate_rps=100", "--quiet"])
+    assert rc == 0, capsys.readouterr().err

@@ -35,6 +35,7 @@ from clockwork.sizes import (
     MAX_OFFERED_REQUESTS,
     MAX_OUTSTANDING,
     MAX_POINTS,
+    MAX_STEPS,
     MAX_TOML_DEPTH,
 )
 
@@ -83,6 +84,9 @@ simulate`, `serve` and `controller`, `--models`, profile files):
   the run reaches counts whole, and one trace minute may draw at most
   MAX_MINUTE_ARRIVALS arrivals (held at once: ~7 GiB; for `arrivals = "gamma"`, the gaps
   drawn). Its `interval_s` is at least 1e-06 (a microsecond) and its `cv` in [0.01, 100].
+  A stepped value (`slo_exp_1`'s and `slo_exp_2`'s SLO, `azure_scalability`'s load
+  factor) takes at most MAX_STEPS steps in a run, those after it passes its maximum
+  (which ends the run) not counted.
 - Seeds are integers from 0 to 2^63 - 1 (`seed`, a sweep's `seeds`, the last seed of
   `clockwork plan --seeds K`); a sweep holds at most MAX_POINTS points, and a plan runs at
   most as many seeds.
@@ -116,6 +120,7 @@ def render() -> str:
              .replace("MAX_OFFERED_REQUESTS", f"{MAX_OFFERED_REQUESTS:,}")
              .replace("MAX_MINUTE_ARRIVALS", f"{MAX_MINUTE_ARRIVALS:,}")
              .replace("MAX_POINTS", f"{MAX_POINTS:,}")
+             .replace("MAX_STEPS", f"{MAX_STEPS:,}")
              .replace("MAX_TOML_DEPTH", f"{MAX_TOML_DEPTH}")]
     parts.append(_section(
         "Top level", "The keys outside any table. `--set KEY=VALUE` overrides a dotted key "

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from clockwork.sizes import MAX_STEPS
 from clockwork.time import MAX_SLO_NS
 from clockwork.workloads.azure_replay import AzureReplay
 from clockwork.workloads.base import Arrival, SloSpec, Workload, WorkloadError, check_concurrency
@@ -60,6 +61,7 @@ class StepSchedule:
             raise WorkloadError(f"{k_max} ({maximum}) must be >= {k_start} ({start})")
         self.start, self.step, self.op, self.maximum = float(start), float(step), op, maximum
         self.period = max(1, round(period_s * 1e9))
+        self.names = names
         self._values = [self.start]
 
     def _next(self, v: float) -> float:
@@ -86,9 +88,17 @@ class StepSchedule:
         return None
 
     def stop_time(self, start: int, end: int) -> int:
-        """When the schedule ends the run, within ``[start, end]``."""
+        """When the schedule ends the run, within ``[start, end]``. A schedule that would
+        take more than ``MAX_STEPS`` steps before that raises ``WorkloadError``."""
         limit = -(-(end - start) // self.period)  # periods that begin before end
-        k = self.stop_period(limit)
+        k = self.stop_period(min(limit, MAX_STEPS))
+        if k is None and limit > MAX_STEPS:
+            k_period, k_max = self.names[3], self.names[4]
+            why = f" ({k_max} does not end it sooner)" if self.maximum is not None else ""
+            raise WorkloadError(
+                f"{k_period} {self.period / 1e9:g} s: {limit:,} steps in the "
+                f"{(end - start) / 1e9:g} s run{why}, more than the {MAX_STEPS:,} a schedule "
+                "may take")
         return end if k is None else min(end, start + k * self.period)
 
 
