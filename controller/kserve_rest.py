@@ -42,7 +42,7 @@ from controller.kserve import (
     _internal,
     rest_request,
 )
-from controller.kserve_validate import json_loads
+from controller.kserve_validate import _short, json_loads
 
 # with a token, every path but these needs "Authorization: Bearer <token>" (probes stay open)
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/v2/health/live", "/v2/health/ready"})
@@ -280,15 +280,17 @@ class KServeRest:
 
     async def _infer_request(self, headers, body: bytes):
         """An inference request's body, read and checked: (inputs, parameters, requested
-        outputs, the JSON header, binary_data per output, binary_data for all)."""
+        outputs, the JSON header, binary_data per output, binary_data for all).
+        ``Inference-Header-Content-Length``, when sent, is ASCII digits, as HTTP's
+        Content-Length (``int()`` alone would read "+5", "1_0" as 10, other scripts'
+        digits; an empty value is not a length either)."""
         hlen = headers.get("inference-header-content-length")
-        try:
-            n = int(hlen) if hlen else len(body)
-        except ValueError:
-            n = -1
+        n = len(body)
+        if hlen is not None:  # (more than 19 digits is beyond any body)
+            n = int(hlen) if hlen.isascii() and hlen.isdigit() and len(hlen) < 20 else -1
         if not 0 <= n <= len(body):
-            raise KServeError(INVALID, f"Inference-Header-Content-Length {hlen!r} is not a "
-                              f"length within the body of {len(body)} bytes")
+            raise KServeError(INVALID, f"Inference-Header-Content-Length {_short(hlen)} is "
+                              f"not a length within the body of {len(body)} bytes")
         req = await self._json((body if n == len(body) else body[:n]) or b"{}")
         if not isinstance(req, dict):
             raise KServeError(INVALID, "request body must be a JSON object")
