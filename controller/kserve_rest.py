@@ -49,6 +49,10 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz", "/v2/health/live", "/v2/health/re
 JSON_TYPE = "application/json"
 TEXT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # /metrics, /healthz, /readyz
 BINARY_TYPE = "application/octet-stream"  # JSON header + binary tensor data
+# the Content-Encodings of request bodies served ("identity": as it is); any other name is
+# refused 400 (aiohttp would pass an unknown one through undecoded, and decode br and zstd
+# only where their packages happen to be installed)
+CODINGS = frozenset({"identity", "gzip", "deflate"})
 # a response body at least this long is compressed when the client accepts gzip or
 # deflate (a shorter one gains nothing worth the CPU; aiohttp compresses bodies over 4 KiB
 # on a worker thread)
@@ -403,12 +407,18 @@ class _Handler:
     async def _read_body(self, request: web.Request) -> bytes | web.StreamResponse:
         """The request's whole body, decoded (chunked, gzip, deflate), or the response
         that refuses it: 413 over ``rest_max_body_bytes`` (announced or decoded), 408 not
-        received within ``rest_read_timeout``, 400 malformed."""
+        received within ``rest_read_timeout``, 400 malformed or in a Content-Encoding
+        not in ``CODINGS`` (one coding, in any case; several are refused too)."""
         lim = self.limits
         cap = lim.rest_max_body_bytes
         n = request.content_length
         if n is not None and n > cap:
             return self._drop_rest(request, self._too_large(n))
+        coding = ", ".join(request.headers.getall("Content-Encoding", ())).lower()
+        if coding and coding not in CODINGS:
+            return self._drop_rest(request, self._refuse(
+                400, f"Content-Encoding {_short(coding)} is not supported: send the body "
+                "as it is, or gzip or deflate"))
         chunks: list[bytes] = []
         size = 0
         try:
