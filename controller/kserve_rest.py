@@ -50,10 +50,12 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz", "/v2/health/live", "/v2/health/re
 JSON_TYPE = "application/json"
 TEXT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # /metrics, /healthz, /readyz
 BINARY_TYPE = "application/octet-stream"  # JSON header + binary tensor data
-# the Content-Encodings of request bodies served ("identity": as it is); any other name is
-# refused 400 (aiohttp would pass an unknown one through undecoded, and decode br and zstd
-# only where their packages happen to be installed)
-CODINGS = frozenset({"identity", "gzip", "deflate"})
+# the Content-Encodings of request bodies served ("identity": as it is; "x-gzip" is gzip,
+# as HTTP says); any other name is refused 415 with Accept-Encoding, as Triton and HTTP
+# (RFC 9110) answer (aiohttp would pass an unknown one through undecoded, and decode br and
+# zstd only where their packages happen to be installed)
+CODINGS = frozenset({"identity", "gzip", "x-gzip", "deflate"})
+ACCEPTED_CODINGS = "identity, gzip, deflate"
 # a response body at least this long is compressed when the client accepts gzip or
 # deflate (a shorter one gains nothing worth the CPU; aiohttp compresses bodies over 4 KiB
 # on a worker thread)
@@ -452,7 +454,7 @@ class _Handler:
     async def _read_body(self, request: web.Request) -> bytes | web.StreamResponse:
         """The request's whole body, decoded (chunked, gzip, deflate), or the response
         that refuses it: 413 over ``rest_max_body_bytes`` (announced or decoded), 408 not
-        received within ``rest_read_timeout``, 400 malformed or in a Content-Encoding
+        received within ``rest_read_timeout``, 400 malformed, 415 in a Content-Encoding
         not in ``CODINGS`` (one coding, in any case; several are refused too)."""
         lim = self.limits
         cap = lim.rest_max_body_bytes
@@ -461,9 +463,12 @@ class _Handler:
             return self._drop_rest(request, self._too_large(n))
         coding = ", ".join(request.headers.getall("Content-Encoding", ())).lower()
         if coding and coding not in CODINGS:
-            return self._drop_rest(request, self._refuse(
-                400, f"Content-Encoding {_short(coding)} is not supported: send the body "
-                "as it is, or gzip or deflate"))
+            refusal = self._refuse(
+                415, f"Content-Encoding {_short(coding)} is not supported: send the body "
+                "as it is, or gzip or deflate")
+            refusal.headers["Accept-Encoding"] = ACCEPTED_CODINGS
+            return self._drop_rest(request, refusal)
+        coding = "gzip" if coding == "x-gzip" else coding
         decoder = _Decoder(coding) if coding in ("gzip", "deflate") else None
         chunks: list[bytes] = []
         size = 0
@@ -568,7 +573,8 @@ def make_runner(node, token: str | None = None) -> web.AppRunner:
       before the client sends it); within ``rest_read_timeout`` of the head: else 408;
     - a keep-alive connection idle (or whose next request head does not arrive) for
       ``rest_idle_timeout`` is closed;
-    - a body in another Content-Encoding, or one that does not decode whole: 400;
+    - a body in another Content-Encoding: 415 (with ``Accept-Encoding``); one that does
+      not decode whole: 400;
     - after an answer given without reading the whole body (401, 413, 400 a body that
       does not decode), what the client still sends is read and dropped (not parsed or
       decoded) for up to ``rest_linger_timeout``, then the connection closes.
