@@ -55,6 +55,16 @@ def nonneg_int(text: str) -> int:
     return v
 
 
+def seed(text: str) -> int:
+    """A random seed: 0 to ``MAX_SEED`` (2^63 - 1), as a scenario's ``seed``."""
+    from clockwork.sizes import MAX_SEED
+
+    v = _int(text)
+    if not 0 <= v <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to 2^63 - 1, got {text!r}")
+    return v
+
+
 def any_int(text: str) -> int:
     return _int(text)
 

@@ -176,7 +176,7 @@ def add_trace(sub) -> None:
                    help="functions (rows) per day (default 1000; the real days have ~46,000)")
     s.add_argument("--days", type=t.positive_int, default=1, metavar="D",
                    help="number of day files, d01..dD (default 1)")
-    s.add_argument("--seed", type=t.nonneg_int, default=0, metavar="S",
+    s.add_argument("--seed", type=t.seed, default=0, metavar="S",
                    help="random seed (default 0)")
     s.add_argument("--out", type=t.out_dir, required=True, metavar="DIR",
                    help="output folder (created if missing), e.g. traces/azure")
@@ -218,7 +218,7 @@ def add_compile(sub) -> None:
                    metavar="B1,B2,...", help="default 1,2,4,8,16")
     p.add_argument("--out", type=t.out_dir, metavar="DIR", help="package directory (default packages/DEVICE/MODEL, "
                    "MODEL the file's stem for ONNX)")
-    p.add_argument("--seed", type=t.nonneg_int, default=0,
+    p.add_argument("--seed", type=t.seed, default=0,
                    help="weights seed for zoo models (default 0)")
 
 
@@ -431,7 +431,7 @@ def add_worker(sub) -> None:
                    help="pacing: at most one result message to the controller per interval; "
                    "under load results share messages (default "
                    f"{RESULT_INTERVAL_US:g}; 0: one message whenever results are ready)")
-    p.add_argument("--seed", type=t.nonneg_int, default=0,
+    p.add_argument("--seed", type=t.seed, default=0,
                    help="seed of the emulated noise and stragglers; GPU g draws from seed x "
                    "1000 + g (default 0)")
     p.add_argument("--clock-offset-ms", type=t.finite_float, default=0.0,
