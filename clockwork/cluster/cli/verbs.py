@@ -173,7 +173,7 @@ def add_trace(sub) -> None:
         "seed gives byte-identical files. 40,000 functions take a few seconds per day.")
     s.set_defaults(impl="clockwork.workloads.trace_cli:cmd_synth")
     s.add_argument("--functions", type=t.positive_int, default=1000, metavar="N",
-                   help="functions (rows) per day (default 1000; the real days have ~46,000)")
+                   help="functions (rows) per day (default 1000, at most 100,000; the real days have ~46,000)")
     s.add_argument("--days", type=t.positive_int, default=1, metavar="D",
                    help="number of day files, d01..dD (default 1)")
     s.add_argument("--seed", type=t.seed, default=0, metavar="S",
