@@ -317,7 +317,11 @@ def test_a_worker_back_with_another_clock_is_measured_afresh():
                 r = cl.infer("mobilenet_v2", slo_ms=100)
                 assert r.status == 0 and r.server_latency_ms < 100, r
             st = cl.stats()
-        assert st.get("infer_rejected", 0) == before.get("infer_rejected", 0)
+        # (with the old clock's offset kept, INFERs are refused as outside their windows
+        # and 4 of the 10 timed out; a host busy elsewhere can make one late, retried in
+        # time: a full run beside other work saw 1)
+        rejected = st.get("infer_rejected", 0) - before.get("infer_rejected", 0)
+        assert rejected <= 2, (rejected, st)
 
 
 def test_offset_estimate_and_wire_conversion():
