@@ -382,7 +382,8 @@ class _Decoder:
     def feed(self, data: bytes):
         """The decoded bytes of ``data``, a slice at a time; ValueError where they do not
         decode."""
-        while data:
+        more = False  # the last step filled its slice: zlib may hold decoded bytes still
+        while data or more:  # (raw deflate has no trailer to keep input back for them)
             if self.z is None:
                 if self.ended and self.coding == "deflate":
                     raise ValueError(f"{len(data)} bytes after the end of its deflate data")
@@ -396,9 +397,9 @@ class _Decoder:
             if out:
                 yield out
             if self.z.eof:  # (gzip: another member may follow)
-                data, self.z, self.ended = self.z.unused_data, None, True
+                data, self.z, self.ended, more = self.z.unused_data, None, True, False
             else:
-                data = self.z.unconsumed_tail
+                data, more = self.z.unconsumed_tail, len(out) == self.SLICE
 
     def end(self) -> None:
         """ValueError unless the data ended where the body did."""

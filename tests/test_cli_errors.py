@@ -43,7 +43,7 @@ BAD = [
     (["infer", "m", "--slo-ms", "inf"], "inf"),
     (["infer", "m", "-n", "-1"], "-1"),
     (["trace", "synth", "--out", "t", "--seed", str(2**63)], "2^63 - 1"),
-    (["worker", "--seed", "-1"], "2^63 - 1"),
+    (["worker", "--seed", "-1"], "-1"),
     (["compile", "mlp", "--seed", str(10**30)], "2^63 - 1"),
     (["infer", "m", "--controller", "h:70000"], "70000"),
     (["controller", "--workers", "x"], "x"),
@@ -340,3 +340,13 @@ def test_a_child_that_fails_at_start_shows_its_output_once(capsys, echo):
         c.wait_address(30)
     said = capsys.readouterr().err + str(e.value)
     assert said.count("boom") == 1 and "worker0 exited (rc 1)" in str(e.value), said
+
+
+def test_worker_takes_the_seeds_serve_derives_from_any_scenario_seed():
+    """serve gives worker i the seed ``scenario seed x 1000 + i``: past 2^63 for a
+    scenario seed past ~9.2e15, which a scenario may have (numpy takes any size)."""
+    from clockwork.cluster.cli import build_parser
+    from clockwork.sizes import MAX_SEED
+
+    seed = MAX_SEED * 1000 + 7
+    assert build_parser().parse_args(["worker", "--seed", str(seed)]).seed == seed

@@ -672,8 +672,8 @@ def test_helpers():
     forged = tuple((k, "10.0.0.6:12345" if k == "x-clockwork-target" else v) for k, v in md)
     assert b.check_controller(WORKER_CONNECT, forged)[0] == "wrong cluster credentials"
     md, _ = a.call_metadata(WORKER_CONNECT, w)  # a proof for another worker: refused there
-    assert "made for another worker" in b.check_controller(
-        WORKER_CONNECT, md, lambda t: t == "10.0.0.6:12345")[0]
+    why = b.check_controller(WORKER_CONNECT, md, lambda t: t == "10.0.0.6:12345")[0]
+    assert "made for another worker" in why and f"--advertise {w}" in why, why
     late = ClusterAuth(b"k" * 20, clock=lambda: time.time() + 3600)
     md, _ = a.call_metadata(WORKER_CONNECT, w)
     assert "stale" in late.check_controller(WORKER_CONNECT, md)[0]

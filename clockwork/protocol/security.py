@@ -444,8 +444,9 @@ class ClusterAuth:
         if not hmac.compare_digest(proof.encode("latin-1", "replace"), want.encode()):
             return "wrong cluster credentials", "", ""
         if is_me is not None and not is_me(target):
-            return (f"cluster credentials made for another worker ({target!r}; relayed?)",
-                    "", "")
+            return (f"cluster credentials made for another worker ({target!r}; relayed? "
+                    f"if the controller reaches this worker as {target} through a NAT or a "
+                    f"port mapping, start it with --advertise {target})", "", "")
         now = self._clock()
         ts = int(t)
         if abs(now - ts / 1000) > FRESH_S:

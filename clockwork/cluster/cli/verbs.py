@@ -431,7 +431,7 @@ def add_worker(sub) -> None:
                    help="pacing: at most one result message to the controller per interval; "
                    "under load results share messages (default "
                    f"{RESULT_INTERVAL_US:g}; 0: one message whenever results are ready)")
-    p.add_argument("--seed", type=t.seed, default=0,
+    p.add_argument("--seed", type=t.nonneg_int, default=0,
                    help="seed of the emulated noise and stragglers; GPU g draws from seed x "
                    "1000 + g (default 0)")
     p.add_argument("--clock-offset-ms", type=t.finite_float, default=0.0,
