@@ -57,7 +57,8 @@ from clockwork.protocol import clockwork_pb2_grpc as pbg
 from clockwork.protocol import keepalive
 from clockwork.protocol.pacing import Pacer
 from clockwork.protocol.security import AUTHORIZATION, channel_credentials, client_token
-from clockwork.protocol.wire import array_to_msg, msg_to_array
+from clockwork.protocol.wire import add_tensors, msg_to_array
+from clockwork.tensors import Tensor
 
 # the largest gRPC message either way: the channel's limits, and what the controller
 # accepts by default (its grpc_max_receive_bytes; a stream message counts whole)
@@ -186,10 +187,12 @@ def _text(value, what: str) -> str:
     return value
 
 
-def _request(model: str, inputs, slo_ms: float | None, client_id: int = 0) -> pb.InferRequest:
-    """The request message. A model that is not a string, or an SLO that is not a
-    number (a bool, a string), raises ``ValueError``; a number the controller cannot
-    take (negative, nan, inf) is its to refuse (``bad_slo``)."""
+def _request(model: str, inputs, slo_ms: float | None,
+             client_id: int = 0) -> tuple[pb.InferRequest, int]:
+    """The request message and a bound on its size in bytes (see ``_size``). A model
+    that is not a string, or an SLO that is not a number (a bool, a string), raises
+    ``ValueError``; a number the controller cannot take (negative, nan, inf) is its to
+    refuse (``bad_slo``); a request too large to send raises ``InvalidRequest``."""
     _text(model, "model (a model instance name)")
     if slo_ms is not None and (isinstance(slo_ms, bool)
                                or not isinstance(slo_ms, numbers.Real)):
@@ -201,22 +204,33 @@ def _request(model: str, inputs, slo_ms: float | None, client_id: int = 0) -> pb
         slo = math.inf
     req = pb.InferRequest(model=model, slo_ms=slo, client_id=client_id)
     if inputs is None:
-        return req
+        return req, _size(req, 0)
     if isinstance(inputs, Mapping):
         items = inputs.items()
     elif isinstance(inputs, list | tuple):
         items = ((f"input{i}" if len(inputs) > 1 else "", a) for i, a in enumerate(inputs))
     else:
         items = (("", inputs),)
-    req.inputs.extend(array_to_msg(name, a) for name, a in items)
-    return req
+    tensors = [Tensor.of(name, a) for name, a in items]
+    add_tensors(req.inputs, tensors)  # (built in place: no copy of each message)
+    return req, _size(req, sum(_TENSOR_BYTES + 4 * len(t.name) + 11 * len(t.shape)
+                               + t.nbytes for t in tensors))
 
 
-def _size(req: pb.InferRequest) -> int:
-    """The request's size in bytes; one too large for any gRPC message raises
-    ``InvalidRequest`` (the caller's input, not a transient failure: sent, gRPC refused
-    it with RESOURCE_EXHAUSTED, which read as ControllerUnavailable, and on a stream it
-    ended the whole call)."""
+_TENSOR_BYTES = 64  # at most, a tensor's fields but its name, shape and data
+_REQUEST_BYTES = 64  # at most, a request's fields but its model name and inputs
+
+
+def _size(req: pb.InferRequest, inputs_bound: int) -> int:
+    """A bound on the request's size in bytes, from ``inputs_bound`` (its inputs') and
+    its model name, without serializing it (``ByteSize`` costs as much as the
+    serialization gRPC does anyway: +33 % of a ResNet-size infer); exact when near the
+    limit. One too large for any gRPC message raises ``InvalidRequest`` (the caller's
+    input, not a transient failure: sent, gRPC refused it with RESOURCE_EXHAUSTED, which
+    read as ControllerUnavailable, and on a stream it ended the whole call)."""
+    n = _REQUEST_BYTES + 4 * len(req.model) + inputs_bound
+    if n <= _MAX_REQUEST_BYTES:
+        return n
     n = req.ByteSize()
     if n > _MAX_REQUEST_BYTES:
         raise InvalidRequest(f"{req.model}: the request is {n:,} bytes, too large to send: "
@@ -421,8 +435,7 @@ class Client:
         self._stub = _stub(self._channel, client_token(token))
 
     def infer(self, model: str, inputs=None, slo_ms: float | None = None) -> InferResult:
-        req = _request(model, inputs, slo_ms)
-        _size(req)
+        req, _ = _request(model, inputs, slo_ms)
         deadline, slos = _deadline(self.timeout, req.slo_ms)
         t0 = time.perf_counter()
         try:
@@ -533,8 +546,7 @@ class AsyncClient:
         self._stub = _stub(self._channel, client_token(token))
 
     async def infer(self, model: str, inputs=None, slo_ms: float | None = None) -> InferResult:
-        req = _request(model, inputs, slo_ms)
-        _size(req)
+        req, _ = _request(model, inputs, slo_ms)
         deadline, slos = _deadline(self.timeout, req.slo_ms)
         t0 = time.perf_counter()
         try:
@@ -738,10 +750,9 @@ class InferStream:
         if self._reader.done():  # the call has ended: say why, if the controller said
             fut.set_exception(self._error or ControllerUnavailable("controller stream closed"))
             return fut
-        req = _request(model, inputs, slo_ms, cid)  # (raises on bad values: nothing kept)
+        req, size = _request(model, inputs, slo_ms, cid)  # (raises: nothing kept)
         if skip_outputs:
             req.skip_outputs = True
-        size = _size(req)  # (too large to send: raises, nothing kept)
         self._waiting[cid] = fut
         slo = req.slo_ms
         if 0 < slo < 1e9:  # (a nonsense SLO: the controller refuses it)

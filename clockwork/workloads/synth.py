@@ -6,7 +6,8 @@ them one at a time) and ``write_synthetic(out_dir, ...)`` writes them as
 and the replay cannot tell them apart from the real files. Everything is drawn from one
 ``numpy.random.Generator(seed)``: the same arguments give byte-identical files.
 ``write_synthetic`` writes each day as soon as it is made, so its memory is one day's
-whatever ``days`` is: about 12 KB a function (40,000 functions: ~500 MB). ``functions`` is
+whatever ``days`` is (measured at 40,000 functions: ~500 MB peak for one day, ~0.7 GB
+for two to four). ``functions`` is
 at most ``MAX_FUNCTIONS`` (100,000, about twice a real day's ~46,000: ~1.2 GB while a day is
 made, ~300 MB of CSV a day).
 
