@@ -19,7 +19,6 @@ import asyncio
 import json
 import logging
 import urllib.parse
-import zlib
 from typing import NamedTuple
 
 import numpy as np
@@ -31,6 +30,7 @@ from aiohttp.web_urldispatcher import _default_expect_handler
 from prometheus_client import generate_latest
 
 from clockwork.protocol.security import Refusals, bearer_ok
+from controller.body_decoding import BodyDecoder
 from controller.kserve import (
     HTTP_CODE,
     INVALID,
@@ -362,51 +362,6 @@ def encode(reply: Reply) -> tuple[bytes, dict[str, str]]:
     return head, headers
 
 
-class _Decoder:
-    """A ``gzip`` or ``deflate`` request body decoded as it arrives, in slices (a
-    compression bomb is decoded no further than the body bound), and strictly: it must
-    end where its data ends. gzip: one member or several one after another (RFC 1952);
-    deflate: zlib's format (RFC 1950) or, as some clients send it, raw (RFC 1951).
-    aiohttp's own decoding (off: ``auto_decompress=False``) served a gzip body cut short
-    as what of it decoded (without its trailer, its CRC unchecked), answered a deflate
-    body that did not end in plain text or, now and then, not at all, and logged a
-    traceback for every body that did not decode."""
-
-    SLICE = 256 * 1024  # decoded bytes per step
-
-    def __init__(self, coding: str) -> None:
-        self.coding = coding
-        self.z = None  # the member being decoded; None: none begun
-        self.ended = False  # a member (deflate: the data) has ended
-
-    def feed(self, data: bytes):
-        """The decoded bytes of ``data``, a slice at a time; ValueError where they do not
-        decode."""
-        more = False  # the last step filled its slice: zlib may hold decoded bytes still
-        while data or more:  # (raw deflate has no trailer to keep input back for them)
-            if self.z is None:
-                if self.ended and self.coding == "deflate":
-                    raise ValueError(f"{len(data)} bytes after the end of its deflate data")
-                wbits = zlib.MAX_WBITS | 16 if self.coding == "gzip" else (
-                    zlib.MAX_WBITS if data[0] & 0x0F == 8 else -zlib.MAX_WBITS)
-                self.z = zlib.decompressobj(wbits)
-            try:
-                out = self.z.decompress(data, self.SLICE)
-            except zlib.error as e:
-                raise ValueError(f"its {self.coding} data does not decode ({e})") from None
-            if out:
-                yield out
-            if self.z.eof:  # (gzip: another member may follow)
-                data, self.z, self.ended, more = self.z.unused_data, None, True, False
-            else:
-                data, more = self.z.unconsumed_tail, len(out) == self.SLICE
-
-    def end(self) -> None:
-        """ValueError unless the data ended where the body did."""
-        if self.z is not None or not self.ended:
-            raise ValueError(f"its {self.coding} data ends early (cut short)")
-
-
 # ---------------------------------------------------------------------- the HTTP server
 
 _ROUTED = "clockwork.routed"  # set on a request that reached _Handler
@@ -470,7 +425,7 @@ class _Handler:
             refusal.headers["Accept-Encoding"] = ACCEPTED_CODINGS
             return self._drop_rest(request, refusal)
         coding = "gzip" if coding == "x-gzip" else coding
-        decoder = _Decoder(coding) if coding in ("gzip", "deflate") else None
+        decoder = BodyDecoder(coding) if coding in ("gzip", "deflate") else None
         chunks: list[bytes] = []
         size = 0
         try:
@@ -569,7 +524,7 @@ def make_runner(node, token: str | None = None) -> web.AppRunner:
     - the request line and each header (name and value) at most
       ``rest_max_header_bytes``, at most ``rest_max_headers`` headers: else 400;
     - the body (Content-Length or chunked; after decoding ``gzip``/``deflate``, which
-      ``_Decoder`` does in slices as it is read) at most ``rest_max_body_bytes``: else 413,
+      ``BodyDecoder`` does in slices as it is read) at most ``rest_max_body_bytes``: else 413,
       before reading it when its length is announced (with ``Expect: 100-continue``
       before the client sends it); within ``rest_read_timeout`` of the head: else 408;
     - a keep-alive connection idle (or whose next request head does not arrive) for
@@ -593,7 +548,7 @@ def make_runner(node, token: str | None = None) -> web.AppRunner:
                          expect_handler=handler.expect)
     return web.AppRunner(
         app, handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S,
-        auto_decompress=False,  # (request bodies are decoded by _read_body: _Decoder)
+        auto_decompress=False,  # (request bodies are decoded by _read_body: BodyDecoder)
         access_log_class=_access_counter(node.count), access_log=_log, logger=_log,
         keepalive_timeout=lim.rest_idle_timeout / 1e9,
         lingering_time=lim.rest_linger_timeout / 1e9,

@@ -745,16 +745,16 @@ def test_raw_deflate_ending_at_a_slice_boundary_decodes_whole():
     in one piece or fed in parts."""
     import random
 
-    from controller.kserve_rest import _Decoder
+    from controller.body_decoding import BodyDecoder
 
     rnd = random.Random(1)
-    slice_ = _Decoder.SLICE
+    slice_ = BodyDecoder.SLICE
     for length in range(slice_ - 600, slice_ + 50):
         data = (bytes(rnd.choice(b"ab") for _ in range(64)) * (length // 64 + 1))[:length]
         c = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
         body = c.compress(data) + c.flush()
         for parts in ((body,), (body[:len(body) // 2], body[len(body) // 2:])):
-            d = _Decoder("deflate")
+            d = BodyDecoder("deflate")
             got = b"".join(out for part in parts for out in d.feed(part))
             d.end()
             assert got == data, (length, len(got))
