@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from clockwork.settings import count_text
 from clockwork.sizes import MAX_CONCURRENCY, MAX_OFFERED_REQUESTS, MAX_OUTSTANDING
 from clockwork.time import MAX_SLO_FACTOR, MAX_SLO_MS
 
@@ -46,9 +47,8 @@ def check_offered(requests: float, what: str) -> None:
     ``MAX_OFFERED_REQUESTS``, else ``WorkloadError`` saying ``what`` offers them (checked
     in ``bind``, before the first arrival is drawn)."""
     if not requests <= MAX_OFFERED_REQUESTS:
-        n = f"{requests:,.0f}" if requests < 1e15 else f"{requests:.3g}"
-        raise WorkloadError(f"{what} offers {n} requests, more than a run may offer "
-                            f"({MAX_OFFERED_REQUESTS:,})")
+        raise WorkloadError(f"{what} offers {count_text(requests)} requests, more than a "
+                            f"run may offer ({MAX_OFFERED_REQUESTS:,})")
 
 
 def select_instances(spec: str | Sequence[str], instances: dict[str, str]) -> list[str]:
