@@ -606,13 +606,19 @@ def _kind_words(dt: np.dtype) -> str:
     return f"{what} values ({dt})" if what else f"{dt} values"
 
 
+def _check_form(where: str, name: str, shape: tuple, dtype: np.dtype) -> None:
+    """ValueError naming ``where`` and column ``name`` unless its ``shape`` is one value a
+    row and its ``dtype`` integers (or bools): of an array, or of a .npy header."""
+    if len(shape) != 1:
+        raise _BadLog(f"{where}: column '{name}' has shape {shape}, not one value a row")
+    if dtype.kind not in "biu":
+        raise _BadLog(f"{where}: column '{name}' holds {_kind_words(dtype)}, not integers")
+
+
 def _fit_column(where: str, name: str, a: np.ndarray, dt: np.dtype) -> np.ndarray:
     """Column ``name`` as read from ``where``, as type ``dt``: ValueError naming both
     unless it is one-dimensional, of integers (or bools), every value within ``dt``."""
-    if a.ndim != 1:
-        raise _BadLog(f"{where}: column '{name}' has shape {a.shape}, not one value a row")
-    if a.dtype.kind not in "biu":
-        raise _BadLog(f"{where}: column '{name}' holds {_kind_words(a.dtype)}, not integers")
+    _check_form(where, name, a.shape, a.dtype)
     if a.dtype == dt:
         return a
     if len(a) and not np.can_cast(a.dtype, dt):
@@ -689,10 +695,7 @@ def _check_npz_columns(path: Path, z, want: tuple, dtypes: dict, extra_per_row: 
         if c not in z.files:
             raise _BadLog(f"{path}: not a log file (no column '{c}')")
         shape, dtype = _npy_header(z, c)
-        if len(shape) != 1:
-            raise _BadLog(f"{path}: column '{c}' has shape {shape}, not one value a row")
-        if dtype.kind not in "biu":
-            raise _BadLog(f"{path}: column '{c}' holds {_kind_words(dtype)}, not integers")
+        _check_form(str(path), c, shape, dtype)
         if rows is None:
             rows = shape[0]
         elif shape[0] != rows:
