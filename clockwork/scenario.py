@@ -11,6 +11,7 @@ built (``controller.split_settings``), each ``[[workloads]]`` entry by its kind
 from __future__ import annotations
 
 import copy
+import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,6 +105,21 @@ def parse_toml(raw: bytes | str, where: str, error: type[Exception] = ScenarioEr
     except RecursionError:  # (far deeper than the bound: the parser ran out of stack)
         raise error(_nested_line(where)) from None
     if any(_too_deep(v, MAX_TOML_DEPTH) for v in data.values()):
+        raise error(_nested_line(where))
+    return data
+
+
+def parse_json(raw: bytes, where: str, error: type[Exception] = ScenarioError) -> Any:
+    """A JSON document (a file's bytes) under the same rules as ``parse_toml``: valid
+    JSON, nested at most ``MAX_TOML_DEPTH`` levels; otherwise ``error`` with one line that
+    starts with ``where``."""
+    try:
+        data = json.loads(raw)
+    except ValueError as e:  # (UnicodeDecodeError too)
+        raise error(f"{where}: not valid JSON: {e}") from None
+    except RecursionError:
+        raise error(_nested_line(where)) from None
+    if _too_deep(data, MAX_TOML_DEPTH + 1):  # (the document itself is one level)
         raise error(_nested_line(where))
     return data
 

@@ -1591,22 +1591,21 @@ def read_settings_file(path: str) -> dict:
     values are checked by ``controller.split_settings`` (``scheduler_settings``); a file
     that cannot be read or parsed, or has no ``scheduler`` table, raises
     ``SettingsError`` with one line naming the file."""
-    import json
-    import tomllib
     from pathlib import Path
 
+    from clockwork.scenario import parse_json, parse_toml
     from clockwork.settings import SettingsError
 
     p = Path(path)
     try:
-        text = p.read_text()
+        raw = p.read_bytes()
     except OSError as e:
         raise SettingsError(f"--settings {path}: cannot read it ({e.strerror or e})") from None
-    try:
-        data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
-    except (ValueError, tomllib.TOMLDecodeError) as e:
-        kind = "JSON" if p.suffix == ".json" else "TOML"
-        raise SettingsError(f"--settings {path}: not valid {kind}: {e}") from None
+    where = f"--settings {path}"
+    if p.suffix == ".json":
+        data = parse_json(raw, where, SettingsError)
+    else:
+        data = parse_toml(raw, where, SettingsError)
     table = data.get("scheduler") if isinstance(data, dict) else None
     if (table is None and p.suffix != ".json" and isinstance(data, dict)
             and {"cluster", "models", "workloads"} & data.keys()):

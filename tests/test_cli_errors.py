@@ -162,14 +162,19 @@ BAD_SETTINGS = [
     ("s.toml", "[scheduler]\nmax_bacth = 4\n", "max_bacth"),
     ("s.json", '{"scheduler": {"policy": "nosuchpolicy"}}', "nosuchpolicy"),
     ("s.json", '{"scheduler": {"policy": "clockwork", "batch_wait_ms": 2}}', "batch_wait_ms"),
+    ("s.toml", b"[scheduler]\nname = '\xff'\n", "not UTF-8"),
+    ("s.json", b'{"scheduler": {"name": "\xff"}}', "not valid JSON"),
+    ("s.toml", "[scheduler]\nx = " + "[" * 5000 + "]" * 5000 + "\n", "nested"),
+    ("s.toml", "[scheduler]\nx = " + "[" * 150 + "]" * 150 + "\n", "nested"),
+    ("s.json", '{"scheduler": {"x": ' + "[" * 100000 + "]" * 100000 + "}}", "nested"),
 ]
 
 
 @pytest.mark.parametrize("name,text,fragment", BAD_SETTINGS,
-                         ids=[f"{n}:{t}" for n, t, _ in BAD_SETTINGS])
+                         ids=[f"{n}:{t[:40]!r}" for n, t, _ in BAD_SETTINGS])
 def test_bad_settings_file_is_one_line_exit_2(name, text, fragment, capsys, tmp_path):
     f = tmp_path / name
-    f.write_text(text)
+    f.write_bytes(text if isinstance(text, bytes) else text.encode())
     rc = main(["controller", "--workers", "127.0.0.1:1", "--settings", str(f)])
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
