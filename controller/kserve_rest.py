@@ -241,7 +241,7 @@ class KServeRest:
         if op == "index":
             ready = req.get("ready", False)
             if not isinstance(ready, bool):
-                raise KServeError(INVALID, f"'ready' must be true or false, got {ready!r}")
+                raise KServeError(INVALID, f"'ready' must be true or false, got {_short(ready)}")
             from controller import repository
 
             return Reply(200, repository.index(self.node, ready))
@@ -298,6 +298,9 @@ class KServeRest:
         if not 0 <= n <= len(body):
             raise KServeError(INVALID, f"Inference-Header-Content-Length {_short(hlen)} is "
                               f"not a length within the body of {len(body)} bytes")
+        if n == 0 and hlen is not None:
+            raise KServeError(INVALID, "Inference-Header-Content-Length 0: the request's JSON "
+                              "header is empty (it comes first, before any binary data)")
         req = await self._json((body if n == len(body) else body[:n]) or b"{}")
         if not isinstance(req, dict):
             raise KServeError(INVALID, "request body must be a JSON object")

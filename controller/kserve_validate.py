@@ -81,9 +81,13 @@ def _bad(message: str) -> KServeError:
     return KServeError(INVALID, message)
 
 
+_JSON_WORDS = {None: "null", True: "true", False: "false"}
+
+
 def _short(v, limit: int = 60) -> str:
-    """``repr(v)``, cut to ``limit`` characters (a message never echoes a whole tensor)."""
-    s = repr(v)
+    """``repr(v)``, cut to ``limit`` characters (a message never echoes a whole tensor);
+    ``null``, ``true`` and ``false`` spelled as the protocol's JSON spells them."""
+    s = _JSON_WORDS[v] if v is None or isinstance(v, bool) else repr(v)
     return s if len(s) <= limit else s[:limit - 3] + "..."
 
 
@@ -388,7 +392,8 @@ def _rest_inputs(body: dict, binary: bytes | memoryview) -> list[InTensor]:
     pos = 0
     inputs = body.get("inputs")
     if not isinstance(inputs, list):
-        raise _bad(f"the request needs an 'inputs' list, got {_short(inputs)}")
+        got = f", got {_short(inputs)}" if "inputs" in body else " (it has none)"
+        raise _bad(f"the request needs an 'inputs' list{got}")
     names = _Names()
     out = []
     for t in inputs:

@@ -389,7 +389,7 @@ REST_BAD = [
     ("BYTES", _good(datatype="BYTES"), "unsupported datatype 'BYTES'"),
     ("too few elements", _good(data=[0.0] * (2 * IN - 1)), f"{2 * IN - 1} elements"),
     ("too many elements", _good(data=[0.0] * (2 * IN + 1)), f"{2 * IN + 1} elements"),
-    ("null element", _good(data=[None] + [0.0] * (2 * IN - 1)), "'data' holds None"),
+    ("null element", _good(data=[None] + [0.0] * (2 * IN - 1)), "'data' holds null"),
     ("string element", _good(data=["1"] + [0.0] * (2 * IN - 1)), "'data' holds '1'"),
     ("ragged nesting", _good(data=[[0.0] * IN, [0.0] * (IN - 1)]), "nested lists of equal"),
     ("bool elements", _good(data=[True] * (2 * IN)), "FP32 'data' must be numbers"),
@@ -554,7 +554,7 @@ def _grpc_bad():
         case(f"{key} {field} {value}", r, says)
     r = _req()
     r.parameters["slo_ms"].CopyFrom(kpb.InferParameter())  # none of its fields set
-    case("slo_ms unset", r, "got None")
+    case("slo_ms unset", r, "got null")
     r = _req()
     r.outputs.add(name="z")
     case("unknown output", r, "no output 'z'")

@@ -124,7 +124,7 @@ def test_slo_parameters():
     assert slo_from_params({"timeout": 250_000}) == 250.0  # µs
     assert slo_from_params({"slo_ms": 3, "timeout": 250_000}) == 3.0
     for params, says in (({"slo_ms": True}, "'slo_ms'"), ({"slo_ms": "5"}, "got '5'"),
-                         ({"slo_ms": None}, "got None"), ({"slo_ms": -0.5}, "got -0.5"),
+                         ({"slo_ms": None}, "got null"), ({"slo_ms": -0.5}, "got -0.5"),
                          ({"slo_ms": math.nan}, "got nan"), ({"slo_ms": math.inf}, "got inf"),
                          ({"slo_ms": 5, "timeout": False}, "'timeout'"),
                          ({"timeout": [1]}, "'timeout'"),
@@ -157,7 +157,7 @@ def test_rest_json_data():
     _invalid(lambda: one("INT32", [1, 2.5]), "INT32 'data' must be integers")
     _invalid(lambda: one("BOOL", [1, 0]), "BOOL 'data' must be true/false")
     _invalid(lambda: one("INT64", [1, 2**70]), "'data' must be a flat list")
-    _invalid(lambda: one("FP32", [1, None]), "'data' holds None")
+    _invalid(lambda: one("FP32", [1, None]), "'data' holds null")
     _invalid(lambda: one("FP32", [1, {}]), "'data' holds {}")
     # JSON true/false among numbers (numpy would read them as 1 and 0)
     _invalid(lambda: one("FP32", [2.5, True]), "'data' holds true/false", "must be numbers")

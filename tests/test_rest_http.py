@@ -140,6 +140,20 @@ def test_chunked_body_is_accepted(addr):
     assert len(got) == n + 16
 
 
+def test_empty_or_missing_json_header_is_named(addr):
+    """A JSON header of length 0, a request without 'inputs', and a JSON null are each
+    named as the client sent them (not as Python's None)."""
+    cases = (
+        (b"\x00" * 16, {"Inference-Header-Content-Length": "0"}, b"JSON header is empty"),
+        (b"{}", {}, b"needs an 'inputs' list (it has none)"),
+        (b'{"inputs": null}', {}, b"needs an 'inputs' list, got null"),
+        (b'{"inputs": [true]}', {}, b"must be an object, got true"),
+    )
+    for body, headers, says in cases:
+        status, _, got = _request(addr, "POST", INFER, body, headers)
+        assert status == 400 and says in got, (body, got)
+
+
 def test_json_beyond_strict_json(addr):
     """What Python's json reads beyond strict JSON is still read (NaN, Infinity, a number
     beyond a float's range, a byte-order mark), an integer beyond 64 bits is a number (a
