@@ -145,7 +145,7 @@ def test_fig5_live_smoke(tmp_path):
     _png(tmp_path / "fig5_compare.png")
 
 
-def test_live_result_has_the_controllers_actions():
+def test_live_result_has_the_controllers_actions(tmp_path):
     res = common.run("fig5_1gpu", ["duration_s=0.5", "models.0.copies=2",
                                    "workloads.0.concurrency=4"], live=True)
     assert res.answered_once and res.summary["mode"] == "live"
@@ -158,6 +158,9 @@ def test_live_result_has_the_controllers_actions():
     assert res.controller_cpu_s > 0 and res.ignored == ()
     tl = common.timeline(res, 0.25)
     assert sum(row["loads"] for row in tl) == res.summary["actions"]["load"] == 2
+    # run.json: a live run has no simulator events to count (it said "events": 0)
+    info = json.loads((res.write(tmp_path / "run") / "run.json").read_text())
+    assert info["mode"] == "live" and "events" not in info, info
 
 
 def test_live_refuses_scales_it_cannot_hold(tmp_path):

@@ -54,12 +54,14 @@ class SimResult:
         return format_summary(self.summary)
 
 
-def run_info(wall_s: float, sc: Scenario, events: int = 0) -> dict:
+def run_info(wall_s: float, sc: Scenario, events: int | None = None) -> dict:
+    """What a run's inputs do not determine (``run.json``); ``events``: the simulator's
+    event count (a live run has none to count, and says nothing of it)."""
     import clockwork
 
     return {
         "wall_s": round(wall_s, 3),
-        "events": events,
+        **({} if events is None else {"events": events}),
         "scenario": sc.source,
         "overrides": sc.overrides,
         "python": sys.version.split()[0],
