@@ -259,3 +259,47 @@ def test_the_answer_does_not_depend_on_jobs():
     for _ in range(40):
         t = {(w, s): rng.random() for w in range(1, 41) for s in (1, 2)}
         rounds_for(lambda w, s, t=t: 1.0 if t[(w, s)] > 0.6 else 0.5, hi=40)
+
+
+# ---------------------------------------------------------------------- --plot
+
+QUICK = ["plan", "poisson_warm", "--set", "duration_s=1", "--set", "drain_s=1", "--max-gpus",
+         "2", "--seeds", "1", "--jobs", "1", "--quiet"]
+
+
+@pytest.mark.parametrize("name,fragment", [("plan.txt", "'txt'"), ("plan", "no extension")])
+def test_plan_plot_format_refused_before_anything_runs(tmp_path, capsys, monkeypatch, name,
+                                                       fragment):
+    pytest.importorskip("matplotlib")
+    import clockwork.cluster.plan as plan_mod
+
+    def no_search(*a, **k):
+        raise AssertionError("the search ran")
+
+    monkeypatch.setattr(plan_mod, "search", no_search)
+    assert main([*QUICK, "--plot", str(tmp_path / name)]) == 2
+    cap = capsys.readouterr()
+    err = cap.err.strip().splitlines()
+    assert cap.out == ""
+    assert len(err) == 1 and err[0].startswith("clockwork plan") and "--plot" in err[0], err
+    assert fragment in err[0] and "png" in err[0] and "pdf" in err[0] and "svg" in err[0], err
+    assert not list(tmp_path.iterdir())
+
+
+def test_plan_answer_is_printed_and_written_before_the_plot(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import clockwork.cluster.plan as plan_mod
+
+    def broken(plan, path):
+        raise RuntimeError("the plotting broke")
+
+    monkeypatch.setattr(plan_mod, "plot_curve", broken)
+    png = tmp_path / "plan.png"
+    rc = main([*QUICK, "--out", str(tmp_path / "o"), "--plot", str(png)])
+    cap = capsys.readouterr()
+    assert rc == 1
+    assert cap.out.startswith("1 GPUs meet attainment") and "check (first seed):" in cap.out
+    assert (tmp_path / "o" / "plan.json").exists() and (tmp_path / "o" / "curve.tsv").exists()
+    err = cap.err.strip().splitlines()
+    assert len(err) == 1 and str(png) in err[0] and "the plotting broke" in err[0], err
+    assert "Traceback" not in cap.err

@@ -423,9 +423,6 @@ def _run_plan(args: argparse.Namespace, plan: Plan, out: Path | None) -> int:
                                                else str(r[c]) for c in cols)
                                      for r in result["curve"]]
         (out / "curve.tsv").write_text("\n".join(lines) + "\n")
-    if args.plot:
-        png = plot_curve(plan, Path(args.plot))
-        log(f"wrote {png}")
     if args.json:
         import orjson
 
@@ -436,6 +433,15 @@ def _run_plan(args: argparse.Namespace, plan: Plan, out: Path | None) -> int:
         if plan.answer is not None:
             check = plan.counts[plan.answer].outcomes[0].point.command()
             print(f"check (first seed): {check}")
+    if args.plot:  # (after the answer: a plot that fails loses nothing else)
+        sys.stdout.flush()
+        try:
+            png = plot_curve(plan, Path(args.plot))
+        except Exception as e:  # noqa: BLE001 - matplotlib's errors are of many kinds
+            first = (str(e).strip().splitlines() or [""])[0]
+            return _failed(f"--plot {args.plot}: could not draw the curve "
+                           f"({type(e).__name__}: {first})")
+        log(f"wrote {png}")
     return 0 if plan.answer is not None else 1
 
 

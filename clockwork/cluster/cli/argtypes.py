@@ -235,6 +235,28 @@ def out_file(text: str) -> str:
     return text
 
 
+def figure_file(text: str) -> str:
+    """A file to draw a figure into (``plan --plot``): as ``out_file``, and named with an
+    extension matplotlib saves (``.png``, ``.pdf``, ``.svg``, ...), so that a run is not
+    lost to a format refused at the end. Imports matplotlib (only when the option is
+    given)."""
+    from pathlib import Path
+
+    out_file(text)
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        raise argparse.ArgumentTypeError(
+            "needs matplotlib: pip install 'clockwork-py[plots]'") from None
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    ext = Path(text).suffix[1:]
+    if ext.lower() not in formats:
+        what = f"format {ext!r} is not supported" if ext else "no extension"
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: {what}; name the file .FORMAT, one of {', '.join(formats)}")
+    return text
+
+
 def one_of(*names: str) -> Callable[[str], str]:
     """A type for one of ``names`` (for the items of a ``comma_list``; a lone option has
     ``choices``)."""

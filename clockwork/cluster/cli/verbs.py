@@ -579,9 +579,10 @@ def add_plan(sub) -> None:
     p.add_argument("--out", type=t.out_dir, metavar="DIR",
                    help="keep every simulation here (OUT/points/...; a rerun reuses them) "
                    "and write OUT/plan.json and OUT/curve.tsv")
-    p.add_argument("--plot", type=t.out_file, metavar="FILE", default=None,
-                   help="draw the curve (attainment and goodput against GPUs) into FILE "
-                   "(needs matplotlib: the plots extra)")
+    p.add_argument("--plot", type=t.figure_file, metavar="FILE", default=None,
+                   help="draw the curve (attainment and goodput against GPUs) into FILE, "
+                   "in the format its extension names (.png, .pdf, .svg, ...; needs "
+                   "matplotlib: the plots extra)")
     p.add_argument("--json", action="store_true",
                    help="print the answer and the curve as JSON instead of the table")
     _add_parallel(p)
