@@ -508,3 +508,33 @@ def test_a_process_with_grpc_does_not_fork_its_pool(tmp_path, monkeypatch):
             (tmp_path / "b" / "results.json").read_bytes()
     finally:
         channel.close()
+
+
+def test_only_a_name_or_sweeps_name_means_a_shipped_sweep(tmp_path, monkeypatch, capsys):
+    """``example``, ``example.toml`` and ``sweeps/example.toml`` are the shipped sweep; a
+    path elsewhere (another folder, an absolute path) whose file is missing is "not
+    found", one line, exit 2, naming the close shipped sweeps; nothing is run or listed."""
+    from clockwork.cluster.sweep import SweepError, resolve_sweep
+    from clockwork.resources import data_root
+
+    monkeypatch.chdir(tmp_path)
+    shipped = data_root() / "sweeps" / "example.toml"
+    for name in ("example", "example.toml", "sweeps/example.toml", "sweeps/example"):
+        assert resolve_sweep(name) == shipped, name
+    for name in ("mysweep/example.toml", "/example.toml", "/sweeps/example.toml",
+                 "a/sweeps/example.toml", str(tmp_path / "example.toml"), "exampel"):
+        with pytest.raises(SweepError, match="not found"):
+            resolve_sweep(name)
+        for extra in ([], ["--list"]):
+            assert main(["sweep", name, "--jobs", "1", "--quiet", *extra]) == 2
+            cap = capsys.readouterr()
+            err = cap.err.strip().splitlines()
+            assert cap.out == "" and len(err) == 1, (name, cap)
+            assert err[0].startswith(f"clockwork sweep: sweep file {name} not found"), err
+            assert "example" in err[0].removeprefix(f"clockwork sweep: sweep file {name}")
+    assert not (tmp_path / "sweeps").exists()
+    # a file that is there is that file, whatever its name
+    (tmp_path / "mysweep").mkdir()
+    (tmp_path / "mysweep" / "example.toml").write_text('scenarios = ["poisson_warm"]\n')
+    assert resolve_sweep("mysweep/example.toml").resolve() == \
+        tmp_path / "mysweep" / "example.toml"

@@ -105,20 +105,40 @@ class Sweep:
         return list(self.grid)
 
 
+def _sweep_name(p: Path) -> str | None:
+    """The shipped-sweep name a path may stand for: ``x``, ``x.toml`` or
+    ``sweeps/x.toml`` (nothing else: other paths are only ever files), as
+    ``clockwork.resources`` reads a scenario's."""
+    if p.is_absolute() or len(p.parts) > 2 or (len(p.parts) == 2 and p.parts[0] != SWEEPS):
+        return None
+    if not p.parts or p.name in (".", ".."):
+        return None
+    return p.name[:-5] if p.name.endswith(".toml") else p.name
+
+
 def resolve_sweep(name_or_path: str) -> Path:
-    """An existing file, else a shipped sweep by name (``clockwork/data/sweeps``)."""
+    """An existing file, else a shipped sweep by name (``clockwork/data/sweeps``): ``x``,
+    ``x.toml`` or ``sweeps/x.toml``. Raises ``SweepError`` naming the closest shipped
+    sweeps."""
+    import difflib
+
     p = Path(name_or_path)
     if p.is_file():
         return p
     from clockwork.resources import data_root
 
-    stem = p.name[:-5] if p.name.endswith(".toml") else p.name
-    shipped = data_root() / SWEEPS / f"{stem}.toml"
-    if len(p.parts) <= 2 and shipped.is_file():
-        return shipped
+    name = _sweep_name(p)
+    if name:
+        shipped = data_root() / SWEEPS / f"{name}.toml"
+        if shipped.is_file():
+            return shipped
     names = sorted(q.stem for q in (data_root() / SWEEPS).glob("*.toml"))
+    stem = p.name[:-5] if p.name.endswith(".toml") else p.name
+    close = difflib.get_close_matches(name or stem, names, n=3, cutoff=0.5)
+    hint = (f"closest shipped sweeps: {', '.join(close)}" if close else
+            f"shipped sweeps: {', '.join(names) or '(none)'}")
     raise SweepError(f"sweep file {name_or_path} not found"
-                     + (f" (shipped sweeps: {', '.join(names)})" if names else ""))
+                     + (f" and no shipped sweep {name!r}" if name else "") + f"; {hint}")
 
 
 def _flatten(grid: Any, prefix: str = "") -> Any:
