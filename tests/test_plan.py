@@ -303,3 +303,23 @@ def test_plan_answer_is_printed_and_written_before_the_plot(tmp_path, capsys, mo
     err = cap.err.strip().splitlines()
     assert len(err) == 1 and str(png) in err[0] and "the plotting broke" in err[0], err
     assert "Traceback" not in cap.err
+
+
+@pytest.mark.parametrize("given", ["1234567", "0.1234567", "100", "2.5", "123456.75"])
+def test_slo_ms_keeps_every_digit(given):
+    """--slo-ms reaches the scenario as given (it was rounded to 6 significant digits:
+    1234567 simulated 1.23457e+06 ms); a value 6 digits hold keeps its old override, so an
+    --out of an earlier plan is reused."""
+    from clockwork.cluster.plan import answer_line, make_plan
+    from clockwork.scenario import load_scenario, parse_value
+
+    slo = float(given)
+    plan = make_plan("poisson_warm", ["duration_s=1"], 0.999, slo, 1, 2, 1)
+    over = [s for s in plan.sets if s.startswith("workloads.0.slo_ms=")]
+    assert len(over) == 1
+    assert parse_value(over[0].partition("=")[2]) == slo
+    assert over[0] == f"workloads.0.slo_ms={given}"
+    sc = load_scenario(plan.path, plan.sets)
+    assert sc.workloads[0]["slo_ms"] == slo
+    assert plan.result()["slo_ms"] == slo
+    assert f"SLO {given} ms" in answer_line(plan)

@@ -238,6 +238,16 @@ def search(plan: Plan, runner: Runner, root: str | Path, k: int, log=None) -> Pl
     return plan
 
 
+def _number(v: float) -> str:
+    """``v`` as a ``--set`` value, every digit kept: the short form (``100``, ``2.5``) when
+    it is exact, which keeps the points of earlier plans reusable; else the integer or
+    Python's shortest exact form (``1234567``, ``0.1234567``)."""
+    short = f"{v:g}"
+    if float(short) == v:
+        return short
+    return str(int(v)) if v.is_integer() else repr(v)
+
+
 def make_plan(scenario: str, sets: list[str], target: float, slo_ms: float | None,
               min_gpus: int, max_gpus: int, seeds: int) -> Plan:
     """Check the arguments against the scenario and set up the search."""
@@ -260,7 +270,7 @@ def make_plan(scenario: str, sets: list[str], target: float, slo_ms: float | Non
                 raise PlanError(f"--slo-ms: workloads.{i} ({w.get('kind')}) sets its SLO with "
                                 f"{fixed[0]}; leave out --slo-ms to plan with the scenario's "
                                 "SLOs")
-            sets.append(f"workloads.{i}.slo_ms={slo_ms:g}")
+            sets.append(f"workloads.{i}.slo_ms={_number(slo_ms)}")
     g = int(sc.cluster["gpus_per_worker"])
     lo_w, hi_w = math.ceil(min_gpus / g), max_gpus // g
     if max_gpus < min_gpus:
@@ -299,7 +309,7 @@ def format_curve(plan: Plan) -> str:
 
 def answer_line(plan: Plan) -> str:
     g = plan.gpus_per_worker
-    slo = f"SLO {plan.slo_ms:g} ms" if plan.slo_ms is not None else "the scenario's SLOs"
+    slo = f"SLO {_number(plan.slo_ms)} ms" if plan.slo_ms is not None else "the scenario's SLOs"
     want = (f"attainment >= {plan.target:g} with {slo} in every seed "
             f"({len(plan.seeds)} seed{'s' if len(plan.seeds) != 1 else ''})")
     if plan.answer is None:
