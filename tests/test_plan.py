@@ -143,7 +143,7 @@ class FakeRunner:
             self.simulated.append(w)
             out.append(Outcome(p, Path(root), summary={
                 "slo_attainment": self.curve(w, s), "goodput_rps": 1.0, "cold_starts": 0,
-                "submitted": 1, "seed": s, "latency_ms": {"p99": 1.0}}))
+                "submitted": 1, "succeeded": 1, "seed": s, "latency_ms": {"p99": 1.0}}))
         return out
 
 
@@ -323,3 +323,35 @@ def test_slo_ms_keeps_every_digit(given):
     assert sc.workloads[0]["slo_ms"] == slo
     assert plan.result()["slo_ms"] == slo
     assert f"SLO {given} ms" in answer_line(plan)
+
+
+def test_p99_is_not_available_where_no_request_succeeded(tmp_path, capsys):
+    """An SLO no request can meet (all dropped): no count has a latency, so the curve's
+    worst p99 is n/a in the table, empty in curve.tsv and null in plan.json (not 0.0)."""
+    argv = [*QUICK[:-1], "--slo-ms", "0.01", "--out", str(tmp_path)]  # (QUICK's --quiet last)
+    assert main([*argv, "--quiet"]) == 1
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].startswith("not met")
+    assert table[1].split()[-2:] == ["p99", "ms"]
+    assert [r.split()[-1] for r in table[2:]] == ["n/a", "n/a"]
+    res = orjson.loads((tmp_path / "plan.json").read_bytes())
+    assert [r["p99_ms_max"] for r in res["curve"]] == [None, None]
+    assert all(r["attainment_min"] == 0.0 for r in res["curve"])
+    tsv = [line.split("\t") for line in (tmp_path / "curve.tsv").read_text().splitlines()]
+    assert tsv[0][-1] == "p99_ms_max" and [r[-1] for r in tsv[1:]] == ["", ""]
+    for f in tmp_path.glob("points/*/summary.json"):  # (as simulate writes it)
+        s = orjson.loads(f.read_bytes())
+        assert s["succeeded"] == 0 and s["latency_ms"]["p99"] == 0.0
+
+
+def test_worst_p99_is_over_the_seeds_with_an_answer():
+    from clockwork.cluster.parallel import Point
+    from clockwork.cluster.plan import Count
+
+    def out(p99, succeeded):
+        return Outcome(Point("x", "x.toml"), Path("/nowhere"), summary={
+            "slo_attainment": 0.5, "goodput_rps": 1.0, "cold_starts": 0, "submitted": 9,
+            "succeeded": succeeded, "seed": 1, "latency_ms": {"p99": p99}})
+
+    assert Count(1, 1, [out(0.0, 0), out(7.5, 3), out(2.0, 1)]).row(0.9)["p99_ms_max"] == 7.5
+    assert Count(1, 1, [out(0.0, 0), out(0.0, 0)]).row(0.9)["p99_ms_max"] is None

@@ -538,3 +538,28 @@ def test_only_a_name_or_sweeps_name_means_a_shipped_sweep(tmp_path, monkeypatch,
     (tmp_path / "mysweep" / "example.toml").write_text('scenarios = ["poisson_warm"]\n')
     assert resolve_sweep("mysweep/example.toml").resolve() == \
         tmp_path / "mysweep" / "example.toml"
+
+
+def test_latency_is_not_available_when_no_request_succeeded(tmp_path, capsys):
+    """A point where no request succeeded (an SLO none can meet: all dropped) has no
+    latency: n/a in the table, an empty field in results.tsv, null in results.json (its
+    summary.json, kept whole there, is simulate's, with 0.0); a point with answers has
+    its figures."""
+    f = tmp_path / "s.toml"
+    f.write_text('scenarios = ["poisson_warm"]\noverrides = ["duration_s=1", "drain_s=1"]\n'
+                 '[grid]\n"workloads.0.slo_ms" = [0.01, 100]\n')
+    out = tmp_path / "o"
+    assert main(["sweep", str(f), "--out", str(out), "--jobs", "1", "--quiet"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    lat = ["p50_ms", "p99_ms", "p999_ms", "max_ms"]
+    none, some = orjson.loads((out / "results.json").read_bytes())["points"]
+    assert none["submitted"] > 0 and none["succeeded"] == 0 and some["succeeded"] > 0
+    assert all(none[c] is None for c in lat) and all(some[c] > 0 for c in lat)
+    assert none["summary"]["latency_ms"]["p99"] == 0.0  # (summary.json as simulate's)
+    at = table[0].index("p99 ms")  # (the columns are left-aligned)
+    assert table[1][at:].split()[0] == "n/a"
+    assert table[2][at:].split()[0] == f"{some['p99_ms']:.2f}"
+    tsv = [line.split("\t") for line in (out / "results.tsv").read_text().splitlines()]
+    for c in lat:
+        i = tsv[0].index(c)
+        assert tsv[1][i] == "" and float(tsv[2][i]) == some[c]

@@ -81,7 +81,10 @@ class Count:
             "attainment_mean": mean(att),
             "goodput_rps_mean": mean([s["goodput_rps"] for s in ss]),
             "cold_starts_mean": mean([s["cold_starts"] for s in ss]),
-            "p99_ms_max": max((s["latency_ms"]["p99"] for s in ss), default=None),
+            # (a seed where no request succeeded has no latency: its summary's 0.0 is
+            # not one; None when no seed has one)
+            "p99_ms_max": max((s["latency_ms"]["p99"] for s in ss if s["succeeded"]),
+                              default=None),
             "seeds": [{"seed": s.get("seed"), "slo_attainment": s["slo_attainment"],
                        "goodput_rps": s["goodput_rps"], "cold_starts": s["cold_starts"],
                        "submitted": s["submitted"]} for s in ss],
@@ -301,7 +304,8 @@ def format_curve(plan: Plan) -> str:
         cells.append([str(r["gpus"]), str(r["workers"]), "yes" if r["meets"] else "no",
                       f"{r['attainment_min']:.6f}", f"{r['attainment_mean']:.6f}",
                       f"{r['goodput_rps_mean']:,.1f}", f"{r['cold_starts_mean']:,.1f}",
-                      f"{r['p99_ms_max']:.2f}{mark}"])
+                      ("n/a" if r["p99_ms_max"] is None else f"{r['p99_ms_max']:.2f}")
+                      + mark])
     widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
     return "\n".join("  ".join(x.rjust(w) for x, w in zip(row, widths, strict=True))
                      for row in cells)
@@ -429,8 +433,7 @@ def _run_plan(args: argparse.Namespace, plan: Plan, out: Path | None) -> int:
         write_json(out / "plan.json", result)
         cols = ["gpus", "workers", "meets", "attainment_min", "attainment_mean",
                 "goodput_rps_mean", "cold_starts_mean", "p99_ms_max"]
-        lines = ["\t".join(cols)] + ["\t".join(str(r[c]).lower() if isinstance(r[c], bool)
-                                               else str(r[c]) for c in cols)
+        lines = ["\t".join(cols)] + ["\t".join(_tsv_cell(r[c]) for c in cols)
                                      for r in result["curve"]]
         (out / "curve.tsv").write_text("\n".join(lines) + "\n")
     if args.json:
@@ -453,6 +456,13 @@ def _run_plan(args: argparse.Namespace, plan: Plan, out: Path | None) -> int:
                            f"({type(e).__name__}: {first})")
         log(f"wrote {png}")
     return 0 if plan.answer is not None else 1
+
+
+def _tsv_cell(v: Any) -> str:
+    """A curve.tsv field: booleans as JSON spells them, None (not available) empty."""
+    if v is None:
+        return ""
+    return str(v).lower() if isinstance(v, bool) else str(v)
 
 
 def _failed(msg: str) -> int:

@@ -305,6 +305,9 @@ FIGURES = (  # column, path in summary.json
 )
 
 
+LATENCY = ("p50_ms", "p99_ms", "p999_ms", "max_ms")  # None where no request succeeded
+
+
 def figure(summary: dict, path: tuple[str, ...]) -> Any:
     v: Any = summary
     for k in path:
@@ -329,6 +332,9 @@ def rows(sweep: Sweep, outcomes: list[Outcome]) -> list[dict]:
         }
         for col, path in FIGURES:
             row[col] = figure(s, path) if o.ok else None
+        if o.ok and s.get("succeeded") == 0:  # no latency: the summary's 0.0 is not one
+            for col in LATENCY:
+                row[col] = None
         row["error"] = o.error or ""
         out.append(row)
     return out
@@ -375,9 +381,9 @@ def format_rows(sweep: Sweep, table: list[dict]) -> str:
     head = {"goodput_rps": "goodput r/s", "slo_attainment": "attainment", "p99_ms": "p99 ms",
             "cold_starts": "cold"}
 
-    def fmt(c: str, v: Any) -> str:
+    def fmt(c: str, v: Any, ok: bool) -> str:
         if v is None:
-            return "-"
+            return "n/a" if ok and c in LATENCY else "-"
         if c == "slo_attainment":
             return f"{v:.6f}"
         if c in ("goodput_rps", "p99_ms"):
@@ -387,7 +393,7 @@ def format_rows(sweep: Sweep, table: list[dict]) -> str:
         return _cell(v)
 
     cells = [[head.get(c, c) for c in cols]]
-    cells += [[fmt(c, r.get(c)) for c in cols] for r in table]
+    cells += [[fmt(c, r.get(c), r["status"] == "ok") for c in cols] for r in table]
     widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
     return "\n".join("  ".join(x.ljust(w) for x, w in zip(row, widths, strict=True)).rstrip()
                      for row in cells)
