@@ -199,7 +199,7 @@ class _FakeVM:
 
 
 def fake_package(path: Path, pages: int = 4, batch_sizes=(1, 2), n_in: int = 8,
-                 n_out: int = 10) -> Path:
+                 n_out: int = 10, out_name: str = "y") -> Path:
     """A cuda package directory: one float32 weight spanning ``pages`` pages."""
     path.mkdir(parents=True, exist_ok=True)
     n = pages * PAGE // 4
@@ -212,7 +212,7 @@ def fake_package(path: Path, pages: int = 4, batch_sizes=(1, 2), n_in: int = 8,
         "functions": {str(b): f"main_b{b}" for b in batch_sizes},
         "batch_sizes": list(batch_sizes),
         "inputs": [{"name": "x", "shape": [n_in], "dtype": "float32"}],
-        "outputs": [{"name": "y", "shape": [n_out], "dtype": "float32"}],
+        "outputs": [{"name": out_name, "shape": [n_out], "dtype": "float32"}],
     }
     (path / "model.json").write_text(json.dumps(meta))
     (path / "model.so").write_bytes(b"")

@@ -234,3 +234,23 @@ def test_pack_tensors_never_worse_than_the_plain_layout():
                 assert o // PS == (o + s - 1) // PS
             else:
                 assert o % PS == 0
+
+
+def test_a_package_that_disagrees_with_its_profile_is_named():
+    """What makes a package unfit to run under a profile: other inputs or outputs, a batch
+    size the profile runs that it lacks, more weight pages than the profile reserves."""
+    from clockwork.models.package import profile_disagreement
+    from clockwork.profiles import load_profile_set
+
+    prof = load_profile_set("cpu").get("mlp")
+    meta = {"inputs": [t.to_json() for t in prof.inputs],
+            "outputs": [t.to_json() for t in prof.outputs],
+            "batch_sizes": prof.batch_sizes, "weights_pages": prof.weights_pages}
+    assert profile_disagreement(meta, prof) == ""
+    cases = {"inputs": [{"name": "x", "shape": [8], "dtype": "float32"}],
+             "outputs": [{"name": "y", "shape": [10], "dtype": "float32"}],
+             "batch_sizes": [1, 2], "weights_pages": prof.weights_pages + 1}
+    says = {"inputs": "its inputs", "outputs": "its outputs",
+            "batch_sizes": "batch sizes [4, 8, 16]", "weights_pages": "pages"}
+    for key, value in cases.items():
+        assert says[key] in profile_disagreement({**meta, key: value}, prof), key

@@ -235,3 +235,24 @@ def test_cli_profile_onnx(onnx_file, tmp_path):
     prof = load_profile_set(str(tmp_path / "cpu")).get("small_cnn")
     assert prof.batch_sizes == [1, 2] and prof.inputs[0].name == "image"
     assert prof.outputs[0].shape == (CLASSES,) and all(v > 0 for v in prof.exec_ns.values())
+
+
+def test_cli_profile_of_a_model_without_weights_loads(tmp_path):
+    """A graph with no parameters (a Softmax) still takes a page: its profile says one
+    byte of weights, and the profile set it lands in still loads (weights_bytes 0 broke
+    every model of the set)."""
+    from clockwork.profiles import load_profile_set
+
+    graph = helper.make_graph(
+        [helper.make_node("Softmax", ["x"], ["y"], axis=1)], "softmax",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 10])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "softmax.onnx"
+    onnx.save(model, str(path))
+    out = tmp_path / "cpu" / "softmax.json"
+    assert main(["profile", str(path), "--batch-sizes", "1", "--runs", "3",
+                 "--load-runs", "2", "--out", str(out)]) == 0
+    prof = load_profile_set(str(tmp_path / "cpu")).get("softmax")
+    assert prof.weights_bytes >= 1 and prof.weights_pages >= 1

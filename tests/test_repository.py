@@ -1187,7 +1187,7 @@ def test_load_and_unload_leave_another_models_steady_traffic_alone(cluster):
     assert attain["busy"] >= 0.95 or attain["busy"] >= attain["quiet"] - 0.05, attain
 
 
-def test_cpu_worker_runs_a_package_loaded_at_run_time(tmp_path):
+def test_cpu_worker_runs_a_package_loaded_at_run_time(tmp_path, cpu_package):
     """A cpu worker (TVM packages really computed): a model loaded while it serves, from
     a package named in the load, gives the reference outputs; unloaded, its pages are
     given back. Skipped without TVM."""
@@ -1199,12 +1199,13 @@ def test_cpu_worker_runs_a_package_loaded_at_run_time(tmp_path):
 
     import clockwork
     from clockwork.errors import UnknownModel
-    from clockwork.models.package import compile_model, read_package, reference_weights
+    from clockwork.models.package import read_package, reference_weights
     from clockwork.models.zoo import get_model
     from tests.conftest import local_cluster
 
-    compile_model("mlp", [1, 2], tmp_path / "mlp")
-    compile_model("resnet_tiny", [1, 2], tmp_path / "tiny_pkg")  # not under its profile name
+    cpu_package("mlp", tmp_path)  # (compiled for the batch sizes its cpu profile runs)
+    cpu_package("resnet_tiny", tmp_path).rename(tmp_path / "tiny_pkg")  # not under its
+    # profile name
     meta = read_package(tmp_path / "tiny_pkg")
     weights = reference_weights(meta, tmp_path / "tiny_pkg")
     x = np.random.default_rng(3).standard_normal(meta["inputs"][0]["shape"]).astype("float32")
@@ -1216,7 +1217,14 @@ def test_cpu_worker_runs_a_package_loaded_at_run_time(tmp_path):
                 cl.load_model("tiny", profile="resnet_tiny")
             with pytest.raises(UnknownModel):
                 cl.load_model("tiny", profile="resnet_tiny", package="../elsewhere")
-            assert "tiny" not in {m.name for m in cl.list_models()}
+            # a package named that is not there is not made up for by the profile's own
+            # (mlp's package is in the directory: it was served in its place)
+            with pytest.raises(UnknownModel, match="cannot serve"):
+                cl.load_model("m2", profile="mlp", package="no_such_package")
+            # nor is a package that does not match the profile (other inputs and outputs)
+            with pytest.raises(UnknownModel, match="cannot serve"):
+                cl.load_model("m3", profile="mlp", package="tiny_pkg")
+            assert not {"tiny", "m2", "m3"} & {m.name for m in cl.list_models()}
             got = cl.load_model("tiny", copies=2, profile="resnet_tiny", package="tiny_pkg")
             assert [m.name for m in got] == ["tiny", "tiny:1"]
             want = get_model("resnet_tiny").reference(x[None], weights)[0]
@@ -1389,7 +1397,8 @@ def test_weights_whose_load_ends_after_a_reset_or_a_removal_leave_the_device(
     else:
         from tests.fake_cuda import fake_cuda_device, fake_package
 
-        fake_package(tmp_path / "mlp", pages=1)
+        fake_package(tmp_path / "mlp", pages=1, batch_sizes=(1, 2, 4, 8, 16), n_in=64,
+                     out_name="output")  # (the shape of the cpu profile of mlp)
         monkeypatch.setattr(service, "_open_device",
                             lambda kind, pages, index=0: fake_cuda_device(8)[0])
     hello = pb.Hello(worker_id=0, reset=True, instances=[pb.Instance(name="a", profile="mlp")])

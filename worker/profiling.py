@@ -58,10 +58,15 @@ def profile_package(package: str | Path, runs: int = 200, load_runs: int = 50,
     ls = _stats(loads)
     source["load_ns"] = _describe(ls, where) + " (alloc + page copy + zero-copy bind)"
     source["weights_bytes"] = f"package of {meta['model']}: sum of parameter sizes"
+    # a model without parameters still takes a page of the cache (and a profile's weights
+    # are at least a byte): counted as one byte
+    weights_bytes = max(1, meta["weights_bytes"])
+    if not meta["weights_bytes"]:
+        source["weights_bytes"] += " (none: counted as 1 byte, one page)"
     pages = meta["weights_pages"] if meta["page_size"] == PAGE_SIZE else pages_for(
-        meta["weights_bytes"])
+        weights_bytes)
     return ModelProfile(
-        model=name, device=device, weights_bytes=meta["weights_bytes"], load_ns=ls["p99"],
+        model=name, device=device, weights_bytes=weights_bytes, load_ns=ls["p99"],
         exec_ns=exec_ns, weights_pages=pages,
         inputs=[TensorSpec(t["name"], tuple(t["shape"]), t["dtype"]) for t in meta["inputs"]],
         outputs=[TensorSpec(t["name"], tuple(t["shape"]), t["dtype"]) for t in meta["outputs"]],

@@ -220,8 +220,14 @@ class WorkerNode:
             print(f"worker: instance {name}: package {explicit!r} is not inside the package "
                   f"directory {self.packages}; refused", file=sys.stderr, flush=True)
             return None
-        for p in (own, self.registered.get(name),
-                  self.registered.get(profile), self.confined(profile)):
+        if own is not None:  # a package named for it: that one, or none (never another)
+            if (own / "model.json").exists():
+                return own
+            print(f"worker: instance {name}: no model package {explicit!r} in the package "
+                  f"directory {self.packages}; refused", file=sys.stderr, flush=True)
+            return None
+        for p in (self.registered.get(name), self.registered.get(profile),
+                  self.confined(profile)):
             if p is not None and (p / "model.json").exists():
                 return p
         return None
@@ -277,6 +283,11 @@ class WorkerNode:
                 dev.unregister(i.name)  # (its weights evicted), registered anew below
         if path is not None:
             try:
+                from clockwork.models.package import profile_disagreement, read_package
+
+                why = profile_disagreement(read_package(path), p)
+                if why:
+                    raise ValueError(f"it does not match profile {i.profile!r}: {why}")
                 self._register(i.name, path)
             except Exception as e:  # noqa: BLE001 - a broken package: report it missing
                 print(f"worker: cannot load package {path} for {i.name}: {e}",

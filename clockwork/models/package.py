@@ -170,6 +170,31 @@ def compile_model(name: str, batch_sizes: list[int], out: str | Path, target: st
         page_size=page_size, started=t0, extra={"seed": seed})
 
 
+def profile_disagreement(meta: dict, prof) -> str:
+    """How the package with metadata ``meta`` disagrees with the profile ``prof`` (a
+    ``ModelProfile``) that its instance is scheduled by ("" if it does not): other inputs
+    or outputs (names, shapes, dtypes; where the profile lists them), a batch size the
+    profile runs that it is not compiled for, or more weight pages than the
+    profile's (the controller reserves the profile's pages for its LOAD)."""
+    def specs(tensors) -> list[tuple]:
+        return [(t["name"], tuple(t["shape"]), t["dtype"]) for t in tensors]
+
+    for what, theirs in (("inputs", prof.inputs), ("outputs", prof.outputs)):
+        ours = specs(meta.get(what) or [])
+        want = [(t.name, tuple(t.shape), t.dtype) for t in theirs]
+        if want and ours != want:
+            return f"its {what} {ours} are not the profile's {want}"
+    compiled = set(meta.get("batch_sizes") or ())
+    lacking = [b for b in prof.batch_sizes if b not in compiled]
+    if compiled and lacking:  # (the scheduler runs the profile's batch sizes)
+        return (f"the profile runs batch sizes {lacking} it is not compiled for (it has "
+                f"{sorted(compiled)})")
+    if meta.get("weights_pages", 0) > prof.weights_pages:
+        return (f"its weights take {meta['weights_pages']} pages, the profile "
+                f"{prof.weights_pages}")
+    return ""
+
+
 # the keys of model.json a package cannot be read without
 REQUIRED = ("weights_pages", "page_size")
 
