@@ -11,6 +11,7 @@ files of the same columns plus the names tables (``requests.npz``, ``actions.npz
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -527,7 +528,7 @@ def _write_tsv(path: Path, columns: tuple, fmt: str, blocks, append: bool = Fals
     fails, leaves every row it wrote intact and none half-written. ``blocks``: lists of
     column values, ``fmt`` one line's %-format. A generator: yields after each write."""
     line = fmt.__mod__
-    with path.open("ab" if append else "wb", buffering=0) as f:
+    with _naming(path), path.open("ab" if append else "wb", buffering=0) as f:
         if not append or not f.tell():  # (a new file: one that went missing since)
             _write_all(f, ("\t".join(columns) + "\n").encode())
         for cols in blocks:
@@ -540,11 +541,30 @@ def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     size of its level 6 in a quarter of the time), written under a temporary name and
     renamed into place (a reader never sees half a file)."""
     tmp = path.with_name(path.name + ".tmp")
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, allowZip64=True, compresslevel=1) as z:
-        for name, a in arrays.items():
-            with z.open(name + ".npy", "w", force_zip64=True) as f:
-                np.lib.format.write_array(f, np.asanyarray(a), allow_pickle=False)
-    os.replace(tmp, path)
+    with _naming(path):
+        try:
+            with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, allowZip64=True,
+                                 compresslevel=1) as z:
+                for name, a in arrays.items():
+                    with z.open(name + ".npy", "w", force_zip64=True) as f:
+                        np.lib.format.write_array(f, np.asanyarray(a), allow_pickle=False)
+        except OSError:  # (a full disk: the part written goes, not left as a .tmp)
+            tmp.unlink(missing_ok=True)
+            raise
+        os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _naming(path: Path):
+    """An ``OSError`` without a file name (a write that failed: a full disk) raised as
+    the same error naming ``path``, so that the one line a command prints says which
+    file it could not write."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is not None or e.errno is None:
+            raise
+        raise OSError(e.errno, e.strerror or os.strerror(e.errno), str(path)) from e
 
 
 def read_logs(run_dir: str | Path) -> Telemetry:
@@ -919,9 +939,15 @@ def write_run(out: str | Path, telemetry: Telemetry, summary: dict, run: dict) -
     for name in ("summary.json", "run.json"):
         (out / name).unlink(missing_ok=True)
     telemetry.write(out)
-    (out / "run.json").write_bytes(run_bytes)
+    with _naming(out / "run.json"):
+        (out / "run.json").write_bytes(run_bytes)
     tmp = out / "summary.json.tmp"
-    tmp.write_bytes(summary_bytes)
+    with _naming(out / "summary.json"):
+        try:
+            tmp.write_bytes(summary_bytes)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
     os.replace(tmp, out / "summary.json")
     return out
 
@@ -1150,19 +1176,22 @@ def format_timeline(rows: list[dict], actions_logged: bool = True) -> str:
 
 def emit_run(result, scenario, headline: str, out: str | Path | None = None,
              as_json: bool = False) -> None:
-    """Show a finished run (simulated or live) on the command line: optionally write its
-    files to ``out``, then print summary.json (``as_json``) or the scenario's name with
-    ``headline`` and the SLO table. ``result`` has ``.summary`` and ``.write(dir)``."""
+    """Show a finished run (simulated or live) on the command line: print summary.json
+    (``as_json``) or the scenario's name with ``headline`` and the SLO table, then
+    optionally write its files to ``out`` (printed first, so that a write that fails, a
+    full disk, does not lose the figures too). ``result`` has ``.summary`` and
+    ``.write(dir)``."""
     import sys
 
+    if as_json:
+        sys.stdout.write(_json_bytes(result.summary).decode())  # (summary.json's bytes)
+    else:
+        title = scenario.data.get("name") or Path(scenario.source).stem
+        print(f"{title}: {headline}")
+        print(format_summary(result.summary))
     if out:
+        sys.stdout.flush()
         written = result.write(out)
         fmt = getattr(getattr(result, "telemetry", None), "log_format", "tsv")
         print(f"wrote {written}/summary.json, requests.{fmt}, actions.{fmt}, run.json",
               file=sys.stderr)
-    if as_json:
-        sys.stdout.write(_json_bytes(result.summary).decode())  # (summary.json's bytes)
-        return
-    title = scenario.data.get("name") or Path(scenario.source).stem
-    print(f"{title}: {headline}")
-    print(format_summary(result.summary))

@@ -740,3 +740,85 @@ def test_report_timeline_of_a_live_replay_says_n_a_for_actions_it_has_not(tmp_pa
     got = capsys.readouterr()
     assert "n/a" not in got.err and [r[5:] for r in _timeline_rows(got.out)][1:] == \
         [["0", "0"]] * 2
+
+
+# ---------------------------------------------------------------- a full disk
+
+
+def _full_after_headers(monkeypatch):
+    """Writes fail as on a full disk (ENOSPC, no file name) once a log has its header."""
+    import errno
+
+    real = T._write_all
+
+    def write_all(f, data):
+        if f.tell() > 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(f, data)
+
+    monkeypatch.setattr(T, "_write_all", write_all)
+
+
+def test_simulate_on_a_full_disk_prints_the_table_and_names_the_file(tmp_path, capsys,
+                                                                      monkeypatch):
+    """The table is printed (it was lost: only "[Errno 28] No space left on device"),
+    the error names the file it could not write, and ``report`` on the folder left
+    (requests.tsv with its header only, no actions.tsv, no summary.json) says the logs are
+    incomplete, exit 2 (it printed an empty table, exit 0)."""
+    argv = ["simulate", "poisson_warm", "--set", "duration_s=1", "--quiet"]
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "SLO attainment" in table
+    _full_after_headers(monkeypatch)
+    out = tmp_path / "run"
+    assert main([*argv, "--out", str(out)]) == 1
+    cap = capsys.readouterr()
+    assert cap.out.splitlines()[1:] == table.splitlines()[1:]  # (the first: its wall time)
+    assert cap.out.split(" simulated in ")[0] == table.split(" simulated in ")[0]
+    err = cap.err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in cap.err, err
+    assert str(out / "requests.tsv") in err[0] and "No space left on device" in err[0], err
+    assert (out / "requests.tsv").read_text().count("\n") == 1  # (the header)
+    assert not (out / "actions.tsv").exists() and not (out / "summary.json").exists()
+    monkeypatch.undo()
+    for extra in ([], ["--timeline", "1"]):
+        assert main(["report", str(out), *extra]) == 2
+        cap = capsys.readouterr()
+        err = cap.err.strip().splitlines()
+        assert cap.out == "" and len(err) == 1, cap
+        assert err[0].startswith("clockwork report: ") and "incomplete" in err[0], err
+        assert "actions.tsv" in err[0] and "summary.json" in err[0], err
+
+
+@pytest.mark.parametrize("fmt", ["tsv", "npz"])
+def test_write_run_names_the_file_a_full_disk_stopped(tmp_path, monkeypatch, fmt):
+    import errno
+
+    from clockwork.telemetry import write_run
+
+    tel = Telemetry(0, fmt)
+    fill(tel, 50)
+    for name in (f"requests.{fmt}", "run.json", "summary.json"):
+        def fail(*a, **k):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        with monkeypatch.context() as m:
+            if name == "requests.tsv":
+                m.setattr(T, "_write_all", fail)
+            elif name == "requests.npz":
+                m.setattr(np.lib.format, "write_array", fail)
+            else:  # (run.json, then summary.json under a temporary name)
+                real = T.Path.write_bytes
+
+                def write_bytes(self, data, real=real, name=name):
+                    if self.name.startswith(name):
+                        fail()
+                    return real(self, data)
+
+                m.setattr(T.Path, "write_bytes", write_bytes)
+            with pytest.raises(OSError) as e:
+                write_run(tmp_path, tel, {"submitted": 0}, {"wall_s": 0})
+        assert e.value.errno == errno.ENOSPC
+        assert e.value.filename == str(tmp_path / name), name
+        assert str(tmp_path / name) in str(e.value)
+        assert not list(tmp_path.glob("*.tmp")) and not (tmp_path / "summary.json").exists()

@@ -97,11 +97,20 @@ def _summary_from_logs(path: Path) -> tuple[dict, dict, dict, float | None] | st
     summary computed from its logs, over the span from the first arrival to the last
     answer (a note says so), with the request and action columns read and the time of
     the last answer (s from the logs' time 0: where the run ended, for the timeline;
-    None without requests); None without logs, a message for logs it cannot read."""
+    None without requests); None without logs, a message for logs it cannot read or
+    that are incomplete (a request log without its action log)."""
     from clockwork.telemetry import read_logs, summary_of
 
-    if not any((path / f"requests.{x}").exists() for x in ("tsv", "npz")):
+    found = [(q.stat().st_mtime_ns, q) for x in ("tsv", "npz")
+             if (q := path / f"requests.{x}").exists()]
+    if not found:
         return None
+    req_log = max(found)[1]  # (the one read_logs reads: the newer)
+    act_log = req_log.with_name("actions" + req_log.suffix)
+    if not act_log.exists():  # (every run writes both: a write stopped part way)
+        return (f"{path} has {req_log.name} but no {act_log.name} and no summary.json: "
+                "its logs are incomplete (a run whose files were not all written, e.g. "
+                "on a full disk)")
     try:
         tel = read_logs(path)
     except (FileNotFoundError, ValueError) as e:
