@@ -79,6 +79,8 @@ BAD = [
     # folder, "notsummary": a JSON file that is not a run's summary)
     (["simulate", SC, "--out", "afile"], "exists and is not a folder"),
     (["simulate", SC, "--out", "afile/sub"], "is not a folder"),
+    (["simulate", SC, "--spill-dir", "afile"], "exists and is not a folder"),
+    (["simulate", SC, "--spill-dir", "afile/sub"], "is not a folder"),
     (["serve", SC, "--replay", "--out", "afile"], "exists and is not a folder"),
     (["replay", SC, "--out", "afile"], "exists and is not a folder"),
     (["trace", "synth", "--functions", "10", "--out", "afile"], "exists and is not a folder"),

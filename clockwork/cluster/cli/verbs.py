@@ -107,7 +107,7 @@ def add_simulate(sub) -> None:
                    help="with --out (needs it): the logs as requests.tsv/actions.tsv "
                    "(default) or as numpy columns, requests.npz/actions.npz (smaller, faster "
                    "to write)")
-    p.add_argument("--spill-dir", metavar="DIR",
+    p.add_argument("--spill-dir", type=t.out_dir, metavar="DIR",
                    help="keep the request and action rows in files in a temporary folder "
                    "inside DIR instead of in memory, so that a long run's memory stays flat "
                    "(~50 bytes of disk per request and ~90 per action; the folder is removed "
