@@ -193,8 +193,7 @@ class KServeFrontend:
     def profile(self, name: str):
         p = self.node.profiles.get(name)
         if p is None:
-            raise KServeError(NOT_FOUND, f"unknown model {name!r}; known: "
-                              f"{', '.join(sorted(self.node.profiles))}")
+            raise KServeError(NOT_FOUND, self.node.unknown_model(name))
         return p
 
     def described(self, name: str):
@@ -374,7 +373,8 @@ class KServeGrpcServicer(kpbg.GRPCInferenceServiceServicer):
     @_guarded
     async def ModelReady(self, request, context):  # noqa: N802
         if self.fe.node.model_state(request.name) is None:  # a name the repository knows
-            await self._abort(context, KServeError(NOT_FOUND, f"unknown model {request.name!r}"))
+            await self._abort(context, KServeError(NOT_FOUND,
+                                                   self.fe.node.unknown_model(request.name)))
         try:
             self.fe.check_version(request.name, request.version)
         except KServeError as e:

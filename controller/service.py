@@ -133,6 +133,44 @@ _MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}(:[1-9][0-9]{0,5})?
 _COPY_SUFFIX = re.compile(r"(.+):([0-9]+)")
 
 
+HINT_NAMES = 3  # an unknown name's message: the closest names it lists
+HINT_WINDOW = 64  # ... chosen among this many on either side of it in name order
+HINT_ECHO = 130  # characters of the unknown name itself a message repeats
+
+
+def echo_name(name: object) -> str:
+    """``repr(name)`` cut to ``HINT_ECHO`` characters: a client's name, said back."""
+    s = repr(name)
+    return s if len(s) <= HINT_ECHO else s[:HINT_ECHO - 3] + "..."
+
+
+def closest_names(name: str, names: list[str], n: int = HINT_NAMES) -> list[str]:
+    """The few of ``names`` (sorted) closest to ``name`` (difflib's ratio), looked for
+    among the ``HINT_WINDOW`` names on either side of where ``name`` sorts (all of
+    them when there are few): a message names these, never every name, and finding
+    them takes the same few milliseconds however many names there are."""
+    import bisect
+    import difflib
+
+    if not isinstance(name, str) or not names:
+        return []
+    name = name[:HINT_ECHO]
+    if len(names) > 4 * HINT_WINDOW:
+        i = bisect.bisect_left(names, name)
+        names = names[max(0, i - HINT_WINDOW):i + HINT_WINDOW]
+    return difflib.get_close_matches(name, names, n=n, cutoff=0.6)
+
+
+def unknown_message(what: str, name: object, names: list[str], count: int,
+                    counted: str) -> str:
+    """``unknown model 'resnet5' (did you mean 'resnet50_v2'? 12 served)``: the name
+    said back (cut), the closest of ``names`` (sorted), and ``count`` -- bounded,
+    however many names there are."""
+    close = closest_names(name, names) if isinstance(name, str) else []
+    hint = f"did you mean {' or '.join(map(echo_name, close))}? " if close else ""
+    return f"{what} {echo_name(name)} ({hint}{count:,} {counted})"
+
+
 def server_options(limits: Limits) -> list[tuple[str, object]]:
     """The client-facing gRPC server's options: ``SERVER_OPTIONS`` with the receive limit
     of ``limits`` (``grpc_max_receive_bytes``)."""
@@ -285,6 +323,7 @@ class ControllerNode:
             g = self.loaded.setdefault(_group_name(i), LoadedModel(m, 0, "", []))
             g.copies += 1
             g.instances.append(i)
+        self._names_served: list[str] | None = None  # sorted(self.loaded), made when asked
         self.packages: dict[str, str] = {}  # instance -> its package (load_model's package)
         self.loading: set[str] = set()
         self.unloading: set[str] = set()
@@ -1126,6 +1165,15 @@ class ControllerNode:
             return "", ""
         return None
 
+    def unknown_model(self, name: object) -> str:
+        """What a client is told of a model name that is not served: the name (cut), the
+        closest models served and how many instances are (``unknown_message``: under
+        1 KiB however many are served; gRPC carries it in a header)."""
+        if self._names_served is None:
+            self._names_served = sorted(self.loaded)
+        return unknown_message("unknown model", name, self._names_served,
+                               len(self.profiles) - len(self.unloading), "served")
+
     def model_ready(self, name: str) -> bool:
         """Whether requests for ``name`` are served now (state ``READY``)."""
         return name in self.profiles and name not in self.unloading and self.serving()
@@ -1203,9 +1251,9 @@ class ControllerNode:
         profile = profile or base
         prof = self.pset.profiles.get(profile)
         if prof is None:
-            raise RepositoryError(grpc.StatusCode.NOT_FOUND, (
-                f"no profile {profile!r} in the controller's profile set {self.pset.name!r}; "
-                f"known: {', '.join(sorted(self.pset.profiles))}"))
+            raise RepositoryError(grpc.StatusCode.NOT_FOUND, unknown_message(
+                "no profile", profile, sorted(self.pset.profiles), len(self.pset.profiles),
+                f"in the controller's profile set {self.pset.name!r}"))
         biggest = max((g.pages for lk in self.links if lk.state for g in lk.state.gpus),
                       default=0)
         if prof.weights_pages > biggest:
@@ -1272,6 +1320,7 @@ class ControllerNode:
             self.loading.difference_update(names)
         if have is None:
             self.loaded[name] = LoadedModel(profile, copies, package, [])
+            self._names_served = None
         g = self.loaded[name]
         g.instances = [i for i in [name] + [f"{name}:{k}" for k in range(1, copies)]
                        if i in self.profiles]
@@ -1297,6 +1346,7 @@ class ControllerNode:
             raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, (
                 f"the {self.policy_name} policy cannot unload models while it runs"))
         g = self.loaded.get(name)
+        self._names_served = None
         if g is not None:
             names = [i for i in g.instances if i in self.profiles and i not in self.unloading]
             del self.loaded[name]
@@ -1310,7 +1360,7 @@ class ControllerNode:
         elif self.model_state(name) is not None:
             return []  # not served: nothing to do
         else:
-            raise RepositoryError(grpc.StatusCode.NOT_FOUND, f"unknown model {name!r}")
+            raise RepositoryError(grpc.StatusCode.NOT_FOUND, self.unknown_model(name))
         if not names:
             return []
         now = now_ns()

@@ -467,7 +467,8 @@ from controller.kserve_rest import KServeRest, Reply, _NonFinite, encode
 from controller.limits import Limits
 
 counted = []
-node = types.SimpleNamespace(limits=Limits(), count=counted.append, profiles={})
+node = types.SimpleNamespace(limits=Limits(), count=counted.append, profiles={},
+                             unknown_model=lambda name: f"unknown model {name!r}")
 
 async def main():
     rest = KServeRest(node, token="secret")
