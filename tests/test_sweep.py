@@ -563,3 +563,47 @@ def test_latency_is_not_available_when_no_request_succeeded(tmp_path, capsys):
     for c in lat:
         i = tsv[0].index(c)
         assert tsv[1][i] == "" and float(tsv[2][i]) == some[c]
+
+
+def test_the_files_out_is_checked_as_out_is(tmp_path, monkeypatch, capsys):
+    """The sweep file's ``out`` (and the default sweeps/<stem>) is checked before
+    anything runs as --out is: one line, exit 2, naming the file's key (it said "--out",
+    never given, or was a raw OSError, exit 1)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    f = tmp_path / "s.toml"
+    body = 'scenarios = ["poisson_warm"]\noverrides = ["duration_s=1", "drain_s=1"]\n'
+    for out, fragment in (("afile", "'afile' exists and is not a folder"),
+                          ("afile/sub", "'afile' is not a folder")):
+        f.write_text(body + f"out = {out!r}\n")
+        for extra in ([], ["--list"]):
+            assert main(["sweep", str(f), "--jobs", "1", "--quiet", *extra]) == 2
+            cap = capsys.readouterr()
+            err = cap.err.strip().splitlines()
+            assert cap.out == "" and len(err) == 1 and "Traceback" not in cap.err, cap
+            assert err[0].startswith(f"clockwork sweep: {f}: out: "), err
+            assert fragment in err[0] and "--out" not in err[0], err
+    # a folder this process may not write into (as a read-only one: os.access says no)
+    (tmp_path / "ro").mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, *a, **k: False
+                        if os.path.abspath(path) == str(tmp_path / "ro") and mode & os.W_OK
+                        else real_access(path, mode, *a, **k))
+    f.write_text(body + 'out = "ro/x"\n')
+    for argv in (["sweep", str(f)], ["sweep", str(f), "--out", "ro/x"]):
+        assert main([*argv, "--jobs", "1", "--quiet"]) == 2
+        cap = capsys.readouterr()
+        err = cap.err.strip().splitlines()
+        assert len(err) == 1 and "cannot make folder 'ro/x': cannot write into 'ro'" in err[0]
+        assert (f"{f}: out: " in err[0]) == ("--out" not in argv), err
+    assert not (tmp_path / "ro" / "x").exists()
+    # --out wins over the file's out, unchecked then
+    assert main(["sweep", str(f), "--out", str(tmp_path / "o"), "--list"]) == 0
+    capsys.readouterr()
+    # the default, sweeps/<stem>, where "sweeps" is a file
+    f.write_text(body)
+    (tmp_path / "sweeps").write_text("x")
+    assert main(["sweep", str(f), "--jobs", "1", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'sweeps' is not a folder" in err[0] and "--out" in err[0], err
+    assert not (tmp_path / "o").exists()
