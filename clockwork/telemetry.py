@@ -412,15 +412,16 @@ class Telemetry:
         busy second's rows takes milliseconds per thousand). Run it to the end: rows of
         an abandoned one are lost. npz: one step, at ``final``."""
         out = Path(out)
-        if self.log_format == "npz":
-            if final:
-                self.write(out)
-            return
         first = not self._flushed
-        if first:
+        if self.log_format == "npz" and not final:
+            return
+        if first:  # (npz: at the final flush, the one that writes)
             out.mkdir(parents=True, exist_ok=True)
             _keep_earlier_logs(out)
         self._flushed = True
+        if self.log_format == "npz":
+            self.write(out)
+            return
         # views that outlive the clear (in memory: the chunks' arrays; spilling: maps of
         # the old files, which clear replaces with new ones)
         req, act, models = self._req.arrays(), self._act.arrays(), list(self.models)
@@ -488,18 +489,20 @@ def _tsv_steps(out: Path, req: list, act: list, model_names: list, append: bool,
 
 
 def _keep_earlier_logs(out: Path) -> None:
-    """A controller's first flush into a folder that holds an earlier run's TSV logs (a
-    controller restarted with the same --log-dir): those become ``requests.N.tsv`` and
-    ``actions.N.tsv`` (N the next free number), not overwritten."""
-    old = [out / f"{n}.tsv" for n in ("requests", "actions")]
+    """A controller's first flush into a folder that holds an earlier run's logs (a
+    controller restarted with the same --log-dir), TSV or npz: those become
+    ``requests.N.tsv`` and ``actions.N.tsv`` (or ``requests.N.npz``, ``actions.N.npz``),
+    N the next number free in both formats, not overwritten (nor, in the other format,
+    removed)."""
+    old = [out / f"{n}.{fmt}" for n in ("requests", "actions") for fmt in LOG_FORMATS]
     if not any(p.exists() for p in old):
         return
     n = 1
-    while any((out / f"{p.stem}.{n}.tsv").exists() for p in old):
+    while any((out / f"{p.stem}.{n}{p.suffix}").exists() for p in old):
         n += 1
     for p in old:
         if p.exists():
-            p.rename(out / f"{p.stem}.{n}.tsv")
+            p.rename(out / f"{p.stem}.{n}{p.suffix}")
 
 
 def _write_all(f, data: bytes) -> None:

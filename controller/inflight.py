@@ -31,6 +31,21 @@ from clockwork.actions import Action, ActionType, ErrorCode, Result
 # A failed INFER with one of these statuses means the copy it was sent to is not there.
 COPY_GONE = frozenset((ErrorCode.WEIGHTS_NOT_PRESENT, ErrorCode.WEIGHTS_CHANGED))
 
+# A failed INFER with one of these statuses was refused for what it carried (its inputs,
+# its batch size): no copy would run it better, so its requests are answered at once
+# (``ERROR``, a bug: the error table) instead of retried until their deadline.
+REFUSED_AS_SENT = frozenset((ErrorCode.INVALID_INPUT, ErrorCode.INVALID_BATCH_SIZE))
+
+# A failed LOAD with one of these statuses was refused only for its timing; any other
+# refusal (a package the worker cannot load, too few contiguous pages) counts towards
+# ``LOAD_REFUSALS``.
+LOAD_TIMING = frozenset((ErrorCode.LOAD_TOO_EARLY, ErrorCode.LOAD_TOO_LATE))
+# LOADs of a model refused in a row after which its requests, queued and arriving, are
+# answered ERROR with the worker's reason for ``REFUSED_FOR_NS`` (instead of LOADs again
+# and again, hundreds a second, until each request's deadline); then it is tried again.
+LOAD_REFUSALS = 3
+REFUSED_FOR_NS = 1_000_000_000
+
 _COUNTER = {ActionType.INFER: "infer", ActionType.LOAD: "load", ActionType.EVICT: "evict"}
 
 

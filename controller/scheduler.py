@@ -31,7 +31,15 @@ from clockwork.actions import NEVER, Action, ActionType, RequestStatus, Result
 from clockwork.profiles import ModelProfile
 from clockwork.requests import DONE, EXECUTING, QUEUED, Reply, Request
 from controller.config import SchedulerConfig
-from controller.inflight import COPY_GONE, Inflight, error_message
+from controller.inflight import (
+    COPY_GONE,
+    LOAD_REFUSALS,
+    LOAD_TIMING,
+    REFUSED_AS_SENT,
+    REFUSED_FOR_NS,
+    Inflight,
+    error_message,
+)
 from controller.lanes import unwatch, watch
 from controller.policy import MODEL_UNLOADED, GpuSpec, ModelView, Policy
 from controller.state import CopyIndex, GpuState, Instance, ModelState, by_seq
@@ -93,6 +101,11 @@ class ClockworkScheduler(Policy):
                          MODEL_UNLOADED if request.model in self._removed
                          else f"unknown model {request.model!r}")
             return out
+        if m.refused_until:  # its LOADs were refused (_load_refused)
+            if now < m.refused_until:
+                self._answer(request, RequestStatus.ERROR, now, m.refused_why)
+                return out
+            m.refused_until = m.load_refusals = 0
         cfg = self.cfg
         slo = request.slo or cfg.default_slo
         if slo <= 0:
@@ -217,6 +230,9 @@ class ClockworkScheduler(Policy):
                 for r in inf.requests:
                     self._answer(r, RequestStatus.SUCCESS, now, "", g.index, inf.action.batch_size,
                                  result.outputs)
+            elif result.status in REFUSED_AS_SENT:
+                for r in inf.requests:
+                    self._answer(r, RequestStatus.ERROR, now, error_message(result))
             else:
                 self._requeue(m, inf.requests, result, now)
                 # our view was wrong: forget the copy. Not when the INFER was turned away
@@ -227,13 +243,14 @@ class ClockworkScheduler(Policy):
             if m.removed and self._retire(inst, now, out) and (self._unserved or self._misses):
                 self._schedule_loads(now, out, only_idle=False)  # its pages may take a LOAD
             self._schedule_infer(g, now, out)
-            if result.status and m.live:
+            if result.status and m.live and result.status not in REFUSED_AS_SENT:
                 self._offer(m, now, out)  # put back: the other copies may run them sooner
         elif t == ActionType.LOAD:
             g.pcie.done(result.id, result.end)
             inst = inf.copy
             current = g.instances.get(inst.model.name) is inst
             if not result.status:
+                inst.model.load_refusals = 0
                 inst.model.est.add_load(result.duration)
                 if current:
                     inst.loading = False
@@ -243,8 +260,11 @@ class ClockworkScheduler(Policy):
                         inst.model.wide.push(inst)
                     if inst.model.removed:
                         self._retire(inst, now, out)
-            elif current:
-                self._drop_instance(inst, now)
+            else:
+                if current:
+                    self._drop_instance(inst, now)
+                if result.status not in LOAD_TIMING:
+                    self._load_refused(inst.model, result, now)
             self._schedule_infer(g, now, out)
             self._schedule_loads(now, out, only_idle=True)
         # EVICT results need nothing: pages were freed in our view when it was sent
@@ -505,6 +525,10 @@ class ClockworkScheduler(Policy):
             for r in requests:
                 self._answer(r, RequestStatus.INVALID_REQUEST, now, MODEL_UNLOADED)
             return
+        if m.refused_until > now:  # its LOADs were refused (_load_refused)
+            for r in requests:
+                self._answer(r, RequestStatus.ERROR, now, m.refused_why)
+            return
         keep = []
         e1 = m.est.exec(m.batch_sizes[0])
         for r in requests:
@@ -536,6 +560,20 @@ class ClockworkScheduler(Policy):
             self._unserved.add(m.name)
             if not self._next_load_check:
                 self._next_load_check = now
+
+    def _load_refused(self, m: ModelState, result: Result, now: int) -> None:
+        """A LOAD of ``m`` refused for more than its timing: after ``LOAD_REFUSALS`` in a
+        row, its requests (queued, retried, arriving) are answered ERROR with the worker's
+        reason for ``REFUSED_FOR_NS``."""
+        m.load_refusals += 1
+        if m.load_refusals < LOAD_REFUSALS:
+            return
+        m.refused_until = now + REFUSED_FOR_NS
+        m.refused_why = error_message(result)
+        for r in list(m.queue):
+            if r.state == QUEUED:
+                self._unqueue(m, r)
+                self._answer(r, RequestStatus.ERROR, now, error_message(result))
 
     def _unqueue(self, m: ModelState, r: Request, state: int = DONE) -> None:
         """A queued request leaves the queue (to execute, or answered)."""

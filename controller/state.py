@@ -96,7 +96,7 @@ class ModelState:
     __slots__ = ("name", "profile", "est", "queue", "live", "outstanding", "instances",
                  "ready_copies", "versions", "batch_sizes", "pages", "item_cost",
                  "monotone", "last_deadline", "slo_cache", "removed", "wide", "dirty",
-                 "big_at", "qver", "memo")
+                 "big_at", "qver", "memo", "load_refusals", "refused_until", "refused_why")
 
     def __init__(self, profile: ModelProfile, cfg: SchedulerConfig) -> None:
         self.name = profile.model
@@ -119,6 +119,9 @@ class ModelState:
         # the scheduler's last batch choice, reused while nothing it read has changed:
         # (qver, est.version, lowest start, highest start, choice) (Scheduler._choose_batch)
         self.memo: tuple | None = None
+        self.load_refusals = 0  # LOADs refused in a row (not for their timing)
+        self.refused_until = 0  # after LOAD_REFUSALS of them: answered ERROR until then
+        self.refused_why = ""  # (with this reason: the last refusal's)
         self.pages = profile.weights_pages
         self.batch_sizes = [b for b in profile.batch_sizes if b <= cfg.max_batch] or [1]
         # GPU time per request at the most efficient allowed batch size (demand accounting)

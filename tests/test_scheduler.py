@@ -286,6 +286,55 @@ def test_infer_turned_away_during_a_long_load_keeps_the_copy_and_retries():
     assert rep.status == RequestStatus.SUCCESS
 
 
+def test_infer_refused_for_what_it_carried_is_answered_at_once_not_retried():
+    # the worker refused the batch itself (its inputs, its batch size: a package that does
+    # not match its profile): no copy would do better, so no retry until the deadline (a
+    # storm of INFERs, then TIMEOUT): ERROR at once, with the worker's message
+    for code in (ErrorCode.INVALID_INPUT, ErrorCode.INVALID_BATCH_SIZE):
+        s = sched()
+        t = warm(s)
+        (inf,) = s.on_request(req(1, t=t, slo=500 * MS), t)
+        assert s.on_result(fail(inf, t + MS, code), t + 2 * MS) == []
+        (rep,) = s.drain_replies()
+        assert rep.status == RequestStatus.ERROR and code.name in rep.message, rep
+        assert s.on_tick(t + 3 * MS) == [] and s.next_wakeup() is None
+
+
+def test_loads_refused_in_a_row_answer_the_queue_instead_of_loading_on():
+    # a worker that cannot load the model (a broken package, too few contiguous pages):
+    # each refused LOAD (and the INFER sent behind it) was followed by another at once,
+    # hundreds a second until each request's deadline, which then answered TIMEOUT. After
+    # LOAD_REFUSALS in a row the queued requests are answered ERROR with the worker's
+    # reason; a refusal for its timing does not count
+    from controller.inflight import LOAD_REFUSALS, REFUSED_FOR_NS
+
+    s = sched()
+    pending = s.on_request(req(1, slo=5000 * MS), 0) + s.on_request(req(2, slo=5000 * MS), 0)
+    codes = [ErrorCode.LOAD_INSUFFICIENT_CACHE, ErrorCode.LOAD_TOO_LATE]
+    t, loads = 0, 0
+    while pending and t < 1000 * MS:
+        t += MS
+        a = pending.pop(0)
+        if a.type == ActionType.LOAD:
+            loads += 1
+            code = codes.pop() if codes else ErrorCode.LOAD_INSUFFICIENT_CACHE
+        else:
+            code = ErrorCode.WEIGHTS_NOT_PRESENT
+        pending += s.on_result(fail(a, t, code), t)
+        pending += s.on_tick(t)
+    reps = s.drain_replies()
+    assert [r.status for r in reps] == [RequestStatus.ERROR] * 2, reps
+    assert all("LOAD_INSUFFICIENT_CACHE" in r.message for r in reps), reps
+    assert loads <= LOAD_REFUSALS + 2 and not pending, loads  # (+1 timing, +1 in flight)
+    assert s.on_tick(t + MS) == [] and s.next_wakeup() is None
+    # for REFUSED_FOR_NS a request is answered so at once; then it is tried again
+    assert s.on_request(req(3, t=t + MS), t + MS) == []
+    (rep,) = s.drain_replies()
+    assert rep.status == RequestStatus.ERROR and rep.message == reps[0].message
+    later = t + REFUSED_FOR_NS
+    assert ActionType.LOAD in [a.type for a in s.on_request(req(4, t=later), later)]
+
+
 def test_copy_found_missing_is_replaced_by_a_new_load():
     s = sched()
     t = warm(s)

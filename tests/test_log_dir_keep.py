@@ -1,0 +1,75 @@
+"""A controller started on a --log-dir that holds an earlier controller's logs keeps them
+(``requests.N.tsv`` / ``requests.N.npz``, N the next free number over both formats),
+whatever the format of either run."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+import clockwork
+from clockwork.telemetry import Telemetry, read_logs
+from tests.conftest import local_cluster
+from tests.test_telemetry import fill
+
+
+def _npz_rows(path) -> int:
+    with np.load(path) as z:
+        return len(z["arrival"])
+
+
+def _tsv_rows(path) -> int:
+    return len(path.read_text().splitlines()) - 1
+
+
+def test_npz_logs_of_an_earlier_run_are_kept(tmp_path):
+    """npz after npz: the first run's requests.npz becomes requests.1.npz (it was
+    overwritten); npz after TSV and TSV after npz: the earlier files are renamed (the TSV
+    ones were deleted by the npz run's write)."""
+    runs = []
+    for seed, fmt in ((1, "npz"), (2, "npz"), (3, "tsv"), (4, "npz"), (5, "tsv")):
+        tel = Telemetry(0, fmt)
+        runs.append(fill(tel, 10 * seed, seed=seed))
+        tel.flush(tmp_path)  # (npz: nothing until the final flush)
+        tel.flush(tmp_path, final=True)
+        tel.flush(tmp_path, final=True)  # a second final flush rewrites its own files only
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        f"{name}.{suffix}" for name in ("requests", "actions")
+        for suffix in ("1.npz", "2.npz", "3.tsv", "4.npz", "tsv"))
+    assert read_logs(tmp_path).requests == runs[4][0]
+    for n, fmt in ((1, "npz"), (2, "npz"), (3, "tsv"), (4, "npz")):
+        one = tmp_path / f"run{n}"
+        one.mkdir()
+        for name in ("requests", "actions"):
+            os.link(tmp_path / f"{name}.{n}.{fmt}", one / f"{name}.{fmt}")
+        back = read_logs(one)
+        assert (back.requests, back.actions) == runs[n - 1], n
+
+
+def test_a_restarted_controller_keeps_the_earlier_ones_logs(tmp_path):
+    """Real controllers on one --log-dir, one after another: npz (4 requests), npz (2),
+    tsv (3), npz (1); each stopped with SIGTERM. Every run's rows are still there."""
+    logs = tmp_path / "logs"
+
+    def serve(n: int) -> None:
+        with clockwork.Client(c.address, timeout=10) as cl:
+            for _ in range(n):
+                assert cl.infer("mobilenet_v2", slo_ms=2000).status == 0
+        assert c.controller.stop(timeout=30) == 0
+
+    with local_cluster(workers=1, gpus=1, models="mobilenet_v2",
+                       controller_args=["--log-dir", str(logs), "--log-format", "npz"]) as c:
+        serve(4)
+        c.restart_controller()
+        serve(2)
+        c.restart_controller(["--log-format", "tsv"])
+        serve(3)
+        c.restart_controller()
+        serve(1)
+    assert _npz_rows(logs / "requests.1.npz") == 4
+    assert _npz_rows(logs / "requests.2.npz") == 2
+    assert _tsv_rows(logs / "requests.3.tsv") == 3
+    assert _npz_rows(logs / "requests.npz") == 1
+    assert (logs / "actions.1.npz").exists() and (logs / "actions.3.tsv").exists()
+    assert not (logs / "requests.tsv").exists()
