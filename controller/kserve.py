@@ -183,8 +183,9 @@ class KServeFrontend:
     # ------------------------------------------------------------------ health/metadata
 
     def server_ready(self) -> bool:
-        n = self.node
-        return n.policy is not None and not n._stopping and any(lk.connected for lk in n.links)
+        """Started, not stopping, and a worker available: connected and not suspect
+        (``ControllerNode.serving``)."""
+        return self.node.serving()
 
     def model_ready(self, name: str) -> bool:
         """Served now: loaded (not loading or unloading) and the server ready."""

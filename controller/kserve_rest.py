@@ -216,7 +216,7 @@ class KServeRest:
         if path == "/healthz":
             return Reply(200, b"ok\n")
         ready = (node.policy is not None and not node._stopping
-                 and all(lk.connected for lk in node.links))
+                 and all(node.available(lk) for lk in node.links))
         return Reply(200, b"ready\n") if ready else Reply(503, b"not ready\n")
 
     async def _json(self, body: bytes | memoryview, what: str = "request body"):

@@ -1142,10 +1142,17 @@ class ControllerNode:
 
     # ------------------------------------------------------------------ model repository
 
+    def available(self, link: WorkerLink) -> bool:
+        """Whether ``link``'s worker takes work now: connected, and not suspect (one
+        that did not answer a probe is handled as lost until it answers again and its
+        reset is answered; ``ControllerLoop.up``)."""
+        return link.connected and (self.ctrl is None or self.ctrl.up[link.index])
+
     def serving(self) -> bool:
-        """Whether the controller serves: started, not stopping, a worker connected."""
+        """Whether the controller serves: started, not stopping, a worker available
+        (connected and not suspect)."""
         return (self.policy is not None and not self._stopping
-                and any(lk.connected for lk in self.links))
+                and any(self.available(lk) for lk in self.links))
 
     def model_state(self, name: str) -> tuple[str, str] | None:
         """(state, reason) of a name in the model repository, Triton's states: ``READY``

@@ -1,0 +1,94 @@
+"""What a controller says, and does, while no worker can serve: the only worker hung
+(suspect: it does not answer a probe) or gone. Real processes on loopback, stock
+clients."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.conftest import local_cluster, wait_output
+
+MODEL = "resnet50_v2"
+
+
+def _poll(what, deadline_s: float = 15.0, every_s: float = 0.02):
+    """``what()`` until it is truthy (returned), or fail at the deadline."""
+    end = time.monotonic() + deadline_s
+    while True:
+        got = what()
+        if got:
+            return got
+        if time.monotonic() > end:
+            raise AssertionError(f"not within {deadline_s} s: {what.__doc__ or what}")
+        time.sleep(every_s)
+
+
+def _status(url: str) -> int:
+    try:
+        return urllib.request.urlopen(url, timeout=10).status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_readiness_is_off_while_the_only_worker_is_suspect_and_back_when_it_answers():
+    """The only worker is stopped (SIGSTOP) with a request on it: the controller finds it
+    suspect (it does not answer a probe) and handles it as lost, so nothing is ready --
+    /readyz, /v2/health/ready, ServerReady, ModelReady, the index -- as with a lost
+    worker (all said ready while every request timed out). Resumed, it answers again,
+    is re-admitted, and all is ready again."""
+    tgrpc = pytest.importorskip("tritonclient.grpc")
+
+    import clockwork
+
+    with local_cluster(workers=1, gpus=1, models=MODEL, kserve_port=0,
+                       controller_args=["--http-port", "0"]) as c:
+        http = f"http://{c.printed_address('http')}"
+        k = tgrpc.InferenceServerClient(c.address)
+        worker = c.workers[0].proc
+        stopped = False
+        try:
+            with clockwork.Client(c.address, timeout=30) as cl:
+                def index_state():
+                    return {m.name: (m.state, m.reason) for m in cl.repository_index()}[MODEL]
+
+                def ready() -> tuple:
+                    return (_status(f"{http}/readyz"), _status(f"{http}/v2/health/ready"),
+                            _status(f"{http}/v2/models/{MODEL}/ready"),
+                            k.is_server_ready(), k.is_model_ready(MODEL), index_state())
+
+                assert cl.infer(MODEL, slo_ms=2000).status == 0
+                every_ready = (200, 200, 200, True, True, ("READY", ""))
+                assert ready() == every_ready
+                os.kill(worker.pid, signal.SIGSTOP)
+                stopped = True
+                answered = []
+
+                def ask():  # an INFER on the stopped worker: overdue, so it is probed
+                    with clockwork.Client(c.address, timeout=30) as other:
+                        try:
+                            answered.append(other.infer(MODEL, slo_ms=3000).status)
+                        except clockwork.errors.ClockworkError as e:
+                            answered.append(e.status)
+
+                t = threading.Thread(target=ask)
+                t.start()
+                wait_output(c.controller, "does not answer a probe", timeout=15)
+                none_ready = (503, 503, 503, False, False, ("UNAVAILABLE", "no worker connected"))
+                _poll(lambda: ready() == none_ready, 5)
+                t.join(30)
+                assert len(answered) == 1
+                os.kill(worker.pid, signal.SIGCONT)
+                stopped = False
+                _poll(lambda: ready() == every_ready, 20)
+                assert cl.infer(MODEL, slo_ms=2000).status == 0
+        finally:
+            if stopped:
+                os.kill(worker.pid, signal.SIGCONT)
+            k.close()
