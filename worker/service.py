@@ -611,6 +611,21 @@ class WorkerServicer(pbg.WorkerServicer):
         self.port = 0  # the gRPC port it listens on (set once bound)
         self.advertise = advertise  # other addresses it is reached as (--advertise)
         self._refused = Refusals("worker")
+        self._links: set[asyncio.Task] = set()  # the fast-link connections' tasks
+
+    async def close(self, timeout: float = 1.0) -> None:
+        """At stop: end the controller's session (its Connect stream ends, not cancelled
+        by the server's stop) and wait up to ``timeout`` for the fast-link connections
+        to finish; cancel what is left and wait for that too. Left to the loop's
+        shutdown, a cancelled link printed a traceback (Python 3.11's streams callback
+        asks a cancelled task for its exception)."""
+        if self._session is not None:
+            self._session.stop()
+        if self._links:
+            _, late = await asyncio.wait(set(self._links), timeout=timeout)
+            for t in late:
+                t.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
 
     def _is_me(self, target: str, peer: str) -> bool:
         """Whether the controller's proof, from gRPC peer ``peer``, was made for this
@@ -695,8 +710,22 @@ class WorkerServicer(pbg.WorkerServicer):
     async def serve_link(self, reader: asyncio.StreamReader,
                          writer: asyncio.StreamWriter) -> None:
         """A connection to the link port: the ticket of the session that owns the worker
-        first (else it is closed at once), then that session's messages as frames."""
+        first (else it is closed at once), then that session's messages as frames.
+        Cancelled (the worker stops), it ends quietly: on Python 3.11 asyncio's streams
+        callback calls ``exception()`` on the connection's task, which raises (and a
+        traceback is printed) for a task that ended cancelled."""
+        task = asyncio.current_task()
+        self._links.add(task)
         stream = FrameStream(reader, writer, pb.ControllerMessage.FromString)
+        try:
+            await self._serve_link(reader, writer, stream)
+        except asyncio.CancelledError:
+            stream.close()
+        finally:
+            self._links.discard(task)
+
+    async def _serve_link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                          stream: FrameStream) -> None:
         session = self._session
         try:
             ticket = await asyncio.wait_for(reader.readexactly(TICKET_BYTES), LINK_WAIT_S)
@@ -882,7 +911,8 @@ async def serve_worker(host: str, port: int, node: WorkerNode, ready=None,
     finally:
         timer.cancel()
         if link is not None:
-            link.close()
+            link.close()  # (no new connections)
+        await servicer.close()
         await server.stop(0.5)
 
 
