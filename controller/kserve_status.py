@@ -54,8 +54,9 @@ HTTP_CODE = {NOT_FOUND: 404, INVALID: 400, DEADLINE: 504, UNAVAILABLE: 503, INTE
 RETRY_AFTER_S = 1  # Retry-After of every 503 (seconds)
 INTERNAL_MESSAGE = "internal error"
 
-# reasons of ERROR answers that mean "not now": load shed, shutting down
-UNAVAILABLE_REASONS = frozenset({"overloaded", "shutdown"})
+# reasons of ERROR answers that mean "not now": load shed, shutting down, no worker
+# connected and answering
+UNAVAILABLE_REASONS = frozenset({"overloaded", "shutdown", "no_worker"})
 # ERROR messages of policies that mean the same (controller/baselines): a full batching
 # queue is load shedding; a model too large for every GPU cannot be served here
 UNAVAILABLE_MESSAGES = frozenset({"batching queue is full", "model does not fit on any GPU"})

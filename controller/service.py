@@ -125,6 +125,8 @@ UPDATE_TIMEOUT_S = 30.0  # for the workers to take an InstanceUpdate (a cpu work
 UNLOAD_WAIT_S = 60.0  # a load waits this long for an unload of the same names to finish
 UNLOADED_KEPT = 1000  # unloaded instances the index still lists (the newest ones)
 UNLOAD_POLL_S = 0.005  # how often an unload looks whether its copies and requests are gone
+NO_WORKER_FOR_REQUEST = ("no worker is available to serve the model (none is connected "
+                         "and answering); try again once a worker is back")
 NO_WORKER_FOR_LOAD = ("no worker is connected to take the model (a load completes once a "
                       "connected worker can serve it); nothing was loaded: try again once a "
                       "worker is back")
@@ -354,6 +356,7 @@ class ControllerNode:
         self._log_error = LogLimiter("controller")
         self._tick_handle: asyncio.TimerHandle | None = None
         self._stopping = False
+        self._no_worker = False  # set by submit_many: no worker available to admit to
         self.loop: asyncio.AbstractEventLoop | None = None
         self.metrics = ControllerMetrics(self)
         self.log_dir = log_dir  # requests.tsv / actions.tsv like the simulator's, at stop
@@ -1067,6 +1070,9 @@ class ControllerNode:
         client's send, not from our receipt)."""
         now = now_ns()
         admit = self._admit
+        # no worker connected and answering: each request is answered at once, not
+        # queued for a GPU that none can give it (it would wait out its SLO)
+        self._no_worker = not any(self.available(lk) for lk in self.links)
         self.ctrl.requests([r for r in (admit(req, deliver, now, late, budget) for req in reqs)
                             if r is not None], now)
 
@@ -1105,6 +1111,13 @@ class ControllerNode:
             self.metrics.reply(req.model if prof is not None else "", "invalid_request", None)
             deliver(pb.InferResponse(status=RequestStatus.INVALID_REQUEST, message=bad,
                                      reason=reason, client_id=cid, gpu=-1))
+            return None
+        if self._no_worker:
+            self.count(_STATUS_KEY[RequestStatus.ERROR])
+            self.count("requests_no_worker")
+            self.metrics.reply(req.model, "error", None)
+            deliver(pb.InferResponse(status=RequestStatus.ERROR, reason="no_worker",
+                                     message=NO_WORKER_FOR_REQUEST, client_id=cid, gpu=-1))
             return None
 
         def tagged(resp: pb.InferResponse) -> None:

@@ -4,6 +4,7 @@ clients."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -91,4 +92,53 @@ def test_readiness_is_off_while_the_only_worker_is_suspect_and_back_when_it_answ
         finally:
             if stopped:
                 os.kill(worker.pid, signal.SIGCONT)
+            k.close()
+
+
+def test_a_request_with_no_worker_connected_is_unavailable_at_once():
+    """With its only worker gone (SIGKILL) the controller serves no request: one with a
+    5 s SLO is answered at once UNAVAILABLE / 503 with Retry-After, on every front end
+    (it waited its whole SLO, then said TIMEOUT: SLO cannot be met, 504), as the health
+    checks and a load say."""
+    tgrpc = pytest.importorskip("tritonclient.grpc")
+    import numpy as np
+    from tritonclient.utils import InferenceServerException
+
+    import clockwork
+
+    with local_cluster(workers=1, gpus=1, models=MODEL, kserve_port=0,
+                       controller_args=["--http-port", "0"]) as c:
+        http = f"http://{c.printed_address('http')}"
+        k = tgrpc.InferenceServerClient(c.address)
+        try:
+            with clockwork.Client(c.address, timeout=30) as cl:
+                assert cl.infer(MODEL, slo_ms=2000).status == 0
+                os.kill(c.workers[0].proc.pid, signal.SIGKILL)
+                c.workers[0].proc.wait(10)
+                _poll(lambda: _status(f"{http}/v2/health/ready") == 503)
+                t0 = time.monotonic()
+                with pytest.raises(clockwork.errors.InferenceError) as e:
+                    cl.infer(MODEL, slo_ms=5000)
+                assert time.monotonic() - t0 < 2.0
+                assert e.value.reason == "no_worker", (e.value.reason, str(e.value))
+                assert "no worker" in str(e.value)
+            x = tgrpc.InferInput("data", [1, 3, 224, 224], "FP32")
+            x.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float32))
+            t0 = time.monotonic()
+            with pytest.raises(InferenceServerException) as e:
+                k.infer(MODEL, [x], parameters={"slo_ms": 5000})
+            assert time.monotonic() - t0 < 2.0
+            assert e.value.status() == "StatusCode.UNAVAILABLE", e.value.message()
+            body = json.dumps({"inputs": [{"name": "data", "shape": [1, 3, 224, 224],
+                                           "datatype": "FP32", "data": [0.0] * 150528}],
+                               "parameters": {"slo_ms": 5000}}).encode()
+            req = urllib.request.Request(f"{http}/v2/models/{MODEL}/infer", data=body,
+                                         method="POST")
+            t0 = time.monotonic()
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(req, timeout=20)
+            assert time.monotonic() - t0 < 2.0
+            assert e.value.code == 503 and e.value.headers["Retry-After"] == "1"
+            assert "no worker" in json.loads(e.value.read())["error"]
+        finally:
             k.close()
