@@ -1602,24 +1602,30 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
     bound = bind_grpc(server, host, port, "--port", creds)
     kbound = (bind_grpc(server, host, kserve_port, "--kserve-port", creds)
               if kserve_port is not None else 0)
-    if http_port is not None:  # aiohttp's import takes ~0.3 s: before the ready line, so
-        from controller.kserve_rest import start_http  # that it stalls no client's call
-    await node.start()
+    http = None
+    if http_port is not None:  # KServe v2 REST: bound now (accepting nothing yet), as every
+        # port is before any worker is contacted: a port that is taken stops this
+        # controller before it takes the workers from the one that may have them
+        from controller.kserve_rest import bind_http
+        try:
+            http = await bind_http(node, host, http_port, token,
+                                   tls.ssl_context() if tls is not None else None)
+        except OSError as e:
+            raise ListenError(f"cannot listen on {host}:{http_port} (--http-port): "
+                              f"{e.strerror or e}") from None
+    try:
+        await node.start()
+    except BaseException:
+        if http is not None:
+            await http.close()
+        raise
     await server.start()
     if ready is not None:
         ready(bound)
     if kbound:
         print(f"clockwork controller kserve grpc listening on {host}:{kbound}", flush=True)
-    http = None
-    if http_port is not None:  # KServe v2 REST; after the line above (LocalCluster reads it)
-        try:
-            http = await start_http(node, host, http_port, token,
-                                    tls.ssl_context() if tls is not None else None)
-        except OSError as e:
-            await node.stop()
-            await server.stop(0)
-            raise ListenError(f"cannot listen on {host}:{http_port} (--http-port): "
-                              f"{e.strerror or e}") from None
+    if http is not None:  # after the lines above (LocalCluster reads them in this order)
+        await http.serve()
         print(f"clockwork controller http listening on {host}:{http.port}", flush=True)
     stop = stop or asyncio.Event()
     flusher = asyncio.create_task(node._flush_logs()) if node.telemetry is not None else None
