@@ -2,7 +2,8 @@
 
 Each ``ControllerNode`` has its own ``prometheus_client.CollectorRegistry``
 (``ControllerMetrics.registry``; several controllers in one process do not clash) and the
-route answers ``prometheus_client.generate_latest(registry)`` (text format 0.0.4). The
+route answers what ``prometheus_client.generate_latest(registry)`` would (text format
+0.0.4; ``render_families`` writes most of it, faster). The
 full list, with units and labels, is in docs/architecture.md ("Metrics").
 
 Triton's names where the meaning is the same, so dashboards built for Triton work
@@ -119,7 +120,61 @@ def _family(name: str, doc: str, typ: str, sample: str, rows) -> Metric:
     counters are ``untyped`` families with samples named exactly ``name`` (no ``_total``)."""
     m = Metric(name, doc, typ)
     m.samples = [Sample(sample, lb, v) for lb, v in rows]
+    m.plain = True  # (render_families may write it: no timestamps, no special samples)
     return m
+
+
+class _One:
+    """A collector of the families given (what ``generate_latest`` renders)."""
+
+    def __init__(self, families: list) -> None:
+        self.families = families
+
+    def collect(self) -> list:
+        return self.families
+
+
+_HEAD_TYPE = {"unknown": "untyped", "gauge": "gauge", "counter": "counter"}
+
+
+def render_families(families: list, labels_text: dict, values_text: dict) -> bytes:
+    """The text exposition of ``families``, byte for byte what
+    ``prometheus_client.generate_latest`` writes for them, ~4x faster for the families of
+    one sample per model (thousands of lines: 5,500 took ~65 ms, while the controller's
+    event loop waited for the interpreter lock, and requests missed their SLO when
+    /metrics was scraped). The families ``_family`` made (untyped, gauge or counter; no
+    timestamps, no special samples) are written here: each label set's ``{...}`` as the
+    library writes it (asked of it once per label set, kept in ``labels_text``), each
+    value by the library's ``floatToGoString`` (kept in ``values_text``). Any other
+    family is the library's own text."""
+    out = []
+    for f in families:
+        if not getattr(f, "plain", False):
+            out.append(generate_latest(_One([f])).decode())
+            continue
+        kind = _HEAD_TYPE[f.type]
+        head = f.name + "_total" if kind == "counter" else f.name
+        doc = f.documentation.replace("\\", r"\\").replace("\n", r"\n")
+        out.append(f"# HELP {head} {doc}\n# TYPE {head} {kind}\n")
+        for s in f.samples:
+            key = tuple(s.labels.items())  # (another order: another key, the same text)
+            text = labels_text.get(key)
+            if text is None:
+                text = labels_text[key] = _labels_text(s.labels)
+            v = s.value
+            value = values_text.get(v)
+            if value is None:
+                value = values_text[v] = floatToGoString(v)
+            out.append(f"{s.name}{text} {value}\n")
+    return "".join(out).encode("utf-8")
+
+
+def _labels_text(labels: dict) -> str:
+    """The ``{...}`` of a sample line with ``labels`` as the library writes it ("" for
+    none)."""
+    line = generate_latest(_One([_untyped("x", "", [(labels, 0)])])).decode()
+    line = line.splitlines()[-1]
+    return line[1:line.rindex(" ")]
 
 
 def _untyped(name: str, doc: str, rows) -> Metric:
@@ -152,6 +207,8 @@ class ControllerMetrics:
         self.busy_ns: dict[tuple[int, int], int] = {}  # (worker, gpu) -> EXEC ns since start
         # (worker, gpu) -> [bucket ids, busy ns per bucket]: a ring of _NB slots
         self.recent: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
+        self._labels_text: dict = {}  # (render_families)
+        self._values_text: dict = {}
         self.registry = CollectorRegistry()
         self.registry.register(_Collector(self))
         ProcessCollector(registry=self.registry)
@@ -292,7 +349,16 @@ class ControllerMetrics:
 
     def render(self) -> bytes:
         """The exposition (what ``/metrics`` answers)."""
-        return generate_latest(self.registry)
+        return self.text(list(self.registry.collect()))
+
+    def text(self, families: list) -> bytes:
+        """The exposition of ``families`` (collected from ``registry``; safe to call off
+        the event loop). The label and value texts it keeps are dropped when they
+        outnumber the samples eight to one (instances unloaded since, values gone by)."""
+        if len(self._labels_text) + len(self._values_text) > (
+                8 * sum(len(f.samples) for f in families) + 64):
+            self._labels_text, self._values_text = {}, {}
+        return render_families(families, self._labels_text, self._values_text)
 
     def utilization(self, key: tuple[int, int], now: int) -> float:
         """EXEC busy fraction of GPU ``key`` over the last ``UTIL_WINDOW_S`` (results
