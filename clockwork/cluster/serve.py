@@ -34,6 +34,10 @@ from clockwork.scenario import ScenarioError, load_scenario
 _ADDR = re.compile(r"listening on (\S+):(\d+)")
 # ``--ray``: a LocalCluster whose workers are Ray actors (imported when asked for)
 RAY_CLUSTER = "clockwork.cluster.ray_cluster:RayCluster"
+# ``clockwork serve`` (no --replay) restarts a worker that exits, at most this many times
+# within RESTART_WINDOW_S seconds; one more exit in that time stops the cluster (exit 1)
+WORKER_RESTARTS = 5
+RESTART_WINDOW_S = 60.0
 
 
 class ChildRefused(RuntimeError):
@@ -582,14 +586,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"clockwork serve: controller at {cluster.address} ({cluster.shape()}: "
               f"{', '.join(cluster.worker_addresses)}); Ctrl-C stops", flush=True)
         print(f"controller listening on {cluster.address}", flush=True)
+        restarts: dict[int, list[float]] = {}  # worker -> when it was restarted
         while not stop.is_set():
-            gone = [ch for ch in [cluster.controller, *cluster.workers]
-                    if ch.proc.poll() is not None]
-            if gone:
-                code = gone[0].proc.returncode
-                print(f"clockwork serve: {gone[0].name} exited (code {code}); stopping",
+            code = cluster.controller.proc.poll()
+            if code is not None:
+                print(f"clockwork serve: controller exited (code {code}); stopping",
                       file=sys.stderr)
                 return 2 if code == 2 else 1  # 2: it refused its settings or a port
+            for i in range(len(cluster.workers)):
+                if stop.is_set():
+                    break
+                if cluster.workers[i].proc.poll() is not None:
+                    rc = _restart_worker(cluster, i, restarts.setdefault(i, []))
+                    if rc is not None:
+                        return rc
             stop.wait(0.5)
         return 0
     finally:
@@ -597,6 +607,40 @@ def cmd_serve(args: argparse.Namespace) -> int:
         for s, h in old.items():
             signal.signal(s, h)
         print("clockwork serve: stopped", file=sys.stderr, flush=True)
+
+
+def _restart_worker(cluster: LocalCluster, i: int, times: list[float]) -> int | None:
+    """Worker ``i`` exited while the cluster serves: start it again on its port with its
+    flags (its GPUs come back empty; the controller reconnects to that address and takes
+    it back), saying so in one line; ``times``: when it was restarted before (updated).
+    Returns None, or serve's exit code when it gives up: the worker was restarted
+    ``WORKER_RESTARTS`` times in the last ``RESTART_WINDOW_S`` seconds already, or the
+    new one did not start (2: it refused its settings or its port)."""
+    child = cluster.workers[i]
+    code = child.proc.returncode
+    now = time.monotonic()
+    times[:] = [t for t in times if now - t < RESTART_WINDOW_S]
+    if len(times) >= WORKER_RESTARTS:
+        print(f"clockwork serve: {child.name} exited (code {code}), restarted "
+              f"{len(times)} times in {RESTART_WINDOW_S:g} s; stopping", file=sys.stderr)
+        return 1
+    times.append(now)
+    print(f"clockwork serve: {child.name} exited (code {code}); restarting it on "
+          f"{cluster.worker_addresses[i]} (restart {len(times)} of at most "
+          f"{WORKER_RESTARTS} in {RESTART_WINDOW_S:g} s)", file=sys.stderr, flush=True)
+    try:
+        cluster.restart_worker(i)
+    except ChildRefused as e:
+        if not e.echoed:
+            print(f"clockwork serve: {e}", file=sys.stderr)
+        print(f"clockwork serve: {child.name} could not be restarted; stopping",
+              file=sys.stderr)
+        return 2
+    except (TimeoutError, RuntimeError, OSError) as e:
+        print(f"clockwork serve: {child.name} could not be restarted ({e}); stopping",
+              file=sys.stderr)
+        return 1
+    return None
 
 
 def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,

@@ -252,7 +252,9 @@ def add_serve(sub) -> None:
               "Start the workers a scenario's [cluster] describes (without a scenario: one "
               "emulated worker, 1 GPU) and a controller serving its [[models]] (without: every "
               "reference profile), print the controller's address, and stop everything on "
-              "Ctrl-C / SIGTERM.")
+              "Ctrl-C / SIGTERM. A worker that exits is started again on its port (its GPUs "
+              "empty; the controller takes it back); one restarted 5 times within 60 s that "
+              "exits again, or the controller exiting, stops everything, exit 1.")
     p.add_argument("scenario", nargs="?", help="scenario TOML file or shipped scenario name "
                    "(optional)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -1,0 +1,160 @@
+"""``clockwork serve`` (no --replay) restarts a worker that dies, on the same port with the
+same flags, and the controller takes it back; a worker that keeps dying (more than
+``WORKER_RESTARTS`` restarts within ``RESTART_WINDOW_S``) stops the cluster, exit 1.
+Real processes on loopback."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import clockwork
+from clockwork.cluster.serve import RESTART_WINDOW_S, WORKER_RESTARTS
+from clockwork.errors import ClockworkError
+
+
+class Serve:
+    """``clockwork serve`` as a child process; its stderr lines read by a thread."""
+
+    def __init__(self) -> None:
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "clockwork.cluster.cli", "serve", "--port", "0",
+             "--http-port", "-1", "--kserve-port", "-1"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.readers = [threading.Thread(target=lambda f=f, into=into: into.extend(f),
+                                         daemon=True)
+                        for f, into in ((self.p.stdout, self.out), (self.p.stderr, self.err))]
+        for t in self.readers:
+            t.start()
+        m = self.wait_line(self.out, r"controller listening on (\S+)")
+        self.address = m.group(1)
+
+    def wait_line(self, lines: list[str], pattern: str, after: int = 0, timeout: float = 60.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            exited = self.p.poll() is not None
+            if exited:  # (its last lines read before the last look)
+                for t in self.readers:
+                    t.join(10)
+            for line in lines[after:]:
+                if m := re.search(pattern, line):
+                    return m
+            assert not exited and time.monotonic() < deadline, \
+                f"no {pattern!r} (exit {self.p.poll()}):\n{''.join(self.err[-30:])}"
+            time.sleep(0.05)
+
+    def children(self) -> list[int]:
+        """The pids of serve's children (the controller and the workers)."""
+        pids = []
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    stat = (d / "stat").read_text()
+                except OSError:
+                    continue
+                if int(stat.rpartition(")")[2].split()[1]) == self.p.pid:
+                    pids.append(int(d.name))
+        return pids
+
+    def worker_pid(self, timeout: float = 30.0) -> int:
+        deadline = time.monotonic() + timeout
+        while True:
+            for pid in self.children():
+                try:
+                    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if b"worker" in argv:
+                    return pid
+            assert time.monotonic() < deadline, "no worker process"
+            time.sleep(0.05)
+
+    def stop(self) -> int:
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+        try:
+            return self.p.wait(60)
+        finally:
+            if self.p.poll() is None:
+                self.p.kill()
+
+
+def _served(address: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    with clockwork.Client(address, timeout=10) as cl:
+        while True:
+            try:
+                if cl.infer("resnet50_v2", slo_ms=2000).status == 0:
+                    return
+            except ClockworkError:
+                pass
+            assert time.monotonic() < deadline, "the controller did not serve again"
+            time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def test_serve_restarts_a_worker_killed_with_sigkill():
+    s = Serve()
+    try:
+        worker = s.wait_line(s.err, r"\[worker0\] clockwork worker listening on (\S+) ").group(1)
+        _served(s.address)
+        old = s.worker_pid()
+        seen = len(s.err)
+        os.kill(old, signal.SIGKILL)
+        s.wait_line(s.err, rf"clockwork serve: worker0 exited \(code -9\); restarting it on "
+                    rf"{re.escape(worker)}", after=seen)
+        s.wait_line(s.err, rf"\[worker0\] clockwork worker listening on {re.escape(worker)} ",
+                    after=seen)
+        assert s.worker_pid() != old
+        _served(s.address)  # the controller took it back
+        assert s.p.poll() is None
+        assert not any("stopping" in line for line in s.err), s.err
+    finally:
+        rc = s.stop()
+    assert rc == 0, "".join(s.err[-30:])
+
+
+def test_serve_stops_a_cluster_whose_worker_keeps_dying():
+    s = Serve()
+    try:
+        for n in range(WORKER_RESTARTS + 1):
+            pid = s.worker_pid()
+            children = s.children()
+            seen = len(s.err)
+            os.kill(pid, signal.SIGKILL)
+            if n < WORKER_RESTARTS:
+                s.wait_line(s.err, r"\[worker0\] clockwork worker listening on", after=seen)
+        rc = s.p.wait(60)
+    finally:
+        s.stop()
+    assert rc == 1, "".join(s.err[-30:])
+    notes = [line for line in s.err if line.startswith("clockwork serve: ")]
+    assert sum("restarting it" in line for line in notes) == WORKER_RESTARTS, notes
+    assert (f"worker0 exited (code -9), restarted {WORKER_RESTARTS} times in "
+            f"{RESTART_WINDOW_S:g} s; stopping") in "".join(notes), notes
+    assert len(children) == 2 and not any(_alive(p) for p in children)  # (all stopped)
+
+
+def test_serve_help_states_the_restart_rule(capsys):
+    from clockwork.cluster.cli import main
+
+    assert main(["serve", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert (f"restarted {WORKER_RESTARTS} times within {RESTART_WINDOW_S:g} s"
+            in text), text
