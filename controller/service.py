@@ -111,6 +111,14 @@ LOG_FLUSH_S = 1.0  # --log-flush-s: a crash loses at most this much of the logs
 LOG_ROWS_PER_STEP = 256  # log rows formatted and written between turns of the event loop
 RECONNECT_S = 0.25  # between attempts to reach a lost worker again
 REFUSED_LOG_S = 10.0  # a worker refused at each reconnection attempt: a line this often
+# a session with a worker that ends within SHORT_SESSION_S of being made (another
+# controller took the worker, a worker that fails right after each Hello) backs off the
+# next reconnection: RECONNECT_S, doubling with each such session, at most
+# RECONNECT_MAX_S; a session that lasted longer (a worker restarted after serving)
+# is reconnected at once, as before
+RECONNECT_MAX_S = 4.0
+SHORT_SESSION_S = 2 * RECONNECT_MAX_S  # (longer than the other side's longest backoff)
+LINK_LOG_S = 5.0  # a worker's "lost" and "reconnected" lines: each at most this often
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
                    ("grpc.max_send_message_length", 64 << 20)]
 # to a worker: retry a refused connection quickly (a restarted worker is back in ~0.3 s)
@@ -277,6 +285,12 @@ class WorkerLink:
     # why a reconnection was refused (it cannot serve a model loaded while it was away)
     refused: LogLimiter = field(default_factory=lambda: LogLimiter("controller",
                                                                    REFUSED_LOG_S))
+    since: float = 0.0  # when its session was made (time.monotonic)
+    backoff: float = 0.0  # the wait before the next reconnection's first attempt (s)
+    lost_log: LogLimiter = field(default_factory=lambda: LogLimiter("controller",
+                                                                    LINK_LOG_S))
+    back_log: LogLimiter = field(default_factory=lambda: LogLimiter("controller",
+                                                                    LINK_LOG_S))
 
     def add_sample(self, t0: int, tw: int, t2: int) -> None:
         rtt = t2 - t0
@@ -558,6 +572,7 @@ class ControllerNode:
             raise ValueError(f"worker {link.address} came back with a different GPU count")
         link.channel, link.call, link.grpc_call, link.state = ch, stream, call, msg.state
         link.connected = True
+        link.since = time.monotonic()
         self.count("worker_connects")
         if stream is not call:
             self.count("worker_fast_links")
@@ -867,11 +882,18 @@ class ControllerNode:
         link.error = ""
         # the policy places nothing there meanwhile; its outstanding actions fail
         n = self.ctrl.worker_lost(link.index, now_ns(), "worker lost")
-        print(f"controller: lost worker {link.address} ({err}); failed {n} action(s), "
-              "reconnecting", file=sys.stderr, flush=True)
+        held = time.monotonic() - link.since
+        link.backoff = (min(RECONNECT_MAX_S, max(RECONNECT_S, 2 * link.backoff))
+                        if held < SHORT_SESSION_S else 0.0)
+        why = (f" in {link.backoff:g} s (its session lasted {held:.1f} s: another "
+               "controller may be taking it)" if link.backoff else "")
+        link.lost_log(f"lost worker {link.address} ({err}); failed {n} action(s), "
+                      f"reconnecting{why}")
         asyncio.ensure_future(self._reconnect(link))
 
     async def _reconnect(self, link: WorkerLink) -> None:
+        if link.backoff and not self._stopping:
+            await asyncio.sleep(link.backoff)
         while not self._stopping and not link.connected:
             try:
                 await self._open(link)
@@ -892,7 +914,7 @@ class ControllerNode:
                 self._bad_worker_msg(f"reconnecting to worker {link.address} failed: {e!r}", e)
                 await asyncio.sleep(RECONNECT_S)
                 continue
-            print(f"controller: worker {link.address} reconnected", file=sys.stderr, flush=True)
+            link.back_log(f"worker {link.address} reconnected")
             self._start_link_tasks(link)
             # the Hello reset it, keeping what it still had of the copies it held
             self.ctrl.worker_back(link.index, now_ns(), self._kept(link.state))
