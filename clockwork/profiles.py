@@ -16,6 +16,7 @@ measured (how, where) or modelled (the formula).
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -168,6 +169,39 @@ class ProfileSet:
     path: Path
     profiles: dict[str, ModelProfile]
     weights_cache_pages: int
+    files: set[Path] = field(default_factory=set, repr=False)  # the profile files read
+    read_at: float = field(default=0.0, repr=False)  # (time.monotonic of the last read)
+
+    def find(self, model: str) -> ModelProfile | None:
+        """``model``'s profile, or None. One not in the set when it was read is looked for
+        in its folder again (written since, by ``clockwork profile``): ``refresh``."""
+        prof = self.profiles.get(model)
+        if prof is None and self.refresh():
+            prof = self.profiles.get(model)
+        return prof
+
+    def refresh(self, every_s: float = 1.0) -> bool:
+        """Read the set's folder again, at most once every ``every_s``, for profile files
+        added since; whether any profile was added. The profiles read before stay as they
+        were (instances run by them), and a new file that cannot be read, or names a
+        model the set has, is left out."""
+        now = time.monotonic()
+        if now - self.read_at < every_s or not self.path.is_dir():
+            return False
+        self.read_at = now
+        added = False
+        for f in sorted(self.path.glob("*.json")):
+            if f.name == "set.json" or f in self.files:
+                continue
+            try:
+                prof = load_profile(f)
+            except (ProfileError, OSError):
+                continue
+            self.files.add(f)
+            if prof.model not in self.profiles:
+                self.profiles[prof.model] = prof
+                added = True
+        return added
 
     def get(self, model: str) -> ModelProfile:
         try:
@@ -219,6 +253,8 @@ def load_profile_set(name_or_path: str) -> ProfileSet:
         path=folder,
         profiles=profiles,
         weights_cache_pages=meta.weights_cache_pages,
+        files=set(files.values()),
+        read_at=time.monotonic(),
     )
 
 

@@ -1223,6 +1223,7 @@ class ControllerNode:
     def repository_index(self, ready_only: bool = False) -> list[tuple[str, str, str]]:
         """(name, state, reason) of every name the repository knows, by name: the
         instances served, loading, unloading or unloaded, and the profiles not loaded."""
+        self.pset.refresh()  # (profiles written since the controller started)
         names = set(self.pset.profiles) | set(self.unloaded) | set(self.instances) | self.loading
         out = []
         for n in sorted(names):
@@ -1291,7 +1292,7 @@ class ControllerNode:
             raise RepositoryError(bad, f"{name!r} names one copy: load {base!r} with "
                                   f"copies={copies} instead")
         profile = profile or base
-        prof = self.pset.profiles.get(profile)
+        prof = self.pset.find(profile)  # (one profiled since the controller started too)
         if prof is None:
             raise RepositoryError(grpc.StatusCode.NOT_FOUND, unknown_message(
                 "no profile", profile, sorted(self.pset.profiles), len(self.pset.profiles),

@@ -1704,3 +1704,29 @@ def test_a_worker_back_without_a_model_loaded_while_it_was_away_says_why(
                 await t
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_profile_written_while_serving_can_be_loaded(tmp_path):
+    """A model profiled after the cluster started (``clockwork profile`` writes its file
+    into the set's folder) is in the index and loads without a restart of the controller
+    or the workers (it was 'no profile' until both were restarted)."""
+    import shutil
+
+    import orjson
+
+    import clockwork
+    from clockwork.profiles import load_profile_set
+    from tests.conftest import local_cluster
+
+    folder = tmp_path / "myset"
+    shutil.copytree(load_profile_set("v100-reference").path, folder)
+    late = orjson.loads((folder / "mobilenet_v2.json").read_bytes())
+    (folder / "mobilenet_v2.json").unlink()  # (not there when the cluster starts)
+    with local_cluster(workers=1, gpus=1, models="resnet50_v2", profiles=str(folder)) as c:
+        with clockwork.Client(c.address, timeout=20) as cl:
+            assert "mnet_late" not in _index(cl)
+            late["model"] = "mnet_late"
+            (folder / "mnet_late.json").write_bytes(orjson.dumps(late))
+            _poll(lambda: "mnet_late" in _index(cl))  # (the folder is read again <= 1/s)
+            assert [m.name for m in cl.load_model("mnet_late")] == ["mnet_late"]
+            assert cl.infer("mnet_late", slo_ms=500).status == 0

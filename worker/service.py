@@ -254,7 +254,7 @@ class WorkerNode:
             raise ValueError("the emulated device runs profiles, not packages "
                              "(start the worker with --device cpu)")
         self.registered[name] = p
-        prof = self.pset.profiles.get(name) or self.pset.profiles.get(meta.get("model", ""))
+        prof = self.pset.find(name) or self.pset.find(meta.get("model", ""))
         info = pb.ModelInfo(
             name=name, profile=str(meta.get("model", name)),
             inputs=[pb.TensorSpec(name=t["name"], shape=t["shape"], dtype=t["dtype"])
@@ -273,7 +273,7 @@ class WorkerNode:
     def _instance(self, i: pb.Instance) -> ModelProfile | None:
         """The profile instance ``i`` runs with (its package registered on a real device);
         None if this worker cannot serve it (no such profile, no package, a broken one)."""
-        p = self.pset.profiles.get(i.profile)
+        p = self.pset.find(i.profile)  # (one profiled since the worker started too)
         path = self.package_for(i.name, i.profile, i.package) if self.real else None
         if p is None or (self.real and path is None):
             return None
