@@ -62,6 +62,18 @@ def local_cluster(**kw):
         assert ch is None or ch.proc.poll() is not None, f"{ch.name} still running"
 
 
+def poll(what, deadline_s: float = 15.0, every_s: float = 0.02):
+    """``what()`` until it is truthy (returned), or fail at the deadline."""
+    end = time.monotonic() + deadline_s
+    while True:
+        got = what()
+        if got:
+            return got
+        if time.monotonic() > end:
+            raise AssertionError(f"not within {deadline_s} s: {what.__doc__ or what}")
+        time.sleep(every_s)
+
+
 def wait_output(child, text: str, timeout: float = 20.0) -> str:
     """The first line of a ``clockwork.cluster.serve._Child``'s output that contains
     ``text`` (waits up to ``timeout`` seconds for it)."""

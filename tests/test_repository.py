@@ -586,18 +586,10 @@ def test_the_controllers_hello_lists_the_current_instances_each_time():
 # ---------------------------------------------------------------------------- live
 
 
-def _poll(what, deadline_s: float = 10.0, every_s: float = 0.02):
-    """``what()`` until it is truthy (returned), or fail at the deadline."""
-    import time
+def _poll(what, deadline_s: float = 10.0):
+    from tests.conftest import poll
 
-    end = time.monotonic() + deadline_s
-    while True:
-        got = what()
-        if got:
-            return got
-        if time.monotonic() > end:
-            raise AssertionError(f"not within {deadline_s} s: {what.__doc__ or what}")
-        time.sleep(every_s)
+    return poll(what, deadline_s)
 
 
 @pytest.fixture(scope="module")

@@ -15,20 +15,11 @@ import urllib.request
 import pytest
 
 from tests.conftest import local_cluster, wait_output
+from tests.conftest import poll as _poll
 
 MODEL = "resnet50_v2"
 
 
-def _poll(what, deadline_s: float = 15.0, every_s: float = 0.02):
-    """``what()`` until it is truthy (returned), or fail at the deadline."""
-    end = time.monotonic() + deadline_s
-    while True:
-        got = what()
-        if got:
-            return got
-        if time.monotonic() > end:
-            raise AssertionError(f"not within {deadline_s} s: {what.__doc__ or what}")
-        time.sleep(every_s)
 
 
 def _status(url: str) -> int:
