@@ -135,9 +135,9 @@ UNLOADED_KEPT = 1000  # unloaded instances the index still lists (the newest one
 UNLOAD_POLL_S = 0.005  # how often an unload looks whether its copies and requests are gone
 NO_WORKER_FOR_REQUEST = ("no worker is available to serve the model (none is connected "
                          "and answering); try again once a worker is back")
-NO_WORKER_FOR_LOAD = ("no worker is connected to take the model (a load completes once a "
-                      "connected worker can serve it); nothing was loaded: try again once a "
-                      "worker is back")
+NO_WORKER_FOR_LOAD = ("no worker is connected and answering to take the model (a load "
+                      "completes once a connected worker can serve it); nothing was loaded: "
+                      "try again once a worker is back")
 # a model's name, or a copy's: NAME:k, k >= 1 without a leading zero (copy 0 is NAME)
 _MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}(:[1-9][0-9]{0,5})?")
 _COPY_SUFFIX = re.compile(r"(.+):([0-9]+)")
@@ -1323,7 +1323,7 @@ class ControllerNode:
             if i in self.profiles and i not in self.unloading:
                 raise RepositoryError(bad, f"{i!r} is served already (a copy of model "
                                       f"{_group_name(i)!r}); unload it first")
-        if not any(lk.connected for lk in self.links):
+        if not any(self.available(lk) for lk in self.links):  # (connected and answering)
             raise RepositoryError(grpc.StatusCode.UNAVAILABLE, NO_WORKER_FOR_LOAD)
         await self._wait_unloaded(names)
         # (checked here, with no await before the instances are added: a load of another

@@ -76,6 +76,12 @@ def test_readiness_is_off_while_the_only_worker_is_suspect_and_back_when_it_answ
                 _poll(lambda: ready() == none_ready, 5)
                 t.join(30)
                 assert len(answered) == 1
+                # a load has no worker to take it: UNAVAILABLE at once (it waited the
+                # update's 30 s for the stopped worker)
+                t0 = time.monotonic()
+                with pytest.raises(clockwork.errors.RepositoryUnavailable, match="no worker"):
+                    cl.load_model("mnet", profile="mobilenet_v2")
+                assert time.monotonic() - t0 < 5.0
                 os.kill(worker.pid, signal.SIGCONT)
                 stopped = False
                 _poll(lambda: ready() == every_ready, 20)
