@@ -31,18 +31,23 @@ from clockwork.actions import Action, ActionType, ErrorCode, Result
 # A failed INFER with one of these statuses means the copy it was sent to is not there.
 COPY_GONE = frozenset((ErrorCode.WEIGHTS_NOT_PRESENT, ErrorCode.WEIGHTS_CHANGED))
 
-# A failed INFER with one of these statuses was refused for what it carried (its inputs,
-# its batch size): no copy would run it better, so its requests are answered at once
-# (``ERROR``, a bug: the error table) instead of retried until their deadline.
-REFUSED_AS_SENT = frozenset((ErrorCode.INVALID_INPUT, ErrorCode.INVALID_BATCH_SIZE))
+# A failed INFER with one of these statuses was refused for what it carried (a batch size
+# the model's package is not compiled for): no copy would run it better, so its requests
+# are answered at once (``ERROR``, a bug: the error table) instead of retried until their
+# deadline. (Not ``INVALID_INPUT``: a device's failure while it runs the kernels is
+# answered that too, and another copy may run the batch.)
+REFUSED_AS_SENT = frozenset((ErrorCode.INVALID_BATCH_SIZE,))
 
-# A failed LOAD with one of these statuses was refused only for its timing; any other
-# refusal (a package the worker cannot load, too few contiguous pages) counts towards
-# ``LOAD_REFUSALS``.
-LOAD_TIMING = frozenset((ErrorCode.LOAD_TOO_EARLY, ErrorCode.LOAD_TOO_LATE))
-# LOADs of a model refused in a row after which its requests, queued and arriving, are
-# answered ERROR with the worker's reason for ``REFUSED_FOR_NS`` (instead of LOADs again
-# and again, hundreds a second, until each request's deadline); then it is tried again.
+# A failed LOAD with one of these statuses was refused by the worker for the model itself
+# (a package it cannot load, too few contiguous free pages, a device that failed the copy)
+# and counts towards ``LOAD_REFUSALS``; the others (its timing, a worker lost while it
+# ran) do not.
+LOAD_REFUSED = frozenset((ErrorCode.UNKNOWN_MODEL, ErrorCode.LOAD_INSUFFICIENT_CACHE,
+                          ErrorCode.INVALID_INPUT))
+# LOADs of a model refused in a row after which, while it has no copy ready, its
+# requests, queued and arriving, are answered ERROR with the worker's reason for
+# ``REFUSED_FOR_NS`` (instead of LOADs again and again, hundreds a second, until each
+# request's deadline); then it is tried again.
 LOAD_REFUSALS = 3
 REFUSED_FOR_NS = 1_000_000_000
 

@@ -34,7 +34,7 @@ from controller.config import SchedulerConfig
 from controller.inflight import (
     COPY_GONE,
     LOAD_REFUSALS,
-    LOAD_TIMING,
+    LOAD_REFUSED,
     REFUSED_AS_SENT,
     REFUSED_FOR_NS,
     Inflight,
@@ -102,7 +102,7 @@ class ClockworkScheduler(Policy):
                          else f"unknown model {request.model!r}")
             return out
         if m.refused_until:  # its LOADs were refused (_load_refused)
-            if now < m.refused_until:
+            if now < m.refused_until and not m.ready_copies:
                 self._answer(request, RequestStatus.ERROR, now, m.refused_why)
                 return out
             m.refused_until = m.load_refusals = 0
@@ -263,7 +263,7 @@ class ClockworkScheduler(Policy):
             else:
                 if current:
                     self._drop_instance(inst, now)
-                if result.status not in LOAD_TIMING:
+                if result.status in LOAD_REFUSED:
                     self._load_refused(inst.model, result, now)
             self._schedule_infer(g, now, out)
             self._schedule_loads(now, out, only_idle=True)
@@ -525,7 +525,7 @@ class ClockworkScheduler(Policy):
             for r in requests:
                 self._answer(r, RequestStatus.INVALID_REQUEST, now, MODEL_UNLOADED)
             return
-        if m.refused_until > now:  # its LOADs were refused (_load_refused)
+        if m.refused_until > now and not m.ready_copies:  # its LOADs were refused
             for r in requests:
                 self._answer(r, RequestStatus.ERROR, now, m.refused_why)
             return
@@ -562,11 +562,12 @@ class ClockworkScheduler(Policy):
                 self._next_load_check = now
 
     def _load_refused(self, m: ModelState, result: Result, now: int) -> None:
-        """A LOAD of ``m`` refused for more than its timing: after ``LOAD_REFUSALS`` in a
-        row, its requests (queued, retried, arriving) are answered ERROR with the worker's
-        reason for ``REFUSED_FOR_NS``."""
+        """A LOAD of ``m`` refused by the worker (``LOAD_REFUSED``): after
+        ``LOAD_REFUSALS`` in a row, with no copy of ``m`` ready, its requests (queued,
+        retried, arriving) are answered ERROR with the worker's reason for
+        ``REFUSED_FOR_NS``."""
         m.load_refusals += 1
-        if m.load_refusals < LOAD_REFUSALS:
+        if m.load_refusals < LOAD_REFUSALS or m.ready_copies:  # (a copy serves it)
             return
         m.refused_until = now + REFUSED_FOR_NS
         m.refused_why = error_message(result)

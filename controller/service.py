@@ -118,7 +118,7 @@ REFUSED_LOG_S = 10.0  # a worker refused at each reconnection attempt: a line th
 # is reconnected at once, as before
 RECONNECT_MAX_S = 4.0
 SHORT_SESSION_S = 2 * RECONNECT_MAX_S  # (longer than the other side's longest backoff)
-LINK_LOG_S = 5.0  # a worker's "lost" and "reconnected" lines: each at most this often
+LINK_LOG_S = 5.0  # a worker lost again for the same cause: a line at most this often
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
                    ("grpc.max_send_message_length", 64 << 20)]
 # to a worker: retry a refused connection quickly (a restarted worker is back in ~0.3 s)
@@ -286,12 +286,13 @@ class WorkerLink:
     refused: LogLimiter = field(default_factory=lambda: LogLimiter("controller",
                                                                    REFUSED_LOG_S))
     since: float = 0.0  # when its session was made (time.monotonic)
-    lost_err: str = ""  # why it was last lost, as logged
     backoff: float = 0.0  # the wait before the next reconnection's first attempt (s)
-    lost_log: LogLimiter = field(default_factory=lambda: LogLimiter("controller",
-                                                                    LINK_LOG_S))
-    back_log: LogLimiter = field(default_factory=lambda: LogLimiter("controller",
-                                                                    LINK_LOG_S))
+    # its "lost" line (ControllerNode._lost): the cause last logged, when, and a line not
+    # logged (a repeat within LINK_LOG_S), said after all if it does not come back at once
+    lost_err: str = ""
+    lost_logged: float = -1e9
+    lost_quiet: str = ""
+    lost_skipped: int = 0
 
     def add_sample(self, t0: int, tw: int, t2: int) -> None:
         rtt = t2 - t0
@@ -889,12 +890,20 @@ class ControllerNode:
         why = (f" in {link.backoff:g} s (its session lasted {held:.1f} s: another "
                "controller may be taking it)" if link.backoff else "")
         line = f"lost worker {link.address} ({err}); failed {n} action(s), reconnecting{why}"
-        if err != link.lost_err:  # another cause: said at once (repeats: at most every
-            link.lost_err = err  # LINK_LOG_S)
-            print(f"controller: {line}", file=sys.stderr, flush=True)
-        else:
-            link.lost_log(line)
+        t = time.monotonic()
+        if err != link.lost_err or t - link.lost_logged >= LINK_LOG_S:
+            self._log_lost(link, line)  # (another cause: at once; a repeat: this often)
+            link.lost_err, link.lost_logged = err, t
+        else:  # a repeat: quiet while sessions come and go (two controllers, say), said
+            link.lost_quiet = line  # if a reconnection attempt fails (_reconnect)
+            link.lost_skipped += 1
         asyncio.ensure_future(self._reconnect(link))
+
+    def _log_lost(self, link: WorkerLink, line: str) -> None:
+        more = (f" ({link.lost_skipped} more like it not shown)" if link.lost_skipped
+                else "")
+        link.lost_quiet, link.lost_skipped = "", 0
+        print(f"controller: {line}{more}", file=sys.stderr, flush=True)
 
     async def _reconnect(self, link: WorkerLink) -> None:
         if link.backoff and not self._stopping:
@@ -913,13 +922,18 @@ class ControllerNode:
                 await asyncio.sleep(RECONNECT_S)
                 continue
             except (grpc.aio.AioRpcError, TimeoutError, ConnectionError, OSError):
+                if link.lost_quiet:  # it is not coming back at once: say it was lost
+                    self._log_lost(link, link.lost_quiet)
                 await asyncio.sleep(RECONNECT_S)
                 continue
             except Exception as e:  # noqa: BLE001 - whatever the worker said: keep trying
                 self._bad_worker_msg(f"reconnecting to worker {link.address} failed: {e!r}", e)
                 await asyncio.sleep(RECONNECT_S)
                 continue
-            link.back_log(f"worker {link.address} reconnected")
+            if not link.lost_quiet:  # (its "lost" line was said: so is this one)
+                print(f"controller: worker {link.address} reconnected", file=sys.stderr,
+                      flush=True)
+            link.lost_quiet = ""
             self._start_link_tasks(link)
             # the Hello reset it, keeping what it still had of the copies it held
             self.ctrl.worker_back(link.index, now_ns(), self._kept(link.state))

@@ -287,17 +287,21 @@ def test_infer_turned_away_during_a_long_load_keeps_the_copy_and_retries():
 
 
 def test_infer_refused_for_what_it_carried_is_answered_at_once_not_retried():
-    # the worker refused the batch itself (its inputs, its batch size: a package that does
-    # not match its profile): no copy would do better, so no retry until the deadline (a
-    # storm of INFERs, then TIMEOUT): ERROR at once, with the worker's message
-    for code in (ErrorCode.INVALID_INPUT, ErrorCode.INVALID_BATCH_SIZE):
-        s = sched()
-        t = warm(s)
-        (inf,) = s.on_request(req(1, t=t, slo=500 * MS), t)
-        assert s.on_result(fail(inf, t + MS, code), t + 2 * MS) == []
-        (rep,) = s.drain_replies()
-        assert rep.status == RequestStatus.ERROR and code.name in rep.message, rep
-        assert s.on_tick(t + 3 * MS) == [] and s.next_wakeup() is None
+    # the worker refused the batch itself (a batch size the package was not compiled
+    # for): no copy would do better, so no retry until the deadline (a storm of INFERs,
+    # then TIMEOUT): ERROR at once, with the worker's message
+    s = sched()
+    t = warm(s)
+    (inf,) = s.on_request(req(1, t=t, slo=500 * MS), t)
+    assert s.on_result(fail(inf, t + MS, ErrorCode.INVALID_BATCH_SIZE), t + 2 * MS) == []
+    (rep,) = s.drain_replies()
+    assert rep.status == RequestStatus.ERROR and "INVALID_BATCH_SIZE" in rep.message, rep
+    assert s.on_tick(t + 3 * MS) == [] and s.next_wakeup() is None
+    # INVALID_INPUT is also a device's failure while it runs the kernels: retried
+    (inf,) = s.on_request(req(2, t=t + 3 * MS, slo=500 * MS), t + 3 * MS)
+    again = s.on_result(fail(inf, t + 4 * MS, ErrorCode.INVALID_INPUT), t + 5 * MS)
+    again += s.on_tick(t + 5 * MS)
+    assert s.drain_replies() == [] and [a.type for a in again] == [ActionType.INFER], again
 
 
 def test_loads_refused_in_a_row_answer_the_queue_instead_of_loading_on():
@@ -333,6 +337,25 @@ def test_loads_refused_in_a_row_answer_the_queue_instead_of_loading_on():
     assert rep.status == RequestStatus.ERROR and rep.message == reps[0].message
     later = t + REFUSED_FOR_NS
     assert ActionType.LOAD in [a.type for a in s.on_request(req(4, t=later), later)]
+
+
+def test_loads_refused_while_a_copy_is_ready_or_lost_with_a_worker_block_nothing():
+    # LOADs of a second copy refused on another GPU, or failed because their worker was
+    # lost (NETWORK_SEND_TOO_LATE): the ready copy goes on serving the model's requests
+    from controller.inflight import LOAD_REFUSALS
+
+    for code in (ErrorCode.LOAD_INSUFFICIENT_CACHE, ErrorCode.NETWORK_SEND_TOO_LATE):
+        s = sched(gpus=4)
+        t = warm(s)  # a copy ready on GPU 0
+        assert s.models["a"].ready_copies == 1
+        for i in range(LOAD_REFUSALS + 1):
+            s._send_load(s.gpus[1 + i % 3], s.models["a"], t, out := [])
+            (load,) = out
+            s.on_result(fail(load, t + MS, code), t + MS)
+        t += 2 * MS
+        s.drain_replies()
+        acts = s.on_request(req(99, t=t, slo=100 * MS), t)
+        assert s.drain_replies() == [] and ActionType.INFER in [a.type for a in acts], code
 
 
 def test_copy_found_missing_is_replaced_by_a_new_load():

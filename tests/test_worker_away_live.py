@@ -172,3 +172,29 @@ def test_two_controllers_on_one_worker_back_off_and_log_little():
             _poll(lambda: cl.infer(MODEL, slo_ms=2000).status == 0
                   if (MODEL, "READY") in [(m.name, m.state) for m in cl.repository_index()]
                   else False, 10)
+
+
+def test_a_worker_lost_again_for_the_same_cause_and_not_back_is_logged():
+    """A worker killed and restarted twice in a row (it reconnects each time), then
+    killed for good, within the 5 s in which a repeat of the same cause gets no line:
+    once a reconnection attempt fails, its last loss is logged after all. (The log ended
+    on 'reconnected' for a worker that was away.)"""
+    import clockwork
+
+    with local_cluster(workers=1, gpus=1, models=MODEL) as c, \
+            clockwork.Client(c.address, timeout=10) as cl:
+        def kill():
+            os.kill(c.workers[0].proc.pid, signal.SIGKILL)
+            c.workers[0].proc.wait(10)
+
+        def last_worker_line() -> str:
+            said = [ln for ln in list(c.controller.output) if "worker 127.0.0.1" in ln]
+            return said[-1] if said else ""
+
+        for _ in range(2):
+            connects = cl.stats()["worker_connects"]
+            kill()
+            c.restart_worker(0)
+            _poll(lambda n=connects: cl.stats()["worker_connects"] > n, 10)
+        kill()
+        _poll(lambda: "lost worker" in last_worker_line(), 10)

@@ -248,7 +248,8 @@ def _number(v: float) -> str:
     short = f"{v:g}"
     if float(short) == v:
         return short
-    return str(int(v)) if v.is_integer() else repr(v)
+    return str(int(v)) if float(v).is_integer() else repr(float(v))  # (an int: 3.11
+    # has no int.is_integer)
 
 
 def make_plan(scenario: str, sets: list[str], target: float, slo_ms: float | None,
