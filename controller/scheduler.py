@@ -574,7 +574,7 @@ class ClockworkScheduler(Policy):
         for r in list(m.queue):
             if r.state == QUEUED:
                 self._unqueue(m, r)
-                self._answer(r, RequestStatus.ERROR, now, error_message(result))
+                self._answer(r, RequestStatus.ERROR, now, m.refused_why)
 
     def _unqueue(self, m: ModelState, r: Request, state: int = DONE) -> None:
         """A queued request leaves the queue (to execute, or answered)."""

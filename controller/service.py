@@ -884,13 +884,13 @@ class ControllerNode:
         link.error = ""
         # the policy places nothing there meanwhile; its outstanding actions fail
         n = self.ctrl.worker_lost(link.index, now_ns(), "worker lost")
-        held = time.monotonic() - link.since
+        t = time.monotonic()
+        held = t - link.since
         link.backoff = (min(RECONNECT_MAX_S, max(RECONNECT_S, 2 * link.backoff))
                         if held < SHORT_SESSION_S else 0.0)
         why = (f" in {link.backoff:g} s (its session lasted {held:.1f} s: another "
                "controller may be taking it)" if link.backoff else "")
         line = f"lost worker {link.address} ({err}); failed {n} action(s), reconnecting{why}"
-        t = time.monotonic()
         if err != link.lost_err or t - link.lost_logged >= LINK_LOG_S:
             self._log_lost(link, line)  # (another cause: at once; a repeat: this often)
             link.lost_err, link.lost_logged = err, t

@@ -119,7 +119,7 @@ class ModelState:
         # the scheduler's last batch choice, reused while nothing it read has changed:
         # (qver, est.version, lowest start, highest start, choice) (Scheduler._choose_batch)
         self.memo: tuple | None = None
-        self.load_refusals = 0  # LOADs refused in a row (not for their timing)
+        self.load_refusals = 0  # LOADs refused in a row (inflight.LOAD_REFUSED)
         self.refused_until = 0  # after LOAD_REFUSALS of them: answered ERROR until then
         self.refused_why = ""  # (with this reason: the last refusal's)
         self.pages = profile.weights_pages
