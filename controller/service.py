@@ -48,9 +48,9 @@ import grpc
 
 from clockwork.actions import Action, ActionType, ErrorCode, RequestStatus, Result
 from clockwork.profiles import ModelProfile, ProfileError, load_profile_set
+from clockwork.protocol import addresses, keepalive
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
-from clockwork.protocol import keepalive
 from clockwork.protocol.framing import FrameStream, dial, host_of
 from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
 from clockwork.protocol.pacing import Pacer
@@ -301,6 +301,14 @@ class WorkerLink:
         self.rtt, self.offset = best
 
 
+async def _endpoints(address: str) -> frozenset[tuple[str, int]]:
+    """``addresses.endpoints``, with an address it cannot read standing for itself."""
+    try:
+        return await addresses.endpoints(address)
+    except ValueError:
+        return frozenset({(address, 0)})
+
+
 class ControllerNode:
     """The controller's shell state. Construct, ``await start()``, serve, ``await stop()``."""
 
@@ -449,6 +457,12 @@ class ControllerNode:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         deadline = time.monotonic() + self.connect_timeout
+        seen: dict[tuple[str, int], str] = {}
+        for link in self.links:  # one worker listed twice would be taken back and forth
+            for ep in await _endpoints(link.address):
+                if seen.setdefault(ep, link.address) != link.address:
+                    raise ValueError(f"workers {seen[ep]} and {link.address} are one "
+                                     f"listener ({ep[0]} port {ep[1]}): list each worker once")
         await asyncio.gather(*(self._connect(link, deadline) for link in self.links))
         specs = []
         for link in self.links:
@@ -478,23 +492,48 @@ class ControllerNode:
         print(f"controller: worker {link.address} still holds {n} cached model(s); "
               "serving them with no LOAD", file=sys.stderr, flush=True)
 
+    async def _link_to(self, address: str, wait: float) -> WorkerLink | None:
+        """The link to the worker ``address`` names, under any spelling that resolves to
+        one of the same endpoints (a second link to one worker would take it from the
+        first again and again), or None."""
+        for lk in self.links:
+            if lk.address == address:
+                return lk
+        try:
+            async with asyncio.timeout(wait):
+                wanted = await _endpoints(address)
+                for lk in self.links:
+                    if wanted & await _endpoints(lk.address):
+                        return lk
+        except TimeoutError:
+            raise RepositoryError(grpc.StatusCode.UNAVAILABLE,
+                                  f"cannot resolve worker {address} in {wait:.1f} s") from None
+        return None
+
     async def add_worker(self, address: str,
                          timeout: float | None = None) -> tuple[int, list[int], bool]:
         """Connect a worker while serving (a node joined the cluster): as for the workers
         at start -- clock sync, Hello with the instance list, its state -- then its GPUs
         get the next controller-wide indices, the policy places copies there by its
         rules, and the link is kept up like any other. Returns (worker index, its GPU
-        indices, added); a worker already connected (same address) is left as it is
-        (added False). Raises ``RepositoryError`` (UNAVAILABLE: cannot reach it in
+        indices, added); a worker already connected (an address that resolves to one of
+        its endpoints) is left as it is (added False); an address that is not HOST:PORT is
+        INVALID_ARGUMENT. Raises ``RepositoryError`` (UNAVAILABLE: cannot reach it in
         ``timeout`` seconds, default ``connect_timeout``; INVALID_ARGUMENT: it cannot serve the models, or the policy
         cannot grow)."""
         if self.ctrl is None or self._stopping:
             raise RepositoryError(grpc.StatusCode.UNAVAILABLE, "the controller is not serving")
+        try:
+            addresses.split(address)
+        except ValueError as e:
+            raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        address = address.strip()
+        wait = self.connect_timeout if timeout is None else timeout
         async with self._add_lock:
-            for lk in self.links:
-                if lk.address == address:
-                    return lk.index, [self.gpu_index[(lk.index, g.gpu)]
-                                      for g in lk.state.gpus], False
+            lk = await self._link_to(address, wait)
+            if lk is not None:
+                return lk.index, [self.gpu_index[(lk.index, g.gpu)]
+                                  for g in lk.state.gpus], False
             # (the rule for the workers at start: one off loopback needs the secret)
             why = exposure_error("controller", "127.0.0.1", None,
                                  None if self.cluster_auth is None else b"",
@@ -503,7 +542,6 @@ class ControllerNode:
                 raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT,
                                       f"this controller runs without the cluster secret: {why}")
             link = WorkerLink(len(self.links), address)
-            wait = self.connect_timeout if timeout is None else timeout
             try:
                 await asyncio.wait_for(self._connect(link, time.monotonic() + wait), wait)
             except ValueError as e:

@@ -184,3 +184,47 @@ def test_a_far_worker_without_the_cluster_secret_is_refused_before_it_is_dialed(
             await served
 
     asyncio.run(main())
+
+
+def test_another_spelling_of_a_connected_workers_address_adds_nothing():
+    """``localhost:P``, ``127.0.0.1:0P`` and a padded address name the worker already
+    connected at ``127.0.0.1:P``: AddWorker answers added False and makes no second link (a
+    second link took the worker from the first every few seconds, for ever). An address
+    that is not HOST:PORT is INVALID_ARGUMENT saying so, and a worker listed twice at start
+    is refused before either is dialed."""
+    import asyncio
+
+    grpc = pytest.importorskip("grpc")
+    from controller.service import ControllerNode, RepositoryError
+    from tests.test_faults_live import _serve_in_process
+    from worker.service import WorkerNode
+
+    async def main():
+        address, stop, served = await _serve_in_process(WorkerNode(gpus=1, pages=100))
+        host, port = address.rsplit(":", 1)
+        assert host == "127.0.0.1"
+        twice = ControllerNode([address, f"localhost:{port}"], "v100-reference",
+                               models="resnet50_v2")
+        with pytest.raises(ValueError, match=f"^workers {address} and localhost:{port} are "
+                                             "one listener .*: list each worker once$"):
+            await twice.start()
+        await twice.stop()
+        node = ControllerNode([address], "v100-reference", models="resnet50_v2")
+        await node.start()
+        try:
+            for alias in (f"localhost:{port}", f"127.0.0.1:0{port}", f" {address} "):
+                assert await node.add_worker(alias, timeout=5) == (0, [0], False), alias
+            for bad in ("127.0.0.1", f"ipv4:127.0.0.1:{port}", f"dns:///127.0.0.1:{port}",
+                        "127.0.0.1:0", "127.0.0.1:70000", f":{port}", f"::1:{port}"):
+                with pytest.raises(RepositoryError) as e:
+                    await node.add_worker(bad, timeout=5)
+                assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT, bad
+                assert "expected HOST:PORT" in e.value.message, (bad, e.value.message)
+            assert len(node.links) == 1 and node.counters.get("workers_added", 0) == 0
+            assert node.counters.get("worker_losses", 0) == 0
+        finally:
+            await node.stop()
+            stop.set()
+            await served
+
+    asyncio.run(asyncio.wait_for(main(), 60))

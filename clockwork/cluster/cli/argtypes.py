@@ -112,16 +112,14 @@ def probability(text: str) -> float:
 
 
 def address(text: str) -> str:
-    """``host:port`` with a port 1-65535."""
-    host, sep, p = text.strip().rpartition(":")
-    if not sep or not host:
-        raise argparse.ArgumentTypeError(f"expected host:port, got {text!r}")
+    """``host:port`` with a port 1-65535 (an IPv6 address in brackets): the rule of
+    ``clockwork.protocol.addresses.split``, which a running controller's AddWorker uses."""
+    from clockwork.protocol.addresses import split
+
     try:
-        n = int(p)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected host:port, got {text!r}") from None
-    if not 1 <= n <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be 1-65535 in {text!r}")
+        split(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).replace("worker address ", "")) from None
     return text.strip()
 
 
