@@ -246,15 +246,19 @@ def _meta(m: pb.ModelInfo) -> ModelMeta:
                      list(m.batch_sizes), m.weights_pages, m.state, m.reason)
 
 
-def _load_request(name: str, copies: int, profile: str | None, package: str):
+def _load_request(name: str, copies: int | None, profile: str | None,
+                  package: str | None):
     """A load's message. ``copies`` is any integral number (``int``, numpy's) from 1 to
     the field's 2**31 - 1 (the controller has its own, lower bound), else
-    ``InvalidRequest``."""
+    ``InvalidRequest``; None leaves it out (1, or for a loaded model loaded again with no
+    profile and package either, its own count)."""
     _text(name, "name")
     if profile is not None:
         _text(profile, "profile")
     if package is not None:
         _text(package, "package")
+    if copies is None:  # with no profile and package either: a loaded model as it is
+        return pb.LoadModelRequest(name=name, profile=profile or "", package=package or "")
     try:
         n = None if isinstance(copies, bool) else operator.index(copies)
     except TypeError:
@@ -458,11 +462,13 @@ class Client:
         except grpc.RpcError as e:
             raise _unavailable(e, url=self.url) from e
 
-    def load_model(self, name: str, copies: int = 1, profile: str | None = None,
-                   package: str = "", timeout: float | None = None) -> list[ModelMeta]:
-        """Serve ``copies`` instances of ``profile`` (default ``name``) as ``name``,
-        ``name:1``, ...; returns them once they take requests. Loading what is loaded
-        with the same arguments does nothing. ``package``: cpu/cuda workers' model
+    def load_model(self, name: str, copies: int | None = None, profile: str | None = None,
+                   package: str | None = None,
+                   timeout: float | None = None) -> list[ModelMeta]:
+        """Serve ``copies`` instances (default 1) of ``profile`` (default ``name``) as
+        ``name``, ``name:1``, ...; returns them once they take requests. Loading what is
+        loaded with the same arguments does nothing, and so does loading a loaded model
+        with none of ``copies``, ``profile`` and ``package`` (it is as it was loaded). ``package``: cpu/cuda workers' model
         package (a directory inside each worker's package directory). Raises
         ``UnknownModel`` (no such profile or package), ``InvalidRequest`` (a bad name
         or count, or ``name`` loaded otherwise: unload it first) or
@@ -568,8 +574,9 @@ class AsyncClient:
         except grpc.RpcError as e:
             raise _unavailable(e, url=self.url) from e
 
-    async def load_model(self, name: str, copies: int = 1, profile: str | None = None,
-                         package: str = "", timeout: float | None = None) -> list[ModelMeta]:
+    async def load_model(self, name: str, copies: int | None = None,
+                         profile: str | None = None, package: str | None = None,
+                         timeout: float | None = None) -> list[ModelMeta]:
         """As ``Client.load_model``."""
         req = _load_request(name, copies, profile, package)
         timeout = _per_call(timeout, self.timeout)

@@ -69,10 +69,7 @@ async def load(node, name: str, params: dict) -> None:
     """Load ``name`` (parameters above); returns once it is served. Raises
     ``KServeError``."""
     _check_keys(params, LOAD_PARAMS, "load")
-    have = node.loaded.get(name) if all(v is None for v in params.values()) else None
-    if have is not None:
-        # Triton's reload (no configuration, no parameters): the model as it was loaded
-        params = {"copies": have.copies, "profile": have.profile, "package": have.package}
+    params = as_loaded(node, name, params)
     if params.get("config") is not None:
         params = _merge(params, _from_config(params["config"], name))
     copies = _count(params.get("copies"))
@@ -82,6 +79,15 @@ async def load(node, name: str, params: dict) -> None:
         await node.load_model(name, copies, profile, package)
     except Exception as e:
         raise _error(e) from None
+
+
+def as_loaded(node, name: str, params: dict) -> dict:
+    """A load of a loaded model with no parameter given (every value None) is Triton's
+    reload: the model as it was loaded. Any other load: ``params`` as they are."""
+    have = node.loaded.get(name) if all(v is None for v in params.values()) else None
+    if have is None:
+        return params
+    return {"copies": have.copies, "profile": have.profile, "package": have.package}
 
 
 async def unload(node, name: str, params: dict) -> None:

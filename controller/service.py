@@ -99,6 +99,7 @@ from controller.limits import Limits, limits_from_flags
 from controller.loop import ControllerLoop, Liveness
 from controller.metrics import ControllerMetrics
 from controller.policy import GpuSpec, Policy
+from controller.repository import as_loaded
 
 now_ns = time.monotonic_ns
 # counter keys, made once (these run for every action, result and reply)
@@ -1639,9 +1640,12 @@ class ClockworkServicer(pbg.ClockworkServicer):
 
     async def LoadModel(self, request, context):  # noqa: N802
         n = self.node
+        given = as_loaded(n, request.name, {"copies": request.copies or None,
+                                            "profile": request.profile or None,
+                                            "package": request.package or None})
         try:
-            names = await n.load_model(request.name, request.copies or 1,
-                                       request.profile or None, request.package)
+            names = await n.load_model(request.name, given["copies"] or 1,
+                                       given["profile"] or None, given["package"] or "")
         except RepositoryError as e:
             await context.abort(e.code, e.message)
         return pb.LoadModelResponse(models=[n.model_info(i) for i in names])

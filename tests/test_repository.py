@@ -640,6 +640,8 @@ def test_client_loads_serves_and_unloads_a_model(cluster):
         # the same load again: nothing changes; another one: refused
         assert [m.name for m in cl.load_model("mnet", copies=2, profile="mobilenet_v2")] == [
             "mnet", "mnet:1"]
+        # with no arguments: the model as it was loaded (Triton's reload)
+        assert [m.name for m in cl.load_model("mnet")] == ["mnet", "mnet:1"]
         with pytest.raises(InvalidRequest, match="loaded already"):
             cl.load_model("mnet", copies=3, profile="mobilenet_v2")
         with pytest.raises(InvalidRequest, match="served already"):
