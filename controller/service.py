@@ -744,6 +744,8 @@ class ControllerNode:
         link.tasks = [asyncio.create_task(self._reader(link)),
                       asyncio.create_task(self._writer(link)),
                       asyncio.create_task(self._echoer(link))]
+        if link.call is not link.grpc_call:
+            link.tasks.append(asyncio.create_task(self._watch_grpc(link)))
         for t in link.tasks:
             t.add_done_callback(lambda t, link=link: self._link_task_done(link, t))
 
@@ -848,6 +850,23 @@ class ControllerNode:
             for rows, spec in zip(per_spec, specs, strict=True):
                 attach_tensor(m.inputs, spec.name, (b, *spec.shape), spec.dtype,
                               row_buffers(rows, spec, b), attach)
+
+    async def _watch_grpc(self, link: WorkerLink) -> None:
+        """On the fast link the Connect stream stays open, idle, and nothing else reads it:
+        its keepalive is what notices a worker whose host vanished or whose process hangs
+        while no action is out (nothing is overdue, so liveness probes nothing). When the
+        stream ends, or a message comes on it, the link is lost as for a broken stream."""
+        call = link.grpc_call
+        try:
+            msg = await call.read()
+            link.error = ("its gRPC stream ended" if msg is grpc.aio.EOF or msg is None else
+                          "a message on its gRPC stream beside the fast link")
+        except grpc.aio.AioRpcError as e:
+            link.error = f"{e.code()}: {e.details()}"
+        except asyncio.CancelledError:
+            return
+        if not self._stopping:
+            self._lost(link)
 
     async def _echoer(self, link: WorkerLink) -> None:
         while True:

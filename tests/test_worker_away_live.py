@@ -198,3 +198,58 @@ def test_a_worker_lost_again_for_the_same_cause_and_not_back_is_logged():
             _poll(lambda n=connects: cl.stats()["worker_connects"] > n, 10)
         kill()
         _poll(lambda: "lost worker" in last_worker_line(), 10)
+
+
+def test_an_idle_worker_that_hangs_on_the_fast_link_is_noticed_by_keepalive(monkeypatch):
+    """On the fast link the worker's gRPC stream stays open, idle: its keepalive is what
+    notices a worker process that stops (SIGSTOP) while no request is out -- nothing is
+    overdue, so no probe is sent. The controller (here in this process, with a 1 s
+    keepalive instead of 10 s) treats the worker as lost, so it is not ready, and takes
+    it back once it runs again. Before, the stream's end was never read: the worker
+    stayed 'ready' for as long as it was stopped."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from clockwork.cluster.serve import _ADDR
+    from clockwork.protocol import keepalive
+    from controller import service
+
+    fast = [(k, 1000 if k in ("grpc.keepalive_time_ms", "grpc.keepalive_timeout_ms",
+                              "grpc.http2.ping_timeout_ms") else v)
+            for k, v in service.WORKER_CHANNEL_OPTIONS]
+    assert len(fast) == len(service.WORKER_CHANNEL_OPTIONS) >= len(keepalive.CHANNEL)
+    monkeypatch.setattr(service, "WORKER_CHANNEL_OPTIONS", fast)
+    w = subprocess.Popen([sys.executable, "-m", "clockwork.cluster.cli", "worker", "--port",
+                          "0", "--gpus", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
+    try:
+        line = w.stdout.readline()
+        m = _ADDR.search(line)
+        assert m and "fast link on port" in line, line
+
+        async def main():
+            node = service.ControllerNode([f"{m.group(1)}:{m.group(2)}"], "v100-reference",
+                                          models=MODEL)
+            await node.start()
+            try:
+                assert node.counters.get("worker_fast_links") == 1 and node.serving()
+                os.kill(w.pid, signal.SIGSTOP)
+                t0 = time.monotonic()
+                while node.serving():
+                    assert time.monotonic() - t0 < 20, "a stopped idle worker stayed ready"
+                    await asyncio.sleep(0.05)
+                assert node.counters.get("worker_losses") == 1
+                os.kill(w.pid, signal.SIGCONT)
+                while not node.serving():
+                    assert time.monotonic() - t0 < 40, "the worker was not taken back"
+                    await asyncio.sleep(0.05)
+                assert node.counters.get("worker_fast_links") == 2
+            finally:
+                await node.stop()
+
+        asyncio.run(asyncio.wait_for(main(), 60))
+    finally:
+        os.kill(w.pid, signal.SIGCONT)
+        w.kill()
+        w.wait(10)
