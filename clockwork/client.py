@@ -24,8 +24,10 @@ certificate. A refused token raises ``clockwork.errors.Unauthenticated``.
 
 Mistakes the client sees itself raise before anything is sent: ``ValueError`` for an
 argument of the wrong type or a bad timeout (a ``model`` that is not a string, an
-``slo_ms`` that is not a number), ``InvalidRequest`` for a request too large to send or
-a bad ``copies``; a call on a closed client raises ``RuntimeError``.
+``slo_ms`` that is not a number, a stream's ``interval_us`` outside 0 to a second),
+``InvalidRequest`` for inputs that are not arrays (a nested list of numbers, or no
+inputs at all: an empty list or mapping; only ``None`` sends none), a request too large
+to send or a bad ``copies``; a call on a closed client raises ``RuntimeError``.
 """
 
 from __future__ import annotations
@@ -174,6 +176,20 @@ def _seconds(timeout, what: str = "timeout") -> float | None:
                      f"got {timeout!r}")
 
 
+MAX_INTERVAL_US = 1_000_000.0  # a stream's pacing interval: at most a second
+
+
+def _interval_us(value) -> float:
+    """A stream's ``interval_us``: a finite number of microseconds from 0 (no pacing) to
+    ``MAX_INTERVAL_US``; anything else (nan, inf, a negative, a string, a bool) raises
+    ``ValueError`` naming it."""
+    if (isinstance(value, numbers.Real) and not isinstance(value, bool)
+            and math.isfinite(value) and 0 <= value <= MAX_INTERVAL_US):
+        return float(value)
+    raise ValueError(f"interval_us must be a number of microseconds from 0 (no pacing) to "
+                     f"{MAX_INTERVAL_US:,.0f} (a second), got {value!r}")
+
+
 def _per_call(timeout, client_timeout: float | None) -> float | None:
     """A call's own ``timeout=``: None is the client's; 0 is refused, as in the client
     (it was taken as the client's)."""
@@ -205,16 +221,65 @@ def _request(model: str, inputs, slo_ms: float | None,
     req = pb.InferRequest(model=model, slo_ms=slo, client_id=client_id)
     if inputs is None:
         return req, _size(req, 0)
-    if isinstance(inputs, Mapping):
-        items = inputs.items()
-    elif isinstance(inputs, list | tuple):
-        items = ((f"input{i}" if len(inputs) > 1 else "", a) for i, a in enumerate(inputs))
-    else:
-        items = (("", inputs),)
-    tensors = [Tensor.of(name, a) for name, a in items]
+    tensors = [Tensor.of(name, a) for name, a in _input_items(model, inputs)]
     add_tensors(req.inputs, tensors)  # (built in place: no copy of each message)
     return req, _size(req, sum(_TENSOR_BYTES + 4 * len(t.name) + 11 * len(t.shape)
                                + t.nbytes for t in tensors))
+
+
+def _is_array(value) -> bool:
+    """Whether ``value`` is an array numpy takes as it is (a numpy array or scalar, or an
+    object with the array interface: a torch or cupy tensor, ...), with its own shape
+    and dtype; a Python list, tuple, number or string is not (numpy would have to guess
+    the dtype: float64, int64)."""
+    return (isinstance(value, np.ndarray | np.generic) or hasattr(value, "__array__")
+            or hasattr(value, "__array_interface__") or hasattr(value, "__array_struct__"))
+
+
+def _bad_inputs(model: str, why: str) -> InvalidRequest:
+    return InvalidRequest(f"{model}: {why}", 6, "bad_input", model)
+
+
+_ONE_ARRAY = ("pass each input as a numpy array of the model's shape and dtype, e.g. "
+              "np.asarray(x, dtype=np.float32)")
+
+
+def _input_items(model: str, inputs) -> list[tuple[str, object]]:
+    """``(name, array)`` of each input of ``inputs`` (not None): one array (unnamed), a
+    mapping name -> array, or a list or tuple of arrays (one: unnamed; several:
+    ``input0``, ``input1``, ...). No inputs at all (an empty list, tuple or mapping), an
+    input that is not an array (a nested list of numbers is not read as one array: a
+    list is a list of inputs) or a name that is not a string raise ``InvalidRequest``:
+    only ``None`` sends none."""
+    if isinstance(inputs, Mapping):
+        items = list(inputs.items())
+        if not items:
+            raise _bad_inputs(model, "inputs is an empty mapping: pass None to send no "
+                              "inputs (the worker runs zeros), or a mapping of input "
+                              "name -> numpy array")
+        for name, a in items:
+            if not isinstance(name, str):
+                raise _bad_inputs(model, f"input name {name!r} is not a string (inputs "
+                                  "maps input name -> numpy array)")
+            if not _is_array(a):
+                raise _bad_inputs(model, f"input {name!r} is a {type(a).__name__}, not an "
+                                  f"array: {_ONE_ARRAY}")
+        return items
+    if isinstance(inputs, list | tuple):
+        kind = type(inputs).__name__
+        if not inputs:
+            raise _bad_inputs(model, f"inputs is an empty {kind}: pass None to send no "
+                              "inputs (the worker runs zeros), or the input array(s)")
+        for i, a in enumerate(inputs):
+            if not _is_array(a):
+                raise _bad_inputs(model, f"inputs is a {kind} whose item {i} is a "
+                                  f"{type(a).__name__}, not an array: a {kind} holds one "
+                                  f"array per input; {_ONE_ARRAY}")
+        return [(f"input{i}" if len(inputs) > 1 else "", a) for i, a in enumerate(inputs)]
+    if not _is_array(inputs):
+        raise _bad_inputs(model, f"inputs is a {type(inputs).__name__}, not an array: "
+                          f"{_ONE_ARRAY} (or None to send none: the worker runs zeros)")
+    return [("", inputs)]
 
 
 _TENSOR_BYTES = 64  # at most, a tensor's fields but its name, shape and data
@@ -625,8 +690,9 @@ class AsyncClient:
     def stream(self, interval_us: float = 0.0) -> InferStream:
         """A pipelined stream: ``submit`` many, replies resolve their futures.
         ``interval_us``: send at most one message per interval (requests submitted in
-        between share it; for load generators, see clockwork.protocol.pacing)."""
-        return InferStream(self._stub, interval_us, self.url)
+        between share it; for load generators, see clockwork.protocol.pacing): 0 (no
+        pacing) to ``MAX_INTERVAL_US`` (a second), else ``ValueError``."""
+        return InferStream(self._stub, _interval_us(interval_us), self.url)
 
     async def close(self) -> None:
         self._stub = _CLOSED_STUB
@@ -662,7 +728,7 @@ class InferStream:
                  url: str = "") -> None:
         self._stub = stub
         self._url = url  # the controller's address, for messages
-        self._pacer = Pacer(interval_us)
+        self._pacer = Pacer(_interval_us(interval_us))
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future] = {}
         self._sent: dict[int, tuple[int, float]] = {}  # client id -> (send time, SLO ms)

@@ -361,3 +361,75 @@ def test_a_closed_client_raises_the_same_error_from_both_clients(cluster):
             ac.stream()
 
     asyncio.run(main())
+
+
+# ---------------------------------------------------------------- inputs and arguments
+
+NOT_ARRAYS = [
+    ([], "empty list: pass None"),
+    ((), "empty tuple: pass None"),
+    ({}, "empty mapping: pass None"),
+    ([[0.0] * 4] * 3, "item 0 is a list, not an array: a list holds one array per input"),
+    ([1.0, 2.0], "item 0 is a float, not an array"),
+    ([np.zeros(3, np.float32), [1.0]], "item 1 is a list, not an array"),
+    ({"data": [[0.0, 1.0]]}, "input 'data' is a list, not an array"),
+    ({0: np.zeros(3, np.float32)}, "input name 0 is not a string"),
+    (1.5, "inputs is a float, not an array"),
+    ("x", "inputs is a str, not an array"),
+]
+
+
+@pytest.mark.parametrize("inputs,said", NOT_ARRAYS, ids=lambda v: repr(v)[:30])
+def test_inputs_that_are_not_arrays_are_refused_before_sending(inputs, said):
+    """Only None sends no inputs: an empty list, tuple or mapping is ``InvalidRequest``
+    saying what to pass (it was sent as no inputs, and ran on zeros); an input that is
+    not an array (a nested list of numbers was read as a list of several inputs, and
+    answered "input 'input0' is not one of [...]") is ``InvalidRequest`` saying to pass
+    a numpy array. Both clients and a stream refuse it before anything is sent (nothing
+    listens at the address) and a stream keeps nothing of it."""
+    with clockwork.Client("127.0.0.1:1", timeout=5) as c:
+        with pytest.raises(InvalidRequest, match="resnet50_v2: ") as e:
+            c.infer("resnet50_v2", inputs)
+        assert said in str(e.value) and e.value.reason == "bad_input"
+        assert e.value.status == 6 and e.value.model == "resnet50_v2"
+
+    async def main():
+        async with clockwork.AsyncClient("127.0.0.1:1", timeout=5) as c:
+            with pytest.raises(InvalidRequest) as e:
+                await c.infer("resnet50_v2", inputs)
+            assert said in str(e.value)
+            s = c.stream()
+            with pytest.raises(InvalidRequest) as e:
+                s.submit("resnet50_v2", inputs)
+            assert said in str(e.value) and s.outstanding == 0
+            s._call.cancel()
+
+    asyncio.run(main())
+
+
+def test_arrays_of_every_accepted_form_are_sent(cluster):
+    """What the contract accepts still goes: one array, a list or tuple of one, a
+    mapping by the model's input name, a numpy scalar-shaped array, and None."""
+    x = np.zeros((3, 224, 224), np.float32)
+    with clockwork.Client(cluster.address, timeout=10) as c:
+        for inputs in (x, [x], (x,), {"data": x}, x[None], None):
+            assert c.infer("resnet50_v2", inputs, slo_ms=5000).status == 0
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, 2e6, "x", True, None],
+                         ids=repr)
+def test_a_bad_stream_interval_is_refused_naming_it(bad):
+    """``stream(interval_us=)`` is a finite number of microseconds from 0 to a second;
+    anything else is a ValueError naming interval_us and the range (nan and inf raised
+    numpy's or Python's own errors about converting floats, a string a TypeError)."""
+    async def main():
+        async with clockwork.AsyncClient("127.0.0.1:1", timeout=5) as c:
+            with pytest.raises(ValueError) as e:
+                c.stream(interval_us=bad)
+            assert "interval_us must be a number of microseconds from 0" in str(e.value)
+            assert f"got {bad!r}" in str(e.value)
+            s = c.stream(interval_us=1000)  # a good one still makes a stream
+            assert s.outstanding == 0
+            await s.close()
+
+    asyncio.run(main())
