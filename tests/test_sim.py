@@ -60,6 +60,26 @@ def test_overrides_of_a_loaded_scenario_keep_its_folder(tmp_path):
     assert got["submitted"] > 0
 
 
+def test_simulate_takes_one_override_as_a_string_and_names_bad_arguments():
+    """``simulate``'s ``overrides`` may be one ``key=value`` string (it was read as a list
+    of one-character overrides: "--set 'd': expected key=value"); another type, or no
+    scenario at all (``None`` ran the defaults: "<dict>: models: must be at least one
+    [[models]] table"), is a ScenarioError naming the parameter and what it takes."""
+    one = simulate(base(), "duration_s=0.5").summary
+    assert one == simulate(base(), ["duration_s=0.5"]).summary
+    assert one["duration_s"] == 0.5
+    assert simulate(base(), ("duration_s=0.5",)).summary == one
+    for bad in ({"duration_s": 1}, 5, ["duration_s=1", 2]):
+        with pytest.raises(ScenarioError, match="simulate: overrides must be None, a "
+                           "'key=value' string or a list of them"):
+            simulate(base(), bad)
+    for bad in (None, 5, ["poisson_warm"]):
+        with pytest.raises(ScenarioError, match="simulate: a scenario is needed: a "
+                           "scenario file's path, a shipped scenario's name") as e:
+            simulate(bad, ["duration_s=1"])
+        assert f"got {bad!r}" in str(e.value)
+
+
 def test_fig5_closed_loop_reaches_capacity():
     res = simulate("scenarios/fig5_1gpu.toml", ["duration_s=5"])
     s = res.summary

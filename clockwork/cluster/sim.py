@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import gc
 import heapq
+import os
 import platform
 import sys
 import time
@@ -660,10 +661,31 @@ class Simulation:
         sys.stderr.flush()
 
 
-def simulate(scenario: Scenario | str | Path | dict, overrides: list[str] | None = None,
+def _override_list(overrides) -> list[str]:
+    """``simulate``'s ``overrides``: None, one ``key=value`` string, or a list or tuple of
+    them; anything else raises ``ScenarioError`` naming the parameter (a string was
+    read as a list of one-character overrides: "--set 'd': expected key=value")."""
+    if overrides is None:
+        return []
+    if isinstance(overrides, str):
+        return [overrides]
+    if isinstance(overrides, list | tuple) and all(isinstance(o, str) for o in overrides):
+        return list(overrides)
+    raise ScenarioError("simulate: overrides must be None, a 'key=value' string or a list "
+                        f"of them (as --set takes), got {overrides!r}")
+
+
+def simulate(scenario: Scenario | str | Path | dict, overrides: list[str] | str | None = None,
              progress: bool = False, spill_dir: str | Path | None = None) -> SimResult:
-    """Run a scenario (a ``Scenario``, a TOML path or a dict) in the simulator
-    (``spill_dir``: see ``Simulation``)."""
+    """Run a scenario (a ``Scenario``, a TOML path or a shipped scenario's name, or a
+    dict) in the simulator; ``overrides``: ``--set`` assignments, a list of them or one
+    string (``spill_dir``: see ``Simulation``). Anything else raises ``ScenarioError``
+    naming the parameter."""
+    overrides = _override_list(overrides)
+    if not isinstance(scenario, Scenario | dict | str | os.PathLike):
+        raise ScenarioError("simulate: a scenario is needed: a scenario file's path, a "
+                            "shipped scenario's name (`clockwork scenarios` lists them), a "
+                            f"dict or a clockwork.scenario.Scenario, got {scenario!r}")
     if isinstance(scenario, Scenario):
         if overrides:  # (the same file: its folder still finds the scenario's traces)
             sc = load_scenario(data=scenario.data, overrides=overrides, source=scenario.source)
