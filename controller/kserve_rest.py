@@ -10,7 +10,9 @@
   (``gzip``, ``deflate``) request bodies, ``Expect: 100-continue``, keep-alive, bounds on
   the request line, the headers and the body (the decoded body too), the idle and read
   timeouts, response compression for clients that accept it. Its handler
-  (:class:`_Handler`) only checks the token, reads the body and writes the Reply.
+  (:class:`_Handler`) only checks the token, reads the body and writes the Reply; it
+  answers a request without the token, and any request to a probe, without reading its
+  body.
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ from controller.kserve import (
 )
 from controller.kserve_validate import _short, json_loads
 
-# with a token, every path but these needs "Authorization: Bearer <token>" (probes stay open)
+# with a token, every path but these needs "Authorization: Bearer <token>" (probes stay
+# open); their requests are answered without reading (or decoding) a body, which they never
+# need: GET/HEAD by the probe, any other method 405
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/v2/health/live", "/v2/health/ready"})
 JSON_TYPE = "application/json"
 TEXT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # /metrics, /healthz, /readyz
@@ -126,10 +130,15 @@ class KServeRest:
 
     # ------------------------------------------------------------------ authentication
 
+    @staticmethod
+    def is_open(target: str) -> bool:
+        """Whether the request target's path is one of ``OPEN_PATHS`` (the probes)."""
+        return urllib.parse.urlsplit(target).path in OPEN_PATHS
+
     def authorized(self, target: str, headers) -> bool:
         """Whether the request may run: no token is needed, its path is open (the
         probes), or it carries ``Authorization: Bearer <token>``."""
-        return (self.token is None or urllib.parse.urlsplit(target).path in OPEN_PATHS
+        return (self.token is None or self.is_open(target)
                 or bearer_ok(headers.get("authorization"), self.token))
 
     def unauthorized(self, headers) -> Reply:
@@ -362,8 +371,9 @@ _ROUTED = "clockwork.routed"  # set on a request that reached _Handler
 class _Handler:
     """aiohttp's side: one catch-all route whose handler checks the token, reads the body
     within the bounds and answers the Reply of :meth:`KServeRest.route`; and its
-    ``Expect: 100-continue`` handler, which refuses (401, 413) before the client sends
-    the body."""
+    ``Expect: 100-continue`` handler, which answers before the client sends the body
+    (401, a probe, 413) or asks for it (100 Continue). A request without the token, or
+    to a probe, is answered without reading its body (:meth:`_unread`)."""
 
     def __init__(self, rest: KServeRest) -> None:
         self.rest = rest
@@ -371,10 +381,9 @@ class _Handler:
 
     async def expect(self, request: web.Request) -> web.StreamResponse | None:
         request[_ROUTED] = True
-        rest = self.rest
-        if not rest.authorized(request.raw_path, request.headers):
-            return await self._closing(request, self._reply(request, rest.unauthorized(
-                request.headers)))
+        reply = await self._unread(request)
+        if reply is not None:  # no 100 Continue: answered, and the body is never sent
+            return await self._closing(request, self._reply(request, reply))
         n = request.content_length
         if n is not None and n > self.limits.rest_max_body_bytes:
             return await self._closing(request, self._too_large(n))
@@ -382,22 +391,36 @@ class _Handler:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         request[_ROUTED] = True
-        rest = self.rest
-        headers = request.headers
-        target = request.raw_path
-        if not rest.authorized(target, headers):
-            resp = self._reply(request, rest.unauthorized(headers))
-            resp.force_close()
-            return self._drop_rest(request, resp)  # its body is not read
+        reply = await self._unread(request)
+        if reply is not None:
+            resp = self._reply(request, reply)
+            if reply.status == 401 or request.body_exists:
+                resp.force_close()  # (a 401 always closes its connection)
+                return self._drop_rest(request, resp)  # its body is not read
+            return resp
         body = b""
         if request.body_exists:
             body = await self._read_body(request)
             if isinstance(body, web.StreamResponse):
                 return body
         peer = request.transport.get_extra_info("peername") if request.transport else None
-        reply = await rest.route(request.method, target, headers, body,
-                                 "rest:" + ":".join(str(x) for x in (peer or ())))
+        reply = await self.rest.route(request.method, request.raw_path, request.headers,
+                                      body, "rest:" + ":".join(str(x) for x in (peer or ())))
         return self._reply(request, reply)
+
+    async def _unread(self, request: web.Request) -> Reply | None:
+        """The answer to a request that is answered without reading its body, or None:
+        401 without the token; for a probe (an open path), ``route``'s answer with no
+        body: the probe's to GET and HEAD, 405 with ``Allow`` to any other method. Such
+        a body is never read into memory nor decoded: when there is one, the connection
+        closes after the answer and what arrives of it is dropped (``_drop_rest``)."""
+        rest = self.rest
+        target, headers = request.raw_path, request.headers
+        if not rest.authorized(target, headers):
+            return rest.unauthorized(headers)
+        if rest.is_open(target):
+            return await rest.route(request.method, target, headers, b"")
+        return None
 
     async def _read_body(self, request: web.Request) -> bytes | web.StreamResponse:
         """The request's whole body, decoded (chunked, gzip, deflate), or the response
@@ -523,8 +546,11 @@ def make_runner(node, token: str | None = None) -> web.AppRunner:
       ``rest_idle_timeout`` is closed;
     - a body in another Content-Encoding: 415 (with ``Accept-Encoding``); one that does
       not decode whole: 400;
-    - after an answer given without reading the whole body (401, 413, 400 a body that
-      does not decode), what the client still sends is read and dropped (not parsed or
+    - a request without the token (401), or to a probe (``OPEN_PATHS``: GET and HEAD
+      answered, any other method 405), is answered without reading its body, and with
+      ``Expect: 100-continue`` without 100 Continue;
+    - after an answer given without reading the whole body (401, a probe, 413, 400 a
+      body that does not decode), what the client still sends is read and dropped (not parsed or
       decoded) for up to ``rest_linger_timeout``, then the connection closes.
 
     A response of at least ``COMPRESS_MIN_BYTES`` is compressed when the client sends

@@ -311,6 +311,52 @@ def test_wrong_method_is_405_with_allow(addr):
     assert status == 200 and got == b"" and int(headers["Content-Length"]) > 0
 
 
+PROBES = ("/healthz", "/readyz", "/v2/health/live", "/v2/health/ready")
+
+
+def test_probes_never_read_their_bodies(addr):
+    """The probes, open without a token, answer without reading a body, let alone
+    decoding it: another method than GET/HEAD is 405 with ``Allow``, a GET with a body
+    is answered as without one (a body that is no gzip, or one over the body limit once
+    decoded, changes nothing), the connection closing after the answer; a body still
+    on its way is not waited for; ``Expect: 100-continue`` gets no 100 Continue."""
+    bomb = zlib.compress(bytes(16 * MiB), 9)  # ~16 KB, over BODY_LIMIT decoded
+    for path in PROBES:
+        for method in ("POST", "PUT", "DELETE"):
+            status, headers, got = _request(addr, method, path, bomb,
+                                            {"Content-Encoding": "deflate"})
+            assert status == 405, (method, path, got)
+            assert headers["Allow"] == "GET, HEAD" and headers["Connection"] == "close"
+        for body, coding in ((b"not gzip at all", "gzip"), (bomb, "deflate")):
+            status, headers, got = _request(addr, "GET", path, body,
+                                            {"Content-Encoding": coding})
+            assert status == 200 and headers["Connection"] == "close", (path, got)
+        # the head and a little of a body announced as 1 MB: answered at once
+        for method, want in (("POST", b"405"), ("GET", b"200")):
+            with socket.create_connection(addr, timeout=5) as s:
+                s.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Encoding: "
+                          f"deflate\r\nContent-Length: {MiB}\r\n\r\n".encode() + bomb[:1000])
+                got = _head(s)
+                assert got.split(b" ", 2)[1] == want, (method, path, got)
+        with socket.create_connection(addr, timeout=5) as s:
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+                      "Expect: 100-continue\r\n\r\n".encode())
+            got = _until_eof(s)  # answered, then closed: the body is not asked for
+            assert got.startswith(b"HTTP/1.1 200 ") and b"100 Continue" not in got, got
+    # a probe without a body keeps its connection alive (load balancers reuse it)
+    conn = http.client.HTTPConnection(*addr, timeout=10)
+    try:
+        socks = []
+        for path in PROBES:
+            conn.request("GET", path, headers={"Content-Length": "0"})
+            r = conn.getresponse()
+            assert r.status == 200 and r.read()
+            socks.append(conn.sock)
+        assert socks[0] is not None and all(x is socks[0] for x in socks)
+    finally:
+        conn.close()
+
+
 def test_paths_with_line_breaks_are_answered_by_the_routes(addr):
     """A path holding an encoded line break (a model name with ``%0A``) is answered by
     the controller's routes, with a JSON error, not by aiohttp's plain-text "404: Not
@@ -457,6 +503,42 @@ def test_token_is_checked_before_the_body(profiles):
         assert status == 200
         assert _request(addr, "GET", "/v2/health/ready")[0] == 200
         assert _request(addr, "GET", "/metrics")[0] == 401
+
+
+def test_open_probes_hold_no_body(profiles):
+    """With a client token (the probes are then the only paths open to anyone) and the
+    default body limit of 64 MiB: connections posting gzip bodies that would decode to
+    48 MiB each, and never end them, are answered 405 at once, and the controller's
+    memory does not grow by what they would decode to; an authorised client is
+    served meanwhile."""
+    token = "rest-token-0123456789abcdef"
+    co = zlib.compressobj(9, zlib.DEFLATED, 31)  # gzip, left unfinished (no trailer)
+    bomb = co.compress(bytes(48 * MiB)) + co.flush(zlib.Z_SYNC_FLUSH)
+    with local_cluster(workers=1, gpus=1, profiles=str(profiles), http_port=0,
+                       token=token) as c:
+        host, port = c.printed_address("http").rsplit(":", 1)
+        addr = (host, int(port))
+        pid = c.controller.proc.pid
+        peak0 = _peak_rss_mb(pid)
+        socks = []
+        try:
+            for path in PROBES:
+                s = socket.create_connection(addr, timeout=5)
+                socks.append(s)
+                s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+                          "Transfer-Encoding: chunked\r\n\r\n".encode()
+                          + b"%x\r\n" % len(bomb) + bomb + b"\r\n")
+            for s in socks:
+                got = _head(s)
+                assert got.startswith(b"HTTP/1.1 405 ") and b"Allow: GET, HEAD" in got, got
+            status, _, _ = _request(addr, "POST", INFER, _json_body(),
+                                    {"Authorization": f"Bearer {token}"})
+            assert status == 200
+            peak1 = _peak_rss_mb(pid)
+            assert peak1 - peak0 < 48, f"the controller's peak memory grew {peak1 - peak0:.0f} MB"
+        finally:
+            for s in socks:
+                s.close()
 
 
 # ---------------------------------------------------------------------- without sockets
