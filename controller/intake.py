@@ -16,6 +16,8 @@
   at most ``stream_reply_buffer_bytes`` of them buffered: beyond that its stream is
   ended with ``RESOURCE_EXHAUSTED`` and its buffered and later replies are dropped (the
   requests are still answered exactly once inside, counted ``replies_discarded``).
+  A message's ``client_time_ns`` is used only when it can be a reading of the clock the
+  stream's other messages read (:class:`ClientClock`).
 """
 
 from __future__ import annotations
@@ -31,16 +33,23 @@ from clockwork.actions import RequestStatus
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol.pacing import Pacer
 from clockwork.protocol.ratelog import LogLimiter
-from clockwork.time import MAX_SLO_NS
 
 # one line a second of each kind, per process (a misbehaving client must not flood the log)
 _ADMIT_LOG = LogLimiter("controller")
 _SLOW_LOG = LogLimiter("controller")
 _FAILED_LOG = LogLimiter("controller")
+_CLOCK_LOG = LogLimiter("controller")
 
 now_ns = time.monotonic_ns
 OVERLOADED = "overloaded"
 _FRAME = 6  # bytes a reply adds to its message besides its own size (tag and length)
+# a client_time_ns is nanoseconds of a clock: positive and below 2^62 (146 years, beyond any
+# clock counted from a machine's boot or from 1970 until the year 2116) ...
+CLIENT_CLOCK_MAX_NS = 1 << 62
+# ... and the offset it implies (receipt - client_time_ns) within this of the stream's
+# smallest so far, either way: a message on its way a minute longer than the stream's
+# fastest one, or a clock that jumped a minute, is no reading of the stream's clock
+CLIENT_CLOCK_WINDOW_NS = 60 * 1_000_000_000
 
 
 class Gate:
@@ -153,6 +162,48 @@ def submit_unary(node, req, deliver, conn: str, budget: int | None = None) -> No
     submit_guarded(node, (req,), done, 0, budget)
 
 
+class ClientClock:
+    """The client clock of one ``InferStream``: ``late(receipt, client_time_ns)`` is how
+    long a message spent on its way beyond the stream's fastest one (its requests are
+    charged that: ``late`` of ``ControllerNode.submit_many``). The offset between the
+    client's clock and the controller's is unknown; the smallest ``receipt -
+    client_time_ns`` of the stream's messages stands for it. A time of 0 is none (late
+    0). A time that cannot be a reading of that clock is ignored, the message taken as
+    sent when it arrived (late 0), and ``why`` says why (else ""): negative, or
+    ``CLIENT_CLOCK_MAX_NS`` or more; an offset more than ``CLIENT_CLOCK_WINDOW_NS`` from
+    the stream's (the first time that is not ignored sets it). So whatever a client's
+    times say, they charge its stream's requests at most the window."""
+
+    __slots__ = ("fastest", "why")
+
+    def __init__(self) -> None:
+        self.fastest: int | None = None  # the stream's smallest receipt - client time
+        self.why = ""
+
+    def late(self, receipt: int, client_time_ns: int) -> int:
+        self.why = ""
+        if not client_time_ns:
+            return 0
+        if not 0 < client_time_ns < CLIENT_CLOCK_MAX_NS:
+            self.why = (f"client_time_ns {client_time_ns} is no clock reading (nanoseconds, "
+                        f"from 1 to 2^62 - 1)")
+            return 0
+        d = receipt - client_time_ns
+        fastest = self.fastest
+        if fastest is None:
+            self.fastest = d
+            return 0
+        if abs(d - fastest) > CLIENT_CLOCK_WINDOW_NS:
+            self.why = (f"client_time_ns {client_time_ns} is {abs(d - fastest) / 1e9:.3g} s "
+                        f"{'behind' if d > fastest else 'ahead of'} the clock of the stream's "
+                        f"earlier messages (at most {CLIENT_CLOCK_WINDOW_NS // 10**9} s)")
+            return 0
+        if d < fastest:
+            self.fastest = d
+            return 0
+        return d - fastest
+
+
 class _Stream:
     """One ``InferStream`` call's state."""
 
@@ -219,20 +270,16 @@ async def serve_stream(node, requests, context) -> None:
 
     async def reader() -> None:
         size = lim.admit_slice
-        fastest = None  # the stream's smallest (receipt - client send time) so far
+        clock = ClientClock()
         async for batch in requests:
             if st.dead:
                 return
             node.count("msgs_from_clients")
             t0 = now_ns()
-            late = 0
-            if batch.client_time_ns:  # clocks differ by an unknown offset: compare with
-                d = t0 - batch.client_time_ns  # the stream's fastest message
-                if fastest is None or d < fastest:
-                    fastest = d
-                # (at most a day, the longest SLO: a client clock that jumps, or lies,
-                # makes its own requests late, never a time beyond int64)
-                late = min(d - fastest, MAX_SLO_NS)
+            late = clock.late(t0, batch.client_time_ns)
+            if clock.why:
+                node.count("client_times_ignored")
+                _CLOCK_LOG(f"InferStream from {conn}: ignored {clock.why}")
             reqs = batch.requests
             n = len(reqs)
             if n <= size:

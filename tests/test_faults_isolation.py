@@ -468,9 +468,10 @@ def test_stream_over_its_outstanding_limit_is_answered_overloaded(profiles):
 
 def test_a_stream_whose_client_clock_lies_is_answered_and_ends(profiles):
     """``client_time_ns`` at the ends of int64 (a message stamped far in the future, then
-    one far in the past): its requests are answered (late: TIMEOUT), the stream ends, and
-    nothing stays outstanding. (It once made a latency beyond int64: the reply was lost,
-    the stream hung and its slot of global_outstanding was never given back.)"""
+    one far in the past): neither is a clock reading, so both are ignored; the requests
+    are answered as they arrived (not a day late), the stream ends, and nothing stays
+    outstanding. (It once made a latency beyond int64: the reply was lost, the stream
+    hung and its slot of global_outstanding was never given back.)"""
     with _cluster(profiles, "global_outstanding=2") as c:
         async def main():
             async with grpc.aio.insecure_channel(c.address) as ch:
@@ -479,17 +480,60 @@ def test_a_stream_whose_client_clock_lies_is_answered_and_ends(profiles):
                 async def gen():
                     yield pb.InferRequestBatch(client_time_ns=2**63 - 1)
                     yield pb.InferRequestBatch(client_time_ns=-2**63, requests=[
-                        pb.InferRequest(model="slow", slo_ms=100, client_id=i)
+                        pb.InferRequest(model="slow", slo_ms=5000, client_id=i)
                         for i in (1, 2)])
 
                 got = []
                 async for b in stub.InferStream(gen(), timeout=10):
-                    got += [(r.client_id, r.status) for r in b.responses]
-                assert sorted(i for i, _ in got) == [1, 2] and all(s != 0 for _, s in got)
+                    got += [(r.client_id, r.status, r.latency_ns) for r in b.responses]
+                assert sorted(i for i, _, _ in got) == [1, 2]
+                assert all(s == 0 and lat < 5e9 for _, s, lat in got), got
             counters = await _settled(c.address)
             assert counters.get("replies_bad_answer", 0) == 0
+            assert counters["client_times_ignored"] == 2
             async with clockwork.AsyncClient(c.address, timeout=10) as cl:
                 assert (await cl.infer("slow", slo_ms=2000)).status == 0  # a slot is free
+
+        asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_client_times_that_are_no_clock_reading_are_ignored(profiles):
+    """A stream's ``client_time_ns`` that cannot be a reading of the clock its other
+    messages read (negative, 2^62 or more, or implying a clock offset more than
+    CLIENT_CLOCK_WINDOW_NS away from the stream's) is ignored and counted
+    (``client_times_ignored``): that message's requests, and the later ones stamped by
+    the client's real clock, are served as they arrive, none answered TIMEOUT a day late
+    into the controller's statistics. A message stamped within the window still has its
+    delay charged."""
+    with _cluster(profiles) as c:
+        async def main():
+            async with grpc.aio.insecure_channel(c.address) as ch:
+                stub = pbg.ClockworkStub(ch)
+                offset = 10**15  # the client's clock: any monotonic clock
+                absurd = (2**63 - 1, 1, -2**63, -1, 2**62)
+
+                def msg(t: int, i: int, slo_ms: float = 5000) -> pb.InferRequestBatch:
+                    return pb.InferRequestBatch(client_time_ns=t, requests=[
+                        pb.InferRequest(model="small", slo_ms=slo_ms, client_id=i)])
+
+                async def gen():
+                    yield msg(time.monotonic_ns() + offset, 0)
+                    for i, t in enumerate(absurd, 1):
+                        yield msg(t, i)
+                    for i in range(6, 9):
+                        yield msg(time.monotonic_ns() + offset, i)
+                    yield msg(time.monotonic_ns() + offset - 3 * 10**9, 9, slo_ms=1000)
+
+                got = {}
+                async for b in stub.InferStream(gen(), timeout=10):
+                    got.update((r.client_id, (r.status, r.latency_ns)) for r in b.responses)
+                assert sorted(got) == list(range(10))
+                late = got.pop(9)  # sent 3 s ago by its clock: late, charged its delay
+                assert late[0] == 4 and 3e9 <= late[1] < 4e9, late
+                assert all(s == 0 and lat < 5e9 for s, lat in got.values()), got
+            counters = await _settled(c.address)
+            assert counters["client_times_ignored"] == len(absurd)
+            assert counters.get("requests_timeout", 0) == 1
 
         asyncio.run(asyncio.wait_for(main(), 30))
 
