@@ -214,25 +214,46 @@ class ProfileSet:
             ) from None
 
 
-def load_profile_set(name_or_path: str) -> ProfileSet:
-    """Load a profile set: a folder path (one with a ``/``; ``profiles/<set>`` also finds a
-    shipped set), else ``<root>/<name>/`` for the first of ``profile_roots()`` that has
-    it (the shipped sets come after ``$CLOCKWORK_PROFILES`` and ``./profiles``).
-    ``set.json`` holds the defaults."""
+def profile_set_candidates(name_or_path: str | Path,
+                           base: str | Path | None = None) -> list[Path]:
+    """The folders ``load_profile_set`` looks in for a profile set, in order. A path
+    (one with a ``/``) is looked for as every path in a scenario is
+    (``clockwork.resources.data_path_candidates``: as given, then under ``base``, the
+    scenario file's folder, then in the shipped data), then under each of
+    ``profile_roots()``; a name under each of ``profile_roots()`` first, then as a path
+    (so a set's name always finds that set, and a folder beside the scenario is found
+    too)."""
     from clockwork import resources
 
     name_or_path = str(name_or_path)
-    candidates = []
+    as_path = resources.data_path_candidates(name_or_path, base)
+    in_roots = [root / name_or_path for root in profile_roots()]
     if os.sep in name_or_path or "/" in name_or_path:
-        candidates += resources.data_path_candidates(name_or_path)
-    for root in profile_roots():
-        if (c := root / name_or_path) not in candidates:
-            candidates.append(c)
-    for folder in candidates:
-        if folder.is_dir():
-            break
+        ordered = as_path + in_roots
     else:
-        tried = ", ".join(str(c) for c in candidates)
+        ordered = in_roots + as_path
+    candidates: list[Path] = []
+    for c in ordered:
+        if c not in candidates:
+            candidates.append(c)
+    return candidates
+
+
+def find_profile_set(name_or_path: str | Path, base: str | Path | None = None) -> Path | None:
+    """The folder of profile set ``name_or_path`` (the first of
+    ``profile_set_candidates`` that exists), or None."""
+    return next((c for c in profile_set_candidates(name_or_path, base) if c.is_dir()), None)
+
+
+def load_profile_set(name_or_path: str | Path, base: str | Path | None = None) -> ProfileSet:
+    """Load a profile set: a folder path or a set's name, found as
+    ``profile_set_candidates`` says (``base``: the folder of the scenario file that
+    names it, None for a name given elsewhere, e.g. ``--profiles``). ``set.json`` holds
+    the defaults. Not found: ``ProfileError`` naming every place tried."""
+    name_or_path = str(name_or_path)
+    folder = find_profile_set(name_or_path, base)
+    if folder is None:
+        tried = ", ".join(str(c) for c in profile_set_candidates(name_or_path, base))
         raise ProfileError(f"profile set {name_or_path!r} not found (tried {tried})")
     meta = _load_set_file(folder / "set.json")
     profiles: dict[str, ModelProfile] = {}

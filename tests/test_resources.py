@@ -168,6 +168,22 @@ def test_trace_relative_to_the_scenario_folder(elsewhere, tmp_path):
         simulate(str(d / "s.toml"), ["duration_s=2"])
 
 
+def test_a_missing_trace_names_every_place_tried(elsewhere, tmp_path):
+    """A trace found nowhere is refused naming every place it was looked for, the
+    scenario's folder among them (that one was tried but left out of the message)."""
+    from clockwork.cluster.sim import simulate
+
+    d = tmp_path / "mine"
+    d.mkdir()
+    text = (resources.scenarios_root() / "azure_sample.toml").read_text()
+    (d / "s.toml").write_text(text.replace(SAMPLE, "data/day1.csv.gz"))
+    with pytest.raises(ScenarioError) as e:
+        simulate(str(d / "s.toml"), ["duration_s=2"])
+    tried = resources.data_path_candidates("data/day1.csv.gz", d)
+    assert d / "data" / "day1.csv.gz" in tried
+    assert f"(tried {', '.join(str(c) for c in tried)})" in str(e.value)
+
+
 def test_shipped_trace_found_from_anywhere(elsewhere):
     from clockwork.cluster.sim import Simulation
 
@@ -205,6 +221,43 @@ def test_profile_lookup_order(elsewhere, tmp_path, monkeypatch):
     assert load_profile_set(str(tmp_path / "env" / "v100-reference")).path == \
         tmp_path / "env" / "v100-reference"  # an explicit path wins
     assert load_profile_set("cpu").path == resources.profiles_root() / "cpu"  # shipped last
+
+
+def test_a_profile_set_beside_the_scenario_is_found(elsewhere, tmp_path):
+    """``cluster.profiles`` is looked for as every path in a scenario is: a set's name in
+    the set roots first, then as given (the current folder), then beside the scenario
+    file (it was never looked for there: "profile set 'rp' not found (tried
+    ./profiles/rp, ...)"), then in the shipped data; not found, the message names every
+    place tried. A live cluster started from the scenario names such a set by its
+    absolute path (its processes have no scenario folder)."""
+    from clockwork.cluster.serve import cluster_from_scenario
+    from clockwork.cluster.sim import simulate
+
+    d = tmp_path / "scen"
+    _one_profile_set(d / "rp", 33)
+    text = (resources.scenarios_root() / "poisson_warm.toml").read_text()
+    assert 'profiles = "v100-reference"' in text
+    (d / "s.toml").write_text(text.replace('"v100-reference"', '"rp"'))
+    sc = load_scenario(str(d / "s.toml"), ["duration_s=1"])
+    assert simulate(sc).summary["submitted"] > 0
+    from clockwork.profiles import find_profile_set, profile_set_candidates
+
+    assert load_profile_set("rp", d).weights_cache_pages == 33
+    assert find_profile_set("rp", d) == d / "rp"
+    assert cluster_from_scenario(sc)[0]["profiles"] == str(d / "rp")
+    # a name that is not beside the scenario: every place tried, its folder among them
+    with pytest.raises(ScenarioError) as e:
+        simulate(str(d / "s.toml"), ["duration_s=1", "cluster.profiles=nope"])
+    tried = profile_set_candidates("nope", d)
+    assert d / "nope" in tried and elsewhere / "profiles" / "nope" in [
+        c if c.is_absolute() else elsewhere / c for c in tried]
+    assert f"(tried {', '.join(str(c) for c in tried)})" in str(e.value)
+    # a set's name finds that set, even with a folder of that name beside the scenario
+    _one_profile_set(d / "cpu", 44)
+    assert load_profile_set("cpu", d).path == resources.profiles_root() / "cpu"
+    (d / "s2.toml").write_text(text)
+    assert cluster_from_scenario(load_scenario(str(d / "s2.toml")))[0]["profiles"] == \
+        "v100-reference"  # found without the scenario's folder too: as written
 
 
 # ------------------------------------------------------------------ clockwork scenarios

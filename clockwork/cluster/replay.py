@@ -67,7 +67,7 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     from clockwork.workloads import build_workload
 
     instances = instance_names(sc.models)
-    pset = load_profile_set(str(sc.cluster["profiles"]))
+    pset = load_profile_set(str(sc.cluster["profiles"]), scenario_folder(sc.source))
     exec1 = {}
     for i, m in instances.items():
         p = pset.get(m)

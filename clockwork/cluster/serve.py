@@ -322,6 +322,21 @@ def models_arg(models: list[dict]) -> str:
     return ",".join(f"{m['name']}:{int(m.get('copies', 1))}" for m in models)
 
 
+def _profiles_of(sc) -> str:
+    """The scenario's profile set as the controller and workers (started in this
+    folder, with no scenario) are to name it: as written when that finds the set the
+    scenario's own lookup finds (``clockwork.profiles.find_profile_set`` with its
+    folder), else that folder's absolute path (a set beside the scenario file)."""
+    from clockwork.profiles import find_profile_set
+    from clockwork.resources import scenario_folder
+
+    written = str(sc.cluster["profiles"])
+    found = find_profile_set(written, scenario_folder(sc.source))
+    if found is None or found == find_profile_set(written):
+        return written
+    return os.path.abspath(found)
+
+
 def cluster_from_scenario(sc) -> tuple[dict, list[str]]:
     """What a scenario's ``[cluster]``, ``[[models]]`` and ``[scheduler]`` mean for a live
     ``LocalCluster``: (its keyword arguments, the settings a live cluster does not apply).
@@ -343,7 +358,7 @@ def cluster_from_scenario(sc) -> tuple[dict, list[str]]:
             w += ["--clock-offset-ms", str(float(offsets[i]))]
         wargs.append(w)
     device = str(c.get("device", "emulated"))
-    kw = {"workers": workers, "gpus": int(c["gpus_per_worker"]), "profiles": str(c["profiles"]),
+    kw = {"workers": workers, "gpus": int(c["gpus_per_worker"]), "profiles": _profiles_of(sc),
           "models": models_arg(sc.models), "pages": c.get("weights_cache_pages"),
           "scheduler": dict(sc.scheduler), "controller_args": [], "worker_args": wargs,
           "device": device,

@@ -111,7 +111,8 @@ class Simulation:
         self.spill_dir = spill_dir
         c = sc.cluster
         try:
-            self.pset: ProfileSet = load_profile_set(str(c["profiles"]))
+            self.pset: ProfileSet = load_profile_set(str(c["profiles"]),
+                                                     scenario_folder(sc.source))
         except ValueError as e:
             raise ScenarioError(str(e)) from e
         self.instances = instance_names(sc.models)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from clockwork.resources import find_data_path
+from clockwork.workloads.azure import resolve_trace_path
 from clockwork.workloads.azure_replay import AZURE_KEYS, build_azure
 from clockwork.workloads.base import Arrival, SloSpec, Workload, WorkloadError, select_instances
 from clockwork.workloads.basic import ClosedLoop, OpenLoop
@@ -57,7 +58,6 @@ def build_workload(spec: dict, instances: dict[str, str],
     ``base_dir``: the scenario file's folder; file paths in the entry (``trace``,
     ``trace_dir``) are looked for as given, then there, then in the shipped data
     (``clockwork.resources.resolve_data_path``)."""
-    spec = _with_data_paths(spec, base_dir)
     kind = spec.get("kind")
     if kind not in KINDS:
         raise WorkloadError(f"unknown workload kind {kind!r}; known: {', '.join(sorted(KINDS))}")
@@ -68,6 +68,7 @@ def build_workload(spec: dict, instances: dict[str, str],
             raise WorkloadError(f"{kind} workload: unknown keys {sorted(bad)} (allowed: {sorted(allowed)})")
     models = select_instances(spec.get("models", "*"), instances)
     try:
+        spec = _with_data_paths(spec, base_dir)
         return KINDS[kind](spec, models)
     except (TypeError, ValueError) as e:
         if isinstance(e, WorkloadError):
@@ -79,13 +80,19 @@ DATA_PATH_KEYS = ("trace", "trace_dir")  # workload keys naming files or folders
 
 
 def _with_data_paths(spec: dict, base_dir: str | Path | None) -> dict:
-    """``spec`` with relative data paths that exist under ``base_dir`` made explicit (the
-    others stay as written, for the workload's own lookup and error message)."""
+    """``spec`` with its data paths found by ``clockwork.resources.find_data_path`` (as
+    given, then under ``base_dir``, then in the shipped data) made explicit. A ``trace``
+    file found nowhere raises ``TraceError`` naming every place tried, ``base_dir``
+    among them; a ``trace_dir`` found nowhere stays as written (it is one of the
+    folders a day file is looked for in)."""
     if base_dir is None:
         return spec
     out = spec
     for key in DATA_PATH_KEYS:
         v = spec.get(key)
-        if isinstance(v, str) and v and (found := find_data_path(v, base_dir)) is not None:
+        if not isinstance(v, str) or not v:
+            continue
+        found = resolve_trace_path(v, base_dir) if key == "trace" else find_data_path(v, base_dir)
+        if found is not None:
             out = {**out, key: str(found)}
     return out
