@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,6 +218,41 @@ def load_scenario(path: str | Path | None = None, overrides: list[str] | None = 
     sc = Scenario(merged, src, list(overrides or []))
     validate(sc)
     return sc
+
+
+def pinned_paths(sc: Scenario) -> list[str]:
+    """``--set`` overrides naming the files ``sc`` uses (its profile set, its workloads'
+    traces) as this process finds them, for a process with another working folder or
+    environment (a Ray task) to use the same ones: found in the package's shipped data,
+    by their path there (each install has its own copy); found elsewhere, by their
+    absolute path. A path found nowhere, or already written so, gets none."""
+    from clockwork.profiles import find_profile_set
+    from clockwork.resources import data_root, find_data_path, scenario_folder
+    from clockwork.workloads import DATA_PATH_KEYS
+
+    shipped = data_root().resolve()
+    out: list[str] = []
+
+    def pin(key: str, written: str, found: Path | None) -> None:
+        if found is None:
+            return
+        try:
+            value = str(found.resolve().relative_to(shipped))
+        except ValueError:
+            value = os.path.abspath(found)
+        if value != written:
+            out.append(f"{key}={json.dumps(value)}")  # (a TOML string: taken as written)
+
+    base = scenario_folder(sc.source)
+    profiles = sc.cluster.get("profiles")
+    if isinstance(profiles, str) and profiles:
+        pin("cluster.profiles", profiles, find_profile_set(profiles, base))
+    for i, spec in enumerate(sc.workloads):
+        for key in DATA_PATH_KEYS:
+            v = spec.get(key)
+            if isinstance(v, str) and v:
+                pin(f"workloads.{i}.{key}", v, find_data_path(v, base))
+    return out
 
 
 def validate(sc: Scenario) -> None:

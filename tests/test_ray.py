@@ -20,6 +20,7 @@ import pytest
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 from clockwork.scenario import load_scenario  # noqa: E402
+from tests.conftest import poll  # noqa: E402
 
 # light, and room for retries: the test is about the deployment, on a shared CI host
 # (a starved host runs actions past their windows; a retry within the SLO saves them)
@@ -289,3 +290,147 @@ def test_sweep_ray_without_an_address_starts_a_local_instance(monkeypatch):
         assert parallel.backend_of(args) == "ray"
         parallel.backend("ray")(4).shutdown()
         assert seen[-1] == address, (flag, env, seen)
+
+
+def _ray_cpus_free() -> float:
+    import ray
+
+    return ray.available_resources().get("CPU", 0.0)
+
+
+def test_sweep_on_ray_finds_paths_relative_to_the_callers_folder(ray_nodes, tmp_path,
+                                                                 monkeypatch):
+    """A scenario's relative paths (a profile set ``./rp``, a trace ``tr/t.csv.gz``) mean
+    the folder of the process that runs the sweep, as in a local run: a Ray task (whose
+    working folder is another) runs each point with the same files, and gives the same
+    summary."""
+    import shutil
+
+    from clockwork.cluster.parallel import Point, run_points
+    from clockwork.resources import data_root, profiles_root
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(profiles_root() / "v100-reference", tmp_path / "rp")
+    (tmp_path / "tr").mkdir()
+    shutil.copy(data_root() / "traces/samples/invocations_per_function_md.anon.d01.csv.gz",
+                tmp_path / "tr" / "t.csv.gz")
+    (tmp_path / "sub").mkdir()  # (the paths are not next to the scenario file)
+    (tmp_path / "sub" / "s.toml").write_text("""
+seed = 1
+duration_s = 2.0
+[cluster]
+profiles = "./rp"
+[[models]]
+name = "resnet18_v2"
+copies = 20
+[[workloads]]
+kind = "azure"
+trace = "tr/t.csv.gz"
+minutes = 1
+interval_s = 2.0
+models = "*"
+slo_ms = 100
+""")
+    points = [Point("sub/s.toml", "sub/s.toml", (f"seed={s}",), (("seed", s),))
+              for s in (1, 2)]
+    local = run_points(points, tmp_path / "local", jobs=1, progress=False)
+    assert all(o.ok for o in local), [o.error for o in local]
+    on_ray = run_points(points, tmp_path / "ray", backend="ray", progress=False)
+    assert all(o.ok for o in on_ray), [o.error for o in on_ray]
+    assert [o.summary for o in on_ray] == [o.summary for o in local]
+    # what the point was given stays as written (run.json's overrides)
+    import json
+    run = json.loads((on_ray[0].folder / "run.json").read_text())
+    assert run["overrides"] == ["seed=1"], run
+
+
+def test_sweep_on_ray_stops_on_sigterm_as_on_ctrl_c(ray_nodes, tmp_path):
+    """``clockwork sweep --ray ADDRESS``: SIGTERM while a point runs as a Ray task stops
+    the sweep as Ctrl-C does ("interrupted", exit 130), not with Ray's own handler."""
+    sw = tmp_path / "sw.toml"
+    sw.write_text('scenarios = ["poisson_warm"]\noverrides = ["duration_s=3000"]\n')
+    import ray
+
+    before = ray.cluster_resources()["CPU"]
+    poll(lambda: _ray_cpus_free() >= before, 60.0, 0.1)  # (the earlier tests' work ended)
+    p = subprocess.Popen([sys.executable, "-m", "clockwork.cluster.cli", "sweep", str(sw),
+                          "--ray", ray_nodes.address, "--quiet", "--out", str(tmp_path / "o")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def running() -> bool:
+            """the point's Ray task holds a CPU of the cluster"""
+            assert p.poll() is None, p.communicate()
+            return _ray_cpus_free() < before
+        poll(running, 60.0, 0.1)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 130, (p.returncode, err[-3000:])
+    assert err.strip().splitlines()[-1] == "interrupted", err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    poll(lambda: _ray_cpus_free() >= before, 60.0, 0.1)  # the task was stopped
+
+
+def test_a_node_that_cannot_host_a_worker_now_is_tried_again(ray_nodes, capsys):
+    """A node that offers GPUs but no CPU for a worker actor (each takes
+    ``worker_num_cpus``, 1) is left out in one line, once, and the cluster starts on the
+    others. A node whose GPUs are taken (the actor cannot start in time) is one line, its
+    pending actor is killed (so it does not take the GPUs later, unseen), and the node is
+    tried again on a later look: once its GPUs are free it gets a worker."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    import clockwork
+    from clockwork.cluster.ray_cluster import RayCluster
+
+    nodes = [ray_nodes.add_node(num_cpus=0, resources={"clockwork_gpu": 2},
+                                node_ip_address="127.0.0.1")]
+    try:
+        ray_nodes.wait_for_nodes()
+        with RayCluster(models="resnet18_v2:2", http_port=-1, kserve_port=-1, timeout=60.0,
+                        watch_s=0) as c:
+            assert len(c.worker_addresses) == 2 and len(c.nodes) == 2
+            assert c.add_new_nodes() == [] and c.add_new_nodes() == []
+            err = capsys.readouterr().err
+            no_cpu = [line for line in err.splitlines() if nodes[0].node_id[:12] in line]
+            assert len(no_cpu) == 1 and "CPU" in no_cpu[0], err
+            assert "Traceback" not in err, err
+
+            # a node whose GPUs another actor holds
+            nodes.append(ray_nodes.add_node(num_cpus=1, resources={"clockwork_gpu": 2},
+                                            node_ip_address="127.0.0.1"))
+            ray_nodes.wait_for_nodes()
+
+            @ray.remote(num_cpus=0, resources={"clockwork_gpu": 2})
+            class Holder:
+                def ready(self) -> bool:
+                    return True
+
+            holder = Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+                nodes[1].node_id, soft=False)).remote()
+            ray.get(holder.ready.remote(), timeout=60)
+            c.timeout = 3.0  # (how long a new node's worker actor may take to start)
+            assert c.add_new_nodes() == []
+            err = capsys.readouterr().err
+            held = [line for line in err.splitlines() if nodes[1].node_id[:12] in line]
+            assert len(held) == 1, err
+            assert "Traceback" not in err, err
+            ray.kill(holder)
+            c.timeout = 60.0
+            added = []
+            for _ in range(8):  # (a node that failed is looked at again after a few looks)
+                added = c.add_new_nodes()
+                if added:
+                    break
+            assert len(added) == 1 and added[0]["gpus"] == [4, 5], added
+            assert len(c.worker_addresses) == 3 and len(c.nodes) == 3
+            err = capsys.readouterr().err
+            assert sum(nodes[0].node_id[:12] in line for line in err.splitlines()) == 0, err
+            with clockwork.Client(c.address, timeout=10) as cl:
+                assert cl.stats().get("workers_added", 0) == 1
+    finally:
+        for n in nodes:
+            ray_nodes.remove_node(n)

@@ -92,12 +92,15 @@ class Point:
     the user wrote it (a shipped name or a path): it names the point, not ``path``, so a
     point's name does not depend on where the package is installed. ``labels`` are the
     ``(key, value)`` pairs that tell this point from the others (they make the readable
-    part of its name; every override is in its hash)."""
+    part of its name; every override is in its hash). ``pinned``: overrides applied after
+    them that name the scenario's files as the process that made the point finds them
+    (``pinned_point``); not part of its name, nor of its ``run.json``."""
 
     scenario: str
     path: str
     overrides: tuple[str, ...] = ()
     labels: tuple[tuple[str, Any], ...] = ()
+    pinned: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -192,7 +195,8 @@ def run_point(point: Point, folder: str | None = None, logs: bool = False) -> di
 
     t0 = time.perf_counter()
     try:
-        sc = load_scenario(point.path, list(point.overrides))
+        sc = load_scenario(point.path, [*point.overrides, *point.pinned])
+        sc.overrides = list(point.overrides)  # (as the point was written: run.json's)
         res = Simulation(sc).run()
     except (ScenarioError, ValueError) as e:
         return {"error": str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}
@@ -203,6 +207,21 @@ def run_point(point: Point, folder: str | None = None, logs: bool = False) -> di
         res.telemetry.write(Path(folder))
     run = run_info(res.wall_s, sc, res.events)
     return {"summary": res.summary, "run": run, "wall_s": time.perf_counter() - t0}
+
+
+def pinned_point(point: Point) -> Point:
+    """``point`` for a process with another working folder (a Ray task) to run as this
+    one would: its scenario file's full path, and the files its scenario names as found
+    here (``scenario.pinned_paths``). A scenario that does not load is left as written
+    (its run says why)."""
+    from clockwork.scenario import load_scenario, pinned_paths
+
+    path = str(Path(point.path).resolve())
+    try:
+        pinned = tuple(pinned_paths(load_scenario(path, list(point.overrides))))
+    except Exception:  # noqa: BLE001 - the point's own run reports it
+        pinned = ()
+    return dataclasses.replace(point, path=path, pinned=pinned)
 
 
 # ----------------------------------------------------------------------------- backends
@@ -505,8 +524,7 @@ class Runner:
         futures: dict[Future, Outcome] = {}
         try:
             for o in todo:  # all submitted before the bar exists (forked workers, no threads)
-                # (full paths: a Ray worker's folder is not ours)
-                point = dataclasses.replace(o.point, path=str(Path(o.point.path).resolve()))
+                point = pinned_point(o.point)  # (a Ray worker's folder is not ours)
                 futures[ex.submit(run_point, point, str(o.folder.resolve()), self.logs)] = o
             with self._bar(len(todo), desc) as bar:
                 for f in as_completed(futures):

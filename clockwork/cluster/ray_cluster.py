@@ -31,7 +31,12 @@ pid, node and address.
 - **nodes that join** while the cluster serves: every ``watch_s`` seconds (2 s) Ray's
   node list is read; a live node offering GPUs without a worker gets one (an actor, as
   above), and the running controller is told to connect it (``Client.add_worker``: its
-  GPUs get the next indices and the policy places copies there by its usual rules).
+  GPUs get the next indices and the policy places copies there by its usual rules);
+- **nodes that cannot host a worker** (an actor takes ``worker_num_cpus``, 1 CPU, of its
+  node; one held pending past ``timeout`` is killed, so that it cannot take the GPUs
+  later, unseen): one line each, the cluster serves on the others, and the node is looked
+  at again after 1, 2, 4, ... ``RETRY_LOOKS_MAX`` looks (its line again only for another
+  cause).
 
 Not here yet: a worker whose old port is taken when Ray restarts it fails to start (the
 controller would have to learn a new address); a node that leaves keeps its worker's
@@ -44,6 +49,7 @@ import asyncio
 import math
 import os
 import secrets
+import signal
 import sys
 import tempfile
 import threading
@@ -58,6 +64,9 @@ from clockwork.cluster.serve import ChildRefused, LocalCluster
 
 RESOURCE = "clockwork_gpu"  # Ray custom resource: emulated (and cpu-device) GPUs
 READY_TIMEOUT_S = 60.0  # for a worker in an actor to listen
+# a node that could not host a worker is looked at again after 1, 2, 4, ... looks, at
+# most this many (32 s apart at watch_s = 2 s)
+RETRY_LOOKS_MAX = 16
 REBIND_S = 10.0  # a restarted worker retries its old port this long
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's nodes use 127.0.0.1
 
@@ -187,6 +196,28 @@ class WorkerActor:
             pass
 
 
+def init_ray(**kw) -> None:
+    """``ray.init(**kw)``, keeping the SIGINT and SIGTERM handlers this process put in
+    place: ``ray.init`` installs its own SIGTERM handler (``sys.exit``), which would skip
+    the command's own stop (``clockwork serve|sweep|plan``: SIGTERM stops as Ctrl-C does,
+    exit 130). A default or no handler is left to Ray. Only the main thread has
+    handlers to keep."""
+    kept = {}
+    if threading.current_thread() is threading.main_thread():
+        kept = {s: h for s in (signal.SIGINT, signal.SIGTERM)
+                if (h := signal.getsignal(s)) not in (None, signal.SIG_DFL)}
+    try:
+        ray.init(**kw)
+    finally:
+        for s, h in kept.items():
+            signal.signal(s, h)
+
+
+def _node_name(node: tuple[str, str, int]) -> str:
+    """A node in a line: its address and the start of its id (nodes may share one)."""
+    return f"{node[1]} ({node[0][:12]})"
+
+
 def _first_line(e: BaseException) -> str:
     """The last line of a Ray error's cause (what went wrong, without Ray's traceback)."""
     cause = getattr(e, "cause", None) or e
@@ -194,16 +225,30 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[-1] if text else repr(cause)
 
 
-def gpu_nodes(device: str) -> list[tuple[str, str, int]]:
-    """The live Ray nodes that offer GPUs: (node id, address, GPU count); ``GPU`` for the
-    cuda device, ``clockwork_gpu`` otherwise."""
+def offered_nodes(device: str) -> list[tuple[tuple[str, str, int], float]]:
+    """The live Ray nodes that offer GPUs, each ((node id, address, GPU count), its CPU
+    count); ``GPU`` for the cuda device, ``clockwork_gpu`` otherwise."""
     key = "GPU" if device == "cuda" else RESOURCE
     out = []
     for n in ray.nodes():
-        count = int(n.get("Resources", {}).get(key, 0))
+        res = n.get("Resources", {})
+        count = int(res.get(key, 0))
         if n.get("Alive") and count > 0:
-            out.append((n["NodeID"], n["NodeManagerAddress"], count))
-    return sorted(out, key=lambda t: (t[1], t[0]))
+            out.append(((n["NodeID"], n["NodeManagerAddress"], count),
+                        float(res.get("CPU", 0.0))))
+    return sorted(out, key=lambda t: (t[0][1], t[0][0]))
+
+
+def gpu_nodes(device: str) -> list[tuple[str, str, int]]:
+    """The live Ray nodes that offer GPUs: (node id, address, GPU count)."""
+    return [node for node, _ in offered_nodes(device)]
+
+
+def _kill(actor) -> None:
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # noqa: BLE001, S110 - gone already
+        pass
 
 
 class RayCluster(LocalCluster):
@@ -214,8 +259,16 @@ class RayCluster(LocalCluster):
     GPUs (``clockwork_gpu``, or real ones for ``device="cuda"``). When Ray is already
     initialised in this process (a test, a Ray job) that session is used and left running.
     ``max_restarts``: Ray restarts a dead worker actor this often (-1: always).
-    ``worker_num_cpus``: CPUs each worker actor reserves. The other arguments are
-    ``LocalCluster``'s; ``workers`` is ignored (one worker per node that offers GPUs)."""
+    ``worker_num_cpus``: CPUs each worker actor reserves on its node (1): a node without
+    them gets no worker. The other arguments are ``LocalCluster``'s; ``workers`` is
+    ignored (one worker per node that offers GPUs).
+
+    A node whose worker actor cannot start (no CPU for it, its GPUs held by other actors
+    past ``timeout``, an error) is one line, the actor killed (a pending one would take
+    the GPUs later, unseen); the cluster starts on the other nodes, and the node is looked
+    at again while the cluster serves (after 1, 2, 4, ... ``RETRY_LOOKS_MAX`` looks; its
+    line again only for another cause). No node that can host one: ``ChildRefused``
+    (``TimeoutError`` when every actor only took too long)."""
 
     def __init__(self, *, address: str | None = None, max_restarts: int = -1,
                  worker_num_cpus: float = 1.0, insecure_workers: bool = False,
@@ -231,8 +284,11 @@ class RayCluster(LocalCluster):
         self.worker_num_cpus = worker_num_cpus
         self.insecure_workers = insecure_workers
         self.run_id = secrets.token_hex(6)
-        self.actors: list = []
-        self.nodes: list[tuple[str, str, int]] = []
+        self.actors: list = []  # the workers' actors, in the controller's order
+        self.nodes: list[tuple[str, str, int]] = []  # their nodes
+        self._made = 0  # actors made, each numbered (its name and port file)
+        # node id -> [cause, failures, looks to skip] of a node that has no worker
+        self._unhosted: dict[str, list] = {}
         self._own_ray = False
 
     def _init_ray(self) -> None:
@@ -257,7 +313,7 @@ class RayCluster(LocalCluster):
                     pass
         else:
             kw["address"] = self.ray_address
-        ray.init(**kw)
+        init_ray(**kw)
         self._own_ray = True
 
     def _flags(self, i: int, gpus: int) -> list[str]:
@@ -276,24 +332,78 @@ class RayCluster(LocalCluster):
 
     def _start_workers(self) -> list[str]:
         self._init_ray()
-        self.nodes = gpu_nodes(self.device)
-        if not self.nodes:
+        offered = offered_nodes(self.device)
+        if not offered:
             what = ("GPUs (resource 'GPU')" if self.device == "cuda" else
                     f"emulated GPUs (resource '{RESOURCE}': ray start --resources "
                     f"'{{\"{RESOURCE}\": 2}}')")
             raise ChildRefused(f"no live Ray node offers {what}")
-        refs = [self._start_actor(i, node).address.remote()
-                for i, node in enumerate(self.nodes)]
-        try:
-            return ray.get(refs, timeout=self.timeout)
-        except ray.exceptions.GetTimeoutError:
-            raise TimeoutError(f"the worker actors did not start in {self.timeout:.0f} s "
-                               "(are their nodes' GPUs taken by other actors?)") from None
-        except ray.exceptions.RayActorError as e:
-            raise ChildRefused(f"a worker actor failed to start: {_first_line(e)}") from None
+        started, failed = self._launch(offered)
+        if not started:
+            why = "; ".join(f"Ray node {_node_name(node)}: {line}" for node, _, line in failed)
+            if all(cause == "timeout" for _, cause, _ in failed):
+                raise TimeoutError(f"no worker actor started: {why}")
+            raise ChildRefused(f"no Ray node can host a worker actor: {why}")
+        self.actors = [actor for _, actor, _ in started]
+        self.nodes = [node for node, _, _ in started]
+        for node, cause, line in failed:
+            self._unhosted_now(node, cause, line)
+        return [address for _, _, address in started]
 
-    def _start_actor(self, i: int, node: tuple[str, str, int]):
-        """Worker ``i``'s actor on ``node`` (node id, address, GPU count)."""
+    def _launch(self, offered: list[tuple[tuple[str, str, int], float]]):
+        """A worker actor on each of ``offered`` (as ``offered_nodes`` gives them) that
+        has the CPUs for one, waiting up to ``timeout`` for them to listen: (the started
+        ones as (node, actor, address), the others as (node, cause, one line)). An actor
+        that did not start is killed (a pending one would take its node's GPUs later)."""
+        started, failed, tries = [], [], []
+        try:
+            for node, cpus in offered:
+                if cpus < self.worker_num_cpus:
+                    failed.append((node, "cpus", f"it has {cpus:g} CPU(s) and a worker actor "
+                                   f"takes {self.worker_num_cpus:g} (worker_num_cpus)"))
+                    continue
+                actor = self._start_actor(node)
+                tries.append((node, actor, actor.address.remote()))
+            ready = set()
+            if tries:
+                ready = set(ray.wait([ref for *_, ref in tries], num_returns=len(tries),
+                                     timeout=self.timeout)[0])
+            for node, actor, ref in tries:
+                if ref in ready:
+                    try:
+                        started.append((node, actor, ray.get(ref)))
+                        continue
+                    except Exception as e:  # noqa: BLE001 - the node's line says what
+                        cause, line = (type(e).__name__,
+                                       f"its worker actor did not start: {_first_line(e)}")
+                else:
+                    cause, line = "timeout", (
+                        f"its worker actor did not start in {self.timeout:.0f} s (are its "
+                        "GPUs or CPUs taken by other actors?)")
+                _kill(actor)
+                failed.append((node, cause, line))
+        except BaseException:
+            for _, actor, _ in tries:
+                _kill(actor)
+            raise
+        return started, failed
+
+    def _unhosted_now(self, node: tuple[str, str, int], cause: str, line: str) -> None:
+        """``node`` has no worker (``cause``: a key, ``line``: why): said once per cause;
+        it is looked at again after 1, 2, 4, ... ``RETRY_LOOKS_MAX`` looks."""
+        was = self._unhosted.get(node[0])
+        failures = was[1] + 1 if was else 1
+        if was is None or was[0] != cause:
+            again = "; looked at again while the cluster serves" if self.watch_s > 0 else ""
+            print(f"clockwork: Ray node {_node_name(node)} has no worker: {line}{again}",
+                  file=sys.stderr, flush=True)
+        self._unhosted[node[0]] = [cause, failures, min(2 ** (failures - 1), RETRY_LOOKS_MAX)]
+
+    def _start_actor(self, node: tuple[str, str, int]):
+        """A worker actor on ``node`` (node id, address, GPU count), numbered in the order
+        they are made (its name, its port, its port file)."""
+        i = self._made
+        self._made += 1
         node_id, ip, n = node
         flags = self._flags(i, n)
         worker_args(flags, "127.0.0.1", 0)  # a bad flag: one line here, not in an actor
@@ -307,10 +417,8 @@ class RayCluster(LocalCluster):
         else:
             opts["resources"] = {RESOURCE: n}
         port = self.worker_port + 10 * i if self.worker_port else 0
-        a = ray.remote(WorkerActor).options(**opts).remote(
+        return ray.remote(WorkerActor).options(**opts).remote(
             i, flags, self.cluster_secret or "", self.run_id, ip, port, self.insecure_workers)
-        self.actors.append(a)
-        return a
 
     def start(self) -> RayCluster:
         super().start()
@@ -321,40 +429,59 @@ class RayCluster(LocalCluster):
         return self
 
     def add_new_nodes(self) -> list[dict]:
-        """A worker actor on every live Ray node offering GPUs that has none yet, each
-        added to the running controller (``Client.add_worker``); returns the controller's
-        answers. Called every ``watch_s`` seconds while the cluster runs."""
+        """A worker actor on every live Ray node offering GPUs that has none yet (one
+        that could not host one before: when its turn comes again), each added to the
+        running controller (``Client.add_worker``); returns the controller's answers.
+        Called every ``watch_s`` seconds while the cluster runs."""
         from clockwork.client import Client
 
         known = {node_id for node_id, *_ in self.nodes}
-        added = []
-        for node in gpu_nodes(self.device):
+        offered = offered_nodes(self.device)
+        live = {node[0] for node, _ in offered}
+        for gone in set(self._unhosted) - live:
+            del self._unhosted[gone]
+        due = []
+        for node, cpus in offered:
+            was = self._unhosted.get(node[0])
             if node[0] in known:
                 continue
-            i = len(self.nodes)
-            actor = self._start_actor(i, node)
-            self.nodes.append(node)
-            try:
-                address = ray.get(actor.address.remote(), timeout=self.timeout)
-            except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as e:
-                print(f"clockwork: worker actor {i} on Ray node {node[1]} did not start: "
-                      f"{_first_line(e)}", file=sys.stderr, flush=True)
+            if was is not None and was[2] > 0:  # (its turn is not yet)
+                was[2] -= 1
                 continue
+            due.append((node, cpus))
+        started, failed = self._launch(due)
+        for node, cause, line in failed:
+            self._unhosted_now(node, cause, line)
+        added = []
+        for node, actor, address in started:
+            try:
+                with Client(self.address, token=self.token or "") as c:
+                    got = c.add_worker(address, timeout=self.timeout)
+            except Exception as e:  # noqa: BLE001 - the node is tried again later
+                _kill(actor)
+                self._unhosted_now(node, type(e).__name__, "the controller did not take its "
+                                   f"worker at {address}: {_first_line(e)}")
+                continue
+            self.actors.append(actor)
+            self.nodes.append(node)
             self.worker_addresses.append(address)
-            with Client(self.address, token=self.token or "") as c:
-                got = c.add_worker(address, timeout=self.timeout)
-            print(f"clockwork: Ray node {node[1]} joined: worker {got['worker']} at "
+            self._unhosted.pop(node[0], None)
+            print(f"clockwork: Ray node {_node_name(node)} joined: worker {got['worker']} at "
                   f"{address}, GPUs {got['gpus']}", file=sys.stderr, flush=True)
             added.append(got)
         return added
 
     def _watch(self) -> None:
+        said = None  # the last failure's kind: said once, until another or a success
         while not self._watch_stop.wait(self.watch_s):
             try:
                 self.add_new_nodes()
+                said = None
             except Exception as e:  # noqa: BLE001 - keep watching; say what went wrong
-                print(f"clockwork: adding new Ray nodes failed: {e!r}", file=sys.stderr,
-                      flush=True)
+                if type(e).__name__ != said:
+                    said = type(e).__name__
+                    print(f"clockwork: looking for new Ray nodes failed: {said}: "
+                          f"{_first_line(e)}", file=sys.stderr, flush=True)
 
     def shape(self) -> str:
         gpus = "+".join(str(n) for *_, n in self.nodes) or "0"
@@ -403,7 +530,7 @@ class RayExecutor(Executor):
     def __init__(self, jobs: int) -> None:
         self._own = not ray.is_initialized()
         if self._own:
-            ray.init(address=os.environ.get("RAY_ADDRESS") or "local", log_to_driver=False,
+            init_ray(address=os.environ.get("RAY_ADDRESS") or "local", log_to_driver=False,
                      include_dashboard=False, configure_logging=False)
         self._remote: dict = {}
         self._refs: list = []

@@ -594,8 +594,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except (TimeoutError, RuntimeError, ConnectionError) as e:
             print(f"clockwork serve: {e}", file=sys.stderr)
             return 1
-        for s in old:  # again: ray.init puts its own SIGTERM handler (sys.exit) in place
-            signal.signal(s, on_signal)
         if getattr(args, "replay", False):
             return _replay_against(cluster, sc, args, stop)
         print(f"clockwork serve: controller at {cluster.address} ({cluster.shape()}: "

@@ -280,7 +280,8 @@ def add_serve(sub) -> None:
     p.add_argument("--ray", nargs="?", const="local", default=None, type=t.ray_address,
                    metavar="ADDRESS", help="run the workers on a Ray cluster: one worker per "
                    "node, a Ray actor holding the node's GPUs (emulated ones: the custom "
-                   "resource clockwork_gpu), restarted by Ray when it dies; the controller "
+                   "resource clockwork_gpu) and 1 CPU (a node without a free one gets no "
+                   "worker until it has one), restarted by Ray when it dies; the controller "
                    "runs here. ADDRESS: auto, HOST:PORT or ray://HOST:PORT; without it a "
                    "local Ray instance is started. Needs the ray extra (also: the scenario's "
                    "cluster.backend = \"ray\")")
@@ -506,7 +507,7 @@ def _add_parallel(p) -> None:
                    help="run the simulations as Ray tasks (one CPU each) on the Ray cluster "
                    "at ADDRESS (auto, HOST:PORT, ray://HOST:PORT; without one: a local Ray "
                    "instance); the nodes need clockwork-py installed and the scenario files "
-                   "at the same paths")
+                   "at the same paths (relative ones are taken from this folder)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or status lines")
     p.add_argument("--progress", action="store_true", help="progress bar even without a TTY")
 
