@@ -88,7 +88,8 @@ class Limits:
         30 * S, "A REST request whose body takes longer than this to arrive (from the end "
         "of its head) is answered 408 and its connection closed.", units=("s",), gt=0)
     rest_linger_timeout: int = setting(
-        2 * S, "After answering a REST request without reading all of its body (401, 413), "
+        2 * S, "After answering a REST request without reading all of its body (401, 413, a "
+        "probe with a body), "
         "what the client still sends is read and dropped for up to this long, so that "
         "it sees the answer; then the connection closes.", units=("s",), ge=0)
     rest_json_offload_bytes: int = setting(
