@@ -189,7 +189,22 @@ def apply_override(data: dict, assignment: str) -> None:
         raise ScenarioError(f"--set {key}: {'.'.join(parts[:-1])} is not a table")
 
 
-def load_scenario(path: str | Path | None = None, overrides: list[str] | None = None,
+def override_list(overrides, who: str = "load_scenario") -> list[str]:
+    """``overrides`` of ``load_scenario`` / ``simulate``: None, one ``key=value`` string,
+    or a list or tuple of them; anything else raises ``ScenarioError`` naming the
+    parameter (a string was read as a list of one-character overrides: "--set 'd':
+    expected key=value")."""
+    if overrides is None:
+        return []
+    if isinstance(overrides, str):
+        return [overrides]
+    if isinstance(overrides, list | tuple) and all(isinstance(o, str) for o in overrides):
+        return list(overrides)
+    raise ScenarioError(f"{who}: overrides must be None, a 'key=value' string or a list "
+                        f"of them (as --set takes), got {overrides!r}")
+
+
+def load_scenario(path: str | Path | None = None, overrides: list[str] | str | None = None,
                   data: dict | None = None, source: str | None = None) -> Scenario:
     """Read a TOML file (or take ``data``), apply overrides, fill defaults, validate.
     ``source``: with ``data``, the file it came from (its folder is where the scenario's
@@ -212,7 +227,7 @@ def load_scenario(path: str | Path | None = None, overrides: list[str] | None = 
         if isinstance(data, dict) and any(_too_deep(v, MAX_TOML_DEPTH) for v in data.values()):
             raise ScenarioError(_nested_line(src))
         raw = _merge(raw, data)
-    for o in overrides or []:
+    for o in override_list(overrides):
         apply_override(raw, o)
     merged = _merge(DEFAULTS, raw)
     sc = Scenario(merged, src, list(overrides or []))

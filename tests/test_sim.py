@@ -78,6 +78,12 @@ def test_simulate_takes_one_override_as_a_string_and_names_bad_arguments():
                            "scenario file's path, a shipped scenario's name") as e:
             simulate(bad, ["duration_s=1"])
         assert f"got {bad!r}" in str(e.value)
+    # the same rule in load_scenario, which simulate calls
+    from clockwork.scenario import load_scenario
+
+    assert load_scenario("poisson_warm", "duration_s=0.5").data["duration_s"] == 0.5
+    with pytest.raises(ScenarioError, match="^load_scenario: overrides must be None"):
+        load_scenario("poisson_warm", 5)
 
 
 def test_fig5_closed_loop_reaches_capacity():

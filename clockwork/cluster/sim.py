@@ -26,7 +26,13 @@ from clockwork.cluster.faults import fault_time_error
 from clockwork.profiles import ProfileSet, load_profile_set
 from clockwork.requests import Reply, Request
 from clockwork.resources import scenario_folder
-from clockwork.scenario import Scenario, ScenarioError, instance_names, load_scenario
+from clockwork.scenario import (
+    Scenario,
+    ScenarioError,
+    instance_names,
+    load_scenario,
+    override_list,
+)
 from clockwork.telemetry import Telemetry, format_summary, write_run
 from clockwork.time import NS_PER_S, ms, sec
 from clockwork.workloads import Workload, build_workload
@@ -662,27 +668,13 @@ class Simulation:
         sys.stderr.flush()
 
 
-def _override_list(overrides) -> list[str]:
-    """``simulate``'s ``overrides``: None, one ``key=value`` string, or a list or tuple of
-    them; anything else raises ``ScenarioError`` naming the parameter (a string was
-    read as a list of one-character overrides: "--set 'd': expected key=value")."""
-    if overrides is None:
-        return []
-    if isinstance(overrides, str):
-        return [overrides]
-    if isinstance(overrides, list | tuple) and all(isinstance(o, str) for o in overrides):
-        return list(overrides)
-    raise ScenarioError("simulate: overrides must be None, a 'key=value' string or a list "
-                        f"of them (as --set takes), got {overrides!r}")
-
-
 def simulate(scenario: Scenario | str | Path | dict, overrides: list[str] | str | None = None,
              progress: bool = False, spill_dir: str | Path | None = None) -> SimResult:
     """Run a scenario (a ``Scenario``, a TOML path or a shipped scenario's name, or a
     dict) in the simulator; ``overrides``: ``--set`` assignments, a list of them or one
     string (``spill_dir``: see ``Simulation``). Anything else raises ``ScenarioError``
     naming the parameter."""
-    overrides = _override_list(overrides)
+    overrides = override_list(overrides, "simulate")
     if not isinstance(scenario, Scenario | dict | str | os.PathLike):
         raise ScenarioError("simulate: a scenario is needed: a scenario file's path, a "
                             "shipped scenario's name (`clockwork scenarios` lists them), a "
