@@ -216,22 +216,24 @@ class ProfileSet:
 
 def profile_set_candidates(name_or_path: str | Path,
                            base: str | Path | None = None) -> list[Path]:
-    """The folders ``load_profile_set`` looks in for a profile set, in order. A path
-    (one with a ``/``) is looked for as every path in a scenario is
-    (``clockwork.resources.data_path_candidates``: as given, then under ``base``, the
-    scenario file's folder, then in the shipped data), then under each of
-    ``profile_roots()``; a name under each of ``profile_roots()`` first, then as a path
-    (so a set's name always finds that set, and a folder beside the scenario is found
-    too)."""
+    """The folders ``load_profile_set`` looks in for a profile set, in order (the one rule
+    for ``cluster.profiles`` and ``--profiles``).
+
+    - A path (one with a ``/``) is looked for as every path in a scenario is
+      (``clockwork.resources.data_path_candidates``: as given, then under ``base``, the
+      scenario file's folder, then in the shipped data and a source checkout), then under
+      each of ``profile_roots()``.
+    - A bare name is a set's name: under each of ``profile_roots()``, then a folder of
+      that name beside the scenario file (under ``base``); nowhere else -- not the
+      current folder, nor the shipped data or checkout root (``"traces"`` is not a set)."""
     from clockwork import resources
 
     name_or_path = str(name_or_path)
-    as_path = resources.data_path_candidates(name_or_path, base)
     in_roots = [root / name_or_path for root in profile_roots()]
     if os.sep in name_or_path or "/" in name_or_path:
-        ordered = as_path + in_roots
+        ordered = resources.data_path_candidates(name_or_path, base) + in_roots
     else:
-        ordered = in_roots + as_path
+        ordered = in_roots + ([Path(base) / name_or_path] if base is not None else [])
     candidates: list[Path] = []
     for c in ordered:
         if c not in candidates:

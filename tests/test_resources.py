@@ -224,11 +224,9 @@ def test_profile_lookup_order(elsewhere, tmp_path, monkeypatch):
 
 
 def test_a_profile_set_beside_the_scenario_is_found(elsewhere, tmp_path):
-    """``cluster.profiles`` is looked for as every path in a scenario is: a set's name in
-    the set roots first, then as given (the current folder), then beside the scenario
-    file (it was never looked for there: "profile set 'rp' not found (tried
-    ./profiles/rp, ...)"), then in the shipped data; not found, the message names every
-    place tried. A live cluster started from the scenario names such a set by its
+    """``cluster.profiles`` as a set's name is looked for in the set roots, then beside
+    the scenario file (it was never looked for there: "profile set 'rp' not found (tried
+    ./profiles/rp, ...)"); not found, the message names every place tried. A live cluster started from the scenario names such a set by its
     absolute path (its processes have no scenario folder)."""
     from clockwork.cluster.serve import cluster_from_scenario
     from clockwork.cluster.sim import simulate
@@ -258,6 +256,29 @@ def test_a_profile_set_beside_the_scenario_is_found(elsewhere, tmp_path):
     (d / "s2.toml").write_text(text)
     assert cluster_from_scenario(load_scenario(str(d / "s2.toml")))[0]["profiles"] == \
         "v100-reference"  # found without the scenario's folder too: as written
+
+
+def test_a_bare_set_name_is_looked_for_only_among_sets_and_beside_the_scenario(elsewhere,
+                                                                              tmp_path):
+    """A name without a ``/`` is a set's name: the set roots, then a folder of that name
+    beside the scenario file; not the current folder, the shipped data or the checkout
+    root (``profiles = "traces"`` found ``clockwork/data/traces`` and read it as a set).
+    A path (with a ``/``) is still looked for as given and in the shipped data."""
+    from clockwork.profiles import find_profile_set, profile_set_candidates
+
+    d = tmp_path / "scen"
+    d.mkdir()
+    for name in ("traces", "scenarios", "profiles"):
+        assert find_profile_set(name, d) is None, name
+        with pytest.raises(ProfileError, match=f"profile set '{name}' not found"):
+            load_profile_set(name, d)
+        tried = profile_set_candidates(name, d)
+        assert resources.data_root() / name not in tried, tried
+        assert d / name in tried
+    _one_profile_set(elsewhere / "here", 55)  # in the current folder: not for a name
+    assert find_profile_set("here", d) is None
+    assert load_profile_set("./here", d).weights_cache_pages == 55  # a path is
+    assert find_profile_set("profiles/cpu", d) == resources.profiles_root() / "cpu"
 
 
 # ------------------------------------------------------------------ clockwork scenarios
