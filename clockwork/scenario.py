@@ -14,6 +14,7 @@ import copy
 import json
 import os
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,28 @@ def parse_value(text: str) -> Any:
     return value
 
 
+def toml_string(text: str) -> str:
+    """``text`` as a TOML basic string (``"..."``), the form ``parse_value`` reads back
+    as ``text``: backslash and quote escaped, the control characters (U+0000-U+001F and
+    DEL, U+007F) as ``\\uXXXX``, every other character as it is (one outside the BMP
+    too: JSON's surrogate-pair escapes are not TOML). A lone surrogate (an undecodable
+    byte in a file name) has no TOML form: ``ValueError``."""
+    out = ['"']
+    for ch in text:
+        o = ord(ch)
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif o < 0x20 or o == 0x7F:
+            out.append(f"\\u{o:04X}")
+        elif 0xD800 <= o <= 0xDFFF:
+            raise ValueError(f"{text!r} cannot be written as a TOML string (a lone "
+                             "surrogate: an undecodable character)")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
 def _index(part: str) -> int:
     """A list index of a ``--set`` key: 0, 1, ... (no sign: ``-1`` would count from the
     end); anything else raises ``ValueError``."""
@@ -157,9 +180,22 @@ def apply_override(data: dict, assignment: str) -> None:
     if "=" not in assignment:
         raise ScenarioError(f"--set {assignment!r}: expected key=value")
     key, _, raw = assignment.partition("=")
-    parts = key.strip().split(".")
-    if not all(parts):
+    if not all(key.strip().split(".")):
         raise ScenarioError(f"--set {assignment!r}: empty key part")
+    try:
+        value = parse_value(raw.strip())
+    except ScenarioError as e:
+        raise ScenarioError(f"--set {key.strip()}: {e}") from None
+    set_value(data, key, value)
+
+
+def set_value(data: dict, key: str, value: Any) -> None:
+    """Set the dotted ``key`` (list items by index: ``workloads.0.trace``) to ``value``
+    as it is (``apply_override`` with the value already read: no TOML text between)."""
+    key = key.strip()
+    parts = key.split(".")
+    if not all(parts):
+        raise ScenarioError(f"--set {key!r}: empty key part")
     node: Any = data
     for i, p in enumerate(parts[:-1]):
         where = ".".join(parts[: i + 1])
@@ -174,10 +210,6 @@ def apply_override(data: dict, assignment: str) -> None:
         else:  # (node is the value at parts[:i], not at parts[:i + 1])
             raise ScenarioError(f"--set {key}: {'.'.join(parts[:i])} is not a table")
     last = parts[-1]
-    try:
-        value = parse_value(raw.strip())
-    except ScenarioError as e:
-        raise ScenarioError(f"--set {key}: {e}") from None
     if isinstance(node, list):
         try:
             node[_index(last)] = value
@@ -205,10 +237,12 @@ def override_list(overrides, who: str = "load_scenario") -> list[str]:
 
 
 def load_scenario(path: str | Path | None = None, overrides: list[str] | str | None = None,
-                  data: dict | None = None, source: str | None = None) -> Scenario:
+                  data: dict | None = None, source: str | None = None,
+                  pinned: Sequence[tuple[str, Any]] = ()) -> Scenario:
     """Read a TOML file (or take ``data``), apply overrides, fill defaults, validate.
     ``source``: with ``data``, the file it came from (its folder is where the scenario's
-    relative paths, e.g. a trace, are looked up)."""
+    relative paths, e.g. a trace, are looked up). ``pinned``: ``(key, value)`` pairs set
+    after the overrides, values as they are (``pinned_paths``); not in ``overrides``."""
     src = source or "<dict>"
     raw: dict = {}
     if path is not None:
@@ -229,15 +263,18 @@ def load_scenario(path: str | Path | None = None, overrides: list[str] | str | N
         raw = _merge(raw, data)
     for o in override_list(overrides):
         apply_override(raw, o)
+    for key, value in pinned:
+        set_value(raw, key, value)
     merged = _merge(DEFAULTS, raw)
     sc = Scenario(merged, src, list(overrides or []))
     validate(sc)
     return sc
 
 
-def pinned_paths(sc: Scenario) -> list[str]:
-    """``--set`` overrides naming the files ``sc`` uses (its profile set, its workloads'
-    traces) as this process finds them, for a process with another working folder or
+def pinned_paths(sc: Scenario) -> list[tuple[str, str]]:
+    """``(key, path)`` pairs naming the files ``sc`` uses (its profile set, its workloads'
+    traces) as this process finds them (for ``load_scenario(..., pinned=...)``: the
+    paths as they are, never through ``--set`` text), for a process with another working folder or
     environment (a Ray task) to use the same ones: found in the package's shipped data,
     by their path there (each install has its own copy); found elsewhere, by their
     absolute path. A path found nowhere, or already written so, gets none."""
@@ -246,7 +283,7 @@ def pinned_paths(sc: Scenario) -> list[str]:
     from clockwork.workloads import DATA_PATH_KEYS
 
     shipped = data_root().resolve()
-    out: list[str] = []
+    out: list[tuple[str, str]] = []
 
     def pin(key: str, written: str, found: Path | None) -> None:
         if found is None:
@@ -256,7 +293,7 @@ def pinned_paths(sc: Scenario) -> list[str]:
         except ValueError:
             value = os.path.abspath(found)
         if value != written:
-            out.append(f"{key}={json.dumps(value)}")  # (a TOML string: taken as written)
+            out.append((key, value))
 
     base = scenario_folder(sc.source)
     profiles = sc.cluster.get("profiles")

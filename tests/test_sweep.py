@@ -249,9 +249,68 @@ def test_missing_progress_bar_package_says_what_to_install(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("value", [1, -3, 2.5, 1e-05, 1e20, True, False, "a b\"c", "x/y",
-                                   [1, 2.0, "z"], {"a": 1, "b c": [True]}, []])
+                                   [1, 2.0, "z"], {"a": 1, "b c": [True]}, [],
+                                   # outside the BMP, DEL, control characters, a backslash
+                                   "\U0001F680 set", "del\x7f", "\x00\t\n\x1f", "a\\b",
+                                   "donn\u00e9es", {"\U0001F680": "\x7f"}])
 def test_values_survive_set(value):
     assert parse_value(toml_value(value)) == value
+
+
+def test_a_lone_surrogate_has_no_set_form():
+    with pytest.raises(ValueError, match="TOML string"):
+        toml_value("bad\udcff")
+
+
+def test_pinned_paths_of_any_name_reach_a_point_run_elsewhere(tmp_path, monkeypatch):
+    """A point run in another working folder (a Ray task) gets the scenario's files as
+    this process found them (``pinned_point``), whatever their names: a profile set in a
+    folder named with a character outside the BMP (written as JSON's surrogate escapes,
+    which TOML refuses, the path was taken with its quotes and not found) and a trace
+    under a non-ASCII name."""
+    import shutil
+
+    from clockwork.cluster.parallel import pinned_point, run_point
+    from clockwork.resources import data_root, profiles_root
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CLOCKWORK_PROFILES", raising=False)
+    sets = tmp_path / "\U0001F680 sets"
+    shutil.copytree(profiles_root() / "v100-reference", sets / "rp")
+    (tmp_path / "donn\u00e9es").mkdir()
+    shutil.copy(data_root() / "traces/samples/invocations_per_function_md.anon.d01.csv.gz",
+                tmp_path / "donn\u00e9es" / "t.csv.gz")
+    (tmp_path / "sub").mkdir()  # (the paths are not next to the scenario file)
+    (tmp_path / "sub" / "s.toml").write_text("""
+seed = 1
+duration_s = 2.0
+[cluster]
+profiles = "./\U0001F680 sets/rp"
+[[models]]
+name = "resnet18_v2"
+copies = 20
+[[workloads]]
+kind = "azure"
+trace = "donn\u00e9es/t.csv.gz"
+minutes = 1
+interval_s = 2.0
+models = "*"
+slo_ms = 100
+""", encoding="utf-8")
+    point = Point("sub/s.toml", "sub/s.toml", ("seed=1",), (("seed", 1),))
+    here = run_point(point)
+    assert "summary" in here, here
+    pinned = pinned_point(point)
+    assert dict(pinned.pinned) == {
+        "cluster.profiles": str(sets / "rp"),
+        "workloads.0.trace": str(tmp_path / "donn\u00e9es" / "t.csv.gz")}, pinned.pinned
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert "error" in run_point(point)  # (as written, the paths mean the other folder)
+    there = run_point(pinned)
+    assert "summary" in there, there
+    assert there["summary"] == here["summary"]
+    assert there["run"]["overrides"] == ["seed=1"]  # the pins are not the point's
 
 
 def test_point_names_are_stable():

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import json
 import math
 import multiprocessing
 import os
@@ -56,7 +55,10 @@ _READABLE_MAX = 96  # characters of a point's folder name before its hash
 
 def toml_value(v: Any) -> str:
     """``v`` written as a TOML value, the form ``--set key=VALUE`` parses back
-    (``clockwork.scenario.parse_value``). Raises ``ValueError`` for other types."""
+    (``clockwork.scenario.parse_value``; strings as ``clockwork.scenario.toml_string``
+    writes them). Raises ``ValueError`` for other types."""
+    from clockwork.scenario import toml_string
+
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, int):
@@ -68,11 +70,11 @@ def toml_value(v: Any) -> str:
             return "inf" if v > 0 else "-inf"
         return repr(v)
     if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=False)
+        return toml_string(v)
     if isinstance(v, list | tuple):
         return "[" + ", ".join(toml_value(x) for x in v) + "]"
     if isinstance(v, dict):
-        return "{" + ", ".join(f"{json.dumps(str(k))} = {toml_value(x)}"
+        return "{" + ", ".join(f"{toml_string(str(k))} = {toml_value(x)}"
                                for k, x in v.items()) + "}"
     raise ValueError(f"a {type(v).__name__} value cannot be written as a --set value")
 
@@ -92,15 +94,16 @@ class Point:
     the user wrote it (a shipped name or a path): it names the point, not ``path``, so a
     point's name does not depend on where the package is installed. ``labels`` are the
     ``(key, value)`` pairs that tell this point from the others (they make the readable
-    part of its name; every override is in its hash). ``pinned``: overrides applied after
-    them that name the scenario's files as the process that made the point finds them
-    (``pinned_point``); not part of its name, nor of its ``run.json``."""
+    part of its name; every override is in its hash). ``pinned``: ``(key, path)`` pairs set
+    after them (values as they are, not ``--set`` text) that name the scenario's files as
+    the process that made the point finds them (``pinned_point``); not part of its name,
+    nor of its ``run.json``."""
 
     scenario: str
     path: str
     overrides: tuple[str, ...] = ()
     labels: tuple[tuple[str, Any], ...] = ()
-    pinned: tuple[str, ...] = ()
+    pinned: tuple[tuple[str, str], ...] = ()
 
     @property
     def key(self) -> str:
@@ -195,7 +198,7 @@ def run_point(point: Point, folder: str | None = None, logs: bool = False) -> di
 
     t0 = time.perf_counter()
     try:
-        sc = load_scenario(point.path, [*point.overrides, *point.pinned])
+        sc = load_scenario(point.path, list(point.overrides), pinned=point.pinned)
         sc.overrides = list(point.overrides)  # (as the point was written: run.json's)
         res = Simulation(sc).run()
     except (ScenarioError, ValueError) as e:
