@@ -116,7 +116,7 @@ DEFAULT_PORT = 12346  # the controller's (clockwork controller --port)
 _SCHEMES = {"grpc": False, "http": False, "clockwork": False, "grpcs": True, "https": True}
 
 
-def _address(url: str) -> tuple[str, bool]:
+def controller_address(url: str) -> tuple[str, bool]:
     """``(HOST:PORT, tls)`` of a controller URL (``host:port``, ``[v6addr]:port``,
     optionally after ``grpc://`` or ``grpcs://``, in any case, and surrounding space):
     ``tls`` when its scheme says so. The one place that reads a URL, so that the address
@@ -497,7 +497,7 @@ class Client:
     def __init__(self, url: str = "127.0.0.1:12346", timeout: float | None = 30.0, *,
                  token: str | None = None, tls: bool = False, tls_ca=None, tls_cert=None,
                  tls_key=None) -> None:
-        self.url, tls_url = _address(url)
+        self.url, tls_url = controller_address(url)
         self.timeout = _seconds(timeout)
         self._channel = _channel(self.url, tls or tls_url, tls_ca, tls_cert, tls_key,
                                  aio=False)
@@ -610,7 +610,7 @@ class AsyncClient:
     def __init__(self, url: str = "127.0.0.1:12346", timeout: float | None = 30.0, *,
                  token: str | None = None, tls: bool = False, tls_ca=None, tls_cert=None,
                  tls_key=None) -> None:
-        self.url, tls_url = _address(url)
+        self.url, tls_url = controller_address(url)
         self.timeout = _seconds(timeout)
         self._channel = _channel(self.url, tls or tls_url, tls_ca, tls_cert, tls_key,
                                  aio=True)

@@ -265,6 +265,7 @@ class WorkerLink:
     call: object = None  # what actions go on: the Connect stream, or the fast link's FrameStream
     # the Connect stream, held (so it stays open) while the fast link carries the messages
     grpc_call: object = None
+    endpoints: frozenset = frozenset()  # the (IP, port) pairs its address resolved to
     fast: bool = True  # ask for the fast link (off after it could not be reached)
     connected: bool = False
     offset: int = 0  # worker clock - controller clock
@@ -300,6 +301,14 @@ class WorkerLink:
         self.samples.append((rtt, tw - (t0 + t2) // 2))
         best = min(self.samples)
         self.rtt, self.offset = best
+
+
+def _canonical(address: str) -> str:
+    """``addresses.canonical``, with an address it cannot read kept as given."""
+    try:
+        return addresses.canonical(address)
+    except ValueError:
+        return address
 
 
 async def _endpoints(address: str) -> frozenset[tuple[str, int]]:
@@ -368,7 +377,7 @@ class ControllerNode:
         self.cfg = cfg or SchedulerConfig()
         self.settings = settings or {}  # the policy's own settings (baselines)
         self.connect_timeout = connect_timeout
-        self.links = [WorkerLink(i, a) for i, a in enumerate(workers)]
+        self.links = [WorkerLink(i, _canonical(a)) for i, a in enumerate(workers)]
         self._add_lock = asyncio.Lock()  # workers joining at run time, one at a time
         self.ctrl: ControllerLoop | None = None
         self.policy: Policy | None = None
@@ -458,11 +467,12 @@ class ControllerNode:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         deadline = time.monotonic() + self.connect_timeout
-        seen: dict[tuple[str, int], str] = {}
+        seen: dict[tuple[str, int], WorkerLink] = {}
         for link in self.links:  # one worker listed twice would be taken back and forth
-            for ep in await _endpoints(link.address):
-                if seen.setdefault(ep, link.address) != link.address:
-                    raise ValueError(f"workers {seen[ep]} and {link.address} are one "
+            link.endpoints = await _endpoints(link.address)
+            for ep in link.endpoints:
+                if seen.setdefault(ep, link) is not link:
+                    raise ValueError(f"workers {seen[ep].address} and {link.address} are one "
                                      f"listener ({ep[0]} port {ep[1]}): list each worker once")
         await asyncio.gather(*(self._connect(link, deadline) for link in self.links))
         specs = []
@@ -493,23 +503,21 @@ class ControllerNode:
         print(f"controller: worker {link.address} still holds {n} cached model(s); "
               "serving them with no LOAD", file=sys.stderr, flush=True)
 
-    async def _link_to(self, address: str, wait: float) -> WorkerLink | None:
-        """The link to the worker ``address`` names, under any spelling that resolves to
-        one of the same endpoints (a second link to one worker would take it from the
-        first again and again), or None."""
+    async def _link_to(self, address: str, wait: float) -> tuple[WorkerLink | None, frozenset]:
+        """The link to the worker ``address`` (canonical) names, under any spelling that
+        resolves to one of the same endpoints (a second link to one worker would take it
+        from the first again and again), or None; and the endpoints ``address`` resolves
+        to (each link keeps its own, resolved when it was made)."""
         for lk in self.links:
             if lk.address == address:
-                return lk
+                return lk, lk.endpoints
         try:
             async with asyncio.timeout(wait):
                 wanted = await _endpoints(address)
-                for lk in self.links:
-                    if wanted & await _endpoints(lk.address):
-                        return lk
         except TimeoutError:
             raise RepositoryError(grpc.StatusCode.UNAVAILABLE,
                                   f"cannot resolve worker {address} in {wait:.1f} s") from None
-        return None
+        return next((lk for lk in self.links if wanted & lk.endpoints), None), wanted
 
     async def add_worker(self, address: str,
                          timeout: float | None = None) -> tuple[int, list[int], bool]:
@@ -525,13 +533,13 @@ class ControllerNode:
         if self.ctrl is None or self._stopping:
             raise RepositoryError(grpc.StatusCode.UNAVAILABLE, "the controller is not serving")
         try:
-            addresses.split(address)
+            address = addresses.canonical(address)
         except ValueError as e:
             raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-        address = address.strip()
         wait = self.connect_timeout if timeout is None else timeout
+        deadline = time.monotonic() + wait  # (one for the name's resolution and the dial)
         async with self._add_lock:
-            lk = await self._link_to(address, wait)
+            lk, endpoints = await self._link_to(address, max(0.0, deadline - time.monotonic()))
             if lk is not None:
                 return lk.index, [self.gpu_index[(lk.index, g.gpu)]
                                   for g in lk.state.gpus], False
@@ -542,9 +550,10 @@ class ControllerNode:
             if why is not None:
                 raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT,
                                       f"this controller runs without the cluster secret: {why}")
-            link = WorkerLink(len(self.links), address)
+            link = WorkerLink(len(self.links), address, endpoints=endpoints)
             try:
-                await asyncio.wait_for(self._connect(link, time.monotonic() + wait), wait)
+                await asyncio.wait_for(self._connect(link, deadline),
+                                       max(0.0, deadline - time.monotonic()))
             except ValueError as e:
                 raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
             except (ConnectionError, TimeoutError) as e:
@@ -859,7 +868,9 @@ class ControllerNode:
         call = link.grpc_call
         try:
             msg = await call.read()
-            link.error = ("its gRPC stream ended" if msg is grpc.aio.EOF or msg is None else
+            # (a clean end is told as the fast link's reader tells it: either may see the
+            # end of a session first, and a cause that changes is logged every time)
+            link.error = ("stream ended" if msg is grpc.aio.EOF or msg is None else
                           "a message on its gRPC stream beside the fast link")
         except grpc.aio.AioRpcError as e:
             link.error = f"{e.code()}: {e.details()}"

@@ -46,6 +46,9 @@ BAD = [
     (["worker", "--seed", "-1"], "-1"),
     (["compile", "mlp", "--seed", str(10**30)], "2^63 - 1"),
     (["infer", "m", "--controller", "h:70000"], "70000"),
+    (["infer", "m", "--controller", "grpc://127.0.0.1"], "grpc://127.0.0.1"),
+    (["controller", "--workers", "dns:///127.0.0.1:5"], "dns:///127.0.0.1:5"),
+    (["controller", "--workers", "127.0.0.1:5,127.0.0.1"], "127.0.0.1"),
     (["controller", "--workers", "x"], "x"),
     (["controller", "--workers", "127.0.0.1:1", "--max-batch", "0"], "0"),
     (["controller", "--workers", "127.0.0.1:1", "--default-slo-ms", "nan"], "nan"),
@@ -139,6 +142,11 @@ RUNTIME_FAILURES = [
     # (argv, a fragment of the one stderr line): a failure while running, not a usage
     # error: exit 1 (docs/contracts.md, exit codes)
     (["replay", SC, "--controller", "127.0.0.1:1"],
+     "could not reach the controller at 127.0.0.1:1"),
+    # a URL as clockwork.Client takes it (the scheme chooses TLS)
+    (["replay", SC, "--controller", "grpc://127.0.0.1:1"],
+     "could not reach the controller at 127.0.0.1:1"),
+    (["infer", "--list", "--controller", "grpcs://127.0.0.1:1", "--timeout", "5"],
      "could not reach the controller at 127.0.0.1:1"),
 ]
 

@@ -37,6 +37,14 @@ def split(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def canonical(text: str) -> str:
+    """``HOST:PORT`` as ``split`` reads it, written back the one way (no spaces, the port
+    without leading zeros, an IPv6 address in brackets): the form a worker link keeps and
+    names in its proofs, which the worker compares with its own port as text."""
+    host, port = split(text)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 async def endpoints(address: str) -> frozenset[tuple[str, int]]:
     """The (IP, port) pairs ``address`` resolves to; a host that does not resolve stands for
     itself (lower case), so that two equal spellings still match."""

@@ -114,13 +114,24 @@ def probability(text: str) -> float:
 def address(text: str) -> str:
     """``host:port`` with a port 1-65535 (an IPv6 address in brackets): the rule of
     ``clockwork.protocol.addresses.split``, which a running controller's AddWorker uses."""
-    from clockwork.protocol.addresses import split
+    from clockwork.protocol.addresses import canonical
 
     try:
-        split(text)
+        return canonical(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e).replace("worker address ", "")) from None
-    return text.strip()
+
+
+def controller_url(text: str) -> str:
+    """A controller's address as ``clockwork.Client`` takes it (``HOST:PORT``, optionally
+    after ``grpc://`` or ``grpcs://``): the client's own rule."""
+    from clockwork.client import controller_address
+
+    try:
+        controller_address(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def ray_address(text: str) -> str:
