@@ -46,10 +46,14 @@ _FRAME = 6  # bytes a reply adds to its message besides its own size (tag and le
 # a client_time_ns is nanoseconds of a clock: positive and below 2^62 (146 years, beyond any
 # clock counted from a machine's boot or from 1970 until the year 2116) ...
 CLIENT_CLOCK_MAX_NS = 1 << 62
-# ... and the offset it implies (receipt - client_time_ns) within this of the stream's
-# smallest so far, either way: a message on its way a minute longer than the stream's
-# fastest one, or a clock that jumped a minute, is no reading of the stream's clock
+# ... and the offset it implies (receipt - client_time_ns) is taken within this of the
+# stream's smallest so far, either way; a message is charged at most this much
 CLIENT_CLOCK_WINDOW_NS = 60 * 1_000_000_000
+# this many messages in a row whose offsets lie past the window and within
+# CLIENT_CLOCK_STEP_NS of each other: the client's clock stepped, and the stream's offset
+# is theirs from then on (an honest stream recovers from a clock step or a lying first stamp)
+CLIENT_CLOCK_STEP_RUN = 3
+CLIENT_CLOCK_STEP_NS = 1_000_000_000
 
 
 class Gate:
@@ -167,18 +171,25 @@ class ClientClock:
     long a message spent on its way beyond the stream's fastest one (its requests are
     charged that: ``late`` of ``ControllerNode.submit_many``). The offset between the
     client's clock and the controller's is unknown; the smallest ``receipt -
-    client_time_ns`` of the stream's messages stands for it. A time of 0 is none (late
-    0). A time that cannot be a reading of that clock is ignored, the message taken as
-    sent when it arrived (late 0), and ``why`` says why (else ""): negative, or
-    ``CLIENT_CLOCK_MAX_NS`` or more; an offset more than ``CLIENT_CLOCK_WINDOW_NS`` from
-    the stream's (the first time that is not ignored sets it). So whatever a client's
-    times say, they charge its stream's requests at most the window."""
+    client_time_ns`` of the stream's messages stands for it (the first message's sets it).
 
-    __slots__ = ("fastest", "why")
+    A time of 0 is none (late 0). A time below 1 or from ``CLIENT_CLOCK_MAX_NS`` on is no
+    clock reading: ignored, the message taken as sent when it arrived (late 0). An offset
+    more than ``CLIENT_CLOCK_WINDOW_NS`` from the stream's: behind it, the message is
+    charged the window (it was held up at least that long, or its stamp lies); ahead of
+    it, late 0 (the stream's offset stays). ``CLIENT_CLOCK_STEP_RUN`` such messages in a
+    row that agree (within ``CLIENT_CLOCK_STEP_NS``) are a clock that stepped, or a first
+    stamp that lied: their offset becomes the stream's. ``why`` says when a time was
+    not taken as it is (else ""). Whatever a client's times say, they charge its
+    stream's requests at most the window, and no other stream's."""
+
+    __slots__ = ("fastest", "why", "off", "run")
 
     def __init__(self) -> None:
         self.fastest: int | None = None  # the stream's smallest receipt - client time
         self.why = ""
+        self.off = 0  # the offset of the latest message past the window ...
+        self.run = 0  # ... and how many in a row agree with it
 
     def late(self, receipt: int, client_time_ns: int) -> int:
         self.why = ""
@@ -186,22 +197,34 @@ class ClientClock:
             return 0
         if not 0 < client_time_ns < CLIENT_CLOCK_MAX_NS:
             self.why = (f"client_time_ns {client_time_ns} is no clock reading (nanoseconds, "
-                        f"from 1 to 2^62 - 1)")
+                        f"from 1 to 2^62 - 1): taken as sent on arrival")
             return 0
         d = receipt - client_time_ns
         fastest = self.fastest
         if fastest is None:
             self.fastest = d
             return 0
-        if abs(d - fastest) > CLIENT_CLOCK_WINDOW_NS:
-            self.why = (f"client_time_ns {client_time_ns} is {abs(d - fastest) / 1e9:.3g} s "
-                        f"{'behind' if d > fastest else 'ahead of'} the clock of the stream's "
-                        f"earlier messages (at most {CLIENT_CLOCK_WINDOW_NS // 10**9} s)")
+        gap = d - fastest
+        if -CLIENT_CLOCK_WINDOW_NS <= gap <= CLIENT_CLOCK_WINDOW_NS:
+            self.run = 0
+            if gap < 0:
+                self.fastest = d
+                return 0
+            return gap
+        if self.run and abs(d - self.off) <= CLIENT_CLOCK_STEP_NS:
+            self.run += 1
+        else:
+            self.off, self.run = d, 1
+        where = f"{abs(gap) / 1e9:.3g} s {'behind' if gap > 0 else 'ahead of'}"
+        if self.run >= CLIENT_CLOCK_STEP_RUN:
+            self.fastest, self.run = d, 0
+            self.why = (f"client clock stepped: {CLIENT_CLOCK_STEP_RUN} messages in a row "
+                        f"{where} the stream's clock, which is theirs from now on")
             return 0
-        if d < fastest:
-            self.fastest = d
-            return 0
-        return d - fastest
+        self.why = (f"client_time_ns {client_time_ns} is {where} the clock of the stream's "
+                    f"earlier messages (at most {CLIENT_CLOCK_WINDOW_NS // 10**9} s either "
+                    f"way): {'charged that much' if gap > 0 else 'taken as sent on arrival'}")
+        return CLIENT_CLOCK_WINDOW_NS if gap > 0 else 0
 
 
 class _Stream:
@@ -279,7 +302,7 @@ async def serve_stream(node, requests, context) -> None:
             late = clock.late(t0, batch.client_time_ns)
             if clock.why:
                 node.count("client_times_ignored")
-                _CLOCK_LOG(f"InferStream from {conn}: ignored {clock.why}")
+                _CLOCK_LOG(f"InferStream from {conn}: {clock.why}")
             reqs = batch.requests
             n = len(reqs)
             if n <= size:

@@ -498,13 +498,14 @@ def test_a_stream_whose_client_clock_lies_is_answered_and_ends(profiles):
 
 
 def test_client_times_that_are_no_clock_reading_are_ignored(profiles):
-    """A stream's ``client_time_ns`` that cannot be a reading of the clock its other
-    messages read (negative, 2^62 or more, or implying a clock offset more than
-    CLIENT_CLOCK_WINDOW_NS away from the stream's) is ignored and counted
-    (``client_times_ignored``): that message's requests, and the later ones stamped by
-    the client's real clock, are served as they arrive, none answered TIMEOUT a day late
-    into the controller's statistics. A message stamped within the window still has its
-    delay charged."""
+    """A stream's ``client_time_ns`` that cannot be a clock reading (below 1, 2^62 or
+    more) is ignored: that message's requests are served as they arrive. One far behind
+    the stream's clock (stamped 1 on a clock at 10^15) is charged the window, 60 s, not
+    the day it claims: answered TIMEOUT with a latency under 61 s. The later messages,
+    stamped by the client's real clock, are served, and one stamped 3 s ago has that
+    delay charged. Every time not taken as it is, is counted (``client_times_ignored``);
+    none reached the controller's statistics as a day (before, one stamp of 2^63 - 1
+    made every later request of the stream TIMEOUT at once, a day late)."""
     with _cluster(profiles) as c:
         async def main():
             async with grpc.aio.insecure_channel(c.address) as ch:
@@ -530,12 +531,53 @@ def test_client_times_that_are_no_clock_reading_are_ignored(profiles):
                 assert sorted(got) == list(range(10))
                 late = got.pop(9)  # sent 3 s ago by its clock: late, charged its delay
                 assert late[0] == 4 and 3e9 <= late[1] < 4e9, late
+                behind = got.pop(2)  # stamped 1: charged the 60 s window, no more
+                assert behind[0] == 4 and 60e9 <= behind[1] < 61e9, behind
                 assert all(s == 0 and lat < 5e9 for s, lat in got.values()), got
             counters = await _settled(c.address)
             assert counters["client_times_ignored"] == len(absurd)
-            assert counters.get("requests_timeout", 0) == 1
+            assert counters.get("requests_timeout", 0) == 2
 
         asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_stream_clock_is_capped_and_follows_a_step():
+    """``ClientClock`` on its own (times in s here, as ns): within the window a message
+    is charged its delay beyond the fastest; past it, behind is charged the window (no
+    cliff at 60 s: held 61 s is not served as fresh) and ahead nothing; three messages
+    in a row that agree on a new offset (a clock step, or a first stamp that lied) make
+    it the stream's, so an honest stream recovers."""
+    from controller.intake import CLIENT_CLOCK_WINDOW_NS as W
+    from controller.intake import ClientClock
+
+    s = 10**9
+    c = ClientClock()
+    t0 = 10**6 * s  # the client's clock, far from the controller's (arrivals at 1000 s on)
+    assert c.late(1000 * s, t0) == 0 and c.why == ""
+    assert c.late(1010 * s, t0 + 9 * s) == 1 * s  # 1 s on its way beyond the fastest
+    assert c.late(1020 * s, t0 + 20 * s) == 0 and c.fastest == 1000 * s - t0  # faster
+    assert c.late(1100 * s, t0 + 41 * s) == 59 * s  # held 59 s: charged 59 s
+    assert c.late(1100 * s, t0 + 39 * s) == W and "behind" in c.why  # 61 s: the window
+    assert c.late(1101 * s, t0 + 101 * s) == 0 and c.why == ""
+    # the client's clock steps 300 s forward: ignored twice, then the stream's
+    for k in range(3):
+        got = c.late((1102 + k) * s, t0 + (402 + k) * s)
+        assert got == 0 and c.why, (k, c.why)
+    assert "stepped" in c.why and c.fastest == 1104 * s - (t0 + 404 * s)
+    assert c.late(1110 * s, t0 + 408 * s) == 2 * s and c.why == ""  # charged as before
+    # a first stamp that lied (far in the future): charged the window twice, then right
+    c = ClientClock()
+    assert c.late(1000 * s, t0 + 3600 * s) == 0
+    assert [c.late((1001 + k) * s, t0 + (1 + k) * s) for k in range(3)] == [W, W, 0]
+    assert c.late(1010 * s, t0 + 10 * s) == 0 and c.late(1011 * s, t0 + 10 * s) == 1 * s
+    # stamps past the window that do not agree are no step
+    c = ClientClock()
+    c.late(1000 * s, t0)
+    assert [c.late(1001 * s, t0 - k * 100 * s) for k in (1, 2, 3, 4)] == [W] * 4
+    assert c.fastest == 1000 * s - t0
+    for bad in (-1, -(2**63), 2**62, 2**63 - 1):  # no clock reading: as sent on arrival
+        assert c.late(1002 * s, bad) == 0 and "no clock reading" in c.why
+    assert c.late(1002 * s, 0) == 0 and c.why == ""  # 0: no time given
 
 
 # ---------------------------------------------------------------------- a bad worker
