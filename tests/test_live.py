@@ -208,12 +208,12 @@ def test_a_stream_closed_under_its_requests_fails_them(cluster):
     """``AsyncClient.close()`` with requests still on a stream: each fails
     ControllerUnavailable (none waits for good), the stream's own close returns; a submit
     that raises (a bad input or SLO) leaves nothing outstanding."""
-    from clockwork.errors import ControllerUnavailable
+    from clockwork.errors import ControllerUnavailable, InvalidRequest
 
     async def go():
         c = clockwork.AsyncClient(cluster.address, timeout=10)
         s = c.stream()
-        with pytest.raises(ValueError):
+        with pytest.raises(InvalidRequest, match="not an array"):
             s.submit("mobilenet_v2", inputs={"data": [[1.0, 2.0], [3.0]]})  # ragged
         with pytest.raises(ValueError):
             s.submit("mobilenet_v2", slo_ms="soon")

@@ -30,8 +30,9 @@ def test_the_loop_runs_timers_and_sockets_in_order():
     async def main():
         loop = asyncio.get_running_loop()
         order = []
+        now = loop.time()  # (one instant: the thread may be paused between the calls)
         for d in (0.0003, 0.0001, 0.0002):
-            loop.call_later(d, order.append, d)
+            loop.call_at(now + d, order.append, d)
         r, w = await asyncio.open_connection(*(await _echo_server()))
         w.write(b"ping")
         assert await r.readexactly(4) == b"ping"
