@@ -129,10 +129,12 @@ def main(argv=None) -> dict:
     if sc.cluster.get("device", "emulated") == "emulated":
         p.error(f"scenario {args.scenario!r} uses emulated workers; this measures real ones")
     from clockwork.profiles import load_profile_set
+    from clockwork.resources import scenario_folder
 
-    pset = load_profile_set(str(sc.cluster["profiles"]))
+    # (the scenario itself, not its data: a set or trace beside its file is found there)
+    pset = load_profile_set(str(sc.cluster["profiles"]), scenario_folder(sc.source))
     with common.Timer() as t:
-        res = common.run(sc.data, live=True)
+        res = common.run_live(sc)
     out = analyse(columns(res.telemetry.actions), pset.profiles)
     out["run"] = {"scenario": args.scenario, "duration_s": args.duration,
                   "summary": {k: res.summary[k] for k in ("submitted", "slo_attainment",
