@@ -434,3 +434,137 @@ def test_a_node_that_cannot_host_a_worker_now_is_tried_again(ray_nodes, capsys):
     finally:
         for n in nodes:
             ray_nodes.remove_node(n)
+
+
+class _FakeController:
+    """``clockwork.client.Client`` as ``RayCluster.add_new_nodes`` uses it, answering
+    ``add_worker`` as a controller does (the next worker index), with ``refuse`` calls
+    refused first, each call waiting while ``hold`` is clear."""
+
+    def __init__(self, cluster, refuse: int = 0) -> None:
+        self.cluster, self.refuse = cluster, refuse
+        self.calls: list[str] = []
+        self.hold, self.entered = threading.Event(), threading.Event()
+        self.hold.set()
+
+    def __call__(self, *args, **kw):
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def add_worker(self, address: str, timeout: float | None = None) -> dict:
+        self.calls.append(address)
+        self.entered.set()
+        if len(self.calls) <= self.refuse:
+            raise ConnectionError("not now")
+        self.hold.wait(60)
+        n = len(self.cluster.actors)
+        return {"worker": n, "gpus": [2 * n, 2 * n + 1], "added": True}
+
+
+def _gpus_free() -> float:
+    import ray
+
+    return ray.available_resources().get("clockwork_gpu", 0.0)
+
+
+def test_stop_kills_the_actors_the_node_watcher_is_adding(ray_nodes, monkeypatch):
+    """``stop`` while the node watcher waits on the controller for its new workers (past
+    the time stop waits for the watcher): the actors it made are killed all the same,
+    and none is counted afterwards, so the nodes' GPUs are free again (they were left
+    held, by actors nobody stops, on a Ray cluster this process does not own)."""
+    import ray
+
+    import clockwork.client
+    from clockwork.cluster.ray_cluster import RayCluster
+
+    poll(lambda: _gpus_free() >= 4, 60.0, 0.1)  # (the earlier tests' actors are gone)
+    c = RayCluster(watch_s=0, timeout=60.0)
+    c.address = "127.0.0.1:1"  # (no controller: the fake one answers)
+    fake = _FakeController(c)
+    fake.hold.clear()
+    monkeypatch.setattr(clockwork.client, "Client", fake)
+    c._watcher = threading.Thread(target=c.add_new_nodes, daemon=True)
+    watcher = c._watcher
+    try:
+        watcher.start()
+        assert fake.entered.wait(60), "no worker actor started"
+        assert _gpus_free() == 0
+        c.timeout = 0.5  # (how long stop waits for the watcher)
+        c._stop_workers()
+        fake.hold.set()  # the controller answers now: too late
+        watcher.join(60)
+        assert not watcher.is_alive()
+        assert c.actors == []
+        poll(lambda: _gpus_free() >= 4, 30.0, 0.1)
+    finally:
+        fake.hold.set()
+        for a in c.actors:
+            ray.kill(a, no_restart=True)
+
+
+def test_a_new_nodes_worker_takes_the_flags_of_its_place(ray_nodes, monkeypatch):
+    """A worker's flags (``worker_args[i]``: the scenario's clock offset, seed) and port
+    are those of its place in the controller's order, not of how many actors were made:
+    the first node's worker is not taken by the controller, so the second node's (made
+    for place 1) is made again for place 0, and the first node, tried again later, gets
+    place 1 (it got place 2, and the flags of none)."""
+    import clockwork.client
+    from clockwork.cluster.ray_cluster import RayCluster
+
+    poll(lambda: _gpus_free() >= 4, 60.0, 0.1)
+    c = RayCluster(watch_s=0, timeout=60.0,
+                   worker_args=[["--clock-offset-ms", "5"], ["--clock-offset-ms", "7"]])
+    c.address = "127.0.0.1:1"
+    fake = _FakeController(c, refuse=1)
+    monkeypatch.setattr(clockwork.client, "Client", fake)
+    try:
+        added: list[dict] = []
+        for _ in range(4):  # (a node that failed is looked at again after a look)
+            added += c.add_new_nodes()
+            if len(added) == 2:
+                break
+        assert [a["worker"] for a in added] == [0, 1], added
+        assert [c.worker_info(i)["index"] for i in range(2)] == [0, 1]
+        assert len(fake.calls) == 3 and fake.calls[2] == c.worker_addresses[1]
+    finally:
+        c._stop_workers()
+    poll(lambda: _gpus_free() >= 4, 30.0, 0.1)
+
+
+def test_a_worker_after_one_that_did_not_start_takes_its_place(ray_nodes, monkeypatch):
+    """The first node's worker actor cannot start in time (its GPUs held), the second
+    node's, made for place 1, did: it is made again for place 0, the place the controller
+    gives it (its flags and port)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    import clockwork.client
+    from clockwork.cluster.ray_cluster import RayCluster, offered_nodes
+
+    poll(lambda: _gpus_free() >= 4, 60.0, 0.1)
+    first = offered_nodes("emulated")[0][0]
+
+    @ray.remote(num_cpus=0, resources={"clockwork_gpu": 2})
+    class Holder:
+        def ready(self) -> bool:
+            return True
+
+    holder = Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+        first[0], soft=False)).remote()
+    ray.get(holder.ready.remote(), timeout=60)
+    c = RayCluster(watch_s=0, timeout=3.0)
+    c.address = "127.0.0.1:1"
+    monkeypatch.setattr(clockwork.client, "Client", _FakeController(c))
+    try:
+        added = c.add_new_nodes()
+        assert [a["worker"] for a in added] == [0], added
+        assert c.nodes[0][0] != first[0] and c.worker_info(0)["index"] == 0
+    finally:
+        c._stop_workers()
+        ray.kill(holder)
+    poll(lambda: _gpus_free() >= 4, 30.0, 0.1)

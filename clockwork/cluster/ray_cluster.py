@@ -36,7 +36,14 @@ pid, node and address.
   node; one held pending past ``timeout`` is killed, so that it cannot take the GPUs
   later, unseen): one line each, the cluster serves on the others, and the node is looked
   at again after 1, 2, 4, ... ``RETRY_LOOKS_MAX`` looks (its line again only for another
-  cause).
+  cause);
+- a worker's per-worker flags (``worker_args[i]``: a scenario's clock offset, seed) and
+  port (``worker_port + 10 * i``) are those of its place ``i`` in the controller's order
+  (an actor made for a later place, because a node before it failed, is made again for
+  its own); actors' names and port files are numbered apart, never reused;
+- ``stop`` kills the workers' actors and every actor still starting or being added by
+  the node watcher (which makes none once stopping, and kills one the controller took
+  meanwhile): none is left holding a node's GPUs.
 
 Not here yet: a worker whose old port is taken when Ray restarts it fails to start (the
 controller would have to learn a new address); a node that leaves keeps its worker's
@@ -98,14 +105,18 @@ class WorkerActor:
     ends by itself the process exits, so that Ray starts the actor again."""
 
     def __init__(self, index: int, flags: list[str], secret: str, run_id: str,
-                 host: str | None = None, port: int = 0, insecure: bool = False) -> None:
+                 host: str | None = None, port: int = 0, insecure: bool = False,
+                 slot: int | None = None) -> None:
+        """``index``: the worker's place in the controller's order (its flags and port
+        were chosen by it); ``slot``: this actor's own number (its port file; default
+        ``index``), never reused in a cluster."""
         from clockwork.protocol.security import SECRET_ENV, cluster_secret, exposure_error
 
         self.index = index
         self.pid = os.getpid()
         self.node_id = ray.get_runtime_context().get_node_id()
         self.host = host or ray.util.get_node_ip_address()  # the node's address in Ray
-        self._port_file = _state_dir(run_id) / f"worker{index}.port"
+        self._port_file = _state_dir(run_id) / f"worker{index if slot is None else slot}.port"
         # a restart (same node): take the port of the first start again
         self.restarted = self._port_file.exists()
         if self.restarted:
@@ -244,6 +255,10 @@ def gpu_nodes(device: str) -> list[tuple[str, str, int]]:
     return [node for node, _ in offered_nodes(device)]
 
 
+class _Stopping(Exception):  # noqa: N818 - not an error: the cluster is stopping
+    """No worker actor is made: the cluster is stopping."""
+
+
 def _kill(actor) -> None:
     try:
         ray.kill(actor, no_restart=True)
@@ -286,6 +301,10 @@ class RayCluster(LocalCluster):
         self.run_id = secrets.token_hex(6)
         self.actors: list = []  # the workers' actors, in the controller's order
         self.nodes: list[tuple[str, str, int]] = []  # their nodes
+        # actors made and not yet in actors (starting, or waiting for the controller to
+        # take them): stop kills them too; _lock guards actors and _pending together
+        self._pending: set = set()
+        self._lock = threading.Lock()
         self._made = 0  # actors made, each numbered (its name and port file)
         # node id -> [cause, failures, looks to skip] of a node that has no worker
         self._unhosted: dict[str, list] = {}
@@ -338,59 +357,90 @@ class RayCluster(LocalCluster):
                     f"emulated GPUs (resource '{RESOURCE}': ray start --resources "
                     f"'{{\"{RESOURCE}\": 2}}')")
             raise ChildRefused(f"no live Ray node offers {what}")
-        started, failed = self._launch(offered)
+        started, failed = self._launch(offered, 0)
         if not started:
             why = "; ".join(f"Ray node {_node_name(node)}: {line}" for node, _, line in failed)
             if all(cause == "timeout" for _, cause, _ in failed):
                 raise TimeoutError(f"no worker actor started: {why}")
             raise ChildRefused(f"no Ray node can host a worker actor: {why}")
-        self.actors = [actor for _, actor, _ in started]
-        self.nodes = [node for node, _, _ in started]
+        with self._lock:
+            if self._watch_stop.is_set():  # (stopped meanwhile: its actors are killed)
+                raise ChildRefused("the cluster was stopped while its workers started")
+            self.actors = [actor for _, actor, _ in started]
+            self.nodes = [node for node, _, _ in started]
+            self._pending.difference_update(self.actors)
         for node, cause, line in failed:
             self._unhosted_now(node, cause, line)
         return [address for _, _, address in started]
 
-    def _launch(self, offered: list[tuple[tuple[str, str, int], float]]):
+    def _launch(self, offered: list[tuple[tuple[str, str, int], float]], first: int):
         """A worker actor on each of ``offered`` (as ``offered_nodes`` gives them) that
         has the CPUs for one, waiting up to ``timeout`` for them to listen: (the started
-        ones as (node, actor, address), the others as (node, cause, one line)). An actor
-        that did not start is killed (a pending one would take its node's GPUs later)."""
-        started, failed, tries = [], [], []
+        ones as (node, actor, address), the others as (node, cause, one line)). The
+        started ones are the controller's workers ``first``, ``first + 1``, ... in order,
+        each made with that index's flags and port: one made for a later place (a node
+        before it failed) is made again for its place. An actor that did not start is
+        killed (a pending one would take its node's GPUs later). The started ones stay in
+        ``_pending`` until the caller counts them."""
+        started, failed = [], []
+        todo = []
+        for node, cpus in offered:
+            if cpus < self.worker_num_cpus:
+                failed.append((node, "cpus", f"it has {cpus:g} CPU(s) and a worker actor "
+                               f"takes {self.worker_num_cpus:g} (worker_num_cpus)"))
+            else:
+                todo.append(node)
+        tries: list = []
         try:
-            for node, cpus in offered:
-                if cpus < self.worker_num_cpus:
-                    failed.append((node, "cpus", f"it has {cpus:g} CPU(s) and a worker actor "
-                                   f"takes {self.worker_num_cpus:g} (worker_num_cpus)"))
-                    continue
-                actor = self._start_actor(node)
-                tries.append((node, actor, actor.address.remote()))
-            ready = set()
-            if tries:
-                ready = set(ray.wait([ref for *_, ref in tries], num_returns=len(tries),
+            while todo and not self._watch_stop.is_set():
+                tries = []
+                for k, node in enumerate(todo):
+                    actor = self._start_actor(node, first + len(started) + k)
+                    tries.append((node, actor, actor.address.remote(),
+                                  first + len(started) + k))
+                ready = set(ray.wait([t[2] for t in tries], num_returns=len(tries),
                                      timeout=self.timeout)[0])
-            for node, actor, ref in tries:
-                if ref in ready:
-                    try:
-                        started.append((node, actor, ray.get(ref)))
-                        continue
-                    except Exception as e:  # noqa: BLE001 - the node's line says what
-                        cause, line = (type(e).__name__,
-                                       f"its worker actor did not start: {_first_line(e)}")
-                else:
-                    cause, line = "timeout", (
-                        f"its worker actor did not start in {self.timeout:.0f} s (are its "
-                        "GPUs or CPUs taken by other actors?)")
-                _kill(actor)
-                failed.append((node, cause, line))
+                todo = []
+                for node, actor, ref, index in tries:
+                    if ref in ready:
+                        try:
+                            address = ray.get(ref)
+                        except Exception as e:  # noqa: BLE001 - the node's line says what
+                            cause, line = (type(e).__name__,
+                                           f"its worker actor did not start: {_first_line(e)}")
+                        else:
+                            if index == first + len(started):
+                                started.append((node, actor, address))
+                            else:  # (made for a later place: again, for its own)
+                                self._drop(actor)
+                                todo.append(node)
+                            continue
+                    else:
+                        cause, line = "timeout", (
+                            f"its worker actor did not start in {self.timeout:.0f} s (are "
+                            "its GPUs or CPUs taken by other actors?)")
+                    self._drop(actor)
+                    failed.append((node, cause, line))
+                tries = []
         except BaseException:
-            for _, actor, _ in tries:
-                _kill(actor)
+            for t in tries:
+                self._drop(t[1])
+            for _, actor, _ in started:
+                self._drop(actor)
             raise
         return started, failed
+
+    def _drop(self, actor) -> None:
+        """Kill ``actor`` (one of ours that is not a worker of the controller)."""
+        with self._lock:
+            self._pending.discard(actor)
+        _kill(actor)
 
     def _unhosted_now(self, node: tuple[str, str, int], cause: str, line: str) -> None:
         """``node`` has no worker (``cause``: a key, ``line``: why): said once per cause;
         it is looked at again after 1, 2, 4, ... ``RETRY_LOOKS_MAX`` looks."""
+        if self._watch_stop.is_set():  # (stopping: its actor was killed for that)
+            return
         was = self._unhosted.get(node[0])
         failures = was[1] + 1 if was else 1
         if was is None or was[0] != cause:
@@ -399,28 +449,38 @@ class RayCluster(LocalCluster):
                   file=sys.stderr, flush=True)
         self._unhosted[node[0]] = [cause, failures, min(2 ** (failures - 1), RETRY_LOOKS_MAX)]
 
-    def _start_actor(self, node: tuple[str, str, int]):
-        """A worker actor on ``node`` (node id, address, GPU count), numbered in the order
-        they are made (its name, its port, its port file)."""
-        i = self._made
-        self._made += 1
+    def _start_actor(self, node: tuple[str, str, int], index: int):
+        """A worker actor on ``node`` (node id, address, GPU count) for the controller's
+        worker ``index``: that worker's flags (``worker_args[index]``) and port
+        (``worker_port + 10 * index``); its name and port file by the order actors are
+        made (never reused). Put in ``_pending``; none once the cluster is stopping
+        (``_Stopping``)."""
         node_id, ip, n = node
-        flags = self._flags(i, n)
+        flags = self._flags(index, n)
         worker_args(flags, "127.0.0.1", 0)  # a bad flag: one line here, not in an actor
-        opts: dict = {"num_cpus": self.worker_num_cpus,
-                      "max_restarts": self.max_restarts,
-                      "name": f"clockwork-{self.run_id}-worker{i}",
-                      "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id,
-                                                                            soft=False)}
-        if self.device == "cuda":
-            opts["num_gpus"] = n
-        else:
-            opts["resources"] = {RESOURCE: n}
-        port = self.worker_port + 10 * i if self.worker_port else 0
-        return ray.remote(WorkerActor).options(**opts).remote(
-            i, flags, self.cluster_secret or "", self.run_id, ip, port, self.insecure_workers)
+        port = self.worker_port + 10 * index if self.worker_port else 0
+        with self._lock:
+            if self._watch_stop.is_set():
+                raise _Stopping()
+            slot = self._made
+            self._made += 1
+            opts: dict = {"num_cpus": self.worker_num_cpus,
+                          "max_restarts": self.max_restarts,
+                          "name": f"clockwork-{self.run_id}-worker{slot}",
+                          "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id,
+                                                                                soft=False)}
+            if self.device == "cuda":
+                opts["num_gpus"] = n
+            else:
+                opts["resources"] = {RESOURCE: n}
+            actor = ray.remote(WorkerActor).options(**opts).remote(
+                index, flags, self.cluster_secret or "", self.run_id, ip, port,
+                self.insecure_workers, slot)
+            self._pending.add(actor)
+        return actor
 
     def start(self) -> RayCluster:
+        self._watch_stop.clear()
         super().start()
         if self.watch_s > 0:
             self._watcher = threading.Thread(target=self._watch, name="clockwork-ray-nodes",
@@ -449,26 +509,45 @@ class RayCluster(LocalCluster):
                 was[2] -= 1
                 continue
             due.append((node, cpus))
-        started, failed = self._launch(due)
-        for node, cause, line in failed:
-            self._unhosted_now(node, cause, line)
+        cpus_of = {node[0]: cpus for node, cpus in due}
         added = []
-        for node, actor, address in started:
-            try:
-                with Client(self.address, token=self.token or "") as c:
-                    got = c.add_worker(address, timeout=self.timeout)
-            except Exception as e:  # noqa: BLE001 - the node is tried again later
-                _kill(actor)
-                self._unhosted_now(node, type(e).__name__, "the controller did not take its "
-                                   f"worker at {address}: {_first_line(e)}")
-                continue
-            self.actors.append(actor)
-            self.nodes.append(node)
-            self.worker_addresses.append(address)
-            self._unhosted.pop(node[0], None)
-            print(f"clockwork: Ray node {_node_name(node)} joined: worker {got['worker']} at "
-                  f"{address}, GPUs {got['gpus']}", file=sys.stderr, flush=True)
-            added.append(got)
+        while due and not self._watch_stop.is_set():
+            # (the controller gives the next worker the next index: len(actors))
+            started, failed = self._launch(due, len(self.actors))
+            for node, cause, line in failed:
+                self._unhosted_now(node, cause, line)
+            due = []
+            shifted = False  # a node before this one was not taken
+            for node, actor, address in started:
+                if self._watch_stop.is_set() or shifted:
+                    # stopping; or its flags and port are for another place: made again
+                    self._drop(actor)
+                    if not self._watch_stop.is_set():
+                        due.append((node, cpus_of[node[0]]))
+                    continue
+                try:
+                    with Client(self.address, token=self.token or "") as c:
+                        got = c.add_worker(address, timeout=self.timeout)
+                except Exception as e:  # noqa: BLE001 - the node is tried again later
+                    self._drop(actor)
+                    self._unhosted_now(node, type(e).__name__, "the controller did not take "
+                                       f"its worker at {address}: {_first_line(e)}")
+                    shifted = True
+                    continue
+                with self._lock:
+                    counted = not self._watch_stop.is_set() and actor in self._pending
+                    if counted:
+                        self._pending.discard(actor)
+                        self.actors.append(actor)
+                        self.nodes.append(node)
+                        self.worker_addresses.append(address)
+                if not counted:  # stopped while the controller took it: ours to kill
+                    _kill(actor)
+                    continue
+                self._unhosted.pop(node[0], None)
+                print(f"clockwork: Ray node {_node_name(node)} joined: worker {got['worker']} "
+                      f"at {address}, GPUs {got['gpus']}", file=sys.stderr, flush=True)
+                added.append(got)
         return added
 
     def _watch(self) -> None:
@@ -477,6 +556,8 @@ class RayCluster(LocalCluster):
             try:
                 self.add_new_nodes()
                 said = None
+            except _Stopping:
+                return
             except Exception as e:  # noqa: BLE001 - keep watching; say what went wrong
                 if type(e).__name__ != said:
                     said = type(e).__name__
@@ -497,21 +578,23 @@ class RayCluster(LocalCluster):
         raise RuntimeError("Ray restarts a worker actor by itself")
 
     def _stop_workers(self) -> None:
-        self._watch_stop.set()
+        self._watch_stop.set()  # (no actor is made from now on)
         if self._watcher is not None:
             self._watcher.join(timeout=self.timeout)
             self._watcher = None
-        if self.actors:
+        # the workers, and the actors still starting or being added by the watcher (one
+        # still running past the join above kills what it makes or adds from now on)
+        with self._lock:
+            actors, pending = self.actors, list(self._pending)
+            self.actors = []
+            self._pending.clear()
+        if actors:
             try:
-                ray.get([a.stop.remote() for a in self.actors], timeout=10.0)
+                ray.get([a.stop.remote() for a in actors], timeout=10.0)
             except Exception:  # noqa: BLE001 - a dead or restarting actor: kill it anyway
                 pass
-            for a in self.actors:
-                try:
-                    ray.kill(a, no_restart=True)
-                except Exception:  # noqa: BLE001
-                    pass
-            self.actors = []
+        for a in actors + pending:
+            _kill(a)
         if self._own_ray:
             ray.shutdown()
             self._own_ray = False
