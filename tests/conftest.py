@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import sys
 import time
 from contextlib import contextmanager
 
@@ -85,3 +86,19 @@ def wait_output(child, text: str, timeout: float = 20.0) -> str:
         if time.monotonic() >= deadline:
             raise TimeoutError(f"{child.name} printed no {text!r}:\n" + "".join(child.output[-20:]))
         time.sleep(0.05)
+
+
+def cli_command(*argv: str, mem_bytes: int | None = None) -> list[str]:
+    """The command line of ``python -m clockwork.cluster.cli ARGV`` in a child that sets up
+    itself what a ``preexec_fn`` would: Python's own SIGINT handler (a test process may
+    ignore SIGINT, and a child inherits that) and, with ``mem_bytes``, a cap on its address
+    space. A ``preexec_fn`` makes ``subprocess`` fork() where it would vfork(), and in a
+    test process that has used gRPC, gRPC's fork handlers restart its poller in the
+    child, which can abort it before exec (exit -6, "epoll_wait error: Bad file
+    descriptor")."""
+    cap = (f"resource.setrlimit(resource.RLIMIT_AS, ({mem_bytes}, {mem_bytes})); "
+           if mem_bytes else "")
+    code = ("import resource, runpy, signal; "
+            "signal.signal(signal.SIGINT, signal.default_int_handler); " + cap +
+            "runpy.run_module('clockwork.cluster.cli', run_name='__main__', alter_sys=True)")
+    return [sys.executable, "-c", code, *argv]

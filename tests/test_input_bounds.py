@@ -5,14 +5,13 @@ deeply; and a run's files in --out never mixed with an earlier run's."""
 
 from __future__ import annotations
 
-import resource
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from clockwork.cluster.cli import main
+from tests.conftest import cli_command
 
 SC = "scenarios/poisson_warm.toml"
 
@@ -21,13 +20,8 @@ def run_cli(*argv: str, mem_gib: float = 2.0, timeout: float = 60.0
             ) -> subprocess.CompletedProcess:
     """``clockwork ARGV`` as a process whose address space is capped (a refusal must come
     before any big allocation; without it the process fails on the cap, not the host)."""
-    cap = int(mem_gib * 2**30)
-
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-
-    return subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", *argv],
-                          capture_output=True, text=True, timeout=timeout, preexec_fn=limit)
+    return subprocess.run(cli_command(*argv, mem_bytes=int(mem_gib * 2**30)),
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def refused(p: subprocess.CompletedProcess, *fragments: str) -> str:

@@ -14,6 +14,7 @@ from clockwork.cluster.cli import main
 from clockwork.cluster.parallel import Point, toml_value
 from clockwork.cluster.sweep import load_sweep
 from clockwork.scenario import parse_value
+from tests.conftest import cli_command
 
 SWEEP8 = """
 name = "t8"
@@ -433,10 +434,8 @@ def test_ctrl_c_stops_the_running_simulations(tmp_path):
     f.write_text('scenarios = ["poisson_warm"]\nseeds = [1, 2, 3]\n'
                  'overrides = ["duration_s=600"]\n')
     proc = subprocess.Popen(
-        [sys.executable, "-m", "clockwork.cluster.cli", "sweep", str(f), "--jobs", "2",
-         "--out", str(tmp_path / "o"), "--quiet"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        cli_command("sweep", str(f), "--jobs", "2", "--out", str(tmp_path / "o"), "--quiet"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     children_file = f"/proc/{proc.pid}/task/{proc.pid}/children"
     kids: list[int] = []
     deadline = time.monotonic() + 30
@@ -493,17 +492,15 @@ def _gone(pids: list[int], within_s: float = 10.0) -> bool:
 
 
 def _long_sweep(tmp_path, *extra):
-    import signal
     import subprocess
 
     f = tmp_path / "s.toml"
     f.write_text('scenarios = ["poisson_warm"]\nseeds = [1, 2, 3]\n'
                  'overrides = ["duration_s=600"]\n')
     return subprocess.Popen(
-        [sys.executable, "-m", "clockwork.cluster.cli", "sweep", str(f), "--jobs", "2",
-         "--out", str(tmp_path / "o"), "--quiet", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        cli_command("sweep", str(f), "--jobs", "2", "--out", str(tmp_path / "o"), "--quiet",
+                    *extra),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
