@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -141,26 +142,25 @@ def parse_value(text: str) -> Any:
     return value
 
 
-def toml_string(text: str) -> str:
+def toml_string(text: str, ascii_only: bool = False) -> str:
     """``text`` as a TOML basic string (``"..."``), the form ``parse_value`` reads back
-    as ``text``: backslash and quote escaped, the control characters (U+0000-U+001F and
-    DEL, U+007F) as ``\\uXXXX``, every other character as it is (one outside the BMP
-    too: JSON's surrogate-pair escapes are not TOML). A lone surrogate (an undecodable
-    byte in a file name) has no TOML form: ``ValueError``."""
-    out = ['"']
-    for ch in text:
-        o = ord(ch)
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif o < 0x20 or o == 0x7F:
-            out.append(f"\\u{o:04X}")
-        elif 0xD800 <= o <= 0xDFFF:
-            raise ValueError(f"{text!r} cannot be written as a TOML string (a lone "
-                             "surrogate: an undecodable character)")
-        else:
-            out.append(ch)
-    out.append('"')
-    return "".join(out)
+    as ``text``. It is JSON's spelling (``ascii_only``: with every non-ASCII character
+    escaped, as table keys have been written), which sweep points' names hash, so a point
+    keeps its name from version to version; except where JSON's is no TOML: DEL as
+    ``\\u007f``, and a character outside the BMP as ``\\UXXXXXXXX`` where JSON writes a
+    surrogate pair. A lone surrogate (an undecodable byte in a file name) has no TOML
+    form: ``ValueError``."""
+    if any(0xD800 <= ord(ch) <= 0xDFFF for ch in text):
+        raise ValueError(f"{text!r} cannot be written as a TOML string (a lone "
+                         "surrogate: an undecodable character)")
+    out = json.dumps(text, ensure_ascii=ascii_only).replace("\x7f", "\\u007f")
+    if ascii_only:
+        out = _PAIR.sub(lambda m: "\\U%08X" % (0x10000 + ((int(m[1], 16) - 0xD800) << 10)
+                                                + int(m[2], 16) - 0xDC00), out)
+    return out
+
+
+_PAIR = re.compile(r"\\u(d[89ab][0-9a-f]{2})\\u(d[c-f][0-9a-f]{2})")
 
 
 def _index(part: str) -> int:

@@ -258,6 +258,24 @@ def test_values_survive_set(value):
     assert parse_value(toml_value(value)) == value
 
 
+@pytest.mark.parametrize("value", ["a b\"c", "tab\there", "\x1b", "donn\u00e9es",
+                                   {"donn\u00e9es": "x\ny"}, {"k": "\x1b"}])
+def test_a_value_is_written_as_before_where_that_was_valid(value):
+    """A point's name hashes its overrides' text: a value spelled as earlier versions
+    wrote it (JSON's spelling; table keys ASCII-only) keeps an existing sweep folder's
+    points found on resume. Only what JSON wrote that TOML refuses is written otherwise
+    (the cases of test_values_survive_set)."""
+    import json
+
+    def old(v):  # the spelling of earlier versions
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{json.dumps(str(k))} = {old(x)}"
+                                   for k, x in v.items()) + "}"
+        return json.dumps(v, ensure_ascii=False)
+
+    assert toml_value(value) == old(value)
+
+
 def test_a_lone_surrogate_has_no_set_form():
     with pytest.raises(ValueError, match="TOML string"):
         toml_value("bad\udcff")

@@ -74,7 +74,7 @@ def toml_value(v: Any) -> str:
     if isinstance(v, list | tuple):
         return "[" + ", ".join(toml_value(x) for x in v) + "]"
     if isinstance(v, dict):
-        return "{" + ", ".join(f"{toml_string(str(k))} = {toml_value(x)}"
+        return "{" + ", ".join(f"{toml_string(str(k), ascii_only=True)} = {toml_value(x)}"
                                for k, x in v.items()) + "}"
     raise ValueError(f"a {type(v).__name__} value cannot be written as a --set value")
 
