@@ -50,10 +50,13 @@ CLIENT_CLOCK_MAX_NS = 1 << 62
 # stream's smallest so far, either way; a message is charged at most this much
 CLIENT_CLOCK_WINDOW_NS = 60 * 1_000_000_000
 # this many messages in a row whose offsets lie past the window and within
-# CLIENT_CLOCK_STEP_NS of each other: the client's clock stepped, and the stream's offset
-# is theirs from then on (an honest stream recovers from a clock step or a lying first stamp)
+# CLIENT_CLOCK_STEP_NS of the first of them, arriving over CLIENT_CLOCK_STEP_SPAN_NS at
+# least: the client's clock stepped, and the stream's offset is theirs from then on (an
+# honest stream recovers from a clock step or a lying first stamp). A backlog held up
+# behind a stall arrives bunched, its offsets falling as fast as it is read: no step
 CLIENT_CLOCK_STEP_RUN = 3
 CLIENT_CLOCK_STEP_NS = 1_000_000_000
+CLIENT_CLOCK_STEP_SPAN_NS = 2_000_000_000
 
 
 class Gate:
@@ -179,17 +182,20 @@ class ClientClock:
     charged the window (it was held up at least that long, or its stamp lies); ahead of
     it, late 0 (the stream's offset stays). ``CLIENT_CLOCK_STEP_RUN`` such messages in a
     row that agree (within ``CLIENT_CLOCK_STEP_NS``) are a clock that stepped, or a first
-    stamp that lied: their offset becomes the stream's. ``why`` says when a time was
+    stamp that lied: their offset becomes the stream's, if they arrived over
+    ``CLIENT_CLOCK_STEP_SPAN_NS`` at least (a backlog read after a stall arrives bunched,
+    and is charged the window). ``why`` says when a time was
     not taken as it is (else ""). Whatever a client's times say, they charge its
     stream's requests at most the window, and no other stream's."""
 
-    __slots__ = ("fastest", "why", "off", "run")
+    __slots__ = ("fastest", "why", "off", "run", "since")
 
     def __init__(self) -> None:
         self.fastest: int | None = None  # the stream's smallest receipt - client time
         self.why = ""
-        self.off = 0  # the offset of the latest message past the window ...
-        self.run = 0  # ... and how many in a row agree with it
+        self.off = 0  # the offset of the first of the latest messages past the window,
+        self.run = 0  # how many in a row agree with it,
+        self.since = 0  # and when it arrived
 
     def late(self, receipt: int, client_time_ns: int) -> int:
         self.why = ""
@@ -214,12 +220,14 @@ class ClientClock:
         if self.run and abs(d - self.off) <= CLIENT_CLOCK_STEP_NS:
             self.run += 1
         else:
-            self.off, self.run = d, 1
+            self.off, self.run, self.since = d, 1, receipt
         where = f"{abs(gap) / 1e9:.3g} s {'behind' if gap > 0 else 'ahead of'}"
-        if self.run >= CLIENT_CLOCK_STEP_RUN:
+        if (self.run >= CLIENT_CLOCK_STEP_RUN
+                and receipt - self.since >= CLIENT_CLOCK_STEP_SPAN_NS):
             self.fastest, self.run = d, 0
-            self.why = (f"client clock stepped: {CLIENT_CLOCK_STEP_RUN} messages in a row "
-                        f"{where} the stream's clock, which is theirs from now on")
+            self.why = (f"client clock stepped: messages over "
+                        f"{CLIENT_CLOCK_STEP_SPAN_NS // 10**9} s {where} the stream's clock "
+                        "agree; theirs is the stream's clock from now on")
             return 0
         self.why = (f"client_time_ns {client_time_ns} is {where} the clock of the stream's "
                     f"earlier messages (at most {CLIENT_CLOCK_WINDOW_NS // 10**9} s either "

@@ -545,8 +545,9 @@ def test_a_stream_clock_is_capped_and_follows_a_step():
     """``ClientClock`` on its own (times in s here, as ns): within the window a message
     is charged its delay beyond the fastest; past it, behind is charged the window (no
     cliff at 60 s: held 61 s is not served as fresh) and ahead nothing; three messages
-    in a row that agree on a new offset (a clock step, or a first stamp that lied) make
-    it the stream's, so an honest stream recovers."""
+    in a row that agree on a new offset over 2 s of arrivals (a clock step, or a first
+    stamp that lied) make it the stream's, so an honest stream recovers; a backlog read
+    after a stall is no step."""
     from controller.intake import CLIENT_CLOCK_WINDOW_NS as W
     from controller.intake import ClientClock
 
@@ -578,6 +579,16 @@ def test_a_stream_clock_is_capped_and_follows_a_step():
     for bad in (-1, -(2**63), 2**62, 2**63 - 1):  # no clock reading: as sent on arrival
         assert c.late(1002 * s, bad) == 0 and "no clock reading" in c.why
     assert c.late(1002 * s, 0) == 0 and c.why == ""  # 0: no time given
+    # a backlog read at once after a 90 s stall (sent every 10 ms, read 0.1 ms apart):
+    # each message is charged its delay, at most the window -- none is taken for a step
+    c = ClientClock()
+    ms = 10**6
+    for i in range(1000):  # sent and read as they go
+        assert c.late(i * 10 * ms, i * 10 * ms) == 0
+    sent = range(10_000 * ms, 100_000 * ms, 10 * ms)
+    got = [c.late(100_000 * ms + k * ms // 10, t) for k, t in enumerate(sent)]
+    want = [min(100_000 * ms + k * ms // 10 - t, W) for k, t in enumerate(sent)]
+    assert got == want and c.fastest == 0
 
 
 # ---------------------------------------------------------------------- a bad worker
