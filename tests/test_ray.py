@@ -507,6 +507,68 @@ def test_stop_kills_the_actors_the_node_watcher_is_adding(ray_nodes, monkeypatch
             ray.kill(a, no_restart=True)
 
 
+def test_stop_does_not_wait_for_an_actor_being_made(ray_nodes, monkeypatch):
+    """``stop`` while the node watcher is inside Ray's actor creation (which may wait on
+    Ray's control store) returns at once: the creation holds no lock stop needs. The
+    actor made meanwhile is killed by its maker, so the nodes' GPUs are free again."""
+    import ray
+
+    import clockwork.client
+    from clockwork.cluster import ray_cluster
+    from clockwork.cluster.ray_cluster import RayCluster
+
+    poll(lambda: _gpus_free() >= 4, 60.0, 0.1)
+    real_remote = ray.remote
+    entered, release = threading.Event(), threading.Event()
+
+    class SlowActorClass:  # ray.remote(cls), whose creation waits for `release`
+        def __init__(self, cls):
+            self.cls = real_remote(cls)
+
+        def options(self, **opts):
+            made = self.cls.options(**opts)
+
+            class Maker:
+                @staticmethod
+                def remote(*a, **k):
+                    entered.set()
+                    release.wait(20)
+                    return made.remote(*a, **k)
+            return Maker()
+
+    c = RayCluster(watch_s=0, timeout=60.0)
+    c.address = "127.0.0.1:1"
+    monkeypatch.setattr(clockwork.client, "Client", _FakeController(c))
+    monkeypatch.setattr(ray_cluster.ray, "remote", SlowActorClass)
+    watcher = threading.Thread(target=_quietly, args=(c.add_new_nodes,), daemon=True)
+    c._watcher = watcher
+    try:
+        watcher.start()
+        assert entered.wait(60), "no worker actor was being made"
+        c.timeout = 0.5  # (how long stop waits for the watcher)
+        t0 = time.monotonic()
+        c._stop_workers()
+        took = time.monotonic() - t0
+        release.set()
+        watcher.join(60)
+        assert took < 5, f"stop waited {took:.1f} s for an actor being made"
+        assert not watcher.is_alive() and c.actors == []
+        monkeypatch.setattr(ray_cluster.ray, "remote", real_remote)
+        poll(lambda: _gpus_free() >= 4, 30.0, 0.1)
+    finally:
+        release.set()
+
+
+def _quietly(f) -> None:
+    """``f()``, ending quietly if it stops because the cluster does."""
+    from clockwork.cluster.ray_cluster import _Stopping
+
+    try:
+        f()
+    except _Stopping:
+        pass
+
+
 def test_a_new_nodes_worker_takes_the_flags_of_its_place(ray_nodes, monkeypatch):
     """A worker's flags (``worker_args[i]``: the scenario's clock offset, seed) and port
     are those of its place in the controller's order, not of how many actors were made:

@@ -464,19 +464,28 @@ class RayCluster(LocalCluster):
                 raise _Stopping()
             slot = self._made
             self._made += 1
-            opts: dict = {"num_cpus": self.worker_num_cpus,
-                          "max_restarts": self.max_restarts,
-                          "name": f"clockwork-{self.run_id}-worker{slot}",
-                          "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id,
-                                                                                soft=False)}
-            if self.device == "cuda":
-                opts["num_gpus"] = n
-            else:
-                opts["resources"] = {RESOURCE: n}
-            actor = ray.remote(WorkerActor).options(**opts).remote(
-                index, flags, self.cluster_secret or "", self.run_id, ip, port,
-                self.insecure_workers, slot)
-            self._pending.add(actor)
+        opts: dict = {"num_cpus": self.worker_num_cpus,
+                      "max_restarts": self.max_restarts,
+                      "name": f"clockwork-{self.run_id}-worker{slot}",
+                      "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id,
+                                                                            soft=False)}
+        if self.device == "cuda":
+            opts["num_gpus"] = n
+        else:
+            opts["resources"] = {RESOURCE: n}
+        # (made without the lock: Ray may wait on its control store here, and stop takes
+        # the lock; stop sets its flag before it takes the lock, so an actor made while it
+        # stops is either in _pending when stop looks, or killed here)
+        actor = ray.remote(WorkerActor).options(**opts).remote(
+            index, flags, self.cluster_secret or "", self.run_id, ip, port,
+            self.insecure_workers, slot)
+        with self._lock:
+            stopping = self._watch_stop.is_set()
+            if not stopping:
+                self._pending.add(actor)
+        if stopping:
+            _kill(actor)
+            raise _Stopping()
         return actor
 
     def start(self) -> RayCluster:
