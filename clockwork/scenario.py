@@ -261,12 +261,13 @@ def load_scenario(path: str | Path | None = None, overrides: list[str] | str | N
         if isinstance(data, dict) and any(_too_deep(v, MAX_TOML_DEPTH) for v in data.values()):
             raise ScenarioError(_nested_line(src))
         raw = _merge(raw, data)
-    for o in override_list(overrides):
+    overrides = override_list(overrides)
+    for o in overrides:
         apply_override(raw, o)
     for key, value in pinned:
         set_value(raw, key, value)
     merged = _merge(DEFAULTS, raw)
-    sc = Scenario(merged, src, list(overrides or []))
+    sc = Scenario(merged, src, overrides)
     validate(sc)
     return sc
 

@@ -81,7 +81,8 @@ def test_simulate_takes_one_override_as_a_string_and_names_bad_arguments():
     # the same rule in load_scenario, which simulate calls
     from clockwork.scenario import load_scenario
 
-    assert load_scenario("poisson_warm", "duration_s=0.5").data["duration_s"] == 0.5
+    one = load_scenario("poisson_warm", "duration_s=0.5")
+    assert one.data["duration_s"] == 0.5 and one.overrides == ["duration_s=0.5"]
     with pytest.raises(ScenarioError, match="^load_scenario: overrides must be None"):
         load_scenario("poisson_warm", 5)
 

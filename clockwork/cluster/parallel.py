@@ -199,7 +199,6 @@ def run_point(point: Point, folder: str | None = None, logs: bool = False) -> di
     t0 = time.perf_counter()
     try:
         sc = load_scenario(point.path, list(point.overrides), pinned=point.pinned)
-        sc.overrides = list(point.overrides)  # (as the point was written: run.json's)
         res = Simulation(sc).run()
     except (ScenarioError, ValueError) as e:
         return {"error": str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}
