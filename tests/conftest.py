@@ -102,3 +102,36 @@ def cli_command(*argv: str, mem_bytes: int | None = None) -> list[str]:
             "signal.signal(signal.SIGINT, signal.default_int_handler); " + cap +
             "runpy.run_module('clockwork.cluster.cli', run_name='__main__', alter_sys=True)")
     return [sys.executable, "-c", code, *argv]
+
+
+def scenario_apart_from_its_files(root, set_dir: str, trace_dir: str):
+    """``root/sub/s.toml``: seed 1, 2 s, 20 copies of ResNet18 v2 and an Azure workload,
+    whose profile set (a copy of ``v100-reference`` at ``root/set_dir``) and trace (the
+    shipped sample at ``root/trace_dir/t.csv.gz``) it names relative to ``root``, not to
+    its own folder (run from ``root``, a scenario's relative paths mean ``root``)."""
+    import shutil
+
+    from clockwork.resources import data_root, profiles_root
+
+    shutil.copytree(profiles_root() / "v100-reference", root / set_dir)
+    (root / trace_dir).mkdir(parents=True)
+    shutil.copy(data_root() / "traces/samples/invocations_per_function_md.anon.d01.csv.gz",
+                root / trace_dir / "t.csv.gz")
+    (root / "sub").mkdir()
+    (root / "sub" / "s.toml").write_text(f"""
+seed = 1
+duration_s = 2.0
+[cluster]
+profiles = "./{set_dir}"
+[[models]]
+name = "resnet18_v2"
+copies = 20
+[[workloads]]
+kind = "azure"
+trace = "{trace_dir}/t.csv.gz"
+minutes = 1
+interval_s = 2.0
+models = "*"
+slo_ms = 100
+""", encoding="utf-8")
+    return root / "sub" / "s.toml"

@@ -304,33 +304,11 @@ def test_sweep_on_ray_finds_paths_relative_to_the_callers_folder(ray_nodes, tmp_
     the folder of the process that runs the sweep, as in a local run: a Ray task (whose
     working folder is another) runs each point with the same files, and gives the same
     summary."""
-    import shutil
-
     from clockwork.cluster.parallel import Point, run_points
-    from clockwork.resources import data_root, profiles_root
+    from tests.conftest import scenario_apart_from_its_files
 
     monkeypatch.chdir(tmp_path)
-    shutil.copytree(profiles_root() / "v100-reference", tmp_path / "rp")
-    (tmp_path / "tr").mkdir()
-    shutil.copy(data_root() / "traces/samples/invocations_per_function_md.anon.d01.csv.gz",
-                tmp_path / "tr" / "t.csv.gz")
-    (tmp_path / "sub").mkdir()  # (the paths are not next to the scenario file)
-    (tmp_path / "sub" / "s.toml").write_text("""
-seed = 1
-duration_s = 2.0
-[cluster]
-profiles = "./rp"
-[[models]]
-name = "resnet18_v2"
-copies = 20
-[[workloads]]
-kind = "azure"
-trace = "tr/t.csv.gz"
-minutes = 1
-interval_s = 2.0
-models = "*"
-slo_ms = 100
-""")
+    scenario_apart_from_its_files(tmp_path, "rp", "tr")
     points = [Point("sub/s.toml", "sub/s.toml", (f"seed={s}",), (("seed", s),))
               for s in (1, 2)]
     local = run_points(points, tmp_path / "local", jobs=1, progress=False)

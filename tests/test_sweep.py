@@ -287,35 +287,13 @@ def test_pinned_paths_of_any_name_reach_a_point_run_elsewhere(tmp_path, monkeypa
     folder named with a character outside the BMP (written as JSON's surrogate escapes,
     which TOML refuses, the path was taken with its quotes and not found) and a trace
     under a non-ASCII name."""
-    import shutil
-
     from clockwork.cluster.parallel import pinned_point, run_point
-    from clockwork.resources import data_root, profiles_root
+    from tests.conftest import scenario_apart_from_its_files
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("CLOCKWORK_PROFILES", raising=False)
     sets = tmp_path / "\U0001F680 sets"
-    shutil.copytree(profiles_root() / "v100-reference", sets / "rp")
-    (tmp_path / "donn\u00e9es").mkdir()
-    shutil.copy(data_root() / "traces/samples/invocations_per_function_md.anon.d01.csv.gz",
-                tmp_path / "donn\u00e9es" / "t.csv.gz")
-    (tmp_path / "sub").mkdir()  # (the paths are not next to the scenario file)
-    (tmp_path / "sub" / "s.toml").write_text("""
-seed = 1
-duration_s = 2.0
-[cluster]
-profiles = "./\U0001F680 sets/rp"
-[[models]]
-name = "resnet18_v2"
-copies = 20
-[[workloads]]
-kind = "azure"
-trace = "donn\u00e9es/t.csv.gz"
-minutes = 1
-interval_s = 2.0
-models = "*"
-slo_ms = 100
-""", encoding="utf-8")
+    scenario_apart_from_its_files(tmp_path, "\U0001F680 sets/rp", "donn\u00e9es")
     point = Point("sub/s.toml", "sub/s.toml", ("seed=1",), (("seed", 1),))
     here = run_point(point)
     assert "summary" in here, here
