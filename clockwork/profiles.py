@@ -234,11 +234,7 @@ def profile_set_candidates(name_or_path: str | Path,
         ordered = resources.data_path_candidates(name_or_path, base) + in_roots
     else:
         ordered = in_roots + ([Path(base) / name_or_path] if base is not None else [])
-    candidates: list[Path] = []
-    for c in ordered:
-        if c not in candidates:
-            candidates.append(c)
-    return candidates
+    return list(dict.fromkeys(ordered))  # (each once, in order)
 
 
 def find_profile_set(name_or_path: str | Path, base: str | Path | None = None) -> Path | None:

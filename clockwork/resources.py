@@ -162,11 +162,7 @@ def data_path_candidates(path: str | Path, base: str | Path | None = None) -> li
     out.append(data_root() / p)
     if (co := checkout_root()) is not None:
         out.append(co / p)
-    seen: list[Path] = []
-    for c in out:
-        if c not in seen:
-            seen.append(c)
-    return seen
+    return list(dict.fromkeys(out))  # (each once, in order)
 
 
 def find_data_path(path: str | Path, base: str | Path | None = None) -> Path | None:
