@@ -250,11 +250,6 @@ def offered_nodes(device: str) -> list[tuple[tuple[str, str, int], float]]:
     return sorted(out, key=lambda t: (t[0][1], t[0][0]))
 
 
-def gpu_nodes(device: str) -> list[tuple[str, str, int]]:
-    """The live Ray nodes that offer GPUs: (node id, address, GPU count)."""
-    return [node for node, _ in offered_nodes(device)]
-
-
 class _Stopping(Exception):  # noqa: N818 - not an error: the cluster is stopping
     """No worker actor is made: the cluster is stopping."""
 
