@@ -64,6 +64,13 @@ class FakeStream:
     def synchronize(self) -> None:
         self.enqueue(None).wait()
 
+    def __enter__(self) -> FakeStream:  # cupy: the current stream inside the block
+        self.fake.current.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.fake.current.pop()
+
 
 class FakeEvent:
     def __init__(self) -> None:
@@ -109,6 +116,7 @@ class FakeCupy:
         self.lock = threading.Lock()
         self.log: list[Op] = []
         self.pinned: list[np.ndarray] = []
+        self.current: list[FakeStream] = []  # streams entered with ``with``, innermost last
         self.streams: dict[int, FakeStream] = {}
         self._ptrs = itertools.count(0)
         self.DevArray = type("DevArray", (DevArray,), {"fake": self})

@@ -7,6 +7,8 @@ ints in ns, and every error is a DeviceError subclass carrying its ErrorCode."""
 from __future__ import annotations
 
 import importlib.util
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -211,3 +213,88 @@ def test_worker_answers_with_the_error_code(cls):
             run(loop, None, dev, a)
         status, message = loop.args[4], loop.args[5]
         assert status == cls.code and message.startswith("batch size")
+
+
+@pytest.fixture(params=[
+    pytest.param("cpu", marks=pytest.mark.skipif(not HAS_TVM, reason="needs Apache TVM")),
+    "cuda-fake",
+])
+def real(request, tmp_path):
+    """(device, package) of a real device (its weights in arena memory) whose arena has
+    room for three instances and 4 pages more."""
+    if request.param == "cpu":
+        from clockwork.models.package import read_package
+        from worker.devices.cpu import CpuDevice
+
+        pkg = request.getfixturevalue("cpu_package")
+        return CpuDevice(3 * read_package(pkg)["weights_pages"] + 4, PS), pkg
+    pkg = fake_package(tmp_path / "mlp", pages=5, batch_sizes=BATCHES)
+    return fake_cuda_device(3 * 5 + 4)[0], pkg
+
+
+def _weights(dev, name: str) -> list[np.ndarray]:
+    m = dev.models[name]
+    return [dev.arena.view(m.pages, t["offset"], t["shape"], t["dtype"]).copy()
+            for t in m.meta["params"]]
+
+
+def test_scattered_free_pages_take_a_load_whose_tensors_span_pages(real):
+    """Free pages enough but no run long enough for a tensor larger than a page: the
+    LOAD slides the loaded weights together instead of being refused, and those still
+    compute what they did, from where they now lie."""
+    dev, pkg = real
+    meta = {n: dev.register(n, pkg) for n in ("a", "b", "c")}["a"]
+    need, longest = meta["weights_pages"], max(meta["page_runs"])
+    assert longest > 1
+    spacer = (dev.arena.n_pages - 2 * need) // 3
+    assert spacer < longest
+    gaps = [dev.arena.alloc(spacer)]
+    dev.load("a")
+    gaps.append(dev.arena.alloc(spacer))
+    dev.load("b")
+    for g in gaps:
+        dev.arena.free(g)  # free: one spacer before a, one before b, the rest after b
+    assert dev.arena.free_pages >= need
+    x = _inputs(meta, 2)
+    before = {n: (list(dev.models[n].pages), _weights(dev, n), dev.infer(n, x)[0])
+              for n in ("a", "b")}
+
+    pages, _ = dev.load("c")
+
+    assert len(pages) == need and dev.loaded("c")
+    for n, (old_pages, weights, y) in before.items():
+        assert dev.models[n].pages != old_pages  # moved
+        for w, now in zip(weights, _weights(dev, n), strict=True):
+            np.testing.assert_array_equal(now, w)
+        np.testing.assert_array_equal(dev.infer(n, x)[0], y)
+    assert dev.arena.used_pages == 3 * need
+
+
+def test_weights_an_exec_reads_stay_where_they_are(tmp_path):
+    """While an EXEC reads a's weights, a LOAD that needs a longer run slides only the
+    others: b moves down to a, c takes the pages freed after b, a has not moved."""
+    dev, _, _ = fake_cuda_device(3 * 5 + 4, kernel_s=0.5)
+    pkg = fake_package(tmp_path / "mlp", pages=5, batch_sizes=BATCHES)  # a 5-page run each
+    for n in ("a", "b", "c"):
+        dev.register(n, pkg)
+    gaps = [dev.arena.alloc(3)]
+    dev.load("a")  # pages 3..7
+    gaps.append(dev.arena.alloc(3))
+    dev.load("b")  # pages 11..15
+    for g in gaps:
+        dev.arena.free(g)  # free: 0..2, 8..10, 16..18
+    a_pages, b_weights = list(dev.models["a"].pages), _weights(dev, "b")
+    run = threading.Thread(target=dev.infer, args=("a", None, 1))
+    run.start()
+    deadline = time.monotonic() + 10
+    while not dev.models["a"].busy:  # (the fake kernel takes 0.5 s)
+        assert time.monotonic() < deadline, "the EXEC did not start"
+        time.sleep(0.001)
+    pages, _ = dev.load("c")
+    still_busy = dev.models["a"].busy
+    run.join()
+    assert still_busy, "the EXEC ended before the LOAD: nothing was tested"
+    assert dev.models["a"].pages == a_pages
+    assert dev.models["b"].pages == [8, 9, 10, 11, 12] and pages == [13, 14, 15, 16, 17]
+    for w, now in zip(b_weights, _weights(dev, "b"), strict=True):
+        np.testing.assert_array_equal(now, w)

@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from worker.memory import ARENA_ALIGNMENT, TENSOR_ALIGNMENT, ArenaError, PageArena, layout_tensors
 
@@ -115,3 +117,104 @@ def test_view_rejects_noncontiguous_span():
         a.view([0, 2], 0, (PS // 4 + 1,), np.float32)
     with pytest.raises(ArenaError, match="runs past"):
         a.view([0], 0, (PS,), np.float32)
+
+
+def _fill(a: PageArena, pages, tag: int) -> None:
+    """Each page's bytes say whose page it is and which of its pages (tag, k)."""
+    for k, p in enumerate(pages):
+        a.page(p)[:] = (tag * 16 + k) % 256
+
+
+def _holds(a: PageArena, pages, tag: int) -> bool:
+    return all((a.page(p) == (tag * 16 + k) % 256).all() for k, p in enumerate(pages))
+
+
+def test_compact_slides_runs_down_with_their_contents():
+    a = PageArena(12, PS)
+    x = a.alloc(2)  # 0, 1
+    y = a.alloc(4, runs=[3, 1])  # 2..4, 5
+    z = a.alloc(3, runs=[3])  # 6..8
+    _fill(a, y, 1)
+    _fill(a, z, 2)
+    a.free(x)
+    a.free([y[3]])  # free: 0, 1, 5, 9..11: no 5 contiguous pages
+    y = y[:3]
+    with pytest.raises(ArenaError, match="contiguous"):
+        a.alloc(5, runs=[5])
+    moved = a.compact({"y": (y, [3]), "z": (z, [3])})
+    assert moved == {"y": [0, 1, 2], "z": [3, 4, 5]}
+    assert _holds(a, moved["y"], 1) and _holds(a, moved["z"], 2)
+    assert a.free_pages == 6 and a.alloc(6, runs=[6]) == [6, 7, 8, 9, 10, 11]
+
+
+def test_compact_keeps_pages_nobody_lists_in_place():
+    a = PageArena(10, PS)
+    x = a.alloc(2)  # 0, 1: freed below
+    busy = a.alloc(1)  # 2: an EXEC still reads it
+    y = a.alloc(2, runs=[2])  # 3, 4
+    gap = a.alloc(1)  # 5: freed below
+    z = a.alloc(3, runs=[1, 2])  # 6, 7..8
+    _fill(a, busy, 7)
+    _fill(a, y, 1)
+    _fill(a, z, 2)
+    a.free(x)
+    a.free(gap)
+    moved = a.compact({"y": (y, [2]), "z": (z, [1, 2])})
+    # y cannot pass page 2; z slides down to page 5
+    assert moved == {"z": [5, 6, 7]}
+    assert _holds(a, busy, 7) and _holds(a, y, 1) and _holds(a, moved["z"], 2)
+    assert a.alloc(2, runs=[2]) == [0, 1] and a.alloc(2, runs=[2]) == [8, 9]
+
+
+def test_compact_refuses_pages_that_are_not_the_holders_runs():
+    a = PageArena(6, PS)
+    y = a.alloc(3, runs=[3])
+    z = a.alloc(1)
+    for holders in ({"y": (y, [2, 2])},  # runs longer than the pages
+                    {"y": ([y[0], y[2], y[1]], [3])},  # a run out of order
+                    {"y": (y, [3]), "z": (y[:1], [1])},  # a page listed twice
+                    {"w": ([5], [1])}):  # a free page
+        with pytest.raises(ArenaError, match="not its own"):
+            a.compact(holders)
+    assert a.compact({"z": (z, [1])}) == {} and a.free_pages == 2
+
+
+@given(ops=st.lists(st.tuples(st.integers(1, 4), st.integers(1, 3), st.booleans(),
+                              st.booleans()), min_size=1, max_size=14))
+@settings(max_examples=150, deadline=None)
+def test_compact_after_any_loads_and_evictions(ops):
+    """Holders loaded and evicted in any order, some of them pinned where they lie: after
+    compact every holder keeps its contents in runs, the pinned pages and contents stay,
+    and between two pinned pages the taken ones come first."""
+    a = PageArena(24, 256)
+    held: dict[int, tuple[list[int], list[int]]] = {}
+    pinned: set[int] = set()
+    for tag, (n_runs, length, evict, pin) in enumerate(ops):
+        runs = [length] * n_runs
+        try:
+            pages = a.alloc(sum(runs), runs)
+        except ArenaError:
+            continue
+        _fill(a, pages, tag)
+        held[tag] = (pages, runs)
+        if pin:
+            pinned.add(tag)
+        if evict and len(held) > 1:
+            gone = min(held)
+            a.free(held.pop(gone)[0])
+            pinned.discard(gone)
+    before = a.free_pages
+    moved = a.compact({t: h for t, h in held.items() if t not in pinned})
+    assert a.free_pages == before and not set(moved) & pinned
+    walls = sorted(p for t in pinned for p in held[t][0])
+    for tag, (pages, runs) in held.items():
+        now = moved.get(tag, pages)
+        assert _holds(a, now, tag)
+        k = 0
+        for r in runs:
+            assert now[k : k + r] == list(range(now[k], now[k] + r))
+            k += r
+    taken = [not a._free[p] for p in range(a.n_pages)]
+    for lo, hi in zip([-1, *walls], [*walls, a.n_pages], strict=True):
+        span = taken[lo + 1 : hi]
+        assert span == sorted(span, reverse=True)  # taken pages first, then free ones

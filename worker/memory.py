@@ -10,7 +10,9 @@ form a *run* that must be physically contiguous in the arena. The package lists 
 run lengths (``page_runs``; all 1 unless some tensor is larger than a page).
 
 So LOAD = allocate free pages (contiguous only within a run) + copy the blob page by
-page; EVICT = free the pages. Nothing is allocated while serving: a tensor is a
+page; EVICT = free the pages. When the free pages are enough but scattered, so that no
+run fits, the device first slides the loaded weights no EXEC is reading together
+(:meth:`PageArena.compact`) and binds them where they now lie. Nothing is allocated while serving: a tensor is a
 zero-copy view of arena memory, found by ``(logical offset, shape, dtype)`` and the
 model's page list. Views are 256-byte aligned (TVM's ``from_dlpack`` wants 64).
 
@@ -20,7 +22,7 @@ buffer; only :func:`_allocate` and :meth:`PageArena._as_array` know the backend.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
 
@@ -114,6 +116,57 @@ class PageArena:
             if count == length:
                 return i - length + 1
         raise ArenaError(f"no {length} contiguous free pages (fragmented; {self._n_free} free)")
+
+    def compact(self, holders: Mapping[Hashable, tuple[Sequence[int], Sequence[int]]]
+                ) -> dict[Hashable, list[int]]:
+        """Slide the pages of ``holders`` (key -> (pages, runs), each run's pages
+        contiguous, as :meth:`alloc` gave them) towards page 0, in address order, so the
+        free pages come together; their contents move with them. Taken pages that no
+        holder lists (weights an EXEC or a LOAD is using) stay where they are, and
+        nothing slides past them. Returns the new page list of every holder that moved
+        (logical page k of a holder stays its k-th page)."""
+        free = self._free
+        first: dict[int, tuple[Hashable, int, int]] = {}  # a run's first page -> (key, k, length)
+        claimed: set[int] = set()
+        for key, (pages, runs) in holders.items():
+            k = 0
+            for r in runs:
+                run = list(pages[k : k + r])
+                if (len(run) != r or run != list(range(run[0], run[0] + r))
+                        or any(free[q] or q in claimed for q in run)):
+                    raise ArenaError(f"{key!r}: pages {list(pages)} are not its own taken "
+                                     f"runs {list(runs)}")
+                claimed.update(run)
+                first[run[0]] = (key, k, r)
+                k += r
+        moved: dict[Hashable, list[int]] = {}
+        low = 0  # the pages below are settled; those from low up to p are free
+        p = 0
+        while p < self.n_pages:
+            if free[p]:
+                p += 1
+                continue
+            run = first.get(p)
+            if run is None:  # nobody to move: it stays, and nothing goes past it
+                low = p = p + 1
+                continue
+            key, k, r = run
+            if low < p:  # down to low: [low, low + r) is free or this run's own
+                for i in range(r):  # upwards: a page is read before it is overwritten
+                    self._move(p + i, low + i)
+                for i in range(r):
+                    free[p + i] = True
+                for i in range(r):
+                    free[low + i] = False
+                moved.setdefault(key, list(holders[key][0]))[k : k + r] = range(low, low + r)
+            low += r
+            p += r
+        return moved
+
+    def _move(self, src: int, dst: int) -> None:
+        """Page ``src``'s bytes onto page ``dst`` (two different pages)."""
+        ps = self.page_size
+        self.buffer[dst * ps : (dst + 1) * ps] = self.buffer[src * ps : (src + 1) * ps]
 
     def free(self, pages: Sequence[int]) -> None:
         for p in pages:

@@ -35,6 +35,7 @@ answered such failures with.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
@@ -206,6 +207,39 @@ class RealDevice:
 
     def loaded(self, name: str) -> bool:
         return self._model(name).pages is not None
+
+    def _take_pages(self, meta: dict) -> list[int]:
+        """The arena pages for a LOAD of a package with ``meta`` (under the subclass's
+        ``_lock``). A tensor larger than a page needs a run of contiguous pages; when the
+        free pages suffice but lie apart, the loaded weights no EXEC is using are slid
+        together first (:meth:`PageArena.compact`) and re-bound where they now lie, so a
+        LOAD is refused only for want of pages, not for their order. Raises
+        ``InsufficientCache``, with nothing taken."""
+        n, runs = meta["weights_pages"], meta["page_runs"]
+        try:
+            return self.arena.alloc(n, runs)
+        except ArenaError as e:
+            if n > self.arena.free_pages:
+                raise InsufficientCache(str(e)) from None
+        holders = {name: (m.pages, m.meta["page_runs"]) for name, m in self.models.items()
+                   if m.pages is not None and not m.busy}
+        with self._moving():
+            moved = self.arena.compact(holders)
+        for name, pages in moved.items():
+            m = self.models[name]
+            m.pages, m.bound = pages, self._bind(pages, m.meta)
+        try:
+            return self.arena.alloc(n, runs)
+        except ArenaError as e:
+            raise InsufficientCache(str(e)) from None
+
+    def _moving(self):
+        """Where :meth:`_take_pages` moves pages (a device: on its copy stream, waited for)."""
+        return contextlib.nullcontext()
+
+    def _bind(self, pages: list[int], meta: dict) -> list:
+        """The weights held in ``pages`` as the tensors the package's functions take."""
+        raise NotImplementedError
 
     def evict(self, name: str) -> None:
         """EVICT: never waits. Pages under a running EXEC are freed when it ends (the

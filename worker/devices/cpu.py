@@ -34,7 +34,6 @@ from clockwork.profiles import PAGE_SIZE
 from worker.devices.base import (
     DeviceError,
     ExecFailed,
-    InsufficientCache,
     InvalidBatchSize,
     InvalidInput,
     InvalidPackage,
@@ -44,7 +43,7 @@ from worker.devices.base import (
     WeightsNotPresent,
     numpy_outputs,
 )
-from worker.memory import TENSOR_ALIGNMENT, ArenaError, PageArena
+from worker.memory import TENSOR_ALIGNMENT, PageArena
 
 
 def _aligned_empty(shape: tuple[int, ...], dtype: str) -> np.ndarray:
@@ -147,7 +146,6 @@ class CpuDevice(RealDevice):
     def load(self, name: str) -> tuple[list[int], int]:
         """LOAD: returns (pages, duration_ns) where the duration covers alloc + copy + bind.
         Errors: see :class:`worker.devices.base.Device`."""
-        import tvm
 
         m = self._model(name)
         meta = m.meta
@@ -155,15 +153,10 @@ class CpuDevice(RealDevice):
         with self._lock:
             if m.pages is not None:
                 raise WeightsAlreadyLoaded(f"model {name!r} is already loaded")
-            try:
-                pages = self.arena.alloc(meta["weights_pages"], meta["page_runs"])
-            except ArenaError as e:
-                raise InsufficientCache(str(e)) from None
+            pages = self._take_pages(meta)
         try:
             self.arena.write(pages, m.package.blob)
-            bound = [tvm.runtime.from_dlpack(self.arena.view(pages, t["offset"], t["shape"],
-                                                             t["dtype"]))
-                     for t in meta["params"]]
+            bound = self._bind(pages, meta)
         except Exception as e:
             with self._lock:
                 self.arena.free(pages)
@@ -174,6 +167,13 @@ class CpuDevice(RealDevice):
                 raise LoadFailed(f"model {name!r}: unregistered during its LOAD")
             m.pages, m.bound = pages, bound
         return pages, time.perf_counter_ns() - t0
+
+    def _bind(self, pages: list[int], meta: dict) -> list:
+        import tvm
+
+        return [tvm.runtime.from_dlpack(self.arena.view(pages, t["offset"], t["shape"],
+                                                        t["dtype"]))
+                for t in meta["params"]]
 
     # -- INPUT + EXEC + OUTPUT ------------------------------------------------------------
 

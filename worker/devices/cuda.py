@@ -36,6 +36,7 @@ cross-compile on a machine without a GPU: see :func:`cuda_target_and_check`.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -54,7 +55,6 @@ from worker.devices.base import (
     DeviceError,
     DeviceUnavailable,
     ExecFailed,
-    InsufficientCache,
     InvalidBatchSize,
     InvalidInput,
     InvalidPackage,
@@ -313,7 +313,9 @@ class CudaDevice(RealDevice):
             self._start = cupy.cuda.Event()
             self._end = cupy.cuda.Event()
         self.models: dict[str, _Model] = {}
-        self._lock = threading.Lock()  # models and the arena's page table; never held on the GPU
+        # models and the arena's page table; held on the GPU only while a LOAD slides
+        # loaded weights together (_take_pages)
+        self._lock = threading.Lock()
         self._load_lane = threading.Lock()  # one LOAD at a time
         self._exec_lane = threading.Lock()  # one EXEC at a time
 
@@ -373,17 +375,12 @@ class CudaDevice(RealDevice):
             with self._lock:
                 if m.pages is not None or m.loading:
                     raise WeightsAlreadyLoaded(f"model {name!r} is already loaded")
-                try:
-                    pages = self.arena.alloc(m.meta["weights_pages"], m.meta["page_runs"])
-                except ArenaError as e:
-                    raise InsufficientCache(str(e)) from None
+                pages = self._take_pages(m.meta)
                 m.loading = True
             try:
                 with self._cupy.cuda.Device(self.index):
                     self._copy_in(pages, m.blob)
-                    bound = [self._tvm.runtime.from_dlpack(
-                        self.arena.view(pages, t["offset"], t["shape"], t["dtype"]))
-                        for t in m.meta["params"]]
+                    bound = self._bind(pages, m.meta)
             except Exception as e:
                 with self._lock:
                     m.loading = False
@@ -396,6 +393,19 @@ class CudaDevice(RealDevice):
                     raise LoadFailed(f"model {name!r}: unregistered during its LOAD")
                 m.pages, m.bound = pages, bound
             return pages, max(1, time.perf_counter_ns() - t0)
+
+    def _bind(self, pages: list[int], meta: dict) -> list:
+        return [self._tvm.runtime.from_dlpack(self.arena.view(pages, t["offset"], t["shape"],
+                                                              t["dtype"]))
+                for t in meta["params"]]
+
+    @contextlib.contextmanager
+    def _moving(self):
+        """Pages slid together (``_take_pages``) are copied on the LOAD stream, and
+        waited for before anything runs on them where they now lie."""
+        with self._cupy.cuda.Device(self.index), self.load_stream:
+            yield
+        self.load_stream.synchronize()
 
     def _copy_in(self, pages: list[int], blob: np.ndarray) -> None:
         """Page k of the pinned blob -> arena page ``pages[k]``, asynchronously on the LOAD
