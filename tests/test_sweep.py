@@ -659,3 +659,27 @@ def test_the_files_out_is_checked_as_out_is(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "'sweeps' is not a folder" in err[0] and "--out" in err[0], err
     assert not (tmp_path / "o").exists()
+
+
+def test_list_only_reads_the_output_folder(tmp_path, monkeypatch, capsys):
+    """--list writes nothing, so a folder it may not write into (or not there yet, under
+    one it may not write into) is listed, not refused; running there still is."""
+    f = tmp_path / "s.toml"
+    f.write_text('scenarios = ["poisson_warm"]\nseeds = [1, 2]\n'
+                 'overrides = ["duration_s=1", "drain_s=1"]\n')
+    out = tmp_path / "o"
+    assert main(["sweep", str(f), "--jobs", "1", "--out", str(out), "--quiet"]) == 0
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, *a, **k: False
+                        if str(os.path.abspath(path)).startswith(str(out)) and mode & os.W_OK
+                        else real_access(path, mode, *a, **k))
+    capsys.readouterr()
+    assert main(["sweep", str(f), "--out", str(out), "--list"]) == 0
+    cap = capsys.readouterr()
+    assert [x.split()[0] for x in cap.out.splitlines()] == ["done", "done"], cap
+    assert main(["sweep", str(f), "--out", str(out / "new"), "--list"]) == 0
+    assert [x.split()[0] for x in capsys.readouterr().out.splitlines()] == ["to", "to"]
+    assert not (out / "new").exists()
+    assert main(["sweep", str(f), "--out", str(out), "--jobs", "1", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "argument --out: cannot write into" in err[0], err

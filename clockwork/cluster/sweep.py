@@ -459,18 +459,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return fail("--plot draws against the first [grid] key; this sweep has no [grid]")
     if (why := check_parts(args)) is not None:
         return fail(why)
-    if args.out:  # (checked by its type: argtypes.out_dir)
-        out = Path(args.out)
-    else:  # the file's out, or the default: checked as --out is, before anything runs
-        from clockwork.cluster.cli.argtypes import out_dir
+    # --out, the file's out or the default, checked before anything runs (--list only
+    # reads it: it may be read-only, or not there yet)
+    from clockwork.cluster.cli.argtypes import out_dir
 
-        text = sweep.spec.out or str(Path(SWEEPS) / sweep.path.stem)
-        try:
-            out = Path(out_dir(text))
-        except argparse.ArgumentTypeError as e:
-            where = (f"{sweep.path}: out" if sweep.spec.out else
-                     "the default output folder (give another with --out)")
-            return fail(f"{where}: {e}")
+    text = args.out or sweep.spec.out or str(Path(SWEEPS) / sweep.path.stem)
+    try:
+        out = Path(out_dir(text, write=not args.list))
+    except argparse.ArgumentTypeError as e:
+        where = ("argument --out" if args.out else f"{sweep.path}: out" if sweep.spec.out
+                 else "the default output folder (give another with --out)")
+        return fail(f"{where}: {e}")
     if args.list:
         points = sweep.points
         done = [done_summary(point_folder(out, p)) is not None for p in points]

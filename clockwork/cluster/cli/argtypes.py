@@ -210,9 +210,11 @@ def _makeable(path, text: str, what: str) -> None:
                                          f"{str(parent)!r} (permissions)")
 
 
-def out_dir(text: str) -> str:
+def out_dir(text: str, write: bool = True) -> str:
     """A folder to write into: one this process can write, or one it can make. Checked
-    before anything runs, so that a run is not lost to a path it cannot write at the end."""
+    before anything runs, so that a run is not lost to a path it cannot write at the end.
+    With ``write`` False (a folder only looked at, as by ``sweep --list``) it need not be
+    writable: only not a file, nor under one."""
     import os
     from pathlib import Path
 
@@ -220,10 +222,17 @@ def out_dir(text: str) -> str:
     if p.exists():
         if not p.is_dir():
             raise argparse.ArgumentTypeError(f"{text!r} exists and is not a folder")
-        if not os.access(p, os.W_OK | os.X_OK):
+        if write and not os.access(p, os.W_OK | os.X_OK):
             raise argparse.ArgumentTypeError(f"cannot write into {text!r} (permissions)")
-    else:
+    elif write:
         _makeable(p, text, "folder")
+    else:
+        parent = p.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not parent.is_dir():
+            raise argparse.ArgumentTypeError(f"no folder {text!r}: {str(parent)!r} is not "
+                                             "a folder")
     return text
 
 

@@ -528,7 +528,7 @@ def add_sweep(sub) -> None:
               epilog=SWEEP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
               requires=("tqdm",))
     p.add_argument("file", help="sweep TOML file, or the name of a shipped sweep")
-    p.add_argument("--out", type=t.out_dir, metavar="DIR",
+    p.add_argument("--out", metavar="DIR",
                    help="output folder (default: the file's out, else sweeps/<file stem>)")
     p.add_argument("--plot", action="store_true",
                    help="also draw SLO attainment and goodput against the first grid key "
