@@ -50,6 +50,15 @@ LOAD_REFUSED = frozenset((ErrorCode.UNKNOWN_MODEL, ErrorCode.LOAD_INSUFFICIENT_C
 # request's deadline); then it is tried again.
 LOAD_REFUSALS = 3
 REFUSED_FOR_NS = 1_000_000_000
+# A LOAD of an extra copy (of a model with a copy ready, which goes on serving it) refused
+# by a GPU: that GPU is not offered the model again for a back-off, LOAD_BACKOFF_NS after
+# the model's first refusal in a row, doubling with each further one up to
+# LOAD_BACKOFF_MAX_NS (instead of the same LOAD again at once, thousands a second); its
+# next successful LOAD starts the doubling over. The first retry comes sooner than a
+# model without a copy is tried again (REFUSED_FOR_NS), the last ones are rarer: an
+# extra copy is wanted less than a first one.
+LOAD_BACKOFF_NS = REFUSED_FOR_NS // 10
+LOAD_BACKOFF_MAX_NS = 10 * REFUSED_FOR_NS
 
 _COUNTER = {ActionType.INFER: "infer", ActionType.LOAD: "load", ActionType.EVICT: "evict"}
 

@@ -12,6 +12,9 @@ Rules (explained in docs/scheduling.md), each in one place below:
   highest unmet demand, evicting least-recently-used models without demand first.
 * ``on_result``  feed measured durations into the estimates, answer requests,
   return the requests of a rejected INFER to their queue if they can still make it.
+* ``_load_refused``  a model whose LOADs workers refuse: with no copy ready, its
+  requests are answered ERROR for a while; with one, the GPU that refused an extra
+  copy is not offered it again for a growing back-off.
 * ``on_tick``  answer requests that can no longer start in time; wake GPUs whose
   schedule-ahead window opened; re-examine unmet demand for LOADs.
 * ``add_model`` / ``remove_model``  the set of models changes at run time: a new model
@@ -33,6 +36,8 @@ from clockwork.requests import DONE, EXECUTING, QUEUED, Reply, Request
 from controller.config import SchedulerConfig
 from controller.inflight import (
     COPY_GONE,
+    LOAD_BACKOFF_MAX_NS,
+    LOAD_BACKOFF_NS,
     LOAD_REFUSALS,
     LOAD_REFUSED,
     REFUSED_AS_SENT,
@@ -250,7 +255,7 @@ class ClockworkScheduler(Policy):
             inst = inf.copy
             current = g.instances.get(inst.model.name) is inst
             if not result.status:
-                inst.model.load_refusals = 0
+                inst.model.load_refusals = 0  # (and the back-offs start over)
                 inst.model.est.add_load(result.duration)
                 if current:
                     inst.loading = False
@@ -264,7 +269,7 @@ class ClockworkScheduler(Policy):
                 if current:
                     self._drop_instance(inst, now)
                 if result.status in LOAD_REFUSED:
-                    self._load_refused(inst.model, result, now)
+                    self._load_refused(inst.model, g, result, now)
             self._schedule_infer(g, now, out)
             self._schedule_loads(now, out, only_idle=True)
         # EVICT results need nothing: pages were freed in our view when it was sent
@@ -561,13 +566,36 @@ class ClockworkScheduler(Policy):
             if not self._next_load_check:
                 self._next_load_check = now
 
-    def _load_refused(self, m: ModelState, result: Result, now: int) -> None:
-        """A LOAD of ``m`` refused by the worker (``LOAD_REFUSED``): after
-        ``LOAD_REFUSALS`` in a row, with no copy of ``m`` ready, its requests (queued,
-        retried, arriving) are answered ERROR with the worker's reason for
-        ``REFUSED_FOR_NS``."""
+    def _load_refused(self, m: ModelState, g: GpuState, result: Result, now: int) -> None:
+        """A LOAD of ``m`` refused by ``g``'s worker (``LOAD_REFUSED``).
+
+        With no copy of ``m`` ready: after ``LOAD_REFUSALS`` in a row its requests
+        (queued, retried, arriving) are answered ERROR with the worker's reason for
+        ``REFUSED_FOR_NS``.
+
+        With a copy ready (it goes on serving them), the refused LOAD was of an extra
+        copy, which the demand would ask for again at once, thousands of times a second:
+        instead ``g`` is not offered an extra copy of ``m`` (``_place_loads``) for a
+        back-off, ``LOAD_BACKOFF_NS`` doubled with each refusal of ``m`` in a row (on any
+        GPU) up to ``LOAD_BACKOFF_MAX_NS``. A successful LOAD of ``m`` starts the
+        doubling over; back-offs in force run out (one GPU's success says nothing of
+        another's cache). Held back is the GPU, not the model: a worker refuses for its
+        own reasons (too few contiguous free pages in its cache, a failing device), and
+        another GPU with room should still take the copy at once. The length follows the
+        model's streak, not the GPU's, so a model that every GPU refuses (a package no
+        worker can load) is tried ever more rarely over all of them, each GPU at most
+        once per ``LOAD_BACKOFF_MAX_NS`` in the end. (A model without a copy ready is not
+        held back: its requests wait for a copy, and the rule above bounds its retries.)"""
         m.load_refusals += 1
-        if m.load_refusals < LOAD_REFUSALS or m.ready_copies:  # (a copy serves it)
+        if m.ready_copies:
+            k = m.load_refusals - 1
+            backoff = LOAD_BACKOFF_MAX_NS if k >= 62 else min(LOAD_BACKOFF_MAX_NS,
+                                                              LOAD_BACKOFF_NS << k)
+            if m.load_blocked is None:
+                m.load_blocked = {}
+            m.load_blocked[g.index] = now + backoff
+            return
+        if m.load_refusals < LOAD_REFUSALS:
             return
         m.refused_until = now + REFUSED_FOR_NS
         m.refused_why = error_message(result)
@@ -797,6 +825,9 @@ class ClockworkScheduler(Policy):
                     continue
                 if m.instances and not spare:
                     continue  # another copy on a saturated GPU would relieve nobody
+                bl = m.load_blocked
+                if bl is not None and m.ready_copies and bl.get(g.index, 0) > now:
+                    continue  # this GPU refused an extra copy of it lately (_load_refused)
                 victims = self._victims(g, m, -negp, now)
                 if victims is None:
                     continue
@@ -815,13 +846,45 @@ class ClockworkScheduler(Policy):
                 break
 
     def _arm_load_check(self, now: int) -> None:
-        """Re-examine demand soon if some queued model could use another copy."""
+        """Re-examine demand soon if some queued model could use another copy; a model
+        that every GPU without a copy of it holds back (``_load_refused``) only when the
+        first of those back-offs ends (not every interval while none can end)."""
+        soon = now + self.cfg.load_check_interval
+        if self._unserved or self._misses:
+            self._next_load_check = soon
+            return
         n = len(self.gpus)
         models = self.models
-        demand = bool(self._unserved) or bool(self._misses) or any(
-            len(models[name].instances) < n for name in self._queued
-        )
-        self._next_load_check = now + self.cfg.load_check_interval if demand else 0
+        at = 0
+        for name in self._queued:
+            m = models[name]
+            if len(m.instances) < n:
+                if m.load_blocked is None or not m.ready_copies:
+                    at = soon
+                    break
+                t = self._unblocked_at(m, now)
+                if t <= soon:
+                    at = soon
+                    break
+                if not at or t < at:
+                    at = t
+        self._next_load_check = at
+
+    def _unblocked_at(self, m: ModelState, now: int) -> int:
+        """When some GPU without a copy of ``m`` will no longer hold it back (``now`` if
+        one does not); back-offs that have ended are forgotten."""
+        bl = m.load_blocked
+        for gi, until in list(bl.items()):
+            if until <= now:
+                del bl[gi]
+        if not bl:
+            m.load_blocked = None
+            return now
+        insts = m.instances
+        held = [until for gi, until in bl.items() if gi not in insts]
+        if len(held) + len(insts) < len(self.gpus):
+            return now
+        return min(held)
 
     # ------------------------------------------------------------------ LOAD demand, kept up to date
 
@@ -1140,6 +1203,9 @@ class ClockworkScheduler(Policy):
             return out
         g.available = True
         g.free_pages = g.total_pages - sum(i.model.pages for i in g.instances.values())
+        for m in self.models.values():  # what its worker refused before says nothing now
+            if m.load_blocked:
+                m.load_blocked.pop(gpu_index, None)
         held, g.held = g.held, []
         if kept:  # least recently used first: the same order as before the loss
             self._take_over(g, [(n, v) for n, v in reversed(held) if n in kept], now, out)

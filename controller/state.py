@@ -96,7 +96,8 @@ class ModelState:
     __slots__ = ("name", "profile", "est", "queue", "live", "outstanding", "instances",
                  "ready_copies", "versions", "batch_sizes", "pages", "item_cost",
                  "monotone", "last_deadline", "slo_cache", "removed", "wide", "dirty",
-                 "big_at", "qver", "memo", "load_refusals", "refused_until", "refused_why")
+                 "big_at", "qver", "memo", "load_refusals", "refused_until", "refused_why",
+                 "load_blocked")
 
     def __init__(self, profile: ModelProfile, cfg: SchedulerConfig) -> None:
         self.name = profile.model
@@ -122,6 +123,9 @@ class ModelState:
         self.load_refusals = 0  # LOADs refused in a row (inflight.LOAD_REFUSED)
         self.refused_until = 0  # after LOAD_REFUSALS of them: answered ERROR until then
         self.refused_why = ""  # (with this reason: the last refusal's)
+        # GPU index -> until when that GPU is not offered an extra copy of this model (it
+        # refused one while a copy was ready: Scheduler._load_refused); None: no GPU
+        self.load_blocked: dict[int, int] | None = None
         self.pages = profile.weights_pages
         self.batch_sizes = [b for b in profile.batch_sizes if b <= cfg.max_batch] or [1]
         # GPU time per request at the most efficient allowed batch size (demand accounting)

@@ -8,6 +8,7 @@ Test profile: LOAD 8 ms, EXEC b=1 2.9 ms, b=2 4.06, b=4 6.38, b=8 11.02, b=16 20
 from __future__ import annotations
 
 import heapq
+from itertools import pairwise
 
 from clockwork.actions import NEVER, Action, ActionType, ErrorCode, RequestStatus, Result
 from clockwork.requests import QUEUED, Request
@@ -356,6 +357,158 @@ def test_loads_refused_while_a_copy_is_ready_or_lost_with_a_worker_block_nothing
         s.drain_replies()
         acts = s.on_request(req(99, t=t, slo=100 * MS), t)
         assert s.drain_replies() == [] and ActionType.INFER in [a.type for a in acts], code
+
+
+def overload(s, t, end, refuse, pending, held, step=MS // 2):
+    """Requests for "a" (SLO 200 ms), one every ``step`` from ``t`` to ``end`` (more than
+    one GPU serves: a second copy is wanted), each action answered at its predicted end,
+    as workers would: a LOAD with ``refuse(action)``'s status, an INFER as SUCCESS on the
+    GPUs in ``held`` (those that hold "a", LOADs add to it), WEIGHTS_NOT_PRESENT on the
+    others; ``on_tick`` when ``next_wakeup`` asks. ``pending`` (a heap of (due, id,
+    action)) carries the unanswered actions from one call to the next. Returns the LOADs
+    sent, (time, action), and how many times the LOAD demand was looked at."""
+    looks = n = 0
+    schedule_loads = s._schedule_loads
+
+    def counted(*args, **kw):
+        nonlocal looks
+        looks += 1
+        schedule_loads(*args, **kw)
+
+    s._schedule_loads = counted
+    loads = []
+    try:
+        while t < end:
+            t += step
+            n += 1
+            acts = s.on_request(req(n, t=t, slo=200 * MS), t)
+            while pending and pending[0][0] <= t:
+                due, _, a = heapq.heappop(pending)
+                if a.type == ActionType.LOAD:
+                    code = refuse(a)
+                    if not code:
+                        held.add(a.gpu)
+                elif a.type == ActionType.INFER and a.gpu not in held:
+                    code = ErrorCode.WEIGHTS_NOT_PRESENT
+                else:
+                    code = ErrorCode.SUCCESS
+                acts += s.on_result(fail(a, due, code) if code
+                                    else ok(a, due - a.expected_duration), t)
+            nw = s.next_wakeup()
+            if nw is not None and nw <= t:
+                acts += s.on_tick(t)
+            for a in acts:
+                if a.type == ActionType.LOAD:
+                    loads.append((t, a))
+                heapq.heappush(pending, (max(a.earliest, t) + a.expected_duration, a.id, a))
+    finally:
+        del s._schedule_loads
+    return loads, looks
+
+
+def test_extra_copy_refused_while_one_is_ready_is_retried_after_a_growing_back_off():
+    # a copy of "a" serves it on GPU 0, more requests come than it serves, and GPU 1's
+    # worker refuses every LOAD of a second copy: each refusal was followed by the same
+    # LOAD at once, thousands a second. Now GPU 1 is offered "a" again only after a
+    # back-off that doubles with each refusal up to its cap, and the demand for LOADs is
+    # not looked at every load_check_interval meanwhile, only when a back-off ends
+    from controller.inflight import LOAD_BACKOFF_MAX_NS, LOAD_BACKOFF_NS
+
+    s = sched(gpus=2)
+    t = warm(s)
+    loads, looks = overload(s, t, t + 24_000 * MS,
+                            lambda a: ErrorCode.LOAD_INSUFFICIENT_CACHE, [], {0})
+    assert {a.gpu for _, a in loads} == {1}
+    sent = [at for at, _ in loads]
+    gaps = [b - a for a, b in pairwise(sent)]
+    backoffs = [min(LOAD_BACKOFF_MAX_NS, LOAD_BACKOFF_NS << i) for i in range(len(gaps))]
+    assert backoffs[-1] == LOAD_BACKOFF_MAX_NS, (len(loads), gaps)  # up to the cap
+    # (each retry follows its refusal, a LOAD's 8 ms later, by the back-off and a tick)
+    for gap, backoff in zip(gaps, backoffs, strict=True):
+        assert backoff + 8 * MS <= gap <= backoff + 12 * MS, (gaps, backoffs)
+    assert looks <= 3 * len(loads), looks  # (every 2 ms: thousands)
+    # the ready copy served all along; the refusals answered nothing
+    replies = s.drain_replies()
+    assert sum(r.status == RequestStatus.SUCCESS for r in replies) > len(replies) // 3
+    assert not [r for r in replies if "LOAD_INSUFFICIENT_CACHE" in r.message]
+
+
+def test_a_successful_load_ends_the_back_off():
+    # GPU 1 refuses a second copy of "a" three times (back-offs of 100, 200, 400 ms), then
+    # loads it; when that copy is lost later (its worker restarted), the next refusal
+    # holds GPU 1 back for the first back-off again (100 ms), not the fourth (800 ms)
+    from controller.inflight import LOAD_BACKOFF_NS
+
+    s = sched(gpus=2)
+    t = warm(s)
+    count = [0]
+
+    def refuse(a):
+        count[0] += 1
+        return ErrorCode.SUCCESS if count[0] == 4 else ErrorCode.LOAD_INSUFFICIENT_CACHE
+
+    pending, held = [], {0}
+    loads, _ = overload(s, t, t + 1000 * MS, refuse, pending, held)
+    assert len(loads) == 4 and held == {0, 1}, loads
+    held.discard(1)
+    more, _ = overload(s, t + 1000 * MS, t + 2000 * MS, refuse, pending, held)
+    sent = [at for at, _ in loads + more]
+    assert len(sent) >= 6, sent
+    gaps = [b - a for a, b in pairwise(sent)]
+    assert [g // LOAD_BACKOFF_NS for g in gaps[:3]] == [1, 2, 4], gaps  # 100, 200, 400 ms
+    # the sixth LOAD (the fifth, refused, replaced the lost copy) after the first back-off
+    assert LOAD_BACKOFF_NS <= gaps[4] < 2 * LOAD_BACKOFF_NS, gaps
+
+
+def test_an_extra_copy_refused_by_one_gpu_goes_to_another_at_once():
+    # the back-off holds back the GPU that refused, not the model: GPU 1's cache has no
+    # room for a second copy of "a", GPU 2's has, and takes it as soon as GPU 1 refuses
+    from controller.inflight import LOAD_BACKOFF_NS
+
+    s = sched(gpus=3)
+    t = warm(s)
+
+    def refuse(a):
+        return ErrorCode.LOAD_INSUFFICIENT_CACHE if a.gpu == 1 else ErrorCode.SUCCESS
+
+    loads, _ = overload(s, t, t + 200 * MS, refuse, [], {0})
+    (t1, first), (t2, second) = loads[:2]
+    assert (first.gpu, second.gpu) == (1, 2), loads
+    # (as soon as "a" is wanted again: the INFERs sent behind the refused LOAD fail back
+    # first), not after a back-off of the model (100 ms after the refusal, 8 ms in)
+    assert t2 - t1 < LOAD_BACKOFF_NS, loads
+    assert sorted(s.models["a"].instances) == [0, 2]
+
+def test_a_model_held_back_that_loses_its_ready_copy_is_loaded_at_once_then_answered_error():
+    # the back-off is for extra copies only: when the ready copy is lost (its GPU with
+    # it), the model is loaded at once on the GPU that holds it back, and LOADs refused
+    # in a row answer its queue ERROR as before (LOAD_REFUSALS), not a back-off later
+    from controller.inflight import LOAD_REFUSALS
+
+    s = sched(gpus=2)
+    t = warm(s)  # a copy ready on GPU 0
+    s._send_load(s.gpus[1], s.models["a"], t, out := [])
+    (load,) = out
+    s.on_result(fail(load, t + MS, ErrorCode.LOAD_INSUFFICIENT_CACHE), t + MS)
+    t += 2 * MS
+    acts = s.on_request(req(1, t=t, slo=5000 * MS), t)  # sent to GPU 0's copy
+    (inf,) = [a for a in acts if a.type == ActionType.INFER]
+    assert inf.gpu == 0 and s.set_gpu_available(0, False, t) == []
+    # the lost worker's INFER fails back: its request is queued again, for a new copy
+    pending = s.on_result(fail(inf, t, ErrorCode.WEIGHTS_NOT_PRESENT), t) + s.on_tick(t)
+    assert [(a.type, a.gpu) for a in pending][:1] == [(ActionType.LOAD, 1)], pending
+    loads = 0
+    while pending:
+        a = pending.pop(0)
+        if a.type == ActionType.LOAD:
+            loads += 1
+            code = ErrorCode.LOAD_INSUFFICIENT_CACHE
+        else:
+            code = ErrorCode.WEIGHTS_NOT_PRESENT
+        pending += s.on_result(fail(a, t, code), t) + s.on_tick(t)  # answered at once
+        assert loads <= LOAD_REFUSALS, loads
+    (rep,) = s.drain_replies()
+    assert rep.status == RequestStatus.ERROR and "LOAD_INSUFFICIENT_CACHE" in rep.message, rep
 
 
 def test_copy_found_missing_is_replaced_by_a_new_load():
