@@ -171,6 +171,7 @@ class ProfileSet:
     weights_cache_pages: int
     files: set[Path] = field(default_factory=set, repr=False)  # the profile files read
     read_at: float = field(default=0.0, repr=False)  # (time.monotonic of the last read)
+    read_mtime: int = field(default=-1, repr=False)  # (the folder's st_mtime_ns then)
 
     def find(self, model: str) -> ModelProfile | None:
         """``model``'s profile, or None. One not in the set when it was read is looked for
@@ -181,14 +182,19 @@ class ProfileSet:
         return prof
 
     def refresh(self, every_s: float = 1.0) -> bool:
-        """Read the set's folder again, at most once every ``every_s``, for profile files
-        added since; whether any profile was added. The profiles read before stay as they
-        were (instances run by them), and a new file that cannot be read, or names a
-        model the set has, is left out."""
+        """Read the set's folder again for profile files added since; whether any
+        profile was added. It is read at once when the folder changed since the last
+        read (a file added or renamed into it), else at most once every ``every_s`` (a
+        file completed in place): so a process that looks just after another found a new
+        profile finds it too, and looking up unknown names does not list the folder each
+        time. The profiles read before stay as they were (instances run by them), and a
+        new file that cannot be read, or names a model the set has, is left out."""
         now = time.monotonic()
-        if now - self.read_at < every_s or not self.path.is_dir():
+        mtime = _mtime(self.path)
+        if (mtime == self.read_mtime and now - self.read_at < every_s) \
+                or not self.path.is_dir():
             return False
-        self.read_at = now
+        self.read_at, self.read_mtime = now, mtime
         added = False
         for f in sorted(self.path.glob("*.json")):
             if f.name == "set.json" or f in self.files:
@@ -253,6 +259,7 @@ def load_profile_set(name_or_path: str | Path, base: str | Path | None = None) -
     if folder is None:
         tried = ", ".join(str(c) for c in profile_set_candidates(name_or_path, base))
         raise ProfileError(f"profile set {name_or_path!r} not found (tried {tried})")
+    mtime = _mtime(folder)  # (before the listing: a file added during it is seen later)
     meta = _load_set_file(folder / "set.json")
     profiles: dict[str, ModelProfile] = {}
     files: dict[str, Path] = {}  # model -> the file that gave its profile
@@ -274,7 +281,16 @@ def load_profile_set(name_or_path: str | Path, base: str | Path | None = None) -
         weights_cache_pages=meta.weights_cache_pages,
         files=set(files.values()),
         read_at=time.monotonic(),
+        read_mtime=mtime,
     )
+
+
+def _mtime(folder: Path) -> int:
+    """A folder's modification time in ns (-2 when it cannot be read)."""
+    try:
+        return folder.stat().st_mtime_ns
+    except OSError:
+        return -2
 
 
 def _load_set_file(path: Path) -> ProfileSetFile:

@@ -1,0 +1,53 @@
+"""A profile set looks in its folder again for a profile it lacks (``ProfileSet.find``):
+at once when the folder changed since it was read, else at most once a second. So a
+worker asked for a profile the controller has just found finds it too."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import types
+
+import pytest
+
+from clockwork import profiles
+from clockwork.profiles import load_profile_set
+from clockwork.resources import data_root
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """clockwork.profiles' monotonic clock, stopped (t[0] moves it)."""
+    t = [1000.0]
+    monkeypatch.setattr(profiles, "time", types.SimpleNamespace(monotonic=lambda: t[0]))
+    return t
+
+
+def _profile(folder, model: str) -> str:
+    src = json.loads((folder / "resnet50_v2.json").read_text())
+    src["model"] = model
+    return json.dumps(src)
+
+
+def test_a_profile_added_just_after_a_read_is_found_at_once(tmp_path, clock):
+    folder = tmp_path / "set"
+    shutil.copytree(data_root() / "profiles" / "v100-reference", folder)
+    ps = load_profile_set(folder)
+    assert ps.find("fresh") is None  # (the folder, unchanged since it was read)
+    (folder / "fresh.json").write_text(_profile(folder, "fresh"))
+    found = ps.find("fresh")  # the same instant: the folder changed
+    assert found is not None and found.model == "fresh"
+
+
+def test_a_file_completed_in_place_is_found_within_a_second(tmp_path, clock):
+    folder = tmp_path / "set"
+    shutil.copytree(data_root() / "profiles" / "v100-reference", folder)
+    ps = load_profile_set(folder)
+    f = folder / "late.json"
+    f.write_text("{")  # being written: not a profile yet
+    assert ps.find("late") is None
+    f.write_text(_profile(folder, "late"))  # in place: the folder does not change
+    assert ps.find("late") is None
+    clock[0] += 1.01
+    found = ps.find("late")
+    assert found is not None and found.model == "late"
