@@ -1,6 +1,8 @@
 """ONNX import: a small model built with onnx.helper, imported into a model package, run
 by the cpu device and compared with onnxruntime (skipped without tvm/onnx/onnxruntime)."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -256,3 +258,30 @@ def test_cli_profile_of_a_model_without_weights_loads(tmp_path):
                  "--load-runs", "2", "--out", str(out)]) == 0
     prof = load_profile_set(str(tmp_path / "cpu")).get("softmax")
     assert prof.weights_bytes >= 1 and prof.weights_pages >= 1
+
+
+def test_cli_an_onnx_files_stem_that_is_not_a_model_name_needs_name(onnx_file, tmp_path,
+                                                                    capsys):
+    """The package (and profile) of an ONNX file is named by the file's stem, which must
+    be a name the repository takes; one it would refuse is refused here, up front, and
+    --name gives another."""
+    odd = tmp_path / "small cnn.onnx"
+    odd.write_bytes(onnx_file.read_bytes())
+    for verb, out in (("compile", tmp_path / "pkg"), ("profile", tmp_path / "p.json")):
+        assert main([verb, str(odd), "--batch-sizes", "1", "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "'small cnn' is not a model name" in err[0], err
+        assert "--name" in err[0] and not out.exists()
+    assert main(["compile", str(odd), "--batch-sizes", "1", "--name", "small_cnn",
+                 "--out", str(tmp_path / "pkg")]) == 0
+    assert read_package(tmp_path / "pkg")["model"] == "small_cnn"
+    assert main(["profile", str(odd), "--batch-sizes", "1", "--runs", "2", "--load-runs",
+                 "1", "--name", "small_cnn", "--out", str(tmp_path / "p.json")]) == 0
+    assert json.loads((tmp_path / "p.json").read_text())["model"] == "small_cnn"
+    capsys.readouterr()
+    for argv in (["compile", "mlp", "--name", "x"],
+                 ["profile", str(odd), "--package", str(tmp_path / "pkg"), "--name", "x"]):
+        assert main(argv) == 2
+        assert "--name" in capsys.readouterr().err
+    assert main(["compile", str(odd), "--name=.x"]) == 2  # (argparse's check)
+    assert "argument --name: '.x' is not a model name" in capsys.readouterr().err

@@ -18,10 +18,32 @@ def is_onnx(model: str) -> bool:
     return model.lower().endswith(".onnx") or Path(model).is_file()
 
 
+def model_name(cmd: str, args: argparse.Namespace) -> str | None:
+    """The name of the model ``args.model`` makes: a zoo model's own, else ``--name`` or
+    the ONNX file's stem, which must be a name the repository takes; None (after saying
+    why on stderr) if it is not."""
+    from clockwork.names import BASE_NAME, BASE_NAME_RULE
+
+    if not is_onnx(args.model):
+        if args.name is not None:
+            print(f"clockwork {cmd}: --name is for an ONNX file (a zoo model keeps its "
+                  "name)", file=sys.stderr)
+            return None
+        return args.model
+    if args.name is not None:
+        return args.name
+    stem = Path(args.model).stem
+    if not BASE_NAME.fullmatch(stem):
+        print(f"clockwork {cmd}: the file's stem {stem!r} is not a model name "
+              f"({BASE_NAME_RULE}): give one with --name", file=sys.stderr)
+        return None
+    return stem
+
+
 def _build(cmd: str, model: str, batch_sizes: list[int], out: Path, device: str,
-           seed: int = 0) -> Path | None:
-    """Compile zoo model or ONNX file ``model`` into ``out``; None (after saying why on
-    stderr) if it cannot be."""
+           seed: int = 0, name: str | None = None) -> Path | None:
+    """Compile zoo model or ONNX file ``model`` (named ``name``) into ``out``; None
+    (after saying why on stderr) if it cannot be."""
     from clockwork.models.package import PackageError, compile_model
     from clockwork.models.zoo import ZOO
 
@@ -33,7 +55,8 @@ def _build(cmd: str, model: str, batch_sizes: list[int], out: Path, device: str,
                   f"(pip install 'clockwork-py[tvm]'): {e}", file=sys.stderr)
             return None
         try:
-            return compile_onnx(model, batch_sizes, out, target=DEVICES[device])
+            return compile_onnx(model, batch_sizes, out, target=DEVICES[device],
+                                model_name=name)
         except PackageError as e:
             print(f"clockwork {cmd}: {e}", file=sys.stderr)
             return None
@@ -55,9 +78,12 @@ def _check_device(cmd: str, device: str) -> bool:
 def cmd_compile(args: argparse.Namespace) -> int:
     if not _check_device("compile", args.device):
         return 2
-    name = Path(args.model).stem if is_onnx(args.model) else args.model
+    name = model_name("compile", args)
+    if name is None:
+        return 2
     out = Path(args.out) if args.out else Path("packages") / args.device / name
-    if _build("compile", args.model, args.batch_sizes, out, args.device, args.seed) is None:
+    if _build("compile", args.model, args.batch_sizes, out, args.device, args.seed,
+              name) is None:
         return 2
     print(f"wrote {out}/ (model.so, weights.bin, model.json)", file=sys.stderr)
     return 0
@@ -75,9 +101,16 @@ def cmd_profile(args: argparse.Namespace) -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="clockwork-profile-") as tmp:
         package = Path(args.package) if args.package else None
+        if package is not None and args.name is not None:
+            print("clockwork profile: --name names an ONNX model it compiles; a --package "
+                  "keeps the name in its model.json", file=sys.stderr)
+            return 2
         if package is None:
+            name = model_name("profile", args)
+            if name is None:
+                return 2
             package = _build("profile", args.model, args.batch_sizes, Path(tmp) / "package",
-                             args.device)
+                             args.device, name=name)
             if package is None:
                 return 2
         try:

@@ -65,6 +65,15 @@ def seed(text: str) -> int:
     return v
 
 
+def model_name(text: str) -> str:
+    """A model's name as the repository takes it (``clockwork.names``)."""
+    from clockwork.names import BASE_NAME, BASE_NAME_RULE
+
+    if not BASE_NAME.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a model name: {BASE_NAME_RULE}")
+    return text
+
+
 def any_int(text: str) -> int:
     return _int(text)
 

@@ -202,6 +202,10 @@ def add_trace(sub) -> None:
                    help="also look for day files here (for a DAY argument)")
 
 
+NAME_HELP = ("an ONNX model's name (default: the file's stem; one the repository would "
+             "refuse, e.g. with a space, needs --name)")
+
+
 def add_compile(sub) -> None:
     p = _verb(sub, "compile", "clockwork.cluster.models_cli:cmd_compile",
               "compile a zoo model or an ONNX file into a model package (needs TVM)",
@@ -217,7 +221,8 @@ def add_compile(sub) -> None:
     p.add_argument("--batch-sizes", type=t.batch_sizes, default=[1, 2, 4, 8, 16],
                    metavar="B1,B2,...", help="default 1,2,4,8,16")
     p.add_argument("--out", type=t.out_dir, metavar="DIR", help="package directory (default packages/DEVICE/MODEL, "
-                   "MODEL the file's stem for ONNX)")
+                   "MODEL the model's name)")
+    p.add_argument("--name", type=t.model_name, metavar="NAME", help=NAME_HELP)
     p.add_argument("--seed", type=t.seed, default=0,
                    help="weights seed for zoo models (default 0)")
 
@@ -234,6 +239,7 @@ def add_profile(sub) -> None:
                    help="where to measure: cpu (this host) or cuda (needs an NVIDIA GPU "
                    "here) (default cpu)")
     p.add_argument("--package", metavar="DIR", help="profile this compiled package instead")
+    p.add_argument("--name", type=t.model_name, metavar="NAME", help=NAME_HELP)
     p.add_argument("--batch-sizes", type=t.batch_sizes, default=[1, 2, 4, 8, 16],
                    metavar="B1,B2,...", help="when compiling (default 1,2,4,8,16)")
     p.add_argument("--runs", type=t.positive_int, default=200,
