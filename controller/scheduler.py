@@ -255,7 +255,7 @@ class ClockworkScheduler(Policy):
             inst = inf.copy
             current = g.instances.get(inst.model.name) is inst
             if not result.status:
-                inst.model.load_refusals = 0  # (and the back-offs start over)
+                inst.model.load_refusals = inst.model.extra_refusals = 0  # (back-offs too)
                 inst.model.est.add_load(result.duration)
                 if current:
                     inst.loading = False
@@ -576,8 +576,8 @@ class ClockworkScheduler(Policy):
         With a copy ready (it goes on serving them), the refused LOAD was of an extra
         copy, which the demand would ask for again at once, thousands of times a second:
         instead ``g`` is not offered an extra copy of ``m`` (``_place_loads``) for a
-        back-off, ``LOAD_BACKOFF_NS`` doubled with each refusal of ``m`` in a row (on any
-        GPU) up to ``LOAD_BACKOFF_MAX_NS``. A successful LOAD of ``m`` starts the
+        back-off, ``LOAD_BACKOFF_NS`` doubled with each refusal of an extra copy of ``m``
+        in a row (on any GPU; ``extra_refusals``) up to ``LOAD_BACKOFF_MAX_NS``. A successful LOAD of ``m`` starts the
         doubling over; back-offs in force run out (one GPU's success says nothing of
         another's cache). Held back is the GPU, not the model: a worker refuses for its
         own reasons (too few contiguous free pages in its cache, a failing device), and
@@ -586,15 +586,16 @@ class ClockworkScheduler(Policy):
         worker can load) is tried ever more rarely over all of them, each GPU at most
         once per ``LOAD_BACKOFF_MAX_NS`` in the end. (A model without a copy ready is not
         held back: its requests wait for a copy, and the rule above bounds its retries.)"""
-        m.load_refusals += 1
         if m.ready_copies:
-            k = m.load_refusals - 1
+            m.extra_refusals += 1
+            k = m.extra_refusals - 1
             backoff = LOAD_BACKOFF_MAX_NS if k >= 62 else min(LOAD_BACKOFF_MAX_NS,
                                                               LOAD_BACKOFF_NS << k)
             if m.load_blocked is None:
                 m.load_blocked = {}
             m.load_blocked[g.index] = now + backoff
             return
+        m.load_refusals += 1  # (those of extra copies before the copy was lost: not these)
         if m.load_refusals < LOAD_REFUSALS:
             return
         m.refused_until = now + REFUSED_FOR_NS

@@ -96,7 +96,7 @@ class ModelState:
     __slots__ = ("name", "profile", "est", "queue", "live", "outstanding", "instances",
                  "ready_copies", "versions", "batch_sizes", "pages", "item_cost",
                  "monotone", "last_deadline", "slo_cache", "removed", "wide", "dirty",
-                 "big_at", "qver", "memo", "load_refusals", "refused_until", "refused_why",
+                 "big_at", "qver", "memo", "load_refusals", "extra_refusals", "refused_until", "refused_why",
                  "load_blocked")
 
     def __init__(self, profile: ModelProfile, cfg: SchedulerConfig) -> None:
@@ -120,7 +120,8 @@ class ModelState:
         # the scheduler's last batch choice, reused while nothing it read has changed:
         # (qver, est.version, lowest start, highest start, choice) (Scheduler._choose_batch)
         self.memo: tuple | None = None
-        self.load_refusals = 0  # LOADs refused in a row (inflight.LOAD_REFUSED)
+        self.load_refusals = 0  # LOADs refused in a row (inflight.LOAD_REFUSED), no copy ready
+        self.extra_refusals = 0  # ... of extra copies, while one was ready (its back-offs)
         self.refused_until = 0  # after LOAD_REFUSALS of them: answered ERROR until then
         self.refused_why = ""  # (with this reason: the last refusal's)
         # GPU index -> until when that GPU is not offered an extra copy of this model (it

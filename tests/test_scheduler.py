@@ -482,15 +482,17 @@ def test_an_extra_copy_refused_by_one_gpu_goes_to_another_at_once():
 def test_a_model_held_back_that_loses_its_ready_copy_is_loaded_at_once_then_answered_error():
     # the back-off is for extra copies only: when the ready copy is lost (its GPU with
     # it), the model is loaded at once on the GPU that holds it back, and LOADs refused
-    # in a row answer its queue ERROR as before (LOAD_REFUSALS), not a back-off later
+    # in a row answer its queue ERROR as before (LOAD_REFUSALS of them since the copy
+    # was lost), not a back-off later
     from controller.inflight import LOAD_REFUSALS
 
     s = sched(gpus=2)
     t = warm(s)  # a copy ready on GPU 0
-    s._send_load(s.gpus[1], s.models["a"], t, out := [])
-    (load,) = out
-    s.on_result(fail(load, t + MS, ErrorCode.LOAD_INSUFFICIENT_CACHE), t + MS)
-    t += 2 * MS
+    for _ in range(LOAD_REFUSALS):  # extra copies refused, more than once: held back
+        s._send_load(s.gpus[1], s.models["a"], t, out := [])
+        (load,) = out
+        s.on_result(fail(load, t + MS, ErrorCode.LOAD_INSUFFICIENT_CACHE), t + MS)
+        t += 2 * MS
     acts = s.on_request(req(1, t=t, slo=5000 * MS), t)  # sent to GPU 0's copy
     (inf,) = [a for a in acts if a.type == ActionType.INFER]
     assert inf.gpu == 0 and s.set_gpu_available(0, False, t) == []
@@ -507,6 +509,8 @@ def test_a_model_held_back_that_loses_its_ready_copy_is_loaded_at_once_then_answ
             code = ErrorCode.WEIGHTS_NOT_PRESENT
         pending += s.on_result(fail(a, t, code), t) + s.on_tick(t)  # answered at once
         assert loads <= LOAD_REFUSALS, loads
+    # LOAD_REFUSALS of its own: the extra copies' refusals before do not count
+    assert loads == LOAD_REFUSALS
     (rep,) = s.drain_replies()
     assert rep.status == RequestStatus.ERROR and "LOAD_INSUFFICIENT_CACHE" in rep.message, rep
 
