@@ -360,6 +360,8 @@ def _worker_error(e: grpc.RpcError, url: str = "") -> ClockworkError:
     code = e.code() if hasattr(e, "code") else None
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidRequest(f"add worker: {e.details()}", 6, "bad_request", "")
+    if code == grpc.StatusCode.FAILED_PRECONDITION:  # another controller holds the worker
+        return ControllerUnavailable(f"add worker: {e.details()}")
     return _unavailable(e, url=url)
 
 
@@ -575,7 +577,8 @@ class Client:
         serves: returns ``{"worker": index, "gpus": [controller-wide GPU indices],
         "added": False if it was connected already}``. Raises ``InvalidRequest`` (the
         worker cannot serve the models, or the policy cannot grow) or
-        ``ControllerUnavailable`` (the worker or the controller cannot be reached)."""
+        ``ControllerUnavailable`` (the worker or the controller cannot be reached, or
+        another controller held the worker for as long as the controller tried)."""
         req = pb.AddWorkerRequest(address=_text(address, "address"))
         timeout = _per_call(timeout, self.timeout)
         try:

@@ -533,6 +533,11 @@ class _Collector:
                                 value=len(getattr(node, "pending", ())))
         yield GaugeMetricFamily("clockwork_workers_connected", "Workers connected now",
                                 value=sum(1 for lk in links if lk.connected))
+        yield GaugeMetricFamily("clockwork_workers_held_elsewhere",
+                                "Workers not connected because another controller holds "
+                                "them (its connection to them is live; ours once it ends)",
+                                value=sum(1 for lk in links
+                                          if not lk.connected and getattr(lk, "held", "")))
         counted = getattr(node, "counters", {})
         ev = CounterMetricFamily("clockwork_worker_events",
                                  "Workers lost (connection closed), found suspect (no answer to "

@@ -24,6 +24,13 @@ offset of the lowest-RTT sample among recent ones. A worker that disconnects has
 outstanding actions failed back into the policy (so their requests are retried or
 answered), and the controller keeps reconnecting to it.
 
+A worker serves one controller at a time (``clockwork.protocol.holding``): every Hello
+carries this controller's id (``controller_id``, random, made once) and its words
+(``label``). A worker another controller holds refuses us (``WorkerHeld``): said once,
+counted (``worker_held_refusals``) at each attempt, and we keep trying -- at start until
+``connect_timeout``, later for as long as we run -- until that controller's connection
+ends.
+
 Security (``clockwork.protocol.security``, SECURITY.md): with ``--token`` every client call
 on every port must carry the bearer token; with a cluster secret every call to a worker
 carries our proof and the worker's answer must carry its own, or the worker is refused;
@@ -52,6 +59,7 @@ from clockwork.protocol import addresses, keepalive
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
 from clockwork.protocol.framing import FrameStream, dial, host_of
+from clockwork.protocol.holding import controller_label, is_held, is_twice, new_controller_id
 from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
 from clockwork.protocol.pacing import Pacer
 from clockwork.protocol.parent import stop_when_orphaned
@@ -235,6 +243,11 @@ class RepositoryError(Exception):
         self.message = message
 
 
+class WorkerHeld(ConnectionError):
+    """The worker refused our Connect: another controller holds it (the message says which,
+    from where, since when; ``clockwork.protocol.holding``)."""
+
+
 class CannotServe(ValueError):
     """A worker that lacks the profile (or package) of an instance served: it is not
     used."""
@@ -288,6 +301,9 @@ class WorkerLink:
     refused: LogLimiter = field(default_factory=lambda: LogLimiter("controller",
                                                                    REFUSED_LOG_S))
     since: float = 0.0  # when its session was made (time.monotonic)
+    # while another controller holds the worker (its refusals, ``WorkerHeld``): what the
+    # worker said, logged once; "" once we have it
+    held: str = ""
     backoff: float = 0.0  # the wait before the next reconnection's first attempt (s)
     # its "lost" line (ControllerNode._lost): the cause last logged, when, and a line not
     # logged (a repeat within LINK_LOG_S), said after all if it does not come back at once
@@ -377,6 +393,11 @@ class ControllerNode:
         self.cfg = cfg or SchedulerConfig()
         self.settings = settings or {}  # the policy's own settings (baselines)
         self.connect_timeout = connect_timeout
+        # who we are to the workers (Hello.controller_id, Hello.controller): the id tells
+        # our own reconnection from another controller's Connect; the words name us in a
+        # worker's refusal of another controller (serve_controller adds our port)
+        self.controller_id = new_controller_id()
+        self.label = controller_label()
         self.links = [WorkerLink(i, _canonical(a)) for i, a in enumerate(workers)]
         self._add_lock = asyncio.Lock()  # workers joining at run time, one at a time
         self.ctrl: ControllerLoop | None = None
@@ -557,6 +578,9 @@ class ControllerNode:
             except ValueError as e:
                 raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
             except (ConnectionError, TimeoutError) as e:
+                if link.held:  # refused for as long as we tried: another controller's
+                    raise RepositoryError(grpc.StatusCode.FAILED_PRECONDITION,
+                                          f"cannot add worker {address}: {link.held}") from None
                 raise RepositoryError(grpc.StatusCode.UNAVAILABLE,
                                       str(e) or f"cannot reach worker {address} in "
                                       f"{wait:.1f} s") from None
@@ -597,8 +621,15 @@ class ControllerNode:
             keep = self.ctrl.keep_list(link.index) if self.ctrl is not None else ()
             # at start: the worker keeps what it holds, for the policy to adopt
             adopt = self.ctrl is None and self.adopt_weights
-            await call.write(pb.ControllerMessage(hello=self._hello(link, keep, adopt)))
-            msg = await asyncio.wait_for(call.read(), 5.0)
+            try:
+                await call.write(pb.ControllerMessage(hello=self._hello(link, keep, adopt)))
+                msg = await asyncio.wait_for(call.read(), 5.0)
+            except grpc.aio.AioRpcError as e:
+                if is_held(e):  # another controller's connection to it is live
+                    raise WorkerHeld(e.details()) from None
+                if is_twice(e):  # ours, through another link: listed twice
+                    raise ValueError(f"worker {link.address}: {e.details()}") from None
+                raise
             if msg is grpc.aio.EOF or msg.WhichOneof("kind") != "state":
                 raise ConnectionError(f"worker {link.address} did not send its state")
             stream = await self._dial_fast(link, msg.state) if msg.state.link_port else call
@@ -710,13 +741,34 @@ class ControllerNode:
         while time.monotonic() < deadline:
             try:
                 await self._open(link)
+                if link.held:
+                    print(f"controller: worker {link.address} is ours now (the controller "
+                          "that held it let it go)", file=sys.stderr, flush=True)
+                    link.held = ""
                 return
             except ValueError:
                 raise
+            except WorkerHeld as e:
+                last = e
+                self._held(link, str(e))
+                await asyncio.sleep(RECONNECT_S)
             except (grpc.aio.AioRpcError, TimeoutError, ConnectionError, OSError) as e:
                 last = e
                 await asyncio.sleep(0.2)
+        if isinstance(last, WorkerHeld):
+            raise WorkerHeld(f"cannot take worker {link.address}: {last}, for as long as "
+                             "we tried (--connect-timeout)")
         raise ConnectionError(f"cannot reach worker {link.address}: {last!r}")
+
+    def _held(self, link: WorkerLink, why: str) -> None:
+        """Another controller holds ``link``'s worker (its refusal says ``why``): counted at
+        each attempt, said once while it lasts (until we have the worker)."""
+        self.count("worker_held_refusals")
+        if not link.held:
+            print(f"controller: worker {link.address}: {why}; waiting for it (trying again "
+                  f"every {RECONNECT_S:g} s: it is ours once that controller's connection "
+                  "ends, when it exits or stops answering)", file=sys.stderr, flush=True)
+        link.held = why
 
     def _hello(self, link: WorkerLink, keep=(), adopt: bool = False) -> pb.Hello:
         """Take the worker over with nothing in flight and an empty cache but for the
@@ -736,6 +788,7 @@ class ControllerNode:
             cached = self._hello_list = (key, listed.SerializeToString())
         h = pb.Hello.FromString(cached[1])
         h.worker_id, h.reset, h.fast_link, h.adopt = link.index, True, link.fast, adopt
+        h.controller_id, h.controller = self.controller_id, self.label
         h.keep.extend(pb.KeptWeights(gpu=g, model=m, version=v) for g, m, v in keep)
         return h
 
@@ -957,8 +1010,8 @@ class ControllerNode:
         held = t - link.since
         link.backoff = (min(RECONNECT_MAX_S, max(RECONNECT_S, 2 * link.backoff))
                         if held < SHORT_SESSION_S else 0.0)
-        why = (f" in {link.backoff:g} s (its session lasted {held:.1f} s: another "
-               "controller may be taking it)" if link.backoff else "")
+        why = (f" in {link.backoff:g} s (its session lasted {held:.1f} s)"
+               if link.backoff else "")
         line = f"lost worker {link.address} ({err}); failed {n} action(s), reconnecting{why}"
         if err != link.lost_err or t - link.lost_logged >= LINK_LOG_S:
             self._log_lost(link, line)  # (another cause: at once; a repeat: this often)
@@ -990,6 +1043,12 @@ class ControllerNode:
                                 "until it is restarted as it was"))
                 await asyncio.sleep(RECONNECT_S)
                 continue
+            except WorkerHeld as e:  # another controller's now: ours once it lets go
+                if link.lost_quiet:
+                    self._log_lost(link, link.lost_quiet)
+                self._held(link, str(e))
+                await asyncio.sleep(RECONNECT_S)
+                continue
             except (grpc.aio.AioRpcError, TimeoutError, ConnectionError, OSError):
                 if link.lost_quiet:  # it is not coming back at once: say it was lost
                     self._log_lost(link, link.lost_quiet)
@@ -999,10 +1058,13 @@ class ControllerNode:
                 self._bad_worker_msg(f"reconnecting to worker {link.address} failed: {e!r}", e)
                 await asyncio.sleep(RECONNECT_S)
                 continue
-            if not link.lost_quiet:  # (its "lost" line was said: so is this one)
+            if link.held:
+                print(f"controller: worker {link.address} reconnected: it is ours again "
+                      "(the controller that held it let it go)", file=sys.stderr, flush=True)
+            elif not link.lost_quiet:  # (its "lost" line was said: so is this one)
                 print(f"controller: worker {link.address} reconnected", file=sys.stderr,
                       flush=True)
-            link.lost_quiet = ""
+            link.lost_quiet = link.held = ""
             self._start_link_tasks(link)
             # the Hello reset it, keeping what it still had of the copies it held
             self.ctrl.worker_back(link.index, now_ns(), self._kept(link.state))
@@ -1715,6 +1777,7 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
     add_kserve_grpc(node, server)  # with tritonclient's in one process; KServe v2, same port
     creds = tls.grpc_credentials() if tls is not None else None
     bound = bind_grpc(server, host, port, "--port", creds)
+    node.label = controller_label(bound)  # (in our Hellos: a worker names us by it)
     kbound = (bind_grpc(server, host, kserve_port, "--kserve-port", creds)
               if kserve_port is not None else 0)
     http = None

@@ -141,39 +141,6 @@ def test_a_request_with_no_worker_connected_is_unavailable_at_once():
             k.close()
 
 
-def test_two_controllers_on_one_worker_back_off_and_log_little():
-    """A second controller is started on the first one's worker: each takes the worker
-    from the other, but a session taken away soon after it was made backs off the next
-    reconnection (doubling, at most a few seconds), and the lost/reconnected lines are
-    rate-limited: a handful in 8 s, not hundreds (they took it from each other ~30 times a
-    second, a log line each time). Once the second stops, the first has the worker back
-    within the cap."""
-    import clockwork
-    from clockwork.cluster.serve import _Child
-
-    with local_cluster(workers=1, gpus=1, models=MODEL) as c:
-        argv = list(c._controller_argv)
-        for f, v in (("--port", "0"), ("--http-port", "-1"), ("--kserve-port", "-1")):
-            argv[argv.index(f) + 1] = v
-        second = _Child("controller2", argv, False, c._env)
-        try:
-            second.wait_address(30)
-            start = len(c.controller.output)
-            time.sleep(8.0)  # what is measured: the two taking the worker for 8 s
-            with clockwork.Client(c.address, timeout=20) as cl:
-                losses = cl.stats().get("worker_losses", 0)
-            lines = [ln for ln in c.controller.output[start:]
-                     if "lost worker" in ln or "reconnected" in ln]
-            assert 1 <= losses <= 12, losses
-            assert len(lines) <= 8, "".join(lines)
-        finally:
-            second.stop()
-        with clockwork.Client(c.address, timeout=20) as cl:
-            _poll(lambda: cl.infer(MODEL, slo_ms=2000).status == 0
-                  if (MODEL, "READY") in [(m.name, m.state) for m in cl.repository_index()]
-                  else False, 10)
-
-
 def test_a_worker_lost_again_for_the_same_cause_and_not_back_is_logged():
     """A worker killed and restarted twice in a row (it reconnects each time), then
     killed for good, within the 5 s in which a repeat of the same cause gets no line:

@@ -13,8 +13,12 @@ is free, in messages of at most ``RESULT_MESSAGE_BYTES``); while more than
 controller. A controller that asks for it gets the fast link: the same messages as frames
 on a TCP connection to ``--link-port`` that presents the ticket handed out on the stream
 (``clockwork.protocol.framing``); one ``_Session`` per controller connection serves
-either transport. The event loop's timers fire to the microsecond
-(``clockwork.protocol.precise_loop``), not rounded up to a millisecond as epoll's.
+either transport. One controller holds the worker at a time, the one whose connection
+is live: another's ``Connect`` meanwhile is refused (``FAILED_PRECONDITION``, saying
+which controller holds it), its own reconnection replaces its stale session
+(``clockwork.protocol.holding``; ``WorkerServicer._take``). The event loop's timers fire
+to the microsecond (``clockwork.protocol.precise_loop``), not rounded up to a
+millisecond as epoll's.
 
 Windows and result times are this process's monotonic clock; the controller converts.
 
@@ -52,6 +56,7 @@ from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
 from clockwork.protocol import keepalive
 from clockwork.protocol.framing import TICKET_BYTES, FrameStream, new_ticket
+from clockwork.protocol.holding import Holder
 from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
 from clockwork.protocol.pacing import Pacer
 from clockwork.protocol.parent import stop_when_orphaned
@@ -104,6 +109,7 @@ RESULT_MESSAGE_BYTES = 1 << 20
 # time) never comes near it.
 RESULT_BACKLOG_BYTES = 4 * RESULT_MESSAGE_BYTES
 _RESULT_BYTES = 64  # a result's fixed fields in a message, estimated (strings, tensors added)
+_TOLD_MAX = 64  # other controllers a session logs the refusal of (once each)
 _OFFSET = 0  # --clock-offset-ms: shifts this worker's clock (tests the controller's conversion)
 # LoadModelFromDisk's one answer for every path it will not load: outside the package
 # directory, missing or broken alike (the caller learns nothing about the worker's disk)
@@ -627,6 +633,29 @@ class WorkerServicer(pbg.WorkerServicer):
                 t.cancel()
             await asyncio.gather(*late, return_exceptions=True)
 
+    def _take(self, holder: Holder) -> str:
+        """The one place that decides who holds this worker (``Holder.refuses``): a new
+        connection (``holder``, from its first Hello) takes it if no session is live, or
+        if the live one is the same controller's for the same worker index (its own
+        reconnection: the stale session ends now); else it is refused -- another
+        controller, or this one under a second address -- and this says why (what the
+        refused controller is told; logged here once per refused controller while the
+        holder's session lives). (No await between this and the new session: two
+        connections cannot both pass.)"""
+        old = self._session
+        live = old is not None and old.active
+        why = old.holder.refuses(holder, live) if old is not None else ""
+        if not why:
+            if live:
+                old.stop()
+            return ""
+        if old.told(holder.controller_id):
+            print(f"worker: refused a Connect from {holder.peer} "
+                  f"({holder.label or 'a controller that does not say which'}): {why}; "
+                  "it may take the worker once that connection ends (not said again for "
+                  "this controller)", file=sys.stderr, flush=True)
+        return why
+
     def _is_me(self, target: str, peer: str) -> bool:
         """Whether the controller's proof, from gRPC peer ``peer``, was made for this
         worker's address."""
@@ -671,11 +700,12 @@ class WorkerServicer(pbg.WorkerServicer):
         first = await anext(it, None)
         if first is None or first.WhichOneof("kind") != "hello":
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "first message must be Hello")
-        if self._session is not None:
-            self._session.stop()
-        # the newest controller connection owns the worker
+        holder = Holder.of(first.hello, context.peer())
+        why = self._take(holder)
+        if why:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
         session = self._session = _Session(node, first.hello.fast_link and self.link_port > 0,
-                                           self._refused)
+                                           self._refused, holder)
         state = node.hello(first.hello)
         if session.ticket:
             state.link_port, state.link_ticket = self.link_port, session.ticket
@@ -767,12 +797,15 @@ class _Session:
     """One controller connection (a ``Connect`` stream, and its fast link if it takes
     one): what it has sent is handled by ``handle``; ``outgoing`` yields what to send it
     (results as they are ready, echoes, the answers to InstanceUpdates) until the session
-    ends: a newer controller connection took the worker over, either transport ended, or
+    ends: its controller's reconnection took the worker over, either transport ended, or
     it refused a message (more than ``MAX_ACTIONS_PER_MESSAGE`` actions: ``refused``
-    says so, and the gRPC stream ends with it, ``RESOURCE_EXHAUSTED``)."""
+    says so, and the gRPC stream ends with it, ``RESOURCE_EXHAUSTED``). While it lives
+    (``active``) its controller (``holder``) holds the worker."""
 
-    def __init__(self, node: WorkerNode, offer: bool, refusals) -> None:
+    def __init__(self, node: WorkerNode, offer: bool, refusals, holder: Holder) -> None:
         self.node = node
+        self.holder = holder  # the controller it belongs to (clockwork.protocol.holding)
+        self._told: set[str] = set()  # the other controllers refused while it lives
         self._refusals = refusals  # logs a refused message (``Refusals``)
         self.refused = ""  # why the session ended on a message it refused, if it did
         self.echoes: list[pb.ClockEcho] = []
@@ -790,6 +823,14 @@ class _Session:
     def stop(self) -> None:
         self.ended.set()
         self.wake.set()
+
+    def told(self, controller_id: str) -> bool:
+        """Whether a refusal of the controller ``controller_id`` while this session lives
+        is the first (to be logged); at most ``_TOLD_MAX`` controllers are remembered."""
+        if controller_id in self._told or len(self._told) >= _TOLD_MAX:
+            return False
+        self._told.add(controller_id)
+        return True
 
     def claim(self, ticket: bytes) -> bool:
         """Whether ``ticket`` is this session's, not yet used (constant-time compare)."""
@@ -885,7 +926,7 @@ async def serve_worker(host: str, port: int, node: WorkerNode, ready=None,
     secret, the controller's proof must name one of them."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
                                       ("grpc.max_send_message_length", 64 << 20),
-                                      *LISTEN_OPTIONS, *keepalive.SERVER])
+                                      *LISTEN_OPTIONS, *keepalive.WORKER_SERVER])
     servicer = WorkerServicer(node, advertise=tuple(advertise))
     pbg.add_WorkerServicer_to_server(servicer, server)
     bound = bind_grpc(server, host, port, "--port",

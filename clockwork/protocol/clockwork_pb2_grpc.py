@@ -435,6 +435,7 @@ class WorkerServicer(object):
     def Connect(self, request_iterator, context):
         """One stream per controller: Hello first, then batches of actions and clock echoes; the
         worker answers Hello with its state, then sends batches of results and the echoes back.
+        One controller holds the worker at a time: see Hello.controller_id.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

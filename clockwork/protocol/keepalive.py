@@ -9,6 +9,12 @@ pings, keepalive ones included, time out after ``grpc.http2.ping_timeout_ms`` (6
 default): without it a stopped peer was noticed after 60 s. Servers accept such
 pings, also on idle connections (by default gRPC servers refuse pings more often than
 every 5 minutes and close the connection after two).
+
+A worker's server pings its controller the same way (``WORKER_SERVER``): a controller that
+stops answering (a stopped process, a vanished host) loses the worker's connection after
+~15 s, and with it the worker (``clockwork.protocol.holding``), which another controller
+may then take. (A gRPC server pings no one by default: a stopped controller held the
+worker for as long as its connection stayed open, hours.)
 """
 
 from __future__ import annotations
@@ -25,3 +31,8 @@ CHANNEL = [("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
 SERVER = [("grpc.keepalive_permit_without_calls", 1),
           ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
           ("grpc.http2.max_ping_strikes", 0)]
+
+WORKER_SERVER = [*SERVER, ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+                 ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+                 ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+                 ("grpc.http2.max_pings_without_data", 0)]
