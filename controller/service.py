@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from clockwork.actions import Action, ActionType, ErrorCode, RequestStatus, Result
+from clockwork.names import MODEL_NAME
 from clockwork.profiles import ModelProfile, ProfileError, load_profile_set
 from clockwork.protocol import addresses, keepalive
 from clockwork.protocol import clockwork_pb2 as pb
@@ -147,8 +148,6 @@ NO_WORKER_FOR_REQUEST = ("no worker is available to serve the model (none is con
 NO_WORKER_FOR_LOAD = ("no worker is connected and answering to take the model (a load "
                       "completes once a connected worker can serve it); nothing was loaded: "
                       "try again once a worker is back")
-# a model's name, or a copy's: NAME:k, k >= 1 without a leading zero (copy 0 is NAME)
-_MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}(:[1-9][0-9]{0,5})?")
 _COPY_SUFFIX = re.compile(r"(.+):([0-9]+)")
 
 
@@ -1423,9 +1422,9 @@ class ControllerNode:
         if type(self.policy).add_model is Policy.add_model:
             raise RepositoryError(bad, f"the {self.policy_name} policy cannot load models "
                                   "while it runs")
-        if not isinstance(name, str) or not _MODEL_NAME.fullmatch(name):
+        if not isinstance(name, str) or not MODEL_NAME.fullmatch(name):
             copy = _COPY_SUFFIX.fullmatch(name) if isinstance(name, str) else None
-            if copy and _MODEL_NAME.fullmatch(copy[1]) and len(copy[2]) <= 6:
+            if copy and MODEL_NAME.fullmatch(copy[1]) and len(copy[2]) <= 6:
                 base, k = copy[1], int(copy[2])
                 right = base if k == 0 else f"{base}:{k}"
                 raise RepositoryError(bad, (
