@@ -242,6 +242,24 @@ def test_help_works_for_every_verb(capsys):
         assert "usage:" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("argv, prog, extra", [
+    (["simulate", SC, "--bogus"], "clockwork simulate", "--bogus"),
+    (["sweep", "example", "--set", "x=1"], "clockwork sweep", "--set x=1"),
+    (["trace", "info", "x", "--nope"], "clockwork trace info", "--nope"),
+    (["--nope"], "clockwork", "--nope"),
+])
+def test_an_unknown_option_is_blamed_on_the_command_it_was_given_to(argv, prog, extra,
+                                                                      capsys):
+    """An option a verb does not take is said by that verb, pointing to its own --help
+    (it was said by "clockwork", pointing to the list of verbs)."""
+    assert main(argv) == 2
+    cap = capsys.readouterr()
+    err = cap.err.strip().splitlines()
+    assert cap.out == "" and len(err) == 1, cap
+    assert err[0].startswith(f"{prog}: unrecognized arguments: {extra} "), err
+    assert err[0].endswith(f"(see {prog} --help)"), err
+
+
 def _run(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
