@@ -1061,8 +1061,9 @@ def timeline_of(req: dict, act: dict, bucket_s: float = 60.0,
     ``action_columns()``, or at least ``TIMELINE_COLUMNS`` of them). Interval i is
     [i, i + 1) x ``bucket_s`` from the logs' time 0, and its goodput is over its length;
     ``duration_s``: the time (from time 0, in seconds) the run ended, if known: the
-    goodput of the interval it cuts short is over the part before it. An interval
-    without requests has ``slo_attainment`` 1.0 (nothing missed; ``format_timeline``
+    interval it ends (or cuts short: its goodput is over the part before the end) is the
+    last, and what happens after it (the drain's actions completing) counts in it. An
+    interval without requests has ``slo_attainment`` 1.0 (nothing missed; ``format_timeline``
     shows n/a). ValueError for an interval under ``TIMELINE_MIN_S`` or over a year, or
     one that makes more than ``TIMELINE_MAX_ROWS`` rows."""
     check_timeline_interval(bucket_s)
@@ -1074,6 +1075,9 @@ def timeline_of(req: dict, act: dict, bucket_s: float = 60.0,
     rb = req["arrival"] // width
     ab = act["measured_completion"] // width
     n = int(max(rb.max(initial=-1), ab.max(initial=-1))) + 1
+    if end is not None and n > -(-end // width):  # (no interval starts after the end)
+        n = -(-end // width)
+        rb, ab = np.minimum(rb, n - 1), np.minimum(ab, n - 1)
     if n <= 0:
         return []
     if n > TIMELINE_MAX_ROWS:
