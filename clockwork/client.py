@@ -114,11 +114,12 @@ DEFAULT_PORT = 12346  # the controller's (clockwork controller --port)
 
 # a controller URL's scheme (any case) -> whether it means TLS
 _SCHEMES = {"grpc": False, "http": False, "clockwork": False, "grpcs": True, "https": True}
+SCHEMES_WORDS = "grpc://, http:// or clockwork://, or grpcs:// or https:// (TLS)"
 
 
 def controller_address(url: str) -> tuple[str, bool]:
     """``(HOST:PORT, tls)`` of a controller URL (``host:port``, ``[v6addr]:port``,
-    optionally after ``grpc://`` or ``grpcs://``, in any case, and surrounding space):
+    optionally after a scheme of ``SCHEMES_WORDS``, in any case, and surrounding space):
     ``tls`` when its scheme says so. The one place that reads a URL, so that the address
     dialled and the TLS decision come from the same text (a ``grpcs://`` URL with a
     leading space was dialled without TLS). A missing or bad port, or an unknown scheme,
@@ -133,8 +134,7 @@ def controller_address(url: str) -> tuple[str, bool]:
     if sep:
         if scheme.lower() not in _SCHEMES:
             raise ValueError(f"controller address {given!r}: unknown scheme {scheme!r}: "
-                             "expected HOST:PORT, optionally after grpc:// or grpcs:// "
-                             "(TLS)")
+                             f"expected HOST:PORT, optionally after {SCHEMES_WORDS}")
         tls, url = _SCHEMES[scheme.lower()], rest
     url = url.rstrip("/")
     if url.startswith("["):  # [v6 address]:port

@@ -455,8 +455,8 @@ def add_infer(sub) -> None:
               "the answers.")
     p.add_argument("model", nargs="?", help="model instance name")
     p.add_argument("--controller", default="127.0.0.1:12346", type=t.controller_url,
-                   help="HOST:PORT, optionally after grpc:// or grpcs:// (TLS) (default "
-                   "127.0.0.1:12346)")
+                   help="HOST:PORT, optionally after grpc://, http:// or clockwork://, or "
+                   "grpcs:// or https:// (TLS) (default 127.0.0.1:12346)")
     p.add_argument("--slo-ms", type=t.positive_float, default=None,
                    help="SLO (default: the controller's)")
     p.add_argument("-n", type=t.positive_int, default=1,
@@ -474,8 +474,8 @@ def add_replay(sub) -> None:
               "writes the same summary.json/logs as simulate.")
     p.add_argument("scenario", help="scenario TOML file or shipped scenario name")
     p.add_argument("--controller", default="127.0.0.1:12346", type=t.controller_url,
-                   help="HOST:PORT, optionally after grpc:// or grpcs:// (TLS) (default "
-                   "127.0.0.1:12346)")
+                   help="HOST:PORT, optionally after grpc://, http:// or clockwork://, or "
+                   "grpcs:// or https:// (TLS) (default 127.0.0.1:12346)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
     p.add_argument("--out", type=t.out_dir, metavar="DIR", help="write logs and summary.json here")
     p.add_argument("--check-outputs", type=t.in_dir, metavar="PACKAGES", default=None,
