@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 
+import grpc
 import pytest
 
 # Ray's nodes on 127.0.0.1 (else Ray uses this machine's address); read at Ray's import
@@ -414,14 +416,44 @@ def test_a_node_that_cannot_host_a_worker_now_is_tried_again(ray_nodes, capsys):
             ray_nodes.remove_node(n)
 
 
+class _RpcError(grpc.RpcError):
+    """A failed call as gRPC raises it (its status code and details)."""
+
+    def __init__(self, code, details: str) -> None:
+        super().__init__(details)
+        self._code, self._details = code, details
+
+    def code(self):
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+def _add_error(code, details: str) -> Exception:
+    """What ``Client.add_worker`` raises for a call that ended with ``code``."""
+    from clockwork.client import _worker_error
+
+    e = _RpcError(code, details)
+    try:
+        raise _worker_error(e) from e
+    except Exception as err:  # noqa: BLE001 - (raised to chain it as the client does)
+        return err
+
+
 class _FakeController:
     """``clockwork.client.Client`` as ``RayCluster.add_new_nodes`` uses it, answering
-    ``add_worker`` as a controller does (the next worker index), with ``refuse`` calls
-    refused first, each call waiting while ``hold`` is clear."""
+    ``add_worker`` as a controller does: a new address is its next worker (the next
+    index), one it has answers ``added`` False with its index. The first ``refuse`` calls
+    are refused (UNAVAILABLE: it cannot reach the worker); the first ``late`` calls get
+    no answer in time (DEADLINE_EXCEEDED), the controller having taken the worker all the
+    same; each call waits while ``hold`` is clear. ``workers``: its workers' addresses,
+    in its order."""
 
-    def __init__(self, cluster, refuse: int = 0) -> None:
-        self.cluster, self.refuse = cluster, refuse
+    def __init__(self, cluster, refuse: int = 0, late: int = 0) -> None:
+        self.cluster, self.refuse, self.late = cluster, refuse, late
         self.calls: list[str] = []
+        self.workers: list[str] = []
         self.hold, self.entered = threading.Event(), threading.Event()
         self.hold.set()
 
@@ -438,10 +470,15 @@ class _FakeController:
         self.calls.append(address)
         self.entered.set()
         if len(self.calls) <= self.refuse:
-            raise ConnectionError("not now")
+            raise _add_error(grpc.StatusCode.UNAVAILABLE, f"cannot reach worker {address}")
         self.hold.wait(60)
-        n = len(self.cluster.actors)
-        return {"worker": n, "gpus": [2 * n, 2 * n + 1], "added": True}
+        added = address not in self.workers
+        if added:
+            self.workers.append(address)
+        if len(self.calls) <= self.refuse + self.late:
+            raise _add_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        n = self.workers.index(address)
+        return {"worker": n, "gpus": [2 * n, 2 * n + 1], "added": added}
 
 
 def _gpus_free() -> float:
@@ -550,9 +587,9 @@ def _quietly(f) -> None:
 def test_a_new_nodes_worker_takes_the_flags_of_its_place(ray_nodes, monkeypatch):
     """A worker's flags (``worker_args[i]``: the scenario's clock offset, seed) and port
     are those of its place in the controller's order, not of how many actors were made:
-    the first node's worker is not taken by the controller, so the second node's (made
-    for place 1) is made again for place 0, and the first node, tried again later, gets
-    place 1 (it got place 2, and the flags of none)."""
+    the first node's worker is refused by the controller, so the second node's worker is
+    started for place 0, and the first node, tried again later, gets place 1 (it got
+    place 2, and the flags of none)."""
     import clockwork.client
     from clockwork.cluster.ray_cluster import RayCluster
 
@@ -578,8 +615,8 @@ def test_a_new_nodes_worker_takes_the_flags_of_its_place(ray_nodes, monkeypatch)
 
 def test_a_worker_after_one_that_did_not_start_takes_its_place(ray_nodes, monkeypatch):
     """The first node's worker actor cannot start in time (its GPUs held), the second
-    node's, made for place 1, did: it is made again for place 0, the place the controller
-    gives it (its flags and port)."""
+    node's did: its worker runs for place 0, the place the controller gives it (its flags
+    and port)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -608,3 +645,206 @@ def test_a_worker_after_one_that_did_not_start_takes_its_place(ray_nodes, monkey
         c._stop_workers()
         ray.kill(holder)
     poll(lambda: _gpus_free() >= 4, 30.0, 0.1)
+
+
+def _free_ports(step: int = 10) -> int:
+    """A port P on 127.0.0.1 such that P and P + ``step`` are free now (a fixed
+    ``--worker-port`` for places 0 and 1)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + step > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + step))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two free ports")
+
+
+def test_an_add_the_controller_answers_too_late_is_asked_again(ray_nodes, monkeypatch,
+                                                                capsys):
+    """The controller takes the first new node's worker, but its answer comes after the
+    call's deadline, three calls in a row: the worker is not given up (the controller
+    has it, and would keep dialing its address), it keeps serving its place and is asked
+    again, look after look, until the controller answers (``added`` False: it had it);
+    the second node is added only then, at the next place. The controller's workers are
+    the cluster's, in its order, each with the flags of its place (the first used to be
+    killed, and the second made for its place: the controller's indices and the places
+    drifted apart)."""
+    import clockwork.client
+    from clockwork.cluster.ray_cluster import RayCluster
+
+    poll(lambda: _gpus_free() >= 4, 60.0, 0.1)
+    c = RayCluster(watch_s=0, timeout=60.0,
+                   worker_args=[["--clock-offset-ms", "5"], ["--clock-offset-ms", "7"]])
+    c.address = "127.0.0.1:1"
+    fake = _FakeController(c, late=3)
+    monkeypatch.setattr(clockwork.client, "Client", fake)
+    try:
+        added: list[dict] = []
+        for _ in range(4):
+            added += c.add_new_nodes()
+            if len(added) == 2:
+                break
+        assert fake.workers == c.worker_addresses, (fake.workers, c.worker_addresses)
+        assert [a["worker"] for a in added] == [0, 1], added
+        assert [a["added"] for a in added] == [False, True], added
+        assert [c.worker_info(i)["index"] for i in range(2)] == [0, 1]
+        # asked again with the same address until it answered, then the second node
+        assert fake.calls == [fake.workers[0]] * 4 + [fake.workers[1]], fake.calls
+        err = capsys.readouterr().err
+        assert err.count("did not say whether it took its worker") == 1, err
+        assert "has no worker" not in err, err
+    finally:
+        c._stop_workers()
+    poll(lambda: _gpus_free() >= 4, 30.0, 0.1)
+
+
+@pytest.mark.parametrize("slow_stop", [False, True])
+def test_a_refused_node_makes_no_other_actor_again_and_frees_its_port(ray_nodes,
+                                                                      monkeypatch,
+                                                                      slow_stop):
+    """Two new nodes, a fixed worker port P: the controller refuses the first node's
+    worker (place 0, port P). The second node's actor, made once in the look, starts its
+    worker for place 0 on port P, free again: the first's worker was stopped first (also
+    when it takes a while to stop). Two actors in the look, not three (the second's
+    actor, made for place 1, used to be made again for place 0 -- O(N^2) actor starts
+    when the first of N is refused -- and could find P still held by the first's actor
+    being killed)."""
+    import clockwork.client
+    from clockwork.cluster import ray_cluster
+    from clockwork.cluster.ray_cluster import RayCluster
+
+    class SlowToStop(ray_cluster.WorkerActor):
+        def stop(self):
+            time.sleep(1.0)  # (a worker that takes a while to let its port go)
+            return super().stop()
+
+    poll(lambda: _gpus_free() >= 4, 60.0, 0.1)
+    if slow_stop:
+        monkeypatch.setattr(ray_cluster, "WorkerActor", SlowToStop)
+    port = _free_ports()
+    c = RayCluster(watch_s=0, timeout=60.0, worker_port=port)
+    c.address = "127.0.0.1:1"
+    fake = _FakeController(c, refuse=1)
+    monkeypatch.setattr(clockwork.client, "Client", fake)
+    try:
+        added = c.add_new_nodes()
+        assert [a["worker"] for a in added] == [0], added
+        assert fake.calls == [f"127.0.0.1:{port}"] * 2, fake.calls
+        assert c.worker_addresses == [f"127.0.0.1:{port}"]
+        assert c.worker_info(0)["index"] == 0
+        assert c._made == 2  # one actor per node
+    finally:
+        c._stop_workers()
+    poll(lambda: _gpus_free() >= 4, 30.0, 0.1)
+
+
+@pytest.mark.parametrize("fails_in", ["its actor", "its worker"])
+def test_at_start_a_node_that_fails_makes_no_other_actor_again(ray_nodes, monkeypatch,
+                                                               capsys, fails_in):
+    """At start, the first node's actor does not start, or its worker does not (both
+    nodes' workers were started at once, for places 0 and 1): the second node's worker
+    runs for place 0 (its flags, its fixed port), in the actor made for it -- its worker
+    started again there when it had started for place 1 -- no actor made again."""
+    from clockwork.cluster import ray_cluster
+    from clockwork.cluster.ray_cluster import RayCluster
+
+    class FirstFails(ray_cluster.WorkerActor):
+        def __init__(self, *a, **k) -> None:
+            self.slot = a[-1]
+            if fails_in == "its actor" and self.slot == 0:
+                raise RuntimeError("no room here")
+            super().__init__(*a, **k)
+
+        def serve(self, *a, **k):
+            if self.slot == 0:
+                raise RuntimeError("no room here")
+            return super().serve(*a, **k)
+
+    poll(lambda: _gpus_free() >= 4, 60.0, 0.1)
+    monkeypatch.setattr(ray_cluster, "WorkerActor", FirstFails)
+    port = _free_ports()
+    c = RayCluster(watch_s=0, timeout=60.0, worker_port=port,
+                   worker_args=[["--clock-offset-ms", "5"], ["--clock-offset-ms", "7"]])
+    try:
+        assert c._start_workers() == [f"127.0.0.1:{port}"]
+        assert c.worker_info(0)["index"] == 0
+        assert c._made == 2
+        err = capsys.readouterr().err
+        assert err.count("has no worker") == 1 and "no room here" in err, err
+    finally:
+        c._stop_workers()
+    poll(lambda: _gpus_free() >= 4, 30.0, 0.1)
+
+
+def test_an_add_is_settled_by_the_controllers_answer_only():
+    """A failed ``Client.add_worker`` settles that the controller has not taken the
+    worker when the controller answered (a refusal) or the call never reached it; a call
+    whose deadline passed (the controller may have taken it as the caller gave up), or
+    an error that is not a gRPC status, leaves it in doubt."""
+    pytest.importorskip("ray", reason="needs the ray extra: pip install 'clockwork-py[ray]'")
+    from clockwork.cluster.ray_cluster import add_refused
+
+    code = grpc.StatusCode
+    for c, details, settled in [
+            (code.INVALID_ARGUMENT, "worker w cannot serve m", True),
+            (code.FAILED_PRECONDITION, "worker is held by another controller", True),
+            (code.UNAVAILABLE, "cannot reach worker 127.0.0.1:5 in 2.0 s", True),
+            (code.UNAVAILABLE, "failed to connect to all addresses; last error: ...", True),
+            (code.UNAUTHENTICATED, "no token", True),
+            (code.DEADLINE_EXCEEDED, "Deadline Exceeded", False),
+            (code.CANCELLED, "Cancelled", False),
+            (code.UNKNOWN, "Exception calling application", False)]:
+        assert add_refused(_add_error(c, details)) is settled, (c, details)
+    assert not add_refused(ConnectionError("reset"))
+    assert not add_refused(RuntimeError("?"))
+
+
+def test_an_add_past_its_deadline_settles_on_its_place_with_a_real_controller(ray_nodes,
+                                                                              monkeypatch):
+    """A real controller, and a third node joining: the first AddWorker call for its
+    worker has a deadline (5 ms) too short for the controller's answer (the controller
+    may have taken the worker all the same, as the call gave up, or not). The add is in doubt, not failed: the
+    same address is asked again at once, and the worker is the controller's worker 2,
+    with place 2's flags, and serves (it used to be killed, and the controller kept, or
+    went on dialing, a worker that was gone)."""
+    import clockwork
+    import clockwork.client
+    from clockwork.cluster.ray_cluster import RayCluster
+
+    real = clockwork.client.Client
+    calls: list[str] = []
+
+    class FirstCallTooShort(real):
+        def add_worker(self, address: str, timeout: float | None = None) -> dict:
+            calls.append(address)
+            return super().add_worker(address, timeout=0.005 if len(calls) == 1 else timeout)
+
+    poll(lambda: _gpus_free() >= 4, 60.0, 0.1)
+    with RayCluster(models="resnet18_v2:6", http_port=-1, kserve_port=-1, timeout=60.0,
+                    watch_s=0) as c, clockwork.Client(c.address, timeout=10) as cl:
+        monkeypatch.setattr(clockwork.client, "Client", FirstCallTooShort)
+        node = ray_nodes.add_node(num_cpus=1, resources={"clockwork_gpu": 2},
+                                  node_ip_address="127.0.0.1")
+        try:
+            ray_nodes.wait_for_nodes()
+            added = c.add_new_nodes()
+            assert [a["worker"] for a in added] == [2], (added, calls)
+            assert len(c.worker_addresses) == 3 and calls == [c.worker_addresses[2]] * 2
+            assert c.worker_info(2)["index"] == 2
+            assert cl.stats().get("workers_added", 0) == 1
+            deadline = time.monotonic() + 60
+            gpus: set = set()
+            while not gpus & {4, 5}:  # six copies on six GPUs: the new ones take some
+                assert time.monotonic() < deadline, f"no request ran on GPUs 4-5: {gpus}"
+                for k in range(6):
+                    gpus.add(cl.infer(f"resnet18_v2:{k}" if k else "resnet18_v2",
+                                      slo_ms=500).gpu)
+        finally:
+            c.stop()
+            ray_nodes.remove_node(node)

@@ -12,11 +12,11 @@ Ray places and restarts the processes; the data path stays our gRPC protocol:
 - the **controller** is a child process of the driver (this machine, the head node when
   run as a Ray job), started with ``--workers`` set to the addresses the actors report;
 - ``max_restarts`` (default: unlimited): an actor whose process dies is started again by
-  Ray on the same node, and its worker listens on the **same port** as before (the port
-  chosen at first start is kept in a file in the node's temporary folder, named after
-  this cluster's run id). The controller, which keeps reconnecting to a lost worker at
-  its address, takes it over again (Hello with reset: an empty weights cache) -- no new
-  address to learn;
+  Ray on the same node, and its worker listens on the **same port** as before, with the
+  same flags (its place and the port chosen at first start are kept in a file in the
+  node's temporary folder, named after this cluster's run id). The controller, which
+  keeps reconnecting to a lost worker at its address, takes it over again (Hello with
+  reset: an empty weights cache) -- no new address to learn;
 - the actors' output (the worker's lines) goes to Ray's log files on each node and is
   streamed to the driver by Ray (``log_to_driver``), prefixed with the actor's pid and
   node;
@@ -38,9 +38,21 @@ pid, node and address.
   at again after 1, 2, 4, ... ``RETRY_LOOKS_MAX`` looks (its line again only for another
   cause);
 - a worker's per-worker flags (``worker_args[i]``: a scenario's clock offset, seed) and
-  port (``worker_port + 10 * i``) are those of its place ``i`` in the controller's order
-  (an actor made for a later place, because a node before it failed, is made again for
-  its own); actors' names and port files are numbered apart, never reused;
+  port (``worker_port + 10 * i``) are those of its place ``i`` in the controller's order.
+  An actor is made once per node and look and first only holds its node; its worker is
+  started for a place when its turn comes (at start all at once, one after a node that
+  failed started again in the same actor for the place it then takes), so a node that
+  fails or is refused makes no other actor again. A worker the controller did not take
+  is stopped before another serves its place (a fixed ``worker_port``'s port is free
+  again: its worker stopped, or its actor gone, within ``RELEASE_S``);
+- an ``AddWorker`` the controller did not answer (the call's deadline passed: it may
+  have taken the worker as the caller gave up) is in doubt, not failed: the worker keeps
+  serving its place and the same address is asked again, this look and the next ones
+  (``added`` False: the controller had it), and no other node is added meanwhile; only
+  the controller's refusal (or a call that never reached it) releases it. So the
+  controller's order and the places do not drift apart (a worker the controller numbers
+  otherwise, because something else added one to it, is one line); actors' names and
+  place files are numbered apart, never reused;
 - ``stop`` kills the workers' actors and every actor still starting or being added by
   the node watcher (which makes none once stopping, and kills one the controller took
   meanwhile): none is left holding a node's GPUs.
@@ -53,6 +65,7 @@ GPUs in the controller's view, lost (the controller keeps trying to reconnect).
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import secrets
@@ -75,6 +88,11 @@ READY_TIMEOUT_S = 60.0  # for a worker in an actor to listen
 # most this many (32 s apart at watch_s = 2 s)
 RETRY_LOOKS_MAX = 16
 REBIND_S = 10.0  # a restarted worker retries its old port this long
+STOP_S = 5.0  # for a worker in an actor to stop (its ports closed)
+# a worker the controller did not take is stopped before its place (a fixed --worker-port's
+# port) is served by another actor: this long for it to stop, or its actor to be gone
+RELEASE_S = 15.0
+ADD_TRIES = 2  # AddWorker calls per look for a worker whose add is in doubt
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's nodes use 127.0.0.1
 
 
@@ -101,90 +119,128 @@ def worker_args(flags: list[str], host: str, port: int):
 
 class WorkerActor:
     """A ``clockwork worker`` in a Ray actor's process (made a Ray actor class by
-    ``RayCluster``). ``__init__`` returns once the worker listens; if the worker's thread
-    ends by itself the process exits, so that Ray starts the actor again."""
+    ``RayCluster``). ``__init__`` only takes the node (the actor holds its GPUs); ``serve``
+    starts the worker for a place in the controller's order. A restart (Ray started the
+    actor again after its process died) serves its place again at once, on the same port.
+    If the worker's thread ends by itself the process exits, so that Ray starts the actor
+    again."""
 
-    def __init__(self, index: int, flags: list[str], secret: str, run_id: str,
-                 host: str | None = None, port: int = 0, insecure: bool = False,
-                 slot: int | None = None) -> None:
-        """``index``: the worker's place in the controller's order (its flags and port
-        were chosen by it); ``slot``: this actor's own number (its port file; default
-        ``index``), never reused in a cluster."""
+    def __init__(self, secret: str, run_id: str, host: str | None = None,
+                 insecure: bool = False, slot: int = 0) -> None:
+        """``slot``: this actor's own number (its name and place file), never reused in a
+        cluster."""
         from clockwork.protocol.security import SECRET_ENV, cluster_secret, exposure_error
 
-        self.index = index
+        self.index: int | None = None  # the place it serves (None: none yet)
         self.pid = os.getpid()
         self.node_id = ray.get_runtime_context().get_node_id()
         self.host = host or ray.util.get_node_ip_address()  # the node's address in Ray
-        self._port_file = _state_dir(run_id) / f"worker{index if slot is None else slot}.port"
-        # a restart (same node): take the port of the first start again
-        self.restarted = self._port_file.exists()
-        if self.restarted:
-            port = int(self._port_file.read_text())
-        self.args = worker_args(flags, self.host, port)
         self.secret = cluster_secret(None, {SECRET_ENV: secret}) if secret else None
         why = exposure_error("worker", self.host, None, self.secret, insecure)
         if why is not None:
             raise ValueError(why)
         self.port = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._stopping = False
-        deadline = time.monotonic() + (REBIND_S if self.restarted else 0.0)
-        while True:
-            self._ready = threading.Event()
-            self._error: BaseException | None = None
-            self._thread = threading.Thread(target=self._run, name="clockwork-worker",
-                                            daemon=True)
-            self._thread.start()
-            if not self._ready.wait(READY_TIMEOUT_S):
-                raise TimeoutError(f"worker {index} did not listen in {READY_TIMEOUT_S:.0f} s")
-            if self._error is None:
-                break
-            self._thread.join()
-            if time.monotonic() >= deadline:  # not a port still held: refuse now
-                raise self._error
-            time.sleep(0.25)
-        self._port_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self._port_file.with_suffix(".tmp")
-        tmp.write_text(str(self.port))
-        tmp.replace(self._port_file)
         self.started = time.time()
+        self._run: _Run | None = None
+        self._place_file = _state_dir(run_id) / f"worker{slot}.json"
+        # a restart (same node): the place it served, on the port of its first start
+        self.restarted = self._place_file.exists()
+        if self.restarted:
+            was = json.loads(self._place_file.read_text())
+            self._serve(was["index"], was["flags"], was["port"], REBIND_S)
+
+    def ready(self) -> bool:
+        """True once the actor runs on its node (its GPUs and CPUs are taken)."""
+        return True
+
+    def serve(self, index: int, flags: list[str], port: int) -> str:
+        """Run the worker for the controller's place ``index`` (its ``clockwork worker``
+        flags but ``--host``/``--port``; ``port``: 0 for a free one); returns its
+        ``host:port`` once it listens. A worker it runs for another place is stopped first
+        (its port free again); for this place: left as it is."""
+        if self._run is not None:
+            if self.index == index:
+                return self.address()
+            if not self._end_worker():
+                raise RuntimeError(f"its worker for place {self.index} did not stop")
+        self._serve(index, flags, port, 0.0)
+        return self.address()
+
+    def _serve(self, index: int, flags: list[str], port: int, rebind_s: float) -> None:
+        """Start the worker and wait until it listens (a port still held: retried for
+        ``rebind_s``); then its place and port are kept in the place file."""
+        args = worker_args(flags, self.host, port)
+        deadline = time.monotonic() + rebind_s
+        while True:
+            run = self._run = _Run(args)
+            self.index = index
+            threading.Thread(target=self._main, args=(run,), name="clockwork-worker",
+                             daemon=True).start()
+            if not run.ready.wait(READY_TIMEOUT_S):
+                raise TimeoutError(f"worker {index} did not listen in {READY_TIMEOUT_S:.0f} s")
+            if run.error is None:
+                break
+            self._run, self.index = None, None
+            if time.monotonic() >= deadline:  # not a port still held: refuse now
+                raise run.error
+            time.sleep(0.25)
+        self.port = run.port
+        self._place_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._place_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"index": index, "flags": list(flags), "port": self.port}))
+        tmp.replace(self._place_file)
         print(f"clockwork ray: worker {index} {'restarted' if self.restarted else 'started'} "
               f"(pid {self.pid}, node {self.node_id[:12]}) at {self.address()}", flush=True)
 
-    def _run(self) -> None:
+    def _main(self, run: _Run) -> None:
         from clockwork.protocol.precise_loop import run_precise
         from clockwork.protocol.security import ClusterAuth
         from worker.service import WorkerNode, listening_line, serve_worker
 
-        a = self.args
+        a = run.args
 
         async def main() -> None:
             node = WorkerNode(a.gpus, a.pages, a.profiles, a.device, a.noise, a.seed,
                               a.packages, a.result_interval_us, a.slow_prob, a.slow_factor)
             node.cluster_auth = ClusterAuth(self.secret) if self.secret is not None else None
-            self._loop = asyncio.get_running_loop()
-            self._stop = asyncio.Event()
+            run.loop = asyncio.get_running_loop()
+            run.stop = asyncio.Event()
+            if run.stopping:  # (stopped before it listened)
+                run.stop.set()
 
             def ready(port: int, link_port: int) -> None:
-                self.port = port
+                run.port = port
                 print(listening_line(a, node, port, link_port), flush=True)
-                self._ready.set()
+                run.ready.set()
 
-            await serve_worker(a.host, a.port, node, ready, self._stop, None, a.link_port)
+            await serve_worker(a.host, a.port, node, ready, run.stop, None, a.link_port)
 
         try:
             run_precise(main())
-        except BaseException as e:  # noqa: BLE001 - reported to __init__, or fatal below
-            self._error = e
-            if not self._ready.is_set():
-                self._ready.set()
-                return
-        if not self._stopping:  # the worker ended by itself: let Ray start it again
-            print(f"clockwork ray: worker {self.index} ended ({self._error!r}); exiting so "
+        except BaseException as e:  # noqa: BLE001 - reported to _serve, or fatal below
+            run.error = e
+        finally:
+            run.ended.set()
+        if not run.ready.is_set():  # (it never listened: _serve says why)
+            run.ready.set()
+            return
+        if not run.stopping:  # the worker ended by itself: let Ray start it again
+            print(f"clockwork ray: worker {self.index} ended ({run.error!r}); exiting so "
                   "that Ray restarts it", file=sys.stderr, flush=True)
             os._exit(1)
+
+    def _end_worker(self) -> bool:
+        """Stop the worker it runs (if any): True once it has stopped (its ports closed)."""
+        run = self._run
+        if run is None:
+            return True
+        run.stopping = True
+        if run.loop is not None and run.stop is not None:
+            run.loop.call_soon_threadsafe(run.stop.set)
+        if not run.ended.wait(STOP_S):
+            return False
+        self._run, self.index, self.port = None, None, 0
+        return True
 
     def address(self) -> str:
         return f"{self.host}:{self.port}"
@@ -194,17 +250,29 @@ class WorkerActor:
                 "node_id": self.node_id, "restarted": self.restarted,
                 "started": self.started}
 
-    def stop(self) -> None:
-        """Stop the worker and forget its port (the cluster is going away)."""
-        self._stopping = True
-        if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(5.0)
-        self._port_file.unlink(missing_ok=True)
+    def stop(self) -> bool:
+        """Stop the worker and forget its place (the cluster is going away, or the
+        controller did not take it): True once the worker has stopped (its port is free)."""
+        stopped = self._end_worker()
+        self._place_file.unlink(missing_ok=True)
         try:
-            self._port_file.parent.rmdir()
+            self._place_file.parent.rmdir()
         except OSError:
             pass
+        return stopped
+
+
+class _Run:
+    """One run of a worker in a ``WorkerActor`` (its thread and event loop)."""
+
+    def __init__(self, args) -> None:
+        self.args = args
+        self.ready, self.ended = threading.Event(), threading.Event()
+        self.error: BaseException | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.stop: asyncio.Event | None = None
+        self.stopping = False
+        self.port = 0
 
 
 def init_ray(**kw) -> None:
@@ -248,6 +316,26 @@ def offered_nodes(device: str) -> list[tuple[tuple[str, str, int], float]]:
             out.append(((n["NodeID"], n["NodeManagerAddress"], count),
                         float(res.get("CPU", 0.0))))
     return sorted(out, key=lambda t: (t[0][1], t[0][0]))
+
+
+def add_refused(e: BaseException) -> bool:
+    """Whether a failed ``Client.add_worker`` call settles that the controller has not
+    taken the worker: it answered with a refusal (the worker cannot serve the models, it
+    cannot reach it, another controller holds it; an answer comes once its add ended,
+    adds being one at a time), or the call never reached it. Its deadline passing, or an
+    error that is not a gRPC status, leaves that in doubt: the controller may have taken
+    the worker as the caller gave up, or take it still."""
+    import grpc
+
+    from clockwork.errors import InvalidRequest
+
+    if isinstance(e, InvalidRequest):  # (refused, or an address never sent)
+        return True
+    cause = e.__cause__
+    if not isinstance(cause, grpc.RpcError) or not callable(getattr(cause, "code", None)):
+        return False
+    return cause.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+                                grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)
 
 
 class _Stopping(Exception):  # noqa: N818 - not an error: the cluster is stopping
@@ -300,9 +388,13 @@ class RayCluster(LocalCluster):
         # take them): stop kills them too; _lock guards actors and _pending together
         self._pending: set = set()
         self._lock = threading.Lock()
-        self._made = 0  # actors made, each numbered (its name and port file)
+        self._made = 0  # actors made, each numbered (its name and place file)
         # node id -> [cause, failures, looks to skip] of a node that has no worker
         self._unhosted: dict[str, list] = {}
+        # (node, actor, address) of a worker the controller did not answer for (it may
+        # have taken it): serving its place, asked again before any other node is added
+        self._doubt: tuple | None = None
+        self._doubt_said: str | None = None  # (its line is said once per address)
         self._own_ray = False
 
     def _init_ray(self) -> None:
@@ -352,7 +444,9 @@ class RayCluster(LocalCluster):
                     f"emulated GPUs (resource '{RESOURCE}': ray start --resources "
                     f"'{{\"{RESOURCE}\": 2}}')")
             raise ChildRefused(f"no live Ray node offers {what}")
-        started, failed = self._launch(offered, 0)
+        placed, failed = self._place(offered)
+        started, more = self._serve_in_order(placed, 0)
+        failed += more
         if not started:
             why = "; ".join(f"Ray node {_node_name(node)}: {line}" for node, _, line in failed)
             if all(cause == "timeout" for _, cause, _ in failed):
@@ -368,68 +462,126 @@ class RayCluster(LocalCluster):
             self._unhosted_now(node, cause, line)
         return [address for _, _, address in started]
 
-    def _launch(self, offered: list[tuple[tuple[str, str, int], float]], first: int):
+    def _place(self, offered: list[tuple[tuple[str, str, int], float]]):
         """A worker actor on each of ``offered`` (as ``offered_nodes`` gives them) that
-        has the CPUs for one, waiting up to ``timeout`` for them to listen: (the started
-        ones as (node, actor, address), the others as (node, cause, one line)). The
-        started ones are the controller's workers ``first``, ``first + 1``, ... in order,
-        each made with that index's flags and port: one made for a later place (a node
-        before it failed) is made again for its place. An actor that did not start is
-        killed (a pending one would take its node's GPUs later). The started ones stay in
-        ``_pending`` until the caller counts them."""
-        started, failed = [], []
-        todo = []
-        for node, cpus in offered:
-            if cpus < self.worker_num_cpus:
-                failed.append((node, "cpus", f"it has {cpus:g} CPU(s) and a worker actor "
-                               f"takes {self.worker_num_cpus:g} (worker_num_cpus)"))
-            else:
-                todo.append(node)
-        tries: list = []
+        has the CPUs for one, each made once, waiting up to ``timeout`` for them to run on
+        their nodes: (the placed ones as (node, actor), in order; the others as (node,
+        cause, one line)). An actor that did not start is killed (a pending one would take
+        its node's GPUs later). The placed ones hold their nodes and run no worker yet
+        (``_serve_ref``); they stay in ``_pending`` until the caller counts them."""
+        placed, failed, made = [], [], []
         try:
-            while todo and not self._watch_stop.is_set():
-                tries = []
-                for k, node in enumerate(todo):
-                    actor = self._start_actor(node, first + len(started) + k)
-                    tries.append((node, actor, actor.address.remote(),
-                                  first + len(started) + k))
-                ready = set(ray.wait([t[2] for t in tries], num_returns=len(tries),
-                                     timeout=self.timeout)[0])
-                todo = []
-                for node, actor, ref, index in tries:
-                    if ref in ready:
-                        try:
-                            address = ray.get(ref)
-                        except Exception as e:  # noqa: BLE001 - the node's line says what
-                            cause, line = (type(e).__name__,
-                                           f"its worker actor did not start: {_first_line(e)}")
-                        else:
-                            if index == first + len(started):
-                                started.append((node, actor, address))
-                            else:  # (made for a later place: again, for its own)
-                                self._drop(actor)
-                                todo.append(node)
-                            continue
+            for node, cpus in offered:
+                if cpus < self.worker_num_cpus:
+                    failed.append((node, "cpus", f"it has {cpus:g} CPU(s) and a worker actor "
+                                   f"takes {self.worker_num_cpus:g} (worker_num_cpus)"))
+                else:
+                    made.append((node, self._make_actor(node)))
+            refs = [actor.ready.remote() for _, actor in made]
+            done = set(ray.wait(refs, num_returns=len(refs), timeout=self.timeout)[0]
+                       if refs else ())
+            for (node, actor), ref in zip(made, refs, strict=True):
+                if ref in done:
+                    try:
+                        ray.get(ref)
+                    except Exception as e:  # noqa: BLE001 - the node's line says what
+                        cause, line = (type(e).__name__,
+                                       f"its worker actor did not start: {_first_line(e)}")
                     else:
-                        cause, line = "timeout", (
-                            f"its worker actor did not start in {self.timeout:.0f} s (are "
-                            "its GPUs or CPUs taken by other actors?)")
-                    self._drop(actor)
-                    failed.append((node, cause, line))
-                tries = []
+                        placed.append((node, actor))
+                        continue
+                else:
+                    cause, line = "timeout", (
+                        f"its worker actor did not start in {self.timeout:.0f} s (are "
+                        "its GPUs or CPUs taken by other actors?)")
+                self._drop(actor)
+                failed.append((node, cause, line))
         except BaseException:
-            for t in tries:
-                self._drop(t[1])
-            for _, actor, _ in started:
+            for _, actor in made:
                 self._drop(actor)
             raise
-        return started, failed
+        return placed, failed
+
+    def _serve_ref(self, node: tuple[str, str, int], actor, place: int):
+        """``actor`` (on ``node``) runs the worker of the controller's place ``place``: its
+        flags (``worker_args[place]``, with the node's GPU count) and port (``worker_port +
+        10 * place``); the ref of its address. A bad flag: ``ValueError`` here, in one
+        line (not in the actor)."""
+        flags = self._flags(place, node[2])
+        worker_args(flags, "127.0.0.1", 0)
+        port = self.worker_port + 10 * place if self.worker_port else 0
+        return actor.serve.remote(place, flags, port)
+
+    def _got(self, ref, timeout: float | None = None):
+        """A worker's address from ``serve``: (None, address), or ((cause, one line), None)
+        when it did not listen."""
+        try:
+            return None, ray.get(ref, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            return ("timeout", f"its worker did not listen in {self.timeout:.0f} s"), None
+        except Exception as e:  # noqa: BLE001 - the node's line says what
+            return (type(e).__name__, f"its worker did not start: {_first_line(e)}"), None
+
+    def _serve_in_order(self, placed: list, first: int):
+        """The workers of ``placed`` ([(node, actor)] from ``_place``), all started at once
+        for places ``first``, ``first + 1``, ... in order: (the served ones as (node,
+        actor, address), the others as (node, cause, one line)). A worker after one that
+        did not start is started again in the same actor for the place it then takes
+        (the next free one), once that place's port is free; no actor is made again. One
+        that did not start is released (``_release``)."""
+        served, failed = [], []
+        try:
+            refs = [self._serve_ref(node, actor, first + k)
+                    for k, (node, actor) in enumerate(placed)]
+            done = set(ray.wait(refs, num_returns=len(refs), timeout=self.timeout)[0]
+                       if refs else ())
+            for k, ((node, actor), ref) in enumerate(zip(placed, refs, strict=True)):
+                place = first + len(served)
+                if ref in done:
+                    why, address = self._got(ref)
+                else:
+                    why, address = ("timeout", "its worker did not listen in "
+                                    f"{self.timeout:.0f} s"), None
+                if why is None and first + k != place:  # (a node before it failed)
+                    why, address = self._got(self._serve_ref(node, actor, place),
+                                             self.timeout)
+                if why is not None:
+                    self._release(actor)
+                    failed.append((node, *why))
+                    continue
+                served.append((node, actor, address))
+        except BaseException:
+            for _, actor in placed:
+                self._drop(actor)
+            raise
+        return served, failed
 
     def _drop(self, actor) -> None:
         """Kill ``actor`` (one of ours that is not a worker of the controller)."""
         with self._lock:
             self._pending.discard(actor)
         _kill(actor)
+
+    def _release(self, actor) -> None:
+        """Stop ``actor``'s worker and kill the actor (one of ours the controller did not
+        take): returns once its worker has stopped or the actor is gone, so that the port
+        of its place (a fixed ``worker_port``) is free for the next actor that serves that
+        place. Past ``RELEASE_S`` it returns all the same: a worker that then finds the
+        port taken does not start, and its node's line says so."""
+        with self._lock:
+            self._pending.discard(actor)
+        deadline = time.monotonic() + RELEASE_S
+        try:
+            stopped = bool(ray.get(actor.stop.remote(), timeout=RELEASE_S))
+        except Exception:  # noqa: BLE001 - dead, or hung: killed below
+            stopped = False
+        _kill(actor)
+        while not stopped and time.monotonic() < deadline:
+            try:  # (a call on a killed actor fails once its process is gone)
+                ray.get(actor.ready.remote(), timeout=max(0.1, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001 - gone (or past the deadline)
+                return
+            self._watch_stop.wait(0.05)
 
     def _unhosted_now(self, node: tuple[str, str, int], cause: str, line: str) -> None:
         """``node`` has no worker (``cause``: a key, ``line``: why): said once per cause;
@@ -444,16 +596,12 @@ class RayCluster(LocalCluster):
                   file=sys.stderr, flush=True)
         self._unhosted[node[0]] = [cause, failures, min(2 ** (failures - 1), RETRY_LOOKS_MAX)]
 
-    def _start_actor(self, node: tuple[str, str, int], index: int):
-        """A worker actor on ``node`` (node id, address, GPU count) for the controller's
-        worker ``index``: that worker's flags (``worker_args[index]``) and port
-        (``worker_port + 10 * index``); its name and port file by the order actors are
-        made (never reused). Put in ``_pending``; none once the cluster is stopping
-        (``_Stopping``)."""
+    def _make_actor(self, node: tuple[str, str, int]):
+        """A worker actor on ``node`` (node id, address, GPU count) that takes its GPUs and
+        ``worker_num_cpus``, with no worker yet (``_serve_ref`` starts one for a place);
+        its name and place file numbered by the order actors are made (never reused). Put
+        in ``_pending``; none once the cluster is stopping (``_Stopping``)."""
         node_id, ip, n = node
-        flags = self._flags(index, n)
-        worker_args(flags, "127.0.0.1", 0)  # a bad flag: one line here, not in an actor
-        port = self.worker_port + 10 * index if self.worker_port else 0
         with self._lock:
             if self._watch_stop.is_set():
                 raise _Stopping()
@@ -472,8 +620,7 @@ class RayCluster(LocalCluster):
         # the lock; stop sets its flag before it takes the lock, so an actor made while it
         # stops is either in _pending when stop looks, or killed here)
         actor = ray.remote(WorkerActor).options(**opts).remote(
-            index, flags, self.cluster_secret or "", self.run_id, ip, port,
-            self.insecure_workers, slot)
+            self.cluster_secret or "", self.run_id, ip, self.insecure_workers, slot)
         with self._lock:
             stopping = self._watch_stop.is_set()
             if not stopping:
@@ -496,9 +643,19 @@ class RayCluster(LocalCluster):
         """A worker actor on every live Ray node offering GPUs that has none yet (one
         that could not host one before: when its turn comes again), each added to the
         running controller (``Client.add_worker``); returns the controller's answers.
-        Called every ``watch_s`` seconds while the cluster runs."""
-        from clockwork.client import Client
+        Called every ``watch_s`` seconds while the cluster runs.
 
+        Each new node's actor is made once a look; its worker is started for the place
+        the controller gives next (``len(actors)``) when its turn comes, so a node the
+        controller refuses shifts no actor made for a later place. An add the controller
+        did not answer (its deadline passed: it may have taken the worker as the call gave
+        up, or take it still) is in doubt: that worker keeps serving its place and is
+        asked again (the same address: the controller answers ``added`` False for a
+        worker it has), on this look and the next ones, and no other node is added
+        meanwhile (the controller would give it the next index)."""
+        added: list[dict] = []
+        if self._doubt is not None and not self._add(*self._doubt, added):
+            return added  # (still no answer)
         known = {node_id for node_id, *_ in self.nodes}
         offered = offered_nodes(self.device)
         live = {node[0] for node, _ in offered}
@@ -513,46 +670,86 @@ class RayCluster(LocalCluster):
                 was[2] -= 1
                 continue
             due.append((node, cpus))
-        cpus_of = {node[0]: cpus for node, cpus in due}
-        added = []
-        while due and not self._watch_stop.is_set():
-            # (the controller gives the next worker the next index: len(actors))
-            started, failed = self._launch(due, len(self.actors))
-            for node, cause, line in failed:
-                self._unhosted_now(node, cause, line)
-            due = []
-            shifted = False  # a node before this one was not taken
-            for node, actor, address in started:
-                if self._watch_stop.is_set() or shifted:
-                    # stopping; or its flags and port are for another place: made again
-                    self._drop(actor)
-                    if not self._watch_stop.is_set():
-                        due.append((node, cpus_of[node[0]]))
-                    continue
-                try:
-                    with Client(self.address, token=self.token or "") as c:
-                        got = c.add_worker(address, timeout=self.timeout)
-                except Exception as e:  # noqa: BLE001 - the node is tried again later
-                    self._drop(actor)
-                    self._unhosted_now(node, type(e).__name__, "the controller did not take "
-                                       f"its worker at {address}: {_first_line(e)}")
-                    shifted = True
-                    continue
-                with self._lock:
-                    counted = not self._watch_stop.is_set() and actor in self._pending
-                    if counted:
-                        self._pending.discard(actor)
-                        self.actors.append(actor)
-                        self.nodes.append(node)
-                        self.worker_addresses.append(address)
-                if not counted:  # stopped while the controller took it: ours to kill
-                    _kill(actor)
-                    continue
-                self._unhosted.pop(node[0], None)
-                print(f"clockwork: Ray node {_node_name(node)} joined: worker {got['worker']} "
-                      f"at {address}, GPUs {got['gpus']}", file=sys.stderr, flush=True)
-                added.append(got)
+        if not due or self._watch_stop.is_set():
+            return added
+        queue, failed = self._place(due)
+        for node, cause, line in failed:
+            self._unhosted_now(node, cause, line)
+        try:
+            while queue and not self._watch_stop.is_set():
+                node, actor = queue[0]
+                ref = self._serve_ref(node, actor, len(self.actors))
+                queue.pop(0)
+                why, address = self._got(ref, self.timeout)
+                if why is not None:
+                    self._release(actor)
+                    self._unhosted_now(node, *why)
+                elif not self._add(node, actor, address, added):
+                    break  # (in doubt: the others wait for the next look)
+        finally:
+            for _, actor in queue:  # (no worker in them: made again on the next look)
+                self._drop(actor)
         return added
+
+    def _add(self, node: tuple[str, str, int], actor, address: str, added: list) -> bool:
+        """Have the controller take ``actor``'s worker at ``address`` (serving the place
+        ``len(actors)``): counted when it answers (its answer appended to ``added``);
+        released when it refuses (the node is looked at again later); kept, serving its
+        place, while its answer is in doubt (``_doubt``: asked again on the next look).
+        False while in doubt."""
+        from clockwork.client import Client
+
+        place = len(self.actors)
+        self._doubt = None
+        got = err = None
+        for _ in range(ADD_TRIES):
+            if self._watch_stop.is_set():
+                break
+            try:
+                with Client(self.address, token=self.token or "") as c:
+                    got = c.add_worker(address, timeout=self.timeout)
+                break
+            except Exception as e:  # noqa: BLE001 - settled below
+                err = e
+                if add_refused(e):
+                    break
+        if got is None and err is not None and add_refused(err):
+            self._release(actor)
+            self._unhosted_now(node, type(err).__name__, "the controller did not take its "
+                               f"worker at {address}: {_first_line(err)}")
+            return True
+        if got is None:
+            if self._watch_stop.is_set():  # (stopping: its actor is killed by stop)
+                _kill(actor)
+                return False
+            self._doubt = (node, actor, address)
+            if self._doubt_said != address:
+                self._doubt_said = address
+                print(f"clockwork: Ray node {_node_name(node)}: the controller did not say "
+                      f"whether it took its worker at {address} "
+                      f"({_first_line(err) if err is not None else 'no answer'}); it keeps "
+                      f"serving place {place} and is asked again, no other node is added "
+                      "meanwhile", file=sys.stderr, flush=True)
+            return False
+        with self._lock:
+            counted = not self._watch_stop.is_set() and actor in self._pending
+            if counted:
+                self._pending.discard(actor)
+                self.actors.append(actor)
+                self.nodes.append(node)
+                self.worker_addresses.append(address)
+        if not counted:  # stopped while the controller took it: ours to kill
+            _kill(actor)
+            return True
+        self._unhosted.pop(node[0], None)
+        if got["worker"] != place:  # (someone else added a worker to this controller)
+            print(f"clockwork: Ray node {_node_name(node)}'s worker at {address} is the "
+                  f"controller's worker {got['worker']}, not {place}: it runs with the flags "
+                  f"and port of place {place}", file=sys.stderr, flush=True)
+        print(f"clockwork: Ray node {_node_name(node)} joined: worker {got['worker']} "
+              f"at {address}, GPUs {got['gpus']}", file=sys.stderr, flush=True)
+        added.append(got)
+        return True
 
     def _watch(self) -> None:
         said = None  # the last failure's kind: said once, until another or a success
@@ -592,6 +789,7 @@ class RayCluster(LocalCluster):
             actors, pending = self.actors, list(self._pending)
             self.actors = []
             self._pending.clear()
+            self._doubt = None
         if actors:
             try:
                 ray.get([a.stop.remote() for a in actors], timeout=10.0)
