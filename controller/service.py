@@ -45,6 +45,7 @@ import asyncio
 import contextlib
 import re
 import signal
+import socket
 import ssl
 import sys
 import time
@@ -120,6 +121,11 @@ SHUTDOWN_MESSAGE = "controller is shutting down"
 LOG_FLUSH_S = 1.0  # --log-flush-s: a crash loses at most this much of the logs
 LOG_ROWS_PER_STEP = 256  # log rows formatted and written between turns of the event loop
 RECONNECT_S = 0.25  # between attempts to reach a lost worker again
+# at start, a worker whose gRPC server has not answered within SAY_WAITING_S: one line that
+# we wait for it (up to --connect-timeout); on giving up, a TCP connection of at most
+# PROBE_S tells a refused connection from no answer at all
+SAY_WAITING_S = 0.5
+PROBE_S = 1.0
 REFUSED_LOG_S = 10.0  # a worker refused at each reconnection attempt: a line this often
 # a session with a worker that ends within SHORT_SESSION_S of being made (another
 # controller took the worker, a worker that fails right after each Hello) backs off the
@@ -154,6 +160,7 @@ _COPY_SUFFIX = re.compile(r"(.+):([0-9]+)")
 HINT_NAMES = 3  # an unknown name's message: the closest names it lists
 HINT_WINDOW = 64  # ... chosen among this many on either side of it in name order
 HINT_ECHO = 130  # characters of the unknown name itself a message repeats
+UNKNOWN_SAID = 256  # unknown names whose messages are kept (ControllerNode.unknown_model)
 
 
 def echo_name(name: object) -> str:
@@ -201,8 +208,6 @@ def parse_models(spec: str | None, profiles: dict[str, ModelProfile]) -> dict[st
     """``"resnet50_v2:4,vgg16"`` -> instance name -> profile name (copies named
     ``m``, ``m:1``, ...). Empty: every profile of the set, one copy. Each item is checked
     like a ``[[models]]`` entry; a bad one raises ``ValueError`` with one line."""
-    import difflib
-
     from clockwork.scenario import parse_value
     from clockwork.settings import ModelEntry, SettingsError, validate
 
@@ -217,8 +222,8 @@ def parse_models(spec: str | None, profiles: dict[str, ModelProfile]) -> dict[st
         entry = {"name": name.strip(), "copies": parse_value(copies.strip()) if colon else 1}
         m = validate(ModelEntry, entry, where=f"--models {part}")
         if m.name not in profiles:
-            close = difflib.get_close_matches(m.name, list(profiles), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            close = closest_names(m.name, sorted(profiles), n=1)
+            hint = f" (did you mean {echo_name(close[0])}?)" if close else ""
             raise SettingsError(f"--models {part}: no profile for model {m.name!r}{hint}; "
                                 f"known: {', '.join(sorted(profiles))}")
         if len(out) + m.copies > MAX_SERVED:
@@ -245,6 +250,11 @@ class RepositoryError(Exception):
 class WorkerHeld(ConnectionError):
     """The worker refused our Connect: another controller holds it (the message says which,
     from where, since when; ``clockwork.protocol.holding``)."""
+
+
+class NoAnswer(TimeoutError):
+    """An attempt to connect a worker in which its gRPC server never answered (no channel
+    was ready in time): a refused connection, none at all, or one that speaks no gRPC."""
 
 
 class CannotServe(ValueError):
@@ -303,6 +313,7 @@ class WorkerLink:
     # while another controller holds the worker (its refusals, ``WorkerHeld``): what the
     # worker said, logged once; "" once we have it
     held: str = ""
+    reached: bool = False  # its gRPC server answered once (a channel was ready)
     backoff: float = 0.0  # the wait before the next reconnection's first attempt (s)
     # its "lost" line (ControllerNode._lost): the cause last logged, when, and a line not
     # logged (a repeat within LINK_LOG_S), said after all if it does not come back at once
@@ -375,6 +386,9 @@ class ControllerNode:
             g.copies += 1
             g.instances.append(i)
         self._names_served: list[str] | None = None  # sorted(self.loaded), made when asked
+        # unknown_model's messages while _names_served and the count served stay the same:
+        # (that list, the count, name -> message)
+        self._unknown_said: tuple[list | None, int, dict[str, str]] = (None, -1, {})
         self.packages: dict[str, str] = {}  # instance -> its package (load_model's package)
         self.loading: set[str] = set()
         self.unloading: set[str] = set()
@@ -494,7 +508,12 @@ class ControllerNode:
                 if seen.setdefault(ep, link) is not link:
                     raise ValueError(f"workers {seen[ep].address} and {link.address} are one "
                                      f"listener ({ep[0]} port {ep[1]}): list each worker once")
-        await asyncio.gather(*(self._connect(link, deadline) for link in self.links))
+        said = asyncio.ensure_future(self._say_waiting())
+        try:
+            await asyncio.gather(*(self._connect(link, deadline, "--connect-timeout")
+                                   for link in self.links))
+        finally:
+            said.cancel()
         specs = []
         for link in self.links:
             for g in link.state.gpus:
@@ -509,6 +528,22 @@ class ControllerNode:
                 self._adopt(link)
         for link in self.links:
             self._start_link_tasks(link)
+
+    async def _say_waiting(self) -> None:
+        """At start, ``SAY_WAITING_S`` in: one line naming the workers whose gRPC server
+        has not answered yet, if any, and how long we wait for them (a worker another
+        controller holds has answered: ``_held`` says why we wait)."""
+        await asyncio.sleep(SAY_WAITING_S)
+        quiet = [lk.address for lk in self.links if not lk.reached]
+        if not quiet:
+            return
+        names = ", ".join(quiet[:5]) + (f" and {len(quiet) - 5} more" if len(quiet) > 5
+                                        else "")
+        who = (f"worker {names} is" if len(quiet) == 1 else f"workers {names} are")
+        them = "it" if len(quiet) == 1 else "them"
+        print(f"controller: {who} not answering yet; waiting up to "
+              f"{self.connect_timeout:g} s for {them} (--connect-timeout)", file=sys.stderr,
+              flush=True)
 
     def _adopt(self, link: WorkerLink) -> None:
         """The weights the worker kept through our first Hello (it held them for an
@@ -599,15 +634,20 @@ class ControllerNode:
                   file=sys.stderr, flush=True)
             return link.index, list(range(first, first + len(specs))), True
 
-    async def _open(self, link: WorkerLink) -> None:
-        """One connection attempt: clock sync, Connect stream, Hello, state."""
+    async def _open(self, link: WorkerLink, ready_s: float = 2.0) -> None:
+        """One connection attempt: clock sync, Connect stream, Hello, state. ``NoAnswer``
+        if the worker's gRPC server does not answer within ``ready_s`` seconds."""
         if self.worker_credentials is not None:
             ch = grpc.aio.secure_channel(link.address, self.worker_credentials,
                                          options=WORKER_CHANNEL_OPTIONS)
         else:
             ch = grpc.aio.insecure_channel(link.address, options=WORKER_CHANNEL_OPTIONS)
         try:
-            await asyncio.wait_for(ch.channel_ready(), 2.0)
+            try:
+                await asyncio.wait_for(ch.channel_ready(), ready_s)
+            except TimeoutError:
+                raise NoAnswer(f"worker {link.address}: no answer") from None
+            link.reached = True
             stub = pbg.WorkerStub(ch)
             # a new connection may reach another clock (a rebooted host, another machine at
             # the address): the old samples, with their tiny echo round trips, would win
@@ -735,11 +775,15 @@ class ControllerNode:
         self._worker_refusals(why, "worker_auth_refused")
         raise AuthFailed(f"refused {why}")
 
-    async def _connect(self, link: WorkerLink, deadline: float) -> None:
+    async def _connect(self, link: WorkerLink, deadline: float, flag: str = "") -> None:
+        """Connect ``link``, trying again until ``deadline`` (``time.monotonic``); raises
+        ``WorkerHeld`` (another controller held it throughout), ``ConnectionError`` saying
+        why it could not be reached, or ``ValueError`` (it cannot be used). ``flag``: the
+        option that set the wait (at start, ``--connect-timeout``), named in the error."""
         last: BaseException | None = None
         while time.monotonic() < deadline:
             try:
-                await self._open(link)
+                await self._open(link, min(2.0, max(0.1, deadline - time.monotonic())))
                 if link.held:
                     print(f"controller: worker {link.address} is ours now (the controller "
                           "that held it let it go)", file=sys.stderr, flush=True)
@@ -757,7 +801,59 @@ class ControllerNode:
         if isinstance(last, WorkerHeld):
             raise WorkerHeld(f"cannot take worker {link.address}: {last}, for as long as "
                              "we tried (--connect-timeout)")
-        raise ConnectionError(f"cannot reach worker {link.address}: {last!r}")
+        within = f" within {flag} {self.connect_timeout:g} s" if flag else ""
+        raise ConnectionError(f"cannot reach worker {link.address}{within} "
+                              f"({await self._why_unreached(link, last)})")
+
+    async def _why_unreached(self, link: WorkerLink, last: BaseException | None) -> str:
+        """Why ``link``'s worker could not be connected, its last attempt having failed
+        with ``last``: a refused connection, no answer, a port that speaks no gRPC (TLS on
+        one side only, or no worker there), or what the worker answered. (A worker that
+        refused our cluster credentials, or did not prove its own, was said at once:
+        ``AuthFailed``.)"""
+        if isinstance(last, grpc.aio.AioRpcError):
+            code = last.code()
+            hint = (": is it a `clockwork worker`?" if code == grpc.StatusCode.UNIMPLEMENTED
+                    else "")
+            return f"it answered {code.name} {last.details()!r}{hint}"
+        if last is None:
+            return "no time was left to try"
+        if not isinstance(last, NoAnswer):  # it answered: no state, no fast link, a timeout
+            return str(last) or ("it answered, but did not finish the handshake (clock "
+                                 "sync, Hello, its state) in time")
+        try:
+            host, port = addresses.split(link.address)
+        except ValueError as e:
+            return str(e)
+        tls = self.worker_tls  # (our TLS, as the fast link dials it: the same rule)
+        try:
+            async with asyncio.timeout(PROBE_S):
+                _, w = await asyncio.open_connection(host, port, ssl=tls,
+                                                     server_hostname=host if tls else None)
+            w.close()
+        except ConnectionRefusedError:
+            return "connection refused: is a `clockwork worker` listening there?"
+        except TimeoutError:
+            return ("no answer at all: is the host up, and its port open to this machine "
+                    "(a firewall)?")
+        except socket.gaierror as e:
+            return f"cannot resolve {host!r}: {e.strerror}"
+        except ssl.SSLCertVerificationError as e:
+            return (f"the TLS handshake failed, its certificate refused ({e.verify_message})"
+                    ": is it signed by the --worker-tls-ca CA, for this host name?")
+        except ssl.SSLError as e:
+            return (f"the TLS handshake failed ({e.reason or e})"
+                    + (": a worker without --tls-cert?" if e.reason == "WRONG_VERSION_NUMBER"
+                       else ""))
+        except OSError as e:
+            return e.strerror or repr(e)
+        if tls is not None:
+            return ("it accepts TLS connections but no gRPC answer came: does it trust this "
+                    "controller's --tls-cert (a worker with --tls-ca), and is it a "
+                    "`clockwork worker`?")
+        return ("it accepts connections but no gRPC answer came: a worker with --tls-cert "
+                "(then give this controller --worker-tls-ca), or no `clockwork worker` "
+                "there?")
 
     def _held(self, link: WorkerLink, why: str) -> None:
         """Another controller holds ``link``'s worker (its refusal says ``why``): counted at
@@ -1266,8 +1362,8 @@ class ControllerNode:
         bad = inputs = None
         reason = ""
         typed = not isinstance(req, pb.InferRequest)  # KServe's rows: answered with Answers
-        if prof is None:
-            bad, reason = f"unknown model {req.model!r}", "unknown_model"
+        if prof is None:  # (the message's hint is made here only: a name not served)
+            bad, reason = self.unknown_model(req.model), "unknown_model"
         elif not 0 <= req.slo_ms <= MAX_SLO_MS:  # also refuses nan and inf
             bad, reason = (f"slo_ms must be a number from 0 (the default SLO) to "
                            f"{MAX_SLO_MS:.0f}, got {req.slo_ms}"), "bad_slo"
@@ -1358,13 +1454,28 @@ class ControllerNode:
         return None
 
     def unknown_model(self, name: object) -> str:
-        """What a client is told of a model name that is not served: the name (cut), the
+        """What a client is told of a model name that is not served, on every front end
+        (clockwork.v1's Infer, InferStream and UnloadModel, KServe's): the name (cut), the
         closest models served and how many instances are (``unknown_message``: under
-        1 KiB however many are served; gRPC carries it in a header)."""
+        1 KiB however many are served; gRPC carries it in a header). Finding the closest
+        names takes milliseconds with thousands served: a name asked again (a client
+        sending many requests for one wrong name) is answered from ``_unknown_said``
+        while the models served stay the same."""
         if self._names_served is None:
             self._names_served = sorted(self.loaded)
-        return unknown_message("unknown model", name, self._names_served,
-                               len(self.profiles) - len(self.unloading), "served")
+        count = len(self.profiles) - len(self.unloading)
+        said = self._unknown_said
+        if said[0] is not self._names_served or said[1] != count:
+            said = self._unknown_said = (self._names_served, count, {})
+        key = name if type(name) is str else None
+        msg = said[2].get(key) if key is not None else None
+        if msg is None:
+            msg = unknown_message("unknown model", name, self._names_served, count, "served")
+            if key is not None:
+                if len(said[2]) >= UNKNOWN_SAID:
+                    said[2].clear()
+                said[2][key] = msg
+        return msg
 
     def model_ready(self, name: str) -> bool:
         """Whether requests for ``name`` are served now (state ``READY``)."""

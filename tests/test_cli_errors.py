@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from clockwork.cluster.cli import main
+from tests.conftest import cli_command
 
 SC = "scenarios/poisson_warm.toml"
 
@@ -327,6 +328,37 @@ def test_listener_that_cannot_bind_exits_2_naming_the_port(argv):
     assert p.returncode == 2, (p.returncode, p.stderr)
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and str(port) in lines[0] and "Traceback" not in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("listening,why", [
+    (False, "connection refused: is a `clockwork worker` listening there?"),
+    (True, "it accepts connections but no gRPC answer came"),
+], ids=["refused", "silent"])
+def test_a_controller_whose_worker_does_not_answer_says_it_waits_then_why_it_gave_up(
+        listening, why):
+    """A worker address where no worker answers: one line at once that the controller
+    waits for it, and on giving up after --connect-timeout one line that says why (a
+    refused connection; a port that takes connections but speaks no gRPC, as a worker
+    with TLS where the controller dials without) -- exit 1."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))  # (bound: no one else listens there meanwhile)
+    if listening:
+        s.listen()  # connections complete, and are never answered
+    address = f"127.0.0.1:{s.getsockname()[1]}"
+    with s:
+        p = subprocess.run(cli_command("controller", "--workers", address, "--port", "0",
+                                       "--http-port", "-1", "--kserve-port", "-1",
+                                       "--connect-timeout", "1"),
+                           capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert lines == [
+        f"controller: worker {address} is not answering yet; waiting up to 1 s for it "
+        "(--connect-timeout)",
+        f"clockwork controller: cannot reach worker {address} within --connect-timeout "
+        f"1 s ({why}" + lines[-1].partition(why)[2],
+    ], p.stderr
+    assert lines[-1].endswith(")"), p.stderr
 
 
 def test_serve_stops_with_exit_2_when_a_port_is_taken(tmp_path):

@@ -67,3 +67,62 @@ def test_an_unknown_name_is_not_found_with_a_bounded_message_on_every_front_end(
             assert e.value.code == 404, (path, raw[:200])
             assert len(raw) < BOUND, (path, len(raw))
             assert LONG in json.loads(raw)["error"]
+
+
+def test_the_clockwork_api_says_the_closest_names_as_kserve_does():
+    """clockwork.v1's Infer, InferStream, LoadModel and UnloadModel say an unknown name
+    back with the closest names and a count, in the very words the KServe front end uses
+    (one message builder): ``UnknownModel`` names the model served that was meant."""
+    import asyncio
+
+    import clockwork
+    from clockwork.errors import UnknownModel
+
+    typo = "resnet50"
+    with local_cluster(workers=1, gpus=1, models="resnet50_v2,mobilenet_v2",
+                       controller_args=["--http-port", "0"]) as c:
+        http = c.printed_address("http")
+        req = urllib.request.Request(f"http://{http}/v2/models/{typo}/infer",
+                                     data=b'{"inputs": []}', method="POST")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=20)
+        assert e.value.code == 404
+        kserve = json.loads(e.value.read())["error"]
+        assert kserve == f"unknown model {typo!r} (did you mean 'resnet50_v2'? 2 served)"
+        with clockwork.Client(c.address, timeout=60) as cl:
+            with pytest.raises(UnknownModel) as e:
+                cl.infer(typo, slo_ms=500)
+            assert str(e.value) == f"{typo}: {kserve}"
+            with pytest.raises(UnknownModel) as e:
+                cl.unload_model(typo)
+            assert str(e.value) == f"{typo}: {kserve}"
+            for name, profile in ((typo, None), ("mine", typo)):
+                with pytest.raises(UnknownModel) as e:
+                    cl.load_model(name, profile=profile)
+                assert (f"{name}: no profile {typo!r} (did you mean 'resnet50_v2' or "
+                        in str(e.value)), str(e.value)
+            with pytest.raises(UnknownModel) as e:
+                cl.load_model("mine", profile="nosuch")  # nothing close: no guess
+            assert "no profile 'nosuch' (" in str(e.value)
+            assert "did you mean" not in str(e.value)
+            cl.load_model("resnet5", profile="resnet18_v2")  # said anew once it is served
+            with pytest.raises(UnknownModel) as e:
+                cl.infer(typo, slo_ms=500)
+            assert "(did you mean 'resnet5' or 'resnet50_v2'? 3 served)" in str(e.value)
+            cl.unload_model("resnet5")
+            with pytest.raises(UnknownModel) as e:
+                cl.infer(typo, slo_ms=500)
+            assert str(e.value) == f"{typo}: {kserve}"
+
+        async def streamed():
+            async with clockwork.AsyncClient(c.address, timeout=60) as ac:
+                s = ac.stream()
+                got = await asyncio.wait_for(asyncio.gather(
+                    *(s.submit(n, slo_ms=500) for n in (typo, "mobilenet_v2", typo))), 30)
+                await s.close()
+                return got
+
+        bad, good, again = asyncio.run(streamed())
+        assert good.status == 0, good
+        for r in (bad, again):
+            assert (r.status, r.reason, r.message) == (6, "unknown_model", kserve), r
