@@ -82,6 +82,7 @@ class ClockworkScheduler(Policy):
         self._misses: dict[str, tuple[int, float]] = {}  # cold model -> (last miss, demand)
         self._last_now = 0
         self._next_load_check = 0
+        self._load_check_put_off = False  # it is a back-off's end (_arm_load_check)
         self._removed: dict[str, ModelState] = {}  # removed, copies not yet all evicted
         self._copy_seq = 0  # numbers the copies in order of creation (Instance.seq)
         # LOAD demand, kept up to date between looks (see _schedule_loads):
@@ -161,8 +162,7 @@ class ClockworkScheduler(Policy):
             if not insts:
                 # too late for this one, but the model is wanted: load it for the next ones
                 self._misses[m.name] = (now, self._misses.get(m.name, (0, 0.0))[1] + request.demand)
-                if not self._next_load_check:
-                    self._next_load_check = now
+                self._check_loads_by(now)
                 self._schedule_loads(now, out, only_idle=True)
             return out
         request.state = QUEUED
@@ -181,11 +181,13 @@ class ClockworkScheduler(Policy):
                 self._dirty_models.append(m)
         else:
             self._push_cold(m)
-        if (not self._next_load_check and insts and len(insts) < len(self.gpus)
+        if ((not self._next_load_check or (self._load_check_put_off and m.load_blocked is None))
+                and insts and len(insts) < len(self.gpus)
                 and m.outstanding > REPLICA_DEMAND * len(insts)):
             # queued demand outgrows this model's copies: consider another one soon
-            # (``_arm_load_check`` keeps looking while such demand lasts)
-            self._next_load_check = now + cfg.load_check_interval
+            # (``_arm_load_check`` keeps looking while such demand lasts; a look put off
+            # to a back-off's end is not brought forward by the model held back itself)
+            self._check_loads_by(now + cfg.load_check_interval)
         if not live:
             self._queued.add(m.name)
             for gi, inst in insts.items():
@@ -203,6 +205,7 @@ class ClockworkScheduler(Policy):
         else:
             if not self._unserved:
                 self._next_load_check = now
+                self._load_check_put_off = False
             self._unserved.add(m.name)
             self._schedule_loads(now, out, only_idle=True)
         if request.state == QUEUED:  # (one sent at once needs no expiry)
@@ -563,8 +566,7 @@ class ClockworkScheduler(Policy):
                 self.gpus[gi].active[m.name] = inst
         if not m.instances:
             self._unserved.add(m.name)
-            if not self._next_load_check:
-                self._next_load_check = now
+            self._check_loads_by(now)
 
     def _load_refused(self, m: ModelState, g: GpuState, result: Result, now: int) -> None:
         """A LOAD of ``m`` refused by ``g``'s worker (``LOAD_REFUSED``).
@@ -851,6 +853,7 @@ class ClockworkScheduler(Policy):
         that every GPU without a copy of it holds back (``_load_refused``) only when the
         first of those back-offs ends (not every interval while none can end)."""
         soon = now + self.cfg.load_check_interval
+        self._load_check_put_off = False
         if self._unserved or self._misses:
             self._next_load_check = soon
             return
@@ -870,6 +873,16 @@ class ClockworkScheduler(Policy):
                 if not at or t < at:
                     at = t
         self._next_load_check = at
+        self._load_check_put_off = at > soon
+
+    def _check_loads_by(self, t: int) -> None:
+        """Look at the LOAD demand again by ``t``: unless a look is due already (at most
+        an interval away, ``_arm_load_check``), or one put off to a back-off's end that
+        ``t`` comes before (new demand is not held back by another model's back-off)."""
+        nlc = self._next_load_check
+        if not nlc or (self._load_check_put_off and t < nlc):
+            self._next_load_check = t
+            self._load_check_put_off = False
 
     def _unblocked_at(self, m: ModelState, now: int) -> int:
         """When some GPU without a copy of ``m`` will no longer hold it back (``now`` if
@@ -882,8 +895,10 @@ class ClockworkScheduler(Policy):
             m.load_blocked = None
             return now
         insts = m.instances
-        held = [until for gi, until in bl.items() if gi not in insts]
-        if len(held) + len(insts) < len(self.gpus):
+        # the GPUs that could take a copy now: up, without one; held back or not
+        could = [g.index for g in self.gpus if g.available and g.index not in insts]
+        held = [bl[gi] for gi in could if gi in bl]
+        if not held or len(held) < len(could):
             return now
         return min(held)
 
@@ -1120,8 +1135,7 @@ class ClockworkScheduler(Policy):
             self._removed.pop(m.name, None)  # its last copy is gone: forget it
         elif m.live and not m.instances:
             self._unserved.add(m.name)
-            if not self._next_load_check:
-                self._next_load_check = now  # place a new copy at the next tick
+            self._check_loads_by(now)  # place a new copy at the next tick
 
     # ------------------------------------------------------------------ models coming and going
 

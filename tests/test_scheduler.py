@@ -479,6 +479,45 @@ def test_an_extra_copy_refused_by_one_gpu_goes_to_another_at_once():
     assert t2 - t1 < LOAD_BACKOFF_NS, loads
     assert sorted(s.models["a"].instances) == [0, 2]
 
+def _refusing_a(a):
+    return ErrorCode.LOAD_INSUFFICIENT_CACHE if a.model == "a" else ErrorCode.SUCCESS
+
+
+def test_another_models_new_copy_is_not_held_back_by_a_back_off():
+    # GPU 2 refuses every extra copy of "a" (on GPU 0) for 3 s: the LOAD demand is then
+    # looked at when the back-off ends, up to seconds ahead. "b" (on GPU 1) losing its
+    # only copy, with a request queued and no other arriving, is loaded again at once
+    # (it waited for "a"'s back-off to end: 1 s and more)
+    s = sched(models=("a", "b"), gpus=3)
+    t = warm(s, "a")
+    t = warm(s, "b", gpu=1, now=t)
+    pending, held = [], {0}
+    overload(s, t, t + 3200 * MS, _refusing_a, pending, held)
+    t += 3200 * MS
+    assert s.models["a"].load_blocked, "no back-off: nothing was tested"
+    pending.clear()
+    acts = s.on_request(req(5_000_000, "b", t=t, slo=5000 * MS), t)
+    (inf,) = [a for a in acts if a.type == ActionType.INFER]  # to b's copy, which is gone
+    acts = s.on_result(fail(inf, t + MS, ErrorCode.WEIGHTS_NOT_PRESENT), t + MS)
+    end = t + 50 * MS
+    while not any(a.type == ActionType.LOAD and a.model == "b" for a in acts):
+        nw = s.next_wakeup()
+        assert nw is not None and nw <= end, (nw - t) / MS if nw else None
+        acts = s.on_tick(nw)
+
+
+def test_a_back_off_with_a_gpu_down_does_not_look_every_interval():
+    # GPU 1 refuses every extra copy of "a", GPU 2 is down: no GPU can take one before
+    # the back-off ends, so the demand is looked at then, not every load_check_interval
+    s = sched(gpus=3)
+    t = warm(s)
+    s.set_gpu_available(2, False, t)
+    loads, looks = overload(s, t, t + 4000 * MS,
+                            lambda a: ErrorCode.LOAD_INSUFFICIENT_CACHE, [], {0})
+    assert loads and {a.gpu for _, a in loads} == {1}
+    assert looks <= 100, (looks, len(loads))  # (every 2 ms: ~2,000)
+
+
 def test_a_model_held_back_that_loses_its_ready_copy_is_loaded_at_once_then_answered_error():
     # the back-off is for extra copies only: when the ready copy is lost (its GPU with
     # it), the model is loaded at once on the GPU that holds it back, and LOADs refused
