@@ -321,3 +321,39 @@ def test_a_controller_that_reaches_one_worker_under_two_addresses_is_told_so():
             await served
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_connect_that_ends_at_its_first_answer_leaves_the_worker_free():
+    """A controller's Connect cut off right after the worker's state (its channel closed
+    at its deadline while a slow Hello ran, then it exited): the session ends with the
+    call. It stayed the holder for ever, and every other controller was refused until
+    the worker restarted."""
+    from clockwork.protocol import clockwork_pb2 as pb
+    from clockwork.protocol.holding import Holder
+    from worker.service import WorkerNode, WorkerServicer
+
+    class Context:
+        def peer(self):
+            return "ipv4:127.0.0.1:5555"
+
+        async def send_initial_metadata(self, metadata):
+            pass
+
+        async def abort(self, code, details):
+            raise AssertionError(f"aborted {code}: {details}")
+
+    async def messages():
+        yield pb.ControllerMessage(hello=pb.Hello(worker_id=0, controller_id="a" * 32,
+                                                  controller="pid 1"))
+        await asyncio.Event().wait()  # (no more: the call is cut off first)
+
+    async def main():
+        servicer = WorkerServicer(WorkerNode(1, 100))
+        call = servicer.Connect(messages(), Context())
+        first = await anext(call)
+        assert first.WhichOneof("kind") == "state"
+        await call.aclose()  # what gRPC does to a handler whose call ended at this yield
+        other = Holder.of(pb.Hello(worker_id=0, controller_id="b" * 32), "ipv4:10.0.0.2:1")
+        assert servicer._take(other) == ""  # taken: nobody holds the worker
+
+    asyncio.run(asyncio.wait_for(main(), 30))

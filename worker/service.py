@@ -706,24 +706,26 @@ class WorkerServicer(pbg.WorkerServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
         session = self._session = _Session(node, first.hello.fast_link and self.link_port > 0,
                                            self._refused, holder)
-        state = node.hello(first.hello)
-        if session.ticket:
-            state.link_port, state.link_ticket = self.link_port, session.ticket
-        yield pb.WorkerMessage(state=state)
+        rtask = None
+        try:  # (from here on the session ends with this call, however it ends: a session
+            # left active would hold the worker for a controller that is gone)
+            state = node.hello(first.hello)
+            if session.ticket:
+                state.link_port, state.link_ticket = self.link_port, session.ticket
+            yield pb.WorkerMessage(state=state)
 
-        async def reader() -> None:
-            while True:
-                await session.room()
-                msg = await anext(it, None)
-                if msg is None:
-                    break
-                if not session.handle(msg):
-                    return
-            session.wake.set()
+            async def reader() -> None:
+                while True:
+                    await session.room()
+                    msg = await anext(it, None)
+                    if msg is None:
+                        break
+                    if not session.handle(msg):
+                        return
+                session.wake.set()
 
-        rtask = asyncio.create_task(reader())
-        rtask.add_done_callback(_report_reader)
-        try:
+            rtask = asyncio.create_task(reader())
+            rtask.add_done_callback(_report_reader)
             if session.ticket:  # the link moves to TCP: this stream waits, idle
                 ended = asyncio.ensure_future(session.ended.wait())
                 await asyncio.wait([rtask, ended], return_when=asyncio.FIRST_COMPLETED)
@@ -732,7 +734,8 @@ class WorkerServicer(pbg.WorkerServicer):
                 async for m, _ in session.outgoing(rtask, fast=False):
                     yield m
         finally:
-            rtask.cancel()
+            if rtask is not None:
+                rtask.cancel()
             session.stop()
         if session.refused:  # the controller's stream ends with why
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, session.refused)
