@@ -298,3 +298,42 @@ def test_weights_an_exec_reads_stay_where_they_are(tmp_path):
     assert dev.models["b"].pages == [8, 9, 10, 11, 12] and pages == [13, 14, 15, 16, 17]
     for w, now in zip(b_weights, _weights(dev, "b"), strict=True):
         np.testing.assert_array_equal(now, w)
+
+
+def test_a_copy_that_fails_while_sliding_is_a_failed_load_and_the_moved_weights_serve(
+        tmp_path, monkeypatch):
+    """A device error in a copy while the weights slide together: the LOAD fails
+    (LoadFailed, nothing taken), and the weights moved before it are where the device
+    says, bound there, and still serve."""
+    from worker.devices.base import LoadFailed
+
+    dev, _, _ = fake_cuda_device(3 * 5 + 4)
+    pkg = fake_package(tmp_path / "mlp", pages=5, batch_sizes=BATCHES)
+    for n in ("a", "b", "c"):
+        dev.register(n, pkg)
+    gaps = [dev.arena.alloc(3)]
+    dev.load("a")  # 3..7
+    gaps.append(dev.arena.alloc(3))
+    dev.load("b")  # 11..15
+    for g in gaps:
+        dev.arena.free(g)
+    weights = {n: _weights(dev, n) for n in ("a", "b")}
+    move, copies = dev.arena._move, []
+
+    def failing(src, dst):
+        copies.append(src)
+        if len(copies) == 6:  # a's five pages moved, b's first one fails
+            raise RuntimeError("an illegal memory access was encountered")
+        move(src, dst)
+
+    monkeypatch.setattr(dev.arena, "_move", failing)
+    used = dev.arena.used_pages
+    _raises(LoadFailed, ErrorCode.LOAD_INSUFFICIENT_CACHE, dev.load, "c")
+    assert dev.arena.used_pages == used and not dev.loaded("c")
+    assert dev.models["a"].pages == [0, 1, 2, 3, 4]  # moved, and known to be
+    assert dev.models["b"].pages == list(range(11, 16))
+    for n in ("a", "b"):
+        for w, now in zip(weights[n], _weights(dev, n), strict=True):
+            np.testing.assert_array_equal(now, w)
+        assert np.shares_memory(dev.models[n].bound[0], dev.arena.page(dev.models[n].pages[0]))
+        dev.infer(n, None, 1)

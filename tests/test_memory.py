@@ -179,6 +179,38 @@ def test_compact_refuses_pages_that_are_not_the_holders_runs():
     assert a.compact({"z": (z, [1])}) == {} and a.free_pages == 2
 
 
+def test_a_copy_that_fails_leaves_the_moved_pages_told():
+    """A copy that fails partway (a device error): ``moved`` holds every holder the page
+    table shows elsewhere, so their owners can follow, and no page is owned twice."""
+
+    class Failing(PageArena):
+        copies = 0
+
+        def _move(self, src, dst):
+            Failing.copies += 1
+            if Failing.copies == 3:  # (y's two pages moved; z's first one fails)
+                raise RuntimeError("copy failed")
+            super()._move(src, dst)
+
+    a = Failing(10, 256)
+    x = a.alloc(1)  # 0
+    y = a.alloc(2, runs=[2])  # 1, 2
+    gap = a.alloc(1)  # 3
+    z = a.alloc(2, runs=[2])  # 4, 5
+    _fill(a, y, 1)
+    _fill(a, z, 2)
+    a.free(x)
+    a.free(gap)
+    moved: dict = {}
+    with pytest.raises(RuntimeError, match="copy failed"):
+        a.compact({"y": (y, [2]), "z": (z, [2])}, moved)
+    assert moved == {"y": [0, 1]}  # z stayed where it was
+    assert _holds(a, moved["y"], 1) and _holds(a, z, 2)
+    taken = [p for p in range(a.n_pages) if not a._free[p]]
+    assert taken == sorted(moved["y"] + z)
+    assert not set(a.alloc(a.free_pages)) & set(moved["y"] + z)
+
+
 @given(ops=st.lists(st.tuples(st.integers(1, 4), st.integers(1, 3), st.booleans(),
                               st.booleans()), min_size=1, max_size=14))
 @settings(max_examples=150, deadline=None)

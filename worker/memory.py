@@ -117,14 +117,16 @@ class PageArena:
                 return i - length + 1
         raise ArenaError(f"no {length} contiguous free pages (fragmented; {self._n_free} free)")
 
-    def compact(self, holders: Mapping[Hashable, tuple[Sequence[int], Sequence[int]]]
-                ) -> dict[Hashable, list[int]]:
+    def compact(self, holders: Mapping[Hashable, tuple[Sequence[int], Sequence[int]]],
+                moved: dict[Hashable, list[int]] | None = None) -> dict[Hashable, list[int]]:
         """Slide the pages of ``holders`` (key -> (pages, runs), each run's pages
         contiguous, as :meth:`alloc` gave them) towards page 0, in address order, so the
         free pages come together; their contents move with them. Taken pages that no
         holder lists (weights an EXEC or a LOAD is using) stay where they are, and
         nothing slides past them. Returns the new page list of every holder that moved
-        (logical page k of a holder stays its k-th page)."""
+        (logical page k of a holder stays its k-th page), in ``moved`` if given: it is
+        filled run by run, so that if a copy fails (raises) it holds every holder whose
+        pages the page table already shows elsewhere."""
         free = self._free
         first: dict[int, tuple[Hashable, int, int]] = {}  # a run's first page -> (key, k, length)
         claimed: set[int] = set()
@@ -139,7 +141,8 @@ class PageArena:
                 claimed.update(run)
                 first[run[0]] = (key, k, r)
                 k += r
-        moved: dict[Hashable, list[int]] = {}
+        if moved is None:
+            moved = {}
         low = 0  # the pages below are settled; those from low up to p are free
         p = 0
         while p < self.n_pages:

@@ -214,20 +214,30 @@ class RealDevice:
         free pages suffice but lie apart, the loaded weights no EXEC is using are slid
         together first (:meth:`PageArena.compact`) and re-bound where they now lie, so a
         LOAD is refused only for want of pages, not for their order. Raises
-        ``InsufficientCache``, with nothing taken."""
+        ``InsufficientCache``, or ``LoadFailed`` if a copy fails (the weights moved until
+        then are bound where they lie), with nothing taken."""
         n, runs = meta["weights_pages"], meta["page_runs"]
         try:
             return self.arena.alloc(n, runs)
         except ArenaError as e:
             if n > self.arena.free_pages:
                 raise InsufficientCache(str(e)) from None
-        holders = {name: (m.pages, m.meta["page_runs"]) for name, m in self.models.items()
-                   if m.pages is not None and not m.busy}
+        loaded = {name: m for name, m in list(self.models.items())  # (unregister pops)
+                  if m.pages is not None and not m.busy}
+        moved: dict = {}
         with self._moving():
-            moved = self.arena.compact(holders)
-        for name, pages in moved.items():
-            m = self.models[name]
-            m.pages, m.bound = pages, self._bind(pages, m.meta)
+            try:
+                self.arena.compact({name: (m.pages, m.meta["page_runs"])
+                                    for name, m in loaded.items()}, moved)
+            except ArenaError as e:
+                raise InsufficientCache(str(e)) from None
+            except Exception as e:  # noqa: BLE001 - the device's own error, in a copy
+                raise LoadFailed(f"sliding the loaded weights together failed: {e}") from e
+            finally:  # (also after a copy that failed: the page table says where they are)
+                for name, pages in moved.items():
+                    loaded[name].pages, loaded[name].bound = pages, None
+                for name, pages in moved.items():
+                    loaded[name].bound = self._bind(pages, loaded[name].meta)
         try:
             return self.arena.alloc(n, runs)
         except ArenaError as e:

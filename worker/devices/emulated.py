@@ -47,9 +47,6 @@ class PageTable(PageArena):
     def page(self, index: int):
         raise ArenaError("an emulated page table holds no memory")
 
-    def _move(self, src: int, dst: int) -> None:
-        """No memory to move: only the page table changes."""
-
 
 @dataclass
 class _Model:
