@@ -463,11 +463,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     # reads it: it may be read-only, or not there yet)
     from clockwork.cluster.cli.argtypes import out_dir
 
-    text = args.out or sweep.spec.out or str(Path(SWEEPS) / sweep.path.stem)
+    text = args.out if args.out is not None else (sweep.spec.out
+                                                  or str(Path(SWEEPS) / sweep.path.stem))
     try:
         out = Path(out_dir(text, write=not args.list))
     except argparse.ArgumentTypeError as e:
-        where = ("argument --out" if args.out else f"{sweep.path}: out" if sweep.spec.out
+        where = ("argument --out" if args.out is not None
+                 else f"{sweep.path}: out" if sweep.spec.out
                  else "the default output folder (give another with --out)")
         return fail(f"{where}: {e}")
     if args.list:
