@@ -634,7 +634,9 @@ def test_a_worker_after_one_that_did_not_start_takes_its_place(ray_nodes, monkey
     holder = Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
         first[0], soft=False)).remote()
     ray.get(holder.ready.remote(), timeout=60)
-    c = RayCluster(watch_s=0, timeout=3.0)
+    # (the held node's actor is waited for this long; the other's must start within it,
+    # on a loaded host too)
+    c = RayCluster(watch_s=0, timeout=8.0)
     c.address = "127.0.0.1:1"
     monkeypatch.setattr(clockwork.client, "Client", _FakeController(c))
     try:
@@ -777,6 +779,145 @@ def test_at_start_a_node_that_fails_makes_no_other_actor_again(ray_nodes, monkey
         assert c._made == 2
         err = capsys.readouterr().err
         assert err.count("has no worker") == 1 and "no room here" in err, err
+    finally:
+        c._stop_workers()
+    poll(lambda: _gpus_free() >= 4, 30.0, 0.1)
+
+
+def test_a_place_whose_port_is_freed_late_is_served_by_the_next_node(ray_nodes,
+                                                                     monkeypatch, capsys,
+                                                                     tmp_path):
+    """At start, a fixed worker port P: the first node's worker does not listen within
+    ``timeout`` (its ``serve`` is slow), so the second node's worker is started again
+    for place 0, on P, which stays held a while after the first's actor is killed (its
+    process not yet gone). The first's actor is killed at once (a ``stop`` would only
+    wait behind its ``serve``), and the second node's worker retries P until it is free:
+    it serves place 0 (it failed at once on P, address in use, and the cluster had no
+    worker at all; the ``stop`` waited out the whole release time, and the killed actor
+    was not waited for)."""
+    from clockwork.cluster import ray_cluster
+    from clockwork.cluster.ray_cluster import RayCluster
+
+    port = _free_ports()
+    tried = tmp_path / "tried"  # (the second node's worker could not listen on P)
+
+    class FirstSlowSecondTold(ray_cluster.WorkerActor):
+        def __init__(self, *a, **k) -> None:
+            self.slot = a[-1]
+            super().__init__(*a, **k)
+
+        def serve(self, *a, **k):
+            if self.slot == 0:  # a worker slow to listen (killed meanwhile)
+                threading.Event().wait(60)
+            return super().serve(*a, **k)
+
+        def _main(self, run) -> None:
+            super()._main(run)
+            if run.error is not None and run.args.port == port:
+                tried.write_text(repr(run.error))
+
+    poll(lambda: _gpus_free() >= 4, 60.0, 0.1)
+    monkeypatch.setattr(ray_cluster, "WorkerActor", FirstSlowSecondTold)
+    held = socket.socket()  # P, as the first's process holds it while it goes away
+    held.bind(("127.0.0.1", port))
+    held.listen()
+    done = threading.Event()
+
+    def let_go() -> None:
+        try:
+            poll(lambda: tried.exists() or done.is_set(), 120.0, 0.02)
+        finally:
+            held.close()
+    threading.Thread(target=let_go, daemon=True).start()
+    c = RayCluster(watch_s=0, timeout=60.0, worker_port=port,
+                   worker_args=[["--clock-offset-ms", "5"], ["--clock-offset-ms", "7"]])
+    place = c._place
+
+    def placed(offered):
+        """the actors: up to 60 s to start; their workers then 8 s to listen"""
+        got = place(offered)
+        c.timeout = 8.0
+        return got
+    monkeypatch.setattr(c, "_place", placed)
+    try:
+        assert c._start_workers() == [f"127.0.0.1:{port}"]
+        assert tried.exists()  # (P was held when it was first tried)
+        assert c.worker_info(0)["index"] == 0
+        assert c._made == 2
+        err = capsys.readouterr().err
+        assert err.count("has no worker") == 1 and "did not listen" in err, err
+    finally:
+        done.set()
+        c._stop_workers()
+        held.close()
+    poll(lambda: _gpus_free() >= 4, 30.0, 0.1)
+
+
+def test_stop_stops_the_node_watcher_before_the_controller(ray_nodes, monkeypatch,
+                                                           capsys):
+    """``stop`` while a node joins (the node watcher's look has just found it): the
+    watcher is stopped before the controller, which may take a while to stop (it writes
+    its logs). The node gets no worker, no AddWorker is asked once the stop began, and no
+    node is said to have none (the watcher went on while the controller stopped: it
+    placed the node, asked the stopping controller to add its worker, and said the node
+    had no worker, the controller having refused it)."""
+    import clockwork.client
+    from clockwork.cluster import ray_cluster
+    from clockwork.cluster.ray_cluster import RayCluster
+
+    poll(lambda: _gpus_free() >= 4, 60.0, 0.1)
+    real_offered = ray_cluster.offered_nodes
+    join, joining, stop_began = threading.Event(), threading.Event(), threading.Event()
+
+    def offered(device: str):
+        if not join.is_set():  # (no node has joined yet)
+            return []
+        joining.set()
+        return real_offered(device)
+
+    class Controller(_FakeController):  # refuses once it is stopping, as a stopped one
+        def __init__(self, cluster) -> None:
+            super().__init__(cluster)
+            self.asked_after_stop: list[str] = []
+
+        def add_worker(self, address: str, timeout: float | None = None) -> dict:
+            if stop_began.is_set():
+                self.asked_after_stop.append(address)
+                self.entered.set()
+                raise _add_error(grpc.StatusCode.UNAVAILABLE,
+                                 "failed to connect to all addresses")
+            return super().add_worker(address, timeout)
+
+    c = RayCluster(watch_s=0.05, timeout=60.0)
+    c.address = "127.0.0.1:1"
+    fake = Controller(c)
+    watcher = threading.Thread(target=c._watch, name="clockwork-ray-nodes", daemon=True)
+    alive_at_stop: list[bool] = []
+
+    class SlowToStop:  # the controller's process, which stops once it wrote its logs
+        output: list[str] = []
+
+        def stop(self, timeout: float = 5.0) -> int:
+            stop_began.set()
+            alive_at_stop.append(watcher.is_alive())
+            # (its logs take a while: until the watcher asked, or is gone)
+            poll(lambda: fake.entered.is_set() or not watcher.is_alive(), 60.0, 0.02)
+            return 0
+
+    monkeypatch.setattr(ray_cluster, "offered_nodes", offered)
+    monkeypatch.setattr(clockwork.client, "Client", fake)
+    c.controller = SlowToStop()
+    c._watcher = watcher
+    try:
+        watcher.start()
+        join.set()
+        assert joining.wait(60), "the watcher did not look"
+        c.stop()
+        assert fake.asked_after_stop == [], fake.asked_after_stop
+        assert alive_at_stop == [False]
+        assert not watcher.is_alive() and c.actors == []
+        err = capsys.readouterr().err
+        assert "has no worker" not in err and "failed" not in err, err
     finally:
         c._stop_workers()
     poll(lambda: _gpus_free() >= 4, 30.0, 0.1)

@@ -44,7 +44,9 @@ pid, node and address.
   failed started again in the same actor for the place it then takes), so a node that
   fails or is refused makes no other actor again. A worker the controller did not take
   is stopped before another serves its place (a fixed ``worker_port``'s port is free
-  again: its worker stopped, or its actor gone, within ``RELEASE_S``);
+  again): its worker stopped, else its actor killed and gone (one still in a slow
+  ``serve`` is killed at once), each wait bounded by ``RELEASE_S``; the next worker for
+  that place retries a fixed port it cannot listen on for ``REBIND_S``;
 - an ``AddWorker`` the controller did not answer (the call's deadline passed: it may
   have taken the worker as the caller gave up) is in doubt, not failed: the worker keeps
   serving its place and the same address is asked again, this look and the next ones
@@ -53,9 +55,11 @@ pid, node and address.
   controller's order and the places do not drift apart (a worker the controller numbers
   otherwise, because something else added one to it, is one line); actors' names and
   place files are numbered apart, never reused;
-- ``stop`` kills the workers' actors and every actor still starting or being added by
-  the node watcher (which makes none once stopping, and kills one the controller took
-  meanwhile): none is left holding a node's GPUs.
+- ``stop`` stops the node watcher first (its waits on Ray end at once; it makes and adds
+  none once stopping, and kills one the controller took meanwhile), then the controller,
+  then it kills the workers' actors and every actor still starting or being added: no
+  node joining during the stop gets an actor, or is asked of the controller, and none is
+  left holding a node's GPUs.
 
 Not here yet: a worker whose old port is taken when Ray restarts it fails to start (the
 controller would have to learn a new address); a node that leaves keeps its worker's
@@ -87,11 +91,15 @@ READY_TIMEOUT_S = 60.0  # for a worker in an actor to listen
 # a node that could not host a worker is looked at again after 1, 2, 4, ... looks, at
 # most this many (32 s apart at watch_s = 2 s)
 RETRY_LOOKS_MAX = 16
-REBIND_S = 10.0  # a restarted worker retries its old port this long
+# a worker retries a fixed port it cannot listen on this long: a restarted one its old
+# port, one serving a place the port a released actor's process may still hold
+REBIND_S = 10.0
 STOP_S = 5.0  # for a worker in an actor to stop (its ports closed)
 # a worker the controller did not take is stopped before its place (a fixed --worker-port's
-# port) is served by another actor: this long for it to stop, or its actor to be gone
+# port) is served by another actor: this long for it to stop, and as long again for its
+# actor, killed, to be gone (each wait its own deadline)
 RELEASE_S = 15.0
+WAIT_SLICE_S = 0.1  # the node watcher's waits on Ray end this soon once the cluster stops
 ADD_TRIES = 2  # AddWorker calls per look for a worker whose add is in doubt
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's nodes use 127.0.0.1
 
@@ -157,18 +165,23 @@ class WorkerActor:
         """Run the worker for the controller's place ``index`` (its ``clockwork worker``
         flags but ``--host``/``--port``; ``port``: 0 for a free one); returns its
         ``host:port`` once it listens. A worker it runs for another place is stopped first
-        (its port free again); for this place: left as it is."""
+        (its port free again); for this place: left as it is. A fixed ``port`` that cannot
+        be bound is tried again for ``REBIND_S`` (the worker that served this place before,
+        in an actor just killed, may hold it until its process is gone)."""
         if self._run is not None:
             if self.index == index:
                 return self.address()
             if not self._end_worker():
                 raise RuntimeError(f"its worker for place {self.index} did not stop")
-        self._serve(index, flags, port, 0.0)
+        self._serve(index, flags, port, REBIND_S if port else 0.0)
         return self.address()
 
     def _serve(self, index: int, flags: list[str], port: int, rebind_s: float) -> None:
-        """Start the worker and wait until it listens (a port still held: retried for
-        ``rebind_s``); then its place and port are kept in the place file."""
+        """Start the worker and wait until it listens (a port it cannot listen on, maybe
+        still held: retried for ``rebind_s``); then its place and port are kept in the
+        place file."""
+        from clockwork.protocol.listen import ListenError
+
         args = worker_args(flags, self.host, port)
         deadline = time.monotonic() + rebind_s
         while True:
@@ -181,7 +194,8 @@ class WorkerActor:
             if run.error is None:
                 break
             self._run, self.index = None, None
-            if time.monotonic() >= deadline:  # not a port still held: refuse now
+            # (not a port it cannot listen on, or past the deadline: refuse now)
+            if not isinstance(run.error, ListenError) or time.monotonic() >= deadline:
                 raise run.error
             time.sleep(0.25)
         self.port = run.port
@@ -324,7 +338,13 @@ def add_refused(e: BaseException) -> bool:
     cannot reach it, another controller holds it; an answer comes once its add ended,
     adds being one at a time), or the call never reached it. Its deadline passing, or an
     error that is not a gRPC status, leaves that in doubt: the controller may have taken
-    the worker as the caller gave up, or take it still."""
+    the worker as the caller gave up, or take it still.
+
+    ``UNAVAILABLE`` counts as settled: the controller's own answer when it cannot reach the
+    worker, or no connection to the controller at all. It also comes when the connection
+    drops after the request reached the controller; the controller is the driver's child
+    on loopback, so that means it died (or is stopping), and with it whatever it took:
+    nothing is left to settle."""
     import grpc
 
     from clockwork.errors import InvalidRequest
@@ -447,6 +467,8 @@ class RayCluster(LocalCluster):
         placed, failed = self._place(offered)
         started, more = self._serve_in_order(placed, 0)
         failed += more
+        if self._watch_stop.is_set():  # (stopped meanwhile: its actors are killed)
+            raise ChildRefused("the cluster was stopped while its workers started")
         if not started:
             why = "; ".join(f"Ray node {_node_name(node)}: {line}" for node, _, line in failed)
             if all(cause == "timeout" for _, cause, _ in failed):
@@ -478,8 +500,7 @@ class RayCluster(LocalCluster):
                 else:
                     made.append((node, self._make_actor(node)))
             refs = [actor.ready.remote() for _, actor in made]
-            done = set(ray.wait(refs, num_returns=len(refs), timeout=self.timeout)[0]
-                       if refs else ())
+            done = self._wait_ready(refs, self.timeout)
             for (node, actor), ref in zip(made, refs, strict=True):
                 if ref in done:
                     try:
@@ -490,6 +511,8 @@ class RayCluster(LocalCluster):
                     else:
                         placed.append((node, actor))
                         continue
+                elif self._watch_stop.is_set():
+                    cause, line = "stopping", "the cluster is stopping"
                 else:
                     cause, line = "timeout", (
                         f"its worker actor did not start in {self.timeout:.0f} s (are "
@@ -512,13 +535,30 @@ class RayCluster(LocalCluster):
         port = self.worker_port + 10 * place if self.worker_port else 0
         return actor.serve.remote(place, flags, port)
 
+    def _wait_ready(self, refs: list, timeout: float) -> set:
+        """The refs of ``refs`` done within ``timeout`` (all of them: at once); sooner,
+        those done by then, once the cluster is stopping (so that ``stop`` does not wait
+        for a look of the node watcher)."""
+        deadline = time.monotonic() + timeout
+        left, done = list(refs), set()
+        while left:
+            wait = min(WAIT_SLICE_S, max(0.0, deadline - time.monotonic()))
+            ready, left = ray.wait(left, num_returns=len(left), timeout=wait)
+            done.update(ready)
+            if self._watch_stop.is_set() or time.monotonic() >= deadline:
+                break
+        return done
+
     def _got(self, ref, timeout: float | None = None):
-        """A worker's address from ``serve``: (None, address), or ((cause, one line), None)
-        when it did not listen."""
-        try:
-            return None, ray.get(ref, timeout=timeout)
-        except ray.exceptions.GetTimeoutError:
+        """A worker's address from ``serve`` (waiting up to ``timeout``, less once the
+        cluster is stopping): (None, address), or ((cause, one line), None) when it did
+        not listen."""
+        if timeout is not None and ref not in self._wait_ready([ref], timeout):
+            if self._watch_stop.is_set():
+                return ("stopping", "the cluster is stopping"), None
             return ("timeout", f"its worker did not listen in {self.timeout:.0f} s"), None
+        try:
+            return None, ray.get(ref)
         except Exception as e:  # noqa: BLE001 - the node's line says what
             return (type(e).__name__, f"its worker did not start: {_first_line(e)}"), None
 
@@ -533,20 +573,21 @@ class RayCluster(LocalCluster):
         try:
             refs = [self._serve_ref(node, actor, first + k)
                     for k, (node, actor) in enumerate(placed)]
-            done = set(ray.wait(refs, num_returns=len(refs), timeout=self.timeout)[0]
-                       if refs else ())
+            done = self._wait_ready(refs, self.timeout)
             for k, ((node, actor), ref) in enumerate(zip(placed, refs, strict=True)):
                 place = first + len(served)
                 if ref in done:
                     why, address = self._got(ref)
+                elif self._watch_stop.is_set():
+                    why, address = ("stopping", "the cluster is stopping"), None
                 else:
                     why, address = ("timeout", "its worker did not listen in "
                                     f"{self.timeout:.0f} s"), None
                 if why is None and first + k != place:  # (a node before it failed)
-                    why, address = self._got(self._serve_ref(node, actor, place),
-                                             self.timeout)
+                    ref = self._serve_ref(node, actor, place)
+                    why, address = self._got(ref, self.timeout)
                 if why is not None:
-                    self._release(actor)
+                    self._release(actor, ref)
                     failed.append((node, *why))
                     continue
                 served.append((node, actor, address))
@@ -562,26 +603,37 @@ class RayCluster(LocalCluster):
             self._pending.discard(actor)
         _kill(actor)
 
-    def _release(self, actor) -> None:
+    def _release(self, actor, serving=None) -> None:
         """Stop ``actor``'s worker and kill the actor (one of ours the controller did not
         take): returns once its worker has stopped or the actor is gone, so that the port
         of its place (a fixed ``worker_port``) is free for the next actor that serves that
-        place. Past ``RELEASE_S`` it returns all the same: a worker that then finds the
-        port taken does not start, and its node's line says so."""
+        place. ``serving``: the ref of its last ``serve`` call; while that still runs (a
+        worker slow to listen) a ``stop`` would only wait behind it, so the actor is killed
+        at once. Each wait is bounded by its own ``RELEASE_S``: for ``stop``, then for the
+        killed actor to be gone; past them it returns all the same (the next worker for
+        that place retries its port for ``REBIND_S``, then its node's line says it is
+        taken). Once the cluster is stopping: killed, no wait."""
         with self._lock:
             self._pending.discard(actor)
-        deadline = time.monotonic() + RELEASE_S
-        try:
-            stopped = bool(ray.get(actor.stop.remote(), timeout=RELEASE_S))
-        except Exception:  # noqa: BLE001 - dead, or hung: killed below
-            stopped = False
+        stopping = self._watch_stop.is_set()
+        busy = serving is not None and not ray.wait([serving], timeout=0)[0]
+        stopped = False
+        if not stopping and not busy:
+            try:
+                stopped = bool(ray.get(actor.stop.remote(), timeout=RELEASE_S))
+            except Exception:  # noqa: BLE001 - dead, or hung: killed below
+                stopped = False
         _kill(actor)
-        while not stopped and time.monotonic() < deadline:
+        if stopped or stopping:
+            return
+        deadline = time.monotonic() + RELEASE_S  # (its own: from the kill on)
+        while True:
             try:  # (a call on a killed actor fails once its process is gone)
                 ray.get(actor.ready.remote(), timeout=max(0.1, deadline - time.monotonic()))
             except Exception:  # noqa: BLE001 - gone (or past the deadline)
                 return
-            self._watch_stop.wait(0.05)
+            if self._watch_stop.wait(0.05) or time.monotonic() >= deadline:
+                return
 
     def _unhosted_now(self, node: tuple[str, str, int], cause: str, line: str) -> None:
         """``node`` has no worker (``cause``: a key, ``line``: why): said once per cause;
@@ -682,7 +734,7 @@ class RayCluster(LocalCluster):
                 queue.pop(0)
                 why, address = self._got(ref, self.timeout)
                 if why is not None:
-                    self._release(actor)
+                    self._release(actor, ref)
                     self._unhosted_now(node, *why)
                 elif not self._add(node, actor, address, added):
                     break  # (in doubt: the others wait for the next look)
@@ -760,6 +812,8 @@ class RayCluster(LocalCluster):
             except _Stopping:
                 return
             except Exception as e:  # noqa: BLE001 - keep watching; say what went wrong
+                if self._watch_stop.is_set():  # (stopping: Ray may be shut down)
+                    return
                 if type(e).__name__ != said:
                     said = type(e).__name__
                     print(f"clockwork: looking for new Ray nodes failed: {said}: "
@@ -778,11 +832,26 @@ class RayCluster(LocalCluster):
     def restart_worker(self, i: int) -> None:
         raise RuntimeError("Ray restarts a worker actor by itself")
 
+    def stop(self) -> None:
+        """The node watcher first (no node is placed or added from then on), then the
+        controller, then the workers (``LocalCluster.stop``): a node joining while the
+        controller stops (which may take a while: it writes its logs) gets no actor, and
+        no add is asked of a controller that is going away."""
+        self._stop_watcher()
+        super().stop()
+
+    def _stop_watcher(self) -> None:
+        """Stop the node watcher: no actor is made from now on; waits up to ``timeout``
+        for its look to end (its waits on Ray end within ``WAIT_SLICE_S``; a call to the
+        controller or Ray's actor creation may take longer: what it makes or adds from
+        then on it kills itself)."""
+        self._watch_stop.set()
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(timeout=self.timeout)
+
     def _stop_workers(self) -> None:
-        self._watch_stop.set()  # (no actor is made from now on)
-        if self._watcher is not None:
-            self._watcher.join(timeout=self.timeout)
-            self._watcher = None
+        self._stop_watcher()  # (done already by stop)
         # the workers, and the actors still starting or being added by the watcher (one
         # still running past the join above kills what it makes or adds from now on)
         with self._lock:
