@@ -1136,6 +1136,8 @@ class ClockworkScheduler(Policy):
         elif m.live and not m.instances:
             self._unserved.add(m.name)
             self._check_loads_by(now)  # place a new copy at the next tick
+        elif self._load_check_put_off and m.load_blocked:
+            self._check_loads_by(now)  # its GPU may take a copy now: not after a back-off
 
     # ------------------------------------------------------------------ models coming and going
 
@@ -1221,6 +1223,8 @@ class ClockworkScheduler(Policy):
         for m in self.models.values():  # what its worker refused before says nothing now
             if m.load_blocked:
                 m.load_blocked.pop(gpu_index, None)
+        if self._load_check_put_off:
+            self._check_loads_by(now)  # the GPU may take what others hold back at once
         held, g.held = g.held, []
         if kept:  # least recently used first: the same order as before the loss
             self._take_over(g, [(n, v) for n, v in reversed(held) if n in kept], now, out)

@@ -518,6 +518,26 @@ def test_a_back_off_with_a_gpu_down_does_not_look_every_interval():
     assert looks <= 100, (looks, len(loads))  # (every 2 ms: ~2,000)
 
 
+def test_a_gpu_back_takes_a_held_back_copy_at_once():
+    # GPU 1 refuses every extra copy of "a" (on GPU 0) and GPU 2 is down: the look is
+    # put off to the back-off's end. GPU 2 coming back takes the copy at once (it
+    # waited for the back-off to end: up to 10 s)
+    s = sched(gpus=3)
+    t = warm(s)
+    s.set_gpu_available(2, False, t)
+    pending, held = [], {0}
+
+    def refuse(a):
+        return ErrorCode.LOAD_INSUFFICIENT_CACHE if a.gpu == 1 else ErrorCode.SUCCESS
+
+    overload(s, t, t + 3000 * MS, refuse, pending, held)
+    t += 3000 * MS
+    assert s._load_check_put_off, "no look put off: nothing was tested"
+    s.readmit_gpu(2, t, ())
+    loads, _ = overload(s, t, t + 50 * MS, refuse, pending, held)
+    assert [a.gpu for _, a in loads][:1] == [2], loads
+
+
 def test_a_model_held_back_that_loses_its_ready_copy_is_loaded_at_once_then_answered_error():
     # the back-off is for extra copies only: when the ready copy is lost (its GPU with
     # it), the model is loaded at once on the GPU that holds it back, and LOADs refused
