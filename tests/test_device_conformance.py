@@ -337,3 +337,36 @@ def test_a_copy_that_fails_while_sliding_is_a_failed_load_and_the_moved_weights_
             np.testing.assert_array_equal(now, w)
         assert np.shares_memory(dev.models[n].bound[0], dev.arena.page(dev.models[n].pages[0]))
         dev.infer(n, None, 1)
+
+
+def test_weights_a_failed_copy_overwrote_are_dropped(tmp_path, monkeypatch):
+    """A copy that fails while a model's weights slide onto part of their own pages:
+    they are half overwritten, so the model is evicted (its next EXEC finds no weights,
+    which the controller handles), not left serving wrong weights."""
+    from worker.devices.base import LoadFailed
+
+    dev, _, _ = fake_cuda_device(15)
+    pkg = fake_package(tmp_path / "mlp", pages=5, batch_sizes=BATCHES)
+    for n in ("a", "b", "c"):
+        dev.register(n, pkg)
+    gaps = [dev.arena.alloc(1)]
+    dev.load("a")  # 1..5
+    gaps.append(dev.arena.alloc(2))
+    dev.load("b")  # 8..12
+    for g in gaps:
+        dev.arena.free(g)  # free: 0, 6..7, 13..14
+    b_pages, b_weights = list(dev.models["b"].pages), _weights(dev, "b")
+    move = dev.arena._move
+
+    def failing(src, dst):
+        if dst == 2:  # a's second page, onto its own first one
+            raise RuntimeError("an illegal memory access was encountered")
+        move(src, dst)
+
+    monkeypatch.setattr(dev.arena, "_move", failing)
+    _raises(LoadFailed, ErrorCode.LOAD_INSUFFICIENT_CACHE, dev.load, "c")
+    assert not dev.loaded("a") and not dev.loaded("c")
+    _raises(WeightsNotPresent, ErrorCode.WEIGHTS_NOT_PRESENT, dev.infer, "a", None, 1)
+    assert dev.models["b"].pages == b_pages and dev.arena.used_pages == 5
+    for w, now in zip(b_weights, _weights(dev, "b"), strict=True):
+        np.testing.assert_array_equal(now, w)

@@ -211,6 +211,29 @@ def test_a_copy_that_fails_leaves_the_moved_pages_told():
     assert not set(a.alloc(a.free_pages)) & set(moved["y"] + z)
 
 
+def test_a_copy_that_fails_onto_its_own_pages_leaves_the_holder_broken():
+    """A run that slides onto part of its own pages, its copy failing partway: its
+    contents are partly overwritten, so ``broken`` names it (the page table still shows
+    it where it was: its owner must drop it)."""
+
+    class Failing(PageArena):
+        def _move(self, src, dst):
+            if dst == 2:
+                raise RuntimeError("copy failed")
+            super()._move(src, dst)
+
+    a = Failing(6, 256)
+    x = a.alloc(1)  # 0
+    y = a.alloc(4, runs=[4])  # 1..4
+    a.free(x)
+    moved: dict = {}
+    broken: set = set()
+    with pytest.raises(RuntimeError, match="copy failed"):
+        a.compact({"y": (y, [4])}, moved, broken)
+    assert moved == {} and broken == {"y"}
+    assert [p for p in range(a.n_pages) if not a._free[p]] == y
+
+
 @given(ops=st.lists(st.tuples(st.integers(1, 4), st.integers(1, 3), st.booleans(),
                               st.booleans()), min_size=1, max_size=14))
 @settings(max_examples=150, deadline=None)

@@ -118,7 +118,8 @@ class PageArena:
         raise ArenaError(f"no {length} contiguous free pages (fragmented; {self._n_free} free)")
 
     def compact(self, holders: Mapping[Hashable, tuple[Sequence[int], Sequence[int]]],
-                moved: dict[Hashable, list[int]] | None = None) -> dict[Hashable, list[int]]:
+                moved: dict[Hashable, list[int]] | None = None,
+                broken: set[Hashable] | None = None) -> dict[Hashable, list[int]]:
         """Slide the pages of ``holders`` (key -> (pages, runs), each run's pages
         contiguous, as :meth:`alloc` gave them) towards page 0, in address order, so the
         free pages come together; their contents move with them. Taken pages that no
@@ -126,7 +127,9 @@ class PageArena:
         nothing slides past them. Returns the new page list of every holder that moved
         (logical page k of a holder stays its k-th page), in ``moved`` if given: it is
         filled run by run, so that if a copy fails (raises) it holds every holder whose
-        pages the page table already shows elsewhere."""
+        pages the page table already shows elsewhere; and ``broken`` (if given) then
+        holds the holder whose run was being copied onto its own pages when it failed
+        (its contents partly overwritten: it cannot serve from either place)."""
         free = self._free
         first: dict[int, tuple[Hashable, int, int]] = {}  # a run's first page -> (key, k, length)
         claimed: set[int] = set()
@@ -155,8 +158,13 @@ class PageArena:
                 continue
             key, k, r = run
             if low < p:  # down to low: [low, low + r) is free or this run's own
-                for i in range(r):  # upwards: a page is read before it is overwritten
-                    self._move(p + i, low + i)
+                try:
+                    for i in range(r):  # upwards: a page is read before it is overwritten
+                        self._move(p + i, low + i)
+                except BaseException:
+                    if low + r > p and broken is not None:
+                        broken.add(key)
+                    raise
                 for i in range(r):
                     free[p + i] = True
                 for i in range(r):

@@ -225,10 +225,11 @@ class RealDevice:
         loaded = {name: m for name, m in list(self.models.items())  # (unregister pops)
                   if m.pages is not None and not m.busy}
         moved: dict = {}
+        broken: set = set()
         with self._moving():
             try:
                 self.arena.compact({name: (m.pages, m.meta["page_runs"])
-                                    for name, m in loaded.items()}, moved)
+                                    for name, m in loaded.items()}, moved, broken)
             except ArenaError as e:
                 raise InsufficientCache(str(e)) from None
             except Exception as e:  # noqa: BLE001 - the device's own error, in a copy
@@ -236,6 +237,11 @@ class RealDevice:
             finally:  # (also after a copy that failed: the page table says where they are)
                 for name, pages in moved.items():
                     loaded[name].pages, loaded[name].bound = pages, None
+                for name in broken:  # evicted: its next EXEC finds no weights
+                    m = loaded[name]
+                    self.arena.free(moved.get(name, m.pages))
+                    moved.pop(name, None)
+                    m.pages = m.bound = None
                 for name, pages in moved.items():
                     loaded[name].bound = self._bind(pages, loaded[name].meta)
         try:
