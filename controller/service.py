@@ -606,8 +606,12 @@ class ControllerNode:
                 raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT,
                                       f"this controller runs without the cluster secret: {why}")
             link = WorkerLink(len(self.links), address, endpoints=endpoints)
+            # (tries end PROBE_S early, where there is time: giving up, _connect looks
+            # why it could not reach the worker, within the caller's deadline)
+            tries_end = deadline - PROBE_S if deadline - time.monotonic() > 2 * PROBE_S \
+                else deadline
             try:
-                await asyncio.wait_for(self._connect(link, deadline),
+                await asyncio.wait_for(self._connect(link, tries_end),
                                        max(0.0, deadline - time.monotonic()))
             except ValueError as e:
                 raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
@@ -1467,7 +1471,8 @@ class ControllerNode:
         said = self._unknown_said
         if said[0] is not self._names_served or said[1] != count:
             said = self._unknown_said = (self._names_served, count, {})
-        key = name if type(name) is str else None
+        # (only names a message repeats whole: a client's 64 MiB names are not kept)
+        key = name if type(name) is str and len(name) <= HINT_ECHO else None
         msg = said[2].get(key) if key is not None else None
         if msg is None:
             msg = unknown_message("unknown model", name, self._names_served, count, "served")

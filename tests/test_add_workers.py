@@ -87,8 +87,9 @@ def test_live_controller_connects_a_worker_while_serving():
         assert list(k.model_status("resnet50_v2").loaded_on) == [0]
         stats = k.stats()
         assert stats.get("workers_added") == 1 and stats.get("evicts_sent", 0) == 0, stats
-        with pytest.raises(ControllerUnavailable, match="cannot reach"):
+        with pytest.raises(ControllerUnavailable, match="cannot reach") as e:
             k.add_worker("127.0.0.1:9", timeout=3)
+        assert "connection refused" in str(e.value), e.value  # and why
 
 
 def test_a_worker_with_more_gpus_than_a_worker_may_have_is_refused():

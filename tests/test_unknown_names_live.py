@@ -126,3 +126,17 @@ def test_the_clockwork_api_says_the_closest_names_as_kserve_does():
         assert good.status == 0, good
         for r in (bad, again):
             assert (r.status, r.reason, r.message) == (6, "unknown_model", kserve), r
+
+
+def test_the_unknown_name_messages_kept_are_of_short_names_only():
+    """The messages kept for names asked again are of names a message repeats whole: a
+    client's long names (up to the message size limit each) are answered, not kept."""
+    from controller.service import HINT_ECHO, UNKNOWN_SAID, ControllerNode
+
+    node = ControllerNode(["127.0.0.1:1"], "v100-reference", models="resnet50_v2")
+    assert "did you mean 'resnet50_v2'" in node.unknown_model("resnet50")
+    for i in range(UNKNOWN_SAID):
+        long = f"{i}" + "x" * (1 << 20)
+        assert node.unknown_model(long).startswith(f"unknown model '{i}xxx")
+    kept = node._unknown_said[2]
+    assert "resnet50" in kept and all(len(k) <= HINT_ECHO for k in kept), len(kept)
