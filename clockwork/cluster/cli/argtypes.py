@@ -203,9 +203,9 @@ def in_dir(text: str) -> str:
     return text
 
 
-def _makeable(path, text: str, what: str) -> None:
+def _makeable(path, text: str, what: str, write: bool = True) -> None:
     """ArgumentTypeError unless ``path`` (not there yet) could be made: its nearest
-    existing parent is a folder this process can write into."""
+    existing parent is a folder (``write``: one this process can write into)."""
     import os
 
     parent = path.parent
@@ -214,7 +214,7 @@ def _makeable(path, text: str, what: str) -> None:
     if not parent.is_dir():
         raise argparse.ArgumentTypeError(f"cannot make {what} {text!r}: {str(parent)!r} is "
                                          "not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
+    if write and not os.access(parent, os.W_OK | os.X_OK):
         raise argparse.ArgumentTypeError(f"cannot make {what} {text!r}: cannot write into "
                                          f"{str(parent)!r} (permissions)")
 
@@ -233,15 +233,8 @@ def out_dir(text: str, write: bool = True) -> str:
             raise argparse.ArgumentTypeError(f"{text!r} exists and is not a folder")
         if write and not os.access(p, os.W_OK | os.X_OK):
             raise argparse.ArgumentTypeError(f"cannot write into {text!r} (permissions)")
-    elif write:
-        _makeable(p, text, "folder")
     else:
-        parent = p.parent
-        while not parent.exists() and parent != parent.parent:
-            parent = parent.parent
-        if not parent.is_dir():
-            raise argparse.ArgumentTypeError(f"no folder {text!r}: {str(parent)!r} is not "
-                                             "a folder")
+        _makeable(p, text, "folder", write)
     return text
 
 
