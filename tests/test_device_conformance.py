@@ -238,22 +238,32 @@ def _weights(dev, name: str) -> list[np.ndarray]:
             for t in m.meta["params"]]
 
 
+def _scatter(dev, pkg, before_a: int, before_b: int) -> None:
+    """Register a, b and c, and load a and b with free pages before each (``before_a``,
+    ``before_b``) and the rest after b: free pages apart."""
+    for n in ("a", "b", "c"):
+        dev.register(n, pkg)
+    gaps = [dev.arena.alloc(before_a)]
+    dev.load("a")
+    gaps.append(dev.arena.alloc(before_b))
+    dev.load("b")
+    for g in gaps:
+        dev.arena.free(g)
+
+
 def test_scattered_free_pages_take_a_load_whose_tensors_span_pages(real):
     """Free pages enough but no run long enough for a tensor larger than a page: the
     LOAD slides the loaded weights together instead of being refused, and those still
     compute what they did, from where they now lie."""
     dev, pkg = real
-    meta = {n: dev.register(n, pkg) for n in ("a", "b", "c")}["a"]
+    from clockwork.models.package import read_package
+
+    meta = read_package(pkg)
     need, longest = meta["weights_pages"], max(meta["page_runs"])
     assert longest > 1
     spacer = (dev.arena.n_pages - 2 * need) // 3
     assert spacer < longest
-    gaps = [dev.arena.alloc(spacer)]
-    dev.load("a")
-    gaps.append(dev.arena.alloc(spacer))
-    dev.load("b")
-    for g in gaps:
-        dev.arena.free(g)  # free: one spacer before a, one before b, the rest after b
+    _scatter(dev, pkg, spacer, spacer)  # free: a spacer before a, one before b, the rest
     assert dev.arena.free_pages >= need
     x = _inputs(meta, 2)
     before = {n: (list(dev.models[n].pages), _weights(dev, n), dev.infer(n, x)[0])
@@ -275,14 +285,7 @@ def test_weights_an_exec_reads_stay_where_they_are(tmp_path):
     others: b moves down to a, c takes the pages freed after b, a has not moved."""
     dev, _, _ = fake_cuda_device(3 * 5 + 4, kernel_s=0.5)
     pkg = fake_package(tmp_path / "mlp", pages=5, batch_sizes=BATCHES)  # a 5-page run each
-    for n in ("a", "b", "c"):
-        dev.register(n, pkg)
-    gaps = [dev.arena.alloc(3)]
-    dev.load("a")  # pages 3..7
-    gaps.append(dev.arena.alloc(3))
-    dev.load("b")  # pages 11..15
-    for g in gaps:
-        dev.arena.free(g)  # free: 0..2, 8..10, 16..18
+    _scatter(dev, pkg, 3, 3)  # a: 3..7, b: 11..15; free: 0..2, 8..10, 16..18
     a_pages, b_weights = list(dev.models["a"].pages), _weights(dev, "b")
     run = threading.Thread(target=dev.infer, args=("a", None, 1))
     run.start()
@@ -309,14 +312,7 @@ def test_a_copy_that_fails_while_sliding_is_a_failed_load_and_the_moved_weights_
 
     dev, _, _ = fake_cuda_device(3 * 5 + 4)
     pkg = fake_package(tmp_path / "mlp", pages=5, batch_sizes=BATCHES)
-    for n in ("a", "b", "c"):
-        dev.register(n, pkg)
-    gaps = [dev.arena.alloc(3)]
-    dev.load("a")  # 3..7
-    gaps.append(dev.arena.alloc(3))
-    dev.load("b")  # 11..15
-    for g in gaps:
-        dev.arena.free(g)
+    _scatter(dev, pkg, 3, 3)  # a: 3..7, b: 11..15
     weights = {n: _weights(dev, n) for n in ("a", "b")}
     move, copies = dev.arena._move, []
 
@@ -347,14 +343,7 @@ def test_weights_a_failed_copy_overwrote_are_dropped(tmp_path, monkeypatch):
 
     dev, _, _ = fake_cuda_device(15)
     pkg = fake_package(tmp_path / "mlp", pages=5, batch_sizes=BATCHES)
-    for n in ("a", "b", "c"):
-        dev.register(n, pkg)
-    gaps = [dev.arena.alloc(1)]
-    dev.load("a")  # 1..5
-    gaps.append(dev.arena.alloc(2))
-    dev.load("b")  # 8..12
-    for g in gaps:
-        dev.arena.free(g)  # free: 0, 6..7, 13..14
+    _scatter(dev, pkg, 1, 2)  # a: 1..5, b: 8..12; free: 0, 6..7, 13..14
     b_pages, b_weights = list(dev.models["b"].pages), _weights(dev, "b")
     move = dev.arena._move
 
