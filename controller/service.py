@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from clockwork.actions import Action, ActionType, ErrorCode, RequestStatus, Result
-from clockwork.names import MODEL_NAME
+from clockwork.names import BASE_NAME_RULE, MODEL_NAME
 from clockwork.profiles import ModelProfile, ProfileError, load_profile_set
 from clockwork.protocol import addresses, keepalive
 from clockwork.protocol import clockwork_pb2 as pb
@@ -1546,9 +1546,8 @@ class ControllerNode:
                 raise RepositoryError(bad, (
                     f"bad model name {name!r}: NAME:K names copy K of NAME (K from 1, no "
                     f"leading zero; copy 0 is NAME itself), so this copy is {right!r}"))
-            raise RepositoryError(bad, f"bad model name {name!r}: letters, digits, '_', '.' "
-                                  "and '-' (at most 128), optionally ':K' (a copy's name, K "
-                                  "from 1, no leading zero)")
+            raise RepositoryError(bad, f"bad model name {name!r}: {BASE_NAME_RULE}, "
+                                  "optionally ':K' (a copy's name, K from 1, no leading zero)")
         if isinstance(copies, bool) or not isinstance(copies, int) \
                 or not 1 <= copies <= MAX_COPIES:
             raise RepositoryError(bad, f"copies must be an integer from 1 to {MAX_COPIES}, "
