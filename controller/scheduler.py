@@ -579,8 +579,8 @@ class ClockworkScheduler(Policy):
         copy, which the demand would ask for again at once, thousands of times a second:
         instead ``g`` is not offered an extra copy of ``m`` (``_place_loads``) for a
         back-off, ``LOAD_BACKOFF_NS`` doubled with each refusal of an extra copy of ``m``
-        in a row (on any GPU; ``extra_refusals``) up to ``LOAD_BACKOFF_MAX_NS``. A successful LOAD of ``m`` starts the
-        doubling over; back-offs in force run out (one GPU's success says nothing of
+        in a row (on any GPU; ``extra_refusals``) up to ``LOAD_BACKOFF_MAX_NS``. A
+        successful LOAD of ``m`` starts the doubling over; back-offs in force run out (one GPU's success says nothing of
         another's cache). Held back is the GPU, not the model: a worker refuses for its
         own reasons (too few contiguous free pages in its cache, a failing device), and
         another GPU with room should still take the copy at once. The length follows the
@@ -590,9 +590,7 @@ class ClockworkScheduler(Policy):
         held back: its requests wait for a copy, and the rule above bounds its retries.)"""
         if m.ready_copies:
             m.extra_refusals += 1
-            k = m.extra_refusals - 1
-            backoff = LOAD_BACKOFF_MAX_NS if k >= 62 else min(LOAD_BACKOFF_MAX_NS,
-                                                              LOAD_BACKOFF_NS << k)
+            backoff = min(LOAD_BACKOFF_MAX_NS, LOAD_BACKOFF_NS << min(m.extra_refusals - 1, 62))
             if m.load_blocked is None:
                 m.load_blocked = {}
             m.load_blocked[g.index] = now + backoff

@@ -96,8 +96,8 @@ class ModelState:
     __slots__ = ("name", "profile", "est", "queue", "live", "outstanding", "instances",
                  "ready_copies", "versions", "batch_sizes", "pages", "item_cost",
                  "monotone", "last_deadline", "slo_cache", "removed", "wide", "dirty",
-                 "big_at", "qver", "memo", "load_refusals", "extra_refusals", "refused_until", "refused_why",
-                 "load_blocked")
+                 "big_at", "qver", "memo", "load_refusals", "extra_refusals", "refused_until",
+                 "refused_why", "load_blocked")
 
     def __init__(self, profile: ModelProfile, cfg: SchedulerConfig) -> None:
         self.name = profile.model
