@@ -22,7 +22,7 @@ def model_name(cmd: str, args: argparse.Namespace) -> str | None:
     """The name of the model ``args.model`` makes: a zoo model's own, else ``--name`` or
     the ONNX file's stem, which must be a name the repository takes; None (after saying
     why on stderr) if it is not."""
-    from clockwork.names import BASE_NAME, BASE_NAME_RULE
+    from clockwork.cluster.cli.argtypes import model_name as checked
 
     if not is_onnx(args.model):
         if args.name is not None:
@@ -32,12 +32,11 @@ def model_name(cmd: str, args: argparse.Namespace) -> str | None:
         return args.model
     if args.name is not None:
         return args.name
-    stem = Path(args.model).stem
-    if not BASE_NAME.fullmatch(stem):
-        print(f"clockwork {cmd}: the file's stem {stem!r} is not a model name "
-              f"({BASE_NAME_RULE}): give one with --name", file=sys.stderr)
+    try:
+        return checked(Path(args.model).stem)
+    except argparse.ArgumentTypeError as e:  # (what --name is checked by)
+        print(f"clockwork {cmd}: the file's stem {e}; give one with --name", file=sys.stderr)
         return None
-    return stem
 
 
 def _build(cmd: str, model: str, batch_sizes: list[int], out: Path, device: str,
