@@ -114,7 +114,15 @@ DEFAULT_PORT = 12346  # the controller's (clockwork controller --port)
 
 # a controller URL's scheme (any case) -> whether it means TLS
 _SCHEMES = {"grpc": False, "http": False, "clockwork": False, "grpcs": True, "https": True}
-SCHEMES_WORDS = "grpc://, http:// or clockwork://, or grpcs:// or https:// (TLS)"
+
+
+def _either(names: list[str]) -> str:
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
+
+
+# "grpc://, http:// or clockwork://, or grpcs:// or https:// (TLS)"
+SCHEMES_WORDS = (_either([f"{s}://" for s, tls in _SCHEMES.items() if not tls]) + ", or "
+                 + _either([f"{s}://" for s, tls in _SCHEMES.items() if tls]) + " (TLS)")
 
 
 def controller_address(url: str) -> tuple[str, bool]:
