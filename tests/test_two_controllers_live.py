@@ -15,7 +15,7 @@ import signal
 import threading
 import time
 import urllib.request
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 
 import grpc
 import pytest
@@ -216,6 +216,22 @@ def test_a_stopped_controller_loses_the_worker_to_the_waiting_one_and_gets_it_ba
                     ch.stop()
 
 
+@asynccontextmanager
+async def _served_worker(host: str = "127.0.0.1"):
+    """A worker (1 GPU, no fast link) served by a task of this event loop: its port."""
+    from worker.service import WorkerNode, serve_worker
+
+    stop = asyncio.Event()
+    port = asyncio.get_running_loop().create_future()
+    served = asyncio.create_task(serve_worker(
+        host, 0, WorkerNode(1, 100), lambda p, _: port.set_result(p), stop, link_port=-1))
+    try:
+        yield await port
+    finally:
+        stop.set()
+        await served
+
+
 def test_the_worker_refuses_another_controller_and_lets_its_holder_reconnect(capfd):
     """The rule, on the wire: while the holder's stream is open a Connect with another
     controller_id, or none, is refused FAILED_PRECONDITION naming the holder (never its
@@ -224,18 +240,12 @@ def test_the_worker_refuses_another_controller_and_lets_its_holder_reconnect(cap
     once the holder's stream ends, another controller's Connect is taken."""
     from clockwork.protocol import clockwork_pb2 as pb
     from clockwork.protocol import clockwork_pb2_grpc as pbg
-    from worker.service import WorkerNode, serve_worker
 
     ours, other = "a" * 32, "b" * 32
 
     async def main():
-        stop = asyncio.Event()
-        port = asyncio.get_running_loop().create_future()
-        served = asyncio.create_task(serve_worker(
-            "127.0.0.1", 0, WorkerNode(1, 100), lambda p, _: port.set_result(p), stop,
-            link_port=-1))
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{await port}") as ch:
+        async with _served_worker() as port:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
                 stub = pbg.WorkerStub(ch)
 
                 async def connect(cid: str, label: str = "pid 7 on there, port 9",
@@ -277,9 +287,6 @@ def test_the_worker_refuses_another_controller_and_lets_its_holder_reconnect(cap
                         assert time.monotonic() < deadline and HELD in e.details()
                 assert msg.WhichOneof("kind") == "state"
                 call.cancel()
-        finally:
-            stop.set()
-            await served
 
     asyncio.run(asyncio.wait_for(main(), 60))
 
@@ -296,26 +303,18 @@ def test_a_controller_that_reaches_one_worker_under_two_addresses_is_told_so():
     controller's (its two links took the worker from each other) and the controller
     does not start, saying so."""
     from controller.service import ControllerNode
-    from worker.service import WorkerNode, serve_worker
 
     async def main():
-        stop = asyncio.Event()
-        port = asyncio.get_running_loop().create_future()
-        served = asyncio.create_task(serve_worker(
-            "0.0.0.0", 0, WorkerNode(1, 100), lambda p, _: port.set_result(p), stop,
-            link_port=-1))
-        p = await port
-        node = ControllerNode([f"127.0.0.1:{p}", f"127.0.0.2:{p}"], models=MODEL,
-                              connect_timeout=10)
-        try:
-            with pytest.raises(ValueError) as e:
-                await node.start()
-            assert "worker is connected to this controller already, as its worker" in \
-                str(e.value) and "one worker listed under two addresses" in str(e.value)
-        finally:
-            await node.stop()
-            stop.set()
-            await served
+        async with _served_worker("0.0.0.0") as p:
+            node = ControllerNode([f"127.0.0.1:{p}", f"127.0.0.2:{p}"], models=MODEL,
+                                  connect_timeout=10)
+            try:
+                with pytest.raises(ValueError) as e:
+                    await node.start()
+                assert "worker is connected to this controller already, as its worker" in \
+                    str(e.value) and "one worker listed under two addresses" in str(e.value)
+            finally:
+                await node.stop()
 
     asyncio.run(asyncio.wait_for(main(), 60))
 
