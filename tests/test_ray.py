@@ -584,12 +584,10 @@ def _quietly(f) -> None:
         pass
 
 
-def test_a_new_nodes_worker_takes_the_flags_of_its_place(ray_nodes, monkeypatch):
-    """A worker's flags (``worker_args[i]``: the scenario's clock offset, seed) and port
-    are those of its place in the controller's order, not of how many actors were made:
-    the first node's worker is refused by the controller, so the second node's worker is
-    started for place 0, and the first node, tried again later, gets place 1 (it got
-    place 2, and the flags of none)."""
+def _two_places(monkeypatch, **fake):
+    """A cluster whose places 0 and 1 have their own flags (clock offsets 5 and 7 ms),
+    telling its workers to a fake controller (``_FakeController(cluster, **fake)``):
+    (the cluster, the fake)."""
     import clockwork.client
     from clockwork.cluster.ray_cluster import RayCluster
 
@@ -597,14 +595,31 @@ def test_a_new_nodes_worker_takes_the_flags_of_its_place(ray_nodes, monkeypatch)
     c = RayCluster(watch_s=0, timeout=60.0,
                    worker_args=[["--clock-offset-ms", "5"], ["--clock-offset-ms", "7"]])
     c.address = "127.0.0.1:1"
-    fake = _FakeController(c, refuse=1)
-    monkeypatch.setattr(clockwork.client, "Client", fake)
+    controller = _FakeController(c, **fake)
+    monkeypatch.setattr(clockwork.client, "Client", controller)
+    return c, controller
+
+
+def _add_both_nodes(c) -> list[dict]:
+    """What ``add_new_nodes`` added, look after look, until both nodes are workers (a node
+    that failed, or whose add is in doubt, is looked at again after a look)."""
+    added: list[dict] = []
+    for _ in range(4):
+        added += c.add_new_nodes()
+        if len(added) == 2:
+            break
+    return added
+
+
+def test_a_new_nodes_worker_takes_the_flags_of_its_place(ray_nodes, monkeypatch):
+    """A worker's flags (``worker_args[i]``: the scenario's clock offset, seed) and port
+    are those of its place in the controller's order, not of how many actors were made:
+    the first node's worker is refused by the controller, so the second node's worker is
+    started for place 0, and the first node, tried again later, gets place 1 (it got
+    place 2, and the flags of none)."""
+    c, fake = _two_places(monkeypatch, refuse=1)
     try:
-        added: list[dict] = []
-        for _ in range(4):  # (a node that failed is looked at again after a look)
-            added += c.add_new_nodes()
-            if len(added) == 2:
-                break
+        added = _add_both_nodes(c)
         assert [a["worker"] for a in added] == [0, 1], added
         assert [c.worker_info(i)["index"] for i in range(2)] == [0, 1]
         assert len(fake.calls) == 3 and fake.calls[2] == c.worker_addresses[1]
@@ -677,21 +692,9 @@ def test_an_add_the_controller_answers_too_late_is_asked_again(ray_nodes, monkey
     the cluster's, in its order, each with the flags of its place (the first used to be
     killed, and the second made for its place: the controller's indices and the places
     drifted apart)."""
-    import clockwork.client
-    from clockwork.cluster.ray_cluster import RayCluster
-
-    poll(lambda: _gpus_free() >= 4, 60.0, 0.1)
-    c = RayCluster(watch_s=0, timeout=60.0,
-                   worker_args=[["--clock-offset-ms", "5"], ["--clock-offset-ms", "7"]])
-    c.address = "127.0.0.1:1"
-    fake = _FakeController(c, late=3)
-    monkeypatch.setattr(clockwork.client, "Client", fake)
+    c, fake = _two_places(monkeypatch, late=3)
     try:
-        added: list[dict] = []
-        for _ in range(4):
-            added += c.add_new_nodes()
-            if len(added) == 2:
-                break
+        added = _add_both_nodes(c)
         assert fake.workers == c.worker_addresses, (fake.workers, c.worker_addresses)
         assert [a["worker"] for a in added] == [0, 1], added
         assert [a["added"] for a in added] == [False, True], added
