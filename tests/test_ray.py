@@ -239,15 +239,20 @@ def test_a_node_that_joins_gets_a_worker_that_serves(ray_nodes):
                 assert time.monotonic() < deadline, "the new node's worker was not added"
                 time.sleep(0.1)
             assert len(c.worker_addresses) == 3 and len(c.nodes) == 3
-            gpus = set()
-            while not gpus & {4, 5}:  # six copies on six GPUs: the new ones take some
-                assert time.monotonic() < deadline, f"no request ran on GPUs 4-5: {gpus}"
-                for k in range(6):
-                    gpus.add(cl.infer(f"resnet18_v2:{k}" if k else "resnet18_v2",
-                                      slo_ms=500).gpu)
+            _runs_on_the_new_gpus(cl, deadline)
         finally:
             c.stop()
             ray_nodes.remove_node(node)
+
+
+def _runs_on_the_new_gpus(cl, deadline: float) -> None:
+    """Requests for the six copies of resnet18_v2 until one runs on GPU 4 or 5, the new
+    node's (six copies on six GPUs: the new ones take some), by ``deadline``."""
+    gpus: set = set()
+    while not gpus & {4, 5}:
+        assert time.monotonic() < deadline, f"no request ran on GPUs 4-5: {gpus}"
+        for k in range(6):
+            gpus.add(cl.infer(f"resnet18_v2:{k}" if k else "resnet18_v2", slo_ms=500).gpu)
 
 
 def test_sweep_points_run_as_ray_tasks_give_the_local_results(ray_nodes, tmp_path):
@@ -982,13 +987,7 @@ def test_an_add_past_its_deadline_settles_on_its_place_with_a_real_controller(ra
             assert len(c.worker_addresses) == 3 and calls == [c.worker_addresses[2]] * 2
             assert c.worker_info(2)["index"] == 2
             assert cl.stats().get("workers_added", 0) == 1
-            deadline = time.monotonic() + 60
-            gpus: set = set()
-            while not gpus & {4, 5}:  # six copies on six GPUs: the new ones take some
-                assert time.monotonic() < deadline, f"no request ran on GPUs 4-5: {gpus}"
-                for k in range(6):
-                    gpus.add(cl.infer(f"resnet18_v2:{k}" if k else "resnet18_v2",
-                                      slo_ms=500).gpu)
+            _runs_on_the_new_gpus(cl, time.monotonic() + 60)
         finally:
             c.stop()
             ray_nodes.remove_node(node)
