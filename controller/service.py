@@ -611,8 +611,8 @@ class ControllerNode:
             tries_end = deadline - PROBE_S if deadline - time.monotonic() > 2 * PROBE_S \
                 else deadline
             try:
-                await asyncio.wait_for(self._connect(link, tries_end),
-                                       max(0.0, deadline - time.monotonic()))
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    await self._connect(link, tries_end)
             except ValueError as e:
                 raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
             except (ConnectionError, TimeoutError) as e:
@@ -648,7 +648,8 @@ class ControllerNode:
             ch = grpc.aio.insecure_channel(link.address, options=WORKER_CHANNEL_OPTIONS)
         try:
             try:
-                await asyncio.wait_for(ch.channel_ready(), ready_s)
+                async with asyncio.timeout(ready_s):
+                    await ch.channel_ready()
             except TimeoutError:
                 raise NoAnswer(f"worker {link.address}: no answer") from None
             link.reached = True
@@ -666,7 +667,8 @@ class ControllerNode:
             adopt = self.ctrl is None and self.adopt_weights
             try:
                 await call.write(pb.ControllerMessage(hello=self._hello(link, keep, adopt)))
-                msg = await asyncio.wait_for(call.read(), 5.0)
+                async with asyncio.timeout(5.0):
+                    msg = await call.read()
             except grpc.aio.AioRpcError as e:
                 if is_held(e):  # another controller's connection to it is live
                     raise WorkerHeld(e.details()) from None
@@ -748,7 +750,8 @@ class ControllerNode:
         md, nonce = auth.call_metadata(WORKER_CONNECT, link.address)
         call = stub.Connect(metadata=md)
         try:
-            got = await asyncio.wait_for(call.initial_metadata(), 5.0)
+            async with asyncio.timeout(5.0):
+                got = await call.initial_metadata()
         except grpc.aio.AioRpcError as e:
             self._auth_refused(link, e)
             raise
@@ -1746,8 +1749,8 @@ class ControllerNode:
         deadline = time.monotonic() + UPDATE_TIMEOUT_S
         for link, f in waits:
             try:
-                got = await asyncio.wait_for(asyncio.shield(f),
-                                             max(0.0, deadline - time.monotonic()))
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    got = await asyncio.shield(f)
             except TimeoutError:
                 link.acks.pop(seq, None)
                 if not link.connected:

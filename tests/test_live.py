@@ -382,6 +382,34 @@ def test_serve_killed_outright_takes_its_cluster_with_it():
         time.sleep(0.1)
 
 
+def test_replay_wait_passes_on_a_cancel_that_comes_as_its_event_is_set():
+    """The replay's wait for answers (``wait_set``) is cancelled at the moment an answer
+    sets its event: the cancellation goes through. (``asyncio.wait_for`` on Python 3.11
+    returned the wait's result instead, and a replay cancelled by Ctrl-C ran on.)"""
+    from clockwork.cluster.replay import wait_set
+
+    async def main():
+        evt = asyncio.Event()
+        waits = 0
+
+        async def replay_loop():  # the replay's shape: clear, wait, go round
+            nonlocal waits
+            while True:
+                evt.clear()
+                waits += 1
+                await wait_set(evt, 60.0)
+
+        task = asyncio.ensure_future(replay_loop())
+        await asyncio.sleep(0)  # it waits now
+        evt.set()  # an answer ...
+        task.cancel()  # ... and Ctrl-C in the same turn of the loop
+        await asyncio.wait({task}, timeout=5.0)
+        return task.cancelled(), waits  # (asyncio.run would cancel it again at its end)
+
+    cancelled, waits = asyncio.run(main())
+    assert cancelled, f"not cancelled: still waiting after {waits} waits"
+
+
 def test_serve_replay_stops_on_ctrl_c():
     """``clockwork serve SCENARIO --replay`` and SIGINT (Ctrl-C) mid-replay: it stops at
     once (exit 130) and its processes are gone (it had run the whole replay first)."""

@@ -761,7 +761,8 @@ class WorkerServicer(pbg.WorkerServicer):
                           stream: FrameStream) -> None:
         session = self._session
         try:
-            ticket = await asyncio.wait_for(reader.readexactly(TICKET_BYTES), LINK_WAIT_S)
+            async with asyncio.timeout(LINK_WAIT_S):
+                ticket = await reader.readexactly(TICKET_BYTES)
         except (asyncio.IncompleteReadError, TimeoutError, OSError):
             ticket = b""
         if session is None or not session.claim(ticket):

@@ -34,6 +34,18 @@ LONG_WAIT_S = 0.002  # longer waits also wake early for answers (closed loops re
 now_ns = time.monotonic_ns
 
 
+async def wait_set(evt: asyncio.Event, timeout_s: float) -> None:
+    """Wait until ``evt`` is set or ``timeout_s`` has passed, whichever is first.
+    Not ``asyncio.wait_for``: on Python 3.11 it drops a cancellation that arrives as the
+    event is set (it returns the wait's result instead), and a replay cancelled by Ctrl-C
+    while answers set its event ran on to its end."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await evt.wait()
+    except TimeoutError:
+        pass
+
+
 @dataclass
 class ReplayResult:
     summary: dict
@@ -197,26 +209,17 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
             if state["sent"] == state["answered"]:
                 break
             done_evt.clear()
-            try:
-                await asyncio.wait_for(done_evt.wait(), 1.0)
-            except TimeoutError:
-                pass
+            await wait_set(done_evt, 1.0)
             continue
         nxt_t = min(pending_open + ([pending_heap] if pending_heap is not None else []))
         delay = (t0 + nxt_t - now_ns()) / 1e9
         if state["sent"] - state["answered"] >= max_outstanding:
             done_evt.clear()
-            try:
-                await asyncio.wait_for(done_evt.wait(), 0.05)
-            except TimeoutError:
-                pass
+            await wait_set(done_evt, 0.05)
         elif delay >= LONG_WAIT_S:
             done_evt.clear()
-            try:
-                # wake for the next arrival, or earlier when an answer may add arrivals
-                await asyncio.wait_for(done_evt.wait(), delay)
-            except TimeoutError:
-                pass
+            # wake for the next arrival, or earlier when an answer may add arrivals
+            await wait_set(done_evt, delay)
         elif delay > 0:
             # arrivals close together go out together, up to TICK_S late: one wake-up and
             # one stream message for several requests instead of one each

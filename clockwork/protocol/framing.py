@@ -117,8 +117,8 @@ async def dial(host: str, port: int, ticket: bytes, parse, tls=None) -> FrameStr
     (its certificate is checked against ``host``)."""
     extra = {} if tls is None else {"ssl": tls, "server_hostname": host,
                                     "ssl_handshake_timeout": CONNECT_TIMEOUT_S}
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, **extra),
-                                            CONNECT_TIMEOUT_S)
+    async with asyncio.timeout(CONNECT_TIMEOUT_S):
+        reader, writer = await asyncio.open_connection(host, port, **extra)
     writer.write(ticket)
     return FrameStream(reader, writer, parse)
 

@@ -44,6 +44,7 @@ async def stop_when_orphaned(stop: asyncio.Event, who: str) -> None:
                 pass
             return
         try:
-            await asyncio.wait_for(stop.wait(), CHECK_EVERY_S)
+            async with asyncio.timeout(CHECK_EVERY_S):
+                await stop.wait()
         except TimeoutError:
             pass

@@ -369,7 +369,8 @@ def _deny(handler, code: grpc.StatusCode, message: str):
 
     async def abort_stream(requests, context):
         try:
-            await asyncio.wait_for(anext(aiter(requests)), FIRST_MESSAGE_WAIT_S)
+            async with asyncio.timeout(FIRST_MESSAGE_WAIT_S):
+                await anext(aiter(requests))
         except (TimeoutError, StopAsyncIteration, grpc.RpcError):
             pass  # no message, or the client went away: refuse all the same
         await context.abort(code, message)
