@@ -52,6 +52,7 @@ from clockwork.errors import (
     RepositoryUnavailable,
     Unauthenticated,
     UnknownModel,
+    about,
     error_for,
 )
 from clockwork.protocol import clockwork_pb2 as pb
@@ -352,14 +353,14 @@ def _repository_error(e: grpc.RpcError, name: str, url: str = "") -> ClockworkEr
         return RepositoryUnavailable(f"{name}: {_unreachable_text(e, url)}", 1,
                                      "unavailable", name)
     if code == grpc.StatusCode.NOT_FOUND:
-        return UnknownModel(f"{name}: {details}", 6, "unknown_model", name)
+        return UnknownModel(about(name, details), 6, "unknown_model", name)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return InvalidRequest(f"{name}: {details}", 6, "bad_request", name)
+        return InvalidRequest(about(name, details), 6, "bad_request", name)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         why = details if code == grpc.StatusCode.UNAVAILABLE else (
             f"no answer within the client's timeout ({details}); the controller may still "
             "finish it: see repository_index")
-        return RepositoryUnavailable(f"{name}: {why}", 1, "unavailable", name)
+        return RepositoryUnavailable(about(name, why), 1, "unavailable", name)
     return _unavailable(e, url=url)
 
 

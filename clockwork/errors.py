@@ -61,6 +61,15 @@ class Unauthenticated(ControllerUnavailable):
     Nothing was run."""
 
 
+def about(model: str, message: str) -> str:
+    """``message`` about ``model``, for an exception's text: prefixed with the model's name
+    (``"NAME: ..."``), unless it names the model itself (quoted, as the controller's
+    messages do: ``unknown model 'NAME' (did you mean ...)``)."""
+    if not model or repr(model) in message:
+        return message
+    return f"{model}: {message}"
+
+
 def error_for(status: int, reason: str, message: str, model: str = "",
               latency_ms: float = 0.0) -> ClockworkError:
     """The exception for a non-success answer."""
@@ -76,8 +85,7 @@ def error_for(status: int, reason: str, message: str, model: str = "",
         cls = Overloaded
     else:
         cls = InferenceError
-    text = f"{model}: {message}" if model else message
-    return cls(text, status, reason, model, latency_ms)
+    return cls(about(model, message), status, reason, model, latency_ms)
 
 
 class ScenarioError(ValueError):

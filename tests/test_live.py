@@ -44,10 +44,15 @@ def test_sync_client(cluster):
 
 def test_typed_errors(cluster):
     with clockwork.Client(cluster.address, timeout=10) as c:
-        with pytest.raises(UnknownModel):
-            c.infer("no_such_model")
-        with pytest.raises(InvalidRequest):
+        # (the name said once: the controller's words name it, the client adds nothing)
+        for call in (c.infer, c.unload_model):
+            with pytest.raises(UnknownModel) as e:
+                call("resnet50_v3")
+            assert str(e.value).startswith("unknown model 'resnet50_v3'"), e.value
+            assert str(e.value).count("resnet50_v3") == 1, e.value
+        with pytest.raises(InvalidRequest) as e:
             c.infer("resnet50_v2", np.zeros((3, 10, 10), np.float32))
+        assert str(e.value).startswith("resnet50_v2: "), e.value  # (its words name no model)
         with pytest.raises(InvalidRequest):
             c.infer("resnet50_v2", slo_ms=-1)
 
