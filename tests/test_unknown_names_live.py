@@ -92,15 +92,16 @@ def test_the_clockwork_api_says_the_closest_names_as_kserve_does():
         with clockwork.Client(c.address, timeout=60) as cl:
             with pytest.raises(UnknownModel) as e:
                 cl.infer(typo, slo_ms=500)
-            assert str(e.value) == f"{typo}: {kserve}"
+            assert str(e.value) == kserve
             with pytest.raises(UnknownModel) as e:
                 cl.unload_model(typo)
-            assert str(e.value) == f"{typo}: {kserve}"
-            for name, profile in ((typo, None), ("mine", typo)):
+            assert str(e.value) == kserve
+            # (the name said once: "NAME: " only where the words name another)
+            for name, profile, said in ((typo, None, ""), ("mine", typo, "mine: ")):
                 with pytest.raises(UnknownModel) as e:
                     cl.load_model(name, profile=profile)
-                assert (f"{name}: no profile {typo!r} (did you mean 'resnet50_v2' or "
-                        in str(e.value)), str(e.value)
+                assert str(e.value).startswith(
+                    f"{said}no profile {typo!r} (did you mean 'resnet50_v2' or "), str(e.value)
             with pytest.raises(UnknownModel) as e:
                 cl.load_model("mine", profile="nosuch")  # nothing close: no guess
             assert "no profile 'nosuch' (" in str(e.value)
@@ -112,7 +113,7 @@ def test_the_clockwork_api_says_the_closest_names_as_kserve_does():
             cl.unload_model("resnet5")
             with pytest.raises(UnknownModel) as e:
                 cl.infer(typo, slo_ms=500)
-            assert str(e.value) == f"{typo}: {kserve}"
+            assert str(e.value) == kserve
 
         async def streamed():
             async with clockwork.AsyncClient(c.address, timeout=60) as ac:
