@@ -83,6 +83,8 @@ BAD = [
     # folder, "notsummary": a JSON file that is not a run's summary)
     (["simulate", SC, "--out", "afile"], "exists and is not a folder"),
     (["simulate", SC, "--out", "afile/sub"], "is not a folder"),
+    # (a folder where nothing can be made, though os.access says yes to root there)
+    (["simulate", SC, "--out", "/proc/clockwork_out"], "cannot write into '/proc'"),
     (["simulate", SC, "--spill-dir", "afile"], "exists and is not a folder"),
     (["simulate", SC, "--spill-dir", "afile/sub"], "is not a folder"),
     (["serve", SC, "--replay", "--out", "afile"], "exists and is not a folder"),

@@ -203,18 +203,30 @@ def in_dir(text: str) -> str:
     return text
 
 
+def _can_write_into(folder) -> bool:
+    """Whether this process can make a file in ``folder``: tried (a nameless temporary
+    file, gone once closed), since ``os.access`` says yes to root wherever the mode bits
+    would allow, in ``/proc`` and ``/sys`` too, where nothing can be made."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError:
+        return False
+    return True
+
+
 def _makeable(path, text: str, what: str, write: bool = True) -> None:
     """ArgumentTypeError unless ``path`` (not there yet) could be made: its nearest
     existing parent is a folder (``write``: one this process can write into)."""
-    import os
-
     parent = path.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
         raise argparse.ArgumentTypeError(f"cannot make {what} {text!r}: {str(parent)!r} is "
                                          "not a folder")
-    if write and not os.access(parent, os.W_OK | os.X_OK):
+    if write and not _can_write_into(parent):
         raise argparse.ArgumentTypeError(f"cannot make {what} {text!r}: cannot write into "
                                          f"{str(parent)!r} (permissions)")
 
@@ -224,14 +236,13 @@ def out_dir(text: str, write: bool = True) -> str:
     before anything runs, so that a run is not lost to a path it cannot write at the end.
     With ``write`` False (a folder only looked at, as by ``sweep --list``) it need not be
     writable: only not a file, nor under one."""
-    import os
     from pathlib import Path
 
     p = Path(text)
     if p.exists():
         if not p.is_dir():
             raise argparse.ArgumentTypeError(f"{text!r} exists and is not a folder")
-        if write and not os.access(p, os.W_OK | os.X_OK):
+        if write and not _can_write_into(p):
             raise argparse.ArgumentTypeError(f"cannot write into {text!r} (permissions)")
     else:
         _makeable(p, text, "folder", write)
