@@ -205,8 +205,8 @@ def in_dir(text: str) -> str:
 
 def _can_write_into(folder) -> bool:
     """Whether this process can make a file in ``folder``: tried (a nameless temporary
-    file, gone once closed), since ``os.access`` says yes to root wherever the mode bits
-    would allow, in ``/proc`` and ``/sys`` too, where nothing can be made."""
+    file, gone once closed): ``os.access`` says yes to root where nothing can be made
+    (in ``/proc``, say)."""
     import tempfile
 
     try:
