@@ -417,3 +417,18 @@ def test_worker_takes_the_seeds_serve_derives_from_any_scenario_seed():
 
     seed = MAX_SEED * 1000 + 7
     assert build_parser().parse_args(["worker", "--seed", str(seed)]).seed == seed
+
+
+def test_ctrl_c_while_a_verb_loads_is_one_line_exit_130(monkeypatch, capsys):
+    """Ctrl-C while the verb's modules are imported (a second or so for some) ends as it
+    does while the verb runs: "interrupted", exit 130. It was a traceback through
+    importlib."""
+    from clockwork.cluster import cli
+
+    def importing(*_args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_load", importing)
+    assert cli.main(["simulate", "poisson_warm"]) == 130
+    cap = capsys.readouterr()
+    assert (cap.out, cap.err) == ("", "interrupted\n"), cap

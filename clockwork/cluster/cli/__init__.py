@@ -125,11 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     if not impl:  # a verb with subcommands, none given
         _subparser_help(parser, [args.command])
         return 2
-    func, err = _load(args.command, impl, getattr(args, "requires", ()))
-    if func is None:
-        print(err, file=sys.stderr)
-        return 2
     try:
+        # (Ctrl-C while the verb's modules load, a second or so for some: the same line)
+        func, err = _load(args.command, impl, getattr(args, "requires", ()))
+        if func is None:
+            print(err, file=sys.stderr)
+            return 2
         return int(func(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
