@@ -83,6 +83,11 @@ BAD = [
     # folder, "notsummary": a JSON file that is not a run's summary)
     (["simulate", SC, "--out", "afile"], "exists and is not a folder"),
     (["simulate", SC, "--out", "afile/sub"], "is not a folder"),
+    # a name longer than the file system allows: a usage error, not a traceback
+    (["simulate", SC, "--out", "x" * 300], "File name too long"),
+    (["profile", "mlp", "--out", "x" * 300 + ".json"], "File name too long"),
+    (["controller", "--workers", "127.0.0.1:1", "--settings", "x" * 300], "File name too long"),
+    (["simulate", SC, "--out", f"{'x' * 300}/sub"], "File name too long"),
     # (a folder where nothing can be made, though os.access says yes to root there)
     (["simulate", SC, "--out", "/proc/clockwork_out"], "cannot write into '/proc'"),
     (["simulate", SC, "--spill-dir", "afile"], "exists and is not a folder"),

@@ -4,11 +4,28 @@ raises ``argparse.ArgumentTypeError`` with a message that names what is expected
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
+
+
+def _file_system(check: Callable[..., T]) -> Callable[..., T]:
+    """``check`` (a path's type), with an error the file system gives while looking at
+    the path (a name longer than it allows, say) as a usage error naming the path, not a
+    traceback (argparse turns only ``ArgumentTypeError``, ``TypeError`` and
+    ``ValueError`` into usage errors)."""
+
+    @functools.wraps(check)
+    def checked(text: str, *args, **kw) -> T:
+        try:
+            return check(text, *args, **kw)
+        except OSError as e:
+            raise argparse.ArgumentTypeError(f"{text!r}: {e.strerror or e}") from None
+
+    return checked
 
 
 def _int(text: str) -> int:
@@ -176,6 +193,7 @@ def readable_file(text: str) -> str:
     return text
 
 
+@_file_system
 def settings_file(text: str) -> str:
     """A settings file (``controller --settings``): an existing file as given, else a
     shipped scenario by name -- ``clockwork.resources.resolve_scenario``, the lookup of
@@ -231,6 +249,7 @@ def _makeable(path, text: str, what: str, write: bool = True) -> None:
                                          f"{str(parent)!r} (permissions)")
 
 
+@_file_system
 def out_dir(text: str, write: bool = True) -> str:
     """A folder to write into: one this process can write, or one it can make. Checked
     before anything runs, so that a run is not lost to a path it cannot write at the end.
@@ -249,6 +268,7 @@ def out_dir(text: str, write: bool = True) -> str:
     return text
 
 
+@_file_system
 def out_file(text: str) -> str:
     """A file to write: one this process can overwrite, or one it can make (with its
     folders)."""
