@@ -16,8 +16,10 @@ import errno
 import os
 import shutil
 import tempfile
+import tokenize
 import weakref
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -600,8 +602,11 @@ def _format_in(run_dir: Path) -> str:
     return max(found)[1]
 
 
-# what np.load raises for a file that is not a whole .npz (truncated: BadZipFile, EOFError)
-_UNREADABLE_NPZ = (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile)
+# what np.load raises for a file that is not a whole .npz (truncated: BadZipFile, EOFError;
+# a member's .npy header garbled: TokenError or SyntaxError from its parsing; a compressed
+# member garbled: zlib.error)
+_UNREADABLE_NPZ = (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile,
+                   tokenize.TokenError, SyntaxError, zlib.error)
 
 
 class _BadLog(ValueError):

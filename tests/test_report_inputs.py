@@ -150,6 +150,41 @@ def test_a_bad_npz_column_names_file_and_column(runs, tmp_path, capsys, how, fra
         _one_line(capsys, main(argv), f"{d / 'requests.npz'}: ", fragment)
 
 
+def _garble_npz(path, how: str) -> None:
+    """``path``'s ``arrival`` member garbled: its .npy header cut inside its dict
+    (``header``), or bytes of its compressed stream changed (``deflate``)."""
+    import struct
+    import zipfile
+
+    if how == "header":
+        with zipfile.ZipFile(path) as z:
+            members = {i.filename: z.read(i) for i in z.infolist()}
+        head = b"{'descr': '<i8', 'shape': (3,\n"
+        head += b" " * (63 - 10 - len(head)) + b"\n"
+        members["arrival.npy"] = (b"\x93NUMPY\x01\x00" + struct.pack("<H", len(head))
+                                  + head + bytes(24))
+        with zipfile.ZipFile(path, "w") as z:
+            for name, data in members.items():
+                z.writestr(name, data)
+        return
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo("arrival.npy")
+    data = bytearray(path.read_bytes())
+    at = info.header_offset + 30 + len(info.filename) + len(info.extra) + 40
+    data[at:at + 8] = b"\xff" * 8
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["header", "deflate"])
+def test_a_garbled_npz_member_is_one_line(runs, tmp_path, capsys, how):
+    """A log whose member is garbled is "not a log file", one line: a header cut inside
+    its dict was a traceback (numpy's header parsing raises ``tokenize.TokenError``)."""
+    d = _copy(runs, "npz", tmp_path, summary=False)
+    _garble_npz(d / "requests.npz", how)
+    for argv in (["report", str(d)], ["report", str(d), "--timeline", "1"]):
+        _one_line(capsys, main(argv), f"{d / 'requests.npz'}: ")
+
+
 def test_a_string_measured_completion_is_refused_on_the_timeline(runs, tmp_path, capsys):
     d = _copy(runs, "npz", tmp_path)
     with np.load(d / "actions.npz") as z:
