@@ -205,6 +205,15 @@ def _per_call(timeout, client_timeout: float | None) -> float | None:
     return client_timeout if timeout is None else _seconds(timeout)
 
 
+def _index_request(ready_only) -> pb.ListModelsRequest:
+    """The repository index's request. ``ready_only`` must be True or False (or 1 / 0):
+    anything else raises ``ValueError`` naming it (protobuf raised its own TypeError)."""
+    if not (isinstance(ready_only, (bool, np.bool_, numbers.Integral))
+            and ready_only in (0, 1)):
+        raise ValueError(f"ready_only must be True or False, got {ready_only!r}")
+    return pb.ListModelsRequest(index=True, ready_only=bool(ready_only))
+
+
 def _text(value, what: str) -> str:
     """``value``, which must be a string (protobuf would raise its own TypeError)."""
     if not isinstance(value, str):
@@ -575,8 +584,7 @@ class Client:
         instances READY, LOADING, UNLOADING or UNAVAILABLE (``unloaded``), and profiles
         not loaded (state ""). ``ready_only``: the READY ones."""
         try:
-            r = self._stub.ListModels(pb.ListModelsRequest(index=True, ready_only=ready_only),
-                                      timeout=self.timeout)
+            r = self._stub.ListModels(_index_request(ready_only), timeout=self.timeout)
         except grpc.RpcError as e:
             raise _unavailable(e, url=self.url) from e
         return [_meta(m) for m in r.models]
@@ -686,8 +694,7 @@ class AsyncClient:
     async def repository_index(self, ready_only: bool = False) -> list[ModelMeta]:
         """As ``Client.repository_index``."""
         try:
-            r = await self._stub.ListModels(
-                pb.ListModelsRequest(index=True, ready_only=ready_only), timeout=self.timeout)
+            r = await self._stub.ListModels(_index_request(ready_only), timeout=self.timeout)
         except grpc.RpcError as e:
             raise _unavailable(e, url=self.url) from e
         return [_meta(m) for m in r.models]

@@ -340,6 +340,18 @@ def test_arguments_of_the_wrong_type_are_value_errors(cluster):
             c.infer("mobilenet_v2", slo_ms=True)
         with pytest.raises(ValueError, match="model"):
             c.model_status(None)
+        # (protobuf's own TypeError before, naming no argument)
+        async def index(ready_only):
+            async with clockwork.AsyncClient(cluster.address, timeout=10) as ac:
+                return await ac.repository_index(ready_only)
+
+        for bad in ("yes", 0.5, 2, None, np.zeros(2)):
+            with pytest.raises(ValueError, match="ready_only must be True or False"):
+                c.repository_index(bad)
+            with pytest.raises(ValueError, match="ready_only must be True or False"):
+                asyncio.run(index(bad))
+        assert [m.state for m in c.repository_index(np.True_)] == \
+            [m.state for m in c.repository_index(True)]
 
 
 def test_a_closed_client_raises_the_same_error_from_both_clients(cluster):
