@@ -845,6 +845,8 @@ class ControllerNode:
                     "(a firewall)?")
         except socket.gaierror as e:
             return f"cannot resolve {host!r}: {e.strerror}"
+        except UnicodeError:  # (a name no resolver takes: an empty part, say, "a..b")
+            return f"cannot resolve {host!r}: not a valid host name"
         except ssl.SSLCertVerificationError as e:
             return (f"the TLS handshake failed, its certificate refused ({e.verify_message})"
                     ": is it signed by the --worker-tls-ca CA, for this host name?")

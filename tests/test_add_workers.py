@@ -217,11 +217,21 @@ def test_another_spelling_of_a_connected_workers_address_adds_nothing():
             for alias in (f"localhost:{port}", f"127.0.0.1:0{port}", f" {address} "):
                 assert await node.add_worker(alias, timeout=5) == (0, [0], False), alias
             for bad in ("127.0.0.1", f"ipv4:127.0.0.1:{port}", f"dns:///127.0.0.1:{port}",
-                        "127.0.0.1:0", "127.0.0.1:70000", f":{port}", f"::1:{port}"):
+                        "127.0.0.1:0", "127.0.0.1:70000", f":{port}", f"::1:{port}",
+                        # (longer than DNS allows: resolving it raised UnicodeError, which
+                        # gRPC answered UNKNOWN)
+                        f"{'a' * 3000}:{port}", f"{'a' * 64}.example:{port}",
+                        f"a..b:{port}", f".a:{port}"):
                 with pytest.raises(RepositoryError) as e:
                     await node.add_worker(bad, timeout=5)
                 assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT, bad
                 assert "expected HOST:PORT" in e.value.message, (bad, e.value.message)
+            # a name of the right lengths that no resolver takes (its IDNA form is too
+            # long): not on loopback, refused as any other (UnicodeError, said UNKNOWN)
+            with pytest.raises(RepositoryError) as e:
+                await node.add_worker(f"{'ü' * 60}:{port}", timeout=5)
+            assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT, e.value
+            assert "without the cluster secret" in e.value.message, e.value
             assert len(node.links) == 1 and node.counters.get("workers_added", 0) == 0
             assert node.counters.get("worker_losses", 0) == 0
         finally:

@@ -32,6 +32,13 @@ def split(text: str) -> tuple[str, int]:
             raise ValueError(f"worker address {given!r}: {_HINT}")
     if any(c in host for c in "/@ ?#\\") or host.startswith("-"):
         raise ValueError(f"worker address {given!r}: {_HINT}")
+    name = host[:-1] if host.endswith(".") else host  # ("host." is fully qualified)
+    if ":" not in host and (len(name) > 253
+                            or any(not 1 <= len(p) <= 63 for p in name.split("."))):
+        # (no resolver takes it; resolving it raised UnicodeError, not a socket error)
+        raise ValueError(f"worker address {given[:80]!r}{'...' if len(given) > 80 else ''}: "
+                         "not a host name DNS takes (at most 253 characters, each part "
+                         f"between dots 1 to 63; {_HINT})")
     if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
         raise ValueError(f"worker address {given!r}: the port must be 1-65535 ({_HINT})")
     return host, int(port)

@@ -97,7 +97,7 @@ def is_loopback(host: str) -> bool:
         pass
     try:
         infos = socket.getaddrinfo(h, None)
-    except OSError:
+    except (OSError, UnicodeError):  # (UnicodeError: a name no resolver takes)
         return False
     return bool(infos) and all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback
                                for i in infos)
