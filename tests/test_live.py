@@ -391,7 +391,7 @@ def test_replay_wait_passes_on_a_cancel_that_comes_as_its_event_is_set():
     """The replay's wait for answers (``wait_set``) is cancelled at the moment an answer
     sets its event: the cancellation goes through. (``asyncio.wait_for`` on Python 3.11
     returned the wait's result instead, and a replay cancelled by Ctrl-C ran on.)"""
-    from clockwork.cluster.replay import wait_set
+    from clockwork.protocol.waits import wait_set
 
     async def main():
         evt = asyncio.Event()

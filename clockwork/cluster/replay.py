@@ -22,6 +22,7 @@ import numpy as np
 
 from clockwork.actions import RequestStatus
 from clockwork.models.reference import POOL
+from clockwork.protocol.waits import wait_set
 from clockwork.requests import Reply, Request
 from clockwork.scenario import Scenario, ScenarioError, instance_names, load_scenario
 from clockwork.telemetry import Telemetry, emit_run, write_run
@@ -32,18 +33,6 @@ STREAM_INTERVAL_US = 2000.0  # at most one request message per ms (clockwork.pro
 LONG_WAIT_S = 0.002  # longer waits also wake early for answers (closed loops resend)
 
 now_ns = time.monotonic_ns
-
-
-async def wait_set(evt: asyncio.Event, timeout_s: float) -> None:
-    """Wait until ``evt`` is set or ``timeout_s`` has passed, whichever is first.
-    Not ``asyncio.wait_for``: on Python 3.11 it drops a cancellation that arrives as the
-    event is set (it returns the wait's result instead), and a replay cancelled by Ctrl-C
-    while answers set its event ran on to its end."""
-    try:
-        async with asyncio.timeout(timeout_s):
-            await evt.wait()
-    except TimeoutError:
-        pass
 
 
 @dataclass

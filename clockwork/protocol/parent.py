@@ -28,7 +28,8 @@ def parent_env() -> dict[str, str]:
 async def stop_when_orphaned(stop: asyncio.Event, who: str) -> None:
     """Set ``stop`` once the parent named in ``PARENT_ENV`` is no longer this process's
     parent; returns at once when none is named (a process started by hand)."""
-    import asyncio  # (here: a parent that only names itself does not load asyncio)
+    # (here: a parent that only names itself does not load asyncio)
+    from clockwork.protocol.waits import wait_set
 
     text = os.environ.pop(PARENT_ENV, "")  # (not passed on to processes started here)
     if not text.isdigit():
@@ -43,8 +44,4 @@ async def stop_when_orphaned(stop: asyncio.Event, who: str) -> None:
             except OSError:
                 pass
             return
-        try:
-            async with asyncio.timeout(CHECK_EVERY_S):
-                await stop.wait()
-        except TimeoutError:
-            pass
+        await wait_set(stop, CHECK_EVERY_S)
