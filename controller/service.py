@@ -845,7 +845,7 @@ class ControllerNode:
                     "(a firewall)?")
         except socket.gaierror as e:
             return f"cannot resolve {host!r}: {e.strerror}"
-        except UnicodeError:  # (a name no resolver takes: an empty part, say, "a..b")
+        except UnicodeError:  # (a name no resolver takes: one whose IDNA form is too long)
             return f"cannot resolve {host!r}: not a valid host name"
         except ssl.SSLCertVerificationError as e:
             return (f"the TLS handshake failed, its certificate refused ({e.verify_message})"
