@@ -1,10 +1,15 @@
-"""Every zoo model at every batch size against its numpy reference, on the cpu device:
-compiled outputs before and after an EVICT and a LOAD into different pages.
+"""Every zoo model at every batch size against its numpy reference, on a real device
+(cpu, or cuda on an NVIDIA GPU): compiled outputs before and after an EVICT and a LOAD
+into different pages.
 
     python experiments/check_outputs.py [--models a,b] [--batch-sizes 1,2,4,8,16]
+    python experiments/check_outputs.py --device cuda [--packages DIR]
 
 Prints the largest absolute error per model and batch size, before and after the reload;
-exits 1 if any output is outside rtol = atol = 1e-4. Packages are compiled into a temporary folder.
+exits 1 if any output is outside rtol = atol = 1e-4. Packages are compiled into a
+temporary folder, or taken from DIR/<model>/ (``clockwork compile MODEL --device DEVICE
+--out DIR/MODEL``: for cuda that is a cross-compile, so a GPU machine can run this with
+TVM's runtime alone).
 """
 
 from __future__ import annotations
@@ -22,23 +27,37 @@ import numpy as np  # noqa: E402
 def main(argv=None) -> int:
     from clockwork.models.package import compile_model, read_package, reference_weights
     from clockwork.models.zoo import ZOO, get_model
-    from worker.devices.cpu import CpuDevice
 
     p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--models", default=",".join(sorted(ZOO)))
-    p.add_argument("--batch-sizes", default="1,2,4,8,16")
+    p.add_argument("--batch-sizes", default="1,2,4,8,16",
+                   help="when compiling; with --packages, each package's own")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--packages", metavar="DIR", type=Path,
+                   help="take the packages from DIR/<model>/ instead of compiling them")
     args = p.parse_args(argv)
-    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    if args.device == "cuda":
+        from worker.devices.cuda import CudaDevice as Device
+        from worker.devices.cuda import cuda_target_and_check
+        target = "" if args.packages else cuda_target_and_check()
+    else:
+        from worker.devices.cpu import CpuDevice as Device
+        target = "llvm"
     bad = 0
     print(f"{'model':18} {'batch':>5} {'max |err|':>10} {'after reload':>12}  pages")
     with tempfile.TemporaryDirectory(prefix="cw-check-") as tmp:
         for name in args.models.split(","):
-            path = compile_model(name, sizes, Path(tmp) / name)
+            if args.packages:
+                path = args.packages / name
+            else:
+                path = compile_model(name, [int(b) for b in args.batch_sizes.split(",")],
+                                     Path(tmp) / name, target=target)
             meta = read_package(path)
+            sizes = meta["batch_sizes"]
             w = reference_weights(meta, path)
             n = meta["weights_pages"]
             # room for two copies plus a filler: the reload lands on different pages
-            dev = CpuDevice(2 * n + 1)
+            dev = Device(2 * n + 1, meta["page_size"])
             dev.register(name, path)
             dev.register("filler", path)
             pages1, _ = dev.load(name)

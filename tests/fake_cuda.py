@@ -180,9 +180,9 @@ class FakeTvm:
                 tvm.set_streams.append(ptr)
 
         self._dev = Dev()
-        self.runtime = types.SimpleNamespace(load_module=lambda path: ("lib", path),
-                                             from_dlpack=lambda a: a)
-        self.relax = types.SimpleNamespace(VirtualMachine=lambda lib, dev: _FakeVM(tvm))
+        self.runtime = types.SimpleNamespace(
+            load_module=lambda path: ("lib", path), from_dlpack=lambda a: a,
+            vm=types.SimpleNamespace(VirtualMachine=lambda lib, dev: _FakeVM(tvm)))
 
     def cuda(self, index: int = 0):
         return self._dev

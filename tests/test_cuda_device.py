@@ -12,6 +12,7 @@ import types
 import numpy as np
 import pytest
 
+from tests import cuda_packages
 from worker.devices import cuda
 from worker.devices.cpu import DeviceError
 from worker.devices.cuda import CudaDevice, CudaPageArena, DeviceUnavailable
@@ -160,16 +161,31 @@ def test_check_cli_device(capsys):
         _check_message(err.split("clockwork profile: ", 1)[1].strip())
 
 
+def test_profiling_a_package_built_elsewhere_needs_no_cuda_code_generator(monkeypatch,
+                                                                           capsys):
+    """A GPU machine with TVM's runtime alone profiles a cross-compiled package; only
+    compiling needs the code generator."""
+    def no_codegen(arch=cuda.DEFAULT_ARCH):
+        raise cuda._unavailable("this Apache TVM build has no CUDA code generator")
+
+    monkeypatch.setattr(cuda, "probe", lambda index=0: None)  # (a GPU is there)
+    monkeypatch.setattr(cuda, "cuda_target_and_check", no_codegen)
+    assert cuda.check_cli_device("profile", "cuda", compiles=False)
+    assert capsys.readouterr().err == ""
+    for cmd in ("profile", "compile"):
+        assert not cuda.check_cli_device(cmd, "cuda")
+        assert "no CUDA code generator" in capsys.readouterr().err
+
+
 # -- on a GPU -------------------------------------------------------------------------
 
 
 @pytest.mark.skipif(not GPU, reason="needs cupy, pynvml and a CUDA GPU")
 def test_gpu_outputs_match_reference(tmp_path):
-    from clockwork.models.package import compile_model, read_package, reference_weights
+    from clockwork.models.package import read_package, reference_weights
     from clockwork.models.zoo import get_model
 
-    path = compile_model("mlp", [1, 4], tmp_path / "mlp", target=cuda.cuda_target_and_check(),
-                         page_size=4096)
+    path = cuda_packages.package("mlp", [1, 4], 4096, tmp_path / "mlp")
     meta = read_package(path)
     dev = CudaDevice(meta["weights_pages"] + 2, 4096)
     assert dev.kind == "cuda"

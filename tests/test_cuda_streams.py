@@ -127,3 +127,27 @@ def test_lane_errors_carry_codes(tmp_path):
     with pytest.raises(WeightsAlreadyLoaded) as e:
         dev.load("a")
     assert e.value.code == ErrorCode.WEIGHTS_ALREADY_LOADED
+
+
+def test_instances_of_one_package_share_its_kernels_and_pinned_weights(tmp_path):
+    """The kernels of a package are built once however many instances the controller
+    registers (each build is an NVRTC compile), and its weights pinned once; each
+    instance still loads into its own pages and runs on its own weights."""
+    dev, _, tvm = fake_cuda_device(12)
+    built = []
+    load_module = tvm.runtime.load_module
+    tvm.runtime.load_module = lambda path: built.append(path) or load_module(path)
+    pkg = fake_package(tmp_path / "a")
+    for n in ("a:1", "a:2", "a:3"):
+        dev.register(n, pkg)
+    dev.register("b", fake_package(tmp_path / "b"))
+    assert len(built) == 2
+    assert dev.models["a:1"].package is dev.models["a:3"].package
+    assert dev.models["a:1"].package is not dev.models["b"].package
+    p1, _ = dev.load("a:1")
+    p2, _ = dev.load("a:2")
+    assert set(p1).isdisjoint(p2)
+    dev.evict("a:1")
+    assert dev.infer("a:2", None, 1)[0] is not None
+    with pytest.raises(WeightsNotPresent):
+        dev.infer("a:1", None, 1)

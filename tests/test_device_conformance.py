@@ -56,11 +56,10 @@ def cpu_package(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cuda_package(tmp_path_factory):
-    from clockwork.models.package import compile_model
-    from worker.devices.cuda import cuda_target_and_check
+    from tests import cuda_packages
 
-    return compile_model("mlp", BATCHES, tmp_path_factory.mktemp("conformance-cuda") / "mlp",
-                         target=cuda_target_and_check(), page_size=PS)
+    return cuda_packages.package("mlp", BATCHES, PS,
+                                 tmp_path_factory.mktemp("conformance-cuda") / "mlp")
 
 
 @pytest.fixture(params=[
@@ -218,24 +217,32 @@ def test_worker_answers_with_the_error_code(cls):
 @pytest.fixture(params=[
     pytest.param("cpu", marks=pytest.mark.skipif(not HAS_TVM, reason="needs Apache TVM")),
     "cuda-fake",
+    "cuda",
 ])
 def real(request, tmp_path):
     """(device, package) of a real device (its weights in arena memory) whose arena has
     room for three instances and 4 pages more."""
-    if request.param == "cpu":
+    if request.param in ("cpu", "cuda"):
         from clockwork.models.package import read_package
-        from worker.devices.cpu import CpuDevice
 
-        pkg = request.getfixturevalue("cpu_package")
-        return CpuDevice(3 * read_package(pkg)["weights_pages"] + 4, PS), pkg
+        if request.param == "cpu":
+            from worker.devices.cpu import CpuDevice as cls
+        else:
+            if not _gpu():
+                pytest.skip("needs cupy, pynvml and a CUDA GPU")
+            from worker.devices.cuda import CudaDevice as cls
+        pkg = request.getfixturevalue(f"{request.param}_package")
+        return cls(3 * read_package(pkg)["weights_pages"] + 4, PS), pkg
     pkg = fake_package(tmp_path / "mlp", pages=5, batch_sizes=BATCHES)
     return fake_cuda_device(3 * 5 + 4)[0], pkg
 
 
 def _weights(dev, name: str) -> list[np.ndarray]:
+    """The weights where the arena holds them, copied to host memory."""
     m = dev.models[name]
-    return [dev.arena.view(m.pages, t["offset"], t["shape"], t["dtype"]).copy()
-            for t in m.meta["params"]]
+    views = [dev.arena.view(m.pages, t["offset"], t["shape"], t["dtype"])
+             for t in m.meta["params"]]
+    return [v.get() if hasattr(v, "get") else v.copy() for v in views]  # (cupy: .get())
 
 
 def _scatter(dev, pkg, before_a: int, before_b: int) -> None:

@@ -66,12 +66,12 @@ def _build(cmd: str, model: str, batch_sizes: list[int], out: Path, device: str,
     return compile_model(model, batch_sizes, out, target=DEVICES[device], seed=seed)
 
 
-def _check_device(cmd: str, device: str) -> bool:
-    """cpu: always; cuda: compile needs TVM's CUDA code generator (cross-compiles without
+def _check_device(cmd: str, device: str, compiles: bool = True) -> bool:
+    """cpu: always; cuda: compiling needs TVM's CUDA code generator (cross-compiles without
     a GPU), profile needs the GPU itself. Prints why not and returns False."""
     from worker.devices.cuda import check_cli_device
 
-    return check_cli_device(cmd, device)
+    return check_cli_device(cmd, device, compiles)
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -96,7 +96,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from worker.devices.base import DeviceError
     from worker.profiling import profile_package
 
-    if not _check_device("profile", args.device):
+    if not _check_device("profile", args.device, compiles=args.package is None):
         return 2
     with tempfile.TemporaryDirectory(prefix="clockwork-profile-") as tmp:
         package = Path(args.package) if args.package else None

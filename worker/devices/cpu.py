@@ -98,7 +98,7 @@ class CpuDevice(RealDevice):
 
     def _package(self, path: Path) -> _Package:
         import tvm
-        from tvm import relax
+        from tvm.runtime.vm import VirtualMachine  # TVM's runtime alone is enough
 
         from clockwork.models.package import LIBRARY, WEIGHTS, elf_problem, read_package
 
@@ -115,7 +115,7 @@ class CpuDevice(RealDevice):
             raise InvalidPackage(f"package {path}: {LIBRARY}: {why}")
         try:
             lib = tvm.runtime.load_module(str(path / LIBRARY))
-            vm = relax.VirtualMachine(lib, tvm.cpu())
+            vm = VirtualMachine(lib, tvm.cpu())
             functions = {int(b): vm[f] for b, f in meta["functions"].items()}
         except Exception as e:  # noqa: BLE001 - TVM's own errors: a library it cannot use
             raise InvalidPackage(f"package {path}: {LIBRARY} cannot be loaded: "

@@ -4,7 +4,8 @@ Same interface and semantics as :class:`worker.devices.cpu.CpuDevice`:
 
 * ``register(name, package)`` is LoadModelFromDisk: load the library (TVM compiles the
   package's CUDA kernels for this GPU here, with NVRTC or nvcc), create a Relax VM on
-  ``tvm.cuda()``, and read the weights blob into pinned host memory (so LOAD is a copy).
+  ``tvm.cuda()``, and read the weights blob into pinned host memory (so LOAD is a copy);
+  once per package, shared by all its instances. TVM's runtime is all this needs.
 * ``load(name)`` is LOAD: allocate pages of the GPU arena (one preallocated,
   4096-aligned cupy buffer cut into 16 MiB pages), copy the pinned blob in page by page
   (host to device, asynchronous on the LOAD stream, then wait for that stream) and wrap
@@ -189,9 +190,11 @@ def cuda_target_and_check(arch: str = DEFAULT_ARCH) -> str:
     return target
 
 
-def check_cli_device(cmd: str, device: str) -> bool:
+def check_cli_device(cmd: str, device: str, compiles: bool = True) -> bool:
     """For ``clockwork compile|profile --device DEVICE``: True if the command can go on;
-    otherwise print why not (the caller exits 2)."""
+    otherwise print why not (the caller exits 2). ``compiles``: the command builds a
+    package, which needs TVM's CUDA code generator; a profile of a package built elsewhere
+    needs only the GPU and TVM's runtime."""
     if device == "cpu":
         return True
     if device != "cuda":
@@ -201,7 +204,8 @@ def check_cli_device(cmd: str, device: str) -> bool:
     try:
         if cmd == "profile":
             probe()
-        cuda_target_and_check()
+        if compiles:
+            cuda_target_and_check()
     except DeviceUnavailable as e:
         print(f"clockwork {cmd}: {e}", file=sys.stderr)
         return False
@@ -254,19 +258,32 @@ class CudaPageArena(PageArena):
 
 
 @dataclass
-class _Model:
-    name: str
+class _Package:
+    """A compiled package, loaded once per device and shared by every instance of it: its
+    kernels are compiled once, its weights pinned once."""
+
     path: Path
     meta: dict
     vm: object
     functions: dict[int, object]
     blob: np.ndarray  # pinned host memory: LOAD's copies are asynchronous on the LOAD stream
-    inputs: dict[int, tuple[object, object]] = field(default_factory=dict)  # (cupy, tvm)
+    # per batch size, (cupy, tvm) views of one device buffer: one EXEC runs at a time
+    inputs: dict[int, tuple[object, object]] = field(default_factory=dict)
+
+
+@dataclass
+class _Model:
+    name: str
+    package: _Package
     pages: list[int] | None = None
     bound: list[object] | None = None
     loading: bool = False  # a LOAD is copying its weights in
     busy: int = 0  # EXECs running on these weights
     free_after: list[int] | None = None  # evicted during an EXEC: free these after it
+
+    @property
+    def meta(self) -> dict:
+        return self.package.meta
 
 
 def _target_kind(target: str) -> str:
@@ -313,6 +330,8 @@ class CudaDevice(RealDevice):
             self._start = cupy.cuda.Event()
             self._end = cupy.cuda.Event()
         self.models: dict[str, _Model] = {}
+        self.packages: dict[Path, _Package] = {}
+        self._registering = threading.Lock()  # one package loaded (kernels built) at a time
         # models and the arena's page table; held on the GPU only while a LOAD slides
         # loaded weights together (_take_pages)
         self._lock = threading.Lock()
@@ -327,17 +346,23 @@ class CudaDevice(RealDevice):
         out[...] = a
         return out
 
-    def _relax(self):
-        relax = getattr(self._tvm, "relax", None)
-        return relax if relax is not None else importlib.import_module("tvm.relax")
+    def _vm_module(self):
+        """Where the VirtualMachine class is: TVM's runtime (``tvm.runtime.vm``), so a GPU
+        machine needs only TVM's runtime libraries, not its compiler."""
+        vm = getattr(getattr(self._tvm, "runtime", None), "vm", None)
+        return vm if vm is not None else importlib.import_module("tvm.runtime.vm")
 
     # -- LoadModelFromDisk --------------------------------------------------------------
 
-    def register(self, name: str, package: str | Path) -> dict:
+    def _package(self, path: Path) -> _Package:
+        """The package at ``path``, loaded on first use (under ``_registering``)."""
         from clockwork.models.package import LIBRARY, WEIGHTS, read_package
 
+        key = path.resolve()
+        pkg = self.packages.get(key)
+        if pkg is not None:
+            return pkg
         cupy, tvm = self._cupy, self._tvm
-        path = Path(package)
         meta = read_package(path)
         if _target_kind(meta["target"]) != "cuda":
             raise InvalidPackage(f"package {path} was compiled for {meta['target']!r}, not "
@@ -345,24 +370,33 @@ class CudaDevice(RealDevice):
         if meta["page_size"] != self.arena.page_size:
             raise InvalidPackage(f"package {path} is laid out in {meta['page_size']}-byte "
                                  f"pages, the arena has {self.arena.page_size}-byte pages")
-        with self._lock:
-            if name in self.models:
-                raise InvalidPackage(f"model {name!r} is already registered")
         lib = tvm.runtime.load_module(str(path / LIBRARY))  # compiles the kernels
-        vm = self._relax().VirtualMachine(lib, self._dev)
+        vm = self._vm_module().VirtualMachine(lib, self._dev)
         functions = {int(b): vm[f] for b, f in meta["functions"].items()}
         blob = self._pinned(np.fromfile(path / WEIGHTS, dtype=np.uint8))
-        m = _Model(name, path, meta, vm, functions, blob)
+        pkg = _Package(path, meta, vm, functions, blob)
         spec = meta["inputs"][0]
         with cupy.cuda.Device(self.index):
             for b in functions:
                 buf = cupy.zeros((b, *spec["shape"]), dtype=spec["dtype"])
-                m.inputs[b] = (buf, tvm.runtime.from_dlpack(buf))
+                pkg.inputs[b] = (buf, tvm.runtime.from_dlpack(buf))
+        self.packages[key] = pkg
+        return pkg
+
+    def register(self, name: str, package: str | Path) -> dict:
+        """LoadModelFromDisk: make instance ``name`` of the package known (not yet LOADed).
+        Instances of one package share its kernels and pinned weights; building them
+        holds no lock a LOAD or an EXEC takes."""
         with self._lock:
             if name in self.models:
                 raise InvalidPackage(f"model {name!r} is already registered")
-            self.models[name] = m
-        return meta
+        with self._registering:
+            pkg = self._package(Path(package))
+        with self._lock:
+            if name in self.models:
+                raise InvalidPackage(f"model {name!r} is already registered")
+            self.models[name] = _Model(name, pkg)
+        return pkg.meta
 
     # -- LOAD / EVICT ---------------------------------------------------------------------
 
@@ -379,7 +413,7 @@ class CudaDevice(RealDevice):
                 m.loading = True
             try:
                 with self._cupy.cuda.Device(self.index):
-                    self._copy_in(pages, m.blob)
+                    self._copy_in(pages, m.package.blob)
                     bound = self._bind(pages, m.meta)
             except Exception as e:
                 with self._lock:
@@ -428,11 +462,12 @@ class CudaDevice(RealDevice):
         CUDA events recorded on that stream around the kernels. ``inputs`` None runs
         zeros of ``batch_size`` rows."""
         m = self._model(name)
+        pkg = m.package
         b = int(inputs.shape[0]) if inputs is not None else int(batch_size or 0)
-        if b not in m.functions:
+        if b not in pkg.functions:
             raise InvalidBatchSize(f"model {name!r}: batch size {b} not in "
-                                   f"{sorted(m.functions)}")
-        buf, tin = m.inputs[b]
+                                   f"{sorted(pkg.functions)}")
+        buf, tin = pkg.inputs[b]
         if inputs is None:
             spec = m.meta["inputs"][0]
             inputs = np.zeros((b, *spec["shape"]), spec["dtype"])
@@ -451,7 +486,7 @@ class CudaDevice(RealDevice):
                     buf.set(np.ascontiguousarray(inputs, dtype=buf.dtype), stream=stream)  # INPUT
                     self._dev.set_raw_stream(stream.ptr)  # TVM launches on the EXEC stream
                     self._start.record(stream)
-                    out = m.functions[b](tin, *bound)  # EXEC
+                    out = pkg.functions[b](tin, *bound)  # EXEC
                     self._end.record(stream)
                     self._end.synchronize()
                     ms = cupy.cuda.get_elapsed_time(self._start, self._end)
