@@ -139,7 +139,30 @@ def _tvm():
         import tvm
     except ImportError as e:
         raise _unavailable(f"Apache TVM is not installed ({e}; `pip install 'clockwork-py[tvm]'`)") from e
+    _load_cuda_runtime(tvm)
     return tvm
+
+
+def _load_cuda_runtime(tvm) -> None:
+    """Load TVM's CUDA runtime library (libtvm_runtime_cuda) if TVM has not.
+
+    TVM 0.27 loads it only while registering its CUDA backend, whose Python side needs
+    TVM's compiler: with TVM's runtime alone (no libtvm_compiler, or
+    ``TVM_USE_RUNTIME_LIB=1``) that registration fails first and ``tvm.cuda().exist``
+    stays False on a GPU machine. A library that will not load here (no libcuda.so.1)
+    is left for :func:`probe` to report.
+    """
+    libs = getattr(getattr(tvm, "base", None), "_LOADED_LIBS", None)
+    if not isinstance(libs, dict) or "tvm_runtime_cuda" in libs or "tvm_runtime" not in libs:
+        return
+    try:
+        from tvm_ffi.libinfo import load_lib_ctypes
+
+        libs["tvm_runtime_cuda"] = load_lib_ctypes(
+            package="tvm", target_name="tvm_runtime_cuda", mode="RTLD_LOCAL",
+            extra_lib_paths=[Path(libs["tvm_runtime"]._name).resolve().parent])
+    except Exception:  # noqa: BLE001  (OSError, RuntimeError: not there, or no driver)
+        pass
 
 
 def probe(index: int = 0):
