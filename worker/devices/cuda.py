@@ -122,10 +122,33 @@ def _kernel_compiler() -> str | None:
     return "nvcc" if nvcc else None
 
 
-def _use_kernel_compiler() -> str:
+def _runtime_only(tvm) -> bool:
+    """Whether TVM runs with its runtime library alone (no libtvm_compiler)."""
+    return bool(getattr(getattr(tvm, "base", None), "_RUNTIME_ONLY", False))
+
+
+def _use_kernel_compiler(arch: str | None = None) -> str:
     """Pick NVRTC or nvcc for TVM (TVM defaults to NVRTC, which needs cuda-bindings) and
-    register TVM's compile callback; raise DeviceUnavailable when there is neither."""
+    register TVM's compile callback; raise DeviceUnavailable when there is neither.
+
+    With TVM's runtime alone, TVM's own callback cannot run: it reads the architecture
+    from the current compile target, and its nvcc path the compiler's pass context, both
+    parts of the compiler. So there the kernels are built with NVRTC for ``arch`` (the
+    GPU's, ``sm_XY``) by a callback of ours that names it."""
     how = _kernel_compiler()
+    tvm = _tvm()
+    if _runtime_only(tvm) and arch is not None:
+        if how != "nvrtc":
+            raise _unavailable("no CUDA kernel compiler for TVM's runtime alone: it builds "
+                               "kernels with NVRTC (`pip install cuda-bindings`)")
+        nvcc = importlib.import_module("tvm.support.nvcc")
+
+        def build_kernels(code: str) -> bytes:
+            return nvcc.compile_cuda(code, target_format="cubin", arch=arch, compiler="nvrtc")
+
+        importlib.import_module("tvm_ffi").register_global_func(
+            "tvm_callback_cuda_compile", build_kernels, override=True)
+        return how
     if how is None:
         raise _unavailable("no CUDA kernel compiler: TVM needs NVRTC (`pip install "
                            "cuda-bindings`) or nvcc (the CUDA toolkit) to build kernels")
@@ -186,7 +209,7 @@ def probe(index: int = 0):
     if not tvm.cuda(index).exist:
         raise _unavailable("this Apache TVM has no working CUDA runtime (libtvm_runtime_cuda "
                            "not loaded: it needs libcuda.so.1 from the NVIDIA driver)")
-    _use_kernel_compiler()
+    _use_kernel_compiler(f"sm_{cupy.cuda.Device(index).compute_capability}")  # e.g. "90"
     return cupy, pynvml, tvm
 
 
