@@ -1017,6 +1017,10 @@ def format_summary(s: dict) -> str:
          f"{acts.get('rejected', 0):,}"),
         ("duration", f"{s['duration_s']:.1f} s"),
     ]
+    told = [f for f in s.get("failures") or [] if isinstance(f, dict)
+            and isinstance(f.get("count"), int) and isinstance(f.get("message"), str)]
+    at = [k for k, _ in rows].index("  failed") + 1
+    rows[at:at] = [("    told", f"{f['count']:,} x {f['message']}") for f in told[:3]]
     if "workers_suspected" in s:  # live runs: the controller's liveness verdicts
         rows.append(("workers suspected (then reset)", f"{s['workers_suspected']:,}"))
         if "weights_kept" in s:

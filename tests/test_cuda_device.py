@@ -84,7 +84,8 @@ def test_constructor_without_pynvml(monkeypatch):
 
 
 def test_kernel_compiler_missing(monkeypatch):
-    monkeypatch.setitem(sys.modules, "cuda", None)  # no cuda-bindings (NVRTC)
+    for m in ("cuda", "cuda.bindings", "cuda.bindings.nvrtc"):  # no cuda-bindings (NVRTC),
+        monkeypatch.setitem(sys.modules, m, None)  # even where a GPU probe imported it
     monkeypatch.setattr(cuda.shutil, "which", lambda _: None)
     monkeypatch.setenv("CUDA_HOME", "/nonexistent")
     monkeypatch.delenv("TVM_CUDA_COMPILE_MODE", raising=False)

@@ -204,6 +204,30 @@ class WorkerNode:
         self._out_bytes = 0
         self._room.set()
 
+    def prepare_packages(self, stopped=lambda: False) -> None:
+        """Build the kernels of every package in the package directory on each device
+        that needs it (cuda: seconds of NVRTC a package, cached on disk), before the
+        worker serves: a Hello then registers instances at once. Says what it does on
+        stderr, a line a package. A package that will not build is left to the Hello,
+        which reports it missing. Stops early once ``stopped()``."""
+        devices = [d for d in self.real if hasattr(d, "prepare")]
+        if not devices or not self.packages.is_dir():
+            return
+        found = sorted(p.parent for p in self.packages.glob("*/model.json"))
+        for k, path in enumerate(found, 1):
+            if stopped():
+                return
+            t0 = time.perf_counter()
+            try:
+                for dev in devices:
+                    dev.prepare(path)
+            except Exception as e:  # noqa: BLE001 - not a package for this device, say
+                print(f"worker: package {path.name} not prepared: {e}", file=sys.stderr,
+                      flush=True)
+                continue
+            print(f"worker: kernels of {path.name} ready ({k}/{len(found)}, "
+                  f"{time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+
     def confined(self, ref: str) -> Path | None:
         """Package reference ``ref`` (a name, or a path) as a directory inside the package
         directory (``--packages``), resolved; None if it is anywhere else: a ``..`` part,
@@ -1008,6 +1032,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         orphan = asyncio.ensure_future(stop_when_orphaned(stop, "worker"))
+        await asyncio.to_thread(node.prepare_packages, stop.is_set)
+        if stop.is_set():
+            orphan.cancel()
+            return
 
         def ready(port: int, link_port: int) -> None:
             print(listening_line(args, node, port, link_port), flush=True)

@@ -15,6 +15,7 @@ import asyncio
 import heapq
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from clockwork.telemetry import Telemetry, emit_run, write_run
 from clockwork.time import NS_PER_S, ms, sec
 
 TICK_S = 0.0005  # arrivals due within this of each other are sent in one message
+MESSAGES_KEPT, MESSAGE_CHARS = 50, 300  # failure messages counted apart, and their length
 STREAM_INTERVAL_US = 2000.0  # at most one request message per ms (clockwork.protocol.pacing)
 LONG_WAIT_S = 0.002  # longer waits also wake early for answers (closed loops resend)
 
@@ -126,6 +128,7 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         open_next[i] = w.next_arrival()
     state = {"sent": 0, "answered": 0, "dup": 0}
     answered: set[int] = set()
+    failures: Counter[str] = Counter()  # what the failed requests were told, by message
     done_evt = asyncio.Event()
     t0 = now_ns()
     if on_start is not None:
@@ -152,6 +155,12 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
             rep = Reply(req, RequestStatus(resp.status), now - t0, resp.message, resp.gpu,
                         resp.batch_size)
         tel.reply(rep)
+        if rep.status not in (RequestStatus.SUCCESS, RequestStatus.TIMEOUT):
+            why = rep.message[:MESSAGE_CHARS] or rep.status.name
+            if why in failures or len(failures) < MESSAGES_KEPT:
+                failures[why] += 1
+            else:
+                failures["(other messages)"] += 1
         w = workloads[widx]
         for t, m, slo in w.on_reply(req.model, rep.status == RequestStatus.SUCCESS, now - t0):
             seq += 1
@@ -236,6 +245,7 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     }
     # a worker that did not answer a probe in time: its actions failed, and when it
     # answered again it was reset, keeping the weights it had loaded (how many: kept)
+    summary["failures"] = [{"message": m, "count": n} for m, n in failures.most_common(3)]
     summary["workers_suspected"] = d.get("worker_suspects", 0)
     summary["weights_kept"] = d.get("weights_kept", 0)
     # the action log (and so prediction errors) is the controller's: its --log-dir

@@ -80,16 +80,20 @@ class _Child:
         self.lines.put(None)
 
     def wait_address(self, timeout: float) -> str:
+        """The address the child prints once it listens. Each line it prints meanwhile
+        gives it ``timeout`` seconds more: a cuda worker says a line a package while it
+        builds kernels, which can take minutes the first time on a machine."""
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"{self.name} did not report its address in "
-                                   f"{timeout:.0f} s{self._output_note()}")
+                raise TimeoutError(f"{self.name} did not report its address (nothing said "
+                                   f"for {timeout:.0f} s){self._output_note()}")
             try:
                 line = self.lines.get(timeout=left)
             except queue.Empty:
                 continue
+            deadline = time.monotonic() + timeout
             if line is None:
                 rc = self.proc.wait()
                 if rc == 2 and self.output:  # it refused a setting or a port: its own line

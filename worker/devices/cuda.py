@@ -38,6 +38,7 @@ cross-compile on a machine without a GPU: see :func:`cuda_target_and_check`.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import json
 import os
@@ -127,33 +128,70 @@ def _runtime_only(tvm) -> bool:
     return bool(getattr(getattr(tvm, "base", None), "_RUNTIME_ONLY", False))
 
 
+KERNEL_CACHE_ENV = "CLOCKWORK_KERNEL_CACHE"
+
+
+def kernel_cache_dir() -> Path | None:
+    """Where built kernels are kept between runs: ``$CLOCKWORK_KERNEL_CACHE`` (empty: no
+    cache), else ``$XDG_CACHE_HOME/clockwork/cuda-kernels`` (``~/.cache`` by default)."""
+    set_to = os.environ.get(KERNEL_CACHE_ENV)
+    if set_to is not None:
+        return Path(set_to) if set_to else None
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache",
+                "clockwork", "cuda-kernels")
+
+
+def cached_kernels(build, code: str, tag: str) -> bytes:
+    """``build(code)``, or what it made for the same ``code`` and ``tag`` (compiler and
+    architecture) before, from :func:`kernel_cache_dir`. A cache that cannot be read or
+    written is passed by: the kernels are built."""
+    where = kernel_cache_dir()
+    if where is None:
+        return bytes(build(code))
+    key = hashlib.sha256(f"{tag}\0{code}".encode()).hexdigest()
+    path = where / f"{key}.bin"
+    with contextlib.suppress(OSError):
+        return path.read_bytes()
+    made = bytes(build(code))
+    with contextlib.suppress(OSError):
+        where.mkdir(parents=True, exist_ok=True)
+        part = where / f".{key}.{os.getpid()}.{threading.get_ident()}"
+        part.write_bytes(made)
+        os.replace(part, path)  # whole or not at all, for readers beside us
+    return made
+
+
 def _use_kernel_compiler(arch: str | None = None) -> str:
     """Pick NVRTC or nvcc for TVM (TVM defaults to NVRTC, which needs cuda-bindings) and
-    register TVM's compile callback; raise DeviceUnavailable when there is neither.
+    register the callback TVM builds kernels with; raise DeviceUnavailable when there is
+    neither.
 
-    With TVM's runtime alone, TVM's own callback cannot run: it reads the architecture
-    from the current compile target, and its nvcc path the compiler's pass context, both
-    parts of the compiler. So there the kernels are built with NVRTC for ``arch`` (the
-    GPU's, ``sm_XY``) by a callback of ours that names it."""
+    With ``arch`` (the GPU's, ``sm_XY``: a GPU machine), the callback is ours: it names
+    the architecture and keeps what it builds in :func:`kernel_cache_dir`, so a package's
+    kernels (seconds of NVRTC each) are built once per machine. TVM's own callback reads
+    the architecture from the compiler's current target, which TVM's runtime alone does
+    not have; there the kernels are built with NVRTC."""
     how = _kernel_compiler()
     tvm = _tvm()
-    if _runtime_only(tvm) and arch is not None:
-        if how != "nvrtc":
-            raise _unavailable("no CUDA kernel compiler for TVM's runtime alone: it builds "
-                               "kernels with NVRTC (`pip install cuda-bindings`)")
-        nvcc = importlib.import_module("tvm.support.nvcc")
-
-        def build_kernels(code: str) -> bytes:
-            return nvcc.compile_cuda(code, target_format="cubin", arch=arch, compiler="nvrtc")
-
-        importlib.import_module("tvm_ffi").register_global_func(
-            "tvm_callback_cuda_compile", build_kernels, override=True)
-        return how
-    if how is None:
+    if how is None or (arch is not None and _runtime_only(tvm) and how != "nvrtc"):
         raise _unavailable("no CUDA kernel compiler: TVM needs NVRTC (`pip install "
-                           "cuda-bindings`) or nvcc (the CUDA toolkit) to build kernels")
+                           "cuda-bindings`) or nvcc (the CUDA toolkit) to build kernels"
+                           + ("; with TVM's runtime alone, NVRTC" if how else ""))
     os.environ["TVM_CUDA_COMPILE_MODE"] = how
-    importlib.import_module("tvm.support.nvcc")  # registers tvm_callback_cuda_compile
+    nvcc = importlib.import_module("tvm.support.nvcc")  # registers TVM's own callback
+    if arch is None:
+        return how
+    fmt = "cubin" if how == "nvrtc" else "fatbin"
+    tag = f"{how} {fmt} {arch} tvm {getattr(tvm, '__version__', '?')}"
+
+    def build(code: str) -> bytes:
+        return nvcc.compile_cuda(code, target_format=fmt, arch=arch, compiler=how)
+
+    def build_kernels(code: str) -> bytes:
+        return cached_kernels(build, code, tag)
+
+    importlib.import_module("tvm_ffi").register_global_func(
+        "tvm_callback_cuda_compile", build_kernels, override=True)
     return how
 
 
@@ -428,6 +466,12 @@ class CudaDevice(RealDevice):
                 pkg.inputs[b] = (buf, tvm.runtime.from_dlpack(buf))
         self.packages[key] = pkg
         return pkg
+
+    def prepare(self, package: str | Path) -> dict:
+        """Build the package's kernels and pin its weights now, so that registering its
+        instances later takes no time (a worker does this at start). Returns its meta."""
+        with self._registering:
+            return self._package(Path(package)).meta
 
     def register(self, name: str, package: str | Path) -> dict:
         """LoadModelFromDisk: make instance ``name`` of the package known (not yet LOADed).
