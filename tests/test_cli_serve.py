@@ -91,11 +91,43 @@ def test_serve_replay_serves_rest_and_kserve_only_when_asked(tmp_path):
     to watch /metrics during the replay, and the first line says where."""
     base = ["serve", "poisson_warm", "--replay", "--set", "duration_s=1", "--quiet"]
     lines = {}
-    for name, extra in (("default", []), ("asked", ["--http-port", "0", "--kserve-port", "0"])):
+    for name, extra in (("default", ["--out", "run"]),
+                        ("asked", ["--http-port", "0", "--kserve-port", "0"])):
         p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", *base, *extra],
                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert p.returncode == 0, p.stdout + p.stderr
         lines[name] = p.stderr.splitlines()[0]
+    # (and --out keeps what the controller and the worker said)
+    logs = tmp_path / "run" / "logs"
+    assert "clockwork controller listening on" in (logs / "controller.log").read_text()
+    assert "clockwork worker listening on" in (logs / "worker0.log").read_text()
     assert "REST at" not in lines["default"] and "KServe" not in lines["default"]
     assert ", REST at 127.0.0.1:" in lines["asked"], lines["asked"]
     assert ", KServe gRPC at 127.0.0.1:" in lines["asked"], lines["asked"]
+
+
+def _child(tmp_path, script: str):
+    from clockwork.cluster.serve import _Child
+
+    return _Child("worker0", [sys.executable, "-c", script], log=tmp_path / "w.log")
+
+
+def test_a_child_that_keeps_saying_what_it_does_gets_more_time(tmp_path):
+    """A cuda worker prints a line a package while it builds kernels, longer in all than
+    the wait: each line gives it the wait again. One that says nothing for the wait is
+    given up on, saying so; its output is in its log too."""
+    slow = ("import time\nfor k in range(6):\n    print(f'building {k}', flush=True)\n"
+            "    time.sleep(0.3)\nprint('clockwork worker listening on 127.0.0.1:5 (x)', "
+            "flush=True)\ntime.sleep(30)")
+    c = _child(tmp_path, slow)
+    try:
+        assert c.wait_address(1.0) == "127.0.0.1:5"  # after ~1.8 s
+    finally:
+        c.stop()
+    assert "building 5" in (tmp_path / "w.log").read_text()
+    quiet = _child(tmp_path, "import time; time.sleep(30)")
+    try:
+        with pytest.raises(TimeoutError, match="nothing said for 1 s"):
+            quiet.wait_address(1.0)
+    finally:
+        quiet.stop()

@@ -56,6 +56,9 @@ hang = [{ worker = 0, at_s = 2.0, for_s = 3.0 }]
     assert summary["workers_suspected"] >= 1  # reported, as in the printed table
     assert summary["weights_kept"] >= 1 and "copies kept through the resets" in p.stdout
     assert "workers suspected (then reset)" in p.stdout
+    # what failed requests were told, if any failed (counted apart by message)
+    assert bool(summary["failures"]) == bool(summary["failed"])
+    assert sum(f["count"] for f in summary["failures"]) <= summary["failed"]
     during = [r for r in rows if sec(2.0) <= int(r["arrival"]) < sec(5.0)]
     met = sum(r["deadline_met"] == "1" for r in during) / len(during)
     # >= 0.9 on a quiet host (0.86 seen with the 2 cores shared by 3 busy loops, 0.71

@@ -822,3 +822,18 @@ def test_write_run_names_the_file_a_full_disk_stopped(tmp_path, monkeypatch, fmt
         assert e.value.filename == str(tmp_path / name), name
         assert str(tmp_path / name) in str(e.value)
         assert not list(tmp_path.glob("*.tmp")) and not (tmp_path / "summary.json").exists()
+
+
+def test_the_table_says_what_failed_requests_were_told():
+    """A live replay's summary keeps the commonest answers of failed requests; the table
+    prints them under 'failed' (and passes over entries a hand-made summary got wrong)."""
+    tel = T.Telemetry(0)
+    s = tel.summary(1.0)
+    s["failures"] = [{"message": "no worker is available to serve the model", "count": 20115},
+                     {"message": "worker lost", "count": 7},
+                     {"message": 3, "count": "x"}]
+    lines = T.format_summary(s).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.lstrip().startswith("failed"))
+    assert "20,115 x no worker is available to serve the model" in lines[at + 1]
+    assert "7 x worker lost" in lines[at + 2]
+    assert "told" in lines[at + 1] and "told" not in lines[at + 3]

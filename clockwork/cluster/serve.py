@@ -14,6 +14,7 @@ line; a client token goes to the controller as a 0600 file in the run directory.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
@@ -55,10 +56,16 @@ class _Child:
     """A child process whose stdout lines are read by a thread (so waits have deadlines)."""
 
     def __init__(self, name: str, argv: list[str], echo: bool = False,
-                 extra_env: Mapping[str, str | None] | None = None) -> None:
+                 extra_env: Mapping[str, str | None] | None = None,
+                 log: Path | None = None) -> None:
+        """``log``: a file its output is added to as it comes (None: kept in memory only)."""
         self.name = name
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.echo = echo
+        self._log = None
+        if log is not None:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(log, "a", buffering=1)  # noqa: SIM115 - closed by _pump
         env = dict(os.environ, PYTHONUNBUFFERED="1", **parent_env())  # stops if we die
         for k, v in (extra_env or {}).items():  # None: not in the child's environment
             if v is None:
@@ -72,11 +79,18 @@ class _Child:
         self.output: list[str] = []
 
     def _pump(self) -> None:
+        log = self._log
         for line in self.proc.stdout:
             self.output.append(line)
             self.lines.put(line)
             if self.echo:
                 sys.stderr.write(f"[{self.name}] {line}")
+            if log is not None:
+                with contextlib.suppress(OSError):  # (a full disk: the run goes on)
+                    log.write(line)
+        if log is not None:
+            with contextlib.suppress(OSError):
+                log.close()
         self.lines.put(None)
 
     def wait_address(self, timeout: float) -> str:
@@ -152,7 +166,8 @@ class LocalCluster:
                  device: str = "emulated", packages: str | None = None,
                  kserve_port: int = -1, scheduler: Mapping[str, object] | None = None,
                  run_dir: str | None = None, *, cluster_secret: str | None = None,
-                 token: str | None = None, worker_host: str | None = None) -> None:
+                 token: str | None = None, worker_host: str | None = None,
+                 log_dir: str | Path | None = None) -> None:
         self.n_workers, self.gpus, self.profiles, self.models = workers, gpus, profiles, models
         self.pages, self.host, self.port, self.worker_port = pages, host, port, worker_port
         self.echo = echo
@@ -177,6 +192,13 @@ class LocalCluster:
         self._env = {SECRET_ENV: self.cluster_secret or None}  # the children's, not argv
         self.token = token
         self.worker_host = worker_host or host
+        self.log_dir = Path(log_dir) if log_dir is not None else None
+
+    def _child(self, name: str, argv: list[str]) -> _Child:
+        """Start a controller or worker process; with ``log_dir`` its output goes to
+        ``log_dir/NAME.log`` too."""
+        log = self.log_dir / f"{name}.log" if self.log_dir is not None else None
+        return _Child(name, argv, self.echo, self._env, log)
 
     def restart_worker(self, i: int) -> None:
         """Start worker ``i`` again on its port (after it died); returns once it listens.
@@ -187,7 +209,7 @@ class LocalCluster:
         port = self.worker_addresses[i].rpartition(":")[2]
         argv = list(self._worker_argv[i])
         argv[argv.index("--port") + 1] = port
-        child = _Child(f"worker{i}", argv, self.echo, self._env)
+        child = self._child(f"worker{i}", argv)
         self.workers[i] = child
         child.wait_address(self.timeout)
 
@@ -200,7 +222,7 @@ class LocalCluster:
             raise RuntimeError("the controller is still running")
         argv = list(self._controller_argv) + list(extra)
         argv[argv.index("--port") + 1] = self.address.rpartition(":")[2]
-        self.controller = _Child("controller", argv, self.echo, self._env)
+        self.controller = self._child("controller", argv)
         self.address = self.controller.wait_address(self.timeout)
 
     def worker_flags(self, i: int) -> list[str]:
@@ -224,7 +246,7 @@ class LocalCluster:
             argv = _cli() + ["worker", "--host", self.worker_host, "--port", str(port),
                              *self.worker_flags(i)]
             self._worker_argv.append(argv)
-            self.workers.append(_Child(f"worker{i}", argv, self.echo, self._env))
+            self.workers.append(self._child(f"worker{i}", argv))
         return [w.wait_address(self.timeout) for w in self.workers]
 
     def _stop_workers(self) -> None:
@@ -241,7 +263,7 @@ class LocalCluster:
         argv = _cli() + ["worker", "--host", self.worker_host, "--port", "0",
                          *self.worker_flags(i)]
         self._worker_argv.append(argv)
-        child = _Child(f"worker{i}", argv, self.echo, self._env)
+        child = self._child(f"worker{i}", argv)
         self.workers.append(child)
         address = child.wait_address(self.timeout)
         self.worker_addresses.append(address)
@@ -270,7 +292,7 @@ class LocalCluster:
                 argv += ["--token-file", str(write_private(self._run_path() / "token",
                                                            self.token + "\n"))]
             self._controller_argv = argv
-            self.controller = _Child("controller", argv, self.echo, self._env)
+            self.controller = self._child("controller", argv)
             self.address = self.controller.wait_address(self.timeout)
         except BaseException:
             self.stop()
@@ -569,7 +591,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
           "kserve_port": _listener(args.kserve_port, 8001, replaying),
           "worker_args": worker_args,
           "packages": packages, "scheduler": scheduler, "token": getattr(args, "token", None),
-          "worker_host": "127.0.0.1"}
+          "worker_host": "127.0.0.1",
+          # a replay's report folder keeps what the controller and workers said
+          "log_dir": Path(args.out) / "logs" if replaying and args.out else None}
     if ray_address is None:
         cluster = LocalCluster(workers, gpus, profiles, models, pages, args.host, port,
                                args.worker_port, **kw)

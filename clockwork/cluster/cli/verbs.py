@@ -295,7 +295,8 @@ def add_serve(sub) -> None:
                    help="run the scenario's [[workloads]] against the cluster, print the SLO "
                    "table, and stop (one command: cluster + load + report)")
     p.add_argument("--out", type=t.out_dir, metavar="DIR",
-                   help="with --replay (needs it): write logs and summary.json here")
+                   help="with --replay (needs it): write logs and summary.json here, and the "
+                   "controller's and workers' output as logs/NAME.log")
     p.add_argument("--quiet", action="store_true",
                    help="with --replay (needs it): no progress line")
     p.add_argument("--log-dir", metavar="DIR", help="the controller writes requests.tsv and "

@@ -1,0 +1,130 @@
+"""Building a cuda package's kernels, without a GPU: built kernels are cached on disk and
+read back for the same source and architecture, the callback TVM builds with names the
+GPU's architecture and goes through that cache, and a cuda worker builds every package's
+kernels before it serves (tests/fake_cuda.py stands in for cupy and TVM)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+from tests.fake_cuda import PAGE, fake_cuda_device, fake_package
+from worker.devices import cuda
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    where = tmp_path / "kernels"
+    monkeypatch.setenv(cuda.KERNEL_CACHE_ENV, str(where))
+    return where
+
+
+def _counting_build(calls):
+    def build(code):
+        calls.append(code)
+        return f"binary of {code}".encode()
+    return build
+
+
+def test_kernels_are_built_once_for_a_source_and_tag(cache):
+    calls: list = []
+    build = _counting_build(calls)
+    first = cuda.cached_kernels(build, "__global__ void k() {}", "nvrtc cubin sm_90")
+    again = cuda.cached_kernels(build, "__global__ void k() {}", "nvrtc cubin sm_90")
+    assert first == again == b"binary of __global__ void k() {}" and len(calls) == 1
+    cuda.cached_kernels(build, "__global__ void k() {}", "nvrtc cubin sm_100")  # another GPU
+    cuda.cached_kernels(build, "__global__ void j() {}", "nvrtc cubin sm_90")  # other code
+    assert len(calls) == 3
+    assert len(list(cache.glob("*.bin"))) == 3 and not list(cache.glob(".*"))  # no parts
+
+
+def test_no_cache_when_the_variable_is_empty_or_the_folder_unusable(tmp_path, monkeypatch):
+    calls: list = []
+    build = _counting_build(calls)
+    monkeypatch.setenv(cuda.KERNEL_CACHE_ENV, "")
+    assert cuda.kernel_cache_dir() is None
+    for _ in range(2):
+        assert cuda.cached_kernels(build, "c", "t") == b"binary of c"
+    assert len(calls) == 2
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv(cuda.KERNEL_CACHE_ENV, str(blocker / "kernels"))
+    assert cuda.cached_kernels(build, "c", "t") == b"binary of c"  # built all the same
+    assert len(calls) == 3
+
+
+def test_default_cache_folder_follows_xdg(tmp_path, monkeypatch):
+    monkeypatch.delenv(cuda.KERNEL_CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cuda.kernel_cache_dir() == tmp_path / "clockwork" / "cuda-kernels"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tvm") is None, reason="needs Apache TVM")
+def test_the_callback_tvm_builds_with_names_the_gpu_and_uses_the_cache(cache, monkeypatch):
+    import tvm_ffi
+    from tvm.support import nvcc
+
+    seen: list = []
+
+    def compile_cuda(code, target_format=None, arch=None, options=None, path_target=None,
+                     compiler="nvrtc"):
+        seen.append((target_format, arch, compiler))
+        return b"cubin"
+
+    monkeypatch.setattr(cuda, "_kernel_compiler", lambda: "nvrtc")
+    monkeypatch.setattr(nvcc, "compile_cuda", compile_cuda)
+    try:
+        assert cuda._use_kernel_compiler("sm_90") == "nvrtc"
+        build = tvm_ffi.get_global_func("tvm_callback_cuda_compile")
+        assert bytes(build("extern \"C\" __global__ void k() {}")) == b"cubin"
+        assert bytes(build("extern \"C\" __global__ void k() {}")) == b"cubin"
+    finally:  # TVM's own callback back, for the other tests of this process
+        tvm_ffi.register_global_func("tvm_callback_cuda_compile",
+                                     nvcc.tvm_callback_cuda_compile, override=True)
+        os.environ.pop("TVM_CUDA_COMPILE_MODE", None)
+    assert seen == [("cubin", "sm_90", "nvrtc")]  # once: the second came from the cache
+
+
+def test_a_cuda_worker_builds_every_package_before_it_serves(tmp_path, monkeypatch, capsys):
+    from worker import service
+
+    packages = tmp_path / "packages"
+    for name in ("a", "b"):
+        fake_package(packages / name)
+    (packages / "broken").mkdir()
+    (packages / "broken" / "model.json").write_text("{")
+    made = []
+
+    def open_device(kind, pages, index=0):
+        dev, _, tvm = fake_cuda_device(pages)
+        load_module = tvm.runtime.load_module
+        tvm.runtime.load_module = lambda path: made.append(path) or load_module(path)
+        return dev
+
+    monkeypatch.setattr(service, "_open_device", open_device)
+    node = service.WorkerNode(1, 8, "v100-reference", "cuda", packages=str(packages))
+    node.prepare_packages()
+    err = capsys.readouterr().err
+    assert "kernels of a ready (1/3" in err and "kernels of b ready (2/3" in err
+    assert "package broken not prepared" in err
+    assert len(made) == 2
+    dev = node.real[0]
+    dev.register("a:1", packages / "a")
+    dev.register("a:2", packages / "a")
+    assert len(made) == 2  # registering built nothing more
+    assert dev.arena.page_size == PAGE
+
+
+def test_building_stops_once_the_worker_is_told_to(tmp_path, monkeypatch):
+    from worker import service
+
+    packages = tmp_path / "packages"
+    for name in ("a", "b"):
+        fake_package(packages / name)
+    monkeypatch.setattr(service, "_open_device",
+                        lambda kind, pages, index=0: fake_cuda_device(pages)[0])
+    node = service.WorkerNode(1, 8, "v100-reference", "cuda", packages=str(packages))
+    node.prepare_packages(lambda: True)
+    assert not node.real[0].packages
