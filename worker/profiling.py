@@ -37,7 +37,7 @@ def profile_package(package: str | Path, runs: int = 200, load_runs: int = 50,
         dev = CpuDevice(meta["weights_pages"], meta["page_size"])
     dev.register(meta["model"], package)
     name = meta["model"]
-    where = (f"cuda GPU {device}" if device == "cuda"
+    where = (f"cuda GPU {dev.telemetry().get('name') or dev.index}" if device == "cuda"
              else f"cpu ({platform.processor() or platform.machine()}, {meta['target']})")
     loads = []
     for _ in range(max(1, load_runs)):
