@@ -155,6 +155,46 @@ def test_attachments_travel_after_the_message_and_are_cut_per_tensor():
     assert cuts is None and isinstance(err, WireError)
 
 
+def test_arrays_of_wide_items_are_written_as_their_bytes(monkeypatch):
+    """Output tensors (float32 rows) go to the socket as flat views of their bytes: a
+    transport counts what it sent by ``len()``, which for a (3, 10) float32 array is 3.
+    Python 3.12's ``writelines`` lost its place in its buffers over that (IndexError,
+    the link closed after each worker's first result); every version could resume a
+    short send at the wrong byte."""
+    import numpy as np
+
+    rows = np.arange(30, dtype=np.float32).reshape(3, 10)
+    empty = np.zeros((0, 10), np.float32)
+    written = []
+
+    async def run():
+        got = []
+
+        async def serve(reader, writer):
+            stream = FrameStream(reader, writer, pb.ControllerMessage.FromString)
+            await reader.readexactly(TICKET_BYTES)
+            await stream.read()
+            got.append(bytes(stream.tail))
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        s = await dial("127.0.0.1", port, b"t" * TICKET_BYTES, pb.WorkerMessage.FromString)
+        w = s._w
+        writelines = w.writelines
+        monkeypatch.setattr(w, "writelines",
+                            lambda parts: written.extend(parts) or writelines(parts))
+        await s.write(pb.ControllerMessage(), [rows, empty, memoryview(rows)[1:]])
+        assert await s.read() is None
+        s.close()
+        server.close()
+        return got[0]
+
+    tail = asyncio.run(run())
+    assert tail == rows.tobytes() + rows[1:].tobytes()
+    assert all(len(p) == memoryview(p).nbytes for p in written)
+
+
 def test_attached_outputs_make_a_result_whose_rows_are_views():
     from clockwork.protocol.wire import WireError, msg_to_result, split_attachments
 

@@ -44,6 +44,18 @@ def new_ticket() -> bytes:
     return secrets.token_bytes(TICKET_BYTES)
 
 
+def _bytes_of(buf) -> memoryview:
+    """``buf`` (bytes, a memoryview, a C-contiguous array) as a flat view of its bytes.
+    A transport counts what it has sent in ``len()`` of what it was given, which for a
+    float32 array or its memoryview is its rows, not its bytes: Python 3.12's
+    ``writelines`` then lost its place in its buffers (``IndexError: pop from an empty
+    deque``, the link closed), and a short send could resume at the wrong byte."""
+    m = memoryview(buf)
+    if m.ndim == 1 and m.itemsize == 1:
+        return m
+    return m.cast("B") if m.nbytes else memoryview(b"")
+
+
 class FrameStream:
     """One end of a framed link: ``write(msg, attachments)`` and ``read()`` (a message
     parsed with ``parse``, or None once the peer has gone; the frame's attachments are
@@ -67,7 +79,8 @@ class FrameStream:
         n = len(data)
         total = 4 + n
         if attachments:
-            total += sum(memoryview(a).nbytes for a in attachments)
+            attachments = [_bytes_of(a) for a in attachments]
+            total += sum(len(a) for a in attachments)
         if total > MAX_FRAME:
             raise ConnectionError(f"a frame of {total} bytes (at most {MAX_FRAME})")
         if attachments:
