@@ -341,12 +341,29 @@ def json_loads(body: bytes | memoryview | str):
     JSON, or is nested more than ``JSON_DEPTH`` levels deep."""
     try:
         return orjson.loads(body)
-    except orjson.JSONDecodeError:
-        pass
+    except orjson.JSONDecodeError as e:
+        if str(e).startswith("depth limit exceeded"):  # (orjson's words, at 1,024 levels)
+            raise ValueError(f"nested more than {JSON_DEPTH} levels deep") from None
     try:
-        return json.loads(bytes(body) if isinstance(body, memoryview) else body)
-    except RecursionError:  # orjson refuses more than 1,024 levels; json runs out of stack
+        v = json.loads(bytes(body) if isinstance(body, memoryview) else body)
+    except RecursionError:  # json runs out of stack (Python 3.11: at ~1,000 levels)
         raise ValueError(f"nested more than {JSON_DEPTH} levels deep") from None
+    if _deeper_than(v, JSON_DEPTH):  # (Python 3.12's json reads thousands of levels)
+        raise ValueError(f"nested more than {JSON_DEPTH} levels deep")
+    return v
+
+
+def _deeper_than(v, limit: int) -> bool:
+    """Whether the lists and objects of ``v`` nest more than ``limit`` levels deep."""
+    level = [v] if isinstance(v, list | dict) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        level = [c for x in level for c in (x.values() if isinstance(x, dict) else x)
+                 if isinstance(c, list | dict)]
+    return False
 
 
 def _object(where: str, v) -> dict:

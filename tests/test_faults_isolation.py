@@ -530,7 +530,9 @@ def test_client_times_that_are_no_clock_reading_are_ignored(profiles):
                     got.update((r.client_id, (r.status, r.latency_ns)) for r in b.responses)
                 assert sorted(got) == list(range(10))
                 late = got.pop(9)  # sent 3 s ago by its clock: late, charged its delay
-                assert late[0] == 4 and 3e9 <= late[1] < 4e9, late
+                # (beyond the fastest message's transit: this one's may be shorter, by
+                # a fraction of a millisecond: 2.99984 s was seen)
+                assert late[0] == 4 and 2.99e9 <= late[1] < 4e9, late
                 behind = got.pop(2)  # stamped 1: charged the 60 s window, no more
                 assert behind[0] == 4 and 60e9 <= behind[1] < 61e9, behind
                 assert all(s == 0 and lat < 5e9 for s, lat in got.values()), got
