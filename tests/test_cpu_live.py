@@ -272,6 +272,32 @@ def test_output_check_flags_a_wrong_answer(packages):
     assert (v["checked"], v["wrong"], v["unchecked"]) == (2, 1, 1)
 
 
+def test_output_check_keeps_a_bounded_batch_and_passes_over_a_package_not_the_zoo_model(
+        packages, tmp_path, monkeypatch, capsys):
+    """Outputs are checked in batches as they come (memory stays bounded on a long run);
+    a package that carries a zoo model's name but not its weights (an ONNX import named
+    like it) leaves its outputs unchecked, said once, instead of failing the report."""
+    import shutil
+
+    from clockwork.models.reference import OutputCheck
+
+    shutil.copytree(packages / "mlp", tmp_path / "mlp")
+    shutil.copytree(packages / "mlp", tmp_path / "resnet_tiny")  # not resnet_tiny's weights
+    monkeypatch.setattr(OutputCheck, "FOLD", 2)
+    chk = OutputCheck(tmp_path, seed=1)
+    pool = chk.pool("mlp", (64,), "float32")
+    chk.pool("resnet_tiny", (3, 16, 16), "float32")
+    right = _reference_direct(packages, "mlp", pool[1])
+    for _ in range(3):
+        chk.record("mlp", 1, right)
+        chk.record("resnet_tiny", 0, right)
+        assert len(chk.seen) < 2
+    v = chk.verify()
+    assert (v["checked"], v["wrong"], v["unchecked"]) == (3, 0, 3)
+    err = capsys.readouterr().err
+    assert err.count("outputs of 'resnet_tiny' not checked") == 1
+
+
 def _reference_direct(packages, model, x):
     meta = read_package(packages / model)
     return get_model(model).reference(x[None], reference_weights(meta, packages / model))[0]
