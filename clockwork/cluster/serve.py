@@ -52,6 +52,9 @@ class ChildRefused(RuntimeError):
         self.echoed = echoed
 
 
+OUTPUT_KEPT = 1000  # a child's last lines kept in memory (at most twice as many)
+
+
 class _Child:
     """A child process whose stdout lines are read by a thread (so waits have deadlines)."""
 
@@ -60,7 +63,8 @@ class _Child:
                  log: Path | None = None) -> None:
         """``log``: a file its output is added to as it comes (None: kept in memory only)."""
         self.name = name
-        self.lines: queue.Queue[str | None] = queue.Queue()
+        # (bounded: once the address is read nobody reads them; the oldest go first)
+        self.lines: queue.Queue[str | None] = queue.Queue(OUTPUT_KEPT)
         self.echo = echo
         self._log = None
         if log is not None:
@@ -82,7 +86,9 @@ class _Child:
         log = self._log
         for line in self.proc.stdout:
             self.output.append(line)
-            self.lines.put(line)
+            if len(self.output) > 2 * OUTPUT_KEPT:  # (a long-lived child that keeps talking)
+                del self.output[:OUTPUT_KEPT]
+            self._offer(line)
             if self.echo:
                 sys.stderr.write(f"[{self.name}] {line}")
             if log is not None:
@@ -91,7 +97,16 @@ class _Child:
         if log is not None:
             with contextlib.suppress(OSError):
                 log.close()
-        self.lines.put(None)
+        self._offer(None)
+
+    def _offer(self, item: str | None) -> None:
+        while True:
+            try:
+                self.lines.put_nowait(item)
+                return
+            except queue.Full:
+                with contextlib.suppress(queue.Empty):
+                    self.lines.get_nowait()
 
     def wait_address(self, timeout: float) -> str:
         """The address the child prints once it listens. Each line it prints meanwhile
