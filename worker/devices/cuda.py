@@ -3,8 +3,8 @@
 Same interface and semantics as :class:`worker.devices.cpu.CpuDevice`:
 
 * ``register(name, package)`` is LoadModelFromDisk: load the library (TVM compiles the
-  package's CUDA kernels for this GPU here, with NVRTC or nvcc), create a Relax VM on
-  ``tvm.cuda()``, and read the weights blob into pinned host memory (so LOAD is a copy);
+  package's CUDA kernels for this GPU here, with NVRTC or nvcc, or reads them from the
+  kernel cache), create a VM (``tvm.runtime.vm``) on ``tvm.cuda()``, and read the weights blob into pinned host memory (so LOAD is a copy);
   once per package, shared by all its instances. TVM's runtime is all this needs.
 * ``load(name)`` is LOAD: allocate pages of the GPU arena (one preallocated,
   4096-aligned cupy buffer cut into 16 MiB pages), copy the pinned blob in page by page
@@ -176,7 +176,8 @@ def _use_kernel_compiler(arch: str | None = None) -> str:
     if how is None or (arch is not None and _runtime_only(tvm) and how != "nvrtc"):
         raise _unavailable("no CUDA kernel compiler: TVM needs NVRTC (`pip install "
                            "cuda-bindings`) or nvcc (the CUDA toolkit) to build kernels"
-                           + ("; with TVM's runtime alone, NVRTC" if how else ""))
+                           + ("; with TVM's runtime alone (no libtvm_compiler) only NVRTC "
+                              "will do, and only nvcc is here" if how else ""))
     os.environ["TVM_CUDA_COMPILE_MODE"] = how
     nvcc = importlib.import_module("tvm.support.nvcc")  # registers TVM's own callback
     if arch is None:
