@@ -105,7 +105,9 @@ def test_a_cuda_worker_builds_every_package_before_it_serves(tmp_path, monkeypat
 
     monkeypatch.setattr(service, "_open_device", open_device)
     node = service.WorkerNode(1, 8, "v100-reference", "cuda", packages=str(packages))
-    node.prepare_packages()
+    signs = []
+    node.prepare_packages(built=lambda: signs.append(1))
+    assert len(signs) == 2  # a sign of life after each package built (Ray's wait reads them)
     err = capsys.readouterr().err
     assert "kernels of a ready (1/3" in err and "kernels of b ready (2/3" in err
     assert "package broken not prepared" in err

@@ -204,12 +204,13 @@ class WorkerNode:
         self._out_bytes = 0
         self._room.set()
 
-    def prepare_packages(self, stopped=lambda: False) -> None:
+    def prepare_packages(self, stopped=lambda: False, built=lambda: None) -> None:
         """Build the kernels of every package in the package directory on each device
         that needs it (cuda: seconds of NVRTC a package, cached on disk), before the
         worker serves: a Hello then registers instances at once. Says what it does on
         stderr, a line a package. A package that will not build is left to the Hello,
-        which reports it missing. Stops early once ``stopped()``."""
+        which reports it missing. Stops early once ``stopped()``; calls ``built()`` after
+        each package (a sign of life for whoever waits for the worker to listen)."""
         devices = [d for d in self.real if hasattr(d, "prepare")]
         if not devices or not self.packages.is_dir():
             return
@@ -227,6 +228,7 @@ class WorkerNode:
                 continue
             print(f"worker: kernels of {path.name} ready ({k}/{len(found)}, "
                   f"{time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+            built()
 
     def confined(self, ref: str) -> Path | None:
         """Package reference ``ref`` (a name, or a path) as a directory inside the package

@@ -189,8 +189,12 @@ class WorkerActor:
             self.index = index
             threading.Thread(target=self._main, args=(run,), name="clockwork-worker",
                              daemon=True).start()
-            if not run.ready.wait(READY_TIMEOUT_S):
-                raise TimeoutError(f"worker {index} did not listen in {READY_TIMEOUT_S:.0f} s")
+            # (a cuda worker builds its packages' kernels first: each one built gives it
+            # the wait again)
+            while not run.ready.wait(1.0):
+                if time.monotonic() - run.progress > READY_TIMEOUT_S:
+                    raise TimeoutError(f"worker {index} did not listen in "
+                                       f"{READY_TIMEOUT_S:.0f} s")
             if run.error is None:
                 break
             self._run, self.index = None, None
@@ -221,6 +225,11 @@ class WorkerActor:
             run.stop = asyncio.Event()
             if run.stopping:  # (stopped before it listened)
                 run.stop.set()
+
+            def built() -> None:
+                run.progress = time.monotonic()
+
+            await asyncio.to_thread(node.prepare_packages, run.stop.is_set, built)
 
             def ready(port: int, link_port: int) -> None:
                 run.port = port
@@ -287,6 +296,7 @@ class _Run:
         self.stop: asyncio.Event | None = None
         self.stopping = False
         self.port = 0
+        self.progress = time.monotonic()  # the last sign of life before it listens
 
 
 def init_ray(**kw) -> None:
