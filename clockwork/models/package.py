@@ -86,6 +86,16 @@ def _packing_order(sizes: list[int], page_size: int) -> list[int]:
     return [i for b in bins for i in b[1]]
 
 
+def weights_blob(tensors: list[dict], arrays: dict[str, np.ndarray], size: int) -> np.ndarray:
+    """The weights file's bytes: each array of ``arrays`` at the offset its entry of
+    ``tensors`` (model.json's ``params``) gives, zeros elsewhere, ``size`` bytes."""
+    blob = np.zeros(size, dtype=np.uint8)
+    for t in tensors:
+        a = np.ascontiguousarray(arrays[t["name"]])
+        blob[t["offset"] : t["offset"] + a.nbytes] = np.frombuffer(a.tobytes(), np.uint8)
+    return blob
+
+
 def write_package(out: str | Path, *, model: str, irmod, target: str, batch_sizes: list[int],
                   weights: list[tuple[str, np.ndarray]], inputs: list[dict],
                   outputs: list[dict], page_size: int = PAGE_SIZE, started: float | None = None,
@@ -97,13 +107,10 @@ def write_package(out: str | Path, *, model: str, irmod, target: str, batch_size
 
     started = time.perf_counter() if started is None else started
     offsets, n_pages, runs = pack_tensors([a.nbytes for _, a in weights], page_size)
-    blob = np.zeros(n_pages * page_size, dtype=np.uint8)
-    tensors = []
-    for (pname, a), off in zip(weights, offsets, strict=True):
-        a = np.ascontiguousarray(a)
-        blob[off : off + a.nbytes] = np.frombuffer(a.tobytes(), np.uint8)
-        tensors.append({"name": pname, "shape": [int(s) for s in a.shape], "dtype": str(a.dtype),
-                        "offset": int(off), "nbytes": int(a.nbytes)})
+    tensors = [{"name": pname, "shape": [int(s) for s in a.shape], "dtype": str(a.dtype),
+                "offset": int(off), "nbytes": int(a.nbytes)}
+               for (pname, a), off in zip(weights, offsets, strict=True)]
+    blob = weights_blob(tensors, dict(weights), n_pages * page_size)
 
     executable = tvm.compile(irmod, target=target)
     out = Path(out)

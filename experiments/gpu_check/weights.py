@@ -12,21 +12,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import numpy as np  # noqa: E402
 import orjson  # noqa: E402
 
-from clockwork.models.package import METADATA, WEIGHTS, read_package  # noqa: E402
+from clockwork.models.package import (  # noqa: E402
+    METADATA,
+    WEIGHTS,
+    read_package,
+    weights_blob,
+)
 from clockwork.models.zoo import random_weights  # noqa: E402
 
 
 def rewrite(path: Path) -> int:
     meta = orjson.loads((path / METADATA).read_bytes())
     specs = [(t["name"], tuple(t["shape"]), t["dtype"]) for t in meta["params"]]
-    weights = random_weights(specs, meta["seed"])
-    blob = np.zeros(meta["weights_pages"] * meta["page_size"], dtype=np.uint8)
-    for t in meta["params"]:
-        a = np.ascontiguousarray(weights[t["name"]])
-        blob[t["offset"]: t["offset"] + a.nbytes] = np.frombuffer(a.tobytes(), np.uint8)
+    blob = weights_blob(meta["params"], random_weights(specs, meta["seed"]),
+                        meta["weights_pages"] * meta["page_size"])
     blob.tofile(path / WEIGHTS)
     read_package(path)  # (checks the size against model.json)
     return blob.size
