@@ -211,7 +211,7 @@ class WorkerNode:
         stderr, a line a package. A package that will not build is left to the Hello,
         which reports it missing. Stops early once ``stopped()``; calls ``built()`` after
         each package (a sign of life for whoever waits for the worker to listen)."""
-        devices = [d for d in self.real if hasattr(d, "prepare")]
+        devices = [d for d in self.real if d.builds_kernels]
         if not devices or not self.packages.is_dir():
             return
         found = sorted(p.parent for p in self.packages.glob("*/model.json"))
@@ -244,25 +244,53 @@ class WorkerNode:
             return None
         return p if p != root and p.is_relative_to(root) else None
 
-    def package_for(self, name: str, profile: str, explicit: str = "") -> Path | None:
+    def package_for(self, name: str, profile: str, explicit: str = "",
+                    say: bool = True) -> Path | None:
         """Where instance ``name`` (of ``profile``) has its model package, if anywhere
-        (always inside the package directory)."""
+        (always inside the package directory); ``say``: why not, on stderr."""
         own = self.confined(explicit) if explicit else None
-        if explicit and own is None:
-            print(f"worker: instance {name}: package {explicit!r} is not inside the package "
-                  f"directory {self.packages}; refused", file=sys.stderr, flush=True)
+        if explicit and (own is None or not (own / "model.json").exists()):
+            # a package named for it: that one, or none (never another)
+            if say:
+                why = (f"package {explicit!r} is not inside the package directory"
+                       if own is None else
+                       f"no model package {explicit!r} in the package directory")
+                print(f"worker: instance {name}: {why} {self.packages}; refused",
+                      file=sys.stderr, flush=True)
             return None
-        if own is not None:  # a package named for it: that one, or none (never another)
-            if (own / "model.json").exists():
-                return own
-            print(f"worker: instance {name}: no model package {explicit!r} in the package "
-                  f"directory {self.packages}; refused", file=sys.stderr, flush=True)
-            return None
+        if own is not None:
+            return own
         for p in (self.registered.get(name), self.registered.get(profile),
                   self.confined(profile)):
             if p is not None and (p / "model.json").exists():
                 return p
         return None
+
+    def unprepared(self, instances) -> list[Path]:
+        """The packages of ``instances`` (a Hello's or an InstanceUpdate's) that some real
+        device has not made ready yet (``prepare``): made on a thread before the message
+        is applied, so that the event loop keeps running the other models' actions
+        meanwhile (a real-size package's library and weights take a while to read; a
+        cuda package's kernels, when not built at start, seconds)."""
+        if not self.real:
+            return []
+        out: list[Path] = []
+        for i in instances:
+            path = self.package_for(i.name, i.profile, i.package, say=False)
+            if path is not None and path not in out and \
+                    not all(dev.prepared(path) for dev in self.real):
+                out.append(path)
+        return out
+
+    def prepare_paths(self, paths: list[Path]) -> None:
+        """``prepare`` each package on every real device (on a thread). A package that
+        fails is left alone: registering it fails again, and says so."""
+        for path in paths:
+            for dev in self.real:
+                try:
+                    dev.prepare(path)
+                except Exception:  # noqa: BLE001 - reported when it is registered
+                    break
 
     def _register(self, name: str, path: Path) -> None:
         for dev in self.real:
@@ -735,6 +763,9 @@ class WorkerServicer(pbg.WorkerServicer):
         rtask = None
         try:  # (from here on the session ends with this call, however it ends: a session
             # left active would hold the worker for a controller that is gone)
+            paths = node.unprepared(first.hello.instances)
+            if paths:  # (read on a thread: see ``_Session.deliver``)
+                await asyncio.to_thread(node.prepare_paths, paths)
             state = node.hello(first.hello)
             if session.ticket:
                 state.link_port, state.link_ticket = self.link_port, session.ticket
@@ -746,7 +777,7 @@ class WorkerServicer(pbg.WorkerServicer):
                     msg = await anext(it, None)
                     if msg is None:
                         break
-                    if not session.handle(msg):
+                    if not await session.deliver(msg):
                         return
                 session.wake.set()
 
@@ -801,7 +832,7 @@ class WorkerServicer(pbg.WorkerServicer):
                 await session.room()
                 if (msg := await stream.read()) is None:
                     break
-                if not session.handle(msg, stream.tail):
+                if not await session.deliver(msg, stream.tail):
                     return
             session.wake.set()
 
@@ -845,6 +876,7 @@ class _Session:
         self.ended = asyncio.Event()
         self.ticket = new_ticket() if offer else b""
         self.claimed = False
+        self._updating: asyncio.Task | None = None  # the last InstanceUpdate (``deliver``)
 
     @property
     def active(self) -> bool:
@@ -853,6 +885,8 @@ class _Session:
     def stop(self) -> None:
         self.ended.set()
         self.wake.set()
+        if self._updating is not None:
+            self._updating.cancel()  # (its package read goes on in its thread, to no end)
 
     def told(self, controller_id: str) -> bool:
         """Whether a refusal of the controller ``controller_id`` while this session lives
@@ -879,6 +913,40 @@ class _Session:
         while node._out_bytes > RESULT_BACKLOG_BYTES:
             node._room.clear()
             await node._room.wait()
+
+    async def deliver(self, msg: pb.ControllerMessage, tail=None) -> bool:
+        """``handle``, but a Hello or an InstanceUpdate that brings instances of packages
+        no device has read yet (``WorkerNode.unprepared``) has them read on a thread
+        first: reading one takes from a fraction of a second (a library, weights into
+        host memory) to seconds (a cuda package's kernels not built at start), and the
+        event loop runs the other models' actions meanwhile. An InstanceUpdate is applied
+        once its packages are read, after the InstanceUpdates before it, while the
+        messages behind it (actions, probes) are handled as they come: the controller
+        sends no action for an instance it adds before the worker's answer says it was
+        added. A Hello (a reset) waits for those and holds back the messages behind it.
+        False once the session has ended."""
+        kind = msg.WhichOneof("kind")
+        if kind == "update":
+            earlier = self._updating
+            paths = self.node.unprepared(msg.update.add)
+            if paths or (earlier is not None and not earlier.done()):
+                self._updating = asyncio.create_task(self._update_after(earlier, msg, paths))
+                return self.active
+        elif kind == "hello":
+            if self._updating is not None:
+                await asyncio.wait([self._updating])
+            paths = self.node.unprepared(msg.hello.instances)
+            if paths:
+                await asyncio.to_thread(self.node.prepare_paths, paths)
+        return self.handle(msg, tail)
+
+    async def _update_after(self, earlier: asyncio.Task | None, msg: pb.ControllerMessage,
+                            paths: list[Path]) -> None:
+        if earlier is not None:
+            await asyncio.wait([earlier])
+        if paths:
+            await asyncio.to_thread(self.node.prepare_paths, paths)
+        self.handle(msg)
 
     def handle(self, msg: pb.ControllerMessage, tail=None) -> bool:
         """One message from the controller (``tail``: its frame's attachments); False

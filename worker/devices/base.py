@@ -36,6 +36,8 @@ answered such failures with.
 from __future__ import annotations
 
 import contextlib
+import threading
+from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
@@ -195,9 +197,54 @@ class RealDevice:
     ``pages`` (None when not loaded)."""
 
     models: dict
+    # whether making a package ready builds its kernels (seconds: a worker does it for its
+    # whole package directory before it serves) or only reads it (done when first used)
+    builds_kernels: ClassVar[bool] = False
+    packages: dict  # resolved package path -> what ``_package`` made of it
+    _registering: threading.Lock  # one package made at a time
+    _lock: threading.Lock
 
     def duration(self, action, profile) -> None:
         return None
+
+    def _package(self, path: Path):
+        """The package at ``path`` made usable (library, weights in host memory, ...), on
+        first use; under ``_registering``, never ``_lock``."""
+        raise NotImplementedError
+
+    def _new_model(self, name: str, package):
+        """The state of instance ``name`` of ``package``."""
+        raise NotImplementedError
+
+    def prepare(self, package: str | Path) -> dict:
+        """Make the package ready now (load its library, read its weights; cuda: build its
+        kernels), so that registering its instances later takes no time. Holds no lock a
+        LOAD or an EXEC takes, so a worker runs it on a thread beside its actions.
+        Returns its meta."""
+        with self._registering:
+            return self._package(Path(package)).meta
+
+    def prepared(self, package: str | Path) -> bool:
+        """Whether the package at ``package`` is ready (``prepare``)."""
+        try:
+            return Path(package).resolve() in self.packages
+        except (OSError, RuntimeError):
+            return False
+
+    def register(self, name: str, package: str | Path) -> dict:
+        """LoadModelFromDisk: make instance ``name`` of the package known (not yet LOADed).
+        Instances of one package share what ``prepare`` made of it; making it holds no
+        lock a LOAD or an EXEC takes."""
+        with self._lock:
+            if name in self.models:
+                raise InvalidPackage(f"model {name!r} is already registered")
+        with self._registering:
+            pkg = self._package(Path(package))
+        with self._lock:
+            if name in self.models:
+                raise InvalidPackage(f"model {name!r} is already registered")
+            self.models[name] = self._new_model(name, pkg)
+        return pkg.meta
 
     def _model(self, name: str):
         try:

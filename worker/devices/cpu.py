@@ -91,12 +91,14 @@ class CpuDevice(RealDevice):
         self.arena = PageArena(n_pages, page_size)
         self.models: dict[str, _Model] = {}
         self.packages: dict[Path, _Package] = {}
-        self._lock = threading.Lock()  # models, packages and the arena's page table
+        self._registering = threading.Lock()  # one package made at a time
+        self._lock = threading.Lock()  # models and the arena's page table
         self._exec = threading.Lock()  # one EXEC at a time
 
     # -- LoadModelFromDisk --------------------------------------------------------------
 
     def _package(self, path: Path) -> _Package:
+        """The package at ``path``, loaded on first use (under ``_registering``)."""
         import tvm
         from tvm.runtime.vm import VirtualMachine  # TVM's runtime alone is enough
 
@@ -130,16 +132,8 @@ class CpuDevice(RealDevice):
         self.packages[key] = pkg
         return pkg
 
-    def register(self, name: str, package: str | Path) -> dict:
-        """LoadModelFromDisk: make instance ``name`` of the package known (not yet LOADed).
-        Instances of one package share its library and host copy of the weights."""
-        path = Path(package)
-        with self._lock:
-            if name in self.models:
-                raise InvalidPackage(f"model {name!r} is already registered")
-            pkg = self._package(path)
-            self.models[name] = _Model(name, pkg)
-        return pkg.meta
+    def _new_model(self, name: str, package: _Package) -> _Model:
+        return _Model(name, package)
 
     # -- LOAD / EVICT ---------------------------------------------------------------------
 

@@ -393,6 +393,7 @@ class CudaDevice(RealDevice):
     """
 
     kind = "cuda"
+    builds_kernels = True
 
     def __init__(self, n_pages: int, page_size: int = PAGE_SIZE, index: int = 0, *,
                  cupy=None, tvm=None, nvml=None) -> None:
@@ -468,26 +469,8 @@ class CudaDevice(RealDevice):
         self.packages[key] = pkg
         return pkg
 
-    def prepare(self, package: str | Path) -> dict:
-        """Build the package's kernels and pin its weights now, so that registering its
-        instances later takes no time (a worker does this at start). Returns its meta."""
-        with self._registering:
-            return self._package(Path(package)).meta
-
-    def register(self, name: str, package: str | Path) -> dict:
-        """LoadModelFromDisk: make instance ``name`` of the package known (not yet LOADed).
-        Instances of one package share its kernels and pinned weights; building them
-        holds no lock a LOAD or an EXEC takes."""
-        with self._lock:
-            if name in self.models:
-                raise InvalidPackage(f"model {name!r} is already registered")
-        with self._registering:
-            pkg = self._package(Path(package))
-        with self._lock:
-            if name in self.models:
-                raise InvalidPackage(f"model {name!r} is already registered")
-            self.models[name] = _Model(name, pkg)
-        return pkg.meta
+    def _new_model(self, name: str, package: _Package) -> _Model:
+        return _Model(name, package)
 
     # -- LOAD / EVICT ---------------------------------------------------------------------
 

@@ -1,0 +1,104 @@
+"""A model package a worker first meets while it serves (a model loaded at run time, a
+Hello naming new instances) is read on a thread, not on the worker's event loop: reading
+a real-size package (its library, its weights into host memory; a cuda package's kernels
+when they were not built at start) takes from a fraction of a second to seconds, and the
+other models' actions must run on time meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from tests.test_faults_live import _answer, _serve_in_process
+
+READ_S = 1.5  # how long reading the new package takes here
+
+
+def test_a_package_loaded_at_run_time_is_read_beside_the_other_models_actions(
+        tmp_path, cpu_package, monkeypatch):
+    """An in-process controller and cpu worker (one event loop for both) serve ``mlp``; a
+    model loaded at run time has a package that takes 1.5 s to read. While it is read,
+    the loop keeps turning (no gap over 0.5 s) and an ``mlp`` request sent then is
+    answered before the read ends; then the new model serves. Before, the worker read
+    the package inside its InstanceUpdate, on the loop: everything stood still."""
+    pytest.importorskip("tvm")
+    from controller.service import ControllerNode
+    from worker.devices import cpu
+    from worker.service import WorkerNode
+
+    cpu_package("mlp", tmp_path)
+    cpu_package("resnet_tiny", tmp_path)
+    real = cpu.CpuDevice._package
+    reading = threading.Event()
+    read_end: list[float] = []
+
+    def slow(self, path):
+        if path.name == "resnet_tiny" and path.resolve() not in self.packages:
+            reading.set()
+            time.sleep(READ_S)
+            read_end.append(time.monotonic())
+        return real(self, path)
+
+    monkeypatch.setattr(cpu.CpuDevice, "_package", slow)
+
+    async def main():
+        wnode = WorkerNode(1, 4, "cpu", "cpu", packages=str(tmp_path))
+        address, stop, served = await _serve_in_process(wnode)
+        node = ControllerNode([address], "cpu", models="mlp")
+        gaps: list[float] = []
+        ticking = True
+
+        async def tick() -> None:
+            last = time.monotonic()
+            while ticking:
+                await asyncio.sleep(0.01)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+        await node.start()
+        ticker = asyncio.create_task(tick())
+        try:
+            assert (await _answer(node, "mlp")).status == 0  # (its weights loaded)
+            load = asyncio.create_task(node.load_model("tiny", profile="resnet_tiny"))
+            assert await asyncio.to_thread(reading.wait, 30), "the package was not read"
+            assert (await _answer(node, "mlp")).status == 0
+            answered = time.monotonic()
+            assert await load == ["tiny"]
+            assert read_end and answered < read_end[0], \
+                "the resident model waited for the new package to be read"
+            assert (await _answer(node, "tiny")).status == 0
+            assert wnode.real[0].models.keys() == {"mlp", "tiny"}
+        finally:
+            ticking = False
+            await ticker
+            await node.stop()
+            stop.set()
+            await served
+        assert max(gaps) < 0.5, f"the event loop stood still for {max(gaps):.2f} s"
+
+    asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def test_only_packages_not_yet_read_are_prepared(tmp_path, cpu_package):
+    """``WorkerNode.unprepared``: the packages of the instances a message brings that a
+    device has not read yet, each once; none for an emulated worker."""
+    pytest.importorskip("tvm")
+    from clockwork.protocol import clockwork_pb2 as pb
+    from worker.service import WorkerNode
+
+    cpu_package("mlp", tmp_path)
+    cpu_package("resnet_tiny", tmp_path)
+    node = WorkerNode(1, 4, "cpu", "cpu", packages=str(tmp_path))
+    insts = [pb.Instance(name="a", profile="mlp"), pb.Instance(name="b", profile="mlp"),
+             pb.Instance(name="t", profile="resnet_tiny"),
+             pb.Instance(name="x", profile="mlp", package="no_such_package")]
+    assert node.unprepared(insts) == [(tmp_path / "mlp").resolve(),
+                                      (tmp_path / "resnet_tiny").resolve()]
+    node.prepare_paths([(tmp_path / "mlp").resolve()])
+    assert node.unprepared(insts) == [(tmp_path / "resnet_tiny").resolve()]
+    assert node.real[0].models == {}  # prepared, not registered
+    assert WorkerNode(1, 4).unprepared(insts) == []
