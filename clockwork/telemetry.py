@@ -245,10 +245,15 @@ class Telemetry:
             Path(spill_dir).mkdir(parents=True, exist_ok=True)
             self.spill_folder = Path(tempfile.mkdtemp(prefix="clockwork-rows-", dir=spill_dir))
             req_spill, act_spill = self.spill_folder / "requests", self.spill_folder / "actions"
-        self._req = ColumnLog(REQUEST_COLUMNS, REQUEST_DTYPES, req_spill, buffer_rows)
-        self._act = ColumnLog(ACTION_COLUMNS, ACTION_DTYPES, act_spill, buffer_rows)
-        self._finalizer = None if self.spill_folder is None else weakref.finalize(
-            self, _remove_spill, self._req, self._act, self.spill_folder)
+        try:
+            self._req = ColumnLog(REQUEST_COLUMNS, REQUEST_DTYPES, req_spill, buffer_rows)
+            self._act = ColumnLog(ACTION_COLUMNS, ACTION_DTYPES, act_spill, buffer_rows)
+            self._finalizer = None if self.spill_folder is None else weakref.finalize(
+                self, _remove_spill, self._req, self._act, self.spill_folder)
+        except BaseException:  # (a Ctrl-C too: the folder is not left behind)
+            if self.spill_folder is not None:
+                shutil.rmtree(self.spill_folder, ignore_errors=True)
+            raise
         self._rbuf, self._rlimit = self._req.buf, self._req.limit
         self._abuf, self._alimit = self._act.buf, self._act.limit
         self._sent: dict[int, Action] = {}

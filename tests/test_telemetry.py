@@ -535,6 +535,30 @@ def test_simulate_stopped_by_sigterm_removes_its_spill_folder(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_sigterm_as_the_spill_folder_is_made_leaves_no_folder(tmp_path):
+    """SIGTERM right after --spill-dir's folder is made, before the run starts: exit 130
+    and the folder gone (SIGTERM's handler came only with the run, so the process was
+    killed then and left the folder)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, signal, sys\n"
+        "from clockwork import telemetry\n"
+        "real = telemetry.ColumnLog.__init__\n"
+        "def init(self, *a, **k):  # (its folder exists by now)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    real(self, *a, **k)\n"
+        "telemetry.ColumnLog.__init__ = init\n"
+        "from clockwork.cluster.cli import main\n"
+        "sys.exit(main(['simulate', 'fig5_1gpu', '--set', 'duration_s=1', '--quiet',\n"
+        "               '--spill-dir', sys.argv[1]]))\n")
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 130 and "interrupted" in p.stderr, (p.returncode, p.stderr)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_second_controller_keeps_the_first_ones_tsv_logs(tmp_path):
     """A controller restarted with the same --log-dir: its first flush moves the earlier
     logs aside (requests.1.tsv, then .2, ...) instead of writing over them."""

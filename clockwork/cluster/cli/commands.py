@@ -33,6 +33,11 @@ def _sigterm_as_ctrl_c():
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    with _sigterm_as_ctrl_c():  # (from before --spill-dir's folder is made to its removal)
+        return _simulate(args)
+
+
+def _simulate(args: argparse.Namespace) -> int:
     from clockwork.cluster.sim import Simulation
     from clockwork.scenario import ScenarioError, load_scenario
     from clockwork.telemetry import emit_run
@@ -49,8 +54,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"clockwork simulate: {e}", file=sys.stderr)
         return 2
     try:
-        with _sigterm_as_ctrl_c():
-            res = sim.run()
+        res = sim.run()
     except RuntimeError as e:  # requests still unanswered when drain_s ran out
         print(f"clockwork simulate: {e}", file=sys.stderr)
         return 1
