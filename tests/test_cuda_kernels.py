@@ -40,6 +40,24 @@ def test_kernels_are_built_once_for_a_source_and_tag(cache):
     assert len(list(cache.glob("*.bin"))) == 3 and not list(cache.glob(".*"))  # no parts
 
 
+def test_a_damaged_cache_entry_is_built_again(cache):
+    """An entry cut short or changed on disk is not handed to the GPU: the kernels are
+    built again and the entry written anew (it was read as it was, on every start)."""
+    calls: list = []
+    build = _counting_build(calls)
+    code = "__global__ void k() {}"
+    assert cuda.cached_kernels(build, code, "t") == b"binary of " + code.encode()
+    (entry,) = cache.glob("*.bin")
+    whole = entry.read_bytes()
+    for damaged in (whole[:-3], whole[:-1] + b"X", b"", whole[:20]):
+        entry.write_bytes(damaged)
+        assert cuda.cached_kernels(build, code, "t") == b"binary of " + code.encode()
+        assert entry.read_bytes() == whole
+    assert len(calls) == 5
+    assert cuda.cached_kernels(build, code, "t") == b"binary of " + code.encode()
+    assert len(calls) == 5  # (whole again: read, not built)
+
+
 def test_no_cache_when_the_variable_is_empty_or_the_folder_unusable(tmp_path, monkeypatch):
     calls: list = []
     build = _counting_build(calls)
