@@ -431,15 +431,17 @@ class ControllerNode:
         self.telemetry = None
         self._log_steps = None  # a periodic log flush under way (Telemetry.flush_steps)
         if log_dir:
-            import os
+            import tempfile
             from pathlib import Path
 
             from clockwork.telemetry import Telemetry
 
             try:  # a log folder we cannot write is said now, not at the first flush or stop
                 Path(log_dir).mkdir(parents=True, exist_ok=True)
-                if not os.access(log_dir, os.W_OK | os.X_OK):
-                    raise PermissionError("not writable")
+                # (a file made and gone: os.access says yes to root where nothing can be
+                # made, in /proc say)
+                with tempfile.TemporaryFile(dir=log_dir):
+                    pass
                 # npz logs are written once, at stop: until then the rows wait in column
                 # files in log_dir (memory stays flat however long the controller runs)
                 # (rows converted LOG_ROWS_PER_STEP at a time, a short hold of the loop each)
@@ -447,7 +449,7 @@ class ControllerNode:
                                            spill_dir=log_dir if log_format == "npz" else None,
                                            buffer_rows=LOG_ROWS_PER_STEP)
             except OSError as e:
-                raise ValueError(f"--log-dir {log_dir}: cannot write there "
+                raise ValueError(f"--log-dir {log_dir}: cannot make a file there "
                                  f"({e.strerror or e})") from None
 
     def write_logs(self, final: bool = False) -> None:

@@ -73,3 +73,19 @@ def test_a_restarted_controller_keeps_the_earlier_ones_logs(tmp_path):
     assert _npz_rows(logs / "requests.npz") == 1
     assert (logs / "actions.1.npz").exists() and (logs / "actions.3.tsv").exists()
     assert not (logs / "requests.tsv").exists()
+
+
+def test_a_log_folder_where_no_file_can_be_made_is_refused_at_start(tmp_path):
+    """The controller tries to make a file in its --log-dir when it starts (a folder it
+    cannot write is said then, not at the first flush), and one under a plain file
+    cannot be made at all."""
+    import pytest
+
+    from controller.service import ControllerNode
+
+    (tmp_path / "a-file").write_text("")
+    for where in ("/proc/self", str(tmp_path / "a-file" / "logs")):
+        with pytest.raises(ValueError, match=f"^--log-dir {where}: cannot make a file there"):
+            ControllerNode(["127.0.0.1:1"], log_dir=where)
+    ControllerNode(["127.0.0.1:1"], log_dir=str(tmp_path / "made"))
+    assert (tmp_path / "made").is_dir() and not list((tmp_path / "made").iterdir())
