@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -190,6 +191,39 @@ class Device(Protocol):
         ...
 
 
+@dataclass
+class Package:
+    """A compiled package made usable on a device (``RealDevice.prepare``), once, and
+    shared by every instance of it: its library and VM functions by batch size, its
+    weights in host memory (cuda: pinned, so LOAD's copies are asynchronous), and per
+    batch size an input buffer (array, TVM view) that EXEC copies into (one EXEC runs at
+    a time)."""
+
+    path: Path
+    meta: dict
+    vm: object
+    functions: dict[int, object]
+    blob: np.ndarray
+    inputs: dict[int, tuple[object, object]] = field(default_factory=dict)
+
+
+@dataclass
+class Instance:
+    """A registered instance of a package on a real device."""
+
+    name: str
+    package: Package
+    pages: list[int] | None = None  # its weights' arena pages (None: not loaded)
+    bound: list[object] | None = None  # TVM tensors viewing those pages, in params order
+    loading: bool = False  # a LOAD is copying its weights in
+    busy: int = 0  # EXECs running on these weights
+    free_after: list[int] | None = None  # evicted during an EXEC: free these pages after it
+
+    @property
+    def meta(self) -> dict:
+        return self.package.meta
+
+
 class RealDevice:
     """Instance lookup, and the executor's view of a real device: its actions' durations
     are measured when they run, not predicted (``duration`` is None: see
@@ -210,10 +244,6 @@ class RealDevice:
     def _package(self, path: Path):
         """The package at ``path`` made usable (library, weights in host memory, ...), on
         first use; under ``_registering``, never ``_lock``."""
-        raise NotImplementedError
-
-    def _new_model(self, name: str, package):
-        """The state of instance ``name`` of ``package``."""
         raise NotImplementedError
 
     def prepare(self, package: str | Path) -> dict:
@@ -243,7 +273,7 @@ class RealDevice:
         with self._lock:
             if name in self.models:
                 raise InvalidPackage(f"model {name!r} is already registered")
-            self.models[name] = self._new_model(name, pkg)
+            self.models[name] = Instance(name, pkg)
         return pkg.meta
 
     def _model(self, name: str):

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -34,10 +33,12 @@ from clockwork.profiles import PAGE_SIZE
 from worker.devices.base import (
     DeviceError,
     ExecFailed,
+    Instance,
     InvalidBatchSize,
     InvalidInput,
     InvalidPackage,
     LoadFailed,
+    Package,
     RealDevice,
     WeightsAlreadyLoaded,
     WeightsNotPresent,
@@ -54,32 +55,6 @@ def _aligned_empty(shape: tuple[int, ...], dtype: str) -> np.ndarray:
     return raw[skip : skip + nbytes].view(dt).reshape(shape)
 
 
-@dataclass
-class _Package:
-    """A compiled package, loaded once per device and shared by every instance of it."""
-
-    path: Path
-    meta: dict
-    vm: object
-    functions: dict[int, object]
-    blob: np.ndarray
-    inputs: dict[int, tuple[np.ndarray, object]] = field(default_factory=dict)
-
-
-@dataclass
-class _Model:
-    name: str
-    package: _Package
-    pages: list[int] | None = None
-    bound: list[object] | None = None  # tvm tensors viewing arena pages, in params order
-    busy: bool = False  # an EXEC is running on these weights
-    free_after: list[int] | None = None  # evicted during an EXEC: free these pages after it
-
-    @property
-    def meta(self) -> dict:
-        return self.package.meta
-
-
 class CpuDevice(RealDevice):
     """Real execution on the host CPU; see the module docstring."""
 
@@ -89,15 +64,15 @@ class CpuDevice(RealDevice):
         import tvm  # noqa: F401  (fail early, with the message below, if TVM is absent)
 
         self.arena = PageArena(n_pages, page_size)
-        self.models: dict[str, _Model] = {}
-        self.packages: dict[Path, _Package] = {}
+        self.models: dict[str, Instance] = {}
+        self.packages: dict[Path, Package] = {}
         self._registering = threading.Lock()  # one package made at a time
         self._lock = threading.Lock()  # models and the arena's page table
         self._exec = threading.Lock()  # one EXEC at a time
 
     # -- LoadModelFromDisk --------------------------------------------------------------
 
-    def _package(self, path: Path) -> _Package:
+    def _package(self, path: Path) -> Package:
         """The package at ``path``, loaded on first use (under ``_registering``)."""
         import tvm
         from tvm.runtime.vm import VirtualMachine  # TVM's runtime alone is enough
@@ -123,7 +98,7 @@ class CpuDevice(RealDevice):
             raise InvalidPackage(f"package {path}: {LIBRARY} cannot be loaded: "
                                  f"{type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
         blob = np.fromfile(path / WEIGHTS, dtype=np.uint8)
-        pkg = _Package(path, meta, vm, functions, blob)
+        pkg = Package(path, meta, vm, functions, blob)
         spec = meta["inputs"][0]
         for b in functions:
             buf = _aligned_empty((b, *spec["shape"]), spec["dtype"])
@@ -131,9 +106,6 @@ class CpuDevice(RealDevice):
             pkg.inputs[b] = (buf, tvm.runtime.from_dlpack(buf))
         self.packages[key] = pkg
         return pkg
-
-    def _new_model(self, name: str, package: _Package) -> _Model:
-        return _Model(name, package)
 
     # -- LOAD / EVICT ---------------------------------------------------------------------
 

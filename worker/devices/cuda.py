@@ -47,7 +47,6 @@ import sys
 import threading
 import time
 import types
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -57,10 +56,12 @@ from worker.devices.base import (
     DeviceError,
     DeviceUnavailable,
     ExecFailed,
+    Instance,
     InvalidBatchSize,
     InvalidInput,
     InvalidPackage,
     LoadFailed,
+    Package,
     RealDevice,
     WeightsAlreadyLoaded,
     WeightsNotPresent,
@@ -346,35 +347,6 @@ class CudaPageArena(PageArena):
 # -- the device -----------------------------------------------------------------------
 
 
-@dataclass
-class _Package:
-    """A compiled package, loaded once per device and shared by every instance of it: its
-    kernels are compiled once, its weights pinned once."""
-
-    path: Path
-    meta: dict
-    vm: object
-    functions: dict[int, object]
-    blob: np.ndarray  # pinned host memory: LOAD's copies are asynchronous on the LOAD stream
-    # per batch size, (cupy, tvm) views of one device buffer: one EXEC runs at a time
-    inputs: dict[int, tuple[object, object]] = field(default_factory=dict)
-
-
-@dataclass
-class _Model:
-    name: str
-    package: _Package
-    pages: list[int] | None = None
-    bound: list[object] | None = None
-    loading: bool = False  # a LOAD is copying its weights in
-    busy: int = 0  # EXECs running on these weights
-    free_after: list[int] | None = None  # evicted during an EXEC: free these after it
-
-    @property
-    def meta(self) -> dict:
-        return self.package.meta
-
-
 def _target_kind(target: str) -> str:
     try:
         return json.loads(target)["kind"]
@@ -419,8 +391,8 @@ class CudaDevice(RealDevice):
             self.exec_stream = cupy.cuda.Stream(non_blocking=True)
             self._start = cupy.cuda.Event()
             self._end = cupy.cuda.Event()
-        self.models: dict[str, _Model] = {}
-        self.packages: dict[Path, _Package] = {}
+        self.models: dict[str, Instance] = {}
+        self.packages: dict[Path, Package] = {}
         self._registering = threading.Lock()  # one package loaded (kernels built) at a time
         # models and the arena's page table; held on the GPU only while a LOAD slides
         # loaded weights together (_take_pages)
@@ -444,7 +416,7 @@ class CudaDevice(RealDevice):
 
     # -- LoadModelFromDisk --------------------------------------------------------------
 
-    def _package(self, path: Path) -> _Package:
+    def _package(self, path: Path) -> Package:
         """The package at ``path``, loaded on first use (under ``_registering``)."""
         from clockwork.models.package import LIBRARY, WEIGHTS, read_package
 
@@ -464,7 +436,7 @@ class CudaDevice(RealDevice):
         vm = self._vm_module().VirtualMachine(lib, self._dev)
         functions = {int(b): vm[f] for b, f in meta["functions"].items()}
         blob = self._pinned(np.fromfile(path / WEIGHTS, dtype=np.uint8))
-        pkg = _Package(path, meta, vm, functions, blob)
+        pkg = Package(path, meta, vm, functions, blob)
         spec = meta["inputs"][0]
         with cupy.cuda.Device(self.index):
             for b in functions:
@@ -472,9 +444,6 @@ class CudaDevice(RealDevice):
                 pkg.inputs[b] = (buf, tvm.runtime.from_dlpack(buf))
         self.packages[key] = pkg
         return pkg
-
-    def _new_model(self, name: str, package: _Package) -> _Model:
-        return _Model(name, package)
 
     # -- LOAD / EVICT ---------------------------------------------------------------------
 
