@@ -471,6 +471,9 @@ class _FakeController:
     def __exit__(self, *exc) -> None:
         return None
 
+    def close(self) -> None:  # (stop closes the client of a call under way: this one's
+        return None  # call goes on all the same, as one held up past the close would)
+
     def add_worker(self, address: str, timeout: float | None = None) -> dict:
         self.calls.append(address)
         self.entered.set()
@@ -525,6 +528,48 @@ def test_stop_kills_the_actors_the_node_watcher_is_adding(ray_nodes, monkeypatch
         fake.hold.set()
         for a in c.actors:
             ray.kill(a, no_restart=True)
+
+
+def test_stop_cancels_an_add_the_controller_has_not_answered(ray_nodes):
+    """``stop`` while the node watcher waits for a (real gRPC) controller's answer to its
+    AddWorker, which would come only at the call's deadline: the call is cancelled, so
+    the stop takes a moment instead of the whole deadline (Ctrl-C on ``serve --ray`` as
+    a node joined waited up to a minute), and the new worker's actor is killed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from clockwork.cluster.ray_cluster import RayCluster
+    from clockwork.protocol import clockwork_pb2_grpc as rpc
+
+    entered, release = threading.Event(), threading.Event()
+
+    class Busy(rpc.ClockworkServicer):  # answers AddWorker only once released
+        def AddWorker(self, request, context):  # noqa: N802
+            entered.set()
+            release.wait(60)
+            context.abort(grpc.StatusCode.UNAVAILABLE, "too late")
+
+    server = grpc.server(ThreadPoolExecutor(2))
+    rpc.add_ClockworkServicer_to_server(Busy(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    poll(lambda: _gpus_free() >= 4, 60.0, 0.1)
+    c = RayCluster(watch_s=0, timeout=30.0)
+    c.address = f"127.0.0.1:{port}"
+    c._watcher = watcher = threading.Thread(target=c.add_new_nodes, daemon=True)
+    try:
+        watcher.start()
+        assert entered.wait(60), "no AddWorker was asked"
+        t0 = time.monotonic()
+        c._stop_workers()
+        took = time.monotonic() - t0
+        assert not watcher.is_alive(), "the watcher still waits for the controller"
+        assert took < 10, f"stop took {took:.1f} s"
+        assert c.actors == []
+        poll(lambda: _gpus_free() >= 4, 30.0, 0.1)
+    finally:
+        release.set()
+        watcher.join(60)
+        server.stop(0)
 
 
 def test_stop_does_not_wait_for_an_actor_being_made(ray_nodes, monkeypatch):

@@ -425,6 +425,7 @@ class RayCluster(LocalCluster):
         # have taken it): serving its place, asked again before any other node is added
         self._doubt: tuple | None = None
         self._doubt_said: str | None = None  # (its line is said once per address)
+        self._asking = None  # the Client of an AddWorker under way (closed by a stop)
         self._own_ray = False
 
     def _init_ray(self) -> None:
@@ -769,7 +770,15 @@ class RayCluster(LocalCluster):
                 break
             try:
                 with Client(self.address, token=self.token or "") as c:
-                    got = c.add_worker(address, timeout=self.timeout)
+                    with self._lock:
+                        if self._watch_stop.is_set():
+                            break
+                        self._asking = c
+                    try:
+                        got = c.add_worker(address, timeout=self.timeout)
+                    finally:
+                        with self._lock:
+                            self._asking = None
                 break
             except Exception as e:  # noqa: BLE001 - settled below
                 err = e
@@ -852,10 +861,14 @@ class RayCluster(LocalCluster):
 
     def _stop_watcher(self) -> None:
         """Stop the node watcher: no actor is made from now on; waits up to ``timeout``
-        for its look to end (its waits on Ray end within ``WAIT_SLICE_S``; a call to the
-        controller or Ray's actor creation may take longer: what it makes or adds from
-        then on it kills itself)."""
-        self._watch_stop.set()
+        for its look to end (its waits on Ray end within ``WAIT_SLICE_S``, an AddWorker
+        call under way is cancelled; Ray's actor creation may take longer: what it makes
+        or adds from then on it kills itself)."""
+        with self._lock:
+            self._watch_stop.set()
+            asking = self._asking
+        if asking is not None:  # its call ends now (cancelled), not when the controller
+            asking.close()  # answers: a node's add stays in doubt, and is undone below
         watcher, self._watcher = self._watcher, None
         if watcher is not None and watcher is not threading.current_thread():
             watcher.join(timeout=self.timeout)
