@@ -102,3 +102,67 @@ def test_only_packages_not_yet_read_are_prepared(tmp_path, cpu_package):
     assert node.unprepared(insts) == [(tmp_path / "resnet_tiny").resolve()]
     assert node.real[0].models == {}  # prepared, not registered
     assert WorkerNode(1, 4).unprepared(insts) == []
+
+
+def test_actions_for_an_instance_still_being_added_wait_for_it(tmp_path, cpu_package,
+                                                               monkeypatch):
+    """After an InstanceUpdate the controller does not wait for (the one a worker that
+    reconnected while a model was loaded gets), the policy's LOAD of the new instance
+    may follow at once: it waits until the update is applied (it was answered
+    UNKNOWN_MODEL while the package was read), and so does every message after it,
+    in order; a message before it is handled at once."""
+    pytest.importorskip("tvm")
+    from clockwork.actions import ActionType, ErrorCode
+    from clockwork.protocol import clockwork_pb2 as pb
+    from clockwork.protocol.holding import Holder
+    from worker.devices import cpu
+    from worker.service import WorkerNode, _Session, now_ns
+
+    cpu_package("mlp", tmp_path)
+    cpu_package("resnet_tiny", tmp_path)
+    real = cpu.CpuDevice._package
+
+    def slow(self, path):
+        if path.name == "resnet_tiny" and path.resolve() not in self.packages:
+            time.sleep(0.5)
+        return real(self, path)
+
+    monkeypatch.setattr(cpu.CpuDevice, "_package", slow)
+
+    def load(action_id: int, model: str) -> pb.ControllerMessage:
+        b = pb.ActionBatch()
+        b.actions.add(id=action_id, type=ActionType.LOAD, gpu=0, model=model,
+                      latest=now_ns() + 10**10, version=1)
+        return pb.ControllerMessage(actions=b)
+
+    async def main():
+        node = WorkerNode(1, 8, "cpu", "cpu", packages=str(tmp_path))
+        timer = asyncio.create_task(node.run_timer())
+        node.hello(pb.Hello(worker_id=0, reset=True,
+                            instances=[pb.Instance(name="mlp", profile="mlp")]))
+        s = _Session(node, False, lambda *a: None, Holder.of(pb.Hello(), "peer"))
+        results = []
+        try:
+            update = pb.InstanceUpdate(seq=0, add=[pb.Instance(name="tiny",
+                                                               profile="resnet_tiny")])
+            assert await s.deliver(pb.ControllerMessage(update=update))
+            assert not s.states  # (its package is being read)
+            assert await s.deliver(load(1, "mlp"))  # handled at once
+            assert await s.deliver(load(2, "tiny"))  # waits for the update
+            assert await s.deliver(pb.ControllerMessage(echo=pb.ClockEcho()))  # after it
+            assert not s.echoes
+            deadline = time.monotonic() + 30
+            while len(results) < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+                msg = node.take_message([])
+                if msg is not None:
+                    results += [(r.id, ErrorCode(r.status).name, len(s.states))
+                                for r in msg.results.results]
+            # mlp's LOAD done while the update waited for its package; tiny's after it
+            assert sorted(results) == [(1, "SUCCESS", 0), (2, "SUCCESS", 1)], results
+            assert [st.update_seq for st in s.states] == [0] and len(s.echoes) == 1
+            assert sorted(node.instances) == ["mlp", "tiny"]
+        finally:
+            timer.cancel()
+
+    asyncio.run(asyncio.wait_for(main(), 60))

@@ -876,7 +876,11 @@ class _Session:
         self.ended = asyncio.Event()
         self.ticket = new_ticket() if offer else b""
         self.claimed = False
-        self._updating: asyncio.Task | None = None  # the last InstanceUpdate (``deliver``)
+        # ``deliver``: the last message queued behind an InstanceUpdate (None, or done:
+        # none), the instances those updates add, whether every message now queues
+        self._updating: asyncio.Task | None = None
+        self._adding: set[str] = set()
+        self._held = False
 
     @property
     def active(self) -> bool:
@@ -919,34 +923,51 @@ class _Session:
         no device has read yet (``WorkerNode.unprepared``) has them read on a thread
         first: reading one takes from a fraction of a second (a library, weights into
         host memory) to seconds (a cuda package's kernels not built at start), and the
-        event loop runs the other models' actions meanwhile. An InstanceUpdate is applied
-        once its packages are read, after the InstanceUpdates before it, while the
-        messages behind it (actions, probes) are handled as they come: the controller
-        sends no action for an instance it adds before the worker's answer says it was
-        added. A Hello (a reset) waits for those and holds back the messages behind it.
-        False once the session has ended."""
+        event loop runs the other models' actions meanwhile.
+
+        An InstanceUpdate is applied once its packages are read, after the
+        InstanceUpdates before it; the messages behind it are handled as they come
+        (actions of the other models, probes) until one names an instance still to be
+        added (the controller may send such actions at once after an update it does not
+        wait for: one it sends a worker that reconnected while a model was loaded): that
+        one and every message after it wait their turn, in order. A Hello (a reset) waits
+        for all of those and holds back the messages behind it. False once the session
+        has ended."""
         kind = msg.WhichOneof("kind")
+        waiting = self._updating is not None and not self._updating.done()
         if kind == "update":
-            earlier = self._updating
             paths = self.node.unprepared(msg.update.add)
-            if paths or (earlier is not None and not earlier.done()):
-                self._updating = asyncio.create_task(self._update_after(earlier, msg, paths))
+            if paths or waiting:
+                self._adding.update(i.name for i in msg.update.add)
+                self._after(msg, tail, paths)
                 return self.active
         elif kind == "hello":
-            if self._updating is not None:
+            if waiting:
                 await asyncio.wait([self._updating])
             paths = self.node.unprepared(msg.hello.instances)
             if paths:
                 await asyncio.to_thread(self.node.prepare_paths, paths)
+        elif waiting and (self._held or kind == "actions" and any(
+                a.model in self._adding for a in msg.actions.actions)):
+            self._held = True  # (in order from here on, until the queue is done)
+            self._after(msg, tail, [])
+            return self.active
         return self.handle(msg, tail)
 
-    async def _update_after(self, earlier: asyncio.Task | None, msg: pb.ControllerMessage,
-                            paths: list[Path]) -> None:
+    def _after(self, msg: pb.ControllerMessage, tail, paths: list[Path]) -> None:
+        """Handle ``msg`` once the messages queued before it are (``deliver``)."""
+        self._updating = asyncio.create_task(self._queued(self._updating, msg, tail, paths))
+
+    async def _queued(self, earlier: asyncio.Task | None, msg: pb.ControllerMessage, tail,
+                      paths: list[Path]) -> None:
         if earlier is not None:
             await asyncio.wait([earlier])
         if paths:
             await asyncio.to_thread(self.node.prepare_paths, paths)
-        self.handle(msg)
+        self.handle(msg, tail)
+        if asyncio.current_task() is self._updating:  # the last queued: all applied
+            self._adding.clear()
+            self._held = False
 
     def handle(self, msg: pb.ControllerMessage, tail=None) -> bool:
         """One message from the controller (``tail``: its frame's attachments); False
