@@ -287,6 +287,41 @@ def test_scattered_free_pages_take_a_load_whose_tensors_span_pages(real):
     assert dev.arena.used_pages == 3 * need
 
 
+def test_weights_evicted_twice_during_one_exec_are_all_freed(real):
+    """EVICT, LOAD and EVICT again while one EXEC still reads the first weights: both
+    sets of pages are freed once it ends (the second EVICT replaced the pages the first
+    one left to free, which were then never freed: the device's cache and the
+    executor's page count drifted apart, and LOADs the executor allowed were refused)."""
+    dev, pkg = real
+    dev.register("a", pkg)
+    dev.load("a")
+    m = dev.models["a"]
+    started, release = threading.Event(), threading.Event()
+    functions = dict(m.package.functions)
+
+    def held(f):
+        def run(*args):
+            started.set()
+            release.wait(10)
+            return f(*args)
+        return run
+
+    m.package.functions.update({b: held(f) for b, f in functions.items()})
+    try:
+        run = threading.Thread(target=dev.infer, args=("a", None, 1))
+        run.start()
+        assert started.wait(10), "the EXEC did not start"
+        dev.evict("a")
+        dev.load("a")
+        dev.evict("a")
+        release.set()
+        run.join(10)
+    finally:
+        release.set()
+        m.package.functions.update(functions)
+    assert not dev.loaded("a") and dev.arena.used_pages == 0
+
+
 def test_weights_an_exec_reads_stay_where_they_are(tmp_path):
     """While an EXEC reads a's weights, a LOAD that needs a longer run slides only the
     others: b moves down to a, c takes the pages freed after b, a has not moved."""

@@ -343,8 +343,8 @@ class RealDevice:
             if m.pages is None:
                 raise NotInCache(f"model {name!r} is not loaded")
             m.bound = None
-            if m.busy:
-                m.free_after = m.pages
+            if m.busy:  # (evicted, loaded and evicted again while one EXEC runs: both)
+                m.free_after = (m.free_after or []) + m.pages
             else:
                 self.arena.free(m.pages)
             m.pages = None
