@@ -166,3 +166,27 @@ def test_actions_for_an_instance_still_being_added_wait_for_it(tmp_path, cpu_pac
             timer.cancel()
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_package_name_too_long_for_the_file_system_is_a_missing_package(tmp_path):
+    """An instance naming a package longer than a file name may be (a client's
+    ``load_model(..., package="x" * 300)``) is one the worker cannot add, in a Hello and
+    in an InstanceUpdate alike; looking for it raised OSError out of the stream's
+    reader, which ended the controller's connection."""
+    pytest.importorskip("tvm")
+    from clockwork.protocol import clockwork_pb2 as pb
+    from clockwork.protocol.holding import Holder
+    from worker.service import WorkerNode, _Session
+
+    node = WorkerNode(1, 4, "cpu", "cpu", packages=str(tmp_path))
+    bad = pb.Instance(name="m", profile="mlp", package="x" * 300)
+    assert node.unprepared([bad]) == []
+    assert list(node.hello(pb.Hello(worker_id=0, reset=True, instances=[bad])).missing) == ["m"]
+
+    async def main():
+        s = _Session(node, False, lambda *a: None, Holder.of(pb.Hello(), "peer"))
+        update = pb.InstanceUpdate(seq=1, add=[bad])
+        assert await s.deliver(pb.ControllerMessage(update=update))
+        assert [list(st.missing) for st in s.states] == [["m"]]
+
+    asyncio.run(main())

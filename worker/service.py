@@ -124,6 +124,15 @@ def now_ns() -> int:
     return time.monotonic_ns() + _OFFSET
 
 
+def _is_package(p: Path) -> bool:
+    """Whether ``p`` holds a model package (its ``model.json``); False also where the path
+    cannot be looked at (a name too long for the file system, say)."""
+    try:
+        return (p / "model.json").exists()
+    except (OSError, ValueError):
+        return False
+
+
 class WorkerNode:
     """The worker's state and its timer task. All methods run on one event loop."""
 
@@ -249,7 +258,7 @@ class WorkerNode:
         """Where instance ``name`` (of ``profile``) has its model package, if anywhere
         (always inside the package directory); ``say``: why not, on stderr."""
         own = self.confined(explicit) if explicit else None
-        if explicit and (own is None or not (own / "model.json").exists()):
+        if explicit and (own is None or not _is_package(own)):
             # a package named for it: that one, or none (never another)
             if say:
                 why = (f"package {explicit!r} is not inside the package directory"
@@ -262,7 +271,7 @@ class WorkerNode:
             return own
         for p in (self.registered.get(name), self.registered.get(profile),
                   self.confined(profile)):
-            if p is not None and (p / "model.json").exists():
+            if p is not None and _is_package(p):
                 return p
         return None
 
