@@ -190,3 +190,80 @@ def test_a_package_name_too_long_for_the_file_system_is_a_missing_package(tmp_pa
         assert [list(st.missing) for st in s.states] == [["m"]]
 
     asyncio.run(main())
+
+
+def test_a_name_given_another_package_by_a_later_hello_runs_that_package(tmp_path,
+                                                                        cpu_package):
+    """A Hello that names an instance again with another package (a controller restarted
+    with other models, or a model loaded again otherwise while the worker was away) has
+    the device run that package, and keeps none of the old weights for it: the device
+    went on running the package first registered under the name (SUCCESS, with the other
+    model's outputs), whether the Hellos between had dropped the name or not."""
+    pytest.importorskip("tvm")
+    import numpy as np
+
+    from clockwork.actions import ActionType, ErrorCode
+    from clockwork.models.package import read_package, reference_weights
+    from clockwork.models.zoo import get_model
+    from clockwork.protocol import clockwork_pb2 as pb
+    from worker.service import WorkerNode, now_ns
+
+    cpu_package("mlp", tmp_path)
+    cpu_package("resnet_tiny", tmp_path)
+    cpu_package("mlp", tmp_path / "other")  # the same model in another package
+    (tmp_path / "other" / "mlp").rename(tmp_path / "mlp_b")
+
+    def reference(model: str, package: str) -> np.ndarray:
+        meta = read_package(tmp_path / package)
+        x = np.zeros((1, *meta["inputs"][0]["shape"]), meta["inputs"][0]["dtype"])
+        return get_model(model).reference(x, reference_weights(meta, tmp_path / package))[0]
+
+    async def main():
+        node = WorkerNode(1, 8, "cpu", "cpu", packages=str(tmp_path))
+        timer = asyncio.create_task(node.run_timer())
+        ids = iter(range(1, 100))
+
+        def hello(*instances, adopt=False):
+            st = node.hello(pb.Hello(worker_id=0, reset=True, adopt=adopt, instances=[
+                pb.Instance(name=n, profile=p, package=k) for n, p, k in instances]))
+            assert not st.missing
+
+        async def run_x(load: bool = True):
+            b = pb.ActionBatch()
+            if load:
+                b.actions.add(id=next(ids), type=ActionType.LOAD, gpu=0, model="x",
+                              latest=now_ns() + 10**10, version=1)
+            b.actions.add(id=next(ids), type=ActionType.INFER, gpu=0, model="x",
+                          latest=now_ns() + 10**10, batch_size=1, version=1,
+                          want_outputs=True)
+            node.submit(b)
+            got = []
+            deadline = time.monotonic() + 30
+            while len(got) < len(b.actions) and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+                msg = node.take_message()  # (outputs in the message)
+                if msg is not None:
+                    got += list(msg.results.results)
+            assert [ErrorCode(r.status).name for r in got] == ["SUCCESS"] * len(got), got
+            out = got[-1].outputs[0]
+            return np.frombuffer(out.data, out.dtype).reshape(tuple(out.shape))
+
+        try:
+            hello(("x", "mlp", ""))
+            np.testing.assert_allclose((await run_x())[0], reference("mlp", "mlp"),
+                                       rtol=1e-4, atol=1e-4)
+            hello(("other", "mlp", ""))  # x no longer named
+            hello(("x", "resnet_tiny", ""))
+            np.testing.assert_allclose((await run_x())[0],
+                                       reference("resnet_tiny", "resnet_tiny"),
+                                       rtol=1e-4, atol=1e-4)
+            hello(("x", "mlp", "mlp"))
+            await run_x()
+            hello(("x", "mlp", "mlp_b"), adopt=True)  # same profile, another package
+            assert node.real[0].models["x"].package.path.name == "mlp_b"
+            assert not node.executors[0].weights  # (the old package's weights not kept)
+            await run_x()
+        finally:
+            timer.cancel()
+
+    asyncio.run(asyncio.wait_for(main(), 120))

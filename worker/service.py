@@ -301,6 +301,19 @@ class WorkerNode:
                 except Exception:  # noqa: BLE001 - reported when it is registered
                     break
 
+    def _elsewhere(self, name: str, path: Path | None) -> bool:
+        """Whether instance ``name`` is registered on a real device with a package other
+        than the one at ``path``."""
+        for dev in self.real:
+            m = dev.models.get(name)
+            if m is not None:
+                try:
+                    if path is None or Path(m.package.path).resolve() != path.resolve():
+                        return True
+                except (OSError, RuntimeError):
+                    return True
+        return False
+
     def _register(self, name: str, path: Path) -> None:
         for dev in self.real:
             if name not in dev.models:
@@ -347,9 +360,12 @@ class WorkerNode:
         if p is None or (self.real and path is None):
             return None
         made = self._renamed.get(i.name)
-        if made is not None and made[0] is not p:  # the name now runs another model
+        if (made is not None and made[0] is not p) or self._elsewhere(i.name, path):
+            # the name now runs another model, or another package (either since this
+            # session's Hello, or since an earlier Hello that no longer named it)
             for dev in self.real:
                 dev.unregister(i.name)  # (its weights evicted), registered anew below
+            made = None  # (new figures: a reset keeps none of the old weights for it)
         if path is not None:
             try:
                 from clockwork.models.package import profile_disagreement, read_package
