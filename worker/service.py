@@ -153,6 +153,7 @@ class WorkerNode:
         self.slow = (slow_prob, slow_factor)
         self.packages = Path(packages) if packages else Path("packages") / device
         self.registered: dict[str, Path] = {}  # LoadModelFromDisk: name -> package path
+        self._looking: dict[str, Path | None] | None = None  # (``confined``'s memo)
         self.worker_id = 0
         self.instances: dict[str, ModelProfile] = {}
         # instance name -> (its profile, the profile under its name): a Hello that names the
@@ -242,7 +243,17 @@ class WorkerNode:
     def confined(self, ref: str) -> Path | None:
         """Package reference ``ref`` (a name, or a path) as a directory inside the package
         directory (``--packages``), resolved; None if it is anywhere else: a ``..`` part,
-        an absolute path outside, or a symbolic link that leads out."""
+        an absolute path outside, or a symbolic link that leads out. Within one Hello
+        or InstanceUpdate each reference is resolved once (``_looking``)."""
+        memo = self._looking
+        if memo is not None:
+            if ref not in memo:
+                self._looking = None
+                try:
+                    memo[ref] = self.confined(ref)
+                finally:
+                    self._looking = memo
+            return memo[ref]
         try:
             root = self.packages.resolve()
             p = Path(ref)
@@ -284,11 +295,15 @@ class WorkerNode:
         if not self.real:
             return []
         out: list[Path] = []
-        for i in instances:
-            path = self.package_for(i.name, i.profile, i.package, say=False)
-            if path is not None and path not in out and \
-                    not all(dev.prepared(path) for dev in self.real):
-                out.append(path)
+        outer, self._looking = self._looking, {}
+        try:
+            for i in instances:
+                path = self.package_for(i.name, i.profile, i.package, say=False)
+                if path is not None and path not in out and \
+                        not all(dev.prepared(path) for dev in self.real):
+                    out.append(path)
+        finally:
+            self._looking = outer
         return out
 
     def prepare_paths(self, paths: list[Path]) -> None:
@@ -306,13 +321,23 @@ class WorkerNode:
         than the one at ``path``."""
         for dev in self.real:
             m = dev.models.get(name)
-            if m is not None:
+            if m is not None and m.package.path != path:  # (both resolved, as a rule)
                 try:
                     if path is None or Path(m.package.path).resolve() != path.resolve():
                         return True
                 except (OSError, RuntimeError):
                     return True
         return False
+
+    def _meta(self, path: Path) -> dict:
+        """The package's meta: as a real device read it (``prepare``), else read now."""
+        for dev in self.real:
+            pkg = dev.packages.get(path)
+            if pkg is not None:
+                return pkg.meta
+        from clockwork.models.package import read_package
+
+        return read_package(path)
 
     def _register(self, name: str, path: Path) -> None:
         for dev in self.real:
@@ -368,9 +393,9 @@ class WorkerNode:
             made = None  # (new figures: a reset keeps none of the old weights for it)
         if path is not None:
             try:
-                from clockwork.models.package import profile_disagreement, read_package
+                from clockwork.models.package import profile_disagreement
 
-                why = profile_disagreement(read_package(path), p)
+                why = profile_disagreement(self._meta(path), p)
                 if why:
                     raise ValueError(f"it does not match profile {i.profile!r}: {why}")
                 self._register(i.name, path)
@@ -385,6 +410,13 @@ class WorkerNode:
         return r
 
     def hello(self, h: pb.Hello) -> pb.WorkerState:
+        self._looking = {}  # (thousands of instances name a few packages)
+        try:
+            return self._hello(h)
+        finally:
+            self._looking = None
+
+    def _hello(self, h: pb.Hello) -> pb.WorkerState:
         self.worker_id = h.worker_id
         inst: dict[str, ModelProfile] = {}
         missing = []

@@ -256,6 +256,8 @@ class RealDevice:
 
     def prepared(self, package: str | Path) -> bool:
         """Whether the package at ``package`` is ready (``prepare``)."""
+        if package in self.packages:  # (a resolved path, as a rule)
+            return True
         try:
             return Path(package).resolve() in self.packages
         except (OSError, RuntimeError):
