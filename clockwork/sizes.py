@@ -63,3 +63,16 @@ MAX_STEPS = 1_000_000
 # it splits a longer list (one that grew while a write waited) into messages of at most
 # this many.
 MAX_ACTIONS_PER_MESSAGE = 1024
+
+# Characters of a gRPC error's message: it travels in a header (grpc-message, percent-
+# encoded), and clients drop a call whose headers pass 8-16 KiB (RESOURCE_EXHAUSTED in
+# place of the error). A message that echoes what a client sent (a 20,000-character input
+# or model name) is cut to this many, well inside that even percent-encoded.
+MAX_STATUS_DETAILS = 1000
+
+
+def status_details(message: str) -> str:
+    """``message`` cut to ``MAX_STATUS_DETAILS`` characters (``...`` at the cut)."""
+    if len(message) <= MAX_STATUS_DETAILS:
+        return message
+    return message[:MAX_STATUS_DETAILS - 3] + "..."

@@ -49,6 +49,7 @@ from clockwork.actions import RequestStatus
 from clockwork.protocol import kserve_pb2 as kpb
 from clockwork.protocol import kserve_pb2_grpc as kpbg
 from clockwork.protocol.ratelog import LogLimiter
+from clockwork.sizes import status_details
 from clockwork.tensors import Tensor
 from controller.intake import overloaded, submit_guarded
 from controller.kserve_status import (  # noqa: F401 - the kinds, re-exported
@@ -363,7 +364,7 @@ class KServeGrpcServicer(kpbg.GRPCInferenceServiceServicer):
 
     async def _abort(self, context, e: KServeError):
         trailer = (("retry-after", str(RETRY_AFTER_S)),) if e.kind == UNAVAILABLE else ()
-        await context.abort(GRPC_CODE[e.kind], e.message, trailer)
+        await context.abort(GRPC_CODE[e.kind], status_details(e.message), trailer)
 
     async def ServerLive(self, request, context):  # noqa: N802
         return kpb.ServerLiveResponse(live=True)

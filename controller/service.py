@@ -91,7 +91,12 @@ from clockwork.protocol.wire import (
     msgs_to_tensors,
 )
 from clockwork.requests import Answer, Reply, Request
-from clockwork.sizes import MAX_ACTIONS_PER_MESSAGE, MAX_GPUS_PER_WORKER, MAX_INSTANCES
+from clockwork.sizes import (
+    MAX_ACTIONS_PER_MESSAGE,
+    MAX_GPUS_PER_WORKER,
+    MAX_INSTANCES,
+    status_details,
+)
 from clockwork.tensors import (
     Tensor,
     TensorError,
@@ -1860,7 +1865,7 @@ class ClockworkServicer(pbg.ClockworkServicer):
             names = await n.load_model(request.name, given["copies"] or 1,
                                        given["profile"] or None, given["package"] or "")
         except RepositoryError as e:
-            await context.abort(e.code, e.message)
+            await context.abort(e.code, status_details(e.message))
         return pb.LoadModelResponse(models=[n.model_info(i) for i in names])
 
     async def AddWorker(self, request, context):  # noqa: N802
@@ -1871,14 +1876,14 @@ class ClockworkServicer(pbg.ClockworkServicer):
             w, gpus, added = await self.node.add_worker(
                 request.address, None if left is None else max(0.5, left - 0.5))
         except RepositoryError as e:
-            await context.abort(e.code, e.message)
+            await context.abort(e.code, status_details(e.message))
         return pb.AddWorkerResponse(worker=w, gpus=gpus, added=added)
 
     async def UnloadModel(self, request, context):  # noqa: N802
         try:
             names = await self.node.unload_model(request.name)
         except RepositoryError as e:
-            await context.abort(e.code, e.message)
+            await context.abort(e.code, status_details(e.message))
         return pb.UnloadModelResponse(instances=names)
 
 

@@ -165,6 +165,33 @@ def test_unknown_version_grpc(client):
     assert r.get_response().model_version == "1"
 
 
+def test_errors_that_echo_a_huge_name_still_reach_the_client(client):
+    """An error message quoting what the client sent (an input, output, version or model
+    name of 20,000 characters) is cut to fit gRPC's header: the client gets the error
+    (INVALID_ARGUMENT / NOT_FOUND), not RESOURCE_EXHAUSTED for a header it dropped."""
+    long = "x" * 20_000
+    calls = [
+        (lambda: client.infer("resnet50_v2", [_input(name=long)], client_timeout=TIMEOUT),
+         "StatusCode.INVALID_ARGUMENT", "has no input 'xxx"),
+        (lambda: client.infer("resnet50_v2", [_input()], model_version=long,
+                              client_timeout=TIMEOUT),
+         "StatusCode.NOT_FOUND", "has no version 'xxx"),
+        (lambda: client.infer("resnet50_v2", [_input()],
+                              outputs=[tgrpc.InferRequestedOutput(long)],
+                              client_timeout=TIMEOUT),
+         "StatusCode.INVALID_ARGUMENT", "has no output 'xxx"),
+        (lambda: client.get_model_metadata("resnet50_v2", long, client_timeout=TIMEOUT),
+         "StatusCode.NOT_FOUND", "has no version 'xxx"),
+        (lambda: client.load_model(long, client_timeout=TIMEOUT),
+         "StatusCode.INVALID_ARGUMENT", "bad model name 'xxx"),
+    ]
+    for call, status, text in calls:
+        with pytest.raises(InferenceServerException) as e:
+            call()
+        assert e.value.status() == status, e.value
+        assert text in e.value.message() and len(e.value.message()) <= 1000
+
+
 def test_stream_infer(cluster):
     """ModelStreamInfer with tritonclient's stream API: one response per request, in
     any order, matched by id; bad requests in the middle (shape, unknown model, unknown
