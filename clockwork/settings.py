@@ -891,6 +891,28 @@ BatchSize = Annotated[int, BeforeValidator(_batch_key),
 Positive = Annotated[int, Field(ge=1)]
 
 
+# The element types a model's tensors may have: those the KServe v2 protocol carries
+# (BOOL, UINT8 ... FP64), by their numpy names.
+TENSOR_DTYPES = ("bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32",
+                 "int64", "float16", "float32", "float64")
+
+
+def _tensor_dtype(v: str) -> str:
+    """A tensor's element type by its numpy name (``float`` -> ``float64``); one of
+    ``TENSOR_DTYPES`` (a type clients cannot send or read was served, and failed at the
+    first request)."""
+    import numpy as np
+
+    try:
+        name = np.dtype(v).name
+    except (TypeError, ValueError):
+        name = None
+    if name not in TENSOR_DTYPES:
+        raise ValueError(f"{v!r} is not an element type a model may have; one of "
+                         f"{', '.join(TENSOR_DTYPES)}")
+    return name
+
+
 class TensorEntry(Settings):
     """An input or output tensor of a profile file."""
 
@@ -899,7 +921,10 @@ class TensorEntry(Settings):
     name: str = setting(description="Tensor name.", min_length=1)
     shape: list[Positive] = setting(description="Dimensions, without the batch dimension.",
                                     allowed_text="each >= 1")
-    dtype: str = setting(description="Element type, a numpy dtype name.", min_length=1)
+    dtype: Annotated[str, AfterValidator(_tensor_dtype)] = setting(
+        description="Element type: a numpy dtype name of a type the KServe v2 protocol "
+        "carries (bool, uint8/16/32/64, int8/16/32/64, float16/32/64; another spelling of "
+        "one, such as `float`, is read as its name).", min_length=1)
 
 
 class ProfileSetFile(Settings):
