@@ -28,6 +28,7 @@ import orjson
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web import ContentCoding
 from aiohttp.web_urldispatcher import _default_expect_handler
 
 from clockwork.protocol.security import Refusals, bearer_ok
@@ -501,9 +502,41 @@ class _Handler:
     def _reply(request: web.Request, reply: Reply) -> web.Response:
         body, headers = encode(reply)
         resp = web.Response(status=reply.status, body=body, headers=headers)
-        if len(body) >= COMPRESS_MIN_BYTES and "accept-encoding" in request.headers:
-            resp.enable_compression()  # gzip or deflate, as the client accepts
+        if len(body) >= COMPRESS_MIN_BYTES:  # (a cache must know the answer depends on it)
+            resp.headers["Vary"] = "Accept-Encoding"
+            coding = response_coding(request.headers.get("Accept-Encoding", ""))
+            if coding is not None:
+                resp.enable_compression(coding)
         return resp
+
+
+def response_coding(accept: str) -> ContentCoding | None:
+    """The coding to compress an answer in for a request's ``Accept-Encoding``: gzip or
+    deflate, whichever it rates higher (``q``, 1 when not said; ``*`` stands for those
+    it does not name), gzip on a tie; None when it rates both 0 (RFC 9110 12.5.3: not
+    acceptable) or names neither."""
+    rated: dict[str, float] = {}
+    for part in accept.split(","):
+        token, *params = part.split(";")
+        token = token.strip().lower()
+        q = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = float(value.strip())
+                except ValueError:
+                    q = 0.0
+                if not 0.0 <= q <= 1.0:  # (nan too)
+                    q = 0.0
+        if token:
+            rated[token] = q
+    best, best_q = None, 0.0
+    for coding in (ContentCoding.gzip, ContentCoding.deflate):
+        q = rated.get(coding.value, rated.get("*", 0.0))
+        if q > best_q:
+            best, best_q = coding, q
+    return best
 
 
 class _Quiet(logging.Filter):

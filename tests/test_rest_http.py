@@ -252,6 +252,15 @@ def test_response_compression_raw(addr):
         assert json.loads(decode(got))["outputs"][0]["shape"] == [1, 65536]
     status, headers, got = _request(addr, "POST", "/v2/models/big/infer", body)
     assert status == 200 and "Content-Encoding" not in headers and len(got) > 65536
+    assert headers["Vary"] == "Accept-Encoding"  # (a cache must keep the two apart)
+    # q=0 is "not acceptable" (RFC 9110): the answer comes as it is; the best rated wins
+    for accept, want in (("identity, deflate;q=0", None), ("gzip;q=0, deflate", "deflate"),
+                         ("gzip;q=0.5, deflate;q=0.8", "deflate"), ("*;q=0", None),
+                         ("br, *", "gzip")):
+        status, headers, got = _request(addr, "POST", "/v2/models/big/infer", body,
+                                        {"Accept-Encoding": accept})
+        assert status == 200 and headers.get("Content-Encoding") == want, accept
+        assert headers["Vary"] == "Accept-Encoding"
     # a short answer is not worth compressing
     status, headers, got = _request(addr, "GET", "/v2/health/live", None,
                                     {"Accept-Encoding": "gzip"})
