@@ -233,8 +233,23 @@ class KServeFrontend:
                                 "gpus": list(range(len(n.gpu_index)))}],
             "parameters": {
                 "execution_batch_sizes": {"string_value": ",".join(map(str, p.batch_sizes))},
-                "default_slo_ms": {"string_value": f"{n.cfg.default_slo / 1e6:g}"}},
+                "default_slo_ms": {"string_value": f"{n.cfg.default_slo / 1e6:g}"},
+                **self._loaded_as(name)},
         }
+
+    def _loaded_as(self, name: str) -> dict:
+        """The load parameters ``name`` was loaded with that a configuration read back and
+        sent with a load again must carry: its profile (when not the name itself) and
+        package (when one was named)."""
+        from controller.repository import group_name
+
+        group = self.node.loaded.get(group_name(name)) or self.node.loaded.get(name)
+        out = {}
+        if group is not None and group.profile != group_name(name):
+            out["profile"] = {"string_value": group.profile}
+        if group is not None and group.package:
+            out["package"] = {"string_value": group.package}
+        return out
 
     def model_statistics(self, name: str = "", version: str = "") -> dict:
         """Triton's ``ModelStatisticsResponse`` (REST's JSON form) of one model instance,

@@ -70,6 +70,8 @@ async def load(node, name: str, params: dict) -> None:
     ``KServeError``."""
     _check_keys(params, LOAD_PARAMS, "load")
     params = as_loaded(node, name, params)
+    if params is None:  # a copy's reload: as it is
+        return
     if params.get("config") is not None:
         params = _merge(params, _from_config(params["config"], name))
     copies = _count(params.get("copies"))
@@ -81,13 +83,27 @@ async def load(node, name: str, params: dict) -> None:
         raise _error(e) from None
 
 
-def as_loaded(node, name: str, params: dict) -> dict:
+def group_name(instance: str) -> str:
+    """``resnet50_v2:3`` -> ``resnet50_v2`` (the model the copy was loaded as)."""
+    base, colon, k = instance.rpartition(":")
+    return base if colon and k.isdigit() else instance
+
+
+def as_loaded(node, name: str, params: dict) -> dict | None:
     """A load of a loaded model with no parameter given (every value None) is Triton's
-    reload: the model as it was loaded. Any other load: ``params`` as they are."""
-    have = node.loaded.get(name) if all(v is None for v in params.values()) else None
-    if have is None:
+    reload: the model as it was loaded. Of one of its copies (``m:k``, which the
+    repository index lists too) served now: None, nothing to do. Any other load:
+    ``params`` as they are."""
+    if not all(v is None for v in params.values()):
         return params
-    return {"copies": have.copies, "profile": have.profile, "package": have.package}
+    have = node.loaded.get(name)
+    if have is not None:
+        return {"copies": have.copies, "profile": have.profile, "package": have.package}
+    group = node.loaded.get(group_name(name))
+    if group is not None and name in group.instances and name in node.profiles \
+            and name not in node.unloading:
+        return None
+    return params
 
 
 async def unload(node, name: str, params: dict) -> None:

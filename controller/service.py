@@ -115,6 +115,7 @@ from controller.loop import ControllerLoop, Liveness
 from controller.metrics import ControllerMetrics
 from controller.policy import GpuSpec, Policy
 from controller.repository import as_loaded
+from controller.repository import group_name as _group_name
 
 now_ns = time.monotonic_ns
 # counter keys, made once (these run for every action, result and reply)
@@ -276,12 +277,6 @@ class LoadedModel:
     copies: int
     package: str
     instances: list[str]
-
-
-def _group_name(instance: str) -> str:
-    """``resnet50_v2:3`` -> ``resnet50_v2`` (the model the copy was loaded as)."""
-    base, colon, k = instance.rpartition(":")
-    return base if colon and k.isdigit() else instance
 
 
 @dataclass
@@ -1861,6 +1856,8 @@ class ClockworkServicer(pbg.ClockworkServicer):
         given = as_loaded(n, request.name, {"copies": request.copies or None,
                                             "profile": request.profile or None,
                                             "package": request.package or None})
+        if given is None:  # a copy's reload: as it is
+            return pb.LoadModelResponse(models=[n.model_info(request.name)])
         try:
             names = await n.load_model(request.name, given["copies"] or 1,
                                        given["profile"] or None, given["package"] or "")

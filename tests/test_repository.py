@@ -646,6 +646,7 @@ def test_client_loads_serves_and_unloads_a_model(cluster):
             cl.load_model("mnet", copies=3, profile="mobilenet_v2")
         with pytest.raises(InvalidRequest, match="served already"):
             cl.load_model("mnet:1", profile="mobilenet_v2")
+        assert [m.name for m in cl.load_model("mnet:1")] == ["mnet:1"]  # a copy's reload
         with pytest.raises(UnknownModel, match="no profile 'nope'"):
             cl.load_model("nope")
         with pytest.raises(InvalidRequest):
@@ -886,6 +887,23 @@ def test_tritonclient_grpc_repository(cluster):
         assert c.is_model_ready("r18") and c.is_model_ready("r18:1")
         assert [m.name for m in c.get_model_repository_index().models
                 if m.name.startswith("r18")] == ["r18", "r18:1"]
+        # ... and of every READY entry of the index, a copy's too (it was NOT_FOUND: "no
+        # profile 'r18'")
+        for m in c.get_model_repository_index().models:
+            if m.state == "READY":
+                c.load_model(m.name)
+        assert c.is_model_ready("r18:1")
+        # a configuration read back says the profile it was loaded with: loaded again
+        # with it, a model of one copy is reloaded as it is (it was NOT_FOUND too)
+        c.load_model("r18b", config='{"parameters": {"profile": {"string_value": '
+                                    '"resnet18_v2"}}}')
+        cfg = c.get_model_config("r18b", as_json=True)["config"]
+        assert cfg["parameters"]["profile"] == {"string_value": "resnet18_v2"}
+        import json
+
+        c.load_model("r18b", config=json.dumps(cfg))
+        assert c.is_model_ready("r18b")
+        c.unload_model("r18b")
         with pytest.raises(InferenceServerException) as e:
             c.load_model("no_such_profile")
         assert "NOT_FOUND" in str(e.value.status())
