@@ -823,6 +823,8 @@ class WorkerServicer(pbg.WorkerServicer):
             paths = node.unprepared(first.hello.instances)
             if paths:  # (read on a thread: see ``_Session.deliver``)
                 await asyncio.to_thread(node.prepare_paths, paths)
+                if not session.active:  # taken over meanwhile: this Hello is not applied
+                    return
             state = node.hello(first.hello)
             if session.ticket:
                 state.link_port, state.link_ticket = self.link_port, session.ticket
