@@ -64,15 +64,18 @@ MAX_STEPS = 1_000_000
 # this many.
 MAX_ACTIONS_PER_MESSAGE = 1024
 
-# Characters of a gRPC error's message: it travels in a header (grpc-message, percent-
-# encoded), and clients drop a call whose headers pass 8-16 KiB (RESOURCE_EXHAUSTED in
-# place of the error). A message that echoes what a client sent (a 20,000-character input
-# or model name) is cut to this many, well inside that even percent-encoded.
-MAX_STATUS_DETAILS = 1000
+# UTF-8 bytes of a gRPC error's message: it travels in a header (grpc-message, each byte
+# outside printable ASCII percent-encoded as 3), and clients drop a call whose headers pass
+# 8-16 KiB (RESOURCE_EXHAUSTED in place of the error). A message that echoes what a client
+# sent (a 20,000-character input or model name) is cut to this many, inside 8 KiB even
+# percent-encoded.
+MAX_STATUS_DETAILS = 2000
 
 
 def status_details(message: str) -> str:
-    """``message`` cut to ``MAX_STATUS_DETAILS`` characters (``...`` at the cut)."""
-    if len(message) <= MAX_STATUS_DETAILS:
+    """``message`` cut to ``MAX_STATUS_DETAILS`` bytes of UTF-8 (``...`` at the cut, on a
+    character's boundary)."""
+    data = message.encode("utf-8", "replace")
+    if len(data) <= MAX_STATUS_DETAILS:
         return message
-    return message[:MAX_STATUS_DETAILS - 3] + "..."
+    return data[:MAX_STATUS_DETAILS - 3].decode("utf-8", "ignore") + "..."

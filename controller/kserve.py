@@ -243,7 +243,7 @@ class KServeFrontend:
         package (when one was named)."""
         from controller.repository import group_name
 
-        group = self.node.loaded.get(group_name(name)) or self.node.loaded.get(name)
+        group = self.node.loaded.get(name) or self.node.loaded.get(group_name(name))
         out = {}
         if group is not None and group.profile != group_name(name):
             out["profile"] = {"string_value": group.profile}

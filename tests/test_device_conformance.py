@@ -322,6 +322,34 @@ def test_weights_evicted_twice_during_one_exec_are_all_freed(real):
     assert not dev.loaded("a") and dev.arena.used_pages == 0
 
 
+def test_registering_a_prepared_package_does_not_wait_for_another_being_made(real):
+    """A worker registers instances on its event loop: one of a package made ready
+    already must not wait while another package is being made on a thread (one a
+    finished session left reading, seconds for a cuda package's kernels)."""
+    dev, pkg = real
+    dev.prepare(pkg)
+    holding, release = threading.Event(), threading.Event()
+
+    def make_another() -> None:  # (holds what making a package holds)
+        with dev._registering:
+            holding.set()
+            release.wait(10)
+
+    other = threading.Thread(target=make_another)
+    other.start()
+    try:
+        assert holding.wait(10)
+        done = threading.Event()
+        t = threading.Thread(target=lambda: (dev.register("a", pkg), done.set()))
+        t.start()
+        assert done.wait(5), "registering waited for the other package"
+    finally:
+        release.set()
+        other.join(10)
+    t.join(10)
+    assert "a" in dev.models
+
+
 def test_weights_an_exec_reads_stay_where_they_are(tmp_path):
     """While an EXEC reads a's weights, a LOAD that needs a longer run slides only the
     others: b moves down to a, c takes the pages freed after b, a has not moved."""

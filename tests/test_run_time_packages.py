@@ -110,7 +110,7 @@ def test_actions_for_an_instance_still_being_added_wait_for_it(tmp_path, cpu_pac
     reconnected while a model was loaded gets), the policy's LOAD of the new instance
     may follow at once: it waits until the update is applied (it was answered
     UNKNOWN_MODEL while the package was read), and so does every message after it,
-    in order; a message before it is handled at once."""
+    in order, but a probe; a message before it is handled at once."""
     pytest.importorskip("tvm")
     from clockwork.actions import ActionType, ErrorCode
     from clockwork.protocol import clockwork_pb2 as pb
@@ -149,17 +149,23 @@ def test_actions_for_an_instance_still_being_added_wait_for_it(tmp_path, cpu_pac
             assert not s.states  # (its package is being read)
             assert await s.deliver(load(1, "mlp"))  # handled at once
             assert await s.deliver(load(2, "tiny"))  # waits for the update
-            assert await s.deliver(pb.ControllerMessage(echo=pb.ClockEcho()))  # after it
-            assert not s.echoes
+            b = pb.ActionBatch()
+            b.actions.add(id=3, type=ActionType.INFER, gpu=0, model="mlp", batch_size=1,
+                          latest=now_ns() + 10**10, version=1)
+            assert await s.deliver(pb.ControllerMessage(actions=b))  # waits too, in order
+            assert await s.deliver(pb.ControllerMessage(echo=pb.ClockEcho()))
+            assert len(s.echoes) == 1  # a probe is answered at once all the same
             deadline = time.monotonic() + 30
-            while len(results) < 2 and time.monotonic() < deadline:
+            while len(results) < 3 and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
                 msg = node.take_message([])
                 if msg is not None:
                     results += [(r.id, ErrorCode(r.status).name, len(s.states))
                                 for r in msg.results.results]
-            # mlp's LOAD done while the update waited for its package; tiny's after it
-            assert sorted(results) == [(1, "SUCCESS", 0), (2, "SUCCESS", 1)], results
+            # mlp's LOAD done while the update waited for its package; tiny's LOAD after
+            # it, and mlp's INFER behind that after it too
+            assert sorted(results) == [(1, "SUCCESS", 0), (2, "SUCCESS", 1),
+                                       (3, "SUCCESS", 1)], results
             assert [st.update_seq for st in s.states] == [0] and len(s.echoes) == 1
             assert sorted(node.instances) == ["mlp", "tiny"]
         finally:

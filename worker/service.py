@@ -321,7 +321,7 @@ class WorkerNode:
         than the one at ``path``."""
         for dev in self.real:
             m = dev.models.get(name)
-            if m is not None and m.package.path != path:  # (both resolved, as a rule)
+            if m is not None and m.package is not dev.packages.get(path):
                 try:
                     if path is None or Path(m.package.path).resolve() != path.resolve():
                         return True
@@ -989,7 +989,7 @@ class _Session:
         (actions of the other models, probes) until one names an instance still to be
         added (the controller may send such actions at once after an update it does not
         wait for: one it sends a worker that reconnected while a model was loaded): that
-        one and every message after it wait their turn, in order. A Hello (a reset) waits
+        one and every message after it but probes wait their turn, in order. A Hello (a reset) waits
         for all of those and holds back the messages behind it. False once the session
         has ended."""
         kind = msg.WhichOneof("kind")
@@ -1006,8 +1006,10 @@ class _Session:
             paths = self.node.unprepared(msg.hello.instances)
             if paths:
                 await asyncio.to_thread(self.node.prepare_paths, paths)
-        elif waiting and (self._held or kind == "actions" and any(
+        elif waiting and kind != "echo" and (self._held or kind == "actions" and any(
                 a.model in self._adding for a in msg.actions.actions)):
+            # (a probe's echo is answered at once whatever waits: it says the worker
+            # lives, and a held one would have the controller find it suspect)
             self._held = True  # (in order from here on, until the queue is done)
             self._after(msg, tail, [])
             return self.active

@@ -270,8 +270,10 @@ class RealDevice:
         with self._lock:
             if name in self.models:
                 raise InvalidPackage(f"model {name!r} is already registered")
-        with self._registering:
-            pkg = self._package(Path(package))
+        pkg = self.packages.get(package)  # (prepared: no wait for one being made)
+        if pkg is None:
+            with self._registering:
+                pkg = self._package(Path(package))
         with self._lock:
             if name in self.models:
                 raise InvalidPackage(f"model {name!r} is already registered")
