@@ -308,3 +308,16 @@ def test_free_pages_hand_out_what_a_stack_of_every_page_would():
     e.submit(load(1, "a"), 0)
     run_until_idle(e)
     assert e.weights["a"].pages == list(range(7)) and e.pages_used == 7
+
+
+def test_two_actions_of_one_id_queued_together_are_both_answered():
+    """Two queued actions with the same id and earliest (a controller's mistake): both
+    are queued and answered in arrival order (their heap entries were compared down to
+    the actions, TypeError, with the second already in the heap: the lane's later
+    steps could fail on it too)."""
+    e = ex()
+    assert e.submit(load(1, "a", earliest=5 * MS), 0) == []
+    assert e.submit(load(1, "b", earliest=5 * MS), 0) == []
+    res = run_until_idle(e)
+    assert [(r.id, r.model, r.status) for r in res] == [
+        (1, "a", ErrorCode.SUCCESS), (1, "b", ErrorCode.SUCCESS)]

@@ -64,7 +64,9 @@ class Lane:
     __slots__ = ("pending", "running", "free_at")
 
     def __init__(self) -> None:
-        self.pending: list[tuple[int, int, Action, int]] = []  # (earliest, id, action, received)
+        # (earliest, id, arrival number, action, received): the arrival number keeps two
+        # actions of one id (a controller's mistake) from being compared
+        self.pending: list[tuple[int, int, int, Action, int]] = []
         self.running: _Running | None = None
         self.free_at = 0
 
@@ -116,6 +118,7 @@ class GpuExecutor:
         self._evicted_while_running: set[int] = set()
         self._started: list[Action] = []  # open actions the shell has not taken yet
         self.peak_pages = 0  # the most pages ever in use at once (set as pages are taken)
+        self._arrivals = 0  # actions queued so far (their order among equal keys)
 
     # -- queries -----------------------------------------------------------------
 
@@ -135,7 +138,7 @@ class GpuExecutor:
         if r is not None:
             a = r.end  # None while open: complete() moves things on
         elif lane.pending:
-            earliest, _, _, received = lane.pending[0]
+            earliest, _, _, _, received = lane.pending[0]
             a = max(lane.free_at, received, earliest)
         else:
             a = None
@@ -144,7 +147,7 @@ class GpuExecutor:
         if r is not None:
             b = r.end
         elif lane.pending:
-            earliest, _, action, received = lane.pending[0]
+            earliest, _, _, action, received = lane.pending[0]
             free = lane.free_at
             consider = free if free > received else received
             if consider <= action.latest:
@@ -176,7 +179,8 @@ class GpuExecutor:
             out.append(self._evict(action, now))
         else:
             lane = self.exec_lane if action.type == ActionType.INFER else self.load_lane
-            heapq.heappush(lane.pending, (action.earliest, action.id, action, now))
+            self._arrivals += 1
+            heapq.heappush(lane.pending, (action.earliest, action.id, self._arrivals, action, now))
         out.extend(self.advance(now))
         return out
 
@@ -214,14 +218,14 @@ class GpuExecutor:
         answers. The caller removes it from ``models``."""
         out: list[Result] = []
         for lane in (self.load_lane, self.exec_lane):
-            gone = [p for p in lane.pending if p[2].model == model]
+            gone = [p for p in lane.pending if p[3].model == model]
             if gone:
-                lane.pending = [p for p in lane.pending if p[2].model != model]
+                lane.pending = [p for p in lane.pending if p[3].model != model]
                 heapq.heapify(lane.pending)
-                gone.sort(key=lambda p: (p[0], p[1]))  # (in the order they would have run)
+                gone.sort(key=lambda p: p[:3])  # (in the order they would have run)
                 out.extend(self._error(a, received, now, ErrorCode.UNKNOWN_MODEL,
                                        f"model {model!r} was removed")
-                           for _, _, a, received in gone)
+                           for _, _, _, a, received in gone)
         w = self.weights.pop(model, None)
         if w is None:
             return out
@@ -294,7 +298,7 @@ class GpuExecutor:
             return True
         if not lane.pending:
             return False
-        earliest, _, action, received = lane.pending[0]
+        earliest, _, _, action, received = lane.pending[0]
         if max(lane.free_at, received) > now:
             return False
         # the lane can take it now (not at an earlier time it could have, had this been
