@@ -16,6 +16,8 @@ from clockwork.cluster.sweep import load_sweep
 from clockwork.scenario import parse_value
 from tests.conftest import cli_command
 
+REPO = __import__("pathlib").Path(__file__).resolve().parent.parent
+
 SWEEP8 = """
 name = "t8"
 scenarios = ["poisson_warm", "bursty"]
@@ -683,3 +685,28 @@ def test_list_only_reads_the_output_folder(tmp_path, monkeypatch, capsys):
     assert main(["sweep", str(f), "--out", str(out), "--jobs", "1", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "argument --out: cannot write into" in err[0], err
+
+
+def test_a_point_whose_scenario_file_changed_runs_again(tmp_path, capsys):
+    """A sweep (and a plan, which runs its points the same way) reused a point's result
+    after its scenario file was edited: the folder's name hashes the scenario as written
+    and the overrides, not what the file holds. A point now records the file's digest
+    and is done only while the file is the same."""
+    sc = tmp_path / "mine.toml"
+    text = (REPO / "scenarios" / "poisson_warm.toml").read_text()
+    sc.write_text(text)
+    f = tmp_path / "s.toml"
+    f.write_text(f'scenarios = ["{sc}"]\noverrides = ["duration_s=1", "drain_s=1"]\n')
+    out = tmp_path / "o"
+    assert main(["sweep", str(f), "--jobs", "1", "--out", str(out), "--quiet"]) == 0
+    first = _summaries(out)
+    capsys.readouterr()
+    assert main(["sweep", str(f), "--jobs", "1", "--out", str(out)]) == 0
+    assert "0 run, 1 already done" in capsys.readouterr().err
+    sc.write_text(text.replace("rate_rps = 723.5", "rate_rps = 100"))
+    assert main(["sweep", str(f), "--jobs", "1", "--out", str(out), "--list"]) == 0
+    assert capsys.readouterr().out.startswith("to run")
+    assert main(["sweep", str(f), "--jobs", "1", "--out", str(out)]) == 0
+    assert "1 run, 0 already done" in capsys.readouterr().err
+    (name, again), = _summaries(out).items()
+    assert orjson.loads(again)["submitted"] < orjson.loads(first[name])["submitted"] / 3

@@ -172,15 +172,43 @@ def is_summary(s: Any) -> bool:
     return True
 
 
-def done_summary(folder: Path) -> dict | None:
+def scenario_digest(path: str | Path) -> str:
+    """SHA-256 of a scenario file's bytes ("" where it cannot be read): a point whose file
+    has changed since it ran is not done (``done_summary``)."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return ""
+
+
+def done_summary(folder: Path, digest: str | None = None) -> dict | None:
     """The point's summary if it is done: ``summary.json`` there, readable, and a run's
-    summary (``is_summary``). Anything else there (a file left half written by hand, or
-    by another program) is not done: the point runs again and replaces it."""
+    summary (``is_summary``), and, with ``digest`` (``scenario_digest`` of its scenario
+    file now), run on that file as it is now (``point.json`` says what it ran on; a
+    point run on an earlier version of the file, or by a version of this program that
+    did not say, is not done). Anything else there (a file left half written by hand,
+    or by another program) is not done: the point runs again and replaces it."""
     try:
         s = orjson.loads((folder / SUMMARY).read_bytes())
     except (OSError, orjson.JSONDecodeError):
         return None
-    return s if is_summary(s) else None
+    if not is_summary(s):
+        return None
+    if digest is not None:
+        try:
+            ran = orjson.loads((folder / "point.json").read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return None
+        if not isinstance(ran, dict) or ran.get("scenario_sha256") != digest:
+            return None
+    return s
+
+
+def point_digests(points: Sequence[Point]) -> list[str]:
+    """``scenario_digest`` of each point's file (each file read once)."""
+    seen: dict[str, str] = {}
+    return [seen[p.path] if p.path in seen else seen.setdefault(p.path, scenario_digest(p.path))
+            for p in points]
 
 
 def _write_atomic(path: Path, data: dict) -> None:
@@ -467,21 +495,24 @@ class Runner:
         """Every point's outcome, in the order of ``points``: the done ones read back,
         the others run (``jobs`` at a time) and written."""
         out: list[Outcome] = []
-        todo: list[Outcome] = []
-        for p in points:
+        todo: list[tuple[Outcome, str]] = []
+        for p, digest in zip(points, point_digests(points), strict=True):
             folder = point_folder(root, p)
-            s = done_summary(folder)
+            s = done_summary(folder, digest)
             o = Outcome(p, folder, summary=s, reused=s is not None)
             out.append(o)
             if s is None:
-                todo.append(o)
+                todo.append((o, digest))
         if todo:
-            for o in todo:
+            for o, digest in todo:
                 o.folder.mkdir(parents=True, exist_ok=True)
                 (o.folder / "error.txt").unlink(missing_ok=True)
+                (o.folder / SUMMARY).unlink(missing_ok=True)  # (an earlier file's run)
                 write_json(o.folder / "point.json", {"scenario": o.point.scenario,
                                                      "overrides": list(o.point.overrides),
-                                                     "command": o.point.command()})
+                                                     "command": o.point.command(),
+                                                     "scenario_sha256": digest})
+            todo = [o for o, _ in todo]
             self._run(todo, desc)
         return out
 

@@ -52,6 +52,7 @@ from clockwork.cluster.parallel import (
     done_summary,
     label_value,
     locked,
+    point_digests,
     point_folder,
     toml_value,
 )
@@ -474,7 +475,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return fail(f"{where}: {e}")
     if args.list:
         points = sweep.points
-        done = [done_summary(point_folder(out, p)) is not None for p in points]
+        done = [done_summary(point_folder(out, p), d) is not None
+                for p, d in zip(points, point_digests(points), strict=True)]
         for p, d in zip(points, done, strict=True):
             print(f"{'done ' if d else 'to run'}  {p.name}  {p.command()}")
         print(f"{len(points)} points, {sum(done)} done, in {out}", file=sys.stderr)
@@ -489,7 +491,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def _run_sweep(args: argparse.Namespace, sweep: Sweep, out: Path) -> int:
     points = sweep.points
-    done = [done_summary(point_folder(out, p)) is not None for p in points]
+    done = [done_summary(point_folder(out, p), d) is not None
+            for p, d in zip(points, point_digests(points), strict=True)]
     jobs = args.jobs or default_jobs()
     todo = len(points) - sum(done)
     quiet = args.quiet

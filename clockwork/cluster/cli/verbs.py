@@ -529,9 +529,9 @@ def add_sweep(sub) -> None:
               "and gather their summaries into OUT/results.tsv and OUT/results.json (one row per\n"
               "point: scenario, overrides, seed, requests, goodput, SLO attainment, latency\n"
               "percentiles, cold starts). Each point writes OUT/points/<name>/ with summary.json\n"
-              "last; a point already done is not run again, so an interrupted sweep resumes where\n"
-              "it stopped and deleting a point's folder reruns just that point. Exit 1 if a point\n"
-              "failed.",
+              "last; a point already done (on its scenario file as it is now) is not run again,\n"
+              "so an interrupted sweep resumes where it stopped and deleting a point's folder\n"
+              "reruns just that point. Exit 1 if a point failed.",
               epilog=SWEEP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
               requires=("tqdm",))
     p.add_argument("file", help="sweep TOML file, or the name of a shipped sweep")
