@@ -79,3 +79,9 @@ def status_details(message: str) -> str:
     if len(data) <= MAX_STATUS_DETAILS:
         return message
     return data[:MAX_STATUS_DETAILS - 3].decode("utf-8", "ignore") + "..."
+
+# Rows one batch may have where a command line gives batch sizes (`clockwork compile` and
+# `clockwork profile --batch-sizes`): the paper's models run at most 16; a batch beyond
+# this is a typo, and compiling or profiling it failed deep inside TVM (an integer TVM
+# cannot hold) or after allocating its input (4 Gi rows: 1 TiB).
+MAX_BATCH_SIZE = 65_536

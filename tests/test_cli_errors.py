@@ -78,6 +78,9 @@ BAD = [
     (["compile", "mlp", "--batch-sizes", "1,x"], "1,x"),
     (["compile", "mlp", "--device", "tpu"], "tpu"),
     (["profile", "mlp", "--runs", "0"], "0"),
+    # (compiled, a batch past any real model's failed inside TVM, or allocated 1 TiB)
+    (["compile", "mlp", "--batch-sizes", "99999999999999999999"], "at most 65,536"),
+    (["profile", "mlp", "--batch-sizes", "1,4294967296"], "at most 65,536"),
     (["scenarios", "copy", "no_such_scenario", "--to", "out"], "no_such_scenario"),
     # where results go, checked before anything runs ("afile": a plain file, "adir": a
     # folder, "notsummary": a JSON file that is not a run's summary)

@@ -59,3 +59,16 @@ def test_profile_into_a_set_the_name_does_not_reach_says_so(here, monkeypatch, c
     assert "--profiles profiles/cpu" in warnings[0], warnings[0]
     assert load_profile_set("profiles/cpu").get("resnet_tiny")  # started from env's set
     assert sorted(load_profile_set("cpu").profiles) == ["resnet_tiny"]  # env's, untouched
+
+
+def test_a_package_of_another_model_is_refused(here, cpu_package, capsys):
+    """``profile MODEL --package DIR``: a package that holds another model is refused,
+    before anything runs (its profile, written under the package's model name, replaced
+    that model's with nothing said of MODEL)."""
+    pkg = cpu_package("mlp", here)
+    assert main(["profile", "resnet18", "--package", str(pkg), *FAST]) == 2
+    err = capsys.readouterr().err
+    assert f"the package {pkg} holds model 'mlp', not 'resnet18'" in err, err
+    assert not (here / "profiles").exists()
+    assert main(["profile", "mlp", "--package", str(pkg), "--device", "cpu", *FAST]) == 0
+    assert (here / "profiles" / "cpu" / "mlp.json").exists()

@@ -104,6 +104,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
             print("clockwork profile: --name names an ONNX model it compiles; a --package "
                   "keeps the name in its model.json", file=sys.stderr)
             return 2
+        if package is not None:
+            held = _package_model(package)
+            named = Path(args.model).stem if args.model.endswith(".onnx") else args.model
+            if held is not None and held not in (args.model, named):
+                # (its profile is written under the package's model name: another model's)
+                print(f"clockwork profile: the package {package} holds model {held!r}, not "
+                      f"{args.model!r} (name the model it holds, or leave --package out to "
+                      f"compile {args.model!r})", file=sys.stderr)
+                return 2
         if package is None:
             name = model_name("profile", args)
             if name is None:
@@ -131,6 +140,17 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if unreached:
         print(f"clockwork profile: warning: {unreached}", file=sys.stderr)
     return 0
+
+
+def _package_model(package: Path) -> str | None:
+    """The model a package says it holds (its model.json's ``model``); None where that
+    cannot be read (profiling it then says why)."""
+    from clockwork.models.package import PackageError, read_package
+
+    try:
+        return str(read_package(package)["model"])
+    except (PackageError, OSError, KeyError, ValueError):
+        return None
 
 
 def _named_folder(folder: Path) -> bool:

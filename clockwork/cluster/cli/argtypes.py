@@ -342,4 +342,9 @@ def batch_sizes(text: str) -> list[int]:
             f"batch sizes must be integers, e.g. 1,2,4, got {text!r}") from None
     if not sizes or sizes[0] < 1:
         raise argparse.ArgumentTypeError(f"batch sizes must be integers >= 1, got {text!r}")
+    from clockwork.sizes import MAX_BATCH_SIZE
+
+    if sizes[-1] > MAX_BATCH_SIZE:
+        raise argparse.ArgumentTypeError(f"batch sizes must be at most {MAX_BATCH_SIZE:,}, "
+                                         f"got {sizes[-1]:,}")
     return sizes
