@@ -62,6 +62,38 @@ def test_save_then_load_is_identical(small, tmp_path):
     np.testing.assert_array_equal(AzureTrace.load(gz).counts, tr.counts)
 
 
+def test_a_save_stopped_midway_leaves_the_earlier_file_or_none(small, tmp_path,
+                                                                 monkeypatch):
+    """A save interrupted (Ctrl-C) after some rows leaves no short file that reads as a
+    smaller day: where there was none there is none, an earlier file stays as it was, and
+    nothing else is left in the folder."""
+    tr = AzureTrace.load(small[0])
+    real = azure._format_rows
+    calls = []
+
+    def stopped(counts):
+        calls.append(1)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return real(counts)
+
+    monkeypatch.setattr(azure, "_format_rows", stopped)
+    n = 3000  # (rows are written 1,024 at a time: stopped in the second chunk)
+    tr = AzureTrace(*(np.resize(a, n) for a in (tr.owners, tr.apps, tr.functions,
+                                                tr.triggers)),
+                    np.resize(tr.counts, (n, tr.counts.shape[1])), 0, "bigger")
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        tr.save(out / "day.csv")
+    assert list(out.iterdir()) == []
+    earlier = out / "kept.csv"
+    earlier.write_bytes(b"an earlier day")
+    calls.clear()
+    with pytest.raises(KeyboardInterrupt):
+        tr.save(earlier)
+    assert list(out.iterdir()) == [earlier] and earlier.read_bytes() == b"an earlier day"
+
+
 def test_many_blocks_and_line_numbers(small, tmp_path, monkeypatch):
     monkeypatch.setattr(azure, "_BLOCK_BYTES", 5000)  # about two rows per block
     tr = AzureTrace.load(small[0])

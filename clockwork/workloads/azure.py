@@ -324,8 +324,19 @@ class AzureTrace:
             raise ValueError("only a whole day (1440 minutes from minute 0) can be saved")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        # written aside and moved into place whole: a run stopped midway (Ctrl-C) left a
+        # file of the rows written so far, which reads as a valid, smaller day
+        part = path.with_name(f".{path.name}.part-{os.getpid()}")
+        try:
+            self._write(part, path.suffix == ".gz")
+            os.replace(part, path)
+        finally:
+            part.unlink(missing_ok=True)
+        return path
+
+    def _write(self, path: Path, gz: bool) -> None:
         with open(path, "wb") as raw:
-            f = gzip.GzipFile("", "wb", 6, raw, mtime=0) if path.suffix == ".gz" else raw
+            f = gzip.GzipFile("", "wb", 6, raw, mtime=0) if gz else raw
             f.write(HEADER.encode() + b"\n")
             step = 1024
             for lo in range(0, self.n_functions, step):
@@ -340,7 +351,6 @@ class AzureTrace:
                     prev = e
             if f is not raw:
                 f.close()
-        return path
 
     # -------------------------------------------------------------- shape
 
