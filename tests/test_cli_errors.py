@@ -94,6 +94,11 @@ BAD = [
     # (a folder where nothing can be made, though os.access says yes to root there)
     (["simulate", SC, "--out", "/proc/clockwork_out"], "cannot write into '/proc'"),
     (["simulate", SC, "--spill-dir", "afile"], "exists and is not a folder"),
+    # a TLS file that is not PEM (a client then said "could not reach the controller")
+    (["infer", "resnet50_v2", "--tls-ca", "notsummary"], "is not a PEM certificate"),
+    (["controller", "--workers", "127.0.0.1:1", "--tls-cert", "notsummary"],
+     "is not a PEM certificate"),
+    (["worker", "--tls-key", "notsummary"], "is not a PEM private key"),
     (["simulate", SC, "--spill-dir", "afile/sub"], "is not a folder"),
     (["serve", SC, "--replay", "--out", "afile"], "exists and is not a folder"),
     (["replay", SC, "--out", "afile"], "exists and is not a folder"),

@@ -52,7 +52,9 @@ TOKEN = "test-token-0123456789abcdef"
 MODEL = "resnet50_v2"
 TIMEOUT = 10  # seconds, per client call
 X = np.zeros((1, 3, 224, 224), np.float32)
-NOT_PEM = os.path.abspath(__file__)  # a readable file that is no certificate
+# a readable file of PEM blocks that hold no certificate or key (a file that is not PEM at
+# all is refused as the command line is read)
+NOT_PEM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "not_a_certificate.pem")
 
 
 @pytest.fixture(scope="module")

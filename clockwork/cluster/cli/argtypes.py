@@ -193,6 +193,35 @@ def readable_file(text: str) -> str:
     return text
 
 
+def _pem(text: str, marker: bytes, what: str) -> str:
+    """A readable file holding a PEM block whose BEGIN line has ``marker``: a file of
+    anything else failed later with gRPC's own words (a client: "could not reach the
+    controller", as if it were down)."""
+    readable_file(text)
+    try:
+        with open(text, "rb") as f:
+            head = f.read(1 << 20)
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot read {text!r} ({e.strerror or e})") from None
+    if not any(marker in line for line in head.splitlines()
+               if line.startswith(b"-----BEGIN ")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a PEM {what} (no "
+                                         f"'-----BEGIN ...{marker.decode()}-----' line)")
+    return text
+
+
+@_file_system
+def pem_certificate(text: str) -> str:
+    """A PEM file of certificates (a chain, or a CA's)."""
+    return _pem(text, b"CERTIFICATE", "certificate")
+
+
+@_file_system
+def pem_key(text: str) -> str:
+    """A PEM file of a private key."""
+    return _pem(text, b"PRIVATE KEY", "private key")
+
+
 @_file_system
 def settings_file(text: str) -> str:
     """A settings file (``controller --settings``): an existing file as given, else a

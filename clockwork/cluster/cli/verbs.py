@@ -55,15 +55,15 @@ def _add_server_security(p, who: str) -> None:
                    help="listen off loopback without " + ("a token or cluster secret"
                                                           if who == "controller" else
                                                           "a cluster secret"))
-    g.add_argument("--tls-cert", type=t.readable_file, metavar="PEM",
+    g.add_argument("--tls-cert", type=t.pem_certificate, metavar="PEM",
                    help="TLS on every port this process listens on: certificate chain")
-    g.add_argument("--tls-key", type=t.readable_file, metavar="PEM", help="... and its key")
-    g.add_argument("--tls-ca", type=t.readable_file, metavar="PEM",
+    g.add_argument("--tls-key", type=t.pem_key, metavar="PEM", help="... and its key")
+    g.add_argument("--tls-ca", type=t.pem_certificate, metavar="PEM",
                    help="require client certificates signed by this CA (mutual TLS)"
                    + ("" if who == "controller" else "; the controller presents its "
                       "--tls-cert"))
     if who == "controller":
-        g.add_argument("--worker-tls-ca", type=t.readable_file, metavar="PEM",
+        g.add_argument("--worker-tls-ca", type=t.pem_certificate, metavar="PEM",
                        help="dial the workers with TLS, verified against this CA (the "
                        "controller's --tls-cert/--tls-key are its client certificate)")
 
@@ -80,7 +80,7 @@ def _add_client_security(p) -> None:
                      "or the variable)")
     g.add_argument("--tls", action="store_true",
                    help="connect with TLS, verified against the system's CAs")
-    g.add_argument("--tls-ca", type=t.readable_file, metavar="PEM",
+    g.add_argument("--tls-ca", type=t.pem_certificate, metavar="PEM",
                    help="connect with TLS, verified against this CA")
 
 
@@ -312,9 +312,9 @@ def add_serve(sub) -> None:
                      "users in the process list: prefer --token-file)")
     g.add_argument("--insecure-no-auth", action="store_true",
                    help="listen off loopback without a token")
-    g.add_argument("--tls-cert", type=t.readable_file, metavar="PEM",
+    g.add_argument("--tls-cert", type=t.pem_certificate, metavar="PEM",
                    help="TLS on the controller's ports: certificate chain")
-    g.add_argument("--tls-key", type=t.readable_file, metavar="PEM", help="... and its key")
+    g.add_argument("--tls-key", type=t.pem_key, metavar="PEM", help="... and its key")
 
 
 def add_controller(sub) -> None:
