@@ -1212,7 +1212,12 @@ def emit_run(result, scenario, headline: str, out: str | Path | None = None,
         print(format_summary(result.summary))
     if out:
         sys.stdout.flush()
+        earlier = [n for n in ("summary.json", "requests.tsv", "requests.npz")
+                   if (Path(out) / n).exists()]
         written = result.write(out)
         fmt = getattr(getattr(result, "telemetry", None), "log_format", "tsv")
+        if earlier:  # (a run's files are replaced as a whole: said, not silent)
+            print(f"replaced the earlier run in {written} ({', '.join(earlier)} and the "
+                  "files beside them)", file=sys.stderr)
         print(f"wrote {written}/summary.json, requests.{fmt}, actions.{fmt}, run.json",
               file=sys.stderr)

@@ -28,6 +28,13 @@ def test_simulate_writes_outputs_and_report_reads_them(tmp_path, capsys):
     assert starts == ["0.000", "0.500", "1.000", "1.500"], starts
     # an interval too short to mean anything: refused before anything is printed
     assert main(["report", str(out), "--timeline", "1e-10"]) == 2
+    capsys.readouterr()
+    # a second run into the same folder replaces the first, and says so (it was silent,
+    # the other format's logs deleted too)
+    assert main(["simulate", "scenarios/poisson_warm.toml", "--set", "duration_s=1", "--out",
+                 str(out), "--quiet", "--log-format", "npz"]) == 0
+    err = capsys.readouterr().err
+    assert f"replaced the earlier run in {out} (summary.json, requests.tsv" in err, err
     got = capsys.readouterr()
     assert got.out == "" and "at least 0.001 s" in got.err
     # a run.json that cannot be read: the summary still, with a warning
