@@ -28,13 +28,6 @@ def test_simulate_writes_outputs_and_report_reads_them(tmp_path, capsys):
     assert starts == ["0.000", "0.500", "1.000", "1.500"], starts
     # an interval too short to mean anything: refused before anything is printed
     assert main(["report", str(out), "--timeline", "1e-10"]) == 2
-    capsys.readouterr()
-    # a second run into the same folder replaces the first, and says so (it was silent,
-    # the other format's logs deleted too)
-    assert main(["simulate", "scenarios/poisson_warm.toml", "--set", "duration_s=1", "--out",
-                 str(out), "--quiet", "--log-format", "npz"]) == 0
-    err = capsys.readouterr().err
-    assert f"replaced the earlier run in {out} (summary.json, requests.tsv" in err, err
     got = capsys.readouterr()
     assert got.out == "" and "at least 0.001 s" in got.err
     # a run.json that cannot be read: the summary still, with a warning
@@ -189,3 +182,16 @@ def test_version_prints_the_installed_version(capsys):
 
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"clockwork {version('clockwork-py')}"
+
+
+def test_a_run_written_over_an_earlier_one_says_so(tmp_path, capsys):
+    """A second run into the same --out replaces the first and says so (it was silent,
+    the other format's logs deleted too)."""
+    out = tmp_path / "run"
+    args = ["simulate", "scenarios/poisson_warm.toml", "--set", "duration_s=1", "--out",
+            str(out), "--quiet"]
+    assert main(args) == 0
+    assert "replaced" not in capsys.readouterr().err
+    assert main([*args, "--log-format", "npz"]) == 0
+    err = capsys.readouterr().err
+    assert f"replaced the earlier run in {out} (summary.json, requests.tsv" in err, err
