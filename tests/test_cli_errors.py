@@ -78,6 +78,7 @@ BAD = [
     (["compile", "mlp", "--batch-sizes", "1,x"], "1,x"),
     (["compile", "mlp", "--device", "tpu"], "tpu"),
     (["profile", "mlp", "--runs", "0"], "0"),
+    (["profile", "mlp", "--runs", "1000000000"], "from 1 to 1,000,000"),
     # (compiled, a batch past any real model's failed inside TVM, or allocated 1 TiB)
     (["compile", "mlp", "--batch-sizes", "99999999999999999999"], "at most 65,536"),
     (["profile", "mlp", "--batch-sizes", "1,4294967296"], "at most 65,536"),

@@ -147,7 +147,7 @@ def test_a_broken_package_is_refused_not_run(packages, tmp_path, capsys):
         with pytest.raises(DeviceError, match="model.so"):
             CpuDevice(1, PS).register("r", d)
         capsys.readouterr()
-        assert main(["profile", "r", "--package", str(d), "--runs", "1", "--load-runs", "1",
+        assert main(["profile", "resnet_tiny", "--package", str(d), "--runs", "1", "--load-runs", "1",
                      "--out", str(tmp_path / "p.json")]) == 2, name
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "model.so" in err, err
@@ -156,7 +156,7 @@ def test_a_broken_package_is_refused_not_run(packages, tmp_path, capsys):
     meta = orjson.loads((nokey / METADATA).read_bytes())
     del meta["weights_pages"]
     (nokey / METADATA).write_bytes(orjson.dumps(meta))
-    assert main(["profile", "r", "--package", str(nokey), "--out", str(tmp_path / "p.json")]) == 2
+    assert main(["profile", "resnet_tiny", "--package", str(nokey), "--out", str(tmp_path / "p.json")]) == 2
     assert "weights_pages" in capsys.readouterr().err
     dev = CpuDevice(1, PS)  # the good one still goes
     dev.register("r", src)

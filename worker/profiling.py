@@ -23,9 +23,12 @@ def _describe(s: dict[str, int], where: str) -> str:
 
 
 def profile_package(package: str | Path, runs: int = 200, load_runs: int = 50,
-                    warmup: int = 10, seed: int = 0, device: str = "cpu") -> ModelProfile:
+                    warmup: int = 10, seed: int = 0, device: str = "cpu",
+                    progress=None) -> ModelProfile:
     """Profile the package at ``package`` on ``device`` (cpu, or cuda on a machine with
-    a GPU). Figures are p99s."""
+    a GPU). Figures are p99s. ``progress(text)``, if given, hears of each step done (a
+    real-size model takes minutes)."""
+    say = progress or (lambda text: None)
     from clockwork.models.package import read_package
 
     meta = read_package(package)
@@ -44,6 +47,7 @@ def profile_package(package: str | Path, runs: int = 200, load_runs: int = 50,
         _, ns = dev.load(name)
         loads.append(ns)
         dev.evict(name)
+    say(f"{len(loads)} LOADs: p99 {np.percentile(loads, 99) / 1e6:.3f} ms")
     dev.load(name)
     spec = meta["inputs"][0]
     rng = np.random.default_rng(seed)
@@ -55,6 +59,7 @@ def profile_package(package: str | Path, runs: int = 200, load_runs: int = 50,
         s = _stats([dev.infer(name, x)[1] for _ in range(max(1, runs))])
         exec_ns[b] = s["p99"]
         source[f"exec_ns.{b}"] = _describe(s, where)
+        say(f"batch {b}: {max(1, runs)} EXECs, p99 {s['p99'] / 1e6:.3f} ms")
     ls = _stats(loads)
     source["load_ns"] = _describe(ls, where) + " (alloc + page copy + zero-copy bind)"
     source["weights_bytes"] = f"package of {meta['model']}: sum of parameter sizes"

@@ -123,7 +123,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
                 return 2
         try:
             prof = profile_package(package, runs=args.runs, load_runs=args.load_runs,
-                                   device=args.device)
+                                   device=args.device, progress=lambda text: print(
+                                       f"clockwork profile: {text}", file=sys.stderr,
+                                       flush=True))
         except (PackageError, DeviceError, KeyError) as e:  # a package it cannot run
             why = f"model.json has no {e}" if isinstance(e, KeyError) else e
             print(f"clockwork profile: {package}: {why}", file=sys.stderr)

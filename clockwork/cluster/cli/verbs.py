@@ -242,9 +242,11 @@ def add_profile(sub) -> None:
     p.add_argument("--name", type=t.model_name, metavar="NAME", help=NAME_HELP)
     p.add_argument("--batch-sizes", type=t.batch_sizes, default=[1, 2, 4, 8, 16],
                    metavar="B1,B2,...", help="when compiling (default 1,2,4,8,16)")
-    p.add_argument("--runs", type=t.positive_int, default=200,
-                   help="EXEC runs per batch size (default 200)")
-    p.add_argument("--load-runs", type=t.positive_int, default=50, help="LOAD runs (default 50)")
+    # (each run's time is kept until the percentiles are taken: bounded)
+    p.add_argument("--runs", type=t.int_in(1, 1_000_000), default=200,
+                   help="EXEC runs per batch size, 1 to 1,000,000 (default 200)")
+    p.add_argument("--load-runs", type=t.int_in(1, 1_000_000), default=50,
+                   help="LOAD runs, 1 to 1,000,000 (default 50)")
     p.add_argument("--out", type=t.out_file, metavar="FILE",
                    help="default profiles/DEVICE/MODEL.json: in the set --profiles DEVICE "
                    "reads (./profiles/DEVICE comes before the shipped set of that name); "
