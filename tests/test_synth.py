@@ -186,3 +186,19 @@ def test_module_documents_its_parameters():
     for word in ("Shahrad", "TRIGGER_SHARE", "LOG10_DAILY", "TIMER_PERIODS_S", "APP_SIZES",
                  "assumption"):
         assert word in doc
+
+
+def test_each_day_is_said_as_it_is_written(tmp_path):
+    """``write_synthetic`` hands each day file over as it is written, so that ``trace
+    synth`` can say so then (it printed every file at the end: minutes of silence for
+    a fortnight of a real-size day)."""
+    from clockwork.workloads.synth import write_synthetic
+
+    seen = []
+
+    def written(p):
+        seen.append((p.name, sorted(x.name for x in tmp_path.iterdir())))
+
+    paths = write_synthetic(tmp_path, 50, days=2, seed=3, written=written)
+    assert [n for n, _ in seen] == [p.name for p in paths]
+    assert seen[0][1] == [paths[0].name]  # (day 2 not made yet when day 1 was said)

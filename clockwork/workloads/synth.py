@@ -265,9 +265,10 @@ def _days(functions: int, days: int, seed: int) -> Iterator[AzureTrace]:
 
 
 def write_synthetic(out_dir: str | Path, functions: int, days: int = 1, seed: int = 0,
-                    gzip: bool = False) -> list[Path]:
+                    gzip: bool = False, written=None) -> list[Path]:
     """Generate and write ``invocations_per_function_md.anon.d01.csv`` ... into ``out_dir``
-    (``.csv.gz`` with ``gzip``), each day as soon as it is made (one day in memory)."""
+    (``.csv.gz`` with ``gzip``), each day as soon as it is made (one day in memory);
+    ``written(path)``, if given, is called as each is."""
     days_iter = days_of(functions, days, seed)  # (checks the sizes before anything is made)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -276,4 +277,6 @@ def write_synthetic(out_dir: str | Path, functions: int, days: int = 1, seed: in
     for d, tr in enumerate(days_iter):
         paths.append(tr.save(out / (trace_file_name(d + 1) + suffix)))
         del tr
+        if written is not None:
+            written(paths[-1])
     return paths

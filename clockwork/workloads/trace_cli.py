@@ -19,15 +19,18 @@ def cmd_synth(args: argparse.Namespace) -> int:
               f"{MAX_FUNCTIONS:,} (a real day has ~46,000)", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
+
+    def written(p: Path) -> None:  # (each day as it is written: a day takes seconds)
+        print(f"{p}  ({p.stat().st_size / 1e6:.1f} MB)", flush=True)
+
     try:
-        paths = write_synthetic(args.out, args.functions, args.days, args.seed, args.gzip)
+        paths = write_synthetic(args.out, args.functions, args.days, args.seed, args.gzip,
+                                written)
     except OSError as e:  # (a full disk, a folder that cannot be written)
         print(f"clockwork trace synth: cannot write into {args.out}: "
               f"{getattr(e, 'strerror', None) or e}", file=sys.stderr)
         return 1
     wall = time.perf_counter() - t0
-    for p in paths:
-        print(f"{p}  ({p.stat().st_size / 1e6:.1f} MB)")
     print(f"{len(paths)} day file(s) of {args.functions:,} functions, seed {args.seed}, "
           f"in {wall:.1f} s", file=sys.stderr)
     return 0
