@@ -195,3 +195,14 @@ def test_a_run_written_over_an_earlier_one_says_so(tmp_path, capsys):
     assert main([*args, "--log-format", "npz"]) == 0
     err = capsys.readouterr().err
     assert f"replaced the earlier run in {out} (summary.json, requests.tsv" in err, err
+
+
+def test_report_on_the_rows_of_a_run_that_never_wrote_its_logs(tmp_path, capsys):
+    """A controller killed while its npz rows waited in its --log-dir leaves them in a
+    clockwork-rows-* folder and no logs: report says what that folder is (it said only
+    "no summary.json")."""
+    (tmp_path / "clockwork-rows-x1y2" / "requests").mkdir(parents=True)
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "clockwork-rows-x1y2 there holds the rows of a run whose npz logs were never " \
+        "written" in err, err

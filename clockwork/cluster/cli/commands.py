@@ -143,6 +143,11 @@ def _no_summary(path: Path) -> str:
             got.append(f"a point's run: clockwork report {point}")
         return (f"{path} is a sweep's output, not a run: no summary.json of its own"
                 + (f"; see {' or '.join(got)}" if got else " (and no point finished yet)"))
+    rows = sorted(path.glob("clockwork-rows-*")) if path.is_dir() else []
+    if rows:  # (--log-format npz: the rows wait there until the logs are written at stop)
+        return (f"no summary.json in {path}, and no logs: {rows[0].name} there holds the "
+                "rows of a run whose npz logs were never written (a controller killed, or a "
+                "run stopped, before it wrote them); they cannot be reported")
     return f"no summary.json in {path}"
 
 
