@@ -65,7 +65,8 @@ EARLY = [
     (["serve", SC, "--set", "scheduler.policy=nosuchpolicy"], "nosuchpolicy"),
     (["serve", "--host", "0.0.0.0"], "--host 0.0.0.0 is not a loopback address"),
     (["serve", "--token", "short"], "--token: a token needs at least"),
-    (["serve", "--tls-cert", SC], "--tls-cert and --tls-key go together"),
+    (["serve", "--tls-cert", str(Path(__file__).with_name("not_a_certificate.pem"))],
+     "--tls-cert and --tls-key go together"),
 ]
 
 
