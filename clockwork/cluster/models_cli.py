@@ -89,6 +89,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    from clockwork.cluster.cli.commands import _sigterm_as_ctrl_c
+
+    with _sigterm_as_ctrl_c():  # (its temporary folder, and the package built there, go)
+        return _profile(args)
+
+
+def _profile(args: argparse.Namespace) -> int:
     import tempfile
 
     from clockwork.models.package import PackageError
