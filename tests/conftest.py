@@ -135,3 +135,26 @@ models = "*"
 slo_ms = 100
 """, encoding="utf-8")
     return root / "sub" / "s.toml"
+
+
+def sigterm_once_made(args: list[str], folder, env: dict | None = None,
+                      made_s: float = 60.0, end_s: float = 60.0) -> tuple[int, str]:
+    """``clockwork ARGS`` in a process of its own, sent SIGTERM as soon as something is
+    made in ``folder`` (waits up to ``made_s`` for that, and ``end_s`` for it to end):
+    (its exit status, what it wrote to stderr)."""
+    import signal
+    import subprocess
+
+    p = subprocess.Popen([sys.executable, "-m", "clockwork.cluster.cli", *args],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + made_s
+        while not any(folder.iterdir()):
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+            time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=end_s)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    return p.returncode, err

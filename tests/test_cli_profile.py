@@ -83,28 +83,15 @@ def test_sigterm_stops_a_profile_as_ctrl_c_does(here, cpu_package):
     """SIGTERM during ``clockwork profile`` ends it as Ctrl-C does: exit 130, its
     temporary folder gone (it was killed and left the folder behind)."""
     import os
-    import signal
-    import subprocess
-    import sys
-    import time
+
+    from tests.conftest import sigterm_once_made
 
     pkg = cpu_package("mlp", here)
     tmp = here / "tmp"
     tmp.mkdir()
-    p = subprocess.Popen([sys.executable, "-m", "clockwork.cluster.cli", "profile", "mlp",
-                          "--package", str(pkg), "--runs", "1000000", "--out",
-                          str(here / "p.json")],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "TMPDIR": str(tmp)})
-    try:
-        deadline = time.monotonic() + 60
-        while not any(tmp.iterdir()):  # (its temporary folder: made as it starts)
-            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
-            time.sleep(0.05)
-        p.send_signal(signal.SIGTERM)
-        _, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    assert p.returncode == 130 and "interrupted" in err, (p.returncode, err)
+    # (its temporary folder is made as it starts)
+    rc, err = sigterm_once_made(["profile", "mlp", "--package", str(pkg), "--runs",
+                                 "1000000", "--out", str(here / "p.json")], tmp,
+                                env={**os.environ, "TMPDIR": str(tmp)})
+    assert rc == 130 and "interrupted" in err, (rc, err)
     assert list(tmp.iterdir()) == [] and not (here / "p.json").exists()

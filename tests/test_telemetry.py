@@ -513,25 +513,13 @@ def test_tsv_read_in_parts_is_the_same_rows(run, tmp_path, monkeypatch):
 def test_simulate_stopped_by_sigterm_removes_its_spill_folder(tmp_path):
     """SIGTERM mid-run ends ``clockwork simulate`` as Ctrl-C does: exit 130 and the
     --spill-dir folder gone (the process was killed, leaving it behind)."""
-    import signal
-    import subprocess
-    import sys
-    import time
+    from tests.conftest import sigterm_once_made
 
-    p = subprocess.Popen([sys.executable, "-m", "clockwork.cluster.cli", "simulate",
-                          "fig5_1gpu", "--set", "duration_s=600", "--spill-dir", str(tmp_path),
-                          "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not any(tmp_path.iterdir()):  # its folder is made when the run starts
-            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
-            time.sleep(0.05)
-        p.send_signal(signal.SIGTERM)
-        _, err = p.communicate(timeout=30)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    assert p.returncode == 130 and "interrupted" in err, (p.returncode, err)
+    # (its folder is made when the run starts)
+    rc, err = sigterm_once_made(["simulate", "fig5_1gpu", "--set", "duration_s=600",
+                                 "--spill-dir", str(tmp_path), "--quiet"], tmp_path,
+                                end_s=30)
+    assert rc == 130 and "interrupted" in err, (rc, err)
     assert list(tmp_path.iterdir()) == []
 
 
