@@ -316,6 +316,12 @@ class WorkerNode:
                 except Exception:  # noqa: BLE001 - reported when it is registered
                     break
 
+    async def read_packages(self, paths: list[Path]) -> None:
+        """``prepare_paths`` on a thread (the event loop runs on meanwhile); nothing to
+        do for no paths."""
+        if paths:
+            await asyncio.to_thread(self.prepare_paths, paths)
+
     def _elsewhere(self, name: str, path: Path | None) -> bool:
         """Whether instance ``name`` is registered on a real device with a package other
         than the one at ``path``."""
@@ -820,11 +826,9 @@ class WorkerServicer(pbg.WorkerServicer):
         rtask = None
         try:  # (from here on the session ends with this call, however it ends: a session
             # left active would hold the worker for a controller that is gone)
-            paths = node.unprepared(first.hello.instances)
-            if paths:  # (read on a thread: see ``_Session.deliver``)
-                await asyncio.to_thread(node.prepare_paths, paths)
-                if not session.active:  # taken over meanwhile: this Hello is not applied
-                    return
+            await node.read_packages(node.unprepared(first.hello.instances))
+            if not session.active:  # taken over meanwhile: this Hello is not applied
+                return
             state = node.hello(first.hello)
             if session.ticket:
                 state.link_port, state.link_ticket = self.link_port, session.ticket
@@ -1003,9 +1007,7 @@ class _Session:
         elif kind == "hello":
             if waiting:
                 await asyncio.wait([self._updating])
-            paths = self.node.unprepared(msg.hello.instances)
-            if paths:
-                await asyncio.to_thread(self.node.prepare_paths, paths)
+            await self.node.read_packages(self.node.unprepared(msg.hello.instances))
         elif waiting and kind != "echo" and (self._held or kind == "actions" and any(
                 a.model in self._adding for a in msg.actions.actions)):
             # (a probe's echo is answered at once whatever waits: it says the worker
@@ -1023,8 +1025,7 @@ class _Session:
                       paths: list[Path]) -> None:
         if earlier is not None:
             await asyncio.wait([earlier])
-        if paths:
-            await asyncio.to_thread(self.node.prepare_paths, paths)
+        await self.node.read_packages(paths)
         self.handle(msg, tail)
         if asyncio.current_task() is self._updating:  # the last queued: all applied
             self._adding.clear()
