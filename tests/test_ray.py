@@ -237,7 +237,9 @@ def test_a_node_that_joins_gets_a_worker_that_serves(ray_nodes):
             # (a node that has just joined may be refused by Ray's scheduler for a while, a
             # minute on a loaded machine: the watcher tries it again, 1, 2, 4, ... looks on)
             deadline = time.monotonic() + 150
-            while cl.stats().get("workers_added", 0) < 1:  # polling a condition
+            # (the controller counts the worker as its AddWorker ends; the node watcher
+            # records it once the call's answer is back: both, polled)
+            while cl.stats().get("workers_added", 0) < 1 or len(c.worker_addresses) < 3:
                 assert time.monotonic() < deadline, "the new node's worker was not added"
                 time.sleep(0.1)
             assert len(c.worker_addresses) == 3 and len(c.nodes) == 3
