@@ -46,14 +46,15 @@ CLOCKWORK_TEST_CUDA_PACKAGES="$dir/testpk" timeout 300 python3 -m pytest -p no:c
   -q -rs -k "not cpu" tests/test_cuda_device.py tests/test_cuda_streams.py \
   tests/test_cuda_kernels.py tests/test_device_conformance.py 2>&1 | tail -25
 
-cli() { python3 -m clockwork.cluster.cli "$@"; }
+# an array, not a function: timeout runs programs, and a shell function is none
+cli=(python3 -m clockwork.cluster.cli)
 if [ -z "$quick" ]; then
   step "outputs against numpy"
   timeout 300 python3 experiments/check_outputs.py --device cuda --packages "$pk"
   step profiles
   mkdir -p "$res/profiles"
   for m in mlp resnet_tiny mobilenet_tiny transformer_tiny resnet18; do
-    timeout 200 cli profile "$m" --device cuda --package "$pk/$m" --out "$res/profiles/$m.json"
+    timeout 200 "${cli[@]}" profile "$m" --device cuda --package "$pk/$m" --out "$res/profiles/$m.json"
   done
 fi
 
@@ -61,11 +62,11 @@ fi
 profiles=cuda
 [ -f "$res/profiles/resnet18.json" ] && cp "$(python3 -c 'import clockwork, os; print(os.path.dirname(clockwork.__file__))')/data/profiles/cuda/set.json" "$res/profiles/" && profiles="$res/profiles"
 step "live replay: 38 instances vs an 8-page cache, 1,000 r/s"
-timeout 300 cli serve "$here/cuda_live.toml" --device cuda --packages "$pk" --replay --quiet \
+timeout 300 "${cli[@]}" serve "$here/cuda_live.toml" --device cuda --packages "$pk" --replay --quiet \
   --set "cluster.profiles=$profiles" --out "$res/replay-cold"
 if [ -z "$quick" ]; then
   step "live replay: every instance cached, 3,000 r/s"
-  timeout 120 cli serve "$here/cuda_live.toml" --device cuda --packages "$pk" --replay --quiet \
+  timeout 120 "${cli[@]}" serve "$here/cuda_live.toml" --device cuda --packages "$pk" --replay --quiet \
     --set "cluster.profiles=$profiles" --set cluster.weights_cache_pages=64 \
     --set workloads.0.rate_rps=3000 --out "$res/replay-warm"
 fi

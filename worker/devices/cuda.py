@@ -14,8 +14,13 @@ Same interface and semantics as :class:`worker.devices.cpu.CpuDevice`:
   EXEC is still reading are freed when that EXEC ends.
 * ``infer(name, inputs)`` is INPUT copy (host to a preallocated device buffer) + EXEC
   (the VM function with the bound page views as weights) + OUTPUT copy, all on the EXEC
-  stream (TVM is told to launch there with ``set_raw_stream``). ``exec_ns`` is the EXEC
-  alone, timed with CUDA events recorded on the EXEC stream.
+  stream (TVM is told to launch there with ``set_raw_stream``). ``exec_ns`` is how long
+  the EXEC lane was held: from the INPUT copy's start to the outputs in host memory, on
+  the host's clock. That, not the kernels' time alone, is what the scheduler has to
+  predict (when the lane is free again), and for small models on a large GPU the host's
+  share (copies, the VM's launches, the wait) can be most of it. The kernels alone, timed with CUDA events recorded on the EXEC
+  stream around them, are ``kernel_ns`` (the last EXEC's), which ``clockwork profile``
+  reports beside.
 
 Two lanes, as the scheduler models a GPU: LOAD and EXEC each have their own
 non-blocking CUDA stream and their own lock (one LOAD at a time, one EXEC at a time), so
@@ -391,6 +396,7 @@ class CudaDevice(RealDevice):
             self.exec_stream = cupy.cuda.Stream(non_blocking=True)
             self._start = cupy.cuda.Event()
             self._end = cupy.cuda.Event()
+        self.kernel_ns: int | None = None  # the last EXEC's kernels, by CUDA events
         self.models: dict[str, Instance] = {}
         self.packages: dict[Path, Package] = {}
         self._registering = threading.Lock()  # one package loaded (kernels built) at a time
@@ -505,8 +511,9 @@ class CudaDevice(RealDevice):
 
     def infer(self, name: str, inputs: np.ndarray | None,
               batch_size: int | None = None) -> tuple[np.ndarray | list[np.ndarray], int]:
-        """Run one batch on the EXEC stream; returns (outputs, exec_ns) with exec_ns from
-        CUDA events recorded on that stream around the kernels. ``inputs`` None runs
+        """Run one batch on the EXEC stream; returns (outputs, exec_ns): exec_ns is how
+        long the lane was held (INPUT copy to outputs in host memory, host clock);
+        ``kernel_ns`` is then the kernels' time from CUDA events. ``inputs`` None runs
         zeros of ``batch_size`` rows."""
         m = self._model(name)
         pkg = m.package
@@ -529,6 +536,7 @@ class CudaDevice(RealDevice):
                     raise WeightsNotPresent(f"model {name!r}: weights not in the cache")
                 m.busy += 1
             try:
+                t0 = time.perf_counter_ns()
                 with cupy.cuda.Device(self.index):
                     buf.set(np.ascontiguousarray(inputs, dtype=buf.dtype), stream=stream)  # INPUT
                     self._dev.set_raw_stream(stream.ptr)  # TVM launches on the EXEC stream
@@ -536,8 +544,10 @@ class CudaDevice(RealDevice):
                     out = pkg.functions[b](tin, *bound)  # EXEC
                     self._end.record(stream)
                     self._end.synchronize()
-                    ms = cupy.cuda.get_elapsed_time(self._start, self._end)
-                    return numpy_outputs(out), max(1, round(ms * 1e6))  # OUTPUT
+                    outputs = numpy_outputs(out)  # OUTPUT
+                held = time.perf_counter_ns() - t0
+                self.kernel_ns = max(1, round(cupy.cuda.get_elapsed_time(self._start, self._end) * 1e6))
+                return outputs, max(1, held)
             except Exception as e:  # a cupy or TVM error: nothing in here raises our own
                 raise ExecFailed(f"model {name!r}: EXEC failed: {e}") from e
             finally:
