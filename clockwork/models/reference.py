@@ -2,8 +2,9 @@
 weights of its compiled package (``packages/<device>/<model>/weights.bin``).
 
 Used by ``clockwork replay --check-outputs`` (and ``serve --replay`` on real devices):
-the load generator sends inputs from a small seeded pool per model and, after the run,
-compares every answer with the reference output for its input.
+the load generator sends inputs from a small seeded pool per model, whose reference
+outputs are computed before the run, and compares every answer with the reference output
+for its input.
 """
 
 from __future__ import annotations
@@ -37,12 +38,12 @@ def zoo_reference(model: str, package: str | Path):
 
 
 class OutputCheck:
-    """Collects (model, pool index, output) during a run and compares them with the
-    references in batches of ``FOLD`` (so the numpy work does not slow the load generator
-    request by request, and memory stays bounded however long the run); ``verify`` checks
-    the rest and gives the totals."""
-
-    FOLD = 4096  # outputs kept before they are checked and let go
+    """Checks each answer's output against the reference output for its input, as it is
+    recorded; ``verify`` gives the totals. The references are computed when a model's
+    input pool is made (``pool``), before the run: a real-size model's numpy forward pass
+    takes seconds, and computed on the first answers it stalled the load generator (no
+    request sent for those seconds, and every answer in them late). Nothing is kept per
+    answer, so memory stays bounded however long the run."""
 
     def __init__(self, packages: str | Path, seed: int = 0, rtol: float = 1e-4,
                  atol: float = 1e-4) -> None:
@@ -50,53 +51,45 @@ class OutputCheck:
         self.seed = seed
         self.rtol, self.atol = rtol, atol
         self.pools: dict[str, list[np.ndarray]] = {}
-        self.seen: list[tuple[str, int, np.ndarray]] = []
         self._refs: dict[str, np.ndarray | None] = {}
         self._totals = {"checked": 0, "wrong": 0, "unchecked": 0, "max_abs_err": 0.0}
 
     def pool(self, model: str, shape: tuple[int, ...], dtype: str) -> list[np.ndarray]:
+        """The model's input pool, made (with its reference outputs) on first use."""
         p = self.pools.get(model)
         if p is None:
             p = self.pools[model] = input_pool(shape, dtype, self.seed + len(self.pools))
+            self._refs[model] = self._reference(model)
         return p
 
     def record(self, model: str, index: int, output: np.ndarray) -> None:
-        self.seen.append((model, index, output))
-        if len(self.seen) >= self.FOLD:
-            self._fold()
+        t = self._totals
+        ref = self._refs.get(model)
+        if ref is None:
+            t["unchecked"] += 1
+            return
+        t["checked"] += 1
+        if output.shape != ref[index].shape:
+            t["wrong"] += 1
+            return
+        err = float(np.abs(output - ref[index]).max()) if output.size else 0.0
+        if err > t["max_abs_err"]:
+            t["max_abs_err"] = err
+        if not np.allclose(output, ref[index], rtol=self.rtol, atol=self.atol):
+            t["wrong"] += 1
 
     def _reference(self, model: str) -> np.ndarray | None:
         """The model's outputs for its input pool; None when there is no reference: not a
         zoo model, no package, or a package that is not the zoo model of that name (an
         ONNX import named like one: its weights are not the zoo model's)."""
-        if model not in self._refs:
-            try:
-                f = zoo_reference(model, self.packages / model)
-                self._refs[model] = None if f is None else f(np.stack(self.pools[model]))
-            except (KeyError, ValueError) as e:  # (weights by other names or shapes)
-                self._refs[model] = None
-                print(f"outputs of {model!r} not checked: its package in {self.packages} "
-                      f"is not the zoo model ({type(e).__name__}: {e})", file=sys.stderr)
-        return self._refs[model]
-
-    def _fold(self) -> None:
-        t = self._totals
-        for model, i, out in self.seen:
-            ref = self._reference(model)
-            if ref is None:
-                t["unchecked"] += 1
-                continue
-            t["checked"] += 1
-            if out.shape != ref[i].shape:
-                t["wrong"] += 1
-                continue
-            err = float(np.abs(out - ref[i]).max()) if out.size else 0.0
-            t["max_abs_err"] = max(t["max_abs_err"], err)
-            if not np.allclose(out, ref[i], rtol=self.rtol, atol=self.atol):
-                t["wrong"] += 1
-        self.seen = []
+        try:
+            f = zoo_reference(model, self.packages / model)
+            return None if f is None else f(np.stack(self.pools[model]))
+        except (KeyError, ValueError) as e:  # (weights by other names or shapes)
+            print(f"outputs of {model!r} not checked: its package in {self.packages} "
+                  f"is not the zoo model ({type(e).__name__}: {e})", file=sys.stderr)
+            return None
 
     def verify(self) -> dict:
         """{"checked", "wrong", "unchecked", "max_abs_err"} over everything recorded."""
-        self._fold()
         return dict(self._totals)
