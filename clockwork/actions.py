@@ -104,12 +104,20 @@ class Result:
     model: str
     batch_size: int = 0
     received: int = 0  # when the worker got the action
-    begin: int = 0  # when execution (or rejection) began
-    end: int = 0  # when it finished
-    duration: int = 0  # measured duration of the main phase (EXEC / copy)
+    begin: int = 0  # when its lane took it up (or rejected it)
+    end: int = 0  # when its lane was free again
+    duration: int = 0  # measured duration of the main phase (EXEC / copy) alone
     message: str = ""
     outputs: object = None  # INFER: list[clockwork.tensors.Tensor] (batch-first) or None
 
     @property
     def ok(self) -> bool:
         return self.status == ErrorCode.SUCCESS
+
+    @property
+    def held(self) -> int:
+        """How long the action held its lane: ``end - begin``, never less than
+        ``duration``. What the scheduler predicts. A real device's work is the smaller
+        ``duration``; the rest is handing the action to the device's thread and back."""
+        d = self.end - self.begin
+        return d if d > self.duration else self.duration

@@ -323,7 +323,7 @@ class Telemetry:
         buf.extend((a.id, kind, status, a.worker, a.gpu, m, a.batch_size, a.sent_at - o,
                     a.earliest - o if a.earliest else 0,
                     a.latest - o if a.latest < _NO_BOUND else -1, a.expected_duration,
-                    res.duration, a.expected_end - o, end - o if end else received - o,
+                    res.held, a.expected_end - o, end - o if end else received - o,
                     end - a.expected_end if not status and kind != ActionType.EVICT else 0))
         if len(buf) >= self._alimit:
             self._act.drain()

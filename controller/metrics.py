@@ -220,7 +220,8 @@ class ControllerMetrics:
         self.default_slo = getattr(cfg, "default_slo", 0)  # for requests with slo 0
         self.models: dict[str, _Model] = {}
         self.latency = _Hist(LATENCY_BUCKETS)  # successful requests, arrival -> answer
-        self.pred_error = _Hist(ERROR_BUCKETS)  # |measured - expected| EXEC, successful INFERs
+        # |lane held - expected| EXEC of successful INFERs
+        self.pred_error = _Hist(ERROR_BUCKETS)
         self.actions: dict[tuple, int] = {}  # (ActionType, ErrorCode) -> finished actions
         self.sent: dict[str, int] = {}  # type name -> actions sent
         self.busy_ns: dict[tuple[int, int], int] = {}  # (worker, gpu) -> EXEC ns since start
@@ -306,7 +307,7 @@ class ControllerMetrics:
             else:
                 vals[i] += d
             if action is not None:
-                err = d - action.expected_duration
+                err = result.held - action.expected_duration  # (what was predicted)
                 if err < 0:
                     err = -err
                 h = self.pred_error
@@ -521,7 +522,8 @@ class _Collector:
             sent.add_metric((t,), v)
         yield sent
         yield m.pred_error.family("clockwork_exec_prediction_error_seconds",
-                                  "|measured - expected| EXEC duration of successful INFERs")
+                                  "|measured - expected| EXEC duration of successful INFERs "
+                                  "(the time the EXEC lane was held)")
         yield from (frac, busy, pused, ptotal)
 
         links = getattr(node, "links", [])

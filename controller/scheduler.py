@@ -234,7 +234,7 @@ class ClockworkScheduler(Policy):
             inst.inflight -= 1
             m = inst.model
             if not result.status:
-                m.est.add_exec(inf.action.batch_size, result.duration, now)
+                m.est.add_exec(inf.action.batch_size, result.held, now)
                 for r in inf.requests:
                     self._answer(r, RequestStatus.SUCCESS, now, "", g.index, inf.action.batch_size,
                                  result.outputs)
@@ -259,7 +259,7 @@ class ClockworkScheduler(Policy):
             current = g.instances.get(inst.model.name) is inst
             if not result.status:
                 inst.model.load_refusals = inst.model.extra_refusals = 0  # (back-offs too)
-                inst.model.est.add_load(result.duration)
+                inst.model.est.add_load(result.held)
                 if current:
                     inst.loading = False
                     inst.ready_at = result.end

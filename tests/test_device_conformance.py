@@ -62,6 +62,27 @@ def cuda_package(tmp_path_factory):
                                  tmp_path_factory.mktemp("conformance-cuda") / "mlp")
 
 
+class _Completions:
+    def complete(self, *args):
+        self.args = args
+
+
+def test_the_worker_reports_the_lane_held_until_its_loop_hears_of_the_end(monkeypatch):
+    """A device thread's action is reported as held from the executor's start (begin
+    None: the executor keeps it) to when the worker's loop hears of its end, with the
+    device's own figure as duration (the thread's t1 - t0 when the device gives none)."""
+    import worker.service as service
+    from worker.service import WorkerNode
+
+    node = object.__new__(WorkerNode)  # only the completion, no event loop or executors
+    node.wloop = _Completions()
+    monkeypatch.setattr(service, "now_ns", lambda: 50)
+    node._completed("e", 7, 10, 30, ErrorCode.SUCCESS, "", 15, "outs")
+    assert node.wloop.args == ("e", 7, 50, None, 50, ErrorCode.SUCCESS, "", 15, "outs")
+    node._completed("e", 8, 10, 30, ErrorCode.SUCCESS, "", None, None)
+    assert node.wloop.args == ("e", 8, 50, None, 50, ErrorCode.SUCCESS, "", 20, None)
+
+
 @pytest.fixture(params=[
     "emulated",
     pytest.param("cpu", marks=pytest.mark.skipif(not HAS_TVM, reason="needs Apache TVM")),

@@ -251,6 +251,25 @@ def test_an_action_is_never_started_after_its_latest_when_asked_late():
     assert (r.status, r.begin) == (ErrorCode.SUCCESS, 45 * MS)
 
 
+def test_completed_without_a_begin_spans_the_lane_from_its_start():
+    """A live worker completes an action when its loop hears of it: the result spans the
+    lane from when the executor started the action (the hand-over to the device's
+    thread included) to then; duration is the device's work alone. The next action
+    starts at that end, as the controller predicts from these times."""
+    e = GpuExecutor(0, 0, 20, {"a": make_profile("a")}, _OpenInfer())
+    e.submit(load(1, "a"), 0)
+    e.advance(8 * MS)
+    e.submit(infer(2, "a", 10 * MS, 40 * MS, version=1), 9 * MS)
+    e.submit(infer(3, "a", 10 * MS, 40 * MS, version=1), 9 * MS)
+    e.advance(10 * MS)
+    assert [a.id for a in e.take_started()] == [2]
+    (r,) = e.complete(2, now=14 * MS, begin=None, end=14 * MS, duration=MS)
+    assert (r.id, r.begin, r.end, r.duration, r.held) == (2, 10 * MS, 14 * MS, MS, 4 * MS)
+    assert [a.id for a in e.take_started()] == [3]
+    (r,) = e.complete(3, now=16 * MS, begin=None, end=16 * MS, duration=MS)
+    assert (r.begin, r.end) == (14 * MS, 16 * MS)
+
+
 def test_a_window_that_closes_before_it_opens_is_too_late():
     e = ex()
     e.submit(load(1, "a"), 0)

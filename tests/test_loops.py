@@ -206,8 +206,8 @@ def _loaded_then_suspect(loop, t):
     assert (load.type, infer.type) == (ActionType.LOAD, ActionType.INFER)
     end = load.expected_end
     loop.results(w, [Result(id=load.id, type=ActionType.LOAD, status=ErrorCode.SUCCESS,
-                            worker=w, gpu=0, model=load.model, received=0, begin=0, end=end)],
-                 end)
+                            worker=w, gpu=0, model=load.model, received=0,
+                            begin=end - load.expected_duration, end=end)], end)
     now = end
     while not loop.suspect[w]:  # the INFER is overdue, the probe goes unanswered
         now = loop.armed
@@ -265,8 +265,8 @@ def test_a_reconnected_worker_keeps_what_it_says_it_kept():
     (w, (load, infer)), = t.sent
     end = load.expected_end
     loop.results(w, [Result(id=load.id, type=ActionType.LOAD, status=ErrorCode.SUCCESS,
-                            worker=w, gpu=0, model=load.model, received=0, begin=0, end=end)],
-                 end)
+                            worker=w, gpu=0, model=load.model, received=0,
+                            begin=end - load.expected_duration, end=end)], end)
     loop.worker_lost(w, end + ms(1))
     assert loop.keep_list(w) == [(0, "resnet50_v2", load.version)]
     loop.tick(end + ms(1) + FAIL_DELAY)

@@ -230,6 +230,28 @@ def test_estimates_follow_measurements():
     assert a.expected_duration == 4 * MS  # p99 of the last 10 measurements
 
 
+def test_estimates_are_the_time_the_lane_was_held_not_the_work_alone():
+    """A live worker's result spans the hand-over to its device thread and back (begin ..
+    end); duration is the device's work alone. The lane is busy for all of it, so the
+    estimates (EXEC and LOAD) follow end - begin: with the work alone, a GPU's small
+    models were planned back to back several times faster than the worker ran them."""
+    s = sched()
+    acts = s.on_request(req(1), 0)
+    load = next(a for a in acts if a.type == ActionType.LOAD)
+    lr = Result(load.id, load.type, ErrorCode.SUCCESS, 0, 0, "a", 0, 0, 0, 9 * MS, 3 * MS)
+    s.on_result(lr, 9 * MS)
+    assert s.models["a"].est.load == 9 * MS
+    t = 20 * MS
+    for i in range(10):
+        (a,) = s.on_request(req(100 + i, t=t), t)
+        r = ok(a, t, duration=MS)
+        r.end = t + 3 * MS  # the device worked 1 ms of the 3 the lane was held
+        s.on_result(r, t + 3 * MS)
+        t += 5 * MS
+    (a,) = s.on_request(req(200, t=t), t)
+    assert a.expected_duration == 3 * MS
+
+
 def test_unknown_model_and_bad_slo_are_invalid():
     s = sched()
     assert s.on_request(req(1, "nope"), 0) == []

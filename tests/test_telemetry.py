@@ -35,7 +35,9 @@ def ref_action_row(a: Action, res: Result, received: int, o: int) -> tuple:
     err = (res.end - a.expected_end) if not res.status and a.type != ActionType.EVICT else 0
     return (a.id, a.type.name, res.status.name, a.worker, a.gpu, a.model, a.batch_size,
             a.sent_at - o, a.earliest - o if a.earliest else 0,
-            a.latest - o if a.latest < (1 << 62) else -1, a.expected_duration, res.duration,
+            a.latest - o if a.latest < (1 << 62) else -1, a.expected_duration,
+            # how long the lane was held: its begin..end, never less than the work alone
+            max(res.end - res.begin, res.duration),
             a.expected_end - o, measured_end, err)
 
 
@@ -128,7 +130,8 @@ def fill(tel: Telemetry, n: int, seed: int = 1, o: int = 0) -> tuple[list, list]
             status = errors[int(rng.integers(len(errors)))]
             end = a.expected_end + int(rng.integers(-10**5, 10**5)) if rng.random() < 0.9 else 0
             res = Result(id=i, type=kind, status=status, worker=a.worker, gpu=a.gpu, model=a.model,
-                         end=end, duration=int(rng.integers(10**6)))
+                         begin=end - int(rng.integers(2 * 10**6)) if end else 0, end=end,
+                         duration=int(rng.integers(10**6)))
             tel.result(res, t + 5)
             acts.append(ref_action_row(a, res, t + 5, o))
     return reqs, acts

@@ -260,18 +260,21 @@ class GpuExecutor:
         out, self._started = self._started, []
         return out
 
-    def complete(self, action_id: int, now: int, begin: int, end: int, status: ErrorCode =
-                 ErrorCode.SUCCESS, message: str = "", duration: int | None = None,
-                 outputs: object = None) -> list[Result]:
-        """The shell finished an open action: measured ``begin``/``end`` (``end <= now``).
-        Returns its result and whatever else finished or started by ``now``."""
+    def complete(self, action_id: int, now: int, begin: int | None, end: int,
+                 status: ErrorCode = ErrorCode.SUCCESS, message: str = "",
+                 duration: int | None = None, outputs: object = None) -> list[Result]:
+        """The shell finished an open action: measured ``begin``/``end`` (``end <= now``);
+        ``begin`` None keeps the time this lane started it. Returns its result and
+        whatever else finished or started by ``now``."""
         for lane in (self.exec_lane, self.load_lane):
             r = lane.running
             if r is not None and r.end is None and r.action.id == action_id:
                 break
         else:
             raise KeyError(f"action {action_id} is not running open here")
-        r.begin, r.end, r.duration, r.outputs = begin, end, duration, outputs
+        if begin is not None:
+            r.begin = begin
+        r.end, r.duration, r.outputs = end, duration, outputs
         if status != ErrorCode.SUCCESS and r.status == ErrorCode.SUCCESS:
             r.status, r.message = status, message
         a = r.action

@@ -598,7 +598,16 @@ class WorkerNode:
 
     def _completed(self, e: GpuExecutor, aid: int, t0: int, t1: int, status: ErrorCode,
                    message: str, duration: int | None, outs) -> None:
-        self.wloop.complete(e, aid, now_ns(), t0, t1, status, message, duration, outs)
+        """A device thread finished an action (its work from ``t0`` to ``t1``). The result
+        says the lane was held from when the executor started the action to now, when
+        the executor hears of its end and can start the next: the hand-over to the
+        thread and back belongs to the lane as much as the work does, and the controller
+        predicts the lane from these times (a GPU's small models on the host's event
+        loop: the hand-overs were as long as the work). ``duration`` stays the device's
+        own figure (the work alone, ``t1 - t0`` where the device gives none)."""
+        now = now_ns()
+        self.wloop.complete(e, aid, now, None, now, status, message,
+                            t1 - t0 if duration is None else duration, outs)
 
     def _emit(self, results: list[Result]) -> None:
         if not results:
