@@ -184,7 +184,8 @@ class ControllerLoop:
             if a is None:
                 self.observer.unknown(worker, r)
                 continue
-            if r.end > now:
+            if r.end > now:  # the worker's clock ahead of ours: moved back, span and all
+                r.begin -= r.end - now
                 r.end = now
             if obs is not None:
                 obs(a, r)

@@ -2,6 +2,8 @@
 durations: run a scenario on a live cluster of cpu workers (TVM-compiled zoo
 models really executing on this host, more instances than the weights cache holds), then
 read the controller's action log and compare every successful action's measured duration
+(the time it held its lane on the worker: the device's work and the hand-over to the
+device's thread and back, which a profile, measured on the device alone, leaves out)
 with
 
 * the **profile**'s figure for it (``profiles/cpu/<model>.json``: EXEC at that batch size,

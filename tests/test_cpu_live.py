@@ -304,6 +304,27 @@ def test_output_check_computes_references_before_answers_and_passes_over_a_packa
     assert err.count("outputs of 'resnet_tiny' not checked") == 1
 
 
+def test_output_check_passes_over_a_reference_that_cannot_be_computed(tmp_path, monkeypatch,
+                                                                         capsys):
+    """A reference that fails for any reason (weights unreadable, say) leaves that model's
+    outputs unchecked, said once, and the run goes on: the check is computed before the
+    run now, where an error would otherwise stop the replay before it starts."""
+    import clockwork.models.reference as reference
+    from clockwork.models.reference import OutputCheck
+
+    def unreadable(model, path):
+        def f(x):
+            raise OSError("weights.bin: input/output error")
+        return f
+
+    monkeypatch.setattr(reference, "zoo_reference", unreadable)
+    chk = OutputCheck(tmp_path, seed=1)
+    chk.pool("mlp", (64,), "float32")
+    chk.record("mlp", 0, np.zeros(10, np.float32))
+    assert chk.verify()["unchecked"] == 1
+    assert "outputs of 'mlp' not checked" in capsys.readouterr().err
+
+
 def _reference_direct(packages, model, x):
     meta = read_package(packages / model)
     return get_model(model).reference(x[None], reference_weights(meta, packages / model))[0]

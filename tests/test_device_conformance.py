@@ -62,6 +62,29 @@ def cuda_package(tmp_path_factory):
                                  tmp_path_factory.mktemp("conformance-cuda") / "mlp")
 
 
+@pytest.mark.skipif(not HAS_TVM, reason="needs Apache TVM")
+def test_cpu_exec_ns_is_the_lane_held_output_copy_included(cpu_package, monkeypatch):
+    """As the cuda device's: exec_ns covers the input copy, the EXEC and the outputs
+    copied out, the time the scheduler predicts (here an output copy made 50 ms slow)."""
+    import time
+
+    import worker.devices.cpu as cpu
+    from clockwork.models.package import read_package
+
+    real = cpu.numpy_outputs
+
+    def slow(out):
+        time.sleep(0.05)
+        return real(out)
+
+    dev = cpu.CpuDevice(read_package(cpu_package)["weights_pages"] + 1, PS)
+    dev.register("m", cpu_package)
+    dev.load("m")
+    monkeypatch.setattr(cpu, "numpy_outputs", slow)
+    _, exec_ns = dev.infer("m", None, BATCHES[0])
+    assert exec_ns >= 50_000_000
+
+
 class _Completions:
     def complete(self, *args):
         self.args = args

@@ -334,6 +334,21 @@ def test_a_kept_copy_the_worker_does_not_have_is_forgotten_and_its_request_serve
     assert again[1].expected_end < back + ms(100)
 
 
+def test_a_result_from_a_clock_ahead_is_moved_back_whole():
+    """A worker's clock ahead of the controller's: its result's end is moved back to now
+    and its begin with it, so the lane's time the estimates learn is the worker's."""
+    from clockwork.actions import Result
+    loop, t = controller(workers=1)
+    loop.request(Request(1, "resnet50_v2", 0, ms(100)), 0)
+    (w, acts), = t.sent
+    load = acts[0]
+    now, ahead, held = ms(40), ms(5), ms(30)
+    loop.results(w, [Result(id=load.id, type=ActionType.LOAD, status=ErrorCode.SUCCESS,
+                            worker=w, gpu=0, model=load.model, received=0,
+                            begin=now + ahead - held, end=now + ahead)], now)
+    assert loop.policy.models["resnet50_v2"].est.load == held
+
+
 def test_unknown_results_are_ignored():
     loop, t = controller(workers=1)
     from clockwork.actions import Result

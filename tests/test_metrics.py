@@ -284,6 +284,8 @@ def test_metrics_health_and_logs(tmp_path):
         infers = [a for a in ac if a["model"] == model and a["type"] == "INFER"
                   and a["status"] == "SUCCESS"]
         duration = sum(int(r["latency"]) for r in mine) // 1000
+        # (emulated workers: the lane's time, measured_duration, is the work's, which
+        # compute_infer counts; a real device's lane time adds the hand-overs)
         compute = sum(int(a["measured_duration"]) * int(a["batch_size"]) for a in infers)
         assert _value(s, "nv_inference_request_duration_us", model=model) == duration
         assert _value(s, "nv_inference_exec_count", model=model) == len(infers)

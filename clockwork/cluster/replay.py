@@ -103,8 +103,8 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         from clockwork.models.reference import OutputCheck
 
         check = OutputCheck(check_packages, sc.seed)
-        for mi in info.models:
-            if mi.inputs:
+        for mi in info.models:  # (the scenario's: a reference costs a forward pass)
+            if mi.inputs and mi.name in instances:
                 t = mi.inputs[0]
                 specs[mi.name] = (mi.profile, check.pool(mi.profile, tuple(t.shape), t.dtype))
         sent_to = sorted({specs[n][0] for n in instances if n in specs})

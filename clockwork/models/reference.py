@@ -89,6 +89,10 @@ class OutputCheck:
             print(f"outputs of {model!r} not checked: its package in {self.packages} "
                   f"is not the zoo model ({type(e).__name__}: {e})", file=sys.stderr)
             return None
+        except Exception as e:  # noqa: BLE001  (a check must not stop the run it checks)
+            print(f"outputs of {model!r} not checked: its reference could not be computed "
+                  f"from {self.packages / model} ({type(e).__name__}: {e})", file=sys.stderr)
+            return None
 
     def verify(self) -> dict:
         """{"checked", "wrong", "unchecked", "max_abs_err"} over everything recorded."""

@@ -186,7 +186,8 @@ class Device(Protocol):
         """INPUT copy + EXEC + OUTPUT copy of one batch. ``inputs`` is (batch, *input
         shape); ``None`` runs zeros of ``batch_size`` rows. Returns (outputs, exec_ns):
         outputs one array per model output (a single array when there is one), exec_ns
-        > 0 the EXEC alone. Raises ``UnknownModel``, ``InvalidBatchSize``,
+        > 0 how long the EXEC lane was held (input copy, EXEC and output copy: what the
+        scheduler predicts). Raises ``UnknownModel``, ``InvalidBatchSize``,
         ``InvalidInput``, ``WeightsNotPresent`` or ``ExecFailed``."""
         ...
 

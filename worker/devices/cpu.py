@@ -14,7 +14,8 @@
 * ``infer(name, inputs)`` is INPUT copy + EXEC + OUTPUT copy: the input is copied into
   a preallocated aligned buffer per (package, batch size), the VM function for that
   batch size runs with the bound page views as its weights, and the output is copied
-  out. The returned ``exec_ns`` measures the VM call alone.
+  out. The returned ``exec_ns`` is how long the EXEC lane was held: from the input copy
+  to the outputs copied out (as the cuda device's).
 * ``duration`` returns None: to ``worker.executor`` its actions are "open" (the worker
   shell runs them on its EXEC and LOAD threads and reports the measured times).
 
@@ -163,18 +164,17 @@ class CpuDevice(RealDevice):
                     raise WeightsNotPresent(f"model {name!r}: weights not in the cache")
                 m.busy = True
             try:
+                t0 = time.perf_counter_ns()
                 if inputs is None:
                     buf[...] = 0
                 else:
                     buf[...] = inputs
                 f = pkg.functions[b]
-                t0 = time.perf_counter_ns()
                 try:
-                    out = f(tin, *bound)
-                    exec_ns = max(1, time.perf_counter_ns() - t0)
-                    return numpy_outputs(out), exec_ns
+                    outputs = numpy_outputs(f(tin, *bound))
                 except Exception as e:
                     raise ExecFailed(f"model {name!r}: EXEC failed: {e}") from e
+                return outputs, max(1, time.perf_counter_ns() - t0)
             finally:
                 with self._lock:
                     m.busy = False
