@@ -259,6 +259,27 @@ def test_replayed_workload_answers_checked_against_the_reference(cluster, packag
     assert s["outputs"]["checked"] == s["succeeded"] and s["outputs"]["wrong"] == 0
 
 
+def test_replay_makes_references_only_for_the_scenarios_models(cluster, packages, monkeypatch):
+    """The controller serves mlp and resnet_tiny; a scenario of mlp's copies alone gets
+    references (a forward pass each, before the run) for mlp alone."""
+    from clockwork.cluster.replay import replay
+    from clockwork.models.reference import OutputCheck
+    from clockwork.scenario import load_scenario
+
+    made = []
+    real = OutputCheck.pool
+    monkeypatch.setattr(OutputCheck, "pool",
+                        lambda self, model, *a: made.append(model) or real(self, model, *a))
+    sc = load_scenario(data={
+        "seed": 4, "duration_s": 1.0,
+        "cluster": {"workers": 1, "gpus_per_worker": 1, "profiles": "cpu"},
+        "models": [{"name": "mlp", "copies": COPIES["mlp"]}],
+        "workloads": [{"kind": "poisson", "models": "*", "rate_rps": 20, "slo_ms": SLO_MS}]})
+    res = asyncio.run(replay(sc, cluster.address, check_packages=str(packages)))
+    assert res.answered_once and res.summary["outputs"]["checked"] > 0
+    assert set(made) == {"mlp"}
+
+
 def test_output_check_flags_a_wrong_answer(packages):
     from clockwork.models.reference import OutputCheck
 
