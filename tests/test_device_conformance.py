@@ -91,8 +91,8 @@ class _Completions:
 
 
 def test_the_worker_reports_the_lane_held_until_its_loop_hears_of_the_end(monkeypatch):
-    """A device thread's action is reported as held from the executor's start (begin
-    None: the executor keeps it) to when the worker's loop hears of its end, with the
+    """A device thread's action is completed at the time the worker's loop hears of its
+    end (the executor's result spans its lane from its own start to then), with the
     device's own figure as duration (the thread's t1 - t0 when the device gives none)."""
     import worker.service as service
     from worker.service import WorkerNode
@@ -101,9 +101,9 @@ def test_the_worker_reports_the_lane_held_until_its_loop_hears_of_the_end(monkey
     node.wloop = _Completions()
     monkeypatch.setattr(service, "now_ns", lambda: 50)
     node._completed("e", 7, 10, 30, ErrorCode.SUCCESS, "", 15, "outs")
-    assert node.wloop.args == ("e", 7, 50, None, 50, ErrorCode.SUCCESS, "", 15, "outs")
+    assert node.wloop.args == ("e", 7, 50, ErrorCode.SUCCESS, "", 15, "outs")
     node._completed("e", 8, 10, 30, ErrorCode.SUCCESS, "", None, None)
-    assert node.wloop.args == ("e", 8, 50, None, 50, ErrorCode.SUCCESS, "", 20, None)
+    assert node.wloop.args == ("e", 8, 50, ErrorCode.SUCCESS, "", 20, None)
 
 
 @pytest.fixture(params=[

@@ -231,7 +231,7 @@ def test_an_action_is_never_started_after_its_latest_when_asked_late():
     e.submit(infer(2, "a", 10 * MS, 20 * MS, version=1), 10 * MS)
     assert [a.id for a in e.take_started()] == [2]
     e.submit(infer(3, "a", 11 * MS, 21 * MS, version=1), 11 * MS)
-    res = e.complete(2, now=40 * MS, begin=10 * MS, end=15 * MS)
+    res = e.complete(2, now=40 * MS)
     assert [(r.id, r.status) for r in res] == [(2, ErrorCode.SUCCESS),
                                                (3, ErrorCode.EXEC_TOO_LATE)]
     assert e.take_started() == []
@@ -263,10 +263,10 @@ def test_completed_without_a_begin_spans_the_lane_from_its_start():
     e.submit(infer(3, "a", 10 * MS, 40 * MS, version=1), 9 * MS)
     e.advance(10 * MS)
     assert [a.id for a in e.take_started()] == [2]
-    (r,) = e.complete(2, now=14 * MS, begin=None, end=14 * MS, duration=MS)
+    (r,) = e.complete(2, now=14 * MS, duration=MS)
     assert (r.id, r.begin, r.end, r.duration, r.held) == (2, 10 * MS, 14 * MS, MS, 4 * MS)
     assert [a.id for a in e.take_started()] == [3]
-    (r,) = e.complete(3, now=16 * MS, begin=None, end=16 * MS, duration=MS)
+    (r,) = e.complete(3, now=16 * MS, duration=MS)
     assert (r.begin, r.end) == (14 * MS, 16 * MS)
 
 

@@ -260,21 +260,20 @@ class GpuExecutor:
         out, self._started = self._started, []
         return out
 
-    def complete(self, action_id: int, now: int, begin: int | None, end: int,
-                 status: ErrorCode = ErrorCode.SUCCESS, message: str = "",
-                 duration: int | None = None, outputs: object = None) -> list[Result]:
-        """The shell finished an open action: measured ``begin``/``end`` (``end <= now``);
-        ``begin`` None keeps the time this lane started it. Returns its result and
-        whatever else finished or started by ``now``."""
+    def complete(self, action_id: int, now: int, status: ErrorCode = ErrorCode.SUCCESS,
+                 message: str = "", duration: int | None = None,
+                 outputs: object = None) -> list[Result]:
+        """The shell hears at ``now`` that an open action finished: its lane was held from
+        when this executor started it until now (the hand-over to the device and back
+        included); ``duration`` is the device's own figure for the work. Returns its
+        result and whatever else finished or started by ``now``."""
         for lane in (self.exec_lane, self.load_lane):
             r = lane.running
             if r is not None and r.end is None and r.action.id == action_id:
                 break
         else:
             raise KeyError(f"action {action_id} is not running open here")
-        if begin is not None:
-            r.begin = begin
-        r.end, r.duration, r.outputs = end, duration, outputs
+        r.end, r.duration, r.outputs = now, duration, outputs
         if status != ErrorCode.SUCCESS and r.status == ErrorCode.SUCCESS:
             r.status, r.message = status, message
         a = r.action
@@ -282,7 +281,7 @@ class GpuExecutor:
             w = self.weights.get(a.model)
             if w is not None and w.ready_at == PENDING:
                 if r.status == ErrorCode.SUCCESS:
-                    w.ready_at = end
+                    w.ready_at = now
                 else:  # the device could not load it: give the pages back
                     del self.weights[a.model]
                     self.free_pages.give(w.pages)

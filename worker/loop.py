@@ -80,14 +80,14 @@ class WorkerLoop:
             out.extend(e.advance(now))
         self._after(out, now)
 
-    def complete(self, executor: GpuExecutor, action_id: int, now: int, begin: int | None,
-                 end: int, status: ErrorCode = ErrorCode.SUCCESS, message: str = "",
+    def complete(self, executor: GpuExecutor, action_id: int, now: int,
+                 status: ErrorCode = ErrorCode.SUCCESS, message: str = "",
                  duration: int | None = None, outputs: object = None) -> None:
-        """A real device finished an open action (``GpuExecutor.complete``: ``begin``
-        None keeps the time its lane started it)."""
+        """A real device finished an open action; the worker hears of it at ``now``
+        (``GpuExecutor.complete``)."""
         if not any(e is executor for e in self.executors):  # (not ``in``: dataclass ==)
             return  # an action of executors replaced by a reset
-        res = executor.complete(action_id, now, begin, end, status, message, duration, outputs)
+        res = executor.complete(action_id, now, status, message, duration, outputs)
         self._after(res, now)
 
     def forget(self, model: str, now: int) -> None:

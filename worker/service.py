@@ -605,8 +605,7 @@ class WorkerNode:
         predicts the lane from these times (a GPU's small models on the host's event
         loop: the hand-overs were as long as the work). ``duration`` stays the device's
         own figure (the work alone, ``t1 - t0`` where the device gives none)."""
-        now = now_ns()
-        self.wloop.complete(e, aid, now, None, now, status, message,
+        self.wloop.complete(e, aid, now_ns(), status, message,
                             t1 - t0 if duration is None else duration, outs)
 
     def _emit(self, results: list[Result]) -> None:

@@ -18,9 +18,9 @@ Same interface and semantics as :class:`worker.devices.cpu.CpuDevice`:
   the EXEC lane was held: from the INPUT copy's start to the outputs in host memory, on
   the host's clock. That, not the kernels' time alone, is what the scheduler has to
   predict (when the lane is free again), and for small models on a large GPU the host's
-  share (copies, the VM's launches, the wait) can be most of it. The kernels alone, timed with CUDA events recorded on the EXEC
-  stream around them, are ``kernel_ns`` (the last EXEC's), which ``clockwork profile``
-  reports beside.
+  share (copies, the VM's launches, the wait) can be most of it. The kernels alone,
+  timed with CUDA events recorded on the EXEC stream around them, are ``kernel_ns`` (the
+  last EXEC's), which ``clockwork profile`` reports beside.
 
 Two lanes, as the scheduler models a GPU: LOAD and EXEC each have their own
 non-blocking CUDA stream and their own lock (one LOAD at a time, one EXEC at a time), so
