@@ -23,7 +23,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -291,7 +291,13 @@ def _first_arrival(path: Path) -> int | None:
     return min(arrivals) if arrivals else None
 
 
-def run_live(sc: Scenario, max_outstanding: int = 20000, echo: bool = False) -> LiveResult:
+# a live run's pacing hops and the flag that sets each (the replay's is an argument)
+PACING_HOPS = {"requests": None, "actions": "--action-interval-us",
+               "results": "--result-interval-us", "replies": "--reply-interval-us"}
+
+
+def run_live(sc: Scenario, max_outstanding: int = 20000, echo: bool = False,
+             pacing: Mapping[str, float] | None = None) -> LiveResult:
     """Run ``sc`` live: start a ``LocalCluster`` sized from its ``[cluster]``,
     ``[[models]]`` and ``[scheduler]`` (as ``clockwork serve`` does), replay its workloads
     against it with ``clockwork.cluster.replay.replay`` (real clock) while its ``[faults]``
@@ -302,7 +308,12 @@ def run_live(sc: Scenario, max_outstanding: int = 20000, echo: bool = False) -> 
     Requests are the replay's (latency measured at the client, network included). The
     controller's logs have their own clock origin (its start); action times are moved onto
     the replay's by the difference between the first arrival each side saw (the first
-    request's one-way trip, ~0.1 ms, is the error)."""
+    request's one-way trip, ~0.1 ms, is the error).
+
+    ``pacing``: streams' pacing intervals under load, microseconds (0: none;
+    ``clockwork.protocol.pacing``), by hop: ``requests`` (the replay's stream),
+    ``actions`` (controller to workers), ``results`` (workers to controller), ``replies``
+    (controller to the replay); a hop not named keeps its command's default."""
     kw, ignored = cluster_from_scenario(sc)
     workers, gpus = kw["workers"], kw["gpus"]
     check_live(workers, sc.duration_s, f"scenario {sc.data.get('name', sc.source)!r}")
@@ -312,6 +323,18 @@ def run_live(sc: Scenario, max_outstanding: int = 20000, echo: bool = False) -> 
     kw["packages"] = kw["packages"] or f"packages/{device}"
     if device != "emulated":  # real execution: compile missing zoo packages first
         ensure_packages(kw["models"], kw["profiles"], device, kw["packages"])
+    pacing = dict(pacing or {})
+    if unknown := set(pacing) - set(PACING_HOPS):
+        raise ValueError(f"pacing: no hop {', '.join(sorted(unknown))} (hops: "
+                         f"{', '.join(PACING_HOPS)})")
+    for hop in ("actions", "replies"):
+        if hop in pacing:
+            kw["controller_args"] = kw["controller_args"] + [PACING_HOPS[hop], str(pacing[hop])]
+    if "results" in pacing:
+        wargs = list(kw["worker_args"]) + [[]] * (workers - len(kw["worker_args"]))
+        kw["worker_args"] = [a + [PACING_HOPS["results"], str(pacing["results"])]
+                             for a in wargs]
+    stream = {"stream_interval_us": pacing["requests"]} if "requests" in pacing else {}
     with tempfile.TemporaryDirectory(prefix="cw-live-") as logs:
         kw["controller_args"] = kw["controller_args"] + ["--log-dir", logs]
         cluster = LocalCluster(**kw, echo=echo, http_port=-1, timeout=60.0)
@@ -321,7 +344,8 @@ def run_live(sc: Scenario, max_outstanding: int = 20000, echo: bool = False) -> 
             cpu0 = [_cpu_s(p.pid) for p in procs]
             try:
                 res = asyncio.run(replay(sc, cluster.address, max_outstanding, False,
-                                         on_start=faults.start if faults else None))
+                                         on_start=faults.start if faults else None,
+                                         **stream))
             finally:
                 faults.stop()
             cpu = [_cpu_s(p.pid) - c0 for p, c0 in zip(procs, cpu0, strict=True)]

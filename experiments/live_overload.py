@@ -1,5 +1,6 @@
 """Benchmark: the live system on real execution past its capacity. One cpu worker (the
-zoo's four tiny models compiled with TVM, really computing on this machine's cores)
+zoo's four tiny models compiled with TVM, really computing on this machine's cores; or,
+with ``--device cuda``, on a GPU)
 serves 36 instances, every one cached, under open-loop Poisson load at rising rates with
 a 10 ms SLO. Clockwork's promise is that overload costs only the requests it cannot
 serve: the controller plans each GPU's lane from the workers' measured times, runs what
@@ -12,7 +13,7 @@ rates, goodput and attainment, successful INFERs from the controller's action lo
 the useful share: requests that met their SLO per successful INFER (1.0 at batch 1 with
 no answer late; below it, INFERs ran for answers that came too late).
 
-    python experiments/live_overload.py [--rates 1000,1600,2400] [--duration 10] [--repeat 1]
+    python experiments/live_overload.py [--rates 1000,1600,2400] [--duration 10] [--repeat 1] [--device cpu]
 
 Needs TVM (``pip install -e .[tvm]``); missing packages are compiled first
 (``packages/cpu``, or ``--packages``).
@@ -34,8 +35,8 @@ COPIES = 9
 
 
 def scenario(rate: float, duration_s: float, slo_ms: float, packages: Path | None,
-             seed: int) -> dict:
-    cluster = {"workers": 1, "gpus_per_worker": 1, "profiles": "cpu", "device": "cpu",
+             seed: int, device: str = "cpu") -> dict:
+    cluster = {"workers": 1, "gpus_per_worker": 1, "profiles": device, "device": device,
                "weights_cache_pages": 64}
     if packages is not None:
         cluster["packages"] = str(packages)
@@ -58,18 +59,37 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--repeat", type=t.positive_int, default=1,
                    help="runs per rate, interleaved over the rates (default %(default)s)")
     p.add_argument("--packages", type=Path, default=None,
-                   help="folder of compiled cpu packages (default packages/cpu); missing "
+                   help="folder of compiled packages (default packages/DEVICE); missing "
                         "ones are compiled there first")
     p.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
+    p.add_argument("--pacing", action="append", default=[], metavar="HOP=US",
+                   help="a stream's pacing interval under load, microseconds (0: none; "
+                        "repeatable); HOP: requests, actions, results, replies, or all "
+                        "(default: each command's own, 2,000)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="the worker's device and the shipped profile set it plans with "
+                        "(default %(default)s; cuda needs a GPU and packages compiled for "
+                        "it, see experiments/gpu_check)")
     args = p.parse_args(argv)
+    pacing = {}
+    for item in args.pacing:
+        hop, _, us = item.partition("=")
+        hops = list(common.PACING_HOPS) if hop == "all" else [hop]
+        try:
+            value = t.nonneg_float(us)
+        except Exception as e:  # noqa: BLE001 - argparse's own message
+            p.error(f"--pacing {item}: {e}")
+        if any(h not in common.PACING_HOPS for h in hops):
+            p.error(f"--pacing {item}: HOP is one of {', '.join(common.PACING_HOPS)}, all")
+        pacing.update(dict.fromkeys(hops, value))
     rows = []
     print(f"{'rate':>7} {'run':>3} {'answered':>9} {'goodput':>8} {'attain':>7} "
           f"{'INFERs ok':>9} {'useful':>7}  (r/s; useful = met SLO / INFER ok)", flush=True)
     for k in range(args.repeat):
         for rate in args.rates:
             sc = common.scenario(scenario(rate, args.duration, args.slo_ms, args.packages,
-                                          args.seed + k))
-            res = common.run_live(sc)
+                                          args.seed + k, args.device))
+            res = common.run_live(sc, pacing=pacing)
             s = res.summary
             ok = sum(1 for a in res.telemetry.actions if a[1] == "INFER" and a[2] == "SUCCESS")
             row = {"rate": rate, "run": k + 1, "answered_rps": s["submitted"] / args.duration,

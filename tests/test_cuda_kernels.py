@@ -137,6 +137,39 @@ def test_a_cuda_worker_builds_every_package_before_it_serves(tmp_path, monkeypat
     assert dev.arena.page_size == PAGE
 
 
+def test_a_long_build_keeps_saying_it_is_alive(tmp_path, monkeypatch, capsys):
+    """A package whose kernels take long to build (resnet18's first build on a GPU took
+    more than 30 s) gets lines while it builds: ``clockwork serve`` gives up on a child
+    that says nothing for 30 s, a Ray actor's wait on one that shows no progress."""
+    import threading
+
+    from worker import service
+
+    packages = tmp_path / "packages"
+    fake_package(packages / "slow")
+    signs = threading.Semaphore(0)
+
+    def open_device(kind, pages, index=0):
+        dev = fake_cuda_device(pages)[0]
+        prepare = dev.prepare
+
+        def slow_prepare(path):  # still building until two signs of life came
+            assert signs.acquire(timeout=30) and signs.acquire(timeout=30)
+            return prepare(path)
+
+        dev.prepare = slow_prepare
+        return dev
+
+    monkeypatch.setattr(service, "_open_device", open_device)
+    monkeypatch.setattr(service, "BUILD_NOTE_S", 0.01)
+    node = service.WorkerNode(1, 8, "v100-reference", "cuda", packages=str(packages))
+    node.prepare_packages(built=signs.release)
+    err = capsys.readouterr().err
+    assert err.count("still building the kernels of slow (1/1)") >= 2
+    assert "kernels of slow ready (1/1" in err.splitlines()[-1]
+    assert node.real[0].packages
+
+
 def test_building_stops_once_the_worker_is_told_to(tmp_path, monkeypatch):
     from worker import service
 

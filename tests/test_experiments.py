@@ -348,3 +348,12 @@ def test_comma_list_keeps_order_and_repeats_and_checks_each_item():
     assert names("b,a") == ["b", "a"]
     with pytest.raises(argparse.ArgumentTypeError, match="one of a, b, got 'c'"):
         names("a,c")
+
+
+def test_live_pacing_names_its_hops():
+    from experiments import common
+
+    sc = common.scenario({"name": "x", "duration_s": 1.0, "models": [{"name": "resnet50_v2"}],
+                          "workloads": [{"kind": "poisson", "rate_rps": 10}]})
+    with pytest.raises(ValueError, match="no hop reply"):
+        common.run_live(sc, pacing={"reply": 0.0})

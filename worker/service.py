@@ -42,6 +42,7 @@ import asyncio
 import hmac
 import signal
 import sys
+import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -110,6 +111,7 @@ RESULT_MESSAGE_BYTES = 1 << 20
 RESULT_BACKLOG_BYTES = 4 * RESULT_MESSAGE_BYTES
 _RESULT_BYTES = 64  # a result's fixed fields in a message, estimated (strings, tensors added)
 _TOLD_MAX = 64  # other controllers a session logs the refusal of (once each)
+BUILD_NOTE_S = 10.0  # while one package's kernels build, a line this often (a sign of life)
 _OFFSET = 0  # --clock-offset-ms: shifts this worker's clock (tests the controller's conversion)
 # LoadModelFromDisk's one answer for every path it will not load: outside the package
 # directory, missing or broken alike (the caller learns nothing about the worker's disk)
@@ -218,9 +220,12 @@ class WorkerNode:
         """Build the kernels of every package in the package directory on each device
         that needs it (cuda: seconds of NVRTC a package, cached on disk), before the
         worker serves: a Hello then registers instances at once. Says what it does on
-        stderr, a line a package. A package that will not build is left to the Hello,
-        which reports it missing. Stops early once ``stopped()``; calls ``built()`` after
-        each package (a sign of life for whoever waits for the worker to listen)."""
+        stderr, a line a package and, while one package takes long (a real-size model's
+        first build: a minute or more), a line every ``BUILD_NOTE_S``. A package that will
+        not build is left to the Hello, which reports it missing. Stops early once
+        ``stopped()``; calls ``built()`` with each line (a sign of life for whoever waits
+        for the worker to listen: ``clockwork serve`` gives a child more time with each
+        line it prints, a Ray actor's wait with each call)."""
         devices = [d for d in self.real if d.builds_kernels]
         if not devices or not self.packages.is_dir():
             return
@@ -229,6 +234,10 @@ class WorkerNode:
             if stopped():
                 return
             t0 = time.perf_counter()
+            done = threading.Event()
+            note = threading.Thread(target=_building_notes, daemon=True,
+                                    args=(done, f"{path.name} ({k}/{len(found)})", t0, built))
+            note.start()
             try:
                 for dev in devices:
                     dev.prepare(path)
@@ -236,6 +245,9 @@ class WorkerNode:
                 print(f"worker: package {path.name} not prepared: {e}", file=sys.stderr,
                       flush=True)
                 continue
+            finally:
+                done.set()
+                note.join()
             print(f"worker: kernels of {path.name} ready ({k}/{len(found)}, "
                   f"{time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
             built()
@@ -711,6 +723,15 @@ def _backlog_bytes(item) -> int:
     if ts:
         n += sum(_RESULT_BYTES + t.nbytes for t in ts)
     return n
+
+
+def _building_notes(done: threading.Event, what: str, t0: float, built) -> None:
+    """Until ``done``: every ``BUILD_NOTE_S`` say that ``what``'s kernels are still being
+    built (since ``t0``, ``time.perf_counter``) and call ``built()``."""
+    while not done.wait(BUILD_NOTE_S):
+        print(f"worker: still building the kernels of {what}, "
+              f"{time.perf_counter() - t0:.0f} s so far", file=sys.stderr, flush=True)
+        built()
 
 
 def _open_device(kind: str, pages: int, index: int = 0):

@@ -56,14 +56,16 @@ class ReplayResult:
 async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
                  progress: bool = False, check_packages: str | None = None,
                  on_start=None, *, token: str | None = None, tls: bool = False,
-                 tls_ca: str | None = None) -> ReplayResult:
+                 tls_ca: str | None = None,
+                 stream_interval_us: float = STREAM_INTERVAL_US) -> ReplayResult:
     """Drive ``sc``'s workloads against a live controller. ``check_packages``: send real
     inputs (a seeded pool per model) and check every answer's output against the zoo
     model's numpy reference with that package folder's weights (``summary["outputs"]``).
     ``on_start(t0)``: called with the replay's time zero (``time.monotonic_ns``) as the
     first request is due (``clockwork serve`` starts its ``[faults]`` from it).
     ``token``, ``tls``, ``tls_ca``: as ``clockwork.AsyncClient``'s (default token:
-    ``$CLOCKWORK_TOKEN``)."""
+    ``$CLOCKWORK_TOKEN``). ``stream_interval_us``: the request stream's pacing interval
+    under load (``clockwork.protocol.pacing``; 0: none)."""
     from clockwork.client import AsyncClient
     from clockwork.profiles import load_profile_set
     from clockwork.resources import scenario_folder
@@ -116,7 +118,7 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
                                 f"{' ...' if len(sent_to) > 5 else ''}): nothing to check "
                                 "against")
     stats0 = await client.stats()
-    stream = client.stream(STREAM_INTERVAL_US)
+    stream = client.stream(stream_interval_us)
     tel = Telemetry(0)
     heap: list = []  # (t, seq, model, slo, widx) relative to t0
     seq = 0
