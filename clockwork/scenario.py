@@ -308,6 +308,26 @@ def pinned_paths(sc: Scenario) -> list[tuple[str, str]]:
     return out
 
 
+def data_files(sc: Scenario) -> list[Path]:
+    """The files besides its own that running ``sc`` reads, as this process finds them:
+    its profile set's files and its workloads' trace files (``workloads.data_files``);
+    one found nowhere is left out (the run says why)."""
+    from clockwork.profiles import find_profile_set
+    from clockwork.resources import scenario_folder
+    from clockwork.workloads import data_files as workload_files
+
+    base = scenario_folder(sc.source)
+    out: list[Path] = []
+    profiles = sc.cluster.get("profiles")
+    if isinstance(profiles, str) and profiles:
+        folder = find_profile_set(profiles, base)
+        if folder is not None:
+            out += sorted(folder.glob("*.json"))
+    for spec in sc.workloads:
+        out += workload_files(spec, base)
+    return out
+
+
 def validate(sc: Scenario) -> None:
     """Check ``sc.data`` against the scenario schema and replace it by the validated
     values (defaults filled); a bad key or value raises ``ScenarioError`` with one line

@@ -5,6 +5,7 @@ table, a deleted point (only it) runs again; bad sweep files are one line and ex
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 import orjson
@@ -710,3 +711,55 @@ def test_a_point_whose_scenario_file_changed_runs_again(tmp_path, capsys):
     assert "1 run, 0 already done" in capsys.readouterr().err
     (name, again), = _summaries(out).items()
     assert orjson.loads(again)["submitted"] < orjson.loads(first[name])["submitted"] / 3
+
+
+def test_a_point_whose_trace_or_profiles_changed_runs_again(tmp_path, capsys):
+    """A sweep reused a point's result after a file its scenario reads (a trace, a
+    profile set) had changed: only the scenario file itself was covered. A point's
+    digest now covers every file its run reads, found as the run finds them (here by
+    paths relative to the scenario's folder)."""
+    traces = tmp_path / "traces"
+    synth = ["trace", "synth", "--functions", "50", "--days", "1"]
+    assert main([*synth, "--seed", "1", "--out", str(traces)]) == 0
+    day1 = sorted(traces.glob("*d01.csv"))[0]
+    profiles = tmp_path / "profiles"
+    shutil.copytree(REPO / "profiles" / "v100-reference", profiles)
+    sc = tmp_path / "mine.toml"
+    sc.write_text(f"""name = "x"
+seed = 1
+duration_s = 60.0
+[cluster]
+profiles = "profiles"
+[[models]]
+name = "resnet50_v2"
+copies = 20
+[[workloads]]
+kind = "azure"
+trace = "traces/{day1.name}"
+minutes = 1
+load_factor = 10
+""")
+    f = tmp_path / "s.toml"
+    f.write_text(f'scenarios = ["{sc}"]\n')
+    out = tmp_path / "o"
+    argv = ["sweep", str(f), "--jobs", "1", "--out", str(out)]
+    assert main([*argv, "--quiet"]) == 0
+    first = _summaries(out)
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert "0 run, 1 already done" in capsys.readouterr().err
+    assert main([*synth, "--seed", "2", "--out", str(tmp_path / "other")]) == 0
+    shutil.copy(sorted((tmp_path / "other").glob("*d01.csv"))[0], day1)  # the trace changed
+    capsys.readouterr()
+    assert main([*argv, "--list"]) == 0
+    assert capsys.readouterr().out.startswith("to run")
+    assert main(argv) == 0
+    assert "1 run, 0 already done" in capsys.readouterr().err
+    (name, again), = _summaries(out).items()
+    assert orjson.loads(again)["submitted"] != orjson.loads(first[name])["submitted"]
+    assert main(argv) == 0
+    assert "0 run, 1 already done" in capsys.readouterr().err
+    prof = profiles / "resnet50_v2.json"
+    prof.write_text(prof.read_text().replace("{", "{ ", 1))  # the profile set changed
+    assert main(argv) == 0
+    assert "1 run, 0 already done" in capsys.readouterr().err

@@ -172,22 +172,26 @@ def is_summary(s: Any) -> bool:
     return True
 
 
-def scenario_digest(path: str | Path) -> str:
-    """SHA-256 of a scenario file's bytes ("" where it cannot be read): a point whose file
-    has changed since it ran is not done (``done_summary``)."""
+def file_digest(path: str | Path) -> str:
+    """SHA-256 of a file's bytes ("" where it cannot be read)."""
+    h = hashlib.sha256()
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
     except OSError:
         return ""
+    return h.hexdigest()
 
 
 def done_summary(folder: Path, digest: str | None = None) -> dict | None:
     """The point's summary if it is done: ``summary.json`` there, readable, and a run's
-    summary (``is_summary``), and, with ``digest`` (``scenario_digest`` of its scenario
-    file now), run on that file as it is now (``point.json`` says what it ran on; a
-    point run on an earlier version of the file, or by a version of this program that
-    did not say, is not done). Anything else there (a file left half written by hand,
-    or by another program) is not done: the point runs again and replaces it."""
+    summary (``is_summary``), and, with ``digest`` (the point's ``point_digests`` now),
+    run on its files as they are now (``point.json`` says what it ran on; a point run on
+    an earlier version of its scenario file or of a file the scenario reads, or by a
+    version of this program that did not say, is not done). Anything else there (a file
+    left half written by hand, or by another program) is not done: the point runs again
+    and replaces it."""
     try:
         s = orjson.loads((folder / SUMMARY).read_bytes())
     except (OSError, orjson.JSONDecodeError):
@@ -199,16 +203,42 @@ def done_summary(folder: Path, digest: str | None = None) -> dict | None:
             ran = orjson.loads((folder / "point.json").read_bytes())
         except (OSError, orjson.JSONDecodeError):
             return None
-        if not isinstance(ran, dict) or ran.get("scenario_sha256") != digest:
+        if not isinstance(ran, dict) or ran.get("inputs_sha256") != digest:
             return None
     return s
 
 
 def point_digests(points: Sequence[Point]) -> list[str]:
-    """``scenario_digest`` of each point's file (each file read once)."""
+    """Each point's inputs digest: SHA-256 over its scenario file's bytes and those of
+    every file its run reads (its profile set, its traces: ``scenario.data_files``, with
+    its overrides applied), each file read once; "" for a scenario file that cannot be
+    read. A point whose scenario does not load covers its scenario file alone (its run
+    says why it fails)."""
+    from clockwork.scenario import data_files, load_scenario
+
     seen: dict[str, str] = {}
-    return [seen[p.path] if p.path in seen else seen.setdefault(p.path, scenario_digest(p.path))
-            for p in points]
+
+    def digest(path: str | Path) -> str:
+        key = str(path)
+        if key not in seen:
+            seen[key] = file_digest(path)
+        return seen[key]
+
+    out = []
+    for p in points:
+        own = digest(p.path)
+        if not own:
+            out.append("")
+            continue
+        try:
+            files = data_files(load_scenario(p.path, list(p.overrides), pinned=p.pinned))
+        except Exception:  # noqa: BLE001 - the point's own run reports it
+            files = []
+        h = hashlib.sha256(own.encode())
+        for f in files:
+            h.update(b"\n" + digest(f).encode())
+        out.append(h.hexdigest())
+    return out
 
 
 def _write_atomic(path: Path, data: dict) -> None:
@@ -511,7 +541,7 @@ class Runner:
                 write_json(o.folder / "point.json", {"scenario": o.point.scenario,
                                                      "overrides": list(o.point.overrides),
                                                      "command": o.point.command(),
-                                                     "scenario_sha256": digest})
+                                                     "inputs_sha256": digest})
             todo = [o for o, _ in todo]
             self._run(todo, desc)
         return out

@@ -79,6 +79,24 @@ def build_workload(spec: dict, instances: dict[str, str],
 DATA_PATH_KEYS = ("trace", "trace_dir")  # workload keys naming files or folders
 
 
+def data_files(spec: dict, base_dir: str | Path | None = None) -> list[Path]:
+    """The files workload entry ``spec`` reads, as ``build_workload`` finds them: its
+    ``trace`` file, or the day file an ``azure`` entry's ``day`` names (in its
+    ``trace_dir``, then the usual folders). One found nowhere is left out (building the
+    workload says why)."""
+    from clockwork.workloads.azure import TraceError, find_trace_file
+
+    try:
+        spec = _with_data_paths(spec, base_dir if base_dir is not None else ".")
+        if isinstance(spec.get("trace"), str):
+            return [Path(spec["trace"])]
+        if spec.get("kind") == "azure" and "day" in spec:
+            return [find_trace_file(spec["day"], spec.get("trace_dir"))]
+    except (TraceError, TypeError, ValueError):
+        pass
+    return []
+
+
 def _with_data_paths(spec: dict, base_dir: str | Path | None) -> dict:
     """``spec`` with its data paths found by ``clockwork.resources.find_data_path`` (as
     given, then under ``base_dir``, then in the shipped data) made explicit. A ``trace``
