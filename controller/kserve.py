@@ -217,10 +217,19 @@ class KServeFrontend:
         REST's JSON form; gRPC parses it into ``ModelConfig``): dims leave out the batch
         dimension, ``max_batch_size`` is the most rows one request may carry (the
         profile's largest batch size), the profile's batch sizes (those the scheduler
-        runs) are the ``execution_batch_sizes`` parameter, and one instance group: at most one copy per GPU, on any GPU of the
-        cluster (``count`` 1, ``gpus`` the controller-wide GPU indices)."""
+        runs) are the ``execution_batch_sizes`` parameter, and one instance group on any
+        GPU of the cluster (``gpus`` the controller-wide GPU indices; each instance has at
+        most one copy of its weights per GPU). What it says of the load that made the
+        instance is ``controller.repository.as_configured``'s, so that a load with the
+        configuration read back changes nothing: ``count`` is the copies of a model
+        loaded as ``name`` (``name``, ``name:1``, ...; 1 for one of a model's copies
+        ``m:k``), and the parameters ``profile`` and ``package`` (when not the
+        defaults)."""
+        from controller.repository import as_configured
+
         p = self.described(name)
         n = self.node
+        copies, loaded_as = as_configured(n, name)
         return {
             "name": name, "platform": PLATFORM, "backend": PLATFORM,
             "max_batch_size": max_batch_size(p),
@@ -229,27 +238,13 @@ class KServeFrontend:
             "output": [{"name": t.name, "data_type": "TYPE_" + ks_dtype(t.dtype),
                         "dims": list(t.shape), "label_filename": ""} for t in p.outputs],
             "dynamic_batching": {},
-            "instance_group": [{"name": name, "kind": "KIND_GPU", "count": 1,
+            "instance_group": [{"name": name, "kind": "KIND_GPU", "count": copies,
                                 "gpus": list(range(len(n.gpu_index)))}],
             "parameters": {
                 "execution_batch_sizes": {"string_value": ",".join(map(str, p.batch_sizes))},
                 "default_slo_ms": {"string_value": f"{n.cfg.default_slo / 1e6:g}"},
-                **self._loaded_as(name)},
+                **loaded_as},
         }
-
-    def _loaded_as(self, name: str) -> dict:
-        """The load parameters ``name`` was loaded with that a configuration read back and
-        sent with a load again must carry: its profile (when not the name itself) and
-        package (when one was named)."""
-        from controller.repository import group_name
-
-        group = self.node.loaded.get(name) or self.node.loaded.get(group_name(name))
-        out = {}
-        if group is not None and group.profile != group_name(name):
-            out["profile"] = {"string_value": group.profile}
-        if group is not None and group.package:
-            out["package"] = {"string_value": group.package}
-        return out
 
     def model_statistics(self, name: str = "", version: str = "") -> dict:
         """Triton's ``ModelStatisticsResponse`` (REST's JSON form) of one model instance,

@@ -26,7 +26,12 @@ config     Triton's model configuration (JSON text, what ``tritonclient``'s     
 
 Loading a model that is loaded with the same parameters succeeds and changes nothing, and
 so does a load without parameters (Triton's reload: the model as it was loaded); with
-other parameters it is refused (INVALID_ARGUMENT: unload it first). Unloading
+other parameters it is refused (INVALID_ARGUMENT: unload it first). One of a model's
+copies (``m:k``) is served as 1 copy of the model's profile and package: a load of
+``m:k`` with those parameters changes nothing too. What a model's configuration says of
+its load (``as_configured``: the ``instance_group`` count and the ``profile`` and
+``package`` parameters) is these parameters, so a configuration read back and sent with
+a load of the same name again changes nothing. Unloading
 answers the model's queued requests at once (NOT_FOUND to their callers), refuses new
 ones, lets the running ones finish and returns; the GPU memory is freed as each copy goes
 idle (the state is ``UNLOADING`` until then, ``UNAVAILABLE`` / ``unloaded`` after).
@@ -70,10 +75,8 @@ async def load(node, name: str, params: dict) -> None:
     ``KServeError``."""
     _check_keys(params, LOAD_PARAMS, "load")
     params = as_loaded(node, name, params)
-    if params is None:  # a copy's reload: as it is
+    if params is None:  # a copy served as asked: as it is
         return
-    if params.get("config") is not None:
-        params = _merge(params, _from_config(params["config"], name))
     copies = _count(params.get("copies"))
     profile = _text(params.get("profile"), "profile") or None
     package = _text(params.get("package"), "package")
@@ -90,20 +93,68 @@ def group_name(instance: str) -> str:
 
 
 def as_loaded(node, name: str, params: dict) -> dict | None:
-    """A load of a loaded model with no parameter given (every value None) is Triton's
-    reload: the model as it was loaded. Of one of its copies (``m:k``, which the
-    repository index lists too) served now: None, nothing to do. Any other load:
-    ``params`` as they are."""
-    if not all(v is None for v in params.values()):
-        return params
-    have = node.loaded.get(name)
-    if have is not None:
-        return {"copies": have.copies, "profile": have.profile, "package": have.package}
+    """The load of ``name`` that ``params`` ask for (``copies``, ``profile``, ``package``
+    and Triton's ``config``, merged into the others here; None: not given), for
+    ``ControllerNode.load_model``, or None: nothing to do.
+
+    A load of a loaded model with no parameter given (every value None) is Triton's
+    reload: the model as it was loaded. One of a model's copies (``m:k``, which the
+    repository index lists too) served now is 1 copy of the model's profile and package
+    (what its configuration says, ``as_configured``): a load of it with no parameter,
+    or with those, is None. Any other load: ``params`` as they are (the load checks
+    them). Raises ``KServeError`` for a bad ``config``."""
+    if all(v is None for v in params.values()):
+        have = node.loaded.get(name)
+        if have is not None:
+            return {"copies": have.copies, "profile": have.profile, "package": have.package}
+        return None if _copy_of(node, name) is not None else params
+    if params.get("config") is not None:
+        params = _merge(params, _from_config(params["config"], name))
+    group = _copy_of(node, name)
+    if group is not None:
+        try:
+            asked = (_count(params.get("copies")),
+                     _text(params.get("profile"), "profile") or group_name(name),
+                     _text(params.get("package"), "package"))
+        except KServeError:
+            return params  # (the load refuses them)
+        if asked == (1, group.profile, group.package):
+            return None
+    return params
+
+
+def as_configured(node, name: str) -> tuple[int, dict]:
+    """What Triton's model configuration of instance ``name`` says of the load that made
+    it, so that a load of ``name`` with the configuration read back asks for what is
+    served (and changes nothing, ``as_loaded``): the ``instance_group`` count, the copies
+    of a model loaded as ``name`` (``name``, ``name:1``, ...; 1 for one of a model's
+    copies ``m:k``), and the ``parameters`` (``{"string_value": ...}``) that load must
+    carry: ``profile`` when it is not the default for the name, ``package`` when one was
+    named."""
+    copies, profile, package = 1, group_name(name), ""
+    own = node.loaded.get(name)
+    group = own if own is not None else _copy_of(node, name)
+    if group is not None:
+        copies = group.copies if own is not None else 1
+        profile, package = group.profile, group.package
+    out = {}
+    if profile != group_name(name):
+        out["profile"] = {"string_value": profile}
+    if package:
+        out["package"] = {"string_value": package}
+    return copies, out
+
+
+def _copy_of(node, name: str):
+    """The loaded model (``LoadedModel``) whose copy ``name`` (``m:k``, not loaded under
+    its own name) is, served now (not being unloaded); else None."""
+    if name in node.loaded:
+        return None
     group = node.loaded.get(group_name(name))
     if group is not None and name in group.instances and name in node.profiles \
             and name not in node.unloading:
-        return None
-    return params
+        return group
+    return None
 
 
 async def unload(node, name: str, params: dict) -> None:

@@ -645,8 +645,10 @@ def test_client_loads_serves_and_unloads_a_model(cluster):
         with pytest.raises(InvalidRequest, match="loaded already"):
             cl.load_model("mnet", copies=3, profile="mobilenet_v2")
         with pytest.raises(InvalidRequest, match="served already"):
-            cl.load_model("mnet:1", profile="mobilenet_v2")
+            cl.load_model("mnet:1", profile="resnet18_v2")
         assert [m.name for m in cl.load_model("mnet:1")] == ["mnet:1"]  # a copy's reload
+        # ... and with the parameters it is served with (1 copy of mnet's profile)
+        assert [m.name for m in cl.load_model("mnet:1", profile="mobilenet_v2")] == ["mnet:1"]
         with pytest.raises(UnknownModel, match="no profile 'nope'"):
             cl.load_model("nope")
         with pytest.raises(InvalidRequest):
@@ -964,6 +966,76 @@ def test_tritonclient_http_repository(cluster):
             c.infer("resnet34_v2", [x], parameters={"slo_ms": 300})
     finally:
         c.close()
+
+
+def test_a_configuration_read_back_loads_a_model_of_several_copies_as_it_is(cluster):
+    """Triton's users read a model's configuration back (``get_model_config``) and load
+    it with it again (``load_model(name, config=...)``). For a model of 3 copies the
+    configuration said ``count: 1`` for the model's name and for each copy's, so a load
+    of the model with it was refused ("loaded already (... copies 3)"), and a load of a
+    copy with its own configuration too ("served already"). Now the model's says the 3
+    copies it was loaded with and each copy's 1, with the profile: loaded again with
+    what it read back, over gRPC and REST, each name changes nothing; a configuration
+    edited to other copies or another profile is still refused."""
+    import json
+
+    tgrpc = pytest.importorskip("tritonclient.grpc")
+    thttp = pytest.importorskip("tritonclient.http")
+    from tritonclient.utils import InferenceServerException
+
+    names = ["trio", "trio:1", "trio:2"]
+    g = tgrpc.InferenceServerClient(cluster.address)
+    h = thttp.InferenceServerClient(cluster.printed_address("http"), connection_timeout=20,
+                                    network_timeout=20)
+
+    def served() -> list[tuple[str, str]]:
+        return [(m.name, m.state) for m in g.get_model_repository_index().models
+                if m.name.split(":")[0] == "trio"]
+
+    def refused(status: str, call, *args, **kw) -> str:
+        with pytest.raises(InferenceServerException) as e:
+            call(*args, **kw)
+        assert e.value.status() == status, (e.value.status(), e.value.message())
+        return e.value.message()
+
+    try:
+        g.load_model("trio", config=json.dumps({"parameters": {
+            "copies": {"string_value": "3"}, "profile": {"string_value": "mobilenet_v2"}}}))
+        assert served() == [(n, "READY") for n in names]
+        read = {n: (g.get_model_config(n, as_json=True)["config"], h.get_model_config(n))
+                for n in names}
+        for n, (gcfg, hcfg) in read.items():
+            for cfg in (gcfg, hcfg):
+                count = 3 if n == "trio" else 1
+                assert [grp["count"] for grp in cfg["instance_group"]] == [count], (n, cfg)
+                assert cfg["parameters"]["profile"] == {"string_value": "mobilenet_v2"}
+        for n, (gcfg, hcfg) in read.items():
+            g.load_model(n, config=json.dumps(gcfg))  # accepted: the same parameters
+            h.load_model(n, config=json.dumps(hcfg))
+            assert served() == [(m, "READY") for m in names]  # nothing changed
+            assert g.get_model_config(n, as_json=True)["config"] == gcfg
+            assert h.get_model_config(n) == hcfg
+        # other parameters are refused as before
+        fewer = dict(read["trio"][0], instance_group=[{"count": 2}])
+        msg = refused("StatusCode.INVALID_ARGUMENT", g.load_model, "trio",
+                      config=json.dumps(fewer))
+        assert "loaded already" in msg and "copies 3" in msg, msg
+        other = dict(read["trio:1"][1],
+                     parameters={"profile": {"string_value": "resnet18_v2"}})
+        msg = refused("400", h.load_model, "trio:1", config=json.dumps(other))
+        assert "served already" in msg, msg
+        more = dict(read["trio:2"][0], instance_group=[{"count": 2}])
+        msg = refused("StatusCode.INVALID_ARGUMENT", g.load_model, "trio:2",
+                      config=json.dumps(more))
+        assert "names one copy" in msg, msg
+        assert served() == [(n, "READY") for n in names]
+    finally:
+        try:
+            g.unload_model("trio")
+            _poll(lambda: served() == [(n, "UNAVAILABLE") for n in names])
+        finally:
+            g.close()
+            h.close()
 
 
 def test_a_model_being_unloaded_has_no_metadata_configuration_or_statistics():
