@@ -274,7 +274,7 @@ def load_scenario(path: str | Path | None = None, overrides: list[str] | str | N
 
 def pinned_paths(sc: Scenario) -> list[tuple[str, str]]:
     """``(key, path)`` pairs naming the files ``sc`` uses (its profile set, its workloads'
-    traces) as this process finds them (for ``load_scenario(..., pinned=...)``: the
+    traces, the folder an azure ``day``'s file was found in) as this process finds them (for ``load_scenario(..., pinned=...)``: the
     paths as they are, never through ``--set`` text), for a process with another working folder or
     environment (a Ray task) to use the same ones: found in the package's shipped data,
     by their path there (each install has its own copy); found elsewhere, by their
@@ -282,6 +282,7 @@ def pinned_paths(sc: Scenario) -> list[tuple[str, str]]:
     from clockwork.profiles import find_profile_set
     from clockwork.resources import data_root, find_data_path, scenario_folder
     from clockwork.workloads import DATA_PATH_KEYS
+    from clockwork.workloads import data_files as workload_files
 
     shipped = data_root().resolve()
     out: list[tuple[str, str]] = []
@@ -305,6 +306,15 @@ def pinned_paths(sc: Scenario) -> list[tuple[str, str]]:
             v = spec.get(key)
             if isinstance(v, str) and v:
                 pin(f"workloads.{i}.{key}", v, find_data_path(v, base))
+        if spec.get("kind") == "azure" and "day" in spec:
+            # a day file is looked for in trace_dir, then $AZURE_TRACE_DIR and the usual
+            # folders: the folder it was found in here becomes the trace_dir
+            found = workload_files(spec, base)
+            if found:
+                key = f"workloads.{i}.trace_dir"
+                out = [(k, v) for k, v in out if k != key]
+                written = spec.get("trace_dir")
+                pin(key, written if isinstance(written, str) else "", found[0].parent)
     return out
 
 

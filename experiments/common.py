@@ -296,6 +296,30 @@ PACING_HOPS = {"requests": None, "actions": "--action-interval-us",
                "results": "--result-interval-us", "replies": "--reply-interval-us"}
 
 
+def pacing_intervals(items: Sequence[str]) -> dict[str, float]:
+    """``HOP=US`` texts (HOP one of ``PACING_HOPS`` or ``all``; US microseconds from 0,
+    no pacing, to a second) as ``run_live``'s ``pacing``; ``ValueError`` naming a bad
+    one."""
+    from clockwork.client import MAX_INTERVAL_US
+
+    out: dict[str, float] = {}
+    for item in items:
+        hop, eq, us = item.partition("=")
+        if not eq:
+            raise ValueError(f"{item!r}: expected HOP=US, e.g. results=500")
+        if hop != "all" and hop not in PACING_HOPS:
+            raise ValueError(f"{item!r}: HOP is one of {', '.join(PACING_HOPS)}, all")
+        try:
+            value = float(us)
+        except ValueError:
+            value = float("nan")
+        if not 0 <= value <= MAX_INTERVAL_US:
+            raise ValueError(f"{item!r}: US is microseconds from 0 (no pacing) to "
+                             f"{MAX_INTERVAL_US:,.0f}")
+        out.update(dict.fromkeys(list(PACING_HOPS) if hop == "all" else [hop], value))
+    return out
+
+
 def run_live(sc: Scenario, max_outstanding: int = 20000, echo: bool = False,
              pacing: Mapping[str, float] | None = None) -> LiveResult:
     """Run ``sc`` live: start a ``LocalCluster`` sized from its ``[cluster]``,
@@ -313,7 +337,9 @@ def run_live(sc: Scenario, max_outstanding: int = 20000, echo: bool = False,
     ``pacing``: streams' pacing intervals under load, microseconds (0: none;
     ``clockwork.protocol.pacing``), by hop: ``requests`` (the replay's stream),
     ``actions`` (controller to workers), ``results`` (workers to controller), ``replies``
-    (controller to the replay); a hop not named keeps its command's default."""
+    (controller to the replay); a hop not named keeps its command's default; a bad one
+    raises ``ValueError`` before anything starts."""
+    pacing = pacing_intervals([f"{hop}={us}" for hop, us in (pacing or {}).items()])
     kw, ignored = cluster_from_scenario(sc)
     workers, gpus = kw["workers"], kw["gpus"]
     check_live(workers, sc.duration_s, f"scenario {sc.data.get('name', sc.source)!r}")
@@ -323,10 +349,6 @@ def run_live(sc: Scenario, max_outstanding: int = 20000, echo: bool = False,
     kw["packages"] = kw["packages"] or f"packages/{device}"
     if device != "emulated":  # real execution: compile missing zoo packages first
         ensure_packages(kw["models"], kw["profiles"], device, kw["packages"])
-    pacing = dict(pacing or {})
-    if unknown := set(pacing) - set(PACING_HOPS):
-        raise ValueError(f"pacing: no hop {', '.join(sorted(unknown))} (hops: "
-                         f"{', '.join(PACING_HOPS)})")
     for hop in ("actions", "replies"):
         if hop in pacing:
             kw["controller_args"] = kw["controller_args"] + [PACING_HOPS[hop], str(pacing[hop])]

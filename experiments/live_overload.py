@@ -1,8 +1,7 @@
 """Benchmark: the live system on real execution past its capacity. One cpu worker (the
 zoo's four tiny models compiled with TVM, really computing on this machine's cores; or,
-with ``--device cuda``, on a GPU)
-serves 36 instances, every one cached, under open-loop Poisson load at rising rates with
-a 10 ms SLO. Clockwork's promise is that overload costs only the requests it cannot
+with ``--device cuda``, on a GPU) serves 36 instances, every one cached, under open-loop
+Poisson load at rising rates with a 10 ms SLO. Clockwork's promise is that overload costs only the requests it cannot
 serve: the controller plans each GPU's lane from the workers' measured times, runs what
 can finish in time and turns the rest away early. When its plan is wrong (lane times
 underestimated) the worker runs work whose answers come too late, and goodput falls as
@@ -13,10 +12,12 @@ rates, goodput and attainment, successful INFERs from the controller's action lo
 the useful share: requests that met their SLO per successful INFER (1.0 at batch 1 with
 no answer late; below it, INFERs ran for answers that came too late).
 
-    python experiments/live_overload.py [--rates 1000,1600,2400] [--duration 10] [--repeat 1] [--device cpu]
+    python experiments/live_overload.py [--rates 1000,1600,2400] [--duration 10] [--repeat 1]
+        [--device cpu|cuda] [--pacing HOP=US ...]
 
 Needs TVM (``pip install -e .[tvm]``); missing packages are compiled first
-(``packages/cpu``, or ``--packages``).
+(``packages/DEVICE``, or ``--packages``; a GPU machine without TVM's compiler needs them
+made elsewhere: ``experiments/gpu_check``).
 """
 
 from __future__ import annotations
@@ -71,17 +72,10 @@ def main(argv=None) -> list[dict]:
                         "(default %(default)s; cuda needs a GPU and packages compiled for "
                         "it, see experiments/gpu_check)")
     args = p.parse_args(argv)
-    pacing = {}
-    for item in args.pacing:
-        hop, _, us = item.partition("=")
-        hops = list(common.PACING_HOPS) if hop == "all" else [hop]
-        try:
-            value = t.nonneg_float(us)
-        except Exception as e:  # noqa: BLE001 - argparse's own message
-            p.error(f"--pacing {item}: {e}")
-        if any(h not in common.PACING_HOPS for h in hops):
-            p.error(f"--pacing {item}: HOP is one of {', '.join(common.PACING_HOPS)}, all")
-        pacing.update(dict.fromkeys(hops, value))
+    try:
+        pacing = common.pacing_intervals(args.pacing)
+    except ValueError as e:
+        p.error(f"--pacing {e}")
     rows = []
     print(f"{'rate':>7} {'run':>3} {'answered':>9} {'goodput':>8} {'attain':>7} "
           f"{'INFERs ok':>9} {'useful':>7}  (r/s; useful = met SLO / INFER ok)", flush=True)

@@ -355,5 +355,12 @@ def test_live_pacing_names_its_hops():
 
     sc = common.scenario({"name": "x", "duration_s": 1.0, "models": [{"name": "resnet50_v2"}],
                           "workloads": [{"kind": "poisson", "rate_rps": 10}]})
-    with pytest.raises(ValueError, match="no hop reply"):
+    with pytest.raises(ValueError, match="HOP is one of requests, actions"):
         common.run_live(sc, pacing={"reply": 0.0})
+    with pytest.raises(ValueError, match="to 1,000,000"):  # (the client's bound) at once
+        common.run_live(sc, pacing={"requests": 2e6})
+    assert common.pacing_intervals(["all=0", "results=500"]) == {
+        "requests": 0.0, "actions": 0.0, "results": 500.0, "replies": 0.0}
+    for bad in ("results", "results=-1", "results=nan", "foo=1"):
+        with pytest.raises(ValueError):
+            common.pacing_intervals([bad])

@@ -313,6 +313,46 @@ def test_pinned_paths_of_any_name_reach_a_point_run_elsewhere(tmp_path, monkeypa
     assert there["run"]["overrides"] == ["seed=1"]  # the pins are not the point's
 
 
+def test_an_azure_day_found_here_is_the_one_a_point_run_elsewhere_reads(tmp_path, monkeypatch,
+                                                                        capsys):
+    """An azure workload's ``day`` is looked for in ``trace_dir``, then in
+    ``$AZURE_TRACE_DIR`` and the usual folders: a point run in another process (a Ray
+    task: another folder, another environment) looked the day up again there, and read
+    another file than the one this process found (and digested), or none. The folder
+    it was found in here is now pinned as the point's ``trace_dir``."""
+    from clockwork.cluster.parallel import pinned_point, run_point
+
+    traces = tmp_path / "days"
+    assert main(["trace", "synth", "--functions", "40", "--seed", "3", "--out",
+                 str(traces)]) == 0
+    capsys.readouterr()
+    sc = tmp_path / "s.toml"
+    sc.write_text("""name = "d"
+duration_s = 60.0
+[[models]]
+name = "resnet50_v2"
+copies = 4
+[[workloads]]
+kind = "azure"
+day = 1
+minutes = 1
+""")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AZURE_TRACE_DIR", str(traces))
+    point = Point(str(sc), str(sc), ("seed=1",), (("seed", 1),))
+    here = run_point(point)
+    assert "summary" in here, here
+    pinned = pinned_point(point)
+    assert dict(pinned.pinned)["workloads.0.trace_dir"] == str(traces), pinned.pinned
+    monkeypatch.delenv("AZURE_TRACE_DIR")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert "no Azure trace file for day 1" in run_point(point)["error"]
+    there = run_point(pinned)
+    assert "summary" in there, there
+    assert there["summary"] == here["summary"]
+
+
 def test_point_names_are_stable():
     p = Point("poisson_warm", "/anywhere/poisson_warm.toml",
               ("duration_s=2", "workloads.0.slo_ms=25", "seed=1"),

@@ -172,16 +172,30 @@ def is_summary(s: Any) -> bool:
     return True
 
 
+_DIGESTS: dict[tuple, str] = {}  # file_digest's: (path, inode, size, mtime) -> digest
+_DIGESTS_KEPT = 4096
+
+
 def file_digest(path: str | Path) -> str:
-    """SHA-256 of a file's bytes ("" where it cannot be read)."""
-    h = hashlib.sha256()
+    """SHA-256 of a file's bytes ("" where it cannot be read); a file this process read
+    before and that has not changed since (same inode, size and modification time) is
+    not read again (a sweep asks for its points' digests more than once, and a day of a
+    trace is hundreds of megabytes)."""
     try:
+        st = os.stat(path)
+        key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
+        if key in _DIGESTS:
+            return _DIGESTS[key]
+        h = hashlib.sha256()
         with open(path, "rb") as f:
             while chunk := f.read(1 << 20):
                 h.update(chunk)
     except OSError:
         return ""
-    return h.hexdigest()
+    if len(_DIGESTS) >= _DIGESTS_KEPT:
+        _DIGESTS.pop(next(iter(_DIGESTS)))
+    _DIGESTS[key] = digest = h.hexdigest()
+    return digest
 
 
 def done_summary(folder: Path, digest: str | None = None) -> dict | None:

@@ -87,7 +87,11 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from clockwork.cluster.serve import ChildRefused, LocalCluster
 
 RESOURCE = "clockwork_gpu"  # Ray custom resource: emulated (and cpu-device) GPUs
-READY_TIMEOUT_S = 60.0  # for a worker in an actor to listen
+READY_TIMEOUT_S = 60.0  # for a worker in an actor to listen, from its last sign of life
+# a cuda worker builds its packages' kernels before it listens (minutes the first time
+# on a machine), each sign of life giving it READY_TIMEOUT_S more in its actor, which
+# gives up by itself past that: the driver waits for one this long in all
+BUILD_WAIT_S = 3600.0
 # a node that could not host a worker is looked at again after 1, 2, 4, ... looks, at
 # most this many (32 s apart at watch_s = 2 s)
 RETRY_LOOKS_MAX = 16
@@ -546,6 +550,14 @@ class RayCluster(LocalCluster):
         port = self.worker_port + 10 * place if self.worker_port else 0
         return actor.serve.remote(place, flags, port)
 
+    @property
+    def serve_timeout(self) -> float:
+        """How long the driver waits for a worker to listen once its actor runs: the
+        cluster's ``timeout``, and for cuda workers, which build kernels first, at least
+        ``BUILD_WAIT_S`` (the actor gives up by itself once its worker shows no progress
+        for ``READY_TIMEOUT_S``)."""
+        return max(self.timeout, BUILD_WAIT_S) if self.device == "cuda" else self.timeout
+
     def _wait_ready(self, refs: list, timeout: float) -> set:
         """The refs of ``refs`` done within ``timeout`` (all of them: at once); sooner,
         those done by then, once the cluster is stopping (so that ``stop`` does not wait
@@ -567,7 +579,7 @@ class RayCluster(LocalCluster):
         if timeout is not None and ref not in self._wait_ready([ref], timeout):
             if self._watch_stop.is_set():
                 return ("stopping", "the cluster is stopping"), None
-            return ("timeout", f"its worker did not listen in {self.timeout:.0f} s"), None
+            return ("timeout", f"its worker did not listen in {timeout:.0f} s"), None
         try:
             return None, ray.get(ref)
         except Exception as e:  # noqa: BLE001 - the node's line says what
@@ -584,7 +596,7 @@ class RayCluster(LocalCluster):
         try:
             refs = [self._serve_ref(node, actor, first + k)
                     for k, (node, actor) in enumerate(placed)]
-            done = self._wait_ready(refs, self.timeout)
+            done = self._wait_ready(refs, self.serve_timeout)
             for k, ((node, actor), ref) in enumerate(zip(placed, refs, strict=True)):
                 place = first + len(served)
                 if ref in done:
@@ -593,10 +605,10 @@ class RayCluster(LocalCluster):
                     why, address = ("stopping", "the cluster is stopping"), None
                 else:
                     why, address = ("timeout", "its worker did not listen in "
-                                    f"{self.timeout:.0f} s"), None
+                                    f"{self.serve_timeout:.0f} s"), None
                 if why is None and first + k != place:  # (a node before it failed)
                     ref = self._serve_ref(node, actor, place)
-                    why, address = self._got(ref, self.timeout)
+                    why, address = self._got(ref, self.serve_timeout)
                 if why is not None:
                     self._release(actor, ref)
                     failed.append((node, *why))
@@ -743,7 +755,7 @@ class RayCluster(LocalCluster):
                 node, actor = queue[0]
                 ref = self._serve_ref(node, actor, len(self.actors))
                 queue.pop(0)
-                why, address = self._got(ref, self.timeout)
+                why, address = self._got(ref, self.serve_timeout)
                 if why is not None:
                     self._release(actor, ref)
                     self._unhosted_now(node, *why)
