@@ -151,7 +151,13 @@ SERVER_OPTIONS = [*CHANNEL_OPTIONS, *LISTEN_OPTIONS, *keepalive.SERVER]
 # the model repository
 MAX_COPIES = 1024  # instances one load may make
 MAX_SERVED = MAX_INSTANCES  # instances served at once (--models, then loads)
-UPDATE_TIMEOUT_S = 30.0  # for the workers to take an InstanceUpdate (a cpu worker reads its package)
+# an InstanceUpdate's answer is waited for while its worker is heard from (its echoes
+# every ECHO_S at least): the worker reads a new package on a thread, and answers once it
+# has, which takes from a fraction of a second (a cpu package) to minutes (a cuda
+# package's first kernel build); silent this long, it did not take the update
+UPDATE_TIMEOUT_S = 30.0
+UPDATE_MAX_S = 1800.0  # ... and however lively it is, no longer than this in all
+ECHO_S = 1.0  # a clock echo to each worker this often (a clock sample, and a sign of life)
 UNLOAD_WAIT_S = 60.0  # a load waits this long for an unload of the same names to finish
 UNLOADED_KEPT = 1000  # unloaded instances the index still lists (the newest ones)
 UNLOAD_POLL_S = 0.005  # how often an unload looks whether its copies and requests are gone
@@ -310,6 +316,7 @@ class WorkerLink:
     refused: LogLimiter = field(default_factory=lambda: LogLimiter("controller",
                                                                    REFUSED_LOG_S))
     since: float = 0.0  # when its session was made (time.monotonic)
+    heard: float = 0.0  # when a message last came from it (time.monotonic)
     # while another controller holds the worker (its refusals, ``WorkerHeld``): what the
     # worker said, logged once; "" once we have it
     held: str = ""
@@ -700,7 +707,7 @@ class ControllerNode:
             raise ValueError(f"worker {link.address} came back with a different GPU count")
         link.channel, link.call, link.grpc_call, link.state = ch, stream, call, msg.state
         link.connected = True
-        link.since = time.monotonic()
+        link.since = link.heard = time.monotonic()
         self.count("worker_connects")
         if stream is not call:
             self.count("worker_fast_links")
@@ -1040,7 +1047,7 @@ class ControllerNode:
 
     async def _echoer(self, link: WorkerLink) -> None:
         while True:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(ECHO_S)
             link.echo_due = True
             link.wake.set()
 
@@ -1055,6 +1062,7 @@ class ControllerNode:
                 msg = await call.read()
                 if msg is grpc.aio.EOF or msg is None:
                     break
+                link.heard = time.monotonic()
                 kind = msg.WhichOneof("kind")
                 if kind == "results":
                     self.count("msgs_from_workers")
@@ -1731,7 +1739,10 @@ class ControllerNode:
     async def _update_workers(self, add=(), remove=(), wait: bool = True):
         """Send an InstanceUpdate to every connected worker, after the actions queued for
         it so far; with ``wait``, wait for their answers and return [(worker address,
-        instances it could not add)] for those that could not. A worker lost meanwhile
+        instances it could not add)] for those that could not. A worker's answer is
+        waited for while it is heard from (it reads a new package on a thread and
+        answers its echoes meanwhile); one not heard from for ``UPDATE_TIMEOUT_S``, or
+        not done in ``UPDATE_MAX_S``, raises ``RepositoryError`` UNAVAILABLE. A worker lost meanwhile
         gets the instance list in its Hello when it is back; instances to add that no
         worker answered for (none connected, or every one lost meanwhile) raise
         ``RepositoryError`` UNAVAILABLE: nothing says they can be served."""
@@ -1750,18 +1761,28 @@ class ControllerNode:
             link.wake.set()
         missing = []
         answered = 0
-        deadline = time.monotonic() + UPDATE_TIMEOUT_S
+        sent = time.monotonic()
         for link, f in waits:
-            try:
-                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                    got = await asyncio.shield(f)
-            except TimeoutError:
+            # a worker answers once it has read the packages of the instances added (on a
+            # thread: a cuda package's first kernel build takes minutes), answering its
+            # echoes meanwhile; so it is waited for as long as it is heard from
+            while not f.done() and link.connected:
+                quiet = min(max(link.heard, sent) + UPDATE_TIMEOUT_S,
+                            sent + UPDATE_MAX_S) - time.monotonic()
+                if quiet <= 0:
+                    break
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(quiet):
+                        await asyncio.shield(f)
+            if not f.done():
                 link.acks.pop(seq, None)
                 if not link.connected:
                     continue
                 raise RepositoryError(grpc.StatusCode.UNAVAILABLE, (
-                    f"worker {link.address} did not take the model within "
-                    f"{UPDATE_TIMEOUT_S:g} s")) from None
+                    f"worker {link.address} did not take the model: not heard from for "
+                    f"{UPDATE_TIMEOUT_S:g} s" if time.monotonic() - sent < UPDATE_MAX_S else
+                    f"worker {link.address} did not take the model in {UPDATE_MAX_S:g} s"))
+            got = f.result()
             if got is not None:  # (None: the link was lost meanwhile)
                 answered += 1
             if got:

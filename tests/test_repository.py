@@ -1676,7 +1676,8 @@ def test_a_worker_slow_to_take_a_load_holds_up_that_load_only():
     """Worker 1 takes model ``slow`` but its answer never comes (a stalled worker): that
     load waits for it, and meanwhile an unload of another model returns and refuses its
     requests at once, and a load of a third model is made (both waited for the slow load,
-    up to UPDATE_TIMEOUT_S = 30 s). Cut short, the slow load leaves nothing. Controller
+    which waits as long as the worker is heard from). Cut short, the slow load leaves
+    nothing. Controller
     and workers in this process."""
     import asyncio
 

@@ -273,3 +273,132 @@ def test_a_name_given_another_package_by_a_later_hello_runs_that_package(tmp_pat
             timer.cancel()
 
     asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def test_a_slow_first_kernel_build_at_run_time_holds_up_only_that_load(tmp_path,
+                                                                      monkeypatch):
+    """A cuda worker (the fake stream API, tests/fake_cuda.py) serves ``mlp``, its kernels
+    built before it listens. A model loaded at run time names a package new to it, whose
+    kernels take longer to build than ``UPDATE_TIMEOUT_S`` (0.5 s here; 30 s really,
+    and a real-size model's first NVRTC build takes a minute or more). The worker
+    builds on a thread and answers the controller's echoes meanwhile: the load waits
+    for the build and then serves, an ``mlp`` request sent meanwhile is answered before
+    the build ends, and the worker is never suspect nor lost. Before, the load failed
+    (UNAVAILABLE, "did not take the model within 30 s") while the build went on.
+    Controller and worker in this process."""
+    from controller import service as controller_service
+    from tests.fake_cuda import fake_cuda_device, fake_package
+    from worker import service
+
+    silent_s = 0.5
+    monkeypatch.setattr(controller_service, "UPDATE_TIMEOUT_S", silent_s)
+    monkeypatch.setattr(controller_service, "ECHO_S", 0.05, raising=False)
+
+    def package(name):  # (the layout of the cpu profile of mlp)
+        fake_package(tmp_path / name, pages=1, batch_sizes=(1, 2, 4, 8, 16), n_in=64,
+                     out_name="output")
+
+    building, answered = threading.Event(), threading.Event()
+    built: list[float] = []
+
+    def open_device(kind, pages, index=0):
+        dev, _, tvm = fake_cuda_device(pages)
+        load_module = tvm.runtime.load_module
+
+        def slow_build(path):  # TVM builds the package's kernels here (NVRTC)
+            if "mlp_late" in str(path):
+                t0 = time.monotonic()
+                building.set()
+                assert answered.wait(30), "mlp was not answered while the build ran"
+                # the build's length: three times what the controller waits for a silent
+                # worker (simulated work, not a wait for the other side)
+                threading.Event().wait(max(0.0, t0 + 3 * silent_s - time.monotonic()))
+                built.append(time.monotonic())
+            return load_module(path)
+
+        tvm.runtime.load_module = slow_build
+        return dev
+
+    monkeypatch.setattr(service, "_open_device", open_device)
+
+    async def main():
+        from controller.service import ControllerNode
+
+        wnode = service.WorkerNode(1, 8, "cpu", "cuda", packages=str(tmp_path))
+        package("mlp")
+        await asyncio.to_thread(wnode.prepare_packages)
+        package("mlp_late")  # compiled into the package directory while the worker serves
+        address, stop, served = await _serve_in_process(wnode)
+        node = ControllerNode([address], "cpu", models="mlp")
+        await node.start()
+        try:
+            assert (await _answer(node, "mlp")).status == 0
+            load = asyncio.create_task(node.load_model("late", profile="mlp",
+                                                       package="mlp_late"))
+            assert await asyncio.to_thread(building.wait, 30), "the build did not start"
+            assert (await _answer(node, "mlp")).status == 0  # beside the build
+            assert not built, "the resident model waited for the build"
+            answered.set()
+            assert await load == ["late"]
+            assert built, "the load was answered before its package was built"
+            assert (await _answer(node, "late")).status == 0
+            assert node.counters.get("worker_suspects", 0) == 0
+            assert node.counters.get("worker_losses", 0) == 0
+            assert wnode.real[0].models.keys() == {"mlp", "late"}
+        finally:
+            answered.set()
+            await node.stop()
+            stop.set()
+            await served
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+@pytest.mark.parametrize("lively", [False, True], ids=["silent", "lively"])
+def test_a_worker_silent_while_it_takes_a_load_fails_that_load(monkeypatch, lively):
+    """The bounds on that wait: a worker that takes a load, then says nothing -- no
+    answer, no echo -- for ``UPDATE_TIMEOUT_S`` (0.5 s here) fails the load
+    (UNAVAILABLE), which leaves nothing; the worker serves on once it speaks again. One
+    that answers its echoes but never the load fails it after ``UPDATE_MAX_S`` (0.6 s
+    here; half an hour really) the same way. Controller and emulated worker in this
+    process."""
+    from controller import service as controller_service
+    from controller.service import ControllerNode, RepositoryError
+    from worker import service
+
+    monkeypatch.setattr(controller_service, "UPDATE_TIMEOUT_S", 10.0 if lively else 0.5)
+    monkeypatch.setattr(controller_service, "UPDATE_MAX_S", 0.6 if lively else 30.0)
+    monkeypatch.setattr(controller_service, "ECHO_S", 0.05)
+    handle = service._Session.handle
+    mute: list[bool] = []
+
+    def muted(self, msg, tail=None):
+        kind = msg.WhichOneof("kind")
+        if kind == "update" and any(i.name == "mute" for i in msg.update.add):
+            mute.append(True)
+            return True  # taken, never answered
+        if mute and kind == "echo" and not lively:
+            return True  # and silent from then on
+        return handle(self, msg, tail)
+
+    monkeypatch.setattr(service._Session, "handle", muted)
+
+    async def main():
+        wnode = service.WorkerNode(gpus=1, pages=100)
+        address, stop, served = await _serve_in_process(wnode)
+        node = ControllerNode([address], "v100-reference", models="resnet50_v2")
+        await node.start()
+        try:
+            said = "in 0.6 s" if lively else "not heard from for 0.5 s"
+            with pytest.raises(RepositoryError, match=f"did not take the model.*{said}") as e:
+                await asyncio.wait_for(node.load_model("mute", profile="mobilenet_v2"), 10)
+            assert e.value.code.name == "UNAVAILABLE"
+            assert node.model_state("mute") is None and "mute" not in node.instances
+            mute.clear()
+            assert (await _answer(node, "resnet50_v2")).status == 0
+        finally:
+            await node.stop()
+            stop.set()
+            await served
+
+    asyncio.run(asyncio.wait_for(main(), 60))

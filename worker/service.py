@@ -223,9 +223,10 @@ class WorkerNode:
         stderr, a line a package and, while one package takes long (a real-size model's
         first build: a minute or more), a line every ``BUILD_NOTE_S``. A package that will
         not build is left to the Hello, which reports it missing. Stops early once
-        ``stopped()``; calls ``built()`` with each line (a sign of life for whoever waits
-        for the worker to listen: ``clockwork serve`` gives a child more time with each
-        line it prints, a Ray actor's wait with each call)."""
+        ``stopped()``; calls ``built()`` after each package built and with each of those
+        notes, from another thread (a sign of life for whoever waits for the worker to
+        listen: ``clockwork serve`` gives a child more time with each line it prints, a
+        Ray actor's wait with each call)."""
         devices = [d for d in self.real if d.builds_kernels]
         if not devices or not self.packages.is_dir():
             return
@@ -242,6 +243,8 @@ class WorkerNode:
                 for dev in devices:
                     dev.prepare(path)
             except Exception as e:  # noqa: BLE001 - not a package for this device, say
+                done.set()
+                note.join()  # (its last note before this line)
                 print(f"worker: package {path.name} not prepared: {e}", file=sys.stderr,
                       flush=True)
                 continue
@@ -731,7 +734,10 @@ def _building_notes(done: threading.Event, what: str, t0: float, built) -> None:
     while not done.wait(BUILD_NOTE_S):
         print(f"worker: still building the kernels of {what}, "
               f"{time.perf_counter() - t0:.0f} s so far", file=sys.stderr, flush=True)
-        built()
+        try:
+            built()
+        except Exception as e:  # noqa: BLE001 - the notes go on; the build is not ours to stop
+            print(f"worker: a sign of life failed: {e!r}", file=sys.stderr, flush=True)
 
 
 def _open_device(kind: str, pages: int, index: int = 0):
@@ -1017,8 +1023,10 @@ class _Session:
         host memory) to seconds (a cuda package's kernels not built at start), and the
         event loop runs the other models' actions meanwhile.
 
-        An InstanceUpdate is applied once its packages are read, after the
-        InstanceUpdates before it; the messages behind it are handled as they come
+        An InstanceUpdate is applied (and answered) once its packages are read, after
+        the InstanceUpdates before it, however long that takes (a real-size cuda
+        package's first kernel build: a minute or more; the controller waits while the
+        worker answers its echoes); the messages behind it are handled as they come
         (actions of the other models, probes) until one names an instance still to be
         added (the controller may send such actions at once after an update it does not
         wait for: one it sends a worker that reconnected while a model was loaded): that
@@ -1040,7 +1048,9 @@ class _Session:
         elif waiting and kind != "echo" and (self._held or kind == "actions" and any(
                 a.model in self._adding for a in msg.actions.actions)):
             # (a probe's echo is answered at once whatever waits: it says the worker
-            # lives, and a held one would have the controller find it suspect)
+            # lives, and a held one would have the controller find it suspect, or give
+            # up on the InstanceUpdate whose packages are being read: the controller
+            # waits for its answer while it hears from the worker)
             self._held = True  # (in order from here on, until the queue is done)
             self._after(msg, tail, [])
             return self.active
