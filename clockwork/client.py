@@ -731,9 +731,10 @@ class InferStream:
     ``STREAM_MESSAGE_BYTES`` (a larger request alone; one too large for any message
     raises ``InvalidRequest`` at its submit, and the stream carries on).
 
-    Deadlines as the client sees them: each message carries the client's send time (the
-    controller charges a request its message's delay); an answer that arrives after the
-    request's SLO (measured here) is reported as status TIMEOUT (reason ``late``), and a
+    Deadlines as the client sees them, from each request's submit: each message carries
+    the client's send time and each request its wait here for that message (the
+    controller charges a request both: its message's delay, and ``queued_ns``); an
+    answer that arrives after the request's SLO (measured here) is reported as status TIMEOUT (reason ``late``), and a
     request with an SLO unanswered ``GRACE_S`` after it is resolved here with status
     TIMEOUT (reason ``no_answer``) -- a stalled or vanished controller is noticed within
     the SLO plus a second. The later answer, if any, is ignored.
@@ -776,7 +777,7 @@ class InferStream:
                     waited = (now - sent[0]) / 1e6 if sent else 0.0
                     fut.set_result(pb.InferResponse(
                         status=4, reason="no_answer", client_id=cid, gpu=-1,
-                        message=f"no answer {waited:.0f} ms after it was sent (its SLO "
+                        message=f"no answer {waited:.0f} ms after it was submitted (its SLO "
                                 f"{sent[1] if sent else 0:g} ms plus {GRACE_S:g} s)"))
 
     async def _requests(self):
@@ -797,7 +798,13 @@ class InferStream:
                 n += 1
             batch, self._queue, self._sizes = self._queue[:n], self._queue[n:], sizes[n:]
             self._pacer.note(n)
-            yield pb.InferRequestBatch(requests=batch, client_time_ns=time.monotonic_ns())
+            now = time.monotonic_ns()
+            sent = self._sent
+            for req in batch:  # the wait here counts against its SLO (at the controller too)
+                t = sent.get(req.client_id)
+                if t is not None and now > t[0]:
+                    req.queued_ns = now - t[0]
+            yield pb.InferRequestBatch(requests=batch, client_time_ns=now)
 
     async def _read(self) -> None:
         try:
@@ -810,7 +817,7 @@ class InferStream:
                         if resp.status == 0 and sent and sent[1] and now - sent[0] > sent[1] * 1e6:
                             resp.status, resp.reason = 4, "late"  # past its SLO as seen here
                             resp.message = (f"answered {(now - sent[0]) / 1e6:.1f} ms after "
-                                            f"it was sent, past its {sent[1]:g} ms SLO")
+                                            f"it was submitted, past its {sent[1]:g} ms SLO")
                         fut.set_result(resp)
         except grpc.RpcError as e:
             self._fail_waiting(_unavailable(e, self._url))

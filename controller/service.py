@@ -148,6 +148,9 @@ WORKER_CHANNEL_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.initial_reconnect_backoff_ms"
                           ("grpc.min_reconnect_backoff_ms", 100),
                           ("grpc.max_reconnect_backoff_ms", 500), *keepalive.CHANNEL]
 SERVER_OPTIONS = [*CHANNEL_OPTIONS, *LISTEN_OPTIONS, *keepalive.SERVER]
+# a stream request's wait in its client (InferRequest.queued_ns) is charged up to this
+# (as a message's delay on the way is: controller.intake.CLIENT_CLOCK_WINDOW_NS)
+MAX_QUEUED_NS = 60 * 1_000_000_000
 # the model repository
 MAX_COPIES = 1024  # instances one load may make
 MAX_SERVED = MAX_INSTANCES  # instances served at once (--models, then loads)
@@ -1353,7 +1356,8 @@ class ControllerNode:
         at one ``now``, their actions sent and replies drained once. ``late`` (ns): how
         much longer than the stream's fastest message this one took to arrive; its
         requests count as having arrived that much earlier (an SLO runs from the
-        client's send, not from our receipt)."""
+        client's send, not from our receipt; and each request older by its own wait in
+        the client before the message went, ``queued_ns``: from the client's submit)."""
         now = now_ns()
         admit = self._admit
         # no worker connected and answering: each request is answered at once, not
@@ -1415,6 +1419,8 @@ class ControllerNode:
         slo = max(1, ms(req.slo_ms)) if req.slo_ms else 0
         if budget is not None and budget < (slo or self.cfg.default_slo):
             slo = max(1, budget)  # the client's call ends sooner than its SLO
+        if not typed and req.queued_ns:  # its wait in the client before it was sent
+            late += min(req.queued_ns, MAX_QUEUED_NS)
         r = Request(rid, req.model, now - late, slo, tagged, inputs)  # inputs: list[Tensor]
         if req.skip_outputs:
             r.want_outputs = False

@@ -1,4 +1,4 @@
-"""End-to-end deadlines: an SLO counts from the client's send, and a client never reports
+"""End-to-end deadlines: an SLO counts from the client's submit, and a client never reports
 SUCCESS after the deadline it sees (real controller and worker processes on loopback)."""
 
 from __future__ import annotations
@@ -57,6 +57,57 @@ def test_a_message_delayed_on_the_way_is_charged_its_delay(cluster):
     # counted from the client's send (less the first message's own delay)
     assert b.status == 4 and b.latency_ns >= 400_000_000
     assert waited < 0.1  # answered at once, not after a useless EXEC
+
+
+def test_a_requests_own_wait_in_its_client_is_charged(cluster):
+    """``InferRequest.queued_ns``: a request that says it waited 500 ms in its client
+    before its message was sent has spent its 100 ms SLO: TIMEOUT at once. A wait past
+    any bound (2^64 - 1 ns) is charged at most 60 s, like a message's delay."""
+    async def main():
+        async with grpc.aio.insecure_channel(cluster.address) as ch:
+            stub = pbg.ClockworkStub(ch)
+            out = []
+            for queued in (0, 500_000_000, 2**64 - 1):
+                t0 = time.monotonic()
+                batch = await stub.InferStream(iter([pb.InferRequestBatch(
+                    client_time_ns=time.monotonic_ns(), requests=[pb.InferRequest(
+                        model="mobilenet_v2", slo_ms=100, client_id=1, skip_outputs=True,
+                        queued_ns=queued)])])).read()
+                out.append((batch.responses[0], time.monotonic() - t0))
+            return out
+
+    (ok, _), (spent, waited), (huge, _) = asyncio.run(asyncio.wait_for(main(), 20))
+    assert ok.status == 0
+    assert spent.status == 4 and 500_000_000 <= spent.latency_ns < 600_000_000
+    assert waited < 0.1
+    assert huge.status == 4 and 60 * 10**9 <= huge.latency_ns < 61 * 10**9
+
+
+def test_a_request_held_in_the_client_is_charged_its_wait(cluster):
+    """A stream's requests wait in the client for their message under load (pacing); the
+    client counts its SLO from the submit, the controller counted it from the message's
+    send, so the controller served a request whose SLO the wait had spent and the client
+    then found the answer late. Here the client's stream paces at 300 ms (made busy): a
+    request with a 100 ms SLO submitted once the first is answered waits ~300 ms, and the
+    controller answers it TIMEOUT at once (``InferRequest.queued_ns``), running nothing
+    for it, instead of a SUCCESS that arrives late."""
+    async def main():
+        async with clockwork.AsyncClient(cluster.address, timeout=10) as c:
+            before = await c.stats()
+            s = c.stream(300_000)
+            s._pacer.busy_rate, s._pacer.busy = 0, True  # (paced from the first message)
+            a = await asyncio.wait_for(s.submit("mobilenet_v2", slo_ms=1000), 10)
+            # (the first message went at once; this one waits for the interval's end)
+            b = await asyncio.wait_for(s.submit("mobilenet_v2", slo_ms=100), 10)
+            await s.close()
+            return a, b, before, await c.stats()
+
+    a, b, before, after = asyncio.run(asyncio.wait_for(main(), 30))
+    assert a.status == 0
+    assert b.status == 4 and b.reason != "late", (b.reason, b.message)  # the controller's
+    assert b.latency_ns >= 250_000_000  # counted from the submit
+    ran = after.get("requests_success", 0) - before.get("requests_success", 0)
+    assert ran == 1, (before, after)
 
 
 def test_a_stalled_controller_never_yields_a_late_success(cluster):
