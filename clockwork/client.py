@@ -751,7 +751,7 @@ class InferStream:
         self._pacer = Pacer(_interval_us(interval_us))
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future] = {}
-        self._sent: dict[int, tuple[int, float]] = {}  # client id -> (send time, SLO ms)
+        self._sent: dict[int, tuple[int, float]] = {}  # client id -> (submit time, SLO ms; 0: the default)
         self._due: list[tuple[int, int]] = []  # (give-up time, client id) heap
         self._queue: list[pb.InferRequest] = []  # submitted, not yet sent
         self._sizes: list[int] = []  # their sizes in bytes
@@ -854,8 +854,10 @@ class InferStream:
             req.skip_outputs = True
         self._waiting[cid] = fut
         slo = req.slo_ms
-        if 0 < slo < 1e9:  # (a nonsense SLO: the controller refuses it)
-            t = time.monotonic_ns()
+        t = time.monotonic_ns()
+        if not 0 < slo < 1e9:  # the default SLO (or a nonsense one: the controller refuses it)
+            self._sent[cid] = (t, 0.0)  # (its wait here still counts: queued_ns)
+        else:
             self._sent[cid] = (t, slo)
             due = self._due
             if len(due) > 2 * len(self._sent) + 64:  # answered ones (SLOs up to a day)

@@ -17,7 +17,9 @@
   ended with ``RESOURCE_EXHAUSTED`` and its buffered and later replies are dropped (the
   requests are still answered exactly once inside, counted ``replies_discarded``).
   A message's ``client_time_ns`` is used only when it can be a reading of the clock the
-  stream's other messages read (:class:`ClientClock`).
+  stream's other messages read (:class:`ClientClock`). Replies are paced (one message
+  per ``reply_interval_us`` on a busy stream), but none is held past one interval
+  before its request's SLO ends (:func:`reply_dues`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from clockwork.actions import RequestStatus
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol.pacing import Pacer
 from clockwork.protocol.ratelog import LogLimiter
+from clockwork.time import MAX_SLO_MS
 
 # one line a second of each kind, per process (a misbehaving client must not flood the log)
 _ADMIT_LOG = LogLimiter("controller")
@@ -238,7 +241,8 @@ class ClientClock:
 class _Stream:
     """One ``InferStream`` call's state."""
 
-    __slots__ = ("open", "done", "dead", "buffered", "out", "wake", "why")
+    __slots__ = ("open", "done", "dead", "buffered", "out", "wake", "why", "dues", "due",
+                 "send_at")
 
     def __init__(self) -> None:
         self.open = 0  # requests admitted, not yet answered
@@ -248,6 +252,12 @@ class _Stream:
         self.out: deque[tuple[pb.InferResponse, int]] = deque()
         self.wake = asyncio.Event()
         self.why = ""
+        # paced replies: by client id, when each admitted request's reply must go at the
+        # latest (``reply_due``); the soonest of those waiting in out (0: none); and when
+        # the writer, asleep, will send next (0: it is not, any reply wakes it)
+        self.dues: dict[int, int] = {}
+        self.due = 0
+        self.send_at = 0
 
 
 async def serve_stream(node, requests, context) -> None:
@@ -262,7 +272,11 @@ async def serve_stream(node, requests, context) -> None:
     cap = lim.stream_reply_buffer_bytes
     killed = asyncio.Event()
 
+    interval = round(node.reply_interval_us * 1000)  # ns; 0: replies are not paced
+    dues = st.dues
+
     def reply(resp: pb.InferResponse) -> None:
+        due = dues.pop(resp.client_id, 0) if dues else 0
         if st.dead:
             node.count("replies_discarded")
             return
@@ -277,7 +291,11 @@ async def serve_stream(node, requests, context) -> None:
             _close(st)
             killed.set()
             return
-        st.wake.set()
+        if due and (not st.due or due < st.due):
+            st.due = due
+        # (a writer asleep until its next slot is woken only by a reply due before it)
+        if not st.send_at or (due and due < st.send_at):
+            st.wake.set()
 
     def deliver(resp: pb.InferResponse) -> None:
         st.open -= 1
@@ -295,6 +313,8 @@ async def serve_stream(node, requests, context) -> None:
         if n:
             st.open += n
             gate.enter(conn, n)
+            if interval:
+                reply_dues(dues, reqs, n, now_ns() - late, node.cfg.default_slo, interval)
             submit_guarded(node, reqs if n == k else reqs[:n], deliver, late)
         for req in reqs[n:]:
             reply(overloaded(node, req, why))
@@ -332,8 +352,26 @@ async def serve_stream(node, requests, context) -> None:
         wake = st.wake
         while True:
             await wake.wait()
-            if out:
-                await pacer.wait()  # under load: one message per interval
+            if out:  # under load: one message per interval, but no reply past its due
+                at = pacer.slot()
+                while at:
+                    if st.due and st.due < at:
+                        at = st.due
+                    delay = at - now_ns()
+                    if delay <= 0:
+                        break
+                    st.send_at = at
+                    wake.clear()
+                    try:
+                        async with asyncio.timeout(delay / 1e9):
+                            await wake.wait()  # a reply due sooner, or the stream's end
+                    except TimeoutError:
+                        break
+                    finally:
+                        st.send_at = 0
+                    if st.dead or rtask.done():
+                        break
+                pacer.sent()
             wake.clear()
             while out:
                 batch: list[pb.InferResponse] = []
@@ -346,6 +384,7 @@ async def serve_stream(node, requests, context) -> None:
                 pacer.note(len(batch))
                 node.count("msgs_to_clients")
                 await context.write(pb.InferResponseBatch(responses=batch))
+            st.due = 0  # (none is waiting)
             if st.done and st.open <= 0 and not out:
                 return
             if rtask.done() and not st.done:
@@ -374,6 +413,27 @@ async def serve_stream(node, requests, context) -> None:
         _close(st)
         for t in (rtask, wtask, ktask):
             t.cancel()
+
+
+def reply_dues(dues: dict[int, int], reqs, n: int, sent: int, default_slo: int,
+               interval: int) -> None:
+    """When the replies of the first ``n`` of ``reqs`` (a stream message's requests, sent
+    at ``sent`` on our clock as far as we can tell) must go at the latest, into ``dues``
+    by client id: one pacing ``interval`` before the request's SLO ends (less its wait in
+    the client, ``queued_ns``), so that pacing, which holds a reply for the stream's next
+    message, never makes an answer late that the scheduler made in time. A request with
+    an SLO that is not a positive number of milliseconds below ``MAX_SLO_MS`` has none
+    (it is answered at once, as invalid, and nothing is due)."""
+    for i in range(n):
+        req = reqs[i]
+        slo_ms = req.slo_ms
+        if not slo_ms:
+            slo = default_slo
+        elif 0 < slo_ms <= MAX_SLO_MS:
+            slo = int(slo_ms * 1_000_000)
+        else:
+            continue
+        dues[req.client_id] = sent - min(req.queued_ns, CLIENT_CLOCK_WINDOW_NS) + slo - interval
 
 
 def _close(st: _Stream) -> None:

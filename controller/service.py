@@ -109,7 +109,7 @@ from clockwork.tensors import (
 from clockwork.time import MAX_SLO_MS, ms
 from controller import make_policy, policy_class, split_settings
 from controller.config import SchedulerConfig
-from controller.intake import Gate, serve_stream, submit_unary
+from controller.intake import CLIENT_CLOCK_WINDOW_NS, Gate, serve_stream, submit_unary
 from controller.limits import Limits, limits_from_flags
 from controller.loop import ControllerLoop, Liveness
 from controller.metrics import ControllerMetrics
@@ -148,9 +148,6 @@ WORKER_CHANNEL_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.initial_reconnect_backoff_ms"
                           ("grpc.min_reconnect_backoff_ms", 100),
                           ("grpc.max_reconnect_backoff_ms", 500), *keepalive.CHANNEL]
 SERVER_OPTIONS = [*CHANNEL_OPTIONS, *LISTEN_OPTIONS, *keepalive.SERVER]
-# a stream request's wait in its client (InferRequest.queued_ns) is charged up to this
-# (as a message's delay on the way is: controller.intake.CLIENT_CLOCK_WINDOW_NS)
-MAX_QUEUED_NS = 60 * 1_000_000_000
 # the model repository
 MAX_COPIES = 1024  # instances one load may make
 MAX_SERVED = MAX_INSTANCES  # instances served at once (--models, then loads)
@@ -1420,7 +1417,7 @@ class ControllerNode:
         if budget is not None and budget < (slo or self.cfg.default_slo):
             slo = max(1, budget)  # the client's call ends sooner than its SLO
         if not typed and req.queued_ns:  # its wait in the client before it was sent
-            late += min(req.queued_ns, MAX_QUEUED_NS)
+            late += min(req.queued_ns, CLIENT_CLOCK_WINDOW_NS)  # (as a message's delay)
         r = Request(rid, req.model, now - late, slo, tagged, inputs)  # inputs: list[Tensor]
         if req.skip_outputs:
             r.want_outputs = False

@@ -58,14 +58,22 @@ class Pacer:
             self.busy = rate > k * self.busy_rate and share > k * CPU_BUSY
             self._count, self._since, self._cpu_since = 0, now, cpu
 
+    def slot(self) -> int:
+        """When the next message may go (``time.monotonic_ns``): the end of the interval
+        after the previous one on a busy stream; 0 (now) on a quiet one or without
+        pacing. The sender calls ``sent`` as it sends."""
+        return self.last + self.interval if self.interval and self.busy else 0
+
+    def sent(self) -> None:
+        self.last = time.monotonic_ns()
+
     async def wait(self) -> None:
         """Before sending: on a busy stream, sleep out the rest of the interval."""
-        if self.interval and self.busy:
-            delay = self.last + self.interval - time.monotonic_ns()
-            if delay > 0:
-                # imported here, not at the top: the CLI reads this module's defaults,
-                # and a simulation should not pay for importing asyncio (~0.1 s)
-                import asyncio
+        delay = self.slot() - time.monotonic_ns()
+        if delay > 0:
+            # imported here, not at the top: the CLI reads this module's defaults,
+            # and a simulation should not pay for importing asyncio (~0.1 s)
+            import asyncio
 
-                await asyncio.sleep(delay / 1e9)
-        self.last = time.monotonic_ns()
+            await asyncio.sleep(delay / 1e9)
+        self.sent()

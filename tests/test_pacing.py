@@ -1,0 +1,74 @@
+"""Stream pacing (``clockwork.protocol.pacing``): a busy stream sends one message per
+interval, but the controller never holds a reply past one interval before its request's
+SLO ends. Controller (with its clockwork.v1 gRPC service) and an emulated worker in this
+process, the stock ``clockwork.AsyncClient`` on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+
+import clockwork
+from clockwork.protocol import clockwork_pb2_grpc as pbg
+from clockwork.protocol.pacing import Pacer
+from tests.test_faults_live import _serve_in_process
+
+INTERVAL_US = 400_000.0  # the controller's reply pacing here: 400 ms
+
+
+class _Busy(Pacer):
+    """A pacer that paces from the first message (no rate or CPU to reach first)."""
+
+    def __init__(self, interval_us: float, busy_rate: float = 0.0) -> None:
+        super().__init__(interval_us, 0.0)
+
+
+def test_a_paced_reply_goes_before_its_slo_ends(monkeypatch):
+    """Replies were held for the stream's next message whatever their SLO: with the
+    controller's replies paced at 400 ms, a request with a 100 ms SLO answered in a few
+    milliseconds reached the client after its SLO (status TIMEOUT, reason ``late``). A
+    reply now goes no later than one interval before its SLO ends (here: at once); one
+    whose SLO leaves room still waits for the next message."""
+    from controller import intake
+    from controller.service import ClockworkServicer, ControllerNode
+    from worker.service import WorkerNode
+
+    monkeypatch.setattr(intake, "Pacer", _Busy)
+
+    async def main():
+        wnode = WorkerNode(gpus=1, pages=100)
+        address, stop, served = await _serve_in_process(wnode)
+        node = ControllerNode([address], "v100-reference", models="mobilenet_v2",
+                              reply_interval_us=INTERVAL_US)
+        await node.start()
+        server = grpc.aio.server()
+        pbg.add_ClockworkServicer_to_server(ClockworkServicer(node), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with clockwork.AsyncClient(f"127.0.0.1:{port}", timeout=10) as c:
+                s = c.stream()
+                first = await asyncio.wait_for(s.submit("mobilenet_v2", slo_ms=5000), 10)
+                t0 = time.monotonic()  # the stream's first reply went: the next slot is
+                urgent = await asyncio.wait_for(s.submit("mobilenet_v2", slo_ms=100), 10)
+                urgent_s = time.monotonic() - t0
+                t1 = time.monotonic()
+                relaxed = await asyncio.wait_for(s.submit("mobilenet_v2", slo_ms=5000), 10)
+                relaxed_s = time.monotonic() - t1
+                await s.close()
+        finally:
+            await server.stop(None)
+            await node.stop()
+            stop.set()
+            await served
+        return first, urgent, urgent_s, relaxed, relaxed_s
+
+    first, urgent, urgent_s, relaxed, relaxed_s = asyncio.run(asyncio.wait_for(main(), 60))
+    assert first.status == 0
+    assert urgent.status == 0, (urgent.reason, urgent.message)
+    assert urgent_s < 0.1
+    assert relaxed.status == 0
+    # (held for the slot after the urgent reply's message: pacing still batches)
+    assert relaxed_s > 0.5 * INTERVAL_US / 1e6
