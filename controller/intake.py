@@ -18,8 +18,8 @@
   requests are still answered exactly once inside, counted ``replies_discarded``).
   A message's ``client_time_ns`` is used only when it can be a reading of the clock the
   stream's other messages read (:class:`ClientClock`). Replies are paced (one message
-  per ``reply_interval_us`` on a busy stream), but none is held past one interval
-  before its request's SLO ends (:func:`reply_dues`).
+  per ``reply_interval_us`` on a busy stream), but a successful one still in time is
+  not held past one interval before its request's SLO ends (:func:`reply_dues`).
 """
 
 from __future__ import annotations
@@ -272,7 +272,8 @@ async def serve_stream(node, requests, context) -> None:
     cap = lim.stream_reply_buffer_bytes
     killed = asyncio.Event()
 
-    interval = round(node.reply_interval_us * 1000)  # ns; 0: replies are not paced
+    pacer = Pacer(node.reply_interval_us)
+    interval = pacer.interval  # ns; 0: replies are not paced
     dues = st.dues
 
     def reply(resp: pb.InferResponse) -> None:
@@ -291,6 +292,8 @@ async def serve_stream(node, requests, context) -> None:
             _close(st)
             killed.set()
             return
+        if due and (resp.status or now_ns() >= due + interval):
+            due = 0  # a failure, or past its SLO already: no hurry
         if due and (not st.due or due < st.due):
             st.due = due
         # (a writer asleep until its next slot is woken only by a reply due before it)
@@ -313,7 +316,7 @@ async def serve_stream(node, requests, context) -> None:
         if n:
             st.open += n
             gate.enter(conn, n)
-            if interval:
+            if interval and pacer.busy:  # (a quiet stream holds no reply)
                 reply_dues(dues, reqs, n, now_ns() - late, node.cfg.default_slo, interval)
             submit_guarded(node, reqs if n == k else reqs[:n], deliver, late)
         for req in reqs[n:]:
@@ -347,7 +350,6 @@ async def serve_stream(node, requests, context) -> None:
         st.wake.set()
 
     async def writer() -> None:
-        pacer = Pacer(node.reply_interval_us)
         limit = lim.reply_message_bytes
         wake = st.wake
         while True:

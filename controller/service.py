@@ -1625,7 +1625,8 @@ class ControllerNode:
                     f"a worker cannot serve profile {profile!r} ({where}): no such profile in "
                     "its profile set" + ("" if self.links[0].state is None
                                          or self.links[0].state.device == "emulated"
-                                         else ", or no model package (see clockwork compile)")))
+                                         else ", or no model package (see clockwork compile)")
+                    + ", or adding it failed there (the worker's log says why)"))
             committed = True
             now = now_ns()
             out: list[Action] = []

@@ -72,3 +72,50 @@ def test_a_paced_reply_goes_before_its_slo_ends(monkeypatch):
     assert relaxed.status == 0
     # (held for the slot after the urgent reply's message: pacing still batches)
     assert relaxed_s > 0.5 * INTERVAL_US / 1e6
+
+
+def test_answers_past_their_slo_are_paced_as_before(monkeypatch):
+    """A reply already past its SLO (or a failure) gains nothing by going early: each
+    such reply woke the writer and went in a message of its own, so under overload, when
+    pacing matters most, replies were no longer paced. Twenty requests whose SLO cannot
+    be met (1 us), submitted 10 ms apart, are answered TIMEOUT at once: their replies
+    share the stream's next message or two, not one message each."""
+    from controller import intake
+    from controller.service import ClockworkServicer, ControllerNode
+    from worker.service import WorkerNode
+
+    monkeypatch.setattr(intake, "Pacer", _Busy)
+
+    async def main():
+        wnode = WorkerNode(gpus=1, pages=100)
+        address, stop, served = await _serve_in_process(wnode)
+        node = ControllerNode([address], "v100-reference", models="mobilenet_v2",
+                              reply_interval_us=INTERVAL_US)
+        await node.start()
+        server = grpc.aio.server()
+        pbg.add_ClockworkServicer_to_server(ClockworkServicer(node), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with clockwork.AsyncClient(f"127.0.0.1:{port}", timeout=10) as c:
+                s = c.stream()
+                first = await asyncio.wait_for(s.submit("mobilenet_v2", slo_ms=5000), 10)
+                sent = node.counters.get("msgs_to_clients", 0)
+                futs = []
+                for _ in range(20):  # (spread over 0.2 s, inside one 0.4 s interval)
+                    futs.append(s.submit("mobilenet_v2", slo_ms=0.001))
+                    await asyncio.sleep(0.01)
+                hopeless = await asyncio.wait_for(asyncio.gather(*futs), 10)
+                msgs = node.counters.get("msgs_to_clients", 0) - sent
+                await s.close()
+        finally:
+            await server.stop(None)
+            await node.stop()
+            stop.set()
+            await served
+        return first, hopeless, msgs
+
+    first, hopeless, msgs = asyncio.run(asyncio.wait_for(main(), 60))
+    assert first.status == 0
+    assert {r.status for r in hopeless} == {4}
+    assert msgs <= 3, msgs

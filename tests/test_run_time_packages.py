@@ -402,3 +402,44 @@ def test_a_worker_silent_while_it_takes_a_load_fails_that_load(monkeypatch, live
             await served
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_worker_that_fails_to_apply_a_load_answers_it_at_once(monkeypatch):
+    """A worker whose InstanceUpdate raised logged it and never answered, while it went
+    on answering echoes: the controller, which waits as long as it hears from a worker,
+    held the load (and any unload of the model) for ``UPDATE_MAX_S``. The worker now
+    answers such an update with every instance it named missing: the load fails at once
+    (NOT_FOUND) and leaves nothing. Controller and emulated worker in this process."""
+    from controller import service as controller_service
+    from controller.service import ControllerNode, RepositoryError
+    from worker import service
+
+    monkeypatch.setattr(controller_service, "UPDATE_TIMEOUT_S", 30.0)
+    monkeypatch.setattr(controller_service, "UPDATE_MAX_S", 60.0)
+    update = service.WorkerNode.update
+
+    def broken(self, u):
+        if any(i.name == "boom" for i in u.add):
+            raise RuntimeError("a bug in update")
+        return update(self, u)
+
+    monkeypatch.setattr(service.WorkerNode, "update", broken)
+
+    async def main():
+        wnode = service.WorkerNode(gpus=1, pages=100)
+        address, stop, served = await _serve_in_process(wnode)
+        node = ControllerNode([address], "v100-reference", models="resnet50_v2")
+        await node.start()
+        try:
+            with pytest.raises(RepositoryError, match="adding it failed there") as e:
+                await asyncio.wait_for(node.load_model("boom", profile="mobilenet_v2"), 10)
+            assert e.value.code.name == "NOT_FOUND"
+            assert node.model_state("boom") is None and "boom" not in node.instances
+            assert await node.load_model("fine", profile="mobilenet_v2") == ["fine"]
+            assert (await _answer(node, "fine")).status == 0
+        finally:
+            await node.stop()
+            stop.set()
+            await served
+
+    asyncio.run(asyncio.wait_for(main(), 60))

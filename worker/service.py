@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hmac
 import signal
 import sys
@@ -1105,6 +1106,12 @@ class _Session:
                 self.wake.set()
         except Exception as e:  # noqa: BLE001 - one bad message, not the stream
             node._complain(f"a {kind} message from the controller failed: {e!r}", e)
+            if kind == "update":  # answered all the same (the controller waits for it):
+                with contextlib.suppress(Exception):  # none of its instances was added
+                    st = node.state([i.name for i in msg.update.add])
+                    st.update_seq = msg.update.seq
+                    self.states.append(st)
+                    self.wake.set()
         return True
 
     async def outgoing(self, rtask: asyncio.Task, fast: bool):
