@@ -7,6 +7,8 @@ and on the fast link alike, and serving on; the controller never writes a larger
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import queue
 import time
 from types import SimpleNamespace
 
@@ -100,8 +102,14 @@ def test_worker_refuses_a_message_of_too_many_actions_and_serves_on(fast):
 
         asyncio.run(asyncio.wait_for(main(), 60))
         assert w.proc.poll() is None
-        log = "".join(w.output)
-        assert f"worker: refused a message of {MAX + 1} actions" in log, log
+        # (its line reaches us through a pipe and a thread: waited for, line by line)
+        want = f"worker: refused a message of {MAX + 1} actions"
+        deadline = time.monotonic() + 20
+        while want not in (log := "".join(w.output)):
+            left = deadline - time.monotonic()
+            assert left > 0, log
+            with contextlib.suppress(queue.Empty):
+                w.lines.get(timeout=left)
         assert "Traceback" not in log, log
     finally:
         w.stop()
