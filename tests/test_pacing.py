@@ -1,7 +1,8 @@
 """Stream pacing (``clockwork.protocol.pacing``): a busy stream sends one message per
 interval, but the controller never holds a reply past one interval before its request's
-SLO ends. Controller (with its clockwork.v1 gRPC service) and an emulated worker in this
-process, the stock ``clockwork.AsyncClient`` on loopback."""
+SLO ends, nor a worker a result past one interval before its batch's deadline. Controller
+(with its clockwork.v1 gRPC service) and an emulated worker in this process, the stock
+``clockwork.AsyncClient`` on loopback."""
 
 from __future__ import annotations
 
@@ -119,3 +120,50 @@ def test_answers_past_their_slo_are_paced_as_before(monkeypatch):
     assert first.status == 0
     assert {r.status for r in hopeless} == {4}
     assert msgs <= 3, msgs
+
+
+def test_a_paced_result_goes_before_its_deadline(monkeypatch):
+    """The same on the worker's side: with its results paced at 400 ms, the result of an
+    INFER for a request with a 100 ms SLO waited for the worker's next message and the
+    answer reached the client late. A worker now holds a result no later than one
+    interval before the deadline its batch was planned for (``ActionMsg.answer_by``);
+    one whose deadline leaves room still waits for the next message."""
+    from controller.service import ClockworkServicer, ControllerNode
+    from worker import service
+    from worker.service import WorkerNode
+
+    monkeypatch.setattr(service, "Pacer", _Busy)
+
+    async def main():
+        wnode = WorkerNode(gpus=1, pages=100, result_interval_us=INTERVAL_US)
+        address, stop, served = await _serve_in_process(wnode)
+        node = ControllerNode([address], "v100-reference", models="mobilenet_v2")
+        await node.start()
+        server = grpc.aio.server()
+        pbg.add_ClockworkServicer_to_server(ClockworkServicer(node), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with clockwork.AsyncClient(f"127.0.0.1:{port}", timeout=10) as c:
+                s = c.stream()
+                first = await asyncio.wait_for(s.submit("mobilenet_v2", slo_ms=5000), 10)
+                t0 = time.monotonic()
+                urgent = await asyncio.wait_for(s.submit("mobilenet_v2", slo_ms=100), 10)
+                urgent_s = time.monotonic() - t0
+                t1 = time.monotonic()
+                relaxed = await asyncio.wait_for(s.submit("mobilenet_v2", slo_ms=5000), 10)
+                relaxed_s = time.monotonic() - t1
+                await s.close()
+        finally:
+            await server.stop(None)
+            await node.stop()
+            stop.set()
+            await served
+        return first, urgent, urgent_s, relaxed, relaxed_s
+
+    first, urgent, urgent_s, relaxed, relaxed_s = asyncio.run(asyncio.wait_for(main(), 60))
+    assert first.status == 0
+    assert urgent.status == 0, (urgent.reason, urgent.message)
+    assert urgent_s < 0.1
+    assert relaxed.status == 0
+    assert relaxed_s > 0.5 * INTERVAL_US / 1e6  # (pacing still batches)

@@ -169,6 +169,12 @@ class WorkerNode:
         self._inputs: dict[int, list[Tensor]] = {}  # INFER id -> its batch's inputs
         self._want: set[int] = set()  # INFERs whose output tensors go back
         self.result_interval_us = result_interval_us  # pacing of result messages
+        # paced results: by INFER id, when its answer is due (``ActionMsg.answer_by``);
+        # the soonest of those waiting in _out, less an interval (0: none); and when the
+        # session's writer, asleep, sends next (0: it is not, any result wakes it)
+        self._answer_by: dict[int, int] = {}
+        self._out_due = 0
+        self._send_at = 0
         # results to send, in order: (Result, output tensors to send or None), or the
         # ResultMsg answering a malformed action; ``_out_bytes``: their bytes, estimated
         self._out: deque[tuple[Result, list[Tensor] | None] | pb.ResultMsg] = deque()
@@ -213,6 +219,8 @@ class WorkerNode:
             self.wloop.reset(self.worker_id, self.executors)
         self._inputs = {}
         self._want = set()
+        self._answer_by = {}
+        self._out_due = 0
         self._out = deque()
         self._out_bytes = 0
         self._room.set()
@@ -523,6 +531,8 @@ class WorkerNode:
                 continue
             if m.want_outputs:
                 self._want.add(a.id)
+            if m.answer_by and self.result_interval_us:
+                self._answer_by[a.id] = m.answer_by
             if inputs:
                 self._inputs[a.id] = inputs
             actions.append(a)
@@ -629,20 +639,36 @@ class WorkerNode:
             return
         want = self._want
         out = self._out
+        by = self._answer_by
+        urgent = 0  # the soonest a result here must go (0: none is in a hurry)
         size = 0
         for r in results:
             outs = None
-            if r.type == ActionType.INFER and r.id in want:
-                want.discard(r.id)
-                if r.status == ErrorCode.SUCCESS:
-                    # a real device's output Tensors; the emulated device has none and
-                    # sends none (the controller answers zeros of the output shapes)
-                    outs = r.outputs
+            if r.type == ActionType.INFER:
+                if r.id in want:
+                    want.discard(r.id)
+                    if r.status == ErrorCode.SUCCESS:
+                        # a real device's output Tensors; the emulated device has none and
+                        # sends none (the controller answers zeros of the output shapes)
+                        outs = r.outputs
+                if by:
+                    due = by.pop(r.id, 0)
+                    if due and r.status == ErrorCode.SUCCESS and (not urgent or due < urgent):
+                        urgent = due
             item = (r, outs or None)  # a message when sent: outputs in it or attached
             out.append(item)
             size += _backlog_bytes(item)
         self._out_bytes += size
-        self._out_ready.set()
+        if urgent:
+            if now_ns() < urgent:  # (past its deadline already: no hurry)
+                urgent -= round(self.result_interval_us * 1000)
+                if not self._out_due or urgent < self._out_due:
+                    self._out_due = urgent
+            else:
+                urgent = 0
+        # (a writer asleep until its next slot is woken only by a result due before it)
+        if not self._send_at or (urgent and urgent < self._send_at):
+            self._out_ready.set()
 
     def take_message(self, attach: list | None = None) -> pb.WorkerMessage | None:
         """The next results ready to send as one message (None: none), built in place,
@@ -1131,13 +1157,30 @@ class _Session:
                 yield pb.WorkerMessage(echo=echoes.pop(0)), ()
             while states:
                 yield pb.WorkerMessage(state=states.pop(0)), ()
-            if node._out:
-                await pacer.wait()  # under load: one message per interval
+            if node._out:  # under load: one message per interval, but none past its due
+                at = pacer.slot()
+                if node._out_due and node._out_due < at:
+                    at = node._out_due
+                delay = at - now_ns() if at else 0
+                if delay > 0:
+                    node._send_at = at
+                    try:
+                        async with asyncio.timeout(delay / 1e9):
+                            await wake.wait()  # a result due sooner, an echo, a state
+                    except TimeoutError:
+                        pass
+                    finally:
+                        node._send_at = 0
+                    if wake.is_set() and not rtask.done():
+                        continue  # (what woke it goes first; then the slot again)
+                pacer.sent()
             attach: list | None = [] if fast else None
             msg = node.take_message(attach)
             if msg is not None:
                 pacer.note(len(msg.results.results))
                 yield msg, attach or ()
+            if not node._out:
+                node._out_due = 0  # (none is waiting)
 
 
 async def serve_worker(host: str, port: int, node: WorkerNode, ready=None,

@@ -86,6 +86,11 @@ def _fill_action(m: pb.ActionMsg, a: Action, offset: int) -> None:
     m.expected_duration = a.expected_duration
     m.batch_size = a.batch_size
     m.version = a.version
+    reqs = a.requests
+    if reqs:  # (its requests' deadlines, as the scheduler set them: 0 where none did)
+        by = min(r.deadline for r in reqs)
+        if by > 0:
+            m.answer_by = by + offset
 
 
 def msg_to_action(m: pb.ActionMsg, worker: int = 0) -> Action:
