@@ -10,6 +10,7 @@ import asyncio
 import time
 
 import grpc
+import pytest
 
 import clockwork
 from clockwork.protocol import clockwork_pb2_grpc as pbg
@@ -167,3 +168,82 @@ def test_a_paced_result_goes_before_its_deadline(monkeypatch):
     assert urgent_s < 0.1
     assert relaxed.status == 0
     assert relaxed_s > 0.5 * INTERVAL_US / 1e6  # (pacing still batches)
+
+
+@pytest.mark.parametrize("case", ["one urgent result", "clock offset"])
+def test_a_busy_result_stream_stays_paced(monkeypatch, case):
+    """A worker's session writer (``_Session.outgoing``) fed a result every 2 ms, each
+    message taking 3 ms to write, results paced at 50 ms: about one message per interval.
+    Two ways pacing was lost for good: one urgent result left its due behind (cleared
+    only when a write ended with nothing queued, which under load it never did), so every
+    later message went at once; and a worker run with ``--clock-offset-ms`` compared the
+    pacer's clock with its own (an offset ahead: no message ever waited)."""
+    from clockwork.actions import ActionType, ErrorCode, Result
+    from clockwork.protocol.holding import Holder
+    from worker import service
+
+    monkeypatch.setattr(service, "Pacer", _Busy)
+    if case == "clock offset":
+        monkeypatch.setattr(service, "_OFFSET", 300_000_000)
+
+    async def main():
+        node = service.WorkerNode(gpus=1, pages=100, result_interval_us=50_000.0)
+        session = service._Session(node, False, lambda *a: None, Holder("c", 0, "c", "p", 0.0))
+        reader = asyncio.create_task(asyncio.Event().wait())  # (the controller's side: open)
+        done = asyncio.Event()
+
+        async def results():
+            k = 0
+            while not done.is_set():
+                k += 1
+                if case == "one urgent result" and k == 20:  # due in 150 ms
+                    node._answer_by[k] = service.now_ns() + 150_000_000
+                node._emit([Result(k, ActionType.INFER, ErrorCode.SUCCESS, 0, 0, "m", 1)])
+                await asyncio.sleep(0.002)
+
+        feeder = asyncio.create_task(results())
+        messages = 0
+        t0 = time.monotonic()
+        async for _msg, _ in session.outgoing(reader, fast=False):
+            messages += 1
+            await asyncio.sleep(0.003)  # (the write)
+            if time.monotonic() - t0 > 0.6:
+                break
+        done.set()
+        await feeder
+        reader.cancel()
+        return messages
+
+    messages = asyncio.run(asyncio.wait_for(main(), 30))
+    assert 5 <= messages <= 25, messages  # ~13 at one per 50 ms; hundreds unpaced
+
+
+def test_a_session_writer_ends_with_its_reader_once_its_results_are_sent(monkeypatch):
+    """The controller's side of a session ends while results are still queued: the
+    writer sends them and ends. The reader's end woke it once, and a round that had
+    results to send took that wake: the writer then waited for another for ever, holding
+    the session (and the worker) open."""
+    from clockwork.actions import ActionType, ErrorCode, Result
+    from clockwork.protocol.holding import Holder
+    from worker import service
+
+    async def main():
+        node = service.WorkerNode(gpus=1, pages=100)
+        session = service._Session(node, False, lambda *a: None, Holder("c", 0, "c", "p", 0.0))
+        ended = asyncio.Event()
+
+        async def reader():
+            await ended.wait()
+
+        rtask = asyncio.create_task(reader())
+        node._emit([Result(1, ActionType.INFER, ErrorCode.SUCCESS, 0, 0, "m", 1)])
+        sent = 0
+        async for _msg, _ in session.outgoing(rtask, fast=False):
+            sent += 1
+            if sent == 1:  # the reader ends while a result is still queued
+                node._emit([Result(2, ActionType.INFER, ErrorCode.SUCCESS, 0, 0, "m", 1)])
+                ended.set()
+                await rtask
+        return sent
+
+    assert asyncio.run(asyncio.wait_for(main(), 10)) == 2

@@ -173,7 +173,7 @@ class WorkerNode:
         # the soonest of those waiting in _out, less an interval (0: none); and when the
         # session's writer, asleep, sends next (0: it is not, any result wakes it)
         self._answer_by: dict[int, int] = {}
-        self._out_due = 0
+        self._out_due = 0  # (time.monotonic_ns, as the pacer's)
         self._send_at = 0
         # results to send, in order: (Result, output tensors to send or None), or the
         # ResultMsg answering a malformed action; ``_out_bytes``: their bytes, estimated
@@ -531,7 +531,7 @@ class WorkerNode:
                 continue
             if m.want_outputs:
                 self._want.add(a.id)
-            if m.answer_by and self.result_interval_us:
+            if m.answer_by and self.result_interval_us and a.type == ActionType.INFER:
                 self._answer_by[a.id] = m.answer_by
             if inputs:
                 self._inputs[a.id] = inputs
@@ -661,7 +661,9 @@ class WorkerNode:
         self._out_bytes += size
         if urgent:
             if now_ns() < urgent:  # (past its deadline already: no hurry)
-                urgent -= round(self.result_interval_us * 1000)
+                # due one interval before it, on the pacer's clock (the worker's clock
+                # less --clock-offset-ms)
+                urgent -= _OFFSET + round(self.result_interval_us * 1000)
                 if not self._out_due or urgent < self._out_due:
                     self._out_due = urgent
             else:
@@ -678,6 +680,7 @@ class WorkerNode:
         out = self._out
         if not out:
             self._out_ready.clear()
+            self._out_due = 0
             return None
         msg = pb.WorkerMessage()
         field = msg.results.results
@@ -709,6 +712,7 @@ class WorkerNode:
             self._out_bytes -= taken
         if not out:
             self._out_ready.clear()
+            self._out_due = 0  # (none is waiting; a partial message leaves it as it was)
         if self._out_bytes <= RESULT_BACKLOG_BYTES:
             self._room.set()
         return msg
@@ -1149,6 +1153,8 @@ class _Session:
         pacer = Pacer(node.result_interval_us)
         while self.active:
             if not node._out and not echoes and not states:
+                if rtask.done():  # (its wake may have been taken by a round with work)
+                    return
                 await wake.wait()
                 if rtask.done() or not self.active:
                     return
@@ -1161,7 +1167,7 @@ class _Session:
                 at = pacer.slot()
                 if node._out_due and node._out_due < at:
                     at = node._out_due
-                delay = at - now_ns() if at else 0
+                delay = at - time.monotonic_ns() if at else 0
                 if delay > 0:
                     node._send_at = at
                     try:
@@ -1179,8 +1185,6 @@ class _Session:
             if msg is not None:
                 pacer.note(len(msg.results.results))
                 yield msg, attach or ()
-            if not node._out:
-                node._out_due = 0  # (none is waiting)
 
 
 async def serve_worker(host: str, port: int, node: WorkerNode, ready=None,
