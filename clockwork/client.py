@@ -557,7 +557,9 @@ class Client:
         package (a directory inside each worker's package directory). Raises
         ``UnknownModel`` (no such profile or package), ``InvalidRequest`` (a bad name
         or count, or ``name`` loaded otherwise: unload it first) or
-        ``RepositoryUnavailable``."""
+        ``RepositoryUnavailable``. ``timeout`` (default: the client's): a cuda worker
+        builds a new package's kernels first, a minute or more the first time on a
+        machine; a call that ends sooner loads nothing."""
         req = _load_request(name, copies, profile, package)
         timeout = _per_call(timeout, self.timeout)
         try:

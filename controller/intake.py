@@ -423,9 +423,9 @@ def reply_dues(dues: dict[int, int], reqs, n: int, sent: int, default_slo: int,
     at ``sent`` on our clock as far as we can tell) must go at the latest, into ``dues``
     by client id: one pacing ``interval`` before the request's SLO ends (less its wait in
     the client, ``queued_ns``), so that pacing, which holds a reply for the stream's next
-    message, never makes an answer late that the scheduler made in time. A request with
-    an SLO that is not a positive number of milliseconds below ``MAX_SLO_MS`` has none
-    (it is answered at once, as invalid, and nothing is due)."""
+    message, never makes an answer late that the scheduler made in time. An SLO of 0
+    takes the default; one outside (0, ``MAX_SLO_MS``] has no due (it is answered at
+    once, as invalid)."""
     for i in range(n):
         req = reqs[i]
         slo_ms = req.slo_ms

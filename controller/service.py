@@ -401,8 +401,8 @@ class ControllerNode:
         self.unloading: set[str] = set()
         self.unloaded: dict[str, str] = {}  # instance -> the profile it had
         # loads and unloads of one model (a name and its copies' names) one at a time, in
-        # the order they came; of different models side by side (a load waits up to
-        # UPDATE_TIMEOUT_S for the workers: an unload of another model must not wait)
+        # the order they came; of different models side by side (a load may wait up to
+        # UPDATE_MAX_S for a worker it hears from: an unload of another model must not wait)
         self._model_locks: dict[str, list] = {}  # model -> [its asyncio.Lock, users]
         self._update_seq = 0
         self._unloads: set[asyncio.Task] = set()
@@ -1881,7 +1881,7 @@ class ClockworkServicer(pbg.ClockworkServicer):
         given = as_loaded(n, request.name, {"copies": request.copies or None,
                                             "profile": request.profile or None,
                                             "package": request.package or None})
-        if given is None:  # a copy's reload: as it is
+        if given is None:  # a copy served as asked: as it is
             return pb.LoadModelResponse(models=[n.model_info(request.name)])
         try:
             names = await n.load_model(request.name, given["copies"] or 1,

@@ -1051,7 +1051,7 @@ class _Session:
         """``handle``, but a Hello or an InstanceUpdate that brings instances of packages
         no device has read yet (``WorkerNode.unprepared``) has them read on a thread
         first: reading one takes from a fraction of a second (a library, weights into
-        host memory) to seconds (a cuda package's kernels not built at start), and the
+        host memory) to a minute or more (a cuda package's kernels not built at start), and the
         event loop runs the other models' actions meanwhile.
 
         An InstanceUpdate is applied (and answered) once its packages are read, after

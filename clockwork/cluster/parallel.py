@@ -8,10 +8,12 @@ and overrides, in whatever order or process they run.
 
 Each point has a folder under ``ROOT/points/``, named from its parameters (readable
 ``key=value`` parts and a hash of all of them, so a name never changes). A point is done
-when its ``summary.json`` exists and is a run's summary: that file is written last,
-atomically (a temporary file renamed), by the parent process, after the task returned. So
-a sweep stopped at any moment resumes where it left off, and a point whose folder is
-deleted (or whose ``summary.json`` is not a run's summary) runs again.
+when its ``summary.json`` exists and is a run's summary, and its ``point.json``'s
+``inputs_sha256`` matches its scenario file, profile set and traces as they are now
+(``point_digests``): ``summary.json`` is written last, atomically (a temporary file
+renamed), by the parent process, after the task returned. So a sweep stopped at any
+moment resumes where it left off, and a point whose folder is deleted (or whose
+``summary.json`` is not a run's summary, or whose files changed) runs again.
 
 Where tasks run is a *backend*: a function ``jobs -> concurrent.futures.Executor``,
 registered by name in ``BACKENDS``. ``local`` (the default) is a process pool on this

@@ -20,7 +20,7 @@ jobs, each round also simulates, ahead of need, the counts the search may ask fo
 (up to ``max(1, jobs // seeds)`` counts a round, in parallel), which saves rounds and
 changes nothing else; they are not in the curve. Every simulation is a
 ``clockwork.cluster.parallel`` point: cached per count for the run, and with ``--out``
-kept on disk, so a rerun reuses them.
+kept on disk, so a rerun reuses those whose files are unchanged.
 """
 
 from __future__ import annotations

@@ -193,12 +193,12 @@ class WorkerActor:
             self.index = index
             threading.Thread(target=self._main, args=(run,), name="clockwork-worker",
                              daemon=True).start()
-            # (a cuda worker builds its packages' kernels first: each one built gives it
-            # the wait again)
+            # (a cuda worker builds its packages' kernels first: each package built, and
+            # each note while one builds, gives it the wait again)
             while not run.ready.wait(1.0):
                 if time.monotonic() - run.progress > READY_TIMEOUT_S:
-                    raise TimeoutError(f"worker {index} did not listen in "
-                                       f"{READY_TIMEOUT_S:.0f} s")
+                    raise TimeoutError(f"worker {index} did not listen: no sign of life "
+                                       f"for {READY_TIMEOUT_S:.0f} s")
             if run.error is None:
                 break
             self._run, self.index = None, None

@@ -31,7 +31,7 @@ from clockwork.time import NS_PER_S, ms, sec
 
 TICK_S = 0.0005  # arrivals due within this of each other are sent in one message
 MESSAGES_KEPT, MESSAGE_CHARS = 50, 300  # failure messages counted apart, and their length
-STREAM_INTERVAL_US = 2000.0  # at most one request message per ms (clockwork.protocol.pacing)
+STREAM_INTERVAL_US = 2000.0  # at most one request message per 2 ms (clockwork.protocol.pacing)
 LONG_WAIT_S = 0.002  # longer waits also wake early for answers (closed loops resend)
 
 now_ns = time.monotonic_ns

@@ -110,8 +110,9 @@ class _Child:
 
     def wait_address(self, timeout: float) -> str:
         """The address the child prints once it listens. Each line it prints meanwhile
-        gives it ``timeout`` seconds more: a cuda worker says a line a package while it
-        builds kernels, which can take minutes the first time on a machine."""
+        gives it ``timeout`` seconds more: a cuda worker says a line a package (and one
+        every 10 s while one builds) while it builds kernels, which can take minutes the
+        first time on a machine."""
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()

@@ -24,7 +24,8 @@ overrides first, then the grid's, then the seed: its ``summary.json`` is byte fo
 the one that command writes. Points run as parallel tasks (``clockwork.cluster.parallel``);
 each writes ``OUT/points/<name>/`` (``point.json``: what it is and the command that runs
 it alone; ``run.json``; ``summary.json`` last), and a point whose ``summary.json`` exists
-is not run again. ``OUT/results.tsv`` and ``OUT/results.json`` hold one row per point in
+and whose files are as it ran on (``clockwork.cluster.parallel.done_summary``) is not run
+again. ``OUT/results.tsv`` and ``OUT/results.json`` hold one row per point in
 the order above; ``--plot`` draws SLO attainment and goodput against the first grid key
 into ``OUT/sweep.png``.
 """

@@ -9,7 +9,10 @@ low rates. "Busy" = more than ``busy_rate`` items (requests, actions, results) p
 over the last ``WINDOW`` *and* this process using more than ``CPU_BUSY`` of a core over
 that window (with a little hysteresis): pacing trades latency for CPU, so it is only
 worth it when CPU is short. The added delay is at most one interval (asyncio sleeps have
-~1 ms resolution).
+~1 ms resolution). The controller's reply writer (``controller.intake``) and a worker's
+result writer (``worker.service``) use ``slot``/``sent`` to send sooner a reply or result
+that is due (one interval before its SLO ends, or its batch's deadline); requests and
+actions are paced as they come.
 """
 
 from __future__ import annotations

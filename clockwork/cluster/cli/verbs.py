@@ -386,7 +386,9 @@ def add_controller(sub) -> None:
                    help="pacing: at most one action message per worker per interval; under "
                    f"load actions share messages (default {ACTION_INTERVAL_US:g}; 0: off)")
     p.add_argument("--reply-interval-us", type=t.nonneg_float, default=REPLY_INTERVAL_US,
-                   help="pacing of InferStream reply messages, per stream (default "
+                   help="pacing: on a busy InferStream at most one reply message per "
+                   "interval, but a successful reply still in time goes no later than one "
+                   "interval before its request's SLO ends (default "
                    f"{REPLY_INTERVAL_US:g}; 0: off)")
     p.add_argument("--limit", action="append", default=[], metavar="KEY=VALUE",
                    help="a bound on clients (repeatable): requests outstanding per stream, "
@@ -441,8 +443,10 @@ def add_worker(sub) -> None:
                    "(default 3)")
     p.add_argument("--result-interval-us", type=t.nonneg_float, default=RESULT_INTERVAL_US,
                    help="pacing: at most one result message to the controller per interval; "
-                   "under load results share messages (default "
-                   f"{RESULT_INTERVAL_US:g}; 0: one message whenever results are ready)")
+                   "under load results share messages, but a successful INFER's result goes "
+                   "no later than one interval before its batch's deadline, and echoes and "
+                   f"states never wait (default {RESULT_INTERVAL_US:g}; 0: one message "
+                   "whenever results are ready)")
     p.add_argument("--seed", type=t.nonneg_int, default=0,
                    help="seed of the emulated noise and stragglers; GPU g draws from seed x "
                    "1000 + g (default 0)")
@@ -531,7 +535,8 @@ def add_sweep(sub) -> None:
               "and gather their summaries into OUT/results.tsv and OUT/results.json (one row per\n"
               "point: scenario, overrides, seed, requests, goodput, SLO attainment, latency\n"
               "percentiles, cold starts). Each point writes OUT/points/<name>/ with summary.json\n"
-              "last; a point already done (on its scenario file as it is now) is not run again,\n"
+              "last; a point already done (on its scenario file, profile set and traces as\n"
+              "they are now) is not run again,\n"
               "so an interrupted sweep resumes where it stopped and deleting a point's folder\n"
               "reruns just that point. Exit 1 if a point failed.",
               epilog=SWEEP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -591,7 +596,8 @@ def add_plan(sub) -> None:
                    "(default 2)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
     p.add_argument("--out", type=t.out_dir, metavar="DIR",
-                   help="keep every simulation here (OUT/points/...; a rerun reuses them) "
+                   help="keep every simulation here (OUT/points/...; a rerun reuses those "
+                   "whose scenario, profile set and traces are unchanged) "
                    "and write OUT/plan.json and OUT/curve.tsv")
     p.add_argument("--plot", type=t.figure_file, metavar="FILE", default=None,
                    help="draw the curve (attainment and goodput against GPUs) into FILE, "
