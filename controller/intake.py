@@ -33,7 +33,7 @@ import grpc
 
 from clockwork.actions import RequestStatus
 from clockwork.protocol import clockwork_pb2 as pb
-from clockwork.protocol.pacing import Pacer
+from clockwork.protocol.pacing import Pacer, doze
 from clockwork.protocol.ratelog import LogLimiter
 from clockwork.time import MAX_SLO_MS
 
@@ -355,23 +355,14 @@ async def serve_stream(node, requests, context) -> None:
         while True:
             await wake.wait()
             if out:  # under load: one message per interval, but no reply past its due
-                at = pacer.slot()
-                while at:
-                    if st.due and st.due < at:
-                        at = st.due
-                    delay = at - now_ns()
-                    if delay <= 0:
-                        break
+                while (at := pacer.slot(st.due)) and at > now_ns():
                     st.send_at = at
                     wake.clear()
-                    try:
-                        async with asyncio.timeout(delay / 1e9):
-                            await wake.wait()  # a reply due sooner, or the stream's end
-                    except TimeoutError:
-                        break
+                    try:  # (woken by a reply due sooner, or the stream's end)
+                        woken = await doze(at, wake)
                     finally:
                         st.send_at = 0
-                    if st.dead or rtask.done():
+                    if not woken or st.dead or rtask.done():
                         break
                 pacer.sent()
             wake.clear()

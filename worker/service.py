@@ -60,7 +60,7 @@ from clockwork.protocol import keepalive
 from clockwork.protocol.framing import TICKET_BYTES, FrameStream, new_ticket
 from clockwork.protocol.holding import Holder
 from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
-from clockwork.protocol.pacing import Pacer
+from clockwork.protocol.pacing import Pacer, doze
 from clockwork.protocol.parent import stop_when_orphaned
 from clockwork.protocol.precise_loop import run_precise
 from clockwork.protocol.ratelog import LogLimiter
@@ -1164,17 +1164,11 @@ class _Session:
             while states:
                 yield pb.WorkerMessage(state=states.pop(0)), ()
             if node._out:  # under load: one message per interval, but none past its due
-                at = pacer.slot()
-                if node._out_due and node._out_due < at:
-                    at = node._out_due
-                delay = at - time.monotonic_ns() if at else 0
-                if delay > 0:
+                at = pacer.slot(node._out_due)
+                if at > time.monotonic_ns():
                     node._send_at = at
-                    try:
-                        async with asyncio.timeout(delay / 1e9):
-                            await wake.wait()  # a result due sooner, an echo, a state
-                    except TimeoutError:
-                        pass
+                    try:  # (woken by a result due sooner, an echo, a state)
+                        await doze(at, wake)
                     finally:
                         node._send_at = 0
                     if wake.is_set() and not rtask.done():

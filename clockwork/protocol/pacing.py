@@ -32,6 +32,22 @@ def _cpu_share(since_wall: int, since_cpu: int, now_wall: int, now_cpu: int) -> 
     return (now_cpu - since_cpu) / max(1, now_wall - since_wall)
 
 
+async def doze(at: int, wake) -> bool:
+    """Sleep until ``at`` (``time.monotonic_ns``) unless ``wake`` (an ``asyncio.Event``)
+    is set sooner: whether it was (False: ``at`` came, or had come already)."""
+    delay = at - time.monotonic_ns()
+    if delay <= 0:
+        return False
+    import asyncio  # (see Pacer.wait)
+
+    try:
+        async with asyncio.timeout(delay / 1e9):
+            await wake.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
 class Pacer:
     __slots__ = ("interval", "busy_rate", "last", "busy", "_count", "_since", "_cpu_since")
 
@@ -61,11 +77,15 @@ class Pacer:
             self.busy = rate > k * self.busy_rate and share > k * CPU_BUSY
             self._count, self._since, self._cpu_since = 0, now, cpu
 
-    def slot(self) -> int:
+    def slot(self, due: int = 0) -> int:
         """When the next message may go (``time.monotonic_ns``): the end of the interval
-        after the previous one on a busy stream; 0 (now) on a quiet one or without
-        pacing. The sender calls ``sent`` as it sends."""
-        return self.last + self.interval if self.interval and self.busy else 0
+        after the previous one on a busy stream, or ``due`` if that is sooner (when an
+        item waiting must go at the latest; 0: none); 0 (now) on a quiet stream or
+        without pacing. The sender calls ``sent`` as it sends."""
+        if not (self.interval and self.busy):
+            return 0
+        at = self.last + self.interval
+        return due if due and due < at else at
 
     def sent(self) -> None:
         self.last = time.monotonic_ns()
