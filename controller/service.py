@@ -63,7 +63,7 @@ from clockwork.protocol import clockwork_pb2_grpc as pbg
 from clockwork.protocol.framing import FrameStream, dial, host_of
 from clockwork.protocol.holding import controller_label, is_held, is_twice, new_controller_id
 from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
-from clockwork.protocol.pacing import Pacer
+from clockwork.protocol.pacing import Pacer, doze
 from clockwork.protocol.parent import stop_when_orphaned
 from clockwork.protocol.ratelog import LogLimiter
 from clockwork.protocol.security import (
@@ -301,6 +301,10 @@ class WorkerLink:
     samples: deque = field(default_factory=lambda: deque(maxlen=32))
     state: pb.WorkerState | None = None
     pending: list = field(default_factory=list)  # Actions to write
+    # (pacing) when the pending actions go at the latest: one interval before the soonest
+    # latest start among them
+    due: int = 0
+    send_at: int = 0  # (pacing) when the writer, asleep, sends next; 0: not asleep
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: list = field(default_factory=list)
     echo_seq: int = 0
@@ -378,6 +382,7 @@ class ControllerNode:
         self.log_flush_s = log_flush_s
         # stream pacing (clockwork.protocol.pacing): per worker action stream, per client stream
         self.action_interval_us = action_interval_us
+        self._action_interval = round(action_interval_us * 1000)  # ns (0: not paced)
         self.reply_interval_us = reply_interval_us
         # instance -> profile name: every instance the workers are told of (served, loading,
         # unloading); ``profiles``: those that take requests (and unloading ones whose
@@ -936,25 +941,34 @@ class ControllerNode:
             self._lost(link)
 
     async def _writer(self, link: WorkerLink) -> None:
-        """The only task that writes to the stream (grpc.aio allows one write at a time)."""
+        """The only task that writes to the stream (grpc.aio allows one write at a time).
+        Under load it writes the actions once per interval, but none later than one
+        interval before its latest start (``link.due``); echoes and Hellos never wait for
+        the actions' slot."""
         call = link.call
         pacer = Pacer(self.action_interval_us)
+        wake = link.wake
         try:
             while True:
-                await link.wake.wait()
+                await wake.wait()
+                wake.clear()
+                await self._write_control(link, call)
                 if link.pending:
-                    await pacer.wait()  # under load: one message per interval
-                link.wake.clear()
-                if link.echo_due:
-                    link.echo_due = False
-                    link.echo_seq += 1
-                    await call.write(pb.ControllerMessage(
-                        echo=pb.ClockEcho(seq=link.echo_seq, controller_time=now_ns())))
-                if link.reset_due:
-                    link.reset_due = False
-                    keep, link.keep = link.keep, []
-                    await call.write(pb.ControllerMessage(hello=self._hello(link, keep)))
-                acts, link.pending = link.pending, []
+                    while (at := pacer.slot(link.due)) and at > now_ns():
+                        link.send_at = at
+                        try:  # (woken by an action due sooner, an echo or a Hello)
+                            woken = await doze(at, wake)
+                        finally:
+                            link.send_at = 0
+                        if not woken:
+                            break
+                        wake.clear()
+                        await self._write_control(link, call)
+                        if not link.pending:
+                            break  # (a reset dropped them)
+                acts, link.pending, link.due = link.pending, [], 0
+                if acts:
+                    pacer.sent()
                 if link.updates:
                     acts = await self._write_updates(link, call, acts)
                 if not acts:
@@ -969,6 +983,18 @@ class ControllerNode:
                 self._bad_worker_msg(f"writing to worker {link.address} failed: {e!r}",
                                      None if isinstance(e, grpc.RpcError | OSError) else e)
                 self._lost(link)
+
+    async def _write_control(self, link: WorkerLink, call) -> None:
+        """The link's echo and reset Hello, if due (before any action queued after them)."""
+        if link.echo_due:
+            link.echo_due = False
+            link.echo_seq += 1
+            await call.write(pb.ControllerMessage(
+                echo=pb.ClockEcho(seq=link.echo_seq, controller_time=now_ns())))
+        if link.reset_due:
+            link.reset_due = False
+            keep, link.keep = link.keep, []
+            await call.write(pb.ControllerMessage(hello=self._hello(link, keep)))
 
     async def _write_actions(self, link: WorkerLink, call, acts: list[Action]) -> None:
         """The actions for ``link`` in one message, or in several of at most
@@ -1114,7 +1140,7 @@ class ControllerNode:
             link.call.close()
         if link.channel is not None:
             asyncio.ensure_future(link.channel.close())
-        link.pending = []
+        link.pending, link.due = [], 0
         self._drop_updates(link)  # its Hello will carry the instance list when it is back
         err = link.error or "stream ended"
         link.error = ""
@@ -1223,6 +1249,15 @@ class ControllerNode:
     def send(self, worker: int, actions: list[Action]) -> None:
         link = self.links[worker]
         link.pending.extend(actions)
+        if self._action_interval:
+            # (paced) none is held later than one interval before its latest start (the
+            # worker refuses it after that); a writer asleep until its next slot is woken
+            # only by an action due before it
+            due = min([a.latest for a in actions]) - self._action_interval
+            if not link.due or due < link.due:
+                link.due = due
+            if link.send_at and due >= link.send_at:
+                return
         link.wake.set()
 
     def answer(self, replies: list[Reply]) -> None:
@@ -1235,7 +1270,7 @@ class ControllerNode:
 
     def reset(self, worker: int, keep: list[tuple[int, str, int]]) -> None:
         link = self.links[worker]
-        link.pending = []  # queued before it was suspect: failed already
+        link.pending, link.due = [], 0  # queued before it was suspect: failed already
         link.reset_due = True
         link.keep = keep
         link.wake.set()

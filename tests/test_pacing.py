@@ -1,6 +1,7 @@
 """Stream pacing (``clockwork.protocol.pacing``): a busy stream sends one message per
 interval, but the controller never holds a reply past one interval before its request's
-SLO ends, nor a worker a result past one interval before its batch's deadline. Controller
+SLO ends, nor an action past one interval before its latest start, nor a worker a result
+past one interval before its batch's deadline. Controller
 (with its clockwork.v1 gRPC service) and an emulated worker in this process, the stock
 ``clockwork.AsyncClient`` on loopback."""
 
@@ -29,7 +30,8 @@ class _Busy(Pacer):
 
 
 @contextlib.asynccontextmanager
-async def _serving(reply_interval_us: float = 0.0, result_interval_us: float = 0.0):
+async def _serving(reply_interval_us: float = 0.0, result_interval_us: float = 0.0,
+                   action_interval_us: float = 0.0):
     """An emulated worker and a controller serving clockwork.v1 on loopback, in this
     process: (the controller node, a connected ``clockwork.AsyncClient``)."""
     from controller.service import ClockworkServicer, ControllerNode
@@ -38,7 +40,8 @@ async def _serving(reply_interval_us: float = 0.0, result_interval_us: float = 0
     wnode = WorkerNode(gpus=1, pages=100, result_interval_us=result_interval_us)
     address, stop, served = await _serve_in_process(wnode)
     node = ControllerNode([address], "v100-reference", models="mobilenet_v2",
-                          reply_interval_us=reply_interval_us)
+                          reply_interval_us=reply_interval_us,
+                          action_interval_us=action_interval_us)
     await node.start()
     server = grpc.aio.server()
     pbg.add_ClockworkServicer_to_server(ClockworkServicer(node), server)
@@ -140,6 +143,36 @@ def test_a_paced_result_goes_before_its_deadline(monkeypatch):
             return await _urgent_then_relaxed(c)
 
     _urgent_went_relaxed_waited(*asyncio.run(asyncio.wait_for(main(), 60)))
+
+
+def test_a_paced_action_goes_before_its_latest_start(monkeypatch):
+    """The controller's actions, paced at 400 ms: an INFER planned to start a
+    millisecond on waited for the link's next message, and the worker, getting it
+    hundreds of milliseconds after its latest start, refused it (or it ran late and the
+    answer missed its 100 ms SLO); the controller's echoes waited too, and it found the
+    worker suspect. A paced action now goes no later than one interval before its
+    latest start (here: at once): every request is answered in time, each within a few
+    milliseconds."""
+    from controller import service
+
+    monkeypatch.setattr(service, "Pacer", _Busy)
+
+    async def main():
+        async with _serving(action_interval_us=INTERVAL_US) as (node, c):
+            s = c.stream()
+            took, answers = [], []
+            for slo_ms in (5000, 100, 100, 5000):  # (the first sets the link's slot)
+                t0 = time.monotonic()
+                answers.append(await asyncio.wait_for(s.submit("mobilenet_v2",
+                                                               slo_ms=slo_ms), 10))
+                took.append(time.monotonic() - t0)
+            await s.close()
+            return answers, took, node.counters.get("msgs_to_workers", 0)
+
+    answers, took, msgs = asyncio.run(asyncio.wait_for(main(), 60))
+    assert [(a.status, a.reason) for a in answers] == [(0, "")] * 4, answers
+    assert max(took[1:]) < 0.1, took  # (held for the next slot: 0.4 s)
+    assert msgs >= 4, msgs  # (the LOAD and each INFER)
 
 
 @pytest.mark.parametrize("case", ["one urgent result", "clock offset"])

@@ -384,7 +384,8 @@ def add_controller(sub) -> None:
                    ".npz files)")
     p.add_argument("--action-interval-us", type=t.nonneg_float, default=ACTION_INTERVAL_US,
                    help="pacing: at most one action message per worker per interval; under "
-                   f"load actions share messages (default {ACTION_INTERVAL_US:g}; 0: off)")
+                   "load actions share messages, but none is held past one interval "
+                   f"before its latest start (default {ACTION_INTERVAL_US:g}; 0: off)")
     p.add_argument("--reply-interval-us", type=t.nonneg_float, default=REPLY_INTERVAL_US,
                    help="pacing: on a busy InferStream at most one reply message per "
                    "interval, but a successful reply still in time goes no later than one "
