@@ -100,14 +100,14 @@ def test_a_worker_with_more_gpus_than_a_worker_may_have_is_refused():
 
     from clockwork.sizes import MAX_GPUS_PER_WORKER
     from controller.service import ControllerNode, RepositoryError
-    from tests.test_faults_live import _serve_in_process
+    from tests.inprocess import serve_in_process
     from worker.service import WorkerNode
 
     async def main():
         big = WorkerNode(gpus=MAX_GPUS_PER_WORKER + 1, pages=100)
-        big_address, stop_big, served_big = await _serve_in_process(big)
+        big_address, stop_big, served_big = await serve_in_process(big)
         ok = WorkerNode(gpus=MAX_GPUS_PER_WORKER, pages=100)
-        address, stop, served = await _serve_in_process(ok)
+        address, stop, served = await serve_in_process(ok)
         refused = f"worker {big_address} has 65 GPUs: a worker has 1 to 64"
         node = ControllerNode([big_address], "v100-reference", models="resnet50_v2")
         try:
@@ -141,11 +141,11 @@ def test_a_far_worker_without_the_cluster_secret_is_refused_before_it_is_dialed(
     grpc = pytest.importorskip("grpc")
     from clockwork.protocol.security import ClusterAuth
     from controller.service import ControllerNode, RepositoryError
-    from tests.test_faults_live import _serve_in_process
+    from tests.inprocess import serve_in_process
     from worker.service import WorkerNode
 
     async def main():
-        address, stop, served = await _serve_in_process(WorkerNode(gpus=1, pages=100))
+        address, stop, served = await serve_in_process(WorkerNode(gpus=1, pages=100))
         node = ControllerNode([address], "v100-reference", models="resnet50_v2")
         await node.start()
         dialed = []
@@ -197,11 +197,11 @@ def test_another_spelling_of_a_connected_workers_address_adds_nothing():
 
     grpc = pytest.importorskip("grpc")
     from controller.service import ControllerNode, RepositoryError
-    from tests.test_faults_live import _serve_in_process
+    from tests.inprocess import serve_in_process
     from worker.service import WorkerNode
 
     async def main():
-        address, stop, served = await _serve_in_process(WorkerNode(gpus=1, pages=100))
+        address, stop, served = await serve_in_process(WorkerNode(gpus=1, pages=100))
         host, port = address.rsplit(":", 1)
         assert host == "127.0.0.1"
         for other in (f"localhost:{port}", address, f"127.0.0.1:0{port}"):

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from clockwork.time import sec
+from tests.inprocess import answer, controller_with, workers_served
 
 pytestmark = pytest.mark.faults
 
@@ -177,18 +178,14 @@ def test_a_worker_reconnected_while_its_process_lived_on_keeps_its_weights():
     on loopback gRPC."""
     import asyncio
 
-    from controller.service import ControllerNode
     from worker.service import WorkerNode
 
     async def main():
         wnode = WorkerNode(gpus=1, pages=100)
-        address, stop, served = await _serve_in_process(wnode)
-        node = ControllerNode([address], "v100-reference",
-                              models="resnet50_v2,mobilenet_v2")
-        await node.start()
-        try:
+        async with controller_with([wnode], "v100-reference",
+                                   models="resnet50_v2,mobilenet_v2") as node:
             for m in ("resnet50_v2", "mobilenet_v2"):
-                assert (await _answer(node, m)).status == 0
+                assert (await answer(node, m)).status == 0
             loads = node.counters.get("load_ok", 0)
             assert loads == 2
             link = node.links[0]
@@ -200,14 +197,10 @@ def test_a_worker_reconnected_while_its_process_lived_on_keeps_its_weights():
             assert node.counters.get("worker_losses") == 1
             assert node.counters.get("weights_kept") == 2
             for m in ("resnet50_v2", "mobilenet_v2"):
-                r = await _answer(node, m)
+                r = await answer(node, m)
                 assert r.status == 0 and not r.cold
             assert node.counters.get("load_ok", 0) == loads  # served with no LOAD
             assert wnode.executors[0].loaded_models() == ["mobilenet_v2", "resnet50_v2"]
-        finally:
-            await node.stop()
-            stop.set()
-            await served
 
     asyncio.run(asyncio.wait_for(main(), 60))
 
@@ -232,11 +225,10 @@ def test_a_new_controller_takes_over_the_weights_its_workers_hold():
 
     async def main():
         wnode = WorkerNode(gpus=1, pages=100)
-        address, stop, served = await _serve_in_process(wnode)
-        try:
+        async with workers_served([wnode]) as [address]:
             first = await controller(address)
             for m in models:
-                assert (await _answer(first, m)).status == 0
+                assert (await answer(first, m)).status == 0
             assert first.counters.get("load_ok") == 2
             assert first.counters.get("weights_adopted") is None  # the worker was empty
             await first.stop()
@@ -245,7 +237,7 @@ def test_a_new_controller_takes_over_the_weights_its_workers_hold():
             try:
                 assert second.counters.get("weights_adopted") == 2
                 for m in models:
-                    r = await _answer(second, m)
+                    r = await answer(second, m)
                     assert r.status == 0 and not r.cold
                 assert second.counters.get("load_ok", 0) == 0  # served with no LOAD
                 assert wnode.executors[0].loaded_models() == sorted(models)
@@ -257,42 +249,13 @@ def test_a_new_controller_takes_over_the_weights_its_workers_hold():
                 try:
                     assert node.counters.get("weights_adopted") is None
                     assert wnode.executors[0].loaded_models() == []  # emptied at start
-                    r = await _answer(node, models[0])
+                    r = await answer(node, models[0])
                     assert r.status == 0 and (r.cold or "policy" in kw), kw  # (clipper: no flag)
                     assert node.counters.get("load_ok") == 1
                 finally:
                     await node.stop()
-        finally:
-            stop.set()
-            await served
 
     asyncio.run(asyncio.wait_for(main(), 60))
-
-
-async def _serve_in_process(wnode):
-    """Serve the worker node ``wnode`` in this process on loopback gRPC, without the fast
-    link: (its address, the event that stops it, the serving task)."""
-    import asyncio
-
-    from worker.service import serve_worker
-
-    stop = asyncio.Event()
-    port = asyncio.get_running_loop().create_future()
-    served = asyncio.create_task(serve_worker("127.0.0.1", 0, wnode, stop=stop, link_port=-1,
-                                              ready=lambda p, _: port.set_result(p)))
-    return f"127.0.0.1:{await port}", stop, served
-
-
-async def _answer(node, model: str):
-    """One request through the controller node ``node`` (in this process): its answer."""
-    import asyncio
-
-    from clockwork.protocol import clockwork_pb2 as pb
-
-    got = asyncio.get_running_loop().create_future()
-    node.submit_many([pb.InferRequest(model=model, slo_ms=1000)],
-                     lambda r: got.done() or got.set_result(r))
-    return await asyncio.wait_for(got, 10)
 
 
 def test_a_log_flush_that_fails_is_logged_and_the_next_one_goes_on(tmp_path):
@@ -304,42 +267,35 @@ def test_a_log_flush_that_fails_is_logged_and_the_next_one_goes_on(tmp_path):
 
     from clockwork.actions import RequestStatus
     from clockwork.telemetry import read_logs
-    from controller.service import ControllerNode
     from worker.service import WorkerNode
 
     logs = tmp_path / "logs"
 
     async def main():
-        wnode = WorkerNode(gpus=1, pages=100)
-        address, stop, served = await _serve_in_process(wnode)
-        node = ControllerNode([address], "v100-reference", models="mobilenet_v2",
-                              log_dir=str(logs), log_flush_s=0.05)
-        await node.start()
-        flusher = asyncio.create_task(node._flush_logs())  # (serve_controller's task)
-
         async def until(what, seconds=10.0):
             end = time.monotonic() + seconds
             while not what():
                 assert time.monotonic() < end, what
                 await asyncio.sleep(0.01)
 
-        try:
-            assert (await _answer(node, "mobilenet_v2")).status == 0
-            await until(lambda: (logs / "requests.tsv").exists()
-                        and len((logs / "requests.tsv").read_text().splitlines()) == 2)
-            (logs / "requests.tsv").rename(tmp_path / "first.tsv")
-            (logs / "requests.tsv").mkdir()
-            assert (await _answer(node, "mobilenet_v2")).status == 0
-            await until(lambda: node.counters.get("log_flush_errors", 0) >= 1)
-            (logs / "requests.tsv").rmdir()
-            assert (await _answer(node, "mobilenet_v2")).status == 0
-            await until(lambda: (logs / "requests.tsv").is_file())
-            await until(lambda: len((logs / "requests.tsv").read_text().splitlines()) >= 2)
-        finally:
-            flusher.cancel()
-            await node.stop()
-            stop.set()
-            await served
+        wnode = WorkerNode(gpus=1, pages=100)
+        async with controller_with([wnode], "v100-reference", models="mobilenet_v2",
+                                   log_dir=str(logs), log_flush_s=0.05) as node:
+            flusher = asyncio.create_task(node._flush_logs())  # (serve_controller's task)
+            try:
+                assert (await answer(node, "mobilenet_v2")).status == 0
+                await until(lambda: (logs / "requests.tsv").exists()
+                            and len((logs / "requests.tsv").read_text().splitlines()) == 2)
+                (logs / "requests.tsv").rename(tmp_path / "first.tsv")
+                (logs / "requests.tsv").mkdir()
+                assert (await answer(node, "mobilenet_v2")).status == 0
+                await until(lambda: node.counters.get("log_flush_errors", 0) >= 1)
+                (logs / "requests.tsv").rmdir()
+                assert (await answer(node, "mobilenet_v2")).status == 0
+                await until(lambda: (logs / "requests.tsv").is_file())
+                await until(lambda: len((logs / "requests.tsv").read_text().splitlines()) >= 2)
+            finally:
+                flusher.cancel()
 
     asyncio.run(asyncio.wait_for(main(), 60))
     back = read_logs(logs)  # a header and whole rows: what came after the failure

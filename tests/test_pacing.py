@@ -17,7 +17,7 @@ import pytest
 import clockwork
 from clockwork.protocol import clockwork_pb2_grpc as pbg
 from clockwork.protocol.pacing import Pacer
-from tests.test_faults_live import _serve_in_process
+from tests.inprocess import controller_with
 
 INTERVAL_US = 400_000.0  # the pacing here: 400 ms
 
@@ -34,27 +34,22 @@ async def _serving(reply_interval_us: float = 0.0, result_interval_us: float = 0
                    action_interval_us: float = 0.0):
     """An emulated worker and a controller serving clockwork.v1 on loopback, in this
     process: (the controller node, a connected ``clockwork.AsyncClient``)."""
-    from controller.service import ClockworkServicer, ControllerNode
+    from controller.service import ClockworkServicer
     from worker.service import WorkerNode
 
     wnode = WorkerNode(gpus=1, pages=100, result_interval_us=result_interval_us)
-    address, stop, served = await _serve_in_process(wnode)
-    node = ControllerNode([address], "v100-reference", models="mobilenet_v2",
-                          reply_interval_us=reply_interval_us,
-                          action_interval_us=action_interval_us)
-    await node.start()
-    server = grpc.aio.server()
-    pbg.add_ClockworkServicer_to_server(ClockworkServicer(node), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        async with clockwork.AsyncClient(f"127.0.0.1:{port}", timeout=10) as c:
-            yield node, c
-    finally:
-        await server.stop(None)
-        await node.stop()
-        stop.set()
-        await served
+    async with controller_with([wnode], "v100-reference", models="mobilenet_v2",
+                               reply_interval_us=reply_interval_us,
+                               action_interval_us=action_interval_us) as node:
+        server = grpc.aio.server()
+        pbg.add_ClockworkServicer_to_server(ClockworkServicer(node), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with clockwork.AsyncClient(f"127.0.0.1:{port}", timeout=10) as c:
+                yield node, c
+        finally:
+            await server.stop(None)
 
 
 async def _urgent_then_relaxed(c) -> tuple:

@@ -18,6 +18,7 @@ from controller.config import SchedulerConfig
 from controller.policy import MODEL_UNLOADED, GpuSpec, ModelView
 from controller.scheduler import ClockworkScheduler
 from tests.conftest import make_profile
+from tests.inprocess import answer, controller_with, serve_in_process
 
 MS = 1_000_000
 POLICIES = ["clockwork", "clipper", "tfserving", "infaas"]
@@ -1585,18 +1586,14 @@ def test_loads_stop_at_the_bound_on_instances_served(monkeypatch):
     import asyncio
 
     import controller.service as service
-    from controller.service import ControllerNode, RepositoryError
-    from tests.test_faults_live import _answer, _serve_in_process
+    from controller.service import RepositoryError
     from worker.service import WorkerNode
 
     monkeypatch.setattr(service, "MAX_SERVED", 4)
 
     async def main():
         wnode = WorkerNode(gpus=1, pages=100)
-        address, stop, served = await _serve_in_process(wnode)
-        node = ControllerNode([address], "v100-reference", models="resnet50_v2")
-        await node.start()
-        try:
+        async with controller_with([wnode], "v100-reference", models="resnet50_v2") as node:
             assert await node.load_model("a", copies=2, profile="mobilenet_v2") == ["a", "a:1"]
             with pytest.raises(RepositoryError) as e:
                 await node.load_model("b", copies=2, profile="mobilenet_v2")
@@ -1604,15 +1601,11 @@ def test_loads_stop_at_the_bound_on_instances_served(monkeypatch):
                                        "this load adds 2: unload some first")
             assert node.model_state("b") is None and node.model_state("b:1") is None
             assert await node.load_model("b", profile="mobilenet_v2") == ["b"]  # the 4th
-            assert (await _answer(node, "b")).status == 0
+            assert (await answer(node, "b")).status == 0
             await node.unload_model("a")
             while node.model_state("a:1") != ("UNAVAILABLE", "unloaded"):
                 await asyncio.sleep(0.005)
             assert await node.load_model("c", copies=2, profile="mobilenet_v2") == ["c", "c:1"]
-        finally:
-            await node.stop()
-            stop.set()
-            await served
 
     asyncio.run(asyncio.wait_for(main(), 60))
 
@@ -1624,22 +1617,17 @@ def test_unloaded_names_are_forgotten_oldest_first_with_their_metrics(monkeypatc
     import asyncio
 
     import controller.service as service
-    from controller.service import ControllerNode
-    from tests.test_faults_live import _answer, _serve_in_process
     from worker.service import WorkerNode
 
     monkeypatch.setattr(service, "UNLOADED_KEPT", 2)
 
     async def main():
         wnode = WorkerNode(gpus=1, pages=100)
-        address, stop, served = await _serve_in_process(wnode)
-        node = ControllerNode([address], "v100-reference", models="resnet50_v2")
-        await node.start()
-        try:
+        async with controller_with([wnode], "v100-reference", models="resnet50_v2") as node:
             for i in range(4):
                 name = f"tmp{i}"
                 await node.load_model(name, profile="mobilenet_v2")
-                assert (await _answer(node, name)).status == 0
+                assert (await answer(node, name)).status == 0
                 assert f'model="{name}"' in node.metrics.render().decode()
                 await node.unload_model(name)
                 while node.model_state(name) != ("UNAVAILABLE", "unloaded"):
@@ -1650,11 +1638,7 @@ def test_unloaded_names_are_forgotten_oldest_first_with_their_metrics(monkeypatc
             assert node.model_state("tmp0") is None
             # a forgotten name can be loaded again
             await node.load_model("tmp0", profile="mobilenet_v2")
-            assert (await _answer(node, "tmp0")).status == 0
-        finally:
-            await node.stop()
-            stop.set()
-            await served
+            assert (await answer(node, "tmp0")).status == 0
 
     asyncio.run(asyncio.wait_for(main(), 60))
 
@@ -1681,8 +1665,6 @@ def test_a_worker_slow_to_take_a_load_holds_up_that_load_only():
     and workers in this process."""
     import asyncio
 
-    from controller.service import ControllerNode
-    from tests.test_faults_live import _answer, _serve_in_process
     from worker.service import WorkerNode
 
     async def main():
@@ -1698,33 +1680,25 @@ def test_a_worker_slow_to_take_a_load_holds_up_that_load_only():
             return st
 
         wnodes[1].update = update
-        served = [await _serve_in_process(w) for w in wnodes]
-        node = ControllerNode([a for a, _, _ in served], "v100-reference", models="resnet50_v2")
-        await node.start()
-        try:
+        async with controller_with(wnodes, "v100-reference", models="resnet50_v2") as node:
             await node.load_model("other", profile="mobilenet_v2")
-            assert (await _answer(node, "other")).status == 0
+            assert (await answer(node, "other")).status == 0
             slow = asyncio.create_task(node.load_model("slow", profile="resnet18_v2"))
             await asyncio.wait_for(stalled.wait(), 10)
             assert node.model_state("slow") == ("LOADING", "")
             assert await asyncio.wait_for(node.unload_model("other"), 5) == ["other"]
-            r = await _answer(node, "other")
+            r = await answer(node, "other")
             assert (r.status, r.reason) == (RequestStatus.INVALID_REQUEST, "unknown_model")
             assert await asyncio.wait_for(
                 node.load_model("third", profile="mobilenet_v2"), 5) == ["third"]
-            assert (await _answer(node, "third")).status == 0
+            assert (await answer(node, "third")).status == 0
             assert not slow.done() and node.model_state("slow") == ("LOADING", "")
             slow.cancel()  # its client's deadline
             with pytest.raises(asyncio.CancelledError):
                 await slow
             assert node.model_state("slow") is None and "slow" not in node.instances
             assert not node._model_locks  # (a lock per model only while it is used)
-            assert (await _answer(node, "resnet50_v2")).status == 0
-        finally:
-            await node.stop()
-            for _, stop, task in served:
-                stop.set()
-                await task
+            assert (await answer(node, "resnet50_v2")).status == 0
 
     asyncio.run(asyncio.wait_for(main(), 60))
 
@@ -1742,7 +1716,6 @@ def test_a_worker_back_without_a_model_loaded_while_it_was_away_says_why(
     import controller.service as service
     from clockwork.profiles import load_profile_set
     from controller.service import ControllerNode, RepositoryError
-    from tests.test_faults_live import _answer, _serve_in_process
     from worker.service import WorkerNode, serve_worker
 
     monkeypatch.setattr(service, "REFUSED_LOG_S", 1000.0, raising=False)  # one line
@@ -1751,8 +1724,8 @@ def test_a_worker_back_without_a_model_loaded_while_it_was_away_says_why(
     (partial / "resnet18_v2.json").unlink()
 
     async def main():
-        address, stop, served = await _serve_in_process(WorkerNode(gpus=1, pages=100))
-        address1, stop1, served1 = await _serve_in_process(
+        address, stop, served = await serve_in_process(WorkerNode(gpus=1, pages=100))
+        address1, stop1, served1 = await serve_in_process(
             WorkerNode(gpus=1, pages=100, profiles=str(partial)))
         node = ControllerNode([address, address1], "v100-reference", models="resnet50_v2")
         await node.start()
@@ -1778,10 +1751,10 @@ def test_a_worker_back_without_a_model_loaded_while_it_was_away_says_why(
                 "until they are unloaded"]
             assert 'clockwork_worker_events_total{event="refused"}' in \
                 node.metrics.render().decode()
-            assert (await _answer(node, "r")).status == 0  # worker 0 serves it
+            assert (await answer(node, "r")).status == 0  # worker 0 serves it
             assert await node.unload_model("r") == ["r"]
             await _until(lambda: node.links[1].connected, "worker 1 back")
-            assert (await _answer(node, "resnet50_v2")).status == 0
+            assert (await answer(node, "resnet50_v2")).status == 0
         finally:
             await node.stop()
             for s, t in ((stop, served), (stop1, served1)):

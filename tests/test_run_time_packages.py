@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.test_faults_live import _answer, _serve_in_process
+from tests.inprocess import answer, controller_with
 
 READ_S = 1.5  # how long reading the new package takes here
 
@@ -25,7 +25,6 @@ def test_a_package_loaded_at_run_time_is_read_beside_the_other_models_actions(
     answered before the read ends; then the new model serves. Before, the worker read
     the package inside its InstanceUpdate, on the loop: everything stood still."""
     pytest.importorskip("tvm")
-    from controller.service import ControllerNode
     from worker.devices import cpu
     from worker.service import WorkerNode
 
@@ -46,8 +45,6 @@ def test_a_package_loaded_at_run_time_is_read_beside_the_other_models_actions(
 
     async def main():
         wnode = WorkerNode(1, 4, "cpu", "cpu", packages=str(tmp_path))
-        address, stop, served = await _serve_in_process(wnode)
-        node = ControllerNode([address], "cpu", models="mlp")
         gaps: list[float] = []
         ticking = True
 
@@ -59,25 +56,22 @@ def test_a_package_loaded_at_run_time_is_read_beside_the_other_models_actions(
                 gaps.append(now - last)
                 last = now
 
-        await node.start()
-        ticker = asyncio.create_task(tick())
-        try:
-            assert (await _answer(node, "mlp")).status == 0  # (its weights loaded)
-            load = asyncio.create_task(node.load_model("tiny", profile="resnet_tiny"))
-            assert await asyncio.to_thread(reading.wait, 30), "the package was not read"
-            assert (await _answer(node, "mlp")).status == 0
-            answered = time.monotonic()
-            assert await load == ["tiny"]
-            assert read_end and answered < read_end[0], \
-                "the resident model waited for the new package to be read"
-            assert (await _answer(node, "tiny")).status == 0
-            assert wnode.real[0].models.keys() == {"mlp", "tiny"}
-        finally:
-            ticking = False
-            await ticker
-            await node.stop()
-            stop.set()
-            await served
+        async with controller_with([wnode], "cpu", models="mlp") as node:
+            ticker = asyncio.create_task(tick())
+            try:
+                assert (await answer(node, "mlp")).status == 0  # (its weights loaded)
+                load = asyncio.create_task(node.load_model("tiny", profile="resnet_tiny"))
+                assert await asyncio.to_thread(reading.wait, 30), "the package was not read"
+                assert (await answer(node, "mlp")).status == 0
+                answered = time.monotonic()
+                assert await load == ["tiny"]
+                assert read_end and answered < read_end[0], \
+                    "the resident model waited for the new package to be read"
+                assert (await answer(node, "tiny")).status == 0
+                assert wnode.real[0].models.keys() == {"mlp", "tiny"}
+            finally:
+                ticking = False
+                await ticker
         assert max(gaps) < 0.5, f"the event loop stood still for {max(gaps):.2f} s"
 
     asyncio.run(asyncio.wait_for(main(), 120))
@@ -322,34 +316,27 @@ def test_a_slow_first_kernel_build_at_run_time_holds_up_only_that_load(tmp_path,
     monkeypatch.setattr(service, "_open_device", open_device)
 
     async def main():
-        from controller.service import ControllerNode
-
         wnode = service.WorkerNode(1, 8, "cpu", "cuda", packages=str(tmp_path))
         package("mlp")
         await asyncio.to_thread(wnode.prepare_packages)
         package("mlp_late")  # compiled into the package directory while the worker serves
-        address, stop, served = await _serve_in_process(wnode)
-        node = ControllerNode([address], "cpu", models="mlp")
-        await node.start()
-        try:
-            assert (await _answer(node, "mlp")).status == 0
-            load = asyncio.create_task(node.load_model("late", profile="mlp",
-                                                       package="mlp_late"))
-            assert await asyncio.to_thread(building.wait, 30), "the build did not start"
-            assert (await _answer(node, "mlp")).status == 0  # beside the build
-            assert not built, "the resident model waited for the build"
-            answered.set()
-            assert await load == ["late"]
-            assert built, "the load was answered before its package was built"
-            assert (await _answer(node, "late")).status == 0
-            assert node.counters.get("worker_suspects", 0) == 0
-            assert node.counters.get("worker_losses", 0) == 0
-            assert wnode.real[0].models.keys() == {"mlp", "late"}
-        finally:
-            answered.set()
-            await node.stop()
-            stop.set()
-            await served
+        async with controller_with([wnode], "cpu", models="mlp") as node:
+            try:
+                assert (await answer(node, "mlp")).status == 0
+                load = asyncio.create_task(node.load_model("late", profile="mlp",
+                                                           package="mlp_late"))
+                assert await asyncio.to_thread(building.wait, 30), "the build did not start"
+                assert (await answer(node, "mlp")).status == 0  # beside the build
+                assert not built, "the resident model waited for the build"
+                answered.set()
+                assert await load == ["late"]
+                assert built, "the load was answered before its package was built"
+                assert (await answer(node, "late")).status == 0
+                assert node.counters.get("worker_suspects", 0) == 0
+                assert node.counters.get("worker_losses", 0) == 0
+                assert wnode.real[0].models.keys() == {"mlp", "late"}
+            finally:
+                answered.set()
 
     asyncio.run(asyncio.wait_for(main(), 60))
 
@@ -363,7 +350,7 @@ def test_a_worker_silent_while_it_takes_a_load_fails_that_load(monkeypatch, live
     here; half an hour really) the same way. Controller and emulated worker in this
     process."""
     from controller import service as controller_service
-    from controller.service import ControllerNode, RepositoryError
+    from controller.service import RepositoryError
     from worker import service
 
     monkeypatch.setattr(controller_service, "UPDATE_TIMEOUT_S", 10.0 if lively else 0.5)
@@ -385,21 +372,14 @@ def test_a_worker_silent_while_it_takes_a_load_fails_that_load(monkeypatch, live
 
     async def main():
         wnode = service.WorkerNode(gpus=1, pages=100)
-        address, stop, served = await _serve_in_process(wnode)
-        node = ControllerNode([address], "v100-reference", models="resnet50_v2")
-        await node.start()
-        try:
+        async with controller_with([wnode], "v100-reference", models="resnet50_v2") as node:
             said = "in 0.6 s" if lively else "not heard from for 0.5 s"
             with pytest.raises(RepositoryError, match=f"did not take the model.*{said}") as e:
                 await asyncio.wait_for(node.load_model("mute", profile="mobilenet_v2"), 10)
             assert e.value.code.name == "UNAVAILABLE"
             assert node.model_state("mute") is None and "mute" not in node.instances
             mute.clear()
-            assert (await _answer(node, "resnet50_v2")).status == 0
-        finally:
-            await node.stop()
-            stop.set()
-            await served
+            assert (await answer(node, "resnet50_v2")).status == 0
 
     asyncio.run(asyncio.wait_for(main(), 60))
 
@@ -411,7 +391,7 @@ def test_a_worker_that_fails_to_apply_a_load_answers_it_at_once(monkeypatch):
     answers such an update with every instance it named missing: the load fails at once
     (NOT_FOUND) and leaves nothing. Controller and emulated worker in this process."""
     from controller import service as controller_service
-    from controller.service import ControllerNode, RepositoryError
+    from controller.service import RepositoryError
     from worker import service
 
     monkeypatch.setattr(controller_service, "UPDATE_TIMEOUT_S", 30.0)
@@ -427,19 +407,12 @@ def test_a_worker_that_fails_to_apply_a_load_answers_it_at_once(monkeypatch):
 
     async def main():
         wnode = service.WorkerNode(gpus=1, pages=100)
-        address, stop, served = await _serve_in_process(wnode)
-        node = ControllerNode([address], "v100-reference", models="resnet50_v2")
-        await node.start()
-        try:
+        async with controller_with([wnode], "v100-reference", models="resnet50_v2") as node:
             with pytest.raises(RepositoryError, match="adding it failed there") as e:
                 await asyncio.wait_for(node.load_model("boom", profile="mobilenet_v2"), 10)
             assert e.value.code.name == "NOT_FOUND"
             assert node.model_state("boom") is None and "boom" not in node.instances
             assert await node.load_model("fine", profile="mobilenet_v2") == ["fine"]
-            assert (await _answer(node, "fine")).status == 0
-        finally:
-            await node.stop()
-            stop.set()
-            await served
+            assert (await answer(node, "fine")).status == 0
 
     asyncio.run(asyncio.wait_for(main(), 60))
