@@ -956,7 +956,8 @@ class ControllerNode:
                 if link.pending:
                     while (at := pacer.slot(link.due)) and at > now_ns():
                         link.send_at = at
-                        try:  # (woken by an action due sooner, an echo or a Hello)
+                        try:  # (woken by an action due sooner, an echo, a Hello or an
+                            # InstanceUpdate; the update waits with the actions)
                             woken = await doze(at, wake)
                         finally:
                             link.send_at = 0
@@ -966,6 +967,10 @@ class ControllerNode:
                         await self._write_control(link, call)
                         if not link.pending:
                             break  # (a reset dropped them)
+                while link.echo_due or link.reset_due:  # (one asked for during a write)
+                    await self._write_control(link, call)
+                # (no await from here until the actions are taken: a reset must not come
+                # between its Hello and them)
                 acts, link.pending, link.due = link.pending, [], 0
                 if acts:
                     pacer.sent()

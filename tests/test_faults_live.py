@@ -300,3 +300,49 @@ def test_a_log_flush_that_fails_is_logged_and_the_next_one_goes_on(tmp_path):
     asyncio.run(asyncio.wait_for(main(), 60))
     back = read_logs(logs)  # a header and whole rows: what came after the failure
     assert 1 <= len(back.requests) <= 2 and all(r[5] == RequestStatus.SUCCESS for r in back.requests)
+
+
+def test_a_second_reset_during_a_hellos_write_goes_before_the_actions_after_it():
+    """A worker found suspect twice in a row: the second reset (and an action after it)
+    came while the writer was still writing the first reset's Hello. The writer then
+    took the action at once and wrote it before the second Hello, which wiped it on the
+    worker. The second Hello now goes first, then the action."""
+    import asyncio
+
+    from clockwork.actions import NEVER, Action, ActionType
+    from clockwork.protocol import clockwork_pb2 as pb
+    from controller.service import ControllerNode, WorkerLink
+
+    async def main():
+        node = ControllerNode([], "v100-reference", models="resnet50_v2")
+        written: list = []
+        first_hello = asyncio.Event()  # (the first Hello's write is under way)
+        go_on = asyncio.Event()
+
+        class Call:  # the link's stream: records what is written, in order
+            async def write(self, msg, attach=None):
+                kind = msg.WhichOneof("kind")
+                written.append([a.id for a in msg.actions.actions] if kind == "actions"
+                               else kind)
+                if kind == "hello" and not first_hello.is_set():
+                    first_hello.set()
+                    await go_on.wait()
+
+        link = WorkerLink(0, "127.0.0.1:1", call=Call(),
+                          state=pb.WorkerState(device="emulated"))
+        node.links = [link]
+        writer = asyncio.create_task(node._writer(link))
+        try:
+            node.reset(0, [])
+            await asyncio.wait_for(first_hello.wait(), 10)
+            node.reset(0, [])
+            node.send(0, [Action(7, ActionType.INFER, 0, 0, "resnet50_v2", 0, NEVER, 1,
+                                 batch_size=1, requests=[])])
+            go_on.set()
+            while len(written) < 3:
+                await asyncio.sleep(0.001)
+        finally:
+            writer.cancel()
+        return written
+
+    assert asyncio.run(asyncio.wait_for(main(), 30)) == ["hello", "hello", [7]]

@@ -31,16 +31,17 @@ class _Busy(Pacer):
 
 @contextlib.asynccontextmanager
 async def _serving(reply_interval_us: float = 0.0, result_interval_us: float = 0.0,
-                   action_interval_us: float = 0.0):
-    """An emulated worker and a controller serving clockwork.v1 on loopback, in this
-    process: (the controller node, a connected ``clockwork.AsyncClient``)."""
+                   action_interval_us: float = 0.0, cfg=None):
+    """An emulated worker and a controller (scheduler settings ``cfg``) serving
+    clockwork.v1 on loopback, in this process: (the controller node, a connected
+    ``clockwork.AsyncClient``)."""
     from controller.service import ClockworkServicer
     from worker.service import WorkerNode
 
     wnode = WorkerNode(gpus=1, pages=100, result_interval_us=result_interval_us)
     async with controller_with([wnode], "v100-reference", models="mobilenet_v2",
                                reply_interval_us=reply_interval_us,
-                               action_interval_us=action_interval_us) as node:
+                               action_interval_us=action_interval_us, cfg=cfg) as node:
         server = grpc.aio.server()
         pbg.add_ClockworkServicer_to_server(ClockworkServicer(node), server)
         port = server.add_insecure_port("127.0.0.1:0")
@@ -167,7 +168,33 @@ def test_a_paced_action_goes_before_its_latest_start(monkeypatch):
     answers, took, msgs = asyncio.run(asyncio.wait_for(main(), 60))
     assert [(a.status, a.reason) for a in answers] == [(0, "")] * 4, answers
     assert max(took[1:]) < 0.1, took  # (held for the next slot: 0.4 s)
-    assert msgs >= 4, msgs  # (the LOAD and each INFER)
+    assert msgs >= 4, msgs  # (the LOAD and the first INFER may share one)
+
+
+def test_a_paced_action_with_room_to_wait_waits_for_the_slot(monkeypatch):
+    """Pacing still batches the actions that can wait: with the worker taking an action
+    up to 2 s after its planned start (``latest_delta``), an INFER is held for the
+    link's next message, 0.4 s after the previous one, and still answered."""
+    from clockwork.time import ms
+    from controller import service
+    from controller.config import SchedulerConfig
+
+    monkeypatch.setattr(service, "Pacer", _Busy)
+
+    async def main():
+        async with _serving(action_interval_us=INTERVAL_US,
+                            cfg=SchedulerConfig(latest_delta=ms(2000))) as (_, c):
+            s = c.stream()
+            first = await asyncio.wait_for(s.submit("mobilenet_v2", slo_ms=5000), 10)
+            t0 = time.monotonic()  # (the first INFER's message went: the next slot is on)
+            second = await asyncio.wait_for(s.submit("mobilenet_v2", slo_ms=5000), 10)
+            took = time.monotonic() - t0
+            await s.close()
+            return first, second, took
+
+    first, second, took = asyncio.run(asyncio.wait_for(main(), 60))
+    assert (first.status, second.status) == (0, 0), (first, second)
+    assert took > 0.5 * INTERVAL_US / 1e6, took
 
 
 @pytest.mark.parametrize("case", ["one urgent result", "clock offset"])

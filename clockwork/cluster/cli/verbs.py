@@ -385,7 +385,9 @@ def add_controller(sub) -> None:
     p.add_argument("--action-interval-us", type=t.nonneg_float, default=ACTION_INTERVAL_US,
                    help="pacing: at most one action message per worker per interval; under "
                    "load actions share messages, but none is held past one interval "
-                   f"before its latest start (default {ACTION_INTERVAL_US:g}; 0: off)")
+                   "before its latest start (at least 11 ms after it is made with the "
+                   "default settings, so intervals from ~11 ms pace no INFER; default "
+                   f"{ACTION_INTERVAL_US:g}; 0: off)")
     p.add_argument("--reply-interval-us", type=t.nonneg_float, default=REPLY_INTERVAL_US,
                    help="pacing: on a busy InferStream at most one reply message per "
                    "interval, but a successful reply still in time goes no later than one "
