@@ -136,18 +136,24 @@ def test_a_child_that_keeps_saying_what_it_does_gets_more_time(tmp_path):
 
 def test_a_child_that_talks_on_is_remembered_in_bounded_memory(tmp_path):
     """A child's output is kept for error messages and handed to the wait for its
-    address, but only its last lines: a worker that logs for days does not grow serve."""
+    address, but only its last lines: a worker that logs for days does not grow serve.
+    What it said it listens on is kept whatever it says after: a child that printed its
+    address and then more lines than are kept before the wait read them (a busy machine)
+    was taken for one that never said it, and serve gave up on it."""
     from clockwork.cluster import serve
 
     chatty = ("print('clockwork worker listening on 127.0.0.1:5 (x)', flush=True)\n"
+              "print('http listening on 127.0.0.1:6', flush=True)\n"
               "for k in range(5000):\n    print(f'line {k}')\n")
     c = _child(tmp_path, chatty)
     try:
-        assert c.wait_address(10.0) == "127.0.0.1:5"
         c.proc.wait(10)
-        c._t.join(10)
+        c._t.join(10)  # (every line read: the first ones have left the queue)
+        assert c.wait_address(10.0) == "127.0.0.1:5"
+        assert c.announced("http") == "127.0.0.1:6"
+        assert c.announced("kserve grpc") is None
     finally:
         c.stop()
     assert len(c.output) <= 2 * serve.OUTPUT_KEPT and c.output[-1] == "line 4999\n"
     assert c.lines.qsize() <= serve.OUTPUT_KEPT
-    assert (tmp_path / "w.log").read_text().count("\n") == 5001  # the log has them all
+    assert (tmp_path / "w.log").read_text().count("\n") == 5002  # the log has them all

@@ -53,6 +53,7 @@ class ChildRefused(RuntimeError):
 
 
 OUTPUT_KEPT = 1000  # a child's last lines kept in memory (at most twice as many)
+LISTENING_KEPT = 16  # a child's first "... listening on HOST:PORT" lines kept
 
 
 class _Child:
@@ -76,15 +77,25 @@ class _Child:
                 env.pop(k, None)
             else:
                 env[k] = v
+        self.output: list[str] = []
+        # what it said it listens on, kept whatever it says after: the first address
+        # (``wait_address``) and its first "... listening on" lines (read by ``announced``)
+        self.address: str | None = None
+        self.listening: list[str] = []
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env=env, start_new_session=True)
         self._t = threading.Thread(target=self._pump, daemon=True)
         self._t.start()
-        self.output: list[str] = []
 
     def _pump(self) -> None:
         log = self._log
         for line in self.proc.stdout:
+            m = _ADDR.search(line)
+            if m:  # (before the line is offered: the wait finds it set)
+                if len(self.listening) < LISTENING_KEPT:
+                    self.listening.append(line)
+                if self.address is None:
+                    self.address = f"{m.group(1)}:{m.group(2)}"
             self.output.append(line)
             if len(self.output) > 2 * OUTPUT_KEPT:  # (a long-lived child that keeps talking)
                 del self.output[:OUTPUT_KEPT]
@@ -124,14 +135,23 @@ class _Child:
             except queue.Empty:
                 continue
             deadline = time.monotonic() + timeout
+            if self.address is not None:  # (its line may have left the queue since)
+                return self.address
             if line is None:
                 rc = self.proc.wait()
                 if rc == 2 and self.output:  # it refused a setting or a port: its own line
                     raise ChildRefused(f"{self.name}: {self.output[-1].strip()}", self.echo)
                 raise RuntimeError(f"{self.name} exited (rc {rc}){self._output_note()}")
-            m = _ADDR.search(line)
+
+    def announced(self, what: str) -> str | None:
+        """``HOST:PORT`` from its ``{what} listening on`` line, if it printed one (kept
+        however much it printed after)."""
+        pattern = re.compile(rf"{what} listening on (\S+:\d+)")
+        for line in list(self.listening):
+            m = pattern.search(line)
             if m:
-                return f"{m.group(1)}:{m.group(2)}"
+                return m.group(1)
+        return None
 
     def _output_note(self) -> str:
         """The child's output for a message saying it failed: its last lines, or, when
@@ -333,13 +353,11 @@ class LocalCluster:
     def printed_address(self, what: str, timeout: float = 10.0) -> str:
         """``HOST:PORT`` from the controller's ``{what} listening on`` line (``what``:
         "http" for KServe REST and /metrics, "kserve grpc"), waiting up to ``timeout``."""
-        pattern = re.compile(rf"{what} listening on (\S+:\d+)")
         deadline = time.monotonic() + timeout
         while True:
-            for line in list(self.controller.output):
-                m = pattern.search(line)
-                if m:
-                    return m.group(1)
+            address = self.controller.announced(what)
+            if address is not None:
+                return address
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"the controller printed no {what} address:\n"
                                    + "".join(self.controller.output[-20:]))
