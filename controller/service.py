@@ -967,8 +967,7 @@ class ControllerNode:
                         await self._write_control(link, call)
                         if not link.pending:
                             break  # (a reset dropped them)
-                while link.echo_due or link.reset_due:  # (one asked for during a write)
-                    await self._write_control(link, call)
+                await self._write_control(link, call)
                 # (no await from here until the actions are taken: a reset must not come
                 # between its Hello and them)
                 acts, link.pending, link.due = link.pending, [], 0
@@ -990,16 +989,19 @@ class ControllerNode:
                 self._lost(link)
 
     async def _write_control(self, link: WorkerLink, call) -> None:
-        """The link's echo and reset Hello, if due (before any action queued after them)."""
-        if link.echo_due:
-            link.echo_due = False
-            link.echo_seq += 1
-            await call.write(pb.ControllerMessage(
-                echo=pb.ClockEcho(seq=link.echo_seq, controller_time=now_ns())))
-        if link.reset_due:
-            link.reset_due = False
-            keep, link.keep = link.keep, []
-            await call.write(pb.ControllerMessage(hello=self._hello(link, keep)))
+        """The link's echo and reset Hello, if due (before any action queued after them),
+        until none is: one asked for during a write goes too. Returns without suspending
+        when none is due."""
+        while link.echo_due or link.reset_due:
+            if link.echo_due:
+                link.echo_due = False
+                link.echo_seq += 1
+                await call.write(pb.ControllerMessage(
+                    echo=pb.ClockEcho(seq=link.echo_seq, controller_time=now_ns())))
+            if link.reset_due:
+                link.reset_due = False
+                keep, link.keep = link.keep, []
+                await call.write(pb.ControllerMessage(hello=self._hello(link, keep)))
 
     async def _write_actions(self, link: WorkerLink, call, acts: list[Action]) -> None:
         """The actions for ``link`` in one message, or in several of at most
