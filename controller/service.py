@@ -157,6 +157,10 @@ MAX_SERVED = MAX_INSTANCES  # instances served at once (--models, then loads)
 # package's first kernel build); silent this long, it did not take the update
 UPDATE_TIMEOUT_S = 30.0
 UPDATE_MAX_S = 1800.0  # ... and however lively it is, no longer than this in all
+# a worker's answer to our Hello (its state) comes after it has read the packages the Hello
+# names that it had not (a package compiled into its directory after it started): waited
+# for in rounds of this long, each ended by a ClockSync it must answer, up to UPDATE_MAX_S
+HELLO_WAIT_S = 5.0
 ECHO_S = 1.0  # a clock echo to each worker this often (a clock sample, and a sign of life)
 UNLOAD_WAIT_S = 60.0  # a load waits this long for an unload of the same names to finish
 UNLOADED_KEPT = 1000  # unloaded instances the index still lists (the newest ones)
@@ -681,8 +685,7 @@ class ControllerNode:
             adopt = self.ctrl is None and self.adopt_weights
             try:
                 await call.write(pb.ControllerMessage(hello=self._hello(link, keep, adopt)))
-                async with asyncio.timeout(5.0):
-                    msg = await call.read()
+                msg = await self._hello_answer(link, stub, call)
             except grpc.aio.AioRpcError as e:
                 if is_held(e):  # another controller's connection to it is live
                     raise WorkerHeld(e.details()) from None
@@ -723,6 +726,42 @@ class ControllerNode:
             link.updates.append((0, pb.InstanceUpdate(add=new, remove=gone)))
             link.told = dict(self.instances)
             link.wake.set()
+
+    async def _hello_answer(self, link: WorkerLink, stub: pbg.WorkerStub, call):
+        """The worker's first message after our Hello (its state, as a rule). Before it
+        answers, the worker reads the packages the Hello names that it has not read yet,
+        on a thread, answering ClockSync meanwhile: a cuda package's first kernel build
+        takes a minute or more. So the answer is waited for in rounds of
+        ``HELLO_WAIT_S``, each ended by a ClockSync that must be answered (within its own
+        2 s), up to ``UPDATE_MAX_S`` in all; ``TimeoutError`` if the worker stops
+        answering or takes longer."""
+        read = asyncio.ensure_future(call.read())
+        t0 = time.monotonic()
+        said = False
+        try:
+            while True:
+                done, _ = await asyncio.wait([read], timeout=HELLO_WAIT_S)
+                if done:
+                    return read.result()
+                waited = time.monotonic() - t0
+                if waited >= UPDATE_MAX_S:
+                    raise TimeoutError(f"worker {link.address} did not answer our Hello in "
+                                       f"{UPDATE_MAX_S:g} s")
+                try:
+                    s0, r, s2 = await self._clock_sync(stub, link)
+                except (grpc.aio.AioRpcError, TimeoutError) as e:
+                    raise TimeoutError(f"worker {link.address} stopped answering before it "
+                                       f"answered our Hello ({waited:.1f} s)") from e
+                link.add_sample(s0, r.worker_time, s2)
+                if not said:
+                    said = True
+                    print(f"controller: worker {link.address} has not answered our Hello in "
+                          f"{waited:.0f} s but answers: waiting while it does (it reads the "
+                          "model packages the Hello names first; a cuda package's first "
+                          "kernel build takes a minute or more)", file=sys.stderr,
+                          flush=True)
+        finally:
+            read.cancel()
 
     async def _dial_fast(self, link: WorkerLink, state: pb.WorkerState) -> FrameStream:
         """The fast link the worker offered (``clockwork.protocol.framing``). If it cannot

@@ -341,6 +341,78 @@ def test_a_slow_first_kernel_build_at_run_time_holds_up_only_that_load(tmp_path,
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
+def test_a_hello_naming_a_package_built_after_the_worker_started_is_waited_for(
+        tmp_path, monkeypatch, capsys):
+    """A cuda worker (the fake stream API) starts with an empty package directory; the
+    ``mlp`` package is compiled into it afterwards and a controller starts serving it.
+    The controller's Hello names a package the worker has not read, whose kernel build
+    outlasts what the controller waits for a Hello's answer (``HELLO_WAIT_S``: 0.2 s
+    here; 5 s really, and a real-size model's first NVRTC build takes a minute or more).
+    The worker builds on a thread and answers ClockSync meanwhile: the controller waits
+    on the same connection while the worker answers, says so, and then serves. Before,
+    it gave up on each connection after 5 s and opened another, each reading the same
+    package again, and failed to start once ``--connect-timeout`` had passed."""
+    from controller import service as controller_service
+    from tests.fake_cuda import fake_cuda_device, fake_package
+    from worker import service
+
+    monkeypatch.setattr(controller_service, "HELLO_WAIT_S", 0.2)
+    syncs: list[float] = []
+    clock_sync = service.WorkerServicer.ClockSync
+
+    async def counted_sync(self, request, context):
+        syncs.append(time.monotonic())
+        return await clock_sync(self, request, context)
+
+    monkeypatch.setattr(service.WorkerServicer, "ClockSync", counted_sync)
+    sessions: list = []
+
+    class Session(service._Session):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            sessions.append(self)
+
+    monkeypatch.setattr(service, "_Session", Session)
+    builds: list[float] = []
+
+    def open_device(kind, pages, index=0):
+        dev, _, tvm = fake_cuda_device(pages)
+        load_module = tvm.runtime.load_module
+
+        def slow_build(path):  # TVM builds the package's kernels here (NVRTC)
+            t0 = time.monotonic()
+            builds.append(t0)
+            # the build lasts until the controller has checked on the worker three times
+            # after it began (ClockSync; none is made otherwise once the Hello is sent)
+            deadline = t0 + 30
+            while sum(t > t0 for t in syncs) < 3 and time.monotonic() < deadline:
+                threading.Event().wait(0.01)  # (simulated work, polling the count)
+            return load_module(path)
+
+        tvm.runtime.load_module = slow_build
+        return dev
+
+    monkeypatch.setattr(service, "_open_device", open_device)
+
+    async def main():
+        wnode = service.WorkerNode(1, 8, "cpu", "cuda", packages=str(tmp_path))
+        await asyncio.to_thread(wnode.prepare_packages)  # (nothing to build yet)
+        fake_package(tmp_path / "mlp", pages=1, batch_sizes=(1, 2, 4, 8, 16), n_in=64,
+                     out_name="output")  # compiled into the directory while it serves
+        async with controller_with([wnode], "cpu", models="mlp",
+                                   connect_timeout=0.5) as node:
+            assert (await answer(node, "mlp")).status == 0
+            assert len(builds) == 1
+            assert sum(t > builds[0] for t in syncs) >= 3
+            assert len(sessions) == 1, "the controller connected again"
+            assert node.counters.get("worker_connects", 0) == 1
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    err = capsys.readouterr().err
+    assert "has not answered our Hello" in err and "but answers: waiting" in err
+    assert err.count("has not answered our Hello") == 1
+
+
 @pytest.mark.parametrize("lively", [False, True], ids=["silent", "lively"])
 def test_a_worker_silent_while_it_takes_a_load_fails_that_load(monkeypatch, lively):
     """The bounds on that wait: a worker that takes a load, then says nothing -- no

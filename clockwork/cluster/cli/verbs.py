@@ -364,7 +364,10 @@ def add_controller(sub) -> None:
                    "buffer_ms=5, batch_first=false, or a baseline's own (batch_timeout_us=...); "
                    "docs/settings.md lists them")
     p.add_argument("--connect-timeout", type=t.positive_float, default=30.0,
-                   help="seconds to wait for every worker at start (default 30)")
+                   help="seconds to wait for every worker to answer at start (default 30); "
+                   "a worker that answers but first reads model packages new to it (a cuda "
+                   "package's first kernel build: a minute or more) is waited for while "
+                   "it keeps answering")
     p.add_argument("--fresh-caches", action="store_true",
                    help="empty the workers' weights caches at start. Default: a worker "
                    "that still holds models loaded for an earlier controller (this one "
