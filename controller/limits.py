@@ -93,8 +93,15 @@ class Limits:
         "what the client still sends is read and dropped for up to this long, so that "
         "it sees the answer; then the connection closes.", units=("s",), ge=0)
     rest_json_offload_bytes: int = setting(
-        1 * MiB, "A REST request whose JSON part is larger than this is decoded on a "
-        "worker thread, off the event loop.", ge=0)
+        1 * MiB, "A REST request whose JSON part is larger than this is decoded off the "
+        "event loop: an inference request's in a decoding process (rest_json_processes), "
+        "any other on a worker thread.", ge=0)
+    rest_json_processes: int = setting(
+        2, "Processes that decode large REST inference bodies (over "
+        "rest_json_offload_bytes) beside the controller, started when first needed: "
+        "reading JSON tensors holds Python's lock for as long as it takes (~250 ms for 16 "
+        "ResNet-size images), which on a thread would hold up every other request. 0: "
+        "decode them on a worker thread of the controller.", ge=0, le=64)
 
     @classmethod
     def from_table(cls, table: dict[str, Any] | None = None, where: str = "") -> Limits:

@@ -293,9 +293,9 @@ def test_rest_head_limits_timeouts_and_json_off_the_loop(profiles):
     """The REST server's other bounds: too many headers 400 (aiohttp's parser), a chunked
     body accepted (this one reaches the JSON decoder: 400 not JSON), an idle connection
     closed after rest_idle_timeout_s, a body that does not arrive within
-    rest_read_timeout_s 408 and the connection closed at once; a JSON body over
-    rest_json_offload_bytes (0 here: every one) is decoded on a worker thread and
-    answered as usual."""
+    rest_read_timeout_s 408 and the connection closed at once; an inference body whose
+    JSON is over rest_json_offload_bytes (0 here: every one) is decoded in a decoding
+    process of the controller's and answered as usual."""
     limits = ("rest_max_headers=10", "rest_idle_timeout_s=0.3", "rest_read_timeout_s=0.3",
               "rest_json_offload_bytes=0")
     with _cluster(profiles, *limits, http_port=0) as c:
@@ -325,6 +325,8 @@ def test_rest_head_limits_timeouts_and_json_off_the_loop(profiles):
         got, took = exchange(head + b"Content-Length: 100\r\n\r\n{\"inputs\"")
         assert got.startswith(b"HTTP/1.1 408 ") and 0.2 < took < 3.0
         assert _rest_infer(host, int(port)) == 200
+        assert any(b"controller.json_offload" in _cmdline(p)
+                   for p in _children_of(c.controller.proc.pid))
         with clockwork.Client(c.address, timeout=10) as cl:
             counters = cl.stats()
         assert counters["http_400"] == counters["http_408"] == 1
@@ -339,6 +341,20 @@ def test_grpc_message_over_the_receive_limit_is_refused(profiles):
                                match="RESOURCE_EXHAUSTED"):
                 cl.infer("small", {"x": np.zeros(40000, np.float32)})
             assert cl.infer("small", np.zeros(4, np.float32)).status == 0
+
+
+def _children_of(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(x) for x in (task / "children").read_text().split()]
+    return out
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return b""
 
 
 def _rest_infer(host: str, port: int) -> int:

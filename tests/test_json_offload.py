@@ -1,0 +1,155 @@
+"""Large REST inference bodies with JSON tensors are decoded in child processes
+(``controller/json_offload.py``): the same answers and refusals as decoding them in the
+controller, a child that dies is replaced without losing the body it had, one whose
+caller went away is ended, and no child outlives ``close``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+
+import numpy as np
+import orjson
+import pytest
+
+from controller.json_offload import JsonDecoders, decode
+from controller.kserve_status import KServeError
+
+
+def _body(data, datatype="FP32", shape=(2, 3), **extra) -> bytes:
+    return orjson.dumps({"id": "r1", "inputs": [{"name": "x", "datatype": datatype,
+                                                 "shape": list(shape), "data": data}],
+                         **extra})
+
+
+BODIES = [
+    (_body([[1.5, 2, 3], [4, 5, 6e30]]), b""),
+    (_body(list(range(6)), "INT64"), b""),
+    # a JSON input and a binary one after the header
+    (orjson.dumps({"inputs": [
+        {"name": "x", "datatype": "FP32", "shape": [2], "data": [1, 2]},
+        {"name": "y", "datatype": "UINT8", "shape": [3],
+         "parameters": {"binary_data_size": 3}}],
+        "outputs": [{"name": "o", "parameters": {"binary_data": True}}],
+        "parameters": {"binary_data_output": False, "slo_ms": 20}}), b"\x01\x02\x03"),
+    (b'{"inputs": [{"name": "x", "datatype": "FP64", "shape": [2], "data": [NaN, 1]}]}', b""),
+]
+BAD = [
+    (b"{not json", b""),
+    (b"[1, 2]", b""),
+    (_body([1, 2, 3], shape=(2, 3)), b""),  # 3 values for 6
+    (_body([1, True, 0, 1, 0, 1]), b""),  # a bool among the numbers
+    (_body([1, 2, 3, 4, 5, 6], "INT8", id=5), b""),
+    (orjson.dumps({"inputs": [{"name": "y", "datatype": "UINT8", "shape": [3],
+                               "parameters": {"binary_data_size": 3}}]}), b"\x01"),
+]
+
+
+def _same(a, b) -> None:
+    (ia, *ra), (ib, *rb) = a, b
+    assert ra == rb
+    assert [(t.name, t.datatype, t.shape) for t in ia] == [(t.name, t.datatype, t.shape)
+                                                          for t in ib]
+    for ta, tb in zip(ia, ib, strict=True):
+        assert bytes(memoryview(ta.data).cast("B")) == bytes(memoryview(tb.data).cast("B"))
+        assert type(ta.data) is type(tb.data) or isinstance(tb.data, memoryview)
+
+
+def _refusal(header, binary) -> str:
+    with pytest.raises(KServeError) as e:
+        decode(header, binary)
+    return e.value.kind, e.value.message
+
+
+def _children(decoders: JsonDecoders) -> set[int]:
+    return {c.proc.pid for c in decoders._idle}
+
+
+def test_a_child_answers_and_refuses_as_the_controller_would():
+    async def main():
+        d = JsonDecoders(2)
+        try:
+            got = await asyncio.gather(*(d.decode(h, b) for h, b in BODIES))
+            for (h, b), g in zip(BODIES, got, strict=True):
+                _same(g, decode(h, b))
+            assert got[0][-1] == {"id": "r1"} and got[2][-1] == {}
+            for h, b in BAD:
+                with pytest.raises(KServeError) as e:
+                    await d.decode(h, b)
+                assert (e.value.kind, e.value.message) == _refusal(h, b)
+            pids = _children(d)
+            assert pids and os.getpid() not in pids  # decoded in children of ours
+        finally:
+            await d.close()
+        return pids
+
+    for pid in asyncio.run(main()):
+        assert not os.path.exists(f"/proc/{pid}"), "a child outlived close"
+
+
+def test_a_killed_child_is_replaced_and_its_body_decoded_all_the_same(capsys):
+    async def main():
+        d = JsonDecoders(1)
+        try:
+            h, b = BODIES[0]
+            await d.decode(h, b)
+            (pid,) = _children(d)
+            os.kill(pid, signal.SIGKILL)
+            _same(await d.decode(h, b), decode(h, b))  # in this process, that once
+            assert not _children(d)
+            _same(await d.decode(h, b), decode(h, b))  # a new child
+            (new,) = _children(d)
+            assert new != pid
+        finally:
+            await d.close()
+
+    asyncio.run(main())
+    assert capsys.readouterr().err.count("a JSON decoding process failed") == 1
+
+
+def test_a_child_whose_caller_went_away_is_ended_and_close_ends_the_rest(monkeypatch):
+    from controller import json_offload
+
+    big = _body(np.zeros(2_000_000).tolist(), shape=(2_000_000,))  # ~0.1 s to decode
+    spawned: list[int] = []
+    first = threading.Event()
+    init = json_offload._Child.__init__
+
+    def counted(self):
+        init(self)
+        spawned.append(self.proc.pid)
+        first.set()
+
+    monkeypatch.setattr(json_offload._Child, "__init__", counted)
+
+    async def main():
+        d = JsonDecoders(2)
+        task = asyncio.create_task(d.decode(big, b""))
+        assert await asyncio.to_thread(first.wait, 30)  # its child has started
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        h, b = BODIES[0]
+        _same(await d.decode(h, b), decode(h, b))  # another child
+        kept = _children(d)
+        await d.close()
+        d._threads.shutdown(wait=True)  # (the abandoned ask ends its child as it ends)
+        return kept
+
+    kept = asyncio.run(main())
+    assert len(spawned) == 2 and kept == {spawned[1]}
+    for pid in spawned:
+        assert not os.path.exists(f"/proc/{pid}"), "a child outlived close"
+
+
+def test_no_processes_decodes_on_a_thread():
+    async def main():
+        d = JsonDecoders(0)
+        h, b = BODIES[2]
+        _same(await d.decode(h, b), decode(h, b))
+        assert not _children(d)
+        await d.close()
+
+    asyncio.run(main())
