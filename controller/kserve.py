@@ -524,7 +524,7 @@ class _ModelStream:
     whose rows do not all fit is answered ``overloaded``, and so is every request read
     after it in that turn). Every request gets exactly one ``ModelStreamInferResponse``,
     once all its rows are answered, in completion order: its ``infer_response`` (all its
-    rows, in order), or ``error_message`` ``KIND: message`` (the kinds of
+    rows, in order), or ``error_message`` ``KIND: [request id: ID] message`` (the kinds of
     ``controller.kserve_status``; the worst row's) with ``infer_response`` naming the
     request (model, version, id). No request's failure ends the stream; it ends when the
     client has closed its side and every request has been answered. A client that does
@@ -574,8 +574,11 @@ class _ModelStream:
         resp = kpb.ModelInferResponse(model_name=request.model_name,
                                       model_version=request.model_version, id=request.id)
         _final(resp)
-        self._reply(kpb.ModelStreamInferResponse(error_message=f"{e.kind}: {e.message}",
-                                                 infer_response=resp))
+        # (the request's id in the message too, as Triton's errors say it: tritonclient's
+        # stream callback is given the message alone)
+        said = f"[request id: {request.id}] " if request.id else ""
+        self._reply(kpb.ModelStreamInferResponse(
+            error_message=f"{e.kind}: {said}{e.message}", infer_response=resp))
 
     def _deliver(self, resp) -> None:
         """The controller's answer to one admitted row (exactly once each); the last of

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -238,11 +240,15 @@ def test_stream_infer(cluster):
         shape = (1, 1000) if i % 3 else (1000,)
         assert results[f"r{i}"].as_numpy("output").shape == shape
     assert len(errors) == 4, errors
-    assert any(e.startswith("INVALID_ARGUMENT: ") and "shape [1, 3, 10, 10]" in e
-               for e in errors), errors
-    assert any(e.startswith("NOT_FOUND: ") and "unknown model" in e for e in errors), errors
-    assert any(e.startswith("NOT_FOUND: ") and "no version '3'" in e for e in errors), errors
-    assert any(e.startswith("DEADLINE_EXCEEDED: TIMEOUT") for e in errors), errors
+    # each names its request, which the stock client's callback is not told otherwise
+    errs = {re.search(r"\[request id: ([^\]]*)\] ", e).group(1): e for e in errors}
+    assert errs.keys() == {"bad-shape", "bad-model", "bad-version", "too-tight"}, errors
+    assert errs["bad-shape"].startswith("INVALID_ARGUMENT: [request id: bad-shape] input "
+                                        "'data'") and "shape [1, 3, 10, 10]" in errs["bad-shape"]
+    assert errs["bad-model"].startswith("NOT_FOUND: ") and "unknown model" in errs["bad-model"]
+    assert errs["bad-version"].startswith("NOT_FOUND: ") and "no version '3'" in \
+        errs["bad-version"]
+    assert errs["too-tight"].startswith("DEADLINE_EXCEEDED: [request id: too-tight] TIMEOUT")
 
 
 def test_stream_errors_name_their_request(cluster):

@@ -229,8 +229,9 @@ def test_overload_has_no_internal_errors(slow_profiles):
     status, headers, body = shed
     assert (status, headers.get("Retry-After")) == (503, "1"), shed
     assert json.loads(body)["error"].startswith("ERROR: overloaded: "), shed
-    assert stream_shed == ["UNAVAILABLE: ERROR: overloaded: 4 requests outstanding in the "
-                           "controller (limit global_outstanding)"] * 3, stream_shed
+    assert stream_shed == [f"UNAVAILABLE: [request id: {i}] ERROR: overloaded: 4 requests "
+                           "outstanding in the controller (limit global_outstanding)"
+                           for i in range(3)], stream_shed
     # worker rejections were answered ERROR by the scheduler (and mapped, above, to
     # DEADLINE_EXCEEDED / UNAVAILABLE, never INTERNAL)
     assert counters.get("infer_rejected", 0) > 0, counters
