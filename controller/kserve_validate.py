@@ -138,8 +138,22 @@ def _check_params(params: dict) -> dict:
     return params
 
 
+NO_SHARED_MEMORY = ("parameter 'shared_memory_region' names a shared-memory region, but this "
+                    "server has no shared-memory extension")
+
+
+def _no_shared_memory(what: str, params, instead: str) -> None:
+    """Refuse a tensor placed in shared memory (Triton's extension, not served): read as
+    if it were not, an input would have no data and an output would come in the
+    response while its client read the region."""
+    if "shared_memory_region" in params:
+        raise _bad(f"{what}: {NO_SHARED_MEMORY} ({instead})")
+
+
 def _output_params(name: str, params) -> None:
-    """An output's parameters: ``binary_data`` a bool; no classification (unsupported)."""
+    """An output's parameters: ``binary_data`` a bool; no classification (unsupported);
+    not in shared memory (no such extension)."""
+    _no_shared_memory(f"output {name!r}", params, "its data comes in the response")
     if "binary_data" in params and not isinstance(params["binary_data"], bool):
         raise _bad(f"output {name!r}: parameter 'binary_data' must be true or false, got "
                    f"{_short(params['binary_data'])}")
@@ -257,6 +271,8 @@ def grpc_request(request) -> tuple[list[InTensor], dict, list[str]]:
         shape = list(t.shape)  # int64s: only the sign is left to check
         if shape and min(shape) < 0:
             _shape(name, shape)  # raises
+        if t.parameters:
+            _no_shared_memory(f"input {name!r}", t.parameters, "send the tensor in the request")
         if raw:
             if t.HasField("contents"):
                 raise _bad(f"input {name!r} has typed contents and the request has "
@@ -420,6 +436,7 @@ def _rest_inputs(body: dict, binary: bytes | memoryview) -> list[InTensor]:
         datatype = _datatype(name, t.get("datatype"))
         shape = _shape(name, t.get("shape"))
         params = _object(f"input {name!r}: 'parameters'", t.get("parameters"))
+        _no_shared_memory(f"input {name!r}", params, "send the tensor in the request")
         if "binary_data_size" in params:
             n = params["binary_data_size"]
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:

@@ -472,6 +472,38 @@ def test_http(cluster):
         c.close()
 
 
+def test_tensors_in_shared_memory_are_refused(client, cluster):
+    """Triton's shared-memory extension is not served: an input or a requested output
+    placed in a region (``set_shared_memory`` of the stock clients, gRPC and REST) is
+    refused INVALID_ARGUMENT / 400, saying so. Before, such an output was answered in the
+    response as if it had not been (its client would read a region never written) and
+    such an input was said to have no data."""
+    thttp = pytest.importorskip("tritonclient.http")
+    h = thttp.InferenceServerClient(_http_address(cluster), connection_timeout=TIMEOUT,
+                                    network_timeout=TIMEOUT)
+    try:
+        for lib, c, code in ((tgrpc, client, "StatusCode.INVALID_ARGUMENT"), (thttp, h, "400")):
+            x = lib.InferInput("data", [1, 3, 224, 224], "FP32")
+            x.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float32))
+            o = lib.InferRequestedOutput("output")
+            o.set_shared_memory("no_such_region", 4000)
+            with pytest.raises(InferenceServerException) as e:
+                c.infer("resnet50_v2", [x], outputs=[o])
+            assert e.value.status() == code, e.value
+            assert "output 'output': parameter 'shared_memory_region'" in e.value.message()
+            assert "no shared-memory extension" in e.value.message()
+            y = lib.InferInput("data", [1, 3, 224, 224], "FP32")
+            y.set_shared_memory("no_such_region", 602_112)
+            with pytest.raises(InferenceServerException) as e:
+                c.infer("resnet50_v2", [y])
+            assert e.value.status() == code, e.value
+            assert "input 'data': parameter 'shared_memory_region'" in e.value.message()
+            assert "send the tensor in the request" in e.value.message()
+            assert c.infer("resnet50_v2", [x]).as_numpy("output").shape == (1, 1000)
+    finally:
+        h.close()
+
+
 def _get(url: str):
     """GET -> (status, JSON body or None), with the standard library."""
     import json
