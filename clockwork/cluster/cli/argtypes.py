@@ -20,12 +20,21 @@ def _file_system(check: Callable[..., T]) -> Callable[..., T]:
 
     @functools.wraps(check)
     def checked(text: str, *args, **kw) -> T:
+        nonempty_path(text)
         try:
             return check(text, *args, **kw)
         except OSError as e:
             raise argparse.ArgumentTypeError(f"{text!r}: {e.strerror or e}") from None
 
     return checked
+
+
+def nonempty_path(text: str) -> str:
+    """A path given as text: anything but empty (or blanks). ``Path("")`` is the current
+    folder, so an empty ``--out`` would otherwise pass as one, or read as none given."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a path, got {text!r}")
+    return text
 
 
 def _int(text: str) -> int:
@@ -245,6 +254,7 @@ def in_dir(text: str) -> str:
     """An existing folder to read from."""
     import os
 
+    nonempty_path(text)
     if not os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"no such folder: {text!r}")
     return text

@@ -301,7 +301,8 @@ def add_serve(sub) -> None:
                    "controller's and workers' output as logs/NAME.log")
     p.add_argument("--quiet", action="store_true",
                    help="with --replay (needs it): no progress line")
-    p.add_argument("--log-dir", metavar="DIR", help="the controller writes requests.tsv and "
+    p.add_argument("--log-dir", type=t.out_dir, metavar="DIR",
+                   help="the controller writes requests.tsv and "
                    "actions.tsv (its own view: every request and action) here")
     g = p.add_argument_group("security (see SECURITY.md; the workers always listen on "
                              "127.0.0.1, with a cluster secret made for this cluster)")
@@ -373,7 +374,7 @@ def add_controller(sub) -> None:
                    "that still holds models loaded for an earlier controller (this one "
                    "restarted) keeps them, and the clockwork policy serves them with no "
                    "LOAD (the baselines always start empty)")
-    p.add_argument("--log-dir", default=None, metavar="DIR",
+    p.add_argument("--log-dir", type=t.out_dir, default=None, metavar="DIR",
                    help="write requests.tsv and actions.tsv (the simulator's logs) here")
     p.add_argument("--log-flush-s", type=t.positive_float, default=None, metavar="S",
                    help="with --log-dir (needs it): append the rows every S seconds (a "
@@ -548,7 +549,7 @@ def add_sweep(sub) -> None:
               epilog=SWEEP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
               requires=("tqdm",))
     p.add_argument("file", help="sweep TOML file, or the name of a shipped sweep")
-    p.add_argument("--out", metavar="DIR",
+    p.add_argument("--out", type=t.nonempty_path, metavar="DIR",
                    help="output folder (default: the file's out, else sweeps/<file stem>)")
     p.add_argument("--plot", action="store_true",
                    help="also draw SLO attainment and goodput against the first grid key "
