@@ -2020,8 +2020,9 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
         except OSError as e:
             raise ListenError(f"cannot listen on {host}:{http_port} (--http-port): "
                               f"{e.strerror or e}") from None
+    stop = stop or asyncio.Event()
     try:
-        await node.start()
+        await _unless_stopped(node.start(), stop)
     except BaseException:
         if http is not None:
             await http.close()
@@ -2034,7 +2035,6 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
     if http is not None:  # after the lines above (LocalCluster reads them in this order)
         await http.serve()
         print(f"clockwork controller http listening on {host}:{http.port}", flush=True)
-    stop = stop or asyncio.Event()
     flusher = asyncio.create_task(node._flush_logs()) if node.telemetry is not None else None
     try:
         await stop.wait()
@@ -2046,6 +2046,29 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
         await node.stop()
         await server.stop(1.0)
         node.write_logs(final=True)
+
+
+class Interrupted(Exception):
+    """``stop`` came before the controller had started (it was still waiting for its
+    workers)."""
+
+
+async def _unless_stopped(start, stop: asyncio.Event) -> None:
+    """Await ``start`` (a coroutine) unless ``stop`` is set first: then it is cancelled
+    and ``Interrupted`` raised (a Ctrl-C or SIGTERM while the workers are awaited, for up
+    to ``--connect-timeout``, ends the controller at once)."""
+    task = asyncio.ensure_future(start)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait([task])
+    if task.cancelled():
+        raise Interrupted("stopped while waiting for the workers")
+    task.result()
 
 
 def parse_settings(items: list[str]) -> dict:
@@ -2207,6 +2230,9 @@ def cmd_controller(args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(main())
+    except Interrupted as e:
+        print(f"clockwork controller: {e}", file=sys.stderr)
+        return 130
     except ListenError as e:
         print(f"clockwork controller: {e}", file=sys.stderr)
         return 2

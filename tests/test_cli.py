@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import signal
+import socket
+import subprocess
+
 import orjson
+import pytest
 
 from clockwork.cluster.cli import main
+from tests.conftest import cli_command
 
 
 def test_simulate_writes_outputs_and_report_reads_them(tmp_path, capsys):
@@ -206,3 +212,29 @@ def test_report_on_the_rows_of_a_run_that_never_wrote_its_logs(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "clockwork-rows-x1y2 there holds the rows of a run whose npz logs were never " \
         "written" in err, err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+def test_a_controller_waiting_for_its_workers_stops_on_a_signal(sig):
+    """Ctrl-C (or SIGTERM) while the controller waits for a worker that is not there
+    (up to --connect-timeout, 60 s here) ends it at once: exit 130, saying why. Before,
+    the signal was looked at only once every worker had answered, or the wait had run
+    out."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen(cli_command("controller", "--port", "0", "--http-port", "-1",
+                                     "--kserve-port", "-1", "--workers", f"127.0.0.1:{port}",
+                                     "--connect-timeout", "60"),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stderr.readline()  # it says it waits (after 0.5 s without an answer)
+        assert "not answering yet; waiting up to 60 s" in line, line
+        p.send_signal(sig)
+        rest = p.communicate(timeout=20)[1]
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == 130, (p.returncode, rest)
+    assert "clockwork controller: stopped while waiting for the workers" in rest, rest
+    assert "Traceback" not in rest, rest
