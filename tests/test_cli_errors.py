@@ -42,6 +42,7 @@ BAD = [
     (["serve", "--log-dir", ""], "expected a path, got ''"),
     (["controller", "--workers", "127.0.0.1:1", "--log-dir", ""], "expected a path"),
     (["controller", "--workers", "127.0.0.1:1", "--log-dir", "afile"], "is not a folder"),
+    (["profile", "mlp", "--package", "afile"], "a package is a folder: give the folder"),
     (["report", SC, "--timeline", "-3"], "-3"),
     (["serve", "--port", "99999"], "99999"),
     (["serve", "--http-port", "-5"], "-5"),

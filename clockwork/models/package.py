@@ -237,8 +237,9 @@ def read_package(path: str | Path) -> dict:
     p = Path(path)
     try:
         meta = orjson.loads((p / METADATA).read_bytes())
-    except FileNotFoundError:
-        raise PackageError(f"{p} is not a model package (no {METADATA})") from None
+    except (FileNotFoundError, NotADirectoryError):
+        more = " (a package is a folder: give the folder)" if p.is_file() else ""
+        raise PackageError(f"{p} is not a model package (no {METADATA}){more}") from None
     except orjson.JSONDecodeError as e:
         raise PackageError(f"{p / METADATA}: not valid JSON ({e})") from e
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
