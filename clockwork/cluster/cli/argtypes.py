@@ -37,6 +37,14 @@ def nonempty_path(text: str) -> str:
     return text
 
 
+def nonempty(text: str) -> str:
+    """Any text but an empty one (or blanks): a name an option needs, which an empty
+    value would otherwise leave to the default without a word."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a name, got {text!r}")
+    return text
+
+
 def _int(text: str) -> int:
     try:
         return int(text)

@@ -336,7 +336,7 @@ def add_controller(sub) -> None:
                    "-1: none). KServe v2 gRPC is also served on --port")
     p.add_argument("--workers", required=True, type=t.address_list, metavar="HOST:PORT,...",
                    help="worker addresses")
-    p.add_argument("--profiles", default="v100-reference",
+    p.add_argument("--profiles", type=t.nonempty, default="v100-reference",
                    help="profile set: a shipped set's name or a folder (default v100-reference)")
     p.add_argument("--models", default=None,
                    help="model instances, name[:copies],... (default: every profile, one copy)")
@@ -346,7 +346,7 @@ def add_controller(sub) -> None:
                    "scenario's name, as for simulate) or a JSON file "
                    "{\"scheduler\": {...}} (what clockwork serve writes); the flags below "
                    "override it")
-    p.add_argument("--policy", default=None,
+    p.add_argument("--policy", type=t.nonempty, default=None,
                    help="scheduling policy: clockwork, clipper, tfserving, infaas (default: "
                    "the settings file's, else clockwork)")
     # (their defaults: SchedulerConfig's, checked by tests/test_cli.py)
@@ -437,7 +437,7 @@ def add_worker(sub) -> None:
                    help=f"number of GPUs, 1 to {MAX_GPUS_PER_WORKER} (default 1)")
     p.add_argument("--pages", type=t.positive_int, default=None,
                    help="weights-cache pages per GPU (default: the profile set's)")
-    p.add_argument("--profiles", default=None,
+    p.add_argument("--profiles", type=t.nonempty, default=None,
                    help="profile set (a shipped set's name or a folder; default v100-reference, "
                    "or the device's own: cpu, cuda)")
     p.add_argument("--noise", type=t.nonneg_float, default=0.0,
