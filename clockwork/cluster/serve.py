@@ -33,6 +33,7 @@ from clockwork.protocol.parent import parent_env
 from clockwork.scenario import ScenarioError, load_scenario
 
 _ADDR = re.compile(r"listening on (\S+):(\d+)")
+WORKER_PORT_STEP = 10  # with --worker-port P, worker i listens on P + 10 i
 # ``--ray``: a LocalCluster whose workers are Ray actors (imported when asked for)
 RAY_CLUSTER = "clockwork.cluster.ray_cluster:RayCluster"
 # ``clockwork serve`` (no --replay) restarts a worker that exits, at most this many times
@@ -278,7 +279,7 @@ class LocalCluster:
         """Start the workers; return their addresses once each listens (RayCluster
         starts them as Ray actors instead)."""
         for i in range(self.n_workers):
-            port = self.worker_port + 10 * i if self.worker_port else 0
+            port = self.worker_port + WORKER_PORT_STEP * i if self.worker_port else 0
             argv = _cli() + ["worker", "--host", self.worker_host, "--port", str(port),
                              *self.worker_flags(i)]
             self._worker_argv.append(argv)
@@ -506,6 +507,23 @@ def ensure_packages(models: str | None, profiles: str, device: str, packages: st
         compile_model(m, sizes, Path(packages) / m, target=DEVICES[device])
 
 
+def worker_ports_error(first: int, workers: int, listeners: dict[str, int]) -> str:
+    """Why ``workers`` workers cannot listen from port ``first`` on (worker i on
+    ``first + WORKER_PORT_STEP * i``) beside the controller's ``listeners`` (flag -> port,
+    0 or -1: none of its own); "" if they can, or for ``first`` 0 (free ports)."""
+    if not first:
+        return ""
+    step = WORKER_PORT_STEP
+    rule = f"--worker-port {first}: worker i listens on {first} + {step} i"
+    last = first + step * (workers - 1)
+    if last > 65535:
+        return f"{rule}, so its {workers} workers need ports up to {last}, past 65535"
+    for flag, p in listeners.items():
+        if p > 0 and p >= first and (p - first) % step == 0 and (p - first) // step < workers:
+            return f"{flag} {p} is worker {(p - first) // step}'s port ({rule})"
+    return ""
+
+
 def _listener(port: int | None, default: int, replaying: bool) -> int:
     """A serve listener's port: as given, else ``default`` (-1, off, with --replay)."""
     return port if port is not None else (-1 if replaying else default)
@@ -629,6 +647,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
           # a replay's report folder keeps what the controller and workers said
           "log_dir": Path(args.out) / "logs" if replaying and args.out else None}
     if ray_address is None:
+        why = worker_ports_error(args.worker_port, workers, {
+            "--port": port, "--http-port": kw["http_port"], "--kserve-port": kw["kserve_port"]})
+        if why:
+            print(f"clockwork serve: {why}", file=sys.stderr)
+            return 2
         cluster = LocalCluster(workers, gpus, profiles, models, pages, args.host, port,
                                args.worker_port, **kw)
     else:  # one worker per Ray node (its GPUs), the controller here
