@@ -479,8 +479,14 @@ def _unreachable(e: grpc.RpcError) -> bool:
 
 
 def _unreachable_text(e: grpc.RpcError, url: str) -> str:
-    return (f"could not reach the controller at {url or 'its address'} (is it running, "
-            f"and listening there?): {e.details()}")
+    details = e.details() or ""
+    if "ssl" in details.lower() or "tls" in details.lower() or "handshake" in details.lower():
+        hint = ("the TLS handshake failed: TLS on one side only (a controller without "
+                "--tls-cert takes no grpcs:// or --tls; one with it needs them), or its "
+                "certificate is not trusted (tls_ca= / --tls-ca)")
+    else:
+        hint = "is it running, and listening there?"
+    return f"could not reach the controller at {url or 'its address'} ({hint}): {details}"
 
 
 def _unavailable(e: grpc.RpcError, url: str = "",
@@ -501,8 +507,11 @@ def _unavailable(e: grpc.RpcError, url: str = "",
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return Unauthenticated(f"controller refused the call: {code}: {e.details()} "
                                "(token=, --token or $CLOCKWORK_TOKEN)")
+    hint = (" (is that a clockwork controller's port? A worker's, or another gRPC "
+            "server's, answers UNIMPLEMENTED)" if code == grpc.StatusCode.UNIMPLEMENTED
+            else "")
     return ControllerUnavailable(f"controller unavailable: {code}: "
-                                 f"{e.details() if hasattr(e, 'details') else e}")
+                                 f"{e.details() if hasattr(e, 'details') else e}{hint}")
 
 
 class Client:

@@ -447,3 +447,31 @@ def test_a_bad_stream_interval_is_refused_naming_it(bad):
             await s.close()
 
     asyncio.run(main())
+
+
+def test_a_wrong_port_or_tls_on_one_side_is_named():
+    """The client pointed at a gRPC server that is not a controller (a worker's port)
+    says it may not be a controller's port; ``grpcs://`` to a controller without TLS
+    says the TLS handshake failed and why that happens. Both said only "controller
+    unavailable" / "is it running?" before."""
+    from tests.inprocess import serve_in_process
+    from worker.service import WorkerNode
+
+    async def main():
+        address, stop, served = await serve_in_process(WorkerNode(1, 4))
+        try:
+            def call(url):
+                with clockwork.Client(url, timeout=5) as c:
+                    with pytest.raises(ControllerUnavailable) as e:
+                        c.infer("resnet50_v2")
+                return str(e.value)
+
+            return (await asyncio.to_thread(call, address),
+                    await asyncio.to_thread(call, f"grpcs://{address}"))
+        finally:
+            stop.set()
+            await served
+
+    plain, tls = asyncio.run(main())
+    assert "UNIMPLEMENTED" in plain and "is that a clockwork controller's port?" in plain, plain
+    assert "the TLS handshake failed: TLS on one side only" in tls, tls
