@@ -174,6 +174,9 @@ BAD = [
      '"cluster.workers" = [1]', "grid.cluster.workers: listed twice"),
     ('scenarios = ["poisson_warm"]\n[grid]\nseed = [1, 2]', "seeds"),
     ('scenarios = ["poisson_warm"]\noverrides = ["duration_s"]', "overrides.0"),
+    ('scenarios = ["poisson_warm"]\noverrides = ["ab"]', "overrides.0: expected key=value, "
+     "got 'ab'"),
+    ('scenarios = ["poisson_warm"]\noverrides = ["=5"]', "overrides.0: expected key=value"),
     ('scenarios = ["poisson_warm"]\noverrides = ["duration_s=1"]\n[grid]\nduration_s = [2]',
      "duration_s"),
     ('scenarios = ["poisson_warm"]\nlogs = "yes"', "logs"),

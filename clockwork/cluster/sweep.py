@@ -80,7 +80,7 @@ class SweepFile(Settings):
     seeds: list[Annotated[int, at.Ge(0), at.Le(MAX_SEED)]] | None = setting(
         None, "Seeds: every point runs once per seed (`--set seed=S`).", min_length=1,
         expected="an array of at least one integer in [0, 2^63 - 1]")
-    overrides: list[Annotated[str, at.MinLen(3)]] = setting(
+    overrides: list[Annotated[str, at.MinLen(1)]] = setting(
         default_factory=list, description="`--set` overrides (`key=value`) for every point.",
         expected="an array of key=value strings")
     grid: dict[str, Annotated[list[Any], at.MinLen(1)]] = setting(
