@@ -147,6 +147,17 @@ def positive_float(text: str) -> float:
     return v
 
 
+def slo_ms(text: str) -> float:
+    """An SLO in ms: > 0 and at most a day (what the controller takes)."""
+    from clockwork.time import MAX_SLO_MS
+
+    v = positive_float(text)
+    if v > MAX_SLO_MS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_SLO_MS:.0f} (a day), got "
+                                         f"{text!r}")
+    return v
+
+
 def probability(text: str) -> float:
     v = _float(text)
     if not 0 <= v <= 1:
@@ -196,7 +207,11 @@ def address_list(text: str) -> list[str]:
     items = [w for w in (x.strip() for x in text.split(",")) if w]
     if not items:
         raise argparse.ArgumentTypeError("expected host:port[,host:port...], got nothing")
-    return [address(w) for w in items]
+    out = [address(w) for w in items]
+    for i, a in enumerate(out):
+        if a in out[:i]:
+            raise argparse.ArgumentTypeError(f"{items[i]!r} is listed twice: list each once")
+    return out
 
 
 def readable_file(text: str) -> str:

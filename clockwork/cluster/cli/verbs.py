@@ -472,8 +472,8 @@ def add_infer(sub) -> None:
     p.add_argument("--controller", default="127.0.0.1:12346", type=t.controller_url,
                    help="HOST:PORT, optionally after grpc://, http:// or clockwork://, or "
                    "grpcs:// or https:// (TLS) (default 127.0.0.1:12346)")
-    p.add_argument("--slo-ms", type=t.positive_float, default=None,
-                   help="SLO (default: the controller's)")
+    p.add_argument("--slo-ms", type=t.slo_ms, default=None,
+                   help="SLO in ms, at most a day (default: the controller's)")
     p.add_argument("-n", type=t.positive_int, default=1,
                    help="how many requests, one after another (default 1)")
     p.add_argument("--list", action="store_true", help="list the models and exit")
