@@ -49,6 +49,7 @@ BAD = [
     (["serve", "faults", "--worker-port", "65535"], "up to 65545, past 65535"),
     (["controller", "--workers", "127.0.0.1:5,127.0.0.1:5"], "listed twice"),
     (["infer", "m", "--slo-ms", "1e300"], "at most 86400000 (a day)"),
+    (["plan", SC, "--max-gpus", "10001"], "--max-gpus 10001: 10,001 workers of 1 GPU(s)"),
     (["serve", "faults", "--port", "23456", "--worker-port", "23446"],
      "--port 23456 is worker 1's port (--worker-port 23446: worker i listens on 23446 + 10 i)"),
     (["report", SC, "--timeline", "-3"], "-3"),

@@ -43,7 +43,7 @@ from clockwork.cluster.parallel import (
     default_jobs,
     locked,
 )
-from clockwork.sizes import MAX_POINTS, MAX_SEED
+from clockwork.sizes import MAX_POINTS, MAX_SEED, MAX_WORKERS
 
 
 class PlanError(ValueError):
@@ -282,6 +282,9 @@ def make_plan(scenario: str, sets: list[str], target: float, slo_ms: float | Non
     if hi_w < lo_w:
         raise PlanError(f"--min-gpus {min_gpus} .. --max-gpus {max_gpus} holds no multiple of "
                         f"the scenario's gpus_per_worker ({g})")
+    if hi_w > MAX_WORKERS:
+        raise PlanError(f"--max-gpus {max_gpus}: {hi_w:,} workers of {g} GPU(s), more than a "
+                        f"cluster may have ({MAX_WORKERS:,} workers: cluster.workers)")
     seed0 = sc.seed
     if seed0 + seeds - 1 > MAX_SEED:
         raise PlanError(f"--seeds {seeds}: the seeds {seed0} ... {seed0 + seeds - 1} pass the "
