@@ -586,15 +586,38 @@ def read_logs(run_dir: str | Path) -> Telemetry:
     run_dir = Path(run_dir)
     fmt = _format_in(run_dir)
     tel = Telemetry(0, fmt)
-    if fmt == "npz":
-        _read_npz(tel, run_dir / "requests.npz", tel._req)
-        if (run_dir / "actions.npz").exists():
-            _read_npz(tel, run_dir / "actions.npz", tel._act)
-    else:
-        _read_tsv(tel, run_dir / "requests.tsv", tel._req)
-        if (run_dir / "actions.tsv").exists():
-            _read_tsv(tel, run_dir / "actions.tsv", tel._act)
+    read = _read_npz if fmt == "npz" else _read_tsv
+    for name, log in (("requests", tel._req), ("actions", tel._act)):
+        path = run_dir / f"{name}.{fmt}"
+        if log is tel._req or path.exists():
+            read(tel, path, log)
+            _check_values(path, log)
     return tel
+
+
+def _check_values(path: Path, log: ColumnLog) -> None:
+    """ValueError unless every request row read from ``path`` has a known status (one the
+    writer never writes would count as neither a success nor a failure, and the table
+    would contradict itself) and was not answered before it came. (An action log's
+    numbers without a name are read back as they are: a writer may know action types and
+    codes this reader does not.)"""
+    if log.names != REQUEST_COLUMNS:
+        return
+    cols = dict(zip(log.names, log.arrays(), strict=True))
+    status, latency = cols["status"], cols["latency"]
+    codes = np.fromiter(_STATUS, np.int64)
+    step = 1 << 20  # rows at a time (a run's log may not fit twice in memory)
+    for k in range(0, len(status), step):
+        bad = ~np.isin(status[k:k + step], codes)
+        if bad.any():
+            i = k + int(np.argmax(bad))
+            known = ", ".join(f"{c} {n}" for c, n in sorted(_STATUS.items()))
+            raise _BadLog(f"{path}: row {i + 1}: column 'status': {int(status[i])} is not a "
+                          f"request status ({known})")
+    if len(latency) and latency.min() < 0:
+        i = int(np.argmin(latency))
+        raise _BadLog(f"{path}: row {i + 1}: column 'latency': {int(latency[i])} ns, "
+                      "answered before it arrived")
 
 
 def _format_in(run_dir: Path) -> str:

@@ -111,6 +111,33 @@ def test_a_numeric_action_type_reads_back(tmp_path):
     assert T.read_logs(tmp_path).action_columns()["type"].tolist() == [7]
 
 
+@pytest.mark.parametrize("fmt", ["tsv", "npz"])
+@pytest.mark.parametrize("column, value, fragment", [
+    ("status", 77, "row 2: column 'status': 77 is not a request status (0 SUCCESS, 1 ERROR, "
+                   "4 TIMEOUT, 6 INVALID_REQUEST)"),
+    ("latency", -5, "row 2: column 'latency': -5 ns, answered before it arrived")])
+def test_a_request_row_no_writer_writes_is_refused(runs, tmp_path, capsys, fmt, column,
+                                                   value, fragment):
+    """A request's status that is none of the statuses (it counted as neither a success
+    nor a failure: 0 succeeded, yet 100 % attainment) or a request answered before it
+    came is refused, one line naming the file, row and column, in either format."""
+    d = _copy(runs, fmt, tmp_path, summary=False)
+    path = d / f"requests.{fmt}"
+    if fmt == "tsv":
+        lines = path.read_text().splitlines(keepends=True)
+        j = lines[0].rstrip("\n").split("\t").index(column)
+        row = lines[2].rstrip("\n").split("\t")
+        row[j] = str(value)
+        lines[2] = "\t".join(row) + "\n"
+        path.write_text("".join(lines))
+    else:
+        with np.load(path) as z:
+            col = z[column].copy()
+        col[1] = value
+        _edit_npz(path, **{column: col})
+    _one_line(capsys, main(["report", str(d)]), f"{path}: {fragment}")
+
+
 # ---------------------------------------------------------------------- npz logs
 
 @pytest.mark.parametrize("code", [99, -1])
