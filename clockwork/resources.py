@@ -97,7 +97,8 @@ def resolve_scenario(name_or_path: str | Path) -> Path:
         hint = f"closest shipped scenarios: {', '.join(close)}"
     else:
         hint = f"shipped scenarios: {', '.join(names) or '(none)'}"
-    what = f"scenario file {name_or_path} not found"
+    what = (f"{name_or_path} is a folder, not a scenario file" if p.is_dir() else
+            f"scenario file {name_or_path} not found")
     if name:
         what += f" and no shipped scenario {name!r}"
     raise ScenarioError(f"{what}; {hint} (list them with `clockwork scenarios`)")

@@ -50,6 +50,7 @@ BAD = [
     (["controller", "--workers", "127.0.0.1:5,127.0.0.1:5"], "listed twice"),
     (["infer", "m", "--slo-ms", "1e300"], "at most 86400000 (a day)"),
     (["plan", SC, "--max-gpus", "10001"], "--max-gpus 10001: 10,001 workers of 1 GPU(s)"),
+    (["simulate", "adir"], "is a folder, not a scenario file"),
     (["serve", "faults", "--port", "23456", "--worker-port", "23446"],
      "--port 23456 is worker 1's port (--worker-port 23446: worker i listens on 23446 + 10 i)"),
     (["report", SC, "--timeline", "-3"], "-3"),
@@ -465,3 +466,23 @@ def test_ctrl_c_while_a_verb_loads_is_one_line_exit_130(monkeypatch, capsys):
     assert cli.main(["simulate", "poisson_warm"]) == 130
     cap = capsys.readouterr()
     assert (cap.out, cap.err) == ("", "interrupted\n"), cap
+
+
+def test_a_binary_file_given_as_a_trace_is_named_in_a_short_line(tmp_path, capsys):
+    """Its first bytes are quoted cut short and in ASCII (about 900 raw bytes of it went
+    into the line before)."""
+    f = tmp_path / "blob.bin"
+    f.write_bytes(bytes(b for b in range(256) if b not in b"\r\n,") * 4)  # one long line
+    rc = main(["trace", "info", str(f)])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.isascii() and len(err) < 400, err
+    assert "header must start with HashOwner" in err and "' ...;" in err, err
+
+
+def test_report_given_a_log_file_names_its_run_folder(tmp_path, capsys):
+    (tmp_path / "requests.tsv").write_text("request_id\tmodel\n")
+    rc = main(["report", str(tmp_path / "requests.tsv")])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"(a log file: give its run folder, {str(tmp_path)!r})" in err, err

@@ -176,8 +176,10 @@ def _check_header(first: bytes, path: str) -> None:
         return
     cols = text.split(",")
     if tuple(cols[:4]) != ID_COLUMNS:
+        found = ",".join(cols[:4])
+        found = ascii(found[:60]) + (" ..." if len(found) > 60 else "")  # (a binary file's)
         raise TraceError(f"{path}:1: header must start with {','.join(ID_COLUMNS)}, "
-                         f"found {','.join(cols[:4])!r}; is this an Azure Functions 2019 "
+                         f"found {found}; is this an Azure Functions 2019 "
                          "invocations_per_function file?")
     if len(cols) != NCOLS:
         raise TraceError(f"{path}:1: header has {len(cols)} columns, expected {NCOLS} "

@@ -179,7 +179,9 @@ def cmd_report(args: argparse.Namespace) -> int:
             return 2
         s, *columns, end = got
     except orjson.JSONDecodeError as e:
-        print(f"clockwork report: {f} is not valid JSON: {e}", file=sys.stderr)
+        hint = (f" (a log file: give its run folder, {str(path.parent)!r})"
+                if path.name.startswith(("requests.", "actions.")) else "")
+        print(f"clockwork report: {f} is not valid JSON: {e}{hint}", file=sys.stderr)
         return 2
     try:
         table = format_summary(s) if isinstance(s, dict) else None
