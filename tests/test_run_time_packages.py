@@ -269,6 +269,34 @@ def test_a_name_given_another_package_by_a_later_hello_runs_that_package(tmp_pat
     asyncio.run(asyncio.wait_for(main(), 120))
 
 
+def _mlp_package(path) -> None:
+    """A fake cuda package laid out as the cpu profile of ``mlp`` (tests/fake_cuda.py)."""
+    from tests.fake_cuda import fake_package
+
+    fake_package(path, pages=1, batch_sizes=(1, 2, 4, 8, 16), n_in=64, out_name="output")
+
+
+def _cuda_building(monkeypatch, on_build) -> None:
+    """Workers made from here on open a fake cuda device (tests/fake_cuda.py) whose kernel
+    build of a package (TVM's ``load_module``: NVRTC, really) first runs
+    ``on_build(path)`` on the thread that builds it."""
+    from tests.fake_cuda import fake_cuda_device
+    from worker import service
+
+    def open_device(kind, pages, index=0):
+        dev, _, tvm = fake_cuda_device(pages)
+        load_module = tvm.runtime.load_module
+
+        def build(path):
+            on_build(path)
+            return load_module(path)
+
+        tvm.runtime.load_module = build
+        return dev
+
+    monkeypatch.setattr(service, "_open_device", open_device)
+
+
 def test_a_slow_first_kernel_build_at_run_time_holds_up_only_that_load(tmp_path,
                                                                       monkeypatch):
     """A cuda worker (the fake stream API, tests/fake_cuda.py) serves ``mlp``, its kernels
@@ -281,45 +309,32 @@ def test_a_slow_first_kernel_build_at_run_time_holds_up_only_that_load(tmp_path,
     (UNAVAILABLE, "did not take the model within 30 s") while the build went on.
     Controller and worker in this process."""
     from controller import service as controller_service
-    from tests.fake_cuda import fake_cuda_device, fake_package
     from worker import service
 
     silent_s = 0.5
     monkeypatch.setattr(controller_service, "UPDATE_TIMEOUT_S", silent_s)
     monkeypatch.setattr(controller_service, "ECHO_S", 0.05, raising=False)
-
-    def package(name):  # (the layout of the cpu profile of mlp)
-        fake_package(tmp_path / name, pages=1, batch_sizes=(1, 2, 4, 8, 16), n_in=64,
-                     out_name="output")
-
     building, answered = threading.Event(), threading.Event()
     built: list[float] = []
 
-    def open_device(kind, pages, index=0):
-        dev, _, tvm = fake_cuda_device(pages)
-        load_module = tvm.runtime.load_module
+    def slow_build(path):
+        if "mlp_late" in str(path):
+            t0 = time.monotonic()
+            building.set()
+            assert answered.wait(30), "mlp was not answered while the build ran"
+            # the build's length: three times what the controller waits for a silent
+            # worker (simulated work, not a wait for the other side)
+            threading.Event().wait(max(0.0, t0 + 3 * silent_s - time.monotonic()))
+            built.append(time.monotonic())
 
-        def slow_build(path):  # TVM builds the package's kernels here (NVRTC)
-            if "mlp_late" in str(path):
-                t0 = time.monotonic()
-                building.set()
-                assert answered.wait(30), "mlp was not answered while the build ran"
-                # the build's length: three times what the controller waits for a silent
-                # worker (simulated work, not a wait for the other side)
-                threading.Event().wait(max(0.0, t0 + 3 * silent_s - time.monotonic()))
-                built.append(time.monotonic())
-            return load_module(path)
-
-        tvm.runtime.load_module = slow_build
-        return dev
-
-    monkeypatch.setattr(service, "_open_device", open_device)
+    _cuda_building(monkeypatch, slow_build)
 
     async def main():
         wnode = service.WorkerNode(1, 8, "cpu", "cuda", packages=str(tmp_path))
-        package("mlp")
+        _mlp_package(tmp_path / "mlp")
         await asyncio.to_thread(wnode.prepare_packages)
-        package("mlp_late")  # compiled into the package directory while the worker serves
+        _mlp_package(tmp_path / "mlp_late")  # compiled into the package directory while
+        # the worker serves
         async with controller_with([wnode], "cpu", models="mlp") as node:
             try:
                 assert (await answer(node, "mlp")).status == 0
@@ -353,15 +368,18 @@ def test_a_hello_naming_a_package_built_after_the_worker_started_is_waited_for(
     it gave up on each connection after 5 s and opened another, each reading the same
     package again, and failed to start once ``--connect-timeout`` had passed."""
     from controller import service as controller_service
-    from tests.fake_cuda import fake_cuda_device, fake_package
     from worker import service
 
     monkeypatch.setattr(controller_service, "HELLO_WAIT_S", 0.2)
     syncs: list[float] = []
+    builds: list[float] = []
+    checked = threading.Event()  # three ClockSyncs since the build began
     clock_sync = service.WorkerServicer.ClockSync
 
     async def counted_sync(self, request, context):
         syncs.append(time.monotonic())
+        if builds and sum(t > builds[0] for t in syncs) >= 3:
+            checked.set()
         return await clock_sync(self, request, context)
 
     monkeypatch.setattr(service.WorkerServicer, "ClockSync", counted_sync)
@@ -373,32 +391,19 @@ def test_a_hello_naming_a_package_built_after_the_worker_started_is_waited_for(
             sessions.append(self)
 
     monkeypatch.setattr(service, "_Session", Session)
-    builds: list[float] = []
 
-    def open_device(kind, pages, index=0):
-        dev, _, tvm = fake_cuda_device(pages)
-        load_module = tvm.runtime.load_module
+    def slow_build(path):
+        # the build lasts until the controller has checked on the worker three times
+        # after it began (ClockSync; none is made otherwise once the Hello is sent)
+        builds.append(time.monotonic())
+        assert checked.wait(30), "the controller did not check on the worker"
 
-        def slow_build(path):  # TVM builds the package's kernels here (NVRTC)
-            t0 = time.monotonic()
-            builds.append(t0)
-            # the build lasts until the controller has checked on the worker three times
-            # after it began (ClockSync; none is made otherwise once the Hello is sent)
-            deadline = t0 + 30
-            while sum(t > t0 for t in syncs) < 3 and time.monotonic() < deadline:
-                threading.Event().wait(0.01)  # (simulated work, polling the count)
-            return load_module(path)
-
-        tvm.runtime.load_module = slow_build
-        return dev
-
-    monkeypatch.setattr(service, "_open_device", open_device)
+    _cuda_building(monkeypatch, slow_build)
 
     async def main():
         wnode = service.WorkerNode(1, 8, "cpu", "cuda", packages=str(tmp_path))
         await asyncio.to_thread(wnode.prepare_packages)  # (nothing to build yet)
-        fake_package(tmp_path / "mlp", pages=1, batch_sizes=(1, 2, 4, 8, 16), n_in=64,
-                     out_name="output")  # compiled into the directory while it serves
+        _mlp_package(tmp_path / "mlp")  # compiled into the directory while it serves
         async with controller_with([wnode], "cpu", models="mlp",
                                    connect_timeout=0.5) as node:
             assert (await answer(node, "mlp")).status == 0
