@@ -591,20 +591,19 @@ def read_logs(run_dir: str | Path) -> Telemetry:
         path = run_dir / f"{name}.{fmt}"
         if log is tel._req or path.exists():
             read(tel, path, log)
-            _check_values(path, log)
+            if log is tel._req:
+                _check_values(path, dict(zip(log.names, log.arrays(), strict=True)))
     return tel
 
 
-def _check_values(path: Path, log: ColumnLog) -> None:
-    """ValueError unless every request row read from ``path`` has a known status (one the
-    writer never writes would count as neither a success nor a failure, and the table
-    would contradict itself) and was not answered before it came. (An action log's
-    numbers without a name are read back as they are: a writer may know action types and
-    codes this reader does not.)"""
-    if log.names != REQUEST_COLUMNS:
-        return
-    cols = dict(zip(log.names, log.arrays(), strict=True))
-    status, latency = cols["status"], cols["latency"]
+def _check_values(path: Path, cols: dict[str, np.ndarray]) -> None:
+    """ValueError unless every request row read from ``path`` (``cols``: some of its
+    columns) has a known status (one the writer never writes would count as neither a
+    success nor a failure, and the table would contradict itself) and was not answered
+    before it came. (An action log's numbers without a name are read back as they are: a
+    writer may know action types and codes this reader does not.)"""
+    status = cols.get("status", np.zeros(0, np.int8))
+    latency = cols.get("latency", np.zeros(0, np.int64))
     codes = np.fromiter(_STATUS, np.int64)
     step = 1 << 20  # rows at a time (a run's log may not fit twice in memory)
     for k in range(0, len(status), step):
@@ -1184,12 +1183,19 @@ def read_columns(run_dir: str | Path, request_columns: tuple, action_columns: tu
                 continue
             try:
                 with np.load(path, allow_pickle=False) as z:
+                    # (a request log's status and latency are read too, when it has them, to
+                    # be checked as read_logs checks them)
+                    read = tuple(want) + tuple(
+                        c for c in ("status", "latency")
+                        if name == "requests" and c not in want and c in z.files)
                     # (the requests' columns, read first, leave less room for the actions')
-                    _check_npz_columns(path, z, tuple(want), dts)
-                    cols = _load_npz_columns(path, z, tuple(want), dts)
+                    _check_npz_columns(path, z, read, dts)
+                    cols = _load_npz_columns(path, z, read, dts)
                     if "model" in cols:
                         _check_codes(str(path), cols["model"], len(_model_names(str(path), z)))
-                    out.append(cols)
+                    if name == "requests":
+                        _check_values(path, cols)
+                    out.append({c: cols[c] for c in want})
             except _BadLog:
                 raise
             except _UNREADABLE_NPZ as e:

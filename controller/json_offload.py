@@ -16,8 +16,8 @@ body; the body it was given is decoded in the controller, on a thread, as it is 
 children (``processes`` 0).
 
 On a child's stdin, a body is two 8-byte little-endian lengths (its JSON header's, then
-the binary data's after it) followed by those bytes; on its stdout the answer is an 8-byte
-length followed by a pickle of ``("ok", (inputs, parameters, requested outputs,
+the binary data's after it) followed by those bytes; on a pipe of its own (the descriptor
+its argument names) the answer is an 8-byte length followed by a pickle of ``("ok", (inputs, parameters, requested outputs,
 {output: binary?}, binary by default, {"id": ...} or {}))`` or ``("err", kind, message)``
 (a ``KServeError``'s). A child exits when its stdin ends (the controller stopped or died);
 it ignores Ctrl-C, which its controller handles.
@@ -34,6 +34,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from controller.kserve_status import INVALID, KServeError
@@ -63,31 +64,44 @@ def decode(header: bytes | memoryview, binary: bytes | memoryview) -> tuple:
 class _Child:
     """One decoding process and its pipes. Its methods block (the pipes are read and
     written by plain system calls, which let go of Python's lock and copy nothing): they
-    run on worker threads."""
+    run on worker threads. Its answers come on a pipe of their own (the descriptor
+    number is its argument), so that nothing else it might print (to stdout, which goes
+    nowhere) is read as one; ``-P``: no module of the working folder is imported."""
 
     def __init__(self) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_ROOT, env.get("PYTHONPATH")]))
-        self.proc = subprocess.Popen([sys.executable, "-m", "controller.json_offload"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-                                     bufsize=0)
+        r, w = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-P", "-m", "controller.json_offload", str(w)],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, bufsize=0,
+                pass_fds=(w,))
+        except BaseException:
+            os.close(r)
+            raise
+        finally:
+            os.close(w)
+        self.answers = r
 
     def ask(self, header: bytes | memoryview, binary: bytes | memoryview) -> tuple:
-        """Decode one body: the child's answer; EOFError or OSError if the child is gone."""
+        """Decode one body: the child's answer; EOFError or OSError if the child is gone,
+        ValueError if what it says is not an answer."""
         fd = self.proc.stdin.fileno()
         for part in (_LENGTHS.pack(len(header), len(binary)), header, binary):
             view = memoryview(part).cast("B")
             while view:
                 view = view[os.write(fd, view):]
         (n,) = _LENGTH.unpack(self._read(_LENGTH.size))
+        if n > 8 * (len(header) + len(binary)) + (1 << 20):  # (arrays from that JSON: less)
+            raise ValueError(f"the decoding process announced an answer of {n} bytes")
         return pickle.loads(self._read(n))
 
     def _read(self, n: int) -> bytearray:
         buf = bytearray(n)
         view, got = memoryview(buf), 0
-        fd = self.proc.stdout.fileno()
         while got < n:
-            k = os.readv(fd, [view[got:]])
+            k = os.readv(self.answers, [view[got:]])
             if not k:
                 raise EOFError("the decoding process ended")
             got += k
@@ -111,9 +125,12 @@ class _Child:
         self._close_pipes()
 
     def _close_pipes(self) -> None:
-        for f in (self.proc.stdin, self.proc.stdout):
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+        if self.answers >= 0:
             with contextlib.suppress(OSError):
-                f.close()
+                os.close(self.answers)
+            self.answers = -1
 
 
 def _ask(child: _Child | None, header, binary) -> tuple[_Child, tuple]:
@@ -128,10 +145,8 @@ def _ask(child: _Child | None, header, binary) -> tuple[_Child, tuple]:
         raise
 
 
-def _end_abandoned(cf: concurrent.futures.Future) -> None:
-    """Done callback of an ask whose caller went away: its child is ended."""
-    if not cf.cancelled() and cf.exception() is None:
-        cf.result()[0].close()
+def _in_background(f) -> None:
+    threading.Thread(target=f, daemon=True, name="json-offload-end").start()
 
 
 class JsonDecoders:
@@ -153,7 +168,7 @@ class JsonDecoders:
         worker thread of this process."""
         if self.processes and not self.closed:
             async with self._gate:
-                answer = await self._ask(header, binary)
+                answer = None if self.closed else await self._ask(header, binary)
             if answer is not None:
                 if answer[0] == "err":
                     raise KServeError(answer[1], answer[2])
@@ -163,63 +178,78 @@ class JsonDecoders:
     async def _ask(self, header, binary) -> tuple | None:
         """A child's answer, or None when none could be used (then this body is decoded
         here)."""
-        cf = self._threads.submit(_ask, self._idle.pop() if self._idle else None, header,
-                                  binary)
+        child = self._idle.pop() if self._idle else None
+        cf = self._threads.submit(_ask, child, header, binary)
         try:
             child, answer = await asyncio.wrap_future(cf)
-        except (OSError, EOFError, pickle.UnpicklingError, ValueError) as e:
-            # gone (killed, out of memory), or it never started (its child is ended)
+        except Exception as e:  # noqa: BLE001 - its child is ended: decoded here instead
+            # (gone: killed, out of memory; never started; said something else)
             if not self._said:
                 self._said = True
                 print(f"controller: a JSON decoding process failed ({e!r}); that body is "
                       "decoded in the controller, and a new process is started for the next",
                       file=sys.stderr, flush=True)
             return None
-        except BaseException:  # cancelled: the child is ended once it has answered
-            cf.add_done_callback(_end_abandoned)
+        except BaseException:  # cancelled: its child is ended once the ask is over
+            def end(f: concurrent.futures.Future, child=child) -> None:
+                if f.cancelled():  # (never ran: the child it was given is idle)
+                    if child is not None:
+                        _in_background(child.close)
+                elif f.exception() is None:
+                    _in_background(f.result()[0].close)
+
+            cf.add_done_callback(end)
             raise
         if self.closed:
-            self._threads.submit(child.close)
+            _in_background(child.close)
         else:
             self._idle.append(child)
         return answer
 
     async def close(self) -> None:
-        """End the children (a body being decoded still gets its answer)."""
+        """End the idle children; one still decoding is ended once it has answered (its
+        body gets the answer), and a body waiting for one is decoded in this process."""
         self.closed = True
         idle, self._idle = self._idle, []
-        await asyncio.gather(*(asyncio.wrap_future(self._threads.submit(c.close))
-                               for c in idle))
+        await asyncio.gather(*(asyncio.to_thread(c.close) for c in idle))
         self._threads.shutdown(wait=False)
 
 
-def _serve(stdin, stdout) -> None:
-    """A child: decode each body read from ``stdin`` and write its answer, until EOF."""
-    while True:
-        head = stdin.read(_LENGTHS.size)
-        if len(head) < _LENGTHS.size:
-            return
-        h, b = _LENGTHS.unpack(head)
-        body = stdin.read(h + b)
-        if len(body) < h + b:
-            return
-        view = memoryview(body)
-        try:
-            inputs, *rest = decode(view[:h], view[h:])
-            for t in inputs:  # (binary inputs are views of the body: bytes to travel)
-                if isinstance(t.data, memoryview):
-                    t.data = t.data.tobytes()
-            answer = ("ok", (inputs, *rest))
-        except KServeError as e:
-            answer = ("err", e.kind, e.message)
-        out = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
-        stdout.write(_LENGTH.pack(len(out)))
-        stdout.write(out)
-        stdout.flush()
+def _serve(stdin, answers) -> None:
+    """A child: decode each body read from ``stdin`` and write its answer to
+    ``answers``, until EOF."""
+    while _serve_one(stdin, answers):
+        pass
+
+
+def _serve_one(stdin, answers) -> bool:
+    """One body and its answer (this body's objects go when it returns); False at EOF."""
+    head = stdin.read(_LENGTHS.size)
+    if len(head) < _LENGTHS.size:
+        return False
+    h, b = _LENGTHS.unpack(head)
+    body = stdin.read(h + b)
+    if len(body) < h + b:
+        return False
+    view = memoryview(body)
+    try:
+        inputs, *rest = decode(view[:h], view[h:])
+        for t in inputs:  # (binary inputs are views of the body: bytes to travel)
+            if isinstance(t.data, memoryview):
+                t.data = t.data.tobytes()
+        answer = ("ok", (inputs, *rest))
+    except KServeError as e:
+        answer = ("err", e.kind, e.message)
+    out = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+    answers.write(_LENGTH.pack(len(out)))
+    answers.write(out)
+    answers.flush()
+    return True
 
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(OSError):  # bulk work: the controller and workers go first
         os.nice(NICE)
-    _serve(sys.stdin.buffer, sys.stdout.buffer)
+    with open(int(sys.argv[1]), "wb", buffering=0) as out:
+        _serve(sys.stdin.buffer, out)

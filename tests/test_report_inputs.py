@@ -136,6 +136,9 @@ def test_a_request_row_no_writer_writes_is_refused(runs, tmp_path, capsys, fmt, 
         col[1] = value
         _edit_npz(path, **{column: col})
     _one_line(capsys, main(["report", str(d)]), f"{path}: {fragment}")
+    # with summary.json the table is the summary's, but the timeline reads the rows
+    shutil.copy(runs / fmt / "summary.json", d / "summary.json")
+    _one_line(capsys, main(["report", str(d), "--timeline", "1"]), f"{path}: {fragment}")
 
 
 # ---------------------------------------------------------------------- npz logs
