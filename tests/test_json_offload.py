@@ -174,3 +174,36 @@ def test_what_a_child_prints_is_not_taken_for_an_answer(tmp_path, monkeypatch):
             await d.close()
 
     asyncio.run(main())
+
+
+def test_close_while_a_body_is_decoded_gives_it_its_answer(monkeypatch):
+    """``close`` while a child decodes: that body still gets its answer, a body that
+    comes after is decoded in this process, and the child ends. (It raised from the
+    thread pool shut down under it, and the child was left running.)"""
+    from controller import json_offload
+
+    big = _body(np.zeros(2_000_000).tolist(), shape=(2_000_000,))
+    spawned: list = []
+    first = threading.Event()
+    init = json_offload._Child.__init__
+
+    def counted(self):
+        init(self)
+        spawned.append(self)
+        first.set()
+
+    monkeypatch.setattr(json_offload._Child, "__init__", counted)
+
+    async def main():
+        d = JsonDecoders(1)
+        task = asyncio.create_task(d.decode(big, b""))
+        assert await asyncio.to_thread(first.wait, 30)
+        await d.close()
+        got = await task
+        assert got[0][0].shape == [2_000_000] and not got[0][0].data.any()
+        h, b = BODIES[0]
+        _same(await d.decode(h, b), decode(h, b))  # (here: no child is started)
+
+    asyncio.run(main())
+    assert len(spawned) == 1
+    assert spawned[0].proc.wait(30) is not None
