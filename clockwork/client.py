@@ -478,12 +478,20 @@ def _unreachable(e: grpc.RpcError) -> bool:
     return any(details.startswith(p) for p in _NO_CONNECTION)
 
 
+# gRPC's words for a TLS handshake that failed (a host's name may hold "tls" or "ssl")
+_TLS_FAILED = ("Tls handshake failed", "Ssl handshake failed", "SSL_ERROR",
+               "CERTIFICATE_VERIFY_FAILED", "WRONG_VERSION_NUMBER", "Handshake failed")
+
+
 def _unreachable_text(e: grpc.RpcError, url: str) -> str:
     details = e.details() or ""
-    if "ssl" in details.lower() or "tls" in details.lower() or "handshake" in details.lower():
+    if any(w in details for w in _TLS_FAILED):
         hint = ("the TLS handshake failed: TLS on one side only (a controller without "
                 "--tls-cert takes no grpcs:// or --tls; one with it needs them), or its "
                 "certificate is not trusted (tls_ca= / --tls-ca)")
+    elif "Socket closed" in details:  # (what a plain client hears from a TLS listener)
+        hint = ("is it running, and listening there? A controller with --tls-cert takes "
+                "only grpcs:// or --tls")
     else:
         hint = "is it running, and listening there?"
     return f"could not reach the controller at {url or 'its address'} ({hint}): {details}"

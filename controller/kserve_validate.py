@@ -260,6 +260,10 @@ def grpc_request(request) -> tuple[list[InTensor], dict, list[str]]:
         requested = _requested(names)
     raw = request.raw_input_contents
     tensors = request.inputs
+    for t in tensors:  # (first: such an input has no raw_input_contents of its own)
+        if t.parameters:
+            _no_shared_memory(f"input {t.name!r}", t.parameters, "send the tensor in the "
+                              "request")
     if raw and len(raw) != len(tensors):
         raise _bad(f"{len(raw)} raw_input_contents for {len(tensors)} inputs "
                    "(send one per input, in order, or none)")
@@ -271,8 +275,6 @@ def grpc_request(request) -> tuple[list[InTensor], dict, list[str]]:
         shape = list(t.shape)  # int64s: only the sign is left to check
         if shape and min(shape) < 0:
             _shape(name, shape)  # raises
-        if t.parameters:
-            _no_shared_memory(f"input {name!r}", t.parameters, "send the tensor in the request")
         if raw:
             if t.HasField("contents"):
                 raise _bad(f"input {name!r} has typed contents and the request has "

@@ -486,3 +486,16 @@ def test_report_given_a_log_file_names_its_run_folder(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert f"(a log file: give its run folder, {str(tmp_path)!r})" in err, err
+
+
+def test_worker_ports_clash_only_with_the_controller_on_the_same_address():
+    """serve's workers listen on 127.0.0.1: a controller port among theirs clashes when the
+    controller binds there too (or every address), not on another address."""
+    from clockwork.cluster.serve import worker_ports_error
+
+    ports = {"--port": 23456, "--http-port": -1, "--kserve-port": 0}
+    for host in ("127.0.0.1", "0.0.0.0", "localhost", "::"):
+        assert "--port 23456 is worker 1's port" in worker_ports_error(23446, 3, ports, host)
+    assert worker_ports_error(23446, 3, ports, "127.0.0.2") == ""
+    assert worker_ports_error(23446, 1, ports, "127.0.0.1") == ""  # (one worker: 23446)
+    assert "past 65535" in worker_ports_error(65530, 2, ports, "127.0.0.2")

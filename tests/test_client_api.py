@@ -475,3 +475,8 @@ def test_a_wrong_port_or_tls_on_one_side_is_named():
     plain, tls = asyncio.run(main())
     assert "UNIMPLEMENTED" in plain and "is that a clockwork controller's port?" in plain, plain
     assert "the TLS handshake failed: TLS on one side only" in tls, tls
+    # a host whose name holds "tls" that does not resolve is not a TLS failure
+    with clockwork.Client("ctrl-tls-ssl.invalid:12346", timeout=5) as c:
+        with pytest.raises(ControllerUnavailable) as e:
+            c.infer("resnet50_v2")
+    assert "TLS handshake" not in str(e.value) and "is it running" in str(e.value), e.value

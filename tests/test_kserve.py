@@ -499,6 +499,10 @@ def test_tensors_in_shared_memory_are_refused(client, cluster):
             assert e.value.status() == code, e.value
             assert "input 'data': parameter 'shared_memory_region'" in e.value.message()
             assert "send the tensor in the request" in e.value.message()
+            if lib is tgrpc:  # beside an input sent in the request (its raw contents only)
+                with pytest.raises(InferenceServerException) as e:
+                    c.infer("resnet50_v2", [x, y])
+                assert "shared_memory_region" in e.value.message(), e.value
             assert c.infer("resnet50_v2", [x]).as_numpy("output").shape == (1, 1000)
     finally:
         h.close()

@@ -507,10 +507,12 @@ def ensure_packages(models: str | None, profiles: str, device: str, packages: st
         compile_model(m, sizes, Path(packages) / m, target=DEVICES[device])
 
 
-def worker_ports_error(first: int, workers: int, listeners: dict[str, int]) -> str:
-    """Why ``workers`` workers cannot listen from port ``first`` on (worker i on
-    ``first + WORKER_PORT_STEP * i``) beside the controller's ``listeners`` (flag -> port,
-    0 or -1: none of its own); "" if they can, or for ``first`` 0 (free ports)."""
+def worker_ports_error(first: int, workers: int, listeners: dict[str, int],
+                       host: str = "127.0.0.1") -> str:
+    """Why ``workers`` workers cannot listen on 127.0.0.1 from port ``first`` on (worker i
+    on ``first + WORKER_PORT_STEP * i``) beside the controller's ``listeners`` (flag ->
+    port, 0 or -1: none of its own) on ``host``; "" if they can, or for ``first`` 0 (free
+    ports)."""
     if not first:
         return ""
     step = WORKER_PORT_STEP
@@ -518,6 +520,8 @@ def worker_ports_error(first: int, workers: int, listeners: dict[str, int]) -> s
     last = first + step * (workers - 1)
     if last > 65535:
         return f"{rule}, so its {workers} workers need ports up to {last}, past 65535"
+    if host not in ("127.0.0.1", "localhost", "0.0.0.0", "::", "", "[::]"):
+        return ""  # (the controller's ports are another address's)
     for flag, p in listeners.items():
         if p > 0 and p >= first and (p - first) % step == 0 and (p - first) // step < workers:
             return f"{flag} {p} is worker {(p - first) // step}'s port ({rule})"
@@ -648,7 +652,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
           "log_dir": Path(args.out) / "logs" if replaying and args.out else None}
     if ray_address is None:
         why = worker_ports_error(args.worker_port, workers, {
-            "--port": port, "--http-port": kw["http_port"], "--kserve-port": kw["kserve_port"]})
+            "--port": port, "--http-port": kw["http_port"], "--kserve-port": kw["kserve_port"]},
+            args.host)
         if why:
             print(f"clockwork serve: {why}", file=sys.stderr)
             return 2
