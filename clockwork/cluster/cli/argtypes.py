@@ -158,6 +158,18 @@ def slo_ms(text: str) -> float:
     return v
 
 
+def timeline_seconds(text: str) -> float:
+    """``report --timeline``'s optional interval: as ``positive_float``, and a value that
+    is not a number is taken for the run folder given after the option."""
+    try:
+        float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number, got {text!r}; give the run folder before --timeline "
+            "(clockwork report DIR --timeline [SECONDS])") from None
+    return positive_float(text)
+
+
 def probability(text: str) -> float:
     v = _float(text)
     if not 0 <= v <= 1:

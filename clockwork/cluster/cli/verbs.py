@@ -124,7 +124,7 @@ def add_report(sub) -> None:
               "Print the summary.json of a run directory as a table; --timeline reads "
               "its logs (requests.tsv/actions.tsv or requests.npz/actions.npz).")
     p.add_argument("dir", help="a run directory (from --out) or a summary.json file")
-    p.add_argument("--timeline", type=t.positive_float, nargs="?", const=60.0, default=None,
+    p.add_argument("--timeline", type=t.timeline_seconds, nargs="?", const=60.0, default=None,
                    metavar="SECONDS", help="also print per-interval figures (requests, goodput, "
                    "SLO attainment, cold starts, loads, evicts); interval default 60 s, at most a "
                    "year")
