@@ -452,6 +452,36 @@ def _stub(channel, token: str | None) -> pbg.ClockworkStub:
     return stub
 
 
+CLIENT_CLOSED = "the client was closed while the call waited"
+# the unary methods of clockwork.v1 (the stream's call is InferStream's own)
+_UNARY = ("Infer", "ListModels", "LoadModel", "UnloadModel", "AddWorker", "Stats",
+          "ModelStatus")
+
+
+class _CloseAware:
+    """An ``AsyncClient`` stub's unary method whose call, cancelled by ``close()`` from
+    elsewhere while awaited, fails as a gRPC error (``CANCELLED``, ``CLIENT_CLOSED``:
+    ``ControllerUnavailable`` for the caller) instead of cancelling the caller's task;
+    a cancellation of the caller's own task stays one."""
+
+    def __init__(self, method, client: AsyncClient) -> None:
+        self.method = method
+        self.client = client
+
+    def __call__(self, *args, **kw):
+        return self._await(self.method(*args, **kw))
+
+    async def _await(self, call):
+        try:
+            return await call
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self.client._closing and (task is None or not task.cancelling()):
+                raise grpc.aio.AioRpcError(grpc.StatusCode.CANCELLED, grpc.aio.Metadata(),
+                                           grpc.aio.Metadata(), CLIENT_CLOSED) from None
+            raise
+
+
 def _deadline(timeout: float | None, slo_ms: float) -> tuple[float | None, bool]:
     """The gRPC deadline of one inference (the controller sees the remaining time and
     plans within it), and whether it is the SLO's: the SLO and a grace when that is
@@ -515,6 +545,13 @@ def _unavailable(e: grpc.RpcError, url: str = "",
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return Unauthenticated(f"controller refused the call: {code}: {e.details()} "
                                "(token=, --token or $CLOCKWORK_TOKEN)")
+    details = e.details() if hasattr(e, "details") else ""
+    if code == grpc.StatusCode.CANCELLED and details in (CLIENT_CLOSED, "Channel closed!"):
+        return ControllerUnavailable(f"{CLIENT_CLOSED} (close() from elsewhere)")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in (details or ""):
+        # the controller's grpc_max_receive_bytes: sending it again cannot help
+        return error_for(6, "bad_input", f"the request is larger than the controller "
+                         f"takes in one message: {details}", slo.model if slo else "")
     hint = (" (is that a clockwork controller's port? A worker's, or another gRPC "
             "server's, answers UNIMPLEMENTED)" if code == grpc.StatusCode.UNIMPLEMENTED
             else "")
@@ -654,6 +691,9 @@ class AsyncClient:
         self._channel = _channel(self.url, tls or tls_url, tls_ca, tls_cert, tls_key,
                                  aio=True)
         self._stub = _stub(self._channel, client_token(token))
+        self._closing = False
+        for name in _UNARY:
+            setattr(self._stub, name, _CloseAware(getattr(self._stub, name), self))
 
     async def infer(self, model: str, inputs=None, slo_ms: float | None = None) -> InferResult:
         req, _ = _request(model, inputs, slo_ms)
@@ -733,6 +773,8 @@ class AsyncClient:
         return InferStream(self._stub, _interval_us(interval_us), self.url)
 
     async def close(self) -> None:
+        """Close the channel; calls still waiting fail with ``ControllerUnavailable``."""
+        self._closing = True
         self._stub = _CLOSED_STUB
         await self._channel.close()
 
@@ -843,6 +885,9 @@ class InferStream:
         except asyncio.CancelledError:  # the channel closed under it (client.close())
             self._fail_waiting(ControllerUnavailable("the client was closed with requests "
                                                      "on its stream unanswered"))
+        except Exception as e:  # noqa: BLE001 - anything else ends the call: none waits on
+            # (e.g. the client made on another event loop than the one using it)
+            self._fail_waiting(ControllerUnavailable(f"the stream's call failed: {e!r}"))
         else:  # the controller ended the stream (it stops, or closed it): none is lost
             self._fail_waiting(ControllerUnavailable("controller stream closed"))
         finally:

@@ -67,7 +67,8 @@ class Limits:
         "`replies_discarded`).", ge=1024)
     grpc_max_receive_bytes: int = setting(
         64 * MiB, "Largest gRPC message the controller accepts from a client (a stream "
-        "message of many requests counts whole).", ge=1024)
+        "message of many requests counts whole); at least 4 MiB, the messages the Python "
+        "client's stream packs requests into (less ended such a stream whole).", ge=4 * MiB)
     rest_max_body_bytes: int = setting(
         64 * MiB, "Largest REST request body, counted after decoding a `gzip` or `deflate` "
         "body (decoded in slices as it is read: a compression bomb is refused at this "

@@ -5,6 +5,7 @@ SIGSTOPped process, an unresponsive one a socket that accepts and says nothing."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -480,3 +481,88 @@ def test_a_wrong_port_or_tls_on_one_side_is_named():
         with pytest.raises(ControllerUnavailable) as e:
             c.infer("resnet50_v2")
     assert "TLS handshake" not in str(e.value) and "is it running" in str(e.value), e.value
+
+
+@contextmanager
+def _silent_server():
+    """``(address, connected)``: a socket that accepts connections and never answers;
+    ``connected`` is set once a client has sent its first bytes."""
+    connected = threading.Event()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(4)
+        s.settimeout(10)
+
+        def accept():
+            conn, _ = s.accept()
+            with conn:
+                conn.settimeout(15)
+                conn.recv(64)
+                connected.set()
+                with contextlib.suppress(OSError):
+                    conn.recv(1)  # (held open until the client gives up)
+
+        t = threading.Thread(target=accept, daemon=True)
+        t.start()
+        yield f"127.0.0.1:{s.getsockname()[1]}", connected
+        t.join(15)
+
+
+def test_closing_an_async_client_fails_its_waiting_calls_as_unavailable():
+    """``AsyncClient.close()`` while a call waits (here on a server that never answers):
+    the call raises ``ControllerUnavailable`` saying the client was closed, and the
+    caller's task is not left cancelled. (It raised ``CancelledError``, which passes an
+    ``except Exception``.) A cancellation of the caller's own task stays one."""
+    with _silent_server() as (address, connected):
+        async def main():
+            ac = clockwork.AsyncClient(address, timeout=30)
+            call = asyncio.create_task(ac.stats())
+            assert await asyncio.to_thread(connected.wait, 10)
+            await ac.close()
+            with pytest.raises(ControllerUnavailable, match="the client was closed while "
+                                                             "the call waited"):
+                await call
+            assert not call.cancelled()
+
+        asyncio.run(main())
+    with _silent_server() as (address, connected):
+        async def mine():
+            ac = clockwork.AsyncClient(address, timeout=30)
+            call = asyncio.create_task(ac.stats())
+            assert await asyncio.to_thread(connected.wait, 10)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            await ac.close()
+
+        asyncio.run(mine())
+
+
+def test_a_stream_whose_call_fails_otherwise_fails_its_requests():
+    """An ``AsyncClient`` made on another event loop (in another thread) than the one
+    using it: a stream's requests fail ``ControllerUnavailable`` and ``close()`` returns.
+    Before, the stream's reader died of the RuntimeError and its futures never resolved,
+    even a request with an SLO."""
+    other = asyncio.new_event_loop()
+    t = threading.Thread(target=other.run_forever, daemon=True)
+    t.start()
+
+    async def make():
+        return clockwork.AsyncClient("127.0.0.1:1", timeout=5)
+
+    ac = asyncio.run_coroutine_threadsafe(make(), other).result(10)
+
+    async def main():
+        s = ac.stream()
+        f = s.submit("resnet50_v2", slo_ms=100)
+        done, _ = await asyncio.wait({f}, timeout=10)
+        assert done, "the request never resolved"
+        with pytest.raises(ControllerUnavailable, match="the stream's call failed"):
+            f.result()
+        await asyncio.wait_for(s.close(), 10)
+
+    try:
+        asyncio.run(main())
+    finally:
+        other.call_soon_threadsafe(other.stop)
+        t.join(10)

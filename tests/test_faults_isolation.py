@@ -361,13 +361,21 @@ def test_rest_head_limits_timeouts_and_json_off_the_loop(profiles):
 
 def test_grpc_message_over_the_receive_limit_is_refused(profiles):
     """grpc_max_receive_bytes bounds a client's message: a larger one fails that call
-    with RESOURCE_EXHAUSTED; the controller and the client's next calls are fine."""
-    with _cluster(profiles, "grpc_max_receive_bytes=65536") as c:
+    with RESOURCE_EXHAUSTED, which the client raises as InvalidRequest (sending it again
+    cannot help); the controller and the client's next calls are fine. A limit under the
+    4 MiB the client's stream packs requests into is refused."""
+    with _cluster(profiles, "grpc_max_receive_bytes=4194304") as c:
         with clockwork.Client(c.address, timeout=10) as cl:
-            with pytest.raises(clockwork.errors.ControllerUnavailable,
-                               match="RESOURCE_EXHAUSTED"):
-                cl.infer("small", {"x": np.zeros(40000, np.float32)})
+            with pytest.raises(clockwork.errors.InvalidRequest,
+                               match="larger than the controller takes in one message: "
+                                     ".*RESOURCE_EXHAUSTED|larger than max"):
+                cl.infer("small", {"x": np.zeros(1_200_000, np.float32)})
             assert cl.infer("small", np.zeros(4, np.float32)).status == 0
+    from clockwork.settings import SettingsError
+    from controller.limits import limits_from_flags
+
+    with pytest.raises(SettingsError, match="grpc_max_receive_bytes"):
+        limits_from_flags(["grpc_max_receive_bytes=65536"])
 
 
 def _children_of(pid: int) -> list[int]:
