@@ -1495,10 +1495,12 @@ class ControllerNode:
 
         # a positive SLO is at least 1 ns (0 would mean "the default")
         slo = max(1, ms(req.slo_ms)) if req.slo_ms else 0
-        if budget is not None and budget < (slo or self.cfg.default_slo):
-            slo = max(1, budget)  # the client's call ends sooner than its SLO
         if not typed and req.queued_ns:  # its wait in the client before it was sent
             late += min(req.queued_ns, CLIENT_CLOCK_WINDOW_NS)  # (as a message's delay)
+        # the client's call ends sooner than its SLO: the SLO (from the arrival, ``late``
+        # before now) is cut to what is left of the call (``budget``, from now)
+        if budget is not None and late + budget < (slo or self.cfg.default_slo):
+            slo = max(1, late + budget)
         r = Request(rid, req.model, now - late, slo, tagged, inputs)  # inputs: list[Tensor]
         if req.skip_outputs:
             r.want_outputs = False

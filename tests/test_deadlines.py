@@ -83,6 +83,24 @@ def test_a_requests_own_wait_in_its_client_is_charged(cluster):
     assert huge.status == 4 and 60 * 10**9 <= huge.latency_ns < 61 * 10**9
 
 
+def test_a_unary_call_with_a_deadline_and_a_wait_in_its_client_is_served(cluster):
+    """A unary ``Infer`` that says it waited 25 s in its client (``queued_ns``), with a
+    60 s SLO and 10 s left of its call: 35 s of SLO and 10 s of call remain, so it is
+    served. (The call's 10 s were taken as the SLO counted from 25 s ago, and it was
+    refused TIMEOUT at once.) With 0.5 s left of the call and 25 s spent it is still
+    answered within the call, TIMEOUT at the latest."""
+    with grpc.insecure_channel(cluster.address) as ch:
+        stub = pbg.ClockworkStub(ch)
+        req = pb.InferRequest(model="mobilenet_v2", slo_ms=60_000, queued_ns=25 * 10**9,
+                              skip_outputs=True)
+        ok = stub.Infer(req, timeout=10)
+        assert ok.status == 0, ok
+        assert 25 * 10**9 <= ok.latency_ns < 26 * 10**9
+        t0 = time.monotonic()
+        short = stub.Infer(req, timeout=0.5)
+        assert short.status in (0, 4) and time.monotonic() - t0 < 0.5
+
+
 def test_a_request_held_in_the_client_is_charged_its_wait(cluster):
     """A stream's requests wait in the client for their message under load (pacing); the
     client counts its SLO from the submit, the controller counted it from the message's
