@@ -106,12 +106,17 @@ def check_inputs(inputs: Sequence[Tensor], specs: Sequence[TensorSpec]) -> str |
     """Why ``inputs`` (one request's tensors) do not fit a model with input ``specs``, or
     None. A tensor is matched by name, or is the only input when its name is empty; its
     shape is the spec's, with or without a leading batch dimension of 1; its dtype is the
-    spec's and its buffer holds exactly the shape's elements."""
+    spec's and its buffer holds exactly the shape's elements. An input given twice (by
+    name, or by name and as the only one) is refused: which one would run is no rule."""
     by_name = {s.name: s for s in specs}
+    seen: set[str] = set()
     for t in inputs:
         spec = by_name.get(t.name) if t.name else (specs[0] if len(specs) == 1 else None)
         if spec is None:
             return f"input {t.name!r} is not one of {sorted(by_name)}"
+        if spec.name in seen:
+            return f"input {spec.name!r} is given twice"
+        seen.add(spec.name)
         shape = tuple(t.shape)
         if shape != tuple(spec.shape) and shape != (1, *spec.shape):
             return f"input {spec.name!r} has shape {list(shape)}, expected {list(spec.shape)}"

@@ -91,6 +91,13 @@ def test_check_inputs_messages():
     two = [TensorSpec("a", (1,), "float32"), TensorSpec("b", (1,), "float32")]
     assert check_inputs([Tensor.of("", np.zeros(1, np.float32))], two) == \
         "input '' is not one of ['a', 'b']"
+    # one input twice, by name or by name and as the only one: which would run is no rule
+    assert check_inputs([ok, ok], specs) == "input 'data' is given twice"
+    assert check_inputs([ok, Tensor.of("", np.zeros((3, 4), np.float32))], specs) == \
+        "input 'data' is given twice"
+    a = Tensor.of("a", np.zeros(1, np.float32))
+    assert check_inputs([a, Tensor.of("b", np.zeros(1, np.float32))], two) is None
+    assert check_inputs([a, a], two) == "input 'a' is given twice"
 
 
 def test_zero_rows_are_cached_and_read_only():
