@@ -611,6 +611,12 @@ class ControllerNode:
             raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         wait = self.connect_timeout if timeout is None else timeout
         deadline = time.monotonic() + wait  # (one for the name's resolution and the dial)
+        # a worker connected already is answered at once, not after the adds before it
+        # (one that cannot reach its worker holds the lock for up to its timeout)
+        lk, _ = await self._link_to(address, max(0.0, deadline - time.monotonic()))
+        if lk is not None and lk.state is not None:
+            return lk.index, [self.gpu_index[(lk.index, g.gpu)]
+                              for g in lk.state.gpus], False
         async with self._add_lock:
             lk, endpoints = await self._link_to(address, max(0.0, deadline - time.monotonic()))
             if lk is not None:

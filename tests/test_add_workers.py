@@ -240,3 +240,42 @@ def test_another_spelling_of_a_connected_workers_address_adds_nothing():
             await served
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_adding_a_connected_worker_does_not_wait_for_an_add_in_progress():
+    """An add of a worker that cannot be reached (a port that accepts and never answers)
+    holds the add lock for up to its timeout; an add of the worker connected already is
+    answered at once (added False) meanwhile. Before, it waited behind the other add."""
+    import asyncio
+    import socket
+
+    pytest.importorskip("grpc")
+    from controller.service import ControllerNode, RepositoryError
+    from tests.inprocess import serve_in_process
+    from worker.service import WorkerNode
+
+    async def main():
+        address, stop, served = await serve_in_process(WorkerNode(gpus=1, pages=100))
+        node = ControllerNode([address], "v100-reference", models="resnet50_v2")
+        await node.start()
+        with socket.socket() as silent:
+            silent.bind(("127.0.0.1", 0))
+            silent.listen(8)  # (connections wait in its backlog, never answered)
+            slow = asyncio.create_task(node.add_worker(
+                f"127.0.0.1:{silent.getsockname()[1]}", timeout=30))
+            try:
+                async with asyncio.timeout(10):  # until it has taken the add lock
+                    while not node._add_lock.locked():
+                        await asyncio.sleep(0.01)
+                got = await asyncio.wait_for(node.add_worker(address, timeout=30), 10)
+                assert got == (0, [0], False)
+                assert not slow.done()
+            finally:
+                slow.cancel()
+                with pytest.raises((asyncio.CancelledError, RepositoryError)):
+                    await slow
+                await node.stop()
+                stop.set()
+                await served
+
+    asyncio.run(asyncio.wait_for(main(), 60))
