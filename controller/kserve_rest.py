@@ -152,9 +152,11 @@ class KServeRest:
         challenge = 'Bearer realm="clockwork"'
         if headers.get("authorization"):
             challenge += ', error="invalid_token"'
-        return Reply(401, {"error": "authentication required: send the header "
-                           "'Authorization: Bearer <token>'"},
-                     headers={"WWW-Authenticate": challenge})
+            why = ("authentication failed: the token sent is not this controller's (send "
+                   "its token as 'Authorization: Bearer <token>')")
+        else:
+            why = "authentication required: send the header 'Authorization: Bearer <token>'"
+        return Reply(401, {"error": why}, headers={"WWW-Authenticate": challenge})
 
     # ------------------------------------------------------------------ routes
 

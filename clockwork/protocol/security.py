@@ -336,20 +336,26 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
     request)."""
 
     MESSAGE = "authentication required: send the metadata 'authorization: Bearer <token>'"
+    WRONG = ("authentication failed: the token sent is not this controller's (send its "
+             "token as 'authorization: Bearer <token>')")
 
     def __init__(self, token: str, count=None) -> None:
         self._token = token.encode()
         self._refused = Refusals("controller", count)
 
     async def intercept_service(self, continuation, details):
+        sent = False
         for key, value in details.invocation_metadata or ():
-            if key == AUTHORIZATION and bearer_ok(value, self._token):
-                return await continuation(details)
+            if key == AUTHORIZATION:
+                if bearer_ok(value, self._token):
+                    return await continuation(details)
+                sent = True
         handler = await continuation(details)
         if handler is None:
             return None
         self._refused(f"an unauthenticated call to {details.method}")
-        return _deny(handler, grpc.StatusCode.UNAUTHENTICATED, self.MESSAGE)
+        return _deny(handler, grpc.StatusCode.UNAUTHENTICATED,
+                     self.WRONG if sent else self.MESSAGE)
 
 
 FIRST_MESSAGE_WAIT_S = 1.0  # how long a refused stream waits for the client's first message
