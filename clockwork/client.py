@@ -239,7 +239,16 @@ def _request(model: str, inputs, slo_ms: float | None,
     req = pb.InferRequest(model=model, slo_ms=slo, client_id=client_id)
     if inputs is None:
         return req, _size(req, 0)
-    tensors = [Tensor.of(name, a) for name, a in _input_items(model, inputs)]
+    items = _input_items(model, inputs)
+    # (an array's bytes before it is copied into one buffer: a broadcast view of a few
+    # bytes may stand for terabytes, which the copy would try to take)
+    known = sum(a.nbytes for _, a in items if isinstance(a, np.ndarray))
+    if known > _MAX_REQUEST_BYTES:
+        raise InvalidRequest(f"{model}: the request is more than {known:,} bytes, too large "
+                             f"to send: a gRPC message carries at most "
+                             f"{MAX_MESSAGE_BYTES:,} (send smaller inputs)", 6, "bad_input",
+                             model)
+    tensors = [Tensor.of(name, a) for name, a in items]
     add_tensors(req.inputs, tensors)  # (built in place: no copy of each message)
     return req, _size(req, sum(_TENSOR_BYTES + 4 * len(t.name) + 11 * len(t.shape)
                                + t.nbytes for t in tensors))

@@ -190,6 +190,11 @@ def test_an_input_too_large_to_send_is_an_invalid_request(cluster):
                 await c.infer("mobilenet_v2", {"data": huge}, slo_ms=1000)
 
     asyncio.run(main())
+    # a broadcast view of one number standing for a terabyte: refused before the copy
+    # that would take it (a MemoryError from numpy before)
+    with clockwork.Client(cluster.address, timeout=10) as c:
+        with pytest.raises(InvalidRequest, match="too large to send"):
+            c.infer("mobilenet_v2", np.broadcast_to(np.float32(0), (1 << 38,)))
 
 
 # ---------------------------------------------------------------- closing a stream
