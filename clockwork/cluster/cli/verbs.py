@@ -258,8 +258,10 @@ def add_serve(sub) -> None:
     p = _verb(sub, "serve", "clockwork.cluster.serve:cmd_serve",
               "start a controller and local workers (one command)",
               "Start the workers a scenario's [cluster] describes (without a scenario: one "
-              "emulated worker, 1 GPU) and a controller serving its [[models]] (without: every "
-              "reference profile), print the controller's address, and stop everything on "
+              "worker with 1 GPU, emulated unless --device says otherwise) and a controller "
+              "serving its [[models]] (without: every profile of the device's set, "
+              "v100-reference for an emulated worker, cpu or cuda for --device cpu or cuda), "
+              "print the controller's address, and stop everything on "
               "Ctrl-C / SIGTERM. A worker that exits is started again on its port (its GPUs "
               "empty; the controller takes it back); one restarted 5 times within 60 s that "
               "exits again, or the controller exiting, stops everything, exit 1.")
