@@ -103,6 +103,7 @@ def overloaded(node, req, why: str) -> pb.InferResponse:
     node.count("requests")
     node.count("requests_overloaded")
     node.metrics.reply(req.model if req.model in node.profiles else "", OVERLOADED, None)
+    node.log_refused(req.model, req.slo_ms, RequestStatus.ERROR)
     return pb.InferResponse(status=RequestStatus.ERROR, reason=OVERLOADED,
                             message=f"overloaded: {why}", client_id=req.client_id, gpu=-1)
 

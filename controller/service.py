@@ -1366,6 +1366,24 @@ class ControllerNode:
     def readmitted(self, worker: int) -> None:
         self.count("worker_readmissions")
 
+    def log_refused(self, model: str, slo_ms: float, status: RequestStatus,
+                    now: int | None = None, rid: int | None = None) -> None:
+        """A request answered at once, without the scheduler (invalid, no worker,
+        overloaded, the controller stopping): its row in the request log (``--log-dir``),
+        as every request the scheduler answers has one (latency 0, GPU -1; a model not
+        served is logged as ""). ``rid``: its id (None: one is taken)."""
+        tel = self.telemetry
+        if tel is None:
+            return
+        if rid is None:
+            rid = self.next_id
+            self.next_id += 1
+        now = now_ns() if now is None else now
+        slo = (max(1, ms(slo_ms)) if isinstance(slo_ms, float | int) and 0 < slo_ms <= MAX_SLO_MS
+               else self.cfg.default_slo)
+        tel.reply(Reply(Request(rid, model if model in self.profiles else "", now, slo),
+                        status, now))
+
     def _answer(self, replies: list[Reply]) -> None:
         pending = self.pending
         metrics, tel = self.metrics, self.telemetry
@@ -1461,6 +1479,7 @@ class ControllerNode:
         self.count("requests")
         if self._stopping:
             self.count(_STATUS_KEY[RequestStatus.ERROR])
+            self.log_refused(req.model, req.slo_ms, RequestStatus.ERROR, now, rid)
             deliver(pb.InferResponse(status=RequestStatus.ERROR, reason="shutdown",
                                      message=SHUTDOWN_MESSAGE, client_id=req.client_id,
                                      gpu=-1))
@@ -1484,6 +1503,7 @@ class ControllerNode:
         if bad is not None:
             self.count("requests_invalid_request")
             self.metrics.reply(req.model if prof is not None else "", "invalid_request", None)
+            self.log_refused(req.model, req.slo_ms, RequestStatus.INVALID_REQUEST, now, rid)
             deliver(pb.InferResponse(status=RequestStatus.INVALID_REQUEST, message=bad,
                                      reason=reason, client_id=cid, gpu=-1))
             return None
@@ -1491,6 +1511,7 @@ class ControllerNode:
             self.count(_STATUS_KEY[RequestStatus.ERROR])
             self.count("requests_no_worker")
             self.metrics.reply(req.model, "error", None)
+            self.log_refused(req.model, req.slo_ms, RequestStatus.ERROR, now, rid)
             deliver(pb.InferResponse(status=RequestStatus.ERROR, reason="no_worker",
                                      message=NO_WORKER_FOR_REQUEST, client_id=cid, gpu=-1))
             return None

@@ -270,8 +270,15 @@ def test_metrics_health_and_logs(tmp_path):
     req = (logs / "requests.tsv").read_text().splitlines()
     act = (logs / "actions.tsv").read_text().splitlines()
     assert req[0].startswith("request_id\tmodel\tarrival")
-    assert len(req) == 1 + 8
-    assert all(row.split("\t")[5] == "SUCCESS" and row.split("\t")[6] == "1" for row in req[1:])
+    # every request the controller answered has its row, the one refused at once too
+    # (an unknown model: logged as "", latency 0, GPU -1; it had none before)
+    assert len(req) == 1 + 9
+    rows = [row.split("\t") for row in req[1:]]
+    ok = [r for r in rows if r[5] == "SUCCESS"]
+    assert len(ok) == 8 and all(r[6] == "1" for r in ok)
+    (refused,) = [r for r in rows if r[5] != "SUCCESS"]
+    assert (refused[1], refused[4], refused[5], refused[6], refused[9]) == (
+        "", "0", "INVALID_REQUEST", "0", "-1"), refused
     assert act[0].startswith("action_id\ttype\tstatus")
     kinds = [row.split("\t")[1] for row in act[1:]]
     assert "INFER" in kinds and "LOAD" in kinds
