@@ -406,8 +406,9 @@ class Telemetry:
     def flush(self, out: Path, final: bool = False) -> None:
         """TSV: append the rows collected since the last flush to ``out``'s logs and
         forget them (a long-running controller's memory stays flat); the first flush
-        starts the files with their headers. npz: nothing until ``final``, which writes
-        every row (the .npz files are written once, at the end). ``write`` is the
+        starts the files with their headers. npz: the rows collected move to their column
+        files (on disk when spilling) until ``final``, which writes every row (the .npz
+        files are written once, at the end). ``write`` is the
         all-at-once form; ``flush_steps`` the same work in steps."""
         for _ in self.flush_steps(out, final):
             pass
@@ -421,6 +422,10 @@ class Telemetry:
         out = Path(out)
         first = not self._flushed
         if self.log_format == "npz" and not final:
+            # the rows collected since into their column files (spilling: on disk, where a
+            # crash leaves them; up to a buffer's worth waited in memory until the next)
+            self._req.drain()
+            self._act.drain()
             return
         if first:  # (npz: at the final flush, the one that writes)
             out.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import filecmp
 import os
+import time
 
 import numpy as np
 import orjson
@@ -326,8 +327,9 @@ def test_simulate_npz_and_report(tmp_path, capsys):
 
 def test_live_controller_writes_npz_at_stop(tmp_path):
     """--log-format npz: during the run the rows wait in column files in a folder inside
-    the log folder (not in memory); requests.npz/actions.npz at SIGTERM, and the folder
-    goes."""
+    the log folder (not in memory), put there at each --log-flush-s (they waited in
+    memory until 4,096 had come, and a crash lost them); requests.npz/actions.npz at
+    SIGTERM, and the folder goes."""
     import clockwork
     from tests.conftest import local_cluster
 
@@ -341,6 +343,11 @@ def test_live_controller_writes_npz_at_stop(tmp_path):
         (rows,) = os.listdir(logs)
         assert rows.startswith("clockwork-rows-")
         assert {p.name for p in (logs / rows).iterdir()} >= {"requests.latency", "actions.type"}
+        latency = logs / rows / "requests.latency"  # int64: 8 bytes a row
+        deadline = time.monotonic() + 10  # (a flush every 0.1 s)
+        while latency.stat().st_size < 6 * 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert latency.stat().st_size == 6 * 8
         c.controller.stop(timeout=30.0)
     assert sorted(os.listdir(logs)) == ["actions.npz", "requests.npz"]
     tel = read_logs(logs)
