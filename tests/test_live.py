@@ -449,3 +449,16 @@ def test_serve_replay_stops_on_ctrl_c():
         if d.isdigit() and int(stat.rpartition(")")[2].split()[3]) == p.pid:
             left.append(d)
     assert left == [], left
+
+
+def test_failures_are_counted_by_kind_not_by_their_figures():
+    """A live replay's ``failures`` count messages with their figures written ``#``:
+    EXEC_TOO_LATE "late by 45.634 ms" and "late by 42.088 ms" are one kind (each was its
+    own, so the summary's three commonest were "2 x ..." beside "161 x (other
+    messages)"); a model's name keeps its digits."""
+    from clockwork.cluster.replay import failure_kind
+
+    a = failure_kind("worker error EXEC_TOO_LATE: late by 45.634 ms")
+    assert a == failure_kind("worker error EXEC_TOO_LATE: late by 42.088 ms")
+    assert a == "worker error EXEC_TOO_LATE: late by # ms"
+    assert failure_kind("model resnet50_v2: 3 tries") == "model resnet50_v2: # tries"
