@@ -535,6 +535,13 @@ class _Collector:
                                 value=len(getattr(node, "pending", ())))
         yield GaugeMetricFamily("clockwork_workers_connected", "Workers connected now",
                                 value=sum(1 for lk in links if lk.connected))
+        available = getattr(node, "available", None)
+        yield GaugeMetricFamily("clockwork_workers_available",
+                                "Workers that take work now: connected and not suspect (a "
+                                "hung worker stays connected until its connection times "
+                                "out, but is not available once it misses a probe)",
+                                value=sum(1 for lk in links if lk.connected and (
+                                    available is None or available(lk))))
         yield GaugeMetricFamily("clockwork_workers_held_elsewhere",
                                 "Workers not connected because another controller holds "
                                 "them (its connection to them is live; ours once it ends)",

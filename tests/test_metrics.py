@@ -341,3 +341,20 @@ def test_fast_exposition_is_the_librarys_byte_for_byte():
         m.forget(name)
     m.text(list(m.registry.collect()))
     assert len(m._labels_text) <= kept
+
+
+def test_a_suspect_worker_is_connected_but_not_available():
+    """clockwork_workers_available counts the workers that take work (connected and not
+    suspect); clockwork_workers_connected still counts a hung worker until its connection
+    times out (~10 s), so an alert on it missed one."""
+    from types import SimpleNamespace
+
+    from controller.metrics import ControllerMetrics
+
+    node = _fake_node()
+    node.links = [SimpleNamespace(connected=True, held="", index=i) for i in range(3)]
+    node.links[2].connected = False
+    node.available = lambda lk: lk.connected and lk.index != 1  # worker 1: suspect
+    samples = parse_text(ControllerMetrics(node).render().decode())
+    assert _value(samples, "clockwork_workers_connected") == 2
+    assert _value(samples, "clockwork_workers_available") == 1
