@@ -700,25 +700,13 @@ class ControllerNode:
                 raise
             if msg is grpc.aio.EOF or msg.WhichOneof("kind") != "state":
                 raise ConnectionError(f"worker {link.address} did not send its state")
+            # (a worker refused is refused before its fast link is dialed: dialed, it said
+            # "refused fast link: no valid ticket" at each of our attempts)
+            self._check_state(link, msg.state)
             stream = await self._dial_fast(link, msg.state) if msg.state.link_port else call
         except BaseException:
             await ch.close()
             raise
-        if msg.state.missing:
-            await ch.close()
-            more = " ..." if len(msg.state.missing) > 5 else ""
-            raise CannotServe(f"worker {link.address} ({msg.state.device}) cannot serve "
-                              f"{', '.join(msg.state.missing[:5])}{more}: no profile in its "
-                              f"profile set {msg.state.profiles!r}"
-                              + ("" if msg.state.device == "emulated" else
-                                 " or no model package (see clockwork compile)"))
-        if not 1 <= len(msg.state.gpus) <= MAX_GPUS_PER_WORKER:
-            await ch.close()
-            raise ValueError(f"worker {link.address} has {len(msg.state.gpus)} GPUs: a worker "
-                             f"has 1 to {MAX_GPUS_PER_WORKER}")
-        if link.state is not None and len(msg.state.gpus) != len(link.state.gpus):
-            await ch.close()
-            raise ValueError(f"worker {link.address} came back with a different GPU count")
         link.channel, link.call, link.grpc_call, link.state = ch, stream, call, msg.state
         link.connected = True
         link.since = link.heard = time.monotonic()
@@ -732,6 +720,24 @@ class ControllerNode:
             link.updates.append((0, pb.InstanceUpdate(add=new, remove=gone)))
             link.told = dict(self.instances)
             link.wake.set()
+
+    @staticmethod
+    def _check_state(link: WorkerLink, state: pb.WorkerState) -> None:
+        """Raise ``CannotServe`` or ``ValueError`` for a worker whose state (its answer to
+        our Hello) says it cannot be used: instances it cannot serve, no GPU or too many,
+        another GPU count than it had."""
+        if state.missing:
+            more = " ..." if len(state.missing) > 5 else ""
+            raise CannotServe(f"worker {link.address} ({state.device}) cannot serve "
+                              f"{', '.join(state.missing[:5])}{more}: no profile in its "
+                              f"profile set {state.profiles!r}"
+                              + ("" if state.device == "emulated" else
+                                 " or no model package (see clockwork compile)"))
+        if not 1 <= len(state.gpus) <= MAX_GPUS_PER_WORKER:
+            raise ValueError(f"worker {link.address} has {len(state.gpus)} GPUs: a worker "
+                             f"has 1 to {MAX_GPUS_PER_WORKER}")
+        if link.state is not None and len(state.gpus) != len(link.state.gpus):
+            raise ValueError(f"worker {link.address} came back with a different GPU count")
 
     async def _hello_answer(self, link: WorkerLink, stub: pbg.WorkerStub, call):
         """The worker's first message after our Hello (its state, as a rule). Before it

@@ -1719,6 +1719,14 @@ def test_a_worker_back_without_a_model_loaded_while_it_was_away_says_why(
     from worker.service import WorkerNode, serve_worker
 
     monkeypatch.setattr(service, "REFUSED_LOG_S", 1000.0, raising=False)  # one line
+    dials: list[str] = []
+    dial_fast = service.ControllerNode._dial_fast
+
+    async def counted_dial(self, link, state):
+        dials.append(link.address)
+        return await dial_fast(self, link, state)
+
+    monkeypatch.setattr(service.ControllerNode, "_dial_fast", counted_dial)
     partial = tmp_path / "partial"
     shutil.copytree(load_profile_set("v100-reference").path, partial)
     (partial / "resnet18_v2.json").unlink()
@@ -1738,13 +1746,17 @@ def test_a_worker_back_without_a_model_loaded_while_it_was_away_says_why(
             assert await node.load_model("r", profile="resnet18_v2") == ["r"]
             port = int(address1.rpartition(":")[2])
             stop1 = asyncio.Event()
-            served1 = asyncio.create_task(serve_worker(
+            served1 = asyncio.create_task(serve_worker(  # (with its fast link, this time)
                 "127.0.0.1", port, WorkerNode(gpus=1, pages=100, profiles=str(partial)),
-                stop=stop1, link_port=-1))
+                stop=stop1, link_port=0))
             await _until(lambda: node.counters.get("worker_refusals", 0) >= 3,
                          "worker 1 refused three times")
             assert not node.links[1].connected
-            lines = [ln for ln in capsys.readouterr().err.splitlines() if "cannot serve" in ln]
+            err = capsys.readouterr().err
+            # refused before its fast link is dialed (dialed at each attempt, it said
+            # "refused fast link ... no valid ticket" as often)
+            assert dials == [], dials
+            lines = [ln for ln in err.splitlines() if "cannot serve" in ln]
             assert lines == [
                 f"controller: worker {address1} (emulated) cannot serve r: no profile in its "
                 "profile set 'partial'; it stays out (trying again every 0.25 s) "
