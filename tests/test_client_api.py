@@ -56,9 +56,11 @@ def _silent():
 
 @contextmanager
 def _first_bytes():
-    """``(address, got)``: a socket that accepts one connection and records in ``got``
-    the first bytes the client sends on it (never answering)."""
+    """``(address, got, connected)``: a socket that accepts one connection, records in
+    ``got`` the first bytes the client sends on it and then sets ``connected``, and never
+    answers."""
     got: list[bytes] = []
+    connected = threading.Event()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen(1)
@@ -67,14 +69,16 @@ def _first_bytes():
         def accept():
             conn, _ = s.accept()
             with conn:
-                conn.settimeout(10)
+                conn.settimeout(15)
                 got.append(conn.recv(64))
-                conn.recv(1)  # (held open until the client gives up)
+                connected.set()
+                with contextlib.suppress(OSError):
+                    conn.recv(1)  # (held open until the client gives up)
 
         t = threading.Thread(target=accept, daemon=True)
         t.start()
-        yield f"127.0.0.1:{s.getsockname()[1]}", got
-        t.join(10)
+        yield f"127.0.0.1:{s.getsockname()[1]}", got, connected
+        t.join(15)
 
 
 # ---------------------------------------------------------------- addresses and TLS
@@ -86,7 +90,7 @@ def test_tls_is_decided_from_the_address_as_it_is_read(url, tls):
     """A ``grpcs://`` address opens its connection with a TLS handshake however it is
     spelled (surrounding whitespace, any case; ``https://`` too), so the bearer token
     never goes out in the clear; ``grpc://`` speaks plain HTTP/2."""
-    with _first_bytes() as (address, got):
+    with _first_bytes() as (address, got, _):
         with clockwork.Client(url.format(address), timeout=0.5, token="s3cret") as c:
             with pytest.raises(ControllerUnavailable):
                 c.stats()
@@ -488,37 +492,12 @@ def test_a_wrong_port_or_tls_on_one_side_is_named():
     assert "TLS handshake" not in str(e.value) and "is it running" in str(e.value), e.value
 
 
-@contextmanager
-def _silent_server():
-    """``(address, connected)``: a socket that accepts connections and never answers;
-    ``connected`` is set once a client has sent its first bytes."""
-    connected = threading.Event()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen(4)
-        s.settimeout(10)
-
-        def accept():
-            conn, _ = s.accept()
-            with conn:
-                conn.settimeout(15)
-                conn.recv(64)
-                connected.set()
-                with contextlib.suppress(OSError):
-                    conn.recv(1)  # (held open until the client gives up)
-
-        t = threading.Thread(target=accept, daemon=True)
-        t.start()
-        yield f"127.0.0.1:{s.getsockname()[1]}", connected
-        t.join(15)
-
-
 def test_closing_an_async_client_fails_its_waiting_calls_as_unavailable():
     """``AsyncClient.close()`` while a call waits (here on a server that never answers):
     the call raises ``ControllerUnavailable`` saying the client was closed, and the
     caller's task is not left cancelled. (It raised ``CancelledError``, which passes an
     ``except Exception``.) A cancellation of the caller's own task stays one."""
-    with _silent_server() as (address, connected):
+    with _first_bytes() as (address, _, connected):
         async def main():
             ac = clockwork.AsyncClient(address, timeout=30)
             call = asyncio.create_task(ac.stats())
@@ -530,7 +509,7 @@ def test_closing_an_async_client_fails_its_waiting_calls_as_unavailable():
             assert not call.cancelled()
 
         asyncio.run(main())
-    with _silent_server() as (address, connected):
+    with _first_bytes() as (address, _, connected):
         async def mine():
             ac = clockwork.AsyncClient(address, timeout=30)
             call = asyncio.create_task(ac.stats())

@@ -109,10 +109,13 @@ def test_a_killed_child_is_replaced_and_its_body_decoded_all_the_same(capsys):
     assert capsys.readouterr().err.count("a JSON decoding process failed") == 1
 
 
-def test_a_child_whose_caller_went_away_is_ended_and_close_ends_the_rest(monkeypatch):
+BIG = _body(np.zeros(2_000_000).tolist(), shape=(2_000_000,))  # ~0.1 s to decode
+
+
+def _watch_children(monkeypatch) -> tuple[list, threading.Event]:
+    """(the children started from here on, an event set when the first has started)."""
     from controller import json_offload
 
-    big = _body(np.zeros(2_000_000).tolist(), shape=(2_000_000,))  # ~0.1 s to decode
     spawned: list = []
     first = threading.Event()
     init = json_offload._Child.__init__
@@ -123,10 +126,15 @@ def test_a_child_whose_caller_went_away_is_ended_and_close_ends_the_rest(monkeyp
         first.set()
 
     monkeypatch.setattr(json_offload._Child, "__init__", counted)
+    return spawned, first
+
+
+def test_a_child_whose_caller_went_away_is_ended_and_close_ends_the_rest(monkeypatch):
+    spawned, first = _watch_children(monkeypatch)
 
     async def main():
         d = JsonDecoders(2)
-        task = asyncio.create_task(d.decode(big, b""))
+        task = asyncio.create_task(d.decode(BIG, b""))
         assert await asyncio.to_thread(first.wait, 30)  # its child has started
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -180,23 +188,11 @@ def test_close_while_a_body_is_decoded_gives_it_its_answer(monkeypatch):
     """``close`` while a child decodes: that body still gets its answer, a body that
     comes after is decoded in this process, and the child ends. (It raised from the
     thread pool shut down under it, and the child was left running.)"""
-    from controller import json_offload
-
-    big = _body(np.zeros(2_000_000).tolist(), shape=(2_000_000,))
-    spawned: list = []
-    first = threading.Event()
-    init = json_offload._Child.__init__
-
-    def counted(self):
-        init(self)
-        spawned.append(self)
-        first.set()
-
-    monkeypatch.setattr(json_offload._Child, "__init__", counted)
+    spawned, first = _watch_children(monkeypatch)
 
     async def main():
         d = JsonDecoders(1)
-        task = asyncio.create_task(d.decode(big, b""))
+        task = asyncio.create_task(d.decode(BIG, b""))
         assert await asyncio.to_thread(first.wait, 30)
         await d.close()
         got = await task
