@@ -1357,8 +1357,10 @@ class ControllerNode:
         self.metrics.action_sent(a.type.name)
 
     def result(self, a: Action | None, r: Result) -> None:
-        if a is not None:
-            self.count(_RESULT_KEY[r.type][r.status == ErrorCode.SUCCESS])
+        """An action's result; ``a`` None: one the loop failed itself (its worker lost or
+        suspect), counted as a rejected one too, as /metrics and the action log count it
+        (the Stats counters behind a live replay's summary left them out)."""
+        self.count(_RESULT_KEY[r.type][r.status == ErrorCode.SUCCESS])
         self.metrics.result(a, r)
 
     def unknown(self, worker: int, r: Result) -> None:

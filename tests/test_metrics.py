@@ -358,3 +358,22 @@ def test_a_suspect_worker_is_connected_but_not_available():
     samples = parse_text(ControllerMetrics(node).render().decode())
     assert _value(samples, "clockwork_workers_connected") == 2
     assert _value(samples, "clockwork_workers_available") == 1
+
+
+def test_an_action_the_controller_failed_itself_is_counted_as_rejected():
+    """An action failed by the controller's loop (its worker lost or suspect: no action
+    handed with the result) counts in ``infer_rejected`` as in /metrics and the action log;
+    the Stats counters (and so a live replay's summary) left it out."""
+    from types import SimpleNamespace
+
+    from clockwork.actions import ActionType, ErrorCode, Result
+    from controller.service import ControllerNode
+
+    counted: dict[str, int] = {}
+    seen = []
+    node = SimpleNamespace(count=lambda k, n=1: counted.__setitem__(k, counted.get(k, 0) + n),
+                           metrics=SimpleNamespace(result=lambda a, r: seen.append((a, r))))
+    lost = Result(7, ActionType.INFER, ErrorCode.WEIGHTS_NOT_PRESENT, 0, 0, "m",
+                  message="worker lost")
+    ControllerNode.result(node, None, lost)
+    assert counted == {"infer_rejected": 1} and seen == [(None, lost)]
