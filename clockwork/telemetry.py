@@ -592,12 +592,11 @@ def read_logs(run_dir: str | Path) -> Telemetry:
     fmt = _format_in(run_dir)
     tel = Telemetry(0, fmt)
     read = _read_npz if fmt == "npz" else _read_tsv
-    for name, log in (("requests", tel._req), ("actions", tel._act)):
-        path = run_dir / f"{name}.{fmt}"
-        if log is tel._req or path.exists():
-            read(tel, path, log)
-            if log is tel._req:
-                _check_values(path, dict(zip(log.names, log.arrays(), strict=True)))
+    requests, actions = run_dir / f"requests.{fmt}", run_dir / f"actions.{fmt}"
+    read(tel, requests, tel._req)
+    _check_values(requests, dict(zip(tel._req.names, tel._req.arrays(), strict=True)))
+    if actions.exists():
+        read(tel, actions, tel._act)
     return tel
 
 

@@ -34,6 +34,7 @@ from aiohttp.web_urldispatcher import _default_expect_handler
 from clockwork.protocol.security import Refusals, bearer_ok
 from controller.body_decoding import BodyDecoder
 from controller.json_offload import JsonDecoders
+from controller.json_offload import decode as decode_body
 from controller.kserve import (
     HTTP_CODE,
     INVALID,
@@ -45,7 +46,7 @@ from controller.kserve import (
     KServeFrontend,
     _internal,
 )
-from controller.kserve_validate import _short, json_loads, rest_request
+from controller.kserve_validate import _short, json_loads
 
 # with a token, every path but these needs "Authorization: Bearer <token>" (probes stay
 # open); their requests are answered without reading (or decoding) a body, which they never
@@ -299,7 +300,7 @@ class KServeRest:
 
     async def _infer_request(self, headers, body: bytes):
         """An inference request's body, read and checked: (inputs, parameters, requested
-        outputs, the JSON header, binary_data per output, binary_data for all).
+        outputs, ``{"id": ...}`` or ``{}``, binary_data per output, binary_data for all).
         ``Inference-Header-Content-Length``, when sent, is ASCII digits, as HTTP's
         Content-Length (``int()`` alone would read "+5", "1_0" as 10, other scripts'
         digits; an empty value is not a length either)."""
@@ -316,14 +317,11 @@ class KServeRest:
         view = memoryview(body)
         if n > self.node.limits.rest_json_offload_bytes:  # JSON data lists become arrays:
             # in a decoding process (json_offload), where they hold up no other request
-            inputs, params, requested, binary_of, binary_all, head = (
-                await self.decoders.decode(view[:n], view[n:]))
-            return inputs, params, requested, head, binary_of, binary_all
-        req = await self._json((body if n == len(body) else body[:n]) or b"{}")
-        if not isinstance(req, dict):
-            raise KServeError(INVALID, "request body must be a JSON object")
-        inputs, params, requested, binary_of, binary_all = rest_request(req, view[n:])
-        return inputs, params, requested, req, binary_of, binary_all
+            decoded = await self.decoders.decode(view[:n], view[n:])
+        else:  # (the same rule, here)
+            decoded = decode_body(view[:n] if n else b"{}", view[n:])
+        inputs, params, requested, binary_of, binary_all, head = decoded
+        return inputs, params, requested, head, binary_of, binary_all
 
 
 class _NonFinite(dict):

@@ -611,17 +611,18 @@ class ControllerNode:
             raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         wait = self.connect_timeout if timeout is None else timeout
         deadline = time.monotonic() + wait  # (one for the name's resolution and the dial)
+        def connected(lk: WorkerLink) -> tuple[int, list[int], bool]:
+            return lk.index, [self.gpu_index[(lk.index, g.gpu)] for g in lk.state.gpus], False
+
         # a worker connected already is answered at once, not after the adds before it
         # (one that cannot reach its worker holds the lock for up to its timeout)
         lk, _ = await self._link_to(address, max(0.0, deadline - time.monotonic()))
         if lk is not None and lk.state is not None:
-            return lk.index, [self.gpu_index[(lk.index, g.gpu)]
-                              for g in lk.state.gpus], False
+            return connected(lk)
         async with self._add_lock:
             lk, endpoints = await self._link_to(address, max(0.0, deadline - time.monotonic()))
             if lk is not None:
-                return lk.index, [self.gpu_index[(lk.index, g.gpu)]
-                                  for g in lk.state.gpus], False
+                return connected(lk)
             # (the rule for the workers at start: one off loopback needs the secret)
             why = exposure_error("controller", "127.0.0.1", None,
                                  None if self.cluster_auth is None else b"",

@@ -29,20 +29,22 @@ def _file_system(check: Callable[..., T]) -> Callable[..., T]:
     return checked
 
 
+def _not_blank(text: str, what: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return text
+
+
 def nonempty_path(text: str) -> str:
     """A path given as text: anything but empty (or blanks). ``Path("")`` is the current
     folder, so an empty ``--out`` would otherwise pass as one, or read as none given."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError(f"expected a path, got {text!r}")
-    return text
+    return _not_blank(text, "a path")
 
 
 def nonempty(text: str) -> str:
     """Any text but an empty one (or blanks): a name an option needs, which an empty
     value would otherwise leave to the default without a word."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError(f"expected a name, got {text!r}")
-    return text
+    return _not_blank(text, "a name")
 
 
 def _int(text: str) -> int:
