@@ -45,6 +45,9 @@ class ErrorCode(IntEnum):
     EXEC_WEIGHTS_MISSING = 82
     OUTPUT_TOO_EARLY = 90
     OUTPUT_TOO_LATE = 91
+    # ours, not Clockwork's: the controller failed the action itself, its worker lost
+    # (connection closed) or suspect (unanswered probes) before the result came back
+    WORKER_LOST = 100
 
 
 TOO_LATE = {

@@ -18,8 +18,8 @@ What a failed result means is the same for every policy too:
   back in the policy's view when it was sent).
 
 When a worker is lost the shell fails its outstanding actions back through
-``on_result`` with these codes (INFER: ``WEIGHTS_NOT_PRESENT``), so this is also how
-a policy learns which requests a lost worker held.
+``on_result`` with ``WORKER_LOST`` (one of ``COPY_GONE``), so this is also how a policy
+learns which requests a lost worker held.
 
 The GPU and copy objects are the policy's own; the book only holds them.
 """
@@ -29,7 +29,8 @@ from __future__ import annotations
 from clockwork.actions import Action, ActionType, ErrorCode, Result
 
 # A failed INFER with one of these statuses means the copy it was sent to is not there.
-COPY_GONE = frozenset((ErrorCode.WEIGHTS_NOT_PRESENT, ErrorCode.WEIGHTS_CHANGED))
+COPY_GONE = frozenset((ErrorCode.WEIGHTS_NOT_PRESENT, ErrorCode.WEIGHTS_CHANGED,
+                       ErrorCode.WORKER_LOST))
 
 # A failed INFER with one of these statuses was refused for what it carried (a batch size
 # the model's package is not compiled for): no copy would run it better, so its requests

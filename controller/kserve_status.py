@@ -63,7 +63,7 @@ UNAVAILABLE_MESSAGES = frozenset({"batching queue is full", "model does not fit 
 # worker errors that mean the request's copy was gone (a lost or reset worker, evicted
 # weights): the infrastructure, not the request, and not retried in time
 UNAVAILABLE_CODES = frozenset({ErrorCode.WEIGHTS_NOT_PRESENT, ErrorCode.WEIGHTS_CHANGED,
-                               ErrorCode.EXEC_WEIGHTS_MISSING})
+                               ErrorCode.EXEC_WEIGHTS_MISSING, ErrorCode.WORKER_LOST})
 
 
 class KServeError(Exception):

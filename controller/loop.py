@@ -16,9 +16,9 @@ What it does, for every event:
 - answers every reply the policy produced (``answer``);
 - arms one timer (``arm``) for the policy's next wakeup or the next failure to feed.
 
-A lost worker's outstanding actions fail back into the policy as results (INFER:
-``WEIGHTS_NOT_PRESENT``, so the scheduler forgets the copy and retries or answers the
-requests; LOAD/EVICT: ``NETWORK_SEND_TOO_LATE``, so the copy is dropped from its view).
+A lost worker's outstanding actions fail back into the policy as results with status
+``WORKER_LOST`` (an INFER's: the scheduler forgets the copy and retries or answers the
+requests; a LOAD's: the copy is dropped from its view).
 These failures are fed ``FAIL_DELAY`` later from the timer, never from inside the policy
 call that produced the actions (no hot loop while a worker is gone).
 
@@ -46,7 +46,7 @@ from collections.abc import Container
 from dataclasses import dataclass
 from typing import Protocol
 
-from clockwork.actions import NEVER, Action, ActionType, ErrorCode, Result
+from clockwork.actions import NEVER, Action, ErrorCode, Result
 from clockwork.requests import Reply, Request
 from clockwork.time import ms
 from controller.policy import GpuSpec, Policy
@@ -441,8 +441,7 @@ class ControllerLoop:
         self._dirty = True
         due = now + FAIL_DELAY
         for a in actions:
-            code = (ErrorCode.WEIGHTS_NOT_PRESENT if a.type == ActionType.INFER
-                    else ErrorCode.NETWORK_SEND_TOO_LATE)
-            self._failed.append((due, Result(id=a.id, type=a.type, status=code, worker=a.worker,
-                                             gpu=a.gpu, model=a.model, batch_size=a.batch_size,
+            self._failed.append((due, Result(id=a.id, type=a.type, status=ErrorCode.WORKER_LOST,
+                                             worker=a.worker, gpu=a.gpu, model=a.model,
+                                             batch_size=a.batch_size,
                                              received=due, begin=due, end=due, message=why)))

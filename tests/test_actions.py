@@ -33,11 +33,15 @@ WORKER_API = {
     "OUTPUT_TOO_LATE": 91,  # copyOutputTooLate
 }
 
+# codes of ours, for what Clockwork's workers never say: numbers none of theirs take
+OURS = {"WORKER_LOST": 100}  # the controller failed the action itself: its worker is gone
+
 CLIENT_API = {"SUCCESS": 0, "ERROR": 1, "TIMEOUT": 4, "INVALID_REQUEST": 6}
 
 
 def test_error_codes_are_the_worker_apis():
-    assert {c.name: int(c) for c in ErrorCode} == WORKER_API
+    assert {c.name: int(c) for c in ErrorCode} == WORKER_API | OURS
+    assert not set(OURS.values()) & set(WORKER_API.values())
 
 
 def test_request_statuses_are_the_client_apis():

@@ -78,10 +78,9 @@ hang = [{ worker = 0, at_s = 2.0, for_s = 3.0 }]
             and int(a["sent"]) < sec(2.0)}
     after = [a for a in acts if int(a["sent"]) > sec(5.0)]
     assert held and not [a for a in after if a["type"] == "LOAD" and a["model"] in held]
-    # (an INFER failed back by the controller is logged WEIGHTS_NOT_PRESENT too: on a
-    # loaded host the resumed worker can be suspected again, once or more, after 5 s)
-    if summary["workers_suspected"] == 1:
-        assert not [a for a in after if a["status"] == "WEIGHTS_NOT_PRESENT"]
+    # (an INFER the controller fails back itself, its worker suspect again after 5 s on a
+    # loaded host, is logged WORKER_LOST)
+    assert not [a for a in after if a["status"] == "WEIGHTS_NOT_PRESENT"]
 
 
 def test_a_killed_controller_is_replaced_and_every_request_answered_once():

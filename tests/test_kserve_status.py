@@ -54,8 +54,8 @@ def test_the_table():
             e = of_answer(ERR, "", _worker_error(code))
             assert e.kind == DEADLINE, code
             assert e.message == f"TIMEOUT: SLO cannot be met (worker error {code.name})"
-    for code in (ErrorCode.WEIGHTS_NOT_PRESENT, ErrorCode.WEIGHTS_CHANGED,
-                 ErrorCode.EXEC_WEIGHTS_MISSING):  # a lost worker, weights gone
+    for code in (ErrorCode.WORKER_LOST, ErrorCode.WEIGHTS_NOT_PRESENT,
+                 ErrorCode.WEIGHTS_CHANGED, ErrorCode.EXEC_WEIGHTS_MISSING):  # a lost worker, weights gone
         e = of_answer(ERR, "", _worker_error(code, "worker lost"))
         assert (e.kind, e.message) == (UNAVAILABLE, f"ERROR: worker error {code.name}")
     # a bug: a stable message, nothing of the exception or the worker's text

@@ -432,6 +432,17 @@ def test_faults_are_deterministic_and_take_effect():
     assert clean.summary["slo_attainment"] > s["slo_attainment"]
 
 
+def test_actions_failed_for_a_lost_worker_are_logged_as_such():
+    """The actions outstanding on a killed worker and on a hung one (found suspect) are
+    failed by the controller with WORKER_LOST: the action log tells them apart from
+    anything a worker said (they were logged WEIGHTS_NOT_PRESENT, a copy found missing)."""
+    from collections import Counter
+    failed = Counter((r[2], r[3]) for r in simulate(FAULTY).telemetry.actions
+                     if r[2] != "SUCCESS")
+    assert failed[("WORKER_LOST", 1)] > 0 and failed[("WORKER_LOST", 0)] > 0  # killed, hung
+    assert set(failed) <= {("WORKER_LOST", 0), ("WORKER_LOST", 1)}, failed
+
+
 def test_a_hung_worker_comes_back_with_its_weights():
     """Simulated: worker 0 hangs 0.5 s and is re-admitted with the weights it had. No
     LOAD is sent to it after the hang, and every INFER it gets from then succeeds."""

@@ -373,7 +373,7 @@ def test_an_action_the_controller_failed_itself_is_counted_as_rejected():
     seen = []
     node = SimpleNamespace(count=lambda k, n=1: counted.__setitem__(k, counted.get(k, 0) + n),
                            metrics=SimpleNamespace(result=lambda a, r: seen.append((a, r))))
-    lost = Result(7, ActionType.INFER, ErrorCode.WEIGHTS_NOT_PRESENT, 0, 0, "m",
+    lost = Result(7, ActionType.INFER, ErrorCode.WORKER_LOST, 0, 0, "m",
                   message="worker lost")
     ControllerNode.result(node, None, lost)
     assert counted == {"infer_rejected": 1} and seen == [(None, lost)]
