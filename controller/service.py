@@ -109,6 +109,7 @@ from clockwork.tensors import (
 from clockwork.time import MAX_SLO_MS, ms
 from controller import make_policy, policy_class, split_settings
 from controller.config import SchedulerConfig
+from controller.inflight import failed_code
 from controller.intake import CLIENT_CLOCK_WINDOW_NS, Gate, serve_stream, submit_unary
 from controller.limits import Limits, limits_from_flags
 from controller.loop import ControllerLoop, Liveness
@@ -1445,8 +1446,11 @@ class ControllerNode:
         if status == RequestStatus.INVALID_REQUEST and (
                 r.model not in self.profiles or r.model in self.unloading):
             reason = "unknown_model"  # (also: its model was unloaded meanwhile)
-        elif status == RequestStatus.ERROR and rep.message == SHUTDOWN_MESSAGE:
-            reason = "shutdown"
+        elif status == RequestStatus.ERROR:
+            if rep.message == SHUTDOWN_MESSAGE:
+                reason = "shutdown"
+            elif failed_code(rep.message) == ErrorCode.WORKER_LOST:
+                reason = "worker_lost"  # its worker went away and no retry was in time
         if r.typed:
             return Answer(int(status), rep.message, reason, outs, latency, rep.batch_size,
                           rep.gpu, r.cold)

@@ -220,3 +220,27 @@ def test_an_idle_worker_that_hangs_on_the_fast_link_is_noticed_by_keepalive(monk
         os.kill(w.pid, signal.SIGCONT)
         w.kill()
         w.wait(10)
+
+
+def test_a_request_its_lost_worker_failed_too_late_to_retry_raises_worker_lost():
+    """A request answered ERROR because its INFER's worker was lost (no time left to run
+    it elsewhere) has reason ``worker_lost``, so the Python client raises ``WorkerLost``
+    (an ``InferenceError``); any other ERROR keeps its reason."""
+    from types import SimpleNamespace
+
+    from clockwork.actions import ActionType, ErrorCode, RequestStatus, Result
+    from clockwork.errors import InferenceError, WorkerLost, error_for
+    from clockwork.requests import Reply, Request
+    from controller.inflight import error_message
+    from controller.service import ControllerNode
+
+    node = SimpleNamespace(profiles={MODEL: None}, unloading=set())
+    for code, reason in ((ErrorCode.WORKER_LOST, "worker_lost"),
+                         (ErrorCode.EXEC_TOO_LATE, ""), (ErrorCode.WEIGHTS_NOT_PRESENT, "")):
+        r = Request(1, MODEL, 0, 10**8)
+        msg = error_message(Result(3, ActionType.INFER, code, 0, 0, MODEL, message="why"))
+        resp = ControllerNode._response(node, Reply(r, RequestStatus.ERROR, 10**7, msg), r)
+        assert (resp.status, resp.reason) == (RequestStatus.ERROR, reason), code
+        e = error_for(resp.status, resp.reason, resp.message, MODEL)
+        assert isinstance(e, InferenceError)
+        assert isinstance(e, WorkerLost) == (code == ErrorCode.WORKER_LOST)
