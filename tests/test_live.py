@@ -462,3 +462,24 @@ def test_failures_are_counted_by_kind_not_by_their_figures():
     assert a == failure_kind("worker error EXEC_TOO_LATE: late by 42.088 ms")
     assert a == "worker error EXEC_TOO_LATE: late by # ms"
     assert failure_kind("model resnet50_v2: 3 tries") == "model resnet50_v2: # tries"
+
+
+def test_a_stopped_local_cluster_starts_again():
+    """A LocalCluster stopped can be started again, as a context manager a second time:
+    new processes, and the controller is given the new workers' addresses (it was given
+    the stopped ones too and failed at --connect-timeout). One running cannot be started
+    twice."""
+    from clockwork.cluster.serve import LocalCluster
+
+    c = LocalCluster(workers=1, gpus=1, models="resnet50_v2", timeout=30.0)
+    seen = []
+    for _ in range(2):
+        with c:
+            with pytest.raises(RuntimeError, match="running"):
+                c.start()
+            with clockwork.Client(c.address, timeout=20) as cl:
+                assert cl.infer("resnet50_v2", slo_ms=2000).status == 0
+            seen.append((c.controller.proc.pid, c.workers[0].proc.pid))
+            assert len(c.workers) == len(c.worker_addresses) == 1
+        assert all(ch.proc.poll() is not None for ch in [c.controller, *c.workers])
+    assert seen[0] != seen[1]

@@ -312,6 +312,14 @@ class LocalCluster:
         return f"{self.n_workers} {self.device} worker(s) x {self.gpus} GPU(s)"
 
     def start(self) -> LocalCluster:
+        """Start the workers, then the controller; returns once the controller listens.
+        A cluster stopped may be started again (new processes, new ports where they
+        were 0); one running raises ``RuntimeError``."""
+        if any(ch.proc.poll() is None for ch in [self.controller, *self.workers] if ch):
+            raise RuntimeError("this LocalCluster is running: stop() it first")
+        # (a second start: the children of the first are gone, not to be listed again)
+        self.workers, self._worker_argv, self.worker_addresses = [], [], []
+        self.controller, self.address = None, ""
         try:
             self.worker_addresses = self._start_workers()
             argv = _cli() + ["controller", "--host", self.host, "--port", str(self.port),
