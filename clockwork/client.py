@@ -462,6 +462,9 @@ def _stub(channel, token: str | None) -> pbg.ClockworkStub:
 
 
 CLIENT_CLOSED = "the client was closed while the call waited"
+_OTHER_LOOP = ("this AsyncClient was made in another event loop (each asyncio.run() starts "
+               "a new one; a thread runs its own): make the AsyncClient in the loop that "
+               "uses it")
 # the unary methods of clockwork.v1 (the stream's call is InferStream's own)
 _UNARY = ("Infer", "ListModels", "LoadModel", "UnloadModel", "AddWorker", "Stats",
           "ModelStatus")
@@ -478,6 +481,7 @@ class _CloseAware:
         self.client = client
 
     def __call__(self, *args, **kw):
+        self.client._check_loop()
         return self._await(self.method(*args, **kw))
 
     async def _await(self, call):
@@ -688,9 +692,10 @@ class Client:
 
 
 class AsyncClient:
-    """asyncio client; create it inside a running event loop. ``url``, ``timeout`` and
-    the security keywords as ``Client``'s; after ``close()`` every call raises
-    ``RuntimeError``."""
+    """asyncio client; create it inside a running event loop, the one that uses it (a
+    call from another loop, e.g. a later ``asyncio.run``, raises ``RuntimeError``).
+    ``url``, ``timeout`` and the security keywords as ``Client``'s; after ``close()``
+    every call raises ``RuntimeError``."""
 
     def __init__(self, url: str = "127.0.0.1:12346", timeout: float | None = 30.0, *,
                  token: str | None = None, tls: bool = False, tls_ca=None, tls_cert=None,
@@ -701,6 +706,10 @@ class AsyncClient:
                                  aio=True)
         self._stub = _stub(self._channel, client_token(token))
         self._closing = False
+        try:  # its channel is bound to this loop (grpc.aio)
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # made outside a loop: grpc.aio took the thread's loop
+            self._loop = None
         for name in _UNARY:
             setattr(self._stub, name, _CloseAware(getattr(self._stub, name), self))
 
@@ -774,11 +783,19 @@ class AsyncClient:
             raise _unavailable(e, url=self.url) from e
         return dict(r.counters)
 
+    def _check_loop(self) -> None:
+        """A call from another event loop than the client's (a second ``asyncio.run``,
+        another thread's loop) raises ``RuntimeError`` saying so; gRPC's own errors there
+        are 'Event loop is closed' or a future attached to a different loop."""
+        if self._loop is not None and asyncio.get_running_loop() is not self._loop:
+            raise RuntimeError(_OTHER_LOOP)
+
     def stream(self, interval_us: float = 0.0) -> InferStream:
         """A pipelined stream: ``submit`` many, replies resolve their futures.
         ``interval_us``: send at most one message per interval (requests submitted in
         between share it; for load generators, see clockwork.protocol.pacing): 0 (no
         pacing) to ``MAX_INTERVAL_US`` (a second), else ``ValueError``."""
+        self._check_loop()
         return InferStream(self._stub, _interval_us(interval_us), self.url)
 
     async def close(self) -> None:

@@ -72,8 +72,9 @@ def _first_bytes():
                 conn.settimeout(15)
                 got.append(conn.recv(64))
                 connected.set()
-                with contextlib.suppress(OSError):
-                    conn.recv(1)  # (held open until the client gives up)
+                with contextlib.suppress(OSError):  # held open until the client gives up
+                    while conn.recv(4096):  # (its preface's rest: closing at its first
+                        pass  # bytes reset the connection, failing a call UNAVAILABLE)
 
         t = threading.Thread(target=accept, daemon=True)
         t.start()
@@ -522,11 +523,11 @@ def test_closing_an_async_client_fails_its_waiting_calls_as_unavailable():
         asyncio.run(mine())
 
 
-def test_a_stream_whose_call_fails_otherwise_fails_its_requests():
-    """An ``AsyncClient`` made on another event loop (in another thread) than the one
-    using it: a stream's requests fail ``ControllerUnavailable`` and ``close()`` returns.
-    Before, the stream's reader died of the RuntimeError and its futures never resolved,
-    even a request with an SLO."""
+def test_an_async_client_made_on_a_loop_in_another_thread_says_so():
+    """An ``AsyncClient`` made on an event loop running in another thread than the one
+    using it: a call and a stream raise a RuntimeError naming the cause (a call raised
+    gRPC's 'attached to a different loop'; a stream's requests never resolved, then
+    failed 'the stream's call failed')."""
     other = asyncio.new_event_loop()
     t = threading.Thread(target=other.run_forever, daemon=True)
     t.start()
@@ -537,16 +538,44 @@ def test_a_stream_whose_call_fails_otherwise_fails_its_requests():
     ac = asyncio.run_coroutine_threadsafe(make(), other).result(10)
 
     async def main():
-        s = ac.stream()
-        f = s.submit("resnet50_v2", slo_ms=100)
-        done, _ = await asyncio.wait({f}, timeout=10)
-        assert done, "the request never resolved"
-        with pytest.raises(ControllerUnavailable, match="the stream's call failed"):
-            f.result()
-        await asyncio.wait_for(s.close(), 10)
+        with pytest.raises(RuntimeError, match="made in another event loop"):
+            ac.stream()
+        with pytest.raises(RuntimeError, match="made in another event loop"):
+            await ac.infer("resnet50_v2", slo_ms=100)
 
     try:
         asyncio.run(main())
     finally:
         other.call_soon_threadsafe(other.stop)
         t.join(10)
+
+
+def test_an_async_client_used_from_another_event_loop_says_so(cluster):
+    """An AsyncClient belongs to the event loop it was made in: a call or a stream from a
+    later ``asyncio.run`` raises a RuntimeError that says so (gRPC's own: 'Event loop is
+    closed', with coroutines never awaited); in its own loop it works, close() included."""
+    async def make():
+        c = clockwork.AsyncClient(cluster.address, timeout=20)
+        assert (await c.infer("resnet50_v2", slo_ms=2000)).status == 0
+        return c
+
+    client = asyncio.run(make())
+
+    async def infer():
+        return await client.infer("resnet50_v2", slo_ms=2000)
+
+    async def stream():
+        return client.stream()
+
+    for use in (infer, stream):
+        with pytest.raises(RuntimeError, match="made in another event loop"):
+            asyncio.run(use())
+
+    async def own():  # the same client made and used in one loop, then closed there
+        async with clockwork.AsyncClient(cluster.address, timeout=20) as c:
+            s = c.stream()
+            assert (await s.submit("resnet50_v2", slo_ms=2000)).status == 0
+            await s.close()
+            return (await c.infer("resnet50_v2", slo_ms=2000)).status
+
+    assert asyncio.run(own()) == 0
