@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from pydantic import model_validator
 from pydantic.dataclasses import dataclass
 
 from clockwork.settings import CONFIG, from_table, setting
@@ -25,7 +26,8 @@ class SchedulerConfig:
     settings_name: ClassVar[str] = "scheduler"
 
     schedule_ahead: int = setting(
-        ms(10), "Keep each GPU's EXEC lane planned this far into the future, no further.",
+        ms(10), "Keep each GPU's EXEC lane planned this far into the future, no further; "
+        "more than `future_ms` (an idle GPU's work is planned to start that far ahead).",
         units=("ms",), ge=0)
     default_slo: int = setting(
         ms(100), "SLO of a request that gives none (or 0).", units=("ms",), gt=0,
@@ -63,7 +65,7 @@ class SchedulerConfig:
     batch_first: bool = setting(
         True, "Run a larger batch first when the most urgent request can wait for it.")
     load_check_interval: int = setting(
-        ms(2), "How often unmet LOAD demand is re-examined.", units=("ms",), ge=0)
+        ms(2), "How often unmet LOAD demand is re-examined.", units=("ms",), ge=ms(0.1))
     probe_slack: int = setting(
         ms(10), "Liveness: an action still unanswered this long after its predicted end "
         "(or `probe_slack_frac` of its duration, if longer) makes the controller probe its "
@@ -77,6 +79,15 @@ class SchedulerConfig:
     liveness: bool = setting(
         True, "Probe workers whose actions are overdue and stop using those that do not "
         "answer (a hung worker); off: only a closed connection takes a worker out.")
+
+    @model_validator(mode="after")
+    def _plans_past_an_idle_start(self) -> SchedulerConfig:
+        # an idle GPU's lane is predicted free `future` from now: a plan no longer than
+        # that would never send an INFER (each wake moving on by a nanosecond)
+        if self.schedule_ahead <= self.future:
+            raise ValueError(f"schedule_ahead_ms ({self.schedule_ahead / 1e6:g}) must be "
+                             f"more than future_ms ({self.future / 1e6:g})")
+        return self
 
     @classmethod
     def from_ms(cls, **kw: Any) -> SchedulerConfig:

@@ -224,6 +224,15 @@ def test_defaults_are_the_schemas():
      "default_slo_ms: must be a finite number > 0 (at most a day), got 100000000.0"),
     ({"schedule_ahead_ms": -1},
      "schedule_ahead_ms: must be a finite number >= 0 (at most a year), got -1"),
+    # a plan no longer than an idle GPU's predicted start never sent an INFER (0.5 ms),
+    # or froze the run in 1 ns steps (1 ms); an interval of 0 re-examined LOAD demand
+    # without end at one instant
+    ({"schedule_ahead_ms": 0.5}, "scheduler: schedule_ahead_ms (0.5) must be more than "
+                                 "future_ms (1)"),
+    ({"schedule_ahead_ms": 5, "future_ms": 5}, "scheduler: schedule_ahead_ms (5) must be "
+                                               "more than future_ms (5)"),
+    ({"load_check_interval_ms": 0}, "load_check_interval_ms: must be a finite number >= 0.1 "
+                                    "(at most a year), got 0"),
     ({"future_ms": 1e13},
      "future_ms: must be a finite number >= 0 (at most a year), got 10000000000000.0"),
     ({"max_exec_ms": float("nan")},
