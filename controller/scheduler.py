@@ -30,7 +30,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Container, Iterable, Sequence
 
-from clockwork.actions import NEVER, Action, ActionType, RequestStatus, Result
+from clockwork.actions import NEVER, Action, ActionType, ErrorCode, RequestStatus, Result
 from clockwork.profiles import ModelProfile
 from clockwork.requests import DONE, EXECUTING, QUEUED, Reply, Request
 from controller.config import SchedulerConfig
@@ -248,6 +248,14 @@ class ClockworkScheduler(Policy):
                 if result.status in COPY_GONE and not inst.loading and g.instances.get(m.name) is inst \
                         and result.end >= inst.ready_at:
                     self._drop_instance(inst, now)
+                elif (inst.loading and inst.ready_at <= now
+                      and result.status == ErrorCode.WEIGHTS_NOT_PRESENT):
+                    # its LOAD runs past its predicted end: not ready before another LOAD's
+                    # length from now, or before the LOAD's result says so (which makes it
+                    # ready at once); else each retry, refused in turn, was re-sent at once
+                    inst.ready_at = now + m.est.load
+                    if m.wide is not None:
+                        m.wide.push(inst)
             if m.removed and self._retire(inst, now, out) and (self._unserved or self._misses):
                 self._schedule_loads(now, out, only_idle=False)  # its pages may take a LOAD
             self._schedule_infer(g, now, out)

@@ -309,6 +309,30 @@ def test_infer_turned_away_during_a_long_load_keeps_the_copy_and_retries():
     assert rep.status == RequestStatus.SUCCESS
 
 
+def test_infer_turned_away_by_a_load_past_its_prediction_is_retried_a_load_later():
+    """An INFER turned away (WEIGHTS_NOT_PRESENT) because its copy's LOAD runs past its
+    predicted end: the retry may start no sooner than a LOAD's length later. It was sent
+    to start at once, turned away again, and so on every round trip until the LOAD's
+    result came (57 INFERs against one LOAD in a noisy run)."""
+    s = sched()
+    load, inf = s.on_request(req(1, slo=500 * MS), 0)
+    assert inf.earliest == 9 * MS  # the LOAD's predicted end
+    sent, now = [inf], 9 * MS
+    while now < 40 * MS:  # the LOAD ends at 40 ms: each INFER is turned away at its start
+        a = sent[-1]
+        now = max(now, a.earliest) + 100_000  # (a round trip)
+        if now >= 40 * MS:
+            break
+        (retry,) = s.on_result(fail(a, now - 50_000, ErrorCode.WEIGHTS_NOT_PRESENT), now)
+        assert retry.type == ActionType.INFER and retry.earliest == now + 8 * MS
+        sent.append(retry)
+    assert len(sent) <= 5, len(sent)  # (one every 0.1 ms before: ~300)
+    s.on_result(ok(load, 1 * MS, 39 * MS), 40 * MS)
+    s.on_result(ok(sent[-1], sent[-1].earliest), sent[-1].earliest + E[1])
+    (rep,) = s.drain_replies()
+    assert rep.status == RequestStatus.SUCCESS
+
+
 def test_infer_refused_for_what_it_carried_is_answered_at_once_not_retried():
     # the worker refused the batch itself (a batch size the package was not compiled
     # for): no copy would do better, so no retry until the deadline (a storm of INFERs,
