@@ -153,8 +153,11 @@ class ClockworkScheduler(Policy):
         else:
             soonest = now + cfg.future + est.load
         if (drop_at < soonest and est.inflated
-                and now - est.measured_at > cfg.estimate_stale):
+                and now - est.measured_at > cfg.estimate_stale
+                and deadline - m.profile.exec_ns[m.batch_sizes[0]] >= soonest):
             # the estimate may be a straggler's, and nothing has run since to correct it
+            # (only for a request the profile's figure would let in: one infeasible
+            # either way says nothing of the estimate, and its measurements are kept)
             est.forget_exec()
             drop_at = request.drop_at = deadline - est.exec_ns[m.batch_sizes[0]]
         if drop_at < soonest:

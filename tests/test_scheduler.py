@@ -678,6 +678,22 @@ def test_a_stragglers_estimate_does_not_lock_a_model_out_for_ever():
     assert m.est.exec(m.batch_sizes[0]) == m.est.profile.exec_ns[m.batch_sizes[0]]
 
 
+def test_a_request_infeasible_even_at_the_profiles_figure_keeps_the_estimate():
+    """The stale-estimate reset is for a request only the inflated estimate keeps out: one
+    that the profile's figure cannot serve either (a 1 ms SLO against 2.9 ms) is
+    answered TIMEOUT and the model's measurements are kept (they were thrown away, and
+    the next INFERs planned with the profile's too-short figures)."""
+    s = sched(gpus=1)
+    t = warm(s)
+    m = s.models["a"]
+    for _ in range(10):
+        m.est.add_exec(1, 3 * E[1], t)  # every EXEC really takes 3x the profile's
+    later = t + s.cfg.estimate_stale + 200 * MS
+    s.on_request(req(1, t=later, slo=1 * MS), later)
+    assert [r.status for r in s.drain_replies()] == [RequestStatus.TIMEOUT]
+    assert m.est.exec(1) == 3 * E[1] and m.est.inflated
+
+
 # ---------------------------------------------------------------- the copy index (CopyIndex)
 
 
