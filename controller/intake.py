@@ -261,7 +261,7 @@ class _Stream:
         self.send_at = 0
 
 
-async def serve_stream(node, requests, context) -> None:
+async def serve_stream(node, context) -> None:
     """``InferStream``: see the module docstring. Returns when every request read has
     been answered and the client closed its side; raises ``AbortError`` (through
     ``context.abort``) for a slow reader or a failure."""
@@ -326,7 +326,9 @@ async def serve_stream(node, requests, context) -> None:
     async def reader() -> None:
         size = lim.admit_slice
         clock = ClientClock()
-        async for batch in requests:
+        # (read() and not ``async for``: grpc.aio's iterator holds the last message while
+        # it waits for the next, up to grpc_max_receive_bytes an idle stream)
+        while (batch := await context.read()) is not grpc.aio.EOF:
             if st.dead:
                 return
             node.count("msgs_from_clients")
@@ -339,14 +341,15 @@ async def serve_stream(node, requests, context) -> None:
             n = len(reqs)
             if n <= size:
                 admit(reqs, late)
-                continue
-            node.count("msgs_admitted_in_slices")
-            for i in range(0, n, size):
-                # a later slice arrives later, and the wait counts against its SLO
-                admit(reqs[i:i + size], late + now_ns() - t0)
-                await asyncio.sleep(0)  # everyone else's turn before the next slice
-                if st.dead:
-                    return
+            else:
+                node.count("msgs_admitted_in_slices")
+                for i in range(0, n, size):
+                    # a later slice arrives later, and the wait counts against its SLO
+                    admit(reqs[i:i + size], late + now_ns() - t0)
+                    await asyncio.sleep(0)  # everyone else's turn before the next slice
+                    if st.dead:
+                        return
+            batch = reqs = None  # let go of the message before waiting for the next
         st.done = True
         st.wake.set()
 

@@ -442,7 +442,7 @@ class KServeGrpcServicer(kpbg.GRPCInferenceServiceServicer):
 
     async def ModelStreamInfer(self, request_iterator, context):  # noqa: N802
         """Many requests on one stream, one response each: ``_ModelStream``."""
-        await _ModelStream(self.fe, context).serve(request_iterator)
+        await _ModelStream(self.fe, context).serve()  # (it reads with context.read())
 
     # -- the model repository extension (controller/repository.py)
 
@@ -661,11 +661,15 @@ class _ModelStream:
             self._error(request, of_answer(answers[0].status, answers[0].reason,
                                            answers[0].message))
 
-    async def _reader(self, requests) -> None:
-        async for request in requests:
+    async def _reader(self) -> None:
+        # (read() and not ``async for``: grpc.aio's iterator holds the last message while
+        # it waits for the next, up to grpc_max_receive_bytes an idle stream)
+        read = self.context.read
+        while (request := await read()) is not grpc.aio.EOF:
             if self.dead:
                 return
             self._read_one(request)
+            request = None  # let go of the message before waiting for the next
         self.done = True
         self.wake.set()
 
@@ -688,8 +692,8 @@ class _ModelStream:
         self.out.clear()
         self.buffered = 0
 
-    async def serve(self, requests) -> None:
-        rtask = asyncio.create_task(self._reader(requests))
+    async def serve(self) -> None:
+        rtask = asyncio.create_task(self._reader())
         rtask.add_done_callback(lambda _: self.wake.set())
         wtask = asyncio.create_task(self._writer(rtask))
         ktask = asyncio.create_task(self.killed.wait())

@@ -148,7 +148,7 @@ CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
 WORKER_CHANNEL_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 100),
                           ("grpc.min_reconnect_backoff_ms", 100),
                           ("grpc.max_reconnect_backoff_ms", 500), *keepalive.CHANNEL]
-SERVER_OPTIONS = [*CHANNEL_OPTIONS, *LISTEN_OPTIONS, *keepalive.SERVER]
+SERVER_OPTIONS = [*CHANNEL_OPTIONS, *LISTEN_OPTIONS, *keepalive.CLIENT_SERVER]
 # the model repository
 MAX_COPIES = 1024  # instances one load may make
 MAX_SERVED = MAX_INSTANCES  # instances served at once (--models, then loads)
@@ -1971,7 +1971,7 @@ class ClockworkServicer(pbg.ClockworkServicer):
 
     async def InferStream(self, request_iterator, context):  # noqa: N802
         """Slices, bounds and reply messages: ``controller.intake.serve_stream``."""
-        await serve_stream(self.node, request_iterator, context)
+        await serve_stream(self.node, context)  # (it reads with context.read())
 
     async def ListModels(self, request, context):  # noqa: N802
         n = self.node

@@ -14,7 +14,9 @@ A worker's server pings its controller the same way (``WORKER_SERVER``): a contr
 stops answering (a stopped process, a vanished host) loses the worker's connection after
 ~15 s, and with it the worker (``clockwork.protocol.holding``), which another controller
 may then take. (A gRPC server pings no one by default: a stopped controller held the
-worker for as long as its connection stayed open, hours.)
+worker for as long as its connection stayed open, hours.) The controller's client-facing
+servers ping their clients alike (``CLIENT_SERVER``): a client that vanished or stopped
+gives up its connections, streams and what they hold after ~15 s, not hours.
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ SERVER = [("grpc.keepalive_permit_without_calls", 1),
           ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
           ("grpc.http2.max_ping_strikes", 0)]
 
-WORKER_SERVER = [*SERVER, ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
-                 ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
-                 ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
-                 ("grpc.http2.max_pings_without_data", 0)]
+# a server that pings its peers too (a silent one is let go ~15 s after it fell silent)
+PINGING_SERVER = [*SERVER, ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+                  ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+                  ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+                  ("grpc.http2.max_pings_without_data", 0)]
+WORKER_SERVER = PINGING_SERVER
+CLIENT_SERVER = PINGING_SERVER
