@@ -6,7 +6,7 @@ buffers may grow, what the gRPC and REST servers accept.
 description documents it and ``docs/settings.md`` is rendered from it); the code that
 enforces each bound reads it from here: ``controller/intake.py`` (outstanding requests,
 admission in slices, reply messages and the slow-reader cap), ``controller/service.py``
-(the gRPC server's receive limit) and ``controller/kserve_rest.py`` (the REST server,
+(the gRPC server's receive limit, streams per connection and calls in all) and ``controller/kserve_rest.py`` (the REST server,
 aiohttp's, configured from here in ``make_runner``).
 
 Why each exists, in short: a request takes controller memory and scheduler time until it
@@ -69,6 +69,15 @@ class Limits:
         64 * MiB, "Largest gRPC message the controller accepts from a client (a stream "
         "message of many requests counts whole); at least 4 MiB, the messages the Python "
         "client's stream packs requests into (less ended such a stream whole).", ge=4 * MiB)
+    grpc_max_streams_per_connection: int = setting(
+        1_000, "gRPC calls (streams and unary calls) one client connection may have open "
+        "at once (HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS): a client's further calls wait "
+        "in the client until one ends.", ge=1)
+    grpc_max_calls: int = setting(
+        10_000, "gRPC calls open at once over every client connection; a call beyond it "
+        "is refused at once with `RESOURCE_EXHAUSTED` (an open stream costs the controller "
+        "~30 KB besides what it carries, and it may be left open, idle, for as long as "
+        "its client answers keepalive pings).", ge=1)
     rest_max_body_bytes: int = setting(
         64 * MiB, "Largest REST request body, counted after decoding a `gzip` or `deflate` "
         "body (decoded in slices as it is read: a compression bomb is refused at this "
@@ -112,7 +121,8 @@ class Limits:
         return from_table(cls, table, where=where)
 
     def grpc_server_options(self) -> list[tuple[str, int]]:
-        return [("grpc.max_receive_message_length", self.grpc_max_receive_bytes)]
+        return [("grpc.max_receive_message_length", self.grpc_max_receive_bytes),
+                ("grpc.max_concurrent_streams", self.grpc_max_streams_per_connection)]
 
 
 def limits_from_flags(items: list[str]) -> Limits:

@@ -2042,7 +2042,8 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
     every client call must carry it (REST health endpoints excepted); ``tls``: every port
     speaks TLS."""
     interceptors = [TokenInterceptor(token, node.count)] if token else None
-    server = grpc.aio.server(options=server_options(node.limits), interceptors=interceptors)
+    server = grpc.aio.server(options=server_options(node.limits), interceptors=interceptors,
+                             maximum_concurrent_rpcs=node.limits.grpc_max_calls)
     pbg.add_ClockworkServicer_to_server(ClockworkServicer(node), server)
     from controller.kserve import add_kserve_grpc  # lazy: its inference.* protos clash
     add_kserve_grpc(node, server)  # with tritonclient's in one process; KServe v2, same port

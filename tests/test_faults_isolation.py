@@ -914,3 +914,63 @@ def test_a_client_that_stops_answering_is_let_go(profiles):
             for p in clients:
                 p.kill()
                 p.wait()
+
+
+_CALLS = r"""
+import asyncio, sys
+import grpc
+from clockwork.protocol import clockwork_pb2 as pb, clockwork_pb2_grpc as pbg
+
+
+async def main():
+    hold = asyncio.Event()
+
+    async def idle():
+        yield pb.InferRequestBatch(requests=[pb.InferRequest(model="nowhere", client_id=1)])
+        await hold.wait()
+
+    own = [("grpc.use_local_subchannel_pool", 1)]  # (a connection each)
+    async with grpc.aio.insecure_channel(sys.argv[1], options=own) as a, \
+            grpc.aio.insecure_channel(sys.argv[1], options=own) as b:
+        stub, other = pbg.ClockworkStub(a), pbg.ClockworkStub(b)
+        streams = [stub.InferStream(idle()) for _ in range(2)]
+        for s in streams:
+            await asyncio.wait_for(s.read(), 10)
+        # the connection has its 2 calls open: a third waits for one of them
+        try:
+            await stub.Stats(pb.StatsRequest(), timeout=1.0)
+            print("third call on the connection: answered")
+        except grpc.aio.AioRpcError as e:
+            print("third call on the connection:", e.code().name)
+        # another connection: the controller's 3 calls in all are open with it
+        x = other.InferStream(idle())
+        await asyncio.wait_for(x.read(), 10)
+        try:
+            await other.Stats(pb.StatsRequest(), timeout=5.0)
+            print("fourth call in all: answered")
+        except grpc.aio.AioRpcError as e:
+            print("fourth call in all:", e.code().name)
+        streams[0].cancel()
+        x.cancel()
+        await asyncio.sleep(0.5)
+        r = await stub.Stats(pb.StatsRequest(), timeout=5.0)
+        print("after two ended:", "answered" if r is not None else "none")
+        hold.set()
+
+
+asyncio.run(main())
+"""
+
+
+def test_grpc_calls_are_bounded_per_connection_and_in_all(profiles):
+    """``grpc_max_streams_per_connection``: a connection's call beyond it waits for one to
+    end (HTTP/2's stream limit); ``grpc_max_calls``: a call beyond it over all
+    connections is refused RESOURCE_EXHAUSTED at once. Nothing bounded either before:
+    5,000 idle streams took 145 MB."""
+    with _cluster(profiles, "grpc_max_streams_per_connection=2", "grpc_max_calls=3") as c:
+        out = subprocess.run([sys.executable, "-c", _CALLS, c.address], capture_output=True,
+                             text=True, timeout=60)
+        assert out.stdout.splitlines() == [
+            "third call on the connection: DEADLINE_EXCEEDED",
+            "fourth call in all: RESOURCE_EXHAUSTED",
+            "after two ended: answered"], out.stdout + out.stderr
