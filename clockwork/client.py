@@ -387,7 +387,9 @@ def _worker_error(e: grpc.RpcError, url: str = "") -> ClockworkError:
     code = e.code() if hasattr(e, "code") else None
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidRequest(f"add worker: {e.details()}", 6, "bad_request", "")
-    if code == grpc.StatusCode.FAILED_PRECONDITION:  # another controller holds the worker
+    if code == grpc.StatusCode.FAILED_PRECONDITION or (
+            code == grpc.StatusCode.UNAVAILABLE and not _unreachable(e)):
+        # another controller holds the worker; the controller cannot reach the worker
         return ControllerUnavailable(f"add worker: {e.details()}")
     return _unavailable(e, url=url)
 

@@ -2017,9 +2017,10 @@ class ClockworkServicer(pbg.ClockworkServicer):
         if not request.address:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "give the worker's host:port")
         try:
-            left = context.time_remaining()  # answer before the caller's deadline
+            left = context.time_remaining()  # answer before the caller's deadline (its
+            # last quarter, at most half a second, for the answer to reach it)
             w, gpus, added = await self.node.add_worker(
-                request.address, None if left is None else max(0.5, left - 0.5))
+                request.address, None if left is None else left - min(0.5, left / 4))
         except RepositoryError as e:
             await context.abort(e.code, status_details(e.message))
         return pb.AddWorkerResponse(worker=w, gpus=gpus, added=added)

@@ -279,3 +279,24 @@ def test_adding_a_connected_worker_does_not_wait_for_an_add_in_progress():
                 await served
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_an_add_with_a_short_timeout_is_answered_why_within_it():
+    """``add_worker`` of an address nobody listens on, with a client timeout of half a
+    second: the controller answers why ("cannot reach worker ...") before the client's
+    deadline. It used the whole of a deadline under a second, and a third of such calls
+    raised the client's own "no answer within the client's timeout" instead. The message
+    names the worker, not the controller, as the one that cannot be reached."""
+    import clockwork
+    from clockwork.errors import ControllerUnavailable
+    from tests.conftest import local_cluster
+
+    with local_cluster(workers=1, gpus=1, models="resnet50_v2") as c:
+        with clockwork.Client(c.address, timeout=30) as cl:
+            said = []
+            for _ in range(12):
+                with pytest.raises(ControllerUnavailable) as e:
+                    cl.add_worker("127.0.0.1:1", timeout=0.5)
+                said.append(str(e.value))
+    # (the worker named, not the controller: "controller unavailable: ..." before)
+    assert all(s.startswith("add worker: cannot reach worker 127.0.0.1:1") for s in said), said
