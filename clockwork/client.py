@@ -542,20 +542,21 @@ def _unreachable_text(e: grpc.RpcError, url: str) -> str:
     return f"could not reach the controller at {url or 'its address'} ({hint}): {details}"
 
 
-def _unavailable(e: grpc.RpcError, url: str = "",
-                 slo: pb.InferRequest | None = None) -> ClockworkError:
+def _unavailable(e: grpc.RpcError, url: str = "", slo: pb.InferRequest | None = None,
+                 waited_ms: float = 0.0) -> ClockworkError:
     """The typed error of a failed call. A deadline that passes is the client's timeout,
     ``ControllerUnavailable`` (as the controller not answering at all), unless it was
     the SLO's deadline of the inference ``slo`` (its SLO and a grace, sooner than the
-    client's timeout): then ``InferenceTimeout``. No connection to the controller at
-    ``url`` (refused, an unknown host): ``ControllerUnavailable`` saying so."""
+    client's timeout): then ``InferenceTimeout`` with ``latency_ms`` ``waited_ms`` (how
+    long the call waited). No connection to the controller at ``url`` (refused, an
+    unknown host): ``ControllerUnavailable`` saying so."""
     if _unreachable(e):
         return ControllerUnavailable(_unreachable_text(e, url))
     code = e.code() if hasattr(e, "code") else None
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         if slo is not None:
             return error_for(4, "deadline", f"no answer within its {slo.slo_ms:g} ms SLO "
-                             f"and {GRACE_S:g} s more: {e.details()}", slo.model)
+                             f"and {GRACE_S:g} s more: {e.details()}", slo.model, waited_ms)
         return ControllerUnavailable(f"no answer within the client's timeout: {e.details()}")
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return Unauthenticated(f"controller refused the call: {code}: {e.details()} "
@@ -599,7 +600,8 @@ class Client:
         try:
             resp = self._stub.Infer(req, timeout=deadline)
         except grpc.RpcError as e:
-            raise _unavailable(e, self.url, req if slos else None) from e
+            raise _unavailable(e, self.url, req if slos else None,
+                               (time.perf_counter() - t0) * 1e3) from e
         return _result(model, resp, (time.perf_counter() - t0) * 1e3, slo_ms)
 
     def list_models(self) -> list[ModelMeta]:
@@ -722,7 +724,8 @@ class AsyncClient:
         try:
             resp = await self._stub.Infer(req, timeout=deadline)
         except grpc.RpcError as e:
-            raise _unavailable(e, self.url, req if slos else None) from e
+            raise _unavailable(e, self.url, req if slos else None,
+                               (time.perf_counter() - t0) * 1e3) from e
         return _result(model, resp, (time.perf_counter() - t0) * 1e3, slo_ms)
 
     async def list_models(self) -> list[ModelMeta]:

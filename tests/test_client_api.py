@@ -268,20 +268,26 @@ def test_the_clients_timeout_is_controller_unavailable_and_the_slo_inference_tim
     """``infer``'s gRPC deadline is the client's timeout or, when sooner, its SLO plus a
     grace. A controller that says nothing: the client's timeout passing first is
     ``ControllerUnavailable`` (no SLO, or the timeout sooner than the SLO), the SLO's
-    deadline passing first ``InferenceTimeout``."""
+    deadline passing first ``InferenceTimeout``, with the time the caller waited."""
     with _silent() as address:
         with clockwork.Client(address, timeout=0.3) as c:
             for slo in (None, 5000):
                 with pytest.raises(ControllerUnavailable, match="client's timeout"):
                     c.infer("m", slo_ms=slo)
         with clockwork.Client(address, timeout=30) as c:
-            with pytest.raises(InferenceTimeout, match="SLO"):
+            with pytest.raises(InferenceTimeout, match="SLO") as e:
                 c.infer("m", slo_ms=10)
+            # what the caller waited, the SLO and its grace (it said 0)
+            assert 1000 <= e.value.latency_ms < 5000, e.value.latency_ms
 
         async def main():
             async with clockwork.AsyncClient(address, timeout=0.3) as c:
                 with pytest.raises(ControllerUnavailable, match="client's timeout"):
                     await c.infer("m")
+            async with clockwork.AsyncClient(address, timeout=30) as c:
+                with pytest.raises(InferenceTimeout, match="SLO") as e:
+                    await c.infer("m", slo_ms=10)
+                assert 1000 <= e.value.latency_ms < 5000, e.value.latency_ms
 
         asyncio.run(main())
 
