@@ -86,6 +86,21 @@ def _too_deep(value: Any, levels: int) -> bool:
     return False
 
 
+def _plain(value: Any) -> Any:
+    """A scenario table given from Python, its values as TOML would give them: numpy
+    scalars (a seed from ``np.arange``) as Python numbers, paths (``pathlib.Path``) as
+    strings; dicts and lists copied, anything else as it is."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():
+        return value.item()  # (a numpy scalar, or an array of none)
+    return value
+
+
 def _nested_line(where: str = "") -> str:
     line = f"nested too deeply (at most {MAX_TOML_DEPTH} levels of arrays and tables)"
     return f"{where}: {line}" if where else line
@@ -260,7 +275,7 @@ def load_scenario(path: str | Path | None = None, overrides: list[str] | str | N
     if data is not None:
         if isinstance(data, dict) and any(_too_deep(v, MAX_TOML_DEPTH) for v in data.values()):
             raise ScenarioError(_nested_line(src))
-        raw = _merge(raw, data)
+        raw = _merge(raw, _plain(data))
     overrides = override_list(overrides)
     for o in overrides:
         apply_override(raw, o)

@@ -181,6 +181,29 @@ def test_missing_required_key_and_dict_source():
     assert got == "<dict>: workloads: must be at least one [[workloads]] table, got []"
 
 
+def test_a_table_from_python_takes_numpy_numbers_and_paths():
+    """A scenario given as a dict from a script: numpy integers (a seed from np.arange,
+    copies from an array) and a pathlib.Path (the profile set's folder) are taken as
+    TOML's integers and strings (refused: "must be an integer", "must be a non-empty
+    string"; numpy floats passed), and kept as plain values."""
+    import numpy as np
+
+    from clockwork.profiles import find_profile_set
+
+    folder = Path(find_profile_set("v100-reference"))
+    sc = load_scenario(data={
+        "seed": np.arange(3, 4)[0], "duration_s": np.float32(1.5),
+        "cluster": {"workers": np.int8(2), "profiles": folder},
+        "models": [{"name": "resnet50_v2", "copies": np.array(2)}],
+        "workloads": [{"kind": "poisson", "rate_rps": np.int64(100), "slo_ms": 50}]})
+    assert (sc.seed, sc.data["duration_s"], sc.cluster["workers"]) == (3, 1.5, 2)
+    assert sc.cluster["profiles"] == str(folder) and sc.models[0]["copies"] == 2
+    assert type(sc.seed) is int and type(sc.models[0]["copies"]) is int
+    with pytest.raises(ScenarioError, match="seed: must be an integer"):
+        load_scenario(data={"seed": np.float64(1.5), "models": [{"name": "a"}],
+                            "workloads": [{"kind": "poisson", "rate_rps": 1}]})
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "scenarios").glob("*.toml")),
                          ids=lambda p: p.stem)
 def test_every_shipped_scenario_loads_and_round_trips(path):
