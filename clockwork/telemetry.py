@@ -214,6 +214,18 @@ class ColumnLog:
             self.close()
             self._open_files()
 
+    def __getstate__(self) -> dict:
+        """Pickled (a run's result sent to another process) as rows in memory: a spilled
+        log's column files are its own process's."""
+        return {"names": self.names, "dtypes": self.dtypes, "buf_rows": self.limit // self.width,
+                "columns": [np.array(a) for a in self.arrays()],  # (copies of any maps)
+                "spill_error": self.spill_error}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["names"], state["dtypes"], None, state["buf_rows"])
+        self.set_arrays(state["columns"])
+        self.spill_error = state["spill_error"]
+
     def close(self) -> None:
         """Spilling: close the column files (they stay on disk until removed) and forget
         their rows; rows that come after are kept in memory."""
@@ -229,7 +241,7 @@ class Telemetry:
     how ``write`` and ``flush`` store the logs (``"tsv"`` or ``"npz"``). ``spill_dir``:
     keep the rows in column files in a new folder inside it instead of in memory (see
     ``ColumnLog``; ~75 bytes of disk per request at paper scale); the folder is removed
-    when this object is. ``buffer_rows``: rows of each log held as Python values before
+    when this object is (or at ``close``). Pickled, it carries its rows in memory. ``buffer_rows``: rows of each log held as Python values before
     they are converted into columns in one go (fewer: each conversion is shorter, as an
     event loop wants; more: fewer conversions, as the simulator wants)."""
 
@@ -258,6 +270,17 @@ class Telemetry:
         self._abuf, self._alimit = self._act.buf, self._act.limit
         self._sent: dict[int, Action] = {}
         self._flushed = False  # flush() has started the TSV files
+
+    def __getstate__(self) -> dict:
+        """Pickled with its rows in memory (``ColumnLog``): the copy owns no spill folder."""
+        state = self.__dict__.copy()
+        state["_finalizer"] = state["spill_folder"] = None
+        state["_rbuf"] = state["_abuf"] = None  # (the logs' own buffers: set again below)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._rbuf, self._abuf = self._req.buf, self._act.buf
 
     @property
     def spill_error(self) -> OSError | None:

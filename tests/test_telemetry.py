@@ -415,6 +415,27 @@ def test_spilled_columns_handed_out_survive_clear_and_the_folder_goes(tmp_path):
     assert np.array_equal(before, want)  # (unlinked, still mapped)
 
 
+def test_a_spilled_log_pickles_with_its_rows_in_memory(run, tmp_path):
+    """A Telemetry spilling to files pickles (a SimResult returned from a multiprocessing
+    pool: it raised "cannot pickle '_io.FileIO' object"): the copy holds the same rows in
+    memory and owns no folder, takes more rows, and outlives the original's folder."""
+    import pickle
+
+    tel, reqs, acts = run
+    sp = Telemetry(origin=1000, spill_dir=tmp_path / "spill")
+    fill(sp, N, o=1000)
+    copy = pickle.loads(pickle.dumps(sp))
+    assert copy.spill_folder is None and copy._req._chunks  # in memory
+    assert copy.requests == reqs and copy.actions == acts
+    folder = sp.spill_folder
+    del sp
+    assert not folder.exists()  # the original's, removed with it
+    fill(copy, 10, o=1000)  # more rows reach its columns
+    assert len(copy.requests) == len(reqs) + 10 and copy.requests[:len(reqs)] == reqs
+    assert orjson.dumps(pickle.loads(pickle.dumps(tel)).summary(12.5)) == orjson.dumps(
+        tel.summary(12.5))  # (one in memory pickles as before)
+
+
 def test_simulate_with_spill_dir_writes_the_same_files(tmp_path, capsys):
     outs = {}
     for mode, extra in (("memory", []), ("files", ["--spill-dir", str(tmp_path / "sp")])):
