@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
+import numbers
 import os
 import shutil
 import tempfile
@@ -939,6 +941,13 @@ def summarize(requests, actions, duration_s: float, extra: dict | None = None) -
     return tel.summary(duration_s, extra)
 
 
+def _check_seconds(value: object, what: str) -> None:
+    """ValueError unless ``value`` is a finite number of seconds >= 0."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
+            0 <= value < math.inf):
+        raise ValueError(f"{what} must be a number of seconds >= 0, got {value!r}")
+
+
 def summary_of(req: dict, act: dict, duration_s: float, extra: dict | None = None) -> dict:
     """``summary``'s figures from columns (``Telemetry.request_columns()`` /
     ``action_columns()``, or a selection of their rows)."""
@@ -958,7 +967,9 @@ def summary_of(req: dict, act: dict, duration_s: float, extra: dict | None = Non
               "rejected": int(len(kind) - ran.sum())}
     exec_err = np.abs(err[ran & (kind == ActionType.INFER)])
     load_err = np.abs(err[ran & (kind == ActionType.LOAD)])
-    d = duration_s if duration_s > 0 else 1.0
+    _check_seconds(duration_s, "duration_s")
+    # (a run of no length has no rate: 0, not its counts over a made-up second)
+    d = duration_s if duration_s > 0 else math.inf
     summary = {
         "submitted": n,
         "succeeded": succeeded,
@@ -1024,9 +1035,11 @@ def write_json(path: Path, data: dict) -> None:
 
 def _check_counts(s: dict, keys: tuple, required: bool = False) -> None:
     """ValueError unless each of ``keys`` that ``s`` has is a whole number >= 0 (a count);
-    with ``required``, KeyError for one it lacks."""
+    with ``required``, ValueError for one it lacks too."""
     for k in keys:
-        if k not in s and not required:
+        if k not in s:
+            if required:
+                raise ValueError(f"it has no {k!r}: not a run summary")
             continue
         v = s[k]
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -1103,7 +1116,11 @@ def timeline(run_dir: Path, bucket_s: float = 60.0, duration_s: float | None = N
 
 
 def check_timeline_interval(bucket_s: float) -> None:
-    """ValueError unless the interval is at least TIMELINE_MIN_S and at most a year."""
+    """ValueError unless the interval is a number of seconds, at least TIMELINE_MIN_S
+    and at most a year."""
+    if isinstance(bucket_s, bool) or not isinstance(bucket_s, numbers.Real):
+        raise ValueError(f"the timeline's interval must be a number of seconds, got "
+                         f"{bucket_s!r}")
     if not bucket_s >= TIMELINE_MIN_S:
         raise ValueError(f"the timeline's interval must be at least {TIMELINE_MIN_S} s, got "
                          f"{bucket_s}")
@@ -1130,6 +1147,8 @@ def timeline_of(req: dict, act: dict, bucket_s: float = 60.0,
     shows n/a). ValueError for an interval under ``TIMELINE_MIN_S`` or over a year, or
     one that makes more than ``TIMELINE_MAX_ROWS`` rows."""
     check_timeline_interval(bucket_s)
+    if duration_s is not None:
+        _check_seconds(duration_s, "duration_s")
     req = _timeline_columns("request", req, TIMELINE_COLUMNS[0])
     act = _timeline_columns("action", act, TIMELINE_COLUMNS[1])
     width = round(bucket_s * 1e9)

@@ -292,6 +292,15 @@ def test_the_clients_timeout_is_controller_unavailable_and_the_slo_inference_tim
         asyncio.run(main())
 
 
+@pytest.mark.parametrize("bad", [123, b"s3cret", ["s3cret"]], ids=repr)
+def test_a_token_that_is_not_a_string_is_refused_naming_it(bad):
+    """``token=`` takes a string: anything else is a ValueError naming the token (an int
+    raised the regex's TypeError 'expected string or bytes-like object')."""
+    for make in (clockwork.Client, clockwork.AsyncClient):
+        with pytest.raises(ValueError, match="^token: a string, got "):
+            make("127.0.0.1:1", token=bad)
+
+
 BAD_TIMEOUTS = [float("inf"), float("nan"), -1, 0, -0.0, "5", True, [1]]
 
 

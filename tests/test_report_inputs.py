@@ -344,3 +344,25 @@ def test_a_summary_without_latencies_says_n_a(runs, tmp_path, capsys):
     (d / "summary.json").write_bytes(orjson.dumps(s))
     assert main(["report", str(d)]) == 0
     assert "1.00 / n/a / n/a / n/a ms" in capsys.readouterr().out
+
+
+def test_the_python_readers_refuse_what_they_cannot_use_in_one_line(runs):
+    """The log and summary functions a script calls: an interval or a duration that is not
+    a number of seconds, and a summary without its counts, are ValueErrors saying so
+    (they were TypeErrors from a comparison, and a KeyError naming the key alone); a run
+    of no length has no rate (its goodput was its count, over a made-up second)."""
+    d = runs / "tsv"
+    for bad in ("1", None, True):
+        with pytest.raises(ValueError, match="interval must be a number of seconds"):
+            T.timeline(d, bad)
+    for bad in (-1.0, float("nan"), "5", float("inf")):
+        with pytest.raises(ValueError, match="duration_s must be a number of seconds"):
+            T.timeline(d, 1.0, bad)
+    tel = T.read_logs(d)
+    for bad in (-1.0, float("nan"), None):
+        with pytest.raises(ValueError, match="duration_s must be a number of seconds"):
+            tel.summary(bad)
+    s = tel.summary(0.0)
+    assert s["slo_met"] > 0 and s["goodput_rps"] == s["throughput_rps"] == 0.0
+    with pytest.raises(ValueError, match="it has no 'succeeded': not a run summary"):
+        T.format_summary({"submitted": 3})

@@ -146,6 +146,8 @@ def client_token(token: str | None = None, token_file: str | None = None) -> str
         token = _read(token_file, "--token-file").decode("latin-1")
     if token is None:
         token = os.environ.get(TOKEN_ENV)
+    if token is not None and not isinstance(token, str):  # (123, a bytes read from a file)
+        raise SecurityError(f"token: a string, got {type(token).__name__}")
     if not token:
         return None
     if not _TOKEN_CHARS.fullmatch(token):
