@@ -9,7 +9,7 @@
 Every non-success answer raises a subclass of ``clockwork.errors.ClockworkError``
 (``InferenceTimeout``, ``InferenceError``, ``InvalidRequest``, ``UnknownModel`` ...).
 
-The model repository: ``load_model(name, copies=1, profile=None)`` serves a profile of the
+The model repository: ``load_model(name, copies=None, profile=None)`` serves a profile of the
 controller's set under ``name`` (instances ``name``, ``name:1``, ...) while it runs;
 ``unload_model(name)`` stops serving it (its waiting requests fail ``UnknownModel``, its
 GPU memory is freed as its copies go idle); ``repository_index()`` lists every model

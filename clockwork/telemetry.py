@@ -1005,7 +1005,10 @@ def write_run(out: str | Path, telemetry: Telemetry, summary: dict, run: dict) -
     this run's logs: both JSON files are encoded before anything is written (a value JSON
     cannot hold changes nothing), an earlier summary.json and run.json are removed before
     the logs are written, and summary.json is written under a temporary name and renamed
-    into place once everything else is there."""
+    into place once everything else is there. An empty ``out`` is a ValueError (it wrote
+    into the current folder)."""
+    if not str(out).strip():
+        raise ValueError(f"the run's folder must be a path, got {str(out)!r}")
     out = Path(out)
     summary_bytes, run_bytes = _json_bytes(summary), _json_bytes(run)
     out.mkdir(parents=True, exist_ok=True)

@@ -366,3 +366,6 @@ def test_the_python_readers_refuse_what_they_cannot_use_in_one_line(runs):
     assert s["slo_met"] > 0 and s["goodput_rps"] == s["throughput_rps"] == 0.0
     with pytest.raises(ValueError, match="it has no 'succeeded': not a run summary"):
         T.format_summary({"submitted": 3})
+    for empty in ("", "  "):  # (it wrote the run's files into the current folder)
+        with pytest.raises(ValueError, match="the run's folder must be a path"):
+            T.write_run(empty, tel, s, {})
