@@ -1006,7 +1006,7 @@ def test_an_add_is_settled_by_the_controllers_answer_only():
 def test_an_add_past_its_deadline_settles_on_its_place_with_a_real_controller(ray_nodes,
                                                                               monkeypatch):
     """A real controller, and a third node joining: the first AddWorker call for its
-    worker has a deadline (5 ms) too short for the controller's answer (the controller
+    worker has a deadline (0.5 ms) too short for the controller's answer (the controller
     may have taken the worker all the same, as the call gave up, or not). The add is in doubt, not failed: the
     same address is asked again at once, and the worker is the controller's worker 2,
     with place 2's flags, and serves (it used to be killed, and the controller kept, or
@@ -1021,7 +1021,9 @@ def test_an_add_past_its_deadline_settles_on_its_place_with_a_real_controller(ra
     class FirstCallTooShort(real):
         def add_worker(self, address: str, timeout: float | None = None) -> dict:
             calls.append(address)
-            return super().add_worker(address, timeout=0.005 if len(calls) == 1 else timeout)
+            # (half a millisecond: the controller answers within a deadline it is given,
+            # so the call must end before the controller can answer at all)
+            return super().add_worker(address, timeout=0.0005 if len(calls) == 1 else timeout)
 
     poll(lambda: _gpus_free() >= 4, 60.0, 0.1)
     with RayCluster(models="resnet18_v2:6", http_port=-1, kserve_port=-1, timeout=60.0,
