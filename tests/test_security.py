@@ -701,7 +701,13 @@ def test_helpers():
 
 
 @pytest.mark.parametrize("target", ["127.0.0.1:7000", "localhost:7000", "0.0.0.0:7000",
-                                    "127.0.0.2:7000"])
+                                    "127.0.0.2:7000",
+                                    # other spellings of the same addresses (taken from
+                                    # any machine: AddWorker("[::ffff:127.0.0.1]:P") made
+                                    # the controller dial a relay on its own machine)
+                                    "[::ffff:127.0.0.1]:7000", "[::ffff:7f00:1]:7000",
+                                    "[::ffff:0.0.0.0]:7000", "127.1:7000", "0:7000",
+                                    "0x0:7000"])
 @pytest.mark.parametrize("peer", ["ipv4:192.0.2.9:40000", "ipv6:[2001:db8::1]:40000",
                                   "ipv6:%5B2001:db8::1%5D:40000", "ipv4:10.1.2.3:1"])
 def test_a_proof_for_a_loopback_worker_relayed_from_another_machine_is_refused(target, peer):

@@ -14,14 +14,16 @@ process is reachable from other hosts:
   per call, with HMAC-SHA256 under the shared secret K:
 
       controller -> worker, request metadata:
-        x-clockwork-nonce  N   32 random hex digits, new for every call
-        x-clockwork-time   T   the controller's wall clock, integer milliseconds
-        x-clockwork-auth       HMAC(K, "clockwork-v1 controller\\n" METHOD "\\n" T "\\n" N)
+        x-clockwork-nonce   N   32 random hex digits, new for every call
+        x-clockwork-time    T   the controller's wall clock, integer milliseconds
+        x-clockwork-target  A   the worker's address as the controller dialled it
+        x-clockwork-auth        HMAC(K, "clockwork-v2 controller\\n" METHOD "\\n" A "\\n" T "\\n" N)
       worker -> controller, response initial metadata (before any message):
-        x-clockwork-worker-auth  HMAC(K, "clockwork-v1 worker\\n" METHOD "\\n" N)
+        x-clockwork-worker-auth  HMAC(K, "clockwork-v2 worker\\n" METHOD "\\n" A "\\n" N)
 
   The worker accepts a call only if the HMAC matches, ``T`` is within ``FRESH_S`` of its
-  own wall clock and ``N`` was not seen before (a replay cache that covers the window);
+  own wall clock, ``N`` was not seen before (a replay cache that covers the window) and
+  ``A`` is its own address (``answers_to``);
   the controller trusts an answer (and writes ``Hello`` on ``Connect``) only once the
   worker's proof over its fresh ``N`` checks out. METHOD is the full gRPC method name, so
   a proof for one call is no good for another.
@@ -35,6 +37,7 @@ This module imports ``grpc`` but nothing from ``controller/`` or ``worker/``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -523,14 +526,22 @@ def peer_is_local(peer: str) -> bool:
     return (mapped or a).is_loopback
 
 
+@functools.lru_cache(maxsize=256)
 def _any_machine(host: str) -> bool:
-    """A host every machine has: a loopback address or name, or a wildcard address."""
+    """A host every machine has: one that resolves to a loopback or wildcard address, in
+    any spelling -- an IPv4 address mapped into IPv6 (``::ffff:127.0.0.1``), a short
+    form (``127.1``, ``0``, ``0x0``), a name (``localhost``). (Only the plain spellings
+    counted: a proof made for ``[::ffff:127.0.0.1]:P`` was taken from any machine.)"""
     try:
-        if ipaddress.ip_address(host).is_unspecified:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return is_loopback(host)
+    for *_, sa in infos:
+        a = ipaddress.ip_address(sa[0].split("%")[0])
+        a = getattr(a, "ipv4_mapped", None) or a
+        if a.is_loopback or a.is_unspecified:
             return True
-    except ValueError:
-        pass
-    return is_loopback(host)
+    return False
 
 
 def answers_to(target: str, port: int, peer: str, advertised: tuple[str, ...] = ()) -> bool:
