@@ -170,6 +170,37 @@ def test_every_refused_stream_says_unauthenticated(cluster, pki):
     asyncio.run(asyncio.wait_for(main(), 120))
 
 
+def test_an_unauthenticated_call_that_never_sends_its_request_is_refused(cluster, pki):
+    """A unary method called without the token and without its request (a stream that
+    never writes): refused UNAUTHENTICATED within FIRST_MESSAGE_WAIT_S. It waited for the
+    request without end, holding one of the controller's grpc_max_calls for as long as
+    its client liked (enough of them turned every authenticated client away)."""
+    import time
+
+    import grpc
+
+    from clockwork.client import _channel
+
+    async def never():
+        await asyncio.sleep(3600)
+        yield b""
+
+    async def main():
+        ch = _channel(cluster.address, True, pki.ca, None, None, aio=True)
+        try:
+            for method in ("/clockwork.v1.Clockwork/Stats",
+                           "/inference.GRPCInferenceService/ServerLive"):
+                t0 = time.monotonic()
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await ch.stream_unary(method)(never(), timeout=10)
+                assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED, e.value
+                assert time.monotonic() - t0 < 5, method
+        finally:
+            await ch.close()
+
+    asyncio.run(main())
+
+
 def test_unauthenticated_calls_are_refused_and_nothing_runs(cluster, addresses, pki):
     before = stats(cluster, pki)
     for token in ("", "wrong-token-0123456789abcdef", TOKEN[:-1], TOKEN + "x"):

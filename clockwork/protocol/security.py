@@ -367,16 +367,15 @@ FIRST_MESSAGE_WAIT_S = 1.0  # how long a refused stream waits for the client's f
 
 
 def _deny(handler, code: grpc.StatusCode, message: str):
-    """A handler of ``handler``'s kind that only aborts. A stream of requests is refused
-    once its first message has arrived (or after ``FIRST_MESSAGE_WAIT_S``, or at the
-    client's end of stream), never before: grpc's asyncio client loses the refusal when
-    it ends the call while the client's first write is still on its way (the write
-    fails and the call reports INTERNAL "Internal error from Core" instead; grpc/grpc
-    issue 36066). Nothing read is used, so nothing is parsed: the request arrives as bytes
-    (a unary call's request is received before any handler anyway)."""
-
-    async def abort(_request, context):
-        await context.abort(code, message)
+    """A handler that only aborts. The call is refused once its first message has
+    arrived (or after ``FIRST_MESSAGE_WAIT_S``, or at the client's end of stream), never
+    before: grpc's asyncio client loses the refusal when it ends the call while the
+    client's first write is still on its way (the write fails and the call reports
+    INTERNAL "Internal error from Core" instead; grpc/grpc issue 36066). A unary method
+    is read as a stream too (the same messages on the wire): as a unary handler, a call
+    that never sent its request waited for it without end, holding one of the
+    ``grpc_max_calls`` for as long as its client liked. Nothing read is used, so nothing
+    is parsed: the request arrives as bytes."""
 
     async def abort_stream(requests, context):
         try:
@@ -387,13 +386,9 @@ def _deny(handler, code: grpc.StatusCode, message: str):
         await context.abort(code, message)
 
     kw = {"request_deserializer": None, "response_serializer": handler.response_serializer}
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(abort_stream, **kw)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(abort_stream, **kw)
     if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(abort, **kw)
-    return grpc.unary_unary_rpc_method_handler(abort, **kw)
+        return grpc.stream_stream_rpc_method_handler(abort_stream, **kw)
+    return grpc.stream_unary_rpc_method_handler(abort_stream, **kw)
 
 
 # ---------------------------------------------------------------------- cluster secret
