@@ -805,3 +805,25 @@ def test_worker_forgets_old_nonces_without_letting_them_replay(monkeypatch):
     now[0] += 10 * security.FRESH_S  # all expire; a fresh call is accepted
     md, _ = ctl.call_metadata(WORKER_CLOCK_SYNC, "w:1")
     assert wrk.check_controller(WORKER_CLOCK_SYNC, md)[0] is None and len(wrk._seen) == 1
+
+
+def test_a_private_file_replaces_a_link_planted_at_its_path(tmp_path):
+    """write_private (the token file a LocalCluster hands its controller) replaces a
+    symbolic link at its path with a new 0600 file; it wrote the token through the link
+    into the link's target. A file already there is replaced too, 0600 whatever it was."""
+    import stat
+
+    from clockwork.protocol.security import write_private
+
+    target = tmp_path / "theirs"
+    target.write_text("")
+    os.chmod(target, 0o644)
+    link = tmp_path / "token"
+    link.symlink_to(target)
+    write_private(link, "s3cret\n")
+    assert target.read_text() == "" and not link.is_symlink()
+    assert link.read_text() == "s3cret\n"
+    assert stat.S_IMODE(link.stat().st_mode) == 0o600
+    os.chmod(link, 0o644)
+    write_private(link, "again\n")
+    assert link.read_text() == "again\n" and stat.S_IMODE(link.stat().st_mode) == 0o600

@@ -37,6 +37,7 @@ This module imports ``grpc`` but nothing from ``controller/`` or ``worker/``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import hmac
@@ -182,11 +183,15 @@ def new_secret() -> str:
 
 
 def write_private(path: Path, text: str) -> Path:
-    """Write ``text`` to a new file only its owner can read (0600)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    """Write ``text`` to a new file only its owner can read (0600). Whatever was at
+    ``path`` is replaced, never written through: a symbolic link planted there (a
+    folder others may write to) would have sent the text to its target."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)  # (whatever the umask)
         f.write(text)
-    os.chmod(path, 0o600)
     return path
 
 
