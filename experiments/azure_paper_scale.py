@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
@@ -290,6 +291,9 @@ def parts_line(specs: list[dict], done: dict) -> str:
     return "; ".join(out)
 
 
+_CHILDREN: set[subprocess.Popen] = set()  # the parts running now (each waited on by a thread)
+
+
 def spawn_part(spec: dict, alone: bool = True) -> dict:
     """``run_part`` in a fresh Python process; adds the process's own CPU time and wall
     time as its parent sees them (``RUSAGE_CHILDREN``: start-up and imports included;
@@ -300,12 +304,21 @@ def spawn_part(spec: dict, alone: bool = True) -> dict:
                "--result", f.name]
         r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        p = subprocess.run(cmd, cwd=common.ROOT)
+        p = subprocess.Popen(cmd, cwd=common.ROOT)
+        _CHILDREN.add(p)
+        try:
+            rc = p.wait()
+        except BaseException:  # (Ctrl-C here: the part goes too)
+            p.kill()
+            p.wait()
+            raise
+        finally:
+            _CHILDREN.discard(p)
         wall = time.perf_counter() - t0
         r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        if p.returncode:
+        if rc:
             raise SystemExit(f"{NAME}: part from minute {spec['start']} failed "
-                             f"(exit status {p.returncode})")
+                             f"(exit status {rc})")
         out = json.loads(Path(f.name).read_text())
     out["cpu_s"]["child"] = ((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
                              if alone else out["cpu_s"]["process"])
@@ -406,6 +419,29 @@ def parse_args(argv) -> argparse.Namespace:
         p.error("--warmup-minutes must be >= 0")
     if args.jobs < 1:
         p.error("--jobs must be >= 1")
+    # (here, not in a part: a bad value found by the second part cost the first's hours)
+    from clockwork.workloads.azure import MINUTES
+
+    for flag, minute in (("--replay-start", args.replay_start),
+                         ("--start-minute", args.start_minute)):
+        if not 0 <= minute < MINUTES:
+            p.error(f"{flag} must be a minute of the trace day, 0 to {MINUTES - 1}, got {minute}")
+    if args.start_minute + args.minutes > MINUTES:
+        p.error(f"--start-minute {args.start_minute} and --minutes {args.minutes} run past the "
+                f"trace day's {MINUTES:,} minutes")
+    for flag, value in (("--rate", args.rate), ("--load-factor", args.load_factor)):
+        if value is not None and not 0 < value < math.inf:
+            p.error(f"{flag} must be a finite number > 0, got {value:g}")
+    if args.seed is not None and args.seed < 0:
+        p.error(f"--seed must be >= 0, got {args.seed}")
+    for flag, path in (("--out", args.out), ("--spill-dir", args.spill_dir)):
+        if path is not None:
+            try:  # (made now: a file there failed after a part's whole simulation)
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                p.error(f"{flag} {path}: cannot make the folder ({e.strerror or e})")
+    if args.json is not None and args.json.is_dir():
+        p.error(f"--json {args.json} is a folder: give a file's path")
     return args
 
 
@@ -487,13 +523,21 @@ def main(argv=None) -> dict:
                     spec["status"] = str(Path(status_dir) / f"part-{i}")
                 futures = {pool.submit(spawn_part, spec, False): i for i, spec in enumerate(specs)}
                 pending = set(futures)
-                while pending:
-                    ended, pending = wait(pending, timeout=PROGRESS_S, return_when=FIRST_COMPLETED)
-                    for f in ended:
-                        finished(futures[f], f.result())
-                    if pending and not ended:
-                        print(f"  {(time.perf_counter() - t.t0) / 60:,.1f} min: "
-                              + parts_line(specs, done), flush=True)
+                try:
+                    while pending:
+                        ended, pending = wait(pending, timeout=PROGRESS_S,
+                                              return_when=FIRST_COMPLETED)
+                        for f in ended:
+                            finished(futures[f], f.result())
+                        if pending and not ended:
+                            print(f"  {(time.perf_counter() - t.t0) / 60:,.1f} min: "
+                                  + parts_line(specs, done), flush=True)
+                except BaseException:  # Ctrl-C, a part that failed: none goes on running
+                    for f in futures:
+                        f.cancel()  # (those not started)
+                    for c in list(_CHILDREN):
+                        c.kill()
+                    raise
     parts = [done[i] for i in range(len(specs))]
     load1 = os.getloadavg()
     info = summarise(args, parts, lf, base, trace, t.wall_s, setup_parent, load0, load1)
@@ -606,4 +650,4 @@ def report(i: dict) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    common.script(main)

@@ -67,10 +67,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeat", type=t.positive_int, default=2,
                     help="runs per setting (>= 1, default 2)")
     ap.add_argument("--jobs", type=t.positive_int, default=2,
-                    help="the parallel setting (>= 1, default 2)")
+                    help="the parallel setting, compared with --jobs 1 (>= 2, default 2)")
     ap.add_argument("--json", type=t.out_file, default=None, metavar="FILE",
                     help="also write the figures here")
     a = ap.parse_args(argv)
+    if a.jobs < 2:  # (1 against 1: one list, and a meaningless ratio)
+        ap.error("--jobs: the parallel setting must be at least 2")
     walls: dict[int, list[float]] = {1: [], a.jobs: []}
     loads: list[float] = []
     tables: dict[int, bytes] = {}

@@ -62,7 +62,10 @@ def load_in_child(path: Path) -> dict:
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-c", _CHILD, str(path)], capture_output=True,
-                         text=True, env=env, check=True)
+                         text=True, env=env)
+    if out.returncode:  # (its last line says why: a file that is no trace, say)
+        lines = out.stderr.strip().splitlines() or [f"exit status {out.returncode}"]
+        raise SystemExit(f"bench_trace_load: loading {path} failed: {lines[-1]}")
     return json.loads(out.stdout)
 
 

@@ -29,13 +29,28 @@ def main(argv=None) -> int:
     from clockwork.models.zoo import ZOO, get_model
 
     p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    p.add_argument("--models", default=",".join(sorted(ZOO)))
+    p.add_argument("--models", default=",".join(sorted(ZOO)),
+                   help=f"zoo models, comma-separated (default all: {','.join(sorted(ZOO))})")
     p.add_argument("--batch-sizes", default="1,2,4,8,16",
                    help="when compiling; with --packages, each package's own")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the outputs are computed (default cpu; cuda: an NVIDIA GPU)")
     p.add_argument("--packages", metavar="DIR", type=Path,
                    help="take the packages from DIR/<model>/ instead of compiling them")
     args = p.parse_args(argv)
+    unknown = [m for m in args.models.split(",") if m not in ZOO]
+    if unknown:
+        p.error(f"unknown zoo model(s) {', '.join(map(repr, unknown))}; zoo: "
+                f"{', '.join(sorted(ZOO))}")
+    try:
+        sizes = [int(b) for b in args.batch_sizes.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1 or max(sizes) > 1024:
+        p.error(f"--batch-sizes: batch sizes from 1 to 1024, comma-separated, got "
+                f"{args.batch_sizes!r}")
+    if args.packages is not None and not args.packages.is_dir():
+        p.error(f"--packages {args.packages}: no such folder")
     if args.device == "cuda":
         from worker.devices.cuda import CudaDevice as Device
         from worker.devices.cuda import cuda_target_and_check
@@ -50,8 +65,7 @@ def main(argv=None) -> int:
             if args.packages:
                 path = args.packages / name
             else:
-                path = compile_model(name, [int(b) for b in args.batch_sizes.split(",")],
-                                     Path(tmp) / name, target=target)
+                path = compile_model(name, sizes, Path(tmp) / name, target=target)
             meta = read_package(path)
             sizes = meta["batch_sizes"]
             w = reference_weights(meta, path)

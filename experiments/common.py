@@ -71,17 +71,44 @@ def parse_args(argv: Sequence[str] | None, description: str) -> argparse.Namespa
                    help="a second or two of simulated time (tests)")
     p.add_argument("--out", type=Path, default=None,
                    help="output directory (default: experiments/figures/, or its live/ and "
-                   "full/ folders: the figures kept in the repository, overwritten)")
+                   "full/ folders: the figures kept in the repository, overwritten; with "
+                   "--smoke a new temporary folder)")
     p.add_argument("--live", action="store_true",
                    help="run on a local live cluster (emulated workers + controller, real "
                         "time) instead of the simulator")
     p.set_defaults(scale="quick")
     args = p.parse_args(list(argv) if argv is not None else None)
-    if args.out is None:
+    if args.out is None and args.scale == "smoke":  # (not over the figures kept)
+        args.out = Path(tempfile.mkdtemp(prefix="clockwork-smoke-"))
+        print(f"--smoke: writing to {args.out}", file=sys.stderr)
+    elif args.out is None:
         sub = "full" if args.scale == "full" else ""
         args.out = FIGURES / "live" / sub if args.live else FIGURES / sub
-    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file there, or no permission
+        p.error(f"--out {args.out}: cannot make the folder ({e.strerror or e})")
     return args
+
+
+def script(main) -> None:
+    """Run an experiment script's ``main()`` as a command: Ctrl-C ends it with one line
+    (exit 130) and a setting the scenario refuses with its one line (exit 2), not a
+    traceback; else the exit status is ``main``'s (an int), or 0."""
+    from clockwork.errors import ScenarioError
+    from clockwork.profiles import ProfileError
+    from clockwork.settings import SettingsError
+
+    name = Path(sys.argv[0]).name
+    try:
+        rc = main()
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    except (ScenarioError, SettingsError, ProfileError) as e:
+        print(f"{name}: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    raise SystemExit(rc if isinstance(rc, int) else 0)
 
 
 def scenario(name: str | Path | dict, overrides: Sequence[str] = ()) -> Scenario:
@@ -107,7 +134,8 @@ def run(name: str | Path | dict, overrides: Sequence[str] = (), live: bool = Fal
     sc = scenario(name, overrides)
     if live:
         return run_live(sc)
-    sim = Simulation(sc, progress=sys.stderr.isatty())  # (a long --full run shows progress)
+    # (a long --full run shows progress: redrawn on a terminal, a line every 30 s in a log)
+    sim = Simulation(sc, progress=True)
     timed = None
     if time_policy:
         timed = sim.policy = TimedPolicy(sim.policy, int(time_policy * 1e9))
@@ -239,17 +267,19 @@ class LiveResult(ReplayResult):
     events: int = 0
 
 
-def check_live(workers: int, duration_s: float, what: str = "this scale") -> None:
-    """Refuse (``LiveRefused``, a clear message) a live run this machine cannot hold."""
+def check_live(workers: int, duration_s: float, what: str = "this scale",
+               smaller: str = "--quick or --smoke", per: str = "per run") -> None:
+    """Refuse (``LiveRefused``, a clear message) a live run this machine cannot hold;
+    ``smaller``: how to ask this script for less; ``per``: what ``duration_s`` is of."""
     why = []
     if workers > LIVE_MAX_WORKERS:
         why.append(f"{workers} emulated workers (one process each; at most {LIVE_MAX_WORKERS} "
                    "here)")
     if duration_s > LIVE_MAX_S:
-        why.append(f"{duration_s:,.0f} s of real time per run (at most {LIVE_MAX_S:,.0f} s)")
+        why.append(f"{duration_s:,.0f} s of real time {per} (at most {LIVE_MAX_S:,.0f} s)")
     if why:
         msg = (f"--live: {what} needs {' and '.join(why)}; run it in the simulator, or "
-               "live at a smaller scale (--quick or --smoke)")
+               f"live at a smaller scale ({smaller})")
         raise LiveRefused(msg)  # (a SystemExit: its message is printed once, on stderr)
 
 

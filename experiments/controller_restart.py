@@ -84,7 +84,8 @@ def one_sim(a: argparse.Namespace, mode: str) -> dict:
     lat = sorted(r[4] for r in after if r[5] == 0)
     return {"mode": mode, "restart_s": a.down, "adopted": res.summary["weights_adopted"],
             "warm_cold_starts": sum(1 for r in rows if r[2] < t0 and r[7]),
-            "requests": len(after), "attainment": sum(r[6] for r in after) / len(after),
+            "requests": len(after),  # (none after the restart: nothing missed)
+            "attainment": sum(r[6] for r in after) / len(after) if after else 1.0,
             "cold_starts": sum(1 for r in after if r[7]),
             "loads": sum(1 for x in res.telemetry.actions if x[1] == "LOAD" and x[7] >= t0),
             "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))] / 1e6 if lat else 0.0,
@@ -109,12 +110,12 @@ def main(argv=None) -> int:
                    help="seconds of load after it (default 15)")
     p.add_argument("--repeats", type=int, default=2,
                    help="rounds of both modes, alternating (default 2)")
-    p.add_argument("--json", type=Path, help="also write every run's figures here")
     p.add_argument("--simulate", action="store_true",
                    help="run it in the simulator ([faults] controller_restart), once per mode")
     p.add_argument("--down", type=float, default=1.0,
                    help="--simulate: seconds until the new controller starts (default 1.0)")
     a = p.parse_args(argv)
+    live_scale.check_shape_args(p, a)
     if min(a.instances, a.workers, a.gpus, a.repeats) < 1 or min(a.rate, a.warm, a.after) <= 0:
         p.error("--instances, --workers, --gpus, --rate, --warm, --after and --repeats must "
                 "be positive")
@@ -123,7 +124,8 @@ def main(argv=None) -> int:
     if a.simulate:
         a.repeats = 1  # (the same run again would give the same figures)
     else:
-        common.check_live(a.workers, a.warm + a.after)
+        common.check_live(a.workers, a.warm + a.after,
+                          smaller="fewer --workers, shorter --warm and --after")
     print(f"controller_restart: {a.instances:,} instances, {a.workers} workers x {a.gpus} "
           f"GPUs, Poisson {a.rate:,.0f} r/s, SLO {a.slo_ms:g} ms; {a.warm:g} s of load, a "
           f"controller restart, {a.after:g} s of load", flush=True)
@@ -144,4 +146,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    common.script(main)

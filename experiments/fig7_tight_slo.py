@@ -94,4 +94,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    common.script(main)

@@ -79,4 +79,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    common.script(main)

@@ -39,7 +39,8 @@ def main(argv=None) -> dict:
     args = common.parse_args(argv, " ".join(__doc__.split("\n\n")[0].split()))
     workers, mult, minutes, interval, lf, bucket, chunk = SCALE[args.scale]
     if args.live:
-        common.check_live(workers, minutes * interval, f"fig9 --{args.scale}")
+        common.check_live(workers, minutes * interval, f"fig9 --{args.scale}",
+                          per="in all")
     tl: list[dict] = []
     errs_raw: dict[str, list] = {"INFER": [], "LOAD": []}
     lat_ok: list = []
@@ -136,4 +137,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    common.script(main)

@@ -97,4 +97,4 @@ def main(argv=None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    common.script(main)

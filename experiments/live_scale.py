@@ -60,8 +60,30 @@ def add_shape_args(p: argparse.ArgumentParser) -> None:
                    help="model instances (default 4,026, the paper's)")
     p.add_argument("--workers", type=int, default=6, help="emulated worker processes (default 6)")
     p.add_argument("--gpus", type=int, default=2, help="GPUs per worker (default 2)")
-    p.add_argument("--rate", type=float, default=1000.0, help="Poisson r/s over all instances")
-    p.add_argument("--slo-ms", type=float, default=100.0)
+    p.add_argument("--rate", type=float, default=1000.0,
+                   help=f"Poisson r/s over all instances (default 1,000; at most {MAX_RATE:,})")
+    p.add_argument("--slo-ms", type=float, default=100.0,
+                   help="every request's SLO in ms (default 100; at most a day)")
+    p.add_argument("--json", type=Path, help="also write every run's figures here")
+
+
+MAX_RATE = 1_000_000  # r/s: more would run for hours here, silently
+
+
+def check_shape_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """``add_shape_args``' flags in range, and ``--json``'s folder made now (a file or
+    folder in the way was found after every run had ended, and they were lost)."""
+    if not 0 < a.rate <= MAX_RATE:
+        p.error(f"--rate must be > 0 and at most {MAX_RATE:,} r/s, got {a.rate:g}")
+    if not 0 < a.slo_ms <= 86_400_000:
+        p.error(f"--slo-ms must be > 0 and at most a day (86,400,000), got {a.slo_ms:g}")
+    if a.json is not None:
+        if a.json.is_dir():
+            p.error(f"--json {a.json} is a folder: give a file's path")
+        try:
+            a.json.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            p.error(f"--json {a.json}: cannot make its folder ({e.strerror or e})")
 
 
 def write_runs(path: Path, a: argparse.Namespace, rows: list[dict]) -> None:
@@ -106,13 +128,13 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="live runs (default 3)")
     p.add_argument("--hang-s", type=float, default=0.0,
                    help="each worker in turn hangs this long once (default 0: none)")
-    p.add_argument("--json", type=Path, help="also write every run's figures here")
     a = p.parse_args(argv)
+    check_shape_args(p, a)
     if a.instances < 1 or a.workers < 1 or a.gpus < 1 or a.rate <= 0 or a.duration <= 0 \
             or a.repeats < 1 or not 0 <= a.hang_s < a.duration:
         p.error("--instances, --workers, --gpus, --rate, --duration and --repeats must be "
                 "positive, and --hang-s from 0 to below --duration")
-    common.check_live(a.workers, a.duration)
+    common.check_live(a.workers, a.duration, smaller="fewer --workers, a shorter --duration")
     sc = scenario(a.instances, a.workers, a.gpus, a.rate, a.duration, a.slo_ms, a.hang_s)
     hangs = f", each worker hangs {a.hang_s:g} s once" if a.hang_s else ""
     print(f"live_scale: {a.instances:,} instances, {a.workers} workers x {a.gpus} GPUs, "
@@ -135,4 +157,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    common.script(main)

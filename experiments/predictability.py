@@ -47,6 +47,9 @@ PAPER_TAIL_PCT = 0.03  # Fig. 3: p99.99 within 0.03 % of the median (ResNet50, V
 PERCENTILES = (("p50", 50.0), ("p99", 99.0), ("p99_9", 99.9), ("p99_99", 99.99))
 
 
+MAX_RUNS = 10_000_000  # timed runs per model: their figures are held in memory
+
+
 def parse_args(argv) -> argparse.Namespace:
     from clockwork.models.zoo import ZOO
 
@@ -73,8 +76,10 @@ def parse_args(argv) -> argparse.Namespace:
         args.runs = QUICK_RUNS if args.quick else RUNS
     if args.warmup is None:
         args.warmup = 50 if args.quick else WARMUP
-    if args.runs < 1 or args.warmup < 0:
-        p.error("--runs must be positive and --warmup not negative")
+    if not 1 <= args.runs <= MAX_RUNS or not 0 <= args.warmup <= MAX_RUNS:
+        p.error(f"--runs must be 1 to {MAX_RUNS:,} and --warmup 0 to {MAX_RUNS:,}")
+    if args.seed < 0:
+        p.error(f"--seed must be >= 0, got {args.seed}")
     args.models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models \
         else list(ZOO)
     unknown = [m for m in args.models if m not in ZOO]
@@ -83,7 +88,10 @@ def parse_args(argv) -> argparse.Namespace:
                 f"zoo: {', '.join(ZOO)}")
     if args.out is None:
         args.out = OUT / "quick" if args.quick else OUT
-    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        p.error(f"--out {args.out}: cannot make the folder ({e.strerror or e})")
     return args
 
 
@@ -297,4 +305,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    common.script(main)

@@ -55,4 +55,4 @@ def main(argv=None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    common.script(main)

@@ -238,3 +238,17 @@ def test_a_controller_waiting_for_its_workers_stops_on_a_signal(sig):
     assert p.returncode == 130, (p.returncode, rest)
     assert "clockwork controller: stopped while waiting for the workers" in rest, rest
     assert "Traceback" not in rest, rest
+
+
+def test_progress_into_a_log_is_lines_not_a_redrawn_line(monkeypatch, capsys):
+    """``--progress`` with stderr not a terminal (a log file, CI): whole lines, each ending
+    in a newline, at most one every PROGRESS_LOG_S (a line redrawn with carriage returns
+    every second filled logs with them); on a terminal the redrawn line."""
+    import clockwork.cluster.sim as sim
+
+    monkeypatch.setattr(sim, "PROGRESS_LOG_S", 0.0)  # (every report, for a short run)
+    assert main(["simulate", "poisson_warm", "--set", "duration_s=20", "--progress"]) == 0
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if "simulated" in ln]
+    assert "\r" not in err and len(lines) >= 2, err[-500:]
+    assert " ".join(lines[-1].split()).startswith("simulated 20.0 s / 20.0 s (100.0 %)")

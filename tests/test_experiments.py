@@ -316,6 +316,32 @@ BENCH_BAD = [
     ("bench_trace_load", ["--functions", "0"], "--functions"),
     ("bench_trace_load", ["--functions", "10", "--seed", "-1"], "--seed"),
     ("bench_trace_load", ["--file", "{dir}/missing.csv"], "--file"),
+    ("bench_sweep", ["--repeat", "1", "--jobs", "1"], "--jobs"),
+    # the experiment scripts too: refused before any work (azure_paper_scale's second
+    # part found a minute past the day after the first had run; a file as --json or
+    # --out was found after every run)
+    ("azure_paper_scale", ["--start-minute", "1430", "--minutes", "20"], "--start-minute"),
+    ("azure_paper_scale", ["--replay-start", "1440"], "--replay-start"),
+    ("azure_paper_scale", ["--rate", "0"], "--rate"),
+    ("azure_paper_scale", ["--load-factor", "-1"], "--load-factor"),
+    ("azure_paper_scale", ["--seed", "-3"], "--seed"),
+    ("azure_paper_scale", ["--out", "{file}"], "--out"),
+    ("azure_paper_scale", ["--spill-dir", "{file}"], "--spill-dir"),
+    ("controller_restart", ["--simulate", "--slo-ms", "0"], "--slo-ms"),
+    ("controller_restart", ["--simulate", "--rate", "1e9"], "--rate"),
+    ("controller_restart", ["--simulate", "--json", "{dir}"], "--json"),
+    ("live_scale", ["--json", "{file}/x.json"], "--json"),
+    ("live_scale", ["--slo-ms", "-5"], "--slo-ms"),
+    ("predictability", ["--seed", "-1"], "--seed"),
+    ("predictability", ["--runs", "100000000000"], "--runs"),
+    ("check_outputs", ["--models", "nosuch"], "nosuch"),
+    ("check_outputs", ["--batch-sizes", "0"], "--batch-sizes"),
+    ("check_outputs", ["--packages", "{dir}/missing"], "--packages"),
+    ("faults_timeline", ["--scenario", "nosuch"], "nosuch"),
+    ("faults_timeline", ["--out", "{file}"], "--out"),
+    ("faults_timeline", ["--live-dir", "{dir}/missing"], "--live-dir"),
+    ("fig5_compare", ["--smoke", "--out", "{file}"], "--out"),
+    ("live_prediction", ["--out", "{file}"], "--out"),
 ]
 
 
@@ -364,3 +390,74 @@ def test_live_pacing_names_its_hops():
     for bad in ("results", "results=-1", "results=nan", "foo=1"):
         with pytest.raises(ValueError):
             common.pacing_intervals([bad])
+
+
+def test_smoke_writes_to_a_folder_of_its_own_not_the_figures_kept():
+    """``--smoke`` without ``--out`` writes to a new temporary folder: it shared the quick
+    scale's, and `run_all.py --smoke --live` replaced the committed live figures."""
+    from experiments import common
+
+    for argv in (["--smoke"], ["--smoke", "--live"]):
+        out = common.parse_args(argv, "x").out
+        assert common.FIGURES not in out.parents and out != common.FIGURES, out
+        assert out.is_dir() and not any(out.iterdir())
+        out.rmdir()
+    assert common.parse_args(["--quick"], "x").out == common.FIGURES
+
+
+def test_a_script_stopped_or_refused_says_so_in_one_line(tmp_path):
+    """common.script: Ctrl-C is one line and exit 130, a setting the scenario refuses its
+    one line and exit 2 (tracebacks before)."""
+    code = ("import sys; sys.path.insert(0, {root!r}); from experiments import common\n"
+            "def main():\n    {body}\ncommon.script(main)\n")
+    root = str(EXPERIMENTS.parent)
+    for body, rc, line in (
+            ("raise KeyboardInterrupt", 130, "-c: interrupted"),
+            ("common.scenario('poisson_warm', ['duration_s=-1'])", 2, "duration_s"),
+            ("return 3", 3, None), ("return {'a': 1}", 0, None)):
+        r = subprocess.run([sys.executable, "-c", code.format(root=root, body=body)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == rc and "Traceback" not in r.stderr, (body, r.stderr)
+        if line:
+            assert len(r.stderr.strip().splitlines()) == 1 and line in r.stderr, r.stderr
+
+
+def test_azure_paper_scale_stopped_with_parts_side_by_side_stops_them(tmp_path):
+    """SIGINT to azure_paper_scale.py running two parts side by side (--jobs 2) ends it and
+    both parts at once (the parts ran on to their ends, ~12 s here, hours at scale)."""
+    import os
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, str(EXPERIMENTS / "azure_paper_scale.py"), "--trace",
+                          "sample", "--minutes", "4", "--rate", "3000", "--part-minutes",
+                          "2", "--jobs", "2"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def parts() -> list[int]:
+        kids = []
+        for d in Path("/proc").iterdir():
+            try:
+                status = (d / "status").read_text()
+            except OSError:
+                continue
+            if f"\nPPid:\t{p.pid}\n" in status:
+                kids.append(int(d.name))
+        return kids
+
+    try:
+        deadline = time.monotonic() + 60
+        while len(parts()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        kids = parts()
+        assert len(kids) == 2, kids
+        os.kill(p.pid, signal.SIGINT)
+        t0 = time.monotonic()
+        _, err = p.communicate(timeout=30)
+        assert time.monotonic() - t0 < 5 and p.returncode == 130, (p.returncode, err[-500:])
+        assert err.strip().splitlines()[-1] == "azure_paper_scale.py: interrupted"
+        assert not [k for k in kids if Path(f"/proc/{k}").exists()
+                    and "zombie" not in Path(f"/proc/{k}/status").read_text()]
+    finally:
+        p.kill()
+        p.wait()

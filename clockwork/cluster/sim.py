@@ -563,6 +563,9 @@ class Simulation:
         hard_stop = self.duration + sec(float(self.sc.data.get("drain_s", 120.0)))
         results, tick = ctrl.results, ctrl.tick
         progress, duration = self.progress, self.duration
+        # on a terminal a line redrawn every second; in a log file a line every 30 s
+        tty = sys.stderr.isatty()
+        every, end = (1.0, "\r") if tty else (PROGRESS_LOG_S, "\n")
         while heap:
             now, s, kind, a = pop(heap)
             if now > hard_stop:
@@ -628,9 +631,9 @@ class Simulation:
                 on_fault(now, *a)
             if progress and not events & 0x3FFF:
                 wall = time.perf_counter()
-                if wall - last_report >= 1.0:
+                if wall - last_report >= every:
                     last_report = wall
-                    self._report(now, wall - wall0, next_id)
+                    self._report(now, wall - wall0, next_id, end)
             if not outstanding and now >= duration and self._quiet(heap):
                 break
         wall_s = time.perf_counter() - wall0
@@ -666,6 +669,9 @@ class Simulation:
         sys.stderr.write(f"  simulated {now / NS_PER_S:8.1f} s / {self.duration / NS_PER_S:.1f} s "
                          f"({pct:5.1f} %)  {n:,} requests  {rate:,.0f} req/s wall{' ' * 6}{end}")
         sys.stderr.flush()
+
+
+PROGRESS_LOG_S = 30.0  # progress lines this far apart when stderr is not a terminal
 
 
 def simulate(scenario: Scenario | str | Path | dict, overrides: list[str] | str | None = None,
