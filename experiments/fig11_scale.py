@@ -8,7 +8,7 @@ passes what N GPUs can serve. Peak goodput = the best step.
 The controller's cost: on the simulator's virtual clock the controller's CPU time does
 not slow the cluster, so simulated goodput keeps growing with N. Every call into the
 scheduling policy (the controller's work) is timed, per step of simulated time; the
-policy's wall seconds per simulated second is the CPU the controller needs to keep up in
+policy's CPU seconds (its thread's) per simulated second is the CPU the controller needs to keep up in
 real time (> 1: more than one core, i.e. a single-threaded controller is the
 bottleneck). Reported per N at the largest step served with attainment >= 0.99 (and at the
 peak step, which is overloaded). With ``--live`` it is the controller process's CPU time
@@ -92,7 +92,9 @@ def main(argv=None) -> dict:
     over_one = [r["workers"] for r in rows if r["ctl_cpu_per_s_at_served"] > 1.0]
     bottleneck = over_one[0] if over_one else None
     common.write_json(args.out / f"{NAME}.json", {
-        "scale": args.scale, "live": args.live, "rows": rows, "controller_rps_one_core": ctl,
+        # (the slowest whole simulation, requests per wall second: the simulator's rate,
+        # not the controller's; the controller's cost is ctl_us_per_request per row)
+        "scale": args.scale, "live": args.live, "rows": rows, "sim_requests_per_wall_s_min": ctl,
         "period_s": period, "steps": steps, "instances": sum(BASE_COPIES) * mult,
         "first_N_controller_over_one_core": bottleneck, "wall_s": round(t.wall_s, 1)})
 
