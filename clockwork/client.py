@@ -464,6 +464,9 @@ def _stub(channel, token: str | None) -> pbg.ClockworkStub:
 
 
 CLIENT_CLOSED = "the client was closed while the call waited"
+# (a copy shared the connection: closing it closed the original's)
+_NOT_COPIED = ("a {} owns its connection and cannot be copied or pickled: make another "
+               "with the same address and settings")
 _OTHER_LOOP = ("this AsyncClient was made in another event loop (each asyncio.run() starts "
                "a new one; a thread runs its own): make the AsyncClient in the loop that "
                "uses it")
@@ -688,6 +691,9 @@ class Client:
         self._stub = _CLOSED_STUB
         self._channel.close()
 
+    def __reduce__(self):  # copy.copy, deepcopy and pickle
+        raise TypeError(_NOT_COPIED.format(type(self).__name__))
+
     def __enter__(self) -> Client:
         return self
 
@@ -808,6 +814,9 @@ class AsyncClient:
         self._closing = True
         self._stub = _CLOSED_STUB
         await self._channel.close()
+
+    def __reduce__(self):  # copy.copy, deepcopy and pickle
+        raise TypeError(_NOT_COPIED.format(type(self).__name__))
 
     async def __aenter__(self) -> AsyncClient:
         return self

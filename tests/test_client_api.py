@@ -306,6 +306,26 @@ def test_a_token_that_is_not_a_string_is_refused_naming_it(bad):
         asyncio.run(make())
 
 
+def test_a_client_cannot_be_copied_or_pickled():
+    """A client owns its connection: copy.copy shared it (closing the copy closed the
+    original, whose next call raised gRPC's ValueError), pickle failed deep in gRPC.
+    Each is a TypeError saying so."""
+    import copy
+    import pickle
+
+    c = clockwork.Client("127.0.0.1:1")
+
+    async def make():
+        return clockwork.AsyncClient("127.0.0.1:1")
+
+    a = asyncio.run(make())
+    for client in (c, a):
+        for how in (copy.copy, copy.deepcopy, pickle.dumps):
+            with pytest.raises(TypeError, match="owns its connection and cannot be copied"):
+                how(client)
+    c.close()
+
+
 BAD_TIMEOUTS = [float("inf"), float("nan"), -1, 0, -0.0, "5", True, [1]]
 
 
