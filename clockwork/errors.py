@@ -67,7 +67,12 @@ def about(model: str, message: str) -> str:
     messages do: ``unknown model 'NAME' (did you mean ...)``)."""
     if not model or repr(model) in message:
         return message
+    if len(model) > NAME_SHOWN:  # (a name of a megabyte was said whole)
+        model = model[:NAME_SHOWN - 3] + "..."
     return f"{model}: {message}"
+
+
+NAME_SHOWN = 200  # the most of a model's name an exception's text repeats
 
 
 def error_for(status: int, reason: str, message: str, model: str = "",

@@ -326,6 +326,20 @@ def test_a_client_cannot_be_copied_or_pickled():
     c.close()
 
 
+def test_an_error_about_a_huge_model_name_repeats_a_little_of_it(cluster):
+    """An exception about a model whose name is a megabyte says at most NAME_SHOWN of it
+    (its text was the whole name again, more than a megabyte)."""
+    from clockwork.errors import NAME_SHOWN
+
+    name = "m" * (1 << 20)
+    with clockwork.Client(cluster.address, timeout=20) as c:
+        for call in (lambda: c.infer(name), lambda: c.load_model(name),
+                     lambda: c.unload_model(name)):
+            with pytest.raises(clockwork.errors.ClockworkError) as e:
+                call()
+            assert len(str(e.value)) < NAME_SHOWN + 4000, len(str(e.value))
+
+
 BAD_TIMEOUTS = [float("inf"), float("nan"), -1, 0, -0.0, "5", True, [1]]
 
 
