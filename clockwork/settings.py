@@ -639,7 +639,7 @@ class WorkloadEntry(Settings):
         "milliseconds.", default_text="`0`")
     retry_ms: float | None = setting(
         None, "Closed-loop kinds: pause after a failed request before the next one, in "
-        "milliseconds.", default_text="`1`")
+        "milliseconds (the longer of it and `think_ms`).", default_text="`1`")
 
 
 class SchedulerTable(Settings):

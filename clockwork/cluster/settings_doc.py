@@ -86,7 +86,7 @@ simulate`, `serve` and `controller`, `--models`, profile files):
   drawn). Its `interval_s` is at least 1e-06 (a microsecond) and its `cv` in [0.01, 100].
   A stepped value (`slo_exp_1`'s and `slo_exp_2`'s SLO, `azure_scalability`'s load
   factor) takes at most MAX_STEPS steps in a run, those after it passes its maximum
-  (which ends the run) not counted.
+  (where that workload's arrivals end; the run goes on to `duration_s`) not counted.
 - Seeds are integers from 0 to 2^63 - 1 (`seed`, a sweep's `seeds`, the last seed of
   `clockwork plan --seeds K`); a sweep holds at most MAX_POINTS points, and a plan runs at
   most as many seeds.

@@ -18,9 +18,9 @@ from clockwork.workloads.base import (
 
 class ClosedLoop(Workload):
     """``concurrency`` outstanding requests per instance; each answer sends the next
-    after ``think_ms``. After a failure (timeout, error) a client waits ``retry_ms``
-    instead, so an SLO that can never be met does not become a busy loop of
-    instantly rejected requests."""
+    after ``think_ms``. After a failure (timeout, error) a client waits at least
+    ``retry_ms`` (the longer of it and ``think_ms``), so an SLO that can never be met
+    does not become a busy loop of instantly rejected requests."""
 
     kind = "closed_loop"
 
@@ -60,7 +60,7 @@ class OpenLoop(Workload):
     """Arrivals at ``rate_rps`` in total, spread evenly over the instances.
 
     ``process = "poisson"`` draws exponential gaps; ``"fixed"`` spaces them evenly, the first
-    at the start, so ``rate_rps`` for D seconds is ``rate_rps * D`` arrivals.
+    at the start, so ``rate_rps`` for D seconds is ``ceil(rate_rps * D)`` arrivals.
     """
 
     kind = "poisson"

@@ -1,5 +1,6 @@
 """Clockwork's stepped experiments: a quantity that changes every period until it passes a
-bound, and the run ends there.
+bound, and the workload's arrivals end there (the run goes on to ``duration_s``, and its
+rates are over that: the shipped scenarios set ``duration_s`` to where the steps end).
 
 Clockwork's client drives these with timers (``AdjustSLO``, ``AdjustScaleFactor`` in its
 ``workload.h``): every ``period`` seconds the value becomes ``update(value)`` (``value *
