@@ -546,13 +546,14 @@ def _unreachable_text(e: grpc.RpcError, url: str) -> str:
 
 
 def _unavailable(e: grpc.RpcError, url: str = "", slo: pb.InferRequest | None = None,
-                 waited_ms: float = 0.0) -> ClockworkError:
+                 waited_ms: float = 0.0, model: str | None = None) -> ClockworkError:
     """The typed error of a failed call. A deadline that passes is the client's timeout,
     ``ControllerUnavailable`` (as the controller not answering at all), unless it was
     the SLO's deadline of the inference ``slo`` (its SLO and a grace, sooner than the
     client's timeout): then ``InferenceTimeout`` with ``latency_ms`` ``waited_ms`` (how
     long the call waited). No connection to the controller at ``url`` (refused, an
-    unknown host): ``ControllerUnavailable`` saying so."""
+    unknown host): ``ControllerUnavailable`` saying so. ``model``: the call was an
+    inference of it (refused for the controller's calls open at once: ``Overloaded``)."""
     if _unreachable(e):
         return ControllerUnavailable(_unreachable_text(e, url))
     code = e.code() if hasattr(e, "code") else None
@@ -571,6 +572,12 @@ def _unavailable(e: grpc.RpcError, url: str = "", slo: pb.InferRequest | None = 
         # the controller's grpc_max_receive_bytes: sending it again cannot help
         return error_for(6, "bad_input", f"the request is larger than the controller "
                          f"takes in one message: {details}", slo.model if slo else "")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "Concurrent RPC limit" in (details or ""):
+        why = (f"the controller has as many calls open as it takes (its limit "
+               f"grpc_max_calls): {details}")
+        if model is not None:  # load shedding, as for its other bounds
+            return error_for(1, "overloaded", why, model, waited_ms)
+        return ControllerUnavailable(f"controller unavailable: {why}")
     hint = (" (is that a clockwork controller's port? A worker's, or another gRPC "
             "server's, answers UNIMPLEMENTED)" if code == grpc.StatusCode.UNIMPLEMENTED
             else "")
@@ -604,7 +611,7 @@ class Client:
             resp = self._stub.Infer(req, timeout=deadline)
         except grpc.RpcError as e:
             raise _unavailable(e, self.url, req if slos else None,
-                               (time.perf_counter() - t0) * 1e3) from e
+                               (time.perf_counter() - t0) * 1e3, model) from e
         return _result(model, resp, (time.perf_counter() - t0) * 1e3, slo_ms)
 
     def list_models(self) -> list[ModelMeta]:
@@ -731,7 +738,7 @@ class AsyncClient:
             resp = await self._stub.Infer(req, timeout=deadline)
         except grpc.RpcError as e:
             raise _unavailable(e, self.url, req if slos else None,
-                               (time.perf_counter() - t0) * 1e3) from e
+                               (time.perf_counter() - t0) * 1e3, model) from e
         return _result(model, resp, (time.perf_counter() - t0) * 1e3, slo_ms)
 
     async def list_models(self) -> list[ModelMeta]:

@@ -70,14 +70,16 @@ class Limits:
         "message of many requests counts whole); at least 4 MiB, the messages the Python "
         "client's stream packs requests into (less ended such a stream whole).", ge=4 * MiB)
     grpc_max_streams_per_connection: int = setting(
-        1_000, "gRPC calls (streams and unary calls) one client connection may have open "
-        "at once (HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS): a client's further calls wait "
-        "in the client until one ends.", ge=1)
+        4_096, "gRPC calls (streams and unary calls: a unary inference request is one) one "
+        "client connection may have open at once (HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS): "
+        "a client's further calls wait in the client until one ends.", ge=1)
     grpc_max_calls: int = setting(
-        10_000, "gRPC calls open at once over every client connection; a call beyond it "
-        "is refused at once with `RESOURCE_EXHAUSTED` (an open stream costs the controller "
-        "~30 KB besides what it carries, and it may be left open, idle, for as long as "
-        "its client answers keepalive pings).", ge=1)
+        20_000, "gRPC calls open at once over every client connection; a call beyond it "
+        "is refused at once with `RESOURCE_EXHAUSTED` (the Python client: `Overloaded` for "
+        "an inference). An open stream costs the controller ~30 KB besides what it carries, "
+        "and it may be left open, idle, for as long as its client answers keepalive pings. "
+        "(Unary requests are bounded by this before `connection_outstanding` and "
+        "`global_outstanding`, which bound streams' requests.)", ge=1)
     rest_max_body_bytes: int = setting(
         64 * MiB, "Largest REST request body, counted after decoding a `gzip` or `deflate` "
         "body (decoded in slices as it is read: a compression bomb is refused at this "

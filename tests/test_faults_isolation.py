@@ -945,11 +945,12 @@ async def main():
         # another connection: the controller's 3 calls in all are open with it
         x = other.InferStream(idle())
         await asyncio.wait_for(x.read(), 10)
-        try:
-            await other.Stats(pb.StatsRequest(), timeout=5.0)
-            print("fourth call in all: answered")
-        except grpc.aio.AioRpcError as e:
-            print("fourth call in all:", e.code().name)
+        for n in ("fourth", "fifth"):  # (grpc.aio before 1.80 let the second one in)
+            try:
+                await other.Stats(pb.StatsRequest(), timeout=5.0)
+                print(f"{n} call in all: answered")
+            except grpc.aio.AioRpcError as e:
+                print(f"{n} call in all:", e.code().name)
         streams[0].cancel()
         x.cancel()
         await asyncio.sleep(0.5)
@@ -973,4 +974,29 @@ def test_grpc_calls_are_bounded_per_connection_and_in_all(profiles):
         assert out.stdout.splitlines() == [
             "third call on the connection: DEADLINE_EXCEEDED",
             "fourth call in all: RESOURCE_EXHAUSTED",
+            "fifth call in all: RESOURCE_EXHAUSTED",
             "after two ended: answered"], out.stdout + out.stderr
+
+
+def test_a_call_over_grpc_max_calls_is_overloaded_for_the_python_client(profiles):
+    """The Python client names the refusal for grpc_max_calls: an inference is
+    ``Overloaded`` (load shedding, as for the other bounds), another call
+    ``ControllerUnavailable`` naming the limit (both said 'controller unavailable:
+    StatusCode.RESOURCE_EXHAUSTED: Concurrent RPC limit exceeded!')."""
+    with _cluster(profiles, "grpc_max_calls=2") as c:
+        async def main():
+            async with clockwork.AsyncClient(c.address, timeout=10) as ac:
+                streams = [ac.stream(), ac.stream()]  # the two calls the controller takes
+                for s in streams:
+                    assert (await s.submit("small", slo_ms=1000)).status == 0
+                with clockwork.Client(c.address, timeout=10) as cl:
+                    with pytest.raises(Overloaded, match="grpc_max_calls") as e:
+                        await asyncio.to_thread(cl.infer, "small", slo_ms=1000)
+                    assert e.value.model == "small"
+                    with pytest.raises(clockwork.errors.ControllerUnavailable,
+                                       match="grpc_max_calls"):
+                        await asyncio.to_thread(cl.stats)
+                for s in streams:
+                    await s.close()
+
+        asyncio.run(main())
