@@ -388,8 +388,10 @@ def _worker_error(e: grpc.RpcError, url: str = "") -> ClockworkError:
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return InvalidRequest(f"add worker: {e.details()}", 6, "bad_request", "")
     if code == grpc.StatusCode.FAILED_PRECONDITION or (
-            code == grpc.StatusCode.UNAVAILABLE and not _unreachable(e)):
-        # another controller holds the worker; the controller cannot reach the worker
+            code == grpc.StatusCode.UNAVAILABLE and not _unreachable(e)
+            and "worker" in (e.details() or "")):
+        # another controller holds the worker; the controller cannot reach the worker (its
+        # answers name the worker: a connection to the controller that broke does not)
         return ControllerUnavailable(f"add worker: {e.details()}")
     return _unavailable(e, url=url)
 

@@ -300,3 +300,22 @@ def test_an_add_with_a_short_timeout_is_answered_why_within_it():
                 said.append(str(e.value))
     # (the worker named, not the controller: "controller unavailable: ..." before)
     assert all(s.startswith("add worker: cannot reach worker 127.0.0.1:1") for s in said), said
+
+
+def test_an_add_workers_error_names_whichever_could_not_be_reached():
+    """AddWorker's UNAVAILABLE answers name the worker (the controller could not reach
+    it): 'add worker: ...'; a call whose connection to the controller broke ('Socket
+    closed') is the controller's, not the worker's, as it read after the change that
+    named the worker."""
+    import grpc
+
+    from clockwork.client import _worker_error
+
+    def err(details):
+        return grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(),
+                                    grpc.aio.Metadata(), details)
+
+    said = str(_worker_error(err("cannot reach worker 127.0.0.1:1 in 0.5 s"), "h:1"))
+    assert said == "add worker: cannot reach worker 127.0.0.1:1 in 0.5 s"
+    said = str(_worker_error(err("Socket closed"), "h:1"))
+    assert said.startswith("controller unavailable:") and "Socket closed" in said
