@@ -144,6 +144,9 @@ def test_typed_errors_name_the_problem():
     r = msg_to_result(pb.ResultMsg(id=1, type=2, status=12345, batch_size=2, outputs=[
         pb.Tensor(name="o", shape=[2, 3], dtype="float32", data=bytes(24))]), 0)
     assert r.status == ErrorCode.INVALID_INPUT and r.outputs[0].array.shape == (2, 3)
+    # the controller's own code is not a worker's to send (it was taken as one)
+    r = msg_to_result(pb.ResultMsg(id=1, type=2, status=int(ErrorCode.WORKER_LOST)), 0)
+    assert r.status == ErrorCode.INVALID_INPUT
 
 
 @SETTINGS

@@ -39,7 +39,9 @@ class TensorWireError(WireError, TensorError):
 
 
 _ACTION_TYPES = {int(t): t for t in ActionType}
-_ERROR_CODES = {int(c): c for c in ErrorCode}
+# a worker's result statuses: every code but the controller's own (a worker saying
+# WORKER_LOST is a worker saying something it cannot mean: a bug, as an unknown code)
+_ERROR_CODES = {int(c): c for c in ErrorCode if c != ErrorCode.WORKER_LOST}
 _dtypes: dict[str, np.dtype] = {}
 
 
