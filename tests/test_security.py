@@ -692,6 +692,9 @@ def test_off_loopback_starts_with_a_secret_or_when_told_to(tmp_path):
 def test_helpers():
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert is_loopback("127.3.4.5") and is_loopback("[::1]")
+    # an IPv4 loopback address mapped into IPv6 is one (it asked for the cluster secret)
+    assert is_loopback("::ffff:127.0.0.1") and is_loopback("[::ffff:7f00:1]")
+    assert not is_loopback("::ffff:192.0.2.7")
     assert not is_loopback("0.0.0.0") and not is_loopback("::") and not is_loopback("")
     assert not is_loopback("192.0.2.7")
     t = b"a" * 20

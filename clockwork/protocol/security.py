@@ -96,15 +96,21 @@ def is_loopback(host: str) -> bool:
     if not h:
         return False
     try:
-        return ipaddress.ip_address(h).is_loopback
+        return _unmapped(h).is_loopback
     except ValueError:
         pass
     try:
         infos = socket.getaddrinfo(h, None)
     except (OSError, UnicodeError):  # (UnicodeError: a name no resolver takes)
         return False
-    return bool(infos) and all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback
-                               for i in infos)
+    return bool(infos) and all(_unmapped(i[4][0].split("%")[0]).is_loopback for i in infos)
+
+
+def _unmapped(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An IP address, an IPv4 one mapped into IPv6 (``::ffff:127.0.0.1``) as itself;
+    ValueError for what is not an address."""
+    a = ipaddress.ip_address(address)
+    return getattr(a, "ipv4_mapped", None) or a
 
 
 def address_host(address: str) -> str:
@@ -519,11 +525,9 @@ def peer_is_local(peer: str) -> bool:
         return True
     host = rest.rpartition(":")[0].strip("[]").split("%")[0]
     try:
-        a = ipaddress.ip_address(host)
+        return _unmapped(host).is_loopback
     except ValueError:
         return False
-    mapped = getattr(a, "ipv4_mapped", None)
-    return (mapped or a).is_loopback
 
 
 @functools.lru_cache(maxsize=256)
@@ -537,8 +541,7 @@ def _any_machine(host: str) -> bool:
     except (OSError, UnicodeError):
         return is_loopback(host)
     for *_, sa in infos:
-        a = ipaddress.ip_address(sa[0].split("%")[0])
-        a = getattr(a, "ipv4_mapped", None) or a
+        a = _unmapped(sa[0].split("%")[0])
         if a.is_loopback or a.is_unspecified:
             return True
     return False
