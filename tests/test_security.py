@@ -830,3 +830,26 @@ def test_a_private_file_replaces_a_link_planted_at_its_path(tmp_path):
     os.chmod(link, 0o644)
     write_private(link, "again\n")
     assert link.read_text() == "again\n" and stat.S_IMODE(link.stat().st_mode) == 0o600
+
+
+def test_a_host_name_that_is_also_a_loopback_address_is_this_machine_alone(monkeypatch):
+    """A worker's host name that resolves to a loopback address and to its own address
+    (/etc/hosts' 127.0.1.1 beside DNS's): a proof made for it is the worker's from any
+    machine, as the controller dials it by that name; a name resolving to loopback alone
+    (localhost) is every machine's, taken only from this one."""
+    real = socket.getaddrinfo
+
+    def fake(host, *a, **kw):
+        if host.endswith(".example") and kw.get("flags", 0) & socket.AI_NUMERICHOST:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        if host == "worker-7.example":
+            return real("127.0.1.1", *a, **kw) + real("192.0.2.2", *a, **kw)
+        if host == "only-loopback.example":
+            return real("127.0.1.1", *a, **kw)
+        return real(host, *a, **kw)
+
+    monkeypatch.setattr(socket, "getaddrinfo", fake)
+    remote = "ipv4:10.1.2.3:5555"
+    assert answers_to("worker-7.example:7000", 7000, remote)
+    assert not answers_to("only-loopback.example:7000", 7000, remote)
+    assert answers_to("only-loopback.example:7000", 7000, "ipv4:127.0.0.1:5555")

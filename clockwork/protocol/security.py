@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import hmac
 import ipaddress
@@ -530,21 +529,20 @@ def peer_is_local(peer: str) -> bool:
         return False
 
 
-@functools.lru_cache(maxsize=256)
 def _any_machine(host: str) -> bool:
-    """A host every machine has: one that resolves to a loopback or wildcard address, in
-    any spelling -- an IPv4 address mapped into IPv6 (``::ffff:127.0.0.1``), a short
-    form (``127.1``, ``0``, ``0x0``), a name (``localhost``). (Only the plain spellings
-    counted: a proof made for ``[::ffff:127.0.0.1]:P`` was taken from any machine.)"""
-    try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except (OSError, UnicodeError):
+    """A host every machine has: a loopback or wildcard address in any spelling -- an
+    IPv4 address mapped into IPv6 (``::ffff:127.0.0.1``), a short form (``127.1``, ``0``,
+    ``0x0``) -- or a name every address of which is a loopback one (``localhost``).
+    (Only the plain spellings counted: a proof made for ``[::ffff:127.0.0.1]:P`` was taken
+    from any machine.) A name that also resolves to another address (a host name that
+    /etc/hosts maps to 127.0.1.1 as well) names this machine alone."""
+    try:  # (an address, as the system reads one: inet_aton's short forms too)
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP,
+                                   flags=socket.AI_NUMERICHOST)
+    except (OSError, UnicodeError):  # a name
         return is_loopback(host)
-    for *_, sa in infos:
-        a = _unmapped(sa[0].split("%")[0])
-        if a.is_loopback or a.is_unspecified:
-            return True
-    return False
+    a = _unmapped(infos[0][4][0].split("%")[0])
+    return a.is_loopback or a.is_unspecified
 
 
 def answers_to(target: str, port: int, peer: str, advertised: tuple[str, ...] = ()) -> bool:
