@@ -92,8 +92,8 @@ def _plain(value: Any) -> Any:
     strings; dicts and lists copied, anything else as it is."""
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_plain(v) for v in value)
+    if isinstance(value, list | tuple):  # (TOML's arrays: a namedtuple's fields too)
+        return [_plain(v) for v in value]
     if isinstance(value, os.PathLike):
         return os.fspath(value)
     if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():
