@@ -20,7 +20,8 @@ counted there):
 - ``nv_inference_pending_request_count``: requests waiting (``Policy.model_view``);
 - ``nv_gpu_utilization`` (0..1, EXEC busy time over the last ``UTIL_WINDOW_S``),
   ``nv_gpu_memory_used_bytes`` / ``nv_gpu_memory_total_bytes`` (weights-cache pages x
-  16 MiB), labelled ``gpu_uuid`` (``worker<W>-gpu<G>``), ``worker``, ``gpu``.
+  16 MiB), labelled ``gpu_uuid`` (``worker<W>-gpu<G>``) alone, as Triton, values in
+  decimal digits (``clockwork_gpu_*`` carry ``worker`` and ``gpu``).
 
 Triton's counters are exposed under their exact sample names (no ``_total`` suffix),
 which the client library writes only for families of type ``untyped``; so that is their
@@ -121,10 +122,12 @@ class _Rows(Metric):
     (``samples``), off the event loop, and ``render_families`` writes the rows without
     them. No timestamps, no special samples."""
 
-    def __init__(self, name: str, doc: str, typ: str, sample: str, rows: list) -> None:
+    def __init__(self, name: str, doc: str, typ: str, sample: str, rows: list,
+                 plain: bool = False) -> None:
         self._made = None
         super().__init__(name, doc, typ)
         self.sample, self.rows = sample, rows
+        self.plain = plain  # values in plain decimal digits (see render_families)
 
     @property
     def samples(self) -> list:
@@ -137,10 +140,19 @@ class _Rows(Metric):
         self._made = value or None
 
 
-def _family(name: str, doc: str, typ: str, sample: str, rows) -> Metric:
+def _family(name: str, doc: str, typ: str, sample: str, rows, plain: bool = False) -> Metric:
     """A family of samples named ``sample``, ``rows``: (labels dict, value). Triton's
-    counters are ``untyped`` families with samples named exactly ``name`` (no ``_total``)."""
-    return _Rows(name, doc, typ, sample, list(rows))
+    counters are ``untyped`` families with samples named exactly ``name`` (no ``_total``).
+    ``plain``: values written in decimal digits, never an exponent (see
+    ``render_families``)."""
+    return _Rows(name, doc, typ, sample, list(rows), plain)
+
+
+def _plain_number(v: float) -> str:
+    """``v`` in decimal digits, at most 6 after the point: ``50331648``, ``0.00001``."""
+    if float(v).is_integer():
+        return str(int(v))
+    return f"{v:.6f}".rstrip("0").rstrip(".") or "0"
 
 
 class _One:
@@ -164,8 +176,11 @@ def render_families(families: list, labels_text: dict, values_text: dict) -> byt
     their SLO when /metrics was scraped). The families ``_family`` made (``_Rows``:
     untyped, gauge or counter) are written here: each label set's ``{...}`` as the library
     writes it (asked of it once per label set, kept in ``labels_text``), each value by the
-    library's ``floatToGoString`` (kept in ``values_text``). Any other family is the
-    library's own text."""
+    library's ``floatToGoString`` (kept in ``values_text``) -- or, for a ``plain`` family,
+    in decimal digits (Triton's ``nv_gpu_*`` as its C++ library writes them: tools that
+    read them with a regular expression, as perf_analyzer's ``--collect-metrics``, took
+    ``5.0331648e+07`` bytes for 5 and ``1e-05`` of utilization for all of it). Any other
+    family is the library's own text."""
     out = []
     for f in families:
         if type(f) is not _Rows:
@@ -175,14 +190,15 @@ def render_families(families: list, labels_text: dict, values_text: dict) -> byt
         head = f.name + "_total" if kind == "counter" else f.name
         doc = f.documentation.replace("\\", r"\\").replace("\n", r"\n")
         out.append(f"# HELP {head} {doc}\n# TYPE {head} {kind}\n")
-        name = f.sample
+        name, plain = f.sample, f.plain
         for labels, v in f.rows:
             key = tuple(labels.items())  # (another order: another key, the same text)
             text = labels_text.get(key)
             if text is None:
                 text = labels_text[key] = _labels_text(labels)
-            value = values_text.get(v)
-            if value is None:
+            if plain:
+                value = _plain_number(v)
+            elif (value := values_text.get(v)) is None:
                 value = values_text[v] = floatToGoString(v)
             out.append(f"{name}{text} {value}\n")
     return "".join(out).encode("utf-8")
@@ -448,15 +464,11 @@ class _Collector:
                       "gauge", "nv_inference_pending_request_count", views)
 
         gpus = self._gpus()
-        glab = ("gpu_uuid", "worker", "gpu")
-        util = GaugeMetricFamily("nv_gpu_utilization",
-                                 f"GPU utilization rate [0.0 - 1.0]: EXEC busy time over the "
-                                 f"last {UTIL_WINDOW_S:g} s", labels=glab)
-        used = GaugeMetricFamily("nv_gpu_memory_used_bytes",
-                                 "GPU weights-cache memory in use, bytes (pages x 16 MiB)",
-                                 labels=glab)
-        total = GaugeMetricFamily("nv_gpu_memory_total_bytes",
-                                  "GPU weights-cache memory, bytes (pages x 16 MiB)", labels=glab)
+        # (Triton's label alone, as Triton writes it: perf_analyzer reads these with a
+        # regular expression that wants `{gpu_uuid="..."}` and nothing else)
+        util_rows: list = []
+        used_rows: list = []
+        total_rows: list = []
         pused = GaugeMetricFamily("clockwork_gpu_pages_used",
                                   "Weights-cache pages in use in the scheduler's view (loaded, "
                                   "loading, promised to a LOAD sent)", labels=("worker", "gpu"))
@@ -470,20 +482,27 @@ class _Collector:
                                    "Measured EXEC time since the controller started",
                                    labels=("worker", "gpu"))
         for (w, g), idx, pages in gpus:
-            ids = (f"worker{w}-gpu{g}", str(w), str(g))
+            ids = {"gpu_uuid": f"worker{w}-gpu{g}"}
             wg = (str(w), str(g))
-            util.add_metric(ids, round(m.utilization((w, g), now), 6))
+            util_rows.append((ids, round(m.utilization((w, g), now), 6)))
             b = m.busy_ns.get((w, g), 0)
             frac.add_metric(wg, round(min(1.0, b / wall), 6))
             busy.add_metric(wg, b / 1e9)
             if pages is not None:
-                total.add_metric(ids, pages * PAGE_SIZE)
+                total_rows.append((ids, pages * PAGE_SIZE))
                 ptotal.add_metric(wg, pages)
             if policy is not None and idx is not None:
                 p = policy.pages_used(idx)
-                used.add_metric(ids, p * PAGE_SIZE)
+                used_rows.append((ids, p * PAGE_SIZE))
                 pused.add_metric(wg, p)
-        yield from (util, used, total)
+        yield _family("nv_gpu_utilization", f"GPU utilization rate [0.0 - 1.0]: EXEC busy "
+                      f"time over the last {UTIL_WINDOW_S:g} s", "gauge", "nv_gpu_utilization",
+                      util_rows, plain=True)
+        yield _family("nv_gpu_memory_used_bytes", "GPU weights-cache memory in use, bytes "
+                      "(pages x 16 MiB)", "gauge", "nv_gpu_memory_used_bytes", used_rows,
+                      plain=True)
+        yield _family("nv_gpu_memory_total_bytes", "GPU weights-cache memory, bytes (pages x "
+                      "16 MiB)", "gauge", "nv_gpu_memory_total_bytes", total_rows, plain=True)
 
         # --- ours
         yield _family("clockwork_requests", "Answered requests by model instance and status",

@@ -105,7 +105,7 @@ def test_hooks_to_exposition_exact_values():
     assert one("nv_inference_pending_request_count", **lab) == 3
     assert one("nv_inference_request_success", model="b", version="1") == 0
     assert not [s for s in f["nv_inference_request_failure"].samples if s.labels["model"] == ""]
-    g = {"gpu_uuid": "worker0-gpu0", "worker": "0", "gpu": "0"}
+    g = {"gpu_uuid": "worker0-gpu0"}  # (Triton's one label)
     assert 10 / 2000 <= one("nv_gpu_utilization", **g) <= 10 / 1750 + 1e-6
     assert one("nv_gpu_memory_used_bytes", **g) == 7 * PAGE_SIZE
     assert one("clockwork_gpu_pages_used", worker="0", gpu="0") == 7
@@ -260,9 +260,10 @@ def test_metrics_health_and_logs(tmp_path):
                     break
                 time.sleep(0.05)
         assert used == expect and sum(used) >= pages["resnet50_v2"] + pages["mobilenet_v2"]
-        assert [_value(m, "nv_gpu_memory_used_bytes", worker=str(w)) for w in (0, 1)] == [
-            u * PAGE_SIZE for u in used]
-        total = [_value(m, "nv_gpu_memory_total_bytes", worker=str(w)) for w in (0, 1)]
+        assert [_value(m, "nv_gpu_memory_used_bytes", gpu_uuid=f"worker{w}-gpu0")
+                for w in (0, 1)] == [u * PAGE_SIZE for u in used]
+        total = [_value(m, "nv_gpu_memory_total_bytes", gpu_uuid=f"worker{w}-gpu0")
+                 for w in (0, 1)]
         assert all(t > 0 for t in total) and total == [
             PAGE_SIZE * _value(m, "clockwork_gpu_pages", worker=str(w)) for w in (0, 1)]
         assert _get(base + "/v2/health/live")[0] == 200  # the KServe routes still answer
@@ -331,7 +332,12 @@ def test_fast_exposition_is_the_librarys_byte_for_byte():
             return families
 
     fast = m.text(families)
-    assert fast == generate_latest(Same()), (fast, generate_latest(Same()))
+
+    def lib(text: bytes) -> bytes:  # (nv_gpu_*: plain digits, not the library's; below)
+        return b"".join(ln for ln in text.splitlines(keepends=True)
+                        if not ln.startswith(b"nv_gpu_"))
+
+    assert lib(fast) == lib(generate_latest(Same())), (fast, generate_latest(Same()))
     assert fast.count(b"\nnv_inference_count{") == len(odd)
     assert "ünï" in fast.decode() and r'new\nline' in fast.decode()
     # the label texts kept: one per label set; dropped once far more than the samples
@@ -377,3 +383,33 @@ def test_an_action_the_controller_failed_itself_is_counted_as_rejected():
                   message="worker lost")
     ControllerNode.result(node, None, lost)
     assert counted == {"infer_rejected": 1} and seen == [(None, lost)]
+
+
+def test_gpu_metrics_read_as_perf_analyzer_reads_them():
+    """perf_analyzer --collect-metrics reads nv_gpu_utilization and nv_gpu_memory_*_bytes
+    with a regular expression that wants `{gpu_uuid="..."}` alone and a decimal value
+    (`(\\d+\\.?\\d*)`): it read none of ours (labels worker and gpu too), and would have
+    read 5.0331648e+07 bytes as 5 and a utilization of 1e-05 as 1. Each GPU's line now
+    gives its value whole."""
+    import re
+    from types import SimpleNamespace
+
+    from controller.metrics import PAGE_SIZE, ControllerMetrics, _plain_number
+
+    node = _fake_node(SimpleNamespace(queued=lambda: 0, pages_used=lambda i: 3,
+                                      model_view=lambda n: None))
+    gpu = SimpleNamespace(gpu=0, pages=1376)
+    node.links = [SimpleNamespace(index=0, state=SimpleNamespace(gpus=[gpu]), connected=True)]
+    node.ctrl = None
+    text = "\n" + ControllerMetrics(node).render().decode()
+    for metric in ("nv_gpu_utilization", "nv_gpu_memory_used_bytes",
+                   "nv_gpu_memory_total_bytes"):
+        # perf_analyzer's (triton_client_backend.h, ParseAndStoreMetric)
+        found = re.findall(r"\n" + metric + r"\{gpu_uuid\=\"([^\"]+)\"\} (\d+\.?\d*)", text)
+        lines = re.findall(r"\n" + metric + r"\{[^}]*\} (\S+)", text)
+        assert found and len(found) == len(lines), (metric, text)
+        assert [float(v) for _, v in found] == [float(v) for v in lines], metric
+    used = dict(re.findall(r"\nnv_gpu_memory_used_bytes\{gpu_uuid=\"([^\"]+)\"\} (\S+)", text))
+    assert used and all(int(v) % PAGE_SIZE == 0 for v in used.values())
+    assert [_plain_number(v) for v in (50331648.0, 1e-05, 0.0, 0.5, 1.0)] == [
+        "50331648", "0.00001", "0", "0.5", "1"]
