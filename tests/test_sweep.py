@@ -806,3 +806,75 @@ load_factor = 10
     prof.write_text(prof.read_text().replace("{", "{ ", 1))  # the profile set changed
     assert main(argv) == 0
     assert "1 run, 0 already done" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_simulation_process_that_dies_costs_no_other_point(tmp_path):
+    """One of the pool's processes killed (the OOM killer, say) while points run and wait:
+    the points the broken pool failed run again, each in a process of its own, so only a
+    point that kills its process again fails (every point not yet done failed with
+    'BrokenProcessPool', and a point that always died broke every later run too)."""
+    import signal
+    import subprocess
+
+    f = tmp_path / "s.toml"
+    f.write_text('scenarios = ["poisson_warm"]\nseeds = [1, 2, 3, 4]\n'
+                 'overrides = ["duration_s=60"]\n')
+    proc = subprocess.Popen(cli_command("sweep", str(f), "--jobs", "2", "--out",
+                                        str(tmp_path / "o")),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    kids = _pool_of(proc)
+    try:
+        os.kill(kids[0], signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert len(list((tmp_path / "o" / "points").glob("*/summary.json"))) == 4
+    assert b"BrokenProcessPool" not in err
+
+
+def test_a_point_run_again_keeps_no_logs_of_its_earlier_run(tmp_path, capsys):
+    """A point run again in its folder (its scenario file changed) by a sweep without
+    logs: the logs of its earlier run are gone with its summary (they stayed beside the
+    new summary, and `clockwork report --timeline` read another run's rows)."""
+    sc = tmp_path / "mine.toml"
+    text = (REPO / "scenarios" / "poisson_warm.toml").read_text()
+    sc.write_text(text)
+    f = tmp_path / "s.toml"
+    f.write_text(f'scenarios = ["{sc}"]\noverrides = ["duration_s=1", "drain_s=1"]\n'
+                 "logs = true\n")
+    out = tmp_path / "o"
+    assert main(["sweep", str(f), "--jobs", "1", "--out", str(out), "--quiet"]) == 0
+    (point,) = (out / "points").iterdir()
+    assert (point / "requests.tsv").exists() and (point / "actions.tsv").exists()
+    sc.write_text(text.replace("rate_rps = 723.5", "rate_rps = 100"))
+    f.write_text(f'scenarios = ["{sc}"]\noverrides = ["duration_s=1", "drain_s=1"]\n')
+    assert main(["sweep", str(f), "--jobs", "1", "--out", str(out), "--quiet"]) == 0
+    assert (point / "summary.json").exists() and not list(point.glob("requests.*"))
+    assert not list(point.glob("actions.*"))
+    capsys.readouterr()
+
+
+def test_a_stopped_run_leaves_no_earlier_tables_looking_current(tmp_path, capsys,
+                                                                 monkeypatch):
+    """results.tsv/json (a sweep) and plan.json/curve.tsv (a plan) of an earlier run are
+    removed when a run that has points to run starts: one stopped before its end left
+    the earlier tables, a point short, looking like its own."""
+    from clockwork.cluster import parallel
+
+    f = tmp_path / "s.toml"
+    f.write_text('scenarios = ["poisson_warm"]\nseeds = [1]\n'
+                 'overrides = ["duration_s=1", "drain_s=1"]\n')
+    out = tmp_path / "o"
+    assert main(["sweep", str(f), "--jobs", "1", "--out", str(out), "--quiet"]) == 0
+    assert (out / "results.tsv").exists() and (out / "results.json").exists()
+    f.write_text(f.read_text().replace("seeds = [1]", "seeds = [1, 2]"))
+
+    def stopped(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(parallel, "run_point", stopped)
+    assert main(["sweep", str(f), "--jobs", "1", "--out", str(out), "--quiet"]) == 130
+    assert not (out / "results.tsv").exists() and not (out / "results.json").exists()
+    capsys.readouterr()

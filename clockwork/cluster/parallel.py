@@ -38,6 +38,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,8 @@ from clockwork.telemetry import write_json
 
 POINTS = "points"  # ROOT/points/<name>/
 SUMMARY = "summary.json"
+# a point's request and action logs, in either format (``logs = true``)
+_LOG_FILES = tuple(f"{log}.{fmt}" for log in ("requests", "actions") for fmt in ("tsv", "npz"))
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9._=+-]+")
 _READABLE_MAX = 96  # characters of a point's folder name before its hash
 
@@ -552,8 +555,10 @@ class Runner:
         if todo:
             for o, digest in todo:
                 o.folder.mkdir(parents=True, exist_ok=True)
-                (o.folder / "error.txt").unlink(missing_ok=True)
-                (o.folder / SUMMARY).unlink(missing_ok=True)  # (an earlier file's run)
+                # (an earlier file's run: its logs too, which a run without logs would
+                # have left beside this run's summary)
+                for name in ("error.txt", SUMMARY, "run.json", *_LOG_FILES):
+                    (o.folder / name).unlink(missing_ok=True)
                 write_json(o.folder / "point.json", {"scenario": o.point.scenario,
                                                      "overrides": list(o.point.overrides),
                                                      "command": o.point.command(),
@@ -571,6 +576,21 @@ class Runner:
         show = self.progress if self.progress is not None else sys.stderr.isatty()
         return Bar(total=total, desc=desc, unit="sim", disable=not show, file=sys.stderr,
                    dynamic_ncols=True, leave=True)
+
+    def _alone(self, o: Outcome) -> dict:
+        """Run ``o`` in a process pool of its own: the answer, or its error if that process
+        died too (it, and not a point beside it, is what kills its process)."""
+        ex = backend(self.backend)(1)
+        try:
+            return ex.submit(run_point, pinned_point(o.point), str(o.folder.resolve()),
+                             self.logs).result()
+        except BrokenProcessPool:
+            return {"error": "its simulation process died (killed: out of memory?); run "
+                             f"it alone to see why: {o.point.command()}"}
+        except Exception as e:  # noqa: BLE001
+            return {"error": f"{type(e).__name__}: {e}".strip()}
+        finally:
+            _stop(ex)
 
     def _finish(self, o: Outcome, answer: dict) -> None:
         if "error" in answer:
@@ -605,15 +625,25 @@ class Runner:
             for o in todo:  # all submitted before the bar exists (forked workers, no threads)
                 point = pinned_point(o.point)  # (a Ray worker's folder is not ours)
                 futures[ex.submit(run_point, point, str(o.folder.resolve()), self.logs)] = o
+            broken: list[Outcome] = []
             with self._bar(len(todo), desc) as bar:
                 for f in as_completed(futures):
                     o = futures[f]
                     try:
                         answer = f.result()
-                    except Exception as e:  # noqa: BLE001 - a worker died, e.g. out of memory
+                    except BrokenProcessPool:  # a worker died: every point not done fails
+                        broken.append(o)  # so, the one that killed it among them
+                        continue
+                    except Exception as e:  # noqa: BLE001 - reported as the point's error
                         answer = {"error": f"{type(e).__name__}: {e}".strip()}
                     self._finish(o, answer)
                     bar.update(1)
+                if broken:  # each again in a process of its own: only its killer fails
+                    _stop(ex)
+                    self._executor = None
+                    for o in broken:
+                        self._finish(o, self._alone(o))
+                        bar.update(1)
         except BaseException:
             _stop(ex)
             self._executor = None

@@ -416,6 +416,8 @@ def _run_plan(args: argparse.Namespace, plan: Plan, out: Path | None) -> int:
             root = Path(tmp.name)
         else:
             root = out
+            for name in ("plan.json", "curve.tsv"):  # (an earlier plan's, until this one ends:
+                (out / name).unlink(missing_ok=True)  # one stopped left them looking current)
         try:
             with Runner(jobs, args.backend, progress=False if quiet else
                         (True if args.progress else None)) as runner:

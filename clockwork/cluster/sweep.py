@@ -502,6 +502,9 @@ def _run_sweep(args: argparse.Namespace, sweep: Sweep, out: Path) -> int:
                    else f"{min(jobs, max(todo, 1))} at a time")
         print(f"sweep {sweep.name}: {len(points)} points ({sum(done)} done, {todo} to run), "
               f"{at_once} ({args.backend}), out {out}", file=sys.stderr)
+    if todo:  # (the tables of an earlier run, until this one ends: one stopped left them
+        for name in ("results.tsv", "results.json"):  # looking current, a point short)
+            (out / name).unlink(missing_ok=True)
     with _sigterm_as_ctrl_c(), Runner(jobs, args.backend, sweep.spec.logs, progress=False
                                       if quiet else (True if args.progress else None)) as runner:
         outcomes = runner.run(points, out, desc=f"sweep {sweep.name}")
