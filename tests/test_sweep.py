@@ -180,6 +180,16 @@ BAD = [
     ('scenarios = ["poisson_warm"]\noverrides = ["duration_s=1"]\n[grid]\nduration_s = [2]',
      "duration_s"),
     ('scenarios = ["poisson_warm"]\nlogs = "yes"', "logs"),
+    # keys that name one setting, or a table and a setting in it (one silently won, and
+    # rows showed values that were not simulated)
+    ('scenarios = ["poisson_warm"]\n[grid]\n"workloads.0.slo_ms" = [10, 100]\n'
+     '"workloads.00.slo_ms" = [25]', "grid.workloads.0.slo_ms and grid.workloads.00.slo_ms "
+     "set the same setting"),
+    ('scenarios = ["poisson_warm"]\n[grid]\n"cluster.workers" = [1, 4]\n'
+     '"cluster" = [{gpus_per_worker = 1}]', "(cluster is a table holding cluster.workers)"),
+    ('scenarios = ["poisson_warm"]\noverrides = ["cluster.workers=3"]\n[grid]\n'
+     '"cluster" = [{gpus_per_worker = 1}]', "grid.cluster and overrides' cluster.workers "
+     "overlap"),
     ('scenarios = ["poisson_warm"', "TOML"),
 ]
 

@@ -188,6 +188,31 @@ def _same_as(v: Any) -> Any:
     return isinstance(v, bool), plain(v)
 
 
+def _key_parts(key: str) -> tuple:
+    """A dotted key as the setting it names: list indexes as numbers (``workloads.00``
+    is ``workloads.0``)."""
+    return tuple(int(p) if p.isascii() and p.isdigit() else p for p in key.strip().split("."))
+
+
+def _check_overlaps(grid_keys: list[str], fixed_keys: list[str], bad) -> None:
+    """A grid key that names the same setting as another grid key or an override, or a
+    table holding it (``cluster`` and ``cluster.workers``), is refused: one of them
+    silently won, and rows showed values that were not simulated."""
+    named = [(f"grid.{k}", _key_parts(k)) for k in grid_keys]
+    named += [(f"overrides' {k}", _key_parts(k)) for k in fixed_keys]
+    for i, (a, pa) in enumerate(named[:len(grid_keys)]):
+        for b, pb in named[i + 1:]:
+            n = min(len(pa), len(pb))
+            if pa[:n] == pb[:n]:
+                if len(pa) == len(pb):
+                    how = "set the same setting"
+                else:
+                    outer, inner = (a, b) if len(pa) < len(pb) else (b, a)
+                    how = f"overlap ({outer.split(' ')[-1].removeprefix('grid.')} is a " \
+                          f"table holding {inner.split(' ')[-1].removeprefix('grid.')})"
+                raise bad(f"{a} and {b} {how}: give each setting in one place")
+
+
 def load_sweep(path: str | Path) -> Sweep:
     """Read and check a sweep file: the schema, then every point's scenario with its
     overrides (as ``clockwork simulate`` would load it). Raises ``SweepError``."""
@@ -248,6 +273,7 @@ def load_sweep(path: str | Path) -> Sweep:
                 raise bad(f"grid.{key}: value {t} is listed twice")
             seen.add(same)
         grid[key] = list(values)
+    _check_overlaps(list(grid), sorted(fixed_keys), bad)
     if spec.seeds is not None and len(set(spec.seeds)) != len(spec.seeds):
         raise bad("seeds: a seed is listed twice")
     if "seed" in fixed_keys and spec.seeds is not None:
