@@ -118,6 +118,9 @@ def test_plan_reruns_a_summary_that_is_not_a_runs_summary(tmp_path, capsys):
     (["plan", "poisson_warm", "--set", "cluster.wokers=2"], "cluster.workers"),
     (["plan", "slo_exp_1", "--slo-ms", "50"], "slo"),
     (["plan", "poisson_warm", "--backend", "nosuch"], "nosuch"),
+    # the plan's own worker count came after it: silently ignored
+    (["plan", "poisson_warm", "--set", "cluster.workers=5"], "the plan chooses"),
+    (["plan", "poisson_warm", "--set", "cluster={workers = 5}"], "the plan chooses"),
 ])
 def test_plan_bad_arguments_one_line_exit_2(capsys, argv, fragment):
     assert main(argv) == 2

@@ -261,6 +261,11 @@ def make_plan(scenario: str, sets: list[str], target: float, slo_ms: float | Non
     if seeds > MAX_POINTS:  # (before the list of them is built)
         raise PlanError(f"--seeds {seeds}: at most {MAX_POINTS:,} seeds (each GPU count runs "
                         "one simulation per seed)")
+    for o in sets:  # (the plan's own value came after it: it was ignored, and the
+        key = o.partition("=")[0].strip()  # check command printed both)
+        if key in ("cluster", "cluster.workers"):
+            raise PlanError(f"--set {key}: the plan chooses cluster.workers itself (give "
+                            "--min-gpus / --max-gpus)")
     try:
         path = resolve_scenario(scenario)
         sc = load_scenario(path, sets)
