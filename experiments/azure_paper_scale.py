@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import resource
 import subprocess
@@ -84,6 +83,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from clockwork.cluster.cli import argtypes as t  # noqa: E402
 from experiments import common  # noqa: E402
 
 NAME = "azure_paper_scale"
@@ -358,10 +358,10 @@ def parse_args(argv) -> argparse.Namespace:
                         "traces/azure/), sample (the shipped 500-function sample) or a "
                         "day file's path")
     lf = p.add_mutually_exclusive_group()
-    lf.add_argument("--rate", type=float, default=PAPER_RPS,
+    lf.add_argument("--rate", type=t.positive_float, default=PAPER_RPS,
                     help="mean offered r/s over the 6 trace hours from --replay-start; "
                          f"sets the load factor (default the paper's {PAPER_RPS:,.0f})")
-    lf.add_argument("--load-factor", type=float, default=None,
+    lf.add_argument("--load-factor", type=t.positive_float, default=None,
                     help="trace multiplier instead of --rate")
     p.add_argument("--part-minutes", type=int, default=60,
                    help="split the replay into consecutive runs of at most this many trace "
@@ -373,7 +373,7 @@ def parse_args(argv) -> argparse.Namespace:
                         "counts only its own, so that it starts from the state those minutes "
                         "leave instead of cold (default 0: cold parts). Reaching back to "
                         "--start-minute, a part is the continuous run's tail exactly")
-    p.add_argument("--spill-dir", type=Path, default=None,
+    p.add_argument("--spill-dir", type=common.out_dir, default=None,
                    help="keep each simulation's request and action rows in files in a "
                         "temporary folder inside this one instead of in memory (removed at "
                         "the end; ~75 bytes of disk per request): memory stays flat, so a "
@@ -382,7 +382,7 @@ def parse_args(argv) -> argparse.Namespace:
                    help="parts to run at the same time, each in its own process (default 1: "
                         "one after another); the same results, in less wall time on a "
                         "machine with that many free cores (and memory for that many parts)")
-    p.add_argument("--seed", type=int, default=None,
+    p.add_argument("--seed", type=t.seed, default=None,
                    help="the scenario's seed (arrival times within each trace minute, "
                         "timing noise; default that of scenarios/azure_sample.toml, 1): "
                         "another seed is another equally likely run, to see how much the "
@@ -390,14 +390,15 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--no-noise", action="store_true",
                    help="no emulated timing noise and jitter (fig9_azure.py's 2 %% and "
                         "0.1 ms are on by default)")
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--out", type=common.out_dir, default=None,
                    help="write each part's logs (DIR/part-MMMM/) and the figures "
                         f"(DIR/{NAME}.json) here; without it nothing is written")
     p.add_argument("--log-format", choices=("npz", "tsv"), default="npz",
                    help="log format with --out (default npz)")
     p.add_argument("--no-logs", action="store_true",
                    help="with --out: only the figures, no request/action logs")
-    p.add_argument("--json", type=Path, default=None, help="write the figures here too")
+    p.add_argument("--json", type=common.out_file, default=None,
+                   help="write the figures here too")
     p.add_argument("--progress", action="store_true",
                    help="the simulator's progress line (on by default on a terminal)")
     p.add_argument("--in-process", action="store_true",
@@ -429,19 +430,6 @@ def parse_args(argv) -> argparse.Namespace:
     if args.start_minute + args.minutes > MINUTES:
         p.error(f"--start-minute {args.start_minute} and --minutes {args.minutes} run past the "
                 f"trace day's {MINUTES:,} minutes")
-    for flag, value in (("--rate", args.rate), ("--load-factor", args.load_factor)):
-        if value is not None and not 0 < value < math.inf:
-            p.error(f"{flag} must be a finite number > 0, got {value:g}")
-    if args.seed is not None and args.seed < 0:
-        p.error(f"--seed must be >= 0, got {args.seed}")
-    for flag, path in (("--out", args.out), ("--spill-dir", args.spill_dir)):
-        if path is not None:
-            try:  # (made now: a file there failed after a part's whole simulation)
-                path.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                p.error(f"{flag} {path}: cannot make the folder ({e.strerror or e})")
-    if args.json is not None and args.json.is_dir():
-        p.error(f"--json {args.json} is a folder: give a file's path")
     return args
 
 

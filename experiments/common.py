@@ -69,7 +69,7 @@ def parse_args(argv: Sequence[str] | None, description: str) -> argparse.Namespa
                    help="the paper's scale (long; run by hand)")
     g.add_argument("--smoke", "--tiny", dest="scale", action="store_const", const="smoke",
                    help="a second or two of simulated time (tests)")
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--out", type=out_dir, default=None,
                    help="output directory (default: experiments/figures/, or its live/ and "
                    "full/ folders: the figures kept in the repository, overwritten; with "
                    "--smoke a new temporary folder)")
@@ -84,11 +84,23 @@ def parse_args(argv: Sequence[str] | None, description: str) -> argparse.Namespa
     elif args.out is None:
         sub = "full" if args.scale == "full" else ""
         args.out = FIGURES / "live" / sub if args.live else FIGURES / sub
-    try:
-        args.out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:  # a file there, or no permission
-        p.error(f"--out {args.out}: cannot make the folder ({e.strerror or e})")
+    args.out.mkdir(parents=True, exist_ok=True)
     return args
+
+
+def out_dir(text: str) -> Path:
+    """An ``--out`` folder, checked before anything runs (``argtypes.out_dir``: one that
+    can be written or made; a file there is a usage error)."""
+    from clockwork.cluster.cli import argtypes
+
+    return Path(argtypes.out_dir(text))
+
+
+def out_file(text: str) -> Path:
+    """A ``--json`` file, checked as ``argtypes.out_file`` before anything runs."""
+    from clockwork.cluster.cli import argtypes
+
+    return Path(argtypes.out_file(text))
 
 
 def script(main) -> None:

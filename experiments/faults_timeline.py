@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from clockwork.cluster.cli import argtypes
 from clockwork.resources import resolve_scenario
 from clockwork.scenario import ScenarioError, load_scenario
 from clockwork.telemetry import timeline
@@ -58,7 +59,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scenario", default="faults",
                     help="a scenario with [faults]: a shipped name or a .toml (default faults)")
-    ap.add_argument("--out", default=None,
+    ap.add_argument("--out", type=argtypes.out_dir, default=None,
                     help="keep the runs here (default: a new temporary folder, printed)")
     ap.add_argument("--live-dir", default=None, help="use this live run instead of a new one")
     a = ap.parse_args()
@@ -70,10 +71,6 @@ def main() -> int:
     if a.live_dir and not (Path(a.live_dir) / "summary.json").is_file():
         ap.error(f"--live-dir {a.live_dir}: no run there (no summary.json)")
     out = Path(a.out or tempfile.mkdtemp(prefix="faults-"))
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        ap.error(f"--out {out}: cannot make the folder ({e.strerror or e})")
     s1, s2 = out / "sim1", out / "sim2"
     for d in (s1, s2):
         _cli("simulate", str(path), "--out", str(d), "--quiet")

@@ -119,14 +119,11 @@ def main(argv=None) -> dict:
     p.add_argument("--packages", type=Path, default=None,
                    help="folder of compiled model packages (default: the scenario's, else "
                         "packages/DEVICE); missing ones are compiled there first")
-    p.add_argument("--out", type=Path, default=common.FIGURES / NAME,
+    p.add_argument("--out", type=common.out_dir, default=common.FIGURES / NAME,
                    help=f"output directory (default experiments/figures/{NAME}/: the figures "
                         "kept in the repository, overwritten)")
     args = p.parse_args(argv)
-    try:
-        args.out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        p.error(f"--out {args.out}: cannot make the folder ({e.strerror or e})")
+    args.out.mkdir(parents=True, exist_ok=True)
     over = [f"duration_s={args.duration}"]
     if args.rate:
         over.append(f"workloads.0.rate_rps={args.rate}")

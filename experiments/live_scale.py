@@ -33,6 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from clockwork.cluster.cli import argtypes  # noqa: E402
 from experiments import common  # noqa: E402
 
 PROFILES = ("mobilenet_v2", "resnet18_v2", "resnet34_v2", "resnet50_v2", "resnet101_v2",
@@ -62,32 +63,24 @@ def add_shape_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, default=2, help="GPUs per worker (default 2)")
     p.add_argument("--rate", type=float, default=1000.0,
                    help=f"Poisson r/s over all instances (default 1,000; at most {MAX_RATE:,})")
-    p.add_argument("--slo-ms", type=float, default=100.0,
+    p.add_argument("--slo-ms", type=argtypes.slo_ms, default=100.0,
                    help="every request's SLO in ms (default 100; at most a day)")
-    p.add_argument("--json", type=Path, help="also write every run's figures here")
+    p.add_argument("--json", type=common.out_file, help="also write every run's figures here")
 
 
 MAX_RATE = 1_000_000  # r/s: more would run for hours here, silently
 
 
 def check_shape_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
-    """``add_shape_args``' flags in range, and ``--json``'s folder made now (a file or
-    folder in the way was found after every run had ended, and they were lost)."""
+    """``add_shape_args``' rate in range (``--slo-ms`` and ``--json`` are checked as they
+    are read: a file or folder in the way was found after every run had ended)."""
     if not 0 < a.rate <= MAX_RATE:
         p.error(f"--rate must be > 0 and at most {MAX_RATE:,} r/s, got {a.rate:g}")
-    if not 0 < a.slo_ms <= 86_400_000:
-        p.error(f"--slo-ms must be > 0 and at most a day (86,400,000), got {a.slo_ms:g}")
-    if a.json is not None:
-        if a.json.is_dir():
-            p.error(f"--json {a.json} is a folder: give a file's path")
-        try:
-            a.json.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            p.error(f"--json {a.json}: cannot make its folder ({e.strerror or e})")
 
 
 def write_runs(path: Path, a: argparse.Namespace, rows: list[dict]) -> None:
     """The flags and every run's figures, as JSON."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     common.write_json(path, {"args": {k: (str(v) if isinstance(v, Path) else v)
                                       for k, v in vars(a).items()}, "runs": rows})
 

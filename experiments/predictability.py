@@ -51,6 +51,7 @@ MAX_RUNS = 10_000_000  # timed runs per model: their figures are held in memory
 
 
 def parse_args(argv) -> argparse.Namespace:
+    from clockwork.cluster.cli import argtypes
     from clockwork.models.zoo import ZOO
 
     p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
@@ -62,7 +63,7 @@ def parse_args(argv) -> argparse.Namespace:
                    help=f"untimed runs first (default {WARMUP}; 50 with --quick)")
     p.add_argument("--models", default=None, metavar="A,B",
                    help=f"zoo models (default all: {','.join(ZOO)})")
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--out", type=common.out_dir, default=None,
                    help=f"output directory (default {OUT.relative_to(common.ROOT)}/, "
                    "or its quick/ with --quick)")
     p.add_argument("--cache", type=Path, default=CACHE,
@@ -70,7 +71,8 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--no-gc", action="store_true",
                    help="disable Python's garbage collector during the timed runs "
                    "(default: on, as in the worker)")
-    p.add_argument("--seed", type=int, default=0, help="input and weights seed (default 0)")
+    p.add_argument("--seed", type=argtypes.seed, default=0,
+                   help="input and weights seed (default 0)")
     args = p.parse_args(list(argv) if argv is not None else None)
     if args.runs is None:
         args.runs = QUICK_RUNS if args.quick else RUNS
@@ -78,8 +80,6 @@ def parse_args(argv) -> argparse.Namespace:
         args.warmup = 50 if args.quick else WARMUP
     if not 1 <= args.runs <= MAX_RUNS or not 0 <= args.warmup <= MAX_RUNS:
         p.error(f"--runs must be 1 to {MAX_RUNS:,} and --warmup 0 to {MAX_RUNS:,}")
-    if args.seed < 0:
-        p.error(f"--seed must be >= 0, got {args.seed}")
     args.models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models \
         else list(ZOO)
     unknown = [m for m in args.models if m not in ZOO]
@@ -88,10 +88,7 @@ def parse_args(argv) -> argparse.Namespace:
                 f"zoo: {', '.join(ZOO)}")
     if args.out is None:
         args.out = OUT / "quick" if args.quick else OUT
-    try:
-        args.out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        p.error(f"--out {args.out}: cannot make the folder ({e.strerror or e})")
+    args.out.mkdir(parents=True, exist_ok=True)
     return args
 
 
