@@ -102,13 +102,13 @@ def is_loopback(host: str) -> bool:
         infos = socket.getaddrinfo(h, None)
     except (OSError, UnicodeError):  # (UnicodeError: a name no resolver takes)
         return False
-    return bool(infos) and all(_unmapped(i[4][0].split("%")[0]).is_loopback for i in infos)
+    return bool(infos) and all(_unmapped(i[4][0]).is_loopback for i in infos)
 
 
 def _unmapped(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-    """An IP address, an IPv4 one mapped into IPv6 (``::ffff:127.0.0.1``) as itself;
-    ValueError for what is not an address."""
-    a = ipaddress.ip_address(address)
+    """An IP address (an IPv6 one's zone, ``%eth0``, left out), an IPv4 one mapped into
+    IPv6 (``::ffff:127.0.0.1``) as itself; ValueError for what is not an address."""
+    a = ipaddress.ip_address(address.split("%")[0])
     return getattr(a, "ipv4_mapped", None) or a
 
 
@@ -522,7 +522,7 @@ def peer_is_local(peer: str) -> bool:
     kind, _, rest = unquote(peer).partition(":")
     if kind in ("unix", "unix-abstract"):
         return True
-    host = rest.rpartition(":")[0].strip("[]").split("%")[0]
+    host = rest.rpartition(":")[0].strip("[]")
     try:
         return _unmapped(host).is_loopback
     except ValueError:
@@ -541,7 +541,7 @@ def _any_machine(host: str) -> bool:
                                    flags=socket.AI_NUMERICHOST)
     except (OSError, UnicodeError):  # a name
         return is_loopback(host)
-    a = _unmapped(infos[0][4][0].split("%")[0])
+    a = _unmapped(infos[0][4][0])
     return a.is_loopback or a.is_unspecified
 
 
