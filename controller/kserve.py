@@ -106,7 +106,9 @@ class TypedInferRequest:
     inputs already Tensors: no ``clockwork.v1`` message is built for a KServe request.
     One row of a KServe request. ``checked``: the profile whose input specs the inputs
     were checked against and cut to (``check_inputs``); the controller checks them
-    again unless that is the model's profile still."""
+    again unless that is the model's profile still. ``group``: the request's
+    ``controller.metrics.Rows`` when it has several rows (Triton's figures count it
+    once), else None."""
 
     model: str
     inputs: list[Tensor] = field(default_factory=list)
@@ -114,6 +116,7 @@ class TypedInferRequest:
     client_id: int = 0
     skip_outputs: bool = False
     checked: object = None
+    group: object = None
 
 
 @dataclass
@@ -131,11 +134,12 @@ def ks_dtype(np_name: str) -> str:
 class _Rows:
     """The answers to one KServe request's rows, collected as they come (each once)."""
 
-    __slots__ = ("resps", "left")
+    __slots__ = ("resps", "left", "group")
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, group=None) -> None:
         self.resps: list = [None] * n
         self.left = n
+        self.group = group  # the request's metrics.Rows (several rows), or None
 
     def put(self, i: int, resp) -> bool:
         """Row ``i``'s answer; True when it was the last one missing (once)."""
@@ -157,10 +161,12 @@ def submit_rows(node, rows: list[TypedInferRequest], deliver, conn: str,
     n = len(rows)
     room, why = gate.room(conn)
     if room < n:
-        deliver([overloaded(node, r, why) for r in rows])
+        answers = [overloaded(node, r, why) for r in rows]
+        node.metrics.request_done(rows[0].group)
+        deliver(answers)
         return
     gate.enter(conn, n)
-    got = _Rows(n)
+    got = _Rows(n, rows[0].group)
     for i, r in enumerate(rows):
         r.client_id = i
 
@@ -170,6 +176,7 @@ def submit_rows(node, rows: list[TypedInferRequest], deliver, conn: str,
             return  # (never: the controller answers each request once)
         gate.leave(conn)
         if got.put(i, resp):
+            node.metrics.request_done(got.group)
             deliver(got.resps)
 
     submit_guarded(node, rows, done, 0, budget)
@@ -311,7 +318,9 @@ class KServeFrontend:
         p = self.profile(name)
         slo = slo_from_params(params)
         rows, batched = check_inputs(name, p, inputs, requested)
-        return [TypedInferRequest(name, row, slo, checked=p) for row in rows], batched
+        group = self.node.metrics.request_rows(name, len(rows))
+        return [TypedInferRequest(name, row, slo, checked=p, group=group)
+                for row in rows], batched
 
     def finish(self, name: str, resps, requested: list[str],
                batched: bool) -> list[OutTensor]:
@@ -591,6 +600,7 @@ class _ModelStream:
         req, i = item
         if not req.rows.put(i, resp):
             return
+        self.node.metrics.request_done(req.rows.group)
         request = req.request
         try:
             outs = self.fe.finish(request.model_name, req.rows.resps, req.requested,
@@ -641,7 +651,7 @@ class _ModelStream:
                 break
             room -= k
             taken += 1
-            req = _Request(request, batched, requested, _Rows(k))
+            req = _Request(request, batched, requested, _Rows(k, rows[0].group))
             for i, row in enumerate(rows):
                 self.seq += 1
                 row.client_id = self.seq
@@ -658,6 +668,7 @@ class _ModelStream:
             submit_guarded(node, reqs, self._deliver, 0)
         for request, rows, _, _ in batch[taken:]:
             answers = [overloaded(node, row, why) for row in rows]
+            node.metrics.request_done(rows[0].group)
             self._error(request, of_answer(answers[0].status, answers[0].reason,
                                            answers[0].message))
 

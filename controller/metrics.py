@@ -11,7 +11,7 @@ Triton's names where the meaning is the same, so dashboards built for Triton wor
 counted there):
 
 - ``nv_inference_request_success`` / ``nv_inference_request_failure``: answered requests;
-- ``nv_inference_count`` (inferences = successful requests, each one sample) and
+- ``nv_inference_count`` (inferences: the rows of successful requests) and
   ``nv_inference_exec_count`` (successful INFER batches);
 - ``nv_inference_request_duration_us`` (arrival -> answer), ``nv_inference_queue_duration_us``
   (arrival -> the batch's EXEC began), ``nv_inference_compute_infer_duration_us`` (the
@@ -22,6 +22,10 @@ counted there):
   ``nv_gpu_memory_used_bytes`` / ``nv_gpu_memory_total_bytes`` (weights-cache pages x
   16 MiB), labelled ``gpu_uuid`` (``worker<W>-gpu<G>``) alone, as Triton, values in
   decimal digits (``clockwork_gpu_*`` carry ``worker`` and ``gpu``).
+
+A KServe request of several rows is several controller requests (one per row): Triton's
+figures count it once, as Triton counts a batched request (``Rows``); the
+``clockwork_*`` figures count controller requests.
 
 Triton's counters are exposed under their exact sample names (no ``_total`` suffix),
 which the client library writes only for families of type ``untyped``; so that is their
@@ -79,11 +83,14 @@ class _Model:
     """What the hooks count for one model instance (plain ints: cheap to add to)."""
 
     __slots__ = ("status", "success", "duration_ns", "slo_met", "cold", "execs", "queue_ns",
-                 "compute_ns", "labels", "mlabels", "fail_ns", "last", "batches")
+                 "compute_ns", "labels", "mlabels", "fail_ns", "last", "batches", "merged",
+                 "extra_rows")
 
     def __init__(self, name: str) -> None:
         self.labels = {"model": name, "version": VERSION}  # (shared by its samples)
         self.mlabels = {"model": name}
+        # (``status``, ``slo_met``, ``cold`` count controller requests -- a KServe request's
+        # rows each; the others, Triton's figures, count client requests: ``Rows``)
         self.status: dict[str, int] = {}  # answered requests by status name
         self.success = 0
         self.duration_ns = 0  # arrival -> answer, successful requests
@@ -95,6 +102,36 @@ class _Model:
         self.fail_ns = 0  # arrival -> answer, requests the policy answered otherwise
         self.last = 0  # when the last successful request was answered (controller clock)
         self.batches: dict[int, list[int]] = {}  # batch size -> [successful INFERs, EXEC ns]
+        self.merged = 0  # rows past the first of the requests of several rows answered
+        self.extra_rows = 0  # rows past the first of the successful ones
+
+    def requests(self) -> int:
+        """Client requests answered (a request of several rows once)."""
+        return sum(self.status.values()) - self.merged
+
+    def failures(self) -> int:
+        return max(0, self.requests() - self.success)
+
+
+class Rows:
+    """One KServe request of several rows (each a controller request), for Triton's
+    figures, which count requests: its rows' answers are gathered here
+    (``ControllerMetrics.row``, ``answered``, ``result``) and counted as one request when
+    the front end has them all (``ControllerMetrics.request_done``): a success if every
+    row succeeded, its duration from its arrival to its last row's answer, its queue and
+    compute times the mean over its rows (Triton charges a request the execution that
+    ran it); ``nv_inference_count`` and ``inference_count`` count its rows."""
+
+    __slots__ = ("model", "n", "ids", "ok", "latency", "last", "queue_ns", "compute_ns")
+
+    def __init__(self, model: str, n: int) -> None:
+        self.model, self.n = model, n
+        self.ids: list[int] = []  # its rows' controller request ids, as admitted
+        self.ok = 0  # rows answered SUCCESS
+        self.latency = 0  # arrival -> the latest row's answer
+        self.last = 0  # when its last successful row was answered
+        self.queue_ns = 0  # over its rows that ran in successful INFERs
+        self.compute_ns = 0
 
 
 class _Hist:
@@ -243,6 +280,7 @@ class ControllerMetrics:
         self.busy_ns: dict[tuple[int, int], int] = {}  # (worker, gpu) -> EXEC ns since start
         # (worker, gpu) -> [bucket ids, busy ns per bucket]: a ring of _NB slots
         self.recent: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
+        self.groups: dict[int, Rows] = {}  # admitted row's request id -> its request
         self._labels_text: dict = {}  # (render_families)
         self._values_text: dict = {}
         self.registry = CollectorRegistry()
@@ -260,6 +298,39 @@ class ControllerMetrics:
     def forget(self, model: str) -> None:
         """``model`` is no longer served (unloaded): its series leave ``/metrics``."""
         self.models.pop(model, None)
+
+    def request_rows(self, model: str, n: int) -> Rows | None:
+        """A KServe request of ``n`` rows of ``model`` (None for one row: counted by the
+        hooks alone); each row admitted is given to ``row``, and the whole to
+        ``request_done`` once every row is answered."""
+        return Rows(model, n) if n > 1 else None
+
+    def row(self, g: Rows, rid: int) -> None:
+        """Row ``rid`` of ``g`` was admitted (its answer reaches ``answered``)."""
+        self.groups[rid] = g
+        g.ids.append(rid)
+
+    def request_done(self, g: Rows | None) -> None:
+        """Every row of ``g`` is answered (rows refused at admission, never given to
+        ``row``, count as failed): one request in Triton's figures."""
+        if g is None:
+            return
+        groups = self.groups
+        for rid in g.ids:  # (rows answered without the hooks: admission failed)
+            groups.pop(rid, None)
+        m = self.models.get(g.model) or self._model(g.model)
+        n = g.n
+        m.merged += n - 1
+        if g.ok == n:
+            m.success += 1
+            m.extra_rows += n - 1
+            m.duration_ns += g.latency
+            m.queue_ns += g.queue_ns // n
+            m.compute_ns += g.compute_ns // n
+            if g.last > m.last:
+                m.last = g.last
+        else:
+            m.fail_ns += g.latency
 
     def reply(self, model: str, status: str, latency_ns: int | None) -> None:
         """A request answered without a ``Reply`` (refused at admission: invalid,
@@ -282,18 +353,28 @@ class ControllerMetrics:
         m = self.models.get(r.model) or self._model(r.model)
         st = m.status
         st[status] = st.get(status, 0) + 1
+        groups = self.groups
+        g = groups.pop(r.id, None) if groups else None  # a row of a request of several
+        lat = rep.time - r.arrival
         if not rep.status:
-            lat = rep.time - r.arrival
-            m.success += 1
-            m.duration_ns += lat
             h = self.latency
             h.counts[bisect.bisect_left(h.bounds_ns, lat)] += 1
             h.sum_ns += lat
             if lat <= (r.slo or self.default_slo):
                 m.slo_met += 1
-            m.last = rep.time
-        else:
-            m.fail_ns += rep.time - r.arrival
+            if g is None:
+                m.success += 1
+                m.duration_ns += lat
+                m.last = rep.time
+            else:
+                g.ok += 1
+                g.last = rep.time
+                if lat > g.latency:
+                    g.latency = lat
+        elif g is None:
+            m.fail_ns += lat
+        elif lat > g.latency:
+            g.latency = lat
         if r.cold:
             m.cold += 1
 
@@ -334,8 +415,20 @@ class ControllerMetrics:
                     m = self.models.get(action.model) or self._model(action.model)
                     n = len(reqs)
                     m.execs += 1
+                    groups = self.groups
+                    if groups:  # (rows of requests of several rows: charged to those)
+                        begin, q = result.begin, 0
+                        for r in reqs:
+                            g = groups.get(r.id)
+                            if g is None:
+                                q += begin - r.arrival
+                            else:
+                                n -= 1
+                                g.queue_ns += begin - r.arrival
+                                g.compute_ns += d
+                    else:
+                        q = n * result.begin - sum([r.arrival for r in reqs])
                     m.compute_ns += d * n
-                    q = n * result.begin - sum([r.arrival for r in reqs])
                     if q > 0:
                         m.queue_ns += q
                     b = m.batches.get(action.batch_size)
@@ -358,11 +451,12 @@ class ControllerMetrics:
         outputs travel with the action and its result), each ``{count, ns}`` with count
         the successful requests, as Triton; ``batch_stats`` per batch size that ran
         (the profile's sizes: padding rows included), ``compute_infer`` = {INFERs, EXEC
-        ns}."""
+        ns}. A request of several rows counts once (``Rows``), its rows in
+        ``inference_count``, as Triton counts a batched request's samples."""
         m = self.models.get(model)
         if m is None:
             m = _Model(model)
-        fails = sum(v for k, v in m.status.items() if k != "success")
+        fails = m.failures()
         last = 0
         if m.last:  # controller clock (monotonic) -> wall clock
             last = (time.time_ns() - (time.monotonic_ns() - m.last)) // 1_000_000
@@ -372,7 +466,8 @@ class ControllerMetrics:
 
         n = m.success
         return {
-            "last_inference": last, "inference_count": n, "execution_count": m.execs,
+            "last_inference": last, "inference_count": n + m.extra_rows,
+            "execution_count": m.execs,
             "inference_stats": {
                 "success": dur(n, m.duration_ns), "fail": dur(fails, m.fail_ns),
                 "queue": dur(n, m.queue_ns), "compute_input": dur(n, 0),
@@ -435,10 +530,10 @@ class _Collector:
                        [(s.labels, s.success) for s in per])
         yield _untyped("nv_inference_request_failure",
                        "Number of failed inference requests, all batch sizes",
-                       [(s.labels, sum(s.status.values()) - s.success) for s in per])
+                       [(s.labels, s.failures()) for s in per])
         yield _untyped("nv_inference_count",
-                       "Number of inferences performed (successful requests)",
-                       [(s.labels, s.success) for s in per])
+                       "Number of inferences performed (the rows of successful requests)",
+                       [(s.labels, s.success + s.extra_rows) for s in per])
         yield _untyped("nv_inference_exec_count",
                        "Number of model executions performed (successful INFER batches)",
                        [(s.labels, s.execs) for s in per])

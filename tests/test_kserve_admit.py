@@ -28,6 +28,7 @@ class TypedInferRequest:  # controller.kserve.TypedInferRequest's fields
     client_id: int = 0
     skip_outputs: bool = False
     checked: object = None
+    group: object = None
 
 
 class _Ctrl:

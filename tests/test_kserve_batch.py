@@ -1,7 +1,8 @@
 """KServe v2 requests of several rows, driven by the stock clients (tritonclient grpc,
 http and grpc.aio): 1 to ``max_batch_size`` rows (the profile's largest batch size), each
 row a controller request, the outputs' rows in order; over the limit INVALID_ARGUMENT /
-400; streaming; every row counted (statistics, the connection's bound); the SLO cut to a
+400; streaming; a request counted once and its rows as inferences (statistics and
+/metrics, as Triton), every row in the connection's bound; the SLO cut to a
 gRPC call's deadline; and every malformed request refused over REST and gRPC with a 4xx /
 INVALID_ARGUMENT (never a 5xx), the next good request served."""
 
@@ -92,10 +93,34 @@ def _hinput(x: np.ndarray, binary: bool = True):
     return t
 
 
-def _successes(client, model: str = "m") -> int:
+def _counts(client, cluster, model: str = "m") -> np.ndarray:
+    """Triton's figures of ``model``: [successful requests, failed requests, inferences
+    (rows of successful requests), successful requests in queue and compute, in the
+    /metrics ``nv_inference_request_success`` and ``nv_inference_count``]."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     s = client.get_inference_statistics(model, as_json=True, client_timeout=TIMEOUT)
-    return int(s["model_stats"][0].get("inference_stats", {}).get("success", {})
-               .get("count", 0))
+    m = s["model_stats"][0]
+    st = m.get("inference_stats", {})
+
+    def count(k: str) -> int:
+        return int(st.get(k, {}).get("count", 0))
+
+    url = f"http://{_http(cluster)}/metrics"
+    with urllib.request.urlopen(url, timeout=TIMEOUT) as r:
+        text = r.read().decode()
+    prom = {s.name: s.value for f in text_string_to_metric_families(text)
+            for s in f.samples if s.labels.get("model") == model
+            and s.name in ("nv_inference_request_success", "nv_inference_count")}
+    return np.array([count("success"), count("fail"), int(m.get("inference_count", 0)),
+                     count("queue"), count("compute_infer"),
+                     prom["nv_inference_request_success"], prom["nv_inference_count"]])
+
+
+def _successful(requests: int, rows: int) -> list[int]:
+    """What ``_counts`` grows by for ``requests`` successful requests of ``rows`` rows
+    in all."""
+    return [requests, 0, rows, requests, requests, requests, rows]
 
 
 # ---------------------------------------------------------------------- configuration
@@ -121,13 +146,14 @@ def test_config_says_what_inference_accepts(client, cluster):
 
 
 @pytest.mark.parametrize("n", [1, 2, MAX, None])
-def test_batch_grpc(client, n):
-    before = _successes(client)
+def test_batch_grpc(client, cluster, n):
+    before = _counts(client, cluster)
     r = client.infer("m", [_ginput(_rows(n))], parameters=SLO, client_timeout=TIMEOUT)
     out = r.as_numpy("y")
     assert out.shape == ((n, OUT) if n is not None else (OUT,)) and out.dtype == np.float32
     assert r.get_response().model_version == "1"
-    assert _successes(client) - before == (n or 1)  # every row a request, each a success
+    # one request, its rows the inferences (as Triton counts a batched request)
+    assert list(_counts(client, cluster) - before) == _successful(1, n or 1)
 
 
 @pytest.mark.parametrize("n", [1, 2, MAX, None])
@@ -135,12 +161,12 @@ def test_batch_grpc(client, n):
 def test_batch_http(cluster, client, n, binary):
     h = thttp.InferenceServerClient(_http(cluster), network_timeout=TIMEOUT)
     try:
-        before = _successes(client)
+        before = _counts(client, cluster)
         r = h.infer("m", [_hinput(_rows(n), binary)], parameters=SLO,
                     outputs=[thttp.InferRequestedOutput("y", binary_data=binary)])
         out = r.as_numpy("y")
         assert out.shape == ((n, OUT) if n is not None else (OUT,))
-        assert _successes(client) - before == (n or 1)
+        assert list(_counts(client, cluster) - before) == _successful(1, n or 1)
     finally:
         h.close()
 
@@ -161,9 +187,10 @@ def test_batch_aio(cluster, client):
         finally:
             await c.close()
 
-    before = _successes(client)
+    before = _counts(client, cluster)
     assert asyncio.run(main()) == [(str(n), (n, OUT)) for n in (*sizes, MAX)]
-    assert _successes(client) - before == sum(sizes) + MAX
+    assert list(_counts(client, cluster) - before) == _successful(len(sizes) + 1,
+                                                                   sum(sizes) + MAX)
 
 
 def test_over_max_batch_size(cluster, client):
@@ -193,10 +220,11 @@ def test_over_max_batch_size(cluster, client):
     assert "INVALID_ARGUMENT" in err.status() and message in err.message()
 
 
-def test_every_row_counts_in_the_connection_bound(cluster):
+def test_every_row_counts_in_the_connection_bound(cluster, client):
     """With ``connection_outstanding`` = MAX and one request (``glacial``, one EXEC of
     GLACIAL_S) outstanding on the channel, a request of MAX rows is shed at once
-    (UNAVAILABLE): its rows count one each; MAX - 1 rows still fit."""
+    (UNAVAILABLE): its rows count one each; MAX - 1 rows still fit. In Triton's figures
+    the shed request is one failure."""
     from clockwork.client import AsyncClient
 
     async def main():
@@ -220,10 +248,12 @@ def test_every_row_counts_in_the_connection_bound(cluster):
         finally:
             await c.close()
 
+    before = _counts(client, cluster)
     err, shape = asyncio.run(main())
     assert "UNAVAILABLE" in err.status(), err
     assert "connection_outstanding" in err.message()
     assert shape == (MAX - 1, OUT)
+    assert list(_counts(client, cluster) - before) == [1, 1, MAX - 1, 1, 1, 1, MAX - 1]
 
 
 def test_slo_cut_to_the_call_deadline(client):
@@ -242,10 +272,12 @@ def test_slo_cut_to_the_call_deadline(client):
 # ---------------------------------------------------------------------- streaming
 
 
-def test_stream_batches(cluster):
+def test_stream_batches(cluster, client):
     """ModelStreamInfer: one response per request with all its rows; a request over
     max_batch_size is answered INVALID_ARGUMENT and the stream goes on. One request at a
-    time (the connection bound is MAX rows)."""
+    time (the connection bound is MAX rows). Each request counts once in Triton's
+    figures, its rows as inferences."""
+    before = _counts(client, cluster)
     c = tgrpc.InferenceServerClient(cluster.address)
     got: queue.Queue = queue.Queue()
     c.start_stream(callback=lambda result, error: got.put((result, error)))
@@ -264,6 +296,8 @@ def test_stream_batches(cluster):
     finally:
         c.stop_stream()
         c.close()
+    rows = 1 + 3 + MAX + 1 + 2  # (the request over max_batch_size: one failure)
+    assert list(_counts(client, cluster) - before) == [5, 1, rows, 5, 5, 5, rows]
 
 
 def test_stream_batches_aio(cluster):
