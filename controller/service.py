@@ -1545,6 +1545,8 @@ class ControllerNode:
         if req.skip_outputs:
             r.want_outputs = False
         r.typed = typed
+        if typed and req.group is not None:  # a row of a KServe request of several
+            self.metrics.row(req.group, rid)
         self.pending[rid] = r
         return r
 
