@@ -315,7 +315,16 @@ class ControllerLoop:
         self.resetting.append(False)
         out: list[Action] = []
         for s in specs:
-            out.extend(self.policy.add_gpu(s, now))
+            try:
+                got = self.policy.add_gpu(s, now)
+            except NotImplementedError:
+                if self.gpus_of[w]:
+                    raise
+                for per_worker in (self.gpus_of, self.up, self.outstanding, self.suspect,
+                                   self.resetting):
+                    per_worker.pop()  # (a policy that cannot grow: no worker was added)
+                raise
+            out.extend(got)
             self.gpus_of[w].append(self.n_gpus)
             self.local.append(s.gpu)
             self.n_gpus += 1

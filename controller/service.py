@@ -650,14 +650,19 @@ class ControllerNode:
                                       f"{wait:.1f} s") from None
             specs = [GpuSpec(link.index, g.gpu, g.pages) for g in link.state.gpus]
             first = len(self.gpu_index)
-            try:
-                self.ctrl.add_worker(specs, now_ns())
-            except NotImplementedError as e:
-                await link.channel.close()
-                raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+            # the link first: the policy may place copies on the new GPUs at once (models
+            # waiting for one), and their LOADs are sent through it
             self.links.append(link)
             for i, s in enumerate(specs):
                 self.gpu_index[(link.index, s.gpu)] = first + i
+            try:
+                self.ctrl.add_worker(specs, now_ns())
+            except NotImplementedError as e:
+                self.links.pop()
+                for s in specs:
+                    del self.gpu_index[(link.index, s.gpu)]
+                await link.channel.close()
+                raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
             self._start_link_tasks(link)
             self.count("workers_added")
             print(f"controller: worker {address} joined with {len(specs)} GPU(s)",

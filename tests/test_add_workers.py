@@ -92,6 +92,68 @@ def test_live_controller_connects_a_worker_while_serving():
         assert "connection refused" in str(e.value), e.value  # and why
 
 
+def test_a_worker_added_while_a_model_waits_for_a_copy_joins():
+    """Requests for two models keep coming to a worker whose GPU has room for one, so one
+    of them waits for a copy; a second worker is added: the policy places that model on
+    it at once. The LOAD went out before the controller had the new worker's link (an
+    IndexError: the add failed, and every later add was refused "must name worker 1");
+    now the worker joins and both models are served."""
+    import threading
+
+    pytest.importorskip("grpc")
+    from clockwork.client import Client
+    from clockwork.errors import ClockworkError
+    from tests.conftest import local_cluster
+
+    room = max(R50.weights_pages, R18.weights_pages)
+    with local_cluster(workers=1, gpus=1, models="resnet50_v2,resnet18_v2",
+                       pages=room) as c, Client(c.address, timeout=10) as k:
+        stop = threading.Event()
+        waited = threading.Event()
+
+        def send(model: str) -> None:
+            with Client(c.address, timeout=10) as mine:
+                while not stop.is_set():
+                    try:
+                        mine.infer(model, slo_ms=2000)
+                    except ClockworkError:
+                        pass
+                    if not k.model_status(model).loaded_on:
+                        waited.set()
+
+        senders = [threading.Thread(target=send, args=(m,), daemon=True)
+                   for m in ("resnet50_v2", "resnet18_v2") for _ in range(3)]
+        for t in senders:
+            t.start()
+        try:
+            assert waited.wait(20), "no model ever waited for a copy"
+            assert c.add_worker() == {"worker": 1, "gpus": [1], "added": True}
+        finally:
+            stop.set()
+            for t in senders:
+                t.join(30)
+        for m in ("resnet50_v2", "resnet18_v2"):
+            k.infer(m, slo_ms=2000)  # raises unless served
+        assert k.stats().get("workers_added") == 1
+
+
+def test_a_policy_that_cannot_grow_leaves_the_loop_as_it_was():
+    """A policy that cannot add GPUs refuses a new worker; the loop has no trace of it
+    (it kept a worker with no GPU, and the next add had to name worker 2)."""
+    from controller.scheduler import ClockworkScheduler
+
+    class Fixed(ClockworkScheduler):
+        def add_gpu(self, spec, now):
+            raise NotImplementedError("fixed")
+
+    specs = [GpuSpec(0, 0, 100)]
+    loop = ControllerLoop(Fixed([R50], specs), Recorder(), specs)
+    with pytest.raises(NotImplementedError):
+        loop.add_worker([GpuSpec(1, 0, 100)], 0)
+    assert (loop.gpus_of, loop.up, loop.outstanding, loop.suspect, loop.resetting) == (
+        [[0]], [True], [{}], [False], [False])
+
+
 def test_a_worker_with_more_gpus_than_a_worker_may_have_is_refused():
     """A worker's GPU count comes from the worker: the controller takes 1 to
     MAX_GPUS_PER_WORKER (as ``clockwork worker --gpus`` does), at start and when one is
