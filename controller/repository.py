@@ -192,8 +192,10 @@ def _from_config(text, name: str) -> dict:
     except ValueError as e:  # (also nested too deeply: json_loads says so)
         raise KServeError(INVALID, f"parameter 'config' is not JSON: {e}") from None
     if not isinstance(cfg, dict):
-        raise KServeError(INVALID, "parameter 'config' must be a JSON object (a model "
-                          "configuration)")
+        given = (f"a {type(text).__name__}" if not isinstance(text, str)
+                 else f"JSON {type(cfg).__name__}")
+        raise KServeError(INVALID, "parameter 'config' must be a string holding a JSON object "
+                          f"(a model configuration, as Triton takes it), got {given}")
     for k in cfg:
         if k not in CONFIG_FIELDS:
             raise KServeError(INVALID, f"model configuration field {k!r} is not supported "

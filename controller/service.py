@@ -1696,8 +1696,11 @@ class ControllerNode:
                     f"leading zero; copy 0 is NAME itself), so this copy is {right!r}"))
             raise RepositoryError(bad, f"bad model name {name!r}: {BASE_NAME_RULE}, "
                                   "optionally ':K' (a copy's name, K from 1, no leading zero)")
+        have = self.loaded.get(name)
+        # (a model loaded with more copies at start may be loaded again as it is: a reload)
+        most = have.copies if have is not None and copies == have.copies else MAX_COPIES
         if isinstance(copies, bool) or not isinstance(copies, int) \
-                or not 1 <= copies <= MAX_COPIES:
+                or not 1 <= copies <= max(most, MAX_COPIES):
             raise RepositoryError(bad, f"copies must be an integer from 1 to {MAX_COPIES}, "
                                   f"got {copies!r}")
         base = _group_name(name)
@@ -1716,7 +1719,6 @@ class ControllerNode:
             raise RepositoryError(bad, f"profile {profile!r} needs {prof.weights_pages} pages "
                                   f"of weights cache; the largest GPU here has {biggest}")
         names = [name] + [f"{name}:{k}" for k in range(1, copies)]
-        have = self.loaded.get(name)
         if have is not None:
             if (have.profile, have.copies, have.package) != (profile, copies, package):
                 was = f"profile {have.profile!r}, copies {have.copies}" + (

@@ -393,6 +393,12 @@ def test_repository_parameters_are_checked_and_passed_on():
         with pytest.raises(KServeError) as e:
             load(bad)
         assert e.value.kind == INVALID, bad
+    # a configuration is a string holding JSON, as Triton takes it: the message says so
+    for given, said in (({"instance_group": []}, "got a dict"), ("[]", "got JSON list")):
+        with pytest.raises(KServeError) as e:
+            load({"config": given})
+        assert "must be a string holding a JSON object" in e.value.message, e.value.message
+        assert said in e.value.message, e.value.message
     asyncio.run(repository.unload(_FakeNode(), "m", {"unload_dependents": True}))
     with pytest.raises(KServeError) as e:
         asyncio.run(repository.unload(_FakeNode(), "m", {"copies": 1}))
@@ -1037,6 +1043,44 @@ def test_a_configuration_read_back_loads_a_model_of_several_copies_as_it_is(clus
         finally:
             g.close()
             h.close()
+
+
+def test_a_model_started_with_more_copies_than_one_load_makes_is_loaded_again_as_it_is():
+    """A model of 1,100 copies from the start (a load makes at most 1,024): Triton's
+    reload (a load with no parameters, or with the configuration read back) changes
+    nothing, and after one copy is unloaded it brings that copy back. Each was refused
+    "copies must be an integer from 1 to 1024, got 1100"; a load of other copies is
+    still refused."""
+    import json
+
+    tgrpc = pytest.importorskip("tritonclient.grpc")
+    from tritonclient.utils import InferenceServerException
+
+    from tests.conftest import local_cluster
+
+    n = 1100
+    with local_cluster(workers=1, gpus=1, models=f"resnet50_v2:{n}", kserve_port=0) as c:
+        g = tgrpc.InferenceServerClient(c.address)
+        try:
+            def ready() -> int:
+                return sum(m.state == "READY" for m in g.get_model_repository_index().models)
+
+            assert ready() == n
+            g.load_model("resnet50_v2")
+            g.load_model("resnet50_v2", config=json.dumps(
+                g.get_model_config("resnet50_v2", as_json=True)["config"]))
+            assert ready() == n
+            g.unload_model("resnet50_v2:7")
+            _poll(lambda: not g.is_model_ready("resnet50_v2:7"))
+            g.load_model("resnet50_v2")
+            assert g.is_model_ready("resnet50_v2:7") and ready() == n
+            with pytest.raises(InferenceServerException, match="loaded already"):
+                g.load_model("resnet50_v2", config=json.dumps(
+                    {"instance_group": [{"count": 3}]}))
+            with pytest.raises(InferenceServerException, match="from 1 to 1024"):
+                g.load_model("other", config=json.dumps({"instance_group": [{"count": n}]}))
+        finally:
+            g.close()
 
 
 def test_a_model_being_unloaded_has_no_metadata_configuration_or_statistics():
