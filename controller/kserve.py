@@ -393,13 +393,12 @@ class KServeGrpcServicer(kpbg.GRPCInferenceServiceServicer):
 
     @_guarded
     async def ModelReady(self, request, context):  # noqa: N802
-        if self.fe.node.model_state(request.name) is None:  # a name the repository knows
-            await self._abort(context, KServeError(NOT_FOUND,
-                                                   self.fe.node.unknown_model(request.name)))
+        # (an unknown model or version is not ready, not an error: Triton's answer, which
+        # health checks that probe a name before it is loaded rely on)
         try:
             self.fe.check_version(request.name, request.version)
-        except KServeError as e:
-            await self._abort(context, e)
+        except KServeError:
+            return kpb.ModelReadyResponse(ready=False)
         return kpb.ModelReadyResponse(ready=self.fe.model_ready(request.name))
 
     async def ServerMetadata(self, request, context):  # noqa: N802
