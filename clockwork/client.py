@@ -952,9 +952,12 @@ class InferStream:
         self._sent.clear()
 
     def submit(self, model: str, inputs=None, slo_ms: float | None = None,
-               skip_outputs: bool = False) -> asyncio.Future:
+               skip_outputs: bool = False, since_ns: int | None = None) -> asyncio.Future:
         """``skip_outputs``: the answer carries status and timing but no output tensors
-        (load generators; saves copying outputs through the controller)."""
+        (load generators; saves copying outputs through the controller). ``since_ns``:
+        the ``time.monotonic_ns()`` instant the request counts from (default: now; a load
+        generator's arrival time for a request it sends late): its wait since then counts
+        against its SLO, here and at the controller, as a wait in the stream does."""
         if self._closed:
             raise RuntimeError("stream is closed")
         cid = next(self._ids)
@@ -968,6 +971,8 @@ class InferStream:
         self._waiting[cid] = fut
         slo = req.slo_ms
         t = time.monotonic_ns()
+        if since_ns is not None and since_ns < t:
+            t = since_ns
         if not 0 < slo < 1e9:  # the default SLO (or a nonsense one: the controller refuses it)
             self._sent[cid] = (t, 0.0)  # (its wait here still counts: queued_ns)
         else:

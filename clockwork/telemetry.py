@@ -1060,6 +1060,11 @@ def format_summary(s: dict) -> str:
     if not isinstance(lat, dict):
         raise TypeError(f"'latency_ms' is {lat!r}, not an object of percentiles")
     acts = s.get("actions", {})
+    if acts is None:  # (a live run whose controller went away: its counts are unknown)
+        acts_text = "n/a (the controller did not say)"
+    else:
+        acts_text = (f"{acts.get('infer', 0):,} / {acts.get('load', 0):,} / "
+                     f"{acts.get('evict', 0):,} / {acts.get('rejected', 0):,}")
     # no requests, no answers: a percentage or a latency of nothing is not 0
     attainment = f"{100 * s['slo_attainment']:.4f} %" if s["submitted"] else "n/a (no requests)"
     keys = ("p50", "p99", "p999", "max")
@@ -1082,11 +1087,16 @@ def format_summary(s: dict) -> str:
         ("throughput", f"{s['throughput_rps']:,.1f} r/s"),
         ("latency p50 / p99 / p99.9 / max", latency),
         ("cold-start requests", f"{s.get('cold_starts', 0):,}"),
-        ("actions infer / load / evict / rejected",
-         f"{acts.get('infer', 0):,} / {acts.get('load', 0):,} / {acts.get('evict', 0):,} / "
-         f"{acts.get('rejected', 0):,}"),
+        ("actions infer / load / evict / rejected", acts_text),
         ("duration", f"{s['duration_s']:.1f} s"),
     ]
+    stopped = s.get("stopped")
+    if isinstance(stopped, dict):  # (a live run cut short)
+        rows.append(("stopped early", f"at {stopped.get('at_s')} s: {stopped.get('reason')}"))
+    lag = s.get("send_lag_ms")
+    if isinstance(lag, dict) and lag.get("max"):
+        rows.append(("sent late p50 / p99 / max",
+                     f"{lag.get('p50')} / {lag.get('p99')} / {lag.get('max')} ms"))
     told = [f for f in s.get("failures") or [] if isinstance(f, dict)
             and isinstance(f.get("count"), int) and isinstance(f.get("message"), str)]
     at = [k for k, _ in rows].index("  failed") + 1

@@ -62,6 +62,9 @@ BAD = [
     (["serve", "no_such_scenario"], "no_such_scenario"),
     (["replay", SC, "--controller", "nohostport"], "nohostport"),
     (["replay", SC, "--max-outstanding", "0"], "0"),
+    # a scenario's [faults] cannot be played by a replay against a running controller
+    # (it played none, and said nothing)
+    (["replay", "faults", "--controller", "127.0.0.1:1"], "[faults] (kill, hang)"),
     (["infer", "m", "--slo-ms", "inf"], "inf"),
     (["infer", "m", "-n", "-1"], "-1"),
     (["trace", "synth", "--out", "t", "--seed", str(2**63)], "2^63 - 1"),

@@ -89,19 +89,25 @@ def test_serve_refuses_controller_settings_before_starting_anything(argv, fragme
 def test_serve_replay_serves_rest_and_kserve_only_when_asked(tmp_path):
     """With --replay the REST and KServe gRPC listeners are off by default (the replay's
     clients use the controller port); --http-port/--kserve-port given turn them on, e.g.
-    to watch /metrics during the replay, and the first line says where."""
+    to watch /metrics during the replay, and the first line says where. --out keeps
+    what the controller and the worker said; a second run into the same folder replaces
+    the first's logs (they were appended to: a folder held several runs' logs beside one
+    summary) and says so, and a setting a live cluster does not apply is named."""
     base = ["serve", "poisson_warm", "--replay", "--set", "duration_s=1", "--quiet"]
-    lines = {}
+    lines, err = {}, {}
     for name, extra in (("default", ["--out", "run"]),
+                        ("again", ["--out", "run", "--set", "cluster.jitter_ms=5"]),
                         ("asked", ["--http-port", "0", "--kserve-port", "0"])):
         p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", *base, *extra],
                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert p.returncode == 0, p.stdout + p.stderr
-        lines[name] = p.stderr.splitlines()[0]
-    # (and --out keeps what the controller and the worker said)
+        lines[name], err[name] = p.stderr.splitlines()[0], p.stderr
     logs = tmp_path / "run" / "logs"
-    assert "clockwork controller listening on" in (logs / "controller.log").read_text()
+    assert (logs / "controller.log").read_text().count("clockwork controller listening on") == 1
     assert "clockwork worker listening on" in (logs / "worker0.log").read_text()
+    assert "replacing the earlier run in run" in err["again"], err["again"]
+    assert "not applied by a live cluster: cluster.jitter_ms" in err["again"], err["again"]
+    assert "replacing" not in err["default"] and "not applied" not in err["default"]
     assert "REST at" not in lines["default"] and "KServe" not in lines["default"]
     assert ", REST at 127.0.0.1:" in lines["asked"], lines["asked"]
     assert ", KServe gRPC at 127.0.0.1:" in lines["asked"], lines["asked"]
@@ -157,3 +163,20 @@ def test_a_child_that_talks_on_is_remembered_in_bounded_memory(tmp_path):
     assert len(c.output) <= 2 * serve.OUTPUT_KEPT and c.output[-1] == "line 4999\n"
     assert c.lines.qsize() <= serve.OUTPUT_KEPT
     assert (tmp_path / "w.log").read_text().count("\n") == 5002  # the log has them all
+
+
+def test_a_scenarios_worker_settings_hold_for_workers_past_its_count():
+    """A Ray cluster may have more nodes than the scenario's ``workers``: each of their
+    workers gets the scenario's emulated noise and stragglers and a seed of its own (they
+    got none: only the first ``workers`` ran the scenario's settings)."""
+    from clockwork.cluster.serve import LocalCluster, cluster_from_scenario
+    from clockwork.scenario import load_scenario
+
+    sc = load_scenario("poisson_warm", ["cluster.workers=1", "cluster.noise=0.2",
+                                        "cluster.slow_prob=0.05", "seed=7"])
+    kw, _ = cluster_from_scenario(sc)
+    c = LocalCluster(**kw)
+    flags = [c.worker_flags(i) for i in range(4)]
+    for f in flags:
+        assert f[f.index("--noise") + 1] == "0.2" and "--slow-prob" in f, f
+    assert [f[f.index("--seed") + 1] for f in flags] == ["7000", "7001", "7002", "7003"]

@@ -668,6 +668,21 @@ def test_refuses_to_start_without_credentials_off_loopback(args, env, fragment):
     assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in p.stderr, p.stderr
 
 
+def test_serve_on_ray_with_tls_is_refused_naming_the_way_to_tls_everywhere(pki, tmp_path):
+    """``serve --ray --tls-cert``: the worker actors listen on their nodes' addresses
+    with no certificate, so TLS would cover the controller's ports only (the docs said
+    every port): refused before anything starts, naming the way to TLS everywhere."""
+    pytest.importorskip("ray")
+    token = tmp_path / "token"
+    token.write_text("t" * 32 + "\n")
+    p = _cli_run(["serve", "--ray", "--port", "0", "--http-port", "-1", "--kserve-port", "-1",
+                  "--token-file", str(token), "--tls-cert", pki.cert, "--tls-key", pki.key])
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--tls-cert with --ray" in lines[0], p.stderr
+    assert "--worker-tls-ca" in lines[0] and "listening" not in p.stdout + p.stderr
+
+
 def test_serve_off_loopback_needs_a_token(tmp_path):
     p = _cli_run(["serve", "--host", "0.0.0.0", "--port", "0", "--http-port", "-1",
                   "--kserve-port", "-1"], timeout=90)

@@ -3,7 +3,12 @@
 The workloads are the simulator's objects (``build_workload`` + ``bind``), driven on the
 real clock: open loops by their arrival times, closed loops by the answers. Requests go
 over one pipelined ``InferStream`` (several per message), at most ``max_outstanding`` in
-flight. Latency is measured here (send -> answer), so it includes the network both ways.
+flight. Latency is measured here, from each request's arrival time (as the simulator
+counts it) to its answer, so it includes the network both ways, and the wait of a
+request sent late -- the client fell behind, or ``max_outstanding`` held it back -- which
+also counts against its SLO at the controller; how late requests went out is the
+summary's ``send_lag_ms``. A controller that goes away ends the replay at once (no more
+requests; the summary says ``stopped`` and covers the run until then).
 Writes the same outputs as ``simulate``: summary.json, requests.tsv, actions.tsv (empty:
 actions are the controller's; their counts come from its Stats), run.json.
 """
@@ -42,6 +47,8 @@ def failure_kind(message: str) -> str:
     """A failure message with its figures as ``#``: the kind failures are counted by."""
     return _FIGURE.sub("#", message)
 STREAM_INTERVAL_US = 2000.0  # at most one request message per 2 ms (clockwork.protocol.pacing)
+LAG_WARN_MS = 10  # requests sent this much later than their arrival (p99): said on stderr
+LAG_UNIT_NS = 100_000  # send_lag_ms is counted in steps of 0.1 ms
 LONG_WAIT_S = 0.002  # longer waits also wake early for answers (closed loops resend)
 
 now_ns = time.monotonic_ns
@@ -77,6 +84,7 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     ``$CLOCKWORK_TOKEN``). ``stream_interval_us``: the request stream's pacing interval
     under load (``clockwork.protocol.pacing``; 0: none)."""
     from clockwork.client import AsyncClient
+    from clockwork.errors import ControllerUnavailable
     from clockwork.profiles import load_profile_set
     from clockwork.resources import scenario_folder
     from clockwork.workloads import build_workload
@@ -139,6 +147,8 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
             heapq.heappush(heap, (t, seq, m, slo, i))
         open_next[i] = w.next_arrival()
     state = {"sent": 0, "answered": 0, "dup": 0}
+    lost: list = []  # (when, why) the controller went away: nothing more is sent
+    lags: Counter[int] = Counter()  # how late requests went out, in LAG_UNIT_NS
     answered: set[int] = set()
     failures: Counter[str] = Counter()  # what the failed requests were told, by message
     done_evt = asyncio.Event()
@@ -156,6 +166,8 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         state["answered"] += 1
         exc = fut.exception() if not fut.cancelled() else RuntimeError("cancelled")
         if exc is not None:
+            if isinstance(exc, ControllerUnavailable) and not lost:
+                lost.append((now - t0, str(exc)))
             rep = Reply(req, RequestStatus.ERROR, now - t0, str(exc))
         else:
             resp = fut.result()
@@ -179,32 +191,44 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
             heapq.heappush(heap, (t, seq, m, slo, widx))
         done_evt.set()
 
-    def send(m: str, slo: int, widx: int, now: int) -> None:
+    def send(m: str, slo: int, widx: int, now: int, at: int) -> None:
+        """Request ``m`` due at ``at`` (from t0), sent ``now``: it counts from ``at``."""
         rid = state["sent"]
         state["sent"] += 1
-        req = Request(rid, m, now - t0, slo or default_slo, widx)
+        late = now - t0 - at
+        lags[late // LAG_UNIT_NS if late > 0 else 0] += 1
+        req = Request(rid, m, at, slo or default_slo, widx)
+        since = t0 + at
         if check is not None and m in specs:
-            fut = stream.submit(m, specs[m][1][rid % POOL], slo / 1e6 if slo else None)
+            fut = stream.submit(m, specs[m][1][rid % POOL], slo / 1e6 if slo else None,
+                                since_ns=since)
         else:
-            fut = stream.submit(m, None, slo / 1e6 if slo else None, skip_outputs=True)
+            fut = stream.submit(m, None, slo / 1e6 if slo else None, skip_outputs=True,
+                                since_ns=since)
         fut.add_done_callback(lambda f, r=req, i=widx: on_done(f, r, i))
 
     last = time.monotonic()
     while True:
         now = now_ns()
         rel = now - t0
+        if lost:  # the controller went away: what was sent fails fast, nothing more goes
+            if state["sent"] == state["answered"]:
+                break
+            done_evt.clear()
+            await wait_set(done_evt, 1.0)
+            continue
         # due arrivals: open loops' own schedule, then queued closed-loop ones
         for i, w in enumerate(workloads):
             nxt = open_next[i]
             while nxt is not None and nxt[0] <= rel:
                 if state["sent"] - state["answered"] >= max_outstanding:
                     break
-                send(nxt[1], nxt[2], i, now)
+                send(nxt[1], nxt[2], i, now, nxt[0])
                 nxt = w.next_arrival()
             open_next[i] = nxt
         while heap and heap[0][0] <= rel and state["sent"] - state["answered"] < max_outstanding:
-            _, _, m, slo, widx = heapq.heappop(heap)
-            send(m, slo, widx, now)
+            t, _, m, slo, widx = heapq.heappop(heap)
+            send(m, slo, widx, now, t)
         if progress and time.monotonic() - last >= 1.0:
             last = time.monotonic()
             out = state["sent"] - state["answered"]
@@ -240,21 +264,41 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     if progress:
         sys.stderr.write("\n")
     await stream.close()
-    stats1 = await client.stats()
+    stats1 = None
+    if not lost:
+        try:
+            stats1 = await client.stats()
+        except ControllerUnavailable as e:  # (it went away as the last answers came)
+            lost.append((now_ns() - t0, str(e)))
     await client.close()
-    d = {k: stats1.get(k, 0) - stats0.get(k, 0) for k in set(stats1) | set(stats0)}
+    d = {k: stats1.get(k, 0) - stats0.get(k, 0) for k in set(stats1) | set(stats0)} \
+        if stats1 is not None else {}
     extra = {
         "seed": sc.seed, "policy": sc.scheduler.get("policy", "clockwork"),
         "model_instances": len(instances), "mode": "live",
         "answered_once": state["answered"] == state["sent"] and not state["dup"],
     }
-    summary = tel.summary(sc.duration_s, extra)
+    # (a run the controller's loss cut short: its figures cover the time until then)
+    summary = tel.summary(min(sc.duration_s, lost[0][0] / NS_PER_S) if lost
+                          else sc.duration_s, extra)
     summary["actions"] = {
         "infer": d.get("infer_ok", 0) + d.get("infer_rejected", 0),
         "load": d.get("load_ok", 0) + d.get("load_rejected", 0),
         "evict": d.get("evict_ok", 0) + d.get("evict_rejected", 0),
         "rejected": sum(v for k, v in d.items() if k.endswith("_rejected")),
-    }
+    } if stats1 is not None else None  # (the controller's counts: unknown)
+    summary["send_lag_ms"] = _lag_figures(lags)
+    late = summary["send_lag_ms"]
+    if late["p99"] > LAG_WARN_MS:
+        print(f"clockwork replay: requests went out late: p99 {late['p99']:g} ms, max "
+              f"{late['max']:g} ms after their arrival times (the client could not keep "
+              "up, or max_outstanding held them back); their latencies and SLOs count "
+              "from the arrival times", file=sys.stderr, flush=True)
+    if lost:
+        at, why = lost[0]
+        summary["stopped"] = {"at_s": round(at / NS_PER_S, 3), "reason": why}
+        print(f"clockwork replay: the controller went away {at / NS_PER_S:.1f} s into the "
+              f"run ({why}); stopped there", file=sys.stderr, flush=True)
     # a worker that did not answer a probe in time: its actions failed, and when it
     # answered again it was reset, keeping the weights it had loaded (how many: kept)
     summary["failures"] = [{"message": m, "count": n} for m, n in failures.most_common(3)]
@@ -265,6 +309,24 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     if check is not None:
         summary["outputs"] = check.verify()
     return ReplayResult(summary, tel, sc, wall_s, bool(extra["answered_once"]))
+
+
+def _lag_figures(lags: Counter[int]) -> dict:
+    """p50, p99 and max of how late requests went out, in ms, from counts in steps of
+    ``LAG_UNIT_NS`` (a figure is the upper end of its step; 0: none was late)."""
+    n = sum(lags.values())
+    out: dict = {"p50": 0, "p99": 0, "max": 0}
+    seen = 0
+    wanted = [("p50", 0.5), ("p99", 0.99)]
+    step = LAG_UNIT_NS / 1e6
+    for k in sorted(lags):
+        seen += lags[k]
+        while wanted and seen >= wanted[0][1] * n:
+            out[wanted.pop(0)[0]] = round((k + 1) * step, 1) if k else 0
+    if lags:
+        k = max(lags)
+        out["max"] = round((k + 1) * step, 1) if k else 0
+    return out
 
 
 def exit_code(e: Exception) -> int:
@@ -286,6 +348,20 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return 2
     from clockwork.errors import ClockworkError
 
+    # what a replay against a running controller cannot do: refused or said, not ignored
+    events = [k for k in ("kill", "hang", "slow_network", "controller_restart")
+              if sc.faults.get(k)]
+    if events:
+        print(f"clockwork replay: the scenario has [faults] ({', '.join(events)}), which a "
+              "replay against a running controller cannot play (it starts no processes): "
+              "clockwork serve SCENARIO --replay plays them on a cluster of its own; or "
+              + " ".join(f"--set faults.{k}=[]" for k in events), file=sys.stderr)
+        return 2
+    settled = sorted({k.split("=", 1)[0].strip() for k in args.set or ()
+                      if k.split("=", 1)[0].strip().split(".")[0] in ("cluster", "scheduler")})
+    if settled:
+        print(f"clockwork replay: {', '.join(settled)} not applied: the controller's own "
+              "cluster and scheduler serve the replay", file=sys.stderr)
     progress = not args.quiet and sys.stderr.isatty()
     try:
         from clockwork.protocol.security import client_token
@@ -300,4 +376,4 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return exit_code(e)
     emit_run(res, sc, f"live replay against {args.controller} in {res.wall_s:.1f} s wall; "
              f"every request answered exactly once: {res.answered_once}", args.out, args.json)
-    return 0 if res.answered_once else 1
+    return 0 if res.answered_once and "stopped" not in res.summary else 1

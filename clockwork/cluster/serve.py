@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import queue
@@ -26,7 +27,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from clockwork.protocol.parent import parent_env
@@ -204,13 +205,17 @@ class LocalCluster:
                  kserve_port: int = -1, scheduler: Mapping[str, object] | None = None,
                  run_dir: str | None = None, *, cluster_secret: str | None = None,
                  token: str | None = None, worker_host: str | None = None,
-                 log_dir: str | Path | None = None) -> None:
+                 log_dir: str | Path | None = None,
+                 worker_flags_of: Callable[[int], list[str]] | None = None) -> None:
         self.n_workers, self.gpus, self.profiles, self.models = workers, gpus, profiles, models
         self.pages, self.host, self.port, self.worker_port = pages, host, port, worker_port
         self.echo = echo
         self.controller_args = controller_args or []
         self.timeout = timeout
         self.worker_args = worker_args or []
+        # the flags of a worker past ``worker_args`` (a Ray cluster's nodes past a
+        # scenario's ``workers``): a scenario's settings hold for every worker
+        self.worker_flags_of = worker_flags_of
         self.http_port = http_port  # KServe v2 REST; 0 picks a free port, -1 turns it off
         self.kserve_port = kserve_port  # KServe v2 gRPC of its own (also on the main port)
         self.device, self.packages = device, packages  # cpu/cuda workers run model packages
@@ -273,6 +278,8 @@ class LocalCluster:
                 argv += ["--packages", str(self.packages)]
         if i < len(self.worker_args):
             argv += self.worker_args[i]
+        elif self.worker_flags_of is not None:
+            argv += self.worker_flags_of(i)
         return argv
 
     def _start_workers(self) -> list[str]:
@@ -406,6 +413,40 @@ def _profiles_of(sc) -> str:
     return os.path.abspath(found)
 
 
+RUN_FILES = ("summary.json", "run.json", "requests.tsv", "requests.npz", "actions.tsv",
+             "actions.npz")
+
+
+def clear_run_folder(out: Path, who: str) -> None:
+    """An earlier run's files in ``out`` (its summary, logs and the processes' logs in
+    ``out/logs``) removed before a live run writes its own logs there: a folder holds one
+    run, and a run that fails or is interrupted leaves no earlier summary beside its
+    logs. Says so on stderr when there were any."""
+    logs = out / "logs"
+    old = [out / n for n in RUN_FILES if (out / n).is_file()]
+    if logs.is_dir():
+        old += [p for p in logs.glob("*.log") if p.is_file()]
+    for p in old:
+        p.unlink()
+    if old:
+        print(f"{who}: replacing the earlier run in {out}", file=sys.stderr)
+
+
+def _scenario_worker_flags(seed: int, c: Mapping, i: int) -> list[str]:
+    """Worker ``i``'s flags from a scenario's seed and ``[cluster]`` table: a seed of its
+    own, the emulated timing noise and stragglers (every worker's), its clock offset."""
+    w = ["--seed", str(seed * 1000 + i)]
+    if float(c.get("noise", 0.0)):
+        w += ["--noise", str(float(c["noise"]))]
+    if float(c.get("slow_prob", 0.0)):
+        w += ["--slow-prob", str(float(c["slow_prob"])),
+              "--slow-factor", str(float(c.get("slow_factor", 3.0)))]
+    offsets = c.get("clock_offsets_ms") or []
+    if i < len(offsets) and float(offsets[i]):
+        w += ["--clock-offset-ms", str(float(offsets[i]))]
+    return w
+
+
 def cluster_from_scenario(sc) -> tuple[dict, list[str]]:
     """What a scenario's ``[cluster]``, ``[[models]]`` and ``[scheduler]`` mean for a live
     ``LocalCluster``: (its keyword arguments, the settings a live cluster does not apply).
@@ -414,24 +455,15 @@ def cluster_from_scenario(sc) -> tuple[dict, list[str]]:
     jitter is not emulated live."""
     c = sc.cluster
     workers = int(c["workers"])
-    wargs = []
-    for i in range(workers):
-        w = ["--seed", str(sc.seed * 1000 + i)]
-        if float(c.get("noise", 0.0)):
-            w += ["--noise", str(float(c["noise"]))]
-        if float(c.get("slow_prob", 0.0)):
-            w += ["--slow-prob", str(float(c["slow_prob"])),
-                  "--slow-factor", str(float(c.get("slow_factor", 3.0)))]
-        offsets = c.get("clock_offsets_ms") or []
-        if i < len(offsets) and float(offsets[i]):
-            w += ["--clock-offset-ms", str(float(offsets[i]))]
-        wargs.append(w)
+    flags_of = functools.partial(_scenario_worker_flags, sc.seed, dict(c))
+    wargs = [flags_of(i) for i in range(workers)]
     device = str(c.get("device", "emulated"))
     kw = {"workers": workers, "gpus": int(c["gpus_per_worker"]), "profiles": _profiles_of(sc),
           "models": models_arg(sc.models), "pages": c.get("weights_cache_pages"),
           "scheduler": dict(sc.scheduler), "controller_args": [], "worker_args": wargs,
           "device": device,
-          "packages": str(c["packages"]) if c.get("packages") else None}
+          "packages": str(c["packages"]) if c.get("packages") else None,
+          "worker_flags_of": flags_of}
     ignored = [f"cluster.{k}" for k in ("jitter_ms", "clock_error_ms") if float(c.get(k, 0.0))]
     return kw, ignored
 
@@ -547,6 +579,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     device_from = "--device"  # where the device was named (for messages)
     packages = getattr(args, "packages", None)
     worker_args: list[list[str]] = []
+    worker_flags_of = None
     sc = None
     extra: list[str] = []
     scheduler = None
@@ -569,7 +602,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except ScenarioError as e:
             print(f"clockwork serve: {e}", file=sys.stderr)
             return 2
-        kw, _ = cluster_from_scenario(sc)
+        kw, ignored = cluster_from_scenario(sc)
+        if ignored:
+            print(f"clockwork serve: not applied by a live cluster: {', '.join(ignored)}",
+                  file=sys.stderr)
         why = scheduler_error(kw["scheduler"])
         if why:
             print(f"clockwork serve: {why}", file=sys.stderr)
@@ -582,6 +618,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         extra += kw["controller_args"]
         scheduler = kw["scheduler"]
         worker_args = kw["worker_args"]
+        worker_flags_of = kw["worker_flags_of"]
     elif getattr(args, "replay", False):
         print("clockwork serve: --replay needs a scenario file", file=sys.stderr)
         return 2
@@ -618,6 +655,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
             extra += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     if getattr(args, "insecure_no_auth", False):
         extra += ["--insecure-no-auth"]
+    if ray_address is not None and getattr(args, "tls_cert", None):
+        # (each worker actor listens on its node's address, authenticated by the cluster
+        # secret; it has no certificate for that address, so TLS would not cover it)
+        print("clockwork serve: --tls-cert with --ray: the worker actors listen on their "
+              "nodes' addresses without TLS (the cluster secret authenticates them, nothing "
+              "encrypts their traffic); for TLS everywhere, run clockwork worker --tls-cert "
+              "on each node and clockwork controller --worker-tls-ca (SECURITY.md)",
+              file=sys.stderr)
+        return 2
     if getattr(args, "replay", False) and getattr(args, "tls_cert", None):
         print("clockwork serve: --replay drives its own cluster over loopback; --tls-cert and "
               "--tls-key are for a cluster that serves clients", file=sys.stderr)
@@ -647,13 +693,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"clockwork serve: {e}", file=sys.stderr)
             return 2
     replaying = getattr(args, "replay", False)
+    if replaying and args.out:
+        try:
+            clear_run_folder(Path(args.out), "clockwork serve")
+        except OSError as e:
+            print(f"clockwork serve: --out {args.out}: {e}", file=sys.stderr)
+            return 2
     port = args.port if args.port is not None else (0 if replaying else 12346)
     kw = {"echo": not replaying, "controller_args": extra,
           # (a replay's clients use the controller port: the other listeners are off
           # unless asked for, e.g. to watch /metrics during the replay)
           "http_port": _listener(args.http_port, 8000, replaying), "device": device,
           "kserve_port": _listener(args.kserve_port, 8001, replaying),
-          "worker_args": worker_args,
+          "worker_args": worker_args, "worker_flags_of": worker_flags_of,
           "packages": packages, "scheduler": scheduler, "token": getattr(args, "token", None),
           "worker_host": "127.0.0.1",
           # a replay's report folder keeps what the controller and workers said
@@ -810,4 +862,4 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
         faults.stop()
     emit_run(res, sc, f"live cluster, {res.wall_s:.1f} s wall; every request answered exactly "
              f"once: {res.answered_once}", args.out)
-    return 0 if res.answered_once else 1
+    return 0 if res.answered_once and "stopped" not in res.summary else 1
