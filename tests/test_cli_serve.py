@@ -180,3 +180,30 @@ def test_a_scenarios_worker_settings_hold_for_workers_past_its_count():
     for f in flags:
         assert f[f.index("--noise") + 1] == "0.2" and "--slow-prob" in f, f
     assert [f[f.index("--seed") + 1] for f in flags] == ["7000", "7001", "7002", "7003"]
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_cluster_starts_stops_serve_at_once(monkeypatch, capsys, sig):
+    """Ctrl-C or SIGTERM while the cluster starts (Ray actors waiting for GPUs, cuda
+    kernels building: minutes) stops serve at once, exit 130; it was only noted, and
+    serve waited for the start to end or time out (60 s on Ray, an hour for cuda)."""
+    import os
+    import signal
+    import time
+
+    from clockwork.cluster import serve
+    from clockwork.cluster.cli import main
+
+    stopped = []
+
+    def slow_start(self):
+        os.kill(os.getpid(), getattr(signal, sig))
+        time.sleep(30)  # (the handler's exception ends it)
+        raise AssertionError("the start went on after the signal")
+
+    monkeypatch.setattr(serve.LocalCluster, "start", slow_start)
+    monkeypatch.setattr(serve.LocalCluster, "stop", lambda self: stopped.append(True))
+    t0 = time.monotonic()
+    rc = main(["serve", "--port", "0", "--http-port", "-1", "--kserve-port", "-1"])
+    assert rc == 130 and time.monotonic() - t0 < 10 and stopped == [True]
+    assert "interrupted while the cluster started" in capsys.readouterr().err

@@ -1048,3 +1048,16 @@ def test_an_add_past_its_deadline_settles_on_its_place_with_a_real_controller(ra
         finally:
             c.stop()
             ray_nodes.remove_node(node)
+
+
+def test_a_ray_cluster_does_not_add_a_worker_outside_ray():
+    """``RayCluster.add_worker`` (``LocalCluster``'s) started a worker process of this
+    machine, outside Ray, that ``stop`` never stopped, and shifted the places of the
+    nodes that joined after it: refused, naming how a Ray cluster gets workers."""
+    pytest.importorskip("ray", reason="needs the ray extra: pip install 'clockwork-py[ray]'")
+    from clockwork.cluster.ray_cluster import RayCluster
+
+    c = RayCluster(models="resnet18_v2")
+    with pytest.raises(RuntimeError, match="add_new_nodes"):
+        c.add_worker()
+    assert c.workers == [] and c.worker_addresses == []

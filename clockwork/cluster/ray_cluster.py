@@ -863,6 +863,13 @@ class RayCluster(LocalCluster):
     def restart_worker(self, i: int) -> None:
         raise RuntimeError("Ray restarts a worker actor by itself")
 
+    def add_worker(self) -> dict:
+        """Not here: a worker process of this machine, outside Ray, that ``stop`` would
+        not stop. A Ray cluster's workers come from its nodes: a node that joins with the
+        GPU resource gets one (the node watcher, or ``add_new_nodes``)."""
+        raise RuntimeError("a Ray cluster adds a worker for each node that joins with its "
+                           "GPUs (add_new_nodes(), or the node watcher); start a Ray node")
+
     def stop(self) -> None:
         """The node watcher first (no node is placed or added from then on), then the
         controller, then the workers (``LocalCluster.stop``): a node joining while the

@@ -259,11 +259,12 @@ class LocalCluster:
         """Start a new controller on the same port (after the old one died or was
         stopped), with ``extra`` controller flags besides the first one's; it takes the
         workers over (its Hello resets them, keeping the weights they hold unless
-        ``--fresh-caches``). Returns once it listens."""
+        ``--fresh-caches``), those added while it served too. Returns once it listens."""
         if self.controller is not None and self.controller.proc.poll() is None:
             raise RuntimeError("the controller is still running")
         argv = list(self._controller_argv) + list(extra)
         argv[argv.index("--port") + 1] = self.address.rpartition(":")[2]
+        argv[argv.index("--workers") + 1] = ",".join(self.worker_addresses)
         self.controller = self._child("controller", argv)
         self.address = self.controller.wait_address(self.timeout)
 
@@ -729,14 +730,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
                               pages=pages, host=args.host, port=port,
                               worker_port=args.worker_port, timeout=60.0, **kw)
     stop = threading.Event()
+    starting = [True]
 
     def on_signal(signum, frame):
         stop.set()
+        if starting[0]:  # (a start may wait minutes: for Ray's actors, cuda kernel builds)
+            starting[0] = False
+            raise _StartInterrupted
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         try:
-            cluster.start()
+            try:
+                cluster.start()
+            finally:
+                starting[0] = False
+        except _StartInterrupted:
+            print("clockwork serve: interrupted while the cluster started", file=sys.stderr)
+            return 130
         except ChildRefused as e:
             if not e.echoed:  # (echoed: the child's own line, named, is on stderr)
                 print(f"clockwork serve: {e}", file=sys.stderr)
@@ -770,6 +781,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         for s, h in old.items():
             signal.signal(s, h)
         print("clockwork serve: stopped", file=sys.stderr, flush=True)
+
+
+class _StartInterrupted(Exception):  # noqa: N818 - a signal, not an error
+    """Ctrl-C or SIGTERM while the cluster started: what started is stopped, exit 130."""
 
 
 def _restart_worker(cluster: LocalCluster, i: int, times: list[float]) -> int | None:
