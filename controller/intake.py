@@ -52,6 +52,8 @@ CLIENT_CLOCK_MAX_NS = 1 << 62
 # ... and the offset it implies (receipt - client_time_ns) is taken within this of the
 # stream's smallest so far, either way; a message is charged at most this much
 CLIENT_CLOCK_WINDOW_NS = 60 * 1_000_000_000
+# what requests and streams are told when the controller stops
+STOPPING_MESSAGE = "controller is shutting down"
 # this many messages in a row whose offsets lie past the window and within
 # CLIENT_CLOCK_STEP_NS of the first of them, arriving over CLIENT_CLOCK_STEP_SPAN_NS at
 # least: the client's clock stepped, and the stream's offset is theirs from then on (an
@@ -243,7 +245,7 @@ class _Stream:
     """One ``InferStream`` call's state."""
 
     __slots__ = ("open", "done", "dead", "buffered", "out", "wake", "why", "dues", "due",
-                 "send_at")
+                 "send_at", "stopping")
 
     def __init__(self) -> None:
         self.open = 0  # requests admitted, not yet answered
@@ -259,6 +261,7 @@ class _Stream:
         self.dues: dict[int, int] = {}
         self.due = 0
         self.send_at = 0
+        self.stopping = False  # the controller stops: read no more, send what is answered
 
 
 async def serve_stream(node, context) -> None:
@@ -391,6 +394,13 @@ async def serve_stream(node, context) -> None:
     rtask.add_done_callback(lambda _: st.wake.set())
     wtask = asyncio.create_task(writer())
     ktask = asyncio.create_task(killed.wait())
+
+    def stopping() -> None:  # (ControllerNode.stop, once every request is answered)
+        st.stopping = st.done = True
+        rtask.cancel()
+        st.wake.set()
+
+    node.stream_closers.add(stopping)
     try:
         await asyncio.wait([wtask, ktask], return_when=asyncio.FIRST_COMPLETED)
         if killed.is_set():
@@ -406,7 +416,10 @@ async def serve_stream(node, context) -> None:
             node.count("streams_failed")
             _FAILED_LOG(f"InferStream from {conn} failed: {e!r}", e)
             await context.abort(grpc.StatusCode.INTERNAL, f"stream failed: {e!r}")
+        if st.stopping:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, STOPPING_MESSAGE)
     finally:
+        node.stream_closers.discard(stopping)
         _close(st)
         for t in (rtask, wtask, ktask):
             t.cancel()

@@ -51,7 +51,7 @@ from clockwork.protocol import kserve_pb2_grpc as kpbg
 from clockwork.protocol.ratelog import LogLimiter
 from clockwork.sizes import status_details
 from clockwork.tensors import Tensor
-from controller.intake import overloaded, submit_guarded
+from controller.intake import STOPPING_MESSAGE, overloaded, submit_guarded
 from controller.kserve_status import (  # noqa: F401 - the kinds, re-exported
     DEADLINE,
     GRPC_CODE,
@@ -557,6 +557,7 @@ class _ModelStream:
         self.wake = asyncio.Event()
         self.killed = asyncio.Event()
         self.why = ""
+        self.stopping = False  # the controller stops: read no more, send what is answered
 
     # -- responses
 
@@ -707,6 +708,14 @@ class _ModelStream:
         rtask.add_done_callback(lambda _: self.wake.set())
         wtask = asyncio.create_task(self._writer(rtask))
         ktask = asyncio.create_task(self.killed.wait())
+
+        def stopping() -> None:  # (ControllerNode.stop, once every request is answered)
+            self.stopping = self.done = True
+            self.waiting = []  # (read, not admitted: not run)
+            rtask.cancel()
+            self.wake.set()
+
+        self.node.stream_closers.add(stopping)
         try:
             await asyncio.wait([wtask, ktask], return_when=asyncio.FIRST_COMPLETED)
             if self.killed.is_set():
@@ -719,7 +728,10 @@ class _ModelStream:
                     raise e
                 await self.context.abort(grpc.StatusCode.INTERNAL,
                                          _internal("ModelStreamInfer", e).message)
+            if self.stopping:
+                await self.context.abort(grpc.StatusCode.UNAVAILABLE, STOPPING_MESSAGE)
         finally:
+            self.node.stream_closers.discard(stopping)
             self._close()
             for t in (rtask, wtask, ktask):
                 t.cancel()

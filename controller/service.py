@@ -110,7 +110,13 @@ from clockwork.time import MAX_SLO_MS, ms
 from controller import make_policy, policy_class, split_settings
 from controller.config import SchedulerConfig
 from controller.inflight import failed_code
-from controller.intake import CLIENT_CLOCK_WINDOW_NS, Gate, serve_stream, submit_unary
+from controller.intake import (
+    CLIENT_CLOCK_WINDOW_NS,
+    STOPPING_MESSAGE,
+    Gate,
+    serve_stream,
+    submit_unary,
+)
 from controller.limits import Limits, limits_from_flags
 from controller.loop import ControllerLoop, Liveness
 from controller.metrics import ControllerMetrics
@@ -124,7 +130,7 @@ _SENT_KEY = {t: f"{t.name.lower()}_sent" for t in ActionType}
 _RESULT_KEY = {t: (f"{t.name.lower()}_rejected", f"{t.name.lower()}_ok") for t in ActionType}
 _STATUS_NAME = {s: s.name.lower() for s in RequestStatus}
 _STATUS_KEY = {s: f"requests_{s.name.lower()}" for s in RequestStatus}
-SHUTDOWN_MESSAGE = "controller is shutting down"
+SHUTDOWN_MESSAGE = STOPPING_MESSAGE
 LOG_FLUSH_S = 1.0  # --log-flush-s: a crash loses at most this much of the logs
 LOG_ROWS_PER_STEP = 256  # log rows formatted and written between turns of the event loop
 RECONNECT_S = 0.25  # between attempts to reach a lost worker again
@@ -441,6 +447,9 @@ class ControllerNode:
         self._log_error = LogLimiter("controller")
         self._tick_handle: asyncio.TimerHandle | None = None
         self._stopping = False
+        # the open streams' "the controller stops" callbacks (intake.serve_stream, the
+        # KServe stream): each stops reading, sends what is answered and ends its call
+        self.stream_closers: set = set()
         self._no_worker = False  # set by submit_many: no worker available to admit to
         self.loop: asyncio.AbstractEventLoop | None = None
         self.metrics = ControllerMetrics(self)
@@ -1567,6 +1576,8 @@ class ControllerNode:
         self._answer([Reply(r, RequestStatus.ERROR, now, SHUTDOWN_MESSAGE)
                       for r in list(self.pending.values())])
         self.pending.clear()
+        for close in list(self.stream_closers):  # (their calls end UNAVAILABLE, not
+            close()  # cancelled by the server's stop with a traceback)
         for link in self.links:
             for t in link.tasks:
                 t.cancel()

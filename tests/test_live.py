@@ -196,6 +196,47 @@ def test_a_replay_whose_controller_dies_stops_and_keeps_its_figures(tmp_path):
     assert (out / "summary.json").exists()
 
 
+def test_a_stopping_controller_ends_its_open_streams_saying_why():
+    """SIGTERM to a controller with a clockwork.v1 stream and a KServe stream open (the
+    clients idle, not closing them): each stream is ended UNAVAILABLE "controller is
+    shutting down" once its requests are answered, and the controller says nothing more.
+    The server's stop cancelled them after its grace: a CancelledError traceback in the
+    controller's output, and CANCELLED at the clients."""
+    import queue
+    import signal
+
+    tgrpc = pytest.importorskip("tritonclient.grpc")
+    from clockwork.errors import ControllerUnavailable
+
+    with local_cluster(workers=1, gpus=1, models="mobilenet_v2", kserve_port=0) as c:
+        got: queue.Queue = queue.Queue()
+        k = tgrpc.InferenceServerClient(c.printed_address("kserve grpc"))
+        k.start_stream(callback=lambda result, error: got.put(error))
+        x = tgrpc.InferInput("data", [1, 3, 224, 224], "FP32")
+        x.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float32))
+        k.async_stream_infer("mobilenet_v2", [x], parameters={"slo_ms": 5000})
+        assert got.get(timeout=10) is None  # (answered: the stream is open)
+
+        async def main():
+            async with clockwork.AsyncClient(c.address, timeout=10) as ac:
+                st = ac.stream()
+                assert (await st.submit("mobilenet_v2", slo_ms=5000)).status == 0
+                c.controller.proc.send_signal(signal.SIGTERM)
+                await asyncio.to_thread(c.controller.proc.wait, 30)
+                with pytest.raises(ControllerUnavailable) as e:
+                    await st.submit("mobilenet_v2", slo_ms=5000)
+                return str(e.value)
+
+        said = asyncio.run(main())
+        assert "UNAVAILABLE" in said and "controller is shutting down" in said, said
+        err = got.get(timeout=10)
+        assert err is not None and "controller is shutting down" in str(err), err
+        k.stop_stream()
+        k.close()
+        out = "".join(c.controller.output)
+        assert "Traceback" not in out and "CancelledError" not in out, out
+
+
 def test_client_calls_past_their_timeout_are_controller_unavailable():
     """A controller that never answers (a socket that accepts and says nothing): every
     call fails ControllerUnavailable when the client's timeout passes (load/unload:
