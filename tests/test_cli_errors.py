@@ -62,6 +62,9 @@ BAD = [
     (["serve", "no_such_scenario"], "no_such_scenario"),
     (["replay", SC, "--controller", "nohostport"], "nohostport"),
     (["replay", SC, "--max-outstanding", "0"], "0"),
+    # a check across two settings names its table once (it said "[scheduler]: scheduler:")
+    (["simulate", SC, "--set", "scheduler.schedule_ahead_ms=1", "--set",
+      "scheduler.future_ms=5"], ": [scheduler]: schedule_ahead_ms (1) must be more than"),
     # a scenario's [faults] cannot be played by a replay against a running controller
     # (it played none, and said nothing)
     (["replay", "faults", "--controller", "127.0.0.1:1"], "[faults] (kill, hang)"),

@@ -482,7 +482,7 @@ def scheduler_error(table: Mapping[str, object]) -> str | None:
     try:
         split_settings(policy, rest)
     except (TypeError, ValueError) as e:
-        return f"[scheduler]: {e}"
+        return f"[scheduler]: {str(e).removeprefix('scheduler: ')}"  # (as simulate's)
     return None
 
 

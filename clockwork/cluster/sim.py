@@ -140,7 +140,8 @@ class Simulation:
             self._policy_args = (policy, list(self.profiles.values()), specs, cfg, extra)
             self.policy: Policy = make_policy(*self._policy_args)
         except (TypeError, ValueError) as e:
-            raise ScenarioError(f"[scheduler]: {e}") from e
+            # (a check across settings names its table itself: said once)
+            raise ScenarioError(f"[scheduler]: {str(e).removeprefix('scheduler: ')}") from e
         self.cfg = cfg
         self._adopts = policy_class(policy).adopts_weights
         self.faults = sc.data.get("faults") or {}
