@@ -163,11 +163,7 @@ class ControllerLoop:
     def requests(self, rs, now: int) -> None:
         """Several requests that arrived together: admitted at one ``now``, their actions
         sent and replies answered once."""
-        out: list[Action] = []
-        on_request = self.policy.on_request
-        for r in rs:
-            out.extend(on_request(r, now))
-        self._after(out, now)
+        self._after(self.policy.on_requests(list(rs), now), now)
 
     def results(self, worker: int, results: list[Result], now: int) -> None:
         """Results from ``worker``, their times already on the controller's clock. A

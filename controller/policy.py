@@ -56,6 +56,15 @@ class Policy(ABC):
     def on_request(self, request: Request, now: int) -> list[Action]:
         """A client request arrived."""
 
+    def on_requests(self, requests: list[Request], now: int) -> list[Action]:
+        """Several requests that arrived at one instant (a message of several, a KServe
+        request of several rows): by default each as it came. A policy may queue them
+        all before it schedules, so that they can share a batch."""
+        out: list[Action] = []
+        for r in requests:
+            out.extend(self.on_request(r, now))
+        return out
+
     @abstractmethod
     def on_result(self, result: Result, now: int) -> list[Action]:
         """A worker reported an action's result."""

@@ -117,6 +117,11 @@ def _counts(client, cluster, model: str = "m") -> np.ndarray:
                      prom["nv_inference_request_success"], prom["nv_inference_count"]])
 
 
+def _executions(client, model: str = "m") -> int:
+    s = client.get_inference_statistics(model, as_json=True, client_timeout=TIMEOUT)
+    return int(s["model_stats"][0].get("execution_count", 0))
+
+
 def _successful(requests: int, rows: int) -> list[int]:
     """What ``_counts`` grows by for ``requests`` successful requests of ``rows`` rows
     in all."""
@@ -147,13 +152,15 @@ def test_config_says_what_inference_accepts(client, cluster):
 
 @pytest.mark.parametrize("n", [1, 2, MAX, None])
 def test_batch_grpc(client, cluster, n):
-    before = _counts(client, cluster)
+    before, runs = _counts(client, cluster), _executions(client)
     r = client.infer("m", [_ginput(_rows(n))], parameters=SLO, client_timeout=TIMEOUT)
     out = r.as_numpy("y")
     assert out.shape == ((n, OUT) if n is not None else (OUT,)) and out.dtype == np.float32
     assert r.get_response().model_version == "1"
-    # one request, its rows the inferences (as Triton counts a batched request)
+    # one request, its rows the inferences (as Triton counts a batched request), run in
+    # one execution (its rows are queued together: the first no longer goes alone)
     assert list(_counts(client, cluster) - before) == _successful(1, n or 1)
+    assert _executions(client) - runs == 1
 
 
 @pytest.mark.parametrize("n", [1, 2, MAX, None])

@@ -1163,3 +1163,21 @@ def test_answered_requests_do_not_pile_up_behind_a_queued_one():
     res = sim.run()
     assert res.summary["submitted"] > 3000
     assert most[0] <= 65
+
+
+def test_requests_that_arrive_together_share_a_batch():
+    """Eight requests of one instant (a KServe request of 8 rows, a stream message) on an
+    idle warm GPU: one INFER of 8 (each ran as an INFER of one: the first was sent before
+    the second was queued). One at a time, the first still goes alone; the baseline
+    policies' default takes each as it comes."""
+    s = sched()
+    now = warm(s)
+    acts = s.on_requests([req(i, t=now) for i in range(8)], now)
+    assert [(a.type.name, a.batch_size, len(a.requests)) for a in acts] == [("INFER", 8, 8)]
+    one = sched()
+    now = warm(one)
+    acts = []
+    for i in range(8):
+        acts += one.on_request(req(i, t=now), now)
+    assert acts[0].batch_size == 1 and len(acts) > 1
+    assert s.on_requests([], now) == []
