@@ -247,3 +247,17 @@ def test_telemetry_flush_appends_and_forgets(tmp_path):
     assert lines[0].startswith("request_id") and len(lines) == 4  # one header, 3 rows
     assert [line.split("\t")[0] for line in lines[1:]] == ["0", "1", "2"]
     assert (tmp_path / "actions.tsv").read_text().count("\n") == 1  # header only
+
+
+def test_the_run_ends_once_every_action_sent_has_finished():
+    """After the last answer the controller may still load copies for the demand it
+    remembers: the run went on until they finished (the simulator stopped as soon as no
+    request was left, and such a LOAD, its pages counted in max_pages_used and its EVICT
+    logged, had no row in the action log nor in the summary's counts)."""
+    from clockwork.actions import ActionType
+
+    res = simulate("cold_starts", ["duration_s=10", "workloads.0.rate_rps=800"])
+    assert res.telemetry.unfinished_actions() == 0
+    acts = res.telemetry.action_columns()
+    loads = int((acts["type"] == ActionType.LOAD).sum())
+    assert res.summary["actions"]["load"] == loads

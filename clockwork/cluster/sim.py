@@ -635,7 +635,10 @@ class Simulation:
                 if wall - last_report >= every:
                     last_report = wall
                     self._report(now, wall - wall0, next_id, end)
-            if not outstanding and now >= duration and self._quiet(heap):
+            # (and no action still running: a LOAD sent after the last answer gets its
+            # row in the action log, as the pages it holds are counted)
+            if not outstanding and now >= duration and self._quiet(heap) \
+                    and not tel.unfinished_actions():
                 break
         wall_s = time.perf_counter() - wall0
         if self.progress:
