@@ -22,7 +22,7 @@ REPO = __import__("pathlib").Path(__file__).resolve().parent.parent
 SWEEP8 = """
 name = "t8"
 scenarios = ["poisson_warm", "bursty"]
-seeds = [1, 2]
+seeds = [2, 3]
 overrides = ["duration_s=5", "drain_s=1"]
 
 [grid]
@@ -65,7 +65,8 @@ def test_sweep_matches_simulate_and_resumes(tmp_path, capsys):
     rows = orjson.loads(js)["points"]
     assert [r["point"] for r in rows] == [p.name for p in sweep.points]
     assert {r["scenario"] for r in rows} == {"poisson_warm", "bursty"}
-    assert {r["seed"] for r in rows} == {1, 2}
+    # (seeds whose 5 s of bursty traffic hold a burst: a run may start in a long pause)
+    assert {r["seed"] for r in rows} == {2, 3}
     for r in rows:
         assert r["status"] == "ok" and r["submitted"] > 0
         assert 0 < r["slo_attainment"] <= 1 and r["goodput_rps"] > 0
