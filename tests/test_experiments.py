@@ -62,7 +62,14 @@ def test_fig8(tmp_path):
     rows = common.read_tsv(tmp_path / "fig8_isolation.tsv")
     assert {r["case"] for r in rows} == {"with_background", "without_background"}
     assert out["info"]["without_background"]["background"]["requests"] == 0
-    assert out["info"]["with_background"]["background"]["requests"] > 0
+    bg = out["info"]["with_background"]["background"]
+    assert bg["requests"] > 0
+    # the background's goodput is over the time it runs (from background_delay_s; it
+    # was over the whole run): times that, the requests it met
+    smoke = fig8_isolation.PERIOD["smoke"]
+    duration, delay = smoke * fig8_isolation.STEPS, min(10.0, smoke)
+    assert bg["seconds"] == pytest.approx(duration - delay)
+    assert bg["goodput_rps"] * bg["seconds"] == pytest.approx(bg["requests"] * bg["attainment"])
     _png(tmp_path / "fig8_isolation.png")
 
 
