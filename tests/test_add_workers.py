@@ -137,29 +137,6 @@ def test_a_worker_added_while_a_model_waits_for_a_copy_joins():
         assert k.stats().get("workers_added") == 1
 
 
-def test_a_restarted_controller_takes_the_workers_added_while_its_predecessor_served():
-    """A worker added while the controller served, then the controller restarted
-    (``LocalCluster.restart_controller``): the new controller has both workers (it was
-    started with the first controller's --workers list, and lost the added one)."""
-    import asyncio
-
-    pytest.importorskip("grpc")
-    from clockwork.client import AsyncClient
-    from tests.conftest import local_cluster
-
-    async def shape(address: str):
-        async with AsyncClient(address, timeout=10) as k:
-            info = await k.list_models_raw()
-            return info.workers, info.gpus
-
-    with local_cluster(workers=1, gpus=1, models="resnet50_v2") as c:
-        assert c.add_worker()["added"]
-        c.controller.proc.kill()
-        c.controller.proc.wait()
-        c.restart_controller()
-        assert asyncio.run(shape(c.address)) == (2, 2)
-
-
 def test_a_policy_that_cannot_grow_leaves_the_loop_as_it_was():
     """A policy that cannot add GPUs refuses a new worker; the loop has no trace of it
     (it kept a worker with no GPU, and the next add had to name worker 2)."""

@@ -224,7 +224,9 @@ def test_ray_address_is_checked(capsys):
 def test_a_node_that_joins_gets_a_worker_that_serves(ray_nodes):
     """A third Ray node offering 2 GPUs joins while the cluster serves: a worker actor is
     started there and added to the running controller, whose new GPUs (4 and 5) then hold
-    copies and serve requests."""
+    copies and serve requests. A controller restarted then (``restart_controller``) has
+    the three workers (it had the first two: the joined node counted as known, so its
+    worker was never added to it)."""
     import clockwork
     from clockwork.cluster.ray_cluster import RayCluster
 
@@ -244,9 +246,21 @@ def test_a_node_that_joins_gets_a_worker_that_serves(ray_nodes):
                 time.sleep(0.1)
             assert len(c.worker_addresses) == 3 and len(c.nodes) == 3
             _runs_on_the_new_gpus(cl, deadline)
+            c.controller.proc.kill()
+            c.controller.proc.wait()
+            c.restart_controller()
+            assert asyncio.run(_workers_and_gpus(c.address)) == (3, 6)
         finally:
             c.stop()
             ray_nodes.remove_node(node)
+
+
+async def _workers_and_gpus(address: str) -> tuple[int, int]:
+    import clockwork
+
+    async with clockwork.AsyncClient(address, timeout=10) as k:
+        info = await k.list_models_raw()
+        return info.workers, info.gpus
 
 
 def _runs_on_the_new_gpus(cl, deadline: float) -> None:

@@ -863,6 +863,17 @@ class RayCluster(LocalCluster):
     def restart_worker(self, i: int) -> None:
         raise RuntimeError("Ray restarts a worker actor by itself")
 
+    def restart_controller(self, extra=()) -> None:
+        """As ``LocalCluster``'s, with the workers of every node the cluster holds: those
+        of nodes that joined while the old controller served too (the new one was given
+        the first ``--workers`` list, and the node watcher, which counts those nodes as
+        known, never added their workers to it)."""
+        with self._lock:
+            workers = ",".join(self.worker_addresses)
+        argv = self._controller_argv
+        argv[argv.index("--workers") + 1] = workers
+        super().restart_controller(extra)
+
     def add_worker(self) -> dict:
         """Not here: a worker process of this machine, outside Ray, that ``stop`` would
         not stop. A Ray cluster's workers come from its nodes: a node that joins with the

@@ -259,12 +259,11 @@ class LocalCluster:
         """Start a new controller on the same port (after the old one died or was
         stopped), with ``extra`` controller flags besides the first one's; it takes the
         workers over (its Hello resets them, keeping the weights they hold unless
-        ``--fresh-caches``), those added while it served too. Returns once it listens."""
+        ``--fresh-caches``). Returns once it listens."""
         if self.controller is not None and self.controller.proc.poll() is None:
             raise RuntimeError("the controller is still running")
         argv = list(self._controller_argv) + list(extra)
         argv[argv.index("--port") + 1] = self.address.rpartition(":")[2]
-        argv[argv.index("--workers") + 1] = ",".join(self.worker_addresses)
         self.controller = self._child("controller", argv)
         self.address = self.controller.wait_address(self.timeout)
 
