@@ -266,7 +266,15 @@ def load_profile_set(name_or_path: str | Path, base: str | Path | None = None) -
     for f in sorted(folder.glob("*.json")):
         if f.name == "set.json":
             continue
-        prof = load_profile(f)
+        try:
+            prof = load_profile(f)
+        except ProfileError as e:
+            if (folder / "set.json").exists():
+                raise
+            # (a folder that is no profile set: say that, not only what its file is)
+            raise ProfileError(f"{folder} is not a profile set (no set.json; a set is a "
+                               f"folder of set.json and one JSON profile per model): "
+                               f"{e}") from None
         if prof.model in files:
             raise ProfileError(f"{f}: model {prof.model!r} already has a profile in this "
                                f"set, {files[prof.model]}: one profile file per model")

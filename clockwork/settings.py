@@ -56,6 +56,7 @@ from clockwork.sizes import (
     MAX_GPUS_PER_WORKER,
     MAX_INSTANCES,
     MAX_OFFERED_REQUESTS,
+    MAX_PAGES,
     MAX_SEED,
     MAX_WORKERS,
 )
@@ -535,7 +536,7 @@ class ClusterSettings(Settings):
         "v100-reference", "Profile set (its name, or a folder path) giving each model's "
         "LOAD and EXEC durations and the weights-cache size.", min_length=1)
     weights_cache_pages: int | None = setting(
-        None, "Pages (16 MiB each) of each GPU's weights cache.", ge=1,
+        None, "Pages (16 MiB each) of each GPU's weights cache.", ge=1, le=MAX_PAGES,
         default_text="the profile set's")
     network_latency_ms: float = setting(
         0.1, "Simulator: one-way latency of every message between controller and worker, "
@@ -940,7 +941,7 @@ class ProfileSetFile(Settings):
     weights_cache_pages: int = setting(
         1376, "Pages (16 MiB each) of each GPU's weights cache, unless the scenario's "
         "`cluster.weights_cache_pages` says otherwise (1376: Clockwork's on a 32 GB V100).",
-        ge=1)
+        ge=1, le=MAX_PAGES)
 
 
 class ProfileFile(Settings):

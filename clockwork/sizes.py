@@ -10,6 +10,10 @@ Standard library only; nothing else of the project is imported here."""
 
 MAX_WORKERS = 10_000
 MAX_GPUS_PER_WORKER = 64
+MAX_PAGES = 2**31 - 1  # weights-cache pages per GPU (a worker reports them in an int32)
+# a worker's clock offset (--clock-offset-ms): ~31 years either way keeps its clock, in
+# int64 ns, far from overflowing
+MAX_CLOCK_OFFSET_MS = 10**12
 MAX_COPIES = 100_000  # per [[models]] entry
 MAX_CONCURRENCY = 100_000  # outstanding requests per instance of a closed loop
 MAX_GPUS = 65_536  # workers x gpus_per_worker

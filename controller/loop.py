@@ -110,8 +110,9 @@ class LoopObserver:
     def unknown(self, worker: int, result: Result) -> None:
         """A result for no outstanding action (a duplicate, or from before a loss)."""
 
-    def suspect(self, worker: int, failed: int) -> None:
-        """``worker`` did not answer a probe; ``failed`` actions were failed."""
+    def suspect(self, worker: int, failed: int, why: str = "") -> None:
+        """``worker`` is suspect (``why``: it did not answer a probe, or an action of
+        its is long overdue though it answers them); ``failed`` actions were failed."""
 
     def readmitted(self, worker: int) -> None:
         """A suspect worker was heard from again and is being reset and re-admitted."""
@@ -279,7 +280,7 @@ class ControllerLoop:
     def _suspect(self, w: int, now: int, why: str) -> None:
         """``w`` is suspect: handled as lost (``worker_lost``) until it is heard from."""
         self.suspect[w] = True
-        self.observer.suspect(w, self.worker_lost(w, now, why))
+        self.observer.suspect(w, self.worker_lost(w, now, why), why)
     def worker_lost(self, worker: int, now: int, why: str = "worker lost") -> int:
         """``worker`` went away: the policy places nothing on its GPUs until it is back,
         and its outstanding actions fail. Returns how many actions failed."""

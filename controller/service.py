@@ -1382,10 +1382,12 @@ class ControllerNode:
     def unknown(self, worker: int, r: Result) -> None:
         self.count("results_unknown")
 
-    def suspect(self, worker: int, failed: int) -> None:
+    def suspect(self, worker: int, failed: int, why: str = "") -> None:
         self.count("worker_suspects")
-        print(f"controller: worker {self.links[worker].address} does not answer a probe; "
-              f"suspect, {failed} action(s) failed", file=sys.stderr, flush=True)
+        # (why: no answer to a probe, or an action long overdue though it answers them)
+        said = why.removeprefix("worker suspect (").removesuffix(")") or "no answer to a probe"
+        print(f"controller: worker {self.links[worker].address} is suspect ({said}); "
+              f"{failed} action(s) failed", file=sys.stderr, flush=True)
 
     def readmitted(self, worker: int) -> None:
         self.count("worker_readmissions")

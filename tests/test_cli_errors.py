@@ -72,6 +72,14 @@ BAD = [
     (["infer", "m", "-n", "-1"], "-1"),
     (["trace", "synth", "--out", "t", "--seed", str(2**63)], "2^63 - 1"),
     (["worker", "--seed", "-1"], "-1"),
+    # a worker reports its pages in an int32 (it said "listening" and failed every
+    # Connect), and a clock offset that overflowed its clock failed every Connect too
+    (["worker", "--port", "0", "--pages", "3000000000"], "from 1 to 2,147,483,647"),
+    (["worker", "--port", "0", "--clock-offset-ms", "1e13"], "1e+12"),
+    # a cpu worker's caches are allocated at start: more than the machine has was a
+    # numpy MemoryError traceback (or the OOM killer)
+    (["worker", "--port", "0", "--device", "cpu", "--pages", "100000000"],
+     "more than the"),
     (["compile", "mlp", "--seed", str(10**30)], "2^63 - 1"),
     (["infer", "m", "--controller", "h:70000"], "70000"),
     (["infer", "m", "--controller", "grpc://127.0.0.1"], "grpc://127.0.0.1"),
@@ -239,8 +247,8 @@ def test_bad_settings_file_is_one_line_exit_2(name, text, fragment, capsys, tmp_
 
 @pytest.mark.parametrize("text,fragment", [
     ("[1]", "profile set: must be a table, got [1]"),
-    ('{"weights_cache_pages": 0}', "weights_cache_pages: must be an integer >= 1, got 0"),
-    ('{"weights_cache_pages": "many"}', "weights_cache_pages: must be an integer >= 1"),
+    ('{"weights_cache_pages": 0}', "weights_cache_pages: must be an integer in [1, 2147483647], got 0"),
+    ('{"weights_cache_pages": "many"}', "weights_cache_pages: must be an integer in [1, 2147483647]"),
 ])
 def test_bad_profile_set_file_is_one_line_exit_2(text, fragment, capsys, tmp_path):
     from clockwork.profiles import load_profile_set

@@ -340,3 +340,35 @@ def test_two_actions_of_one_id_queued_together_are_both_answered():
     res = run_until_idle(e)
     assert [(r.id, r.model, r.status) for r in res] == [
         (1, "a", ErrorCode.SUCCESS), (1, "b", ErrorCode.SUCCESS)]
+
+
+def test_a_clock_that_reads_below_zero_runs_actions_at_once():
+    """A worker whose clock reads negative (``--clock-offset-ms`` below minus the host's
+    uptime): its lanes were free only from 0, so every action waited for the clock to
+    pass 0 -- for ever, in effect -- and every request failed. Now a LOAD and an INFER
+    run as they would at any other time."""
+    now = -10**12
+    e = ex()
+    assert e.submit(load(1, "a", earliest=now), now) == []
+    assert e.submit(infer(2, "a", earliest=now), now) == []
+    res = run_until_idle(e)
+    assert [(r.id, r.status, r.begin - now) for r in res] == [
+        (1, ErrorCode.SUCCESS, 0), (2, ErrorCode.SUCCESS, 8 * MS)]
+
+
+def test_an_evict_runs_inside_its_window_only():
+    """EVICT carries a window like every action (the docs say one that cannot start by
+    ``latest`` is rejected and never runs): past ``latest`` it is EVICT_TOO_LATE, before
+    ``earliest`` EVICT_TOO_EARLY, and the weights stay; inside it, they go. (It ran at
+    once whatever its window.)"""
+    e = ex()
+    e.submit(load(1, "a"), 0)
+    run_until_idle(e)
+    now = 100 * MS
+    late = Action(2, ActionType.EVICT, 0, 0, "a", 0, now - MS, 0)
+    early = Action(3, ActionType.EVICT, 0, 0, "a", now + MS, NEVER, 0)
+    assert [r.status for r in e.submit(late, now)] == [ErrorCode.EVICT_TOO_LATE]
+    assert [r.status for r in e.submit(early, now)] == [ErrorCode.EVICT_TOO_EARLY]
+    assert e.loaded_models() == ["a"]
+    assert [r.status for r in e.submit(evict(4, "a"), now)] == [ErrorCode.SUCCESS]
+    assert e.loaded_models() == []

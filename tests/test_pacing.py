@@ -274,3 +274,33 @@ def test_a_session_writer_ends_with_its_reader_once_its_results_are_sent(monkeyp
         return sent
 
     assert asyncio.run(asyncio.wait_for(main(), 10)) == 2
+
+
+def test_what_a_load_or_evict_asks_of_its_result_is_not_kept():
+    """``want_outputs`` and ``answer_by`` on a LOAD or an EVICT (only an INFER's result
+    takes them back): the worker kept each such action's id until its next reset
+    (4,000 ids after 4,000 answered actions of a controller that sets them)."""
+    from clockwork.protocol import clockwork_pb2 as pb
+    from worker.service import WorkerNode
+
+    async def main() -> tuple[int, int]:
+        node = WorkerNode(1, 40, result_interval_us=2000)
+        node.hello(pb.Hello(instances=[pb.Instance(name="m", profile="resnet18_v2")],
+                            reset=True))
+        timer = asyncio.create_task(node.run_timer())
+        never = (1 << 63) - 1
+        try:
+            for k in range(0, 400, 2):
+                node.submit(pb.ActionBatch(actions=[
+                    pb.ActionMsg(id=k + 1, type=0, model="m", earliest=0, latest=never,
+                                 want_outputs=True, answer_by=never),
+                    pb.ActionMsg(id=k + 2, type=1, model="m", earliest=0, latest=never,
+                                 want_outputs=True, answer_by=never)]))
+                await asyncio.sleep(0.002)
+                while node.take_message() is not None:
+                    pass
+        finally:
+            timer.cancel()
+        return len(node._want), len(node._answer_by)
+
+    assert asyncio.run(main()) == (0, 0)

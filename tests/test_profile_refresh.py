@@ -51,3 +51,16 @@ def test_a_file_completed_in_place_is_found_within_a_second(tmp_path, clock):
     clock[0] += 1.01
     found = ps.find("late")
     assert found is not None and found.model == "late"
+
+
+def test_a_folder_that_is_no_profile_set_is_named_as_such(tmp_path):
+    """``--profiles`` given a folder that holds other JSON files and no set.json: the
+    error says the folder is not a profile set (it named an unrelated file as bad JSON,
+    e.g. ``/tmp/azure_paper_scale-....json: not valid JSON`` for ``--profiles /tmp``)."""
+    import pytest
+
+    from clockwork.profiles import ProfileError, load_profile_set
+
+    (tmp_path / "notes.json").write_text("{not json")
+    with pytest.raises(ProfileError, match="is not a profile set \\(no set.json"):
+        load_profile_set(str(tmp_path))

@@ -463,11 +463,11 @@ def test_a_profiles_element_types_are_read_by_their_numpy_names(tmp_path):
 
 @pytest.mark.parametrize("text,msg", [
     (b"[1]", "profile set: must be a table, got [1]"),
-    (b'{"weights_cache_pages": 0}', "weights_cache_pages: must be an integer >= 1, got 0"),
-    (b'{"weights_cache_pages": -5}', "weights_cache_pages: must be an integer >= 1, got -5"),
+    (b'{"weights_cache_pages": 0}', "weights_cache_pages: must be an integer in [1, 2147483647], got 0"),
+    (b'{"weights_cache_pages": -5}', "weights_cache_pages: must be an integer in [1, 2147483647], got -5"),
     (b'{"weights_cache_pages": "many"}',
-     "weights_cache_pages: must be an integer >= 1, got 'many'"),
-    (b'{"weights_cache_pages": 8.5}', "weights_cache_pages: must be an integer >= 1, got 8.5"),
+     "weights_cache_pages: must be an integer in [1, 2147483647], got 'many'"),
+    (b'{"weights_cache_pages": 8.5}', "weights_cache_pages: must be an integer in [1, 2147483647], got 8.5"),
     (b'{"weight_cache_pages": 8}', "unknown profile set setting 'weight_cache_pages' (did you "
                                    "mean 'weights_cache_pages'?)"),
     (b"{not json", "not valid JSON"),

@@ -71,7 +71,7 @@ def test_readiness_is_off_while_the_only_worker_is_suspect_and_back_when_it_answ
 
                 t = threading.Thread(target=ask)
                 t.start()
-                wait_output(c.controller, "does not answer a probe", timeout=15)
+                wait_output(c.controller, "is suspect (no answer to a probe)", timeout=15)
                 none_ready = (503, 503, 503, False, False, ("UNAVAILABLE", "no worker connected"))
                 _poll(lambda: ready() == none_ready, 5)
                 t.join(30)

@@ -68,7 +68,9 @@ class Lane:
         # actions of one id (a controller's mistake) from being compared
         self.pending: list[tuple[int, int, int, Action, int]] = []
         self.running: _Running | None = None
-        self.free_at = 0
+        # (free since forever: a worker's clock may read below 0 -- an offset, a clock
+        # with an early epoch -- and nothing waits for it to pass 0)
+        self.free_at = -(1 << 62)
 
 
 class FreePages:
@@ -167,7 +169,9 @@ class GpuExecutor:
     # -- stimuli -----------------------------------------------------------------
 
     def submit(self, action: Action, now: int) -> list[Result]:
-        """An action arrives at ``now``. EVICT runs at once; others are queued."""
+        """An action arrives at ``now``. EVICT runs at once, inside its window (our
+        controller gives it [0, NEVER]): before ``earliest`` it is EVICT_TOO_EARLY, after
+        ``latest`` EVICT_TOO_LATE, and does nothing; others are queued."""
         out: list[Result] = []
         if action.gpu != self.gpu:
             out.append(self._error(action, now, now, ErrorCode.INVALID_GPU, "wrong gpu"))
@@ -176,7 +180,14 @@ class GpuExecutor:
                 self._error(action, now, now, ErrorCode.UNKNOWN_MODEL, f"unknown model {action.model!r}")
             )
         elif action.type == ActionType.EVICT:
-            out.append(self._evict(action, now))
+            if now > action.latest:
+                out.append(self._error(action, now, now, ErrorCode.EVICT_TOO_LATE,
+                                       f"late by {(now - action.latest) / 1e6:.3f} ms"))
+            elif now < action.earliest:
+                out.append(self._error(action, now, now, ErrorCode.EVICT_TOO_EARLY,
+                                       f"early by {(action.earliest - now) / 1e6:.3f} ms"))
+            else:
+                out.append(self._evict(action, now))
         else:
             lane = self.exec_lane if action.type == ActionType.INFER else self.load_lane
             self._arrivals += 1

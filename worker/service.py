@@ -53,7 +53,7 @@ import grpc
 import orjson
 
 from clockwork.actions import ActionType, ErrorCode, Result
-from clockwork.profiles import ModelProfile, ProfileError, load_profile_set
+from clockwork.profiles import PAGE_SIZE, ModelProfile, ProfileError, load_profile_set
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
 from clockwork.protocol import keepalive
@@ -187,6 +187,8 @@ class WorkerNode:
         self.wloop: WorkerLoop | None = None  # the driver (worker.loop); this node is its transport
         self._complain = LogLimiter("worker")  # malformed messages from the controller
         if device != "emulated":
+            if device == "cpu":
+                _check_host_memory(self.pages, gpus)
             self.real = [_open_device(device, self.pages, g) for g in range(gpus)]
             self._threads = [(ThreadPoolExecutor(1, f"exec{g}"), ThreadPoolExecutor(1, f"load{g}"))
                              for g in range(gpus)]
@@ -529,12 +531,14 @@ class WorkerNode:
                                         received=now, begin=now, end=now,
                                         message=f"malformed action: {e}"))
                 continue
-            if m.want_outputs:
-                self._want.add(a.id)
-            if m.answer_by and self.result_interval_us and a.type == ActionType.INFER:
-                self._answer_by[a.id] = m.answer_by
-            if inputs:
-                self._inputs[a.id] = inputs
+            if a.type == ActionType.INFER:  # (only an INFER's result takes them back:
+                # kept for a LOAD or EVICT they were held until the next reset)
+                if m.want_outputs:
+                    self._want.add(a.id)
+                if m.answer_by and self.result_interval_us:
+                    self._answer_by[a.id] = m.answer_by
+                if inputs:
+                    self._inputs[a.id] = inputs
             actions.append(a)
         if bad:
             self._out.extend(bad)
@@ -771,6 +775,24 @@ def _building_notes(done: threading.Event, what: str, t0: float, built) -> None:
             print(f"worker: a sign of life failed: {e!r}", file=sys.stderr, flush=True)
 
 
+def _check_host_memory(pages: int, gpus: int) -> None:
+    """ValueError unless the cpu device's weights caches (``gpus`` arenas of ``pages``
+    pages, allocated and touched at start) fit in the memory the machine has available
+    (``MemAvailable``; not checked where it cannot be read)."""
+    need = pages * PAGE_SIZE * gpus
+    try:
+        with open("/proc/meminfo") as f:
+            have = next(int(line.split()[1]) * 1024 for line in f
+                        if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return
+    if need > have:
+        raise ValueError(f"--device cpu: {gpus} GPU(s) x {pages:,} pages x 16 MiB = "
+                         f"{need / 2**30:,.1f} GiB of weights cache, more than the "
+                         f"{have / 2**30:,.1f} GiB of memory available here: give fewer "
+                         "--pages or --gpus")
+
+
 def _open_device(kind: str, pages: int, index: int = 0):
     """A real device; raises ValueError with what to do instead when it cannot start."""
     if kind == "cpu":
@@ -780,6 +802,9 @@ def _open_device(kind: str, pages: int, index: int = 0):
         except ImportError:
             raise ValueError("--device cpu needs Apache TVM: pip install 'clockwork-py[tvm]' "
                              "(or use --device emulated)") from None
+        except MemoryError:
+            raise ValueError(f"--device cpu: no memory for a weights cache of {pages:,} "
+                             "pages of 16 MiB: give fewer --pages") from None
     try:
         from worker.devices.cuda import CudaDevice
     except ImportError as e:

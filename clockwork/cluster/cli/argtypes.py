@@ -172,6 +172,19 @@ def timeline_seconds(text: str) -> float:
     return positive_float(text)
 
 
+def float_in(lo: float, hi: float) -> Callable[[str], float]:
+    """A type for a finite number from ``lo`` to ``hi``."""
+
+    def bounded(text: str) -> float:
+        v = _float(text)
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"must be a number from {lo:g} to {hi:g}, "
+                                             f"got {text!r}")
+        return v
+
+    return bounded
+
+
 def probability(text: str) -> float:
     v = _float(text)
     if not 0 <= v <= 1:

@@ -12,7 +12,7 @@ import argparse
 
 from clockwork.cluster.cli import argtypes as t
 from clockwork.protocol.pacing import ACTION_INTERVAL_US, REPLY_INTERVAL_US, RESULT_INTERVAL_US
-from clockwork.sizes import MAX_GPUS_PER_WORKER
+from clockwork.sizes import MAX_CLOCK_OFFSET_MS, MAX_GPUS_PER_WORKER, MAX_PAGES
 
 DEVICES = ("emulated", "cpu", "cuda")
 COMPILE_DEVICES = ("cpu", "cuda")
@@ -438,8 +438,9 @@ def add_worker(sub) -> None:
                    "warning: the worker starts, and LOADs fail until the packages are there")
     p.add_argument("--gpus", type=t.int_in(1, MAX_GPUS_PER_WORKER), default=1,
                    help=f"number of GPUs, 1 to {MAX_GPUS_PER_WORKER} (default 1)")
-    p.add_argument("--pages", type=t.positive_int, default=None,
-                   help="weights-cache pages per GPU (default: the profile set's)")
+    p.add_argument("--pages", type=t.int_in(1, MAX_PAGES), default=None,
+                   help="weights-cache pages per GPU, 16 MiB each (default: the profile "
+                   "set's; a cpu worker allocates them at start)")
     p.add_argument("--profiles", type=t.nonempty, default=None,
                    help="profile set (a shipped set's name or a folder; default v100-reference, "
                    "or the device's own: cpu, cuda)")
@@ -460,7 +461,8 @@ def add_worker(sub) -> None:
     p.add_argument("--seed", type=t.nonneg_int, default=0,
                    help="seed of the emulated noise and stragglers; GPU g draws from seed x "
                    "1000 + g (default 0)")
-    p.add_argument("--clock-offset-ms", type=t.finite_float, default=0.0,
+    p.add_argument("--clock-offset-ms", type=t.float_in(-MAX_CLOCK_OFFSET_MS,
+                                                         MAX_CLOCK_OFFSET_MS), default=0.0,
                    help="add this to the worker's clock (to test clock-offset handling)")
     _add_server_security(p, "worker")
 
