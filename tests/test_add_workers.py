@@ -381,3 +381,36 @@ def test_an_add_workers_error_names_whichever_could_not_be_reached():
     assert said == "add worker: cannot reach worker 127.0.0.1:1 in 0.5 s"
     said = str(_worker_error(err("Socket closed"), "h:1"))
     assert said.startswith("controller unavailable:") and "Socket closed" in said
+
+
+def test_a_worker_started_by_hand_joins_a_served_cluster_given_its_secret(tmp_path):
+    """``clockwork serve --cluster-secret-file FILE`` and ``clockwork worker
+    --cluster-secret-file FILE`` started by hand: ``Client.add_worker`` adds it (serve
+    always made a secret of its own, so a worker started by hand was refused: "it did
+    not prove the cluster secret", though the README says add_worker adds one)."""
+    pytest.importorskip("grpc")
+    from clockwork.client import Client
+    from clockwork.cluster.serve import _Child, _cli
+    from clockwork.protocol.security import SECRET_ENV
+
+    secret = tmp_path / "secret"
+    secret.write_text("s" * 32 + "\n")
+    env = {SECRET_ENV: None}
+    serve = _Child("serve", _cli() + ["serve", "--port", "0", "--http-port", "-1",
+                                      "--kserve-port", "-1", "--cluster-secret-file",
+                                      str(secret)], extra_env=env)
+    worker = _Child("worker", _cli() + ["worker", "--port", "0", "--cluster-secret-file",
+                                        str(secret)], extra_env=env)
+    try:
+        from tests.conftest import wait_output
+
+        # (serve echoes its worker's "listening" line first: this one names the controller)
+        line = wait_output(serve, "clockwork serve: controller at", 60)
+        address = line.split("controller at ", 1)[1].split()[0]
+        at = worker.wait_address(60)
+        with Client(address, timeout=30) as k:
+            assert k.add_worker(at)["added"]
+            assert k.infer("resnet50_v2", slo_ms=1000).status == 0
+    finally:
+        worker.stop()
+        serve.stop()

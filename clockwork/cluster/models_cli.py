@@ -105,6 +105,10 @@ def _profile(args: argparse.Namespace) -> int:
 
     if not _check_device("profile", args.device, compiles=args.package is None):
         return 2
+    why = _shipped_target(Path(args.out).parent if args.out else Path("profiles") / args.device)
+    if why:
+        print(f"clockwork profile: {why}", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="clockwork-profile-") as tmp:
         package = Path(args.package) if args.package else None
         if package is not None and args.name is not None:
@@ -149,6 +153,24 @@ def _profile(args: argparse.Namespace) -> int:
     if unreached:
         print(f"clockwork profile: warning: {unreached}", file=sys.stderr)
     return 0
+
+
+def _shipped_target(folder: Path) -> str | None:
+    """Why a profile must not be written into ``folder``: it is (or links to) a profile
+    set shipped inside the package, which every ``--profiles`` run of it reads (in a
+    checkout ``profiles/cpu`` links there: the figures measured on the development machine
+    were replaced by this machine's); None otherwise."""
+    from clockwork.resources import profiles_root
+
+    shipped = profiles_root().resolve()
+    where = folder.resolve()
+    if where != shipped and shipped not in where.parents:
+        return None
+    return (f"{folder} is the profile set shipped with clockwork ({where}): writing there "
+            "would change the figures every run of it reads; give --out FILE in a folder "
+            "of your own (--out my-profiles/cpu/MODEL.json, then --profiles my-profiles/cpu"
+            "), or run from a folder outside the checkout, where profiles/DEVICE/ starts as "
+            "a copy of the shipped set")
 
 
 def _package_model(package: Path) -> str | None:

@@ -692,6 +692,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except (RuntimeError, ValueError, OSError) as e:
             print(f"clockwork serve: {e}", file=sys.stderr)
             return 2
+    secret = None  # (None: LocalCluster makes one for the cluster)
+    if getattr(args, "cluster_secret_file", None):
+        from clockwork.protocol.security import SecurityError, cluster_secret
+        try:
+            secret = cluster_secret(args.cluster_secret_file, env={}).decode("ascii")
+        except SecurityError as e:
+            print(f"clockwork serve: {e}", file=sys.stderr)
+            return 2
+        except UnicodeDecodeError:
+            print(f"clockwork serve: --cluster-secret-file {args.cluster_secret_file}: not "
+                  "ASCII text (the workers are given it in their environment)", file=sys.stderr)
+            return 2
     replaying = getattr(args, "replay", False)
     if replaying and args.out:
         try:
@@ -707,6 +719,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
           "kserve_port": _listener(args.kserve_port, 8001, replaying),
           "worker_args": worker_args, "worker_flags_of": worker_flags_of,
           "packages": packages, "scheduler": scheduler, "token": getattr(args, "token", None),
+          "cluster_secret": secret,
           "worker_host": "127.0.0.1",
           # a replay's report folder keeps what the controller and workers said
           "log_dir": Path(args.out) / "logs" if replaying and args.out else None}

@@ -307,8 +307,8 @@ def add_serve(sub) -> None:
     p.add_argument("--log-dir", type=t.out_dir, metavar="DIR",
                    help="the controller writes requests.tsv and "
                    "actions.tsv (its own view: every request and action) here")
-    g = p.add_argument_group("security (see SECURITY.md; the workers always listen on "
-                             "127.0.0.1, with a cluster secret made for this cluster)")
+    g = p.add_argument_group("security (see SECURITY.md; the workers listen on 127.0.0.1, "
+                             "with a cluster secret made for this cluster unless given)")
     tok = g.add_mutually_exclusive_group()
     tok.add_argument("--token-file", type=t.readable_file, metavar="FILE",
                      help="clients must send this file's token; required when --host is not "
@@ -316,6 +316,11 @@ def add_serve(sub) -> None:
     tok.add_argument("--token", default=None, metavar="TOKEN",
                      help="the same, given on the command line (visible to other local "
                      "users in the process list: prefer --token-file)")
+    g.add_argument("--cluster-secret-file", type=t.readable_file, metavar="FILE",
+                   help="the cluster secret the controller and its workers prove to each "
+                   "other (default: one made for this cluster); give it to add a worker "
+                   "started by hand (clockwork worker --cluster-secret-file FILE, then "
+                   "Client.add_worker)")
     g.add_argument("--insecure-no-auth", action="store_true",
                    help="listen off loopback without a token")
     g.add_argument("--tls-cert", type=t.pem_certificate, metavar="PEM",
