@@ -42,7 +42,8 @@ BAD = [
     (["serve", "--log-dir", ""], "expected a path, got ''"),
     (["controller", "--workers", "127.0.0.1:1", "--log-dir", ""], "expected a path"),
     (["controller", "--workers", "127.0.0.1:1", "--log-dir", "afile"], "is not a folder"),
-    (["profile", "mlp", "--package", "afile"], "a package is a folder: give the folder"),
+    (["profile", "mlp", "--package", "afile", "--out", "out/mlp.json"],
+     "a package is a folder: give the folder"),
     (["controller", "--workers", "127.0.0.1:1", "--policy", ""], "expected a name, got ''"),
     (["controller", "--workers", "127.0.0.1:1", "--profiles", " "], "expected a name"),
     (["worker", "--profiles", ""], "expected a name, got ''"),
@@ -151,6 +152,11 @@ BAD = [
     (["sweep", "example", "--ray", "127.0.0.1:1", "--out", "out"], "cannot reach the Ray"),
     (["plan", SC, "--slo-ms", "100", "--ray", "ray://127.0.0.1:1"], "cannot reach the Ray"),
     (["simulate", "azure_sample", "--set", "workloads.0.minutes=0"], "0 minutes is empty"),
+    # a profile written into the shipped set changed the figures every run of it reads
+    # (in a checkout profiles/cpu links there): refused before anything is measured
+    (["profile", "resnet18", "--device", "cpu", "--package", "p", "--out",
+      str(__import__("clockwork.resources").resources.profiles_root() / "cpu" / "x.json")],
+     "is the profile set shipped with clockwork"),
     # times beyond what means anything (and what int64 nanoseconds hold)
     (["simulate", SC, "--set", "workloads.0.slo_ms=1e13"], "at most 86,400,000 (a day)"),
     (["simulate", SC, "--set", "workloads.0.slo_factor=1e9"], "<= 10000"),
