@@ -542,6 +542,9 @@ def _unreachable_text(e: grpc.RpcError, url: str) -> str:
     elif "Socket closed" in details:  # (what a plain client hears from a TLS listener)
         hint = ("is it running, and listening there? A controller with --tls-cert takes "
                 "only grpcs:// or --tls")
+    elif "http1.x server" in details or "Failed parsing HTTP/2" in details:  # (REST: 8000)
+        hint = ("that port speaks HTTP/1.1, not gRPC: the controller's REST port? Give its "
+                "gRPC port, --port (12346) or --kserve-port (8001)")
     else:
         hint = "is it running, and listening there?"
     return f"could not reach the controller at {url or 'its address'} ({hint}): {details}"

@@ -78,6 +78,12 @@ def parse_args(argv: Sequence[str] | None, description: str) -> argparse.Namespa
                         "time) instead of the simulator")
     p.set_defaults(scale="quick")
     args = p.parse_args(list(argv) if argv is not None else None)
+    try:  # (every figure script draws its figure at the end: said now, not after the runs)
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print(f"{p.prog}: the figures need matplotlib: pip install -e '.[plots]'",
+              file=sys.stderr)
+        raise SystemExit(2) from None
     if args.out is None and args.scale == "smoke":  # (not over the figures kept)
         args.out = Path(tempfile.mkdtemp(prefix="clockwork-smoke-"))
         print(f"--smoke: writing to {args.out}", file=sys.stderr)

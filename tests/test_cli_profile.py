@@ -95,3 +95,15 @@ def test_sigterm_stops_a_profile_as_ctrl_c_does(here, cpu_package):
                                 env={**os.environ, "TMPDIR": str(tmp)})
     assert rc == 130 and "interrupted" in err, (rc, err)
     assert list(tmp.iterdir()) == [] and not (here / "p.json").exists()
+
+
+def test_a_long_measurement_says_how_far_it_got(here, monkeypatch, capsys):
+    """A batch size of a real-size model takes minutes on a CPU: a progress line at least
+    every PROGRESS_S (it said nothing for 49 s, then 105 s); here every EXEC."""
+    from worker import profiling
+
+    monkeypatch.setattr(profiling, "PROGRESS_S", 0.0)
+    assert main(["profile", "mlp", "--device", "cpu", "--out", str(here / "p" / "mlp.json"),
+                 *FAST]) == 0
+    err = capsys.readouterr().err
+    assert "clockwork profile: batch 1: 1 of 2 EXECs so far" in err, err

@@ -633,3 +633,24 @@ def test_an_async_client_used_from_another_event_loop_says_so(cluster):
             return (await c.infer("resnet50_v2", slo_ms=2000)).status
 
     assert asyncio.run(own()) == 0
+
+
+def test_a_rest_port_given_as_the_controller_is_named_as_such():
+    """An HTTP/1.1 server's port (the controller's REST --http-port, say) given to the
+    client: the error says that port speaks HTTP/1.1 and names the gRPC ports (it said
+    "is it running, and listening there?" of a controller that was)."""
+    import http.server
+    import threading
+
+    from clockwork.errors import ControllerUnavailable
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with clockwork.Client(f"http://127.0.0.1:{server.server_port}", timeout=10) as c:
+            with pytest.raises(ControllerUnavailable) as e:
+                c.stats()
+        assert "speaks HTTP/1.1, not gRPC" in str(e.value) and "--kserve-port" in str(e.value)
+    finally:
+        server.shutdown()
+        server.server_close()

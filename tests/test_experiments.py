@@ -468,3 +468,17 @@ def test_azure_paper_scale_stopped_with_parts_side_by_side_stops_them(tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_figure_script_without_matplotlib_says_so_before_it_runs(monkeypatch, capsys):
+    """Without matplotlib (not in the base install) a figure script stops at once, one
+    line naming the extra, exit 2: it ran every simulation first, then ended in a
+    ModuleNotFoundError traceback (at --full, after ~45 minutes)."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # (import matplotlib fails)
+    ran = []
+    monkeypatch.setattr(common, "run", lambda *a, **k: ran.append(a))
+    with pytest.raises(SystemExit) as e:
+        fig8_isolation.main(["--smoke"])
+    assert e.value.code == 2 and not ran
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install -e '.[plots]'" in err[0], err

@@ -4,6 +4,7 @@ as a :class:`~clockwork.profiles.ModelProfile` (the format the scheduler reads).
 from __future__ import annotations
 
 import platform
+import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,9 @@ def _stats(ns: list[int]) -> dict[str, int]:
 def _describe(s: dict[str, int], where: str) -> str:
     return (f"measured: p99 of {s['n']} runs on {where}; p50 {s['p50']} ns, "
             f"p99 {s['p99']} ns, max {s['max']} ns")
+
+
+PROGRESS_S = 10.0  # a progress line at least this often while one batch size is measured
 
 
 def profile_package(package: str | Path, runs: int = 200, load_runs: int = 50,
@@ -57,10 +61,15 @@ def profile_package(package: str | Path, runs: int = 200, load_runs: int = 50,
         for _ in range(warmup):
             dev.infer(name, x)
         held, kernels = [], []
-        for _ in range(max(1, runs)):
+        n = max(1, runs)
+        said = time.monotonic()
+        for i in range(n):
             held.append(dev.infer(name, x)[1])
             if getattr(dev, "kernel_ns", None) is not None:
                 kernels.append(dev.kernel_ns)
+            if time.monotonic() - said >= PROGRESS_S:  # (a batch of a real-size model on
+                said = time.monotonic()  # a CPU takes minutes: a line now and then)
+                say(f"batch {b}: {i + 1} of {n} EXECs so far")
         s = _stats(held)
         exec_ns[b] = s["p99"]
         source[f"exec_ns.{b}"] = _describe(s, where)

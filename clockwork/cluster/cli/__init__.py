@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 EPILOG = """examples:
@@ -110,6 +111,10 @@ def _named(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpars
 
 
 def main(argv: list[str] | None = None) -> int:
+    # gRPC's own log lines (a failed TLS handshake: "I1205 ... ssl_transport_security.cc
+    # ... Handshake failed") said before ours, which say what happened; its errors still
+    # show (the children inherit it; an explicit GRPC_VERBOSITY wins)
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:

@@ -479,8 +479,9 @@ def add_infer(sub) -> None:
               "the answers.")
     p.add_argument("model", nargs="?", help="model instance name")
     p.add_argument("--controller", default="127.0.0.1:12346", type=t.controller_url,
-                   help="HOST:PORT, optionally after grpc://, http:// or clockwork://, or "
-                   "grpcs:// or https:// (TLS) (default 127.0.0.1:12346)")
+                   help="the controller's gRPC port (its --port or --kserve-port, not the "
+                   "REST --http-port) as HOST:PORT, optionally after grpc://, http:// or "
+                   "clockwork://, or grpcs:// or https:// (TLS) (default 127.0.0.1:12346)")
     p.add_argument("--slo-ms", type=t.slo_ms, default=None,
                    help="SLO in ms, at most a day (default: the controller's)")
     p.add_argument("-n", type=t.positive_int, default=1,
@@ -498,8 +499,9 @@ def add_replay(sub) -> None:
               "writes the same summary.json/logs as simulate.")
     p.add_argument("scenario", help="scenario TOML file or shipped scenario name")
     p.add_argument("--controller", default="127.0.0.1:12346", type=t.controller_url,
-                   help="HOST:PORT, optionally after grpc://, http:// or clockwork://, or "
-                   "grpcs:// or https:// (TLS) (default 127.0.0.1:12346)")
+                   help="the controller's gRPC port (its --port or --kserve-port, not the "
+                   "REST --http-port) as HOST:PORT, optionally after grpc://, http:// or "
+                   "clockwork://, or grpcs:// or https:// (TLS) (default 127.0.0.1:12346)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
     p.add_argument("--out", type=t.out_dir, metavar="DIR", help="write logs and summary.json here")
     p.add_argument("--check-outputs", type=t.in_dir, metavar="PACKAGES", default=None,
