@@ -20,7 +20,8 @@ package    cpu/cuda workers: the model package directory, inside each worker's  
 config     Triton's model configuration (JSON text, what ``tritonclient``'s        --
            ``load_model(name, config=...)`` sends): ``instance_group`` counts add
            up to ``copies``; ``parameters`` may hold ``copies``, ``profile`` and
-           ``package`` (``{"string_value": ...}``); the other fields (a
+           ``package`` (``{"string_value": ...}``); ``max_batch_size``, if
+           given, must be the profile's largest batch size; the other fields (a
            configuration read back from ``get_model_config``) are not used
 =========  =====================================================================  ==========
 
@@ -47,7 +48,7 @@ from __future__ import annotations
 import grpc
 
 from controller.kserve_status import INVALID, NOT_FOUND, UNAVAILABLE, KServeError
-from controller.kserve_validate import json_loads
+from controller.kserve_validate import json_loads, max_batch_size
 
 VERSION = "1"  # every model has one version
 LOAD_PARAMS = ("copies", "profile", "package", "config")
@@ -74,12 +75,21 @@ async def load(node, name: str, params: dict) -> None:
     """Load ``name`` (parameters above); returns once it is served. Raises
     ``KServeError``."""
     _check_keys(params, LOAD_PARAMS, "load")
+    asked_max = _config_max_batch(params.get("config"))
     params = as_loaded(node, name, params)
     if params is None:  # a copy served as asked: as it is
         return
     copies = _count(params.get("copies"))
     profile = _text(params.get("profile"), "profile") or None
     package = _text(params.get("package"), "package")
+    pset = getattr(node, "pset", None)
+    prof = pset.find(profile or group_name(name)) if pset is not None else None
+    if asked_max is not None and prof is not None and asked_max != max_batch_size(prof):
+        # (it is the profile's largest batch size: a configuration cannot change it)
+        raise KServeError(INVALID, f"the configuration's max_batch_size {asked_max} is not "
+                          f"this model's: {max_batch_size(prof)}, the largest batch size of "
+                          f"profile {prof.model!r} (a configuration chooses the copies, "
+                          "profile and package only)")
     try:
         await node.load_model(name, copies, profile, package)
     except Exception as e:
@@ -229,6 +239,24 @@ def _from_config(text, name: str) -> dict:
                               f"{v['string_value']!r}")
         out[k] = v["string_value"]
     return out
+
+
+def _config_max_batch(text) -> int | None:
+    """The ``max_batch_size`` a load's configuration asks for, if it names one (it must
+    be the profile's: ``load`` checks)."""
+    if text is None:
+        return None
+    try:
+        cfg = json_loads(text.decode("utf-8", "replace") if isinstance(text, bytes) else text)
+    except (ValueError, TypeError, AttributeError):
+        return None  # (_from_config says what is wrong with it)
+    v = cfg.get("max_batch_size") if isinstance(cfg, dict) else None
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise KServeError(INVALID, f"the configuration's max_batch_size must be an integer, "
+                          f"got {v!r}")
+    return v
 
 
 def _merge(params: dict, more: dict) -> dict:

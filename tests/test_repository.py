@@ -1035,6 +1035,13 @@ def test_a_configuration_read_back_loads_a_model_of_several_copies_as_it_is(clus
         msg = refused("StatusCode.INVALID_ARGUMENT", g.load_model, "trio:2",
                       config=json.dumps(more))
         assert "names one copy" in msg, msg
+        # a max_batch_size other than the profile's is refused (it was taken and not
+        # used: the model served 16 rows a request where 4 were asked for)
+        four = {"max_batch_size": 4, "parameters": {"profile": {"string_value": "mobilenet_v2"}}}
+        msg = refused("StatusCode.INVALID_ARGUMENT", g.load_model, "quad",
+                      config=json.dumps(four))
+        assert "max_batch_size 4 is not this model's" in msg, msg
+        assert "quad" not in [m.name for m in g.get_model_repository_index().models]
         assert served() == [(n, "READY") for n in names]
     finally:
         try:
