@@ -105,10 +105,6 @@ def _profile(args: argparse.Namespace) -> int:
 
     if not _check_device("profile", args.device, compiles=args.package is None):
         return 2
-    why = _shipped_target(Path(args.out).parent if args.out else Path("profiles") / args.device)
-    if why:
-        print(f"clockwork profile: {why}", file=sys.stderr)
-        return 2
     with tempfile.TemporaryDirectory(prefix="clockwork-profile-") as tmp:
         package = Path(args.package) if args.package else None
         if package is not None and args.name is not None:
@@ -124,6 +120,12 @@ def _profile(args: argparse.Namespace) -> int:
                       f"{args.model!r} (name the model it holds, or leave --package out to "
                       f"compile {args.model!r})", file=sys.stderr)
                 return 2
+        # (before anything is measured: where it would be written)
+        why = _shipped_target(Path(args.out).parent if args.out
+                              else Path("profiles") / args.device)
+        if why:
+            print(f"clockwork profile: {why}", file=sys.stderr)
+            return 2
         if package is None:
             name = model_name("profile", args)
             if name is None:
