@@ -397,7 +397,10 @@ def test_clock_offset_is_estimated_and_converted():
                     # adds the client's own delays, which a loaded host can stretch
                     assert r.server_latency_ms < 100
             st = cl.stats()
-        assert st.get("infer_rejected", 0) == 0 and st.get("load_rejected", 0) == 0
+        # (windows off by seconds would be refused, every one: a single refusal is a
+        # loaded host's stall -- CI saw one, with a review running beside it)
+        refused = st.get("infer_rejected", 0) + st.get("load_rejected", 0)
+        assert refused <= 2 and st.get("infer_ok", 0) >= 10, st
 
 
 def test_a_worker_back_with_another_clock_is_measured_afresh():
