@@ -960,7 +960,9 @@ class InferStream:
         (load generators; saves copying outputs through the controller). ``since_ns``:
         the ``time.monotonic_ns()`` instant the request counts from (default: now; a load
         generator's arrival time for a request it sends late): its wait since then counts
-        against its SLO, here and at the controller, as a wait in the stream does."""
+        against its SLO, here and at the controller, as a wait in the stream does; one
+        whose SLO has ended already is answered TIMEOUT (reason ``late``) at once, not
+        sent."""
         if self._closed:
             raise RuntimeError("stream is closed")
         cid = next(self._ids)
@@ -971,11 +973,17 @@ class InferStream:
         req, size = _request(model, inputs, slo_ms, cid)  # (raises: nothing kept)
         if skip_outputs:
             req.skip_outputs = True
-        self._waiting[cid] = fut
         slo = req.slo_ms
-        t = time.monotonic_ns()
+        t = now = time.monotonic_ns()
         if since_ns is not None and since_ns < t:
             t = since_ns
+            if 0 < slo < 1e9 and now - t > slo * 1e6:  # (sending it would waste the GPU)
+                fut.set_result(pb.InferResponse(
+                    status=4, reason="late", client_id=cid, gpu=-1,
+                    message=f"its {slo:g} ms SLO ended before it was sent "
+                            f"({(now - t) / 1e6:.1f} ms after it arrived)"))
+                return fut
+        self._waiting[cid] = fut
         if not 0 < slo < 1e9:  # the default SLO (or a nonsense one: the controller refuses it)
             self._sent[cid] = (t, 0.0)  # (its wait here still counts: queued_ns)
         else:

@@ -141,6 +141,7 @@ def _admit_failed(node, reqs, deliver, start: int, state: list, e: Exception) ->
         if r is not None:
             swept.add(rid)
             node.count("requests_error")
+            node.metrics.reply(r.model, "error", None)
             r.tag(pb.InferResponse(status=RequestStatus.ERROR, message=msg, gpu=-1))
     taken, all_taken = state
     if all_taken:
@@ -153,6 +154,8 @@ def _admit_failed(node, reqs, deliver, start: int, state: list, e: Exception) ->
         else:
             node.count("requests")  # never reached: not counted yet
         node.count("requests_error")
+        model = reqs[i].model
+        node.metrics.reply(model if model in node.profiles else "", "error", None)
         deliver(pb.InferResponse(status=RequestStatus.ERROR, message=msg,
                                  client_id=reqs[i].client_id, gpu=-1))
 
@@ -268,6 +271,8 @@ async def serve_stream(node, context) -> None:
     """``InferStream``: see the module docstring. Returns when every request read has
     been answered and the client closed its side; raises ``AbortError`` (through
     ``context.abort``) for a slow reader or a failure."""
+    if node._stopping:  # (its closers have run: nothing would end this one)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, STOPPING_MESSAGE)
     lim = node.limits
     gate = node.gate
     conn = context.peer()

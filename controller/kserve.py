@@ -704,6 +704,8 @@ class _ModelStream:
         self.buffered = 0
 
     async def serve(self) -> None:
+        if self.node._stopping:  # (its closers have run: nothing would end this one)
+            await self.context.abort(grpc.StatusCode.UNAVAILABLE, STOPPING_MESSAGE)
         rtask = asyncio.create_task(self._reader())
         rtask.add_done_callback(lambda _: self.wake.set())
         wtask = asyncio.create_task(self._writer(rtask))

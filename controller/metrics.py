@@ -84,7 +84,7 @@ class _Model:
 
     __slots__ = ("status", "success", "duration_ns", "slo_met", "cold", "execs", "queue_ns",
                  "compute_ns", "labels", "mlabels", "fail_ns", "last", "batches", "merged",
-                 "extra_rows")
+                 "extra_rows", "open_rows")
 
     def __init__(self, name: str) -> None:
         self.labels = {"model": name, "version": VERSION}  # (shared by its samples)
@@ -104,10 +104,12 @@ class _Model:
         self.batches: dict[int, list[int]] = {}  # batch size -> [successful INFERs, EXEC ns]
         self.merged = 0  # rows past the first of the requests of several rows answered
         self.extra_rows = 0  # rows past the first of the successful ones
+        self.open_rows = 0  # rows answered of requests of several rows not all answered
 
     def requests(self) -> int:
-        """Client requests answered (a request of several rows once)."""
-        return sum(self.status.values()) - self.merged
+        """Client requests answered (a request of several rows once, when all its rows
+        are: the count never goes down, as a Prometheus counter must not)."""
+        return sum(self.status.values()) - self.merged - self.open_rows
 
     def failures(self) -> int:
         return max(0, self.requests() - self.success)
@@ -122,12 +124,14 @@ class Rows:
     compute times the mean over its rows (Triton charges a request the execution that
     ran it); ``nv_inference_count`` and ``inference_count`` count its rows."""
 
-    __slots__ = ("model", "n", "ids", "ok", "latency", "last", "queue_ns", "compute_ns")
+    __slots__ = ("model", "n", "ids", "ok", "answered", "latency", "last", "queue_ns",
+                 "compute_ns")
 
     def __init__(self, model: str, n: int) -> None:
         self.model, self.n = model, n
         self.ids: list[int] = []  # its rows' controller request ids, as admitted
         self.ok = 0  # rows answered SUCCESS
+        self.answered = 0  # rows answered through ``answered`` (in the model's open_rows)
         self.latency = 0  # arrival -> the latest row's answer
         self.last = 0  # when its last successful row was answered
         self.queue_ns = 0  # over its rows that ran in successful INFERs
@@ -318,8 +322,11 @@ class ControllerMetrics:
         groups = self.groups
         for rid in g.ids:  # (rows answered without the hooks: admission failed)
             groups.pop(rid, None)
-        m = self.models.get(g.model) or self._model(g.model)
+        m = self.models.get(g.model)
+        if m is None:  # (unloaded, its series gone: not brought back)
+            return
         n = g.n
+        m.open_rows -= g.answered
         m.merged += n - 1
         if g.ok == n:
             m.success += 1
@@ -355,6 +362,9 @@ class ControllerMetrics:
         st[status] = st.get(status, 0) + 1
         groups = self.groups
         g = groups.pop(r.id, None) if groups else None  # a row of a request of several
+        if g is not None:
+            g.answered += 1
+            m.open_rows += 1
         lat = rep.time - r.arrival
         if not rep.status:
             h = self.latency

@@ -1115,7 +1115,7 @@ class ClockworkScheduler(Policy):
         out.append(a)
         if m.live:
             g.active[m.name] = inst
-            self._schedule_infer(g, now, out)
+            self._infer_soon(g, now, out)  # (after every request of on_requests is queued)
 
     def _place_copy(self, g: GpuState, m: ModelState, version: int, ready_at: int,
                     loading: bool) -> Instance:

@@ -1508,6 +1508,7 @@ class ControllerNode:
         self.count("requests")
         if self._stopping:
             self.count(_STATUS_KEY[RequestStatus.ERROR])
+            self.metrics.reply(req.model if req.model in self.profiles else "", "error", None)
             self.log_refused(req.model, req.slo_ms, RequestStatus.ERROR, now, rid)
             deliver(pb.InferResponse(status=RequestStatus.ERROR, reason="shutdown",
                                      message=SHUTDOWN_MESSAGE, client_id=req.client_id,

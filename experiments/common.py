@@ -113,7 +113,7 @@ def script(main) -> None:
     """Run an experiment script's ``main()`` as a command: Ctrl-C ends it with one line
     (exit 130) and a setting the scenario refuses with its one line (exit 2), not a
     traceback; else the exit status is ``main``'s (an int), or 0."""
-    from clockwork.errors import ScenarioError
+    from clockwork.errors import ControllerUnavailable, ScenarioError
     from clockwork.profiles import ProfileError
     from clockwork.settings import SettingsError
 
@@ -126,6 +126,9 @@ def script(main) -> None:
     except (ScenarioError, SettingsError, ProfileError) as e:
         print(f"{name}: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    except ControllerUnavailable as e:  # (a live run's controller that went away)
+        print(f"{name}: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
     raise SystemExit(rc if isinstance(rc, int) else 0)
 
 
@@ -420,6 +423,12 @@ def run_live(sc: Scenario, max_outstanding: int = 20000, echo: bool = False,
                 faults.stop()
             cpu = [_cpu_s(p.pid) - c0 for p, c0 in zip(procs, cpu0, strict=True)]
             cluster.controller.stop(timeout=60.0)  # writes its logs on SIGTERM
+        stopped = res.summary.get("stopped")
+        if stopped:  # (its figures cover part of the run: not this experiment's figures)
+            from clockwork.errors import ControllerUnavailable
+            raise ControllerUnavailable(f"the live run's controller went away "
+                                        f"{stopped['at_s']} s into the run: "
+                                        f"{stopped['reason']}")
         tel = res.telemetry
         ours = min((r[2] for r in tel.requests), default=None)
         theirs = _first_arrival(Path(logs) / "requests.tsv")

@@ -154,6 +154,29 @@ def test_a_replay_that_falls_behind_counts_from_the_arrival_times(cluster, capsy
     assert "requests went out late" in capsys.readouterr().err
 
 
+def test_a_request_submitted_after_its_slo_ended_is_not_sent(cluster):
+    """``Stream.submit(since_ns=...)`` with an arrival longer ago than the SLO (a replay
+    far behind its schedule): answered TIMEOUT ``late`` at once, and the controller never
+    sees it (the client's watchdog gave it up, then sent it all the same, without its
+    wait: the controller ran it with a fresh SLO and the answer was thrown away)."""
+    import time
+
+    async def main():
+        async with clockwork.AsyncClient(cluster.address, timeout=10) as c:
+            before = (await c.stats()).get("requests", 0)
+            s = c.stream()
+            r = await asyncio.wait_for(
+                s.submit("mobilenet_v2", slo_ms=100, since_ns=time.monotonic_ns() - 2 * 10**9),
+                5)
+            ok = await asyncio.wait_for(s.submit("mobilenet_v2", slo_ms=1000), 10)
+            await s.close()
+            return r, ok, (await c.stats()).get("requests", 0) - before
+
+    r, ok, seen = asyncio.run(main())
+    assert (r.status, r.reason) == (4, "late") and "before it was sent" in r.message
+    assert ok.status == 0 and seen == 1  # only the second reached the controller
+
+
 def test_a_replay_whose_controller_dies_stops_and_keeps_its_figures(tmp_path):
     """The controller is killed 1.5 s into a 10 s replay of closed-loop clients: the
     replay stops at once (it sent on for the rest of the run, the closed loops resending

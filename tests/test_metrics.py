@@ -413,3 +413,37 @@ def test_gpu_metrics_read_as_perf_analyzer_reads_them():
     assert used and all(int(v) % PAGE_SIZE == 0 for v in used.values())
     assert [_plain_number(v) for v in (50331648.0, 1e-05, 0.0, 0.5, 1.0)] == [
         "50331648", "0.00001", "0", "0.5", "1"]
+
+
+def test_a_request_of_several_rows_counts_once_and_its_counters_never_go_down():
+    """A KServe request of 4 rows answered row by row (rows split over batches): Triton's
+    request counts move once, when the last row is answered -- one failure if a row
+    failed, one success otherwise -- and never go down in between (they counted each
+    row answered as a failure until the request was complete, then took them back: a
+    Prometheus counter that drops reads as a reset). Its rows are inferences."""
+    from clockwork.actions import RequestStatus
+    from clockwork.requests import Reply, Request
+    from controller.metrics import ControllerMetrics
+
+    m = ControllerMetrics(_fake_node())
+
+    def counts() -> tuple[int, int, int]:
+        s = m.statistics("a")
+        st = s["inference_stats"]
+        return st["success"]["count"], st["fail"]["count"], s["inference_count"]
+
+    ok, late = RequestStatus.SUCCESS, RequestStatus.TIMEOUT
+    for statuses, delta in (([ok] * 4, (1, 0, 4)), ([ok, late, ok, late], (0, 1, 0))):
+        g = m.request_rows("a", 4)
+        before = counts()
+        rows = [Request(100 + i, "a", 0, 100 * MS) for i in range(4)]
+        for r in rows:
+            m.row(g, r.id)
+        seen = []
+        for r, st in zip(rows, statuses, strict=True):
+            m.answered(Reply(r, st, 5 * MS), st.name.lower())
+            seen.append(counts())
+        assert all(c == before for c in seen), seen  # (nothing moves before the whole)
+        m.request_done(g)
+        assert tuple(a - b for a, b in zip(counts(), before, strict=True)) == delta
+        assert not m.groups

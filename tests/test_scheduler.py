@@ -1181,3 +1181,7 @@ def test_requests_that_arrive_together_share_a_batch():
         acts += one.on_request(req(i, t=now), now)
     assert acts[0].batch_size == 1 and len(acts) > 1
     assert s.on_requests([], now) == []
+    # cold: the LOAD, then one INFER of all 8 once it is loaded (its first row went alone)
+    cold = sched()
+    acts = cold.on_requests([req(i) for i in range(8)], 0)
+    assert [(a.type.name, a.batch_size) for a in acts] == [("LOAD", 0), ("INFER", 8)]

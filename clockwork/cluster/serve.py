@@ -795,8 +795,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print("clockwork serve: stopped", file=sys.stderr, flush=True)
 
 
-class _StartInterrupted(Exception):  # noqa: N818 - a signal, not an error
-    """Ctrl-C or SIGTERM while the cluster started: what started is stopped, exit 130."""
+class _StartInterrupted(BaseException):  # noqa: N818 - a signal, not an error
+    """Ctrl-C or SIGTERM while the cluster started: what started is stopped, exit 130.
+    (A BaseException, as KeyboardInterrupt: no ``except Exception`` on the way takes it
+    for a failed step.)"""
 
 
 def _restart_worker(cluster: LocalCluster, i: int, times: list[float]) -> int | None:
