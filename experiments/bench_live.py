@@ -13,7 +13,10 @@ runs in this process), stopping after the first rate that fails. Per rate it pri
   batch size the reply reports; the emulated device runs exactly that long);
 - CPU seconds of the controller, the workers (together) and the load generator (this
   process), from /proc/PID/stat, and each as a share of one core;
-- the GPUs' busy fraction over the step (from the controller's /metrics).
+- the GPUs' busy fraction over the step (from the controller's /metrics);
+- late p99: how late the load generator sent its requests after their arrival times
+  (it shares the machine; each request's latency and SLO count from its arrival time,
+  so a generator that falls behind costs attainment, as it would a real client).
 
     python experiments/bench_live.py [--rates 1000,2000,...] [--step-s 10] [--py-spy]
 """
@@ -161,7 +164,7 @@ def main() -> int:
     bottleneck = ""
     head = (f"{'rate':>7} {'sent/s':>8} {'attain':>8} {'goodput':>9} {'added p50':>9} "
             f"{'p99 ms':>7} {'ctl cpu':>8} {'wrk cpu':>8} {'gen cpu':>8} {'gpu busy':>8} "
-            f"{'wall':>5}")
+            f"{'wall':>5} {'late p99':>8}")
     print(head, flush=True)
     for rate in rates:
         # A fresh cluster per rate, warmed up at that rate: the scheduler places one copy
@@ -176,13 +179,13 @@ def main() -> int:
                     "workers": [w.proc.pid for w in cluster.workers]}
             asyncio.run(replay(scenario(rate, 2.0, args.model, args.copies, args.workers,
                                         args.gpus, args.slo_ms, args.seed + 1),
-                               cluster.address, 200000))
+                               cluster.address, 200000, warn_late=False))
             sc = scenario(rate, args.step_s, args.model, args.copies, args.workers, args.gpus,
                           args.slo_ms, args.seed)
             c0 = (cpu_s(pids["controller"]), sum(cpu_s(p) for p in pids["workers"]), cpu_s())
             b0 = busy_seconds(base)
             t0 = time.monotonic()
-            res = asyncio.run(replay(sc, cluster.address, 200000))
+            res = asyncio.run(replay(sc, cluster.address, 200000, warn_late=False))
             wall = time.monotonic() - t0
             c1 = (cpu_s(pids["controller"]), sum(cpu_s(p) for p in pids["workers"]), cpu_s())
             busy = (busy_seconds(base) - b0) / (wall * args.workers * args.gpus)
@@ -194,12 +197,14 @@ def main() -> int:
                    "added_p50_ms": p50, "added_p99_ms": p99, "cpu_controller_s": cpu[0],
                    "cpu_workers_s": cpu[1], "cpu_loadgen_s": cpu[2], "gpu_busy": busy,
                    "wall_s": wall, "answered_once": res.answered_once,
-                   "latency_p99_ms": s["latency_ms"]["p99"]}
+                   "latency_p99_ms": s["latency_ms"]["p99"],
+                   # (how late the load generator sent, p99: it shares the machine)
+                   "send_lag_p99_ms": s["send_lag_ms"]["p99"]}
             rows.append(row)
             print(f"{rate:>7,.0f} {row['sent_rps']:>8,.0f} {row['attainment']:>8.4f} "
                   f"{row['goodput_rps']:>9,.0f} {p50:>9.2f} {p99:>7.2f} "
                   f"{cpu[0]:>5.1f} s {cpu[1]:>5.1f} s {cpu[2]:>5.1f} s {busy:>8.3f} "
-                  f"{wall:>5.1f}", flush=True)
+                  f"{wall:>5.1f} {row['send_lag_p99_ms']:>6.1f} ms", flush=True)
             ok = (res.answered_once and s["slo_attainment"] >= args.target
                   and row["sent_rps"] >= 0.97 * rate)
             if ok:

@@ -74,7 +74,8 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
                  progress: bool = False, check_packages: str | None = None,
                  on_start=None, *, token: str | None = None, tls: bool = False,
                  tls_ca: str | None = None,
-                 stream_interval_us: float = STREAM_INTERVAL_US) -> ReplayResult:
+                 stream_interval_us: float = STREAM_INTERVAL_US,
+                 warn_late: bool = True) -> ReplayResult:
     """Drive ``sc``'s workloads against a live controller. ``check_packages``: send real
     inputs (a seeded pool per model) and check every answer's output against the zoo
     model's numpy reference with that package folder's weights (``summary["outputs"]``).
@@ -82,7 +83,8 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     first request is due (``clockwork serve`` starts its ``[faults]`` from it).
     ``token``, ``tls``, ``tls_ca``: as ``clockwork.AsyncClient``'s (default token:
     ``$CLOCKWORK_TOKEN``). ``stream_interval_us``: the request stream's pacing interval
-    under load (``clockwork.protocol.pacing``; 0: none)."""
+    under load (``clockwork.protocol.pacing``; 0: none). ``warn_late``: say on stderr
+    when requests went out late (the summary's ``send_lag_ms`` says it always)."""
     from clockwork.client import AsyncClient
     from clockwork.errors import ControllerUnavailable
     from clockwork.profiles import load_profile_set
@@ -289,7 +291,7 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     } if stats1 is not None else None  # (the controller's counts: unknown)
     summary["send_lag_ms"] = _lag_figures(lags)
     late = summary["send_lag_ms"]
-    if late["p99"] > LAG_WARN_MS:
+    if warn_late and late["p99"] > LAG_WARN_MS:
         print(f"clockwork replay: requests went out late: p99 {late['p99']:g} ms, max "
               f"{late['max']:g} ms after their arrival times (the client could not keep "
               "up, or max_outstanding held them back); their latencies and SLOs count "
