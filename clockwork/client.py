@@ -910,12 +910,17 @@ class InferStream:
                 size += sizes[n]
                 n += 1
             batch, self._queue, self._sizes = self._queue[:n], self._queue[n:], sizes[n:]
-            self._pacer.note(n)
-            now = time.monotonic_ns()
             sent = self._sent
+            # (one the watchdog gave up while it waited here is answered: not sent, where
+            # the controller would run it with no wait counted and its answer be dropped)
+            batch = [req for req in batch if req.client_id in sent]
+            if not batch:
+                continue
+            self._pacer.note(len(batch))
+            now = time.monotonic_ns()
             for req in batch:  # the wait here counts against its SLO (at the controller too)
-                t = sent.get(req.client_id)
-                if t is not None and now > t[0]:
+                t = sent[req.client_id]
+                if now > t[0]:
                     req.queued_ns = now - t[0]
             yield pb.InferRequestBatch(requests=batch, client_time_ns=now)
 

@@ -177,6 +177,31 @@ def test_a_request_submitted_after_its_slo_ended_is_not_sent(cluster):
     assert ok.status == 0 and seen == 1  # only the second reached the controller
 
 
+def test_a_request_given_up_while_it_waits_to_be_sent_is_not_sent(cluster):
+    """A stream paced so that its second message waits 3 s (always busy): the watchdog
+    answers the request waiting in it after its 100 ms SLO and a second (no_answer), and
+    it is then not sent (it was: the controller ran it, counting none of its wait, and
+    the answer was dropped)."""
+    from clockwork.protocol.pacing import Pacer
+
+    async def main():
+        async with clockwork.AsyncClient(cluster.address, timeout=10) as c:
+            before = (await c.stats()).get("requests", 0)
+            s = c.stream()
+            s._pacer = Pacer(3e6, busy_rate=0)  # (0: always busy, one message per 3 s)
+            first = await asyncio.wait_for(s.submit("mobilenet_v2", slo_ms=1000), 10)
+            given_up = await asyncio.wait_for(s.submit("mobilenet_v2", slo_ms=100), 10)
+            # (one more, in the same paced message as the one given up, if that is sent)
+            last = await asyncio.wait_for(s.submit("mobilenet_v2", slo_ms=9000), 10)
+            await s.close()
+            return first, given_up, last, (await c.stats()).get("requests", 0) - before
+
+    first, given_up, last, seen = asyncio.run(main())
+    assert first.status == 0 and last.status == 0
+    assert (given_up.status, given_up.reason) == (4, "no_answer")
+    assert seen == 2, seen
+
+
 def test_a_replay_whose_controller_dies_stops_and_keeps_its_figures(tmp_path):
     """The controller is killed 1.5 s into a 10 s replay of closed-loop clients: the
     replay stops at once (it sent on for the rest of the run, the closed loops resending
