@@ -356,8 +356,9 @@ def _load_request(name: str, copies: int | None, profile: str | None,
     except TypeError:
         n = None
     if n is None or not 1 <= n <= _INT32_MAX:
-        raise InvalidRequest(f"{name}: copies must be an integer from 1 to {_INT32_MAX:,}, "
-                             f"got {copies!r}", 6, "bad_request", name)
+        # (the controller's own bound: 1,024 a new load, more for one loaded so at start)
+        raise InvalidRequest(f"{name}: copies must be an integer >= 1 (a load makes at most "
+                             f"1,024), got {copies!r}", 6, "bad_request", name)
     return pb.LoadModelRequest(name=name, copies=n, profile=profile or "",
                                package=package or "")
 
