@@ -532,6 +532,7 @@ def _keep_earlier_logs(out: Path) -> None:
     N the next number free in both formats, not overwritten (nor, in the other format,
     removed)."""
     old = [out / f"{n}.{fmt}" for n in ("requests", "actions") for fmt in LOG_FORMATS]
+    old += [out / "summary.json", out / "run.json"]  # (a finished run's: its table)
     if not any(p.exists() for p in old):
         return
     n = 1
@@ -588,7 +589,7 @@ def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
                 for name, a in arrays.items():
                     with z.open(name + ".npy", "w", force_zip64=True) as f:
                         np.lib.format.write_array(f, np.asanyarray(a), allow_pickle=False)
-        except OSError:  # (a full disk: the part written goes, not left as a .tmp)
+        except BaseException:  # (a full disk, a signal: the part written goes, not left)
             tmp.unlink(missing_ok=True)
             raise
         os.replace(tmp, path)
@@ -1001,22 +1002,29 @@ def summary_of(req: dict, act: dict, duration_s: float, extra: dict | None = Non
 
 def write_run(out: str | Path, telemetry: Telemetry, summary: dict, run: dict) -> Path:
     """A run's files in ``out``: the two logs (as ``telemetry.log_format``), run.json and
-    summary.json, the summary last. ``out`` never holds an earlier run's summary beside
-    this run's logs: both JSON files are encoded before anything is written (a value JSON
-    cannot hold changes nothing), an earlier summary.json and run.json are removed before
-    the logs are written, and summary.json is written under a temporary name and renamed
-    into place once everything else is there. An empty ``out`` is a ValueError (it wrote
-    into the current folder)."""
+    summary.json, the summary last. ``out`` never holds an earlier run's files beside this
+    run's: both JSON files are encoded before anything is written (a value JSON cannot
+    hold changes nothing), an earlier summary.json, run.json and logs (both formats) are
+    removed first, run.json is written before the logs (until summary.json is there the
+    folder is a run being written: ``clockwork report`` refuses it as incomplete), and
+    summary.json is written under a temporary name and renamed into place once
+    everything else is there. An empty ``out`` is a ValueError (it wrote into the current
+    folder)."""
     if not str(out).strip():
         raise ValueError(f"the run's folder must be a path, got {str(out)!r}")
     out = Path(out)
     summary_bytes, run_bytes = _json_bytes(summary), _json_bytes(run)
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("summary.json", "run.json"):
+    # an earlier run's files go first (logs of both formats too: a write stopped part way
+    # left this run's request log beside the earlier action log, reported as one run);
+    # run.json before the logs marks the folder a run still being written until
+    # summary.json is there (``clockwork report`` refuses it as incomplete)
+    for name in ("summary.json", "run.json", *(f"{n}.{f}" for n in ("requests", "actions")
+                                              for f in LOG_FORMATS)):
         (out / name).unlink(missing_ok=True)
-    telemetry.write(out)
     with _naming(out / "run.json"):
         (out / "run.json").write_bytes(run_bytes)
+    telemetry.write(out)
     tmp = out / "summary.json.tmp"
     with _naming(out / "summary.json"):
         try:

@@ -63,6 +63,9 @@ BAD = [
     (["serve", "no_such_scenario"], "no_such_scenario"),
     (["replay", SC, "--controller", "nohostport"], "nohostport"),
     (["replay", SC, "--max-outstanding", "0"], "0"),
+    # the controller's logs and the replay's in one folder overwrote each other
+    (["serve", SC, "--replay", "--out", "out/same", "--log-dir", "out/same"],
+     "--log-dir and --out name one folder"),
     # a check across two settings names its table once (it said "[scheduler]: scheduler:")
     (["simulate", SC, "--set", "scheduler.schedule_ahead_ms=1", "--set",
       "scheduler.future_ms=5"], ": [scheduler]: schedule_ahead_ms (1) must be more than"),

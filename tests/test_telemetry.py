@@ -880,3 +880,60 @@ def test_the_table_says_what_failed_requests_were_told():
     assert "20,115 x no worker is available to serve the model" in lines[at + 1]
     assert "7 x worker lost" in lines[at + 2]
     assert "told" in lines[at + 1] and "told" not in lines[at + 3]
+
+
+def test_a_run_stopped_while_its_files_are_written_is_reported_as_incomplete(tmp_path,
+                                                                              capsys):
+    """A folder holds a finished run; a new run into it stops while writing its logs (a
+    signal, a full disk) after its request log: ``clockwork report`` refuses the folder
+    as incomplete, exit 2 (it reported the new run's requests beside the old run's
+    action log as one run, exit 0: the earlier logs stayed until overwritten)."""
+    from clockwork.cluster.sim import simulate
+
+    d = tmp_path / "run"
+    simulate("poisson_warm", ["duration_s=1"]).write(d)
+    res = simulate("poisson_warm", ["duration_s=2", "seed=3"])
+    real = res.telemetry.write
+
+    def stopped(out):  # its request log written, then the stop: no action log of its own
+        real(tmp_path / "whole")
+        for f in (tmp_path / "whole").glob("requests.*"):
+            (out / f.name).write_bytes(f.read_bytes())
+        raise KeyboardInterrupt
+
+    res.telemetry.write = stopped
+    with pytest.raises(KeyboardInterrupt):
+        res.write(d)
+    assert main(["report", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert "no summary.json" in err and "incomplete" in err, err
+
+
+def test_a_controllers_first_flush_sets_a_finished_runs_table_aside(tmp_path):
+    """A controller's --log-dir that holds a finished run: its summary.json and run.json
+    are set aside with its logs (``summary.1.json``), so that ``clockwork report`` reads
+    the controller's logs (it printed the old run's table with the new logs' timeline)."""
+    from clockwork.cluster.sim import simulate
+
+    d = tmp_path / "logs"
+    simulate("poisson_warm", ["duration_s=1"]).write(d)
+    T._keep_earlier_logs(d)
+    assert not (d / "summary.json").exists() and (d / "summary.1.json").exists()
+    assert (d / "run.1.json").exists() and (d / "requests.1.tsv").exists()
+
+
+def test_report_out_of_memory_is_one_line(tmp_path, monkeypatch, capsys):
+    """Logs too large for the memory the process can take: one line, exit 2 (a
+    MemoryError traceback, exit 1)."""
+    from clockwork.cluster.sim import simulate
+
+    d = tmp_path / "run"
+    simulate("poisson_warm", ["duration_s=1"]).write(d)
+
+    def no_memory(*a, **k):
+        raise MemoryError
+
+    monkeypatch.setattr(T, "read_columns", no_memory)
+    assert main(["report", str(d), "--timeline", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "too large to read" in err[0], err

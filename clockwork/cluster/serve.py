@@ -648,6 +648,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
     if getattr(args, "log_dir", None):
+        if getattr(args, "out", None) and Path(args.out).resolve() == Path(args.log_dir).resolve():
+            print("clockwork serve: --log-dir and --out name one folder: the controller's logs "
+                  "and the replay's would overwrite each other; give them two",
+                  file=sys.stderr)
+            return 2
         extra += ["--log-dir", str(args.log_dir)]
     # the controller's listeners; the workers stay on loopback, behind the cluster secret
     for flag in ("token_file", "tls_cert", "tls_key"):

@@ -115,6 +115,10 @@ def _summary_from_logs(path: Path) -> tuple[dict, dict, dict, float | None] | st
         return (f"{path} has {req_log.name} but no {act_log.name} and no summary.json: "
                 "its logs are incomplete (a run whose files were not all written, e.g. "
                 "on a full disk)")
+    if (path / "run.json").exists():  # (written first by every run; summary.json last)
+        return (f"{path} has run.json and logs but no summary.json: a run whose files were "
+                "not all written (stopped or killed while writing them, a full disk); its "
+                "logs are incomplete")
     try:
         tel = read_logs(path)
     except (FileNotFoundError, ValueError) as e:
@@ -161,6 +165,16 @@ def _actions_counted(s: dict) -> bool:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    try:
+        return _report(args)
+    except MemoryError:  # (logs too large for this process: one line, not a traceback)
+        print(f"clockwork report: {args.dir}: its logs are too large to read in the memory "
+              "this process can take (without --timeline, a summary.json is read alone)",
+              file=sys.stderr)
+        return 2
+
+
+def _report(args: argparse.Namespace) -> int:
     from clockwork.telemetry import format_summary
 
     path = Path(args.dir)
