@@ -1000,14 +1000,17 @@ def summary_of(req: dict, act: dict, duration_s: float, extra: dict | None = Non
     return summary
 
 
+WRITING_MARK = "run.writing"  # in a run's folder while its files are written
+
+
 def write_run(out: str | Path, telemetry: Telemetry, summary: dict, run: dict) -> Path:
     """A run's files in ``out``: the two logs (as ``telemetry.log_format``), run.json and
     summary.json, the summary last. ``out`` never holds an earlier run's files beside this
     run's: both JSON files are encoded before anything is written (a value JSON cannot
     hold changes nothing), an earlier summary.json, run.json and logs (both formats) are
-    removed first, run.json is written before the logs (until summary.json is there the
-    folder is a run being written: ``clockwork report`` refuses it as incomplete), and
-    summary.json is written under a temporary name and renamed into place once
+    removed first, an empty ``WRITING_MARK`` file says a run is being written there until
+    summary.json is in place (``clockwork report`` refuses such a folder as incomplete),
+    and summary.json is written under a temporary name and renamed into place once
     everything else is there. An empty ``out`` is a ValueError (it wrote into the current
     folder)."""
     if not str(out).strip():
@@ -1017,14 +1020,17 @@ def write_run(out: str | Path, telemetry: Telemetry, summary: dict, run: dict) -
     out.mkdir(parents=True, exist_ok=True)
     # an earlier run's files go first (logs of both formats too: a write stopped part way
     # left this run's request log beside the earlier action log, reported as one run);
-    # run.json before the logs marks the folder a run still being written until
-    # summary.json is there (``clockwork report`` refuses it as incomplete)
+    # WRITING_MARK marks the folder a run being written until summary.json is there
+    # (``clockwork report`` refuses it as incomplete)
     for name in ("summary.json", "run.json", *(f"{n}.{f}" for n in ("requests", "actions")
                                               for f in LOG_FORMATS)):
         (out / name).unlink(missing_ok=True)
+    mark = out / WRITING_MARK
+    with _naming(mark):
+        mark.touch()
+    telemetry.write(out)
     with _naming(out / "run.json"):
         (out / "run.json").write_bytes(run_bytes)
-    telemetry.write(out)
     tmp = out / "summary.json.tmp"
     with _naming(out / "summary.json"):
         try:
@@ -1033,6 +1039,7 @@ def write_run(out: str | Path, telemetry: Telemetry, summary: dict, run: dict) -
             tmp.unlink(missing_ok=True)
             raise
     os.replace(tmp, out / "summary.json")
+    mark.unlink(missing_ok=True)
     return out
 
 

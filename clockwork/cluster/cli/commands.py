@@ -115,10 +115,12 @@ def _summary_from_logs(path: Path) -> tuple[dict, dict, dict, float | None] | st
         return (f"{path} has {req_log.name} but no {act_log.name} and no summary.json: "
                 "its logs are incomplete (a run whose files were not all written, e.g. "
                 "on a full disk)")
-    if (path / "run.json").exists():  # (written first by every run; summary.json last)
-        return (f"{path} has run.json and logs but no summary.json: a run whose files were "
-                "not all written (stopped or killed while writing them, a full disk); its "
-                "logs are incomplete")
+    from clockwork.telemetry import WRITING_MARK
+
+    if (path / WRITING_MARK).exists():  # (there while a run's files are written)
+        return (f"{path} has {WRITING_MARK} and logs but no summary.json: a run whose "
+                "files were not all written (stopped or killed while writing them, a full "
+                "disk); its logs are incomplete")
     try:
         tel = read_logs(path)
     except (FileNotFoundError, ValueError) as e:
