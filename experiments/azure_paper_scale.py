@@ -76,6 +76,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tomllib
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -292,6 +293,19 @@ def parts_line(specs: list[dict], done: dict) -> str:
 
 
 _CHILDREN: set[subprocess.Popen] = set()  # the parts running now (each waited on by a thread)
+# (a part is started and entered in _CHILDREN under this lock, and none is started once
+# _STOP is set: a stop either sees a part or keeps it from starting; a part started just
+# as Ctrl-C came was missed and ran to its end)
+_CHILDREN_LOCK = threading.Lock()
+_STOP = threading.Event()
+
+
+def stop_parts() -> None:
+    """Kill every part running, and start none from now on."""
+    with _CHILDREN_LOCK:
+        _STOP.set()
+        for c in list(_CHILDREN):
+            c.kill()
 
 
 def spawn_part(spec: dict, alone: bool = True) -> dict:
@@ -304,8 +318,11 @@ def spawn_part(spec: dict, alone: bool = True) -> dict:
                "--result", f.name]
         r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, cwd=common.ROOT)
-        _CHILDREN.add(p)
+        with _CHILDREN_LOCK:
+            if _STOP.is_set():
+                raise SystemExit(f"{NAME}: stopped")
+            p = subprocess.Popen(cmd, cwd=common.ROOT)
+            _CHILDREN.add(p)
         try:
             rc = p.wait()
         except BaseException:  # (Ctrl-C here: the part goes too)
@@ -523,8 +540,7 @@ def main(argv=None) -> dict:
                 except BaseException:  # Ctrl-C, a part that failed: none goes on running
                     for f in futures:
                         f.cancel()  # (those not started)
-                    for c in list(_CHILDREN):
-                        c.kill()
+                    stop_parts()
                     raise
     parts = [done[i] for i in range(len(specs))]
     load1 = os.getloadavg()
