@@ -1001,6 +1001,9 @@ def summary_of(req: dict, act: dict, duration_s: float, extra: dict | None = Non
 
 
 WRITING_MARK = "run.writing"  # in a run's folder while its files are written
+# a run's files in its folder (each log in either format), WRITING_MARK aside
+RUN_FILES = ("summary.json", "run.json",
+             *(f"{n}.{f}" for n in ("requests", "actions") for f in LOG_FORMATS))
 
 
 def write_run(out: str | Path, telemetry: Telemetry, summary: dict, run: dict) -> Path:
@@ -1022,8 +1025,7 @@ def write_run(out: str | Path, telemetry: Telemetry, summary: dict, run: dict) -
     # left this run's request log beside the earlier action log, reported as one run);
     # WRITING_MARK marks the folder a run being written until summary.json is there
     # (``clockwork report`` refuses it as incomplete)
-    for name in ("summary.json", "run.json", *(f"{n}.{f}" for n in ("requests", "actions")
-                                              for f in LOG_FORMATS)):
+    for name in RUN_FILES:
         (out / name).unlink(missing_ok=True)
     mark = out / WRITING_MARK
     with _naming(mark):

@@ -110,9 +110,9 @@ class LoopObserver:
     def unknown(self, worker: int, result: Result) -> None:
         """A result for no outstanding action (a duplicate, or from before a loss)."""
 
-    def suspect(self, worker: int, failed: int, why: str = "") -> None:
-        """``worker`` is suspect (``why``: it did not answer a probe, or an action of
-        its is long overdue though it answers them); ``failed`` actions were failed."""
+    def suspect(self, worker: int, failed: int, reason: str = "") -> None:
+        """``worker`` is suspect (``reason``: no answer to a probe, or an action of its
+        long overdue though it answers them); ``failed`` actions were failed."""
 
     def readmitted(self, worker: int) -> None:
         """A suspect worker was heard from again and is being reset and re-admitted."""
@@ -258,7 +258,7 @@ class ControllerLoop:
         if probing:
             for w in [w for w, until in probing.items() if until <= now]:
                 del probing[w]
-                self._suspect(w, now, "worker suspect (no answer to a probe)")
+                self._suspect(w, now, "no answer to a probe")
         due, outstanding, up = self._due, self.outstanding, self.up
         while due and due[0][0] <= now:
             _, aid, w, again = heapq.heappop(due)
@@ -274,13 +274,15 @@ class ControllerLoop:
             elif w in probing:  # the probe out decides first
                 heapq.heappush(due, (probing[w] + 1, aid, w, 1))
             else:  # long overdue, and its worker answers: it will never finish there
-                self._suspect(w, now, "worker suspect (an action long overdue, though the "
-                                      "worker answers probes)")
+                self._suspect(w, now, "an action long overdue, though the "
+                                      "worker answers probes")
 
-    def _suspect(self, w: int, now: int, why: str) -> None:
-        """``w`` is suspect: handled as lost (``worker_lost``) until it is heard from."""
+    def _suspect(self, w: int, now: int, reason: str) -> None:
+        """``w`` is suspect (``reason``): handled as lost (``worker_lost``) until it is
+        heard from."""
         self.suspect[w] = True
-        self.observer.suspect(w, self.worker_lost(w, now, why), why)
+        failed = self.worker_lost(w, now, f"worker suspect ({reason})")
+        self.observer.suspect(w, failed, reason)
     def worker_lost(self, worker: int, now: int, why: str = "worker lost") -> int:
         """``worker`` went away: the policy places nothing on its GPUs until it is back,
         and its outstanding actions fail. Returns how many actions failed."""

@@ -130,7 +130,6 @@ _SENT_KEY = {t: f"{t.name.lower()}_sent" for t in ActionType}
 _RESULT_KEY = {t: (f"{t.name.lower()}_rejected", f"{t.name.lower()}_ok") for t in ActionType}
 _STATUS_NAME = {s: s.name.lower() for s in RequestStatus}
 _STATUS_KEY = {s: f"requests_{s.name.lower()}" for s in RequestStatus}
-SHUTDOWN_MESSAGE = STOPPING_MESSAGE
 LOG_FLUSH_S = 1.0  # --log-flush-s: a crash loses at most this much of the logs
 LOG_ROWS_PER_STEP = 256  # log rows formatted and written between turns of the event loop
 RECONNECT_S = 0.25  # between attempts to reach a lost worker again
@@ -1382,11 +1381,10 @@ class ControllerNode:
     def unknown(self, worker: int, r: Result) -> None:
         self.count("results_unknown")
 
-    def suspect(self, worker: int, failed: int, why: str = "") -> None:
+    def suspect(self, worker: int, failed: int, reason: str = "") -> None:
         self.count("worker_suspects")
-        # (why: no answer to a probe, or an action long overdue though it answers them)
-        said = why.removeprefix("worker suspect (").removesuffix(")") or "no answer to a probe"
-        print(f"controller: worker {self.links[worker].address} is suspect ({said}); "
+        print(f"controller: worker {self.links[worker].address} is suspect "
+              f"({reason or 'no answer to a probe'}); "
               f"{failed} action(s) failed", file=sys.stderr, flush=True)
 
     def readmitted(self, worker: int) -> None:
@@ -1463,7 +1461,7 @@ class ControllerNode:
                 r.model not in self.profiles or r.model in self.unloading):
             reason = "unknown_model"  # (also: its model was unloaded meanwhile)
         elif status == RequestStatus.ERROR:
-            if rep.message == SHUTDOWN_MESSAGE:
+            if rep.message == STOPPING_MESSAGE:
                 reason = "shutdown"
             elif failed_code(rep.message) == ErrorCode.WORKER_LOST:
                 reason = "worker_lost"  # its worker went away and no retry was in time
@@ -1511,7 +1509,7 @@ class ControllerNode:
             self.metrics.reply(req.model if req.model in self.profiles else "", "error", None)
             self.log_refused(req.model, req.slo_ms, RequestStatus.ERROR, now, rid)
             deliver(pb.InferResponse(status=RequestStatus.ERROR, reason="shutdown",
-                                     message=SHUTDOWN_MESSAGE, client_id=req.client_id,
+                                     message=STOPPING_MESSAGE, client_id=req.client_id,
                                      gpu=-1))
             return None
         prof = self.profiles.get(req.model)
@@ -1576,7 +1574,7 @@ class ControllerNode:
         # the requests still waiting: answered ERROR/shutdown as any answer is (counted,
         # in the metrics and the request log)
         now = now_ns()
-        self._answer([Reply(r, RequestStatus.ERROR, now, SHUTDOWN_MESSAGE)
+        self._answer([Reply(r, RequestStatus.ERROR, now, STOPPING_MESSAGE)
                       for r in list(self.pending.values())])
         self.pending.clear()
         for close in list(self.stream_closers):  # (their calls end UNAVAILABLE, not
@@ -1712,9 +1710,9 @@ class ControllerNode:
                                   "optionally ':K' (a copy's name, K from 1, no leading zero)")
         have = self.loaded.get(name)
         # (a model loaded with more copies at start may be loaded again as it is: a reload)
-        most = have.copies if have is not None and copies == have.copies else MAX_COPIES
-        if isinstance(copies, bool) or not isinstance(copies, int) \
-                or not 1 <= copies <= max(most, MAX_COPIES):
+        as_loaded = have is not None and copies == have.copies
+        if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1 \
+                or (copies > MAX_COPIES and not as_loaded):
             raise RepositoryError(bad, f"copies must be an integer from 1 to {MAX_COPIES}, "
                                   f"got {copies!r}")
         base = _group_name(name)

@@ -359,8 +359,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
               "clockwork serve SCENARIO --replay plays them on a cluster of its own; or "
               + " ".join(f"--set faults.{k}=[]" for k in events), file=sys.stderr)
         return 2
-    settled = sorted({k.split("=", 1)[0].strip() for k in args.set or ()
-                      if k.split("=", 1)[0].strip().split(".")[0] in ("cluster", "scheduler")})
+    keys = {k.split("=", 1)[0].strip() for k in args.set or ()}
+    settled = sorted(k for k in keys if k.split(".")[0] in ("cluster", "scheduler"))
     if settled:
         print(f"clockwork replay: {', '.join(settled)} not applied: the controller's own "
               "cluster and scheduler serve the replay", file=sys.stderr)

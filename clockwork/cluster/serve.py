@@ -413,15 +413,13 @@ def _profiles_of(sc) -> str:
     return os.path.abspath(found)
 
 
-RUN_FILES = ("summary.json", "run.json", "requests.tsv", "requests.npz", "actions.tsv",
-             "actions.npz")
-
-
 def clear_run_folder(out: Path, who: str) -> None:
     """An earlier run's files in ``out`` (its summary, logs and the processes' logs in
     ``out/logs``) removed before a live run writes its own logs there: a folder holds one
     run, and a run that fails or is interrupted leaves no earlier summary beside its
     logs. Says so on stderr when there were any."""
+    from clockwork.telemetry import RUN_FILES
+
     logs = out / "logs"
     old = [out / n for n in RUN_FILES if (out / n).is_file()]
     if logs.is_dir():

@@ -393,7 +393,7 @@ class Simulation:
         log = self.fault_log
 
         class Observer(LoopObserver):
-            def suspect(self, w, failed, why=""):
+            def suspect(self, w, failed, reason=""):
                 log.append((now, f"controller suspects worker {w}; {failed} "
                                           "action(s) failed"))
 
