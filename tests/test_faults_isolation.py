@@ -983,9 +983,12 @@ def test_a_burst_of_unary_calls_is_answered_whole(profiles):
     every one is answered. gRPC's server cancels calls that arrived but that the server
     has not taken up yet, at random above 1,000 waiting and all above 3,000 (its
     max_pending_requests): with no option set, ~3 % of a burst of 1,500 and more of
-    this one ended CANCELLED before the controller saw them."""
+    this one ended CANCELLED before the controller saw them. The liveness probe timeout
+    is raised: while the controller takes up the burst, a worker starved of CPU on two
+    shared cores can miss a 50 ms probe and be suspect for a moment (CI: 13 calls
+    answered ``no_worker``)."""
     n = 3000
-    with _cluster(profiles) as c:
+    with _cluster(profiles, args=("--set", "probe_timeout_ms=1000")) as c:
         async def main() -> dict[str, int]:
             got: dict[str, int] = {}
             async with grpc.aio.insecure_channel(c.address) as ch:
@@ -995,7 +998,7 @@ def test_a_burst_of_unary_calls_is_answered_whole(profiles):
                 async def one() -> None:
                     try:
                         r = await stub.Infer(req, timeout=60)
-                        what = "ok" if r.status == 0 else f"status {r.status}"
+                        what = "ok" if r.status == 0 else f"status {r.status} {r.reason}"
                     except grpc.aio.AioRpcError as e:
                         what = e.code().name
                     got[what] = got.get(what, 0) + 1
@@ -1003,7 +1006,8 @@ def test_a_burst_of_unary_calls_is_answered_whole(profiles):
                 await asyncio.gather(*(one() for _ in range(n)))
             return got
 
-        assert asyncio.run(main()) == {"ok": n}
+        got = asyncio.run(main())
+        assert got == {"ok": n}, "".join(c.controller.output[-20:])
 
 
 def test_a_call_over_grpc_max_calls_is_overloaded_for_the_python_client(profiles):
