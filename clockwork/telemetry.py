@@ -42,6 +42,7 @@ _I8, _I32, _I64, _BOOL = np.dtype(np.int8), np.dtype(np.int32), np.dtype(np.int6
 REQUEST_DTYPES = (_I64, _I32, _I64, _I64, _I64, _I8, _BOOL, _BOOL, _I32, _I32)
 ACTION_DTYPES = (_I64, _I8, _I8, _I32, _I32, _I32, _I32) + (_I64,) * 8
 LOG_FORMATS = ("tsv", "npz")
+ROWS_PREFIX = "clockwork-rows-"  # the folder a log's rows wait in (``spill_dir``)
 
 _STATUS = {s.value: s.name for s in RequestStatus}
 _TYPE_NAME = {t.value: t.name for t in ActionType}
@@ -257,7 +258,7 @@ class Telemetry:
         self.spill_folder: Path | None = None
         if spill_dir is not None:
             Path(spill_dir).mkdir(parents=True, exist_ok=True)
-            self.spill_folder = Path(tempfile.mkdtemp(prefix="clockwork-rows-", dir=spill_dir))
+            self.spill_folder = Path(tempfile.mkdtemp(prefix=ROWS_PREFIX, dir=spill_dir))
             req_spill, act_spill = self.spill_folder / "requests", self.spill_folder / "actions"
         try:
             self._req = ColumnLog(REQUEST_COLUMNS, REQUEST_DTYPES, req_spill, buffer_rows)
@@ -272,6 +273,7 @@ class Telemetry:
         self._abuf, self._alimit = self._act.buf, self._act.limit
         self._sent: dict[int, Action] = {}
         self._flushed = False  # flush() has started the TSV files
+        self.notes: list[str] = []  # what reading logs left out (read_logs), for the reader
 
     def __getstate__(self) -> dict:
         """Pickled with its rows in memory (``ColumnLog``): the copy owns no spill folder."""
@@ -612,10 +614,18 @@ def read_logs(run_dir: str | Path) -> Telemetry:
     """A run directory's logs as a ``Telemetry`` (its columns; ``log_format`` the format
     found): requests.npz/actions.npz or requests.tsv/actions.tsv, whichever ``requests``
     file is newer if both are there. A missing actions file reads as no actions.
-    Raises ``FileNotFoundError`` without a requests file, ``ValueError`` for a file
-    that is not such a log."""
+    Without either, the rows a controller writing npz logs left in a ``clockwork-rows-*``
+    folder there (killed before it wrote its logs; ``read_rows``). Raises
+    ``FileNotFoundError`` without any of these, ``ValueError`` for a file that is not
+    such a log."""
     run_dir = Path(run_dir)
-    fmt = _format_in(run_dir)
+    try:
+        fmt = _format_in(run_dir)
+    except FileNotFoundError:
+        rows = rows_folder(run_dir)
+        if rows is None:
+            raise
+        return read_rows(rows)
     tel = Telemetry(0, fmt)
     read = _read_npz if fmt == "npz" else _read_tsv
     requests, actions = run_dir / f"requests.{fmt}", run_dir / f"actions.{fmt}"
@@ -623,6 +633,59 @@ def read_logs(run_dir: str | Path) -> Telemetry:
     _check_values(requests, dict(zip(tel._req.names, tel._req.arrays(), strict=True)))
     if actions.exists():
         read(tel, actions, tel._act)
+    return tel
+
+
+def rows_folder(run_dir: Path) -> Path | None:
+    """The newest ``clockwork-rows-*`` folder in ``run_dir`` that holds a request log's
+    rows (``Telemetry(spill_dir=run_dir)``), or None."""
+    found = [(p.stat().st_mtime_ns, p) for p in run_dir.glob(ROWS_PREFIX + "*")
+             if (p / "requests.status").is_file()] if run_dir.is_dir() else []
+    return max(found)[1] if found else None
+
+
+def read_rows(folder: str | Path) -> Telemetry:
+    """The rows a ``Telemetry`` with a ``spill_dir`` keeps in ``folder`` (one file of raw
+    native-endian values per column, ``model_names`` one name a line), as a
+    ``Telemetry`` with its rows in memory: what a controller writing npz logs leaves
+    when it is killed before it writes them. A log's rows are those all of its column
+    files hold (a kill part way through appending leaves some columns a few rows
+    longer: those rows are left out, and ``notes`` says so). ``ValueError`` for values
+    no writer writes (as ``read_logs``)."""
+    folder = Path(folder)
+    names_file = folder / "model_names"
+    try:
+        text = names_file.read_text(encoding="utf-8") if names_file.exists() else ""
+    except UnicodeDecodeError:
+        raise _BadLog(f"{names_file}: not a list of model names (not UTF-8 text)") from None
+    models = text.split("\n")
+    if models and models[-1] == "":
+        models.pop()
+    tel = Telemetry(0, "npz")
+    for m in models:
+        tel._code(m)
+    for log, kind in ((tel._req, "requests"), (tel._act, "actions")):
+        paths = [folder / f"{kind}.{c}" for c in log.names]
+        sizes = [p.stat().st_size if p.exists() else 0 for p in paths]
+        n = min(size // dt.itemsize for size, dt in zip(sizes, log.dtypes, strict=True))
+        if any(size != n * dt.itemsize for size, dt in zip(sizes, log.dtypes, strict=True)):
+            tel.notes.append(f"{folder}: the {kind} log's column files hold different "
+                             f"numbers of rows (a writer stopped part way): the {n:,} "
+                             "rows all of them hold are read")
+        cols = []
+        for p, dt, name in zip(paths, log.dtypes, log.names, strict=True):
+            col = np.fromfile(p, dtype=np.uint8 if dt == _BOOL else dt, count=n) if n else (
+                np.zeros(0, dt))
+            if dt == _BOOL:
+                if len(col) and int(col.max()) > 1:
+                    raise _BadLog(f"{p}: column '{name}': {int(col.max())} is not 0 or 1")
+                col = col.astype(bool)
+            cols.append(col)
+        log.set_arrays(cols)
+        where = f"{folder / kind}.model"
+        _check_codes(where, tel._act.arrays()[5] if kind == "actions"
+                     else tel._req.arrays()[1], len(models))
+    _check_values(folder / "requests.status", tel.request_columns())
     return tel
 
 
@@ -836,7 +899,8 @@ def _read_tsv(tel: Telemetry, path: Path, log: ColumnLog) -> None:
     lines are ever Python objects, so a log of any length reads in about its columns'
     memory. A row that is not one (a field too many or too few, a value that is not a
     number, or one outside its column's type) is a ValueError naming the file, line and
-    column."""
+    column. A last line without its end of line (every row is written with one: a
+    writer killed part way through a line) is left out, and ``tel.notes`` says so."""
     status_of = {v: k for k, v in (_STATUS if log.names == REQUEST_COLUMNS
                                    else _ERROR_NAME).items()}
     type_of = {v: k for k, v in _TYPE_NAME.items()}
@@ -879,6 +943,12 @@ def _read_tsv(tel: Telemetry, path: Path, log: ColumnLog) -> None:
                 lines = f.readlines(_TSV_READ_ROWS * 64)  # (a size hint: whole lines)
                 if not lines:
                     break
+                if not lines[-1].endswith("\n"):  # the file's last line, cut off
+                    cut = lines.pop()
+                    if cut.strip():
+                        tel.notes.append(
+                            f"{path}: line {lineno + len(lines) + 1} has no end of line (the "
+                            "writer was stopped while writing it): left out")
                 rows = [line.rstrip("\n").split("\t") for line in lines if line.strip()]
                 if rows:
                     cols = columns(rows)
@@ -1240,12 +1310,20 @@ def _timeline_columns(what: str, cols: dict, names: tuple) -> dict[str, np.ndarr
     return out
 
 
-def read_columns(run_dir: str | Path, request_columns: tuple, action_columns: tuple
+def read_columns(run_dir: str | Path, request_columns: tuple, action_columns: tuple,
+                 notes: list[str] | None = None
                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Some columns of a run directory's logs, as ``read_logs`` finds them: from npz logs
-    only those columns are read; TSV logs are read whole. ``model`` comes as codes."""
+    only those columns are read; TSV logs are read whole. ``model`` comes as codes.
+    ``notes``: what reading left out is appended there (``Telemetry.notes``)."""
     run_dir = Path(run_dir)
-    if _format_in(run_dir) == "npz":
+    try:
+        fmt = _format_in(run_dir)
+    except FileNotFoundError:
+        if rows_folder(run_dir) is None:
+            raise
+        fmt = "rows"  # (read whole by read_logs, below)
+    if fmt == "npz":
         out = []
         for name, want, names in (("requests", request_columns, REQUEST_COLUMNS),
                                   ("actions", action_columns, ACTION_COLUMNS)):
@@ -1278,6 +1356,8 @@ def read_columns(run_dir: str | Path, request_columns: tuple, action_columns: tu
                 raise ValueError(f"{path}: not a log file ({e})") from None
         return out[0], out[1]
     tel = read_logs(run_dir)
+    if notes is not None:
+        notes.extend(tel.notes)
     req, act = tel.request_columns(), tel.action_columns()
     return {c: req[c] for c in request_columns}, {c: act[c] for c in action_columns}
 

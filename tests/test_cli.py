@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
+import time
 
 import orjson
 import pytest
@@ -203,15 +204,39 @@ def test_a_run_written_over_an_earlier_one_says_so(tmp_path, capsys):
     assert f"replaced the earlier run in {out} (summary.json, requests.tsv" in err, err
 
 
-def test_report_on_the_rows_of_a_run_that_never_wrote_its_logs(tmp_path, capsys):
-    """A controller killed while its npz rows waited in its --log-dir leaves them in a
-    clockwork-rows-* folder and no logs: report says what that folder is (it said only
-    "no summary.json")."""
-    (tmp_path / "clockwork-rows-x1y2" / "requests").mkdir(parents=True)
-    assert main(["report", str(tmp_path)]) == 2
-    err = capsys.readouterr().err
-    assert "clockwork-rows-x1y2 there holds the rows of a run whose npz logs were never " \
-        "written" in err, err
+def test_report_on_the_rows_of_a_controller_killed_before_it_wrote_its_logs(tmp_path):
+    """A controller writing npz logs, killed (SIGKILL) while its rows waited in its
+    --log-dir, leaves them in a clockwork-rows-* folder and no logs: report reads them
+    there, figures and timeline (it said they "cannot be reported")."""
+    import clockwork
+    from tests.conftest import local_cluster
+
+    logs = tmp_path / "logs"
+    with local_cluster(workers=1, gpus=1, models="mobilenet_v2", http_port=-1,
+                       controller_args=["--log-dir", str(logs), "--log-format", "npz",
+                                        "--log-flush-s", "0.05"]) as c:
+        with clockwork.Client(c.address, timeout=10) as cl:
+            for _ in range(5):
+                assert cl.infer("mobilenet_v2", slo_ms=500).status == 0
+        (rows,) = logs.iterdir()
+        # the last column of each log (written after the others at a flush): 5 requests'
+        # gpu (int32), 6 actions' prediction_error (int64: 5 INFERs, a LOAD)
+        last = ((rows / "requests.gpu", 5 * 4), (rows / "actions.prediction_error", 6 * 8))
+        deadline = time.monotonic() + 10
+        while any(p.stat().st_size < n for p, n in last) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        c.controller.proc.kill()
+        c.controller.proc.wait(timeout=10)
+    assert [p.name for p in logs.iterdir()] == [rows.name]  # no npz: only the rows
+    r = subprocess.run([*cli_command("report", str(logs), "--timeline", "1")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert f"read from {rows.name}" in r.stderr and "Traceback" not in r.stderr
+    submitted = next(ln for ln in r.stdout.splitlines() if ln.startswith("requests submitted"))
+    met = next(ln for ln in r.stdout.splitlines() if ln.strip().startswith("met SLO"))
+    assert submitted.split()[-1] == "5" and met.split()[-1] == "5", r.stdout
+    acts = next(ln for ln in r.stdout.splitlines() if ln.startswith("actions infer"))
+    assert acts.split()[-7:] == ["5", "/", "1", "/", "0", "/", "0"], r.stdout  # INFER, LOAD
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])

@@ -101,6 +101,33 @@ def test_a_tsv_log_that_is_not_utf8_names_the_file(runs, tmp_path, capsys):
     _one_line(capsys, main(["report", str(d)]), f"{p}: not a log file", "UTF-8")
 
 
+@pytest.mark.parametrize("log", ["requests", "actions"])
+@pytest.mark.parametrize("summary", [True, False])
+def test_a_tsv_log_cut_inside_its_last_line_reports_the_rest(runs, tmp_path, capsys, log,
+                                                             summary):
+    """A controller killed while it appended to its TSV logs leaves a last line without
+    its end of line: the rows before it are reported, and a warning names the line left
+    out (the whole log was refused: "5 tab-separated fields, expected 10")."""
+    d = _copy(runs, "tsv", tmp_path, summary)
+    p = d / f"{log}.tsv"
+    lines = p.read_text().splitlines(keepends=True)
+    p.write_text("".join(lines[:-1]) + lines[-1][:len(lines[-1]) // 2])
+    whole = T.read_logs(runs / "tsv")
+    rc = main(["report", str(d), "--timeline", "1"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert err.count(f"warning: {p}: line {len(lines)} has no end of line") == 1, err
+    assert "Traceback" not in err
+    back = T.read_logs(d)
+    n = len(whole.requests) - (log == "requests")
+    assert len(back.requests) == n and len(back.actions) == len(whole.actions) - (
+        log == "actions")
+    assert back.notes and not whole.notes
+    if not summary:
+        submitted = next(ln for ln in out.splitlines() if ln.startswith("requests submitted"))
+        assert submitted.split()[-1].replace(",", "") == str(n), out
+
+
 def test_a_numeric_action_type_reads_back(tmp_path):
     """The writer writes an action type it has no name for as its number: the reader
     takes that back (it took only names)."""

@@ -398,6 +398,32 @@ def test_spilled_rows_are_the_same_rows_and_stay_out_of_memory(run, tmp_path):
                 (tmp_path / f"spill-{fmt}" / f"{name}.{fmt}").read_bytes()
 
 
+def test_the_rows_left_in_a_spill_folder_read_back(run, tmp_path):
+    """``read_rows``: the rows a spilling Telemetry left in its folder (a controller killed
+    before it wrote its npz logs) read back as they were; ``read_logs`` of the folder
+    around it finds them. Columns a kill left of different lengths are read to the
+    shortest (a note says so); a value no writer writes is refused."""
+    tel, reqs, acts = run
+    sp = Telemetry(origin=1000, spill_dir=tmp_path / "logs")
+    fill(sp, N, o=1000)
+    sp._req.drain(), sp._act.drain()  # (what a controller's flush does)
+    back = T.read_logs(tmp_path / "logs")
+    assert back.requests == reqs and back.actions == acts and back.notes == []
+    with (sp.spill_folder / "requests.status").open("ab") as f:
+        f.write(b"\x00")  # a row more in one column, half a row in another
+    with (sp.spill_folder / "actions.gpu").open("ab") as f:
+        f.write(b"\x00\x00")
+    back = T.read_rows(sp.spill_folder)
+    assert back.requests == reqs and back.actions == acts
+    assert len(back.notes) == 2 and f"the {N:,} rows all of them hold" in back.notes[0]
+    (sp.spill_folder / "requests.cold_start").write_bytes(b"\x02" * N)
+    with pytest.raises(ValueError, match="requests.cold_start: column 'cold_start': 2 is not"):
+        T.read_rows(sp.spill_folder)
+    sp.close()
+    with pytest.raises(FileNotFoundError):
+        T.read_logs(tmp_path / "logs")
+
+
 def test_spilled_columns_handed_out_survive_clear_and_the_folder_goes(tmp_path):
     sp = Telemetry(spill_dir=tmp_path)
     fill(sp, 3 * T._BUF_ROWS)

@@ -102,29 +102,35 @@ def _summary_from_logs(path: Path) -> tuple[dict, dict, dict, float | None] | st
     answer (a note says so), with the request and action columns read and the time of
     the last answer (s from the logs' time 0: where the run ended, for the timeline;
     None without requests); None without logs, a message for logs it cannot read or
-    that are incomplete (a request log without its action log)."""
-    from clockwork.telemetry import read_logs, summary_of
+    that are incomplete (a request log without its action log). Without log files, the
+    rows a controller writing npz logs left in a ``clockwork-rows-*`` folder there."""
+    from clockwork.telemetry import WRITING_MARK, read_logs, rows_folder, summary_of
 
     found = [(q.stat().st_mtime_ns, q) for x in ("tsv", "npz")
              if (q := path / f"requests.{x}").exists()]
-    if not found:
+    rows = None if found else rows_folder(path)
+    if not found and rows is None:
         return None
-    req_log = max(found)[1]  # (the one read_logs reads: the newer)
-    act_log = req_log.with_name("actions" + req_log.suffix)
-    if not act_log.exists():  # (every run writes both: a write stopped part way)
-        return (f"{path} has {req_log.name} but no {act_log.name} and no summary.json: "
-                "its logs are incomplete (a run whose files were not all written, e.g. "
-                "on a full disk)")
-    from clockwork.telemetry import WRITING_MARK
-
-    if (path / WRITING_MARK).exists():  # (there while a run's files are written)
-        return (f"{path} has {WRITING_MARK} and logs but no summary.json: a run whose "
-                "files were not all written (stopped or killed while writing them, a full "
-                "disk); its logs are incomplete")
+    if rows is not None:  # (all its rows: the folder goes once the .npz files are in place)
+        print(f"clockwork report: no logs in {path}: read from {rows.name}, the rows of a "
+              "run whose npz logs were never written (a controller killed, or still "
+              "running)", file=sys.stderr)
+    else:
+        req_log = max(found)[1]  # (the one read_logs reads: the newer)
+        act_log = req_log.with_name("actions" + req_log.suffix)
+        if not act_log.exists():  # (every run writes both: a write stopped part way)
+            return (f"{path} has {req_log.name} but no {act_log.name} and no summary.json: "
+                    "its logs are incomplete (a run whose files were not all written, e.g. "
+                    "on a full disk)")
+        if (path / WRITING_MARK).exists():  # (there while a run's files are written)
+            return (f"{path} has {WRITING_MARK} and logs but no summary.json: a run whose "
+                    "files were not all written (stopped or killed while writing them, a "
+                    "full disk); its logs are incomplete")
     try:
         tel = read_logs(path)
     except (FileNotFoundError, ValueError) as e:
         return str(e)
+    _warn(tel.notes)
     req = tel.request_columns()
     arrival, latency = req["arrival"], req["latency"]
     last = int((arrival + latency).max()) if len(arrival) else None  # ns
@@ -135,6 +141,11 @@ def _summary_from_logs(path: Path) -> tuple[dict, dict, dict, float | None] | st
     act = tel.action_columns()
     end = last / 1e9 if last is not None and last > 0 else None
     return summary_of(req, act, round(span / 1e9, 6)), req, act, end
+
+
+def _warn(notes: list[str]) -> None:
+    for n in notes:
+        print(f"clockwork report: warning: {n}", file=sys.stderr)
 
 
 def _no_summary(path: Path) -> str:
@@ -149,11 +160,6 @@ def _no_summary(path: Path) -> str:
             got.append(f"a point's run: clockwork report {point}")
         return (f"{path} is a sweep's output, not a run: no summary.json of its own"
                 + (f"; see {' or '.join(got)}" if got else " (and no point finished yet)"))
-    rows = sorted(path.glob("clockwork-rows-*")) if path.is_dir() else []
-    if rows:  # (--log-format npz: the rows wait there until the logs are written at stop)
-        return (f"no summary.json in {path}, and no logs: {rows[0].name} there holds the "
-                "rows of a run whose npz logs were never written (a controller killed, or a "
-                "run stopped, before it wrote them); they cannot be reported")
     return f"no summary.json in {path}"
 
 
@@ -223,7 +229,9 @@ def _report(args: argparse.Namespace) -> int:
             if columns is None:  # a summary.json: its duration_s is where the arrivals end
                 d = s.get("duration_s")
                 end = d if isinstance(d, int | float) and d > 0 else None
-                columns = read_columns(f.parent, *TIMELINE_COLUMNS)
+                notes: list[str] = []
+                columns = read_columns(f.parent, *TIMELINE_COLUMNS, notes)
+                _warn(notes)
             rows = timeline_of(*columns, args.timeline, end)
         except (FileNotFoundError, ValueError) as e:
             print(f"clockwork report: {e}", file=sys.stderr)

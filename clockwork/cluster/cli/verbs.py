@@ -393,7 +393,8 @@ def add_controller(sub) -> None:
                    "--log-flush-s) or npz (requests.npz/actions.npz, written once at stop; "
                    "until then the rows wait in raw column files in a clockwork-rows-* "
                    "folder in DIR, not in memory, put there every --log-flush-s; a crash "
-                   "leaves them there without the .npz files)")
+                   "leaves them there without the .npz files: clockwork report DIR reads "
+                   "them)")
     p.add_argument("--action-interval-us", type=t.nonneg_float, default=ACTION_INTERVAL_US,
                    help="pacing: at most one action message per worker per interval; under "
                    "load actions share messages, but none is held past one interval "
