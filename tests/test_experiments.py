@@ -170,6 +170,38 @@ def test_live_result_has_the_controllers_actions(tmp_path):
     assert info["mode"] == "live" and "events" not in info, info
 
 
+def test_a_live_run_whose_controller_goes_away_is_not_an_experiments_figure(monkeypatch,
+                                                                           capsys):
+    """The controller killed part way through a live run: the run raises
+    ControllerUnavailable saying when and why (its figures cover part of the run, and no
+    figure is made of them), and a script built on ``common.script`` ends with that one
+    line, exit 1."""
+    import threading
+
+    from clockwork.errors import ControllerUnavailable
+
+    class Killed(common.LocalCluster):
+        def __enter__(self):
+            super().__enter__()
+            threading.Timer(1.0, self.controller.proc.kill).start()
+            return self
+
+    monkeypatch.setattr(common, "LocalCluster", Killed)
+
+    def main():
+        common.run("fig5_1gpu", ["duration_s=4", "workloads.0.concurrency=4"], live=True)
+
+    with pytest.raises(SystemExit) as e:
+        common.script(main)
+    assert e.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"{Path(sys.argv[0]).name}: the live run's controller went "
+                              "away "), err
+    assert "Traceback" not in "".join(err)
+    with pytest.raises(ControllerUnavailable, match=r"went away \d+(\.\d+)? s into the run"):
+        main()
+
+
 def test_live_refuses_scales_it_cannot_hold(tmp_path):
     """The refusal is a SystemExit whose message says why (Python prints it once)."""
     with pytest.raises(common.LiveRefused, match="21,600 s of real time"):
