@@ -74,12 +74,17 @@ GET, POST = frozenset({"GET", "HEAD"}), frozenset({"POST"})
 class Reply(NamedTuple):
     """A route's answer. ``payload``: a dict or list (JSON), bytes (plain text: /metrics
     and the probes) or None (an empty body); ``extra``: binary tensor data after the JSON
-    (the binary tensor extension); ``headers``: more response headers."""
+    (the binary tensor extension); ``headers``: more response headers; ``compress``: may
+    be compressed for a client that accepts it (an inference's outputs and /metrics only:
+    Triton compresses nothing else, and its asyncio client, whose requests all say
+    ``Accept-Encoding: gzip, deflate``, decodes no other answer -- statistics, a
+    configuration, the index or an error gzipped read as garbage there)."""
 
     status: int
     payload: object = None
     extra: bytes = b""
     headers: dict | None = None
+    compress: bool = False
 
 
 def _error(e: KServeError) -> Reply:
@@ -225,7 +230,7 @@ class KServeRest:
             families = list(node.metrics.registry.collect())
             text = await asyncio.get_running_loop().run_in_executor(
                 None, node.metrics.text, families)
-            return Reply(200, text)
+            return Reply(200, text, compress=True)
         if path == "/healthz":
             return Reply(200, b"ok\n")
         ready = (node.policy is not None and not node._stopping
@@ -296,7 +301,8 @@ class KServeRest:
                     finite = False
                 t["data"] = arr.tolist()
             resp["outputs"].append(t)
-        return Reply(200, resp if finite else _NonFinite(resp), b"".join(extra))
+        return Reply(200, resp if finite else _NonFinite(resp), b"".join(extra),
+                     compress=True)
 
     async def _infer_request(self, headers, body: bytes):
         """An inference request's body, read and checked: (inputs, parameters, requested
@@ -346,7 +352,7 @@ def encode(reply: Reply) -> tuple[bytes, dict[str, str]]:
     """A Reply's body and headers: JSON (``application/json``), plain text, or the JSON
     header followed by binary tensor data (``application/octet-stream`` with
     ``Inference-Header-Content-Length``); every 503 says ``Retry-After``."""
-    status, payload, extra, more = reply
+    status, payload, extra, more = reply.status, reply.payload, reply.extra, reply.headers
     if isinstance(payload, bytes):
         head, ctype = payload, TEXT_TYPE
     elif payload is None:
@@ -511,7 +517,8 @@ class _Handler:
     def _reply(request: web.Request, reply: Reply) -> web.Response:
         body, headers = encode(reply)
         resp = web.Response(status=reply.status, body=body, headers=headers)
-        if len(body) >= COMPRESS_MIN_BYTES:  # (a cache must know the answer depends on it)
+        if reply.compress and len(body) >= COMPRESS_MIN_BYTES:
+            # (a cache must know the answer depends on it)
             resp.headers["Vary"] = "Accept-Encoding"
             coding = response_coding(request.headers.get("Accept-Encoding", ""))
             if coding is not None:
@@ -595,8 +602,8 @@ def make_runner(node, token: str | None = None) -> web.AppRunner:
       body that does not decode), what the client still sends is read and dropped (not parsed or
       decoded) for up to ``rest_linger_timeout``, then the connection closes.
 
-    A response of at least ``COMPRESS_MIN_BYTES`` is compressed when the client sends
-    ``Accept-Encoding: gzip`` (or ``deflate``). A path that exists answers 405 with
+    An inference's answer (or /metrics) of at least ``COMPRESS_MIN_BYTES`` is compressed
+    when the client sends ``Accept-Encoding: gzip`` (or ``deflate``); nothing else is. A path that exists answers 405 with
     ``Allow`` for another method."""
     lim = node.limits
     rest = KServeRest(node, token)

@@ -603,3 +603,46 @@ def test_routes_without_sockets():
     p = subprocess.run([sys.executable, "-c", ROUTES], capture_output=True, text=True,
                        timeout=60)
     assert p.stdout.strip() == "routes ok", p.stdout + p.stderr
+
+
+def test_only_inference_answers_are_compressed_so_the_asyncio_client_reads_the_rest(addr):
+    """Statistics, configurations, the repository index and errors of 1 KiB or more go
+    uncompressed even to a client that accepts gzip, as Triton sends them:
+    tritonclient.http.aio asks for gzip on every request (aiohttp's default header) but
+    decodes only an inference's answer, so those came back as undecodable bytes ('utf-8'
+    codec can't decode byte 0x8b). An inference's answer is still compressed
+    (test_response_compression_raw)."""
+    import asyncio
+
+    from tritonclient.http import aio
+    from tritonclient.utils import InferenceServerException
+
+    for _ in range(3):  # (statistics with batch counts: a longer answer)
+        assert _request(addr, "POST", INFER, _json_body())[0] == 200
+    long_name = "x" * 1100
+    bad = json.dumps({"inputs": [{"name": long_name, "shape": [1, 4], "datatype": "FP32",
+                                  "data": [0, 0, 0, 0]}]}).encode()
+    for method, path, body, want in (("GET", "/v2/models/stats", None, 200),
+                                     ("POST", INFER, bad, 400)):
+        status, headers, got = _request(addr, method, path, body,
+                                        {"Accept-Encoding": "gzip, deflate"})
+        assert status == want and len(got) >= 1024, (path, status, len(got))
+        assert "Content-Encoding" not in headers, path
+        json.loads(got)
+
+    async def main() -> None:
+        c = aio.InferenceServerClient(f"{addr[0]}:{addr[1]}")
+        try:
+            stats = await c.get_inference_statistics()
+            assert {m["name"] for m in stats["model_stats"]} >= {"small", "big"}
+            assert {m["name"] for m in await c.get_model_repository_index()} >= {"small", "big"}
+            assert (await c.get_model_config("big"))["name"] == "big"
+            x = aio.InferInput(long_name, [1, 4], "FP32")
+            x.set_data_from_numpy(np.zeros((1, 4), np.float32), binary_data=False)
+            with pytest.raises(InferenceServerException) as e:
+                await c.infer("small", [x])
+            assert long_name[:100] in str(e.value) and "decod" not in str(e.value), e.value
+        finally:
+            await c.close()
+
+    asyncio.run(main())
