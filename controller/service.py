@@ -109,6 +109,7 @@ from clockwork.tensors import (
 from clockwork.time import MAX_SLO_MS, ms
 from controller import make_policy, policy_class, split_settings
 from controller.config import SchedulerConfig
+from controller.grpc_health import HEALTH_METHODS, add_health
 from controller.inflight import failed_code
 from controller.intake import (
     CLIENT_CLOCK_WINDOW_NS,
@@ -2063,10 +2064,11 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
     also on ``kserve_port`` (Triton's 8001 by default), REST on ``http_port``. ``token``:
     every client call must carry it (REST health endpoints excepted); ``tls``: every port
     speaks TLS."""
-    interceptors = [TokenInterceptor(token, node.count)] if token else None
+    interceptors = [TokenInterceptor(token, node.count, HEALTH_METHODS)] if token else None
     server = grpc.aio.server(options=server_options(node.limits), interceptors=interceptors,
                              maximum_concurrent_rpcs=node.limits.grpc_max_calls)
     pbg.add_ClockworkServicer_to_server(ClockworkServicer(node), server)
+    add_health(node, server)  # grpc.health.v1.Health (Kubernetes' grpc probes), no token
     from controller.kserve import add_kserve_grpc  # lazy: its inference.* protos clash
     add_kserve_grpc(node, server)  # with tritonclient's in one process; KServe v2, same port
     creds = tls.grpc_credentials() if tls is not None else None

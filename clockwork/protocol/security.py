@@ -348,17 +348,20 @@ class Refusals:
 class TokenInterceptor(grpc.aio.ServerInterceptor):
     """Refuses every gRPC call without ``authorization: Bearer <token>`` with
     ``UNAUTHENTICATED`` before its handler runs (nothing is admitted or counted as a
-    request)."""
+    request), but those to ``open_methods`` (full method names: the health probes)."""
 
     MESSAGE = "authentication required: send the metadata 'authorization: Bearer <token>'"
     WRONG = ("authentication failed: the token sent is not this controller's (send its "
              "token as 'authorization: Bearer <token>')")
 
-    def __init__(self, token: str, count=None) -> None:
+    def __init__(self, token: str, count=None, open_methods: frozenset = frozenset()) -> None:
         self._token = token.encode()
         self._refused = Refusals("controller", count)
+        self._open = open_methods  # answered without the token (health probes)
 
     async def intercept_service(self, continuation, details):
+        if details.method in self._open:
+            return await continuation(details)
         sent = False
         for key, value in details.invocation_metadata or ():
             if key == AUTHORIZATION:
@@ -461,9 +464,11 @@ class ClusterAuth:
         if not hmac.compare_digest(proof.encode("latin-1", "replace"), want.encode()):
             return "wrong cluster credentials", "", ""
         if is_me is not None and not is_me(target):
-            return (f"cluster credentials made for another worker ({target!r}; relayed? "
-                    f"if the controller reaches this worker as {target} through a NAT or a "
-                    f"port mapping, start it with --advertise {target})", "", "")
+            return (f"cluster credentials made for another worker ({target!r}: not an "
+                    "address this worker listens on -- relayed? If the controller reaches "
+                    f"this worker as {target} through a NAT or a port mapping, start it "
+                    f"with --advertise {target}; a name must resolve only to addresses the "
+                    "worker listens on)", "", "")
         now = self._clock()
         ts = int(t)
         if abs(now - ts / 1000) > FRESH_S:
@@ -545,10 +550,52 @@ def _any_machine(host: str) -> bool:
     return a.is_loopback or a.is_unspecified
 
 
-def answers_to(target: str, port: int, peer: str, advertised: tuple[str, ...] = ()) -> bool:
-    """Whether a worker listening on ``port`` of this machine, or reached as one of
-    ``advertised`` (``--advertise``: an address behind a NAT or port mapping), is the
-    worker at ``target``. A loopback or wildcard ``target`` names a worker on the
+_ADDRESSES: OrderedDict[str, frozenset] = OrderedDict()  # host -> its addresses, the most recent
+
+
+def _addresses(host: str) -> frozenset:
+    """Every address ``host`` (a name or an address) resolves to, IPv4 ones mapped into
+    IPv6 as themselves; empty if it does not resolve. Remembered for the 256 most recent."""
+    got = _ADDRESSES.get(host)
+    if got is None:
+        try:
+            infos = socket.getaddrinfo(host.strip("[]"), None, proto=socket.IPPROTO_TCP)
+        except (OSError, UnicodeError):
+            infos = []
+        out = set()
+        for info in infos:
+            try:
+                out.add(_unmapped(info[4][0]))
+            except ValueError:
+                continue
+        got = _ADDRESSES[host] = frozenset(out)
+        while len(_ADDRESSES) > 256:
+            _ADDRESSES.popitem(last=False)
+    return got
+
+
+def listener_covers(bound: str, host: str) -> bool:
+    """Whether a connection to ``host`` (every address it resolves to) reaches a listener
+    bound to ``bound`` on the same port: ``bound`` is a wildcard address (gRPC listens on
+    every address of the machine then), or ``host``'s addresses are all among
+    ``bound``'s. Another process may listen on the same port at an address the listener
+    did not take (``[::1]:P`` beside ``127.0.0.1:P``)."""
+    have = _addresses(bound)
+    if any(a.is_unspecified for a in have):
+        return True
+    want = _addresses(host)
+    return bool(want) and want <= have
+
+
+def answers_to(target: str, port: int, peer: str, advertised: tuple[str, ...] = (),
+               bound: str | None = None) -> bool:
+    """Whether a worker listening on ``port`` of this machine (at ``bound``, the host it
+    was told to listen on, if given), or reached as one of ``advertised``
+    (``--advertise``: an address behind a NAT or port mapping), is the worker at
+    ``target``. ``target`` must reach this listener: with ``bound`` not a wildcard,
+    every address ``target`` resolves to must be one of ``bound``'s (another process
+    may listen on the same port at another address of this machine and relay the proof
+    made for it here). A loopback or wildcard ``target`` names a worker on the
     controller's own machine, which every machine could claim to be: it is this worker
     only for a caller (``peer``, the gRPC peer) on this machine's loopback -- a proof
     made for 127.0.0.1:P and relayed here from another machine is refused."""
@@ -556,6 +603,8 @@ def answers_to(target: str, port: int, peer: str, advertised: tuple[str, ...] = 
         return True
     host = address_host(target)
     if not host or target.rpartition(":")[2] != str(port) or not is_local_host(host):
+        return False
+    if bound is not None and not listener_covers(bound, host):
         return False
     return not _any_machine(host) or peer_is_local(peer)
 

@@ -1,0 +1,82 @@
+"""gRPC's standard health service, ``grpc.health.v1.Health``, on the controller's gRPC
+ports: what Kubernetes' ``grpc`` probes, ``grpc_health_probe`` and load balancers ask.
+``Check`` answers ``SERVING`` while the controller serves (started, not stopping, a
+worker connected and answering: ``ControllerNode.serving``, KServe's ``ServerReady``)
+and ``NOT_SERVING`` otherwise; ``Watch`` sends the status at once and again whenever
+it changes (looked at every ``WATCH_INTERVAL_S``). The service names answered are ""
+(the server as a whole) and the services these ports serve; another is ``NOT_FOUND``
+(``Check``) or ``SERVICE_UNKNOWN`` (``Watch``), as the health protocol says. Like the
+REST probes, it needs no token (``HEALTH_METHODS``).
+
+The two messages are built from their descriptor here (field numbers and names as in
+grpc's ``health.proto``) rather than taken from grpcio-health-checking, whose current
+releases require protobuf 7, which the Triton and KServe clients installed beside us do
+not accept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+SERVICE = "grpc.health.v1.Health"
+HEALTH_METHODS = frozenset({f"/{SERVICE}/Check", f"/{SERVICE}/Watch"})
+SERVED = frozenset({"", "clockwork.v1.Clockwork", "inference.GRPCInferenceService"})
+WATCH_INTERVAL_S = 1.0
+SERVING, NOT_SERVING, SERVICE_UNKNOWN = 1, 2, 3
+
+
+def _messages():
+    f = descriptor_pb2.FileDescriptorProto(name="clockwork/grpc_health_v1.proto",
+                                           package="grpc.health.v1", syntax="proto3")
+    req = f.message_type.add(name="HealthCheckRequest")
+    req.field.add(name="service", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
+                  label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+    resp = f.message_type.add(name="HealthCheckResponse")
+    status = resp.enum_type.add(name="ServingStatus")
+    for name, number in (("UNKNOWN", 0), ("SERVING", SERVING), ("NOT_SERVING", NOT_SERVING),
+                         ("SERVICE_UNKNOWN", SERVICE_UNKNOWN)):
+        status.value.add(name=name, number=number)
+    resp.field.add(name="status", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_ENUM,
+                   type_name=".grpc.health.v1.HealthCheckResponse.ServingStatus",
+                   label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()  # (its own: never clashes with another copy)
+    pool.Add(f)
+    return (message_factory.GetMessageClass(pool.FindMessageTypeByName(f"grpc.health.v1.{n}"))
+            for n in ("HealthCheckRequest", "HealthCheckResponse"))
+
+
+HealthCheckRequest, HealthCheckResponse = _messages()
+
+
+def add_health(node, server) -> None:
+    """Serve ``grpc.health.v1.Health`` for ``node`` on gRPC ``server``."""
+
+    def status() -> int:
+        return SERVING if node.serving() else NOT_SERVING
+
+    async def check(request, context):
+        if request.service not in SERVED:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"unknown service {request.service!r}")
+        return HealthCheckResponse(status=status())
+
+    async def watch(request, context):
+        if request.service not in SERVED:
+            yield HealthCheckResponse(status=SERVICE_UNKNOWN)
+            return
+        last = None
+        while True:
+            now = status()
+            if now != last:
+                yield HealthCheckResponse(status=now)
+                last = now
+            await asyncio.sleep(WATCH_INTERVAL_S)
+
+    kw = {"request_deserializer": HealthCheckRequest.FromString,
+          "response_serializer": HealthCheckResponse.SerializeToString}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
+        "Check": grpc.unary_unary_rpc_method_handler(check, **kw),
+        "Watch": grpc.unary_stream_rpc_method_handler(watch, **kw)}),))
