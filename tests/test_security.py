@@ -43,6 +43,7 @@ from clockwork.protocol.security import (  # noqa: E402
     answers_to,
     bearer_ok,
     is_loopback,
+    listener_covers,
     peer_is_local,
 )
 from tests.conftest import local_cluster, wait_output  # noqa: E402
@@ -416,6 +417,26 @@ def test_local_cluster_uses_a_secret_it_keeps_off_the_command_line(plain_cluster
         assert c.infer(MODEL, slo_ms=1000).output.shape == (1000,)
 
 
+def _other_local_addresses() -> list[str]:
+    """Addresses of this machine other than 127.0.0.1 that a process can listen on: ::1
+    and the address the host name resolves to, where they exist (bracketed if IPv6)."""
+    out = []
+    names = {"::1"}
+    try:
+        names |= {i[4][0] for i in socket.getaddrinfo(socket.gethostname(), None,
+                                                      proto=socket.IPPROTO_TCP)}
+    except OSError:
+        pass
+    for a in sorted(names - {"127.0.0.1"}):
+        try:
+            with socket.socket(socket.AF_INET6 if ":" in a else socket.AF_INET) as s:
+                s.bind((a, 0))
+        except OSError:
+            continue
+        out.append(f"[{a}]" if ":" in a else a)
+    return out
+
+
 def test_fake_controller_cannot_drive_a_worker(plain_cluster):
     addr = plain_cluster.worker_addresses[0]
     wrong = ClusterAuth(b"not-the-cluster-secret-0123456789")
@@ -430,7 +451,12 @@ def test_fake_controller_cannot_drive_a_worker(plain_cluster):
                    # controller dialled at that address (AddWorker, a port taken over)
                    # would relay here
                    right.call_metadata(WORKER_CONNECT, other)[0],
-                   right.call_metadata(WORKER_CONNECT, "192.0.2.7:" + port)[0]):
+                   right.call_metadata(WORKER_CONNECT, "192.0.2.7:" + port)[0],
+                   # ... or at an address of this machine the worker does not listen on
+                   # (it listens on 127.0.0.1 only: any local user may listen on the same
+                   # port there, have the controller dial it and relay its proof)
+                   *[right.call_metadata(WORKER_CONNECT, f"{a}:{port}")[0]
+                     for a in _other_local_addresses()]):
             call = stub.Connect(iter([pb.ControllerMessage(hello=pb.Hello(worker_id=0,
                                                                           reset=True))]),
                                 metadata=md, timeout=TIMEOUT)
@@ -454,9 +480,18 @@ def test_fake_controller_cannot_drive_a_worker(plain_cluster):
         # its proof is for this address only: no good for a call made to another one
         assert not right.worker_proved(WORKER_CLOCK_SYNC, nonce, call.initial_metadata(),
                                        other)
-        # the same worker by another name of this machine: accepted
+        # the same worker by a name of this machine that resolves to its address only
+        # (where localhost also names ::1, a connection to it may reach another listener)
+        names = {i[4][0] for i in socket.getaddrinfo("localhost", None,
+                                                    proto=socket.IPPROTO_TCP)}
+        assert listener_covers(host, "localhost") == (names == {host})
         md, _ = right.call_metadata(WORKER_CLOCK_SYNC, f"localhost:{port}")
-        assert stub.ClockSync(pb.ClockSyncRequest(), metadata=md, timeout=TIMEOUT).worker_time
+        if listener_covers(host, "localhost"):
+            assert stub.ClockSync(pb.ClockSyncRequest(), metadata=md,
+                                  timeout=TIMEOUT).worker_time
+        else:
+            with pytest.raises(grpc.RpcError):
+                stub.ClockSync(pb.ClockSyncRequest(), metadata=md, timeout=TIMEOUT)
         # the same metadata again: a replay
         with pytest.raises(grpc.RpcError) as e:
             stub.ClockSync(pb.ClockSyncRequest(), metadata=md, timeout=TIMEOUT)
@@ -743,6 +778,12 @@ def test_helpers():
     assert answers_to("127.0.0.1:7000", 7000, here) and answers_to("localhost:7000", 7000, here)
     assert answers_to("[::1]:7000", 7000, "ipv6:[::1]:4000") or not socket.has_ipv6
     assert not answers_to("127.0.0.1:7001", 7000, here)
+    # ... and reaches the listener: not another address of the machine on the same port
+    assert not answers_to("[::1]:7000", 7000, "ipv6:[::1]:4000", bound="127.0.0.1")
+    assert not answers_to("127.0.0.2:7000", 7000, here, bound="127.0.0.1")
+    assert answers_to("127.0.0.1:7000", 7000, here, bound="127.0.0.1")
+    for wildcard in ("0.0.0.0", "::"):  # (gRPC listens on every address then)
+        assert answers_to("127.0.0.2:7000", 7000, here, bound=wildcard)
     assert not answers_to("192.0.2.7:7000", 7000, here)
     assert not answers_to("no-such-host.invalid:7000", 7000, here)
     assert not answers_to("x", 7000, here)

@@ -823,6 +823,7 @@ class WorkerServicer(pbg.WorkerServicer):
         self._session: _Session | None = None  # the controller connection that owns us
         self.link_port = link_port  # the fast link's port (0: not offered)
         self.port = 0  # the gRPC port it listens on (set once bound)
+        self.host: str | None = None  # the host it listens on (set once bound)
         self.advertise = advertise  # other addresses it is reached as (--advertise)
         self._refused = Refusals("worker")
         self._links: set[asyncio.Task] = set()  # the fast-link connections' tasks
@@ -867,7 +868,7 @@ class WorkerServicer(pbg.WorkerServicer):
     def _is_me(self, target: str, peer: str) -> bool:
         """Whether the controller's proof, from gRPC peer ``peer``, was made for this
         worker's address."""
-        return answers_to(target, self.port, peer, self.advertise)
+        return answers_to(target, self.port, peer, self.advertise, self.host)
 
     async def _authorize(self, context, method: str) -> None:
         """With a cluster secret: refuse a call without the controller's proof
@@ -1224,7 +1225,7 @@ async def serve_worker(host: str, port: int, node: WorkerNode, ready=None,
     pbg.add_WorkerServicer_to_server(servicer, server)
     bound = bind_grpc(server, host, port, "--port",
                       tls.grpc_credentials() if tls is not None else None)
-    servicer.port = bound
+    servicer.port, servicer.host = bound, host
     link = None
     if link_port >= 0:
         tls_link = {} if tls is None else {"ssl": tls.ssl_context(alpn=()),
