@@ -69,6 +69,7 @@ from clockwork.protocol.security import (
     WORKER_CONNECT,
     WORKER_LOAD,
     ClusterAuth,
+    ClusterProofInterceptor,
     Refusals,
     SecurityError,
     TlsFiles,
@@ -1218,10 +1219,14 @@ async def serve_worker(host: str, port: int, node: WorkerNode, ready=None,
     ``advertise``: addresses (``HOST:PORT``) the controller may dial it at besides this
     machine's names and ``port`` (a NAT, a container's port mapping): with a cluster
     secret, the controller's proof must name one of them."""
+    servicer = WorkerServicer(node, advertise=tuple(advertise))
+    # with a secret, a call without a proof is refused before its request is read
+    guard = (None if node.cluster_auth is None
+             else [ClusterProofInterceptor(node.cluster_auth, servicer._refused)])
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
                                       ("grpc.max_send_message_length", 64 << 20),
-                                      *LISTEN_OPTIONS, *keepalive.WORKER_SERVER])
-    servicer = WorkerServicer(node, advertise=tuple(advertise))
+                                      *LISTEN_OPTIONS, *keepalive.WORKER_SERVER],
+                             interceptors=guard)
     pbg.add_WorkerServicer_to_server(servicer, server)
     bound = bind_grpc(server, host, port, "--port",
                       tls.grpc_credentials() if tls is not None else None)

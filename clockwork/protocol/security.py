@@ -376,32 +376,54 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
                      self.WRONG if sent else self.MESSAGE)
 
 
-FIRST_MESSAGE_WAIT_S = 1.0  # how long a refused stream waits for the client's first message
+# a refused call is refused this long after it came, its request never read: time for a
+# small first write to arrive whole, so that grpc's asyncio client reports the refusal
+REFUSE_AFTER_S = 0.1
 
 
 def _deny(handler, code: grpc.StatusCode, message: str):
-    """A handler that only aborts. The call is refused once its first message has
-    arrived (or after ``FIRST_MESSAGE_WAIT_S``, or at the client's end of stream), never
-    before: grpc's asyncio client loses the refusal when it ends the call while the
-    client's first write is still on its way (the write fails and the call reports
-    INTERNAL "Internal error from Core" instead; grpc/grpc issue 36066). A unary method
-    is read as a stream too (the same messages on the wire): as a unary handler, a call
-    that never sent its request waited for it without end, holding one of the
-    ``grpc_max_calls`` for as long as its client liked. Nothing read is used, so nothing
-    is parsed: the request arrives as bytes."""
+    """A handler that only aborts, ``REFUSE_AFTER_S`` after the call came, without reading
+    its request. Not at once: grpc's asyncio client loses the refusal when it ends the
+    call while the client's first write is still on its way (the write fails and the call
+    reports INTERNAL "Internal error from Core" instead; grpc/grpc issue 36066); a small
+    request has arrived by then (one larger than the stream's flow-control window cannot
+    arrive unread, and its client may see INTERNAL). Not read: a request read before it
+    is refused took its size in memory, and the memory stayed the process's (the
+    controller read each refused call's first message: 36 refused calls of 40 MB left it
+    1.1 GB larger, a worker parsed them: 20 calls of 60 MB, 2 GB; unread, under 100 MB).
+    A unary method is answered as a stream (the same messages on the wire): as a unary
+    handler, its request would be read, and a call that never sent its request waited for
+    it without end, holding one of the ``grpc_max_calls`` for as long as its client
+    liked."""
 
     async def abort_stream(requests, context):
-        try:
-            async with asyncio.timeout(FIRST_MESSAGE_WAIT_S):
-                await anext(aiter(requests))
-        except (TimeoutError, StopAsyncIteration, grpc.RpcError):
-            pass  # no message, or the client went away: refuse all the same
+        await asyncio.sleep(REFUSE_AFTER_S)
         await context.abort(code, message)
 
     kw = {"request_deserializer": None, "response_serializer": handler.response_serializer}
     if handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(abort_stream, **kw)
     return grpc.stream_unary_rpc_method_handler(abort_stream, **kw)
+
+
+class ClusterProofInterceptor(grpc.aio.ServerInterceptor):
+    """A worker's first look at a call, before its request is read: a call without a
+    controller's proof that checks (``ClusterAuth.proof_checks``) is refused
+    ``UNAUTHENTICATED`` (``_deny``: its request is never read), so a peer without the
+    secret cannot make the worker read and hold messages up to its receive limit. The handler checks the call whole (nonce, time,
+    address: ``ClusterAuth.check_controller``) and answers with the worker's proof."""
+
+    def __init__(self, auth: ClusterAuth, refused) -> None:
+        self._auth = auth
+        self._refused = refused  # refused(what): log and count
+
+    async def intercept_service(self, continuation, details):
+        why = self._auth.proof_checks(details.method, details.invocation_metadata)
+        handler = await continuation(details)
+        if why is None or handler is None:
+            return handler
+        self._refused(f"{details.method.rpartition('/')[2]}: {why}")
+        return _deny(handler, grpc.StatusCode.UNAUTHENTICATED, "cluster authentication failed")
 
 
 # ---------------------------------------------------------------------- cluster secret
@@ -446,6 +468,22 @@ class ClusterAuth:
 
     # the worker's side
 
+    def proof_checks(self, method: str, metadata) -> str | None:
+        """Why the controller's proof in ``metadata`` is no good for a call to ``method``
+        (no credentials, malformed, or an HMAC that does not match), or None: made with
+        the secret. Its nonce is not taken (``check_controller`` does that)."""
+        md = {k: v for k, v in metadata or () if isinstance(v, str)}
+        nonce, t, proof = md.get(NONCE_KEY, ""), md.get(TIME_KEY, ""), md.get(PROOF_KEY, "")
+        target = md.get(TARGET_KEY, "")
+        if not (nonce or t or proof):
+            return "no cluster credentials"
+        if not _NONCE.fullmatch(nonce) or not t.isdigit() or len(target) > 300:
+            return "malformed cluster credentials"
+        want = _mac(self._key, "clockwork-v2 controller", method, target, t, nonce)
+        if not hmac.compare_digest(proof.encode("latin-1", "replace"), want.encode()):
+            return "wrong cluster credentials"
+        return None
+
     def check_controller(self, method: str, metadata, is_me=None
                          ) -> tuple[str | None, str, str]:
         """(why the call is refused or None, its nonce, the target it was made for). An
@@ -453,16 +491,11 @@ class ClusterAuth:
         ``is_me(target)``: whether the address the proof was made for is this worker's
         (a proof the controller made for another address, relayed here by whoever it
         dialled there, is refused)."""
+        why = self.proof_checks(method, metadata)
+        if why is not None:
+            return why, "", ""
         md = {k: v for k, v in metadata or () if isinstance(v, str)}
-        nonce, t, proof = md.get(NONCE_KEY, ""), md.get(TIME_KEY, ""), md.get(PROOF_KEY, "")
-        target = md.get(TARGET_KEY, "")
-        if not (nonce or t or proof):
-            return "no cluster credentials", "", ""
-        if not _NONCE.fullmatch(nonce) or not t.isdigit() or len(target) > 300:
-            return "malformed cluster credentials", "", ""
-        want = _mac(self._key, "clockwork-v2 controller", method, target, t, nonce)
-        if not hmac.compare_digest(proof.encode("latin-1", "replace"), want.encode()):
-            return "wrong cluster credentials", "", ""
+        nonce, t, target = md[NONCE_KEY], md[TIME_KEY], md.get(TARGET_KEY, "")
         if is_me is not None and not is_me(target):
             return (f"cluster credentials made for another worker ({target!r}: not an "
                     "address this worker listens on -- relayed? If the controller reaches "
