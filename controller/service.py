@@ -1588,6 +1588,13 @@ class ControllerNode:
 
     # ------------------------------------------------------------------ model repository
 
+    def _is_suspect(self, link: WorkerLink) -> bool:
+        """Whether ``link``'s worker is suspect now (it did not answer a probe): handled
+        as lost; once heard from it is reset, and the Hello of its reset, made then, lists
+        every instance served."""
+        ctrl = self.ctrl
+        return ctrl is not None and link.index < len(ctrl.suspect) and ctrl.suspect[link.index]
+
     def available(self, link: WorkerLink) -> bool:
         """Whether ``link``'s worker takes work now: connected, and not suspect (one
         that did not answer a probe is handled as lost until it answers again and its
@@ -1900,8 +1907,8 @@ class ControllerNode:
         u = pb.InstanceUpdate(seq=seq, add=list(add), remove=list(remove))
         waits = []
         for link in self.links:
-            if not link.connected:
-                continue
+            if not link.connected or self._is_suspect(link):
+                continue  # (a suspect one gets every instance in its Hello when it is back)
             link.updates.append((len(link.pending), u))
             if wait:
                 f = self.loop.create_future()
@@ -1915,18 +1922,18 @@ class ControllerNode:
             # a worker answers once it has read the packages of the instances added (on a
             # thread: a cuda package's first kernel build takes minutes), answering its
             # echoes meanwhile; so it is waited for as long as it is heard from
-            while not f.done() and link.connected:
+            while not f.done() and link.connected and not self._is_suspect(link):
                 quiet = min(max(link.heard, sent) + UPDATE_TIMEOUT_S,
                             sent + UPDATE_MAX_S) - time.monotonic()
                 if quiet <= 0:
                     break
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(quiet):
+                with contextlib.suppress(TimeoutError):  # (looking again at least 4 times
+                    async with asyncio.timeout(min(quiet, 0.25)):  # a second: suspect?)
                         await asyncio.shield(f)
             if not f.done():
                 link.acks.pop(seq, None)
-                if not link.connected:
-                    continue
+                if not link.connected or self._is_suspect(link):
+                    continue  # lost or suspect meanwhile: its Hello will say it
                 raise RepositoryError(grpc.StatusCode.UNAVAILABLE, (
                     f"worker {link.address} did not take the model: not heard from for "
                     f"{UPDATE_TIMEOUT_S:g} s" if time.monotonic() - sent < UPDATE_MAX_S else

@@ -4,6 +4,7 @@ clients."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -90,6 +91,58 @@ def test_readiness_is_off_while_the_only_worker_is_suspect_and_back_when_it_answ
             if stopped:
                 os.kill(worker.pid, signal.SIGCONT)
             k.close()
+
+
+def test_a_load_goes_on_with_the_healthy_worker_while_another_is_suspect():
+    """Two workers, one stopped (SIGSTOP) and found suspect: a model loaded meanwhile is
+    served at once by the healthy one (the load waited for the suspect one's answer until
+    its connection dropped or 30 s passed, then failed UNAVAILABLE, and an unload of the
+    same name waited behind it); resumed, the other worker is re-admitted with the model
+    in its instance list and serves it too."""
+    import clockwork
+
+    with local_cluster(workers=2, gpus=1, models=MODEL) as c:
+        worker = None
+        stopped = False
+        try:
+            with clockwork.Client(c.address, timeout=30) as cl:
+                r = cl.infer(MODEL, slo_ms=2000)
+                assert r.status == 0
+                worker = c.workers[r.gpu].proc  # (one GPU a worker) the one with the copy
+                os.kill(worker.pid, signal.SIGSTOP)
+                stopped = True
+                def ask():  # INFERs on both workers: the stopped one's are probed
+                    with clockwork.Client(c.address, timeout=30) as other:
+                        with contextlib.suppress(clockwork.errors.ClockworkError):
+                            other.infer(MODEL, slo_ms=3000)
+
+                asking = [threading.Thread(target=ask) for _ in range(8)]
+                for t in asking:
+                    t.start()
+                wait_output(c.controller, "is suspect (no answer to a probe)", timeout=15)
+                t0 = time.monotonic()
+                assert [m.name for m in cl.load_model("mnet", profile="mobilenet_v2")] == ["mnet"]
+                assert time.monotonic() - t0 < 5.0
+                assert cl.infer("mnet", slo_ms=2000).status == 0
+                cl.unload_model("mnet")
+                cl.load_model("mnet2", profile="mobilenet_v2")
+                os.kill(worker.pid, signal.SIGCONT)
+                stopped = False
+                for t in asking:
+                    t.join(30)
+                wait_output(c.controller, "answers again; resetting and re-admitting", 20)
+                # the re-admitted worker serves the instance loaded while it was away: the
+                # healthy one gone, it takes the model's requests
+                _poll(lambda: cl.stats().get("worker_readmissions", 0) >= 1, 20)
+                back = c.workers.index(next(w for w in c.workers if w.proc is worker))
+                c.workers[1 - back].proc.kill()
+                wait_output(c.controller, f"lost worker {c.worker_addresses[1 - back]} ",
+                            timeout=15)
+                r = cl.infer("mnet2", slo_ms=5000)
+                assert r.status == 0 and r.gpu == back, r
+        finally:
+            if stopped and worker is not None:
+                os.kill(worker.pid, signal.SIGCONT)
 
 
 def test_a_request_with_no_worker_connected_is_unavailable_at_once():
