@@ -49,6 +49,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError, PydanticUndefined
 
+from clockwork.names import BASE_NAME, BASE_NAME_RULE
 from clockwork.sizes import (
     MAX_CONCURRENCY,
     MAX_COPIES,
@@ -580,7 +581,8 @@ class ModelEntry(Settings):
 
     settings_name: ClassVar[str] = "model"
 
-    name: str = setting(description="Model name: a profile of the profile set.", min_length=1)
+    name: str = setting(description="Model name: a profile of the profile set.", min_length=1,
+                        pattern=rf"^{BASE_NAME.pattern}$", expected=f"a model name: {BASE_NAME_RULE}")
     copies: int = setting(
         1, "Instances of the model; copy k > 0 is named `name:k` and has its own weights "
         "and requests.", ge=1, le=MAX_COPIES)
@@ -949,7 +951,8 @@ class ProfileFile(Settings):
 
     settings_name: ClassVar[str] = "profile"
 
-    model: str = setting(description="Model name.", min_length=1)
+    model: str = setting(description="Model name.", min_length=1,
+                         pattern=rf"^{BASE_NAME.pattern}$", expected=f"a model name: {BASE_NAME_RULE}")
     device: str = setting("unknown", "Device kind the figures were measured or modelled on.")
     weights_bytes: int = setting(description="Size of the weights in bytes.", ge=1)
     weights_pages: int = setting(

@@ -78,7 +78,11 @@ def raises(exc: type[Exception], fn, *args, **kw) -> str:
     ("seeed=1", "unknown top-level setting 'seeed' (did you mean 'seed'?)"),
     ("models.0.copies=0", "models.0.copies: must be an integer in [1, 100000], got 0"),
     ("models.0.copis=2", "unknown setting 'models.0.copis' (did you mean 'models.0.copies'?)"),
-    ("models.0.name=''", "models.0.name: must be a non-empty string, got ''"),
+    ("models.0.name=''", "models.0.name: must be a model name: letters, digits, '_', '.' "
+     "and '-' (at most 128, not starting with '.' or '-'), got ''"),
+    # (a tab or a newline in a name broke the TSV logs that report reads)
+    ('models.0.name="tab\\tname"', "models.0.name: must be a model name: letters, digits, "
+     "'_', '.' and '-' (at most 128, not starting with '.' or '-'), got 'tab\\tname'"),
     ("models=[]", "models: must be at least one [[models]] table, got []"),
     ("workloads.0.rate_rps=nan", "workloads.0.rate_rps: must be a finite number, got nan"),
     ("workloads.0.rate_rps=true", "workloads.0.rate_rps: must be a finite number, got true"),
@@ -176,7 +180,9 @@ def test_set_takes_list_items_by_index_from_0_only(override):
 def test_missing_required_key_and_dict_source():
     got = raises(ScenarioError, load_scenario, data={
         "models": [{"copies": 2}], "workloads": [{"kind": "poisson", "rate_rps": 1}]})
-    assert got == "<dict>: models.0.name: required setting missing (must be a non-empty string)"
+    assert got == ("<dict>: models.0.name: required setting missing (must be a model name: "
+                   "letters, digits, '_', '.' and '-' (at most 128, not starting with '.' or "
+                   "'-'))")
     got = raises(ScenarioError, load_scenario, data={"models": [{"name": "a"}]})
     assert got == "<dict>: workloads: must be at least one [[workloads]] table, got []"
 
@@ -434,6 +440,8 @@ GOOD_PROFILE = {"model": "m", "device": "test", "weights_bytes": 100, "load_ns":
     ({"inputs": [{"name": "d", "shape": [3]}]},
      "inputs.0.dtype: required setting missing (must be a non-empty string)"),
     ({"exec": {}}, "unknown profile setting 'exec' (did you mean 'exec_ns'?)"),
+    ({"model": "a\nb"}, "model: must be a model name: letters, digits, '_', '.' and '-' (at "
+     "most 128, not starting with '.' or '-'), got 'a\\nb'"),
     # (an element type no KServe client can send or read: served, it failed at the first
     # request, or its configuration could not be answered)
     ({"outputs": [{"name": "o", "shape": [3], "dtype": "complex64"}]},
