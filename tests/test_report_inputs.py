@@ -128,6 +128,14 @@ def test_a_tsv_log_cut_inside_its_last_line_reports_the_rest(runs, tmp_path, cap
         assert submitted.split()[-1].replace(",", "") == str(n), out
 
 
+def test_a_summary_json_that_cannot_be_read_is_one_line(tmp_path, capsys):
+    """A folder whose summary.json is a folder: one line, exit 2 (it was Python's
+    "[Errno 21] Is a directory" through the generic error path, exit 1)."""
+    (tmp_path / "summary.json").mkdir()
+    _one_line(capsys, main(["report", str(tmp_path)]),
+              f"cannot read {tmp_path / 'summary.json'}: Is a directory")
+
+
 def test_a_numeric_action_type_reads_back(tmp_path):
     """The writer writes an action type it has no name for as its number: the reader
     takes that back (it took only names)."""

@@ -200,6 +200,9 @@ def _report(args: argparse.Namespace) -> int:
             print(f"clockwork report: {got}", file=sys.stderr)
             return 2
         s, *columns, end = got
+    except OSError as e:  # (a folder named summary.json, no permission to read it)
+        print(f"clockwork report: cannot read {f}: {e.strerror or e}", file=sys.stderr)
+        return 2
     except orjson.JSONDecodeError as e:
         hint = (f" (a log file: give its run folder, {str(path.parent)!r})"
                 if path.name.startswith(("requests.", "actions.")) else "")
