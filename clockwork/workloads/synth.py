@@ -115,6 +115,7 @@ OWNER_APPS_P = 0.6
 _BLOCK = 2048
 #: the most functions (rows) a synthetic day may have (a real day has ~46,000)
 MAX_FUNCTIONS = 100_000
+MAX_DAYS = 366  # day files a synthetic trace has at most (the real dataset has 14)
 
 
 def daily_count_cdf(k: np.ndarray | float, trigger: str) -> np.ndarray:
@@ -201,7 +202,7 @@ def generate(functions: int, days: int = 1, seed: int = 0) -> list[AzureTrace]:
 
 
 def check_size(functions: int, days: int) -> None:
-    """ValueError unless 1 <= functions <= MAX_FUNCTIONS and days >= 1."""
+    """ValueError unless 1 <= functions <= MAX_FUNCTIONS and 1 <= days <= MAX_DAYS."""
     if functions < 1:
         raise ValueError(f"functions must be >= 1, got {functions}")
     if functions > MAX_FUNCTIONS:
@@ -209,6 +210,9 @@ def check_size(functions: int, days: int) -> None:
                          f"~46,000), got {functions:,}")
     if days < 1:
         raise ValueError(f"days must be >= 1, got {days}")
+    if days > MAX_DAYS:
+        raise ValueError(f"days must be at most {MAX_DAYS} (the real trace has 14), got "
+                         f"{days:,}")
 
 
 def days_of(functions: int, days: int = 1, seed: int = 0) -> Iterator[AzureTrace]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from clockwork.workloads.synth import MAX_FUNCTIONS, write_synthetic
+    from clockwork.workloads.synth import MAX_DAYS, MAX_FUNCTIONS, write_synthetic
 
     if args.functions < 1 or args.days < 1:
         print("clockwork trace synth: --functions and --days must be >= 1", file=sys.stderr)
@@ -17,6 +17,10 @@ def cmd_synth(args: argparse.Namespace) -> int:
     if args.functions > MAX_FUNCTIONS:
         print(f"clockwork trace synth: --functions {args.functions:,} is over the most, "
               f"{MAX_FUNCTIONS:,} (a real day has ~46,000)", file=sys.stderr)
+        return 2
+    if args.days > MAX_DAYS:
+        print(f"clockwork trace synth: --days {args.days:,} is over the most, {MAX_DAYS} "
+              "(the real trace has 14 days)", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
 

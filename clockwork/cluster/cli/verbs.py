@@ -175,7 +175,7 @@ def add_trace(sub) -> None:
     s.add_argument("--functions", type=t.positive_int, default=1000, metavar="N",
                    help="functions (rows) per day (default 1000, at most 100,000; the real days have ~46,000)")
     s.add_argument("--days", type=t.positive_int, default=1, metavar="D",
-                   help="number of day files, d01..dD (default 1)")
+                   help="number of day files, d01..dD (default 1, at most 366)")
     s.add_argument("--seed", type=t.seed, default=0, metavar="S",
                    help="random seed (default 0)")
     s.add_argument("--out", type=t.out_dir, required=True, metavar="DIR",
