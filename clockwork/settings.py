@@ -740,6 +740,30 @@ class FaultSettings(Settings):
         0.7, "Simulator: how long after a worker restarts the controller is connected to it "
         "again (process start-up and the controller's retry), in seconds.", ge=0)
 
+    @model_validator(mode="after")
+    def _one_fault_at_a_time(self) -> FaultSettings:
+        """A worker's kills (until their back_s, or the end) and hangs do not overlap:
+        what two at once mean is not defined (the simulator merged overlapping hangs
+        while a live run resumed at the first one's end; a second kill of a dead worker
+        made the live restart fail)."""
+        spans: dict[int, list[tuple[float, float, str]]] = {}
+        for i, f in enumerate(self.kill):
+            end = f.back_s if f.back_s is not None else math.inf
+            spans.setdefault(f.worker, []).append((f.at_s, end, f"kill.{i}"))
+        for i, f in enumerate(self.hang):
+            spans.setdefault(f.worker, []).append((f.at_s, f.at_s + f.for_s, f"hang.{i}"))
+        for w, ws in sorted(spans.items()):
+            ws.sort()
+            last_end, last = -math.inf, ""
+            for start, end, name in ws:
+                if start < last_end:
+                    until = "the end" if last_end == math.inf else f"{last_end:g} s"
+                    raise ValueError(f"{name} of worker {w} (at {start:g} s) overlaps {last} "
+                                     f"(until {until}): one kill or hang of a worker at a time")
+                if end > last_end:
+                    last_end, last = end, name
+        return self
+
 
 class ScenarioSettings(Settings):
     """A scenario file (top level)."""

@@ -93,6 +93,17 @@ def raises(exc: type[Exception], fn, *args, **kw) -> str:
     ("workloads.0.slo_ms=1e8",
      "workloads.0.slo_ms: must be at most 86,400,000 (a day), got 100000000.0"),
     ("duration_s=1e300", "duration_s: must be at most 31,536,000 (a year), got 1e+300"),
+    # one kill or hang of a worker at a time (a live run's restart of a worker killed
+    # twice raised in its thread; the simulator merged overlapping hangs, a live run not)
+    ("faults.kill=[{worker=0,at_s=1.2,back_s=1.8},{worker=0,at_s=1.0,back_s=1.5}]",
+     "faults: kill.0 of worker 0 (at 1.2 s) overlaps kill.1 (until 1.5 s): one kill or "
+     "hang of a worker at a time"),
+    ("faults.hang=[{worker=1,at_s=1,for_s=0.5},{worker=1,at_s=1.2,for_s=0.1}]",
+     "faults: hang.1 of worker 1 (at 1.2 s) overlaps hang.0 (until 1.5 s): one kill or "
+     "hang of a worker at a time"),
+    ("faults={kill=[{worker=0,at_s=1}],hang=[{worker=0,at_s=3,for_s=1}]}",
+     "faults: hang.0 of worker 0 (at 3 s) overlaps kill.0 (until the end): one kill or "
+     "hang of a worker at a time"),
     ("faults.kill=[{worker=0,at_s=1e13}]",
      "faults.kill.0.at_s: must be at most 31,536,000 (a year), got 10000000000000.0"),
     ("cluster.clock_offsets_ms=[0,-1e12]", "cluster.clock_offsets_ms.1: must be at least "

@@ -94,15 +94,20 @@ class LiveFaults:
             left = (t0 + round(at_s * 1e9) - time.monotonic_ns()) / 1e9
             if left > 0 and self._stop.wait(left):
                 return
-            if what == "kill":
-                self._signal(w, signal.SIGKILL)
-                self.cluster.workers[w].proc.wait()
-            elif what == "restart":
-                self.cluster.restart_worker(w)
-            elif what == "stop":
-                self._signal(w, signal.SIGSTOP)
-            else:
-                self._signal(w, signal.SIGCONT)
+            try:
+                if what == "kill":
+                    self._signal(w, signal.SIGKILL)
+                    self.cluster.workers[w].proc.wait()
+                elif what == "restart":
+                    self.cluster.restart_worker(w)
+                elif what == "stop":
+                    self._signal(w, signal.SIGSTOP)
+                else:
+                    self._signal(w, signal.SIGCONT)
+            except Exception as e:  # noqa: BLE001 - one line; the faults after it still run
+                print(f"clockwork serve: fault: {what} worker {w} failed: {e}",
+                      file=sys.stderr, flush=True)
+                continue
             t = (time.monotonic_ns() - t0) / 1e9
             self.log.append((t, f"{what} worker {w}"))
             print(f"clockwork serve: {t:7.2f} s  fault: {what} worker {w}", file=sys.stderr,
