@@ -726,7 +726,8 @@ class FaultSettings(Settings):
     kill: list[KillFault] = setting(default_factory=list, description="Workers that die "
                                     "(and perhaps restart): `{worker, at_s, back_s}`.")
     hang: list[HangFault] = setting(default_factory=list, description="Workers that stop "
-                                    "for a while: `{worker, at_s, for_s}`.")
+                                    "for a while: `{worker, at_s, for_s}`. A worker's kills "
+                                    "and hangs may not overlap.")
     slow_network: list[SlowNetworkFault] = setting(
         default_factory=list, description="Slow links: `{worker, at_s, for_s, delay_ms}` "
         "(simulator only).")
