@@ -36,7 +36,8 @@ MAX_TOML_DEPTH = 100
 # scenario (~0.5 ms each); each point is at least a process start (~0.4 s) and a simulation.
 MAX_POINTS = 100_000
 
-# Requests a run's workloads may offer (expected; closed loops not counted): each costs
+# Requests a run's workloads may offer (expected; a closed loop as its clients each sending
+# again every retry_ms, or think_ms if longer, as when every request fails): each costs
 # ~75 bytes of rows in memory (--spill-dir keeps them in files) and ~40 us of one core, so
 # 10^9 is ~70 GiB and ~11 hours; the paper-scale Azure replay offers ~2 * 10^8. A larger
 # figure is a unit slip (rate_rps = 1e12 ran until killed, memory growing). Checked
@@ -57,6 +58,12 @@ MAX_MINUTE_ARRIVALS = 50_000_000
 # 6 * 10^10 of them: a MemoryError). Steps after the value passes its maximum, which ends
 # the run, do not count.
 MAX_STEPS = 1_000_000
+
+# On and off periods a bursty workload's schedules take in a run (expected; each instance
+# its own with independent = true): on_s = off_s = 1e-9 for 2 s asked for 2 * 10^9 and
+# never finished. The paper-size 6-hour run with 10 s / 20 s periods over 4,000
+# independent instances takes ~6 * 10^6.
+MAX_PERIODS = 100_000_000
 
 # Actions in one message from the controller to a worker. A worker handles a message's
 # actions in one go, its event loop busy meanwhile (~4-7 us an action: 1,024 take ~4-7 ms;

@@ -309,6 +309,24 @@ def test_open_loop_rate_beyond_the_bound_is_refused(argv, fragments):
     refused(run_cli("simulate", *argv, timeout=30), *fragments)
 
 
+@pytest.mark.parametrize("argv,fragments", [
+    # closed loops resending a failed request every nanosecond: 10^9 requests a simulated
+    # second each, memory growing as the run went
+    (("fig5_1gpu", "--set", "duration_s=10", "--set", "workloads.0.retry_ms=1e-6"),
+     ("closed_loop workload: 240 client(s) sending again every 1e-06 ms", f"{MAX_OFFERED:,}")),
+    (("bursty_closed_loop", "--set", "duration_s=10", "--set", "workloads.0.retry_ms=1e-6"),
+     ("bursty_closed_loop workload", f"{MAX_OFFERED:,}")),
+    # on and off periods of a nanosecond: 2 * 10^9 periods an instance in 2 s (it never
+    # finished)
+    (("bursty", "--set", "duration_s=2", "--set", "workloads.0.on_s=1e-9", "--set",
+      "workloads.0.off_s=1e-9"), ("bursty workload: on_s 1e-09 and off_s 1e-09", "100,000,000")),
+    (("bursty_closed_loop", "--set", "duration_s=2", "--set", "workloads.0.on_s=1e-9",
+      "--set", "workloads.0.off_s=1e-9"), ("bursty_closed_loop workload", "100,000,000")),
+])
+def test_closed_loops_and_periods_beyond_the_bound_are_refused(argv, fragments):
+    refused(run_cli("simulate", *argv, timeout=30), *fragments)
+
+
 def test_rates_of_all_workloads_count_together(tmp_path):
     f = tmp_path / "two.toml"
     f.write_text('duration_s = 10\n[[models]]\nname = "resnet50_v2"\n'

@@ -34,6 +34,7 @@ from clockwork.sizes import (
     MAX_MINUTE_ARRIVALS,
     MAX_OFFERED_REQUESTS,
     MAX_OUTSTANDING,
+    MAX_PERIODS,
     MAX_POINTS,
     MAX_STEPS,
     MAX_TOML_DEPTH,
@@ -75,8 +76,9 @@ simulate`, `serve` and `controller`, `--models`, profile files):
   instances, and a closed loop's `concurrency` x the instances it selects at most
   MAX_OUTSTANDING outstanding requests.
 - Offered load is bounded (`clockwork/sizes.py`): a run's workloads offer at most
-  MAX_OFFERED_REQUESTS requests (expected; closed loops not counted; ~75 bytes of rows
-  each, ~70 GiB in all without `--spill-dir`). Every `*_rps` key of every `[[workloads]]`
+  MAX_OFFERED_REQUESTS requests (expected; ~75 bytes of rows each, ~70 GiB in all
+  without `--spill-dir`; a closed loop counts as its clients each sending again every
+  `retry_ms`, or `think_ms` if longer, as when every request fails). Every `*_rps` key of every `[[workloads]]`
   entry x `duration_s`, in all, is checked when the scenario is read (so a sweep or a
   plan refuses it before anything runs), and each workload's own figure (its default
   rates, an `azure` replay's trace counts x `load_factor`) when it is built. An `azure`
@@ -86,7 +88,9 @@ simulate`, `serve` and `controller`, `--models`, profile files):
   drawn). Its `interval_s` is at least 1e-06 (a microsecond) and its `cv` in [0.01, 100].
   A stepped value (`slo_exp_1`'s and `slo_exp_2`'s SLO, `azure_scalability`'s load
   factor) takes at most MAX_STEPS steps in a run, those after it passes its maximum
-  (where that workload's arrivals end; the run goes on to `duration_s`) not counted.
+  (where that workload's arrivals end; the run goes on to `duration_s`) not counted. A
+  bursty workload's on and off periods (expected, each instance's with `independent`
+  and in `bursty_closed_loop`) are at most MAX_PERIODS in a run.
 - Seeds are integers from 0 to 2^63 - 1 (`seed`, a sweep's `seeds`, the last seed of
   `clockwork plan --seeds K`); a sweep holds at most MAX_POINTS points, and a plan runs at
   most as many seeds.
@@ -121,6 +125,7 @@ def render() -> str:
              .replace("MAX_MINUTE_ARRIVALS", f"{MAX_MINUTE_ARRIVALS:,}")
              .replace("MAX_POINTS", f"{MAX_POINTS:,}")
              .replace("MAX_STEPS", f"{MAX_STEPS:,}")
+             .replace("MAX_PERIODS", f"{MAX_PERIODS:,}")
              .replace("MAX_TOML_DEPTH", f"{MAX_TOML_DEPTH}")]
     parts.append(_section(
         "Top level", "The keys outside any table. `--set KEY=VALUE` overrides a dotted key "

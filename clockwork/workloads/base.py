@@ -51,6 +51,16 @@ def check_offered(requests: float, what: str) -> None:
                             f"run may offer ({MAX_OFFERED_REQUESTS:,})")
 
 
+def check_resends(clients: int, gap_ns: int, secs: float, what: str) -> None:
+    """A closed loop of ``clients`` that each send again at most every ``gap_ns`` (when
+    every request fails: its ``retry_ms``, or ``think_ms`` if longer) over ``secs``: at
+    most ``MAX_OFFERED_REQUESTS`` requests (a retry_ms of 1e-6 made 10^9 requests a
+    simulated second, memory growing without end)."""
+    check_offered(clients * secs * 1e9 / max(1, gap_ns),
+                  f"{what}: {clients:,} client(s) sending again every {gap_ns / 1e6:g} ms "
+                  f"(retry_ms, or think_ms if longer) for {secs:g} s")
+
+
 def select_instances(spec: str | Sequence[str], instances: dict[str, str]) -> list[str]:
     """Pick instance names by model name, instance name or glob.
 

@@ -13,6 +13,7 @@ from clockwork.workloads.base import (
     WorkloadError,
     check_concurrency,
     check_offered,
+    check_resends,
 )
 
 
@@ -38,6 +39,11 @@ class ClosedLoop(Workload):
         self.think = round(think_ms * 1e6)
         self.retry = max(1, round(retry_ms * 1e6))
         self.outstanding: dict[str, int] = {}
+
+    def bind(self, start, end, rng, exec1) -> None:
+        check_resends(self.concurrency * len(self.models), max(self.retry, self.think),
+                      max(0, end - start) / 1e9, "closed_loop workload")
+        super().bind(start, end, rng, exec1)
 
     def initial(self, now: int) -> list[Arrival]:
         out = []

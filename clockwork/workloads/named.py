@@ -42,7 +42,8 @@ from operator import itemgetter
 
 import numpy as np
 
-from clockwork.sizes import MAX_WORKERS
+from clockwork.settings import count_text
+from clockwork.sizes import MAX_PERIODS, MAX_WORKERS
 from clockwork.workloads.azure_replay import AZURE_KEYS, build_azure
 from clockwork.workloads.base import (
     Arrival,
@@ -52,6 +53,7 @@ from clockwork.workloads.base import (
     WorkloadError,
     check_concurrency,
     check_offered,
+    check_resends,
     select_instances,
 )
 from clockwork.workloads.named_slo import (
@@ -145,6 +147,17 @@ class OnOff:
         s = int(rng.random() * (on + off))
         return (True, on - s) if s < on else (False, on + off - s)
 
+    def check_periods(self, secs: float, schedules: int, what: str) -> None:
+        """The periods ``schedules`` schedules over ``secs`` take (expected): at most
+        ``MAX_PERIODS``, else ``WorkloadError``."""
+        n = schedules * secs * 1e9 * 2 / (self.on + self.off)
+        if not n <= MAX_PERIODS:
+            raise WorkloadError(
+                f"{what}: on_s {self.on / 1e9:g} and off_s {self.off / 1e9:g} over {secs:g} s"
+                + (f" for each of {schedules:,} instances" if schedules > 1 else "")
+                + f" take ~{count_text(n)} on and off periods, more than a run may take "
+                f"({MAX_PERIODS:,}): give longer periods")
+
     def schedule(self, rng: np.random.Generator, t: int, end: int) -> Iterator[tuple[int, int, bool]]:
         """``(t0, t1, on)`` periods from ``t`` until ``end``."""
         state, length = self.first(rng)
@@ -179,6 +192,8 @@ class BurstyOpenLoop(StreamWorkload):
         secs = max(0, end - start) / 1e9  # (at most: bursts throughout)
         check_offered(max(self.burst_rps, self.rate_rps) * secs,
                       f"bursty workload: burst_rps {self.burst_rps:g} for {secs:g} s")
+        self.onoff.check_periods(secs, len(self.models) if self.independent else 1,
+                                 "bursty workload")
         super().bind(start, end, rng, exec1)
 
     def _one(self, rng, models, slos, share: float, log: bool) -> Iterator[Arrival]:
@@ -223,6 +238,10 @@ class BurstyClosedLoop(Workload):
         self.burst_end: dict[str, int] = {}
 
     def bind(self, start, end, rng, exec1) -> None:
+        secs = max(0, end - start) / 1e9
+        check_resends(self.concurrency * len(self.models), max(self.retry, self.think), secs,
+                      "bursty_closed_loop workload")
+        self.onoff.check_periods(secs, len(self.models), "bursty_closed_loop workload")
         super().bind(start, end, rng, exec1)
         self._slo = {m: self.slo.resolve(m, exec1) for m in self.models}
         self._rng = dict(zip(self.models, rng.spawn(len(self.models)), strict=True))
