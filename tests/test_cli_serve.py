@@ -67,6 +67,10 @@ EARLY = [
     (["serve", "--token", "short"], "--token: a token needs at least"),
     (["serve", "--tls-cert", str(Path(__file__).with_name("not_a_certificate.pem"))],
      "--tls-cert and --tls-key go together"),
+    # more local workers than the memory holds: it started them one by one (291 in a
+    # minute, 7 GB) on its way to 10,000
+    (["serve", SC, "--set", "cluster.workers=10000"],
+     "10,000 local worker processes need ~781.2 GiB"),
 ]
 
 
@@ -207,3 +211,11 @@ def test_a_signal_while_the_cluster_starts_stops_serve_at_once(monkeypatch, caps
     rc = main(["serve", "--port", "0", "--http-port", "-1", "--kserve-port", "-1"])
     assert rc == 130 and time.monotonic() - t0 < 10 and stopped == [True]
     assert "interrupted while the cluster started" in capsys.readouterr().err
+
+
+def test_local_workers_are_checked_against_the_memory_available():
+    from clockwork.cluster.serve import WORKER_MEMORY_BYTES, local_workers_error
+
+    assert local_workers_error(4, 4 * WORKER_MEMORY_BYTES) is None
+    why = local_workers_error(5, 4 * WORKER_MEMORY_BYTES)
+    assert why.startswith("5 local worker processes need") and "--ray" in why, why

@@ -571,6 +571,31 @@ def _listener(port: int | None, default: int, replaying: bool) -> int:
     return port if port is not None else (-1 if replaying else default)
 
 
+# what one local worker process takes (an emulated worker: ~65 MB resident measured)
+WORKER_MEMORY_BYTES = 80 << 20
+
+
+def local_workers_error(n: int, available: int | None = None) -> str | None:
+    """Why ``n`` worker processes cannot be started on this machine (their memory, at
+    ``WORKER_MEMORY_BYTES`` each, past what is available: ``MemAvailable``, or
+    ``available`` bytes), or None (also where it cannot be read)."""
+    if available is None:
+        try:
+            with open("/proc/meminfo") as f:
+                available = next(int(line.split()[1]) * 1024 for line in f
+                                 if line.startswith("MemAvailable:"))
+        except (OSError, StopIteration, ValueError, IndexError):
+            return None
+    need = n * WORKER_MEMORY_BYTES
+    if need <= available:
+        return None
+    return (f"{n:,} local worker processes need ~{need / 2**30:.1f} GiB (~"
+            f"{WORKER_MEMORY_BYTES >> 20} MiB each), more than the {available / 2**30:.1f} "
+            "GiB this machine has available: give fewer workers (cluster.workers or "
+            "--workers), more GPUs each (cluster.gpus_per_worker, --gpus), or spread them "
+            "over machines (--ray)")
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     workers, gpus, profiles, models, pages = 1, 1, "v100-reference", None, None
     device = getattr(args, "device", None)
@@ -686,6 +711,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from clockwork.cluster.cli.verbs import NEEDS
         print(f"clockwork serve: {device_from} {device} needs {NEEDS['tvm']}", file=sys.stderr)
         return 2
+    if ray_address is None:
+        why = local_workers_error(workers)
+        if why:
+            print(f"clockwork serve: {why}", file=sys.stderr)
+            return 2
     if device != "emulated":
         if sc is None:
             profiles = device  # the device's own measured profile set (profiles/cpu, ...)
