@@ -185,3 +185,18 @@ def test_synth_still_makes_the_shipped_sample(tmp_path):
         pytest.skip("not a checkout")
     (p,) = synth.write_synthetic(tmp_path, 500, 1, seed=1, gzip=True)
     assert p.read_bytes() == (root / "traces" / "samples" / p.name).read_bytes()
+
+
+@pytest.mark.parametrize("value, shown", [("5", "5"), ('""', "''"), ('["a"]', "['a']")])
+@pytest.mark.parametrize("key", ["trace", "trace_dir"])
+def test_a_trace_path_that_is_no_string_is_named(key, value, shown, capsys, tmp_path):
+    """A number, an empty string or a list as a trace path: one line naming the key (it
+    was Python's "expected str, bytes or os.PathLike object, not int")."""
+    f = tmp_path / "s.toml"
+    where = f"{key} = {value}" + ("\nday = 1" if key == "trace_dir" else "")
+    f.write_text('duration_s = 1\n[[models]]\nname = "resnet50_v2"\n[[workloads]]\n'
+                 f'kind = "azure"\n{where}\n')
+    assert main(["simulate", str(f)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{key} must be a path (a non-empty string), got {shown}" in \
+        err[0], err

@@ -67,6 +67,11 @@ def build_workload(spec: dict, instances: dict[str, str],
         if bad:
             raise WorkloadError(f"{kind} workload: unknown keys {sorted(bad)} (allowed: {sorted(allowed)})")
     models = select_instances(spec.get("models", "*"), instances)
+    for key in DATA_PATH_KEYS:  # (a number there was Python's "expected str, bytes or
+        v = spec.get(key)       # os.PathLike object, not int")
+        if key in spec and not (isinstance(v, str) and v.strip()):
+            raise WorkloadError(f"{kind} workload: {key} must be a path (a non-empty "
+                                f"string), got {v!r}")
     try:
         spec = _with_data_paths(spec, base_dir)
         return KINDS[kind](spec, models)
