@@ -116,6 +116,9 @@ def parse_toml(raw: bytes | str, where: str, error: type[Exception] = ScenarioEr
         except UnicodeDecodeError as e:
             raise error(f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset "
                         f"{e.start}); a TOML file is UTF-8") from None
+    # a byte-order mark, as some editors save UTF-8 with: not TOML, but no doubt meant
+    # (it was "Invalid statement (at line 1, column 1)")
+    raw = raw.removeprefix("\ufeff")
     try:
         data = tomllib.loads(raw)
     except tomllib.TOMLDecodeError as e:

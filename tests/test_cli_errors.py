@@ -523,3 +523,16 @@ def test_worker_ports_clash_only_with_the_controller_on_the_same_address():
     assert worker_ports_error(23446, 3, ports, "127.0.0.2") == ""
     assert worker_ports_error(23446, 1, ports, "127.0.0.1") == ""  # (one worker: 23446)
     assert "past 65535" in worker_ports_error(65530, 2, ports, "127.0.0.2")
+
+
+def test_a_scenario_saved_with_a_byte_order_mark_runs(tmp_path, capsys):
+    """A UTF-8 scenario file that starts with a byte-order mark (as some editors save
+    it) reads as it would without (it was "not valid TOML: Invalid statement (at line 1,
+    column 1)")."""
+    from clockwork.scenario import load_scenario
+
+    text = 'duration_s = 1\n[[models]]\nname = "resnet50_v2"\n[[workloads]]\nkind = "poisson"\n'
+    (tmp_path / "bom.toml").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    (tmp_path / "plain.toml").write_text(text)
+    assert load_scenario(tmp_path / "bom.toml").data == load_scenario(tmp_path / "plain.toml").data
+    assert main(["simulate", str(tmp_path / "bom.toml"), "--quiet"]) == 0, capsys.readouterr().err
