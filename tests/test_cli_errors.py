@@ -531,7 +531,8 @@ def test_a_scenario_saved_with_a_byte_order_mark_runs(tmp_path, capsys):
     column 1)")."""
     from clockwork.scenario import load_scenario
 
-    text = 'duration_s = 1\n[[models]]\nname = "resnet50_v2"\n[[workloads]]\nkind = "poisson"\n'
+    text = ('duration_s = 1\n[[models]]\nname = "resnet50_v2"\n[[workloads]]\nkind = "poisson"\n'
+            "rate_rps = 10\n")
     (tmp_path / "bom.toml").write_bytes(b"\xef\xbb\xbf" + text.encode())
     (tmp_path / "plain.toml").write_text(text)
     assert load_scenario(tmp_path / "bom.toml").data == load_scenario(tmp_path / "plain.toml").data
