@@ -360,7 +360,24 @@ def validate(sc: Scenario) -> None:
     """Check ``sc.data`` against the scenario schema and replace it by the validated
     values (defaults filled); a bad key or value raises ``ScenarioError`` with one line
     naming it, e.g. ``cluster.noise: must be a finite number >= 0, got nan``."""
-    sc.data = check_scenario(sc.data, sc.source, ScenarioError)
+    try:
+        sc.data = check_scenario(sc.data, sc.source, ScenarioError)
+    except ScenarioError as e:
+        raise ScenarioError(_blame_override(str(e), sc.source, sc.overrides)) from None
+
+
+def _blame_override(line: str, source: str, overrides) -> str:
+    """``line`` (``SOURCE: KEY: ...``) as ``--set KEY: ...`` when ``KEY`` (or the table
+    it is in) was given by an override: the file did not say it."""
+    head = f"{source}: "
+    if not line.startswith(head):
+        return line
+    key = line[len(head):].partition(": ")[0]
+    for o in overrides or ():
+        k = str(o).partition("=")[0].strip()
+        if k and (key == k or key.startswith(k + ".")):
+            return f"--set {line[len(head):]}"
+    return line
 
 
 def instance_names(models: list[dict]) -> dict[str, str]:
