@@ -1075,3 +1075,41 @@ def test_a_ray_cluster_does_not_add_a_worker_outside_ray():
     with pytest.raises(RuntimeError, match="add_new_nodes"):
         c.add_worker()
     assert c.workers == [] and c.worker_addresses == []
+
+
+def test_place_files_live_in_a_folder_of_this_users_alone(tmp_path, monkeypatch):
+    """The worker actors' place files (a restarted actor's flags) are kept in a folder
+    of this user's alone, and never read or written through a link: in the shared
+    temporary folder another user could make the run's folder first and plant a place
+    file whose flags the worker took (--packages of theirs, --host 0.0.0.0)."""
+    import json
+    import tempfile
+
+    from clockwork.cluster import ray_cluster as rc
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    d = rc._state_dir("run1")
+    base = d.parent
+    assert base.name == f"clockwork-ray-{os.getuid()}" and (base.stat().st_mode & 0o777) == 0o700
+    rc._private_dir(d)
+    rc._write_place(d / "worker0.json", {"index": 1, "flags": [], "port": 5})
+    assert rc._read_place(d / "worker0.json") == {"index": 1, "flags": [], "port": 5}
+    assert (d / "worker0.json").stat().st_mode & 0o777 == 0o600
+    assert rc._read_place(d / "worker9.json") is None
+    # a link planted where the place file or its temporary file goes is not followed
+    target = tmp_path / "elsewhere.json"
+    target.write_text(json.dumps({"index": 0, "flags": ["--host", "0.0.0.0"], "port": 1}))
+    (d / "worker1.json").symlink_to(target)
+    with pytest.raises(OSError):
+        rc._read_place(d / "worker1.json")
+    (d / "worker2.tmp").symlink_to(target)
+    rc._write_place(d / "worker2.json", {"index": 2, "flags": [], "port": 6})
+    assert json.loads(target.read_text())["port"] == 1  # (the link was replaced, not used)
+    # a folder others may enter, or a link, is refused
+    base.chmod(0o777)
+    with pytest.raises(RuntimeError, match="not a folder of this user's alone"):
+        rc._state_dir("run2")
+    base.chmod(0o700)
+    (tmp_path / "link").symlink_to(base)
+    with pytest.raises(RuntimeError, match="not a folder of this user's alone"):
+        rc._private_dir(tmp_path / "link")

@@ -69,11 +69,13 @@ GPUs in the controller's view, lost (the controller keeps trying to reconnect).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
 import secrets
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -109,7 +111,45 @@ LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's nodes use 127.0
 
 
 def _state_dir(run_id: str) -> Path:
-    return Path(tempfile.gettempdir()) / f"clockwork-ray-{run_id}"
+    """Where a node's worker actors keep their place files for run ``run_id``: inside a
+    folder of this user's alone (``clockwork-ray-UID``, mode 0700) in the temporary
+    folder, which every local user can write: a folder or file another user put there
+    first would have been taken as ours (its flags passed to the worker: a --packages
+    folder of theirs, whose model.so the worker loads, or --host 0.0.0.0)."""
+    return _private_dir(Path(tempfile.gettempdir()) / f"clockwork-ray-{os.getuid()}") / run_id
+
+
+def _private_dir(path: Path) -> Path:
+    """``path``, a folder made (mode 0700) if missing; ``RuntimeError`` unless it is a
+    folder (not a link) that this user owns and no one else may enter."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise RuntimeError(f"{path}: not a folder of this user's alone (owner uid "
+                           f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}); remove it")
+    return path
+
+
+def _read_place(path: Path) -> dict | None:
+    """A place file's content, None if there is none; a link is not followed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd) as f:
+        return json.loads(f.read())
+
+
+def _write_place(path: Path, place: dict) -> None:
+    """``place`` into ``path`` (mode 0600) through a new temporary file, never through a
+    link."""
+    tmp = path.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(place))
+    tmp.replace(path)
 
 
 def worker_args(flags: list[str], host: str, port: int):
@@ -156,9 +196,9 @@ class WorkerActor:
         self._run: _Run | None = None
         self._place_file = _state_dir(run_id) / f"worker{slot}.json"
         # a restart (same node): the place it served, on the port of its first start
-        self.restarted = self._place_file.exists()
+        was = _read_place(self._place_file)
+        self.restarted = was is not None
         if self.restarted:
-            was = json.loads(self._place_file.read_text())
             self._serve(was["index"], was["flags"], was["port"], REBIND_S)
 
     def ready(self) -> bool:
@@ -207,10 +247,8 @@ class WorkerActor:
                 raise run.error
             time.sleep(0.25)
         self.port = run.port
-        self._place_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self._place_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"index": index, "flags": list(flags), "port": self.port}))
-        tmp.replace(self._place_file)
+        _private_dir(self._place_file.parent)
+        _write_place(self._place_file, {"index": index, "flags": list(flags), "port": self.port})
         print(f"clockwork ray: worker {index} {'restarted' if self.restarted else 'started'} "
               f"(pid {self.pid}, node {self.node_id[:12]}) at {self.address()}", flush=True)
 
