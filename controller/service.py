@@ -1727,6 +1727,19 @@ class ControllerNode:
         if base != name and copies != 1:
             raise RepositoryError(bad, f"{name!r} names one copy: load {base!r} with "
                                   f"copies={copies} instead")
+        owner = self.loaded.get(base) if base != name else None
+        if owner is not None and (int(name.rpartition(":")[2]) >= owner.copies or (
+                name in self.profiles and name not in self.unloading)):
+            owner = None  # (not one of its copies; or served: "served already", below)
+        if owner is not None:  # a copy of a loaded model, unloaded alone: back as it was
+            if (profile or owner.profile, package or owner.package) != (owner.profile,
+                                                                        owner.package):
+                raise RepositoryError(bad, (
+                    f"{name!r} is a copy of model {base!r} (profile {owner.profile!r}"
+                    + (f", package {owner.package!r}" if owner.package else "")
+                    + f"): it is loaded as the model is; unload {base!r} first to load "
+                    "it otherwise"))
+            profile, package = owner.profile, owner.package
         profile = profile or base
         prof = self.pset.find(profile)  # (one profiled since the controller started too)
         if prof is None:
@@ -1797,14 +1810,19 @@ class ControllerNode:
             raise
         finally:
             self.loading.difference_update(names)
+        self.count("models_loaded", len(names))
+        self.ctrl.apply(out, now)  # (none, for our policies: weights load on demand)
+        if owner is not None and self.loaded.get(base) is owner:  # one of its copies again
+            owner.instances = [i for i in [base] + [f"{base}:{k}" for k in range(1, owner.copies)]
+                               if i in owner.instances or i == name]
+            self._names_served = None
+            return [name]
         if have is None:
             self.loaded[name] = LoadedModel(profile, copies, package, [])
             self._names_served = None
         g = self.loaded[name]
         g.instances = [i for i in [name] + [f"{name}:{k}" for k in range(1, copies)]
                        if i in self.profiles]
-        self.count("models_loaded", len(names))
-        self.ctrl.apply(out, now)  # (none, for our policies: weights load on demand)
         return g.instances
 
     async def unload_model(self, name: str) -> list[str]:

@@ -1849,3 +1849,40 @@ def test_a_profile_written_while_serving_can_be_loaded(tmp_path):
             _poll(lambda: "mnet_late" in _index(cl))  # (the folder is read again <= 1/s)
             assert [m.name for m in cl.load_model("mnet_late")] == ["mnet_late"]
             assert cl.infer("mnet_late", slo_ms=500).status == 0
+
+
+def test_a_copy_unloaded_alone_loads_again_as_the_models_copy():
+    """A copy of a loaded model unloaded by its own name (``c:1``) loads again by that
+    name with no parameter (Triton's reload) as the model's copy: its profile and package,
+    and unloading the model unloads it too. It was looked for as a profile named ``c``
+    (NOT_FOUND), and loaded with another profile it stayed served after ``c`` was unloaded
+    (so ``c`` could not be loaded again)."""
+    import asyncio
+
+    from controller.service import RepositoryError
+    from worker.service import WorkerNode
+
+    async def main():
+        wnode = WorkerNode(gpus=1, pages=100)
+        async with controller_with([wnode], "v100-reference", models="resnet50_v2") as node:
+            assert await node.load_model("c", copies=3, profile="mobilenet_v2") == [
+                "c", "c:1", "c:2"]
+            assert await node.unload_model("c:1") == ["c:1"]
+            while node.model_state("c:1") != ("UNAVAILABLE", "unloaded"):
+                await asyncio.sleep(0.005)
+            with pytest.raises(RepositoryError) as e:
+                await node.load_model("c:1", profile="resnet50_v2")
+            assert "'c:1' is a copy of model 'c' (profile 'mobilenet_v2')" in e.value.message
+            assert await node.load_model("c:1") == ["c:1"]
+            assert node.instances["c:1"] == "mobilenet_v2"
+            assert (await answer(node, "c:1")).status == 0
+            assert node.loaded["c"].instances == ["c", "c:1", "c:2"]
+            assert "c:1" not in node.loaded
+            assert sorted(await node.unload_model("c")) == ["c", "c:1", "c:2"]
+            while any(node.model_state(i) != ("UNAVAILABLE", "unloaded")
+                      for i in ("c", "c:1", "c:2")):
+                await asyncio.sleep(0.005)
+            assert await node.load_model("c", copies=3, profile="mobilenet_v2") == [
+                "c", "c:1", "c:2"]
+
+    asyncio.run(asyncio.wait_for(main(), 60))
