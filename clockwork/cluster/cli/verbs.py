@@ -195,7 +195,7 @@ def add_trace(sub) -> None:
     i.add_argument("--top", type=t.nonneg_int, default=10, metavar="K",
                    help="list the K busiest functions (default 10; 0 for none)")
     i.add_argument("--start-minute", type=t.nonneg_int, default=0, metavar="M",
-                   help="only minutes from M (0-based) ...")
+                   help="only minutes from M (0-based; default 0) ...")
     i.add_argument("--minutes", type=t.positive_int, default=None, metavar="N",
                    help="... for N minutes (default: to the end of the day)")
     i.add_argument("--trace-dir", default=None, metavar="DIR",
@@ -454,7 +454,8 @@ def add_worker(sub) -> None:
                    help="emulated duration noise: each action takes its profiled duration x "
                    "(1 + N(0, NOISE)), at least 10 %% of it (default 0: none)")
     p.add_argument("--slow-prob", type=t.probability, default=0.0,
-                   help="emulated stragglers: this fraction of actions take --slow-factor x")
+                   help="emulated stragglers: this fraction of actions take --slow-factor x "
+                   "(default 0)")
     p.add_argument("--slow-factor", type=t.positive_float, default=3.0,
                    help="emulated stragglers take this many times their duration "
                    "(default 3)")
@@ -469,7 +470,8 @@ def add_worker(sub) -> None:
                    "1000 + g (default 0)")
     p.add_argument("--clock-offset-ms", type=t.float_in(-MAX_CLOCK_OFFSET_MS,
                                                          MAX_CLOCK_OFFSET_MS), default=0.0,
-                   help="add this to the worker's clock (to test clock-offset handling)")
+                   help="add this to the worker's clock (to test clock-offset handling; "
+                   "default 0)")
     _add_server_security(p, "worker")
 
 
