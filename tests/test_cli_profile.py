@@ -107,3 +107,22 @@ def test_a_long_measurement_says_how_far_it_got(here, monkeypatch, capsys):
                  *FAST]) == 0
     err = capsys.readouterr().err
     assert "clockwork profile: batch 1: 1 of 2 EXECs so far" in err, err
+
+
+def test_a_profile_beside_another_of_the_same_model_is_refused(here, cpu_package, capsys):
+    """``--out`` naming another file of a folder that holds the model's profile: refused
+    before anything is measured (both were kept, and every run of the set was refused:
+    "model 'mlp' already has a profile in this set")."""
+    pkg = cpu_package("mlp", here)
+    out = here / "pr"
+    assert main(["profile", "mlp", "--package", str(pkg), "--device", "cpu", "--out",
+                 str(out / "mlp.json"), *FAST]) == 0
+    capsys.readouterr()
+    assert main(["profile", "mlp", "--package", str(pkg), "--device", "cpu", "--out",
+                 str(out / "mlp2.json"), *FAST]) == 2
+    err = capsys.readouterr().err
+    assert f"{out / 'mlp.json'} holds a profile of model 'mlp' already" in err, err
+    assert "LOADs" not in err and not (out / "mlp2.json").exists()
+    # over the same file: as before
+    assert main(["profile", "mlp", "--package", str(pkg), "--device", "cpu", "--out",
+                 str(out / "mlp.json"), *FAST]) == 0

@@ -130,6 +130,13 @@ def _profile(args: argparse.Namespace) -> int:
             name = model_name("profile", args)
             if name is None:
                 return 2
+        else:
+            name = held
+        why = _other_profile_of(Path(args.out), name) if args.out and name else None
+        if why:  # (before anything is measured, where the model's name is known)
+            print(f"clockwork profile: {why}", file=sys.stderr)
+            return 2
+        if package is None:
             package = _build("profile", args.model, args.batch_sizes, Path(tmp) / "package",
                              args.device, name=name)
             if package is None:
@@ -144,6 +151,10 @@ def _profile(args: argparse.Namespace) -> int:
             print(f"clockwork profile: {package}: {why}", file=sys.stderr)
             return 2
     out = Path(args.out) if args.out else Path("profiles") / args.device / f"{prof.model}.json"
+    why = _other_profile_of(out, prof.model)
+    if why:
+        print(f"clockwork profile: {why}", file=sys.stderr)
+        return 2
     started = _start_set(out.parent, prof.model)
     save_profile(prof, out)
     if started:
@@ -155,6 +166,28 @@ def _profile(args: argparse.Namespace) -> int:
     if unreached:
         print(f"clockwork profile: warning: {unreached}", file=sys.stderr)
     return 0
+
+
+def _other_profile_of(out: Path, model: str) -> str | None:
+    """Why the profile of ``model`` must not be written to ``out``: another file of its
+    folder holds that model's profile already (a set holds one profile a model: every
+    run of it was refused, naming both files); None otherwise."""
+    import json
+
+    folder = out.parent
+    if not folder.is_dir():
+        return None
+    for f in sorted(folder.glob("*.json")):
+        if f.name == "set.json" or f.resolve() == out.resolve():
+            continue
+        try:
+            other = json.loads(f.read_bytes()).get("model")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if other == model:
+            return (f"{f} holds a profile of model {model!r} already, and a profile set "
+                    f"holds one a model: write over it (--out {f}) or remove it first")
+    return None
 
 
 def _shipped_target(folder: Path) -> str | None:
