@@ -136,6 +136,20 @@ def test_a_summary_json_that_cannot_be_read_is_one_line(tmp_path, capsys):
               f"cannot read {tmp_path / 'summary.json'}: Is a directory")
 
 
+def test_logs_of_another_run_than_the_summary_are_warned_of(runs, tmp_path, capsys):
+    """A summary.json beside the logs of another run (more or fewer requests): the
+    timeline says so (it printed one run's table above the other's timeline)."""
+    d = _copy(runs, "tsv", tmp_path)
+    p = d / "requests.tsv"
+    lines = p.read_text().splitlines(keepends=True)
+    p.write_text("".join(lines[:100]))
+    assert main(["report", str(d), "--timeline", "1"]) == 0
+    err = capsys.readouterr().err
+    assert f"request log holds 99 requests, its summary counts {len(lines) - 1:,}" in err, err
+    assert main(["report", str(_copy(runs, "npz", tmp_path)), "--timeline", "1"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_a_numeric_action_type_reads_back(tmp_path):
     """The writer writes an action type it has no name for as its number: the reader
     takes that back (it took only names)."""

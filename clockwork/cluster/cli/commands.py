@@ -236,6 +236,11 @@ def _report(args: argparse.Namespace) -> int:
                 columns = read_columns(f.parent, *TIMELINE_COLUMNS, notes)
                 _warn(notes)
             rows = timeline_of(*columns, args.timeline, end)
+            logged = len(columns[0]["arrival"])
+            if isinstance(s.get("submitted"), int) and s["submitted"] != logged:
+                print(f"clockwork report: warning: {f.parent}'s request log holds "
+                      f"{logged:,} requests, its summary counts {s['submitted']:,}: are "
+                      "they of one run?", file=sys.stderr)
         except (FileNotFoundError, ValueError) as e:
             print(f"clockwork report: {e}", file=sys.stderr)
             return 2
