@@ -19,7 +19,8 @@ rejection, not retried in time                                  ``DEADLINE_EXCEE
 ``INVALID_REQUEST`` (``bad_input``, ``bad_slo``)                ``INVALID_ARGUMENT``   400
 ``ERROR`` ``overloaded`` / ``shutdown``; a baseline's full
 queue; a worker lost or its weights gone (not retried in
-time); a model that fits on no GPU                              ``UNAVAILABLE``        503
+time); a model that fits on no GPU, or whose LOADs were
+refused again and again (caches full, a package missing)       ``UNAVAILABLE``        503
 anything else (a bug: a worker refusing what the controller
 sent, outputs that do not fit, an exception while admitting)    ``INTERNAL``           500
 ==============================================================  =====================  ====
@@ -62,8 +63,11 @@ UNAVAILABLE_REASONS = frozenset({"overloaded", "shutdown", "no_worker"})
 UNAVAILABLE_MESSAGES = frozenset({"batching queue is full", "model does not fit on any GPU"})
 # worker errors that mean the request's copy was gone (a lost or reset worker, evicted
 # weights): the infrastructure, not the request, and not retried in time
+# (also a model whose LOADs were refused again and again: the GPUs' caches full, or a
+# worker without its package -- nothing the client got wrong, nor a bug: not now)
 UNAVAILABLE_CODES = frozenset({ErrorCode.WEIGHTS_NOT_PRESENT, ErrorCode.WEIGHTS_CHANGED,
-                               ErrorCode.EXEC_WEIGHTS_MISSING, ErrorCode.WORKER_LOST})
+                               ErrorCode.EXEC_WEIGHTS_MISSING, ErrorCode.WORKER_LOST,
+                               ErrorCode.LOAD_INSUFFICIENT_CACHE, ErrorCode.UNKNOWN_MODEL})
 
 
 class KServeError(Exception):

@@ -55,7 +55,10 @@ def test_the_table():
             assert e.kind == DEADLINE, code
             assert e.message == f"TIMEOUT: SLO cannot be met (worker error {code.name})"
     for code in (ErrorCode.WORKER_LOST, ErrorCode.WEIGHTS_NOT_PRESENT,
-                 ErrorCode.WEIGHTS_CHANGED, ErrorCode.EXEC_WEIGHTS_MISSING):  # a lost worker, weights gone
+                 ErrorCode.WEIGHTS_CHANGED, ErrorCode.EXEC_WEIGHTS_MISSING,  # a lost worker, weights gone
+                 # a model whose LOADs were refused 3 times (a full cache, no package): it
+                 # was INTERNAL "internal error", the reason gone
+                 ErrorCode.LOAD_INSUFFICIENT_CACHE, ErrorCode.UNKNOWN_MODEL):
         e = of_answer(ERR, "", _worker_error(code, "worker lost"))
         assert (e.kind, e.message) == (UNAVAILABLE, f"ERROR: worker error {code.name}")
     # a bug: a stable message, nothing of the exception or the worker's text
