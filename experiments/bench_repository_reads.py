@@ -64,8 +64,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeat", type=int, default=1, help="rounds of every read (default 1)")
     args = ap.parse_args(argv)
 
-    import clockwork
     import tritonclient.http as th
+
+    import clockwork
     from clockwork.cluster.serve import LocalCluster
 
     results: dict[str, list[tuple[float, float, float]]] = {}
