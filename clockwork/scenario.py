@@ -373,10 +373,13 @@ def _blame_override(line: str, source: str, overrides) -> str:
     if not line.startswith(head):
         return line
     key = line[len(head):].partition(": ")[0]
+    unknown = re.match(r"unknown (?:top-level )?setting '([^']+)'", line[len(head):])
+    if unknown:  # ("unknown setting 'cluster.wokers' (did you mean ...)")
+        key = unknown[1]
     for o in overrides or ():
         k = str(o).partition("=")[0].strip()
         if k and (key == k or key.startswith(k + ".")):
-            return f"--set {line[len(head):]}"
+            return f"--set{':' if unknown else ''} {line[len(head):]}"
     return line
 
 
