@@ -591,9 +591,8 @@ def local_workers_error(n: int, available: int | None = None) -> str | None:
         return None
     return (f"{n:,} local worker processes need ~{need / 2**30:.1f} GiB (~"
             f"{WORKER_MEMORY_BYTES >> 20} MiB each), more than the {available / 2**30:.1f} "
-            "GiB this machine has available: give fewer workers (cluster.workers or "
-            "--workers), more GPUs each (cluster.gpus_per_worker, --gpus), or spread them "
-            "over machines (--ray)")
+            "GiB this machine has available: give fewer workers (cluster.workers), more "
+            "GPUs each (cluster.gpus_per_worker), or spread them over machines (--ray)")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
