@@ -73,6 +73,11 @@ STREAM_MESSAGE_BYTES = 4 << 20
 _MAX_REQUEST_BYTES = MAX_MESSAGE_BYTES - 64  # one request (room for a stream message's fields)
 _OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # a controller back after an outage is reached within ~2 s: gRPC's own backoff
+            # grows to 120 s between attempts, and the channels of a process share it
+            # (a client used through a 150 s outage failed for 42 s after it was back)
+            ("grpc.initial_reconnect_backoff_ms", 250),
+            ("grpc.max_reconnect_backoff_ms", 2000),
             *keepalive.CHANNEL]  # a vanished controller fails the calls within ~15 s
 GRACE_S = 1.0  # past its SLO, how long the client waits for an answer before giving up
 MAX_TIMEOUT_S = 86_400.0  # a client's timeout beyond a day is taken as a day
@@ -248,6 +253,11 @@ def _request(model: str, inputs, slo_ms: float | None,
                              f"to send: a gRPC message carries at most "
                              f"{MAX_MESSAGE_BYTES:,} (send smaller inputs)", 6, "bad_input",
                              model)
+    for name, a in items:  # (an object array's bytes are pointers into this process)
+        kind = getattr(getattr(a, "dtype", None), "kind", None)
+        if kind is not None and kind in "OUSVMm":
+            raise _bad_inputs(model, f"input {name or 0!r} has dtype {a.dtype}: not numbers "
+                              f"a model takes; {_ONE_ARRAY}")
     tensors = [Tensor.of(name, a) for name, a in items]
     add_tensors(req.inputs, tensors)  # (built in place: no copy of each message)
     return req, _size(req, sum(_TENSOR_BYTES + 4 * len(t.name) + 11 * len(t.shape)
@@ -326,8 +336,10 @@ def _size(req: pb.InferRequest, inputs_bound: int) -> int:
     n = req.ByteSize()
     if n > _MAX_REQUEST_BYTES:
         raise InvalidRequest(f"{req.model}: the request is {n:,} bytes, too large to send: "
-                             f"a gRPC message carries at most {MAX_MESSAGE_BYTES:,} "
-                             "(send smaller inputs)", 6, "bad_input", req.model)
+                             f"a request may be at most {_MAX_REQUEST_BYTES:,} (a gRPC "
+                             f"message carries {MAX_MESSAGE_BYTES:,}, the message's own "
+                             "fields included; send smaller inputs)", 6, "bad_input",
+                             req.model)
     return n
 
 
@@ -971,6 +983,15 @@ class InferStream:
         sent."""
         if self._closed:
             raise RuntimeError("stream is closed")
+        if since_ns is not None:  # (a float raised inside the stream's writer: the whole
+            # stream ended, every request said "the client was closed")
+            if isinstance(since_ns, bool) or not isinstance(since_ns, numbers.Integral):
+                raise ValueError(f"since_ns must be an integer (time.monotonic_ns()), got "
+                                 f"{since_ns!r}")
+            if not 0 <= since_ns < 1 << 63:
+                raise ValueError(f"since_ns must be a time.monotonic_ns() reading (0 to "
+                                 f"2^63 - 1), got {since_ns}")
+            since_ns = int(since_ns)
         cid = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
         if self._reader.done():  # the call has ended: say why, if the controller said

@@ -455,6 +455,10 @@ NOT_ARRAYS = [
     ({0: np.zeros(3, np.float32)}, "input name 0 is not a string"),
     (1.5, "inputs is a float, not an array"),
     ("x", "inputs is a str, not an array"),
+    # arrays of no numbers (an object array was sent as its objects' addresses)
+    (np.array([object(), "x"], dtype=object), "input 0 has dtype object: not numbers"),
+    ({"data": np.array(["a", "b"])}, "input 'data' has dtype <U1: not numbers"),
+    (np.array(["2020-01-01"], dtype="datetime64[D]"), "has dtype datetime64[D]"),
 ]
 
 
@@ -665,3 +669,45 @@ def test_a_bad_copies_count_is_refused_naming_the_controllers_bound():
         for bad in (0, -3, True, 2.5):
             with pytest.raises(InvalidRequest, match="at most 1,024"):
                 c.load_model("m", copies=bad)
+
+
+def test_a_client_certificate_without_its_key_is_refused_not_an_abort():
+    """tls_cert without tls_key (or the key alone) is a SecurityError naming both:
+    gRPC's core aborted the whole process (a failed check, SIGABRT, exit 134)."""
+    code = """
+import sys, clockwork
+from clockwork.protocol.security import SecurityError
+for kw in ({"tls_cert": sys.argv[1]}, {"tls_key": sys.argv[1]}):
+    for make in (clockwork.Client, clockwork.AsyncClient):
+        try:
+            make("127.0.0.1:1", tls=True, **kw)
+        except SecurityError as e:
+            print("refused:", e)
+"""
+    r = subprocess.run([sys.executable, "-c", code, __file__], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert len(lines) == 4 and all("tls_cert and tls_key go together" in x for x in lines), \
+        r.stdout
+
+
+def test_a_stream_request_with_a_since_ns_that_is_no_clock_reading_is_refused(cluster):
+    """``since_ns`` must be an integer time.monotonic_ns() reading: a float (or a number
+    out of range) is a ValueError at submit, and the stream's other requests are
+    answered (it was raised inside the stream's writer: the whole stream ended, every
+    request "closed by the client")."""
+    async def main():
+        async with clockwork.AsyncClient(cluster.address, timeout=30) as c:
+            s = c.stream()
+            others = [s.submit("mobilenet_v2", slo_ms=2000) for _ in range(3)]
+            for bad in (time.monotonic() * 1e9, -(1 << 63), "1", True):
+                with pytest.raises(ValueError, match="since_ns must be"):
+                    s.submit("mobilenet_v2", slo_ms=2000, since_ns=bad)
+            ok = s.submit("mobilenet_v2", slo_ms=2000, since_ns=time.monotonic_ns())
+            answers = await asyncio.gather(*others, ok)
+            assert [a.status for a in answers] == [0] * 4
+            await s.close()
+
+    asyncio.run(main())
+

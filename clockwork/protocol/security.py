@@ -280,7 +280,12 @@ class TlsFiles:
 def channel_credentials(ca: str | bytes | None = None, cert: str | bytes | None = None,
                         key: str | bytes | None = None) -> grpc.ChannelCredentials:
     """TLS credentials for dialing a server: verified against ``ca`` (a PEM file or PEM
-    bytes; None: the system's roots), presenting ``cert``/``key`` if the server asks."""
+    bytes; None: the system's roots), presenting ``cert``/``key`` if the server asks.
+    ``SecurityError`` for one of ``cert`` and ``key`` without the other (gRPC's core
+    aborted the process: a failed check, SIGABRT, nothing to catch)."""
+    if (cert is None) != (key is None):
+        raise SecurityError("tls_cert and tls_key go together: a client certificate needs "
+                            "its private key (give both, or neither)")
 
     def pem(x):
         if x is None or isinstance(x, bytes):
