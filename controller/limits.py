@@ -80,8 +80,9 @@ class Limits:
         "and it may be left open, idle, for as long as its client answers keepalive pings. "
         "(Unary requests are bounded by this before `connection_outstanding` and "
         "`global_outstanding`, which bound streams' requests.) Calls that arrive faster "
-        "than the controller takes them up wait for it, up to this many (gRPC's own "
-        "default cancelled some past 1,000 waiting).", ge=1)
+        "than the controller takes them up wait for it, up to four times this many (gRPC's "
+        "own default cancelled some past 1,000 waiting; at this many, a burst past the "
+        "limit ended CANCELLED, not refused).", ge=1)
     rest_max_body_bytes: int = setting(
         64 * MiB, "Largest REST request body, counted after decoding a `gzip` or `deflate` "
         "body (decoded in slices as it is read: a compression bomb is refused at this "
@@ -127,8 +128,13 @@ class Limits:
     def grpc_server_options(self) -> list[tuple[str, int]]:
         return [("grpc.max_receive_message_length", self.grpc_max_receive_bytes),
                 ("grpc.max_concurrent_streams", self.grpc_max_streams_per_connection),
-                ("grpc.server.max_pending_requests", self.grpc_max_calls),
-                ("grpc.server.max_pending_requests_hard_limit", self.grpc_max_calls)]
+                # calls that came and wait to be taken up: past the soft limit gRPC drops
+                # some at random, past the hard one all, CANCELLED -- never reaching the
+                # controller, whose refusal past grpc_max_calls (RESOURCE_EXHAUSTED) says
+                # what happened: room for four times as many (at the limit, a burst of 400 at
+                # grpc_max_calls=100 ended 262 calls CANCELLED)
+                ("grpc.server.max_pending_requests", 4 * self.grpc_max_calls),
+                ("grpc.server.max_pending_requests_hard_limit", 4 * self.grpc_max_calls)]
 
 
 def limits_from_flags(items: list[str]) -> Limits:

@@ -10,6 +10,7 @@ from /proc. The figures are printed (``pytest -s``)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import socket
 import subprocess
@@ -1008,6 +1009,23 @@ def test_a_burst_of_unary_calls_is_answered_whole(profiles):
 
         got = asyncio.run(main())
         assert got == {"ok": n}, "".join(c.controller.output[-20:])
+
+
+def test_a_burst_past_grpc_max_calls_is_refused_overloaded_not_cancelled(profiles):
+    """400 inferences at once against grpc_max_calls=100: each one answered or refused
+    ``Overloaded``. gRPC's server cancelled the calls waiting past its pending-request
+    limit, which was grpc_max_calls: 262 of 400 ended CANCELLED (ControllerUnavailable),
+    unseen by the controller."""
+    with _cluster(profiles, "grpc_max_calls=100") as c:
+        async def main() -> collections.Counter:
+            async with clockwork.AsyncClient(c.address, timeout=30) as ac:
+                got = await asyncio.gather(*(ac.infer("small", slo_ms=10_000)
+                                             for _ in range(400)), return_exceptions=True)
+            return collections.Counter("ok" if not isinstance(r, Exception) else
+                                       type(r).__name__ for r in got)
+
+        got = asyncio.run(main())
+        assert set(got) <= {"ok", "Overloaded"} and got["ok"] >= 100, got
 
 
 def test_a_call_over_grpc_max_calls_is_overloaded_for_the_python_client(profiles):
