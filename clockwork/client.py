@@ -743,8 +743,9 @@ class AsyncClient:
         self._closing = False
         try:  # its channel is bound to this loop (grpc.aio)
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:  # made outside a loop: grpc.aio took the thread's loop
-            self._loop = None
+        except RuntimeError:  # made outside a loop: grpc.aio took the thread's loop (a
+            # later asyncio.run's is another: its calls failed with gRPC's own errors)
+            self._loop = getattr(self._channel, "_loop", None)
         for name in _UNARY:
             setattr(self._stub, name, _CloseAware(getattr(self._stub, name), self))
 

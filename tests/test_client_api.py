@@ -638,6 +638,29 @@ def test_an_async_client_used_from_another_event_loop_says_so(cluster):
 
     assert asyncio.run(own()) == 0
 
+    # made outside any loop (at a module's top, say), used from asyncio.run: said the
+    # same (a raw "attached to a different loop" from gRPC, and its stream blamed the
+    # controller); made outside a loop and used in the thread's own loop: it works
+    loop = asyncio.new_event_loop()  # (the thread's loop, as at a program's start)
+    asyncio.set_event_loop(loop)
+    outside = clockwork.AsyncClient(cluster.address, timeout=20)
+
+    async def infer_outside():
+        return await outside.infer("resnet50_v2", slo_ms=2000)
+
+    async def stream_outside():
+        return outside.stream()
+
+    for use in (infer_outside, stream_outside):
+        with pytest.raises(RuntimeError, match="made in another event loop"):
+            asyncio.run(use())
+    try:
+        assert loop.run_until_complete(infer_outside()).status == 0
+        loop.run_until_complete(outside.close())
+    finally:
+        loop.close()
+        asyncio.set_event_loop(None)
+
 
 def test_a_rest_port_given_as_the_controller_is_named_as_such():
     """An HTTP/1.1 server's port (the controller's REST --http-port, say) given to the
