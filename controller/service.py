@@ -1545,18 +1545,26 @@ class ControllerNode:
                                      message=NO_WORKER_FOR_REQUEST, client_id=cid, gpu=-1))
             return None
 
-        def tagged(resp: pb.InferResponse) -> None:
-            resp.client_id = cid
-            deliver(resp)
-
         # a positive SLO is at least 1 ns (0 would mean "the default")
         slo = max(1, ms(req.slo_ms)) if req.slo_ms else 0
         if not typed and req.queued_ns:  # its wait in the client before it was sent
             late += min(req.queued_ns, CLIENT_CLOCK_WINDOW_NS)  # (as a message's delay)
         # the client's call ends sooner than its SLO: the SLO (from the arrival, ``late``
         # before now) is cut to what is left of the call (``budget``, from now)
-        if budget is not None and late + budget < (slo or self.cfg.default_slo):
+        cut = budget is not None and late + budget < (slo or self.cfg.default_slo)
+        if cut:
             slo = max(1, late + budget)
+
+        def tagged(resp: pb.InferResponse) -> None:
+            resp.client_id = cid
+            if cut and not typed and resp.status == RequestStatus.TIMEOUT:
+                # (the client's own timeout, not the SLO, made it too late: say so)
+                resp.reason = "call_deadline"
+                resp.message = (f"{resp.message or 'SLO cannot be met'} within the call's "
+                                f"deadline ({budget / 1e6:.1f} ms left of it when the "
+                                f"request came; its SLO {req.slo_ms:g} ms): give the "
+                                "client a longer timeout")
+            deliver(resp)
         r = Request(rid, req.model, now - late, slo, tagged, inputs)  # inputs: list[Tensor]
         if req.skip_outputs:
             r.want_outputs = False

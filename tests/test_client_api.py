@@ -734,3 +734,23 @@ def test_a_stream_request_with_a_since_ns_that_is_no_clock_reading_is_refused(cl
 
     asyncio.run(main())
 
+
+
+def test_an_slo_cut_short_by_the_clients_timeout_says_so():
+    """A client timeout shorter than the SLO cuts the request's SLO at the controller
+    (its call ends then): a request that cannot be served within what is left of the
+    call is answered TIMEOUT, reason ``call_deadline``, saying the client's timeout
+    made it so (it said "SLO cannot be met" of a 5 s SLO it could have met)."""
+    with local_cluster(workers=1, gpus=1, models="vgg16") as c:
+        got = []
+        with clockwork.Client(c.address, timeout=0.03) as cl:  # vgg16: LOAD 43 ms, EXEC 9
+            for _ in range(5):
+                try:
+                    cl.infer("vgg16", slo_ms=5000)
+                    got.append("ok")
+                except clockwork.errors.InferenceTimeout as e:
+                    assert "within the call's deadline" in str(e) and "5000 ms" in str(e), e
+                    got.append(e.reason)
+                except clockwork.errors.ControllerUnavailable:
+                    got.append("client timeout")  # (the answer came too late for the call)
+        assert "call_deadline" in got and set(got) <= {"call_deadline", "client timeout"}, got
