@@ -102,6 +102,15 @@ class InferResult:
         """The first (usually only) output."""
         return next(iter(self.outputs.values()))
 
+    def __repr__(self) -> str:
+        """The outputs by name, shape and dtype, not their values (a ResNet result's repr
+        was 4,590 characters of numbers: a log line of it flooded the log)."""
+        outs = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in self.outputs.items())
+        return (f"InferResult(model={self.model!r}, outputs={{{outs}}}, "
+                f"latency_ms={self.latency_ms:.3f}, server_latency_ms="
+                f"{self.server_latency_ms:.3f}, batch_size={self.batch_size}, gpu={self.gpu}, "
+                f"cold={self.cold}, status={self.status})")
+
 
 @dataclass
 class ModelMeta:

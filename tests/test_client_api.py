@@ -754,3 +754,12 @@ def test_an_slo_cut_short_by_the_clients_timeout_says_so():
                 except clockwork.errors.ControllerUnavailable:
                     got.append("client timeout")  # (the answer came too late for the call)
         assert "call_deadline" in got and set(got) <= {"call_deadline", "client timeout"}, got
+
+
+def test_a_results_repr_shows_its_outputs_shapes_not_their_values():
+    from clockwork.client import InferResult
+
+    r = InferResult("resnet50_v2", {"output": np.zeros((1, 1000), np.float32)}, 1.5, 0.75)
+    assert repr(r) == ("InferResult(model='resnet50_v2', outputs={output: float32[1, 1000]}, "
+                       "latency_ms=1.500, server_latency_ms=0.750, batch_size=0, gpu=-1, "
+                       "cold=False, status=0)")
