@@ -182,16 +182,7 @@ def test_unauthenticated_calls_with_large_requests_are_refused_unread(cluster, p
     creds = grpc.ssl_channel_credentials(open(pki.ca, "rb").read())
     with grpc.secure_channel(cluster.address, creds,
                              options=[("grpc.max_send_message_length", 64 << 20)]) as ch:
-        big = b"\x00" * (40 << 20)
-        futures = [ch.unary_unary("/clockwork.v1.Clockwork/Infer").future(big, timeout=60)
-                   for _ in range(24)]
-        codes = []
-        for f in futures:
-            try:
-                f.result()
-                codes.append("OK")
-            except grpc.RpcError as e:
-                codes.append(e.code().name)
+        codes = _large_calls(ch, "/clockwork.v1.Clockwork/Infer")
     assert "OK" not in codes and "UNAUTHENTICATED" in codes, codes
     grew_mb = (_vm_kb(pid, "VmHWM") - before) / 1024
     assert grew_mb < 5 * 40, f"the controller's memory grew {grew_mb:.0f} MB"
@@ -465,6 +456,21 @@ def _other_local_addresses() -> list[str]:
     return out
 
 
+def _large_calls(ch, method: str, n: int = 24, mb: int = 40) -> list[str]:
+    """``n`` calls of ``method`` at once on channel ``ch``, each with ``mb`` MB of bytes
+    as its request: how each ended (``OK`` or its status code's name)."""
+    big = b"\x00" * (mb << 20)
+    futures = [ch.unary_unary(method).future(big, timeout=60) for _ in range(n)]
+    codes = []
+    for f in futures:
+        try:
+            f.result()
+            codes.append("OK")
+        except grpc.RpcError as e:
+            codes.append(e.code().name)
+    return codes
+
+
 def _vm_kb(pid: int, key: str, reset_peak: bool = False) -> int:
     """A /proc/PID/status figure in kB; ``reset_peak``: VmHWM starts again from now."""
     if reset_peak:
@@ -494,15 +500,7 @@ def test_a_call_without_the_secret_is_refused_before_its_request_is_read(plain_c
             assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED, e.value
 
         before = _vm_kb(pid, "VmRSS", reset_peak=True)
-        big = b"\x00" * (40 << 20)
-        futures = [ch.unary_unary(WORKER_LOAD).future(big, timeout=60) for _ in range(24)]
-        codes = []
-        for f in futures:
-            try:
-                f.result()
-                codes.append("OK")
-            except grpc.RpcError as e:
-                codes.append(e.code().name)
+        codes = _large_calls(ch, WORKER_LOAD)
         # (a refusal that came while the call's message was still being sent can reach
         # grpc's client as another code: the worker does not wait for big messages)
         assert "OK" not in codes and "UNAUTHENTICATED" in codes, codes
