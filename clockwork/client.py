@@ -655,6 +655,13 @@ class Client:
         except grpc.RpcError as e:
             raise _unavailable(e, url=self.url) from e
 
+    def list_models_raw(self) -> pb.ListModelsResponse:
+        """As ``AsyncClient.list_models_raw``: the controller's answer as it came."""
+        try:
+            return self._stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise _unavailable(e, url=self.url) from e
+
     def load_model(self, name: str, copies: int | None = None, profile: str | None = None,
                    package: str | None = None,
                    timeout: float | None = None) -> list[ModelMeta]:
@@ -779,6 +786,14 @@ class AsyncClient:
     async def list_models_raw(self) -> pb.ListModelsResponse:
         try:
             return await self._stub.ListModels(pb.ListModelsRequest(), timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise _unavailable(e, url=self.url) from e
+
+    async def model_status(self, model: str) -> pb.ModelStatusResponse:
+        """As ``Client.model_status``."""
+        req = pb.ModelStatusRequest(model=_text(model, "model"))
+        try:
+            return await self._stub.ModelStatus(req, timeout=self.timeout)
         except grpc.RpcError as e:
             raise _unavailable(e, url=self.url) from e
 

@@ -763,3 +763,25 @@ def test_a_results_repr_shows_its_outputs_shapes_not_their_values():
     assert repr(r) == ("InferResult(model='resnet50_v2', outputs={output: float32[1, 1000]}, "
                        "latency_ms=1.500, server_latency_ms=0.750, batch_size=0, gpu=-1, "
                        "cold=False, status=0)")
+
+
+def test_both_clients_have_the_same_methods(cluster):
+    """The two clients are twins: every public method of one is the other's but the
+    asyncio one's streams (AsyncClient had no model_status, Client no list_models_raw),
+    and those two answer alike."""
+    def public(cls):
+        return {n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n))}
+
+    # (a stream is asyncio's alone)
+    assert public(clockwork.Client) == public(clockwork.AsyncClient) - {"stream"}
+    with clockwork.Client(cluster.address, timeout=20) as c:
+        st = c.model_status("resnet50_v2")
+        raw = c.list_models_raw()
+
+    async def main():
+        async with clockwork.AsyncClient(cluster.address, timeout=20) as ac:
+            return await ac.model_status("resnet50_v2"), await ac.list_models_raw()
+
+    ast, araw = asyncio.run(main())
+    assert st.known and ast.known and st.model.name == ast.model.name == "resnet50_v2"
+    assert {m.name for m in raw.models} == {m.name for m in araw.models}
