@@ -106,6 +106,17 @@ def _http_input():
 # ---------------------------------------------------------------------- client token + TLS
 
 
+def test_a_ca_given_as_pem_text_is_taken_as_such(cluster, pki):
+    """tls_ca as the PEM text itself (not a file's name) works as its bytes do (it was
+    read as a file name: "-----BEGIN CERTIFICATE----- ...: cannot read it", the whole
+    certificate repeated)."""
+    from pathlib import Path
+
+    text = Path(pki.ca).read_text()
+    with clockwork.Client(cluster.address, timeout=TIMEOUT, token=TOKEN, tls_ca=text) as c:
+        assert c.infer(MODEL, slo_ms=1000).status == 0
+
+
 def test_authenticated_clients_work_over_tls(cluster, addresses, pki):
     with clockwork.Client(cluster.address, timeout=TIMEOUT, token=TOKEN, tls_ca=pki.ca) as c:
         assert c.infer(MODEL, slo_ms=1000).output.shape == (1000,)

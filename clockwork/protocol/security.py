@@ -279,8 +279,9 @@ class TlsFiles:
 
 def channel_credentials(ca: str | bytes | None = None, cert: str | bytes | None = None,
                         key: str | bytes | None = None) -> grpc.ChannelCredentials:
-    """TLS credentials for dialing a server: verified against ``ca`` (a PEM file or PEM
-    bytes; None: the system's roots), presenting ``cert``/``key`` if the server asks.
+    """TLS credentials for dialing a server: verified against ``ca`` (a PEM file, or PEM
+    bytes or text; None: the system's roots), presenting ``cert``/``key`` if the server
+    asks.
     ``SecurityError`` for one of ``cert`` and ``key`` without the other (gRPC's core
     aborted the process: a failed check, SIGABRT, nothing to catch)."""
     if (cert is None) != (key is None):
@@ -290,10 +291,13 @@ def channel_credentials(ca: str | bytes | None = None, cert: str | bytes | None 
     def pem(x):
         if x is None or isinstance(x, bytes):
             return x
+        if isinstance(x, str) and x.lstrip().startswith("-----BEGIN"):
+            return x.encode()  # PEM text itself (it was read as a file's name)
         try:
             return Path(x).read_bytes()
         except OSError as e:
-            raise SecurityError(f"{x}: cannot read it ({e.strerror or e})") from None
+            shown = str(x) if len(str(x)) <= 200 else str(x)[:200] + "..."
+            raise SecurityError(f"{shown}: cannot read it ({e.strerror or e})") from None
 
     return grpc.ssl_channel_credentials(root_certificates=pem(ca), private_key=pem(key),
                                         certificate_chain=pem(cert))
