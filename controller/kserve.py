@@ -182,6 +182,9 @@ def submit_rows(node, rows: list[TypedInferRequest], deliver, conn: str,
     submit_guarded(node, rows, done, 0, budget)
 
 
+STATS_SLICE = 1024  # instances whose statistics are read in one turn of the event loop
+
+
 class KServeFrontend:
     """The protocol logic shared by the gRPC servicer and the REST handler."""
 
@@ -267,6 +270,21 @@ class KServeFrontend:
             names = [n for n in self.node.profiles if n not in gone]
         stats = self.node.metrics.statistics
         return {"model_stats": [{"name": n, "version": VERSION, **stats(n)} for n in names]}
+
+    async def all_statistics(self) -> dict:
+        """``model_statistics()`` of every instance served, read in slices of
+        ``STATS_SLICE`` with the event loop free between them (20,481 instances took it
+        ~0.2 s at once)."""
+        gone = self.node.unloading
+        names = [n for n in self.node.profiles if n not in gone]
+        stats = self.node.metrics.statistics
+        out = []
+        for k in range(0, len(names), STATS_SLICE):
+            if k:
+                await asyncio.sleep(0)
+            out.extend({"name": n, "version": VERSION, **stats(n)}
+                       for n in names[k:k + STATS_SLICE])
+        return {"model_stats": out}
 
     def model_metadata(self, name: str) -> dict:
         p = self.described(name)
@@ -418,7 +436,8 @@ class KServeGrpcServicer(kpbg.GRPCInferenceServiceServicer):
 
     @_guarded
     async def ModelStatistics(self, request, context):  # noqa: N802
-        stats = self.fe.model_statistics(request.name, request.version)
+        stats = (await self.fe.all_statistics() if not request.name else
+                 self.fe.model_statistics(request.name, request.version))
         if len(stats["model_stats"]) <= 16:
             return json_format.ParseDict(stats, kpb.ModelStatisticsResponse())
         # (every model's: parsed off the event loop; 20,000 instances held it ~1.2 s)

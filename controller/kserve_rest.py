@@ -194,7 +194,7 @@ class KServeRest:
                 ready = fe.server_ready()
                 return Reply(200 if ready else 503, {"ready": ready})
             if what == "all_stats":
-                return Reply(200, fe.model_statistics())
+                return Reply(200, await fe.all_statistics())
             if what.startswith("repo_"):
                 return await self.repository(what[5:], args, body)
             name, version = args
