@@ -462,7 +462,7 @@ NOT_ARRAYS = [
 ]
 
 
-@pytest.mark.parametrize("inputs,said", NOT_ARRAYS, ids=lambda v: repr(v)[:30])
+@pytest.mark.parametrize("inputs,said", NOT_ARRAYS, ids=[said for _, said in NOT_ARRAYS])
 def test_inputs_that_are_not_arrays_are_refused_before_sending(inputs, said):
     """Only None sends no inputs: an empty list, tuple or mapping is ``InvalidRequest``
     saying what to pass (it was sent as no inputs, and ran on zeros); an input that is
