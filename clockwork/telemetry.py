@@ -1320,9 +1320,7 @@ def read_columns(run_dir: str | Path, request_columns: tuple, action_columns: tu
     try:
         fmt = _format_in(run_dir)
     except FileNotFoundError:
-        if rows_folder(run_dir) is None:
-            raise
-        fmt = "rows"  # (read whole by read_logs, below)
+        fmt = None  # no log files: read_logs reads a rows folder there, or raises
     if fmt == "npz":
         out = []
         for name, want, names in (("requests", request_columns, REQUEST_COLUMNS),

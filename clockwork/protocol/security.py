@@ -481,17 +481,21 @@ class ClusterAuth:
         """Why the controller's proof in ``metadata`` is no good for a call to ``method``
         (no credentials, malformed, or an HMAC that does not match), or None: made with
         the secret. Its nonce is not taken (``check_controller`` does that)."""
+        return self._proof(method, metadata)[0]
+
+    def _proof(self, method: str, metadata) -> tuple[str | None, str, str, str]:
+        """(``proof_checks``'s answer, the call's nonce, time and target)."""
         md = {k: v for k, v in metadata or () if isinstance(v, str)}
         nonce, t, proof = md.get(NONCE_KEY, ""), md.get(TIME_KEY, ""), md.get(PROOF_KEY, "")
         target = md.get(TARGET_KEY, "")
         if not (nonce or t or proof):
-            return "no cluster credentials"
+            return "no cluster credentials", nonce, t, target
         if not _NONCE.fullmatch(nonce) or not t.isdigit() or len(target) > 300:
-            return "malformed cluster credentials"
+            return "malformed cluster credentials", nonce, t, target
         want = _mac(self._key, "clockwork-v2 controller", method, target, t, nonce)
         if not hmac.compare_digest(proof.encode("latin-1", "replace"), want.encode()):
-            return "wrong cluster credentials"
-        return None
+            return "wrong cluster credentials", nonce, t, target
+        return None, nonce, t, target
 
     def check_controller(self, method: str, metadata, is_me=None
                          ) -> tuple[str | None, str, str]:
@@ -500,11 +504,9 @@ class ClusterAuth:
         ``is_me(target)``: whether the address the proof was made for is this worker's
         (a proof the controller made for another address, relayed here by whoever it
         dialled there, is refused)."""
-        why = self.proof_checks(method, metadata)
+        why, nonce, t, target = self._proof(method, metadata)
         if why is not None:
             return why, "", ""
-        md = {k: v for k, v in metadata or () if isinstance(v, str)}
-        nonce, t, target = md[NONCE_KEY], md[TIME_KEY], md.get(TARGET_KEY, "")
         if is_me is not None and not is_me(target):
             return (f"cluster credentials made for another worker ({target!r}: not an "
                     "address this worker listens on -- relayed? If the controller reaches "
