@@ -222,15 +222,13 @@ class KServeRest:
 
     async def ops(self, path: str) -> Reply:
         """Prometheus metrics (controller/metrics.py), liveness, readiness (every worker
-        connected). The metric families are collected on the event loop (they read the
-        controller's state, which only the loop may touch) and rendered as text on a
-        worker thread (``ControllerMetrics.text``: ~5 ms for 550 instances)."""
+        connected). What the metrics read of the controller's state is copied on the event
+        loop (the only place that may touch it) a slice of model instances at a time; the
+        text is written from the copy on a worker thread
+        (``ControllerMetrics.render_async``)."""
         node = self.node
         if path == "/metrics":
-            families = list(node.metrics.registry.collect())
-            text = await asyncio.get_running_loop().run_in_executor(
-                None, node.metrics.text, families)
-            return Reply(200, text, compress=True)
+            return Reply(200, await node.metrics.render_async(), compress=True)
         if path == "/healthz":
             return Reply(200, b"ok\n")
         ready = (node.policy is not None and not node._stopping

@@ -47,9 +47,9 @@ costs several times a dict increment; a ``Histogram.observe`` more still.)
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import time
-from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import (
@@ -72,6 +72,7 @@ UTIL_WINDOW_S = 2.0  # nv_gpu_utilization: busy time over this much of the recen
 _BUCKET_NS = 250_000_000  # ... counted in buckets of this width
 _NB = 16  # slots of the per-GPU ring (> the window's buckets: old slots are reused)
 _INFER = ActionType.INFER
+MODEL_SLICE = 1024  # render_async: model instances read per turn of the event loop
 
 
 
@@ -148,6 +149,12 @@ class _Hist:
         self.bounds_ns = [round(b * 1e9) for b in self.bounds]
         self.counts = [0] * (len(self.bounds) + 1)  # last: above every bound
         self.sum_ns = 0
+
+    def copy(self) -> _Hist:
+        h = _Hist.__new__(_Hist)
+        h.bounds, h.bounds_ns, h.counts, h.sum_ns = (self.bounds, self.bounds_ns,
+                                                     list(self.counts), self.sum_ns)
+        return h
 
     def family(self, name: str, doc: str) -> HistogramMetricFamily:
         acc, buckets = 0, []
@@ -288,8 +295,9 @@ class ControllerMetrics:
         self._labels_text: dict = {}  # (render_families)
         self._values_text: dict = {}
         self.registry = CollectorRegistry()
-        self.registry.register(_Collector(self))
-        ProcessCollector(registry=self.registry)
+        self._collector = _Collector(self)
+        self.registry.register(self._collector)
+        self._process = ProcessCollector(registry=self.registry)
 
     # hooks (hot path) ---------------------------------------------------------------
 
@@ -492,6 +500,26 @@ class ControllerMetrics:
         """The exposition (what ``/metrics`` answers)."""
         return self.text(list(self.registry.collect()))
 
+    async def render_async(self) -> bytes:
+        """``render``'s text with the event loop held for at most ``MODEL_SLICE`` model
+        instances at a time: what the families read of the controller is copied on the
+        loop (the models' counts a slice at a time, the loop free between slices), the
+        families are built from the copy and written on a worker thread (20,481 instances:
+        ~0.25 s of the loop at once when collected whole)."""
+        col = self._collector
+        names = col.model_names()
+        rows: list[tuple] = []
+        for i in range(0, len(names), MODEL_SLICE):
+            if i:
+                await asyncio.sleep(0)
+            rows += col.model_rows(names[i:i + MODEL_SLICE])
+        state = col.state()
+        return await asyncio.get_running_loop().run_in_executor(
+            None, self._render_copy, rows, state)
+
+    def _render_copy(self, rows: list[tuple], state: dict) -> bytes:
+        return self.text(self._collector.families(rows, state) + list(self._process.collect()))
+
     def text(self, families: list) -> bytes:
         """The exposition of ``families`` (collected from ``registry``; safe to call off
         the event loop). The label and value texts it keeps are dropped when they
@@ -517,7 +545,9 @@ class ControllerMetrics:
 
 
 class _Collector:
-    """Builds the families from ``ControllerMetrics``'s counts and the node's state."""
+    """Builds the families from ``ControllerMetrics``'s counts and the node's state: what
+    is read of them is taken first (``model_rows``, ``_state``: on the event loop), the
+    families are built from that copy alone (``families``: safe off the loop)."""
 
     def __init__(self, m: ControllerMetrics) -> None:
         self.m = m
@@ -525,50 +555,106 @@ class _Collector:
     def describe(self) -> list:
         return []  # nothing to check against other collectors (the registry is ours)
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> list[Metric]:
+        return self.families(self.model_rows(self.model_names()), self.state())
+
+    def model_names(self) -> list[str]:
+        """Every model instance counted (served from the start, or answered since; ""
+        for requests of unknown models), sorted."""
+        m = self.m
+        models = m.models
+        for n in getattr(m.node, "profiles", ()):  # every instance served, from the start
+            if n not in models:
+                m._model(n)
+        return sorted(models)
+
+    def model_rows(self, names: list[str]) -> list[tuple]:
+        """What the families read of each of ``names`` (those still counted), as plain
+        values: (name, labels, model labels, successes, failures, rows of successes,
+        execs, duration ns, queue ns, compute ns, requests queued (None: no policy or
+        no view of it), (status, count)..., met SLO, answered (invalid not counted),
+        cold starts)."""
+        models = self.m.models
+        policy = getattr(self.m.node, "policy", None)
+        view = policy.model_view if policy is not None else None
+        out = []
+        for n in names:
+            s = models.get(n)
+            if s is None:
+                continue
+            v = view(n) if view is not None and n else None
+            status = s.status
+            out.append((n, s.labels, s.mlabels, s.success, s.failures(),
+                        s.success + s.extra_rows, s.execs, s.duration_ns, s.queue_ns,
+                        s.compute_ns, None if v is None else v.queued,
+                        tuple(sorted(status.items())), s.slo_met,
+                        sum(status.values()) - status.get("invalid_request", 0), s.cold))
+        return out
+
+    def state(self) -> dict:
+        """The rest of what the families read, copied."""
         m, node = self.m, self.m.node
         now = time.monotonic_ns()
-        for n in getattr(node, "profiles", ()):  # every instance served, from the start
-            if n not in m.models:
-                m._model(n)
-        models = dict(m.models)
-        per = [s for n, s in sorted(models.items()) if n]  # "": unknown models
+        policy = getattr(node, "policy", None)
+        gpus = []
+        for (w, g), idx, pages in self._gpus():
+            used = policy.pages_used(idx) if policy is not None and idx is not None else None
+            gpus.append((w, g, round(m.utilization((w, g), now), 6), m.busy_ns.get((w, g), 0),
+                         pages, used))
+        links = getattr(node, "links", [])
+        available = getattr(node, "available", None)
+        counted = getattr(node, "counters", {})
+        return {
+            "now": now, "gpus": gpus,
+            "latency": m.latency.copy(), "pred_error": m.pred_error.copy(),
+            "actions": list(m.actions.items()), "sent": sorted(m.sent.items()),
+            "queued": policy.queued() if policy is not None else 0,
+            "outstanding": len(getattr(node, "pending", ())),
+            "connected": sum(1 for lk in links if lk.connected),
+            "available": sum(1 for lk in links if lk.connected and (
+                available is None or available(lk))),
+            "held": sum(1 for lk in links if not lk.connected and getattr(lk, "held", "")),
+            "counted": {key: counted.get(key, 0) for key in (
+                *(k for _, k in WORKER_EVENTS), "weights_kept", "weights_adopted")},
+        }
+
+    def families(self, rows: list[tuple], st: dict) -> list[Metric]:
+        """The families of ``model_rows``' rows and ``state``'s copy (reads nothing
+        else)."""
+        m = self.m
+        now = st["now"]
+        out: list[Metric] = []
+        add = out.append
+        per = [r for r in rows if r[0]]  # "": unknown models
 
         # --- Triton's names
-        yield _untyped("nv_inference_request_success",
-                       "Number of successful inference requests, all batch sizes",
-                       [(s.labels, s.success) for s in per])
-        yield _untyped("nv_inference_request_failure",
-                       "Number of failed inference requests, all batch sizes",
-                       [(s.labels, s.failures()) for s in per])
-        yield _untyped("nv_inference_count",
-                       "Number of inferences performed (the rows of successful requests)",
-                       [(s.labels, s.success + s.extra_rows) for s in per])
-        yield _untyped("nv_inference_exec_count",
-                       "Number of model executions performed (successful INFER batches)",
-                       [(s.labels, s.execs) for s in per])
-        yield _untyped("nv_inference_request_duration_us",
-                       "Cumulative inference request duration in microseconds "
-                       "(arrival to answer)", [(s.labels, s.duration_ns // 1000) for s in per])
-        yield _untyped("nv_inference_queue_duration_us",
-                       "Cumulative inference queuing duration in microseconds "
-                       "(arrival to the batch's EXEC start)",
-                       [(s.labels, s.queue_ns // 1000) for s in per])
-        yield _untyped("nv_inference_compute_infer_duration_us",
-                       "Cumulative compute inference duration in microseconds (the batch's "
-                       "EXEC time, for each request of the batch)",
-                       [(s.labels, s.compute_ns // 1000) for s in per])
-        policy = getattr(node, "policy", None)
-        views = []
-        if policy is not None:
-            view = policy.model_view
-            views = [(s.labels, v.queued) for s in per
-                     if (v := view(s.labels["model"])) is not None]
-        yield _family("nv_inference_pending_request_count",
-                      "Instantaneous number of pending requests awaiting execution per-model",
-                      "gauge", "nv_inference_pending_request_count", views)
+        add(_untyped("nv_inference_request_success",
+                     "Number of successful inference requests, all batch sizes",
+                     [(r[1], r[3]) for r in per]))
+        add(_untyped("nv_inference_request_failure",
+                     "Number of failed inference requests, all batch sizes",
+                     [(r[1], r[4]) for r in per]))
+        add(_untyped("nv_inference_count",
+                     "Number of inferences performed (the rows of successful requests)",
+                     [(r[1], r[5]) for r in per]))
+        add(_untyped("nv_inference_exec_count",
+                     "Number of model executions performed (successful INFER batches)",
+                     [(r[1], r[6]) for r in per]))
+        add(_untyped("nv_inference_request_duration_us",
+                     "Cumulative inference request duration in microseconds "
+                     "(arrival to answer)", [(r[1], r[7] // 1000) for r in per]))
+        add(_untyped("nv_inference_queue_duration_us",
+                     "Cumulative inference queuing duration in microseconds "
+                     "(arrival to the batch's EXEC start)", [(r[1], r[8] // 1000) for r in per]))
+        add(_untyped("nv_inference_compute_infer_duration_us",
+                     "Cumulative compute inference duration in microseconds (the batch's "
+                     "EXEC time, for each request of the batch)",
+                     [(r[1], r[9] // 1000) for r in per]))
+        add(_family("nv_inference_pending_request_count",
+                    "Instantaneous number of pending requests awaiting execution per-model",
+                    "gauge", "nv_inference_pending_request_count",
+                    [(r[1], r[10]) for r in per if r[10] is not None]))
 
-        gpus = self._gpus()
         # (Triton's label alone, as Triton writes it: perf_analyzer reads these with a
         # regular expression that wants `{gpu_uuid="..."}` and nothing else)
         util_rows: list = []
@@ -586,111 +672,99 @@ class _Collector:
         busy = CounterMetricFamily("clockwork_gpu_busy_seconds",
                                    "Measured EXEC time since the controller started",
                                    labels=("worker", "gpu"))
-        for (w, g), idx, pages in gpus:
+        for w, g, util, b, pages, used in st["gpus"]:
             ids = {"gpu_uuid": f"worker{w}-gpu{g}"}
             wg = (str(w), str(g))
-            util_rows.append((ids, round(m.utilization((w, g), now), 6)))
-            b = m.busy_ns.get((w, g), 0)
+            util_rows.append((ids, util))
             frac.add_metric(wg, round(min(1.0, b / wall), 6))
             busy.add_metric(wg, b / 1e9)
             if pages is not None:
                 total_rows.append((ids, pages * PAGE_SIZE))
                 ptotal.add_metric(wg, pages)
-            if policy is not None and idx is not None:
-                p = policy.pages_used(idx)
-                used_rows.append((ids, p * PAGE_SIZE))
-                pused.add_metric(wg, p)
-        yield _family("nv_gpu_utilization", f"GPU utilization rate [0.0 - 1.0]: EXEC busy "
-                      f"time over the last {UTIL_WINDOW_S:g} s", "gauge", "nv_gpu_utilization",
-                      util_rows, plain=True)
-        yield _family("nv_gpu_memory_used_bytes", "GPU weights-cache memory in use, bytes "
-                      "(pages x 16 MiB)", "gauge", "nv_gpu_memory_used_bytes", used_rows,
-                      plain=True)
-        yield _family("nv_gpu_memory_total_bytes", "GPU weights-cache memory, bytes (pages x "
-                      "16 MiB)", "gauge", "nv_gpu_memory_total_bytes", total_rows, plain=True)
+            if used is not None:
+                used_rows.append((ids, used * PAGE_SIZE))
+                pused.add_metric(wg, used)
+        add(_family("nv_gpu_utilization", f"GPU utilization rate [0.0 - 1.0]: EXEC busy "
+                    f"time over the last {UTIL_WINDOW_S:g} s", "gauge", "nv_gpu_utilization",
+                    util_rows, plain=True))
+        add(_family("nv_gpu_memory_used_bytes", "GPU weights-cache memory in use, bytes "
+                    "(pages x 16 MiB)", "gauge", "nv_gpu_memory_used_bytes", used_rows,
+                    plain=True))
+        add(_family("nv_gpu_memory_total_bytes", "GPU weights-cache memory, bytes (pages x "
+                    "16 MiB)", "gauge", "nv_gpu_memory_total_bytes", total_rows, plain=True))
 
         # --- ours
-        yield _family("clockwork_requests", "Answered requests by model instance and status",
-                      "counter", "clockwork_requests_total",
-                      [({"model": n, "status": st}, v) for n, s in sorted(models.items())
-                       for st, v in sorted(s.status.items())])
-        yield m.latency.family("clockwork_request_latency_seconds",
-                               "Controller-side latency of successful requests")
-        yield _family("clockwork_requests_slo_met",
-                      "Requests answered successfully within their SLO", "counter",
-                      "clockwork_requests_slo_met_total", [(s.mlabels, s.slo_met) for s in per])
-        att = []
-        for s in per:
-            answered = sum(s.status.values()) - s.status.get("invalid_request", 0)
-            if answered:
-                att.append((s.mlabels, round(s.slo_met / answered, 9)))
-        yield _family("clockwork_slo_attainment",
-                      "Requests that met their SLO / requests answered (invalid requests not "
-                      "counted), since the controller started", "gauge",
-                      "clockwork_slo_attainment", att)
-        yield _family("clockwork_cold_starts",
-                      "Requests answered that arrived when no copy of the model was loaded",
-                      "counter", "clockwork_cold_starts_total", [(s.mlabels, s.cold) for s in per])
+        add(_family("clockwork_requests", "Answered requests by model instance and status",
+                    "counter", "clockwork_requests_total",
+                    [({"model": r[0], "status": status}, v) for r in rows
+                     for status, v in r[11]]))
+        add(st["latency"].family("clockwork_request_latency_seconds",
+                                 "Controller-side latency of successful requests"))
+        add(_family("clockwork_requests_slo_met",
+                    "Requests answered successfully within their SLO", "counter",
+                    "clockwork_requests_slo_met_total", [(r[2], r[12]) for r in per]))
+        add(_family("clockwork_slo_attainment",
+                    "Requests that met their SLO / requests answered (invalid requests not "
+                    "counted), since the controller started", "gauge",
+                    "clockwork_slo_attainment",
+                    [(r[2], round(r[12] / r[13], 9)) for r in per if r[13]]))
+        add(_family("clockwork_cold_starts",
+                    "Requests answered that arrived when no copy of the model was loaded",
+                    "counter", "clockwork_cold_starts_total", [(r[2], r[14]) for r in per]))
 
         act = CounterMetricFamily("clockwork_actions_total",
                                   "Finished actions by type and result status",
                                   labels=("type", "status"))
-        rows = sorted(((_name(ActionType, t), _name(ErrorCode, s)), v)
-                      for (t, s), v in list(m.actions.items()))
-        for k, v in rows:
+        for k, v in sorted(((_name(ActionType, t), _name(ErrorCode, s)), v)
+                           for (t, s), v in st["actions"]):
             act.add_metric(k, v)
-        yield act
+        add(act)
         sent = CounterMetricFamily("clockwork_actions_sent_total", "Actions sent to workers",
                                    labels=("type",))
-        for t, v in sorted(m.sent.items()):
+        for t, v in st["sent"]:
             sent.add_metric((t,), v)
-        yield sent
-        yield m.pred_error.family("clockwork_exec_prediction_error_seconds",
-                                  "|measured - expected| EXEC duration of successful INFERs "
-                                  "(the time the EXEC lane was held)")
-        yield from (frac, busy, pused, ptotal)
+        add(sent)
+        add(st["pred_error"].family("clockwork_exec_prediction_error_seconds",
+                                    "|measured - expected| EXEC duration of successful INFERs "
+                                    "(the time the EXEC lane was held)"))
+        out += (frac, busy, pused, ptotal)
 
-        links = getattr(node, "links", [])
-        yield GaugeMetricFamily("clockwork_queue_depth",
-                                "Requests waiting in the scheduling policy (Policy.queued())",
-                                value=policy.queued() if policy is not None else 0)
-        yield GaugeMetricFamily("clockwork_requests_outstanding",
-                                "Requests accepted, not yet answered",
-                                value=len(getattr(node, "pending", ())))
-        yield GaugeMetricFamily("clockwork_workers_connected", "Workers connected now",
-                                value=sum(1 for lk in links if lk.connected))
-        available = getattr(node, "available", None)
-        yield GaugeMetricFamily("clockwork_workers_available",
-                                "Workers that take work now: connected and not suspect (a "
-                                "hung worker stays connected until its connection times "
-                                "out, but is not available once it misses a probe)",
-                                value=sum(1 for lk in links if lk.connected and (
-                                    available is None or available(lk))))
-        yield GaugeMetricFamily("clockwork_workers_held_elsewhere",
-                                "Workers not connected because another controller holds "
-                                "them (its connection to them is live; ours once it ends)",
-                                value=sum(1 for lk in links
-                                          if not lk.connected and getattr(lk, "held", "")))
-        counted = getattr(node, "counters", {})
+        add(GaugeMetricFamily("clockwork_queue_depth",
+                              "Requests waiting in the scheduling policy (Policy.queued())",
+                              value=st["queued"]))
+        add(GaugeMetricFamily("clockwork_requests_outstanding",
+                              "Requests accepted, not yet answered", value=st["outstanding"]))
+        add(GaugeMetricFamily("clockwork_workers_connected", "Workers connected now",
+                              value=st["connected"]))
+        add(GaugeMetricFamily("clockwork_workers_available",
+                              "Workers that take work now: connected and not suspect (a "
+                              "hung worker stays connected until its connection times "
+                              "out, but is not available once it misses a probe)",
+                              value=st["available"]))
+        add(GaugeMetricFamily("clockwork_workers_held_elsewhere",
+                              "Workers not connected because another controller holds "
+                              "them (its connection to them is live; ours once it ends)",
+                              value=st["held"]))
+        counted = st["counted"]
         ev = CounterMetricFamily("clockwork_worker_events",
                                  "Workers lost (connection closed), found suspect (no answer to "
                                  "a liveness probe), re-admitted after it, and refused on "
                                  "reconnecting (each attempt: it cannot serve a model loaded "
                                  "while it was away, or has other GPUs)", labels=["event"])
         for event, key in WORKER_EVENTS:
-            ev.add_metric((event,), counted.get(key, 0))
-        yield ev
-        yield CounterMetricFamily("clockwork_weights_kept",
-                                  "Copies re-admitted workers kept through their reset "
-                                  "(served again with no LOAD)",
-                                  value=counted.get("weights_kept", 0))
-        yield CounterMetricFamily("clockwork_weights_adopted",
-                                  "Copies workers still held from an earlier controller, "
-                                  "taken over at start (served with no LOAD)",
-                                  value=counted.get("weights_adopted", 0))
-        yield GaugeMetricFamily("clockwork_uptime_seconds",
-                                "Seconds since the controller started",
-                                value=(now - m.start_ns) / 1e9)
+            ev.add_metric((event,), counted[key])
+        add(ev)
+        add(CounterMetricFamily("clockwork_weights_kept",
+                                "Copies re-admitted workers kept through their reset "
+                                "(served again with no LOAD)", value=counted["weights_kept"]))
+        add(CounterMetricFamily("clockwork_weights_adopted",
+                                "Copies workers still held from an earlier controller, "
+                                "taken over at start (served with no LOAD)",
+                                value=counted["weights_adopted"]))
+        add(GaugeMetricFamily("clockwork_uptime_seconds",
+                              "Seconds since the controller started",
+                              value=(now - m.start_ns) / 1e9))
+        return out
 
     def _gpus(self) -> list[tuple[tuple[int, int], int | None, int | None]]:
         """(worker, gpu), the policy's index, the weights-cache pages (None: unknown)."""

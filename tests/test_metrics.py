@@ -447,3 +447,71 @@ def test_a_request_of_several_rows_counts_once_and_its_counters_never_go_down():
         m.request_done(g)
         assert tuple(a - b for a, b in zip(counts(), before, strict=True)) == delta
         assert not m.groups
+
+
+def test_scrape_reads_the_models_a_slice_at_a_time_with_the_loop_free_between(monkeypatch):
+    """/metrics (``render_async``) reads the models' counts on the event loop in slices of
+    ``MODEL_SLICE`` with the loop free between them (20,481 instances held it ~0.25 s
+    at once), counts changed between slices are read as they are then, and the text is
+    ``render``'s."""
+    import asyncio
+    import re
+    from types import SimpleNamespace
+
+    from clockwork.actions import RequestStatus
+    from clockwork.requests import Reply, Request
+    from controller import metrics as mod
+    from controller.policy import ModelView
+
+    monkeypatch.setattr(mod, "MODEL_SLICE", 7)
+    names = [f"m{i:03d}" for i in range(50)]
+    policy = SimpleNamespace(queued=lambda: 2, pages_used=lambda i: 3,
+                             model_view=lambda n: ModelView((0,), (), len(n)))
+    node = _fake_node(policy)
+    node.profiles = dict.fromkeys(names)
+    m = mod.ControllerMetrics(node)
+    for i, name in enumerate(names):
+        r = Request(i, name, 0, 100 * MS)
+        m.answered(Reply(r, RequestStatus.SUCCESS, (i + 1) * MS, gpu=0, batch_size=1),
+                   "success")
+    log: list = []
+    read = m._collector.model_rows
+
+    def model_rows(some):
+        log.append(len(some))
+        return read(some)
+
+    monkeypatch.setattr(m._collector, "model_rows", model_rows)
+
+    async def scrape() -> bytes:
+        done = False
+
+        async def other():  # another task of the loop: runs whenever the scrape yields
+            while not done:
+                log.append("other")
+                if log.count("other") == 2:  # after the first slice: a later model answered
+                    m.reply("m049", "overloaded", None)
+                await asyncio.sleep(0)
+
+        t = asyncio.ensure_future(other())
+        await asyncio.sleep(0)
+        text = await m.render_async()
+        done = True
+        await t
+        return text
+
+    text = asyncio.run(scrape())
+    reads = [x for x in log if x != "other"]
+    assert sum(reads) == len(names) and max(reads) <= 7
+    i = [j for j, x in enumerate(log) if x != "other"]
+    assert all(b - a > 1 for a, b in zip(i, i[1:], strict=False)), log  # the loop ran between
+    monkeypatch.setattr(m._collector, "model_rows", read)
+
+    def same(t: bytes) -> bytes:  # (process_* and the uptime move between two reads)
+        return re.sub(rb"\n(process_|clockwork_uptime)[^\n]*", b"", t)
+
+    assert same(text) == same(m.render())
+    samples = parse_text(text.decode())
+    assert _value(samples, "clockwork_requests_total", model="m049", status="overloaded") == 1
+    assert _value(samples, "nv_inference_pending_request_count", model="m012") == 4
+    assert _value(samples, "nv_inference_request_success", model="m000") == 1
