@@ -191,6 +191,11 @@ BAD = [
     ('scenarios = ["poisson_warm"]\noverrides = ["cluster.workers=3"]\n[grid]\n'
      '"cluster" = [{gpus_per_worker = 1}]', "grid.cluster and overrides' cluster.workers "
      "overlap"),
+    # the same for two overrides (the last silently won; the table showed both)
+    ('scenarios = ["poisson_warm"]\noverrides = ["duration_s=2", "duration_s=3"]',
+     "overrides' duration_s and overrides' duration_s set the same setting"),
+    ('scenarios = ["poisson_warm"]\noverrides = ["cluster.workers=2", "cluster={workers=1}"]',
+     "(cluster is a table holding cluster.workers)"),
     ('scenarios = ["poisson_warm"', "TOML"),
 ]
 

@@ -195,12 +195,12 @@ def _key_parts(key: str) -> tuple:
 
 
 def _check_overlaps(grid_keys: list[str], fixed_keys: list[str], bad) -> None:
-    """A grid key that names the same setting as another grid key or an override, or a
-    table holding it (``cluster`` and ``cluster.workers``), is refused: one of them
-    silently won, and rows showed values that were not simulated."""
+    """A grid key or override that names the same setting as another grid key or
+    override, or a table holding it (``cluster`` and ``cluster.workers``), is refused:
+    one of them silently won, and rows showed values that were not simulated."""
     named = [(f"grid.{k}", _key_parts(k)) for k in grid_keys]
     named += [(f"overrides' {k}", _key_parts(k)) for k in fixed_keys]
-    for i, (a, pa) in enumerate(named[:len(grid_keys)]):
+    for i, (a, pa) in enumerate(named):
         for b, pb in named[i + 1:]:
             n = min(len(pa), len(pb))
             if pa[:n] == pb[:n]:
@@ -273,7 +273,7 @@ def load_sweep(path: str | Path) -> Sweep:
                 raise bad(f"grid.{key}: value {t} is listed twice")
             seen.add(same)
         grid[key] = list(values)
-    _check_overlaps(list(grid), sorted(fixed_keys), bad)
+    _check_overlaps(list(grid), [o.partition("=")[0].strip() for o in spec.overrides], bad)
     if spec.seeds is not None and len(set(spec.seeds)) != len(spec.seeds):
         raise bad("seeds: a seed is listed twice")
     if "seed" in fixed_keys and spec.seeds is not None:
