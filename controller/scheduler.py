@@ -26,6 +26,7 @@ Rules (explained in docs/scheduling.md), each in one place below:
 from __future__ import annotations
 
 import heapq
+import itertools
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Container, Iterable, Sequence
@@ -47,7 +48,7 @@ from controller.inflight import (
 )
 from controller.lanes import unwatch, watch
 from controller.policy import MODEL_UNLOADED, GpuSpec, ModelView, Policy
-from controller.state import CopyIndex, GpuState, Instance, ModelState, by_seq
+from controller.state import CopyIndex, GpuState, Instance, ModelState
 
 MISS_MEMORY = 1_000_000_000  # how long a request rejected for a cold model keeps asking for a LOAD
 REPLICA_DEMAND = 0.5  # queued demand per copy (in GPUs, see ModelState.outstanding) that asks for a look at adding a copy
@@ -57,6 +58,15 @@ REPLICA_DEMAND = 0.5  # queued demand per copy (in GPUs, see ModelState.outstand
 # ROUNDING (a ninth of that) are kept in ``_big`` and have their priority computed
 # (``ModelState.big_at`` = ROUNDING / (k + 2)).
 ROUNDING = 1e6
+
+
+def _second(e: tuple) -> int:
+    return e[1]
+
+
+def _free_then_seq(inst: Instance) -> tuple[int, int]:
+    """A copy's GPU's predicted EXEC free time, then the copy's age (``by_seq``)."""
+    return inst.gpu.exec._free_at, inst.seq
 
 
 class ClockworkScheduler(Policy):
@@ -80,6 +90,9 @@ class ClockworkScheduler(Policy):
         self._unserved: set[str] = set()  # models with queued requests and no copy
         self._queued: set[str] = set()  # models with queued requests
         self._misses: dict[str, tuple[int, float]] = {}  # cold model -> (last miss, demand)
+        # model with copies on some GPUs -> (last miss, demand): requests turned away on
+        # arrival that a copy loaded on another GPU then could have served
+        self._warm_misses: dict[str, tuple[int, float]] = {}
         self._last_now = 0
         self._next_load_check = 0
         self._load_check_put_off = False  # it is a back-off's end (_arm_load_check)
@@ -169,6 +182,8 @@ class ClockworkScheduler(Policy):
                 self._misses[m.name] = (now, self._misses.get(m.name, (0, 0.0))[1] + request.demand)
                 self._check_loads_by(now)
                 self._schedule_loads(now, out, only_idle=True)
+            else:
+                self._warm_miss(m, request, now, now)
             return out
         request.state = QUEUED
         live = m.live
@@ -202,6 +217,10 @@ class ClockworkScheduler(Policy):
         elif insts:
             sa = cfg.schedule_ahead
             horizon = now + sa
+            if len(frees) > 1:
+                # soonest free first (the copies' order on a tie): a GPU asked first may
+                # turn away a request only a GPU free sooner can still serve
+                frees.sort(key=_second)
             for g, free in frees:
                 if free < horizon:
                     self._infer_soon(g, now, out)
@@ -297,9 +316,7 @@ class ClockworkScheduler(Policy):
         while exp and exp[0][0] < now:
             _, _, r = heapq.heappop(exp)
             if r.state == QUEUED:
-                m = self.models[r.model]
-                self._unqueue(m, r)
-                self._answer(r, RequestStatus.TIMEOUT, now, "SLO cannot be met")
+                self._time_out(self.models[r.model], r, now)
         wakes = self._wakes
         while wakes and wakes[0][0] <= now:
             top = heapq.heappop(wakes)
@@ -365,8 +382,7 @@ class ClockworkScheduler(Policy):
                     p = r.deadline - m.est.exec_ns[b1]
                     if p < start:
                         if not inst.loading:
-                            self._unqueue(m, r)
-                            self._answer(r, RequestStatus.TIMEOUT, now, "SLO cannot be met")
+                            self._time_out(m, r, now)
                         continue
                     cands.append((p, -b1, name, m, inst, start, r))  # (its batch: below)
                     continue
@@ -381,8 +397,7 @@ class ClockworkScheduler(Policy):
             if type(choice) is tuple:
                 _, b, batch, skipped = choice
                 for r in skipped:  # too urgent for the batch chosen: they cannot be served now
-                    self._unqueue(m, r)
-                    self._answer(r, RequestStatus.TIMEOUT, now, "SLO cannot be met")
+                    self._time_out(m, r, now)
             else:  # a lone request (its batch is built only if it is the one chosen)
                 b, batch = -neg_b, [choice]
             self._send_infer(g, m, inst, start, b, batch, now, out)
@@ -460,8 +475,7 @@ class ClockworkScheduler(Policy):
                     continue
                 if r.deadline >= start + e1:
                     break
-                self._unqueue(m, r)
-                self._answer(r, RequestStatus.TIMEOUT, now, "SLO cannot be met")
+                self._time_out(m, r, now)
         if not m.live:
             return None
         head = m.head(sizes[-1] + self.scan_extra)
@@ -731,7 +745,8 @@ class ClockworkScheduler(Policy):
                 f = g.exec._free_at
                 self._wake(g, (f if f > t else t) - sa + 1)
         if free:
-            for inst in sorted(free.values(), key=by_seq) if len(free) > 1 else free.values():
+            for inst in (sorted(free.values(), key=_free_then_seq) if len(free) > 1
+                         else free.values()):
                 self._infer_soon(inst.gpu, now, out)
 
     def _infer_soon(self, g: GpuState, now: int, out: list[Action]) -> None:
@@ -887,9 +902,10 @@ class ClockworkScheduler(Policy):
                 break
 
     def _arm_load_check(self, now: int) -> None:
-        """Re-examine demand soon if some queued model could use another copy; a model
-        that every GPU without a copy of it holds back (``_load_refused``) only when the
-        first of those back-offs ends (not every interval while none can end)."""
+        """Re-examine demand soon if some queued or lately missed model could use another
+        copy; a model that every GPU without a copy of it holds back (``_load_refused``)
+        only when the first of those back-offs ends (not every interval while none can
+        end)."""
         soon = now + self.cfg.load_check_interval
         self._load_check_put_off = False
         if self._unserved or self._misses:
@@ -898,7 +914,8 @@ class ClockworkScheduler(Policy):
         n = len(self.gpus)
         models = self.models
         at = 0
-        for name in self._queued:
+        for name in (self._queued if not self._warm_misses
+                     else itertools.chain(self._queued, self._warm_misses)):
             m = models[name]
             if len(m.instances) < n:
                 if m.load_blocked is None or not m.ready_copies:
@@ -995,7 +1012,8 @@ class ClockworkScheduler(Policy):
             dirty.clear()
 
     def _warm_wanted(self) -> list[tuple[float, str]]:
-        """The models with a copy whose demand is not met, and the recent misses:
+        """The models with a copy whose demand is not met (queued beyond what their
+        copies' GPUs carry, plus the recent warm misses), and the recent cold misses:
         (-priority, name), most unmet first (``_refresh_shares`` first)."""
         models, gpus, queued = self.models, self.gpus, self._queued
         out = []
@@ -1015,15 +1033,24 @@ class ClockworkScheduler(Policy):
                     self._big.discard(name)
                 else:
                     names.add(name)
+        warm_misses = self._warm_misses
+        if warm_misses:
+            names.update(n for n in warm_misses if models[n].instances)
         for name in names:
             m = models[name]
-            if m.outstanding <= 0:
+            miss = warm_misses.get(name) if warm_misses else None
+            if m.outstanding <= 0 and miss is None:
                 continue
             prio = m.outstanding
-            per_copy = prio / len(m.instances)
-            for gi in m.instances:
-                s = gpus[gi].share
-                prio -= per_copy * (1.0 if s <= 1.0 else 1.0 / s)
+            if prio > 0:
+                per_copy = prio / len(m.instances)
+                for gi in m.instances:
+                    s = gpus[gi].share
+                    prio -= per_copy * (1.0 if s <= 1.0 else 1.0 / s)
+            else:
+                prio = 0.0
+            if miss is not None:
+                prio += miss[1]
             if prio > 1e-9:
                 out.append((-prio, name))
         out.sort()  # most unmet first; ties by name
@@ -1070,13 +1097,19 @@ class ClockworkScheduler(Policy):
                 yield e
 
     def _forget_misses(self) -> None:
-        """Forget the cold misses that are too old, or whose model has a copy now."""
+        """Forget the cold misses that are too old, or whose model has a copy now, and
+        the warm ones that are too old, or whose model has a copy on every GPU."""
+        horizon = self._last_now - MISS_MEMORY
+        models = self.models
         if self._misses:
-            horizon = self._last_now - MISS_MEMORY
-            models = self.models
             for name, (t, _) in list(self._misses.items()):
                 if t < horizon or models[name].instances:
                     del self._misses[name]
+        if self._warm_misses:
+            n = len(self.gpus)
+            for name, (t, _) in list(self._warm_misses.items()):
+                if t < horizon or len(models[name].instances) >= n:
+                    del self._warm_misses[name]
 
     def _victims(self, g: GpuState, m: ModelState, prio: float, now: int) -> list[Instance] | None:
         """Instances to evict so ``m`` fits on ``g``; None if it cannot fit."""
@@ -1195,6 +1228,7 @@ class ClockworkScheduler(Policy):
         out: list[Action] = []
         m.removed = True
         self._misses.pop(name, None)
+        self._warm_misses.pop(name, None)
         if m.instances:
             self._removed[name] = m
         for r in list(m.queue):
@@ -1215,6 +1249,29 @@ class ClockworkScheduler(Policy):
         return True
 
     # ------------------------------------------------------------------ answers
+
+    def _time_out(self, m: ModelState, r: Request, now: int) -> None:
+        """Queued ``r`` of ``m`` can no longer finish in time: answered TIMEOUT."""
+        self._unqueue(m, r)
+        self._answer(r, RequestStatus.TIMEOUT, now, "SLO cannot be met")
+        if m.instances:
+            self._warm_miss(m, r, r.arrival, now)
+
+    def _warm_miss(self, m: ModelState, r: Request, came: int, now: int) -> None:
+        """``r`` of ``m``, which has copies, was turned away: its copies were too busy
+        for it. If a copy loaded on another GPU when it came (``came``: its arrival, or,
+        turned away on admission, then: a request that comes too late for any GPU, as
+        after a controller restart, says nothing of the copies) would have been ready for
+        it, its demand asks for that copy (``_warm_wanted``): queued demand alone does not
+        show it, as requests are sent to the copies' lanes or turned away rather than
+        queued."""
+        if (len(m.instances) < len(self.gpus)
+                and r.drop_at >= came + self.cfg.future + m.est.load):
+            wm = self._warm_misses
+            wm[m.name] = (now, wm.get(m.name, (0, 0.0))[1] + r.demand)
+            if not self._next_load_check or (self._load_check_put_off
+                                             and m.load_blocked is None):
+                self._check_loads_by(now + self.cfg.load_check_interval)
 
     def _answer(self, r: Request, status: RequestStatus, now: int, message: str = "",
                 gpu: int = -1, batch_size: int = 0, outputs: object = None) -> None:

@@ -425,12 +425,15 @@ def test_faults_are_deterministic_and_take_effect():
     assert attainment(0, sec(2)) == 1.0
     assert attainment(sec(2.1), sec(3.4)) < 0.995
     # the hung worker is suspected within ~60 ms and its work re-planned on the other
-    assert attainment(sec(4.5), sec(5.0)) > 0.9
-    # without liveness probes the hang costs its whole duration
+    hung = attainment(sec(4.5), sec(5.0))
+    assert hung > 0.99
+    # without liveness probes the requests sent to it wait out their SLO (only the
+    # requests turned away show that its copies cannot serve, and more copies are loaded
+    # on the other GPU for that demand)
     blind = simulate({**FAULTY, "scheduler": {"liveness": False}})
     blind_rows = blind.telemetry.requests
     sel = [r for r in blind_rows if sec(4.5) <= r[2] < sec(5.0)]
-    assert sum(r[6] for r in sel) / len(sel) < 0.9
+    assert sum(r[6] for r in sel) / len(sel) < hung - 0.01
     # without faults the same load is fully met
     clean = simulate({**FAULTY, "faults": {}})
     assert clean.summary["slo_attainment"] > s["slo_attainment"]
