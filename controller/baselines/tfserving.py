@@ -5,15 +5,19 @@ Modelled:
 
 * **A batching queue per servable version** (one version per model here) with
   ``max_batch_size`` (default: the largest compiled size within ``max_batch``) and
-  ``batch_timeout_us`` (default 2000 µs). Requests join the queue's open batch; the
-  batch closes when it is full or when its oldest request has waited the timeout,
-  and joins the queue's closed batches (at most ``max_enqueued_batches``, default 100;
-  a request that finds the queue full is answered ERROR, like TF-Serving's
-  UNAVAILABLE "queue is full"). A batch is padded to the next compiled size
+  ``batch_timeout_us`` (default 2000 µs). Requests join the queue's open batch; a full
+  batch closes and joins the queue's closed batches (at most ``max_enqueued_batches``,
+  default 100; a request that finds the queue full is answered ERROR, like
+  TF-Serving's UNAVAILABLE "queue is full"). The open batch may be taken once its
+  oldest request has waited the timeout, but only by a GPU free to run it: while the
+  GPU is busy it keeps growing, to a full batch under load (TF-Serving's shared batch
+  scheduler: an open batch becomes schedulable after the timeout and is closed by the
+  batch thread that takes it). A batch is padded to the next compiled size
   (``allowed_batch_sizes``).
 * **Queues scheduled round-robin onto the shared GPU** (the shared batch scheduler):
   whenever the GPU has fewer than ``inflight_per_gpu`` (default 2) INFERs outstanding,
-  the next queue in round-robin order with a closed batch sends it. EXEC runs one at a
+  the next queue in round-robin order with a schedulable batch (its oldest closed one,
+  else its open one once timed out) sends it. EXEC runs one at a
   time on the worker; two outstanding keep it busy across the network round trip.
 * **Load / unload on demand with separate load and inference threads.** A request for
   a model that is not loaded starts a LOAD (the worker's LOAD lane is separate from its
@@ -136,7 +140,7 @@ class TfServingPolicy(BaselinePolicy):
         self._serve(q, now, out)
 
     def _close(self, q: _Queue) -> None:
-        """The open batch is full or timed out: it becomes schedulable."""
+        """The open batch is full (or the timeout is 0): it joins the closed ones."""
         if q.open and len(q.closed) < self.tcfg.max_enqueued_batches:
             q.closed.append(q.open)
             q.open = []
@@ -165,8 +169,7 @@ class TfServingPolicy(BaselinePolicy):
         timeout = self.tcfg.batch_timeout
         for q in self.queues.values():
             if q.open and q.opened + timeout <= now:
-                self._close(q)
-                self._serve(q, now, out)
+                self._serve(q, now, out)  # schedulable now (taken if a GPU is free)
             elif q.open and q.opened + timeout > now:
                 self._wake(q.opened + timeout)
 
@@ -199,13 +202,14 @@ class TfServingPolicy(BaselinePolicy):
             self._unplaced.discard(q.name)
             return
         self._unplaced.discard(q.name)
-        if q.closed:
+        if q.closed or (q.open and q.opened + self.tcfg.batch_timeout <= now):
             for c in list(copies.values()):
                 if not c.loading:
                     self._schedule(c.gpu, now, out)
 
     def _schedule(self, g: Gpu, now: int, out: list[Action]) -> None:
-        """Round-robin over the GPU's queues with a closed batch."""
+        """Round-robin over the GPU's queues with a schedulable batch: the oldest closed
+        one, else the open one once it has waited the timeout (closed as it is taken)."""
         ring = self.rr[g.index]
         while g.outstanding < self.tcfg.inflight_per_gpu and ring:
             for _ in range(len(ring)):
@@ -213,9 +217,10 @@ class TfServingPolicy(BaselinePolicy):
                 ring.rotate(-1)
                 q = self.queues[name]
                 if q.closed:
-                    batch = q.closed.popleft()
-                    if q.open and q.opened + self.tcfg.batch_timeout <= now:
-                        self._close(q)  # timed out while the queue was full
+                    self._send_infer(g.copies[name], q.closed.popleft(), now, out)
+                    break
+                if q.open and q.opened + self.tcfg.batch_timeout <= now:
+                    batch, q.open = q.open, []
                     self._send_infer(g.copies[name], batch, now, out)
                     break
             else:
