@@ -1574,18 +1574,22 @@ class ControllerNode:
         self.pending[rid] = r
         return r
 
-    async def stop(self) -> None:
+    def begin_stop(self) -> None:
+        """Take no more requests, and answer those still waiting ERROR/shutdown as any
+        answer is (counted, in the metrics and the request log); before the front ends
+        close, so that each writes its answer (REST's 503 too) within its grace."""
         self._stopping = True
         if self._tick_handle is not None:
             self._tick_handle.cancel()
         for t in list(self._unloads):
             t.cancel()
-        # the requests still waiting: answered ERROR/shutdown as any answer is (counted,
-        # in the metrics and the request log)
         now = now_ns()
         self._answer([Reply(r, RequestStatus.ERROR, now, STOPPING_MESSAGE)
                       for r in list(self.pending.values())])
         self.pending.clear()
+
+    async def stop(self) -> None:
+        self.begin_stop()  # (again: nothing more, when the front ends were closed after it)
         for close in list(self.stream_closers):  # (their calls end UNAVAILABLE, not
             close()  # cancelled by the server's stop with a traceback)
         for link in self.links:
@@ -2178,6 +2182,7 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
     finally:
         if flusher is not None:
             flusher.cancel()
+        node.begin_stop()  # (the REST requests waiting get their 503 before it closes)
         if http is not None:
             await http.close()
         await node.stop()

@@ -285,6 +285,60 @@ def test_a_stopping_controller_ends_its_open_streams_saying_why():
         assert "Traceback" not in out and "CancelledError" not in out, out
 
 
+def test_rest_inferences_waiting_at_a_stop_are_answered_503_shutdown():
+    """SIGTERM to a controller with REST inferences waiting (its only worker stopped):
+    each is answered 503 with Retry-After and "controller is shutting down", as the
+    other front ends answer theirs. The REST server was closed first, and the waiting
+    requests' connections were cut without an answer after its grace, though the
+    controller's log recorded them answered."""
+    import http.client
+    import json
+    import signal
+    import threading
+    import urllib.request
+
+    from tests.conftest import poll
+
+    with local_cluster(workers=1, gpus=1, models="mobilenet_v2", http_port=0) as c:
+        host, port = c.printed_address("http").rsplit(":", 1)
+        body = json.dumps({"inputs": [{"name": "data", "shape": [1, 3, 224, 224],
+                                       "datatype": "FP32", "data": [0.0] * (3 * 224 * 224)}],
+                           "parameters": {"slo_ms": 30000}})
+        got: list = []
+
+        def send():
+            conn = http.client.HTTPConnection(host, int(port), timeout=20)
+            try:
+                conn.request("POST", "/v2/models/mobilenet_v2/infer", body,
+                             {"Content-Type": "application/json"})
+                r = conn.getresponse()
+                got.append((r.status, r.getheader("Retry-After"), r.read().decode()))
+            except Exception as e:  # noqa: BLE001 - what the client saw is the result
+                got.append((type(e).__name__, None, str(e)))
+            finally:
+                conn.close()
+
+        def outstanding():
+            text = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5).read()
+            return b"\nclockwork_requests_outstanding 3.0" in text
+
+        c.workers[0].proc.send_signal(signal.SIGSTOP)
+        try:
+            threads = [threading.Thread(target=send) for _ in range(3)]
+            for t in threads:
+                t.start()
+            poll(outstanding, 20)
+            c.controller.proc.send_signal(signal.SIGTERM)
+            for t in threads:
+                t.join(30)
+        finally:
+            c.workers[0].proc.send_signal(signal.SIGCONT)
+        assert len(got) == 3
+        for status, retry, text in got:
+            assert status == 503 and retry, (status, text)
+            assert "controller is shutting down" in text, text
+
+
 def test_client_calls_past_their_timeout_are_controller_unavailable():
     """A controller that never answers (a socket that accepts and says nothing): every
     call fails ControllerUnavailable when the client's timeout passes (load/unload:
