@@ -13,7 +13,9 @@ a time with the same function the controller would run itself
 (``kserve_validate.rest_request`` on ``json_loads``), so the answers and the refusals are
 the same. A child that dies (killed, out of memory) or cannot start is replaced at the next
 body; the body it was given is decoded in the controller, on a thread, as it is with no
-children (``processes`` 0).
+children (``processes`` 0). So is a child that has not answered within
+``answer_timeout_s`` (hung, stopped): it is killed first (it held its slot, and every body
+queued behind it, for good).
 
 On a child's stdin, a body is two 8-byte little-endian lengths (its JSON header's, then
 the binary data's after it) followed by those bytes; on a pipe of its own (the descriptor
@@ -44,6 +46,15 @@ _LENGTHS = struct.Struct("<QQ")
 _LENGTH = struct.Struct("<Q")
 _ROOT = str(Path(__file__).resolve().parents[1])  # where the ``controller`` package lies
 NICE = 10  # a child's niceness, added to the controller's
+ANSWER_BASE_S = 2.0  # a child that has not answered within this
+ANSWER_BYTES_PER_S = 8 << 20  # ... plus a second per this much body is hung (~180 MB/s here)
+START_S = 10.0  # ... plus this for a child started for the body (Python and numpy start)
+
+
+def answer_timeout_s(n: int, new: bool = False) -> float:
+    """How long a child (``new``: started for it) may take to answer a body of ``n``
+    bytes before it is taken as hung (killed; the body decoded in the controller)."""
+    return ANSWER_BASE_S + n / ANSWER_BYTES_PER_S + (START_S if new else 0.0)
 
 
 def decode(header: bytes | memoryview, binary: bytes | memoryview) -> tuple:
@@ -133,11 +144,13 @@ class _Child:
             self.answers = -1
 
 
-def _ask(child: _Child | None, header, binary) -> tuple[_Child, tuple]:
-    """On a worker thread: (the child, its answer), starting a child for None; a child
-    that fails is ended."""
+def _ask(held: list, header, binary) -> tuple[_Child, tuple]:
+    """On a worker thread: (the child ``held[0]``, its answer), starting a child for
+    None (put in ``held``: the loop kills it if it does not answer in time); a child that
+    fails is ended."""
+    child = held[0]
     if child is None:
-        child = _Child()
+        child = held[0] = _Child()
     try:
         return child, child.ask(header, binary)
     except BaseException:
@@ -147,6 +160,13 @@ def _ask(child: _Child | None, header, binary) -> tuple[_Child, tuple]:
 
 def _in_background(f) -> None:
     threading.Thread(target=f, daemon=True, name="json-offload-end").start()
+
+
+def _close_child_of(f: concurrent.futures.Future) -> None:
+    """``_ask``'s future, done: the child of an answer no one waits for any more is
+    ended (one that failed was ended by ``_ask``)."""
+    if not f.cancelled() and f.exception() is None:
+        _in_background(f.result()[0].close)
 
 
 class JsonDecoders:
@@ -178,12 +198,20 @@ class JsonDecoders:
     async def _ask(self, header, binary) -> tuple | None:
         """A child's answer, or None when none could be used (then this body is decoded
         here)."""
-        child = self._idle.pop() if self._idle else None
-        cf = self._threads.submit(_ask, child, header, binary)
+        held = [self._idle.pop() if self._idle else None]
+        limit = answer_timeout_s(len(header) + len(binary), new=held[0] is None)
+        cf = self._threads.submit(_ask, held, header, binary)
         try:
-            child, answer = await asyncio.wrap_future(cf)
+            async with asyncio.timeout(limit):
+                child, answer = await asyncio.wrap_future(cf)
         except Exception as e:  # noqa: BLE001 - its child is ended: decoded here instead
-            # (gone: killed, out of memory; never started; said something else)
+            # (gone: killed, out of memory; never started; said something else; or hung:
+            # killed now, which ends the ask on its thread)
+            if isinstance(e, TimeoutError):
+                e = TimeoutError(f"no answer in {limit:.3g} s")
+                if held[0] is not None:
+                    _in_background(held[0].kill)
+                cf.add_done_callback(_close_child_of)  # (one started only now: ended)
             if not self._said:
                 self._said = True
                 print(f"controller: a JSON decoding process failed ({e!r}); that body is "
@@ -191,12 +219,12 @@ class JsonDecoders:
                       file=sys.stderr, flush=True)
             return None
         except BaseException:  # cancelled: its child is ended once the ask is over
-            def end(f: concurrent.futures.Future, child=child) -> None:
+            def end(f: concurrent.futures.Future, child=held[0]) -> None:
                 if f.cancelled():  # (never ran: the child it was given is idle)
                     if child is not None:
                         _in_background(child.close)
-                elif f.exception() is None:
-                    _in_background(f.result()[0].close)
+                else:
+                    _close_child_of(f)
 
             cf.add_done_callback(end)
             raise

@@ -9,6 +9,7 @@ import asyncio
 import os
 import signal
 import threading
+import time
 
 import numpy as np
 import orjson
@@ -107,6 +108,43 @@ def test_a_killed_child_is_replaced_and_its_body_decoded_all_the_same(capsys):
 
     asyncio.run(main())
     assert capsys.readouterr().err.count("a JSON decoding process failed") == 1
+
+
+def test_a_hung_child_is_killed_and_its_body_and_the_next_decoded_all_the_same(
+        monkeypatch, capsys):
+    """A child that does not answer (stopped) held its slot, and every body queued
+    behind it, for good: the clients got no answer at all. Past its answer time it is
+    killed and the body decoded here; the next body gets a new child."""
+    from controller import json_offload
+
+    monkeypatch.setattr(json_offload, "ANSWER_BASE_S", 0.5)
+
+    async def main():
+        d = JsonDecoders(1)
+        try:
+            h, b = BODIES[0]
+            await d.decode(h, b)
+            (pid,) = _children(d)
+            os.kill(pid, signal.SIGSTOP)
+            got = await asyncio.gather(d.decode(h, b), d.decode(h, b))  # (one waits)
+            for g in got:
+                _same(g, decode(h, b))
+            assert await asyncio.to_thread(_gone, pid)  # killed (and reaped)
+            (new,) = _children(d)  # the second body had a new child
+            assert new != pid
+        finally:
+            await d.close()
+
+    asyncio.run(main())
+    assert "no answer in 0.5" in capsys.readouterr().err
+
+
+def _gone(pid: int) -> bool:
+    for _ in range(500):
+        if not os.path.exists(f"/proc/{pid}"):
+            return True
+        time.sleep(0.01)
+    return False
 
 
 BIG = _body(np.zeros(2_000_000).tolist(), shape=(2_000_000,))  # ~0.1 s to decode
