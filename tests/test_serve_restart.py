@@ -158,3 +158,53 @@ def test_serve_help_states_the_restart_rule(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert (f"restarted {WORKER_RESTARTS} times within {RESTART_WINDOW_S:g} s"
             in text), text
+
+
+class _Proc:
+    def __init__(self, rc: int | None) -> None:
+        self.returncode = rc
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+
+class _Child:
+    name = "worker0"
+
+    def __init__(self, rc: int | None) -> None:
+        self.proc = _Proc(rc)
+
+
+class _Cluster:
+    """What ``_restart_worker`` uses of a LocalCluster: worker 0 has exited; each new
+    one exits before it listens ``dying`` times, then one starts."""
+
+    def __init__(self, dying: int) -> None:
+        self.workers = [_Child(-9)]
+        self.worker_addresses = ["127.0.0.1:1"]
+        self.dying = dying
+        self.starts = 0
+
+    def restart_worker(self, i: int) -> None:
+        self.starts += 1
+        if self.starts <= self.dying:
+            self.workers[i] = _Child(-9)
+            raise RuntimeError("worker0 exited (rc -9)")
+        self.workers[i] = _Child(None)
+
+
+def test_a_worker_that_dies_while_restarting_counts_as_one_more_exit(capsys):
+    """A restarted worker that exits before it listens (killed again at once) stopped
+    the whole cluster after one restart of the five allowed; it is one more exit."""
+    from clockwork.cluster.serve import _restart_worker
+
+    c = _Cluster(dying=2)
+    times: list[float] = []
+    assert _restart_worker(c, 0, times) is None  # restarted a third time: it serves
+    assert c.starts == 3 and len(times) == 3 and c.workers[0].proc.poll() is None
+    err = capsys.readouterr().err
+    assert err.count("restarting it on 127.0.0.1:1") == 3 and "stopping" not in err, err
+    c = _Cluster(dying=100)  # dies every time: stopped at the bound, as when serving
+    assert _restart_worker(c, 0, []) == 1
+    assert c.starts == WORKER_RESTARTS
+    assert f"restarted {WORKER_RESTARTS} times in" in capsys.readouterr().err
