@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Container, Iterable, Sequence
@@ -51,6 +52,9 @@ from controller.policy import MODEL_UNLOADED, GpuSpec, ModelView, Policy
 from controller.state import CopyIndex, GpuState, Instance, ModelState
 
 MISS_MEMORY = 1_000_000_000  # how long a request rejected for a cold model keeps asking for a LOAD
+# requests turned away by a model's busy copies ask for another copy once the GPU time
+# they needed, over about the last MISS_MEMORY (decayed), is this fraction of a GPU
+WARM_MISS_GPU = 0.02
 REPLICA_DEMAND = 0.5  # queued demand per copy (in GPUs, see ModelState.outstanding) that asks for a look at adding a copy
 # A model with k copies, all on GPUs with load_share <= 1, has LOAD priority
 # outstanding - k * (outstanding / k), which rounding keeps within (k + 2) * outstanding
@@ -90,8 +94,9 @@ class ClockworkScheduler(Policy):
         self._unserved: set[str] = set()  # models with queued requests and no copy
         self._queued: set[str] = set()  # models with queued requests
         self._misses: dict[str, tuple[int, float]] = {}  # cold model -> (last miss, demand)
-        # model with copies on some GPUs -> (last miss, demand): requests turned away on
-        # arrival that a copy loaded on another GPU then could have served
+        # model with copies on fewer than all GPUs -> (last miss, demand in GPUs): requests
+        # turned away by its busy copies that a copy loaded on another GPU could have
+        # served, at least WARM_MISS_GPU of them (_warm_miss)
         self._warm_misses: dict[str, tuple[int, float]] = {}
         self._last_now = 0
         self._next_load_check = 0
@@ -1267,8 +1272,17 @@ class ClockworkScheduler(Policy):
         queued."""
         if (len(m.instances) < len(self.gpus)
                 and r.drop_at >= came + self.cfg.future + m.est.load):
-            wm = self._warm_misses
-            wm[m.name] = (now, wm.get(m.name, (0, 0.0))[1] + r.demand)
+            # the GPU time turned away over about the last MISS_MEMORY, in GPUs: a few
+            # requests turned away now and then (a burst, a straggler) ask for nothing
+            missed = m.missed
+            if missed:
+                missed *= math.exp((m.missed_at - now) / MISS_MEMORY)
+            missed = m.missed = missed + m.item_cost
+            m.missed_at = now
+            gpus = missed / MISS_MEMORY
+            if gpus < WARM_MISS_GPU:
+                return
+            self._warm_misses[m.name] = (now, gpus)
             if not self._next_load_check or (self._load_check_put_off
                                              and m.load_blocked is None):
                 self._check_loads_by(now + self.cfg.load_check_interval)

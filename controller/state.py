@@ -97,7 +97,7 @@ class ModelState:
                  "ready_copies", "versions", "batch_sizes", "pages", "item_cost",
                  "monotone", "last_deadline", "slo_cache", "removed", "wide", "dirty",
                  "big_at", "qver", "memo", "load_refusals", "extra_refusals", "refused_until",
-                 "refused_why", "load_blocked")
+                 "refused_why", "load_blocked", "missed", "missed_at")
 
     def __init__(self, profile: ModelProfile, cfg: SchedulerConfig) -> None:
         self.name = profile.model
@@ -127,6 +127,10 @@ class ModelState:
         # GPU index -> until when that GPU is not offered an extra copy of this model (it
         # refused one while a copy was ready: Scheduler._load_refused); None: no GPU
         self.load_blocked: dict[int, int] | None = None
+        # GPU time (ns) of the requests its busy copies turned away, decayed with time
+        # (Scheduler._warm_miss), as of ``missed_at``
+        self.missed = 0.0
+        self.missed_at = 0
         self.pages = profile.weights_pages
         self.batch_sizes = [b for b in profile.batch_sizes if b <= cfg.max_batch] or [1]
         # GPU time per request at the most efficient allowed batch size (demand accounting)
