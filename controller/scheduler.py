@@ -54,7 +54,7 @@ from controller.state import CopyIndex, GpuState, Instance, ModelState
 MISS_MEMORY = 1_000_000_000  # how long a request rejected for a cold model keeps asking for a LOAD
 # requests turned away by a model's busy copies ask for another copy once the GPU time
 # they needed, over about the last MISS_MEMORY (decayed), is this fraction of a GPU
-WARM_MISS_GPU = 0.02
+WARM_MISS_GPU = 0.005
 REPLICA_DEMAND = 0.5  # queued demand per copy (in GPUs, see ModelState.outstanding) that asks for a look at adding a copy
 # A model with k copies, all on GPUs with load_share <= 1, has LOAD priority
 # outstanding - k * (outstanding / k), which rounding keeps within (k + 2) * outstanding
