@@ -57,8 +57,9 @@ class TfServingConfig:
         0, "Requests per batch (a batch is padded to the next compiled size); 0: the "
         "largest compiled batch size within `max_batch`.", ge=0)
     batch_timeout: int = setting(
-        2_000_000, "An open batch closes when its oldest request has waited this long (or "
-        "when it is full); 0: a batch closes at once.", units=("us", "ms"), ge=0)
+        2_000_000, "An open batch may be taken by a free GPU once its oldest request has "
+        "waited this long (a full one closes at once); it grows while the GPU is busy. 0: "
+        "it may be taken at once.", units=("us", "ms"), ge=0)
     max_enqueued_batches: int = setting(
         100, "Closed batches a model's queue holds; a request that finds it full is "
         "answered ERROR.", ge=1)
@@ -135,12 +136,12 @@ class TfServingPolicy(BaselinePolicy):
             if self.tcfg.batch_timeout:
                 self._wake(now + self.tcfg.batch_timeout)
         q.open.append(r)
-        if len(q.open) >= q.max_batch or not self.tcfg.batch_timeout:
+        if len(q.open) >= q.max_batch:
             self._close(q)
         self._serve(q, now, out)
 
     def _close(self, q: _Queue) -> None:
-        """The open batch is full (or the timeout is 0): it joins the closed ones."""
+        """The open batch is full: it joins the closed ones."""
         if q.open and len(q.closed) < self.tcfg.max_enqueued_batches:
             q.closed.append(q.open)
             q.open = []
