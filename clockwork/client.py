@@ -851,13 +851,14 @@ class AsyncClient:
         if self._loop is not None and asyncio.get_running_loop() is not self._loop:
             raise RuntimeError(_OTHER_LOOP)
 
-    def stream(self, interval_us: float = 0.0) -> InferStream:
+    def stream(self, interval_us: float = 0.0, answer_times: bool = False) -> InferStream:
         """A pipelined stream: ``submit`` many, replies resolve their futures.
         ``interval_us``: send at most one message per interval (requests submitted in
         between share it; for load generators, see clockwork.protocol.pacing): 0 (no
-        pacing) to ``MAX_INTERVAL_US`` (a second), else ``ValueError``."""
+        pacing) to ``MAX_INTERVAL_US`` (a second), else ``ValueError``.
+        ``answer_times``: keep when each answer was read (``InferStream.answered_ns``)."""
         self._check_loop()
-        return InferStream(self._stub, _interval_us(interval_us), self.url)
+        return InferStream(self._stub, _interval_us(interval_us), self.url, answer_times)
 
     async def close(self) -> None:
         """Close the channel; calls still waiting fail with ``ControllerUnavailable``."""
@@ -893,10 +894,16 @@ class InferStream:
     ``close()`` sends what was submitted and waits for the answers still due: it returns
     once every request is answered or given up (its SLO plus ``GRACE_S``), or the call
     ends -- a stalled or vanished controller within ~15 s (keepalive), what is
-    unanswered then failing ``ControllerUnavailable``. Cancel it to abandon the rest."""
+    unanswered then failing ``ControllerUnavailable``. Cancel it to abandon the rest.
+
+    ``answered_ns`` (made with ``answer_times``; else None): client id -> the
+    ``time.monotonic_ns()`` at which its answer was read, the instant the ``late`` check
+    used (a future's callbacks run later, after the event loop's other work): a load
+    generator that logs latencies pops each as it takes the answer, so that its log and
+    the statuses agree."""
 
     def __init__(self, stub: pbg.ClockworkStub, interval_us: float = 0.0,
-                 url: str = "") -> None:
+                 url: str = "", answer_times: bool = False) -> None:
         self._stub = stub
         self._url = url  # the controller's address, for messages
         self._pacer = Pacer(_interval_us(interval_us))
@@ -909,6 +916,7 @@ class InferStream:
         self._wake = asyncio.Event()
         self._closed = False
         self._error: Exception | None = None  # what ended the call, for later submits
+        self.answered_ns: dict[int, int] | None = {} if answer_times else None
         self._call = stub.InferStream(self._requests())
         self._reader = asyncio.create_task(self._read())
         self._watch = asyncio.create_task(self._watchdog())
@@ -966,10 +974,13 @@ class InferStream:
         try:
             async for batch in self._call:
                 now = time.monotonic_ns()
+                times = self.answered_ns
                 for resp in batch.responses:
                     fut = self._waiting.pop(resp.client_id, None)
                     sent = self._sent.pop(resp.client_id, None)
                     if fut is not None and not fut.done():
+                        if times is not None:
+                            times[resp.client_id] = now
                         if resp.status == 0 and sent and sent[1] and now - sent[0] > sent[1] * 1e6:
                             resp.status, resp.reason = 4, "late"  # past its SLO as seen here
                             resp.message = (f"answered {(now - sent[0]) / 1e6:.1f} ms after "

@@ -285,6 +285,50 @@ def test_a_stopping_controller_ends_its_open_streams_saying_why():
         assert "Traceback" not in out and "CancelledError" not in out, out
 
 
+def test_replay_logs_latency_to_when_the_answer_was_read(cluster, monkeypatch):
+    """The replay's client judges an answer late or on time when it reads it; the replay
+    logged its latency when the future's callback ran, which a busy loop runs later: a
+    SUCCESS row logged past its SLO (the summary's succeeded above slo_met). Here every
+    fifth successful answer's callbacks start with 150 ms of the loop held."""
+    import time
+
+    from clockwork.client import AsyncClient
+
+    made = AsyncClient.stream
+
+    def stream(self, *a, **kw):
+        st = made(self, *a, **kw)
+        submit = st.submit
+        n = [0]
+
+        def hold(fut):
+            if not fut.cancelled() and fut.exception() is None and fut.result().status == 0:
+                n[0] += 1
+                if n[0] % 5 == 0:
+                    time.sleep(0.15)
+
+        def held_submit(*a, **kw):
+            fut = submit(*a, **kw)
+            fut.add_done_callback(hold)  # (before the replay's own callback)
+            return fut
+
+        st.submit = held_submit
+        return st
+
+    monkeypatch.setattr(AsyncClient, "stream", stream)
+    sc = load_scenario(data={
+        "seed": 5, "duration_s": 1.0,
+        "cluster": {"workers": 2, "gpus_per_worker": 1},
+        "models": [{"name": "mobilenet_v2"}],
+        "workloads": [{"kind": "poisson", "models": "*", "rate_rps": 40, "slo_ms": 100}],
+    })
+    res = asyncio.run(asyncio.wait_for(replay(sc, cluster.address), 60))
+    s = res.summary
+    assert res.answered_once and s["succeeded"] > 5
+    assert s["succeeded"] == s["slo_met"], s
+    assert s["latency_ms"]["max"] <= 100, s
+
+
 def test_rest_inferences_waiting_at_a_stop_are_answered_503_shutdown():
     """SIGTERM to a controller with REST inferences waiting (its only worker stopped):
     each is answered 503 with Retry-After and "controller is shutting down", as the

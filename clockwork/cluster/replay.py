@@ -138,7 +138,8 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
                                 f"{' ...' if len(sent_to) > 5 else ''}): nothing to check "
                                 "against")
     stats0 = await client.stats()
-    stream = client.stream(stream_interval_us)
+    stream = client.stream(stream_interval_us, answer_times=True)
+    answered_ns = stream.answered_ns
     tel = Telemetry(0)
     heap: list = []  # (t, seq, model, slo, widx) relative to t0
     seq = 0
@@ -173,13 +174,16 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
             rep = Reply(req, RequestStatus.ERROR, now - t0, str(exc))
         else:
             resp = fut.result()
+            # (its latency to when its answer was read, the instant the client judged it
+            # on time or late by: this callback may run tens of ms later on a busy loop)
+            read = answered_ns.pop(resp.client_id, None)
             req.cold = resp.cold
             if check is not None and resp.status == 0 and resp.outputs and req.model in specs:
                 t = resp.outputs[0]
                 check.record(specs[req.model][0], req.id % POOL,
                              np.frombuffer(t.data, dtype=t.dtype).reshape(tuple(t.shape)))
-            rep = Reply(req, RequestStatus(resp.status), now - t0, resp.message, resp.gpu,
-                        resp.batch_size)
+            rep = Reply(req, RequestStatus(resp.status), (now if read is None else read) - t0,
+                        resp.message, resp.gpu, resp.batch_size)
         tel.reply(rep)
         if rep.status not in (RequestStatus.SUCCESS, RequestStatus.TIMEOUT):
             why = failure_kind(rep.message[:MESSAGE_CHARS]) or rep.status.name
