@@ -337,8 +337,9 @@ def test_clipper_one_batch_in_flight_per_container_and_runs_late():
     t += 95 * MS  # requests queued for 95 ms: will miss, still run (Clipper does not predict)
     acts = p.on_result(ok(infer, t), t)
     (infer,) = of(acts, ActionType.INFER)
-    # AIMD: 4 + 1 after the first batch met its SLO; all 5 ran although they will miss
-    assert len(infer.requests) == 5 and infer.latest == NEVER
+    # AIMD: 4 + 1 after the first batch met its SLO, padded to 8 and the padded slots
+    # filled: all 6 ran although they will miss
+    assert infer.batch_size == 8 and len(infer.requests) == 6 and infer.latest == NEVER
 
 
 def test_clipper_drops_only_requests_whose_deadline_elapsed():
@@ -375,6 +376,36 @@ def test_clipper_delayed_batching_waits_up_to_batch_wait():
     for i in range(size):
         acts += p.on_request(req(10 + i, "a", t), t)
     assert len(of(acts, ActionType.INFER)) == 1 and acts[0].batch_size == 8
+
+
+def test_clipper_delayed_batching_waits_from_when_the_container_is_ready():
+    """Under load every queued request has waited longer than batch_wait, so a wait
+    counted from the oldest request's arrival never happened: Clipper's delay (like
+    Nagle's) is counted from when the container is ready to take a batch."""
+    p = clipper(batch_wait=2 * MS, initial_batch=4)
+    acts, t = loaded(p)
+    (busy,) = of(acts, ActionType.INFER)
+    p.on_request(req(1, "a", t), t)  # waits 30 ms for the busy container
+    t += 30 * MS
+    assert of(p.on_result(ok(busy, t), t), ActionType.INFER) == []  # ready: waits 2 ms
+    assert p.next_wakeup() == t + 2 * MS
+    acts = p.on_request(req(2, "a", t + MS), t + MS)
+    acts += p.on_tick(t + 2 * MS)
+    (infer,) = of(acts, ActionType.INFER)
+    assert len(infer.requests) == 2
+
+
+def test_clipper_fills_the_padded_slots_of_a_batch():
+    """AIMD's size 5 runs as a batch of 8 (the compiled size): its 3 other slots took
+    none of the requests waiting, which waited a whole round more."""
+    p = clipper(initial_batch=5)
+    acts, t = loaded(p)
+    (busy,) = of(acts, ActionType.INFER)
+    for i in range(10):
+        p.on_request(req(i, "a", t), t)
+    t += MS
+    (infer,) = of(p.on_result(ok(busy, t), t), ActionType.INFER)
+    assert infer.batch_size == 8 and len(infer.requests) == 8
 
 
 @pytest.mark.parametrize("max_batch,cap", [(32, 16), (4, 4)])

@@ -12,15 +12,19 @@ Modelled (paper §4.3 and the open-source ModelQueue / container loop):
   grows by ``aimd_step`` (default 1) after every batch whose measured latency (the
   container round trip, send to reply) met the SLO, and shrinks by 10 %
   (``aimd_backoff`` 0.9) after one that did not. It is capped by the largest compiled
-  batch size (``max_batch``); a batch is padded up to the next compiled size.
-* **Delayed batching** (§4.3.2): with ``batch_wait_ms`` > 0 an idle container whose queue
-  holds fewer requests than its batch size waits until its oldest request has waited
-  that long (or the batch fills).
+  batch size (``max_batch``). A batch is padded up to the next compiled size, and the
+  padded slots are filled from the queue (Clipper has no compiled sizes: a batch of 12
+  costs 12 there; here it costs 16 either way, so it carries up to 16).
+* **Delayed batching** (§4.3.2, like Nagle's algorithm): with ``batch_wait_ms`` > 0 a
+  container that is ready while its queue holds fewer requests than its batch size
+  waits up to that long for more (from when it became ready, or from its oldest
+  request's arrival if the queue was empty then), or until the batch fills.
 * **SLOs:** Clipper does not predict whether a request will miss; it runs it. Like its
   ModelQueue (``remove_tasks_with_elapsed_deadlines``), requests whose deadline has
   already passed when a batch is formed are removed and answered TIMEOUT (Clipper's
-  frontend answers them with the default output); ``drop_expired = false`` runs them
-  too. Everything runs with ``earliest = now``, ``latest = NEVER``.
+  frontend answers them with the default output, at the deadline: here when the next
+  batch is formed, which a closed-loop client sees later); ``drop_expired = false``
+  runs them too. Everything runs with ``earliest = now``, ``latest = NEVER``.
 * **Placement (our choice; Clipper deploys containers statically):** a model's
   containers are started (LOAD) on its first request, each on a GPU without a copy of
   it, fewest containers first, then most free pages. They stay there; only when a LOAD
@@ -56,8 +60,9 @@ class ClipperConfig:
     settings_name: ClassVar[str] = "clipper"
 
     batch_wait: int = setting(
-        0, "Delayed batching: an idle container whose queue holds less than its batch size "
-        "waits until its oldest request has waited this long (0: no waiting).",
+        0, "Delayed batching: a container ready while its queue holds less than its batch "
+        "size waits up to this long for more (from when it became ready, or from its "
+        "oldest request's arrival if later; 0: no waiting).",
         units=("ms",), ge=0)
     aimd_step: float = setting(
         1.0, "AIMD additive increase of a container's batch size after a batch that met "
@@ -77,12 +82,13 @@ class ClipperConfig:
 
 
 class Container:
-    __slots__ = ("copy", "batch_size", "busy")
+    __slots__ = ("copy", "batch_size", "busy", "ready_at")
 
     def __init__(self, copy: Copy, batch_size: float) -> None:
         self.copy = copy
         self.batch_size = batch_size  # AIMD's current maximum batch size
         self.busy = False  # a batch is in flight
+        self.ready_at = 0  # when its last batch's reply came (delayed batching waits from it)
 
 
 class _Model:
@@ -214,7 +220,9 @@ class ClipperPolicy(BaselinePolicy):
         """An idle container takes its next batch from the model's queue."""
         if c.busy and c.copy.inflight:
             return
-        c.busy = False
+        if c.busy:
+            c.busy = False
+            c.ready_at = now
         if c.copy.loading or c.copy.gpu.copies.get(m.name) is not c.copy:
             return
         q = m.queue
@@ -226,10 +234,12 @@ class ClipperPolicy(BaselinePolicy):
             return
         size = int(c.batch_size)
         if len(q) < size and self.ccfg.batch_wait:
-            oldest = min(e[2].arrival for e in q)
-            if now < oldest + self.ccfg.batch_wait:
-                self._wake(oldest + self.ccfg.batch_wait)
+            since = max(c.ready_at, min(e[2].arrival for e in q))
+            if now < since + self.ccfg.batch_wait:
+                self._wake(since + self.ccfg.batch_wait)
                 return
-        batch = [heapq.heappop(q)[2] for _ in range(min(size, len(q)))]
+        # (the padded slots filled: they cost the same run empty)
+        n = min(self._padded(m.name, min(size, len(q))), len(q))
+        batch = [heapq.heappop(q)[2] for _ in range(n)]
         self._send_infer(c.copy, batch, now, out)
         c.busy = True
