@@ -138,10 +138,14 @@ slo_ms = 100
 
 
 def sigterm_once_made(args: list[str], folder, env: dict | None = None,
-                      made_s: float = 60.0, end_s: float = 60.0) -> tuple[int, str]:
-    """``clockwork ARGS`` in a process of its own, sent SIGTERM as soon as something is
-    made in ``folder`` (waits up to ``made_s`` for that, and ``end_s`` for it to end):
-    (its exit status, what it wrote to stderr)."""
+                      made_s: float = 60.0, end_s: float = 60.0,
+                      prefix: str = "") -> tuple[int, str]:
+    """``clockwork ARGS`` in a process of its own, sent SIGTERM as soon as something
+    whose name starts with ``prefix`` is made in ``folder`` (waits up to ``made_s`` for
+    that, and ``end_s`` for it to end): (its exit status, what it wrote to stderr). (Give
+    the prefix of what is awaited when ``folder`` is the process's TMPDIR: Python's
+    tempfile first makes and removes a probe file of 8 random letters there, and a signal
+    that comes meanwhile leaves it behind.)"""
     import signal
     import subprocess
 
@@ -149,7 +153,7 @@ def sigterm_once_made(args: list[str], folder, env: dict | None = None,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.monotonic() + made_s
-        while not any(folder.iterdir()):
+        while not any(f.name.startswith(prefix) for f in folder.iterdir()):
             assert p.poll() is None and time.monotonic() < deadline, p.communicate()
             time.sleep(0.05)
         p.send_signal(signal.SIGTERM)

@@ -92,7 +92,8 @@ def test_sigterm_stops_a_profile_as_ctrl_c_does(here, cpu_package):
     # (its temporary folder is made as it starts)
     rc, err = sigterm_once_made(["profile", "mlp", "--package", str(pkg), "--runs",
                                  "1000000", "--out", str(here / "p.json")], tmp,
-                                env={**os.environ, "TMPDIR": str(tmp)})
+                                env={**os.environ, "TMPDIR": str(tmp)},
+                                prefix="clockwork-profile-")
     assert rc == 130 and "interrupted" in err, (rc, err)
     assert list(tmp.iterdir()) == [] and not (here / "p.json").exists()
 
