@@ -355,6 +355,26 @@ def test_clipper_drops_only_requests_whose_deadline_elapsed():
     assert of(acts, ActionType.INFER)[0].requests[0].id == 2
 
 
+def test_clipper_answers_a_queued_request_at_its_deadline():
+    """Clipper's frontend answers a request at its deadline (with its default output);
+    a request still queued behind a busy container was answered only when the container
+    next formed a batch, up to ~110 ms later in Fig. 5's set-up (a closed-loop client
+    resent that much later)."""
+    p = clipper()
+    acts, t = loaded(p)
+    (busy,) = of(acts, ActionType.INFER)
+    p.on_request(req(1, "a", t, slo=10 * MS), t)  # queued behind the busy container
+    p.on_request(req(2, "a", t, slo=100 * MS), t)
+    assert p.next_wakeup() == t + 10 * MS
+    assert p.on_tick(t + 10 * MS) == []
+    reps = p.drain_replies()
+    assert [(r.request.id, r.status, r.time) for r in reps] == [
+        (1, RequestStatus.TIMEOUT, t + 10 * MS)]
+    t += 20 * MS
+    (infer,) = of(p.on_result(ok(busy, t), t), ActionType.INFER)
+    assert [r.id for r in infer.requests] == [2]
+
+
 def test_clipper_delayed_batching_waits_up_to_batch_wait():
     p = clipper(batch_wait=2 * MS, initial_batch=4)
     acts, t = loaded(p)

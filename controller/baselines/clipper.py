@@ -19,12 +19,12 @@ Modelled (paper §4.3 and the open-source ModelQueue / container loop):
   container that is ready while its queue holds fewer requests than its batch size
   waits up to that long for more (from when it became ready, or from its oldest
   request's arrival if the queue was empty then), or until the batch fills.
-* **SLOs:** Clipper does not predict whether a request will miss; it runs it. Like its
-  ModelQueue (``remove_tasks_with_elapsed_deadlines``), requests whose deadline has
-  already passed when a batch is formed are removed and answered TIMEOUT (Clipper's
-  frontend answers them with the default output, at the deadline: here when the next
-  batch is formed, which a closed-loop client sees later); ``drop_expired = false``
-  runs them too. Everything runs with ``earliest = now``, ``latest = NEVER``.
+* **SLOs:** Clipper does not predict whether a request will miss; it runs it. A queued
+  request whose deadline passes is answered TIMEOUT then (Clipper's frontend answers it
+  with the default output at its deadline) and removed from the queue, as its ModelQueue
+  removes such requests (``remove_tasks_with_elapsed_deadlines``); one already in a batch
+  runs to the end. ``drop_expired = false`` runs them all. Everything runs with
+  ``earliest = now``, ``latest = NEVER``.
 * **Placement (our choice; Clipper deploys containers statically):** a model's
   containers are started (LOAD) on its first request, each on a GPU without a copy of
   it, fewest containers first, then most free pages. They stay there; only when a LOAD
@@ -72,8 +72,8 @@ class ClipperConfig:
         "missed the SLO.", gt=0, lt=1)
     initial_batch: float = setting(1.0, "A new container's batch size.", ge=1)
     drop_expired: bool = setting(
-        True, "Answer TIMEOUT, instead of running, the queued requests whose deadline has "
-        "passed when a batch is formed.")
+        True, "Answer TIMEOUT at its deadline, instead of running it, a request still "
+        "queued then.")
     replicas: int = setting(1, "Containers per model, each on a different GPU.", ge=1)
 
     @classmethod
@@ -109,6 +109,10 @@ class ClipperPolicy(BaselinePolicy):
         self.ccfg = settings if isinstance(settings, ClipperConfig) else ClipperConfig.from_settings(settings)
         self.models = {n: _Model(n) for n in self.profiles}
         self._unplaced: set[str] = set()  # models short of containers, with queued work
+        self._delayed: set[str] = set()  # models a container waits on (delayed batching)
+        # (deadline, request id, model) of the requests queued (drop_expired): each is
+        # answered at its deadline if still queued then
+        self._deadlines: list[tuple[int, int, str]] = []
 
     # ------------------------------------------------------------------ hooks
 
@@ -130,17 +134,23 @@ class ClipperPolicy(BaselinePolicy):
         if self.profiles[r.model].weights_pages > max(g.total_pages for g in self.gpus):
             self._answer(r, RequestStatus.ERROR, now, "model does not fit on any GPU")
             return
-        heapq.heappush(m.queue, (r.deadline, r.id, r))
+        self._enqueue(m, r)
         if len(m.containers) < self.ccfg.replicas:
             self._place(m, now, out)
         for c in m.containers:
             self._dispatch(m, c, now, out)
 
+    def _enqueue(self, m: _Model, r: Request) -> None:
+        heapq.heappush(m.queue, (r.deadline, r.id, r))
+        if self.ccfg.drop_expired:
+            heapq.heappush(self._deadlines, (r.deadline, r.id, m.name))
+            self._wake(r.deadline)
+
     def _requeue(self, model: str, requests: list[Request], now: int, out: list[Action]) -> None:
         m = self.models[model]
         for r in requests:
             r.state = QUEUED
-            heapq.heappush(m.queue, (r.deadline, r.id, r))
+            self._enqueue(m, r)
         if len(m.containers) < self.ccfg.replicas:
             self._place(m, now, out)
         for c in m.containers:
@@ -179,10 +189,22 @@ class ClipperPolicy(BaselinePolicy):
                 self._place(self.models[name], now, out)
 
     def _tick(self, now: int, out: list[Action]) -> None:
-        for m in self.models.values():
-            if m.queue:
-                for c in m.containers:
-                    self._dispatch(m, c, now, out)
+        dl = self._deadlines
+        if dl and dl[0][0] <= now:
+            due = set()
+            while dl and dl[0][0] <= now:
+                due.add(heapq.heappop(dl)[2])
+            for name in sorted(due):  # (those since sent or answered: nothing to do)
+                m = self.models.get(name)
+                if m is not None:
+                    self._expire(m, now)
+        if self._delayed:
+            delayed, self._delayed = self._delayed, set()
+            for name in sorted(delayed):
+                m = self.models.get(name)
+                if m is not None and m.queue:
+                    for c in m.containers:
+                        self._dispatch(m, c, now, out)
 
     def _evictable(self, copy: Copy) -> bool:
         return not self.models[copy.model].queue
@@ -216,6 +238,13 @@ class ClipperPolicy(BaselinePolicy):
         else:
             self._unplaced.add(m.name)
 
+    def _expire(self, m: _Model, now: int) -> None:
+        """The queued requests of ``m`` whose deadline has passed: answered TIMEOUT."""
+        q = m.queue
+        while q and q[0][0] <= now:
+            _, _, r = heapq.heappop(q)
+            self._answer(r, RequestStatus.TIMEOUT, now, "deadline elapsed in Clipper's queue")
+
     def _dispatch(self, m: _Model, c: Container, now: int, out: list[Action]) -> None:
         """An idle container takes its next batch from the model's queue."""
         if c.busy and c.copy.inflight:
@@ -227,9 +256,7 @@ class ClipperPolicy(BaselinePolicy):
             return
         q = m.queue
         if self.ccfg.drop_expired:
-            while q and q[0][0] <= now:
-                _, _, r = heapq.heappop(q)
-                self._answer(r, RequestStatus.TIMEOUT, now, "deadline elapsed in Clipper's queue")
+            self._expire(m, now)
         if not q:
             return
         size = int(c.batch_size)
@@ -237,6 +264,7 @@ class ClipperPolicy(BaselinePolicy):
             since = max(c.ready_at, min(e[2].arrival for e in q))
             if now < since + self.ccfg.batch_wait:
                 self._wake(since + self.ccfg.batch_wait)
+                self._delayed.add(m.name)
                 return
         # (the padded slots filled: they cost the same run empty)
         n = min(self._padded(m.name, min(size, len(q))), len(q))
