@@ -90,31 +90,13 @@ def test_a_child_answers_and_refuses_as_the_controller_would():
         assert not os.path.exists(f"/proc/{pid}"), "a child outlived close"
 
 
-def test_a_killed_child_is_replaced_and_its_body_decoded_all_the_same(capsys):
-    async def main():
-        d = JsonDecoders(1)
-        try:
-            h, b = BODIES[0]
-            await d.decode(h, b)
-            (pid,) = _children(d)
-            os.kill(pid, signal.SIGKILL)
-            _same(await d.decode(h, b), decode(h, b))  # in this process, that once
-            assert not _children(d)
-            _same(await d.decode(h, b), decode(h, b))  # a new child
-            (new,) = _children(d)
-            assert new != pid
-        finally:
-            await d.close()
-
-    asyncio.run(main())
-    assert capsys.readouterr().err.count("a JSON decoding process failed") == 1
-
-
-def test_a_hung_child_is_killed_and_its_body_and_the_next_decoded_all_the_same(
-        monkeypatch, capsys):
-    """A child that does not answer (stopped) held its slot, and every body queued
-    behind it, for good: the clients got no answer at all. Past its answer time it is
-    killed and the body decoded here; the next body gets a new child."""
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGSTOP"])
+def test_a_dead_or_hung_child_is_replaced_and_its_body_decoded_all_the_same(
+        sig, monkeypatch, capsys):
+    """A child that dies, or does not answer (stopped: it held its slot, and every body
+    queued behind it, for good, and the clients got no answer at all), is ended (past
+    its answer time, for a hung one) and its body decoded in this process; the body
+    queued behind it gets a new child."""
     from controller import json_offload
 
     monkeypatch.setattr(json_offload, "ANSWER_BASE_S", 0.5)
@@ -125,18 +107,20 @@ def test_a_hung_child_is_killed_and_its_body_and_the_next_decoded_all_the_same(
             h, b = BODIES[0]
             await d.decode(h, b)
             (pid,) = _children(d)
-            os.kill(pid, signal.SIGSTOP)
+            os.kill(pid, getattr(signal, sig))
             got = await asyncio.gather(d.decode(h, b), d.decode(h, b))  # (one waits)
             for g in got:
                 _same(g, decode(h, b))
-            assert await asyncio.to_thread(_gone, pid)  # killed (and reaped)
+            assert await asyncio.to_thread(_gone, pid)  # ended (and reaped)
             (new,) = _children(d)  # the second body had a new child
             assert new != pid
         finally:
             await d.close()
 
     asyncio.run(main())
-    assert "no answer in 0.5" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.count("a JSON decoding process failed") == 1, err
+    assert ("no answer in 0.5" in err) == (sig == "SIGSTOP"), err
 
 
 def _gone(pid: int) -> bool:
