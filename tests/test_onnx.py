@@ -167,6 +167,38 @@ def test_a_flatten_exported_with_shape_initializers_imports(tmp_path):
                                    rtol=1e-4, atol=1e-4)
 
 
+def test_operators_imported_as_tir_functions_import(tmp_path):
+    """ReLU6 as exporters write it (Clip with constant bounds, as MobileNet v2 uses it),
+    Clip of opset 6 (bounds as attributes) and Pad: TVM imports them as TIR functions
+    beside main (one per batch size, as their shapes differ), which were refused; the
+    answers are onnxruntime's at every batch size."""
+    rng = np.random.default_rng(6)
+    w = numpy_helper.from_array(rng.standard_normal((6, 5)).astype("float32"), "W")
+    lo = numpy_helper.from_array(np.array(0, np.float32), "lo")
+    hi = numpy_helper.from_array(np.array(6, np.float32), "hi")
+    cases = {
+        "relu6": ([helper.make_node("MatMul", ["x", "W"], ["h"]),
+                   helper.make_node("Clip", ["h", "lo", "hi"], ["y"])], [w, lo, hi], 17, 5),
+        "clip6": ([helper.make_node("MatMul", ["x", "W"], ["h"]),
+                   helper.make_node("Clip", ["h"], ["y"], min=0.0, max=6.0)], [w], 6, 5),
+        "pad": ([helper.make_node("MatMul", ["x", "W"], ["h"]),
+                 helper.make_node("Pad", ["h", "pads"], ["y"], mode="constant")],
+                [w, numpy_helper.from_array(np.array([0, 1, 0, 2], np.int64), "pads")], 17, 8),
+    }
+    for name, (nodes, inits, opset, width) in cases.items():
+        graph = helper.make_graph(
+            nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width])], inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        model.ir_version = 8
+        dev, meta, path = _compiled_and_loaded(model, tmp_path, name, (1, 2, 4))
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        for b in (1, 2, 4):
+            x = (rng.standard_normal((b, 6)) * 4).astype("float32")
+            y, _ = dev.infer(name, x)
+            np.testing.assert_allclose(y, sess.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
 def test_an_embedding_with_an_index_out_of_range_reads_no_further(tmp_path):
     """An embedding (Gather on a table, int64 ids from the client): in-range ids (negative
     ones too) are onnxruntime's answers; ids out of range read the nearest row instead of

@@ -170,7 +170,6 @@ def compile_onnx(path: str | Path, batch_sizes: list[int], out: str | Path,
 
     The package's model name is ``model_name`` or the file's stem.
     """
-    import tvm
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
 
@@ -181,7 +180,7 @@ def compile_onnx(path: str | Path, batch_sizes: list[int], out: str | Path,
     in_name, in_shape, in_dtype = _graph_input(model, path)
     out_names = [o.name for o in model.graph.output]
 
-    functions = {}
+    bb = relax.BlockBuilder()  # every batch size's functions, in one module
     weights: list | None = None
     outputs: list[dict] | None = None
     for b in batch_sizes:
@@ -193,10 +192,13 @@ def compile_onnx(path: str | Path, batch_sizes: list[int], out: str | Path,
                                   f"({type(e).__name__}: {e})") from e
         mod = _safe_takes(mod)
         mod, params = relax.frontend.detach_params(mod)
-        others = [gv.name_hint for gv in mod.functions if gv.name_hint != "main"]
-        if others:
-            raise OnnxImportError(f"{path}: the import produced functions besides main "
-                                  f"({', '.join(others)}); not supported")
+        # the TIR functions some operators import as (Clip, Pad, ...): one per batch size,
+        # named after it (their shapes differ), and main calls those
+        tir = {}
+        for gv in mod.functions:
+            if gv.name_hint != "main":
+                name = f"{gv.name_hint}_{function_name(b)}"
+                tir[gv.name_hint] = bb.add_func(mod[gv].with_attr("global_symbol", name), name)
         func = mod["main"]
         values = params.get("main", [])
         names = [v.name for v in func.params[1:]]
@@ -210,9 +212,11 @@ def compile_onnx(path: str | Path, batch_sizes: list[int], out: str | Path,
         elif ([(n, tuple(v.shape), str(v.dtype)) for n, v in zip(names, values, strict=True)]
               != [(n, a.shape, str(a.dtype)) for n, a in weights] or b_outputs != outputs):
             raise OnnxImportError(f"{path}: weights or outputs differ between batch sizes")
-        functions[function_name(b)] = func.with_attr("global_symbol", function_name(b))
+        if tir:
+            func = _calling(func, tir)
+        bb.add_func(func.with_attr("global_symbol", function_name(b)), function_name(b))
 
-    irmod = tvm.IRModule(functions)
+    irmod = bb.get()
     return write_package(
         out, model=model_name or path.stem, irmod=irmod, target=target,
         batch_sizes=batch_sizes, weights=weights,
@@ -220,6 +224,19 @@ def compile_onnx(path: str | Path, batch_sizes: list[int], out: str | Path,
         page_size=page_size, started=t0,
         extra={"onnx": {"file": str(path.resolve()), "opset": [
             {"domain": o.domain, "version": int(o.version)} for o in model.opset_import]}})
+
+
+def _calling(func, functions: dict):
+    """``func`` with its calls of module functions by name made to ``functions``'
+    (name -> the GlobalVar of the function that takes its place)."""
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    @mutator
+    class _Renamed(PyExprMutator):
+        def visit_global_var_(self, op):
+            return functions.get(op.name_hint, op)
+
+    return _Renamed().visit_expr(func)
 
 
 __all__ = ["OnnxImportError", "compile_onnx", "load_onnx"]
