@@ -199,6 +199,39 @@ def test_operators_imported_as_tir_functions_import(tmp_path):
             np.testing.assert_allclose(y, sess.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
 
 
+def test_a_package_compiled_again_into_its_folder_is_read_again(tmp_path):
+    """A package compiled again into the same folder (other weights, other outputs), and
+    an instance registered from it again: the new package is read and runs. The device
+    kept the package it had read first for its whole life, and the dynamic loader the
+    library first loaded from that path: the old weights were served with no word."""
+    def mlp(seed: int, width: int):
+        w = np.random.default_rng(seed).standard_normal((6, width)).astype("float32")
+        graph = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "W"], ["y"])], "m",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width])],
+            [numpy_helper.from_array(w, "W")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        onnx.save(model, str(tmp_path / "m.onnx"))
+        return w
+
+    x = np.random.default_rng(1).standard_normal((2, 6)).astype("float32")
+    w = mlp(1, 5)
+    pkg = compile_onnx(tmp_path / "m.onnx", [1, 2], tmp_path / "pkg", page_size=PS)
+    dev = CpuDevice(4, PS)
+    dev.register("m", pkg)
+    dev.load("m")
+    np.testing.assert_allclose(dev.infer("m", x)[0], x @ w, rtol=1e-5, atol=1e-5)
+    dev.evict("m")
+    dev.unregister("m")
+    w = mlp(2, 7)
+    compile_onnx(tmp_path / "m.onnx", [1, 2], tmp_path / "pkg", page_size=PS)
+    assert dev.register("m", pkg)["outputs"][0]["shape"] == [7]
+    dev.load("m")
+    np.testing.assert_allclose(dev.infer("m", x)[0], x @ w, rtol=1e-5, atol=1e-5)
+
+
 def test_an_embedding_with_an_index_out_of_range_reads_no_further(tmp_path):
     """An embedding (Gather on a table, int64 ids from the client): in-range ids (negative
     ones too) are onnxruntime's answers; ids out of range read the nearest row instead of

@@ -36,6 +36,8 @@ answered such failures with.
 from __future__ import annotations
 
 import contextlib
+import shutil
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -225,6 +227,21 @@ class Instance:
         return self.package.meta
 
 
+def package_stamp(path: Path) -> tuple:
+    """What tells the package at ``path`` apart from one written there since: each of its
+    files' inode, size and modification time (None for one missing)."""
+    from clockwork.models.package import LIBRARY, METADATA, WEIGHTS
+
+    out = []
+    for f in (METADATA, LIBRARY, WEIGHTS):
+        try:
+            st = (path / f).stat()
+            out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
 class RealDevice:
     """Instance lookup, and the executor's view of a real device: its actions' durations
     are measured when they run, not predicted (``duration`` is None: see
@@ -238,6 +255,47 @@ class RealDevice:
     packages: dict  # resolved package path -> what ``_package`` made of it
     _registering: threading.Lock  # one package made at a time
     _lock: threading.Lock
+
+    # -- packages read, and read again when written again -------------------------------
+
+    def _cached(self, path: Path):
+        """What ``_package`` made of the package at ``path``, if its files are as they
+        were then (a package compiled again into the same folder is read again: the
+        first one read was served for the device's life, with no word); else None."""
+        key = path.resolve()
+        pkg = self.packages.get(key)
+        if pkg is not None and self._stamps().get(key) == package_stamp(path):
+            return pkg
+        return None
+
+    def _keep(self, path: Path, stamp: tuple, pkg) -> None:
+        """``pkg``, made of the package at ``path`` whose files were as ``stamp`` says
+        (``package_stamp``, taken before they were read)."""
+        key = path.resolve()
+        self.packages[key] = pkg
+        self._stamps()[key] = stamp
+
+    def _changed(self, path: Path) -> bool:
+        """Whether the package at ``path`` was written again since it was read."""
+        return self._stamps().get(path.resolve()) != package_stamp(path)
+
+    def _stamps(self) -> dict:
+        st = self.__dict__.get("_package_stamps")
+        if st is None:
+            st = self.__dict__["_package_stamps"] = {}
+        return st
+
+    def _library(self, tvm, path: Path):
+        """The package's library loaded: from a copy when a library was loaded from that
+        path before (the dynamic loader keeps one per path: the same path again would give
+        the old one's code)."""
+        from clockwork.models.package import LIBRARY
+
+        key = path.resolve()
+        if key not in self.packages:
+            return tvm.runtime.load_module(str(path / LIBRARY))
+        with tempfile.TemporaryDirectory(prefix="clockwork-package-") as tmp:
+            return tvm.runtime.load_module(shutil.copy(path / LIBRARY, Path(tmp) / LIBRARY))
 
     def duration(self, action, profile) -> None:
         return None
@@ -272,7 +330,7 @@ class RealDevice:
             if name in self.models:
                 raise InvalidPackage(f"model {name!r} is already registered")
         pkg = self.packages.get(package)  # (prepared: no wait for one being made)
-        if pkg is None:
+        if pkg is None or self._changed(Path(package)):
             with self._registering:
                 pkg = self._package(Path(package))
         with self._lock:

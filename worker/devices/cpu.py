@@ -44,6 +44,7 @@ from worker.devices.base import (
     WeightsAlreadyLoaded,
     WeightsNotPresent,
     numpy_outputs,
+    package_stamp,
 )
 from worker.memory import TENSOR_ALIGNMENT, PageArena
 
@@ -80,10 +81,10 @@ class CpuDevice(RealDevice):
 
         from clockwork.models.package import LIBRARY, WEIGHTS, elf_problem, read_package
 
-        key = path.resolve()
-        pkg = self.packages.get(key)
+        pkg = self._cached(path)
         if pkg is not None:
             return pkg
+        stamp = package_stamp(path)
         meta = read_package(path)
         if meta["page_size"] != self.arena.page_size:
             raise InvalidPackage(f"package {path} is laid out in {meta['page_size']}-byte pages, "
@@ -92,7 +93,7 @@ class CpuDevice(RealDevice):
         if why:
             raise InvalidPackage(f"package {path}: {LIBRARY}: {why}")
         try:
-            lib = tvm.runtime.load_module(str(path / LIBRARY))
+            lib = self._library(tvm, path)
             vm = VirtualMachine(lib, tvm.cpu())
             functions = {int(b): vm[f] for b, f in meta["functions"].items()}
         except Exception as e:  # noqa: BLE001 - TVM's own errors: a library it cannot use
@@ -105,7 +106,7 @@ class CpuDevice(RealDevice):
             buf = _aligned_empty((b, *spec["shape"]), spec["dtype"])
             buf[...] = 0
             pkg.inputs[b] = (buf, tvm.runtime.from_dlpack(buf))
-        self.packages[key] = pkg
+        self._keep(path, stamp, pkg)
         return pkg
 
     # -- LOAD / EVICT ---------------------------------------------------------------------

@@ -71,6 +71,7 @@ from worker.devices.base import (
     WeightsAlreadyLoaded,
     WeightsNotPresent,
     numpy_outputs,
+    package_stamp,
 )
 from worker.memory import ARENA_ALIGNMENT, ArenaError, PageArena
 
@@ -424,12 +425,12 @@ class CudaDevice(RealDevice):
 
     def _package(self, path: Path) -> Package:
         """The package at ``path``, loaded on first use (under ``_registering``)."""
-        from clockwork.models.package import LIBRARY, WEIGHTS, read_package
+        from clockwork.models.package import WEIGHTS, read_package
 
-        key = path.resolve()
-        pkg = self.packages.get(key)
+        pkg = self._cached(path)
         if pkg is not None:
             return pkg
+        stamp = package_stamp(path)
         cupy, tvm = self._cupy, self._tvm
         meta = read_package(path)
         if _target_kind(meta["target"]) != "cuda":
@@ -438,7 +439,7 @@ class CudaDevice(RealDevice):
         if meta["page_size"] != self.arena.page_size:
             raise InvalidPackage(f"package {path} is laid out in {meta['page_size']}-byte "
                                  f"pages, the arena has {self.arena.page_size}-byte pages")
-        lib = tvm.runtime.load_module(str(path / LIBRARY))  # compiles the kernels
+        lib = self._library(tvm, path)  # compiles the kernels
         vm = self._vm_module().VirtualMachine(lib, self._dev)
         functions = {int(b): vm[f] for b, f in meta["functions"].items()}
         blob = self._pinned(np.fromfile(path / WEIGHTS, dtype=np.uint8))
@@ -448,7 +449,7 @@ class CudaDevice(RealDevice):
             for b in functions:
                 buf = cupy.zeros((b, *spec["shape"]), dtype=spec["dtype"])
                 pkg.inputs[b] = (buf, tvm.runtime.from_dlpack(buf))
-        self.packages[key] = pkg
+        self._keep(path, stamp, pkg)
         return pkg
 
     # -- LOAD / EVICT ---------------------------------------------------------------------
