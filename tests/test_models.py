@@ -130,7 +130,7 @@ def test_a_broken_package_is_refused_not_run(packages, tmp_path, capsys):
     killed the process (SIGBUS)."""
     import shutil
 
-    from clockwork.models.package import LIBRARY, METADATA
+    from clockwork.models.package import LIBRARY, METADATA, PackageError
 
     src = packages["resnet_tiny"]
     cases = {}
@@ -151,13 +151,31 @@ def test_a_broken_package_is_refused_not_run(packages, tmp_path, capsys):
                      "--out", str(tmp_path / "p.json")]) == 2, name
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "model.so" in err, err
-    nokey = tmp_path / "nokey"
-    shutil.copytree(src, nokey)
-    meta = orjson.loads((nokey / METADATA).read_bytes())
-    del meta["weights_pages"]
-    (nokey / METADATA).write_bytes(orjson.dumps(meta))
-    assert main(["profile", "resnet_tiny", "--package", str(nokey), "--out", str(tmp_path / "p.json")]) == 2
-    assert "weights_pages" in capsys.readouterr().err
+    # model.json edited: a key gone, or of the wrong type (page_runs gone, the package
+    # loaded, said READY and failed every request at its LOAD; weights_pages "1" was
+    # refused as "16777216 bytes, metadata says 1 x 16777216")
+    original = orjson.loads((src / METADATA).read_bytes())
+    for i, (key, value, said) in enumerate((
+            ("weights_pages", None, "no weights_pages"),
+            ("page_runs", None, "no page_runs"),
+            ("weights_pages", "1", "weights_pages is '1', not a whole number"),
+            ("page_runs", [0], "page_runs is [0], not a list"),
+            ("functions", {"one": "forward_b1"}, "functions is"),
+            ("inputs", [{"name": "x"}], "inputs is not a list of tensors"))):
+        d = tmp_path / f"meta{i}"
+        shutil.copytree(src, d)
+        meta = dict(original)
+        if value is None:
+            del meta[key]
+        else:
+            meta[key] = value
+        (d / METADATA).write_bytes(orjson.dumps(meta))
+        with pytest.raises(PackageError) as e:
+            CpuDevice(1, PS).register("r", d)
+        assert said in str(e.value)
+        assert main(["profile", "resnet_tiny", "--package", str(d), "--out",
+                     str(tmp_path / "p.json")]) == 2
+        assert said in capsys.readouterr().err
     dev = CpuDevice(1, PS)  # the good one still goes
     dev.register("r", src)
 

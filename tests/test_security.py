@@ -687,9 +687,10 @@ def _fake_package(d) -> None:
     from clockwork.models.package import FORMAT, LIBRARY, METADATA, WEIGHTS
 
     d.mkdir(parents=True)
+    t = '[{"name": "x", "shape": [4], "dtype": "float32"}]'
     (d / METADATA).write_text(f'{{"format": {FORMAT}, "weights_pages": 0, '
-                              '"page_size": 16777216, "inputs": [], "outputs": [], '
-                              '"functions": {"1": "f"}}')
+                              f'"page_size": 16777216, "page_runs": [], "params": [], '
+                              f'"inputs": {t}, "outputs": {t}, "functions": {{"1": "f"}}}}')
     (d / LIBRARY).write_bytes(b"")
     (d / WEIGHTS).write_bytes(b"")
 

@@ -203,7 +203,44 @@ def profile_disagreement(meta: dict, prof) -> str:
 
 
 # the keys of model.json a package cannot be read without
-REQUIRED = ("weights_pages", "page_size")
+REQUIRED = ("weights_pages", "page_size", "page_runs", "functions", "inputs", "outputs",
+            "params")
+
+
+def _meta_problem(meta: dict) -> str:
+    """What is wrong with the types of model.json's required fields ("" if nothing): a
+    package whose metadata was edited by hand loaded, said READY, and failed every
+    request (``page_runs`` missing), or was refused with a message that contradicted
+    itself (``"weights_pages": "1"``)."""
+    def count(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    if not count(meta["weights_pages"]):
+        return f"weights_pages is {meta['weights_pages']!r}, not a whole number >= 0"
+    if not count(meta["page_size"]) or not meta["page_size"]:
+        return f"page_size is {meta['page_size']!r}, not a whole number > 0"
+    runs = meta["page_runs"]
+    if (not isinstance(runs, list) or not all(count(r) and r for r in runs)
+            or sum(runs) != meta["weights_pages"]):
+        return (f"page_runs is {runs!r}, not a list of page counts > 0 that add up to "
+                f"weights_pages ({meta['weights_pages']})")
+    f = meta["functions"]
+    if (not isinstance(f, dict) or not f
+            or not all(isinstance(k, str) and k.isdigit() and int(k) > 0
+                       and isinstance(v, str) for k, v in f.items())):
+        return f"functions is {f!r}, not a map of batch sizes to function names"
+    for key in ("inputs", "outputs"):
+        ts = meta[key]
+        if (not isinstance(ts, list) or not ts
+                or not all(isinstance(t, dict) and isinstance(t.get("name"), str)
+                           and isinstance(t.get("dtype"), str)
+                           and isinstance(t.get("shape"), list)
+                           and all(count(d) for d in t["shape"]) for t in ts)):
+            return f"{key} is not a list of tensors (name, shape, dtype)"
+    if not isinstance(meta["params"], list) or not all(isinstance(t, dict)
+                                                       for t in meta["params"]):
+        return "params is not a list of tensors"
+    return ""
 
 
 def elf_problem(path: Path) -> str:
@@ -248,6 +285,9 @@ def read_package(path: str | Path) -> dict:
     missing = [k for k in REQUIRED if k not in meta]
     if missing:
         raise PackageError(f"{p / METADATA}: no {', '.join(missing)}")
+    why = _meta_problem(meta)
+    if why:
+        raise PackageError(f"{p / METADATA}: {why}")
     for f in (LIBRARY, WEIGHTS):
         if not (p / f).exists():
             raise PackageError(f"{p}: missing {f}")
