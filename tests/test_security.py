@@ -196,7 +196,9 @@ def test_unauthenticated_calls_with_large_requests_are_refused_unread(cluster, p
         codes = _large_calls(ch, "/clockwork.v1.Clockwork/Infer")
     assert "OK" not in codes and "UNAUTHENTICATED" in codes, codes
     grew_mb = (_vm_kb(pid, "VmHWM") - before) / 1024
-    assert grew_mb < 5 * 40, f"the controller's memory grew {grew_mb:.0f} MB"
+    # (read, the 24 would take ~960 MB; refused unread, what gRPC's flow control lets in
+    # before the refusal: ~40-140 MB here, 207 MB once with the machine's two cores busy)
+    assert grew_mb < 10 * 40, f"the controller's memory grew {grew_mb:.0f} MB"
     with clockwork.Client(cluster.address, timeout=TIMEOUT, token=TOKEN, tls_ca=pki.ca) as c:
         assert c.infer(MODEL, slo_ms=1000).status == 0
 
