@@ -537,3 +537,37 @@ def test_a_scenario_saved_with_a_byte_order_mark_runs(tmp_path, capsys):
     (tmp_path / "plain.toml").write_text(text)
     assert load_scenario(tmp_path / "bom.toml").data == load_scenario(tmp_path / "plain.toml").data
     assert main(["simulate", str(tmp_path / "bom.toml"), "--quiet"]) == 0, capsys.readouterr().err
+
+
+def test_a_ray_address_where_another_server_listens_is_one_line(tmp_path, capsys):
+    """--ray at a port where a server that is not Ray's listens (an HTTP server, the
+    dashboard's port): ray.init retried it for over 10 minutes with no word from
+    clockwork; it is refused at once, exit 2. A gRPC server (as Ray's GCS and client
+    ports are) passes the check."""
+    import http.server
+    import threading
+    import time
+    from concurrent import futures
+
+    import grpc
+
+    from clockwork.cluster.parallel import ray_unreachable
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    server = grpc.server(futures.ThreadPoolExecutor(1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        at = f"127.0.0.1:{httpd.server_address[1]}"
+        t0 = time.monotonic()
+        assert main(["sweep", "example", "--ray", at, "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err
+        assert "answers, but not as a Ray cluster does" in err and at in err, err
+        assert time.monotonic() - t0 < 20
+        assert ray_unreachable(f"ray://{at}") is not None
+        assert ray_unreachable(f"127.0.0.1:{port}") is None
+        assert ray_unreachable(f"ray://127.0.0.1:{port}") is None
+    finally:
+        httpd.shutdown()
+        server.stop(0)

@@ -399,11 +399,19 @@ def backend_of(args) -> str:
     return "ray"
 
 
+# HTTP/2's client preface and an empty SETTINGS frame: a gRPC server (Ray's GCS, its
+# client server) answers with a SETTINGS frame of its own
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
 def ray_unreachable(address: str | None, timeout: float = 3.0) -> str | None:
     """Why the Ray cluster at ``address`` (``HOST:PORT`` or ``ray://HOST:PORT``) cannot be
-    reached (nothing answers there within ``timeout`` s), or None (reachable, or an
-    address Ray finds itself: none, ``auto``, ``local``). Asked before ``ray.init``,
-    which would retry an address where nothing listens for ~14 minutes."""
+    reached (nothing answers there within ``timeout`` s, or what answers does not speak
+    gRPC as Ray's ports do: another server's port), or None (it can, or an address Ray
+    finds itself: none, ``auto``, ``local``). Asked before ``ray.init``, which would
+    retry an address where nothing listens for ~14 minutes, and one where another server
+    listens for longer still. (With ``RAY_USE_TLS`` the ports speak TLS first: only
+    whether they listen is asked.)"""
     import socket
 
     if not address or address in ("auto", "local"):
@@ -413,10 +421,25 @@ def ray_unreachable(address: str | None, timeout: float = 3.0) -> str | None:
     if not sep or not port.isdigit():
         return None  # (not one we can try; Ray says what is wrong with it)
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as s:
+            if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+                return None
+            s.sendall(_H2_PREFACE)
+            head = b""
+            while len(head) < 9:
+                got = s.recv(9 - len(head))
+                if not got:
+                    break
+                head += got
+    except TimeoutError:
+        head = b""
     except OSError as e:
         return (f"cannot reach the Ray cluster at {address} ({e.strerror or e}); start it "
                 "(ray start --head) or give its address")
+    if len(head) < 9 or head[3] != 4:  # (not a SETTINGS frame)
+        return (f"{address} answers, but not as a Ray cluster does (give the head's GCS "
+                "address, HOST:6379 unless ray start --port said otherwise, or "
+                "ray://HOST:10001 for Ray's client server)")
     return None
 
 

@@ -950,11 +950,13 @@ class RayCluster(LocalCluster):
             self.actors = []
             self._pending.clear()
             self._doubt = None
-        if actors:
-            try:
-                ray.get([a.stop.remote() for a in actors], timeout=10.0)
-            except Exception:  # noqa: BLE001 - a dead or restarting actor: kill it anyway
-                pass
+        if actors:  # (each stops on its own: one dead actor's error did not wait for
+            # the others, which were killed before they removed their place files)
+            refs = [a.stop.remote() for a in actors]
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=10.0)
+            for r in ready:
+                with contextlib.suppress(Exception):  # a dead or restarting actor
+                    ray.get(r)
         for a in actors + pending:
             _kill(a)
         if self._own_ray:

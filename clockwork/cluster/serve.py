@@ -827,10 +827,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print("clockwork serve: stopped", file=sys.stderr, flush=True)
 
 
-class _StartInterrupted(BaseException):  # noqa: N818 - a signal, not an error
+class _StartInterrupted(KeyboardInterrupt):
     """Ctrl-C or SIGTERM while the cluster started: what started is stopped, exit 130.
-    (A BaseException, as KeyboardInterrupt: no ``except Exception`` on the way takes it
-    for a failed step.)"""
+    (A KeyboardInterrupt: no ``except Exception`` on the way takes it for a failed step,
+    and Ray's waits pass it through as it is -- any other exception a signal handler
+    raises in them comes out as a SystemError.)"""
 
 
 def _restart_worker(cluster: LocalCluster, i: int, times: list[float]) -> int | None:
