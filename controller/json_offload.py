@@ -209,8 +209,11 @@ class JsonDecoders:
             # killed now, which ends the ask on its thread)
             if isinstance(e, TimeoutError):
                 e = TimeoutError(f"no answer in {limit:.3g} s")
-                if held[0] is not None:
-                    _in_background(held[0].kill)
+                if held[0] is not None:  # (only the signal: its ask's thread, woken by
+                    # the end of its pipes, reaps it and closes them -- closed here too,
+                    # a descriptor's number could be another child's by then)
+                    with contextlib.suppress(ProcessLookupError):
+                        held[0].proc.kill()
                 cf.add_done_callback(_close_child_of)  # (one started only now: ended)
             if not self._said:
                 self._said = True

@@ -95,8 +95,8 @@ def test_a_dead_or_hung_child_is_replaced_and_its_body_decoded_all_the_same(
         sig, monkeypatch, capsys):
     """A child that dies, or does not answer (stopped: it held its slot, and every body
     queued behind it, for good, and the clients got no answer at all), is ended (past
-    its answer time, for a hung one) and its body decoded in this process; the body
-    queued behind it gets a new child."""
+    its answer time, for a hung one) and its body decoded in this process; a new child
+    decodes the next ones."""
     from controller import json_offload
 
     monkeypatch.setattr(json_offload, "ANSWER_BASE_S", 0.5)
@@ -112,7 +112,8 @@ def test_a_dead_or_hung_child_is_replaced_and_its_body_decoded_all_the_same(
             for g in got:
                 _same(g, decode(h, b))
             assert await asyncio.to_thread(_gone, pid)  # ended (and reaped)
-            (new,) = _children(d)  # the second body had a new child
+            _same(await d.decode(h, b), decode(h, b))
+            (new,) = _children(d)  # a new child decodes the next bodies
             assert new != pid
         finally:
             await d.close()
