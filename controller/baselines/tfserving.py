@@ -140,6 +140,11 @@ class TfServingPolicy(BaselinePolicy):
             self._close(q)
         self._serve(q, now, out)
 
+    def _open_due(self, q: _Queue, now: int) -> bool:
+        """Whether ``q``'s open batch may be taken now: it holds requests, the oldest of
+        which has waited the timeout."""
+        return bool(q.open) and q.opened + self.tcfg.batch_timeout <= now
+
     def _close(self, q: _Queue) -> None:
         """The open batch is full: it joins the closed ones."""
         if q.open and len(q.closed) < self.tcfg.max_enqueued_batches:
@@ -167,12 +172,11 @@ class TfServingPolicy(BaselinePolicy):
                 self._serve(self.queues[name], now, out)
 
     def _tick(self, now: int, out: list[Action]) -> None:
-        timeout = self.tcfg.batch_timeout
         for q in self.queues.values():
-            if q.open and q.opened + timeout <= now:
+            if self._open_due(q, now):
                 self._serve(q, now, out)  # schedulable now (taken if a GPU is free)
-            elif q.open and q.opened + timeout > now:
-                self._wake(q.opened + timeout)
+            elif q.open:
+                self._wake(q.opened + self.tcfg.batch_timeout)
 
     def _evictable(self, copy: Copy) -> bool:
         return self.queues[copy.model].empty()
@@ -203,7 +207,7 @@ class TfServingPolicy(BaselinePolicy):
             self._unplaced.discard(q.name)
             return
         self._unplaced.discard(q.name)
-        if q.closed or (q.open and q.opened + self.tcfg.batch_timeout <= now):
+        if q.closed or self._open_due(q, now):
             for c in list(copies.values()):
                 if not c.loading:
                     self._schedule(c.gpu, now, out)
@@ -220,7 +224,7 @@ class TfServingPolicy(BaselinePolicy):
                 if q.closed:
                     self._send_infer(g.copies[name], q.closed.popleft(), now, out)
                     break
-                if q.open and q.opened + self.tcfg.batch_timeout <= now:
+                if self._open_due(q, now):
                     batch, q.open = q.open, []
                     self._send_infer(g.copies[name], batch, now, out)
                     break

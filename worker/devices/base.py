@@ -253,18 +253,20 @@ class RealDevice:
     # whole package directory before it serves) or only reads it (done when first used)
     builds_kernels: ClassVar[bool] = False
     packages: dict  # resolved package path -> what ``_package`` made of it
+    stamps: dict  # resolved package path -> ``package_stamp`` of it when it was read
     _registering: threading.Lock  # one package made at a time
     _lock: threading.Lock
 
     # -- packages read, and read again when written again -------------------------------
 
-    def _cached(self, path: Path):
+    def _cached(self, path: Path, stamp: tuple | None = None):
         """What ``_package`` made of the package at ``path``, if its files are as they
-        were then (a package compiled again into the same folder is read again: the
-        first one read was served for the device's life, with no word); else None."""
+        were then (``stamp``: as they are now, if taken already; a package compiled again
+        into the same folder is read again: the first one read was served for the
+        device's life, with no word); else None."""
         key = path.resolve()
         pkg = self.packages.get(key)
-        if pkg is not None and self._stamps().get(key) == package_stamp(path):
+        if pkg is not None and self.stamps.get(key) == (stamp or package_stamp(path)):
             return pkg
         return None
 
@@ -273,17 +275,7 @@ class RealDevice:
         (``package_stamp``, taken before they were read)."""
         key = path.resolve()
         self.packages[key] = pkg
-        self._stamps()[key] = stamp
-
-    def _changed(self, path: Path) -> bool:
-        """Whether the package at ``path`` was written again since it was read."""
-        return self._stamps().get(path.resolve()) != package_stamp(path)
-
-    def _stamps(self) -> dict:
-        st = self.__dict__.get("_package_stamps")
-        if st is None:
-            st = self.__dict__["_package_stamps"] = {}
-        return st
+        self.stamps[key] = stamp
 
     def _library(self, tvm, path: Path):
         """The package's library loaded: from a copy when a library was loaded from that
@@ -329,8 +321,8 @@ class RealDevice:
         with self._lock:
             if name in self.models:
                 raise InvalidPackage(f"model {name!r} is already registered")
-        pkg = self.packages.get(package)  # (prepared: no wait for one being made)
-        if pkg is None or self._changed(Path(package)):
+        pkg = self._cached(Path(package))  # (prepared: no wait for one being made)
+        if pkg is None:
             with self._registering:
                 pkg = self._package(Path(package))
         with self._lock:

@@ -68,6 +68,7 @@ class CpuDevice(RealDevice):
         self.arena = PageArena(n_pages, page_size)
         self.models: dict[str, Instance] = {}
         self.packages: dict[Path, Package] = {}
+        self.stamps: dict[Path, tuple] = {}
         self._registering = threading.Lock()  # one package made at a time
         self._lock = threading.Lock()  # models and the arena's page table
         self._exec = threading.Lock()  # one EXEC at a time
@@ -81,10 +82,10 @@ class CpuDevice(RealDevice):
 
         from clockwork.models.package import LIBRARY, WEIGHTS, elf_problem, read_package
 
-        pkg = self._cached(path)
+        stamp = package_stamp(path)
+        pkg = self._cached(path, stamp)
         if pkg is not None:
             return pkg
-        stamp = package_stamp(path)
         meta = read_package(path)
         if meta["page_size"] != self.arena.page_size:
             raise InvalidPackage(f"package {path} is laid out in {meta['page_size']}-byte pages, "

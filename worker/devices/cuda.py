@@ -400,6 +400,7 @@ class CudaDevice(RealDevice):
         self.kernel_ns: int | None = None  # the last EXEC's kernels, by CUDA events
         self.models: dict[str, Instance] = {}
         self.packages: dict[Path, Package] = {}
+        self.stamps: dict[Path, tuple] = {}
         self._registering = threading.Lock()  # one package loaded (kernels built) at a time
         # models and the arena's page table; held on the GPU only while a LOAD slides
         # loaded weights together (_take_pages)
@@ -427,10 +428,10 @@ class CudaDevice(RealDevice):
         """The package at ``path``, loaded on first use (under ``_registering``)."""
         from clockwork.models.package import WEIGHTS, read_package
 
-        pkg = self._cached(path)
+        stamp = package_stamp(path)
+        pkg = self._cached(path, stamp)
         if pkg is not None:
             return pkg
-        stamp = package_stamp(path)
         cupy, tvm = self._cupy, self._tvm
         meta = read_package(path)
         if _target_kind(meta["target"]) != "cuda":
