@@ -608,6 +608,20 @@ def test_an_async_client_made_on_a_loop_in_another_thread_says_so():
         t.join(10)
 
 
+def _refused_from_a_new_loop(client) -> None:
+    """A call and a stream of ``client`` from a new ``asyncio.run`` raise the RuntimeError
+    that says it was made in another event loop."""
+    async def infer():
+        return await client.infer("resnet50_v2", slo_ms=2000)
+
+    async def stream():
+        return client.stream()
+
+    for use in (infer, stream):
+        with pytest.raises(RuntimeError, match="made in another event loop"):
+            asyncio.run(use())
+
+
 def test_an_async_client_used_from_another_event_loop_says_so(cluster):
     """An AsyncClient belongs to the event loop it was made in: a call or a stream from a
     later ``asyncio.run`` raises a RuntimeError that says so (gRPC's own: 'Event loop is
@@ -618,16 +632,7 @@ def test_an_async_client_used_from_another_event_loop_says_so(cluster):
         return c
 
     client = asyncio.run(make())
-
-    async def infer():
-        return await client.infer("resnet50_v2", slo_ms=2000)
-
-    async def stream():
-        return client.stream()
-
-    for use in (infer, stream):
-        with pytest.raises(RuntimeError, match="made in another event loop"):
-            asyncio.run(use())
+    _refused_from_a_new_loop(client)
 
     async def own():  # the same client made and used in one loop, then closed there
         async with clockwork.AsyncClient(cluster.address, timeout=20) as c:
@@ -644,18 +649,10 @@ def test_an_async_client_used_from_another_event_loop_says_so(cluster):
     loop = asyncio.new_event_loop()  # (the thread's loop, as at a program's start)
     asyncio.set_event_loop(loop)
     outside = clockwork.AsyncClient(cluster.address, timeout=20)
-
-    async def infer_outside():
-        return await outside.infer("resnet50_v2", slo_ms=2000)
-
-    async def stream_outside():
-        return outside.stream()
-
-    for use in (infer_outside, stream_outside):
-        with pytest.raises(RuntimeError, match="made in another event loop"):
-            asyncio.run(use())
+    _refused_from_a_new_loop(outside)
     try:
-        assert loop.run_until_complete(infer_outside()).status == 0
+        assert loop.run_until_complete(
+            outside.infer("resnet50_v2", slo_ms=2000)).status == 0
         loop.run_until_complete(outside.close())
     finally:
         loop.close()
