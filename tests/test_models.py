@@ -180,6 +180,61 @@ def test_a_broken_package_is_refused_not_run(packages, tmp_path, capsys):
     dev.register("r", src)
 
 
+def test_a_package_whose_files_are_not_its_own_is_refused(packages, tmp_path, capsys):
+    """model.json keeps digests of the library, the weights and the layout fields: a
+    package given another package's library (it loaded, said READY and failed every
+    request), weights with one byte changed (it answered wrongly) or a layout edited by
+    hand is refused when read, by the device and by `clockwork profile`; a package
+    without digests (compiled before they were kept) is still read."""
+    import shutil
+
+    from clockwork.models.package import LIBRARY, METADATA, WEIGHTS
+
+    src = packages["resnet_tiny"]
+    original = orjson.loads((src / METADATA).read_bytes())
+    assert set(original["sha256"]) == {LIBRARY, WEIGHTS, "layout"}
+
+    def other_library(d):
+        shutil.copy(packages["mobilenet_tiny"] / LIBRARY, d / LIBRARY)
+
+    def flipped_byte(d):
+        blob = bytearray((d / WEIGHTS).read_bytes())
+        blob[original["params"][0]["offset"]] ^= 0x40
+        (d / WEIGHTS).write_bytes(bytes(blob))
+
+    def edited_layout(d):
+        meta = dict(original)
+        meta["params"] = list(reversed(meta["params"]))
+        (d / METADATA).write_bytes(orjson.dumps(meta))
+
+    def bad_digests(d):
+        (d / METADATA).write_bytes(orjson.dumps({**original, "sha256": "x"}))
+
+    for change, said in ((other_library, "model.so is not the library"),
+                         (flipped_byte, "weights.bin is not the weights"),
+                         (edited_layout, "layout fields"),
+                         (bad_digests, "sha256 is 'x'")):
+        d = tmp_path / change.__name__
+        shutil.copytree(src, d)
+        change(d)
+        with pytest.raises(DeviceError, match=said):
+            CpuDevice(1, PS).register("r", d)
+        capsys.readouterr()
+        assert main(["profile", "resnet_tiny", "--package", str(d), "--runs", "1",
+                     "--load-runs", "1", "--out", str(tmp_path / "p.json")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and said in err, err
+    d = tmp_path / "no_digests"
+    shutil.copytree(src, d)
+    (d / METADATA).write_bytes(orjson.dumps({k: v for k, v in original.items()
+                                             if k != "sha256"}))
+    meta = read_package(d)
+    dev = CpuDevice(meta["weights_pages"], PS)
+    dev.register("r", d)
+    dev.load("r")
+    _check_outputs(dev, "r", meta, reference_weights(meta, d))
+
+
 def test_cli_compile_default_pages(tmp_path):
     out = tmp_path / "mlp"
     assert main(["compile", "mlp", "--device", "cpu", "--batch-sizes", "2,1", "--out",

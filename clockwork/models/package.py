@@ -8,12 +8,16 @@ A package directory holds
                    (``weights_pages`` x ``page_size`` bytes; see :func:`pack_tensors`);
 * ``model.json``   metadata: inputs/outputs (shapes without the batch dimension),
                    batch sizes, function names, weights size, the page layout
-                   (``page_size``, ``weights_pages``, ``page_runs``) and, per tensor, its
-                   logical byte ``offset`` in the blob.
+                   (``page_size``, ``weights_pages``, ``page_runs``), per tensor, its
+                   logical byte ``offset`` in the blob, and ``sha256``: digests of the
+                   library, the weights and the layout fields, which a worker checks when
+                   it reads the package (a library from another package, a weights file
+                   changed or damaged, or a layout edited by hand is refused, not served).
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from pathlib import Path
 
@@ -31,6 +35,44 @@ METADATA = "model.json"
 
 class PackageError(ValueError):
     """A package directory is missing files or has malformed metadata."""
+
+
+# the fields of model.json that say how the library and the weights fit together; their
+# digest is kept beside the files' (``sha256.layout``)
+LAYOUT_FIELDS = ("functions", "inputs", "outputs", "params", "page_size", "page_runs",
+                 "weights_pages")
+
+
+def layout_digest(meta: dict) -> str:
+    """SHA-256 of the layout fields of ``meta``, in a canonical JSON form."""
+    fields = {k: meta.get(k) for k in LAYOUT_FIELDS}
+    return hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def digest(data) -> str:
+    """SHA-256 of ``data`` (bytes, a numpy array or a buffer), hex."""
+    return hashlib.sha256(memoryview(data).cast("B")).hexdigest()
+
+
+def integrity_problem(meta: dict, library: bytes, blob) -> str:
+    """Why the package's files are not the ones it was compiled with ("" if they are, or
+    if it predates digests): ``library`` is ``model.so``'s bytes, ``blob`` the weights
+    read from ``weights.bin``."""
+    sums = meta.get("sha256")
+    if sums is None:
+        return ""
+    if not isinstance(sums, dict) or not all(
+            isinstance(sums.get(k), str) for k in (LIBRARY, WEIGHTS, "layout")):
+        return f"{METADATA}: sha256 is {sums!r}, not digests of {LIBRARY}, {WEIGHTS} and layout"
+    if layout_digest(meta) != sums["layout"]:
+        return (f"{METADATA}: its layout fields ({', '.join(LAYOUT_FIELDS)}) were changed "
+                "after the package was compiled")
+    if digest(library) != sums[LIBRARY]:
+        return (f"{LIBRARY} is not the library this package was compiled with (another "
+                "package's, or changed since)")
+    if digest(blob) != sums[WEIGHTS]:
+        return f"{WEIGHTS} is not the weights this package was compiled with (changed or damaged)"
+    return ""
 
 
 def function_name(batch_size: int) -> str:
@@ -135,6 +177,8 @@ def write_package(out: str | Path, *, model: str, irmod, target: str, batch_size
         "tvm_version": tvm.__version__,
         "compile_s": round(time.perf_counter() - started, 3),
     }
+    meta["sha256"] = {LIBRARY: digest((out / LIBRARY).read_bytes()), WEIGHTS: digest(blob),
+                      "layout": layout_digest(meta)}
     (out / METADATA).write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2) + b"\n")
     return out
 
@@ -308,5 +352,6 @@ def reference_weights(meta: dict, path: str | Path) -> dict[str, np.ndarray]:
     return out
 
 
-__all__ = ["PackageError", "check_batch_sizes", "compile_model", "function_name", "pack_tensors",
-           "read_package", "reference_weights", "write_package"]
+__all__ = ["PackageError", "check_batch_sizes", "compile_model", "function_name",
+           "integrity_problem", "pack_tensors", "read_package", "reference_weights",
+           "write_package"]

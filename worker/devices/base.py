@@ -289,6 +289,18 @@ class RealDevice:
         with tempfile.TemporaryDirectory(prefix="clockwork-package-") as tmp:
             return tvm.runtime.load_module(shutil.copy(path / LIBRARY, Path(tmp) / LIBRARY))
 
+    @staticmethod
+    def _check_files(path: Path, meta: dict, blob) -> None:
+        """Refuse the package at ``path`` if its library, weights (``blob``, as read) or
+        layout are not those it was compiled with (``model.json``'s digests): a library
+        from another package or weights changed on disk loaded, said READY, and then
+        failed every request or answered wrongly."""
+        from clockwork.models.package import LIBRARY, integrity_problem
+
+        why = integrity_problem(meta, (path / LIBRARY).read_bytes(), blob)
+        if why:
+            raise InvalidPackage(f"package {path}: {why}")
+
     def duration(self, action, profile) -> None:
         return None
 

@@ -101,6 +101,7 @@ class CpuDevice(RealDevice):
             raise InvalidPackage(f"package {path}: {LIBRARY} cannot be loaded: "
                                  f"{type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
         blob = np.fromfile(path / WEIGHTS, dtype=np.uint8)
+        self._check_files(path, meta, blob)
         pkg = Package(path, meta, vm, functions, blob)
         spec = meta["inputs"][0]
         for b in functions:

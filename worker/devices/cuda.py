@@ -440,10 +440,12 @@ class CudaDevice(RealDevice):
         if meta["page_size"] != self.arena.page_size:
             raise InvalidPackage(f"package {path} is laid out in {meta['page_size']}-byte "
                                  f"pages, the arena has {self.arena.page_size}-byte pages")
+        host = np.fromfile(path / WEIGHTS, dtype=np.uint8)
+        self._check_files(path, meta, host)
         lib = self._library(tvm, path)  # compiles the kernels
         vm = self._vm_module().VirtualMachine(lib, self._dev)
         functions = {int(b): vm[f] for b, f in meta["functions"].items()}
-        blob = self._pinned(np.fromfile(path / WEIGHTS, dtype=np.uint8))
+        blob = self._pinned(host)
         pkg = Package(path, meta, vm, functions, blob)
         spec = meta["inputs"][0]
         with cupy.cuda.Device(self.index):
