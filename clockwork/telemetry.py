@@ -1242,7 +1242,9 @@ def timeline_of(req: dict, act: dict, bucket_s: float = 60.0,
     [i, i + 1) x ``bucket_s`` from the logs' time 0, and its goodput is over its length;
     ``duration_s``: the time (from time 0, in seconds) the run ended, if known: the
     interval it ends (or cuts short: its goodput is over the part before the end) is the
-    last, and what happens after it (the drain's actions completing) counts in it. An
+    last, those after the last arrival and answer there and empty, and what happens
+    after it (the drain's actions completing) counts in it. ``slo_met``: the interval's
+    requests that met their SLO. An
     interval without requests has ``slo_attainment`` 1.0 (nothing missed; ``format_timeline``
     shows n/a). ValueError for an interval under ``TIMELINE_MIN_S`` or over a year, or
     one that makes more than ``TIMELINE_MAX_ROWS`` rows."""
@@ -1257,8 +1259,10 @@ def timeline_of(req: dict, act: dict, bucket_s: float = 60.0,
     rb = req["arrival"] // width
     ab = act["measured_completion"] // width
     n = int(max(rb.max(initial=-1), ab.max(initial=-1))) + 1
-    if end is not None and n > -(-end // width):  # (no interval starts after the end)
-        n = -(-end // width)
+    if end is not None:  # the last interval is the one the run ends in, however quiet
+        # (the rows stopped at the last arrival or answer: a workload that stops early
+        # showed a timeline shorter than the run, its goodput over fewer seconds)
+        n = int(-(-end // width))
         rb, ab = np.minimum(rb, n - 1), np.minimum(ab, n - 1)
     if n <= 0:
         return []
@@ -1284,6 +1288,7 @@ def timeline_of(req: dict, act: dict, bucket_s: float = 60.0,
             "start_s": round(i * bucket_s, 3),
             "requests": k,
             "goodput_rps": round(m * 1e9 / span, 3),
+            "slo_met": m,
             "slo_attainment": round(m / k, 6) if k else 1.0,
             "cold_starts": int(cold[i]),
             "loads": int(loads[i]),
@@ -1370,7 +1375,10 @@ def format_timeline(rows: list[dict], actions_logged: bool = True) -> str:
     # whole seconds as such; intervals of a fraction of a second to the millisecond
     dec = 0 if all(float(r["start_s"]).is_integer() for r in rows) else 3
     for r in rows:
-        slo = f"{100 * r['slo_attainment']:>9.3f}" if r["requests"] else f"{'n/a':>9}"
+        k = r["requests"]
+        # (from the counts: the attainment, rounded already, could round a digit off)
+        met = r.get("slo_met", r["slo_attainment"] * k)
+        slo = f"{100 * met / k:>9.3f}" if k else f"{'n/a':>9}"
         acts = (f"{r['loads']:>6,} {r['evicts']:>6,}" if actions_logged
                 else f"{'n/a':>6} {'n/a':>6}")
         lines.append(f"{r['start_s']:>9.{dec}f} {r['requests']:>9,} {r['goodput_rps']:>12,.1f} "

@@ -526,7 +526,7 @@ def _timeline_reference(run_dir, bucket_s):
         met = int(req["deadline_met"][sel].sum())
         kinds = act["type"][ab == i]
         out.append({"start_s": round(i * bucket_s, 3), "requests": k,
-                    "goodput_rps": round(met / bucket_s, 3),
+                    "goodput_rps": round(met / bucket_s, 3), "slo_met": met,
                     "slo_attainment": round(met / k, 6) if k else 1.0,
                     "cold_starts": int(req["cold_start"][sel].sum()),
                     "loads": int((kinds == ActionType.LOAD).sum()),
@@ -550,6 +550,14 @@ def test_timeline_counts_as_defined_reading_only_its_columns(tmp_path, capsys):
     met_last = round(full[2]["goodput_rps"] * 3.0)
     assert cut[:2] == full[:2] and cut[2]["goodput_rps"] == round(met_last / 2.0, 3)
     assert met_last > 0 and cut[3:] == full[3:]
+    # a run that goes on after its last arrival and answer (a workload that stops
+    # early): the intervals up to the end are there, empty (the rows stopped at the last
+    # arrival or answer, whatever duration_s said)
+    last = len(full)
+    longer = timeline(tmp_path / "npz", 3.0, 3.0 * last + 7.0)
+    assert longer[:last] == full[:last] and len(longer) == last + 3
+    assert all(r["requests"] == r["loads"] == r["evicts"] == r["goodput_rps"] == 0
+               and r["start_s"] == 3.0 * (last + i) for i, r in enumerate(longer[last:]))
     req, act = T.read_columns(tmp_path / "npz", ("latency",), ())
     assert list(req) == ["latency"] and act == {} and len(req["latency"]) > 100
     with pytest.raises(ValueError, match="unknown requests column"):
@@ -741,6 +749,20 @@ def test_report_timeline_rates_are_over_each_intervals_length(tmp_path, capsys):
     assert main(["report", str(logs), "--timeline", "1"]) == 0
     assert [r[2] for r in _timeline_rows(capsys.readouterr().out)] == \
         ["0.0", "0.0", "3.0", "0.0", "5.0"]
+
+
+def test_timeline_slo_percent_is_rounded_once():
+    """An interval's SLO % is printed from its counts: 1,441 met of 9,070 is 15.8875...%,
+    15.888 (the attainment rounded to 0.158875 first printed as 15.887)."""
+    from clockwork.telemetry import format_timeline, timeline_of
+
+    k, met = 9070, 1441
+    req = {"arrival": np.zeros(k, np.int64), "deadline_met": np.arange(k) < met,
+           "cold_start": np.zeros(k, bool)}
+    act = {"type": np.zeros(0, np.int64), "measured_completion": np.zeros(0, np.int64)}
+    rows = timeline_of(req, act, 1.0)
+    assert rows[0]["slo_met"] == met and rows[0]["slo_attainment"] == 0.158875
+    assert format_timeline(rows).splitlines()[1].split()[3] == "15.888"
 
 
 def test_report_timeline_interval_over_a_year_is_one_line(tmp_path, capsys):
