@@ -113,6 +113,14 @@ def test_crlf_and_missing_final_newline(small, tmp_path):
     nofinal = tmp_path / "nofinal.csv"
     nofinal.write_text("\n".join(lines))
     np.testing.assert_array_equal(AzureTrace.load(nofinal).counts, small[1])
+    # CR LF lines, the file cut before the last LF (it was refused: "the line ends with CR
+    # LF, the header with LF alone", of a CR LF header); a header alone so cut is empty
+    cut = tmp_path / "crlf_cut.csv"
+    cut.write_bytes(("\r\n".join(lines) + "\r").encode())
+    np.testing.assert_array_equal(AzureTrace.load(cut).counts, small[1])
+    head = tmp_path / "head_cut.csv"
+    head.write_bytes((lines[0] + "\r").encode())
+    assert AzureTrace.load(head).counts.shape == (0, MINUTES)
 
 
 def test_header_only_is_empty(tmp_path):

@@ -252,7 +252,11 @@ def _parse(buf: bytes, path: str) -> tuple[list[list[str]], np.ndarray]:
     _check_header(buf[:first_end], path)
     if b"\r" in buf[:first_end + 1]:
         buf = buf.replace(b"\r\n", b"\n")
+        if buf.endswith(b"\r"):  # (the last line's CR LF cut short: its LF missing)
+            buf = buf[:-1]
         first_end = buf.find(b"\n")
+        if first_end < 0:
+            first_end = len(buf)
     end = len(buf)
     while end > first_end and buf[end - 1:end] == b"\n":
         end -= 1
