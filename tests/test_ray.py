@@ -377,6 +377,42 @@ def test_sweep_on_ray_stops_on_sigterm_as_on_ctrl_c(ray_nodes, tmp_path):
     poll(lambda: _ray_cpus_free() >= before, 60.0, 0.1)  # the task was stopped
 
 
+def test_sigterm_while_a_local_ray_starts_stops_as_ctrl_c_and_leaves_no_process(tmp_path):
+    """``clockwork sweep --ray local`` sent SIGTERM while ``ray.init`` starts its local
+    instance (Ray's session folder made, seconds before it is up): "interrupted", exit
+    130, and none of the processes Ray started is left (it exited 15 by Ray's own
+    handler, and left Ray's processes to end by themselves, up to minutes later)."""
+    pytest.importorskip("ray", reason="needs the ray extra: pip install 'clockwork-py[ray]'")
+    sw = tmp_path / "sw.toml"
+    sw.write_text('scenarios = ["poisson_warm"]\noverrides = ["duration_s=3000"]\n')
+    root = tmp_path / "r"
+    root.mkdir()
+    p = subprocess.Popen([sys.executable, "-m", "clockwork.cluster.cli", "sweep", str(sw),
+                          "--ray", "local", "--quiet", "--out", str(tmp_path / "o")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "RAY_TMPDIR": str(root)})
+
+    def left() -> list[str]:
+        """the processes of this Ray instance (their command lines name its folder)"""
+        return subprocess.run(["pgrep", "-f", str(root)], capture_output=True,
+                              text=True).stdout.split()
+    try:
+        def starting() -> bool:
+            assert p.poll() is None, p.communicate()
+            return any(root.rglob("session_*"))
+        poll(starting, 60.0, 0.01)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 130, (p.returncode, err[-3000:])
+        assert err.strip().splitlines()[-1] == "interrupted", err[-3000:]
+        poll(lambda: not left(), 20.0, 0.2)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+        subprocess.run(["pkill", "-9", "-f", str(root)])
+
+
 def test_a_node_that_cannot_host_a_worker_now_is_tried_again(ray_nodes, capsys):
     """A node that offers GPUs but no CPU for a worker actor (each takes
     ``worker_num_cpus``, 1) is left out in one line, once, and the cluster starts on the

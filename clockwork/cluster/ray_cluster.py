@@ -351,9 +351,23 @@ def init_ray(**kw) -> None:
     if threading.current_thread() is threading.main_thread():
         kept = {s: h for s in (signal.SIGINT, signal.SIGTERM)
                 if (h := signal.getsignal(s)) not in (None, signal.SIG_DFL)}
+    # Ray's handler is put in place as ray.init starts: a SIGTERM during init (seconds)
+    # exited 15 with no stop of what Ray had started. Ray's setter is made a no-op
+    # meanwhile, so that ours stays (it is put back after, as the handlers are).
+    utils = getattr(getattr(ray, "_private", None), "utils", None)
+    setter = getattr(utils, "set_sigterm_handler", None) if signal.SIGTERM in kept else None
+    if setter is not None:
+        utils.set_sigterm_handler = lambda handler: None
     try:
         ray.init(**kw)
+    except BaseException:
+        # (interrupted, or failed: stop what it started, its processes on this machine)
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        raise
     finally:
+        if setter is not None:
+            utils.set_sigterm_handler = setter
         for s, h in kept.items():
             signal.signal(s, h)
 
