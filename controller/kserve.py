@@ -316,11 +316,14 @@ class KServeFrontend:
 
     def refused(self, name: str) -> None:
         """A request turned away here before the controller saw it (unknown model, bad
-        inputs or parameters): counted as the controller counts the requests it refuses
-        (one, whatever its rows; an unknown model's under the model "")."""
+        inputs or parameters): counted and logged as the controller counts and logs the
+        requests it refuses (one, whatever its rows; an unknown model's under the model
+        ""; its row in the request log with the default SLO: its own was not read)."""
         node = self.node
+        node.count("requests")
         node.count("requests_invalid_request")
         node.metrics.reply(name if name in node.profiles else "", "invalid_request", None)
+        node.log_refused(name, 0.0, RequestStatus.INVALID_REQUEST)
 
     def prepare(self, name: str, inputs: list[InTensor], params: dict,
                 requested: list[str]) -> tuple[list[TypedInferRequest], bool]:

@@ -1185,8 +1185,10 @@ def test_a_model_being_unloaded_has_no_metadata_configuration_or_statistics():
 
 def test_inference_for_an_unknown_or_unloaded_model_is_counted_alike_on_every_api(cluster):
     """A request for a model never loaded, or unloaded, is refused and counted once
-    (``requests_invalid_request``, ``clockwork_requests_total{status="invalid_request"}``)
-    whichever API sent it: REST as gRPC and clockwork.v1."""
+    (``requests_invalid_request``, ``clockwork_requests_total{status="invalid_request"}``,
+    and among the ``requests`` received: KServe's were not, so that ``requests`` was less
+    than the sum of its outcomes, and had no row in the request log) whichever API sent
+    it: REST as gRPC and clockwork.v1."""
     import re
     import urllib.request
 
@@ -1200,12 +1202,13 @@ def test_inference_for_an_unknown_or_unloaded_model_is_counted_alike_on_every_ap
 
     http = cluster.printed_address("http")
 
-    def counted(cl) -> tuple[int, float]:
+    def counted(cl) -> tuple[int, float, int]:
         text = urllib.request.urlopen(f"http://{http}/metrics", timeout=10).read().decode()
         series = re.findall(r'^clockwork_requests_total\{[^}]*status="invalid_request"[^}]*\} '
                             r"(\S+)$", text, re.M)
-        return (cl.stats().get("requests_invalid_request", 0),
-                sum(float(v) for v in series))
+        stats = cl.stats()
+        return (stats.get("requests_invalid_request", 0), sum(float(v) for v in series),
+                stats.get("requests", 0))
 
     g = tgrpc.InferenceServerClient(cluster.address)
     h = thttp.InferenceServerClient(http, connection_timeout=20, network_timeout=20)
@@ -1227,11 +1230,11 @@ def test_inference_for_an_unknown_or_unloaded_model_is_counted_alike_on_every_ap
                     with pytest.raises(InferenceServerException) as e:
                         call()
                     assert str(e.value.status()) in ("StatusCode.NOT_FOUND", "404"), e.value
-                    assert counted(cl) == (before[0] + 1, before[1] + 1), (name, api)
+                    assert counted(cl) == (before[0] + 1, before[1] + 1, before[2] + 1), (name, api)
                 before = counted(cl)
                 with pytest.raises(clockwork.errors.UnknownModel):
                     cl.infer(name)
-                assert counted(cl) == (before[0] + 1, before[1] + 1), (name, "clockwork.v1")
+                assert counted(cl) == (before[0] + 1, before[1] + 1, before[2] + 1), (name, "clockwork.v1")
             # an unknown version of a served model: refused and counted alike too
             for api, call in (("grpc", lambda: g.infer("resnet50_v2", [gx], model_version="7",
                                                         client_timeout=20)),
@@ -1240,7 +1243,7 @@ def test_inference_for_an_unknown_or_unloaded_model_is_counted_alike_on_every_ap
                 with pytest.raises(InferenceServerException) as e:
                     call()
                 assert str(e.value.status()) in ("StatusCode.NOT_FOUND", "404"), e.value
-                assert counted(cl) == (before[0] + 1, before[1] + 1), ("version 7", api)
+                assert counted(cl) == (before[0] + 1, before[1] + 1, before[2] + 1), ("version 7", api)
     finally:
         g.close()
         h.close()
