@@ -5,7 +5,8 @@ worker connected and answering: ``ControllerNode.serving``, KServe's ``ServerRea
 and ``NOT_SERVING`` otherwise; ``Watch`` sends the status at once and again whenever
 it changes (looked at every ``WATCH_INTERVAL_S``). The service names answered are ""
 (the server as a whole) and the services these ports serve; another is ``NOT_FOUND``
-(``Check``) or ``SERVICE_UNKNOWN`` (``Watch``), as the health protocol says. Like the
+(``Check``) or ``SERVICE_UNKNOWN`` (``Watch``, which keeps the call open, as for a
+service it knows), as the health protocol says. Like the
 REST probes, it needs no token (``HEALTH_METHODS``).
 
 The two messages are built from their descriptor here (field numbers and names as in
@@ -65,8 +66,10 @@ def add_health(node, server) -> None:
 
     async def watch(request, context):
         if request.service not in SERVED:
+            # said once, the call kept open (the protocol: a call that ends, even OK,
+            # makes a client call again, in a loop; the services served never change)
             yield HealthCheckResponse(status=SERVICE_UNKNOWN)
-            return
+            await asyncio.get_running_loop().create_future()  # (until cancelled)
         last = None
         while True:
             now = status()

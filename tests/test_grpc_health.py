@@ -32,6 +32,14 @@ def test_health_check_and_watch_follow_the_controller_without_a_token():
                     stub.Check(health_pb2.HealthCheckRequest(service="no.such.Service"),
                                timeout=TIMEOUT)
                 assert e.value.code() == grpc.StatusCode.NOT_FOUND
+                # Watch of an unknown service: SERVICE_UNKNOWN, and the call stays open
+                # (it ended OK, which makes clients call again in a loop)
+                watch = stub.Watch(health_pb2.HealthCheckRequest(service="no.such.Service"),
+                                   timeout=2)
+                assert next(watch).status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+                with pytest.raises(grpc.RpcError) as e:
+                    next(watch)
+                assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         with grpc.insecure_channel(c.address) as ch:
             watch = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(),
                                                          timeout=60)
