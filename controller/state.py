@@ -132,7 +132,10 @@ class ModelState:
         self.missed = 0.0
         self.missed_at = 0
         self.pages = profile.weights_pages
-        self.batch_sizes = [b for b in profile.batch_sizes if b <= cfg.max_batch] or [1]
+        # (max_batch below every compiled size: the smallest, as the baselines take; a
+        # batch of 1 that the model has no function for crashed the scheduler)
+        self.batch_sizes = ([b for b in profile.batch_sizes if b <= cfg.max_batch]
+                            or [profile.batch_sizes[0]])
         # GPU time per request at the most efficient allowed batch size (demand accounting)
         self.item_cost = min(
             profile.exec_ns[b] / b for b in self.batch_sizes

@@ -221,6 +221,22 @@ def test_rejected_infer_too_late_to_retry_answers_error():
     assert rep.status == RequestStatus.ERROR and "EXEC_TOO_LATE" in rep.message
 
 
+def test_max_batch_below_every_compiled_size_runs_the_smallest():
+    """A model compiled for batches of 4 and 8 only, ``max_batch`` 2: its requests run
+    in batches of 4, the smallest it has, as the baselines run them (the scheduler took
+    batch size 1, which the model has no function for: KeyError, the run crashed)."""
+    s = ClockworkScheduler([make_profile("a", batches=(4, 8))], [GpuSpec(0, 0, 1376)],
+                           SchedulerConfig(max_batch=2))
+    acts = s.on_request(req(1), 0)
+    load = next(a for a in acts if a.type == ActionType.LOAD)
+    t = 8 * MS + 100_000
+    acts = s.on_result(ok(load, 100_000), t) + [a for a in acts if a.type == ActionType.INFER]
+    infer = next(a for a in acts if a.type == ActionType.INFER)
+    assert infer.batch_size == 4
+    s.on_result(ok(infer, t), t + infer.expected_duration)
+    assert [r.status for r in s.drain_replies()] == [RequestStatus.SUCCESS]
+
+
 def test_estimates_follow_measurements():
     s = sched()
     t = warm(s)
