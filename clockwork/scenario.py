@@ -368,7 +368,9 @@ def validate(sc: Scenario) -> None:
 
 def _blame_override(line: str, source: str, overrides) -> str:
     """``line`` (``SOURCE: KEY: ...``) as ``--set KEY: ...`` when ``KEY`` (or the table
-    it is in) was given by an override: the file did not say it."""
+    it is in) was given by an override: the file did not say it; as ``SOURCE with --set
+    K: KEY: ...`` when an override ``K`` set something inside table ``KEY`` (both made
+    what is wrong there: two faults that overlap, one of them from the override)."""
     head = f"{source}: "
     if not line.startswith(head):
         return line
@@ -376,10 +378,15 @@ def _blame_override(line: str, source: str, overrides) -> str:
     unknown = re.match(r"unknown (?:top-level )?setting '([^']+)'", line[len(head):])
     if unknown:  # ("unknown setting 'cluster.wokers' (did you mean ...)")
         key = unknown[1]
-    for o in overrides or ():
-        k = str(o).partition("=")[0].strip()
-        if k and (key == k or key.startswith(k + ".")):
+    keys = [k for o in overrides or () if (k := str(o).partition("=")[0].strip())]
+    for k in keys:
+        if key == k or key.startswith(k + "."):
             return f"--set{':' if unknown else ''} {line[len(head):]}"
+    within = [k for k in keys if k.startswith(key + ".")]
+    if within:  # a table an override set something in: the file and the override both
+        if unknown:  # (a table the file does not have: made by the override)
+            return f"--set: {line[len(head):]}"
+        return f"{source} with --set {within[0]}: {line[len(head):]}"
     return line
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
 import math
 import types
 import typing
@@ -763,6 +764,19 @@ class FaultSettings(Settings):
                                      f"(until {until}): one kill or hang of a worker at a time")
                 if end > last_end:
                     last_end, last = end, name
+        # a worker's slow links do not overlap either (the first to end set the link fast
+        # again: a short slow spell inside a long one cancelled the long one's rest)
+        slow: dict[int, list[tuple[float, float, str]]] = {}
+        for i, f in enumerate(self.slow_network):
+            slow.setdefault(f.worker, []).append((f.at_s, f.at_s + f.for_s,
+                                                  f"slow_network.{i}"))
+        for w, ws in sorted(slow.items()):
+            ws.sort()
+            for (_, end, first), (start, _, name) in itertools.pairwise(ws):
+                if start < end:
+                    raise ValueError(f"{name} of worker {w} (at {start:g} s) overlaps {first} "
+                                     f"(until {end:g} s): one slow link of a worker at a "
+                                     "time (split them into spells that follow one another)")
         return self
 
 
@@ -866,11 +880,11 @@ def _offers_too_many(sc: ScenarioSettings) -> str | None:
 
 def time_bound(key: str) -> tuple[float, str] | None:
     """The most a setting named ``key`` may be, by its name, and that bound in words: an
-    SLO (``slo_ms``, ``slo_ms_start``, ...) a day, an SLO factor (``slo_factor...``)
+    SLO (``slo_ms``, ``slo_ms_start``, ``default_slo_ms``, ...) a day, an SLO factor (``slo_factor...``)
     10,000, any other time (a name ending in ``_s``, ``_ms`` or ``_us``) a year; None for
     a setting that is neither."""
-    if key == "slo_ms" or key.startswith("slo_ms_"):  # (slo_ms_start, slo_ms_max)
-        return MAX_SLO_MS, "a day"
+    if key in ("slo_ms", "default_slo_ms") or key.startswith("slo_ms_"):
+        return MAX_SLO_MS, "a day"  # (slo_ms_start, slo_ms_max, the scheduler's default)
     if key.startswith("slo_factor"):
         return MAX_SLO_FACTOR, "the most an SLO factor may be"
     if key.endswith("_s"):

@@ -94,6 +94,8 @@ def raises(exc: type[Exception], fn, *args, **kw) -> str:
     ("workloads.0.slo_ms=1e8",
      "workloads.0.slo_ms: must be at most 86,400,000 (a day), got 100000000.0"),
     ("duration_s=1e300", "duration_s: must be at most 31,536,000 (a year), got 1e+300"),
+    ("scheduler.default_slo_ms=4e10", "scheduler.default_slo_ms: must be at most 86,400,000 "
+     "(a day), got 40000000000.0"),  # (it said: at most ... (a year))
     # one kill or hang of a worker at a time (a live run's restart of a worker killed
     # twice raised in its thread; the simulator merged overlapping hangs, a live run not)
     ("faults.kill=[{worker=0,at_s=1.2,back_s=1.8},{worker=0,at_s=1.0,back_s=1.5}]",
@@ -105,6 +107,11 @@ def raises(exc: type[Exception], fn, *args, **kw) -> str:
     ("faults={kill=[{worker=0,at_s=1}],hang=[{worker=0,at_s=3,for_s=1}]}",
      "faults: hang.0 of worker 0 (at 3 s) overlaps kill.0 (until the end): one kill or "
      "hang of a worker at a time"),
+    # a worker's slow links do not overlap (the first to end made the link fast again)
+    ("faults.slow_network=[{worker=0,at_s=0.1,for_s=0.8,delay_ms=60},"
+     "{worker=0,at_s=0.15,for_s=0.01,delay_ms=1}]",
+     "faults: slow_network.1 of worker 0 (at 0.15 s) overlaps slow_network.0 (until 0.9 s): "
+     "one slow link of a worker at a time (split them into spells that follow one another)"),
     ("faults.kill=[{worker=0,at_s=1e13}]",
      "faults.kill.0.at_s: must be at most 31,536,000 (a year), got 10000000000000.0"),
     ("cluster.clock_offsets_ms=[0,-1e12]", "cluster.clock_offsets_ms.1: must be at least "
@@ -136,7 +143,9 @@ def test_bad_scenario_values_give_one_line(override, msg):
     if unknown:
         key = unknown[1]
     by_override = key == k or key.startswith(k + ".")
+    within = k.startswith(key + ".")  # (a table the override set something in)
     assert got == (f"--set{':' if unknown else ''} {msg}" if by_override
+                   else f"{SCENARIO} with --set {k}: {msg}" if within
                    else f"{SCENARIO}: {msg}")
 
 
@@ -155,8 +164,9 @@ def test_sizes_are_bounded_in_all_too(tmp_path):
 
     got = raises(ScenarioError, load_scenario, SCENARIO,
                  ["cluster.workers=1025", "cluster.gpus_per_worker=64"])
-    assert got == (f"{SCENARIO}: cluster: workers x gpus_per_worker must be at most 65,536 "
-                   "GPUs in all, got 1,025 x 64 = 65,600")
+    assert got == (f"{SCENARIO} with --set cluster.workers: cluster: workers x "
+                   "gpus_per_worker must be at most 65,536 GPUs in all, got 1,025 x 64 = "
+                   "65,600")
     entries = '[[models]]\nname = "resnet50_v2"\ncopies = 100000\n' * 10
     path = tmp_path / "big.toml"
     path.write_text(entries + '[[workloads]]\nkind = "poisson"\nrate_rps = 10\n')
