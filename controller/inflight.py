@@ -26,7 +26,7 @@ The GPU and copy objects are the policy's own; the book only holds them.
 
 from __future__ import annotations
 
-from clockwork.actions import Action, ActionType, ErrorCode, Result
+from clockwork.actions import Action, ActionType, ErrorCode, RequestStatus, Result
 
 # A failed INFER with one of these statuses means the copy it was sent to is not there.
 COPY_GONE = frozenset((ErrorCode.WEIGHTS_NOT_PRESENT, ErrorCode.WEIGHTS_CHANGED,
@@ -71,6 +71,18 @@ def error_message(result: Result) -> str:
     """The message of a request answered ``ERROR`` because its INFER failed:
     ``worker error CODE: the worker's message`` (``failed_code`` reads CODE back)."""
     return f"{WORKER_ERROR}{result.status.name}: {result.message}"
+
+
+def failed_status(result: Result) -> RequestStatus:
+    """How a request whose INFER failed is answered when it is not tried again: TIMEOUT
+    when the worker could not run it inside its window (``*_TOO_LATE``, ``*_TOO_EARLY``:
+    its SLO cannot be met), as every front end reports it (one error table); else ERROR.
+    The message is ``error_message``'s either way."""
+    return (RequestStatus.TIMEOUT if result.status.name.endswith(WINDOW_MISSED)
+            else RequestStatus.ERROR)
+
+
+WINDOW_MISSED = ("_TOO_LATE", "_TOO_EARLY")  # the worker codes of an action outside its window
 
 
 def failed_code(message: str) -> ErrorCode | None:

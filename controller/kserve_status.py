@@ -104,6 +104,10 @@ def of_answer(status: int, reason: str, message: str) -> KServeError:
         return KServeError(INTERNAL, INTERNAL_MESSAGE)
     text = message or "request failed"
     if status == RequestStatus.TIMEOUT:
+        code = failed_code(message)  # (a worker's window missed: its code, not its text)
+        if code is not None:
+            return KServeError(DEADLINE, f"{name}: SLO cannot be met (worker error "
+                               f"{code.name})")
         return KServeError(DEADLINE, f"{name}: {text}")
     if status == RequestStatus.INVALID_REQUEST:
         return KServeError(NOT_FOUND if reason == "unknown_model" else INVALID,

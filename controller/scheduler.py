@@ -46,6 +46,7 @@ from controller.inflight import (
     REFUSED_FOR_NS,
     Inflight,
     error_message,
+    failed_status,
 )
 from controller.lanes import unwatch, watch
 from controller.policy import MODEL_UNLOADED, GpuSpec, ModelView, Policy
@@ -574,8 +575,8 @@ class ClockworkScheduler(Policy):
         for r in requests:
             if now + self.cfg.future + e1 <= r.deadline:
                 keep.append(r)
-            else:
-                self._answer(r, RequestStatus.ERROR, now, error_message(result))
+            else:  # (TIMEOUT when the worker found it too late: its SLO is out of reach)
+                self._answer(r, failed_status(result), now, error_message(result))
         if not keep:
             return
         keep.sort(key=lambda r: (r.arrival, r.id))

@@ -54,6 +54,12 @@ def test_the_table():
             e = of_answer(ERR, "", _worker_error(code))
             assert e.kind == DEADLINE, code
             assert e.message == f"TIMEOUT: SLO cannot be met (worker error {code.name})"
+    # ... as the scheduler answers it now (TIMEOUT): the same, the worker's text left out
+    for code in ErrorCode:
+        if code.name.endswith(("_TOO_LATE", "_TOO_EARLY")):
+            e = of_answer(RequestStatus.TIMEOUT, "", _worker_error(code, "secret detail"))
+            assert (e.kind, e.message) == (
+                DEADLINE, f"TIMEOUT: SLO cannot be met (worker error {code.name})"), code
     for code in (ErrorCode.WORKER_LOST, ErrorCode.WEIGHTS_NOT_PRESENT,
                  ErrorCode.WEIGHTS_CHANGED, ErrorCode.EXEC_WEIGHTS_MISSING,  # a lost worker, weights gone
                  # a model whose LOADs were refused 3 times (a full cache, no package): it
@@ -235,7 +241,7 @@ def test_overload_has_no_internal_errors(slow_profiles):
     assert stream_shed == [f"UNAVAILABLE: [request id: {i}] ERROR: overloaded: 4 requests "
                            "outstanding in the controller (limit global_outstanding)"
                            for i in range(3)], stream_shed
-    # worker rejections were answered ERROR by the scheduler (and mapped, above, to
-    # DEADLINE_EXCEEDED / UNAVAILABLE, never INTERNAL)
+    # worker rejections (too late) were answered TIMEOUT by the scheduler (DEADLINE_EXCEEDED
+    # above, never INTERNAL)
     assert counters.get("infer_rejected", 0) > 0, counters
-    assert counters.get("requests_error", 0) > 0, counters
+    assert counters.get("requests_timeout", 0) > 0, counters

@@ -44,7 +44,7 @@ from clockwork.profiles import ModelProfile
 from clockwork.requests import DONE, EXECUTING, Reply, Request
 from clockwork.settings import from_table
 from controller.config import SchedulerConfig
-from controller.inflight import COPY_GONE, Inflight, error_message
+from controller.inflight import COPY_GONE, Inflight, error_message, failed_status
 from controller.policy import MODEL_UNLOADED, GpuSpec, ModelView, Policy
 
 MAX_ATTEMPTS = 3  # INFERs a request may be part of before a worker error is final
@@ -209,7 +209,7 @@ class BaselinePolicy(Policy):
                     n = self._attempts.get(r.id, 0) + 1
                     if n >= MAX_ATTEMPTS:
                         self._attempts.pop(r.id, None)
-                        self._answer(r, RequestStatus.ERROR, now, error_message(result))
+                        self._answer(r, failed_status(result), now, error_message(result))
                     else:
                         self._attempts[r.id] = n
                         retry.append(r)
