@@ -120,6 +120,27 @@ def test_cluster_from_scenario_passes_every_scheduler_key(tmp_path):
     assert ignored == ["cluster.jitter_ms"]
 
 
+def test_settings_a_live_cluster_does_not_apply_are_said(tmp_path, capsys):
+    """The simulator's network latency, drain and fault detection set in a scenario, and
+    [faults] given to a cluster that only serves (no --replay plays them): said, each
+    named (they were dropped with no word; only jitter and clock error were said)."""
+    from clockwork.cluster.serve import live_ignored
+    from clockwork.scenario import load_scenario
+
+    base = {"cluster": {"workers": 1, "gpus_per_worker": 1},
+            "models": [{"name": "resnet50_v2"}],
+            "workloads": [{"kind": "poisson", "models": "*", "rate_rps": 10}]}
+    assert live_ignored(load_scenario(data=base)) == []
+    sc = load_scenario(data={
+        **base, "drain_s": 5,
+        "cluster": {**base["cluster"], "network_latency_ms": 60, "clock_error_ms": 1},
+        "faults": {"detect_ms": 900, "kill": [{"worker": 0, "at_s": 0.5, "back_s": 0.8}]}})
+    said = ["cluster.network_latency_ms", "cluster.clock_error_ms", "drain_s",
+            "faults.detect_ms"]
+    assert live_ignored(sc) == said
+    assert live_ignored(sc, replay=False) == [*said, "faults.kill (played by --replay only)"]
+
+
 def _controller_args(*argv):
     from clockwork.cluster.cli import build_parser
 

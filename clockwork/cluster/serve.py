@@ -462,8 +462,29 @@ def cluster_from_scenario(sc) -> tuple[dict, list[str]]:
           "device": device,
           "packages": str(c["packages"]) if c.get("packages") else None,
           "worker_flags_of": flags_of}
-    ignored = [f"cluster.{k}" for k in ("jitter_ms", "clock_error_ms") if float(c.get(k, 0.0))]
-    return kw, ignored
+    return kw, live_ignored(sc)
+
+
+def live_ignored(sc, replay: bool = True) -> list[str]:
+    """The scenario's settings a live cluster does not apply, where they are not at their
+    defaults (the simulator's network and drain, how it models a fault's detection), and
+    ``[faults]`` when the cluster only serves (``replay`` False: nothing plays them):
+    said, not ignored."""
+    from clockwork.settings import ClusterSettings, FaultSettings, ScenarioSettings
+
+    def changed(model, table: Mapping, keys, prefix: str) -> list[str]:
+        return [f"{prefix}{k}" for k in keys
+                if k in table and table[k] != model.model_fields[k].default]
+
+    out = changed(ClusterSettings, sc.cluster,
+                  ("network_latency_ms", "jitter_ms", "clock_error_ms"), "cluster.")
+    out += changed(ScenarioSettings, sc.data, ("drain_s",), "")
+    faults = sc.faults or {}
+    out += changed(FaultSettings, faults, ("detect_ms", "reconnect_s"), "faults.")
+    if not replay:
+        out += [f"faults.{k} (played by --replay only)" for k in ("kill", "hang")
+                if faults.get(k)]
+    return out
 
 
 def scheduler_error(table: Mapping[str, object]) -> str | None:
@@ -624,7 +645,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except ScenarioError as e:
             print(f"clockwork serve: {e}", file=sys.stderr)
             return 2
-        kw, ignored = cluster_from_scenario(sc)
+        kw, _ = cluster_from_scenario(sc)
+        ignored = live_ignored(sc, replay=bool(getattr(args, "replay", False)))
         if ignored:
             print(f"clockwork serve: not applied by a live cluster: {', '.join(ignored)}",
                   file=sys.stderr)
