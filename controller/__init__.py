@@ -115,6 +115,39 @@ def split_settings(name: str, table: Mapping[str, object]) -> tuple[dict, dict]:
     return common, extra
 
 
+# the SchedulerConfig keys a baseline policy reads: the default SLO, the largest batch,
+# and the liveness probes every controller loop runs; the others are the clockwork
+# policy's own
+BASELINE_SHARED = frozenset({"default_slo_ms", "max_batch", "liveness", "probe_slack_ms",
+                             "probe_slack_frac", "probe_timeout_ms"})
+
+
+def unused_settings(name: str, table: Mapping[str, object]) -> list[str]:
+    """The keys of a ``[scheduler]`` table (without ``policy``) that policy ``name`` takes
+    but does not use: the clockwork policy's own settings given to a baseline (a table
+    kept while the policy is switched: accepted, so a sweep may vary the policy; a
+    shell says them, as they change nothing)."""
+    if name == "clockwork":
+        return []
+    shared = set(table_keys(SchedulerConfig))
+    out = []
+    for k in table:
+        ms_key = k[:-3] + "_ms" if k.endswith("_us") else k
+        if ms_key in shared and ms_key not in BASELINE_SHARED:
+            out.append(k)
+    return out
+
+
+def unused_line(name: str, table: Mapping[str, object]) -> str | None:
+    """``unused_settings`` in one line for a shell's warning, or None."""
+    unused = unused_settings(name, table)
+    if not unused:
+        return None
+    return (f"warning: [scheduler] {', '.join(unused)} not used by policy {name!r} (the "
+            f"clockwork policy's settings; it uses {', '.join(sorted(BASELINE_SHARED))} "
+            "and its own)")
+
+
 def make_policy(name: str, profiles: Sequence[ModelProfile], gpus: Sequence[GpuSpec],
                 cfg: SchedulerConfig | None = None,
                 settings: Mapping[str, object] | None = None) -> Policy:

@@ -107,7 +107,7 @@ from clockwork.tensors import (
     zero_rows,
 )
 from clockwork.time import MAX_SLO_MS, ms
-from controller import make_policy, policy_class, split_settings
+from controller import make_policy, policy_class, split_settings, unused_line
 from controller.config import SchedulerConfig
 from controller.grpc_health import HEALTH_METHODS, add_health
 from controller.inflight import failed_code
@@ -2288,6 +2288,9 @@ def scheduler_settings(args: argparse.Namespace) -> tuple[str, SchedulerConfig, 
         ("max_batch", args.max_batch)) if v is not None})
     table.update(parse_settings(args.set))
     common, own = split_settings(policy, table)  # checks the policy name too
+    line = unused_line(policy, table)
+    if line:
+        print(f"clockwork controller: {line}", file=sys.stderr)
     return policy, SchedulerConfig.from_ms(**common), own
 
 

@@ -578,6 +578,29 @@ def test_infaas_monitor_interval_is_at_least_a_millisecond(capsys):
     assert rc == 2 and len(err) == 1 and "monitor_interval_ms" in err[0], err
 
 
+def test_clockwork_settings_given_to_a_baseline_are_said_unused(capsys):
+    """The clockwork policy's own settings in a baseline's [scheduler] table are accepted
+    (a sweep may switch the policy of one table) but said, as they change nothing there
+    (they passed with no word: buffer_ms=40 ran as the default); the shared ones a
+    baseline reads (the default SLO, the largest batch, the liveness probes) are not."""
+    from clockwork.cluster.cli import main
+    from controller import unused_settings
+
+    assert unused_settings("clockwork", {"buffer_ms": 1, "max_exec_ms": 2}) == []
+    assert unused_settings("clipper", {"buffer_ms": 1, "max_batch": 8, "batch_wait_ms": 2,
+                                       "liveness": False, "probe_timeout_ms": 50,
+                                       "default_slo_ms": 90, "estimate_window": 5}) == \
+        ["buffer_ms", "estimate_window"]
+    # fig5_1gpu's table holds schedule_ahead_ms and max_exec_ms
+    assert main(["simulate", "fig5_1gpu", "--set", "duration_s=0.5", "--set",
+                 "scheduler.policy=tfserving", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert ("warning: [scheduler] schedule_ahead_ms, max_exec_ms not used by policy "
+            "'tfserving'") in err, err
+    assert main(["simulate", "fig5_1gpu", "--set", "duration_s=0.5", "--quiet"]) == 0
+    assert "not used by policy" not in capsys.readouterr().err
+
+
 def test_infaas_batch_size_from_profile_and_slo():
     p = infaas()
     assert p.b_max("a", 100 * MS) == 16  # 20.3 ms <= 50 ms

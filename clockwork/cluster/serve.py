@@ -654,6 +654,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if why:
             print(f"clockwork serve: {why}", file=sys.stderr)
             return 2
+        from controller import unused_line
+
+        table = dict(kw["scheduler"])
+        line = unused_line(str(table.pop("policy", "clockwork")), table)
+        if line:
+            print(f"clockwork serve: {line}", file=sys.stderr)
         workers, gpus, profiles = kw["workers"], kw["gpus"], kw["profiles"]
         pages, models = kw["pages"], kw["models"]
         if device is None and kw["device"] != "emulated":

@@ -115,7 +115,7 @@ def _section(title: str, text: str, table: str) -> str:
 
 def render() -> str:
     """The whole page, as the schemas give it."""
-    from controller import POLICIES, policy_config
+    from controller import BASELINE_SHARED, POLICIES, policy_config
     from controller.config import SchedulerConfig
 
     parts = [INTRO.replace("MAX_GPUS", f"{MAX_GPUS:,}")
@@ -150,7 +150,11 @@ def render() -> str:
     parts.append(
         '### `policy = "clockwork"` (and every baseline)\n\n'
         "The settings of the Clockwork scheduler (`SchedulerConfig`). Every policy takes "
-        "them; the baselines use `default_slo_ms` and `max_batch`.\n\n"
+        "them; the baselines use "
+        + ", ".join(f"`{k}`" for k in sorted(BASELINE_SHARED))
+        + " (the liveness probes every controller runs), and `clockwork simulate`, "
+        "`serve` and `controller` warn of the others given to a baseline (they change "
+        "nothing there).\n\n"
         + markdown_table(SchedulerConfig))
     for name in sorted(POLICIES):
         cls = policy_config(name)

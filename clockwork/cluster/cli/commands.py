@@ -53,6 +53,12 @@ def _simulate(args: argparse.Namespace) -> int:
     except (ScenarioError, ValueError, OSError) as e:
         print(f"clockwork simulate: {e}", file=sys.stderr)
         return 2
+    from controller import unused_line
+
+    table = dict(sc.scheduler)
+    line = unused_line(str(table.pop("policy", "clockwork")), table)
+    if line:
+        print(f"clockwork simulate: {line}", file=sys.stderr)
     try:
         res = sim.run()
     except RuntimeError as e:  # requests still unanswered when drain_s ran out
