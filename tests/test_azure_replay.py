@@ -239,6 +239,8 @@ def test_build_from_spec(trace_file, tmp_path, monkeypatch):
     ({"trace": "T", "start_minute": 1.5}, "integer"),
     ({"trace": "T", "start_minute": 2000}, "start_minute"),
     ({"trace": "T", "mapping": "round"}, "mapping"),
+    # trace_dir is where day files are looked up: with a trace it was ignored, no word
+    ({"trace": "T", "trace_dir": "/nonexistent/dir"}, "trace_dir goes with day"),
 ])
 def test_spec_errors(trace_file, monkeypatch, tmp_path, spec, words):
     monkeypatch.setenv("AZURE_TRACE_DIR", str(tmp_path))

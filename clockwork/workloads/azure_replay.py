@@ -330,6 +330,9 @@ def build_azure(spec: dict, models: list[str]) -> AzureReplay:
         raise WorkloadError("azure workload needs exactly one of trace (a file) or day "
                             "(a number, looked up in traces/azure or $AZURE_TRACE_DIR)")
     if "trace" in spec:
+        if "trace_dir" in spec:  # (it was ignored: the file was looked up without it)
+            raise WorkloadError("trace_dir goes with day (the folder day files are looked "
+                                "up in); with trace, give the file's path itself")
         path = resolve_trace_path(spec["trace"])
     else:
         path = find_trace_file(spec["day"], spec.get("trace_dir"))
