@@ -54,8 +54,9 @@ class TfServingConfig:
     settings_name: ClassVar[str] = "tfserving"
 
     max_batch_size: int = setting(
-        0, "Requests per batch (a batch is padded to the next compiled size); 0: the "
-        "largest compiled batch size within `max_batch`.", ge=0)
+        0, "Requests per batch (a batch is padded to the next compiled size), at most "
+        "each model's largest compiled batch size within `max_batch` (a larger figure "
+        "is that size); 0: that size.", ge=0)
     batch_timeout: int = setting(
         2_000_000, "An open batch may be taken by a free GPU once its oldest request has "
         "waited this long (a full one closes at once); it grows while the GPU is busy. 0: "
