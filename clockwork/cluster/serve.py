@@ -626,6 +626,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     sc = None
     extra: list[str] = []
     scheduler = None
+    notes: list[str] = []  # what the scenario sets that the cluster will not use
     # options that mean something only with another one: refused, not ignored
     if args.set and not args.scenario:
         print("clockwork serve: --set needs a scenario (it overrides the scenario's keys: "
@@ -647,9 +648,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return 2
         kw, _ = cluster_from_scenario(sc)
         ignored = live_ignored(sc, replay=bool(getattr(args, "replay", False)))
-        if ignored:
-            print(f"clockwork serve: not applied by a live cluster: {', '.join(ignored)}",
-                  file=sys.stderr)
+        if ignored:  # (said once everything is checked, as the cluster starts)
+            notes.append(f"not applied by a live cluster: {', '.join(ignored)}")
         why = scheduler_error(kw["scheduler"])
         if why:
             print(f"clockwork serve: {why}", file=sys.stderr)
@@ -659,7 +659,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         table = dict(kw["scheduler"])
         line = unused_line(str(table.pop("policy", "clockwork")), table)
         if line:
-            print(f"clockwork serve: {line}", file=sys.stderr)
+            notes.append(line)
         workers, gpus, profiles = kw["workers"], kw["gpus"], kw["profiles"]
         pages, models = kw["pages"], kw["models"]
         if device is None and kw["device"] != "emulated":
@@ -790,6 +790,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if why:
             print(f"clockwork serve: {why}", file=sys.stderr)
             return 2
+    for note in notes:
+        print(f"clockwork serve: {note}", file=sys.stderr)
+    if ray_address is None:
         cluster = LocalCluster(workers, gpus, profiles, models, pages, args.host, port,
                                args.worker_port, **kw)
     else:  # one worker per Ray node (its GPUs), the controller here
