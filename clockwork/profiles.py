@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from clockwork.sizes import PAGE_SIZE  # (bytes of a weights-cache page; re-exported)
+
 if TYPE_CHECKING:
     from clockwork.settings import ProfileSetFile
-
-PAGE_SIZE = 16 * 1024 * 1024  # bytes, Clockwork's weights-cache page
 
 
 class ProfileError(ValueError):
@@ -130,15 +130,36 @@ def save_profile(profile: ModelProfile, path: str | Path) -> None:
     Path(path).write_bytes(orjson.dumps(profile.to_json(), option=orjson.OPT_INDENT_2) + b"\n")
 
 
+def _json_file(p: Path, text: bytes) -> object:
+    """The JSON of file ``p`` (``text``, its bytes); ProfileError for invalid JSON or an
+    object that holds a key twice (the last one was taken, with no word: a second
+    ``load_ns`` of 1 s beside the measured one)."""
+    import json
+
+    try:
+        data = orjson.loads(text)
+    except orjson.JSONDecodeError as e:
+        raise ProfileError(f"{p}: not valid JSON ({e})") from e
+
+    def unique(pairs):
+        seen = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise ProfileError(f"{p}: key {k!r} is given twice in one object")
+            seen.add(k)
+        return None
+
+    json.loads(text, object_pairs_hook=unique)  # (the files are small: a second read)
+    return data
+
+
 def load_profile(path: str | Path) -> ModelProfile:
     p = Path(path)
     try:
-        data = orjson.loads(p.read_bytes())
+        text = p.read_bytes()
     except FileNotFoundError:
         raise ProfileError(f"no profile file {p}") from None
-    except orjson.JSONDecodeError as e:
-        raise ProfileError(f"{p}: not valid JSON ({e})") from e
-    return ModelProfile.from_json(data, str(p))
+    return ModelProfile.from_json(_json_file(p, text), str(p))
 
 
 def profile_roots() -> list[Path]:
@@ -308,9 +329,7 @@ def _load_set_file(path: Path) -> ProfileSetFile:
     from clockwork.settings import ProfileSetFile, validate
 
     try:
-        data = orjson.loads(path.read_bytes())
+        data = _json_file(path, path.read_bytes())
     except FileNotFoundError:
         data = {}
-    except orjson.JSONDecodeError as e:
-        raise ProfileError(f"{path}: not valid JSON ({e})") from e
     return validate(ProfileSetFile, data, where=str(path), error=ProfileError)

@@ -61,6 +61,7 @@ from clockwork.sizes import (
     MAX_PAGES,
     MAX_SEED,
     MAX_WORKERS,
+    PAGE_SIZE,
 )
 from clockwork.time import MAX_SLO_FACTOR, MAX_SLO_MS, MAX_TIME_S, NS_PER_S
 
@@ -923,7 +924,8 @@ def _time_too_long(v: Any, path: tuple, key: str = "") -> str | None:
 
 
 def _batch_key(k: Any) -> Any:
-    if isinstance(k, str) and k.isdigit() and k.isascii():
+    # (a batch size as written: "01" is not 1, as two keys "1" and "01" were one)
+    if isinstance(k, str) and k.isdigit() and k.isascii() and str(int(k)) == k:
         return int(k)
     return k
 
@@ -1007,3 +1009,14 @@ class ProfileFile(Settings):
     source: dict[str, str] = setting(
         default_factory=dict, description="Per figure, how it was obtained (measured: how, "
         "where; or modelled: the formula).")
+
+    @model_validator(mode="after")
+    def _pages_hold_the_weights(self) -> ProfileFile:
+        """``weights_pages``, when given, at least what ``weights_bytes`` fills (a 46.7 MB
+        model said to take 1 page ran in a cache 2 pages too small)."""
+        least = -(-self.weights_bytes // PAGE_SIZE)
+        if self.weights_pages and self.weights_pages < least:
+            raise ValueError(f"weights_pages is {self.weights_pages}, fewer than the "
+                             f"{least} pages of 16 MiB that weights_bytes "
+                             f"({self.weights_bytes:,}) takes (0 computes them)")
+        return self

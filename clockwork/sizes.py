@@ -8,6 +8,8 @@ message between the controller and a worker.
 
 Standard library only; nothing else of the project is imported here."""
 
+PAGE_SIZE = 16 * 1024 * 1024  # bytes: a weights-cache page, Clockwork's
+
 MAX_WORKERS = 10_000
 MAX_GPUS_PER_WORKER = 64
 MAX_PAGES = 2**31 - 1  # weights-cache pages per GPU (a worker reports them in an int32)

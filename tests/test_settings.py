@@ -478,12 +478,46 @@ GOOD_PROFILE = {"model": "m", "device": "test", "weights_bytes": 100, "load_ns":
      "outputs.0.dtype: 'complex64' is not an element type a model may have; one of bool, "),
     ({"inputs": [{"name": "d", "shape": [3], "dtype": "bogus"}]},
      "inputs.0.dtype: 'bogus' is not an element type a model may have; one of bool, "),
+    # a batch size as written ("01" and "1" were one key: the later figure taken), and
+    # pages that cannot hold the weights (a 46.7 MB model in 1 page ran in a cache 2
+    # pages too small)
+    ({"exec_ns": {"1": 10, "01": 50}}, "exec_ns: key '01' must be a batch size (an "
+     "integer >= 1)"),
+    ({"weights_bytes": 46_758_048, "weights_pages": 1}, "profile: weights_pages is 1, fewer "
+     "than the 3 pages of 16 MiB that weights_bytes (46,758,048) takes (0 computes them)"),
 ])
 def test_bad_profiles_give_one_line(change, msg, tmp_path):
     f = tmp_path / "m.json"
     f.write_bytes(orjson.dumps({**GOOD_PROFILE, **change}))
     got = raises(ProfileError, load_profile, f)
     assert got == f"{f}: {msg}" or msg.endswith(" ") and got.startswith(f"{f}: {msg}"), got
+
+
+def test_a_key_given_twice_in_a_profile_or_set_file_is_refused(tmp_path):
+    """JSON whose object holds a key twice (orjson, as most readers, took the last one
+    with no word: a second load_ns of 1 s beside the measured one was used)."""
+    from clockwork.profiles import _load_set_file
+
+    f = tmp_path / "m.json"
+    f.write_text(orjson.dumps(GOOD_PROFILE).decode()[:-1] + ', "load_ns": 999999999}')
+    assert raises(ProfileError, load_profile, f) == \
+        f"{f}: key 'load_ns' is given twice in one object"
+    nested = tmp_path / "n.json"
+    nested.write_text(orjson.dumps(GOOD_PROFILE).decode().replace(
+        '"4":20', '"4":20,"4":25'))
+    assert raises(ProfileError, load_profile, nested) == \
+        f"{nested}: key '4' is given twice in one object"
+    s = tmp_path / "set.json"
+    s.write_text('{"weights_cache_pages": 10, "weights_cache_pages": 20}')
+    assert raises(ProfileError, _load_set_file, s) == \
+        f"{s}: key 'weights_cache_pages' is given twice in one object"
+    assert load_profile(_good(tmp_path)).load_ns == 5
+
+
+def _good(tmp_path):
+    f = tmp_path / "good.json"
+    f.write_bytes(orjson.dumps(GOOD_PROFILE))
+    return f
 
 
 def test_a_profiles_element_types_are_read_by_their_numpy_names(tmp_path):
