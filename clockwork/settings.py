@@ -312,7 +312,12 @@ def error_line(exc: ValidationError, model: type[BaseModel], prefix: Sequence[An
     errors = exc.errors(include_url=False)
     if not errors:
         return str(exc).splitlines()[0]
-    err = errors[0]
+    # an unknown key first: a misspelt key is what makes the others wrong, and its line
+    # has the hint ([[models]] nmae = ...: "models.0.name: required setting missing", and
+    # [[model]]: "models: must be at least one [[models]] table", lost "did you mean")
+    err = next((e for e in errors if e.get("type") in ("extra_forbidden",
+                                                        "unexpected_keyword_argument")),
+               errors[0])
     loc = tuple(err.get("loc", ()))
     typ = err.get("type", "")
     value = err.get("input")
@@ -336,7 +341,13 @@ def error_line(exc: ValidationError, model: type[BaseModel], prefix: Sequence[An
     else:
         want = ""
     if typ == "missing":
-        return f"{key}: required setting missing (must be {want or 'given'})"
+        # a table that takes other keys too (a workload's): a key given that is close to
+        # the missing one is named ([[workloads]] knid = ...)
+        close = difflib.get_close_matches(str(loc[-1]) if loc else "", [
+            k for k in value if isinstance(k, str)] if isinstance(value, Mapping) else [],
+            n=1, cutoff=0.6)
+        hint = f"; {close[0]!r} is given: misspelt?" if close else ""
+        return f"{key}: required setting missing (must be {want or 'given'}{hint})"
     if typ in ("value_error", "assertion_error"):
         text = msg.split(", ", 1)[1] if msg.startswith(("Value error, ", "Assertion failed, ")) \
             else msg

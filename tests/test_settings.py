@@ -149,6 +149,23 @@ def test_bad_scenario_values_give_one_line(override, msg):
                    else f"{SCENARIO}: {msg}")
 
 
+@pytest.mark.parametrize("text, msg", [
+    # a misspelt key is said with its hint, not the required key it left missing
+    ('[[models]]\nnmae = "resnet50_v2"\n[[workloads]]\nkind = "poisson"\nrate_rps = 1\n',
+     "unknown setting 'models.0.nmae' (did you mean 'models.0.name'?)"),
+    ('[[model]]\nname = "resnet50_v2"\n[[workloads]]\nkind = "poisson"\nrate_rps = 1\n',
+     "unknown top-level setting 'model' (did you mean 'models'?)"),
+    # a workload entry takes other keys: the one close to the missing kind is named
+    ('[[models]]\nname = "resnet50_v2"\n[[workloads]]\nknid = "poisson"\nrate_rps = 1\n',
+     "workloads.0.kind: required setting missing (must be a non-empty string; 'knid' is "
+     "given: misspelt?)"),
+])
+def test_a_misspelt_key_is_named_with_its_hint(text, msg, tmp_path):
+    f = tmp_path / "s.toml"
+    f.write_text(text)
+    assert raises(ScenarioError, load_scenario, str(f)) == f"{f}: {msg}"
+
+
 def test_the_largest_sizes_still_load():
     sc = load_scenario(SCENARIO, ["cluster.workers=1024", "cluster.gpus_per_worker=64",
                                   "models.0.copies=100000"])
