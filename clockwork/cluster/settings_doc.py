@@ -138,7 +138,8 @@ def render() -> str:
         "`[[workloads]]`", "One entry per arrival process; at least one. The keys below mean "
         "the same in every kind that takes them and are type-checked when the scenario is "
         "read; their ranges, and every other key (`burst_rps`, `on_s`, `trace`, ...), depend "
-        "on the kind and are checked when the workload is built (`clockwork/workloads/`). "
+        "on the kind and are checked when the workload is built: every kind's keys, "
+        "defaults and allowed values are in [workloads.md](workloads.md). "
         "Every number in an entry must be finite.", markdown_table(WorkloadEntry)))
     sched = markdown_table(SchedulerTable)
     parts.append(_section(

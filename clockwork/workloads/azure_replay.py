@@ -328,7 +328,8 @@ def build_azure(spec: dict, models: list[str]) -> AzureReplay:
     """The ``azure`` scenario entry (keys: ``AZURE_KEYS``)."""
     if ("trace" in spec) == ("day" in spec):
         raise WorkloadError("azure workload needs exactly one of trace (a file) or day "
-                            "(a number, looked up in traces/azure or $AZURE_TRACE_DIR)")
+                            "(a number, looked up in trace_dir, $AZURE_TRACE_DIR, then "
+                            "traces/azure)")
     if "trace" in spec:
         if "trace_dir" in spec:  # (it was ignored: the file was looked up without it)
             raise WorkloadError("trace_dir goes with day (the folder day files are looked "

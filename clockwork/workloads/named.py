@@ -8,9 +8,11 @@ the stepped ones (``slo_exp_1``, ``slo_exp_2``, ``azure_scalability``) live in
     Poisson arrivals at ``burst_rps`` during "on" periods and at ``rate_rps`` (default 0,
     Clockwork's idle) during "off" periods. Period lengths are exponential with means
     ``on_s`` / ``off_s`` as in Clockwork (``periods = "fixed"``: exactly those lengths).
-    ``start = "random"`` begins at a uniform point of a first on+off cycle (what
+    ``start = "random"`` begins at a random instant of the on/off process (what
     Clockwork's ``Start`` intends; its ``minstd_rand() / UINT64_MAX`` makes the point ~0,
-    i.e. it always starts "on": ``start = "on"``). One on/off process for all instances,
+    i.e. it always starts "on": ``start = "on"``): with exponential periods, "on" with
+    probability ``on_s / (on_s + off_s)`` for a fresh period; with fixed ones, at a
+    uniform point of a first on+off cycle. One on/off process for all instances,
     arrivals spread evenly; ``independent = true`` gives each instance its own process
     (Clockwork creates one workload per model), at ``1 / n`` of the rates.
 ``bursty_closed_loop`` (``BurstyPoissonClosedLoop``)
@@ -18,8 +20,8 @@ the stepped ones (``slo_exp_1``, ``slo_exp_2``, ``azure_scalability``) live in
     (each answer sends the next); when the period ends answers are not replaced, and once
     the last one is back the instance stays idle for an "off" period, then the next burst
     sends ``concurrency`` at once. (Clockwork draws that idle time from its burst
-    distribution; we use ``off_s``.) A failure is retried after ``retry_ms``, as in
-    ``closed_loop``.
+    distribution; we use ``off_s``.) Each answer's next request waits ``think_ms``; a
+    failure is retried after ``retry_ms``, as in ``closed_loop``.
 ``bursty_experiment`` (paper Fig. 6, ``example.h: bursty_experiment2``)
     A "minor" instance at ``minor_rps`` (200) for the whole run; from ``major_start_s``
     (900: the paper's and artifact's 15 minutes; Clockwork's source leads in 300 s) a
@@ -488,5 +490,6 @@ NAMED_KEYS: dict[str, set[str]] = {
                   "background_delay_s", "retry_ms"} | _STEPPED,
     "bursty_experiment": _COMMON | {"minor", "major", "minor_rps", "major_rps", "major_start_s",
                                     "activate_every_s"},
-    "azure_scalability": (AZURE_KEYS - {"load_factor"}) | _RAMP_KEYS,
+    # (no load_factor: stepped; no cv: it goes with gamma arrivals, which cannot be)
+    "azure_scalability": (AZURE_KEYS - {"load_factor", "cv"}) | _RAMP_KEYS,
 }
