@@ -224,6 +224,11 @@ def set_value(data: dict, key: str, value: Any) -> None:
                 raise ScenarioError(f"--set {key}: no list item {p!r} at {where}"
                                     f"{_items(node)}") from None
         elif isinstance(node, dict):
+            if p not in node and parts[i + 1].isdigit():  # (an item of a list not there:
+                # a table {"0": ...} was made, refused later as "must be a list")
+                raise ScenarioError(f"--set {key}: {where} is not in the scenario, so it "
+                                    f"has no item {parts[i + 1]}: give the whole list "
+                                    f"(--set '{where}=[...]')")
             node = node.setdefault(p, {})
         else:  # (node is the value at parts[:i], not at parts[:i + 1])
             raise ScenarioError(f"--set {key}: {'.'.join(parts[:i])} is not a table")

@@ -166,6 +166,20 @@ def test_a_misspelt_key_is_named_with_its_hint(text, msg, tmp_path):
     assert raises(ScenarioError, load_scenario, str(f)) == f"{f}: {msg}"
 
 
+def test_set_into_a_list_the_scenario_does_not_have_says_so():
+    """``--set faults.kill.0.worker=0`` where the scenario has no faults.kill: said as
+    such (a table {"0": ...} was made, then refused as "must be a list", blamed on the
+    file)."""
+    for key in ("faults.kill.0.worker", "cluster.clock_offsets_ms.0"):
+        where = key.rsplit(".", 2)[0] if key.endswith("worker") else key.rsplit(".", 1)[0]
+        got = raises(ScenarioError, load_scenario, SCENARIO, [f"{key}=0"])
+        assert got == (f"--set {key}: {where} is not in the scenario, so it has no item 0: "
+                       f"give the whole list (--set '{where}=[...]')"), got
+    sc = load_scenario(SCENARIO, ["cluster.clock_offsets_ms=[0, 1]",
+                                  "cluster.clock_offsets_ms.1=5"])  # (there: set)
+    assert sc.cluster["clock_offsets_ms"] == [0, 5]
+
+
 def test_the_largest_sizes_still_load():
     sc = load_scenario(SCENARIO, ["cluster.workers=1024", "cluster.gpus_per_worker=64",
                                   "models.0.copies=100000"])
