@@ -197,6 +197,12 @@ BAD = [
     ('scenarios = ["poisson_warm"]\noverrides = ["cluster.workers=2", "cluster={workers=1}"]',
      "(cluster is a table holding cluster.workers)"),
     ('scenarios = ["poisson_warm"', "TOML"),
+    # the [scheduler] table as the policy reads it, before anything runs (a misspelt key
+    # passed --list, then every point failed)
+    ('scenarios = ["poisson_warm"]\n[grid]\n"scheduler.max_batc" = [1, 2]',
+     "unknown scheduler setting 'max_batc' (did you mean 'max_batch'?)"),
+    ('scenarios = ["poisson_warm"]\n[grid]\n"scheduler.policy" = ["clockwork", "clipr"]',
+     "unknown scheduler policy 'clipr'"),
 ]
 
 

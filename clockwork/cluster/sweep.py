@@ -194,6 +194,16 @@ def _key_parts(key: str) -> tuple:
     return tuple(int(p) if p.isascii() and p.isdigit() else p for p in key.strip().split("."))
 
 
+def _check_scheduler(table) -> None:
+    """A point's ``[scheduler]`` table as the policy will check it (an unknown policy,
+    key or value: ``SettingsError``), before anything runs: a misspelt key in the grid
+    passed ``--list`` and then failed every point."""
+    from controller import split_settings
+
+    rest = dict(table)
+    split_settings(str(rest.pop("policy", "clockwork")), rest)
+
+
 def _check_overlaps(grid_keys: list[str], fixed_keys: list[str], bad) -> None:
     """A grid key or override that names the same setting as another grid key or
     override, or a table holding it (``cluster`` and ``cluster.workers``), is refused:
@@ -293,8 +303,9 @@ def load_sweep(path: str | Path) -> Sweep:
             sets = [*spec.overrides, *(f"{k}={toml_value(v)}" for k, v in zip(keys, combo,
                                                                              strict=True))]
             try:
-                load_scenario(scen, sets)
-            except ScenarioError as e:
+                sc = load_scenario(scen, sets)
+                _check_scheduler(sc.scheduler)  # (the table is checked by the policy)
+            except (ScenarioError, ValueError) as e:
                 what = " ".join(f"{k}={label_value(v)}" for k, v in zip(keys, combo,
                                                                        strict=True))
                 raise bad(f"scenario {entry}" + (f" with {what}" if what else "")
