@@ -61,11 +61,12 @@ from clockwork.protocol import keepalive
 from clockwork.protocol.pacing import Pacer
 from clockwork.protocol.security import AUTHORIZATION, channel_credentials, client_token
 from clockwork.protocol.wire import add_tensors, msg_to_array
-from clockwork.tensors import Tensor
 
 # the largest gRPC message either way: the channel's limits, and what the controller
 # accepts by default (its grpc_max_receive_bytes; a stream message counts whole)
-MAX_MESSAGE_BYTES = 64 << 20
+from clockwork.sizes import MAX_MESSAGE_BYTES  # (re-exported)
+from clockwork.tensors import Tensor
+
 # a stream message carries requests up to this many bytes (one larger goes alone): well
 # under MAX_MESSAGE_BYTES, so the requests of one event-loop turn never add up to a
 # message gRPC refuses (which ended the whole stream)

@@ -67,6 +67,10 @@ MAX_STEPS = 1_000_000
 # independent instances takes ~6 * 10^6.
 MAX_PERIODS = 100_000_000
 
+# the largest gRPC message (and fast-link frame) between a cluster's processes and from
+# its clients, by default: a request of ~64 MiB of tensors
+MAX_MESSAGE_BYTES = 64 << 20
+
 # Actions in one message from the controller to a worker. A worker handles a message's
 # actions in one go, its event loop busy meanwhile (~4-7 us an action: 1,024 take ~4-7 ms;
 # 100,000 took ~0.4-1 s, past the controller's 50 ms liveness probe timeout); it refuses a

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 from pydantic.dataclasses import dataclass
 
 from clockwork.settings import CONFIG, from_table, setting
+from clockwork.sizes import MAX_MESSAGE_BYTES
 
 MiB = 1 << 20
 S = 1_000_000_000  # ns per second
@@ -66,7 +67,7 @@ class Limits:
         "come (each request is still answered once inside, counted "
         "`replies_discarded`).", ge=1024)
     grpc_max_receive_bytes: int = setting(
-        64 * MiB, "Largest gRPC message the controller accepts from a client (a stream "
+        MAX_MESSAGE_BYTES, "Largest gRPC message the controller accepts from a client (a stream "
         "message of many requests counts whole); at least 4 MiB, the messages the Python "
         "client's stream packs requests into (less ended such a stream whole).", ge=4 * MiB)
     grpc_max_streams_per_connection: int = setting(

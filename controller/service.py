@@ -95,6 +95,7 @@ from clockwork.sizes import (
     MAX_ACTIONS_PER_MESSAGE,
     MAX_GPUS_PER_WORKER,
     MAX_INSTANCES,
+    MAX_MESSAGE_BYTES,
     status_details,
 )
 from clockwork.tensors import (
@@ -148,15 +149,15 @@ REFUSED_LOG_S = 10.0  # a worker refused at each reconnection attempt: a line th
 RECONNECT_MAX_S = 4.0
 SHORT_SESSION_S = 2 * RECONNECT_MAX_S  # (longer than the other side's longest backoff)
 LINK_LOG_S = 5.0  # a worker lost again for the same cause: a line at most this often
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
-                   ("grpc.max_send_message_length", 64 << 20)]
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
 # to a worker: retry a refused connection quickly (a restarted worker is back in ~0.3 s)
 WORKER_CHANNEL_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 100),
                           ("grpc.min_reconnect_backoff_ms", 100),
                           ("grpc.max_reconnect_backoff_ms", 500), *keepalive.CHANNEL]
 SERVER_OPTIONS = [*CHANNEL_OPTIONS, *LISTEN_OPTIONS, *keepalive.CLIENT_SERVER]
 # the model repository
-MAX_COPIES = 1024  # instances one load may make
+MAX_LOAD_COPIES = 1024  # instances one LoadModel call may make (a scenario or --models: sizes.MAX_COPIES)
 MAX_SERVED = MAX_INSTANCES  # instances served at once (--models, then loads)
 # an InstanceUpdate's answer is waited for while its worker is heard from (its echoes
 # every ECHO_S at least): the worker reads a new package on a thread, and answers once it
@@ -1732,8 +1733,8 @@ class ControllerNode:
         # (a model loaded with more copies at start may be loaded again as it is: a reload)
         as_loaded = have is not None and copies == have.copies
         if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1 \
-                or (copies > MAX_COPIES and not as_loaded):
-            raise RepositoryError(bad, f"copies must be an integer from 1 to {MAX_COPIES}, "
+                or (copies > MAX_LOAD_COPIES and not as_loaded):
+            raise RepositoryError(bad, f"copies must be an integer from 1 to {MAX_LOAD_COPIES}, "
                                   f"got {copies!r}")
         base = _group_name(name)
         if base != name and copies != 1:

@@ -86,7 +86,7 @@ from clockwork.protocol.wire import (
     msg_to_action,
     msgs_to_tensors,
 )
-from clockwork.sizes import MAX_ACTIONS_PER_MESSAGE
+from clockwork.sizes import MAX_ACTIONS_PER_MESSAGE, MAX_MESSAGE_BYTES
 from clockwork.tensors import Tensor
 from worker.devices.emulated import EmulatedDevice
 from worker.executor import GpuExecutor, held_weights, keep_weights
@@ -1223,8 +1223,8 @@ async def serve_worker(host: str, port: int, node: WorkerNode, ready=None,
     # with a secret, a call without a proof is refused before its request is read
     guard = (None if node.cluster_auth is None
              else [ClusterProofInterceptor(node.cluster_auth, servicer._refused)])
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
-                                      ("grpc.max_send_message_length", 64 << 20),
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                                      ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                                       *LISTEN_OPTIONS, *keepalive.WORKER_SERVER],
                              interceptors=guard)
     pbg.add_WorkerServicer_to_server(servicer, server)

@@ -33,7 +33,9 @@ import asyncio
 import secrets
 import struct
 
-MAX_FRAME = 64 << 20  # bytes in one message, as the gRPC link's limit
+from clockwork.sizes import MAX_MESSAGE_BYTES
+
+MAX_FRAME = MAX_MESSAGE_BYTES  # bytes in one message, as the gRPC link's limit
 TICKET_BYTES = 32
 CONNECT_TIMEOUT_S = 2.0
 _HIGH_WATER = 1 << 20  # buffered bytes above which a write waits for the socket
