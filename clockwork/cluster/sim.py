@@ -370,10 +370,13 @@ class Simulation:
                 w = self.w
                 est = estimates[w]
                 if est:  # to the controller's clock, with its estimate of the offset
-                    for r in results:
-                        r.received -= est
-                        r.begin -= est
-                        r.end -= est
+                    for r in results:  # (0: a time the worker did not set, left so, as
+                        if r.received:  # clockwork.protocol.wire.msg_to_result leaves it)
+                            r.received -= est
+                        if r.begin:
+                            r.begin -= est
+                        if r.end:
+                            r.end -= est
                 seq += 1
                 # arrival(w, now, last_out), inlined
                 t = now + (delay() if fixed is None else fixed) + slow[w]
