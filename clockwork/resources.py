@@ -48,10 +48,6 @@ def profiles_root() -> Path:
     return data_root() / "profiles"
 
 
-def traces_root() -> Path:
-    return data_root() / "traces"
-
-
 def checkout_root() -> Path | None:
     """The source checkout this package is imported from, or None for an installed copy."""
     here = Path(__file__).resolve().parent.parent

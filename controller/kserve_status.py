@@ -78,14 +78,6 @@ class KServeError(Exception):
         self.kind = kind
         self.message = message
 
-    @property
-    def grpc_code(self) -> grpc.StatusCode:
-        return GRPC_CODE[self.kind]
-
-    @property
-    def http_status(self) -> int:
-        return HTTP_CODE[self.kind]
-
 
 def worker_kind(code: ErrorCode) -> str:
     """The kind of an ``ERROR`` answer caused by a worker's rejection ``code``."""

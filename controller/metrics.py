@@ -275,8 +275,6 @@ class ControllerMetrics:
     """The controller's metrics; ``node`` is a ``ControllerNode`` (read at scrape time:
     ``policy``, ``pending``, ``links``, ``gpu_index``, ``profiles``, ``cfg``)."""
 
-    CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
     def __init__(self, node) -> None:
         self.node = node
         self.start_ns = time.monotonic_ns()

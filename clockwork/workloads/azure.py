@@ -38,7 +38,6 @@ MINUTES = 1440
 ID_COLUMNS = ("HashOwner", "HashApp", "HashFunction", "Trigger")
 HEADER = ",".join(ID_COLUMNS + tuple(str(m) for m in range(1, MINUTES + 1)))
 NCOLS = len(ID_COLUMNS) + MINUTES
-TRIGGERS = ("http", "timer", "event", "queue", "storage", "orchestration", "others")
 NAME_FORMS = ("invocations_per_function_md.anon.d{day:02d}.csv",
               "invocations_per_function_md.svls.anon.d{day:02d}.csv")
 _BLOCK_BYTES = 8 << 20

@@ -137,13 +137,6 @@ class AzureReplay(Workload):
         """Offered rate over the window: invocations x load_factor per second of run."""
         return self.total_invocations * self.load_factor / (self.minutes * self.interval / 1e9)
 
-    def instance_rates(self) -> dict[str, float]:
-        """Mean offered r/s per instance over the window."""
-        per = np.bincount(self.instance_of, weights=self.counts.sum(axis=1, dtype=np.float64),
-                          minlength=len(self.models))
-        scale = self.load_factor / (self.minutes * self.interval / 1e9)
-        return {m: float(v) * scale for m, v in zip(self.models, per, strict=True)}
-
     # ---------------------------------------------------------------- driving
 
     def bind(self, start, end, rng, exec1) -> None:
@@ -350,7 +343,3 @@ def build_azure(spec: dict, models: list[str]) -> AzureReplay:
         arrivals=p.string("arrivals", "poisson"), cv=p.opt_num("cv"), slo=p.slo(),
         top=p.integer("top", 0) if "top" in spec else None)
 
-
-def expected_minute_counts(w: AzureReplay) -> np.ndarray:
-    """Expected arrivals per trace minute of the window (trace counts x load_factor)."""
-    return w.counts.sum(axis=0, dtype=np.float64) * w.load_factor

@@ -110,10 +110,6 @@ def model_name(text: str) -> str:
     return text
 
 
-def any_int(text: str) -> int:
-    return _int(text)
-
-
 def port(text: str) -> int:
     """A TCP port to listen on: 1-65535, or 0 to let the system pick one."""
     v = _int(text)
@@ -129,10 +125,6 @@ def optional_port(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"must be a port 0-65535 (0: pick one, -1: off), got {text!r}")
     return v
-
-
-def finite_float(text: str) -> float:
-    return _float(text)
 
 
 def nonneg_float(text: str) -> float:
