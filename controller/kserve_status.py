@@ -42,6 +42,7 @@ import grpc
 
 from clockwork.actions import ErrorCode, RequestStatus
 from controller.inflight import failed_code
+from controller.policy import NO_GPU_FITS, QUEUE_FULL
 
 NOT_FOUND, INVALID, DEADLINE, UNAVAILABLE, INTERNAL = (
     "NOT_FOUND", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "UNAVAILABLE", "INTERNAL")
@@ -60,7 +61,7 @@ INTERNAL_MESSAGE = "internal error"
 UNAVAILABLE_REASONS = frozenset({"overloaded", "shutdown", "no_worker"})
 # ERROR messages of policies that mean the same (controller/baselines): a full batching
 # queue is load shedding; a model too large for every GPU cannot be served here
-UNAVAILABLE_MESSAGES = frozenset({"batching queue is full", "model does not fit on any GPU"})
+UNAVAILABLE_MESSAGES = frozenset({QUEUE_FULL, NO_GPU_FITS})
 # worker errors that mean the request's copy was gone (a lost or reset worker, evicted
 # weights): the infrastructure, not the request, and not retried in time
 # (also a model whose LOADs were refused again and again: the GPUs' caches full, or a

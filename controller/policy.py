@@ -26,6 +26,10 @@ from clockwork.requests import Reply, Request
 # (``Policy.remove_model``) while it waited, or arrived after (front ends tag such
 # answers ``unknown_model``: the model is no longer served).
 MODEL_UNLOADED = "model unloaded"
+# messages of ERROR answers a policy gives for "not here, not now" (front ends answer them
+# as unavailable, 503): a model too large for every GPU; a baseline's full batching queue
+NO_GPU_FITS = "model does not fit on any GPU"
+QUEUE_FULL = "batching queue is full"
 
 
 @dataclass(frozen=True)

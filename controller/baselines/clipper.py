@@ -48,6 +48,7 @@ from clockwork.actions import Action, RequestStatus, Result
 from clockwork.requests import QUEUED, Request
 from clockwork.settings import CONFIG, setting
 from controller.baselines.common import BaselinePolicy, Copy, Gpu, parse_settings
+from controller.policy import NO_GPU_FITS
 
 SETTINGS = ("batch_wait_ms", "aimd_step", "aimd_backoff", "initial_batch", "drop_expired",
             "replicas")
@@ -132,7 +133,7 @@ class ClipperPolicy(BaselinePolicy):
     def _admit(self, r: Request, now: int, out: list[Action]) -> None:
         m = self.models[r.model]
         if self.profiles[r.model].weights_pages > max(g.total_pages for g in self.gpus):
-            self._answer(r, RequestStatus.ERROR, now, "model does not fit on any GPU")
+            self._answer(r, RequestStatus.ERROR, now, NO_GPU_FITS)
             return
         self._enqueue(m, r)
         if len(m.containers) < self.ccfg.replicas:

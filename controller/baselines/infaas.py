@@ -55,6 +55,7 @@ from clockwork.actions import Action, RequestStatus
 from clockwork.requests import QUEUED, Request
 from clockwork.settings import CONFIG, setting
 from controller.baselines.common import BaselinePolicy, Copy, Gpu, parse_settings
+from controller.policy import NO_GPU_FITS
 
 
 @dataclass(frozen=True, slots=True, config=CONFIG)
@@ -255,7 +256,7 @@ class InfaasPolicy(BaselinePolicy):
 
     def _admit(self, r: Request, now: int, out: list[Action]) -> None:
         if self.profiles[r.model].weights_pages > max(g.total_pages for g in self.gpus):
-            self._answer(r, RequestStatus.ERROR, now, "model does not fit on any GPU")
+            self._answer(r, RequestStatus.ERROR, now, NO_GPU_FITS)
             return
         m = self.models[r.model]
         m.arrivals += 1

@@ -45,6 +45,7 @@ from clockwork.actions import Action, RequestStatus
 from clockwork.requests import QUEUED, Request
 from clockwork.settings import CONFIG, setting
 from controller.baselines.common import BaselinePolicy, Copy, Gpu, parse_settings
+from controller.policy import NO_GPU_FITS, QUEUE_FULL
 
 
 @dataclass(frozen=True, slots=True, config=CONFIG)
@@ -125,12 +126,12 @@ class TfServingPolicy(BaselinePolicy):
     def _admit(self, r: Request, now: int, out: list[Action]) -> None:
         q = self.queues[r.model]
         if self.profiles[r.model].weights_pages > max(g.total_pages for g in self.gpus):
-            self._answer(r, RequestStatus.ERROR, now, "model does not fit on any GPU")
+            self._answer(r, RequestStatus.ERROR, now, NO_GPU_FITS)
             return
         if len(q.open) >= q.max_batch:
             self._close(q)
         if len(q.open) >= q.max_batch or (not q.open and len(q.closed) >= self.tcfg.max_enqueued_batches):
-            self._answer(r, RequestStatus.ERROR, now, "batching queue is full")
+            self._answer(r, RequestStatus.ERROR, now, QUEUE_FULL)
             return
         if not q.open:
             q.opened = now
