@@ -244,6 +244,16 @@ def set_value(data: dict, key: str, value: Any) -> None:
         raise ScenarioError(f"--set {key}: {'.'.join(parts[:-1])} is not a table")
 
 
+def fault_time_error(kind: str, i: int, fault: dict, duration_s: float) -> str | None:
+    """The message for a kill, hang or slow_network fault that starts at or after the end
+    of the run (it would never happen: the run has ended), as for a controller restart;
+    None when it starts before. One rule for the simulator and for live replays."""
+    if fault["at_s"] >= duration_s:
+        return (f"faults.{kind}.{i}.at_s: must be before the end (duration_s "
+                f"{duration_s:g}), got {fault['at_s']:g}")
+    return None
+
+
 def override_list(overrides, who: str = "load_scenario") -> list[str]:
     """``overrides`` of ``load_scenario`` / ``simulate``: None, one ``key=value`` string,
     or a list or tuple of them; anything else raises ``ScenarioError`` naming the

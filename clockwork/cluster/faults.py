@@ -16,15 +16,7 @@ import sys
 import threading
 import time
 
-
-def fault_time_error(kind: str, i: int, fault: dict, duration_s: float) -> str | None:
-    """The message for a kill, hang or slow_network fault that starts at or after the end
-    of the run (it would never happen: the run has ended), as for a controller restart;
-    None when it starts before. One rule for the simulator and for live replays."""
-    if fault["at_s"] >= duration_s:
-        return (f"faults.{kind}.{i}.at_s: must be before the end (duration_s "
-                f"{duration_s:g}), got {fault['at_s']:g}")
-    return None
+from clockwork.scenario import fault_time_error
 
 
 class LiveFaults:

@@ -22,13 +22,13 @@ from pathlib import Path
 import numpy as np
 
 from clockwork.actions import NEVER, RequestStatus
-from clockwork.cluster.faults import fault_time_error
 from clockwork.profiles import ProfileSet, load_profile_set
 from clockwork.requests import Reply, Request
 from clockwork.resources import scenario_folder
 from clockwork.scenario import (
     Scenario,
     ScenarioError,
+    fault_time_error,
     instance_names,
     load_scenario,
     override_list,
