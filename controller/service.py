@@ -687,6 +687,7 @@ class ControllerNode:
                                          options=WORKER_CHANNEL_OPTIONS)
         else:
             ch = grpc.aio.insecure_channel(link.address, options=WORKER_CHANNEL_OPTIONS)
+        stream = None
         try:
             try:
                 async with asyncio.timeout(ready_s):
@@ -721,7 +722,11 @@ class ControllerNode:
             # "refused fast link: no valid ticket" at each of our attempts)
             self._check_state(link, msg.state)
             stream = await self._dial_fast(link, msg.state) if msg.state.link_port else call
+            # (on the stream the worker answers on: with a fast link, the gRPC call is idle)
+            await self._catch_up(link, stub, stream)
         except BaseException:
+            if isinstance(stream, FrameStream):
+                stream.close()
             await ch.close()
             raise
         link.channel, link.call, link.grpc_call, link.state = ch, stream, call, msg.state
@@ -730,13 +735,25 @@ class ControllerNode:
         self.count("worker_connects")
         if stream is not call:
             self.count("worker_fast_links")
-        if link.told != self.instances:  # a model loaded or unloaded while we said Hello
+
+    async def _catch_up(self, link: WorkerLink, stub: pbg.WorkerStub, call) -> None:
+        """Tell a worker being connected the models loaded or unloaded while it answered
+        our Hello, and refuse it (``CannotServe``) if it cannot serve one, as at Hello:
+        the news went as an update whose answer was taken for a reset's (its ``missing``
+        unread), so a worker without a model loaded meanwhile was let in, and its
+        requests failed ``UNKNOWN_MODEL``. Until the list holds still."""
+        while link.told != self.instances:
             gone = [i for i in link.told if i not in self.instances]
             new = [pb.Instance(name=i, profile=p, package=self.packages.get(i, ""))
                    for i, p in self.instances.items() if link.told.get(i) != p]
-            link.updates.append((0, pb.InstanceUpdate(add=new, remove=gone)))
             link.told = dict(self.instances)
-            link.wake.set()
+            self._update_seq += 1
+            await call.write(pb.ControllerMessage(update=pb.InstanceUpdate(
+                seq=self._update_seq, add=new, remove=gone)))
+            msg = await self._hello_answer(link, stub, call)
+            if msg is grpc.aio.EOF or msg is None or msg.WhichOneof("kind") != "state":
+                raise ConnectionError(f"worker {link.address} did not answer an update")
+            self._check_state(link, msg.state)
 
     @staticmethod
     def _check_state(link: WorkerLink, state: pb.WorkerState) -> None:
@@ -1182,6 +1199,15 @@ class ControllerNode:
                     self.ctrl.heard_from(link.index, t)
                 elif kind == "state":
                     if msg.state.update_seq == 0:  # the answer to a reset's Hello
+                        if msg.state.missing:  # (a model loaded while it was suspect)
+                            # refused as at a connection's Hello: it reconnects, and
+                            # stays out while it cannot serve them (it was let back in,
+                            # and its requests failed UNKNOWN_MODEL)
+                            try:
+                                self._check_state(link, msg.state)
+                            except CannotServe as e:
+                                link.error = str(e)
+                                break
                         self.ctrl.reset_done(link.index, now_ns(), self._kept(msg.state))
                         continue
                     f = link.acks.pop(msg.state.update_seq, None)

@@ -1828,6 +1828,64 @@ def test_a_worker_back_without_a_model_loaded_while_it_was_away_says_why(
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
+def test_a_worker_joining_while_a_model_is_loaded_is_checked_for_it_too(tmp_path):
+    """A model loaded while a joining worker answers our Hello: the worker is told of it
+    before it is let in, and refused if it cannot serve it, as at Hello (it was told in
+    an update whose answer was taken for a reset's, its "cannot serve" unread: let in,
+    and the model's requests placed there failed UNKNOWN_MODEL). The load itself goes
+    on, on the workers that can serve it."""
+    import asyncio
+    import shutil
+
+    import controller.service as service
+    from clockwork.profiles import load_profile_set
+    from controller.service import ControllerNode, RepositoryError
+    from worker.service import WorkerNode, serve_worker
+
+    partial = tmp_path / "partial"
+    shutil.copytree(load_profile_set("v100-reference").path, partial)
+    (partial / "resnet18_v2.json").unlink()
+
+    async def main():
+        address, stop, served = await serve_in_process(WorkerNode(gpus=1, pages=100))
+        stop1 = asyncio.Event()  # worker 1 with its fast link
+        port1 = asyncio.get_running_loop().create_future()
+        served1 = asyncio.create_task(serve_worker(
+            "127.0.0.1", 0, WorkerNode(gpus=1, pages=100, profiles=str(partial)), stop=stop1,
+            link_port=0, ready=lambda p, _: port1.set_result(p)))
+        address1 = f"127.0.0.1:{await port1}"
+        node = ControllerNode([address], "v100-reference", models="resnet50_v2")
+        await node.start()
+        hello_answer = service.ControllerNode._hello_answer
+        loading: list[asyncio.Task] = []
+
+        async def load_meanwhile(self, link, stub, call):
+            """worker 1's Hello answered while a load of r is under way"""
+            got = await hello_answer(self, link, stub, call)
+            if link.address == address1 and not loading:
+                loading.append(asyncio.ensure_future(
+                    node.load_model("r", profile="resnet18_v2")))
+                await _until(lambda: "r" in node.instances, "the load under way")
+            return got
+
+        try:
+            service.ControllerNode._hello_answer = load_meanwhile
+            with pytest.raises(RepositoryError, match="cannot serve r"):
+                await node.add_worker(address1)
+            service.ControllerNode._hello_answer = hello_answer
+            assert await loading[0] == ["r"]  # worker 0 serves it
+            assert len(node.links) == 1 or not node.links[1].connected
+            assert (await answer(node, "r")).status == 0
+        finally:
+            service.ControllerNode._hello_answer = hello_answer
+            await node.stop()
+            for s, t in ((stop, served), (stop1, served1)):
+                s.set()
+                await t
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
 def test_a_profile_written_while_serving_can_be_loaded(tmp_path):
     """A model profiled after the cluster started (``clockwork profile`` writes its file
     into the set's folder) is in the index and loads without a restart of the controller

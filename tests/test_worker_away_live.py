@@ -145,6 +145,61 @@ def test_a_load_goes_on_with_the_healthy_worker_while_another_is_suspect():
                 os.kill(worker.pid, signal.SIGCONT)
 
 
+def test_a_suspect_worker_that_cannot_serve_a_model_loaded_meanwhile_stays_out(tmp_path):
+    """A worker found suspect while a model it has no profile for is loaded: when it
+    answers again, its re-admission's Hello says it cannot serve the model, and it stays
+    out (refused, as at a connection's Hello) instead of being let back in (it was, and
+    the model's requests placed there failed UNKNOWN_MODEL); the healthy one serves."""
+    import shutil
+
+    import clockwork
+    from clockwork.profiles import load_profile_set
+
+    partial = tmp_path / "partial"
+    shutil.copytree(load_profile_set("v100-reference").path, partial)
+    (partial / "resnet18_v2.json").unlink()
+    names = [MODEL, f"{MODEL}:1"]
+    with local_cluster(workers=2, gpus=1, models=f"{MODEL}:2",
+                       worker_args=[[], ["--profiles", str(partial)]]) as c:
+        worker = c.workers[1].proc
+        stopped = False
+        try:
+            with clockwork.Client(c.address, timeout=30) as cl:
+                gpus: set[int] = set()
+
+                def both() -> bool:
+                    """a copy on each worker (one GPU each)"""
+                    gpus.update(cl.infer(n, slo_ms=2000).gpu for n in names)
+                    return len(gpus) == 2
+                _poll(both, 20)
+                os.kill(worker.pid, signal.SIGSTOP)
+                stopped = True
+
+                def ask(name):  # INFERs on both workers: the stopped one's are probed
+                    with clockwork.Client(c.address, timeout=30) as other:
+                        with contextlib.suppress(clockwork.errors.ClockworkError):
+                            other.infer(name, slo_ms=3000)
+
+                asking = [threading.Thread(target=ask, args=(names[i % 2],))
+                          for i in range(8)]
+                for t in asking:
+                    t.start()
+                wait_output(c.controller, "is suspect (no answer to a probe)", timeout=15)
+                assert [m.name for m in cl.load_model("r", profile="resnet18_v2")] == ["r"]
+                os.kill(worker.pid, signal.SIGCONT)
+                stopped = False
+                for t in asking:
+                    t.join(30)
+                wait_output(c.controller, "cannot serve r", timeout=20)
+                _poll(lambda: cl.stats().get("worker_refusals", 0) >= 1, 20)
+                for _ in range(4):
+                    r = cl.infer("r", slo_ms=2000)
+                    assert r.status == 0 and r.gpu == 0, r
+        finally:
+            if stopped:
+                os.kill(worker.pid, signal.SIGCONT)
+
+
 def test_a_request_with_no_worker_connected_is_unavailable_at_once():
     """With its only worker gone (SIGKILL) the controller serves no request: one with a
     5 s SLO is answered at once UNAVAILABLE / 503 with Retry-After, on every front end
