@@ -1979,7 +1979,8 @@ class ControllerNode:
             # a worker answers once it has read the packages of the instances added (on a
             # thread: a cuda package's first kernel build takes minutes), answering its
             # echoes meanwhile; so it is waited for as long as it is heard from
-            while not f.done() and link.connected and not self._is_suspect(link):
+            while (not f.done() and link.connected and not self._is_suspect(link)
+                   and not self._stopping):
                 quiet = min(max(link.heard, sent) + UPDATE_TIMEOUT_S,
                             sent + UPDATE_MAX_S) - time.monotonic()
                 if quiet <= 0:
@@ -1989,6 +1990,9 @@ class ControllerNode:
                         await asyncio.shield(f)
             if not f.done():
                 link.acks.pop(seq, None)
+                if self._stopping:  # (answered now, not cancelled by the server's stop)
+                    raise RepositoryError(grpc.StatusCode.UNAVAILABLE,
+                                          "the controller is shutting down")
                 if not link.connected or self._is_suspect(link):
                     continue  # lost or suspect meanwhile: its Hello will say it
                 raise RepositoryError(grpc.StatusCode.UNAVAILABLE, (

@@ -200,6 +200,41 @@ def test_a_suspect_worker_that_cannot_serve_a_model_loaded_meanwhile_stays_out(t
                 os.kill(worker.pid, signal.SIGCONT)
 
 
+def test_a_load_waiting_for_a_worker_is_answered_when_the_controller_stops():
+    """SIGTERM while a load waits for its (stopped) worker's answer: the load is answered
+    at once, "the controller is shutting down", and the controller exits 0 (the wait
+    went on until the server's grace cancelled the call: "Cancelling all calls", at
+    times with a traceback)."""
+    import clockwork
+    from clockwork.errors import RepositoryUnavailable
+
+    with local_cluster(workers=1, gpus=1, models=MODEL) as c:
+        worker = c.workers[0].proc
+        try:
+            with clockwork.Client(c.address, timeout=30) as cl:
+                assert cl.infer(MODEL, slo_ms=2000).status == 0
+                os.kill(worker.pid, signal.SIGSTOP)
+                got: list = []
+
+                def load():
+                    try:
+                        got.append(cl.load_model("x", profile="resnet34_v2"))
+                    except Exception as e:  # noqa: BLE001 - what the client raised
+                        got.append(e)
+                t = threading.Thread(target=load)
+                t.start()
+                _poll(lambda: {m.name: m.state for m in cl.repository_index()}.get("x")
+                      == "LOADING", 10)
+                c.controller.proc.send_signal(signal.SIGTERM)
+                t.join(30)
+                assert c.controller.proc.wait(30) == 0
+            assert len(got) == 1 and isinstance(got[0], RepositoryUnavailable), got
+            assert "the controller is shutting down" in str(got[0]), got
+            assert "Traceback" not in "".join(c.controller.output)
+        finally:
+            os.kill(worker.pid, signal.SIGCONT)
+
+
 def test_a_request_with_no_worker_connected_is_unavailable_at_once():
     """With its only worker gone (SIGKILL) the controller serves no request: one with a
     5 s SLO is answered at once UNAVAILABLE / 503 with Retry-After, on every front end
