@@ -33,6 +33,7 @@ to send or a bad ``copies``; a call on a closed client raises ``RuntimeError``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import math
@@ -64,13 +65,15 @@ from clockwork.protocol.wire import add_tensors, msg_to_array
 
 # the largest gRPC message either way: the channel's limits, and what the controller
 # accepts by default (its grpc_max_receive_bytes; a stream message counts whole)
-from clockwork.sizes import MAX_MESSAGE_BYTES  # (re-exported)
+from clockwork.sizes import MAX_MESSAGE_BYTES, STREAM_LIMIT_KEY  # (the first re-exported)
 from clockwork.tensors import Tensor
 
 # a stream message carries requests up to this many bytes (one larger goes alone): well
 # under MAX_MESSAGE_BYTES, so the requests of one event-loop turn never add up to a
 # message gRPC refuses (which ended the whole stream)
 STREAM_MESSAGE_BYTES = 4 << 20
+_BATCH_BYTES = 32  # at most, a stream message's own fields around one request
+LIMIT_WAIT_S = 2.0  # the most a stream waits for the controller to say its limit
 _MAX_REQUEST_BYTES = MAX_MESSAGE_BYTES - 64  # one request (room for a stream message's fields)
 _OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -917,6 +920,7 @@ class InferStream:
         self._wake = asyncio.Event()
         self._closed = False
         self._error: Exception | None = None  # what ended the call, for later submits
+        self._limit: int | None = None  # the controller's largest message (0: not said)
         self.answered_ns: dict[int, int] | None = {} if answer_times else None
         self._call = stub.InferStream(self._requests())
         self._reader = asyncio.create_task(self._read())
@@ -957,6 +961,8 @@ class InferStream:
                 size += sizes[n]
                 n += 1
             batch, self._queue, self._sizes = self._queue[:n], self._queue[n:], sizes[n:]
+            if size > STREAM_MESSAGE_BYTES and await self._too_large(batch[0]):
+                continue  # (answered: not sent, where it would end the whole stream)
             sent = self._sent
             # (one the watchdog gave up while it waited here is answered: not sent, where
             # the controller would run it with no wait counted and its answer be dropped)
@@ -970,6 +976,36 @@ class InferStream:
                 if now > t[0]:
                     req.queued_ns = now - t[0]
             yield pb.InferRequestBatch(requests=batch, client_time_ns=now)
+
+    async def _too_large(self, req: pb.InferRequest) -> bool:
+        """Whether ``req`` (a request that goes alone) is larger than the controller takes
+        in one message (its limit, from the stream's initial metadata): then it is
+        answered here, INVALID_REQUEST (reason ``bad_input``), and not sent. Sent, gRPC
+        ended the whole stream with RESOURCE_EXHAUSTED, and every request on it failed
+        (as InvalidRequest). A controller that does not say its limit: False."""
+        if self._limit is None:
+            self._limit = 0
+            with contextlib.suppress(grpc.RpcError, TimeoutError, ValueError, TypeError):
+                async with asyncio.timeout(LIMIT_WAIT_S):
+                    md = await self._call.initial_metadata()
+                said = dict(md or ()).get(STREAM_LIMIT_KEY)
+                self._limit = int(said) if said else 0
+        limit = self._limit
+        if not limit:
+            return False
+        n = req.ByteSize() + _BATCH_BYTES
+        if n <= limit:
+            return False
+        cid = req.client_id
+        self._sent.pop(cid, None)
+        fut = self._waiting.pop(cid, None)
+        if fut is not None and not fut.done():
+            fut.set_result(pb.InferResponse(
+                status=6, reason="bad_input", client_id=cid, gpu=-1,
+                message=f"the request is {n:,} bytes, more than the controller takes in "
+                        f"one message ({limit:,}: its grpc_max_receive_bytes); send "
+                        "smaller inputs"))
+        return True
 
     async def _read(self) -> None:
         try:
@@ -988,7 +1024,12 @@ class InferStream:
                                             f"it was submitted, past its {sent[1]:g} ms SLO")
                         fut.set_result(resp)
         except grpc.RpcError as e:
-            self._fail_waiting(_unavailable(e, self._url))
+            err = _unavailable(e, self._url)
+            if isinstance(err, InvalidRequest):  # (a message too large ended the call: the
+                # requests still waiting are lost with it, not invalid)
+                err = ControllerUnavailable(f"the stream ended, a message on it larger than "
+                                            f"the controller takes: {e.details()}")
+            self._fail_waiting(err)
         except asyncio.CancelledError:  # the channel closed under it (client.close())
             self._fail_waiting(ControllerUnavailable("the client was closed with requests "
                                                      "on its stream unanswered"))

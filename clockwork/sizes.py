@@ -70,6 +70,10 @@ MAX_PERIODS = 100_000_000
 # the largest gRPC message (and fast-link frame) between a cluster's processes and from
 # its clients, by default: a request of ~64 MiB of tensors
 MAX_MESSAGE_BYTES = 64 << 20
+# the initial metadata of the controller's InferStream: the largest message it takes
+# (its grpc_max_receive_bytes), so that a client refuses a larger request itself instead
+# of sending it (gRPC would end the whole stream, every request on it failing)
+STREAM_LIMIT_KEY = "clockwork-max-receive-bytes"
 
 # Actions in one message from the controller to a worker. A worker handles a message's
 # actions in one go, its event loop busy meanwhile (~4-7 us an action: 1,024 take ~4-7 ms;

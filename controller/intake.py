@@ -35,6 +35,7 @@ from clockwork.actions import RequestStatus
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol.pacing import Pacer, doze
 from clockwork.protocol.ratelog import LogLimiter
+from clockwork.sizes import STREAM_LIMIT_KEY
 from clockwork.time import MAX_SLO_MS
 
 # one line a second of each kind, per process (a misbehaving client must not flood the log)
@@ -274,6 +275,7 @@ async def serve_stream(node, context) -> None:
     if node._stopping:  # (its closers have run: nothing would end this one)
         await context.abort(grpc.StatusCode.UNAVAILABLE, STOPPING_MESSAGE)
     lim = node.limits
+    await context.send_initial_metadata(((STREAM_LIMIT_KEY, str(lim.grpc_max_receive_bytes)),))
     gate = node.gate
     conn = context.peer()
     st = _Stream()

@@ -379,6 +379,31 @@ def test_grpc_message_over_the_receive_limit_is_refused(profiles):
         limits_from_flags(["grpc_max_receive_bytes=65536"])
 
 
+def test_a_request_over_the_receive_limit_on_a_stream_fails_alone(profiles):
+    """On a stream, a request larger than grpc_max_receive_bytes is answered
+    INVALID_REQUEST (bad_input) by the client itself, which the controller's stream says
+    the limit to, and is not sent: the requests before and after it are served (sent,
+    gRPC ended the whole stream, and all ~600 failed, as InvalidRequest)."""
+    from clockwork.client import AsyncClient
+
+    async def main(address):
+        async with AsyncClient(address, timeout=30) as cl:
+            s = cl.stream()
+            before = [s.submit("small", np.zeros(4, np.float32), slo_ms=30000)
+                      for _ in range(50)]
+            big = s.submit("small", {"x": np.zeros(3_000_000, np.float32)}, slo_ms=30000)
+            after = [s.submit("small", np.zeros(4, np.float32), slo_ms=30000)
+                     for _ in range(50)]
+            await s.close()
+            return [f.result() for f in before + after], big.result()
+
+    with _cluster(profiles, "grpc_max_receive_bytes=8388608") as c:
+        served, big = asyncio.run(main(c.address))
+    assert [r.status for r in served] == [0] * 100, [r.message for r in served if r.status]
+    assert (big.status, big.reason) == (6, "bad_input"), big
+    assert "more than the controller takes in one message (8,388,608" in big.message
+
+
 def _children_of(pid: int) -> list[int]:
     out = []
     for task in Path(f"/proc/{pid}/task").iterdir():
