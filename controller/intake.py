@@ -67,14 +67,33 @@ CLIENT_CLOCK_STEP_SPAN_NS = 2_000_000_000
 
 class Gate:
     """Requests admitted and not yet answered: in all, and per client connection (a gRPC
-    peer address, a REST connection). ``room`` says how many more may come in."""
+    peer address, a REST connection). ``room`` says how many more may come in; ``over``
+    whether their input bytes may grow by so many (``take`` and ``give`` count them)."""
 
-    __slots__ = ("node", "total", "conns")
+    __slots__ = ("node", "total", "conns", "bytes")
 
     def __init__(self, node) -> None:
         self.node = node  # reads node.limits (set after construction by the command)
         self.total = 0
         self.conns: dict[str, int] = {}
+        self.bytes = 0  # input bytes of the requests admitted and not yet answered
+
+    def over(self, nbytes: int, more: int = 0) -> str:
+        """Why requests of ``nbytes`` input bytes may not come in now, with ``more``
+        admitted already in this go ("" if they may: within global_outstanding_bytes,
+        or nothing outstanding)."""
+        held = self.bytes + more
+        limit = self.node.limits.global_outstanding_bytes
+        if not nbytes or not held or held + nbytes <= limit:
+            return ""
+        return (f"{held:,} bytes of requests outstanding in the controller (limit "
+                f"global_outstanding_bytes {limit:,})")
+
+    def take(self, nbytes: int) -> None:
+        self.bytes += nbytes
+
+    def give(self, nbytes: int) -> None:
+        self.bytes -= nbytes
 
     def room(self, conn: str) -> tuple[int, str]:
         """How many more requests ``conn`` may have admitted now, and which bound says
@@ -99,6 +118,11 @@ class Gate:
             self.conns[conn] = left
         else:
             self.conns.pop(conn, None)
+
+
+def input_bytes(req: pb.InferRequest) -> int:
+    """The bytes of a clockwork.v1 request's input tensors (0: none)."""
+    return sum(len(t.data) for t in req.inputs) if req.inputs else 0
 
 
 def overloaded(node, req, why: str) -> pb.InferResponse:
@@ -167,13 +191,17 @@ def submit_unary(node, req, deliver, conn: str, budget: int | None = None) -> No
     left of the call's deadline (``ControllerNode.submit``)."""
     gate = node.gate
     room, why = gate.room(conn)
-    if room < 1:
-        deliver(overloaded(node, req, why))
+    nbytes = input_bytes(req)
+    full = gate.over(nbytes) if room >= 1 else ""
+    if room < 1 or full:
+        deliver(overloaded(node, req, full or why))
         return
     gate.enter(conn)
+    gate.take(nbytes)
 
     def done(resp: pb.InferResponse) -> None:
         gate.leave(conn)
+        gate.give(nbytes)
         deliver(resp)
 
     submit_guarded(node, (req,), done, 0, budget)
@@ -249,7 +277,7 @@ class _Stream:
     """One ``InferStream`` call's state."""
 
     __slots__ = ("open", "done", "dead", "buffered", "out", "wake", "why", "dues", "due",
-                 "send_at", "stopping")
+                 "send_at", "stopping", "held")
 
     def __init__(self) -> None:
         self.open = 0  # requests admitted, not yet answered
@@ -266,6 +294,10 @@ class _Stream:
         self.due = 0
         self.send_at = 0
         self.stopping = False  # the controller stops: read no more, send what is answered
+        # by client id, the input bytes of its admitted requests that have inputs (given
+        # back to the gate at the first answer of that id: a client that repeats an id
+        # gets them back early, never late)
+        self.held: dict[int, int] = {}
 
 
 async def serve_stream(node, context) -> None:
@@ -311,9 +343,13 @@ async def serve_stream(node, context) -> None:
         if not st.send_at or (due and due < st.send_at):
             st.wake.set()
 
+    held = st.held
+
     def deliver(resp: pb.InferResponse) -> None:
         st.open -= 1
         gate.leave(conn)
+        if held:
+            gate.give(held.pop(resp.client_id, 0))
         reply(resp)
 
     def admit(reqs, late: int) -> None:
@@ -324,6 +360,18 @@ async def serve_stream(node, context) -> None:
             room, why = mine, (f"{lim.stream_outstanding} requests outstanding on this "
                                "stream (limit stream_outstanding)")
         n = min(k, max(0, room))
+        taken = 0  # input bytes of the first n
+        for i in range(n):
+            req = reqs[i]
+            if req.inputs:
+                b = input_bytes(req)
+                full = gate.over(b, taken)
+                if full:
+                    n, why = i, full
+                    break
+                taken += b
+                held[req.client_id] = held.get(req.client_id, 0) + b
+        gate.take(taken)
         if n:
             st.open += n
             gate.enter(conn, n)

@@ -160,12 +160,15 @@ def submit_rows(node, rows: list[TypedInferRequest], deliver, conn: str,
     gate = node.gate
     n = len(rows)
     room, why = gate.room(conn)
-    if room < n:
-        answers = [overloaded(node, r, why) for r in rows]
+    nbytes = rows_bytes(rows)
+    full = gate.over(nbytes) if room >= n else ""
+    if room < n or full:
+        answers = [overloaded(node, r, full or why) for r in rows]
         node.metrics.request_done(rows[0].group)
         deliver(answers)
         return
     gate.enter(conn, n)
+    gate.take(nbytes)
     got = _Rows(n, rows[0].group)
     for i, r in enumerate(rows):
         r.client_id = i
@@ -176,10 +179,16 @@ def submit_rows(node, rows: list[TypedInferRequest], deliver, conn: str,
             return  # (never: the controller answers each request once)
         gate.leave(conn)
         if got.put(i, resp):
+            gate.give(nbytes)
             node.metrics.request_done(got.group)
             deliver(got.resps)
 
     submit_guarded(node, rows, done, 0, budget)
+
+
+def rows_bytes(rows) -> int:
+    """The bytes of a KServe request's input tensors (its rows' together)."""
+    return sum(t.nbytes for r in rows for t in r.inputs)
 
 
 STATS_SLICE = 1024  # instances whose statistics are read in one turn of the event loop
@@ -534,6 +543,7 @@ class _Request:
     batched: bool
     requested: list[str]
     rows: _Rows
+    nbytes: int = 0  # its input bytes, held in the gate until its last row is answered
 
 
 def _final(resp) -> None:
@@ -620,6 +630,7 @@ class _ModelStream:
         req, i = item
         if not req.rows.put(i, resp):
             return
+        self.node.gate.give(req.nbytes)
         self.node.metrics.request_done(req.rows.group)
         request = req.request
         try:
@@ -669,9 +680,15 @@ class _ModelStream:
             k = len(rows)
             if k > room:
                 break
+            nbytes = rows_bytes(rows)
+            full = gate.over(nbytes)
+            if full:
+                why = full
+                break
+            gate.take(nbytes)  # (given back when its last row is answered)
             room -= k
             taken += 1
-            req = _Request(request, batched, requested, _Rows(k, rows[0].group))
+            req = _Request(request, batched, requested, _Rows(k, rows[0].group), nbytes)
             for i, row in enumerate(rows):
                 self.seq += 1
                 row.client_id = self.seq

@@ -47,6 +47,13 @@ class Limits:
     global_outstanding: int = setting(
         200_000, "The same bound over the whole controller, every front end together.",
         ge=1)
+    global_outstanding_bytes: int = setting(
+        1024 * MiB, "The input tensors' bytes of the requests admitted and not yet "
+        "answered, every front end together (the controller holds about three times this "
+        "in memory): a request that would take them past it is answered `overloaded` as "
+        "above, unless none is outstanding (one larger request alone still runs). The "
+        "request counts alone let 300 streams of ResNet-size requests take the controller "
+        "to 5.7 GB.", ge=MiB)
     admit_slice: int = setting(
         100, "A stream message with more requests than this is admitted in slices of "
         "this many: each slice arrives at its own time (the wait counts against its SLO) "

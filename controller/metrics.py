@@ -608,6 +608,7 @@ class _Collector:
             "actions": list(m.actions.items()), "sent": sorted(m.sent.items()),
             "queued": policy.queued() if policy is not None else 0,
             "outstanding": len(getattr(node, "pending", ())),
+            "outstanding_bytes": getattr(getattr(node, "gate", None), "bytes", 0),
             "connected": sum(1 for lk in links if lk.connected),
             "available": sum(1 for lk in links if lk.connected and (
                 available is None or available(lk))),
@@ -732,6 +733,10 @@ class _Collector:
                               value=st["queued"]))
         add(GaugeMetricFamily("clockwork_requests_outstanding",
                               "Requests accepted, not yet answered", value=st["outstanding"]))
+        add(GaugeMetricFamily("clockwork_requests_outstanding_bytes",
+                              "Input bytes of the requests admitted, not yet answered (the "
+                              "limit global_outstanding_bytes bounds them)",
+                              value=st["outstanding_bytes"]))
         add(GaugeMetricFamily("clockwork_workers_connected", "Workers connected now",
                               value=st["connected"]))
         add(GaugeMetricFamily("clockwork_workers_available",

@@ -404,6 +404,73 @@ def test_a_request_over_the_receive_limit_on_a_stream_fails_alone(profiles):
     assert "more than the controller takes in one message (8,388,608" in big.message
 
 
+def test_requests_input_bytes_outstanding_are_bounded(tmp_path):
+    """global_outstanding_bytes bounds the input bytes of the requests admitted and not
+    answered, on every front end (clockwork.v1 unary and stream, KServe gRPC): with
+    1 MiB, of three 600 KB requests sent at once to a slow model one runs and two are
+    answered overloaded at once (the request counts alone let 300 streams of ResNet-size
+    requests take the controller to 5.7 GB); every byte is given back (the gauge reads 0
+    after), and the next one runs."""
+    import asyncio
+    import re
+    import urllib.request
+
+    tgrpc_aio = pytest.importorskip("tritonclient.grpc.aio")
+    import tritonclient.grpc as tgrpc
+    from tritonclient.utils import InferenceServerException
+
+    from clockwork.client import AsyncClient
+    from clockwork.errors import Overloaded
+
+    d = tmp_path / "wide"
+    d.mkdir()
+    (d / "set.json").write_text(json.dumps({"device": "test", "weights_cache_pages": 64}))
+    (d / "wide.json").write_text(json.dumps({
+        "model": "wide", "device": "test", "weights_bytes": MiB, "load_ns": 2_000_000,
+        "exec_ns": {"1": 300_000_000},
+        "inputs": [{"name": "x", "shape": [150_000], "dtype": "float32"}],
+        "outputs": [{"name": "y", "shape": [4], "dtype": "float32"}]}))
+    x = np.zeros(150_000, np.float32)
+
+    async def main(address, kserve):
+        async with AsyncClient(address, timeout=30) as cl:
+            await cl.infer("wide", x, slo_ms=5000)  # (loaded)
+            unary = await asyncio.gather(*(cl.infer("wide", x, slo_ms=5000)
+                                           for _ in range(3)), return_exceptions=True)
+            s = cl.stream()
+            futs = [s.submit("wide", x, slo_ms=5000) for _ in range(3)]
+            await s.close()
+            stream = [f.result() for f in futs]
+        k = tgrpc_aio.InferenceServerClient(kserve)
+        try:
+            def one():
+                i = tgrpc.InferInput("x", [1, 150_000], "FP32")
+                i.set_data_from_numpy(x[None])
+                return k.infer("wide", [i], parameters={"slo_ms": 5000})
+            ks = await asyncio.gather(*(one() for _ in range(3)), return_exceptions=True)
+        finally:
+            await k.close()
+        return unary, stream, ks
+
+    with local_cluster(workers=1, gpus=1, profiles=str(d), models="wide", kserve_port=0,
+                       controller_args=["--http-port", "0", "--limit",
+                                        "global_outstanding_bytes=1048576"]) as c:
+        unary, stream, ks = asyncio.run(main(c.address, c.printed_address("kserve grpc")))
+        metrics = urllib.request.urlopen(f"http://{c.printed_address('http')}/metrics",
+                                         timeout=10).read().decode()
+        with clockwork.Client(c.address, timeout=30) as cl:
+            assert cl.infer("wide", x, slo_ms=5000).status == 0
+    assert sum(not isinstance(r, Exception) for r in unary) == 1, unary
+    assert [type(r) for r in unary if isinstance(r, Exception)] == [Overloaded] * 2, unary
+    assert "global_outstanding_bytes" in str(next(r for r in unary if isinstance(r, Overloaded)))
+    assert sorted((r.status, r.reason) for r in stream) == [
+        (0, ""), (1, "overloaded"), (1, "overloaded")], stream
+    assert sum(not isinstance(r, Exception) for r in ks) == 1, ks
+    assert all(isinstance(r, InferenceServerException) and r.status() == "StatusCode.UNAVAILABLE"
+               for r in ks if isinstance(r, Exception)), ks
+    assert re.search(r"^clockwork_requests_outstanding_bytes 0\.0$", metrics, re.M), metrics
+
+
 def _children_of(pid: int) -> list[int]:
     out = []
     for task in Path(f"/proc/{pid}/task").iterdir():
