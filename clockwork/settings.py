@@ -57,9 +57,11 @@ from clockwork.sizes import (
     MAX_GPUS,
     MAX_GPUS_PER_WORKER,
     MAX_INSTANCES,
+    MAX_NOISE,
     MAX_OFFERED_REQUESTS,
     MAX_PAGES,
     MAX_SEED,
+    MAX_SLOW_FACTOR,
     MAX_WORKERS,
     PAGE_SIZE,
 )
@@ -560,12 +562,13 @@ class ClusterSettings(Settings):
         "milliseconds (not emulated by live runs).", ge=0)
     noise: float = setting(
         0.0, "Emulated GPUs: relative standard deviation of each action's duration around "
-        "its profile figure (0.05 = 5 %).", ge=0)
+        "its profile figure (0.05 = 5 %).", ge=0, le=MAX_NOISE)
     slow_prob: float = setting(
         0.0, "Emulated GPUs: probability that an action (an EXEC or a LOAD) is a "
         "straggler.", ge=0, le=1)
     slow_factor: float = setting(
-        3.0, "Emulated GPUs: a straggler takes this many times its profile figure.", ge=1)
+        3.0, "Emulated GPUs: a straggler takes this many times its profile figure.", ge=1,
+        le=MAX_SLOW_FACTOR)
     clock_offsets_ms: list[float] = setting(
         default_factory=list, description="Each worker's clock minus the controller's, in "
         "milliseconds (worker 0 first; missing workers: 0). Live runs start the emulated "

@@ -11,6 +11,10 @@ Standard library only; nothing else of the project is imported here."""
 PAGE_SIZE = 16 * 1024 * 1024  # bytes: a weights-cache page, Clockwork's
 
 MAX_WORKERS = 10_000
+# an emulated GPU's straggler factor and duration noise: beyond them an action would last
+# longer than any run (1e300 x its profile: the run ended asking for a longer drain)
+MAX_SLOW_FACTOR = 1000.0
+MAX_NOISE = 10.0
 MAX_GPUS_PER_WORKER = 64
 MAX_PAGES = 2**31 - 1  # weights-cache pages per GPU (a worker reports them in an int32)
 # a worker's clock offset (--clock-offset-ms): ~31 years either way keeps its clock, in

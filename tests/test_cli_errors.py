@@ -109,6 +109,9 @@ BAD = [
     (["worker", "--pages", "-5"], "-5"),
     (["worker", "--port", "abc"], "abc"),
     (["worker", "--noise", "nan"], "nan"),
+    # (a straggler below 1 was faster than the rest; the scenario's takes >= 1)
+    (["worker", "--slow-factor", "0.5"], "must be a number from 1 to 1000, got '0.5'"),
+    (["worker", "--noise", "1e300"], "must be a number from 0 to 10"),
     (["worker", "--slow-prob", "2"], "2"),
     (["worker", "--profiles", "no_such_set"], "no_such_set"),
     (["trace", "synth", "--functions", "0", "--out", "x"], "0"),

@@ -141,6 +141,29 @@ def positive_float(text: str) -> float:
     return v
 
 
+def slow_factor(text: str) -> float:
+    """An emulated straggler's factor: from 1 to ``MAX_SLOW_FACTOR`` (as a scenario's
+    ``cluster.slow_factor``: below 1 a straggler would be faster)."""
+    from clockwork.sizes import MAX_SLOW_FACTOR
+
+    v = _float(text)
+    if not 1 <= v <= MAX_SLOW_FACTOR:
+        raise argparse.ArgumentTypeError(f"must be a number from 1 to {MAX_SLOW_FACTOR:g}, "
+                                         f"got {text!r}")
+    return v
+
+
+def noise(text: str) -> float:
+    """An emulated duration noise: from 0 to ``MAX_NOISE`` (as ``cluster.noise``)."""
+    from clockwork.sizes import MAX_NOISE
+
+    v = _float(text)
+    if not 0 <= v <= MAX_NOISE:
+        raise argparse.ArgumentTypeError(f"must be a number from 0 to {MAX_NOISE:g}, got "
+                                         f"{text!r}")
+    return v
+
+
 def slo_ms(text: str) -> float:
     """An SLO in ms: > 0 and at most a day (what the controller takes)."""
     from clockwork.time import MAX_SLO_MS

@@ -450,13 +450,13 @@ def add_worker(sub) -> None:
     p.add_argument("--profiles", type=t.nonempty, default=None,
                    help="profile set (a shipped set's name or a folder; default v100-reference, "
                    "or the device's own: cpu, cuda)")
-    p.add_argument("--noise", type=t.nonneg_float, default=0.0,
+    p.add_argument("--noise", type=t.noise, default=0.0,
                    help="emulated duration noise: each action takes its profiled duration x "
                    "(1 + N(0, NOISE)), at least 10 %% of it (default 0: none)")
     p.add_argument("--slow-prob", type=t.probability, default=0.0,
                    help="emulated stragglers: this fraction of actions take --slow-factor x "
                    "(default 0)")
-    p.add_argument("--slow-factor", type=t.positive_float, default=3.0,
+    p.add_argument("--slow-factor", type=t.slow_factor, default=3.0,
                    help="emulated stragglers take this many times their duration "
                    "(default 3)")
     p.add_argument("--result-interval-us", type=t.nonneg_float, default=RESULT_INTERVAL_US,
