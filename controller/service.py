@@ -448,6 +448,7 @@ class ControllerNode:
         self._log_error = LogLimiter("controller")
         self._tick_handle: asyncio.TimerHandle | None = None
         self._stopping = False
+        self._stops: set[asyncio.Future] = set()  # waits that end when the controller stops
         # the open streams' "the controller stops" callbacks (intake.serve_stream, the
         # KServe stream): each stops reading, sends what is answered and ends its call
         self.stream_closers: set = set()
@@ -648,7 +649,7 @@ class ControllerNode:
                 else deadline
             try:
                 async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                    await self._connect(link, tries_end)
+                    await self._unless_stopping(self._connect(link, tries_end))
             except ValueError as e:
                 raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
             except (ConnectionError, TimeoutError) as e:
@@ -1601,11 +1602,34 @@ class ControllerNode:
         self.pending[rid] = r
         return r
 
+    async def _unless_stopping(self, coro):
+        """``await coro``, but if the controller stops first, cancel it and raise
+        ``RepositoryError`` UNAVAILABLE "the controller is shutting down" (an add of a
+        worker that does not answer waited until the server's grace cancelled the call:
+        "Cancelling all calls")."""
+        task = asyncio.ensure_future(coro)
+        stop = self.loop.create_future()
+        self._stops.add(stop)
+        try:
+            await asyncio.wait([task, stop], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._stops.discard(stop)
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        if task.cancelled():  # (by the stop, above)
+            raise RepositoryError(grpc.StatusCode.UNAVAILABLE, "the controller is shutting down")
+        return task.result()
+
     def begin_stop(self) -> None:
         """Take no more requests, and answer those still waiting ERROR/shutdown as any
         answer is (counted, in the metrics and the request log); before the front ends
         close, so that each writes its answer (REST's 503 too) within its grace."""
         self._stopping = True
+        for stop in list(self._stops):
+            if not stop.done():
+                stop.set_result(None)
         if self._tick_handle is not None:
             self._tick_handle.cancel()
         for t in list(self._unloads):

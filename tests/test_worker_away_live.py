@@ -235,6 +235,41 @@ def test_a_load_waiting_for_a_worker_is_answered_when_the_controller_stops():
             os.kill(worker.pid, signal.SIGCONT)
 
 
+def test_an_add_of_a_worker_that_does_not_answer_is_answered_when_the_controller_stops():
+    """SIGTERM while add_worker waits for a worker that does not answer (a listener that
+    never speaks): the add is answered at once, "the controller is shutting down", and
+    the controller exits 0 (the add waited until the server's grace cancelled the call:
+    "Cancelling all calls")."""
+    import socket
+
+    import clockwork
+    from clockwork.errors import ControllerUnavailable
+
+    with local_cluster(workers=1, gpus=1, models=MODEL) as c:
+        silent = socket.create_server(("127.0.0.1", 0))
+        silent.settimeout(20)
+        port = silent.getsockname()[1]
+        got: list = []
+        try:
+            with clockwork.Client(c.address, timeout=60) as cl:
+                def add():
+                    try:
+                        got.append(cl.add_worker(f"127.0.0.1:{port}", timeout=30))
+                    except Exception as e:  # noqa: BLE001 - what the client raised
+                        got.append(e)
+                t = threading.Thread(target=add)
+                t.start()
+                conn, _ = silent.accept()  # the controller dialed it: the add waits
+                c.controller.proc.send_signal(signal.SIGTERM)
+                t.join(30)
+                assert c.controller.proc.wait(30) == 0
+                conn.close()
+        finally:
+            silent.close()
+    assert len(got) == 1 and isinstance(got[0], ControllerUnavailable), got
+    assert "the controller is shutting down" in str(got[0]), got
+
+
 def test_a_request_with_no_worker_connected_is_unavailable_at_once():
     """With its only worker gone (SIGKILL) the controller serves no request: one with a
     5 s SLO is answered at once UNAVAILABLE / 503 with Retry-After, on every front end
