@@ -750,7 +750,10 @@ class _ModelStream:
 
         def stopping() -> None:  # (ControllerNode.stop, once every request is answered)
             self.stopping = self.done = True
-            self.waiting = []  # (read, not admitted: not run)
+            # read, not admitted: admitted now, each is answered at once as the stopping
+            # controller answers, ERROR shutdown (they were dropped: a request the client
+            # sent got no response of its own, only the stream's end)
+            self._admit()
             rtask.cancel()
             self.wake.set()
 
