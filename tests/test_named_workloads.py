@@ -448,3 +448,17 @@ def test_fixed_rate_sends_rate_times_duration_evenly_from_the_start(rate, second
     assert len(arr) == round(rate * seconds)
     assert [t for t, _m, _s in arr] == [5 * S + int(k * S / rate) for k in range(len(arr))]
     assert [m for _t, m, _s in arr[:6]] == list(w.models) * 2
+
+
+@pytest.mark.parametrize("spec, words", [
+    ({"kind": "closed_loop", "concurrency": 2.7}, "concurrency must be an integer, got 2.7"),
+    ({"kind": "closed_loop", "think_ms": "5"}, "think_ms must be a finite number"),
+    ({"kind": "poisson", "rate_rps": True}, "rate_rps must be a finite number, got True"),
+    ({"kind": "fixed_rate", "rate_rps": float("nan")}, "rate_rps must be a finite number"),
+])
+def test_the_basic_kinds_types_are_as_strict_as_the_others(spec, words):
+    """closed_loop, poisson and fixed_rate built directly (a Python caller; a scenario
+    file's values are checked before) take no value of the wrong type (concurrency 2.7
+    was 2, rate_rps true 1.0), as every other kind."""
+    with pytest.raises(WorkloadError, match=words):
+        build_workload(spec, {"m": "m"})

@@ -9,7 +9,14 @@ from pathlib import Path
 from clockwork.resources import find_data_path
 from clockwork.workloads.azure import resolve_trace_path
 from clockwork.workloads.azure_replay import AZURE_KEYS, build_azure
-from clockwork.workloads.base import Arrival, SloSpec, Workload, WorkloadError, select_instances
+from clockwork.workloads.base import (
+    Arrival,
+    Params,
+    SloSpec,
+    Workload,
+    WorkloadError,
+    select_instances,
+)
 from clockwork.workloads.basic import ClosedLoop, OpenLoop
 from clockwork.workloads.named import NAMED_KEYS, NAMED_KINDS
 
@@ -17,20 +24,20 @@ __all__ = ["Arrival", "ClosedLoop", "OpenLoop", "SloSpec", "Workload", "Workload
            "KINDS", "build_workload", "select_instances"]
 
 
-def _slo(spec: dict) -> SloSpec:
-    return SloSpec(spec.get("slo_ms"), spec.get("slo_factor"))
-
-
 def _closed(spec: dict, models: list[str]) -> Workload:
-    return ClosedLoop(models, int(spec.get("concurrency", 1)), _slo(spec),
-                      float(spec.get("think_ms", 0.0)), float(spec.get("retry_ms", 1.0)))
+    # (types as strict as every other kind's: a direct call's concurrency 2.7 was 2, and
+    # rate_rps true 1.0; a scenario file's are checked before)
+    p = Params(spec)
+    return ClosedLoop(models, p.integer("concurrency", 1), p.slo(), p.num("think_ms", 0.0),
+                      p.num("retry_ms", 1.0))
 
 
 def _open(process: str) -> Callable[[dict, list[str]], Workload]:
     def make(spec: dict, models: list[str]) -> Workload:
         if "rate_rps" not in spec:
             raise WorkloadError(f"{process} workload needs rate_rps")
-        return OpenLoop(models, float(spec["rate_rps"]), _slo(spec), process)
+        p = Params(spec)
+        return OpenLoop(models, p.num("rate_rps"), p.slo(), process)
     return make
 
 
