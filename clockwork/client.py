@@ -73,7 +73,7 @@ from clockwork.tensors import Tensor
 # message gRPC refuses (which ended the whole stream)
 STREAM_MESSAGE_BYTES = 4 << 20
 _BATCH_BYTES = 32  # at most, a stream message's own fields around one request
-LIMIT_WAIT_S = 2.0  # the most a stream waits for the controller to say its limit
+LIMIT_WAIT_S = 0.5  # how long after it opens a stream waits for the controller's limit
 _MAX_REQUEST_BYTES = MAX_MESSAGE_BYTES - 64  # one request (room for a stream message's fields)
 _OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -923,6 +923,8 @@ class InferStream:
         self._limit: int | None = None  # the controller's largest message (0: not said)
         self.answered_ns: dict[int, int] | None = {} if answer_times else None
         self._call = stub.InferStream(self._requests())
+        self._opened = time.monotonic()
+        self._said = asyncio.ensure_future(self._read_limit())  # (the controller's limit)
         self._reader = asyncio.create_task(self._read())
         self._watch = asyncio.create_task(self._watchdog())
 
@@ -977,19 +979,28 @@ class InferStream:
                     req.queued_ns = now - t[0]
             yield pb.InferRequestBatch(requests=batch, client_time_ns=now)
 
+    async def _read_limit(self) -> None:
+        """The controller's largest message, from the stream's initial metadata, which it
+        sends as the stream opens (a controller that does not: none, 0)."""
+        with contextlib.suppress(grpc.RpcError, ValueError, TypeError):
+            said = dict(await self._call.initial_metadata() or ()).get(STREAM_LIMIT_KEY)
+            self._limit = int(said) if said else 0
+
     async def _too_large(self, req: pb.InferRequest) -> bool:
         """Whether ``req`` (a request that goes alone) is larger than the controller takes
         in one message (its limit, from the stream's initial metadata): then it is
         answered here, INVALID_REQUEST (reason ``bad_input``), and not sent. Sent, gRPC
         ended the whole stream with RESOURCE_EXHAUSTED, and every request on it failed
-        (as InvalidRequest). A controller that does not say its limit: False."""
+        (as InvalidRequest). The limit is waited for only in the stream's first
+        ``LIMIT_WAIT_S`` (it comes as the stream opens; a controller that does not say it
+        sends no metadata before its first reply, and the sender must not wait for that):
+        unknown, False."""
         if self._limit is None:
-            self._limit = 0
-            with contextlib.suppress(grpc.RpcError, TimeoutError, ValueError, TypeError):
-                async with asyncio.timeout(LIMIT_WAIT_S):
-                    md = await self._call.initial_metadata()
-                said = dict(md or ()).get(STREAM_LIMIT_KEY)
-                self._limit = int(said) if said else 0
+            wait = self._opened + LIMIT_WAIT_S - time.monotonic()
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await asyncio.shield(self._said)
         limit = self._limit
         if not limit:
             return False
@@ -1040,6 +1051,7 @@ class InferStream:
             self._fail_waiting(ControllerUnavailable("controller stream closed"))
         finally:
             self._watch.cancel()  # nothing is left to watch (it woke 20 times a second)
+            self._said.cancel()
 
     def _fail_waiting(self, err: ClockworkError) -> None:
         """Every request still waiting fails with ``err`` (and a later submit too)."""
@@ -1129,4 +1141,5 @@ class InferStream:
         finally:
             self._call.cancel()
             self._watch.cancel()
+            self._said.cancel()
         await asyncio.wait({self._reader}, timeout=1.0)  # (the cancel ends it at once)

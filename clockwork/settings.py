@@ -344,10 +344,13 @@ def error_line(exc: ValidationError, model: type[BaseModel], prefix: Sequence[An
         want = ""
     if typ == "missing":
         # a table that takes other keys too (a workload's): a key given that is close to
-        # the missing one is named ([[workloads]] knid = ...)
+        # the missing one, and not a setting of the table itself, is named ([[workloads]]
+        # knid = ...; not back_s for a kill's missing at_s)
+        parent = _resolve(model, loc[:-1]) if loc[:-1] else (model, [], None)
+        known = set(_table_keys(_unwrap(parent[0])[0])) if parent else set()
         close = difflib.get_close_matches(str(loc[-1]) if loc else "", [
-            k for k in value if isinstance(k, str)] if isinstance(value, Mapping) else [],
-            n=1, cutoff=0.6)
+            k for k in value if isinstance(k, str) and k not in known]
+            if isinstance(value, Mapping) else [], n=1, cutoff=0.6)
         hint = f"; {close[0]!r} is given: misspelt?" if close else ""
         return f"{key}: required setting missing (must be {want or 'given'}{hint})"
     if typ in ("value_error", "assertion_error"):

@@ -120,6 +120,9 @@ class Gate:
             self.conns.pop(conn, None)
 
 
+TOKEN_BIT = 1 << 63  # set in the client id of a stream's request with inputs while inside
+
+
 def input_bytes(req: pb.InferRequest) -> int:
     """The bytes of a clockwork.v1 request's input tensors (0: none)."""
     return sum(len(t.data) for t in req.inputs) if req.inputs else 0
@@ -277,7 +280,7 @@ class _Stream:
     """One ``InferStream`` call's state."""
 
     __slots__ = ("open", "done", "dead", "buffered", "out", "wake", "why", "dues", "due",
-                 "send_at", "stopping", "held")
+                 "send_at", "stopping", "held", "tokens")
 
     def __init__(self) -> None:
         self.open = 0  # requests admitted, not yet answered
@@ -294,10 +297,12 @@ class _Stream:
         self.due = 0
         self.send_at = 0
         self.stopping = False  # the controller stops: read no more, send what is answered
-        # by client id, the input bytes of its admitted requests that have inputs (given
-        # back to the gate at the first answer of that id: a client that repeats an id
-        # gets them back early, never late)
-        self.held: dict[int, int] = {}
+        # the admitted requests that have inputs, by a token of ours put in their client
+        # id while they are inside: (the client's id, their input bytes), given back to
+        # the gate at their own answer (a client may repeat an id, or leave it 0: by its
+        # id an answer could give back another request's bytes)
+        self.held: dict[int, tuple[int, int]] = {}
+        self.tokens = 0
 
 
 async def serve_stream(node, context) -> None:
@@ -348,9 +353,11 @@ async def serve_stream(node, context) -> None:
     def deliver(resp: pb.InferResponse) -> None:
         st.open -= 1
         gate.leave(conn)
-        if held:
-            gate.give(held.pop(resp.client_id, 0))
-        reply(resp)
+        entry = held.pop(resp.client_id, None) if held else None
+        reply(resp)  # (paced by the id it was admitted with)
+        if entry is not None:
+            resp.client_id = entry[0]  # (the client's own, before the reply is sent)
+            gate.give(entry[1])
 
     def admit(reqs, late: int) -> None:
         k = len(reqs)
@@ -370,7 +377,10 @@ async def serve_stream(node, context) -> None:
                     n, why = i, full
                     break
                 taken += b
-                held[req.client_id] = held.get(req.client_id, 0) + b
+                st.tokens += 1
+                token = TOKEN_BIT | st.tokens
+                held[token] = (req.client_id, b)
+                req.client_id = token
         gate.take(taken)
         if n:
             st.open += n

@@ -1607,6 +1607,9 @@ class ControllerNode:
         ``RepositoryError`` UNAVAILABLE "the controller is shutting down" (an add of a
         worker that does not answer waited until the server's grace cancelled the call:
         "Cancelling all calls")."""
+        if self._stopping:  # (it began while this one waited its turn, or resolved names)
+            coro.close()
+            raise RepositoryError(grpc.StatusCode.UNAVAILABLE, "the controller is shutting down")
         task = asyncio.ensure_future(coro)
         stop = self.loop.create_future()
         self._stops.add(stop)

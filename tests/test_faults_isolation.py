@@ -404,6 +404,69 @@ def test_a_request_over_the_receive_limit_on_a_stream_fails_alone(profiles):
     assert "more than the controller takes in one message (8,388,608" in big.message
 
 
+def _wide_profiles(tmp_path: Path, exec_ns: int) -> Path:
+    """A profile set of one model, ``wide``, of 600,000-byte inputs taking ``exec_ns``."""
+    d = tmp_path / "wide"
+    d.mkdir()
+    (d / "set.json").write_text(json.dumps({"device": "test", "weights_cache_pages": 64}))
+    (d / "wide.json").write_text(json.dumps({
+        "model": "wide", "device": "test", "weights_bytes": MiB, "load_ns": 2_000_000,
+        "exec_ns": {"1": exec_ns},
+        "inputs": [{"name": "x", "shape": [150_000], "dtype": "float32"}],
+        "outputs": [{"name": "y", "shape": [4], "dtype": "float32"}]}))
+    return d
+
+
+def test_a_stream_that_repeats_client_ids_is_held_to_the_bytes_bound(tmp_path):
+    """A stream whose requests all have client id 0 (a client that does not set it): an
+    answer gives back its own request's input bytes, not another's of the same id. A
+    600 KB request runs; an invalid one of the same id is answered; a second 600 KB one
+    is turned away (1 MiB bound), not admitted beside the first (the invalid one's answer
+    gave back the first's bytes, and the bound held nothing back); the answers carry the
+    client's ids."""
+    import asyncio
+
+    from clockwork.protocol import clockwork_pb2 as pb
+    from clockwork.protocol import clockwork_pb2_grpc as pbg
+
+    def wide(model: str = "wide") -> pb.InferRequest:
+        r = pb.InferRequest(model=model, slo_ms=20000)
+        if model == "wide":
+            r.inputs.add(name="x", dtype="float32", shape=[150_000], data=bytes(600_000))
+        return r
+
+    async def main(address):
+        sends: asyncio.Queue = asyncio.Queue()
+
+        async def messages():
+            while (m := await sends.get()) is not None:
+                yield m
+        async with grpc.aio.insecure_channel(address) as ch:
+            call = pbg.ClockworkStub(ch).InferStream(messages())
+            got = []
+
+            async def next_answer():
+                batch = await call.read()
+                got.extend(batch.responses)
+            await sends.put(pb.InferRequestBatch(requests=[wide()]))
+            await sends.put(pb.InferRequestBatch(requests=[wide("nope")]))
+            await next_answer()  # the invalid one
+            await sends.put(pb.InferRequestBatch(requests=[wide()]))
+            while len(got) < 3:
+                await next_answer()
+            await sends.put(None)
+            return got
+
+    with local_cluster(workers=1, gpus=1, profiles=str(_wide_profiles(tmp_path, 2_000_000_000)),
+                       models="wide", controller_args=["--limit",
+                                                       "global_outstanding_bytes=1048576"]) as c:
+        with clockwork.Client(c.address, timeout=30) as cl:  # (loaded: its LOAD done)
+            cl.infer("wide", np.zeros(150_000, np.float32), slo_ms=20000)
+        got = asyncio.run(main(c.address))
+    assert [(r.status, r.reason, r.client_id) for r in got] == [
+        (6, "unknown_model", 0), (1, "overloaded", 0), (0, "", 0)], got
+
+
 def test_requests_input_bytes_outstanding_are_bounded(tmp_path):
     """global_outstanding_bytes bounds the input bytes of the requests admitted and not
     answered, on every front end (clockwork.v1 unary and stream, KServe gRPC): with
@@ -422,14 +485,7 @@ def test_requests_input_bytes_outstanding_are_bounded(tmp_path):
     from clockwork.client import AsyncClient
     from clockwork.errors import Overloaded
 
-    d = tmp_path / "wide"
-    d.mkdir()
-    (d / "set.json").write_text(json.dumps({"device": "test", "weights_cache_pages": 64}))
-    (d / "wide.json").write_text(json.dumps({
-        "model": "wide", "device": "test", "weights_bytes": MiB, "load_ns": 2_000_000,
-        "exec_ns": {"1": 300_000_000},
-        "inputs": [{"name": "x", "shape": [150_000], "dtype": "float32"}],
-        "outputs": [{"name": "y", "shape": [4], "dtype": "float32"}]}))
+    d = _wide_profiles(tmp_path, 300_000_000)
     x = np.zeros(150_000, np.float32)
 
     async def main(address, kserve):

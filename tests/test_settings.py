@@ -162,6 +162,10 @@ def test_bad_scenario_values_give_one_line(override, msg):
     ('[[models]]\nname = "resnet50_v2"\n[[workloads]]\nknid = "poisson"\nrate_rps = 1\n',
      "workloads.0.kind: required setting missing (must be a non-empty string; 'knid' is "
      "given: misspelt?)"),
+    # ... but not a setting of the table given rightly (back_s beside a missing at_s)
+    ('[[models]]\nname = "resnet50_v2"\n[[workloads]]\nkind = "poisson"\nrate_rps = 1\n'
+     '[faults]\nkill = [{ worker = 0, back_s = 4.0 }]\n',
+     "faults.kill.0.at_s: required setting missing (must be a finite number >= 0)"),
 ])
 def test_a_misspelt_key_is_named_with_its_hint(text, msg, tmp_path):
     f = tmp_path / "s.toml"

@@ -93,6 +93,8 @@ class CpuDevice(RealDevice):
         why = elf_problem(path / LIBRARY)  # (a truncated library would crash the process)
         if why:
             raise InvalidPackage(f"package {path}: {LIBRARY}: {why}")
+        blob = np.fromfile(path / WEIGHTS, dtype=np.uint8)
+        self._check_files(path, meta, blob)  # (before another package's library is opened)
         try:
             lib = self._library(tvm, path)
             vm = VirtualMachine(lib, tvm.cpu())
@@ -100,8 +102,6 @@ class CpuDevice(RealDevice):
         except Exception as e:  # noqa: BLE001 - TVM's own errors: a library it cannot use
             raise InvalidPackage(f"package {path}: {LIBRARY} cannot be loaded: "
                                  f"{type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
-        blob = np.fromfile(path / WEIGHTS, dtype=np.uint8)
-        self._check_files(path, meta, blob)
         pkg = Package(path, meta, vm, functions, blob)
         spec = meta["inputs"][0]
         for b in functions:
