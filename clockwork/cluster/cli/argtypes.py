@@ -146,20 +146,20 @@ def slow_factor(text: str) -> float:
     ``cluster.slow_factor``: below 1 a straggler would be faster)."""
     from clockwork.sizes import MAX_SLOW_FACTOR
 
-    v = _float(text)
-    if not 1 <= v <= MAX_SLOW_FACTOR:
-        raise argparse.ArgumentTypeError(f"must be a number from 1 to {MAX_SLOW_FACTOR:g}, "
-                                         f"got {text!r}")
-    return v
+    return _float_in(text, 1, MAX_SLOW_FACTOR)
 
 
 def noise(text: str) -> float:
     """An emulated duration noise: from 0 to ``MAX_NOISE`` (as ``cluster.noise``)."""
     from clockwork.sizes import MAX_NOISE
 
+    return _float_in(text, 0, MAX_NOISE)
+
+
+def _float_in(text: str, lo: float, hi: float) -> float:
     v = _float(text)
-    if not 0 <= v <= MAX_NOISE:
-        raise argparse.ArgumentTypeError(f"must be a number from 0 to {MAX_NOISE:g}, got "
+    if not lo <= v <= hi:
+        raise argparse.ArgumentTypeError(f"must be a number from {lo:g} to {hi:g}, got "
                                          f"{text!r}")
     return v
 
