@@ -2344,7 +2344,11 @@ def scheduler_settings(args: argparse.Namespace) -> tuple[str, SchedulerConfig, 
     table.update({k: v for k, v in (
         ("schedule_ahead_ms", args.schedule_ahead_ms), ("default_slo_ms", args.default_slo_ms),
         ("max_batch", args.max_batch)) if v is not None})
-    table.update(parse_settings(args.set))
+    sets = parse_settings(args.set)
+    if "policy" in sets:  # (it was "unknown scheduler setting 'policy'", known keys listed)
+        raise SettingsError(f"--set policy={sets['policy']}: the policy is given with "
+                            f"--policy {sets['policy']} (or as policy in --settings FILE)")
+    table.update(sets)
     common, own = split_settings(policy, table)  # checks the policy name too
     line = unused_line(policy, table)
     if line:

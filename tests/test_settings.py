@@ -478,6 +478,8 @@ def test_controller_parse_settings_and_models():
     (["--set", "default_slo_ms=inf"], "default_slo_ms: must be a finite number > 0 (at most a day), got inf"),
     (["--models", "resnet50_v2:0"], "copies: must be an integer in [1, 100000], got 0"),
     (["--models", "nosuchmodel"], "no profile for model 'nosuchmodel'"),
+    (["--set", "policy=clipper"], "--set policy=clipper: the policy is given with --policy "
+     "clipper"),
 ])
 def test_controller_command_refuses_bad_settings(args, text, capsys):
     from clockwork.cluster.cli import main
