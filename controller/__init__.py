@@ -115,6 +115,13 @@ def split_settings(name: str, table: Mapping[str, object]) -> tuple[dict, dict]:
     return common, extra
 
 
+def table_policy(table: Mapping[str, object]) -> tuple[str, dict]:
+    """A scenario's ``[scheduler]`` table as (its policy's name, "clockwork" when not
+    given; the rest, the settings ``split_settings`` and ``unused_settings`` read)."""
+    rest = dict(table)
+    return str(rest.pop("policy", "clockwork")), rest
+
+
 # the SchedulerConfig keys a baseline policy reads: the default SLO, the largest batch,
 # and the liveness probes every controller loop runs; the others are the clockwork
 # policy's own

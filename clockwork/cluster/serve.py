@@ -493,12 +493,10 @@ def scheduler_error(table: Mapping[str, object]) -> str | None:
     Checked before the cluster starts: the controller reads the table from a settings
     file serve writes, and its refusal came after the workers had started, naming that
     file."""
-    from controller import split_settings
+    from controller import split_settings, table_policy
 
-    rest = dict(table)
-    policy = str(rest.pop("policy", "clockwork"))
     try:
-        split_settings(policy, rest)
+        split_settings(*table_policy(table))
     except (TypeError, ValueError) as e:
         return f"[scheduler]: {str(e).removeprefix('scheduler: ')}"  # (as simulate's)
     return None
@@ -654,10 +652,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if why:
             print(f"clockwork serve: {why}", file=sys.stderr)
             return 2
-        from controller import unused_line
+        from controller import table_policy, unused_line
 
-        table = dict(kw["scheduler"])
-        line = unused_line(str(table.pop("policy", "clockwork")), table)
+        line = unused_line(*table_policy(kw["scheduler"]))
         if line:
             notes.append(line)
         workers, gpus, profiles = kw["workers"], kw["gpus"], kw["profiles"]

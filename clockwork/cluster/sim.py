@@ -36,7 +36,7 @@ from clockwork.scenario import (
 from clockwork.telemetry import Telemetry, format_summary, write_run
 from clockwork.time import NS_PER_S, ms, sec
 from clockwork.workloads import Workload, build_workload
-from controller import make_policy, policy_class, split_settings
+from controller import make_policy, policy_class, split_settings, table_policy
 from controller.config import SchedulerConfig
 from controller.loop import ControllerLoop, Liveness, LoopObserver
 from controller.policy import GpuSpec, Policy
@@ -131,8 +131,7 @@ class Simulation:
         W, G = int(c["workers"]), int(c["gpus_per_worker"])
         self.W, self.G = W, G
         self.specs = specs = [GpuSpec(w, g, pages) for w in range(W) for g in range(G)]
-        sched = dict(sc.scheduler)
-        policy = sched.pop("policy", "clockwork")
+        policy, sched = table_policy(sc.scheduler)
         try:
             common, extra = split_settings(policy, sched)
             cfg = SchedulerConfig.from_ms(**common)

@@ -198,10 +198,9 @@ def _check_scheduler(table) -> None:
     """A point's ``[scheduler]`` table as the policy will check it (an unknown policy,
     key or value: ``SettingsError``), before anything runs: a misspelt key in the grid
     passed ``--list`` and then failed every point."""
-    from controller import split_settings
+    from controller import split_settings, table_policy
 
-    rest = dict(table)
-    split_settings(str(rest.pop("policy", "clockwork")), rest)
+    split_settings(*table_policy(table))
 
 
 def _check_overlaps(grid_keys: list[str], fixed_keys: list[str], bad) -> None:

@@ -53,10 +53,9 @@ def _simulate(args: argparse.Namespace) -> int:
     except (ScenarioError, ValueError, OSError) as e:
         print(f"clockwork simulate: {e}", file=sys.stderr)
         return 2
-    from controller import unused_line
+    from controller import table_policy, unused_line
 
-    table = dict(sc.scheduler)
-    line = unused_line(str(table.pop("policy", "clockwork")), table)
+    line = unused_line(*table_policy(sc.scheduler))
     if line:
         print(f"clockwork simulate: {line}", file=sys.stderr)
     try:
