@@ -281,6 +281,12 @@ class NoAnswer(TimeoutError):
     was ready in time): a refused connection, none at all, or one that speaks no gRPC."""
 
 
+def _shutting_down() -> RepositoryError:
+    """What a repository call (a load, an add of a worker) still waiting is answered
+    when the controller stops, rather than being cancelled by the server's stop."""
+    return RepositoryError(grpc.StatusCode.UNAVAILABLE, "the controller is shutting down")
+
+
 class CannotServe(ValueError):
     """A worker that lacks the profile (or package) of an instance served: it is not
     used."""
@@ -1609,7 +1615,7 @@ class ControllerNode:
         "Cancelling all calls")."""
         if self._stopping:  # (it began while this one waited its turn, or resolved names)
             coro.close()
-            raise RepositoryError(grpc.StatusCode.UNAVAILABLE, "the controller is shutting down")
+            raise _shutting_down()
         task = asyncio.ensure_future(coro)
         stop = self.loop.create_future()
         self._stops.add(stop)
@@ -1622,7 +1628,7 @@ class ControllerNode:
                 with contextlib.suppress(BaseException):
                     await task
         if task.cancelled():  # (by the stop, above)
-            raise RepositoryError(grpc.StatusCode.UNAVAILABLE, "the controller is shutting down")
+            raise _shutting_down()
         return task.result()
 
     def begin_stop(self) -> None:
@@ -2018,8 +2024,7 @@ class ControllerNode:
             if not f.done():
                 link.acks.pop(seq, None)
                 if self._stopping:  # (answered now, not cancelled by the server's stop)
-                    raise RepositoryError(grpc.StatusCode.UNAVAILABLE,
-                                          "the controller is shutting down")
+                    raise _shutting_down()
                 if not link.connected or self._is_suspect(link):
                     continue  # lost or suspect meanwhile: its Hello will say it
                 raise RepositoryError(grpc.StatusCode.UNAVAILABLE, (
