@@ -1377,8 +1377,7 @@ def format_timeline(rows: list[dict], actions_logged: bool = True) -> str:
     for r in rows:
         k = r["requests"]
         # (from the counts: the attainment, rounded already, could round a digit off)
-        met = r.get("slo_met", r["slo_attainment"] * k)
-        slo = f"{100 * met / k:>9.3f}" if k else f"{'n/a':>9}"
+        slo = f"{100 * r['slo_met'] / k:>9.3f}" if k else f"{'n/a':>9}"
         acts = (f"{r['loads']:>6,} {r['evicts']:>6,}" if actions_logged
                 else f"{'n/a':>6} {'n/a':>6}")
         lines.append(f"{r['start_s']:>9.{dec}f} {r['requests']:>9,} {r['goodput_rps']:>12,.1f} "
