@@ -445,9 +445,10 @@ def _scenario_worker_flags(seed: int, c: Mapping, i: int) -> list[str]:
     return w
 
 
-def cluster_from_scenario(sc) -> tuple[dict, list[str]]:
+def cluster_from_scenario(sc, replay: bool = True) -> tuple[dict, list[str]]:
     """What a scenario's ``[cluster]``, ``[[models]]`` and ``[scheduler]`` mean for a live
-    ``LocalCluster``: (its keyword arguments, the settings a live cluster does not apply).
+    ``LocalCluster``: (its keyword arguments, the settings a live cluster does not apply:
+    ``live_ignored``, its ``[faults]`` too unless ``replay`` plays them).
     The whole ``[scheduler]`` table goes to the controller as data (``scheduler``, written
     to its settings file); timing noise and stragglers to the emulated workers; network
     jitter is not emulated live."""
@@ -462,7 +463,7 @@ def cluster_from_scenario(sc) -> tuple[dict, list[str]]:
           "device": device,
           "packages": str(c["packages"]) if c.get("packages") else None,
           "worker_flags_of": flags_of}
-    return kw, live_ignored(sc)
+    return kw, live_ignored(sc, replay)
 
 
 def live_ignored(sc, replay: bool = True) -> list[str]:
@@ -644,8 +645,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except ScenarioError as e:
             print(f"clockwork serve: {e}", file=sys.stderr)
             return 2
-        kw, _ = cluster_from_scenario(sc)
-        ignored = live_ignored(sc, replay=bool(getattr(args, "replay", False)))
+        kw, ignored = cluster_from_scenario(sc, bool(getattr(args, "replay", False)))
         if ignored:  # (said once everything is checked, as the cluster starts)
             notes.append(f"not applied by a live cluster: {', '.join(ignored)}")
         why = scheduler_error(kw["scheduler"])
