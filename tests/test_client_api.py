@@ -34,7 +34,11 @@ HUGE = (64 << 20) // 4 + 1  # float32 elements: more than a 64 MiB gRPC message 
 
 @pytest.fixture(scope="module")
 def cluster():
-    with local_cluster(workers=1, gpus=1, models="resnet50_v2,mobilenet_v2") as c:
+    # the liveness probe's timeout raised from 50 ms: on two shared cores a worker busy
+    # taking in tens of MB of inputs can miss a 50 ms probe, and every request that
+    # arrives while it is suspect is answered no_worker (these tests are not about that)
+    with local_cluster(workers=1, gpus=1, models="resnet50_v2,mobilenet_v2",
+                       controller_args=["--set", "probe_timeout_ms=1000"]) as c:
         yield c
 
 
@@ -168,7 +172,8 @@ def test_a_turn_of_large_requests_goes_in_several_messages(cluster):
             futs = [s.submit("resnet50_v2", RESNET_INPUT, slo_ms=20_000, skip_outputs=True)
                     for _ in range(120)]
             resps = await asyncio.wait_for(asyncio.gather(*futs), 30)
-            assert [r.status for r in resps] == [0] * 120
+            failed = [(i, r.status, r.reason, r.message) for i, r in enumerate(resps) if r.status]
+            assert failed[:3] == [], f"{len(failed)} of 120 failed"
             with pytest.raises(InvalidRequest, match="too large to send"):
                 s.submit("mobilenet_v2", np.zeros(HUGE, np.float32), slo_ms=1000)
             assert s.outstanding == 0
