@@ -121,6 +121,7 @@ class Gate:
 
 
 TOKEN_BIT = 1 << 63  # set in the client id of a stream's request with inputs while inside
+# (and of one whose client id has this bit set: see serve_stream's admit)
 
 
 def input_bytes(req: pb.InferRequest) -> int:
@@ -297,10 +298,11 @@ class _Stream:
         self.due = 0
         self.send_at = 0
         self.stopping = False  # the controller stops: read no more, send what is answered
-        # the admitted requests that have inputs, by a token of ours put in their client
-        # id while they are inside: (the client's id, their input bytes), given back to
-        # the gate at their own answer (a client may repeat an id, or leave it 0: by its
-        # id an answer could give back another request's bytes)
+        # the admitted requests that have inputs (or a client id with TOKEN_BIT set), by
+        # a token of ours put in their client id while they are inside: (the client's
+        # id, their input bytes), given back to the gate at their own answer (a client
+        # may repeat an id, or leave it 0: by its id an answer could give back another
+        # request's bytes)
         self.held: dict[int, tuple[int, int]] = {}
         self.tokens = 0
 
@@ -370,7 +372,9 @@ async def serve_stream(node, context) -> None:
         taken = 0  # input bytes of the first n
         for i in range(n):
             req = reqs[i]
-            if req.inputs:
+            # (also one whose own id looks like a token: its answer must not be taken
+            # for that of the request holding that token)
+            if req.inputs or req.client_id & TOKEN_BIT:
                 b = input_bytes(req)
                 full = gate.over(b, taken)
                 if full:

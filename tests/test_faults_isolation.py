@@ -417,11 +417,14 @@ def _wide_profiles(tmp_path: Path, exec_ns: int) -> Path:
     return d
 
 
-def test_a_stream_that_repeats_client_ids_is_held_to_the_bytes_bound(tmp_path):
-    """A stream whose requests all have client id 0 (a client that does not set it): an
-    answer gives back its own request's input bytes, not another's of the same id. A
-    600 KB request runs; an invalid one of the same id is answered; a second 600 KB one
-    is turned away (1 MiB bound), not admitted beside the first (the invalid one's answer
+@pytest.mark.parametrize("ids", [(0, 0, 0), (5, (1 << 63) | 1, 6)],
+                         ids=["all-zero", "top-bit-set"])
+def test_a_stream_that_repeats_client_ids_is_held_to_the_bytes_bound(tmp_path, ids):
+    """A stream whose requests all have client id 0 (a client that does not set it), or
+    whose invalid request's id has the top bit set (as the controller's own tokens for
+    requests with inputs do): an answer gives back its own request's input bytes, not
+    another's. A 600 KB request runs; an invalid one is answered; a second 600 KB one is
+    turned away (1 MiB bound), not admitted beside the first (the invalid one's answer
     gave back the first's bytes, and the bound held nothing back); the answers carry the
     client's ids."""
     import asyncio
@@ -429,8 +432,8 @@ def test_a_stream_that_repeats_client_ids_is_held_to_the_bytes_bound(tmp_path):
     from clockwork.protocol import clockwork_pb2 as pb
     from clockwork.protocol import clockwork_pb2_grpc as pbg
 
-    def wide(model: str = "wide") -> pb.InferRequest:
-        r = pb.InferRequest(model=model, slo_ms=20000)
+    def wide(cid: int, model: str = "wide") -> pb.InferRequest:
+        r = pb.InferRequest(model=model, slo_ms=20000, client_id=cid)
         if model == "wide":
             r.inputs.add(name="x", dtype="float32", shape=[150_000], data=bytes(600_000))
         return r
@@ -448,10 +451,10 @@ def test_a_stream_that_repeats_client_ids_is_held_to_the_bytes_bound(tmp_path):
             async def next_answer():
                 batch = await call.read()
                 got.extend(batch.responses)
-            await sends.put(pb.InferRequestBatch(requests=[wide()]))
-            await sends.put(pb.InferRequestBatch(requests=[wide("nope")]))
+            await sends.put(pb.InferRequestBatch(requests=[wide(ids[0])]))
+            await sends.put(pb.InferRequestBatch(requests=[wide(ids[1], "nope")]))
             await next_answer()  # the invalid one
-            await sends.put(pb.InferRequestBatch(requests=[wide()]))
+            await sends.put(pb.InferRequestBatch(requests=[wide(ids[2])]))
             while len(got) < 3:
                 await next_answer()
             await sends.put(None)
@@ -464,7 +467,7 @@ def test_a_stream_that_repeats_client_ids_is_held_to_the_bytes_bound(tmp_path):
             cl.infer("wide", np.zeros(150_000, np.float32), slo_ms=20000)
         got = asyncio.run(main(c.address))
     assert [(r.status, r.reason, r.client_id) for r in got] == [
-        (6, "unknown_model", 0), (1, "overloaded", 0), (0, "", 0)], got
+        (6, "unknown_model", ids[1]), (1, "overloaded", ids[2]), (0, "", ids[0])], got
 
 
 def test_requests_input_bytes_outstanding_are_bounded(tmp_path):
