@@ -93,7 +93,7 @@ def poster(http_address: str, body: bytes, stop: threading.Event, got: list,
 
 
 def one_run(processes: int, body: bytes, seconds: float) -> dict:
-    from clockwork.cluster.serve import LocalCluster
+    from clockwork.cluster.local import LocalCluster
 
     cluster = LocalCluster(workers=1, gpus=1, models=MODEL, http_port=0, timeout=60.0,
                            controller_args=["--limit", f"rest_json_processes={processes}"])

@@ -561,7 +561,7 @@ def servers_of(args) -> list[str]:
 
 
 def run_all(args) -> list[dict]:
-    from clockwork.cluster.serve import LocalCluster
+    from clockwork.cluster.local import LocalCluster
 
     cells = cells_of(args)
     servers = servers_of(args)

@@ -35,8 +35,8 @@ import urllib.request
 import numpy as np
 
 from clockwork.cluster.cli import argtypes as t
+from clockwork.cluster.local import LocalCluster
 from clockwork.cluster.replay import replay
-from clockwork.cluster.serve import LocalCluster
 from clockwork.profiles import load_profile_set
 from clockwork.scenario import load_scenario
 from controller.metrics import parse_text

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> float | None:
     args = ap.parse_args(argv)
 
     import clockwork
-    from clockwork.cluster.serve import LocalCluster
+    from clockwork.cluster.local import LocalCluster
 
     with LocalCluster(workers=1, gpus=1, models="resnet50_v2", http_port=-1,
                       timeout=60) as cl, clockwork.Client(cl.address, timeout=5) as c:

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> dict:
     import tritonclient.http as th
 
     import clockwork
-    from clockwork.cluster.serve import LocalCluster
+    from clockwork.cluster.local import LocalCluster
 
     results: dict[str, list[tuple[float, float, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="cw-bench-repo-") as tmp, LocalCluster(

@@ -98,7 +98,7 @@ def client_proc(url: str, n: int, floats: int, start: float, warm_end: float, en
 
 
 def run(args) -> dict:
-    from clockwork.cluster.serve import LocalCluster
+    from clockwork.cluster.local import LocalCluster
 
     with tempfile.TemporaryDirectory() as tmp:
         write_profiles(Path(tmp), args.floats, args.exec_us)

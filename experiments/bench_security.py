@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from clockwork.client import AsyncClient  # noqa: E402
 from clockwork.cluster.cli import argtypes as t  # noqa: E402
+from clockwork.cluster.local import LocalCluster  # noqa: E402
 from clockwork.cluster.replay import replay  # noqa: E402
-from clockwork.cluster.serve import LocalCluster  # noqa: E402
 from clockwork.errors import ClockworkError  # noqa: E402
 from clockwork.profiles import load_profile_set  # noqa: E402
 from clockwork.scenario import load_scenario  # noqa: E402

@@ -5,7 +5,7 @@ Every script has ``main(argv) -> dict`` and takes the same arguments:
 paper's scale; run by hand), ``--smoke`` (a second or two, for the test suite),
 ``--out DIR`` (default ``experiments/figures``, or ``experiments/figures/full`` with
 ``--full``) and ``--live``: instead of the simulator, each scenario runs on a
-``clockwork.cluster.serve.LocalCluster`` (emulated workers and a controller as child processes)
+``clockwork.cluster.local.LocalCluster`` (emulated workers and a controller as child processes)
 sized from the scenario, and its workloads are replayed on the real clock by
 ``clockwork.cluster.replay.replay`` (see ``run_live``). Live runs take real time; scales that need
 more worker processes or seconds than ``LIVE_MAX_WORKERS`` / ``LIVE_MAX_S`` are refused.
@@ -40,8 +40,9 @@ if str(ROOT) not in sys.path:
 
 from clockwork.actions import Action, Result  # noqa: E402
 from clockwork.cluster.faults import LiveFaults  # noqa: E402
+from clockwork.cluster.local import LocalCluster  # noqa: E402
 from clockwork.cluster.replay import ReplayResult, replay  # noqa: E402
-from clockwork.cluster.serve import LocalCluster, cluster_from_scenario, ensure_packages  # noqa: E402
+from clockwork.cluster.serve import cluster_from_scenario, ensure_packages  # noqa: E402
 from clockwork.cluster.sim import SimResult, Simulation  # noqa: E402
 from clockwork.requests import Reply, Request  # noqa: E402
 from clockwork.scenario import Scenario, load_scenario  # noqa: E402

@@ -42,8 +42,9 @@ MODES = ("adopt", "fresh")
 
 def one(a: argparse.Namespace, mode: str) -> dict:
     import clockwork
+    from clockwork.cluster.local import LocalCluster
     from clockwork.cluster.replay import replay
-    from clockwork.cluster.serve import LocalCluster, cluster_from_scenario
+    from clockwork.cluster.serve import cluster_from_scenario
 
     def load(duration: float, seed: int):
         data = live_scale.scenario(a.instances, a.workers, a.gpus, a.rate, duration, a.slo_ms)

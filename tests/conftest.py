@@ -53,7 +53,7 @@ def cpu_package(tmp_path_factory):
 def local_cluster(**kw):
     """A LocalCluster of real processes on loopback for the test's duration; on the way
     out every process must have stopped."""
-    from clockwork.cluster.serve import LocalCluster
+    from clockwork.cluster.local import LocalCluster
 
     kw.setdefault("timeout", 30.0)
     c = LocalCluster(**kw)
@@ -76,7 +76,7 @@ def poll(what, deadline_s: float = 15.0, every_s: float = 0.02):
 
 
 def wait_output(child, text: str, timeout: float = 20.0) -> str:
-    """The first line of a ``clockwork.cluster.serve._Child``'s output that contains
+    """The first line of a ``clockwork.cluster.local._Child``'s output that contains
     ``text`` (waits up to ``timeout`` seconds for it)."""
     deadline = time.monotonic() + timeout
     while True:

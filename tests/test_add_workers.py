@@ -390,7 +390,7 @@ def test_a_worker_started_by_hand_joins_a_served_cluster_given_its_secret(tmp_pa
     not prove the cluster secret", though the README says add_worker adds one)."""
     pytest.importorskip("grpc")
     from clockwork.client import Client
-    from clockwork.cluster.serve import _Child, _cli
+    from clockwork.cluster.local import _Child, _cli
     from clockwork.protocol.security import SECRET_ENV
 
     secret = tmp_path / "secret"

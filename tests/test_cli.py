@@ -97,7 +97,8 @@ def test_cuda_without_a_gpu_fails_at_start_naming_the_alternatives(capsys):
 
 
 def test_cluster_from_scenario_passes_every_scheduler_key(tmp_path):
-    from clockwork.cluster.serve import LocalCluster, cluster_from_scenario
+    from clockwork.cluster.local import LocalCluster
+    from clockwork.cluster.serve import cluster_from_scenario
     from clockwork.scenario import load_scenario
     from controller.service import read_settings_file
 

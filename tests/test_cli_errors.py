@@ -460,7 +460,7 @@ def test_serve_says_a_childs_refusal_once_naming_the_child(tmp_path, flag, child
 def test_a_child_that_fails_at_start_shows_its_output_once(capsys, echo):
     """A child that exits before it listens (not a refusal, exit 1): its output is in the
     error once -- echoed already, or in the message when not echoed."""
-    from clockwork.cluster.serve import _Child
+    from clockwork.cluster.local import _Child
 
     c = _Child("worker0", [sys.executable, "-c", "import sys; print('boom'); sys.exit(1)"],
                echo=echo)

@@ -118,7 +118,7 @@ def test_serve_replay_serves_rest_and_kserve_only_when_asked(tmp_path):
 
 
 def _child(tmp_path, script: str):
-    from clockwork.cluster.serve import _Child
+    from clockwork.cluster.local import _Child
 
     return _Child("worker0", [sys.executable, "-c", script], log=tmp_path / "w.log")
 
@@ -150,7 +150,7 @@ def test_a_child_that_talks_on_is_remembered_in_bounded_memory(tmp_path):
     What it said it listens on is kept whatever it says after: a child that printed its
     address and then more lines than are kept before the wait read them (a busy machine)
     was taken for one that never said it, and serve gave up on it."""
-    from clockwork.cluster import serve
+    from clockwork.cluster import local
 
     chatty = ("print('clockwork worker listening on 127.0.0.1:5 (x)', flush=True)\n"
               "print('http listening on 127.0.0.1:6', flush=True)\n"
@@ -164,8 +164,8 @@ def test_a_child_that_talks_on_is_remembered_in_bounded_memory(tmp_path):
         assert c.announced("kserve grpc") is None
     finally:
         c.stop()
-    assert len(c.output) <= 2 * serve.OUTPUT_KEPT and c.output[-1] == "line 4999\n"
-    assert c.lines.qsize() <= serve.OUTPUT_KEPT
+    assert len(c.output) <= 2 * local.OUTPUT_KEPT and c.output[-1] == "line 4999\n"
+    assert c.lines.qsize() <= local.OUTPUT_KEPT
     assert (tmp_path / "w.log").read_text().count("\n") == 5002  # the log has them all
 
 
@@ -173,7 +173,8 @@ def test_a_scenarios_worker_settings_hold_for_workers_past_its_count():
     """A Ray cluster may have more nodes than the scenario's ``workers``: each of their
     workers gets the scenario's emulated noise and stragglers and a seed of its own (they
     got none: only the first ``workers`` ran the scenario's settings)."""
-    from clockwork.cluster.serve import LocalCluster, cluster_from_scenario
+    from clockwork.cluster.local import LocalCluster
+    from clockwork.cluster.serve import cluster_from_scenario
     from clockwork.scenario import load_scenario
 
     sc = load_scenario("poisson_warm", ["cluster.workers=1", "cluster.noise=0.2",

@@ -210,7 +210,7 @@ def test_load_model_from_disk(cluster, packages):
 
 
 def test_worker_without_package_is_refused_with_a_clear_message(tmp_path):
-    from clockwork.cluster.serve import LocalCluster
+    from clockwork.cluster.local import LocalCluster
 
     c = LocalCluster(workers=1, gpus=1, profiles="cpu", models="mlp", pages=1, device="cpu",
                      packages=str(tmp_path), timeout=30)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 import clockwork
-from clockwork.cluster.serve import LocalCluster
+from clockwork.cluster.local import LocalCluster
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol.framing import MAX_FRAME, TICKET_BYTES, FrameStream, dial, host_of
 from tests.conftest import wait_output

@@ -25,7 +25,7 @@ import pytest
 grpc = pytest.importorskip("grpc")
 
 import clockwork  # noqa: E402
-from clockwork.cluster.serve import _Child, _cli  # noqa: E402
+from clockwork.cluster.local import _Child, _cli  # noqa: E402
 from clockwork.errors import ClockworkError, Overloaded  # noqa: E402
 from clockwork.protocol import clockwork_pb2 as pb  # noqa: E402
 from clockwork.protocol import clockwork_pb2_grpc as pbg  # noqa: E402

@@ -725,7 +725,7 @@ def test_a_stopped_local_cluster_starts_again():
     new processes, and the controller is given the new workers' addresses (it was given
     the stopped ones too and failed at --connect-timeout). One running cannot be started
     twice."""
-    from clockwork.cluster.serve import LocalCluster
+    from clockwork.cluster.local import LocalCluster
 
     c = LocalCluster(workers=1, gpus=1, models="resnet50_v2", timeout=30.0)
     seen = []

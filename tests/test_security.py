@@ -29,7 +29,7 @@ thttp = pytest.importorskip("tritonclient.http")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 import clockwork  # noqa: E402
-from clockwork.cluster.serve import _Child, _cli  # noqa: E402
+from clockwork.cluster.local import _Child, _cli  # noqa: E402
 from clockwork.errors import ControllerUnavailable, Unauthenticated  # noqa: E402
 from clockwork.protocol import clockwork_pb2 as pb  # noqa: E402
 from clockwork.protocol import clockwork_pb2_grpc as pbg  # noqa: E402

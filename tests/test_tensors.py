@@ -129,7 +129,7 @@ def test_emulated_worker_sends_no_output_bytes():
     """A real emulated worker process: an INFER that wants outputs is answered with a
     ResultMsg that carries no tensors (the controller fills the zeros itself)."""
     grpc = pytest.importorskip("grpc")
-    from clockwork.cluster.serve import _Child, _cli
+    from clockwork.cluster.local import _Child, _cli
     from clockwork.protocol import clockwork_pb2 as pb
     from clockwork.protocol import clockwork_pb2_grpc as pbg
     from clockwork.protocol.wire import INT64_MAX

@@ -30,7 +30,7 @@ HELD = "worker is held by another controller"  # clockwork.protocol.holding.HELD
 def _controller(name: str, worker: str, env, *extra: str):
     """A controller process on a free port serving MODEL from ``worker``, waiting for
     it up to 120 s at start (a worker held by another controller)."""
-    from clockwork.cluster.serve import _Child
+    from clockwork.cluster.local import _Child
 
     return _Child(name, cli_command(
         "controller", "--host", "127.0.0.1", "--port", "0", "--workers", worker,

@@ -356,7 +356,7 @@ def test_an_idle_worker_that_hangs_on_the_fast_link_is_noticed_by_keepalive(monk
     import subprocess
     import sys
 
-    from clockwork.cluster.serve import _ADDR
+    from clockwork.cluster.local import _ADDR
     from clockwork.protocol import keepalive
     from controller import service
 

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from clockwork.actions import NEVER, Action, ActionType
-from clockwork.cluster.serve import _Child, _cli
+from clockwork.cluster.local import _Child, _cli
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
 from clockwork.protocol.framing import dial

@@ -86,7 +86,7 @@ from pathlib import Path
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from clockwork.cluster.serve import ChildRefused, LocalCluster
+from clockwork.cluster.local import ChildRefused, LocalCluster
 
 RESOURCE = "clockwork_gpu"  # Ray custom resource: emulated (and cpu-device) GPUs
 READY_TIMEOUT_S = 60.0  # for a worker in an actor to listen, from its last sign of life
