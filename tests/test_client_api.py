@@ -34,9 +34,11 @@ HUGE = (64 << 20) // 4 + 1  # float32 elements: more than a 64 MiB gRPC message 
 
 @pytest.fixture(scope="module")
 def cluster():
-    # the liveness probe's timeout raised from 50 ms: on two shared cores a worker busy
-    # taking in tens of MB of inputs can miss a 50 ms probe, and every request that
-    # arrives while it is suspect is answered no_worker (these tests are not about that)
+    # the liveness probe's timeout raised from 50 ms: on two shared cores, with the
+    # controller and this test busy with 72 MB of inputs (an emulated worker gets none)
+    # and another test process beside them, a worker starved of CPU can miss a 50 ms
+    # probe, and every request that arrives while it is suspect is answered no_worker
+    # (these tests are not about that)
     with local_cluster(workers=1, gpus=1, models="resnet50_v2,mobilenet_v2",
                        controller_args=["--set", "probe_timeout_ms=1000"]) as c:
         yield c
