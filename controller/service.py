@@ -31,6 +31,9 @@ counted (``worker_held_refusals``) at each attempt, and we keep trying -- at sta
 ``connect_timeout``, later for as long as we run -- until that controller's connection
 ends.
 
+The clockwork.v1 servicer and the listeners are in ``controller/grpc_api.py``, the
+``clockwork controller`` command in ``controller/command.py``.
+
 Security (``clockwork.protocol.security``, SECURITY.md): with ``--token`` every client call
 on every port must carry the bearer token; with a cluster secret every call to a worker
 carries our proof and the worker's answer must carry its own, or the worker is refused;
@@ -40,11 +43,9 @@ the links to the workers TLS too.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import re
-import signal
 import socket
 import ssl
 import sys
@@ -56,15 +57,14 @@ import grpc
 
 from clockwork.actions import Action, ActionType, ErrorCode, RequestStatus, Result
 from clockwork.names import BASE_NAME_RULE, MODEL_NAME
-from clockwork.profiles import ModelProfile, ProfileError, load_profile_set
+from clockwork.profiles import ModelProfile, load_profile_set
 from clockwork.protocol import addresses, keepalive
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
 from clockwork.protocol.framing import FrameStream, dial, host_of
 from clockwork.protocol.holding import controller_label, is_held, is_twice, new_controller_id
-from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
+from clockwork.protocol.listen import LISTEN_OPTIONS
 from clockwork.protocol.pacing import Pacer, doze
-from clockwork.protocol.parent import stop_when_orphaned
 from clockwork.protocol.ratelog import LogLimiter
 from clockwork.protocol.security import (
     WORKER_CLOCK_SYNC,
@@ -72,14 +72,7 @@ from clockwork.protocol.security import (
     AuthFailed,
     ClusterAuth,
     Refusals,
-    SecurityError,
-    TlsFiles,
-    TokenInterceptor,
-    channel_credentials,
-    client_ssl_context,
-    cluster_secret,
     exposure_error,
-    server_token,
 )
 from clockwork.protocol.wire import (
     WireError,
@@ -96,7 +89,6 @@ from clockwork.sizes import (
     MAX_GPUS_PER_WORKER,
     MAX_INSTANCES,
     MAX_MESSAGE_BYTES,
-    status_details,
 )
 from clockwork.tensors import (
     Tensor,
@@ -108,22 +100,18 @@ from clockwork.tensors import (
     zero_rows,
 )
 from clockwork.time import MAX_SLO_MS, ms
-from controller import make_policy, policy_class, split_settings, unused_line
+from controller import make_policy, policy_class
 from controller.config import SchedulerConfig
-from controller.grpc_health import HEALTH_METHODS, add_health
 from controller.inflight import failed_code
 from controller.intake import (
     CLIENT_CLOCK_WINDOW_NS,
     STOPPING_MESSAGE,
     Gate,
-    serve_stream,
-    submit_unary,
 )
-from controller.limits import Limits, limits_from_flags
+from controller.limits import Limits
 from controller.loop import ControllerLoop, Liveness
 from controller.metrics import ControllerMetrics
 from controller.policy import GpuSpec, Policy
-from controller.repository import as_loaded
 from controller.repository import group_name as _group_name
 
 now_ns = time.monotonic_ns
@@ -2099,356 +2087,3 @@ def _check_inputs(inputs, prof: ModelProfile) -> tuple[list[Tensor] | None, str 
         except TensorError as e:
             return None, str(e)
     return inputs, check_inputs(inputs, prof.inputs)
-
-
-class ClockworkServicer(pbg.ClockworkServicer):
-    def __init__(self, node: ControllerNode) -> None:
-        self.node = node
-
-    async def Infer(self, request, context):  # noqa: N802
-        fut = asyncio.get_running_loop().create_future()
-
-        def deliver(resp):
-            if not fut.done():
-                fut.set_result(resp)
-
-        rem = context.time_remaining()  # None: the call has no deadline
-        submit_unary(self.node, request, deliver, context.peer(),
-                     None if rem is None else int(rem * 1e9))
-        return await fut
-
-    async def InferStream(self, request_iterator, context):  # noqa: N802
-        """Slices, bounds and reply messages: ``controller.intake.serve_stream``."""
-        await serve_stream(self.node, context)  # (it reads with context.read())
-
-    async def ListModels(self, request, context):  # noqa: N802
-        n = self.node
-        if request.index:
-            names = [name for name, _, _ in n.repository_index(request.ready_only)]
-        else:
-            names = [i for i in n.profiles if not request.ready_only or n.model_ready(i)]
-        if len(names) <= OFF_LOOP_ROWS:
-            models = model_infos([n.model_row(i) for i in names])
-        else:  # read in slices, the loop free between them; made on a thread
-            rows = []
-            for k in range(0, len(names), OFF_LOOP_ROWS * 4):
-                if k:
-                    await asyncio.sleep(0)
-                for i in names[k:k + OFF_LOOP_ROWS * 4]:
-                    with contextlib.suppress(KeyError):  # (forgotten meanwhile)
-                        rows.append(n.model_row(i))
-            models = await asyncio.get_running_loop().run_in_executor(None, model_infos, rows)
-        return pb.ListModelsResponse(
-            models=models, default_slo_ms=n.cfg.default_slo / 1e6,
-            workers=len(n.links), workers_connected=sum(1 for lk in n.links if lk.connected),
-            gpus=len(n.gpu_index))
-
-    async def ModelStatus(self, request, context):  # noqa: N802
-        n = self.node
-        if request.model not in n.profiles:
-            return pb.ModelStatusResponse(known=False)
-        resp = pb.ModelStatusResponse(known=True, model=n.model_info(request.model))
-        view = n.policy.model_view(request.model)
-        if view is not None:
-            resp.loaded_on.extend(view.loaded_on)
-            resp.queued = view.queued
-        return resp
-
-    async def Stats(self, request, context):  # noqa: N802
-        n = self.node
-        return pb.StatsResponse(counters=n.counters, outstanding=len(n.pending))
-
-    async def LoadModel(self, request, context):  # noqa: N802
-        n = self.node
-        given = as_loaded(n, request.name, {"copies": request.copies or None,
-                                            "profile": request.profile or None,
-                                            "package": request.package or None})
-        if given is None:  # a copy served as asked: as it is
-            return pb.LoadModelResponse(models=[n.model_info(request.name)])
-        try:
-            names = await n.load_model(request.name, given["copies"] or 1,
-                                       given["profile"] or None, given["package"] or "")
-        except RepositoryError as e:
-            await context.abort(e.code, status_details(e.message))
-        return pb.LoadModelResponse(models=[n.model_info(i) for i in names])
-
-    async def AddWorker(self, request, context):  # noqa: N802
-        if not request.address:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "give the worker's host:port")
-        try:
-            left = context.time_remaining()  # answer before the caller's deadline (its
-            # last quarter, at most half a second, for the answer to reach it)
-            w, gpus, added = await self.node.add_worker(
-                request.address, None if left is None else left - min(0.5, left / 4))
-        except RepositoryError as e:
-            await context.abort(e.code, status_details(e.message))
-        return pb.AddWorkerResponse(worker=w, gpus=gpus, added=added)
-
-    async def UnloadModel(self, request, context):  # noqa: N802
-        try:
-            names = await self.node.unload_model(request.name)
-        except RepositoryError as e:
-            await context.abort(e.code, status_details(e.message))
-        return pb.UnloadModelResponse(instances=names)
-
-
-async def serve_controller(node: ControllerNode, host: str, port: int, ready=None,
-                           stop: asyncio.Event | None = None,
-                           http_port: int | None = None,
-                           kserve_port: int | None = None, token: str | None = None,
-                           tls: TlsFiles | None = None) -> None:
-    """Serve until ``stop``: clockwork.v1 and KServe v2 gRPC on ``port``, KServe v2 gRPC
-    also on ``kserve_port`` (Triton's 8001 by default), REST on ``http_port``. ``token``:
-    every client call must carry it (REST health endpoints excepted); ``tls``: every port
-    speaks TLS."""
-    interceptors = [TokenInterceptor(token, node.count, HEALTH_METHODS)] if token else None
-    server = grpc.aio.server(options=server_options(node.limits), interceptors=interceptors,
-                             maximum_concurrent_rpcs=node.limits.grpc_max_calls)
-    pbg.add_ClockworkServicer_to_server(ClockworkServicer(node), server)
-    add_health(node, server)  # grpc.health.v1.Health (Kubernetes' grpc probes), no token
-    from controller.kserve import add_kserve_grpc  # lazy: its inference.* protos clash
-    add_kserve_grpc(node, server)  # with tritonclient's in one process; KServe v2, same port
-    creds = tls.grpc_credentials() if tls is not None else None
-    bound = bind_grpc(server, host, port, "--port", creds)
-    node.label = controller_label(bound)  # (in our Hellos: a worker names us by it)
-    kbound = (bind_grpc(server, host, kserve_port, "--kserve-port", creds)
-              if kserve_port is not None else 0)
-    http = None
-    if http_port is not None:  # KServe v2 REST: bound now (accepting nothing yet), as every
-        # port is before any worker is contacted: a port that is taken stops this
-        # controller before it takes the workers from the one that may have them
-        from controller.kserve_rest import bind_http
-        try:
-            http = await bind_http(node, host, http_port, token,
-                                   tls.ssl_context() if tls is not None else None)
-        except OSError as e:
-            raise ListenError(f"cannot listen on {host}:{http_port} (--http-port): "
-                              f"{e.strerror or e}") from None
-    stop = stop or asyncio.Event()
-    try:
-        await _unless_stopped(node.start(), stop)
-    except BaseException:
-        if http is not None:
-            await http.close()
-        raise
-    await server.start()
-    if ready is not None:
-        ready(bound)
-    if kbound:
-        print(f"clockwork controller kserve grpc listening on {host}:{kbound}", flush=True)
-    if http is not None:  # after the lines above (LocalCluster reads them in this order)
-        await http.serve()
-        print(f"clockwork controller http listening on {host}:{http.port}", flush=True)
-    flusher = asyncio.create_task(node._flush_logs()) if node.telemetry is not None else None
-    try:
-        await stop.wait()
-    finally:
-        if flusher is not None:
-            flusher.cancel()
-        node.begin_stop()  # (the REST requests waiting get their 503 before it closes)
-        if http is not None:
-            await http.close()
-        await node.stop()
-        await server.stop(1.0)
-        node.write_logs(final=True)
-
-
-class Interrupted(Exception):
-    """``stop`` came before the controller had started (it was still waiting for its
-    workers)."""
-
-
-async def _unless_stopped(start, stop: asyncio.Event) -> None:
-    """Await ``start`` (a coroutine) unless ``stop`` is set first: then it is cancelled
-    and ``Interrupted`` raised (a Ctrl-C or SIGTERM while the workers are awaited, for up
-    to ``--connect-timeout``, ends the controller at once)."""
-    task = asyncio.ensure_future(start)
-    stopped = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopped.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.wait([task])
-    if task.cancelled():
-        raise Interrupted("stopped while waiting for the workers")
-    task.result()
-
-
-def parse_settings(items: list[str]) -> dict:
-    """``["max_exec_ms=25", "batch_first=false"]`` -> {"max_exec_ms": 25, ...} (values as
-    TOML would read them: booleans, integers, floats, else strings). The keys and values
-    are checked against the policy's schemas by ``controller.split_settings``; here a
-    malformed item raises ``ValueError`` with one line."""
-    from clockwork.scenario import parse_value
-    from clockwork.settings import SettingsError
-
-    out = {}
-    for item in items:
-        key, eq, text = item.partition("=")
-        if not eq or not key.strip():
-            raise SettingsError(f"--set wants KEY=VALUE, got {item!r}")
-        out[key.strip()] = parse_value(text.strip())
-    return out
-
-
-def read_settings_file(path: str) -> dict:
-    """The ``[scheduler]`` table of a settings file (``clockwork controller --settings``),
-    as data: a JSON file (suffix ``.json``; ``{"scheduler": {...}}``, what ``clockwork
-    serve`` writes) or else a TOML file with a ``[scheduler]`` table (a scenario file
-    works: only that table is read, and one without it gives the defaults, as
-    ``simulate`` runs it). The table may name the ``policy``. Its keys and
-    values are checked by ``controller.split_settings`` (``scheduler_settings``); a file
-    that cannot be read or parsed, or has no ``scheduler`` table, raises
-    ``SettingsError`` with one line naming the file."""
-    from pathlib import Path
-
-    from clockwork.scenario import parse_json, parse_toml
-    from clockwork.settings import SettingsError
-
-    p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise SettingsError(f"--settings {path}: cannot read it ({e.strerror or e})") from None
-    where = f"--settings {path}"
-    if p.suffix == ".json":
-        data = parse_json(raw, where, SettingsError)
-    else:
-        data = parse_toml(raw, where, SettingsError)
-    table = data.get("scheduler") if isinstance(data, dict) else None
-    if (table is None and p.suffix != ".json" and isinstance(data, dict)
-            and {"cluster", "models", "workloads"} & data.keys()):
-        table = {}  # a scenario without [scheduler]: the defaults, as simulate runs it
-    if not isinstance(table, dict):
-        raise SettingsError(f"--settings {path}: no [scheduler] table (JSON: "
-                            '{"scheduler": {"policy": ..., "<setting>": ...}})')
-    return dict(table)
-
-
-def scheduler_settings(args: argparse.Namespace) -> tuple[str, SchedulerConfig, dict]:
-    """The controller's policy name, ``SchedulerConfig`` and the policy's own settings,
-    from ``--settings FILE`` and, over it, ``--policy``, ``--schedule-ahead-ms``,
-    ``--default-slo-ms``, ``--max-batch`` and ``--set``; checked by
-    ``controller.split_settings`` (a bad key or value raises ``SettingsError`` with one
-    line, prefixed with the file when the file holds it)."""
-    from clockwork.settings import SettingsError
-
-    table: dict = {}
-    policy = args.policy
-    if args.settings:
-        table = read_settings_file(args.settings)
-        in_file = str(table.pop("policy", "clockwork"))
-        policy = policy or in_file
-        try:
-            split_settings(policy, table)  # the file alone, so errors can name it
-        except SettingsError as e:
-            raise SettingsError(f"--settings {args.settings}: {e}") from None
-    policy = policy or "clockwork"
-    table.update({k: v for k, v in (
-        ("schedule_ahead_ms", args.schedule_ahead_ms), ("default_slo_ms", args.default_slo_ms),
-        ("max_batch", args.max_batch)) if v is not None})
-    sets = parse_settings(args.set)
-    if "policy" in sets:  # (it was "unknown scheduler setting 'policy'", known keys listed)
-        raise SettingsError(f"--set policy={sets['policy']}: the policy is given with "
-                            f"--policy {sets['policy']} (or as policy in --settings FILE)")
-    table.update(sets)
-    common, own = split_settings(policy, table)  # checks the policy name too
-    line = unused_line(policy, table)
-    if line:
-        print(f"clockwork controller: {line}", file=sys.stderr)
-    return policy, SchedulerConfig.from_ms(**common), own
-
-
-def _security(args: argparse.Namespace, workers: list[str]):
-    """(client token, cluster secret, TLS files) from the flags, checked against the
-    default rule (off loopback: a token, and the cluster secret for far workers, unless
-    --insecure-no-auth); raises ``SecurityError`` with one line."""
-    token = server_token(getattr(args, "token", None), getattr(args, "token_file", None))
-    secret = cluster_secret(getattr(args, "cluster_secret_file", None))
-    tls = TlsFiles.from_flags(getattr(args, "tls_cert", None), getattr(args, "tls_key", None),
-                              getattr(args, "tls_ca", None))
-    why = exposure_error("controller", args.host, token, secret,
-                         getattr(args, "insecure_no_auth", False), workers)
-    if why is not None:
-        raise SecurityError(why)
-    return token, secret, tls
-
-
-def _worker_credentials(args: argparse.Namespace, tls: TlsFiles | None):
-    """With --worker-tls-ca: TLS to the workers, verified against that CA, presenting our
-    --tls-cert/--tls-key as client certificate (for workers started with --tls-ca): the
-    gRPC credentials and the fast links' context; (None, None) without."""
-    ca = getattr(args, "worker_tls_ca", None)
-    if not ca:
-        return None, None
-    cert, key = (tls.cert, tls.key) if tls else (None, None)
-    return channel_credentials(ca, cert, key), client_ssl_context(ca, cert, key)
-
-
-def cmd_controller(args: argparse.Namespace) -> int:
-    workers = list(args.workers)  # host:port list, checked by the argument parser
-    for flag, given in (("--log-format", getattr(args, "log_format", None)),
-                        ("--log-flush-s", getattr(args, "log_flush_s", None))):
-        if given is not None and not args.log_dir:
-            print(f"clockwork controller: {flag} needs --log-dir (the logs are written "
-                  "only there)", file=sys.stderr)
-            return 2
-    flush_s = getattr(args, "log_flush_s", None)
-    try:
-        policy, cfg, own = scheduler_settings(args)
-        limits = limits_from_flags(getattr(args, "limit", None) or [])
-        node = ControllerNode(workers, args.profiles, args.models, policy, cfg,
-                              args.connect_timeout, args.log_dir, args.action_interval_us,
-                              args.reply_interval_us, own,
-                              LOG_FLUSH_S if flush_s is None else flush_s,
-                              getattr(args, "log_format", None) or "tsv",
-                              adopt_weights=not getattr(args, "fresh_caches", False))
-    except (ProfileError, ValueError) as e:
-        print(f"clockwork controller: {e}", file=sys.stderr)
-        return 2
-    node.limits = limits
-    try:
-        token, secret, tls = _security(args, workers)
-        node.worker_credentials, node.worker_tls = _worker_credentials(args, tls)
-    except SecurityError as e:
-        print(f"clockwork controller: {e}", file=sys.stderr)
-        return 2
-    node.cluster_auth = ClusterAuth(secret) if secret is not None else None
-    node.insecure_no_auth = getattr(args, "insecure_no_auth", False)
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        orphan = asyncio.ensure_future(stop_when_orphaned(stop, "controller"))
-
-        def ready(port: int) -> None:
-            sec = "".join(s for on, s in ((token, ", token required"), (tls, ", TLS"),
-                                           (secret, ", cluster secret")) if on)
-            print(f"clockwork controller listening on {args.host}:{port} ({len(workers)} "
-                  f"worker(s), {len(node.gpu_index)} GPU(s), {len(node.profiles)} model "
-                  f"instance(s){sec})", flush=True)
-
-        try:
-            await serve_controller(node, args.host, args.port, ready, stop,
-                                   args.http_port if args.http_port >= 0 else None,
-                                   args.kserve_port if args.kserve_port >= 0 else None,
-                                   token, tls)
-        finally:
-            orphan.cancel()
-
-    try:
-        asyncio.run(main())
-    except Interrupted as e:
-        print(f"clockwork controller: {e}", file=sys.stderr)
-        return 130
-    except ListenError as e:
-        print(f"clockwork controller: {e}", file=sys.stderr)
-        return 2
-    except (ConnectionError, ValueError) as e:
-        print(f"clockwork controller: {e}", file=sys.stderr)
-        return 1
-    return 0

@@ -100,7 +100,7 @@ def test_cluster_from_scenario_passes_every_scheduler_key(tmp_path):
     from clockwork.cluster.local import LocalCluster
     from clockwork.cluster.serve import cluster_from_scenario
     from clockwork.scenario import load_scenario
-    from controller.service import read_settings_file
+    from controller.command import read_settings_file
 
     sc = load_scenario(data={
         "cluster": {"workers": 2, "gpus_per_worker": 1, "profiles": "v100-reference",
@@ -149,7 +149,7 @@ def _controller_args(*argv):
 
 
 def test_controller_settings_file_then_flags_over_it(tmp_path):
-    from controller.service import scheduler_settings
+    from controller.command import scheduler_settings
 
     f = tmp_path / "s.json"
     f.write_text('{"scheduler": {"policy": "clipper", "max_batch": 8, "batch_wait_ms": 2,'
@@ -172,7 +172,7 @@ def test_controller_settings_file_then_flags_over_it(tmp_path):
 
 
 def test_controller_set_parses_settings_and_rejects_unknown_ones():
-    from controller.service import parse_settings
+    from controller.command import parse_settings
 
     assert parse_settings(["max_exec_ms=25", "batch_first=false", "x=1.5", "name=abc"]) == {
         "max_exec_ms": 25, "batch_first": False, "x": 1.5, "name": "abc"}

@@ -66,7 +66,7 @@ def test_controller_settings_takes_a_shipped_scenario_name(tmp_path, monkeypatch
     one line naming the closest shipped scenarios."""
     from clockwork.cluster.cli import build_parser
     from clockwork.resources import resolve_scenario
-    from controller.service import scheduler_settings
+    from controller.command import scheduler_settings
 
     monkeypatch.chdir(tmp_path)  # (in the checkout scenarios/cpu_live.toml is a file too)
 
@@ -84,8 +84,8 @@ def test_controller_settings_of_a_scenario_without_scheduler_table_are_the_defau
     """A shipped scenario with no [scheduler] table (poisson_warm, cold_starts) runs on
     the default settings in simulate; --settings takes it the same way."""
     from clockwork.cluster.cli import build_parser
+    from controller.command import scheduler_settings
     from controller.config import SchedulerConfig
-    from controller.service import scheduler_settings
 
     for name in ("poisson_warm", "cold_starts"):
         args = build_parser().parse_args(["controller", "--workers", "127.0.0.1:1",

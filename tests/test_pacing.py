@@ -35,7 +35,7 @@ async def _serving(reply_interval_us: float = 0.0, result_interval_us: float = 0
     """An emulated worker and a controller (scheduler settings ``cfg``) serving
     clockwork.v1 on loopback, in this process: (the controller node, a connected
     ``clockwork.AsyncClient``)."""
-    from controller.service import ClockworkServicer
+    from controller.grpc_api import ClockworkServicer
     from worker.service import WorkerNode
 
     wnode = WorkerNode(gpus=1, pages=100, result_interval_us=result_interval_us)

@@ -32,8 +32,9 @@ from controller import make_policy, split_settings
 from controller.baselines.clipper import ClipperConfig
 from controller.baselines.infaas import InfaasConfig
 from controller.baselines.tfserving import TfServingConfig
+from controller.command import parse_settings
 from controller.config import SchedulerConfig
-from controller.service import parse_models, parse_settings
+from controller.service import parse_models
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = str(ROOT / "scenarios" / "poisson_warm.toml")

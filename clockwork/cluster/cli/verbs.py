@@ -329,7 +329,7 @@ def add_serve(sub) -> None:
 
 
 def add_controller(sub) -> None:
-    p = _verb(sub, "controller", "controller.service:cmd_controller",
+    p = _verb(sub, "controller", "controller.command:cmd_controller",
               "run the controller (scheduler + client API)",
               "Run the Clockwork controller: it connects to the workers, serves the "
               "clockwork.v1 client API and KServe v2 (gRPC and REST), and makes every "

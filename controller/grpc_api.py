@@ -1,0 +1,204 @@
+"""The controller's gRPC face: the ``clockwork.v1`` servicer (``Infer``, ``InferStream``,
+``Stats``, the model repository and ``AddWorker`` calls, each handed to the
+``ControllerNode``) and ``serve_controller``, which binds every listener (clockwork.v1
+and KServe v2 gRPC, gRPC health, KServe v2 REST), starts the node and serves until told
+to stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import grpc
+
+from clockwork.protocol import clockwork_pb2 as pb
+from clockwork.protocol import clockwork_pb2_grpc as pbg
+from clockwork.protocol.holding import controller_label
+from clockwork.protocol.listen import ListenError, bind_grpc
+from clockwork.protocol.security import TlsFiles, TokenInterceptor
+from clockwork.sizes import status_details
+from controller.grpc_health import HEALTH_METHODS, add_health
+from controller.intake import serve_stream, submit_unary
+from controller.repository import as_loaded
+from controller.service import (
+    OFF_LOOP_ROWS,
+    ControllerNode,
+    RepositoryError,
+    model_infos,
+    server_options,
+)
+
+
+class ClockworkServicer(pbg.ClockworkServicer):
+    def __init__(self, node: ControllerNode) -> None:
+        self.node = node
+
+    async def Infer(self, request, context):  # noqa: N802
+        fut = asyncio.get_running_loop().create_future()
+
+        def deliver(resp):
+            if not fut.done():
+                fut.set_result(resp)
+
+        rem = context.time_remaining()  # None: the call has no deadline
+        submit_unary(self.node, request, deliver, context.peer(),
+                     None if rem is None else int(rem * 1e9))
+        return await fut
+
+    async def InferStream(self, request_iterator, context):  # noqa: N802
+        """Slices, bounds and reply messages: ``controller.intake.serve_stream``."""
+        await serve_stream(self.node, context)  # (it reads with context.read())
+
+    async def ListModels(self, request, context):  # noqa: N802
+        n = self.node
+        if request.index:
+            names = [name for name, _, _ in n.repository_index(request.ready_only)]
+        else:
+            names = [i for i in n.profiles if not request.ready_only or n.model_ready(i)]
+        if len(names) <= OFF_LOOP_ROWS:
+            models = model_infos([n.model_row(i) for i in names])
+        else:  # read in slices, the loop free between them; made on a thread
+            rows = []
+            for k in range(0, len(names), OFF_LOOP_ROWS * 4):
+                if k:
+                    await asyncio.sleep(0)
+                for i in names[k:k + OFF_LOOP_ROWS * 4]:
+                    with contextlib.suppress(KeyError):  # (forgotten meanwhile)
+                        rows.append(n.model_row(i))
+            models = await asyncio.get_running_loop().run_in_executor(None, model_infos, rows)
+        return pb.ListModelsResponse(
+            models=models, default_slo_ms=n.cfg.default_slo / 1e6,
+            workers=len(n.links), workers_connected=sum(1 for lk in n.links if lk.connected),
+            gpus=len(n.gpu_index))
+
+    async def ModelStatus(self, request, context):  # noqa: N802
+        n = self.node
+        if request.model not in n.profiles:
+            return pb.ModelStatusResponse(known=False)
+        resp = pb.ModelStatusResponse(known=True, model=n.model_info(request.model))
+        view = n.policy.model_view(request.model)
+        if view is not None:
+            resp.loaded_on.extend(view.loaded_on)
+            resp.queued = view.queued
+        return resp
+
+    async def Stats(self, request, context):  # noqa: N802
+        n = self.node
+        return pb.StatsResponse(counters=n.counters, outstanding=len(n.pending))
+
+    async def LoadModel(self, request, context):  # noqa: N802
+        n = self.node
+        given = as_loaded(n, request.name, {"copies": request.copies or None,
+                                            "profile": request.profile or None,
+                                            "package": request.package or None})
+        if given is None:  # a copy served as asked: as it is
+            return pb.LoadModelResponse(models=[n.model_info(request.name)])
+        try:
+            names = await n.load_model(request.name, given["copies"] or 1,
+                                       given["profile"] or None, given["package"] or "")
+        except RepositoryError as e:
+            await context.abort(e.code, status_details(e.message))
+        return pb.LoadModelResponse(models=[n.model_info(i) for i in names])
+
+    async def AddWorker(self, request, context):  # noqa: N802
+        if not request.address:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "give the worker's host:port")
+        try:
+            left = context.time_remaining()  # answer before the caller's deadline (its
+            # last quarter, at most half a second, for the answer to reach it)
+            w, gpus, added = await self.node.add_worker(
+                request.address, None if left is None else left - min(0.5, left / 4))
+        except RepositoryError as e:
+            await context.abort(e.code, status_details(e.message))
+        return pb.AddWorkerResponse(worker=w, gpus=gpus, added=added)
+
+    async def UnloadModel(self, request, context):  # noqa: N802
+        try:
+            names = await self.node.unload_model(request.name)
+        except RepositoryError as e:
+            await context.abort(e.code, status_details(e.message))
+        return pb.UnloadModelResponse(instances=names)
+
+
+async def serve_controller(node: ControllerNode, host: str, port: int, ready=None,
+                           stop: asyncio.Event | None = None,
+                           http_port: int | None = None,
+                           kserve_port: int | None = None, token: str | None = None,
+                           tls: TlsFiles | None = None) -> None:
+    """Serve until ``stop``: clockwork.v1 and KServe v2 gRPC on ``port``, KServe v2 gRPC
+    also on ``kserve_port`` (Triton's 8001 by default), REST on ``http_port``. ``token``:
+    every client call must carry it (REST health endpoints excepted); ``tls``: every port
+    speaks TLS."""
+    interceptors = [TokenInterceptor(token, node.count, HEALTH_METHODS)] if token else None
+    server = grpc.aio.server(options=server_options(node.limits), interceptors=interceptors,
+                             maximum_concurrent_rpcs=node.limits.grpc_max_calls)
+    pbg.add_ClockworkServicer_to_server(ClockworkServicer(node), server)
+    add_health(node, server)  # grpc.health.v1.Health (Kubernetes' grpc probes), no token
+    from controller.kserve import add_kserve_grpc  # lazy: its inference.* protos clash
+    add_kserve_grpc(node, server)  # with tritonclient's in one process; KServe v2, same port
+    creds = tls.grpc_credentials() if tls is not None else None
+    bound = bind_grpc(server, host, port, "--port", creds)
+    node.label = controller_label(bound)  # (in our Hellos: a worker names us by it)
+    kbound = (bind_grpc(server, host, kserve_port, "--kserve-port", creds)
+              if kserve_port is not None else 0)
+    http = None
+    if http_port is not None:  # KServe v2 REST: bound now (accepting nothing yet), as every
+        # port is before any worker is contacted: a port that is taken stops this
+        # controller before it takes the workers from the one that may have them
+        from controller.kserve_rest import bind_http
+        try:
+            http = await bind_http(node, host, http_port, token,
+                                   tls.ssl_context() if tls is not None else None)
+        except OSError as e:
+            raise ListenError(f"cannot listen on {host}:{http_port} (--http-port): "
+                              f"{e.strerror or e}") from None
+    stop = stop or asyncio.Event()
+    try:
+        await _unless_stopped(node.start(), stop)
+    except BaseException:
+        if http is not None:
+            await http.close()
+        raise
+    await server.start()
+    if ready is not None:
+        ready(bound)
+    if kbound:
+        print(f"clockwork controller kserve grpc listening on {host}:{kbound}", flush=True)
+    if http is not None:  # after the lines above (LocalCluster reads them in this order)
+        await http.serve()
+        print(f"clockwork controller http listening on {host}:{http.port}", flush=True)
+    flusher = asyncio.create_task(node._flush_logs()) if node.telemetry is not None else None
+    try:
+        await stop.wait()
+    finally:
+        if flusher is not None:
+            flusher.cancel()
+        node.begin_stop()  # (the REST requests waiting get their 503 before it closes)
+        if http is not None:
+            await http.close()
+        await node.stop()
+        await server.stop(1.0)
+        node.write_logs(final=True)
+
+
+class Interrupted(Exception):
+    """``stop`` came before the controller had started (it was still waiting for its
+    workers)."""
+
+
+async def _unless_stopped(start, stop: asyncio.Event) -> None:
+    """Await ``start`` (a coroutine) unless ``stop`` is set first: then it is cancelled
+    and ``Interrupted`` raised (a Ctrl-C or SIGTERM while the workers are awaited, for up
+    to ``--connect-timeout``, ends the controller at once)."""
+    task = asyncio.ensure_future(start)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait([task])
+    if task.cancelled():
+        raise Interrupted("stopped while waiting for the workers")
+    task.result()
