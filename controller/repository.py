@@ -50,6 +50,23 @@ import grpc
 from controller.kserve_status import INVALID, NOT_FOUND, UNAVAILABLE, KServeError
 from controller.kserve_validate import json_loads, max_batch_size
 
+
+class RepositoryError(Exception):
+    """A model repository call that failed: ``code`` (a ``grpc.StatusCode``: NOT_FOUND,
+    INVALID_ARGUMENT or UNAVAILABLE) and a one-line message for the client."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def shutting_down() -> RepositoryError:
+    """What a repository call (a load, an add of a worker) still waiting is answered
+    when the controller stops, rather than being cancelled by the server's stop."""
+    return RepositoryError(grpc.StatusCode.UNAVAILABLE, "the controller is shutting down")
+
+
 VERSION = "1"  # every model has one version
 LOAD_PARAMS = ("copies", "profile", "package", "config")
 # Triton model configuration fields a load accepts (those our get_model_config answers)

@@ -149,7 +149,7 @@ def test_a_paced_action_goes_before_its_latest_start(monkeypatch):
     worker suspect. A paced action now goes no later than one interval before its
     latest start (here: at once): every request is answered in time, each within a few
     milliseconds."""
-    from controller import service
+    from controller import links as service  # (the action writer's module)
 
     monkeypatch.setattr(service, "Pacer", _Busy)
 
@@ -176,7 +176,7 @@ def test_a_paced_action_with_room_to_wait_waits_for_the_slot(monkeypatch):
     up to 2 s after its planned start (``latest_delta``), an INFER is held for the
     link's next message, 0.4 s after the previous one, and still answered."""
     from clockwork.time import ms
-    from controller import service
+    from controller import links as service  # (the action writer's module)
     from controller.config import SchedulerConfig
 
     monkeypatch.setattr(service, "Pacer", _Busy)

@@ -308,12 +308,13 @@ def test_a_slow_first_kernel_build_at_run_time_holds_up_only_that_load(tmp_path,
     the build ends, and the worker is never suspect nor lost. Before, the load failed
     (UNAVAILABLE, "did not take the model within 30 s") while the build went on.
     Controller and worker in this process."""
+    from controller import links
     from controller import service as controller_service
     from worker import service
 
     silent_s = 0.5
     monkeypatch.setattr(controller_service, "UPDATE_TIMEOUT_S", silent_s)
-    monkeypatch.setattr(controller_service, "ECHO_S", 0.05, raising=False)
+    monkeypatch.setattr(links, "ECHO_S", 0.05)
     building, answered = threading.Event(), threading.Event()
     built: list[float] = []
 
@@ -367,10 +368,10 @@ def test_a_hello_naming_a_package_built_after_the_worker_started_is_waited_for(
     on the same connection while the worker answers, says so, and then serves. Before,
     it gave up on each connection after 5 s and opened another, each reading the same
     package again, and failed to start once ``--connect-timeout`` had passed."""
-    from controller import service as controller_service
+    from controller import links
     from worker import service
 
-    monkeypatch.setattr(controller_service, "HELLO_WAIT_S", 0.2)
+    monkeypatch.setattr(links, "HELLO_WAIT_S", 0.2)
     syncs: list[float] = []
     builds: list[float] = []
     checked = threading.Event()  # three ClockSyncs since the build began
@@ -426,13 +427,14 @@ def test_a_worker_silent_while_it_takes_a_load_fails_that_load(monkeypatch, live
     that answers its echoes but never the load fails it after ``UPDATE_MAX_S`` (0.6 s
     here; half an hour really) the same way. Controller and emulated worker in this
     process."""
+    from controller import links
     from controller import service as controller_service
     from controller.service import RepositoryError
     from worker import service
 
     monkeypatch.setattr(controller_service, "UPDATE_TIMEOUT_S", 10.0 if lively else 0.5)
     monkeypatch.setattr(controller_service, "UPDATE_MAX_S", 0.6 if lively else 30.0)
-    monkeypatch.setattr(controller_service, "ECHO_S", 0.05)
+    monkeypatch.setattr(links, "ECHO_S", 0.05)
     handle = service._Session.handle
     mute: list[bool] = []
 

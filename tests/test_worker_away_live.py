@@ -358,13 +358,13 @@ def test_an_idle_worker_that_hangs_on_the_fast_link_is_noticed_by_keepalive(monk
 
     from clockwork.cluster.local import _ADDR
     from clockwork.protocol import keepalive
-    from controller import service
+    from controller import links, service
 
     fast = [(k, 1000 if k in ("grpc.keepalive_time_ms", "grpc.keepalive_timeout_ms",
                               "grpc.http2.ping_timeout_ms") else v)
-            for k, v in service.WORKER_CHANNEL_OPTIONS]
-    assert len(fast) == len(service.WORKER_CHANNEL_OPTIONS) >= len(keepalive.CHANNEL)
-    monkeypatch.setattr(service, "WORKER_CHANNEL_OPTIONS", fast)
+            for k, v in links.WORKER_CHANNEL_OPTIONS]
+    assert len(fast) == len(links.WORKER_CHANNEL_OPTIONS) >= len(keepalive.CHANNEL)
+    monkeypatch.setattr(links, "WORKER_CHANNEL_OPTIONS", fast)
     w = subprocess.Popen([sys.executable, "-m", "clockwork.cluster.cli", "worker", "--port",
                           "0", "--gpus", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True)

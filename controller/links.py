@@ -1,0 +1,992 @@
+"""The controller's links to its workers: connecting each (a Connect stream, then the
+fast link's TCP frames where the worker offers one), its Hello and the answer to it,
+clock samples, the writer that sends its actions and InstanceUpdates, the reader of its
+results, and what happens when it is lost (its actions failed back into the loop, the
+reconnection, a refusal when it cannot serve what the controller serves).
+
+``WorkerLinks`` holds these as methods of ``ControllerNode`` (``controller/service.py``),
+which inherits them: they read and change the node's state (its loop, its counters, the
+instances served). ``send``, ``probe`` and ``reset`` are the loop's transport calls for a
+worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import grpc
+
+from clockwork.actions import Action, ActionType, Result
+from clockwork.protocol import addresses, keepalive
+from clockwork.protocol import clockwork_pb2 as pb
+from clockwork.protocol import clockwork_pb2_grpc as pbg
+from clockwork.protocol.framing import FrameStream, dial, host_of
+from clockwork.protocol.holding import is_held, is_twice
+from clockwork.protocol.pacing import Pacer, doze
+from clockwork.protocol.ratelog import LogLimiter
+from clockwork.protocol.security import (
+    WORKER_CLOCK_SYNC,
+    WORKER_CONNECT,
+    AuthFailed,
+    Refusals,
+    exposure_error,
+)
+from clockwork.protocol.wire import (
+    WireError,
+    add_action,
+    add_tensors,
+    attach_tensor,
+    cut_attachments,
+    msg_to_result,
+)
+from clockwork.sizes import (
+    MAX_ACTIONS_PER_MESSAGE,
+    MAX_GPUS_PER_WORKER,
+    MAX_MESSAGE_BYTES,
+)
+from clockwork.tensors import (
+    batch_inputs,
+    batch_rows,
+    row_buffers,
+)
+from controller.policy import GpuSpec
+from controller.repository import RepositoryError
+
+now_ns = time.monotonic_ns
+RECONNECT_S = 0.25  # between attempts to reach a lost worker again
+# on giving up on a worker at start, a TCP connection of at most PROBE_S tells a refused
+# connection from no answer at all
+PROBE_S = 1.0
+REFUSED_LOG_S = 10.0  # a worker refused at each reconnection attempt: a line this often
+# a session with a worker that ends within SHORT_SESSION_S of being made (another
+# controller took the worker, a worker that fails right after each Hello) backs off the
+# next reconnection: RECONNECT_S, doubling with each such session, at most
+# RECONNECT_MAX_S; a session that lasted longer (a worker restarted after serving)
+# is reconnected at once, as before
+RECONNECT_MAX_S = 4.0
+SHORT_SESSION_S = 2 * RECONNECT_MAX_S  # (longer than the other side's longest backoff)
+LINK_LOG_S = 5.0  # a worker lost again for the same cause: a line at most this often
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+# to a worker: retry a refused connection quickly (a restarted worker is back in ~0.3 s)
+WORKER_CHANNEL_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 100),
+                          ("grpc.min_reconnect_backoff_ms", 100),
+                          ("grpc.max_reconnect_backoff_ms", 500), *keepalive.CHANNEL]
+# an InstanceUpdate's answer (controller/service.py, UPDATE_TIMEOUT_S), and a worker's
+# answer to our Hello, are waited for no longer than this in all
+UPDATE_MAX_S = 1800.0
+# a worker's answer to our Hello (its state) comes after it has read the packages the Hello
+# names that it had not (a package compiled into its directory after it started): waited
+# for in rounds of this long, each ended by a ClockSync it must answer, up to UPDATE_MAX_S
+HELLO_WAIT_S = 5.0
+ECHO_S = 1.0  # a clock echo to each worker this often (a clock sample, and a sign of life)
+
+
+class WorkerHeld(ConnectionError):
+    """The worker refused our Connect: another controller holds it (the message says which,
+    from where, since when; ``clockwork.protocol.holding``)."""
+
+
+class NoAnswer(TimeoutError):
+    """An attempt to connect a worker in which its gRPC server never answered (no channel
+    was ready in time): a refused connection, none at all, or one that speaks no gRPC."""
+
+
+class CannotServe(ValueError):
+    """A worker that lacks the profile (or package) of an instance served: it is not
+    used."""
+
+
+@dataclass
+class WorkerLink:
+    index: int
+    address: str
+    channel: grpc.aio.Channel | None = None
+    call: object = None  # what actions go on: the Connect stream, or the fast link's FrameStream
+    # the Connect stream, held (so it stays open) while the fast link carries the messages
+    grpc_call: object = None
+    endpoints: frozenset = frozenset()  # the (IP, port) pairs its address resolved to
+    fast: bool = True  # ask for the fast link (off after it could not be reached)
+    connected: bool = False
+    offset: int = 0  # worker clock - controller clock
+    rtt: int = 0
+    samples: deque = field(default_factory=lambda: deque(maxlen=32))
+    state: pb.WorkerState | None = None
+    pending: list = field(default_factory=list)  # Actions to write
+    # (pacing) when the pending actions go at the latest: one interval before the soonest
+    # latest start among them
+    due: int = 0
+    send_at: int = 0  # (pacing) when the writer, asleep, sends next; 0: not asleep
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    tasks: list = field(default_factory=list)
+    echo_seq: int = 0
+    echo_due: bool = False
+    reset_due: bool = False  # write a Hello(reset) before any further action
+    keep: list = field(default_factory=list)  # the reset's weights to keep: (gpu, model, version)
+    error: str = ""
+    # InstanceUpdates to write, each after the first ``pos`` actions of ``pending``
+    updates: list = field(default_factory=list)  # (pos, pb.InstanceUpdate)
+    acks: dict = field(default_factory=dict)  # update seq -> Future of its missing names
+    told: dict = field(default_factory=dict)  # the instance list its last Hello carried
+    # why a reconnection was refused (it cannot serve a model loaded while it was away)
+    refused: LogLimiter = field(default_factory=lambda: LogLimiter("controller",
+                                                                   REFUSED_LOG_S))
+    since: float = 0.0  # when its session was made (time.monotonic)
+    heard: float = 0.0  # when a message last came from it (time.monotonic)
+    # while another controller holds the worker (its refusals, ``WorkerHeld``): what the
+    # worker said, logged once; "" once we have it
+    held: str = ""
+    reached: bool = False  # its gRPC server answered once (a channel was ready)
+    backoff: float = 0.0  # the wait before the next reconnection's first attempt (s)
+    # its "lost" line (ControllerNode._lost): the cause last logged, when, and a line not
+    # logged (a repeat within LINK_LOG_S), said after all if it does not come back at once
+    lost_err: str = ""
+    lost_logged: float = -1e9
+    lost_quiet: str = ""
+    lost_skipped: int = 0
+
+    def add_sample(self, t0: int, tw: int, t2: int) -> None:
+        rtt = t2 - t0
+        self.samples.append((rtt, tw - (t0 + t2) // 2))
+        best = min(self.samples)
+        self.rtt, self.offset = best
+
+
+def _canonical(address: str) -> str:
+    """``addresses.canonical``, with an address it cannot read kept as given."""
+    try:
+        return addresses.canonical(address)
+    except ValueError:
+        return address
+
+
+async def _endpoints(address: str) -> frozenset[tuple[str, int]]:
+    """``addresses.endpoints``, with an address it cannot read standing for itself."""
+    try:
+        return await addresses.endpoints(address)
+    except ValueError:
+        return frozenset({(address, 0)})
+
+
+def _mismatch(a: Action, r: Result) -> str:
+    """How a result contradicts the action it names ("" if it does not)."""
+    if r.type != a.type or r.gpu != a.gpu or r.model != a.model:
+        return (f"a {r.type.name} of {r.model!r} on gpu {r.gpu}, but action {a.id} is a "
+                f"{a.type.name} of {a.model!r} on gpu {a.gpu}")
+    if r.outputs and a.requests and any(t.shape[0] < len(a.requests) for t in r.outputs):
+        return f"outputs of fewer rows than the {len(a.requests)} request(s) of action {a.id}"
+    return ""
+
+
+class WorkerLinks:
+    """``ControllerNode``'s worker links (see the module's docstring)."""
+
+    def _adopt(self, link: WorkerLink) -> None:
+        """The weights the worker kept through our first Hello (it held them for an
+        earlier controller) become the policy's copies, counted ``weights_adopted``."""
+        held = {g.gpu: list(zip(g.loaded, g.versions, strict=True))
+                for g in link.state.gpus if len(g.versions) == len(g.loaded)}
+        n = sum(len(c) for c in held.values())
+        if not n:
+            return
+        self.ctrl.adopt(link.index, now_ns(), held)
+        self.count("weights_adopted", n)
+        print(f"controller: worker {link.address} still holds {n} cached model(s); "
+              "serving them with no LOAD", file=sys.stderr, flush=True)
+
+    async def _link_to(self, address: str, wait: float) -> tuple[WorkerLink | None, frozenset]:
+        """The link to the worker ``address`` (canonical) names, under any spelling that
+        resolves to one of the same endpoints (a second link to one worker would take it
+        from the first again and again), or None; and the endpoints ``address`` resolves
+        to (each link keeps its own, resolved when it was made)."""
+        for lk in self.links:
+            if lk.address == address:
+                return lk, lk.endpoints
+        try:
+            async with asyncio.timeout(wait):
+                wanted = await _endpoints(address)
+        except TimeoutError:
+            raise RepositoryError(grpc.StatusCode.UNAVAILABLE,
+                                  f"cannot resolve worker {address} in {wait:.1f} s") from None
+        return next((lk for lk in self.links if wanted & lk.endpoints), None), wanted
+
+    async def add_worker(self, address: str,
+                         timeout: float | None = None) -> tuple[int, list[int], bool]:
+        """Connect a worker while serving (a node joined the cluster): as for the workers
+        at start -- clock sync, Hello with the instance list, its state -- then its GPUs
+        get the next controller-wide indices, the policy places copies there by its
+        rules, and the link is kept up like any other. Returns (worker index, its GPU
+        indices, added); a worker already connected (an address that resolves to one of
+        its endpoints) is left as it is (added False); an address that is not HOST:PORT is
+        INVALID_ARGUMENT. Raises ``RepositoryError`` (UNAVAILABLE: cannot reach it in
+        ``timeout`` seconds, default ``connect_timeout``; INVALID_ARGUMENT: it cannot serve the models, or the policy
+        cannot grow)."""
+        if self.ctrl is None or self._stopping:
+            raise RepositoryError(grpc.StatusCode.UNAVAILABLE, "the controller is not serving")
+        try:
+            address = addresses.canonical(address)
+        except ValueError as e:
+            raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        wait = self.connect_timeout if timeout is None else timeout
+        deadline = time.monotonic() + wait  # (one for the name's resolution and the dial)
+        def connected(lk: WorkerLink) -> tuple[int, list[int], bool]:
+            return lk.index, [self.gpu_index[(lk.index, g.gpu)] for g in lk.state.gpus], False
+
+        # a worker connected already is answered at once, not after the adds before it
+        # (one that cannot reach its worker holds the lock for up to its timeout)
+        lk, _ = await self._link_to(address, max(0.0, deadline - time.monotonic()))
+        if lk is not None and lk.state is not None:
+            return connected(lk)
+        async with self._add_lock:
+            lk, endpoints = await self._link_to(address, max(0.0, deadline - time.monotonic()))
+            if lk is not None:
+                return connected(lk)
+            # (the rule for the workers at start: one off loopback needs the secret)
+            why = exposure_error("controller", "127.0.0.1", None,
+                                 None if self.cluster_auth is None else b"",
+                                 self.insecure_no_auth, [address])
+            if why is not None:
+                raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT,
+                                      f"this controller runs without the cluster secret: {why}")
+            link = WorkerLink(len(self.links), address, endpoints=endpoints)
+            # (tries end PROBE_S early, where there is time: giving up, _connect looks
+            # why it could not reach the worker, within the caller's deadline)
+            tries_end = deadline - PROBE_S if deadline - time.monotonic() > 2 * PROBE_S \
+                else deadline
+            try:
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    await self._unless_stopping(self._connect(link, tries_end))
+            except ValueError as e:
+                raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+            except (ConnectionError, TimeoutError) as e:
+                if link.held:  # refused for as long as we tried: another controller's
+                    raise RepositoryError(grpc.StatusCode.FAILED_PRECONDITION,
+                                          f"cannot add worker {address}: {link.held}") from None
+                raise RepositoryError(grpc.StatusCode.UNAVAILABLE,
+                                      str(e) or f"cannot reach worker {address} in "
+                                      f"{wait:.1f} s") from None
+            specs = [GpuSpec(link.index, g.gpu, g.pages) for g in link.state.gpus]
+            first = len(self.gpu_index)
+            # the link first: the policy may place copies on the new GPUs at once (models
+            # waiting for one), and their LOADs are sent through it
+            self.links.append(link)
+            for i, s in enumerate(specs):
+                self.gpu_index[(link.index, s.gpu)] = first + i
+            try:
+                self.ctrl.add_worker(specs, now_ns())
+            except NotImplementedError as e:
+                self.links.pop()
+                for s in specs:
+                    del self.gpu_index[(link.index, s.gpu)]
+                await link.channel.close()
+                raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+            self._start_link_tasks(link)
+            self.count("workers_added")
+            print(f"controller: worker {address} joined with {len(specs)} GPU(s)",
+                  file=sys.stderr, flush=True)
+            return link.index, list(range(first, first + len(specs))), True
+
+    async def _open(self, link: WorkerLink, ready_s: float = 2.0) -> None:
+        """One connection attempt: clock sync, Connect stream, Hello, state. ``NoAnswer``
+        if the worker's gRPC server does not answer within ``ready_s`` seconds."""
+        if self.worker_credentials is not None:
+            ch = grpc.aio.secure_channel(link.address, self.worker_credentials,
+                                         options=WORKER_CHANNEL_OPTIONS)
+        else:
+            ch = grpc.aio.insecure_channel(link.address, options=WORKER_CHANNEL_OPTIONS)
+        stream = None
+        try:
+            try:
+                async with asyncio.timeout(ready_s):
+                    await ch.channel_ready()
+            except TimeoutError:
+                raise NoAnswer(f"worker {link.address}: no answer") from None
+            link.reached = True
+            stub = pbg.WorkerStub(ch)
+            # a new connection may reach another clock (a rebooted host, another machine at
+            # the address): the old samples, with their tiny echo round trips, would win
+            link.samples.clear()
+            for _ in range(8):
+                t0, r, t2 = await self._clock_sync(stub, link)
+                link.add_sample(t0, r.worker_time, t2)
+            call = await self._open_connect(stub, link)
+            # a reconnection (a loop already runs): the worker may be the same process
+            keep = self.ctrl.keep_list(link.index) if self.ctrl is not None else ()
+            # at start: the worker keeps what it holds, for the policy to adopt
+            adopt = self.ctrl is None and self.adopt_weights
+            try:
+                await call.write(pb.ControllerMessage(hello=self._hello(link, keep, adopt)))
+                msg = await self._hello_answer(link, stub, call)
+            except grpc.aio.AioRpcError as e:
+                if is_held(e):  # another controller's connection to it is live
+                    raise WorkerHeld(e.details()) from None
+                if is_twice(e):  # ours, through another link: listed twice
+                    raise ValueError(f"worker {link.address}: {e.details()}") from None
+                raise
+            if msg is grpc.aio.EOF or msg.WhichOneof("kind") != "state":
+                raise ConnectionError(f"worker {link.address} did not send its state")
+            # (a worker refused is refused before its fast link is dialed: dialed, it said
+            # "refused fast link: no valid ticket" at each of our attempts)
+            self._check_state(link, msg.state)
+            stream = await self._dial_fast(link, msg.state) if msg.state.link_port else call
+            # (on the stream the worker answers on: with a fast link, the gRPC call is idle)
+            await self._catch_up(link, stub, stream)
+        except BaseException:
+            if isinstance(stream, FrameStream):
+                stream.close()
+            await ch.close()
+            raise
+        link.channel, link.call, link.grpc_call, link.state = ch, stream, call, msg.state
+        link.connected = True
+        link.since = link.heard = time.monotonic()
+        self.count("worker_connects")
+        if stream is not call:
+            self.count("worker_fast_links")
+
+    async def _catch_up(self, link: WorkerLink, stub: pbg.WorkerStub, call) -> None:
+        """Tell a worker being connected the models loaded or unloaded while it answered
+        our Hello, and refuse it (``CannotServe``) if it cannot serve one, as at Hello:
+        the news went as an update whose answer was taken for a reset's (its ``missing``
+        unread), so a worker without a model loaded meanwhile was let in, and its
+        requests failed ``UNKNOWN_MODEL``. Until the list holds still."""
+        while link.told != self.instances:
+            gone = [i for i in link.told if i not in self.instances]
+            new = [pb.Instance(name=i, profile=p, package=self.packages.get(i, ""))
+                   for i, p in self.instances.items() if link.told.get(i) != p]
+            link.told = dict(self.instances)
+            self._update_seq += 1
+            await call.write(pb.ControllerMessage(update=pb.InstanceUpdate(
+                seq=self._update_seq, add=new, remove=gone)))
+            msg = await self._hello_answer(link, stub, call)
+            if msg is grpc.aio.EOF or msg is None or msg.WhichOneof("kind") != "state":
+                raise ConnectionError(f"worker {link.address} did not answer an update")
+            self._check_state(link, msg.state)
+
+    @staticmethod
+    def _check_state(link: WorkerLink, state: pb.WorkerState) -> None:
+        """Raise ``CannotServe`` or ``ValueError`` for a worker whose state (its answer to
+        our Hello) says it cannot be used: instances it cannot serve, no GPU or too many,
+        another GPU count than it had."""
+        if state.missing:
+            more = " ..." if len(state.missing) > 5 else ""
+            raise CannotServe(f"worker {link.address} ({state.device}) cannot serve "
+                              f"{', '.join(state.missing[:5])}{more}: no profile in its "
+                              f"profile set {state.profiles!r}"
+                              + ("" if state.device == "emulated" else
+                                 " or no model package (see clockwork compile)"))
+        if not 1 <= len(state.gpus) <= MAX_GPUS_PER_WORKER:
+            raise ValueError(f"worker {link.address} has {len(state.gpus)} GPUs: a worker "
+                             f"has 1 to {MAX_GPUS_PER_WORKER}")
+        if link.state is not None and len(state.gpus) != len(link.state.gpus):
+            raise ValueError(f"worker {link.address} came back with a different GPU count")
+
+    async def _hello_answer(self, link: WorkerLink, stub: pbg.WorkerStub, call):
+        """The worker's first message after our Hello (its state, as a rule). Before it
+        answers, the worker reads the packages the Hello names that it has not read yet,
+        on a thread, answering ClockSync meanwhile: a cuda package's first kernel build
+        takes a minute or more. So the answer is waited for in rounds of
+        ``HELLO_WAIT_S``, each ended by a ClockSync that must be answered (within its own
+        2 s), up to ``UPDATE_MAX_S`` in all; ``TimeoutError`` if the worker stops
+        answering or takes longer."""
+        read = asyncio.ensure_future(call.read())
+        t0 = time.monotonic()
+        said = False
+        try:
+            while True:
+                done, _ = await asyncio.wait([read], timeout=HELLO_WAIT_S)
+                if done:
+                    return read.result()
+                waited = time.monotonic() - t0
+                if waited >= UPDATE_MAX_S:
+                    raise TimeoutError(f"worker {link.address} did not answer our Hello in "
+                                       f"{UPDATE_MAX_S:g} s")
+                try:
+                    s0, r, s2 = await self._clock_sync(stub, link)
+                except (grpc.aio.AioRpcError, TimeoutError) as e:
+                    raise TimeoutError(f"worker {link.address} stopped answering before it "
+                                       f"answered our Hello ({waited:.1f} s)") from e
+                link.add_sample(s0, r.worker_time, s2)
+                if not said:
+                    said = True
+                    print(f"controller: worker {link.address} has not answered our Hello in "
+                          f"{waited:.0f} s but answers: waiting while it does (it reads the "
+                          "model packages the Hello names first; a cuda package's first "
+                          "kernel build takes a minute or more)", file=sys.stderr,
+                          flush=True)
+        finally:
+            read.cancel()
+
+    async def _dial_fast(self, link: WorkerLink, state: pb.WorkerState) -> FrameStream:
+        """The fast link the worker offered (``clockwork.protocol.framing``). If it cannot
+        be reached, this link stays on gRPC from the next attempt on (and says so once)."""
+        try:
+            return await dial(host_of(link.address), state.link_port, state.link_ticket,
+                              pb.WorkerMessage.FromString, self.worker_tls)
+        except (OSError, TimeoutError) as e:
+            link.fast = False
+            print(f"controller: worker {link.address}: its fast link (port {state.link_port}) "
+                  f"cannot be reached ({e!r}); using its gRPC stream", file=sys.stderr,
+                  flush=True)
+            raise ConnectionError(f"fast link of {link.address} unreachable") from e
+
+    async def _clock_sync(self, stub: pbg.WorkerStub, link: WorkerLink):
+        """One ClockSync round trip -> (sent, response, received); with a cluster secret
+        the worker's answer counts only if it proves the secret."""
+        auth = self.cluster_auth
+        md, nonce = (auth.call_metadata(WORKER_CLOCK_SYNC, link.address) if auth is not None
+                     else (None, ""))
+        t0 = now_ns()
+        call = stub.ClockSync(pb.ClockSyncRequest(controller_time=t0), timeout=2.0, metadata=md)
+        try:
+            r = await call
+        except grpc.aio.AioRpcError as e:
+            self._auth_refused(link, e)  # a worker that wants a secret we lack or do not share
+            raise
+        t2 = now_ns()
+        if auth is not None:
+            self._check_worker(link, WORKER_CLOCK_SYNC, nonce, await call.initial_metadata())
+        return t0, r, t2
+
+    async def _open_connect(self, stub: pbg.WorkerStub, link: WorkerLink):
+        """The Connect stream; with a cluster secret, nothing is written on it (not even
+        Hello) before the worker has proved the secret in its initial metadata."""
+        auth = self.cluster_auth
+        if auth is None:
+            return stub.Connect()
+        md, nonce = auth.call_metadata(WORKER_CONNECT, link.address)
+        call = stub.Connect(metadata=md)
+        try:
+            async with asyncio.timeout(5.0):
+                got = await call.initial_metadata()
+        except grpc.aio.AioRpcError as e:
+            self._auth_refused(link, e)
+            raise
+        except TimeoutError:
+            call.cancel()
+            raise
+        try:
+            self._check_worker(link, WORKER_CONNECT, nonce, got)
+        except AuthFailed:
+            call.cancel()
+            raise
+        return call
+
+    def _check_worker(self, link: WorkerLink, method: str, nonce: str, metadata) -> None:
+        if not self.cluster_auth.worker_proved(method, nonce, metadata, link.address):
+            self._refuse_worker(link, f"worker {link.address}: it did not prove the cluster "
+                                "secret (a worker without it, or with another one)")
+
+    def _auth_refused(self, link: WorkerLink, e: grpc.aio.AioRpcError) -> None:
+        if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+            self._refuse_worker(link, f"worker {link.address}: it refused our cluster "
+                                "credentials (give both the same cluster secret)")
+
+    def _refuse_worker(self, link: WorkerLink, why: str) -> None:
+        """Log (at most a line a second), count and raise: a worker we will not use."""
+        if self._worker_refusals is None:
+            self._worker_refusals = Refusals("controller", self.count)
+        self._worker_refusals(why, "worker_auth_refused")
+        raise AuthFailed(f"refused {why}")
+
+    async def _connect(self, link: WorkerLink, deadline: float, flag: str = "") -> None:
+        """Connect ``link``, trying again until ``deadline`` (``time.monotonic``); raises
+        ``WorkerHeld`` (another controller held it throughout), ``ConnectionError`` saying
+        why it could not be reached, or ``ValueError`` (it cannot be used). ``flag``: the
+        option that set the wait (at start, ``--connect-timeout``), named in the error."""
+        last: BaseException | None = None
+        while time.monotonic() < deadline:
+            try:
+                await self._open(link, min(2.0, max(0.1, deadline - time.monotonic())))
+                if link.held:
+                    print(f"controller: worker {link.address} is ours now (the controller "
+                          "that held it let it go)", file=sys.stderr, flush=True)
+                    link.held = ""
+                return
+            except ValueError:
+                raise
+            except WorkerHeld as e:
+                last = e
+                self._held(link, str(e))
+                await asyncio.sleep(RECONNECT_S)
+            except (grpc.aio.AioRpcError, TimeoutError, ConnectionError, OSError) as e:
+                last = e
+                await asyncio.sleep(0.2)
+        if isinstance(last, WorkerHeld):
+            raise WorkerHeld(f"cannot take worker {link.address}: {last}, for as long as "
+                             "we tried (--connect-timeout)")
+        within = f" within {flag} {self.connect_timeout:g} s" if flag else ""
+        raise ConnectionError(f"cannot reach worker {link.address}{within} "
+                              f"({await self._why_unreached(link, last)})")
+
+    async def _why_unreached(self, link: WorkerLink, last: BaseException | None) -> str:
+        """Why ``link``'s worker could not be connected, its last attempt having failed
+        with ``last``: a refused connection, no answer, a port that speaks no gRPC (TLS on
+        one side only, or no worker there), or what the worker answered. (A worker that
+        refused our cluster credentials, or did not prove its own, was said at once:
+        ``AuthFailed``.)"""
+        if isinstance(last, grpc.aio.AioRpcError):
+            code = last.code()
+            hint = (": is it a `clockwork worker`?" if code == grpc.StatusCode.UNIMPLEMENTED
+                    else "")
+            return f"it answered {code.name} {last.details()!r}{hint}"
+        if last is None:
+            return "no time was left to try"
+        if not isinstance(last, NoAnswer):  # it answered: no state, no fast link, a timeout
+            return str(last) or ("it answered, but did not finish the handshake (clock "
+                                 "sync, Hello, its state) in time")
+        try:
+            host, port = addresses.split(link.address)
+        except ValueError as e:
+            return str(e)
+        tls = self.worker_tls  # (our TLS, as the fast link dials it: the same rule)
+        try:
+            async with asyncio.timeout(PROBE_S):
+                _, w = await asyncio.open_connection(host, port, ssl=tls,
+                                                     server_hostname=host if tls else None)
+            w.close()
+        except ConnectionRefusedError:
+            return "connection refused: is a `clockwork worker` listening there?"
+        except TimeoutError:
+            return ("no answer at all: is the host up, and its port open to this machine "
+                    "(a firewall)?")
+        except socket.gaierror as e:
+            return f"cannot resolve {host!r}: {e.strerror}"
+        except UnicodeError:  # (a name no resolver takes: one whose IDNA form is too long)
+            return f"cannot resolve {host!r}: not a valid host name"
+        except ssl.SSLCertVerificationError as e:
+            return (f"the TLS handshake failed, its certificate refused ({e.verify_message})"
+                    ": is it signed by the --worker-tls-ca CA, for this host name?")
+        except ssl.SSLError as e:
+            return (f"the TLS handshake failed ({e.reason or e})"
+                    + (": a worker without --tls-cert?" if e.reason == "WRONG_VERSION_NUMBER"
+                       else ""))
+        except OSError as e:
+            return e.strerror or repr(e)
+        if tls is not None:
+            return ("it accepts TLS connections but no gRPC answer came: does it trust this "
+                    "controller's --tls-cert (a worker with --tls-ca), and is it a "
+                    "`clockwork worker`?")
+        return ("it accepts connections but no gRPC answer came: a worker with --tls-cert "
+                "(then give this controller --worker-tls-ca), or no `clockwork worker` "
+                "there?")
+
+    def _held(self, link: WorkerLink, why: str) -> None:
+        """Another controller holds ``link``'s worker (its refusal says ``why``): counted at
+        each attempt, said once while it lasts (until we have the worker)."""
+        self.count("worker_held_refusals")
+        if not link.held:
+            print(f"controller: worker {link.address}: {why}; waiting for it (trying again "
+                  f"every {RECONNECT_S:g} s: it is ours once that controller's connection "
+                  "ends, when it exits or stops answering)", file=sys.stderr, flush=True)
+        link.held = why
+
+    def _hello(self, link: WorkerLink, keep=(), adopt: bool = False) -> pb.Hello:
+        """Take the worker over with nothing in flight and an empty cache but for the
+        weights ``keep`` lists, each (GPU, model, version), that it still has (``adopt``:
+        but for every weights it has fully loaded for an instance it still serves)."""
+        self._drop_updates(link)  # what they said is in the instance list
+        link.told = dict(self.instances)
+        # The instance list, encoded once for as long as it stays the same: with thousands
+        # of instances making each message anew held the loop for 5-12 ms per Hello (a
+        # reset after a worker was suspect, a reconnection), every link waiting.
+        key = (tuple(self.instances.items()), tuple(self.packages.items()))
+        cached = self._hello_list
+        if cached is None or cached[0] != key:
+            listed = pb.Hello(instances=[
+                pb.Instance(name=i, profile=m, package=self.packages.get(i, ""))
+                for i, m in self.instances.items()])
+            cached = self._hello_list = (key, listed.SerializeToString())
+        h = pb.Hello.FromString(cached[1])
+        h.worker_id, h.reset, h.fast_link, h.adopt = link.index, True, link.fast, adopt
+        h.controller_id, h.controller = self.controller_id, self.label
+        h.keep.extend(pb.KeptWeights(gpu=g, model=m, version=v) for g, m, v in keep)
+        return h
+
+    @staticmethod
+    def _drop_updates(link: WorkerLink) -> None:
+        """Forget the link's InstanceUpdates not written and not answered (a Hello will
+        carry the whole instance list); whoever waits for an answer gets None."""
+        link.updates = []
+        for f in link.acks.values():
+            if not f.done():
+                f.set_result(None)
+        link.acks = {}
+
+    def _start_link_tasks(self, link: WorkerLink) -> None:
+        link.tasks = [asyncio.create_task(self._reader(link)),
+                      asyncio.create_task(self._writer(link)),
+                      asyncio.create_task(self._echoer(link))]
+        if link.call is not link.grpc_call:
+            link.tasks.append(asyncio.create_task(self._watch_grpc(link)))
+        for t in link.tasks:
+            t.add_done_callback(lambda t, link=link: self._link_task_done(link, t))
+
+    def _link_task_done(self, link: WorkerLink, t: asyncio.Task) -> None:
+        """Supervision: a link task that dies of an exception (none should: each handles
+        its own) is logged, and the link is treated as lost and reconnected."""
+        if t.cancelled() or t.exception() is None or t not in link.tasks:
+            return
+        e = t.exception()
+        link.error = f"{t.get_coro().__name__} failed: {e!r}"
+        self._bad_worker_msg(f"worker {link.address}: {link.error}; resetting the link", e)
+        if not self._stopping:
+            self._lost(link)
+
+    async def _writer(self, link: WorkerLink) -> None:
+        """The only task that writes to the stream (grpc.aio allows one write at a time).
+        Under load it writes the actions once per interval, but none later than one
+        interval before its latest start (``link.due``); echoes and Hellos never wait for
+        the actions' slot."""
+        call = link.call
+        pacer = Pacer(self.action_interval_us)
+        wake = link.wake
+        try:
+            while True:
+                await wake.wait()
+                wake.clear()
+                await self._write_control(link, call)
+                if link.pending:
+                    while (at := pacer.slot(link.due)) and at > now_ns():
+                        link.send_at = at
+                        try:  # (woken by an action due sooner, an echo, a Hello or an
+                            # InstanceUpdate; the update waits with the actions)
+                            woken = await doze(at, wake)
+                        finally:
+                            link.send_at = 0
+                        if not woken:
+                            break
+                        wake.clear()
+                        await self._write_control(link, call)
+                        if not link.pending:
+                            break  # (a reset dropped them)
+                await self._write_control(link, call)
+                # (no await from here until the actions are taken: a reset must not come
+                # between its Hello and them)
+                acts, link.pending, link.due = link.pending, [], 0
+                if acts:
+                    pacer.sent()
+                if link.updates:
+                    acts = await self._write_updates(link, call, acts)
+                if not acts:
+                    continue
+                pacer.note(len(acts))
+                await self._write_actions(link, call, acts)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - reset the link (the stream may be fine)
+            if link.call is call and link.connected and not self._stopping:
+                link.error = f"writing failed: {e!r}"
+                self._bad_worker_msg(f"writing to worker {link.address} failed: {e!r}",
+                                     None if isinstance(e, grpc.RpcError | OSError) else e)
+                self._lost(link)
+
+    async def _write_control(self, link: WorkerLink, call) -> None:
+        """The link's echo and reset Hello, if due (before any action queued after them),
+        until none is: one asked for during a write goes too. Returns without suspending
+        when none is due."""
+        while link.echo_due or link.reset_due:
+            if link.echo_due:
+                link.echo_due = False
+                link.echo_seq += 1
+                await call.write(pb.ControllerMessage(
+                    echo=pb.ClockEcho(seq=link.echo_seq, controller_time=now_ns())))
+            if link.reset_due:
+                link.reset_due = False
+                keep, link.keep = link.keep, []
+                await call.write(pb.ControllerMessage(hello=self._hello(link, keep)))
+
+    async def _write_actions(self, link: WorkerLink, call, acts: list[Action]) -> None:
+        """The actions for ``link`` in one message, or in several of at most
+        ``MAX_ACTIONS_PER_MESSAGE`` (the most a worker takes in one: a list that grew
+        while a write waited), in order (windows on its clock; INFERs' batch rows and, for
+        a real device, their inputs: on the fast link as the frame's attachments, the
+        rows' own buffers; on gRPC joined into the message)."""
+        off = link.offset
+        real = link.state.device != "emulated"
+        for start in range(0, max(len(acts), 1), MAX_ACTIONS_PER_MESSAGE):
+            attach = [] if real and isinstance(call, FrameStream) else None
+            msg = pb.ControllerMessage()
+            msg.actions.SetInParent()  # an ActionBatch, even of no actions
+            field = msg.actions.actions  # (built in place: no copies)
+            for a in acts[start:start + MAX_ACTIONS_PER_MESSAGE]:
+                m = add_action(field, a, off)
+                if a.type == ActionType.INFER and a.requests:
+                    self._add_inputs(m, a, real, attach)
+            self.count("msgs_to_workers")
+            await (call.write(msg, attach) if attach else call.write(msg))
+
+    async def _write_updates(self, link: WorkerLink, call, acts: list[Action]) -> list[Action]:
+        """Write the link's InstanceUpdates, each after the actions queued before it;
+        returns the actions queued after the last one (the caller writes them)."""
+        ups, link.updates = link.updates, []
+        done = 0
+        for pos, u in ups:
+            if pos > done:
+                await self._write_actions(link, call, acts[done:pos])
+                done = pos
+            await call.write(pb.ControllerMessage(update=u))
+        return acts[done:]
+
+    def _add_inputs(self, m: pb.ActionMsg, a: Action, real: bool, attach: list | None) -> None:
+        """An INFER's batch rows, whether outputs go back, and (real devices) the inputs:
+        appended to ``attach`` as the rows' buffers if it is a list, else in the message."""
+        reqs = a.requests
+        want = False
+        for i, r in enumerate(reqs):
+            r.row = i
+            want = want or r.want_outputs
+        m.want_outputs = want
+        if not real:
+            return
+        specs = self.profiles[a.model].inputs
+        if attach is None:
+            inputs = batch_inputs([r.inputs for r in reqs], a.batch_size, specs)
+            if inputs:
+                add_tensors(m.inputs, inputs)
+            return
+        per_spec = batch_rows([r.inputs for r in reqs], specs)
+        if per_spec is not None:
+            b = a.batch_size
+            for rows, spec in zip(per_spec, specs, strict=True):
+                attach_tensor(m.inputs, spec.name, (b, *spec.shape), spec.dtype,
+                              row_buffers(rows, spec, b), attach)
+
+    async def _watch_grpc(self, link: WorkerLink) -> None:
+        """On the fast link the Connect stream stays open, idle, and nothing else reads it:
+        its keepalive is what notices a worker whose host vanished or whose process hangs
+        while no action is out (nothing is overdue, so liveness probes nothing). When the
+        stream ends, or a message comes on it, the link is lost as for a broken stream."""
+        call = link.grpc_call
+        try:
+            msg = await call.read()
+            # (a clean end is told as the fast link's reader tells it: either may see the
+            # end of a session first, and a cause that changes is logged every time)
+            link.error = ("stream ended" if msg is grpc.aio.EOF or msg is None else
+                          "a message on its gRPC stream beside the fast link")
+        except grpc.aio.AioRpcError as e:
+            link.error = f"{e.code()}: {e.details()}"
+        except asyncio.CancelledError:
+            return
+        if not self._stopping:
+            self._lost(link)
+
+    async def _echoer(self, link: WorkerLink) -> None:
+        while True:
+            await asyncio.sleep(ECHO_S)
+            link.echo_due = True
+            link.wake.set()
+
+    async def _reader(self, link: WorkerLink) -> None:
+        """The worker's messages. A malformed result is logged, counted and dropped
+        (``_on_results``); one that leaves an action's outcome unknown, and any exception
+        while handling a message, end the link: it is treated as lost (its actions fail
+        back into the policy) and reconnected."""
+        call = link.call
+        try:
+            while True:
+                msg = await call.read()
+                if msg is grpc.aio.EOF or msg is None:
+                    break
+                link.heard = time.monotonic()
+                kind = msg.WhichOneof("kind")
+                if kind == "results":
+                    self.count("msgs_from_workers")
+                    why = self._on_results(link, msg.results.results,
+                                           call.tail if isinstance(call, FrameStream) else None)
+                    if why:
+                        link.error = why
+                        break
+                elif kind == "echo":
+                    e = msg.echo
+                    t = now_ns()
+                    if 0 < e.controller_time <= t:  # an echo of ours: a clock sample
+                        link.add_sample(e.controller_time, e.worker_time, t)
+                    else:
+                        self.count("echoes_malformed")
+                    self.ctrl.heard_from(link.index, t)
+                elif kind == "state":
+                    if msg.state.update_seq == 0:  # the answer to a reset's Hello
+                        if msg.state.missing:  # (a model loaded while it was suspect)
+                            # refused as at a connection's Hello: it reconnects, and
+                            # stays out while it cannot serve them (it was let back in,
+                            # and its requests failed UNKNOWN_MODEL)
+                            try:
+                                self._check_state(link, msg.state)
+                            except CannotServe as e:
+                                link.error = str(e)
+                                break
+                        self.ctrl.reset_done(link.index, now_ns(), self._kept(msg.state))
+                        continue
+                    f = link.acks.pop(msg.state.update_seq, None)
+                    if f is not None and not f.done():
+                        f.set_result(list(msg.state.missing))
+                else:
+                    self.count("msgs_malformed")
+        except grpc.aio.AioRpcError as e:
+            link.error = f"{e.code()}: {e.details()}"
+        except ConnectionError as e:  # the fast link (an oversized frame)
+            link.error = str(e)
+        except asyncio.CancelledError:
+            return
+        except Exception as e:  # noqa: BLE001 - a message we could not handle: reset
+            link.error = f"handling its message failed: {e!r}"
+            self._bad_worker_msg(f"worker {link.address}: {link.error}", e)
+        if not self._stopping:
+            self._lost(link)
+
+    def _lost(self, link: WorkerLink) -> None:
+        """A worker went away: fail its outstanding actions back into the policy, reconnect.
+        Once per connection (the reader, the writer and supervision may all notice)."""
+        if not link.connected:
+            return
+        link.connected = False
+        self.count("worker_losses")
+        for t in link.tasks:
+            if t is not asyncio.current_task():
+                t.cancel()
+        if isinstance(link.call, FrameStream):
+            link.call.close()
+        if link.channel is not None:
+            asyncio.ensure_future(link.channel.close())
+        link.pending, link.due = [], 0
+        self._drop_updates(link)  # its Hello will carry the instance list when it is back
+        err = link.error or "stream ended"
+        link.error = ""
+        # the policy places nothing there meanwhile; its outstanding actions fail
+        n = self.ctrl.worker_lost(link.index, now_ns(), "worker lost")
+        t = time.monotonic()
+        held = t - link.since
+        link.backoff = (min(RECONNECT_MAX_S, max(RECONNECT_S, 2 * link.backoff))
+                        if held < SHORT_SESSION_S else 0.0)
+        why = (f" in {link.backoff:g} s (its session lasted {held:.1f} s)"
+               if link.backoff else "")
+        line = f"lost worker {link.address} ({err}); failed {n} action(s), reconnecting{why}"
+        if err != link.lost_err or t - link.lost_logged >= LINK_LOG_S:
+            self._log_lost(link, line)  # (another cause: at once; a repeat: this often)
+            link.lost_err, link.lost_logged = err, t
+        else:  # a repeat: quiet while sessions come and go (two controllers, say), said
+            link.lost_quiet = line  # if a reconnection attempt fails (_reconnect)
+            link.lost_skipped += 1
+        asyncio.ensure_future(self._reconnect(link))
+
+    def _log_lost(self, link: WorkerLink, line: str) -> None:
+        more = (f" ({link.lost_skipped} more like it not shown)" if link.lost_skipped
+                else "")
+        link.lost_quiet, link.lost_skipped = "", 0
+        print(f"controller: {line}{more}", file=sys.stderr, flush=True)
+
+    async def _reconnect(self, link: WorkerLink) -> None:
+        if link.backoff and not self._stopping:
+            await asyncio.sleep(link.backoff)
+        while not self._stopping and not link.connected:
+            try:
+                await self._open(link)
+            except ValueError as e:
+                # it cannot serve a model loaded while it was away (a load checks only the
+                # workers connected), or came back with other GPUs: it stays out, and says
+                # why (each attempt counted, a line every REFUSED_LOG_S at most)
+                self.count("worker_refusals")
+                link.refused(f"{e}; it stays out (trying again every {RECONNECT_S:g} s) "
+                             + ("until they are unloaded" if isinstance(e, CannotServe) else
+                                "until it is restarted as it was"))
+                await asyncio.sleep(RECONNECT_S)
+                continue
+            except WorkerHeld as e:  # another controller's now: ours once it lets go
+                if link.lost_quiet:
+                    self._log_lost(link, link.lost_quiet)
+                self._held(link, str(e))
+                await asyncio.sleep(RECONNECT_S)
+                continue
+            except (grpc.aio.AioRpcError, TimeoutError, ConnectionError, OSError):
+                if link.lost_quiet:  # it is not coming back at once: say it was lost
+                    self._log_lost(link, link.lost_quiet)
+                await asyncio.sleep(RECONNECT_S)
+                continue
+            except Exception as e:  # noqa: BLE001 - whatever the worker said: keep trying
+                self._bad_worker_msg(f"reconnecting to worker {link.address} failed: {e!r}", e)
+                await asyncio.sleep(RECONNECT_S)
+                continue
+            if link.held:
+                print(f"controller: worker {link.address} reconnected: it is ours again "
+                      "(the controller that held it let it go)", file=sys.stderr, flush=True)
+            elif not link.lost_quiet:  # (its "lost" line was said: so is this one)
+                print(f"controller: worker {link.address} reconnected", file=sys.stderr,
+                      flush=True)
+            link.lost_quiet = link.held = ""
+            self._start_link_tasks(link)
+            # the Hello reset it, keeping what it still had of the copies it held
+            self.ctrl.worker_back(link.index, now_ns(), self._kept(link.state))
+
+    def _on_results(self, link: WorkerLink, msgs, tail=None) -> str:
+        """Decode a batch of results and hand the good ones to the loop. A malformed one
+        (``WireError``: an unknown type, bad outputs...; or a type, GPU, model or output
+        batch that does not match its action) is logged, counted ``results_malformed``
+        and dropped. Returns why the link must be reset, "" if not: a dropped result whose
+        id names an outstanding action leaves that action's outcome unknown, so the worker
+        is treated as lost (its actions fail and their requests are retried or answered)."""
+        off, w = link.offset, link.index
+        outstanding = self.ctrl.outstanding[w]
+        good: list[Result] = []
+        why = ""
+        # the fast link: output tensors attached after the message
+        cuts, whole = cut_attachments(msgs, tail, "outputs")
+        for i, m in enumerate(msgs):
+            try:
+                if whole is not None:
+                    raise whole
+                r = msg_to_result(m, w, off, cuts[i] if cuts else None)
+                a = outstanding.get(r.id)
+                bad = _mismatch(a, r) if a is not None else ""
+                if bad:
+                    raise WireError(f"result {r.id}: {bad}")
+            except WireError as e:
+                self.count("results_malformed")
+                self._bad_worker_msg(f"worker {link.address}: malformed result dropped: {e}")
+                if not why and m.id in outstanding:
+                    why = f"malformed result for outstanding action {m.id} ({e})"
+                continue
+            good.append(r)
+        if good:
+            self.ctrl.results(w, good, now_ns())
+        return why
+
+    def send(self, worker: int, actions: list[Action]) -> None:
+        link = self.links[worker]
+        link.pending.extend(actions)
+        if self._action_interval:
+            # (paced) none is held later than one interval before its latest start (the
+            # worker refuses it after that); a writer asleep until its next slot is woken
+            # only by an action due before it
+            due = min([a.latest for a in actions]) - self._action_interval
+            if not link.due or due < link.due:
+                link.due = due
+            if link.send_at and due >= link.send_at:
+                return
+        link.wake.set()
+
+    def probe(self, worker: int) -> None:
+        link = self.links[worker]
+        link.echo_due = True  # the worker echoes at once; _reader reports heard_from
+        link.wake.set()
+
+    def reset(self, worker: int, keep: list[tuple[int, str, int]]) -> None:
+        link = self.links[worker]
+        link.pending, link.due = [], 0  # queued before it was suspect: failed already
+        link.reset_due = True
+        link.keep = keep
+        link.wake.set()
+        print(f"controller: worker {link.address} answers again; resetting and re-admitting it "
+              f"(asked to keep {len(keep)} cached model(s))", file=sys.stderr, flush=True)
+
+    def _kept(self, state: pb.WorkerState) -> dict[int, set[str]]:
+        """What a worker's answer to a reset says it holds (its GPU -> the models loaded:
+        those it kept of the ones the reset listed), counted ``weights_kept``."""
+        kept = {g.gpu: set(g.loaded) for g in state.gpus}
+        self.count("weights_kept", sum(len(v) for v in kept.values()))
+        return kept
