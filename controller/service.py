@@ -83,7 +83,7 @@ from clockwork.tensors import (
     zero_rows,
 )
 from clockwork.time import MAX_SLO_MS, ms
-from controller import make_policy, policy_class
+from controller import links, make_policy, policy_class
 from controller.config import SchedulerConfig
 from controller.inflight import failed_code
 from controller.intake import (
@@ -94,7 +94,6 @@ from controller.intake import (
 from controller.limits import Limits
 from controller.links import (
     CHANNEL_OPTIONS,
-    UPDATE_MAX_S,
     WorkerLink,
     WorkerLinks,
     _canonical,
@@ -126,7 +125,8 @@ MAX_SERVED = MAX_INSTANCES  # instances served at once (--models, then loads)
 # has, which takes from a fraction of a second (a cpu package) to minutes (a cuda
 # package's first kernel build); silent this long, it did not take the update
 UPDATE_TIMEOUT_S = 30.0
-# ... and however lively it is, no longer than UPDATE_MAX_S in all (controller/links.py)
+# ... and however lively it is, no longer than links.UPDATE_MAX_S in all (one bound with
+# the Hello's wait)
 UNLOAD_WAIT_S = 60.0  # a load waits this long for an unload of the same names to finish
 UNLOADED_KEPT = 1000  # unloaded instances the index still lists (the newest ones)
 UNLOAD_POLL_S = 0.005  # how often an unload looks whether its copies and requests are gone
@@ -1118,7 +1118,7 @@ class ControllerNode(WorkerLinks):
             while (not f.done() and link.connected and not self._is_suspect(link)
                    and not self._stopping):
                 quiet = min(max(link.heard, sent) + UPDATE_TIMEOUT_S,
-                            sent + UPDATE_MAX_S) - time.monotonic()
+                            sent + links.UPDATE_MAX_S) - time.monotonic()
                 if quiet <= 0:
                     break
                 with contextlib.suppress(TimeoutError):  # (looking again at least 4 times
@@ -1132,8 +1132,8 @@ class ControllerNode(WorkerLinks):
                     continue  # lost or suspect meanwhile: its Hello will say it
                 raise RepositoryError(grpc.StatusCode.UNAVAILABLE, (
                     f"worker {link.address} did not take the model: not heard from for "
-                    f"{UPDATE_TIMEOUT_S:g} s" if time.monotonic() - sent < UPDATE_MAX_S else
-                    f"worker {link.address} did not take the model in {UPDATE_MAX_S:g} s"))
+                    f"{UPDATE_TIMEOUT_S:g} s" if time.monotonic() - sent < links.UPDATE_MAX_S else
+                    f"worker {link.address} did not take the model in {links.UPDATE_MAX_S:g} s"))
             got = f.result()
             if got is not None:  # (None: the link was lost meanwhile)
                 answered += 1

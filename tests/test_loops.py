@@ -569,7 +569,8 @@ def _calls(path: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("shell", ["clockwork/cluster/sim.py", "controller/service.py",
-                                   "worker/service.py"])
+                                   "controller/links.py", "controller/grpc_api.py",
+                                   "controller/command.py", "worker/service.py"])
 def test_shells_drive_the_cores_only_through_the_loops(shell):
     assert _calls(ROOT / shell) == set()
 

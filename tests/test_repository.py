@@ -1765,12 +1765,13 @@ def test_a_worker_back_without_a_model_loaded_while_it_was_away_says_why(
     import asyncio
     import shutil
 
+    import controller.links as links
     import controller.service as service
     from clockwork.profiles import load_profile_set
     from controller.service import ControllerNode, RepositoryError
     from worker.service import WorkerNode, serve_worker
 
-    monkeypatch.setattr(service, "REFUSED_LOG_S", 1000.0, raising=False)  # one line
+    monkeypatch.setattr(links, "REFUSED_LOG_S", 1000.0)  # one line
     dials: list[str] = []
     dial_fast = service.ControllerNode._dial_fast
 

@@ -433,7 +433,7 @@ def test_a_worker_silent_while_it_takes_a_load_fails_that_load(monkeypatch, live
     from worker import service
 
     monkeypatch.setattr(controller_service, "UPDATE_TIMEOUT_S", 10.0 if lively else 0.5)
-    monkeypatch.setattr(controller_service, "UPDATE_MAX_S", 0.6 if lively else 30.0)
+    monkeypatch.setattr(links, "UPDATE_MAX_S", 0.6 if lively else 30.0)
     monkeypatch.setattr(links, "ECHO_S", 0.05)
     handle = service._Session.handle
     mute: list[bool] = []
@@ -469,12 +469,13 @@ def test_a_worker_that_fails_to_apply_a_load_answers_it_at_once(monkeypatch):
     held the load (and any unload of the model) for ``UPDATE_MAX_S``. The worker now
     answers such an update with every instance it named missing: the load fails at once
     (NOT_FOUND) and leaves nothing. Controller and emulated worker in this process."""
+    from controller import links
     from controller import service as controller_service
     from controller.service import RepositoryError
     from worker import service
 
     monkeypatch.setattr(controller_service, "UPDATE_TIMEOUT_S", 30.0)
-    monkeypatch.setattr(controller_service, "UPDATE_MAX_S", 60.0)
+    monkeypatch.setattr(links, "UPDATE_MAX_S", 60.0)
     update = service.WorkerNode.update
 
     def broken(self, u):

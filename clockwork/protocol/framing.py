@@ -7,7 +7,7 @@ loopback; a frame on an asyncio TCP connection costs a fraction of that (~0.2 ms
 trip). The controller and its workers exchange a message per batch of actions and per
 batch of results, so this is most of what the link costs.
 
-How it is set up (``controller.service`` and ``worker.service``): the controller opens
+How it is set up (``controller.links`` and ``worker.service``): the controller opens
 ``Worker.Connect`` as before (clock sync and the cluster-secret proofs stay on
 gRPC) and says in its ``Hello`` that it can take the fast link. A worker listening for
 it (``clockwork worker --link-port``; over TLS on a TLS cluster) answers with its ``WorkerState``

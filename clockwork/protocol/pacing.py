@@ -12,7 +12,7 @@ worth it when CPU is short. The added delay is at most one interval (asyncio sle
 ~1 ms resolution). The controller's reply writer (``controller.intake``) and a worker's
 result writer (``worker.service``) use ``slot``/``sent`` to send sooner a reply or result
 that is due (one interval before its SLO ends, or its batch's deadline), and the
-controller's action writer (``controller.service``) an action one interval before its
+controller's action writer (``controller.links``) an action one interval before its
 latest start; requests are paced as they come.
 """
 
