@@ -33,7 +33,7 @@ GPU = _gpu_present()
 def _check_message(msg: str) -> None:
     assert msg.startswith("cuda device unavailable: ")
     assert "--device cpu" in msg and "--device emulated" in msg
-    assert "clockwork-py[cuda12]" in msg and "clockwork-py[cuda13]" in msg
+    assert "pip install -e '.[cuda12]' or '.[cuda13]' in your clockwork-py checkout" in msg
 
 
 def test_unavailable_is_a_device_error():

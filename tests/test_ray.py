@@ -44,7 +44,7 @@ def _scenario(duration_s: float):
 
 @pytest.fixture(scope="module")
 def ray_nodes():
-    ray = pytest.importorskip("ray", reason="needs the ray extra: pip install 'clockwork-py[ray]'")
+    ray = pytest.importorskip("ray", reason="needs the ray extra: pip install -e '.[ray]'")
     from ray.cluster_utils import Cluster
 
     node = {"num_cpus": 1, "resources": {"clockwork_gpu": 2}, "node_ip_address": "127.0.0.1"}
@@ -202,9 +202,9 @@ print("RC", main(["sweep", "example", "--ray", "--quiet", "--out", {str(tmp_path
     assert p.returncode == 0, p.stderr
     assert p.stdout.count("RC 2") == 4, p.stdout
     lines = p.stderr.strip().splitlines()
-    assert lines[:3] == ["clockwork serve: needs ray: pip install 'clockwork-py[ray]'"] * 3, \
-        p.stderr
-    assert lines[3:] == ["clockwork sweep: needs ray: pip install 'clockwork-py[ray]'"], p.stderr
+    hint = "needs ray: pip install -e '.[ray]' in your clockwork-py checkout"
+    assert lines[:3] == [f"clockwork serve: {hint}"] * 3, p.stderr
+    assert lines[3:] == [f"clockwork sweep: {hint}"], p.stderr
 
 
 def test_ray_address_is_checked(capsys):
@@ -296,7 +296,7 @@ def test_sweep_ray_without_an_address_starts_a_local_instance(monkeypatch):
     ray`` takes RAY_ADDRESS, else a local instance."""
     import argparse
 
-    pytest.importorskip("ray", reason="needs the ray extra: pip install 'clockwork-py[ray]'")
+    pytest.importorskip("ray", reason="needs the ray extra: pip install -e '.[ray]'")
     from clockwork.cluster import parallel, ray_cluster
 
     seen = []
@@ -382,7 +382,7 @@ def test_sigterm_while_a_local_ray_starts_stops_as_ctrl_c_and_leaves_no_process(
     instance (Ray's session folder made, seconds before it is up): "interrupted", exit
     130, and none of the processes Ray started is left (it exited 15 by Ray's own
     handler, and left Ray's processes to end by themselves, up to minutes later)."""
-    pytest.importorskip("ray", reason="needs the ray extra: pip install 'clockwork-py[ray]'")
+    pytest.importorskip("ray", reason="needs the ray extra: pip install -e '.[ray]'")
     sw = tmp_path / "sw.toml"
     sw.write_text('scenarios = ["poisson_warm"]\noverrides = ["duration_s=3000"]\n')
     root = tmp_path / "r"
@@ -1035,7 +1035,7 @@ def test_an_add_is_settled_by_the_controllers_answer_only():
     worker when the controller answered (a refusal) or the call never reached it; a call
     whose deadline passed (the controller may have taken it as the caller gave up), or
     an error that is not a gRPC status, leaves it in doubt."""
-    pytest.importorskip("ray", reason="needs the ray extra: pip install 'clockwork-py[ray]'")
+    pytest.importorskip("ray", reason="needs the ray extra: pip install -e '.[ray]'")
     from clockwork.cluster.ray_cluster import add_refused
 
     code = grpc.StatusCode
@@ -1104,7 +1104,7 @@ def test_a_ray_cluster_does_not_add_a_worker_outside_ray():
     """``RayCluster.add_worker`` (``LocalCluster``'s) started a worker process of this
     machine, outside Ray, that ``stop`` never stopped, and shifted the places of the
     nodes that joined after it: refused, naming how a Ray cluster gets workers."""
-    pytest.importorskip("ray", reason="needs the ray extra: pip install 'clockwork-py[ray]'")
+    pytest.importorskip("ray", reason="needs the ray extra: pip install -e '.[ray]'")
     from clockwork.cluster.ray_cluster import RayCluster
 
     c = RayCluster(models="resnet18_v2")

@@ -53,6 +53,7 @@ import grpc
 import orjson
 
 from clockwork.actions import ActionType, ErrorCode, Result
+from clockwork.extras import pip_extra
 from clockwork.profiles import PAGE_SIZE, ModelProfile, ProfileError, load_profile_set
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
@@ -801,7 +802,7 @@ def _open_device(kind: str, pages: int, index: int = 0):
             from worker.devices.cpu import CpuDevice
             return CpuDevice(pages)
         except ImportError:
-            raise ValueError("--device cpu needs Apache TVM: pip install 'clockwork-py[tvm]' "
+            raise ValueError(f"--device cpu needs Apache TVM: {pip_extra('tvm')} "
                              "(or use --device emulated)") from None
         except MemoryError:
             raise ValueError(f"--device cpu: no memory for a weights cache of {pages:,} "

@@ -1,4 +1,4 @@
-"""``clockwork compile`` and ``clockwork profile`` (need TVM: ``pip install 'clockwork-py[tvm]'``).
+"""``clockwork compile`` and ``clockwork profile`` (need TVM: the ``tvm`` extra).
 
 Both take a zoo model name or the path of an ONNX file (``*.onnx``)."""
 
@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+from clockwork.extras import pip_extra
 
 # TVM targets (TVM 0.27 takes a JSON target for CUDA; == worker.devices.cuda.CUDA_TARGET)
 DEVICES = {"cpu": "llvm", "cuda": '{"kind": "cuda", "arch": "sm_90"}'}
@@ -51,7 +53,7 @@ def _build(cmd: str, model: str, batch_sizes: list[int], out: Path, device: str,
             from clockwork.models.onnx_import import compile_onnx
         except ImportError as e:  # the onnx package itself is missing
             print(f"clockwork {cmd}: importing ONNX needs the onnx package "
-                  f"(pip install 'clockwork-py[tvm]'): {e}", file=sys.stderr)
+                  f"({pip_extra('tvm')}): {e}", file=sys.stderr)
             return None
         try:
             return compile_onnx(model, batch_sizes, out, target=DEVICES[device],

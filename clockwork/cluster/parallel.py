@@ -45,6 +45,7 @@ from typing import Any
 
 import orjson
 
+from clockwork.extras import pip_extra
 from clockwork.telemetry import write_json
 
 POINTS = "points"  # ROOT/points/<name>/
@@ -455,7 +456,7 @@ def check_backend(name: str) -> str | None:
         return f"--backend: {e}"
     except ImportError as e:
         if name == "ray":
-            return "needs ray: pip install 'clockwork-py[ray]'"
+            return f"needs ray: {pip_extra('ray')}"
         return (f"--backend {name} needs {e.name or 'a module that is missing'} "
                 f"({type(e).__name__}: {e})")
     return None
@@ -469,7 +470,7 @@ def check_parts(args) -> str | None:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            return "--plot needs matplotlib: pip install 'clockwork-py[plots]'"
+            return f"--plot needs matplotlib: {pip_extra('plots')}"
     jobs = getattr(args, "jobs", None)
     if jobs is not None and jobs > MAX_JOBS:
         return f"--jobs {jobs}: at most {MAX_JOBS:,} simulations at once"

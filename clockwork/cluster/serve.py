@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from clockwork.cluster.local import WORKER_PORT_STEP, ChildRefused, LocalCluster
+from clockwork.extras import pip_extra
 from clockwork.scenario import ScenarioError, load_scenario
 
 # ``clockwork serve`` (no --replay) restarts a worker that exits, at most this many times
@@ -182,7 +183,7 @@ def ensure_packages(models: str | None, profiles: str, device: str, packages: st
         return
     if tvm_missing():  # (compile_model imports it only once it runs)
         raise RuntimeError(f"no model packages for {', '.join(todo)} in {packages}, and TVM "
-                           "is not installed to build them: pip install 'clockwork-py[tvm]'")
+                           f"is not installed to build them: {pip_extra('tvm')}")
     from clockwork.models.package import compile_model
     from clockwork.models.zoo import ZOO
 

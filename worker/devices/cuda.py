@@ -56,6 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
+from clockwork.extras import pip_extra
 from clockwork.profiles import PAGE_SIZE
 from worker.devices.base import (
     DeviceError,
@@ -75,8 +76,8 @@ from worker.devices.base import (
 )
 from worker.memory import ARENA_ALIGNMENT, ArenaError, PageArena
 
-INSTALL_HINT = ("pip install 'clockwork-py[cuda12]' or 'clockwork-py[cuda13]', matching the "
-                "CUDA major version nvidia-smi shows")
+INSTALL_HINT = (f"{pip_extra('cuda12', 'cuda13')}, matching the CUDA major version "
+                "nvidia-smi shows")
 ALTERNATIVES = ("use `--device cpu` for real execution on the host CPU, or `--device emulated` "
                 "for profile-timed emulation")
 DEFAULT_ARCH = "sm_90"
@@ -211,7 +212,7 @@ def _tvm():
     try:
         import tvm
     except ImportError as e:
-        raise _unavailable(f"Apache TVM is not installed ({e}; `pip install 'clockwork-py[tvm]'`)") from e
+        raise _unavailable(f"Apache TVM is not installed ({e}; `{pip_extra('tvm')}`)") from e
     _load_cuda_runtime(tvm)
     return tvm
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from clockwork.cluster.cli import argtypes as t
+from clockwork.extras import pip_extra
 from clockwork.protocol.pacing import ACTION_INTERVAL_US, REPLY_INTERVAL_US, RESULT_INTERVAL_US
 from clockwork.sizes import MAX_CLOCK_OFFSET_MS, MAX_GPUS_PER_WORKER, MAX_PAGES
 
@@ -22,16 +23,15 @@ SET_HELP = ("override a dotted scenario key, e.g. --set cluster.workers=4 "
 
 # what a verb's implementation needs beyond the base install: (import name, pip extra)
 NEEDS = {
-    "grpc": "grpcio (part of the base install: pip install clockwork-py)",
-    "google": "protobuf (part of the base install: pip install clockwork-py)",
-    "tvm": "Apache TVM: pip install 'clockwork-py[tvm]' (the PyPI package is apache-tvm, "
-           "not tvm)",
-    "onnx": "onnx: pip install 'clockwork-py[tvm]'",
-    "cupy": "cupy: pip install 'clockwork-py[cuda12]' or 'clockwork-py[cuda13]' (match the "
-            "CUDA version nvidia-smi shows)",
-    "matplotlib": "matplotlib: pip install 'clockwork-py[plots]'",
-    "tqdm": "tqdm (part of the base install: pip install clockwork-py)",
-    "ray": "ray: pip install 'clockwork-py[ray]'",
+    "grpc": f"grpcio (part of the base install: {pip_extra()})",
+    "google": f"protobuf (part of the base install: {pip_extra()})",
+    "tvm": f"Apache TVM: {pip_extra('tvm')} (the PyPI package is apache-tvm, not tvm)",
+    "onnx": f"onnx: {pip_extra('tvm')}",
+    "cupy": f"cupy: {pip_extra('cuda12', 'cuda13')} (match the CUDA version nvidia-smi "
+            "shows)",
+    "matplotlib": f"matplotlib: {pip_extra('plots')}",
+    "tqdm": f"tqdm (part of the base install: {pip_extra()})",
+    "ray": f"ray: {pip_extra('ray')}",
 }
 
 
