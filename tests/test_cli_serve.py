@@ -221,3 +221,20 @@ def test_local_workers_are_checked_against_the_memory_available():
     assert local_workers_error(4, 4 * WORKER_MEMORY_BYTES) is None
     why = local_workers_error(5, 4 * WORKER_MEMORY_BYTES)
     assert why.startswith("5 local worker processes need") and "--ray" in why, why
+
+
+def test_a_cluster_started_in_a_folder_with_its_own_worker_and_controller_modules_serves(
+        tmp_path, monkeypatch):
+    """A user's folder with a ``worker.py`` and a ``controller.py`` of its own (common
+    names in an ML project): the cluster's children import ours, not those (started as
+    ``python -m``, they put the current folder first on their path and failed: 'worker'
+    is not a package)."""
+    import clockwork
+    from clockwork.cluster.local import LocalCluster
+
+    (tmp_path / "worker.py").write_text("raise SystemExit('the user worker.py was imported')\n")
+    (tmp_path / "controller.py").write_text("raise SystemExit('the user controller.py')\n")
+    monkeypatch.chdir(tmp_path)
+    with LocalCluster(workers=1, gpus=1, models="mobilenet_v2", timeout=30) as c:
+        with clockwork.Client(c.address, timeout=10) as cl:
+            assert cl.infer("mobilenet_v2", slo_ms=5000).status == 0

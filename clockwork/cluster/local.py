@@ -167,7 +167,10 @@ class _Child:
 
 
 def _cli() -> list[str]:
-    return [sys.executable, "-m", "clockwork.cluster.cli"]
+    """The ``clockwork`` command as a child process. ``-P``: the current folder does not go
+    first on the child's path, so a user's own ``worker.py`` or ``controller.py`` there is
+    not imported in place of ours."""
+    return [sys.executable, "-P", "-m", "clockwork.cluster.cli"]
 
 
 class LocalCluster:
