@@ -108,7 +108,9 @@ def split_settings(name: str, table: Mapping[str, object]) -> tuple[dict, dict]:
             if others:
                 raise SettingsError(f"unknown scheduler setting {k!r} for policy {name!r} "
                                     f"(it is a setting of {', '.join(others)})")
-            raise SettingsError(unknown_key_line((k,), sorted(shared | own), "scheduler"))
+            # (policy is split off before: it is known, and the likeliest key misspelt)
+            raise SettingsError(unknown_key_line((k,), sorted(shared | own | {"policy"}),
+                                                 "scheduler"))
     SchedulerConfig.from_ms(**common)
     if own_cls is not None:
         from_table(own_cls, extra)

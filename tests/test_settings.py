@@ -439,6 +439,9 @@ def test_split_settings_checks_the_whole_table():
     ("scheduler.max_batch=abc", "max_batch: must be an integer >= 1, got 'abc'"),
     ("scheduler.max_batc=3", "unknown scheduler setting 'max_batc' (did you mean 'max_batch'?)"),
     ("scheduler.default_slo_ms=inf", "default_slo_ms: must be a finite number > 0 (at most a day), got inf"),
+    # the policy's own key, misspelt, is hinted at too (it was listed with every other key
+    # but policy)
+    ("scheduler.polcy=clipper", "unknown scheduler setting 'polcy' (did you mean 'policy'?)"),
 ])
 def test_scenario_scheduler_table_checked_where_the_policy_is_built(override, msg):
     from clockwork.cluster.sim import Simulation
