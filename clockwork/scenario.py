@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from clockwork.errors import ScenarioError  # noqa: F401 - re-exported
-from clockwork.settings import check_scenario, scenario_defaults
+from clockwork.settings import (
+    ScenarioSettings,
+    check_scenario,
+    scenario_defaults,
+    table_keys,
+    unknown_key_line,
+)
 from clockwork.sizes import MAX_TOML_DEPTH
 
 # what a scenario starts from, from the schema's defaults (ScenarioSettings)
@@ -226,6 +232,9 @@ def set_value(data: dict, key: str, value: Any) -> None:
         elif isinstance(node, dict):
             if p not in node and parts[i + 1].isdigit():  # (an item of a list not there:
                 # a table {"0": ...} was made, refused later as "must be a list")
+                if i == 0 and p not in table_keys(ScenarioSettings):  # (misspelt?)
+                    raise ScenarioError(f"--set {key}: " + unknown_key_line(
+                        (p,), table_keys(ScenarioSettings)))
                 raise ScenarioError(f"--set {key}: {where} is not in the scenario, so it "
                                     f"has no item {parts[i + 1]}: give the whole list "
                                     f"(--set '{where}=[...]')")

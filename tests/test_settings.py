@@ -186,6 +186,10 @@ def test_set_into_a_list_the_scenario_does_not_have_says_so():
     sc = load_scenario(SCENARIO, ["cluster.clock_offsets_ms=[0, 1]",
                                   "cluster.clock_offsets_ms.1=5"])  # (there: set)
     assert sc.cluster["clock_offsets_ms"] == [0, 5]
+    # a misspelt list's name is said as such (it was advised to give the misspelt list)
+    got = raises(ScenarioError, load_scenario, SCENARIO, ["worklods.0.slo_ms=5"])
+    assert got == ("--set worklods.0.slo_ms: unknown setting 'worklods' (did you mean "
+                   "'workloads'?)"), got
 
 
 def test_the_largest_sizes_still_load():
