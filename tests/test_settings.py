@@ -651,6 +651,19 @@ def test_docs_settings_md_is_current():
         "docs/settings.md is out of date: run python -m clockwork.cluster.settings_doc")
 
 
+def test_the_settings_doc_writer_outside_a_checkout_wants_out(tmp_path, monkeypatch, capsys):
+    """Run from an installed package (no pyproject.toml above it) it writes nothing
+    unless given --out (it wrote a docs/ folder into site-packages)."""
+    from clockwork.cluster import settings_doc
+
+    monkeypatch.setattr(settings_doc, "ROOT", tmp_path / "site-packages")
+    assert settings_doc.main([]) == 2
+    assert "not run from a source checkout" in capsys.readouterr().err
+    assert not (tmp_path / "site-packages").exists()
+    assert settings_doc.main(["--out", str(tmp_path / "s.md")]) == 0
+    assert (tmp_path / "s.md").read_text() == settings_doc.render()
+
+
 # ----------------------------------------------------------------------------- the CLI
 
 

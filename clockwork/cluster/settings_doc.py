@@ -40,7 +40,8 @@ from clockwork.sizes import (
     MAX_TOML_DEPTH,
 )
 
-DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
+ROOT = Path(__file__).resolve().parents[2]  # the source checkout, when it is one
+DEFAULT_OUT = ROOT / "docs" / "settings.md"
 
 INTRO = """\
 # Settings
@@ -199,10 +200,18 @@ def render() -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m clockwork.cluster.settings_doc",
                                  description="Write docs/settings.md from the settings schemas.")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"default {DEFAULT_OUT}")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="the file (default: docs/settings.md of the source checkout this "
+                         "runs from; an installed package has none, and needs --out)")
     ap.add_argument("--check", action="store_true",
                     help="do not write; exit 1 if the file differs from the schemas")
     args = ap.parse_args(argv)
+    if args.out is None:
+        if not (ROOT / "pyproject.toml").is_file():  # (installed: ROOT is site-packages)
+            print(f"{ap.prog}: not run from a source checkout ({ROOT} is none): give "
+                  "--out FILE", file=sys.stderr)
+            return 2
+        args.out = ROOT / "docs" / "settings.md"
     text = render()
     if args.check:
         current = args.out.read_text() if args.out.exists() else ""
