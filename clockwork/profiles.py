@@ -270,6 +270,22 @@ def find_profile_set(name_or_path: str | Path, base: str | Path | None = None) -
     return next((c for c in profile_set_candidates(name_or_path, base) if c.is_dir()), None)
 
 
+def _set_hint(name: str) -> str:
+    """``; did you mean 'v100-reference'?`` for a name close to a set found by name (or
+    one it begins), else the names of those sets; "" for a path or when there are none."""
+    if os.sep in name or "/" in name:
+        return ""
+    import difflib
+
+    known = sorted({p.name for root in profile_roots() if root.is_dir()
+                    for p in root.iterdir() if p.is_dir() and (p / "set.json").is_file()})
+    close = [k for k in known if k.startswith(name)] or difflib.get_close_matches(
+        name, known, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    return f"; the sets found by name: {', '.join(known)}" if known else ""
+
+
 def load_profile_set(name_or_path: str | Path, base: str | Path | None = None) -> ProfileSet:
     """Load a profile set: a folder path or a set's name, found as
     ``profile_set_candidates`` says (``base``: the folder of the scenario file that
@@ -279,7 +295,8 @@ def load_profile_set(name_or_path: str | Path, base: str | Path | None = None) -
     folder = find_profile_set(name_or_path, base)
     if folder is None:
         tried = ", ".join(str(c) for c in profile_set_candidates(name_or_path, base))
-        raise ProfileError(f"profile set {name_or_path!r} not found (tried {tried})")
+        raise ProfileError(f"profile set {name_or_path!r} not found (tried {tried})"
+                           f"{_set_hint(name_or_path)}")
     mtime = _mtime(folder)  # (before the listing: a file added during it is seen later)
     meta = _load_set_file(folder / "set.json")
     profiles: dict[str, ModelProfile] = {}

@@ -340,3 +340,21 @@ def test_copied_scenario_runs_unchanged_from_elsewhere(elsewhere, tmp_path):
     res = simulate(sc)
     assert res.scenario.source == str(dest / "azure_sample.toml")
     assert res.summary["submitted"] > 0
+
+
+@pytest.mark.parametrize("name,hint", [
+    ("v100", "; did you mean 'v100-reference'?"),
+    ("cpuu", "; did you mean 'cpu'?"),
+    ("zzz", "; the sets found by name: cpu, cuda, v100-reference"),
+])
+def test_a_profile_set_not_found_by_name_says_which_are(name, hint, tmp_path, monkeypatch):
+    """A set's name not found: the closest set found by name is hinted at (a name it
+    begins, as v100 of v100-reference), or those sets are listed."""
+    from clockwork.profiles import ProfileError, load_profile_set
+
+    monkeypatch.chdir(tmp_path)  # (no ./profiles of this folder)
+    monkeypatch.delenv("CLOCKWORK_PROFILES", raising=False)
+    with pytest.raises(ProfileError) as e:
+        load_profile_set(name)
+    assert str(e.value).startswith(f"profile set {name!r} not found (tried "), e.value
+    assert str(e.value).endswith(hint), e.value
