@@ -43,6 +43,13 @@ def scenarios_root() -> Path:
     return data_root() / "scenarios"
 
 
+SWEEPS = "sweeps"  # the shipped sweep files: data/sweeps/<name>.toml
+
+
+def sweeps_root() -> Path:
+    return data_root() / SWEEPS
+
+
 def profiles_root() -> Path:
     """The folder of the shipped profile sets (``<root>/<set>/*.json``)."""
     return data_root() / "profiles"

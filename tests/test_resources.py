@@ -314,6 +314,19 @@ def test_scenarios_copy_with_trace(elsewhere, tmp_path, capsys):
         (resources.scenarios_root() / "demo_live.toml").read_bytes()
 
 
+def test_scenarios_copy_takes_a_shipped_sweep_too(elsewhere, tmp_path):
+    """The example sweep says to copy it out and edit it: ``scenarios copy example``
+    copies the sweep file as it is (it had no command: 'no shipped scenario')."""
+    from clockwork.cluster.sweep import load_sweep
+
+    dest = tmp_path / "mine"
+    assert run_scenarios("copy", "example", "poisson_warm", "--to", str(dest)) == 0
+    assert sorted(p.name for p in dest.iterdir()) == ["example.toml", "poisson_warm.toml"]
+    assert (dest / "example.toml").read_bytes() == \
+        (resources.sweeps_root() / "example.toml").read_bytes()
+    assert load_sweep(dest / "example.toml").name == "example"  # (runs from there as it is)
+
+
 def test_scenarios_copy_all(tmp_path):
     dest = tmp_path / "all"
     assert run_scenarios("copy", "--all", "--to", str(dest)) == 0

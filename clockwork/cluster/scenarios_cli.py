@@ -3,6 +3,7 @@
   clockwork scenarios                       # name and one-line description of each
   clockwork scenarios copy demo_live poisson_warm --to my-scenarios
   clockwork scenarios copy --all --to my-scenarios
+  clockwork scenarios copy example --to my-sweeps  # a shipped sweep file, to edit
 
 ``copy`` writes ``DIR/NAME.toml`` unchanged, and the shipped data files a copied scenario
 names (``trace = "traces/samples/..."``) under the same relative path in ``DIR``, so the
@@ -76,9 +77,15 @@ def _blocked(plan: list[tuple[Path, Path]], dest: Path) -> str | None:
 def _copy(args: argparse.Namespace) -> int:
     names = resources.shipped_scenario_names()
     wanted = list(names) if getattr(args, "all", False) else []
+    sweeps: list[Path] = []  # shipped sweep files named (copied as they are)
     for n in getattr(args, "names", None) or []:
         n = n[: -len(resources.SCENARIO_SUFFIX)] if n.endswith(resources.SCENARIO_SUFFIX) else n
         n = n.removeprefix("scenarios/")
+        sweep = resources.sweeps_root() / f"{n}{resources.SCENARIO_SUFFIX}"
+        if n not in names and sweep.is_file():  # (a shipped sweep: its scenarios by name)
+            if sweep not in sweeps:
+                sweeps.append(sweep)
+            continue
         if n not in names:
             close = difflib.get_close_matches(n, names, n=3, cutoff=0.5)
             hint = (f"closest: {', '.join(close)}" if close
@@ -87,13 +94,13 @@ def _copy(args: argparse.Namespace) -> int:
             return 2
         if n not in wanted:
             wanted.append(n)
-    if not wanted:
+    if not wanted and not sweeps:
         print("clockwork scenarios copy: name one or more scenarios, or --all "
               "(clockwork scenarios lists them)", file=sys.stderr)
         return 2
     dest = Path(args.to)
     # (source, destination) of everything to write, decided before writing anything
-    plan: list[tuple[Path, Path]] = []
+    plan: list[tuple[Path, Path]] = [(src, dest / src.name) for src in sweeps]
     for n in wanted:
         src = resources.scenarios_root() / f"{n}{resources.SCENARIO_SUFFIX}"
         plan.append((src, dest / src.name))

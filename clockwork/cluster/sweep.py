@@ -57,10 +57,9 @@ from clockwork.cluster.parallel import (
     point_folder,
     toml_value,
 )
+from clockwork.resources import SWEEPS
 from clockwork.settings import Settings, setting, validate
 from clockwork.sizes import MAX_POINTS, MAX_SEED
-
-SWEEPS = "sweeps"  # shipped sweep files: clockwork/data/sweeps/<name>.toml
 
 
 class SweepError(ValueError):
@@ -127,14 +126,14 @@ def resolve_sweep(name_or_path: str) -> Path:
     p = Path(name_or_path)
     if p.is_file():
         return p
-    from clockwork.resources import data_root
+    from clockwork.resources import sweeps_root
 
     name = _sweep_name(p)
     if name:
-        shipped = data_root() / SWEEPS / f"{name}.toml"
+        shipped = sweeps_root() / f"{name}.toml"
         if shipped.is_file():
             return shipped
-    names = sorted(q.stem for q in (data_root() / SWEEPS).glob("*.toml"))
+    names = sorted(q.stem for q in sweeps_root().glob("*.toml"))
     stem = p.name[:-5] if p.name.endswith(".toml") else p.name
     close = difflib.get_close_matches(name or stem, names, n=3, cutoff=0.5)
     hint = (f"closest shipped sweeps: {', '.join(close)}" if close else

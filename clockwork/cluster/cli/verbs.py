@@ -138,8 +138,10 @@ def add_scenarios(sub) -> None:
               "into a folder.")
     ssub = p.add_subparsers(dest="scenarios_command", metavar="SUBCOMMAND")
     ssub.add_parser("list", help="list the shipped scenarios (the default)")
-    c = ssub.add_parser("copy", help="copy shipped scenarios into a folder")
-    c.add_argument("names", nargs="*", metavar="NAME", help="scenario names")
+    c = ssub.add_parser("copy", help="copy shipped scenarios (or a shipped sweep file) into "
+                        "a folder")
+    c.add_argument("names", nargs="*", metavar="NAME",
+                   help="scenario names, or the name of a shipped sweep (e.g. example)")
     c.add_argument("--all", action="store_true", help="copy every shipped scenario")
     c.add_argument("--to", type=t.out_dir, required=True, metavar="DIR",
                    help="destination folder")
