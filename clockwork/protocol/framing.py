@@ -58,6 +58,9 @@ def _bytes_of(buf) -> memoryview:
     return m.cast("B") if m.nbytes else memoryview(b"")
 
 
+LINK_CLOSED = "the link is closed"  # a write on a link the other side (or we) closed
+
+
 class FrameStream:
     """One end of a framed link: ``write(msg, attachments)`` and ``read()`` (a message
     parsed with ``parse``, or None once the peer has gone; the frame's attachments are
@@ -76,7 +79,7 @@ class FrameStream:
         arrays), written to the socket as they are."""
         w = self._w
         if w.is_closing():
-            raise ConnectionError("the link is closed")
+            raise ConnectionError(LINK_CLOSED)
         data = msg.SerializeToString()
         n = len(data)
         total = 4 + n
