@@ -235,7 +235,7 @@ def test_build_from_spec(trace_file, tmp_path, monkeypatch):
     ({"trace": "x.csv", "day": 1}, "exactly one of trace"),
     ({"trace": "no/such/file.csv"}, "not found"),
     ({"day": 13}, "README"),
-    ({"trace": "T", "rate_rps": 3}, "unknown keys"),
+    ({"trace": "T", "rate_rps": 3}, "unknown setting 'rate_rps'"),
     ({"trace": "T", "start_minute": 1.5}, "integer"),
     ({"trace": "T", "start_minute": 2000}, "start_minute"),
     ({"trace": "T", "mapping": "round"}, "mapping"),

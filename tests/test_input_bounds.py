@@ -187,7 +187,7 @@ def test_set_value_nested_too_deeply(depth, capsys):
 def test_set_value_nested_to_the_bound_is_read(capsys):
     """As deep as allowed: read, and refused only for what it is (a key poisson lacks)."""
     refused_in_process(["simulate", SC, "--set", f"workloads.0.x={nested(MAX_DEPTH)}"],
-                       capsys, "unknown keys ['x']")
+                       capsys, "workloads.0: poisson workload: unknown setting 'x' (known: ")
 
 
 # ----------------------------------------------------------------------------- --set paths

@@ -176,7 +176,10 @@ def test_misprediction_noise_is_survived():
     ("cluster.profiles='nope'", "profile set 'nope' not found"),
     ("models.0.name='zzz'", "no profile for model 'zzz'"),
     ("workloads.0.kind='nope'", "unknown workload kind"),
-    ("workloads.0.rate_rps=-1", "rate_rps must be > 0"),
+    ("workloads.0.rate_rps=-1", r"^workloads\.0: rate_rps must be > 0"),
+    # a misspelt workload key, with its hint, named as --set names it
+    ("workloads.0.model='zzz'", r"^workloads\.0: poisson workload: unknown setting 'model' "
+     r"\(did you mean 'models'\?\)$"),
     ("workloads.0.models='zzz'", "matches no model instance"),
     ("scheduler.bogus_ms=3", "unknown scheduler setting"),
     ("duration_s=0", "duration_s"),

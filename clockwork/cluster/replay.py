@@ -106,7 +106,7 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         try:
             w = build_workload(spec, instances, scenario_folder(sc.source))
         except ValueError as e:
-            raise ScenarioError(f"workloads[{i}]: {e}") from e
+            raise ScenarioError(f"workloads.{i}: {e}") from e
         w.bind(0, duration, np.random.default_rng(seed), exec1)
         workloads.append(w)
 

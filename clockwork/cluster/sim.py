@@ -184,7 +184,7 @@ class Simulation:
             try:
                 w = build_workload(spec, self.instances, scenario_folder(sc.source))
             except ValueError as e:
-                raise ScenarioError(f"workloads[{i}]: {e}") from e
+                raise ScenarioError(f"workloads.{i}: {e}") from e
             w.bind(0, self.duration, np.random.default_rng(wseeds[i]), exec1)
             self.workloads.append(w)
         self.telemetry = Telemetry(0, spill_dir=spill_dir)

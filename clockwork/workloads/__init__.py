@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from clockwork.resources import find_data_path
+from clockwork.settings import unknown_key_line
 from clockwork.workloads.azure import resolve_trace_path
 from clockwork.workloads.azure_replay import AZURE_KEYS, build_azure
 from clockwork.workloads.base import (
@@ -70,9 +71,11 @@ def build_workload(spec: dict, instances: dict[str, str],
         raise WorkloadError(f"unknown workload kind {kind!r}; known: {', '.join(sorted(KINDS))}")
     allowed = _KEYS.get(kind)
     if allowed is not None:
-        bad = set(spec) - allowed
-        if bad:
-            raise WorkloadError(f"{kind} workload: unknown keys {sorted(bad)} (allowed: {sorted(allowed)})")
+        bad = sorted(set(spec) - allowed)
+        if bad:  # (the first, with its hint; how many more)
+            more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+            raise WorkloadError(f"{kind} workload: "
+                                f"{unknown_key_line((bad[0],), sorted(allowed))}{more}")
     models = select_instances(spec.get("models", "*"), instances)
     for key in DATA_PATH_KEYS:  # (a number there was Python's "expected str, bytes or
         v = spec.get(key)       # os.PathLike object, not int")
