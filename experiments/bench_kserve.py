@@ -47,8 +47,9 @@ minus EXEC (at concurrency 1: what our front end adds over a server that does no
 to compare with the peer's p50), the errors and the servers' CPU µs per request; with the
 floor and the hop, also their requests/s, p50 and CPU µs per request (gRPC cells).
 
-To measure another version of our code, run it with that version on ``PYTHONPATH`` and as
-the working directory (the controller is started as ``python -m``)::
+To measure another version of our code, run it with that version first on ``PYTHONPATH``
+(the cluster's processes take their packages from the folder the cluster code was
+imported from)::
 
     (cd /tmp/old && PYTHONPATH=/tmp/old python /path/to/experiments/bench_kserve.py)
 """

@@ -13,8 +13,8 @@ controller's CPU time per request (µs: less noisy than wall figures on a shared
 and the number of failed requests, by error (must be 0).
 
 To compare two versions of the code, run the same command with the other version first on
-``PYTHONPATH`` and as the working directory (the controller is started as ``python -m``,
-which puts the working directory first on its path)::
+``PYTHONPATH`` (the cluster's processes take their packages from the folder the cluster
+code was imported from)::
 
     python experiments/bench_rest.py --concurrency 8 --duration 10
     (cd /tmp/old && PYTHONPATH=/tmp/old python /path/to/experiments/bench_rest.py)

@@ -166,11 +166,21 @@ class _Child:
         return p.returncode
 
 
+# where the clockwork, controller and worker packages lie (site-packages, or a checkout)
+_ROOT = str(Path(__file__).resolve().parents[2])
+
+
 def _cli() -> list[str]:
     """The ``clockwork`` command as a child process. ``-P``: the current folder does not go
     first on the child's path, so a user's own ``worker.py`` or ``controller.py`` there is
-    not imported in place of ours."""
+    not imported in place of ours (``_child_path`` puts our packages' folder on it, for a
+    checkout run without installing)."""
     return [sys.executable, "-P", "-m", "clockwork.cluster.cli"]
+
+
+def _child_path() -> str:
+    """The children's ``PYTHONPATH``: our packages' folder first, then the one given."""
+    return os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))
 
 
 class LocalCluster:
@@ -224,7 +234,8 @@ class LocalCluster:
         from clockwork.protocol.security import SECRET_ENV, new_secret
 
         self.cluster_secret = new_secret() if cluster_secret is None else cluster_secret
-        self._env = {SECRET_ENV: self.cluster_secret or None}  # the children's, not argv
+        self._env = {SECRET_ENV: self.cluster_secret or None,  # the children's, not argv
+                     "PYTHONPATH": _child_path()}
         self.token = token
         self.worker_host = worker_host or host
         self.log_dir = Path(log_dir) if log_dir is not None else None
