@@ -325,6 +325,20 @@ def test_scenarios_copy_takes_a_shipped_sweep_too(elsewhere, tmp_path):
     assert (dest / "example.toml").read_bytes() == \
         (resources.sweeps_root() / "example.toml").read_bytes()
     assert load_sweep(dest / "example.toml").name == "example"  # (runs from there as it is)
+    assert run_scenarios("copy", "sweeps/example.toml", "--to", str(tmp_path / "b")) == 0
+    assert (tmp_path / "b" / "example.toml").is_file()
+
+
+@pytest.mark.parametrize("name,said", [
+    ("exampel", "no shipped scenario 'exampel'; closest: example (a sweep)"),
+    # only the shipped sweeps' names: no other file reached from their folder
+    ("../../../pyproject", "no shipped scenario '../../../pyproject'"),
+    ("../scenarios/faults", "no shipped scenario '../scenarios/faults'"),
+])
+def test_scenarios_copy_refuses_what_is_no_shipped_name(name, said, tmp_path, capsys):
+    assert run_scenarios("copy", name, "--to", str(tmp_path / "x")) == 2
+    assert said in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 def test_scenarios_copy_all(tmp_path):

@@ -76,18 +76,24 @@ def _blocked(plan: list[tuple[Path, Path]], dest: Path) -> str | None:
 
 def _copy(args: argparse.Namespace) -> int:
     names = resources.shipped_scenario_names()
+    sweep_names = sorted(p.stem for p in resources.sweeps_root().glob("*.toml"))
     wanted = list(names) if getattr(args, "all", False) else []
     sweeps: list[Path] = []  # shipped sweep files named (copied as they are)
     for n in getattr(args, "names", None) or []:
         n = n[: -len(resources.SCENARIO_SUFFIX)] if n.endswith(resources.SCENARIO_SUFFIX) else n
-        n = n.removeprefix("scenarios/")
-        sweep = resources.sweeps_root() / f"{n}{resources.SCENARIO_SUFFIX}"
-        if n not in names and sweep.is_file():  # (a shipped sweep: its scenarios by name)
+        if n.startswith(f"{resources.SWEEPS}/") and n.count("/") == 1:
+            n = n.split("/", 1)[1]
+        else:
+            n = n.removeprefix("scenarios/")
+        if n not in names and n in sweep_names:  # (a shipped sweep: its scenarios by name)
+            sweep = resources.sweeps_root() / f"{n}{resources.SCENARIO_SUFFIX}"
             if sweep not in sweeps:
                 sweeps.append(sweep)
             continue
         if n not in names:
-            close = difflib.get_close_matches(n, names, n=3, cutoff=0.5)
+            close = difflib.get_close_matches(n, names + sweep_names, n=3, cutoff=0.5)
+            close = [f"{c} (a sweep)" if c in sweep_names and c not in names else c
+                     for c in close]
             hint = (f"closest: {', '.join(close)}" if close
                     else f"shipped: {', '.join(names) or '(none)'}")
             print(f"clockwork scenarios copy: no shipped scenario {n!r}; {hint}", file=sys.stderr)
