@@ -270,15 +270,23 @@ def find_profile_set(name_or_path: str | Path, base: str | Path | None = None) -
     return next((c for c in profile_set_candidates(name_or_path, base) if c.is_dir()), None)
 
 
-def _set_hint(name: str) -> str:
-    """``; did you mean 'v100-reference'?`` for a name close to a set found by name (or
-    one it begins), else the names of those sets; "" for a path or when there are none."""
+def _set_hint(name: str, base: str | Path | None = None) -> str:
+    """``; did you mean 'v100-reference'?`` for a name close to a set found by name (in
+    ``profile_roots`` or ``base``; or one it begins), else the names of those sets; "" for
+    a path or when there are none."""
     if os.sep in name or "/" in name:
         return ""
     import difflib
 
-    known = sorted({p.name for root in profile_roots() if root.is_dir()
-                    for p in root.iterdir() if p.is_dir() and (p / "set.json").is_file()})
+    roots = [*profile_roots(), *([Path(base)] if base is not None else [])]
+    found: set[str] = set()
+    for root in roots:
+        try:
+            found.update(p.name for p in root.iterdir()
+                         if p.is_dir() and (p / "set.json").is_file())
+        except OSError:  # (not a folder, or not readable: nothing found there)
+            continue
+    known = sorted(found)
     close = [k for k in known if k.startswith(name)] or difflib.get_close_matches(
         name, known, n=1, cutoff=0.6)
     if close:
@@ -296,7 +304,7 @@ def load_profile_set(name_or_path: str | Path, base: str | Path | None = None) -
     if folder is None:
         tried = ", ".join(str(c) for c in profile_set_candidates(name_or_path, base))
         raise ProfileError(f"profile set {name_or_path!r} not found (tried {tried})"
-                           f"{_set_hint(name_or_path)}")
+                           f"{_set_hint(name_or_path, base)}")
     mtime = _mtime(folder)  # (before the listing: a file added during it is seen later)
     meta = _load_set_file(folder / "set.json")
     profiles: dict[str, ModelProfile] = {}

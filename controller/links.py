@@ -26,7 +26,7 @@ from clockwork.actions import Action, ActionType, Result
 from clockwork.protocol import addresses, keepalive
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
-from clockwork.protocol.framing import LINK_CLOSED, FrameStream, dial, host_of
+from clockwork.protocol.framing import FrameStream, LinkClosed, dial, host_of
 from clockwork.protocol.holding import is_held, is_twice
 from clockwork.protocol.pacing import Pacer, doze
 from clockwork.protocol.ratelog import LogLimiter
@@ -681,7 +681,7 @@ class WorkerLinks:
             raise
         except Exception as e:  # noqa: BLE001 - reset the link (the stream may be fine)
             if link.call is call and link.connected and not self._stopping:
-                if isinstance(e, ConnectionError) and str(e) == LINK_CLOSED:
+                if isinstance(e, LinkClosed | ConnectionResetError | BrokenPipeError):
                     # the worker closed the fast link as we wrote (it died): the link's
                     # end, said once, as the reader says it, not as a failed write
                     link.error = "stream ended"

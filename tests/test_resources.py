@@ -385,3 +385,18 @@ def test_a_profile_set_not_found_by_name_says_which_are(name, hint, tmp_path, mo
         load_profile_set(name)
     assert str(e.value).startswith(f"profile set {name!r} not found (tried "), e.value
     assert str(e.value).endswith(hint), e.value
+
+
+def test_a_profile_set_beside_the_scenario_is_hinted_at_too(tmp_path, monkeypatch):
+    """A set found by name beside the scenario file (``base``) is among those hinted at;
+    a $CLOCKWORK_PROFILES that is no folder is passed over."""
+    from clockwork.profiles import ProfileError, load_profile_set
+
+    (tmp_path / "sc" / "myset").mkdir(parents=True)
+    (tmp_path / "sc" / "myset" / "set.json").write_text("{}")
+    (tmp_path / "file").write_text("")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CLOCKWORK_PROFILES", str(tmp_path / "file"))
+    with pytest.raises(ProfileError) as e:
+        load_profile_set("mysett", tmp_path / "sc")
+    assert str(e.value).endswith("; did you mean 'myset'?"), e.value

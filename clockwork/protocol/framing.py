@@ -58,7 +58,8 @@ def _bytes_of(buf) -> memoryview:
     return m.cast("B") if m.nbytes else memoryview(b"")
 
 
-LINK_CLOSED = "the link is closed"  # a write on a link the other side (or we) closed
+class LinkClosed(ConnectionError):
+    """A write on a link that the other side (or we) closed."""
 
 
 class FrameStream:
@@ -79,7 +80,7 @@ class FrameStream:
         arrays), written to the socket as they are."""
         w = self._w
         if w.is_closing():
-            raise ConnectionError(LINK_CLOSED)
+            raise LinkClosed("the link is closed")
         data = msg.SerializeToString()
         n = len(data)
         total = 4 + n
