@@ -178,9 +178,14 @@ def _cli() -> list[str]:
     return [sys.executable, "-P", "-m", "clockwork.cluster.cli"]
 
 
-def _child_path() -> str:
-    """The children's ``PYTHONPATH``: our packages' folder first, then the one given."""
-    return os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))
+def _child_path() -> str | None:
+    """The children's ``PYTHONPATH``: a source checkout's folder first (run without
+    installing, it is found through no other entry), then the one given. An installed
+    package's folder (site-packages) is on their path already, and put before the
+    standard library it could shadow it: not added."""
+    checkout = (Path(_ROOT) / "pyproject.toml").is_file()
+    return os.pathsep.join(filter(None, [_ROOT if checkout else None,
+                                         os.environ.get("PYTHONPATH")])) or None
 
 
 class LocalCluster:
