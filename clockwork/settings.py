@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import itertools
 import math
 import types
 import typing
@@ -734,6 +733,18 @@ class ControllerRestartFault(Settings):
         "they hold (the clockwork policy only).")
 
 
+def _overlap(spells: list[tuple[float, float, str]]):
+    """The first of ``spells`` (start, end, name) to start before an earlier one has
+    ended, with the one it overlaps (the latest-ending before it), or None."""
+    last = None
+    for spell in sorted(spells):
+        if last is not None and spell[0] < last[1]:
+            return spell, last
+        if last is None or spell[1] > last[1]:
+            last = spell
+    return None
+
+
 class FaultSettings(Settings):
     """``[faults]``: faults injected into a run. The simulator models each one in its
     network and workers, deterministically; a live run (`clockwork serve --replay`)
@@ -773,15 +784,11 @@ class FaultSettings(Settings):
         for i, f in enumerate(self.hang):
             spans.setdefault(f.worker, []).append((f.at_s, f.at_s + f.for_s, f"hang.{i}"))
         for w, ws in sorted(spans.items()):
-            ws.sort()
-            last_end, last = -math.inf, ""
-            for start, end, name in ws:
-                if start < last_end:
-                    until = "the end" if last_end == math.inf else f"{last_end:g} s"
-                    raise ValueError(f"{name} of worker {w} (at {start:g} s) overlaps {last} "
-                                     f"(until {until}): one kill or hang of a worker at a time")
-                if end > last_end:
-                    last_end, last = end, name
+            if hit := _overlap(ws):
+                (start, _, name), (_, end, last) = hit
+                until = "the end" if end == math.inf else f"{end:g} s"
+                raise ValueError(f"{name} of worker {w} (at {start:g} s) overlaps {last} "
+                                 f"(until {until}): one kill or hang of a worker at a time")
         # a worker's slow links do not overlap either (the first to end set the link fast
         # again: a short slow spell inside a long one cancelled the long one's rest)
         slow: dict[int, list[tuple[float, float, str]]] = {}
@@ -789,12 +796,11 @@ class FaultSettings(Settings):
             slow.setdefault(f.worker, []).append((f.at_s, f.at_s + f.for_s,
                                                   f"slow_network.{i}"))
         for w, ws in sorted(slow.items()):
-            ws.sort()
-            for (_, end, first), (start, _, name) in itertools.pairwise(ws):
-                if start < end:
-                    raise ValueError(f"{name} of worker {w} (at {start:g} s) overlaps {first} "
-                                     f"(until {end:g} s): one slow link of a worker at a "
-                                     "time (split them into spells that follow one another)")
+            if hit := _overlap(ws):
+                (start, _, name), (_, end, first) = hit
+                raise ValueError(f"{name} of worker {w} (at {start:g} s) overlaps {first} "
+                                 f"(until {end:g} s): one slow link of a worker at a "
+                                 "time (split them into spells that follow one another)")
         return self
 
 
