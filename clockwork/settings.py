@@ -1040,6 +1040,6 @@ class ProfileFile(Settings):
         least = -(-self.weights_bytes // PAGE_SIZE)
         if self.weights_pages and self.weights_pages < least:
             raise ValueError(f"weights_pages is {self.weights_pages}, fewer than the "
-                             f"{least} pages of 16 MiB that weights_bytes "
+                             f"{least} pages of {PAGE_SIZE >> 20} MiB that weights_bytes "
                              f"({self.weights_bytes:,}) takes (0 computes them)")
         return self
