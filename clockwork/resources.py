@@ -70,10 +70,15 @@ def shipped_scenario_names() -> list[str]:
     return sorted(p.stem for p in root.glob(f"*{SCENARIO_SUFFIX}") if p.is_file())
 
 
-def _scenario_name(p: Path) -> str | None:
-    """The shipped-scenario name a path may stand for: ``x``, ``x.toml`` or
-    ``scenarios/x.toml`` (nothing else: other paths are only ever files)."""
-    if p.is_absolute() or len(p.parts) > 2 or (len(p.parts) == 2 and p.parts[0] != "scenarios"):
+def shipped_sweep_names() -> list[str]:
+    return sorted(p.stem for p in sweeps_root().glob(f"*{SCENARIO_SUFFIX}"))
+
+
+def shipped_name(p: Path, folder: str = "scenarios") -> str | None:
+    """The shipped-file name a path may stand for: ``x``, ``x.toml`` or
+    ``FOLDER/x.toml`` (``scenarios``, or ``SWEEPS``; nothing else: other paths are only
+    ever files)."""
+    if p.is_absolute() or len(p.parts) > 2 or (len(p.parts) == 2 and p.parts[0] != folder):
         return None
     if not p.parts or p.name in (".", ".."):
         return None
@@ -87,7 +92,7 @@ def resolve_scenario(name_or_path: str | Path) -> Path:
     p = Path(name_or_path)
     if p.is_file():
         return p
-    name = _scenario_name(p)
+    name = shipped_name(p)
     if name:
         shipped = scenarios_root() / f"{name}{SCENARIO_SUFFIX}"
         if shipped.is_file():

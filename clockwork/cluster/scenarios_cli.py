@@ -76,7 +76,7 @@ def _blocked(plan: list[tuple[Path, Path]], dest: Path) -> str | None:
 
 def _copy(args: argparse.Namespace) -> int:
     names = resources.shipped_scenario_names()
-    sweep_names = sorted(p.stem for p in resources.sweeps_root().glob("*.toml"))
+    sweep_names = resources.shipped_sweep_names()
     wanted = list(names) if getattr(args, "all", False) else []
     sweeps: list[Path] = []  # shipped sweep files named (copied as they are)
     for n in getattr(args, "names", None) or []:

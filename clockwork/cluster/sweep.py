@@ -57,7 +57,7 @@ from clockwork.cluster.parallel import (
     point_folder,
     toml_value,
 )
-from clockwork.resources import SWEEPS
+from clockwork.resources import SWEEPS, shipped_name, shipped_sweep_names, sweeps_root
 from clockwork.settings import Settings, setting, validate
 from clockwork.sizes import MAX_POINTS, MAX_SEED
 
@@ -106,17 +106,6 @@ class Sweep:
         return list(self.grid)
 
 
-def _sweep_name(p: Path) -> str | None:
-    """The shipped-sweep name a path may stand for: ``x``, ``x.toml`` or
-    ``sweeps/x.toml`` (nothing else: other paths are only ever files), as
-    ``clockwork.resources`` reads a scenario's."""
-    if p.is_absolute() or len(p.parts) > 2 or (len(p.parts) == 2 and p.parts[0] != SWEEPS):
-        return None
-    if not p.parts or p.name in (".", ".."):
-        return None
-    return p.name[:-5] if p.name.endswith(".toml") else p.name
-
-
 def resolve_sweep(name_or_path: str) -> Path:
     """An existing file, else a shipped sweep by name (``clockwork/data/sweeps``): ``x``,
     ``x.toml`` or ``sweeps/x.toml``. Raises ``SweepError`` naming the closest shipped
@@ -126,14 +115,12 @@ def resolve_sweep(name_or_path: str) -> Path:
     p = Path(name_or_path)
     if p.is_file():
         return p
-    from clockwork.resources import sweeps_root
-
-    name = _sweep_name(p)
+    name = shipped_name(p, SWEEPS)
     if name:
         shipped = sweeps_root() / f"{name}.toml"
         if shipped.is_file():
             return shipped
-    names = sorted(q.stem for q in sweeps_root().glob("*.toml"))
+    names = shipped_sweep_names()
     stem = p.name[:-5] if p.name.endswith(".toml") else p.name
     close = difflib.get_close_matches(name or stem, names, n=3, cutoff=0.5)
     hint = (f"closest shipped sweeps: {', '.join(close)}" if close else
