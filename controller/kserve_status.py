@@ -14,7 +14,7 @@ answer                                                          gRPC            
 ``TIMEOUT`` (the SLO cannot be met: turned away, expired,
 left out of a batch)                                            ``DEADLINE_EXCEEDED``  504
 ``TIMEOUT`` from a worker's ``*_TOO_LATE`` (or ``*_TOO_EARLY``)
-rejection, not retried in time (``ERROR`` before)               ``DEADLINE_EXCEEDED``  504
+rejection, not retried in time                                  ``DEADLINE_EXCEEDED``  504
 ``INVALID_REQUEST`` ``unknown_model``                           ``NOT_FOUND``          404
 ``INVALID_REQUEST`` (``bad_input``, ``bad_slo``)                ``INVALID_ARGUMENT``   400
 ``ERROR`` ``overloaded`` / ``shutdown``; a baseline's full
