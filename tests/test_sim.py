@@ -87,6 +87,45 @@ def test_simulate_takes_one_override_as_a_string_and_names_bad_arguments():
         load_scenario("poisson_warm", 5)
 
 
+def test_a_scenario_changed_after_it_was_read_is_checked_again():
+    """A script reads a scenario once and edits its ``data`` between runs: the edits are
+    checked as a file's would be (``workers = 0`` ran into "min() arg is an empty
+    sequence", a NaN latency into "cannot convert float NaN to integer", a misspelt key
+    or ``workers = 2.7`` ran silently); the Scenario itself is left as it was."""
+    from clockwork.cluster.sim import Simulation
+
+    sc = load_scenario(data=base(), overrides="duration_s=0.5")
+    for key, value, says in (("workers", 0, "cluster.workers: "),
+                             ("workers", 2.7, "cluster.workers: "),
+                             ("network_latency_ms", float("nan"),
+                              "cluster.network_latency_ms: "),
+                             ("wrokers", 2, "unknown setting 'cluster.wrokers' \\(did you mean")):
+        edited = load_scenario(data=base(), overrides="duration_s=0.5")
+        edited.data["cluster"][key] = value
+        with pytest.raises(ScenarioError, match=f"^<dict>: {says}"):
+            simulate(edited)
+        with pytest.raises(ScenarioError, match=f"^<dict>: {says}"):
+            Simulation(edited)
+    plain = simulate(sc).summary
+    assert sc.overrides == ["duration_s=0.5"] and plain["duration_s"] == 0.5
+    with pytest.raises(ScenarioError, match="Simulation: a clockwork.scenario.Scenario is "
+                       "needed"):
+        Simulation(base())
+
+
+def test_a_simulation_runs_once():
+    """A Simulation run again ran on with the first run's policy, workloads and logs (a
+    closed loop's clients sent again at time 0 into a later clock: 485,597 requests
+    logged beside a first summary of 5,597, in the first result's logs too): refused."""
+    from clockwork.cluster.sim import Simulation
+
+    sim = Simulation(load_scenario(data=base(), overrides="duration_s=0.5"))
+    first = sim.run().summary
+    with pytest.raises(RuntimeError, match="has run already: make a new one"):
+        sim.run()
+    assert Simulation(load_scenario(data=base(), overrides="duration_s=0.5")).run().summary == first
+
+
 def test_fig5_closed_loop_reaches_capacity():
     res = simulate("scenarios/fig5_1gpu.toml", ["duration_s=5"])
     s = res.summary

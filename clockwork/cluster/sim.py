@@ -111,8 +111,15 @@ class Simulation:
                  spill_dir: str | Path | None = None) -> None:
         """``spill_dir``: keep the request and action rows in files in a new folder
         inside it instead of in memory (a long run's memory stays flat; see
-        ``Telemetry``)."""
-        self.sc = sc
+        ``Telemetry``). ``sc`` is checked again, as ``load_scenario`` checks it: a
+        script may have changed its ``data`` since it was read. A Simulation runs once."""
+        if not isinstance(sc, Scenario):
+            raise ScenarioError("Simulation: a clockwork.scenario.Scenario is needed "
+                                f"(load_scenario makes one), got {sc!r}")
+        checked = load_scenario(data=sc.data, source=sc.source)
+        checked.overrides = list(sc.overrides)
+        self.sc = sc = checked
+        self._ran = False
         self.progress = progress
         self.spill_dir = spill_dir
         c = sc.cluster
@@ -249,6 +256,10 @@ class Simulation:
     # ------------------------------------------------------------------ loop
 
     def run(self) -> SimResult:
+        if self._ran:  # (its policy, workloads and logs are those of the first run)
+            raise RuntimeError("this Simulation has run already: make a new one for "
+                               "another run")
+        self._ran = True
         # The loop allocates millions of short-lived, acyclic objects (requests, actions,
         # results); reference counting frees them, and the cyclic collector's scans of
         # the growing logs cost ~10 % of the run. Pause it for the run.
