@@ -27,8 +27,9 @@ import numpy as np
 import orjson
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
-from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_exceptions import BadHttpMessage, BadHttpMethod, HttpProcessingError, LineTooLong
 from aiohttp.web import ContentCoding
+from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_urldispatcher import _default_expect_handler
 
 from clockwork.protocol.security import Refusals, bearer_ok
@@ -627,15 +628,61 @@ def make_runner(node, token: str | None = None) -> web.AppRunner:
         max_headers=lim.rest_max_headers)
 
 
+def head_refusal(exc: BaseException | None, status: int, limits) -> str:
+    """What is wrong with a request aiohttp's parser refused before our handler saw it
+    (or, 500 and 504, one whose handling failed there), in the words of the limits."""
+    if isinstance(exc, LineTooLong):
+        return (f"request line or header over {limits.rest_max_header_bytes} bytes "
+                "(rest_max_header_bytes)")
+    if isinstance(exc, BadHttpMethod):
+        return "not an HTTP request (no HTTP method where one begins)"
+    if isinstance(exc, BadHttpMessage):
+        if exc.message.startswith("Too many headers"):
+            return f"more than {limits.rest_max_headers} headers (rest_max_headers)"
+        return f"malformed HTTP request: {_short(exc.message, 200)}"
+    return "request handling timed out" if status == 504 else "internal error"
+
+
+def _json_errors(limits) -> type[RequestHandler]:
+    """aiohttp's connection handler, whose own answers (to a request head over the
+    limits, too many headers, malformed HTTP: what its parser refuses before our
+    handler runs) carry KServe's JSON error body, as every other error does, instead of
+    its text/plain page, which tritonclient's HTTP clients cannot read ("Parse error at
+    offset 0"). Same status; the connection still closes after it."""
+
+    class JsonErrors(RequestHandler):
+        __slots__ = ()  # (the same layout: a handler aiohttp made becomes one)
+
+        def handle_error(self, request, status=500, exc=None, message=None):
+            plain = super().handle_error(request, status, exc, message)  # (logs it)
+            body, headers = encode(Reply(plain.status, {
+                "error": head_refusal(exc, plain.status, limits)}))
+            resp = web.Response(status=plain.status, body=body, headers=headers)
+            resp.force_close()
+            return resp
+
+    return JsonErrors
+
+
 class _BoundSite(web.TCPSite):
     """aiohttp's TCPSite whose ``start`` binds its sockets without accepting connections
     (``start_serving=False``); ``serve`` starts accepting them. A controller binds
-    every port before it contacts a worker, and serves once it has them."""
+    every port before it contacts a worker, and serves once it has them. Its
+    connections' handlers answer aiohttp's own refusals in JSON (``_json_errors``)."""
+
+    def __init__(self, runner: web.AppRunner, *args, limits, **kw) -> None:
+        super().__init__(runner, *args, **kw)
+        self._handler_class = _json_errors(limits)
+
+    def _handler(self) -> RequestHandler:
+        h = self._runner.server()
+        h.__class__ = self._handler_class
+        return h
 
     async def start(self) -> None:
         await web.BaseSite.start(self)  # (registers the site with its runner)
         self._server = await asyncio.get_running_loop().create_server(
-            self._runner.server, self._host, self._port, ssl=self._ssl_context,
+            self._handler, self._host, self._port, ssl=self._ssl_context,
             backlog=self._backlog, reuse_address=self._reuse_address,
             reuse_port=self._reuse_port, start_serving=False)
         self._bound_port = self._server.sockets[0].getsockname()[1]
@@ -677,7 +724,8 @@ async def bind_http(node, host: str, port: int, token: str | None = None,
     the port is this listener's alone. Raises OSError when it cannot bind."""
     runner = make_runner(node, token)
     await runner.setup()
-    site = _BoundSite(runner, host, port, ssl_context=ssl, reuse_port=False)
+    site = _BoundSite(runner, host, port, ssl_context=ssl, reuse_port=False,
+                      limits=node.limits)
     try:
         await site.start()
     except BaseException:

@@ -396,22 +396,46 @@ def test_repository_routes_check_their_bodies(addr):
 
 
 def test_head_bounds(cluster, addr):
+    """A request head over the bounds, or not HTTP, is answered 400 with KServe's JSON
+    error body naming what is wrong, as every other error (it was aiohttp's text/plain
+    page, which tritonclient's HTTP client could not read: "Parse error at offset 0"),
+    and the connection closes."""
     before = _counters(cluster).get("http_400", 0)
     many = "".join(f"X-{i}: y\r\n" for i in range(MAX_HEADERS + 5))
     long_header = f"X-Long: {'a' * (HEADER_BYTES + 10)}\r\n"
     long_line = f"GET /v2/{'a' * (HEADER_BYTES + 10)} HTTP/1.1\r\nHost: x\r\n\r\n"
-    for data in (f"GET /v2 HTTP/1.1\r\nHost: x\r\n{many}\r\n",
-                 f"GET /v2 HTTP/1.1\r\nHost: x\r\n{long_header}\r\n", long_line):
+    for data, says in (
+            (f"GET /v2 HTTP/1.1\r\nHost: x\r\n{many}\r\n",
+             f"more than {MAX_HEADERS} headers (rest_max_headers)"),
+            (f"GET /v2 HTTP/1.1\r\nHost: x\r\n{long_header}\r\n",
+             f"request line or header over {HEADER_BYTES} bytes (rest_max_header_bytes)"),
+            (long_line,
+             f"request line or header over {HEADER_BYTES} bytes (rest_max_header_bytes)"),
+            ("\x16\x03\x01 TLS, not HTTP\r\n\r\n",
+             "not an HTTP request (no HTTP method where one begins)")):
         with socket.create_connection(addr, timeout=10) as s:
             s.sendall(data.encode())
             got = _until_eof(s)  # answered, then closed
-        assert got.split(b" ", 2)[1] == b"400", got[:200]
+        head, _, body = got.partition(b"\r\n\r\n")
+        assert head.split(b" ", 2)[1] == b"400", got[:200]
+        assert b"\r\ncontent-type: application/json" in head.lower(), head
+        assert json.loads(body) == {"error": says}
+    # tritonclient's HTTP client reads it as the server's error
+    client = thttp.InferenceServerClient(f"{addr[0]}:{addr[1]}")
+    try:
+        with pytest.raises(thttp.InferenceServerException) as e:
+            client.get_server_metadata(headers={"X-Big": "a" * (HEADER_BYTES + 10)})
+        assert e.value.status() == "400"
+        assert e.value.message() == (f"request line or header over {HEADER_BYTES} bytes "
+                                     "(rest_max_header_bytes)")
+    finally:
+        client.close()
     # within the bounds: answered
     ok = "".join(f"X-{i}: y\r\n" for i in range(MAX_HEADERS - 2))
     status, _, _ = _request(addr, "GET", "/v2", None,
                             dict(line.split(": ") for line in ok.split("\r\n") if line))
     assert status == 200
-    assert _counters(cluster).get("http_400", 0) == before + 3
+    assert _counters(cluster).get("http_400", 0) == before + 5
 
 
 def test_keep_alive(addr):
