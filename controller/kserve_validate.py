@@ -499,11 +499,14 @@ def _json_data(name: str, datatype: str, shape: list[int], data) -> np.ndarray:
         arr = np.array(data)
     except (ValueError, TypeError, OverflowError):  # ragged nesting
         arr = None
-    if np_name == "uint64" and arr is not None and arr.dtype.kind in "fO" and _all_ints(data):
-        try:  # (numpy reads a mix of int64 and larger uint64 values as float64)
-            arr = np.array(data, dtype=np.uint64)
+    if (np.dtype(np_name).kind in "iu" and arr is not None and arr.dtype.kind in "fO"
+            and _all_ints(data)):
+        # integers numpy read as float64 (a mix of int64 and larger values, as UINT64 takes)
+        # or as objects (beyond 64 bits): read as the datatype, or out of its range
+        try:
+            arr = np.array(data, dtype=np_name)
         except OverflowError:
-            raise _bad(f"input {name!r}: a value is out of range for UINT64") from None
+            raise _bad(f"input {name!r}: a value is out of range for {datatype}") from None
     if arr is None or arr.dtype.kind in "OUS":
         found, odd = _first_odd(data)
         if found:
@@ -524,7 +527,15 @@ def _json_data(name: str, datatype: str, shape: list[int], data) -> np.ndarray:
         raise _bad(f"input {name!r}: 'data' holds true/false; {datatype} data must be "
                    f"{'numbers' if np.dtype(np_name).kind == 'f' else 'integers'}")
     _in_range(name, arr, np_name)
-    return np.ascontiguousarray(arr.reshape(-1), dtype=np_name)
+    flat = arr.reshape(-1)
+    with np.errstate(over="ignore"):  # (found below, said as the request's error)
+        out = np.ascontiguousarray(flat, dtype=np_name)
+    if out.dtype.kind == "f" and flat.dtype != out.dtype and out.size:
+        grew = np.isinf(out) & ~np.isinf(flat)  # finite values past the datatype's range
+        if grew.any():
+            raise _bad(f"input {name!r}: value {flat[grew][0].item()!r} is out of range "
+                       f"for {datatype}")
+    return out
 
 
 def _bools_among(data: list, arr: np.ndarray) -> bool:

@@ -156,7 +156,21 @@ def test_rest_json_data():
     _invalid(lambda: one("UINT16", [1, -1]), "value -1 is out of range for UINT16")
     _invalid(lambda: one("INT32", [1, 2.5]), "INT32 'data' must be integers")
     _invalid(lambda: one("BOOL", [1, 0]), "BOOL 'data' must be true/false")
-    _invalid(lambda: one("INT64", [1, 2**70]), "'data' must be a flat list")
+    # integers past the datatype's range that numpy reads as floats or objects (from
+    # 2**63, or beyond 64 bits): out of range, not "must be integers" or "a flat list"
+    _invalid(lambda: one("INT64", [2**63, 0]), "a value is out of range for INT64")
+    _invalid(lambda: one("INT64", [1, 2**70]), "a value is out of range for INT64")
+    _invalid(lambda: one("INT8", [2**63, 1]), "a value is out of range for INT8")
+    _invalid(lambda: one("UINT64", [2**64, 1]), "a value is out of range for UINT64")
+    assert one("INT64", [2**63 - 1, -(2**63)]).tolist() == [2**63 - 1, -(2**63)]
+    # numbers past a float datatype's range became inf (and a RuntimeWarning in the
+    # controller's log); its largest values and an inf sent as such are taken
+    _invalid(lambda: one("FP16", [70000.0, 1]), "value 70000.0 is out of range for FP16")
+    _invalid(lambda: one("FP16", [1, 70000]), "value 70000 is out of range for FP16")
+    _invalid(lambda: one("FP32", [0.5, -1e300]), "value -1e+300 is out of range for FP32")
+    assert one("FP16", [65504.0, -65504]).tolist() == [65504.0, -65504.0]
+    assert one("FP32", [float("inf"), 1e38]).tolist()[0] == float("inf")
+    assert one("FP64", [1e300, 1]).tolist() == [1e300, 1]
     _invalid(lambda: one("FP32", [1, None]), "'data' holds null")
     _invalid(lambda: one("FP32", [1, {}]), "'data' holds {}")
     # JSON true/false among numbers (numpy would read them as 1 and 0)
