@@ -299,3 +299,20 @@ def test_progress_into_a_log_is_lines_not_a_redrawn_line(monkeypatch, capsys):
     lines = [ln for ln in err.splitlines() if "simulated" in ln]
     assert "\r" not in err and len(lines) >= 2, err[-500:]
     assert " ".join(lines[-1].split()).startswith("simulated 20.0 s / 20.0 s (100.0 %)")
+
+
+def test_simulate_writes_its_files_when_the_reader_of_its_output_goes_away(tmp_path):
+    """``clockwork simulate ... --out DIR | less``, quit before the run ends: printing the
+    table failed, the files were never written, and it exited 0 without a word. Now the
+    table goes nowhere and the files are written."""
+    out = tmp_path / "run"
+    p = subprocess.Popen(cli_command("simulate", "poisson_warm", "--set", "duration_s=2",
+                                     "--quiet", "--out", str(out)),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.stdout.close()  # (before it prints anything: it is still importing)
+    err = p.communicate(timeout=120)[1]
+    assert p.returncode == 0, err
+    assert "wrote " in err and "Traceback" not in err, err
+    assert sorted(f.name for f in out.iterdir()) == ["actions.tsv", "requests.tsv",
+                                                      "run.json", "summary.json"]
+    assert orjson.loads((out / "summary.json").read_bytes())["submitted"] > 0

@@ -22,7 +22,7 @@ from clockwork.errors import ClockworkError
 class Serve:
     """``clockwork serve`` as a child process; its stderr lines read by a thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, read_err: bool = True) -> None:
         self.p = subprocess.Popen(
             [sys.executable, "-m", "clockwork.cluster.cli", "serve", "--port", "0",
              "--http-port", "-1", "--kserve-port", "-1"],
@@ -31,7 +31,8 @@ class Serve:
         self.err: list[str] = []
         self.readers = [threading.Thread(target=lambda f=f, into=into: into.extend(f),
                                          daemon=True)
-                        for f, into in ((self.p.stdout, self.out), (self.p.stderr, self.err))]
+                        for f, into in ((self.p.stdout, self.out), (self.p.stderr, self.err))
+                        if read_err or f is self.p.stdout]
         for t in self.readers:
             t.start()
         m = self.wait_line(self.out, r"controller listening on (\S+)")
@@ -208,3 +209,26 @@ def test_a_worker_that_dies_while_restarting_counts_as_one_more_exit(capsys):
     assert _restart_worker(c, 0, []) == 1
     assert c.starts == WORKER_RESTARTS
     assert f"restarted {WORKER_RESTARTS} times in" in capsys.readouterr().err
+
+
+def test_serve_goes_on_when_the_reader_of_its_stderr_goes_away():
+    """``clockwork serve 2>&1 | tee log`` whose ``tee`` dies: serve's next line on stderr
+    (a worker's restart notice) failed, and that stopped the whole cluster, exit 0, without
+    a word. Now what it writes there is dropped: the worker is restarted, the cluster
+    serves, and it stops on SIGTERM as usual."""
+    s = Serve(read_err=False)
+    try:
+        _served(s.address)
+        s.p.stderr.close()  # (its reader gone: serve's next write to the pipe fails)
+        old = s.worker_pid()
+        os.kill(old, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while s.worker_pid() == old:
+            assert s.p.poll() is None, f"serve exited ({s.p.returncode})"
+            assert time.monotonic() < deadline, "the worker was not restarted"
+            time.sleep(0.05)
+        _served(s.address)
+        assert s.p.poll() is None
+    finally:
+        rc = s.stop()
+    assert rc == 0

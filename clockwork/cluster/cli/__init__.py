@@ -130,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     if not impl:  # a verb with subcommands, none given
         _subparser_help(parser, [args.command])
         return 2
+    from clockwork.cluster.cli.streams import ReaderSafe
+
+    out, err_stream = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = ReaderSafe(out), ReaderSafe(err_stream)  # (put back below)
     try:
         # (Ctrl-C while the verb's modules load, a second or so for some: the same line)
         func, err = _load(args.command, impl, getattr(args, "requires", ()))
@@ -140,11 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
+    except BrokenPipeError:  # (a pipe of its own, not stdout or stderr)
         return 0
     except OSError as e:  # a file or folder it could not read or write (one line, no traceback)
         print(f"clockwork {args.command}: {e}", file=sys.stderr)
         return 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.stdout, sys.stderr = out, err_stream
 
 
 if __name__ == "__main__":
