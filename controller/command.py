@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 
 from clockwork.profiles import ProfileError
@@ -23,6 +22,7 @@ from clockwork.protocol.security import (
     exposure_error,
     server_token,
 )
+from clockwork.signals import stop_signals
 from controller import split_settings, unused_line
 from controller.config import SchedulerConfig
 from controller.grpc_api import Interrupted, serve_controller
@@ -175,7 +175,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in stop_signals():  # (SIGHUP too: its logs written, as on SIGTERM)
             loop.add_signal_handler(sig, stop.set)
         orphan = asyncio.ensure_future(stop_when_orphaned(stop, "controller"))
 

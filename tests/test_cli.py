@@ -316,3 +316,31 @@ def test_simulate_writes_its_files_when_the_reader_of_its_output_goes_away(tmp_p
     assert sorted(f.name for f in out.iterdir()) == ["actions.tsv", "requests.tsv",
                                                       "run.json", "summary.json"]
     assert orjson.loads((out / "summary.json").read_bytes())["submitted"] > 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["TERM", "HUP"])
+def test_simulate_stopped_by_a_signal_removes_its_spill_folder(tmp_path, sig):
+    """SIGTERM or SIGHUP (the terminal closed) to a simulation spilling its rows ends it
+    as Ctrl-C does: exit 130, the rows' folder removed (SIGHUP killed it and left the
+    folder, growing ~5 MB a second, behind)."""
+    if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
+        pytest.skip("this test run ignores SIGHUP (nohup), and its children with it")
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    p = subprocess.Popen(cli_command("simulate", "poisson_warm", "--set", "duration_s=3000",
+                                     "--quiet", "--spill-dir", str(spill)),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(spill.iterdir()):  # (its rows' folder: the run is under way)
+            assert p.poll() is None and time.monotonic() < deadline, p.stderr.read()
+            time.sleep(0.02)
+        p.send_signal(sig)
+        err = p.communicate(timeout=30)[1]
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err, err
+    assert list(spill.iterdir()) == []

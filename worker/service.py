@@ -41,7 +41,6 @@ import argparse
 import asyncio
 import contextlib
 import hmac
-import signal
 import sys
 import threading
 import time
@@ -87,6 +86,7 @@ from clockwork.protocol.wire import (
     msg_to_action,
     msgs_to_tensors,
 )
+from clockwork.signals import stop_signals
 from clockwork.sizes import MAX_ACTIONS_PER_MESSAGE, MAX_MESSAGE_BYTES
 from clockwork.tensors import Tensor
 from worker.devices.emulated import EmulatedDevice
@@ -1301,7 +1301,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         node.cluster_auth = ClusterAuth(secret) if secret is not None else None
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in stop_signals():
             loop.add_signal_handler(sig, stop.set)
         orphan = asyncio.ensure_future(stop_when_orphaned(stop, "worker"))
         await asyncio.to_thread(node.prepare_packages, stop.is_set)

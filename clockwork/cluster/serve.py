@@ -20,6 +20,7 @@ from pathlib import Path
 from clockwork.cluster.local import WORKER_PORT_STEP, ChildRefused, LocalCluster
 from clockwork.extras import pip_extra
 from clockwork.scenario import ScenarioError, load_scenario
+from clockwork.signals import stop_signals
 
 # ``clockwork serve`` (no --replay) restarts a worker that exits, at most this many times
 # within RESTART_WINDOW_S seconds; one more exit in that time stops the cluster (exit 1)
@@ -441,7 +442,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             starting[0] = False
             raise _StartInterrupted
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, on_signal) for s in stop_signals()}
     try:
         try:
             try:

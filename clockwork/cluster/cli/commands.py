@@ -12,12 +12,15 @@ from pathlib import Path
 
 import orjson
 
+from clockwork.signals import term_signals
+
 
 @contextlib.contextmanager
 def _sigterm_as_ctrl_c():
-    """SIGTERM ends the run as Ctrl-C does (exit 130, --spill-dir's folder removed); it
-    killed the process, leaving the folder behind. Only in the main thread (where Python
-    runs signal handlers); the previous handler is put back after."""
+    """SIGTERM, and SIGHUP (the terminal closed; unless ignored, as under ``nohup``), end
+    the run as Ctrl-C does (exit 130, --spill-dir's folder removed); they killed the
+    process, leaving the folder behind. Only in the main thread (where Python runs signal
+    handlers); the previous handlers are put back after."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -25,11 +28,12 @@ def _sigterm_as_ctrl_c():
     def on_term(signum, frame):
         raise KeyboardInterrupt
 
-    old = signal.signal(signal.SIGTERM, on_term)
+    old = {s: signal.signal(s, on_term) for s in term_signals()}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
