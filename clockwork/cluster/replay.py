@@ -50,6 +50,7 @@ STREAM_INTERVAL_US = 2000.0  # at most one request message per 2 ms (clockwork.p
 LAG_WARN_MS = 10  # requests sent this much later than their arrival (p99): said on stderr
 LAG_UNIT_NS = 100_000  # send_lag_ms is counted in steps of 0.1 ms
 LONG_WAIT_S = 0.002  # longer waits also wake early for answers (closed loops resend)
+STOP_POLL_S = 0.1  # with ``stop``: how often a wait looks whether it was asked
 
 now_ns = time.monotonic_ns
 
@@ -61,6 +62,7 @@ class ReplayResult:
     scenario: Scenario
     wall_s: float
     answered_once: bool
+    interrupted: bool = False  # ``stop`` ended it early (its figures cover until then)
 
     def write(self, out: str | Path) -> Path:
         from clockwork.cluster.sim import run_info
@@ -75,7 +77,7 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
                  on_start=None, *, token: str | None = None, tls: bool = False,
                  tls_ca: str | None = None,
                  stream_interval_us: float = STREAM_INTERVAL_US,
-                 warn_late: bool = True) -> ReplayResult:
+                 warn_late: bool = True, stop=None) -> ReplayResult:
     """Drive ``sc``'s workloads against a live controller. ``check_packages``: send real
     inputs (a seeded pool per model) and check every answer's output against the zoo
     model's numpy reference with that package folder's weights (``summary["outputs"]``).
@@ -84,7 +86,11 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     ``token``, ``tls``, ``tls_ca``: as ``clockwork.AsyncClient``'s (default token:
     ``$CLOCKWORK_TOKEN``). ``stream_interval_us``: the request stream's pacing interval
     under load (``clockwork.protocol.pacing``; 0: none). ``warn_late``: say on stderr
-    when requests went out late (the summary's ``send_lag_ms`` says it always)."""
+    when requests went out late (the summary's ``send_lag_ms`` says it always).
+    ``stop``: a callable, looked at while the replay runs (at least every
+    ``STOP_POLL_S``); once it returns true no more requests are sent, the answers still
+    due are awaited (each no longer than its SLO and the stream's grace), and the result
+    covers the run until then (``summary["stopped"]``, ``interrupted``)."""
     from clockwork.client import AsyncClient
     from clockwork.errors import ControllerUnavailable
     from clockwork.profiles import load_profile_set
@@ -214,9 +220,14 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         fut.add_done_callback(lambda f, r=req, i=widx: on_done(f, r, i))
 
     last = time.monotonic()
+    halted = None  # when ``stop`` said to (ns from t0)
+    poll = float("inf") if stop is None else STOP_POLL_S
     while True:
         now = now_ns()
         rel = now - t0
+        if stop is not None and stop():
+            halted = rel
+            break
         if lost:  # the controller went away: what was sent fails fast, nothing more goes
             if state["sent"] == state["answered"]:
                 break
@@ -249,7 +260,7 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
             if state["sent"] == state["answered"]:
                 break
             done_evt.clear()
-            await wait_set(done_evt, 1.0)
+            await wait_set(done_evt, min(1.0, poll))
             continue
         nxt_t = min(pending_open + ([pending_heap] if pending_heap is not None else []))
         delay = (t0 + nxt_t - now_ns()) / 1e9
@@ -259,7 +270,7 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         elif delay >= LONG_WAIT_S:
             done_evt.clear()
             # wake for the next arrival, or earlier when an answer may add arrivals
-            await wait_set(done_evt, delay)
+            await wait_set(done_evt, min(delay, poll))
         elif delay > 0:
             # arrivals close together go out together, up to TICK_S late: one wake-up and
             # one stream message for several requests instead of one each
@@ -269,6 +280,10 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     wall_s = (now_ns() - t0) / NS_PER_S
     if progress:
         sys.stderr.write("\n")
+    if halted is not None:
+        print(f"clockwork replay: interrupted {halted / NS_PER_S:.1f} s into the run: no more "
+              f"requests are sent; waiting for the {state['sent'] - state['answered']:,} "
+              "answers still due", file=sys.stderr, flush=True)
     await stream.close()
     stats1 = None
     if not lost:
@@ -285,7 +300,8 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         "answered_once": state["answered"] == state["sent"] and not state["dup"],
     }
     # (a run the controller's loss cut short: its figures cover the time until then)
-    summary = tel.summary(min(sc.duration_s, lost[0][0] / NS_PER_S) if lost
+    cut = [t for t in (lost[0][0] if lost else None, halted) if t is not None]
+    summary = tel.summary(min(sc.duration_s, min(cut) / NS_PER_S) if cut
                           else sc.duration_s, extra)
     summary["actions"] = {
         "infer": d.get("infer_ok", 0) + d.get("infer_rejected", 0),
@@ -300,7 +316,9 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
               f"{late['max']:g} ms after their arrival times (the client could not keep "
               "up, or max_outstanding held them back); their latencies and SLOs count "
               "from the arrival times", file=sys.stderr, flush=True)
-    if lost:
+    if halted is not None and not (lost and lost[0][0] <= halted):
+        summary["stopped"] = {"at_s": round(halted / NS_PER_S, 3), "reason": "interrupted"}
+    elif lost:
         at, why = lost[0]
         summary["stopped"] = {"at_s": round(at / NS_PER_S, 3), "reason": why}
         print(f"clockwork replay: the controller went away {at / NS_PER_S:.1f} s into the "
@@ -314,7 +332,8 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     summary["prediction_error_ms"] = None
     if check is not None:
         summary["outputs"] = check.verify()
-    return ReplayResult(summary, tel, sc, wall_s, bool(extra["answered_once"]))
+    return ReplayResult(summary, tel, sc, wall_s, bool(extra["answered_once"]),
+                        halted is not None)
 
 
 def _lag_figures(lags: Counter[int]) -> dict:
@@ -373,13 +392,48 @@ def cmd_replay(args: argparse.Namespace) -> int:
         from clockwork.protocol.security import client_token
 
         token = client_token(getattr(args, "token", None), getattr(args, "token_file", None))
-        res = asyncio.run(replay(sc, args.controller, args.max_outstanding, progress,
-                                 args.check_outputs, token=token,
-                                 tls=getattr(args, "tls", False),
-                                 tls_ca=getattr(args, "tls_ca", None)))
+        res = asyncio.run(_until_signalled(lambda stop: replay(
+            sc, args.controller, args.max_outstanding, progress, args.check_outputs,
+            token=token, tls=getattr(args, "tls", False),
+            tls_ca=getattr(args, "tls_ca", None), stop=stop)))
     except (ScenarioError, ClockworkError, ValueError) as e:
         print(f"clockwork replay: {e}", file=sys.stderr)
         return exit_code(e)
+    except asyncio.CancelledError:  # (a second signal: nothing kept)
+        print("\nclockwork replay: interrupted", file=sys.stderr)
+        return 130
     emit_run(res, sc, f"live replay against {args.controller} in {res.wall_s:.1f} s wall; "
              f"every request answered exactly once: {res.answered_once}", args.out, args.json)
+    return run_status(res)
+
+
+def run_status(res: ReplayResult) -> int:
+    """A finished replay's exit status: 130 interrupted (its figures so far shown and
+    written), 1 cut short by the controller or not every request answered once, else 0."""
+    if res.interrupted:
+        return 130
     return 0 if res.answered_once and "stopped" not in res.summary else 1
+
+
+async def _until_signalled(start):
+    """``await start(stop)``, where ``stop()`` turns true at Ctrl-C, SIGTERM or SIGHUP
+    (the replay ends, keeping its figures so far); a second signal cancels it at once."""
+    from clockwork.signals import stop_signals
+
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    said: list[int] = []
+
+    def on_signal() -> None:
+        if said:
+            task.cancel()
+        said.append(1)
+
+    sigs = stop_signals()
+    for sig in sigs:
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        return await start(lambda: bool(said))
+    finally:
+        for sig in sigs:
+            loop.remove_signal_handler(sig)

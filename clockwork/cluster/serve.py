@@ -434,9 +434,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
                               pages=pages, host=args.host, port=port,
                               worker_port=args.worker_port, timeout=60.0, **kw)
     stop = threading.Event()
+    hard = threading.Event()  # a second signal during a replay: it ends at once
     starting = [True]
 
     def on_signal(signum, frame):
+        if stop.is_set():
+            hard.set()
         stop.set()
         if starting[0]:  # (a start may wait minutes: for Ray's actors, cuda kernel builds)
             starting[0] = False
@@ -460,7 +463,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"clockwork serve: {e}", file=sys.stderr)
             return 1
         if getattr(args, "replay", False):
-            return _replay_against(cluster, sc, args, stop)
+            return _replay_against(cluster, sc, args, stop, hard)
         print(f"clockwork serve: controller at {cluster.address} ({cluster.shape()}: "
               f"{', '.join(cluster.worker_addresses)}); Ctrl-C stops", flush=True)
         print(f"controller listening on {cluster.address}", flush=True)
@@ -536,12 +539,14 @@ def _restart_worker(cluster: LocalCluster, i: int, times: list[float]) -> int | 
 
 
 def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
-                    stop: threading.Event) -> int:
+                    stop: threading.Event, hard: threading.Event) -> int:
     """``clockwork serve SCENARIO --replay``: drive the workloads, print the table, stop.
-    ``stop`` set (Ctrl-C, SIGTERM): the replay ends at once, exit 130."""
+    ``stop`` set (Ctrl-C, SIGTERM, SIGHUP): no more requests are sent, the answers due
+    are awaited, and the figures so far are shown (and written with --out), exit 130;
+    ``hard`` set (a second signal): the replay ends at once, nothing kept, exit 130."""
     import asyncio
 
-    from clockwork.cluster.replay import replay
+    from clockwork.cluster.replay import replay, run_status
     from clockwork.errors import ClockworkError
     from clockwork.telemetry import emit_run
 
@@ -570,9 +575,9 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
         async def until_stopped():
             task = asyncio.ensure_future(replay(
                 sc, cluster.address, 20000, progress, check,
-                on_start=faults.start if faults else None, token=token))
+                on_start=faults.start if faults else None, token=token, stop=stop.is_set))
             while not task.done():
-                if stop.is_set():  # (the signal handler only sets it)
+                if hard.is_set():  # (the signal handler only sets it)
                     task.cancel()
                     break
                 await asyncio.wait({task}, timeout=0.1)
@@ -591,4 +596,4 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
         faults.stop()
     emit_run(res, sc, f"live cluster, {res.wall_s:.1f} s wall; every request answered exactly "
              f"once: {res.answered_once}", args.out)
-    return 0 if res.answered_once and "stopped" not in res.summary else 1
+    return run_status(res)

@@ -1,0 +1,96 @@
+"""A live replay stopped by a signal keeps its figures: no more requests are sent, the
+answers still due are awaited, the table is printed and ``--out`` written, marked
+``stopped: interrupted``, exit 130 (Ctrl-C threw everything away; SIGTERM killed
+``clockwork replay`` without a word). Real processes on loopback."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import orjson
+
+import clockwork
+from tests.conftest import cli_command, local_cluster, poll
+
+SC = "scenarios/poisson_warm.toml"  # (723.5 r/s on one warm model)
+
+
+def _lines(stream, into: list[str]) -> threading.Thread:
+    t = threading.Thread(target=lambda: into.extend(stream), daemon=True)
+    t.start()
+    return t
+
+
+def _answered(address: str, at_least: int):
+    def enough():
+        """the controller answered some of the replay's requests"""
+        with clockwork.Client(address, timeout=10) as cl:
+            return cl.stats().get("requests", 0) >= at_least
+    return enough
+
+
+def _check_kept(out, code: int, err: str, table: str) -> None:
+    assert code == 130, err
+    assert re.search(r"interrupted [\d.]+ s into the run: no more requests are sent", err), err
+    assert "Traceback" not in err, err
+    summary = orjson.loads((out / "summary.json").read_bytes())
+    assert summary["stopped"]["reason"] == "interrupted"
+    assert 0 < summary["stopped"]["at_s"] < 30 and summary["duration_s"] < 30
+    assert summary["submitted"] >= 200 and summary["answered_once"] is True
+    assert "stopped early" in table and "interrupted" in table, table
+    r = subprocess.run(cli_command("report", str(out)), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and f"{summary['submitted']:,}" in r.stdout, r.stderr
+
+
+def test_replay_stopped_by_sigterm_keeps_its_figures(tmp_path):
+    out = tmp_path / "run"
+    with local_cluster(workers=1, gpus=1, models="resnet50_v2", http_port=-1) as c:
+        p = subprocess.Popen(cli_command("replay", SC, "--controller", c.address,
+                                         "--set", "duration_s=30", "--quiet", "--out",
+                                         str(out)),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            poll(_answered(c.address, 200), 60)
+            p.send_signal(signal.SIGTERM)
+            table, err = p.communicate(timeout=60)
+        finally:
+            p.kill()
+            p.wait()
+        _check_kept(out, p.returncode, err, table)
+        with clockwork.Client(c.address, timeout=10) as cl:  # (the controller serves on)
+            assert cl.infer("resnet50_v2", slo_ms=2000).status == 0
+
+
+def test_serve_replay_stopped_by_ctrl_c_keeps_its_figures(tmp_path):
+    out = tmp_path / "run"
+    p = subprocess.Popen(cli_command("serve", SC, "--replay", "--port", "0", "--http-port",
+                                     "-1", "--kserve-port", "-1", "--set", "duration_s=30",
+                                     "--quiet", "--out", str(out)),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    err: list[str] = []
+    readers = [_lines(p.stderr, err)]
+    table: list[str] = []
+    readers.append(_lines(p.stdout, table))
+    try:
+        def started():
+            """serve says it replays, naming the controller"""
+            assert p.poll() is None, "".join(err)
+            return next((m for line in err if (m := re.search(
+                r"controller at (\S+); replaying", line))), None)
+        address = poll(started, 90).group(1).rstrip(",")
+        poll(_answered(address, 200), 60)
+        p.send_signal(signal.SIGINT)
+        code = p.wait(60)
+    finally:
+        p.kill()
+        p.wait()
+    for t in readers:
+        t.join(10)
+    _check_kept(out, code, "".join(err), "".join(table))
+    assert "clockwork serve: stopped" in "".join(err)
