@@ -49,7 +49,7 @@ from controller.inflight import (
     failed_status,
 )
 from controller.lanes import unwatch, watch
-from controller.policy import MODEL_UNLOADED, GpuSpec, ModelView, Policy
+from controller.policy import MODEL_UNLOADED, NO_GPU_FITS, GpuSpec, ModelView, Policy
 from controller.state import CopyIndex, GpuState, Instance, ModelState
 
 MISS_MEMORY = 1_000_000_000  # how long a request rejected for a cold model keeps asking for a LOAD
@@ -84,6 +84,8 @@ class ClockworkScheduler(Policy):
         self.gpus: list[GpuState] = [
             GpuState(i, s.worker, s.gpu, s.pages, cfg) for i, s in enumerate(gpus)
         ]
+        # the largest weights cache of a GPU: a model larger could never be loaded
+        self._pages_max = max((g.total_pages for g in self.gpus), default=0)
         self._replies: list[Reply] = []
         self._sent = Inflight()  # actions sent, not answered (copy: the Instance)
         # (drop_at, id, request) of queued requests; answered ones leave it from the top,
@@ -133,6 +135,10 @@ class ClockworkScheduler(Policy):
                 self._answer(request, RequestStatus.ERROR, now, m.refused_why)
                 return out
             m.refused_until = m.load_refusals = 0
+        if m.pages > self._pages_max and self._pages_max:
+            # never loaded anywhere (as the baselines say it): not queued until its SLO
+            self._answer(request, RequestStatus.ERROR, now, NO_GPU_FITS)
+            return out
         cfg = self.cfg
         slo = request.slo or cfg.default_slo
         if slo <= 0:
@@ -1375,6 +1381,7 @@ class ClockworkScheduler(Policy):
     def add_gpu(self, spec: GpuSpec, now: int) -> list[Action]:
         g = GpuState(len(self.gpus), spec.worker, spec.gpu, spec.pages, self.cfg)
         self.gpus.append(g)
+        self._pages_max = max(self._pages_max, g.total_pages)
         # the LOAD placement's indexes (as for the GPUs at start): an idle PCIe lane
         self._pcie_idle.add(g.index)
         watch(g.pcie, self._pcie_hook(g))

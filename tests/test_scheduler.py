@@ -1265,3 +1265,23 @@ def test_a_request_goes_to_the_copy_free_soonest_not_the_oldest(wide):
     acts = s.on_request(Request(1, "a", 0, 8 * MS), 0)
     assert [(a.type, a.worker) for a in acts] == [(ActionType.INFER, 1)]
     assert s.drain_replies() == []
+
+
+def test_a_model_larger_than_every_gpus_cache_is_answered_at_once():
+    """A model whose weights take more pages than any GPU's cache (a live controller's
+    workers have smaller caches than the profile set assumes; the simulator refuses such
+    a scenario up front): each request waited out its SLO and timed out, with no LOAD
+    and no word why. Now answered ERROR at once, as the baselines answer it; a GPU
+    added with a cache large enough serves it."""
+    from controller.policy import NO_GPU_FITS
+
+    pages = make_profile("a").weights_pages
+    s = sched(gpus=2, pages=pages - 1)
+    assert s.on_request(req(1), 0) == []
+    (rep,) = s.drain_replies()
+    assert (rep.status, rep.message, rep.time) == (RequestStatus.ERROR, NO_GPU_FITS, 0)
+    assert s.queued() == 0
+    acts = s.add_gpu(GpuSpec(1, 0, pages), MS)
+    acts += s.on_request(req(2, t=MS), MS)
+    assert [(a.type, a.worker) for a in acts] == [(ActionType.LOAD, 1), (ActionType.INFER, 1)]
+    assert s.drain_replies() == []
