@@ -462,6 +462,23 @@ def test_a_hung_worker_comes_back_with_its_weights():
     assert {a[5] for a in after} <= held
 
 
+def test_what_the_controller_sends_a_worker_before_reconnecting_to_its_restart_is_lost():
+    """A worker killed and restarted before the controller notices (back within
+    ``detect_ms``): what the controller sent it meanwhile went on the connection the kill
+    cut, and is lost. The simulator delivered it to the restarted worker, which loaded
+    what the controller counted as failed; every LOAD after was refused
+    WEIGHTS_ALREADY_LOADED and sent again, ~3,300 a second, the model never served."""
+    from collections import Counter
+    res = simulate("faults", ["duration_s=3", "faults.hang=[]",
+                              "faults.kill=[{worker=0,at_s=0,back_s=0.0001},"
+                              "{worker=1,at_s=0}]"])
+    acts = Counter((r[1], r[2]) for r in res.telemetry.actions)
+    assert acts[("LOAD", "WEIGHTS_ALREADY_LOADED")] == 0, acts
+    assert acts[("LOAD", "SUCCESS")] < 50, acts
+    served = {r[1] for r in res.telemetry.requests if r[5] == 0}  # (SUCCESS)
+    assert served == {r[1] for r in res.telemetry.requests}  # every instance served
+
+
 def test_fault_settings_are_checked():
     from clockwork.scenario import ScenarioError
     bad = {**FAULTY, "faults": {"kill": [{"worker": 5, "at_s": 1.0}]}}

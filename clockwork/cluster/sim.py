@@ -286,13 +286,17 @@ class Simulation:
         now = outstanding = next_id = 0
         delay = self._delay
         fixed = None if self.jitter else self.latency  # the delay when it never varies
-        # per worker: alive, hung until (0: not hung), restarts, started at, extra delay,
+        # per worker: alive, hung until (0: not hung), restarts, extra delay,
         # the last arrival time each way (messages stay in order)
         alive = [True] * W
         hung = [0] * W
         restarts = [0] * W
         gen = [0] * W  # worker generation: a restart or a reset makes a new one
-        started = [0] * W
+        # the controller's connection to each worker: since when (what was sent before
+        # went down with an earlier connection), and whether a kill has cut it and the
+        # controller not reconnected yet (what it sends meanwhile is lost)
+        conn_at = [0] * W
+        cut = [False] * W
         slow = [0] * W
         last_in = [0] * W  # controller -> worker
         last_out = [0] * W  # worker -> controller
@@ -528,6 +532,7 @@ class Simulation:
             elif what == "kill":
                 if alive[w]:
                     alive[w] = False
+                    cut[w] = True
                     hung[w] = 0
                     log.append((now, f"worker {w} killed"))
                     fault_at(now + detect, "lost", w)
@@ -539,13 +544,14 @@ class Simulation:
                     restarts[w] += 1
                     gen[w] += 1
                     alive[w] = True
-                    started[w] = now
                     wloops[w] = WorkerLoop(w, self.executors_of(w, gen[w]),
                                            ToController(w, gen[w]))
                     log.append((now, f"worker {w} restarted"))
                     fault_at(now + reconnect, "back", w, restarts[w])
             elif what == "back":
                 if alive[w] and restarts[w] == args[1]:
+                    cut[w] = False
+                    conn_at[w] = now
                     ctrl.worker_back(w, now)
                     log.append((now, f"controller reconnected to worker {w}"))
             elif what == "hang":
@@ -605,8 +611,10 @@ class Simulation:
                     results(a[0], a[1], now)
             elif kind == _TO_WORKER:
                 w, sent, actions = a
-                if not alive[w] or sent < started[w]:
-                    pass  # the worker is dead, or this was sent to the one that died
+                if not alive[w] or cut[w] or sent < conn_at[w]:
+                    # the worker is dead, or this went on a connection its death cut (to
+                    # it, or after it, before the controller reconnected to its restart)
+                    pass
                 elif hung[w] > now:
                     push(heap, (hung[w], s, kind, a))  # handled when it resumes, in order
                 elif actions is _PROBE:  # answered at once
