@@ -19,10 +19,6 @@ class ReaderSafe:
     def __init__(self, stream) -> None:
         self._stream = stream
 
-    @property
-    def wrapped(self):
-        return self._stream
-
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
