@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import threading
-import time
 
 import orjson
 
