@@ -32,6 +32,7 @@ from clockwork.scenario import (
     instance_names,
     load_scenario,
     override_list,
+    validate,
 )
 from clockwork.telemetry import Telemetry, format_summary, write_run
 from clockwork.time import NS_PER_S, ms, sec
@@ -116,8 +117,8 @@ class Simulation:
         if not isinstance(sc, Scenario):
             raise ScenarioError("Simulation: a clockwork.scenario.Scenario is needed "
                                 f"(load_scenario makes one), got {sc!r}")
-        checked = load_scenario(data=sc.data, source=sc.source)
-        checked.overrides = list(sc.overrides)
+        checked = Scenario(sc.data, sc.source, list(sc.overrides))
+        validate(checked)  # (checked.data: the validated copy; sc is left as it is)
         self.sc = sc = checked
         self._ran = False
         self.progress = progress
