@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{ap.prog}: not run from a source checkout ({ROOT} is none): give "
                   "--out FILE", file=sys.stderr)
             return 2
-        args.out = ROOT / "docs" / "settings.md"
+        args.out = DEFAULT_OUT
     text = render()
     if args.check:
         current = args.out.read_text() if args.out.exists() else ""
