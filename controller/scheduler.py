@@ -36,6 +36,7 @@ from clockwork.actions import NEVER, Action, ActionType, ErrorCode, RequestStatu
 from clockwork.profiles import ModelProfile
 from clockwork.requests import DONE, EXECUTING, QUEUED, Reply, Request
 from controller.config import SchedulerConfig
+from controller.idle_gpus import IdleGpus
 from controller.inflight import (
     COPY_GONE,
     LOAD_BACKOFF_MAX_NS,
@@ -116,9 +117,9 @@ class ClockworkScheduler(Policy):
         self._dirty_gpus: set[int] = set()  # instances changed
         self._over: set[int] = set()  # GPUs with share > 1.0 (as of the last look)
         self._big: set[str] = set()  # queued models with copies and outstanding >= big_at
-        self._pcie_idle: set[int] = set(range(len(self.gpus)))  # GPUs whose PCIe lane is idle
+        self._idle = IdleGpus(self.gpus)  # the GPUs whose PCIe lane is idle, in order
         for g in self.gpus:
-            watch(g.pcie, self._pcie_hook(g))
+            watch(g.pcie, self._idle.hook(g))
 
     # ------------------------------------------------------------------ events
 
@@ -821,8 +822,7 @@ class ClockworkScheduler(Policy):
         self._last_now = now
         if only_idle:
             # which GPUs could take a LOAD does not depend on the demand: look first
-            gpus = [g for g in (self.gpus[i] for i in self._pcie_idle) if g.available]
-            if not gpus:
+            if not self._idle:
                 self._forget_misses()  # as reading the demand would have
                 self._arm_load_check(now)
                 return
@@ -835,7 +835,7 @@ class ClockworkScheduler(Policy):
         first = next(cold, None)
         try:
             if warm or first is not None:
-                self._place_loads(gpus if only_idle else None, warm, cold, first, now, out)
+                self._place_loads(only_idle, warm, cold, first, now, out)
         finally:
             held, self._cold_hold = self._cold_hold, None
             skip.clear()
@@ -843,17 +843,25 @@ class ClockworkScheduler(Policy):
                 heapq.heappush(self._cold, e)
         self._arm_load_check(now)
 
-    def _place_loads(self, gpus, warm, cold, first, now, out) -> None:
-        if gpus is None:
-            # (asked only when something is wanted: ``available`` may re-anchor a lane)
+    def _place_loads(self, only_idle, warm, cold, first, now, out) -> None:
+        # the GPUs least loaded first; among equals the GPU holding fewest models, so
+        # copies spread (read as far as needed: most looks place one model on the first)
+        if only_idle:
+            gpus = self._idle.ordered()
+        else:
+            # (asked only when something is wanted: ``pcie.available`` may re-anchor a lane)
             horizon = now + self.cfg.schedule_ahead
-            gpus = [g for g in self.gpus if g.available and g.pcie.available(now) < horizon]
-            if not gpus:
-                return
-        # least loaded first; among equals the GPU holding fewest models, so copies spread
-        gpus.sort(key=lambda g: (g.share, len(g.instances), g.index))
+            gpus = _least_loaded([g for g in self.gpus
+                                  if g.available and g.pcie.available(now) < horizon])
+        try:
+            self._place_on(gpus, warm, cold, first, now, out)
+        finally:
+            gpus.close()
+
+    def _place_on(self, gpus, warm, cold, first, now, out) -> None:
         cold_seen = [] if first is None else [first]  # the cold ones read so far, in order
         at = [cold_seen, 0]  # the list the entry yielded last sits in, and its index there
+        cold_left = [True]  # whether ``cold`` may yield more
 
         def merged(left):  # ``left`` (sorted) and the cold ones, in order
             i, n, k = 0, len(left), 0
@@ -861,8 +869,9 @@ class ClockworkScheduler(Policy):
                 if k < len(cold_seen):
                     c = cold_seen[k]
                 else:
-                    c = next(cold, None)
+                    c = next(cold, None) if cold_left[0] else None
                     if c is None:
+                        cold_left[0] = False
                         break
                     cold_seen.append(c)
                 while i < n and left[i] < c:
@@ -881,6 +890,8 @@ class ClockworkScheduler(Policy):
         models = self.models
         evicted = False
         for g in gpus:
+            if not (warm or cold_seen or cold_left[0]):  # nothing left (misses are in warm)
+                break
             spare = g.share < 1.0
             # without a spare share only models without a copy qualify: the cold ones and
             # the misses (unless an EVICT took some model's last copy)
@@ -971,17 +982,6 @@ class ClockworkScheduler(Policy):
 
     # ------------------------------------------------------------------ LOAD demand, kept up to date
 
-    def _pcie_hook(self, g: GpuState):
-        idle, gi = self._pcie_idle, g.index
-        lane = g.pcie
-
-        def changed() -> None:
-            if lane.idle:
-                idle.add(gi)
-            else:
-                idle.discard(gi)
-        return changed
-
     def _push_cold(self, m: ModelState) -> None:
         """``m`` is queued without a copy and its demand changed: record it."""
         e = (-m.outstanding, m.name)
@@ -1013,10 +1013,13 @@ class ClockworkScheduler(Policy):
                     big.add(m.name)
             self._dirty_models.clear()
         if dirty:
-            gpus, over = self.gpus, self._over
+            gpus, over, idle = self.gpus, self._over, self._idle
             for gi in dirty:
                 g = gpus[gi]
+                old = g.share
                 s = g.share = g.load_share()
+                if s != old:
+                    idle.changed(g)
                 if s > 1.0:
                     over.add(gi)
                 else:
@@ -1172,6 +1175,7 @@ class ClockworkScheduler(Policy):
         self._use_seq += 1
         inst.last_used = self._use_seq
         g.instances[m.name] = inst
+        self._idle.changed(g)
         g.free_pages -= m.pages
         m.instances[g.index] = inst
         self._copy_seq += 1
@@ -1198,6 +1202,7 @@ class ClockworkScheduler(Policy):
     def _drop_instance(self, inst: Instance, now: int) -> None:
         g, m = inst.gpu, inst.model
         del g.instances[m.name]
+        self._idle.changed(g)
         del m.instances[g.index]
         g.active.pop(m.name, None)
         self._dirty_gpus.add(g.index)
@@ -1335,6 +1340,7 @@ class ClockworkScheduler(Policy):
         if g.available:
             return out
         g.available = True
+        self._idle.changed(g)
         g.free_pages = g.total_pages - sum(i.model.pages for i in g.instances.values())
         for m in self.models.values():  # what its worker refused before says nothing now
             if m.load_blocked:
@@ -1383,8 +1389,8 @@ class ClockworkScheduler(Policy):
         self.gpus.append(g)
         self._pages_max = max(self._pages_max, g.total_pages)
         # the LOAD placement's indexes (as for the GPUs at start): an idle PCIe lane
-        self._pcie_idle.add(g.index)
-        watch(g.pcie, self._pcie_hook(g))
+        self._idle.add(g)
+        watch(g.pcie, self._idle.hook(g))
         self._dirty_gpus.add(g.index)
         out: list[Action] = []
         if self._unserved:  # models waiting for a copy may get one here at once
@@ -1415,3 +1421,11 @@ class ClockworkScheduler(Policy):
 
     def stats(self) -> dict[str, int]:
         return self._sent.counts()
+
+
+def _least_loaded(gpus: list[GpuState]):
+    """``gpus`` by (share, models held, index), read lazily."""
+    order = [(g.share, len(g.instances), g.index, g) for g in gpus]
+    heapq.heapify(order)
+    while order:
+        yield heapq.heappop(order)[3]

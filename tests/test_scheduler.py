@@ -833,6 +833,22 @@ def _churn_scenario():
     }
 
 
+def _wide_churn_scenario():
+    """The same on 40 GPUs: each look offers a model to many GPUs with an idle PCIe lane,
+    in the order of their shares; two workers killed and back."""
+    return {
+        "seed": 7, "duration_s": 0.6,
+        "cluster": {"workers": 40, "gpus_per_worker": 1, "profiles": "v100-reference",
+                    "network_latency_ms": 0.1, "weights_cache_pages": 40},
+        "models": [{"name": "mobilenet_v2", "copies": 60}, {"name": "resnet50_v2", "copies": 60},
+                   {"name": "vgg16", "copies": 10}, {"name": "resnet18_v2", "copies": 40}],
+        "workloads": [{"kind": "poisson", "models": "*", "rate_rps": 50000.0, "slo_ms": 100},
+                      {"kind": "poisson", "models": "vgg16", "rate_rps": 600.0, "slo_ms": 40}],
+        "faults": {"kill": [{"worker": 5, "at_s": 0.2, "back_s": 0.35},
+                            {"worker": 17, "at_s": 0.3, "back_s": 0.45}]},
+    }
+
+
 def share_of_every_copy(g) -> float:
     """A GPU's load share summed over every copy it holds (``load_share`` may read only
     the copies with queued requests): the same float, summed in the same order."""
@@ -873,13 +889,21 @@ def reference_wanted(s: ClockworkScheduler) -> list[tuple[float, str]]:
     return sorted(out)
 
 
+def check_idle_index(s: ClockworkScheduler) -> None:
+    idle = s._idle
+    assert idle.look is None and idle.idle == {g.index for g in s.gpus if g.pcie.idle}
+    # every idle, available GPU has a current entry in the LOAD placement's heap
+    assert {(g.share, len(g.instances), g.index) for g in s.gpus
+            if g.index in idle.idle and g.available} <= set(idle.heap)
+
+
 def check_demand_index(s: ClockworkScheduler) -> None:
     from controller.scheduler import MISS_MEMORY, ROUNDING
 
     assert s._cold_hold is None and not s._cold_skip
     assert s._queued == {n for n, m in s.models.items() if m.live}
     assert s._unserved == {n for n in s._queued if not s.models[n].instances}
-    assert s._pcie_idle == {g.index for g in s.gpus if g.pcie.idle}
+    check_idle_index(s)
     for n in s._unserved:
         assert (-s.models[n].outstanding, n) in s._cold
     for n in s._queued:
@@ -912,19 +936,25 @@ def check_demand_index(s: ClockworkScheduler) -> None:
     assert sorted(got) == reference_wanted(s)
 
 
-def test_load_demand_indexes_keep_their_invariants():
+@pytest.mark.parametrize("scenario", [_churn_scenario, _wide_churn_scenario])
+def test_load_demand_indexes_keep_their_invariants(scenario):
     from clockwork.cluster.sim import Simulation
     from clockwork.scenario import load_scenario
 
-    sim = Simulation(load_scenario(data=_churn_scenario()))
+    sim = Simulation(load_scenario(data=scenario()))
     pol = sim.policy
     calls = [0]
+
+    every = 1 if scenario is _churn_scenario else 20  # (the whole check is slow at 40 GPUs)
 
     def checked(f):
         def call(*a):
             out = f(*a)
             calls[0] += 1
-            check_demand_index(pol)
+            if calls[0] % every:
+                check_idle_index(pol)
+            else:
+                check_demand_index(pol)
             return out
         return call
 
@@ -933,7 +963,10 @@ def test_load_demand_indexes_keep_their_invariants():
     res = sim.run()
     s = res.summary
     assert s["actions"]["evict"] > 20 and s["actions"]["load"] > 50
-    assert s["slo_attainment"] < 0.9  # saturated: warm models are wanted too
+    if scenario is _churn_scenario:
+        assert s["slo_attainment"] < 0.9  # saturated: warm models are wanted too
+    else:
+        assert s["actions"]["evict"] > 500 and s["actions"]["load"] > 1000
 
 
 class _PlainLoads(ClockworkScheduler):
@@ -970,13 +1003,14 @@ class _PlainLoads(ClockworkScheduler):
         self._arm_load_check(now)
 
 
-def test_load_demand_indexes_change_no_decision(tmp_path):
+@pytest.mark.parametrize("scenario", [_churn_scenario, _wide_churn_scenario])
+def test_load_demand_indexes_change_no_decision(tmp_path, scenario):
     from clockwork.cluster.sim import Simulation
     from clockwork.scenario import load_scenario
 
     logs = []
     for plain in (False, True):
-        sim = Simulation(load_scenario(data=_churn_scenario()))
+        sim = Simulation(load_scenario(data=scenario()))
         if plain:
             sim.policy.__class__ = _PlainLoads
         sim.run().write(tmp_path / str(plain))
