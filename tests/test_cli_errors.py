@@ -61,6 +61,11 @@ BAD = [
     (["serve", "--device", "tpu"], "tpu"),
     (["serve", SC, "--set", "cluster.gpus_per_worker=-1"], "gpus_per_worker"),
     (["serve", "no_such_scenario"], "no_such_scenario"),
+    # refused before anything starts, as simulate refuses them (serve started the
+    # cluster, and every request for such a model failed)
+    (["serve", SC, "--set", "cluster.weights_cache_pages=1"],
+     "model 'resnet50_v2' takes 7 pages, more than the 1 page(s)"),
+    (["serve", SC, "--set", "models.0.name=nosuchmodel"], "no profile for model 'nosuchmodel'"),
     (["replay", SC, "--controller", "nohostport"], "nohostport"),
     (["replay", SC, "--max-outstanding", "0"], "0"),
     # the controller's logs and the replay's in one folder overwrote each other

@@ -137,6 +137,22 @@ def scheduler_error(table: Mapping[str, object]) -> str | None:
     return None
 
 
+def models_error(sc) -> str | None:
+    """What the cluster could not serve among the scenario's models (one not in its
+    profile set, one larger than each GPU's weights cache), as ``clockwork simulate``
+    says it; None if nothing. Checked before anything starts: a model that never fits
+    would only have its every request answered with an error."""
+    from clockwork.profiles import load_profile_set
+    from clockwork.resources import scenario_folder
+    from clockwork.scenario import cache_fit_error
+
+    try:
+        pset = load_profile_set(str(sc.cluster["profiles"]), scenario_folder(sc.source))
+        return cache_fit_error(sc, pset)
+    except ValueError as e:
+        return str(e)
+
+
 def controller_security_error(args: argparse.Namespace) -> str | None:
     """What the controller would refuse in serve's security flags -- a token it cannot
     use, ``--tls-cert`` without ``--tls-key``, a ``--host`` off loopback without a token
@@ -282,7 +298,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         kw, ignored = cluster_from_scenario(sc, bool(getattr(args, "replay", False)))
         if ignored:  # (said once everything is checked, as the cluster starts)
             notes.append(f"not applied by a live cluster: {', '.join(ignored)}")
-        why = scheduler_error(kw["scheduler"])
+        why = scheduler_error(kw["scheduler"]) or models_error(sc)
         if why:
             print(f"clockwork serve: {why}", file=sys.stderr)
             return 2

@@ -28,6 +28,7 @@ from clockwork.resources import scenario_folder
 from clockwork.scenario import (
     Scenario,
     ScenarioError,
+    cache_fit_error,
     fault_time_error,
     instance_names,
     load_scenario,
@@ -135,7 +136,9 @@ class Simulation:
         except ValueError as e:
             raise ScenarioError(str(e)) from e
         pages = int(c.get("weights_cache_pages", self.pset.weights_cache_pages))
-        self._check_cache_fits(pages, "weights_cache_pages" in c)
+        why = cache_fit_error(sc, self.pset)
+        if why:
+            raise ScenarioError(why)
         W, G = int(c["workers"]), int(c["gpus_per_worker"])
         self.W, self.G = W, G
         self.specs = specs = [GpuSpec(w, g, pages) for w in range(W) for g in range(G)]
@@ -198,20 +201,6 @@ class Simulation:
         self.telemetry = Telemetry(0, spill_dir=spill_dir)
         self._executors: list[GpuExecutor] = []  # every one made, for their peak pages
         self.fault_log: list[tuple[int, str]] = []  # (time, what happened)
-
-    def _check_cache_fits(self, pages: int, from_scenario: bool) -> None:
-        """Every served model's weights fit in a GPU's weights cache (one that does not
-        could never be loaded: each of its requests would time out)."""
-        biggest = max(set(self.instances.values()),
-                      key=lambda m: (self.pset.get(m).weights_pages, m))
-        need = self.pset.get(biggest).weights_pages
-        if need > pages:
-            where = ("cluster.weights_cache_pages" if from_scenario else
-                     f"weights_cache_pages of profile set {self.pset.name!r} "
-                     f"({self.pset.path / 'set.json'})")
-            raise ScenarioError(f"{where}: model {biggest!r} takes {need} pages, more than "
-                                f"the {pages} page(s) of each GPU's weights cache: it could "
-                                "never be loaded")
 
     def _check_restarts(self, restarts: list[dict], duration_s: float) -> None:
         if restarts and (self.faults.get("kill") or self.faults.get("hang")):
