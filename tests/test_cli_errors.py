@@ -472,7 +472,7 @@ def test_a_child_that_fails_at_start_shows_its_output_once(capsys, echo):
     with pytest.raises(RuntimeError) as e:
         c.wait_address(30)
     said = capsys.readouterr().err + str(e.value)
-    assert said.count("boom") == 1 and "worker0 exited (rc 1)" in str(e.value), said
+    assert said.count("boom") == 1 and "worker0 exited (code 1)" in str(e.value), said
 
 
 def test_worker_takes_the_seeds_serve_derives_from_any_scenario_seed():

@@ -118,7 +118,7 @@ def test_serve_restarts_a_worker_killed_with_sigkill():
         old = s.worker_pid()
         seen = len(s.err)
         os.kill(old, signal.SIGKILL)
-        s.wait_line(s.err, rf"clockwork serve: worker0 exited \(code -9\); restarting it on "
+        s.wait_line(s.err, rf"clockwork serve: worker0 was killed by SIGKILL; restarting it on "
                     rf"{re.escape(worker)}", after=seen)
         s.wait_line(s.err, rf"\[worker0\] clockwork worker listening on {re.escape(worker)} ",
                     after=seen)
@@ -147,9 +147,29 @@ def test_serve_stops_a_cluster_whose_worker_keeps_dying():
     assert rc == 1, "".join(s.err[-30:])
     notes = [line for line in s.err if line.startswith("clockwork serve: ")]
     assert sum("restarting it" in line for line in notes) == WORKER_RESTARTS, notes
-    assert (f"worker0 exited (code -9), restarted {WORKER_RESTARTS} times in "
+    assert (f"worker0 was killed by SIGKILL, restarted {WORKER_RESTARTS} times in "
             f"{RESTART_WINDOW_S:g} s; stopping") in "".join(notes), notes
     assert len(children) == 2 and not any(_alive(p) for p in children)  # (all stopped)
+
+
+def test_serve_says_its_controller_was_stopped_by_a_signal_sent_to_it():
+    """The controller SIGTERMed on its own (not through serve) stops cleanly with code 0:
+    serve said "controller exited (code 0)", as if it had ended by itself."""
+    s = Serve()
+    try:
+        for pid in s.children():
+            if b"controller" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                os.kill(pid, signal.SIGTERM)
+                break
+        else:
+            raise AssertionError("no controller process")
+        rc = s.p.wait(60)
+        s.wait_line(s.err, r"clockwork serve: stopped")
+    finally:
+        s.stop()
+    assert rc == 1, "".join(s.err[-30:])
+    assert ("clockwork serve: the controller stopped (code 0: a signal was sent to it "
+            "alone); stopping\n") in s.err, s.err
 
 
 def test_serve_help_states_the_restart_rule(capsys):

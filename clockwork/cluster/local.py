@@ -33,6 +33,21 @@ _ADDR = re.compile(r"listening on (\S+):(\d+)")
 WORKER_PORT_STEP = 10  # with --worker-port P, worker i listens on P + 10 i
 
 
+def how_it_ended(code: int) -> str:
+    """A child's exit, from its return code, in words: "was killed by SIGKILL" (a signal
+    it did not handle), "stopped (code 0: ...)" (a controller or worker ends with 0 only
+    when told to stop: outside the cluster's own stop, by a signal sent to it alone), or
+    "exited (code N)"."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    if code == 0:
+        return "stopped (code 0: a signal was sent to it alone)"
+    return f"exited (code {code})"
+
+
 class ChildRefused(RuntimeError):
     """A worker or the controller exited with code 2 at start (a bad setting, a port it
     cannot bind); the message is its own one-line explanation. ``echoed``: that line is
@@ -133,7 +148,7 @@ class _Child:
                 rc = self.proc.wait()
                 if rc == 2 and self.output:  # it refused a setting or a port: its own line
                     raise ChildRefused(f"{self.name}: {self.output[-1].strip()}", self.echo)
-                raise RuntimeError(f"{self.name} exited (rc {rc}){self._output_note()}")
+                raise RuntimeError(f"{self.name} {how_it_ended(rc)}{self._output_note()}")
 
     def announced(self, what: str) -> str | None:
         """``HOST:PORT`` from its ``{what} listening on`` line, if it printed one (kept

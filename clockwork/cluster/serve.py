@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from clockwork.cluster.local import WORKER_PORT_STEP, ChildRefused, LocalCluster
+from clockwork.cluster.local import WORKER_PORT_STEP, ChildRefused, LocalCluster, how_it_ended
 from clockwork.extras import pip_extra
 from clockwork.scenario import ScenarioError, load_scenario
 from clockwork.signals import stop_signals
@@ -487,7 +487,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         while not stop.is_set():
             code = cluster.controller.proc.poll()
             if code is not None:
-                print(f"clockwork serve: controller exited (code {code}); stopping",
+                print(f"clockwork serve: the controller {how_it_ended(code)}; stopping",
                       file=sys.stderr)
                 return 2 if code == 2 else 1  # 2: it refused its settings or a port
             for i in range(len(cluster.workers)):
@@ -528,11 +528,11 @@ def _restart_worker(cluster: LocalCluster, i: int, times: list[float]) -> int | 
         now = time.monotonic()
         times[:] = [t for t in times if now - t < RESTART_WINDOW_S]
         if len(times) >= WORKER_RESTARTS:
-            print(f"clockwork serve: {child.name} exited (code {code}), restarted "
+            print(f"clockwork serve: {child.name} {how_it_ended(code)}, restarted "
                   f"{len(times)} times in {RESTART_WINDOW_S:g} s; stopping", file=sys.stderr)
             return 1
         times.append(now)
-        print(f"clockwork serve: {child.name} exited (code {code}); restarting it on "
+        print(f"clockwork serve: {child.name} {how_it_ended(code)}; restarting it on "
               f"{cluster.worker_addresses[i]} (restart {len(times)} of at most "
               f"{WORKER_RESTARTS} in {RESTART_WINDOW_S:g} s)", file=sys.stderr, flush=True)
         try:
