@@ -459,6 +459,9 @@ def test_serve_says_a_childs_refusal_once_naming_the_child(tmp_path, flag, child
     assert len(refusal) == 1, out
     assert refusal[0].startswith(f"clockwork serve: {child}: " if replay else f"[{child}] "), out
     assert "Traceback" not in out
+    # the worker's line names its own flag (--port); serve's user gave --worker-port
+    hint = f"clockwork serve: worker0's port is --worker-port {port} + 10 x 0: give"
+    assert (hint in out) == (flag == "--worker-port"), out
 
 
 @pytest.mark.parametrize("echo", [True, False])

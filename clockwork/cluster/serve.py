@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import re
 import signal
 import sys
 import threading
@@ -234,6 +235,18 @@ def worker_ports_error(first: int, workers: int, listeners: dict[str, int],
         if p > 0 and p >= first and (p - first) % step == 0 and (p - first) // step < workers:
             return f"{flag} {p} is worker {(p - first) // step}'s port ({rule})"
     return ""
+
+
+def _worker_port_hint(refusal: str, first: int) -> str:
+    """What serve's flags mean for a worker that could not listen on its port: its own
+    line names its own flag (``--port``), which serve's user did not give; "" for any
+    other refusal."""
+    m = re.match(r"worker(\d+): (?:clockwork worker: )?cannot listen on \S+ \(--port\)", refusal)
+    if not m or not first:
+        return ""
+    i = int(m.group(1))
+    return (f"worker{i}'s port is --worker-port {first} + {WORKER_PORT_STEP} x {i}: give "
+            "--worker-port other ports, or 0 for free ones")
 
 
 def _listener(port: int | None, default: int, replaying: bool) -> int:
@@ -474,6 +487,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except ChildRefused as e:
             if not e.echoed:  # (echoed: the child's own line, named, is on stderr)
                 print(f"clockwork serve: {e}", file=sys.stderr)
+            hint = _worker_port_hint(str(e), args.worker_port)
+            if hint:
+                print(f"clockwork serve: {hint}", file=sys.stderr)
             return 2
         except (TimeoutError, RuntimeError, ConnectionError) as e:
             print(f"clockwork serve: {e}", file=sys.stderr)
