@@ -47,6 +47,7 @@ import grpc
 import numpy as np
 
 from clockwork.errors import (
+    STOPPING_MESSAGE,
     ClockworkError,
     ControllerUnavailable,
     InvalidRequest,
@@ -86,6 +87,9 @@ _OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 GRACE_S = 1.0  # past its SLO, how long the client waits for an answer before giving up
 MAX_TIMEOUT_S = 86_400.0  # a client's timeout beyond a day is taken as a day
 CLOSE_POLL_S = 0.05  # InferStream.close(): how often it looks whether all are answered
+# what gRPC says of a call that ended while a message was being sent on it (the write
+# fails and the status the server sent is lost)
+CORE_INTERNAL = "Internal error from Core"
 _INT32_MAX = (1 << 31) - 1
 _CLOSED = "the client is closed"
 
@@ -610,6 +614,13 @@ def _unavailable(e: grpc.RpcError, url: str = "", slo: pb.InferRequest | None = 
         if model is not None:  # load shedding, as for its other bounds
             return error_for(1, "overloaded", why, model, waited_ms)
         return ControllerUnavailable(f"controller unavailable: {why}")
+    if code == grpc.StatusCode.UNAVAILABLE and details == STOPPING_MESSAGE:
+        return ControllerUnavailable(STOPPING_MESSAGE, reason="shutdown")  # (as its answers)
+    if code == grpc.StatusCode.INTERNAL and details == CORE_INTERNAL:
+        # gRPC's words for a stream's call that ended while a message was being sent on
+        # it, whatever status the controller ended it with (a stopping one: UNAVAILABLE)
+        return ControllerUnavailable("the call ended while a message was being sent on it "
+                                     "(the controller ended it, as it does when it stops)")
     hint = (" (is that a clockwork controller's port? A worker's, or another gRPC "
             "server's, answers UNIMPLEMENTED)" if code == grpc.StatusCode.UNIMPLEMENTED
             else "")

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+# the controller's words when it stops: the message of the requests it answers then (reason
+# ``shutdown``), and the details of the calls it ends (UNAVAILABLE)
+STOPPING_MESSAGE = "controller is shutting down"
+
 
 class ClockworkError(Exception):
     """Base class. ``status`` is the RequestStatus code, ``reason`` the controller's tag."""

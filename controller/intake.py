@@ -32,6 +32,7 @@ from collections.abc import Sequence
 import grpc
 
 from clockwork.actions import RequestStatus
+from clockwork.errors import STOPPING_MESSAGE
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol.pacing import Pacer, doze
 from clockwork.protocol.ratelog import LogLimiter
@@ -53,8 +54,6 @@ CLIENT_CLOCK_MAX_NS = 1 << 62
 # ... and the offset it implies (receipt - client_time_ns) is taken within this of the
 # stream's smallest so far, either way; a message is charged at most this much
 CLIENT_CLOCK_WINDOW_NS = 60 * 1_000_000_000
-# what requests and streams are told when the controller stops
-STOPPING_MESSAGE = "controller is shutting down"
 # this many messages in a row whose offsets lie past the window and within
 # CLIENT_CLOCK_STEP_NS of the first of them, arriving over CLIENT_CLOCK_STEP_SPAN_NS at
 # least: the client's clock stepped, and the stream's offset is theirs from then on (an

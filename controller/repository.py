@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import grpc
 
+from clockwork.errors import STOPPING_MESSAGE
 from controller.kserve_status import INVALID, NOT_FOUND, UNAVAILABLE, KServeError
 from controller.kserve_validate import json_loads, max_batch_size
 
@@ -64,7 +65,7 @@ class RepositoryError(Exception):
 def shutting_down() -> RepositoryError:
     """What a repository call (a load, an add of a worker) still waiting is answered
     when the controller stops, rather than being cancelled by the server's stop."""
-    return RepositoryError(grpc.StatusCode.UNAVAILABLE, "the controller is shutting down")
+    return RepositoryError(grpc.StatusCode.UNAVAILABLE, STOPPING_MESSAGE)
 
 
 VERSION = "1"  # every model has one version

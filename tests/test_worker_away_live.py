@@ -202,7 +202,7 @@ def test_a_suspect_worker_that_cannot_serve_a_model_loaded_meanwhile_stays_out(t
 
 def test_a_load_waiting_for_a_worker_is_answered_when_the_controller_stops():
     """SIGTERM while a load waits for its (stopped) worker's answer: the load is answered
-    at once, "the controller is shutting down", and the controller exits 0 (the wait
+    at once, "controller is shutting down", and the controller exits 0 (the wait
     went on until the server's grace cancelled the call: "Cancelling all calls", at
     times with a traceback)."""
     import clockwork
@@ -229,7 +229,7 @@ def test_a_load_waiting_for_a_worker_is_answered_when_the_controller_stops():
                 t.join(30)
                 assert c.controller.proc.wait(30) == 0
             assert len(got) == 1 and isinstance(got[0], RepositoryUnavailable), got
-            assert "the controller is shutting down" in str(got[0]), got
+            assert "controller is shutting down" in str(got[0]), got
             assert "Traceback" not in "".join(c.controller.output)
         finally:
             os.kill(worker.pid, signal.SIGCONT)
@@ -237,7 +237,7 @@ def test_a_load_waiting_for_a_worker_is_answered_when_the_controller_stops():
 
 def test_an_add_of_a_worker_that_does_not_answer_is_answered_when_the_controller_stops():
     """SIGTERM while add_worker waits for a worker that does not answer (a listener that
-    never speaks): the add is answered at once, "the controller is shutting down", and
+    never speaks): the add is answered at once, "controller is shutting down", and
     the controller exits 0 (the add waited until the server's grace cancelled the call:
     "Cancelling all calls")."""
     import socket
@@ -267,7 +267,7 @@ def test_an_add_of_a_worker_that_does_not_answer_is_answered_when_the_controller
         finally:
             silent.close()
     assert len(got) == 1 and isinstance(got[0], ControllerUnavailable), got
-    assert "the controller is shutting down" in str(got[0]), got
+    assert "controller is shutting down" in str(got[0]), got
 
 
 def test_a_request_with_no_worker_connected_is_unavailable_at_once():
