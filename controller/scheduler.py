@@ -70,11 +70,6 @@ def _second(e: tuple) -> int:
     return e[1]
 
 
-def _free_then_seq(inst: Instance) -> tuple[int, int]:
-    """A copy's GPU's predicted EXEC free time, then the copy's age (``by_seq``)."""
-    return inst.gpu.exec._free_at, inst.seq
-
-
 class ClockworkScheduler(Policy):
     scan_extra = 64  # queued requests looked at beyond max batch when forming a batch
     wide_copies = 8  # a model with this many copies gets a CopyIndex (dropped below half)
@@ -235,6 +230,8 @@ class ClockworkScheduler(Policy):
                 # turn away a request only a GPU free sooner can still serve
                 frees.sort(key=_second)
             for g, free in frees:
+                if not m.live:
+                    break  # taken (as _kick_copies: the GPUs free sooner come first)
                 if free < horizon:
                     self._infer_soon(g, now, out)
                 elif not g.wake_at:
@@ -729,38 +726,44 @@ class ClockworkScheduler(Policy):
                 self._wake(g, free - sa + 1)
 
     def _kick_copies(self, m: ModelState, ix: CopyIndex, now: int, out: list[Action]) -> None:
-        """``on_request``'s loop over the copies, from the index: INFER on each GPU free
-        before the horizon (in the order of ``m.instances``), a wake for each other GPU
-        without one."""
+        """``on_request``'s look at the copies, from the index: an INFER decision on each
+        GPU free before the horizon, soonest free first (then the oldest copy), until
+        nothing of ``m`` is left queued; then, if some is, a wake for each other GPU
+        without one. A hot model's request taken by the first idle copy costs that one
+        GPU, not a walk over all its copies (thousands, on an idle cluster)."""
         cfg = self.cfg
         sa = cfg.schedule_ahead
         horizon = now + sa
         t = now + cfg.future
         insts = m.instances
-        free: dict[int, Instance] = {}
+        free: dict[int, int] = {}  # gpu index -> the free time its entry had
         if t < horizon:
             h = ix.by_free
             back = []
-            while h and h[0][0] < horizon:
-                e = heapq.heappop(h)
-                key, seq, gi = e
-                inst = insts.get(gi)
-                if (inst is not None and inst.seq == seq and gi not in free
-                        and inst.gpu.exec._free_at == key):
-                    free[gi] = inst
+            try:
+                while h and h[0][0] < horizon and m.live:
+                    e = heapq.heappop(h)
+                    key, seq, gi = e
+                    inst = insts.get(gi)
+                    if inst is None or inst.seq != seq or inst.gpu.exec._free_at != key:
+                        continue  # stale
+                    seen = free.get(gi)
+                    if seen is not None:
+                        if seen != key:
+                            back.append(e)  # its GPU's figure since its decision: kept
+                        continue
+                    free[gi] = key
                     back.append(e)
-            for e in back:
-                heapq.heappush(h, e)
-        if ix.unwoken:
+                    self._infer_soon(inst.gpu, now, out)
+            finally:
+                for e in back:
+                    heapq.heappush(h, e)
+        if m.live and ix.unwoken:
             gpus = self.gpus
             for gi in [gi for gi in ix.unwoken if gi not in free]:
                 g = gpus[gi]
                 f = g.exec._free_at
                 self._wake(g, (f if f > t else t) - sa + 1)
-        if free:
-            for inst in (sorted(free.values(), key=_free_then_seq) if len(free) > 1
-                         else free.values()):
-                self._infer_soon(inst.gpu, now, out)
 
     def _infer_soon(self, g: GpuState, now: int, out: list[Action]) -> None:
         """An INFER decision on ``g`` now, or, while ``on_requests`` queues several

@@ -794,6 +794,38 @@ def _simulate(wide_copies, tmp, check=False):
     return res, pol
 
 
+def test_a_request_taken_by_an_idle_copy_asks_no_other_gpu():
+    """A hot model copied onto every GPU of a lightly loaded cluster: a request is taken
+    by the first idle copy; the scheduler looked at every idle copy's GPU for each
+    request (48 INFER decisions per request here, thousands on a large cluster)."""
+    from clockwork.cluster.sim import Simulation
+    from clockwork.scenario import load_scenario
+
+    sim = Simulation(load_scenario(data={
+        "seed": 1, "duration_s": 2.0,
+        "cluster": {"workers": 48, "gpus_per_worker": 1, "profiles": "v100-reference"},
+        "models": [{"name": "mobilenet_v2"}],
+        "workloads": [{"kind": "poisson", "models": "mobilenet_v2", "rate_rps": 3000.0,
+                       "slo_ms": 5}]}))  # (a tight SLO: turned-away requests ask for copies)
+    pol = sim.policy
+    calls = {"decisions": 0, "requests": 0}
+    decide, request = pol._schedule_infer, pol.on_request
+
+    def counted_decide(*a):
+        calls["decisions"] += 1
+        return decide(*a)
+
+    def counted_request(*a):
+        calls["requests"] += 1
+        return request(*a)
+
+    pol._schedule_infer, pol.on_request = counted_decide, counted_request
+    res = sim.run()
+    assert len(pol.models["mobilenet_v2"].instances) == 48
+    assert res.summary["slo_attainment"] > 0.99  # (lightly loaded: most GPUs idle)
+    assert calls["decisions"] < 3 * calls["requests"], calls  # (one per request, one per result)
+
+
 def test_copy_index_keeps_its_invariants(tmp_path):
     res, pol = _simulate(4, tmp_path, check=True)
     assert res.summary["actions"]["load"] >= 10  # copies went away and came back
