@@ -112,6 +112,7 @@ class ClockworkScheduler(Policy):
         self._dirty_gpus: set[int] = set()  # instances changed
         self._over: set[int] = set()  # GPUs with share > 1.0 (as of the last look)
         self._big: set[str] = set()  # queued models with copies and outstanding >= big_at
+        self._held_back: set[ModelState] = set()  # the models with a load_blocked dict
         self._idle = IdleGpus(self.gpus)  # the GPUs whose PCIe lane is idle, in order
         for g in self.gpus:
             watch(g.pcie, self._idle.hook(g))
@@ -630,6 +631,7 @@ class ClockworkScheduler(Policy):
             backoff = min(LOAD_BACKOFF_MAX_NS, LOAD_BACKOFF_NS << min(m.extra_refusals - 1, 62))
             if m.load_blocked is None:
                 m.load_blocked = {}
+                self._held_back.add(m)
             m.load_blocked[g.index] = now + backoff
             return
         m.load_refusals += 1  # (those of extra copies before the copy was lost: not these)
@@ -974,6 +976,7 @@ class ClockworkScheduler(Policy):
                 del bl[gi]
         if not bl:
             m.load_blocked = None
+            self._held_back.discard(m)
             return now
         insts = m.instances
         # the GPUs that could take a copy now: up, without one; held back or not
@@ -1345,9 +1348,8 @@ class ClockworkScheduler(Policy):
         g.available = True
         self._idle.changed(g)
         g.free_pages = g.total_pages - sum(i.model.pages for i in g.instances.values())
-        for m in self.models.values():  # what its worker refused before says nothing now
-            if m.load_blocked:
-                m.load_blocked.pop(gpu_index, None)
+        for m in self._held_back:  # what its worker refused before says nothing now
+            m.load_blocked.pop(gpu_index, None)
         if self._load_check_put_off:
             self._check_loads_by(now)  # the GPU may take what others hold back at once
         held, g.held = g.held, []
