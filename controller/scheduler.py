@@ -113,6 +113,7 @@ class ClockworkScheduler(Policy):
         self._over: set[int] = set()  # GPUs with share > 1.0 (as of the last look)
         self._big: set[str] = set()  # queued models with copies and outstanding >= big_at
         self._held_back: set[ModelState] = set()  # the models with a load_blocked dict
+        self._up = len(self.gpus)  # GPUs available (a model with this many copies: no more)
         self._idle = IdleGpus(self.gpus)  # the GPUs whose PCIe lane is idle, in order
         for g in self.gpus:
             watch(g.pcie, self._idle.hook(g))
@@ -1057,8 +1058,11 @@ class ClockworkScheduler(Policy):
         warm_misses = self._warm_misses
         if warm_misses:
             names.update(n for n in warm_misses if models[n].instances)
+        up = self._up
         for name in names:
             m = models[name]
+            if len(m.instances) >= up:
+                continue  # a copy on every GPU up (loading or loaded): none could take one
             miss = warm_misses.get(name) if warm_misses else None
             if m.outstanding <= 0 and miss is None:
                 continue
@@ -1323,6 +1327,7 @@ class ClockworkScheduler(Policy):
         if not g.available:
             return out
         g.available = False
+        self._up -= 1
         g.held = [(i.model.name, i.version)
                   for i in sorted(g.instances.values(), key=lambda i: -i.last_used)
                   if not i.loading]
@@ -1346,6 +1351,7 @@ class ClockworkScheduler(Policy):
         if g.available:
             return out
         g.available = True
+        self._up += 1
         self._idle.changed(g)
         g.free_pages = g.total_pages - sum(i.model.pages for i in g.instances.values())
         for m in self._held_back:  # what its worker refused before says nothing now
@@ -1394,6 +1400,7 @@ class ClockworkScheduler(Policy):
         self.gpus.append(g)
         self._pages_max = max(self._pages_max, g.total_pages)
         # the LOAD placement's indexes (as for the GPUs at start): an idle PCIe lane
+        self._up += 1
         self._idle.add(g)
         watch(g.pcie, self._idle.hook(g))
         self._dirty_gpus.add(g.index)

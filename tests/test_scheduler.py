@@ -902,10 +902,13 @@ def reference_wanted(s: ClockworkScheduler) -> list[tuple[float, str]]:
            and n not in s._queued]
     # requests of models with copies turned away since the last prune ask for more copies
     warm_misses = {n: d for n, (_, d) in s._warm_misses.items() if s.models[n].instances}
+    up = sum(g.available for g in s.gpus)
     for name in sorted(s._queued | set(warm_misses)):
         m = s.models[name]
         if m.outstanding <= 0 and name not in warm_misses:
             continue
+        if m.instances and len(m.instances) >= up:
+            continue  # a copy on every GPU up: no GPU could take another
         prio = 0.0
         if m.outstanding > 0:
             prio = m.outstanding
@@ -922,6 +925,7 @@ def reference_wanted(s: ClockworkScheduler) -> list[tuple[float, str]]:
 
 
 def check_idle_index(s: ClockworkScheduler) -> None:
+    assert s._up == sum(g.available for g in s.gpus)
     idle = s._idle
     assert idle.look is None and idle.idle == {g.index for g in s.gpus if g.pcie.idle}
     # every idle, available GPU has a current entry in the LOAD placement's heap
