@@ -212,7 +212,7 @@ class ClockworkScheduler(Policy):
         else:
             self._push_cold(m)
         if ((not self._next_load_check or (self._load_check_put_off and m.load_blocked is None))
-                and insts and len(insts) < len(self.gpus)
+                and insts and len(insts) < self._up
                 and m.outstanding > REPLICA_DEMAND * len(insts)):
             # queued demand outgrows this model's copies: consider another one soon
             # (``_arm_load_check`` keeps looking while such demand lasts; a look put off
@@ -940,7 +940,7 @@ class ClockworkScheduler(Policy):
         if self._unserved or self._misses:
             self._next_load_check = soon
             return
-        n = len(self.gpus)
+        n = self._up
         models = self.models
         at = 0
         for name in (self._queued if not self._warm_misses
@@ -1131,7 +1131,7 @@ class ClockworkScheduler(Policy):
                 if t < horizon or models[name].instances:
                     del self._misses[name]
         if self._warm_misses:
-            n = len(self.gpus)
+            n = self._up
             for name, (t, _) in list(self._warm_misses.items()):
                 if t < horizon or len(models[name].instances) >= n:
                     del self._warm_misses[name]
@@ -1292,7 +1292,7 @@ class ClockworkScheduler(Policy):
         it, its demand asks for that copy (``_warm_wanted``): queued demand alone does not
         show it, as requests are sent to the copies' lanes or turned away rather than
         queued."""
-        if (len(m.instances) < len(self.gpus)
+        if (len(m.instances) < self._up
                 and r.drop_at >= came + self.cfg.future + m.est.load):
             # the GPU time turned away over about the last MISS_MEMORY, in GPUs: a few
             # requests turned away now and then (a burst, a straggler) ask for nothing

@@ -826,6 +826,35 @@ def test_a_request_taken_by_an_idle_copy_asks_no_other_gpu():
     assert calls["decisions"] < 3 * calls["requests"], calls  # (one per request, one per result)
 
 
+def test_a_model_on_every_gpu_up_asks_for_no_more_copies_while_one_is_down():
+    """A model with a copy on each of the 3 GPUs up, a fourth GPU's worker dead for 3 s,
+    requests turned away by its busy copies (a tight SLO): it asked for another copy,
+    which no GPU up could take, and the LOAD demand was looked at every
+    load_check_interval until the worker came back (1,855 looks; now 7)."""
+    from clockwork.cluster.sim import Simulation
+    from clockwork.scenario import load_scenario
+
+    sim = Simulation(load_scenario(data={
+        "seed": 1, "duration_s": 4.0,
+        "cluster": {"workers": 4, "gpus_per_worker": 1, "profiles": "v100-reference"},
+        "models": [{"name": "mobilenet_v2"}],
+        "workloads": [{"kind": "poisson", "models": "mobilenet_v2", "rate_rps": 6000.0,
+                       "slo_ms": 6}],
+        "faults": {"kill": [{"worker": 3, "at_s": 0.5, "back_s": 3.5}]}}))
+    pol = sim.policy
+    looks = [0]
+    look = pol._schedule_loads
+
+    def counted(*a, **k):
+        looks[0] += 1
+        return look(*a, **k)
+
+    pol._schedule_loads = counted
+    res = sim.run()
+    assert res.summary["actions"]["load"] >= 4  # (on every GPU, the fourth again once back)
+    assert looks[0] < 100, looks
+
+
 def test_copy_index_keeps_its_invariants(tmp_path):
     res, pol = _simulate(4, tmp_path, check=True)
     assert res.summary["actions"]["load"] >= 10  # copies went away and came back
