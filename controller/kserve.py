@@ -192,6 +192,30 @@ def rows_bytes(rows) -> int:
 
 
 STATS_SLICE = 1024  # instances whose statistics are read in one turn of the event loop
+STATS_MESSAGE_SLICE = 256  # ... made into gRPC messages in one turn (~4 ms)
+
+
+def _duration(d: dict) -> kpb.StatisticDuration:
+    return kpb.StatisticDuration(count=d["count"], ns=d["ns"])
+
+
+def _model_stats(s: dict) -> kpb.ModelStatistics:
+    """One entry of ``KServeFrontend.model_statistics`` as its message (built field by
+    field: ``json_format.ParseDict`` took ~40 us an entry, 0.8 s for 20,000 models)."""
+    return kpb.ModelStatistics(
+        name=s["name"], version=s["version"], last_inference=s["last_inference"],
+        inference_count=s["inference_count"], execution_count=s["execution_count"],
+        inference_stats=kpb.InferStatistics(
+            **{k: _duration(v) for k, v in s["inference_stats"].items()}),
+        batch_stats=[kpb.InferBatchStatistics(
+            batch_size=b["batch_size"], compute_input=_duration(b["compute_input"]),
+            compute_infer=_duration(b["compute_infer"]),
+            compute_output=_duration(b["compute_output"])) for b in s["batch_stats"]])
+
+
+def statistics_message(stats: dict) -> kpb.ModelStatisticsResponse:
+    """``ModelStatisticsResponse`` of ``KServeFrontend.model_statistics``' JSON form."""
+    return kpb.ModelStatisticsResponse(model_stats=[_model_stats(s) for s in stats["model_stats"]])
 
 
 class KServeFrontend:
@@ -442,13 +466,16 @@ class KServeGrpcServicer(kpbg.GRPCInferenceServiceServicer):
 
     @_guarded
     async def ModelStatistics(self, request, context):  # noqa: N802
-        stats = (await self.fe.all_statistics() if not request.name else
-                 self.fe.model_statistics(request.name, request.version))
-        if len(stats["model_stats"]) <= 16:
-            return json_format.ParseDict(stats, kpb.ModelStatisticsResponse())
-        # (every model's: parsed off the event loop; 20,000 instances held it ~1.2 s)
-        return await asyncio.get_running_loop().run_in_executor(
-            None, json_format.ParseDict, stats, kpb.ModelStatisticsResponse())
+        if request.name:
+            return statistics_message(self.fe.model_statistics(request.name, request.version))
+        stats = (await self.fe.all_statistics())["model_stats"]
+        out = kpb.ModelStatisticsResponse()
+        n = STATS_MESSAGE_SLICE
+        for k in range(0, len(stats), n):  # (the event loop free between slices)
+            if k:
+                await asyncio.sleep(0)
+            out.model_stats.extend(_model_stats(s) for s in stats[k:k + n])
+        return out
 
     @_guarded
     async def ModelConfig(self, request, context):  # noqa: N802

@@ -578,3 +578,41 @@ def test_kserve_grpc_on_its_own_port(cluster):
         assert r.as_numpy("output").shape == (1, 1000)
     finally:
         c.close()
+
+
+_STATS_MESSAGES = r"""
+from google.protobuf import json_format
+
+from clockwork.protocol import kserve_pb2 as kpb
+from controller.kserve import statistics_message
+
+parts = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
+         "cache_hit", "cache_miss")
+stats = {"model_stats": [
+    {"name": f"m{i}", "version": "1", "last_inference": 1_700_000_000_000 + i,
+     "inference_count": 10 + i, "execution_count": 7 + i,
+     "inference_stats": {p: {"count": i + k, "ns": 1000 * (i + k) + 2**40}
+                         for k, p in enumerate(parts)},
+     "batch_stats": [{"batch_size": b, "compute_input": {"count": b, "ns": 0},
+                      "compute_infer": {"count": b + i, "ns": 5 * b + 2**35},
+                      "compute_output": {"count": b, "ns": 1}} for b in (1, 4, 16)][:i]}
+    for i in range(4)]}
+got = statistics_message(stats)
+assert got == json_format.ParseDict(stats, kpb.ModelStatisticsResponse()), got
+last = json_format.MessageToDict(got, preserving_proto_field_name=True)["model_stats"][3]
+assert last["batch_stats"][2]["compute_infer"] == {"count": "19", "ns": str(80 + 2**35)}, last
+print("same")
+"""
+
+
+def test_statistics_messages_are_their_json_forms_parsed():
+    """The gRPC statistics are built field by field (json_format.ParseDict took 0.8 s for
+    20,000 models): the same message as parsing the REST form, every field set. (In a
+    process of its own: the KServe protos clash with tritonclient's, loaded here.)"""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    p = subprocess.run([sys.executable, "-c", _STATS_MESSAGES], capture_output=True,
+                       text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert p.returncode == 0 and p.stdout.strip() == "same", p.stdout + p.stderr
