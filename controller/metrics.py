@@ -659,30 +659,35 @@ class _Collector:
         util_rows: list = []
         used_rows: list = []
         total_rows: list = []
-        pused = GaugeMetricFamily("clockwork_gpu_pages_used",
-                                  "Weights-cache pages in use in the scheduler's view (loaded, "
-                                  "loading, promised to a LOAD sent)", labels=("worker", "gpu"))
-        ptotal = GaugeMetricFamily("clockwork_gpu_pages", "Weights-cache pages of the GPU",
-                                   labels=("worker", "gpu"))
         wall = max(1, now - m.start_ns)
-        frac = GaugeMetricFamily("clockwork_gpu_busy_fraction",
-                                 "Measured EXEC time / wall time since the controller started",
-                                 labels=("worker", "gpu"))
-        busy = CounterMetricFamily("clockwork_gpu_busy_seconds",
-                                   "Measured EXEC time since the controller started",
-                                   labels=("worker", "gpu"))
-        for w, g, util, b, pages, used in st["gpus"]:
+        frac_rows: list = []
+        busy_rows: list = []
+        pused_rows: list = []
+        ptotal_rows: list = []
+        for w, g, util, b, pages, used in st["gpus"]:  # (rows: 45 us a GPU as the library's)
             ids = {"gpu_uuid": f"worker{w}-gpu{g}"}
-            wg = (str(w), str(g))
+            wg = {"worker": str(w), "gpu": str(g)}
             util_rows.append((ids, util))
-            frac.add_metric(wg, round(min(1.0, b / wall), 6))
-            busy.add_metric(wg, b / 1e9)
+            frac_rows.append((wg, round(min(1.0, b / wall), 6)))
+            busy_rows.append((wg, b / 1e9))
             if pages is not None:
                 total_rows.append((ids, pages * PAGE_SIZE))
-                ptotal.add_metric(wg, pages)
+                ptotal_rows.append((wg, pages))
             if used is not None:
                 used_rows.append((ids, used * PAGE_SIZE))
-                pused.add_metric(wg, used)
+                pused_rows.append((wg, used))
+        frac = _family("clockwork_gpu_busy_fraction",
+                       "Measured EXEC time / wall time since the controller started", "gauge",
+                       "clockwork_gpu_busy_fraction", frac_rows)
+        busy = _family("clockwork_gpu_busy_seconds",
+                       "Measured EXEC time since the controller started", "counter",
+                       "clockwork_gpu_busy_seconds_total", busy_rows)
+        pused = _family("clockwork_gpu_pages_used",
+                        "Weights-cache pages in use in the scheduler's view (loaded, "
+                        "loading, promised to a LOAD sent)", "gauge",
+                        "clockwork_gpu_pages_used", pused_rows)
+        ptotal = _family("clockwork_gpu_pages", "Weights-cache pages of the GPU", "gauge",
+                         "clockwork_gpu_pages", ptotal_rows)
         add(_family("nv_gpu_utilization", f"GPU utilization rate [0.0 - 1.0]: EXEC busy "
                     f"time over the last {UTIL_WINDOW_S:g} s", "gauge", "nv_gpu_utilization",
                     util_rows, plain=True))
