@@ -16,7 +16,7 @@ class IdleGpus:
     idle and available and holds those figures; every such GPU has a current entry, as
     the owner reports each change through ``changed`` (share or models held) and the
     lane's hook (idle again). Stale entries are dropped when met, and the heap is rebuilt
-    once they outnumber the current ones.
+    once it holds over twice as many entries as idle GPUs, and 64 more, whoever adds one.
 
     ``ordered()`` reads it during a look: each GPU at most once, taken off the heap as it
     is read; when the look ends the GPUs read (and any ``changed`` meanwhile) that are
@@ -59,8 +59,21 @@ class IdleGpus:
             return  # (it gets an entry when idle and available again)
         if self.look is not None:
             self.look.add(gi)
+            return
+        h = self.heap
+        if len(h) > 2 * len(self.idle) + 64:
+            self._rebuild()  # (g's current entry is among those made)
         else:
-            heappush(self.heap, (g.share, len(g.instances), gi))
+            heappush(h, (g.share, len(g.instances), gi))
+
+    def _rebuild(self) -> None:
+        """One current entry per idle, available GPU: the stale ones dropped (shares
+        change at every look, most of them on GPUs no look reads)."""
+        gpus = self.gpus
+        h = self.heap
+        h[:] = [(g.share, len(g.instances), gi) for gi in self.idle
+                if (g := gpus[gi]).available]
+        heapify(h)
 
     def __bool__(self) -> bool:
         """Whether some GPU is idle and available (drops stale entries off the top)."""
@@ -77,9 +90,7 @@ class IdleGpus:
         when done with it: that ends the look)."""
         h, idle, gpus = self.heap, self.idle, self.gpus
         if len(h) > 2 * len(idle) + 64:
-            h[:] = [(g.share, len(g.instances), gi) for gi in idle
-                    if (g := gpus[gi]).available]
-            heapify(h)
+            self._rebuild()
         self.look = seen = set()
         try:
             while h:
