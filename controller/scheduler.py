@@ -232,10 +232,9 @@ class ClockworkScheduler(Policy):
                 # turn away a request only a GPU free sooner can still serve
                 frees.sort(key=_second)
             for g, free in frees:
-                if not m.live:
-                    break  # taken (as _kick_copies: the GPUs free sooner come first)
                 if free < horizon:
-                    self._infer_soon(g, now, out)
+                    if m.live:  # (not once taken: as _kick_copies)
+                        self._infer_soon(g, now, out)
                 elif not g.wake_at:
                     self._wake(g, free - sa + 1)
         else:
@@ -729,44 +728,46 @@ class ClockworkScheduler(Policy):
                 self._wake(g, free - sa + 1)
 
     def _kick_copies(self, m: ModelState, ix: CopyIndex, now: int, out: list[Action]) -> None:
-        """``on_request``'s look at the copies, from the index: an INFER decision on each
-        GPU free before the horizon, soonest free first (then the oldest copy), until
-        nothing of ``m`` is left queued; then, if some is, a wake for each other GPU
-        without one. A hot model's request taken by the first idle copy costs that one
-        GPU, not a walk over all its copies (thousands, on an idle cluster)."""
+        """``on_request``'s look at the copies, from the index: a wake for each GPU that
+        is not free before the horizon and has none; then an INFER decision on each GPU
+        free before it, soonest free first (then the oldest copy), until nothing of ``m``
+        is left queued. A hot model's request taken by the first idle copy asks that one
+        GPU, not all of them (thousands, on an idle cluster)."""
         cfg = self.cfg
         sa = cfg.schedule_ahead
         horizon = now + sa
         t = now + cfg.future
         insts = m.instances
-        free: dict[int, int] = {}  # gpu index -> the free time its entry had
-        if t < horizon:
-            h = ix.by_free
-            back = []
-            try:
-                while h and h[0][0] < horizon and m.live:
-                    e = heapq.heappop(h)
-                    key, seq, gi = e
-                    inst = insts.get(gi)
-                    if inst is None or inst.seq != seq or inst.gpu.exec._free_at != key:
-                        continue  # stale
-                    seen = free.get(gi)
-                    if seen is not None:
-                        if seen != key:
-                            back.append(e)  # its GPU's figure since its decision: kept
-                        continue
-                    free[gi] = key
-                    back.append(e)
-                    self._infer_soon(inst.gpu, now, out)
-            finally:
-                for e in back:
-                    heapq.heappush(h, e)
-        if m.live and ix.unwoken:
+        if ix.unwoken:
             gpus = self.gpus
-            for gi in [gi for gi in ix.unwoken if gi not in free]:
+            for gi in [gi for gi in ix.unwoken
+                       if not (t < horizon and gpus[gi].exec._free_at < horizon)]:
                 g = gpus[gi]
                 f = g.exec._free_at
                 self._wake(g, (f if f > t else t) - sa + 1)
+        if t >= horizon:
+            return
+        h = ix.by_free
+        free: dict[int, int] = {}  # gpu index -> the free time its entry had
+        back = []
+        try:
+            while h and h[0][0] < horizon and m.live:
+                e = heapq.heappop(h)
+                key, seq, gi = e
+                inst = insts.get(gi)
+                if inst is None or inst.seq != seq or inst.gpu.exec._free_at != key:
+                    continue  # stale
+                seen = free.get(gi)
+                if seen is not None:
+                    if seen != key:
+                        back.append(e)  # its GPU's figure since its decision: kept
+                    continue
+                free[gi] = key
+                back.append(e)
+                self._infer_soon(inst.gpu, now, out)
+        finally:
+            for e in back:
+                heapq.heappush(h, e)
 
     def _infer_soon(self, g: GpuState, now: int, out: list[Action]) -> None:
         """An INFER decision on ``g`` now, or, while ``on_requests`` queues several
@@ -1256,6 +1257,7 @@ class ClockworkScheduler(Policy):
         m.removed = True
         self._misses.pop(name, None)
         self._warm_misses.pop(name, None)
+        self._held_back.discard(m)  # (its back-offs mean nothing now)
         if m.instances:
             self._removed[name] = m
         for r in list(m.queue):

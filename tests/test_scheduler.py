@@ -590,6 +590,18 @@ def test_a_back_off_with_a_gpu_down_does_not_look_every_interval():
     assert looks <= 100, (looks, len(loads))  # (every 2 ms: ~2,000)
 
 
+def test_a_model_removed_leaves_no_back_off_behind():
+    # GPU 1 refuses extra copies of "a" (on GPU 0): "a" is held back there; removed, it
+    # was kept among the models held back (walked at every GPU's return) for good
+    s = sched(models=("a", "b"), gpus=3)
+    t = warm(s)
+    overload(s, t, t + 200 * MS, _refusing_a, [], {0})
+    assert s._held_back == {s.models["a"]}, "no back-off: nothing was tested"
+    s.remove_model("a", t + 200 * MS)
+    assert not s._held_back
+    check_idle_index(s)
+
+
 def test_a_gpu_back_takes_a_held_back_copy_at_once():
     # GPU 1 refuses every extra copy of "a" (on GPU 0) and GPU 2 is down: the look is
     # put off to the back-off's end. GPU 2 coming back takes the copy at once (it
@@ -955,11 +967,13 @@ def reference_wanted(s: ClockworkScheduler) -> list[tuple[float, str]]:
 
 def check_idle_index(s: ClockworkScheduler) -> None:
     assert s._up == sum(g.available for g in s.gpus)
+    assert s._held_back == {m for m in s.models.values() if m.load_blocked is not None}
     idle = s._idle
     assert idle.look is None and idle.idle == {g.index for g in s.gpus if g.pcie.idle}
     # every idle, available GPU has a current entry in the LOAD placement's heap
     assert {(g.share, len(g.instances), g.index) for g in s.gpus
             if g.index in idle.idle and g.available} <= set(idle.heap)
+    assert len(idle.heap) <= 2 * len(s.gpus) + 65  # (stale entries: bounded)
 
 
 def check_demand_index(s: ClockworkScheduler) -> None:
