@@ -87,8 +87,8 @@ _OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 GRACE_S = 1.0  # past its SLO, how long the client waits for an answer before giving up
 MAX_TIMEOUT_S = 86_400.0  # a client's timeout beyond a day is taken as a day
 CLOSE_POLL_S = 0.05  # InferStream.close(): how often it looks whether all are answered
-# what gRPC says of a call that ended while a message was being sent on it (the write
-# fails and the status the server sent is lost)
+# what gRPC says of a stream's call that ended while a message was being sent on it (the
+# write fails, and the status the server sent is lost)
 CORE_INTERNAL = "Internal error from Core"
 _INT32_MAX = (1 << 31) - 1
 _CLOSED = "the client is closed"
@@ -616,11 +616,6 @@ def _unavailable(e: grpc.RpcError, url: str = "", slo: pb.InferRequest | None = 
         return ControllerUnavailable(f"controller unavailable: {why}")
     if code == grpc.StatusCode.UNAVAILABLE and details == STOPPING_MESSAGE:
         return ControllerUnavailable(STOPPING_MESSAGE, reason="shutdown")  # (as its answers)
-    if code == grpc.StatusCode.INTERNAL and details == CORE_INTERNAL:
-        # gRPC's words for a stream's call that ended while a message was being sent on
-        # it, whatever status the controller ended it with (a stopping one: UNAVAILABLE)
-        return ControllerUnavailable("the call ended while a message was being sent on it "
-                                     "(the controller ended it, as it does when it stops)")
     hint = (" (is that a clockwork controller's port? A worker's, or another gRPC "
             "server's, answers UNIMPLEMENTED)" if code == grpc.StatusCode.UNIMPLEMENTED
             else "")
@@ -1048,6 +1043,13 @@ class InferStream:
                         fut.set_result(resp)
         except grpc.RpcError as e:
             err = _unavailable(e, self._url)
+            if e.code() == grpc.StatusCode.INTERNAL and e.details() == CORE_INTERNAL:
+                # gRPC's words for a call that ended while a message was being sent on
+                # it, whatever status the controller ended it with (stopping: UNAVAILABLE)
+                err = ControllerUnavailable(
+                    "the stream's call ended while a message was being sent on it (the "
+                    "controller ended it, as it does when it stops; gRPC: INTERNAL: "
+                    f"{CORE_INTERNAL})")
             if isinstance(err, InvalidRequest):  # (a message too large ended the call: the
                 # requests still waiting are lost with it, not invalid)
                 err = ControllerUnavailable(f"the stream ended, a message on it larger than "

@@ -189,7 +189,10 @@ def _settle_heap() -> None:
     walked all of it with the event loop held (60-70 ms with 10,000 models served, set
     off by a /metrics scrape's garbage). With none of it counted as long-lived, the
     collector would make a full pass at every 10th middle one, walking a burst of new
-    objects (a repository index of 20,000 models) again and again: at every 100th."""
+    objects (a repository index of 20,000 models) again and again: at every 100th.
+    (Start-up objects that become cyclic garbage later, as parts of a model's state when
+    it is unloaded at run time, are not collected: most are freed by their reference
+    counts all the same.)"""
     gc.collect()
     gc.freeze()
     young, middle, _ = gc.get_threshold()

@@ -168,8 +168,8 @@ def test_serve_says_its_controller_was_stopped_by_a_signal_sent_to_it():
     finally:
         s.stop()
     assert rc == 1, "".join(s.err[-30:])
-    assert ("clockwork serve: the controller stopped (code 0: a signal was sent to it "
-            "alone); stopping\n") in s.err, s.err
+    assert ("clockwork serve: the controller stopped (code 0: it was told to stop); "
+            "stopping\n") in s.err, s.err
 
 
 def test_serve_help_states_the_restart_rule(capsys):

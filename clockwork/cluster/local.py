@@ -36,15 +36,14 @@ WORKER_PORT_STEP = 10  # with --worker-port P, worker i listens on P + 10 i
 def how_it_ended(code: int) -> str:
     """A child's exit, from its return code, in words: "was killed by SIGKILL" (a signal
     it did not handle), "stopped (code 0: ...)" (a controller or worker ends with 0 only
-    when told to stop: outside the cluster's own stop, by a signal sent to it alone), or
-    "exited (code N)"."""
+    when told to stop: a signal, or its parent gone), or "exited (code N)"."""
     if code < 0:
         try:
             return f"was killed by {signal.Signals(-code).name}"
         except ValueError:
             return f"was killed by signal {-code}"
     if code == 0:
-        return "stopped (code 0: a signal was sent to it alone)"
+        return "stopped (code 0: it was told to stop)"
     return f"exited (code {code})"
 
 
