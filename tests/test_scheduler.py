@@ -885,6 +885,60 @@ def test_copy_index_changes_no_decision(tmp_path):
     assert outs[0] == outs[2] and outs[1] == outs[2]
 
 
+class _KickEveryFreeCopy(ClockworkScheduler):
+    """A request's look at a model's copies as first written: every copy free before the
+    horizon asked for an INFER decision, soonest free first, even once one took it."""
+
+    def _kick_copies(self, m, ix, now, out):
+        sa = self.cfg.schedule_ahead
+        horizon, t = now + sa, now + self.cfg.future
+        free = {gi: inst for gi, inst in m.instances.items()
+                if t < horizon and inst.gpu.exec._free_at < horizon}
+        for gi in [gi for gi in ix.unwoken if gi not in free]:
+            g = self.gpus[gi]
+            f = g.exec._free_at
+            self._wake(g, (f if f > t else t) - sa + 1)
+        for inst in sorted(free.values(), key=lambda i: (i.gpu.exec._free_at, i.seq)):
+            self._infer_soon(inst.gpu, now, out)
+
+
+def _bursty_wide_scenario():
+    """Two models on 24 GPUs in bursts of 30,000 r/s, two workers killed and back: the
+    busier model is copied onto most GPUs, each burst finds most of them idle."""
+    return {
+        "seed": 4, "duration_s": 10.0,
+        "cluster": {"workers": 6, "gpus_per_worker": 4, "profiles": "v100-reference",
+                    "network_latency_ms": 0.1},
+        "models": [{"name": "resnet50_v2"}, {"name": "resnet18_v2"}],
+        "workloads": [{"kind": "bursty", "models": "*", "burst_rps": 30000.0,
+                       "rate_rps": 300.0, "on_s": 2.0, "off_s": 2.0,
+                       "periods": "exponential", "start": "random", "independent": True,
+                       "slo_ms": 50}],
+        "faults": {"kill": [{"worker": 2, "at_s": 3.0, "back_s": 7.0},
+                            {"worker": 4, "at_s": 5.0, "back_s": 9.0}]},
+    }
+
+
+def test_a_request_taken_asks_no_more_copies_and_changes_no_decision(tmp_path):
+    """Asking the free copies only until one takes the request: byte-identical logs to
+    asking every free copy (the copies left unasked had nothing new to decide; the busy
+    ones are woken as before)."""
+    from clockwork.cluster.sim import Simulation
+    from clockwork.scenario import load_scenario
+
+    outs = []
+    for plain in (False, True):
+        sim = Simulation(load_scenario(data=_bursty_wide_scenario()))
+        if plain:
+            sim.policy.__class__ = _KickEveryFreeCopy
+        res = sim.run()
+        res.write(tmp_path / str(plain))
+        outs.append([(tmp_path / str(plain) / f).read_bytes()
+                     for f in ("summary.json", "requests.tsv", "actions.tsv")])
+        assert len(sim.policy.models["resnet50_v2"].instances) >= 16  # (indexed: wide)
+    assert outs[0] == outs[1]
+
+
 # ---------------------------------------------------------------- LOAD demand, kept up to date
 
 
