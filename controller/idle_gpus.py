@@ -13,70 +13,70 @@ class IdleGpus:
     (``share``, number of models held, index), the LOAD placement's order.
 
     A heap of (share, models held, index) entries. An entry is current while its GPU is
-    idle and available and holds those figures; every such GPU has a current entry, as
-    the owner reports each change through ``changed`` (share or models held) and the
-    lane's hook (idle again). Stale entries are dropped when met, and the heap is rebuilt
-    once it holds over twice as many entries as idle GPUs, and 64 more, whoever adds one.
+    idle and available and holds those figures. The owner reports each change through
+    ``changed`` (share, models held, availability) and the lane's hook (idle again); the
+    GPUs changed are only noted, and get a current entry when the heap is next read (the
+    shares change at every LOAD look, most of them on GPUs no look reads). Stale entries
+    are dropped when met, and the heap is rebuilt once it would hold over twice as many
+    entries as idle GPUs, and 64 more.
 
     ``ordered()`` reads it during a look: each GPU at most once, taken off the heap as it
-    is read; when the look ends the GPUs read (and any ``changed`` meanwhile) that are
-    still idle and available get a current entry again. A look changes only the GPUs it
-    has read (a LOAD, its EVICTs), so the order is that of sorting them all at its start.
+    is read; when the look ends the GPUs read (and any ``changed`` meanwhile) are noted
+    as changed. A look changes only the GPUs it has read (a LOAD, its EVICTs), so the
+    order is that of sorting them all at its start.
     """
 
-    __slots__ = ("gpus", "idle", "heap", "look")
+    __slots__ = ("gpus", "idle", "heap", "look", "dirty")
 
     def __init__(self, gpus: list[GpuState]) -> None:
         self.gpus = gpus  # the scheduler's list (GpuState.index is the position in it)
         self.idle: set[int] = set()
         self.heap: list[tuple[float, int, int]] = []
-        self.look: set[int] | None = None  # the GPUs read (or changed) in the look under way
+        self.dirty: set[int] = set()  # GPUs changed since the heap was last read
+        self.look: set[int] | None = None  # the GPUs read in the look under way
         for g in gpus:
             self.add(g)
 
     def add(self, g: GpuState) -> None:
         """A new GPU, its PCIe lane idle."""
         self.idle.add(g.index)
-        self.changed(g)
+        self.dirty.add(g.index)
 
     def hook(self, g: GpuState):
         """The callback for ``g``'s PCIe lane (``lanes.watch``)."""
-        idle, gi, lane = self.idle, g.index, g.pcie
+        idle, dirty, gi, lane = self.idle, self.dirty, g.index, g.pcie
 
         def on_change() -> None:
             if lane.idle:
                 if gi not in idle:
                     idle.add(gi)
-                    self.changed(g)
+                    dirty.add(gi)
             else:
                 idle.discard(gi)
         return on_change
 
     def changed(self, g: GpuState) -> None:
         """``g``'s share, models held or availability may have changed."""
-        gi = g.index
-        if gi not in self.idle or not g.available:
-            return  # (it gets an entry when idle and available again)
-        if self.look is not None:
-            self.look.add(gi)
-            return
-        h = self.heap
-        if len(h) > 2 * len(self.idle) + 64:
-            self._rebuild()  # (g's current entry is among those made)
-        else:
-            heappush(h, (g.share, len(g.instances), gi))
+        self.dirty.add(g.index)
 
-    def _rebuild(self) -> None:
-        """One current entry per idle, available GPU: the stale ones dropped (shares
-        change at every look, most of them on GPUs no look reads)."""
-        gpus = self.gpus
-        h = self.heap
-        h[:] = [(g.share, len(g.instances), gi) for gi in self.idle
-                if (g := gpus[gi]).available]
-        heapify(h)
+    def _flush(self) -> None:
+        """A current entry for each GPU changed, idle and available."""
+        d = self.dirty
+        h, idle, gpus = self.heap, self.idle, self.gpus
+        if len(h) + len(d) > 2 * len(idle) + 64:
+            h[:] = [(g.share, len(g.instances), gi) for gi in idle
+                    if (g := gpus[gi]).available]
+            heapify(h)
+        else:
+            for gi in d:
+                if gi in idle and (g := gpus[gi]).available:
+                    heappush(h, (g.share, len(g.instances), gi))
+        d.clear()
 
     def __bool__(self) -> bool:
         """Whether some GPU is idle and available (drops stale entries off the top)."""
+        if self.dirty:
+            self._flush()
         h, idle, gpus = self.heap, self.idle, self.gpus
         while h:
             gi = h[0][2]
@@ -88,9 +88,9 @@ class IdleGpus:
     def ordered(self):
         """The idle, available GPUs least loaded first, read lazily (close the generator
         when done with it: that ends the look)."""
+        if self.dirty:
+            self._flush()
         h, idle, gpus = self.heap, self.idle, self.gpus
-        if len(h) > 2 * len(idle) + 64:
-            self._rebuild()
         self.look = seen = set()
         try:
             while h:
@@ -104,5 +104,4 @@ class IdleGpus:
                 yield g
         finally:
             self.look = None
-            for gi in seen:
-                self.changed(gpus[gi])
+            self.dirty.update(seen)

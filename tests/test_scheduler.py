@@ -1024,9 +1024,11 @@ def check_idle_index(s: ClockworkScheduler) -> None:
     assert s._held_back == {m for m in s.models.values() if m.load_blocked is not None}
     idle = s._idle
     assert idle.look is None and idle.idle == {g.index for g in s.gpus if g.pcie.idle}
-    # every idle, available GPU has a current entry in the LOAD placement's heap
+    # every idle, available GPU has a current entry in the LOAD placement's heap, or is
+    # noted as changed (it gets one when the heap is next read)
     assert {(g.share, len(g.instances), g.index) for g in s.gpus
-            if g.index in idle.idle and g.available} <= set(idle.heap)
+            if g.index in idle.idle and g.available and g.index not in idle.dirty} \
+        <= set(idle.heap)
     assert len(idle.heap) <= 2 * len(s.gpus) + 65  # (stale entries: bounded)
 
 
