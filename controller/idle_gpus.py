@@ -26,7 +26,7 @@ class IdleGpus:
     order is that of sorting them all at its start.
     """
 
-    __slots__ = ("gpus", "idle", "heap", "look", "dirty")
+    __slots__ = ("gpus", "idle", "heap", "look", "dirty", "up")
 
     def __init__(self, gpus: list[GpuState]) -> None:
         self.gpus = gpus  # the scheduler's list (GpuState.index is the position in it)
@@ -34,6 +34,9 @@ class IdleGpus:
         self.heap: list[tuple[float, int, int]] = []
         self.dirty: set[int] = set()  # GPUs changed since the heap was last read
         self.look: set[int] | None = None  # the GPUs read in the look under way
+        # GPUs available, idle or not (kept by the scheduler; a model with this many
+        # copies can take no more)
+        self.up = len(gpus)
         for g in gpus:
             self.add(g)
 

@@ -113,7 +113,8 @@ class ClockworkScheduler(Policy):
         self._over: set[int] = set()  # GPUs with share > 1.0 (as of the last look)
         self._big: set[str] = set()  # queued models with copies and outstanding >= big_at
         self._held_back: set[ModelState] = set()  # the models with a load_blocked dict
-        self._up = len(self.gpus)  # GPUs available (a model with this many copies: no more)
+        # (the scheduler's attributes stay below 30: past that CPython 3.11 keeps them in a
+        # plain dict, and every self.x read costs more: +2 % instructions per request)
         self._idle = IdleGpus(self.gpus)  # the GPUs whose PCIe lane is idle, in order
         for g in self.gpus:
             watch(g.pcie, self._idle.hook(g))
@@ -212,7 +213,7 @@ class ClockworkScheduler(Policy):
         else:
             self._push_cold(m)
         if ((not self._next_load_check or (self._load_check_put_off and m.load_blocked is None))
-                and insts and len(insts) < self._up
+                and insts and len(insts) < self._idle.up
                 and m.outstanding > REPLICA_DEMAND * len(insts)):
             # queued demand outgrows this model's copies: consider another one soon
             # (``_arm_load_check`` keeps looking while such demand lasts; a look put off
@@ -941,7 +942,7 @@ class ClockworkScheduler(Policy):
         if self._unserved or self._misses:
             self._next_load_check = soon
             return
-        n = self._up
+        n = self._idle.up
         models = self.models
         at = 0
         for name in (self._queued if not self._warm_misses
@@ -1059,7 +1060,7 @@ class ClockworkScheduler(Policy):
         warm_misses = self._warm_misses
         if warm_misses:
             names.update(n for n in warm_misses if models[n].instances)
-        up = self._up
+        up = self._idle.up
         for name in names:
             m = models[name]
             if len(m.instances) >= up:
@@ -1132,7 +1133,7 @@ class ClockworkScheduler(Policy):
                 if t < horizon or models[name].instances:
                     del self._misses[name]
         if self._warm_misses:
-            n = self._up
+            n = self._idle.up
             for name, (t, _) in list(self._warm_misses.items()):
                 if t < horizon or len(models[name].instances) >= n:
                     del self._warm_misses[name]
@@ -1294,7 +1295,7 @@ class ClockworkScheduler(Policy):
         it, its demand asks for that copy (``_warm_wanted``): queued demand alone does not
         show it, as requests are sent to the copies' lanes or turned away rather than
         queued."""
-        if (len(m.instances) < self._up
+        if (len(m.instances) < self._idle.up
                 and r.drop_at >= came + self.cfg.future + m.est.load):
             # the GPU time turned away over about the last MISS_MEMORY, in GPUs: a few
             # requests turned away now and then (a burst, a straggler) ask for nothing
@@ -1329,7 +1330,7 @@ class ClockworkScheduler(Policy):
         if not g.available:
             return out
         g.available = False
-        self._up -= 1
+        self._idle.up -= 1
         g.held = [(i.model.name, i.version)
                   for i in sorted(g.instances.values(), key=lambda i: -i.last_used)
                   if not i.loading]
@@ -1353,7 +1354,7 @@ class ClockworkScheduler(Policy):
         if g.available:
             return out
         g.available = True
-        self._up += 1
+        self._idle.up += 1
         self._idle.changed(g)
         g.free_pages = g.total_pages - sum(i.model.pages for i in g.instances.values())
         for m in self._held_back:  # what its worker refused before says nothing now
@@ -1402,7 +1403,7 @@ class ClockworkScheduler(Policy):
         self.gpus.append(g)
         self._pages_max = max(self._pages_max, g.total_pages)
         # the LOAD placement's indexes (as for the GPUs at start): an idle PCIe lane
-        self._up += 1
+        self._idle.up += 1
         self._idle.add(g)
         watch(g.pcie, self._idle.hook(g))
         self._dirty_gpus.add(g.index)
