@@ -518,7 +518,9 @@ def test_a_call_without_the_secret_is_refused_before_its_request_is_read(plain_c
         # grpc's client as another code: the worker does not wait for big messages)
         assert "OK" not in codes and "UNAUTHENTICATED" in codes, codes
     grew_mb = (_vm_kb(pid, "VmHWM") - before) / 1024
-    assert grew_mb < 5 * 40, f"the worker's memory grew {grew_mb:.0f} MB"
+    # (read whole, the calls would take ~960 MB; gRPC's own buffers under a busy machine
+    # took 228 MB once, as the controller's below: the same bound)
+    assert grew_mb < 10 * 40, f"the worker's memory grew {grew_mb:.0f} MB"
     with clockwork.Client(plain_cluster.address, timeout=TIMEOUT) as c:  # still serving
         assert c.infer(MODEL, slo_ms=1000).status == 0
 
