@@ -427,6 +427,12 @@ def instance_names(models: list[dict]) -> dict[str, str]:
     return out
 
 
+def cache_pages(sc: Scenario, pset) -> int:
+    """The pages of each GPU's weights cache: the scenario's
+    ``cluster.weights_cache_pages``, else its profile set's (``pset``)."""
+    return int(sc.cluster.get("weights_cache_pages", pset.weights_cache_pages))
+
+
 def cache_fit_error(sc: Scenario, pset) -> str | None:
     """Whether every model the scenario serves fits in a GPU's weights cache (one that
     does not could never be loaded: each of its requests would fail), for its profile
@@ -434,13 +440,12 @@ def cache_fit_error(sc: Scenario, pset) -> str | None:
     names = {m["name"] for m in sc.models}
     if not names:
         return None
-    c = sc.cluster
-    pages = int(c.get("weights_cache_pages", pset.weights_cache_pages))
+    pages = cache_pages(sc, pset)
     biggest = max(names, key=lambda m: (pset.get(m).weights_pages, m))
     need = pset.get(biggest).weights_pages
     if need <= pages:
         return None
-    where = ("cluster.weights_cache_pages" if "weights_cache_pages" in c else
+    where = ("cluster.weights_cache_pages" if "weights_cache_pages" in sc.cluster else
              f"weights_cache_pages of profile set {pset.name!r} ({pset.path / 'set.json'})")
     return (f"{where}: model {biggest!r} takes {need} pages, more than the {pages} page(s) "
             "of each GPU's weights cache: it could never be loaded")

@@ -29,6 +29,7 @@ from clockwork.scenario import (
     Scenario,
     ScenarioError,
     cache_fit_error,
+    cache_pages,
     fault_time_error,
     instance_names,
     load_scenario,
@@ -135,7 +136,7 @@ class Simulation:
             self.profiles = {i: self.pset.get(m).renamed(i) for i, m in self.instances.items()}
         except ValueError as e:
             raise ScenarioError(str(e)) from e
-        pages = int(c.get("weights_cache_pages", self.pset.weights_cache_pages))
+        pages = cache_pages(sc, self.pset)
         why = cache_fit_error(sc, self.pset)
         if why:
             raise ScenarioError(why)
