@@ -8,11 +8,25 @@ from heapq import heapify, heappop, heappush
 from controller.state import GpuState
 
 
-class IdleGpus:
-    """The available GPUs whose PCIe lane is idle, read least loaded first: by
-    (``share``, number of models held, index), the LOAD placement's order.
+def placement_key(g: GpuState) -> tuple[float, int, int]:
+    """The LOAD placement's order of GPUs: least loaded first (``share``); among equals
+    the GPU holding fewest models, so copies spread; then the index."""
+    return g.share, len(g.instances), g.index
 
-    A heap of (share, models held, index) entries. An entry is current while its GPU is
+
+def least_loaded(gpus: list[GpuState]):
+    """``gpus`` in ``placement_key`` order, read lazily (a heap, not a sort: most looks
+    place one model on the first)."""
+    order = [(*placement_key(g), g) for g in gpus]
+    heapify(order)
+    while order:
+        yield heappop(order)[3]
+
+
+class IdleGpus:
+    """The available GPUs whose PCIe lane is idle, read in ``placement_key`` order.
+
+    A heap of ``placement_key`` entries. An entry is current while its GPU is
     idle and available and holds those figures. The owner reports each change through
     ``changed`` (share, models held, availability) and the lane's hook (idle again); the
     GPUs changed are only noted, and get a current entry when the heap is next read (the
@@ -26,14 +40,13 @@ class IdleGpus:
     order is that of sorting them all at its start.
     """
 
-    __slots__ = ("gpus", "idle", "heap", "look", "dirty", "up")
+    __slots__ = ("gpus", "idle", "heap", "dirty", "up")
 
     def __init__(self, gpus: list[GpuState]) -> None:
         self.gpus = gpus  # the scheduler's list (GpuState.index is the position in it)
         self.idle: set[int] = set()
         self.heap: list[tuple[float, int, int]] = []
         self.dirty: set[int] = set()  # GPUs changed since the heap was last read
-        self.look: set[int] | None = None  # the GPUs read in the look under way
         # GPUs available, idle or not (kept by the scheduler; a model with this many
         # copies can take no more)
         self.up = len(gpus)
@@ -67,13 +80,12 @@ class IdleGpus:
         d = self.dirty
         h, idle, gpus = self.heap, self.idle, self.gpus
         if len(h) + len(d) > 2 * len(idle) + 64:
-            h[:] = [(g.share, len(g.instances), gi) for gi in idle
-                    if (g := gpus[gi]).available]
+            h[:] = [placement_key(g) for gi in idle if (g := gpus[gi]).available]
             heapify(h)
         else:
             for gi in d:
                 if gi in idle and (g := gpus[gi]).available:
-                    heappush(h, (g.share, len(g.instances), gi))
+                    heappush(h, placement_key(g))
         d.clear()
 
     def __bool__(self) -> bool:
@@ -94,17 +106,17 @@ class IdleGpus:
         if self.dirty:
             self._flush()
         h, idle, gpus = self.heap, self.idle, self.gpus
-        self.look = seen = set()
+        seen = set()
         try:
             while h:
-                share, n, gi = heappop(h)
+                e = heappop(h)
+                gi = e[2]
                 if gi in seen or gi not in idle:
                     continue
                 g = gpus[gi]
-                if not g.available or g.share != share or len(g.instances) != n:
+                if not g.available or placement_key(g) != e:
                     continue  # stale: its current entry is elsewhere in the heap
                 seen.add(gi)
                 yield g
         finally:
-            self.look = None
             self.dirty.update(seen)

@@ -36,7 +36,7 @@ from clockwork.actions import NEVER, Action, ActionType, ErrorCode, RequestStatu
 from clockwork.profiles import ModelProfile
 from clockwork.requests import DONE, EXECUTING, QUEUED, Reply, Request
 from controller.config import SchedulerConfig
-from controller.idle_gpus import IdleGpus
+from controller.idle_gpus import IdleGpus, least_loaded
 from controller.inflight import (
     COPY_GONE,
     LOAD_BACKOFF_MAX_NS,
@@ -852,15 +852,14 @@ class ClockworkScheduler(Policy):
         self._arm_load_check(now)
 
     def _place_loads(self, only_idle, warm, cold, first, now, out) -> None:
-        # the GPUs least loaded first; among equals the GPU holding fewest models, so
-        # copies spread (read as far as needed: most looks place one model on the first)
+        # the GPUs in placement_key order, read as far as needed
         if only_idle:
             gpus = self._idle.ordered()
         else:
             # (asked only when something is wanted: ``pcie.available`` may re-anchor a lane)
             horizon = now + self.cfg.schedule_ahead
-            gpus = _least_loaded([g for g in self.gpus
-                                  if g.available and g.pcie.available(now) < horizon])
+            gpus = least_loaded([g for g in self.gpus
+                                 if g.available and g.pcie.available(now) < horizon])
         try:
             self._place_on(gpus, warm, cold, first, now, out)
         finally:
@@ -1436,11 +1435,3 @@ class ClockworkScheduler(Policy):
 
     def stats(self) -> dict[str, int]:
         return self._sent.counts()
-
-
-def _least_loaded(gpus: list[GpuState]):
-    """``gpus`` by (share, models held, index), read lazily."""
-    order = [(g.share, len(g.instances), g.index, g) for g in gpus]
-    heapq.heapify(order)
-    while order:
-        yield heapq.heappop(order)[3]

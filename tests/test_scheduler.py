@@ -1036,7 +1036,7 @@ def check_idle_index(s: ClockworkScheduler) -> None:
     assert s._idle.up == sum(g.available for g in s.gpus)
     assert s._held_back == {m for m in s.models.values() if m.load_blocked is not None}
     idle = s._idle
-    assert idle.look is None and idle.idle == {g.index for g in s.gpus if g.pcie.idle}
+    assert idle.idle == {g.index for g in s.gpus if g.pcie.idle}
     # every idle, available GPU has a current entry in the LOAD placement's heap, or is
     # noted as changed (it gets one when the heap is next read)
     assert {(g.share, len(g.instances), g.index) for g in s.gpus
