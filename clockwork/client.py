@@ -250,8 +250,8 @@ def _request(model: str, inputs, slo_ms: float | None,
     ``ValueError``; a number the controller cannot take (negative, nan, inf) is its to
     refuse (``bad_slo``); a request too large to send raises ``InvalidRequest``."""
     _text(model, "model (a model instance name)")
-    if slo_ms is not None and (isinstance(slo_ms, bool)
-                               or not isinstance(slo_ms, numbers.Real)):
+    if slo_ms is not None and type(slo_ms) is not float and (
+            isinstance(slo_ms, bool) or not isinstance(slo_ms, numbers.Real)):
         raise ValueError(f"slo_ms must be None (the controller's default) or a number of "
                          f"milliseconds, got {slo_ms!r}")
     try:
@@ -887,6 +887,39 @@ class AsyncClient:
         await self.close()
 
 
+class _Callback:
+    """What ``InferStream`` keeps for a request submitted with ``on_answer``, in place of
+    its future: the first of ``set_result`` / ``set_exception`` calls ``on_answer(response,
+    None)`` / ``on_answer(None, error)`` at once (a future would schedule its callbacks
+    for a later round of the event loop); what it raises goes to the event loop's
+    exception handler, as a future's callback's would."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def done(self) -> bool:
+        return self.fn is None
+
+    def set_result(self, response) -> None:
+        self._call(response, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._call(None, error)
+
+    def _call(self, response, error) -> None:
+        fn, self.fn = self.fn, None
+        if fn is None:
+            return
+        try:
+            fn(response, error)
+        except Exception as e:  # noqa: BLE001 - the caller's: said, the stream goes on
+            asyncio.get_running_loop().call_exception_handler({
+                "message": f"InferStream: exception in the on_answer callback {fn!r}",
+                "exception": e})
+
+
 class InferStream:
     """Many requests over one ``InferStream`` call. ``submit`` returns a future of the raw
     ``InferResponse`` (no exception for non-success: load generators count statuses).
@@ -1070,26 +1103,37 @@ class InferStream:
     def _fail_waiting(self, err: ClockworkError) -> None:
         """Every request still waiting fails with ``err`` (and a later submit too)."""
         self._error = err
-        for fut in self._waiting.values():
-            if not fut.done():
-                fut.set_exception(err)
+        waiting = list(self._waiting.values())  # (an ``on_answer`` runs as it fails)
         self._waiting.clear()
         self._sent.clear()
+        for fut in waiting:
+            if not fut.done():
+                fut.set_exception(err)
 
     def submit(self, model: str, inputs=None, slo_ms: float | None = None,
-               skip_outputs: bool = False, since_ns: int | None = None) -> asyncio.Future:
+               skip_outputs: bool = False, since_ns: int | None = None,
+               on_answer=None) -> asyncio.Future | None:
         """``skip_outputs``: the answer carries status and timing but no output tensors
         (load generators; saves copying outputs through the controller). ``since_ns``:
         the ``time.monotonic_ns()`` instant the request counts from (default: now; a load
         generator's arrival time for a request it sends late): its wait since then counts
         against its SLO, here and at the controller, as a wait in the stream does; one
         whose SLO has ended already is answered TIMEOUT (reason ``late``) at once, not
-        sent."""
+        sent.
+
+        ``on_answer``: instead of a future (``submit`` then returns None), a callable
+        ``on_answer(response, error)`` called once, as the answer is read (``error`` None)
+        or the request fails (``response`` None, ``error`` what the future would raise);
+        possibly before ``submit`` returns. It saves a future and an event-loop round a
+        request (load generators at tens of thousands a second); it runs inside the
+        stream's reader, so it must not block, and what it raises is reported to the event
+        loop's exception handler, the stream going on."""
         if self._closed:
             raise RuntimeError("stream is closed")
         if since_ns is not None:  # (a float raised inside the stream's writer: the whole
             # stream ended, every request said "the client was closed")
-            if isinstance(since_ns, bool) or not isinstance(since_ns, numbers.Integral):
+            if type(since_ns) is not int and (isinstance(since_ns, bool)
+                                              or not isinstance(since_ns, numbers.Integral)):
                 raise ValueError(f"since_ns must be an integer (time.monotonic_ns()), got "
                                  f"{since_ns!r}")
             if not 0 <= since_ns < 1 << 63:
@@ -1097,10 +1141,12 @@ class InferStream:
                                  f"2^63 - 1), got {since_ns}")
             since_ns = int(since_ns)
         cid = next(self._ids)
-        fut = asyncio.get_running_loop().create_future()
-        if self._reader.done():  # the call has ended: say why, if the controller said
+        fut = (asyncio.get_running_loop().create_future() if on_answer is None
+               else _Callback(on_answer))
+        if self._error is not None or self._reader.done():  # the call has ended: say why,
+            # if the controller said
             fut.set_exception(self._error or ControllerUnavailable("controller stream closed"))
-            return fut
+            return fut if on_answer is None else None
         req, size = _request(model, inputs, slo_ms, cid)  # (raises: nothing kept)
         if skip_outputs:
             req.skip_outputs = True
@@ -1113,7 +1159,7 @@ class InferStream:
                     status=4, reason="late", client_id=cid, gpu=-1,
                     message=f"its {slo:g} ms SLO ended before it was sent "
                             f"({(now - t) / 1e6:.1f} ms after it arrived)"))
-                return fut
+                return fut if on_answer is None else None
         self._waiting[cid] = fut
         if not 0 < slo < 1e9:  # the default SLO (or a nonsense one: the controller refuses it)
             self._sent[cid] = (t, 0.0)  # (its wait here still counts: queued_ns)
@@ -1127,7 +1173,7 @@ class InferStream:
         self._queue.append(req)
         self._sizes.append(size)
         self._wake.set()
-        return fut
+        return fut if on_answer is None else None
 
     @property
     def outstanding(self) -> int:

@@ -249,6 +249,56 @@ def test_closing_a_stream_on_a_stalled_controller_is_bounded_by_the_slos(cluster
     asyncio.run(asyncio.wait_for(main(), 30))
 
 
+def test_a_stream_answers_through_on_answer_once_each(cluster):
+    """``submit(on_answer=fn)`` returns None and calls ``fn(response, None)`` once per
+    request as the answer is read; one whose SLO ended before it was sent is answered at
+    once, before ``submit`` returns; what a callback raises goes to the event loop's
+    exception handler and the stream goes on; a request that fails (its ``close()``
+    cancelled on a stopped controller) gets ``fn(None, error)``."""
+    pid = cluster.controller.proc.pid
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        reported = []
+        loop.set_exception_handler(lambda _loop, ctx: reported.append(ctx["exception"]))
+        got: dict[int, list] = {}
+
+        def on(i):
+            return lambda resp, err: got.setdefault(i, []).append((resp, err))
+
+        def boom(resp, err):
+            raise KeyError("from the callback")
+
+        async with clockwork.AsyncClient(cluster.address, timeout=10) as c:
+            s = c.stream()
+            assert s.submit("mobilenet_v2", slo_ms=100,
+                            since_ns=time.monotonic_ns() - 10**9, on_answer=on(-1)) is None
+            assert [(r.status, r.reason) for r, _ in got.pop(-1)] == [(4, "late")]
+            assert s.submit("mobilenet_v2", slo_ms=5000, on_answer=boom) is None
+            for i in range(50):
+                assert s.submit("mobilenet_v2", slo_ms=5000, skip_outputs=True,
+                                on_answer=on(i)) is None
+            await asyncio.wait_for(s.close(), 20)
+            assert sorted(got) == list(range(50))
+            assert all(len(v) == 1 and v[0][1] is None and v[0][0].status == 0
+                       for v in got.values()), got
+            assert [type(e) for e in reported] == [KeyError], reported
+            got.clear()
+            s2 = c.stream()
+            assert (await asyncio.wait_for(s2.submit("mobilenet_v2", slo_ms=1000), 10)).status == 0
+            _stop(pid)
+            try:
+                s2.submit("mobilenet_v2", on_answer=on(0))  # (no SLO: no watchdog)
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(s2.close(), 0.5)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            [(resp, err)] = got[0]
+            assert resp is None and isinstance(err, ControllerUnavailable), (resp, err)
+
+    asyncio.run(asyncio.wait_for(main(), 40))
+
+
 def test_closing_a_stream_waits_for_answers_that_take_longer_than_a_second(cluster):
     """A healthy controller's answers are not cut off by close(): requests queued behind
     a long batch of work (here: many, on one GPU) are all answered."""

@@ -165,7 +165,8 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     if on_start is not None:
         on_start(t0)
 
-    def on_done(fut: asyncio.Future, req: Request, widx: int) -> None:
+    def on_done(resp, exc: BaseException | None, req: Request, widx: int) -> None:
+        """``req``'s answer (``resp``) or failure (``exc``), as the stream reads it."""
         nonlocal seq
         now = now_ns()
         if req.id in answered:
@@ -173,13 +174,11 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
             return
         answered.add(req.id)
         state["answered"] += 1
-        exc = fut.exception() if not fut.cancelled() else RuntimeError("cancelled")
         if exc is not None:
             if isinstance(exc, ControllerUnavailable) and not lost:
                 lost.append((now - t0, str(exc)))
             rep = Reply(req, RequestStatus.ERROR, now - t0, str(exc))
         else:
-            resp = fut.result()
             # (its latency to when its answer was read, the instant the client judged it
             # on time or late by: this callback may run tens of ms later on a busy loop)
             read = answered_ns.pop(resp.client_id, None)
@@ -211,13 +210,15 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         lags[late // LAG_UNIT_NS if late > 0 else 0] += 1
         req = Request(rid, m, at, slo or default_slo, widx)
         since = t0 + at
+        def answer(resp, exc, r=req, i=widx) -> None:
+            on_done(resp, exc, r, i)
+
         if check is not None and m in specs:
-            fut = stream.submit(m, specs[m][1][rid % POOL], slo / 1e6 if slo else None,
-                                since_ns=since)
+            stream.submit(m, specs[m][1][rid % POOL], slo / 1e6 if slo else None,
+                          since_ns=since, on_answer=answer)
         else:
-            fut = stream.submit(m, None, slo / 1e6 if slo else None, skip_outputs=True,
-                                since_ns=since)
-        fut.add_done_callback(lambda f, r=req, i=widx: on_done(f, r, i))
+            stream.submit(m, None, slo / 1e6 if slo else None, skip_outputs=True,
+                          since_ns=since, on_answer=answer)
 
     last = time.monotonic()
     halted = None  # when ``stop`` said to (ns from t0)
@@ -238,12 +239,13 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         for i, w in enumerate(workloads):
             nxt = open_next[i]
             while nxt is not None and nxt[0] <= rel:
-                if state["sent"] - state["answered"] >= max_outstanding:
-                    break
+                if state["sent"] - state["answered"] >= max_outstanding or lost:
+                    break  # (answers run as they come, a failed send's too: see lost)
                 send(nxt[1], nxt[2], i, now, nxt[0])
                 nxt = w.next_arrival()
             open_next[i] = nxt
-        while heap and heap[0][0] <= rel and state["sent"] - state["answered"] < max_outstanding:
+        while (heap and heap[0][0] <= rel and state["sent"] - state["answered"] < max_outstanding
+               and not lost):  # (a closed loop's failed send may queue its next at once)
             t, _, m, slo, widx = heapq.heappop(heap)
             send(m, slo, widx, now, t)
         if progress and time.monotonic() - last >= 1.0:
