@@ -670,6 +670,39 @@ def test_the_settings_doc_writer_outside_a_checkout_wants_out(tmp_path, monkeypa
 CLI = [sys.executable, "-c", "import sys; from clockwork.cluster.cli import main; sys.exit(main())"]
 
 
+def test_clockwork_settings_prints_the_reference_or_a_topics_sections():
+    """An installed package has no docs/ folder: ``clockwork settings`` prints the same
+    page from the schemas, ``clockwork settings TOPIC`` the sections a word names (a
+    ``##`` section with its parts, else a ``###`` part), and an unknown topic lists them."""
+    from clockwork.cluster.settings_doc import render
+
+    def run(*args):
+        return subprocess.run([*CLI, "settings", *args], capture_output=True, text=True,
+                              timeout=60)
+
+    p = run()
+    assert p.returncode == 0 and p.stdout == render(), p.stderr
+    p = run("limits")
+    heads = [line for line in p.stdout.splitlines() if line.startswith("#")]
+    assert p.returncode == 0 and heads == ["## Controller limits"], heads
+    assert "| `stream_outstanding` | integer | `50000` |" in p.stdout
+    p = run("faults")
+    heads = [line for line in p.stdout.splitlines() if line.startswith("#")]
+    assert heads[0] == "## `[faults]`" and "### `kill` entries" in heads, heads
+    p = run("KILL")
+    heads = [line for line in p.stdout.splitlines() if line.startswith("#")]
+    assert heads == ["### `kill` entries"] and "`back_s`" in p.stdout, heads
+    p = run("clipper")
+    assert p.stdout.startswith('### `policy = "clipper"`') and "batch_wait_ms" in p.stdout
+    p = run("nonsense")
+    assert p.returncode == 2 and p.stdout == ""
+    assert "no section 'nonsense'; the sections: top level; cluster; models" in p.stderr
+    # (the help that named docs/settings.md names the command)
+    h = subprocess.run([*CLI, "simulate", "--help"], capture_output=True, text=True,
+                       timeout=60).stdout
+    assert "clockwork settings" in " ".join(h.split()) and "docs/settings.md" not in h
+
+
 @pytest.mark.parametrize("override,text", [
     ("cluster.noise=nan", "cluster.noise: must be a finite number in [0, 10], got nan"),
     ("cluster.workers=true", "cluster.workers: must be an integer in [1, 10000], got true"),

@@ -212,6 +212,15 @@ def test_installed_simulate_by_name(venv, elsewhere):
     assert "SLO attainment" in r.stdout
 
 
+def test_installed_settings_reference(venv, elsewhere):
+    """The reference the help texts point at, from the installed package (no docs/)."""
+    r = clockwork(venv, elsewhere, "settings", "limits")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("## Controller limits") and "`stream_outstanding`" in r.stdout
+    r = clockwork(venv, elsewhere, "settings")
+    assert r.returncode == 0 and "## `[[workloads]]`" in r.stdout, r.stderr
+
+
 def test_installed_unknown_scenario_is_one_line(venv, elsewhere):
     r = clockwork(venv, elsewhere, "simulate", "poisson_wram")
     assert r.returncode != 0

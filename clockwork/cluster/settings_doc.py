@@ -1,5 +1,6 @@
 """Write ``docs/settings.md`` from the settings schemas: ``python -m clockwork.cluster.settings_doc``
-(``--check``: exit 1 if the file is not what the schemas give).
+(``--check``: exit 1 if the file is not what the schemas give); ``clockwork settings
+[TOPIC]`` prints the same page, or a topic's sections, from an installed package.
 
 A composition root, like ``clockwork.cluster.sim``: besides the scenario schemas of
 ``clockwork.settings`` it reads the scheduler's and the baselines' schemas from
@@ -195,6 +196,54 @@ def render() -> str:
         "defaults. Checked when the profile set is loaded, as is that no two profile files "
         "of a set are of the same model.", markdown_table(ProfileSetFile)))
     return "\n".join(parts)
+
+
+def topic_of(heading: str) -> str:
+    """A section heading as a ``clockwork settings`` topic: lower case, words only
+    (``## `[[models]]``` -> ``models``, ``## Controller limits`` -> ``controller limits``)."""
+    words = "".join(c if c.isalnum() or c in " _." else " " for c in heading.lower())
+    return " ".join(words.split())
+
+
+def sections(text: str, level: int = 2) -> list[tuple[str, str]]:
+    """The page's sections of a heading level (2: ``##``, each with its ``###`` parts; 3:
+    the ``###`` parts alone): (topic, markdown)."""
+    out: list[tuple[str | None, list[str]]] = []
+    mark = "#" * level + " "
+    for line in text.splitlines():
+        if line.startswith(mark):
+            out.append((topic_of(line[len(mark):]), [line]))
+        elif line.startswith("#") and line.split(" ", 1)[0].count("#") <= level:
+            out.append((None, []))  # (a heading above or beside: the section before ends)
+        elif out:
+            out[-1][1].append(line)
+    return [(topic, "\n".join(lines).rstrip() + "\n") for topic, lines in out
+            if topic is not None]
+
+
+def cmd_settings(args: argparse.Namespace) -> int:
+    """``clockwork settings [TOPIC]``: the reference of every setting, from the schemas
+    (what a source checkout has as docs/settings.md), or the sections whose heading has
+    the topic's words (``##`` sections first; else ``###`` parts, e.g. ``kill``)."""
+    text = render()
+    if not args.topic:
+        sys.stdout.write(text)
+        return 0
+    want = topic_of(args.topic)
+
+    def named(topic: str) -> bool:
+        words = topic.split(" ")
+        return bool(want) and all(w in words for w in want.split(" "))
+
+    found = ([md for topic, md in sections(text) if named(topic)]
+             or [md for topic, md in sections(text, 3) if named(topic)])
+    if not found:
+        topics = "; ".join(topic for topic, _ in sections(text))
+        print(f"clockwork settings: no section {args.topic!r}; the sections: {topics} (and "
+              "their parts: a policy's name, a fault's kind, tensors)", file=sys.stderr)
+        return 2
+    sys.stdout.write("\n".join(found))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,7 @@ DEVICES = ("emulated", "cpu", "cuda")
 COMPILE_DEVICES = ("cpu", "cuda")
 
 SET_HELP = ("override a dotted scenario key, e.g. --set cluster.workers=4 "
-            "--set workloads.0.rate_rps=500 (repeatable; see docs/settings.md)")
+            "--set workloads.0.rate_rps=500 (repeatable; clockwork settings lists every key)")
 
 # what a verb's implementation needs beyond the base install: (import name, pip extra)
 NEEDS = {
@@ -373,7 +373,7 @@ def add_controller(sub) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any [scheduler] setting of a scenario file, e.g. max_exec_ms=25, "
                    "buffer_ms=5, batch_first=false, or a baseline's own (batch_timeout_us=...); "
-                   "docs/settings.md lists them")
+                   "clockwork settings scheduler lists them")
     p.add_argument("--connect-timeout", type=t.positive_float, default=30.0,
                    help="seconds to wait for every worker to answer at start (default 30); "
                    "a worker that answers but first reads model packages new to it (a cuda "
@@ -413,7 +413,7 @@ def add_controller(sub) -> None:
                    "connection and in all, admission slices, reply message and buffer "
                    "sizes, gRPC and REST message sizes and timeouts, e.g. --limit "
                    "stream_outstanding=10000 --limit rest_max_body_bytes=8388608; "
-                   "docs/settings.md (Controller limits) lists every key and default")
+                   "clockwork settings limits lists every key and default")
     _add_server_security(p, "controller")
 
 
@@ -632,5 +632,18 @@ def add_plan(sub) -> None:
     _add_parallel(p)
 
 
+def add_settings(sub) -> None:
+    p = _verb(sub, "settings", "clockwork.cluster.settings_doc:cmd_settings",
+              "print every setting: scenario keys, scheduler and controller limits",
+              "Print the reference of every setting, as the installed version checks them: "
+              "each scenario key ([cluster], [[models]], [[workloads]], [scheduler] of every "
+              "policy, [faults]), the controller's --limit keys, and the fields of profile "
+              "files, with type, default, allowed range and meaning (markdown).")
+    p.add_argument("topic", nargs="?", default="", metavar="TOPIC",
+                   help="print only the sections this word names, e.g. cluster, models, "
+                   "workloads, scheduler, clipper, faults, kill, limits, profile")
+
+
 VERBS = [add_simulate, add_report, add_sweep, add_plan, add_scenarios, add_serve, add_replay,
-         add_infer, add_controller, add_worker, add_trace, add_compile, add_profile]
+         add_infer, add_controller, add_worker, add_trace, add_compile, add_profile,
+         add_settings]
