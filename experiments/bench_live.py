@@ -18,6 +18,12 @@ runs in this process), stopping after the first rate that fails. Per rate it pri
   (it shares the machine; each request's latency and SLO count from its arrival time,
   so a generator that falls behind costs attainment, as it would a real client).
 
+At the end: the CPU per request of each at the last (highest) rate tried, and the rate at
+which that cost would fill the machine's cores (and the controller's one core). A
+request costs less at higher rates (a stream message carries more of them), so this is
+the most hopeful such ceiling the run measured; no scheduling passes it without cheaper
+requests.
+
     python experiments/bench_live.py [--rates 1000,2000,...] [--step-s 10] [--py-spy]
 """
 
@@ -200,6 +206,9 @@ def main() -> int:
                    "latency_p99_ms": s["latency_ms"]["p99"],
                    # (how late the load generator sent, p99: it shares the machine)
                    "send_lag_p99_ms": s["send_lag_ms"]["p99"]}
+            # CPU per request sent, µs: controller, workers (together), load generator
+            row["cpu_us_per_request"] = [round(c * 1e6 / max(1, s["submitted"]), 1)
+                                         for c in cpu]
             rows.append(row)
             print(f"{rate:>7,.0f} {row['sent_rps']:>8,.0f} {row['attainment']:>8.4f} "
                   f"{row['goodput_rps']:>9,.0f} {p50:>9.2f} {p99:>7.2f} "
@@ -240,6 +249,8 @@ def main() -> int:
     print()
     print(f"highest sustained rate with attainment >= {args.target}: "
           f"{f'{best:,.0f} r/s' if best else 'none of the rates tried'}")
+    if rows:
+        print(cpu_ceiling(rows[-1], os.cpu_count() or 1))
     if bottleneck:
         print("bottleneck: " + bottleneck)
     if args.out:
@@ -251,6 +262,19 @@ def main() -> int:
             json.dump({"args": vars(args), "rows": rows, "best_rps": best,
                        "bottleneck": bottleneck}, f, indent=2)
     return 0
+
+
+def cpu_ceiling(row: dict, cores: int) -> str:
+    """What one rate's CPU per request says of the highest rate this machine could carry
+    at that cost: every process together on ``cores`` cores, and the controller on one
+    (it is one event loop). (Printed for the last rate tried: the cheapest per request.)"""
+    ctl, wrk, gen = row["cpu_us_per_request"]
+    total = ctl + wrk + gen
+    return (f"CPU per request at {row['rate']:,.0f} r/s: controller {ctl:.0f} µs, workers "
+            f"{wrk:.0f} µs, load generator {gen:.0f} µs ({total:.0f} µs); at that cost "
+            f"{cores} core(s) carry at most ~{cores * 1e6 / total:,.0f} r/s, and the "
+            f"controller's one core ~{1e6 / ctl:,.0f} r/s" if ctl > 0 and total > 0 else
+            "CPU per request: not measured")
 
 
 if __name__ == "__main__":

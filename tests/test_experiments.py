@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -514,3 +515,22 @@ def test_a_figure_script_without_matplotlib_says_so_before_it_runs(monkeypatch, 
     assert e.value.code == 2 and not ran
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pip install -e '.[plots]'" in err[0], err
+
+
+def test_bench_live_prints_the_cpu_per_request_and_the_ceiling_it_sets(tmp_path):
+    """A short real run (a low rate: sustained): each row carries the CPU per request of
+    the controller, the workers and the load generator, and the last line of figures is
+    the rate at which that cost fills the machine's cores."""
+    out = tmp_path / "live.json"
+    p = subprocess.run([sys.executable, str(EXPERIMENTS / "bench_live.py"), "--rates", "300",
+                        "--step-s", "1", "--workers", "1", "--gpus", "1", "--copies", "2",
+                        "--target", "0.9", "--out", str(out)],
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout + p.stderr
+    row = json.loads(out.read_text())["rows"][0]
+    ctl, wrk, gen = row["cpu_us_per_request"]
+    assert ctl > 0 and wrk > 0 and gen > 0, row
+    line = next(x for x in p.stdout.splitlines() if x.startswith("CPU per request at 300 r/s"))
+    total = ctl + wrk + gen
+    cores = os.cpu_count() or 1
+    assert f"({total:.0f} µs)" in line and f"~{cores * 1e6 / total:,.0f} r/s" in line, line
