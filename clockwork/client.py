@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import heapq
 import itertools
 import math
@@ -891,8 +892,9 @@ class _Callback:
     """What ``InferStream`` keeps for a request submitted with ``on_answer``, in place of
     its future: the first of ``set_result`` / ``set_exception`` calls ``on_answer(response,
     None)`` / ``on_answer(None, error)`` at once (a future would schedule its callbacks
-    for a later round of the event loop); what it raises goes to the event loop's
-    exception handler, as a future's callback's would."""
+    for a later round of the event loop); what it raises (``CancelledError`` too, as
+    asyncio's own callbacks) goes to the event loop's exception handler, so that the task
+    that answered it (the stream's reader, its watchdog, its sender) goes on."""
 
     __slots__ = ("fn",)
 
@@ -914,15 +916,23 @@ class _Callback:
             return
         try:
             fn(response, error)
-        except Exception as e:  # noqa: BLE001 - the caller's: said, the stream goes on
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as e:  # noqa: BLE001 - the caller's: said, the stream goes on
             asyncio.get_running_loop().call_exception_handler({
                 "message": f"InferStream: exception in the on_answer callback {fn!r}",
                 "exception": e})
 
+    def later(self, response, error) -> None:
+        """Answer in a later round of the event loop (a request failed inside ``submit``:
+        a callback that submits again on failure would otherwise recurse)."""
+        asyncio.get_running_loop().call_soon(self._call, response, error)
+
 
 class InferStream:
     """Many requests over one ``InferStream`` call. ``submit`` returns a future of the raw
-    ``InferResponse`` (no exception for non-success: load generators count statuses).
+    ``InferResponse`` (no exception for non-success: load generators count statuses), or
+    calls the ``on_answer`` given it.
     Requests submitted in one event-loop iteration go together, in messages of up to
     ``STREAM_MESSAGE_BYTES`` (a larger request alone; one too large for any message
     raises ``InvalidRequest`` at its submit, and the stream carries on).
@@ -952,7 +962,7 @@ class InferStream:
         self._url = url  # the controller's address, for messages
         self._pacer = Pacer(_interval_us(interval_us))
         self._ids = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future] = {}
+        self._waiting: dict[int, asyncio.Future | _Callback] = {}
         self._sent: dict[int, tuple[int, float]] = {}  # client id -> (submit time, SLO ms; 0: the default)
         self._due: list[tuple[int, int]] = []  # (give-up time, client id) heap
         self._queue: list[pb.InferRequest] = []  # submitted, not yet sent
@@ -1123,11 +1133,13 @@ class InferStream:
 
         ``on_answer``: instead of a future (``submit`` then returns None), a callable
         ``on_answer(response, error)`` called once, as the answer is read (``error`` None)
-        or the request fails (``response`` None, ``error`` what the future would raise);
-        possibly before ``submit`` returns. It saves a future and an event-loop round a
-        request (load generators at tens of thousands a second); it runs inside the
-        stream's reader, so it must not block, and what it raises is reported to the event
-        loop's exception handler, the stream going on."""
+        or the request fails (``response`` None, ``error`` what the future would raise).
+        It saves a future and an event-loop round a request (load generators at tens of
+        thousands a second). It runs inside the stream's own tasks (its reader, or its
+        watchdog or sender for a request given up or refused here), never inside
+        ``submit`` (a request refused at once is answered in a later round of the event
+        loop), so it must not block; what it raises is reported to the event loop's
+        exception handler, and the stream goes on."""
         if self._closed:
             raise RuntimeError("stream is closed")
         if since_ns is not None:  # (a float raised inside the stream's writer: the whole
@@ -1140,13 +1152,24 @@ class InferStream:
                 raise ValueError(f"since_ns must be a time.monotonic_ns() reading (0 to "
                                  f"2^63 - 1), got {since_ns}")
             since_ns = int(since_ns)
+        if on_answer is not None and not callable(on_answer):  # (else lost at its answer)
+            raise TypeError(f"on_answer must be a callable (response, error), got "
+                            f"{on_answer!r}")
         cid = next(self._ids)
-        fut = (asyncio.get_running_loop().create_future() if on_answer is None
-               else _Callback(on_answer))
+        if on_answer is None:
+            fut = asyncio.get_running_loop().create_future()
+            answer_now = fut.set_result
+        else:
+            fut = _Callback(on_answer)
+            answer_now = functools.partial(fut.later, error=None)
         if self._error is not None or self._reader.done():  # the call has ended: say why,
             # if the controller said
-            fut.set_exception(self._error or ControllerUnavailable("controller stream closed"))
-            return fut if on_answer is None else None
+            err = self._error or ControllerUnavailable("controller stream closed")
+            if on_answer is None:
+                fut.set_exception(err)
+                return fut
+            fut.later(None, err)
+            return None
         req, size = _request(model, inputs, slo_ms, cid)  # (raises: nothing kept)
         if skip_outputs:
             req.skip_outputs = True
@@ -1155,7 +1178,7 @@ class InferStream:
         if since_ns is not None and since_ns < t:
             t = since_ns
             if 0 < slo < 1e9 and now - t > slo * 1e6:  # (sending it would waste the GPU)
-                fut.set_result(pb.InferResponse(
+                answer_now(pb.InferResponse(
                     status=4, reason="late", client_id=cid, gpu=-1,
                     message=f"its {slo:g} ms SLO ended before it was sent "
                             f"({(now - t) / 1e6:.1f} ms after it arrived)"))

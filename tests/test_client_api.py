@@ -251,10 +251,13 @@ def test_closing_a_stream_on_a_stalled_controller_is_bounded_by_the_slos(cluster
 
 def test_a_stream_answers_through_on_answer_once_each(cluster):
     """``submit(on_answer=fn)`` returns None and calls ``fn(response, None)`` once per
-    request as the answer is read; one whose SLO ended before it was sent is answered at
-    once, before ``submit`` returns; what a callback raises goes to the event loop's
-    exception handler and the stream goes on; a request that fails (its ``close()``
-    cancelled on a stopped controller) gets ``fn(None, error)``."""
+    request as the answer is read; one whose SLO ended before it was sent is answered in
+    a later round of the event loop, never inside ``submit``; what a callback raises
+    (``CancelledError`` too) goes to the event loop's exception handler and the stream
+    goes on; a request that fails (its ``close()`` cancelled on a stopped controller) gets
+    ``fn(None, error)``, every one of them whatever the others' callbacks raise; a
+    callback that submits again on each failure does not recurse; a non-callable is
+    refused at ``submit``."""
     pid = cluster.controller.proc.pid
 
     async def main():
@@ -269,12 +272,20 @@ def test_a_stream_answers_through_on_answer_once_each(cluster):
         def boom(resp, err):
             raise KeyError("from the callback")
 
+        def cancelled(resp, err):
+            raise asyncio.CancelledError
+
         async with clockwork.AsyncClient(cluster.address, timeout=10) as c:
             s = c.stream()
+            with pytest.raises(TypeError, match="on_answer must be a callable"):
+                s.submit("mobilenet_v2", slo_ms=100, on_answer=True)
             assert s.submit("mobilenet_v2", slo_ms=100,
                             since_ns=time.monotonic_ns() - 10**9, on_answer=on(-1)) is None
+            assert got == {}  # (not inside submit)
+            await asyncio.sleep(0)
             assert [(r.status, r.reason) for r, _ in got.pop(-1)] == [(4, "late")]
             assert s.submit("mobilenet_v2", slo_ms=5000, on_answer=boom) is None
+            assert s.submit("mobilenet_v2", slo_ms=5000, on_answer=cancelled) is None
             for i in range(50):
                 assert s.submit("mobilenet_v2", slo_ms=5000, skip_outputs=True,
                                 on_answer=on(i)) is None
@@ -282,19 +293,44 @@ def test_a_stream_answers_through_on_answer_once_each(cluster):
             assert sorted(got) == list(range(50))
             assert all(len(v) == 1 and v[0][1] is None and v[0][0].status == 0
                        for v in got.values()), got
-            assert [type(e) for e in reported] == [KeyError], reported
+            assert sorted(type(e).__name__ for e in reported) == ["CancelledError",
+                                                                  "KeyError"], reported
             got.clear()
+            reported.clear()
             s2 = c.stream()
             assert (await asyncio.wait_for(s2.submit("mobilenet_v2", slo_ms=1000), 10)).status == 0
             _stop(pid)
             try:
-                s2.submit("mobilenet_v2", on_answer=on(0))  # (no SLO: no watchdog)
+                s2.submit("mobilenet_v2", on_answer=cancelled)  # (no SLO: no watchdog)
+                for i in range(3):
+                    s2.submit("mobilenet_v2", on_answer=on(i))
                 with pytest.raises(TimeoutError):
                     await asyncio.wait_for(s2.close(), 0.5)
             finally:
                 os.kill(pid, signal.SIGCONT)
-            [(resp, err)] = got[0]
-            assert resp is None and isinstance(err, ControllerUnavailable), (resp, err)
+            assert sorted(got) == [0, 1, 2], got
+            for i in range(3):
+                [(resp, err)] = got[i]
+                assert resp is None and isinstance(err, ControllerUnavailable), (resp, err)
+            assert [type(e).__name__ for e in reported] == ["CancelledError"], reported
+            reported.clear()
+            # a closed loop that sends again at once whenever a request is answered late,
+            # each time with the same (long past) arrival time: each answer comes in a
+            # later round, so no recursion
+            tries = []
+            s3 = c.stream()
+            since = time.monotonic_ns() - 10**9
+
+            def again(resp, err):
+                tries.append(resp.reason)
+                if len(tries) < 2000:
+                    s3.submit("mobilenet_v2", slo_ms=100, since_ns=since, on_answer=again)
+
+            s3.submit("mobilenet_v2", slo_ms=100, since_ns=since, on_answer=again)
+            while len(tries) < 2000:
+                await asyncio.sleep(0)
+            assert set(tries) == {"late"} and reported == [], reported[:3]
+            await s3.close()
 
     asyncio.run(asyncio.wait_for(main(), 40))
 
