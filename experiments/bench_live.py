@@ -18,11 +18,12 @@ runs in this process), stopping after the first rate that fails. Per rate it pri
   (it shares the machine; each request's latency and SLO count from its arrival time,
   so a generator that falls behind costs attainment, as it would a real client).
 
-At the end: the CPU per request of each at the last (highest) rate tried, and the rate at
-which that cost would fill the machine's cores (and the controller's one core). A
-request costs less at higher rates (a stream message carries more of them), so this is
+At the end: the CPU per request of each at the highest rate tried, and the rate at which
+that cost would fill the cores this process may run on (and the controller's one core).
+A request costs less at higher rates (a stream message carries more of them), so this is
 the most hopeful such ceiling the run measured; no scheduling passes it without cheaper
-requests.
+requests. (The load generator's CPU also holds the replay's set-up and summary, a
+visible share only at low rates.)
 
     python experiments/bench_live.py [--rates 1000,2000,...] [--step-s 10] [--py-spy]
 """
@@ -250,7 +251,7 @@ def main() -> int:
     print(f"highest sustained rate with attainment >= {args.target}: "
           f"{f'{best:,.0f} r/s' if best else 'none of the rates tried'}")
     if rows:
-        print(cpu_ceiling(rows[-1], os.cpu_count() or 1))
+        print(cpu_ceiling(max(rows, key=lambda r: r["rate"]), len(os.sched_getaffinity(0))))
     if bottleneck:
         print("bottleneck: " + bottleneck)
     if args.out:
@@ -267,7 +268,7 @@ def main() -> int:
 def cpu_ceiling(row: dict, cores: int) -> str:
     """What one rate's CPU per request says of the highest rate this machine could carry
     at that cost: every process together on ``cores`` cores, and the controller on one
-    (it is one event loop). (Printed for the last rate tried: the cheapest per request.)"""
+    (it is one event loop). (Printed for the highest rate tried: the cheapest per request.)"""
     ctl, wrk, gen = row["cpu_us_per_request"]
     total = ctl + wrk + gen
     return (f"CPU per request at {row['rate']:,.0f} r/s: controller {ctl:.0f} µs, workers "

@@ -694,6 +694,15 @@ def test_clockwork_settings_prints_the_reference_or_a_topics_sections():
     assert heads == ["### `kill` entries"] and "`back_s`" in p.stdout, heads
     p = run("clipper")
     assert p.stdout.startswith('### `policy = "clipper"`') and "batch_wait_ms" in p.stdout
+    # a word begins a heading's word (model: models), a part is named with its section's
+    # words too, and a key's underscore is a space as in the heading
+    for topic, head in [("model", "## `[[models]]`"), ("limit", "## Controller limits"),
+                        ("faults kill", "### `kill` entries"),
+                        ("slow network", "### `slow_network` entries"),
+                        ("slow_network", "### `slow_network` entries")]:
+        p = run(topic)
+        heads = [line for line in p.stdout.splitlines() if line.startswith("#")]
+        assert p.returncode == 0 and heads == [head], (topic, heads, p.stderr)
     p = run("nonsense")
     assert p.returncode == 2 and p.stdout == ""
     assert "no section 'nonsense'; the sections: top level; cluster; models" in p.stderr

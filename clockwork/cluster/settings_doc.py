@@ -199,20 +199,25 @@ def render() -> str:
 
 
 def topic_of(heading: str) -> str:
-    """A section heading as a ``clockwork settings`` topic: lower case, words only
-    (``## `[[models]]``` -> ``models``, ``## Controller limits`` -> ``controller limits``)."""
-    words = "".join(c if c.isalnum() or c in " _." else " " for c in heading.lower())
-    return " ".join(words.split())
+    """A section heading as a ``clockwork settings`` topic: lower-case words, anything
+    else a space (``## `[[models]]``` -> ``models``, ``### `slow_network` entries`` ->
+    ``slow network entries``, ``## Profile sets (`set.json`)`` -> ``profile sets set
+    json``)."""
+    return " ".join("".join(c if c.isalnum() else " " for c in heading.lower()).split())
 
 
 def sections(text: str, level: int = 2) -> list[tuple[str, str]]:
     """The page's sections of a heading level (2: ``##``, each with its ``###`` parts; 3:
-    the ``###`` parts alone): (topic, markdown)."""
+    the ``###`` parts alone, their topic after their section's): (topic, markdown)."""
     out: list[tuple[str | None, list[str]]] = []
     mark = "#" * level + " "
+    parent = ""
     for line in text.splitlines():
+        if line.startswith("## "):
+            parent = topic_of(line[3:])
         if line.startswith(mark):
-            out.append((topic_of(line[len(mark):]), [line]))
+            own = topic_of(line[len(mark):])
+            out.append((own if level == 2 else f"{parent} {own}", [line]))
         elif line.startswith("#") and line.split(" ", 1)[0].count("#") <= level:
             out.append((None, []))  # (a heading above or beside: the section before ends)
         elif out:
@@ -221,26 +226,31 @@ def sections(text: str, level: int = 2) -> list[tuple[str, str]]:
             if topic is not None]
 
 
+def names(topic: str, want: str) -> bool:
+    """Whether every word of ``want`` begins a word of ``topic`` (a word of three letters
+    or more: ``model`` names ``models``; a shorter one only as a whole word)."""
+    words = topic.split(" ")
+    return bool(want) and all(any(w == x or (len(w) >= 3 and x.startswith(w)) for x in words)
+                              for w in want.split(" "))
+
+
 def cmd_settings(args: argparse.Namespace) -> int:
     """``clockwork settings [TOPIC]``: the reference of every setting, from the schemas
     (what a source checkout has as docs/settings.md), or the sections whose heading has
-    the topic's words (``##`` sections first; else ``###`` parts, e.g. ``kill``)."""
+    the topic's words (``##`` sections first; else ``###`` parts, e.g. ``kill`` or
+    ``faults kill``)."""
     text = render()
     if not args.topic:
         sys.stdout.write(text)
         return 0
     want = topic_of(args.topic)
-
-    def named(topic: str) -> bool:
-        words = topic.split(" ")
-        return bool(want) and all(w in words for w in want.split(" "))
-
-    found = ([md for topic, md in sections(text) if named(topic)]
-             or [md for topic, md in sections(text, 3) if named(topic)])
+    found = ([md for topic, md in sections(text) if names(topic, want)]
+             or [md for topic, md in sections(text, 3) if names(topic, want)])
     if not found:
         topics = "; ".join(topic for topic, _ in sections(text))
-        print(f"clockwork settings: no section {args.topic!r}; the sections: {topics} (and "
-              "their parts: a policy's name, a fault's kind, tensors)", file=sys.stderr)
+        parts = "; ".join(topic for topic, _ in sections(text, 3))
+        print(f"clockwork settings: no section {args.topic!r}; the sections: {topics}; their "
+              f"parts: {parts}", file=sys.stderr)
         return 2
     sys.stdout.write("\n".join(found))
     return 0
