@@ -240,12 +240,12 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
             nxt = open_next[i]
             while nxt is not None and nxt[0] <= rel:
                 if state["sent"] - state["answered"] >= max_outstanding or lost:
-                    break  # (answers run as they come, a failed send's too: see lost)
+                    break  # (lost: the controller went away, whatever is sent fails)
                 send(nxt[1], nxt[2], i, now, nxt[0])
                 nxt = w.next_arrival()
             open_next[i] = nxt
         while (heap and heap[0][0] <= rel and state["sent"] - state["answered"] < max_outstanding
-               and not lost):  # (a closed loop's failed send may queue its next at once)
+               and not lost):
             t, _, m, slo, widx = heapq.heappop(heap)
             send(m, slo, widx, now, t)
         if progress and time.monotonic() - last >= 1.0:
