@@ -427,6 +427,69 @@ def instance_names(models: list[dict]) -> dict[str, str]:
     return out
 
 
+def repository_plan(sc: Scenario) -> list[tuple[float, str, str, list[str]]]:
+    """The scenario's ``[[repository]]`` events in time order (those at one time in the
+    file's order): (at_s, "unload" | "load", the name given, the instances it unloads or
+    loads), checked against what is served at that point (every instance at the start):
+    an unload names a ``[[models]]`` name (every copy of it still served) or one copy's
+    instance name ``name:k`` (served); a load names a model (every copy of it not served:
+    at least one) or a copy unloaded alone (another copy of its model served, as the
+    live repository takes it back). Raises ``ScenarioError`` naming the entry."""
+    events = sc.data.get("repository") or []
+    if not events:
+        return []
+    groups: dict[str, list[str]] = {}
+    for inst, model in instance_names(sc.models).items():
+        groups.setdefault(model, []).append(inst)
+    served = {i for insts in groups.values() for i in insts}
+    out = []
+    for i, e in sorted(enumerate(events), key=lambda ie: (float(ie[1]["at_s"]), ie[0])):
+        at = float(e["at_s"])
+        what = "unload" if e.get("unload") is not None else "load"
+        name = e[what]
+        where = f"repository.{i}"
+        if at >= sc.duration_s:
+            raise ScenarioError(f"{where}.at_s: must be before the end (duration_s "
+                                f"{sc.duration_s:g}), got {at:g}")
+        base = name.partition(":")[0]
+        if name in groups:
+            insts = [x for x in groups[name] if (x in served) == (what == "unload")]
+            if not insts:
+                raise ScenarioError(f"{where}.{what}: no copy of model {name!r} is "
+                                    + ("served then (unloaded already)" if what == "unload"
+                                       else "unloaded then (every copy is served)"))
+        elif base in groups and name in groups[base]:
+            insts = [name]
+            if what == "unload" and name not in served:
+                raise ScenarioError(f"{where}.unload: {name!r} is not served then (unloaded "
+                                    "already)")
+            if what == "load":
+                if name in served:
+                    raise ScenarioError(f"{where}.load: {name!r} is served then")
+                if not any(x in served for x in groups[base]):
+                    raise ScenarioError(f"{where}.load: {name!r} is a copy of model {base!r}, "
+                                        f"none of whose copies is served then: load "
+                                        f"{base!r} (every copy)")
+        else:
+            known = sorted(groups)
+            raise ScenarioError(f"{where}.{what}: {name!r} is not a [[models]] name or one of "
+                                f"their copies' names ({', '.join(known[:5])}"
+                                f"{' ...' if len(known) > 5 else ''})")
+        if what == "unload":
+            served.difference_update(insts)
+        else:
+            served.update(insts)
+        out.append((at, what, name, insts))
+    return out
+
+
+def repository_policy_error(policy: str) -> str:
+    """What is said of ``[[repository]]`` events under a policy that cannot change its
+    models while it runs (the simulator's and ``clockwork serve``'s words)."""
+    return (f"repository: the {policy} policy cannot unload or load models while it runs: "
+            "remove the [[repository]] entries, or use another policy")
+
+
 def cache_pages(sc: Scenario, pset) -> int:
     """The pages of each GPU's weights cache: the scenario's
     ``cluster.weights_cache_pages``, else its profile set's (``pset``)."""

@@ -804,6 +804,32 @@ class FaultSettings(Settings):
         return self
 
 
+class RepositoryEvent(Settings):
+    """One ``[[repository]]`` entry: a model unloaded, or loaded again, while the run goes
+    on, as the model repository's unload and load calls do on a live controller."""
+
+    settings_name: ClassVar[str] = "repository"
+
+    at_s: float = setting(description="When, in seconds from the start.", ge=0)
+    unload: str | None = setting(
+        None, "Stop serving this: a `[[models]]` name (every copy of it still served) or "
+        "one copy's instance name (`name:k`). Its queued requests are answered at once, "
+        "`INVALID_REQUEST` (reason `unknown_model`), and so are those that arrive while it "
+        "is not served; what runs finishes; its copies are evicted.",
+        default_text="none", pattern=r"^\S+$", expected="a model or instance name")
+    load: str | None = setting(
+        None, "Serve this again, as `[[models]]` lists it: a model name (every copy, none "
+        "of which may be served), or one copy's instance name unloaded alone (some other "
+        "copy of its model still served). Loaded on demand, as at the start.",
+        default_text="none", pattern=r"^\S+$", expected="a model or instance name")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> RepositoryEvent:
+        if (self.unload is None) == (self.load is None):
+            raise ValueError("give one of unload or load")
+        return self
+
+
 class ScenarioSettings(Settings):
     """A scenario file (top level)."""
 
@@ -830,6 +856,11 @@ class ScenarioSettings(Settings):
         expected="at least one [[workloads]] table")
     faults: FaultSettings = setting(
         default_factory=FaultSettings, description="The `[faults]` table.")
+    repository: list[RepositoryEvent] = setting(
+        default_factory=list, description="The `[[repository]]` entries: models unloaded "
+        "and loaded again during the run (`{at_s, unload}` or `{at_s, load}`). The "
+        "simulator plays them, and so does `clockwork serve --replay`, through the "
+        "controller's model repository.")
 
 
 def scenario_defaults() -> dict[str, Any]:

@@ -33,6 +33,13 @@ def policy_class(name: str) -> type[Policy]:
     return getattr(importlib.import_module(module), cls)
 
 
+def changes_models(name: str) -> bool:
+    """Whether policy ``name`` can add and remove models while it runs (the model
+    repository's load and unload; a scenario's ``[[repository]]`` events)."""
+    cls = policy_class(name)
+    return cls.add_model is not Policy.add_model and cls.remove_model is not Policy.remove_model
+
+
 def _clockwork(profiles, gpus, cfg, settings=None) -> Policy:
     if settings:
         raise SettingsError(unknown_key_line((sorted(settings)[0],), table_keys(SchedulerConfig),

@@ -1,11 +1,13 @@
-"""A scenario's ``[faults]`` on a live local cluster (composition root).
+"""A scenario's ``[faults]`` and ``[[repository]]`` events on a live local cluster
+(composition root).
 
 ``LiveFaults`` runs beside a replay (``clockwork serve SCENARIO --replay``): at each
 fault's time, counted from the moment the replay starts, it kills a worker process
 (SIGKILL) and later starts it again on the same port, or stops (SIGSTOP) and resumes
-(SIGCONT) one. The simulator models the same faults in its network and workers
-(``clockwork.cluster.sim``); ``slow_network`` and ``controller_restart`` have no live
-form here and are refused.
+(SIGCONT) one; at each ``[[repository]]`` event's, it unloads or loads a model through
+the controller's model repository (``clockwork.Client.unload_model`` / ``load_model``).
+The simulator models the same events (``clockwork.cluster.sim``); ``slow_network`` and
+``controller_restart`` have no live form here and are refused.
 """
 
 from __future__ import annotations
@@ -18,13 +20,18 @@ import time
 
 from clockwork.scenario import fault_time_error
 
+REPOSITORY_S = 30.0  # how long a [[repository]] event's call to the controller may take
+
 
 class LiveFaults:
     """Plays ``faults`` (a scenario's ``[faults]`` table) against ``cluster`` (a started
     ``LocalCluster``). ``start(t0)`` with ``t0`` the replay's start (``time.monotonic_ns``);
     ``stop()`` ends it early and resumes any stopped worker."""
 
-    def __init__(self, cluster, faults: dict, duration_s: float) -> None:
+    def __init__(self, cluster, faults: dict, duration_s: float,
+                 repository: list | None = None, token: str | None = None) -> None:
+        """``repository``: ``clockwork.scenario.repository_plan``'s events; ``token``: the
+        one the controller takes from clients (its repository calls need it)."""
         if faults.get("controller_restart"):
             raise ValueError("[faults] controller_restart has no live form here (a replay's "
                              "streams do not outlive their controller; "
@@ -34,7 +41,7 @@ class LiveFaults:
             raise ValueError("[faults] slow_network has no live form (the simulator models "
                              "it); remove it to run this scenario live")
         n = len(cluster.workers)
-        plan: list[tuple[float, str, int]] = []
+        plan: list[tuple[float, int, str, object]] = []  # (at_s, order, what, argument)
         for kind, entries in (("kill", faults.get("kill", ())), ("hang", faults.get("hang", ()))):
             for i, f in enumerate(entries):
                 w = int(f["worker"])
@@ -45,13 +52,16 @@ class LiveFaults:
                 if why:
                     raise ValueError(why)
                 if kind == "kill":
-                    plan.append((float(f["at_s"]), "kill", w))
+                    plan.append((float(f["at_s"]), len(plan), "kill", w))
                     if f.get("back_s") is not None:
-                        plan.append((float(f["back_s"]), "restart", w))
+                        plan.append((float(f["back_s"]), len(plan), "restart", w))
                 else:
-                    plan.append((float(f["at_s"]), "stop", w))
-                    plan.append((float(f["at_s"]) + float(f["for_s"]), "resume", w))
+                    plan.append((float(f["at_s"]), len(plan), "stop", w))
+                    plan.append((float(f["at_s"]) + float(f["for_s"]), len(plan), "resume", w))
+        for at_s, what, name, insts in repository or ():  # (in the plan's order at one time)
+            plan.append((at_s, len(plan), what, (name, len(insts))))
         self.plan = sorted(plan)
+        self.token = token
         self.cluster = cluster
         self.log: list[tuple[float, str]] = []  # (seconds from t0, what was done)
         self._stop = threading.Event()
@@ -81,11 +91,36 @@ class LiveFaults:
         elif sig == signal.SIGCONT:
             self._stopped.discard(w)
 
+    def _repository(self, what: str, name: str, n: int) -> str:
+        """Unload or load ``name`` (``n`` instances) through the controller's repository, as
+        the simulator does; what was done, in words. A load waits for an unload's copies
+        still being evicted, as the repository itself does."""
+        from clockwork.client import Client
+
+        with Client(self.cluster.address, token=self.token or "", timeout=REPOSITORY_S) as c:
+            if what == "unload":
+                got = c.unload_model(name)
+                return f"repository: unloaded {name} ({len(got)} instance(s))"
+            group = ":" not in name
+            got = c.load_model(name, copies=n if group else None)
+            return f"repository: loaded {name} ({len(got) if group else 1} instance(s))"
+
     def _run(self, t0: int) -> None:
-        for at_s, what, w in self.plan:
+        for at_s, _, what, w in self.plan:
             left = (t0 + round(at_s * 1e9) - time.monotonic_ns()) / 1e9
             if left > 0 and self._stop.wait(left):
                 return
+            if what in ("unload", "load"):
+                try:
+                    said = self._repository(what, *w)
+                except Exception as e:  # noqa: BLE001 - one line; the events after it still run
+                    print(f"clockwork serve: repository: {what} {w[0]} failed: {e}",
+                          file=sys.stderr, flush=True)
+                    continue
+                t = (time.monotonic_ns() - t0) / 1e9
+                self.log.append((t, said))
+                print(f"clockwork serve: {t:7.2f} s  {said}", file=sys.stderr, flush=True)
+                continue
             try:
                 if what == "kill":
                     self._signal(w, signal.SIGKILL)

@@ -384,6 +384,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
               "clockwork serve SCENARIO --replay plays them on a cluster of its own; or "
               + " ".join(f"--set faults.{k}=[]" for k in events), file=sys.stderr)
         return 2
+    if sc.data.get("repository"):
+        print("clockwork replay: the scenario has [[repository]] events, which a replay "
+              "against a running controller does not play (it would change what that "
+              "controller serves for everyone): clockwork serve SCENARIO --replay plays them "
+              "on a cluster of its own; or --set repository=[]", file=sys.stderr)
+        return 2
     keys = {k.split("=", 1)[0].strip() for k in args.set or ()}
     settled = sorted(k for k in keys if k.split(".")[0] in ("cluster", "scheduler"))
     if settled:

@@ -120,6 +120,8 @@ def live_ignored(sc, replay: bool = True) -> list[str]:
     if not replay:
         out += [f"faults.{k} (played by --replay only)" for k in ("kill", "hang")
                 if faults.get(k)]
+        if sc.data.get("repository"):
+            out.append("repository (played by --replay only)")
     return out
 
 
@@ -152,6 +154,23 @@ def models_error(sc) -> str | None:
         return cache_fit_error(sc, pset)
     except ValueError as e:
         return str(e)
+
+
+def repository_error(sc, replay: bool) -> str | None:
+    """What is wrong with the scenario's ``[[repository]]`` events for a replay (a name
+    not served at that point, a policy that cannot change its models), as ``clockwork
+    simulate`` says it; None if nothing (or nothing plays them: no replay)."""
+    from clockwork.scenario import repository_plan, repository_policy_error
+    from controller import changes_models, table_policy
+
+    if not replay or not sc.data.get("repository"):
+        return None
+    try:
+        repository_plan(sc)
+    except ScenarioError as e:
+        return str(e)
+    policy = table_policy(sc.scheduler)[0]
+    return None if changes_models(policy) else repository_policy_error(policy)
 
 
 def controller_security_error(args: argparse.Namespace) -> str | None:
@@ -311,7 +330,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         kw, ignored = cluster_from_scenario(sc, bool(getattr(args, "replay", False)))
         if ignored:  # (said once everything is checked, as the cluster starts)
             notes.append(f"not applied by a live cluster: {', '.join(ignored)}")
-        why = scheduler_error(kw["scheduler"]) or models_error(sc)
+        why = (scheduler_error(kw["scheduler"]) or models_error(sc)
+               or repository_error(sc, bool(getattr(args, "replay", False))))
         if why:
             print(f"clockwork serve: {why}", file=sys.stderr)
             return 2
@@ -356,6 +376,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print("clockwork serve: [faults] are not played on a Ray cluster (Ray restarts a "
                   "worker that dies by itself); remove them, or run without --ray",
                   file=sys.stderr)
+            return 2
+        if sc is not None and sc.data.get("repository"):
+            print("clockwork serve: [[repository]] events are not played on a Ray cluster; "
+                  "remove them, or run without --ray", file=sys.stderr)
             return 2
     if getattr(args, "log_dir", None):
         if getattr(args, "out", None) and Path(args.out).resolve() == Path(args.log_dir).resolve():
@@ -591,18 +615,18 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
           f"{sc.duration_s:.0f} s", file=sys.stderr, flush=True)
     progress = not args.quiet and sys.stderr.isatty()
     from clockwork.cluster.faults import LiveFaults
+    from clockwork.protocol.security import client_token
+    from clockwork.scenario import repository_plan
 
+    token = client_token(getattr(args, "token", None), getattr(args, "token_file", None))
     try:
-        faults = LiveFaults(cluster, sc.faults, sc.duration_s)
-    except ValueError as e:
+        faults = LiveFaults(cluster, sc.faults, sc.duration_s, repository_plan(sc), token)
+    except (ValueError, ScenarioError) as e:
         print(f"clockwork serve: {e}", file=sys.stderr)
         return 2
     try:
         # real devices: answers carry real outputs; check every one against the reference
         check = cluster.packages if cluster.device != "emulated" else None
-        from clockwork.protocol.security import client_token
-
-        token = client_token(getattr(args, "token", None), getattr(args, "token_file", None))
 
         async def until_stopped():
             task = asyncio.ensure_future(replay(

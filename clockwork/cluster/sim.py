@@ -34,12 +34,20 @@ from clockwork.scenario import (
     instance_names,
     load_scenario,
     override_list,
+    repository_plan,
+    repository_policy_error,
     validate,
 )
 from clockwork.telemetry import Telemetry, format_summary, write_run
 from clockwork.time import NS_PER_S, ms, sec
 from clockwork.workloads import Workload, build_workload
-from controller import make_policy, policy_class, split_settings, table_policy
+from controller import (
+    changes_models,
+    make_policy,
+    policy_class,
+    split_settings,
+    table_policy,
+)
 from controller.config import SchedulerConfig
 from controller.loop import ControllerLoop, Liveness, LoopObserver
 from controller.policy import GpuSpec, Policy
@@ -88,6 +96,7 @@ _OPEN, _SUBMIT, _TO_WORKER, _WAKE, _TO_CTRL, _TICK, _FAULT = range(7)
 _PROBE = "probe"  # a controller -> worker message that is not actions (nor a reset)
 _RESET_DONE = "reset done"  # a worker's answer to a reset
 _TAKEN_OVER = "taken over"  # a worker's answer to a new controller's reset
+LOAD_RETRY_NS = 1_000_000  # a [[repository]] load waits for the unload's evictions in these steps
 
 
 @dataclass(slots=True)
@@ -157,6 +166,13 @@ class Simulation:
         self._adopts = policy_class(policy).adopts_weights
         self.faults = sc.data.get("faults") or {}
         self._check_restarts(self.faults.get("controller_restart") or [], sc.duration_s)
+        self.repository = repository_plan(sc)
+        if self.repository:
+            if self.faults.get("controller_restart"):
+                raise ScenarioError("repository: not together with faults.controller_restart "
+                                    "(a new controller starts from the [[models]] list)")
+            if not changes_models(policy):
+                raise ScenarioError(repository_policy_error(policy))
         for kind in ("kill", "hang", "slow_network"):
             for i, f in enumerate(self.faults.get(kind, ())):
                 if f["worker"] >= W:
@@ -201,7 +217,8 @@ class Simulation:
             self.workloads.append(w)
         self.telemetry = Telemetry(0, spill_dir=spill_dir)
         self._executors: list[GpuExecutor] = []  # every one made, for their peak pages
-        self.fault_log: list[tuple[int, str]] = []  # (time, what happened)
+        # (time, what happened): the faults, and the [[repository]] events ("repository: ...")
+        self.fault_log: list[tuple[int, str]] = []
 
     def _check_restarts(self, restarts: list[dict], duration_s: float) -> None:
         if restarts and (self.faults.get("kill") or self.faults.get("hang")):
@@ -510,6 +527,8 @@ class Simulation:
         for f in fl.get("slow_network", ()):
             fault_at(sec(f["at_s"]), "slow", f["worker"], ms(f["delay_ms"]))
             fault_at(sec(f["at_s"] + f["for_s"]), "slow", f["worker"], 0)
+        for at, what, name, insts in self.repository:
+            fault_at(sec(at), what, -1, name, insts)
         detect = ms(float(fl.get("detect_ms", 1.0)))
         reconnect = sec(float(fl.get("reconnect_s", 0.7)))
 
@@ -557,6 +576,24 @@ class Simulation:
                     wloops[w].timer(now + offsets[w])
             elif what == "slow":
                 slow[w] = args[1]
+            elif what == "unload":  # as the live repository's unload: the policy lets go
+                out = []
+                for i in args[2]:
+                    out += self.policy.remove_model(i, now)
+                ctrl.apply(out, now)
+                log.append((now, f"repository: unloaded {args[1]} ({len(args[2])} "
+                                 "instance(s))"))
+            elif what == "load":
+                # (as the live repository's load, which waits for copies still being
+                # evicted after an unload: looked at again a millisecond later)
+                if any(self.policy.model_view(i) is not None for i in args[2]):
+                    fault_at(now + LOAD_RETRY_NS, what, *args)
+                    return
+                out = []
+                for i in args[2]:
+                    out += self.policy.add_model(i, self.profiles[i], now)
+                ctrl.apply(out, now)
+                log.append((now, f"repository: loaded {args[1]} ({len(args[2])} instance(s))"))
 
         for i, w in enumerate(workloads):
             for t, m, slo in w.initial(0):

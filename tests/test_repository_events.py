@@ -1,0 +1,185 @@
+"""A scenario's ``[[repository]]`` events: models unloaded and loaded again during a run,
+in the simulator and, the same scenario, on a live cluster (``clockwork serve --replay``,
+through the controller's model repository)."""
+
+from __future__ import annotations
+
+import collections
+import csv
+import subprocess
+import sys
+
+import pytest
+
+from clockwork.cluster.sim import Simulation, simulate
+from clockwork.scenario import ScenarioError, load_scenario, repository_plan
+
+SCENARIO = """
+name = "repository-events"
+seed = 3
+duration_s = 6.0
+
+[cluster]
+workers = 2
+gpus_per_worker = 1
+
+[[models]]
+name = "resnet50_v2"
+copies = 2
+
+[[models]]
+name = "mobilenet_v2"
+
+[[workloads]]
+kind = "poisson"
+models = "*"
+rate_rps = 300
+slo_ms = 100
+
+[[repository]]
+at_s = 2.0
+unload = "resnet50_v2"
+
+[[repository]]
+at_s = 4.0
+load = "resnet50_v2"
+"""
+
+
+def _scenario(tmp_path, text: str = SCENARIO, overrides=()):
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    return load_scenario(path, list(overrides))
+
+
+def _by_second(rows) -> dict:
+    """(instance, whole second of arrival, status) -> requests."""
+    out: collections.Counter = collections.Counter()
+    for r in rows:
+        out[(r["model"], int(float(r["arrival"]) // 1e9), r["status"])] += 1
+    return dict(out)
+
+
+def _rows(folder) -> list[dict]:
+    with open(folder / "requests.tsv") as f:
+        return list(csv.DictReader(f, delimiter="\t"))
+
+
+def test_a_model_unloaded_and_loaded_again_in_the_simulator(tmp_path):
+    """While unloaded (2-4 s) every request for either copy is answered INVALID_REQUEST,
+    the other model is untouched, both copies are EVICTed at the unload (one as soon as
+    its last INFER ends) and LOADed cold again after the load; two runs are identical."""
+    res = Simulation(_scenario(tmp_path)).run()
+    res.write(tmp_path / "a")
+    counts = _by_second(_rows(tmp_path / "a"))
+    for inst in ("resnet50_v2", "resnet50_v2:1"):
+        for sec in (0, 1, 4, 5):
+            assert counts.get((inst, sec, "SUCCESS"), 0) > 50, (inst, sec, counts)
+            assert (inst, sec, "INVALID_REQUEST") not in counts
+        for sec in (2, 3):
+            assert counts.get((inst, sec, "INVALID_REQUEST"), 0) > 50, (inst, sec, counts)
+            assert (inst, sec, "SUCCESS") not in counts
+    assert not any(k[0] == "mobilenet_v2" and k[2] != "SUCCESS" for k in counts), counts
+    with open(tmp_path / "a" / "actions.tsv") as f:
+        acts = [r for r in csv.DictReader(f, delimiter="\t") if r["model"].startswith("resnet")]
+    evicts = [int(r["sent"]) for r in acts if r["type"] == "EVICT"]
+    loads = sorted(int(r["sent"]) for r in acts if r["type"] == "LOAD")
+    assert len(evicts) == 2 and all(2e9 <= t < 2.1e9 for t in evicts), evicts
+    assert len(loads) == 4 and all(t >= 4e9 for t in loads[2:]), loads
+    again = simulate(_scenario(tmp_path))
+    assert again.summary == res.summary
+
+
+def test_one_copy_unloaded_alone_and_loaded_back(tmp_path):
+    """An instance name unloads and loads that copy alone; the model's other copy goes on
+    serving."""
+    text = SCENARIO.replace('unload = "resnet50_v2"', 'unload = "resnet50_v2:1"').replace(
+        'load = "resnet50_v2"', 'load = "resnet50_v2:1"')
+    res = Simulation(_scenario(tmp_path, text)).run()
+    res.write(tmp_path / "a")
+    counts = _by_second(_rows(tmp_path / "a"))
+    assert not any(k[0] == "resnet50_v2" and k[2] != "SUCCESS" for k in counts), counts
+    assert counts.get(("resnet50_v2:1", 3, "INVALID_REQUEST"), 0) > 50, counts
+    assert counts.get(("resnet50_v2:1", 5, "SUCCESS"), 0) > 50, counts
+
+
+@pytest.mark.parametrize("events,error", [
+    ([("unload", "nosuch")], "repository.0.unload: 'nosuch' is not a [[models]] name"),
+    ([("unload", "resnet50_v2"), ("unload", "resnet50_v2")],
+     "repository.1.unload: no copy of model 'resnet50_v2' is served then (unloaded already)"),
+    ([("load", "resnet50_v2")],
+     "repository.0.load: no copy of model 'resnet50_v2' is unloaded then"),
+    ([("unload", "resnet50_v2:1"), ("unload", "resnet50_v2:1")],
+     "repository.1.unload: 'resnet50_v2:1' is not served then"),
+    ([("unload", "resnet50_v2"), ("load", "resnet50_v2:1")],
+     "repository.1.load: 'resnet50_v2:1' is a copy of model 'resnet50_v2', none of whose"),
+    ([("load", "mobilenet_v2:1")], "'mobilenet_v2:1' is not a [[models]] name"),
+])
+def test_repository_events_are_checked_in_time_order(tmp_path, events, error):
+    """Each event against what is served at its time (every instance at the start),
+    refused before anything runs, in one line naming the entry."""
+    lines = [f'[[repository]]\nat_s = {1.0 + i}\n{what} = "{name}"\n'
+             for i, (what, name) in enumerate(events)]
+    text = SCENARIO.split("[[repository]]")[0] + "\n".join(lines)
+    with pytest.raises(ScenarioError) as e:
+        Simulation(_scenario(tmp_path, text))
+    assert error in str(e.value), str(e.value)
+
+
+def test_repository_event_times_and_shape(tmp_path):
+    """One of unload/load; before the end; entries at one time keep the file's order."""
+    with pytest.raises(ScenarioError, match="repository.0: give one of unload or load"):
+        _scenario(tmp_path, overrides=['repository=[{at_s=1}]'])
+    with pytest.raises(ScenarioError, match=r"repository.1.at_s: must be before the end "
+                                            r"\(duration_s 6\), got 6"):
+        repository_plan(_scenario(tmp_path, overrides=["repository.1.at_s=6"]))
+    sc = _scenario(tmp_path, overrides=["repository.1.at_s=2"])
+    assert [(at, what) for at, what, _, _ in repository_plan(sc)] == [(2.0, "unload"),
+                                                                      (2.0, "load")]
+    # (at one time, a load after an unload waits for the unload's copies to be evicted)
+    res = Simulation(sc).run()
+    assert res.summary["submitted"] == res.summary["succeeded"] + res.summary["failed"] \
+        + res.summary["dropped"]
+
+
+@pytest.mark.faults
+def test_the_same_events_live_and_simulated(tmp_path):
+    """``clockwork serve --replay`` plays the events through the controller's repository at
+    the same times: the requests each instance had answered, by second and status, are
+    those the simulator answered (the same arrivals; the windows' edges may move a
+    request or two on a busy host)."""
+    path = tmp_path / "s.toml"
+    path.write_text(SCENARIO)
+    p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve", str(path),
+                        "--replay", "--quiet", "--out", str(tmp_path / "live")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "repository: unloaded resnet50_v2 (2 instance(s))" in p.stderr
+    assert "repository: loaded resnet50_v2 (2 instance(s))" in p.stderr
+    simulate(_scenario(tmp_path)).write(tmp_path / "sim")
+    live, sim = _by_second(_rows(tmp_path / "live")), _by_second(_rows(tmp_path / "sim"))
+    for k in set(live) | set(sim):
+        assert abs(live.get(k, 0) - sim.get(k, 0)) <= 3, (k, live.get(k), sim.get(k))
+    # (the windows themselves: most of each one's requests answered as in the simulator)
+    for inst in ("resnet50_v2", "resnet50_v2:1"):
+        assert live.get((inst, 3, "INVALID_REQUEST"), 0) > 50, live
+        assert live.get((inst, 5, "SUCCESS"), 0) > 50, live
+
+
+def test_serve_without_replay_says_the_events_are_not_played(tmp_path):
+    from clockwork.cluster.serve import live_ignored
+
+    assert "repository (played by --replay only)" in live_ignored(_scenario(tmp_path),
+                                                                  replay=False)
+    assert live_ignored(_scenario(tmp_path), replay=True) == []
+
+
+def test_replay_against_a_running_controller_refuses_them(tmp_path):
+    """``clockwork replay`` starts no cluster of its own: it says so, before connecting."""
+    path = tmp_path / "s.toml"
+    path.write_text(SCENARIO)
+    p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "replay", str(path),
+                        "--controller", "127.0.0.1:1"], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2 and "[[repository]] events" in p.stderr, p.stderr
+    assert "clockwork serve SCENARIO --replay plays them" in p.stderr
