@@ -142,6 +142,32 @@ def test_repository_event_times_and_shape(tmp_path):
         + res.summary["dropped"]
 
 
+def test_events_at_one_time_go_in_order_each_after_the_one_before(tmp_path):
+    """Unload, load and unload again at one time: the load waits for the unload's copies to
+    be evicted, and the second unload for that load (it found the model not served yet,
+    KeyError in the policy); every request answered once."""
+    more = """
+[[repository]]
+at_s = 2.0
+load = "resnet50_v2"
+
+[[repository]]
+at_s = 2.0
+unload = "resnet50_v2"
+"""
+    text = SCENARIO.replace('at_s = 4.0\nload = "resnet50_v2"',
+                            'at_s = 4.0\nload = "resnet50_v2"\n' + more)
+    sim = Simulation(_scenario(tmp_path, text))
+    res = sim.run()
+    said = [what for _, what in sim.fault_log]
+    assert said == [f"repository: {w} resnet50_v2 (2 instance(s))"
+                    for w in ("unloaded", "loaded", "unloaded", "loaded")], said
+    times = [t for t, _ in sim.fault_log]
+    assert times == sorted(times) and 2e9 <= times[2] < 2.1e9 and times[3] >= 4e9, times
+    s = res.summary
+    assert s["submitted"] == s["succeeded"] + s["failed"] + s["dropped"]
+
+
 @pytest.mark.faults
 def test_the_same_events_live_and_simulated(tmp_path):
     """``clockwork serve --replay`` plays the events through the controller's repository at

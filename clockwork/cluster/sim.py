@@ -527,8 +527,9 @@ class Simulation:
         for f in fl.get("slow_network", ()):
             fault_at(sec(f["at_s"]), "slow", f["worker"], ms(f["delay_ms"]))
             fault_at(sec(f["at_s"] + f["for_s"]), "slow", f["worker"], 0)
-        for at, what, name, insts in self.repository:
-            fault_at(sec(at), what, -1, name, insts)
+        for k, (at, what, name, insts) in enumerate(self.repository):
+            fault_at(sec(at), what, -1, name, insts, k)
+        repo_next = [0]  # the [[repository]] event to play next: they go strictly in order
         detect = ms(float(fl.get("detect_ms", 1.0)))
         reconnect = sec(float(fl.get("reconnect_s", 0.7)))
 
@@ -576,24 +577,22 @@ class Simulation:
                     wloops[w].timer(now + offsets[w])
             elif what == "slow":
                 slow[w] = args[1]
-            elif what == "unload":  # as the live repository's unload: the policy lets go
-                out = []
-                for i in args[2]:
-                    out += self.policy.remove_model(i, now)
-                ctrl.apply(out, now)
-                log.append((now, f"repository: unloaded {args[1]} ({len(args[2])} "
-                                 "instance(s))"))
-            elif what == "load":
-                # (as the live repository's load, which waits for copies still being
-                # evicted after an unload: looked at again a millisecond later)
-                if any(self.policy.model_view(i) is not None for i in args[2]):
+            elif what in ("unload", "load"):
+                # one after another, as a live run's calls go: an event waits for the one
+                # before it, and a load for an unload's copies still being evicted (as the
+                # live repository's load does), looked at again a millisecond later
+                _, name, insts, k = args
+                if k != repo_next[0] or (what == "load" and any(
+                        self.policy.model_view(i) is not None for i in insts)):
                     fault_at(now + LOAD_RETRY_NS, what, *args)
                     return
+                repo_next[0] += 1
                 out = []
-                for i in args[2]:
-                    out += self.policy.add_model(i, self.profiles[i], now)
+                for i in insts:
+                    out += (self.policy.remove_model(i, now) if what == "unload"
+                            else self.policy.add_model(i, self.profiles[i], now))
                 ctrl.apply(out, now)
-                log.append((now, f"repository: loaded {args[1]} ({len(args[2])} instance(s))"))
+                log.append((now, f"repository: {what}ed {name} ({len(insts)} instance(s))"))
 
         for i, w in enumerate(workloads):
             for t, m, slo in w.initial(0):
