@@ -818,9 +818,11 @@ class RepositoryEvent(Settings):
         "is not served; what runs finishes; its copies are evicted.",
         default_text="none", pattern=r"^\S+$", expected="a model or instance name")
     load: str | None = setting(
-        None, "Serve this again, as `[[models]]` lists it: a model name (every copy, none "
-        "of which may be served), or one copy's instance name unloaded alone (some other "
-        "copy of its model still served). Loaded on demand, as at the start.",
+        None, "Serve this again, as `[[models]]` lists it: a model name (its copies not "
+        "served then, at least one), or one copy's instance name unloaded alone (some other "
+        "copy of its model still served). Loaded on demand, as at the start. A load when no "
+        "worker is connected and answering fails (said on stderr), as the live repository "
+        "refuses it.",
         default_text="none", pattern=r"^\S+$", expected="a model or instance name")
 
     @model_validator(mode="after")

@@ -168,28 +168,79 @@ unload = "resnet50_v2"
     assert s["submitted"] == s["succeeded"] + s["failed"] + s["dropped"]
 
 
+COPY_THEN_MODEL = SCENARIO.replace('unload = "resnet50_v2"', 'unload = "resnet50_v2:1"')
+
+
+def _serve(tmp_path, text: str):
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    return subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve", str(path),
+                           "--replay", "--quiet", "--out", str(tmp_path / "live")],
+                          capture_output=True, text=True, timeout=120)
+
+
 @pytest.mark.faults
-def test_the_same_events_live_and_simulated(tmp_path):
+@pytest.mark.parametrize("text,said", [
+    (SCENARIO, ["repository: unloaded resnet50_v2 (2 instance(s))",
+                "repository: loaded resnet50_v2 (2 instance(s))"]),
+    # one copy unloaded alone, then the model: the copy not served comes back (the live
+    # load asks for the model's copies as listed; the controller loads those not served)
+    (COPY_THEN_MODEL, ["repository: unloaded resnet50_v2:1 (1 instance(s))",
+                       "repository: loaded resnet50_v2 (1 instance(s))"]),
+])
+def test_the_same_events_live_and_simulated(tmp_path, text, said):
     """``clockwork serve --replay`` plays the events through the controller's repository at
     the same times: the requests each instance had answered, by second and status, are
     those the simulator answered (the same arrivals; the windows' edges may move a
     request or two on a busy host)."""
-    path = tmp_path / "s.toml"
-    path.write_text(SCENARIO)
-    p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve", str(path),
-                        "--replay", "--quiet", "--out", str(tmp_path / "live")],
-                       capture_output=True, text=True, timeout=120)
+    p = _serve(tmp_path, text)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert "repository: unloaded resnet50_v2 (2 instance(s))" in p.stderr
-    assert "repository: loaded resnet50_v2 (2 instance(s))" in p.stderr
-    simulate(_scenario(tmp_path)).write(tmp_path / "sim")
-    live, sim = _by_second(_rows(tmp_path / "live")), _by_second(_rows(tmp_path / "sim"))
-    for k in set(live) | set(sim):
-        assert abs(live.get(k, 0) - sim.get(k, 0)) <= 3, (k, live.get(k), sim.get(k))
+    for line in said:
+        assert line in p.stderr, p.stderr[-3000:]
+    sim = Simulation(_scenario(tmp_path, text))
+    sim.run().write(tmp_path / "sim")
+    assert [what for _, what in sim.fault_log] == said
+    live, simd = _by_second(_rows(tmp_path / "live")), _by_second(_rows(tmp_path / "sim"))
+    for k in set(live) | set(simd):
+        assert abs(live.get(k, 0) - simd.get(k, 0)) <= 3, (k, live.get(k), simd.get(k))
     # (the windows themselves: most of each one's requests answered as in the simulator)
-    for inst in ("resnet50_v2", "resnet50_v2:1"):
-        assert live.get((inst, 3, "INVALID_REQUEST"), 0) > 50, live
-        assert live.get((inst, 5, "SUCCESS"), 0) > 50, live
+    assert live.get(("resnet50_v2:1", 3, "INVALID_REQUEST"), 0) > 50, live
+    assert live.get(("resnet50_v2:1", 5, "SUCCESS"), 0) > 50, live
+
+
+NO_WORKER = SCENARIO.replace("[[repository]]", """[faults]
+kill = [{worker = 0, at_s = 1.0, back_s = 5.5}, {worker = 1, at_s = 1.0, back_s = 5.5}]
+
+[[repository]]""", 1)
+
+
+def test_a_load_with_no_worker_to_take_it_fails_as_live(tmp_path):
+    """Both workers dead from 1 s: the load at 4 s fails, as the live repository refuses
+    it (no worker connected and answering), said in the log; the model stays unloaded, and
+    the run goes on, every request answered once."""
+    sim = Simulation(_scenario(tmp_path, NO_WORKER))
+    res = sim.run()
+    said = [what for _, what in sim.fault_log if what.startswith("repository")]
+    assert said == ["repository: unloaded resnet50_v2 (2 instance(s))",
+                    "repository: load resnet50_v2 failed: no worker is connected and "
+                    "answering"], said
+    res.write(tmp_path / "a")
+    counts = _by_second(_rows(tmp_path / "a"))
+    assert counts.get(("resnet50_v2", 5, "INVALID_REQUEST"), 0) > 50, counts
+    s = res.summary
+    assert s["submitted"] == s["succeeded"] + s["failed"] + s["dropped"]
+
+
+@pytest.mark.faults
+def test_serve_exits_1_naming_an_event_it_could_not_play(tmp_path):
+    """Live, the same scenario: the controller refuses the load; serve says so as it
+    happens and again at the end, and exits 1 (the run is not the scenario's)."""
+    p = _serve(tmp_path, NO_WORKER)
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert "repository: load resnet50_v2 failed:" in p.stderr, p.stderr[-3000:]
+    assert "could not be played, so this run is not the scenario's" in p.stderr
+    last = [x for x in p.stderr.splitlines() if "could not be played" in x]
+    assert len(last) == 1 and "repository: load resnet50_v2: " in last[0], last
 
 
 def test_serve_without_replay_says_the_events_are_not_played(tmp_path):

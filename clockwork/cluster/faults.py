@@ -29,9 +29,12 @@ class LiveFaults:
     ``stop()`` ends it early and resumes any stopped worker."""
 
     def __init__(self, cluster, faults: dict, duration_s: float,
-                 repository: list | None = None, token: str | None = None) -> None:
+                 repository: list | None = None, token: str | None = None,
+                 copies: dict[str, int] | None = None) -> None:
         """``repository``: ``clockwork.scenario.repository_plan``'s events; ``token``: the
-        one the controller takes from clients (its repository calls need it)."""
+        one the controller takes from clients (its repository calls need it); ``copies``:
+        each ``[[models]]`` name's copies (a model's load asks for all of them: the
+        controller loads those not served)."""
         if faults.get("controller_restart"):
             raise ValueError("[faults] controller_restart has no live form here (a replay's "
                              "streams do not outlive their controller; "
@@ -61,9 +64,17 @@ class LiveFaults:
         for at_s, what, name, insts in repository or ():  # (in the plan's order at one time)
             plan.append((at_s, len(plan), what, (name, len(insts))))
         self.plan = sorted(plan)
-        self.token = token
+        self.copies = copies or {}
         self.cluster = cluster
         self.log: list[tuple[float, str]] = []  # (seconds from t0, what was done)
+        self.failed: list[str] = []  # what could not be done, in words
+        self._client = None
+        if repository:  # (connected before the run: a first event's import and connection
+            # made it ~10 ms late)
+            from clockwork.client import Client
+
+            self._client = Client(cluster.address, token=token or "", timeout=REPOSITORY_S)
+            self._client.list_models_raw()
         self._stop = threading.Event()
         self._stopped: set[int] = set()
         self._thread: threading.Thread | None = None
@@ -79,6 +90,8 @@ class LiveFaults:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10.0)
+        if self._client is not None:
+            self._client.close()
         for w in list(self._stopped):
             self._signal(w, signal.SIGCONT)
 
@@ -92,18 +105,15 @@ class LiveFaults:
             self._stopped.discard(w)
 
     def _repository(self, what: str, name: str, n: int) -> str:
-        """Unload or load ``name`` (``n`` instances) through the controller's repository, as
-        the simulator does; what was done, in words. A load waits for an unload's copies
-        still being evicted, as the repository itself does."""
-        from clockwork.client import Client
-
-        with Client(self.cluster.address, token=self.token or "", timeout=REPOSITORY_S) as c:
-            if what == "unload":
-                got = c.unload_model(name)
-                return f"repository: unloaded {name} ({len(got)} instance(s))"
-            group = ":" not in name
-            got = c.load_model(name, copies=n if group else None)
-            return f"repository: loaded {name} ({len(got) if group else 1} instance(s))"
+        """Unload or load ``name`` (``n`` instances, by the plan) through the controller's
+        repository, as the simulator does; what was done, in words. A load waits for an
+        unload still under way (copies being evicted), as the repository itself does."""
+        c = self._client
+        if what == "unload":
+            got = c.unload_model(name)
+            return f"repository: unloaded {name} ({len(got)} instance(s))"
+        c.load_model(name, copies=self.copies.get(name, 1) if ":" not in name else None)
+        return f"repository: loaded {name} ({n} instance(s))"
 
     def _run(self, t0: int) -> None:
         for at_s, _, what, w in self.plan:
@@ -114,8 +124,10 @@ class LiveFaults:
                 try:
                     said = self._repository(what, *w)
                 except Exception as e:  # noqa: BLE001 - one line; the events after it still run
-                    print(f"clockwork serve: repository: {what} {w[0]} failed: {e}",
-                          file=sys.stderr, flush=True)
+                    t = (time.monotonic_ns() - t0) / 1e9
+                    self.failed.append(f"{t:.2f} s: repository: {what} {w[0]}: {e}")
+                    print(f"clockwork serve: {t:7.2f} s  repository: {what} {w[0]} failed: "
+                          f"{e}", file=sys.stderr, flush=True)
                     continue
                 t = (time.monotonic_ns() - t0) / 1e9
                 self.log.append((t, said))
@@ -132,6 +144,8 @@ class LiveFaults:
                 else:
                     self._signal(w, signal.SIGCONT)
             except Exception as e:  # noqa: BLE001 - one line; the faults after it still run
+                t = (time.monotonic_ns() - t0) / 1e9
+                self.failed.append(f"{t:.2f} s: fault: {what} worker {w}: {e}")
                 print(f"clockwork serve: fault: {what} worker {w} failed: {e}",
                       file=sys.stderr, flush=True)
                 continue

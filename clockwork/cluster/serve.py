@@ -620,10 +620,13 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
 
     token = client_token(getattr(args, "token", None), getattr(args, "token_file", None))
     try:
-        faults = LiveFaults(cluster, sc.faults, sc.duration_s, repository_plan(sc), token)
-    except (ValueError, ScenarioError) as e:
+        faults = LiveFaults(cluster, sc.faults, sc.duration_s, repository_plan(sc), token,
+                            {m["name"]: int(m.get("copies", 1)) for m in sc.models})
+    except (ValueError, ScenarioError, ClockworkError) as e:
+        from clockwork.cluster.replay import exit_code
+
         print(f"clockwork serve: {e}", file=sys.stderr)
-        return 2
+        return exit_code(e)
     try:
         # real devices: answers carry real outputs; check every one against the reference
         check = cluster.packages if cluster.device != "emulated" else None
@@ -652,4 +655,10 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
         faults.stop()
     emit_run(res, sc, f"live cluster, {res.wall_s:.1f} s wall; every request answered exactly "
              f"once: {res.answered_once}", args.out)
-    return run_status(res)
+    status = run_status(res)
+    if faults.failed:  # the run did not follow its scenario's plan: said last, exit 1
+        print(f"clockwork serve: {len(faults.failed)} of the scenario's [faults] / "
+              "[[repository]] events could not be played, so this run is not the scenario's: "
+              + "; ".join(faults.failed), file=sys.stderr)
+        status = status or 1
+    return status

@@ -22,6 +22,7 @@ from clockwork.settings import (
     ModelEntry,
     ProfileFile,
     ProfileSetFile,
+    RepositoryEvent,
     ScenarioSettings,
     SchedulerTable,
     SlowNetworkFault,
@@ -178,6 +179,15 @@ def render() -> str:
                      (ControllerRestartFault, "controller_restart")):
         first = (cls.__doc__ or "").strip().splitlines()[0].replace("``", "`")
         parts.append(f"### `{key}` entries\n\n{first}\n\n" + markdown_table(cls))
+    parts.append(_section(
+        "`[[repository]]`", "Models unloaded and loaded again while the run goes on, as the "
+        "model repository's unload and load calls do. The simulator plays each entry at its "
+        "time (one after another; a load waits until an unload before it is complete: its "
+        "copies evicted); a live run (`clockwork serve SCENARIO --replay`) makes the calls "
+        "to the controller's model repository at the same times, counted from the start of "
+        "the replay. The entries are checked in time order against what is served at each "
+        "point before anything runs. Not on a Ray cluster; `clockwork replay` refuses them.",
+        markdown_table(RepositoryEvent)))
     from controller.limits import Limits
     parts.append(_section(
         "Controller limits", "The bounds on what clients may hold and send "

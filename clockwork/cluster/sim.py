@@ -587,6 +587,17 @@ class Simulation:
                     fault_at(now + LOAD_RETRY_NS, what, *args)
                     return
                 repo_next[0] += 1
+                if what == "load" and not any(ctrl.up[x] and not ctrl.suspect[x]
+                                              for x in range(W)):
+                    # (the live repository refuses a load then: no worker to take it)
+                    log.append((now, f"repository: load {name} failed: no worker is "
+                                     "connected and answering"))
+                    return
+                # (as the live repository: what is served already is not loaded again, and
+                # unloading what is not served, after a load that failed, does nothing)
+                view = self.policy.model_view
+                insts = [i for i in insts if (view(i) is None if what == "load" else
+                                              view(i) is not None and not view(i).removing)]
                 out = []
                 for i in insts:
                     out += (self.policy.remove_model(i, now) if what == "unload"
