@@ -564,7 +564,7 @@ def test_controller_restart_settings_are_checked():
     with pytest.raises(ValueError, match=r"faults.hang.0.at_s: must be before the end"):
         LiveFaults(Cluster(), {"hang": [{"worker": 1, "at_s": 10.0, "for_s": 1.0}]}, 10.0)
     assert LiveFaults(Cluster(), {"hang": [{"worker": 1, "at_s": 9.0, "for_s": 1.0}]},
-                      10.0).plan == [(9.0, "stop", 1), (10.0, "resume", 1)]
+                      10.0).plan == [(9.0, 0, "stop", 1), (10.0, 1, "resume", 1)]
 
 
 # ------------------------------------------------------------------ one driver per core
