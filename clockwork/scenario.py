@@ -483,6 +483,30 @@ def repository_plan(sc: Scenario) -> list[tuple[float, str, str, list[str]]]:
     return out
 
 
+def joining_workers(sc: Scenario) -> list[tuple[float, int]]:
+    """The workers the scenario's ``[[add_workers]]`` entries add: (at_s, worker index) in
+    the order they join (by time, then the file's order), indices from ``cluster.workers``
+    on. Raises ``ScenarioError`` for one at or after the end, or more workers in all than
+    a cluster may have."""
+    from clockwork.sizes import MAX_WORKERS
+
+    events = sc.data.get("add_workers") or []
+    out: list[tuple[float, int]] = []
+    w = int(sc.cluster["workers"])
+    for i, e in sorted(enumerate(events), key=lambda ie: (float(ie[1]["at_s"]), ie[0])):
+        at = float(e["at_s"])
+        if at >= sc.duration_s:
+            raise ScenarioError(f"add_workers.{i}.at_s: must be before the end (duration_s "
+                                f"{sc.duration_s:g}), got {at:g}")
+        for _ in range(int(e.get("count", 1))):
+            out.append((at, w))
+            w += 1
+    if w > MAX_WORKERS:
+        raise ScenarioError(f"add_workers: {w:,} workers in all with cluster.workers, more "
+                            f"than a cluster may have ({MAX_WORKERS:,})")
+    return out
+
+
 def repository_policy_error(policy: str) -> str:
     """What is said of ``[[repository]]`` events under a policy that cannot change its
     models while it runs (the simulator's and ``clockwork serve``'s words)."""

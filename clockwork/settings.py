@@ -832,6 +832,19 @@ class RepositoryEvent(Settings):
         return self
 
 
+class AddWorkersEvent(Settings):
+    """One ``[[add_workers]]`` entry: workers that join the cluster while the run goes on,
+    as ``clockwork.Client.add_worker`` adds them to a live controller."""
+
+    settings_name: ClassVar[str] = "add_workers"
+
+    at_s: float = setting(description="When they join, in seconds from the start.", ge=0)
+    count: int = setting(1, "How many workers join (each with `cluster.gpus_per_worker` "
+                         "GPUs and empty weights caches); they take the next worker indices "
+                         "after `cluster.workers` and the workers that joined before.",
+                         ge=1, le=MAX_WORKERS)
+
+
 class ScenarioSettings(Settings):
     """A scenario file (top level)."""
 
@@ -858,6 +871,11 @@ class ScenarioSettings(Settings):
         expected="at least one [[workloads]] table")
     faults: FaultSettings = setting(
         default_factory=FaultSettings, description="The `[faults]` table.")
+    add_workers: list[AddWorkersEvent] = setting(
+        default_factory=list, description="The `[[add_workers]]` entries: workers that join "
+        "the cluster during the run (`{at_s, count}`; `cluster.workers` are those at the "
+        "start). The simulator plays them, and so does `clockwork serve --replay`, which "
+        "starts their processes before the run and has the controller connect them then.")
     repository: list[RepositoryEvent] = setting(
         default_factory=list, description="The `[[repository]]` entries: models unloaded "
         "and loaded again during the run (`{at_s, unload}` or `{at_s, load}`). The "

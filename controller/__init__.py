@@ -40,6 +40,11 @@ def changes_models(name: str) -> bool:
     return cls.add_model is not Policy.add_model and cls.remove_model is not Policy.remove_model
 
 
+def grows(name: str) -> bool:
+    """Whether policy ``name`` can take GPUs added while it runs (workers that join)."""
+    return policy_class(name).add_gpu is not Policy.add_gpu
+
+
 def _clockwork(profiles, gpus, cfg, settings=None) -> Policy:
     if settings:
         raise SettingsError(unknown_key_line((sorted(settings)[0],), table_keys(SchedulerConfig),

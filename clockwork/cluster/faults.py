@@ -1,11 +1,13 @@
-"""A scenario's ``[faults]`` and ``[[repository]]`` events on a live local cluster
-(composition root).
+"""A scenario's ``[faults]``, ``[[repository]]`` and ``[[add_workers]]`` events on a live
+local cluster (composition root).
 
 ``LiveFaults`` runs beside a replay (``clockwork serve SCENARIO --replay``): at each
 fault's time, counted from the moment the replay starts, it kills a worker process
 (SIGKILL) and later starts it again on the same port, or stops (SIGSTOP) and resumes
 (SIGCONT) one; at each ``[[repository]]`` event's, it unloads or loads a model through
-the controller's model repository (``clockwork.Client.unload_model`` / ``load_model``).
+the controller's model repository (``clockwork.Client.unload_model`` / ``load_model``);
+at each joining worker's, it has the controller connect that worker
+(``Client.add_worker``; its process was started before the run).
 The simulator models the same events (``clockwork.cluster.sim``); ``slow_network`` and
 ``controller_restart`` have no live form here and are refused.
 """
@@ -30,11 +32,13 @@ class LiveFaults:
 
     def __init__(self, cluster, faults: dict, duration_s: float,
                  repository: list | None = None, token: str | None = None,
-                 copies: dict[str, int] | None = None) -> None:
+                 copies: dict[str, int] | None = None, joins: list | None = None) -> None:
         """``repository``: ``clockwork.scenario.repository_plan``'s events; ``token``: the
         one the controller takes from clients (its repository calls need it); ``copies``:
         each ``[[models]]`` name's copies (a model's load asks for all of them: the
-        controller loads those not served)."""
+        controller loads those not served); ``joins``: ``clockwork.scenario.
+        joining_workers``' (at_s, worker index): their processes start here, before the
+        run, and the controller connects each at its time."""
         if faults.get("controller_restart"):
             raise ValueError("[faults] controller_restart has no live form here (a replay's "
                              "streams do not outlive their controller; "
@@ -63,14 +67,19 @@ class LiveFaults:
                     plan.append((float(f["at_s"]) + float(f["for_s"]), len(plan), "resume", w))
         for at_s, what, name, insts in repository or ():  # (in the plan's order at one time)
             plan.append((at_s, len(plan), what, (name, len(insts))))
+        for at_s, w in joins or ():
+            if w != len(cluster.workers):  # (a plan's workers join in index order)
+                raise ValueError(f"add_workers: worker {w} would join as worker "
+                                 f"{len(cluster.workers)}")
+            plan.append((at_s, len(plan), "join", (w, cluster.spare_worker())))
         self.plan = sorted(plan)
         self.copies = copies or {}
         self.cluster = cluster
         self.log: list[tuple[float, str]] = []  # (seconds from t0, what was done)
         self.failed: list[str] = []  # what could not be done, in words
         self._client = None
-        if repository:  # (connected before the run: a first event's import and connection
-            # made it ~10 ms late)
+        if repository or joins:  # (connected before the run: a first event's import and
+            # connection made it ~10 ms late)
             from clockwork.client import Client
 
             self._client = Client(cluster.address, token=token or "", timeout=REPOSITORY_S)
@@ -120,14 +129,21 @@ class LiveFaults:
             left = (t0 + round(at_s * 1e9) - time.monotonic_ns()) / 1e9
             if left > 0 and self._stop.wait(left):
                 return
-            if what in ("unload", "load"):
+            if what in ("unload", "load", "join"):
                 try:
-                    said = self._repository(what, *w)
+                    if what == "join":
+                        got = self._client.add_worker(w[1], timeout=REPOSITORY_S)
+                        said = (f"cluster: worker {got['worker']} joined "
+                                f"({len(got['gpus'])} GPU(s))")
+                    else:
+                        said = self._repository(what, *w)
                 except Exception as e:  # noqa: BLE001 - one line; the events after it still run
                     t = (time.monotonic_ns() - t0) / 1e9
-                    self.failed.append(f"{t:.2f} s: repository: {what} {w[0]}: {e}")
-                    print(f"clockwork serve: {t:7.2f} s  repository: {what} {w[0]} failed: "
-                          f"{e}", file=sys.stderr, flush=True)
+                    said = f"cluster: worker {w[0]} join" if what == "join" else \
+                        f"repository: {what} {w[0]}"
+                    self.failed.append(f"{t:.2f} s: {said}: {e}")
+                    print(f"clockwork serve: {t:7.2f} s  {said} failed: {e}", file=sys.stderr,
+                          flush=True)
                     continue
                 t = (time.monotonic_ns() - t0) / 1e9
                 self.log.append((t, said))

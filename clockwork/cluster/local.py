@@ -326,6 +326,15 @@ class LocalCluster:
         "gpus", "added"}``. The new worker's GPUs serve from then on."""
         from clockwork.client import Client
 
+        address = self.spare_worker()
+        with Client(self.address, token=self.token or "") as c:
+            return c.add_worker(address, timeout=self.timeout)
+
+    def spare_worker(self) -> str:
+        """Start one more worker process (the flags of the others) that the controller is
+        not told of; returns its address once it listens (``Client.add_worker`` adds it:
+        a scenario's ``[[add_workers]]`` start theirs before the run, so that joining
+        costs no process start-up). It stops with the cluster."""
         i = len(self.workers)
         argv = _cli() + ["worker", "--host", self.worker_host, "--port", "0",
                          *self.worker_flags(i)]
@@ -334,8 +343,7 @@ class LocalCluster:
         self.workers.append(child)
         address = child.wait_address(self.timeout)
         self.worker_addresses.append(address)
-        with Client(self.address, token=self.token or "") as c:
-            return c.add_worker(address, timeout=self.timeout)
+        return address
 
     def shape(self) -> str:
         """The workers in words: ``2 emulated worker(s) x 2 GPU(s)``."""

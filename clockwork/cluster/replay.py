@@ -384,11 +384,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
               "clockwork serve SCENARIO --replay plays them on a cluster of its own; or "
               + " ".join(f"--set faults.{k}=[]" for k in events), file=sys.stderr)
         return 2
-    if sc.data.get("repository"):
-        print("clockwork replay: the scenario has [[repository]] events, which a replay "
-              "against a running controller does not play (it would change what that "
-              "controller serves for everyone): clockwork serve SCENARIO --replay plays them "
-              "on a cluster of its own; or --set repository=[]", file=sys.stderr)
+    changes = [k for k in ("repository", "add_workers") if sc.data.get(k)]
+    if changes:
+        print(f"clockwork replay: the scenario has [[{']] and [['.join(changes)}]] events, "
+              "which a replay against a running controller does not play (they would change "
+              "that controller's models or workers for everyone): clockwork serve SCENARIO "
+              "--replay plays them on a cluster of its own; or "
+              + " ".join(f"--set {k}=[]" for k in changes), file=sys.stderr)
         return 2
     keys = {k.split("=", 1)[0].strip() for k in args.set or ()}
     settled = sorted(k for k in keys if k.split(".")[0] in ("cluster", "scheduler"))

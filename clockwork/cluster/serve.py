@@ -122,6 +122,8 @@ def live_ignored(sc, replay: bool = True) -> list[str]:
                 if faults.get(k)]
         if sc.data.get("repository"):
             out.append("repository (played by --replay only)")
+        if sc.data.get("add_workers"):
+            out.append("add_workers (played by --replay only)")
     return out
 
 
@@ -157,20 +159,27 @@ def models_error(sc) -> str | None:
 
 
 def repository_error(sc, replay: bool) -> str | None:
-    """What is wrong with the scenario's ``[[repository]]`` events for a replay (a name
-    not served at that point, a policy that cannot change its models), as ``clockwork
-    simulate`` says it; None if nothing (or nothing plays them: no replay)."""
-    from clockwork.scenario import repository_plan, repository_policy_error
-    from controller import changes_models, table_policy
+    """What is wrong with the scenario's ``[[repository]]`` or ``[[add_workers]]`` events
+    for a replay (a name not served at that point, a time past the end, a policy that
+    cannot change its models or grow), as ``clockwork simulate`` says it; None if nothing
+    (or nothing plays them: no replay)."""
+    from clockwork.scenario import joining_workers, repository_plan, repository_policy_error
+    from controller import changes_models, grows, table_policy
 
-    if not replay or not sc.data.get("repository"):
+    if not replay or not (sc.data.get("repository") or sc.data.get("add_workers")):
         return None
     try:
         repository_plan(sc)
+        joins = joining_workers(sc)
     except ScenarioError as e:
         return str(e)
     policy = table_policy(sc.scheduler)[0]
-    return None if changes_models(policy) else repository_policy_error(policy)
+    if sc.data.get("repository") and not changes_models(policy):
+        return repository_policy_error(policy)
+    if joins and not grows(policy):
+        return (f"add_workers: the {policy} policy cannot add workers while it runs: remove "
+                "the [[add_workers]] entries")
+    return None
 
 
 def controller_security_error(args: argparse.Namespace) -> str | None:
@@ -377,9 +386,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   "worker that dies by itself); remove them, or run without --ray",
                   file=sys.stderr)
             return 2
-        if sc is not None and sc.data.get("repository"):
-            print("clockwork serve: [[repository]] events are not played on a Ray cluster; "
-                  "remove them, or run without --ray", file=sys.stderr)
+        if sc is not None and (sc.data.get("repository") or sc.data.get("add_workers")):
+            print("clockwork serve: [[repository]] and [[add_workers]] events are not played "
+                  "on a Ray cluster; remove them, or run without --ray", file=sys.stderr)
             return 2
     if getattr(args, "log_dir", None):
         if getattr(args, "out", None) and Path(args.out).resolve() == Path(args.log_dir).resolve():
@@ -616,12 +625,13 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
     progress = not args.quiet and sys.stderr.isatty()
     from clockwork.cluster.faults import LiveFaults
     from clockwork.protocol.security import client_token
-    from clockwork.scenario import repository_plan
+    from clockwork.scenario import joining_workers, repository_plan
 
     token = client_token(getattr(args, "token", None), getattr(args, "token_file", None))
     try:
         faults = LiveFaults(cluster, sc.faults, sc.duration_s, repository_plan(sc), token,
-                            {m["name"]: int(m.get("copies", 1)) for m in sc.models})
+                            {m["name"]: int(m.get("copies", 1)) for m in sc.models},
+                            joining_workers(sc))
     except (ValueError, ScenarioError, ClockworkError) as e:
         from clockwork.cluster.replay import exit_code
 

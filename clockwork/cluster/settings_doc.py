@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from clockwork.settings import (
+    AddWorkersEvent,
     ClusterSettings,
     ControllerRestartFault,
     FaultSettings,
@@ -188,6 +189,17 @@ def render() -> str:
         "the replay. The entries are checked in time order against what is served at each "
         "point before anything runs. Not on a Ray cluster; `clockwork replay` refuses them.",
         markdown_table(RepositoryEvent)))
+    parts.append(_section(
+        "`[[add_workers]]`", "Workers that join the cluster while the run goes on, as "
+        "`clockwork.Client.add_worker` adds them to a live controller: `cluster.workers` "
+        "serve from the start, and each entry adds `count` more at `at_s` (the next worker "
+        "indices, each with `cluster.gpus_per_worker` GPUs and empty caches; the policy "
+        "places copies on them by its usual rules). The simulator connects them at their "
+        "times; a live run (`clockwork serve SCENARIO --replay`) starts their processes "
+        "before the run and has the controller connect each at its time. `[faults]` name "
+        "the workers at the start only. Not on a Ray cluster, nor with "
+        "`faults.controller_restart`; `clockwork replay` refuses them.",
+        markdown_table(AddWorkersEvent)))
     from controller.limits import Limits
     parts.append(_section(
         "Controller limits", "The bounds on what clients may hold and send "

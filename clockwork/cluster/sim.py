@@ -32,6 +32,7 @@ from clockwork.scenario import (
     cache_pages,
     fault_time_error,
     instance_names,
+    joining_workers,
     load_scenario,
     override_list,
     repository_plan,
@@ -43,6 +44,7 @@ from clockwork.time import NS_PER_S, ms, sec
 from clockwork.workloads import Workload, build_workload
 from controller import (
     changes_models,
+    grows,
     make_policy,
     policy_class,
     split_settings,
@@ -149,7 +151,10 @@ class Simulation:
         why = cache_fit_error(sc, self.pset)
         if why:
             raise ScenarioError(why)
-        W, G = int(c["workers"]), int(c["gpus_per_worker"])
+        # the workers at the start, then those [[add_workers]] adds during the run
+        self.joins = joining_workers(sc)
+        W0, G = int(c["workers"]), int(c["gpus_per_worker"])
+        W = W0 + len(self.joins)
         self.W, self.G = W, G
         self.specs = specs = [GpuSpec(w, g, pages) for w in range(W) for g in range(G)]
         policy, sched = table_policy(sc.scheduler)
@@ -157,7 +162,8 @@ class Simulation:
             common, extra = split_settings(policy, sched)
             cfg = SchedulerConfig.from_ms(**common)
             # (kept: a controller that restarts builds its new policy from them)
-            self._policy_args = (policy, list(self.profiles.values()), specs, cfg, extra)
+            self._policy_args = (policy, list(self.profiles.values()), specs[:W0 * G], cfg,
+                                 extra)
             self.policy: Policy = make_policy(*self._policy_args)
         except (TypeError, ValueError) as e:
             # (a check across settings names its table itself: said once)
@@ -173,11 +179,19 @@ class Simulation:
                                     "(a new controller starts from the [[models]] list)")
             if not changes_models(policy):
                 raise ScenarioError(repository_policy_error(policy))
+        if self.joins:
+            if self.faults.get("controller_restart"):
+                raise ScenarioError("add_workers: not together with faults.controller_restart "
+                                    "(a new controller starts from the workers at the start)")
+            if not grows(policy):
+                raise ScenarioError(f"add_workers: the {policy} policy cannot add workers "
+                                    "while it runs: remove the [[add_workers]] entries")
         for kind in ("kill", "hang", "slow_network"):
             for i, f in enumerate(self.faults.get(kind, ())):
-                if f["worker"] >= W:
+                if f["worker"] >= W0:
                     raise ScenarioError(f"faults.{kind}.{i}.worker: {f['worker']} is not one "
-                                        f"of the {W} worker(s) (0 ... {W - 1})")
+                                        f"of the {W0} worker(s) at the start (0 ... {W0 - 1}; "
+                                        "faults name those, not the workers that join)")
                 why = fault_time_error(kind, i, f, sc.duration_s)
                 if why:
                     raise ScenarioError(why)
@@ -217,7 +231,8 @@ class Simulation:
             self.workloads.append(w)
         self.telemetry = Telemetry(0, spill_dir=spill_dir)
         self._executors: list[GpuExecutor] = []  # every one made, for their peak pages
-        # (time, what happened): the faults, and the [[repository]] events ("repository: ...")
+        # (time, what happened): the faults, the [[repository]] events ("repository: ...")
+        # and the workers that joined ("cluster: ...")
         self.fault_log: list[tuple[int, str]] = []
 
     def _check_restarts(self, restarts: list[dict], duration_s: float) -> None:
@@ -422,7 +437,7 @@ class Simulation:
                 log.append((now, f"controller suspects worker {w}; {failed} "
                                           "action(s) failed"))
 
-        ctrl = ControllerLoop(self.policy, ToWorkers, self.specs, tel, Observer(),
+        ctrl = ControllerLoop(self.policy, ToWorkers, self._policy_args[2], tel, Observer(),
                               Liveness.of(self.cfg))
         self.controller = ctrl
         wloops = [WorkerLoop(w, self.executors_of(w), ToController(w, 0)) for w in range(W)]
@@ -527,6 +542,8 @@ class Simulation:
         for f in fl.get("slow_network", ()):
             fault_at(sec(f["at_s"]), "slow", f["worker"], ms(f["delay_ms"]))
             fault_at(sec(f["at_s"] + f["for_s"]), "slow", f["worker"], 0)
+        for at, w in self.joins:
+            fault_at(sec(at), "join", w)
         for k, (at, what, name, insts) in enumerate(self.repository):
             fault_at(sec(at), what, -1, name, insts, k)
         repo_next = [0]  # the [[repository]] event to play next: they go strictly in order
@@ -577,6 +594,13 @@ class Simulation:
                     wloops[w].timer(now + offsets[w])
             elif what == "slow":
                 slow[w] = args[1]
+            elif what == "join":  # as Client.add_worker: the controller connects it now
+                G = self.G
+                got = ctrl.add_worker(self.specs[w * G:(w + 1) * G], now)
+                if got != w:  # (joins go in index order: never)
+                    raise RuntimeError(f"worker {w} joined as worker {got}")
+                conn_at[w] = now
+                log.append((now, f"cluster: worker {w} joined ({G} GPU(s))"))
             elif what in ("unload", "load"):
                 # one after another, as a live run's calls go: an event waits for the one
                 # before it, and a load for an unload's copies still being evicted (as the
@@ -588,7 +612,7 @@ class Simulation:
                     return
                 repo_next[0] += 1
                 if what == "load" and not any(ctrl.up[x] and not ctrl.suspect[x]
-                                              for x in range(W)):
+                                              for x in range(len(ctrl.up))):
                     # (the live repository refuses a load then: no worker to take it)
                     log.append((now, f"repository: load {name} failed: no worker is "
                                      "connected and answering"))

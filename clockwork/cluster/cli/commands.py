@@ -70,8 +70,8 @@ def _simulate(args: argparse.Namespace) -> int:
     if res.telemetry.spill_error is not None:
         print(f"clockwork simulate: warning: rows stopped going to --spill-dir "
               f"({res.telemetry.spill_error}); the rest were kept in memory", file=sys.stderr)
-    for t, what in sim.fault_log:  # the [faults] and [[repository]] plans as they played out
-        kind = "" if what.startswith("repository: ") else "fault: "
+    for t, what in sim.fault_log:  # the scenario's events as they played out
+        kind = "" if what.startswith(("repository: ", "cluster: ")) else "fault: "
         print(f"clockwork simulate: {t / 1e9:7.2f} s  {kind}{what}", file=sys.stderr)
     s = res.summary
     if not s["submitted"]:  # (a sweep may hold such a point: a warning, not an error)

@@ -1,0 +1,134 @@
+"""A scenario's ``[[add_workers]]`` events: workers that join the cluster during a run, in
+the simulator (``ControllerLoop.add_worker``, as the live controller's AddWorker) and, the
+same scenario, on a live cluster (``clockwork serve --replay``: the joining workers'
+processes start before the run, and the controller connects each at its time)."""
+
+from __future__ import annotations
+
+import collections
+import csv
+import subprocess
+import sys
+
+import pytest
+
+from clockwork.cluster.sim import Simulation, simulate
+from clockwork.scenario import ScenarioError, joining_workers, load_scenario
+
+# one GPU cannot carry the load (requests time out); a second joins at 3 s
+SCENARIO = """
+name = "add-workers"
+seed = 2
+duration_s = 8.0
+
+[cluster]
+workers = 1
+gpus_per_worker = 1
+
+[[models]]
+name = "resnet50_v2"
+copies = 4
+
+[[workloads]]
+kind = "poisson"
+models = "*"
+rate_rps = 1800
+slo_ms = 100
+
+[[add_workers]]
+at_s = 3.0
+"""
+
+
+def _scenario(tmp_path, text: str = SCENARIO, overrides=()):
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    return load_scenario(path, list(overrides))
+
+
+def _rows(folder, name: str = "requests.tsv") -> list[dict]:
+    with open(folder / name) as f:
+        return list(csv.DictReader(f, delimiter="\t"))
+
+
+def _by_second(rows) -> dict:
+    """(whole second of arrival, status) -> requests."""
+    return dict(collections.Counter((int(float(r["arrival"]) // 1e9), r["status"])
+                                    for r in rows))
+
+
+def test_a_worker_that_joins_takes_work_from_its_time_on(tmp_path):
+    """No action goes to worker 1 before it joins at 3 s; from then on it serves about
+    half the requests and none times out; two runs are identical."""
+    sim = Simulation(_scenario(tmp_path))
+    res = sim.run()
+    assert sim.fault_log == [(3_000_000_000, "cluster: worker 1 joined (1 GPU(s))")]
+    res.write(tmp_path / "a")
+    acts = _rows(tmp_path / "a", "actions.tsv")
+    on1 = [int(a["sent"]) for a in acts if a["worker"] == "1"]
+    assert on1 and min(on1) >= 3e9, on1[:5]
+    counts = _by_second(_rows(tmp_path / "a"))
+    assert counts.get((1, "TIMEOUT"), 0) > 100, counts  # (one GPU: overloaded)
+    for sec in (4, 5, 6, 7):
+        assert (sec, "TIMEOUT") not in counts and counts[(sec, "SUCCESS")] > 1700, counts
+    gpu1 = [r for r in _rows(tmp_path / "a") if r["gpu"] == "1"]
+    assert len(gpu1) > 4000 and res.summary["gpus"] == 2
+    assert simulate(_scenario(tmp_path)).summary == res.summary
+
+
+def test_joining_workers_take_the_next_indices_in_time_order(tmp_path):
+    sc = _scenario(tmp_path, overrides=[
+        "cluster.workers=2", "add_workers=[{at_s=5, count=2}, {at_s=1}]"])
+    assert joining_workers(sc) == [(1.0, 2), (5.0, 3), (5.0, 4)]
+
+
+@pytest.mark.parametrize("overrides,error", [
+    (["add_workers.0.at_s=8"], "add_workers.0.at_s: must be before the end (duration_s 8)"),
+    (["add_workers.0.count=0"], "add_workers.0.count: must be an integer in [1, 10000]"),
+    (["faults.kill=[{worker=1, at_s=5}]"],
+     "faults.kill.0.worker: 1 is not one of the 1 worker(s) at the start"),
+    (["faults.controller_restart=[{at_s=5}]"],
+     "add_workers: not together with faults.controller_restart"),
+    (["cluster.workers=10000"], "add_workers: 10,001 workers in all with cluster.workers"),
+])
+def test_add_workers_are_checked_before_anything_runs(tmp_path, overrides, error):
+    with pytest.raises(ScenarioError) as e:
+        Simulation(_scenario(tmp_path, overrides=overrides))
+    assert error in str(e.value), str(e.value)
+
+
+@pytest.mark.faults
+def test_a_worker_joins_a_live_run_at_its_time(tmp_path):
+    """``clockwork serve --replay``: the joining worker's process is started before the
+    run and the controller connects it at 3 s: no request is answered on its GPU before
+    then, the timeouts end, and each second's requests are answered about as in the
+    simulator (overloaded before the join: the edges move a little)."""
+    path = tmp_path / "s.toml"
+    path.write_text(SCENARIO)
+    p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve", str(path),
+                        "--replay", "--quiet", "--out", str(tmp_path / "live")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "cluster: worker 1 joined (1 GPU(s))" in p.stderr, p.stderr[-3000:]
+    rows = _rows(tmp_path / "live")
+    first = min(int(r["arrival"]) + int(r["latency"]) for r in rows if r["gpu"] == "1")
+    assert first >= 3e9, first  # (answered at arrival + latency, ns from the start)
+    simulate(_scenario(tmp_path)).write(tmp_path / "sim")
+    live, sim = _by_second(rows), _by_second(_rows(tmp_path / "sim"))
+    for k in set(live) | set(sim):
+        assert abs(live.get(k, 0) - sim.get(k, 0)) <= max(30, 0.05 * sim.get(k, 0)), \
+            (k, live.get(k), sim.get(k))
+
+
+def test_serve_without_replay_and_replay_refuse_or_say_so(tmp_path):
+    from clockwork.cluster.serve import live_ignored
+
+    assert "add_workers (played by --replay only)" in live_ignored(_scenario(tmp_path),
+                                                                   replay=False)
+    path = tmp_path / "s.toml"
+    path.write_text(SCENARIO)
+    p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "replay", str(path),
+                        "--controller", "127.0.0.1:1"], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2 and "[[add_workers]] events" in p.stderr, p.stderr
+    assert "--set add_workers=[]" in p.stderr
