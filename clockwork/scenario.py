@@ -507,6 +507,20 @@ def joining_workers(sc: Scenario) -> list[tuple[float, int]]:
     return out
 
 
+def fault_worker_error(sc: Scenario) -> str | None:
+    """A kill, hang or slow_network fault naming a worker that is not there at the start
+    (past ``cluster.workers``: one that joins later, ``[[add_workers]]``, or none), in one
+    line; None if every fault names one of them. The simulator's and a live run's check."""
+    w0 = int(sc.cluster["workers"])
+    for kind in ("kill", "hang", "slow_network"):
+        for i, f in enumerate(sc.faults.get(kind, ()) if sc.faults else ()):
+            if f["worker"] >= w0:
+                return (f"faults.{kind}.{i}.worker: {f['worker']} is not one of the {w0} "
+                        f"worker(s) at the start (0 ... {w0 - 1}; faults name those, not the "
+                        "workers that join)")
+    return None
+
+
 def repository_policy_error(policy: str) -> str:
     """What is said of ``[[repository]]`` events under a policy that cannot change its
     models while it runs (the simulator's and ``clockwork serve``'s words)."""

@@ -132,3 +132,104 @@ def test_serve_without_replay_and_replay_refuse_or_say_so(tmp_path):
                        timeout=60)
     assert p.returncode == 2 and "[[add_workers]] events" in p.stderr, p.stderr
     assert "--set add_workers=[]" in p.stderr
+
+
+CLOSED = """
+name = "closed-join"
+seed = 1
+duration_s = 6.0
+
+[cluster]
+workers = 1
+gpus_per_worker = 1
+
+[[models]]
+name = "resnet50_v2"
+
+[[workloads]]
+kind = "closed_loop"
+models = "*"
+concurrency = 4
+slo_ms = 100
+
+[faults]
+kill = [{worker = 0, at_s = 1.0}]
+
+[[add_workers]]
+at_s = 2.0
+"""
+
+
+@pytest.mark.parametrize("policy", ["clockwork", "clipper", "tfserving", "infaas"])
+def test_a_worker_that_joins_after_every_gpu_was_lost_serves_again(tmp_path, policy):
+    """The only worker dies at 1 s; one joins at 2 s: every policy serves there from then
+    on (the baselines left the model without a copy waiting for a GPU to free up, and a
+    GPU added at run time never did: requests unanswered at the end, or none served)."""
+    sc = _scenario(tmp_path, CLOSED, [f"scheduler.policy={policy}"])
+    res = Simulation(sc).run()
+    s = res.summary
+    assert s["submitted"] == s["succeeded"] + s["failed"] + s["dropped"]
+    res.write(tmp_path / "a")
+    served = [r for r in _rows(tmp_path / "a") if r["gpu"] == "1" and r["status"] == "SUCCESS"]
+    assert len(served) > 1000, (policy, len(served), s)
+
+
+def test_same_time_events_play_in_one_order_in_the_simulator_and_live(tmp_path, monkeypatch):
+    """At one time: faults, then the workers that join, then the repository events, in
+    the simulator and in the live player's plan."""
+    import clockwork.client
+    from clockwork.cluster.faults import LiveFaults
+    from clockwork.scenario import repository_plan
+
+    text = SCENARIO + """
+[[repository]]
+at_s = 3.0
+unload = "resnet50_v2"
+"""
+    sc = _scenario(tmp_path, text)
+    sim = Simulation(sc)
+    sim.run()
+    assert [w for _, w in sim.fault_log] == ["cluster: worker 1 joined (1 GPU(s))",
+                                             "repository: unloaded resnet50_v2 (4 instance(s))"]
+
+    class Child:
+        proc = None
+
+    class Cluster:  # (what LiveFaults asks of a LocalCluster)
+        address = "127.0.0.1:1"
+        workers = [Child()]
+
+        def spare_worker(self):
+            self.workers.append(Child())
+            return "127.0.0.1:2"
+
+    class Client:  # (no controller: the plan is all this looks at)
+        def __init__(self, *a, **kw):
+            pass
+
+        def list_models_raw(self):
+            return None
+
+    monkeypatch.setattr(clockwork.client, "Client", Client)
+    live = LiveFaults(Cluster(), {}, sc.duration_s, repository_plan(sc), None,
+                      {"resnet50_v2": 4}, joining_workers(sc))
+    assert [(at, what) for at, _, what, _ in live.plan] == [(3.0, "join"), (3.0, "unload")]
+
+
+def test_plan_and_serve_check_the_joining_workers_before_starting(tmp_path):
+    """``clockwork plan`` chooses how many workers serve the whole run: it refuses them;
+    serve counts the joining workers' processes against the machine's memory and refuses
+    a fault naming one, before anything starts."""
+    from clockwork.cluster.plan import PlanError, make_plan
+    from clockwork.cluster.serve import repository_error
+
+    path = tmp_path / "s.toml"
+    path.write_text(SCENARIO)
+    with pytest.raises(PlanError, match=r"\[\[add_workers\]\] events"):
+        make_plan(str(path), [], 0.99, None, 1, 4, 1)
+    sc = _scenario(tmp_path, overrides=["faults.hang=[{worker=1, at_s=4, for_s=1}]"])
+    assert "is not one of the 1 worker(s) at the start" in repository_error(sc, True)
+    p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve", str(path),
+                        "--replay", "--set", "add_workers.0.count=9000"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "9,001 local worker processes need" in p.stderr, p.stderr

@@ -65,14 +65,19 @@ class LiveFaults:
                 else:
                     plan.append((float(f["at_s"]), len(plan), "stop", w))
                     plan.append((float(f["at_s"]) + float(f["for_s"]), len(plan), "resume", w))
-        for at_s, what, name, insts in repository or ():  # (in the plan's order at one time)
-            plan.append((at_s, len(plan), what, (name, len(insts))))
+        # at one time: the faults, then the workers that join, then the repository events
+        # (the simulator's order)
         for at_s, w in joins or ():
             if w != len(cluster.workers):  # (a plan's workers join in index order)
                 raise ValueError(f"add_workers: worker {w} would join as worker "
                                  f"{len(cluster.workers)}")
             plan.append((at_s, len(plan), "join", (w, cluster.spare_worker())))
+        for at_s, what, name, insts in repository or ():  # (in the plan's order at one time)
+            plan.append((at_s, len(plan), what, (name, len(insts))))
         self.plan = sorted(plan)
+        self.duration_s = duration_s
+        self._played = 0  # the plan's entry being played (those before it are done)
+        self._t0 = 0
         self.copies = copies or {}
         self.cluster = cluster
         self.log: list[tuple[float, str]] = []  # (seconds from t0, what was done)
@@ -92,13 +97,24 @@ class LiveFaults:
         return bool(self.plan)
 
     def start(self, t0: int) -> None:
+        self._t0 = t0
         self._thread = threading.Thread(target=self._run, args=(t0,), daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
+        """End it (the run is over, or was interrupted); an event that was due by now and
+        did not happen (one before it held the thread up) is counted in ``failed``."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10.0)
+            busy = self._thread.is_alive()
+            done = time.monotonic_ns()
+            for at_s, _, what, w in self.plan[self._played + (0 if busy else 1):]:
+                if self._t0 + round(at_s * 1e9) <= done:
+                    name = f"worker {w[0]}" if what == "join" else (
+                        w[0] if what in ("load", "unload") else f"worker {w}")
+                    self.failed.append(f"{at_s:.2f} s: {what} {name}: not done by the end "
+                                       "(still under way, or held up by the one before it)")
         if self._client is not None:
             self._client.close()
         for w in list(self._stopped):
@@ -125,14 +141,22 @@ class LiveFaults:
         return f"repository: loaded {name} ({n} instance(s))"
 
     def _run(self, t0: int) -> None:
-        for at_s, _, what, w in self.plan:
+        for k, (at_s, _, what, w) in enumerate(self.plan):
+            self._played = k
             left = (t0 + round(at_s * 1e9) - time.monotonic_ns()) / 1e9
             if left > 0 and self._stop.wait(left):
                 return
             if what in ("unload", "load", "join"):
                 try:
                     if what == "join":
-                        got = self._client.add_worker(w[1], timeout=REPOSITORY_S)
+                        proc = self.cluster.workers[w[0]].proc
+                        if proc.poll() is not None:
+                            raise RuntimeError(f"its process (started before the run) has "
+                                               f"exited (code {proc.returncode})")
+                        # (no longer than the run has left: the events after it must go on)
+                        left = self.duration_s - (time.monotonic_ns() - t0) / 1e9
+                        got = self._client.add_worker(w[1], timeout=max(1.0, min(
+                            REPOSITORY_S, left)))
                         said = (f"cluster: worker {got['worker']} joined "
                                 f"({len(got['gpus'])} GPU(s))")
                     else:

@@ -336,7 +336,8 @@ class LocalCluster:
         a scenario's ``[[add_workers]]`` start theirs before the run, so that joining
         costs no process start-up). It stops with the cluster."""
         i = len(self.workers)
-        argv = _cli() + ["worker", "--host", self.worker_host, "--port", "0",
+        port = self.worker_port + WORKER_PORT_STEP * i if self.worker_port else 0
+        argv = _cli() + ["worker", "--host", self.worker_host, "--port", str(port),
                          *self.worker_flags(i)]
         self._worker_argv.append(argv)
         child = self._child(f"worker{i}", argv)

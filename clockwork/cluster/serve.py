@@ -20,7 +20,7 @@ from pathlib import Path
 
 from clockwork.cluster.local import WORKER_PORT_STEP, ChildRefused, LocalCluster, how_it_ended
 from clockwork.extras import pip_extra
-from clockwork.scenario import ScenarioError, load_scenario
+from clockwork.scenario import ScenarioError, joining_workers, load_scenario
 from clockwork.signals import stop_signals
 
 # ``clockwork serve`` (no --replay) restarts a worker that exits, at most this many times
@@ -163,7 +163,12 @@ def repository_error(sc, replay: bool) -> str | None:
     for a replay (a name not served at that point, a time past the end, a policy that
     cannot change its models or grow), as ``clockwork simulate`` says it; None if nothing
     (or nothing plays them: no replay)."""
-    from clockwork.scenario import joining_workers, repository_plan, repository_policy_error
+    from clockwork.scenario import (
+        fault_worker_error,
+        joining_workers,
+        repository_plan,
+        repository_policy_error,
+    )
     from controller import changes_models, grows, table_policy
 
     if not replay or not (sc.data.get("repository") or sc.data.get("add_workers")):
@@ -173,6 +178,9 @@ def repository_error(sc, replay: bool) -> str | None:
         joins = joining_workers(sc)
     except ScenarioError as e:
         return str(e)
+    why = fault_worker_error(sc)
+    if why:
+        return why
     policy = table_policy(sc.scheduler)[0]
     if sc.data.get("repository") and not changes_models(policy):
         return repository_policy_error(policy)
@@ -431,8 +439,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from clockwork.cluster.cli.verbs import NEEDS
         print(f"clockwork serve: {device_from} {device} needs {NEEDS['tvm']}", file=sys.stderr)
         return 2
+    # the workers a replay's [[add_workers]] start too (before the run)
+    joining = len(joining_workers(sc)) if sc is not None and getattr(args, "replay", False) else 0
     if ray_address is None:
-        why = local_workers_error(workers)
+        why = local_workers_error(workers + joining)
         if why:
             print(f"clockwork serve: {why}", file=sys.stderr)
             return 2
@@ -477,7 +487,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
           # a replay's report folder keeps what the controller and workers said
           "log_dir": Path(args.out) / "logs" if replaying and args.out else None}
     if ray_address is None:
-        why = worker_ports_error(args.worker_port, workers, {
+        why = worker_ports_error(args.worker_port, workers + joining, {
             "--port": port, "--http-port": kw["http_port"], "--kserve-port": kw["kserve_port"]},
             args.host)
         if why:
@@ -632,11 +642,12 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
         faults = LiveFaults(cluster, sc.faults, sc.duration_s, repository_plan(sc), token,
                             {m["name"]: int(m.get("copies", 1)) for m in sc.models},
                             joining_workers(sc))
-    except (ValueError, ScenarioError, ClockworkError) as e:
+    except (ValueError, ScenarioError, ClockworkError, RuntimeError, TimeoutError) as e:
+        # (a joining worker's process that could not start, ChildRefused included)
         from clockwork.cluster.replay import exit_code
 
         print(f"clockwork serve: {e}", file=sys.stderr)
-        return exit_code(e)
+        return exit_code(e) if not isinstance(e, RuntimeError | TimeoutError) else 1
     try:
         # real devices: answers carry real outputs; check every one against the reference
         check = cluster.packages if cluster.device != "emulated" else None
@@ -668,7 +679,8 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
     status = run_status(res)
     if faults.failed:  # the run did not follow its scenario's plan: said last, exit 1
         print(f"clockwork serve: {len(faults.failed)} of the scenario's [faults] / "
-              "[[repository]] events could not be played, so this run is not the scenario's: "
+              "[[repository]] / [[add_workers]] events could not be played, so this run is "
+              "not the scenario's: "
               + "; ".join(faults.failed), file=sys.stderr)
         status = status or 1
     return status

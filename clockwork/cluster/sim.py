@@ -31,6 +31,7 @@ from clockwork.scenario import (
     cache_fit_error,
     cache_pages,
     fault_time_error,
+    fault_worker_error,
     instance_names,
     joining_workers,
     load_scenario,
@@ -186,12 +187,11 @@ class Simulation:
             if not grows(policy):
                 raise ScenarioError(f"add_workers: the {policy} policy cannot add workers "
                                     "while it runs: remove the [[add_workers]] entries")
+        why = fault_worker_error(sc)
+        if why:
+            raise ScenarioError(why)
         for kind in ("kill", "hang", "slow_network"):
             for i, f in enumerate(self.faults.get(kind, ())):
-                if f["worker"] >= W0:
-                    raise ScenarioError(f"faults.{kind}.{i}.worker: {f['worker']} is not one "
-                                        f"of the {W0} worker(s) at the start (0 ... {W0 - 1}; "
-                                        "faults name those, not the workers that join)")
                 why = fault_time_error(kind, i, f, sc.duration_s)
                 if why:
                     raise ScenarioError(why)
@@ -208,7 +208,8 @@ class Simulation:
         given = [ms(float(x)) for x in c.get("clock_offsets_ms", [])]
         if len(given) > W:
             raise ScenarioError(f"cluster.clock_offsets_ms: {len(given)} offsets for {W} "
-                                "worker(s)")
+                                "worker(s)" + (f" ({W0} at the start and {W - W0} that join)"
+                                               if W > W0 else ""))
         given += [0] * (W - len(given))
         # the executors' times start at 0 (a simulated clock starts at 0; a live monotonic
         # clock is far from it): shift every worker clock so that none starts below 0

@@ -404,11 +404,15 @@ class BaselinePolicy(Policy):
     # ------------------------------------------------------------------ GPUs coming and going
 
     def add_gpu(self, spec: GpuSpec, now: int) -> list[Action]:
-        """A new, empty GPU: copies are placed on it by the policy's rules as demand asks."""
+        """A new, empty GPU: used at once as when a GPU frees up (``_gpu_free``), so work
+        waiting for a GPU (a model left without a copy when every GPU was lost) goes there;
+        later copies are placed on it by the policy's rules as demand asks."""
         g = Gpu(len(self.gpus), spec)
         self.gpus.append(g)
         self._gpu_added(g)
-        return []
+        out: list[Action] = []
+        self._gpu_free(g, now, out)
+        return out
 
     def _gpu_added(self, g: Gpu) -> None:
         """Hook: per-GPU state of a subclass for a GPU added at run time."""
