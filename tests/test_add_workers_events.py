@@ -226,14 +226,14 @@ def test_plan_and_serve_check_the_joining_workers_before_starting(tmp_path):
     serve counts the joining workers' processes against the machine's memory and refuses
     a fault naming one, before anything starts."""
     from clockwork.cluster.plan import PlanError, make_plan
-    from clockwork.cluster.serve import repository_error
+    from clockwork.cluster.serve import events_error
 
     path = tmp_path / "s.toml"
     path.write_text(SCENARIO)
     with pytest.raises(PlanError, match=r"\[\[add_workers\]\] events"):
         make_plan(str(path), [], 0.99, None, 1, 4, 1)
     sc = _scenario(tmp_path, overrides=["faults.hang=[{worker=1, at_s=4, for_s=1}]"])
-    assert "is not one of the 1 worker(s) at the start" in repository_error(sc, True)
+    assert "is not one of the 1 worker(s) at the start" in events_error(sc, True)
     p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve", str(path),
                         "--replay", "--set", "add_workers.0.count=9000"],
                        capture_output=True, text=True, timeout=60)

@@ -158,7 +158,7 @@ def models_error(sc) -> str | None:
         return str(e)
 
 
-def repository_error(sc, replay: bool) -> str | None:
+def events_error(sc, replay: bool) -> str | None:
     """What is wrong with the scenario's ``[[repository]]`` or ``[[add_workers]]`` events
     for a replay (a name not served at that point, a time past the end, a policy that
     cannot change its models or grow), as ``clockwork simulate`` says it; None if nothing
@@ -348,7 +348,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if ignored:  # (said once everything is checked, as the cluster starts)
             notes.append(f"not applied by a live cluster: {', '.join(ignored)}")
         why = (scheduler_error(kw["scheduler"]) or models_error(sc)
-               or repository_error(sc, bool(getattr(args, "replay", False))))
+               or events_error(sc, bool(getattr(args, "replay", False))))
         if why:
             print(f"clockwork serve: {why}", file=sys.stderr)
             return 2
@@ -647,6 +647,8 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
         from clockwork.cluster.replay import exit_code
 
         print(f"clockwork serve: {e}", file=sys.stderr)
+        if isinstance(e, ChildRefused):  # (its settings or port: the user's to correct)
+            return 2
         return exit_code(e) if not isinstance(e, RuntimeError | TimeoutError) else 1
     try:
         # real devices: answers carry real outputs; check every one against the reference
