@@ -238,3 +238,29 @@ def test_plan_and_serve_check_the_joining_workers_before_starting(tmp_path):
                         "--replay", "--set", "add_workers.0.count=9000"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "9,001 local worker processes need" in p.stderr, p.stderr
+
+
+def test_ctrl_c_while_the_joining_workers_start_stops_serve(tmp_path, monkeypatch, capsys):
+    """Ctrl-C while serve starts the joining workers' processes (cuda ones: minutes each)
+    stops it before the next one starts, exit 130, no replay run."""
+    import os
+    import signal
+
+    from clockwork.cluster import local
+    from clockwork.cluster.cli import main
+
+    started = []
+
+    def spare_worker(self):
+        started.append(True)
+        os.kill(os.getpid(), signal.SIGINT)  # (serve's handler only notes it)
+        return "127.0.0.1:1"
+
+    monkeypatch.setattr(local.LocalCluster, "spare_worker", spare_worker)
+    path = tmp_path / "s.toml"
+    path.write_text(SCENARIO.replace("at_s = 3.0", "at_s = 3.0\ncount = 3"))
+    rc = main(["serve", str(path), "--replay", "--quiet", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 130 and started == [True], err[-2000:]
+    assert "interrupted before the replay started" in err
+    assert not (tmp_path / "out" / "summary.json").exists()

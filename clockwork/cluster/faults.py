@@ -25,6 +25,10 @@ from clockwork.scenario import fault_time_error
 REPOSITORY_S = 30.0  # how long a [[repository]] event's call to the controller may take
 
 
+class Interrupted(Exception):
+    """A stop asked for while ``LiveFaults`` started the joining workers' processes."""
+
+
 class LiveFaults:
     """Plays ``faults`` (a scenario's ``[faults]`` table) against ``cluster`` (a started
     ``LocalCluster``). ``start(t0)`` with ``t0`` the replay's start (``time.monotonic_ns``);
@@ -32,13 +36,16 @@ class LiveFaults:
 
     def __init__(self, cluster, faults: dict, duration_s: float,
                  repository: list | None = None, token: str | None = None,
-                 copies: dict[str, int] | None = None, joins: list | None = None) -> None:
+                 copies: dict[str, int] | None = None, joins: list | None = None,
+                 stopped=None) -> None:
         """``repository``: ``clockwork.scenario.repository_plan``'s events; ``token``: the
         one the controller takes from clients (its repository calls need it); ``copies``:
         each ``[[models]]`` name's copies (a model's load asks for all of them: the
         controller loads those not served); ``joins``: ``clockwork.scenario.
         joining_workers``' (at_s, worker index): their processes start here, before the
-        run, and the controller connects each at its time."""
+        run, and the controller connects each at its time; ``stopped()`` (if given),
+        looked at before each one starts: once true, ``Interrupted`` is raised (the
+        processes started so far stop with the cluster)."""
         if faults.get("controller_restart"):
             raise ValueError("[faults] controller_restart has no live form here (a replay's "
                              "streams do not outlive their controller; "
@@ -68,6 +75,8 @@ class LiveFaults:
         # at one time: the faults, then the workers that join, then the repository events
         # (the simulator's order)
         for at_s, w in joins or ():
+            if stopped is not None and stopped():
+                raise Interrupted("interrupted while the joining workers started")
             if w != len(cluster.workers):  # (a plan's workers join in index order)
                 raise ValueError(f"add_workers: worker {w} would join as worker "
                                  f"{len(cluster.workers)}")

@@ -633,7 +633,7 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
           f"replaying {len(sc.workloads)} workload(s) for "
           f"{sc.duration_s:.0f} s", file=sys.stderr, flush=True)
     progress = not args.quiet and sys.stderr.isatty()
-    from clockwork.cluster.faults import LiveFaults
+    from clockwork.cluster.faults import Interrupted, LiveFaults
     from clockwork.protocol.security import client_token
     from clockwork.scenario import joining_workers, repository_plan
 
@@ -641,7 +641,10 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
     try:
         faults = LiveFaults(cluster, sc.faults, sc.duration_s, repository_plan(sc), token,
                             {m["name"]: int(m.get("copies", 1)) for m in sc.models},
-                            joining_workers(sc))
+                            joining_workers(sc), stopped=stop.is_set)
+    except Interrupted:
+        print("\nclockwork serve: interrupted before the replay started", file=sys.stderr)
+        return 130
     except (ValueError, ScenarioError, ClockworkError, RuntimeError, TimeoutError) as e:
         # (a joining worker's process that could not start, ChildRefused included)
         from clockwork.cluster.replay import exit_code
