@@ -507,6 +507,19 @@ def joining_workers(sc: Scenario) -> list[tuple[float, int]]:
     return out
 
 
+def clock_offsets_error(sc: Scenario) -> str | None:
+    """More ``cluster.clock_offsets_ms`` than the scenario has workers (those at the start
+    and those ``[[add_workers]]`` adds), in one line; None if not. The simulator's and a
+    live run's check."""
+    n = len(sc.cluster.get("clock_offsets_ms") or [])
+    w0 = int(sc.cluster["workers"])
+    w = w0 + len(joining_workers(sc))
+    if n <= w:
+        return None
+    return (f"cluster.clock_offsets_ms: {n} offsets for {w} worker(s)"
+            + (f" ({w0} at the start and {w - w0} that join)" if w > w0 else ""))
+
+
 def fault_worker_error(sc: Scenario) -> str | None:
     """A kill, hang or slow_network fault naming a worker that is not there at the start
     (past ``cluster.workers``: one that joins later, ``[[add_workers]]``, or none), in one

@@ -264,3 +264,20 @@ def test_ctrl_c_while_the_joining_workers_start_stops_serve(tmp_path, monkeypatc
     assert rc == 130 and started == [True], err[-2000:]
     assert "interrupted before the replay started" in err
     assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_clock_offsets_count_the_joining_workers_in_the_simulator_and_live(tmp_path):
+    """One offset per worker, those that join included: more is refused alike by the
+    simulator and by serve (which ignored the extra ones), before anything starts."""
+    sc = _scenario(tmp_path, overrides=["cluster.clock_offsets_ms=[0, 1.5]"])
+    Simulation(sc)  # (two: the one at the start and the one that joins)
+    text = SCENARIO.replace("gpus_per_worker = 1", "gpus_per_worker = 1\n"
+                            "clock_offsets_ms = [0, 1, 2]")
+    with pytest.raises(ScenarioError, match=r"cluster.clock_offsets_ms: 3 offsets for 2 "
+                                            r"worker\(s\) \(1 at the start and 1 that join\)"):
+        Simulation(_scenario(tmp_path, text))
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve", str(path),
+                        "--replay"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "3 offsets for 2 worker(s)" in p.stderr, p.stderr

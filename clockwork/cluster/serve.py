@@ -20,7 +20,12 @@ from pathlib import Path
 
 from clockwork.cluster.local import WORKER_PORT_STEP, ChildRefused, LocalCluster, how_it_ended
 from clockwork.extras import pip_extra
-from clockwork.scenario import ScenarioError, joining_workers, load_scenario
+from clockwork.scenario import (
+    ScenarioError,
+    clock_offsets_error,
+    joining_workers,
+    load_scenario,
+)
 from clockwork.signals import stop_signals
 
 # ``clockwork serve`` (no --replay) restarts a worker that exits, at most this many times
@@ -348,7 +353,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if ignored:  # (said once everything is checked, as the cluster starts)
             notes.append(f"not applied by a live cluster: {', '.join(ignored)}")
         why = (scheduler_error(kw["scheduler"]) or models_error(sc)
-               or events_error(sc, bool(getattr(args, "replay", False))))
+               or events_error(sc, bool(getattr(args, "replay", False)))
+               or clock_offsets_error(sc))
         if why:
             print(f"clockwork serve: {why}", file=sys.stderr)
             return 2

@@ -30,6 +30,7 @@ from clockwork.scenario import (
     ScenarioError,
     cache_fit_error,
     cache_pages,
+    clock_offsets_error,
     fault_time_error,
     fault_worker_error,
     instance_names,
@@ -205,11 +206,10 @@ class Simulation:
         self._net_rng = np.random.default_rng(s_net)
         # clocks: worker w's clock is the simulation's + offsets[w]; the controller
         # converts windows and result times with its estimate, off by up to clock_error_ms
+        why = clock_offsets_error(sc)
+        if why:
+            raise ScenarioError(why)
         given = [ms(float(x)) for x in c.get("clock_offsets_ms", [])]
-        if len(given) > W:
-            raise ScenarioError(f"cluster.clock_offsets_ms: {len(given)} offsets for {W} "
-                                "worker(s)" + (f" ({W0} at the start and {W - W0} that join)"
-                                               if W > W0 else ""))
         given += [0] * (W - len(given))
         # the executors' times start at 0 (a simulated clock starts at 0; a live monotonic
         # clock is far from it): shift every worker clock so that none starts below 0
