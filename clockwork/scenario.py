@@ -257,9 +257,14 @@ def fault_time_error(kind: str, i: int, fault: dict, duration_s: float) -> str |
     """The message for a kill, hang or slow_network fault that starts at or after the end
     of the run (it would never happen: the run has ended), as for a controller restart;
     None when it starts before. One rule for the simulator and for live replays."""
-    if fault["at_s"] >= duration_s:
-        return (f"faults.{kind}.{i}.at_s: must be before the end (duration_s "
-                f"{duration_s:g}), got {fault['at_s']:g}")
+    return event_time_error(f"faults.{kind}.{i}", fault["at_s"], duration_s)
+
+
+def event_time_error(where: str, at_s: float, duration_s: float) -> str | None:
+    """The message for a scenario event (entry ``where``) at or after the end of the run
+    (it would never happen); None when it comes before."""
+    if at_s >= duration_s:
+        return f"{where}.at_s: must be before the end (duration_s {duration_s:g}), got {at_s:g}"
     return None
 
 
@@ -448,9 +453,9 @@ def repository_plan(sc: Scenario) -> list[tuple[float, str, str, list[str]]]:
         what = "unload" if e.get("unload") is not None else "load"
         name = e[what]
         where = f"repository.{i}"
-        if at >= sc.duration_s:
-            raise ScenarioError(f"{where}.at_s: must be before the end (duration_s "
-                                f"{sc.duration_s:g}), got {at:g}")
+        why = event_time_error(where, at, sc.duration_s)
+        if why:
+            raise ScenarioError(why)
         base = name.partition(":")[0]
         if name in groups:
             insts = [x for x in groups[name] if (x in served) == (what == "unload")]
@@ -495,9 +500,9 @@ def joining_workers(sc: Scenario) -> list[tuple[float, int]]:
     w = int(sc.cluster["workers"])
     for i, e in sorted(enumerate(events), key=lambda ie: (float(ie[1]["at_s"]), ie[0])):
         at = float(e["at_s"])
-        if at >= sc.duration_s:
-            raise ScenarioError(f"add_workers.{i}.at_s: must be before the end (duration_s "
-                                f"{sc.duration_s:g}), got {at:g}")
+        why = event_time_error(f"add_workers.{i}", at, sc.duration_s)
+        if why:
+            raise ScenarioError(why)
         for _ in range(int(e.get("count", 1))):
             out.append((at, w))
             w += 1
@@ -532,13 +537,6 @@ def fault_worker_error(sc: Scenario) -> str | None:
                         f"worker(s) at the start (0 ... {w0 - 1}; faults name those, not the "
                         "workers that join)")
     return None
-
-
-def repository_policy_error(policy: str) -> str:
-    """What is said of ``[[repository]]`` events under a policy that cannot change its
-    models while it runs (the simulator's and ``clockwork serve``'s words)."""
-    return (f"repository: the {policy} policy cannot unload or load models while it runs: "
-            "remove the [[repository]] entries, or use another policy")
 
 
 def cache_pages(sc: Scenario, pset) -> int:

@@ -33,16 +33,20 @@ def policy_class(name: str) -> type[Policy]:
     return getattr(importlib.import_module(module), cls)
 
 
-def changes_models(name: str) -> bool:
-    """Whether policy ``name`` can add and remove models while it runs (the model
-    repository's load and unload; a scenario's ``[[repository]]`` events)."""
+def events_policy_error(name: str, models: bool, workers: bool) -> str | None:
+    """What policy ``name`` cannot do of a scenario's run-time events, in one line (the
+    simulator's and ``clockwork serve``'s words): change its models while it runs
+    (``models``: ``[[repository]]`` entries; ``Policy.add_model`` / ``remove_model``), or
+    take GPUs added while it runs (``workers``: ``[[add_workers]]``; ``Policy.add_gpu``);
+    None if it can."""
     cls = policy_class(name)
-    return cls.add_model is not Policy.add_model and cls.remove_model is not Policy.remove_model
-
-
-def grows(name: str) -> bool:
-    """Whether policy ``name`` can take GPUs added while it runs (workers that join)."""
-    return policy_class(name).add_gpu is not Policy.add_gpu
+    if models and (cls.add_model is Policy.add_model or cls.remove_model is Policy.remove_model):
+        return (f"repository: the {name} policy cannot unload or load models while it runs: "
+                "remove the [[repository]] entries, or use another policy")
+    if workers and cls.add_gpu is Policy.add_gpu:
+        return (f"add_workers: the {name} policy cannot add workers while it runs: remove "
+                "the [[add_workers]] entries")
+    return None
 
 
 def _clockwork(profiles, gpus, cfg, settings=None) -> Policy:

@@ -120,10 +120,8 @@ class LiveFaults:
             done = time.monotonic_ns()
             for at_s, _, what, w in self.plan[self._played + (0 if busy else 1):]:
                 if self._t0 + round(at_s * 1e9) <= done:
-                    name = f"worker {w[0]}" if what == "join" else (
-                        w[0] if what in ("load", "unload") else f"worker {w}")
-                    self.failed.append(f"{at_s:.2f} s: {what} {name}: not done by the end "
-                                       "(still under way, or held up by the one before it)")
+                    self.failed.append(f"{at_s:.2f} s: {_event(what, w)}: not done by the "
+                                       "end (still under way, or held up by the one before it)")
         if self._client is not None:
             self._client.close()
         for w in list(self._stopped):
@@ -137,6 +135,13 @@ class LiveFaults:
             self._stopped.add(w)
         elif sig == signal.SIGCONT:
             self._stopped.discard(w)
+
+    def _failed(self, t0: int, what: str, w, e: Exception) -> None:
+        """An event of the plan could not be done: said now, and kept for the end."""
+        t = (time.monotonic_ns() - t0) / 1e9
+        self.failed.append(f"{t:.2f} s: {_event(what, w)}: {e}")
+        print(f"clockwork serve: {t:7.2f} s  {_event(what, w)} failed: {e}", file=sys.stderr,
+              flush=True)
 
     def _repository(self, what: str, name: str, n: int) -> str:
         """Unload or load ``name`` (``n`` instances, by the plan) through the controller's
@@ -171,12 +176,7 @@ class LiveFaults:
                     else:
                         said = self._repository(what, *w)
                 except Exception as e:  # noqa: BLE001 - one line; the events after it still run
-                    t = (time.monotonic_ns() - t0) / 1e9
-                    said = f"cluster: worker {w[0]} join" if what == "join" else \
-                        f"repository: {what} {w[0]}"
-                    self.failed.append(f"{t:.2f} s: {said}: {e}")
-                    print(f"clockwork serve: {t:7.2f} s  {said} failed: {e}", file=sys.stderr,
-                          flush=True)
+                    self._failed(t0, what, w, e)
                     continue
                 t = (time.monotonic_ns() - t0) / 1e9
                 self.log.append((t, said))
@@ -193,12 +193,19 @@ class LiveFaults:
                 else:
                     self._signal(w, signal.SIGCONT)
             except Exception as e:  # noqa: BLE001 - one line; the faults after it still run
-                t = (time.monotonic_ns() - t0) / 1e9
-                self.failed.append(f"{t:.2f} s: fault: {what} worker {w}: {e}")
-                print(f"clockwork serve: fault: {what} worker {w} failed: {e}",
-                      file=sys.stderr, flush=True)
+                self._failed(t0, what, w, e)
                 continue
             t = (time.monotonic_ns() - t0) / 1e9
             self.log.append((t, f"{what} worker {w}"))
             print(f"clockwork serve: {t:7.2f} s  fault: {what} worker {w}", file=sys.stderr,
                   flush=True)
+
+
+def _event(what: str, arg) -> str:
+    """A plan entry in words (what failed, or was not done): ``fault: kill worker 1``,
+    ``cluster: worker 2 join``, ``repository: unload resnet50_v2``."""
+    if what == "join":
+        return f"cluster: worker {arg[0]} join"
+    if what in ("load", "unload"):
+        return f"repository: {what} {arg[0]}"
+    return f"fault: {what} worker {arg}"

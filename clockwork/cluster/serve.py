@@ -168,13 +168,8 @@ def events_error(sc, replay: bool) -> str | None:
     for a replay (a name not served at that point, a time past the end, a policy that
     cannot change its models or grow), as ``clockwork simulate`` says it; None if nothing
     (or nothing plays them: no replay)."""
-    from clockwork.scenario import (
-        fault_worker_error,
-        joining_workers,
-        repository_plan,
-        repository_policy_error,
-    )
-    from controller import changes_models, grows, table_policy
+    from clockwork.scenario import fault_worker_error, repository_plan
+    from controller import events_policy_error, table_policy
 
     if not replay or not (sc.data.get("repository") or sc.data.get("add_workers")):
         return None
@@ -186,13 +181,8 @@ def events_error(sc, replay: bool) -> str | None:
     why = fault_worker_error(sc)
     if why:
         return why
-    policy = table_policy(sc.scheduler)[0]
-    if sc.data.get("repository") and not changes_models(policy):
-        return repository_policy_error(policy)
-    if joins and not grows(policy):
-        return (f"add_workers: the {policy} policy cannot add workers while it runs: remove "
-                "the [[add_workers]] entries")
-    return None
+    return events_policy_error(table_policy(sc.scheduler)[0], bool(sc.data.get("repository")),
+                               bool(joins))
 
 
 def controller_security_error(args: argparse.Namespace) -> str | None:

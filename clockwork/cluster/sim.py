@@ -38,15 +38,13 @@ from clockwork.scenario import (
     load_scenario,
     override_list,
     repository_plan,
-    repository_policy_error,
     validate,
 )
 from clockwork.telemetry import Telemetry, format_summary, write_run
 from clockwork.time import NS_PER_S, ms, sec
 from clockwork.workloads import Workload, build_workload
 from controller import (
-    changes_models,
-    grows,
+    events_policy_error,
     make_policy,
     policy_class,
     split_settings,
@@ -159,12 +157,13 @@ class Simulation:
         W = W0 + len(self.joins)
         self.W, self.G = W, G
         self.specs = specs = [GpuSpec(w, g, pages) for w in range(W) for g in range(G)]
+        self.start_specs = specs[:W0 * G]  # (the controller's at the start)
         policy, sched = table_policy(sc.scheduler)
         try:
             common, extra = split_settings(policy, sched)
             cfg = SchedulerConfig.from_ms(**common)
             # (kept: a controller that restarts builds its new policy from them)
-            self._policy_args = (policy, list(self.profiles.values()), specs[:W0 * G], cfg,
+            self._policy_args = (policy, list(self.profiles.values()), self.start_specs, cfg,
                                  extra)
             self.policy: Policy = make_policy(*self._policy_args)
         except (TypeError, ValueError) as e:
@@ -175,19 +174,15 @@ class Simulation:
         self.faults = sc.data.get("faults") or {}
         self._check_restarts(self.faults.get("controller_restart") or [], sc.duration_s)
         self.repository = repository_plan(sc)
-        if self.repository:
-            if self.faults.get("controller_restart"):
-                raise ScenarioError("repository: not together with faults.controller_restart "
-                                    "(a new controller starts from the [[models]] list)")
-            if not changes_models(policy):
-                raise ScenarioError(repository_policy_error(policy))
-        if self.joins:
-            if self.faults.get("controller_restart"):
-                raise ScenarioError("add_workers: not together with faults.controller_restart "
-                                    "(a new controller starts from the workers at the start)")
-            if not grows(policy):
-                raise ScenarioError(f"add_workers: the {policy} policy cannot add workers "
-                                    "while it runs: remove the [[add_workers]] entries")
+        if self.repository and self.faults.get("controller_restart"):
+            raise ScenarioError("repository: not together with faults.controller_restart "
+                                "(a new controller starts from the [[models]] list)")
+        if self.joins and self.faults.get("controller_restart"):
+            raise ScenarioError("add_workers: not together with faults.controller_restart "
+                                "(a new controller starts from the workers at the start)")
+        why = events_policy_error(policy, bool(self.repository), bool(self.joins))
+        if why:
+            raise ScenarioError(why)
         why = fault_worker_error(sc)
         if why:
             raise ScenarioError(why)
@@ -438,7 +433,7 @@ class Simulation:
                 log.append((now, f"controller suspects worker {w}; {failed} "
                                           "action(s) failed"))
 
-        ctrl = ControllerLoop(self.policy, ToWorkers, self._policy_args[2], tel, Observer(),
+        ctrl = ControllerLoop(self.policy, ToWorkers, self.start_specs, tel, Observer(),
                               Liveness.of(self.cfg))
         self.controller = ctrl
         wloops = [WorkerLoop(w, self.executors_of(w), ToController(w, 0)) for w in range(W)]
@@ -522,7 +517,7 @@ class Simulation:
             if len(taken) < W:
                 return
             self.policy = make_policy(*self._policy_args)
-            ctrl = ControllerLoop(self.policy, ToWorkers, self.specs, tel, Observer(),
+            ctrl = ControllerLoop(self.policy, ToWorkers, self.start_specs, tel, Observer(),
                                   Liveness.of(self.cfg))
             self.controller = ctrl
             request, results, tick = ctrl.request, ctrl.results, ctrl.tick
