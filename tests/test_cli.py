@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import orjson
@@ -344,3 +346,29 @@ def test_simulate_stopped_by_a_signal_removes_its_spill_folder(tmp_path, sig):
     assert p.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err, err
     assert list(spill.iterdir()) == []
+
+
+_THREADS = """
+import os, sys
+from clockwork.cluster.cli import main
+assert "numpy" not in sys.modules  # (the verbs import it; none has before main runs)
+main(["scenarios"])
+import numpy
+print(len(os.listdir("/proc/self/task")))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or (os.cpu_count() or 1) < 2,
+                    reason="needs Linux's /proc and two or more CPUs")
+@pytest.mark.parametrize("given", [None, "2"])
+def test_a_clockwork_process_starts_one_blas_thread_unless_told(given):
+    """numpy's OpenBLAS starts a thread per CPU at import, each spinning a tenth of a
+    second: the clockwork command's processes (which do no linear algebra) start one, and
+    an explicit OPENBLAS_NUM_THREADS is kept."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if given:
+        env["OPENBLAS_NUM_THREADS"] = given
+    r = subprocess.run([sys.executable, "-c", _THREADS], capture_output=True, text=True,
+                       env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout.split()[-1]) == (1 if given is None else 2)

@@ -115,6 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     # ... Handshake failed") said before ours, which say what happened; its errors still
     # show (the children inherit it; an explicit GRPC_VERBOSITY wins)
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    # No verb does linear algebra worth threads (TVM runs models on its own pool), and
+    # numpy's OpenBLAS starts a thread per core at import, each spinning ~0.1 s of CPU:
+    # 1.5-2 s a process on a 16-core host, paid by every simulation of a sweep and every
+    # worker. One thread, before any verb imports numpy (the children inherit it; an
+    # explicit OPENBLAS_NUM_THREADS wins).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
