@@ -45,6 +45,12 @@ REFUSED_AS_SENT = frozenset((ErrorCode.INVALID_BATCH_SIZE,))
 # ran) do not.
 LOAD_REFUSED = frozenset((ErrorCode.UNKNOWN_MODEL, ErrorCode.LOAD_INSUFFICIENT_CACHE,
                           ErrorCode.INVALID_INPUT))
+# A LOAD refused with this status found the model's weights on the GPU already: weights
+# the controller does not count (left by a LOAD it counted as failed, or by an earlier
+# controller). The LOAD again would be refused again, at every look (thousands a second,
+# the model never served there, its INFERs failing WEIGHTS_CHANGED), so the policy
+# EVICTs them instead, and its demand places a copy again as on an empty GPU.
+WEIGHTS_UNCOUNTED = ErrorCode.WEIGHTS_ALREADY_LOADED
 # LOADs of a model refused in a row after which, while it has no copy ready, its
 # requests, queued and arriving, are answered ERROR with the worker's reason for
 # ``REFUSED_FOR_NS`` (instead of LOADs again and again, hundreds a second, until each

@@ -45,6 +45,7 @@ from controller.inflight import (
     LOAD_REFUSED,
     REFUSED_AS_SENT,
     REFUSED_FOR_NS,
+    WEIGHTS_UNCOUNTED,
     Inflight,
     error_message,
     failed_status,
@@ -313,7 +314,9 @@ class ClockworkScheduler(Policy):
                     if inst.model.removed:
                         self._retire(inst, now, out)
             else:
-                if current:
+                if current and result.status == WEIGHTS_UNCOUNTED:
+                    self._send_evict(inst, now, out)  # (then placed again: below)
+                elif current:
                     self._drop_instance(inst, now)
                 if result.status in LOAD_REFUSED:
                     self._load_refused(inst.model, g, result, now)

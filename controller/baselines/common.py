@@ -44,7 +44,13 @@ from clockwork.profiles import ModelProfile
 from clockwork.requests import DONE, EXECUTING, Reply, Request
 from clockwork.settings import from_table
 from controller.config import SchedulerConfig
-from controller.inflight import COPY_GONE, Inflight, error_message, failed_status
+from controller.inflight import (
+    COPY_GONE,
+    WEIGHTS_UNCOUNTED,
+    Inflight,
+    error_message,
+    failed_status,
+)
 from controller.policy import MODEL_UNLOADED, GpuSpec, ModelView, Policy
 
 MAX_ATTEMPTS = 3  # INFERs a request may be part of before a worker error is final
@@ -229,7 +235,10 @@ class BaselinePolicy(Policy):
                 c.loading = False
                 self._ready(c, now, out)
             elif current:
-                self._drop(c)
+                if result.status == WEIGHTS_UNCOUNTED:
+                    self._send_evict(c, now, out)  # (its _lost may LOAD it again: after)
+                else:
+                    self._drop(c)
                 self._lost(c.model, g, now, out)
         if self._removing:
             self._sweep(now, out)
