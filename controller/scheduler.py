@@ -628,8 +628,14 @@ class ClockworkScheduler(Policy):
         another GPU with room should still take the copy at once. The length follows the
         model's streak, not the GPU's, so a model that every GPU refuses (a package no
         worker can load) is tried ever more rarely over all of them, each GPU at most
-        once per ``LOAD_BACKOFF_MAX_NS`` in the end. (A model without a copy ready is not
-        held back: its requests wait for a copy, and the rule above bounds its retries.)"""
+        once per ``LOAD_BACKOFF_MAX_NS`` in the end.
+
+        A model without a copy ready: ``g`` is passed over for its first copy for
+        ``REFUSED_FOR_NS`` while another GPU could take it (up, no copy of it, room for
+        it, not one that refused it lately): one worker without the package, or one
+        device failing its copies, would otherwise hold the model's LOADs, and its
+        requests, for the whole cluster. Its requests are answered ERROR only when no
+        such GPU is left."""
         if m.ready_copies:
             m.extra_refusals += 1
             backoff = min(LOAD_BACKOFF_MAX_NS, LOAD_BACKOFF_NS << min(m.extra_refusals - 1, 62))
@@ -638,8 +644,12 @@ class ClockworkScheduler(Policy):
                 self._held_back.add(m)
             m.load_blocked[g.index] = now + backoff
             return
+        if m.load_blocked is None:
+            m.load_blocked = {}
+            self._held_back.add(m)
+        m.load_blocked[g.index] = now + REFUSED_FOR_NS
         m.load_refusals += 1  # (those of extra copies before the copy was lost: not these)
-        if m.load_refusals < LOAD_REFUSALS:
+        if m.load_refusals < LOAD_REFUSALS or self._first_copy_elsewhere(m, now):
             return
         m.refused_until = now + REFUSED_FOR_NS
         m.refused_why = error_message(result)
@@ -647,6 +657,22 @@ class ClockworkScheduler(Policy):
             if r.state == QUEUED:
                 self._unqueue(m, r)
                 self._answer(r, RequestStatus.ERROR, now, m.refused_why)
+
+    def _first_copy_elsewhere(self, m: ModelState, now: int,
+                              memo: dict[str, bool] | None = None) -> bool:
+        """Whether some GPU up, without a copy of ``m``, with room for it and not holding
+        it back (``load_blocked``) could take ``m``'s copy (``memo``: the answers of one
+        look; a look does not change them)."""
+        if memo is not None:
+            known = memo.get(m.name)
+            if known is not None:
+                return known
+        bl, insts, pages = m.load_blocked or {}, m.instances, m.pages
+        found = any(g.available and g.index not in insts and pages <= g.total_pages
+                    and bl.get(g.index, 0) <= now for g in self.gpus)
+        if memo is not None:
+            memo[m.name] = found
+        return found
 
     def _unqueue(self, m: ModelState, r: Request, state: int = DONE) -> None:
         """A queued request leaves the queue (to execute, or answered)."""
@@ -899,6 +925,7 @@ class ClockworkScheduler(Policy):
         misses = [e for e in warm if not self.models[e[1]].instances]
         models = self.models
         evicted = False
+        open_elsewhere: dict[str, bool] = {}  # (_first_copy_elsewhere's, for this look)
         for g in gpus:
             if not (warm or cold_seen or cold_left[0]):  # nothing left (misses are in warm)
                 break
@@ -915,8 +942,9 @@ class ClockworkScheduler(Policy):
                 if m.instances and not spare:
                     continue  # another copy on a saturated GPU would relieve nobody
                 bl = m.load_blocked
-                if bl is not None and m.ready_copies and bl.get(g.index, 0) > now:
-                    continue  # this GPU refused an extra copy of it lately (_load_refused)
+                if bl is not None and bl.get(g.index, 0) > now and (
+                        m.ready_copies or self._first_copy_elsewhere(m, now, open_elsewhere)):
+                    continue  # this GPU refused it lately (_load_refused)
                 victims = self._victims(g, m, -negp, now)
                 if victims is None:
                     continue

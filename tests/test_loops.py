@@ -515,6 +515,48 @@ def test_weights_on_a_gpu_the_controller_does_not_count_are_evicted_then_loaded(
     assert res.summary["submitted"] == res.summary["succeeded"] > 150, res.summary
 
 
+@pytest.mark.parametrize("policy", ["clockwork", "tfserving", "infaas", "clipper"])
+@pytest.mark.parametrize("lacking", [(0,), (0, 1)])
+def test_a_gpu_that_refuses_a_models_load_is_passed_over_for_another(
+        policy, lacking, monkeypatch):
+    """Worker 0 cannot load a model (its package missing: UNKNOWN_MODEL; a device failing
+    the copy is alike), worker 1 can. The model's LOAD went to worker 0 again and again:
+    the Clockwork scheduler answered every request ERROR, the baselines sent ~5,000 LOADs
+    a second there and never answered (clipper: TIMEOUT), worker 1 never tried. Now the
+    refusing GPU is passed over and worker 1 serves every request. When no worker can
+    load it, its requests are answered ERROR with the worker's reason, a few LOADs a
+    second at most."""
+    from collections import Counter
+
+    from clockwork.cluster.sim import Simulation
+
+    made = Simulation.executors_of
+
+    def without_the_package(self, w, restart=0):
+        out = made(self, w, restart)
+        if w in lacking:
+            for e in out:
+                e.models = {k: v for k, v in e.models.items() if k != "resnet18_v2"}
+        return out
+
+    monkeypatch.setattr(Simulation, "executors_of", without_the_package)
+    res = simulate({"seed": 1, "duration_s": 3.0, "scheduler": {"policy": policy},
+                    "cluster": {"workers": 2, "gpus_per_worker": 1,
+                                "profiles": "v100-reference"},
+                    "models": [{"name": "resnet18_v2"}],
+                    "workloads": [{"kind": "poisson", "rate_rps": 200, "slo_ms": 100}]})
+    refused = Counter(r[3] for r in res.telemetry.actions
+                      if r[1] == "LOAD" and r[2] == "UNKNOWN_MODEL")
+    s = res.summary
+    if lacking == (0,):
+        assert refused == {0: 1}, refused
+        assert s["submitted"] == s["succeeded"] > 500, s
+    else:
+        assert sum(refused.values()) <= 12 and set(refused) == {0, 1}, refused
+        assert {r[5] for r in res.telemetry.requests} == {1}  # ERROR, each answered
+        assert s["submitted"] == s["failed"] > 500, s
+
+
 def test_fault_settings_are_checked():
     from clockwork.scenario import ScenarioError
     bad = {**FAULTY, "faults": {"kill": [{"worker": 5, "at_s": 1.0}]}}

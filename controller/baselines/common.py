@@ -46,6 +46,8 @@ from clockwork.settings import from_table
 from controller.config import SchedulerConfig
 from controller.inflight import (
     COPY_GONE,
+    LOAD_REFUSED,
+    REFUSED_FOR_NS,
     WEIGHTS_UNCOUNTED,
     Inflight,
     error_message,
@@ -122,6 +124,11 @@ class BaselinePolicy(Policy):
         self._timers: list[int] = []
         self._timer_set: set[int] = set()
         self._use_seq = 0
+        # LOADs a worker refused for the model itself (LOAD_REFUSED): (model, GPU) -> until
+        # when that GPU is passed over for it; model -> (until, why) while every GPU that
+        # could hold it refused it (its requests answered ERROR meanwhile)
+        self._refused_on: dict[tuple[str, int], int] = {}
+        self._refused: dict[str, tuple[int, str]] = {}
 
     def _sizes(self, p: ModelProfile) -> list[int]:
         return [b for b in p.batch_sizes if b <= self.cfg.max_batch] or [p.batch_sizes[0]]
@@ -187,6 +194,12 @@ class BaselinePolicy(Policy):
             self._answer(request, RequestStatus.INVALID_REQUEST, now, "SLO must be positive")
             return out
         request.slo = slo
+        refused = self._refused.get(request.model)
+        if refused is not None:
+            if now < refused[0]:
+                self._answer(request, RequestStatus.ERROR, now, refused[1])
+                return out
+            del self._refused[request.model]  # (tried again)
         request.deadline = request.arrival + slo
         # a cold start: no copy of its model loaded when it arrived (as the Clockwork
         # scheduler records it)
@@ -239,6 +252,8 @@ class BaselinePolicy(Policy):
                     self._send_evict(c, now, out)  # (its _lost may LOAD it again: after)
                 else:
                     self._drop(c)
+                if result.status in LOAD_REFUSED:
+                    self._load_refused(c.model, g, result, now)
                 self._lost(c.model, g, now, out)
         if self._removing:
             self._sweep(now, out)
@@ -365,12 +380,43 @@ class BaselinePolicy(Policy):
                 return chosen
         return None
 
+    def _load_refused(self, model: str, g: Gpu, result: Result, now: int) -> None:
+        """``g``'s worker refused a LOAD of ``model`` for the model itself (a package it
+        lacks, a device failing the copy): ``g`` is passed over for it (``_try_load``) for
+        ``REFUSED_FOR_NS``, so that another GPU takes it at once (it was offered the same
+        GPU again at once, thousands of times a second, its requests never answered).
+        When no GPU that could hold it is left and no copy of it is loaded, its queued
+        requests, and those arriving until then, are answered ERROR with the worker's
+        reason."""
+        refused = self._refused_on
+        if len(refused) > 4 * len(self.gpus) + 64:
+            for k in [k for k, until in refused.items() if until <= now]:
+                del refused[k]
+        refused[(model, g.index)] = now + REFUSED_FOR_NS
+        if any(not c.loading for c in self.copies[model].values()) or any(
+                self._may_load(model, h, now) for h in self.gpus):
+            return
+        why = error_message(result)
+        self._refused[model] = (now + REFUSED_FOR_NS, why)
+        for r in self._take_queued(model):
+            self._attempts.pop(r.id, None)
+            self._answer(r, RequestStatus.ERROR, now, why)
+
+    def _may_load(self, model: str, g: Gpu, now: int) -> bool:
+        """Whether ``g`` could take a copy of ``model``: up, without one, big enough, and
+        not one that refused it lately."""
+        return (g.up and model not in g.copies and self.profiles[model].weights_pages <= g.total_pages
+                and self._refused_on.get((model, g.index), 0) <= now)
+
     def _try_load(self, model: str, gpus: Iterable[Gpu], now: int, out: list[Action]) -> Copy | None:
         """LOAD ``model`` on the first of ``gpus`` where it fits (evicting LRU idle copies)."""
         pages = self.profiles[model].weights_pages
+        refused = self._refused_on
         for g in gpus:
             if not g.up or model in g.copies or pages > g.total_pages:
                 continue
+            if refused and refused.get((model, g.index), 0) > now:
+                continue  # it refused this model lately (_load_refused)
             victims = self._victims(g, pages)
             if victims is None:
                 continue
