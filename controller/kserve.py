@@ -84,9 +84,11 @@ from controller.kserve_validate import check_version as _check_version
 
 # the protocol extensions served (Triton's names; ServerMetadata.extensions): binary
 # tensors after the JSON header of a REST request or response; Triton's model
-# configuration (``.../config``, ModelConfig), statistics (``.../stats``, ModelStatistics)
-# and model repository (index, load, unload)
-EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics", "model_repository")
+# configuration (``.../config``, ModelConfig), statistics (``.../stats``, ModelStatistics),
+# model repository (index, load, unload) and parameters (a request's own parameters, such
+# as ``slo_ms``: Triton lists it as it takes them)
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics", "model_repository",
+              "parameters")
 PLATFORM = "clockwork"  # model metadata's platform; the configuration's platform and backend
 
 
@@ -420,6 +422,11 @@ def _guarded(method):
         except KServeError as e:
             await self._abort(context, e)
         except Exception as e:  # noqa: BLE001 - a bug: answer it, say nothing of it
+            if context.done():
+                # the call ended (its deadline passed, its client went) before the answer,
+                # whose sending failed: nothing went wrong here, and no one to tell
+                # (gRPC's own handling of the failed send follows)
+                raise
             await self._abort(context, _internal(method.__name__, e))
 
     return run

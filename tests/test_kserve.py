@@ -532,6 +532,8 @@ def test_http_health_bodies(cluster):
     status, md = _get(base + "/v2")
     assert status == 200 and md["name"] == "clockwork"
     assert "binary_tensor_data" in md["extensions"]
+    # (a client that looks for "parameters" before it sends slo_ms finds it, as on Triton)
+    assert "parameters" in md["extensions"]
 
 
 def test_model_config_http(cluster):
