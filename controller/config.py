@@ -43,7 +43,9 @@ class SchedulerConfig:
         "of the SLO).", units=("ms",), ge=0)
     latest_delta: int = setting(
         ms(10), "How late after its predicted start an action may still start before the "
-        "worker rejects it.", units=("ms",), ge=0)
+        "worker rejects it. With `future_ms` it must cover the network delay to the "
+        "workers: an action that takes longer to arrive is refused (the controller and "
+        "the simulator warn).", units=("ms",), ge=0)
     future: int = setting(
         ms(1), "An idle GPU is predicted to start new work this long after now.",
         units=("ms",), ge=0)
@@ -94,3 +96,18 @@ class SchedulerConfig:
         """Build from a scenario's ``[scheduler]`` table (``*_ms`` keys in milliseconds);
         a bad key or value raises ``SettingsError`` (a ``ValueError``) with one line."""
         return from_table(cls, kw)
+
+
+def reach_note(cfg: SchedulerConfig, one_way_ns: int) -> str:
+    """What a policy with windows (``Policy.timed_windows``) cannot do when its actions
+    take ``one_way_ns`` to reach a worker: an action may start at most ``future`` +
+    ``latest_delta`` after it is sent (an idle GPU's), so one that arrives later is
+    refused ``*_TOO_LATE``, every one of them, and no request is served. "" when it
+    reaches in time."""
+    reach = cfg.future + cfg.latest_delta
+    if one_way_ns <= reach:
+        return ""
+    return (f"actions take ~{one_way_ns / 1e6:.3g} ms to reach the worker, longer than "
+            f"scheduler future_ms + latest_delta_ms ({reach / 1e6:g} ms) allow: each would "
+            "arrive after its window and be refused (*_TOO_LATE), and no request served; "
+            f"raise latest_delta_ms above {(one_way_ns - cfg.future) / 1e6:.3g}")

@@ -55,6 +55,8 @@ from clockwork.tensors import (
     batch_rows,
     row_buffers,
 )
+from controller import policy_class
+from controller.config import reach_note
 from controller.policy import GpuSpec
 from controller.repository import RepositoryError
 
@@ -150,6 +152,7 @@ class WorkerLink:
     lost_logged: float = -1e9
     lost_quiet: str = ""
     lost_skipped: int = 0
+    slow_said: bool = False  # its round trip was said to be too slow for the windows
 
     def add_sample(self, t0: int, tw: int, t2: int) -> None:
         rtt = t2 - t0
@@ -186,6 +189,18 @@ def _mismatch(a: Action, r: Result) -> str:
 
 class WorkerLinks:
     """``ControllerNode``'s worker links (see the module's docstring)."""
+
+    def _check_reach(self, link: WorkerLink) -> None:
+        """Say once per worker when half its clock-sync round trip is longer than the
+        policy's windows allow (``config.reach_note``): every action to it would be
+        refused, and nothing would say why."""
+        if link.slow_said or not policy_class(self.policy_name).timed_windows:
+            return
+        note = reach_note(self.cfg, link.rtt // 2)
+        if note:
+            link.slow_said = True
+            print(f"controller: warning: worker {link.address} (round trip "
+                  f"{link.rtt / 1e6:.3g} ms): {note}", file=sys.stderr, flush=True)
 
     def _adopt(self, link: WorkerLink) -> None:
         """The weights the worker kept through our first Hello (it held them for an
@@ -315,6 +330,7 @@ class WorkerLinks:
             for _ in range(8):
                 t0, r, t2 = await self._clock_sync(stub, link)
                 link.add_sample(t0, r.worker_time, t2)
+            self._check_reach(link)
             call = await self._open_connect(stub, link)
             # a reconnection (a loop already runs): the worker may be the same process
             keep = self.ctrl.keep_list(link.index) if self.ctrl is not None else ()

@@ -99,6 +99,10 @@ class Policy(ABC):
         override this gets an empty GPU."""
         return self.set_gpu_available(gpu_index, True, now)
 
+    #: whether its actions carry windows a worker enforces (``latest`` before NEVER): such
+    #: a policy cannot serve over a link slower than its windows allow (``reach_note``)
+    timed_windows = False
+
     #: whether ``adopt_copies`` takes over weights a worker already holds (a policy that
     #: leaves this False starts with empty caches: the controller has them emptied)
     adopts_weights = False

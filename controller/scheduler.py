@@ -1404,6 +1404,7 @@ class ClockworkScheduler(Policy):
         return out
 
     adopts_weights = True
+    timed_windows = True
 
     def adopt_copies(self, gpu_index: int, now: int,
                      copies: Sequence[tuple[str, int]]) -> list[Action]:

@@ -372,3 +372,37 @@ def test_a_clockwork_process_starts_one_blas_thread_unless_told(given):
                        env=env, timeout=60)
     assert r.returncode == 0, r.stderr
     assert int(r.stdout.split()[-1]) == (1 if given is None else 2)
+
+
+def test_a_link_slower_than_the_windows_is_said(capsys):
+    """A one-way network latency longer than future_ms + latest_delta_ms (11 ms by
+    default): every action reaches its worker after its window and is refused, and no
+    request is served (all TIMEOUT). It ran with nothing said; the simulator now warns
+    naming the setting to raise (and only for the Clockwork policy: the baselines' actions
+    have no windows)."""
+    base = ["simulate", "poisson_warm", "--set", "duration_s=0.5"]
+    assert main([*base, "--set", "cluster.network_latency_ms=20"]) == 0
+    err = capsys.readouterr().err
+    assert ("warning: cluster.network_latency_ms: actions take ~20 ms to reach the worker, "
+            "longer than scheduler future_ms + latest_delta_ms (11 ms) allow") in err, err
+    assert "raise latest_delta_ms above 19" in err
+    for ok in (["--set", "cluster.network_latency_ms=5"],
+               ["--set", "cluster.network_latency_ms=20", "--set", "scheduler.latest_delta_ms=30"],
+               ["--set", "cluster.network_latency_ms=20", "--set", "scheduler.policy=tfserving"]):
+        assert main([*base, *ok]) == 0
+        assert "warning" not in capsys.readouterr().err, ok
+
+
+def test_a_live_worker_slower_than_the_windows_is_said_once():
+    """The live controller measures each worker's round trip as it connects: half of it
+    longer than the windows allow is said once (here the windows are made 0 ms wide, as
+    no loopback link is slow)."""
+    from tests.conftest import local_cluster
+
+    with local_cluster(workers=1, gpus=1, controller_args=[
+            "--set", "future_ms=0", "--set", "latest_delta_ms=0"]) as cluster:
+        out = "".join(cluster.controller.output)
+    lines = [ln for ln in out.splitlines() if "controller: warning: worker" in ln]
+    assert len(lines) == 1, out[-2000:]
+    assert "ms to reach the worker, longer than scheduler future_ms + latest_delta_ms (0 ms)" \
+        in lines[0], lines

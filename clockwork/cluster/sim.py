@@ -50,7 +50,7 @@ from controller import (
     split_settings,
     table_policy,
 )
-from controller.config import SchedulerConfig
+from controller.config import SchedulerConfig, reach_note
 from controller.loop import ControllerLoop, Liveness, LoopObserver
 from controller.policy import GpuSpec, Policy
 from worker.devices.emulated import EmulatedDevice
@@ -198,6 +198,10 @@ class Simulation:
         self.pages = pages
         self.latency = ms(float(c["network_latency_ms"]))
         self.jitter = ms(float(c["jitter_ms"]))
+        # a link slower than the policy's windows: every action refused (said, not refused:
+        # a run may study it)
+        self.reach_note = (reach_note(cfg, self.latency)
+                           if policy_class(policy).timed_windows else "")
         self._net_rng = np.random.default_rng(s_net)
         # clocks: worker w's clock is the simulation's + offsets[w]; the controller
         # converts windows and result times with its estimate, off by up to clock_error_ms

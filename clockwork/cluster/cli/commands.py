@@ -62,6 +62,9 @@ def _simulate(args: argparse.Namespace) -> int:
     line = unused_line(*table_policy(sc.scheduler))
     if line:
         print(f"clockwork simulate: {line}", file=sys.stderr)
+    if sim.reach_note:
+        print(f"clockwork simulate: warning: cluster.network_latency_ms: {sim.reach_note}",
+              file=sys.stderr)
     try:
         res = sim.run()
     except RuntimeError as e:  # requests still unanswered when drain_s ran out
