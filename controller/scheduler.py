@@ -284,7 +284,12 @@ class ClockworkScheduler(Policy):
                 # before its LOAD finished (a real LOAD that ran long): the weights are there.
                 if result.status in COPY_GONE and not inst.loading and g.instances.get(m.name) is inst \
                         and result.end >= inst.ready_at:
-                    self._drop_instance(inst, now)
+                    if result.status == ErrorCode.WEIGHTS_CHANGED:
+                        # other weights of it are there: out, or their pages stay taken
+                        # with none of our copies counting them
+                        self._send_evict(inst, now, out)
+                    else:
+                        self._drop_instance(inst, now)
                 elif (inst.loading and inst.ready_at <= now
                       and result.status == ErrorCode.WEIGHTS_NOT_PRESENT):
                     # its LOAD runs past its predicted end: not ready before another LOAD's

@@ -677,3 +677,23 @@ def test_simulated_runs_answer_everything_and_respect_pages(policy, gpus, copies
     assert s["policy"] == policy
     if pages == 20:  # room for 2 of 6 models: LRU eviction is exercised
         assert s["actions"]["evict"] > 0
+
+
+@pytest.mark.parametrize("name", ["clockwork", "clipper", "tfserving", "infaas"])
+def test_an_infer_refused_for_other_weights_of_its_model_evicts_them(name):
+    """An INFER refused WEIGHTS_CHANGED: the GPU holds weights of the model at another
+    version than the copy the policy counts. The policy forgot its copy and left those
+    weights there, their pages taken on the worker and free in its view (other models'
+    LOADs refused LOAD_INSUFFICIENT_CACHE for good, unless the model came back); it now
+    EVICTs them with the copy, and loads the model again as for any lost copy."""
+    p = make_policy(name, [make_profile("a")], specs())
+    after_load, t = loaded(p)
+    settle(p, after_load, t)
+    t += 10 * MS
+    acts = p.on_request(req(1, t=t, slo=1000 * MS), t)
+    t += 10 * MS
+    acts += p.on_tick(t) if p.next_wakeup() is not None and p.next_wakeup() <= t else []
+    (inf,) = of(acts, ActionType.INFER)
+    out = p.on_result(fail(inf, t + MS, ErrorCode.WEIGHTS_CHANGED), t + MS)
+    assert [(a.type, a.model, a.gpu) for a in of(out, ActionType.EVICT)] == \
+        [(ActionType.EVICT, "a", 0)], out

@@ -39,7 +39,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping
 
-from clockwork.actions import NEVER, Action, ActionType, RequestStatus, Result
+from clockwork.actions import NEVER, Action, ActionType, ErrorCode, RequestStatus, Result
 from clockwork.profiles import ModelProfile
 from clockwork.requests import DONE, EXECUTING, Reply, Request
 from clockwork.settings import from_table
@@ -233,7 +233,10 @@ class BaselinePolicy(Policy):
                         self._attempts[r.id] = n
                         retry.append(r)
                 if result.status in COPY_GONE and not c.loading and g.copies.get(c.model) is c:
-                    self._drop(c)
+                    if result.status == ErrorCode.WEIGHTS_CHANGED:
+                        self._send_evict(c, now, out)  # (other weights of it are there)
+                    else:
+                        self._drop(c)
                     self._lost(c.model, g, now, out)
                 if retry and not self._serves(c):
                     for r in retry:  # removed: nowhere to run them any more
