@@ -111,3 +111,10 @@ def reach_note(cfg: SchedulerConfig, one_way_ns: int) -> str:
             f"scheduler future_ms + latest_delta_ms ({reach / 1e6:g} ms) allow: each would "
             "arrive after its window and be refused (*_TOO_LATE), and no request served; "
             f"raise latest_delta_ms above {(one_way_ns - cfg.future) / 1e6:.3g}")
+
+
+def usable_batch_sizes(batch_sizes: list[int], max_batch: int) -> list[int]:
+    """The compiled batch sizes a policy runs: those up to ``max_batch``, or the smallest
+    when ``max_batch`` is below every one (a batch of 1 with no function for it crashed
+    the scheduler)."""
+    return [b for b in batch_sizes if b <= max_batch] or [batch_sizes[0]]

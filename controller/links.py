@@ -56,7 +56,7 @@ from clockwork.tensors import (
     row_buffers,
 )
 from controller import policy_class
-from controller.config import reach_note
+from controller.config import reach_note, usable_batch_sizes
 from controller.policy import GpuSpec
 from controller.repository import RepositoryError
 
@@ -189,6 +189,17 @@ def _mismatch(a: Action, r: Result) -> str:
 
 class WorkerLinks:
     """``ControllerNode``'s worker links (see the module's docstring)."""
+
+    def instance_message(self, name: str, profile: str) -> pb.Instance:
+        """Instance ``name`` (profile ``profile``) as workers are told it: with the pages
+        and the batch sizes the controller counts for it, which the worker's own profile
+        must agree with (it reports the instance missing otherwise)."""
+        msg = pb.Instance(name=name, profile=profile, package=self.packages.get(name, ""))
+        p = self.pset.find(profile)
+        if p is not None:
+            msg.weights_pages = p.weights_pages
+            msg.batch_sizes.extend(usable_batch_sizes(p.batch_sizes, self.cfg.max_batch))
+        return msg
 
     def _check_reach(self, link: WorkerLink) -> None:
         """Say once per worker when half its clock-sync round trip is longer than the
@@ -373,8 +384,8 @@ class WorkerLinks:
         requests failed ``UNKNOWN_MODEL``. Until the list holds still."""
         while link.told != self.instances:
             gone = [i for i in link.told if i not in self.instances]
-            new = [pb.Instance(name=i, profile=p, package=self.packages.get(i, ""))
-                   for i, p in self.instances.items() if link.told.get(i) != p]
+            new = [self.instance_message(i, p) for i, p in self.instances.items()
+                   if link.told.get(i) != p]
             link.told = dict(self.instances)
             self._update_seq += 1
             await call.write(pb.ControllerMessage(update=pb.InstanceUpdate(
@@ -395,7 +406,9 @@ class WorkerLinks:
                               f"{', '.join(state.missing[:5])}{more}: no profile in its "
                               f"profile set {state.profiles!r}"
                               + ("" if state.device == "emulated" else
-                                 " or no model package (see clockwork compile)"))
+                                 " or no model package (see clockwork compile)")
+                              + ", or one whose weights pages or batch sizes are not the "
+                              "controller's (the worker's log says which)")
         if not 1 <= len(state.gpus) <= MAX_GPUS_PER_WORKER:
             raise ValueError(f"worker {link.address} has {len(state.gpus)} GPUs: a worker "
                              f"has 1 to {MAX_GPUS_PER_WORKER}")
@@ -614,9 +627,8 @@ class WorkerLinks:
         key = (tuple(self.instances.items()), tuple(self.packages.items()))
         cached = self._hello_list
         if cached is None or cached[0] != key:
-            listed = pb.Hello(instances=[
-                pb.Instance(name=i, profile=m, package=self.packages.get(i, ""))
-                for i, m in self.instances.items()])
+            listed = pb.Hello(instances=[self.instance_message(i, m)
+                                         for i, m in self.instances.items()])
             cached = self._hello_list = (key, listed.SerializeToString())
         h = pb.Hello.FromString(cached[1])
         h.worker_id, h.reset, h.fast_link, h.adopt = link.index, True, link.fast, adopt

@@ -958,7 +958,7 @@ class ControllerNode(WorkerLinks):
                 if package:
                     self.packages[i] = package
             missing = await self._update_workers(
-                add=[pb.Instance(name=i, profile=profile, package=package) for i in names])
+                add=[self.instance_message(i, profile) for i in names])
             if missing:
                 where = "; ".join(f"worker {a}: {', '.join(ms)}" for a, ms in missing)
                 raise RepositoryError(grpc.StatusCode.NOT_FOUND, (
@@ -966,7 +966,8 @@ class ControllerNode(WorkerLinks):
                     "its profile set" + ("" if self.links[0].state is None
                                          or self.links[0].state.device == "emulated"
                                          else ", or no model package (see clockwork compile)")
-                    + ", or adding it failed there (the worker's log says why)"))
+                    + ", or its profile's weights pages or batch sizes are not the "
+                    "controller's, or adding it failed there (the worker's log says why)"))
             committed = True
             now = now_ns()
             out: list[Action] = []

@@ -9,7 +9,7 @@ from heapq import heapify, heappush
 from clockwork.actions import NEVER
 from clockwork.profiles import ModelProfile
 from clockwork.requests import QUEUED, Request
-from controller.config import SchedulerConfig
+from controller.config import SchedulerConfig, usable_batch_sizes
 from controller.estimator import Estimator
 from controller.lanes import LaneTracker
 
@@ -132,10 +132,7 @@ class ModelState:
         self.missed = 0.0
         self.missed_at = 0
         self.pages = profile.weights_pages
-        # (max_batch below every compiled size: the smallest, as the baselines take; a
-        # batch of 1 that the model has no function for crashed the scheduler)
-        self.batch_sizes = ([b for b in profile.batch_sizes if b <= cfg.max_batch]
-                            or [profile.batch_sizes[0]])
+        self.batch_sizes = usable_batch_sizes(profile.batch_sizes, cfg.max_batch)
         # GPU time per request at the most efficient allowed batch size (demand accounting)
         self.item_cost = min(
             profile.exec_ns[b] / b for b in self.batch_sizes

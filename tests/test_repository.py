@@ -1812,8 +1812,9 @@ def test_a_worker_back_without_a_model_loaded_while_it_was_away_says_why(
             lines = [ln for ln in err.splitlines() if "cannot serve" in ln]
             assert lines == [
                 f"controller: worker {address1} (emulated) cannot serve r: no profile in its "
-                "profile set 'partial'; it stays out (trying again every 0.25 s) "
-                "until they are unloaded"]
+                "profile set 'partial', or one whose weights pages or batch sizes are not the "
+                "controller's (the worker's log says which); it stays out (trying again every "
+                "0.25 s) until they are unloaded"]
             assert 'clockwork_worker_events_total{event="refused"}' in \
                 node.metrics.render().decode()
             assert (await answer(node, "r")).status == 0  # worker 0 serves it

@@ -138,6 +138,23 @@ def _is_package(p: Path) -> bool:
         return False
 
 
+
+def controller_disagreement(i: pb.Instance, p: ModelProfile) -> str:
+    """Why this worker's profile ``p`` cannot run instance ``i`` as the controller counts
+    it ("" if it can): other weights pages (the controller's view of the cache would be
+    wrong, its LOADs refused or the cache over-committed), or a batch size the controller
+    may send that ``p`` has no function for (each such INFER refused). A field the
+    controller left unset (0, empty) is not checked."""
+    if i.weights_pages and i.weights_pages != p.weights_pages:
+        return (f"its profile {i.profile!r} here needs {p.weights_pages} pages of weights, "
+                f"the controller's {i.weights_pages}")
+    lacking = sorted(set(i.batch_sizes) - set(p.batch_sizes))
+    if lacking:
+        return (f"its profile {i.profile!r} here has no batch size "
+                f"{', '.join(map(str, lacking))} (it has {', '.join(map(str, p.batch_sizes))}), "
+                "which the controller may send")
+    return ""
+
 class WorkerNode:
     """The worker's state and its timer task. All methods run on one event loop."""
 
@@ -417,6 +434,10 @@ class WorkerNode:
         p = self.pset.find(i.profile)  # (one profiled since the worker started too)
         path = self.package_for(i.name, i.profile, i.package) if self.real else None
         if p is None or (self.real and path is None):
+            return None
+        why = controller_disagreement(i, p)
+        if why:
+            print(f"worker: cannot serve {i.name}: {why}", file=sys.stderr, flush=True)
             return None
         made = self._renamed.get(i.name)
         if (made is not None and made[0] is not p) or self._elsewhere(i.name, path):

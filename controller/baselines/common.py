@@ -43,7 +43,7 @@ from clockwork.actions import NEVER, Action, ActionType, ErrorCode, RequestStatu
 from clockwork.profiles import ModelProfile
 from clockwork.requests import DONE, EXECUTING, Reply, Request
 from clockwork.settings import from_table
-from controller.config import SchedulerConfig
+from controller.config import SchedulerConfig, usable_batch_sizes
 from controller.inflight import (
     COPY_GONE,
     LOAD_REFUSED,
@@ -131,7 +131,7 @@ class BaselinePolicy(Policy):
         self._refused: dict[str, tuple[int, str]] = {}
 
     def _sizes(self, p: ModelProfile) -> list[int]:
-        return [b for b in p.batch_sizes if b <= self.cfg.max_batch] or [p.batch_sizes[0]]
+        return usable_batch_sizes(p.batch_sizes, self.cfg.max_batch)
 
     # ------------------------------------------------------------------ hooks
 
