@@ -697,3 +697,23 @@ def test_an_infer_refused_for_other_weights_of_its_model_evicts_them(name):
     out = p.on_result(fail(inf, t + MS, ErrorCode.WEIGHTS_CHANGED), t + MS)
     assert [(a.type, a.model, a.gpu) for a in of(out, ActionType.EVICT)] == \
         [(ActionType.EVICT, "a", 0)], out
+
+
+@pytest.mark.parametrize("name", ["clipper", "tfserving", "infaas"])
+def test_a_model_every_gpu_refused_is_answered_error_and_starts_afresh_when_added_again(name):
+    """Every GPU refused the model's LOAD (UNKNOWN_MODEL): its queued request is answered
+    ERROR with the worker's reason, as is one arriving within the second after (no LOAD
+    sent). Unloaded and loaded again under its name, it is tried at once."""
+    p = make_policy(name, [make_profile("a")], specs(gpus=2))
+    acts = p.on_request(req(1, slo=1000 * MS), 0)
+    for t in (MS, 2 * MS):
+        (load,) = of(acts, ActionType.LOAD)
+        acts = p.on_result(fail(load, t, ErrorCode.UNKNOWN_MODEL), t)
+    assert of(acts, ActionType.LOAD) == []  # both GPUs refused it: no third LOAD
+    (rep,) = p.drain_replies()
+    assert rep.status == RequestStatus.ERROR and "UNKNOWN_MODEL" in rep.message, rep
+    assert p.on_request(req(2, t=3 * MS), 3 * MS) == []
+    assert [r.status for r in p.drain_replies()] == [RequestStatus.ERROR]
+    p.remove_model("a", 4 * MS)
+    p.add_model("a", make_profile("a"), 4 * MS)
+    assert of(p.on_request(req(3, t=5 * MS), 5 * MS), ActionType.LOAD), "not tried again"

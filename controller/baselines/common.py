@@ -302,6 +302,9 @@ class BaselinePolicy(Policy):
         out: list[Action] = []
         self.serving.discard(name)
         self._removing.add(name)
+        self._refused.pop(name, None)  # (the name added again starts afresh)
+        for k in [k for k in self._refused_on if k[0] == name]:
+            del self._refused_on[k]
         for r in self._take_queued(name):
             self._attempts.pop(r.id, None)
             self._answer(r, RequestStatus.INVALID_REQUEST, now, MODEL_UNLOADED)
