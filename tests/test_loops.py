@@ -479,6 +479,28 @@ def test_what_the_controller_sends_a_worker_before_reconnecting_to_its_restart_i
     assert served == {r[1] for r in res.telemetry.requests}  # every instance served
 
 
+def _planted(monkeypatch, plant, policy: str, workers: int, duration_s: float, rate: float):
+    """Simulate resnet18_v2 alone (Poisson ``rate``, SLO 100 ms) on ``workers`` one-GPU
+    workers under ``policy``, after ``plant(sim, w, executors)`` changed each worker's
+    GPUs as first made (state the controller does not know of)."""
+    from clockwork.cluster.sim import Simulation
+
+    made = Simulation.executors_of
+
+    def planted(self, w, restart=0):
+        out = made(self, w, restart)
+        if restart == 0:
+            plant(self, w, out)
+        return out
+
+    monkeypatch.setattr(Simulation, "executors_of", planted)
+    return simulate({"seed": 1, "duration_s": duration_s, "scheduler": {"policy": policy},
+                     "cluster": {"workers": workers, "gpus_per_worker": 1,
+                                 "profiles": "v100-reference"},
+                     "models": [{"name": "resnet18_v2"}],
+                     "workloads": [{"kind": "poisson", "rate_rps": rate, "slo_ms": 100}]})
+
+
 @pytest.mark.parametrize("policy", ["clockwork", "tfserving", "infaas", "clipper"])
 def test_weights_on_a_gpu_the_controller_does_not_count_are_evicted_then_loaded(
         policy, monkeypatch):
@@ -490,25 +512,15 @@ def test_weights_on_a_gpu_the_controller_does_not_count_are_evicted_then_loaded(
     EVICTs those weights once, loads the model again, and serves every request."""
     from collections import Counter
 
-    from clockwork.cluster.sim import Simulation
     from worker.executor import Weights
 
-    made = Simulation.executors_of
-
-    def with_stale_weights(self, w, restart=0):
-        out = made(self, w, restart)
-        if w == 0 and restart == 0:  # (version 99: not one this controller sends)
-            e = out[0]
-            pages = e.free_pages.take(self.profiles["resnet18_v2"].weights_pages)
+    def stale_weights(sim, w, executors):
+        if w == 0:  # (version 99: not one this controller sends)
+            e = executors[0]
+            pages = e.free_pages.take(sim.profiles["resnet18_v2"].weights_pages)
             e.weights["resnet18_v2"] = Weights(pages, 99, 0)
-        return out
 
-    monkeypatch.setattr(Simulation, "executors_of", with_stale_weights)
-    res = simulate({"seed": 1, "duration_s": 2.0, "scheduler": {"policy": policy},
-                    "cluster": {"workers": 1, "gpus_per_worker": 1,
-                                "profiles": "v100-reference"},
-                    "models": [{"name": "resnet18_v2"}],
-                    "workloads": [{"kind": "poisson", "rate_rps": 100, "slo_ms": 100}]})
+    res = _planted(monkeypatch, stale_weights, policy, workers=1, duration_s=2.0, rate=100)
     acts = Counter((r[1], r[2]) for r in res.telemetry.actions)
     assert acts[("LOAD", "WEIGHTS_ALREADY_LOADED")] == 1, acts
     assert acts[("EVICT", "SUCCESS")] == 1 and acts[("LOAD", "SUCCESS")] == 1, acts
@@ -528,23 +540,13 @@ def test_a_gpu_that_refuses_a_models_load_is_passed_over_for_another(
     second at most."""
     from collections import Counter
 
-    from clockwork.cluster.sim import Simulation
-
-    made = Simulation.executors_of
-
-    def without_the_package(self, w, restart=0):
-        out = made(self, w, restart)
+    def without_the_package(sim, w, executors):
         if w in lacking:
-            for e in out:
+            for e in executors:
                 e.models = {k: v for k, v in e.models.items() if k != "resnet18_v2"}
-        return out
 
-    monkeypatch.setattr(Simulation, "executors_of", without_the_package)
-    res = simulate({"seed": 1, "duration_s": 3.0, "scheduler": {"policy": policy},
-                    "cluster": {"workers": 2, "gpus_per_worker": 1,
-                                "profiles": "v100-reference"},
-                    "models": [{"name": "resnet18_v2"}],
-                    "workloads": [{"kind": "poisson", "rate_rps": 200, "slo_ms": 100}]})
+    res = _planted(monkeypatch, without_the_package, policy, workers=2, duration_s=3.0,
+                   rate=200)
     refused = Counter(r[3] for r in res.telemetry.actions
                       if r[1] == "LOAD" and r[2] == "UNKNOWN_MODEL")
     s = res.summary
