@@ -238,9 +238,14 @@ def _index_request(ready_only) -> pb.ListModelsRequest:
 
 
 def _text(value, what: str) -> str:
-    """``value``, which must be a string (protobuf would raise its own TypeError)."""
+    """``value``, which must be a string that UTF-8 can encode (protobuf would raise its
+    own TypeError, or UnicodeEncodeError for a lone surrogate such as '\\udc80')."""
     if not isinstance(value, str):
         raise ValueError(f"{what} must be a string, got {value!r}")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} must be text UTF-8 can encode, got {value!r}") from None
     return value
 
 
@@ -506,6 +511,12 @@ _OTHER_LOOP = ("this AsyncClient was made in another event loop (each asyncio.ru
 # the unary methods of clockwork.v1 (the stream's call is InferStream's own)
 _UNARY = ("Infer", "ListModels", "LoadModel", "UnloadModel", "AddWorker", "Stats",
           "ModelStatus")
+# An AsyncClient's unary calls open at once, at most: the controller takes 4,096 streams
+# a connection (limits.grpc_max_streams_per_connection) and refuses the others, which
+# gRPC fails as UNAVAILABLE ("RST_STREAM ... 7") rather than queueing them, so with more
+# in flight some failed as if the controller could not be reached. The rest wait in the
+# client; a few streams are left for InferStreams on the same connection.
+MAX_UNARY_CALLS = 4000
 
 
 class _CloseAware:
@@ -520,11 +531,12 @@ class _CloseAware:
 
     def __call__(self, *args, **kw):
         self.client._check_loop()
-        return self._await(self.method(*args, **kw))
+        return self._await(args, kw)
 
-    async def _await(self, call):
+    async def _await(self, args, kw):
         try:
-            return await call
+            async with self.client._calls:  # (more than the connection takes wait here)
+                return await self.method(*args, **kw)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if self.client._closing and (task is None or not task.cancelling()):
@@ -769,6 +781,7 @@ class AsyncClient:
                                  aio=True)
         self._stub = _stub(self._channel, client_token(token))
         self._closing = False
+        self._calls = asyncio.Semaphore(MAX_UNARY_CALLS)
         try:  # its channel is bound to this loop (grpc.aio)
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:  # made outside a loop: grpc.aio took the thread's loop (a
