@@ -505,6 +505,9 @@ CLIENT_CLOSED = "the client was closed while the call waited"
 # (a copy shared the connection: closing it closed the original's)
 _NOT_COPIED = ("a {} owns its connection and cannot be copied or pickled: make another "
                "with the same address and settings")
+_NO_LOOP = ("make the AsyncClient inside a running event loop, in the async code that uses "
+            "it: outside one (after an asyncio.run() ended, say) there is no loop to bind "
+            "its connection to")
 _OTHER_LOOP = ("this AsyncClient was made in another event loop (each asyncio.run() starts "
                "a new one; a thread runs its own): make the AsyncClient in the loop that "
                "uses it")
@@ -777,8 +780,13 @@ class AsyncClient:
                  tls_key=None) -> None:
         self.url, tls_url = controller_address(url)
         self.timeout = _seconds(timeout)
-        self._channel = _channel(self.url, tls or tls_url, tls_ca, tls_cert, tls_key,
-                                 aio=True)
+        try:
+            self._channel = _channel(self.url, tls or tls_url, tls_ca, tls_cert, tls_key,
+                                     aio=True)
+        except RuntimeError as e:  # (gRPC's own, from deep inside it: no loop to bind to)
+            if "event loop" not in str(e):
+                raise
+            raise RuntimeError(_NO_LOOP) from None
         self._stub = _stub(self._channel, client_token(token))
         self._closing = False
         self._calls = asyncio.Semaphore(MAX_UNARY_CALLS)

@@ -686,6 +686,23 @@ def test_closing_an_async_client_fails_its_waiting_calls_as_unavailable():
         asyncio.run(mine())
 
 
+def test_an_async_client_made_outside_any_event_loop_says_where_to_make_it():
+    """Made after an ``asyncio.run()`` ended, outside any loop: a RuntimeError saying to
+    make it inside the running loop (it was gRPC's own 'There is no current event loop
+    in thread ...', raised from deep inside grpc.aio). A process of its own: the test
+    runner's thread may hold a loop."""
+    code = ("import asyncio, clockwork\n"
+            "async def f(): pass\n"
+            "asyncio.run(f())\n"
+            "try:\n"
+            "    clockwork.AsyncClient('127.0.0.1:1', timeout=1)\n"
+            "except RuntimeError as e:\n"
+            "    print(e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60)
+    assert r.stdout.startswith("make the AsyncClient inside a running event loop"), r
+
+
 def test_an_async_client_made_on_a_loop_in_another_thread_says_so():
     """An ``AsyncClient`` made on an event loop running in another thread than the one
     using it: a call and a stream raise a RuntimeError naming the cause (a call raised
