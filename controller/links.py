@@ -414,6 +414,14 @@ class WorkerLinks:
                              f"has 1 to {MAX_GPUS_PER_WORKER}")
         if link.state is not None and len(state.gpus) != len(link.state.gpus):
             raise ValueError(f"worker {link.address} came back with a different GPU count")
+        if link.state is not None:
+            # (the policy keeps each GPU's cache size: with a smaller one its LOADs were
+            # refused for want of room it believed free, and no EVICT made any)
+            for old, new in zip(link.state.gpus, state.gpus, strict=True):
+                if new.pages != old.pages:
+                    raise ValueError(f"worker {link.address} came back with another "
+                                     f"weights cache: GPU {new.gpu} has {new.pages:,} pages, "
+                                     f"had {old.pages:,}")
 
     async def _hello_answer(self, link: WorkerLink, stub: pbg.WorkerStub, call):
         """The worker's first message after our Hello (its state, as a rule). Before it

@@ -347,3 +347,51 @@ def test_a_second_reset_during_a_hellos_write_goes_before_the_actions_after_it()
         return written
 
     assert asyncio.run(asyncio.wait_for(main(), 30)) == ["hello", "hello", [7]]
+
+
+def test_a_worker_back_with_another_weights_cache_stays_out_saying_so(capsys):
+    """A worker restarted on its port with a smaller cache (``--pages``): it was taken
+    back with the cache size the policy had (100 pages here, 20 now), so a model that
+    needed an EVICT first was never loaded (every LOAD refused LOAD_INSUFFICIENT_CACHE
+    for room the policy believed free), with only "reconnected" said. It now stays out
+    as one back with another GPU count does, the log naming both sizes; back as it was,
+    it serves again."""
+    import asyncio
+
+    from tests.inprocess import serve_in_process
+    from tests.test_repository import _until
+    from worker.service import WorkerNode, serve_worker
+
+    async def main():
+        from controller.service import ControllerNode
+
+        address, stop, served = await serve_in_process(WorkerNode(gpus=1, pages=100))
+        node = ControllerNode([address], "v100-reference", models="resnet50_v2")
+        await node.start()
+        port = int(address.rpartition(":")[2])
+        try:
+            assert (await answer(node, "resnet50_v2")).status == 0
+            for pages in (20, 100):  # another cache, then the one it had
+                stop.set()
+                await served
+                await _until(lambda: not node.links[0].connected, "worker lost")
+                stop = asyncio.Event()
+                served = asyncio.create_task(serve_worker(
+                    "127.0.0.1", port, WorkerNode(gpus=1, pages=pages), stop=stop,
+                    link_port=-1))
+                if pages == 20:
+                    await _until(lambda: node.counters.get("worker_refusals", 0) >= 2,
+                                 "refused twice")
+                    assert not node.links[0].connected
+            await _until(lambda: node.links[0].connected, "taken back as it was")
+            assert (await answer(node, "resnet50_v2")).status == 0
+        finally:
+            await node.stop()
+            stop.set()
+            await served
+        return address
+
+    address = asyncio.run(main())
+    err = capsys.readouterr().err
+    assert (f"worker {address} came back with another weights cache: GPU 0 has 20 pages, "
+            "had 100; it stays out") in err, err
