@@ -287,6 +287,7 @@ class ControllerNode(WorkerLinks):
             g.copies += 1
             g.instances.append(i)
         self._names_served: list[str] | None = None  # sorted(self.loaded), made when asked
+        self._largest: tuple[list, int] = ([], 0)  # (the links' states, largest_cache())
         # unknown_model's messages while _names_served and the count served stay the same:
         # (that list, the count, name -> message)
         self._unknown_said: tuple[list | None, int, dict[str, str]] = (None, -1, {})
@@ -433,8 +434,41 @@ class ControllerNode(WorkerLinks):
         if self.adopt_weights:
             for link in self.links:
                 self._adopt(link)
+        self._say_unfit()
         for link in self.links:
             self._start_link_tasks(link)
+
+    def largest_cache(self) -> int:
+        """Pages of the largest GPU weights cache of the workers (0 before any answered);
+        kept while no worker's state changes (a repository index asks it per name)."""
+        states, (seen, pages) = [lk.state for lk in self.links], self._largest
+        if len(states) != len(seen) or any(a is not b for a, b in zip(states, seen, strict=True)):
+            pages = max((g.pages for st in states if st for g in st.gpus), default=0)
+            self._largest = (states, pages)  # (the states held: each one's identity)
+        return pages
+
+    def unfit(self, name: str) -> str:
+        """Why model instance ``name`` fits on no GPU ("" if one can hold it): its requests
+        are answered ERROR, and it is not ready."""
+        p, biggest = self.profiles.get(name), self.largest_cache()
+        if p is None or p.weights_pages <= biggest:
+            return ""
+        return (f"fits on no GPU: needs {p.weights_pages:,} pages of weights cache, the "
+                f"largest has {biggest:,}")
+
+    def _say_unfit(self) -> None:
+        """At start, one line naming the models no GPU can hold (each answered ERROR, not
+        ready), so that the operator hears of it before their clients do."""
+        biggest = self.largest_cache()
+        unfit = sorted((p.weights_pages, i) for i, p in self.profiles.items()
+                       if p.weights_pages > biggest)
+        if unfit:
+            names = ", ".join(f"{i} ({n:,} pages)" for n, i in unfit[:5])
+            more = f" and {len(unfit) - 5} more" if len(unfit) > 5 else ""
+            print(f"controller: warning: {len(unfit)} model instance(s) fit on no GPU (the "
+                  f"largest weights cache has {biggest:,} pages): {names}{more}; their "
+                  "requests are answered ERROR and they are not ready", file=sys.stderr,
+                  flush=True)
 
     async def _say_waiting(self) -> None:
         """At start, ``SAY_WAITING_S`` in: one line naming the workers whose gRPC server
@@ -793,7 +827,10 @@ class ControllerNode(WorkerLinks):
         if name in self.unloading:
             return "UNLOADING", ""
         if name in self.profiles:
-            return ("READY", "") if self.serving() else ("UNAVAILABLE", "no worker connected")
+            if not self.serving():
+                return "UNAVAILABLE", "no worker connected"
+            unfit = self.unfit(name)
+            return ("UNAVAILABLE", unfit) if unfit else ("READY", "")
         if name in self.unloaded:
             return "UNAVAILABLE", "unloaded"
         if name in self.pset.profiles:
@@ -827,7 +864,8 @@ class ControllerNode(WorkerLinks):
 
     def model_ready(self, name: str) -> bool:
         """Whether requests for ``name`` are served now (state ``READY``)."""
-        return name in self.profiles and name not in self.unloading and self.serving()
+        return (name in self.profiles and name not in self.unloading and self.serving()
+                and not self.unfit(name))
 
     def repository_index(self, ready_only: bool = False) -> list[tuple[str, str, str]]:
         """(name, state, reason) of every name the repository knows, by name: the
@@ -921,8 +959,7 @@ class ControllerNode(WorkerLinks):
             raise RepositoryError(grpc.StatusCode.NOT_FOUND, unknown_message(
                 "no profile", profile, sorted(self.pset.profiles), len(self.pset.profiles),
                 f"in the controller's profile set {self.pset.name!r}"))
-        biggest = max((g.pages for lk in self.links if lk.state for g in lk.state.gpus),
-                      default=0)
+        biggest = self.largest_cache()
         if prof.weights_pages > biggest:
             raise RepositoryError(bad, f"profile {profile!r} needs {prof.weights_pages} pages "
                                   f"of weights cache; the largest GPU here has {biggest}")

@@ -1949,3 +1949,31 @@ def test_a_copy_unloaded_alone_loads_again_as_the_models_copy():
                 "c", "c:1", "c:2"]
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_model_no_gpu_can_hold_is_said_at_start_and_not_ready(capsys):
+    """Workers whose caches (5 pages) are smaller than a model served (resnet50_v2, 7
+    pages): every request for it is answered ERROR, yet it was ready (KServe's model
+    ready, the repository index READY) and nothing was said at start, so a load balancer
+    or Triton tooling took it for healthy. Now a line at start names it, and it is
+    UNAVAILABLE in the index, saying why, and not ready; the model that fits is."""
+    import asyncio
+
+    from worker.service import WorkerNode
+
+    async def main():
+        async with controller_with([WorkerNode(gpus=1, pages=5)], "v100-reference",
+                                   "resnet18_v2,resnet50_v2") as node:
+            assert node.model_ready("resnet18_v2") and not node.model_ready("resnet50_v2")
+            assert node.model_state("resnet18_v2") == ("READY", "")
+            assert node.model_state("resnet50_v2") == (
+                "UNAVAILABLE", "fits on no GPU: needs 7 pages of weights cache, the largest "
+                "has 5")
+            assert (await answer(node, "resnet50_v2")).status == RequestStatus.ERROR
+            assert (await answer(node, "resnet18_v2")).status == RequestStatus.SUCCESS
+
+    asyncio.run(main())
+    err = capsys.readouterr().err
+    assert ("controller: warning: 1 model instance(s) fit on no GPU (the largest weights "
+            "cache has 5 pages): resnet50_v2 (7 pages); their requests are answered ERROR "
+            "and they are not ready") in err, err
