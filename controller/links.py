@@ -521,8 +521,12 @@ class WorkerLinks:
 
     def _auth_refused(self, link: WorkerLink, e: grpc.aio.AioRpcError) -> None:
         if e.code() == grpc.StatusCode.UNAUTHENTICATED:
-            self._refuse_worker(link, f"worker {link.address}: it refused our cluster "
-                                "credentials (give both the same cluster secret)")
+            self._refuse_worker(link, (
+                f"worker {link.address}: it refused our cluster credentials (give both the "
+                "same cluster secret)" if self.cluster_auth is not None else
+                f"worker {link.address}: it wants a cluster secret and this controller has "
+                "none (give it the worker's: --cluster-secret-file, or "
+                "CLOCKWORK_CLUSTER_SECRET)"))
 
     def _refuse_worker(self, link: WorkerLink, why: str) -> None:
         """Log (at most a line a second), count and raise: a worker we will not use."""

@@ -998,3 +998,27 @@ def test_a_host_name_that_is_also_a_loopback_address_is_this_machine_alone(monke
     assert answers_to("worker-7.example:7000", 7000, remote)
     assert not answers_to("only-loopback.example:7000", 7000, remote)
     assert answers_to("only-loopback.example:7000", 7000, "ipv4:127.0.0.1:5555")
+
+
+def test_a_controller_without_the_secret_a_worker_wants_is_told_so(plain_cluster, capsys):
+    """A worker started with a cluster secret, a controller with none: it was told the
+    worker 'refused our cluster credentials (give both the same cluster secret)', though
+    it had sent none. It now says the worker wants a secret this controller lacks, and
+    where to give it."""
+    import asyncio
+
+    from controller.service import ControllerNode
+
+    addr = plain_cluster.worker_addresses[0]
+
+    async def main():
+        node = ControllerNode([addr], "v100-reference", models=MODEL, connect_timeout=2)
+        with pytest.raises(Exception) as e:  # noqa: PT011 - what it says is the test
+            await node.start()
+        await node.stop()
+        return str(e.value)
+
+    said = asyncio.run(main()) + capsys.readouterr().err
+    assert (f"worker {addr}: it wants a cluster secret and this controller has none (give "
+            "it the worker's: --cluster-secret-file, or CLOCKWORK_CLUSTER_SECRET)") in said, said
+    assert "refused our cluster credentials" not in said
