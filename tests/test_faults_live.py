@@ -395,3 +395,18 @@ def test_a_worker_back_with_another_weights_cache_stays_out_saying_so(capsys):
     err = capsys.readouterr().err
     assert (f"worker {address} came back with another weights cache: GPU 0 has 20 pages, "
             "had 100; it stays out") in err, err
+
+
+def test_a_worker_says_which_controller_holds_it_and_when_it_lets_go():
+    """A worker's log said nothing of its controller: from a worker's host an operator
+    could not tell whether anyone held it. It now says when a controller connects (its
+    pid, host and port, and where from) and when the session ends."""
+    from tests.conftest import local_cluster, wait_output
+
+    with local_cluster(workers=1, gpus=1, models="resnet18_v2") as c:
+        line = wait_output(c.workers[0], "worker: controller pid ")
+        assert line.rstrip().endswith(" connected"), line
+        pid = c.controller.proc.pid
+    assert f"worker: controller pid {pid} on " in line, line
+    assert wait_output(c.workers[0], " disconnected").startswith(line.rstrip()[:-len(
+        "connected")]), c.workers[0].output

@@ -938,6 +938,9 @@ class WorkerServicer(pbg.WorkerServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
         session = self._session = _Session(node, first.hello.fast_link and self.link_port > 0,
                                            self._refused, holder)
+        # (an operator on this host learns who holds the worker, and since when)
+        who = f"controller {holder.label or '(unnamed)'} from {holder.peer}"
+        print(f"worker: {who} connected", file=sys.stderr, flush=True)
         rtask = None
         try:  # (from here on the session ends with this call, however it ends: a session
             # left active would hold the worker for a controller that is gone)
@@ -972,6 +975,7 @@ class WorkerServicer(pbg.WorkerServicer):
             if rtask is not None:
                 rtask.cancel()
             session.stop()
+            print(f"worker: {who} disconnected", file=sys.stderr, flush=True)
         if session.refused:  # the controller's stream ends with why
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, session.refused)
 
