@@ -148,6 +148,7 @@ class ControllerLoop:
         # (bound, action id, worker, 0 = first look / 1 = the look for a stuck action) heap
         self._due: list[tuple[int, int, int, int]] = []
         self.probing: dict[int, int] = {}  # worker -> when its probe's answer is due
+        self._again: set[int] = set()  # the workers on a second probe (``_check_liveness``)
         self.suspect = [False] * n
         self.resetting = [False] * n  # reset sent, its answer not yet heard
         # the earliest of: the next failure to feed, the next liveness bound of an
@@ -222,6 +223,7 @@ class ControllerLoop:
         """The transport got a message from ``worker`` (a result or a probe's answer)."""
         self._dirty = True
         self.probing.pop(worker, None)
+        self._again.discard(worker)
         if self.suspect[worker]:
             self.suspect[worker] = False
             self.resetting[worker] = True
@@ -258,6 +260,16 @@ class ControllerLoop:
         if probing:
             for w in [w for w, until in probing.items() if until <= now]:
                 del probing[w]
+                if w not in self._again and self.up[w] and sum(self.up) == 1:
+                    # the only worker up: found suspect, every request would be answered
+                    # no_worker at once, and no work could move elsewhere; a process
+                    # starved of CPU (a burst on a small host) misses one probe, so it
+                    # gets a second before that
+                    self._again.add(w)
+                    probing[w] = now + self.liveness.probe_timeout
+                    self.transport.probe(w)
+                    continue
+                self._again.discard(w)
                 self._suspect(w, now, "no answer to a probe")
         due, outstanding, up = self._due, self.outstanding, self.up
         while due and due[0][0] <= now:
@@ -290,6 +302,7 @@ class ControllerLoop:
         self.resetting[worker] = False
         self._dirty = True
         self.probing.pop(worker, None)
+        self._again.discard(worker)
         lost = list(self.outstanding[worker].values())
         self.outstanding[worker].clear()
         out: list[Action] = []

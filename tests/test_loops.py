@@ -202,9 +202,10 @@ def test_a_returning_gpu_gets_its_copies_back():
 def _loaded_then_suspect(loop, t):
     """A request loads resnet50_v2 on a worker and runs; the worker then hangs (its next
     INFER is never answered) until the loop finds it suspect. Returns (worker, the LOAD,
-    the time it was found suspect)."""
+    the time it was found suspect). (An SLO of a second: the only worker up is found
+    suspect after a second probe, past a 100 ms SLO.)"""
     from clockwork.actions import Result
-    loop.request(Request(1, "resnet50_v2", 0, ms(100)), 0)
+    loop.request(Request(1, "resnet50_v2", 0, ms(1000)), 0)
     (w, acts), = t.sent
     load, infer = acts
     assert (load.type, infer.type) == (ActionType.LOAD, ActionType.INFER)
@@ -559,6 +560,30 @@ def test_a_gpu_that_refuses_a_models_load_is_passed_over_for_another(
         assert s["submitted"] == s["failed"] > 500, s
 
 
+@pytest.mark.parametrize("workers, hang_s, suspected", [(1, 0.08, False), (1, 0.5, True),
+                                                         (2, 0.08, True)])
+def test_the_only_worker_up_gets_a_second_probe_before_it_is_suspect(workers, hang_s,
+                                                                      suspected):
+    """A worker silent for 80 ms (a process starved of CPU by a burst on a small host)
+    missed its 50 ms probe and was suspect: when it is the only worker up, every request
+    was then answered no_worker at once, though nothing could move elsewhere. The only
+    worker up now gets a second probe first; one that stays silent (0.5 s) is still
+    suspect, and with another worker up the first probe decides, as before."""
+    from clockwork.cluster.sim import Simulation
+    from clockwork.scenario import load_scenario
+
+    sim = Simulation(load_scenario(data={
+        "seed": 1, "duration_s": 3.0,
+        "cluster": {"workers": workers, "gpus_per_worker": 1, "profiles": "v100-reference"},
+        "models": [{"name": "resnet18_v2"}],
+        "workloads": [{"kind": "poisson", "rate_rps": 200, "slo_ms": 1000}],
+        "faults": {"hang": [{"worker": 0, "at_s": 1.0, "for_s": hang_s}]}}))
+    s = sim.run().summary
+    said = [what for _, what in sim.fault_log if "suspects worker 0" in what]
+    assert bool(said) == suspected, sim.fault_log
+    assert s["submitted"] == s["succeeded"], s
+
+
 def test_fault_settings_are_checked():
     from clockwork.scenario import ScenarioError
     bad = {**FAULTY, "faults": {"kill": [{"worker": 5, "at_s": 1.0}]}}
@@ -776,10 +801,11 @@ def test_a_late_timer_does_not_blame_the_workers():
     armed = loop.armed
     loop.tick(armed + ms(500))  # 500 ms late
     assert not loop.suspect[0] and 0 in loop.probing
-    until = loop.probing[0]
+    # on time now, and still no answer: suspect (the only worker up: after a second probe)
+    until = loop.probing[0] + loop.liveness.probe_timeout
     while not loop.suspect[0] and loop.armed is not None and loop.armed <= until:
-        loop.tick(loop.armed)  # on time now, and still no answer
-    assert loop.suspect[0]
+        loop.tick(loop.armed)
+    assert loop.suspect[0] and t.probes == [0, 0]
 
 
 def test_fault_runs_repeat_exactly_across_processes(tmp_path):
