@@ -459,10 +459,10 @@ class ControllerNode(WorkerLinks):
     def _say_unfit(self) -> None:
         """At start, one line naming the models no GPU can hold (each answered ERROR, not
         ready), so that the operator hears of it before their clients do."""
-        biggest = self.largest_cache()
         unfit = sorted((p.weights_pages, i) for i, p in self.profiles.items()
-                       if p.weights_pages > biggest)
+                       if self.unfit(i))
         if unfit:
+            biggest = self.largest_cache()
             names = ", ".join(f"{i} ({n:,} pages)" for n, i in unfit[:5])
             more = f" and {len(unfit) - 5} more" if len(unfit) > 5 else ""
             print(f"controller: warning: {len(unfit)} model instance(s) fit on no GPU (the "
