@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from contextlib import contextmanager
@@ -86,6 +87,16 @@ def wait_output(child, text: str, timeout: float = 20.0) -> str:
         if time.monotonic() >= deadline:
             raise TimeoutError(f"{child.name} printed no {text!r}:\n" + "".join(child.output[-20:]))
         time.sleep(0.05)
+
+
+def replay_with_no_controller(tmp_path, scenario: str) -> subprocess.CompletedProcess:
+    """``clockwork replay`` of the scenario text ``scenario`` against an address where no
+    controller listens (127.0.0.1:1): what it says before it connects."""
+    path = tmp_path / "s.toml"
+    path.write_text(scenario)
+    return subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "replay", str(path),
+                           "--controller", "127.0.0.1:1"], capture_output=True, text=True,
+                          timeout=60)
 
 
 def cli_command(*argv: str, mem_bytes: int | None = None) -> list[str]:

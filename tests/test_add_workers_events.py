@@ -14,6 +14,7 @@ import pytest
 
 from clockwork.cluster.sim import Simulation, simulate
 from clockwork.scenario import ScenarioError, joining_workers, load_scenario
+from tests.conftest import replay_with_no_controller
 
 # one GPU cannot carry the load (requests time out); a second joins at 3 s
 SCENARIO = """
@@ -132,11 +133,7 @@ def test_serve_without_replay_and_replay_refuse_or_say_so(tmp_path):
 
     assert "add_workers (played by --replay only)" in live_ignored(_scenario(tmp_path),
                                                                    replay=False)
-    path = tmp_path / "s.toml"
-    path.write_text(SCENARIO)
-    p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "replay", str(path),
-                        "--controller", "127.0.0.1:1"], capture_output=True, text=True,
-                       timeout=60)
+    p = replay_with_no_controller(tmp_path, SCENARIO)
     assert p.returncode == 2 and "[[add_workers]] events" in p.stderr, p.stderr
     assert "--set add_workers=[]" in p.stderr
 

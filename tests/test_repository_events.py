@@ -13,6 +13,7 @@ import pytest
 
 from clockwork.cluster.sim import Simulation, simulate
 from clockwork.scenario import ScenarioError, load_scenario, repository_plan
+from tests.conftest import replay_with_no_controller
 
 SCENARIO = """
 name = "repository-events"
@@ -253,10 +254,6 @@ def test_serve_without_replay_says_the_events_are_not_played(tmp_path):
 
 def test_replay_against_a_running_controller_refuses_them(tmp_path):
     """``clockwork replay`` starts no cluster of its own: it says so, before connecting."""
-    path = tmp_path / "s.toml"
-    path.write_text(SCENARIO)
-    p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "replay", str(path),
-                        "--controller", "127.0.0.1:1"], capture_output=True, text=True,
-                       timeout=60)
+    p = replay_with_no_controller(tmp_path, SCENARIO)
     assert p.returncode == 2 and "[[repository]] events" in p.stderr, p.stderr
     assert "clockwork serve SCENARIO --replay plays them" in p.stderr
