@@ -520,6 +520,16 @@ _UNARY = ("Infer", "ListModels", "LoadModel", "UnloadModel", "AddWorker", "Stats
 # in flight some failed as if the controller could not be reached. The rest wait in the
 # client; a few streams are left for InferStreams on the same connection.
 MAX_UNARY_CALLS = 4000
+# Even so, under load the controller still counts streams the client has seen end, and
+# refuses a few past its limit: a refused stream (HTTP/2 REFUSED_STREAM, "RST_STREAM ...
+# error code 7") was never processed, so the call is made again, this many times at most.
+REFUSED_RETRIES = 8
+
+
+def _refused_stream(e: grpc.aio.AioRpcError) -> bool:
+    """Whether the server refused the call's stream before it read it (safe to repeat)."""
+    return (e.code() == grpc.StatusCode.UNAVAILABLE
+            and "RST_STREAM with error code 7" in (e.details() or ""))
 
 
 class _CloseAware:
@@ -539,7 +549,13 @@ class _CloseAware:
     async def _await(self, args, kw):
         try:
             async with self.client._calls:  # (more than the connection takes wait here)
-                return await self.method(*args, **kw)
+                for attempt in range(REFUSED_RETRIES):
+                    try:
+                        return await self.method(*args, **kw)
+                    except grpc.aio.AioRpcError as e:
+                        if attempt + 1 == REFUSED_RETRIES or not _refused_stream(e):
+                            raise
+                    await asyncio.sleep(0.001 * (attempt + 1))  # (a stream ends meanwhile)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if self.client._closing and (task is None or not task.cancelling()):

@@ -919,7 +919,9 @@ def test_more_unary_calls_than_a_connection_takes_wait_in_the_async_client():
                 got = await asyncio.gather(
                     *(c.infer("mobilenet_v2", slo_ms=60_000) for _ in range(6000)),
                     return_exceptions=True)
-            return collections.Counter(type(r).__name__ for r in got)
+            return collections.Counter(type(r).__name__ + ("" if type(r).__name__ == "InferResult"
+                                                           else f": {str(r)[:200]}")
+                                       for r in got)
 
         got = asyncio.run(main())
-    assert got == {"InferResult": 6000}, got
+    assert got == {"InferResult": 6000}, got  # (with each failure's message)
