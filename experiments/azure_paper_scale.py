@@ -318,16 +318,18 @@ def spawn_part(spec: dict, alone: bool = True) -> dict:
                "--result", f.name]
         r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        with _CHILDREN_LOCK:
-            if _STOP.is_set():
-                raise SystemExit(f"{NAME}: stopped")
-            p = subprocess.Popen(cmd, cwd=common.ROOT)
-            _CHILDREN.add(p)
+        p = None
         try:
+            with _CHILDREN_LOCK:
+                if _STOP.is_set():
+                    raise SystemExit(f"{NAME}: stopped")
+                p = subprocess.Popen(cmd, cwd=common.ROOT)
+                _CHILDREN.add(p)
             rc = p.wait()
-        except BaseException:  # (Ctrl-C here: the part goes too)
-            p.kill()
-            p.wait()
+        except BaseException:  # (Ctrl-C here, from the start: the part goes too)
+            if p is not None:
+                p.kill()
+                p.wait()
             raise
         finally:
             _CHILDREN.discard(p)
@@ -526,9 +528,12 @@ def main(argv=None) -> dict:
                     ThreadPoolExecutor(args.jobs) as pool:
                 for i, spec in enumerate(specs):
                     spec["status"] = str(Path(status_dir) / f"part-{i}")
-                futures = {pool.submit(spawn_part, spec, False): i for i, spec in enumerate(specs)}
-                pending = set(futures)
-                try:
+                futures: dict = {}
+                try:  # (from the first submit: a Ctrl-C just after it left the parts running
+                    # and the pool waited for their ends before the stop was seen)
+                    for i, spec in enumerate(specs):
+                        futures[pool.submit(spawn_part, spec, False)] = i
+                    pending = set(futures)
                     while pending:
                         ended, pending = wait(pending, timeout=PROGRESS_S,
                                               return_when=FIRST_COMPLETED)

@@ -78,3 +78,40 @@ def test_another_seed_is_another_run_of_the_same_minutes():
     assert one["by_minute"] == again["by_minute"] and one["seed"] is None
     assert other["seed"] == 2 and other["by_minute"] != one["by_minute"]
     assert abs(other["requests"] - one["requests"]) < 0.05 * one["requests"]  # the same trace
+
+
+def test_ctrl_c_as_the_parts_start_kills_them(monkeypatch):
+    """A Ctrl-C reaching the script just as it hands parts to the pool (after the first
+    started, before the second) kills the part started: none runs on to its end while the
+    script waits for it (under load, a stop took 11 s, the part's whole run)."""
+    import subprocess
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pytest
+
+    started: list[subprocess.Popen] = []
+    up = threading.Event()
+
+    class Recorded(subprocess.Popen):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            started.append(self)
+            up.set()
+
+    class CtrlCAtSecondSubmit(ThreadPoolExecutor):
+        def submit(self, fn, /, *args, **kwargs):
+            if getattr(self, "_one", False):
+                assert up.wait(60)  # the first part's process is up
+                raise KeyboardInterrupt
+            self._one = True
+            return super().submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(azure_paper_scale, "_STOP", threading.Event())
+    monkeypatch.setattr(azure_paper_scale.subprocess, "Popen", Recorded)
+    monkeypatch.setattr(azure_paper_scale, "ThreadPoolExecutor", CtrlCAtSecondSubmit)
+    with pytest.raises(KeyboardInterrupt):
+        azure_paper_scale.main(["--trace", "sample", "--minutes", "4", "--rate", "3000",
+                                "--part-minutes", "2", "--jobs", "2"])
+    # killed, not run to its end (exit 0) while the pool waited
+    assert [p.returncode for p in started] == [-9]
