@@ -16,8 +16,8 @@ import errno
 import math
 import numbers
 import os
+import secrets
 import shutil
-import tempfile
 import tokenize
 import weakref
 import zipfile
@@ -258,9 +258,17 @@ class Telemetry:
         self.spill_folder: Path | None = None
         if spill_dir is not None:
             Path(spill_dir).mkdir(parents=True, exist_ok=True)
-            self.spill_folder = Path(tempfile.mkdtemp(prefix=ROWS_PREFIX, dir=spill_dir))
-            req_spill, act_spill = self.spill_folder / "requests", self.spill_folder / "actions"
-        try:
+        try:  # (from before the folder is made: a Ctrl-C as it was made left it behind)
+            while spill_dir is not None and self.spill_folder is None:
+                # (as tempfile.mkdtemp, but named before it exists, for the except below)
+                self.spill_folder = Path(spill_dir) / (ROWS_PREFIX + secrets.token_hex(6))
+                try:
+                    self.spill_folder.mkdir(mode=0o700)
+                except FileExistsError:
+                    self.spill_folder = None
+            if self.spill_folder is not None:
+                req_spill = self.spill_folder / "requests"
+                act_spill = self.spill_folder / "actions"
             self._req = ColumnLog(REQUEST_COLUMNS, REQUEST_DTYPES, req_spill, buffer_rows)
             self._act = ColumnLog(ACTION_COLUMNS, ACTION_DTYPES, act_spill, buffer_rows)
             self._finalizer = None if self.spill_folder is None else weakref.finalize(

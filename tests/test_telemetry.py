@@ -441,6 +441,22 @@ def test_spilled_columns_handed_out_survive_clear_and_the_folder_goes(tmp_path):
     assert np.array_equal(before, want)  # (unlinked, still mapped)
 
 
+def test_a_ctrl_c_as_the_spill_folder_is_made_leaves_no_folder(tmp_path, monkeypatch):
+    """A stop (Ctrl-C, SIGTERM, SIGHUP) landing just as the rows' folder was made left it
+    behind: the folder was named only once made, so nothing held it to remove."""
+    made = os.mkdir
+
+    def mkdir_then_stopped(path, *a, **k):
+        made(path, *a, **k)
+        if os.path.basename(path).startswith(T.ROWS_PREFIX):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "mkdir", mkdir_then_stopped)
+    with pytest.raises(KeyboardInterrupt):
+        Telemetry(spill_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_spilled_log_pickles_with_its_rows_in_memory(run, tmp_path):
     """A Telemetry spilling to files pickles (a SimResult returned from a multiprocessing
     pool: it raised "cannot pickle '_io.FileIO' object"): the copy holds the same rows in
