@@ -146,6 +146,7 @@ class WorkerLink:
     held: str = ""
     reached: bool = False  # its gRPC server answered once (a channel was ready)
     backoff: float = 0.0  # the wait before the next reconnection's first attempt (s)
+    refused_wait: float = 0.0  # the pause after its last refusal (0: not refused)
     # its "lost" line (ControllerNode._lost): the cause last logged, when, and a line not
     # logged (a repeat within LINK_LOG_S), said after all if it does not come back at once
     lost_err: str = ""
@@ -920,6 +921,18 @@ class WorkerLinks:
             link.lost_skipped += 1
         asyncio.ensure_future(self._reconnect(link))
 
+    async def _refused_pause(self, wait: float, models_change: bool) -> None:
+        """The pause after a worker refused as it connected: ``wait`` seconds (each
+        attempt has the worker check every instance again, reading every package: 4 a
+        second took a CPU-sixth of its host), cut short when the instances served change
+        if ``models_change`` (the unload it waits for, or a load: tried again at once)."""
+        seen = dict(self.instances) if models_change else None
+        end = time.monotonic() + wait
+        while not self._stopping and (left := end - time.monotonic()) > 0:
+            await asyncio.sleep(min(RECONNECT_S, left))
+            if seen is not None and self.instances != seen:
+                return
+
     def _log_lost(self, link: WorkerLink, line: str) -> None:
         more = (f" ({link.lost_skipped} more like it not shown)" if link.lost_skipped
                 else "")
@@ -937,10 +950,15 @@ class WorkerLinks:
                 # workers connected), or came back with other GPUs: it stays out, and says
                 # why (each attempt counted, a line every REFUSED_LOG_S at most)
                 self.count("worker_refusals")
-                link.refused(f"{e}; it stays out (trying again every {RECONNECT_S:g} s) "
-                             + ("until they are unloaded" if isinstance(e, CannotServe) else
-                                "until it is restarted as it was"))
-                await asyncio.sleep(RECONNECT_S)
+                serve = isinstance(e, CannotServe)
+                link.refused(f"{e}; it stays out (trying again after {RECONNECT_S:g} s, "
+                             f"doubling to {RECONNECT_MAX_S:g} s"
+                             + (", and at once when the models served change) until they "
+                                "are unloaded" if serve else
+                                ") until it is restarted as it was"))
+                link.refused_wait = (min(RECONNECT_MAX_S, 2 * link.refused_wait)
+                                     if link.refused_wait else RECONNECT_S)
+                await self._refused_pause(link.refused_wait, serve)
                 continue
             except WorkerHeld as e:  # another controller's now: ours once it lets go
                 if link.lost_quiet:
@@ -957,6 +975,7 @@ class WorkerLinks:
                 self._bad_worker_msg(f"reconnecting to worker {link.address} failed: {e!r}", e)
                 await asyncio.sleep(RECONNECT_S)
                 continue
+            link.refused_wait = 0.0
             if link.held:
                 print(f"controller: worker {link.address} reconnected: it is ours again "
                       "(the controller that held it let it go)", file=sys.stderr, flush=True)

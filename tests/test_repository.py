@@ -1764,6 +1764,7 @@ def test_a_worker_back_without_a_model_loaded_while_it_was_away_says_why(
     Controller and workers in this process."""
     import asyncio
     import shutil
+    import time
 
     import controller.links as links
     import controller.service as service
@@ -1772,6 +1773,10 @@ def test_a_worker_back_without_a_model_loaded_while_it_was_away_says_why(
     from worker.service import WorkerNode, serve_worker
 
     monkeypatch.setattr(links, "REFUSED_LOG_S", 1000.0)  # one line
+    # (attempts after 0.05 s, doubling to 60: the pause grows past what the unload's
+    # rejoin below may take)
+    monkeypatch.setattr(links, "RECONNECT_S", 0.05)
+    monkeypatch.setattr(links, "RECONNECT_MAX_S", 60.0)
     dials: list[str] = []
     dial_fast = service.ControllerNode._dial_fast
 
@@ -1802,8 +1807,12 @@ def test_a_worker_back_without_a_model_loaded_while_it_was_away_says_why(
             served1 = asyncio.create_task(serve_worker(  # (with its fast link, this time)
                 "127.0.0.1", port, WorkerNode(gpus=1, pages=100, profiles=str(partial)),
                 stop=stop1, link_port=0))
-            await _until(lambda: node.counters.get("worker_refusals", 0) >= 3,
-                         "worker 1 refused three times")
+            await _until(lambda: node.counters.get("worker_refusals", 0) >= 7,
+                         "worker 1 refused seven times")
+            # each refusal has the worker read every package again: the pauses between
+            # attempts double (seven at 0.05 s apart would be 0.35 s; these are 6.35 s)
+            pause = node.links[1].refused_wait
+            assert pause >= 3.2, pause
             assert not node.links[1].connected
             err = capsys.readouterr().err
             # refused before its fast link is dialed (dialed at each attempt, it said
@@ -1813,13 +1822,17 @@ def test_a_worker_back_without_a_model_loaded_while_it_was_away_says_why(
             assert lines == [
                 f"controller: worker {address1} (emulated) cannot serve r: no profile in its "
                 "profile set 'partial', or one whose weights pages or batch sizes are not the "
-                "controller's (the worker's log says which); it stays out (trying again every "
-                "0.25 s) until they are unloaded"]
+                "controller's (the worker's log says which); it stays out (trying again after "
+                "0.05 s, doubling to 60 s, and at once when the models served change) until "
+                "they are unloaded"]
             assert 'clockwork_worker_events_total{event="refused"}' in \
                 node.metrics.render().decode()
             assert (await answer(node, "r")).status == 0  # worker 0 serves it
+            t0 = time.monotonic()
             assert await node.unload_model("r") == ["r"]
             await _until(lambda: node.links[1].connected, "worker 1 back")
+            # at once, not at the end of its pause
+            assert time.monotonic() - t0 < pause / 2, (time.monotonic() - t0, pause)
             assert (await answer(node, "resnet50_v2")).status == 0
         finally:
             await node.stop()
