@@ -154,6 +154,25 @@ def test_written_file_reads_back(tmp_path):
     np.testing.assert_array_equal(tr.counts, generate(200, seed=2)[0].counts)
 
 
+def test_a_day_written_again_in_the_other_form_replaces_it(tmp_path, capsys):
+    """``trace synth --gzip`` into a folder holding the same day as a plain .csv (or
+    back): the old file was left, and the replay and ``trace info 1`` took it, silently.
+    Now it is replaced; and a folder holding a day twice is refused by name."""
+    from clockwork.workloads.azure import TraceError, find_trace_file
+
+    (old,) = write_synthetic(tmp_path, 80, seed=2)
+    (new,) = write_synthetic(tmp_path, 50, seed=1, gzip=True)
+    assert not old.exists() and find_trace_file(1, tmp_path) == new
+    assert main(["trace", "info", "1", "--trace-dir", str(tmp_path), "--top", "0"]) == 0
+    assert "functions     50" in capsys.readouterr().out
+    write_synthetic(tmp_path / "other", 60, seed=3)
+    (tmp_path / "other" / old.name).rename(old)  # both forms, put there by hand
+    with pytest.raises(TraceError, match="2 trace files for day 1 in .*keep only"):
+        find_trace_file(1, tmp_path)
+    assert main(["trace", "info", "1", "--trace-dir", str(tmp_path)]) == 2
+    assert "2 trace files for day 1" in capsys.readouterr().err
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError):
         generate(0)

@@ -80,11 +80,15 @@ def find_trace_file(day: int, trace_dir: str | Path | None = None) -> Path:
         raise TraceError(f"trace day must be an integer >= 1, got {day!r}")
     dirs = trace_dirs(trace_dir)
     for d in dirs:
-        for form in NAME_FORMS:
-            for suffix in ("", ".gz"):
-                p = d / (form.format(day=int(day)) + suffix)
-                if p.is_file():
-                    return p
+        found = [p for form in NAME_FORMS for suffix in ("", ".gz")
+                 if (p := d / (form.format(day=int(day)) + suffix)).is_file()]
+        if len(found) > 1:
+            # (one was taken, silently: a stale .csv beside a new .csv.gz, say)
+            raise TraceError(f"{len(found)} trace files for day {day} in {d} "
+                             f"({', '.join(p.name for p in found)}): keep only the one to "
+                             "replay there")
+        if found:
+            return found[0]
     raise TraceError(
         f"no Azure trace file for day {day} ({trace_file_name(day)} or "
         f"{trace_file_name(day, svls=True)}) in {', '.join(str(d) for d in dirs)}; "

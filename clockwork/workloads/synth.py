@@ -272,14 +272,20 @@ def write_synthetic(out_dir: str | Path, functions: int, days: int = 1, seed: in
                     gzip: bool = False, written=None) -> list[Path]:
     """Generate and write ``invocations_per_function_md.anon.d01.csv`` ... into ``out_dir``
     (``.csv.gz`` with ``gzip``), each day as soon as it is made (one day in memory);
-    ``written(path)``, if given, is called as each is."""
+    ``written(path)``, if given, is called as each is. A day's file already there is
+    replaced, in either form (``.csv`` or ``.csv.gz``)."""
     days_iter = days_of(functions, days, seed)  # (checks the sizes before anything is made)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     suffix = ".gz" if gzip else ""
     paths = []
     for d, tr in enumerate(days_iter):
-        paths.append(tr.save(out / (trace_file_name(d + 1) + suffix)))
+        path = out / (trace_file_name(d + 1) + suffix)
+        # the same day's file in the other form (.csv for .csv.gz, or back) is replaced
+        # as a file of the same name is: left, it made the day ambiguous to the replay
+        path.with_name(trace_file_name(d + 1) + (".gz" if not gzip else "")).unlink(
+            missing_ok=True)
+        paths.append(tr.save(path))
         del tr
         if written is not None:
             written(paths[-1])
