@@ -1124,7 +1124,31 @@ def write_run(out: str | Path, telemetry: Telemetry, summary: dict, run: dict) -
 
 
 def _json_bytes(data: dict) -> bytes:
-    return orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
+    try:
+        return orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
+    except TypeError:  # a string JSON cannot hold: a file name not in UTF-8, say
+        return orjson.dumps(_printable(data),
+                            option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
+
+
+def _printable(v):
+    """``v`` with each string UTF-8 cannot encode (the lone surrogates Python gives the
+    bytes of a file name that is not UTF-8) written with those bytes escaped: a
+    scenario file ``bad\\xff.toml`` is named so, not refused once the run is done."""
+    if isinstance(v, str):
+        try:
+            v.encode()
+            return v
+        except UnicodeEncodeError:
+            try:
+                return os.fsencode(v).decode("utf-8", "backslashreplace")
+            except UnicodeEncodeError:  # (a surrogate no bytes stand behind)
+                return v.encode("utf-8", "backslashreplace").decode()
+    if isinstance(v, dict):
+        return {_printable(k): _printable(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_printable(x) for x in v]
+    return v
 
 
 def write_json(path: Path, data: dict) -> None:

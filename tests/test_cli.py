@@ -303,6 +303,22 @@ def test_progress_into_a_log_is_lines_not_a_redrawn_line(monkeypatch, capsys):
     assert " ".join(lines[-1].split()).startswith("simulated 20.0 s / 20.0 s (100.0 %)")
 
 
+def test_simulate_a_scenario_file_whose_name_is_not_utf8(tmp_path, capsys):
+    """A scenario file named with bytes that are not UTF-8 (``bad\\xff.toml``): the run
+    printed its table, then failed writing run.json with a traceback ('str is not valid
+    UTF-8'), nothing written. Now its files are written, the name's bytes escaped."""
+    from clockwork.resources import resolve_scenario
+
+    name = os.fsdecode(b"bad\xff.toml")
+    (tmp_path / name).write_bytes(resolve_scenario("poisson_warm").read_bytes())
+    out = tmp_path / "run"
+    assert main(["simulate", str(tmp_path / name), "--set", "duration_s=1", "--quiet",
+                 "--out", str(out)]) == 0
+    run = orjson.loads((out / "run.json").read_bytes())
+    assert run["scenario"].endswith("bad\\xff.toml"), run["scenario"]
+    assert main(["report", str(out)]) == 0
+
+
 def test_simulate_writes_its_files_when_the_reader_of_its_output_goes_away(tmp_path):
     """``clockwork simulate ... --out DIR | less``, quit before the run ends: printing the
     table failed, the files were never written, and it exited 0 without a word. Now the
