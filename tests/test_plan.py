@@ -121,11 +121,51 @@ def test_plan_reruns_a_summary_that_is_not_a_runs_summary(tmp_path, capsys):
     # the plan's own worker count came after it: silently ignored
     (["plan", "poisson_warm", "--set", "cluster.workers=5"], "the plan chooses"),
     (["plan", "poisson_warm", "--set", "cluster={workers = 5}"], "the plan chooses"),
+    # a setting the simulator refuses is a bad input (exit 2, before anything runs), not
+    # "not met" (exit 1): a fault after the end, whatever the count ...
+    (["plan", "faults", "--set", "duration_s=5", "--min-gpus", "2", "--max-gpus", "4"],
+     "faults.kill.0.at_s: must be before the end (duration_s 5), got 20"),
+    # ... and a fault naming a worker the smallest count does not have
+    (["plan", "faults", "--max-gpus", "4"], "--min-gpus 1 (1 worker(s) of 1 GPU(s)): "
+     "faults.kill.0.worker: 1 is not one of the 1 worker(s)"),
+    (["plan", "faults", "--max-gpus", "1"], "faults.kill.0.worker: 1 is not one of"),
+    # --slo-ms and a --set of a workload's slo_ms: the later one won without a word
+    (["plan", "poisson_warm", "--set", "workloads.0.slo_ms=20", "--slo-ms", "50"],
+     "--set workloads.0.slo_ms: a workload's slo_ms, which --slo-ms sets too"),
+    (["plan", "poisson_warm", "--slo-ms", "50", "--set",
+      'workloads.0={kind = "poisson", models = "*", rate_rps = 10, slo_ms = 20}'],
+     "give the SLO in one place"),
+    (["plan", "poisson_warm", "--slo-ms", "50", "--set",
+      'workloads=[{kind = "poisson", models = "*", rate_rps = 10, slo_ms = 20}]'],
+     "give the SLO in one place"),
 ])
 def test_plan_bad_arguments_one_line_exit_2(capsys, argv, fragment):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("clockwork plan") and fragment in err[0], err
+
+
+def test_plan_says_the_scheduler_settings_the_policy_does_not_use(capsys):
+    """As clockwork simulate does, once, before the search runs (with --quiet too)."""
+    argv = ["plan", "poisson_warm", "--set", 'scheduler.policy="clipper"', "--set",
+            "scheduler.schedule_ahead_ms=3", "--set", "duration_s=1", "--set", "drain_s=1",
+            "--set", "workloads.0.rate_rps=100", "--max-gpus", "1", "--seeds", "1",
+            "--jobs", "1", "--quiet"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["clockwork plan: warning: [scheduler] schedule_ahead_ms not used by "
+                   "policy 'clipper' (the clockwork policy's settings; it uses "
+                   "default_slo_ms, liveness, max_batch, probe_slack_frac, probe_slack_ms, "
+                   "probe_timeout_ms and its own)"], err
+
+
+def test_plan_with_slo_ms_and_other_workload_overrides_still_runs():
+    """Only a --set of slo_ms itself conflicts with --slo-ms."""
+    from clockwork.cluster.plan import make_plan
+
+    plan = make_plan("poisson_warm", ["workloads.0.rate_rps=100", "duration_s=1"], 0.999,
+                     50, 1, 2, 1)
+    assert "workloads.0.slo_ms=50" in plan.sets
 
 
 # ---------------------------------------------------------------------- the search alone

@@ -6,7 +6,10 @@ counts are multiples of it (GPUs = workers x gpus_per_worker; with the shipped s
 one GPU per worker, workers and GPUs are the same). A count *meets the target* when the
 simulation of every seed (the scenario's seed and the ``seeds - 1`` after it) has
 ``slo_attainment >= target``. With ``--slo-ms`` every workload's ``slo_ms`` is set to it
-(``--set workloads.I.slo_ms=MS``), else the scenario's SLOs hold.
+(``--set workloads.I.slo_ms=MS``; a ``--set`` of one as well is refused), else the
+scenario's SLOs hold. The scenario is checked as the simulator checks it, at the smallest
+and the largest count, before anything runs: a setting it refuses is a bad input (exit 2),
+not a count that fails.
 
 Attainment need not grow with the GPU count (seeds, placement, cold starts), so the
 answer is defined by the counts the search decided on (the curve): the answer N meets
@@ -106,6 +109,7 @@ class Plan:
     min_workers: int
     max_workers: int
     slo_ms: float | None = None
+    warnings: list[str] = field(default_factory=list)  # said before the search runs
     counts: dict[int, Count] = field(default_factory=dict)
     rounds: list[list[int]] = field(default_factory=list)
     decided: list[int] = field(default_factory=list)
@@ -266,6 +270,10 @@ def make_plan(scenario: str, sets: list[str], target: float, slo_ms: float | Non
         if key in ("cluster", "cluster.workers"):
             raise PlanError(f"--set {key}: the plan chooses cluster.workers itself (give "
                             "--min-gpus / --max-gpus)")
+        if slo_ms is not None and _sets_slo_ms(o):  # (--slo-ms's override comes after
+            # it and would replace it without a word)
+            raise PlanError(f"--set {key}: a workload's slo_ms, which --slo-ms sets too; "
+                            "give the SLO in one place (--slo-ms or --set)")
     try:
         path = resolve_scenario(scenario)
         sc = load_scenario(path, sets)
@@ -299,13 +307,59 @@ def make_plan(scenario: str, sets: list[str], target: float, slo_ms: float | Non
         raise PlanError(f"--seeds {seeds}: the seeds {seed0} ... {seed0 + seeds - 1} pass the "
                         f"largest seed, {MAX_SEED:,} (2^63 - 1); give a smaller seed "
                         "(--set seed=S) or fewer seeds")
-    try:  # the overrides, seeds and worker counts all load
-        for w in (lo_w, hi_w):
-            load_scenario(path, [*sets, f"cluster.workers={w}", f"seed={seed0 + seeds - 1}"])
-    except ScenarioError as e:
-        raise PlanError(str(e)) from None
-    return Plan(scenario, str(path), sets, [seed0 + i for i in range(seeds)], target, g,
+    # the overrides, seeds and the smallest and largest worker counts make a simulation:
+    # a setting it refuses (a fault after the end, or naming a worker --min-gpus does not
+    # have) is said here, before anything runs, not as a failure of the search
+    why = {w: _simulation_error(path, [*sets, f"cluster.workers={w}",
+                                       f"seed={seed0 + seeds - 1}"]) for w in (lo_w, hi_w)}
+    if why[lo_w] is not None and why[lo_w] == why[hi_w]:  # (whatever the count)
+        raise PlanError(why[lo_w])
+    for w, given, fix in ((lo_w, f"--min-gpus {min_gpus}", "a larger --min-gpus"),
+                          (hi_w, f"--max-gpus {max_gpus}", "a smaller --max-gpus")):
+        if why[w] is not None:  # (and not at the other end: the count matters)
+            raise PlanError(f"{given} ({w} worker(s) of {g} GPU(s)): {why[w]}; give {fix} "
+                            "or change the scenario")
+    plan = Plan(scenario, str(path), sets, [seed0 + i for i in range(seeds)], target, g,
                 lo_w, hi_w, slo_ms)
+    from controller import table_policy, unused_line
+
+    line = unused_line(*table_policy(sc.scheduler))  # (as clockwork simulate says it)
+    if line:
+        plan.warnings.append(line)
+    return plan
+
+
+def _sets_slo_ms(override: str) -> bool:
+    """Whether a ``--set`` override gives a workload's ``slo_ms``: ``workloads.I.slo_ms``,
+    or a whole workload (``workloads.I``) or list of them (``workloads``) that has one."""
+    from clockwork.scenario import ScenarioError, parse_value
+
+    key, _, raw = override.partition("=")
+    parts = key.strip().split(".")
+    if parts[0] != "workloads" or len(parts) > 3:
+        return False
+    if len(parts) == 3:
+        return parts[2] == "slo_ms"
+    try:
+        value = parse_value(raw.strip())
+    except ScenarioError:  # (load_scenario says why)
+        return False
+    tables = [value] if len(parts) == 2 else value if isinstance(value, list) else []
+    return any(isinstance(t, dict) and "slo_ms" in t for t in tables)
+
+
+def _simulation_error(path: str | Path, sets: list[str]) -> str | None:
+    """Why the scenario at ``path`` with ``sets`` cannot be simulated (it does not load,
+    or the simulator refuses it, as ``clockwork simulate`` would: exit 2), in one line;
+    None when it can. Building the simulation runs nothing (a few ms)."""
+    from clockwork.cluster.sim import Simulation
+    from clockwork.scenario import ScenarioError, load_scenario
+
+    try:
+        Simulation(load_scenario(path, sets))
+    except (ScenarioError, ValueError, OSError) as e:
+        return str(e)
+    return None
 
 
 def format_curve(plan: Plan) -> str:
@@ -408,6 +462,8 @@ def _run_plan(args: argparse.Namespace, plan: Plan, out: Path | None) -> int:
     jobs = args.jobs or default_jobs()
     k = max(1, jobs // len(plan.seeds))
     quiet = args.quiet
+    for line in plan.warnings:  # (with --quiet too, as clockwork simulate says them)
+        print(f"clockwork plan: {line}", file=sys.stderr)
 
     def log(line: str) -> None:
         if not quiet:

@@ -603,12 +603,14 @@ def add_plan(sub) -> None:
               "count with --seeds seeds) and print the smallest count N that meets the target --\n"
               "every seed's SLO attainment >= --attainment -- with the curve of GPUs against\n"
               "attainment, goodput and cold starts. Exit 0 with an answer, 1 when even --max-gpus\n"
-              "misses the target.",
+              "misses the target (or a simulation fails while running), 2 for a bad argument or\n"
+              "a scenario setting the simulator refuses (checked before anything runs).",
               epilog=PLAN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
               requires=("tqdm",))
     p.add_argument("scenario", help="scenario TOML file or shipped scenario name")
     p.add_argument("--slo-ms", type=t.positive_float, default=None, metavar="MS",
-                   help="the SLO: set every workload's slo_ms (default: the scenario's)")
+                   help="the SLO: set every workload's slo_ms (default: the scenario's; "
+                   "not together with a --set of a workload's slo_ms)")
     p.add_argument("--attainment", type=t.probability, default=0.999, metavar="FRACTION",
                    help="the target SLO attainment, 0..1 (default 0.999)")
     p.add_argument("--min-gpus", type=t.positive_int, default=1, metavar="N",
