@@ -28,6 +28,7 @@ import numpy as np
 import orjson
 
 from clockwork.actions import Action, ActionType, ErrorCode, RequestStatus, Result
+from clockwork.filenames import printable
 from clockwork.requests import Reply
 from clockwork.time import MAX_TIME_S
 
@@ -1132,18 +1133,11 @@ def _json_bytes(data: dict) -> bytes:
 
 
 def _printable(v):
-    """``v`` with each string UTF-8 cannot encode (the lone surrogates Python gives the
-    bytes of a file name that is not UTF-8) written with those bytes escaped: a
-    scenario file ``bad\\xff.toml`` is named so, not refused once the run is done."""
+    """``v`` with each string UTF-8 cannot encode (a file name that is not UTF-8, say)
+    written with those bytes escaped (``filenames.printable``): a scenario file
+    ``bad\\xff.toml`` is named so, not refused once the run is done."""
     if isinstance(v, str):
-        try:
-            v.encode()
-            return v
-        except UnicodeEncodeError:
-            try:
-                return os.fsencode(v).decode("utf-8", "backslashreplace")
-            except UnicodeEncodeError:  # (a surrogate no bytes stand behind)
-                return v.encode("utf-8", "backslashreplace").decode()
+        return printable(v)
     if isinstance(v, dict):
         return {_printable(k): _printable(x) for k, x in v.items()}
     if isinstance(v, list | tuple):

@@ -900,3 +900,127 @@ def test_a_stopped_run_leaves_no_earlier_tables_looking_current(tmp_path, capsys
     assert main(["sweep", str(f), "--jobs", "1", "--out", str(out), "--quiet"]) == 130
     assert not (out / "results.tsv").exists() and not (out / "results.json").exists()
     capsys.readouterr()
+
+
+def test_a_scheduler_setting_the_policy_ignores_is_a_warning_once(tmp_path, capsys):
+    """A [scheduler] setting the points' policy takes but does not use is the warning
+    `clockwork simulate` gives, once (not once per point), before anything runs; for a
+    grid key it says its values give the same rows (they did, silently)."""
+    f = tmp_path / "s.toml"
+    f.write_text('scenarios = ["poisson_warm"]\nseeds = [1, 2]\n'
+                 'overrides = ["duration_s=1", "drain_s=1", "scheduler.policy=\\"clipper\\""]\n'
+                 '[grid]\n"scheduler.schedule_ahead_ms" = [5, 50]\n')
+    out = tmp_path / "o"
+    assert main(["sweep", str(f), "--out", str(out), "--list"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning: [scheduler] schedule_ahead_ms not used by policy 'clipper'") \
+        == 1, err
+    assert "grid.scheduler.schedule_ahead_ms gives the same rows" in err
+    assert main(["sweep", str(f), "--jobs", "1", "--out", str(out)]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    (i,) = [n for n, x in enumerate(lines) if "schedule_ahead_ms not used by policy" in x]
+    assert lines[i].startswith("clockwork sweep: warning: ")
+    assert i < next(n for n, x in enumerate(lines) if x.startswith("sweep s: 4 points"))
+    # the clockwork policy uses it: no warning
+    f.write_text(f.read_text().replace('"scheduler.policy=\\"clipper\\""', '"drain_s=2"')
+                 .replace('"drain_s=1", ', ""))
+    assert main(["sweep", str(f), "--out", str(tmp_path / "o2"), "--list"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_logs_asked_for_after_a_run_without_them_run_the_points_again(tmp_path, capsys):
+    """`logs = true` in a sweep whose points ran without logs: those points are not done
+    (`--list` says to run), they run again and write their logs; then they are done."""
+    f = tmp_path / "s.toml"
+    text = 'scenarios = ["poisson_warm"]\nseeds = [1, 2]\noverrides = ["duration_s=1", ' \
+           '"drain_s=1"]\n'
+    f.write_text(text)
+    out = tmp_path / "o"
+    assert main(["sweep", str(f), "--jobs", "1", "--out", str(out), "--quiet"]) == 0
+    before = _summaries(out)
+    f.write_text(text + "logs = true\n")
+    capsys.readouterr()
+    assert main(["sweep", str(f), "--out", str(out), "--list"]) == 0
+    assert [x.split()[0] for x in capsys.readouterr().out.splitlines()] == ["to", "to"]
+    assert main(["sweep", str(f), "--jobs", "1", "--out", str(out)]) == 0
+    assert "2 run, 0 already done" in capsys.readouterr().err
+    for point in (out / "points").iterdir():
+        assert (point / "requests.tsv").is_file() and (point / "actions.tsv").is_file()
+    assert _summaries(out) == before
+    assert main(["sweep", str(f), "--jobs", "1", "--out", str(out)]) == 0
+    assert "0 run, 2 already done" in capsys.readouterr().err
+    # one point's logs deleted: only it runs again
+    (next((out / "points").iterdir()) / "actions.tsv").unlink()
+    assert main(["sweep", str(f), "--jobs", "1", "--out", str(out)]) == 0
+    assert "1 run, 1 already done" in capsys.readouterr().err
+
+
+def test_a_point_whose_logs_cannot_be_written_is_its_error_with_one_job(tmp_path, capsys,
+                                                                       monkeypatch):
+    """With --jobs 1 (points run in this process) a point whose logs cannot be written (a
+    full disk) is an error row, as with a pool: the other points run and the table is
+    written (the error ended the whole sweep, with no table)."""
+    from clockwork.telemetry import Telemetry
+
+    write = Telemetry.write
+
+    def full(self, out, *a, **kw):
+        if "seed=2" in str(out):
+            raise OSError(28, "No space left on device", str(out) + "/requests.tsv")
+        return write(self, out, *a, **kw)
+
+    monkeypatch.setattr(Telemetry, "write", full)
+    f = tmp_path / "s.toml"
+    f.write_text('scenarios = ["poisson_warm"]\nseeds = [1, 2, 3]\n'
+                 'overrides = ["duration_s=1", "drain_s=1"]\nlogs = true\n')
+    out = tmp_path / os.fsdecode(b"o\xff")  # (a folder name that is not UTF-8 in the error)
+    assert main(["sweep", str(f), "--jobs", "1", "--out", str(out), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "failed: cannot write its logs into " in err and "Traceback" not in err
+    rows = orjson.loads((out / "results.json").read_bytes())["points"]
+    assert [r["status"] for r in rows] == ["ok", "error", "ok"]
+    assert rows[1]["error"].startswith(f"cannot write its logs into {tmp_path}/o\\xff/")
+    assert rows[1]["error"].endswith(": No space left on device")
+    (failed,) = (out / "points").glob("*seed=2*")
+    assert (failed / "error.txt").read_text() == rows[1]["error"] + "\n"
+    assert len((out / "results.tsv").read_text().splitlines()) == 4
+
+
+def test_file_names_that_are_not_utf8(tmp_path, capsys):
+    """A sweep file and a scenario in a folder whose names are not UTF-8 (bytes the file
+    system holds, a lone surrogate in Python): the sweep runs and writes its files, the
+    name's bytes written \\xNN in JSON, and a point's command (bash's $'...') names the
+    same file (point.json's command held the name as JSON escapes it, a text no shell
+    turns back into the file's name); a point named by such a path (as `clockwork plan`
+    makes one) has a name (a UnicodeEncodeError)."""
+    import subprocess
+
+    folder = tmp_path / os.fsdecode(b"d\xff")
+    folder.mkdir()
+    scenario = folder / "pw.toml"
+    scenario.write_text((REPO / "scenarios" / "poisson_warm.toml").read_text())
+    f = folder / os.fsdecode(b"sw\xfe.toml")
+    f.write_text('scenarios = ["pw.toml"]\noverrides = ["duration_s=1", "drain_s=1"]\n')
+    out = tmp_path / "o"
+    assert main(["sweep", str(f), "--jobs", "1", "--out", str(out), "--quiet"]) == 0
+    doc = orjson.loads((out / "results.json").read_bytes())
+    assert doc["file"].endswith("/d\\xff/sw\\xfe.toml") and doc["sweep"] == "sw\\xfe"
+    (point,) = (out / "points").iterdir()
+    run = orjson.loads((point / "run.json").read_bytes())
+    assert run["scenario"].endswith("/d\\xff/pw.toml")
+    command = orjson.loads((point / "point.json").read_bytes())["command"]
+    assert command == load_sweep(f).points[0].command()
+    assert f"$'{tmp_path}/d\\xff/pw.toml'" in command
+    if shutil.which("bash"):
+        from clockwork.cluster.parallel import shell_word
+
+        word = shell_word(str(scenario))
+        got = subprocess.run(["bash", "-c", f"printf %s {word}"], capture_output=True,
+                             check=True).stdout
+        assert got == os.fsencode(scenario)
+    # a point named by such a path (as `clockwork plan` makes one) has a name
+    bad = Point(os.fsdecode(b"bad\xff.toml"), os.fsdecode(b"bad\xff.toml"))
+    other = Point(os.fsdecode(b"bad\xfe.toml"), os.fsdecode(b"bad\xfe.toml"))
+    assert bad.name.startswith("bad-") and bad.key != other.key
+    assert Point("caf\u00e9.toml", "x").key == Point("caf\u00e9.toml", "y").key
+    capsys.readouterr()

@@ -10,10 +10,12 @@ Each point has a folder under ``ROOT/points/``, named from its parameters (reada
 ``key=value`` parts and a hash of all of them, so a name never changes). A point is done
 when its ``summary.json`` exists and is a run's summary, and its ``point.json``'s
 ``inputs_sha256`` matches its scenario file, profile set and traces as they are now
-(``point_digests``): ``summary.json`` is written last, atomically (a temporary file
-renamed), by the parent process, after the task returned. So a sweep stopped at any
-moment resumes where it left off, and a point whose folder is deleted (or whose
-``summary.json`` is not a run's summary, or whose files changed) runs again.
+(``point_digests``), and, where logs are asked for, its logs are there too:
+``summary.json`` is written last, atomically (a temporary file renamed), by the parent
+process, after the task returned. So a sweep stopped at any moment resumes where it left
+off, and a point whose folder is deleted (or whose ``summary.json`` is not a run's
+summary, or whose files changed, or that ran without the logs asked for now) runs
+again.
 
 Where tasks run is a *backend*: a function ``jobs -> concurrent.futures.Executor``,
 registered by name in ``BACKENDS``. ``local`` (the default) is a process pool on this
@@ -46,6 +48,7 @@ from typing import Any
 import orjson
 
 from clockwork.extras import pip_extra
+from clockwork.filenames import name_bytes, printable
 from clockwork.telemetry import write_json
 
 POINTS = "points"  # ROOT/points/<name>/
@@ -90,6 +93,23 @@ def label_value(v: Any) -> str:
     return v if isinstance(v, str) else toml_value(v)
 
 
+def shell_word(text: str) -> str:
+    """``text`` quoted for a POSIX shell (``shlex.quote``); a name that is not UTF-8 as
+    bash's ``$'...'`` with its bytes, so that the command names the same file."""
+    import shlex
+
+    try:
+        text.encode()
+        return shlex.quote(text)
+    except UnicodeEncodeError:
+        pass
+    out = []
+    for b in name_bytes(text):
+        c = chr(b)
+        out.append(c if 0x20 <= b < 0x7F and c not in "'\\" else f"\\x{b:02x}")
+    return "$'" + "".join(out) + "'"
+
+
 # ----------------------------------------------------------------------------- points
 
 
@@ -113,9 +133,10 @@ class Point:
 
     @property
     def key(self) -> str:
-        """A hash of the scenario (as written) and every override."""
+        """A hash of the scenario (as written) and every override (a name that is not
+        UTF-8 by its bytes)."""
         text = "\n".join([self.scenario, *self.overrides])
-        return hashlib.sha256(text.encode()).hexdigest()[:10]
+        return hashlib.sha256(name_bytes(text)).hexdigest()[:10]
 
     @property
     def name(self) -> str:
@@ -129,13 +150,12 @@ class Point:
 
     def command(self) -> str:
         """The ``clockwork simulate`` command line that runs this point alone, from any
-        folder: a shipped scenario by its name, a file by its path as found."""
-        import shlex
-
+        folder: a shipped scenario by its name, a file by its path as found (a name that
+        is not UTF-8 quoted as bash's ``$'...'``, so the line is valid UTF-8)."""
         shipped = "/" not in self.scenario and not self.scenario.endswith(".toml")
         scenario = self.scenario if shipped else str(Path(self.path).resolve())
-        sets = " ".join(f"--set {shlex.quote(o)}" for o in self.overrides)
-        return f"clockwork simulate {shlex.quote(scenario)}" + (f" {sets}" if sets else "")
+        sets = " ".join(f"--set {shell_word(o)}" for o in self.overrides)
+        return f"clockwork simulate {shell_word(scenario)}" + (f" {sets}" if sets else "")
 
 
 @dataclass
@@ -204,14 +224,23 @@ def file_digest(path: str | Path) -> str:
     return digest
 
 
-def done_summary(folder: Path, digest: str | None = None) -> dict | None:
+def has_logs(folder: Path) -> bool:
+    """``folder`` holds a run's request and action logs (either format)."""
+    return all(any((folder / f"{log}.{fmt}").is_file() for fmt in ("tsv", "npz"))
+               for log in ("requests", "actions"))
+
+
+def done_summary(folder: Path, digest: str | None = None, logs: bool = False) -> dict | None:
     """The point's summary if it is done: ``summary.json`` there, readable, and a run's
     summary (``is_summary``), and, with ``digest`` (the point's ``point_digests`` now),
     run on its files as they are now (``point.json`` says what it ran on; a point run on
     an earlier version of its scenario file or of a file the scenario reads, or by a
-    version of this program that did not say, is not done). Anything else there (a file
-    left half written by hand, or by another program) is not done: the point runs again
-    and replaces it."""
+    version of this program that did not say, is not done), and, with ``logs``, its
+    request and action logs there too (a point run before without them, the logs asked
+    for now, is not done). Anything else there (a file left half written by hand, or by
+    another program) is not done: the point runs again and replaces it."""
+    if logs and not has_logs(folder):
+        return None
     try:
         s = orjson.loads((folder / SUMMARY).read_bytes())
     except (OSError, orjson.JSONDecodeError):
@@ -284,7 +313,13 @@ def run_point(point: Point, folder: str | None = None, logs: bool = False) -> di
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         return {"error": f"{type(e).__name__}: {first}"}
     if logs and folder:
-        res.telemetry.write(Path(folder))
+        # (a failure here, a full disk say, is this point's error, as a failure to run it
+        # is: the other points go on, whatever process runs it)
+        try:
+            res.telemetry.write(Path(folder))
+        except OSError as e:
+            return {"error": f"cannot write its logs into {printable(str(folder))}: "
+                             f"{e.strerror or e}"}
     run = run_info(res.wall_s, sc, res.events)
     return {"summary": res.summary, "run": run, "wall_s": time.perf_counter() - t0}
 
@@ -571,7 +606,7 @@ class Runner:
         todo: list[tuple[Outcome, str]] = []
         for p, digest in zip(points, point_digests(points), strict=True):
             folder = point_folder(root, p)
-            s = done_summary(folder, digest)
+            s = done_summary(folder, digest, self.logs)
             o = Outcome(p, folder, summary=s, reused=s is not None)
             out.append(o)
             if s is None:
@@ -618,7 +653,7 @@ class Runner:
 
     def _finish(self, o: Outcome, answer: dict) -> None:
         if "error" in answer:
-            o.error = str(answer["error"])
+            o.error = printable(str(answer["error"]))
             (o.folder / "error.txt").write_text(o.error + "\n")
             return
         o.wall_s = float(answer.get("wall_s", 0.0))
@@ -630,7 +665,11 @@ class Runner:
         if self.inline:
             with self._bar(len(todo), desc) as bar:
                 for o in todo:
-                    self._finish(o, run_point(o.point, str(o.folder), self.logs))
+                    try:
+                        answer = run_point(o.point, str(o.folder), self.logs)
+                    except Exception as e:  # noqa: BLE001 - the point's error, as in a pool
+                        answer = {"error": f"{type(e).__name__}: {e}".strip()}
+                    self._finish(o, answer)
                     bar.update(1)
             return
         want = min(self.jobs, len(todo))

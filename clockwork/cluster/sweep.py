@@ -24,10 +24,10 @@ overrides first, then the grid's, then the seed: its ``summary.json`` is byte fo
 the one that command writes. Points run as parallel tasks (``clockwork.cluster.parallel``);
 each writes ``OUT/points/<name>/`` (``point.json``: what it is and the command that runs
 it alone; ``run.json``; ``summary.json`` last), and a point whose ``summary.json`` exists
-and whose files are as it ran on (``clockwork.cluster.parallel.done_summary``) is not run
-again. ``OUT/results.tsv`` and ``OUT/results.json`` hold one row per point in
-the order above; ``--plot`` draws SLO attainment and goodput against the first grid key
-into ``OUT/sweep.png``.
+and whose files are as it ran on (``clockwork.cluster.parallel.done_summary``; with
+``logs = true``, whose logs are there too) is not run again. ``OUT/results.tsv`` and
+``OUT/results.json`` hold one row per point in the order above; ``--plot`` draws SLO
+attainment and goodput against the first grid key into ``OUT/sweep.png``.
 """
 
 from __future__ import annotations
@@ -100,6 +100,7 @@ class Sweep:
     points: list[Point]
     grid_of: dict[str, dict[str, Any]] = field(default_factory=dict)
     seed_of: dict[str, int | None] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # each once, said before it runs
 
     @property
     def keys(self) -> list[str]:
@@ -180,13 +181,26 @@ def _key_parts(key: str) -> tuple:
     return tuple(int(p) if p.isascii() and p.isdigit() else p for p in key.strip().split("."))
 
 
-def _check_scheduler(table) -> None:
+def _check_scheduler(table, grid_keys: list[str]) -> str | None:
     """A point's ``[scheduler]`` table as the policy will check it (an unknown policy,
     key or value: ``SettingsError``), before anything runs: a misspelt key in the grid
-    passed ``--list`` and then failed every point."""
-    from controller import split_settings, table_policy
+    passed ``--list`` and then failed every point. Returns the warning ``clockwork
+    simulate`` gives for settings the policy takes but does not use (None if none),
+    saying so of the grid keys among them: their values give the same rows."""
+    from controller import split_settings, table_policy, unused_line, unused_settings
 
-    split_settings(*table_policy(table))
+    name, rest = table_policy(table)
+    split_settings(name, rest)
+    line = unused_line(name, rest)
+    if line is None:
+        return None
+    unused = {("scheduler", k) for k in unused_settings(name, rest)}
+    varied = [f"grid.{k}" for k in grid_keys if _key_parts(k) in unused]
+    if varied:
+        one = len(varied) == 1
+        line += (f"; with policy {name!r}, {' and '.join(varied)} give{'s' if one else ''} "
+                 f"the same rows whatever {'its value' if one else 'their values'}")
+    return line
 
 
 def _check_overlaps(grid_keys: list[str], fixed_keys: list[str], bad) -> None:
@@ -289,12 +303,15 @@ def load_sweep(path: str | Path) -> Sweep:
                                                                              strict=True))]
             try:
                 sc = load_scenario(scen, sets)
-                _check_scheduler(sc.scheduler)  # (the table is checked by the policy)
+                # (the table is checked by the policy; a setting it ignores is said once)
+                unused = _check_scheduler(sc.scheduler, keys)
             except (ScenarioError, ValueError) as e:
                 what = " ".join(f"{k}={label_value(v)}" for k, v in zip(keys, combo,
                                                                        strict=True))
                 raise bad(f"scenario {entry}" + (f" with {what}" if what else "")
                           + f": {e}") from None
+            if unused is not None and unused not in sweep.warnings:
+                sweep.warnings.append(unused)
             labels = tuple(zip(keys, combo, strict=True))
             for seed in spec.seeds if spec.seeds is not None else [None]:
                 p = Point(entry, str(scen), tuple(sets + ([f"seed={seed}"] if seed is not None
@@ -496,9 +513,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                  else f"{sweep.path}: out" if sweep.spec.out
                  else "the default output folder (give another with --out)")
         return fail(f"{where}: {e}")
+    for line in sweep.warnings:  # (as clockwork simulate says them: once each)
+        print(f"clockwork sweep: {line}", file=sys.stderr)
     if args.list:
         points = sweep.points
-        done = [done_summary(point_folder(out, p), d) is not None
+        done = [done_summary(point_folder(out, p), d, sweep.spec.logs) is not None
                 for p, d in zip(points, point_digests(points), strict=True)]
         for p, d in zip(points, done, strict=True):
             print(f"{'done ' if d else 'to run'}  {p.name}  {p.command()}")
@@ -514,7 +533,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def _run_sweep(args: argparse.Namespace, sweep: Sweep, out: Path) -> int:
     points = sweep.points
-    done = [done_summary(point_folder(out, p), d) is not None
+    done = [done_summary(point_folder(out, p), d, sweep.spec.logs) is not None
             for p, d in zip(points, point_digests(points), strict=True)]
     jobs = args.jobs or default_jobs()
     todo = len(points) - sum(done)
