@@ -116,6 +116,29 @@ def test_slo_exp_1_additive_absolute_and_fixed_rate():
     assert {a[1] for a in arr[:2]} == set(w.models)
 
 
+@pytest.mark.parametrize("rate", [3, 6, 29, 58, 100, 0.7])
+@pytest.mark.parametrize("seconds", [1.0, 17.0, 60.0])
+def test_fixed_rate_sends_ceil_rate_times_duration_each_on_its_time(rate, seconds):
+    """ceil(rate x D) arrivals for D seconds, the k-th at k / rate exactly (floored to the
+    nanosecond): k * (1e9 / rate) came out a hair under a whole nanosecond, so truncated
+    1 ns early: 30 arrivals at 29 r/s in 1 s (the last at 999,999,999 ns), and in a
+    stepped SLO schedule an arrival due at a period's start went in the period before."""
+    import math
+    from fractions import Fraction
+
+    arr = drain(make({"kind": "fixed_rate", "rate_rps": rate}, n=3, end=seconds))
+    want = math.ceil(Fraction(rate) * Fraction(seconds))
+    assert len(arr) == want, (len(arr), want)
+    assert [a[0] for a in arr] == [int(Fraction(k * S) / Fraction(rate)) for k in range(want)]
+
+
+def test_a_fixed_rate_slo_step_starts_with_its_period():
+    w = make({"kind": "slo_exp_1", "rate_rps": 29, "slo_ms_start": 10, "slo_ms_max": 40,
+              "factor": 10, "op": "add", "period_s": 1, "process": "fixed"}, n=1, end=10.0)
+    per = Counter(slo for _t, _m, slo in drain(w))
+    assert per == {s * MS: 29 for s in (10, 20, 30, 40)}, per
+
+
 def test_slo_exp_1_runs_to_the_end_without_a_maximum_reached():
     w = make({"kind": "slo_exp_1", "rate_rps": 100, "slo_factor_start": 2, "factor": 1.0},
              n=2, end=40.0)

@@ -103,9 +103,12 @@ class OpenLoop(Workload):
             times = self._t + np.cumsum(self.rng.exponential(gap, n))
             self._t = float(times[-1])
         else:
-            # the k-th arrival at start + k gaps (k from 0), not a running sum of gaps
+            # the k-th arrival at start + k gaps (k from 0), not a running sum of gaps; as
+            # k * 1e9 / rate (k * 1e9 is exact, then one rounding), not k * (1e9 / rate),
+            # which came out a hair under a whole nanosecond and so, truncated, 1 ns early
+            # (rate 29: arrival 29 at 999,999,999 ns, inside a 1 s run: 30 arrivals)
             k0 = self._k
-            times = self.start + (np.arange(k0, k0 + n) * gap)
+            times = self.start + (np.arange(k0, k0 + n) * 1e9 / self.rate)
             self._k = k0 + n
             self._t = float(times[-1]) + gap
         k = len(self.models)
