@@ -139,6 +139,18 @@ def test_a_fixed_rate_slo_step_starts_with_its_period():
     assert per == {s * MS: 29 for s in (10, 20, 30, 40)}, per
 
 
+def test_a_step_reaching_the_maximum_but_for_rounding_is_kept():
+    """slo_factor_max 1.21 with factor 1.1 from 1: 1.1 x 1.1 is 1.2100000000000002 in
+    floats, and that step was dropped as above the maximum (the run ended a period
+    short). Values just above by float rounding count as the maximum."""
+    w = make({"kind": "slo_exp_1", "rate_rps": 20, "slo_factor_start": 1, "factor": 1.1,
+              "slo_factor_max": 1.21, "period_s": 1}, n=1, end=10.0)
+    assert w.stop == 3 * S
+    w = make({"kind": "slo_exp_1", "rate_rps": 20, "slo_factor_start": 1, "factor": 1.1,
+              "slo_factor_max": 1.2, "period_s": 1}, n=1, end=10.0)
+    assert w.stop == 2 * S  # (1.21 is above 1.2: dropped)
+
+
 def test_slo_exp_1_runs_to_the_end_without_a_maximum_reached():
     w = make({"kind": "slo_exp_1", "rate_rps": 100, "slo_factor_start": 2, "factor": 1.0},
              n=2, end=40.0)

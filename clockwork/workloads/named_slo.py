@@ -38,13 +38,15 @@ from clockwork.workloads.base import Arrival, SloSpec, Workload, WorkloadError, 
 from clockwork.workloads.basic import ClosedLoop, OpenLoop
 
 OPS = ("mul", "add")
+MAX_TIE = 1e-9  # a step's value within this fraction above the maximum counts as equal to it
 
 
 class StepSchedule:
     """``value(k)`` for period ``k``: ``start`` updated ``k`` times by ``op`` with ``step``.
 
     ``stop_period(limit)``: the first period whose value exceeds ``maximum`` (Clockwork
-    terminates there), or None if that is not before period ``limit``.
+    terminates there; by more than float rounding, ``MAX_TIE``), or None if that is not
+    before period ``limit``.
     """
 
     def __init__(self, start: float, step: float, op: str, period_s: float,
@@ -83,8 +85,11 @@ class StepSchedule:
             return None
         if self.op == "mul" and self.step <= 1.0:
             return None  # never grows past the maximum
+        # (a value the steps reach only but for float rounding, 1.1 x 1.1 against a
+        # maximum of 1.21, is the maximum: it was dropped, a step short)
+        over = self.maximum * (1 + MAX_TIE)
         for k in range(1, limit + 1):
-            if self.value(k) > self.maximum:
+            if self.value(k) > over:
                 return k
         return None
 
