@@ -374,8 +374,13 @@ def test_cli_infer_with_token(cluster, pki, tmp_path):
     p = subprocess.run(base, capture_output=True, text=True, timeout=60,
                        env={**env, TOKEN_ENV: TOKEN})
     assert p.returncode == 0, p.stderr
+    # refused: the user's to correct, exit 2 as clockwork replay's (it was 1, as for a
+    # controller that could not be reached)
     p = subprocess.run(base, capture_output=True, text=True, timeout=60, env=env)
-    assert p.returncode == 1 and "Unauthenticated" in p.stderr, p.stderr
+    assert p.returncode == 2 and "Unauthenticated" in p.stderr, p.stderr
+    p = subprocess.run([*base[:4], "no_such_model", *base[5:], "--token", TOKEN],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 2 and "UnknownModel" in p.stderr, p.stderr
 
 
 def test_listeners_are_exclusive(cluster, addresses):

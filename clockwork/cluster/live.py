@@ -9,7 +9,7 @@ import sys
 
 def cmd_infer(args: argparse.Namespace) -> int:
     from clockwork.client import Client
-    from clockwork.errors import ClockworkError
+    from clockwork.errors import ClockworkError, InvalidRequest, Unauthenticated
     from clockwork.protocol.security import SecurityError, client_token
 
     try:
@@ -36,5 +36,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
                       f"{', cold' if r.cold else ''}) outputs: {outs}")
         except ClockworkError as e:
             print(f"clockwork infer: {type(e).__name__}: {e}", file=sys.stderr)
-            return 1
+            # (2: what the user must correct, a token refused or a request the controller
+            # turns away as asked, an unknown model; 1: a failure while running)
+            return 2 if isinstance(e, Unauthenticated | InvalidRequest) else 1
     return 0
