@@ -93,3 +93,31 @@ def test_serve_replay_stopped_by_ctrl_c_keeps_its_figures(tmp_path):
         t.join(10)
     _check_kept(out, code, "".join(err), "".join(table))
     assert "clockwork serve: stopped" in "".join(err)
+
+
+def test_replay_stopped_while_it_connects_ends_at_once(tmp_path):
+    """Ctrl-C while ``clockwork replay`` waits for a controller that accepts and never
+    answers: exit 130 at once (the first signal was only noted, and it ran on until the
+    connection timed out, ~13 s, then exit 1 'could not reach the controller')."""
+    import socket
+    import time
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        p = subprocess.Popen(cli_command("replay", SC, "--controller", f"127.0.0.1:{port}"),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            silent.settimeout(60)
+            conn, _ = silent.accept()  # (it is connecting: past its imports and set-up)
+            with conn:
+                p.send_signal(signal.SIGINT)
+                t0 = time.monotonic()
+                err = p.communicate(timeout=60)[1]
+                took = time.monotonic() - t0
+        finally:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
+    assert took < 5, took  # (not the connection's timeout)

@@ -402,9 +402,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         from clockwork.protocol.security import client_token
 
         token = client_token(getattr(args, "token", None), getattr(args, "token_file", None))
-        res = asyncio.run(_until_signalled(lambda stop: replay(
+        res = asyncio.run(_until_signalled(lambda stop, began: replay(
             sc, args.controller, args.max_outstanding, progress, args.check_outputs,
-            token=token, tls=getattr(args, "tls", False),
+            on_start=began, token=token, tls=getattr(args, "tls", False),
             tls_ca=getattr(args, "tls_ca", None), stop=stop)))
     except (ScenarioError, ClockworkError, ValueError) as e:
         print(f"clockwork replay: {e}", file=sys.stderr)
@@ -426,16 +426,20 @@ def run_status(res: ReplayResult) -> int:
 
 
 async def _until_signalled(start):
-    """``await start(stop)``, where ``stop()`` turns true at Ctrl-C, SIGTERM or SIGHUP
-    (the replay ends, keeping its figures so far); a second signal cancels it at once."""
+    """``await start(stop, began)``, where ``stop()`` turns true at Ctrl-C, SIGTERM or
+    SIGHUP (the replay ends, keeping its figures so far) and ``began(t0)`` is called as
+    the first request is due. A signal before that, or a second one, cancels it at once
+    (the first, while it connected, was only noted, and the replay ran on until the
+    connection timed out, ~13 s against a controller that never answered)."""
     from clockwork.signals import stop_signals
 
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     said: list[int] = []
+    sending: list[int] = []
 
     def on_signal() -> None:
-        if said:
+        if said or not sending:
             task.cancel()
         said.append(1)
 
@@ -443,7 +447,7 @@ async def _until_signalled(start):
     for sig in sigs:
         loop.add_signal_handler(sig, on_signal)
     try:
-        return await start(lambda: bool(said))
+        return await start(lambda: bool(said), lambda _t0: sending.append(1))
     finally:
         for sig in sigs:
             loop.remove_signal_handler(sig)
