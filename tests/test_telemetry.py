@@ -847,6 +847,13 @@ def test_report_timeline_of_a_live_replay_says_n_a_for_actions_it_has_not(tmp_pa
     got = capsys.readouterr()
     assert "n/a" not in got.err and [r[5:] for r in _timeline_rows(got.out)][1:] == \
         [["0", "0"]] * 2
+    # the controller went away before it said them (actions null): unknown, n/a too
+    s["actions"] = None
+    T.write_json(run / "summary.json", s)
+    assert main(["report", str(run), "--timeline", "1.5"]) == 0
+    got = capsys.readouterr()
+    assert "the run's actions (unknown to its summary)" in got.err, got.err
+    assert [r[5:] for r in _timeline_rows(got.out)] == [["n/a", "n/a"]] * 3
 
 
 # ---------------------------------------------------------------- a full disk

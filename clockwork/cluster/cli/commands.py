@@ -178,10 +178,11 @@ def _no_summary(path: Path) -> str:
 
 def _actions_counted(s: dict) -> bool:
     """Whether summary ``s`` counts LOADs or EVICTs (from its action log or, in a live
-    replay, from the controller's counters)."""
+    replay, from the controller's counters), or does not know them (a live replay whose
+    controller went away before it said them: ``actions`` null)."""
     acts = s.get("actions")
     if not isinstance(acts, dict):
-        return False
+        return True
     return any(isinstance(acts.get(k), int) and acts[k] > 0 for k in ("load", "evict"))
 
 
@@ -273,9 +274,11 @@ def _report(args: argparse.Namespace) -> int:
         # controller's --log-dir) while its summary counts them: loads and evicts n/a
         logged = len(columns[1]["type"]) > 0 or not _actions_counted(s)
         if not logged:
-            print(f"clockwork report: the actions the summary counts are not in "
-                  f"{f.parent}'s action log (a live replay's are the controller's: "
-                  "its --log-dir): loads and evicts n/a", file=sys.stderr)
+            what = ("the actions the summary counts are" if isinstance(s.get("actions"), dict)
+                    else "the run's actions (unknown to its summary) are")
+            print(f"clockwork report: {what} not in {f.parent}'s action log (a live "
+                  "replay's are the controller's: its --log-dir): loads and evicts n/a",
+                  file=sys.stderr)
         print()
         print(format_timeline(rows, logged))
     return 0
