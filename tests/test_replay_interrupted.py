@@ -121,3 +121,59 @@ def test_replay_stopped_while_it_connects_ends_at_once(tmp_path):
             p.wait()
     assert p.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
     assert took < 5, took  # (not the connection's timeout)
+
+
+def test_serve_replay_says_a_worker_that_died_and_exits_1(tmp_path):
+    """A worker process killed during ``serve SCENARIO --replay`` (not by the scenario's
+    own faults): said as it happens and at the end, exit 1, as a fault that could not be
+    played is (the run, with fewer GPUs, is not the scenario's). It ended exit 0 with no
+    word."""
+    import os
+    from pathlib import Path
+
+    p = subprocess.Popen(cli_command("serve", "live_poisson_1000", "--replay", "--port", "0",
+                                     "--http-port", "-1", "--kserve-port", "-1", "--set",
+                                     "duration_s=6", "--set", "workloads.0.rate_rps=200",
+                                     "--quiet"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    err: list[str] = []
+    readers = [_lines(p.stderr, err), _lines(p.stdout, [])]
+    try:
+        def started():
+            """serve says it replays, naming the controller"""
+            assert p.poll() is None, "".join(err)
+            return next((m for line in err if (m := re.search(
+                r"controller at (\S+); replaying", line))), None)
+        address = poll(started, 90).group(1).rstrip(",")
+        poll(_answered(address, 50), 60)
+        workers = [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit()
+                   and f"\nPPid:\t{p.pid}\n" in _status(d)
+                   and b" worker" in _cmdline(d)]
+        assert len(workers) == 2, workers
+        os.kill(workers[0], signal.SIGKILL)
+        code = p.wait(60)
+    finally:
+        p.kill()
+        p.wait()
+    for t in readers:
+        t.join(10)
+    text = "".join(err)
+    assert code == 1, text
+    assert re.search(r"worker \d was killed by SIGKILL during the replay; it is not "
+                     r"restarted", text), text
+    assert "1 worker process(es) exited during the replay, unplanned" in text, text
+
+
+def _status(d) -> str:
+    try:
+        return (d / "status").read_text()
+    except OSError:
+        return ""
+
+
+def _cmdline(d) -> bytes:
+    try:
+        return (d / "cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return b""

@@ -100,6 +100,7 @@ class LiveFaults:
             self._client.list_models_raw()
         self._stop = threading.Event()
         self._stopped: set[int] = set()
+        self.down: set[int] = set()  # workers a kill took down (until a restart)
         self._thread: threading.Thread | None = None
 
     def __bool__(self) -> bool:
@@ -184,10 +185,12 @@ class LiveFaults:
                 continue
             try:
                 if what == "kill":
+                    self.down.add(w)  # (before: its exit is the plan's, not a crash)
                     self._signal(w, signal.SIGKILL)
                     self.cluster.workers[w].proc.wait()
                 elif what == "restart":
                     self.cluster.restart_worker(w)
+                    self.down.discard(w)
                 elif what == "stop":
                     self._signal(w, signal.SIGSTOP)
                 else:

@@ -609,6 +609,21 @@ def _restart_worker(cluster: LocalCluster, i: int, times: list[float]) -> int | 
         return None
 
 
+def _crashed_workers(cluster: LocalCluster, faults, crashed: dict[int, str]) -> None:
+    """Say (once each, and note in ``crashed``) a worker whose process has exited during
+    a replay other than by the scenario's own kill (``faults.down``): under --replay
+    nothing else watched them, and a run that lost half its GPUs ended exit 0 with no
+    word unless --out kept the controller's log."""
+    for i, w in enumerate(cluster.workers):
+        code = w.proc.poll() if w.proc is not None else None
+        if code is None or i in crashed or i in faults.down:
+            continue
+        crashed[i] = how_it_ended(code)
+        print(f"clockwork serve: worker {i} {crashed[i]} during the replay; it is not "
+              "restarted (--replay), so the rest of the run has fewer GPUs", file=sys.stderr,
+              flush=True)
+
+
 def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
                     stop: threading.Event, hard: threading.Event) -> int:
     """``clockwork serve SCENARIO --replay``: drive the workloads, print the table, stop.
@@ -661,8 +676,12 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
                 if hard.is_set():  # (the signal handler only sets it)
                     task.cancel()
                     break
+                if not stop.is_set():
+                    _crashed_workers(cluster, faults, crashed)
                 await asyncio.wait({task}, timeout=0.1)
             return await task
+
+        crashed: dict[int, str] = {}  # worker -> how its process ended, unplanned
 
         res = asyncio.run(until_stopped())
     except asyncio.CancelledError:
@@ -678,6 +697,13 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
     emit_run(res, sc, f"live cluster, {res.wall_s:.1f} s wall; every request answered exactly "
              f"once: {res.answered_once}", args.out)
     status = run_status(res)
+    if crashed:  # (a worker whose process died: the rest of the run had fewer GPUs)
+        print(f"clockwork serve: {len(crashed)} worker process(es) exited during the "
+              "replay, unplanned, and were not restarted (--replay restarts none), so this "
+              "run is not the scenario's: "
+              + "; ".join(f"worker {i} {how}" for i, how in sorted(crashed.items())),
+              file=sys.stderr)
+        status = status or 1
     if faults.failed:  # the run did not follow its scenario's plan: said last, exit 1
         print(f"clockwork serve: {len(faults.failed)} of the scenario's [faults] / "
               "[[repository]] / [[add_workers]] events could not be played, so this run is "
