@@ -3,12 +3,20 @@ take on a GPU, seeded from the profile and moved by every result."""
 
 from __future__ import annotations
 
+import math
 from bisect import insort
 from collections import deque
 from collections.abc import Mapping
 from types import MappingProxyType
 
 from clockwork.profiles import ModelProfile
+
+
+def _rank(p: float, n: int) -> int:
+    """The index of the ``p`` percentile of ``n`` sorted values, nearest rank: the smallest
+    value with at least ``p`` of them at or below it (ceil(p n), 1-based). ``int(p n)``
+    was one rank high where p n is whole: the 99th of 100 values gave the largest."""
+    return min(n - 1, max(0, math.ceil(p * n - 1e-9) - 1))  # (p n a hair over a whole: it)
 
 
 class SlidingWindow:
@@ -38,15 +46,12 @@ class SlidingWindow:
             srt.remove(fifo.popleft())
         fifo.append(value)
         insort(srt, value)
-        n = len(srt)
-        idx = int(p * n)
-        return srt[idx if idx < n else n - 1]
+        return srt[_rank(p, len(srt))]
 
     def percentile(self, p: float) -> int:
         if not self._sorted:
             raise ValueError("empty window")
-        idx = min(len(self._sorted) - 1, int(p * len(self._sorted)))
-        return self._sorted[idx]
+        return self._sorted[_rank(p, len(self._sorted))]
 
     def __len__(self) -> int:
         return len(self._fifo)

@@ -508,12 +508,17 @@ class ClockworkScheduler(Policy):
         chosen = None
         # the starts for which every size's split of ``deadlines`` stays where it is
         lo, hi = -NEVER, deadlines[0] - e1
+        # fewer requests than the smallest size (a model compiled for 4 and 8 only) run
+        # as a batch of it, padded, as a lone request does: else 2 or 3 queued requests
+        # waited for a fourth and were all dropped, the GPU idle
+        pad = sizes[0] if n < sizes[0] else 0
         for b in sizes:
-            if b > n:
+            if b > n and b != pad:
                 break
             e = ex[b]
-            if b > 1 and e > max_exec:
+            if b > 1 and e > max_exec and b != sizes[0]:
                 break
+            want = 1 if b == pad else b  # (the fewest rows a batch of b takes)
             th = start + e
             if ordered:
                 j = bisect_left(deadlines, th)
@@ -521,12 +526,12 @@ class ClockworkScheduler(Policy):
                     hi = deadlines[j] - e
                 if j and deadlines[j - 1] - e >= lo:
                     lo = deadlines[j - 1] - e + 1
-                if n - j < b:
+                if n - j < want:
                     continue
-                idx = range(j, j + b)
+                idx = range(j, n if b == pad else j + b)
             else:
                 idx = [i for i in range(n) if deadlines[i] >= th][:b]
-                if len(idx) < b:
+                if len(idx) < want:
                     continue
             # the batch's oldest deadline (its first request's when the queue is in order)
             p = (deadlines[idx[0]] if ordered else min([deadlines[i] for i in idx])) - e

@@ -1467,3 +1467,26 @@ def test_a_model_larger_than_every_gpus_cache_is_answered_at_once():
     acts += s.on_request(req(2, t=MS), MS)
     assert [(a.type, a.worker) for a in acts] == [(ActionType.LOAD, 1), (ActionType.INFER, 1)]
     assert s.drain_replies() == []
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 6])
+def test_fewer_requests_than_the_smallest_batch_size_run_padded(n):
+    """A model compiled for batch sizes 4 and 8 only: 2 or 3 queued requests run as one
+    batch of 4, padded, as a lone request does (they waited for a fourth and were all
+    dropped at their drop time, the GPU idle); 6 run as 4, then 2 padded."""
+    s = ClockworkScheduler([make_profile("a", batches=(4, 8))], [GpuSpec(0, 0, 1376)],
+                           SchedulerConfig())
+    t = warm(s)
+    occupy(s, t, 20 * MS)  # (busy: the requests queue up before any decision)
+    for i in range(1, n + 1):
+        assert s.on_request(req(i, t=t), t) == []
+    infers: list[Action] = []
+    while s.queued() and (wake := s.next_wakeup()) is not None:
+        for a in s.on_tick(wake):
+            assert a.type == ActionType.INFER and a.batch_size == 4, brief([a])
+            infers.append(a)
+            s.on_result(ok(a, a.earliest), a.earliest + a.expected_duration)
+    replies = s.drain_replies()
+    assert len(infers) == (1 if n <= 4 else 2), brief(infers)
+    assert sorted(r.request.id for r in replies if r.status == RequestStatus.SUCCESS) == \
+        list(range(1, n + 1)), [(r.request.id, r.status.name) for r in replies]
