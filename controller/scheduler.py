@@ -300,9 +300,12 @@ class ClockworkScheduler(Policy):
                         m.wide.push(inst)
             if m.removed and self._retire(inst, now, out) and (self._unserved or self._misses):
                 self._schedule_loads(now, out, only_idle=False)  # its pages may take a LOAD
-            self._schedule_infer(g, now, out)
             if result.status and m.live and result.status not in REFUSED_AS_SENT:
-                self._offer(m, now, out)  # put back: the other copies may run them sooner
+                # put back: offered to every copy, soonest free first, before this GPU
+                # decides alone (it timed out a request it could no longer start in
+                # time that another GPU, idle, could still serve)
+                self._offer(m, now, out)
+            self._schedule_infer(g, now, out)
         elif t == ActionType.LOAD:
             g.pcie.done(result.id, result.end)
             inst = inf.copy
@@ -760,10 +763,12 @@ class ClockworkScheduler(Policy):
             return
         sa = self.cfg.schedule_ahead
         horizon = now + sa
-        for g in [inst.gpu for inst in m.instances.values()]:
-            free = g.exec.available(now)
+        frees = [(inst.gpu, inst.gpu.exec.available(now)) for inst in m.instances.values()]
+        frees.sort(key=_second)  # (soonest free first, as on_request asks them)
+        for g, free in frees:
             if free < horizon:
-                self._schedule_infer(g, now, out)
+                if m.live:
+                    self._schedule_infer(g, now, out)
             elif not g.wake_at:
                 self._wake(g, free - sa + 1)
 

@@ -1490,3 +1490,22 @@ def test_fewer_requests_than_the_smallest_batch_size_run_padded(n):
     assert len(infers) == (1 if n <= 4 else 2), brief(infers)
     assert sorted(r.request.id for r in replies if r.status == RequestStatus.SUCCESS) == \
         list(range(1, n + 1)), [(r.request.id, r.status.name) for r in replies]
+
+
+def test_a_rejected_request_goes_to_another_copy_that_can_still_serve_it():
+    """An INFER turned away (EXEC_TOO_LATE) on a GPU now busy with other work: its request
+    is offered to every copy, soonest free first, before that GPU decides alone. It timed
+    the request out there (it could no longer start in time) while the other GPU, idle
+    with a ready copy, could still serve it."""
+    s = sched(models=("a", "b"), gpus=2)
+    s.adopt_copies(0, 0, [("a", 1), ("b", 1)])
+    s.adopt_copies(1, 0, [("a", 1)])
+    t = 100 * MS
+    (x,) = s.on_request(req(1, "a", t=t, slo=12 * MS), t)
+    assert x.gpu == 0
+    for i in range(2, 5):  # GPU 0 fills up behind it
+        assert all(a.gpu == 0 for a in s.on_request(req(i, "b", t=t, slo=100 * MS), t))
+    now = t + 2 * MS
+    out = s.on_result(fail(x, now, ErrorCode.EXEC_TOO_LATE), now)
+    assert [(a.type, a.gpu, a.model) for a in out] == [(ActionType.INFER, 1, "a")], brief(out)
+    assert s.drain_replies() == []
