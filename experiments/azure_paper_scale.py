@@ -70,6 +70,7 @@ requests per CPU-second, the child's peak RSS, the load average, and the time th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -153,6 +154,21 @@ def resolve_trace(which: str) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def spill_folder(spill_dir: Path | None):
+    """With ``--spill-dir``: a folder of this run's own inside it, for the parts' row
+    folders, removed when the run ends however it ends (a part stopped by Ctrl-C is
+    killed, so it cannot remove its own rows; they go with this folder). Yields its path
+    as text, or None without ``--spill-dir``."""
+    if spill_dir is None:
+        yield None
+        return
+    spill_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"{NAME}-", dir=spill_dir.resolve(),
+                                     ignore_cleanup_errors=True) as own:
+        yield own
+
+
 # ----------------------------------------------------------------------- one part (child)
 
 def cpu_timeline(samples: list[tuple[int, float, int]], minutes: int) -> list[float]:
@@ -229,6 +245,7 @@ def run_part(spec: dict) -> dict:
     c3, w3 = cpu(), time.perf_counter()
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return {"start_minute": spec["start"], "minutes": spec["minutes"], "warmup_minutes": warm,
+            "seed": sc.seed,
             "summary": {k: s[k] for k in ("submitted", "succeeded", "slo_met", "failed",
                                           "dropped", "cold_starts", "actions", "latency_ms",
                                           "max_pages_used")},
@@ -365,7 +382,7 @@ def parse_args(argv) -> argparse.Namespace:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--minutes", type=int, default=5,
                    help="trace minutes to simulate, at real speed (default 5)")
-    g.add_argument("--hours", type=float, default=None,
+    g.add_argument("--hours", type=t.positive_float, default=None,
                    help="trace hours to simulate instead (6: the paper's whole replay)")
     p.add_argument("--start-minute", type=int, default=None,
                    help="first trace minute (0-based) to simulate (default --replay-start)")
@@ -395,8 +412,9 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--spill-dir", type=common.out_dir, default=None,
                    help="keep each simulation's request and action rows in files in a "
                         "temporary folder inside this one instead of in memory (removed at "
-                        "the end; ~75 bytes of disk per request): memory stays flat, so a "
-                        "continuous run (--part-minutes 0) of the whole replay fits")
+                        "the end, also when stopped; ~75 bytes of disk per request): memory "
+                        "stays flat, so a continuous run (--part-minutes 0) of the whole "
+                        "replay fits")
     p.add_argument("--jobs", type=int, default=1,
                    help="parts to run at the same time, each in its own process (default 1: "
                         "one after another); the same results, in less wall time on a "
@@ -427,7 +445,11 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--part", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    from clockwork.workloads.azure import MINUTES
+
     if args.hours is not None:
+        if args.hours > MINUTES / 60:  # (a huge value would overflow into minutes)
+            p.error(f"--hours must be at most {MINUTES // 60}, the trace day, got {args.hours:g}")
         args.minutes = round(args.hours * 60)
     if args.start_minute is None:
         args.start_minute = args.replay_start
@@ -439,9 +461,9 @@ def parse_args(argv) -> argparse.Namespace:
         p.error("--warmup-minutes must be >= 0")
     if args.jobs < 1:
         p.error("--jobs must be >= 1")
+    if args.trace not in ("synth", "sample") and not os.path.isfile(args.trace):
+        p.error(f"--trace: no trace file {args.trace}")
     # (here, not in a part: a bad value found by the second part cost the first's hours)
-    from clockwork.workloads.azure import MINUTES
-
     for flag, minute in (("--replay-start", args.replay_start),
                          ("--start-minute", args.start_minute)):
         if not 0 <= minute < MINUTES:
@@ -466,7 +488,12 @@ def load_factor(trace: Path, start: int, rate: float) -> tuple[float, float]:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.part:
-        res = run_part(json.loads(args.part))
+        try:
+            res = run_part(json.loads(args.part))
+        except KeyboardInterrupt:
+            # a Ctrl-C at the terminal reaches the parent too, which says "interrupted"
+            # once for the run (and removes the rows' folder): this part ends quietly
+            raise SystemExit(130) from None
         Path(args.result).write_text(json.dumps(res))
         return res
 
@@ -504,9 +531,11 @@ def main(argv=None) -> dict:
                       "log_format": args.log_format,
                       # one progress line, of a part running alone
                       "progress": (args.progress or sys.stderr.isatty()) and args.jobs == 1,
-                      "spill_dir": str(args.spill_dir.resolve()) if args.spill_dir else None})
+                      "spill_dir": None})  # (set below: the run's own folder)
     done: dict[int, dict] = {}
-    with common.Timer() as t:
+    with spill_folder(args.spill_dir) as spill, common.Timer() as t:
+        for spec in specs:
+            spec["spill_dir"] = spill
         def finished(i: int, r: dict) -> None:
             done[i] = r
             sm, s, n = r["summary"], r["start_minute"], r["minutes"]
@@ -578,7 +607,7 @@ def summarise(args, parts, lf, base, trace, wall, setup_parent, load0, load1) ->
         "trace": str(trace), "trace_rps_6h": base, "load_factor": lf,
         "replay_start": args.replay_start, "start_minute": args.start_minute, "minutes": args.minutes, "parts": len(parts),
         "part_minutes": args.part_minutes, "warmup_minutes": args.warmup_minutes,
-        "seed": args.seed,
+        "seed": parts[0]["seed"],  # the one used (without --seed, the base scenario's)
         "noise": not args.no_noise,
         "spill_dir": str(args.spill_dir) if args.spill_dir else None,
         "logs": None if not args.out or args.no_logs else args.log_format,

@@ -5,8 +5,15 @@ with the parts side by side (--jobs 2), each giving the same parts."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from experiments import azure_paper_scale
 
@@ -25,6 +32,8 @@ def test_two_parts_with_rows_in_files(tmp_path, capsys, monkeypatch):
     assert info["spill_dir"] == str(spill) and list(spill.iterdir()) == []  # the rows' folders went
     saved = json.loads((out / "azure_paper_scale.json").read_text())
     assert saved["requests"] == info["requests"]
+    # the seed the parts used (the base scenario's, no --seed given), not null
+    assert saved["seed"] == 1 == json.loads((out / "part-0000" / "summary.json").read_text())["seed"]
     # Fig. 9's series, a row per trace minute
     rows = info["by_minute"]
     assert [r["trace_minute"] for r in rows] == [0, 1]
@@ -75,7 +84,7 @@ def test_another_seed_is_another_run_of_the_same_minutes():
     args = ["--trace", "sample", "--load-factor", "1", "--minutes", "1", "--no-noise"]
     one, again = azure_paper_scale.main(args), azure_paper_scale.main(args)
     other = azure_paper_scale.main([*args, "--seed", "2"])
-    assert one["by_minute"] == again["by_minute"] and one["seed"] is None
+    assert one["by_minute"] == again["by_minute"] and one["seed"] == 1  # the base scenario's
     assert other["seed"] == 2 and other["by_minute"] != one["by_minute"]
     assert abs(other["requests"] - one["requests"]) < 0.05 * one["requests"]  # the same trace
 
@@ -115,3 +124,59 @@ def test_ctrl_c_as_the_parts_start_kills_them(monkeypatch):
                                 "--part-minutes", "2", "--jobs", "2"])
     # killed, not run to its end (exit 0) while the pool waited
     assert [p.returncode for p in started] == [-9]
+
+
+@pytest.mark.parametrize("argv,option", [
+    (["--hours", "nan"], "--hours"), (["--hours", "inf"], "--hours"),
+    (["--hours", "1e308"], "--hours"), (["--hours", "-1"], "--hours"),
+    (["--rate", "nan"], "--rate"), (["--load-factor", "inf"], "--load-factor"),
+    (["--trace", "/nonexistent/day.csv"], "--trace"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_a_bad_value_is_one_usage_line(argv, option, capsys):
+    """A value the script cannot use stops it in its parser: one error line naming the
+    option, exit 2 (--hours nan or inf ended in a traceback, a missing --trace file in
+    exit 1 as if the run had failed)."""
+    with pytest.raises(SystemExit) as e:
+        azure_paper_scale.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and option in err.strip().splitlines()[-1], err
+
+
+@pytest.mark.parametrize("jobs,group", [(2, True), (1, False), (1, True)],
+                         ids=["2 jobs, Ctrl-C at a terminal", "1 job, SIGINT to the script",
+                              "1 job, Ctrl-C at a terminal"])
+def test_ctrl_c_removes_the_rows_in_spill_dir_and_says_so_once(tmp_path, jobs, group):
+    """Stopped by SIGINT (to the whole process group, as Ctrl-C at a terminal sends it,
+    or to the script alone), the script leaves nothing in --spill-dir (its parts, killed,
+    left their row folders there: megabytes each here, gigabytes at scale) and says
+    "interrupted" once (a part said it too)."""
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    p = subprocess.Popen([sys.executable, str(Path(azure_paper_scale.__file__)), "--trace",
+                          "sample", "--minutes", "4", "--part-minutes",
+                          "2" if jobs == 2 else "0", "--jobs", str(jobs), "--load-factor",
+                          "30", "--spill-dir", str(spill), "--out", str(tmp_path / "out")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while (len(list(spill.rglob("clockwork-rows-*"))) < jobs and p.poll() is None
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+        assert len(list(spill.rglob("clockwork-rows-*"))) == jobs  # every part simulating
+        time.sleep(0.5)
+        if group:
+            os.killpg(p.pid, signal.SIGINT)
+        else:
+            os.kill(p.pid, signal.SIGINT)
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 130, (p.returncode, err[-500:])
+        assert err.strip().splitlines() == ["azure_paper_scale.py: interrupted"], err[-500:]
+        assert list(spill.rglob("*")) == []
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # (the parts too, had any been left running)
+        except ProcessLookupError:
+            pass
+        p.wait()
