@@ -1149,3 +1149,25 @@ def test_place_files_live_in_a_folder_of_this_users_alone(tmp_path, monkeypatch)
     (tmp_path / "link").symlink_to(base)
     with pytest.raises(RuntimeError, match="not a folder of this user's alone"):
         rc._private_dir(tmp_path / "link")
+
+
+def test_ray_auto_with_no_cluster_running_is_refused_in_our_words(monkeypatch):
+    """``--ray auto`` where Ray finds no running cluster: ChildRefused (one line, exit 2,
+    as an address where nothing listens), naming what to do; it was Ray's ConnectionError
+    (exit 1), advising an ``--address`` flag this command does not have."""
+    import clockwork.cluster.ray_cluster as rc
+    from clockwork.cluster.local import ChildRefused
+
+    def no_cluster(**kw):
+        assert kw["address"] == "auto"
+        raise ConnectionError("Could not find any running Ray instance. Please specify the "
+                              "one to connect to by setting `--address` flag or "
+                              "`RAY_ADDRESS` environment variable.")
+
+    monkeypatch.setattr(rc, "init_ray", no_cluster)
+    monkeypatch.setattr(rc.ray, "is_initialized", lambda: False)
+    cluster = rc.RayCluster(address="auto", http_port=-1, kserve_port=-1)
+    with pytest.raises(ChildRefused, match=r"--ray auto: no running Ray cluster found .*"
+                                           r"ray start --head") as e:
+        cluster._init_ray()
+    assert "--address" not in str(e.value)

@@ -506,7 +506,16 @@ class RayCluster(LocalCluster):
                     pass
         else:
             kw["address"] = self.ray_address
-        init_ray(**kw)
+        try:
+            init_ray(**kw)
+        except ConnectionError as e:
+            if self.ray_address != "auto":
+                raise
+            # (Ray's own words name an --address flag this command does not have)
+            raise ChildRefused("--ray auto: no running Ray cluster found from this machine "
+                               "($RAY_ADDRESS unset, none started here); start one (ray "
+                               "start --head), or give its address (--ray HOST:PORT), or "
+                               "give --ray alone for a one-node cluster of its own") from e
         self._own_ray = True
 
     def _flags(self, i: int, gpus: int) -> list[str]:
