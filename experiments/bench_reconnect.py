@@ -19,8 +19,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+BACK_WAIT_S = 120.0  # how long the client is given to reach the controller once it is back
 
-def main(argv: list[str] | None = None) -> float | None:
+
+def main(argv: list[str] | None = None) -> float:
+    """The seconds from the controller's return to the client's first success;
+    ``ControllerUnavailable`` (exit 1 as a command) if none came within ``BACK_WAIT_S``."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--down", type=float, default=90.0,
                     help="seconds the controller is away (default 90)")
@@ -42,7 +46,7 @@ def main(argv: list[str] | None = None) -> float | None:
             time.sleep(min(2.0, max(0.0, args.down - (time.monotonic() - t0))))
         cl.restart_controller()
         t1 = time.monotonic()
-        while time.monotonic() - t1 < 120:
+        while time.monotonic() - t1 < BACK_WAIT_S:
             try:
                 c.stats()
             except clockwork.errors.ClockworkError:
@@ -52,8 +56,8 @@ def main(argv: list[str] | None = None) -> float | None:
             print(f"controller away {args.down:g} s: the client's first success "
                   f"{took:.2f} s after it was back")
             return took
-    print("no success within 120 s of the controller's return")
-    return None
+    raise clockwork.errors.ControllerUnavailable(
+        f"the client had no success within {BACK_WAIT_S:g} s of the controller's return")
 
 
 if __name__ == "__main__":

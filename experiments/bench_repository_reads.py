@@ -59,9 +59,14 @@ def _pinger(address: str, stop: threading.Event, out: list[float]) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", type=int, default=20, help="models loaded (default 20)")
-    ap.add_argument("--copies", type=int, default=1024, help="copies each (default 1,024)")
-    ap.add_argument("--repeat", type=int, default=1, help="rounds of every read (default 1)")
+    from clockwork.cluster.cli import argtypes as t
+
+    ap.add_argument("--models", type=t.positive_int, default=20,
+                    help="models loaded (>= 1, default 20)")
+    ap.add_argument("--copies", type=t.positive_int, default=1024,
+                    help="copies each (>= 1, default 1,024)")
+    ap.add_argument("--repeat", type=t.positive_int, default=1,
+                    help="rounds of every read (>= 1, default 1)")
     args = ap.parse_args(argv)
 
     import tritonclient.http as th

@@ -1,7 +1,8 @@
-"""Benchmark: what client authentication and TLS cost. The same load against a live local
-cluster in three configurations, interleaved (none, token, token+TLS, none, ...), each
-on a fresh ``LocalCluster`` (the cluster secret is on in all three, as ``LocalCluster``
-always makes one; it costs only at connect):
+"""Benchmark: what client authentication and TLS cost.
+
+The same load against a live local cluster in three configurations, interleaved (none,
+token, token+TLS, none, ...), each on a fresh ``LocalCluster`` (the cluster secret is on
+in all three, as ``LocalCluster`` always makes one; it costs only at connect):
 
 - ``none``: plaintext, no token;
 - ``token``: the controller requires a bearer token (``--token-file``), clients send it;

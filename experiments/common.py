@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -57,11 +60,15 @@ LIVE_MAX_WORKERS = 16  # worker processes (each emulates ``gpus_per_worker`` GPU
 LIVE_MAX_S = 1800.0  # seconds of real time for one scenario run
 
 
-class LiveRefused(SystemExit):
-    """A scale that cannot run live here (too many worker processes or too long)."""
+class LiveRefused(Exception):
+    """A scale that cannot run live here (too many worker processes or too long): a
+    setting refused, so ``script`` ends with its one line and exit 2."""
 
 
-def parse_args(argv: Sequence[str] | None, description: str) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None, description: str,
+               check=None) -> argparse.Namespace:
+    """The figure scripts' arguments; ``check(args)``, if given, runs before the output
+    folder is made (a ``LiveRefused`` from it leaves nothing behind)."""
     p = argparse.ArgumentParser(description=description)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--quick", dest="scale", action="store_const", const="quick",
@@ -85,6 +92,8 @@ def parse_args(argv: Sequence[str] | None, description: str) -> argparse.Namespa
         print(f"{p.prog}: the figures need matplotlib: pip install -e '.[plots]'",
               file=sys.stderr)
         raise SystemExit(2) from None
+    if check is not None:
+        check(args)
     if args.out is None and args.scale == "smoke":  # (not over the figures kept)
         args.out = Path(tempfile.mkdtemp(prefix="clockwork-smoke-"))
         print(f"--smoke: writing to {args.out}", file=sys.stderr)
@@ -110,21 +119,46 @@ def out_file(text: str) -> Path:
     return Path(argtypes.out_file(text))
 
 
+@contextlib.contextmanager
+def stop_signals_as_ctrl_c():
+    """SIGTERM, and SIGHUP (unless ignored, as under ``nohup``), raise KeyboardInterrupt
+    as Ctrl-C does, so that a run they stop removes its temporary folders and stops its
+    cluster's processes (they killed the process, leaving both behind). Only in the main
+    thread (where Python runs signal handlers); the previous handlers are put back after."""
+    from clockwork.signals import term_signals
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, on_term) for s in term_signals()}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 def script(main) -> None:
-    """Run an experiment script's ``main()`` as a command: Ctrl-C ends it with one line
-    (exit 130) and a setting the scenario refuses with its one line (exit 2), not a
-    traceback; else the exit status is ``main``'s (an int), or 0."""
+    """Run an experiment script's ``main()`` as a command: Ctrl-C (and SIGTERM or SIGHUP,
+    which stop it as Ctrl-C does) ends it with one line (exit 130) and a setting the
+    scenario refuses, or a scale that cannot run live (``LiveRefused``), with its one line
+    (exit 2), not a traceback; else the exit status is ``main``'s (an int), or 0."""
     from clockwork.errors import ControllerUnavailable, ScenarioError
     from clockwork.profiles import ProfileError
     from clockwork.settings import SettingsError
 
     name = Path(sys.argv[0]).name
     try:
-        rc = main()
+        with stop_signals_as_ctrl_c():
+            rc = main()
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
         raise SystemExit(130) from None
-    except (ScenarioError, SettingsError, ProfileError) as e:
+    except (ScenarioError, SettingsError, ProfileError, LiveRefused) as e:
         print(f"{name}: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     except ControllerUnavailable as e:  # (a live run's controller that went away)
@@ -302,7 +336,7 @@ def check_live(workers: int, duration_s: float, what: str = "this scale",
     if why:
         msg = (f"--live: {what} needs {' and '.join(why)}; run it in the simulator, or "
                f"live at a smaller scale ({smaller})")
-        raise LiveRefused(msg)  # (a SystemExit: its message is printed once, on stderr)
+        raise LiveRefused(msg)
 
 
 def _cpu_s(pid: int) -> float:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import statistics
 import sys
 import time
@@ -117,9 +118,10 @@ def main(argv=None) -> int:
                    help="--simulate: seconds until the new controller starts (default 1.0)")
     a = p.parse_args(argv)
     live_scale.check_shape_args(p, a)
-    if min(a.instances, a.workers, a.gpus, a.repeats) < 1 or min(a.rate, a.warm, a.after) <= 0:
+    if min(a.instances, a.workers, a.gpus, a.repeats) < 1 or min(a.rate, a.warm, a.after) <= 0 \
+            or not math.isfinite(a.warm + a.after):
         p.error("--instances, --workers, --gpus, --rate, --warm, --after and --repeats must "
-                "be positive")
+                "be positive (--warm and --after finite)")
     if a.simulate and not 0 <= a.down < a.after:
         p.error("--down must be at least 0 and below --after")
     if a.simulate:

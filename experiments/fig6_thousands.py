@@ -31,7 +31,9 @@ def main(argv=None) -> dict:
         res = common.run("bursty_experiment", [f"models.0.copies={copies}",
                                                f"workloads.0.major_start_s={start}",
                                                f"duration_s={dur}"], live=args.live)
-    tl = common.timeline(res, bucket)
+    # (cut to the run: a request or action that ends at duration_s opens a bucket
+    # after it, with no load offered)
+    tl = common.timeline(res, bucket)[:int(round(dur / bucket))]
     for row in tl:
         row["active_major"] = max(0, min(copies - 1, int((row["t_s"] - start) // 1 + 1)))
     common.write_tsv(args.out / f"{NAME}.tsv", tl)

@@ -35,12 +35,17 @@ BASE_COPIES = (300, 100, 50, 50, 50)
 NOISE, JITTER_MS = 0.02, 0.1
 
 
-def main(argv=None) -> dict:
-    args = common.parse_args(argv, " ".join(__doc__.split("\n\n")[0].split()))
-    workers, mult, minutes, interval, lf, bucket, chunk = SCALE[args.scale]
+def _check_live(args) -> None:
+    """Refuse a --live scale this machine cannot hold (before the --out folder is made)."""
     if args.live:
-        common.check_live(workers, minutes * interval, f"fig9 --{args.scale}",
-                          per="in all")
+        workers, _, minutes, interval, *_ = SCALE[args.scale]
+        common.check_live(workers, minutes * interval, f"fig9 --{args.scale}", per="in all")
+
+
+def main(argv=None) -> dict:
+    args = common.parse_args(argv, " ".join(__doc__.split("\n\n")[0].split()),
+                             check=_check_live)
+    workers, mult, minutes, interval, lf, bucket, chunk = SCALE[args.scale]
     tl: list[dict] = []
     errs_raw: dict[str, list] = {"INFER": [], "LOAD": []}
     lat_ok: list = []

@@ -1,5 +1,7 @@
 """How well a profile measured by ``clockwork profile`` predicts live EXEC and LOAD
-durations: run a scenario on a live cluster of cpu workers (TVM-compiled zoo
+durations on a live cluster of cpu workers.
+
+Run a scenario on a live cluster of cpu workers (TVM-compiled zoo
 models really executing on this host, more instances than the weights cache holds), then
 read the controller's action log and compare every successful action's measured duration
 (the time it held its lane on the worker: the device's work and the hand-over to the
@@ -112,10 +114,14 @@ def _plot(res: dict, path: Path) -> None:
 
 
 def main(argv=None) -> dict:
+    from clockwork.cluster.cli import argtypes
+
     p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--scenario", default="cpu_live", help="scenario (default cpu_live)")
-    p.add_argument("--duration", type=float, default=30.0, help="seconds (default 30)")
-    p.add_argument("--rate", type=float, default=None, help="override the Poisson rate (r/s)")
+    p.add_argument("--duration", type=argtypes.positive_float, default=30.0,
+                   help="seconds (> 0, default 30)")
+    p.add_argument("--rate", type=argtypes.positive_float, default=None,
+                   help="override the Poisson rate (r/s, > 0)")
     p.add_argument("--packages", type=Path, default=None,
                    help="folder of compiled model packages (default: the scenario's, else "
                         "packages/DEVICE); missing ones are compiled there first")
@@ -123,9 +129,8 @@ def main(argv=None) -> dict:
                    help=f"output directory (default experiments/figures/{NAME}/: the figures "
                         "kept in the repository, overwritten)")
     args = p.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
     over = [f"duration_s={args.duration}"]
-    if args.rate:
+    if args.rate is not None:
         over.append(f"workloads.0.rate_rps={args.rate}")
     if args.packages:
         over.append(f"cluster.packages={args.packages}")
@@ -137,6 +142,7 @@ def main(argv=None) -> dict:
 
     # (the scenario itself, not its data: a set or trace beside its file is found there)
     pset = load_profile_set(str(sc.cluster["profiles"]), scenario_folder(sc.source))
+    args.out.mkdir(parents=True, exist_ok=True)  # (after the checks: nothing made before)
     with common.Timer() as t:
         res = common.run_live(sc)
     out = analyse(columns(res.telemetry.actions), pset.profiles)

@@ -117,8 +117,8 @@ def main(argv=None) -> int:
                                 epilog="Each live run takes --duration seconds plus start-up "
                                        "(~5 s) and drain.")
     add_shape_args(p)
-    p.add_argument("--duration", type=float, default=20.0,
-                   help="seconds of load per run (default 20)")
+    p.add_argument("--duration", type=argtypes.positive_float, default=20.0,
+                   help="seconds of load per run (> 0, default 20)")
     p.add_argument("--repeats", type=int, default=3, help="live runs (default 3)")
     p.add_argument("--hang-s", type=float, default=0.0,
                    help="each worker in turn hangs this long once (default 0: none)")

@@ -66,7 +66,7 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--out", type=common.out_dir, default=None,
                    help=f"output directory (default {OUT.relative_to(common.ROOT)}/, "
                    "or its quick/ with --quick)")
-    p.add_argument("--cache", type=Path, default=CACHE,
+    p.add_argument("--cache", type=common.out_dir, default=CACHE,
                    help="where compiled packages are kept between runs (default %(default)s)")
     p.add_argument("--no-gc", action="store_true",
                    help="disable Python's garbage collector during the timed runs "
