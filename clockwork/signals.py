@@ -9,7 +9,9 @@ keeps running when its terminal closes, as the user asked.
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import threading
 
 
 def stop_signals() -> tuple[signal.Signals, ...]:
@@ -24,3 +26,25 @@ def stop_signals() -> tuple[signal.Signals, ...]:
 def term_signals() -> tuple[signal.Signals, ...]:
     """``stop_signals()`` but SIGINT: those Python does not turn into KeyboardInterrupt."""
     return tuple(s for s in stop_signals() if s != signal.SIGINT)
+
+
+@contextlib.contextmanager
+def term_as_ctrl_c():
+    """Within it, SIGTERM and SIGHUP (``term_signals``) raise KeyboardInterrupt as Ctrl-C
+    does, so that the command they stop ends its own way (its children stopped, its
+    temporary folders removed: they killed the process, leaving both behind). Only in the
+    main thread (where Python runs signal handlers); the previous handlers are put back
+    after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, on_term) for s in term_signals()}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

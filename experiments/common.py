@@ -18,13 +18,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
-import signal
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -119,29 +116,6 @@ def out_file(text: str) -> Path:
     return Path(argtypes.out_file(text))
 
 
-@contextlib.contextmanager
-def stop_signals_as_ctrl_c():
-    """SIGTERM, and SIGHUP (unless ignored, as under ``nohup``), raise KeyboardInterrupt
-    as Ctrl-C does, so that a run they stop removes its temporary folders and stops its
-    cluster's processes (they killed the process, leaving both behind). Only in the main
-    thread (where Python runs signal handlers); the previous handlers are put back after."""
-    from clockwork.signals import term_signals
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def on_term(signum, frame):
-        raise KeyboardInterrupt
-
-    old = {s: signal.signal(s, on_term) for s in term_signals()}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
 def script(main) -> None:
     """Run an experiment script's ``main()`` as a command: Ctrl-C (and SIGTERM or SIGHUP,
     which stop it as Ctrl-C does) ends it with one line (exit 130) and a setting the
@@ -150,10 +124,11 @@ def script(main) -> None:
     from clockwork.errors import ControllerUnavailable, ScenarioError
     from clockwork.profiles import ProfileError
     from clockwork.settings import SettingsError
+    from clockwork.signals import term_as_ctrl_c
 
     name = Path(sys.argv[0]).name
     try:
-        with stop_signals_as_ctrl_c():
+        with term_as_ctrl_c():  # (SIGTERM, SIGHUP: as Ctrl-C)
             rc = main()
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)

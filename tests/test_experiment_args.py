@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from clockwork.signals import term_as_ctrl_c
 from experiments import common
 
 EXPERIMENTS = Path(common.__file__).resolve().parent
@@ -177,7 +178,7 @@ def test_a_bad_value_is_a_usage_error_before_anything_is_made(script, argv, opti
 
 def test_stop_signals_raise_keyboard_interrupt_inside_and_not_after():
     before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(KeyboardInterrupt), common.stop_signals_as_ctrl_c():
+    with pytest.raises(KeyboardInterrupt), term_as_ctrl_c():
         os.kill(os.getpid(), signal.SIGHUP if signal.getsignal(signal.SIGHUP)
                 is not signal.SIG_IGN else signal.SIGTERM)
         time.sleep(5)

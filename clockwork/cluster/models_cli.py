@@ -91,9 +91,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from clockwork.cluster.cli.commands import _sigterm_as_ctrl_c
+    from clockwork.signals import term_as_ctrl_c
 
-    with _sigterm_as_ctrl_c():  # (its temporary folder, and the package built there, go)
+    with term_as_ctrl_c():  # (its temporary folder, and the package built there, go)
         return _profile(args)
 
 

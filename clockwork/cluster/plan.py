@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clockwork.cluster.cli.commands import _sigterm_as_ctrl_c
 from clockwork.cluster.parallel import (
     FolderBusy,
     Outcome,
@@ -46,6 +45,7 @@ from clockwork.cluster.parallel import (
     default_jobs,
     locked,
 )
+from clockwork.signals import term_as_ctrl_c
 from clockwork.sizes import MAX_POINTS, MAX_SEED, MAX_WORKERS
 
 
@@ -474,7 +474,7 @@ def _run_plan(args: argparse.Namespace, plan: Plan, out: Path | None) -> int:
         f"{plan.seeds}, target attainment {plan.target:g}; {k} count(s) per round, "
         + ("as many simulations at a time as the Ray cluster has CPUs" if args.backend == "ray"
            else f"{jobs} job(s)"))
-    with _sigterm_as_ctrl_c():  # (as Ctrl-C: the simulations stopped, the temporary folder gone)
+    with term_as_ctrl_c():  # (as Ctrl-C: the simulations stopped, the temporary folder gone)
         tmp = None
         if out is None:
             tmp = tempfile.TemporaryDirectory(prefix="clockwork-plan-")

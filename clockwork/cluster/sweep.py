@@ -42,7 +42,6 @@ from typing import Annotated, Any, ClassVar
 
 import annotated_types as at
 
-from clockwork.cluster.cli.commands import _sigterm_as_ctrl_c
 from clockwork.cluster.parallel import (
     FolderBusy,
     Outcome,
@@ -59,6 +58,7 @@ from clockwork.cluster.parallel import (
 )
 from clockwork.resources import SWEEPS, shipped_name, shipped_sweep_names, sweeps_root
 from clockwork.settings import Settings, setting, validate
+from clockwork.signals import term_as_ctrl_c
 from clockwork.sizes import MAX_POINTS, MAX_SEED
 
 
@@ -546,7 +546,7 @@ def _run_sweep(args: argparse.Namespace, sweep: Sweep, out: Path) -> int:
     if todo:  # (the tables of an earlier run, until this one ends: one stopped left them
         for name in ("results.tsv", "results.json"):  # looking current, a point short)
             (out / name).unlink(missing_ok=True)
-    with _sigterm_as_ctrl_c(), Runner(jobs, args.backend, sweep.spec.logs, progress=False
+    with term_as_ctrl_c(), Runner(jobs, args.backend, sweep.spec.logs, progress=False
                                       if quiet else (True if args.progress else None)) as runner:
         outcomes = runner.run(points, out, desc=f"sweep {sweep.name}")
     table = write_results(out, sweep, outcomes)

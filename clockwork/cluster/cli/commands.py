@@ -4,40 +4,16 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import signal
 import sys
-import threading
 from pathlib import Path
 
 import orjson
 
-from clockwork.signals import term_signals
-
-
-@contextlib.contextmanager
-def _sigterm_as_ctrl_c():
-    """SIGTERM, and SIGHUP (the terminal closed; unless ignored, as under ``nohup``), end
-    the run as Ctrl-C does (exit 130, --spill-dir's folder removed); they killed the
-    process, leaving the folder behind. Only in the main thread (where Python runs signal
-    handlers); the previous handlers are put back after."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def on_term(signum, frame):
-        raise KeyboardInterrupt
-
-    old = {s: signal.signal(s, on_term) for s in term_signals()}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+from clockwork.signals import term_as_ctrl_c
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    with _sigterm_as_ctrl_c():  # (from before --spill-dir's folder is made to its removal)
+    with term_as_ctrl_c():  # (from before --spill-dir's folder is made to its removal)
         return _simulate(args)
 
 
