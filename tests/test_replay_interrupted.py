@@ -32,6 +32,17 @@ def _answered(address: str, at_least: int):
     return enough
 
 
+def _replaying(p: subprocess.Popen, err: list[str]) -> str:
+    """The controller address ``clockwork serve ... --replay`` names as it starts its
+    replay (read from its stderr lines, ``err``)."""
+    def started():
+        """serve says it replays, naming the controller"""
+        assert p.poll() is None, "".join(err)
+        return next((m for line in err if (m := re.search(
+            r"controller at (\S+); replaying", line))), None)
+    return poll(started, 90).group(1).rstrip(",")
+
+
 def _check_kept(out, code: int, err: str, table: str) -> None:
     assert code == 130, err
     assert re.search(r"interrupted [\d.]+ s into the run: no more requests are sent", err), err
@@ -77,12 +88,7 @@ def test_serve_replay_stopped_by_ctrl_c_keeps_its_figures(tmp_path):
     table: list[str] = []
     readers.append(_lines(p.stdout, table))
     try:
-        def started():
-            """serve says it replays, naming the controller"""
-            assert p.poll() is None, "".join(err)
-            return next((m for line in err if (m := re.search(
-                r"controller at (\S+); replaying", line))), None)
-        address = poll(started, 90).group(1).rstrip(",")
+        address = _replaying(p, err)
         poll(_answered(address, 200), 60)
         p.send_signal(signal.SIGINT)
         code = p.wait(60)
@@ -140,12 +146,7 @@ def test_serve_replay_says_a_worker_that_died_and_exits_1(tmp_path):
     err: list[str] = []
     readers = [_lines(p.stderr, err), _lines(p.stdout, [])]
     try:
-        def started():
-            """serve says it replays, naming the controller"""
-            assert p.poll() is None, "".join(err)
-            return next((m for line in err if (m := re.search(
-                r"controller at (\S+); replaying", line))), None)
-        address = poll(started, 90).group(1).rstrip(",")
+        address = _replaying(p, err)
         poll(_answered(address, 50), 60)
         workers = [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit()
                    and f"\nPPid:\t{p.pid}\n" in _status(d)
