@@ -227,18 +227,7 @@ class ClockworkScheduler(Policy):
         if ix is not None:
             self._kick_copies(m, ix, now, out)
         elif insts:
-            sa = cfg.schedule_ahead
-            horizon = now + sa
-            if len(frees) > 1:
-                # soonest free first (the copies' order on a tie): a GPU asked first may
-                # turn away a request only a GPU free sooner can still serve
-                frees.sort(key=_second)
-            for g, free in frees:
-                if free < horizon:
-                    if m.live:  # (not once taken: as _kick_copies)
-                        self._infer_soon(g, now, out)
-                elif not g.wake_at:
-                    self._wake(g, free - sa + 1)
+            self._ask_copies(m, frees, now, out)
         else:
             if not self._unserved:
                 self._next_load_check = now
@@ -765,14 +754,23 @@ class ClockworkScheduler(Policy):
         if ix is not None:
             self._kick_copies(m, ix, now, out)
             return
+        self._ask_copies(m, [(inst.gpu, inst.gpu.exec.available(now))
+                             for inst in m.instances.values()], now, out)
+
+    def _ask_copies(self, m: ModelState, frees: list, now: int, out: list[Action]) -> None:
+        """The GPUs of ``m``'s copies, ``frees`` ((gpu, when its lane is free)), each asked
+        in turn: an INFER decision on each free before the horizon while ``m`` has
+        requests queued, a wake for each other one."""
         sa = self.cfg.schedule_ahead
         horizon = now + sa
-        frees = [(inst.gpu, inst.gpu.exec.available(now)) for inst in m.instances.values()]
-        frees.sort(key=_second)  # (soonest free first, as on_request asks them)
+        if len(frees) > 1:
+            # soonest free first (the copies' order on a tie): a GPU asked first may
+            # turn away a request only a GPU free sooner can still serve
+            frees.sort(key=_second)
         for g, free in frees:
             if free < horizon:
-                if m.live:
-                    self._schedule_infer(g, now, out)
+                if m.live:  # (not once taken: as _kick_copies)
+                    self._infer_soon(g, now, out)
             elif not g.wake_at:
                 self._wake(g, free - sa + 1)
 
