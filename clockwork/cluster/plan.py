@@ -311,7 +311,8 @@ def make_plan(scenario: str, sets: list[str], target: float, slo_ms: float | Non
     # a setting it refuses (a fault after the end, or naming a worker --min-gpus does not
     # have) is said here, before anything runs, not as a failure of the search
     why = {w: _simulation_error(path, [*sets, f"cluster.workers={w}",
-                                       f"seed={seed0 + seeds - 1}"]) for w in (lo_w, hi_w)}
+                                       f"seed={seed0 + seeds - 1}"])
+           for w in dict.fromkeys((lo_w, hi_w))}  # (one build where both are one count)
     if why[lo_w] is not None and why[lo_w] == why[hi_w]:  # (whatever the count)
         raise PlanError(why[lo_w])
     for w, given, fix in ((lo_w, f"--min-gpus {min_gpus}", "a larger --min-gpus"),

@@ -667,6 +667,7 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
     try:
         # real devices: answers carry real outputs; check every one against the reference
         check = cluster.packages if cluster.device != "emulated" else None
+        crashed: dict[int, str] = {}  # worker -> how its process ended, unplanned
 
         async def until_stopped():
             task = asyncio.ensure_future(replay(
@@ -680,8 +681,6 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
                     _crashed_workers(cluster, faults, crashed)
                 await asyncio.wait({task}, timeout=0.1)
             return await task
-
-        crashed: dict[int, str] = {}  # worker -> how its process ended, unplanned
 
         res = asyncio.run(until_stopped())
     except asyncio.CancelledError:

@@ -517,8 +517,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"clockwork sweep: {line}", file=sys.stderr)
     if args.list:
         points = sweep.points
-        done = [done_summary(point_folder(out, p), d, sweep.spec.logs) is not None
-                for p, d in zip(points, point_digests(points), strict=True)]
+        done = _done(sweep, out)
         for p, d in zip(points, done, strict=True):
             print(f"{'done ' if d else 'to run'}  {p.name}  {p.command()}")
         print(f"{len(points)} points, {sum(done)} done, in {out}", file=sys.stderr)
@@ -531,10 +530,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return fail(str(e))
 
 
+def _done(sweep: Sweep, out: Path) -> list[bool]:
+    """Whether each of the sweep's points is done in ``out`` (``done_summary``)."""
+    points = sweep.points
+    return [done_summary(point_folder(out, p), d, sweep.spec.logs) is not None
+            for p, d in zip(points, point_digests(points), strict=True)]
+
+
 def _run_sweep(args: argparse.Namespace, sweep: Sweep, out: Path) -> int:
     points = sweep.points
-    done = [done_summary(point_folder(out, p), d, sweep.spec.logs) is not None
-            for p, d in zip(points, point_digests(points), strict=True)]
+    done = _done(sweep, out)
     jobs = args.jobs or default_jobs()
     todo = len(points) - sum(done)
     quiet = args.quiet
