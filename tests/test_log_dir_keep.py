@@ -89,3 +89,47 @@ def test_a_log_folder_where_no_file_can_be_made_is_refused_at_start(tmp_path):
             ControllerNode(["127.0.0.1:1"], log_dir=where)
     ControllerNode(["127.0.0.1:1"], log_dir=str(tmp_path / "made"))
     assert (tmp_path / "made").is_dir() and not list((tmp_path / "made").iterdir())
+
+
+def test_tsv_logs_renamed_while_the_controller_runs_start_again(tmp_path):
+    """Rotation by renaming (logrotate's default, without copytruncate): the controller
+    opens its TSV logs at each flush, so after requests.tsv and actions.tsv are renamed
+    the next flush starts new ones, with their headers, holding only the rows since; the
+    renamed files keep theirs; report reads the new folder's logs."""
+    import subprocess
+    import time
+
+    from tests.conftest import cli_command
+
+    logs = tmp_path / "logs"
+    req, act = logs / "requests.tsv", logs / "actions.tsv"
+
+    def rows_in(path, n):  # the flush that writes them runs every 0.05 s
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if path.exists() and _tsv_rows(path) >= n:
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"{path}: fewer than {n} rows after 20 s")
+
+    with local_cluster(workers=1, gpus=1, models="mobilenet_v2", http_port=-1,
+                       controller_args=["--log-dir", str(logs), "--log-flush-s", "0.05"]) as c:
+        with clockwork.Client(c.address, timeout=10) as cl:
+            for _ in range(3):
+                assert cl.infer("mobilenet_v2", slo_ms=2000).status == 0
+            rows_in(req, 3)
+            rows_in(act, 4)  # a LOAD and three INFERs
+            req.rename(logs / "requests.tsv.1")
+            act.rename(logs / "actions.tsv.1")
+            for _ in range(2):
+                assert cl.infer("mobilenet_v2", slo_ms=2000).status == 0
+        assert c.controller.stop(timeout=30) == 0
+    assert _tsv_rows(logs / "requests.tsv.1") == 3
+    assert _tsv_rows(logs / "actions.tsv.1") == 4
+    assert _tsv_rows(req) == 2 and _tsv_rows(act) == 2
+    assert req.read_text().split("\n", 1)[0].startswith("request_id\t")
+    r = subprocess.run([*cli_command("report", str(logs))], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    submitted = next(ln for ln in r.stdout.splitlines() if ln.startswith("requests submitted"))
+    assert submitted.split()[-1] == "2", r.stdout
