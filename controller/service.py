@@ -707,15 +707,6 @@ class ControllerNode(WorkerLinks):
             deliver(pb.InferResponse(status=RequestStatus.INVALID_REQUEST, message=bad,
                                      reason=reason, client_id=cid, gpu=-1))
             return None
-        if self._no_worker:
-            self.count(_STATUS_KEY[RequestStatus.ERROR])
-            self.count("requests_no_worker")
-            self.metrics.reply(req.model, "error", None)
-            self.log_refused(req.model, req.slo_ms, RequestStatus.ERROR, now, rid)
-            deliver(pb.InferResponse(status=RequestStatus.ERROR, reason="no_worker",
-                                     message=NO_WORKER_FOR_REQUEST, client_id=cid, gpu=-1))
-            return None
-
         # a positive SLO is at least 1 ns (0 would mean "the default")
         slo = max(1, ms(req.slo_ms)) if req.slo_ms else 0
         if not typed and req.queued_ns:  # its wait in the client before it was sent
@@ -725,6 +716,18 @@ class ControllerNode(WorkerLinks):
         cut = budget is not None and late + budget < (slo or self.cfg.default_slo)
         if cut:
             slo = max(1, late + budget)
+        # no worker, and its SLO not spent yet: answered at once, to try again (one whose
+        # SLO ran out before it was read, say in a controller held up until its workers
+        # closed their links, is TIMEOUT below, as the scheduler answers it with workers)
+        expired = late >= (slo or self.cfg.default_slo)
+        if self._no_worker and not expired:
+            self.count(_STATUS_KEY[RequestStatus.ERROR])
+            self.count("requests_no_worker")
+            self.metrics.reply(req.model, "error", None)
+            self.log_refused(req.model, req.slo_ms, RequestStatus.ERROR, now, rid)
+            deliver(pb.InferResponse(status=RequestStatus.ERROR, reason="no_worker",
+                                     message=NO_WORKER_FOR_REQUEST, client_id=cid, gpu=-1))
+            return None
 
         def tagged(resp: pb.InferResponse) -> None:
             resp.client_id = cid
@@ -743,6 +746,9 @@ class ControllerNode(WorkerLinks):
         if typed and req.group is not None:  # a row of a KServe request of several
             self.metrics.row(req.group, rid)
         self.pending[rid] = r
+        if self._no_worker:  # (expired: no scheduler is needed to say so)
+            self._answer([Reply(r, RequestStatus.TIMEOUT, now, "SLO cannot be met")])
+            return None
         return r
 
     async def _unless_stopping(self, coro):

@@ -13,8 +13,12 @@ import time
 import urllib.error
 import urllib.request
 
+import grpc
 import pytest
 
+from clockwork.actions import RequestStatus
+from clockwork.protocol import clockwork_pb2 as pb
+from clockwork.protocol import clockwork_pb2_grpc as pbg
 from tests.conftest import local_cluster, wait_output
 from tests.conftest import poll as _poll
 
@@ -297,6 +301,15 @@ def test_a_request_with_no_worker_connected_is_unavailable_at_once():
                 assert time.monotonic() - t0 < 2.0
                 assert e.value.reason == "no_worker", (e.value.reason, str(e.value))
                 assert "no worker" in str(e.value)
+            # one whose SLO was spent before the controller read it (it says it waited
+            # 500 ms in its client; a controller held up until its workers left reads
+            # such ones) is TIMEOUT, as with a worker, not a no_worker to try again
+            with grpc.insecure_channel(c.address) as ch:
+                late = pbg.ClockworkStub(ch).Infer(pb.InferRequest(
+                    model=MODEL, slo_ms=100, queued_ns=500_000_000, skip_outputs=True),
+                    timeout=10)
+            assert late.status == RequestStatus.TIMEOUT, late
+            assert late.reason != "no_worker" and late.latency_ns >= 500_000_000, late
             x = tgrpc.InferInput("data", [1, 3, 224, 224], "FP32")
             x.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float32))
             t0 = time.monotonic()
