@@ -218,16 +218,6 @@ def parse_models(spec: str | None, profiles: dict[str, ModelProfile]) -> dict[st
     return out
 
 
-
-
-
-
-
-
-
-
-
-
 @dataclass
 class LoadedModel:
     """What one load made: the instances of ``name`` (``name``, ``name:1``, ...) and the
@@ -237,12 +227,6 @@ class LoadedModel:
     copies: int
     package: str
     instances: list[str]
-
-
-
-
-
-
 
 
 class ControllerNode(WorkerLinks):
@@ -486,37 +470,6 @@ class ControllerNode(WorkerLinks):
               f"{self.connect_timeout:g} s for {them} (--connect-timeout)", file=sys.stderr,
               flush=True)
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
     # ------------------------------------------------------------------ events
 
 
@@ -525,9 +478,6 @@ class ControllerNode(WorkerLinks):
 
     def answer(self, replies: list[Reply]) -> None:
         self._answer(replies)
-
-
-
 
     def arm(self, at: int) -> None:
         if self._tick_handle is not None:
@@ -1225,8 +1175,6 @@ def model_infos(rows) -> list[pb.ModelInfo]:
 
 
 OFF_LOOP_ROWS = 256  # a list longer than this is made on a thread, off the event loop
-
-
 
 
 def _check_inputs(inputs, prof: ModelProfile) -> tuple[list[Tensor] | None, str | None]:

@@ -25,8 +25,6 @@ from tests.conftest import poll as _poll
 MODEL = "resnet50_v2"
 
 
-
-
 def _status(url: str) -> int:
     try:
         return urllib.request.urlopen(url, timeout=10).status
