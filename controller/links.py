@@ -610,13 +610,16 @@ class WorkerLinks:
                        else ""))
         except OSError as e:
             return e.strerror or repr(e)
+        # (a stopped or hung process's port still takes connections: the kernel's)
+        hung = ("a worker stopped or hung (restart it, or leave it out of --workers and "
+                "add it once it answers: Client.add_worker)")
         if tls is not None:
-            return ("it accepts TLS connections but no gRPC answer came: does it trust this "
-                    "controller's --tls-cert (a worker with --tls-ca), and is it a "
-                    "`clockwork worker`?")
-        return ("it accepts connections but no gRPC answer came: a worker with --tls-cert "
-                "(then give this controller --worker-tls-ca), or no `clockwork worker` "
-                "there?")
+            return ("it accepts TLS connections but no gRPC answer came: " + hung + ", one "
+                    "that does not trust this controller's --tls-cert (a worker with "
+                    "--tls-ca), or no `clockwork worker` there?")
+        return ("it accepts connections but no gRPC answer came: " + hung + ", a worker "
+                "with --tls-cert (then give this controller --worker-tls-ca), or no "
+                "`clockwork worker` there?")
 
     def _held(self, link: WorkerLink, why: str) -> None:
         """Another controller holds ``link``'s worker (its refusal says ``why``): counted at

@@ -400,7 +400,7 @@ def test_listener_that_cannot_bind_exits_2_naming_the_port(argv):
 
 @pytest.mark.parametrize("listening,why", [
     (False, "connection refused: is a `clockwork worker` listening there?"),
-    (True, "it accepts connections but no gRPC answer came"),
+    (True, "it accepts connections but no gRPC answer came: a worker stopped or hung"),
 ], ids=["refused", "silent"])
 def test_a_controller_whose_worker_does_not_answer_says_it_waits_then_why_it_gave_up(
         listening, why):
