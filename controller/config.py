@@ -73,7 +73,7 @@ class SchedulerConfig:
         "(or `probe_slack_frac` of its duration, if longer) makes the controller probe its "
         "worker.", units=("ms",), ge=0)
     probe_slack_frac: float = setting(
-        0.5, "Liveness: see `probe_slack_ms`.", ge=0)
+        0.5, "Liveness: see `probe_slack_ms`.", ge=0, le=1000)
     probe_timeout: int = setting(
         ms(50), "Liveness: a worker that does not answer a probe within this is suspect: "
         "its in-flight requests are re-planned elsewhere until it answers again.",

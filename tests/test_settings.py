@@ -447,6 +447,10 @@ def test_split_settings_checks_the_whole_table():
     # the policy's own key, misspelt, is hinted at too (it was listed with every other key
     # but policy)
     ("scheduler.polcy=clipper", "unknown scheduler setting 'polcy' (did you mean 'policy'?)"),
+    # (1e308 times an action's duration overflowed: a traceback in the simulator, every
+    # tick's in a live controller, and no request answered)
+    ("scheduler.probe_slack_frac=1e308",
+     "probe_slack_frac: must be a finite number in [0, 1000], got 1e+308"),
 ])
 def test_scenario_scheduler_table_checked_where_the_policy_is_built(override, msg):
     from clockwork.cluster.sim import Simulation
