@@ -67,8 +67,13 @@ from clockwork.protocol.wire import add_tensors, msg_to_array
 
 # the largest gRPC message either way: the channel's limits, and what the controller
 # accepts by default (its grpc_max_receive_bytes; a stream message counts whole)
-from clockwork.sizes import MAX_MESSAGE_BYTES, STREAM_LIMIT_KEY  # (the first re-exported)
+from clockwork.sizes import (  # (the first re-exported)
+    MAX_MESSAGE_BYTES,
+    STREAM_DEFAULT_SLO_KEY,
+    STREAM_LIMIT_KEY,
+)
 from clockwork.tensors import Tensor
+from clockwork.time import MAX_SLO_MS
 
 # a stream message carries requests up to this many bytes (one larger goes alone): well
 # under MAX_MESSAGE_BYTES, so the requests of one event-loop turn never add up to a
@@ -978,12 +983,14 @@ class InferStream:
     the client's send time and each request its wait here for that message (the
     controller charges a request both: its message's delay, and ``queued_ns``); an
     answer that arrives after the request's SLO (measured here) is reported as status TIMEOUT (reason ``late``), and a
-    request with an SLO unanswered ``GRACE_S`` after it is resolved here with status
-    TIMEOUT (reason ``no_answer``) -- a stalled or vanished controller is noticed within
-    the SLO plus a second. The later answer, if any, is ignored.
+    request unanswered ``GRACE_S`` after its SLO is resolved here with status TIMEOUT
+    (reason ``no_answer``) -- a stalled, stuck or vanished controller is noticed within
+    the SLO plus a second. A request without an SLO of its own has the controller's
+    default, which the controller says as the stream opens (one that does not say it:
+    such requests are not given up here). The later answer, if any, is ignored.
 
     ``close()`` sends what was submitted and waits for the answers still due: it returns
-    once every request is answered or given up (its SLO plus ``GRACE_S``), or the call
+    once every request is answered or given up (its SLO, or the default, plus ``GRACE_S``), or the call
     ends -- a stalled or vanished controller within ~15 s (keepalive), what is
     unanswered then failing ``ControllerUnavailable``. Cancel it to abandon the rest.
 
@@ -1008,6 +1015,10 @@ class InferStream:
         self._closed = False
         self._error: Exception | None = None  # what ended the call, for later submits
         self._limit: int | None = None  # the controller's largest message (0: not said)
+        # the controller's default SLO (ns; 0: not said); until it is known, the requests
+        # that take it, by client id, given their give-up time when it comes
+        self._default_slo = 0
+        self._undated: list[int] | None = []
         self.answered_ns: dict[int, int] | None = {} if answer_times else None
         self._call = stub.InferStream(self._requests())
         self._opened = time.monotonic()
@@ -1028,10 +1039,12 @@ class InferStream:
                 sent = self._sent.pop(cid, None)
                 if fut is not None and not fut.done():
                     waited = (now - sent[0]) / 1e6 if sent else 0.0
+                    slo = (f"its SLO {sent[1]:g} ms" if sent and sent[1] else
+                           f"the controller's default SLO {self._default_slo / 1e6:g} ms")
                     fut.set_result(pb.InferResponse(
                         status=4, reason="no_answer", client_id=cid, gpu=-1,
-                        message=f"no answer {waited:.0f} ms after it was submitted (its SLO "
-                                f"{sent[1] if sent else 0:g} ms plus {GRACE_S:g} s)"))
+                        message=f"no answer {waited:.0f} ms after it was submitted ({slo} "
+                                f"plus {GRACE_S:g} s)"))
 
     async def _requests(self):
         """The call's messages: what was submitted, up to ``STREAM_MESSAGE_BYTES`` a
@@ -1067,11 +1080,31 @@ class InferStream:
             yield pb.InferRequestBatch(requests=batch, client_time_ns=now)
 
     async def _read_limit(self) -> None:
-        """The controller's largest message, from the stream's initial metadata, which it
-        sends as the stream opens (a controller that does not: none, 0)."""
-        with contextlib.suppress(grpc.RpcError, ValueError, TypeError):
-            said = dict(await self._call.initial_metadata() or ()).get(STREAM_LIMIT_KEY)
-            self._limit = int(said) if said else 0
+        """The controller's largest message and default SLO, from the stream's initial
+        metadata, which it sends as the stream opens (a controller that does not: none,
+        0; requests without an SLO of their own are then not given up here)."""
+        try:
+            with contextlib.suppress(grpc.RpcError, ValueError, TypeError):
+                said = dict(await self._call.initial_metadata() or ())
+                limit = said.get(STREAM_LIMIT_KEY)
+                self._limit = int(limit) if limit else 0
+                slo = int(said.get(STREAM_DEFAULT_SLO_KEY) or 0)
+                if 0 < slo <= MAX_SLO_MS * 1e6:
+                    self._default_slo = slo
+                    for cid in self._undated or ():
+                        sent = self._sent.get(cid)
+                        if sent is not None:
+                            self._give_up_at(sent[0] + slo, cid)
+        finally:
+            self._undated = None  # (known, or never to be)
+
+    def _give_up_at(self, t: int, cid: int) -> None:
+        """The watchdog answers ``cid`` TIMEOUT (no_answer) at ``t`` plus ``GRACE_S``."""
+        due = self._due
+        if len(due) > 2 * len(self._sent) + 64:  # answered ones (SLOs up to a day)
+            due = self._due = [e for e in due if e[1] in self._sent]
+            heapq.heapify(due)
+        heapq.heappush(due, (t + int(GRACE_S * 1e9), cid))
 
     async def _too_large(self, req: pb.InferRequest) -> bool:
         """Whether ``req`` (a request that goes alone) is larger than the controller takes
@@ -1223,13 +1256,13 @@ class InferStream:
         self._waiting[cid] = fut
         if not 0 < slo < 1e9:  # the default SLO (or a nonsense one: the controller refuses it)
             self._sent[cid] = (t, 0.0)  # (its wait here still counts: queued_ns)
+            if self._default_slo:
+                self._give_up_at(t + self._default_slo, cid)
+            elif self._undated is not None:  # (until the controller says its default)
+                self._undated.append(cid)
         else:
             self._sent[cid] = (t, slo)
-            due = self._due
-            if len(due) > 2 * len(self._sent) + 64:  # answered ones (SLOs up to a day)
-                due = self._due = [e for e in due if e[1] in self._sent]
-                heapq.heapify(due)
-            heapq.heappush(due, (t + int((slo / 1e3 + GRACE_S) * 1e9), cid))
+            self._give_up_at(t + int(slo * 1e6), cid)
         self._queue.append(req)
         self._sizes.append(size)
         self._wake.set()

@@ -78,6 +78,9 @@ MAX_MESSAGE_BYTES = 64 << 20
 # (its grpc_max_receive_bytes), so that a client refuses a larger request itself instead
 # of sending it (gRPC would end the whole stream, every request on it failing)
 STREAM_LIMIT_KEY = "clockwork-max-receive-bytes"
+# ... and its default SLO in ns (what a request without one gets), so that a client gives
+# up on such a request that is not answered within it (and a grace), as on one with its own
+STREAM_DEFAULT_SLO_KEY = "clockwork-default-slo-ns"
 
 # Actions in one message from the controller to a worker. A worker handles a message's
 # actions in one go, its event loop busy meanwhile (~4-7 us an action: 1,024 take ~4-7 ms;

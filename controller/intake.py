@@ -36,7 +36,7 @@ from clockwork.errors import STOPPING_MESSAGE
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol.pacing import Pacer, doze
 from clockwork.protocol.ratelog import LogLimiter
-from clockwork.sizes import STREAM_LIMIT_KEY
+from clockwork.sizes import STREAM_DEFAULT_SLO_KEY, STREAM_LIMIT_KEY
 from clockwork.time import MAX_SLO_MS
 
 # one line a second of each kind, per process (a misbehaving client must not flood the log)
@@ -313,7 +313,8 @@ async def serve_stream(node, context) -> None:
     if node._stopping:  # (its closers have run: nothing would end this one)
         await context.abort(grpc.StatusCode.UNAVAILABLE, STOPPING_MESSAGE)
     lim = node.limits
-    await context.send_initial_metadata(((STREAM_LIMIT_KEY, str(lim.grpc_max_receive_bytes)),))
+    await context.send_initial_metadata(((STREAM_LIMIT_KEY, str(lim.grpc_max_receive_bytes)),
+                                         (STREAM_DEFAULT_SLO_KEY, str(node.cfg.default_slo))))
     gate = node.gate
     conn = context.peer()
     st = _Stream()

@@ -215,7 +215,10 @@ def test_an_input_too_large_to_send_is_an_invalid_request(cluster):
 def test_closing_a_stream_on_a_stalled_controller_is_bounded_by_the_slos(cluster):
     """``InferStream.close()`` with the controller stopped (SIGSTOP) and requests with an
     SLO outstanding returns once the watchdog has given each up (its SLO plus 1 s, status
-    TIMEOUT, ``no_answer``), not when keepalive ends the call; a request without an SLO
+    TIMEOUT, ``no_answer``), not when keepalive ends the call; so does a request without
+    an SLO on a stream the controller said its default SLO on as it opened (it kept close
+    waiting for as long as the controller lived: forever, for one that is up but stuck).
+    On a stream opened while the controller is stopped (no default said), such a request
     keeps close waiting, and cancelling close abandons it (``ControllerUnavailable``)."""
     pid = cluster.controller.proc.pid
 
@@ -226,6 +229,7 @@ def test_closing_a_stream_on_a_stalled_controller_is_bounded_by_the_slos(cluster
             _stop(pid)
             try:
                 futs = [s.submit("mobilenet_v2", slo_ms=200) for _ in range(5)]
+                futs.append(s.submit("mobilenet_v2"))  # (the default SLO, 100 ms)
                 t0 = time.monotonic()
                 await asyncio.wait_for(s.close(), 6)
                 took = time.monotonic() - t0
@@ -241,6 +245,7 @@ def test_closing_a_stream_on_a_stalled_controller_is_bounded_by_the_slos(cluster
             for f in futs:
                 r = f.result()
                 assert r.status == 4 and r.reason == "no_answer", r
+            assert "the controller's default SLO 100 ms plus 1 s" in r.message, r
             assert isinstance(no_slo.exception(), ControllerUnavailable), no_slo
             s3 = c.stream()  # the client (and the controller) carry on
             r = await asyncio.wait_for(s3.submit("mobilenet_v2", slo_ms=1000), 10)
