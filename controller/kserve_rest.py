@@ -385,6 +385,7 @@ class _Handler:
     def __init__(self, rest: KServeRest) -> None:
         self.rest = rest
         self.limits = rest.node.limits
+        self.reading = 0  # bytes of the request bodies being read, every connection's
 
     async def expect(self, request: web.Request) -> web.StreamResponse | None:
         request[_ROUTED] = True
@@ -453,15 +454,22 @@ class _Handler:
         # here; nothing is taken before the data comes, whatever the length announced)
         body: bytes | bytearray = b""
         size = 0
+        # the bodies being read, all connections together, are bounded as the inputs
+        # admitted are (global_outstanding_bytes): each connection's own bound alone let
+        # a few hundred connections hold 64 MiB each
+        room = lim.global_outstanding_bytes
         try:
             async with asyncio.timeout(lim.rest_read_timeout / 1e9):
                 while chunk := await request.content.readany():
                     for part in decoder.feed(chunk) if decoder else (chunk,):
                         size += len(part)
+                        self.reading += len(part)
                         if size > cap:  # (a compression bomb: decode no more of it)
                             return self._drop_rest(request, self._refuse(
                                 413, f"request body over the limit of {cap} bytes "
                                 "(rest_max_body_bytes) once decoded"))
+                        if self.reading > room and self.reading > size:
+                            return self._drop_rest(request, self._busy())
                         if not body:
                             body = part
                         else:
@@ -475,7 +483,27 @@ class _Handler:
                 408, "request body not received in time (rest_read_timeout)"))
         except (ValueError, web.RequestPayloadError) as e:  # not decoding; bad chunks
             return self._drop_rest(request, self._refuse(400, f"malformed request body: {e}"))
+        except ConnectionError as e:  # the client went away before its body's end
+            # (the request keeps this exception, whose traceback holds this frame and the
+            # part of the body read: through the cycle back to the request, until a full
+            # garbage collection, rare here: hundreds of MB of abandoned uploads stayed)
+            e.__traceback__ = None
+            body = b""
+            self.rest.node.count("rest_bodies_abandoned")
+            return web.Response(status=400)  # (no one to read it)
+        finally:
+            self.reading -= size
         return body
+
+    def _busy(self) -> web.Response:
+        """503 (Retry-After): the request bodies being read would take more memory than
+        ``global_outstanding_bytes``."""
+        resp = self._refuse(
+            503, "the controller is reading more request bodies than it takes at once "
+            f"({self.limits.global_outstanding_bytes} bytes, global_outstanding_bytes): "
+            "try again")
+        resp.headers["Retry-After"] = str(RETRY_AFTER_S)
+        return resp
 
     def _too_large(self, n: int) -> web.Response:
         return self._refuse(413, f"request body of {n} bytes is over the limit of "

@@ -54,7 +54,9 @@ class Limits:
         "in memory): a request that would take them past it is answered `overloaded` as "
         "above, unless none is outstanding (one larger request alone still runs). The "
         "request counts alone let 300 streams of ResNet-size requests take the controller "
-        "to 5.7 GB.", ge=MiB)
+        "to 5.7 GB. The REST request bodies being read, every connection together, are "
+        "bounded by it too: a body that would take them past it (unless it is the only "
+        "one) is answered 503 with Retry-After, the rest of it not read.", ge=MiB)
     admit_slice: int = setting(
         100, "A stream message with more requests than this is admitted in slices of "
         "this many: each slice arrives at its own time (the wait counts against its SLO) "

@@ -7,6 +7,7 @@ in a process of their own (``controller.kserve``'s protos clash with tritonclien
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import http.client
 import json
@@ -299,6 +300,58 @@ def test_compression_bomb_is_refused_and_not_held(cluster, addr):
     status, _, _ = _request(addr, "POST", INFER, _json_body())
     assert status == 200
     assert _counters(cluster).get("http_413", 0) == before + 1
+
+
+def _rss_mb(pid: int) -> float:
+    """The process's resident memory now (VmRSS), MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_bodies_being_read_are_bounded_and_let_go_when_their_client_goes(profiles):
+    """Uploads of 40 MB (each under the 64 MiB body limit) left unfinished: two are read
+    while a third, taking the bodies being read past global_outstanding_bytes (100 MiB),
+    is answered 503 with Retry-After (nothing bounded them all together); once their
+    clients close, what was read of them is freed at once (the client's disconnection,
+    kept by the request, held the body through a reference cycle until a full garbage
+    collection: hundreds of MB stayed); and the controller serves on."""
+    part = 40 * 10**6
+    with _cluster(profiles, f"global_outstanding_bytes={100 * MiB}") as c:
+        host, port = c.printed_address("http").rsplit(":", 1)
+        addr = (host, int(port))
+        pid = c.controller.proc.pid
+        rss0 = _rss_mb(pid)
+        head = (f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {part + 1}\r\n\r\n").encode()
+        socks = [socket.create_connection(addr, timeout=10) for _ in range(2)]
+        try:
+            for s in socks:
+                s.sendall(head + bytes(part))
+            deadline = time.monotonic() + 20
+            while _rss_mb(pid) < rss0 + 70 and time.monotonic() < deadline:
+                time.sleep(0.05)  # (until the controller has read both)
+            assert _rss_mb(pid) >= rss0 + 70, (rss0, _rss_mb(pid))
+            with socket.create_connection(addr, timeout=10) as third:
+                third.sendall(head)
+                with contextlib.suppress(OSError):  # (answered, it may stop reading)
+                    third.sendall(bytes(part))
+                got = _head(third)
+            assert got.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 1" in got, got[:300]
+            assert b"global_outstanding_bytes" in got, got[:400]
+        finally:
+            for s in socks:
+                s.close()
+        deadline = time.monotonic() + 20
+        while _rss_mb(pid) > rss0 + 30 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _rss_mb(pid) <= rss0 + 30, f"{_rss_mb(pid) - rss0:.0f} MB still held"
+        status, _, _ = _request(addr, "POST", INFER, _json_body())
+        assert status == 200
+        counted = _counters(c)
+        assert counted.get("rest_bodies_abandoned") == 2, counted
+        assert counted.get("http_503") == 1, counted
 
 
 # ---------------------------------------------------------------------- routes, heads
