@@ -103,8 +103,8 @@ def _count(shape) -> int:
 def check_version(name: str, version: str) -> None:
     """NOT_FOUND unless ``version`` is the model's (``"1"``) or empty (the default)."""
     if version not in ("", VERSION):
-        raise KServeError(NOT_FOUND, f"model {name!r} has no version {version!r} "
-                          f"(its only version is {VERSION!r})")
+        raise KServeError(NOT_FOUND, f"model {name!r} has no version {_short(version, 130)} "
+                          f"(its only version is {VERSION!r})")  # (cut, as a name is)
 
 
 def slo_from_params(params: dict) -> float:

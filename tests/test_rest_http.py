@@ -357,6 +357,15 @@ def test_bodies_being_read_are_bounded_and_let_go_when_their_client_goes(profile
 # ---------------------------------------------------------------------- routes, heads
 
 
+def test_an_unknown_version_is_cut_in_the_answer(addr):
+    """A version of 3,000 characters is named cut to 130, as a model name is (REST
+    echoed it whole: its answer as long as the request line allows)."""
+    status, _, got = _request(addr, "GET", "/v2/models/small/versions/" + "a" * 3000)
+    assert status == 404, got
+    error = json.loads(got)["error"]
+    assert "has no version 'aaa" in error and "..." in error and len(error) < 250, error
+
+
 def test_wrong_method_is_405_with_allow(addr):
     for method, path, allow in (("GET", INFER, "POST"), ("DELETE", INFER, "POST"),
                                 ("POST", "/v2/health/live", "GET, HEAD"),
