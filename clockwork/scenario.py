@@ -447,15 +447,19 @@ def repository_plan(sc: Scenario) -> list[tuple[float, str, str, list[str]]]:
     for inst, model in instance_names(sc.models).items():
         groups.setdefault(model, []).append(inst)
     served = {i for insts in groups.values() for i in insts}
+    order = sorted(enumerate(events), key=lambda ie: (float(ie[1]["at_s"]), ie[0]))
+    # every time first: an entry at or after the end is named for that, not an earlier one
+    # that moving it there made wrong (a load at 1 s of what an unload at the end unloads)
+    for i, e in order:
+        why = event_time_error(f"repository.{i}", float(e["at_s"]), sc.duration_s)
+        if why:
+            raise ScenarioError(why)
     out = []
-    for i, e in sorted(enumerate(events), key=lambda ie: (float(ie[1]["at_s"]), ie[0])):
+    for i, e in order:
         at = float(e["at_s"])
         what = "unload" if e.get("unload") is not None else "load"
         name = e[what]
         where = f"repository.{i}"
-        why = event_time_error(where, at, sc.duration_s)
-        if why:
-            raise ScenarioError(why)
         base = name.partition(":")[0]
         if name in groups:
             insts = [x for x in groups[name] if (x in served) == (what == "unload")]

@@ -313,13 +313,15 @@ def test_open_loop_rate_beyond_the_bound_is_refused(argv, fragments):
     # closed loops resending a failed request every nanosecond: 10^9 requests a simulated
     # second each, memory growing as the run went
     (("fig5_1gpu", "--set", "duration_s=10", "--set", "workloads.0.retry_ms=1e-6"),
-     ("closed_loop workload: 240 client(s) sending again every 1e-06 ms", f"{MAX_OFFERED:,}")),
+     ("workloads.0: closed_loop workload: 240 client(s) sending again every 1e-06 ms",
+      f"{MAX_OFFERED:,}")),
     (("bursty_closed_loop", "--set", "duration_s=10", "--set", "workloads.0.retry_ms=1e-6"),
      ("bursty_closed_loop workload", f"{MAX_OFFERED:,}")),
     # on and off periods of a nanosecond: 2 * 10^9 periods an instance in 2 s (it never
     # finished)
     (("bursty", "--set", "duration_s=2", "--set", "workloads.0.on_s=1e-9", "--set",
-      "workloads.0.off_s=1e-9"), ("bursty workload: on_s 1e-09 and off_s 1e-09", "100,000,000")),
+      "workloads.0.off_s=1e-9"),
+     ("workloads.0: bursty workload: on_s 1e-09 and off_s 1e-09", "100,000,000")),
     (("bursty_closed_loop", "--set", "duration_s=2", "--set", "workloads.0.on_s=1e-9",
       "--set", "workloads.0.off_s=1e-9"), ("bursty_closed_loop workload", "100,000,000")),
 ])

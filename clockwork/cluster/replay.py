@@ -109,11 +109,11 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     workloads = []
     for i, (spec, seed) in enumerate(zip(sc.workloads, s_work.spawn(len(sc.workloads)),
                                          strict=True)):
-        try:
+        try:  # (what bind refuses too, as the simulator says it)
             w = build_workload(spec, instances, scenario_folder(sc.source))
+            w.bind(0, duration, np.random.default_rng(seed), exec1)
         except ValueError as e:
             raise ScenarioError(f"workloads.{i}: {e}") from e
-        w.bind(0, duration, np.random.default_rng(seed), exec1)
         workloads.append(w)
 
     client = AsyncClient(controller, token=token, tls=tls, tls_ca=tls_ca)

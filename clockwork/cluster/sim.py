@@ -223,11 +223,11 @@ class Simulation:
         self.workloads: list[Workload] = []
         wseeds = s_work.spawn(len(sc.workloads))
         for i, spec in enumerate(sc.workloads):
-            try:
+            try:  # (what bind refuses too: the run's length and the entry's values)
                 w = build_workload(spec, self.instances, scenario_folder(sc.source))
+                w.bind(0, self.duration, np.random.default_rng(wseeds[i]), exec1)
             except ValueError as e:
                 raise ScenarioError(f"workloads.{i}: {e}") from e
-            w.bind(0, self.duration, np.random.default_rng(wseeds[i]), exec1)
             self.workloads.append(w)
         self.telemetry = Telemetry(0, spill_dir=spill_dir)
         self._executors: list[GpuExecutor] = []  # every one made, for their peak pages

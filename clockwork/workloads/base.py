@@ -117,14 +117,17 @@ class SloSpec:
     """A workload's SLO: absolute (``slo_ms``), a multiple of the model's batch-1
     EXEC (``slo_factor``), or the controller's default (neither)."""
 
-    def __init__(self, slo_ms: float | None = None, slo_factor: float | None = None) -> None:
+    def __init__(self, slo_ms: float | None = None, slo_factor: float | None = None, *,
+                 keys: tuple[str, str] = ("slo_ms", "slo_factor")) -> None:
+        # (keys: the entry's names for the two, slo_exp_2's background_slo_ms ...)
+        k_ms, k_fac = keys
         if slo_ms is not None and slo_factor is not None:
-            raise WorkloadError("give slo_ms or slo_factor, not both")
+            raise WorkloadError(f"give {k_ms} or {k_fac}, not both")
         if slo_ms is not None and not 0 < slo_ms <= MAX_SLO_MS:
-            raise WorkloadError(f"slo_ms must be > 0 and at most {MAX_SLO_MS:,.0f} (a day), "
+            raise WorkloadError(f"{k_ms} must be > 0 and at most {MAX_SLO_MS:,.0f} (a day), "
                                 f"got {slo_ms}")
         if slo_factor is not None and not 0 < slo_factor <= MAX_SLO_FACTOR:
-            raise WorkloadError(f"slo_factor must be > 0 and at most {MAX_SLO_FACTOR:,.0f}, "
+            raise WorkloadError(f"{k_fac} must be > 0 and at most {MAX_SLO_FACTOR:,.0f}, "
                                 f"got {slo_factor}")
         self.slo_ms = slo_ms
         self.slo_factor = slo_factor
@@ -183,7 +186,4 @@ class Params:
 
     def slo(self, prefix: str = "") -> SloSpec:
         ms, fac = f"{prefix}slo_ms", f"{prefix}slo_factor"
-        try:
-            return SloSpec(self.opt_num(ms), self.opt_num(fac))
-        except WorkloadError as e:
-            raise WorkloadError(f"{ms}/{fac}: {e}") from None
+        return SloSpec(self.opt_num(ms), self.opt_num(fac), keys=(ms, fac))

@@ -361,7 +361,9 @@ def subselect(value, pool: list[str], key: str) -> list[str]:
     if isinstance(value, bool):
         raise WorkloadError(f"{key} must be a count or a model selector, got {value!r}")
     if isinstance(value, int):
-        if not 0 <= value <= len(pool):
+        if value < 0:
+            raise WorkloadError(f"{key} must be >= 0, got {value}")
+        if value > len(pool):
             raise WorkloadError(f"{key} = {value}, but only {len(pool)} instances are left "
                                 "in the workload's selection")
         return pool[:value]

@@ -142,12 +142,12 @@ class SloExperiment1(Workload):
     kind = "slo_exp_1"
 
     def __init__(self, models: Sequence[str], rate_rps: float, slo: SteppedSlo,
-                 process: str = "poisson") -> None:
+                 process: str = "poisson", rate_key: str = "rate_rps") -> None:
         super().__init__()
         if not models:
             raise WorkloadError(f"{self.kind} selects no model instances")
         self.models = list(models)
-        self.open = OpenLoop(self.models, rate_rps, None, process)
+        self.open = OpenLoop(self.models, rate_rps, None, process, rate_key)
         self.slo = slo
 
     def bind(self, start, end, rng, exec1) -> None:
@@ -177,7 +177,7 @@ class SloExperiment2(SloExperiment1):
                  background: Sequence[str], concurrency: int = 16,
                  background_slo: SloSpec | None = None, delay_s: float = 10.0,
                  retry_ms: float = 1.0, process: str = "poisson") -> None:
-        super().__init__(foreground, foreground_rps, slo, process)
+        super().__init__(foreground, foreground_rps, slo, process, "foreground_rps")
         overlap = set(foreground) & set(background)
         if overlap:
             raise WorkloadError(f"foreground and background share instances {sorted(overlap)}")
