@@ -7,6 +7,8 @@ import ast
 import csv
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -747,6 +749,50 @@ hang = [{ worker = 0, at_s = 4.5, for_s = 0.5 }]
     # (to the end of the run: a busy machine can play the restart seconds late)
     assert served("1", back + sec(1.0), sec(8.0)) > 100, "the restarted worker serves again"
     assert served("0", stopped + sec(0.1), sec(5.0)) == 0  # stopped
+
+
+def test_live_faults_due_during_a_restart_are_played_on_time():
+    """A worker's restart (a new process: ~0.3 s until it listens, here held 1.5 s) runs
+    beside the plan: another worker's hang due meanwhile is played at its time, not once
+    the restart is done (events due during a restart were played up to its length late,
+    and a live replay then differed from the simulator); a worker's own events keep their
+    order."""
+    from clockwork.cluster.faults import LiveFaults
+
+    def proc():
+        return subprocess.Popen(["sleep", "60"])
+
+    class Worker:
+        def __init__(self):
+            self.proc = proc()
+
+    class Cluster:
+        workers = [Worker(), Worker()]
+
+        def restart_worker(self, w):
+            threading.Event().wait(1.5)  # (a slow restart, not a synchronisation)
+            self.workers[w] = Worker()
+
+    cluster = Cluster()
+    faults = {"kill": [{"worker": 1, "at_s": 0.05, "back_s": 0.1}],
+              "hang": [{"worker": 0, "at_s": 0.2, "for_s": 0.2}]}
+    lf = LiveFaults(cluster, faults, 5.0)
+    try:
+        lf.start(time.monotonic_ns())
+        deadline = time.monotonic() + 20
+        while len(lf.log) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        lf.stop()
+        when = {what: t for t, what in lf.log}
+        assert set(when) == {"kill worker 1", "restart worker 1", "stop worker 0",
+                             "resume worker 0"}, lf.log
+        assert when["stop worker 0"] < 1.0 and when["resume worker 0"] < 1.2, lf.log
+        assert when["restart worker 1"] >= 1.5, lf.log
+        assert not lf.failed, lf.failed
+    finally:
+        for w in cluster.workers:
+            w.proc.kill()
+            w.proc.wait()
 
 
 def test_clock_offsets_are_converted_both_ways():

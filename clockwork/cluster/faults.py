@@ -102,6 +102,9 @@ class LiveFaults:
         self._stopped: set[int] = set()
         self.down: set[int] = set()  # workers a kill took down (until a restart)
         self._thread: threading.Thread | None = None
+        # the restarts under way, by worker: each on a thread of its own (a new process
+        # takes ~0.3 s to listen, and the events due meanwhile were played that late)
+        self._restarts: dict[int, threading.Thread] = {}
 
     def __bool__(self) -> bool:
         return bool(self.plan)
@@ -118,6 +121,11 @@ class LiveFaults:
         if self._thread is not None:
             self._thread.join(10.0)
             busy = self._thread.is_alive()
+            for w, th in list(self._restarts.items()):
+                th.join(10.0)
+                if th.is_alive():
+                    self.failed.append(f"{_event('restart', w)}: not done by the end "
+                                       "(still under way)")
             done = time.monotonic_ns()
             for at_s, _, what, w in self.plan[self._played + (0 if busy else 1):]:
                 if self._t0 + round(at_s * 1e9) <= done:
@@ -183,25 +191,37 @@ class LiveFaults:
                 self.log.append((t, said))
                 print(f"clockwork serve: {t:7.2f} s  {said}", file=sys.stderr, flush=True)
                 continue
-            try:
-                if what == "kill":
-                    self.down.add(w)  # (before: its exit is the plan's, not a crash)
-                    self._signal(w, signal.SIGKILL)
-                    self.cluster.workers[w].proc.wait()
-                elif what == "restart":
-                    self.cluster.restart_worker(w)
-                    self.down.discard(w)
-                elif what == "stop":
-                    self._signal(w, signal.SIGSTOP)
-                else:
-                    self._signal(w, signal.SIGCONT)
-            except Exception as e:  # noqa: BLE001 - one line; the faults after it still run
-                self._failed(t0, what, w, e)
-                continue
-            t = (time.monotonic_ns() - t0) / 1e9
-            self.log.append((t, f"{what} worker {w}"))
-            print(f"clockwork serve: {t:7.2f} s  fault: {what} worker {w}", file=sys.stderr,
-                  flush=True)
+            earlier = self._restarts.pop(w, None)
+            if earlier is not None:  # (a worker's own events stay in order)
+                earlier.join()
+            if what == "restart":
+                th = threading.Thread(target=self._fault, args=(t0, what, w), daemon=True)
+                self._restarts[w] = th
+                th.start()
+            else:
+                self._fault(t0, what, w)
+
+    def _fault(self, t0: int, what: str, w: int) -> None:
+        """Play one fault on worker ``w`` now; said (and logged) once done."""
+        try:
+            if what == "kill":
+                self.down.add(w)  # (before: its exit is the plan's, not a crash)
+                self._signal(w, signal.SIGKILL)
+                self.cluster.workers[w].proc.wait()
+            elif what == "restart":
+                self.cluster.restart_worker(w)
+                self.down.discard(w)
+            elif what == "stop":
+                self._signal(w, signal.SIGSTOP)
+            else:
+                self._signal(w, signal.SIGCONT)
+        except Exception as e:  # noqa: BLE001 - one line; the faults after it still run
+            self._failed(t0, what, w, e)
+            return
+        t = (time.monotonic_ns() - t0) / 1e9
+        self.log.append((t, f"{what} worker {w}"))
+        print(f"clockwork serve: {t:7.2f} s  fault: {what} worker {w}", file=sys.stderr,
+              flush=True)
 
 
 def _event(what: str, arg) -> str:
