@@ -182,9 +182,10 @@ def cmd_controller(args: argparse.Namespace) -> int:
         def ready(port: int) -> None:
             sec = "".join(s for on, s in ((token, ", token required"), (tls, ", TLS"),
                                            (secret, ", cluster secret")) if on)
-            print(f"clockwork controller listening on {args.host}:{port} ({len(workers)} "
-                  f"worker(s), {len(node.gpu_index)} GPU(s), {len(node.profiles)} model "
-                  f"instance(s){sec})", flush=True)
+            awaited = f" ({len(node.awaited)} more awaited)" if node.awaited else ""
+            print(f"clockwork controller listening on {args.host}:{port} ({len(node.links)} "
+                  f"worker(s){awaited}, {len(node.gpu_index)} GPU(s), {len(node.profiles)} "
+                  f"model instance(s){sec})", flush=True)
 
         try:
             await serve_controller(node, args.host, args.port, ready, stop,

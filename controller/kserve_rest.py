@@ -232,7 +232,7 @@ class KServeRest:
             return Reply(200, await node.metrics.render_async(), compress=True)
         if path == "/healthz":
             return Reply(200, b"ok\n")
-        ready = (node.policy is not None and not node._stopping
+        ready = (node.policy is not None and not node._stopping and not node.awaited
                  and all(node.available(lk) for lk in node.links))
         return Reply(200, b"ready\n") if ready else Reply(503, b"not ready\n")
 

@@ -62,6 +62,11 @@ from controller.repository import RepositoryError
 
 now_ns = time.monotonic_ns
 RECONNECT_S = 0.25  # between attempts to reach a lost worker again
+# a worker listed at start that did not answer in time: tried again (as an AddWorker of
+# at most JOIN_TRY_S) after JOIN_RETRY_S, the pause doubling to JOIN_RETRY_MAX_S
+JOIN_RETRY_S = 1.0
+JOIN_RETRY_MAX_S = 10.0
+JOIN_TRY_S = 3.0
 # on giving up on a worker at start, a TCP connection of at most PROBE_S tells a refused
 # connection from no answer at all
 PROBE_S = 1.0
@@ -319,14 +324,72 @@ class WorkerLinks:
                   file=sys.stderr, flush=True)
             return link.index, list(range(first, first + len(specs))), True
 
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        if self.worker_credentials is not None:
+            return grpc.aio.secure_channel(address, self.worker_credentials,
+                                           options=WORKER_CHANNEL_OPTIONS)
+        return grpc.aio.insecure_channel(address, options=WORKER_CHANNEL_OPTIONS)
+
+    async def _reach(self, link: WorkerLink, deadline: float) -> BaseException | None:
+        """At start, before any Hello: whether ``link``'s worker's gRPC server answers (a
+        channel gets ready) by ``deadline``. None if it does, else the last failure (for
+        ``_unreached``)."""
+        last: BaseException = NoAnswer(f"worker {link.address}: no answer")
+        while time.monotonic() < deadline:
+            ch = self._channel(link.address)
+            try:
+                async with asyncio.timeout(min(2.0, max(0.1, deadline - time.monotonic()))):
+                    await ch.channel_ready()
+                link.reached = True
+                return None
+            except TimeoutError:
+                last = NoAnswer(f"worker {link.address}: no answer")
+            except (grpc.aio.AioRpcError, ConnectionError, OSError) as e:
+                last = e
+            finally:
+                await ch.close()
+            await asyncio.sleep(0.2)
+        return last
+
+    async def _unreached(self, link: WorkerLink, last: BaseException | None,
+                         flag: str = "") -> ConnectionError:
+        """The error that says ``link``'s worker could not be reached (``last``: its last
+        attempt's failure) within ``flag``'s wait."""
+        within = f" within {flag} {self.connect_timeout:g} s" if flag else ""
+        return ConnectionError(f"cannot reach worker {link.address}{within} "
+                               f"({await self._why_unreached(link, last)})")
+
+    async def _join_later(self, address: str, why: str) -> None:
+        """A worker listed at start that did not answer in time (``why``): added, as by
+        AddWorker, once it answers; tried every second, the pause doubling to
+        ``JOIN_RETRY_MAX_S``, each try at most ``JOIN_TRY_S`` (an add holds the others'
+        adds meanwhile). Said once as it is left out, and again for each other reason
+        it cannot be added."""
+        print(f"controller: worker {address} did not answer within --connect-timeout "
+              f"{self.connect_timeout:g} s ({why}); serving on the other "
+              f"{len(self.links)} worker(s) meanwhile, and adding it once it answers "
+              f"(trying every {JOIN_RETRY_S:g} s, doubling to {JOIN_RETRY_MAX_S:g} s)",
+              file=sys.stderr, flush=True)
+        said, wait = "", JOIN_RETRY_S
+        try:
+            while not self._stopping:
+                try:
+                    await self.add_worker(address, timeout=JOIN_TRY_S)
+                    return
+                except RepositoryError as e:
+                    if e.code != grpc.StatusCode.UNAVAILABLE and e.message != said:
+                        said = e.message
+                        print(f"controller: worker {address} (left out at start) cannot be "
+                              f"added yet: {e.message}", file=sys.stderr, flush=True)
+                await asyncio.sleep(wait)
+                wait = min(JOIN_RETRY_MAX_S, 2 * wait)
+        finally:
+            self.awaited.pop(address, None)
+
     async def _open(self, link: WorkerLink, ready_s: float = 2.0) -> None:
         """One connection attempt: clock sync, Connect stream, Hello, state. ``NoAnswer``
         if the worker's gRPC server does not answer within ``ready_s`` seconds."""
-        if self.worker_credentials is not None:
-            ch = grpc.aio.secure_channel(link.address, self.worker_credentials,
-                                         options=WORKER_CHANNEL_OPTIONS)
-        else:
-            ch = grpc.aio.insecure_channel(link.address, options=WORKER_CHANNEL_OPTIONS)
+        ch = self._channel(link.address)
         stream = None
         try:
             try:
@@ -562,9 +625,7 @@ class WorkerLinks:
         if isinstance(last, WorkerHeld):
             raise WorkerHeld(f"cannot take worker {link.address}: {last}, for as long as "
                              "we tried (--connect-timeout)")
-        within = f" within {flag} {self.connect_timeout:g} s" if flag else ""
-        raise ConnectionError(f"cannot reach worker {link.address}{within} "
-                              f"({await self._why_unreached(link, last)})")
+        raise await self._unreached(link, last, flag)
 
     async def _why_unreached(self, link: WorkerLink, last: BaseException | None) -> str:
         """Why ``link``'s worker could not be connected, its last attempt having failed
@@ -611,8 +672,7 @@ class WorkerLinks:
         except OSError as e:
             return e.strerror or repr(e)
         # (a stopped or hung process's port still takes connections: the kernel's)
-        hung = ("a worker stopped or hung (restart it, or leave it out of --workers and "
-                "add it once it answers: Client.add_worker)")
+        hung = "a worker stopped or hung (restart it)"
         if tls is not None:
             return ("it accepts TLS connections but no gRPC answer came: " + hung + ", one "
                     "that does not trust this controller's --tls-cert (a worker with "

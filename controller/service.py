@@ -299,6 +299,9 @@ class ControllerNode(WorkerLinks):
         self.label = controller_label()
         self.links = [WorkerLink(i, _canonical(a)) for i, a in enumerate(workers)]
         self._add_lock = asyncio.Lock()  # workers joining at run time, one at a time
+        # listed workers that did not answer at start: address -> the task that adds it
+        # once it answers (/readyz is 503 meanwhile)
+        self.awaited: dict[str, asyncio.Future] = {}
         self.ctrl: ControllerLoop | None = None
         self.policy: Policy | None = None
         self.gpu_index: dict[tuple[int, int], int] = {}
@@ -401,11 +404,24 @@ class ControllerNode(WorkerLinks):
                     raise ValueError(f"workers {seen[ep].address} and {link.address} are one "
                                      f"listener ({ep[0]} port {ep[1]}): list each worker once")
         said = asyncio.ensure_future(self._say_waiting())
-        try:
-            await asyncio.gather(*(self._connect(link, deadline, "--connect-timeout")
-                                   for link in self.links))
+        try:  # first whether each answers at all (no Hello yet: the indices may change)
+            lasts = await asyncio.gather(*(self._reach(link, deadline) for link in self.links))
         finally:
             said.cancel()
+        left = [(lk, last) for lk, last in zip(self.links, lasts, strict=True) if last is not None]
+        if len(left) == len(self.links):
+            raise await self._unreached(left[0][0], left[0][1], "--connect-timeout")
+        # one that does not answer (stopped, hung, down) is left out, and added once it
+        # answers (_join_later): it kept the whole cluster from starting
+        whys = [(lk.address, await self._why_unreached(lk, last)) for lk, last in left]
+        if left:
+            self.links[:] = [lk for lk, last in zip(self.links, lasts, strict=True)
+                             if last is None]
+            for i, lk in enumerate(self.links):
+                lk.index = i
+        deadline = time.monotonic() + self.connect_timeout
+        await asyncio.gather(*(self._connect(link, deadline, "--connect-timeout")
+                               for link in self.links))
         specs = []
         for link in self.links:
             for g in link.state.gpus:
@@ -415,6 +431,12 @@ class ControllerNode(WorkerLinks):
                                   self.settings)
         self.ctrl = ControllerLoop(self.policy, self, specs, self.telemetry, observer=self,
                                    liveness=Liveness.of(self.cfg))
+        if whys and type(self.policy).add_gpu is Policy.add_gpu:  # (it could never join)
+            raise ConnectionError(f"cannot reach worker {whys[0][0]} within --connect-timeout "
+                                  f"{self.connect_timeout:g} s ({whys[0][1]}), and policy "
+                                  f"{self.policy_name} cannot add it later")
+        for address, why in whys:
+            self.awaited[address] = asyncio.ensure_future(self._join_later(address, why))
         if self.adopt_weights:
             for link in self.links:
                 self._adopt(link)
@@ -734,7 +756,7 @@ class ControllerNode(WorkerLinks):
                 stop.set_result(None)
         if self._tick_handle is not None:
             self._tick_handle.cancel()
-        for t in list(self._unloads):
+        for t in list(self._unloads) + list(self.awaited.values()):
             t.cancel()
         now = now_ns()
         self._answer([Reply(r, RequestStatus.ERROR, now, STOPPING_MESSAGE)

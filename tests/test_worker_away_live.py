@@ -433,3 +433,36 @@ def test_a_request_its_lost_worker_failed_too_late_to_retry_raises_worker_lost()
         e = error_for(resp.status, resp.reason, resp.message, MODEL)
         assert isinstance(e, InferenceError)
         assert isinstance(e, WorkerLost) == (code == ErrorCode.WORKER_LOST)
+
+
+def test_a_restarted_controller_starts_without_a_hung_worker_and_adds_it_when_it_answers():
+    """A controller restarted while one of its two workers is stopped (SIGSTOP): after
+    --connect-timeout it serves on the other one, saying which it left out and why, not
+    ready meanwhile (/readyz 503); once the stopped worker answers again it is added (as
+    AddWorker adds one) and the controller is ready. It exited 1 instead: one hung worker
+    kept the whole cluster down."""
+    import clockwork
+
+    with local_cluster(workers=2, gpus=1, models=f"{MODEL}:2", http_port=0) as c:
+        with clockwork.Client(c.address, timeout=30) as cl:
+            assert cl.infer(MODEL, slo_ms=2000).status == 0
+        hung = c.workers[1].proc.pid
+        os.kill(hung, signal.SIGSTOP)
+        try:
+            c.controller.proc.kill()
+            c.controller.proc.wait(10)
+            c.restart_controller(["--connect-timeout", "2"])
+            line = wait_output(c.controller, "did not answer within --connect-timeout 2 s")
+            assert c.worker_addresses[1] in line and "stopped or hung" in line, line
+            assert "(1 more awaited)" in wait_output(c.controller, "listening on")
+            http = f"http://{c.printed_address('http')}"
+            assert _status(f"{http}/readyz") == 503
+            with clockwork.Client(c.address, timeout=30) as cl:
+                assert cl.infer(MODEL, slo_ms=2000).status == 0
+        finally:
+            os.kill(hung, signal.SIGCONT)
+        wait_output(c.controller, f"worker {c.worker_addresses[1]} joined with 1 GPU(s)",
+                    timeout=30)
+        _poll(lambda: _status(f"{http}/readyz") == 200)
+        with clockwork.Client(c.address, timeout=30) as cl:
+            assert {cl.infer(MODEL, slo_ms=2000).status for _ in range(20)} == {0}
