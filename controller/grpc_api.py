@@ -89,16 +89,21 @@ class ClockworkServicer(pbg.ClockworkServicer):
 
     async def LoadModel(self, request, context):  # noqa: N802
         n = self.node
-        given = as_loaded(n, request.name, {"copies": request.copies or None,
-                                            "profile": request.profile or None,
-                                            "package": request.package or None})
-        if given is None:  # a copy served as asked: as it is
-            return pb.LoadModelResponse(models=[n.model_info(request.name)])
+
+        def resolve():  # (under the model's lock: after the loads and unloads before it)
+            given = as_loaded(n, request.name, {"copies": request.copies or None,
+                                                "profile": request.profile or None,
+                                                "package": request.package or None})
+            if given is None:  # a copy served as asked: as it is
+                return None
+            return given["copies"] or 1, given["profile"] or None, given["package"] or ""
+
         try:
-            names = await n.load_model(request.name, given["copies"] or 1,
-                                       given["profile"] or None, given["package"] or "")
+            names = await n.load_resolved(request.name, resolve)
         except RepositoryError as e:
             await context.abort(e.code, status_details(e.message))
+        if names is None:
+            return pb.LoadModelResponse(models=[n.model_info(request.name)])
         return pb.LoadModelResponse(models=[n.model_info(i) for i in names])
 
     async def AddWorker(self, request, context):  # noqa: N802

@@ -94,22 +94,28 @@ async def load(node, name: str, params: dict) -> None:
     ``KServeError``."""
     _check_keys(params, LOAD_PARAMS, "load")
     asked_max = _config_max_batch(params.get("config"))
-    params = as_loaded(node, name, params)
-    if params is None:  # a copy served as asked: as it is
-        return
-    copies = _count(params.get("copies"))
-    profile = _text(params.get("profile"), "profile") or None
-    package = _text(params.get("package"), "package")
-    pset = getattr(node, "pset", None)
-    prof = pset.find(profile or group_name(name)) if pset is not None else None
-    if asked_max is not None and prof is not None and asked_max != max_batch_size(prof):
-        # (it is the profile's largest batch size: a configuration cannot change it)
-        raise KServeError(INVALID, f"the configuration's max_batch_size {asked_max} is not "
-                          f"this model's: {max_batch_size(prof)}, the largest batch size of "
-                          f"profile {prof.model!r} (a configuration chooses the copies, "
-                          "profile and package only)")
+
+    def resolve():  # (under the model's lock: after the loads and unloads before it)
+        given = as_loaded(node, name, params)
+        if given is None:  # a copy served as asked: as it is
+            return None
+        copies = _count(given.get("copies"))
+        profile = _text(given.get("profile"), "profile") or None
+        package = _text(given.get("package"), "package")
+        pset = getattr(node, "pset", None)
+        prof = pset.find(profile or group_name(name)) if pset is not None else None
+        if asked_max is not None and prof is not None and asked_max != max_batch_size(prof):
+            # (it is the profile's largest batch size: a configuration cannot change it)
+            raise KServeError(INVALID, f"the configuration's max_batch_size {asked_max} is "
+                              f"not this model's: {max_batch_size(prof)}, the largest batch "
+                              f"size of profile {prof.model!r} (a configuration chooses the "
+                              "copies, profile and package only)")
+        return copies, profile, package
+
     try:
-        await node.load_model(name, copies, profile, package)
+        await node.load_resolved(name, resolve)
+    except KServeError:
+        raise
     except Exception as e:
         raise _error(e) from None
 

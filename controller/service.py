@@ -870,6 +870,15 @@ class ControllerNode(WorkerLinks):
         async with self._model_lock(name):
             return await self._load(name, copies, profile, package)
 
+    async def load_resolved(self, name: str, resolve) -> list[str] | None:
+        """``load_model`` of what ``resolve()`` says, (copies, profile, package), or None
+        (nothing to do: returns None), asked once the loads and unloads of ``name``
+        before it are done: a reload (the model as it is loaded) read before an unload
+        queued ahead of it brought the unloaded model back."""
+        async with self._model_lock(name):
+            asked = resolve()
+            return None if asked is None else await self._load(name, *asked)
+
     @contextlib.asynccontextmanager
     async def _model_lock(self, name: str):
         """Held while a load or an unload of ``name`` works: one of the model ``name``

@@ -346,6 +346,10 @@ class _FakeNode:
             raise self.error
         return [name]
 
+    async def load_resolved(self, name, resolve):
+        asked = resolve()
+        return None if asked is None else await self.load_model(name, *asked)
+
     async def unload_model(self, name):
         self.calls.append(("unload", name))
         if self.error is not None:
@@ -1990,3 +1994,34 @@ def test_a_model_no_gpu_can_hold_is_said_at_start_and_not_ready(capsys):
     assert ("controller: warning: 1 model instance(s) fit on no GPU (the largest weights "
             "cache has 5 pages): resnet50_v2 (7 pages); their requests are answered ERROR "
             "and they are not ready") in err, err
+
+
+def test_a_reload_queued_behind_an_unload_finds_the_model_unloaded():
+    """Loads and unloads of one model run in the order they came: with a load of the
+    model under way (its lock held), an unload and then a reload (a load with no
+    parameter: the model as it is loaded) queue behind it; the reload is resolved at its
+    turn, after the unload, and so finds nothing to reload (NOT_FOUND). It was resolved
+    as it came, before the unload ran, and brought the 3 unloaded copies back. Controller
+    and worker in this process."""
+    import asyncio
+
+    from controller import repository
+    from controller.kserve_status import NOT_FOUND, KServeError
+    from worker.service import WorkerNode
+
+    async def main():
+        wnode = WorkerNode(gpus=1, pages=100)
+        async with controller_with([wnode], "v100-reference", models="resnet50_v2") as node:
+            assert await node.load_model("hot", 3, "resnet18_v2") == ["hot", "hot:1", "hot:2"]
+            async with node._model_lock("hot"):  # (a load of the model under way)
+                unload = asyncio.ensure_future(node.unload_model("hot"))
+                await asyncio.sleep(0)  # (it waits for the lock)
+                reload = asyncio.ensure_future(repository.load(node, "hot", {}))
+                await asyncio.sleep(0)
+            assert sorted(await unload) == ["hot", "hot:1", "hot:2"]
+            with pytest.raises(KServeError) as e:
+                await reload
+            assert e.value.kind == NOT_FOUND, e.value
+            assert node.loaded.get("hot") is None
+
+    asyncio.run(asyncio.wait_for(main(), 30))
