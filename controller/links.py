@@ -297,6 +297,11 @@ class WorkerLinks:
             except ValueError as e:
                 raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
             except (ConnectionError, TimeoutError) as e:
+                # (a connection made just as the time ran out is let go, not left open)
+                if isinstance(link.call, FrameStream):
+                    link.call.close()
+                if link.channel is not None:
+                    await link.channel.close()
                 if link.held:  # refused for as long as we tried: another controller's
                     raise RepositoryError(grpc.StatusCode.FAILED_PRECONDITION,
                                           f"cannot add worker {address}: {link.held}") from None
