@@ -440,7 +440,11 @@ class ControllerMetrics:
                                 q += begin - r.arrival
                             else:
                                 n -= 1
-                                g.queue_ns += begin - r.arrival
+                                # (a worker's clock estimated behind: never below 0, a
+                                # uint64 in the statistics, as the sum below)
+                                w = begin - r.arrival
+                                if w > 0:
+                                    g.queue_ns += w
                                 g.compute_ns += d
                     else:
                         q = n * result.begin - sum([r.arrival for r in reqs])

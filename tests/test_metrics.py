@@ -515,3 +515,29 @@ def test_scrape_reads_the_models_a_slice_at_a_time_with_the_loop_free_between(mo
     assert _value(samples, "clockwork_requests_total", model="m049", status="overloaded") == 1
     assert _value(samples, "nv_inference_pending_request_count", model="m012") == 4
     assert _value(samples, "nv_inference_request_success", model="m000") == 1
+
+
+def test_a_several_row_requests_queue_time_is_never_negative():
+    """A KServe request of 2 rows whose batch began, by the controller's estimate of the
+    worker's clock, before the rows arrived (a clock estimated behind): its queue time
+    is 0, not negative (Triton's statistics are uint64: a negative sum failed the
+    statistics call, and perf_analyzer's REST reader refuses it), as for single rows."""
+    from clockwork.actions import Action, ActionType, ErrorCode, RequestStatus, Result
+    from clockwork.requests import Reply, Request
+    from controller.metrics import ControllerMetrics
+
+    m = ControllerMetrics(_fake_node())
+    g = m.request_rows("a", 2)
+    rows = [Request(200 + i, "a", 50 * MS, 100 * MS) for i in range(2)]
+    for r in rows:
+        m.row(g, r.id)
+    act = Action(1, ActionType.INFER, 0, 0, "a", 0, 1 << 62, 9 * MS, batch_size=2,
+                 requests=rows)
+    m.result(act, Result(1, ActionType.INFER, ErrorCode.SUCCESS, 0, 0, "a", 2,
+                         begin=49 * MS, end=59 * MS, duration=10 * MS))
+    for r in rows:
+        m.answered(Reply(r, RequestStatus.SUCCESS, 60 * MS), "success")
+    m.request_done(g)
+    st = m.statistics("a")["inference_stats"]
+    assert st["queue"] == {"count": 1, "ns": 0}, st["queue"]
+    assert st["compute_infer"]["ns"] == 10 * MS, st
