@@ -67,6 +67,7 @@ RECONNECT_S = 0.25  # between attempts to reach a lost worker again
 JOIN_RETRY_S = 1.0
 JOIN_RETRY_MAX_S = 10.0
 JOIN_TRY_S = 3.0
+JOIN_SAY_AGAIN_S = 60.0  # the same reason it cannot be added: said again after this
 # on giving up on a worker at start, a TCP connection of at most PROBE_S tells a refused
 # connection from no answer at all
 PROBE_S = 1.0
@@ -336,16 +337,19 @@ class WorkerLinks:
         return grpc.aio.insecure_channel(address, options=WORKER_CHANNEL_OPTIONS)
 
     async def _reach(self, link: WorkerLink, deadline: float) -> BaseException | None:
-        """At start, before any Hello: whether ``link``'s worker's gRPC server answers (a
-        channel gets ready) by ``deadline``. None if it does, else the last failure (for
-        ``_unreached``)."""
+        """At start, before any Hello: whether ``link``'s worker answers by ``deadline``:
+        its gRPC server takes a channel and its service a ClockSync (gRPC's own threads
+        complete a channel for a process whose event loop is stuck). None if it does,
+        else the last failure (for ``_unreached``). Raises ``AuthFailed`` for a worker
+        that refused our cluster credentials (or proved none)."""
         last: BaseException = NoAnswer(f"worker {link.address}: no answer")
         while time.monotonic() < deadline:
             ch = self._channel(link.address)
             try:
                 async with asyncio.timeout(min(2.0, max(0.1, deadline - time.monotonic()))):
                     await ch.channel_ready()
-                link.reached = True
+                    link.reached = True
+                    await self._clock_sync(pbg.WorkerStub(ch), link)
                 return None
             except TimeoutError:
                 last = NoAnswer(f"worker {link.address}: no answer")
@@ -375,17 +379,19 @@ class WorkerLinks:
               f"{len(self.links)} worker(s) meanwhile, and adding it once it answers "
               f"(trying every {JOIN_RETRY_S:g} s, doubling to {JOIN_RETRY_MAX_S:g} s)",
               file=sys.stderr, flush=True)
-        said, wait = "", JOIN_RETRY_S
+        said, wait, again = "", JOIN_RETRY_S, time.monotonic() + JOIN_SAY_AGAIN_S
         try:
             while not self._stopping:
                 try:
                     await self.add_worker(address, timeout=JOIN_TRY_S)
                     return
                 except RepositoryError as e:
-                    if e.code != grpc.StatusCode.UNAVAILABLE and e.message != said:
-                        said = e.message
-                        print(f"controller: worker {address} (left out at start) cannot be "
-                              f"added yet: {e.message}", file=sys.stderr, flush=True)
+                    # another reason: said at once; the same one: again now and then (a
+                    # mistyped address or a TLS mismatch is said more than once)
+                    if e.message != said or time.monotonic() >= again:
+                        said, again = e.message, time.monotonic() + JOIN_SAY_AGAIN_S
+                        print(f"controller: worker {address} (left out at start) not added "
+                              f"yet: {e.message}", file=sys.stderr, flush=True)
                 await asyncio.sleep(wait)
                 wait = min(JOIN_RETRY_MAX_S, 2 * wait)
         finally:
@@ -661,6 +667,9 @@ class WorkerLinks:
         except ConnectionRefusedError:
             return "connection refused: is a `clockwork worker` listening there?"
         except TimeoutError:
+            if tls is not None and await _takes_connections(host, port):
+                return ("it accepts connections but no TLS answer came: a worker stopped or "
+                        "hung (restart it), or one without --tls-cert?")
             return ("no answer at all: is the host up, and its port open to this machine "
                     "(a firewall)?")
         except socket.gaierror as e:
@@ -1122,3 +1131,15 @@ class WorkerLinks:
         kept = {g.gpu: set(g.loaded) for g in state.gpus}
         self.count("weights_kept", sum(len(v) for v in kept.values()))
         return kept
+
+
+async def _takes_connections(host: str, port: int) -> bool:
+    """Whether a plain TCP connection to ``host:port`` completes within ``PROBE_S`` (a
+    stopped process's port still takes them: its kernel's)."""
+    try:
+        async with asyncio.timeout(PROBE_S):
+            _, w = await asyncio.open_connection(host, port)
+        w.close()
+        return True
+    except (OSError, TimeoutError):
+        return False

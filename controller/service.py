@@ -116,6 +116,9 @@ LOG_ROWS_PER_STEP = 256  # log rows formatted and written between turns of the e
 # at start, a worker whose gRPC server has not answered within SAY_WAITING_S: one line that
 # we wait for it (up to --connect-timeout)
 SAY_WAITING_S = 0.5
+# at start, when the look at which workers answer took all of --connect-timeout (some did
+# not), those that did still get this long for their Hellos
+HELLO_MIN_S = 5.0
 SERVER_OPTIONS = [*CHANNEL_OPTIONS, *LISTEN_OPTIONS, *keepalive.CLIENT_SERVER]
 # the model repository
 MAX_LOAD_COPIES = 1024  # instances one LoadModel call may make (a scenario or --models: sizes.MAX_COPIES)
@@ -413,13 +416,16 @@ class ControllerNode(WorkerLinks):
             raise await self._unreached(left[0][0], left[0][1], "--connect-timeout")
         # one that does not answer (stopped, hung, down) is left out, and added once it
         # answers (_join_later): it kept the whole cluster from starting
-        whys = [(lk.address, await self._why_unreached(lk, last)) for lk, last in left]
+        whys = list(zip([lk.address for lk, _ in left], await asyncio.gather(
+            *(self._why_unreached(lk, last) for lk, last in left)), strict=True))
         if left:
             self.links[:] = [lk for lk, last in zip(self.links, lasts, strict=True)
                              if last is None]
             for i, lk in enumerate(self.links):
                 lk.index = i
-        deadline = time.monotonic() + self.connect_timeout
+        # then each one that answered takes its Hello, within what is left of the wait
+        # (a few seconds at least, when the look at the others took it all)
+        deadline = max(deadline, time.monotonic() + HELLO_MIN_S)
         await asyncio.gather(*(self._connect(link, deadline, "--connect-timeout")
                                for link in self.links))
         specs = []
@@ -767,6 +773,8 @@ class ControllerNode(WorkerLinks):
         self.begin_stop()  # (again: nothing more, when the front ends were closed after it)
         for close in list(self.stream_closers):  # (their calls end UNAVAILABLE, not
             close()  # cancelled by the server's stop with a traceback)
+        # (the adds of workers left out at start, cancelled by begin_stop: their ends)
+        await asyncio.gather(*self.awaited.values(), return_exceptions=True)
         for link in self.links:
             for t in link.tasks:
                 t.cancel()

@@ -466,3 +466,56 @@ def test_a_restarted_controller_starts_without_a_hung_worker_and_adds_it_when_it
         _poll(lambda: _status(f"{http}/readyz") == 200)
         with clockwork.Client(c.address, timeout=30) as cl:
             assert {cl.infer(MODEL, slo_ms=2000).status for _ in range(20)} == {0}
+
+
+HUNG_SERVER = """
+import asyncio, time, grpc
+async def main():
+    s = grpc.aio.server()
+    port = s.add_insecure_port("127.0.0.1:0")
+    await s.start()
+    print(f"hung listening on 127.0.0.1:{port}", flush=True)
+    time.sleep(120)  # its event loop stuck: gRPC's own threads still take channels
+asyncio.run(main())
+"""
+
+
+def test_a_worker_whose_loop_is_stuck_is_left_out_at_start_too():
+    """A listed worker whose gRPC server completes a channel but whose event loop is
+    stuck (no call is answered) is left out as one that does not answer: the controller
+    serves on the other. (The look at which workers answer took a ready channel for an
+    answer; the Hello then timed out, and the start ended, exit 1.)"""
+    import subprocess
+    import sys
+
+    from tests.conftest import cli_command
+
+    procs = []
+
+    def start(argv):
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        procs.append(p)
+        return p
+
+    def line_with(p, text):
+        for line in p.stdout:
+            if text in line:
+                return line
+        raise AssertionError(f"{text!r} never printed (exit {p.wait()})")
+
+    try:
+        worker = start(cli_command("worker", "--port", "0", "--gpus", "1", "--link-port", "-1"))
+        real = line_with(worker, "listening on").split("listening on ")[1].split()[0]
+        hung = start([sys.executable, "-c", HUNG_SERVER])
+        stuck = line_with(hung, "hung listening on").split()[-1]
+        ctl = start(cli_command("controller", "--workers", f"{real},{stuck}", "--port", "0",
+                                "--http-port", "-1", "--kserve-port", "-1",
+                                "--models", MODEL, "--connect-timeout", "2"))
+        left = line_with(ctl, "did not answer within --connect-timeout 2 s")
+        assert stuck in left and "stopped or hung" in left, left
+        ready = line_with(ctl, "clockwork controller listening on")
+        assert "(1 worker(s) (1 more awaited)" in ready, ready
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
