@@ -2005,8 +2005,13 @@ def test_a_reload_queued_behind_an_unload_finds_the_model_unloaded():
     and worker in this process."""
     import asyncio
 
+    import grpc
+
+    from clockwork.protocol import clockwork_pb2 as pb
     from controller import repository
+    from controller.grpc_api import ClockworkServicer
     from controller.kserve_status import NOT_FOUND, KServeError
+    from controller.repository import RepositoryError
     from worker.service import WorkerNode
 
     async def main():
@@ -2022,6 +2027,25 @@ def test_a_reload_queued_behind_an_unload_finds_the_model_unloaded():
             with pytest.raises(KServeError) as e:
                 await reload
             assert e.value.kind == NOT_FOUND, e.value
+            assert node.loaded.get("hot") is None
+            # clockwork.v1's LoadModel alike
+            assert await node.load_model("hot", 3, "resnet18_v2") == ["hot", "hot:1", "hot:2"]
+            api = ClockworkServicer(node)
+
+            class Context:
+                async def abort(self, code, details):
+                    raise RepositoryError(code, details)
+
+            async with node._model_lock("hot"):
+                unload = asyncio.ensure_future(node.unload_model("hot"))
+                await asyncio.sleep(0)
+                reload = asyncio.ensure_future(api.LoadModel(pb.LoadModelRequest(name="hot"),
+                                                             Context()))
+                await asyncio.sleep(0)
+            assert sorted(await unload) == ["hot", "hot:1", "hot:2"]
+            with pytest.raises(RepositoryError) as e:
+                await reload
+            assert e.value.code == grpc.StatusCode.NOT_FOUND, e.value
             assert node.loaded.get("hot") is None
 
     asyncio.run(asyncio.wait_for(main(), 30))
