@@ -304,3 +304,31 @@ def test_what_a_load_or_evict_asks_of_its_result_is_not_kept():
         return len(node._want), len(node._answer_by)
 
     assert asyncio.run(main()) == (0, 0)
+
+
+def test_a_session_reads_no_more_while_its_states_wait_to_be_sent():
+    """Answers to InstanceUpdates (each a WorkerState with every instance's name) count
+    in the worker's backpressure: with more than STATES_WAITING_MAX waiting, the reader
+    waits (``room``) until one is sent. A controller that sent updates and read nothing
+    grew a worker with long instance names by ~20 MB an update, the reader reading on."""
+    from clockwork.protocol import clockwork_pb2 as pb
+    from clockwork.protocol.holding import Holder
+    from worker import service
+
+    async def main():
+        node = service.WorkerNode(gpus=1, pages=100)
+        session = service._Session(node, False, lambda *a: None, Holder("c", 0, "c", "p", 0.0))
+        session.states = [pb.WorkerState(update_seq=k) for k in range(
+            service.STATES_WAITING_MAX + 1)]
+        room = asyncio.ensure_future(session.room())
+        await asyncio.sleep(0)
+        assert not room.done()  # (one too many waiting)
+        reader = asyncio.create_task(asyncio.Event().wait())  # (the controller's side)
+        sent = session.outgoing(reader, fast=False)
+        first, _ = await sent.__anext__()
+        assert first.state.update_seq == 0
+        await asyncio.wait_for(room, 5)  # one went: the reader reads again
+        await sent.aclose()
+        reader.cancel()
+
+    asyncio.run(asyncio.wait_for(main(), 30))

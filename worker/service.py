@@ -112,6 +112,10 @@ RESULT_MESSAGE_BYTES = 1 << 20
 # actions) goes out at the stream's pace, and normal traffic (hundreds of bytes at a
 # time) never comes near it.
 RESULT_BACKLOG_BYTES = 4 * RESULT_MESSAGE_BYTES
+# answers to Hellos and InstanceUpdates (each a WorkerState, with every instance's name)
+# waiting to be sent: past this many the worker reads no more either (a controller that
+# sent updates and read nothing grew a worker with long names by ~20 MB an update)
+STATES_WAITING_MAX = 8
 _RESULT_BYTES = 64  # a result's fixed fields in a message, estimated (strings, tensors added)
 _TOLD_MAX = 64  # other controllers a session logs the refusal of (once each)
 BUILD_NOTE_S = 10.0  # while one package's kernels build, a line this often (a sign of life)
@@ -1093,10 +1097,11 @@ class _Session:
 
     async def room(self) -> None:
         """Returns once the results waiting to be sent are at most
-        ``RESULT_BACKLOG_BYTES``: the reader asks before it reads the controller's next
-        message (backpressure: the controller's writes wait; ``outgoing`` sends on)."""
+        ``RESULT_BACKLOG_BYTES``, and the states at most ``STATES_WAITING_MAX``: the
+        reader asks before it reads the controller's next message (backpressure: the
+        controller's writes wait; ``outgoing`` sends on)."""
         node = self.node
-        while node._out_bytes > RESULT_BACKLOG_BYTES:
+        while node._out_bytes > RESULT_BACKLOG_BYTES or len(self.states) > STATES_WAITING_MAX:
             node._room.clear()
             await node._room.wait()
 
@@ -1215,7 +1220,9 @@ class _Session:
             while echoes:
                 yield pb.WorkerMessage(echo=echoes.pop(0)), ()
             while states:
-                yield pb.WorkerMessage(state=states.pop(0)), ()
+                st = states.pop(0)
+                node._room.set()  # (the reader may wait for states to go: room)
+                yield pb.WorkerMessage(state=st), ()
             if node._out:  # under load: one message per interval, but none past its due
                 at = pacer.slot(node._out_due)
                 if at > time.monotonic_ns():
