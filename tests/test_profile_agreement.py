@@ -66,3 +66,29 @@ def test_a_worker_with_the_same_figures_is_admitted(tmp_path):
                       timeout=30.0) as c:
         with clockwork.Client(c.address, timeout=5) as client:
             assert client.infer("resnet18_v2", slo_ms=1000).latency_ms > 0
+
+
+def test_a_hello_of_many_instances_it_cannot_serve_is_a_line_not_one_each(capsys):
+    """A Hello listing 500 instances whose pages are not the worker's profile's, with
+    names of 5,000 characters: each is in the state's missing list, and the worker's log
+    has one line for them (at most one a second), the name cut (it printed 500 lines,
+    each with the whole name)."""
+    import asyncio
+
+    from clockwork.protocol import clockwork_pb2 as pb
+    from worker.service import WorkerNode
+
+    long = "m" + "x" * 5000
+
+    async def main():
+        w = WorkerNode(gpus=1, pages=100)
+        return w.hello(pb.Hello(worker_id=0, reset=True, instances=[
+            pb.Instance(name=f"{long}{k}", profile="resnet18_v2", weights_pages=999)
+            for k in range(500)]))
+
+    state = asyncio.run(main())
+    assert len(state.missing) == 500
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and len(err[0]) < 400, (len(err), err[:2])
+    assert "cannot serve mxxx" in err[0] and "needs 3 pages of weights, the controller's 999" \
+        in err[0], err[0][:400]

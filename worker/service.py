@@ -159,6 +159,7 @@ def controller_disagreement(i: pb.Instance, p: ModelProfile) -> str:
                 "which the controller may send")
     return ""
 
+
 class WorkerNode:
     """The worker's state and its timer task. All methods run on one event loop."""
 
@@ -209,6 +210,9 @@ class WorkerNode:
         self._timer: asyncio.TimerHandle | None = None
         self.wloop: WorkerLoop | None = None  # the driver (worker.loop); this node is its transport
         self._complain = LogLimiter("worker")  # malformed messages from the controller
+        # instances it cannot serve, at most a line a second (a Hello of 5,000 of them
+        # printed 5,000 lines; the controller hears of each in the state's missing list)
+        self._cannot = LogLimiter("worker")
         if device != "emulated":
             if device == "cpu":
                 _check_host_memory(self.pages, gpus)
@@ -441,7 +445,7 @@ class WorkerNode:
             return None
         why = controller_disagreement(i, p)
         if why:
-            print(f"worker: cannot serve {i.name}: {why}", file=sys.stderr, flush=True)
+            self._cannot(f"cannot serve {_cut(i.name)}: {why}")
             return None
         made = self._renamed.get(i.name)
         if (made is not None and made[0] is not p) or self._elsewhere(i.name, path):
@@ -459,8 +463,7 @@ class WorkerNode:
                     raise ValueError(f"it does not match profile {i.profile!r}: {why}")
                 self._register(i.name, path)
             except Exception as e:  # noqa: BLE001 - a broken package: report it missing
-                print(f"worker: cannot load package {path} for {i.name}: {e}",
-                      file=sys.stderr, flush=True)
+                self._cannot(f"cannot load package {path} for {_cut(i.name)}: {e}")
                 return None
         if made is not None and made[0] is p:
             return made[1]  # a Hello again (a reset): the same figures, made before
@@ -1356,3 +1359,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         print(f"clockwork worker: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _cut(name: str, limit: int = 130) -> str:
+    """An instance name from the controller as a log line shows it: at most ``limit``
+    characters (a 2 MiB name made a 2 MiB line), none that moves the terminal."""
+    cut = name if len(name) <= limit else name[:limit - 3] + "..."
+    return "".join(c if c.isprintable() else "?" for c in cut)
