@@ -74,7 +74,7 @@ def wheel(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
     src.mkdir()
-    for f in ("pyproject.toml", "README.md"):
+    for f in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(REPO / f, src / f)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
     for d in ("clockwork", "controller", "worker"):
@@ -161,6 +161,13 @@ def test_wheel_holds_every_data_file(wheel):
     assert "clockwork/data/profiles/v100-reference/set.json" in names
     assert "clockwork/data/scenarios/demo_live.toml" in names
     assert "clockwork/resources.py" in names and "clockwork/cluster/scenarios_cli.py" in names
+    # the protocol (for clients in other languages), the typing marker, the license, the
+    # version written once (clockwork.__version__)
+    assert {"clockwork/protocol/clockwork.proto", "clockwork/protocol/kserve.proto",
+            "clockwork/py.typed"} <= names
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), sorted(names)[-8:]
+    from clockwork import __version__
+    assert wheel.name.startswith(f"clockwork_py-{__version__}-"), wheel.name
 
 
 # ------------------------------------------------------------------ the installed package
