@@ -450,9 +450,10 @@ def _result(model: str, resp: pb.InferResponse, latency_ms: float,
 
 def _channel(target: str, tls: bool, tls_ca, tls_cert, tls_key, aio: bool):
     """A channel to ``target``: TLS when asked for (``tls``, which a grpcs:// URL sets,
-    or a CA)."""
+    or a CA, or a client certificate: one given empty is refused by
+    ``channel_credentials``, not taken as none, which sent the token in plain text)."""
     mod = grpc.aio if aio else grpc
-    if not (tls or tls_ca):
+    if not tls and tls_ca is None and tls_cert is None and tls_key is None:
         return mod.insecure_channel(target, options=_OPTIONS)
     return mod.secure_channel(target, channel_credentials(tls_ca, tls_cert, tls_key),
                               options=_OPTIONS)

@@ -117,6 +117,43 @@ def test_a_ca_given_as_pem_text_is_taken_as_such(cluster, pki):
         assert c.infer(MODEL, slo_ms=1000).status == 0
 
 
+def test_tls_settings_given_empty_or_not_pem_are_refused_not_dropped(cluster, pki):
+    """A CA given empty (``tls_ca=""``, an unset environment variable read as "") is
+    refused: it turned TLS off, and the token went in plain text. A client certificate
+    alone asks for TLS (it was ignored). A CA that is not a certificate (a key, a token
+    file, the pair swapped) is refused naming it, before any call: it was said as a
+    controller that could not be reached."""
+    from pathlib import Path
+
+    from clockwork.protocol.security import SecurityError
+
+    key = Path(pki.ca).with_name("token")
+    key.write_text(TOKEN)
+    for ca in (b"", "", str(key)):
+        with pytest.raises(SecurityError) as e:
+            clockwork.Client(cluster.address, timeout=TIMEOUT, token=TOKEN, tls_ca=ca)
+        assert "tls_ca" in str(e.value) and "not a PEM certificate" in str(e.value), e.value
+    with pytest.raises(SecurityError, match="tls_key: .*not a PEM private key"):
+        clockwork.Client(cluster.address, tls_cert=pki.ca, tls_key=pki.ca)
+    # a client certificate alone asks for TLS, and so for its key too (it was ignored)
+    with pytest.raises(SecurityError, match="tls_cert and tls_key go together"):
+        clockwork.Client(cluster.address, tls_cert=pki.ca)
+
+
+def test_an_empty_token_file_is_refused_not_taken_as_no_token(tmp_path, monkeypatch):
+    """``--token-file`` of an empty file: refused naming it (it sent no token, and the
+    server's "authentication required" did not say the file was empty); no file at all
+    still falls back to $CLOCKWORK_TOKEN."""
+    from clockwork.protocol.security import SecurityError, client_token
+
+    empty = tmp_path / "token"
+    empty.write_text("\n")
+    with pytest.raises(SecurityError, match=r"--token-file .*token: empty"):
+        client_token(None, str(empty))
+    monkeypatch.setenv("CLOCKWORK_TOKEN", TOKEN)
+    assert client_token(None, None) == TOKEN
+
+
 def test_authenticated_clients_work_over_tls(cluster, addresses, pki):
     with clockwork.Client(cluster.address, timeout=TIMEOUT, token=TOKEN, tls_ca=pki.ca) as c:
         assert c.infer(MODEL, slo_ms=1000).output.shape == (1000,)

@@ -153,6 +153,8 @@ def client_token(token: str | None = None, token_file: str | None = None) -> str
     server decides what is long enough)."""
     if token is None and token_file:
         token = _read(token_file, "--token-file").decode("latin-1")
+        if not token:  # (it sent none, and the server's refusal told of no file)
+            raise SecurityError(f"--token-file {token_file}: empty")
     if token is None:
         token = os.environ.get(TOKEN_ENV)
     if token is not None and not isinstance(token, str):  # (123, a bytes read from a file)
@@ -288,19 +290,34 @@ def channel_credentials(ca: str | bytes | None = None, cert: str | bytes | None 
         raise SecurityError("tls_cert and tls_key go together: a client certificate needs "
                             "its private key (give both, or neither)")
 
-    def pem(x):
-        if x is None or isinstance(x, bytes):
+    def pem(x, arg: str, marker: bytes, what: str):
+        if x is None:
             return x
-        if isinstance(x, str) and x.lstrip().startswith("-----BEGIN"):
-            return x.encode()  # PEM text itself (it was read as a file's name)
-        try:
-            return Path(x).read_bytes()
-        except OSError as e:
-            shown = str(x) if len(str(x)) <= 200 else str(x)[:200] + "..."
-            raise SecurityError(f"{shown}: cannot read it ({e.strerror or e})") from None
+        shown = "" if isinstance(x, bytes) or str(x).lstrip().startswith("-----BEGIN") \
+            else (str(x) if len(str(x)) <= 200 else str(x)[:200] + "...")
+        if isinstance(x, bytes) or x == "":
+            data = x or b""  # ("": given empty, as an unset variable read as "")
+        elif isinstance(x, str) and x.lstrip().startswith("-----BEGIN"):
+            data = x.encode()  # PEM text itself (it was read as a file's name)
+        else:
+            try:
+                data = Path(x).read_bytes()
+            except OSError as e:
+                raise SecurityError(f"{arg}: {shown}: cannot read it ({e.strerror or e})"
+                                    ) from None
+        # (anything else -- empty, a token, a key given as the CA -- failed in gRPC's
+        # handshake, said as a controller that could not be reached)
+        if not any(marker in line for line in data.splitlines()
+                   if line.startswith(b"-----BEGIN ")):
+            where = f"{shown}: " if shown else ""
+            raise SecurityError(f"{arg}: {where}not a PEM {what} (no '-----BEGIN "
+                                f"...{marker.decode()}-----' line)")
+        return data
 
-    return grpc.ssl_channel_credentials(root_certificates=pem(ca), private_key=pem(key),
-                                        certificate_chain=pem(cert))
+    return grpc.ssl_channel_credentials(
+        root_certificates=pem(ca, "tls_ca", b"CERTIFICATE", "certificate"),
+        private_key=pem(key, "tls_key", b"PRIVATE KEY", "private key"),
+        certificate_chain=pem(cert, "tls_cert", b"CERTIFICATE", "certificate"))
 
 
 def client_ssl_context(ca: str | None, cert: str | None = None,
