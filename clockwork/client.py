@@ -637,8 +637,9 @@ def _unavailable(e: grpc.RpcError, url: str = "", slo: pb.InferRequest | None = 
         return ControllerUnavailable(f"no answer within the client's timeout: {e.details()}")
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return Unauthenticated(f"controller refused the call: {code}: {e.details()} "
-                               "(give the token: token= here; the clockwork commands: "
-                               "--token-file, --token or $CLOCKWORK_TOKEN)")
+                               "(the controller's client token: token= in Python; "
+                               "--token-file, --token or $CLOCKWORK_TOKEN for the clockwork "
+                               "commands)")
     details = e.details() if hasattr(e, "details") else ""
     if code == grpc.StatusCode.CANCELLED and details in (CLIENT_CLOSED, "Channel closed!"):
         return ControllerUnavailable(f"{CLIENT_CLOSED} (close() from elsewhere)")

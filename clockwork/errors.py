@@ -69,8 +69,9 @@ def about(model: str, message: str) -> str:
     """``message`` about ``model``, for an exception's text: prefixed with the model's name
     (``"NAME: ..."``), unless it names the model itself (quoted, as the controller's
     messages do: ``unknown model 'NAME' (did you mean ...)``)."""
-    if not model or repr(model) in message:
-        return message
+    if not model or repr(model) in message or (
+            len(model) > NAME_SHOWN and repr(model)[:100] in message):
+        return message  # (it names it: whole, or cut as the controller cuts a long one)
     if len(model) > NAME_SHOWN:  # (a name of a megabyte was said whole)
         model = model[:NAME_SHOWN - 3] + "..."
     return f"{model}: {message}"

@@ -445,6 +445,11 @@ def test_an_error_about_a_huge_model_name_repeats_a_little_of_it(cluster):
             with pytest.raises(clockwork.errors.ClockworkError) as e:
                 call()
             assert len(str(e.value)) < NAME_SHOWN + 4000, len(str(e.value))
+        # a message that names the model, cut by the controller, is not prefixed with it
+        # again (it showed the name twice: 200 characters, then 130)
+        with pytest.raises(clockwork.errors.UnknownModel) as e:
+            c.infer("a" * 100_000)
+        assert str(e.value).startswith("unknown model 'aaa"), str(e.value)[:300]
 
 
 BAD_TIMEOUTS = [float("inf"), float("nan"), -1, 0, -0.0, "5", True, [1]]
