@@ -24,7 +24,7 @@ WINDOW = 100_000_000  # ns over which the stream's item rate is measured
 CPU_BUSY = 0.5  # share of one core this process must be using for pacing to start
 
 # Default intervals (microseconds; 0 turns pacing off), the command-line defaults too.
-ACTION_INTERVAL_US = 2000.0  # controller -> worker actions: below the scheduler's 1 ms "future"
+ACTION_INTERVAL_US = 2000.0  # controller -> worker actions (paced only when busy)
 REPLY_INTERVAL_US = 2000.0  # controller -> client InferStream replies
 RESULT_INTERVAL_US = 2000.0  # worker -> controller results
 
