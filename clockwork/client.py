@@ -18,9 +18,10 @@ with its state (``READY``, ``LOADING``, ``UNLOADING``, ``UNAVAILABLE``, "" = not
 for load generation.
 
 Security (SECURITY.md): ``token=`` (else ``$CLOCKWORK_TOKEN``) is sent as ``authorization:
-Bearer <token>`` with every call; ``tls=True`` or ``tls_ca=`` (or a ``grpcs://`` URL)
-connects with TLS; ``tls_cert=``/``tls_key=`` answer a server that asks for a client
-certificate. A refused token raises ``clockwork.errors.Unauthenticated``.
+Bearer <token>`` with every call; ``tls=True``, ``tls_ca=`` or a client certificate
+(``tls_cert=``/``tls_key=``, for a server that asks for one), or a ``grpcs://`` URL,
+connects with TLS (one given empty, or holding no PEM block of its kind, raises
+``SecurityError``). A refused token raises ``clockwork.errors.Unauthenticated``.
 
 Mistakes the client sees itself raise before anything is sent: ``ValueError`` for an
 argument of the wrong type or a bad timeout (a ``model`` that is not a string, an
@@ -667,8 +668,8 @@ class Client:
     ``grpcs://host:port`` for TLS; no port: ``ValueError``). ``timeout``: each call's,
     in seconds (None: no limit; beyond a day: a day; else ``ValueError``). ``token``: the
     controller's bearer token (default ``$CLOCKWORK_TOKEN``; "" sends none);
-    ``tls``/``tls_ca``: TLS verified against the system's CAs / this CA (PEM file or
-    bytes); ``tls_cert``/``tls_key``: a client certificate. After ``close()`` every call
+    ``tls``/``tls_ca``: TLS verified against the system's CAs / this CA (PEM file,
+    bytes or text); ``tls_cert``/``tls_key``: a client certificate (TLS too). After ``close()`` every call
     raises ``RuntimeError``."""
 
     def __init__(self, url: str = "127.0.0.1:12346", timeout: float | None = 30.0, *,

@@ -70,7 +70,7 @@ def about(model: str, message: str) -> str:
     (``"NAME: ..."``), unless it names the model itself (quoted, as the controller's
     messages do: ``unknown model 'NAME' (did you mean ...)``)."""
     if not model or repr(model) in message or (
-            len(model) > NAME_SHOWN and repr(model)[:100] in message):
+            len(model) > 100 and repr(model)[:100] in message):
         return message  # (it names it: whole, or cut as the controller cuts a long one)
     if len(model) > NAME_SHOWN:  # (a name of a megabyte was said whole)
         model = model[:NAME_SHOWN - 3] + "..."

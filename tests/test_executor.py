@@ -391,3 +391,7 @@ def test_actions_that_would_never_run_are_refused_not_queued(monkeypatch):
                                      "3 actions wait on its lane already")
     assert e.submit(infer(21, "a", earliest=1000 * MS), 0) == []  # (the other lane)
     assert len(e.load_lane.pending) == 3 and len(e.exec_lane.pending) == 1
+    # a window that opens at 0 ("at once", as the wire leaves it unset) is never refused,
+    # however far below it the worker's clock reads (an offset of days back)
+    e2 = ex()
+    assert e2.submit(load(30, "a", earliest=0), -2 * 86_400_000 * MS) == []

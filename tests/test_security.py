@@ -135,6 +135,15 @@ def test_tls_settings_given_empty_or_not_pem_are_refused_not_dropped(cluster, pk
         assert "tls_ca" in str(e.value) and "not a PEM certificate" in str(e.value), e.value
     with pytest.raises(SecurityError, match="tls_key: .*not a PEM private key"):
         clockwork.Client(cluster.address, tls_cert=pki.ca, tls_key=pki.ca)
+    # PEM text with lines before its BEGIN line (a bundle's comments, "Bag Attributes")
+    # is taken as text, and text refused is not echoed (a key's is secret)
+    bundle = "# Issuer: a comment\n" + Path(pki.ca).read_text()
+    with clockwork.Client(cluster.address, timeout=TIMEOUT, token=TOKEN, tls_ca=bundle) as c:
+        assert c.infer(MODEL, slo_ms=1000).status == 0
+    secret = "Bag Attributes\n    friendlyName: k\nMIGHAgEAMBMGsecretbase64\n"
+    with pytest.raises(SecurityError) as e:
+        clockwork.Client(cluster.address, tls_cert=pki.ca, tls_key=secret)
+    assert "tls_key: not a PEM private key" in str(e.value) and "secret" not in str(e.value)
     # a client certificate alone asks for TLS, and so for its key too (it was ignored)
     with pytest.raises(SecurityError, match="tls_cert and tls_key go together"):
         clockwork.Client(cluster.address, tls_cert=pki.ca)

@@ -190,7 +190,8 @@ class GpuExecutor:
             out.append(self._evict(action, now))
         else:
             lane = self.exec_lane if action.type == ActionType.INFER else self.load_lane
-            if action.earliest - now > MAX_AHEAD_NS or len(lane.pending) >= MAX_PENDING:
+            if ((action.earliest and action.earliest - now > MAX_AHEAD_NS)  # (0: at once)
+                    or len(lane.pending) >= MAX_PENDING):
                 out.append(self._error(action, now, now, ErrorCode.INVALID_INPUT,
                                        "its window opens more than a day ahead"
                                        if action.earliest - now > MAX_AHEAD_NS else

@@ -213,6 +213,7 @@ class WorkerNode:
         # instances it cannot serve, at most a line a second (a Hello of 5,000 of them
         # printed 5,000 lines; the controller hears of each in the state's missing list)
         self._cannot = LogLimiter("worker")
+        self._bad_package = LogLimiter("worker")  # (its own: not hidden by a burst above)
         if device != "emulated":
             if device == "cpu":
                 _check_host_memory(self.pages, gpus)
@@ -463,7 +464,7 @@ class WorkerNode:
                     raise ValueError(f"it does not match profile {i.profile!r}: {why}")
                 self._register(i.name, path)
             except Exception as e:  # noqa: BLE001 - a broken package: report it missing
-                self._cannot(f"cannot load package {path} for {_cut(i.name)}: {e}")
+                self._bad_package(f"cannot load package {path} for {_cut(i.name)}: {e}")
                 return None
         if made is not None and made[0] is p:
             return made[1]  # a Hello again (a reset): the same figures, made before

@@ -293,12 +293,15 @@ def channel_credentials(ca: str | bytes | None = None, cert: str | bytes | None 
     def pem(x, arg: str, marker: bytes, what: str):
         if x is None:
             return x
-        shown = "" if isinstance(x, bytes) or str(x).lstrip().startswith("-----BEGIN") \
+        # PEM text itself: one with a BEGIN line or more than one line (a bundle's comments
+        # or "Bag Attributes" may come first), never echoed (a key's text is secret)
+        text = isinstance(x, str) and ("-----BEGIN " in x or "\n" in x)
+        shown = "" if isinstance(x, bytes) or text \
             else (str(x) if len(str(x)) <= 200 else str(x)[:200] + "...")
         if isinstance(x, bytes) or x == "":
             data = x or b""  # ("": given empty, as an unset variable read as "")
-        elif isinstance(x, str) and x.lstrip().startswith("-----BEGIN"):
-            data = x.encode()  # PEM text itself (it was read as a file's name)
+        elif text:
+            data = x.encode()
         else:
             try:
                 data = Path(x).read_bytes()
