@@ -23,6 +23,25 @@ def stop_signals() -> tuple[signal.Signals, ...]:
     return tuple(out)
 
 
+def stop_event_on_signals(loop, stop) -> None:
+    """``stop`` (an ``asyncio.Event``) set by each of ``stop_signals()`` on ``loop``; the
+    first one's name kept as ``stop.signal_name`` (``said_why`` says it)."""
+    def on(sig: signal.Signals) -> None:
+        if not stop.is_set():
+            stop.signal_name = sig.name
+        stop.set()
+
+    for sig in stop_signals():
+        loop.add_signal_handler(sig, on, sig)
+
+
+def said_why(stop) -> str:
+    """" (SIGTERM)": the signal that set ``stop`` (``stop_event_on_signals``); "" for
+    another cause (its parent gone, a stop asked in code)."""
+    name = getattr(stop, "signal_name", "")
+    return f" ({name})" if name else ""
+
+
 def term_signals() -> tuple[signal.Signals, ...]:
     """``stop_signals()`` but SIGINT: those Python does not turn into KeyboardInterrupt."""
     return tuple(s for s in stop_signals() if s != signal.SIGINT)

@@ -22,7 +22,7 @@ from clockwork.protocol.security import (
     exposure_error,
     server_token,
 )
-from clockwork.signals import stop_signals
+from clockwork.signals import said_why, stop_event_on_signals
 from controller import split_settings, unused_line
 from controller.config import SchedulerConfig
 from controller.grpc_api import Interrupted, serve_controller
@@ -175,8 +175,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in stop_signals():  # (SIGHUP too: its logs written, as on SIGTERM)
-            loop.add_signal_handler(sig, stop.set)
+        stop_event_on_signals(loop, stop)  # (SIGHUP too: its logs written, as on SIGTERM)
         orphan = asyncio.ensure_future(stop_when_orphaned(stop, "controller"))
 
         def ready(port: int) -> None:
@@ -194,6 +193,11 @@ def cmd_controller(args: argparse.Namespace) -> int:
                                    token, tls)
         finally:
             orphan.cancel()
+        # (an operator tells a stop from a crash by it; a clean stop said nothing)
+        waiting = (f"; {node.answered_at_stop} request(s) still waiting answered ERROR "
+                   "shutdown" if node.answered_at_stop else "")
+        print(f"clockwork controller: stopped{said_why(stop)}{waiting}", file=sys.stderr,
+              flush=True)
 
     try:
         asyncio.run(main())
@@ -207,3 +211,4 @@ def cmd_controller(args: argparse.Namespace) -> int:
         print(f"clockwork controller: {e}", file=sys.stderr)
         return 1
     return 0
+

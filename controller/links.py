@@ -379,17 +379,23 @@ class WorkerLinks:
               f"{len(self.links)} worker(s) meanwhile, and adding it once it answers "
               f"(trying every {JOIN_RETRY_S:g} s, doubling to {JOIN_RETRY_MAX_S:g} s)",
               file=sys.stderr, flush=True)
+        # (not answering: said above; another reason is said at once, the same again now
+        # and then: a mistyped address or a TLS mismatch is said more than once)
         said, wait, again = "", JOIN_RETRY_S, time.monotonic() + JOIN_SAY_AGAIN_S
         try:
             while not self._stopping:
                 try:
                     await self.add_worker(address, timeout=JOIN_TRY_S)
+                    left = len(self.awaited) - 1
+                    print(f"controller: worker {address}, left out at start, is in now (its "
+                          "weights cache emptied, as for a worker added at run time); "
+                          + (f"{left} listed worker(s) still awaited" if left else
+                             "every listed worker is in"), file=sys.stderr, flush=True)
                     return
                 except RepositoryError as e:
-                    # another reason: said at once; the same one: again now and then (a
-                    # mistyped address or a TLS mismatch is said more than once)
-                    if e.message != said or time.monotonic() >= again:
-                        said, again = e.message, time.monotonic() + JOIN_SAY_AGAIN_S
+                    kind = "" if e.code == grpc.StatusCode.UNAVAILABLE else e.message
+                    if kind != said or time.monotonic() >= again:
+                        said, again = kind, time.monotonic() + JOIN_SAY_AGAIN_S
                         print(f"controller: worker {address} (left out at start) not added "
                               f"yet: {e.message}", file=sys.stderr, flush=True)
                 await asyncio.sleep(wait)
@@ -488,7 +494,8 @@ class WorkerLinks:
             raise ValueError(f"worker {link.address} has {len(state.gpus)} GPUs: a worker "
                              f"has 1 to {MAX_GPUS_PER_WORKER}")
         if link.state is not None and len(state.gpus) != len(link.state.gpus):
-            raise ValueError(f"worker {link.address} came back with a different GPU count")
+            raise ValueError(f"worker {link.address} came back with {len(state.gpus)} "
+                             f"GPU(s), it had {len(link.state.gpus)}")
         if link.state is not None:
             # (the policy keeps each GPU's cache size: with a smaller one its LOADs were
             # refused for want of room it believed free, and no EVICT made any)

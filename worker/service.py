@@ -86,7 +86,7 @@ from clockwork.protocol.wire import (
     msg_to_action,
     msgs_to_tensors,
 )
-from clockwork.signals import stop_signals
+from clockwork.signals import said_why, stop_event_on_signals
 from clockwork.sizes import MAX_ACTIONS_PER_MESSAGE, MAX_MESSAGE_BYTES
 from clockwork.tensors import Tensor
 from worker.devices.emulated import EmulatedDevice
@@ -1337,8 +1337,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         node.cluster_auth = ClusterAuth(secret) if secret is not None else None
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in stop_signals():
-            loop.add_signal_handler(sig, stop.set)
+        stop_event_on_signals(loop, stop)
         orphan = asyncio.ensure_future(stop_when_orphaned(stop, "worker"))
         await asyncio.to_thread(node.prepare_packages, stop.is_set)
         if stop.is_set():
@@ -1353,6 +1352,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
                                tuple(args.advertise))
         finally:
             orphan.cancel()
+        # (an operator tells a stop from a crash by it; a clean stop said nothing)
+        print(f"clockwork worker: stopped{said_why(stop)}", file=sys.stderr, flush=True)
 
     try:
         run_precise(main())
@@ -1367,3 +1368,4 @@ def _cut(name: str, limit: int = 130) -> str:
     characters (a 2 MiB name made a 2 MiB line), none that moves the terminal."""
     cut = name if len(name) <= limit else name[:limit - 3] + "..."
     return "".join(c if c.isprintable() else "?" for c in cut)
+
