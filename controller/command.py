@@ -211,4 +211,3 @@ def cmd_controller(args: argparse.Namespace) -> int:
         print(f"clockwork controller: {e}", file=sys.stderr)
         return 1
     return 0
-

@@ -1,1371 +1,1238 @@
-"""The worker service: gRPC shell around the pure ``GpuExecutor`` on a real clock.
+"""The controller service: the scheduler core driven by gRPC events on a real clock.
 
-One ``GpuExecutor`` per GPU, driven by ``worker.loop.WorkerLoop`` (the same driver the
-simulator runs); this module is its transport. A controller opens ``Worker.Connect`` and
-sends ``Hello`` (its instance list); the worker answers with its state and then hands
-every batch of actions to ``loop.submit`` with ``now`` = the real clock. Instances join
-and leave while it serves by ``InstanceUpdate`` (the controller's model repository),
-answered with the state too; the weights cache and the actions in flight stay as they are
-(but for those of the instances that leave). ``loop.arm`` sets an asyncio timer that calls
-``loop.timer``. Finished results are sent back in batches (what is ready when the stream
-is free, in messages of at most ``RESULT_MESSAGE_BYTES``); while more than
-``RESULT_BACKLOG_BYTES`` of them wait to be sent, the worker reads nothing more from its
-controller. A controller that asks for it gets the fast link: the same messages as frames
-on a TCP connection to ``--link-port`` that presents the ticket handed out on the stream
-(``clockwork.protocol.framing``); one ``_Session`` per controller connection serves
-either transport. One controller holds the worker at a time, the one whose connection
-is live: another's ``Connect`` meanwhile is refused (``FAILED_PRECONDITION``, saying
-which controller holds it), its own reconnection replaces its stale session
-(``clockwork.protocol.holding``; ``WorkerServicer._take``). The event loop's timers fire
-to the microsecond (``clockwork.protocol.precise_loop``), not rounded up to a
-millisecond as epoll's.
+The glue between the policy and the world is ``controller.loop.ControllerLoop`` (the
+same driver the simulator runs); this module is its transport, on one asyncio loop:
 
-Windows and result times are this process's monotonic clock; the controller converts.
+- client ``Infer`` / ``InferStream`` -> ``Request`` -> ``loop.requests``;
+- worker result batches -> ``loop.results`` (times converted to our clock);
+- ``loop.arm`` sets an asyncio timer that calls ``loop.tick``;
+- ``send`` queues a worker's actions; its writer task writes them as one
+  ``ActionBatch`` per loop iteration (windows converted to that worker's clock);
+- ``answer`` answers a waiting client call (exactly once per request).
 
-Devices: ``emulated`` (an action takes its profiled time) or ``cpu`` (TVM-compiled model
-packages really run on the host; ``cuda`` the same on a GPU). A real device's actions
-start "open" in the executor (see ``worker.executor``); this shell runs them on one
-EXEC thread and one LOAD thread per GPU and reports the measured times back with
-``complete``. Packages come from ``--packages DIR`` (``DIR/<profile>/``), an Instance's
-``package`` path, or a ``LoadModelFromDisk`` call; the last two name a package inside
-``DIR`` (a name, or a path that resolves inside it), and anything else is refused with
-one message whether or not it exists.
+The model repository (``load_model`` / ``unload_model``; ``controller/repository.py``
+puts the KServe face on them): a model loaded at run time is announced to every worker
+(an ``InstanceUpdate``, in stream order before any action naming it, answered with the
+worker's state) and then added to the policy; one unloaded is removed from the policy at
+once (its queued requests are answered ``INVALID_REQUEST`` reason ``unknown_model``, new
+ones refused the same way), and forgotten -- by the node and the workers -- once the
+policy has evicted its copies and its last request running has been answered.
 
-With a cluster secret every call must carry the controller's proof, and the worker proves
-the secret back in the response's initial metadata (``clockwork.protocol.security``).
+Each worker's clock offset (worker - controller) is estimated from round trips: a burst
+of ``ClockSync`` calls at connect, then echoes on the action stream; the estimate is the
+offset of the lowest-RTT sample among recent ones. A worker that disconnects has its
+outstanding actions failed back into the policy (so their requests are retried or
+answered), and the controller keeps reconnecting to it.
+
+A worker serves one controller at a time (``clockwork.protocol.holding``): every Hello
+carries this controller's id (``controller_id``, random, made once) and its words
+(``label``). A worker another controller holds refuses us (``WorkerHeld``): said once,
+counted (``worker_held_refusals``) at each attempt, and we keep trying -- at start until
+``connect_timeout``, later for as long as we run -- until that controller's connection
+ends.
+
+The links to the workers (connecting, Hello, the action writer, the result reader, a
+lost worker and its reconnection) are in ``controller/links.py``, whose ``WorkerLinks``
+this node inherits; the clockwork.v1 servicer and the listeners are in
+``controller/grpc_api.py``, the ``clockwork controller`` command in
+``controller/command.py``.
+
+Security (``clockwork.protocol.security``, SECURITY.md): with ``--token`` every client call
+on every port must carry the bearer token; with a cluster secret every call to a worker
+carries our proof and the worker's answer must carry its own, or the worker is refused;
+with ``--tls-cert``/``--tls-key`` every listener speaks TLS, and ``--worker-tls-ca`` makes
+the links to the workers TLS too.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import hmac
+import re
+import ssl
 import sys
-import threading
 import time
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from dataclasses import dataclass
 
 import grpc
-import orjson
 
-from clockwork.actions import ActionType, ErrorCode, Result
-from clockwork.extras import pip_extra
-from clockwork.profiles import PAGE_SIZE, ModelProfile, ProfileError, load_profile_set
+from clockwork.actions import Action, ActionType, ErrorCode, RequestStatus, Result
+from clockwork.names import BASE_NAME_RULE, MODEL_NAME
+from clockwork.profiles import ModelProfile, load_profile_set
 from clockwork.protocol import clockwork_pb2 as pb
-from clockwork.protocol import clockwork_pb2_grpc as pbg
 from clockwork.protocol import keepalive
-from clockwork.protocol.framing import TICKET_BYTES, FrameStream, new_ticket
-from clockwork.protocol.holding import Holder
-from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
-from clockwork.protocol.pacing import Pacer, doze
-from clockwork.protocol.parent import stop_when_orphaned
-from clockwork.protocol.precise_loop import run_precise
+from clockwork.protocol.holding import controller_label, new_controller_id
+from clockwork.protocol.listen import LISTEN_OPTIONS
 from clockwork.protocol.ratelog import LogLimiter
 from clockwork.protocol.security import (
-    WORKER_CLOCK_SYNC,
-    WORKER_CONNECT,
-    WORKER_LOAD,
     ClusterAuth,
-    ClusterProofInterceptor,
     Refusals,
-    SecurityError,
-    TlsFiles,
-    answers_to,
-    cluster_secret,
-    exposure_error,
 )
 from clockwork.protocol.wire import (
-    WireError,
-    add_result,
     add_tensors,
-    attach_tensor,
-    cut_attachments,
-    msg_to_action,
     msgs_to_tensors,
 )
-from clockwork.signals import said_why, stop_event_on_signals
-from clockwork.sizes import MAX_ACTIONS_PER_MESSAGE, MAX_MESSAGE_BYTES
-from clockwork.tensors import Tensor
-from worker.devices.emulated import EmulatedDevice
-from worker.executor import GpuExecutor, held_weights, keep_weights
-from worker.loop import WorkerLoop
+from clockwork.requests import Answer, Reply, Request
+from clockwork.sizes import (
+    MAX_INSTANCES,
+)
+from clockwork.tensors import (
+    Tensor,
+    TensorError,
+    check_inputs,
+    zero_rows,
+)
+from clockwork.time import MAX_SLO_MS, ms
+from controller import links, make_policy, policy_class
+from controller.config import SchedulerConfig
+from controller.inflight import failed_code
+from controller.intake import (
+    CLIENT_CLOCK_WINDOW_NS,
+    STOPPING_MESSAGE,
+    Gate,
+)
+from controller.limits import Limits
+from controller.links import (
+    CHANNEL_OPTIONS,
+    WorkerLink,
+    WorkerLinks,
+    _canonical,
+    _endpoints,
+)
+from controller.loop import ControllerLoop, Liveness
+from controller.metrics import ControllerMetrics
+from controller.policy import GpuSpec, Policy
+from controller.repository import RepositoryError, shutting_down
+from controller.repository import group_name as _group_name
 
-DEVICES = ("emulated", "cpu", "cuda")
-DEFAULT_PROFILES = {"emulated": "v100-reference", "cpu": "cpu", "cuda": "cuda"}
-
-LINK_WAIT_S = 5.0  # a fast link's TLS handshake, then its ticket, must each come within this
-# Results go back in messages of at most this many bytes (the message, and the output
-# tensors attached to its frame on the fast link; one larger result goes alone), as the
-# controller's replies go to its clients (``reply_message_bytes``, controller.limits): a
-# backlog of results (a controller that read slowly) never makes a message over the
-# links' 64 MiB (``MAX_FRAME``, gRPC's max message), which ended the link, every result
-# in it lost.
-RESULT_MESSAGE_BYTES = 1 << 20
-# Backpressure: while the results not yet sent come to more than this many bytes (an
-# estimate, ``_backlog_bytes``), the worker reads no more messages from its controller (the
-# controller's writes wait; it reads on, and the worker sends on), so a controller that
-# reads results slowly makes the worker wait instead of hold an unbounded backlog (~300 B
-# a result in memory). A few messages' worth: a burst of results (one message of many
-# actions) goes out at the stream's pace, and normal traffic (hundreds of bytes at a
-# time) never comes near it.
-RESULT_BACKLOG_BYTES = 4 * RESULT_MESSAGE_BYTES
-# answers to Hellos and InstanceUpdates (each a WorkerState, with every instance's name)
-# waiting to be sent: past this many the worker reads no more either (a controller that
-# sent updates and read nothing grew a worker with long names by ~20 MB an update)
-STATES_WAITING_MAX = 8
-_RESULT_BYTES = 64  # a result's fixed fields in a message, estimated (strings, tensors added)
-_TOLD_MAX = 64  # other controllers a session logs the refusal of (once each)
-BUILD_NOTE_S = 10.0  # while one package's kernels build, a line this often (a sign of life)
-_OFFSET = 0  # --clock-offset-ms: shifts this worker's clock (tests the controller's conversion)
-# LoadModelFromDisk's one answer for every path it will not load: outside the package
-# directory, missing or broken alike (the caller learns nothing about the worker's disk)
-PACKAGE_REFUSED = "cannot load package: no model package by that name in the worker's package directory"
-
-
-class PackageRefused(ValueError):
-    """A package reference the worker will not load (the reason goes to its own log)."""
-
-
-def now_ns() -> int:
-    return time.monotonic_ns() + _OFFSET
-
-
-def _is_package(p: Path) -> bool:
-    """Whether ``p`` holds a model package (its ``model.json``); False also where the path
-    cannot be looked at (a name too long for the file system, say)."""
-    try:
-        return (p / "model.json").exists()
-    except (OSError, ValueError):
-        return False
-
-
-
-def controller_disagreement(i: pb.Instance, p: ModelProfile) -> str:
-    """Why this worker's profile ``p`` cannot run instance ``i`` as the controller counts
-    it ("" if it can): other weights pages (the controller's view of the cache would be
-    wrong, its LOADs refused or the cache over-committed), or a batch size the controller
-    may send that ``p`` has no function for (each such INFER refused). A field the
-    controller left unset (0, empty) is not checked."""
-    if i.weights_pages and i.weights_pages != p.weights_pages:
-        return (f"its profile {i.profile!r} here needs {p.weights_pages} pages of weights, "
-                f"the controller's {i.weights_pages}")
-    lacking = sorted(set(i.batch_sizes) - set(p.batch_sizes))
-    if lacking:
-        return (f"its profile {i.profile!r} here has no batch size "
-                f"{', '.join(map(str, lacking))} (it has {', '.join(map(str, p.batch_sizes))}), "
-                "which the controller may send")
-    return ""
+now_ns = time.monotonic_ns
+# counter keys, made once (these run for every action, result and reply)
+_SENT_KEY = {t: f"{t.name.lower()}_sent" for t in ActionType}
+_RESULT_KEY = {t: (f"{t.name.lower()}_rejected", f"{t.name.lower()}_ok") for t in ActionType}
+_STATUS_NAME = {s: s.name.lower() for s in RequestStatus}
+_STATUS_KEY = {s: f"requests_{s.name.lower()}" for s in RequestStatus}
+LOG_FLUSH_S = 1.0  # --log-flush-s: a crash loses at most this much of the logs
+LOG_ROWS_PER_STEP = 256  # log rows formatted and written between turns of the event loop
+# at start, a worker whose gRPC server has not answered within SAY_WAITING_S: one line that
+# we wait for it (up to --connect-timeout)
+SAY_WAITING_S = 0.5
+# at start, when the look at which workers answer took all of --connect-timeout (some did
+# not), those that did still get this long for their Hellos
+HELLO_MIN_S = 5.0
+SERVER_OPTIONS = [*CHANNEL_OPTIONS, *LISTEN_OPTIONS, *keepalive.CLIENT_SERVER]
+# the model repository
+MAX_LOAD_COPIES = 1024  # instances one LoadModel call may make (a scenario or --models: sizes.MAX_COPIES)
+MAX_SERVED = MAX_INSTANCES  # instances served at once (--models, then loads)
+# an InstanceUpdate's answer is waited for while its worker is heard from (its echoes
+# every ECHO_S at least): the worker reads a new package on a thread, and answers once it
+# has, which takes from a fraction of a second (a cpu package) to minutes (a cuda
+# package's first kernel build); silent this long, it did not take the update
+UPDATE_TIMEOUT_S = 30.0
+# ... and however lively it is, no longer than links.UPDATE_MAX_S in all (one bound with
+# the Hello's wait)
+UNLOAD_WAIT_S = 60.0  # a load waits this long for an unload of the same names to finish
+UNLOADED_KEPT = 1000  # unloaded instances the index still lists (the newest ones)
+UNLOAD_POLL_S = 0.005  # how often an unload looks whether its copies and requests are gone
+NO_WORKER_FOR_REQUEST = ("no worker is available to serve the model (none is connected "
+                         "and answering); try again once a worker is back")
+NO_WORKER_FOR_LOAD = ("no worker is connected and answering to take the model (a load "
+                      "completes once a connected worker can serve it); nothing was loaded: "
+                      "try again once a worker is back")
+_COPY_SUFFIX = re.compile(r"(.+):([0-9]+)")
 
 
-class WorkerNode:
-    """The worker's state and its timer task. All methods run on one event loop."""
+HINT_NAMES = 3  # an unknown name's message: the closest names it lists
+HINT_WINDOW = 64  # ... chosen among this many on either side of it in name order
+HINT_ECHO = 130  # characters of the unknown name itself a message repeats
+UNKNOWN_SAID = 256  # unknown names whose messages are kept (ControllerNode.unknown_model)
 
-    cluster_auth: ClusterAuth | None = None  # the cluster secret (None: calls are not checked)
 
-    def __init__(self, gpus: int, pages: int | None, profiles: str | None = None,
-                 device: str = "emulated", noise: float = 0.0, seed: int = 0,
-                 packages: str | None = None, result_interval_us: float = 0.0,
-                 slow_prob: float = 0.0, slow_factor: float = 3.0) -> None:
-        if device not in DEVICES:
-            raise ValueError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
-        self.pset = load_profile_set(profiles or DEFAULT_PROFILES[device])
-        self.n_gpus = gpus
-        self.pages = int(pages or self.pset.weights_cache_pages)
-        self.device = device
-        self.noise = noise
-        self.seed = seed
-        self.slow = (slow_prob, slow_factor)
-        self.packages = Path(packages) if packages else Path("packages") / device
-        self.registered: dict[str, Path] = {}  # LoadModelFromDisk: name -> package path
-        self._looking: dict[str, Path | None] | None = None  # (``confined``'s memo)
-        self.worker_id = 0
-        self.instances: dict[str, ModelProfile] = {}
-        # instance name -> (its profile, the profile under its name): a Hello that names the
-        # same instances again (a reset, at thousands of instances) reuses them instead of
-        # making each anew, so the worker answers within the controller's probe timeout
-        self._renamed: dict[str, tuple[ModelProfile, ModelProfile]] = {}
-        self.executors: list[GpuExecutor] = []
-        self.real: list = []  # real devices, one per GPU
-        self._threads: list[tuple[ThreadPoolExecutor, ThreadPoolExecutor]] = []
-        self._inputs: dict[int, list[Tensor]] = {}  # INFER id -> its batch's inputs
-        self._want: set[int] = set()  # INFERs whose output tensors go back
-        self.result_interval_us = result_interval_us  # pacing of result messages
-        # paced results: by INFER id, when its answer is due (``ActionMsg.answer_by``);
-        # the soonest of those waiting in _out, less an interval (0: none); and when the
-        # session's writer, asleep, sends next (0: it is not, any result wakes it)
-        self._answer_by: dict[int, int] = {}
-        self._out_due = 0  # (time.monotonic_ns, as the pacer's)
-        self._send_at = 0
-        # results to send, in order: (Result, output tensors to send or None), or the
-        # ResultMsg answering a malformed action; ``_out_bytes``: their bytes, estimated
-        self._out: deque[tuple[Result, list[Tensor] | None] | pb.ResultMsg] = deque()
-        self._out_bytes = 0
-        self._out_ready = asyncio.Event()
-        self._room = asyncio.Event()  # set when _out_bytes <= RESULT_BACKLOG_BYTES
-        self._room.set()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self.wloop: WorkerLoop | None = None  # the driver (worker.loop); this node is its transport
-        self._complain = LogLimiter("worker")  # malformed messages from the controller
-        # instances it cannot serve, at most a line a second (a Hello of 5,000 of them
-        # printed 5,000 lines; the controller hears of each in the state's missing list)
-        self._cannot = LogLimiter("worker")
-        self._bad_package = LogLimiter("worker")  # (its own: not hidden by a burst above)
-        if device != "emulated":
-            if device == "cpu":
-                _check_host_memory(self.pages, gpus)
-            self.real = [_open_device(device, self.pages, g) for g in range(gpus)]
-            self._threads = [(ThreadPoolExecutor(1, f"exec{g}"), ThreadPoolExecutor(1, f"load{g}"))
-                             for g in range(gpus)]
-        self._reset({})
+def echo_name(name: object) -> str:
+    """``repr(name)`` cut to ``HINT_ECHO`` characters: a client's name, said back."""
+    s = repr(name)
+    return s if len(s) <= HINT_ECHO else s[:HINT_ECHO - 3] + "..."
 
-    # -- state ---------------------------------------------------------------------------
 
-    def _reset(self, instances: dict[str, ModelProfile], keep=()) -> None:
-        """Nothing in flight, and an empty weights cache but for ``keep``'s weights,
-        each (GPU, instance, version), where they are fully loaded."""
-        old = self.executors
-        self.instances = instances
-        self.executors = [
-            GpuExecutor(self.worker_id, g, self.pages, instances,
-                        self.real[g] if self.real else EmulatedDevice(self.noise, self.seed * 1000 + g,
-                                                                      *self.slow))
-            for g in range(self.n_gpus)
-        ]
-        kept = keep_weights(old, self.executors, keep, now_ns()) if keep else []
-        # EXECs still running free theirs later; a LOAD still running on a LOAD thread
-        # evicts its own weights when it ends (``_run_load``: its executor is gone), and
-        # one that ends meanwhile may evict them first (``drop``: no error then)
-        for g, dev in enumerate(self.real):
-            for name, m in list(dev.models.items()):
-                if m.pages is not None and not (kept and name in kept[g]):
-                    dev.drop(name)
-        if self.wloop is None:
-            self.wloop = WorkerLoop(self.worker_id, self.executors, self, real=bool(self.real))
-        else:
-            self.wloop.reset(self.worker_id, self.executors)
-        self._inputs = {}
-        self._want = set()
-        self._answer_by = {}
-        self._out_due = 0
-        self._out = deque()
-        self._out_bytes = 0
-        self._room.set()
+def closest_names(name: str, names: list[str], n: int = HINT_NAMES) -> list[str]:
+    """The few of ``names`` (sorted) closest to ``name`` (difflib's ratio), looked for
+    among the ``HINT_WINDOW`` names on either side of where ``name`` sorts (all of
+    them when there are few): a message names these, never every name, and finding
+    them takes the same few milliseconds however many names there are."""
+    import bisect
+    import difflib
 
-    def prepare_packages(self, stopped=lambda: False, built=lambda: None) -> None:
-        """Build the kernels of every package in the package directory on each device
-        that needs it (cuda: seconds of NVRTC a package, cached on disk), before the
-        worker serves: a Hello then registers instances at once. Says what it does on
-        stderr, a line a package and, while one package takes long (a real-size model's
-        first build: a minute or more), a line every ``BUILD_NOTE_S``. A package that will
-        not build is left to the Hello, which reports it missing. Stops early once
-        ``stopped()``; calls ``built()`` after each package built and with each of those
-        notes, from another thread (a sign of life for whoever waits for the worker to
-        listen: ``clockwork serve`` gives a child more time with each line it prints, a
-        Ray actor's wait with each call)."""
-        devices = [d for d in self.real if d.builds_kernels]
-        if not devices or not self.packages.is_dir():
-            return
-        found = sorted(p.parent for p in self.packages.glob("*/model.json"))
-        for k, path in enumerate(found, 1):
-            if stopped():
-                return
-            t0 = time.perf_counter()
-            done = threading.Event()
-            note = threading.Thread(target=_building_notes, daemon=True,
-                                    args=(done, f"{path.name} ({k}/{len(found)})", t0, built))
-            note.start()
+    if not isinstance(name, str) or not names:
+        return []
+    name = name[:HINT_ECHO]
+    if len(names) > 4 * HINT_WINDOW:
+        i = bisect.bisect_left(names, name)
+        names = names[max(0, i - HINT_WINDOW):i + HINT_WINDOW]
+    return difflib.get_close_matches(name, names, n=n, cutoff=0.6)
+
+
+def unknown_message(what: str, name: object, names: list[str], count: int,
+                    counted: str) -> str:
+    """``unknown model 'resnet5' (did you mean 'resnet50_v2'? 12 served)``: the name
+    said back (cut), the closest of ``names`` (sorted), and ``count`` -- bounded,
+    however many names there are."""
+    close = closest_names(name, names) if isinstance(name, str) else []
+    hint = f"did you mean {' or '.join(map(echo_name, close))}? " if close else ""
+    return f"{what} {echo_name(name)} ({hint}{count:,} {counted})"
+
+
+def server_options(limits: Limits) -> list[tuple[str, object]]:
+    """The client-facing gRPC server's options: ``SERVER_OPTIONS`` with the receive limit
+    of ``limits`` (``grpc_max_receive_bytes``)."""
+    own = limits.grpc_server_options()
+    keys = {k for k, _ in own}
+    return [(k, v) for k, v in SERVER_OPTIONS if k not in keys] + own
+
+
+def parse_models(spec: str | None, profiles: dict[str, ModelProfile]) -> dict[str, str]:
+    """``"resnet50_v2:4,vgg16"`` -> instance name -> profile name (copies named
+    ``m``, ``m:1``, ...). Empty: every profile of the set, one copy. Each item is checked
+    like a ``[[models]]`` entry; a bad one raises ``ValueError`` with one line."""
+    from clockwork.scenario import parse_value
+    from clockwork.settings import ModelEntry, SettingsError, validate
+
+    out: dict[str, str] = {}
+    if not spec:
+        return {m: m for m in sorted(profiles)}
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        name, colon, copies = part.partition(":")
+        entry = {"name": name.strip(), "copies": parse_value(copies.strip()) if colon else 1}
+        m = validate(ModelEntry, entry, where=f"--models {part}")
+        if m.name not in profiles:
+            close = closest_names(m.name, sorted(profiles), n=1)
+            hint = f" (did you mean {echo_name(close[0])}?)" if close else ""
+            raise SettingsError(f"--models {part}: no profile for model {m.name!r}{hint}; "
+                                f"known: {', '.join(sorted(profiles))}")
+        if len(out) + m.copies > MAX_SERVED:
+            raise SettingsError(f"--models {part}: at most {MAX_SERVED:,} instances in "
+                                f"all, got {len(out) + m.copies:,} with this item")
+        for k in range(m.copies):
+            inst = m.name if k == 0 else f"{m.name}:{k}"
+            if inst in out:
+                raise SettingsError(f"--models {part}: model instance {inst!r} is listed twice")
+            out[inst] = m.name
+    return out
+
+
+@dataclass
+class LoadedModel:
+    """What one load made: the instances of ``name`` (``name``, ``name:1``, ...) and the
+    parameters they were loaded with (a second identical load is a no-op)."""
+
+    profile: str
+    copies: int
+    package: str
+    instances: list[str]
+
+
+class ControllerNode(WorkerLinks):
+    """The controller's shell state. Construct, ``await start()``, serve, ``await stop()``."""
+
+    # the bounds on what clients may hold and send (controller/limits.py); cmd_controller
+    # sets them from --limit before the node starts
+    limits: Limits = Limits()
+
+    # the link to the workers: the cluster secret (None: no proofs either way) and TLS
+    # credentials to dial them with (None: plaintext), for gRPC and for their fast links
+    cluster_auth: ClusterAuth | None = None
+    insecure_no_auth: bool = False  # --insecure-no-auth: far workers without the secret too
+    worker_credentials: grpc.ChannelCredentials | None = None
+    worker_tls: ssl.SSLContext | None = None
+    _worker_refusals: Refusals | None = None
+
+    def __init__(self, workers: list[str], profiles: str = "v100-reference",
+                 models: str | None = None, policy: str = "clockwork",
+                 cfg: SchedulerConfig | None = None, connect_timeout: float = 30.0,
+                 log_dir: str | None = None, action_interval_us: float = 0.0,
+                 reply_interval_us: float = 0.0, settings: dict | None = None,
+                 log_flush_s: float = LOG_FLUSH_S, log_format: str = "tsv",
+                 adopt_weights: bool = True) -> None:
+        self.pset = load_profile_set(profiles)
+        self.log_flush_s = log_flush_s
+        # stream pacing (clockwork.protocol.pacing): per worker action stream, per client stream
+        self.action_interval_us = action_interval_us
+        self._action_interval = round(action_interval_us * 1000)  # ns (0: not paced)
+        self.reply_interval_us = reply_interval_us
+        # instance -> profile name: every instance the workers are told of (served, loading,
+        # unloading); ``profiles``: those that take requests (and unloading ones whose
+        # last requests still run), as ModelProfiles named after the instance
+        self.instances = parse_models(models, self.pset.profiles)
+        self._hello_list: tuple[tuple, bytes] | None = None  # (instances, packages), encoded
+        self.profiles = {i: self.pset.profiles[m].renamed(i) for i, m in self.instances.items()}
+        # the model repository: models as loaded (at start or by load_model), instances
+        # being loaded / unloaded, instances unloaded (the index lists them UNAVAILABLE)
+        self.loaded: dict[str, LoadedModel] = {}
+        for i, m in self.instances.items():
+            g = self.loaded.setdefault(_group_name(i), LoadedModel(m, 0, "", []))
+            g.copies += 1
+            g.instances.append(i)
+        self._names_served: list[str] | None = None  # sorted(self.loaded), made when asked
+        self._largest: tuple[list, int] = ([], 0)  # (the links' states, largest_cache())
+        # unknown_model's messages while _names_served and the count served stay the same:
+        # (that list, the count, name -> message)
+        self._unknown_said: tuple[list | None, int, dict[str, str]] = (None, -1, {})
+        self.packages: dict[str, str] = {}  # instance -> its package (load_model's package)
+        self.loading: set[str] = set()
+        self.unloading: set[str] = set()
+        self.unloaded: dict[str, str] = {}  # instance -> the profile it had
+        # loads and unloads of one model (a name and its copies' names) one at a time, in
+        # the order they came; of different models side by side (a load may wait up to
+        # UPDATE_MAX_S for a worker it hears from: an unload of another model must not wait)
+        self._model_locks: dict[str, list] = {}  # model -> [its asyncio.Lock, users]
+        self._update_seq = 0
+        self._unloads: set[asyncio.Task] = set()
+        self.policy_name = policy
+        # at start, take over the weights the workers still hold (a controller restarted
+        # on running workers) instead of emptying their caches, if the policy can
+        self.adopt_weights = adopt_weights and policy_class(policy).adopts_weights
+        self.cfg = cfg or SchedulerConfig()
+        self.settings = settings or {}  # the policy's own settings (baselines)
+        self.connect_timeout = connect_timeout
+        # who we are to the workers (Hello.controller_id, Hello.controller): the id tells
+        # our own reconnection from another controller's Connect; the words name us in a
+        # worker's refusal of another controller (serve_controller adds our port)
+        self.controller_id = new_controller_id()
+        self.label = controller_label()
+        self.links = [WorkerLink(i, _canonical(a)) for i, a in enumerate(workers)]
+        self._add_lock = asyncio.Lock()  # workers joining at run time, one at a time
+        # listed workers that did not answer at start: address -> the task that adds it
+        # once it answers (/readyz is 503 meanwhile)
+        self.awaited: dict[str, asyncio.Future] = {}
+        self.answered_at_stop = 0  # requests still waiting when it stopped (ERROR shutdown)
+        self.ctrl: ControllerLoop | None = None
+        self.policy: Policy | None = None
+        self.gpu_index: dict[tuple[int, int], int] = {}
+        self.pending: dict[int, Request] = {}  # request id -> Request (not yet answered)
+        self.next_id = 1
+        self.counters: dict[str, int] = {}
+        self.gate = Gate(self)  # requests outstanding, in all and per connection
+        self._bad_worker_msg = LogLimiter("controller")
+        self._log_error = LogLimiter("controller")
+        self._tick_handle: asyncio.TimerHandle | None = None
+        self._stopping = False
+        self._stops: set[asyncio.Future] = set()  # waits that end when the controller stops
+        # the open streams' "the controller stops" callbacks (intake.serve_stream, the
+        # KServe stream): each stops reading, sends what is answered and ends its call
+        self.stream_closers: set = set()
+        self._no_worker = False  # set by submit_many: no worker available to admit to
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.metrics = ControllerMetrics(self)
+        self.log_dir = log_dir  # requests.tsv / actions.tsv like the simulator's, at stop
+        self.telemetry = None
+        self._log_steps = None  # a periodic log flush under way (Telemetry.flush_steps)
+        if log_dir:
+            import tempfile
+            from pathlib import Path
+
+            from clockwork.telemetry import Telemetry
+
+            try:  # a log folder we cannot write is said now, not at the first flush or stop
+                Path(log_dir).mkdir(parents=True, exist_ok=True)
+                # (a file made and gone: os.access says yes to root where nothing can be
+                # made, in /proc say)
+                with tempfile.TemporaryFile(dir=log_dir):
+                    pass
+                # npz logs are written once, at stop: until then the rows wait in column
+                # files in log_dir (memory stays flat however long the controller runs)
+                # (rows converted LOG_ROWS_PER_STEP at a time, a short hold of the loop each)
+                self.telemetry = Telemetry(now_ns(), log_format,
+                                           spill_dir=log_dir if log_format == "npz" else None,
+                                           buffer_rows=LOG_ROWS_PER_STEP)
+            except OSError as e:
+                raise ValueError(f"--log-dir {log_dir}: cannot make a file there "
+                                 f"({e.strerror or e})") from None
+
+    def write_logs(self, final: bool = False) -> None:
+        """TSV logs: append the request/action rows since the last call to ``log_dir``'s
+        logs. npz logs: written once, when ``final`` (at stop)."""
+        if self.telemetry is not None:
+            from pathlib import Path
             try:
-                for dev in devices:
-                    dev.prepare(path)
-            except Exception as e:  # noqa: BLE001 - not a package for this device, say
-                done.set()
-                note.join()  # (its last note before this line)
-                print(f"worker: package {path.name} not prepared: {e}", file=sys.stderr,
-                      flush=True)
-                continue
-            finally:
-                done.set()
-                note.join()
-            print(f"worker: kernels of {path.name} ready ({k}/{len(found)}, "
-                  f"{time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
-            built()
-
-    def confined(self, ref: str) -> Path | None:
-        """Package reference ``ref`` (a name, or a path) as a directory inside the package
-        directory (``--packages``), resolved; None if it is anywhere else: a ``..`` part,
-        an absolute path outside, or a symbolic link that leads out. Within one Hello
-        or InstanceUpdate each reference is resolved once (``_looking``)."""
-        memo = self._looking
-        if memo is not None:
-            if ref not in memo:
-                self._looking = None
-                try:
-                    memo[ref] = self.confined(ref)
-                finally:
-                    self._looking = memo
-            return memo[ref]
-        try:
-            root = self.packages.resolve()
-            p = Path(ref)
-            if not ref or ".." in p.parts:
-                return None
-            p = (p if p.is_absolute() else root / p).resolve()
-        except (OSError, ValueError, RuntimeError):  # a NUL byte, a symlink loop
-            return None
-        return p if p != root and p.is_relative_to(root) else None
-
-    def package_for(self, name: str, profile: str, explicit: str = "",
-                    say: bool = True) -> Path | None:
-        """Where instance ``name`` (of ``profile``) has its model package, if anywhere
-        (always inside the package directory); ``say``: why not, on stderr."""
-        own = self.confined(explicit) if explicit else None
-        if explicit and (own is None or not _is_package(own)):
-            # a package named for it: that one, or none (never another)
-            if say:
-                why = (f"package {explicit!r} is not inside the package directory"
-                       if own is None else
-                       f"no model package {explicit!r} in the package directory")
-                print(f"worker: instance {name}: {why} {self.packages}; refused",
+                if self._log_steps is not None:  # a periodic flush stopped midway: its rows
+                    for _ in self._log_steps:
+                        pass
+                self.telemetry.flush(Path(self.log_dir), final=final)
+            except OSError as e:  # (as in _flush_logs: whole rows kept, these lost)
+                self.count("log_flush_errors")
+                print(f"controller: writing the logs in {self.log_dir} failed ({e})",
                       file=sys.stderr, flush=True)
-            return None
-        if own is not None:
-            return own
-        for p in (self.registered.get(name), self.registered.get(profile),
-                  self.confined(profile)):
-            if p is not None and _is_package(p):
-                return p
-        return None
+            finally:
+                self._log_steps = None
+            if final:
+                if self.telemetry.spill_error is not None:
+                    print(f"controller: log rows stopped going to files in {self.log_dir} "
+                          f"({self.telemetry.spill_error}); the rest were kept in memory",
+                          file=sys.stderr, flush=True)
+                self.telemetry.close()  # (npz: the rows' column files go)
 
-    def unprepared(self, instances) -> list[Path]:
-        """The packages of ``instances`` (a Hello's or an InstanceUpdate's) that some real
-        device has not made ready yet (``prepare``): made on a thread before the message
-        is applied, so that the event loop keeps running the other models' actions
-        meanwhile (a real-size package's library and weights take a while to read; a
-        cuda package's kernels, when not built at start, seconds)."""
-        if not self.real:
-            return []
-        out: list[Path] = []
-        outer, self._looking = self._looking, {}
-        try:
-            for i in instances:
-                path = self.package_for(i.name, i.profile, i.package, say=False)
-                if path is not None and path not in out and \
-                        not all(dev.prepared(path) for dev in self.real):
-                    out.append(path)
+    async def _flush_logs(self) -> None:
+        """With --log-dir: write the logs out every ``log_flush_s`` (memory stays flat; a
+        crash loses at most that much), in steps of ``LOG_ROWS_PER_STEP`` rows with the
+        loop free between them: at a few thousand requests per second, one second's rows
+        took 10-15 ms to format, and every request and worker waited meanwhile."""
+        from pathlib import Path
+        while True:
+            await asyncio.sleep(self.log_flush_s)
+            self._log_steps = self.telemetry.flush_steps(Path(self.log_dir),
+                                                         rows_per_step=LOG_ROWS_PER_STEP)
+            try:
+                for _ in self._log_steps:
+                    await asyncio.sleep(0)
+            except OSError as e:  # a full disk, the folder gone: this flush's rows are lost,
+                # the files still end with whole rows, and the next flush tries again
+                self.count("log_flush_errors")
+                self._log_error(f"writing the logs in {self.log_dir} failed ({e}); this "
+                                f"flush's rows are lost, the next one tries again")
+            self._log_steps = None
+
+    def count(self, key: str, n: int = 1) -> None:
+        self.counters[key] = self.counters.get(key, 0) + n
+
+    # ------------------------------------------------------------------ workers
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + self.connect_timeout
+        seen: dict[tuple[str, int], WorkerLink] = {}
+        for link in self.links:  # one worker listed twice would be taken back and forth
+            link.endpoints = await _endpoints(link.address)
+            for ep in link.endpoints:
+                if seen.setdefault(ep, link) is not link:
+                    raise ValueError(f"workers {seen[ep].address} and {link.address} are one "
+                                     f"listener ({ep[0]} port {ep[1]}): list each worker once")
+        said = asyncio.ensure_future(self._say_waiting())
+        try:  # first whether each answers at all (no Hello yet: the indices may change)
+            lasts = await asyncio.gather(*(self._reach(link, deadline) for link in self.links))
         finally:
-            self._looking = outer
-        return out
+            said.cancel()
+        left = [(lk, last) for lk, last in zip(self.links, lasts, strict=True) if last is not None]
+        if len(left) == len(self.links):
+            raise await self._unreached(left[0][0], left[0][1], "--connect-timeout")
+        # one that does not answer (stopped, hung, down) is left out, and added once it
+        # answers (_join_later): it kept the whole cluster from starting
+        whys = list(zip([lk.address for lk, _ in left], await asyncio.gather(
+            *(self._why_unreached(lk, last) for lk, last in left)), strict=True))
+        if left:
+            self.links[:] = [lk for lk, last in zip(self.links, lasts, strict=True)
+                             if last is None]
+            for i, lk in enumerate(self.links):
+                lk.index = i
+        # then each one that answered takes its Hello, within what is left of the wait
+        # (a few seconds at least, when the look at the others took it all)
+        deadline = max(deadline, time.monotonic() + HELLO_MIN_S)
+        await asyncio.gather(*(self._connect(link, deadline, "--connect-timeout")
+                               for link in self.links))
+        specs = []
+        for link in self.links:
+            for g in link.state.gpus:
+                self.gpu_index[(link.index, g.gpu)] = len(specs)
+                specs.append(GpuSpec(link.index, g.gpu, g.pages))
+        self.policy = make_policy(self.policy_name, list(self.profiles.values()), specs, self.cfg,
+                                  self.settings)
+        self.ctrl = ControllerLoop(self.policy, self, specs, self.telemetry, observer=self,
+                                   liveness=Liveness.of(self.cfg))
+        if whys and type(self.policy).add_gpu is Policy.add_gpu:  # (it could never join)
+            raise ConnectionError(f"cannot reach worker {whys[0][0]} within --connect-timeout "
+                                  f"{self.connect_timeout:g} s ({whys[0][1]}), and policy "
+                                  f"{self.policy_name} cannot add it later")
+        for address, why in whys:
+            self.awaited[address] = asyncio.ensure_future(self._join_later(address, why))
+        if self.adopt_weights:
+            for link in self.links:
+                self._adopt(link)
+        self._say_unfit()
+        for link in self.links:
+            self._start_link_tasks(link)
 
-    def prepare_paths(self, paths: list[Path]) -> None:
-        """``prepare`` each package on every real device (on a thread). A package that
-        fails is left alone: registering it fails again, and says so."""
-        for path in paths:
-            for dev in self.real:
-                try:
-                    dev.prepare(path)
-                except Exception:  # noqa: BLE001 - reported when it is registered
-                    break
+    def largest_cache(self) -> int:
+        """Pages of the largest GPU weights cache of the workers (0 before any answered);
+        kept while no worker's state changes (a repository index asks it per name)."""
+        states, (seen, pages) = [lk.state for lk in self.links], self._largest
+        if len(states) != len(seen) or any(a is not b for a, b in zip(states, seen, strict=True)):
+            pages = max((g.pages for st in states if st for g in st.gpus), default=0)
+            self._largest = (states, pages)  # (the states held: each one's identity)
+        return pages
 
-    async def read_packages(self, paths: list[Path]) -> None:
-        """``prepare_paths`` on a thread (the event loop runs on meanwhile); nothing to
-        do for no paths."""
-        if paths:
-            await asyncio.to_thread(self.prepare_paths, paths)
+    def unfit(self, name: str) -> str:
+        """Why model instance ``name`` fits on no GPU ("" if one can hold it): its requests
+        are answered ERROR, and it is not ready."""
+        p, biggest = self.profiles.get(name), self.largest_cache()
+        if p is None or p.weights_pages <= biggest:
+            return ""
+        return (f"fits on no GPU: needs {p.weights_pages:,} pages of weights cache, the "
+                f"largest has {biggest:,}")
 
-    def _elsewhere(self, name: str, path: Path | None) -> bool:
-        """Whether instance ``name`` is registered on a real device with a package other
-        than the one at ``path``."""
-        for dev in self.real:
-            m = dev.models.get(name)
-            if m is not None and m.package is not dev.packages.get(path):
-                try:
-                    if path is None or Path(m.package.path).resolve() != path.resolve():
-                        return True
-                except (OSError, RuntimeError):
-                    return True
-        return False
-
-    def _meta(self, path: Path) -> dict:
-        """The package's meta: as a real device read it (``prepare``), else read now."""
-        for dev in self.real:
-            pkg = dev.packages.get(path)
-            if pkg is not None:
-                return pkg.meta
-        from clockwork.models.package import read_package
-
-        return read_package(path)
-
-    def _register(self, name: str, path: Path) -> None:
-        for dev in self.real:
-            if name not in dev.models:
-                dev.register(name, path)
-
-    def load_from_disk(self, name: str, path: str) -> pb.LoadModelFromDiskResponse:
-        """LoadModelFromDisk: check the package, remember it under ``name``."""
-        from clockwork.models.package import read_package
-
-        p = self.confined(path)
-        try:
-            if p is None:
-                raise PackageRefused(f"not inside the package directory {self.packages}")
-            meta = read_package(p)  # raises on a missing or broken package
-        except Exception as e:  # noqa: BLE001 - one answer for every refusal (no path oracle)
-            print(f"worker: LoadModelFromDisk {path!r} refused: {e}", file=sys.stderr,
+    def _say_unfit(self) -> None:
+        """At start, one line naming the models no GPU can hold (each answered ERROR, not
+        ready), so that the operator hears of it before their clients do."""
+        unfit = sorted((p.weights_pages, i) for i, p in self.profiles.items()
+                       if self.unfit(i))
+        if unfit:
+            biggest = self.largest_cache()
+            names = ", ".join(f"{i} ({n:,} pages)" for n, i in unfit[:5])
+            more = f" and {len(unfit) - 5} more" if len(unfit) > 5 else ""
+            print(f"controller: warning: {len(unfit)} model instance(s) fit on no GPU (the "
+                  f"largest weights cache has {biggest:,} pages): {names}{more}; their "
+                  "requests are answered ERROR and they are not ready", file=sys.stderr,
                   flush=True)
-            raise PackageRefused(PACKAGE_REFUSED) from None
-        if self.device == "emulated":
-            raise ValueError("the emulated device runs profiles, not packages "
-                             "(start the worker with --device cpu)")
-        self.registered[name] = p
-        prof = self.pset.find(name) or self.pset.find(meta.get("model", ""))
-        info = pb.ModelInfo(
-            name=name, profile=str(meta.get("model", name)),
-            inputs=[pb.TensorSpec(name=t["name"], shape=t["shape"], dtype=t["dtype"])
-                    for t in meta["inputs"]],
-            outputs=[pb.TensorSpec(name=t["name"], shape=t["shape"], dtype=t["dtype"])
-                     for t in meta["outputs"]],
-            batch_sizes=sorted(int(b) for b in meta["functions"]),
-            weights_pages=int(meta["weights_pages"]))
-        pj = p / "profile.json"
-        if pj.exists():
-            text = pj.read_text()
-        else:
-            text = orjson.dumps(prof.to_json()).decode() if prof is not None else ""
-        return pb.LoadModelFromDiskResponse(model=info, profile_json=text)
 
-    def _instance(self, i: pb.Instance) -> ModelProfile | None:
-        """The profile instance ``i`` runs with (its package registered on a real device);
-        None if this worker cannot serve it (no such profile, no package, a broken one)."""
-        p = self.pset.find(i.profile)  # (one profiled since the worker started too)
-        path = self.package_for(i.name, i.profile, i.package) if self.real else None
-        if p is None or (self.real and path is None):
-            return None
-        why = controller_disagreement(i, p)
-        if why:
-            self._cannot(f"cannot serve {_cut(i.name)}: {why}")
-            return None
-        made = self._renamed.get(i.name)
-        if (made is not None and made[0] is not p) or self._elsewhere(i.name, path):
-            # the name now runs another model, or another package (either since this
-            # session's Hello, or since an earlier Hello that no longer named it)
-            for dev in self.real:
-                dev.unregister(i.name)  # (its weights evicted), registered anew below
-            made = None  # (new figures: a reset keeps none of the old weights for it)
-        if path is not None:
-            try:
-                from clockwork.models.package import profile_disagreement
+    async def _say_waiting(self) -> None:
+        """At start, ``SAY_WAITING_S`` in: one line naming the workers whose gRPC server
+        has not answered yet, if any, and how long we wait for them (a worker another
+        controller holds has answered: ``_held`` says why we wait)."""
+        await asyncio.sleep(SAY_WAITING_S)
+        quiet = [lk.address for lk in self.links if not lk.reached]
+        if not quiet:
+            return
+        names = ", ".join(quiet[:5]) + (f" and {len(quiet) - 5} more" if len(quiet) > 5
+                                        else "")
+        who = (f"worker {names} is" if len(quiet) == 1 else f"workers {names} are")
+        them = "it" if len(quiet) == 1 else "them"
+        print(f"controller: {who} not answering yet; waiting up to "
+              f"{self.connect_timeout:g} s for {them} (--connect-timeout)", file=sys.stderr,
+              flush=True)
 
-                why = profile_disagreement(self._meta(path), p)
-                if why:
-                    raise ValueError(f"it does not match profile {i.profile!r}: {why}")
-                self._register(i.name, path)
-            except Exception as e:  # noqa: BLE001 - a broken package: report it missing
-                self._bad_package(f"cannot load package {path} for {_cut(i.name)}: {e}")
-                return None
-        if made is not None and made[0] is p:
-            return made[1]  # a Hello again (a reset): the same figures, made before
-        r = p.renamed(i.name)
-        self._renamed[i.name] = (p, r)
-        return r
+    # ------------------------------------------------------------------ events
 
-    def hello(self, h: pb.Hello) -> pb.WorkerState:
-        self._looking = {}  # (thousands of instances name a few packages)
-        try:
-            return self._hello(h)
-        finally:
-            self._looking = None
 
-    def _hello(self, h: pb.Hello) -> pb.WorkerState:
-        self.worker_id = h.worker_id
-        inst: dict[str, ModelProfile] = {}
-        missing = []
-        for i in h.instances:
-            p = self._instance(i)
-            if p is None:
-                missing.append(i.name)
-            else:
-                inst[i.name] = p
-        self._renamed = {name: self._renamed[name] for name in inst}  # only the current ones
-        if h.reset or not self.executors or inst.keys() != self.instances.keys():
-            # adopt: every weights cached (``_reset`` keeps those fully loaded, for
-            # instances that still run the same model)
-            self._reset(inst, held_weights(self.executors) if h.adopt else
-                        [(k.gpu, k.model, k.version) for k in h.keep])
-        return self.state(missing)
+    # -- the ControllerLoop's transport (controller.loop.ControllerTransport) and observer
 
-    def update(self, u: pb.InstanceUpdate) -> pb.WorkerState:
-        """InstanceUpdate: instances leave (their cached weights, if any, are dropped, and
-        their actions still queued answered ``UNKNOWN_MODEL``) and join, without touching
-        anything else; the state answers it (``missing``: those it could not add)."""
-        now = now_ns()
-        for name in u.remove:
-            self._renamed.pop(name, None)
-            if self.instances.pop(name, None) is None:
-                continue
-            self.wloop.forget(name, now)  # its queued actions answered UNKNOWN_MODEL
-            for dev in self.real:
-                dev.unregister(name)
-        missing = []
-        for i in u.add:
-            if i.name in self.instances:  # another profile under an old name: replace it
-                self.wloop.forget(i.name, now)
-                for dev in self.real:
-                    dev.unregister(i.name)
-            p = self._instance(i)
-            if p is None:
-                self.instances.pop(i.name, None)
-                missing.append(i.name)
-            else:
-                self.instances[i.name] = p  # the executors share this dict
-        st = self.state(missing)
-        st.update_seq = u.seq
-        return st
 
-    def state(self, missing: list[str] | None = None) -> pb.WorkerState:
-        return pb.WorkerState(
-            device=self.device, profiles=self.pset.name,
-            profile_names=sorted(self.pset.profiles),
-            gpus=[pb.GpuState(gpu=e.gpu, pages=e.total_pages, pages_used=e.pages_used,
-                              loaded=(names := e.loaded_models()),
-                              versions=[e.weights[n].version for n in names])
-                  for e in self.executors],
-            missing=missing or [], worker_time=now_ns())
-
-    # -- actions -------------------------------------------------------------------------
-
-    def submit(self, batch: pb.ActionBatch, tail=None) -> None:
-        """A batch of actions from the controller; ``tail``: its frame's attachments (the
-        fast link), the inputs' bytes. An action that cannot be decoded (an unknown
-        type, unreadable inputs: ``WireError``) is answered at once with
-        ``INVALID_INPUT`` and the rest run as usual; attachments that do not add up make
-        every action of the batch such a one."""
-        now = now_ns()
-        real = bool(self.real)
-        actions = []
-        bad: list[pb.ResultMsg] = []
-        cuts, whole = cut_attachments(batch.actions, tail)
-        for i, m in enumerate(batch.actions):
-            try:
-                if whole is not None:
-                    raise whole
-                a = msg_to_action(m, self.worker_id)
-                inputs = (msgs_to_tensors(m.inputs, cuts[i] if cuts else None)
-                          if real and m.inputs else None)
-            except WireError as e:
-                self._complain(f"malformed action {m.id} answered INVALID_INPUT: {e}")
-                bad.append(pb.ResultMsg(id=m.id, type=m.type, status=ErrorCode.INVALID_INPUT,
-                                        gpu=m.gpu, model=m.model, batch_size=m.batch_size,
-                                        received=now, begin=now, end=now,
-                                        message=f"malformed action: {e}"))
-                continue
-            if a.type == ActionType.INFER:  # (only an INFER's result takes them back:
-                # kept for a LOAD or EVICT they were held until the next reset)
-                if m.want_outputs:
-                    self._want.add(a.id)
-                if m.answer_by and self.result_interval_us:
-                    self._answer_by[a.id] = m.answer_by
-                if inputs:
-                    self._inputs[a.id] = inputs
-            actions.append(a)
-        if bad:
-            self._out.extend(bad)
-            self._out_bytes += sum(_backlog_bytes(b) for b in bad)
-            self._out_ready.set()
-        self.wloop.submit(actions, now)
-
-    # -- the WorkerLoop's transport (worker.loop.WorkerTransport) -------------------------
-
-    def results(self, results: list[Result]) -> None:
-        if self.real:
-            self._evicted(results)
-        self._emit(results)
-
-    def run(self, e: GpuExecutor, a) -> None:
-        """Hand an action the executor started open to its GPU's EXEC / LOAD thread."""
-        loop = asyncio.get_running_loop()
-        dev = self.real[e.gpu]
-        ex, ld = self._threads[e.gpu]
-        if a.type == ActionType.INFER:
-            ex.submit(self._run_infer, loop, e, dev, a, self._inputs.pop(a.id, None))
-        else:
-            ld.submit(self._run_load, loop, e, dev, a)
+    def answer(self, replies: list[Reply]) -> None:
+        self._answer(replies)
 
     def arm(self, at: int) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        loop = self._loop or asyncio.get_running_loop()
-        self._timer = loop.call_later(max(0.0, (at - now_ns()) / 1e9), self._on_timer)
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+        self._tick_handle = self.loop.call_later(max(0.0, (at - now_ns()) / 1e9), self._on_tick)
 
-    def _on_timer(self) -> None:
-        self._timer = None
-        self.wloop.timer(now_ns())
+    def _on_tick(self) -> None:
+        self._tick_handle = None
+        if not self._stopping:
+            self.ctrl.tick(now_ns())
 
-    # -- real devices ----------------------------------------------------------------------
+    def sent(self, a: Action) -> None:
+        self.count(_SENT_KEY[a.type])
+        self.metrics.action_sent(a.type.name)
 
-    def _evicted(self, results: list[Result]) -> None:
-        for r in results:
-            if r.type == ActionType.EVICT and r.status == ErrorCode.SUCCESS:
-                self.real[r.gpu].evict(r.model)
-            elif r.type == ActionType.INFER:
-                self._inputs.pop(r.id, None)
+    def result(self, a: Action | None, r: Result) -> None:
+        """An action's result; ``a`` None: one the loop failed itself (its worker lost or
+        suspect), counted as a rejected one too, as /metrics and the action log count it
+        (the Stats counters behind a live replay's summary left them out)."""
+        self.count(_RESULT_KEY[r.type][r.status == ErrorCode.SUCCESS])
+        self.metrics.result(a, r)
 
-    def _run_infer(self, loop, e: GpuExecutor, dev, a, inputs) -> None:
-        """EXEC thread: INPUT copy, EXEC, OUTPUT copy; times measured here."""
-        from worker.devices.base import DeviceError
+    def unknown(self, worker: int, r: Result) -> None:
+        self.count("results_unknown")
 
-        t0 = now_ns()
-        status, message, exec_ns, outs = ErrorCode.SUCCESS, "", None, None
-        try:
-            arr = inputs[0].array if inputs else None  # a view over the received bytes
-            out, exec_ns = dev.infer(a.model, arr, a.batch_size)
-            prof = self.instances.get(a.model)
-            specs = prof.outputs if prof is not None else []
-            outs = [Tensor.of(specs[k].name if k < len(specs) else f"output{k}", o)
-                    for k, o in enumerate(out if isinstance(out, list) else [out])]
-        except DeviceError as err:  # each device error carries the code to answer with
-            status, message = err.code, str(err)
-        except Exception as err:  # noqa: BLE001 - a failed EXEC must still be answered
-            status, message = ErrorCode.INVALID_INPUT, f"EXEC failed: {err!r}"
-        t1 = now_ns()
-        loop.call_soon_threadsafe(self._completed, e, a.id, t0, t1, status, message, exec_ns, outs)
+    def suspect(self, worker: int, failed: int, reason: str = "") -> None:
+        self.count("worker_suspects")
+        print(f"controller: worker {self.links[worker].address} is suspect "
+              f"({reason or 'no answer to a probe'}); "
+              f"{failed} action(s) failed", file=sys.stderr, flush=True)
 
-    def _run_load(self, loop, e: GpuExecutor, dev, a) -> None:
-        from worker.devices.base import DeviceError
-        from worker.memory import ArenaError
+    def readmitted(self, worker: int) -> None:
+        self.count("worker_readmissions")
 
-        t0 = now_ns()
-        status, message = ErrorCode.SUCCESS, ""
-        try:
-            dev.load(a.model)
-            if self.executors[e.gpu] is not e:
-                # a reset replaced the executor that asked for these weights while they
-                # loaded: the executors after it do not hold them (the reset evicted only
-                # what was loaded then), so they leave the device now (a LOAD of the new
-                # executors runs after this one, on this thread). (A reset after this
-                # check finds them loaded and evicts them itself.)
-                dev.drop(a.model)
-        except DeviceError as err:  # each device error carries the code to answer with
-            status, message = err.code, str(err)
-        except ArenaError as err:
-            status, message = ErrorCode.LOAD_INSUFFICIENT_CACHE, str(err)
-        except Exception as err:  # noqa: BLE001
-            status, message = ErrorCode.LOAD_INSUFFICIENT_CACHE, f"LOAD failed: {err!r}"
-        t1 = now_ns()
-        loop.call_soon_threadsafe(self._completed, e, a.id, t0, t1, status, message, None, None)
-
-    def _completed(self, e: GpuExecutor, aid: int, t0: int, t1: int, status: ErrorCode,
-                   message: str, duration: int | None, outs) -> None:
-        """A device thread finished an action (its work from ``t0`` to ``t1``). The result
-        says the lane was held from when the executor started the action to now, when
-        the executor hears of its end and can start the next: the hand-over to the
-        thread and back belongs to the lane as much as the work does, and the controller
-        predicts the lane from these times (a GPU's small models on the host's event
-        loop: the hand-overs were as long as the work). ``duration`` stays the device's
-        own figure (the work alone, ``t1 - t0`` where the device gives none)."""
-        self.wloop.complete(e, aid, now_ns(), status, message,
-                            t1 - t0 if duration is None else duration, outs)
-
-    def _emit(self, results: list[Result]) -> None:
-        if not results:
+    def log_refused(self, model: str, slo_ms: float, status: RequestStatus,
+                    now: int | None = None, rid: int | None = None) -> None:
+        """A request answered at once, without the scheduler (invalid, no worker,
+        overloaded, the controller stopping): its row in the request log (``--log-dir``),
+        as every request the scheduler answers has one (latency 0, GPU -1; a model not
+        served is logged as ""). ``rid``: its id (None: one is taken)."""
+        tel = self.telemetry
+        if tel is None:
             return
-        want = self._want
-        out = self._out
-        by = self._answer_by
-        urgent = 0  # the soonest a result here must go (0: none is in a hurry)
-        size = 0
-        for r in results:
-            outs = None
-            if r.type == ActionType.INFER:
-                if r.id in want:
-                    want.discard(r.id)
-                    if r.status == ErrorCode.SUCCESS:
-                        # a real device's output Tensors; the emulated device has none and
-                        # sends none (the controller answers zeros of the output shapes)
-                        outs = r.outputs
-                if by:
-                    due = by.pop(r.id, 0)
-                    if due and r.status == ErrorCode.SUCCESS and (not urgent or due < urgent):
-                        urgent = due
-            item = (r, outs or None)  # a message when sent: outputs in it or attached
-            out.append(item)
-            size += _backlog_bytes(item)
-        self._out_bytes += size
-        if urgent:
-            if now_ns() < urgent:  # (past its deadline already: no hurry)
-                # due one interval before it, on the pacer's clock (the worker's clock
-                # less --clock-offset-ms)
-                urgent -= _OFFSET + round(self.result_interval_us * 1000)
-                if not self._out_due or urgent < self._out_due:
-                    self._out_due = urgent
-            else:
-                urgent = 0
-        # (a writer asleep until its next slot is woken only by a result due before it)
-        if not self._send_at or (urgent and urgent < self._send_at):
-            self._out_ready.set()
+        if rid is None:
+            rid = self.next_id
+            self.next_id += 1
+        now = now_ns() if now is None else now
+        slo = (max(1, ms(slo_ms)) if isinstance(slo_ms, float | int) and 0 < slo_ms <= MAX_SLO_MS
+               else self.cfg.default_slo)
+        tel.reply(Reply(Request(rid, model if model in self.profiles else "", now, slo),
+                        status, now))
 
-    def take_message(self, attach: list | None = None) -> pb.WorkerMessage | None:
-        """The next results ready to send as one message (None: none), built in place,
-        with their output tensors: in the message, or (a list ``attach``, the fast link)
-        as attachments, the device's buffers. In order, as many as fit in
-        ``RESULT_MESSAGE_BYTES`` (at least one); the rest wait for the next call."""
-        out = self._out
-        if not out:
-            self._out_ready.clear()
-            self._out_due = 0
+    def _answer(self, replies: list[Reply]) -> None:
+        pending = self.pending
+        metrics, tel = self.metrics, self.telemetry
+        for rep in replies:
+            r = rep.request
+            if pending.pop(r.id, None) is None:
+                self.count("replies_duplicate")
+                continue
+            status = _STATUS_NAME[rep.status]
+            self.count(_STATUS_KEY[rep.status])
+            metrics.answered(rep, status)
+            if tel is not None:
+                r.slo = r.slo or self.cfg.default_slo
+                tel.reply(rep)
+            try:
+                resp = self._response(rep, r)
+            except Exception as e:  # noqa: BLE001 - a bug: still one answer, ERROR
+                self.count("replies_bad_answer")
+                print(f"controller: building the answer to request {r.id} failed: {e!r}",
+                      file=sys.stderr, flush=True)
+                msg = "internal error"
+                resp = (Answer(RequestStatus.ERROR, msg, gpu=rep.gpu) if r.typed
+                        else pb.InferResponse(status=RequestStatus.ERROR, message=msg,
+                                              gpu=rep.gpu))
+            r.tag(resp)
+            r.tag = r.inputs = None  # answered: whatever still holds it holds no tensors
+
+    def _response(self, rep: Reply, r: Request):
+        """The answer to deliver: a ``pb.InferResponse``, or an ``Answer`` for a typed
+        request (KServe), with the request's output rows (views into the batch's outputs,
+        no copy; zeros of the output shapes from an emulated device)."""
+        status, latency = rep.status, rep.time - r.arrival
+        outs = ()
+        if r.want_outputs and status == RequestStatus.SUCCESS:
+            batch = rep.outputs
+            if batch:
+                row = r.row
+                try:
+                    outs = [t.row(row) if t.shape else t for t in batch]
+                except (IndexError, ValueError) as e:  # answered all the same, ERROR
+                    self.count("replies_bad_outputs")
+                    msg = f"the worker's outputs do not fit: {e}"
+                    if r.typed:
+                        return Answer(RequestStatus.ERROR, msg, latency_ns=latency, gpu=rep.gpu)
+                    return pb.InferResponse(status=RequestStatus.ERROR, gpu=rep.gpu,
+                                            message=msg, latency_ns=latency)
+            else:  # the emulated device computes nothing
+                outs = zero_rows(self.profiles[r.model].outputs)
+        reason = ""
+        if status == RequestStatus.INVALID_REQUEST and (
+                r.model not in self.profiles or r.model in self.unloading):
+            reason = "unknown_model"  # (also: its model was unloaded meanwhile)
+        elif status == RequestStatus.ERROR:
+            if rep.message == STOPPING_MESSAGE:
+                reason = "shutdown"
+            elif failed_code(rep.message) == ErrorCode.WORKER_LOST:
+                reason = "worker_lost"  # its worker went away and no retry was in time
+        if r.typed:
+            return Answer(int(status), rep.message, reason, outs, latency, rep.batch_size,
+                          rep.gpu, r.cold)
+        resp = pb.InferResponse(status=int(status), message=rep.message, reason=reason,
+                                latency_ns=latency, batch_size=rep.batch_size, gpu=rep.gpu,
+                                cold=r.cold)
+        if outs:
+            add_tensors(resp.outputs, outs)
+        return resp
+
+    def submit(self, req: pb.InferRequest, deliver, budget: int | None = None) -> None:
+        """A client request; ``deliver(InferResponse)`` is called exactly once. ``budget``
+        (ns): what is left of the client's call deadline; the SLO is cut to it."""
+        self.submit_many((req,), deliver, 0, budget)
+
+    def submit_many(self, reqs, deliver, late: int = 0, budget: int | None = None) -> None:
+        """Several client requests that arrived together (one stream message): admitted
+        at one ``now``, their actions sent and replies drained once. ``late`` (ns): how
+        much longer than the stream's fastest message this one took to arrive; its
+        requests count as having arrived that much earlier (an SLO runs from the
+        client's send, not from our receipt; and each request older by its own wait in
+        the client before the message went, ``queued_ns``: from the client's submit)."""
+        now = now_ns()
+        admit = self._admit
+        # no worker connected and answering: each request is answered at once, not
+        # queued for a GPU that none can give it (it would wait out its SLO)
+        # (a node with no worker links at all, as tests build, admits as before)
+        self._no_worker = bool(self.links) and not any(self.available(lk) for lk in self.links)
+        self.ctrl.requests([r for r in (admit(req, deliver, now, late, budget) for req in reqs)
+                            if r is not None], now)
+
+    def _admit(self, req: pb.InferRequest, deliver, now: int, late: int = 0,
+               budget: int | None = None) -> Request | None:
+        """Check a request; answer it at once if it is invalid, else make its Request.
+        ``req`` is a ``pb.InferRequest``, or an object with the same fields whose inputs
+        are Tensors already (the KServe front end)."""
+        rid = self.next_id
+        self.next_id += 1
+        self.count("requests")
+        if self._stopping:
+            self.count(_STATUS_KEY[RequestStatus.ERROR])
+            self.metrics.reply(req.model if req.model in self.profiles else "", "error", None)
+            self.log_refused(req.model, req.slo_ms, RequestStatus.ERROR, now, rid)
+            deliver(pb.InferResponse(status=RequestStatus.ERROR, reason="shutdown",
+                                     message=STOPPING_MESSAGE, client_id=req.client_id,
+                                     gpu=-1))
             return None
-        msg = pb.WorkerMessage()
-        field = msg.results.results
-        limit = RESULT_MESSAGE_BYTES
-        if self._out_bytes <= limit // 4:
-            # the usual case: a few results, all in (a result's size is within a few
-            # times its estimate), not measured one by one
-            for item in out:
-                _add_item(field, item, attach)
-            out.clear()
-            self._out_bytes = 0
-        else:
-            size = 0
-            taken = 0  # their estimated bytes (``_out_bytes``)
-            while out:
-                item = out[0]
-                mark = len(attach) if attach is not None else 0
-                n = _add_item(field, item, attach).ByteSize() + 6  # (+ its tag and length)
-                if attach is not None and len(attach) > mark:
-                    n += sum(memoryview(a).nbytes for a in attach[mark:])
-                if size and size + n > limit:  # the next message's first
-                    del field[-1]
-                    if attach is not None:
-                        del attach[mark:]
-                    break
-                out.popleft()
-                size += n
-                taken += _backlog_bytes(item)
-            self._out_bytes -= taken
-        if not out:
-            self._out_ready.clear()
-            self._out_due = 0  # (none is waiting; a partial message leaves it as it was)
-        if self._out_bytes <= RESULT_BACKLOG_BYTES:
-            self._room.set()
+        prof = self.profiles.get(req.model)
+        bad = inputs = None
+        reason = ""
+        typed = not isinstance(req, pb.InferRequest)  # KServe's rows: answered with Answers
+        if prof is None:  # (the message's hint is made here only: a name not served)
+            bad, reason = self.unknown_model(req.model), "unknown_model"
+        elif not 0 <= req.slo_ms <= MAX_SLO_MS:  # also refuses nan and inf
+            bad, reason = (f"slo_ms must be a number from 0 (the default SLO) to "
+                           f"{MAX_SLO_MS:.0f}, got {req.slo_ms}"), "bad_slo"
+        elif req.inputs:
+            if typed and getattr(req, "checked", None) is prof:  # cut to its specs (KServe)
+                inputs = req.inputs
+            else:
+                inputs, bad = _check_inputs(req.inputs, prof)
+                reason = "bad_input"
+        cid = req.client_id
+        if bad is not None:
+            self.count("requests_invalid_request")
+            self.metrics.reply(req.model if prof is not None else "", "invalid_request", None)
+            self.log_refused(req.model, req.slo_ms, RequestStatus.INVALID_REQUEST, now, rid)
+            deliver(pb.InferResponse(status=RequestStatus.INVALID_REQUEST, message=bad,
+                                     reason=reason, client_id=cid, gpu=-1))
+            return None
+        # a positive SLO is at least 1 ns (0 would mean "the default")
+        slo = max(1, ms(req.slo_ms)) if req.slo_ms else 0
+        if not typed and req.queued_ns:  # its wait in the client before it was sent
+            late += min(req.queued_ns, CLIENT_CLOCK_WINDOW_NS)  # (as a message's delay)
+        # the client's call ends sooner than its SLO: the SLO (from the arrival, ``late``
+        # before now) is cut to what is left of the call (``budget``, from now)
+        cut = budget is not None and late + budget < (slo or self.cfg.default_slo)
+        if cut:
+            slo = max(1, late + budget)
+        # no worker, and its SLO not spent yet: answered at once, to try again (one whose
+        # SLO ran out before it was read, say in a controller held up until its workers
+        # closed their links, is TIMEOUT below, as the scheduler answers it with workers)
+        expired = late >= (slo or self.cfg.default_slo)
+        if self._no_worker and not expired:
+            self.count(_STATUS_KEY[RequestStatus.ERROR])
+            self.count("requests_no_worker")
+            self.metrics.reply(req.model, "error", None)
+            self.log_refused(req.model, req.slo_ms, RequestStatus.ERROR, now, rid)
+            deliver(pb.InferResponse(status=RequestStatus.ERROR, reason="no_worker",
+                                     message=NO_WORKER_FOR_REQUEST, client_id=cid, gpu=-1))
+            return None
+
+        def tagged(resp: pb.InferResponse) -> None:
+            resp.client_id = cid
+            if cut and not typed and resp.status == RequestStatus.TIMEOUT:
+                # (the client's own timeout, not the SLO, made it too late: say so)
+                resp.reason = "call_deadline"
+                resp.message = (f"{resp.message or 'SLO cannot be met'} within the call's "
+                                f"deadline ({budget / 1e6:.1f} ms left of it when the "
+                                f"request came; its SLO {req.slo_ms:g} ms): give the "
+                                "client a longer timeout")
+            deliver(resp)
+        r = Request(rid, req.model, now - late, slo, tagged, inputs)  # inputs: list[Tensor]
+        if req.skip_outputs:
+            r.want_outputs = False
+        r.typed = typed
+        if typed and req.group is not None:  # a row of a KServe request of several
+            self.metrics.row(req.group, rid)
+        self.pending[rid] = r
+        if self._no_worker:  # (expired: no scheduler is needed to say so)
+            self._answer([Reply(r, RequestStatus.TIMEOUT, now, "SLO cannot be met")])
+            return None
+        return r
+
+    async def _unless_stopping(self, coro):
+        """``await coro``, but if the controller stops first, cancel it and raise
+        ``RepositoryError`` UNAVAILABLE "the controller is shutting down" (an add of a
+        worker that does not answer waited until the server's grace cancelled the call:
+        "Cancelling all calls")."""
+        if self._stopping:  # (it began while this one waited its turn, or resolved names)
+            coro.close()
+            raise shutting_down()
+        task = asyncio.ensure_future(coro)
+        stop = self.loop.create_future()
+        self._stops.add(stop)
+        try:
+            await asyncio.wait([task, stop], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._stops.discard(stop)
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        if task.cancelled():  # (by the stop, above)
+            raise shutting_down()
+        return task.result()
+
+    def begin_stop(self) -> None:
+        """Take no more requests, and answer those still waiting ERROR/shutdown as any
+        answer is (counted, in the metrics and the request log); before the front ends
+        close, so that each writes its answer (REST's 503 too) within its grace."""
+        self._stopping = True
+        for stop in list(self._stops):
+            if not stop.done():
+                stop.set_result(None)
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+        for t in list(self._unloads) + list(self.awaited.values()):
+            t.cancel()
+        now = now_ns()
+        self.answered_at_stop += len(self.pending)  # (said as the controller stops)
+        self._answer([Reply(r, RequestStatus.ERROR, now, STOPPING_MESSAGE)
+                      for r in list(self.pending.values())])
+        self.pending.clear()
+
+    async def stop(self) -> None:
+        self.begin_stop()  # (again: nothing more, when the front ends were closed after it)
+        for close in list(self.stream_closers):  # (their calls end UNAVAILABLE, not
+            close()  # cancelled by the server's stop with a traceback)
+        # (the adds of workers left out at start, cancelled by begin_stop: their ends)
+        await asyncio.gather(*self.awaited.values(), return_exceptions=True)
+        for link in self.links:
+            for t in link.tasks:
+                t.cancel()
+            if link.channel is not None:
+                await link.channel.close()
+
+    # ------------------------------------------------------------------ model repository
+
+    def _is_suspect(self, link: WorkerLink) -> bool:
+        """Whether ``link``'s worker is suspect now (it did not answer a probe): handled
+        as lost; once heard from it is reset, and the Hello of its reset, made then, lists
+        every instance served."""
+        ctrl = self.ctrl
+        return ctrl is not None and link.index < len(ctrl.suspect) and ctrl.suspect[link.index]
+
+    def available(self, link: WorkerLink) -> bool:
+        """Whether ``link``'s worker takes work now: connected, and not suspect (one
+        that did not answer a probe is handled as lost until it answers again and its
+        reset is answered; ``ControllerLoop.up``)."""
+        return link.connected and (self.ctrl is None or self.ctrl.up[link.index])
+
+    def serving(self) -> bool:
+        """Whether the controller serves: started, not stopping, a worker available
+        (connected and not suspect)."""
+        return (self.policy is not None and not self._stopping
+                and any(self.available(lk) for lk in self.links))
+
+    def model_state(self, name: str) -> tuple[str, str] | None:
+        """(state, reason) of a name in the model repository, Triton's states: ``READY``
+        (served), ``LOADING``, ``UNLOADING`` (refusing requests, its last ones running or
+        its copies being evicted), ``UNAVAILABLE`` (``unloaded``, or no worker connected),
+        or ``""`` for a profile of the set that can be loaded and is not; None for a name
+        the repository does not know."""
+        if name in self.loading:
+            return "LOADING", ""
+        if name in self.unloading:
+            return "UNLOADING", ""
+        if name in self.profiles:
+            if not self.serving():
+                return "UNAVAILABLE", "no worker connected"
+            unfit = self.unfit(name)
+            return ("UNAVAILABLE", unfit) if unfit else ("READY", "")
+        if name in self.unloaded:
+            return "UNAVAILABLE", "unloaded"
+        if name in self.pset.profiles:
+            return "", ""
+        return None
+
+    def unknown_model(self, name: object) -> str:
+        """What a client is told of a model name that is not served, on every front end
+        (clockwork.v1's Infer, InferStream and UnloadModel, KServe's): the name (cut), the
+        closest models served and how many instances are (``unknown_message``: under
+        1 KiB however many are served; gRPC carries it in a header). Finding the closest
+        names takes milliseconds with thousands served: a name asked again (a client
+        sending many requests for one wrong name) is answered from ``_unknown_said``
+        while the models served stay the same."""
+        if self._names_served is None:
+            self._names_served = sorted(self.loaded)
+        count = len(self.profiles) - len(self.unloading)
+        said = self._unknown_said
+        if said[0] is not self._names_served or said[1] != count:
+            said = self._unknown_said = (self._names_served, count, {})
+        # (only names a message repeats whole: a client's 64 MiB names are not kept)
+        key = name if type(name) is str and len(name) <= HINT_ECHO else None
+        msg = said[2].get(key) if key is not None else None
+        if msg is None:
+            msg = unknown_message("unknown model", name, self._names_served, count, "served")
+            if key is not None:
+                if len(said[2]) >= UNKNOWN_SAID:
+                    said[2].clear()
+                said[2][key] = msg
         return msg
 
-    async def run_timer(self) -> None:
-        """Bind the worker's timer to the running event loop; runs until cancelled (then
-        the armed timer is cancelled)."""
-        self._loop = asyncio.get_running_loop()
+    def model_ready(self, name: str) -> bool:
+        """Whether requests for ``name`` are served now (state ``READY``)."""
+        return (name in self.profiles and name not in self.unloading and self.serving()
+                and not self.unfit(name))
+
+    def repository_index(self, ready_only: bool = False) -> list[tuple[str, str, str]]:
+        """(name, state, reason) of every name the repository knows, by name: the
+        instances served, loading, unloading or unloaded, and the profiles not loaded."""
+        self.pset.refresh()  # (profiles written since the controller started)
+        names = set(self.pset.profiles) | set(self.unloaded) | set(self.instances) | self.loading
+        out = []
+        for n in sorted(names):
+            state, reason = self.model_state(n)
+            if not ready_only or state == "READY":
+                out.append((n, state, reason))
+        return out
+
+    async def load_model(self, name: str, copies: int = 1, profile: str | None = None,
+                         package: str = "") -> list[str]:
+        """Serve ``copies`` instances of ``profile`` (default: ``name``, or for a copy's name
+        ``m:k`` its model ``m``) as ``name``, ``name:1``, ...; returns their names once
+        every connected worker can run them and the policy has them (loaded on a GPU
+        when requests come). Loading what is loaded with the same parameters does
+        nothing. Raises ``RepositoryError``: NOT_FOUND for an unknown profile or a
+        package a worker lacks; INVALID_ARGUMENT for a bad name, ``copies`` or a name
+        loaded otherwise; UNAVAILABLE if not serving, a worker did not answer, or no
+        worker is connected to take it (nothing is made)."""
+        async with self._model_lock(name):
+            return await self._load(name, copies, profile, package)
+
+    async def load_resolved(self, name: str, resolve) -> list[str] | None:
+        """``load_model`` of what ``resolve()`` says, (copies, profile, package), or None
+        (nothing to do: returns None), asked once the loads and unloads of ``name``
+        before it are done: a reload (the model as it is loaded) read before an unload
+        queued ahead of it brought the unloaded model back."""
+        async with self._model_lock(name):
+            asked = resolve()
+            return None if asked is None else await self._load(name, *asked)
+
+    @contextlib.asynccontextmanager
+    async def _model_lock(self, name: str):
+        """Held while a load or an unload of ``name`` works: one of the model ``name``
+        belongs to (its copies' names too) at a time. The bookkeeping between two awaits
+        needs no lock (one event loop); what a load must see unchanged while it waits for
+        the workers is its own model's, which only its loads and unloads change."""
+        key = _group_name(str(name))
+        held = self._model_locks.get(key)
+        if held is None:
+            held = self._model_locks[key] = [asyncio.Lock(), 0]
+        held[1] += 1
         try:
-            await asyncio.Event().wait()
+            async with held[0]:
+                yield
         finally:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+            held[1] -= 1
+            if not held[1]:  # names come from clients: keep only those in use
+                del self._model_locks[key]
 
+    async def _load(self, name: str, copies: int, profile: str | None,
+                    package: str) -> list[str]:
+        bad = grpc.StatusCode.INVALID_ARGUMENT
+        if self.policy is None or self._stopping:
+            raise RepositoryError(grpc.StatusCode.UNAVAILABLE, "the controller is not serving")
+        if type(self.policy).add_model is Policy.add_model:
+            raise RepositoryError(bad, f"the {self.policy_name} policy cannot load models "
+                                  "while it runs")
+        if not isinstance(name, str) or not MODEL_NAME.fullmatch(name):
+            copy = _COPY_SUFFIX.fullmatch(name) if isinstance(name, str) else None
+            if copy and MODEL_NAME.fullmatch(copy[1]) and len(copy[2]) <= 6:
+                base, k = copy[1], int(copy[2])
+                right = base if k == 0 else f"{base}:{k}"
+                raise RepositoryError(bad, (
+                    f"bad model name {name!r}: NAME:K names copy K of NAME (K from 1, no "
+                    f"leading zero; copy 0 is NAME itself), so this copy is {right!r}"))
+            raise RepositoryError(bad, f"bad model name {name!r}: {BASE_NAME_RULE}, "
+                                  "optionally ':K' (a copy's name, K from 1, no leading zero)")
+        have = self.loaded.get(name)
+        # (a model loaded with more copies at start may be loaded again as it is: a reload)
+        as_loaded = have is not None and copies == have.copies
+        if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1 \
+                or (copies > MAX_LOAD_COPIES and not as_loaded):
+            raise RepositoryError(bad, f"copies must be an integer from 1 to {MAX_LOAD_COPIES}, "
+                                  f"got {copies!r}")
+        base = _group_name(name)
+        if base != name and copies != 1:
+            raise RepositoryError(bad, f"{name!r} names one copy: load {base!r} with "
+                                  f"copies={copies} instead")
+        owner = self.loaded.get(base) if base != name else None
+        if owner is not None and (int(name.rpartition(":")[2]) >= owner.copies or (
+                name in self.profiles and name not in self.unloading)):
+            owner = None  # (not one of its copies; or served: "served already", below)
+        if owner is not None:  # a copy of a loaded model, unloaded alone: back as it was
+            if (profile or owner.profile, package or owner.package) != (owner.profile,
+                                                                        owner.package):
+                raise RepositoryError(bad, (
+                    f"{name!r} is a copy of model {base!r} (profile {owner.profile!r}"
+                    + (f", package {owner.package!r}" if owner.package else "")
+                    + f"): it is loaded as the model is; unload {base!r} first to load "
+                    "it otherwise"))
+            profile, package = owner.profile, owner.package
+        profile = profile or base
+        prof = self.pset.find(profile)  # (one profiled since the controller started too)
+        if prof is None:
+            raise RepositoryError(grpc.StatusCode.NOT_FOUND, unknown_message(
+                "no profile", profile, sorted(self.pset.profiles), len(self.pset.profiles),
+                f"in the controller's profile set {self.pset.name!r}"))
+        biggest = self.largest_cache()
+        if prof.weights_pages > biggest:
+            raise RepositoryError(bad, f"profile {profile!r} needs {prof.weights_pages} pages "
+                                  f"of weights cache; the largest GPU here has {biggest}")
+        names = [name] + [f"{name}:{k}" for k in range(1, copies)]
+        if have is not None:
+            if (have.profile, have.copies, have.package) != (profile, copies, package):
+                was = f"profile {have.profile!r}, copies {have.copies}" + (
+                    f", package {have.package!r}" if have.package else "")
+                raise RepositoryError(bad, f"model {name!r} is loaded already ({was}); "
+                                      "unload it first to load it otherwise")
+            names = [i for i in names if i not in self.profiles or i in self.unloading]
+            if not names:
+                return have.instances  # loaded as asked: nothing to do
+        for i in names:
+            if i in self.profiles and i not in self.unloading:
+                raise RepositoryError(bad, f"{i!r} is served already (a copy of model "
+                                      f"{_group_name(i)!r}); unload it first")
+        if not any(self.available(lk) for lk in self.links):  # (connected and answering)
+            raise RepositoryError(grpc.StatusCode.UNAVAILABLE, NO_WORKER_FOR_LOAD)
+        await self._wait_unloaded(names)
+        # (checked here, with no await before the instances are added: a load of another
+        # model may have added its own while this one waited)
+        if len(self.instances) + len(names) > MAX_SERVED:
+            raise RepositoryError(bad, f"at most {MAX_SERVED:,} instances are served at once; "
+                                  f"{len(self.instances):,} are, and this load adds "
+                                  f"{len(names):,}: unload some first")
+        # the workers first (a worker that reconnects meanwhile has them in its Hello)
+        self.loading.update(names)
+        committed = False  # (from here on the policy has them: the load is made)
+        try:
+            for i in names:
+                self.instances[i] = profile
+                if package:
+                    self.packages[i] = package
+            missing = await self._update_workers(
+                add=[self.instance_message(i, profile) for i in names])
+            if missing:
+                where = "; ".join(f"worker {a}: {', '.join(ms)}" for a, ms in missing)
+                raise RepositoryError(grpc.StatusCode.NOT_FOUND, (
+                    f"a worker cannot serve profile {profile!r} ({where}): no such profile in "
+                    "its profile set" + ("" if self.links[0].state is None
+                                         or self.links[0].state.device == "emulated"
+                                         else ", or no model package (see clockwork compile)")
+                    + ", or its profile's weights pages or batch sizes are not the "
+                    "controller's, or adding it failed there (the worker's log says why)"))
+            committed = True
+            now = now_ns()
+            out: list[Action] = []
+            for i in names:
+                self.profiles[i] = prof.renamed(i)
+                self.unloaded.pop(i, None)
+                out += self.policy.add_model(i, self.profiles[i], now)
+        except BaseException:
+            # a worker that cannot serve it or did not answer, or the call cancelled (its
+            # client's deadline passed): a load makes every instance or none
+            if not committed:
+                for i in names:
+                    self.instances.pop(i, None)
+                    self.packages.pop(i, None)
+                await self._update_workers(remove=names, wait=False)  # (never waits)
+            raise
+        finally:
+            self.loading.difference_update(names)
+        self.count("models_loaded", len(names))
+        self.ctrl.apply(out, now)  # (none, for our policies: weights load on demand)
+        print(f"controller: loaded {_listed(names)} (profile {profile or name})",
+              file=sys.stderr, flush=True)  # (who changed what is served, and when)
+        if owner is not None and self.loaded.get(base) is owner:  # one of its copies again
+            owner.instances = [i for i in [base] + [f"{base}:{k}" for k in range(1, owner.copies)]
+                               if i in owner.instances or i == name]
+            self._names_served = None
+            return [name]
+        if have is None:
+            self.loaded[name] = LoadedModel(profile, copies, package, [])
+            self._names_served = None
+        g = self.loaded[name]
+        g.instances = [i for i in [name] + [f"{name}:{k}" for k in range(1, copies)]
+                       if i in self.profiles]
+        return g.instances
 
-def _add_item(field, item, attach: list | None):
-    """Result ``item`` of ``WorkerNode._out`` added to ``field`` (a message's repeated
-    ``ResultMsg``), its output tensors in it or (``attach``) attached; a message of
-    its size."""
-    if isinstance(item, pb.ResultMsg):  # a malformed action's answer
-        field.append(item)
-        return item
-    r, ts = item
-    m = add_result(field, r)
-    if ts:
-        if attach is None:
-            add_tensors(m.outputs, ts)
+    async def unload_model(self, name: str) -> list[str]:
+        """Stop serving ``name`` (every instance loaded as ``name``, or the one instance of
+        that name): its queued requests are answered now (``INVALID_REQUEST``, reason
+        ``unknown_model``), new ones are refused the same way, requests already running
+        finish; returns the instances unloaded, without waiting for their copies to be
+        evicted (the state is ``UNLOADING`` until then). A name the repository knows but
+        does not serve is a no-op (``[]``). Raises ``RepositoryError`` NOT_FOUND for a
+        name it does not know."""
+        async with self._model_lock(name):
+            return self._unload(name)
+
+    def _unload(self, name: str) -> list[str]:
+        if self.policy is None or self._stopping:
+            raise RepositoryError(grpc.StatusCode.UNAVAILABLE, "the controller is not serving")
+        if type(self.policy).remove_model is Policy.remove_model:
+            raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, (
+                f"the {self.policy_name} policy cannot unload models while it runs"))
+        g = self.loaded.get(name)
+        self._names_served = None
+        if g is not None:
+            names = [i for i in g.instances if i in self.profiles and i not in self.unloading]
+            del self.loaded[name]
+        elif name in self.profiles and name not in self.unloading:
+            names = [name]
+            owner = self.loaded.get(_group_name(name))
+            if owner is not None and name in owner.instances:
+                owner.instances.remove(name)
+                if not owner.instances:
+                    del self.loaded[_group_name(name)]
+        elif self.model_state(name) is not None:
+            return []  # not served: nothing to do
         else:
-            for t in ts:
-                attach_tensor(m.outputs, t.name, t.shape, t.dtype, [t.data], attach)
-    return m
+            raise RepositoryError(grpc.StatusCode.NOT_FOUND, self.unknown_model(name))
+        if not names:
+            return []
+        now = now_ns()
+        self.unloading.update(names)
+        out: list[Action] = []
+        for i in names:
+            try:
+                out += self.policy.remove_model(i, now)
+            except KeyError:
+                pass  # the policy never had it
+        self.ctrl.apply(out, now)  # EVICTs of idle copies; the queued requests answered
+        self.count("models_unloaded", len(names))
+        print(f"controller: unloaded {_listed(names)}", file=sys.stderr, flush=True)
+        t = asyncio.ensure_future(self._forget_unloaded(names))
+        self._unloads.add(t)
+        t.add_done_callback(self._unloads.discard)
+        return names
 
+    async def _forget_unloaded(self, names: list[str]) -> None:
+        """Once the policy has let go of ``names`` (copies evicted) and none of their
+        requests is left unanswered, forget them here and on the workers."""
+        left = list(names)
+        while left and not self._stopping:
+            left = [i for i in left if self.policy.model_view(i) is not None]
+            if not left:
+                busy = {r.model for r in self.pending.values()}
+                left = [i for i in names if i in busy]
+            if left:
+                await asyncio.sleep(UNLOAD_POLL_S)
+        await asyncio.sleep(0)  # the last answers' callers (KServe) read the profile first
+        for i in names:
+            if i in self.unloading:
+                self.unloading.discard(i)
+                self.profiles.pop(i, None)
+                self.unloaded.pop(i, None)  # (the newest last)
+                self.unloaded[i] = self.instances.pop(i, "")
+                self.packages.pop(i, None)
+                self.metrics.forget(i)
+        while len(self.unloaded) > UNLOADED_KEPT:  # names come from clients: keep the newest
+            del self.unloaded[next(iter(self.unloaded))]
+        if not self._stopping:
+            await self._update_workers(remove=names, wait=False)
 
-def _backlog_bytes(item) -> int:
-    """A result waiting in ``WorkerNode._out``: its bytes in a message, estimated (cheaply:
-    ``take_message`` measures them exactly)."""
-    if isinstance(item, pb.ResultMsg):
-        return item.ByteSize() + 6
-    r, ts = item
-    n = _RESULT_BYTES + len(r.model) + len(r.message)
-    if ts:
-        n += sum(_RESULT_BYTES + t.nbytes for t in ts)
-    return n
+    async def _wait_unloaded(self, names: list[str]) -> None:
+        """Until no instance of ``names`` is still being unloaded."""
+        deadline = time.monotonic() + UNLOAD_WAIT_S
+        while any(i in self.unloading for i in names):
+            if time.monotonic() > deadline or self._stopping:
+                raise RepositoryError(grpc.StatusCode.UNAVAILABLE, (
+                    f"{', '.join(i for i in names if i in self.unloading)} still being "
+                    "unloaded (requests running); try again"))
+            await asyncio.sleep(UNLOAD_POLL_S)
 
-
-def _building_notes(done: threading.Event, what: str, t0: float, built) -> None:
-    """Until ``done``: every ``BUILD_NOTE_S`` say that ``what``'s kernels are still being
-    built (since ``t0``, ``time.perf_counter``) and call ``built()``."""
-    while not done.wait(BUILD_NOTE_S):
-        print(f"worker: still building the kernels of {what}, "
-              f"{time.perf_counter() - t0:.0f} s so far", file=sys.stderr, flush=True)
-        try:
-            built()
-        except Exception as e:  # noqa: BLE001 - the notes go on; the build is not ours to stop
-            print(f"worker: a sign of life failed: {e!r}", file=sys.stderr, flush=True)
-
-
-def _check_host_memory(pages: int, gpus: int) -> None:
-    """ValueError unless the cpu device's weights caches (``gpus`` arenas of ``pages``
-    pages, allocated and touched at start) fit in the memory the machine has available
-    (``MemAvailable``; not checked where it cannot be read)."""
-    need = pages * PAGE_SIZE * gpus
-    try:
-        with open("/proc/meminfo") as f:
-            have = next(int(line.split()[1]) * 1024 for line in f
-                        if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError, IndexError):
-        return
-    if need > have:
-        raise ValueError(f"--device cpu: {gpus} GPU(s) x {pages:,} pages x 16 MiB = "
-                         f"{need / 2**30:,.1f} GiB of weights cache, more than the "
-                         f"{have / 2**30:,.1f} GiB of memory available here: give fewer "
-                         "--pages or --gpus")
-
-
-def _open_device(kind: str, pages: int, index: int = 0):
-    """A real device; raises ValueError with what to do instead when it cannot start."""
-    if kind == "cpu":
-        try:
-            from worker.devices.cpu import CpuDevice
-            return CpuDevice(pages)
-        except ImportError:
-            raise ValueError(f"--device cpu needs Apache TVM: {pip_extra('tvm')} "
-                             "(or use --device emulated)") from None
-        except MemoryError:
-            raise ValueError(f"--device cpu: no memory for a weights cache of {pages:,} "
-                             "pages of 16 MiB: give fewer --pages") from None
-    try:
-        from worker.devices.cuda import CudaDevice
-    except ImportError as e:
-        raise ValueError(f"--device cuda is not available here ({e}); use --device cpu "
-                         "(TVM on the host) or --device emulated") from None
-    try:
-        return CudaDevice(pages, index=index)
-    except Exception as e:  # DeviceUnavailable and friends carry the message to show
-        raise ValueError(str(e)) from None
-
-
-class WorkerServicer(pbg.WorkerServicer):
-    def __init__(self, node: WorkerNode, link_port: int = 0,
-                 advertise: tuple[str, ...] = ()) -> None:
-        self.node = node
-        self._session: _Session | None = None  # the controller connection that owns us
-        self.link_port = link_port  # the fast link's port (0: not offered)
-        self.port = 0  # the gRPC port it listens on (set once bound)
-        self.host: str | None = None  # the host it listens on (set once bound)
-        self.advertise = advertise  # other addresses it is reached as (--advertise)
-        self._refused = Refusals("worker")
-        self._links: set[asyncio.Task] = set()  # the fast-link connections' tasks
-
-    async def close(self, timeout: float = 1.0) -> None:
-        """At stop: end the controller's session (its Connect stream ends, not cancelled
-        by the server's stop) and wait up to ``timeout`` for the fast-link connections
-        to finish; cancel what is left and wait for that too. Left to the loop's
-        shutdown, a cancelled link printed a traceback (Python 3.11's streams callback
-        asks a cancelled task for its exception)."""
-        if self._session is not None:
-            self._session.stop()
-        if self._links:
-            _, late = await asyncio.wait(set(self._links), timeout=timeout)
-            for t in late:
-                t.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
-
-    def _take(self, holder: Holder) -> str:
-        """The one place that decides who holds this worker (``Holder.refuses``): a new
-        connection (``holder``, from its first Hello) takes it if no session is live, or
-        if the live one is the same controller's for the same worker index (its own
-        reconnection: the stale session ends now); else it is refused -- another
-        controller, or this one under a second address -- and this says why (what the
-        refused controller is told; logged here once per refused controller while the
-        holder's session lives). (No await between this and the new session: two
-        connections cannot both pass.)"""
-        old = self._session
-        live = old is not None and old.active
-        why = old.holder.refuses(holder, live) if old is not None else ""
-        if not why:
-            if live:
-                old.stop()
-            return ""
-        if old.told(holder.controller_id):
-            print(f"worker: refused a Connect from {holder.peer} "
-                  f"({holder.label or 'a controller that does not say which'}): {why}; "
-                  "it may take the worker once that connection ends (not said again for "
-                  "this controller)", file=sys.stderr, flush=True)
-        return why
-
-    def _is_me(self, target: str, peer: str) -> bool:
-        """Whether the controller's proof, from gRPC peer ``peer``, was made for this
-        worker's address."""
-        return answers_to(target, self.port, peer, self.advertise, self.host)
-
-    async def _authorize(self, context, method: str) -> None:
-        """With a cluster secret: refuse a call without the controller's proof
-        (UNAUTHENTICATED, before anything runs), else send ours back as the response's
-        initial metadata."""
-        auth = self.node.cluster_auth
-        if auth is None:
-            return
-        peer = context.peer()
-        why, nonce, target = auth.check_controller(method, context.invocation_metadata(),
-                                                   lambda t: self._is_me(t, peer))
-        if why is not None:
-            self._refused(f"{method.rpartition('/')[2]} from {peer}: {why}")
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                                "cluster authentication failed")
-        await context.send_initial_metadata(auth.worker_metadata(method, nonce, target))
-
-    async def ClockSync(self, request, context):  # noqa: N802
-        await self._authorize(context, WORKER_CLOCK_SYNC)
-        return pb.ClockSyncResponse(worker_time=now_ns())
-
-    async def LoadModelFromDisk(self, request, context):  # noqa: N802
-        await self._authorize(context, WORKER_LOAD)
-        try:
-            return self.node.load_from_disk(request.name, request.path)
-        except PackageRefused as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except (OSError, ValueError, KeyError) as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot load package: {e}")
-
-    async def Connect(self, request_iterator, context):  # noqa: N802
-        node = self.node
-        if node.cluster_auth is not None:
-            await self._authorize(context, WORKER_CONNECT)
-        else:  # at once, as with a secret: a controller waits for them before its Hello
-            await context.send_initial_metadata(())
-        it = request_iterator.__aiter__()
-        first = await anext(it, None)
-        if first is None or first.WhichOneof("kind") != "hello":
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "first message must be Hello")
-        holder = Holder.of(first.hello, context.peer())
-        why = self._take(holder)
-        if why:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
-        session = self._session = _Session(node, first.hello.fast_link and self.link_port > 0,
-                                           self._refused, holder)
-        # (an operator on this host learns who holds the worker, and since when)
-        who = f"controller {holder.label or '(unnamed)'} from {holder.peer}"
-        print(f"worker: {who} connected", file=sys.stderr, flush=True)
-        rtask = None
-        try:  # (from here on the session ends with this call, however it ends: a session
-            # left active would hold the worker for a controller that is gone)
-            await node.read_packages(node.unprepared(first.hello.instances))
-            if not session.active:  # taken over meanwhile: this Hello is not applied
-                return
-            state = node.hello(first.hello)
-            if session.ticket:
-                state.link_port, state.link_ticket = self.link_port, session.ticket
-            yield pb.WorkerMessage(state=state)
-
-            async def reader() -> None:
-                while True:
-                    await session.room()
-                    msg = await anext(it, None)
-                    if msg is None:
-                        break
-                    if not await session.deliver(msg):
-                        return
-                session.wake.set()
-
-            rtask = asyncio.create_task(reader())
-            rtask.add_done_callback(_report_reader)
-            if session.ticket:  # the link moves to TCP: this stream waits, idle
-                ended = asyncio.ensure_future(session.ended.wait())
-                await asyncio.wait([rtask, ended], return_when=asyncio.FIRST_COMPLETED)
-                ended.cancel()
-            else:
-                async for m, _ in session.outgoing(rtask, fast=False):
-                    yield m
-        finally:
-            if rtask is not None:
-                rtask.cancel()
-            session.stop()
-            print(f"worker: {who} disconnected", file=sys.stderr, flush=True)
-        if session.refused:  # the controller's stream ends with why
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, session.refused)
-
-    async def serve_link(self, reader: asyncio.StreamReader,
-                         writer: asyncio.StreamWriter) -> None:
-        """A connection to the link port: the ticket of the session that owns the worker
-        first (else it is closed at once), then that session's messages as frames.
-        Cancelled (the worker stops), it ends quietly: on Python 3.11 asyncio's streams
-        callback calls ``exception()`` on the connection's task, which raises (and a
-        traceback is printed) for a task that ended cancelled."""
-        task = asyncio.current_task()
-        self._links.add(task)
-        stream = FrameStream(reader, writer, pb.ControllerMessage.FromString)
-        try:
-            await self._serve_link(reader, writer, stream)
-        except asyncio.CancelledError:
-            stream.close()
-        finally:
-            self._links.discard(task)
-
-    async def _serve_link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                          stream: FrameStream) -> None:
-        session = self._session
-        try:
-            async with asyncio.timeout(LINK_WAIT_S):
-                ticket = await reader.readexactly(TICKET_BYTES)
-        except (asyncio.IncompleteReadError, TimeoutError, OSError):
-            ticket = b""
-        if session is None or not session.claim(ticket):
-            self._refused(f"fast link from {writer.get_extra_info('peername')}: no valid ticket")
-            stream.close()
-            return
-
-        async def read() -> None:
-            while True:
-                await session.room()
-                if (msg := await stream.read()) is None:
+    async def _update_workers(self, add=(), remove=(), wait: bool = True):
+        """Send an InstanceUpdate to every connected worker, after the actions queued for
+        it so far; with ``wait``, wait for their answers and return [(worker address,
+        instances it could not add)] for those that could not. A worker's answer is
+        waited for while it is heard from (it reads a new package on a thread and
+        answers its echoes meanwhile); one not heard from for ``UPDATE_TIMEOUT_S``, or
+        not done in ``UPDATE_MAX_S``, raises ``RepositoryError`` UNAVAILABLE. A worker lost meanwhile
+        gets the instance list in its Hello when it is back; instances to add that no
+        worker answered for (none connected, or every one lost meanwhile) raise
+        ``RepositoryError`` UNAVAILABLE: nothing says they can be served."""
+        self._update_seq += 1
+        seq = self._update_seq
+        u = pb.InstanceUpdate(seq=seq, add=list(add), remove=list(remove))
+        waits = []
+        for link in self.links:
+            if not link.connected or self._is_suspect(link):
+                continue  # (a suspect one gets every instance in its Hello when it is back)
+            link.updates.append((len(link.pending), u))
+            if wait:
+                f = self.loop.create_future()
+                link.acks[seq] = f
+                waits.append((link, f))
+            link.wake.set()
+        missing = []
+        answered = 0
+        sent = time.monotonic()
+        for link, f in waits:
+            # a worker answers once it has read the packages of the instances added (on a
+            # thread: a cuda package's first kernel build takes minutes), answering its
+            # echoes meanwhile; so it is waited for as long as it is heard from
+            while (not f.done() and link.connected and not self._is_suspect(link)
+                   and not self._stopping):
+                quiet = min(max(link.heard, sent) + UPDATE_TIMEOUT_S,
+                            sent + links.UPDATE_MAX_S) - time.monotonic()
+                if quiet <= 0:
                     break
-                if not await session.deliver(msg, stream.tail):
-                    return
-            session.wake.set()
+                with contextlib.suppress(TimeoutError):  # (looking again at least 4 times
+                    async with asyncio.timeout(min(quiet, 0.25)):  # a second: suspect?)
+                        await asyncio.shield(f)
+            if not f.done():
+                link.acks.pop(seq, None)
+                if self._stopping:  # (answered now, not cancelled by the server's stop)
+                    raise shutting_down()
+                if not link.connected or self._is_suspect(link):
+                    continue  # lost or suspect meanwhile: its Hello will say it
+                raise RepositoryError(grpc.StatusCode.UNAVAILABLE, (
+                    f"worker {link.address} did not take the model: not heard from for "
+                    f"{UPDATE_TIMEOUT_S:g} s" if time.monotonic() - sent < links.UPDATE_MAX_S else
+                    f"worker {link.address} did not take the model in {links.UPDATE_MAX_S:g} s"))
+            got = f.result()
+            if got is not None:  # (None: the link was lost meanwhile)
+                answered += 1
+            if got:
+                missing.append((link.address, got))
+        if wait and add and not answered:
+            raise RepositoryError(grpc.StatusCode.UNAVAILABLE, NO_WORKER_FOR_LOAD)
+        return missing
 
-        rtask = asyncio.create_task(read())
-        rtask.add_done_callback(_report_reader)
+    # ------------------------------------------------------------------ queries
+
+    def model_info(self, name: str) -> pb.ModelInfo:
+        return model_infos([self.model_row(name)])[0]
+
+    def model_row(self, name: str) -> tuple:
+        """What ``model_infos`` makes ``name``'s ``ModelInfo`` of (read on the loop):
+        (name, profile name, profile, state, reason)."""
+        profile = self.instances.get(name) or self.unloaded.get(name) or name
+        p = self.profiles.get(name) or self.pset.profiles[profile]
+        state, reason = self.model_state(name) or ("", "")
+        return name, profile, p, state, reason
+
+
+def model_infos(rows) -> list[pb.ModelInfo]:
+    """``ModelInfo`` messages of ``ControllerNode.model_row`` rows; the tensor specs of
+    one profile made once (every copy of a model shares them). Reads nothing of the
+    controller's: a long list is made off the event loop (20,000 instances took the loop
+    ~0.3 s)."""
+    made: dict[int, pb.ModelInfo] = {}
+    out = []
+    for name, profile, p, state, reason in rows:
+        t = made.get(id(p))
+        if t is None:
+            t = made[id(p)] = pb.ModelInfo(
+                inputs=[pb.TensorSpec(name=x.name, shape=x.shape, dtype=x.dtype)
+                        for x in p.inputs],
+                outputs=[pb.TensorSpec(name=x.name, shape=x.shape, dtype=x.dtype)
+                         for x in p.outputs],
+                batch_sizes=p.batch_sizes, weights_pages=p.weights_pages)
+        m = pb.ModelInfo()
+        m.CopyFrom(t)
+        m.name, m.profile, m.state, m.reason = name, profile, state, reason
+        out.append(m)
+    return out
+
+
+OFF_LOOP_ROWS = 256  # a list longer than this is made on a thread, off the event loop
+
+
+def _check_inputs(inputs, prof: ModelProfile) -> tuple[list[Tensor] | None, str | None]:
+    """A request's inputs as Tensors (``pb.Tensor``s are converted; the KServe front end
+    sends Tensors already), and why they do not fit the model (None if they do)."""
+    if not isinstance(inputs[0], Tensor):
         try:
-            async for m, attached in session.outgoing(rtask, fast=True):
-                await stream.write(m, attached)
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            rtask.cancel()
-            session.stop()
-            stream.close()
+            inputs = msgs_to_tensors(inputs)
+        except TensorError as e:
+            return None, str(e)
+    return inputs, check_inputs(inputs, prof.inputs)
 
 
-def _report_reader(t: asyncio.Task) -> None:
-    if not t.cancelled() and t.exception() is not None:
-        print(f"worker: controller stream failed: {t.exception()!r}", file=sys.stderr, flush=True)
-
-
-class _Session:
-    """One controller connection (a ``Connect`` stream, and its fast link if it takes
-    one): what it has sent is handled by ``handle``; ``outgoing`` yields what to send it
-    (results as they are ready, echoes, the answers to InstanceUpdates) until the session
-    ends: its controller's reconnection took the worker over, either transport ended, or
-    it refused a message (more than ``MAX_ACTIONS_PER_MESSAGE`` actions: ``refused``
-    says so, and the gRPC stream ends with it, ``RESOURCE_EXHAUSTED``). While it lives
-    (``active``) its controller (``holder``) holds the worker."""
-
-    def __init__(self, node: WorkerNode, offer: bool, refusals, holder: Holder) -> None:
-        self.node = node
-        self.holder = holder  # the controller it belongs to (clockwork.protocol.holding)
-        self._told: set[str] = set()  # the other controllers refused while it lives
-        self._refusals = refusals  # logs a refused message (``Refusals``)
-        self.refused = ""  # why the session ended on a message it refused, if it did
-        self.echoes: list[pb.ClockEcho] = []
-        self.states: list[pb.WorkerState] = []  # answers to InstanceUpdates
-        # something to send (results, echoes, states) or the end: one event, the node's
-        self.wake = node._out_ready
-        self.ended = asyncio.Event()
-        self.ticket = new_ticket() if offer else b""
-        self.claimed = False
-        # ``deliver``: the last message queued behind an InstanceUpdate (None, or done:
-        # none), the instances those updates add, whether every message now queues
-        self._updating: asyncio.Task | None = None
-        self._adding: set[str] = set()
-        self._held = False
-
-    @property
-    def active(self) -> bool:
-        return not self.ended.is_set()
-
-    def stop(self) -> None:
-        self.ended.set()
-        self.wake.set()
-        if self._updating is not None:
-            self._updating.cancel()  # (its package read goes on in its thread, to no end)
-
-    def told(self, controller_id: str) -> bool:
-        """Whether a refusal of the controller ``controller_id`` while this session lives
-        is the first (to be logged); at most ``_TOLD_MAX`` controllers are remembered."""
-        if controller_id in self._told or len(self._told) >= _TOLD_MAX:
-            return False
-        self._told.add(controller_id)
-        return True
-
-    def claim(self, ticket: bytes) -> bool:
-        """Whether ``ticket`` is this session's, not yet used (constant-time compare)."""
-        if not self.ticket or self.claimed or not self.active:
-            return False
-        if not hmac.compare_digest(ticket, self.ticket):
-            return False
-        self.claimed = True
-        return True
-
-    async def room(self) -> None:
-        """Returns once the results waiting to be sent are at most
-        ``RESULT_BACKLOG_BYTES``, and the states at most ``STATES_WAITING_MAX``: the
-        reader asks before it reads the controller's next message (backpressure: the
-        controller's writes wait; ``outgoing`` sends on)."""
-        node = self.node
-        while node._out_bytes > RESULT_BACKLOG_BYTES or len(self.states) > STATES_WAITING_MAX:
-            node._room.clear()
-            await node._room.wait()
-
-    async def deliver(self, msg: pb.ControllerMessage, tail=None) -> bool:
-        """``handle``, but a Hello or an InstanceUpdate that brings instances of packages
-        no device has read yet (``WorkerNode.unprepared``) has them read on a thread
-        first: reading one takes from a fraction of a second (a library, weights into
-        host memory) to a minute or more (a cuda package's kernels not built at start), and the
-        event loop runs the other models' actions meanwhile.
-
-        An InstanceUpdate is applied (and answered) once its packages are read, after
-        the InstanceUpdates before it, however long that takes (a real-size cuda
-        package's first kernel build: a minute or more; the controller waits while the
-        worker answers its echoes); the messages behind it are handled as they come
-        (actions of the other models, probes) until one names an instance still to be
-        added (the controller may send such actions at once after an update it does not
-        wait for: one it sends a worker that reconnected while a model was loaded): that
-        one and every message after it but probes wait their turn, in order. A Hello (a reset) waits
-        for all of those and holds back the messages behind it. False once the session
-        has ended."""
-        kind = msg.WhichOneof("kind")
-        waiting = self._updating is not None and not self._updating.done()
-        if kind == "update":
-            paths = self.node.unprepared(msg.update.add)
-            if paths or waiting:
-                self._adding.update(i.name for i in msg.update.add)
-                self._after(msg, tail, paths)
-                return self.active
-        elif kind == "hello":
-            if waiting:
-                await asyncio.wait([self._updating])
-            await self.node.read_packages(self.node.unprepared(msg.hello.instances))
-        elif waiting and kind != "echo" and (self._held or kind == "actions" and any(
-                a.model in self._adding for a in msg.actions.actions)):
-            # (a probe's echo is answered at once whatever waits: it says the worker
-            # lives, and a held one would have the controller find it suspect, or give
-            # up on the InstanceUpdate whose packages are being read: the controller
-            # waits for its answer while it hears from the worker)
-            self._held = True  # (in order from here on, until the queue is done)
-            self._after(msg, tail, [])
-            return self.active
-        return self.handle(msg, tail)
-
-    def _after(self, msg: pb.ControllerMessage, tail, paths: list[Path]) -> None:
-        """Handle ``msg`` once the messages queued before it are (``deliver``)."""
-        self._updating = asyncio.create_task(self._queued(self._updating, msg, tail, paths))
-
-    async def _queued(self, earlier: asyncio.Task | None, msg: pb.ControllerMessage, tail,
-                      paths: list[Path]) -> None:
-        if earlier is not None:
-            await asyncio.wait([earlier])
-        await self.node.read_packages(paths)
-        self.handle(msg, tail)
-        if asyncio.current_task() is self._updating:  # the last queued: all applied
-            self._adding.clear()
-            self._held = False
-
-    def handle(self, msg: pb.ControllerMessage, tail=None) -> bool:
-        """One message from the controller (``tail``: its frame's attachments); False
-        once the session has ended."""
-        if not self.active:
-            return False
-        node = self.node
-        kind = msg.WhichOneof("kind")
-        if kind == "actions" and len(msg.actions.actions) > MAX_ACTIONS_PER_MESSAGE:
-            # handling it would hold the event loop past the controller's probe timeout:
-            # refused whole, and the connection ends (its actions cannot be answered
-            # one by one in less time than running them)
-            self.refused = (f"a message of {len(msg.actions.actions)} actions: at most "
-                            f"{MAX_ACTIONS_PER_MESSAGE} per message "
-                            "(clockwork.sizes.MAX_ACTIONS_PER_MESSAGE)")
-            self._refusals(f"{self.refused}; ending the controller's connection",
-                           "message_too_large")
-            self.stop()
-            return False
-        try:
-            if kind == "actions":
-                node.submit(msg.actions, tail)
-            elif kind == "echo":
-                e = pb.ClockEcho()
-                e.CopyFrom(msg.echo)
-                e.worker_time = now_ns()
-                self.echoes.append(e)
-                self.wake.set()
-            elif kind == "hello":  # a reset (a re-admission): answered once applied
-                self.states.append(node.hello(msg.hello))
-                self.wake.set()
-            elif kind == "update":
-                self.states.append(node.update(msg.update))
-                self.wake.set()
-        except Exception as e:  # noqa: BLE001 - one bad message, not the stream
-            node._complain(f"a {kind} message from the controller failed: {e!r}", e)
-            if kind == "update":  # answered all the same (the controller waits for it):
-                with contextlib.suppress(Exception):  # none of its instances was added
-                    st = node.state([i.name for i in msg.update.add])
-                    st.update_seq = msg.update.seq
-                    self.states.append(st)
-                    self.wake.set()
-        return True
-
-    async def outgoing(self, rtask: asyncio.Task, fast: bool):
-        """(message, attachments) to send, until the session ends or ``rtask`` (the
-        reader) does; ``fast``: output tensors as attachments (else in the messages)."""
-        node = self.node
-        echoes, states, wake = self.echoes, self.states, self.wake
-        rtask.add_done_callback(lambda _: wake.set())
-        pacer = Pacer(node.result_interval_us)
-        while self.active:
-            if not node._out and not echoes and not states:
-                if rtask.done():  # (its wake may have been taken by a round with work)
-                    return
-                await wake.wait()
-                if rtask.done() or not self.active:
-                    return
-            wake.clear()
-            while echoes:
-                yield pb.WorkerMessage(echo=echoes.pop(0)), ()
-            while states:
-                st = states.pop(0)
-                node._room.set()  # (the reader may wait for states to go: room)
-                yield pb.WorkerMessage(state=st), ()
-            if node._out:  # under load: one message per interval, but none past its due
-                at = pacer.slot(node._out_due)
-                if at > time.monotonic_ns():
-                    node._send_at = at
-                    try:  # (woken by a result due sooner, an echo, a state)
-                        await doze(at, wake)
-                    finally:
-                        node._send_at = 0
-                    if wake.is_set() and not rtask.done():
-                        continue  # (what woke it goes first; then the slot again)
-                pacer.sent()
-            attach: list | None = [] if fast else None
-            msg = node.take_message(attach)
-            if msg is not None:
-                pacer.note(len(msg.results.results))
-                yield msg, attach or ()
-
-
-async def serve_worker(host: str, port: int, node: WorkerNode, ready=None,
-                       stop: asyncio.Event | None = None, tls: TlsFiles | None = None,
-                       link_port: int = 0, advertise: tuple[str, ...] = ()) -> None:
-    """Serve until ``stop``; with ``tls`` the port speaks TLS only (and asks the controller
-    for a client certificate when ``tls.ca`` is set). ``link_port``: where the fast link
-    (``clockwork.protocol.framing``) listens (0: a free port; -1: no fast link; with
-    ``tls`` it speaks TLS too, with the same certificate and client-certificate rule).
-    ``ready(port, link_port)`` is called once both listen (link_port 0: none).
-    ``advertise``: addresses (``HOST:PORT``) the controller may dial it at besides this
-    machine's names and ``port`` (a NAT, a container's port mapping): with a cluster
-    secret, the controller's proof must name one of them."""
-    servicer = WorkerServicer(node, advertise=tuple(advertise))
-    # with a secret, a call without a proof is refused before its request is read
-    guard = (None if node.cluster_auth is None
-             else [ClusterProofInterceptor(node.cluster_auth, servicer._refused)])
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                                      ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                                      *LISTEN_OPTIONS, *keepalive.WORKER_SERVER],
-                             interceptors=guard)
-    pbg.add_WorkerServicer_to_server(servicer, server)
-    bound = bind_grpc(server, host, port, "--port",
-                      tls.grpc_credentials() if tls is not None else None)
-    servicer.port, servicer.host = bound, host
-    link = None
-    if link_port >= 0:
-        tls_link = {} if tls is None else {"ssl": tls.ssl_context(alpn=()),
-                                           "ssl_handshake_timeout": LINK_WAIT_S}
-        try:
-            link = await asyncio.start_server(servicer.serve_link, host, link_port, **tls_link)
-        except OSError as e:
-            raise ListenError(f"--link-port {link_port}: cannot listen on {host}: "
-                              f"{e.strerror or e}") from None
-        servicer.link_port = link.sockets[0].getsockname()[1]
-    await server.start()
-    timer = asyncio.create_task(node.run_timer())
-    if ready is not None:
-        ready(bound, servicer.link_port)
-    stop = stop or asyncio.Event()
-    try:
-        await stop.wait()
-    finally:
-        timer.cancel()
-        if link is not None:
-            link.close()  # (no new connections)
-        await servicer.close()
-        await server.stop(0.5)
-
-
-def listening_line(args: argparse.Namespace, node: WorkerNode, port: int, link_port: int) -> str:
-    """The line a worker prints once it serves (launchers read its address from it)."""
-    where = "" if args.device == "emulated" else f", packages from {node.packages}"
-    fast = f", fast link on port {link_port}" if link_port else ""
-    return (f"clockwork worker listening on {args.host}:{port} ({args.gpus} {args.device} "
-            f"GPU(s), {node.pages} pages each, profiles {node.pset.name}{where}{fast})")
-
-
-def cmd_worker(args: argparse.Namespace) -> int:
-    global _OFFSET
-    _OFFSET = round(args.clock_offset_ms * 1e6)
-    if args.device == "cuda":  # say first when there is no GPU, before profiles and packages
-        try:
-            from worker.devices.cuda import probe
-            probe()
-        except Exception as e:  # noqa: BLE001 - DeviceUnavailable carries what to do instead
-            print(f"clockwork worker: {e}", file=sys.stderr)
-            return 2
-    args.profiles = args.profiles or DEFAULT_PROFILES[args.device]
-    try:
-        load_profile_set(args.profiles)
-    except ProfileError as e:
-        print(f"clockwork worker: {e}", file=sys.stderr)
-        return 2
-    try:
-        secret = cluster_secret(getattr(args, "cluster_secret_file", None))
-        tls = TlsFiles.from_flags(getattr(args, "tls_cert", None), getattr(args, "tls_key", None),
-                                  getattr(args, "tls_ca", None))
-    except SecurityError as e:
-        print(f"clockwork worker: {e}", file=sys.stderr)
-        return 2
-    why = exposure_error("worker", args.host, None, secret,
-                         getattr(args, "insecure_no_auth", False))
-    if why is not None:
-        print(f"clockwork worker: {why}", file=sys.stderr)
-        return 2
-
-    async def main() -> None:
-        node = WorkerNode(args.gpus, args.pages, args.profiles, args.device, args.noise, args.seed,
-                          args.packages, args.result_interval_us, args.slow_prob,
-                          args.slow_factor)
-        node.cluster_auth = ClusterAuth(secret) if secret is not None else None
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        stop_event_on_signals(loop, stop)
-        orphan = asyncio.ensure_future(stop_when_orphaned(stop, "worker"))
-        await asyncio.to_thread(node.prepare_packages, stop.is_set)
-        if stop.is_set():
-            orphan.cancel()
-            return
-
-        def ready(port: int, link_port: int) -> None:
-            print(listening_line(args, node, port, link_port), flush=True)
-
-        try:
-            await serve_worker(args.host, args.port, node, ready, stop, tls, args.link_port,
-                               tuple(args.advertise))
-        finally:
-            orphan.cancel()
-        # (an operator tells a stop from a crash by it; a clean stop said nothing)
-        print(f"clockwork worker: stopped{said_why(stop)}", file=sys.stderr, flush=True)
-
-    try:
-        run_precise(main())
-    except (ListenError, ValueError) as e:
-        print(f"clockwork worker: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def _cut(name: str, limit: int = 130) -> str:
-    """An instance name from the controller as a log line shows it: at most ``limit``
-    characters (a 2 MiB name made a 2 MiB line), none that moves the terminal."""
-    cut = name if len(name) <= limit else name[:limit - 3] + "..."
-    return "".join(c if c.isprintable() else "?" for c in cut)
-
+def _listed(names: list[str]) -> str:
+    """Instance names for a log line: the first five, and how many more."""
+    more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+    return ", ".join(names[:5]) + more

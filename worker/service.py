@@ -1368,4 +1368,3 @@ def _cut(name: str, limit: int = 130) -> str:
     characters (a 2 MiB name made a 2 MiB line), none that moves the terminal."""
     cut = name if len(name) <= limit else name[:limit - 3] + "..."
     return "".join(c if c.isprintable() else "?" for c in cut)
-
