@@ -277,6 +277,10 @@ class WorkerLinks:
         if lk is not None and lk.state is not None:
             return connected(lk)
         async with self._add_lock:
+            if time.monotonic() >= deadline:  # (it waited for another worker's add)
+                raise RepositoryError(grpc.StatusCode.UNAVAILABLE, (
+                    f"add worker {address}: its {wait:g} s ran out while another worker's "
+                    "add was under way; try again"))
             lk, endpoints = await self._link_to(address, max(0.0, deadline - time.monotonic()))
             if lk is not None:
                 return connected(lk)
@@ -353,7 +357,10 @@ class WorkerLinks:
                 return None
             except TimeoutError:
                 last = NoAnswer(f"worker {link.address}: no answer")
-            except (grpc.aio.AioRpcError, ConnectionError, OSError) as e:
+            except grpc.aio.AioRpcError as e:  # (its deadline is ours: no answer in time)
+                last = (NoAnswer(f"worker {link.address}: no answer")
+                        if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED else e)
+            except (ConnectionError, OSError) as e:
                 last = e
             finally:
                 await ch.close()
@@ -370,10 +377,11 @@ class WorkerLinks:
 
     async def _join_later(self, address: str, why: str) -> None:
         """A worker listed at start that did not answer in time (``why``): added, as by
-        AddWorker, once it answers; tried every second, the pause doubling to
-        ``JOIN_RETRY_MAX_S``, each try at most ``JOIN_TRY_S`` (an add holds the others'
-        adds meanwhile). Said once as it is left out, and again for each other reason
-        it cannot be added."""
+        AddWorker, once it answers; looked at (``_reach``, at most ``JOIN_TRY_S``, without
+        holding the adds' lock: a user's AddWorker of another worker is not held up)
+        after a second, the pause doubling to ``JOIN_RETRY_MAX_S``. Said once as it is
+        left out, then for each other reason it cannot be added, and the same reason
+        again once a minute."""
         print(f"controller: worker {address} did not answer within --connect-timeout "
               f"{self.connect_timeout:g} s ({why}); serving on the other "
               f"{len(self.links)} worker(s) meanwhile, and adding it once it answers "
@@ -384,6 +392,20 @@ class WorkerLinks:
         said, wait, again = "", JOIN_RETRY_S, time.monotonic() + JOIN_SAY_AGAIN_S
         try:
             while not self._stopping:
+                probe = WorkerLink(-1, address)  # (a look only: no Hello, no index)
+                try:
+                    last = await self._reach(probe, time.monotonic() + JOIN_TRY_S)
+                except ValueError:  # (it answers, refusing our credentials: the add says)
+                    last = None
+                if last is not None:
+                    reason = await self._why_unreached(probe, last)
+                    if time.monotonic() >= again or said:
+                        said, again = "", time.monotonic() + JOIN_SAY_AGAIN_S
+                        print(f"controller: worker {address} (left out at start) still does "
+                              f"not answer ({reason})", file=sys.stderr, flush=True)
+                    await asyncio.sleep(wait)
+                    wait = min(JOIN_RETRY_MAX_S, 2 * wait)
+                    continue
                 try:
                     await self.add_worker(address, timeout=JOIN_TRY_S)
                     left = len(self.awaited) - 1

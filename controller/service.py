@@ -413,8 +413,10 @@ class ControllerNode(WorkerLinks):
         finally:
             said.cancel()
         left = [(lk, last) for lk, last in zip(self.links, lasts, strict=True) if last is not None]
-        if len(left) == len(self.links):
-            raise await self._unreached(left[0][0], left[0][1], "--connect-timeout")
+        if len(left) == len(self.links):  # (each one's reason)
+            raise ConnectionError("; ".join([str(await self._unreached(lk, last,
+                                                                       "--connect-timeout"))
+                                             for lk, last in left]))
         # one that does not answer (stopped, hung, down) is left out, and added once it
         # answers (_join_later): it kept the whole cluster from starting
         whys = list(zip([lk.address for lk, _ in left], await asyncio.gather(

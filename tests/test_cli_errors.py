@@ -582,3 +582,28 @@ def test_a_ray_address_where_another_server_listens_is_one_line(tmp_path, capsys
     finally:
         httpd.shutdown()
         server.stop(0)
+
+
+def test_a_controller_none_of_whose_workers_answers_names_each_one():
+    """Two listed workers, neither answering (nothing listens on either port): exit 1, and
+    the one line says why for each (it named the first only)."""
+    addresses = []
+    socks = []
+    for _ in range(2):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))  # (bound: no one else listens there meanwhile)
+        socks.append(s)
+        addresses.append(f"127.0.0.1:{s.getsockname()[1]}")
+    try:
+        p = subprocess.run(cli_command("controller", "--workers", ",".join(addresses),
+                                       "--port", "0", "--http-port", "-1", "--kserve-port",
+                                       "-1", "--connect-timeout", "1"),
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        for s in socks:
+            s.close()
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    last = p.stderr.strip().splitlines()[-1]
+    for a in addresses:
+        assert f"cannot reach worker {a} within --connect-timeout 1 s (connection refused" \
+            in last, last
