@@ -42,6 +42,45 @@ def said_why(stop) -> str:
     return f" ({name})" if name else ""
 
 
+def run_until_signalled(coro):
+    """``asyncio.run(coro)``, a stop signal cancelling ``coro`` on the loop, and then
+    ``KeyboardInterrupt`` raised once the loop has ended: raised by a signal handler at
+    any point of the loop's own code (as Ctrl-C, or ``term_as_ctrl_c``, does), it could
+    leave a callback of gRPC's poller unrun and the loop's end then waited for ever for a
+    call's cancellation (a --live experiment stopped by SIGTERM hung, ~1 run in 10 on a
+    busy machine). The handlers before it are put back after. Outside the main thread
+    (where no signal handler runs) just ``asyncio.run``."""
+    import asyncio
+
+    if threading.current_thread() is not threading.main_thread():
+        return asyncio.run(coro)
+    before = {s: signal.getsignal(s) for s in stop_signals()}
+    got: list[signal.Signals] = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+
+        def on(sig: signal.Signals) -> None:
+            got.append(sig)
+            task.cancel()
+
+        for sig in before:
+            loop.add_signal_handler(sig, on, sig)
+        return await coro
+
+    try:
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        if got:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        for sig, handler in before.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
 def term_signals() -> tuple[signal.Signals, ...]:
     """``stop_signals()`` but SIGINT: those Python does not turn into KeyboardInterrupt."""
     return tuple(s for s in stop_signals() if s != signal.SIGINT)

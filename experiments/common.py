@@ -17,7 +17,6 @@ the output directory and prints ``paper: ... / ours: ...`` lines.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
@@ -46,6 +45,7 @@ from clockwork.cluster.serve import cluster_from_scenario, ensure_packages  # no
 from clockwork.cluster.sim import SimResult, Simulation  # noqa: E402
 from clockwork.requests import Reply, Request  # noqa: E402
 from clockwork.scenario import Scenario, load_scenario  # noqa: E402
+from clockwork.signals import run_until_signalled  # noqa: E402
 from clockwork.telemetry import ACTION_COLUMNS  # noqa: E402
 from controller.policy import ModelView, Policy  # noqa: E402
 
@@ -426,9 +426,10 @@ def run_live(sc: Scenario, max_outstanding: int = 20000, echo: bool = False,
             procs = [cluster.controller.proc] + [w.proc for w in cluster.workers]
             cpu0 = [_cpu_s(p.pid) for p in procs]
             try:
-                res = asyncio.run(replay(sc, cluster.address, max_outstanding, False,
-                                         on_start=faults.start if faults else None,
-                                         **stream))
+                # (a stop signal cancels the replay on its loop, then KeyboardInterrupt)
+                res = run_until_signalled(replay(sc, cluster.address, max_outstanding,
+                                                 False, on_start=faults.start if faults
+                                                 else None, **stream))
             finally:
                 faults.stop()
             cpu = [_cpu_s(p.pid) - c0 for p, c0 in zip(procs, cpu0, strict=True)]
