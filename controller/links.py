@@ -62,8 +62,9 @@ from controller.repository import RepositoryError
 
 now_ns = time.monotonic_ns
 RECONNECT_S = 0.25  # between attempts to reach a lost worker again
-# a worker listed at start that did not answer in time: tried again (as an AddWorker of
-# at most JOIN_TRY_S) after JOIN_RETRY_S, the pause doubling to JOIN_RETRY_MAX_S
+# a worker listed at start that did not answer in time: looked at again (at most
+# JOIN_TRY_S; added as by an AddWorker once it answers) after JOIN_RETRY_S, the pause
+# doubling to JOIN_RETRY_MAX_S
 JOIN_RETRY_S = 1.0
 JOIN_RETRY_MAX_S = 10.0
 JOIN_TRY_S = 3.0
