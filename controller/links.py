@@ -138,6 +138,7 @@ class WorkerLink:
     echo_due: bool = False
     reset_due: bool = False  # write a Hello(reset) before any further action
     keep: list = field(default_factory=list)  # the reset's weights to keep: (gpu, model, version)
+    asked_kept: int = 0  # how many the last reset written asked it to keep
     error: str = ""
     # InstanceUpdates to write, each after the first ``pos`` actions of ``pending``
     updates: list = field(default_factory=list)  # (pos, pb.InstanceUpdate)
@@ -852,6 +853,7 @@ class WorkerLinks:
             if link.reset_due:
                 link.reset_due = False
                 keep, link.keep = link.keep, []
+                link.asked_kept = len(keep)  # (said when its answer comes)
                 await call.write(pb.ControllerMessage(hello=self._hello(link, keep)))
 
     async def _write_actions(self, link: WorkerLink, call, acts: list[Action]) -> None:
@@ -974,7 +976,11 @@ class WorkerLinks:
                             except CannotServe as e:
                                 link.error = str(e)
                                 break
-                        self.ctrl.reset_done(link.index, now_ns(), self._kept(msg.state))
+                        kept = self._kept(msg.state)
+                        self.ctrl.reset_done(link.index, now_ns(), kept)
+                        print(f"controller: worker {link.address} re-admitted (it kept "
+                              f"{sum(len(v) for v in kept.values())} of the {link.asked_kept} "
+                              "model copies asked)", file=sys.stderr, flush=True)
                         continue
                     f = link.acks.pop(msg.state.update_seq, None)
                     if f is not None and not f.done():

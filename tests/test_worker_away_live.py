@@ -133,6 +133,7 @@ def test_a_load_goes_on_with_the_healthy_worker_while_another_is_suspect():
                 for t in asking:
                     t.join(30)
                 wait_output(c.controller, "answers again; resetting and re-admitting", 20)
+                wait_output(c.controller, "re-admitted (it kept ", 20)  # (its answer came)
                 # the re-admitted worker serves the instance loaded while it was away: the
                 # healthy one gone, it takes the model's requests
                 _poll(lambda: cl.stats().get("worker_readmissions", 0) >= 1, 20)
