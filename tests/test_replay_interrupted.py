@@ -43,6 +43,27 @@ def _replaying(p: subprocess.Popen, err: list[str]) -> str:
     return poll(started, 90).group(1).rstrip(",")
 
 
+def _serve_replay(argv: list[str], answered: int, act) -> tuple[int, str, str]:
+    """``clockwork serve ARGV`` (a ``--replay``) in a session of its own: once its
+    controller has answered ``answered`` requests, ``act(p)``; then its exit code,
+    stderr and stdout (it is killed on the way out, whatever happened)."""
+    p = subprocess.Popen(cli_command("serve", *argv), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    err: list[str] = []
+    table: list[str] = []
+    readers = [_lines(p.stderr, err), _lines(p.stdout, table)]
+    try:
+        poll(_answered(_replaying(p, err), answered), 60)
+        act(p)
+        code = p.wait(60)
+    finally:
+        p.kill()
+        p.wait()
+    for t in readers:
+        t.join(10)
+    return code, "".join(err), "".join(table)
+
+
 def _check_kept(out, code: int, err: str, table: str) -> None:
     assert code == 130, err
     assert re.search(r"interrupted [\d.]+ s into the run: no more requests are sent", err), err
@@ -78,27 +99,12 @@ def test_replay_stopped_by_sigterm_keeps_its_figures(tmp_path):
 
 def test_serve_replay_stopped_by_ctrl_c_keeps_its_figures(tmp_path):
     out = tmp_path / "run"
-    p = subprocess.Popen(cli_command("serve", SC, "--replay", "--port", "0", "--http-port",
-                                     "-1", "--kserve-port", "-1", "--set", "duration_s=30",
-                                     "--quiet", "--out", str(out)),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
-    err: list[str] = []
-    readers = [_lines(p.stderr, err)]
-    table: list[str] = []
-    readers.append(_lines(p.stdout, table))
-    try:
-        address = _replaying(p, err)
-        poll(_answered(address, 200), 60)
-        p.send_signal(signal.SIGINT)
-        code = p.wait(60)
-    finally:
-        p.kill()
-        p.wait()
-    for t in readers:
-        t.join(10)
-    _check_kept(out, code, "".join(err), "".join(table))
-    assert "clockwork serve: stopped" in "".join(err)
+    code, err, table = _serve_replay(
+        [SC, "--replay", "--port", "0", "--http-port", "-1", "--kserve-port", "-1", "--set",
+         "duration_s=30", "--quiet", "--out", str(out)], 200,
+        lambda p: p.send_signal(signal.SIGINT))
+    _check_kept(out, code, err, table)
+    assert "clockwork serve: stopped" in err
 
 
 def test_replay_stopped_while_it_connects_ends_at_once(tmp_path):
@@ -137,29 +143,17 @@ def test_serve_replay_says_a_worker_that_died_and_exits_1(tmp_path):
     import os
     from pathlib import Path
 
-    p = subprocess.Popen(cli_command("serve", "live_poisson_1000", "--replay", "--port", "0",
-                                     "--http-port", "-1", "--kserve-port", "-1", "--set",
-                                     "duration_s=6", "--set", "workloads.0.rate_rps=200",
-                                     "--quiet"),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
-    err: list[str] = []
-    readers = [_lines(p.stderr, err), _lines(p.stdout, [])]
-    try:
-        address = _replaying(p, err)
-        poll(_answered(address, 50), 60)
+    def kill_a_worker(p):
         workers = [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit()
                    and f"\nPPid:\t{p.pid}\n" in _status(d)
                    and b" worker" in _cmdline(d)]
         assert len(workers) == 2, workers
         os.kill(workers[0], signal.SIGKILL)
-        code = p.wait(60)
-    finally:
-        p.kill()
-        p.wait()
-    for t in readers:
-        t.join(10)
-    text = "".join(err)
+
+    code, text, _ = _serve_replay(
+        ["live_poisson_1000", "--replay", "--port", "0", "--http-port", "-1", "--kserve-port",
+         "-1", "--set", "duration_s=6", "--set", "workloads.0.rate_rps=200", "--quiet"], 50,
+        kill_a_worker)
     assert code == 1, text
     assert re.search(r"worker \d was killed by SIGKILL during the replay; it is not "
                      r"restarted", text), text
