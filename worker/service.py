@@ -58,7 +58,7 @@ from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
 from clockwork.protocol import keepalive
 from clockwork.protocol.framing import TICKET_BYTES, FrameStream, new_ticket
-from clockwork.protocol.holding import Holder
+from clockwork.protocol.holding import Holder, printable
 from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
 from clockwork.protocol.pacing import Pacer, doze
 from clockwork.protocol.parent import stop_when_orphaned
@@ -1363,8 +1363,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cut(name: str, limit: int = 130) -> str:
-    """An instance name from the controller as a log line shows it: at most ``limit``
+def _cut(name: str) -> str:
+    """An instance name from the controller as a log line shows it: at most 130
     characters (a 2 MiB name made a 2 MiB line), none that moves the terminal."""
-    cut = name if len(name) <= limit else name[:limit - 3] + "..."
-    return "".join(c if c.isprintable() else "?" for c in cut)
+    return printable(name, 130, "...")

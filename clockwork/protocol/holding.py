@@ -59,8 +59,12 @@ def peer_address(peer: str) -> str:
     return rest if sep and kind in ("ipv4", "ipv6") else peer
 
 
-def _printable(text: str) -> str:
-    return "".join(c if c.isprintable() else "?" for c in text[:LABEL_CHARS])
+def printable(text: str, limit: int = LABEL_CHARS, more: str = "") -> str:
+    """Words a peer sent, as a log line shows them: at most ``limit`` characters (cut to
+    end with ``more`` when longer), each that would move the terminal as "?"."""
+    if len(text) > limit:
+        text = text[:limit - len(more)] + more
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,7 @@ class Holder:
 
     @classmethod
     def of(cls, hello, peer: str) -> Holder:
-        return cls(hello.controller_id, hello.worker_id, _printable(hello.controller),
+        return cls(hello.controller_id, hello.worker_id, printable(hello.controller),
                    peer_address(peer), time.time())
 
     def same_controller(self, controller_id: str) -> bool:
