@@ -40,7 +40,7 @@ PENDING = NEVER  # Weights.ready_at while a real LOAD is still running
 # an action whose window opens further ahead than this, or one more than MAX_PENDING
 # waiting on its lane, is refused INVALID_INPUT: a controller plans milliseconds ahead,
 # and actions that would never run (a window at the end of time) queued without bound
-MAX_AHEAD_NS = 86_400 * 10**9
+MAX_AHEAD_NS = 86_400 * 10**9  # (a day)
 MAX_PENDING = 100_000
 
 
@@ -190,12 +190,11 @@ class GpuExecutor:
             out.append(self._evict(action, now))
         else:
             lane = self.exec_lane if action.type == ActionType.INFER else self.load_lane
-            if ((action.earliest and action.earliest - now > MAX_AHEAD_NS)  # (0: at once)
-                    or len(lane.pending) >= MAX_PENDING):
+            ahead = action.earliest and action.earliest - now > MAX_AHEAD_NS  # (0: at once)
+            if ahead or len(lane.pending) >= MAX_PENDING:
                 out.append(self._error(action, now, now, ErrorCode.INVALID_INPUT,
-                                       "its window opens more than a day ahead"
-                                       if action.earliest - now > MAX_AHEAD_NS else
-                                       f"{MAX_PENDING} actions wait on its lane already"))
+                                       "its window opens more than a day ahead" if ahead
+                                       else f"{MAX_PENDING} actions wait on its lane already"))
             else:
                 self._arrivals += 1
                 heapq.heappush(lane.pending,
