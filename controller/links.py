@@ -373,9 +373,12 @@ class WorkerLinks:
                          flag: str = "") -> ConnectionError:
         """The error that says ``link``'s worker could not be reached (``last``: its last
         attempt's failure) within ``flag``'s wait."""
+        return ConnectionError(self._unreached_text(link.address,
+                                                    await self._why_unreached(link, last), flag))
+
+    def _unreached_text(self, address: str, why: str, flag: str = "") -> str:
         within = f" within {flag} {self.connect_timeout:g} s" if flag else ""
-        return ConnectionError(f"cannot reach worker {link.address}{within} "
-                               f"({await self._why_unreached(link, last)})")
+        return f"cannot reach worker {address}{within} ({why})"
 
     async def _join_later(self, address: str, why: str) -> None:
         """A worker listed at start that did not answer in time (``why``): added, as by

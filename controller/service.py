@@ -413,14 +413,13 @@ class ControllerNode(WorkerLinks):
         finally:
             said.cancel()
         left = [(lk, last) for lk, last in zip(self.links, lasts, strict=True) if last is not None]
-        if len(left) == len(self.links):  # (each one's reason)
-            raise ConnectionError("; ".join([str(await self._unreached(lk, last,
-                                                                       "--connect-timeout"))
-                                             for lk, last in left]))
-        # one that does not answer (stopped, hung, down) is left out, and added once it
-        # answers (_join_later): it kept the whole cluster from starting
         whys = list(zip([lk.address for lk, _ in left], await asyncio.gather(
             *(self._why_unreached(lk, last) for lk, last in left)), strict=True))
+        if len(left) == len(self.links):  # (each one's reason)
+            raise ConnectionError("; ".join(self._unreached_text(a, why, "--connect-timeout")
+                                            for a, why in whys))
+        # one that does not answer (stopped, hung, down) is left out, and added once it
+        # answers (_join_later): it kept the whole cluster from starting
         if left:
             self.links[:] = [lk for lk, last in zip(self.links, lasts, strict=True)
                              if last is None]
@@ -441,9 +440,8 @@ class ControllerNode(WorkerLinks):
         self.ctrl = ControllerLoop(self.policy, self, specs, self.telemetry, observer=self,
                                    liveness=Liveness.of(self.cfg))
         if whys and type(self.policy).add_gpu is Policy.add_gpu:  # (it could never join)
-            raise ConnectionError(f"cannot reach worker {whys[0][0]} within --connect-timeout "
-                                  f"{self.connect_timeout:g} s ({whys[0][1]}), and policy "
-                                  f"{self.policy_name} cannot add it later")
+            raise ConnectionError(f"{self._unreached_text(*whys[0], '--connect-timeout')}, "
+                                  f"and policy {self.policy_name} cannot add it later")
         for address, why in whys:
             self.awaited[address] = asyncio.ensure_future(self._join_later(address, why))
         if self.adopt_weights:
