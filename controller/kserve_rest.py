@@ -150,14 +150,18 @@ class KServeRest:
         return (self.token is None or self.is_open(target)
                 or bearer_ok(headers.get("authorization"), self.token))
 
-    def unauthorized(self, headers) -> Reply:
-        """401 with ``WWW-Authenticate: Bearer`` (counted, logged at most once a
-        second); nothing of the request runs and its body is not read."""
+    def unauthorized(self, headers, peer: str = "") -> Reply:
+        """401 with ``WWW-Authenticate: Bearer`` (counted, logged at most once a second,
+        with ``peer``, the caller's address, and whether it sent no token or a wrong one);
+        nothing of the request runs and its body is not read."""
         if self._refused is None:
             self._refused = Refusals("controller", self.node.count)
-        self._refused("an unauthenticated HTTP request")
+        sent = bool(headers.get("authorization"))
+        how = "a token that is not this controller's" if sent else "no token"
+        self._refused("an unauthenticated HTTP request" + (f" from {peer}" if peer else "")
+                      + f" ({how})")
         challenge = 'Bearer realm="clockwork"'
-        if headers.get("authorization"):
+        if sent:
             challenge += ', error="invalid_token"'
             why = ("authentication failed: the token sent is not this controller's (send "
                    "its token as 'Authorization: Bearer <token>')")
@@ -375,6 +379,12 @@ def encode(reply: Reply) -> tuple[bytes, dict[str, str]]:
 _ROUTED = "clockwork.routed"  # set on a request that reached _Handler
 
 
+def _peer(request: web.Request) -> str:
+    """The caller's address as ``host:port`` (empty once its connection is gone)."""
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    return ":".join(str(x) for x in (peer or ()))
+
+
 class _Handler:
     """aiohttp's side: one catch-all route whose handler checks the token, reads the body
     within the bounds and answers the Reply of :meth:`KServeRest.route`; and its
@@ -411,9 +421,8 @@ class _Handler:
             body = await self._read_body(request)
             if isinstance(body, web.StreamResponse):
                 return body
-        peer = request.transport.get_extra_info("peername") if request.transport else None
         reply = await self.rest.route(request.method, request.raw_path, request.headers,
-                                      body, "rest:" + ":".join(str(x) for x in (peer or ())))
+                                      body, "rest:" + _peer(request))
         return self._reply(request, reply)
 
     async def _unread(self, request: web.Request) -> Reply | None:
@@ -425,7 +434,7 @@ class _Handler:
         rest = self.rest
         target, headers = request.raw_path, request.headers
         if not rest.authorized(target, headers):
-            return rest.unauthorized(headers)
+            return rest.unauthorized(headers, _peer(request))
         if rest.is_open(target):
             return await rest.route(request.method, target, headers, b"")
         return None

@@ -11,6 +11,7 @@ import asyncio
 import errno
 import http.client
 import os
+import re
 import signal
 import socket
 import ssl
@@ -335,7 +336,45 @@ def test_unauthenticated_calls_are_refused_and_nothing_runs(cluster, addresses, 
     # the one authenticated Stats call is not a request; nothing was admitted
     assert after.get("requests", 0) == before.get("requests", 0)
     assert after["auth_refused"] >= before.get("auth_refused", 0) + 4 * 3 + 2 * 4 + 3
-    assert "refused an unauthenticated" in wait_output(cluster.controller, "refused")
+    # each line says who knocked, and how (the first of each surface is always written)
+    line = wait_output(cluster.controller, "refused an unauthenticated call to /")
+    assert re.search(r" from ipv[46]:\S+ \((no token|a token that is not this controller's)\)",
+                     line), line
+    line = wait_output(cluster.controller, "refused an unauthenticated HTTP request")
+    assert re.search(r"request from [0-9a-f.:]+:\d+ \((no token|a token that is not this "
+                     r"controller's)\)", line), line
+
+
+def test_a_refused_call_is_logged_with_its_peer_and_whether_a_token_came(capsys):
+    """The controller's line for a refused gRPC call names the caller's address and
+    whether it sent no token or another one (it said neither: an operator could not tell
+    a misconfigured client from someone guessing, nor where either was)."""
+    from clockwork.protocol.security import TokenInterceptor
+
+    async def one(metadata) -> str:
+        server = grpc.aio.server(interceptors=[TokenInterceptor(TOKEN)])  # its own log
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            "t.T", {"Echo": grpc.unary_unary_rpc_method_handler(lambda r, c: r)})])
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+                try:
+                    await ch.unary_unary("/t.T/Echo")(b"x", metadata=metadata, timeout=TIMEOUT)
+                except grpc.aio.AioRpcError as e:
+                    assert e.code() == grpc.StatusCode.UNAUTHENTICATED
+        finally:
+            await server.stop(None)
+        return capsys.readouterr().err
+
+    none = asyncio.run(one(None))
+    assert re.fullmatch(r"controller: refused an unauthenticated call to /t.T/Echo from "
+                        r"ipv4:127\.0\.0\.1:\d+ \(no token\)\n", none), none
+    wrong = asyncio.run(one((("authorization", "Bearer guess"),)))
+    assert re.fullmatch(r"controller: refused an unauthenticated call to /t.T/Echo from "
+                        r"ipv4:127\.0\.0\.1:\d+ \(a token that is not this controller's\)\n",
+                        wrong), wrong
+    assert asyncio.run(one((("authorization", f"Bearer {TOKEN}"),))) == ""  # answered
 
 
 def _https(addresses, pki) -> http.client.HTTPSConnection:
@@ -637,6 +676,7 @@ def test_fake_controller_cannot_drive_a_worker(plain_cluster):
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
     line = wait_output(plain_cluster.workers[0], "worker: refused")
     assert "no cluster credentials" in line or "wrong cluster credentials" in line
+    assert re.search(r"refused (Connect|ClockSync|LoadModelFromDisk) from ipv[46]:", line), line
     with clockwork.Client(plain_cluster.address, timeout=TIMEOUT) as c:  # still serving
         assert c.infer(MODEL, slo_ms=1000).status == 0
         assert c.stats().get("worker_losses", 0) == 0

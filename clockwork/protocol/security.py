@@ -400,9 +400,11 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None:
             return None
-        self._refused(f"an unauthenticated call to {details.method}")
+        how = "a token that is not this controller's" if sent else "no token"
+        method = details.method
         return _deny(handler, grpc.StatusCode.UNAUTHENTICATED,
-                     self.WRONG if sent else self.MESSAGE)
+                     self.WRONG if sent else self.MESSAGE, self._refused,
+                     lambda peer: f"an unauthenticated call to {method} from {peer} ({how})")
 
 
 # a refused call is refused this long after it came, its request never read: time for a
@@ -410,9 +412,10 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
 REFUSE_AFTER_S = 0.1
 
 
-def _deny(handler, code: grpc.StatusCode, message: str):
+def _deny(handler, code: grpc.StatusCode, message: str, refused, what):
     """A handler that only aborts, ``REFUSE_AFTER_S`` after the call came, without reading
-    its request. Not at once: grpc's asyncio client loses the refusal when it ends the
+    its request; ``refused`` is told ``what(the caller's address)`` (logged and counted:
+    an operator learns who knocks, and how: no token or a wrong one, which proof). Not at once: grpc's asyncio client loses the refusal when it ends the
     call while the client's first write is still on its way (the write fails and the call
     reports INTERNAL "Internal error from Core" instead; grpc/grpc issue 36066); a small
     request has arrived by then (one larger than the stream's flow-control window cannot
@@ -426,6 +429,7 @@ def _deny(handler, code: grpc.StatusCode, message: str):
     liked."""
 
     async def abort_stream(requests, context):
+        refused(what(context.peer()))
         await asyncio.sleep(REFUSE_AFTER_S)
         await context.abort(code, message)
 
@@ -451,8 +455,9 @@ class ClusterProofInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if why is None or handler is None:
             return handler
-        self._refused(f"{details.method.rpartition('/')[2]}: {why}")
-        return _deny(handler, grpc.StatusCode.UNAUTHENTICATED, "cluster authentication failed")
+        method = details.method.rpartition("/")[2]
+        return _deny(handler, grpc.StatusCode.UNAUTHENTICATED, "cluster authentication failed",
+                     self._refused, lambda peer: f"{method} from {peer}: {why}")
 
 
 # ---------------------------------------------------------------------- cluster secret
