@@ -617,6 +617,7 @@ class _Collector:
             "available": sum(1 for lk in links if lk.connected and (
                 available is None or available(lk))),
             "held": sum(1 for lk in links if not lk.connected and getattr(lk, "held", "")),
+            "awaited": len(getattr(node, "awaited", ())),
             "counted": {key: counted.get(key, 0) for key in (
                 *(k for _, k in WORKER_EVENTS), "weights_kept", "weights_adopted")},
         }
@@ -757,6 +758,11 @@ class _Collector:
                               "Workers not connected because another controller holds "
                               "them (its connection to them is live; ours once it ends)",
                               value=st["held"]))
+        add(GaugeMetricFamily("clockwork_workers_awaited",
+                              "Workers listed at start that did not answer then: the "
+                              "controller serves without them and adds each once it "
+                              "answers (/readyz says 503 until none is left)",
+                              value=st["awaited"]))
         counted = st["counted"]
         ev = CounterMetricFamily("clockwork_worker_events",
                                  "Workers lost (connection closed), found suspect (no answer to "

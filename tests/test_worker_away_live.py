@@ -458,6 +458,7 @@ def test_a_restarted_controller_starts_without_a_hung_worker_and_adds_it_when_it
             assert "(1 more awaited)" in wait_output(c.controller, "listening on")
             http = f"http://{c.printed_address('http')}"
             assert _status(f"{http}/readyz") == 503
+            assert _awaited(http) == 1
             with clockwork.Client(c.address, timeout=30) as cl:
                 assert cl.infer(MODEL, slo_ms=2000).status == 0
         finally:
@@ -465,8 +466,21 @@ def test_a_restarted_controller_starts_without_a_hung_worker_and_adds_it_when_it
         wait_output(c.controller, f"worker {c.worker_addresses[1]} joined with 1 GPU(s)",
                     timeout=30)
         _poll(lambda: _status(f"{http}/readyz") == 200)
+        assert _awaited(http) == 0
         with clockwork.Client(c.address, timeout=30) as cl:
             assert {cl.infer(MODEL, slo_ms=2000).status for _ in range(20)} == {0}
+
+
+def _awaited(http: str) -> float:
+    """The controller's clockwork_workers_awaited gauge, read from its /metrics."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{http}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return next(s.value for f in text_string_to_metric_families(text)
+                for s in f.samples if s.name == "clockwork_workers_awaited")
 
 
 HUNG_SERVER = """
