@@ -69,6 +69,8 @@ JOIN_RETRY_S = 1.0
 JOIN_RETRY_MAX_S = 10.0
 JOIN_TRY_S = 3.0
 JOIN_SAY_AGAIN_S = 60.0  # the same reason it cannot be added: said again after this
+# a lost worker that does not come back: said again after this, and this often (with why)
+LOST_SAY_AGAIN_S = 60.0
 # on giving up on a worker at start, a TCP connection of at most PROBE_S tells a refused
 # connection from no answer at all
 PROBE_S = 1.0
@@ -161,6 +163,8 @@ class WorkerLink:
     lost_logged: float = -1e9
     lost_quiet: str = ""
     lost_skipped: int = 0
+    lost_at: float = 0.0  # when it was last lost (time.monotonic)
+    lost_again: float = 0.0  # when "still lost" is said next (time.monotonic)
     slow_said: bool = False  # its round trip was said to be too slow for the windows
 
     def add_sample(self, t0: int, tw: int, t2: int) -> None:
@@ -1023,6 +1027,7 @@ class WorkerLinks:
         # the policy places nothing there meanwhile; its outstanding actions fail
         n = self.ctrl.worker_lost(link.index, now_ns(), "worker lost")
         t = time.monotonic()
+        link.lost_at, link.lost_again = t, t + LOST_SAY_AGAIN_S
         held = t - link.since
         link.backoff = (min(RECONNECT_MAX_S, max(RECONNECT_S, 2 * link.backoff))
                         if held < SHORT_SESSION_S else 0.0)
@@ -1082,9 +1087,16 @@ class WorkerLinks:
                 self._held(link, str(e))
                 await asyncio.sleep(RECONNECT_S)
                 continue
-            except (grpc.aio.AioRpcError, TimeoutError, ConnectionError, OSError):
+            except (grpc.aio.AioRpcError, TimeoutError, ConnectionError, OSError) as e:
                 if link.lost_quiet:  # it is not coming back at once: say it was lost
                     self._log_lost(link, link.lost_quiet)
+                if time.monotonic() >= link.lost_again:  # (an operator who looks later
+                    # learns it is still out, and why, without reading back an hour)
+                    link.lost_again = time.monotonic() + LOST_SAY_AGAIN_S
+                    print(f"controller: worker {link.address} still lost (for "
+                          f"{time.monotonic() - link.lost_at:.0f} s; trying every "
+                          f"{RECONNECT_S:g} s): {await self._why_unreached(link, e)}",
+                          file=sys.stderr, flush=True)
                 await asyncio.sleep(RECONNECT_S)
                 continue
             except Exception as e:  # noqa: BLE001 - whatever the worker said: keep trying

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 import sys
 
@@ -410,3 +411,43 @@ def test_a_worker_says_which_controller_holds_it_and_when_it_lets_go():
     assert f"worker: controller pid {pid} on " in line, line
     assert wait_output(c.workers[0], " disconnected").startswith(line.rstrip()[:-len(
         "connected")]), c.workers[0].output
+
+
+def test_a_lost_worker_that_stays_away_is_said_again_with_why(monkeypatch, capsys):
+    """A lost worker that does not come back is said again now and then (LOST_SAY_AGAIN_S)
+    with how long and why (here: nothing listens on its port): the one "lost worker" line
+    was all an operator had, however long it stayed away. Controller and worker in this
+    process, on loopback gRPC; the worker's server is stopped."""
+    import asyncio
+    import time
+
+    import controller.links
+    from controller.service import ControllerNode
+    from tests.inprocess import serve_in_process
+    from worker.service import WorkerNode
+
+    monkeypatch.setattr(controller.links, "LOST_SAY_AGAIN_S", 0.5)
+
+    async def main() -> str:
+        address, stop, served = await serve_in_process(WorkerNode(gpus=1, pages=100))
+        node = ControllerNode([address], "v100-reference", models="mobilenet_v2")
+        await node.start()
+        try:
+            assert (await answer(node, "mobilenet_v2")).status == 0
+            stop.set()
+            await served  # the worker's server is gone
+            said, end = "", time.monotonic() + 20
+            while said.count("still lost") < 2:  # said again, and again
+                assert time.monotonic() < end, said
+                await asyncio.sleep(0.05)
+                said += capsys.readouterr().err
+            return said
+        finally:
+            await node.stop()
+
+    said = asyncio.run(asyncio.wait_for(main(), 60))
+    assert "lost worker" in said, said
+    line = next(x for x in said.splitlines() if "still lost" in x)
+    assert re.fullmatch(r"controller: worker 127\.0\.0\.1:\d+ still lost \(for \d+ s; trying every "
+                        r"0\.25 s\): connection refused: is a `clockwork worker` listening "
+                        r"there\?", line), line
