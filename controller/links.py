@@ -236,7 +236,7 @@ class WorkerLinks:
             return
         self.ctrl.adopt(link.index, now_ns(), held)
         self.count("weights_adopted", n)
-        print(f"controller: worker {link.address} still holds {n} cached model(s); "
+        print(f"controller: worker {link.address} still holds {n} model copies (weights cached); "
               "serving them with no LOAD", file=sys.stderr, flush=True)
 
     async def _link_to(self, address: str, wait: float) -> tuple[WorkerLink | None, frozenset]:
@@ -1174,7 +1174,7 @@ class WorkerLinks:
         link.keep = keep
         link.wake.set()
         print(f"controller: worker {link.address} answers again; resetting and re-admitting it "
-              f"(asked to keep {len(keep)} cached model(s))", file=sys.stderr, flush=True)
+              f"(asking it to keep its {len(keep)} model copies)", file=sys.stderr, flush=True)
 
     def _kept(self, state: pb.WorkerState) -> dict[int, set[str]]:
         """What a worker's answer to a reset says it holds (its GPU -> the models loaded:
