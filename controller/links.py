@@ -37,6 +37,7 @@ from clockwork.protocol.security import (
     Refusals,
     exposure_error,
 )
+from clockwork.protocol.versions import PROTOCOL, SOFTWARE, is_other_protocol, mismatch
 from clockwork.protocol.wire import (
     WireError,
     add_action,
@@ -107,6 +108,11 @@ class WorkerHeld(ConnectionError):
 class NoAnswer(TimeoutError):
     """An attempt to connect a worker in which its gRPC server never answered (no channel
     was ready in time): a refused connection, none at all, or one that speaks no gRPC."""
+
+
+class OtherProtocol(ValueError):
+    """A worker that speaks another worker protocol (another clockwork-py version): it is
+    not used until it runs this controller's version."""
 
 
 class CannotServe(ValueError):
@@ -467,6 +473,9 @@ class WorkerLinks:
                     raise WorkerHeld(e.details()) from None
                 if is_twice(e):  # ours, through another link: listed twice
                     raise ValueError(f"worker {link.address}: {e.details()}") from None
+                if is_other_protocol(e):  # (it says both versions)
+                    raise OtherProtocol(f"worker {link.address} refused us: "
+                                        f"{e.details()}") from None
                 raise
             if msg is grpc.aio.EOF or msg.WhichOneof("kind") != "state":
                 raise ConnectionError(f"worker {link.address} did not send its state")
@@ -510,8 +519,11 @@ class WorkerLinks:
     @staticmethod
     def _check_state(link: WorkerLink, state: pb.WorkerState) -> None:
         """Raise ``CannotServe`` or ``ValueError`` for a worker whose state (its answer to
-        our Hello) says it cannot be used: instances it cannot serve, no GPU or too many,
-        another GPU count than it had."""
+        our Hello) says it cannot be used: another worker protocol, instances it cannot
+        serve, no GPU or too many, another GPU count than it had."""
+        why = mismatch("worker", link.address, state.protocol, state.software)
+        if why:  # (first: a worker of another version may have said anything below)
+            raise OtherProtocol(why)
         if state.missing:
             more = " ..." if len(state.missing) > 5 else ""
             raise CannotServe(f"worker {link.address} ({state.device}) cannot serve "
@@ -636,7 +648,8 @@ class WorkerLinks:
         if e.code() == grpc.StatusCode.UNAUTHENTICATED:
             self._refuse_worker(link, (
                 f"worker {link.address}: it refused our cluster credentials (give both the "
-                "same cluster secret)" if self.cluster_auth is not None else
+                "same cluster secret, and run the same clockwork-py version on both)"
+                if self.cluster_auth is not None else
                 f"worker {link.address}: it wants a cluster secret and this controller has "
                 "none (give it the worker's: --cluster-secret-file, or "
                 "CLOCKWORK_CLUSTER_SECRET)"))
@@ -761,6 +774,7 @@ class WorkerLinks:
         h = pb.Hello.FromString(cached[1])
         h.worker_id, h.reset, h.fast_link, h.adopt = link.index, True, link.fast, adopt
         h.controller_id, h.controller = self.controller_id, self.label
+        h.protocol, h.software = PROTOCOL, SOFTWARE
         h.keep.extend(pb.KeptWeights(gpu=g, model=m, version=v) for g, m, v in keep)
         return h
 
@@ -1076,6 +1090,8 @@ class WorkerLinks:
                              f"doubling to {RECONNECT_MAX_S:g} s"
                              + (", and at once when the models served change) until they "
                                 "are unloaded" if serve else
+                                ") until it runs this controller's version"
+                                if isinstance(e, OtherProtocol) else
                                 ") until it is restarted as it was"))
                 link.refused_wait = (min(RECONNECT_MAX_S, 2 * link.refused_wait)
                                      if link.refused_wait else RECONNECT_S)

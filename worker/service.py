@@ -77,6 +77,7 @@ from clockwork.protocol.security import (
     cluster_secret,
     exposure_error,
 )
+from clockwork.protocol.versions import PROTOCOL, SOFTWARE, mismatch
 from clockwork.protocol.wire import (
     WireError,
     add_result,
@@ -533,7 +534,8 @@ class WorkerNode:
                               loaded=(names := e.loaded_models()),
                               versions=[e.weights[n].version for n in names])
                   for e in self.executors],
-            missing=missing or [], worker_time=now_ns())
+            missing=missing or [], worker_time=now_ns(), protocol=PROTOCOL,
+            software=SOFTWARE)
 
     # -- actions -------------------------------------------------------------------------
 
@@ -858,6 +860,7 @@ class WorkerServicer(pbg.WorkerServicer):
         self.advertise = advertise  # other addresses it is reached as (--advertise)
         self._refused = Refusals("worker")
         self._links: set[asyncio.Task] = set()  # the fast-link connections' tasks
+        self._versions_said: set[tuple[str, str]] = set()  # controllers of another protocol
 
     async def close(self, timeout: float = 1.0) -> None:
         """At stop: end the controller's session (its Connect stream ends, not cancelled
@@ -895,6 +898,18 @@ class WorkerServicer(pbg.WorkerServicer):
                   "it may take the worker once that connection ends (not said again for "
                   "this controller)", file=sys.stderr, flush=True)
         return why
+
+    def _other_protocol(self, holder: Holder, why: str) -> None:
+        """Log a controller refused for its worker protocol, once per controller and
+        version (it tries again every fraction of a second)."""
+        key = (holder.controller_id or holder.peer.rpartition(":")[0], why)
+        if key in self._versions_said:
+            return
+        if len(self._versions_said) >= 64:
+            self._versions_said.clear()
+        self._versions_said.add(key)
+        print(f"worker: refused a Connect from {holder.peer}: {why} (not said again for "
+              "this controller)", file=sys.stderr, flush=True)
 
     def _is_me(self, target: str, peer: str) -> bool:
         """Whether the controller's proof, from gRPC peer ``peer``, was made for this
@@ -941,6 +956,11 @@ class WorkerServicer(pbg.WorkerServicer):
         if first is None or first.WhichOneof("kind") != "hello":
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "first message must be Hello")
         holder = Holder.of(first.hello, context.peer())
+        why = mismatch("controller", holder.label or holder.peer, first.hello.protocol,
+                       first.hello.software)
+        if why:  # (before it may take the worker: a mixed pair does not work together)
+            self._other_protocol(holder, why)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
         why = self._take(holder)
         if why:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
@@ -1037,6 +1057,15 @@ class WorkerServicer(pbg.WorkerServicer):
             rtask.cancel()
             session.stop()
             stream.close()
+
+
+def _unknown_fields(msg) -> str:
+    """The field numbers of a message that this version does not know, in words."""
+    from google.protobuf.unknown_fields import UnknownFieldSet
+
+    numbers = sorted({f.field_number for f in UnknownFieldSet(msg)})
+    return (f"field(s) {', '.join(map(str, numbers[:8]))}: a newer controller?" if numbers
+            else "an empty message")
 
 
 def _report_reader(t: asyncio.Task) -> None:
@@ -1196,6 +1225,9 @@ class _Session:
             elif kind == "update":
                 self.states.append(node.update(msg.update))
                 self.wake.set()
+            else:  # (a kind of a newer protocol, or none: nothing to do, and no answer)
+                node._complain("a message from the controller of a kind this worker does "
+                               f"not know ({_unknown_fields(msg)}): ignored")
         except Exception as e:  # noqa: BLE001 - one bad message, not the stream
             node._complain(f"a {kind} message from the controller failed: {e!r}", e)
             if kind == "update":  # answered all the same (the controller waits for it):

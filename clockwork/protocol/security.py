@@ -519,6 +519,10 @@ class ClusterAuth:
             return "malformed cluster credentials", nonce, t, target
         want = _mac(self._key, "clockwork-v2 controller", method, target, t, nonce)
         if not hmac.compare_digest(proof.encode("latin-1", "replace"), want.encode()):
+            if not target:  # (made before proofs named the worker: an older controller)
+                return ("wrong cluster credentials, or those of an older clockwork-py (they "
+                        "name no worker address: run the same version on the controller and "
+                        "its workers)"), nonce, t, target
             return "wrong cluster credentials", nonce, t, target
         return None, nonce, t, target
 
