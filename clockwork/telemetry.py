@@ -1269,7 +1269,9 @@ def timeline_of(req: dict, act: dict, bucket_s: float = 60.0,
     ``duration_s``: the time (from time 0, in seconds) the run ended, if known: the
     interval it ends (or cuts short: its goodput is over the part before the end) is the
     last, those after the last arrival and answer there and empty, and what happens
-    after it (the drain's actions completing) counts in it. ``slo_met``: the interval's
+    after it (the drain's actions completing) counts in it; what happens before time 0 (a
+    live request whose client stamped it as sent before the controller started) counts in
+    the first, so that the intervals add up to the summary. ``slo_met``: the interval's
     requests that met their SLO. An
     interval without requests has ``slo_attainment`` 1.0 (nothing missed; ``format_timeline``
     shows n/a). ValueError for an interval under ``TIMELINE_MIN_S`` or over a year, or
@@ -1282,8 +1284,8 @@ def timeline_of(req: dict, act: dict, bucket_s: float = 60.0,
     width = round(bucket_s * 1e9)
     # (an end past what int64 nanoseconds hold, ~292 years, cuts nothing)
     end = round(duration_s * 1e9) if duration_s is not None and 0 < duration_s < 9e9 else None
-    rb = req["arrival"] // width
-    ab = act["measured_completion"] // width
+    rb = np.maximum(req["arrival"] // width, 0)
+    ab = np.maximum(act["measured_completion"] // width, 0)
     n = int(max(rb.max(initial=-1), ab.max(initial=-1))) + 1
     if end is not None:  # the last interval is the one the run ends in, however quiet
         # (the rows stopped at the last arrival or answer: a workload that stops early
@@ -1295,15 +1297,14 @@ def timeline_of(req: dict, act: dict, bucket_s: float = 60.0,
     if n > TIMELINE_MAX_ROWS:
         raise ValueError(f"intervals of {bucket_s:g} s make {n:,} rows (at most "
                          f"{TIMELINE_MAX_ROWS:,}): take a longer interval")
-    rin, ain = rb >= 0, ab >= 0  # (a time before the run's start is in no interval)
     rb = rb.astype(np.intp)
-    count = np.bincount(rb[rin], minlength=n)
-    met = np.bincount(rb[rin & req["deadline_met"].astype(bool)], minlength=n)
-    cold = np.bincount(rb[rin & req["cold_start"].astype(bool)], minlength=n)
+    count = np.bincount(rb, minlength=n)
+    met = np.bincount(rb[req["deadline_met"].astype(bool)], minlength=n)
+    cold = np.bincount(rb[req["cold_start"].astype(bool)], minlength=n)
     kinds = act["type"]
     ab = ab.astype(np.intp)
-    loads = np.bincount(ab[ain & (kinds == ActionType.LOAD)], minlength=n)
-    evicts = np.bincount(ab[ain & (kinds == ActionType.EVICT)], minlength=n)
+    loads = np.bincount(ab[kinds == ActionType.LOAD], minlength=n)
+    evicts = np.bincount(ab[kinds == ActionType.EVICT], minlength=n)
     out = []
     for i in range(n):
         k, m = int(count[i]), int(met[i])

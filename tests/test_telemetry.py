@@ -781,6 +781,23 @@ def test_timeline_slo_percent_is_rounded_once():
     assert format_timeline(rows).splitlines()[1].split()[3] == "15.888"
 
 
+def test_timeline_counts_what_came_before_time_0_in_the_first_interval():
+    """A live controller logs a request whose client stamped it as sent before the
+    controller started with an arrival before time 0: the timeline counted it in no
+    interval (0 requests in every one, 2 in the summary); now in the first, so the
+    intervals add up to the summary."""
+    from clockwork.telemetry import timeline_of
+
+    req = {"arrival": np.array([-44_000_000_000, -5, 1_500_000_000], np.int64),
+           "deadline_met": np.array([True, True, False]), "cold_start": np.zeros(3, bool)}
+    act = {"type": np.array([int(ActionType.LOAD)], np.int64),
+           "measured_completion": np.array([-1_000], np.int64)}
+    rows = timeline_of(req, act, 1.0)
+    assert [(r["requests"], r["slo_met"], r["loads"]) for r in rows] == [(2, 2, 1), (1, 0, 0)]
+    only_before = {k: v[:2] for k, v in req.items()}
+    assert [r["requests"] for r in timeline_of(only_before, act, 1.0)] == [2]
+
+
 def test_report_timeline_interval_over_a_year_is_one_line(tmp_path, capsys):
     """An interval whose nanoseconds overflow (>= ~9.2e9 s) was a traceback; intervals
     are bounded at a year (as other times)."""
