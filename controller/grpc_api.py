@@ -43,7 +43,7 @@ class ClockworkServicer(pbg.ClockworkServicer):
 
         rem = context.time_remaining()  # None: the call has no deadline
         submit_unary(self.node, request, deliver, context.peer(),
-                     None if rem is None else int(rem * 1e9))
+                     None if rem is None else max(0, int(rem * 1e9)))
         return await fut
 
     async def InferStream(self, request_iterator, context):  # noqa: N802

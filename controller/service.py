@@ -711,11 +711,14 @@ class ControllerNode(WorkerLinks):
         def tagged(resp: pb.InferResponse) -> None:
             resp.client_id = cid
             if cut and not typed and resp.status == RequestStatus.TIMEOUT:
-                # (the client's own timeout, not the SLO, made it too late: say so)
+                # (the client's own timeout, not the SLO, made it too late: say so, and
+                # the SLO it would have had: its own, or the default)
+                slo_asked = (f"{req.slo_ms:g} ms" if req.slo_ms else
+                             f"{self.cfg.default_slo / 1e6:g} ms, the controller's default")
                 resp.reason = "call_deadline"
                 resp.message = (f"{resp.message or 'SLO cannot be met'} within the call's "
                                 f"deadline ({budget / 1e6:.1f} ms left of it when the "
-                                f"request came; its SLO {req.slo_ms:g} ms): give the "
+                                f"request came; its SLO {slo_asked}): give the "
                                 "client a longer timeout")
             deliver(resp)
         r = Request(rid, req.model, now - late, slo, tagged, inputs)  # inputs: list[Tensor]

@@ -884,6 +884,16 @@ def test_an_slo_cut_short_by_the_clients_timeout_says_so():
                 except clockwork.errors.ControllerUnavailable:
                     got.append("client timeout")  # (the answer came too late for the call)
         assert "call_deadline" in got and set(got) <= {"call_deadline", "client timeout"}, got
+        # without an SLO of its own: the one it runs under is named (it said "its SLO 0 ms")
+        said = []
+        with clockwork.Client(c.address, timeout=0.03) as cl:
+            for _ in range(5):
+                with contextlib.suppress(clockwork.errors.ControllerUnavailable):
+                    try:
+                        cl.infer("vgg16")
+                    except clockwork.errors.InferenceTimeout as e:
+                        said.append(str(e))
+        assert said and all("its SLO 100 ms, the controller's default" in x for x in said), said
 
 
 def test_a_results_repr_shows_its_outputs_shapes_not_their_values():
