@@ -989,8 +989,9 @@ class InferStream:
     request unanswered ``GRACE_S`` after its SLO is resolved here with status TIMEOUT
     (reason ``no_answer``) -- a stalled, stuck or vanished controller is noticed within
     the SLO plus a second. A request without an SLO of its own has the controller's
-    default, which the controller says as the stream opens (one that does not say it:
-    such requests are not given up here). The later answer, if any, is ignored.
+    default, which the controller says as the stream opens, for both (one that does not
+    say it: such requests are neither given up nor found late here). The later answer,
+    if any, is ignored.
 
     ``close()`` sends what was submitted and waits for the answers still due: it returns
     once every request is answered or given up (its SLO, or the default, plus ``GRACE_S``), or the call
@@ -1152,10 +1153,14 @@ class InferStream:
                     if fut is not None and not fut.done():
                         if times is not None:
                             times[resp.client_id] = now
-                        if resp.status == 0 and sent and sent[1] and now - sent[0] > sent[1] * 1e6:
+                        # (its SLO, or the controller's default once said: 0 before)
+                        slo = sent and (sent[1] or self._default_slo / 1e6)
+                        if resp.status == 0 and slo and now - sent[0] > slo * 1e6:
                             resp.status, resp.reason = 4, "late"  # past its SLO as seen here
                             resp.message = (f"answered {(now - sent[0]) / 1e6:.1f} ms after "
-                                            f"it was submitted, past its {sent[1]:g} ms SLO")
+                                            f"it was submitted, past its {slo:g} ms SLO"
+                                            + ("" if sent[1] else " (the controller's "
+                                               "default)"))
                         fut.set_result(resp)
         except grpc.RpcError as e:
             err = _unavailable(e, self._url)

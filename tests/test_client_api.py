@@ -946,3 +946,35 @@ def test_more_unary_calls_than_a_connection_takes_wait_in_the_async_client():
 
         got = asyncio.run(main())
     assert got == {"InferResult": 6000}, got  # (with each failure's message)
+
+
+def test_a_stream_answer_read_past_the_default_slo_is_late_as_with_an_slo():
+    """On a stream, a success read here after the request's SLO is reported TIMEOUT
+    ``late``; a request without an SLO of its own is measured against the controller's
+    default (it stayed a success however late: only requests with an SLO were checked).
+    The client's event loop is held after the request went out, so the answer is read
+    late; the controller answered it in time."""
+    import time
+
+    with local_cluster(workers=1, gpus=1, models="mobilenet_v2",
+                       controller_args=["--default-slo-ms", "50"]) as c:
+
+        async def main():
+            async with clockwork.AsyncClient(c.address, timeout=10) as cl:
+                s = cl.stream()
+                first = await asyncio.wait_for(s.submit("mobilenet_v2", slo_ms=5000), 10)
+                assert first.status == 0  # (loaded; the default SLO is said by now)
+                got = []
+                for slo in (0, 40):  # the default, then one of its own
+                    fut = s.submit("mobilenet_v2", slo_ms=slo)
+                    while s._queue:  # until it has gone out
+                        await asyncio.sleep(0)
+                    time.sleep(0.3)  # the answer comes meanwhile, read after
+                    got.append(await asyncio.wait_for(fut, 10))
+                await s.close()
+                return got
+
+        default, own = asyncio.run(main())
+    assert (default.status, default.reason) == (4, "late"), default
+    assert "past its 50 ms SLO (the controller's default)" in default.message, default.message
+    assert (own.status, own.reason) == (4, "late") and "past its 40 ms SLO" in own.message, own
