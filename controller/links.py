@@ -72,6 +72,9 @@ JOIN_TRY_S = 3.0
 JOIN_SAY_AGAIN_S = 60.0  # the same reason it cannot be added: said again after this
 # a lost worker that does not come back: said again after this, and this often (with why)
 LOST_SAY_AGAIN_S = 60.0
+# the longest an AddWorker tries to reach its worker, whatever the caller's deadline (adds
+# wait for each other: one given a day held every other for that day)
+ADD_WORKER_MAX_S = 300.0
 # on giving up on a worker at start, a TCP connection of at most PROBE_S tells a refused
 # connection from no answer at all
 PROBE_S = 1.0
@@ -270,15 +273,15 @@ class WorkerLinks:
         indices, added); a worker already connected (an address that resolves to one of
         its endpoints) is left as it is (added False); an address that is not HOST:PORT is
         INVALID_ARGUMENT. Raises ``RepositoryError`` (UNAVAILABLE: cannot reach it in
-        ``timeout`` seconds, default ``connect_timeout``; INVALID_ARGUMENT: it cannot serve the models, or the policy
-        cannot grow)."""
+        ``timeout`` seconds, default ``connect_timeout``, at most ``ADD_WORKER_MAX_S``;
+        INVALID_ARGUMENT: it cannot serve the models, or the policy cannot grow)."""
         if self.ctrl is None or self._stopping:
             raise RepositoryError(grpc.StatusCode.UNAVAILABLE, "the controller is not serving")
         try:
             address = addresses.canonical(address)
         except ValueError as e:
             raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-        wait = self.connect_timeout if timeout is None else timeout
+        wait = min(ADD_WORKER_MAX_S, self.connect_timeout if timeout is None else timeout)
         deadline = time.monotonic() + wait  # (one for the name's resolution and the dial)
         def connected(lk: WorkerLink) -> tuple[int, list[int], bool]:
             return lk.index, [self.gpu_index[(lk.index, g.gpu)] for g in lk.state.gpus], False

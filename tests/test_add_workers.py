@@ -343,6 +343,44 @@ def test_adding_a_connected_worker_does_not_wait_for_an_add_in_progress():
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
+def test_an_add_given_a_day_tries_for_at_most_add_worker_max_s(monkeypatch):
+    """An add of a worker that never answers, given a day by its caller, gives up after
+    ADD_WORKER_MAX_S (here made 1 s) with why: adds wait for each other, and one such
+    held every other for the caller's whole deadline."""
+    import asyncio
+    import socket
+    import time
+
+    import controller.links
+    from controller.service import ControllerNode, RepositoryError
+    from tests.inprocess import serve_in_process
+    from worker.service import WorkerNode
+
+    monkeypatch.setattr(controller.links, "ADD_WORKER_MAX_S", 1.0, raising=False)
+
+    async def main():
+        address, stop, served = await serve_in_process(WorkerNode(gpus=1, pages=100))
+        node = ControllerNode([address], "v100-reference", models="resnet50_v2")
+        await node.start()
+        try:
+            with socket.socket() as silent:
+                silent.bind(("127.0.0.1", 0))
+                silent.listen(8)  # (connections wait in its backlog, never answered)
+                t0 = time.monotonic()
+                with pytest.raises(RepositoryError) as e:
+                    await asyncio.wait_for(node.add_worker(
+                        f"127.0.0.1:{silent.getsockname()[1]}", timeout=86_400), 30)
+                return time.monotonic() - t0, e.value
+        finally:
+            await node.stop()
+            stop.set()
+            await served
+
+    took, err = asyncio.run(asyncio.wait_for(main(), 60))
+    assert took < 10, took
+    assert "cannot reach worker 127.0.0.1:" in err.message, err.message
+
+
 def test_an_add_with_a_short_timeout_is_answered_why_within_it():
     """``add_worker`` of an address nobody listens on, with a client timeout of half a
     second: the controller answers why ("cannot reach worker ...") before the client's

@@ -174,6 +174,10 @@ BAD = [
     (["simulate", SC, "--set", "duration_s=1e300"], "at most 31,536,000 (a year)"),
     (["simulate", SC, "--set", "scheduler.future_ms=1e13"], "future_ms"),
     (["controller", "--workers", "127.0.0.1:1", "--default-slo-ms", "1e13"], "a day"),
+    # a pacing interval past a second (1e7 for 10 ms held results 10 s under load)
+    (["worker", "--result-interval-us", "1e300"], "from 0 (off) to 1000000 (a second)"),
+    (["controller", "--workers", "127.0.0.1:1", "--action-interval-us", "1e7"], "a second"),
+    (["controller", "--workers", "127.0.0.1:1", "--reply-interval-us", "2e6"], "a second"),
     # values that were taken: a cache no served model fits, a fault after the run, sizes
     # that ran out of memory, a negative list index, an SLO that rounds to 0 ns
     (["simulate", SC, "--set", "cluster.weights_cache_pages=1"],

@@ -127,6 +127,16 @@ def optional_port(text: str) -> int:
     return v
 
 
+def pacing_interval_us(text: str) -> float:
+    """A pacing interval in microseconds: from 0 (off) to a second (a unit slip, 1e7 for
+    10 ms, held LOAD results and failed INFERs for 10 s each under load)."""
+    v = _float(text)
+    if not 0 <= v <= 1e6:
+        raise argparse.ArgumentTypeError(f"must be a number of microseconds from 0 (off) to "
+                                         f"1000000 (a second), got {text!r}")
+    return v
+
+
 def nonneg_float(text: str) -> float:
     v = _float(text)
     if v < 0:

@@ -397,17 +397,17 @@ def add_controller(sub) -> None:
                    "folder in DIR, not in memory, put there every --log-flush-s; a crash "
                    "leaves them there without the .npz files: clockwork report DIR reads "
                    "them)")
-    p.add_argument("--action-interval-us", type=t.nonneg_float, default=ACTION_INTERVAL_US,
+    p.add_argument("--action-interval-us", type=t.pacing_interval_us, default=ACTION_INTERVAL_US,
                    help="pacing: at most one action message per worker per interval; under "
                    "load actions share messages, but none is held past one interval "
                    "before its latest start (at least 11 ms after it is made with the "
                    "default settings, so intervals from ~11 ms pace no INFER; default "
-                   f"{ACTION_INTERVAL_US:g}; 0: off)")
-    p.add_argument("--reply-interval-us", type=t.nonneg_float, default=REPLY_INTERVAL_US,
+                   f"{ACTION_INTERVAL_US:g}; 0: off; at most 1000000)")
+    p.add_argument("--reply-interval-us", type=t.pacing_interval_us, default=REPLY_INTERVAL_US,
                    help="pacing: on a busy InferStream at most one reply message per "
                    "interval, but a successful reply still in time goes no later than one "
                    "interval before its request's SLO ends (default "
-                   f"{REPLY_INTERVAL_US:g}; 0: off)")
+                   f"{REPLY_INTERVAL_US:g}; 0: off; at most 1000000)")
     p.add_argument("--limit", action="append", default=[], metavar="KEY=VALUE",
                    help="a bound on clients (repeatable): requests outstanding per stream, "
                    "connection and in all, admission slices, reply message and buffer "
@@ -461,12 +461,12 @@ def add_worker(sub) -> None:
     p.add_argument("--slow-factor", type=t.slow_factor, default=3.0,
                    help="emulated stragglers take this many times their duration "
                    "(default 3)")
-    p.add_argument("--result-interval-us", type=t.nonneg_float, default=RESULT_INTERVAL_US,
+    p.add_argument("--result-interval-us", type=t.pacing_interval_us, default=RESULT_INTERVAL_US,
                    help="pacing: at most one result message to the controller per interval; "
                    "under load results share messages, but a successful INFER's result goes "
                    "no later than one interval before its batch's deadline, and echoes and "
                    f"states never wait (default {RESULT_INTERVAL_US:g}; 0: one message "
-                   "whenever results are ready)")
+                   "whenever results are ready; at most 1000000)")
     p.add_argument("--seed", type=t.nonneg_int, default=0,
                    help="seed of the emulated noise and stragglers; GPU g draws from seed x "
                    "1000 + g (default 0)")
