@@ -1007,6 +1007,9 @@ def _batch_key(k: Any) -> Any:
 BatchSize = Annotated[int, BeforeValidator(_batch_key),
                      Field(ge=1, json_schema_extra={"expected": "a batch size (an integer >= 1)"})]
 Positive = Annotated[int, Field(ge=1)]
+# a duration in ns a profile states: at most a year (a LOAD of 2**63 ns was taken, and
+# could never fit a window; the simulator dropped every request of the model)
+DurationNs = Annotated[int, Field(ge=1, le=MAX_TIME_S * NS_PER_S)]
 
 
 # The element types a model's tensors may have: those the KServe v2 protocol carries
@@ -1073,11 +1076,12 @@ class ProfileFile(Settings):
     weights_pages: int = setting(
         0, "Weights-cache pages (16 MiB) the weights take; 0 computes them from "
         "`weights_bytes`.", ge=0)
-    load_ns: int = setting(description="Duration of a LOAD (weights to the GPU), ns.", ge=1)
-    exec_ns: dict[BatchSize, Positive] = setting(
+    load_ns: int = setting(description="Duration of a LOAD (weights to the GPU), ns.", ge=1,
+                           le=MAX_TIME_S * NS_PER_S)
+    exec_ns: dict[BatchSize, DurationNs] = setting(
         description="Duration of an INFER, ns, per compiled batch size (keys: batch sizes).",
         min_length=1, expected="a non-empty table of batch size -> ns",
-        allowed_text="keys: batch sizes >= 1; values >= 1; at least one")
+        allowed_text="keys: batch sizes >= 1; values >= 1 (at most a year); at least one")
     inputs: list[TensorEntry] = setting(default_factory=list, description="Input tensors.")
     outputs: list[TensorEntry] = setting(default_factory=list, description="Output tensors.")
     source: dict[str, str] = setting(

@@ -607,12 +607,12 @@ GOOD_PROFILE = {"model": "m", "device": "test", "weights_bytes": 100, "load_ns":
 
 
 @pytest.mark.parametrize("change,msg", [
-    ({"load_ns": -5}, "load_ns: must be an integer >= 1, got -5"),
-    ({"load_ns": 5.5}, "load_ns: must be an integer >= 1, got 5.5"),
+    ({"load_ns": -5}, "load_ns: must be an integer >= 1 (at most a year), got -5"),
+    ({"load_ns": 5.5}, "load_ns: must be an integer >= 1 (at most a year), got 5.5"),
     ({"weights_bytes": True}, "weights_bytes: must be an integer >= 1, got true"),
     ({"exec_ns": {"1": 10, "x": 3}}, "exec_ns: key 'x' must be a batch size (an integer >= 1)"),
     ({"exec_ns": {"0": 3}}, "exec_ns: key '0' must be a batch size (an integer >= 1)"),
-    ({"exec_ns": {"1": None}}, "exec_ns.1: must be an integer >= 1, got None"),
+    ({"exec_ns": {"1": None}}, "exec_ns.1: must be an integer >= 1 (at most a year), got None"),
     ({"exec_ns": {}}, "exec_ns: must be a non-empty table of batch size -> ns, got {}"),
     ({"inputs": [{"name": "d", "shape": [3, 0], "dtype": "f"}]},
      "inputs.0.shape.1: must be an integer >= 1, got 0"),
@@ -720,7 +720,7 @@ def test_two_profile_files_of_one_model_are_refused_naming_both(tmp_path):
 def test_profiles_round_trip():
     bad = {**GOOD_PROFILE, "exec_ns": {"1": float("nan")}}  # JSON has no nan; a dict may
     assert raises(ProfileError, ModelProfile.from_json, bad, "x") == (
-        "x: exec_ns.1: must be an integer >= 1, got nan")
+        "x: exec_ns.1: must be an integer >= 1 (at most a year), got nan")
     p = ModelProfile.from_json(GOOD_PROFILE)
     assert p.exec_ns == {1: 10, 4: 20} and p.weights_pages == 1
     assert p.inputs[0].shape == (3, 8)
@@ -828,3 +828,16 @@ def test_simulate_command_prints_one_line_and_exits_2(override, text):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and text in lines[0], r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("key,value", [("load_ns", 2**63 + 5), ("exec_ns", {"1": 2**62})])
+def test_a_profile_duration_past_a_year_is_refused(key, value):
+    """A profile's LOAD or INFER duration is at most a year (a LOAD of 2**63 ns was
+    taken and could never fit a window: every request of the model was dropped)."""
+    from clockwork.settings import ProfileFile, SettingsError, validate
+
+    fig = {"model": "m", "weights_bytes": 10**8, "load_ns": 10**7, "exec_ns": {"1": 10**6}}
+    fig[key] = value
+    with pytest.raises(SettingsError, match="year"):
+        validate(ProfileFile, fig, where="m.json")
+    validate(ProfileFile, {**fig, "load_ns": 10**7, "exec_ns": {"1": 10**6}}, where="m.json")
