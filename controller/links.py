@@ -13,6 +13,7 @@ worker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import ssl
 import sys
@@ -447,7 +448,7 @@ class WorkerLinks:
         """One connection attempt: clock sync, Connect stream, Hello, state. ``NoAnswer``
         if the worker's gRPC server does not answer within ``ready_s`` seconds."""
         ch = self._channel(link.address)
-        stream = None
+        stream = call = None
         try:
             try:
                 async with asyncio.timeout(ready_s):
@@ -488,7 +489,13 @@ class WorkerLinks:
             stream = await self._dial_fast(link, msg.state) if msg.state.link_port else call
             # (on the stream the worker answers on: with a fast link, the gRPC call is idle)
             await self._catch_up(link, stub, stream)
-        except BaseException:
+        except BaseException as e:
+            if (isinstance(e, ValueError) and not isinstance(e, (OtherProtocol, AuthFailed))
+                    and (stream or call) is not None):
+                # (it answered, and is not used: it is told why, to say in its own log)
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(1.0):
+                        await (stream or call).write(pb.ControllerMessage(goodbye=str(e)))
             if isinstance(stream, FrameStream):
                 stream.close()
             await ch.close()

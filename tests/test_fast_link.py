@@ -14,6 +14,7 @@ import clockwork
 from clockwork.cluster.local import LocalCluster
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol.framing import MAX_FRAME, TICKET_BYTES, FrameStream, dial, host_of
+from clockwork.protocol.versions import PROTOCOL
 from tests.conftest import wait_output
 
 MODEL = "resnet18_v2"
@@ -286,7 +287,7 @@ def test_the_worker_reads_no_more_actions_while_its_results_back_up(fast, monkey
             link_port=0 if fast else -1))
         port, _ = await ports
         q: asyncio.Queue = asyncio.Queue()
-        await q.put(pb.ControllerMessage(hello=pb.Hello(
+        await q.put(pb.ControllerMessage(hello=pb.Hello(protocol=PROTOCOL,
             worker_id=0, reset=True, fast_link=fast,
             instances=[pb.Instance(name="a", profile="resnet50_v2")])))
 

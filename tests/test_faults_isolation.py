@@ -29,6 +29,7 @@ from clockwork.cluster.local import _Child, _cli  # noqa: E402
 from clockwork.errors import ClockworkError, Overloaded  # noqa: E402
 from clockwork.protocol import clockwork_pb2 as pb  # noqa: E402
 from clockwork.protocol import clockwork_pb2_grpc as pbg  # noqa: E402
+from clockwork.protocol.versions import PROTOCOL  # noqa: E402
 from tests.conftest import local_cluster  # noqa: E402
 
 pytestmark = pytest.mark.faults
@@ -820,7 +821,7 @@ class FakeWorker(pbg.WorkerServicer):
         assert hello.WhichOneof("kind") == "hello"
         yield pb.WorkerMessage(state=pb.WorkerState(
             device="emulated", profiles="test", gpus=[pb.GpuState(gpu=0, pages=64)],
-            worker_time=time.monotonic_ns()))
+            worker_time=time.monotonic_ns(), protocol=PROTOCOL))
         out: asyncio.Queue = asyncio.Queue()
 
         async def read() -> None:
@@ -928,7 +929,7 @@ def test_worker_answers_a_malformed_action_and_keeps_its_stream(profiles):
         async def main():
             async with grpc.aio.insecure_channel(address) as ch:
                 call = pbg.WorkerStub(ch).Connect()
-                await call.write(pb.ControllerMessage(hello=pb.Hello(
+                await call.write(pb.ControllerMessage(hello=pb.Hello(protocol=PROTOCOL,
                     worker_id=0, reset=True, instances=[pb.Instance(name="small",
                                                                     profile="small")])))
                 assert (await call.read()).WhichOneof("kind") == "state"

@@ -381,8 +381,8 @@ def test_a_worker_back_with_another_weights_cache_stays_out_saying_so(capsys):
                     "127.0.0.1", port, WorkerNode(gpus=1, pages=pages), stop=stop,
                     link_port=-1))
                 if pages == 20:
-                    await _until(lambda: node.counters.get("worker_refusals", 0) >= 2,
-                                 "refused twice")
+                    await _until(lambda: node.counters.get("worker_refusals", 0) >= 3,
+                                 "refused three times")
                     assert not node.links[0].connected
             await _until(lambda: node.links[0].connected, "taken back as it was")
             assert (await answer(node, "resnet50_v2")).status == 0
@@ -396,6 +396,13 @@ def test_a_worker_back_with_another_weights_cache_stays_out_saying_so(capsys):
     err = capsys.readouterr().err
     assert (f"worker {address} came back with another weights cache: GPU 0 has 20 pages, "
             "had 100; it stays out") in err, err
+    # the worker's own log says why, once, and not each attempt (it said "connected" and
+    # "disconnected" at each, without why)
+    said = [x for x in err.splitlines() if x.startswith("worker: ")]
+    why = [x for x in said if "does not use this worker" in x]
+    assert len(why) == 1 and "came back with another weights cache: GPU 0 has 20 pages" \
+        in why[0], said
+    assert sum(x.endswith(" connected") for x in said) == 3, said  # first, refused, back
 
 
 def test_a_worker_says_which_controller_holds_it_and_when_it_lets_go():

@@ -1822,7 +1822,8 @@ def test_a_worker_back_without_a_model_loaded_while_it_was_away_says_why(
             # refused before its fast link is dialed (dialed at each attempt, it said
             # "refused fast link ... no valid ticket" as often)
             assert dials == [], dials
-            lines = [ln for ln in err.splitlines() if "cannot serve" in ln]
+            lines = [ln for ln in err.splitlines()
+                     if "cannot serve" in ln and ln.startswith("controller:")]
             assert lines == [
                 f"controller: worker {address1} (emulated) cannot serve r: no profile in its "
                 "profile set 'partial', or one whose weights pages or batch sizes are not the "
@@ -1831,6 +1832,12 @@ def test_a_worker_back_without_a_model_loaded_while_it_was_away_says_why(
                 "they are unloaded"]
             assert 'clockwork_worker_events_total{event="refused"}' in \
                 node.metrics.render().decode()
+            # the worker's own log: why, once (its attempts are not said each)
+            why = [ln for ln in err.splitlines() if "does not use this worker" in ln]
+            assert len(why) == 1 and f"worker {address1} (emulated) cannot serve r" in why[0], \
+                err
+            assert sum(ln.startswith("worker: ") and ln.endswith(" connected")
+                       for ln in err.splitlines()) == 3, err  # 0, 1, 1 again (refused)
             assert (await answer(node, "r")).status == 0  # worker 0 serves it
             t0 = time.monotonic()
             assert await node.unload_model("r") == ["r"]
@@ -1838,6 +1845,10 @@ def test_a_worker_back_without_a_model_loaded_while_it_was_away_says_why(
             # at once, not at the end of its pause
             assert time.monotonic() - t0 < pause / 2, (time.monotonic() - t0, pause)
             assert (await answer(node, "resnet50_v2")).status == 0
+            later: list[str] = []  # (the worker says it once the controller uses it)
+            await _until(lambda: later.append(capsys.readouterr().err) or
+                         "connected (it uses this worker now)" in "".join(later),
+                         "worker 1 says it is used")
         finally:
             await node.stop()
             for s, t in ((stop, served), (stop1, served1)):

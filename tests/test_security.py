@@ -47,6 +47,7 @@ from clockwork.protocol.security import (  # noqa: E402
     listener_covers,
     peer_is_local,
 )
+from clockwork.protocol.versions import PROTOCOL  # noqa: E402
 from tests.conftest import local_cluster, wait_output  # noqa: E402
 from tests.pki import make_pki  # noqa: E402
 
@@ -635,7 +636,7 @@ def test_fake_controller_cannot_drive_a_worker(plain_cluster):
                    # port there, have the controller dial it and relay its proof)
                    *[right.call_metadata(WORKER_CONNECT, f"{a}:{port}")[0]
                      for a in _other_local_addresses()]):
-            call = stub.Connect(iter([pb.ControllerMessage(hello=pb.Hello(worker_id=0,
+            call = stub.Connect(iter([pb.ControllerMessage(hello=pb.Hello(protocol=PROTOCOL, worker_id=0,
                                                                           reset=True))]),
                                 metadata=md, timeout=TIMEOUT)
             with pytest.raises(grpc.RpcError) as e:

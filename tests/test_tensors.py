@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from clockwork.profiles import TensorSpec
+from clockwork.protocol.versions import PROTOCOL
 from clockwork.tensors import Tensor, TensorError, batch_inputs, check_inputs, join_rows, zero_rows
 
 SPECS = [TensorSpec("data", (2, 3), "float32")]
@@ -145,7 +146,7 @@ def test_emulated_worker_sends_no_output_bytes():
 
         with grpc.insecure_channel(addr) as ch:
             call = pbg.WorkerStub(ch).Connect(messages(), timeout=30)
-            outbox.put(pb.ControllerMessage(hello=pb.Hello(
+            outbox.put(pb.ControllerMessage(hello=pb.Hello(protocol=PROTOCOL,
                 worker_id=0, reset=True,
                 instances=[pb.Instance(name="resnet50_v2", profile="resnet50_v2")])))
             first = next(call)

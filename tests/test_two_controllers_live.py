@@ -20,6 +20,7 @@ from contextlib import asynccontextmanager, contextmanager
 import grpc
 import pytest
 
+from clockwork.protocol.versions import PROTOCOL
 from tests.conftest import cli_command, local_cluster, wait_output
 from tests.conftest import poll as _poll
 
@@ -251,7 +252,7 @@ def test_the_worker_refuses_another_controller_and_lets_its_holder_reconnect(cap
                 async def connect(cid: str, label: str = "pid 7 on there, port 9",
                                   index: int = 0):
                     call = stub.Connect()
-                    await call.write(pb.ControllerMessage(hello=pb.Hello(
+                    await call.write(pb.ControllerMessage(hello=pb.Hello(protocol=PROTOCOL,
                         worker_id=index, reset=True, controller_id=cid, controller=label)))
                     return call, await asyncio.wait_for(call.read(), 10)
 
@@ -339,7 +340,7 @@ def test_a_connect_that_ends_at_its_first_answer_leaves_the_worker_free():
             raise AssertionError(f"aborted {code}: {details}")
 
     async def messages():
-        yield pb.ControllerMessage(hello=pb.Hello(worker_id=0, controller_id="a" * 32,
+        yield pb.ControllerMessage(hello=pb.Hello(protocol=PROTOCOL, worker_id=0, controller_id="a" * 32,
                                                   controller="pid 1"))
         await asyncio.Event().wait()  # (no more: the call is cut off first)
 

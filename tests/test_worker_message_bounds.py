@@ -20,6 +20,7 @@ from clockwork.cluster.local import _Child, _cli
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
 from clockwork.protocol.framing import dial
+from clockwork.protocol.versions import PROTOCOL
 from clockwork.sizes import MAX_ACTIONS_PER_MESSAGE
 
 MAX = MAX_ACTIONS_PER_MESSAGE
@@ -64,7 +65,7 @@ def test_worker_refuses_a_message_of_too_many_actions_and_serves_on(fast):
         async def main():
             async with grpc.aio.insecure_channel(address) as ch:
                 call = pbg.WorkerStub(ch).Connect()
-                await call.write(pb.ControllerMessage(hello=pb.Hello(
+                await call.write(pb.ControllerMessage(hello=pb.Hello(protocol=PROTOCOL,
                     worker_id=0, reset=True, fast_link=fast,
                     instances=[pb.Instance(name="a", profile="resnet50_v2")])))
                 st = (await call.read()).state
@@ -96,7 +97,7 @@ def test_worker_refuses_a_message_of_too_many_actions_and_serves_on(fast):
                     e.value.details()
                 # the worker serves on: a new connection is answered
                 call = pbg.WorkerStub(ch).Connect()
-                await call.write(pb.ControllerMessage(hello=pb.Hello(worker_id=0, reset=True)))
+                await call.write(pb.ControllerMessage(hello=pb.Hello(protocol=PROTOCOL, worker_id=0, reset=True)))
                 assert (await asyncio.wait_for(call.read(), 20)).WhichOneof("kind") == "state"
                 call.cancel()
 

@@ -45,6 +45,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -861,6 +862,9 @@ class WorkerServicer(pbg.WorkerServicer):
         self._refused = Refusals("worker")
         self._links: set[asyncio.Task] = set()  # the fast-link connections' tasks
         self._versions_said: set[tuple[str, str]] = set()  # controllers of another protocol
+        # controller -> why it said it does not use this worker (its last goodbye): its
+        # next attempts are quiet until the reason changes or it uses the worker
+        self._goodbyes: dict[str, str] = {}
 
     async def close(self, timeout: float = 1.0) -> None:
         """At stop: end the controller's session (its Connect stream ends, not cancelled
@@ -898,6 +902,28 @@ class WorkerServicer(pbg.WorkerServicer):
                   "it may take the worker once that connection ends (not said again for "
                   "this controller)", file=sys.stderr, flush=True)
         return why
+
+    def _used(self, key: str, who: str) -> None:
+        """A controller that did not use this worker last time uses it now."""
+        self._goodbyes.pop(key, None)
+        print(f"worker: {who} connected (it uses this worker now)", file=sys.stderr,
+              flush=True)
+
+    def _ended(self, key: str, who: str, session: _Session) -> None:
+        """A controller's session ended: said, but for the attempts of a controller that
+        does not use this worker, for the same reason as the last time (it tries again
+        every few seconds: two lines each, without why, were all an operator saw)."""
+        if session.goodbye:
+            if self._goodbyes.get(key) != session.goodbye:
+                if len(self._goodbyes) >= 64:
+                    self._goodbyes.clear()
+                self._goodbyes[key] = session.goodbye
+                print(f"worker: {who} does not use this worker: {session.goodbye}; it will "
+                      "try again (its attempts not said while the reason stays)",
+                      file=sys.stderr, flush=True)
+            return
+        if session.on_used is None:  # (its connected line was said)
+            print(f"worker: {who} disconnected", file=sys.stderr, flush=True)
 
     def _other_protocol(self, holder: Holder, why: str) -> None:
         """Log a controller refused for its worker protocol, once per controller and
@@ -968,7 +994,11 @@ class WorkerServicer(pbg.WorkerServicer):
                                            self._refused, holder)
         # (an operator on this host learns who holds the worker, and since when)
         who = f"controller {holder.label or '(unnamed)'} from {holder.peer}"
-        print(f"worker: {who} connected", file=sys.stderr, flush=True)
+        key = holder.controller_id or holder.peer.rpartition(":")[0]
+        if key in self._goodbyes:  # (refused last time: said once it uses the worker)
+            session.on_used = lambda: self._used(key, who)
+        else:
+            print(f"worker: {who} connected", file=sys.stderr, flush=True)
         rtask = None
         try:  # (from here on the session ends with this call, however it ends: a session
             # left active would hold the worker for a controller that is gone)
@@ -1003,7 +1033,7 @@ class WorkerServicer(pbg.WorkerServicer):
             if rtask is not None:
                 rtask.cancel()
             session.stop()
-            print(f"worker: {who} disconnected", file=sys.stderr, flush=True)
+            self._ended(key, who, session)
         if session.refused:  # the controller's stream ends with why
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, session.refused)
 
@@ -1088,6 +1118,9 @@ class _Session:
         self._told: set[str] = set()  # the other controllers refused while it lives
         self._refusals = refusals  # logs a refused message (``Refusals``)
         self.refused = ""  # why the session ended on a message it refused, if it did
+        self.goodbye = ""  # why its controller said it does not use this worker, if it did
+        # called at its controller's first echo or actions (it uses the worker), if set
+        self.on_used: Callable[[], None] | None = None
         self.echoes: list[pb.ClockEcho] = []
         self.states: list[pb.WorkerState] = []  # answers to InstanceUpdates
         # something to send (results, echoes, states) or the end: one event, the node's
@@ -1199,6 +1232,9 @@ class _Session:
             return False
         node = self.node
         kind = msg.WhichOneof("kind")
+        if self.on_used is not None and kind in ("echo", "actions"):
+            used, self.on_used = self.on_used, None
+            used()
         if kind == "actions" and len(msg.actions.actions) > MAX_ACTIONS_PER_MESSAGE:
             # handling it would hold the event loop past the controller's probe timeout:
             # refused whole, and the connection ends (its actions cannot be answered
@@ -1225,6 +1261,8 @@ class _Session:
             elif kind == "update":
                 self.states.append(node.update(msg.update))
                 self.wake.set()
+            elif kind == "goodbye":  # (the stream ends next: said as it does)
+                self.goodbye = printable(msg.goodbye, 1000, "...")
             else:  # (a kind of a newer protocol, or none: nothing to do, and no answer)
                 node._complain("a message from the controller of a kind this worker does "
                                f"not know ({_unknown_fields(msg)}): ignored")
