@@ -32,6 +32,7 @@ from aiohttp.web import ContentCoding
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_urldispatcher import _default_expect_handler
 
+from clockwork.protocol import accept_guard
 from clockwork.protocol.security import Refusals, bearer_ok
 from controller.body_decoding import BodyDecoder
 from controller.json_offload import JsonDecoders
@@ -723,6 +724,9 @@ class _BoundSite(web.TCPSite):
             backlog=self._backlog, reuse_address=self._reuse_address,
             reuse_port=self._reuse_port, start_serving=False)
         self._bound_port = self._server.sockets[0].getsockname()[1]
+        # (out of descriptors: a line a second, no spinning)
+        accept_guard.guard(self._server)
+        accept_guard.quiet(asyncio.get_running_loop(), "controller")
 
     async def serve(self) -> None:
         await self._server.start_serving()

@@ -55,9 +55,9 @@ import orjson
 from clockwork.actions import ActionType, ErrorCode, Result
 from clockwork.extras import pip_extra
 from clockwork.profiles import PAGE_SIZE, ModelProfile, ProfileError, load_profile_set
+from clockwork.protocol import accept_guard, keepalive
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
-from clockwork.protocol import keepalive
 from clockwork.protocol.framing import TICKET_BYTES, FrameStream, new_ticket
 from clockwork.protocol.holding import Holder, printable
 from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
@@ -1348,6 +1348,8 @@ async def serve_worker(host: str, port: int, node: WorkerNode, ready=None,
             raise ListenError(f"--link-port {link_port}: cannot listen on {host}: "
                               f"{e.strerror or e}") from None
         servicer.link_port = link.sockets[0].getsockname()[1]
+        accept_guard.guard(link)  # (out of descriptors: a line a second, no spinning)
+        accept_guard.quiet(asyncio.get_running_loop(), "worker")
     await server.start()
     timer = asyncio.create_task(node.run_timer())
     if ready is not None:
