@@ -97,9 +97,17 @@ _internal_log = LogLimiter("controller")
 
 def _internal(where: str, e: Exception) -> KServeError:
     """An unexpected exception: logged (rate-limited, with its traceback) and answered
-    INTERNAL with a stable message that says nothing of it."""
+    INTERNAL with a stable message that says nothing of it; running out of memory is
+    UNAVAILABLE (503 with Retry-After over REST): the controller serves on, and the same
+    request may go through once memory is free."""
     _internal_log(f"kserve {where}: {e!r}", e)
+    if isinstance(e, MemoryError):
+        return KServeError(UNAVAILABLE, OUT_OF_MEMORY)
     return KServeError(INTERNAL, INTERNAL_MESSAGE)
+
+
+OUT_OF_MEMORY = ("the controller ran out of memory handling this request: try again "
+                 "later, or send smaller inputs")
 
 
 @dataclass(slots=True)

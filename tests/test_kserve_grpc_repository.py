@@ -58,6 +58,8 @@ async def unload(node, name, params):
     record("unload", name, params)
     if name == "boom":
         raise RuntimeError("secret detail")
+    if name == "oom":
+        raise MemoryError()
 
 
 repository = types.ModuleType("controller.repository")
@@ -119,6 +121,10 @@ def test_repository_over_grpc(server):
         with pytest.raises(InferenceServerException) as e:
             c.unload_model("boom", client_timeout=TIMEOUT)
         assert "INTERNAL" in e.value.status() and e.value.message() == "internal error"
+        # out of memory: to try again, not a bug (it was INTERNAL "internal error")
+        with pytest.raises(InferenceServerException) as e:
+            c.unload_model("oom", client_timeout=TIMEOUT)
+        assert "UNAVAILABLE" in e.value.status() and "ran out of memory" in e.value.message()
     finally:
         c.close()
     with grpc.insecure_channel(address) as ch:
@@ -133,10 +139,11 @@ def test_repository_over_grpc(server):
                 call()
             assert e.value.code() == grpc.StatusCode.NOT_FOUND
             assert "unknown repository 'other'" in e.value.details()
-    assert calls(6) == [
+    assert calls(7) == [
         ["index", False],
         ["load", "a", {"config": '{"backend": "x"}', "file:1/model.bin": "0001"}],
         ["unload", "a", {"unload_dependents": True}],
         ["load", "missing", {}],
         ["unload", "boom", {"unload_dependents": False}],  # (tritonclient always sends it)
+        ["unload", "oom", {"unload_dependents": False}],
         ["index", True]]
