@@ -106,14 +106,18 @@ class _Child:
             if len(self.output) > 2 * OUTPUT_KEPT:  # (a long-lived child that keeps talking)
                 del self.output[:OUTPUT_KEPT]
             self._offer(line)
-            if self.echo:
-                sys.stderr.write(f"[{self.name}] {line}")
+            if self.echo:  # (a stderr that fails: its line lost, the child still read:
+                # else the child blocks on a full pipe, and the cluster with it)
+                with contextlib.suppress(OSError, ValueError):
+                    sys.stderr.write(f"[{self.name}] {line}")
             if log is not None:
                 with contextlib.suppress(OSError):  # (a full disk: the run goes on)
                     log.write(line)
         if log is not None:
             with contextlib.suppress(OSError):
                 log.close()
+        with contextlib.suppress(OSError):
+            self.proc.stdout.close()
         self._offer(None)
 
     def _offer(self, item: str | None) -> None:

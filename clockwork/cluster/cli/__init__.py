@@ -48,7 +48,12 @@ class _Version(argparse.Action):
             from clockwork import __version__
 
             v = f"{__version__} (not installed)"
-        print(f"clockwork {v}")
+        try:
+            print(f"clockwork {v}", flush=True)
+        except BrokenPipeError:  # (| true): nothing to say it to
+            pass
+        except OSError as e:  # (> /dev/full)
+            parser.exit(1, f"clockwork: cannot write the version: {e.strerror or e}\n")
         parser.exit(0)
 
 
@@ -121,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     # worker. One thread, before any verb imports numpy (the children inherit it; an
     # explicit OPENBLAS_NUM_THREADS wins).
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    from clockwork.cluster.cli.streams import standard_streams
+
+    standard_streams()  # (one closed: /dev/null, not a traceback at the first print)
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
@@ -139,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     from clockwork.cluster.cli.streams import ReaderSafe
 
     out, err_stream = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = ReaderSafe(out), ReaderSafe(err_stream)  # (put back below)
+    sys.stdout, sys.stderr = ReaderSafe(out), ReaderSafe(err_stream, any_error=True)
     try:
         # (Ctrl-C while the verb's modules load, a second or so for some: the same line)
         func, err = _load(args.command, impl, getattr(args, "requires", ()))

@@ -6,30 +6,66 @@ and the command stopped there -- a simulation's files never written, a cluster s
 at its next log line -- and exited 0. Here the first such failure points the stream's file
 descriptor at /dev/null: what is written to it after is dropped, and the command goes on
 (its files written, its cluster serving, its exit status its own).
+
+Standard error also outlives a write that fails otherwise (a full disk, an I/O error:
+``serve 2>>log`` on a disk that filled up): what goes there says what happens, and a
+server stopped by its own log line -- or a line that raised in the middle of its work --
+is worse than lines lost. Standard output does not: a simulation's report written to a
+full disk is an error the command says (exit 1).
+
+``standard_streams`` gives a process started with a standard descriptor closed
+(``>&-``, ``2>&-``, a daemon's closed fds: Python's ``sys.stdout`` is then None, and
+every print failed) /dev/null in its place, so that the first file or socket it opens
+does not become its stdout either.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+
+
+def standard_streams() -> None:
+    """Descriptors 0, 1 and 2 open (/dev/null where one was closed), and ``sys.stdin``,
+    ``sys.stdout``, ``sys.stderr`` streams on them where Python left None."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            try:
+                null = os.open(os.devnull, os.O_RDWR)
+            except OSError:
+                continue
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    if sys.stdin is None:
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's, never closed
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
 
 
 class ReaderSafe:
-    """A text stream (``sys.stdout``, ``sys.stderr``) that outlives its reader."""
+    """A text stream (``sys.stdout``, ``sys.stderr``) that outlives its reader; with
+    ``any_error`` (standard error) any failed write too."""
 
-    def __init__(self, stream) -> None:
+    def __init__(self, stream, any_error: bool = False) -> None:
         self._stream = stream
+        self._lost = OSError if any_error else BrokenPipeError
 
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
-        except BrokenPipeError:
+        except self._lost:
             self._gone()
             return len(text)
 
     def flush(self) -> None:
         try:
             self._stream.flush()
-        except BrokenPipeError:
+        except self._lost:
             self._gone()
 
     def _gone(self) -> None:

@@ -1,0 +1,55 @@
+"""Standard streams that are closed or fail: a command run with stdout/stderr closed
+(``>&-``, a daemon's closed descriptors) works, its output dropped; a cluster whose own
+stderr fails (a full disk under ``serve 2>>log``) still reads its children's output, so
+they never block on a full pipe."""
+
+from __future__ import annotations
+
+import errno
+import subprocess
+import sys
+
+from clockwork.cluster.local import _Child
+
+
+def _closed(args: str, cwd) -> subprocess.CompletedProcess:
+    """``clockwork ARGS`` with stdout and stderr closed."""
+    return subprocess.run(["bash", "-c", f"exec {sys.executable} -m clockwork.cluster.cli "
+                           f"{args} >&- 2>&-"], cwd=cwd, timeout=120)
+
+
+def test_commands_with_stdout_and_stderr_closed_run(tmp_path):
+    """They exited 120 with nothing done (sys.stdout None: every print failed), a
+    simulation's files never written."""
+    assert _closed("scenarios", tmp_path).returncode == 0
+    assert _closed(f"simulate poisson_warm --set duration_s=2 --out {tmp_path / 'out'}",
+                   tmp_path).returncode == 0
+    assert (tmp_path / "out" / "summary.json").is_file()
+
+
+def test_version_to_a_full_disk_is_one_line_exit_1():
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "--version"],
+                           stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert p.returncode == 1
+    assert p.stderr == "clockwork: cannot write the version: No space left on device\n"
+
+
+class _FullDisk:
+    def write(self, text: str) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def flush(self) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_child_is_read_whatever_happens_to_the_echo(monkeypatch):
+    """A child echoed to a stderr that fails: its output is read on (the reading thread
+    died at the first failed echo; the child then blocked on its full pipe, and a
+    serving controller froze)."""
+    monkeypatch.setattr(sys, "stderr", _FullDisk())
+    talk = "import sys\nfor i in range(5000): print('x' * 100, i)\nprint('done')"
+    child = _Child("talker", [sys.executable, "-c", talk], echo=True)
+    assert child.proc.wait(60) == 0  # (500 KB: far past a pipe's 64 KiB)
+    child._t.join(30)
+    assert child.output[-1] == "done\n"
