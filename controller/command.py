@@ -10,6 +10,7 @@ import asyncio
 import sys
 
 from clockwork.profiles import ProfileError
+from clockwork.protocol.addresses import join
 from clockwork.protocol.listen import ListenError
 from clockwork.protocol.parent import stop_when_orphaned
 from clockwork.protocol.security import (
@@ -182,7 +183,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
             sec = "".join(s for on, s in ((token, ", token required"), (tls, ", TLS"),
                                            (secret, ", cluster secret")) if on)
             awaited = f" ({len(node.awaited)} more awaited)" if node.awaited else ""
-            print(f"clockwork controller listening on {args.host}:{port} ({len(node.links)} "
+            print(f"clockwork controller listening on {join(args.host, port)} ({len(node.links)} "
                   f"worker(s){awaited}, {len(node.gpu_index)} GPU(s), {len(node.profiles)} "
                   f"model instance(s){sec})", flush=True)
 

@@ -14,6 +14,7 @@ import grpc
 
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
+from clockwork.protocol.addresses import join
 from clockwork.protocol.holding import controller_label
 from clockwork.protocol.listen import ListenError, bind_grpc
 from clockwork.protocol.security import TlsFiles, TokenInterceptor
@@ -169,10 +170,11 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
     if ready is not None:
         ready(bound)
     if kbound:
-        print(f"clockwork controller kserve grpc listening on {host}:{kbound}", flush=True)
+        print(f"clockwork controller kserve grpc listening on {join(host, kbound)}",
+              flush=True)
     if http is not None:  # after the lines above (LocalCluster reads them in this order)
         await http.serve()
-        print(f"clockwork controller http listening on {host}:{http.port}", flush=True)
+        print(f"clockwork controller http listening on {join(host, http.port)}", flush=True)
     flusher = asyncio.create_task(node._flush_logs()) if node.telemetry is not None else None
     _settle_heap()
     try:

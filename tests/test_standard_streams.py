@@ -53,3 +53,4 @@ def test_a_child_is_read_whatever_happens_to_the_echo(monkeypatch):
     assert child.proc.wait(60) == 0  # (500 KB: far past a pipe's 64 KiB)
     child._t.join(30)
     assert child.output[-1] == "done\n"
+

@@ -58,6 +58,7 @@ from clockwork.profiles import PAGE_SIZE, ModelProfile, ProfileError, load_profi
 from clockwork.protocol import accept_guard, keepalive
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
+from clockwork.protocol.addresses import join
 from clockwork.protocol.framing import TICKET_BYTES, FrameStream, new_ticket
 from clockwork.protocol.holding import Holder, printable
 from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
@@ -1369,7 +1370,7 @@ def listening_line(args: argparse.Namespace, node: WorkerNode, port: int, link_p
     """The line a worker prints once it serves (launchers read its address from it)."""
     where = "" if args.device == "emulated" else f", packages from {node.packages}"
     fast = f", fast link on port {link_port}" if link_port else ""
-    return (f"clockwork worker listening on {args.host}:{port} ({args.gpus} {args.device} "
+    return (f"clockwork worker listening on {join(args.host, port)} ({args.gpus} {args.device} "
             f"GPU(s), {node.pages} pages each, profiles {node.pset.name}{where}{fast})")
 
 

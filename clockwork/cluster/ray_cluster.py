@@ -87,6 +87,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from clockwork.cluster.local import ChildRefused, LocalCluster
+from clockwork.protocol.addresses import join
 
 RESOURCE = "clockwork_gpu"  # Ray custom resource: emulated (and cpu-device) GPUs
 READY_TIMEOUT_S = 60.0  # for a worker in an actor to listen, from its last sign of life
@@ -308,7 +309,7 @@ class WorkerActor:
         return True
 
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        return join(self.host, self.port)
 
     def info(self) -> dict:
         return {"index": self.index, "address": self.address(), "pid": self.pid,

@@ -44,12 +44,17 @@ def split(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def join(host: str, port: int) -> str:
+    """``host`` and ``port`` as ``HOST:PORT``, an IPv6 address in brackets (gRPC reads
+    ``::1:5000`` as something else, and so would a reader)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def canonical(text: str) -> str:
     """``HOST:PORT`` as ``split`` reads it, written back the one way (no spaces, the port
     without leading zeros, an IPv6 address in brackets): the form a worker link keeps and
     names in its proofs, which the worker compares with its own port as text."""
-    host, port = split(text)
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return join(*split(text))
 
 
 async def endpoints(address: str) -> frozenset[tuple[str, int]]:

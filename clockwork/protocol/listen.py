@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import socket
 
+from clockwork.protocol.addresses import join
+
 # gRPC sets SO_REUSEPORT by default on Linux, which lets a second server bind a port that
 # is already in use (and silently share its connections): turn it off on every listener.
 LISTEN_OPTIONS = [("grpc.so_reuseport", 0)]
@@ -22,14 +24,15 @@ def _check_free(host: str, port: int, flag: str) -> None:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as e:
-        raise ListenError(f"cannot listen on {host}:{port} ({flag}): {e.strerror or e}") from None
+        raise ListenError(f"cannot listen on {join(host, port)} ({flag}): "
+                         f"{e.strerror or e}") from None
     for family, kind, proto, _, addr in infos[:1]:
         with socket.socket(family, kind, proto) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does
             try:
                 s.bind(addr)
             except OSError as e:
-                raise ListenError(f"cannot listen on {host}:{port} ({flag}): "
+                raise ListenError(f"cannot listen on {join(host, port)} ({flag}): "
                                   f"{e.strerror or e}") from None
 
 
@@ -39,12 +42,12 @@ def bind_grpc(server, host: str, port: int, flag: str, credentials=None) -> int:
     _check_free(host, port, flag)
     try:
         if credentials is not None:
-            bound = server.add_secure_port(f"{host}:{port}", credentials)
+            bound = server.add_secure_port(join(host, port), credentials)
         else:
-            bound = server.add_insecure_port(f"{host}:{port}")
+            bound = server.add_insecure_port(join(host, port))
     except RuntimeError:
         bound = 0
     if not bound:
-        raise ListenError(f"cannot listen on {host}:{port} ({flag}): address in use or "
+        raise ListenError(f"cannot listen on {join(host, port)} ({flag}): address in use or "
                           "not available")
     return bound

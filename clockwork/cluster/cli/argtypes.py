@@ -64,6 +64,18 @@ def _float(text: str) -> float:
     return v
 
 
+def listen_host(text: str) -> str:
+    """``--host``: a name or an address to bind, an IPv6 one with or without brackets
+    (``::1``, ``[::1]``): the host itself, without them."""
+    host = text.strip()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host or any(c in host for c in "[]/ "):
+        raise argparse.ArgumentTypeError(f"expected a host name or an address to bind "
+                                         f"(IPv6 with or without brackets), got {text!r}")
+    return host
+
+
 def positive_int(text: str) -> int:
     v = _int(text)
     if v < 1:

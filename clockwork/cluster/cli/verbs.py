@@ -277,7 +277,8 @@ def add_serve(sub) -> None:
                    "compiled first; needs the tvm extra)")
     p.add_argument("--packages", metavar="DIR", default=None,
                    help="cpu/cuda: model packages as DIR/<model>/ (default packages/DEVICE)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--host", type=t.listen_host, default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1; IPv6 as ::1 or [::1])")
     p.add_argument("--port", type=t.port, default=None,
                    help="controller port (0: pick one; default 12346, or any free port with "
                    "--replay)")
@@ -336,7 +337,8 @@ def add_controller(sub) -> None:
               "Run the Clockwork controller: it connects to the workers, serves the "
               "clockwork.v1 client API and KServe v2 (gRPC and REST), and makes every "
               "scheduling decision.")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--host", type=t.listen_host, default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1; IPv6 as ::1 or [::1])")
     p.add_argument("--port", type=t.port, default=12346,
                    help="port (default 12346; 0 picks a free one; printed)")
     p.add_argument("--http-port", type=t.optional_port, default=8000,
@@ -424,7 +426,8 @@ def add_worker(sub) -> None:
               "the controller on its GPUs: emulated (profiled timings, the default), cpu "
               "(TVM-compiled model packages run on this host) or cuda.",
               requires=("worker.service",))
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--host", type=t.listen_host, default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1; IPv6 as ::1 or [::1])")
     p.add_argument("--port", type=t.port, default=12345,
                    help="port (default 12345; 0 picks a free one; printed)")
     p.add_argument("--advertise", type=t.address, action="append", default=[],
