@@ -244,3 +244,54 @@ def test_a_cluster_started_in_a_folder_with_its_own_worker_and_controller_module
     with LocalCluster(workers=1, gpus=1, models="mobilenet_v2", timeout=30) as c:
         with clockwork.Client(c.address, timeout=10) as cl:
             assert cl.infer("mobilenet_v2", slo_ms=5000).status == 0
+
+
+def test_a_second_signal_kills_a_controller_that_does_not_stop(tmp_path):
+    """``serve`` stopping a controller that does not end (here SIGSTOPped): after a few
+    seconds it says it waits (at most a minute), a second Ctrl-C kills the controller at
+    once, and serve says so and exits 1 (it waited the whole minute, ignored the second
+    signal, and exited 0 saying only "stopped")."""
+    import os
+    import re
+    import signal
+    import time
+
+    from clockwork.cluster.local import _Child, _cli
+
+    serve = _Child("serve", _cli() + ["serve", "--port", "0", "--http-port", "-1",
+                                      "--kserve-port", "-1"])
+    pid = None
+    try:
+        _lines_until(serve, "clockwork serve: controller at")  # (started)
+        line = next(x for x in serve.output if "worker: controller pid" in x)
+        pid = int(re.search(r"controller pid (\d+)", line)[1])
+        os.kill(pid, signal.SIGSTOP)
+        serve.proc.send_signal(signal.SIGINT)
+        _lines_until(serve, "waiting for the controller to stop")
+        t0 = time.monotonic()
+        serve.proc.send_signal(signal.SIGINT)
+        assert serve.proc.wait(30) == 1
+        assert time.monotonic() - t0 < 10
+        said = "".join(serve.output)
+        assert "the controller did not stop in time and was killed" in said, said
+    finally:
+        serve.stop()
+        if pid is not None:
+            with __import__("contextlib").suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _lines_until(child, text: str, timeout: float = 60.0) -> list[str]:
+    """``child``'s output until a line holding ``text`` (read as it comes)."""
+    import queue
+    import time
+
+    end = time.monotonic() + timeout
+    while not any(text in x for x in child.output):
+        left = end - time.monotonic()
+        assert left > 0, "".join(child.output)
+        try:
+            child.lines.get(timeout=left)
+        except queue.Empty:
+            pass
+    return list(child.output)

@@ -60,6 +60,10 @@ class ChildRefused(RuntimeError):
 
 OUTPUT_KEPT = 1000  # a child's last lines kept in memory (at most twice as many)
 LISTENING_KEPT = 16  # a child's first "... listening on HOST:PORT" lines kept
+# a stopping controller answers what it can and writes its logs: killed after this long
+# (or at a second Ctrl-C); past SLOW_STOP_S the wait is said
+CONTROLLER_STOP_S = 60.0
+SLOW_STOP_S = 5.0
 
 
 class _Child:
@@ -73,6 +77,7 @@ class _Child:
         # (bounded: once the address is read nobody reads them; the oldest go first)
         self.lines: queue.Queue[str | None] = queue.Queue(OUTPUT_KEPT)
         self.echo = echo
+        self.killed = False  # stop() had to SIGKILL it
         self._log = None
         if log is not None:
             log.parent.mkdir(parents=True, exist_ok=True)
@@ -172,14 +177,26 @@ class _Child:
             return " (its output is above)"
         return ":\n" + "".join(self.output[-20:])
 
-    def stop(self, timeout: float = 5.0) -> int | None:
+    def stop(self, timeout: float = 5.0, hard: threading.Event | None = None,
+             slow=None) -> int | None:
+        """SIGTERM, and SIGKILL if it has not ended within ``timeout`` seconds, or at once
+        when ``hard`` is set meanwhile (a second Ctrl-C); ``slow()`` is called once if it
+        has not ended after ``SLOW_STOP_S``. ``killed`` says whether it was killed."""
         p = self.proc
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(timeout)
-            except subprocess.TimeoutExpired:
+            t0 = time.monotonic()
+            while p.poll() is None and time.monotonic() - t0 < timeout:
+                if hard is not None and hard.is_set():
+                    break
+                if slow is not None and time.monotonic() - t0 >= SLOW_STOP_S:
+                    slow()
+                    slow = None
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(min(0.1, max(0.0, timeout - (time.monotonic() - t0))))
+            if p.poll() is None:
                 p.kill()
+                self.killed = True
                 p.wait(timeout)
         return p.returncode
 
@@ -237,6 +254,9 @@ class LocalCluster:
         self.pages, self.host, self.port, self.worker_port = pages, host, port, worker_port
         self.echo = echo
         self.controller_args = controller_args or []
+        # set: stopping kills the controller at once (a second Ctrl-C), also when a start
+        # that failed stops the cluster
+        self.hard: threading.Event | None = None
         self.timeout = timeout
         self.worker_args = worker_args or []
         # the flags of a worker past ``worker_args`` (a Ray cluster's nodes past a
@@ -415,9 +435,16 @@ class LocalCluster:
                                    + "".join(self.controller.output[-20:]))
             time.sleep(0.05)
 
-    def stop(self) -> None:
+    def stop(self, hard: threading.Event | None = None) -> None:
+        """The controller (SIGTERM: it answers what it can and writes its logs; SIGKILL
+        after ``CONTROLLER_STOP_S``, or once ``hard``, else ``self.hard``, is set), then
+        the workers."""
+        hard = hard or self.hard
         if self.controller is not None:
-            self.controller.stop(timeout=60.0)  # with --log-dir it writes its logs first
+            self.controller.stop(timeout=CONTROLLER_STOP_S, hard=hard, slow=lambda: print(
+                f"clockwork: waiting for the controller to stop (it writes its logs; at most "
+                f"{CONTROLLER_STOP_S:g} s, then it is killed; a second Ctrl-C kills it now)",
+                file=sys.stderr, flush=True))
         self._stop_workers()
         if self._own_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)

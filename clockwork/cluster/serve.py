@@ -310,6 +310,15 @@ def local_workers_error(n: int, available: int | None = None) -> str | None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    """``clockwork serve``; a controller that had to be killed as the cluster stopped
+    (it did not end within ``CONTROLLER_STOP_S`` of SIGTERM, or a second signal came)
+    makes a clean stop exit 1: its logs may be cut short."""
+    return_killed = [False]
+    rc = _serve(args, return_killed)
+    return 1 if rc == 0 and return_killed[0] else rc
+
+
+def _serve(args: argparse.Namespace, return_killed: list[bool]) -> int:
     workers, gpus, profiles, models, pages = 1, 1, "v100-reference", None, None
     device = getattr(args, "device", None)
     device_from = "--device"  # where the device was named (for messages)
@@ -502,7 +511,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                               pages=pages, host=args.host, port=port,
                               worker_port=args.worker_port, timeout=60.0, **kw)
     stop = threading.Event()
-    hard = threading.Event()  # a second signal during a replay: it ends at once
+    hard = threading.Event()  # a second signal: a replay ends, a stopping controller dies
+    cluster.hard = hard  # (also when a start that was interrupted stops the cluster)
     starting = [True]
 
     def on_signal(signum, frame):
@@ -555,9 +565,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             stop.wait(0.5)
         return 0
     finally:
-        cluster.stop()
+        cluster.stop()  # (a second signal meanwhile kills the controller at once)
         for s, h in old.items():
             signal.signal(s, h)
+        if cluster.controller is not None and cluster.controller.killed:
+            print("clockwork serve: the controller did not stop in time and was killed; "
+                  "its last log lines and --log-dir logs may be missing", file=sys.stderr)
+            return_killed[0] = True
         print("clockwork serve: stopped", file=sys.stderr, flush=True)
 
 
