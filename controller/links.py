@@ -74,7 +74,8 @@ JOIN_SAY_AGAIN_S = 60.0  # the same reason it cannot be added: said again after 
 # a lost worker that does not come back: said again after this, and this often (with why)
 LOST_SAY_AGAIN_S = 60.0
 # the longest an AddWorker tries to reach its worker, whatever the caller's deadline (adds
-# wait for each other: one given a day held every other for that day)
+# wait for each other: one given a day held every other for that day); a worker that
+# answers takes as long as the caller allows to answer its Hello
 ADD_WORKER_MAX_S = 300.0
 # on giving up on a worker at start, a TCP connection of at most PROBE_S tells a refused
 # connection from no answer at all
@@ -274,7 +275,7 @@ class WorkerLinks:
         indices, added); a worker already connected (an address that resolves to one of
         its endpoints) is left as it is (added False); an address that is not HOST:PORT is
         INVALID_ARGUMENT. Raises ``RepositoryError`` (UNAVAILABLE: cannot reach it in
-        ``timeout`` seconds, default ``connect_timeout``, at most ``ADD_WORKER_MAX_S``;
+        ``timeout`` seconds, default ``connect_timeout``, tried at most ``ADD_WORKER_MAX_S``;
         INVALID_ARGUMENT: it cannot serve the models, or the policy cannot grow)."""
         if self.ctrl is None or self._stopping:
             raise RepositoryError(grpc.StatusCode.UNAVAILABLE, "the controller is not serving")
@@ -282,7 +283,7 @@ class WorkerLinks:
             address = addresses.canonical(address)
         except ValueError as e:
             raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-        wait = min(ADD_WORKER_MAX_S, self.connect_timeout if timeout is None else timeout)
+        wait = self.connect_timeout if timeout is None else timeout
         deadline = time.monotonic() + wait  # (one for the name's resolution and the dial)
         def connected(lk: WorkerLink) -> tuple[int, list[int], bool]:
             return lk.index, [self.gpu_index[(lk.index, g.gpu)] for g in lk.state.gpus], False
@@ -312,6 +313,10 @@ class WorkerLinks:
             # why it could not reach the worker, within the caller's deadline)
             tries_end = deadline - PROBE_S if deadline - time.monotonic() > 2 * PROBE_S \
                 else deadline
+            # (tries to reach it: at most ADD_WORKER_MAX_S, whatever the caller gave; a
+            # worker that answers may take the caller's time for its Hello: a cuda worker
+            # builds its kernels first)
+            tries_end = min(tries_end, time.monotonic() + ADD_WORKER_MAX_S)
             try:
                 async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                     await self._unless_stopping(self._connect(link, tries_end))

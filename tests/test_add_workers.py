@@ -381,6 +381,45 @@ def test_an_add_given_a_day_tries_for_at_most_add_worker_max_s(monkeypatch):
     assert "cannot reach worker 127.0.0.1:" in err.message, err.message
 
 
+def test_an_add_waits_for_a_worker_that_answers_slowly_past_add_worker_max_s(monkeypatch):
+    """ADD_WORKER_MAX_S bounds the tries to reach a worker, not the answer to its Hello:
+    a worker that answers (here its Hello in 3 s, as a cuda worker building its kernels
+    does) is added within the caller's deadline (it was cut off at the bound)."""
+    import asyncio
+
+    import controller.links
+    import worker.service as ws
+    from controller.service import ControllerNode
+    from tests.inprocess import serve_in_process
+
+    monkeypatch.setattr(controller.links, "ADD_WORKER_MAX_S", 1.0)
+    slow = []
+    read = ws.WorkerNode.read_packages
+
+    async def read_slowly(self, paths):
+        if slow:
+            await asyncio.sleep(3)  # (it answers ClockSync meanwhile)
+        return await read(self, paths)
+
+    monkeypatch.setattr(ws.WorkerNode, "read_packages", read_slowly)
+
+    async def main():
+        a1, s1, t1 = await serve_in_process(ws.WorkerNode(gpus=1, pages=100))
+        a2, s2, t2 = await serve_in_process(ws.WorkerNode(gpus=1, pages=100))
+        node = ControllerNode([a1], "v100-reference", models="resnet50_v2")
+        await node.start()
+        try:
+            slow.append(True)
+            return await node.add_worker(a2, timeout=60)
+        finally:
+            await node.stop()
+            for s, t in ((s1, t1), (s2, t2)):
+                s.set()
+                await t
+
+    assert asyncio.run(asyncio.wait_for(main(), 60)) == (1, [1], True)
+
+
 def test_an_add_with_a_short_timeout_is_answered_why_within_it():
     """``add_worker`` of an address nobody listens on, with a client timeout of half a
     second: the controller answers why ("cannot reach worker ...") before the client's
