@@ -810,8 +810,8 @@ class _ModelStream:
                 e = rtask.exception()
                 if isinstance(e, grpc.RpcError | asyncio.CancelledError):
                     raise e
-                await self.context.abort(grpc.StatusCode.INTERNAL,
-                                         _internal("ModelStreamInfer", e).message)
+                err = _internal("ModelStreamInfer", e)
+                await self.context.abort(GRPC_CODE[err.kind], err.message)
             if self.stopping:
                 await self.context.abort(grpc.StatusCode.UNAVAILABLE, STOPPING_MESSAGE)
         finally:

@@ -33,6 +33,7 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_urldispatcher import _default_expect_handler
 
 from clockwork.protocol import accept_guard
+from clockwork.protocol.addresses import join
 from clockwork.protocol.security import Refusals, bearer_ok
 from controller.body_decoding import BodyDecoder
 from controller.json_offload import JsonDecoders
@@ -381,9 +382,10 @@ _ROUTED = "clockwork.routed"  # set on a request that reached _Handler
 
 
 def _peer(request: web.Request) -> str:
-    """The caller's address as ``host:port`` (empty once its connection is gone)."""
+    """The caller's address as ``HOST:PORT`` (``[ADDRESS]:PORT`` for IPv6; empty once its
+    connection is gone)."""
     peer = request.transport.get_extra_info("peername") if request.transport else None
-    return ":".join(str(x) for x in (peer or ()))
+    return join(str(peer[0]), peer[1]) if peer and len(peer) >= 2 else ""
 
 
 class _Handler:

@@ -497,10 +497,17 @@ class WorkerLinks:
         except BaseException as e:
             if (isinstance(e, ValueError) and not isinstance(e, (OtherProtocol, AuthFailed))
                     and (stream or call) is not None):
-                # (it answered, and is not used: it is told why, to say in its own log)
+                # (it answered, and is not used: it is told why, to say in its own log;
+                # it ends the stream on it: waited for, a second at most, so that closing
+                # ours does not cancel the call before the worker has read it)
                 with contextlib.suppress(Exception):
                     async with asyncio.timeout(1.0):
-                        await (stream or call).write(pb.ControllerMessage(goodbye=str(e)))
+                        out = stream or call
+                        await out.write(pb.ControllerMessage(goodbye=str(e)))
+                        if out is call:
+                            await call.done_writing()
+                        while await out.read() not in (None, grpc.aio.EOF):
+                            pass
             if isinstance(stream, FrameStream):
                 stream.close()
             await ch.close()
@@ -1125,9 +1132,9 @@ class WorkerLinks:
                     # learns it is still out, and why, without reading back an hour)
                     link.lost_again = time.monotonic() + LOST_SAY_AGAIN_S
                     print(f"controller: worker {link.address} still lost (for "
-                          f"{time.monotonic() - link.lost_at:.0f} s; trying every "
-                          f"{RECONNECT_S:g} s): {await self._why_unreached(link, e)}",
-                          file=sys.stderr, flush=True)
+                          f"{time.monotonic() - link.lost_at:.0f} s; still trying): "
+                          f"{await self._why_unreached(link, e)}", file=sys.stderr,
+                          flush=True)
                 await asyncio.sleep(RECONNECT_S)
                 continue
             except Exception as e:  # noqa: BLE001 - whatever the worker said: keep trying

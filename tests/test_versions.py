@@ -157,3 +157,13 @@ def test_credentials_of_an_older_controller_are_said_as_such():
     why = auth.check_controller(WORKER_CONNECT, old)[0]
     assert why.startswith("wrong cluster credentials, or those of an older clockwork-py"), why
     assert auth.check_controller(WORKER_CONNECT, md)[0] is None
+
+
+def test_a_version_mismatch_of_one_version_number_says_another_build():
+    """Two builds that share a version number but not a protocol (checkouts of
+    different days): said as another build, not as 'clockwork-py X' on both sides."""
+    from clockwork.protocol.versions import mismatch
+
+    why = mismatch("worker", "127.0.0.1:1", PROTOCOL + 1, SOFTWARE)
+    assert f"it says protocol {PROTOCOL + 1} (clockwork-py {SOFTWARE}, another build)" in why
+    assert mismatch("worker", "127.0.0.1:1", PROTOCOL, "9.9") is None

@@ -919,17 +919,21 @@ class WorkerServicer(pbg.WorkerServicer):
                 if len(self._goodbyes) >= 64:
                     self._goodbyes.clear()
                 self._goodbyes[key] = session.goodbye
-                print(f"worker: {who} does not use this worker: {session.goodbye}; it will "
-                      "try again (its attempts not said while the reason stays)",
-                      file=sys.stderr, flush=True)
+                print(f"worker: {who} does not use this worker: {session.goodbye} (its "
+                      "attempts not said again while the reason stays)", file=sys.stderr,
+                      flush=True)
             return
         if session.on_used is None:  # (its connected line was said)
             print(f"worker: {who} disconnected", file=sys.stderr, flush=True)
+        else:  # (quiet, and ended neither used nor refused: said, and quiet no more)
+            self._goodbyes.pop(key, None)
+            print(f"worker: {who} connected and disconnected without using this worker",
+                  file=sys.stderr, flush=True)
 
     def _other_protocol(self, holder: Holder, why: str) -> None:
         """Log a controller refused for its worker protocol, once per controller and
         version (it tries again every fraction of a second)."""
-        key = (holder.controller_id or holder.peer.rpartition(":")[0], why)
+        key = (_controller_key(holder), why)
         if key in self._versions_said:
             return
         if len(self._versions_said) >= 64:
@@ -983,8 +987,8 @@ class WorkerServicer(pbg.WorkerServicer):
         if first is None or first.WhichOneof("kind") != "hello":
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "first message must be Hello")
         holder = Holder.of(first.hello, context.peer())
-        why = mismatch("controller", holder.label or holder.peer, first.hello.protocol,
-                       first.hello.software)
+        why = mismatch("controller", holder.label or holder.peer.rpartition(":")[0],
+                       first.hello.protocol, first.hello.software)
         if why:  # (before it may take the worker: a mixed pair does not work together)
             self._other_protocol(holder, why)
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
@@ -995,7 +999,7 @@ class WorkerServicer(pbg.WorkerServicer):
                                            self._refused, holder)
         # (an operator on this host learns who holds the worker, and since when)
         who = f"controller {holder.label or '(unnamed)'} from {holder.peer}"
-        key = holder.controller_id or holder.peer.rpartition(":")[0]
+        key = _controller_key(holder)
         if key in self._goodbyes:  # (refused last time: said once it uses the worker)
             session.on_used = lambda: self._used(key, who)
         else:
@@ -1088,6 +1092,12 @@ class WorkerServicer(pbg.WorkerServicer):
             rtask.cancel()
             session.stop()
             stream.close()
+
+
+def _controller_key(holder: Holder) -> str:
+    """What tells one controller from another in the worker's memory of what it said:
+    its id (cut: a peer may send megabytes), else its host."""
+    return holder.controller_id[:64] or holder.peer.rpartition(":")[0]
 
 
 def _unknown_fields(msg) -> str:
@@ -1262,8 +1272,9 @@ class _Session:
             elif kind == "update":
                 self.states.append(node.update(msg.update))
                 self.wake.set()
-            elif kind == "goodbye":  # (the stream ends next: said as it does)
+            elif kind == "goodbye":  # (the session ends here: said as it does)
                 self.goodbye = printable(msg.goodbye, 1000, "...")
+                self.stop()
             else:  # (a kind of a newer protocol, or none: nothing to do, and no answer)
                 node._complain("a message from the controller of a kind this worker does "
                                f"not know ({_unknown_fields(msg)}): ignored")

@@ -363,8 +363,16 @@ class Refusals:
         self._quiet = 0
 
     def __call__(self, what: str, key: str = "auth_refused") -> None:
+        self.counted(key)
+        self.said(what)
+
+    def counted(self, key: str = "auth_refused") -> None:
+        """Count a refusal (at once, as it happens: ``said`` may come later, or not)."""
         if self.count is not None:
             self.count(key)
+
+    def said(self, what: str) -> None:
+        """Log a refusal (at most a line a second, with how many were not said)."""
         now = time.monotonic()
         if now - self._last < 1.0:
             self._quiet += 1
@@ -402,8 +410,9 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
             return None
         how = "a token that is not this controller's" if sent else "no token"
         method = details.method
+        self._refused.counted()  # (now: a caller that gives up at once is counted too)
         return _deny(handler, grpc.StatusCode.UNAUTHENTICATED,
-                     self.WRONG if sent else self.MESSAGE, self._refused,
+                     self.WRONG if sent else self.MESSAGE, self._refused.said,
                      lambda peer: f"an unauthenticated call to {method} from {peer} ({how})")
 
 
@@ -414,8 +423,9 @@ REFUSE_AFTER_S = 0.1
 
 def _deny(handler, code: grpc.StatusCode, message: str, refused, what):
     """A handler that only aborts, ``REFUSE_AFTER_S`` after the call came, without reading
-    its request; ``refused`` is told ``what(the caller's address)`` (logged and counted:
-    an operator learns who knocks, and how: no token or a wrong one, which proof). Not at once: grpc's asyncio client loses the refusal when it ends the
+    its request; ``refused`` is told ``what(the caller's address)`` (logged: an operator
+    learns who knocks, and how: no token or a wrong one, which proof; the interceptor
+    counted the refusal already). Not at once: grpc's asyncio client loses the refusal when it ends the
     call while the client's first write is still on its way (the write fails and the call
     reports INTERNAL "Internal error from Core" instead; grpc/grpc issue 36066); a small
     request has arrived by then (one larger than the stream's flow-control window cannot
@@ -448,7 +458,7 @@ class ClusterProofInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, auth: ClusterAuth, refused) -> None:
         self._auth = auth
-        self._refused = refused  # refused(what): log and count
+        self._refused = refused  # a Refusals: counted at once, said from the handler
 
     async def intercept_service(self, continuation, details):
         why = self._auth.proof_checks(details.method, details.invocation_metadata)
@@ -456,8 +466,9 @@ class ClusterProofInterceptor(grpc.aio.ServerInterceptor):
         if why is None or handler is None:
             return handler
         method = details.method.rpartition("/")[2]
+        self._refused.counted()
         return _deny(handler, grpc.StatusCode.UNAUTHENTICATED, "cluster authentication failed",
-                     self._refused, lambda peer: f"{method} from {peer}: {why}")
+                     self._refused.said, lambda peer: f"{method} from {peer}: {why}")
 
 
 # ---------------------------------------------------------------------- cluster secret

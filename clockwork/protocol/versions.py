@@ -29,8 +29,10 @@ def mismatch(role: str, address: str, protocol: int, software: str) -> str | Non
     ``protocol`` (clockwork-py ``software``) cannot work with this process, or None."""
     if protocol == PROTOCOL:
         return None
-    theirs = (f"protocol {protocol} (clockwork-py {printable(software) or 'unknown'})"
-              if protocol else
+    said = printable(software) or "unknown"
+    if said == SOFTWARE:  # (two builds of one version number: from other sources)
+        said += ", another build"
+    theirs = (f"protocol {protocol} (clockwork-py {said})" if protocol else
               "no protocol version (a clockwork-py older than version fields)")
     me = "controller" if role == "worker" else "worker"
     return (f"{role} {address} {OTHER_PROTOCOL}: it says {theirs}, this {me} speaks "
