@@ -9,7 +9,7 @@ import errno
 import subprocess
 import sys
 
-from clockwork.cluster.local import _Child
+from clockwork.cluster.local import _ROOT, _Child
 
 
 def _closed(args: str, cwd) -> subprocess.CompletedProcess:
@@ -54,3 +54,17 @@ def test_a_child_is_read_whatever_happens_to_the_echo(monkeypatch):
     child._t.join(30)
     assert child.output[-1] == "done\n"
 
+
+
+def test_a_removed_current_folder_is_one_line_exit_2(tmp_path):
+    """Run from a folder that was removed: one line saying so (simulate said "[Errno 2]
+    No such file or directory", an --out folder "cannot write into '.' (permissions)")."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    p = subprocess.run(["bash", "-c", f"cd {gone} && rmdir {gone} && exec {sys.executable} "
+                        "-m clockwork.cluster.cli simulate poisson_warm"],
+                       capture_output=True, text=True, timeout=60,
+                       env={**__import__("os").environ, "PYTHONPATH": _ROOT})
+    assert p.returncode == 2, p.stderr
+    assert p.stderr == ("clockwork: the current folder no longer exists (it was removed): "
+                        "change to another one\n"), p.stderr

@@ -129,6 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     from clockwork.cluster.cli.streams import standard_streams
 
     standard_streams()  # (one closed: /dev/null, not a traceback at the first print)
+    try:
+        os.getcwd()
+    except FileNotFoundError:  # (every relative path, the ./profiles lookup included,
+        # failed later with "[Errno 2] No such file or directory" or "(permissions)")
+        print("clockwork: the current folder no longer exists (it was removed): change to "
+              "another one", file=sys.stderr)
+        return 2
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
