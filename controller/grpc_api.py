@@ -167,17 +167,20 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
             await http.close()
         raise
     await server.start()
-    if ready is not None:
-        ready(bound)
-    if kbound:
-        print(f"clockwork controller kserve grpc listening on {join(host, kbound)}",
-              flush=True)
-    if http is not None:  # after the lines above (LocalCluster reads them in this order)
-        await http.serve()
-        print(f"clockwork controller http listening on {join(host, http.port)}", flush=True)
-    flusher = asyncio.create_task(node._flush_logs()) if node.telemetry is not None else None
-    _settle_heap()
-    try:
+    flusher = None
+    try:  # (from here on a failure, one of these lines to a full disk say, stops all)
+        if ready is not None:
+            ready(bound)
+        if kbound:
+            print(f"clockwork controller kserve grpc listening on {join(host, kbound)}",
+                  flush=True)
+        if http is not None:  # after the lines above (LocalCluster reads them in order)
+            await http.serve()
+            print(f"clockwork controller http listening on {join(host, http.port)}",
+                  flush=True)
+        if node.telemetry is not None:
+            flusher = asyncio.create_task(node._flush_logs())
+        _settle_heap()
         await stop.wait()
     finally:
         if flusher is not None:

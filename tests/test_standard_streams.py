@@ -68,3 +68,24 @@ def test_a_removed_current_folder_is_one_line_exit_2(tmp_path):
     assert p.returncode == 2, p.stderr
     assert p.stderr == ("clockwork: the current folder no longer exists (it was removed): "
                         "change to another one\n"), p.stderr
+
+
+def test_a_controller_whose_stdout_is_full_stops_in_one_line():
+    """A controller whose "listening on" line cannot be written (stdout to a full disk):
+    one line, exit 1, its server stopped (it also printed "Exception ignored in
+    Server.__del__" and "coroutine ... was never awaited": the line was outside the part
+    that stops the server)."""
+    from clockwork.cluster.local import _cli
+
+    w = _Child("worker", _cli() + ["worker", "--port", "0"])
+    try:
+        address = w.wait_address(30.0)
+        with open("/dev/full", "w") as full:
+            p = subprocess.run(_cli() + ["controller", "--workers", address, "--port", "0",
+                                         "--http-port", "-1", "--kserve-port", "-1",
+                                         "--models", "resnet50_v2"],
+                               stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        w.stop()
+    assert p.returncode == 1
+    assert p.stderr == "clockwork controller: [Errno 28] No space left on device\n", p.stderr
