@@ -1004,7 +1004,7 @@ def test_stop_stops_the_node_watcher_before_the_controller(ray_nodes, monkeypatc
     class SlowToStop:  # the controller's process, which stops once it wrote its logs
         output: list[str] = []
 
-        def stop(self, timeout: float = 5.0) -> int:
+        def stop(self, timeout: float = 5.0, hard=None, slow=None) -> int:
             stop_began.set()
             alive_at_stop.append(watcher.is_alive())
             # (its logs take a while: until the watcher asked, or is gone)

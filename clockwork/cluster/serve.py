@@ -568,7 +568,7 @@ def _serve(args: argparse.Namespace, return_killed: list[bool]) -> int:
         cluster.stop()  # (a second signal meanwhile kills the controller at once)
         for s, h in old.items():
             signal.signal(s, h)
-        if cluster.controller is not None and cluster.controller.killed:
+        if cluster.controller is not None and getattr(cluster.controller, "killed", False):
             print("clockwork serve: the controller did not stop in time and was killed; "
                   "its last log lines and --log-dir logs may be missing", file=sys.stderr)
             return_killed[0] = True
