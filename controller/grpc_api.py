@@ -157,7 +157,7 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
             http = await bind_http(node, host, http_port, token,
                                    tls.ssl_context() if tls is not None else None)
         except OSError as e:
-            raise ListenError(f"cannot listen on {host}:{http_port} (--http-port): "
+            raise ListenError(f"cannot listen on {join(host, http_port)} (--http-port): "
                               f"{e.strerror or e}") from None
     stop = stop or asyncio.Event()
     try:

@@ -495,22 +495,24 @@ class WorkerLinks:
             # (on the stream the worker answers on: with a fast link, the gRPC call is idle)
             await self._catch_up(link, stub, stream)
         except BaseException as e:
-            if (isinstance(e, ValueError) and not isinstance(e, (OtherProtocol, AuthFailed))
-                    and (stream or call) is not None):
-                # (it answered, and is not used: it is told why, to say in its own log;
-                # it ends the stream on it: waited for, a second at most, so that closing
-                # ours does not cancel the call before the worker has read it)
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(1.0):
-                        out = stream or call
-                        await out.write(pb.ControllerMessage(goodbye=str(e)))
-                        if out is call:
-                            await call.done_writing()
-                        while await out.read() not in (None, grpc.aio.EOF):
-                            pass
-            if isinstance(stream, FrameStream):
-                stream.close()
-            await ch.close()
+            try:
+                if (isinstance(e, ValueError) and not isinstance(e, (OtherProtocol, AuthFailed))
+                        and (stream or call) is not None):
+                    # (it answered, and is not used: it is told why, to say in its own
+                    # log; it ends the stream on it: waited for, a second at most, so that
+                    # closing ours does not cancel the call before the worker read it)
+                    with contextlib.suppress(Exception):
+                        async with asyncio.timeout(1.0):
+                            out = stream or call
+                            await out.write(pb.ControllerMessage(goodbye=str(e)))
+                            if out is call:
+                                await call.done_writing()
+                            while await out.read() not in (None, grpc.aio.EOF):
+                                pass
+            finally:  # (closed also when the caller's deadline cancels the wait)
+                if isinstance(stream, FrameStream):
+                    stream.close()
+                await ch.close()
             raise
         link.channel, link.call, link.grpc_call, link.state = ch, stream, call, msg.state
         link.connected = True

@@ -89,3 +89,30 @@ def test_a_controller_whose_stdout_is_full_stops_in_one_line():
         w.stop()
     assert p.returncode == 1
     assert p.stderr == "clockwork controller: [Errno 28] No space left on device\n", p.stderr
+
+
+def test_serve_whose_stdout_is_full_serves_on():
+    """``serve > /dev/full``: its address lines are lost, said on stderr, and the cluster
+    serves until stopped (the failed print stopped it, exit 1)."""
+    import signal
+
+    from clockwork.cluster.local import _cli
+
+    with open("/dev/full", "w") as full:
+        p = subprocess.Popen(_cli() + ["serve", "--port", "0", "--http-port", "-1",
+                                       "--kserve-port", "-1"],
+                             stdout=full, stderr=subprocess.PIPE, text=True)
+    try:
+        said = []
+        for line in p.stderr:
+            said.append(line)
+            if "cannot write to standard output" in line:
+                break
+        assert said and "serving on: controller at 127.0.0.1:" in said[-1], said
+        assert p.poll() is None  # serving
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(90) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.communicate(timeout=30)

@@ -441,10 +441,11 @@ class LocalCluster:
         the workers."""
         hard = hard or self.hard
         if self.controller is not None:
+            now = "; a second Ctrl-C kills it now" if hard is not None else ""
             self.controller.stop(timeout=CONTROLLER_STOP_S, hard=hard, slow=lambda: print(
                 f"clockwork: waiting for the controller to stop (it writes its logs; at most "
-                f"{CONTROLLER_STOP_S:g} s, then it is killed; a second Ctrl-C kills it now)",
-                file=sys.stderr, flush=True))
+                f"{CONTROLLER_STOP_S:g} s, then it is killed{now})", file=sys.stderr,
+                flush=True))
         self._stop_workers()
         if self._own_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)

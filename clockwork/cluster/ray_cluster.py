@@ -943,13 +943,13 @@ class RayCluster(LocalCluster):
         raise RuntimeError("a Ray cluster adds a worker for each node that joins with its "
                            "GPUs (add_new_nodes(), or the node watcher); start a Ray node")
 
-    def stop(self) -> None:
+    def stop(self, hard: threading.Event | None = None) -> None:
         """The node watcher first (no node is placed or added from then on), then the
         controller, then the workers (``LocalCluster.stop``): a node joining while the
         controller stops (which may take a while: it writes its logs) gets no actor, and
         no add is asked of a controller that is going away."""
         self._stop_watcher()
-        super().stop()
+        super().stop(hard)
 
     def _stop_watcher(self) -> None:
         """Stop the node watcher: no actor is made from now on; waits up to ``timeout``

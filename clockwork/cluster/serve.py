@@ -545,9 +545,13 @@ def _serve(args: argparse.Namespace, return_killed: list[bool]) -> int:
             return 1
         if getattr(args, "replay", False):
             return _replay_against(cluster, sc, args, stop, hard)
-        print(f"clockwork serve: controller at {cluster.address} ({cluster.shape()}: "
-              f"{', '.join(cluster.worker_addresses)}); Ctrl-C stops", flush=True)
-        print(f"controller listening on {cluster.address}", flush=True)
+        try:  # (standard output that fails, a full disk: the lines lost, not the cluster)
+            print(f"clockwork serve: controller at {cluster.address} ({cluster.shape()}: "
+                  f"{', '.join(cluster.worker_addresses)}); Ctrl-C stops", flush=True)
+            print(f"controller listening on {cluster.address}", flush=True)
+        except OSError as e:
+            print(f"clockwork serve: cannot write to standard output ({e.strerror or e}); "
+                  f"serving on: controller at {cluster.address}", file=sys.stderr)
         restarts: dict[int, list[float]] = {}  # worker -> when it was restarted
         while not stop.is_set():
             code = cluster.controller.proc.poll()
@@ -569,8 +573,10 @@ def _serve(args: argparse.Namespace, return_killed: list[bool]) -> int:
         for s, h in old.items():
             signal.signal(s, h)
         if cluster.controller is not None and getattr(cluster.controller, "killed", False):
-            print("clockwork serve: the controller did not stop in time and was killed; "
-                  "its last log lines and --log-dir logs may be missing", file=sys.stderr)
+            how = ("a second signal came before it stopped" if hard.is_set() else
+                   "it did not stop in time")
+            print(f"clockwork serve: the controller was killed ({how}); its last log lines "
+                  "and --log-dir logs may be missing", file=sys.stderr)
             return_killed[0] = True
         print("clockwork serve: stopped", file=sys.stderr, flush=True)
 

@@ -39,12 +39,14 @@ def standard_streams() -> None:
             if null != fd:
                 os.dup2(null, fd)
                 os.close(null)
+    # (not on descriptors 0-2 themselves: with Python's stream None, one may be a file
+    # something opened since, not ours to write)
     if sys.stdin is None:
-        sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's, never closed
+        sys.stdin = open(os.devnull)  # noqa: SIM115 - the process's, never closed
     if sys.stdout is None:
-        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
     if sys.stderr is None:
-        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115
 
 
 class ReaderSafe:
