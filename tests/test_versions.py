@@ -167,3 +167,24 @@ def test_a_version_mismatch_of_one_version_number_says_another_build():
     why = mismatch("worker", "127.0.0.1:1", PROTOCOL + 1, SOFTWARE)
     assert f"it says protocol {PROTOCOL + 1} (clockwork-py {SOFTWARE}, another build)" in why
     assert mismatch("worker", "127.0.0.1:1", PROTOCOL, "9.9") is None
+
+
+def test_a_worker_ends_the_stream_on_a_goodbye_and_says_why_once(worker):
+    """A controller that does not use the worker says why (``goodbye``): the worker ends
+    the stream on it (the controller waits for that before closing its side, so the
+    goodbye is read), says why once, and not again for the same controller and reason."""
+
+    async def main():
+        for _ in range(2):
+            ch, call, got = await _connect(worker.address, _hello(protocol=PROTOCOL))
+            assert got.WhichOneof("kind") == "state", got
+            await call.write(pb.ControllerMessage(goodbye="no room for it here"))
+            await call.done_writing()
+            assert await asyncio.wait_for(call.read(), TIMEOUT) is grpc.aio.EOF
+            await ch.close()
+
+    asyncio.run(main())
+    line = _wait_line(worker, "does not use this worker")
+    assert line.rstrip().endswith("does not use this worker: no room for it here (its "
+                                  "attempts not said again while the reason stays)"), line
+    assert sum("does not use this worker" in x for x in worker.output) == 1
