@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import re
 import socket
+import urllib.error
+import urllib.request
 
 import pytest
 
 from clockwork.cluster.local import _Child, _cli
+from tests.conftest import wait_output
+
+TOKEN = "test-token-0123456789abcdef"
 
 
 def _ipv6_loopback() -> bool:
@@ -33,12 +39,23 @@ def test_a_cluster_on_ipv6_loopback_serves(tmp_path):
         assert waddr.startswith("[::1]:"), waddr
         c = _Child("controller", _cli() + ["controller", "--host", "[::1]", "--workers", waddr,
                                            "--port", "0", "--http-port", "0",
-                                           "--kserve-port", "-1", "--models", "resnet50_v2"])
+                                           "--kserve-port", "-1", "--models", "resnet50_v2",
+                                           "--token", TOKEN])
         caddr = c.wait_address(30.0)
         assert caddr.startswith("[::1]:"), caddr
-        with clockwork.Client(caddr, timeout=30) as cl:
+        with clockwork.Client(caddr, timeout=30, token=TOKEN) as cl:
             assert cl.infer("resnet50_v2", slo_ms=2000).status == 0
             assert cl.stats().get("worker_fast_links", 0) == 1
+        # a refused REST call's line names its caller as [ADDRESS]:PORT (it read
+        # "::1:33040:0:0", the flow and scope fields as if a port)
+        wait_output(c, "http listening on")
+        http = c.announced("http")
+        assert http.startswith("[::1]:"), http
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"http://{http}/v2/models/resnet50_v2", timeout=30)
+        assert e.value.code == 401
+        line = wait_output(c, "refused an unauthenticated HTTP request")
+        assert re.search(r"request from \[::1\]:\d+ \(no token\)", line), line
     finally:
         if c is not None:
             c.stop()

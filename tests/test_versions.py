@@ -47,9 +47,9 @@ def worker():
         w.stop()
 
 
-def _hello(**kw) -> pb.ControllerMessage:
+def _hello(controller_id: str = "c" * 32, **kw) -> pb.ControllerMessage:
     return pb.ControllerMessage(hello=pb.Hello(
-        worker_id=0, reset=True, controller_id="c" * 32, controller="test controller",
+        worker_id=0, reset=True, controller_id=controller_id, controller="test controller",
         instances=[pb.Instance(name="a", profile="resnet50_v2")], **kw))
 
 
@@ -188,3 +188,26 @@ def test_a_worker_ends_the_stream_on_a_goodbye_and_says_why_once(worker):
     assert line.rstrip().endswith("does not use this worker: no room for it here (its "
                                   "attempts not said again while the reason stays)"), line
     assert sum("does not use this worker" in x for x in worker.output) == 1
+
+
+def test_a_refused_controllers_attempt_that_ends_unused_is_said(worker):
+    """After a goodbye the controller's attempts are quiet; one that ends neither used
+    nor refused (it went away mid-handshake) is said, and the next is said as usual."""
+
+    async def session(goodbye: str | None) -> None:
+        ch, call, got = await _connect(worker.address, _hello("d" * 32, protocol=PROTOCOL))
+        assert got.WhichOneof("kind") == "state", got
+        if goodbye is not None:
+            await call.write(pb.ControllerMessage(goodbye=goodbye))
+            await call.done_writing()
+        else:
+            call.cancel()  # (gone without a word)
+        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+            await asyncio.wait_for(call.read(), TIMEOUT)
+        await ch.close()
+
+    asyncio.run(session("not today"))
+    _wait_line(worker, "does not use this worker: not today")
+    asyncio.run(session(None))
+    line = _wait_line(worker, "connected and disconnected without using this worker")
+    assert "controller test controller from " in line, line
