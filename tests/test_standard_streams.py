@@ -116,3 +116,43 @@ def test_serve_whose_stdout_is_full_serves_on():
         if p.poll() is None:
             p.kill()
         p.communicate(timeout=30)
+
+
+def test_stderr_full_for_a_moment_loses_lines_not_the_stream():
+    """A non-blocking stderr pipe that is full for a moment (EAGAIN): the lines written
+    meanwhile are lost, and the stream works again once the reader catches up (a
+    failure of any other kind sends it to /dev/null for good)."""
+    import io
+    import os
+
+    from clockwork.cluster.cli.streams import ReaderSafe
+
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    raw = io.FileIO(w, "w")
+    err = ReaderSafe(io.TextIOWrapper(io.BufferedWriter(raw), write_through=True),
+                     any_error=True)
+    try:
+        chunk = "x" * 4096 + "\n"
+        for _ in range(64):  # (past a pipe's 64 KiB: some writes fail with EAGAIN)
+            err.write(chunk)
+        err.flush()
+        drained = 0
+        os.set_blocking(r, False)
+        with __import__("contextlib").suppress(BlockingIOError):
+            while data := os.read(r, 1 << 16):
+                drained += len(data)
+        assert drained > 0
+        err.write("after\n")
+        data = b""
+        for _ in range(100):  # (what the buffer kept goes first, a pipe's worth at a time)
+            err.flush()
+            with __import__("contextlib").suppress(BlockingIOError):
+                while chunk_read := os.read(r, 1 << 16):
+                    data += chunk_read
+            if data.endswith(b"after\n"):
+                break
+        assert data.endswith(b"after\n")  # (still the pipe, not /dev/null)
+    finally:
+        raw.close()
+        os.close(r)

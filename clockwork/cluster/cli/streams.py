@@ -60,6 +60,10 @@ class ReaderSafe:
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
+        except BlockingIOError:
+            if self._lost is BrokenPipeError:
+                raise
+            return len(text)  # (a non-blocking stream full now: this line lost, not all)
         except self._lost:
             self._gone()
             return len(text)
@@ -67,6 +71,9 @@ class ReaderSafe:
     def flush(self) -> None:
         try:
             self._stream.flush()
+        except BlockingIOError:
+            if self._lost is BrokenPipeError:
+                raise
         except self._lost:
             self._gone()
 
