@@ -811,7 +811,9 @@ class _ModelStream:
                 if isinstance(e, grpc.RpcError | asyncio.CancelledError):
                     raise e
                 err = _internal("ModelStreamInfer", e)
-                await self.context.abort(GRPC_CODE[err.kind], err.message)
+                trailer = (("retry-after", str(RETRY_AFTER_S)),) if err.kind == UNAVAILABLE \
+                    else ()
+                await self.context.abort(GRPC_CODE[err.kind], err.message, trailer)
             if self.stopping:
                 await self.context.abort(grpc.StatusCode.UNAVAILABLE, STOPPING_MESSAGE)
         finally:
