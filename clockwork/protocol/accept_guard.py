@@ -19,8 +19,8 @@ from __future__ import annotations
 import asyncio
 import errno
 import socket
-import sys
-import time
+
+from clockwork.protocol.ratelog import LogLimiter
 
 OUT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 # asyncio's words for it (selector_events), the exception handler's context "message"
@@ -64,7 +64,7 @@ def quiet(loop: asyncio.AbstractEventLoop, who: str) -> None:
     before = loop.get_exception_handler()
     if getattr(before, "accept_guard", False):
         return  # (set already: a process serving more than one listener on its loop)
-    state = {"last": -1e9, "quiet": 0}
+    say = LogLimiter(who, SAY_EVERY_S)
     limit = _limit()  # (read now: with no descriptor left, nothing can be looked up)
 
     def handler(lp: asyncio.AbstractEventLoop, context: dict) -> None:
@@ -74,16 +74,9 @@ def quiet(loop: asyncio.AbstractEventLoop, who: str) -> None:
             else:
                 lp.default_exception_handler(context)
             return
-        now = time.monotonic()
-        if now - state["last"] < SAY_EVERY_S:
-            state["quiet"] += 1
-            return
         e = context.get("exception")
-        more = f" ({state['quiet']} more since the last line)" if state["quiet"] else ""
-        state["last"], state["quiet"] = now, 0
-        print(f"{who}: cannot accept a connection: {getattr(e, 'strerror', None) or e}"
-              f"{limit}; new connections wait, tried again every second (raise the limit: "
-              f"ulimit -n){more}", file=sys.stderr, flush=True)
+        say(f"cannot accept a connection: {getattr(e, 'strerror', None) or e}{limit}; new "
+            "connections wait, tried again every second (raise the limit: ulimit -n)")
 
     handler.accept_guard = True  # type: ignore[attr-defined]
     loop.set_exception_handler(handler)
