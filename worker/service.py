@@ -59,7 +59,7 @@ from clockwork.protocol import accept_guard, keepalive
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
 from clockwork.protocol.addresses import join
-from clockwork.protocol.framing import TICKET_BYTES, FrameStream, new_ticket
+from clockwork.protocol.framing import TICKET_BYTES, FrameStream, host_of, new_ticket
 from clockwork.protocol.holding import Holder, printable
 from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
 from clockwork.protocol.pacing import Pacer, doze
@@ -987,7 +987,7 @@ class WorkerServicer(pbg.WorkerServicer):
         if first is None or first.WhichOneof("kind") != "hello":
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "first message must be Hello")
         holder = Holder.of(first.hello, context.peer())
-        why = mismatch("controller", holder.label or holder.peer.rpartition(":")[0],
+        why = mismatch("controller", holder.label or host_of(holder.peer),
                        first.hello.protocol, first.hello.software)
         if why:  # (before it may take the worker: a mixed pair does not work together)
             self._other_protocol(holder, why)
@@ -1097,7 +1097,7 @@ class WorkerServicer(pbg.WorkerServicer):
 def _controller_key(holder: Holder) -> str:
     """What tells one controller from another in the worker's memory of what it said:
     its id (cut: a peer may send megabytes), else its host."""
-    return holder.controller_id[:64] or holder.peer.rpartition(":")[0]
+    return holder.controller_id[:64] or host_of(holder.peer)
 
 
 def _unknown_fields(msg) -> str:
