@@ -102,8 +102,9 @@ def test_add_workers_are_checked_before_anything_runs(tmp_path, overrides, error
 def test_a_worker_joins_a_live_run_at_its_time(tmp_path):
     """``clockwork serve --replay``: the joining worker's process is started before the
     run and the controller connects it at 3 s: no request is answered on its GPU before
-    then, the timeouts end, and from two seconds after it each second's requests are
-    answered as in the simulator, within 5 %."""
+    then, the timeouts end, and from two seconds after it the requests are answered as
+    in the simulator (within 1 % a second, or 3 % in all with one second of a host's
+    hiccup)."""
     path = tmp_path / "s.toml"
     path.write_text(SCENARIO)
     p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve", str(path),
@@ -113,19 +114,30 @@ def test_a_worker_joins_a_live_run_at_its_time(tmp_path):
     assert "cluster: worker 1 joined (1 GPU(s))" in p.stderr, p.stderr[-3000:]
     rows = _rows(tmp_path / "live")
     first = min(int(r["arrival"]) + int(r["latency"]) for r in rows if r["gpu"] == "1")
-    assert first >= 3e9, first  # (answered at arrival + latency, ns from the start)
+    assert 3e9 <= first < 3.5e9, first  # (answered at arrival + latency, ns from the start)
+    on1 = collections.Counter(int(r["arrival"]) // 10**9 for r in rows
+                              if r["gpu"] == "1" and r["status"] == "SUCCESS")
     simulate(_scenario(tmp_path)).write(tmp_path / "sim")
     live, sim = _by_second(rows), _by_second(_rows(tmp_path / "sim"))
     # before the join both are overloaded (how many time out moves with the host's load:
-    # the test processes share it); once the backlog is gone (two seconds after it, on a
-    # host that the suite's other processes load too), both answer (nearly) everything
+    # the test processes share it)
     for sec in (0, 1):
         assert live.get((sec, "TIMEOUT"), 0) > 100 and sim.get((sec, "TIMEOUT"), 0) > 100
-    for sec in (5, 6, 7):
-        assert (sec, "TIMEOUT") not in sim, sim
-        assert live.get((sec, "TIMEOUT"), 0) <= 0.01 * sim[(sec, "SUCCESS")], (sec, live)
-        assert abs(live[(sec, "SUCCESS")] - sim[(sec, "SUCCESS")]) <= 0.05 * sim[
-            (sec, "SUCCESS")], (sec, live, sim)
+    # once the backlog is gone (two seconds after the join) both answer (nearly)
+    # everything. A host that the suite's other processes load as well can starve this
+    # cluster's processes for tens of ms (a burst of TIMEOUTs answered at one instant, or
+    # a worker found suspect for a probe it answered late, its actions failed): one such
+    # second is allowed, as long as the three together stay within 3 %. A worker that
+    # does not take work leaves one GPU for 1,800 requests a second: ~300 of them fail
+    # in each second; one that takes it late (the backlog of a join at 4 s is gone by 5 s)
+    # answers nothing in the first second after its time, or too few after that.
+    assert all((sec, "TIMEOUT") not in sim for sec in (5, 6, 7)), sim
+    ok = {sec: sim[(sec, "SUCCESS")] for sec in (5, 6, 7)}
+    failed = {sec: ok[sec] - live.get((sec, "SUCCESS"), 0) for sec in ok}
+    assert sum(1 for sec in ok if failed[sec] > 0.01 * ok[sec]) <= 1, (failed, live)
+    assert sum(failed.values()) <= 0.03 * sum(ok.values()), (failed, live)
+    for sec in (4, 5, 6, 7):  # (and the joined GPU takes its share of them)
+        assert on1[sec] >= 0.3 * live[(sec, "SUCCESS")], (sec, on1, live)
 
 
 def test_serve_without_replay_and_replay_refuse_or_say_so(tmp_path):
