@@ -27,7 +27,7 @@ from clockwork.actions import Action, ActionType, Result
 from clockwork.protocol import addresses, keepalive
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
-from clockwork.protocol.framing import FrameStream, LinkClosed, dial, host_of
+from clockwork.protocol.framing import FrameStream, LinkClosed, dial
 from clockwork.protocol.holding import is_held, is_twice
 from clockwork.protocol.pacing import Pacer, doze
 from clockwork.protocol.ratelog import LogLimiter
@@ -612,7 +612,7 @@ class WorkerLinks:
         """The fast link the worker offered (``clockwork.protocol.framing``). If it cannot
         be reached, this link stays on gRPC from the next attempt on (and says so once)."""
         try:
-            return await dial(host_of(link.address), state.link_port, state.link_ticket,
+            return await dial(addresses.host_of(link.address), state.link_port, state.link_ticket,
                               pb.WorkerMessage.FromString, self.worker_tls)
         except (OSError, TimeoutError) as e:
             link.fast = False

@@ -13,7 +13,8 @@ import pytest
 import clockwork
 from clockwork.cluster.local import LocalCluster
 from clockwork.protocol import clockwork_pb2 as pb
-from clockwork.protocol.framing import MAX_FRAME, TICKET_BYTES, FrameStream, dial, host_of
+from clockwork.protocol.addresses import host_of
+from clockwork.protocol.framing import MAX_FRAME, TICKET_BYTES, FrameStream, dial
 from clockwork.protocol.versions import PROTOCOL
 from tests.conftest import wait_output
 

@@ -58,8 +58,8 @@ from clockwork.profiles import PAGE_SIZE, ModelProfile, ProfileError, load_profi
 from clockwork.protocol import accept_guard, keepalive
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
-from clockwork.protocol.addresses import join
-from clockwork.protocol.framing import TICKET_BYTES, FrameStream, host_of, new_ticket
+from clockwork.protocol.addresses import host_of, join
+from clockwork.protocol.framing import TICKET_BYTES, FrameStream, new_ticket
 from clockwork.protocol.holding import Holder, printable
 from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
 from clockwork.protocol.pacing import Pacer, doze

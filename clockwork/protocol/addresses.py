@@ -50,6 +50,13 @@ def join(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def host_of(address: str) -> str:
+    """The host part of ``HOST:PORT`` (``[v6]:PORT`` -> ``v6``), read without checks (a
+    peer's or a link's address, already whole)."""
+    host = address.rpartition(":")[0]
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
 def canonical(text: str) -> str:
     """``HOST:PORT`` as ``split`` reads it, written back the one way (no spaces, the port
     without leading zeros, an IPv6 address in brackets): the form a worker link keeps and

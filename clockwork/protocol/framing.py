@@ -123,12 +123,6 @@ class FrameStream:
         self._w.close()
 
 
-def host_of(address: str) -> str:
-    """The host part of ``HOST:PORT`` (``[v6]:PORT`` -> ``v6``)."""
-    host = address.rpartition(":")[0]
-    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
-
-
 async def dial(host: str, port: int, ticket: bytes, parse, tls=None) -> FrameStream:
     """Connect to a worker's link port and present ``ticket``; raises ``OSError`` /
     ``TimeoutError`` when it cannot connect (``ssl.SSLError``, an ``OSError``: the TLS
@@ -142,5 +136,4 @@ async def dial(host: str, port: int, ticket: bytes, parse, tls=None) -> FrameStr
     return FrameStream(reader, writer, parse)
 
 
-__all__ = ["CONNECT_TIMEOUT_S", "MAX_FRAME", "TICKET_BYTES", "FrameStream", "dial", "host_of",
-           "new_ticket"]
+__all__ = ["CONNECT_TIMEOUT_S", "MAX_FRAME", "TICKET_BYTES", "FrameStream", "dial", "new_ticket"]

@@ -55,6 +55,8 @@ from urllib.parse import unquote
 
 import grpc
 
+from clockwork.protocol.addresses import host_of
+
 TOKEN_ENV = "CLOCKWORK_TOKEN"  # clients: the bearer token when none is given
 SECRET_ENV = "CLOCKWORK_CLUSTER_SECRET"  # controller and workers: the cluster secret
 MIN_CREDENTIAL = 16  # characters (token) / bytes (secret)
@@ -110,11 +112,6 @@ def _unmapped(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     IPv6 (``::ffff:127.0.0.1``) as itself; ValueError for what is not an address."""
     a = ipaddress.ip_address(address.split("%")[0])
     return getattr(a, "ipv4_mapped", None) or a
-
-
-def address_host(address: str) -> str:
-    """``host:port`` -> host (brackets of an IPv6 literal removed)."""
-    return address.rpartition(":")[0].strip("[]")
 
 
 def _read(path: str, flag: str) -> bytes:
@@ -214,7 +211,7 @@ def exposure_error(who: str, host: str, token: str | None, secret: bytes | None,
         if token is None and not is_loopback(host):
             return (f"--host {host} is not a loopback address, so clients must authenticate: "
                     f"give --token-file FILE (or --token), or {off}")
-        far = [w for w in workers if not is_loopback(address_host(w))]
+        far = [w for w in workers if not is_loopback(host_of(w))]
         if secret is None and far:
             return (f"worker {far[0]} is not on a loopback address, so the link needs the "
                     f"cluster secret: give --cluster-secret-file FILE (or ${SECRET_ENV}), "
@@ -685,7 +682,7 @@ def answers_to(target: str, port: int, peer: str, advertised: tuple[str, ...] = 
     made for 127.0.0.1:P and relayed here from another machine is refused."""
     if target in advertised:
         return True
-    host = address_host(target)
+    host = host_of(target)
     if not host or target.rpartition(":")[2] != str(port) or not is_local_host(host):
         return False
     if bound is not None and not listener_covers(bound, host):
