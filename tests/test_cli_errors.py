@@ -611,3 +611,18 @@ def test_a_controller_none_of_whose_workers_answers_names_each_one():
     for a in addresses:
         assert f"cannot reach worker {a} within --connect-timeout 1 s (connection refused" \
             in last, last
+
+
+def test_logs_cut_short_by_the_disk_are_one_line_naming_the_file(tmp_path):
+    """``simulate --out`` where the logs cannot all be written (here a file-size limit,
+    as a full disk: the write fails part-way): one line naming the file and what the
+    system said, exit 1, and ``report`` finds the folder's logs incomplete."""
+    out = tmp_path / "o"
+    p = subprocess.run(cli_command("simulate", SC, "--set", "duration_s=5", "--out", str(out),
+                                   "--quiet", file_bytes=64 << 10),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, p.stderr
+    assert p.stderr == f"clockwork simulate: {out / 'requests.tsv'}: File too large\n", p.stderr
+    q = subprocess.run(cli_command("report", str(out)), capture_output=True, text=True,
+                       timeout=60)
+    assert q.returncode != 0 and "its logs are incomplete" in q.stderr, q.stderr

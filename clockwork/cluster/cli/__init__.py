@@ -168,12 +168,23 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # (a pipe of its own, not stdout or stderr)
         return 0
     except OSError as e:  # a file or folder it could not read or write (one line, no traceback)
-        print(f"clockwork {args.command}: {e}", file=sys.stderr)
+        print(f"clockwork {args.command}: {os_error(e)}", file=sys.stderr)
         return 1
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
         sys.stdout, sys.stderr = out, err_stream
+
+
+def os_error(e: OSError) -> str:
+    """An ``OSError`` in one line: ``PATH: what the system said`` where it names a file
+    (``[Errno 28] No space left on device: '/x/requests.tsv'`` before), else as Python
+    writes it."""
+    if e.filename is None or not e.strerror:
+        return str(e)
+    from clockwork.filenames import printable
+
+    return f"{printable(os.fsdecode(e.filename))}: {e.strerror}"
 
 
 if __name__ == "__main__":
