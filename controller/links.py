@@ -165,6 +165,9 @@ class WorkerLink:
     # while another controller holds the worker (its refusals, ``WorkerHeld``): what the
     # worker said, logged once; "" once we have it
     held: str = ""
+    # why its last Hello's answer made it refused (told it in a goodbye): the reason an
+    # add gives should its deadline end while the goodbye waits
+    turned_away: str = ""
     reached: bool = False  # its gRPC server answered once (a channel was ready)
     backoff: float = 0.0  # the wait before the next reconnection's first attempt (s)
     refused_wait: float = 0.0  # the pause after its last refusal (0: not refused)
@@ -331,6 +334,9 @@ class WorkerLinks:
                 if link.held:  # refused for as long as we tried: another controller's
                     raise RepositoryError(grpc.StatusCode.FAILED_PRECONDITION,
                                           f"cannot add worker {address}: {link.held}") from None
+                if link.turned_away:  # (the time ran out while it was told why)
+                    raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT,
+                                          link.turned_away) from None
                 raise RepositoryError(grpc.StatusCode.UNAVAILABLE,
                                       str(e) or f"cannot reach worker {address} in "
                                       f"{wait:.1f} s") from None
@@ -501,6 +507,7 @@ class WorkerLinks:
                     # (it answered, and is not used: it is told why, to say in its own
                     # log; it ends the stream on it: waited for, a second at most, so that
                     # closing ours does not cancel the call before the worker read it)
+                    link.turned_away = str(e)
                     with contextlib.suppress(Exception):
                         async with asyncio.timeout(1.0):
                             out = stream or call

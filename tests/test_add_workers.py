@@ -194,6 +194,59 @@ def test_a_worker_with_more_gpus_than_a_worker_may_have_is_refused():
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
+def test_a_refused_worker_slow_to_end_its_stream_is_answered_why_within_the_deadline():
+    """A worker refused at its Hello is told why (a goodbye) and given a second to end its
+    stream; an AddWorker whose deadline ends in that second is answered with the reason
+    (INVALID_ARGUMENT), not "cannot reach worker" (UNAVAILABLE), as before. The worker
+    here speaks the protocol and answers a Hello with no GPU, then never ends its
+    stream."""
+    import asyncio
+    import time
+
+    import grpc
+
+    from clockwork.protocol import clockwork_pb2 as pb
+    from clockwork.protocol import clockwork_pb2_grpc as pbg
+    from clockwork.protocol.versions import PROTOCOL, SOFTWARE
+    from controller.service import ControllerNode, RepositoryError
+    from tests.inprocess import serve_in_process
+    from worker.service import WorkerNode
+
+    class NoGpu(pbg.WorkerServicer):
+        async def ClockSync(self, request, context):  # noqa: N802
+            return pb.ClockSyncResponse(worker_time=time.monotonic_ns())
+
+        async def Connect(self, request_iterator, context):  # noqa: N802
+            it = request_iterator.__aiter__()
+            await anext(it)
+            yield pb.WorkerMessage(state=pb.WorkerState(
+                device="emulated", profiles="v100-reference", worker_time=time.monotonic_ns(),
+                protocol=PROTOCOL, software=SOFTWARE))
+            await asyncio.sleep(30)  # (reads nothing more, ends nothing)
+
+    async def main():
+        server = grpc.aio.server()
+        pbg.add_WorkerServicer_to_server(NoGpu(), server)
+        deaf = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+        await server.start()
+        address, stop, served = await serve_in_process(WorkerNode(gpus=1, pages=100))
+        node = ControllerNode([address], "v100-reference", models="resnet50_v2")
+        await node.start()
+        try:
+            with pytest.raises(RepositoryError) as e:
+                await node.add_worker(deaf, timeout=0.5)
+            return e.value
+        finally:
+            await node.stop()
+            await server.stop(0)
+            stop.set()
+            await served
+
+    err = asyncio.run(asyncio.wait_for(main(), 60))
+    assert err.code == grpc.StatusCode.INVALID_ARGUMENT, (err.code, err.message)
+    assert err.message.startswith("worker 127.0.0.1:") and "GPUs" in err.message, err.message
+
+
 def test_a_far_worker_without_the_cluster_secret_is_refused_before_it_is_dialed():
     """As for the workers at start: a worker off loopback is joined only with the cluster
     secret (or --insecure-no-auth); without, AddWorker is INVALID_ARGUMENT and nothing is
