@@ -752,6 +752,19 @@ def test_docs_settings_md_is_current():
         "docs/settings.md is out of date: run python -m clockwork.cluster.settings_doc")
 
 
+def test_the_scheduling_docs_table_names_keys_a_scenario_takes():
+    """docs/scheduling.md's table of the main scheduler settings names each as a scenario
+    writes it (``default_slo_ms``; it said ``default_slo``, which a scenario refuses)."""
+    import re
+
+    text = (ROOT / "docs" / "scheduling.md").read_text()
+    table = text.split("## Settings and defaults", 1)[1].split("\n\n|", 1)[1].split("\n\n")[0]
+    keys = re.findall(r"^\| `([a-z_]+)` \|", "|" + table, re.M)
+    assert len(keys) >= 10, keys
+    documented = (ROOT / "docs" / "settings.md").read_text()
+    assert [k for k in keys if f"| `{k}` |" not in documented] == []
+
+
 def test_the_settings_doc_writer_outside_a_checkout_wants_out(tmp_path, monkeypatch, capsys):
     """Run from an installed package (no pyproject.toml above it) it writes nothing
     unless given --out (it wrote a docs/ folder into site-packages)."""
