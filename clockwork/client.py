@@ -556,6 +556,8 @@ class _CloseAware:
     async def _await(self, args, kw):
         try:
             async with self.client._calls:  # (more than the connection takes wait here)
+                if self.client._closing:  # (closed while it waited for its slot)
+                    raise _closed_call()
                 for attempt in range(REFUSED_RETRIES):
                     try:
                         return await self.method(*args, **kw)
@@ -566,9 +568,14 @@ class _CloseAware:
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if self.client._closing and (task is None or not task.cancelling()):
-                raise grpc.aio.AioRpcError(grpc.StatusCode.CANCELLED, grpc.aio.Metadata(),
-                                           grpc.aio.Metadata(), CLIENT_CLOSED) from None
+                raise _closed_call() from None
             raise
+
+
+def _closed_call() -> grpc.aio.AioRpcError:
+    """A call ended by ``close()`` from elsewhere, as the gRPC error the callers map."""
+    return grpc.aio.AioRpcError(grpc.StatusCode.CANCELLED, grpc.aio.Metadata(),
+                                grpc.aio.Metadata(), CLIENT_CLOSED)
 
 
 def _deadline(timeout: float | None, slo_ms: float) -> tuple[float | None, bool]:

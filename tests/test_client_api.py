@@ -697,6 +697,25 @@ def test_closing_an_async_client_fails_its_waiting_calls_as_unavailable():
         asyncio.run(mine())
 
 
+def test_closing_an_async_client_fails_calls_waiting_for_a_call_slot_alike(monkeypatch):
+    """Calls beyond the client's ``MAX_UNARY_CALLS`` wait for a slot; closed meanwhile,
+    they raise ``ControllerUnavailable`` as the calls in flight do (they took the slot
+    after the close and raised gRPC's own ``UsageError: Channel is closed``)."""
+    import clockwork.client
+
+    monkeypatch.setattr(clockwork.client, "MAX_UNARY_CALLS", 1)
+    with _first_bytes() as (address, _, connected):
+        async def main():
+            ac = clockwork.AsyncClient(address, timeout=30)
+            calls = [asyncio.create_task(ac.stats()) for _ in range(3)]
+            assert await asyncio.to_thread(connected.wait, 10)
+            await ac.close()
+            return await asyncio.gather(*calls, return_exceptions=True)
+
+        got = asyncio.run(main())
+    assert [type(e) for e in got] == [ControllerUnavailable] * 3, got
+
+
 def test_an_async_client_made_outside_any_event_loop_says_where_to_make_it():
     """Made after an ``asyncio.run()`` ended, outside any loop: a RuntimeError saying to
     make it inside the running loop (it was gRPC's own 'There is no current event loop
