@@ -43,9 +43,15 @@ class ClockworkServicer(pbg.ClockworkServicer):
                 fut.set_result(resp)
 
         rem = context.time_remaining()  # None: the call has no deadline
+        first = self.node.next_id
         submit_unary(self.node, request, deliver, context.peer(),
                      None if rem is None else max(0, int(rem * 1e9)))
-        return await fut
+        end = self.node.next_id  # (this call's ids: nothing else ran meanwhile)
+        try:
+            return await fut
+        except asyncio.CancelledError:  # the client cancelled, or went away
+            self.node.withdraw(first, end)
+            raise
 
     async def InferStream(self, request_iterator, context):  # noqa: N802
         """Slices, bounds and reply messages: ``controller.intake.serve_stream``."""

@@ -354,8 +354,15 @@ class KServeFrontend:
             if not fut.done():
                 fut.set_result(resps)
 
+        first = self.node.next_id
         submit_rows(self.node, rows, deliver, conn, budget)
-        return self.finish(name, await fut, requested, batched)
+        end = self.node.next_id  # (this call's ids: nothing else ran meanwhile)
+        try:
+            answers = await fut
+        except asyncio.CancelledError:  # the client cancelled, or went away
+            self.node.withdraw(first, end)
+            raise
+        return self.finish(name, answers, requested, batched)
 
     def refused(self, name: str) -> None:
         """A request turned away here before the controller saw it (unknown model, bad

@@ -167,6 +167,10 @@ class ControllerLoop:
         sent and replies answered once."""
         self._after(self.policy.on_requests(list(rs), now), now)
 
+    def cancel(self, rs, now: int) -> None:
+        """The callers of these requests went away (``Policy.cancel``)."""
+        self._after(self.policy.cancel(list(rs), now), now)
+
     def results(self, worker: int, results: list[Result], now: int) -> None:
         """Results from ``worker``, their times already on the controller's clock. A
         result claiming to end after ``now`` (a clock-offset error) is clamped to ``now``."""

@@ -26,6 +26,10 @@ from clockwork.requests import Reply, Request
 # (``Policy.remove_model``) while it waited, or arrived after (front ends tag such
 # answers ``unknown_model``: the model is no longer served).
 MODEL_UNLOADED = "model unloaded"
+# The message of a request answered ERROR because its caller went away (a cancelled call, a
+# closed connection) while it waited in a queue (``Policy.cancel``): nobody reads it; the
+# front ends count it with the reason ``cancelled``.
+CANCELLED = "cancelled: the client's call ended before the request ran"
 # messages of ERROR answers a policy gives for "not here, not now" (front ends answer them
 # as unavailable, 503): a model too large for every GPU; a baseline's full batching queue
 NO_GPU_FITS = "model does not fit on any GPU"
@@ -158,6 +162,16 @@ class Policy(ABC):
         or removed already). A policy that cannot remove models raises
         ``NotImplementedError``."""
         raise NotImplementedError(f"policy {type(self).__name__} cannot remove models at run time")
+
+    def cancel(self, requests: list[Request], now: int) -> list[Action]:
+        """The callers of ``requests`` went away (cancelled calls, closed connections):
+        each one still waiting in a queue leaves it and is answered now, ``ERROR`` with
+        message ``CANCELLED`` (in the next ``drain_replies``), so that it takes no GPU
+        time and no place in the queue from the requests whose callers wait. One in an
+        INFER already sent runs on and is answered as usual; one answered already is left
+        alone (a request is answered once). A policy that does not override this keeps
+        them: they run, or time out, as if their callers still waited."""
+        return []
 
     # ------------------------------------------------------------------ read-only views
 

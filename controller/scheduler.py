@@ -21,6 +21,8 @@ Rules (explained in docs/scheduling.md), each in one place below:
   is an empty queue like any other; a removed one answers its queue, leaves
   ``self.models`` (so no request reaches it) and waits in ``_removed`` until each copy
   is idle and EVICTed.
+* ``cancel``  a queued request whose caller went away leaves its queue, answered
+  ERROR ``CANCELLED``; one in an INFER runs on.
 """
 
 from __future__ import annotations
@@ -51,7 +53,14 @@ from controller.inflight import (
     failed_status,
 )
 from controller.lanes import unwatch, watch
-from controller.policy import MODEL_UNLOADED, NO_GPU_FITS, GpuSpec, ModelView, Policy
+from controller.policy import (
+    CANCELLED,
+    MODEL_UNLOADED,
+    NO_GPU_FITS,
+    GpuSpec,
+    ModelView,
+    Policy,
+)
 from controller.state import CopyIndex, GpuState, Instance, ModelState
 
 MISS_MEMORY = 1_000_000_000  # how long a request rejected for a cold model keeps asking for a LOAD
@@ -1317,6 +1326,16 @@ class ClockworkScheduler(Policy):
         if out and (self._unserved or self._misses):
             self._schedule_loads(now, out, only_idle=False)  # the freed pages may take a LOAD
         return out
+
+    def cancel(self, requests: list[Request], now: int) -> list[Action]:
+        models = self.models
+        for r in requests:
+            if r.state == QUEUED:  # (one in an INFER runs on; one answered stays so)
+                m = models.get(r.model)
+                if m is not None:
+                    self._unqueue(m, r)
+                    self._answer(r, RequestStatus.ERROR, now, CANCELLED)
+        return []
 
     def _retire(self, inst: Instance, now: int, out: list[Action]) -> bool:
         """EVICT a removed model's copy if nothing runs or loads on it; whether it did."""

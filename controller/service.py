@@ -101,7 +101,7 @@ from controller.links import (
 )
 from controller.loop import ControllerLoop, Liveness
 from controller.metrics import ControllerMetrics
-from controller.policy import GpuSpec, Policy
+from controller.policy import CANCELLED, GpuSpec, Policy
 from controller.repository import RepositoryError, shutting_down
 from controller.repository import group_name as _group_name
 
@@ -569,6 +569,8 @@ class ControllerNode(WorkerLinks):
                 continue
             status = _STATUS_NAME[rep.status]
             self.count(_STATUS_KEY[rep.status])
+            if rep.status == RequestStatus.ERROR and rep.message == CANCELLED:
+                self.count("requests_cancelled")
             metrics.answered(rep, status)
             if tel is not None:
                 r.slo = r.slo or self.cfg.default_slo
@@ -614,6 +616,8 @@ class ControllerNode(WorkerLinks):
         elif status == RequestStatus.ERROR:
             if rep.message == STOPPING_MESSAGE:
                 reason = "shutdown"
+            elif rep.message == CANCELLED:
+                reason = "cancelled"  # (read by nobody: counted)
             elif failed_code(rep.message) == ErrorCode.WORKER_LOST:
                 reason = "worker_lost"  # its worker went away and no retry was in time
         if r.typed:
@@ -625,6 +629,17 @@ class ControllerNode(WorkerLinks):
         if outs:
             add_tensors(resp.outputs, outs)
         return resp
+
+    def withdraw(self, first: int, end: int) -> None:
+        """The caller of the requests ``first`` to ``end - 1`` (one call's: ids taken in
+        one admission) went away, a cancelled call or a closed connection: those still
+        waiting in a queue are answered now, ERROR ``CANCELLED``, which nobody reads
+        (``Policy.cancel``); they take no GPU time and no place before the requests whose
+        callers wait, and their inputs' bytes count no more against the bounds."""
+        pending = self.pending
+        rs = [r for r in map(pending.get, range(first, end)) if r is not None]
+        if rs:
+            self.ctrl.cancel(rs, now_ns())
 
     def submit(self, req: pb.InferRequest, deliver, budget: int | None = None) -> None:
         """A client request; ``deliver(InferResponse)`` is called exactly once. ``budget``
