@@ -50,7 +50,7 @@ class ClockworkServicer(pbg.ClockworkServicer):
         try:
             return await fut
         except asyncio.CancelledError:  # the client cancelled, or went away
-            self.node.withdraw(first, end)
+            self.node.withdraw(range(first, end))
             raise
 
     async def InferStream(self, request_iterator, context):  # noqa: N802

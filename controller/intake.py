@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -188,6 +189,31 @@ def _admit_failed(node, reqs, deliver, start: int, state: list, e: Exception) ->
                                  client_id=reqs[i].client_id, gpu=-1))
 
 
+class Admitted:
+    """The request ids a stream admitted, kept while any of them may still be waiting:
+    what it withdraws when the call ends before they are answered (the client cancelled
+    or went away, or did not read its replies; ``ControllerNode.withdraw``)."""
+
+    __slots__ = ("spans", "keep")
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[int, int]] = []  # (first id, end) of each admission
+        self.keep = 64  # spans held before those all answered are dropped
+
+    def add(self, node, first: int) -> None:
+        """The ids from ``first`` to the node's next were just taken by this stream."""
+        if node.next_id > first:
+            self.spans.append((first, node.next_id))
+        if len(self.spans) > self.keep:
+            pending = node.pending
+            self.spans = [s for s in self.spans if any(i in pending for i in range(*s))]
+            self.keep = 2 * len(self.spans) + 64
+
+    def withdraw(self, node) -> None:
+        spans, self.spans = self.spans, []
+        node.withdraw(itertools.chain.from_iterable(range(*s) for s in spans))
+
+
 def submit_unary(node, req, deliver, conn: str, budget: int | None = None) -> None:
     """One request of a unary call (``Infer``, KServe): through the gate, then
     :func:`submit_guarded`; ``deliver`` is called exactly once. ``budget`` (ns): what is
@@ -280,10 +306,11 @@ class _Stream:
     """One ``InferStream`` call's state."""
 
     __slots__ = ("open", "done", "dead", "buffered", "out", "wake", "why", "dues", "due",
-                 "send_at", "stopping", "held", "tokens")
+                 "send_at", "stopping", "held", "tokens", "admitted")
 
     def __init__(self) -> None:
         self.open = 0  # requests admitted, not yet answered
+        self.admitted = Admitted()  # their ids
         self.done = False  # the client closed its side
         self.dead = False  # replies are no longer sent (slow reader, or the call ended)
         self.buffered = 0  # bytes in out
@@ -391,7 +418,9 @@ async def serve_stream(node, context) -> None:
             gate.enter(conn, n)
             if interval and pacer.busy:  # (a quiet stream holds no reply)
                 reply_dues(dues, reqs, n, now_ns() - late, node.cfg.default_slo, interval)
+            first = node.next_id
             submit_guarded(node, reqs if n == k else reqs[:n], deliver, late)
+            st.admitted.add(node, first)
         for req in reqs[n:]:
             reply(overloaded(node, req, why))
 
@@ -492,6 +521,7 @@ async def serve_stream(node, context) -> None:
         _close(st)
         for t in (rtask, wtask, ktask):
             t.cancel()
+        st.admitted.withdraw(node)  # (those its client will never read)
 
 
 def reply_dues(dues: dict[int, int], reqs, n: int, sent: int, default_slo: int,

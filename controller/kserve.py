@@ -51,7 +51,7 @@ from clockwork.protocol import kserve_pb2_grpc as kpbg
 from clockwork.protocol.ratelog import LogLimiter
 from clockwork.sizes import status_details
 from clockwork.tensors import Tensor
-from controller.intake import STOPPING_MESSAGE, overloaded, submit_guarded
+from controller.intake import STOPPING_MESSAGE, Admitted, overloaded, submit_guarded
 from controller.kserve_status import (  # noqa: F401 - the kinds, re-exported
     DEADLINE,
     GRPC_CODE,
@@ -360,7 +360,7 @@ class KServeFrontend:
         try:
             answers = await fut
         except asyncio.CancelledError:  # the client cancelled, or went away
-            self.node.withdraw(first, end)
+            self.node.withdraw(range(first, end))
             raise
         return self.finish(name, answers, requested, batched)
 
@@ -629,6 +629,7 @@ class _ModelStream:
         self.pending: dict[int, tuple] = {}  # a row's client_id -> (_Request, row index)
         self.seq = 0
         self.open = 0  # rows admitted, not yet answered
+        self.admitted = Admitted()  # their ids
         self.done = False  # the client closed its side
         self.dead = False  # no more responses go out
         self.out: deque = deque()  # (ModelStreamInferResponse, size) to write
@@ -751,7 +752,9 @@ class _ModelStream:
         if current:
             slices.append(current)
         for reqs in slices:
+            first = node.next_id
             submit_guarded(node, reqs, self._deliver, 0)
+            self.admitted.add(node, first)
         for request, rows, _, _ in batch[taken:]:
             answers = [overloaded(node, row, why) for row in rows]
             node.metrics.request_done(rows[0].group)
@@ -828,6 +831,7 @@ class _ModelStream:
             self._close()
             for t in (rtask, wtask, ktask):
                 t.cancel()
+            self.admitted.withdraw(self.node)  # (those its client will never read)
 
 
 def add_kserve_grpc(node, server: grpc.aio.Server) -> None:

@@ -630,14 +630,14 @@ class ControllerNode(WorkerLinks):
             add_tensors(resp.outputs, outs)
         return resp
 
-    def withdraw(self, first: int, end: int) -> None:
-        """The caller of the requests ``first`` to ``end - 1`` (one call's: ids taken in
-        one admission) went away, a cancelled call or a closed connection: those still
-        waiting in a queue are answered now, ERROR ``CANCELLED``, which nobody reads
-        (``Policy.cancel``); they take no GPU time and no place before the requests whose
-        callers wait, and their inputs' bytes count no more against the bounds."""
+    def withdraw(self, ids) -> None:
+        """The caller of the requests ``ids`` (one call's) went away, a cancelled call or
+        a closed connection: those still waiting in a queue are answered now, ERROR
+        ``CANCELLED``, which nobody reads (``Policy.cancel``); they take no GPU time and no
+        place before the requests whose callers wait, and their inputs' bytes count no
+        more against the bounds."""
         pending = self.pending
-        rs = [r for r in map(pending.get, range(first, end)) if r is not None]
+        rs = [r for r in map(pending.get, ids) if r is not None]
         if rs:
             self.ctrl.cancel(rs, now_ns())
 
