@@ -51,7 +51,13 @@ from clockwork.protocol import kserve_pb2_grpc as kpbg
 from clockwork.protocol.ratelog import LogLimiter
 from clockwork.sizes import status_details
 from clockwork.tensors import Tensor
-from controller.intake import STOPPING_MESSAGE, Admitted, overloaded, submit_guarded
+from controller.intake import (
+    REPLY_OBJECT_BYTES,
+    STOPPING_MESSAGE,
+    Admitted,
+    overloaded,
+    submit_guarded,
+)
 from controller.kserve_status import (  # noqa: F401 - the kinds, re-exported
     DEADLINE,
     GRPC_CODE,
@@ -645,7 +651,7 @@ class _ModelStream:
         if self.dead:
             self.node.count("replies_discarded")
             return
-        size = msg.ByteSize()
+        size = msg.ByteSize() + REPLY_OBJECT_BYTES  # (in memory: see intake)
         self.out.append((msg, size))
         self.buffered += size
         cap = self.node.limits.stream_reply_buffer_bytes

@@ -70,12 +70,13 @@ class Limits:
         "(one larger reply goes alone): well under the 4 MiB gRPC clients accept by "
         "default.", ge=1024)
     stream_reply_buffer_bytes: int = setting(
-        64 * MiB, "Replies of one `InferStream` waiting for the client to read them. A "
-        "stream whose client does not read and falls this far behind is ended with "
-        "`RESOURCE_EXHAUSTED` (the status follows the messages already in flight): the "
-        "controller stops reading it, frees the waiting replies and drops those still to "
-        "come (each request is still answered once inside, counted "
-        "`replies_discarded`).", ge=1024)
+        64 * MiB, "Replies of one stream (`InferStream`, `ModelStreamInfer`) waiting for the "
+        "client to read them, each counted as its size plus 1 KiB (what holding it in "
+        "memory costs besides). A stream whose client does not read and falls this far "
+        "behind is ended with `RESOURCE_EXHAUSTED` (the status follows the messages "
+        "already in flight): the controller stops reading it, frees the waiting replies, "
+        "withdraws its requests still queued and drops the replies still to come (each "
+        "request is still answered once inside, counted `replies_discarded`).", ge=1024)
     grpc_max_receive_bytes: int = setting(
         MAX_MESSAGE_BYTES, "Largest gRPC message the controller accepts from a client (a stream "
         "message of many requests counts whole); at least 4 MiB, the messages the Python "

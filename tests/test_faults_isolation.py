@@ -224,6 +224,54 @@ def test_client_that_never_reads_is_cut_off_and_memory_stays_bounded(profiles):
         asyncio.run(asyncio.wait_for(main(), 60))
 
 
+def test_a_client_that_never_reads_tiny_replies_is_cut_off_within_the_bound(profiles):
+    """An InferStream client sends 300,000 requests for a model not served (each answered
+    at once, a reply of ~80 bytes) and never reads. The replies waiting are counted with
+    what holding each costs in memory (1 KiB), so the stream is cut once they hold about
+    stream_reply_buffer_bytes (8 MiB here): the controller grew by 6 MiB. Counted by
+    their encoded size alone, ~100,000 of them were held first, and it grew by 69 MiB."""
+    cap = 8 * MiB
+    with _cluster(profiles, f"stream_reply_buffer_bytes={cap}") as c:
+        pid = c.controller.proc.pid
+
+        async def main():
+            await _baseline(c.address)
+            rss0 = peak = _rss_mb(pid)
+            ch = grpc.aio.insecure_channel(c.address)
+
+            async def requests():
+                for i in range(300):
+                    yield pb.InferRequestBatch(requests=[
+                        pb.InferRequest(model="nosuch", client_id=1000 * i + k + 1)
+                        for k in range(1000)])
+                    await asyncio.sleep(0)
+                await asyncio.Event().wait()  # keep the stream open, never read
+
+            call = pbg.ClockworkStub(ch).InferStream(requests())
+
+            async def watch():
+                nonlocal peak
+                while True:
+                    peak = max(peak, _rss_mb(pid))
+                    await asyncio.sleep(0.02)
+
+            w = asyncio.create_task(watch())
+            async with clockwork.AsyncClient(c.address, timeout=10) as cl:
+                while not (await cl.stats()).get("streams_slow_reader"):
+                    await asyncio.sleep(0.05)
+            w.cancel()
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                async for _ in call:
+                    pass
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            await ch.close()
+            return peak - rss0
+
+        grew = asyncio.run(asyncio.wait_for(main(), 60))
+        print(f"tiny replies: the controller grew by {grew:.0f} MiB")
+        assert grew < cap / MiB + 24, f"the controller grew by {grew:.0f} MiB"
+
+
 # ---------------------------------------------------------------------- huge REST body
 
 
