@@ -682,7 +682,9 @@ class ControllerNode(WorkerLinks):
         bad = inputs = None
         reason = ""
         typed = not isinstance(req, pb.InferRequest)  # KServe's rows: answered with Answers
-        if prof is None:  # (the message's hint is made here only: a name not served)
+        if prof is None or (self.unloading and req.model in self.unloading):
+            # (the message's hint is made here only: a name not served; one being
+            # unloaded is not served either, and its policy may have forgotten it)
             bad, reason = self.unknown_model(req.model), "unknown_model"
         elif not 0 <= req.slo_ms <= MAX_SLO_MS:  # also refuses nan and inf
             bad, reason = (f"slo_ms must be a number from 0 (the default SLO) to "

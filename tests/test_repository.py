@@ -1666,6 +1666,35 @@ def test_loads_stop_at_the_bound_on_instances_served(monkeypatch):
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
+def test_a_request_for_a_model_being_unloaded_is_told_it_is_not_served():
+    """A request that comes while a model is being unloaded (its copies not all evicted
+    yet, or the policy done with it while the controller still lists it) is answered as
+    for a model not served, in the one short form every front end gives (how many are
+    served, the closest names): the policy that had forgotten it said ``unknown model
+    'x'`` without them. Controller and worker in this process."""
+    import asyncio
+
+    from clockwork.actions import RequestStatus
+    from worker.service import WorkerNode
+
+    async def main():
+        wnode = WorkerNode(gpus=1, pages=100)
+        async with controller_with([wnode], "v100-reference", models="resnet50_v2") as node:
+            await node.load_model("um", profile="mobilenet_v2")
+            assert (await answer(node, "um")).status == 0
+            await node.unload_model("um")
+            said = []
+            while node.model_state("um") != ("UNAVAILABLE", "unloaded"):
+                said.append(await answer(node, "um"))
+                await asyncio.sleep(0.001)
+            return said
+
+    said = asyncio.run(asyncio.wait_for(main(), 60))
+    assert said and all(r.status == RequestStatus.INVALID_REQUEST for r in said), said
+    assert {r.message for r in said} == {"unknown model 'um' (1 served)"}, said
+    assert {r.reason for r in said} == {"unknown_model"}
+
+
 def test_unloaded_names_are_forgotten_oldest_first_with_their_metrics(monkeypatch):
     """Clients choose the names they load and unload: the controller keeps the newest
     ``UNLOADED_KEPT`` unloaded ones for the index, and drops each one's ``/metrics``
