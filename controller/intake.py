@@ -73,15 +73,49 @@ CLIENT_CLOCK_STEP_SPAN_NS = 2_000_000_000
 class Gate:
     """Requests admitted and not yet answered: in all, and per client connection (a gRPC
     peer address, a REST connection). ``room`` says how many more may come in; ``over``
-    whether their input bytes may grow by so many (``take`` and ``give`` count them)."""
+    whether their input bytes may grow by so many (``take`` and ``give`` count them).
+    And the replies waiting for streams' clients to read them (``hold``, ``release``):
+    per stream and in all."""
 
-    __slots__ = ("node", "total", "conns", "bytes")
+    __slots__ = ("node", "total", "conns", "bytes", "replies", "holding")
 
     def __init__(self, node) -> None:
         self.node = node  # reads node.limits (set after construction by the command)
         self.total = 0
         self.conns: dict[str, int] = {}
         self.bytes = 0  # input bytes of the requests admitted and not yet answered
+        self.replies = 0  # bytes of the replies waiting in all streams (``hold``)
+        self.holding = 0  # streams with replies waiting
+
+    def hold(self, st, n: int) -> str:
+        """``n`` more bytes of replies (as ``REPLY_OBJECT_BYTES`` counts them) wait in
+        stream ``st`` (``st.buffered`` counts its own): why the stream must be ended as a
+        slow reader, or "". Past ``stream_reply_buffer_bytes`` of its own; or, with the
+        replies of all streams past ``replies_buffer_bytes``, holding more than its share
+        of that bound (the bound over the streams holding replies): a stream whose client
+        reads holds little, and many slow readers together are each cut at their share."""
+        if not st.buffered:
+            self.holding += 1
+        held = st.buffered = st.buffered + n
+        total = self.replies = self.replies + n
+        lim = self.node.limits
+        if held > lim.stream_reply_buffer_bytes:
+            return (f"the client is not reading its replies: {held} bytes waiting (limit "
+                    f"stream_reply_buffer_bytes {lim.stream_reply_buffer_bytes})")
+        cap = lim.replies_buffer_bytes
+        if total > cap and held * self.holding > cap:
+            return (f"the client is not reading its replies: {held} bytes waiting, more "
+                    f"than its share of the {total} bytes of all streams' replies waiting "
+                    f"(limit replies_buffer_bytes {cap}, {self.holding} streams)")
+        return ""
+
+    def release(self, st, n: int) -> None:
+        """``n`` bytes of stream ``st``'s replies were sent, or dropped."""
+        if n:
+            st.buffered -= n
+            self.replies -= n
+            if not st.buffered:
+                self.holding -= 1
 
     def over(self, nbytes: int, more: int = 0) -> str:
         """Why requests of ``nbytes`` input bytes may not come in now, with ``more``
@@ -351,7 +385,6 @@ async def serve_stream(node, context) -> None:
     conn = context.peer()
     st = _Stream()
     out = st.out
-    cap = lim.stream_reply_buffer_bytes
     killed = asyncio.Event()
 
     pacer = Pacer(node.reply_interval_us)
@@ -365,13 +398,12 @@ async def serve_stream(node, context) -> None:
             return
         size = resp.ByteSize() + _FRAME
         out.append((resp, size))
-        st.buffered += size + REPLY_OBJECT_BYTES
-        if st.buffered > cap:
+        why = gate.hold(st, size + REPLY_OBJECT_BYTES)
+        if why:
             node.count("streams_slow_reader")
-            st.why = (f"the client is not reading its replies: {st.buffered} bytes waiting "
-                      f"(limit stream_reply_buffer_bytes {cap})")
+            st.why = why
             node.count("replies_discarded", len(out))
-            _close(st)
+            _close(st, gate)
             killed.set()
             return
         if due and (resp.status or now_ns() >= due + interval):
@@ -483,7 +515,7 @@ async def serve_stream(node, context) -> None:
                     resp, n = out.popleft()
                     batch.append(resp)
                     size += n
-                st.buffered -= size + len(batch) * REPLY_OBJECT_BYTES
+                gate.release(st, size + len(batch) * REPLY_OBJECT_BYTES)
                 pacer.note(len(batch))
                 node.count("msgs_to_clients")
                 await context.write(pb.InferResponseBatch(responses=batch))
@@ -523,7 +555,7 @@ async def serve_stream(node, context) -> None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, STOPPING_MESSAGE)
     finally:
         node.stream_closers.discard(stopping)
-        _close(st)
+        _close(st, gate)
         for t in (rtask, wtask, ktask):
             t.cancel()
         st.admitted.withdraw(node)  # (those its client will never read)
@@ -550,8 +582,8 @@ def reply_dues(dues: dict[int, int], reqs, n: int, sent: int, default_slo: int,
         dues[req.client_id] = sent - min(req.queued_ns, CLIENT_CLOCK_WINDOW_NS) + slo - interval
 
 
-def _close(st: _Stream) -> None:
+def _close(st: _Stream, gate: Gate) -> None:
     """No more replies go out on this stream: drop those waiting, discard later ones."""
     st.dead = True
     st.out.clear()
-    st.buffered = 0
+    gate.release(st, st.buffered)

@@ -653,12 +653,10 @@ class _ModelStream:
             return
         size = msg.ByteSize() + REPLY_OBJECT_BYTES  # (in memory: see intake)
         self.out.append((msg, size))
-        self.buffered += size
-        cap = self.node.limits.stream_reply_buffer_bytes
-        if self.buffered > cap:
+        why = self.node.gate.hold(self, size)
+        if why:
             self.node.count("streams_slow_reader")
-            self.why = (f"the client is not reading its responses: {self.buffered} bytes "
-                        f"waiting (limit stream_reply_buffer_bytes {cap})")
+            self.why = why
             self.node.count("replies_discarded", len(self.out))
             self._close()
             self.killed.set()
@@ -786,7 +784,7 @@ class _ModelStream:
             wake.clear()
             while out:
                 msg, size = out.popleft()
-                self.buffered -= size
+                self.node.gate.release(self, size)
                 await self.context.write(msg)
             if self.done and self.open <= 0 and not self.waiting and not out:
                 return
@@ -796,7 +794,7 @@ class _ModelStream:
     def _close(self) -> None:
         self.dead = True
         self.out.clear()
-        self.buffered = 0
+        self.node.gate.release(self, self.buffered)
 
     async def serve(self) -> None:
         if self.node._stopping:  # (its closers have run: nothing would end this one)

@@ -5,7 +5,7 @@ buffers may grow, what the gRPC and REST servers accept.
 ``Limits`` is the schema (``clockwork controller --limit KEY=VALUE``; each field's
 description documents it and ``docs/settings.md`` is rendered from it); the code that
 enforces each bound reads it from here: ``controller/intake.py`` (outstanding requests,
-admission in slices, reply messages and the slow-reader cap), ``controller/service.py`` and
+admission in slices, reply messages and the slow-reader caps, per stream and in all), ``controller/service.py`` and
 ``controller/grpc_api.py`` (the gRPC server's receive limit, streams per connection and
 calls in all) and ``controller/kserve_rest.py`` (the REST server,
 aiohttp's, configured from here in ``make_runner``).
@@ -77,6 +77,13 @@ class Limits:
         "already in flight): the controller stops reading it, frees the waiting replies, "
         "withdraws its requests still queued and drops the replies still to come (each "
         "request is still answered once inside, counted `replies_discarded`).", ge=1024)
+    replies_buffer_bytes: int = setting(
+        1024 * MiB, "Replies of all streams together waiting for their clients to read "
+        "them, counted as in `stream_reply_buffer_bytes`. Past it, a stream that holds "
+        "more than its share (this bound over the streams holding replies) is ended as a "
+        "slow reader when its next reply comes: many clients that do not read cannot "
+        "together hold more than about this, while one that reads holds little.",
+        ge=1024)
     grpc_max_receive_bytes: int = setting(
         MAX_MESSAGE_BYTES, "Largest gRPC message the controller accepts from a client (a stream "
         "message of many requests counts whole); at least 4 MiB, the messages the Python "

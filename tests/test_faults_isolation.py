@@ -224,51 +224,66 @@ def test_client_that_never_reads_is_cut_off_and_memory_stays_bounded(profiles):
         asyncio.run(asyncio.wait_for(main(), 60))
 
 
+async def _unread_flood(address: str, pid: int, streams: int, slow_readers: int) -> float:
+    """``streams`` InferStream calls each send 300,000 requests for a model not served
+    (each answered at once, a reply of ~80 bytes) and never read them, until the
+    controller has cut ``slow_readers`` streams: how much its memory grew (MiB, peak)."""
+    await _baseline(address)
+    rss0 = peak = _rss_mb(pid)
+    ch = grpc.aio.insecure_channel(address)
+
+    async def requests():
+        for i in range(300):
+            yield pb.InferRequestBatch(requests=[
+                pb.InferRequest(model="nosuch", client_id=1000 * i + k + 1)
+                for k in range(1000)])
+            await asyncio.sleep(0)
+        await asyncio.Event().wait()  # keep the stream open, never read
+
+    calls = [pbg.ClockworkStub(ch).InferStream(requests()) for _ in range(streams)]
+
+    async def watch():
+        nonlocal peak
+        while True:
+            peak = max(peak, _rss_mb(pid))
+            await asyncio.sleep(0.02)
+
+    w = asyncio.create_task(watch())
+    async with clockwork.AsyncClient(address, timeout=10) as cl:
+        while (await cl.stats()).get("streams_slow_reader", 0) < slow_readers:
+            await asyncio.sleep(0.05)
+    w.cancel()
+    for call in calls:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in call:
+                pass
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    await ch.close()
+    return peak - rss0
+
+
 def test_a_client_that_never_reads_tiny_replies_is_cut_off_within_the_bound(profiles):
-    """An InferStream client sends 300,000 requests for a model not served (each answered
-    at once, a reply of ~80 bytes) and never reads. The replies waiting are counted with
-    what holding each costs in memory (1 KiB), so the stream is cut once they hold about
-    stream_reply_buffer_bytes (8 MiB here): the controller grew by 6 MiB. Counted by
-    their encoded size alone, ~100,000 of them were held first, and it grew by 69 MiB."""
+    """A stream's client never reads its ~80-byte replies: the replies waiting are counted
+    with what holding each costs in memory (1 KiB), so the stream is cut once they hold
+    about stream_reply_buffer_bytes (8 MiB here): the controller grew by 6 MiB. Counted
+    by their encoded size alone, ~100,000 of them were held first, and it grew by 69 MiB."""
     cap = 8 * MiB
     with _cluster(profiles, f"stream_reply_buffer_bytes={cap}") as c:
-        pid = c.controller.proc.pid
-
-        async def main():
-            await _baseline(c.address)
-            rss0 = peak = _rss_mb(pid)
-            ch = grpc.aio.insecure_channel(c.address)
-
-            async def requests():
-                for i in range(300):
-                    yield pb.InferRequestBatch(requests=[
-                        pb.InferRequest(model="nosuch", client_id=1000 * i + k + 1)
-                        for k in range(1000)])
-                    await asyncio.sleep(0)
-                await asyncio.Event().wait()  # keep the stream open, never read
-
-            call = pbg.ClockworkStub(ch).InferStream(requests())
-
-            async def watch():
-                nonlocal peak
-                while True:
-                    peak = max(peak, _rss_mb(pid))
-                    await asyncio.sleep(0.02)
-
-            w = asyncio.create_task(watch())
-            async with clockwork.AsyncClient(c.address, timeout=10) as cl:
-                while not (await cl.stats()).get("streams_slow_reader"):
-                    await asyncio.sleep(0.05)
-            w.cancel()
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                async for _ in call:
-                    pass
-            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            await ch.close()
-            return peak - rss0
-
-        grew = asyncio.run(asyncio.wait_for(main(), 60))
+        grew = asyncio.run(asyncio.wait_for(
+            _unread_flood(c.address, c.controller.proc.pid, 1, 1), 60))
         print(f"tiny replies: the controller grew by {grew:.0f} MiB")
+        assert grew < cap / MiB + 24, f"the controller grew by {grew:.0f} MiB"
+
+
+def test_many_clients_that_never_read_are_cut_off_within_the_bound_of_all(profiles):
+    """Three such streams, each allowed 64 MiB of replies, all together 6 MiB
+    (replies_buffer_bytes): each is cut at its share and the controller grew by 13 MiB,
+    not by three streams' worth (118 MiB without the bound of all)."""
+    cap = 6 * MiB
+    with _cluster(profiles, f"replies_buffer_bytes={cap}") as c:
+        grew = asyncio.run(asyncio.wait_for(
+            _unread_flood(c.address, c.controller.proc.pid, 3, 3), 120))
+        print(f"three unread streams: the controller grew by {grew:.0f} MiB")
         assert grew < cap / MiB + 24, f"the controller grew by {grew:.0f} MiB"
 
 
