@@ -193,17 +193,11 @@ def test_client_that_never_reads_is_cut_off_and_memory_stays_bounded(profiles):
                 await asyncio.Event().wait()  # keep the stream open, never read
 
             call = pbg.ClockworkStub(ch).InferStream(requests())
-            peak = rss0
-
-            async def watch():
-                nonlocal peak
-                while True:
-                    peak = max(peak, _rss_mb(pid))
-                    await asyncio.sleep(0.02)
-
-            w = asyncio.create_task(watch())
+            seen = [rss0]
+            w = asyncio.create_task(_peak_rss(pid, seen))
             fault = await Healthy(c.address).run(3.0)
             w.cancel()
+            peak = seen[0]
             rss1 = _rss_mb(pid)
             # the stream was ended: reading it now gives what was in flight, then the status
             got = 0
@@ -224,12 +218,19 @@ def test_client_that_never_reads_is_cut_off_and_memory_stays_bounded(profiles):
         asyncio.run(asyncio.wait_for(main(), 60))
 
 
+async def _peak_rss(pid: int, seen: list) -> None:
+    """Keep ``seen[0]`` the largest RSS (MiB) of process ``pid`` found, until cancelled."""
+    while True:
+        seen[0] = max(seen[0], _rss_mb(pid))
+        await asyncio.sleep(0.02)
+
+
 async def _unread_flood(address: str, pid: int, streams: int, slow_readers: int) -> float:
     """``streams`` InferStream calls each send 300,000 requests for a model not served
     (each answered at once, a reply of ~80 bytes) and never read them, until the
     controller has cut ``slow_readers`` streams: how much its memory grew (MiB, peak)."""
     await _baseline(address)
-    rss0 = peak = _rss_mb(pid)
+    rss0 = _rss_mb(pid)
     ch = grpc.aio.insecure_channel(address)
 
     async def requests():
@@ -241,18 +242,13 @@ async def _unread_flood(address: str, pid: int, streams: int, slow_readers: int)
         await asyncio.Event().wait()  # keep the stream open, never read
 
     calls = [pbg.ClockworkStub(ch).InferStream(requests()) for _ in range(streams)]
-
-    async def watch():
-        nonlocal peak
-        while True:
-            peak = max(peak, _rss_mb(pid))
-            await asyncio.sleep(0.02)
-
-    w = asyncio.create_task(watch())
+    seen = [rss0]
+    w = asyncio.create_task(_peak_rss(pid, seen))
     async with clockwork.AsyncClient(address, timeout=10) as cl:
         while (await cl.stats()).get("streams_slow_reader", 0) < slow_readers:
             await asyncio.sleep(0.05)
     w.cancel()
+    peak = seen[0]
     for call in calls:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             async for _ in call:
