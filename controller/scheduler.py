@@ -111,6 +111,10 @@ class ClockworkScheduler(Policy):
         self._next_load_check = 0
         self._load_check_put_off = False  # it is a back-off's end (_arm_load_check)
         self._removed: dict[str, ModelState] = {}  # removed, copies not yet all evicted
+        # requests withdrawn (``cancel``) while in an INFER: answered CANCELLED, not
+        # queued again, should it fail; those answered since are dropped now and then
+        self._withdrawn: dict[int, Request] = {}
+        self._withdrawn_keep = 64
         self._copy_seq = 0  # numbers the copies in order of creation (Instance.seq)
         # LOAD demand, kept up to date between looks (see _schedule_loads):
         self._cold: list[tuple[float, str]] = []  # heap (-outstanding, name) over _unserved, stale entries too
@@ -596,8 +600,11 @@ class ClockworkScheduler(Policy):
             return
         keep = []
         e1 = m.est.exec(m.batch_sizes[0])
+        gone = self._withdrawn
         for r in requests:
-            if now + self.cfg.future + e1 <= r.deadline:
+            if gone and gone.pop(r.id, None) is not None:  # its caller went away (cancel)
+                self._answer(r, RequestStatus.ERROR, now, CANCELLED)
+            elif now + self.cfg.future + e1 <= r.deadline:
                 keep.append(r)
             else:  # (TIMEOUT when the worker found it too late: its SLO is out of reach)
                 self._answer(r, failed_status(result), now, error_message(result))
@@ -1328,13 +1335,18 @@ class ClockworkScheduler(Policy):
         return out
 
     def cancel(self, requests: list[Request], now: int) -> list[Action]:
-        models = self.models
+        models, gone = self.models, self._withdrawn
         for r in requests:
-            if r.state == QUEUED:  # (one in an INFER runs on; one answered stays so)
+            if r.state == QUEUED:  # (one answered stays so)
                 m = models.get(r.model)
                 if m is not None:
                     self._unqueue(m, r)
                     self._answer(r, RequestStatus.ERROR, now, CANCELLED)
+            elif r.state == EXECUTING:  # runs on; should its INFER fail, not again
+                gone[r.id] = r
+        if len(gone) > self._withdrawn_keep:
+            self._withdrawn = {i: r for i, r in gone.items() if r.state == EXECUTING}
+            self._withdrawn_keep = 2 * len(self._withdrawn) + 64
         return []
 
     def _retire(self, inst: Instance, now: int, out: list[Action]) -> bool:

@@ -46,6 +46,33 @@ def test_a_queued_request_whose_caller_went_away_leaves_the_queue():
     assert set(d.replies) == {1, 500, *range(10, 110)}
 
 
+def test_a_withdrawn_request_whose_infer_fails_is_not_run_again():
+    """Requests withdrawn while their INFER is out run on; if that INFER then fails (here
+    its worker is lost), they are answered ERROR ``CANCELLED`` instead of being queued
+    again (they went back to the queue and ran for nobody)."""
+    from clockwork.actions import ErrorCode
+    from tests.test_repository import fail
+
+    p = policy("clockwork", models=("a",))
+    d = Driver(p)
+    d.request(req(1, "a"))
+    d.run()
+    t = d.t
+    burst = [req(i, "a", t, slo=60_000 * 1_000_000) for i in range(10, 14)]
+    for r in burst:
+        d.request(r)
+    infer = of(d.pending, ActionType.INFER, "a")[0]
+    ids = {r.id for r in infer.requests}
+    d.take(p.cancel(burst, t))
+    assert not ids & set(d.replies)  # (in the INFER: not answered by the cancel)
+    d.pending.remove(infer)
+    d.take(p.on_result(fail(infer, t + 1_000_000, ErrorCode.WORKER_LOST), t + 1_000_000))
+    assert {i: d.replies[i].message for i in ids} == {i: CANCELLED for i in ids}
+    assert p.queued() == 0
+    d.run()
+    assert set(d.replies) == {1, *range(10, 14)}
+
+
 @pytest.mark.parametrize("name", ["clipper", "tfserving", "infaas"])
 def test_a_baseline_keeps_the_requests_of_callers_gone(name):
     """The baselines do not take cancelled requests out (``Policy.cancel``'s default):

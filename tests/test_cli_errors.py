@@ -626,3 +626,21 @@ def test_logs_cut_short_by_the_disk_are_one_line_naming_the_file(tmp_path):
     q = subprocess.run(cli_command("report", str(out)), capture_output=True, text=True,
                        timeout=60)
     assert q.returncode != 0 and "its logs are incomplete" in q.stderr, q.stderr
+
+
+def test_an_os_error_is_one_line_naming_its_files(tmp_path):
+    """``os_error``: the file it names (both of a rename's), or, for a descriptor's
+    number, Python's own words (it raised TypeError on those)."""
+    import os
+
+    from clockwork.cluster.cli import os_error
+
+    def said(f) -> str:
+        with pytest.raises(OSError) as e:
+            f()
+        return os_error(e.value)
+
+    a, b = tmp_path / "a", tmp_path / "no" / "b"
+    assert said(lambda: open(a)) == f"{a}: No such file or directory"
+    assert said(lambda: os.rename(a, b)) == f"{a} -> {b}: No such file or directory"
+    assert said(lambda: os.stat(1 << 20)) == "[Errno 9] Bad file descriptor: 1048576"

@@ -180,11 +180,12 @@ def os_error(e: OSError) -> str:
     """An ``OSError`` in one line: ``PATH: what the system said`` where it names a file
     (``[Errno 28] No space left on device: '/x/requests.tsv'`` before), else as Python
     writes it."""
-    if e.filename is None or not e.strerror:
+    names = [n for n in (e.filename, e.filename2) if isinstance(n, str | bytes | os.PathLike)]
+    if not names or not e.strerror:  # (also a descriptor's number: as Python writes it)
         return str(e)
     from clockwork.filenames import printable
 
-    return f"{printable(os.fsdecode(e.filename))}: {e.strerror}"
+    return f"{' -> '.join(printable(os.fsdecode(n)) for n in names)}: {e.strerror}"
 
 
 if __name__ == "__main__":
