@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from clockwork.actions import RequestStatus
 
-# Request.state
-QUEUED, EXECUTING, DONE = 0, 1, 2
+# Request.state; WITHDRAWN: in an INFER sent, its caller gone (``Policy.cancel``): answered
+# as usual if the INFER runs, not queued again if it fails
+QUEUED, EXECUTING, DONE, WITHDRAWN = 0, 1, 2, 3
 
 
 class Request:

@@ -36,7 +36,7 @@ from collections.abc import Container, Iterable, Sequence
 
 from clockwork.actions import NEVER, Action, ActionType, ErrorCode, RequestStatus, Result
 from clockwork.profiles import ModelProfile
-from clockwork.requests import DONE, EXECUTING, QUEUED, Reply, Request
+from clockwork.requests import DONE, EXECUTING, QUEUED, WITHDRAWN, Reply, Request
 from controller.config import SchedulerConfig
 from controller.idle_gpus import IdleGpus, least_loaded
 from controller.inflight import (
@@ -111,10 +111,6 @@ class ClockworkScheduler(Policy):
         self._next_load_check = 0
         self._load_check_put_off = False  # it is a back-off's end (_arm_load_check)
         self._removed: dict[str, ModelState] = {}  # removed, copies not yet all evicted
-        # requests withdrawn (``cancel``) while in an INFER: answered CANCELLED, not
-        # queued again, should it fail; those answered since are dropped now and then
-        self._withdrawn: dict[int, Request] = {}
-        self._withdrawn_keep = 64
         self._copy_seq = 0  # numbers the copies in order of creation (Instance.seq)
         # LOAD demand, kept up to date between looks (see _schedule_loads):
         self._cold: list[tuple[float, str]] = []  # heap (-outstanding, name) over _unserved, stale entries too
@@ -600,9 +596,8 @@ class ClockworkScheduler(Policy):
             return
         keep = []
         e1 = m.est.exec(m.batch_sizes[0])
-        gone = self._withdrawn
         for r in requests:
-            if gone and gone.pop(r.id, None) is not None:  # its caller went away (cancel)
+            if r.state == WITHDRAWN:  # its caller went away (cancel)
                 self._answer(r, RequestStatus.ERROR, now, CANCELLED)
             elif now + self.cfg.future + e1 <= r.deadline:
                 keep.append(r)
@@ -1335,7 +1330,7 @@ class ClockworkScheduler(Policy):
         return out
 
     def cancel(self, requests: list[Request], now: int) -> list[Action]:
-        models, gone = self.models, self._withdrawn
+        models = self.models
         for r in requests:
             if r.state == QUEUED:  # (one answered stays so)
                 m = models.get(r.model)
@@ -1343,10 +1338,7 @@ class ClockworkScheduler(Policy):
                     self._unqueue(m, r)
                     self._answer(r, RequestStatus.ERROR, now, CANCELLED)
             elif r.state == EXECUTING:  # runs on; should its INFER fail, not again
-                gone[r.id] = r
-        if len(gone) > self._withdrawn_keep:
-            self._withdrawn = {i: r for i, r in gone.items() if r.state == EXECUTING}
-            self._withdrawn_keep = 2 * len(self._withdrawn) + 64
+                r.state = WITHDRAWN
         return []
 
     def _retire(self, inst: Instance, now: int, out: list[Action]) -> bool:
