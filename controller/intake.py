@@ -77,7 +77,7 @@ class Gate:
     And the replies waiting for streams' clients to read them (``hold``, ``release``):
     per stream and in all."""
 
-    __slots__ = ("node", "total", "conns", "bytes", "replies", "holding")
+    __slots__ = ("node", "total", "conns", "bytes", "replies", "holders")
 
     def __init__(self, node) -> None:
         self.node = node  # reads node.limits (set after construction by the command)
@@ -85,37 +85,46 @@ class Gate:
         self.conns: dict[str, int] = {}
         self.bytes = 0  # input bytes of the requests admitted and not yet answered
         self.replies = 0  # bytes of the replies waiting in all streams (``hold``)
-        self.holding = 0  # streams with replies waiting
+        self.holders: dict = {}  # the streams with replies waiting (a set, in order)
 
     def hold(self, st, n: int) -> str:
         """``n`` more bytes of replies (as ``REPLY_OBJECT_BYTES`` counts them) wait in
-        stream ``st`` (``st.buffered`` counts its own): why the stream must be ended as a
-        slow reader, or "". Past ``stream_reply_buffer_bytes`` of its own; or, with the
-        replies of all streams past ``replies_buffer_bytes``, holding more than its share
-        of that bound (the bound over the streams holding replies): a stream whose client
-        reads holds little, and many slow readers together are each cut at their share."""
+        stream ``st`` (``st.buffered`` counts its own; ``st.moved``, when it last sent
+        some or began to hold them; ``st.cut(why)`` ends it as a slow reader): why ``st``
+        must be ended so, or "". Past ``stream_reply_buffer_bytes`` of its own; or, with
+        the replies of all streams past ``replies_buffer_bytes``, the streams whose
+        replies have not moved for longest are ended until the rest are under it (``st``
+        among them, said by the answer): a client that does not read holds its stream's
+        writer up, and one that reads, however much it is sent at once, moves."""
         if not st.buffered:
-            self.holding += 1
+            self.holders[st] = None
+            st.moved = now_ns()
         held = st.buffered = st.buffered + n
-        total = self.replies = self.replies + n
+        self.replies += n
         lim = self.node.limits
         if held > lim.stream_reply_buffer_bytes:
             return (f"the client is not reading its replies: {held} bytes waiting (limit "
                     f"stream_reply_buffer_bytes {lim.stream_reply_buffer_bytes})")
         cap = lim.replies_buffer_bytes
-        if total > cap and held * self.holding > cap:
-            return (f"the client is not reading its replies: {held} bytes waiting, more "
-                    f"than its share of the {total} bytes of all streams' replies waiting "
-                    f"(limit replies_buffer_bytes {cap}, {self.holding} streams)")
+        while self.replies > cap:  # (rare: a walk over the streams holding replies)
+            still = min(self.holders, key=lambda s: s.moved)
+            why = (f"the client is not reading its replies: {still.buffered} bytes waiting, "
+                   f"none sent for {(now_ns() - still.moved) / 1e6:.0f} ms, with "
+                   f"{self.replies} bytes of all streams' replies waiting (limit "
+                   f"replies_buffer_bytes {cap})")
+            if still is st:
+                return why
+            still.cut(why)  # (its replies released: out of holders)
         return ""
 
     def release(self, st, n: int) -> None:
         """``n`` bytes of stream ``st``'s replies were sent, or dropped."""
         if n:
+            st.moved = now_ns()
             st.buffered -= n
             self.replies -= n
             if not st.buffered:
-                self.holding -= 1
+                del self.holders[st]
 
     def over(self, nbytes: int, more: int = 0) -> str:
         """Why requests of ``nbytes`` input bytes may not come in now, with ``more``
@@ -345,11 +354,12 @@ class _Stream:
     """One ``InferStream`` call's state."""
 
     __slots__ = ("open", "done", "dead", "buffered", "out", "wake", "why", "dues", "due",
-                 "send_at", "stopping", "held", "tokens", "admitted")
+                 "send_at", "stopping", "held", "tokens", "admitted", "cut", "moved")
 
     def __init__(self) -> None:
         self.open = 0  # requests admitted, not yet answered
         self.admitted = Admitted()  # their ids
+        self.moved = 0  # when its replies last moved (``Gate.hold``)
         self.done = False  # the client closed its side
         self.dead = False  # replies are no longer sent (slow reader, or the call ended)
         self.buffered = 0  # what out holds in memory (each reply + REPLY_OBJECT_BYTES)
@@ -391,6 +401,16 @@ async def serve_stream(node, context) -> None:
     interval = pacer.interval  # ns; 0: replies are not paced
     dues = st.dues
 
+    def cut(why: str) -> None:
+        """End the stream as a slow reader (``Gate.hold``)."""
+        node.count("streams_slow_reader")
+        st.why = why
+        node.count("replies_discarded", len(out))
+        _close(st, gate)
+        killed.set()
+
+    st.cut = cut
+
     def reply(resp: pb.InferResponse) -> None:
         due = dues.pop(resp.client_id, 0) if dues else 0
         if st.dead:
@@ -400,11 +420,7 @@ async def serve_stream(node, context) -> None:
         out.append((resp, size))
         why = gate.hold(st, size + REPLY_OBJECT_BYTES)
         if why:
-            node.count("streams_slow_reader")
-            st.why = why
-            node.count("replies_discarded", len(out))
-            _close(st, gate)
-            killed.set()
+            cut(why)
             return
         if due and (resp.status or now_ns() >= due + interval):
             due = 0  # a failure, or past its SLO already: no hurry

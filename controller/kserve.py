@@ -636,6 +636,7 @@ class _ModelStream:
         self.seq = 0
         self.open = 0  # rows admitted, not yet answered
         self.admitted = Admitted()  # their ids
+        self.moved = 0  # when its responses last moved (``Gate.hold``)
         self.done = False  # the client closed its side
         self.dead = False  # no more responses go out
         self.out: deque = deque()  # (ModelStreamInferResponse, size) to write
@@ -655,13 +656,17 @@ class _ModelStream:
         self.out.append((msg, size))
         why = self.node.gate.hold(self, size)
         if why:
-            self.node.count("streams_slow_reader")
-            self.why = why
-            self.node.count("replies_discarded", len(self.out))
-            self._close()
-            self.killed.set()
+            self.cut(why)
             return
         self.wake.set()
+
+    def cut(self, why: str) -> None:
+        """End the stream as a slow reader (``Gate.hold``)."""
+        self.node.count("streams_slow_reader")
+        self.why = why
+        self.node.count("replies_discarded", len(self.out))
+        self._close()
+        self.killed.set()
 
     def _error(self, request, e: KServeError) -> None:
         resp = kpb.ModelInferResponse(model_name=request.model_name,

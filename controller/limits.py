@@ -79,11 +79,10 @@ class Limits:
         "request is still answered once inside, counted `replies_discarded`).", ge=1024)
     replies_buffer_bytes: int = setting(
         1024 * MiB, "Replies of all streams together waiting for their clients to read "
-        "them, counted as in `stream_reply_buffer_bytes`. Past it, a stream that holds "
-        "more than its share (this bound over the streams holding replies) is ended as a "
-        "slow reader when its next reply comes: many clients that do not read cannot "
-        "together hold more than about this, while one that reads holds little.",
-        ge=1024)
+        "them, counted as in `stream_reply_buffer_bytes`. Past it, the streams whose "
+        "replies have not moved for longest (none sent) are ended as slow readers until the "
+        "rest are back under it: many clients that do not read cannot together hold more "
+        "than this, and one that reads is not cut for what it is sent at once.", ge=1024)
     grpc_max_receive_bytes: int = setting(
         MAX_MESSAGE_BYTES, "Largest gRPC message the controller accepts from a client (a stream "
         "message of many requests counts whole); at least 4 MiB, the messages the Python "

@@ -168,8 +168,9 @@ class Policy(ABC):
         each one still waiting in a queue leaves it and is answered now, ``ERROR`` with
         message ``CANCELLED`` (in the next ``drain_replies``), so that it takes no GPU
         time and no place in the queue from the requests whose callers wait. One in an
-        INFER already sent runs on and is answered as usual; one answered already is left
-        alone (a request is answered once). A policy that does not override this keeps
+        INFER already sent runs on and is answered as usual, or, if that INFER fails, so
+        too instead of being tried again; one answered already is left alone (a request
+        is answered once). A policy that does not override this keeps
         them: they run, or time out, as if their callers still waited."""
         return []
 

@@ -22,7 +22,8 @@ Rules (explained in docs/scheduling.md), each in one place below:
   ``self.models`` (so no request reaches it) and waits in ``_removed`` until each copy
   is idle and EVICTed.
 * ``cancel``  a queued request whose caller went away leaves its queue, answered
-  ERROR ``CANCELLED``; one in an INFER runs on.
+  ERROR ``CANCELLED``; one in an INFER runs on (``WITHDRAWN``: answered so too if the
+  INFER fails).
 """
 
 from __future__ import annotations
