@@ -18,19 +18,26 @@ from tests.conftest import local_cluster, poll
 from tests.test_repository import Driver, of, policy, req
 
 
-def test_a_queued_request_whose_caller_went_away_leaves_the_queue():
-    """A burst for one model: some requests go out in INFERs, the rest queue. Cancelling
-    all of them answers the queued ones ERROR ``CANCELLED`` at once and leaves the queue
-    empty; those in INFERs run and succeed; each is answered once, and a request after
-    them runs as if they had never come."""
+def _warm_then_burst(n: int):
+    """The Clockwork scheduler with model "a" loaded (request 1 served), then ``n``
+    requests 10, 11, ... with a minute's SLO at once: (policy, driver, now, burst)."""
     p = policy("clockwork", models=("a",))
     d = Driver(p)
     d.request(req(1, "a"))
     d.run()
     t = d.t
-    burst = [req(i, "a", t, slo=10_000 * 1_000_000) for i in range(10, 110)]
+    burst = [req(i, "a", t, slo=60_000 * 1_000_000) for i in range(10, 10 + n)]
     for r in burst:
         d.request(r)
+    return p, d, t, burst
+
+
+def test_a_queued_request_whose_caller_went_away_leaves_the_queue():
+    """A burst for one model: some requests go out in INFERs, the rest queue. Cancelling
+    all of them answers the queued ones ERROR ``CANCELLED`` at once and leaves the queue
+    empty; those in INFERs run and succeed; each is answered once, and a request after
+    them runs as if they had never come."""
+    p, d, t, burst = _warm_then_burst(100)
     inflight = {r.id for a in of(d.pending, ActionType.INFER, "a") for r in a.requests}
     waiting = {r.id for r in burst} - inflight - set(d.replies)
     assert inflight and waiting and p.model_view("a").queued == len(waiting)
@@ -53,14 +60,7 @@ def test_a_withdrawn_request_whose_infer_fails_is_not_run_again():
     from clockwork.actions import ErrorCode
     from tests.test_repository import fail
 
-    p = policy("clockwork", models=("a",))
-    d = Driver(p)
-    d.request(req(1, "a"))
-    d.run()
-    t = d.t
-    burst = [req(i, "a", t, slo=60_000 * 1_000_000) for i in range(10, 14)]
-    for r in burst:
-        d.request(r)
+    p, d, t, burst = _warm_then_burst(4)
     infer = of(d.pending, ActionType.INFER, "a")[0]
     ids = {r.id for r in infer.requests}
     d.take(p.cancel(burst, t))
