@@ -42,7 +42,7 @@ import grpc
 
 from clockwork.actions import ErrorCode, RequestStatus
 from controller.inflight import failed_code
-from controller.policy import NO_GPU_FITS, QUEUE_FULL
+from controller.policy import CANCELLED, NO_GPU_FITS, QUEUE_FULL
 
 NOT_FOUND, INVALID, DEADLINE, UNAVAILABLE, INTERNAL = (
     "NOT_FOUND", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "UNAVAILABLE", "INTERNAL")
@@ -61,7 +61,9 @@ INTERNAL_MESSAGE = "internal error"
 UNAVAILABLE_REASONS = frozenset({"overloaded", "shutdown", "no_worker"})
 # ERROR messages of policies that mean the same (controller/baselines): a full batching
 # queue is load shedding; a model too large for every GPU cannot be served here
-UNAVAILABLE_MESSAGES = frozenset({QUEUE_FULL, NO_GPU_FITS})
+# (and a request withdrawn as its caller went away, CANCELLED: read by nobody, but it did
+# not run, and trying again would be the answer)
+UNAVAILABLE_MESSAGES = frozenset({QUEUE_FULL, NO_GPU_FITS, CANCELLED})
 # worker errors that mean the request's copy was gone (a lost or reset worker, evicted
 # weights): the infrastructure, not the request, and not retried in time
 # (also a model whose LOADs were refused again and again: the GPUs' caches full, or a

@@ -17,6 +17,10 @@ from controller.policy import CANCELLED
 from tests.conftest import local_cluster, poll
 from tests.test_repository import Driver, of, policy, req
 
+# (batches of one: the GPU drains ~100 requests a second, so that a queue builds even
+# from a client slowed by a loaded host: ResNet-size inputs, 600 KB a request)
+ONE_AT_A_TIME = {"max_batch": 1}
+
 
 def _warm_then_burst(n: int):
     """The Clockwork scheduler with model "a" loaded (request 1 served), then ``n``
@@ -92,7 +96,7 @@ def test_calls_cancelled_by_their_clients_leave_nothing_queued(api):
 
     import clockwork
 
-    with local_cluster(workers=1, gpus=1, models="vgg16") as c:
+    with local_cluster(workers=1, gpus=1, models="vgg16", scheduler=ONE_AT_A_TIME) as c:
         async def flood() -> None:  # (KServe is served on the controller's port too)
             if api == "clockwork":
                 client = clockwork.AsyncClient(c.address, timeout=120)
@@ -144,7 +148,7 @@ def test_a_stream_whose_client_abandons_it_leaves_nothing_queued():
     withdraws the stream's queued requests."""
     import clockwork
 
-    with local_cluster(workers=1, gpus=1, models="vgg16") as c:
+    with local_cluster(workers=1, gpus=1, models="vgg16", scheduler=ONE_AT_A_TIME) as c:
         async def flood() -> None:
             async with clockwork.AsyncClient(c.address, timeout=120) as client:
                 s = client.stream()
@@ -165,7 +169,7 @@ def test_a_kserve_stream_stopped_with_its_requests_cancelled_leaves_nothing_queu
     requests."""
     import tritonclient.grpc as tc
 
-    with local_cluster(workers=1, gpus=1, models="vgg16") as c:
+    with local_cluster(workers=1, gpus=1, models="vgg16", scheduler=ONE_AT_A_TIME) as c:
         client = tc.InferenceServerClient(c.address)
         x = tc.InferInput("data", [1, 3, 224, 224], "FP32")
         x.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float32))
