@@ -20,7 +20,7 @@ from clockwork.protocol.listen import ListenError, bind_grpc
 from clockwork.protocol.security import TlsFiles, TokenInterceptor
 from clockwork.sizes import status_details
 from controller.grpc_health import HEALTH_METHODS, add_health
-from controller.intake import serve_stream, submit_unary
+from controller.intake import answer_or_withdraw, serve_stream, submit_unary
 from controller.repository import as_loaded
 from controller.service import (
     OFF_LOOP_ROWS,
@@ -46,12 +46,7 @@ class ClockworkServicer(pbg.ClockworkServicer):
         first = self.node.next_id
         submit_unary(self.node, request, deliver, context.peer(),
                      None if rem is None else max(0, int(rem * 1e9)))
-        end = self.node.next_id  # (this call's ids: nothing else ran meanwhile)
-        try:
-            return await fut
-        except asyncio.CancelledError:  # the client cancelled, or went away
-            self.node.withdraw(range(first, end))
-            raise
+        return await answer_or_withdraw(self.node, fut, first)
 
     async def InferStream(self, request_iterator, context):  # noqa: N802
         """Slices, bounds and reply messages: ``controller.intake.serve_stream``."""

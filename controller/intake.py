@@ -284,6 +284,20 @@ def submit_unary(node, req, deliver, conn: str, budget: int | None = None) -> No
     submit_guarded(node, (req,), done, 0, budget)
 
 
+async def answer_or_withdraw(node, fut: asyncio.Future, first: int):
+    """``await fut``: the answer of a unary call whose requests were admitted just now,
+    from id ``first`` to the node's next (awaited straight after the submit, before the
+    event loop runs anything else). If the call is cancelled meanwhile (its client
+    cancelled or went away), those still queued are withdrawn
+    (``ControllerNode.withdraw``)."""
+    end = node.next_id
+    try:
+        return await fut
+    except asyncio.CancelledError:
+        node.withdraw(range(first, end))
+        raise
+
+
 class ClientClock:
     """The client clock of one ``InferStream``: ``late(receipt, client_time_ns)`` is how
     long a message spent on its way beyond the stream's fastest one (its requests are

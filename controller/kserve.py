@@ -55,6 +55,7 @@ from controller.intake import (
     REPLY_OBJECT_BYTES,
     STOPPING_MESSAGE,
     Admitted,
+    answer_or_withdraw,
     overloaded,
     submit_guarded,
 )
@@ -362,12 +363,7 @@ class KServeFrontend:
 
         first = self.node.next_id
         submit_rows(self.node, rows, deliver, conn, budget)
-        end = self.node.next_id  # (this call's ids: nothing else ran meanwhile)
-        try:
-            answers = await fut
-        except asyncio.CancelledError:  # the client cancelled, or went away
-            self.node.withdraw(range(first, end))
-            raise
+        answers = await answer_or_withdraw(self.node, fut, first)
         return self.finish(name, answers, requested, batched)
 
     def refused(self, name: str) -> None:

@@ -5,9 +5,9 @@ buffers may grow, what the gRPC and REST servers accept.
 ``Limits`` is the schema (``clockwork controller --limit KEY=VALUE``; each field's
 description documents it and ``docs/settings.md`` is rendered from it); the code that
 enforces each bound reads it from here: ``controller/intake.py`` (outstanding requests,
-admission in slices, reply messages and the slow-reader caps, per stream and in all), ``controller/service.py`` and
-``controller/grpc_api.py`` (the gRPC server's receive limit, streams per connection and
-calls in all) and ``controller/kserve_rest.py`` (the REST server,
+admission in slices, reply messages and the slow-reader caps, per stream and in all),
+``controller/service.py`` and ``controller/grpc_api.py`` (the gRPC server's receive limit,
+streams per connection and calls in all) and ``controller/kserve_rest.py`` (the REST server,
 aiohttp's, configured from here in ``make_runner``).
 
 Why each exists, in short: a request takes controller memory and scheduler time until it
