@@ -18,9 +18,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import urllib.parse
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -174,11 +176,15 @@ class KServeRest:
     # ------------------------------------------------------------------ routes
 
     async def route(self, method: str, target: str, headers, body: bytes,
-                    peer: str = "rest") -> Reply:
+                    peer: str = "rest",
+                    waiting: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> Reply:
         """Answer one request. ``target``: the request target (path and query, as
         sent); ``headers``: a mapping whose ``get`` takes lower-case names (aiohttp's
         headers, or a dict with lower-case keys); ``body``: the whole (decoded) body;
-        ``peer``: the client connection (its outstanding requests are bounded). Every
+        ``peer``: the client connection (its outstanding requests are bounded);
+        ``waiting()``: the context of an inference's wait for its answer, which the
+        transport cancels when the client's connection is lost (the call's requests
+        still queued are then withdrawn). Every
         failure is an answer: the kserve_status table's status, 405 with ``Allow`` for
         a method the path does not take, 500 "internal error" for a bug."""
         path = urllib.parse.urlsplit(target).path
@@ -212,7 +218,7 @@ class KServeRest:
                 ready = fe.model_ready(name)
                 return Reply(200 if ready else 503, {"name": name, "ready": ready})
             if what == "infer":  # (checks its model and version, counting a refusal)
-                return await self.infer(name, headers, body, peer, version)
+                return await self.infer(name, headers, body, peer, version, waiting)
             fe.described(name)  # NOT_FOUND: an unknown or unloading model, then version
             fe.check_version(name, version)
             if what == "model":
@@ -278,9 +284,11 @@ class KServeRest:
         return Reply(200, {})
 
     async def infer(self, name: str, headers, body: bytes, peer: str = "rest",
-                    version: str = "") -> Reply:
+                    version: str = "",
+                    waiting: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> Reply:
         """An inference request. A refusal (an unknown or unloaded model, an unknown
-        version, a bad body) is counted once, here or in ``fe.infer``, as gRPC's are."""
+        version, a bad body) is counted once, here or in ``fe.infer``, as gRPC's are.
+        ``waiting``: as ``route``'s."""
         try:
             self.fe.profile(name)  # NOT_FOUND: an unknown model, then an unknown version
             self.fe.check_version(name, version)
@@ -289,7 +297,8 @@ class KServeRest:
         except KServeError:
             self.fe.refused(name)
             raise
-        outs = await self.fe.infer(name, inputs, params, requested, peer)
+        with waiting():
+            outs = await self.fe.infer(name, inputs, params, requested, peer)
         resp = {"model_name": name, "model_version": VERSION, "outputs": []}
         if "id" in req:
             resp["id"] = req["id"]
@@ -380,6 +389,28 @@ def encode(reply: Reply) -> tuple[bytes, dict[str, str]]:
 
 _ROUTED = "clockwork.routed"  # set on a request that reached _Handler
 
+# connection -> the handler task of its request waiting for the controller's answer:
+# cancelled when the connection is lost (JsonErrors.connection_lost), so that the call's
+# queued requests are withdrawn (intake.answer_or_withdraw). Only that wait: aiohttp's
+# handler_cancellation would also cancel a body being read or decoded, a model load or
+# an unload half-way.
+_ANSWER_WAITS: dict[RequestHandler, asyncio.Task] = {}
+
+
+@contextlib.contextmanager
+def _answer_wait(conn: RequestHandler):
+    """The wait of an inference on ``conn`` for its answer: cancelled if the connection
+    is lost meanwhile, or at once if it was lost already (its body was being read or
+    decoded)."""
+    task = asyncio.current_task()
+    if conn.transport is None:
+        task.cancel()  # (its requests are withdrawn at the wait's first await)
+    _ANSWER_WAITS[conn] = task
+    try:
+        yield
+    finally:
+        _ANSWER_WAITS.pop(conn, None)
+
 
 def _peer(request: web.Request) -> str:
     """The caller's address as ``HOST:PORT`` (``[ADDRESS]:PORT`` for IPv6; empty once its
@@ -425,7 +456,8 @@ class _Handler:
             if isinstance(body, web.StreamResponse):
                 return body
         reply = await self.rest.route(request.method, request.raw_path, request.headers,
-                                      body, "rest:" + _peer(request))
+                                      body, "rest:" + _peer(request),
+                                      lambda: _answer_wait(request.protocol))
         return self._reply(request, reply)
 
     async def _unread(self, request: web.Request) -> Reply | None:
@@ -688,7 +720,9 @@ def _json_errors(limits) -> type[RequestHandler]:
     limits, too many headers, malformed HTTP: what its parser refuses before our
     handler runs) carry KServe's JSON error body, as every other error does, instead of
     its text/plain page, which tritonclient's HTTP clients cannot read ("Parse error at
-    offset 0"). Same status; the connection still closes after it."""
+    offset 0"). Same status; the connection still closes after it. A connection lost
+    while its request waits for the controller's answer cancels that wait
+    (``_answer_wait``)."""
 
     class JsonErrors(RequestHandler):
         __slots__ = ()  # (the same layout: a handler aiohttp made becomes one)
@@ -700,6 +734,12 @@ def _json_errors(limits) -> type[RequestHandler]:
             resp = web.Response(status=plain.status, body=body, headers=headers)
             resp.force_close()
             return resp
+
+        def connection_lost(self, exc) -> None:
+            waiting = _ANSWER_WAITS.pop(self, None)
+            super().connection_lost(exc)
+            if waiting is not None:
+                waiting.cancel()  # (the call's queued requests are withdrawn)
 
     return JsonErrors
 

@@ -180,3 +180,32 @@ def test_a_kserve_stream_stopped_with_its_requests_cancelled_leaves_nothing_queu
         client.stop_stream(cancel_requests=True)
         client.close()
         _cancelled_leave_nothing(c)
+
+
+def test_rest_calls_whose_connections_close_leave_nothing_queued():
+    """The stock ``tritonclient`` HTTP client (aio): 600 calls on KServe's REST infer, one
+    connection each, cancelled by the client, which closes their connections: the
+    controller withdraws the requests of the calls whose connections closed while they
+    waited for their answer."""
+    import tritonclient.http.aio as th
+
+    from tests.test_kserve import _http_address
+
+    with local_cluster(workers=1, gpus=1, models="vgg16", scheduler=ONE_AT_A_TIME) as c:
+        url = _http_address(c)
+
+        async def flood() -> None:
+            client = th.InferenceServerClient(url, conn_limit=700, conn_timeout=120)
+            x = th.InferInput("data", [1, 3, 224, 224], "FP32")
+            x.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float32), binary_data=True)
+            calls = [asyncio.create_task(client.infer("vgg16", [x],
+                                                      parameters={"slo_ms": 60_000}))
+                     for _ in range(600)]
+            await asyncio.to_thread(_queued_over, c, 100)
+            for one in calls:
+                one.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
+            await client.close()
+
+        asyncio.run(flood())
+        _cancelled_leave_nothing(c)
