@@ -85,30 +85,23 @@ def test_a_baseline_keeps_the_requests_of_callers_gone(name):
     assert p.cancel([req(1, "a")], 0) == [] and p.drain_replies() == []
 
 
-@pytest.mark.parametrize("api", ["clockwork", "kserve"])
+@pytest.mark.parametrize("api", ["clockwork", "kserve", "rest"])
 def test_calls_cancelled_by_their_clients_leave_nothing_queued(api):
     """Hundreds of calls with a minute's SLO queue on one GPU (the project's
-    ``AsyncClient``; the stock ``tritonclient`` gRPC client on KServe's ``ModelInfer``);
-    their client cancels them all: those still queued leave the queue without running
-    (they all ran, taking the GPU from whatever came after them), the controller counts
-    them ``requests_cancelled``, and a new call is answered."""
-    import tritonclient.grpc.aio as tc
-
+    ``AsyncClient``; the stock ``tritonclient`` gRPC client on KServe's ``ModelInfer``;
+    its HTTP client on KServe's REST infer, one connection a call, which it closes when
+    the call is cancelled); their client cancels them all: those still queued leave the
+    queue without running (they all ran, taking the GPU from whatever came after them),
+    the controller counts them ``requests_cancelled``, and a new call is answered."""
     import clockwork
+    from tests.test_kserve import _http_address
 
     with local_cluster(workers=1, gpus=1, models="vgg16", scheduler=ONE_AT_A_TIME) as c:
-        async def flood() -> None:  # (KServe is served on the controller's port too)
-            if api == "clockwork":
-                client = clockwork.AsyncClient(c.address, timeout=120)
-                calls = [asyncio.create_task(client.infer("vgg16", slo_ms=60_000))
-                         for _ in range(600)]
-            else:
-                client = tc.InferenceServerClient(c.address)
-                x = tc.InferInput("data", [1, 3, 224, 224], "FP32")
-                x.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float32))
-                calls = [asyncio.create_task(client.infer("vgg16", [x],
-                                                          parameters={"slo_ms": 60_000}))
-                         for _ in range(600)]
+        url = _http_address(c) if api == "rest" else c.address
+
+        async def flood() -> None:  # (gRPC KServe is served on the controller's port too)
+            client, infer = _client(api, url)
+            calls = [asyncio.create_task(infer()) for _ in range(600)]
             with clockwork.Client(c.address, timeout=30) as cl:
                 await asyncio.to_thread(poll, lambda: cl.model_status("vgg16").queued > 100)
             for one in calls:
@@ -118,6 +111,27 @@ def test_calls_cancelled_by_their_clients_leave_nothing_queued(api):
 
         asyncio.run(flood())
         _cancelled_leave_nothing(c)
+
+
+def _client(api: str, url: str):
+    """(client, a function that starts one vgg16 call with a minute's SLO) for ``api``."""
+    import clockwork
+
+    if api == "clockwork":
+        client = clockwork.AsyncClient(url, timeout=120)
+        return client, lambda: client.infer("vgg16", slo_ms=60_000)
+    if api == "kserve":
+        import tritonclient.grpc.aio as tc
+
+        client = tc.InferenceServerClient(url)
+    else:
+        import tritonclient.http.aio as tc
+
+        client = tc.InferenceServerClient(url, conn_limit=700, conn_timeout=120)
+    x = tc.InferInput("data", [1, 3, 224, 224], "FP32")
+    x.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float32))
+    return client, lambda: client.infer("vgg16", [x], parameters={"slo_ms": 60_000})
+
 
 def _cancelled_leave_nothing(c) -> None:
     """Once the flood's callers went away: vgg16's queue empties, more than 50 of its
@@ -181,31 +195,3 @@ def test_a_kserve_stream_stopped_with_its_requests_cancelled_leaves_nothing_queu
         client.close()
         _cancelled_leave_nothing(c)
 
-
-def test_rest_calls_whose_connections_close_leave_nothing_queued():
-    """The stock ``tritonclient`` HTTP client (aio): 600 calls on KServe's REST infer, one
-    connection each, cancelled by the client, which closes their connections: the
-    controller withdraws the requests of the calls whose connections closed while they
-    waited for their answer."""
-    import tritonclient.http.aio as th
-
-    from tests.test_kserve import _http_address
-
-    with local_cluster(workers=1, gpus=1, models="vgg16", scheduler=ONE_AT_A_TIME) as c:
-        url = _http_address(c)
-
-        async def flood() -> None:
-            client = th.InferenceServerClient(url, conn_limit=700, conn_timeout=120)
-            x = th.InferInput("data", [1, 3, 224, 224], "FP32")
-            x.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float32), binary_data=True)
-            calls = [asyncio.create_task(client.infer("vgg16", [x],
-                                                      parameters={"slo_ms": 60_000}))
-                     for _ in range(600)]
-            await asyncio.to_thread(_queued_over, c, 100)
-            for one in calls:
-                one.cancel()
-            await asyncio.gather(*calls, return_exceptions=True)
-            await client.close()
-
-        asyncio.run(flood())
-        _cancelled_leave_nothing(c)
