@@ -18,6 +18,7 @@ import numbers
 import os
 import secrets
 import shutil
+import tempfile
 import tokenize
 import weakref
 import zipfile
@@ -1087,41 +1088,61 @@ RUN_FILES = ("summary.json", "run.json",
 
 def write_run(out: str | Path, telemetry: Telemetry, summary: dict, run: dict) -> Path:
     """A run's files in ``out``: the two logs (as ``telemetry.log_format``), run.json and
-    summary.json, the summary last. ``out`` never holds an earlier run's files beside this
-    run's: both JSON files are encoded before anything is written (a value JSON cannot
-    hold changes nothing), an earlier summary.json, run.json and logs (both formats) are
-    removed first, an empty ``WRITING_MARK`` file says a run is being written there until
-    summary.json is in place (``clockwork report`` refuses such a folder as incomplete),
-    and summary.json is written under a temporary name and renamed into place once
-    everything else is there. An empty ``out`` is a ValueError (it wrote into the current
-    folder)."""
+    summary.json. They are written first into a hidden folder inside ``out``
+    (``NEW_RUN_PREFIX``), and only once all are written do they replace the earlier run's
+    (summary.json, run.json and the logs of both formats), by renames, summary.json last,
+    with an empty ``WRITING_MARK`` file there meanwhile (``clockwork report`` refuses such
+    a folder as incomplete). So a write that fails or is interrupted (a full disk, a
+    Ctrl-C) leaves the earlier run whole, and its own files are removed; ``out`` never
+    holds an earlier run's files beside this run's. Both JSON files are encoded before
+    anything is written (a value JSON cannot hold changes nothing). An error names the
+    file as it would be in ``out``. An empty ``out`` is a ValueError (it wrote into the
+    current folder)."""
     if not str(out).strip():
         raise ValueError(f"the run's folder must be a path, got {str(out)!r}")
     out = Path(out)
     summary_bytes, run_bytes = _json_bytes(summary), _json_bytes(run)
     out.mkdir(parents=True, exist_ok=True)
-    # an earlier run's files go first (logs of both formats too: a write stopped part way
-    # left this run's request log beside the earlier action log, reported as one run);
-    # WRITING_MARK marks the folder a run being written until summary.json is there
-    # (``clockwork report`` refuses it as incomplete)
-    for name in RUN_FILES:
-        (out / name).unlink(missing_ok=True)
-    mark = out / WRITING_MARK
-    with _naming(mark):
-        mark.touch()
-    telemetry.write(out)
-    with _naming(out / "run.json"):
-        (out / "run.json").write_bytes(run_bytes)
-    tmp = out / "summary.json.tmp"
-    with _naming(out / "summary.json"):
-        try:
-            tmp.write_bytes(summary_bytes)
-        except OSError:
-            tmp.unlink(missing_ok=True)
-            raise
-    os.replace(tmp, out / "summary.json")
-    mark.unlink(missing_ok=True)
+    for name in RUN_FILES:  # (what the run's files would replace: files only)
+        if (out / name).is_dir():
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(out / name))
+    with _naming(out / NEW_RUN_PREFIX):
+        new = Path(tempfile.mkdtemp(prefix=NEW_RUN_PREFIX, dir=out))
+    try:
+        with _in_place(new, out):
+            telemetry.write(new)
+            for name, data in (("run.json", run_bytes), ("summary.json", summary_bytes)):
+                with _naming(new / name):
+                    (new / name).write_bytes(data)
+        mark = out / WRITING_MARK
+        with _naming(mark):
+            mark.touch()
+        for name in RUN_FILES:  # (the earlier run's, both log formats)
+            (out / name).unlink(missing_ok=True)
+        for f in sorted(new.iterdir(), key=lambda f: f.name == "summary.json"):
+            os.replace(f, out / f.name)  # (summary.json last)
+        mark.unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(new, ignore_errors=True)
     return out
+
+
+NEW_RUN_PREFIX = ".run-new-"  # a run's files being written, inside its folder
+
+
+@contextlib.contextmanager
+def _in_place(new: Path, out: Path):
+    """An ``OSError`` naming a file in ``new`` raised as naming that file in ``out``, where
+    the user asked for it (the writers name the file of an error that names none:
+    ``_naming``)."""
+    try:
+        yield
+    except OSError as e:
+        name = e.filename
+        if isinstance(name, str | os.PathLike) and Path(name).parent == new:
+            raise OSError(e.errno, e.strerror or os.strerror(e.errno or 0),
+                          str(out / Path(name).name)) from e
+        raise
 
 
 def _json_bytes(data: dict) -> bytes:

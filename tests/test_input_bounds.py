@@ -62,13 +62,16 @@ def test_write_run_encodes_before_touching_the_folder(tmp_path):
         assert (tmp_path / name).read_text() == "earlier run\n", name
 
 
-def test_write_run_leaves_no_old_summary_beside_new_logs(tmp_path, monkeypatch):
-    """Logs that fail half-way (a full disk) leave no summary.json from an earlier run
-    beside them: it is removed before the logs are written, and written last."""
+def test_write_run_that_fails_leaves_the_earlier_run_whole(tmp_path, monkeypatch):
+    """Logs that fail half-way (a full disk) leave the earlier run in the folder as it
+    was, with nothing of the new one beside it (its summary was removed first, and the
+    new request log cut short stayed); a whole write then replaces it, summary last."""
     from clockwork.telemetry import Telemetry, write_run
 
-    (tmp_path / "summary.json").write_text("earlier run\n")
-    (tmp_path / "run.json").write_text("earlier run\n")
+    earlier = {n: f"earlier {n}\n" for n in ("summary.json", "run.json", "requests.tsv",
+                                             "actions.tsv", "requests.npz")}
+    for name, text in earlier.items():
+        (tmp_path / name).write_text(text)
     tel = Telemetry()
 
     def broken(out, log_format=None):
@@ -78,13 +81,21 @@ def test_write_run_leaves_no_old_summary_beside_new_logs(tmp_path, monkeypatch):
     monkeypatch.setattr(tel, "write", broken)
     with pytest.raises(OSError):
         write_run(tmp_path, tel, {"submitted": 0}, {"wall_s": 0})
-    assert not (tmp_path / "summary.json").exists()
-    assert not (tmp_path / "run.json").exists()
-    # and a whole write puts both back, the summary last
+    assert {f.name: f.read_text() for f in tmp_path.iterdir()} == earlier
     monkeypatch.undo()
     write_run(tmp_path, tel, {"submitted": 0}, {"wall_s": 0})
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["actions.tsv", "requests.tsv",
+                                                          "run.json", "summary.json"]
     assert (tmp_path / "summary.json").read_text().startswith("{")
-    assert not list(tmp_path.glob("*.tmp"))
+    # a folder where a run file goes: refused before anything is written or removed
+    (tmp_path / "run.json").unlink()
+    (tmp_path / "run.json").mkdir()
+    kept = {f.name: f.read_bytes() for f in tmp_path.iterdir() if f.is_file()}
+    with pytest.raises(IsADirectoryError):
+        write_run(tmp_path, tel, {"submitted": 0}, {"wall_s": 0})
+    assert {f.name: f.read_bytes() for f in tmp_path.iterdir() if f.is_file()} == kept
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["actions.tsv", "requests.tsv",
+                                                          "run.json", "summary.json"]
 
 
 # ----------------------------------------------------------------------------- seeds

@@ -893,15 +893,20 @@ def _full_after_headers(monkeypatch):
 def test_simulate_on_a_full_disk_prints_the_table_and_names_the_file(tmp_path, capsys,
                                                                       monkeypatch):
     """The table is printed (it was lost: only "[Errno 28] No space left on device"),
-    the error names the file it could not write, and ``report`` on the folder left
-    (requests.tsv with its header only, no actions.tsv, no summary.json) says the logs are
-    incomplete, exit 2 (it printed an empty table, exit 0)."""
+    the error names the file it could not write (where it would be in the run's folder),
+    and the earlier run in that folder is left whole: nothing of the new one is there,
+    and ``report`` reads the earlier one (the write removed it first, and left a
+    request log with its header only, which report read as an empty run)."""
     argv = ["simulate", "poisson_warm", "--set", "duration_s=1", "--quiet"]
+    out = tmp_path / "run"
+    assert main(["simulate", "poisson_warm", "--set", "duration_s=0.5", "--quiet",
+                 "--out", str(out)]) == 0
+    capsys.readouterr()
+    earlier = {f.name: f.read_bytes() for f in out.iterdir()}
     assert main(argv) == 0
     table = capsys.readouterr().out
     assert "SLO attainment" in table
     _full_after_headers(monkeypatch)
-    out = tmp_path / "run"
     assert main([*argv, "--out", str(out)]) == 1
     cap = capsys.readouterr()
     assert cap.out.splitlines()[1:] == table.splitlines()[1:]  # (the first: its wall time)
@@ -909,16 +914,10 @@ def test_simulate_on_a_full_disk_prints_the_table_and_names_the_file(tmp_path, c
     err = cap.err.strip().splitlines()
     assert len(err) == 1 and "Traceback" not in cap.err, err
     assert str(out / "requests.tsv") in err[0] and "No space left on device" in err[0], err
-    assert (out / "requests.tsv").read_text().count("\n") == 1  # (the header)
-    assert not (out / "actions.tsv").exists() and not (out / "summary.json").exists()
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == earlier
     monkeypatch.undo()
-    for extra in ([], ["--timeline", "1"]):
-        assert main(["report", str(out), *extra]) == 2
-        cap = capsys.readouterr()
-        err = cap.err.strip().splitlines()
-        assert cap.out == "" and len(err) == 1, cap
-        assert err[0].startswith("clockwork report: ") and "incomplete" in err[0], err
-        assert "actions.tsv" in err[0] and "summary.json" in err[0], err
+    assert main(["report", str(out)]) == 0
+    assert "SLO attainment" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("fmt", ["tsv", "npz"])
@@ -970,16 +969,21 @@ def test_the_table_says_what_failed_requests_were_told():
     assert "told" in lines[at + 1] and "told" not in lines[at + 3]
 
 
-def test_a_run_stopped_while_its_files_are_written_is_reported_as_incomplete(tmp_path,
-                                                                              capsys):
+def test_a_run_stopped_while_its_files_are_written_leaves_the_earlier_one(tmp_path,
+                                                                          capsys, monkeypatch):
     """A folder holds a finished run; a new run into it stops while writing its logs (a
-    signal, a full disk) after its request log: ``clockwork report`` refuses the folder
-    as incomplete, exit 2 (it reported the new run's requests beside the old run's
-    action log as one run, exit 0: the earlier logs stayed until overwritten)."""
+    signal, a full disk) after its request log: the earlier run is left whole, and
+    ``clockwork report`` reads it as before (the earlier run's summary was removed first:
+    report refused the folder as incomplete, and before that reported the new requests
+    beside the old action log as one run). Stopped while its files replace the earlier
+    run's (between renames), the folder is refused as incomplete, exit 2."""
     from clockwork.cluster.sim import simulate
 
     d = tmp_path / "run"
     simulate("poisson_warm", ["duration_s=1"]).write(d)
+    assert main(["report", str(d)]) == 0
+    table = capsys.readouterr().out
+    earlier = {f.name: f.read_bytes() for f in d.iterdir()}
     res = simulate("poisson_warm", ["duration_s=2", "seed=3"])
     real = res.telemetry.write
 
@@ -992,9 +996,27 @@ def test_a_run_stopped_while_its_files_are_written_is_reported_as_incomplete(tmp
     res.telemetry.write = stopped
     with pytest.raises(KeyboardInterrupt):
         res.write(d)
+    assert {f.name: f.read_bytes() for f in d.iterdir()} == earlier
+    assert main(["report", str(d)]) == 0
+    assert capsys.readouterr().out == table
+    res.telemetry.write = real
+    moves = []
+
+    def replace(a, b):  # the stop after the logs' renames, before summary.json's
+        if T.Path(b).name == "summary.json":
+            raise KeyboardInterrupt
+        moves.append(T.Path(b).name)
+        os.rename(a, b)
+
+    monkeypatch.setattr(T.os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        res.write(d)
+    monkeypatch.undo()
+    assert sorted(moves) == ["actions.tsv", "requests.tsv", "run.json"]
     assert main(["report", str(d)]) == 2
     err = capsys.readouterr().err
     assert "no summary.json" in err and "incomplete" in err, err
+    assert not [f for f in d.iterdir() if f.name.startswith(T.NEW_RUN_PREFIX)]
 
 
 def test_a_controllers_first_flush_sets_a_finished_runs_table_aside(tmp_path):
