@@ -663,6 +663,11 @@ def _unavailable(e: grpc.RpcError, url: str = "", slo: pb.InferRequest | None = 
         return ControllerUnavailable(f"controller unavailable: {why}")
     if code == grpc.StatusCode.UNAVAILABLE and details == STOPPING_MESSAGE:
         return ControllerUnavailable(STOPPING_MESSAGE, reason="shutdown")  # (as its answers)
+    if code == grpc.StatusCode.CANCELLED and not str(details).startswith("Locally"):
+        # not this client's (its own cancels raise CancelledError, or say CLIENT_CLOSED):
+        # gRPC's server ends so a call that reaches it while it stops
+        return ControllerUnavailable(f"{STOPPING_MESSAGE} (it ended the call: {code}: "
+                                     f"{details})", reason="shutdown")
     hint = (" (is that a clockwork controller's port? A worker's, or another gRPC "
             "server's, answers UNIMPLEMENTED)" if code == grpc.StatusCode.UNIMPLEMENTED
             else "")

@@ -997,3 +997,22 @@ def test_a_stream_answer_read_past_the_default_slo_is_late_as_with_an_slo():
     assert (default.status, default.reason) == (4, "late"), default
     assert "past its 50 ms SLO (the controller's default)" in default.message, default.message
     assert (own.status, own.reason) == (4, "late") and "past its 40 ms SLO" in own.message, own
+
+
+def test_a_call_the_controllers_grpc_server_cancels_is_a_shutdown():
+    """A call that reaches the controller while it stops may be ended by gRPC's server
+    with ``CANCELLED`` (not by the controller's ``shutdown`` answer): the client raises
+    ``ControllerUnavailable`` with reason ``shutdown``, as for the calls the controller
+    ends (it said only "controller unavailable: StatusCode.CANCELLED: CANCELLED",
+    reason empty). A cancel of the client's own is not one."""
+    from clockwork.client import _unavailable
+    from clockwork.errors import STOPPING_MESSAGE
+
+    def ended(details: str):
+        return _unavailable(grpc.aio.AioRpcError(grpc.StatusCode.CANCELLED, None, None,
+                                                 details))
+
+    e = ended("CANCELLED")
+    assert isinstance(e, ControllerUnavailable) and e.reason == "shutdown", e
+    assert STOPPING_MESSAGE in str(e), e
+    assert ended("Locally cancelled by application!").reason != "shutdown"
