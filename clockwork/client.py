@@ -551,13 +551,17 @@ class _CloseAware:
 
     def __call__(self, *args, **kw):
         self.client._check_loop()
-        return self._await(args, kw)
+        return self._await(args, kw, time.monotonic_ns())
 
-    async def _await(self, args, kw):
+    async def _await(self, args, kw, called: int):
         try:
             async with self.client._calls:  # (more than the connection takes wait here)
                 if self.client._closing:  # (closed while it waited for its slot)
                     raise _closed_call()
+                if args and type(args[0]) is pb.InferRequest:
+                    # its wait here counts in its SLO at the controller, as the client's
+                    # own check of a late answer counts it
+                    args[0].queued_ns = time.monotonic_ns() - called
                 for attempt in range(REFUSED_RETRIES):
                     try:
                         return await self.method(*args, **kw)

@@ -1016,3 +1016,30 @@ def test_a_call_the_controllers_grpc_server_cancels_is_a_shutdown():
     assert isinstance(e, ControllerUnavailable) and e.reason == "shutdown", e
     assert STOPPING_MESSAGE in str(e), e
     assert ended("Locally cancelled by application!").reason != "shutdown"
+
+
+def test_an_async_call_waiting_for_a_call_slot_is_charged_that_wait(monkeypatch):
+    """``AsyncClient.infer`` calls beyond ``MAX_UNARY_CALLS`` (here 1) wait in the client;
+    that wait is sent (``queued_ns``), so that the controller counts the SLO from the
+    call as the client's own check of a late answer does: a call that waited past its
+    SLO is not run and counted a success by the controller while the client raised
+    ``InferenceTimeout`` 'late' for it (2,006 of 9,000 such at 9,000 calls at once)."""
+    import clockwork.client
+
+    monkeypatch.setattr(clockwork.client, "MAX_UNARY_CALLS", 1)
+    with local_cluster(workers=1, gpus=1, models="resnet50_v2") as c:
+        async def main():
+            async with clockwork.AsyncClient(c.address, timeout=30) as ac:
+                await ac.infer("resnet50_v2", slo_ms=1000)  # (warm)
+                before = await ac.stats()
+                got = await asyncio.gather(*[ac.infer("resnet50_v2", slo_ms=100)
+                                             for _ in range(60)], return_exceptions=True)
+                return got, before, await ac.stats()
+
+        got, before, after = asyncio.run(main())
+    ok = sum(not isinstance(g, BaseException) for g in got)
+    late = [g for g in got if isinstance(g, InferenceTimeout)]
+    assert ok + len(late) == 60, got  # (one at a time: the last ones waited > 100 ms)
+    assert 0 < ok < 60 and late, (ok, late[:1])
+    ran = after.get("requests_success", 0) - before.get("requests_success", 0)
+    assert ran <= ok + 2, (ran, ok)  # (an answer sent just in time may arrive late)
