@@ -803,6 +803,8 @@ class Client:
         raise TypeError(_NOT_COPIED.format(type(self).__name__))
 
     def __enter__(self) -> Client:
+        if self._stub is _CLOSED_STUB:
+            raise RuntimeError(_CLOSED)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -931,7 +933,8 @@ class AsyncClient:
         pacing) to ``MAX_INTERVAL_US`` (a second), else ``ValueError``.
         ``answer_times``: keep when each answer was read (``InferStream.answered_ns``)."""
         self._check_loop()
-        return InferStream(self._stub, _interval_us(interval_us), self.url, answer_times)
+        return InferStream(self._stub, _interval_us(interval_us), self.url, answer_times,
+                           self)
 
     async def close(self) -> None:
         """Close the channel; calls still waiting fail with ``ControllerUnavailable``."""
@@ -943,6 +946,8 @@ class AsyncClient:
         raise TypeError(_NOT_COPIED.format(type(self).__name__))
 
     async def __aenter__(self) -> AsyncClient:
+        if self._closing:
+            raise RuntimeError(_CLOSED)
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -1021,8 +1026,10 @@ class InferStream:
     the statuses agree."""
 
     def __init__(self, stub: pbg.ClockworkStub, interval_us: float = 0.0,
-                 url: str = "", answer_times: bool = False) -> None:
+                 url: str = "", answer_times: bool = False,
+                 owner: AsyncClient | None = None) -> None:
         self._stub = stub
+        self._owner = owner  # its client: closed, submit raises RuntimeError
         self._url = url  # the controller's address, for messages
         self._pacer = Pacer(_interval_us(interval_us))
         self._ids = itertools.count(1)
@@ -1236,6 +1243,8 @@ class InferStream:
         exception handler, and the stream goes on."""
         if self._closed:
             raise RuntimeError("stream is closed")
+        if self._owner is not None and self._owner._closing:
+            raise RuntimeError(_CLOSED)
         if since_ns is not None:  # (a float raised inside the stream's writer: the whole
             # stream ended, every request said "the client was closed")
             if type(since_ns) is not int and (isinstance(since_ns, bool)

@@ -537,17 +537,24 @@ def test_arguments_of_the_wrong_type_are_value_errors(cluster):
 
 def test_a_closed_client_raises_the_same_error_from_both_clients(cluster):
     """Any call on a closed client, blocking or asyncio, raises ``RuntimeError`` ("the
-    client is closed"), never reaching gRPC."""
+    client is closed"), never reaching gRPC; so does using it as a context manager again,
+    and a submit on a stream opened before the close (it returned a future failed
+    already, every one sharing one exception)."""
     c = clockwork.Client(cluster.address, timeout=10)
     c.close()
     for call in (lambda: c.infer("mobilenet_v2"), c.stats, c.list_models,
-                 lambda: c.load_model("q", profile="mobilenet_v2")):
+                 lambda: c.load_model("q", profile="mobilenet_v2"), c.__enter__):
         with pytest.raises(RuntimeError, match="client is closed"):
             call()
 
     async def main():
         ac = clockwork.AsyncClient(cluster.address, timeout=10)
+        s = ac.stream()
         await ac.close()
+        with pytest.raises(RuntimeError, match="client is closed"):
+            s.submit("mobilenet_v2")
+        with pytest.raises(RuntimeError, match="client is closed"):
+            await ac.__aenter__()
         with pytest.raises(RuntimeError, match="client is closed"):
             await ac.infer("mobilenet_v2")
         with pytest.raises(RuntimeError, match="client is closed"):
