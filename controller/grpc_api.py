@@ -77,7 +77,11 @@ class ClockworkServicer(pbg.ClockworkServicer):
     async def ModelStatus(self, request, context):  # noqa: N802
         n = self.node
         if request.model not in n.profiles:
-            return pb.ModelStatusResponse(known=False)
+            # not served; a name the repository knows (unloaded, loading, a profile not
+            # loaded) says its state there, as the repository's index does
+            if n.model_state(request.model) is None:
+                return pb.ModelStatusResponse(known=False)
+            return pb.ModelStatusResponse(known=False, model=n.model_info(request.model))
         resp = pb.ModelStatusResponse(known=True, model=n.model_info(request.model))
         view = n.policy.model_view(request.model)
         if view is not None:

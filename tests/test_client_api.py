@@ -492,6 +492,15 @@ def test_load_model_takes_any_integral_copies_and_refuses_the_rest(cluster):
                                                  profile="mobilenet_v2")] == ["q"]
         finally:
             c.unload_model("q")
+        # not served, but known to the repository: its state there (it read as a name
+        # never heard of, while repository_index said UNAVAILABLE, unloaded)
+        st = c.model_status("q")
+        assert not st.known and (st.model.state, st.model.reason) in {
+            ("UNAVAILABLE", "unloaded"), ("UNLOADING", "")}, st
+        assert st.model.name == "q" and st.model.profile == "mobilenet_v2", st
+        st = c.model_status("inception_v3")  # a profile of the set, not loaded
+        assert not st.known and st.model.name == "inception_v3" and st.model.state == ""
+        assert c.model_status("no_such_model") == type(st)(known=False)
         for bad in (0, -1, 1.5, 2.0, True, "2", 2**31, 2**40):
             with pytest.raises(InvalidRequest, match="copies"):
                 c.load_model("q", copies=bad, profile="mobilenet_v2")
