@@ -155,13 +155,13 @@ def test_written_file_reads_back(tmp_path):
 
 
 def test_a_day_written_again_in_the_other_form_replaces_it(tmp_path, capsys):
-    """``trace synth --gzip`` into a folder holding the same day as a plain .csv (or
-    back): the old file was left, and the replay and ``trace info 1`` took it, silently.
-    Now it is replaced; and a folder holding a day twice is refused by name."""
+    """``trace synth --gzip --force`` into a folder holding the same day as a plain .csv
+    (or back): the old file was left, and the replay and ``trace info 1`` took it,
+    silently. Now it is replaced; and a folder holding a day twice is refused by name."""
     from clockwork.workloads.azure import TraceError, find_trace_file
 
     (old,) = write_synthetic(tmp_path, 80, seed=2)
-    (new,) = write_synthetic(tmp_path, 50, seed=1, gzip=True)
+    (new,) = write_synthetic(tmp_path, 50, seed=1, gzip=True, replace=True)
     assert not old.exists() and find_trace_file(1, tmp_path) == new
     assert main(["trace", "info", "1", "--trace-dir", str(tmp_path), "--top", "0"]) == 0
     assert "functions     50" in capsys.readouterr().out
@@ -221,3 +221,28 @@ def test_each_day_is_said_as_it_is_written(tmp_path):
     paths = write_synthetic(tmp_path, 50, days=2, seed=3, written=written)
     assert [n for n, _ in seen] == [p.name for p in paths]
     assert seen[0][1] == [paths[0].name]  # (day 2 not made yet when day 1 was said)
+
+
+def test_synth_into_a_folder_holding_those_days_is_refused_without_force(tmp_path, capsys):
+    """A folder holding day files (a real trace's, of either name form, say) is refused
+    before anything is made, naming them, exit 2: ``trace synth`` replaced them
+    silently. ``--force`` replaces those days' files in every form and says so; other
+    days' files are left."""
+    from clockwork.workloads.azure import trace_file_name
+
+    real = tmp_path / trace_file_name(1, svls=True)
+    real.write_bytes(b"a real day\n")
+    third = tmp_path / trace_file_name(3)
+    third.write_bytes(b"another day\n")
+    argv = ["trace", "synth", "--functions", "20", "--days", "2", "--out", str(tmp_path)]
+    assert main(argv) == 2
+    cap = capsys.readouterr()
+    assert cap.out == "" and real.name in cap.err and "--force" in cap.err, cap
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([real.name, third.name])
+    assert real.read_bytes() == b"a real day\n"
+    assert main([*argv, "--force"]) == 0
+    err = capsys.readouterr().err
+    assert f"replaced 1 earlier file(s) of these days in {tmp_path} ({real.name})" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [trace_file_name(1), trace_file_name(2), third.name])
+    assert third.read_bytes() == b"another day\n"

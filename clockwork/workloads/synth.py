@@ -68,6 +68,7 @@ Applications and owners
 
 from __future__ import annotations
 
+import errno
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -269,24 +270,42 @@ def _days(functions: int, days: int, seed: int) -> Iterator[AzureTrace]:
 
 
 def write_synthetic(out_dir: str | Path, functions: int, days: int = 1, seed: int = 0,
-                    gzip: bool = False, written=None) -> list[Path]:
+                    gzip: bool = False, written=None, replace: bool = False) -> list[Path]:
     """Generate and write ``invocations_per_function_md.anon.d01.csv`` ... into ``out_dir``
     (``.csv.gz`` with ``gzip``), each day as soon as it is made (one day in memory);
-    ``written(path)``, if given, is called as each is. A day's file already there is
-    replaced, in either form (``.csv`` or ``.csv.gz``)."""
+    ``written(path)``, if given, is called as each is. A file of one of those days
+    already there, in any form (either name form of the dataset, ``.csv`` or ``.csv.gz``:
+    a real day's too), raises ``FileExistsError`` naming them before anything is made,
+    unless ``replace``: then each day's files are replaced by the new one. The days'
+    files are written whole (a day cut short by a Ctrl-C is never left)."""
     days_iter = days_of(functions, days, seed)  # (checks the sizes before anything is made)
     out = Path(out_dir)
+    there = existing_days(out, days)
+    if there and not replace:
+        shown = ", ".join(p.name for p in there[:3]) + (f" and {len(there) - 3} more"
+                                                         if len(there) > 3 else "")
+        raise FileExistsError(errno.EEXIST, f"{out} holds {len(there)} of these days' "
+                              f"files already ({shown})", str(out))
     out.mkdir(parents=True, exist_ok=True)
     suffix = ".gz" if gzip else ""
     paths = []
     for d, tr in enumerate(days_iter):
         path = out / (trace_file_name(d + 1) + suffix)
-        # the same day's file in the other form (.csv for .csv.gz, or back) is replaced
-        # as a file of the same name is: left, it made the day ambiguous to the replay
-        path.with_name(trace_file_name(d + 1) + (".gz" if not gzip else "")).unlink(
-            missing_ok=True)
+        # the day's files in the other forms go: left, they made the day ambiguous to the
+        # replay (which refuses a day found twice)
+        for old in existing_days(out, d + 1, first=d + 1):
+            if old != path:
+                old.unlink()
         paths.append(tr.save(path))
         del tr
         if written is not None:
             written(paths[-1])
     return paths
+
+
+def existing_days(out: Path, days: int, first: int = 1) -> list[Path]:
+    """The files of days ``first`` .. ``days`` in ``out``, in any form (both name forms,
+    ``.csv`` or ``.csv.gz``)."""
+    return [p for d in range(first, days + 1) for svls in (False, True)
+            for suffix in ("", ".gz")
+            if (p := out / (trace_file_name(d, svls) + suffix)).is_file()]

@@ -9,7 +9,12 @@ from pathlib import Path
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from clockwork.workloads.synth import MAX_DAYS, MAX_FUNCTIONS, write_synthetic
+    from clockwork.workloads.synth import (
+        MAX_DAYS,
+        MAX_FUNCTIONS,
+        existing_days,
+        write_synthetic,
+    )
 
     if args.functions < 1 or args.days < 1:
         print("clockwork trace synth: --functions and --days must be >= 1", file=sys.stderr)
@@ -28,13 +33,22 @@ def cmd_synth(args: argparse.Namespace) -> int:
         print(f"{p}  ({p.stat().st_size / 1e6:.1f} MB)", flush=True)
 
     try:
+        earlier = existing_days(Path(args.out), args.days) if args.force else []
         paths = write_synthetic(args.out, args.functions, args.days, args.seed, args.gzip,
-                                written)
+                                written, replace=args.force)
+    except FileExistsError as e:
+        print(f"clockwork trace synth: {e.strerror}: --force replaces them (a real trace's "
+              "days too), or give another --out", file=sys.stderr)
+        return 2
     except OSError as e:  # (a full disk, a folder that cannot be written)
         print(f"clockwork trace synth: cannot write into {args.out}: "
               f"{getattr(e, 'strerror', None) or e}", file=sys.stderr)
         return 1
     wall = time.perf_counter() - t0
+    if earlier:
+        print(f"replaced {len(earlier)} earlier file(s) of these days in {args.out} ("
+              f"{', '.join(p.name for p in earlier[:3])}{' ...' if len(earlier) > 3 else ''})",
+              file=sys.stderr)
     print(f"{len(paths)} day file(s) of {args.functions:,} functions, seed {args.seed}, "
           f"in {wall:.1f} s", file=sys.stderr)
     return 0

@@ -184,6 +184,10 @@ def add_trace(sub) -> None:
                    help="output folder (created if missing), e.g. traces/azure")
     s.add_argument("--gzip", action="store_true",
                    help="write .csv.gz (the reader and the azure workload read both)")
+    s.add_argument("--force", action="store_true",
+                   help="replace the files of these days already in DIR (either name form, "
+                   ".csv or .csv.gz: a real trace's too); without it such a folder is "
+                   "refused before anything is made. Other days' files are left")
 
     i = tsub.add_parser(
         "info", help="summarise a trace file: rows, totals, triggers, top functions",
