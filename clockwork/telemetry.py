@@ -1227,6 +1227,8 @@ def format_summary(s: dict) -> str:
     stopped = s.get("stopped")
     if isinstance(stopped, dict):  # (a live run cut short)
         rows.append(("stopped early", f"at {stopped.get('at_s')} s: {stopped.get('reason')}"))
+    if isinstance(s.get("incomplete"), str):  # (report's figures of a run's rows alone)
+        rows.append(("incomplete", s["incomplete"]))
     lag = s.get("send_lag_ms")
     if isinstance(lag, dict) and lag.get("max"):
         rows.append(("sent late p50 / p99 / max",

@@ -231,7 +231,8 @@ def test_a_run_written_over_an_earlier_one_says_so(tmp_path, capsys):
 def test_report_on_the_rows_of_a_controller_killed_before_it_wrote_its_logs(tmp_path):
     """A controller writing npz logs, killed (SIGKILL) while its rows waited in its
     --log-dir, leaves them in a clockwork-rows-* folder and no logs: report reads them
-    there, figures and timeline (it said they "cannot be reported")."""
+    there, figures and timeline (it said they "cannot be reported"), its table saying
+    they are a run's rows alone (a script reading the table took it for a whole run)."""
     import clockwork
     from tests.conftest import local_cluster
 
@@ -261,6 +262,8 @@ def test_report_on_the_rows_of_a_controller_killed_before_it_wrote_its_logs(tmp_
     assert submitted.split()[-1] == "5" and met.split()[-1] == "5", r.stdout
     acts = next(ln for ln in r.stdout.splitlines() if ln.startswith("actions infer"))
     assert acts.split()[-7:] == ["5", "/", "1", "/", "0", "/", "0"], r.stdout  # INFER, LOAD
+    inc = next(ln for ln in r.stdout.splitlines() if ln.startswith("incomplete"))
+    assert f"no logs written, the rows in {rows.name}" in inc, r.stdout
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])

@@ -129,7 +129,11 @@ def _summary_from_logs(path: Path) -> tuple[dict, dict, dict, float | None] | st
           file=sys.stderr)
     act = tel.action_columns()
     end = last / 1e9 if last is not None and last > 0 else None
-    return summary_of(req, act, round(span / 1e9, 6)), req, act, end
+    summary = summary_of(req, act, round(span / 1e9, 6))
+    if rows is not None:  # (in the table too: a script reads stdout)
+        summary["incomplete"] = (f"no logs written, the rows in {rows.name}: a run killed, "
+                                 "or still running (figures up to its last answer)")
+    return summary, req, act, end
 
 
 def _warn(notes: list[str]) -> None:
