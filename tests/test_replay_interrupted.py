@@ -64,6 +64,12 @@ def _serve_replay(argv: list[str], answered: int, act) -> tuple[int, str, str]:
     return code, "".join(err), "".join(table)
 
 
+def _spilling(spill) -> None:
+    """A replay's request rows are in files in a folder of its own inside ``spill``."""
+    (rows,) = spill.iterdir()
+    assert any(f.name.startswith("requests.") for f in rows.iterdir()), list(rows.iterdir())
+
+
 def _check_kept(out, code: int, err: str, table: str) -> None:
     assert code == 130, err
     assert re.search(r"interrupted [\d.]+ s into the run: no more requests are sent", err), err
@@ -79,31 +85,37 @@ def _check_kept(out, code: int, err: str, table: str) -> None:
 
 
 def test_replay_stopped_by_sigterm_keeps_its_figures(tmp_path):
-    out = tmp_path / "run"
+    """(With its rows in files, ``--spill-dir``: their folder is there while it runs and
+    removed at the end.)"""
+    out, spill = tmp_path / "run", tmp_path / "spill"
     with local_cluster(workers=1, gpus=1, models="resnet50_v2", http_port=-1) as c:
         p = subprocess.Popen(cli_command("replay", SC, "--controller", c.address,
                                          "--set", "duration_s=30", "--quiet", "--out",
-                                         str(out)),
+                                         str(out), "--spill-dir", str(spill)),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             poll(_answered(c.address, 200), 60)
+            _spilling(spill)
             p.send_signal(signal.SIGTERM)
             table, err = p.communicate(timeout=60)
         finally:
             p.kill()
             p.wait()
         _check_kept(out, p.returncode, err, table)
+        assert list(spill.iterdir()) == []
         with clockwork.Client(c.address, timeout=10) as cl:  # (the controller serves on)
             assert cl.infer("resnet50_v2", slo_ms=2000).status == 0
 
 
 def test_serve_replay_stopped_by_ctrl_c_keeps_its_figures(tmp_path):
     out = tmp_path / "run"
+    spill = tmp_path / "spill"
     code, err, table = _serve_replay(
         [SC, "--replay", "--port", "0", "--http-port", "-1", "--kserve-port", "-1", "--set",
-         "duration_s=30", "--quiet", "--out", str(out)], 200,
-        lambda p: p.send_signal(signal.SIGINT))
+         "duration_s=30", "--quiet", "--out", str(out), "--spill-dir", str(spill)], 200,
+        lambda p: (_spilling(spill), p.send_signal(signal.SIGINT)))
     _check_kept(out, code, err, table)
+    assert list(spill.iterdir()) == []
     assert "clockwork serve: stopped" in err
 
 

@@ -30,7 +30,7 @@ import numpy as np
 from clockwork.actions import RequestStatus
 from clockwork.models.reference import POOL
 from clockwork.protocol.waits import wait_set
-from clockwork.requests import Reply, Request
+from clockwork.requests import DONE, Reply, Request
 from clockwork.scenario import Scenario, ScenarioError, instance_names, load_scenario
 from clockwork.telemetry import Telemetry, emit_run, write_run
 from clockwork.time import NS_PER_S, ms, sec
@@ -77,7 +77,8 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
                  on_start=None, *, token: str | None = None, tls: bool = False,
                  tls_ca: str | None = None,
                  stream_interval_us: float = STREAM_INTERVAL_US,
-                 warn_late: bool = True, stop=None) -> ReplayResult:
+                 warn_late: bool = True, stop=None,
+                 spill_dir: str | None = None) -> ReplayResult:
     """Drive ``sc``'s workloads against a live controller. ``check_packages``: send real
     inputs (a seeded pool per model) and check every answer's output against the zoo
     model's numpy reference with that package folder's weights (``summary["outputs"]``).
@@ -90,7 +91,9 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     ``stop``: a callable, looked at while the replay runs (at least every
     ``STOP_POLL_S``); once it returns true no more requests are sent, the answers still
     due are awaited (each no longer than its SLO and the stream's grace), and the result
-    covers the run until then (``summary["stopped"]``, ``interrupted``)."""
+    covers the run until then (``summary["stopped"]``, ``interrupted``). ``spill_dir``:
+    the request rows in files in a temporary folder inside it, not in memory
+    (``Telemetry``'s), so that a long replay's memory stays flat."""
     from clockwork.client import AsyncClient
     from clockwork.errors import ControllerUnavailable
     from clockwork.profiles import load_profile_set
@@ -146,7 +149,7 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     stats0 = await client.stats()
     stream = client.stream(stream_interval_us, answer_times=True)
     answered_ns = stream.answered_ns
-    tel = Telemetry(0)
+    tel = Telemetry(0, spill_dir=spill_dir)
     heap: list = []  # (t, seq, model, slo, widx) relative to t0
     seq = 0
     open_next = [None] * len(workloads)
@@ -158,7 +161,6 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     state = {"sent": 0, "answered": 0, "dup": 0}
     lost: list = []  # (when, why) the controller went away: nothing more is sent
     lags: Counter[int] = Counter()  # how late requests went out, in LAG_UNIT_NS
-    answered: set[int] = set()
     failures: Counter[str] = Counter()  # what the failed requests were told, by message
     done_evt = asyncio.Event()
     t0 = now_ns()
@@ -169,10 +171,10 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         """``req``'s answer (``resp``) or failure (``exc``), as the stream reads it."""
         nonlocal seq
         now = now_ns()
-        if req.id in answered:
+        if req.state == DONE:  # (marked on the request: no set of every id answered)
             state["dup"] += 1
             return
-        answered.add(req.id)
+        req.state = DONE
         state["answered"] += 1
         if exc is not None:
             if isinstance(exc, ControllerUnavailable) and not lost:
@@ -405,7 +407,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         res = asyncio.run(_until_signalled(lambda stop, began: replay(
             sc, args.controller, args.max_outstanding, progress, args.check_outputs,
             on_start=began, token=token, tls=getattr(args, "tls", False),
-            tls_ca=getattr(args, "tls_ca", None), stop=stop)))
+            tls_ca=getattr(args, "tls_ca", None), stop=stop,
+            spill_dir=getattr(args, "spill_dir", None))))
     except (ScenarioError, ClockworkError, ValueError) as e:
         print(f"clockwork replay: {e}", file=sys.stderr)
         return exit_code(e)

@@ -338,6 +338,11 @@ def _serve(args: argparse.Namespace, return_killed: list[bool]) -> int:
         print("clockwork serve: --out needs --replay (the replay's logs and summary.json go "
               "there; a serving cluster's logs: --log-dir)", file=sys.stderr)
         return 2
+    if getattr(args, "spill_dir", None) and not getattr(args, "replay", False):
+        print("clockwork serve: --spill-dir needs --replay (it holds the replay's rows; "
+              "the controller's own, --log-dir, are flushed to their files as it runs)",
+              file=sys.stderr)
+        return 2
     if getattr(args, "quiet", False) and not getattr(args, "replay", False):
         print("clockwork serve: --quiet needs --replay (it hides the replay's progress line; "
               "a serving cluster prints none)", file=sys.stderr)
@@ -692,7 +697,8 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
         async def until_stopped():
             task = asyncio.ensure_future(replay(
                 sc, cluster.address, 20000, progress, check,
-                on_start=faults.start if faults else None, token=token, stop=stop.is_set))
+                on_start=faults.start if faults else None, token=token, stop=stop.is_set,
+                spill_dir=getattr(args, "spill_dir", None)))
             while not task.done():
                 if hard.is_set():  # (the signal handler only sets it)
                     task.cancel()

@@ -18,6 +18,11 @@ from clockwork.sizes import MAX_CLOCK_OFFSET_MS, MAX_GPUS_PER_WORKER, MAX_PAGES
 DEVICES = ("emulated", "cpu", "cuda")
 COMPILE_DEVICES = ("cpu", "cuda")
 
+SPILL_HELP = ("keep the request and action rows in files in a temporary folder inside DIR "
+              "instead of in memory, so that a long run's memory stays flat (~50 bytes of "
+              "disk per request and ~90 per action; the folder is removed at the end). Same "
+              "results and logs. For runs of tens of millions of requests, whose rows would "
+              "otherwise fill the memory")
 SET_HELP = ("override a dotted scenario key, e.g. --set cluster.workers=4 "
             "--set workloads.0.rate_rps=500 (repeatable; clockwork settings lists every key)")
 
@@ -107,12 +112,7 @@ def add_simulate(sub) -> None:
                    help="with --out (needs it): the logs as requests.tsv/actions.tsv "
                    "(default) or as numpy columns, requests.npz/actions.npz (smaller, faster "
                    "to write)")
-    p.add_argument("--spill-dir", type=t.out_dir, metavar="DIR",
-                   help="keep the request and action rows in files in a temporary folder "
-                   "inside DIR instead of in memory, so that a long run's memory stays flat "
-                   "(~50 bytes of disk per request and ~90 per action; the folder is removed "
-                   "at the end). Same results and logs. For runs of tens of millions of "
-                   "requests, whose rows would otherwise fill the memory")
+    p.add_argument("--spill-dir", type=t.out_dir, metavar="DIR", help=SPILL_HELP)
     p.add_argument("--json", action="store_true", help="print summary.json instead of the table")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument("--progress", action="store_true", help="progress line even without a TTY")
@@ -311,6 +311,8 @@ def add_serve(sub) -> None:
                    "controller's and workers' output as logs/NAME.log")
     p.add_argument("--quiet", action="store_true",
                    help="with --replay (needs it): no progress line")
+    p.add_argument("--spill-dir", type=t.out_dir, metavar="DIR",
+                   help="with --replay (needs it): the replay's " + SPILL_HELP)
     p.add_argument("--log-dir", type=t.out_dir, metavar="DIR",
                    help="the controller writes requests.tsv and "
                    "actions.tsv (its own view: every request and action) here")
@@ -520,6 +522,7 @@ def add_replay(sub) -> None:
                    help="send real inputs and check every answer against the zoo model's "
                    "numpy reference, with the weights of the packages in this folder "
                    "(real devices; e.g. packages/cpu)")
+    p.add_argument("--spill-dir", type=t.out_dir, metavar="DIR", help=SPILL_HELP)
     p.add_argument("--max-outstanding", type=t.positive_int, default=20000,
                    help="bound on requests in flight (default 20000)")
     p.add_argument("--json", action="store_true", help="print summary.json instead of the table")
