@@ -200,3 +200,21 @@ def test_a_trace_path_that_is_no_string_is_named(key, value, shown, capsys, tmp_
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{key} must be a path (a non-empty string), got {shown}" in \
         err[0], err
+
+
+def test_a_trace_of_no_functions_is_refused_by_name(capsys, tmp_path):
+    """A trace file with its header only: ``simulate`` refuses it naming the file (it ran,
+    and warned that the rates were too low or the run too short); ``trace info`` shows
+    its 0 functions."""
+    from clockwork.workloads.azure import HEADER
+
+    t = tmp_path / "header_only.csv"
+    t.write_text(HEADER + "\n")
+    f = tmp_path / "s.toml"
+    f.write_text('duration_s = 1\n[[models]]\nname = "resnet50_v2"\n[[workloads]]\n'
+                 f'kind = "azure"\ntrace = "{t}"\n')
+    assert main(["simulate", str(f)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"trace {t} has no functions" in err[0], err
+    assert main(["trace", "info", str(t)]) == 0
+    assert "functions     0" in capsys.readouterr().out

@@ -335,8 +335,11 @@ def build_azure(spec: dict, models: list[str]) -> AzureReplay:
     minutes = p.integer("minutes", 0) if "minutes" in spec else None
     if not 0 <= start < MINUTES:
         raise WorkloadError(f"start_minute must be in [0, {MINUTES}), got {start}")
+    tr = load_cached(path)
+    if tr.n_functions == 0:  # (else the run said its rates were too low or it too short)
+        raise WorkloadError(f"trace {path} has no functions: its header only, no rows")
     return AzureReplay(
-        models, load_cached(path), start, minutes,
+        models, tr, start, minutes,
         interval_s=p.num("interval_s", 60.0), load_factor=p.num("load_factor", 1.0),
         mapping=p.string("mapping", "contiguous"),
         randomise_start=p.flag("randomise_start", False),
