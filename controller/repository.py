@@ -45,6 +45,8 @@ worker is connected to take the model (a load completes once one can serve it).
 
 from __future__ import annotations
 
+import re
+
 import grpc
 
 from clockwork.errors import STOPPING_MESSAGE
@@ -230,6 +232,7 @@ def _from_config(text, name: str) -> dict:
                  else f"JSON {type(cfg).__name__}")
         raise KServeError(INVALID, "parameter 'config' must be a string holding a JSON object "
                           f"(a model configuration, as Triton takes it), got {given}")
+    cfg = _snake_keys(cfg)
     for k in cfg:
         if k not in CONFIG_FIELDS:
             raise KServeError(INVALID, f"model configuration field {k!r} is not supported "
@@ -243,7 +246,7 @@ def _from_config(text, name: str) -> dict:
     if groups is not None:
         if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
             raise KServeError(INVALID, "'instance_group' must be a list of objects")
-        counts = [g.get("count", 1) for g in groups]
+        counts = [_pb_int(g.get("count", 1)) for g in groups]
         if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in counts):
             raise KServeError(INVALID, "an instance_group 'count' must be an integer >= 1")
         if counts:
@@ -254,6 +257,8 @@ def _from_config(text, name: str) -> dict:
     for k, v in extra.items():
         if k not in ("copies", "profile", "package"):
             continue  # (execution_batch_sizes, default_slo_ms: read back, not settable)
+        if isinstance(v, dict):
+            v = _snake_keys(v)
         if not isinstance(v, dict) or not isinstance(v.get("string_value"), str):
             raise KServeError(INVALID, f"configuration parameter {k!r} must be "
                               '{"string_value": "..."}')
@@ -274,12 +279,41 @@ def _config_max_batch(text) -> int | None:
         cfg = json_loads(text.decode("utf-8", "replace") if isinstance(text, bytes) else text)
     except (ValueError, TypeError, AttributeError):
         return None  # (_from_config says what is wrong with it)
-    v = cfg.get("max_batch_size") if isinstance(cfg, dict) else None
+    try:
+        cfg = _snake_keys(cfg) if isinstance(cfg, dict) else None
+    except KServeError:
+        return None  # (_from_config says what is wrong with it)
+    v = _pb_int(cfg.get("max_batch_size")) if cfg is not None else None
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int):
         raise KServeError(INVALID, f"the configuration's max_batch_size must be an integer, "
                           f"got {v!r}")
+    return v
+
+
+def _snake_keys(d: dict) -> dict:
+    """A configuration object's keys as Triton's ``ModelConfig`` fields are named: the
+    protobuf JSON form (``MessageToJson`` of the configuration gRPC gives) names them in
+    lowerCamelCase (``maxBatchSize``), and Triton's parser takes either. One field given
+    both ways is refused."""
+    out: dict = {}
+    for k, v in d.items():
+        snake = re.sub(r"(?<=[a-z0-9])([A-Z])", lambda m: "_" + m[1].lower(), k) \
+            if isinstance(k, str) else k
+        if snake in out:
+            raise KServeError(INVALID, f"model configuration field {snake!r} is given "
+                              "twice (in two spellings)")
+        out[snake] = v
+    return out
+
+
+def _pb_int(v):
+    """A configuration's integer as protobuf's JSON form writes it: a number, or its
+    decimal digits in a string (``"16"``); anything else is returned as it is (the
+    caller refuses it)."""
+    if isinstance(v, str) and v.strip().lstrip("-").isdigit() and v.strip().isascii():
+        return int(v)
     return v
 
 

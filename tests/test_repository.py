@@ -1018,13 +1018,25 @@ def test_a_configuration_read_back_loads_a_model_of_several_copies_as_it_is(clus
                 count = 3 if n == "trio" else 1
                 assert [grp["count"] for grp in cfg["instance_group"]] == [count], (n, cfg)
                 assert cfg["parameters"]["profile"] == {"string_value": "mobilenet_v2"}
+        from google.protobuf import json_format
+
         for n, (gcfg, hcfg) in read.items():
             g.load_model(n, config=json.dumps(gcfg))  # accepted: the same parameters
             h.load_model(n, config=json.dumps(hcfg))
+            # protobuf's own JSON form of the gRPC configuration (lowerCamelCase names,
+            # 64-bit integers quoted), which Triton's parser takes too: it was refused
+            # ("field 'maxBatchSize' is not supported")
+            g.load_model(n, config=json_format.MessageToJson(g.get_model_config(n).config))
             assert served() == [(m, "READY") for m in names]  # nothing changed
             assert g.get_model_config(n, as_json=True)["config"] == gcfg
             assert h.get_model_config(n) == hcfg
         # other parameters are refused as before
+        camel = json.loads(json_format.MessageToJson(g.get_model_config("trio").config))
+        assert "maxBatchSize" in camel, camel
+        camel["instanceGroup"] = [{"count": "2"}]  # (a quoted integer: protobuf JSON's)
+        msg = refused("StatusCode.INVALID_ARGUMENT", g.load_model, "trio",
+                      config=json.dumps(camel))
+        assert "loaded already" in msg and "copies 3" in msg, msg
         fewer = dict(read["trio"][0], instance_group=[{"count": 2}])
         msg = refused("StatusCode.INVALID_ARGUMENT", g.load_model, "trio",
                       config=json.dumps(fewer))
