@@ -309,6 +309,14 @@ class Telemetry:
         if self._finalizer is not None:
             self._finalizer()
 
+    def keep(self) -> None:
+        """With ``spill_dir``: close the rows' files and leave their folder where it is
+        (``read_rows`` reads it; a write of the logs failed, say), not removed at exit.
+        Without: nothing."""
+        if self._finalizer is not None and self._finalizer.detach() is not None:
+            self._req.close()
+            self._act.close()
+
     def _code(self, model) -> int:
         code = self._model_code.get(model)
         if code is None:

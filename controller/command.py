@@ -31,6 +31,10 @@ from controller.limits import limits_from_flags
 from controller.service import LOG_FLUSH_S, ControllerNode
 
 
+class LogsLost(Exception):
+    """The controller stopped, and its --log-dir logs are not whole (a write failed)."""
+
+
 def parse_settings(items: list[str]) -> dict:
     """``["max_exec_ms=25", "batch_first=false"]`` -> {"max_exec_ms": 25, ...} (values as
     TOML would read them: booleans, integers, floats, else strings). The keys and values
@@ -199,6 +203,8 @@ def cmd_controller(args: argparse.Namespace) -> int:
                    "shutdown" if node.answered_at_stop else "")
         print(f"clockwork controller: stopped{said_why(stop)}{waiting}", file=sys.stderr,
               flush=True)
+        if node.logs_lost:  # (exit 1: an operator's script must not take them as whole)
+            raise LogsLost(node.logs_lost)
 
     try:
         asyncio.run(main())
@@ -208,6 +214,9 @@ def cmd_controller(args: argparse.Namespace) -> int:
     except ListenError as e:
         print(f"clockwork controller: {e}", file=sys.stderr)
         return 2
+    except LogsLost as e:
+        print(f"clockwork controller: {e}", file=sys.stderr)
+        return 1
     except (ConnectionError, ValueError) as e:
         print(f"clockwork controller: {e}", file=sys.stderr)
         return 1

@@ -619,7 +619,8 @@ class _Collector:
             "held": sum(1 for lk in links if not lk.connected and getattr(lk, "held", "")),
             "awaited": len(getattr(node, "awaited", ())),
             "counted": {key: counted.get(key, 0) for key in (
-                *(k for _, k in WORKER_EVENTS), "weights_kept", "weights_adopted")},
+                *(k for _, k in WORKER_EVENTS), "weights_kept", "weights_adopted",
+                "log_flush_errors")},
         }
 
     def families(self, rows: list[tuple], st: dict) -> list[Metric]:
@@ -779,6 +780,10 @@ class _Collector:
                                 "Copies workers still held from an earlier controller, "
                                 "taken over at start (served with no LOAD)",
                                 value=counted["weights_adopted"]))
+        add(CounterMetricFamily("clockwork_log_flush_errors",
+                                "Writes of the --log-dir logs that failed (a full disk, the "
+                                "folder gone): their rows were lost",
+                                value=counted["log_flush_errors"]))
         add(GaugeMetricFamily("clockwork_uptime_seconds",
                               "Seconds since the controller started",
                               value=(now - m.start_ns) / 1e9))

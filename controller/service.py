@@ -122,6 +122,7 @@ HELLO_MIN_S = 5.0
 SERVER_OPTIONS = [*CHANNEL_OPTIONS, *LISTEN_OPTIONS, *keepalive.CLIENT_SERVER]
 # the model repository
 MAX_LOAD_COPIES = 1024  # instances one LoadModel call may make (a scenario or --models: sizes.MAX_COPIES)
+LOG_ERROR_EVERY_S = 60.0  # a failing log write is said at most this often
 MAX_SERVED = MAX_INSTANCES  # instances served at once (--models, then loads)
 # an InstanceUpdate's answer is waited for while its worker is heard from (its echoes
 # every ECHO_S at least): the worker reads a new package on a thread, and answers once it
@@ -314,7 +315,12 @@ class ControllerNode(WorkerLinks):
         self.counters: dict[str, int] = {}
         self.gate = Gate(self)  # requests outstanding, in all and per connection
         self._bad_worker_msg = LogLimiter("controller")
-        self._log_error = LogLimiter("controller")
+        # a log write that fails (a full disk) fails again at every flush: said once a
+        # minute, and once when writing works again
+        self._log_error = LogLimiter("controller", every=LOG_ERROR_EVERY_S)
+        self._flush_failures = 0  # flushes failed since the last that worked
+        self._spill_said = False  # that npz rows stopped going to their files
+        self.logs_lost = ""  # why the logs could not be written at stop (exit status 1)
         self._tick_handle: asyncio.TimerHandle | None = None
         self._stopping = False
         self._stops: set[asyncio.Future] = set()  # waits that end when the controller stops
@@ -351,26 +357,50 @@ class ControllerNode(WorkerLinks):
 
     def write_logs(self, final: bool = False) -> None:
         """TSV logs: append the request/action rows since the last call to ``log_dir``'s
-        logs. npz logs: written once, when ``final`` (at stop)."""
+        logs. npz logs: written once, when ``final`` (at stop). A final write that fails
+        sets ``logs_lost`` (the controller exits 1); npz rows in their column files are
+        then left there (``clockwork report`` reads them), not removed."""
         if self.telemetry is not None:
             from pathlib import Path
+            failed = None
             try:
                 if self._log_steps is not None:  # a periodic flush stopped midway: its rows
                     for _ in self._log_steps:
                         pass
                 self.telemetry.flush(Path(self.log_dir), final=final)
             except OSError as e:  # (as in _flush_logs: whole rows kept, these lost)
+                failed = e
                 self.count("log_flush_errors")
                 print(f"controller: writing the logs in {self.log_dir} failed ({e})",
                       file=sys.stderr, flush=True)
             finally:
                 self._log_steps = None
             if final:
-                if self.telemetry.spill_error is not None:
-                    print(f"controller: log rows stopped going to files in {self.log_dir} "
-                          f"({self.telemetry.spill_error}); the rest were kept in memory",
-                          file=sys.stderr, flush=True)
-                self.telemetry.close()  # (npz: the rows' column files go)
+                self._said_spill_error()
+                folder = self.telemetry.spill_folder
+                if failed is None or folder is None or not folder.is_dir():
+                    self.telemetry.close()  # (npz: the rows' column files go)
+                else:  # (the only copy of the rows that reached the disk: kept)
+                    self.telemetry.keep()
+                    print(f"controller: the rows written before are left in {folder} "
+                          f"(clockwork report {self.log_dir} reads them)", file=sys.stderr,
+                          flush=True)
+                if failed is not None:
+                    self.logs_lost = f"its logs in {self.log_dir} were not written ({failed})"
+                elif self.counters.get("log_flush_errors"):
+                    self.logs_lost = (f"its logs in {self.log_dir} miss the rows of "
+                                      f"{self.counters['log_flush_errors']} flush(es) that "
+                                      "failed")
+
+    def _said_spill_error(self) -> None:
+        """Say once that npz rows stopped going to their column files (a full disk): those
+        after it wait in memory until stop."""
+        err = self.telemetry.spill_error if self.telemetry is not None else None
+        if err is not None and not self._spill_said:
+            self._spill_said = True
+            print(f"controller: log rows stopped going to files in {self.log_dir} ({err}); "
+                  "the rows from now on wait in memory until the logs are written at stop",
+                  file=sys.stderr, flush=True)
 
     async def _flush_logs(self) -> None:
         """With --log-dir: write the logs out every ``log_flush_s`` (memory stays flat; a
@@ -388,8 +418,16 @@ class ControllerNode(WorkerLinks):
             except OSError as e:  # a full disk, the folder gone: this flush's rows are lost,
                 # the files still end with whole rows, and the next flush tries again
                 self.count("log_flush_errors")
+                self._flush_failures += 1
                 self._log_error(f"writing the logs in {self.log_dir} failed ({e}); this "
                                 f"flush's rows are lost, the next one tries again")
+            else:
+                if self._flush_failures:
+                    print(f"controller: writing the logs in {self.log_dir} works again "
+                          f"({self._flush_failures} flush(es) failed before, their rows "
+                          "lost)", file=sys.stderr, flush=True)
+                    self._flush_failures = 0
+                self._said_spill_error()
             self._log_steps = None
 
     def count(self, key: str, n: int = 1) -> None:

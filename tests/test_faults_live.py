@@ -260,10 +260,13 @@ def test_a_new_controller_takes_over_the_weights_its_workers_hold():
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
-def test_a_log_flush_that_fails_is_logged_and_the_next_one_goes_on(tmp_path):
+def test_a_log_flush_that_fails_is_logged_and_the_next_one_goes_on(tmp_path, capsys):
     """--log-dir: a flush that cannot write (here requests.tsv turned into a folder; a
     full disk alike) is counted and logged, the controller serves on, and once the files
-    can be written again the logs go on, with whole rows only."""
+    can be written again the logs go on, with whole rows only. The failures are said
+    once (a line at every flush, a second, for as long as the disk was full), and so is
+    writing working again; at stop the logs are said not whole (the controller exits
+    1)."""
     import asyncio
     import time
 
@@ -290,18 +293,65 @@ def test_a_log_flush_that_fails_is_logged_and_the_next_one_goes_on(tmp_path):
                             and len((logs / "requests.tsv").read_text().splitlines()) == 2)
                 (logs / "requests.tsv").rename(tmp_path / "first.tsv")
                 (logs / "requests.tsv").mkdir()
-                assert (await answer(node, "mobilenet_v2")).status == 0
-                await until(lambda: node.counters.get("log_flush_errors", 0) >= 1)
+                for _ in range(3):  # (a flush with rows to write fails each time)
+                    n = node.counters.get("log_flush_errors", 0)
+                    assert (await answer(node, "mobilenet_v2")).status == 0
+                    await until(lambda n=n: node.counters.get("log_flush_errors", 0) > n)
                 (logs / "requests.tsv").rmdir()
                 assert (await answer(node, "mobilenet_v2")).status == 0
                 await until(lambda: (logs / "requests.tsv").is_file())
                 await until(lambda: len((logs / "requests.tsv").read_text().splitlines()) >= 2)
             finally:
                 flusher.cancel()
+            node.write_logs(final=True)
+            assert "miss the rows of" in node.logs_lost, node.logs_lost
 
     asyncio.run(asyncio.wait_for(main(), 60))
+    err = capsys.readouterr().err
+    assert err.count("failed (") == 1 and "works again (" in err, err
     back = read_logs(logs)  # a header and whole rows: what came after the failure
     assert 1 <= len(back.requests) <= 2 and all(r[5] == RequestStatus.SUCCESS for r in back.requests)
+
+
+def test_npz_logs_that_cannot_be_written_at_stop_leave_their_rows(tmp_path, capsys,
+                                                                  monkeypatch):
+    """--log-format npz: the logs are written at stop; if that fails (a full disk), the
+    rows' column files are left in --log-dir, where ``clockwork report`` reads them, and
+    the controller says its logs are not whole (it removed them: every row lost, and
+    exit 0)."""
+    import asyncio
+    import errno
+    import os
+
+    import numpy as np
+
+    from clockwork.cluster.cli import main as cli
+    from worker.service import WorkerNode
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    logs = tmp_path / "logs"
+
+    async def main():
+        wnode = WorkerNode(gpus=1, pages=100)
+        async with controller_with([wnode], "v100-reference", models="mobilenet_v2",
+                                   log_dir=str(logs), log_format="npz") as node:
+            for _ in range(3):
+                assert (await answer(node, "mobilenet_v2")).status == 0
+            with monkeypatch.context() as m:
+                m.setattr(np.lib.format, "write_array", full)
+                node.write_logs(final=True)
+            assert "were not written" in node.logs_lost, node.logs_lost
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    (rows,) = (p for p in logs.iterdir() if p.name.startswith("clockwork-rows-"))
+    assert f"left in {rows}" in capsys.readouterr().err
+    assert not [p for p in logs.iterdir() if p.suffix == ".npz"]
+    assert cli(["report", str(logs)]) == 0
+    out = capsys.readouterr().out
+    assert "requests submitted" in out and " 3\n" in out.split("requests submitted")[1][:60]
+    assert "incomplete" in out, out
 
 
 def test_a_second_reset_during_a_hellos_write_goes_before_the_actions_after_it():

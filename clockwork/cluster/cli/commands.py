@@ -132,7 +132,8 @@ def _summary_from_logs(path: Path) -> tuple[dict, dict, dict, float | None] | st
     summary = summary_of(req, act, round(span / 1e9, 6))
     if rows is not None:  # (in the table too: a script reads stdout)
         summary["incomplete"] = (f"no logs written, the rows in {rows.name}: a run killed, "
-                                 "or still running (figures up to its last answer)")
+                                 "still running, or whose logs could not be written "
+                                 "(figures up to its last answer)")
     return summary, req, act, end
 
 
