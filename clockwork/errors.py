@@ -5,6 +5,8 @@ from __future__ import annotations
 # the controller's words when it stops: the message of the requests it answers then (reason
 # ``shutdown``), and the details of the calls it ends (UNAVAILABLE)
 STOPPING_MESSAGE = "controller is shutting down"
+# a call while the controller waits for its workers at start (only the probes answer)
+STARTING_MESSAGE = "controller is starting: it waits for its workers"
 
 
 class ClockworkError(Exception):

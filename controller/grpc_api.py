@@ -12,12 +12,13 @@ import gc
 
 import grpc
 
+from clockwork.errors import STARTING_MESSAGE
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
 from clockwork.protocol.addresses import join
 from clockwork.protocol.holding import controller_label
 from clockwork.protocol.listen import ListenError, bind_grpc
-from clockwork.protocol.security import TlsFiles, TokenInterceptor
+from clockwork.protocol.security import TlsFiles, TokenInterceptor, refuse
 from clockwork.sizes import status_details
 from controller.grpc_health import HEALTH_METHODS, add_health
 from controller.intake import answer_or_withdraw, serve_stream, submit_unary
@@ -141,7 +142,8 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
     also on ``kserve_port`` (Triton's 8001 by default), REST on ``http_port``. ``token``:
     every client call must carry it (REST health endpoints excepted); ``tls``: every port
     speaks TLS."""
-    interceptors = [TokenInterceptor(token, node.count, HEALTH_METHODS)] if token else None
+    interceptors = [TokenInterceptor(token, node.count, HEALTH_METHODS)] if token else []
+    interceptors.append(StartingInterceptor(node))
     server = grpc.aio.server(options=server_options(node.limits), interceptors=interceptors,
                              maximum_concurrent_rpcs=node.limits.grpc_max_calls)
     pbg.add_ClockworkServicer_to_server(ClockworkServicer(node), server)
@@ -166,12 +168,17 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
                               f"{e.strerror or e}") from None
     stop = stop or asyncio.Event()
     try:
+        # the probes answer while the workers are awaited (a liveness probe found no
+        # listener, for up to --connect-timeout); every other call is refused "starting"
+        await server.start()
+        if http is not None:
+            await http.serve()
         await _unless_stopped(node.start(), stop)
     except BaseException:
+        await server.stop(None)
         if http is not None:
             await http.close()
         raise
-    await server.start()
     flusher = None
     try:  # (from here on a failure, one of these lines to a full disk say, stops all)
         if ready is not None:
@@ -180,7 +187,6 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
             print(f"clockwork controller kserve grpc listening on {join(host, kbound)}",
                   flush=True)
         if http is not None:  # after the lines above (LocalCluster reads them in order)
-            await http.serve()
             print(f"clockwork controller http listening on {join(host, http.port)}",
                   flush=True)
         if node.telemetry is not None:
@@ -212,6 +218,28 @@ def _settle_heap() -> None:
     gc.freeze()
     young, middle, _ = gc.get_threshold()
     gc.set_threshold(young, middle, 100)
+
+
+# what answers while the controller waits for its workers (``ControllerNode.starting``):
+# gRPC's health probes and KServe's liveness and readiness; other calls are refused
+# UNAVAILABLE STARTING_MESSAGE
+ANSWERED_WHILE_STARTING = HEALTH_METHODS | {
+    "/inference.GRPCInferenceService/ServerLive", "/inference.GRPCInferenceService/ServerReady"}
+
+
+class StartingInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses every call but ``ANSWERED_WHILE_STARTING`` with ``UNAVAILABLE``
+    (``STARTING_MESSAGE``, its request not read) while ``node.starting``."""
+
+    def __init__(self, node) -> None:
+        self.node = node
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if not self.node.starting or handler is None \
+                or details.method in ANSWERED_WHILE_STARTING:
+            return handler
+        return refuse(handler, grpc.StatusCode.UNAVAILABLE, STARTING_MESSAGE)
 
 
 class Interrupted(Exception):

@@ -34,6 +34,7 @@ from aiohttp.web import ContentCoding
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_urldispatcher import _default_expect_handler
 
+from clockwork.errors import STARTING_MESSAGE
 from clockwork.protocol import accept_guard
 from clockwork.protocol.addresses import join
 from clockwork.protocol.security import Refusals, bearer_ok
@@ -51,6 +52,7 @@ from controller.kserve import (
     KServeFrontend,
     _internal,
 )
+from controller.kserve_status import UNAVAILABLE
 from controller.kserve_validate import _short, json_loads
 
 # with a token, every path but these needs "Authorization: Bearer <token>" (probes stay
@@ -198,6 +200,8 @@ class KServeRest:
                              headers={"Allow": ", ".join(sorted(methods))})
             if what == "ops":
                 return await self.ops(path)
+            if getattr(self.node, "starting", False) and what not in _WHILE_STARTING:
+                raise KServeError(UNAVAILABLE, STARTING_MESSAGE)
             fe = self.fe
             if what == "server":
                 return Reply(200, fe.server_metadata())
@@ -388,6 +392,9 @@ def encode(reply: Reply) -> tuple[bytes, dict[str, str]]:
 # ---------------------------------------------------------------------- the HTTP server
 
 _ROUTED = "clockwork.routed"  # set on a request that reached _Handler
+# the routes answered while the controller waits for its workers at start (besides the
+# probes of ``ops``); any other is 503 STARTING_MESSAGE
+_WHILE_STARTING = frozenset({"server", "health_live", "health_ready"})
 
 # connection -> the handler task of its request waiting for the controller's answer:
 # cancelled when the connection is lost (JsonErrors.connection_lost), so that the call's

@@ -80,7 +80,8 @@ ADD_WORKER_MAX_S = 300.0
 # on giving up on a worker at start, a TCP connection of at most PROBE_S tells a refused
 # connection from no answer at all
 PROBE_S = 1.0
-REFUSED_LOG_S = 10.0  # a worker refused at each reconnection attempt: a line this often
+REFUSED_LOG_S = 60.0  # a worker refused at each reconnection attempt: a line this often
+# (as a lost worker's, LOST_SAY_AGAIN_S)
 # a session with a worker that ends within SHORT_SESSION_S of being made (another
 # controller took the worker, a worker that fails right after each Hello) backs off the
 # next reconnection: RECONNECT_S, doubling with each such session, at most
@@ -269,8 +270,8 @@ class WorkerLinks:
                                   f"cannot resolve worker {address} in {wait:.1f} s") from None
         return next((lk for lk in self.links if wanted & lk.endpoints), None), wanted
 
-    async def add_worker(self, address: str,
-                         timeout: float | None = None) -> tuple[int, list[int], bool]:
+    async def add_worker(self, address: str, timeout: float | None = None,
+                         said: str = "") -> tuple[int, list[int], bool]:
         """Connect a worker while serving (a node joined the cluster): as for the workers
         at start -- clock sync, Hello with the instance list, its state -- then its GPUs
         get the next controller-wide indices, the policy places copies there by its
@@ -279,7 +280,8 @@ class WorkerLinks:
         its endpoints) is left as it is (added False); an address that is not HOST:PORT is
         INVALID_ARGUMENT. Raises ``RepositoryError`` (UNAVAILABLE: cannot reach it in
         ``timeout`` seconds, default ``connect_timeout``, tried at most ``ADD_WORKER_MAX_S``;
-        INVALID_ARGUMENT: it cannot serve the models, or the policy cannot grow)."""
+        INVALID_ARGUMENT: it cannot serve the models, or the policy cannot grow).
+        ``said``: more for the line that says it joined."""
         if self.ctrl is None or self._stopping:
             raise RepositoryError(grpc.StatusCode.UNAVAILABLE, "the controller is not serving")
         try:
@@ -357,7 +359,7 @@ class WorkerLinks:
                 raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
             self._start_link_tasks(link)
             self.count("workers_added")
-            print(f"controller: worker {address} joined with {len(specs)} GPU(s)",
+            print(f"controller: worker {address} joined with {len(specs)} GPU(s){said}",
                   file=sys.stderr, flush=True)
             return link.index, list(range(first, first + len(specs))), True
 
@@ -437,12 +439,11 @@ class WorkerLinks:
                     wait = min(JOIN_RETRY_MAX_S, 2 * wait)
                     continue
                 try:
-                    await self.add_worker(address, timeout=JOIN_TRY_S)
                     left = len(self.awaited) - 1
-                    print(f"controller: worker {address}, left out at start, is in now (its "
-                          "weights cache emptied, as for a worker added at run time); "
-                          + (f"{left} listed worker(s) still awaited" if left else
-                             "every listed worker is in"), file=sys.stderr, flush=True)
+                    await self.add_worker(address, timeout=JOIN_TRY_S, said=(
+                        ", left out at start (its weights cache emptied, as for a worker "
+                        "added at run time); " + (f"{left} listed worker(s) still awaited"
+                                                  if left else "every listed worker is in")))
                     return
                 except RepositoryError as e:
                     kind = "" if e.code == grpc.StatusCode.UNAVAILABLE else e.message
@@ -686,10 +687,15 @@ class WorkerLinks:
                 "CLOCKWORK_CLUSTER_SECRET)"))
 
     def _refuse_worker(self, link: WorkerLink, why: str) -> None:
-        """Log (at most a line a second), count and raise: a worker we will not use."""
+        """Log (at most a line a second), count and raise: a worker we will not use. (At
+        start it is not logged: it ends the start, and the controller's last line says
+        it.)"""
         if self._worker_refusals is None:
             self._worker_refusals = Refusals("controller", self.count)
-        self._worker_refusals(why, "worker_auth_refused")
+        if self.starting:
+            self._worker_refusals.counted("worker_auth_refused")
+        else:
+            self._worker_refusals(why, "worker_auth_refused")
         raise AuthFailed(f"refused {why}")
 
     async def _connect(self, link: WorkerLink, deadline: float, flag: str = "") -> None:

@@ -307,6 +307,9 @@ class ControllerNode(WorkerLinks):
         # once it answers (/readyz is 503 meanwhile)
         self.awaited: dict[str, asyncio.Future] = {}
         self.answered_at_stop = 0  # requests still waiting when it stopped (ERROR shutdown)
+        # until start() is done (its workers awaited): the front ends answer the probes
+        # only, every other call "starting" (STARTING_MESSAGE)
+        self.starting = True
         self.ctrl: ControllerLoop | None = None
         self.policy: Policy | None = None
         self.gpu_index: dict[tuple[int, int], int] = {}
@@ -488,6 +491,7 @@ class ControllerNode(WorkerLinks):
         self._say_unfit()
         for link in self.links:
             self._start_link_tasks(link)
+        self.starting = False
 
     def largest_cache(self) -> int:
         """Pages of the largest GPU weights cache of the workers (0 before any answered);

@@ -50,3 +50,65 @@ def test_health_check_and_watch_follow_the_controller_without_a_token():
             got = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
                                                        timeout=TIMEOUT)
             assert got.status == NOT_SERVING
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_probes_answer_while_the_controller_waits_for_its_workers():
+    """A controller waiting for a worker that is not there yet (up to --connect-timeout):
+    the probes answer (``/healthz`` 200, ``/readyz`` and ``/v2/health/ready`` 503, gRPC
+    health ``NOT_SERVING``, KServe's ``ServerLive`` true), and every other call is
+    refused UNAVAILABLE (REST 503) "controller is starting" at once. Before, the REST
+    port took no connection and gRPC calls hung until the workers answered: a liveness
+    probe killed a controller waiting for slow workers."""
+    import http.client
+    import subprocess
+
+    from clockwork.errors import STARTING_MESSAGE
+    from tests.conftest import cli_command
+
+    port, http_port, kserve_port, nobody = (_free_port() for _ in range(4))
+    p = subprocess.Popen(cli_command("controller", "--port", str(port), "--http-port",
+                                     str(http_port), "--kserve-port", str(kserve_port),
+                                     "--workers", f"127.0.0.1:{nobody}",
+                                     "--connect-timeout", "60"),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stderr.readline()  # it says it waits (after 0.5 s without an answer)
+        assert "not answering yet; waiting up to 60 s" in line, line
+
+        def get(path: str, method: str = "GET", body=None) -> tuple[int, bytes]:
+            conn = http.client.HTTPConnection("127.0.0.1", http_port, timeout=TIMEOUT)
+            try:
+                conn.request(method, path, body)
+                r = conn.getresponse()
+                return r.status, r.read()
+            finally:
+                conn.close()
+
+        assert get("/healthz")[0] == 200 and get("/v2/health/live")[0] == 200
+        assert get("/readyz")[0] == 503 and get("/v2/health/ready")[0] == 503
+        status, body = get("/v2/models/resnet50_v2/infer", "POST", b"{}")
+        assert status == 503 and STARTING_MESSAGE.encode() in body, (status, body)
+        for addr in (f"127.0.0.1:{port}", f"127.0.0.1:{kserve_port}"):
+            with grpc.insecure_channel(addr) as ch:
+                got = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
+                                                           timeout=TIMEOUT)
+                assert got.status == NOT_SERVING
+        import clockwork
+
+        with clockwork.Client(f"127.0.0.1:{port}", timeout=TIMEOUT) as c:
+            with pytest.raises(clockwork.errors.ControllerUnavailable, match=STARTING_MESSAGE):
+                c.stats()
+        p.send_signal(2)  # (SIGINT: it still stops at once, exit 130)
+        rest = p.communicate(timeout=20)[1]
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == 130 and "Traceback" not in rest, (p.returncode, rest)

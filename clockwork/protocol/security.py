@@ -446,6 +446,12 @@ def _deny(handler, code: grpc.StatusCode, message: str, refused, what):
     return grpc.stream_unary_rpc_method_handler(abort_stream, **kw)
 
 
+def refuse(handler, code: grpc.StatusCode, message: str):
+    """A handler that only aborts with ``code`` and ``message``, as ``_deny``'s do (after
+    ``REFUSE_AFTER_S``, its request never read), logging nothing."""
+    return _deny(handler, code, message, lambda what: None, lambda peer: "")
+
+
 class ClusterProofInterceptor(grpc.aio.ServerInterceptor):
     """A worker's first look at a call, before its request is read: a call without a
     controller's proof that checks (``ClusterAuth.proof_checks``) is refused
