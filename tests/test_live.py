@@ -234,7 +234,11 @@ def test_a_replay_whose_controller_dies_stops_and_keeps_its_figures(tmp_path):
         res, after = asyncio.run(main())
     s = res.summary
     assert after < 5, after
-    assert s["stopped"]["at_s"] < 5 and "controller unavailable" in s["stopped"]["reason"], s
+    # (what the client was told: gRPC's words differ when the kill came while a message
+    # was being sent on the stream)
+    assert s["stopped"]["at_s"] < 5 and ("controller unavailable" in s["stopped"]["reason"]
+                                         or "the stream's call ended while a message was "
+                                         "being sent" in s["stopped"]["reason"]), s
     assert s["actions"] is None
     assert s["duration_s"] == pytest.approx(s["stopped"]["at_s"], abs=0.001)
     assert s["submitted"] == s["succeeded"] + s["failed"] + s["dropped"] > 0
