@@ -425,3 +425,24 @@ def test_a_live_worker_slower_than_the_windows_is_said_once():
     assert len(lines) == 1, out[-2000:]
     assert "ms to reach the worker, longer than scheduler future_ms + latest_delta_ms (0 ms)" \
         in lines[0], lines
+
+
+def test_controller_and_worker_lines_are_timed_when_asked():
+    """With ``CLOCKWORK_LOG_TIME=1`` each line a controller (or worker) writes to stderr
+    begins with the UTC time to the millisecond, for an operator's log file (its lines
+    said what happened, never when); without it the lines are as before."""
+    import os
+    import re
+
+    argv = cli_command("controller", "--port", "0", "--http-port", "-1", "--kserve-port",
+                       "-1", "--workers", "127.0.0.1:1", "--connect-timeout", "1")
+    timed = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "CLOCKWORK_LOG_TIME": "1"})
+    plain = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    for p in (timed, plain):
+        assert p.returncode == 1 and len(p.stderr.splitlines()) >= 2, p.stderr
+    stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z "
+    assert all(re.match(stamp + r"(clockwork )?controller: ", ln)
+               for ln in timed.stderr.splitlines()), timed.stderr
+    assert [re.sub("^" + stamp, "", ln) for ln in timed.stderr.splitlines()] == \
+        plain.stderr.splitlines()

@@ -115,6 +115,9 @@ def _named(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpars
         parser = subs[0].choices[name]
 
 
+LOG_TIME_ENV = "CLOCKWORK_LOG_TIME"  # set (not 0): controller and worker lines begin timed
+
+
 def main(argv: list[str] | None = None) -> int:
     # gRPC's own log lines (a failed TLS handshake: "I1205 ... ssl_transport_security.cc
     # ... Handshake failed") said before ours, which say what happened; its errors still
@@ -154,7 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     from clockwork.cluster.cli.streams import ReaderSafe
 
     out, err_stream = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = ReaderSafe(out), ReaderSafe(err_stream, any_error=True)
+    # the processes an operator runs for long, by hand: their log lines timed, if asked
+    stamp = (args.command in ("controller", "worker")
+             and os.environ.get(LOG_TIME_ENV, "") not in ("", "0"))
+    sys.stdout, sys.stderr = ReaderSafe(out), ReaderSafe(err_stream, any_error=True,
+                                                         stamp=stamp)
     try:
         # (Ctrl-C while the verb's modules load, a second or so for some: the same line)
         func, err = _load(args.command, impl, getattr(args, "requires", ()))

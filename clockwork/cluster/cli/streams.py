@@ -21,6 +21,7 @@ does not become its stdout either.
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 
@@ -53,20 +54,36 @@ class ReaderSafe:
     """A text stream (``sys.stdout``, ``sys.stderr``) that outlives its reader; with
     ``any_error`` (standard error) any failed write too."""
 
-    def __init__(self, stream, any_error: bool = False) -> None:
+    def __init__(self, stream, any_error: bool = False, stamp: bool = False) -> None:
         self._stream = stream
         self._lost = OSError if any_error else BrokenPipeError
+        self._stamp = stamp  # each line begins with the UTC time (``stamped``)
+        self._line_start = True
 
     def write(self, text: str) -> int:
+        n = len(text)
+        if self._stamp and text:
+            text = self._stamped(text)
         try:
-            return self._stream.write(text)
+            self._stream.write(text)
+            return n
         except BlockingIOError:
             if self._lost is BrokenPipeError:
                 raise
-            return len(text)  # (a non-blocking stream full now: this line lost, not all)
+            return n  # (a non-blocking stream full now: this line lost, not all)
         except self._lost:
             self._gone()
-            return len(text)
+            return n
+
+    def _stamped(self, text: str) -> str:
+        """``text`` with the time before each line that begins in it."""
+        now = datetime.datetime.now(datetime.UTC)
+        t = now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z "
+        lines = text.split("\n")
+        out = [(t if self._line_start else "") + lines[0]]
+        out += [(t + ln) if ln else ln for ln in lines[1:]]
+        self._line_start = text.endswith("\n")
+        return "\n".join(out)
 
     def flush(self) -> None:
         try:
