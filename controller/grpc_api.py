@@ -224,7 +224,8 @@ def _settle_heap() -> None:
 # gRPC's health probes and KServe's liveness and readiness; other calls are refused
 # UNAVAILABLE STARTING_MESSAGE
 ANSWERED_WHILE_STARTING = HEALTH_METHODS | {
-    "/inference.GRPCInferenceService/ServerLive", "/inference.GRPCInferenceService/ServerReady"}
+    f"/inference.GRPCInferenceService/{m}" for m in ("ServerLive", "ServerReady",
+                                                      "ServerMetadata")}
 
 
 class StartingInterceptor(grpc.aio.ServerInterceptor):

@@ -271,7 +271,7 @@ class WorkerLinks:
         return next((lk for lk in self.links if wanted & lk.endpoints), None), wanted
 
     async def add_worker(self, address: str, timeout: float | None = None,
-                         said: str = "") -> tuple[int, list[int], bool]:
+                         said=None) -> tuple[int, list[int], bool]:
         """Connect a worker while serving (a node joined the cluster): as for the workers
         at start -- clock sync, Hello with the instance list, its state -- then its GPUs
         get the next controller-wide indices, the policy places copies there by its
@@ -281,7 +281,8 @@ class WorkerLinks:
         INVALID_ARGUMENT. Raises ``RepositoryError`` (UNAVAILABLE: cannot reach it in
         ``timeout`` seconds, default ``connect_timeout``, tried at most ``ADD_WORKER_MAX_S``;
         INVALID_ARGUMENT: it cannot serve the models, or the policy cannot grow).
-        ``said``: more for the line that says it joined."""
+        ``said``: a function of nothing that says more for the line that says it
+        joined (called as the line is written)."""
         if self.ctrl is None or self._stopping:
             raise RepositoryError(grpc.StatusCode.UNAVAILABLE, "the controller is not serving")
         try:
@@ -359,7 +360,8 @@ class WorkerLinks:
                 raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
             self._start_link_tasks(link)
             self.count("workers_added")
-            print(f"controller: worker {address} joined with {len(specs)} GPU(s){said}",
+            more = said() if said is not None else ""
+            print(f"controller: worker {address} joined with {len(specs)} GPU(s){more}",
                   file=sys.stderr, flush=True)
             return link.index, list(range(first, first + len(specs))), True
 
@@ -438,12 +440,15 @@ class WorkerLinks:
                     await asyncio.sleep(wait)
                     wait = min(JOIN_RETRY_MAX_S, 2 * wait)
                     continue
-                try:
+                def joined() -> str:  # (when it is in: how many others are still out)
                     left = len(self.awaited) - 1
-                    await self.add_worker(address, timeout=JOIN_TRY_S, said=(
-                        ", left out at start (its weights cache emptied, as for a worker "
-                        "added at run time); " + (f"{left} listed worker(s) still awaited"
-                                                  if left else "every listed worker is in")))
+                    return (", left out at start (its weights cache emptied, as for a worker "
+                            "added at run time); " + (f"{left} listed worker(s) still "
+                                                      "awaited" if left else
+                                                      "every listed worker is in"))
+
+                try:
+                    await self.add_worker(address, timeout=JOIN_TRY_S, said=joined)
                     return
                 except RepositoryError as e:
                     kind = "" if e.code == grpc.StatusCode.UNAVAILABLE else e.message

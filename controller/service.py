@@ -385,6 +385,10 @@ class ControllerNode(WorkerLinks):
                     self.telemetry.close()  # (npz: the rows' column files go)
                 else:  # (the only copy of the rows that reached the disk: kept)
                     self.telemetry.keep()
+                    for name in ("requests.npz", "actions.npz"):  # (one written before
+                        # the other failed: report would read it, not the rows, as logs
+                        # incomplete; earlier runs' were renamed aside before this write)
+                        (Path(self.log_dir) / name).unlink(missing_ok=True)
                     print(f"controller: the rows written before are left in {folder} "
                           f"(clockwork report {self.log_dir} reads them)", file=sys.stderr,
                           flush=True)

@@ -313,23 +313,28 @@ def test_a_log_flush_that_fails_is_logged_and_the_next_one_goes_on(tmp_path, cap
     assert 1 <= len(back.requests) <= 2 and all(r[5] == RequestStatus.SUCCESS for r in back.requests)
 
 
+@pytest.mark.parametrize("full_at", ["requests.npz", "actions.npz"])
 def test_npz_logs_that_cannot_be_written_at_stop_leave_their_rows(tmp_path, capsys,
-                                                                  monkeypatch):
-    """--log-format npz: the logs are written at stop; if that fails (a full disk), the
-    rows' column files are left in --log-dir, where ``clockwork report`` reads them, and
-    the controller says its logs are not whole (it removed them: every row lost, and
-    exit 0)."""
+                                                                  monkeypatch, full_at):
+    """--log-format npz: the logs are written at stop; if that fails (a full disk, at the
+    first file or the second), the rows' column files are left in --log-dir, where
+    ``clockwork report`` reads them, and the controller says its logs are not whole (it
+    removed them: every row lost, and exit 0). A first file written before the second
+    failed is removed (report took it, and refused the folder as incomplete)."""
     import asyncio
     import errno
     import os
 
-    import numpy as np
-
+    import clockwork.telemetry as T
     from clockwork.cluster.cli import main as cli
     from worker.service import WorkerNode
 
-    def full(*a, **k):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    real = T._write_npz
+
+    def full(path, arrays):
+        if path.name == full_at:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(path, arrays)
 
     logs = tmp_path / "logs"
 
@@ -340,7 +345,7 @@ def test_npz_logs_that_cannot_be_written_at_stop_leave_their_rows(tmp_path, caps
             for _ in range(3):
                 assert (await answer(node, "mobilenet_v2")).status == 0
             with monkeypatch.context() as m:
-                m.setattr(np.lib.format, "write_array", full)
+                m.setattr(T, "_write_npz", full)
                 node.write_logs(final=True)
             assert "were not written" in node.logs_lost, node.logs_lost
 

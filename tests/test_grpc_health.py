@@ -96,11 +96,20 @@ def test_probes_answer_while_the_controller_waits_for_its_workers():
         assert get("/readyz")[0] == 503 and get("/v2/health/ready")[0] == 503
         status, body = get("/v2/models/resnet50_v2/infer", "POST", b"{}")
         assert status == 503 and STARTING_MESSAGE.encode() in body, (status, body)
+        import tritonclient.grpc as tgrpc
+
         for addr in (f"127.0.0.1:{port}", f"127.0.0.1:{kserve_port}"):
             with grpc.insecure_channel(addr) as ch:
                 got = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
                                                            timeout=TIMEOUT)
                 assert got.status == NOT_SERVING
+            t = tgrpc.InferenceServerClient(addr)
+            try:  # (KServe's liveness, readiness and server metadata answer too)
+                assert t.is_server_live(client_timeout=TIMEOUT)
+                assert not t.is_server_ready(client_timeout=TIMEOUT)
+                assert t.get_server_metadata(client_timeout=TIMEOUT).name == "clockwork"
+            finally:
+                t.close()
         import clockwork
 
         with clockwork.Client(f"127.0.0.1:{port}", timeout=TIMEOUT) as c:

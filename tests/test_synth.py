@@ -246,3 +246,14 @@ def test_synth_into_a_folder_holding_those_days_is_refused_without_force(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [trace_file_name(1), trace_file_name(2), third.name])
     assert third.read_bytes() == b"another day\n"
+
+
+def test_synth_into_a_dangling_link_says_the_system_error_not_force(tmp_path, capsys):
+    """``--out`` a symbolic link to nothing: the folder cannot be made, said as the system
+    says it, exit 1 (the refusal of existing days' files took it, and said --force)."""
+    out = tmp_path / "dangling"
+    out.symlink_to(tmp_path / "nowhere")
+    for extra in ([], ["--force"]):
+        assert main(["trace", "synth", "--functions", "10", "--out", str(out), *extra]) == 1
+        err = capsys.readouterr().err
+        assert f"cannot write into {out}" in err and "--force" not in err, err

@@ -275,7 +275,7 @@ def write_synthetic(out_dir: str | Path, functions: int, days: int = 1, seed: in
     (``.csv.gz`` with ``gzip``), each day as soon as it is made (one day in memory);
     ``written(path)``, if given, is called as each is. A file of one of those days
     already there, in any form (either name form of the dataset, ``.csv`` or ``.csv.gz``:
-    a real day's too), raises ``FileExistsError`` naming them before anything is made,
+    a real day's too), raises ``DaysExist`` naming them before anything is made,
     unless ``replace``: then each day's files are replaced by the new one. The days'
     files are written whole (a day cut short by a Ctrl-C is never left)."""
     days_iter = days_of(functions, days, seed)  # (checks the sizes before anything is made)
@@ -284,8 +284,8 @@ def write_synthetic(out_dir: str | Path, functions: int, days: int = 1, seed: in
     if there and not replace:
         shown = ", ".join(p.name for p in there[:3]) + (f" and {len(there) - 3} more"
                                                          if len(there) > 3 else "")
-        raise FileExistsError(errno.EEXIST, f"{out} holds {len(there)} of these days' "
-                              f"files already ({shown})", str(out))
+        raise DaysExist(errno.EEXIST, f"{out} holds {len(there)} of these days' files "
+                        f"already ({shown})", str(out))
     out.mkdir(parents=True, exist_ok=True)
     suffix = ".gz" if gzip else ""
     paths = []
@@ -301,6 +301,10 @@ def write_synthetic(out_dir: str | Path, functions: int, days: int = 1, seed: in
         if written is not None:
             written(paths[-1])
     return paths
+
+
+class DaysExist(FileExistsError):
+    """``write_synthetic`` without ``replace``: the folder holds files of those days."""
 
 
 def existing_days(out: Path, days: int, first: int = 1) -> list[Path]:

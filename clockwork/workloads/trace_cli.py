@@ -12,6 +12,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
     from clockwork.workloads.synth import (
         MAX_DAYS,
         MAX_FUNCTIONS,
+        DaysExist,
         existing_days,
         write_synthetic,
     )
@@ -36,7 +37,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
         earlier = existing_days(Path(args.out), args.days) if args.force else []
         paths = write_synthetic(args.out, args.functions, args.days, args.seed, args.gzip,
                                 written, replace=args.force)
-    except FileExistsError as e:
+    except DaysExist as e:
         print(f"clockwork trace synth: {e.strerror}: --force replaces them (a real trace's "
               "days too), or give another --out", file=sys.stderr)
         return 2
