@@ -173,14 +173,24 @@ def spill_folder(spill_dir: Path | None):
 
 def cpu_timeline(samples: list[tuple[int, float, int]], minutes: int) -> list[float]:
     """Simulated requests per CPU-second of simulation in each simulated minute, from
-    (simulated ns, CPU s, requests so far) samples (the first sample at or after each
-    minute's end closes it; the last minute runs to the last sample, drain included)."""
+    (simulated ns, CPU s, requests so far) samples, the CPU time and requests at each
+    minute's bounds read between the samples around it (linearly in simulated time: the
+    samples come with the progress line, every second, or 30 s in a log, and a minute
+    between two of them got all their requests and CPU, the next ones 0); the last
+    minute runs to the last sample, drain included."""
+    def at(t: int) -> tuple[float, float]:
+        for (t0, c0, n0), (t1, c1, n1) in zip(samples, samples[1:], strict=False):
+            if t0 <= t <= t1:
+                f = (t - t0) / (t1 - t0) if t1 > t0 else 1.0
+                return c0 + f * (c1 - c0), n0 + f * (n1 - n0)
+        return samples[-1][1], samples[-1][2]
+
     out = []
-    prev = samples[0]
+    prev = at(0)
     for k in range(1, minutes + 1):
-        nxt = next((x for x in samples if x[0] >= k * 60_000_000_000), samples[-1])
-        dc = nxt[1] - prev[1]
-        out.append(round((nxt[2] - prev[2]) / dc) if dc > 0 else 0)
+        nxt = (samples[-1][1], samples[-1][2]) if k == minutes else at(k * MINUTE_NS)
+        dc = nxt[0] - prev[0]
+        out.append(round((nxt[1] - prev[1]) / dc) if dc > 0 else 0)
         prev = nxt
     return out
 
@@ -225,8 +235,13 @@ def run_part(spec: dict) -> dict:
     req, act = tel.request_columns(), tel.action_columns()
     log_bytes = sum(a.nbytes for a in req.values()) + sum(a.nbytes for a in act.values())
     s = res.summary
-    if warm:  # count only the requests that arrived, and the actions done, from ``start``
-        req, act = counted(req, act, warm * MINUTE_NS)
+    last = spec.get("last", True)
+    if warm or not last:
+        # count only the requests that arrived, and the actions done, from ``start``; and
+        # but for the last part, the actions done before the part's end (those after it
+        # are the next part's, which counts them from its start: they were counted twice)
+        end = None if last else (warm + spec["minutes"]) * MINUTE_NS
+        req, act = counted(req, act, warm * MINUTE_NS, end)
         s = dict(summary_of(req, act, spec["minutes"] * 60.0),
                  max_pages_used=s["max_pages_used"])
     # distinct instances with a cold-start request, per trace minute
@@ -265,16 +280,18 @@ COUNTED_COLUMNS = (("arrival", "status", "latency", "deadline_met", "cold_start"
                    ("type", "status", "prediction_error", "measured_completion"))
 
 
-def counted(req: dict, act: dict, cut: int) -> tuple[dict, dict]:
-    """The rows a part with a warm-up counts, of ``COUNTED_COLUMNS`` only (copies: the
-    other columns stay where they are, in files with ``--spill-dir``): requests that
-    arrived at or after ``cut`` (ns of simulated time) and actions that completed then
-    (as ``timeline_of`` places them), with those times moved back by ``cut`` (so that
-    minute 0 is the part's first counted minute)."""
+def counted(req: dict, act: dict, cut: int, end: int | None = None) -> tuple[dict, dict]:
+    """The rows a part counts, of ``COUNTED_COLUMNS`` only (copies: the other columns stay
+    where they are, in files with ``--spill-dir``): requests that arrived at or after
+    ``cut`` (ns of simulated time) and actions that completed then (as ``timeline_of``
+    places them), and before ``end`` if given, with those times moved back by ``cut``
+    (so that minute 0 is the part's first counted minute)."""
     keep = req["arrival"] >= cut
     req = {k: req[k][keep] for k in COUNTED_COLUMNS[0]}
     req["arrival"] -= cut
     keep = act["measured_completion"] >= cut
+    if end is not None:
+        keep &= act["measured_completion"] < end
     act = {k: act[k][keep] for k in COUNTED_COLUMNS[1]}
     act["measured_completion"] -= cut
     return req, act
@@ -526,6 +543,7 @@ def main(argv=None) -> dict:
         specs.append({"trace": str(trace), "start": s,
                       "minutes": min(part, args.start_minute + args.minutes - s),
                       "warmup": min(args.warmup_minutes, s - args.start_minute),
+                      "last": s == starts[-1],
                       "seed": args.seed,
                       "load_factor": lf, "noise": not args.no_noise, "out": out,
                       "log_format": args.log_format,

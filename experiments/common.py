@@ -1,8 +1,8 @@
 """Shared helpers for the Section 6 experiment scripts (``experiments/fig*.py``).
 
 Every script has ``main(argv) -> dict`` and takes the same arguments:
-``--quick`` (default: minutes of simulated time, seconds of wall time), ``--full`` (the
-paper's scale; run by hand), ``--smoke`` (a second or two, for the test suite),
+``--quick`` (default: minutes of simulated time, seconds of wall time), ``--full`` (a
+larger scale, nearer the paper's; run by hand), ``--smoke`` (a second or two, for the test suite),
 ``--out DIR`` (default ``experiments/figures``, or ``experiments/figures/full`` with
 ``--full``) and ``--live``: instead of the simulator, each scenario runs on a
 ``clockwork.cluster.local.LocalCluster`` (emulated workers and a controller as child processes)
@@ -71,7 +71,8 @@ def parse_args(argv: Sequence[str] | None, description: str,
     g.add_argument("--quick", dest="scale", action="store_const", const="quick",
                    help="small scale (default)")
     g.add_argument("--full", dest="scale", action="store_const", const="full",
-                   help="the paper's scale (long; run by hand)")
+                   help="a larger scale, nearer the paper's (experiments/README.md says "
+                   "where each figure still differs; long: run by hand)")
     g.add_argument("--smoke", "--tiny", dest="scale", action="store_const", const="smoke",
                    help="a second or two of simulated time (tests)")
     p.add_argument("--out", type=out_dir, default=None,

@@ -78,6 +78,20 @@ def test_a_warmed_up_part_counts_only_its_own_minutes(tmp_path):
     assert split["requests"] == sum(r["requests"] for r in split["by_minute"])
     assert split["requests"] == whole["requests"]  # the arrivals are the trace's
     assert split["actions"]["load"] == sum(r["loads"] for r in split["by_minute"])
+    # the actions done after part 1's end are part 2's (part 1 counted them in its drain
+    # too: two INFERs more than the continuous run in the review's case)
+    assert split["actions"] == whole["actions"], (split["actions"], whole["actions"])
+
+
+def test_the_cpu_rate_of_minutes_between_two_samples_is_theirs():
+    """Samples further apart than a minute (the progress line's, 30 s in a log, a few
+    minutes of a small run) gave their first minute every request and all the CPU, and
+    the others 0."""
+    timeline = azure_paper_scale.cpu_timeline
+    m = azure_paper_scale.MINUTE_NS
+    assert timeline([(0, 0.0, 0), (3 * m, 3.0, 300)], 3) == [100, 100, 100]
+    assert timeline([(0, 0.0, 0), (m // 2, 1.0, 50), (2 * m, 2.0, 250), (2 * m + 5, 2.5, 260)],
+                    2) == [88, 123]  # (116.7 requests in 1.33 s, then 143.3 in 1.17 s)
 
 
 def test_another_seed_is_another_run_of_the_same_minutes():

@@ -778,6 +778,24 @@ def test_a_point_whose_scenario_file_changed_runs_again(tmp_path, capsys):
     assert orjson.loads(again)["submitted"] < orjson.loads(first[name])["submitted"] / 3
 
 
+def test_a_scenario_name_is_looked_for_next_to_the_sweep_file_first(tmp_path, capsys):
+    """A shipped scenario copied next to a sweep file and edited there, named as the
+    shipped one is (``poisson_warm``, no ``.toml``): the copy runs (the shipped one ran,
+    silently). A name with no file next to it is the shipped scenario."""
+    (tmp_path / "poisson_warm.toml").write_text(
+        (REPO / "scenarios" / "poisson_warm.toml").read_text().replace(
+            "rate_rps = 723.5", "rate_rps = 100"))
+    f = tmp_path / "s.toml"
+    f.write_text('scenarios = ["poisson_warm", "bursty"]\n'
+                 'overrides = ["duration_s=1", "drain_s=1"]\n')
+    out = tmp_path / "o"
+    assert main(["sweep", str(f), "--jobs", "1", "--out", str(out), "--quiet"]) == 0
+    rows = [ln.split("\t") for ln in (out / "results.tsv").read_text().splitlines()]
+    col = rows[0].index("submitted")
+    got = {r[1]: int(r[col]) for r in rows[1:]}
+    assert got["poisson_warm"] < 200 and "bursty" in got, got  # (the shipped: ~720 in 1 s)
+
+
 def test_a_point_whose_trace_or_profiles_changed_runs_again(tmp_path, capsys):
     """A sweep reused a point's result after a file its scenario reads (a trace, a
     profile set) had changed: only the scenario file itself was covered. A point's

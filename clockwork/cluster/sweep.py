@@ -152,8 +152,13 @@ def _scenario_path(entry: str, base: Path, where: str) -> Path:
     from clockwork.scenario import ScenarioError
 
     p = Path(entry)
-    if not p.is_absolute() and (base / p).is_file():
-        return base / p
+    if not p.is_absolute():
+        # next to the sweep file first: the file named, or a scenario's name there (a
+        # shipped scenario copied next to it and edited, as the shipped example invites:
+        # the shipped one was run instead)
+        for near in [base / p] + ([] if p.suffix == ".toml" else [base / f"{entry}.toml"]):
+            if near.is_file():
+                return near
     try:
         return resolve_scenario(entry)
     except ScenarioError as e:
