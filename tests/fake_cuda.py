@@ -207,12 +207,13 @@ class _FakeVM:
 
 
 def fake_package(path: Path, pages: int = 4, batch_sizes=(1, 2), n_in: int = 8,
-                 n_out: int = 10, out_name: str = "y") -> Path:
-    """A cuda package directory: one float32 weight spanning ``pages`` pages."""
+                 n_out: int = 10, out_name: str = "y", model: str | None = None) -> Path:
+    """A cuda package directory: one float32 weight spanning ``pages`` pages, of model
+    ``model`` (default: the folder's name)."""
     path.mkdir(parents=True, exist_ok=True)
     n = pages * PAGE // 4
     meta = {
-        "format": 1, "model": path.name, "target": json.dumps({"kind": "cuda", "arch": "sm_90"}),
+        "format": 1, "model": model or path.name, "target": json.dumps({"kind": "cuda", "arch": "sm_90"}),
         "page_size": PAGE, "weights_pages": pages, "page_runs": [pages],
         "weights_bytes": pages * PAGE,
         "params": [{"name": "w", "offset": 0, "shape": [n], "dtype": "float32",

@@ -273,7 +273,8 @@ def _mlp_package(path) -> None:
     """A fake cuda package laid out as the cpu profile of ``mlp`` (tests/fake_cuda.py)."""
     from tests.fake_cuda import fake_package
 
-    fake_package(path, pages=1, batch_sizes=(1, 2, 4, 8, 16), n_in=64, out_name="output")
+    fake_package(path, pages=1, batch_sizes=(1, 2, 4, 8, 16), n_in=64, out_name="output",
+                 model="mlp")
 
 
 def _cuda_building(monkeypatch, on_build) -> None:

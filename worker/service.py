@@ -393,9 +393,11 @@ class WorkerNode:
         return False
 
     def _meta(self, path: Path) -> dict:
-        """The package's meta: as a real device read it (``prepare``), else read now."""
+        """The package's meta: as a real device read it (``prepare``) if its files are
+        as they were then, else read now (a package compiled again into its folder was
+        checked with the old one's meta, then registered unchecked)."""
         for dev in self.real:
-            pkg = dev.packages.get(path)
+            pkg = dev._cached(path)
             if pkg is not None:
                 return pkg.meta
         from clockwork.models.package import read_package

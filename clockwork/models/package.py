@@ -226,7 +226,13 @@ def profile_disagreement(meta: dict, prof) -> str:
     ``ModelProfile``) that its instance is scheduled by ("" if it does not): other inputs
     or outputs (names, shapes, dtypes; where the profile lists them), a batch size the
     profile runs that it is not compiled for, or more weight pages than the
-    profile's (the controller reserves the profile's pages for its LOAD)."""
+    profile's (the controller reserves the profile's pages for its LOAD); and first,
+    another model than the profile's (``model.json``'s ``model``: another network with
+    the same tensors ran under this model's name and timings)."""
+    held, profiled = meta.get("model"), getattr(prof, "model", None)
+    if isinstance(held, str) and held and profiled and held != profiled:
+        return f"it holds model {held!r}, the profile is of model {profiled!r}"
+
     def specs(tensors) -> list[tuple]:
         return [(t["name"], tuple(t["shape"]), t["dtype"]) for t in tensors]
 

@@ -242,6 +242,10 @@ def package_stamp(path: Path) -> tuple:
     return tuple(out)
 
 
+# packages no instance uses any more, kept ready in case they are registered again
+UNUSED_PACKAGES_KEPT = 4
+
+
 class RealDevice:
     """Instance lookup, and the executor's view of a real device: its actions' durations
     are measured when they run, not predicted (``duration`` is None: see
@@ -284,7 +288,10 @@ class RealDevice:
         from clockwork.models.package import LIBRARY
 
         key = path.resolve()
-        if key not in self.packages:
+        loaded = self.__dict__.setdefault("_libraries", set())  # (paths loaded from: a
+        # package dropped since, ``_release``, may have left its library loaded)
+        if key not in self.packages and key not in loaded:
+            loaded.add(key)
             return tvm.runtime.load_module(str(path / LIBRARY))
         with tempfile.TemporaryDirectory(prefix="clockwork-package-") as tmp:
             return tvm.runtime.load_module(shutil.copy(path / LIBRARY, Path(tmp) / LIBRARY))
@@ -318,11 +325,10 @@ class RealDevice:
             return self._package(Path(package)).meta
 
     def prepared(self, package: str | Path) -> bool:
-        """Whether the package at ``package`` is ready (``prepare``)."""
-        if package in self.packages:  # (a resolved path, as a rule)
-            return True
+        """Whether the package at ``package`` is ready (``prepare``), as its files are now
+        (one compiled again into its folder is not)."""
         try:
-            return Path(package).resolve() in self.packages
+            return self._cached(Path(package)) is not None
         except (OSError, RuntimeError):
             return False
 
@@ -438,6 +444,24 @@ class RealDevice:
             except DeviceError:
                 pass  # evicted meanwhile
         self.models.pop(name, None)
+        self._release(m.package)
+
+    def _release(self, pkg) -> None:
+        """``pkg``'s last instance went: it is kept among the ``UNUSED_PACKAGES_KEPT`` such
+        packages last used (registered again soon, it is not read again); the one used
+        longest ago is dropped, its weights, library and buffers with it (a worker that
+        served many packages in turn grew by each one's whole size, for good)."""
+        if any(x.package is pkg for x in self.models.values()):
+            return
+        unused = self.__dict__.setdefault("_unused", [])
+        unused[:] = [p for p in unused if p is not pkg] + [pkg]
+        while len(unused) > UNUSED_PACKAGES_KEPT:
+            old = unused.pop(0)
+            if any(x.package is old for x in self.models.values()):
+                continue  # (registered again since)
+            for key in [k for k, p in self.packages.items() if p is old]:
+                del self.packages[key]
+                self.stamps.pop(key, None)
 
 
 def numpy_outputs(out):

@@ -1,0 +1,93 @@
+"""What a cpu worker serves from its package directory as it changes: a package compiled
+again into its folder is checked against the profile as it is now; a package of another
+model is not served under a model's name; the packages no instance uses any more are
+not all kept for the worker's life. In process (a controller and a cpu worker on one
+event loop); needs TVM."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+import pytest
+
+from tests.inprocess import answer, controller_with
+
+
+def _refused(node, name: str, profile: str, package: str = "") -> str:
+    """The refusal of loading ``name`` (the worker cannot serve it): its message."""
+    from controller.service import RepositoryError
+
+    async def load():
+        with pytest.raises(RepositoryError) as e:
+            await node.load_model(name, profile=profile, package=package)
+        return e.value.message
+
+    return load()
+
+
+def test_a_package_compiled_again_into_its_folder_is_checked_as_it_is_now(tmp_path,
+                                                                         cpu_package):
+    """``mlp``'s package compiled again into its folder, for batch sizes 1 and 2 only,
+    while the worker serves ``mlp`` from it: a new instance of profile ``mlp`` (batch
+    sizes up to 16) is refused, as the same package in another folder is. It was
+    checked with the meta the worker read first, said READY, and most of its requests
+    failed "internal error" (a batch size the package lacks)."""
+    pytest.importorskip("tvm")
+    from clockwork.models.package import compile_model
+    from worker.service import WorkerNode
+
+    cpu_package("mlp", tmp_path)
+
+    async def main():
+        wnode = WorkerNode(1, 8, "cpu", "cpu", packages=str(tmp_path))
+        async with controller_with([wnode], "cpu", models="mlp") as node:
+            assert (await answer(node, "mlp")).status == 0
+            await asyncio.to_thread(compile_model, "mlp", [1, 2], tmp_path / "mlp")
+            why = await _refused(node, "mlpC", "mlp")
+            assert "mlp" in why, why
+
+    asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def test_a_package_of_another_model_is_not_served_under_a_models_name(tmp_path, cpu_package,
+                                                                      capsys):
+    """A ``mobilenet_tiny`` package in the folder ``resnet_tiny`` (the same tensors):
+    an instance of profile ``resnet_tiny`` is refused, the worker saying why. It was
+    served, the one network under the other's name and timings."""
+    pytest.importorskip("tvm")
+    from worker.service import WorkerNode
+
+    cpu_package("mlp", tmp_path)
+    cpu_package("mobilenet_tiny", tmp_path).rename(tmp_path / "resnet_tiny")
+
+    async def main():
+        wnode = WorkerNode(1, 8, "cpu", "cpu", packages=str(tmp_path))
+        async with controller_with([wnode], "cpu", models="mlp") as node:
+            await _refused(node, "r", "resnet_tiny")
+
+    asyncio.run(asyncio.wait_for(main(), 120))
+    err = capsys.readouterr().err
+    assert "it holds model 'mobilenet_tiny', the profile is of model 'resnet_tiny'" in err, err
+
+
+def test_packages_no_instance_uses_are_not_kept_for_good(tmp_path, cpu_package):
+    """Eight copies of a package, each registered and unregistered in turn: the device
+    keeps at most ``UNUSED_PACKAGES_KEPT`` of them once no instance uses them (it kept
+    every one, its weights and library: a worker grew by a package's size for each);
+    one registered again soon is the one kept, not read again."""
+    pytest.importorskip("tvm")
+    from worker.devices import base
+    from worker.devices.cpu import CpuDevice
+
+    first = cpu_package("mlp", tmp_path)
+    folders = [first] + [shutil.copytree(first, tmp_path / f"mlp{k}") for k in range(1, 8)]
+    dev = CpuDevice(8)
+    for k, folder in enumerate(folders):
+        dev.register(f"m{k}", folder)
+        dev.load(f"m{k}")
+        dev.unregister(f"m{k}")
+        assert len(dev.packages) <= base.UNUSED_PACKAGES_KEPT
+    kept = dev.packages[folders[-1].resolve()]
+    dev.register("again", folders[-1])
+    assert dev.models["again"].package is kept
