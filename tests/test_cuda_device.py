@@ -14,6 +14,7 @@ import pytest
 
 from tests import cuda_packages
 from worker.devices import cuda
+from worker.devices.base import target_kind
 from worker.devices.cpu import DeviceError
 from worker.devices.cuda import CudaDevice, CudaPageArena, DeviceUnavailable
 from worker.memory import ARENA_ALIGNMENT, layout_tensors
@@ -131,8 +132,8 @@ def test_arena_rejects_oversized_blob():
 
 def test_target_is_tvm_json():
     assert json.loads(cuda.CUDA_TARGET) == {"kind": "cuda", "arch": "sm_90"}
-    assert cuda._target_kind(cuda.CUDA_TARGET) == "cuda"
-    assert cuda._target_kind("llvm -mcpu=x") == "llvm"
+    assert target_kind(cuda.CUDA_TARGET) == "cuda"
+    assert target_kind("llvm -mcpu=x") == "llvm"
 
 
 def test_cuda_target_and_check_and_cross_compile(tmp_path):
@@ -147,7 +148,7 @@ def test_cuda_target_and_check_and_cross_compile(tmp_path):
 
     path = compile_model("mlp", [1], tmp_path / "mlp", target=target)
     meta = read_package(path)
-    assert cuda._target_kind(meta["target"]) == "cuda"
+    assert target_kind(meta["target"]) == "cuda"
     assert b"__global__" in (path / "model.so").read_bytes()  # CUDA kernels inside
 
 

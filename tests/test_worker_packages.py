@@ -91,3 +91,40 @@ def test_packages_no_instance_uses_are_not_kept_for_good(tmp_path, cpu_package):
     kept = dev.packages[folders[-1].resolve()]
     dev.register("again", folders[-1])
     assert dev.models["again"].package is kept
+
+
+def test_the_worker_says_why_for_each_package_it_cannot_serve(tmp_path, cpu_package,
+                                                              capsys):
+    """The controller's refusal says "the worker's log says why": the worker says it for
+    a profile with no package at all (it said nothing), for each of several broken
+    packages loaded in a burst (it said the first, then "(N more like it not shown)"),
+    and for a cuda package on a cpu worker in its own words (TVM's "a loader of that name
+    is not registered")."""
+    pytest.importorskip("tvm")
+    import json
+
+    from worker.service import WorkerNode
+
+    cpu_package("mlp", tmp_path)
+    for k in range(3):  # broken: weights cut short
+        bad = shutil.copytree(tmp_path / "mlp", tmp_path / f"broken{k}")
+        (bad / "weights.bin").write_bytes(b"\0" * (k + 1))
+    cuda = shutil.copytree(tmp_path / "mlp", tmp_path / "for_cuda")
+    meta = json.loads((cuda / "model.json").read_text())
+    meta["target"] = json.dumps({"kind": "cuda", "arch": "sm_90"})
+    (cuda / "model.json").write_text(json.dumps(meta))
+
+    async def main():
+        wnode = WorkerNode(1, 8, "cpu", "cpu", packages=str(tmp_path))
+        async with controller_with([wnode], "cpu", models="mlp") as node:
+            await _refused(node, "t", "transformer_tiny")  # (no package for it)
+            for k in range(3):
+                await _refused(node, f"b{k}", "mlp", f"broken{k}")
+            await _refused(node, "c", "mlp", "for_cuda")
+
+    asyncio.run(asyncio.wait_for(main(), 120))
+    err = capsys.readouterr().err
+    assert "no model package for profile transformer_tiny in" in err, err
+    for k in range(3):
+        assert f"cannot load package {tmp_path / f'broken{k}'} for b{k}" in err, err
+    assert f"package {tmp_path / 'for_cuda'} was compiled for cuda, not the CPU" in err, err

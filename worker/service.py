@@ -65,7 +65,7 @@ from clockwork.protocol.listen import LISTEN_OPTIONS, ListenError, bind_grpc
 from clockwork.protocol.pacing import Pacer, doze
 from clockwork.protocol.parent import stop_when_orphaned
 from clockwork.protocol.precise_loop import run_precise
-from clockwork.protocol.ratelog import LogLimiter
+from clockwork.protocol.ratelog import KeyedLog, LogLimiter
 from clockwork.protocol.security import (
     WORKER_CLOCK_SYNC,
     WORKER_CONNECT,
@@ -216,7 +216,10 @@ class WorkerNode:
         # instances it cannot serve, at most a line a second (a Hello of 5,000 of them
         # printed 5,000 lines; the controller hears of each in the state's missing list)
         self._cannot = LogLimiter("worker")
-        self._bad_package = LogLimiter("worker")  # (its own: not hidden by a burst above)
+        # why a package cannot serve an instance: each package's reason said (a burst of
+        # broken packages said the first only, the controller told "the worker's log
+        # says why"), the same again at most once a minute
+        self._bad_package = KeyedLog("worker")
         if device != "emulated":
             if device == "cpu":
                 _check_host_memory(self.pages, gpus)
@@ -447,6 +450,12 @@ class WorkerNode:
         None if this worker cannot serve it (no such profile, no package, a broken one)."""
         p = self.pset.find(i.profile)  # (one profiled since the worker started too)
         path = self.package_for(i.name, i.profile, i.package) if self.real else None
+        if p is not None and self.real and path is None and not i.package:
+            # (a package named for it and missing was said by package_for)
+            self._bad_package(("none", i.profile), (
+                f"no model package for profile {_cut(i.profile)} in {self.packages} "
+                f"(clockwork compile {_cut(i.profile)} --out {self.packages}/"
+                f"{_cut(i.profile)}): its instances, {_cut(i.name)} among them, refused"))
         if p is None or (self.real and path is None):
             return None
         why = controller_disagreement(i, p)
@@ -469,7 +478,8 @@ class WorkerNode:
                     raise ValueError(f"it does not match profile {i.profile!r}: {why}")
                 self._register(i.name, path)
             except Exception as e:  # noqa: BLE001 - a broken package: report it missing
-                self._bad_package(f"cannot load package {path} for {_cut(i.name)}: {e}")
+                self._bad_package(path, f"cannot load package {path} for {_cut(i.name)}: "
+                                        f"{e}")
                 return None
         if made is not None and made[0] is p:
             return made[1]  # a Hello again (a reset): the same figures, made before

@@ -29,3 +29,27 @@ class LogLimiter:
         if exc is not None and not isinstance(exc, ValueError):  # a bug: say where
             text += "\n" + "".join(traceback.format_exception(exc)).rstrip()
         print(text, file=sys.stderr, flush=True)
+
+
+class KeyedLog:
+    """Lines about many things (packages, say), each thing's said when it is new or says
+    something else than its last line, and at most once per ``every`` seconds otherwise:
+    a burst about several things says each (``LogLimiter`` said the first only), a thing
+    failing again and again is not a flood. Remembers at most ``keep`` things."""
+
+    def __init__(self, prefix: str, every: float = 60.0, keep: int = 256) -> None:
+        self.prefix = prefix
+        self.every = every
+        self.keep = keep
+        self._last: dict = {}  # key -> (line, when said)
+
+    def __call__(self, key, line: str) -> None:
+        t = time.monotonic()
+        said = self._last.get(key)
+        if said is not None and said[0] == line and t - said[1] < self.every:
+            return
+        self._last.pop(key, None)
+        self._last[key] = (line, t)
+        while len(self._last) > self.keep:
+            self._last.pop(next(iter(self._last)))
+        print(f"{self.prefix}: {line}", file=sys.stderr, flush=True)

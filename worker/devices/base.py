@@ -36,6 +36,7 @@ answered such failures with.
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import tempfile
 import threading
@@ -240,6 +241,15 @@ def package_stamp(path: Path) -> tuple:
         except OSError:
             out.append(None)
     return tuple(out)
+
+
+def target_kind(target) -> str:
+    """The kind of a package's TVM target (``model.json``'s ``target``: TVM's JSON, or
+    its older text form): ``llvm`` for the CPU, ``cuda``, ..."""
+    try:
+        return json.loads(target)["kind"]
+    except (ValueError, TypeError, KeyError):
+        return target.split()[0] if isinstance(target, str) and target else ""
 
 
 # packages no instance uses any more, kept ready in case they are registered again

@@ -45,6 +45,7 @@ from worker.devices.base import (
     WeightsNotPresent,
     numpy_outputs,
     package_stamp,
+    target_kind,
 )
 from worker.memory import TENSOR_ALIGNMENT, PageArena
 
@@ -87,6 +88,10 @@ class CpuDevice(RealDevice):
         if pkg is not None:
             return pkg
         meta = read_package(path)
+        kind = target_kind(meta.get("target"))
+        if kind not in ("llvm", "c", ""):
+            raise InvalidPackage(f"package {path} was compiled for {kind}, not the CPU "
+                                 "(clockwork compile MODEL, whose --device is cpu by default)")
         if meta["page_size"] != self.arena.page_size:
             raise InvalidPackage(f"package {path} is laid out in {meta['page_size']}-byte pages, "
                               f"the arena has {self.arena.page_size}-byte pages")

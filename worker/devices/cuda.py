@@ -73,6 +73,7 @@ from worker.devices.base import (
     WeightsNotPresent,
     numpy_outputs,
     package_stamp,
+    target_kind,
 )
 from worker.memory import ARENA_ALIGNMENT, ArenaError, PageArena
 
@@ -354,13 +355,6 @@ class CudaPageArena(PageArena):
 # -- the device -----------------------------------------------------------------------
 
 
-def _target_kind(target: str) -> str:
-    try:
-        return json.loads(target)["kind"]
-    except (ValueError, TypeError, KeyError):
-        return target.split()[0] if target else ""
-
-
 class CudaDevice(RealDevice):
     """Real execution on an NVIDIA GPU; see the module docstring.
 
@@ -435,7 +429,7 @@ class CudaDevice(RealDevice):
             return pkg
         cupy, tvm = self._cupy, self._tvm
         meta = read_package(path)
-        if _target_kind(meta["target"]) != "cuda":
+        if target_kind(meta["target"]) != "cuda":
             raise InvalidPackage(f"package {path} was compiled for {meta['target']!r}, not "
                                  "cuda (clockwork compile --device cuda)")
         if meta["page_size"] != self.arena.page_size:
