@@ -77,6 +77,9 @@ def test_a_package_of_another_model_is_refused(here, cpu_package, capsys):
     assert "clockwork profile: 1 LOADs: p99 " in err
     for b in (1, 2, 4, 8, 16):  # (the package's batch sizes)
         assert f"clockwork profile: batch {b}: 2 EXECs, p99 " in err, err
+    # (FAST's --batch-sizes with a package: said not to apply, the package's measured;
+    # they were left out with nothing said)
+    assert "warning: --batch-sizes is for a model it compiles" in err, err
 
 
 def test_sigterm_stops_a_profile_as_ctrl_c_does(here, cpu_package):

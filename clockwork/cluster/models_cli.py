@@ -109,6 +109,10 @@ def _profile(args: argparse.Namespace) -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="clockwork-profile-") as tmp:
         package = Path(args.package) if args.package else None
+        if package is not None and args.batch_sizes is not None:  # (said, not silent)
+            print("clockwork profile: warning: --batch-sizes is for a model it compiles; "
+                  "the --package is measured at the batch sizes it was compiled for "
+                  "(compile it again with --batch-sizes to change them)", file=sys.stderr)
         if package is not None and args.name is not None:
             print("clockwork profile: --name names an ONNX model it compiles; a --package "
                   "keeps the name in its model.json", file=sys.stderr)
@@ -139,8 +143,8 @@ def _profile(args: argparse.Namespace) -> int:
             print(f"clockwork profile: {why}", file=sys.stderr)
             return 2
         if package is None:
-            package = _build("profile", args.model, args.batch_sizes, Path(tmp) / "package",
-                             args.device, name=name)
+            package = _build("profile", args.model, args.batch_sizes or [1, 2, 4, 8, 16],
+                             Path(tmp) / "package", args.device, name=name)
             if package is None:
                 return 2
         try:

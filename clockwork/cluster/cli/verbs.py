@@ -246,8 +246,10 @@ def add_profile(sub) -> None:
                    "here) (default cpu)")
     p.add_argument("--package", metavar="DIR", help="profile this compiled package instead")
     p.add_argument("--name", type=t.model_name, metavar="NAME", help=NAME_HELP)
-    p.add_argument("--batch-sizes", type=t.batch_sizes, default=[1, 2, 4, 8, 16],
-                   metavar="B1,B2,...", help="when compiling (default 1,2,4,8,16)")
+    p.add_argument("--batch-sizes", type=t.batch_sizes, default=None,
+                   metavar="B1,B2,...", help="when compiling (default 1,2,4,8,16); a "
+                   "--package is measured at the batch sizes it was compiled for (a warning "
+                   "says so if this is given)")
     # (each run's time is kept until the percentiles are taken: bounded)
     p.add_argument("--runs", type=t.int_in(1, 1_000_000), default=200,
                    help="EXEC runs per batch size, 1 to 1,000,000 (default 200)")
