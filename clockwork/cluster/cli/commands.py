@@ -78,8 +78,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
             why = (" (the emulated device reads no packages: --packages is for --device cpu "
                    "or cuda)")
         else:
-            why = (f"; every LOAD fails until {folder}/<model>/ holds the model's package "
-                   f"(clockwork compile MODEL --device {args.device} --out {folder}/MODEL)")
+            why = (f"; it can serve no model until {folder}/<model>/ holds the model's "
+                   "package (a controller that needs one refuses this worker, saying so): "
+                   f"clockwork compile MODEL --device {args.device} --out {folder}/MODEL")
         print(f"clockwork worker: warning: --packages {folder}: no such folder{why}",
               file=sys.stderr, flush=True)
     return run(args)
