@@ -303,3 +303,25 @@ def test_the_run_ends_once_every_action_sent_has_finished():
     acts = res.telemetry.action_columns()
     loads = int((acts["type"] == ActionType.LOAD).sum())
     assert res.summary["actions"]["load"] == loads
+
+
+def test_a_result_dropped_frees_its_run_at_once(tmp_path):
+    """A ``simulate`` result dropped is freed by reference counting, its ``spill_dir``
+    folder with it, even with the cyclic collector off (as during the next run, which
+    turns it off): the run's transports were classes made inside it, always in a
+    reference cycle, whose methods held the run's rows (a loop of runs held two at a
+    time; a forked pool's worker left its folder for good)."""
+    import gc
+
+    from clockwork.cluster.sim import simulate
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        r = simulate("poisson_warm", ["duration_s=2"], spill_dir=tmp_path)
+        assert len(list(tmp_path.iterdir())) == 1 and r.summary["submitted"] > 0
+        del r
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        if enabled:
+            gc.enable()

@@ -16,6 +16,7 @@ import os
 import platform
 import sys
 import time
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -291,8 +292,27 @@ class Simulation:
         try:
             return self._run()
         finally:
+            self._release_transports()
             if gc_was_enabled:
                 gc.enable()
+
+    def _release_transports(self) -> None:
+        """Empty the classes ``_run`` makes for its transports and observer, whose
+        methods close over the run's state (its telemetry, event heap, workloads, this
+        simulation): a class is always in a reference cycle, so they held the run's rows
+        until the cyclic collector's next pass, which ``run`` turns off for the next run
+        (a loop of ``simulate`` calls held two runs' rows at a time; a ``spill_dir``
+        folder outlived its result, for good in a forked pool's worker)."""
+        kinds = set()
+        ctrl = getattr(self, "controller", None)
+        if ctrl is not None:
+            kinds |= {ctrl.transport, type(ctrl.observer)}
+        kinds.update(type(wl.transport) for wl in getattr(self, "workers", None) or ())
+        for cls in kinds:
+            if isinstance(cls, type) and "<locals>" in cls.__qualname__:
+                for name, v in list(vars(cls).items()):
+                    if isinstance(v, staticmethod | types.FunctionType):
+                        delattr(cls, name)
 
     def _run(self) -> SimResult:
         heap: list = []
