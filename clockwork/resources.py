@@ -149,9 +149,14 @@ def list_scenarios() -> list[tuple[str, str]]:
             for n in shipped_scenario_names()]
 
 
-def scenario_folder(source: str | Path | None) -> Path | None:
-    """The folder of a scenario's file (``Scenario.source``), or None when it came from a
-    dict (``"<dict>"``) or the file is gone."""
+def scenario_folder(source) -> Path | None:
+    """The folder of a scenario's file: of a ``Scenario`` (its ``folder``, taken when it
+    was read), or of a file's path (``Scenario.source``); None when it came from a dict
+    (``"<dict>"``) or the file is gone."""
+    folder = getattr(source, "folder", None)
+    if folder is not None:
+        return Path(folder) if Path(folder).is_dir() else None
+    source = getattr(source, "source", source)
     if source is None or str(source).startswith("<"):
         return None
     p = Path(source)

@@ -39,6 +39,10 @@ class Scenario:
     data: dict
     source: str = "<scenario>"
     overrides: list[str] = field(default_factory=list)
+    # the absolute folder of its file, taken when it was read: its relative paths (a
+    # trace, a profile set) are looked up there whatever the current folder is later (a
+    # notebook's chdir between loading and running it lost the trace); None for a dict
+    folder: str | None = field(default=None, compare=False)
 
     @property
     def seed(self) -> int:
@@ -285,18 +289,26 @@ def override_list(overrides, who: str = "load_scenario") -> list[str]:
 
 def load_scenario(path: str | Path | None = None, overrides: list[str] | str | None = None,
                   data: dict | None = None, source: str | None = None,
-                  pinned: Sequence[tuple[str, Any]] = ()) -> Scenario:
+                  pinned: Sequence[tuple[str, Any]] = (), folder: str | None = None
+                  ) -> Scenario:
     """Read a TOML file (or take ``data``), apply overrides, fill defaults, validate.
-    ``source``: with ``data``, the file it came from (its folder is where the scenario's
-    relative paths, e.g. a trace, are looked up). ``pinned``: ``(key, value)`` pairs set
-    after the overrides, values as they are (``pinned_paths``); not in ``overrides``."""
+    ``source``: with ``data``, the file it came from (its folder, or ``folder`` when
+    given, is where the scenario's relative paths, e.g. a trace, are looked up).
+    ``pinned``: ``(key, value)`` pairs set after the overrides, values as they are
+    (``pinned_paths``); not in ``overrides``."""
+    from clockwork.resources import scenario_folder
+
     src = source or "<dict>"
+    if folder is None and source is not None:
+        found = scenario_folder(source)
+        folder = str(found.resolve()) if found is not None else None
     raw: dict = {}
     if path is not None:
         from clockwork.resources import resolve_scenario  # a file, else a shipped name
 
         p = resolve_scenario(path)
         src = str(p)
+        folder = str(p.resolve().parent)
         try:
             text = p.read_bytes()
         except FileNotFoundError:
@@ -314,7 +326,7 @@ def load_scenario(path: str | Path | None = None, overrides: list[str] | str | N
     for key, value in pinned:
         set_value(raw, key, value)
     merged = _merge(DEFAULTS, raw)
-    sc = Scenario(merged, src, overrides)
+    sc = Scenario(merged, src, overrides, folder)
     validate(sc)
     return sc
 
@@ -344,7 +356,7 @@ def pinned_paths(sc: Scenario) -> list[tuple[str, str]]:
         if value != written:
             out.append((key, value))
 
-    base = scenario_folder(sc.source)
+    base = scenario_folder(sc)
     profiles = sc.cluster.get("profiles")
     if isinstance(profiles, str) and profiles:
         pin("cluster.profiles", profiles, find_profile_set(profiles, base))
@@ -373,7 +385,7 @@ def data_files(sc: Scenario) -> list[Path]:
     from clockwork.resources import scenario_folder
     from clockwork.workloads import data_files as workload_files
 
-    base = scenario_folder(sc.source)
+    base = scenario_folder(sc)
     out: list[Path] = []
     profiles = sc.cluster.get("profiles")
     if isinstance(profiles, str) and profiles:

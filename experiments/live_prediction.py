@@ -141,7 +141,7 @@ def main(argv=None) -> dict:
     from clockwork.resources import scenario_folder
 
     # (the scenario itself, not its data: a set or trace beside its file is found there)
-    pset = load_profile_set(str(sc.cluster["profiles"]), scenario_folder(sc.source))
+    pset = load_profile_set(str(sc.cluster["profiles"]), scenario_folder(sc))
     args.out.mkdir(parents=True, exist_ok=True)  # (after the checks: nothing made before)
     with common.Timer() as t:
         res = common.run_live(sc)

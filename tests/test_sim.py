@@ -325,3 +325,33 @@ def test_a_result_dropped_frees_its_run_at_once(tmp_path):
     finally:
         if enabled:
             gc.enable()
+
+
+def test_a_scenario_read_from_a_relative_path_runs_after_a_chdir(tmp_path, monkeypatch):
+    """A scenario loaded by a relative path (``exp/s.toml``) whose trace sits beside it
+    (``tr.csv.gz``), then the current folder changed (a notebook's ``os.chdir``) before
+    it runs: its trace is still found in its own folder, as the docs say (the folder
+    was the relative path's, from wherever the process was then: "trace file tr.csv.gz
+    not found")."""
+    import shutil
+    from pathlib import Path
+
+    from clockwork.cluster.sim import simulate
+    from clockwork.scenario import load_scenario
+
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    repo = Path(__file__).resolve().parent.parent
+    shutil.copy(repo / "traces" / "samples" / "invocations_per_function_md.anon.d01.csv.gz",
+                exp / "tr.csv.gz")
+    (exp / "s.toml").write_text(
+        'seed = 1\nduration_s = 2.0\n[[models]]\nname = "resnet50_v2"\ncopies = 20\n'
+        '[[workloads]]\nkind = "azure"\ntrace = "tr.csv.gz"\nmodels = "*"\n')
+    monkeypatch.chdir(tmp_path)
+    sc = load_scenario("exp/s.toml")
+    here = simulate(sc).summary
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert simulate(sc).summary == here and here["submitted"] > 0
+    assert simulate(sc, ["seed=1"]).summary == here  # (with overrides: loaded again)

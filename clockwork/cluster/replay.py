@@ -101,7 +101,7 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     from clockwork.workloads import build_workload
 
     instances = instance_names(sc.models)
-    pset = load_profile_set(str(sc.cluster["profiles"]), scenario_folder(sc.source))
+    pset = load_profile_set(str(sc.cluster["profiles"]), scenario_folder(sc))
     exec1 = {}
     for i, m in instances.items():
         p = pset.get(m)
@@ -113,7 +113,7 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     for i, (spec, seed) in enumerate(zip(sc.workloads, s_work.spawn(len(sc.workloads)),
                                          strict=True)):
         try:  # (what bind refuses too, as the simulator says it)
-            w = build_workload(spec, instances, scenario_folder(sc.source))
+            w = build_workload(spec, instances, scenario_folder(sc))
             w.bind(0, duration, np.random.default_rng(seed), exec1)
         except ValueError as e:
             raise ScenarioError(f"workloads.{i}: {e}") from e

@@ -47,7 +47,7 @@ def _profiles_of(sc) -> str:
     from clockwork.resources import scenario_folder
 
     written = str(sc.cluster["profiles"])
-    found = find_profile_set(written, scenario_folder(sc.source))
+    found = find_profile_set(written, scenario_folder(sc))
     if found is None or found == find_profile_set(written):
         return written
     return os.path.abspath(found)
@@ -157,7 +157,7 @@ def models_error(sc) -> str | None:
     from clockwork.scenario import cache_fit_error
 
     try:
-        pset = load_profile_set(str(sc.cluster["profiles"]), scenario_folder(sc.source))
+        pset = load_profile_set(str(sc.cluster["profiles"]), scenario_folder(sc))
         return cache_fit_error(sc, pset)
     except ValueError as e:
         return str(e)

@@ -131,7 +131,7 @@ class Simulation:
         if not isinstance(sc, Scenario):
             raise ScenarioError("Simulation: a clockwork.scenario.Scenario is needed "
                                 f"(load_scenario makes one), got {sc!r}")
-        checked = Scenario(sc.data, sc.source, list(sc.overrides))
+        checked = Scenario(sc.data, sc.source, list(sc.overrides), sc.folder)
         validate(checked)  # (checked.data: the validated copy; sc is left as it is)
         self.sc = sc = checked
         self._ran = False
@@ -140,7 +140,7 @@ class Simulation:
         c = sc.cluster
         try:
             self.pset: ProfileSet = load_profile_set(str(c["profiles"]),
-                                                     scenario_folder(sc.source))
+                                                     scenario_folder(sc))
         except ValueError as e:
             raise ScenarioError(str(e)) from e
         self.instances = instance_names(sc.models)
@@ -225,7 +225,7 @@ class Simulation:
         wseeds = s_work.spawn(len(sc.workloads))
         for i, spec in enumerate(sc.workloads):
             try:  # (what bind refuses too: the run's length and the entry's values)
-                w = build_workload(spec, self.instances, scenario_folder(sc.source))
+                w = build_workload(spec, self.instances, scenario_folder(sc))
                 w.bind(0, self.duration, np.random.default_rng(wseeds[i]), exec1)
             except ValueError as e:
                 raise ScenarioError(f"workloads.{i}: {e}") from e
@@ -794,7 +794,8 @@ def simulate(scenario: Scenario | str | Path | dict, overrides: list[str] | str 
                             f"dict or a clockwork.scenario.Scenario, got {scenario!r}")
     if isinstance(scenario, Scenario):
         if overrides:  # (the same file: its folder still finds the scenario's traces)
-            sc = load_scenario(data=scenario.data, overrides=overrides, source=scenario.source)
+            sc = load_scenario(data=scenario.data, overrides=overrides, source=scenario.source,
+                               folder=scenario.folder)
             sc.overrides = [*scenario.overrides, *overrides]
         else:
             sc = scenario
