@@ -218,3 +218,32 @@ def test_a_trace_of_no_functions_is_refused_by_name(capsys, tmp_path):
     assert len(err) == 1 and f"trace {t} has no functions" in err[0], err
     assert main(["trace", "info", str(t)]) == 0
     assert "functions     0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("count", [-1, 5_000_000_000, 12_345_678_901])
+def test_a_trace_saved_with_a_count_out_of_range_is_refused(tmp_path, count):
+    """``AzureTrace.save`` of a count outside 0..2^32-1 raises ValueError before anything
+    is written: it wrote its last ten digits (12345678901 read back 2345678901), -1
+    wrapped around (3709551615), or a file ``load`` then refused."""
+    import numpy as np
+
+    from clockwork.workloads.azure import AzureTrace
+
+    ids = [np.array([x]) for x in ("o", "a", "f", "http")]
+    c = np.zeros((1, 1440), np.int64)
+    c[0, 0] = count
+    with pytest.raises(ValueError, match="counts must be from 0 to 4,294,967,295"):
+        AzureTrace(*ids, c).save(tmp_path / "t.csv")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("models", [5, None, [1, 2], {"a": 1}])
+def test_build_workload_names_a_models_value_that_is_no_name(models):
+    """``build_workload`` (the public builder) with ``models`` neither a name nor a list
+    of names: ``WorkloadError`` saying so (a bare TypeError, "'int' object is not
+    iterable", came from deep inside)."""
+    from clockwork.workloads import build_workload
+    from clockwork.workloads.base import WorkloadError
+
+    with pytest.raises(WorkloadError, match="workload models must be a name or glob"):
+        build_workload({"kind": "poisson", "rate_rps": 10, "models": models}, {"m": "m"})

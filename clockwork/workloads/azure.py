@@ -331,6 +331,10 @@ class AzureTrace:
         in ``.gz``; byte-identical for identical traces)."""
         if self.n_minutes != MINUTES or self.start_minute != 0:
             raise ValueError("only a whole day (1440 minutes from minute 0) can be saved")
+        c = np.asarray(self.counts)
+        if c.size and (c.min() < 0 or c.max() > _U32_MAX):  # (written cut or wrapped around)
+            raise ValueError(f"counts must be from 0 to {_U32_MAX:,} (as the dataset's), "
+                             f"got {int(c.min()) if c.min() < 0 else int(c.max()):,}")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         # written aside and moved into place whole: a run stopped midway (Ctrl-C) left a

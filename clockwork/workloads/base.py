@@ -67,7 +67,11 @@ def select_instances(spec: str | Sequence[str], instances: dict[str, str]) -> li
     ``instances`` maps instance name -> model (profile) name. ``"resnet50_v2"``
     selects every copy of that model; ``"resnet50_v2:3"`` one copy; ``"*"`` all.
     """
-    specs = [spec] if isinstance(spec, str) else list(spec)
+    specs = [spec] if isinstance(spec, str) else (
+        list(spec) if isinstance(spec, list | tuple) else None)
+    if specs is None or not all(isinstance(s, str) for s in specs):
+        raise WorkloadError(f"workload models must be a name or glob, or a list of them, "
+                            f"got {spec!r}")  # (int, None: Python's TypeError, raw)
     out: list[str] = []
     seen = set()
     for s in specs:
