@@ -254,6 +254,7 @@ class Telemetry:
                  spill_dir: str | Path | None = None, buffer_rows: int = _BUF_ROWS) -> None:
         self.origin = origin
         self.log_format = check_log_format(log_format)
+        self.rows_removed = False  # ``close`` removed the spilled rows
         self.models: list = []  # model names by code
         self._model_code: dict = {}
         req_spill = act_spill = None
@@ -306,8 +307,9 @@ class Telemetry:
         """With ``spill_dir``: remove the rows' folder now, and its rows with it (columns
         already handed out stay readable); rows that come after are kept in memory.
         Without: nothing."""
-        if self._finalizer is not None:
+        if self._finalizer is not None and self._finalizer.alive:
             self._finalizer()
+            self.rows_removed = True
 
     def keep(self) -> None:
         """With ``spill_dir``: close the rows' files and leave their folder where it is
@@ -435,8 +437,13 @@ class Telemetry:
     def write(self, out: Path, log_format: str | None = None) -> None:
         """Every row so far into ``out`` as ``log_format`` (default ``self.log_format``):
         requests.tsv and actions.tsv, or requests.npz and actions.npz; the other
-        format's files, left there by an earlier run, are removed."""
+        format's files, left there by an earlier run, are removed. ValueError once
+        ``close`` removed the spilled rows (logs without them would sit beside a summary
+        that counts them)."""
         fmt = check_log_format(log_format or self.log_format)
+        if self.rows_removed:
+            raise ValueError("the run's rows were removed (Telemetry.close with spill_dir): "
+                             "its logs can no longer be written")
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         for other in LOG_FORMATS:

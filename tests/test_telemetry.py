@@ -1047,3 +1047,16 @@ def test_report_out_of_memory_is_one_line(tmp_path, monkeypatch, capsys):
     assert main(["report", str(d), "--timeline", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "too large to read" in err[0], err
+
+
+def test_a_run_whose_spilled_rows_were_closed_cannot_be_written(tmp_path):
+    """``SimResult.write`` after ``telemetry.close()`` removed the spilled rows: a
+    ValueError saying so, and nothing in the folder (it wrote logs of a header only
+    beside a summary counting every request)."""
+    from clockwork.cluster.sim import simulate
+
+    r = simulate("poisson_warm", ["duration_s=1"], spill_dir=tmp_path / "spill")
+    r.telemetry.close()
+    with pytest.raises(ValueError, match="rows were removed"):
+        r.write(tmp_path / "out")
+    assert list((tmp_path / "out").iterdir()) == []
