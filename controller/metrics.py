@@ -17,7 +17,8 @@ counted there):
   (arrival -> the batch's EXEC began), ``nv_inference_compute_infer_duration_us`` (the
   batch's EXEC time, charged to each request of the batch, as Triton does): cumulative
   microseconds of successful requests;
-- ``nv_inference_pending_request_count``: requests waiting (``Policy.model_view``);
+- ``nv_inference_pending_request_count``: controller requests waiting (``Policy.model_view``:
+  rows, unlike the other ``nv_inference_*``: the scheduler queues rows);
 - ``nv_gpu_utilization`` (0..1, EXEC busy time over the last ``UTIL_WINDOW_S``),
   ``nv_gpu_memory_used_bytes`` / ``nv_gpu_memory_total_bytes`` (weights-cache pages x
   16 MiB), labelled ``gpu_uuid`` (``worker<W>-gpu<G>``) alone, as Triton, values in
