@@ -219,8 +219,9 @@ def _check_keys(params: dict, known: tuple[str, ...], what: str) -> None:
                               f"{', '.join(known)}")
 
 
-def _from_config(text, name: str) -> dict:
-    """The load parameters a Triton model configuration (JSON) gives."""
+def _config_object(text) -> dict:
+    """A load's Triton model configuration (a string holding JSON) as an object, its
+    fields named as ``ModelConfig``'s (``_snake_keys``); raises KServeError."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     try:
@@ -232,7 +233,12 @@ def _from_config(text, name: str) -> dict:
                  else f"JSON {type(cfg).__name__}")
         raise KServeError(INVALID, "parameter 'config' must be a string holding a JSON object "
                           f"(a model configuration, as Triton takes it), got {given}")
-    cfg = _snake_keys(cfg)
+    return _snake_keys(cfg)
+
+
+def _from_config(text, name: str) -> dict:
+    """The load parameters a Triton model configuration (JSON) gives."""
+    cfg = _config_object(text)
     for k in cfg:
         if k not in CONFIG_FIELDS:
             raise KServeError(INVALID, f"model configuration field {k!r} is not supported "
@@ -276,14 +282,10 @@ def _config_max_batch(text) -> int | None:
     if text is None:
         return None
     try:
-        cfg = json_loads(text.decode("utf-8", "replace") if isinstance(text, bytes) else text)
-    except (ValueError, TypeError, AttributeError):
-        return None  # (_from_config says what is wrong with it)
-    try:
-        cfg = _snake_keys(cfg) if isinstance(cfg, dict) else None
+        cfg = _config_object(text)
     except KServeError:
         return None  # (_from_config says what is wrong with it)
-    v = _pb_int(cfg.get("max_batch_size")) if cfg is not None else None
+    v = _pb_int(cfg.get("max_batch_size"))
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int):

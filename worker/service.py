@@ -354,17 +354,17 @@ class WorkerNode:
         cuda package's kernels, when not built at start, seconds)."""
         if not self.real:
             return []
-        out: list[Path] = []
+        paths: dict[Path, None] = {}  # (each looked at once: ``prepared`` reads its files'
+        # stamps, and thousands of instances name a few packages)
         outer, self._looking = self._looking, {}
         try:
             for i in instances:
                 path = self.package_for(i.name, i.profile, i.package, say=False)
-                if path is not None and path not in out and \
-                        not all(dev.prepared(path) for dev in self.real):
-                    out.append(path)
+                if path is not None:
+                    paths[path] = None
         finally:
             self._looking = outer
-        return out
+        return [p for p in paths if not all(dev.prepared(p) for dev in self.real)]
 
     def prepare_paths(self, paths: list[Path]) -> None:
         """``prepare`` each package on every real device (on a thread). A package that

@@ -298,9 +298,9 @@ class RealDevice:
         from clockwork.models.package import LIBRARY
 
         key = path.resolve()
-        loaded = self.__dict__.setdefault("_libraries", set())  # (paths loaded from: a
-        # package dropped since, ``_release``, may have left its library loaded)
-        if key not in self.packages and key not in loaded:
+        loaded = self.__dict__.setdefault("_libraries", set())  # (every path loaded from,
+        # those of packages dropped since, ``_release``, too: their libraries stay loaded)
+        if key not in loaded:
             loaded.add(key)
             return tvm.runtime.load_module(str(path / LIBRARY))
         with tempfile.TemporaryDirectory(prefix="clockwork-package-") as tmp:
