@@ -9,6 +9,8 @@ message between the controller and a worker.
 Standard library only; nothing else of the project is imported here."""
 
 PAGE_SIZE = 16 * 1024 * 1024  # bytes: a weights-cache page, Clockwork's
+# the batch sizes a model is compiled for unless told otherwise (compile, profile, serve)
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16)
 
 MAX_WORKERS = 10_000
 # an emulated GPU's straggler factor and duration noise: beyond them an action would last

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from clockwork.extras import pip_extra
+from clockwork.sizes import DEFAULT_BATCH_SIZES
 
 # TVM targets (TVM 0.27 takes a JSON target for CUDA; == worker.devices.cuda.CUDA_TARGET)
 DEVICES = {"cpu": "llvm", "cuda": '{"kind": "cuda", "arch": "sm_90"}'}
@@ -143,7 +144,8 @@ def _profile(args: argparse.Namespace) -> int:
             print(f"clockwork profile: {why}", file=sys.stderr)
             return 2
         if package is None:
-            package = _build("profile", args.model, args.batch_sizes or [1, 2, 4, 8, 16],
+            package = _build("profile", args.model,
+                             args.batch_sizes or list(DEFAULT_BATCH_SIZES),
                              Path(tmp) / "package", args.device, name=name)
             if package is None:
                 return 2

@@ -27,6 +27,7 @@ from clockwork.scenario import (
     load_scenario,
 )
 from clockwork.signals import stop_signals
+from clockwork.sizes import DEFAULT_BATCH_SIZES
 
 # ``clockwork serve`` (no --replay) restarts a worker that exits, at most this many times
 # within RESTART_WINDOW_S seconds; one more exit in that time stops the cluster (exit 1)
@@ -240,7 +241,8 @@ def ensure_packages(models: str | None, profiles: str, device: str, packages: st
         if m not in ZOO:
             raise RuntimeError(f"no model package for {m!r} in {packages} (build it with "
                                f"'clockwork compile MODEL|FILE.onnx --out {packages}/{m}')")
-        sizes = pset.profiles[m].batch_sizes if m in pset.profiles else [1, 2, 4, 8, 16]
+        sizes = (pset.profiles[m].batch_sizes if m in pset.profiles
+                 else list(DEFAULT_BATCH_SIZES))
         print(f"clockwork serve: compiling {m} for {device} (batch sizes "
               f"{','.join(map(str, sizes))}) into {packages}/{m} ...", file=sys.stderr, flush=True)
         from clockwork.cluster.models_cli import DEVICES

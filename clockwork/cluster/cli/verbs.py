@@ -13,7 +13,12 @@ import argparse
 from clockwork.cluster.cli import argtypes as t
 from clockwork.extras import pip_extra
 from clockwork.protocol.pacing import ACTION_INTERVAL_US, REPLY_INTERVAL_US, RESULT_INTERVAL_US
-from clockwork.sizes import MAX_CLOCK_OFFSET_MS, MAX_GPUS_PER_WORKER, MAX_PAGES
+from clockwork.sizes import (
+    DEFAULT_BATCH_SIZES,
+    MAX_CLOCK_OFFSET_MS,
+    MAX_GPUS_PER_WORKER,
+    MAX_PAGES,
+)
 
 DEVICES = ("emulated", "cpu", "cuda")
 COMPILE_DEVICES = ("cpu", "cuda")
@@ -224,7 +229,7 @@ def add_compile(sub) -> None:
     p.add_argument("--device", default="cpu", choices=COMPILE_DEVICES,
                    help="what the package runs on: cpu (this host's CPU; TVM target llvm) or "
                    "cuda (an NVIDIA GPU; cross-compiles without one) (default cpu)")
-    p.add_argument("--batch-sizes", type=t.batch_sizes, default=[1, 2, 4, 8, 16],
+    p.add_argument("--batch-sizes", type=t.batch_sizes, default=list(DEFAULT_BATCH_SIZES),
                    metavar="B1,B2,...", help="default 1,2,4,8,16")
     p.add_argument("--out", type=t.out_dir, metavar="DIR", help="package directory (default packages/DEVICE/MODEL, "
                    "MODEL the model's name)")
