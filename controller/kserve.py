@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import grpc
@@ -208,8 +209,9 @@ def rows_bytes(rows) -> int:
     return sum(t.nbytes for r in rows for t in r.inputs)
 
 
-STATS_SLICE = 1024  # instances whose statistics are read in one turn of the event loop
-STATS_MESSAGE_SLICE = 256  # ... made into gRPC messages in one turn (~4 ms)
+# instances whose statistics are read, and written as JSON or gRPC messages, in one turn
+# of the event loop (~0.6 / ~2 ms)
+STATS_SLICE = 128
 
 
 def _duration(d: dict) -> kpb.StatisticDuration:
@@ -308,24 +310,24 @@ class KServeFrontend:
 
     def model_statistics(self, name: str, version: str = "") -> dict:
         """Triton's ``ModelStatisticsResponse`` (REST's JSON form) of one model instance
-        (``all_statistics``: of every one); the figures are the controller's
+        (``statistics_slices``: of every one); the figures are the controller's
         (``ControllerMetrics.statistics``), cumulative since it started."""
         self.described(name)
         self.check_version(name, version)
         return {"model_stats": [self._stats_of(name)]}
 
-    async def all_statistics(self) -> dict:
-        """``model_statistics`` of every instance served (not being unloaded), read in
-        slices of ``STATS_SLICE`` with the event loop free between them (20,481 instances
-        took it ~0.2 s at once)."""
+    async def statistics_slices(self) -> AsyncIterator[list[dict]]:
+        """``model_statistics``' entries of every instance served (not being unloaded),
+        ``STATS_SLICE`` at a time, the event loop free before each next slice is read
+        (what the caller makes of a slice, JSON or messages, is done in the same turn):
+        20,481 instances took it ~0.2 s at once, and 5,000 held it ~4 ms a slice of
+        1,024 and ~4 ms more to write the JSON of all."""
         gone = self.node.unloading
         names = [n for n in self.node.profiles if n not in gone]
-        out = []
         for k in range(0, len(names), STATS_SLICE):
             if k:
                 await asyncio.sleep(0)
-            out.extend(self._stats_of(n) for n in names[k:k + STATS_SLICE])
-        return {"model_stats": out}
+            yield [self._stats_of(n) for n in names[k:k + STATS_SLICE]]
 
     def _stats_of(self, name: str) -> dict:
         return {"name": name, "version": VERSION, **self.node.metrics.statistics(name)}
@@ -492,13 +494,9 @@ class KServeGrpcServicer(kpbg.GRPCInferenceServiceServicer):
     async def ModelStatistics(self, request, context):  # noqa: N802
         if request.name:
             return statistics_message(self.fe.model_statistics(request.name, request.version))
-        stats = (await self.fe.all_statistics())["model_stats"]
         out = kpb.ModelStatisticsResponse()
-        n = STATS_MESSAGE_SLICE
-        for k in range(0, len(stats), n):  # (the event loop free between slices)
-            if k:
-                await asyncio.sleep(0)
-            out.model_stats.extend(_model_stats(s) for s in stats[k:k + n])
+        async for some in self.fe.statistics_slices():
+            out.model_stats.extend(_model_stats(s) for s in some)
         return out
 
     @_guarded

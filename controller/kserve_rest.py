@@ -79,8 +79,8 @@ GET, POST = frozenset({"GET", "HEAD"}), frozenset({"POST"})
 
 
 class Reply(NamedTuple):
-    """A route's answer. ``payload``: a dict or list (JSON), bytes (plain text: /metrics
-    and the probes) or None (an empty body); ``extra``: binary tensor data after the JSON
+    """A route's answer. ``payload``: a dict or list (JSON), ``JsonText`` (JSON written
+    already), bytes (plain text: /metrics and the probes) or None (an empty body); ``extra``: binary tensor data after the JSON
     (the binary tensor extension); ``headers``: more response headers; ``compress``: may
     be compressed for a client that accepts it (an inference's outputs and /metrics only:
     Triton compresses nothing else, and its asyncio client, whose requests all say
@@ -211,7 +211,7 @@ class KServeRest:
                 ready = fe.server_ready()
                 return Reply(200 if ready else 503, {"ready": ready})
             if what == "all_stats":
-                return Reply(200, await fe.all_statistics())
+                return Reply(200, await self.all_statistics())
             if what.startswith("repo_"):
                 return await self.repository(what[5:], args, body)
             name, version = args
@@ -236,6 +236,16 @@ class KServeRest:
             return _error(e)
         except Exception as e:  # noqa: BLE001 - answer, never drop the connection
             return _error(_internal(f"http {method} {path}", e))
+
+    async def all_statistics(self) -> JsonText:
+        """``GET /v2/models/stats``: every instance's statistics, each slice of them
+        written as JSON in the turn of the event loop it is read in (the JSON of 5,000
+        at once held the loop ~4 ms); the same bytes as the whole written at once."""
+        parts = []
+        async for some in self.fe.statistics_slices():
+            if some:
+                parts.append(_dumps(some)[1:-1])  # (the entries, without the list's [])
+        return JsonText(b'{"model_stats":[' + b",".join(parts) + b"]}")
 
     async def ops(self, path: str) -> Reply:
         """Prometheus metrics (controller/metrics.py), liveness, readiness (every worker
@@ -348,6 +358,10 @@ class KServeRest:
         return inputs, params, requested, head, binary_of, binary_all
 
 
+class JsonText(bytes):
+    """A payload already written as JSON (sent as ``application/json``)."""
+
+
 class _NonFinite(dict):
     """A JSON payload holding NaN or an infinity (in an output's data), which only
     Python's ``json`` writes as such (orjson would write null)."""
@@ -371,7 +385,9 @@ def encode(reply: Reply) -> tuple[bytes, dict[str, str]]:
     header followed by binary tensor data (``application/octet-stream`` with
     ``Inference-Header-Content-Length``); every 503 says ``Retry-After``."""
     status, payload, extra, more = reply.status, reply.payload, reply.extra, reply.headers
-    if isinstance(payload, bytes):
+    if type(payload) is JsonText:
+        head, ctype = payload, JSON_TYPE
+    elif isinstance(payload, bytes):
         head, ctype = payload, TEXT_TYPE
     elif payload is None:
         head, ctype = b"", JSON_TYPE

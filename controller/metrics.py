@@ -3,7 +3,7 @@
 Each ``ControllerNode`` has its own ``prometheus_client.CollectorRegistry``
 (``ControllerMetrics.registry``; several controllers in one process do not clash) and the
 route answers what ``prometheus_client.generate_latest(registry)`` would (text format
-0.0.4; ``render_families`` writes most of it, faster). The
+0.0.4; ``write_families`` writes most of it, faster). The
 full list, with units and labels, is in docs/architecture.md ("Metrics").
 
 Triton's names where the meaning is the same, so dashboards built for Triton work
@@ -51,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import time
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import (
@@ -73,7 +74,9 @@ UTIL_WINDOW_S = 2.0  # nv_gpu_utilization: busy time over this much of the recen
 _BUCKET_NS = 250_000_000  # ... counted in buckets of this width
 _NB = 16  # slots of the per-GPU ring (> the window's buckets: old slots are reused)
 _INFER = ActionType.INFER
-MODEL_SLICE = 1024  # render_async: model instances read per turn of the event loop
+MODEL_SLICE = 64  # render_async: model instances read per turn of the event loop
+# render_async: the event loop is let go after about this long of writing the text
+WRITE_SLICE_NS = 250_000
 
 
 
@@ -168,19 +171,22 @@ class _Hist:
 class _Rows(Metric):
     """A family of samples all named ``sample``, kept as ``rows`` of (labels dict, value):
     the ``Sample`` objects the client library reads are made only when it asks
-    (``samples``), off the event loop, and ``render_families`` writes the rows without
-    them. No timestamps, no special samples."""
+    (``samples``), and ``write_families`` writes the rows without them. ``rows`` may be
+    an iterator, read once: made as they are written (a slice at a time, with the event
+    loop free between slices), then kept as a list. No timestamps, no special samples."""
 
-    def __init__(self, name: str, doc: str, typ: str, sample: str, rows: list,
+    def __init__(self, name: str, doc: str, typ: str, sample: str, rows,
                  plain: bool = False) -> None:
         self._made = None
         super().__init__(name, doc, typ)
         self.sample, self.rows = sample, rows
-        self.plain = plain  # values in plain decimal digits (see render_families)
+        self.plain = plain  # values in plain decimal digits (see write_families)
 
     @property
     def samples(self) -> list:
         if self._made is None:
+            if type(self.rows) is not list:
+                self.rows = list(self.rows)
             self._made = [Sample(self.sample, lb, v) for lb, v in self.rows]
         return self._made
 
@@ -193,8 +199,8 @@ def _family(name: str, doc: str, typ: str, sample: str, rows, plain: bool = Fals
     """A family of samples named ``sample``, ``rows``: (labels dict, value). Triton's
     counters are ``untyped`` families with samples named exactly ``name`` (no ``_total``).
     ``plain``: values written in decimal digits, never an exponent (see
-    ``render_families``)."""
-    return _Rows(name, doc, typ, sample, list(rows), plain)
+    ``write_families``). ``rows`` may be an iterator (see ``_Rows``)."""
+    return _Rows(name, doc, typ, sample, rows, plain)
 
 
 def _plain_number(v: float) -> str:
@@ -217,7 +223,8 @@ class _One:
 _HEAD_TYPE = {"unknown": "untyped", "gauge": "gauge", "counter": "counter"}
 
 
-def render_families(families: list, labels_text: dict, values_text: dict) -> bytes:
+def write_families(families: list, labels_text: dict, values_text: dict,
+                   out: list[str]) -> Iterator[None]:
     """The text exposition of ``families``, byte for byte what
     ``prometheus_client.generate_latest`` writes for them, ~8x faster for the families of
     one sample per model (thousands of lines: the library took ~40-65 ms for 5,500, while
@@ -229,18 +236,28 @@ def render_families(families: list, labels_text: dict, values_text: dict) -> byt
     in decimal digits (Triton's ``nv_gpu_*`` as its C++ library writes them: tools that
     read them with a regular expression, as perf_analyzer's ``--collect-metrics``, took
     ``5.0331648e+07`` bytes for 5 and ``1e-05`` of utilization for all of it). Any other
-    family is the library's own text."""
-    out = []
+    family is the library's own text.
+
+    Appended to ``out`` a piece at a time: yields after each family that is not
+    ``_Rows`` and after every 64 rows (``render_async`` lets the event loop go between
+    pieces). An iterator of rows is read here, and the family keeps the rows read as its
+    list."""
     for f in families:
         if type(f) is not _Rows:
             out.append(generate_latest(_One([f])).decode())
+            yield
             continue
         kind = _HEAD_TYPE[f.type]
         head = f.name + "_total" if kind == "counter" else f.name
         doc = f.documentation.replace("\\", r"\\").replace("\n", r"\n")
         out.append(f"# HELP {head} {doc}\n# TYPE {head} {kind}\n")
-        name, plain = f.sample, f.plain
-        for labels, v in f.rows:
+        name, plain, rows = f.sample, f.plain, f.rows
+        kept = rows if type(rows) is list else []
+        add = None if kept is rows else kept.append
+        for i, row in enumerate(rows, 1):
+            if add is not None:
+                add(row)
+            labels, v = row
             key = tuple(labels.items())  # (another order: another key, the same text)
             text = labels_text.get(key)
             if text is None:
@@ -250,7 +267,9 @@ def render_families(families: list, labels_text: dict, values_text: dict) -> byt
             elif (value := values_text.get(v)) is None:
                 value = values_text[v] = floatToGoString(v)
             out.append(f"{name}{text} {value}\n")
-    return "".join(out).encode("utf-8")
+            if not i & 63:
+                yield
+        f.rows = kept
 
 
 def _labels_text(labels: dict) -> str:
@@ -291,7 +310,7 @@ class ControllerMetrics:
         # (worker, gpu) -> [bucket ids, busy ns per bucket]: a ring of _NB slots
         self.recent: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
         self.groups: dict[int, Rows] = {}  # admitted row's request id -> its request
-        self._labels_text: dict = {}  # (render_families)
+        self._labels_text: dict = {}  # (write_families)
         self._values_text: dict = {}
         self.registry = CollectorRegistry()
         self._collector = _Collector(self)
@@ -504,11 +523,12 @@ class ControllerMetrics:
         return self.text(list(self.registry.collect()))
 
     async def render_async(self) -> bytes:
-        """``render``'s text with the event loop held for at most ``MODEL_SLICE`` model
-        instances at a time: what the families read of the controller is copied on the
-        loop (the models' counts a slice at a time, the loop free between slices), the
-        families are built from the copy and written on a worker thread (20,481 instances:
-        ~0.25 s of the loop at once when collected whole)."""
+        """``render``'s text, made on the event loop a slice at a time with the loop free
+        between slices: the models' counts are read ``MODEL_SLICE`` instances at a time,
+        and the text is written for about ``WRITE_SLICE_NS`` at a time (its rows made as
+        they are written). 5,000 instances are ~65,000 lines, ~40-60 ms of CPU: written on
+        a worker thread, as it was, the loop waited for the interpreter lock again and
+        again meanwhile, up to ~20 ms at a time; 20,481 read at once held it ~0.25 s."""
         col = self._collector
         names = col.model_names()
         rows: list[tuple] = []
@@ -516,21 +536,36 @@ class ControllerMetrics:
             if i:
                 await asyncio.sleep(0)
             rows += col.model_rows(names[i:i + MODEL_SLICE])
-        state = col.state()
-        return await asyncio.get_running_loop().run_in_executor(
-            None, self._render_copy, rows, state)
-
-    def _render_copy(self, rows: list[tuple], state: dict) -> bytes:
-        return self.text(self._collector.families(rows, state) + list(self._process.collect()))
+        families = [*col.families(rows, col.state()), *self._process.collect()]
+        out: list[str] = []
+        done: list[bytes] = []  # (each slice's text encoded at its end: 4 MB at once, ~10 ms)
+        clock = time.perf_counter_ns
+        until = clock() + WRITE_SLICE_NS
+        for _ in self._write(families, out):
+            if clock() >= until:
+                done.append("".join(out).encode("utf-8"))
+                out.clear()
+                await asyncio.sleep(0)
+                until = clock() + WRITE_SLICE_NS
+        done.append("".join(out).encode("utf-8"))
+        return b"".join(done)
 
     def text(self, families: list) -> bytes:
-        """The exposition of ``families`` (collected from ``registry``; safe to call off
-        the event loop). The label and value texts it keeps are dropped when they
-        outnumber the samples eight to one (instances unloaded since, values gone by)."""
-        if len(self._labels_text) + len(self._values_text) > (
+        """The exposition of ``families`` (collected from ``registry``)."""
+        out: list[str] = []
+        for _ in self._write(families, out):
+            pass
+        return "".join(out).encode("utf-8")
+
+    def _write(self, families: list, out: list[str]) -> Iterator[None]:
+        """``write_families`` with the label and value texts kept between scrapes; they
+        are dropped when they outnumber the samples eight to one (instances unloaded since,
+        values gone by)."""
+        labels_text, values_text = self._labels_text, self._values_text
+        yield from write_families(families, labels_text, values_text, out)
+        if len(labels_text) + len(values_text) > (
                 8 * sum(len(f.rows if type(f) is _Rows else f.samples) for f in families) + 64):
             self._labels_text, self._values_text = {}, {}
-        return render_families(families, self._labels_text, self._values_text)
 
     def utilization(self, key: tuple[int, int], now: int) -> float:
         """EXEC busy fraction of GPU ``key`` over the last ``UTIL_WINDOW_S`` (results
@@ -636,30 +671,30 @@ class _Collector:
         # --- Triton's names
         add(_untyped("nv_inference_request_success",
                      "Number of successful inference requests, all batch sizes",
-                     [(r[1], r[3]) for r in per]))
+                     ((r[1], r[3]) for r in per)))
         add(_untyped("nv_inference_request_failure",
                      "Number of failed inference requests, all batch sizes",
-                     [(r[1], r[4]) for r in per]))
+                     ((r[1], r[4]) for r in per)))
         add(_untyped("nv_inference_count",
                      "Number of inferences performed (the rows of successful requests)",
-                     [(r[1], r[5]) for r in per]))
+                     ((r[1], r[5]) for r in per)))
         add(_untyped("nv_inference_exec_count",
                      "Number of model executions performed (successful INFER batches)",
-                     [(r[1], r[6]) for r in per]))
+                     ((r[1], r[6]) for r in per)))
         add(_untyped("nv_inference_request_duration_us",
                      "Cumulative inference request duration in microseconds "
-                     "(arrival to answer)", [(r[1], r[7] // 1000) for r in per]))
+                     "(arrival to answer)", ((r[1], r[7] // 1000) for r in per)))
         add(_untyped("nv_inference_queue_duration_us",
                      "Cumulative inference queuing duration in microseconds "
-                     "(arrival to the batch's EXEC start)", [(r[1], r[8] // 1000) for r in per]))
+                     "(arrival to the batch's EXEC start)", ((r[1], r[8] // 1000) for r in per)))
         add(_untyped("nv_inference_compute_infer_duration_us",
                      "Cumulative compute inference duration in microseconds (the batch's "
                      "EXEC time, for each request of the batch)",
-                     [(r[1], r[9] // 1000) for r in per]))
+                     ((r[1], r[9] // 1000) for r in per)))
         add(_family("nv_inference_pending_request_count",
                     "Instantaneous number of pending requests awaiting execution per-model",
                     "gauge", "nv_inference_pending_request_count",
-                    [(r[1], r[10]) for r in per if r[10] is not None]))
+                    ((r[1], r[10]) for r in per if r[10] is not None)))
 
         # (Triton's label alone, as Triton writes it: perf_analyzer reads these with a
         # regular expression that wants `{gpu_uuid="..."}` and nothing else)
@@ -707,21 +742,21 @@ class _Collector:
         # --- ours
         add(_family("clockwork_requests", "Answered requests by model instance and status",
                     "counter", "clockwork_requests_total",
-                    [({"model": r[0], "status": status}, v) for r in rows
-                     for status, v in r[11]]))
+                    (({"model": r[0], "status": status}, v) for r in rows
+                     for status, v in r[11])))
         add(st["latency"].family("clockwork_request_latency_seconds",
                                  "Controller-side latency of successful requests"))
         add(_family("clockwork_requests_slo_met",
                     "Requests answered successfully within their SLO", "counter",
-                    "clockwork_requests_slo_met_total", [(r[2], r[12]) for r in per]))
+                    "clockwork_requests_slo_met_total", ((r[2], r[12]) for r in per)))
         add(_family("clockwork_slo_attainment",
                     "Requests that met their SLO / requests answered (invalid requests not "
                     "counted), since the controller started", "gauge",
                     "clockwork_slo_attainment",
-                    [(r[2], round(r[12] / r[13], 9)) for r in per if r[13]]))
+                    ((r[2], round(r[12] / r[13], 9)) for r in per if r[13])))
         add(_family("clockwork_cold_starts",
                     "Requests answered that arrived when no copy of the model was loaded",
-                    "counter", "clockwork_cold_starts_total", [(r[2], r[14]) for r in per]))
+                    "counter", "clockwork_cold_starts_total", ((r[2], r[14]) for r in per)))
 
         act = CounterMetricFamily("clockwork_actions_total",
                                   "Finished actions by type and result status",

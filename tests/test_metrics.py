@@ -517,6 +517,67 @@ def test_scrape_reads_the_models_a_slice_at_a_time_with_the_loop_free_between(mo
     assert _value(samples, "nv_inference_request_success", model="m000") == 1
 
 
+def test_scrape_writes_its_text_on_the_loop_a_slice_at_a_time(monkeypatch):
+    """/metrics' text is written on the event loop's thread, about ``WRITE_SLICE_NS`` at
+    a time, with the loop free between slices (written on a worker thread, 5,000
+    instances' ~65,000 lines made the loop wait for the interpreter lock again and again,
+    up to ~20 ms at a time), each slice's rows made as they are written; the bytes are
+    ``render``'s."""
+    import asyncio
+    import re
+    import threading
+
+    from clockwork.actions import RequestStatus
+    from clockwork.requests import Reply, Request
+    from controller import metrics as mod
+
+    monkeypatch.setattr(mod, "WRITE_SLICE_NS", 0)  # (let the loop go at every piece)
+    names = [f"m{i:03d}" for i in range(300)]
+    node = _fake_node()
+    node.profiles = dict.fromkeys(names)
+    m = mod.ControllerMetrics(node)
+    for i, name in enumerate(names):
+        r = Request(i, name, 0, 100 * MS)
+        m.answered(Reply(r, RequestStatus.SUCCESS, (i + 1) * MS, gpu=0, batch_size=1),
+                   "success")
+    log: list = []
+    real = mod._labels_text
+
+    def labels_text(labels):  # (called once per label set: for each model's rows)
+        log.append(threading.get_ident())
+        return real(labels)
+
+    monkeypatch.setattr(mod, "_labels_text", labels_text)
+
+    async def scrape() -> tuple[bytes, int]:
+        done = False
+
+        async def other():
+            while not done:
+                log.append("other")
+                await asyncio.sleep(0)
+
+        t = asyncio.ensure_future(other())
+        await asyncio.sleep(0)
+        text = await m.render_async()
+        done = True
+        await t
+        return text, threading.get_ident()
+
+    text, loop_thread = asyncio.run(scrape())
+    writes = [j for j, x in enumerate(log) if x != "other"]
+    assert len(writes) > 3 * len(names)  # (several families of a row per model)
+    assert {log[j] for j in writes} == {loop_thread}
+    between = log[writes[0]:writes[-1]].count("other")
+    assert between >= len(writes) // 64 - 1, between  # the loop ran between slices
+
+    def same(t: bytes) -> bytes:  # (process_* and the uptime move between two reads)
+        return re.sub(rb"\n(process_|clockwork_uptime)[^\n]*", b"", t)
+
+    assert same(text) == same(m.render())
+    assert text.count(b"\nnv_inference_request_success{") == len(names)
+
+
 def test_a_several_row_requests_queue_time_is_never_negative():
     """A KServe request of 2 rows whose batch began, by the controller's estimate of the
     worker's clock, before the rows arrived (a clock estimated behind): its queue time

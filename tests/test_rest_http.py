@@ -691,6 +691,70 @@ def test_routes_without_sockets():
     assert p.stdout.strip() == "routes ok", p.stdout + p.stderr
 
 
+ALL_STATS = r"""
+import asyncio, json, types
+import controller.kserve as ks
+import controller.kserve_rest as kr
+from controller.limits import Limits
+from controller.metrics import ControllerMetrics
+
+names = [f"m{i:03d}" for i in range(40)] + ["é"]
+node = types.SimpleNamespace(limits=Limits(), count=lambda k: None, unloading={"m005"},
+                             profiles=dict.fromkeys(names), policy=None, links=[])
+node.metrics = ControllerMetrics(node)
+for i, n in enumerate(names):
+    node.metrics.reply(n, "success" if i % 3 else "timeout", (i + 1) * 1_000_000)
+ks.STATS_SLICE = 7
+log = []
+real_dumps = kr._dumps
+
+def dumps(payload):
+    log.append(("dump", len(payload)))
+    return real_dumps(payload)
+
+kr._dumps = dumps
+
+async def main():
+    rest = kr.KServeRest(node)
+    done = False
+
+    async def other():
+        while not done:
+            log.append("other")
+            await asyncio.sleep(0)
+
+    t = asyncio.ensure_future(other())
+    await asyncio.sleep(0)
+    r = await rest.route("GET", "/v2/models/stats", {}, b"")
+    done = True
+    await t
+    body, headers = kr.encode(r)
+    assert r.status == 200 and headers["Content-Type"] == "application/json", headers
+    served = [n for n in names if n != "m005"]
+    want = {"model_stats": [rest.fe._stats_of(n) for n in served]}
+    assert json.loads(body) == want
+    assert body == real_dumps(want), (body[:200], real_dumps(want)[:200])
+    dumped = [x for x in log if x != "other"]
+    assert sum(n for _, n in dumped) == len(served) and max(n for _, n in dumped) <= 7, dumped
+    i = [j for j, x in enumerate(log) if x != "other"]
+    assert all(b - a > 1 for a, b in zip(i, i[1:])), log  # the loop ran between slices
+    print("stats ok")
+
+asyncio.run(main())
+"""
+
+
+def test_all_statistics_are_read_and_written_a_slice_at_a_time():
+    """GET /v2/models/stats reads the instances' statistics and writes their JSON a slice
+    (``STATS_SLICE``) at a time, with the event loop free between slices (the JSON of
+    5,000 instances written at once held it ~4 ms, a slice of 1,024 read ~4 ms more); the
+    body is the same bytes as the whole written at once. (In a process of its own: the
+    KServe protos clash with tritonclient's, loaded here.)"""
+    p = subprocess.run([sys.executable, "-c", ALL_STATS], capture_output=True, text=True,
+                       timeout=60, cwd=Path(__file__).resolve().parent.parent)
+    assert p.stdout.strip() == "stats ok", p.stdout + p.stderr
+
+
 def test_only_inference_answers_are_compressed_so_the_asyncio_client_reads_the_rest(addr):
     """Statistics, configurations, the repository index and errors of 1 KiB or more go
     uncompressed even to a client that accepts gzip, as Triton sends them:
