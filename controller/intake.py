@@ -68,6 +68,11 @@ CLIENT_CLOCK_WINDOW_NS = 60 * 1_000_000_000
 CLIENT_CLOCK_STEP_RUN = 3
 CLIENT_CLOCK_STEP_NS = 1_000_000_000
 CLIENT_CLOCK_STEP_SPAN_NS = 2_000_000_000
+# a stream's earlier messages found at least this much later than they were charged, in
+# all (a message whose offset is the smallest yet: ``ClientClock.shifted``), move their
+# requests still waiting that much earlier (``Admitted.arrived_earlier``); smaller steps,
+# the network's jitter, wait until they add up to it
+CLIENT_CLOCK_SHIFT_NS = 1_000_000
 
 
 class Gate:
@@ -240,26 +245,46 @@ def _admit_failed(node, reqs, deliver, start: int, state: list, e: Exception) ->
 class Admitted:
     """The request ids a stream admitted, kept while any of them may still be waiting:
     what it withdraws when the call ends before they are answered (the client cancelled
-    or went away, or did not read its replies; ``ControllerNode.withdraw``)."""
+    or went away, or did not read its replies; ``ControllerNode.withdraw``), and what it
+    moves earlier when its clock finds them later than they were charged
+    (``arrived_earlier``)."""
 
-    __slots__ = ("spans", "keep")
+    __slots__ = ("spans", "keep", "applied")
 
     def __init__(self) -> None:
-        self.spans: list[tuple[int, int]] = []  # (first id, end) of each admission
+        # (first id, end, the stream's ClientClock.shifted they are charged as of) of
+        # each admission
+        self.spans: list[tuple[int, int, int]] = []
         self.keep = 64  # spans held before those all answered are dropped
+        self.applied = 0  # the ClientClock.shifted every span is charged as of
 
-    def add(self, node, first: int) -> None:
-        """The ids from ``first`` to the node's next were just taken by this stream."""
+    def add(self, node, first: int, shifted: int = 0) -> None:
+        """The ids from ``first`` to the node's next were just taken by this stream, as
+        of its clock's ``shifted``."""
         if node.next_id > first:
-            self.spans.append((first, node.next_id))
+            self.spans.append((first, node.next_id, shifted))
         if len(self.spans) > self.keep:
             pending = node.pending
-            self.spans = [s for s in self.spans if any(i in pending for i in range(*s))]
+            self.spans = [s for s in self.spans if any(i in pending for i in range(s[0], s[1]))]
             self.keep = 2 * len(self.spans) + 64
+
+    def arrived_earlier(self, node, shifted: int) -> None:
+        """The stream's clock (``ClientClock.shifted``, now ``shifted``) found its earlier
+        messages later than they were charged: each admission's requests still waiting
+        were sent ``shifted`` - its own ``shifted`` earlier than they were admitted as
+        (``ControllerNode.arrived_earlier``)."""
+        by: dict[int, list[range]] = {}
+        for first, end, base in self.spans:
+            if base < shifted:
+                by.setdefault(shifted - base, []).append(range(first, end))
+        self.spans = [(first, end, shifted) for first, end, _ in self.spans]
+        self.applied = shifted
+        for d, ranges in by.items():
+            node.arrived_earlier(itertools.chain.from_iterable(ranges), d)
 
     def withdraw(self, node) -> None:
         spans, self.spans = self.spans, []
-        node.withdraw(itertools.chain.from_iterable(range(*s) for s in spans))
+        node.withdraw(itertools.chain.from_iterable(range(s[0], s[1]) for s in spans))
 
 
 def submit_unary(node, req, deliver, conn: str, budget: int | None = None) -> None:
@@ -315,9 +340,17 @@ class ClientClock:
     ``CLIENT_CLOCK_STEP_SPAN_NS`` at least (a backlog read after a stall arrives bunched,
     and is charged the window). ``why`` says when a time was
     not taken as it is (else ""). Whatever a client's times say, they charge its
-    stream's requests at most the window, and no other stream's."""
+    stream's requests at most the window, and no other stream's.
 
-    __slots__ = ("fastest", "why", "off", "run", "since")
+    The first message's offset is the stream's until a smaller one comes: a stream
+    opened while the controller was stalled has its first message held up as long as
+    the backlog behind it, each next one a little less (charged 0 each, as the stream's
+    fastest so far). ``shifted`` adds up how much the stream's offset fell so (within
+    the window): the requests of the messages before each fall were sent that much
+    earlier than they were charged (``Admitted.arrived_earlier`` moves those still
+    waiting; a clock step moves none)."""
+
+    __slots__ = ("fastest", "why", "off", "run", "since", "shifted")
 
     def __init__(self) -> None:
         self.fastest: int | None = None  # the stream's smallest receipt - client time
@@ -325,6 +358,7 @@ class ClientClock:
         self.off = 0  # the offset of the first of the latest messages past the window,
         self.run = 0  # how many in a row agree with it,
         self.since = 0  # and when it arrived
+        self.shifted = 0  # how far the stream's offset fell in all (see above)
 
     def late(self, receipt: int, client_time_ns: int) -> int:
         self.why = ""
@@ -344,6 +378,7 @@ class ClientClock:
             self.run = 0
             if gap < 0:
                 self.fastest = d
+                self.shifted -= gap
                 return 0
             return gap
         if self.run and abs(d - self.off) <= CLIENT_CLOCK_STEP_NS:
@@ -487,13 +522,14 @@ async def serve_stream(node, context) -> None:
                 reply_dues(dues, reqs, n, now_ns() - late, node.cfg.default_slo, interval)
             first = node.next_id
             submit_guarded(node, reqs if n == k else reqs[:n], deliver, late)
-            st.admitted.add(node, first)
+            st.admitted.add(node, first, clock.shifted)
         for req in reqs[n:]:
             reply(overloaded(node, req, why))
 
+    clock = ClientClock()
+
     async def reader() -> None:
         size = lim.admit_slice
-        clock = ClientClock()
         # (read() and not ``async for``: grpc.aio's iterator holds the last message while
         # it waits for the next, up to grpc_max_receive_bytes an idle stream)
         while (batch := await context.read()) is not grpc.aio.EOF:
@@ -505,6 +541,9 @@ async def serve_stream(node, context) -> None:
             if clock.why:
                 node.count("client_times_ignored")
                 _CLOCK_LOG(f"InferStream from {conn}: {clock.why}")
+            if clock.shifted - st.admitted.applied >= CLIENT_CLOCK_SHIFT_NS:
+                # the requests admitted before were sent earlier than they were charged
+                st.admitted.arrived_earlier(node, clock.shifted)
             reqs = batch.requests
             n = len(reqs)
             if n <= size:

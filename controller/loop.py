@@ -171,6 +171,11 @@ class ControllerLoop:
         """The callers of these requests went away (``Policy.cancel``)."""
         self._after(self.policy.cancel(list(rs), now), now)
 
+    def arrived_earlier(self, rs, by: int, now: int) -> None:
+        """These requests were sent ``by`` ns earlier than they were admitted as
+        (``Policy.arrived_earlier``)."""
+        self._after(self.policy.arrived_earlier(list(rs), by, now), now)
+
     def results(self, worker: int, results: list[Result], now: int) -> None:
         """Results from ``worker``, their times already on the controller's clock. A
         result claiming to end after ``now`` (a clock-offset error) is clamped to ``now``."""

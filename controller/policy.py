@@ -174,6 +174,15 @@ class Policy(ABC):
         them: they run, or time out, as if their callers still waited."""
         return []
 
+    def arrived_earlier(self, requests: list[Request], by: int, now: int) -> list[Action]:
+        """``requests`` were sent ``by`` ns earlier than they were admitted as (a client's
+        clock, read on later messages of its stream, says so): each one still waiting in a
+        queue counts from then -- its ``arrival``, ``deadline`` and ``drop_at`` move ``by``
+        earlier -- and is answered ``TIMEOUT`` (in a later ``drain_replies``) once it can no
+        longer finish within its SLO, as if it had been admitted so. Others are left
+        alone. A policy that does not override this keeps them as they were admitted."""
+        return []
+
     # ------------------------------------------------------------------ read-only views
 
     def held_copies(self, gpu_index: int) -> list[tuple[str, int]]:

@@ -1342,6 +1342,22 @@ class ClockworkScheduler(Policy):
                 r.state = WITHDRAWN
         return []
 
+    def arrived_earlier(self, requests: list[Request], by: int, now: int) -> list[Action]:
+        models = self.models
+        for r in requests:
+            if r.state != QUEUED:
+                continue
+            m = models.get(r.model)
+            if m is None:
+                continue
+            r.arrival -= by
+            r.deadline -= by
+            r.drop_at -= by
+            m.monotone = False  # (its queue's deadlines in order no more, and its batch
+            m.qver += 1  # choice memo out of date)
+            self._push_expiry(r.drop_at, r)  # (timed out at the next tick if past it)
+        return []
+
     def _retire(self, inst: Instance, now: int, out: list[Action]) -> bool:
         """EVICT a removed model's copy if nothing runs or loads on it; whether it did."""
         if inst.loading or inst.inflight or inst.gpu.instances.get(inst.model.name) is not inst:

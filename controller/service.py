@@ -687,6 +687,16 @@ class ControllerNode(WorkerLinks):
         if rs:
             self.ctrl.cancel(rs, now_ns())
 
+    def arrived_earlier(self, ids, by: int) -> None:
+        """The requests ``ids`` (one stream's) were sent ``by`` ns earlier than they were
+        admitted as (their stream's clock found it out later: ``ClientClock``): those
+        still waiting in a queue count from then, and are answered TIMEOUT once they can
+        no longer finish within their SLO (``Policy.arrived_earlier``)."""
+        pending = self.pending
+        rs = [r for r in map(pending.get, ids) if r is not None]
+        if rs:
+            self.ctrl.arrived_earlier(rs, by, now_ns())
+
     def submit(self, req: pb.InferRequest, deliver, budget: int | None = None) -> None:
         """A client request; ``deliver(InferResponse)`` is called exactly once. ``budget``
         (ns): what is left of the client's call deadline; the SLO is cut to it."""

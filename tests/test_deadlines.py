@@ -59,6 +59,42 @@ def test_a_message_delayed_on_the_way_is_charged_its_delay(cluster):
     assert waited < 0.1  # answered at once, not after a useless EXEC
 
 
+def test_a_stream_opened_in_a_stall_has_its_backlog_charged_once_its_clock_is_known(cluster):
+    """A stream opened while the controller was stalled: its first message was held up as
+    long as the backlog behind it, and, being the first, set the stream's clock (charged
+    0); so did each next one of the backlog, a little less late. Here the first message
+    (400 requests, 3 s SLO) was sent 5 s before it arrived and the next one at once: once
+    the second shows the stream's clock, the first's requests still queued count from
+    5 s ago and are answered TIMEOUT, instead of being served ~5 s late as SUCCESS and
+    counted as meeting their SLO."""
+    n = 400
+
+    async def main():
+        async with grpc.aio.insecure_channel(cluster.address) as ch:
+            stub = pbg.ClockworkStub(ch)
+            now = time.monotonic_ns()
+            first = pb.InferRequestBatch(client_time_ns=now - 5 * 10**9, requests=[
+                pb.InferRequest(model="mobilenet_v2", slo_ms=3000, client_id=i,
+                                skip_outputs=True) for i in range(n)])
+            second = pb.InferRequestBatch(client_time_ns=now, requests=[pb.InferRequest(
+                model="mobilenet_v2", slo_ms=3000, client_id=n, skip_outputs=True)])
+            call = stub.InferStream(iter([first, second]))
+            got = {}
+            while len(got) < n + 1:
+                batch = await call.read()
+                got.update((r.client_id, r) for r in batch.responses)
+            return got
+
+    got = asyncio.run(asyncio.wait_for(main(), 30))
+    assert got[n].status == 0  # (the second: on time)
+    late = [r for i, r in got.items() if i < n and r.status == 4]
+    served = [r for i, r in got.items() if i < n and r.status == 0]
+    assert len(late) + len(served) == n
+    # (those already sent to the GPU when the second message came run on: a few batches)
+    assert len(late) >= n // 2, (len(late), len(served))
+    assert all(r.latency_ns >= 5 * 10**9 for r in late)
+
+
 def test_a_requests_own_wait_in_its_client_is_charged(cluster):
     """``InferRequest.queued_ns``: a request that says it waited 500 ms in its client
     before its message was sent has spent its 100 ms SLO: TIMEOUT at once. A wait past

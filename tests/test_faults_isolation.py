@@ -850,6 +850,37 @@ def test_a_stream_clock_is_capped_and_follows_a_step():
     assert got == want and c.fastest == 0
 
 
+def test_a_streams_earlier_requests_move_by_what_its_clock_fell_since_each():
+    """``ClientClock.shifted`` adds up each fall of the stream's offset (a message faster
+    than every earlier one) within the window, not a clock step; ``Admitted`` moves each
+    admission's requests still pending by the falls since it, once (what
+    ``ControllerNode.arrived_earlier`` is given)."""
+    from types import SimpleNamespace
+
+    from controller.intake import Admitted, ClientClock
+
+    ms = 10**6
+    c = ClientClock()
+    t = 5000 * ms  # (the client's clock)
+    assert c.late(1000 * ms, t) == 0 and c.shifted == 0  # offset -4000 ms
+    assert c.late(1000 * ms, t + 300 * ms) == 0 and c.shifted == 300 * ms  # 300 less
+    assert c.late(1010 * ms, t + 300 * ms) == 10 * ms and c.shifted == 300 * ms  # (behind)
+    assert c.late(1010 * ms, t + 510 * ms) == 0 and c.shifted == 500 * ms  # 200 less
+    moved = []
+    node = SimpleNamespace(next_id=0, pending={},
+                           arrived_earlier=lambda ids, by: moved.append((list(ids), by)))
+    a = Admitted()
+    for shifted in (0, 0, 300 * ms, 500 * ms):  # four admissions of two ids each
+        first, node.next_id = node.next_id, node.next_id + 2
+        a.add(node, first, shifted)
+    a.arrived_earlier(node, 600 * ms)
+    assert sorted(moved) == [([0, 1, 2, 3], 600 * ms), ([4, 5], 300 * ms),
+                             ([6, 7], 100 * ms)], moved
+    moved.clear()
+    a.arrived_earlier(node, 600 * ms)  # (nothing new: nothing moves again)
+    assert moved == [] and a.applied == 600 * ms
+
+
 # ---------------------------------------------------------------------- a bad worker
 
 
