@@ -685,6 +685,31 @@ def test_latency_is_not_available_when_no_request_succeeded(tmp_path, capsys):
         assert tsv[1][i] == "" and float(tsv[2][i]) == some[c]
 
 
+def test_a_point_with_no_requests_has_no_attainment_and_is_warned_of(tmp_path, capsys):
+    """A point that submitted no requests (its run too short for its rates) has no SLO
+    attainment (0 of 0): n/a in the table, null in results.json, left out of the plot's
+    mean over seeds (it was 0.0, and a line at 0.5 for one empty seed of two), and a
+    warning names it, as ``simulate`` warns of such a run; a point with requests keeps
+    its figures."""
+    pytest.importorskip("matplotlib")
+    f = tmp_path / "s.toml"
+    f.write_text('scenarios = ["bursty"]\noverrides = ["duration_s=3"]\nseeds = [1, 2]\n'
+                 '[grid]\n"workloads.0.slo_ms" = [100]\n')
+    out = tmp_path / "o"
+    assert main(["sweep", str(f), "--out", str(out), "--jobs", "1", "--plot"]) == 0
+    cap = capsys.readouterr()
+    empty, full = orjson.loads((out / "results.json").read_bytes())["points"]
+    assert empty["submitted"] == 0 and full["submitted"] > 0, (empty, full)
+    assert empty["slo_attainment"] is None and full["slo_attainment"] == 1.0
+    table = cap.out.splitlines()
+    at = table[0].index("attainment")
+    assert table[1][at:].split()[0] == "n/a" and table[2][at:].split()[0] == "1.000000"
+    warned = [ln for ln in cap.err.splitlines() if "warning" in ln]
+    assert len(warned) == 1 and "1 point(s) submitted no requests" in warned[0], cap.err
+    assert empty["point"] in warned[0] and full["point"] not in warned[0]
+    assert (out / "sweep.png").stat().st_size > 0
+
+
 def test_the_files_out_is_checked_as_out_is(tmp_path, monkeypatch, capsys):
     """The sweep file's ``out`` (and the default sweeps/<stem>) is checked before
     anything runs as --out is: one line, exit 2, naming the file's key (it said "--out",

@@ -352,6 +352,9 @@ FIGURES = (  # column, path in summary.json
 
 
 LATENCY = ("p50_ms", "p99_ms", "p999_ms", "max_ms")  # None where no request succeeded
+# None at a point that submitted no requests (and LATENCY): "n/a" in the table, and no
+# point of the plot's attainment line
+UNDEFINED = (*LATENCY, "slo_attainment")
 
 
 def figure(summary: dict, path: tuple[str, ...]) -> Any:
@@ -381,6 +384,8 @@ def rows(sweep: Sweep, outcomes: list[Outcome]) -> list[dict]:
         if o.ok and s.get("succeeded") == 0:  # no latency: the summary's 0.0 is not one
             for col in LATENCY:
                 row[col] = None
+        if o.ok and s.get("submitted") == 0:  # no attainment either (0 of 0: "n/a")
+            row["slo_attainment"] = None
         row["error"] = o.error or ""
         out.append(row)
     return out
@@ -429,7 +434,7 @@ def format_rows(sweep: Sweep, table: list[dict]) -> str:
 
     def fmt(c: str, v: Any, ok: bool) -> str:
         if v is None:
-            return "n/a" if ok and c in LATENCY else "-"
+            return "n/a" if ok and c in UNDEFINED else "-"
         if c == "slo_attainment":
             return f"{v:.6f}"
         if c in ("goodput_rps", "p99_ms"):
@@ -470,11 +475,16 @@ def plot(out: Path, sweep: Sweep, table: list[dict]) -> Path:
     for label, by_x in lines.items():
         x = sorted(by_x)
         for ax, col in zip(axes, ("slo_attainment", "goodput_rps"), strict=True):
-            vals = [[r[col] for r in by_x[v]] for v in x]
-            mean = [sum(v) / len(v) for v in vals]
-            lo = [m - min(v) for m, v in zip(mean, vals, strict=True)]
-            hi = [max(v) - m for m, v in zip(mean, vals, strict=True)]
-            ax.errorbar(x, mean, yerr=[lo, hi], marker="o", capsize=3, label=label)
+            # (a point with no requests has no attainment: left out of the mean)
+            xv = [(v, got) for v in x if (got := [r[col] for r in by_x[v]
+                                                  if r[col] is not None])]
+            if not xv:
+                continue
+            mean = [sum(got) / len(got) for _, got in xv]
+            lo = [m - min(got) for m, (_, got) in zip(mean, xv, strict=True)]
+            hi = [max(got) - m for m, (_, got) in zip(mean, xv, strict=True)]
+            ax.errorbar([v for v, _ in xv], mean, yerr=[lo, hi], marker="o", capsize=3,
+                        label=label)
     axes[0].set(ylabel="SLO attainment", title=f"sweep {sweep.name}")
     axes[1].set(ylabel="goodput (r/s)", xlabel=key)
     if not numeric:
@@ -571,6 +581,11 @@ def _run_sweep(args: argparse.Namespace, sweep: Sweep, out: Path) -> int:
         print(f"{len(points)} points: {ran - len(failed)} run, "
               f"{sum(o.reused for o in outcomes)} already done, {len(failed)} failed; "
               f"wrote {out / 'results.tsv'}, {out / 'results.json'}", file=sys.stderr)
+    empty = [r["point"] for r in table if r["status"] == "ok" and r["submitted"] == 0]
+    if empty:  # (as simulate says it: a warning, not an error)
+        print(f"clockwork sweep: warning: {len(empty)} point(s) submitted no requests (rates "
+              f"too low or the run too short; their attainment is n/a): "
+              f"{', '.join(empty[:5])}{' ...' if len(empty) > 5 else ''}", file=sys.stderr)
     for o in failed:
         print(f"clockwork sweep: point {o.point.name} failed: {o.error}", file=sys.stderr)
     return 1 if failed else 0
