@@ -131,11 +131,12 @@ def test_header_only_is_empty(tmp_path):
 @pytest.mark.parametrize("mutate, words", [
     (lambda f: f[:-1], "expected 1444 columns"),                 # one minute short
     (lambda f: f + ["7"], "expected 1444 columns"),              # one extra
-    (lambda f: f[:10] + ["3.5"] + f[11:], "minute 7: '3.5'"),    # not an integer
-    (lambda f: f[:10] + [""] + f[11:], "minute 7: ''"),          # empty
-    (lambda f: f[:10] + ["-2"] + f[11:], "minute 7: negative invocation count -2"),
-    (lambda f: f[:10] + [" 2"] + f[11:], "minute 7"),            # stray space
-    (lambda f: f[:1443] + ["99999999999"], "minute 1440: count 99999999999 is too large"),
+    (lambda f: f[:10] + ["3.5"] + f[11:], 'minute 6 (column "7"): \'3.5\''),    # not an integer
+    (lambda f: f[:10] + [""] + f[11:], 'minute 6 (column "7"): \'\''),          # empty
+    (lambda f: f[:10] + ["-2"] + f[11:], 'minute 6 (column "7"): negative invocation count -2'),
+    (lambda f: f[:10] + [" 2"] + f[11:], "minute 6 "),           # stray space
+    (lambda f: f[:1443] + ["99999999999"],
+     'minute 1439 (column "1440"): count 99999999999 is too large'),
     (lambda f: f[:1443] + ["4294967296"], "too large"),
 ])
 def test_malformed_row_names_file_and_line(tmp_path, mutate, words):

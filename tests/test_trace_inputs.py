@@ -113,8 +113,8 @@ def test_zero_padded_counts_past_10_digits_say_so(tmp_path):
     lines[3] = ",".join(f)
     p = tmp_path / "padded.csv"
     p.write_text("\n".join(lines))
-    with pytest.raises(TraceError, match=r"padded\.csv:4: minute 7: count '000000000007' has "
-                                         r"12 digits"):
+    with pytest.raises(TraceError, match=r'padded\.csv:4: minute 6 \(column "7"\): count '
+                                         r"'000000000007' has 12 digits"):
         AzureTrace.load(p)
 
 

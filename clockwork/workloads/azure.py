@@ -159,17 +159,18 @@ def _diagnose(line: bytes, path: str, lineno: int) -> TraceError:
     if len(fields) != NCOLS:
         return TraceError(f"{where}: expected {NCOLS} columns (4 ids + {MINUTES} minutes), "
                           f"found {len(fields)}")
-    for j, f in enumerate(fields[len(ID_COLUMNS):], start=1):
+    for j, f in enumerate(fields[len(ID_COLUMNS):]):
+        at = f'minute {j} (column "{j + 1}")'  # (minutes count from 0, as start_minute)
         if f.isascii() and f.isdigit():
             if int(f) > _U32_MAX:
-                return TraceError(f"{where}: minute {j}: count {f} is too large (max {_U32_MAX})")
+                return TraceError(f"{where}: {at}: count {f} is too large (max {_U32_MAX})")
             if len(f) > 10:
-                return TraceError(f"{where}: minute {j}: count {f!r} has {len(f)} digits: at "
+                return TraceError(f"{where}: {at}: count {f!r} has {len(f)} digits: at "
                                   "most 10 (zero padding past 10 digits is not read)")
             continue
         if f[:1] == "-" and f[1:].isascii() and f[1:].isdigit():
-            return TraceError(f"{where}: minute {j}: negative invocation count {f}")
-        return TraceError(f"{where}: minute {j}: {f!r} is not a non-negative integer")
+            return TraceError(f"{where}: {at}: negative invocation count {f}")
+        return TraceError(f"{where}: {at}: {f!r} is not a non-negative integer")
     return TraceError(f"{where}: malformed row")
 
 
