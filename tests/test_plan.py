@@ -114,6 +114,8 @@ def test_plan_reruns_a_summary_that_is_not_a_runs_summary(tmp_path, capsys):
      "--max-gpus 3 is below --min-gpus 5"),
     (["plan", "poisson_warm", "--attainment", "1.5"], "1.5"),
     (["plan", "poisson_warm", "--slo-ms", "-1"], "-1"),
+    # (past a day: it blamed a --set workloads.0.slo_ms the user never gave)
+    (["plan", "poisson_warm", "--slo-ms", "1e12"], "argument --slo-ms: must be at most"),
     (["plan", "poisson_warm", "--seeds", "0"], "0"),
     (["plan", "poisson_warm", "--set", "cluster.wokers=2"], "cluster.workers"),
     (["plan", "slo_exp_1", "--slo-ms", "50"], "slo"),

@@ -625,8 +625,8 @@ def add_plan(sub) -> None:
               epilog=PLAN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
               requires=("tqdm",))
     p.add_argument("scenario", help="scenario TOML file or shipped scenario name")
-    p.add_argument("--slo-ms", type=t.positive_float, default=None, metavar="MS",
-                   help="the SLO: set every workload's slo_ms (default: the scenario's; "
+    p.add_argument("--slo-ms", type=t.slo_ms, default=None, metavar="MS",
+                   help="the SLO, at most a day: set every workload's slo_ms (default: the scenario's; "
                    "not together with a --set of a workload's slo_ms)")
     p.add_argument("--attainment", type=t.probability, default=0.999, metavar="FRACTION",
                    help="the target SLO attainment, 0..1 (default 0.999)")
