@@ -206,7 +206,12 @@ def timeline_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(
             f"expected a number, got {text!r}; give the run folder before --timeline "
             "(clockwork report DIR --timeline [SECONDS])") from None
-    return positive_float(text)
+    from clockwork.telemetry import TIMELINE_MIN_S
+
+    v = positive_float(text)
+    if v < TIMELINE_MIN_S:  # (said before the logs are read, not after)
+        raise argparse.ArgumentTypeError(f"must be at least {TIMELINE_MIN_S:g} s, got {text!r}")
+    return v
 
 
 def float_in(lo: float, hi: float) -> Callable[[str], float]:

@@ -131,8 +131,8 @@ def add_report(sub) -> None:
     p.add_argument("dir", help="a run directory (from --out) or a summary.json file")
     p.add_argument("--timeline", type=t.timeline_seconds, nargs="?", const=60.0, default=None,
                    metavar="SECONDS", help="also print per-interval figures (requests, goodput, "
-                   "SLO attainment, cold starts, loads, evicts); interval default 60 s, at most a "
-                   "year")
+                   "SLO attainment, cold starts, loads, evicts); interval default 60 s, at least "
+                   "0.001 s, at most a year")
 
 
 def add_scenarios(sub) -> None:
