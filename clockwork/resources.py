@@ -86,6 +86,19 @@ def shipped_name(p: Path, folder: str = "scenarios") -> str | None:
     return name[: -len(SCENARIO_SUFFIX)] if name.endswith(SCENARIO_SUFFIX) else name
 
 
+def not_a_file(kind: str, name_or_path: str | Path) -> str:
+    """Why ``name_or_path``, not a regular file, is no ``kind`` file (the start of an
+    error): none given, a folder, something else (a device, a pipe), or not there."""
+    p = Path(name_or_path)
+    if not str(name_or_path):
+        return f"no {kind} file given (an empty name)"
+    if p.is_dir():
+        return f"{name_or_path} is a folder, not a {kind} file"
+    if p.exists():
+        return f"{name_or_path} is not a regular file, not a {kind} file"
+    return f"{kind} file {name_or_path} not found"
+
+
 def resolve_scenario(name_or_path: str | Path) -> Path:
     """The scenario file ``name_or_path`` means: an existing file wins; otherwise a shipped
     scenario by name. Raises ``ScenarioError`` naming the closest shipped scenarios."""
@@ -105,8 +118,7 @@ def resolve_scenario(name_or_path: str | Path) -> Path:
         hint = f"closest shipped scenarios: {', '.join(close)}"
     else:
         hint = f"shipped scenarios: {', '.join(names) or '(none)'}"
-    what = (f"{name_or_path} is a folder, not a scenario file" if p.is_dir() else
-            f"scenario file {name_or_path} not found")
+    what = not_a_file("scenario", name_or_path)
     if name:
         what += f" and no shipped scenario {name!r}"
     raise ScenarioError(f"{what}; {hint} (list them with `clockwork scenarios`)")

@@ -52,6 +52,11 @@ BAD = [
     (["infer", "m", "--slo-ms", "1e300"], "at most 86400000 (a day)"),
     (["plan", SC, "--max-gpus", "10001"], "--max-gpus 10001: 10,001 workers of 1 GPU(s)"),
     (["simulate", "adir"], "is a folder, not a scenario file"),
+    # (each said "not found", or " is a folder" with no name)
+    (["simulate", "/dev/null"], "/dev/null is not a regular file, not a scenario file"),
+    (["simulate", ""], "no scenario file given (an empty name)"),
+    (["sweep", "adir"], "adir is a folder, not a sweep file"),
+    (["sweep", "/dev/null"], "/dev/null is not a regular file, not a sweep file"),
     (["report", "--timeline", "adir"], "give the run folder before --timeline"),
     (["serve", "faults", "--port", "23456", "--worker-port", "23446"],
      "--port 23456 is worker 1's port (--worker-port 23446: worker i listens on 23446 + 10 i)"),

@@ -56,7 +56,13 @@ from clockwork.cluster.parallel import (
     point_folder,
     toml_value,
 )
-from clockwork.resources import SWEEPS, shipped_name, shipped_sweep_names, sweeps_root
+from clockwork.resources import (
+    SWEEPS,
+    not_a_file,
+    shipped_name,
+    shipped_sweep_names,
+    sweeps_root,
+)
 from clockwork.settings import Settings, setting, validate
 from clockwork.signals import term_as_ctrl_c
 from clockwork.sizes import MAX_POINTS, MAX_SEED
@@ -126,7 +132,7 @@ def resolve_sweep(name_or_path: str) -> Path:
     close = difflib.get_close_matches(name or stem, names, n=3, cutoff=0.5)
     hint = (f"closest shipped sweeps: {', '.join(close)}" if close else
             f"shipped sweeps: {', '.join(names) or '(none)'}")
-    raise SweepError(f"sweep file {name_or_path} not found"
+    raise SweepError(not_a_file("sweep", name_or_path)
                      + (f" and no shipped sweep {name!r}" if name else "") + f"; {hint}")
 
 
