@@ -81,6 +81,12 @@ ADD_WORKER_MAX_S = 300.0
 # connection from no answer at all
 PROBE_S = 1.0
 REFUSED_LOG_S = 60.0  # a worker refused at each reconnection attempt: a line this often
+# (a new reason at once)
+# a worker found suspect, answering again and re-admitted (a line each): at most
+# LIVENESS_LOG_BURST such lines per LIVENESS_LOG_S (one that flaps, stopped for 300 ms at a
+# time, wrote three lines a second)
+LIVENESS_LOG_S = 60.0
+LIVENESS_LOG_BURST = 15
 # (as a lost worker's, LOST_SAY_AGAIN_S)
 # a session with a worker that ends within SHORT_SESSION_S of being made (another
 # controller took the worker, a worker that fails right after each Hello) backs off the
@@ -159,8 +165,11 @@ class WorkerLink:
     acks: dict = field(default_factory=dict)  # update seq -> Future of its missing names
     told: dict = field(default_factory=dict)  # the instance list its last Hello carried
     # why a reconnection was refused (it cannot serve a model loaded while it was away)
-    refused: LogLimiter = field(default_factory=lambda: LogLimiter("controller",
-                                                                   REFUSED_LOG_S))
+    refused: LogLimiter = field(default_factory=lambda: LogLimiter(
+        "controller", REFUSED_LOG_S, changes=True))
+    # its suspect / answers again / re-admitted lines
+    liveness_log: LogLimiter = field(default_factory=lambda: LogLimiter(
+        "controller", LIVENESS_LOG_S, burst=LIVENESS_LOG_BURST))
     since: float = 0.0  # when its session was made (time.monotonic)
     heard: float = 0.0  # when a message last came from it (time.monotonic)
     # while another controller holds the worker (its refusals, ``WorkerHeld``): what the
@@ -1041,9 +1050,10 @@ class WorkerLinks:
                                 break
                         kept = self._kept(msg.state)
                         self.ctrl.reset_done(link.index, now_ns(), kept)
-                        print(f"controller: worker {link.address} re-admitted (it kept "
-                              f"{sum(len(v) for v in kept.values())} of the {link.asked_kept} "
-                              "model copies asked)", file=sys.stderr, flush=True)
+                        link.liveness_log(
+                            f"worker {link.address} re-admitted (it kept "
+                            f"{sum(len(v) for v in kept.values())} of the {link.asked_kept} "
+                            "model copies asked)")
                         continue
                     f = link.acks.pop(msg.state.update_seq, None)
                     if f is not None and not f.done():
@@ -1231,8 +1241,8 @@ class WorkerLinks:
         link.reset_due = True
         link.keep = keep
         link.wake.set()
-        print(f"controller: worker {link.address} answers again; resetting and re-admitting it "
-              f"(asking it to keep its {len(keep)} model copies)", file=sys.stderr, flush=True)
+        link.liveness_log(f"worker {link.address} answers again; resetting and re-admitting "
+                          f"it (asking it to keep its {len(keep)} model copies)")
 
     def _kept(self, state: pb.WorkerState) -> dict[int, set[str]]:
         """What a worker's answer to a reset says it holds (its GPU -> the models loaded:

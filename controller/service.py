@@ -580,9 +580,9 @@ class ControllerNode(WorkerLinks):
 
     def suspect(self, worker: int, failed: int, reason: str = "") -> None:
         self.count("worker_suspects")
-        print(f"controller: worker {self.links[worker].address} is suspect "
-              f"({reason or 'no answer to a probe'}); "
-              f"{failed} action(s) failed", file=sys.stderr, flush=True)
+        link = self.links[worker]
+        link.liveness_log(f"worker {link.address} is suspect "
+                          f"({reason or 'no answer to a probe'}); {failed} action(s) failed")
 
     def readmitted(self, worker: int) -> None:
         self.count("worker_readmissions")

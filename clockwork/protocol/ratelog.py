@@ -6,25 +6,36 @@ from __future__ import annotations
 import sys
 import time
 import traceback
+from collections import deque
 
 
 class LogLimiter:
-    """Log lines of one kind at most once per ``every`` seconds, saying how many were
-    left out in between (a misbehaving peer must not flood the log)."""
+    """Log lines of one kind at most ``burst`` times per ``every`` seconds (a line is said
+    if fewer than ``burst`` were said in the ``every`` seconds before it), saying how many
+    were left out in between (a misbehaving peer must not flood the log). With
+    ``changes``, a line unlike the last one said is said at once (a reason that changed
+    is news)."""
 
-    def __init__(self, prefix: str, every: float = 1.0) -> None:
+    def __init__(self, prefix: str, every: float = 1.0, burst: int = 1,
+                 changes: bool = False) -> None:
         self.prefix = prefix
         self.every = every
-        self._last = -1e9
+        self._said: deque[float] = deque(maxlen=burst)  # when the last ``burst`` were said
         self._skipped = 0
+        self._line: str | None = "" if changes else None  # the last line said
 
     def __call__(self, line: str, exc: BaseException | None = None) -> None:
         t = time.monotonic()
-        if t - self._last < self.every:
+        said = self._said
+        if (len(said) == said.maxlen and t - said[0] < self.every
+                and (self._line is None or line == self._line)):
             self._skipped += 1
             return
         more = f" ({self._skipped} more like it not shown)" if self._skipped else ""
-        self._last, self._skipped = t, 0
+        said.append(t)
+        self._skipped = 0
+        if self._line is not None:
+            self._line = line
         text = f"{self.prefix}: {line}{more}"
         if exc is not None and not isinstance(exc, ValueError):  # a bug: say where
             text += "\n" + "".join(traceback.format_exception(exc)).rstrip()
