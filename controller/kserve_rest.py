@@ -776,6 +776,7 @@ class _BoundSite(web.TCPSite):
     def __init__(self, runner: web.AppRunner, *args, limits, **kw) -> None:
         super().__init__(runner, *args, **kw)
         self._handler_class = _json_errors(limits)
+        self._handshake_s = limits.rest_idle_timeout / 1e9  # (TLS: asyncio's own is 60 s)
 
     def _handler(self) -> RequestHandler:
         h = self._runner.server()
@@ -786,6 +787,7 @@ class _BoundSite(web.TCPSite):
         await web.BaseSite.start(self)  # (registers the site with its runner)
         self._server = await asyncio.get_running_loop().create_server(
             self._handler, self._host, self._port, ssl=self._ssl_context,
+            ssl_handshake_timeout=self._handshake_s if self._ssl_context else None,
             backlog=self._backlog, reuse_address=self._reuse_address,
             reuse_port=self._reuse_port, start_serving=False)
         self._bound_port = self._server.sockets[0].getsockname()[1]

@@ -115,7 +115,8 @@ class Limits:
         100, "Most headers in a REST request; more is answered 400.", ge=1)
     rest_idle_timeout: int = setting(
         60 * S, "A REST connection that does not send a whole request head for this long "
-        "(from its start, or from the end of its last answer) is closed.",
+        "(from its start, or from the end of its last answer) is closed; so is one that "
+        "has not finished its TLS handshake by then.",
         units=("s",), gt=0)
     rest_read_timeout: int = setting(
         30 * S, "A REST request whose body takes longer than this to arrive (from the end "

@@ -437,6 +437,36 @@ def test_tls_is_verified_and_required(cluster, addresses, pki):
     conn.close()
 
 
+def test_a_connection_that_never_starts_its_handshake_is_closed(pki):
+    """A TCP connection to a TLS port that sends nothing: the REST port closes it after
+    ``rest_idle_timeout_s`` (0.5 s here; asyncio's own TLS handshake timeout, 60 s, held
+    it whatever the setting), the gRPC ports (the controller's two, a worker's) after
+    ``HANDSHAKE_TIMEOUT_MS`` (gRPC's own default held it 120 s)."""
+    import concurrent.futures
+
+    from clockwork.protocol.listen import HANDSHAKE_TIMEOUT_MS
+
+    limit = HANDSHAKE_TIMEOUT_MS / 1000
+    with local_cluster(models=MODEL, token=TOKEN, http_port=0, kserve_port=0,
+                       controller_args=["--tls-cert", pki.cert, "--tls-key", pki.key,
+                                        "--limit", "rest_idle_timeout_s=0.5"]) as c:
+        ports = {"http": c.printed_address("http"), "grpc": c.address,
+                 "kserve": c.printed_address("kserve grpc"), "worker": c.worker_addresses[0]}
+
+        def silent(addr: str) -> float:
+            host, port = addr.rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=limit + 10) as s:
+                t0 = time.monotonic()
+                while s.recv(4096):  # (the server closes it: recv gives b"")
+                    pass
+                return time.monotonic() - t0
+
+        with concurrent.futures.ThreadPoolExecutor(len(ports)) as pool:
+            took = dict(zip(ports, pool.map(silent, ports.values()), strict=True))
+    assert took["http"] < 5, took
+    assert all(limit - 1 < took[k] < limit + 5 for k in ("grpc", "kserve", "worker")), took
+
+
 def test_token_from_the_environment(cluster, pki, monkeypatch):
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
     with clockwork.Client(cluster.address, timeout=TIMEOUT, tls_ca=pki.ca) as c:

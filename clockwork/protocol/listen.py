@@ -7,9 +7,14 @@ import socket
 
 from clockwork.protocol.addresses import join
 
+# a connection to a gRPC listener that has not finished its handshake (TLS, HTTP/2's
+# preface) within this is closed: gRPC's own default, 120 s, let connections that send
+# nothing hold a descriptor each that long
+HANDSHAKE_TIMEOUT_MS = 10_000
 # gRPC sets SO_REUSEPORT by default on Linux, which lets a second server bind a port that
 # is already in use (and silently share its connections): turn it off on every listener.
-LISTEN_OPTIONS = [("grpc.so_reuseport", 0)]
+LISTEN_OPTIONS = [("grpc.so_reuseport", 0),
+                  ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS)]
 
 
 class ListenError(OSError):
