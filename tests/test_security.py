@@ -993,6 +993,12 @@ def test_helpers():
     assert not answers_to("[::1]:7000", 7000, "ipv6:[::1]:4000", bound="127.0.0.1")
     assert not answers_to("127.0.0.2:7000", 7000, here, bound="127.0.0.1")
     assert answers_to("127.0.0.1:7000", 7000, here, bound="127.0.0.1")
+    # a wildcard address dialled reaches its family's loopback one (refused before,
+    # though the docs name 0.0.0.0:P among the worker's own)
+    assert answers_to("0.0.0.0:7000", 7000, here, bound="127.0.0.1")
+    assert answers_to("0:7000", 7000, here, bound="127.0.0.1")
+    assert not answers_to("[::]:7000", 7000, here, bound="127.0.0.1")
+    assert answers_to("[::]:7000", 7000, "ipv6:[::1]:4000", bound="::1") or not socket.has_ipv6
     for wildcard in ("0.0.0.0", "::"):  # (gRPC listens on every address then)
         assert answers_to("127.0.0.2:7000", 7000, here, bound=wildcard)
     assert not answers_to("192.0.2.7:7000", 7000, here)

@@ -666,12 +666,17 @@ def listener_covers(bound: str, host: str) -> bool:
     bound to ``bound`` on the same port: ``bound`` is a wildcard address (gRPC listens on
     every address of the machine then), or ``host``'s addresses are all among
     ``bound``'s. Another process may listen on the same port at an address the listener
-    did not take (``[::1]:P`` beside ``127.0.0.1:P``)."""
+    did not take (``[::1]:P`` beside ``127.0.0.1:P``). A connection to a wildcard
+    address goes to the loopback one of its family (``0.0.0.0:P`` reaches
+    ``127.0.0.1:P``, ``[::]:P`` reaches ``[::1]:P``)."""
     have = _addresses(bound)
     if any(a.is_unspecified for a in have):
         return True
-    want = _addresses(host)
+    want = {_LOOPBACK[a.version] if a.is_unspecified else a for a in _addresses(host)}
     return bool(want) and want <= have
+
+
+_LOOPBACK = {4: ipaddress.ip_address("127.0.0.1"), 6: ipaddress.ip_address("::1")}
 
 
 def answers_to(target: str, port: int, peer: str, advertised: tuple[str, ...] = (),
