@@ -37,7 +37,7 @@ from aiohttp.web_urldispatcher import _default_expect_handler
 from clockwork.errors import STARTING_MESSAGE
 from clockwork.protocol import accept_guard
 from clockwork.protocol.addresses import join
-from clockwork.protocol.security import Refusals, bearer_ok
+from clockwork.protocol.security import Refusals, one_bearer_ok
 from controller.body_decoding import BodyDecoder
 from controller.json_offload import JsonDecoders
 from controller.json_offload import decode as decode_body
@@ -152,9 +152,9 @@ class KServeRest:
 
     def authorized(self, target: str, headers) -> bool:
         """Whether the request may run: no token is needed, its path is open (the
-        probes), or it carries ``Authorization: Bearer <token>``."""
+        probes), or it carries ``Authorization: Bearer <token>`` (one such header)."""
         return (self.token is None or self.is_open(target)
-                or bearer_ok(headers.get("authorization"), self.token))
+                or one_bearer_ok(_authorization(headers), self.token))
 
     def unauthorized(self, headers, peer: str = "") -> Reply:
         """401 with ``WWW-Authenticate: Bearer`` (counted, logged at most once a second,
@@ -162,8 +162,10 @@ class KServeRest:
         nothing of the request runs and its body is not read."""
         if self._refused is None:
             self._refused = Refusals("controller", self.node.count)
-        sent = bool(headers.get("authorization"))
-        how = "a token that is not this controller's" if sent else "no token"
+        given = _authorization(headers)
+        sent = bool(given)
+        how = ("several Authorization headers" if len(given) > 1 else
+               "a token that is not this controller's" if sent else "no token")
         self._refused("an unauthenticated HTTP request" + (f" from {peer}" if peer else "")
                       + f" ({how})")
         challenge = 'Bearer realm="clockwork"'
@@ -356,6 +358,16 @@ class KServeRest:
             decoded = decode_body(view[:n] if n else b"{}", view[n:])
         inputs, params, requested, binary_of, binary_all, head = decoded
         return inputs, params, requested, head, binary_of, binary_all
+
+
+def _authorization(headers) -> list:
+    """A request's ``Authorization`` header values (aiohttp's headers: each; a dict: its
+    one)."""
+    getall = getattr(headers, "getall", None)
+    if getall is not None:
+        return getall("authorization", [])
+    value = headers.get("authorization")
+    return [value] if value else []
 
 
 class JsonText(bytes):

@@ -415,6 +415,34 @@ def test_rest_401_challenge_and_open_health_probes(addresses, pki):
     conn.close()
 
 
+def test_several_authorization_values_are_refused_whichever_holds_the_token(addresses, pki):
+    """Two ``Authorization`` headers (REST) or two ``authorization`` metadata entries
+    (gRPC, both ports): refused 401 / UNAUTHENTICATED in either order (the first one
+    counted, so the right token first passed and second failed); one is served."""
+    right, wrong = f"Bearer {TOKEN}", "Bearer nope"
+    for pair in ((right, wrong), (wrong, right)):
+        conn = _https(addresses, pki)
+        conn.putrequest("GET", "/metrics")
+        for value in pair:
+            conn.putheader("Authorization", value)
+        conn.endheaders()
+        r = conn.getresponse()
+        r.read()
+        conn.close()
+        assert r.status == 401, pair
+    creds = grpc.ssl_channel_credentials(open(pki.ca, "rb").read())
+    for addr, call in ((addresses["grpc"], "/clockwork.v1.Clockwork/Stats"),
+                       (addresses["kserve"], "/inference.GRPCInferenceService/ServerMetadata")):
+        with grpc.secure_channel(addr, creds) as ch:
+            stats = ch.unary_unary(call, request_serializer=lambda m: b"",
+                                   response_deserializer=lambda b: b)
+            for pair in ((right, wrong), (wrong, right)):
+                with pytest.raises(grpc.RpcError) as e:
+                    stats(None, metadata=[("authorization", v) for v in pair], timeout=TIMEOUT)
+                assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED, (addr, pair)
+            assert stats(None, metadata=[("authorization", right)], timeout=TIMEOUT) is not None
+
+
 def test_tls_is_verified_and_required(cluster, addresses, pki):
     # a CA that did not sign the controller's certificate: the handshake fails
     with clockwork.Client(cluster.address, timeout=3, token=TOKEN, tls_ca=pki.other_ca) as c:

@@ -339,6 +339,13 @@ def client_ssl_context(ca: str | None, cert: str | None = None,
 # ---------------------------------------------------------------------- client token
 
 
+def one_bearer_ok(values: list, token: bytes) -> bool:
+    """Whether a request's ``authorization`` values (its headers', its metadata's) are one,
+    ``Bearer <token>``: several are refused, whichever holds the token (a proxy that adds
+    its own beside the client's: the first one counted, so the order decided)."""
+    return len(values) == 1 and bearer_ok(values[0], token)
+
+
 def bearer_ok(value: str | bytes | None, token: bytes) -> bool:
     """Whether an ``authorization`` value is ``Bearer <token>`` (scheme in any case; the
     token compared in constant time)."""
@@ -396,16 +403,14 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
     async def intercept_service(self, continuation, details):
         if details.method in self._open:
             return await continuation(details)
-        sent = False
-        for key, value in details.invocation_metadata or ():
-            if key == AUTHORIZATION:
-                if bearer_ok(value, self._token):
-                    return await continuation(details)
-                sent = True
+        sent = [v for k, v in details.invocation_metadata or () if k == AUTHORIZATION]
+        if one_bearer_ok(sent, self._token):
+            return await continuation(details)
         handler = await continuation(details)
         if handler is None:
             return None
-        how = "a token that is not this controller's" if sent else "no token"
+        how = ("several authorization values" if len(sent) > 1 else
+               "a token that is not this controller's" if sent else "no token")
         method = details.method
         self._refused.counted()  # (now: a caller that gives up at once is counted too)
         return _deny(handler, grpc.StatusCode.UNAUTHENTICATED,
