@@ -57,6 +57,10 @@ BAD = [
     (["simulate", ""], "no scenario file given (an empty name)"),
     (["sweep", "adir"], "adir is a folder, not a sweep file"),
     (["sweep", "/dev/null"], "/dev/null is not a regular file, not a sweep file"),
+    # options that contradict each other (the progress line won; --trace-dir was ignored)
+    (["simulate", SC, "--quiet", "--progress"], "--progress: not allowed with argument --quiet"),
+    (["sweep", "example", "--quiet", "--progress"], "not allowed with argument --quiet"),
+    (["trace", "info", "day.csv", "--trace-dir", "x"], "--trace-dir is for a DAY number"),
     (["report", "--timeline", "adir"], "give the run folder before --timeline"),
     (["serve", "faults", "--port", "23456", "--worker-port", "23446"],
      "--port 23456 is worker 1's port (--worker-port 23446: worker i listens on 23446 + 10 i)"),

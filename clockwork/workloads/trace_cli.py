@@ -61,6 +61,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     src: str | int = args.file
     if args.file.isdigit() and not Path(args.file).exists():
         src = int(args.file)
+    elif args.trace_dir is not None:  # (it looks for a DAY's file: a path is read as given)
+        print(f"clockwork trace info: --trace-dir is for a DAY number; {args.file} is read "
+              "as the file given", file=sys.stderr)
+        return 2
     try:
         tr = AzureTrace.load(src, args.trace_dir)
         if args.start_minute or args.minutes:

@@ -119,8 +119,10 @@ def add_simulate(sub) -> None:
                    "to write)")
     p.add_argument("--spill-dir", type=t.out_dir, metavar="DIR", help=SPILL_HELP)
     p.add_argument("--json", action="store_true", help="print summary.json instead of the table")
-    p.add_argument("--quiet", action="store_true", help="no progress line")
-    p.add_argument("--progress", action="store_true", help="progress line even without a TTY")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--quiet", action="store_true", help="no progress line")
+    shown.add_argument("--progress", action="store_true",
+                       help="progress line even without a TTY")
 
 
 def add_report(sub) -> None:
@@ -564,8 +566,10 @@ def _add_parallel(p) -> None:
                    "at ADDRESS (auto, HOST:PORT, ray://HOST:PORT; without one: a local Ray "
                    "instance); the nodes need clockwork-py installed and the scenario files "
                    "at the same paths (relative ones are taken from this folder)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar or status lines")
-    p.add_argument("--progress", action="store_true", help="progress bar even without a TTY")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--quiet", action="store_true", help="no progress bar or status lines")
+    shown.add_argument("--progress", action="store_true",
+                       help="progress bar even without a TTY")
 
 
 def add_sweep(sub) -> None:
