@@ -115,3 +115,7 @@ def status_details(message: str) -> str:
 # this is a typo, and compiling or profiling it failed deep inside TVM (an integer TVM
 # cannot hold) or after allocating its input (4 Gi rows: 1 TiB).
 MAX_BATCH_SIZE = 65_536
+
+
+# progress lines this far apart (s) when stderr is not a terminal (simulate, sweep, replay)
+PROGRESS_LOG_S = 30.0

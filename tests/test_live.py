@@ -752,3 +752,22 @@ def test_a_stopped_local_cluster_starts_again():
             assert len(c.workers) == len(c.worker_addresses) == 1
         assert all(ch.proc.poll() is not None for ch in [c.controller, *c.workers])
     assert seen[0] != seen[1]
+
+
+def test_replay_progress_into_a_log_is_lines(cluster, tmp_path, monkeypatch, capsys):
+    """``clockwork replay --progress`` with stderr not a terminal (a log file, a pipe):
+    whole lines, at most one every PROGRESS_LOG_S (it printed nothing: only --quiet
+    existed, and a line redrawn with carriage returns only on a terminal)."""
+    import clockwork.cluster.replay as rp
+    from clockwork.cluster.cli import main
+
+    monkeypatch.setattr(rp, "PROGRESS_LOG_S", 0.0)  # (a line each turn it may: a short run)
+    sc = tmp_path / "p.toml"
+    sc.write_text('duration_s = 1.5\n[[models]]\nname = "mobilenet_v2"\n[[workloads]]\n'
+                  'kind = "poisson"\nmodels = "*"\nrate_rps = 100\nslo_ms = 100\n')
+    assert main(["replay", str(sc), "--controller", cluster.address, "--progress"]) == 0
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip().startswith("replay ")]
+    assert "\r" not in err and len(lines) >= 2, err[-500:]
+    assert main(["replay", str(sc), "--controller", cluster.address, "--quiet",
+                 "--progress"]) == 2

@@ -32,6 +32,7 @@ from clockwork.models.reference import POOL
 from clockwork.protocol.waits import wait_set
 from clockwork.requests import DONE, Reply, Request
 from clockwork.scenario import Scenario, ScenarioError, instance_names, load_scenario
+from clockwork.sizes import PROGRESS_LOG_S
 from clockwork.telemetry import Telemetry, emit_run, write_run
 from clockwork.time import NS_PER_S, ms, sec
 
@@ -228,6 +229,8 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
                           since_ns=since, on_answer=answer)
 
     last = time.monotonic()
+    # on a terminal a line redrawn every second; in a log file a line every 30 s
+    every, end = (1.0, "\r") if sys.stderr.isatty() else (PROGRESS_LOG_S, "\n")
     halted = None  # when ``stop`` said to (ns from t0)
     poll = float("inf") if stop is None else STOP_POLL_S
     while True:
@@ -255,12 +258,12 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
                and not lost):
             t, _, m, slo, widx = heapq.heappop(heap)
             send(m, slo, widx, now, t)
-        if progress and time.monotonic() - last >= 1.0:
+        if progress and time.monotonic() - last >= every:
             last = time.monotonic()
             out = state["sent"] - state["answered"]
             sys.stderr.write(f"  replay {rel / NS_PER_S:6.1f} s / {sc.duration_s:.1f} s  "
                              f"{state['sent']:,} sent  {state['answered']:,} answered  "
-                             f"{out:,} in flight   \r")
+                             f"{out:,} in flight   {end}")
             sys.stderr.flush()
         pending_open = [n[0] for n in open_next if n is not None and n[0] < duration]
         pending_heap = heap[0][0] if heap and heap[0][0] < duration else None
@@ -287,7 +290,7 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         else:
             await asyncio.sleep(0)
     wall_s = (now_ns() - t0) / NS_PER_S
-    if progress:
+    if progress and end == "\r":
         sys.stderr.write("\n")
     if halted is not None:
         print(f"clockwork replay: interrupted {halted / NS_PER_S:.1f} s into the run: no more "
@@ -404,7 +407,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if settled:
         print(f"clockwork replay: {', '.join(settled)} not applied: the controller's own "
               "cluster and scheduler serve the replay", file=sys.stderr)
-    progress = not args.quiet and sys.stderr.isatty()
+    progress = args.progress or (not args.quiet and sys.stderr.isatty())
     try:
         from clockwork.protocol.security import client_token
 

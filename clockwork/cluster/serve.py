@@ -345,10 +345,11 @@ def _serve(args: argparse.Namespace, return_killed: list[bool]) -> int:
               "the controller's own, --log-dir, are flushed to their files as it runs)",
               file=sys.stderr)
         return 2
-    if getattr(args, "quiet", False) and not getattr(args, "replay", False):
-        print("clockwork serve: --quiet needs --replay (it hides the replay's progress line; "
-              "a serving cluster prints none)", file=sys.stderr)
-        return 2
+    for flag, does in (("quiet", "hides"), ("progress", "shows")):
+        if getattr(args, flag, False) and not getattr(args, "replay", False):
+            print(f"clockwork serve: --{flag} needs --replay (it {does} the replay's progress "
+                  "line; a serving cluster prints none)", file=sys.stderr)
+            return 2
     if args.scenario:
         try:
             sc = load_scenario(args.scenario, args.set)
@@ -670,7 +671,7 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
     print(f"clockwork serve: {cluster.shape()}, controller at {cluster.address}{also}; "
           f"replaying {len(sc.workloads)} workload(s) for "
           f"{sc.duration_s:.0f} s", file=sys.stderr, flush=True)
-    progress = not args.quiet and sys.stderr.isatty()
+    progress = args.progress or (not args.quiet and sys.stderr.isatty())
     from clockwork.cluster.faults import Interrupted, LiveFaults
     from clockwork.protocol.security import client_token
     from clockwork.scenario import joining_workers, repository_plan

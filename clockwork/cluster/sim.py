@@ -41,6 +41,7 @@ from clockwork.scenario import (
     repository_plan,
     validate,
 )
+from clockwork.sizes import PROGRESS_LOG_S
 from clockwork.telemetry import Telemetry, format_summary, write_run
 from clockwork.time import NS_PER_S, ms, sec
 from clockwork.workloads import Workload, build_workload
@@ -778,7 +779,6 @@ class Simulation:
         sys.stderr.flush()
 
 
-PROGRESS_LOG_S = 30.0  # progress lines this far apart when stderr is not a terminal
 
 
 def simulate(scenario: Scenario | str | Path | dict, overrides: list[str] | str | None = None,

@@ -318,8 +318,12 @@ def add_serve(sub) -> None:
     p.add_argument("--out", type=t.out_dir, metavar="DIR",
                    help="with --replay (needs it): write logs and summary.json here, and the "
                    "controller's and workers' output as logs/NAME.log")
-    p.add_argument("--quiet", action="store_true",
-                   help="with --replay (needs it): no progress line")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--quiet", action="store_true",
+                       help="with --replay (needs it): no progress line")
+    shown.add_argument("--progress", action="store_true",
+                       help="with --replay (needs it): the progress line even without a TTY "
+                       "(a line every 30 s)")
     p.add_argument("--spill-dir", type=t.out_dir, metavar="DIR",
                    help="with --replay (needs it): the replay's " + SPILL_HELP)
     p.add_argument("--log-dir", type=t.out_dir, metavar="DIR",
@@ -535,7 +539,10 @@ def add_replay(sub) -> None:
     p.add_argument("--max-outstanding", type=t.positive_int, default=20000,
                    help="bound on requests in flight (default 20000)")
     p.add_argument("--json", action="store_true", help="print summary.json instead of the table")
-    p.add_argument("--quiet", action="store_true", help="no progress line")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--quiet", action="store_true", help="no progress line")
+    shown.add_argument("--progress", action="store_true",
+                       help="the progress line even without a TTY (a line every 30 s)")
     _add_client_security(p)
 
 
