@@ -850,7 +850,9 @@ class ScenarioSettings(Settings):
 
     settings_name: ClassVar[str] = "top-level"
 
-    name: str | None = setting(None, "Title shown in reports (default: the file's name).")
+    name: str | None = setting(None, "Title shown in reports (default: the file's name).",
+                               pattern=r"^[^\x00-\x1f\x7f]*$",
+                               expected="one line of text (no control characters)")
     description: str | None = setting(None, "Free text.")
     seed: int = setting(1, "Seed of every random choice; the same seed gives the same run.",
                         ge=0, le=MAX_SEED, allowed_text="[0, 2^63 - 1]",

@@ -62,6 +62,8 @@ BAD = [
     (["sweep", "example", "--quiet", "--progress"], "not allowed with argument --quiet"),
     (["trace", "info", "day.csv", "--trace-dir", "x"], "--trace-dir is for a DAY number"),
     (["serve", "--progress"], "--progress needs --replay"),
+    # (a title of two lines split the table's first line)
+    (["simulate", SC, "--set", "name=a\nb"], "name: must be one line of text"),
     (["report", "--timeline", "adir"], "give the run folder before --timeline"),
     (["serve", "faults", "--port", "23456", "--worker-port", "23446"],
      "--port 23456 is worker 1's port (--worker-port 23446: worker i listens on 23446 + 10 i)"),
