@@ -273,6 +273,35 @@ def _runs_on_the_new_gpus(cl, deadline: float) -> None:
             gpus.add(cl.infer(f"resnet18_v2:{k}" if k else "resnet18_v2", slo_ms=500).gpu)
 
 
+def test_a_worker_actor_killed_for_good_gets_a_new_one_serving_its_place(ray_nodes):
+    """``ray.kill(actor)`` (no restart: ``ray.kill``'s default): the node watcher makes a
+    new actor on the same node serving the worker's place on the port it had, and the
+    controller, reconnecting to it there, takes it back. (It was never noticed: serve ran
+    on without that worker, a replay's requests failing "no worker is available".)"""
+    import ray
+
+    import clockwork
+    from clockwork.cluster.ray_cluster import RayCluster
+    from tests.conftest import wait_output
+
+    poll(lambda: _gpus_free() >= 4, 60.0, 0.1)
+    with RayCluster(models="resnet18_v2:2", http_port=-1, kserve_port=-1, timeout=60.0,
+                    watch_s=0.5) as c, clockwork.Client(c.address, timeout=10) as cl:
+        old, address, dead = c.worker_info(0), c.worker_addresses[0], c.actors[0]
+        ray.kill(dead, no_restart=True)
+        deadline = time.monotonic() + 120
+        while c.actors[0] is dead:
+            assert time.monotonic() < deadline, "no new actor for worker 0"
+            time.sleep(0.1)
+        new = c.worker_info(0)
+        assert new["pid"] != old["pid"] and new["node_id"] == old["node_id"], (old, new)
+        assert (new["address"], new["index"]) == (address, 0), new
+        wait_output(c.controller, f"controller: worker {address} reconnected", 60)
+        assert c.worker_addresses[0] == address and len(c.actors) == 2
+        for k in range(2):
+            assert cl.infer(f"resnet18_v2:{k}" if k else "resnet18_v2", slo_ms=1000).status == 0
+
+
 def test_sweep_points_run_as_ray_tasks_give_the_local_results(ray_nodes, tmp_path):
     """``--backend ray`` (``--ray ADDRESS``): the points run as Ray tasks on the attached
     cluster; every summary is the one a local, in-process run gives."""

@@ -16,7 +16,10 @@ Ray places and restarts the processes; the data path stays our gRPC protocol:
   same flags (its place and the port chosen at first start are kept in a file in the
   node's temporary folder, named after this cluster's run id). The controller, which
   keeps reconnecting to a lost worker at its address, takes it over again (Hello with
-  reset: an empty weights cache) -- no new address to learn;
+  reset: an empty weights cache) -- no new address to learn. An actor Ray will not start
+  again (``ray.kill`` without a restart, a restart that failed, its node gone) is found
+  by the node watcher: a new one on its node serves its place on its port
+  (``replace_dead_workers``);
 - the actors' output (the worker's lines) goes to Ray's log files on each node and is
   streamed to the driver by Ray (``log_to_driver``), prefixed with the actor's pid and
   node;
@@ -61,9 +64,10 @@ pid, node and address.
   node joining during the stop gets an actor, or is asked of the controller, and none is
   left holding a node's GPUs.
 
-Not here yet: a worker whose old port is taken when Ray restarts it fails to start (the
-controller would have to learn a new address); a node that leaves keeps its worker's
-GPUs in the controller's view, lost (the controller keeps trying to reconnect).
+Not here yet: a worker whose old port is taken cannot serve its place again (the
+controller would have to learn a new address: it is said, and tried again later); a node
+that leaves keeps its worker's GPUs in the controller's view, lost (the controller keeps
+trying to reconnect).
 """
 
 from __future__ import annotations
@@ -484,6 +488,9 @@ class RayCluster(LocalCluster):
         self._doubt_said: str | None = None  # (its line is said once per address)
         self._asking = None  # the Client of an AddWorker under way (closed by a stop)
         self._own_ray = False
+        # place -> [cause, failures, looks to skip] of a worker whose actor died for good
+        # and has no new one yet (cause "gone": its node left; not tried again)
+        self._dead: dict[int, list] = {}
 
     def _init_ray(self) -> None:
         if ray.is_initialized():
@@ -896,10 +903,115 @@ class RayCluster(LocalCluster):
         added.append(got)
         return True
 
+    def replace_dead_workers(self) -> list[int]:
+        """A new actor for each worker whose actor died for good (Ray will not start it
+        again: killed without a restart, its restart failed -- its old port taken --, or
+        its node left), on the same node, serving its place on the port it had: the
+        controller, which keeps reconnecting to a lost worker at its address, takes it
+        over (Hello with reset: an empty weights cache). One line each. One that cannot
+        be started again is said (once per cause) and tried again after 1, 2, 4, ...
+        looks; one whose node left is said once and not tried again (the controller
+        serves without it; a node that joins gets a worker of its own). Called every
+        ``watch_s`` seconds while the cluster runs; returns the places served again."""
+        with self._lock:
+            actors = list(self.actors)
+        if not actors or self._watch_stop.is_set():
+            return []
+        refs = [a.ready.remote() for a in actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=min(1.0, self.watch_s))
+        dead = []
+        for i, ref in enumerate(refs):
+            if ref not in ready:
+                continue  # (alive and slow, or being restarted by Ray)
+            try:
+                ray.get(ref)
+            except ray.exceptions.ActorDiedError as e:
+                dead.append((i, e))
+            except Exception:  # noqa: BLE001, S112 - unavailable for now (restarting)
+                continue
+        for i in [i for i in self._dead if i not in {i for i, _ in dead}]:
+            del self._dead[i]  # (alive again: Ray did restart it after all)
+        live = {node[0] for node, _ in offered_nodes(self.device)}
+        back = []
+        for i, err in dead:
+            if self._watch_stop.is_set():
+                break
+            node, address = self.nodes[i], self.worker_addresses[i]
+            was = self._dead.get(i)
+            if was is not None and (was[0] == "gone" or was[2] > 0):
+                if was[0] != "gone":
+                    was[2] -= 1
+                continue
+            if node[0] not in live:
+                self._dead_now(i, "gone", f"its actor died ({_first_line(err)}) and its Ray "
+                               f"node {_node_name(node)} is gone: the controller serves "
+                               "without it")
+                continue
+            why = self._serve_again(i, node, address)
+            if why is None:
+                self._dead.pop(i, None)
+                back.append(i)
+                print(f"clockwork: worker {i}'s actor on Ray node {_node_name(node)} died "
+                      f"({_first_line(err)}); a new one serves its place at {address}",
+                      file=sys.stderr, flush=True)
+            else:
+                self._dead_now(i, *why)
+        return back
+
+    def _serve_again(self, i: int, node: tuple[str, str, int], address: str):
+        """A new actor on ``node`` serving place ``i`` at ``address``'s port: None once it
+        listens (it replaces the dead one in ``actors``), else (cause, one line)."""
+        try:
+            actor = self._make_actor(node)
+        except _Stopping:
+            return "stopping", "the cluster is stopping"
+        ref = None
+        try:
+            r = actor.ready.remote()
+            if r not in self._wait_ready([r], self.timeout):
+                self._drop(actor)
+                return "timeout", (f"its actor died and a new one did not start in "
+                                   f"{self.timeout:.0f} s (are its GPUs or CPUs taken?)")
+            flags = self._flags(i, node[2])
+            ref = actor.serve.remote(i, flags, int(address.rpartition(":")[2]))
+            why, got = self._got(ref, self.serve_timeout)
+            if why is None and got != address:  # (the controller dials the old one)
+                why = "address", f"it listens at {got}, not {address}"
+        except Exception as e:  # noqa: BLE001 - said by the caller
+            why = type(e).__name__, _first_line(e)
+        if why is not None:
+            self._release(actor, ref)
+            return why[0], f"its actor died and a new one could not serve its place: {why[1]}"
+        with self._lock:
+            if self._watch_stop.is_set() or actor not in self._pending:
+                stopping = True
+            else:
+                stopping = False
+                self._pending.discard(actor)
+                self.actors[i] = actor
+        if stopping:  # (stop killed the others meanwhile: this one is ours to kill)
+            _kill(actor)
+            return "stopping", "the cluster is stopping"
+        return None
+
+    def _dead_now(self, i: int, cause: str, line: str) -> None:
+        """Worker ``i`` has no live actor (``cause``: a key, ``line``: why): said once per
+        cause, tried again after 1, 2, 4, ... ``RETRY_LOOKS_MAX`` looks (not a ``gone``
+        one)."""
+        if self._watch_stop.is_set():
+            return
+        was = self._dead.get(i)
+        failures = was[1] + 1 if was else 1
+        if was is None or was[0] != cause:
+            print(f"clockwork: worker {i} ({self.worker_addresses[i]}): {line}",
+                  file=sys.stderr, flush=True)
+        self._dead[i] = [cause, failures, min(2 ** (failures - 1), RETRY_LOOKS_MAX)]
+
     def _watch(self) -> None:
         said = None  # the last failure's kind: said once, until another or a success
         while not self._watch_stop.wait(self.watch_s):
             try:
+                self.replace_dead_workers()
                 self.add_new_nodes()
                 said = None
             except _Stopping:
