@@ -590,8 +590,9 @@ class ClusterSettings(Settings):
         "local", "Live runs (`clockwork serve`): where the workers run. `local`: `workers` "
         "child processes on this machine; `ray`: one worker per Ray node, a Ray actor "
         "holding that node's GPUs (`workers` and `gpus_per_worker` then come from the Ray "
-        "cluster; needs the `ray` extra). `clockwork serve --ray [ADDRESS]` picks `ray` "
-        "too. The simulator ignores it.")
+        "cluster: the one `$RAY_ADDRESS` names, else one started on this machine; needs "
+        "the `ray` extra). `clockwork serve --ray [ADDRESS]` picks `ray` too. The "
+        "simulator ignores it.")
 
 
 class ModelEntry(Settings):

@@ -566,7 +566,7 @@ def test_a_scenario_saved_with_a_byte_order_mark_runs(tmp_path, capsys):
     assert main(["simulate", str(tmp_path / "bom.toml"), "--quiet"]) == 0, capsys.readouterr().err
 
 
-def test_a_ray_address_where_another_server_listens_is_one_line(tmp_path, capsys):
+def test_a_ray_address_where_another_server_listens_is_one_line(tmp_path, capsys, monkeypatch):
     """--ray at a port where a server that is not Ray's listens (an HTTP server, the
     dashboard's port): ray.init retried it for over 10 minutes with no word from
     clockwork; it is refused at once, exit 2. A gRPC server (as Ray's GCS and client
@@ -595,6 +595,13 @@ def test_a_ray_address_where_another_server_listens_is_one_line(tmp_path, capsys
         assert ray_unreachable(f"ray://{at}") is not None
         assert ray_unreachable(f"127.0.0.1:{port}") is None
         assert ray_unreachable(f"ray://127.0.0.1:{port}") is None
+        # auto is RAY_ADDRESS when it is set, as Ray takes it (a stale one hung serve)
+        monkeypatch.setenv("RAY_ADDRESS", at)
+        assert "RAY_ADDRESS (which auto takes): " in (ray_unreachable("auto") or "")
+        monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+        assert ray_unreachable("auto") is None
+        monkeypatch.setenv("RAY_ADDRESS", "")
+        assert ray_unreachable("auto") is None
     finally:
         httpd.shutdown()
         server.stop(0)
@@ -658,3 +665,15 @@ def test_an_os_error_is_one_line_naming_its_files(tmp_path):
     assert said(lambda: open(a)) == f"{a}: No such file or directory"
     assert said(lambda: os.rename(a, b)) == f"{a} -> {b}: No such file or directory"
     assert said(lambda: os.stat(1 << 20)) == "[Errno 9] Bad file descriptor: 1048576"
+
+
+def test_a_scenarios_ray_backend_takes_the_cluster_ray_address_names(monkeypatch, capsys):
+    """``cluster.backend = "ray"`` serves on the Ray cluster ``$RAY_ADDRESS`` names (inside
+    a Ray job, the job's), as ``sweep --backend ray`` does: it started a one-node Ray
+    instance of its own. (Here nothing listens there: refused at once, naming it.)"""
+    pytest.importorskip("ray")
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    assert main(["serve", "demo_live", "--set", "cluster.backend=ray", "--port", "0",
+                 "--http-port", "-1", "--kserve-port", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot reach the Ray cluster at 127.0.0.1:1" in err, err

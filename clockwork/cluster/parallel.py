@@ -447,9 +447,16 @@ def ray_unreachable(address: str | None, timeout: float = 3.0) -> str | None:
     finds itself: none, ``auto``, ``local``). Asked before ``ray.init``, which would
     retry an address where nothing listens for ~14 minutes, and one where another server
     listens for longer still. (With ``RAY_USE_TLS`` the ports speak TLS first: only
-    whether they listen is asked.)"""
+    whether they listen is asked.) ``auto`` with ``RAY_ADDRESS`` set is that address, as
+    Ray takes it (a stale one hung ``serve --ray auto`` for minutes, with only Ray's own
+    warnings)."""
     import socket
 
+    if address == "auto":
+        env = os.environ.get("RAY_ADDRESS", "").strip()
+        if env and env not in ("auto", "local"):
+            why = ray_unreachable(env, timeout)
+            return None if why is None else f"RAY_ADDRESS (which auto takes): {why}"
     if not address or address in ("auto", "local"):
         return None
     hostport = address[6:] if address.startswith("ray://") else address

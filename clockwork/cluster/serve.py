@@ -388,7 +388,9 @@ def _serve(args: argparse.Namespace, return_killed: list[bool]) -> int:
         return 2
     ray_address = getattr(args, "ray", None)  # "local": start a Ray instance here
     if ray_address is None and sc is not None and sc.cluster.get("backend") == "ray":
-        ray_address = "local"
+        # (the cluster RAY_ADDRESS names, as sweep --backend ray takes it: inside a Ray
+        # job, the job's; else one started here)
+        ray_address = os.environ.get("RAY_ADDRESS", "").strip() or "local"
     if ray_address is not None:
         try:
             import ray  # noqa: F401
