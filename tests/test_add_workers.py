@@ -525,6 +525,7 @@ def test_a_worker_started_by_hand_joins_a_served_cluster_given_its_secret(tmp_pa
 
     secret = tmp_path / "secret"
     secret.write_text("s" * 32 + "\n")
+    secret.chmod(0o600)
     env = {SECRET_ENV: None}
     serve = _Child("serve", _cli() + ["serve", "--port", "0", "--http-port", "-1",
                                       "--kserve-port", "-1", "--cluster-secret-file",

@@ -165,6 +165,35 @@ def test_an_empty_token_file_is_refused_not_taken_as_no_token(tmp_path, monkeypa
     assert client_token(None, None) == TOKEN
 
 
+def test_a_credential_file_others_can_read_is_warned_of(tmp_path, capsys):
+    """A ``--token-file`` or ``--cluster-secret-file`` that group or others may read is
+    taken, with a warning naming it, its mode and the chmod (it was taken silently: any
+    local user could act as a client or as the controller); one only its owner reads,
+    or one refused anyway, says nothing more."""
+    from clockwork.protocol.security import SecurityError, cluster_secret, server_token
+
+    token, secret = tmp_path / "token", tmp_path / "secret"
+    token.write_text(TOKEN + "\n")
+    secret.write_text("s" * 40)
+    for f in (token, secret):
+        f.chmod(0o644)
+    assert server_token(None, str(token)) == TOKEN
+    assert cluster_secret(str(secret)) == b"s" * 40
+    said = capsys.readouterr().err.splitlines()
+    assert said == [f"clockwork: warning: {flag} {f} can be read by other users (mode 644): "
+                    f"chmod 600 {f}" for flag, f in (("--token-file", token),
+                                                      ("--cluster-secret-file", secret))]
+    for f in (token, secret):
+        f.chmod(0o600)
+    assert server_token(None, str(token)) == TOKEN and cluster_secret(str(secret))
+    short = tmp_path / "short"
+    short.write_text("x")
+    short.chmod(0o644)
+    with pytest.raises(SecurityError):
+        server_token(None, str(short))
+    assert capsys.readouterr().err == ""
+
+
 def test_authenticated_clients_work_over_tls(cluster, addresses, pki):
     with clockwork.Client(cluster.address, timeout=TIMEOUT, token=TOKEN, tls_ca=pki.ca) as c:
         assert c.infer(MODEL, slo_ms=1000).output.shape == (1000,)
@@ -949,6 +978,7 @@ def test_serve_on_ray_with_tls_is_refused_naming_the_way_to_tls_everywhere(pki, 
     pytest.importorskip("ray")
     token = tmp_path / "token"
     token.write_text("t" * 32 + "\n")
+    token.chmod(0o600)  # (one others may read is warned of: a second line)
     p = _cli_run(["serve", "--ray", "--port", "0", "--http-port", "-1", "--kserve-port", "-1",
                   "--token-file", str(token), "--tls-cert", pki.cert, "--tls-key", pki.key])
     assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
@@ -967,6 +997,7 @@ def test_serve_off_loopback_needs_a_token(tmp_path):
 
 def test_off_loopback_starts_with_a_secret_or_when_told_to(tmp_path):
     (tmp_path / "secret").write_text("s" * 32 + "\n")
+    (tmp_path / "secret").chmod(0o600)
     for extra, env in ((["--insecure-no-auth"], None),
                        (["--cluster-secret-file", str(tmp_path / "secret")], None),
                        ([], {SECRET_ENV: "e" * 32})):

@@ -44,8 +44,10 @@ import ipaddress
 import os
 import re
 import secrets
+import shlex
 import socket
 import ssl
+import stat
 import sys
 import time
 from collections import OrderedDict
@@ -122,6 +124,20 @@ def _read(path: str, flag: str) -> bytes:
     return data.strip()
 
 
+def warn_if_readable(path: str, flag: str) -> None:
+    """Say on stderr when the credential file ``path`` (given as ``flag``), accepted, can be
+    read by other users (group or others may read it): anyone on the machine who can read
+    it can act as the controller or a client."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if stat.S_ISREG(mode) and mode & 0o044:
+        print(f"clockwork: warning: {flag} {path} can be read by other users (mode "
+              f"{stat.S_IMODE(mode):o}): chmod 600 {shlex.quote(str(path))}", file=sys.stderr,
+              flush=True)
+
+
 def check_token(token: str, where: str) -> str:
     if not token:
         raise SecurityError(f"{where}: empty; a token needs at least {MIN_CREDENTIAL} "
@@ -137,8 +153,10 @@ def check_token(token: str, where: str) -> str:
 def server_token(token: str | None, token_file: str | None) -> str | None:
     """The controller's client token from ``--token`` or ``--token-file`` (None: off)."""
     if token_file:
-        return check_token(_read(token_file, "--token-file").decode("latin-1"),
-                           f"--token-file {token_file}")
+        token = check_token(_read(token_file, "--token-file").decode("latin-1"),
+                            f"--token-file {token_file}")
+        warn_if_readable(token_file, "--token-file")
+        return token
     if token is not None:  # (an empty --token "" is refused, not read as no token)
         return check_token(token, "--token")
     return None
@@ -178,6 +196,8 @@ def cluster_secret(secret_file: str | None, env=None) -> bytes | None:
     if len(data) < MIN_CREDENTIAL:
         raise SecurityError(f"{where}: the cluster secret needs at least {MIN_CREDENTIAL} bytes "
                             "(e.g. python -c 'import secrets; print(secrets.token_hex(32))')")
+    if secret_file:
+        warn_if_readable(secret_file, "--cluster-secret-file")
     return data
 
 
