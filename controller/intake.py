@@ -252,17 +252,18 @@ class Admitted:
     __slots__ = ("spans", "keep", "applied")
 
     def __init__(self) -> None:
-        # (first id, end, the stream's ClientClock.shifted they are charged as of) of
-        # each admission
-        self.spans: list[tuple[int, int, int]] = []
+        # (first id, end, the stream's ClientClock.shifted they are charged as of, how
+        # much more they may be charged: the window less what they were) of each admission
+        self.spans: list[tuple[int, int, int, int]] = []
         self.keep = 64  # spans held before those all answered are dropped
         self.applied = 0  # the ClientClock.shifted every span is charged as of
 
-    def add(self, node, first: int, shifted: int = 0) -> None:
+    def add(self, node, first: int, shifted: int = 0, late: int = 0) -> None:
         """The ids from ``first`` to the node's next were just taken by this stream, as
-        of its clock's ``shifted``."""
+        of its clock's ``shifted``, charged ``late``."""
         if node.next_id > first:
-            self.spans.append((first, node.next_id, shifted))
+            self.spans.append((first, node.next_id, shifted,
+                               max(0, CLIENT_CLOCK_WINDOW_NS - late)))
         if len(self.spans) > self.keep:
             pending = node.pending
             self.spans = [s for s in self.spans if any(i in pending for i in range(s[0], s[1]))]
@@ -272,12 +273,18 @@ class Admitted:
         """The stream's clock (``ClientClock.shifted``, now ``shifted``) found its earlier
         messages later than they were charged: each admission's requests still waiting
         were sent ``shifted`` - its own ``shifted`` earlier than they were admitted as
-        (``ControllerNode.arrived_earlier``)."""
+        (``ControllerNode.arrived_earlier``), all told at most ``CLIENT_CLOCK_WINDOW_NS``
+        with what they were charged on admission (a client's stamps charge its requests
+        at most the window, whatever they say)."""
         by: dict[int, list[range]] = {}
-        for first, end, base in self.spans:
-            if base < shifted:
-                by.setdefault(shifted - base, []).append(range(first, end))
-        self.spans = [(first, end, shifted) for first, end, _ in self.spans]
+        spans = []
+        for first, end, base, room in self.spans:
+            d = min(shifted - base, room)
+            if d > 0:
+                by.setdefault(d, []).append(range(first, end))
+                room -= d
+            spans.append((first, end, shifted, room))
+        self.spans = spans
         self.applied = shifted
         for d, ranges in by.items():
             node.arrived_earlier(itertools.chain.from_iterable(ranges), d)
@@ -348,7 +355,9 @@ class ClientClock:
     fastest so far). ``shifted`` adds up how much the stream's offset fell so (within
     the window): the requests of the messages before each fall were sent that much
     earlier than they were charged (``Admitted.arrived_earlier`` moves those still
-    waiting; a clock step moves none)."""
+    waiting, each at most the window with what it was charged). A clock step past the
+    window moves none; one forward by less reads as such a fall, and moves them (the
+    protocol asks for a monotonic clock, which does not step)."""
 
     __slots__ = ("fastest", "why", "off", "run", "since", "shifted")
 
@@ -522,7 +531,7 @@ async def serve_stream(node, context) -> None:
                 reply_dues(dues, reqs, n, now_ns() - late, node.cfg.default_slo, interval)
             first = node.next_id
             submit_guarded(node, reqs if n == k else reqs[:n], deliver, late)
-            st.admitted.add(node, first, clock.shifted)
+            st.admitted.add(node, first, clock.shifted, late)
         for req in reqs[n:]:
             reply(overloaded(node, req, why))
 

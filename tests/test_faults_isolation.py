@@ -879,6 +879,18 @@ def test_a_streams_earlier_requests_move_by_what_its_clock_fell_since_each():
     moved.clear()
     a.arrived_earlier(node, 600 * ms)  # (nothing new: nothing moves again)
     assert moved == [] and a.applied == 600 * ms
+    # all told, at most the window with what a request was charged on arrival: three
+    # falls of 59 s moved the first admission 118 s
+    from controller.intake import CLIENT_CLOCK_WINDOW_NS as W
+
+    s = 10**9
+    moved.clear()
+    b = Admitted()
+    first, node.next_id = node.next_id, node.next_id + 1
+    b.add(node, first, 0, late=2 * s)  # (charged 2 s on arrival)
+    b.arrived_earlier(node, 59 * s)
+    b.arrived_earlier(node, 118 * s)
+    assert moved == [([first], W - 2 * s)], moved  # (58 s: 60 with the 2 s charged)
 
 
 # ---------------------------------------------------------------------- a bad worker
