@@ -1067,3 +1067,37 @@ def test_file_names_that_are_not_utf8(tmp_path, capsys):
     assert bad.name.startswith("bad-") and bad.key != other.key
     assert Point("caf\u00e9.toml", "x").key == Point("caf\u00e9.toml", "y").key
     capsys.readouterr()
+
+
+def test_the_plot_gives_a_line_one_colour_on_both_panels_and_a_legend_entry(tmp_path,
+                                                                             monkeypatch):
+    """A line whose points have no attainment (no requests) is drawn on the goodput
+    panel alone: each line keeps one colour on both panels (the colour cycles had got out
+    of step: the legend's blue line was orange below) and is in the legend."""
+    pytest.importorskip("matplotlib")
+    from types import SimpleNamespace
+
+    import matplotlib.pyplot as plt
+
+    import clockwork.cluster.sweep as sw
+
+    made = {}
+    subplots = plt.subplots
+
+    def keep(*a, **kw):
+        fig, axes = subplots(*a, **kw)
+        made["axes"] = axes
+        return fig, axes
+
+    monkeypatch.setattr(plt, "subplots", keep)
+    monkeypatch.setattr(plt, "close", lambda fig: None)
+    sweep = SimpleNamespace(keys=["rate"], grid={"rate": [1, 2]}, name="t")
+    table = [{"status": "ok", "scenario": name, "rate": x, "slo_attainment": att,
+              "goodput_rps": 5.0 if att else 0.0}
+             for name, att in (("A", None), ("B", 0.9)) for x in (1, 2)]
+    sw.plot(tmp_path, sweep, table)
+    top, bottom = made["axes"]
+    below = {c.get_label(): c.lines[0].get_color() for c in bottom.containers}
+    above = {c.get_label(): c.lines[0].get_color() for c in top.containers}
+    assert above == {"B": below["B"]} and below["A"] != below["B"], (above, below)
+    assert [t.get_text() for t in top.get_legend().get_texts()] == ["B", "A"]

@@ -478,8 +478,9 @@ def plot(out: Path, sweep: Sweep, table: list[dict]) -> Path:
         label = " ".join([r["scenario"], *(f"{k}={label_value(r[k])}" for k in others)])
         lines.setdefault(label, {}).setdefault(pos[toml_value(r[key])], []).append(r)
     fig, axes = plt.subplots(2, 1, figsize=(7.0, 6.0), sharex=True)
-    for label, by_x in lines.items():
+    for k, (label, by_x) in enumerate(lines.items()):
         x = sorted(by_x)
+        color = f"C{k % 10}"  # (one per line on both panels, whichever points it has)
         for ax, col in zip(axes, ("slo_attainment", "goodput_rps"), strict=True):
             # (a point with no requests has no attainment: left out of the mean)
             xv = [(v, got) for v in x if (got := [r[col] for r in by_x[v]
@@ -490,12 +491,16 @@ def plot(out: Path, sweep: Sweep, table: list[dict]) -> Path:
             lo = [m - min(got) for m, (_, got) in zip(mean, xv, strict=True)]
             hi = [max(got) - m for m, (_, got) in zip(mean, xv, strict=True)]
             ax.errorbar([v for v, _ in xv], mean, yerr=[lo, hi], marker="o", capsize=3,
-                        label=label)
+                        label=label, color=color)
     axes[0].set(ylabel="SLO attainment", title=f"sweep {sweep.name}")
     axes[1].set(ylabel="goodput (r/s)", xlabel=key)
     if not numeric:
         axes[1].set_xticks(range(len(xs)), [label_value(x) for x in xs])
-    axes[0].legend(fontsize="small", loc="best")
+    seen: dict = {}  # (a line with no attainment at all is on the goodput panel alone)
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            seen.setdefault(lab, h)
+    axes[0].legend(list(seen.values()), list(seen), fontsize="small", loc="best")
     for ax in axes:
         ax.grid(True, alpha=0.3)
     fig.tight_layout()
