@@ -298,6 +298,10 @@ def test_a_worker_actor_killed_for_good_gets_a_new_one_serving_its_place(ray_nod
         assert (new["address"], new["index"]) == (address, 0), new
         wait_output(c.controller, f"controller: worker {address} reconnected", 60)
         assert c.worker_addresses[0] == address and len(c.actors) == 2
+        # (the dead actor's place file is gone: only the live actors' are left)
+        from clockwork.cluster.ray_cluster import _state_dir
+
+        poll(lambda: len(list(_state_dir(c.run_id).glob("worker*.json"))) == 2, 10.0, 0.1)
         for k in range(2):
             assert cl.infer(f"resnet18_v2:{k}" if k else "resnet18_v2", slo_ms=1000).status == 0
 

@@ -320,6 +320,11 @@ class WorkerActor:
                 "node_id": self.node_id, "restarted": self.restarted,
                 "started": self.started}
 
+    def forget(self, slot: int) -> None:
+        """Remove the place file of this cluster's actor ``slot`` on this node: one that
+        died for good, whose place this actor now serves (its own ``stop`` never ran)."""
+        (self._place_file.parent / f"worker{slot}.json").unlink(missing_ok=True)
+
     def stop(self) -> bool:
         """Stop the worker and forget its place (the cluster is going away, or the
         controller did not take it): True once the worker has stopped (its port is free)."""
@@ -491,6 +496,7 @@ class RayCluster(LocalCluster):
         # place -> [cause, failures, looks to skip] of a worker whose actor died for good
         # and has no new one yet (cause "gone": its node left; not tried again)
         self._dead: dict[int, list] = {}
+        self._slot_of: dict = {}  # actor -> its number (its name and place file)
 
     def _init_ray(self) -> None:
         if ray.is_initialized():
@@ -693,6 +699,7 @@ class RayCluster(LocalCluster):
         """Kill ``actor`` (one of ours that is not a worker of the controller)."""
         with self._lock:
             self._pending.discard(actor)
+        self._slot_of.pop(actor, None)
         _kill(actor)
 
     def _release(self, actor, serving=None) -> None:
@@ -707,6 +714,7 @@ class RayCluster(LocalCluster):
         taken). Once the cluster is stopping: killed, no wait."""
         with self._lock:
             self._pending.discard(actor)
+        self._slot_of.pop(actor, None)
         stopping = self._watch_stop.is_set()
         busy = serving is not None and not ray.wait([serving], timeout=0)[0]
         stopped = False
@@ -765,6 +773,7 @@ class RayCluster(LocalCluster):
         # stops is either in _pending when stop looks, or killed here)
         actor = ray.remote(WorkerActor).options(**opts).remote(
             self.cluster_secret or "", self.run_id, ip, self.insecure_workers, slot)
+        self._slot_of[actor] = slot
         with self._lock:
             stopping = self._watch_stop.is_set()
             if not stopping:
@@ -917,19 +926,15 @@ class RayCluster(LocalCluster):
             actors = list(self.actors)
         if not actors or self._watch_stop.is_set():
             return []
-        refs = [a.ready.remote() for a in actors]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=min(1.0, self.watch_s))
-        dead = []
-        for i, ref in enumerate(refs):
-            if ref not in ready:
-                continue  # (alive and slow, or being restarted by Ray)
-            try:
-                ray.get(ref)
-            except ray.exceptions.ActorDiedError as e:
-                dead.append((i, e))
-            except Exception:  # noqa: BLE001, S112 - unavailable for now (restarting)
-                continue
-        for i in [i for i in self._dead if i not in {i for i, _ in dead}]:
+        died = self._died(actors)
+        if died:  # (a call in flight as a restartable actor's process died fails so too:
+            # dead for good only if a call made now fails at once as well)
+            again = self._died([actors[i] for i, _ in died])
+            dead = [died[k] for k, _ in again]
+        else:
+            dead = []
+        for i in [i for i in self._dead if i not in {i for i, _ in dead}
+                  and self._answers(actors[i])]:
             del self._dead[i]  # (alive again: Ray did restart it after all)
         live = {node[0] for node, _ in offered_nodes(self.device)}
         back = []
@@ -957,6 +962,31 @@ class RayCluster(LocalCluster):
             else:
                 self._dead_now(i, *why)
         return back
+
+    def _died(self, actors: list) -> list[tuple[int, BaseException]]:
+        """(index, error) of each of ``actors`` whose ``ready`` call fails ActorDiedError
+        within a second (one alive answers at once; one Ray restarts waits)."""
+        refs = [a.ready.remote() for a in actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=min(1.0, self.watch_s))
+        out = []
+        for i, ref in enumerate(refs):
+            if ref not in ready:
+                continue  # (alive and slow, or being restarted by Ray)
+            try:
+                ray.get(ref)
+            except ray.exceptions.ActorDiedError as e:
+                out.append((i, e))
+            except Exception:  # noqa: BLE001, S112 - unavailable for now (restarting)
+                continue
+        return out
+
+    @staticmethod
+    def _answers(actor) -> bool:
+        """Whether ``actor`` answers a call within a second."""
+        try:
+            return bool(ray.get(actor.ready.remote(), timeout=1.0))
+        except Exception:  # noqa: BLE001 - dead, restarting or slow: not now
+            return False
 
     def _serve_again(self, i: int, node: tuple[str, str, int], address: str):
         """A new actor on ``node`` serving place ``i`` at ``address``'s port: None once it
@@ -988,10 +1018,13 @@ class RayCluster(LocalCluster):
             else:
                 stopping = False
                 self._pending.discard(actor)
-                self.actors[i] = actor
+                dead, self.actors[i] = self.actors[i], actor
         if stopping:  # (stop killed the others meanwhile: this one is ours to kill)
             _kill(actor)
             return "stopping", "the cluster is stopping"
+        slot = self._slot_of.pop(dead, None)
+        if slot is not None:  # (its place file, on this node, would stay behind)
+            actor.forget.remote(slot)
         return None
 
     def _dead_now(self, i: int, cause: str, line: str) -> None:

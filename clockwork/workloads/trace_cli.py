@@ -62,8 +62,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     if args.file.isdigit() and not Path(args.file).exists():
         src = int(args.file)
     elif args.trace_dir is not None:  # (it looks for a DAY's file: a path is read as given)
-        print(f"clockwork trace info: --trace-dir is for a DAY number; {args.file} is read "
-              "as the file given", file=sys.stderr)
+        print(f"clockwork trace info: --trace-dir is for a DAY number, and {args.file} "
+              "names a file (leave out --trace-dir to read it)", file=sys.stderr)
         return 2
     try:
         tr = AzureTrace.load(src, args.trace_dir)
