@@ -447,7 +447,7 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--out", type=common.out_dir, default=None,
                    help="write each part's logs (DIR/part-MMMM/) and the figures "
                         f"(DIR/{NAME}.json) here; without it nothing is written")
-    p.add_argument("--log-format", choices=("npz", "tsv"), default="npz",
+    p.add_argument("--log-format", choices=("npz", "tsv"), default=None,
                    help="log format with --out (default npz)")
     p.add_argument("--no-logs", action="store_true",
                    help="with --out: only the figures, no request/action logs")
@@ -463,6 +463,12 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     from clockwork.workloads.azure import MINUTES
+
+    if args.out is None and args.log_format:  # (it did nothing without it, silently)
+        p.error("--log-format needs --out (the logs go there)")
+    if args.no_logs and args.log_format:
+        p.error("--log-format with --no-logs: no logs are written")
+    args.log_format = args.log_format or "npz"
 
     if args.hours is not None:
         if args.hours > MINUTES / 60:  # (a huge value would overflow into minutes)

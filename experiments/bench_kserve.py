@@ -757,10 +757,15 @@ def main() -> int:
                     help="also write every run's figures there")
     args = ap.parse_args()
     try:
-        cells_of(args)
-        servers_of(args)
+        cells = cells_of(args)
+        servers = servers_of(args)
     except argparse.ArgumentTypeError as e:
         ap.error(str(e))
+    if len(set(servers)) < len(servers):  # (each cell ran it twice; the medians mixed)
+        ap.error(f"argument --servers: a server given twice: {args.servers}")
+    if all(s in BARE for s in servers) and all(p != "grpc" for _, p, _ in cells):
+        ap.error("the floor and the hop serve gRPC only, and no cell is gRPC: nothing to "
+                 "measure")
     if int(args.exec_us * 1000) < 1:  # the profiles hold whole nanoseconds, at least 1
         ap.error(f"argument --exec-us: must be at least 0.001 (1 ns), got {args.exec_us:g}")
     from importlib.metadata import version
@@ -798,4 +803,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from common import script  # (this folder is the script's: Ctrl-C and SIGTERM in one line)
+
+    script(main)

@@ -35,7 +35,6 @@ import asyncio
 import os
 import shutil
 import subprocess
-import sys
 import time
 import urllib.request
 
@@ -279,4 +278,6 @@ def cpu_ceiling(row: dict, cores: int) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from common import script  # (this folder is the script's: Ctrl-C and SIGTERM in one line)
+
+    script(main)

@@ -26,8 +26,10 @@ def main(argv: list[str] | None = None) -> float:
     """The seconds from the controller's return to the client's first success;
     ``ControllerUnavailable`` (exit 1 as a command) if none came within ``BACK_WAIT_S``."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--down", type=float, default=90.0,
-                    help="seconds the controller is away (default 90)")
+    from clockwork.cluster.cli import argtypes as t
+
+    ap.add_argument("--down", type=t.float_in(0.0, 86400.0), default=90.0,
+                    help="seconds the controller is away, 0 to a day (default 90)")
     args = ap.parse_args(argv)
 
     import clockwork

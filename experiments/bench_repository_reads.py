@@ -102,15 +102,19 @@ def main(argv: list[str] | None = None) -> dict:
         for _ in range(args.repeat):
             for name, read in reads.items():
                 stop, lat = threading.Event(), []
-                t = threading.Thread(target=_pinger, args=(cl.address, stop, lat))
+                # (a daemon, stopped whatever happens: interrupted, it pinged a stopped
+                # controller for ever and the process waited for it)
+                t = threading.Thread(target=_pinger, args=(cl.address, stop, lat), daemon=True)
                 t.start()
-                time.sleep(0.3)
-                t0 = time.monotonic()
-                read()
-                took = (time.monotonic() - t0) * 1e3
-                time.sleep(0.3)
-                stop.set()
-                t.join()
+                try:
+                    time.sleep(0.3)
+                    t0 = time.monotonic()
+                    read()
+                    took = (time.monotonic() - t0) * 1e3
+                    time.sleep(0.3)
+                finally:
+                    stop.set()
+                    t.join()
                 row = (took, max(lat), statistics.median(lat))
                 results.setdefault(name, []).append(row)
                 print(f"{name:<24} {row[0]:8.0f} {row[1]:16.0f} {row[2]:14.1f}", flush=True)

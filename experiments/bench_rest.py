@@ -185,4 +185,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from common import script  # (this folder is the script's: Ctrl-C and SIGTERM in one line)
+
+    script(main)

@@ -77,4 +77,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from common import script  # (this folder is the script's: Ctrl-C and SIGTERM in one line)
+
+    script(main)

@@ -123,4 +123,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from common import script  # (this folder is the script's: Ctrl-C and SIGTERM in one line)
+
+    script(main)

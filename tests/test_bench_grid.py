@@ -32,3 +32,36 @@ def test_a_tiny_grid(tmp_path):
     assert f"{reach} of 2 shapes reach the rate" in target
     assert f"best/worst {rates[1] / rates[0]:.2f}x" in target
     assert target.endswith(": met" if met else ": NOT met")
+
+
+def test_sigterm_stops_the_grid_and_its_simulation_in_one_line(tmp_path):
+    """SIGTERM while a cell's simulation runs: the script says so in one line (exit 130),
+    and neither the simulation process nor its temporary folder is left (the process
+    went on, adopted by init, and the folder stayed)."""
+    import os
+    import signal
+    import time
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    p = subprocess.Popen([sys.executable, str(SCRIPT), "--gpus", "10", "--copies", "1",
+                          "--models", "1", "--requests", "3000000"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def children() -> list[int]:
+            kids = Path(f"/proc/{p.pid}/task/{p.pid}/children")
+            return [int(x) for x in kids.read_text().split()] if kids.exists() else []
+
+        deadline = time.monotonic() + 60
+        while not children():  # (the cell's simulate process started)
+            assert time.monotonic() < deadline and p.poll() is None, "no simulation started"
+            time.sleep(0.05)
+        kid = children()[0]
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 130, (p.returncode, err[-2000:])
+    assert err.strip().splitlines()[-1] == "bench_grid.py: interrupted", err[-2000:]
+    assert "Traceback" not in err
+    assert not Path(f"/proc/{kid}").exists() or "zombie" in Path(f"/proc/{kid}/status").read_text().lower()
+    assert not list(tmp_path.glob("bench_grid-*")), list(tmp_path.iterdir())
