@@ -1,7 +1,8 @@
 """Benchmark: the controller's KServe v2 front end against the KServe Python server.
 
 Two servers (and, on request, two bare ones as floors), each a process (or processes) of
-its own on loopback, driven by the same stock client (``tritonclient.grpc.aio`` /
+its own, reached on loopback (the peer listens on every address of the machine:
+``kserve.ModelServer`` takes no host), driven by the same stock client (``tritonclient.grpc.aio`` /
 ``tritonclient.http.aio``, binary tensor data on REST: the
 ``Inference-Header-Content-Length`` extension, which kserve 0.21 implements; with
 ``--protocols json`` or a ``SIZE/json/N`` cell, REST with the tensors as JSON lists):
