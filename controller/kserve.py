@@ -457,7 +457,9 @@ def _guarded(method):
                 # (gRPC's own handling of the failed send follows)
                 raise
             err = _internal(method.__name__, e)
-        err.__traceback__ = None
+        # (and the exceptions it was raised while handling: their tracebacks reach the
+        # frames too, a repository load's error one raised ``from None``)
+        err.__traceback__ = err.__context__ = err.__cause__ = None
         request = None  # noqa: F841 - let go of it before the abort (above)
         await self._abort(context, err)
 

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -350,7 +351,9 @@ def tree_cpu(pids: list[int]) -> float:
 
 def client_loop(conn) -> None:
     """A client process: runs the jobs it receives (dicts; None ends it) and sends back
-    each one's result."""
+    each one's result. Ctrl-C is its parent's to handle (the terminal sends it to the
+    whole group): it ends when its parent closes its pipe or kills it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     while (job := conn.recv()) is not None:
         fn = ready_job if job["kind"] == "ready" else load_job
         conn.send(asyncio.run(fn(job)))
@@ -570,13 +573,16 @@ def run_all(args) -> list[dict]:
     results: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         write_profiles(Path(tmp), args.exec_us)
-        others = {s: Peer(Path(tmp) / f"{s}.log", s, args.exec_us)
-                  for s in servers if s != "ours"}
-        clients = Clients(args.procs)
-        cluster = LocalCluster(workers=1, gpus=args.gpus, profiles=tmp, http_port=0,
-                               timeout=60.0,
-                               controller_args=["--default-slo-ms", f"{args.slo_ms:g}"])
-        try:
+        others: dict = {}
+        clients = cluster = None
+        try:  # (everything started inside: an interrupt at start stops what had started)
+            for s in servers:
+                if s != "ours":
+                    others[s] = Peer(Path(tmp) / f"{s}.log", s, args.exec_us)
+            clients = Clients(args.procs)
+            cluster = LocalCluster(workers=1, gpus=args.gpus, profiles=tmp, http_port=0,
+                                   timeout=60.0,
+                                   controller_args=["--default-slo-ms", f"{args.slo_ms:g}"])
             urls, pids = {}, {}
             if "ours" in servers:
                 cluster.start()
@@ -608,8 +614,11 @@ def run_all(args) -> list[dict]:
                         results.append(r)
                         print_run(r)
         finally:
-            clients.close()
-            cluster.stop()
+            if clients is not None:
+                with contextlib.suppress(OSError):  # (a client process gone: the rest on)
+                    clients.close()
+            if cluster is not None:
+                cluster.stop()
             for p in others.values():
                 p.stop()
     return results

@@ -611,7 +611,7 @@ _REFUSED_CALLS = r"""
 import asyncio, gc, tracemalloc, types
 import grpc
 from clockwork.protocol import kserve_pb2 as kpb
-from controller.kserve import KServeGrpcServicer
+from controller.kserve import NOT_FOUND, KServeError, KServeGrpcServicer
 
 node = types.SimpleNamespace(profiles={}, unloading=set(), count=lambda *a: None,
                              unknown_model=lambda n: f"unknown model {n!r}",
@@ -641,21 +641,43 @@ async def one(i):
         pass
     assert ctx.code == grpc.StatusCode.NOT_FOUND, ctx.code
 
+async def load(node, name, params):  # (an error raised while handling another)
+    try:
+        raise KeyError(name)
+    except KeyError:
+        raise KServeError(NOT_FOUND, "no such model") from None
+
+sv._repository = lambda request: types.SimpleNamespace(load=load)
+
+async def refused_load():
+    req = kpb.RepositoryModelLoadRequest(model_name="m")
+    req.parameters["config"].string_param = "y" * 1_000_000
+    ctx = Ctx()
+    try:
+        await sv.RepositoryModelLoad(req, ctx)
+    except grpc.aio.AbortError:
+        pass
+    assert ctx.code == grpc.StatusCode.NOT_FOUND, ctx.code
+
 async def main():
     gc.disable()
     tracemalloc.start()
     await one(-1)
+    await refused_load()
     base = tracemalloc.get_traced_memory()[0]
     for i in range(30):
         await one(i)
+    for _ in range(10):
+        await refused_load()
     print(round((tracemalloc.get_traced_memory()[0] - base) / 1e6, 1))
 asyncio.run(main())
 """
 
 
 def test_a_refused_grpc_call_lets_go_of_its_request_at_once():
-    """A KServe gRPC call refused (here 30 for an unknown model, each with a 600 KB input)
-    holds nothing of its request once answered: gRPC keeps the abort's exception with the
+    """A KServe gRPC call refused (here 30 for an unknown model, each with a 600 KB input,
+    and 10 repository loads of a 1 MB config refused with an error raised while handling
+    another) holds nothing of its request once answered: gRPC keeps the abort's exception with the
     call, in a cycle through its traceback that only a full collection frees, and each
     kept its request (18 MB for these, ~260 MB swings under a stream of refusals). (In a
     process of its own: the KServe protos clash with tritonclient's, loaded here.)"""

@@ -199,7 +199,8 @@ def controller_security_error(args: argparse.Namespace) -> str | None:
     )
 
     try:
-        token = server_token(getattr(args, "token", None), getattr(args, "token_file", None))
+        token = server_token(getattr(args, "token", None), getattr(args, "token_file", None),
+                             warn=False)  # (its controller warns, reading the file again)
         TlsFiles.from_flags(getattr(args, "tls_cert", None), getattr(args, "tls_key", None),
                             None)
     except SecurityError as e:

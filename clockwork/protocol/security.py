@@ -150,12 +150,16 @@ def check_token(token: str, where: str) -> str:
     return token
 
 
-def server_token(token: str | None, token_file: str | None) -> str | None:
-    """The controller's client token from ``--token`` or ``--token-file`` (None: off)."""
+def server_token(token: str | None, token_file: str | None,
+                 warn: bool = True) -> str | None:
+    """The controller's client token from ``--token`` or ``--token-file`` (None: off);
+    ``warn``: say so if the file can be read by others (``clockwork serve`` checks it
+    and leaves that to its controller, which reads it again)."""
     if token_file:
         token = check_token(_read(token_file, "--token-file").decode("latin-1"),
                             f"--token-file {token_file}")
-        warn_if_readable(token_file, "--token-file")
+        if warn:
+            warn_if_readable(token_file, "--token-file")
         return token
     if token is not None:  # (an empty --token "" is refused, not read as no token)
         return check_token(token, "--token")
