@@ -264,17 +264,24 @@ class Peer:
     def __init__(self, log: Path, kind: str = "peer", exec_us: float = 0.0) -> None:
         self.http_port, self.grpc_port = free_port(), free_port()
         self.log = log
-        mode = {"peer": ["--serve-peer", str(self.http_port), str(self.grpc_port)],
-                "floor": ["--serve-floor", str(self.grpc_port)],
-                "hop": ["--serve-hop", str(self.grpc_port), f"{exec_us:g}"]}[kind]
-        with open(log, "w") as f:
+        self.mode = {"peer": ["--serve-peer", str(self.http_port), str(self.grpc_port)],
+                     "floor": ["--serve-floor", str(self.grpc_port)],
+                     "hop": ["--serve-hop", str(self.grpc_port), f"{exec_us:g}"]}[kind]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        """Start its process (apart from ``__init__``: a caller keeps the Peer before
+        it starts, so that an interrupt as it starts still finds it to stop)."""
+        with open(self.log, "w") as f:
             self.proc = subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), *mode],
+                [sys.executable, str(Path(__file__).resolve()), *self.mode],
                 stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
     def stop(self) -> None:
         """Stop the server and what it started (the hop's echo process); returns when none
         of them runs any more."""
+        if self.proc is None:
+            return
         tree = tree_pids([self.proc.pid])
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -579,6 +586,7 @@ def run_all(args) -> list[dict]:
             for s in servers:
                 if s != "ours":
                     others[s] = Peer(Path(tmp) / f"{s}.log", s, args.exec_us)
+                    others[s].start()
             clients = Clients(args.procs)
             cluster = LocalCluster(workers=1, gpus=args.gpus, profiles=tmp, http_port=0,
                                    timeout=60.0,
@@ -621,7 +629,24 @@ def run_all(args) -> list[dict]:
                 cluster.stop()
             for p in others.values():
                 p.stop()
+            _stop_stray_servers()
     return results
+
+
+def _stop_stray_servers() -> None:
+    """Kill the server processes of this script still running as children of this
+    process (each in a session of its own, with what it started): one whose ``Popen`` an
+    interrupt cut short has no ``Peer.proc`` to stop it by."""
+    me = os.getpid()
+    for pid in tree_pids([me]):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                serving = pid != me and b"--serve-" in f.read()
+        except OSError:
+            continue
+        if serving:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
 
 
 def print_run(r: dict) -> None:

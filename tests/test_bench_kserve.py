@@ -22,6 +22,7 @@ SCRIPT = Path(bench_kserve.__file__)
 @pytest.fixture(params=["floor", "hop"])
 def bare(request, tmp_path):
     p = bench_kserve.Peer(tmp_path / "log", request.param, exec_us=100)
+    p.start()
     try:
         yield f"127.0.0.1:{p.grpc_port}"
         tree = bench_kserve.tree_pids([p.proc.pid])  # the server, and the hop's echo process
@@ -108,3 +109,46 @@ def test_the_targets_are_checked_on_the_medians():
         "tiny/grpc/8 0.75",  # the median of 1000, 2500, 1500 against 2000
         "target, ours p50 - EXEC <= the peer's p50 at 1 client, tiny/grpc: 1.40 against "
         "1.20 ms: NOT met"]
+
+
+def test_sigterm_as_the_servers_start_leaves_none_running():
+    """SIGTERM as soon as the first bare server's process appears (the next one being
+    started): the script ends in one line (exit 130) and no server of it is left running
+    (one whose start the signal cut short had no handle to be stopped by: it ran on,
+    with its echo process)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    def serving() -> list[int]:
+        out = []
+        for d in os.listdir("/proc"):
+            if d.isdigit() and int(d) > p.pid:
+                try:
+                    cmd = Path(f"/proc/{d}/cmdline").read_bytes()
+                    state = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                except OSError:
+                    continue
+                if str(SCRIPT).encode() in cmd and b"--serve-" in cmd and state != "Z":
+                    out.append(int(d))
+        return out
+
+    p = subprocess.Popen([sys.executable, str(SCRIPT), "--servers", "floor,hop", "--cells",
+                          "tiny/grpc/1", "--duration", "0.5", "--warmup", "0", "--repeats",
+                          "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not serving():
+            assert time.monotonic() < deadline and p.poll() is None, "no server started"
+            time.sleep(0.001)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 130 and err.strip().splitlines()[-1] == "bench_kserve.py: interrupted", err
+    deadline = time.monotonic() + 10
+    while serving():
+        assert time.monotonic() < deadline, f"left running: {serving()}"
+        time.sleep(0.05)
