@@ -408,6 +408,26 @@ def offered_nodes(device: str) -> list[tuple[tuple[str, str, int], float]]:
     return sorted(out, key=lambda t: (t[0][1], t[0][0]))
 
 
+def _failed_again(table: dict, key, cause: str) -> bool:
+    """One more failure of ``key`` (``cause``: a key of why) in ``table`` (key ->
+    [cause, failures, looks to skip]): it is looked at again after 1, 2, 4, ...
+    ``RETRY_LOOKS_MAX`` looks (``_not_yet``). True when its line is to be said: the first
+    failure, or another cause than the last."""
+    was = table.get(key)
+    failures = was[1] + 1 if was else 1
+    table[key] = [cause, failures, min(2 ** (failures - 1), RETRY_LOOKS_MAX)]
+    return was is None or was[0] != cause
+
+
+def _not_yet(table: dict, key) -> bool:
+    """Whether ``key``'s turn (``_failed_again``) has not come: this look of it skipped."""
+    was = table.get(key)
+    if was is not None and was[2] > 0:
+        was[2] -= 1
+        return True
+    return False
+
+
 def add_refused(e: BaseException) -> bool:
     """Whether a failed ``Client.add_worker`` call settles that the controller has not
     taken the worker: it answered with a refusal (the worker cannot serve the models, it
@@ -615,14 +635,16 @@ class RayCluster(LocalCluster):
             raise
         return placed, failed
 
-    def _serve_ref(self, node: tuple[str, str, int], actor, place: int):
+    def _serve_ref(self, node: tuple[str, str, int], actor, place: int,
+                   port: int | None = None):
         """``actor`` (on ``node``) runs the worker of the controller's place ``place``: its
-        flags (``worker_args[place]``, with the node's GPU count) and port (``worker_port +
-        10 * place``); the ref of its address. A bad flag: ``ValueError`` here, in one
-        line (not in the actor)."""
+        flags (``worker_args[place]``, with the node's GPU count) and port (``port``, else
+        ``worker_port + 10 * place``); the ref of its address. A bad flag: ``ValueError``
+        here, in one line (not in the actor)."""
         flags = self._flags(place, node[2])
         worker_args(flags, "127.0.0.1", 0)
-        port = self.worker_port + 10 * place if self.worker_port else 0
+        if port is None:
+            port = self.worker_port + 10 * place if self.worker_port else 0
         return actor.serve.remote(place, flags, port)
 
     @property
@@ -740,13 +762,10 @@ class RayCluster(LocalCluster):
         it is looked at again after 1, 2, 4, ... ``RETRY_LOOKS_MAX`` looks."""
         if self._watch_stop.is_set():  # (stopping: its actor was killed for that)
             return
-        was = self._unhosted.get(node[0])
-        failures = was[1] + 1 if was else 1
-        if was is None or was[0] != cause:
+        if _failed_again(self._unhosted, node[0], cause):
             again = "; looked at again while the cluster serves" if self.watch_s > 0 else ""
             print(f"clockwork: Ray node {_node_name(node)} has no worker: {line}{again}",
                   file=sys.stderr, flush=True)
-        self._unhosted[node[0]] = [cause, failures, min(2 ** (failures - 1), RETRY_LOOKS_MAX)]
 
     def _make_actor(self, node: tuple[str, str, int]):
         """A worker actor on ``node`` (node id, address, GPU count) that takes its GPUs and
@@ -816,13 +835,8 @@ class RayCluster(LocalCluster):
             del self._unhosted[gone]
         due = []
         for node, cpus in offered:
-            was = self._unhosted.get(node[0])
-            if node[0] in known:
-                continue
-            if was is not None and was[2] > 0:  # (its turn is not yet)
-                was[2] -= 1
-                continue
-            due.append((node, cpus))
+            if node[0] not in known and not _not_yet(self._unhosted, node[0]):
+                due.append((node, cpus))
         if not due or self._watch_stop.is_set():
             return added
         queue, failed = self._place(due)
@@ -942,10 +956,7 @@ class RayCluster(LocalCluster):
             if self._watch_stop.is_set():
                 break
             node, address = self.nodes[i], self.worker_addresses[i]
-            was = self._dead.get(i)
-            if was is not None and (was[0] == "gone" or was[2] > 0):
-                if was[0] != "gone":
-                    was[2] -= 1
+            if self._dead.get(i, [""])[0] == "gone" or _not_yet(self._dead, i):
                 continue
             if node[0] not in live:
                 self._dead_now(i, "gone", f"its actor died ({_first_line(err)}) and its Ray "
@@ -1002,8 +1013,7 @@ class RayCluster(LocalCluster):
                 self._drop(actor)
                 return "timeout", (f"its actor died and a new one did not start in "
                                    f"{self.timeout:.0f} s (are its GPUs or CPUs taken?)")
-            flags = self._flags(i, node[2])
-            ref = actor.serve.remote(i, flags, int(address.rpartition(":")[2]))
+            ref = self._serve_ref(node, actor, i, int(address.rpartition(":")[2]))
             why, got = self._got(ref, self.serve_timeout)
             if why is None and got != address:  # (the controller dials the old one)
                 why = "address", f"it listens at {got}, not {address}"
@@ -1033,12 +1043,9 @@ class RayCluster(LocalCluster):
         one)."""
         if self._watch_stop.is_set():
             return
-        was = self._dead.get(i)
-        failures = was[1] + 1 if was else 1
-        if was is None or was[0] != cause:
+        if _failed_again(self._dead, i, cause):
             print(f"clockwork: worker {i} ({self.worker_addresses[i]}): {line}",
                   file=sys.stderr, flush=True)
-        self._dead[i] = [cause, failures, min(2 ** (failures - 1), RETRY_LOOKS_MAX)]
 
     def _watch(self) -> None:
         said = None  # the last failure's kind: said once, until another or a success
