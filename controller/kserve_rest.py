@@ -37,7 +37,7 @@ from aiohttp.web_urldispatcher import _default_expect_handler
 from clockwork.errors import STARTING_MESSAGE
 from clockwork.protocol import accept_guard
 from clockwork.protocol.addresses import join
-from clockwork.protocol.security import Refusals, one_bearer_ok
+from clockwork.protocol.security import Refusals, one_bearer_ok, token_refused_how
 from controller.body_decoding import BodyDecoder
 from controller.json_offload import JsonDecoders
 from controller.json_offload import decode as decode_body
@@ -80,10 +80,11 @@ GET, POST = frozenset({"GET", "HEAD"}), frozenset({"POST"})
 
 class Reply(NamedTuple):
     """A route's answer. ``payload``: a dict or list (JSON), ``JsonText`` (JSON written
-    already), bytes (plain text: /metrics and the probes) or None (an empty body); ``extra``: binary tensor data after the JSON
-    (the binary tensor extension); ``headers``: more response headers; ``compress``: may
-    be compressed for a client that accepts it (an inference's outputs and /metrics only:
-    Triton compresses nothing else, and its asyncio client, whose requests all say
+    already), bytes (plain text: /metrics and the probes) or None (an empty body);
+    ``extra``: binary tensor data after the JSON (the binary tensor extension);
+    ``headers``: more response headers; ``compress``: may be compressed for a client that
+    accepts it (an inference's outputs and /metrics only: Triton compresses nothing else,
+    and its asyncio client, whose requests all say
     ``Accept-Encoding: gzip, deflate``, decodes no other answer -- statistics, a
     configuration, the index or an error gzipped read as garbage there)."""
 
@@ -164,8 +165,7 @@ class KServeRest:
             self._refused = Refusals("controller", self.node.count)
         given = _authorization(headers)
         sent = bool(given)
-        how = ("several Authorization headers" if len(given) > 1 else
-               "a token that is not this controller's" if sent else "no token")
+        how = token_refused_how(given, "Authorization headers")
         self._refused("an unauthenticated HTTP request" + (f" from {peer}" if peer else "")
                       + f" ({how})")
         challenge = 'Bearer realm="clockwork"'

@@ -81,13 +81,12 @@ ADD_WORKER_MAX_S = 300.0
 # connection from no answer at all
 PROBE_S = 1.0
 REFUSED_LOG_S = 60.0  # a worker refused at each reconnection attempt: a line this often
-# (a new reason at once)
+# (as a lost worker's, LOST_SAY_AGAIN_S; a new reason at once)
 # a worker found suspect, answering again and re-admitted (a line each): at most
 # LIVENESS_LOG_BURST such lines per LIVENESS_LOG_S (one that flaps, stopped for 300 ms at a
 # time, wrote three lines a second)
 LIVENESS_LOG_S = 60.0
 LIVENESS_LOG_BURST = 15
-# (as a lost worker's, LOST_SAY_AGAIN_S)
 # a session with a worker that ends within SHORT_SESSION_S of being made (another
 # controller took the worker, a worker that fails right after each Hello) backs off the
 # next reconnection: RECONNECT_S, doubling with each such session, at most

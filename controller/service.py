@@ -682,8 +682,7 @@ class ControllerNode(WorkerLinks):
         ``CANCELLED``, which nobody reads (``Policy.cancel``); they take no GPU time and no
         place before the requests whose callers wait, and their inputs' bytes count no
         more against the bounds."""
-        pending = self.pending
-        rs = [r for r in map(pending.get, ids) if r is not None]
+        rs = self._pending_of(ids)
         if rs:
             self.ctrl.cancel(rs, now_ns())
 
@@ -692,10 +691,14 @@ class ControllerNode(WorkerLinks):
         admitted as (their stream's clock found it out later: ``ClientClock``): those
         still waiting in a queue count from then, and are answered TIMEOUT once they can
         no longer finish within their SLO (``Policy.arrived_earlier``)."""
-        pending = self.pending
-        rs = [r for r in map(pending.get, ids) if r is not None]
+        rs = self._pending_of(ids)
         if rs:
             self.ctrl.arrived_earlier(rs, by, now_ns())
+
+    def _pending_of(self, ids) -> list[Request]:
+        """The requests of ``ids`` not answered yet."""
+        pending = self.pending
+        return [r for r in map(pending.get, ids) if r is not None]
 
     def submit(self, req: pb.InferRequest, deliver, budget: int | None = None) -> None:
         """A client request; ``deliver(InferResponse)`` is called exactly once. ``budget``

@@ -370,6 +370,13 @@ def one_bearer_ok(values: list, token: bytes) -> bool:
     return len(values) == 1 and bearer_ok(values[0], token)
 
 
+def token_refused_how(values: list, what: str = "authorization values") -> str:
+    """How a request whose ``authorization`` ``values`` ``one_bearer_ok`` refused went
+    wrong, for the line that logs it: several ``what``, another token, or none."""
+    return (f"several {what}" if len(values) > 1 else
+            "a token that is not this controller's" if values else "no token")
+
+
 def bearer_ok(value: str | bytes | None, token: bytes) -> bool:
     """Whether an ``authorization`` value is ``Bearer <token>`` (scheme in any case; the
     token compared in constant time)."""
@@ -433,8 +440,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None:
             return None
-        how = ("several authorization values" if len(sent) > 1 else
-               "a token that is not this controller's" if sent else "no token")
+        how = token_refused_how(sent)
         method = details.method
         self._refused.counted()  # (now: a caller that gives up at once is counted too)
         return _deny(handler, grpc.StatusCode.UNAUTHENTICATED,
