@@ -301,6 +301,9 @@ def test_a_log_flush_that_fails_is_logged_and_the_next_one_goes_on(tmp_path, cap
                 assert (await answer(node, "mobilenet_v2")).status == 0
                 await until(lambda: (logs / "requests.tsv").is_file())
                 await until(lambda: len((logs / "requests.tsv").read_text().splitlines()) >= 2)
+                # (the flush writes its files a step at a time: it says writing works again
+                # once its last step is written, after requests.tsv has its rows)
+                await until(lambda: node._flush_failures == 0)
             finally:
                 flusher.cancel()
             node.write_logs(final=True)
