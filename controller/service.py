@@ -1035,10 +1035,15 @@ class ControllerNode(WorkerLinks):
             raise RepositoryError(grpc.StatusCode.NOT_FOUND, unknown_message(
                 "no profile", profile, sorted(self.pset.profiles), len(self.pset.profiles),
                 f"in the controller's profile set {self.pset.name!r}"))
-        biggest = self.largest_cache()
-        if prof.weights_pages > biggest:
+        # (the workers that can take it now: a larger one away could not, and when it
+        # comes back it would be told a model no GPU up can hold, after it was answered
+        # READY and its requests timed out meanwhile)
+        biggest = max((g.pages for lk in self.links if self.available(lk) and lk.state
+                       for g in lk.state.gpus), default=0)
+        if biggest and prof.weights_pages > biggest:
             raise RepositoryError(bad, f"profile {profile!r} needs {prof.weights_pages} pages "
-                                  f"of weights cache; the largest GPU here has {biggest}")
+                                  f"of weights cache; the largest GPU of the workers "
+                                  f"connected has {biggest}")
         names = [name] + [f"{name}:{k}" for k in range(1, copies)]
         if have is not None:
             if (have.profile, have.copies, have.package) != (profile, copies, package):

@@ -534,3 +534,25 @@ def test_a_worker_whose_loop_is_stuck_is_left_out_at_start_too():
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_a_load_is_checked_against_the_caches_of_the_workers_connected():
+    """Two workers, 20 and 40 pages of weights cache; the larger one is lost. A model of
+    33 pages is loaded: no GPU connected can hold it, so the load is INVALID_ARGUMENT and
+    makes nothing (it was made, answered READY while every request timed out, and the
+    larger worker was refused when it came back until the model was unloaded). A model
+    the smaller one holds still loads."""
+    import clockwork
+
+    with local_cluster(workers=2, gpus=1, models="mobilenet_v2",
+                       worker_args=[["--pages", "20"], ["--pages", "40"]]) as c:
+        with clockwork.Client(c.address, timeout=30) as cl:
+            c.workers[1].proc.kill()
+            wait_output(c.controller, f"lost worker {c.worker_addresses[1]} ", timeout=15)
+            with pytest.raises(clockwork.errors.InvalidRequest,
+                               match="needs 33 pages of weights cache; the largest GPU of "
+                                     "the workers connected has 20"):
+                cl.load_model("big", profile="vgg16")
+            assert "big" not in {m.name for m in cl.repository_index()}
+            assert [m.name for m in cl.load_model("small", profile="resnet18_v2")] == ["small"]
+            assert cl.infer("small", slo_ms=2000).status == 0
