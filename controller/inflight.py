@@ -30,7 +30,19 @@ from clockwork.actions import Action, ActionType, ErrorCode, RequestStatus, Resu
 
 # A failed INFER with one of these statuses means the copy it was sent to is not there.
 COPY_GONE = frozenset((ErrorCode.WEIGHTS_NOT_PRESENT, ErrorCode.WEIGHTS_CHANGED,
-                       ErrorCode.WORKER_LOST))
+                       ErrorCode.EXEC_WEIGHTS_MISSING, ErrorCode.WORKER_LOST))
+
+# A failed INFER with one of these statuses failed on the copy's device (its kernels
+# failed, or the worker does not know the model or GPU): not its timing, and not for
+# what it carried. Retried at once, its requests would go to the same copy, free first
+# since it fails at once, again and again until their deadlines while another GPU could
+# serve them; so the copy sits out ``FAULT_PAUSE_NS``, doubling with each such failure
+# in a row up to ``FAULT_PAUSE_MAX_NS`` (a broken GPU: about one try a second), and the
+# retries go to the other copies meanwhile.
+COPY_FAULTED = frozenset((ErrorCode.INVALID_INPUT, ErrorCode.UNKNOWN_MODEL,
+                          ErrorCode.INVALID_GPU))
+FAULT_PAUSE_NS = 1_000_000
+FAULT_PAUSE_MAX_NS = 1_000_000_000
 
 # A failed INFER with one of these statuses was refused for what it carried (a batch size
 # the model's package is not compiled for): no copy would run it better, so its requests

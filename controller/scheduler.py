@@ -41,7 +41,10 @@ from clockwork.requests import DONE, EXECUTING, QUEUED, WITHDRAWN, Reply, Reques
 from controller.config import SchedulerConfig
 from controller.idle_gpus import IdleGpus, least_loaded
 from controller.inflight import (
+    COPY_FAULTED,
     COPY_GONE,
+    FAULT_PAUSE_MAX_NS,
+    FAULT_PAUSE_NS,
     LOAD_BACKOFF_MAX_NS,
     LOAD_BACKOFF_NS,
     LOAD_REFUSALS,
@@ -270,6 +273,8 @@ class ClockworkScheduler(Policy):
             inst.inflight -= 1
             m = inst.model
             if not result.status:
+                if inst.faults:
+                    inst.faults = 0
                 m.est.add_exec(inf.action.batch_size, result.held, now)
                 for r in inf.requests:
                     self._answer(r, RequestStatus.SUCCESS, now, "", g.index, inf.action.batch_size,
@@ -297,6 +302,9 @@ class ClockworkScheduler(Policy):
                     inst.ready_at = now + m.est.load
                     if m.wide is not None:
                         m.wide.push(inst)
+                elif (result.status in COPY_FAULTED and not inst.loading
+                      and g.instances.get(m.name) is inst):
+                    self._pause_copy(inst, now)
             if m.removed and self._retire(inst, now, out) and (self._unserved or self._misses):
                 self._schedule_loads(now, out, only_idle=False)  # its pages may take a LOAD
             if result.status and m.live and result.status not in REFUSED_AS_SENT:
@@ -391,6 +399,8 @@ class ClockworkScheduler(Policy):
                 m = inst.model
                 start = t if inst.ready_at <= t else inst.ready_at
                 if start >= horizon:
+                    if not inst.loading:  # (a copy sitting out a fault: _pause_copy)
+                        self._wake(g, start - self.cfg.schedule_ahead + 1)
                     continue
                 if m.live == 1:
                     # a lone request (the common case with many models) runs alone, if it
@@ -627,6 +637,19 @@ class ClockworkScheduler(Policy):
         if not m.instances:
             self._unserved.add(m.name)
             self._check_loads_by(now)
+
+    def _pause_copy(self, inst: Instance, now: int) -> None:
+        """``inst``'s INFER failed on its device (``COPY_FAULTED``): it is not offered
+        work for ``FAULT_PAUSE_NS``, doubling with each such failure in a row up to
+        ``FAULT_PAUSE_MAX_NS`` (its ``ready_at`` moved on: every start time reads it), so
+        that its requests, put back, go to the other copies."""
+        inst.faults += 1
+        pause = min(FAULT_PAUSE_MAX_NS, FAULT_PAUSE_NS << min(inst.faults - 1, 30))
+        if now + pause > inst.ready_at:
+            inst.ready_at = now + pause
+            if inst.model.wide is not None:
+                inst.model.wide.push(inst)
+            self._wake(inst.gpu, inst.ready_at - self.cfg.schedule_ahead + 1)
 
     def _load_refused(self, m: ModelState, g: GpuState, result: Result, now: int) -> None:
         """A LOAD of ``m`` refused by ``g``'s worker (``LOAD_REFUSED``).

@@ -18,7 +18,7 @@ class Instance:
     """A model's weights on one GPU (loading or loaded), as the controller believes."""
 
     __slots__ = ("model", "gpu", "version", "ready_at", "loading", "inflight", "last_used",
-                 "seq")
+                 "seq", "faults")
 
     def __init__(self, model: ModelState, gpu: GpuState, version: int, ready_at: int) -> None:
         self.model = model
@@ -29,6 +29,7 @@ class Instance:
         self.inflight = 0  # INFER actions sent and not answered
         self.last_used = 0
         self.seq = 0  # order of creation (a model's ``instances`` dict is in this order)
+        self.faults = 0  # INFERs failed in a row on its device (``COPY_FAULTED``)
 
 
 class CopyIndex:

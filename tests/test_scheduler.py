@@ -377,6 +377,59 @@ def test_infer_refused_for_what_it_carried_is_answered_at_once_not_retried():
     assert s.drain_replies() == [] and [a.type for a in again] == [ActionType.INFER], again
 
 
+def test_a_copy_whose_device_fails_its_infers_sits_out_and_the_other_copy_serves():
+    """Two GPUs with a copy each; GPU 0's device fails every INFER (INVALID_INPUT: its
+    kernels fail) from 50 ms on, at once. Each failed batch goes back to the queue and,
+    without a pause, to the copy free first -- the failing one again, about 4,000 times
+    for 374 requests of 100 ms SLO, and some requests answered TIMEOUT or ERROR while GPU
+    1 sat idle. The failing copy sits out 1 ms, then 2, 4, ... (up to 1 s) after each
+    failure in a row, so the other copy serves: every request succeeds, a few dozen
+    failures in all."""
+    import heapq
+
+    s = sched(gpus=2)
+    pending: list = []
+    seq = 0
+    tried = {0: 0, 1: 0}
+
+    def send(actions, now):
+        nonlocal seq
+        for a in actions:
+            seq += 1
+            if a.type == ActionType.INFER and a.gpu == 0 and now > 50 * MS:
+                heapq.heappush(pending, (now + 200_000, seq, a, False))
+            else:
+                begin = max(now, a.earliest)
+                heapq.heappush(pending, (begin + a.expected_duration + 100_000, seq, a, True))
+
+    def until(t):
+        while True:
+            wake = s.next_wakeup()
+            due = pending[0][0] if pending else None
+            if due is not None and due <= t and (wake is None or due <= wake):
+                at, _, a, good = heapq.heappop(pending)
+                if a.type == ActionType.INFER:
+                    tried[a.gpu] += 1
+                res = ok(a, at - a.expected_duration - 100_000) if good else fail(
+                    a, at, ErrorCode.INVALID_INPUT)
+                send(s.on_result(res, at), at)
+            elif wake is not None and wake <= t:
+                send(s.on_tick(wake), wake)
+            else:
+                return
+
+    for k in range(400):  # 500 r/s: both GPUs get a copy before 50 ms
+        t = 2 * k * MS
+        until(t)
+        send(s.on_request(req(k, t=t), t), t)
+    until(2_000 * MS)
+    assert not pending and s.next_wakeup() is None
+    late = [r for r in s.drain_replies() if r.request.arrival > 50 * MS]
+    assert len(late) == 374 and {r.status for r in late} == {RequestStatus.SUCCESS}
+    assert s.model_view("a").loaded_on == (0, 1)
+    assert tried[1] > 300 and tried[0] < 60, tried
+
+
 def test_loads_refused_in_a_row_answer_the_queue_instead_of_loading_on():
     # a worker that cannot load the model (a broken package, too few contiguous pages):
     # each refused LOAD (and the INFER sent behind it) was followed by another at once,
