@@ -346,7 +346,15 @@ class ClockworkScheduler(Policy):
         while exp and exp[0][0] < now:
             _, _, r = heapq.heappop(exp)
             if r.state == QUEUED:
-                self._time_out(self.models[r.model], r, now)
+                m = self.models[r.model]
+                drop_at = r.deadline - m.est.exec_ns[m.batch_sizes[0]]
+                if drop_at >= now:
+                    # the estimate came down since its drop time was set (a straggler's
+                    # measurement left the window, or was forgotten): it can still finish
+                    r.drop_at = drop_at
+                    heapq.heappush(exp, (drop_at, r.id, r))
+                else:
+                    self._time_out(m, r, now)
         wakes = self._wakes
         while wakes and wakes[0][0] <= now:
             top = heapq.heappop(wakes)

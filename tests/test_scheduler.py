@@ -765,6 +765,33 @@ def test_a_burst_on_one_copy_asks_for_another():
     assert len(loads) == 1 and len(s.models["a"].instances) == 2  # a copy on the other GPU
 
 
+def test_a_queued_request_is_timed_out_by_the_estimate_of_now_not_of_its_arrival():
+    """A straggler (20 ms for a 2.9 ms batch) sets the estimate, and 2 s pass with nothing
+    measured. Request 2 is queued behind 70 ms of work: its drop time is its deadline
+    less the 20 ms estimate then. Request 3 finds the estimate stale and forgets it (back
+    to the profile's 2.9 ms). Request 2 was timed out at its old drop time though it
+    could finish: now both run as a batch of 2 when the lane comes free, before
+    request 2's deadline."""
+    s = sched()
+    t = warm(s)
+    (a,) = s.on_request(req(1, t=t), t)
+    s.on_result(ok(a, t + MS, 20 * MS), t + 21 * MS)
+    s.drain_replies()
+    T = t + 2_000 * MS
+    occupy(s, T, 69 * MS)
+    assert s.on_request(req(2, t=T), T) == []
+    assert s.models["a"].queue[0].drop_at == T + 75 * MS  # (deadline T+95 ms)
+    s.gpus[0].exec.add(999_998, T, 16 * MS, T)  # (the lane free at T+86 ms)
+    assert s.on_request(req(3, t=T), T) == []
+    assert s.models["a"].est.exec(1) == E[1]
+    sent = []
+    while (w := s.next_wakeup()) is not None and w < T + 200 * MS:
+        sent += [a for a in s.on_tick(w) if a.type == ActionType.INFER]
+    assert s.drain_replies() == []
+    (inf,) = sent
+    assert [r.id for r in inf.requests] == [2, 3] and inf.expected_end <= T + 95 * MS
+
+
 def test_a_stragglers_estimate_does_not_lock_a_model_out_for_ever():
     """One straggler pushes the EXEC estimate past every SLO; with no EXEC run nothing
     would correct it. Requests are refused while the measurement is fresh; once it is
