@@ -170,8 +170,8 @@ class Policy(ABC):
         time and no place in the queue from the requests whose callers wait. One in an
         INFER already sent runs on and is answered as usual, or, if that INFER fails, so
         too instead of being tried again; one answered already is left alone (a request
-        is answered once). A policy that does not override this keeps
-        them: they run, or time out, as if their callers still waited."""
+        is answered once). Every shipped policy does so; one that does not override this
+        keeps them: they run, or time out, as if their callers still waited."""
         return []
 
     def arrived_earlier(self, requests: list[Request], by: int, now: int) -> list[Action]:

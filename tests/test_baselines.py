@@ -717,3 +717,130 @@ def test_a_model_every_gpu_refused_is_answered_error_and_starts_afresh_when_adde
     p.remove_model("a", 4 * MS)
     p.add_model("a", make_profile("a"), 4 * MS)
     assert of(p.on_request(req(3, t=5 * MS), 5 * MS), ActionType.LOAD), "not tried again"
+
+
+BASELINES = ("clipper", "tfserving", "infaas")
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_a_cancelled_request_leaves_a_baselines_queue_and_never_runs(name):
+    """A request queued behind its model's LOAD is cancelled (its caller went away): it
+    is answered ERROR ``cancelled`` at once, leaves the queue and is in no INFER (the
+    baselines kept it: it ran, or took its queue place until its deadline). One in an
+    INFER that then fails is answered so too instead of tried again."""
+    p = make_policy(name, [make_profile("a")], specs())
+    (load,) = of(p.on_request(req(1), 0), ActionType.LOAD)
+    r2 = req(2, t=MS)
+    p.on_request(r2, MS)
+    assert p.queued() == 2
+    assert p.cancel([r2], 2 * MS) == []
+    (rep,) = p.drain_replies()
+    assert (rep.request.id, rep.status, rep.message.split(":")[0]) == (
+        2, RequestStatus.ERROR, "cancelled")
+    assert p.queued() == 1
+    acts, t = p.on_result(ok(load, 8 * MS), 8 * MS), 8 * MS
+    while not of(acts, ActionType.INFER):
+        t += MS
+        acts = p.on_tick(t)
+    (inf,) = of(acts, ActionType.INFER)
+    assert [r.id for r in inf.requests] == [1]
+    p.cancel(inf.requests, t)  # (running: it runs on)
+    assert p.drain_replies() == []
+    p.on_result(fail(inf, t + MS, ErrorCode.EXEC_TOO_LATE), t + MS)
+    (rep,) = p.drain_replies()
+    assert (rep.request.id, rep.message.split(":")[0]) == (1, "cancelled")
+    assert p.queued() == 0 and p.on_tick(t + 500 * MS) == [] and p.drain_replies() == []
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_a_baselines_copy_whose_device_fails_its_infers_is_left_for_another_gpu(name):
+    """Two GPUs; every INFER on GPU 0 fails on its device at once (INVALID_GPU). The
+    failing copy was kept, the copy free first, and took every retry: each request
+    failed there 3 times (INFaaS, one copy a model: all 200 ERROR). Now it is evicted
+    and GPU 0 passed over for the model, so the model is served from GPU 1."""
+    import heapq
+
+    settings = {"replicas": 2} if name == "clipper" else None
+    p = make_policy(name, [make_profile("a")], specs(2), SchedulerConfig(), settings)
+    pending: list = []
+    seq = 0
+    t = 0
+
+    def push(actions):
+        nonlocal seq
+        for a in actions:
+            seq += 1
+            bad = a.type == ActionType.INFER and a.gpu == 0
+            at = t + (200_000 if bad else max(1, a.expected_duration))
+            heapq.heappush(pending, (at, seq, a, bad))
+
+    def answer(at, a, bad):
+        if bad:
+            return p.on_result(fail(a, at, ErrorCode.INVALID_GPU), at)
+        return p.on_result(ok(a, at, 0 if a.type == ActionType.EVICT else None), at)
+
+    for i in range(200):
+        t = 2 * i * MS
+        while pending and pending[0][0] <= t:
+            push(answer(*_pop(pending)))
+        push(p.on_request(req(i, t=t), t))
+        if (w := p.next_wakeup()) is not None and w <= t:
+            push(p.on_tick(t))
+    while pending or (p.next_wakeup() or NEVER) <= 1_000 * MS:  # (INFaaS's monitor goes on)
+        w = p.next_wakeup()
+        if pending and (w is None or pending[0][0] <= w):
+            at, a, bad = _pop(pending)
+            t = max(t, at)
+            push(answer(t, a, bad))
+        else:
+            t = max(t, w)
+            push(p.on_tick(t))
+    statuses = [r.status for r in p.drain_replies()]
+    assert len(statuses) == 200
+    assert statuses.count(RequestStatus.SUCCESS) >= 195, statuses.count(RequestStatus.SUCCESS)
+    assert p.model_view("a").loaded_on == (1,)
+
+
+def _pop(pending):
+    import heapq
+
+    at, _, a, bad = heapq.heappop(pending)
+    return at, a, bad
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_a_model_every_gpu_refused_is_loaded_on_a_gpu_that_joins(name):
+    """The only GPU refuses the model's LOAD (UNKNOWN_MODEL: no package): its requests
+    are answered ERROR for a while. A GPU joins (or the refusing one comes back): the
+    next request LOADs the model there instead of being answered ERROR until the pause
+    ends."""
+    for join in ("add", "back"):
+        p = make_policy(name, [make_profile("a")], specs(2 if join == "back" else 1))
+        if join == "back":
+            p.set_gpu_available(1, False, 0)
+        (load,) = of(p.on_request(req(1), 0), ActionType.LOAD)
+        p.on_result(fail(load, 8 * MS, ErrorCode.UNKNOWN_MODEL), 8 * MS)
+        assert [r.status for r in p.drain_replies()] == [RequestStatus.ERROR]
+        if join == "add":
+            p.add_gpu(GpuSpec(1, 0, 1376), 10 * MS)
+        else:
+            p.set_gpu_available(1, True, 10 * MS)
+        acts = p.on_request(req(2, t=20 * MS), 20 * MS)
+        assert p.drain_replies() == [], join
+        assert [(a.type, a.gpu if join == "back" else a.worker) for a in acts] == [
+            (ActionType.LOAD, 1)], join
+
+
+def test_clipper_forgets_the_retries_of_a_request_that_times_out_queued():
+    """A request whose INFER failed (its GPU lost) and that then times out in Clipper's
+    queue leaves no retry count behind (one was kept per such request for ever)."""
+    p = ClipperPolicy([make_profile("a")], specs(), SchedulerConfig())
+    acts, t = loaded(p)
+    (inf,) = of(acts, ActionType.INFER)
+    p.set_gpu_available(0, False, t)
+    p.on_result(fail(inf, t + MS, ErrorCode.WORKER_LOST), t + MS)
+    assert p._attempts == {inf.requests[0].id: 1}
+    while (w := p.next_wakeup()) is not None:
+        p.on_tick(w)
+    assert [r.status for r in p.drain_replies()] == [RequestStatus.TIMEOUT]
+    assert p._attempts == {}

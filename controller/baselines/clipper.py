@@ -130,6 +130,25 @@ class ClipperPolicy(BaselinePolicy):
     def _forget(self, model: str) -> None:
         del self.models[model]
 
+    def _unqueue(self, model: str, r: Request) -> bool:
+        q = self.models[model].queue
+        for i, e in enumerate(q):
+            if e[2] is r:
+                q[i] = q[-1]
+                q.pop()
+                heapq.heapify(q)
+                return True
+        return False
+
+    def _moved(self, model: str, now: int) -> None:
+        m = self.models[model]
+        m.queue = [(r.deadline, r.id, r) for _, _, r in m.queue]  # (earlier deadlines)
+        heapq.heapify(m.queue)
+        if self.ccfg.drop_expired and m.queue:
+            for d, rid, _ in m.queue:
+                heapq.heappush(self._deadlines, (d, rid, model))
+            self._wake(max(now, m.queue[0][0]))
+
     def _admit(self, r: Request, now: int, out: list[Action]) -> None:
         m = self.models[r.model]
         if self.profiles[r.model].weights_pages > max(g.total_pages for g in self.gpus):
@@ -244,6 +263,7 @@ class ClipperPolicy(BaselinePolicy):
         q = m.queue
         while q and q[0][0] <= now:
             _, _, r = heapq.heappop(q)
+            self._attempts.pop(r.id, None)
             self._answer(r, RequestStatus.TIMEOUT, now, "deadline elapsed in Clipper's queue")
 
     def _dispatch(self, m: _Model, c: Container, now: int, out: list[Action]) -> None:

@@ -41,19 +41,21 @@ from collections.abc import Iterable, Mapping
 
 from clockwork.actions import NEVER, Action, ActionType, ErrorCode, RequestStatus, Result
 from clockwork.profiles import ModelProfile
-from clockwork.requests import DONE, EXECUTING, Reply, Request
+from clockwork.requests import DONE, EXECUTING, QUEUED, WITHDRAWN, Reply, Request
 from clockwork.settings import from_table
 from controller.config import SchedulerConfig, usable_batch_sizes
 from controller.inflight import (
+    COPY_FAULTED,
     COPY_GONE,
     LOAD_REFUSED,
+    REFUSED_AS_SENT,
     REFUSED_FOR_NS,
     WEIGHTS_UNCOUNTED,
     Inflight,
     error_message,
     failed_status,
 )
-from controller.policy import MODEL_UNLOADED, GpuSpec, ModelView, Policy
+from controller.policy import CANCELLED, MODEL_UNLOADED, GpuSpec, ModelView, Policy
 
 MAX_ATTEMPTS = 3  # INFERs a request may be part of before a worker error is final
 
@@ -148,6 +150,14 @@ class BaselinePolicy(Policy):
     def _forget(self, model: str) -> None:
         """A removed model's last copy is gone: drop the policy's own state of it."""
 
+    def _unqueue(self, model: str, r: Request) -> bool:
+        """``cancel``: take queued ``r`` out of ``model``'s queues; whether it was there."""
+        raise NotImplementedError
+
+    def _moved(self, model: str, now: int) -> None:
+        """``arrived_earlier``: requests queued for ``model`` now count from earlier
+        (their ``arrival`` and ``deadline`` moved): reorder what depends on them."""
+
     def _admit(self, r: Request, now: int, out: list[Action]) -> None:
         raise NotImplementedError
 
@@ -225,7 +235,13 @@ class BaselinePolicy(Policy):
             else:
                 retry = []
                 for r in s.requests:
-                    n = self._attempts.get(r.id, 0) + 1
+                    if r.state == WITHDRAWN:  # its caller went away (cancel): not again
+                        self._attempts.pop(r.id, None)
+                        self._answer(r, RequestStatus.ERROR, now, CANCELLED)
+                        continue
+                    # (refused for what it carried: no copy would do better)
+                    n = MAX_ATTEMPTS if result.status in REFUSED_AS_SENT else (
+                        self._attempts.get(r.id, 0) + 1)
                     if n >= MAX_ATTEMPTS:
                         self._attempts.pop(r.id, None)
                         self._answer(r, failed_status(result), now, error_message(result))
@@ -238,6 +254,8 @@ class BaselinePolicy(Policy):
                     else:
                         self._drop(c)
                     self._lost(c.model, g, now, out)
+                elif result.status in COPY_FAULTED and g.copies.get(c.model) is c:
+                    self._faulted(c, now, out)
                 if retry and not self._serves(c):
                     for r in retry:  # removed: nowhere to run them any more
                         self._attempts.pop(r.id, None)
@@ -261,6 +279,28 @@ class BaselinePolicy(Policy):
         if self._removing:
             self._sweep(now, out)
         self._gpu_free(g, now, out)
+        return out
+
+    def cancel(self, requests: list[Request], now: int) -> list[Action]:
+        for r in requests:
+            if r.state == QUEUED:  # (one answered stays so)
+                if r.model in self.profiles and self._unqueue(r.model, r):
+                    self._attempts.pop(r.id, None)
+                    self._answer(r, RequestStatus.ERROR, now, CANCELLED)
+            elif r.state == EXECUTING:  # runs on; should its INFER fail, not again
+                r.state = WITHDRAWN
+        return []
+
+    def arrived_earlier(self, requests: list[Request], by: int, now: int) -> list[Action]:
+        moved = set()
+        for r in requests:
+            if r.state == QUEUED and r.model in self.profiles:
+                r.arrival -= by
+                r.deadline -= by
+                moved.add(r.model)
+        out: list[Action] = []
+        for name in sorted(moved):
+            self._moved(name, now)
         return out
 
     def on_tick(self, now: int) -> list[Action]:
@@ -408,6 +448,18 @@ class BaselinePolicy(Policy):
             self._attempts.pop(r.id, None)
             self._answer(r, RequestStatus.ERROR, now, why)
 
+    def _faulted(self, c: Copy, now: int, out: list[Action]) -> None:
+        """An INFER on copy ``c`` failed on its device (``COPY_FAULTED``): failing at
+        once, it would stay the copy free first and take every retry, each request failing
+        ``MAX_ATTEMPTS`` times there while another GPU could serve it. The copy is EVICTed
+        (its INFERs still out there fail then, and are retried as for a copy gone) and its
+        GPU passed over for the model for ``REFUSED_FOR_NS`` (``_try_load``), so that the
+        policy places the model elsewhere (``_lost``)."""
+        self._refused_on[(c.model, c.gpu.index)] = now + REFUSED_FOR_NS
+        if not c.loading:
+            self._send_evict(c, now, out)
+            self._lost(c.model, c.gpu, now, out)
+
     def _may_load(self, model: str, g: Gpu, now: int) -> bool:
         """Whether ``g`` could take a copy of ``model``: up, without one, big enough, and
         not one that refused it lately."""
@@ -470,6 +522,7 @@ class BaselinePolicy(Policy):
         later copies are placed on it by the policy's rules as demand asks."""
         g = Gpu(len(self.gpus), spec)
         self.gpus.append(g)
+        self._refused.clear()  # (refused by every GPU there was: this one may take them)
         self._gpu_added(g)
         out: list[Action] = []
         self._gpu_free(g, now, out)
@@ -491,6 +544,11 @@ class BaselinePolicy(Policy):
         if g.up == available:
             return out
         g.up = available
+        if available:  # back, empty: it forgets what it refused, and may take those
+            # every GPU refused
+            for k in [k for k in self._refused_on if k[1] == gpu_index]:
+                del self._refused_on[k]
+            self._refused.clear()
         if not available:
             for name in sorted(g.copies):
                 self._drop(g.copies[name])

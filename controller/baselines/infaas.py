@@ -254,6 +254,15 @@ class InfaasPolicy(BaselinePolicy):
     def _forget(self, model: str) -> None:
         del self.models[model]
 
+    def _unqueue(self, model: str, r: Request) -> bool:
+        queues = [self.models[model].pending] + [
+            c.data.queue for c in self.copies[model].values() if c.data is not None]
+        for q in queues:
+            if r in q:
+                q.remove(r)
+                return True
+        return False
+
     def _admit(self, r: Request, now: int, out: list[Action]) -> None:
         if self.profiles[r.model].weights_pages > max(g.total_pages for g in self.gpus):
             self._answer(r, RequestStatus.ERROR, now, NO_GPU_FITS)

@@ -123,6 +123,19 @@ class TfServingPolicy(BaselinePolicy):
     def _forget(self, model: str) -> None:
         del self.queues[model]
 
+    def _unqueue(self, model: str, r: Request) -> bool:
+        q = self.queues[model]
+        if r in q.open:
+            q.open.remove(r)
+            return True
+        for i, b in enumerate(q.closed):
+            if r in b:
+                b.remove(r)
+                if not b:
+                    del q.closed[i]
+                return True
+        return False
+
     def _admit(self, r: Request, now: int, out: list[Action]) -> None:
         q = self.queues[r.model]
         if self.profiles[r.model].weights_pages > max(g.total_pages for g in self.gpus):
