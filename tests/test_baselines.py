@@ -844,3 +844,17 @@ def test_clipper_forgets_the_retries_of_a_request_that_times_out_queued():
         p.on_tick(w)
     assert [r.status for r in p.drain_replies()] == [RequestStatus.TIMEOUT]
     assert p._attempts == {}
+
+
+def test_clipper_times_out_a_request_moved_earlier_at_its_new_deadline():
+    """A request queued behind its model's LOAD turns out to have been sent 90 ms earlier
+    (``arrived_earlier``): Clipper answers it TIMEOUT at its new deadline, 10 ms, instead
+    of keeping it until the deadline it was admitted with."""
+    p = ClipperPolicy([make_profile("a")], specs(), SchedulerConfig())
+    r = req(1)
+    p.on_request(r, 0)
+    assert p.arrived_earlier([r], 90 * MS, MS) == []
+    assert r.deadline == 10 * MS and p.next_wakeup() == 10 * MS
+    p.on_tick(10 * MS)
+    (rep,) = p.drain_replies()
+    assert (rep.status, rep.time) == (RequestStatus.TIMEOUT, 10 * MS)
