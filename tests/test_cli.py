@@ -261,7 +261,11 @@ def test_report_on_the_rows_of_a_controller_killed_before_it_wrote_its_logs(tmp_
     met = next(ln for ln in r.stdout.splitlines() if ln.strip().startswith("met SLO"))
     assert submitted.split()[-1] == "5" and met.split()[-1] == "5", r.stdout
     acts = next(ln for ln in r.stdout.splitlines() if ln.startswith("actions infer"))
-    assert acts.split()[-7:] == ["5", "/", "1", "/", "0", "/", "0"], r.stdout  # INFER, LOAD
+    infer, _, load, _, evict, _, rejected = acts.split()[-7:]
+    # 5 INFERs and a LOAD succeeded; on a loaded host a worker may turn one away as too
+    # late, and it is sent again (7 / 2 / 0 / 3 seen)
+    assert int(infer) >= 5 and int(load) >= 1 and evict == "0", r.stdout
+    assert int(infer) + int(load) - int(rejected) == 6, r.stdout
     inc = next(ln for ln in r.stdout.splitlines() if ln.startswith("incomplete"))
     assert f"no logs written, the rows in {rows.name}" in inc, r.stdout
 

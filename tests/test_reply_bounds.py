@@ -51,12 +51,22 @@ async def main():
                 pb.InferRequest(model="nosuch", client_id=seq[0] * 1000 + k)
                 for k in range(n)]))
 
+        async def held_still(n):
+            """``n`` streams hold replies, none of which moved for 0.2 s: their windows
+            are full. (A stream holds each reply until its writer sends it: on a loaded
+            host one whose window is still open is seen holding for a while, then sends;
+            waiting for the count of holders alone left windows unfilled.)"""
+            if len(gate.holders) < n:
+                return False
+            last = max(st.moved for st in gate.holders)
+            await asyncio.sleep(0.2)
+            return len(gate.holders) >= n and max(st.moved for st in gate.holders) == last
+
         for _ in range(16):
             q = asyncio.Queue()
             queues.append(q)
             calls.append(pbg.ClockworkStub(slow).InferStream(messages(q)))
-            held = len(gate.holders)
-            while len(gate.holders) == held:  # until its window is full
+            while not await held_still(len(queues)):  # until its window is full
                 send(q, 20)
                 await asyncio.sleep(0.003)
         full = False

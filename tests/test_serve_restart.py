@@ -86,6 +86,8 @@ class Serve:
         finally:
             if self.p.poll() is None:
                 self.p.kill()
+            for t in self.readers:  # (its last lines read before the test looks at them)
+                t.join(10)
 
 
 def _served(address: str, timeout: float = 30.0) -> None:

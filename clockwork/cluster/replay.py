@@ -186,15 +186,15 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
             # on time or late by: this callback may run tens of ms later on a busy loop)
             read = answered_ns.pop(resp.client_id, None)
             req.cold = resp.cold
-            if check is not None and resp.status == 0 and resp.outputs and req.model in specs:
-                t = resp.outputs[0]
-                check.record(specs[req.model][0], req.id % POOL,
-                             np.frombuffer(t.data, dtype=t.dtype).reshape(tuple(t.shape)))
             status = resp.status
             if status == 4 and resp.reason == "late" and resp.gpu >= 0:
                 # the controller's SUCCESS, read past its SLO (the client calls it a late
                 # TIMEOUT): logged as the simulator logs it, SUCCESS not within the SLO
                 status = 0
+            if check is not None and status == 0 and resp.outputs and req.model in specs:
+                t = resp.outputs[0]  # (a late one's too: every success is checked)
+                check.record(specs[req.model][0], req.id % POOL,
+                             np.frombuffer(t.data, dtype=t.dtype).reshape(tuple(t.shape)))
             rep = Reply(req, RequestStatus(status), (now if read is None else read) - t0,
                         resp.message, resp.gpu, resp.batch_size)
         tel.reply(rep)
