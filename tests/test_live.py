@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -490,9 +491,16 @@ def test_a_stream_closed_under_its_requests_fails_them(cluster):
         with pytest.raises(ValueError):
             s.submit("mobilenet_v2", slo_ms="soon")
         assert s.outstanding == 0
-        futs = [s.submit("mobilenet_v2", slo_ms=60_000) for _ in range(200)]
-        await asyncio.sleep(0)
-        await c.close()
+        # (the controller held stopped meanwhile: on a loaded host it could answer all
+        # 200 before the close, leaving nothing for it to fail)
+        pid = cluster.controller.proc.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            futs = [s.submit("mobilenet_v2", slo_ms=60_000) for _ in range(200)]
+            await asyncio.sleep(0)
+            await c.close()
+        finally:
+            os.kill(pid, signal.SIGCONT)
         done, pending = await asyncio.wait(futs, timeout=5)
         assert not pending and s.outstanding == 0
         failed = [f.exception() for f in done if f.exception() is not None]
