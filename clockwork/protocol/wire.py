@@ -19,6 +19,8 @@ its shape. That is the only exception a decoder raises, whatever the message hol
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from clockwork.actions import NEVER, Action, ActionType, ErrorCode, Result
@@ -51,7 +53,9 @@ def _dtype(name: str, what: str) -> np.dtype:
     if dt is not None:
         return dt
     try:
-        dt = np.dtype(name)
+        with warnings.catch_warnings():  # (a deprecated alias, "a": refused below anyway,
+            warnings.simplefilter("ignore", DeprecationWarning)  # not a warning in a log)
+            dt = np.dtype(name)
     except Exception:  # noqa: BLE001 - numpy raises TypeError, ValueError, SyntaxError...
         raise TensorWireError(f"{what}: unknown dtype {name!r}") from None
     if dt.kind not in _NUMERIC_KINDS or dt.shape != () or dt.byteorder == ">":
