@@ -1853,7 +1853,7 @@ def test_a_worker_back_without_a_model_loaded_while_it_was_away_says_why(
                 "127.0.0.1", port, WorkerNode(gpus=1, pages=100, profiles=str(partial)),
                 stop=stop1, link_port=0))
             await _until(lambda: node.counters.get("worker_refusals", 0) >= 7,
-                         "worker 1 refused seven times")
+                         "worker 1 refused seven times", 30)  # (~6.4 s of it pauses)
             # each refusal has the worker read every package again: the pauses between
             # attempts double (seven at 0.05 s apart would be 0.35 s; these are 6.35 s)
             pause = node.links[1].refused_wait
