@@ -38,10 +38,11 @@ COPY_GONE = frozenset((ErrorCode.WEIGHTS_NOT_PRESENT, ErrorCode.WEIGHTS_CHANGED,
 # since it fails at once, again and again until their deadlines while another GPU could
 # serve them; so the copy sits out ``FAULT_PAUSE_NS``, doubling with each such failure
 # in a row up to ``FAULT_PAUSE_MAX_NS`` (a broken GPU: about one try a second), and the
-# retries go to the other copies meanwhile.
+# retries go to the other copies meanwhile. (10 ms: the default schedule_ahead, so
+# that a GPU free now is asked first; 1 ms was the 1 ms every start is ahead anyway.)
 COPY_FAULTED = frozenset((ErrorCode.INVALID_INPUT, ErrorCode.UNKNOWN_MODEL,
                           ErrorCode.INVALID_GPU))
-FAULT_PAUSE_NS = 1_000_000
+FAULT_PAUSE_NS = 10_000_000
 FAULT_PAUSE_MAX_NS = 1_000_000_000
 
 # A failed INFER with one of these statuses was refused for what it carried (a batch size

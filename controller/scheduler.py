@@ -84,6 +84,13 @@ def _second(e: tuple) -> int:
     return e[1]
 
 
+def _asked_at(inst: Instance, now: int) -> int:
+    """When ``inst``'s GPU is asked about its model (``_ask_copies``): when its lane is
+    free, or, for a copy sitting out a fault (``_pause_copy``), when its pause ends."""
+    free = inst.gpu.exec.available(now)
+    return inst.ready_at if inst.faults and inst.ready_at > free else free
+
+
 class ClockworkScheduler(Policy):
     scan_extra = 64  # queued requests looked at beyond max batch when forming a batch
     wide_copies = 8  # a model with this many copies gets a CopyIndex (dropped below half)
@@ -185,9 +192,12 @@ class ClockworkScheduler(Policy):
             for gi, inst in insts.items():
                 g = gpus[gi]
                 free = g.exec.available(now)
-                frees.append((g, free))
                 if inst.ready_at > free:
+                    # (a copy sitting out a fault is asked in the order of its pause's end)
+                    frees.append((g, inst.ready_at if inst.faults else free))
                     free = inst.ready_at
+                else:
+                    frees.append((g, free))
                 if free < soonest:
                     soonest = free
         else:
@@ -287,7 +297,7 @@ class ClockworkScheduler(Policy):
                 # our view was wrong: forget the copy. Not when the INFER was turned away
                 # before its LOAD finished (a real LOAD that ran long): the weights are there.
                 if result.status in COPY_GONE and not inst.loading and g.instances.get(m.name) is inst \
-                        and result.end >= inst.ready_at:
+                        and (result.end >= inst.ready_at or inst.faults):
                     if result.status == ErrorCode.WEIGHTS_CHANGED:
                         # other weights of it are there: out, or their pages stay taken
                         # with none of our copies counting them
@@ -421,12 +431,14 @@ class ClockworkScheduler(Policy):
                     b1 = m.batch_sizes[0]
                     p = r.deadline - m.est.exec_ns[b1]
                     if p < start:
-                        if not inst.loading:
+                        if not inst.loading and not inst.faults:
+                            # (one paused by a fault: another copy may serve it)
                             self._time_out(m, r, now)
                         continue
                     cands.append((p, -b1, name, m, inst, start, r))  # (its batch: below)
                     continue
-                choice = self._choose_batch(m, start, not inst.loading, now)
+                choice = self._choose_batch(m, start, not inst.loading and not inst.faults,
+                                            now)
                 if choice is not None:
                     cands.append((choice[0], -choice[1], name, m, inst, start, choice))
             if not cands:
@@ -797,7 +809,7 @@ class ClockworkScheduler(Policy):
         if ix is not None:
             self._kick_copies(m, ix, now, out)
             return
-        self._ask_copies(m, [(inst.gpu, inst.gpu.exec.available(now))
+        self._ask_copies(m, [(inst.gpu, _asked_at(inst, now))
                              for inst in m.instances.values()], now, out)
 
     def _ask_copies(self, m: ModelState, frees: list, now: int, out: list[Action]) -> None:

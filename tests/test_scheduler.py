@@ -15,6 +15,7 @@ import pytest
 from clockwork.actions import NEVER, Action, ActionType, ErrorCode, RequestStatus, Result
 from clockwork.requests import QUEUED, Request
 from controller.config import SchedulerConfig
+from controller.inflight import FAULT_PAUSE_NS
 from controller.lanes import LaneTracker, WatchedLane
 from controller.policy import GpuSpec
 from controller.scheduler import ClockworkScheduler
@@ -370,11 +371,14 @@ def test_infer_refused_for_what_it_carried_is_answered_at_once_not_retried():
     (rep,) = s.drain_replies()
     assert rep.status == RequestStatus.ERROR and "INVALID_BATCH_SIZE" in rep.message, rep
     assert s.on_tick(t + 3 * MS) == [] and s.next_wakeup() is None
-    # INVALID_INPUT is also a device's failure while it runs the kernels: retried
+    # INVALID_INPUT is also a device's failure while it runs the kernels: retried, once
+    # the copy has sat out its pause (FAULT_PAUSE_NS: the only copy, so on it again)
     (inf,) = s.on_request(req(2, t=t + 3 * MS, slo=500 * MS), t + 3 * MS)
     again = s.on_result(fail(inf, t + 4 * MS, ErrorCode.INVALID_INPUT), t + 5 * MS)
-    again += s.on_tick(t + 5 * MS)
+    while not again:
+        again = s.on_tick(s.next_wakeup())
     assert s.drain_replies() == [] and [a.type for a in again] == [ActionType.INFER], again
+    assert again[0].earliest >= t + 5 * MS + FAULT_PAUSE_NS
 
 
 def test_a_copy_whose_device_fails_its_infers_sits_out_and_the_other_copy_serves():
@@ -428,6 +432,45 @@ def test_a_copy_whose_device_fails_its_infers_sits_out_and_the_other_copy_serves
     assert len(late) == 374 and {r.status for r in late} == {RequestStatus.SUCCESS}
     assert s.model_view("a").loaded_on == (0, 1)
     assert tried[1] > 300 and tried[0] < 60, tried
+
+
+def test_a_request_failed_on_a_paused_copy_goes_to_the_other_copy_not_timed_out():
+    """Two GPUs with a copy each, both idle; the request's INFER goes to GPU 0, whose
+    device fails it. Put back, it goes to GPU 1 at once: it went to GPU 0 again (asked
+    first, its lane free first, its pause short), four times, then was timed out by GPU
+    0's decision though GPU 1's lane was free the whole time."""
+    s = sched(gpus=2)
+    s.adopt_copies(0, 0, [("a", 1)])
+    s.adopt_copies(1, 0, [("a", 1)])
+    t = 100 * MS
+    (a,) = [x for x in s.on_request(req(1, t=t, slo=20 * MS), t) if x.type == ActionType.INFER]
+    assert a.gpu == 0
+    at = t + 200_000
+    (b,) = [x for x in s.on_result(fail(a, at, ErrorCode.INVALID_INPUT), at)
+            if x.type == ActionType.INFER]
+    assert b.gpu == 1 and b.earliest <= at + MS, b
+    s.on_result(ok(b, b.earliest), b.earliest + b.expected_duration)
+    (rep,) = s.drain_replies()
+    assert rep.status == RequestStatus.SUCCESS and rep.gpu == 1
+
+
+def test_a_copy_found_gone_while_it_sits_out_a_fault_is_forgotten():
+    """Two INFERs out on the only copy: the first fails on the device (the copy sits out
+    a pause), the second finds the weights gone (the worker was reset): the copy is
+    forgotten at once (its pause, kept in its predicted ready time, made it look like an
+    INFER turned away before its LOAD finished, and the copy was kept)."""
+    s = sched()
+    s.adopt_copies(0, 0, [("a", 1)])
+    t = 100 * MS
+    (a1,) = [a for a in s.on_request(req(1, t=t), t) if a.type == ActionType.INFER]
+    acts = s.on_request(req(2, t=t), t)
+    while not [a for a in acts if a.type == ActionType.INFER]:
+        acts = s.on_tick(s.next_wakeup())
+    (a2,) = [a for a in acts if a.type == ActionType.INFER]
+    s.on_result(fail(a1, t + MS, ErrorCode.INVALID_INPUT), t + MS)
+    assert s.models["a"].instances[0].ready_at > t + 2 * MS  # (sitting out its pause)
+    s.on_result(fail(a2, t + 2 * MS, ErrorCode.WEIGHTS_NOT_PRESENT), t + 2 * MS)
+    assert s.model_view("a").loaded_on == ()
 
 
 def test_loads_refused_in_a_row_answer_the_queue_instead_of_loading_on():
