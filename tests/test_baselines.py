@@ -810,10 +810,11 @@ def _pop(pending):
 
 @pytest.mark.parametrize("name", BASELINES)
 def test_a_model_every_gpu_refused_is_loaded_on_a_gpu_that_joins(name):
-    """The only GPU refuses the model's LOAD (UNKNOWN_MODEL: no package): its requests
-    are answered ERROR for a while. A GPU joins (or the refusing one comes back): the
+    """The only GPU up refuses the model's LOAD (UNKNOWN_MODEL: no package): its requests
+    are answered ERROR for a while. A GPU joins (or one that was away comes back): the
     next request LOADs the model there instead of being answered ERROR until the pause
-    ends."""
+    ends. A GPU too small for the model lifts nothing: ERROR at once (the request stayed
+    queued with no timer to end it)."""
     for join in ("add", "back"):
         p = make_policy(name, [make_profile("a")], specs(2 if join == "back" else 1))
         if join == "back":
@@ -829,6 +830,14 @@ def test_a_model_every_gpu_refused_is_loaded_on_a_gpu_that_joins(name):
         assert p.drain_replies() == [], join
         assert [(a.type, a.gpu if join == "back" else a.worker) for a in acts] == [
             (ActionType.LOAD, 1)], join
+    p = make_policy(name, [make_profile("a")], specs())
+    (load,) = of(p.on_request(req(1), 0), ActionType.LOAD)
+    p.on_result(fail(load, 8 * MS, ErrorCode.UNKNOWN_MODEL), 8 * MS)
+    p.drain_replies()
+    p.add_gpu(GpuSpec(1, 0, 3), 10 * MS)  # (the model takes 7 pages)
+    assert p.on_request(req(2, t=20 * MS), 20 * MS) == []
+    assert [r.status for r in p.drain_replies()] == [RequestStatus.ERROR]
+    assert p.queued() == 0
 
 
 def test_clipper_forgets_the_retries_of_a_request_that_times_out_queued():
@@ -858,3 +867,24 @@ def test_clipper_times_out_a_request_moved_earlier_at_its_new_deadline():
     p.on_tick(10 * MS)
     (rep,) = p.drain_replies()
     assert (rep.status, rep.time) == (RequestStatus.TIMEOUT, 10 * MS)
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_a_baselines_only_copy_is_kept_through_one_device_fault(name):
+    """The only GPU's INFER fails once on its device (INVALID_INPUT): with nowhere else
+    to go, the copy stays and the request is tried on it again and served (it was
+    evicted and its GPU passed over for a second, the next request left queued with no
+    timer to end it)."""
+    p = make_policy(name, [make_profile("a")], specs())
+    acts, t = loaded(p)
+    (inf,) = of(acts, ActionType.INFER)
+    acts = p.on_result(fail(inf, t + MS, ErrorCode.INVALID_INPUT), t + MS)
+    t += MS
+    while not of(acts, ActionType.INFER):
+        assert p.next_wakeup() is not None and not of(acts, ActionType.EVICT), acts
+        t = p.next_wakeup()
+        acts = p.on_tick(t)
+    (again,) = of(acts, ActionType.INFER)
+    assert again.gpu == 0 and not of(acts, ActionType.EVICT)
+    p.on_result(ok(again, t + again.expected_duration), t + again.expected_duration)
+    assert [r.status for r in p.drain_replies()] == [RequestStatus.SUCCESS]

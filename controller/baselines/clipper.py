@@ -140,14 +140,14 @@ class ClipperPolicy(BaselinePolicy):
                 return True
         return False
 
-    def _moved(self, model: str, now: int) -> None:
+    def _moved(self, model: str, moved: list[Request], now: int) -> None:
         m = self.models[model]
         m.queue = [(r.deadline, r.id, r) for _, _, r in m.queue]  # (earlier deadlines)
         heapq.heapify(m.queue)
-        if self.ccfg.drop_expired and m.queue:
-            for d, rid, _ in m.queue:
-                heapq.heappush(self._deadlines, (d, rid, model))
-            self._wake(max(now, m.queue[0][0]))
+        if self.ccfg.drop_expired:
+            for r in moved:
+                heapq.heappush(self._deadlines, (r.deadline, r.id, model))
+                self._wake(max(now, r.deadline))
 
     def _admit(self, r: Request, now: int, out: list[Action]) -> None:
         m = self.models[r.model]

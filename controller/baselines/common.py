@@ -154,8 +154,8 @@ class BaselinePolicy(Policy):
         """``cancel``: take queued ``r`` out of ``model``'s queues; whether it was there."""
         raise NotImplementedError
 
-    def _moved(self, model: str, now: int) -> None:
-        """``arrived_earlier``: requests queued for ``model`` now count from earlier
+    def _moved(self, model: str, moved: list[Request], now: int) -> None:
+        """``arrived_earlier``: ``moved``, queued for ``model``, now count from earlier
         (their ``arrival`` and ``deadline`` moved): reorder what depends on them."""
 
     def _admit(self, r: Request, now: int, out: list[Action]) -> None:
@@ -292,16 +292,15 @@ class BaselinePolicy(Policy):
         return []
 
     def arrived_earlier(self, requests: list[Request], by: int, now: int) -> list[Action]:
-        moved = set()
+        moved: dict[str, list[Request]] = {}
         for r in requests:
             if r.state == QUEUED and r.model in self.profiles:
                 r.arrival -= by
                 r.deadline -= by
-                moved.add(r.model)
-        out: list[Action] = []
+                moved.setdefault(r.model, []).append(r)
         for name in sorted(moved):
-            self._moved(name, now)
-        return out
+            self._moved(name, moved[name], now)
+        return []
 
     def on_tick(self, now: int) -> list[Action]:
         out: list[Action] = []
@@ -454,11 +453,18 @@ class BaselinePolicy(Policy):
         ``MAX_ATTEMPTS`` times there while another GPU could serve it. The copy is EVICTed
         (its INFERs still out there fail then, and are retried as for a copy gone) and its
         GPU passed over for the model for ``REFUSED_FOR_NS`` (``_try_load``), so that the
-        policy places the model elsewhere (``_lost``)."""
-        self._refused_on[(c.model, c.gpu.index)] = now + REFUSED_FOR_NS
-        if not c.loading:
-            self._send_evict(c, now, out)
-            self._lost(c.model, c.gpu, now, out)
+        policy places the model elsewhere (``_lost``) -- when there is an elsewhere:
+        another copy loaded, or another GPU that may take one. Else the copy stays and the
+        requests are tried on it again, up to ``MAX_ATTEMPTS`` (evicted, the model's
+        queue waited for the pass-over to end, with no timer to end it)."""
+        g = c.gpu
+        if c.loading or not (
+                any(o is not c and not o.loading for o in self.copies[c.model].values())
+                or any(h is not g and self._may_load(c.model, h, now) for h in self.gpus)):
+            return
+        self._refused_on[(c.model, g.index)] = now + REFUSED_FOR_NS
+        self._send_evict(c, now, out)
+        self._lost(c.model, g, now, out)
 
     def _may_load(self, model: str, g: Gpu, now: int) -> bool:
         """Whether ``g`` could take a copy of ``model``: up, without one, big enough, and
@@ -522,14 +528,21 @@ class BaselinePolicy(Policy):
         later copies are placed on it by the policy's rules as demand asks."""
         g = Gpu(len(self.gpus), spec)
         self.gpus.append(g)
-        self._refused.clear()  # (refused by every GPU there was: this one may take them)
         self._gpu_added(g)
+        self._may_take_refused(g, now)
         out: list[Action] = []
         self._gpu_free(g, now, out)
         return out
 
     def _gpu_added(self, g: Gpu) -> None:
         """Hook: per-GPU state of a subclass for a GPU added at run time."""
+
+    def _may_take_refused(self, g: Gpu, now: int) -> None:
+        """``g`` joined or came back: the models every GPU refused that ``g`` may take are
+        tried again (their requests were answered ERROR until ``REFUSED_FOR_NS`` ran
+        out); one too big for it stays refused."""
+        for model in [m for m in self._refused if self._may_load(m, g, now)]:
+            del self._refused[model]
 
     def set_gpu_available(self, gpu_index: int, available: bool, now: int) -> list[Action]:
         """Lost (False): every copy on the GPU is forgotten, each as a lost copy is
@@ -548,7 +561,7 @@ class BaselinePolicy(Policy):
             # every GPU refused
             for k in [k for k in self._refused_on if k[1] == gpu_index]:
                 del self._refused_on[k]
-            self._refused.clear()
+            self._may_take_refused(g, now)
         if not available:
             for name in sorted(g.copies):
                 self._drop(g.copies[name])
