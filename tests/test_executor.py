@@ -395,3 +395,31 @@ def test_actions_that_would_never_run_are_refused_not_queued(monkeypatch):
     # however far below it the worker's clock reads (an offset of days back)
     e2 = ex()
     assert e2.submit(load(30, "a", earliest=0), -2 * 86_400_000 * MS) == []
+
+
+class _Open:
+    """A device whose LOADs and INFERs the shell runs for real (as cpu/cuda ones)."""
+
+    def duration(self, action, profile):
+        return None
+
+
+def test_a_load_and_an_infer_with_the_same_id_each_get_their_own_result():
+    """A controller that gives a LOAD and an INFER the same id (a bug, or not ours): both
+    run at once, one on each lane, and each completion is matched by its lane too. By the
+    id alone the LOAD's failure was the INFER's result, and the LOAD was answered SUCCESS
+    with the INFER's outputs, its weights counted loaded while the device held none."""
+    e = GpuExecutor(0, 0, 20, {"a": make_profile("a", pages=7), "b": make_profile("b", pages=7)},
+                    _Open())
+    e.submit(load(1, "a"), 0)
+    e.take_started()
+    e.complete(1, MS, kind=ActionType.LOAD)
+    e.submit(load(7, "b"), 2 * MS)
+    e.submit(infer(7, "a", version=1), 2 * MS)
+    assert sorted(a.type for a in e.take_started()) == [ActionType.LOAD, ActionType.INFER]
+    (r,) = e.complete(7, 3 * MS, ErrorCode.LOAD_INSUFFICIENT_CACHE, "device full",
+                      kind=ActionType.LOAD)
+    assert (r.type, r.status) == (ActionType.LOAD, ErrorCode.LOAD_INSUFFICIENT_CACHE)
+    assert "b" not in e.weights and e.pages_used == 7
+    (r,) = e.complete(7, 4 * MS, outputs=["out"], kind=ActionType.INFER)
+    assert (r.type, r.status, r.outputs) == (ActionType.INFER, ErrorCode.SUCCESS, ["out"])

@@ -332,3 +332,30 @@ def test_a_session_reads_no_more_while_its_states_wait_to_be_sent():
         reader.cancel()
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_session_reads_no_more_while_its_clock_echoes_wait_to_be_sent():
+    """Clock echoes count in the worker's backpressure too: with more than
+    ECHOES_WAITING_MAX waiting to go back, the reader waits until one is sent. A peer
+    that sent echoes and read nothing grew a worker by 3 GB in 25 s."""
+    from clockwork.protocol import clockwork_pb2 as pb
+    from clockwork.protocol.holding import Holder
+    from worker import service
+
+    async def main():
+        node = service.WorkerNode(gpus=1, pages=100)
+        session = service._Session(node, False, lambda *a: None, Holder("c", 0, "c", "p", 0.0))
+        for k in range(service.ECHOES_WAITING_MAX + 1):
+            assert await session.deliver(pb.ControllerMessage(echo=pb.ClockEcho(seq=k)))
+        room = asyncio.ensure_future(session.room())
+        await asyncio.sleep(0)
+        assert not room.done()  # (one too many waiting)
+        reader = asyncio.create_task(asyncio.Event().wait())  # (the controller's side)
+        sent = session.outgoing(reader, fast=False)
+        first, _ = await sent.__anext__()
+        assert first.echo.seq == 0
+        await asyncio.wait_for(room, 5)  # one went: the reader reads again
+        await sent.aclose()
+        reader.cancel()
+
+    asyncio.run(asyncio.wait_for(main(), 30))

@@ -178,3 +178,16 @@ def test_actions_and_results_built_in_place_round_trip(kind, gpu, earliest, span
     assert m == result_to_msg(r) and out.WhichOneof("kind") == "results"
     back = msg_to_result(pb.ResultMsg.FromString(m.SerializeToString()), 0, 0)
     assert back == r
+
+
+def test_an_action_with_a_model_name_past_the_limit_is_malformed():
+    """A model name longer than any instance's is refused as the action is read (it was
+    echoed back twice in its result: a 33 MiB name made a result past gRPC's message
+    limit, which ended the session with the other results of its message)."""
+    from clockwork.protocol.wire import ACTION_MODEL_CHARS, WireError, msg_to_action
+
+    ok = pb.ActionMsg(id=1, type=int(ActionType.LOAD), model="m" * ACTION_MODEL_CHARS)
+    assert msg_to_action(ok).model == ok.model
+    with pytest.raises(WireError, match="model name of 257 characters"):
+        msg_to_action(pb.ActionMsg(id=2, type=int(ActionType.LOAD),
+                                   model="m" * (ACTION_MODEL_CHARS + 1)))

@@ -280,14 +280,17 @@ class GpuExecutor:
 
     def complete(self, action_id: int, now: int, status: ErrorCode = ErrorCode.SUCCESS,
                  message: str = "", duration: int | None = None,
-                 outputs: object = None) -> list[Result]:
+                 outputs: object = None, kind: ActionType | None = None) -> list[Result]:
         """The shell hears at ``now`` that an open action finished: its lane was held from
         when this executor started it until now (the hand-over to the device and back
-        included); ``duration`` is the device's own figure for the work. Returns its
-        result and whatever else finished or started by ``now``."""
+        included); ``duration`` is the device's own figure for the work. ``kind``: its
+        type, which picks its lane (a LOAD and an INFER a controller gave the same id may
+        run at once, one on each: the id alone gave one's result to the other). Returns
+        its result and whatever else finished or started by ``now``."""
         for lane in (self.exec_lane, self.load_lane):
             r = lane.running
-            if r is not None and r.end is None and r.action.id == action_id:
+            if (r is not None and r.end is None and r.action.id == action_id
+                    and (kind is None or r.action.type == kind)):
                 break
         else:
             raise KeyError(f"action {action_id} is not running open here")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from clockwork.actions import Action, ErrorCode, Result
+from clockwork.actions import Action, ActionType, ErrorCode, Result
 from worker.executor import GpuExecutor
 
 
@@ -82,12 +82,13 @@ class WorkerLoop:
 
     def complete(self, executor: GpuExecutor, action_id: int, now: int,
                  status: ErrorCode = ErrorCode.SUCCESS, message: str = "",
-                 duration: int | None = None, outputs: object = None) -> None:
+                 duration: int | None = None, outputs: object = None,
+                 kind: ActionType | None = None) -> None:
         """A real device finished an open action; the worker hears of it at ``now``
         (``GpuExecutor.complete``)."""
         if not any(e is executor for e in self.executors):  # (not ``in``: dataclass ==)
             return  # an action of executors replaced by a reset
-        res = executor.complete(action_id, now, status, message, duration, outputs)
+        res = executor.complete(action_id, now, status, message, duration, outputs, kind)
         self._after(res, now)
 
     def forget(self, model: str, now: int) -> None:

@@ -81,6 +81,7 @@ from clockwork.protocol.security import (
 )
 from clockwork.protocol.versions import PROTOCOL, SOFTWARE, mismatch
 from clockwork.protocol.wire import (
+    ACTION_MODEL_CHARS,
     WireError,
     add_result,
     add_tensors,
@@ -119,6 +120,10 @@ RESULT_BACKLOG_BYTES = 4 * RESULT_MESSAGE_BYTES
 # waiting to be sent: past this many the worker reads no more either (a controller that
 # sent updates and read nothing grew a worker with long names by ~20 MB an update)
 STATES_WAITING_MAX = 8
+# clock echoes waiting to be sent back past which the worker reads nothing more from the
+# controller until they go (a peer that sends echoes and never reads grew the worker by
+# ~500 bytes an echo, without end); a controller has one or a few out at a time
+ECHOES_WAITING_MAX = 1024
 _RESULT_BYTES = 64  # a result's fixed fields in a message, estimated (strings, tensors added)
 _TOLD_MAX = 64  # other controllers a session logs the refusal of (once each)
 BUILD_NOTE_S = 10.0  # while one package's kernels build, a line this often (a sign of life)
@@ -574,7 +579,8 @@ class WorkerNode:
             except WireError as e:
                 self._complain(f"malformed action {m.id} answered INVALID_INPUT: {e}")
                 bad.append(pb.ResultMsg(id=m.id, type=m.type, status=ErrorCode.INVALID_INPUT,
-                                        gpu=m.gpu, model=m.model, batch_size=m.batch_size,
+                                        gpu=m.gpu, model=m.model[:ACTION_MODEL_CHARS],
+                                        batch_size=m.batch_size,
                                         received=now, begin=now, end=now,
                                         message=f"malformed action: {e}"))
                 continue
@@ -625,7 +631,10 @@ class WorkerNode:
     def _evicted(self, results: list[Result]) -> None:
         for r in results:
             if r.type == ActionType.EVICT and r.status == ErrorCode.SUCCESS:
-                self.real[r.gpu].evict(r.model)
+                # (drop: weights the device does not hold -- its view and the executor's
+                # apart -- must not raise here, where the results of the batch and the
+                # actions started with it would be lost)
+                self.real[r.gpu].drop(r.model)
             elif r.type == ActionType.INFER:
                 self._inputs.pop(r.id, None)
 
@@ -647,7 +656,7 @@ class WorkerNode:
         except Exception as err:  # noqa: BLE001 - a failed EXEC must still be answered
             status, message = ErrorCode.INVALID_INPUT, f"EXEC failed: {err!r}"
         t1 = now_ns()
-        loop.call_soon_threadsafe(self._completed, e, a.id, t0, t1, status, message, exec_ns, outs)
+        loop.call_soon_threadsafe(self._completed, e, a, t0, t1, status, message, exec_ns, outs)
 
     def _run_load(self, loop, e: GpuExecutor, dev, a) -> None:
         from worker.devices.base import DeviceError
@@ -671,9 +680,9 @@ class WorkerNode:
         except Exception as err:  # noqa: BLE001
             status, message = ErrorCode.LOAD_INSUFFICIENT_CACHE, f"LOAD failed: {err!r}"
         t1 = now_ns()
-        loop.call_soon_threadsafe(self._completed, e, a.id, t0, t1, status, message, None, None)
+        loop.call_soon_threadsafe(self._completed, e, a, t0, t1, status, message, None, None)
 
-    def _completed(self, e: GpuExecutor, aid: int, t0: int, t1: int, status: ErrorCode,
+    def _completed(self, e: GpuExecutor, a, t0: int, t1: int, status: ErrorCode,
                    message: str, duration: int | None, outs) -> None:
         """A device thread finished an action (its work from ``t0`` to ``t1``). The result
         says the lane was held from when the executor started the action to now, when
@@ -682,8 +691,8 @@ class WorkerNode:
         predicts the lane from these times (a GPU's small models on the host's event
         loop: the hand-overs were as long as the work). ``duration`` stays the device's
         own figure (the work alone, ``t1 - t0`` where the device gives none)."""
-        self.wloop.complete(e, aid, now_ns(), status, message,
-                            t1 - t0 if duration is None else duration, outs)
+        self.wloop.complete(e, a.id, now_ns(), status, message,
+                            t1 - t0 if duration is None else duration, outs, a.type)
 
     def _emit(self, results: list[Result]) -> None:
         if not results:
@@ -1144,7 +1153,7 @@ class _Session:
         self.goodbye = ""  # why its controller said it does not use this worker, if it did
         # called at its controller's first echo or actions (it uses the worker), if set
         self.on_used: Callable[[], None] | None = None
-        self.echoes: list[pb.ClockEcho] = []
+        self.echoes: deque[pb.ClockEcho] = deque()
         self.states: list[pb.WorkerState] = []  # answers to InstanceUpdates
         # something to send (results, echoes, states) or the end: one event, the node's
         self.wake = node._out_ready
@@ -1186,11 +1195,13 @@ class _Session:
 
     async def room(self) -> None:
         """Returns once the results waiting to be sent are at most
-        ``RESULT_BACKLOG_BYTES``, and the states at most ``STATES_WAITING_MAX``: the
-        reader asks before it reads the controller's next message (backpressure: the
-        controller's writes wait; ``outgoing`` sends on)."""
+        ``RESULT_BACKLOG_BYTES``, the states at most ``STATES_WAITING_MAX`` and the clock
+        echoes at most ``ECHOES_WAITING_MAX``: the reader asks before it reads the
+        controller's next message (backpressure: the controller's writes wait;
+        ``outgoing`` sends on)."""
         node = self.node
-        while node._out_bytes > RESULT_BACKLOG_BYTES or len(self.states) > STATES_WAITING_MAX:
+        while (node._out_bytes > RESULT_BACKLOG_BYTES or len(self.states) > STATES_WAITING_MAX
+               or len(self.echoes) > ECHOES_WAITING_MAX):
             node._room.clear()
             await node._room.wait()
 
@@ -1316,7 +1327,9 @@ class _Session:
                     return
             wake.clear()
             while echoes:
-                yield pb.WorkerMessage(echo=echoes.pop(0)), ()
+                e = echoes.popleft()
+                node._room.set()  # (the reader may wait for echoes to go: room)
+                yield pb.WorkerMessage(echo=e), ()
             while states:
                 st = states.pop(0)
                 node._room.set()  # (the reader may wait for states to go: room)

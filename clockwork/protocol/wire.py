@@ -99,12 +99,23 @@ def _fill_action(m: pb.ActionMsg, a: Action, offset: int) -> None:
             m.answer_by = by + offset
 
 
+# the longest model name an action may carry: every instance name is far shorter
+# (``clockwork.names``: 128 characters and a copy's ":K"); a longer one is refused, not
+# echoed back in its result (a 33 MiB name made a result past the message limit, which
+# ended the session and lost the other results of its message)
+ACTION_MODEL_CHARS = 256
+
+
 def msg_to_action(m: pb.ActionMsg, worker: int = 0) -> Action:
-    """Raises ``WireError`` for an unknown type or a negative batch size or duration (a
-    GPU the worker does not have is the worker's to answer: ``INVALID_GPU``)."""
+    """Raises ``WireError`` for an unknown type, a negative batch size or duration, or a
+    model name past ``ACTION_MODEL_CHARS`` (a GPU the worker does not have is the
+    worker's to answer: ``INVALID_GPU``)."""
     t = _ACTION_TYPES.get(m.type)
     if t is None:
         raise WireError(f"action {m.id}: unknown action type {m.type}")
+    if len(m.model) > ACTION_MODEL_CHARS:
+        raise WireError(f"action {m.id}: a model name of {len(m.model):,} characters (at "
+                        f"most {ACTION_MODEL_CHARS})")
     if m.batch_size < 0 or m.expected_duration < 0:
         raise WireError(f"action {m.id}: negative batch size or expected duration "
                         f"({m.batch_size}, {m.expected_duration})")
