@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from clockwork.actions import ErrorCode
+from clockwork.actions import NEVER, Action, ActionType, ErrorCode
 from tests.conftest import make_profile
 from tests.fake_cuda import fake_cuda_device, fake_package
 from worker.devices import base
@@ -100,10 +100,13 @@ def test_the_worker_reports_the_lane_held_until_its_loop_hears_of_the_end(monkey
     node = object.__new__(WorkerNode)  # only the completion, no event loop or executors
     node.wloop = _Completions()
     monkeypatch.setattr(service, "now_ns", lambda: 50)
-    node._completed("e", 7, 10, 30, ErrorCode.SUCCESS, "", 15, "outs")
-    assert node.wloop.args == ("e", 7, 50, ErrorCode.SUCCESS, "", 15, "outs")
-    node._completed("e", 8, 10, 30, ErrorCode.SUCCESS, "", None, None)
-    assert node.wloop.args == ("e", 8, 50, ErrorCode.SUCCESS, "", 20, None)
+    infer = Action(7, ActionType.INFER, 0, 0, "m", 0, NEVER, 0)
+    node._completed("e", infer, 10, 30, ErrorCode.SUCCESS, "", 15, "outs")
+    assert node.wloop.args == ("e", 7, 50, ErrorCode.SUCCESS, "", 15, "outs",
+                               ActionType.INFER)  # (its lane's kind: the id alone is not)
+    load = Action(8, ActionType.LOAD, 0, 0, "m", 0, NEVER, 0)
+    node._completed("e", load, 10, 30, ErrorCode.SUCCESS, "", None, None)
+    assert node.wloop.args == ("e", 8, 50, ErrorCode.SUCCESS, "", 20, None, ActionType.LOAD)
 
 
 @pytest.fixture(params=[
