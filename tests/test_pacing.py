@@ -359,3 +359,28 @@ def test_a_session_reads_no_more_while_its_clock_echoes_wait_to_be_sent():
         reader.cancel()
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_session_reads_no_more_while_a_devices_inputs_wait_past_the_bound(monkeypatch):
+    """A real device's INFER inputs held until their actions start count in the worker's
+    backpressure: past INPUTS_WAITING_BYTES the reader waits until some are taken (a
+    controller that sent 30 MiB inputs an hour ahead grew a worker without end)."""
+    import numpy as np
+
+    from clockwork.protocol.holding import Holder
+    from clockwork.tensors import Tensor
+    from worker import service
+
+    async def main():
+        node = service.WorkerNode(gpus=1, pages=100)
+        session = service._Session(node, False, lambda *a: None, Holder("c", 0, "c", "p", 0.0))
+        monkeypatch.setattr(service, "INPUTS_WAITING_BYTES", 100)
+        node._inputs[5] = [Tensor.of("x", np.zeros(64, np.float32))]
+        node._inputs_bytes = 256
+        room = asyncio.ensure_future(session.room())
+        await asyncio.sleep(0)
+        assert not room.done()  # (past the bound)
+        assert node._take_inputs(5) is not None and node._inputs_bytes == 0
+        await asyncio.wait_for(room, 5)  # taken: the reader reads again
+
+    asyncio.run(asyncio.wait_for(main(), 30))

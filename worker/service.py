@@ -116,6 +116,10 @@ RESULT_MESSAGE_BYTES = 1 << 20
 # actions) goes out at the stream's pace, and normal traffic (hundreds of bytes at a
 # time) never comes near it.
 RESULT_BACKLOG_BYTES = 4 * RESULT_MESSAGE_BYTES
+# a real device's INFER inputs held until their actions start: past this many bytes the
+# worker reads no more either, until some start (a controller plans milliseconds ahead:
+# megabytes; one that sent 30 MiB inputs an hour ahead grew a worker without end)
+INPUTS_WAITING_BYTES = 1 << 30
 # answers to Hellos and InstanceUpdates (each a WorkerState, with every instance's name)
 # waiting to be sent: past this many the worker reads no more either (a controller that
 # sent updates and read nothing grew a worker with long names by ~20 MB an update)
@@ -199,6 +203,7 @@ class WorkerNode:
         self.real: list = []  # real devices, one per GPU
         self._threads: list[tuple[ThreadPoolExecutor, ThreadPoolExecutor]] = []
         self._inputs: dict[int, list[Tensor]] = {}  # INFER id -> its batch's inputs
+        self._inputs_bytes = 0  # their bytes (``INPUTS_WAITING_BYTES``)
         self._want: set[int] = set()  # INFERs whose output tensors go back
         self.result_interval_us = result_interval_us  # pacing of result messages
         # paced results: by INFER id, when its answer is due (``ActionMsg.answer_by``);
@@ -259,6 +264,7 @@ class WorkerNode:
         else:
             self.wloop.reset(self.worker_id, self.executors)
         self._inputs = {}
+        self._inputs_bytes = 0
         self._want = set()
         self._answer_by = {}
         self._out_due = 0
@@ -591,7 +597,9 @@ class WorkerNode:
                 if m.answer_by and self.result_interval_us:
                     self._answer_by[a.id] = m.answer_by
                 if inputs:
+                    self._take_inputs(a.id)  # (an id again: the old ones go)
                     self._inputs[a.id] = inputs
+                    self._inputs_bytes += sum(t.nbytes for t in inputs)
             actions.append(a)
         if bad:
             self._out.extend(bad)
@@ -612,7 +620,7 @@ class WorkerNode:
         dev = self.real[e.gpu]
         ex, ld = self._threads[e.gpu]
         if a.type == ActionType.INFER:
-            ex.submit(self._run_infer, loop, e, dev, a, self._inputs.pop(a.id, None))
+            ex.submit(self._run_infer, loop, e, dev, a, self._take_inputs(a.id))
         else:
             ld.submit(self._run_load, loop, e, dev, a)
 
@@ -636,7 +644,15 @@ class WorkerNode:
                 # actions started with it would be lost)
                 self.real[r.gpu].drop(r.model)
             elif r.type == ActionType.INFER:
-                self._inputs.pop(r.id, None)
+                self._take_inputs(r.id)
+
+    def _take_inputs(self, aid: int) -> list[Tensor] | None:
+        """INFER ``aid``'s inputs, no longer held here (None: none held)."""
+        inputs = self._inputs.pop(aid, None)
+        if inputs:
+            self._inputs_bytes -= sum(t.nbytes for t in inputs)
+            self._room.set()  # (the reader may wait for them to go: room)
+        return inputs
 
     def _run_infer(self, loop, e: GpuExecutor, dev, a, inputs) -> None:
         """EXEC thread: INPUT copy, EXEC, OUTPUT copy; times measured here."""
@@ -1195,13 +1211,15 @@ class _Session:
 
     async def room(self) -> None:
         """Returns once the results waiting to be sent are at most
-        ``RESULT_BACKLOG_BYTES``, the states at most ``STATES_WAITING_MAX`` and the clock
-        echoes at most ``ECHOES_WAITING_MAX``: the reader asks before it reads the
+        ``RESULT_BACKLOG_BYTES``, the states at most ``STATES_WAITING_MAX``, the clock
+        echoes at most ``ECHOES_WAITING_MAX`` and a real device's inputs held at most
+        ``INPUTS_WAITING_BYTES``: the reader asks before it reads the
         controller's next message (backpressure: the controller's writes wait;
         ``outgoing`` sends on)."""
         node = self.node
         while (node._out_bytes > RESULT_BACKLOG_BYTES or len(self.states) > STATES_WAITING_MAX
-               or len(self.echoes) > ECHOES_WAITING_MAX):
+               or len(self.echoes) > ECHOES_WAITING_MAX
+               or node._inputs_bytes > INPUTS_WAITING_BYTES):
             node._room.clear()
             await node._room.wait()
 
