@@ -423,3 +423,29 @@ def test_a_load_and_an_infer_with_the_same_id_each_get_their_own_result():
     assert "b" not in e.weights and e.pages_used == 7
     (r,) = e.complete(7, 4 * MS, outputs=["out"], kind=ActionType.INFER)
     assert (r.type, r.status, r.outputs) == (ActionType.INFER, ErrorCode.SUCCESS, ["out"])
+
+
+def test_weights_evicted_under_a_running_exec_free_their_pages_when_it_ends():
+    """EVICT (or a removal) of the weights a running EXEC uses: the pages are given back
+    when the EXEC ends, as a real device frees them; given back at once, a LOAD in
+    between was counted room the device did not have, and failed there while the
+    executor and the controller counted the pages free."""
+    for remove in ("evict", "forget"):
+        e = ex(pages=7)
+        e.submit(load(1, "a"), 0)
+        e.advance(10 * MS)
+        e.submit(infer(2, "a", 10 * MS, b=16, version=1), 10 * MS)
+        assert e.advance(10 * MS) == [] and e.exec_lane.running.action.id == 2
+        if remove == "evict":
+            (r,) = e.submit(evict(3, "a"), 11 * MS)
+            assert r.status == ErrorCode.SUCCESS
+        else:
+            assert e.forget("a", 11 * MS) == []
+        assert e.pages_used == 7, remove  # (under the EXEC still)
+        (r,) = e.submit(load(4, "b"), 11 * MS) + e.advance(11 * MS)
+        assert r.status == ErrorCode.LOAD_INSUFFICIENT_CACHE, (remove, r)
+        (r,) = run_until_idle(e)
+        assert (r.id, r.status) == (2, ErrorCode.WEIGHTS_CHANGED) and e.pages_used == 0
+        e.submit(load(5, "b"), r.end)
+        (r,) = run_until_idle(e)
+        assert (r.id, r.status) == (5, ErrorCode.SUCCESS), remove

@@ -122,7 +122,10 @@ class GpuExecutor:
         self.free_pages = FreePages(self.total_pages)
         self.load_lane = Lane()
         self.exec_lane = Lane()
-        self._evicted_while_running: set[int] = set()
+        # the running EXEC -> the pages of the weights evicted under it (EVICT, ``forget``):
+        # given back when it ends, as a real device frees them (a LOAD in between was
+        # counted room here the device did not have, and failed there)
+        self._evicted_while_running: dict[int, list] = {}
         self._started: list[Action] = []  # open actions the shell has not taken yet
         self.peak_pages = 0  # the most pages ever in use at once (set as pages are taken)
         self._arrivals = 0  # actions queued so far (their order among equal keys)
@@ -247,11 +250,17 @@ class GpuExecutor:
         w = self.weights.pop(model, None)
         if w is None:
             return out
+        self._free_when_done(model, w.pages)
+        return out
+
+    def _free_when_done(self, model: str, pages) -> None:
+        """``model``'s weights, ``pages``, are evicted: the pages are free now, or, under
+        an EXEC of it running, when it ends (it fails ``WEIGHTS_CHANGED``)."""
         er = self.exec_lane.running
         if er is not None and er.action.model == model:
-            self._evicted_while_running.add(er.action.id)
-        self.free_pages.give(w.pages)
-        return out
+            self._evicted_while_running.setdefault(er.action.id, []).append(pages)
+        else:
+            self.free_pages.give(pages)
 
     def take_weights(self, old: GpuExecutor, keep: dict[str, int], now: int) -> set[str]:
         """A reset that keeps some weights: this new executor for the same GPU takes over
@@ -399,9 +408,12 @@ class GpuExecutor:
     def _finish(self, r: _Running) -> Result:
         a = r.action
         status, message = r.status, r.message
-        if status == ErrorCode.SUCCESS and a.type == ActionType.INFER and a.id in self._evicted_while_running:
-            status, message = ErrorCode.WEIGHTS_CHANGED, "weights evicted during EXEC"
-        self._evicted_while_running.discard(a.id)
+        freed = self._evicted_while_running.pop(a.id, None) if a.type == ActionType.INFER else None
+        if freed is not None:
+            if status == ErrorCode.SUCCESS:
+                status, message = ErrorCode.WEIGHTS_CHANGED, "weights evicted during EXEC"
+            for pages in freed:
+                self.free_pages.give(pages)
         return Result(
             id=a.id, type=a.type, status=status, worker=self.worker, gpu=self.gpu, model=a.model,
             batch_size=a.batch_size, received=r.received, begin=r.begin, end=r.end,
@@ -416,11 +428,8 @@ class GpuExecutor:
         lr = self.load_lane.running
         if lr is not None and lr.action.model == action.model and lr.status == ErrorCode.SUCCESS:
             return self._error(action, now, now, ErrorCode.WEIGHTS_IN_USE, "weights are being loaded")
-        er = self.exec_lane.running
-        if er is not None and er.action.model == action.model:
-            self._evicted_while_running.add(er.action.id)
         del self.weights[action.model]
-        self.free_pages.give(w.pages)
+        self._free_when_done(action.model, w.pages)
         return Result(id=action.id, type=action.type, status=ErrorCode.SUCCESS, worker=self.worker,
                       gpu=self.gpu, model=action.model, received=now, begin=now, end=now)
 
