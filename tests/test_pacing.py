@@ -312,26 +312,40 @@ def test_a_session_reads_no_more_while_its_states_wait_to_be_sent():
     waits (``room``) until one is sent. A controller that sent updates and read nothing
     grew a worker with long instance names by ~20 MB an update, the reader reading on."""
     from clockwork.protocol import clockwork_pb2 as pb
-    from clockwork.protocol.holding import Holder
     from worker import service
 
     async def main():
-        node = service.WorkerNode(gpus=1, pages=100)
-        session = service._Session(node, False, lambda *a: None, Holder("c", 0, "c", "p", 0.0))
+        session = _session()
         session.states = [pb.WorkerState(update_seq=k) for k in range(
             service.STATES_WAITING_MAX + 1)]
-        room = asyncio.ensure_future(session.room())
-        await asyncio.sleep(0)
-        assert not room.done()  # (one too many waiting)
-        reader = asyncio.create_task(asyncio.Event().wait())  # (the controller's side)
-        sent = session.outgoing(reader, fast=False)
-        first, _ = await sent.__anext__()
+        first = await _held_until_one_is_sent(session)
         assert first.state.update_seq == 0
-        await asyncio.wait_for(room, 5)  # one went: the reader reads again
-        await sent.aclose()
-        reader.cancel()
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def _session():
+    """A worker's session with a controller, without its streams."""
+    from clockwork.protocol.holding import Holder
+    from worker import service
+
+    node = service.WorkerNode(gpus=1, pages=100)
+    return service._Session(node, False, lambda *a: None, Holder("c", 0, "c", "p", 0.0))
+
+
+async def _held_until_one_is_sent(session):
+    """``session.room()`` waits (one too many waiting), and returns once ``outgoing``
+    has sent one message, which is returned."""
+    room = asyncio.ensure_future(session.room())
+    await asyncio.sleep(0)
+    assert not room.done()  # (one too many waiting)
+    reader = asyncio.create_task(asyncio.Event().wait())  # (the controller's side)
+    sent = session.outgoing(reader, fast=False)
+    first, _ = await sent.__anext__()
+    await asyncio.wait_for(room, 5)  # one went: the reader reads again
+    await sent.aclose()
+    reader.cancel()
+    return first
 
 
 def test_a_session_reads_no_more_while_its_clock_echoes_wait_to_be_sent():
@@ -339,24 +353,14 @@ def test_a_session_reads_no_more_while_its_clock_echoes_wait_to_be_sent():
     ECHOES_WAITING_MAX waiting to go back, the reader waits until one is sent. A peer
     that sent echoes and read nothing grew a worker by 3 GB in 25 s."""
     from clockwork.protocol import clockwork_pb2 as pb
-    from clockwork.protocol.holding import Holder
     from worker import service
 
     async def main():
-        node = service.WorkerNode(gpus=1, pages=100)
-        session = service._Session(node, False, lambda *a: None, Holder("c", 0, "c", "p", 0.0))
+        session = _session()
         for k in range(service.ECHOES_WAITING_MAX + 1):
             assert await session.deliver(pb.ControllerMessage(echo=pb.ClockEcho(seq=k)))
-        room = asyncio.ensure_future(session.room())
-        await asyncio.sleep(0)
-        assert not room.done()  # (one too many waiting)
-        reader = asyncio.create_task(asyncio.Event().wait())  # (the controller's side)
-        sent = session.outgoing(reader, fast=False)
-        first, _ = await sent.__anext__()
+        first = await _held_until_one_is_sent(session)
         assert first.echo.seq == 0
-        await asyncio.wait_for(room, 5)  # one went: the reader reads again
-        await sent.aclose()
-        reader.cancel()
 
     asyncio.run(asyncio.wait_for(main(), 30))
 
@@ -367,13 +371,12 @@ def test_a_session_reads_no_more_while_a_devices_inputs_wait_past_the_bound(monk
     controller that sent 30 MiB inputs an hour ahead grew a worker without end)."""
     import numpy as np
 
-    from clockwork.protocol.holding import Holder
     from clockwork.tensors import Tensor
     from worker import service
 
     async def main():
-        node = service.WorkerNode(gpus=1, pages=100)
-        session = service._Session(node, False, lambda *a: None, Holder("c", 0, "c", "p", 0.0))
+        session = _session()
+        node = session.node
         monkeypatch.setattr(service, "INPUTS_WAITING_BYTES", 100)
         node._inputs[5] = [Tensor.of("x", np.zeros(64, np.float32))]
         node._inputs_bytes = 256
