@@ -630,16 +630,19 @@ class Ctx:
     def time_remaining(self): return None
     def peer(self): return "ipv4:127.0.0.1:1"
 
+async def refused(call, req):  # (NOT_FOUND: the call aborted, as gRPC's server runs it)
+    ctx = Ctx()
+    try:
+        await call(req, ctx)
+    except grpc.aio.AbortError:
+        pass
+    assert ctx.code == grpc.StatusCode.NOT_FOUND, ctx.code
+
 async def one(i):
     req = kpb.ModelInferRequest(model_name=f"nosuch{i}")
     req.inputs.add(name="x", datatype="FP32", shape=[1, 150528])
     req.raw_input_contents.append(bytes(602112))
-    ctx = Ctx()
-    try:
-        await sv.ModelInfer(req, ctx)
-    except grpc.aio.AbortError:
-        pass
-    assert ctx.code == grpc.StatusCode.NOT_FOUND, ctx.code
+    await refused(sv.ModelInfer, req)
 
 async def load(node, name, params):  # (an error raised while handling another)
     try:
@@ -652,12 +655,7 @@ sv._repository = lambda request: types.SimpleNamespace(load=load)
 async def refused_load():
     req = kpb.RepositoryModelLoadRequest(model_name="m")
     req.parameters["config"].string_param = "y" * 1_000_000
-    ctx = Ctx()
-    try:
-        await sv.RepositoryModelLoad(req, ctx)
-    except grpc.aio.AbortError:
-        pass
-    assert ctx.code == grpc.StatusCode.NOT_FOUND, ctx.code
+    await refused(sv.RepositoryModelLoad, req)
 
 async def main():
     gc.disable()
