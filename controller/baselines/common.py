@@ -562,7 +562,7 @@ class BaselinePolicy(Policy):
             for k in [k for k in self._refused_on if k[1] == gpu_index]:
                 del self._refused_on[k]
             self._may_take_refused(g, now)
-        if not available:
+        else:
             for name in sorted(g.copies):
                 self._drop(g.copies[name])
                 self._lost(name, g, now, out)
