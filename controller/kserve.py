@@ -74,6 +74,7 @@ from controller.kserve_status import (  # noqa: F401 - the kinds, re-exported
     of_answer,
     worst,
 )
+from controller.kserve_unserved import add_unserved
 from controller.kserve_validate import (  # noqa: F401 - re-exported (kserve_rest, tests)
     CONTENTS_FIELD,
     KS_TO_NP,
@@ -846,6 +847,7 @@ class _ModelStream:
 def add_kserve_grpc(node, server: grpc.aio.Server) -> None:
     """Register ``inference.GRPCInferenceService`` on the controller's gRPC server."""
     kpbg.add_GRPCInferenceServiceServicer_to_server(KServeGrpcServicer(node), server)
+    add_unserved(server)  # (Triton's shared-memory, trace and logging calls: by name)
 
 
 # ---------------------------------------------------------------------- REST bodies

@@ -53,6 +53,7 @@ from controller.kserve import (
     _internal,
 )
 from controller.kserve_status import UNAVAILABLE
+from controller.kserve_unserved import rest_message
 from controller.kserve_validate import _short, json_loads
 
 # with a token, every path but these needs "Authorization: Bearer <token>" (probes stay
@@ -97,6 +98,14 @@ class Reply(NamedTuple):
 
 def _error(e: KServeError) -> Reply:
     return Reply(HTTP_CODE[e.kind], {"error": e.message})
+
+
+def _unrouted(method: str, path: str) -> str:
+    """NOT_FOUND's message for a path with no route: what is not served, for the paths of
+    Triton's extensions this server lacks."""
+    segs = [urllib.parse.unquote(s) for s in path.strip("/").split("/")]
+    told = rest_message(segs[1:]) if segs[0] == "v2" else None
+    return f"{told} ({method} {path})" if told else f"no route {method} {path}"
 
 
 def _resolve(path: str) -> tuple[str, list[str], frozenset[str]] | None:
@@ -195,7 +204,7 @@ class KServeRest:
         try:
             found = _resolve(path)
             if found is None:
-                raise KServeError(NOT_FOUND, f"no route {method} {path}")
+                raise KServeError(NOT_FOUND, _unrouted(method, path))
             what, args, methods = found
             if method not in methods:
                 return Reply(405, {"error": f"{method} is not allowed on {path}"},

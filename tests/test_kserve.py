@@ -509,6 +509,39 @@ def test_tensors_in_shared_memory_are_refused(client, cluster):
         h.close()
 
 
+def test_unserved_extensions_are_named(client, cluster):
+    """Triton's shared-memory, trace and logging calls (perf_analyzer's first calls with
+    ``--shared-memory`` or ``--trace-*``) are refused saying which extension is not
+    served: gRPC UNIMPLEMENTED, REST 404 (a bare "Method not found!" / "no route"
+    before)."""
+    thttp = pytest.importorskip("tritonclient.http")
+    h = thttp.InferenceServerClient(_http_address(cluster), connection_timeout=TIMEOUT,
+                                    network_timeout=TIMEOUT)
+    calls = {
+        "shared-memory": [
+            lambda c: c.register_system_shared_memory("r", "/k", 64),
+            lambda c: c.unregister_system_shared_memory(),
+            lambda c: c.get_system_shared_memory_status(),
+            lambda c: c.register_cuda_shared_memory("r", b"\0" * 64, 0, 64),
+            lambda c: c.get_cuda_shared_memory_status()],
+        "trace": [lambda c: c.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]}),
+                  lambda c: c.get_trace_settings(model_name="resnet50_v2")],
+        "logging": [lambda c: c.get_log_settings()],
+    }
+    try:
+        for c, code in ((client, "StatusCode.UNIMPLEMENTED"), (h, "404")):
+            for extension, each in calls.items():
+                for call in each:
+                    with pytest.raises(InferenceServerException) as e:
+                        call(c)
+                    assert e.value.status() == code, e.value
+                    assert f"Triton's {extension} extension is not served" in str(e.value)
+        # the served calls are unchanged beside them
+        assert client.is_model_ready("resnet50_v2", client_timeout=TIMEOUT)
+    finally:
+        h.close()
+
+
 def _get(url: str):
     """GET -> (status, JSON body or None), with the standard library."""
     import json
