@@ -268,6 +268,28 @@ def test_bad_files(tmp_path):
         compile_onnx(path, [1], tmp_path / "c")
 
 
+@pytest.mark.parametrize("where", ["input", "output"])
+def test_an_element_type_no_tensor_may_have_is_refused_at_compile(tmp_path, where):
+    """A bfloat16 input or output (no KServe v2 element type) is refused by name when the
+    model is compiled: its package was written, then profiling it failed with a
+    traceback (DLPack refused the dtype) and no profile could ever serve it."""
+    bf16, f32 = TensorProto.BFLOAT16, TensorProto.FLOAT
+    x = helper.make_tensor_value_info("x", bf16 if where == "input" else f32, ["N", 8])
+    y = helper.make_tensor_value_info("y", bf16 if where == "output" else f32, ["N", 8])
+    node = (helper.make_node("Relu", ["x"], ["y"]) if where == "input" else
+            helper.make_node("Cast", ["x"], ["y"], to=bf16))
+    if where == "input":
+        y = helper.make_tensor_value_info("y", bf16, ["N", 8])
+    graph = helper.make_graph([node], "g", [x], [y])
+    path = tmp_path / "bf16.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    with pytest.raises(OnnxImportError, match=f"{where} '[xy]' has element type bfloat16; "
+                                              "the element types a model's tensors may "
+                                              "have are bool, "):
+        compile_onnx(path, [1, 2], tmp_path / "pkg")
+    assert not (tmp_path / "pkg").exists()
+
+
 def test_cli_compile_onnx(onnx_file, tmp_path, capsys):
     out = tmp_path / "pkg"
     assert main(["compile", str(onnx_file), "--device", "cpu", "--batch-sizes", "1,2",

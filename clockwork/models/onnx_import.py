@@ -20,6 +20,7 @@ from pathlib import Path
 
 from clockwork.models.package import PackageError, check_batch_sizes, function_name, write_package
 from clockwork.profiles import PAGE_SIZE
+from clockwork.settings import TENSOR_DTYPES
 
 
 class OnnxImportError(PackageError):
@@ -49,7 +50,9 @@ def load_onnx(path: str | Path):
         raise OnnxImportError(f"{p}: no such ONNX file")
     try:
         model = onnx.load(str(p))
-        onnx.checker.check_model(model)
+        # (checked from the file: a model over 2 GiB, its weights in external data, is
+        # refused by the in-memory check as "too large")
+        onnx.checker.check_model(str(p))
     except Exception as e:  # protobuf DecodeError, ValidationError, ...
         raise OnnxImportError(f"{p}: not a valid ONNX model ({type(e).__name__}: {e})") from e
     return model
@@ -136,7 +139,18 @@ def _graph_input(model, path: Path):
     if not all(isinstance(d, int) and d > 0 for d in rest):
         raise OnnxImportError(f"{path}: input {spec.name!r} has shape {dims}; every dimension "
                               "but the first (the batch) must be fixed")
-    return spec.name, [int(d) for d in rest], _dtype_name(spec.type.tensor_type.elem_type)
+    return spec.name, [int(d) for d in rest], _served_dtype(
+        _dtype_name(spec.type.tensor_type.elem_type), f"input {spec.name!r}", path)
+
+
+def _served_dtype(dtype: str, what: str, path: Path) -> str:
+    """``dtype`` if a tensor may have it (the KServe v2 protocol's element types), else
+    refused by name: a bfloat16 model compiled, then failed in every profile and could
+    never be served."""
+    if dtype not in TENSOR_DTYPES:
+        raise OnnxImportError(f"{path}: {what} has element type {dtype}; the element types "
+                              f"a model's tensors may have are {', '.join(TENSOR_DTYPES)}")
+    return dtype
 
 
 def _output_specs(func, names: list[str], batch: int, path: Path) -> list[dict]:
@@ -159,7 +173,8 @@ def _output_specs(func, names: list[str], batch: int, path: Path) -> list[dict]:
         if not shape or shape[0] != batch:
             raise OnnxImportError(f"{path}: output {name!r} has shape {shape} at batch size "
                                   f"{batch}; its first dimension must be the batch")
-        out.append({"name": name, "shape": shape[1:], "dtype": str(t.dtype)})
+        out.append({"name": name, "shape": shape[1:],
+                    "dtype": _served_dtype(str(t.dtype), f"output {name!r}", path)})
     return out
 
 
