@@ -25,6 +25,8 @@ from pydantic.dataclasses import dataclass
 from clockwork.settings import CONFIG, from_table, setting
 from clockwork.sizes import MAX_MESSAGE_BYTES
 
+INT32_MAX = 2**31 - 1  # gRPC's options are C ints: a larger value ended the start in a traceback
+
 MiB = 1 << 20
 S = 1_000_000_000  # ns per second
 
@@ -86,11 +88,12 @@ class Limits:
     grpc_max_receive_bytes: int = setting(
         MAX_MESSAGE_BYTES, "Largest gRPC message the controller accepts from a client (a stream "
         "message of many requests counts whole); at least 4 MiB, the messages the Python "
-        "client's stream packs requests into (less ended such a stream whole).", ge=4 * MiB)
+        "client's stream packs requests into (less ended such a stream whole); at most 2 GiB - 1 "
+        "(gRPC's own bound).", ge=4 * MiB, le=INT32_MAX)
     grpc_max_streams_per_connection: int = setting(
         4_096, "gRPC calls (streams and unary calls: a unary inference request is one) one "
         "client connection may have open at once (HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS): "
-        "a client's further calls wait in the client until one ends.", ge=1)
+        "a client's further calls wait in the client until one ends.", ge=1, le=INT32_MAX)
     grpc_max_calls: int = setting(
         20_000, "gRPC calls open at once over every client connection; a call beyond it "
         "is refused at once with `RESOURCE_EXHAUSTED` (the Python client: `Overloaded` for "
@@ -100,7 +103,7 @@ class Limits:
         "`global_outstanding`, which bound streams' requests.) Calls that arrive faster "
         "than the controller takes them up wait for it, up to four times this many (gRPC's "
         "own default cancelled some past 1,000 waiting; at this many, a burst past the "
-        "limit ended CANCELLED, not refused).", ge=1)
+        "limit ended CANCELLED, not refused).", ge=1, le=INT32_MAX // 4)
     rest_max_body_bytes: int = setting(
         64 * MiB, "Largest REST request body, counted after decoding a `gzip` or `deflate` "
         "body (decoded in slices as it is read: a compression bomb is refused at this "

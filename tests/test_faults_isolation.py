@@ -433,6 +433,26 @@ def test_grpc_message_over_the_receive_limit_is_refused(profiles):
         limits_from_flags(["grpc_max_receive_bytes=65536"])
 
 
+@pytest.mark.parametrize("item", ["grpc_max_receive_bytes=4294967296",
+                                  "grpc_max_streams_per_connection=4294967296",
+                                  "grpc_max_calls=536870912"])
+def test_grpc_limits_past_a_c_int_are_refused_by_name(item):
+    """gRPC's server options are C ints (``grpc_max_calls`` four times over): a larger
+    value was taken, then the controller's start ended in a traceback (OverflowError
+    from grpc.aio.server) instead of one line naming the key."""
+    import grpc
+
+    from clockwork.settings import SettingsError
+    from controller.limits import limits_from_flags
+
+    with pytest.raises(SettingsError, match=item.split("=")[0]):
+        limits_from_flags([item])
+    key = item.split("=")[0]
+    most = (2**31 - 1) // (4 if key == "grpc_max_calls" else 1)
+    ok = limits_from_flags([f"{key}={most}"])
+    grpc.aio.server(options=ok.grpc_server_options())  # (the largest taken starts)
+
+
 def test_a_request_over_the_receive_limit_on_a_stream_fails_alone(profiles):
     """On a stream, a request larger than grpc_max_receive_bytes is answered
     INVALID_REQUEST (bad_input) by the client itself, which the controller's stream says
