@@ -44,6 +44,13 @@ COPY_FAULTED = frozenset((ErrorCode.INVALID_INPUT, ErrorCode.UNKNOWN_MODEL,
                           ErrorCode.INVALID_GPU))
 FAULT_PAUSE_NS = 10_000_000
 FAULT_PAUSE_MAX_NS = 1_000_000_000
+# Such failures in a row of every copy of a model (none loading, no other GPU that could
+# take a copy) after which the model's INFERs are taken to fail wherever they run (a
+# package whose kernels fail): its requests, queued, retried and arriving, are answered
+# ERROR with the worker's reason until a copy's pause ends, instead of each waiting out
+# its SLO to TIMEOUT as if the cluster were overloaded. The try at the pause's end
+# decides again.
+FAULTS_FAILING = 3
 
 # A failed INFER with one of these statuses was refused for what it carried (a batch size
 # the model's package is not compiled for): no copy would run it better, so its requests

@@ -15,6 +15,9 @@ Rules (explained in docs/scheduling.md), each in one place below:
 * ``_load_refused``  a model whose LOADs workers refuse: with no copy ready, its
   requests are answered ERROR for a while; with one, the GPU that refused an extra
   copy is not offered it again for a growing back-off.
+* ``_pause_copy`` / ``_failing``  a copy whose INFERs fail on its device sits out a
+  growing pause; when every copy of a model fails so, in a row, its requests are
+  answered ERROR (the worker's reason) until a pause ends.
 * ``on_tick``  answer requests that can no longer start in time; wake GPUs whose
   schedule-ahead window opened; re-examine unmet demand for LOADs.
 * ``add_model`` / ``remove_model``  the set of models changes at run time: a new model
@@ -45,6 +48,7 @@ from controller.inflight import (
     COPY_GONE,
     FAULT_PAUSE_MAX_NS,
     FAULT_PAUSE_NS,
+    FAULTS_FAILING,
     LOAD_BACKOFF_MAX_NS,
     LOAD_BACKOFF_NS,
     LOAD_REFUSALS,
@@ -155,6 +159,11 @@ class ClockworkScheduler(Policy):
                 self._answer(request, RequestStatus.ERROR, now, m.refused_why)
                 return out
             m.refused_until = m.load_refusals = 0
+        if m.failing_until:  # its INFERs fail on every copy's device (_failing)
+            if now < m.failing_until:
+                self._answer(request, RequestStatus.ERROR, now, m.failing_why)
+                return out
+            m.failing_until = 0
         if m.pages > self._pages_max and self._pages_max:
             # never loaded anywhere (as the baselines say it): not queued until its SLO
             self._answer(request, RequestStatus.ERROR, now, NO_GPU_FITS)
@@ -285,6 +294,7 @@ class ClockworkScheduler(Policy):
             if not result.status:
                 if inst.faults:
                     inst.faults = 0
+                    m.failing_until = 0
                 m.est.add_exec(inf.action.batch_size, result.held, now)
                 for r in inf.requests:
                     self._answer(r, RequestStatus.SUCCESS, now, "", g.index, inf.action.batch_size,
@@ -293,6 +303,10 @@ class ClockworkScheduler(Policy):
                 for r in inf.requests:
                     self._answer(r, RequestStatus.ERROR, now, error_message(result))
             else:
+                if (result.status in COPY_FAULTED and not inst.loading
+                        and g.instances.get(m.name) is inst):
+                    self._pause_copy(inst, now)
+                    self._failing(m, result, now)
                 self._requeue(m, inf.requests, result, now)
                 # our view was wrong: forget the copy. Not when the INFER was turned away
                 # before its LOAD finished (a real LOAD that ran long): the weights are there.
@@ -312,9 +326,6 @@ class ClockworkScheduler(Policy):
                     inst.ready_at = now + m.est.load
                     if m.wide is not None:
                         m.wide.push(inst)
-                elif (result.status in COPY_FAULTED and not inst.loading
-                      and g.instances.get(m.name) is inst):
-                    self._pause_copy(inst, now)
             if m.removed and self._retire(inst, now, out) and (self._unserved or self._misses):
                 self._schedule_loads(now, out, only_idle=False)  # its pages may take a LOAD
             if result.status and m.live and result.status not in REFUSED_AS_SENT:
@@ -329,6 +340,7 @@ class ClockworkScheduler(Policy):
             current = g.instances.get(inst.model.name) is inst
             if not result.status:
                 inst.model.load_refusals = inst.model.extra_refusals = 0  # (back-offs too)
+                inst.model.failing_until = 0  # (a copy it has not tried)
                 inst.model.est.add_load(result.held)
                 if current:
                     inst.loading = False
@@ -625,6 +637,10 @@ class ClockworkScheduler(Policy):
             for r in requests:
                 self._answer(r, RequestStatus.ERROR, now, m.refused_why)
             return
+        if m.failing_until > now:  # its INFERs fail on every copy (_failing)
+            for r in requests:
+                self._answer(r, RequestStatus.ERROR, now, m.failing_why)
+            return
         keep = []
         e1 = m.est.exec(m.batch_sizes[0])
         for r in requests:
@@ -670,6 +686,25 @@ class ClockworkScheduler(Policy):
             if inst.model.wide is not None:
                 inst.model.wide.push(inst)
             self._wake(inst.gpu, inst.ready_at - self.cfg.schedule_ahead + 1)
+
+    def _failing(self, m: ModelState, result: Result, now: int) -> None:
+        """After an INFER of ``m`` failed on its copy's device (``COPY_FAULTED``, the copy
+        paused): when every copy of ``m`` (none loading) has failed ``FAULTS_FAILING``
+        times in a row and no other GPU could take a copy (``_first_copy_elsewhere``: a
+        failing device's requests may yet be served there), ``m``'s INFERs fail wherever
+        they run, so its requests (queued, retried, arriving) are answered ERROR with the
+        worker's reason until the first copy's pause ends; the try then decides again (a
+        success, or a new copy loaded, ends it)."""
+        insts = m.instances.values()
+        if not insts or any(i.loading or i.faults < FAULTS_FAILING for i in insts) \
+                or self._first_copy_elsewhere(m, now):
+            return
+        m.failing_until = min(i.ready_at for i in insts)
+        m.failing_why = error_message(result)
+        for r in list(m.queue):
+            if r.state == QUEUED:
+                self._unqueue(m, r)
+                self._answer(r, RequestStatus.ERROR, now, m.failing_why)
 
     def _load_refused(self, m: ModelState, g: GpuState, result: Result, now: int) -> None:
         """A LOAD of ``m`` refused by ``g``'s worker (``LOAD_REFUSED``).

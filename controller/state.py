@@ -98,7 +98,8 @@ class ModelState:
                  "ready_copies", "versions", "batch_sizes", "pages", "item_cost",
                  "monotone", "last_deadline", "slo_cache", "removed", "wide", "dirty",
                  "big_at", "qver", "memo", "load_refusals", "extra_refusals", "refused_until",
-                 "refused_why", "load_blocked", "missed", "missed_at")
+                 "refused_why", "failing_until", "failing_why", "load_blocked", "missed",
+                 "missed_at")
 
     def __init__(self, profile: ModelProfile, cfg: SchedulerConfig) -> None:
         self.name = profile.model
@@ -125,6 +126,10 @@ class ModelState:
         self.extra_refusals = 0  # ... of extra copies, while one was ready (its back-offs)
         self.refused_until = 0  # after LOAD_REFUSALS of them: answered ERROR until then
         self.refused_why = ""  # (with this reason: the last refusal's)
+        # every copy's INFERs failed on its device FAULTS_FAILING times in a row: its
+        # requests are answered ERROR until then (Scheduler._failing), with this reason
+        self.failing_until = 0
+        self.failing_why = ""
         # GPU index -> until when that GPU is not offered an extra copy of this model (it
         # refused one while a copy was ready: Scheduler._load_refused); None: no GPU
         self.load_blocked: dict[int, int] | None = None

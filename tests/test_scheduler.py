@@ -454,6 +454,59 @@ def test_a_request_failed_on_a_paused_copy_goes_to_the_other_copy_not_timed_out(
     assert rep.status == RequestStatus.SUCCESS and rep.gpu == 1
 
 
+def test_a_model_whose_infers_fail_on_every_copy_is_answered_error_not_timeout():
+    """One GPU, the model's only copy; its device fails every INFER (INVALID_INPUT: a
+    package whose kernels fail) from the start, until 3 s. Requests of 2 s SLO, one each
+    10 ms. Before, each waited out its SLO, tried every pause's end, and was answered
+    TIMEOUT "SLO cannot be met", as if the cluster were overloaded; the worker's reason
+    reached nobody. After 3 failures in a row the queued and arriving requests are
+    answered ERROR with the worker's message at once, and the copy is tried again at
+    each pause's end: once the device works again, the requests succeed."""
+    s = sched()
+    s.adopt_copies(0, 0, [("a", 1)])
+    pending: list = []
+    seq = 0
+    heal = 3_000 * MS
+    answered: dict[int, tuple] = {}
+
+    def send(actions, now):
+        nonlocal seq
+        for a in actions:
+            seq += 1
+            begin = max(now, a.earliest)
+            heapq.heappush(pending, (begin + a.expected_duration, seq, a, begin))
+
+    def until(t):
+        while True:
+            wake = s.next_wakeup()
+            due = pending[0][0] if pending else None
+            if due is not None and due <= t and (wake is None or due <= wake):
+                at, _, a, begin = heapq.heappop(pending)
+                res = ok(a, begin) if begin >= heal else fail(a, begin, ErrorCode.INVALID_INPUT)
+                send(s.on_result(res, at), at)
+            elif wake is not None and wake <= t:
+                send(s.on_tick(wake), wake)
+            else:
+                break
+            for r in s.drain_replies():
+                answered[r.request.id] = (r.status, r.time - r.request.arrival, r.message)
+
+    for k in range(500):
+        t = 10 * MS + 10 * k * MS
+        until(t)
+        send(s.on_request(req(k, t=t, slo=2_000 * MS), t), t)
+        for r in s.drain_replies():
+            answered[r.request.id] = (r.status, r.time - r.request.arrival, r.message)
+    until(10_000 * MS)
+    assert len(answered) == 500
+    failing = [answered[k] for k in range(5, 250)]  # (from the 3rd failure to 2.5 s)
+    assert {st for st, _, _ in failing} == {RequestStatus.ERROR}, failing[:3]
+    assert all("INVALID_INPUT" in msg for _, _, msg in failing)
+    assert max(waited for _, waited, _ in failing) < 1_100 * MS  # (not their 2 s SLO)
+    healed = [answered[k][0] for k in range(420, 500)]  # (past the last pause after 3 s)
+    assert set(healed) == {RequestStatus.SUCCESS}
+
+
 def test_a_copy_found_gone_while_it_sits_out_a_fault_is_forgotten():
     """Two INFERs out on the only copy: the first fails on the device (the copy sits out
     a pause), the second finds the weights gone (the worker was reset): the copy is

@@ -128,3 +128,39 @@ def test_the_worker_says_why_for_each_package_it_cannot_serve(tmp_path, cpu_pack
     for k in range(3):
         assert f"cannot load package {tmp_path / f'broken{k}'} for b{k}" in err, err
     assert f"package {tmp_path / 'for_cuda'} was compiled for cuda, not the CPU" in err, err
+
+
+def test_a_model_whose_kernels_always_fail_is_answered_error_and_logged(tmp_path,
+                                                                        cpu_package,
+                                                                        capsys):
+    """A package that loads but whose EXEC always fails (its meta, without digests, gives
+    a weight another shape of the same size: TVM refuses the tensor at every run), the
+    only GPU's copy: its request is answered ERROR with the worker's reason, and the
+    worker says so in its log. It waited out its SLO and was answered TIMEOUT "SLO cannot
+    be met", as if the cluster were overloaded, with no line in any log."""
+    pytest.importorskip("tvm")
+    import json
+
+    from clockwork.actions import RequestStatus
+    from worker.service import WorkerNode
+
+    cpu_package("mlp", tmp_path)
+    bad = shutil.copytree(tmp_path / "mlp", tmp_path / "mlp_bad")
+    meta = json.loads((bad / "model.json").read_text())
+    del meta["sha256"]  # (a package from before digests: read as it says)
+    w = next(p for p in meta["params"] if len(p["shape"]) == 2)
+    w["shape"] = w["shape"][::-1]
+    (bad / "model.json").write_text(json.dumps(meta))
+
+    async def main():
+        wnode = WorkerNode(1, 8, "cpu", "cpu", packages=str(tmp_path))
+        async with controller_with([wnode], "cpu", models="mlp") as node:
+            await node.load_model("bad", profile="mlp", package="mlp_bad")
+            return await answer(node, "bad"), await answer(node, "mlp")
+
+    broken, fine = asyncio.run(asyncio.wait_for(main(), 120))
+    assert broken.status == RequestStatus.ERROR, broken
+    assert "worker error INVALID_INPUT: model 'bad': EXEC failed" in broken.message, broken
+    assert fine.status == RequestStatus.SUCCESS, fine
+    err = capsys.readouterr().err
+    assert "of bad (batch 1) failed on GPU 0: INVALID_INPUT: model 'bad': EXEC" in err, err

@@ -230,6 +230,9 @@ class WorkerNode:
         # broken packages said the first only, the controller told "the worker's log
         # says why"), the same again at most once a minute
         self._bad_package = KeyedLog("worker")
+        # INFERs that failed on the device (the controller's client hears only an error
+        # code; a model whose kernels always fail was silent here): a few lines a second
+        self._exec_failed = LogLimiter("worker", burst=4)
         if device != "emulated":
             if device == "cpu":
                 _check_host_memory(self.pages, gpus)
@@ -707,6 +710,9 @@ class WorkerNode:
         predicts the lane from these times (a GPU's small models on the host's event
         loop: the hand-overs were as long as the work). ``duration`` stays the device's
         own figure (the work alone, ``t1 - t0`` where the device gives none)."""
+        if status and a.type == ActionType.INFER:
+            self._exec_failed(f"INFER {a.id} of {a.model} (batch {a.batch_size}) failed on "
+                              f"GPU {e.gpu}: {status.name}: {message}")
         self.wloop.complete(e, a.id, now_ns(), status, message,
                             t1 - t0 if duration is None else duration, outs, a.type)
 
