@@ -161,10 +161,17 @@ def test_a_broken_package_is_refused_not_run(packages, tmp_path, capsys):
             ("weights_pages", "1", "weights_pages is '1', not a whole number"),
             ("page_runs", [0], "page_runs is [0], not a list"),
             ("functions", {"one": "forward_b1"}, "functions is"),
-            ("inputs", [{"name": "x"}], "inputs is not a list of tensors"))):
+            ("inputs", [{"name": "x"}], "inputs is not a list of tensors"),
+            # a weight's shape that does not make its size, in a package from before
+            # digests (it loaded, said READY and failed every EXEC)
+            ("params", [{**original["params"][0],
+                         "shape": [*original["params"][0]["shape"], 2]},
+                        *original["params"][1:]], "which is not its nbytes"))):
         d = tmp_path / f"meta{i}"
         shutil.copytree(src, d)
         meta = dict(original)
+        if key == "params":
+            del meta["sha256"]
         if value is None:
             del meta[key]
         else:

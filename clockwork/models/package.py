@@ -18,6 +18,7 @@ A package directory holds
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from pathlib import Path
 
@@ -290,7 +291,25 @@ def _meta_problem(meta: dict) -> str:
     if not isinstance(meta["params"], list) or not all(isinstance(t, dict)
                                                        for t in meta["params"]):
         return "params is not a list of tensors"
+    for t in meta["params"]:  # (a shape edited by hand failed every EXEC, the model READY)
+        size = _param_bytes(t)
+        if size is None or size != t.get("nbytes"):
+            return (f"params: {t.get('name')!r} has shape {t.get('shape')!r} of "
+                    f"{t.get('dtype')!r}, which is not its nbytes ({t.get('nbytes')!r})")
     return ""
+
+
+def _param_bytes(t: dict) -> int | None:
+    """The bytes of a weight tensor as its shape and dtype say, or None if they cannot."""
+    shape = t.get("shape")
+    if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        return None
+    try:
+        item = np.dtype(t.get("dtype")).itemsize
+    except (TypeError, ValueError):
+        return None
+    return math.prod(shape) * item
 
 
 def elf_problem(path: Path) -> str:
