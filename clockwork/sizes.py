@@ -22,6 +22,9 @@ MAX_PAGES = 2**31 - 1  # weights-cache pages per GPU (a worker reports them in a
 # a worker's clock offset (--clock-offset-ms): ~31 years either way keeps its clock, in
 # int64 ns, far from overflowing
 MAX_CLOCK_OFFSET_MS = 10**12
+# a worker whose clock reads further than this from the controller's is refused (twice
+# the offset a worker may be given, for hosts' clocks that differ as well)
+CLOCK_OFFSET_MAX_NS = 2 * MAX_CLOCK_OFFSET_MS * 1_000_000
 MAX_COPIES = 100_000  # per [[models]] entry
 MAX_CONCURRENCY = 100_000  # outstanding requests per instance of a closed loop
 MAX_GPUS = 65_536  # workers x gpus_per_worker

@@ -48,6 +48,7 @@ from clockwork.protocol.wire import (
     msg_to_result,
 )
 from clockwork.sizes import (
+    CLOCK_OFFSET_MAX_NS,
     MAX_ACTIONS_PER_MESSAGE,
     MAX_GPUS_PER_WORKER,
     MAX_MESSAGE_BYTES,
@@ -191,8 +192,18 @@ class WorkerLink:
     slow_said: bool = False  # its round trip was said to be too slow for the windows
 
     def add_sample(self, t0: int, tw: int, t2: int) -> None:
+        """A clock sample: our send at ``t0``, the worker's clock read ``tw``, our receipt
+        at ``t2``. ``ValueError`` (the sample not taken) for a worker clock further than
+        ``CLOCK_OFFSET_MAX_NS`` from ours: every action's window, moved by it, went out
+        in the far past (each refused, every request TIMEOUT, nothing logged) or past
+        int64 (the writes failed, the worker lost again and again)."""
         rtt = t2 - t0
-        self.samples.append((rtt, tw - (t0 + t2) // 2))
+        offset = tw - (t0 + t2) // 2
+        if abs(offset) > CLOCK_OFFSET_MAX_NS:
+            raise ValueError(f"worker {self.address}'s clock reads {tw} ns, "
+                             f"{offset / 1e9:.3g} s from ours (more than "
+                             f"{CLOCK_OFFSET_MAX_NS / 1e9:.3g} s: a broken clock)")
+        self.samples.append((rtt, offset))
         best = min(self.samples)
         self.rtt, self.offset = best
 
@@ -1032,7 +1043,10 @@ class WorkerLinks:
                     e = msg.echo
                     t = now_ns()
                     if 0 < e.controller_time <= t:  # an echo of ours: a clock sample
-                        link.add_sample(e.controller_time, e.worker_time, t)
+                        try:
+                            link.add_sample(e.controller_time, e.worker_time, t)
+                        except ValueError:  # (a clock far from ours: not taken)
+                            self.count("echoes_malformed")
                     else:
                         self.count("echoes_malformed")
                     self.ctrl.heard_from(link.index, t)

@@ -556,3 +556,49 @@ def test_a_load_is_checked_against_the_caches_of_the_workers_connected():
             assert "big" not in {m.name for m in cl.repository_index()}
             assert [m.name for m in cl.load_model("small", profile="resnet18_v2")] == ["small"]
             assert cl.infer("small", slo_ms=2000).status == 0
+
+
+# a worker whose clock answers (ClockSync and echoes alike) read WT, whatever the time
+BROKEN_CLOCK_WORKER = """
+import sys
+import worker.service as ws
+from clockwork.protocol import clockwork_pb2 as pb
+WT = int(sys.argv[1])
+async def clock_sync(self, request, context):
+    await self._authorize(context, ws.WORKER_CLOCK_SYNC)
+    return pb.ClockSyncResponse(worker_time=WT)
+for obj in vars(ws).values():
+    if isinstance(obj, type) and "ClockSync" in vars(obj):
+        obj.ClockSync = clock_sync
+from clockwork.cluster.cli import main
+sys.exit(main(["worker", "--port", "0", "--gpus", "1", "--link-port", "-1"]))
+"""
+
+
+@pytest.mark.parametrize("reads", [-2**63, 2**63 - 1])
+def test_a_worker_whose_clock_reads_far_from_ours_is_refused_by_name(reads):
+    """A worker whose clock answers read the int64 ends: the controller's start ends with
+    one line saying so. It was taken: at -2^63 every action's window went out in the far
+    past, each refused, every request TIMEOUT and nothing logged; at 2^63 - 1 each
+    action's write failed out of int64's range and the worker was lost again and
+    again."""
+    import subprocess
+    import sys
+
+    from tests.conftest import cli_command
+
+    w = subprocess.Popen([sys.executable, "-c", BROKEN_CLOCK_WORKER, str(reads)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = next(x for x in w.stdout if "listening on" in x)
+        address = line.split("listening on ")[1].split()[0]
+        ctl = subprocess.run(cli_command("controller", "--workers", address, "--port", "0",
+                                         "--http-port", "-1", "--kserve-port", "-1",
+                                         "--models", MODEL, "--insecure-no-auth"),
+                             capture_output=True, text=True, timeout=60)
+        assert ctl.returncode != 0, ctl
+        assert f"worker {address}'s clock reads {reads} ns" in ctl.stderr, ctl.stderr
+        assert "a broken clock" in ctl.stderr and "Traceback" not in ctl.stderr, ctl.stderr
+    finally:
+        w.kill()
+        w.wait()
