@@ -51,6 +51,7 @@ from pydantic_core import PydanticCustomError, PydanticUndefined
 
 from clockwork.names import BASE_NAME, BASE_NAME_RULE
 from clockwork.sizes import (
+    MAX_BATCH_SIZE,
     MAX_CONCURRENCY,
     MAX_COPIES,
     MAX_GPUS,
@@ -61,6 +62,7 @@ from clockwork.sizes import (
     MAX_PAGES,
     MAX_SEED,
     MAX_SLOW_FACTOR,
+    MAX_TENSOR_ROW_BYTES,
     MAX_WORKERS,
     PAGE_SIZE,
 )
@@ -1008,7 +1010,8 @@ def _batch_key(k: Any) -> Any:
 
 
 BatchSize = Annotated[int, BeforeValidator(_batch_key),
-                     Field(ge=1, json_schema_extra={"expected": "a batch size (an integer >= 1)"})]
+                     Field(ge=1, le=MAX_BATCH_SIZE, json_schema_extra={
+                         "expected": f"a batch size (an integer, 1 to {MAX_BATCH_SIZE:,})"})]
 Positive = Annotated[int, Field(ge=1)]
 # a duration in ns a profile states: at most a year (a LOAD of 2**63 ns was taken, and
 # could never fit a window; the simulator dropped every request of the model)
@@ -1050,6 +1053,20 @@ class TensorEntry(Settings):
         "carries (bool, uint8/16/32/64, int8/16/32/64, float16/32/64; another spelling of "
         "one, such as `float`, is read as its name).", min_length=1)
 
+    @model_validator(mode="after")
+    def _a_row_fits_a_message(self) -> TensorEntry:
+        """One row (the shape's elements, of the dtype) at most ``MAX_TENSOR_ROW_BYTES``."""
+        import math
+
+        import numpy as np
+
+        size = math.prod(self.shape) * np.dtype(self.dtype).itemsize
+        if size > MAX_TENSOR_ROW_BYTES:
+            raise ValueError(f"tensor {self.name!r}: a row of shape {self.shape} of "
+                             f"{self.dtype} is {size:,} bytes, more than a message carries "
+                             f"({MAX_TENSOR_ROW_BYTES:,})")
+        return self
+
 
 class ProfileSetFile(Settings):
     """A profile set's ``set.json`` (``profiles/<set>/set.json``): the set's defaults."""
@@ -1084,7 +1101,8 @@ class ProfileFile(Settings):
     exec_ns: dict[BatchSize, DurationNs] = setting(
         description="Duration of an INFER, ns, per compiled batch size (keys: batch sizes).",
         min_length=1, expected="a non-empty table of batch size -> ns",
-        allowed_text="keys: batch sizes >= 1; values >= 1 (at most a year); at least one")
+        allowed_text="keys: batch sizes 1 to 65,536; values >= 1 (at most a year); at least "
+        "one")
     inputs: list[TensorEntry] = setting(default_factory=list, description="Input tensors.")
     outputs: list[TensorEntry] = setting(default_factory=list, description="Output tensors.")
     source: dict[str, str] = setting(

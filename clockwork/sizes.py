@@ -118,6 +118,10 @@ def status_details(message: str) -> str:
 # this is a typo, and compiling or profiling it failed deep inside TVM (an integer TVM
 # cannot hold) or after allocating its input (4 Gi rows: 1 TiB).
 MAX_BATCH_SIZE = 65_536
+# Bytes of one row of a profile's tensor: a row must fit in a message (gRPC's messages
+# stop short of 2 GiB). A shape of 2^60 elements was taken, and every request of the
+# model failed "internal error" (MemoryError building its answer).
+MAX_TENSOR_ROW_BYTES = 2**31 - 1
 
 
 # progress lines this far apart (s) when stderr is not a terminal (simulate, sweep, replay)

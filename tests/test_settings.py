@@ -610,8 +610,8 @@ GOOD_PROFILE = {"model": "m", "device": "test", "weights_bytes": 100, "load_ns":
     ({"load_ns": -5}, "load_ns: must be an integer >= 1 (at most a year), got -5"),
     ({"load_ns": 5.5}, "load_ns: must be an integer >= 1 (at most a year), got 5.5"),
     ({"weights_bytes": True}, "weights_bytes: must be an integer >= 1, got true"),
-    ({"exec_ns": {"1": 10, "x": 3}}, "exec_ns: key 'x' must be a batch size (an integer >= 1)"),
-    ({"exec_ns": {"0": 3}}, "exec_ns: key '0' must be a batch size (an integer >= 1)"),
+    ({"exec_ns": {"1": 10, "x": 3}}, "exec_ns: key 'x' must be a batch size (an integer, 1 to 65,536)"),
+    ({"exec_ns": {"0": 3}}, "exec_ns: key '0' must be a batch size (an integer, 1 to 65,536)"),
     ({"exec_ns": {"1": None}}, "exec_ns.1: must be an integer >= 1 (at most a year), got None"),
     ({"exec_ns": {}}, "exec_ns: must be a non-empty table of batch size -> ns, got {}"),
     ({"inputs": [{"name": "d", "shape": [3, 0], "dtype": "f"}]},
@@ -631,7 +631,15 @@ GOOD_PROFILE = {"model": "m", "device": "test", "weights_bytes": 100, "load_ns":
     # pages that cannot hold the weights (a 46.7 MB model in 1 page ran in a cache 2
     # pages too small)
     ({"exec_ns": {"1": 10, "01": 50}}, "exec_ns: key '01' must be a batch size (an "
-     "integer >= 1)"),
+     "integer, 1 to 65,536)"),
+    # a batch size past what a message's int32 holds (simulate took it; the controller's
+    # start ended "Value out of range: 1099511627776"), and a row no message could carry
+    # (every request failed "internal error", a MemoryError building its answer)
+    ({"exec_ns": {"1": 10, "1099511627776": 50}}, "exec_ns: key '1099511627776' must be a "
+     "batch size (an integer, 1 to 65,536)"),
+    ({"outputs": [{"name": "o", "shape": [1048576, 1048576, 1048576], "dtype": "float32"}]},
+     "outputs.0: tensor 'o': a row of shape [1048576, 1048576, 1048576] of float32 is "
+     "4,611,686,018,427,387,904 bytes, more than a message carries (2,147,483,647)"),
     ({"weights_bytes": 46_758_048, "weights_pages": 1}, "profile: weights_pages is 1, fewer "
      "than the 3 pages of 16 MiB that weights_bytes (46,758,048) takes (0 computes them)"),
 ])
