@@ -234,6 +234,51 @@ def test_bursty_exponential_periods_have_the_configured_means():
     assert within(len(arr), 200 * on_time)
 
 
+def test_bursty_periods_do_not_depend_on_the_rates():
+    """At one seed, the on/off schedule is the same whatever the rates (a sweep over
+    burst_rps compares rates, not bursts): drawn from the arrivals' stream, its periods
+    after the first followed how many arrivals each drew (burst_rps 400: 25.2 s of
+    bursts in 60 s; 401: 34.6 s)."""
+    schedules = []
+    for rate in (400, 401, 800):
+        w = make({"kind": "bursty", "on_s": 1, "off_s": 2, "burst_rps": rate}, n=4,
+                 end=60.0, seed=11)
+        arr = drain(w)
+        assert within(len(arr), rate * sum(min(b, 60 * S) - a for a, b in w.on_periods) / S)
+        schedules.append(w.on_periods)
+    assert len(schedules[0]) > 10 and schedules[0] == schedules[1] == schedules[2]
+
+
+def test_independent_bursts_of_many_instances_hold_little_before_the_first_arrival():
+    """1,000 instances on their own on/off processes, 200,000 r/s in bursts of 10 s: the
+    first arrival is read holding a few MiB. Each instance's process drew ``CHUNK``
+    arrivals at a time, and the merge of them all held every instance's first chunk
+    (~113 MiB here; ~3 GB at 10,000 instances and 10^6 r/s)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        w = make({"kind": "bursty", "burst_rps": 200_000, "on_s": 10, "off_s": 10,
+                  "independent": True, "start": "on"}, n=1_000, end=20.0)
+        assert w.next_arrival() is not None
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 40 << 20, peak
+
+
+def test_bursty_keeps_a_bounded_record_of_its_periods():
+    """``on_periods`` holds the first ``ON_PERIODS_KEPT`` (it held every one: 500,000 in
+    10 s of 10 us periods)."""
+    from clockwork.workloads.named import ON_PERIODS_KEPT
+
+    w = make({"kind": "bursty", "burst_rps": 1, "on_s": 2e-5, "off_s": 2e-5,
+              "periods": "fixed", "start": "on"}, n=1, end=1.0)
+    drain(w)
+    assert len(w.on_periods) == ON_PERIODS_KEPT
+    assert w.on_periods[:2] == [(0, 20_000), (40_000, 60_000)]
+
+
 @pytest.mark.parametrize("bad, key", [
     ({"on_s": 1, "off_s": 1}, "burst_rps"),
     ({"burst_rps": 10, "on_s": 0, "off_s": 1}, "on_s"),
@@ -297,6 +342,24 @@ def test_slo_exp_2_background_closed_loop_and_stepped_foreground():
     assert {peak[m] for m in bg} == {3}
     # closed loop: 3 outstanding, 4 ms each, from 1 s to 12 s
     assert all(abs(sum(1 for a in b if a[1] == m) - 3 * 11_000 / 4) <= 3 for m in bg)
+
+
+def test_a_models_first_copy_can_be_selected_alone():
+    """The first copy is named as the model, which selects every copy: ``NAME:0`` names
+    it alone (an error before: no instance matched), also as an ``slo_exp_2`` foreground
+    beside the other copies as background."""
+    from clockwork.workloads.base import select_instances
+
+    inst = instances(4)
+    assert select_instances("resnet50_v2:0", inst) == ["resnet50_v2"]
+    assert select_instances(["resnet50_v2:0", "resnet50_v2:2"], inst) == ["resnet50_v2",
+                                                                        "resnet50_v2:2"]
+    assert select_instances("resnet50_v2", inst) == list(inst)
+    w = build_workload({"kind": "slo_exp_2", "foreground": "resnet50_v2:0",
+                        "background": "resnet50_v2:*"}, inst)
+    assert w.models == ["resnet50_v2"] and w.background == list(inst)[1:]
+    with pytest.raises(WorkloadError, match="matches no model instance"):
+        select_instances("resnet50_v2:4", inst)
 
 
 def test_slo_exp_2_selectors_and_errors():

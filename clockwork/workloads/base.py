@@ -65,8 +65,10 @@ def select_instances(spec: str | Sequence[str], instances: dict[str, str]) -> li
     """Pick instance names by model name, instance name or glob.
 
     ``instances`` maps instance name -> model (profile) name. ``"resnet50_v2"``
-    selects every copy of that model; ``"resnet50_v2:3"`` one copy; ``"*"`` all.
-    """
+    selects every copy of that model; ``"resnet50_v2:3"`` one copy; ``"*"`` all. A
+    model's first copy, named as the model, also answers to ``NAME:0`` (it could not be
+    selected alone); a glob matches names as they are (``"resnet50_v2:*"``: every copy
+    but the first)."""
     specs = [spec] if isinstance(spec, str) else (
         list(spec) if isinstance(spec, list | tuple) else None)
     if specs is None or not all(isinstance(s, str) for s in specs):
@@ -76,7 +78,8 @@ def select_instances(spec: str | Sequence[str], instances: dict[str, str]) -> li
     seen = set()
     for s in specs:
         hit = [name for name, model in instances.items()
-               if model == s or name == s or fnmatch.fnmatchcase(name, s)]
+               if model == s or name == s or fnmatch.fnmatchcase(name, s)
+               or (name == model and s == f"{name}:0")]
         if not hit:
             raise WorkloadError(f"workload selects {s!r}, which matches no model instance "
                                 f"(known models: {', '.join(sorted(set(instances.values())))})")

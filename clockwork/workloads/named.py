@@ -68,17 +68,19 @@ from clockwork.workloads.named_slo import (
 )
 
 CHUNK = 8192
+ON_PERIODS_KEPT = 10_000  # BurstyOpenLoop.on_periods
+INSTANCE_CHUNK_MIN = 64  # arrivals drawn at a time by each instance's own process
 PERIODS = ("exponential", "fixed")
 STARTS = ("random", "on", "off")
 
 
 def poisson_times(rng: np.random.Generator, t0: int, t1: int,
-                  rate_rps: float) -> Iterator[np.ndarray]:
+                  rate_rps: float, chunk: int = CHUNK) -> Iterator[np.ndarray]:
     """Sorted arrival times (ns) of a Poisson process of ``rate_rps`` on ``[t0, t1)``, in
-    chunks of about ``CHUNK`` arrivals."""
+    chunks of about ``chunk`` arrivals."""
     if not rate_rps > 0 or t1 <= t0:
         return
-    step = max(1, int(min(CHUNK / rate_rps * 1e9, t1 - t0)))  # (a tiny rate: one chunk)
+    step = max(1, int(min(chunk / rate_rps * 1e9, t1 - t0)))  # (a tiny rate: one chunk)
     a = t0
     while a < t1:
         b = min(t1, a + step)
@@ -90,10 +92,12 @@ def poisson_times(rng: np.random.Generator, t0: int, t1: int,
 
 
 def segment(rng: np.random.Generator, t0: int, t1: int, rate_rps: float,
-            models: Sequence[str], slos: Sequence[int]) -> Iterator[Arrival]:
-    """Poisson arrivals on ``[t0, t1)``, each to a uniformly chosen instance."""
+            models: Sequence[str], slos: Sequence[int],
+            chunk: int = CHUNK) -> Iterator[Arrival]:
+    """Poisson arrivals on ``[t0, t1)``, each to a uniformly chosen instance (drawn
+    ``chunk`` or so at a time)."""
     k = len(models)
-    for ts in poisson_times(rng, t0, t1, rate_rps):
+    for ts in poisson_times(rng, t0, t1, rate_rps, chunk):
         idx = rng.integers(0, k, ts.size).tolist() if k > 1 else [0] * ts.size
         for t, i in zip(ts.tolist(), idx, strict=True):
             yield t, models[i], slos[i]
@@ -188,7 +192,9 @@ class BurstyOpenLoop(StreamWorkload):
         self.onoff = onoff
         self.independent = independent
         self.slo = slo or SloSpec()
-        self.on_periods: list[tuple[int, int]] = []  # shared process only, as generated
+        # the first ON_PERIODS_KEPT on periods of the shared process, as generated (to
+        # look at; all of them grew without bound: 500,000 in 10 s of 10 us periods)
+        self.on_periods: list[tuple[int, int]] = []
 
     def bind(self, start, end, rng, exec1) -> None:
         secs = max(0, end - start) / 1e9  # (at most: bursts throughout)
@@ -198,12 +204,18 @@ class BurstyOpenLoop(StreamWorkload):
                                  "bursty workload")
         super().bind(start, end, rng, exec1)
 
-    def _one(self, rng, models, slos, share: float, log: bool) -> Iterator[Arrival]:
-        for t0, t1, on in self.onoff.schedule(rng, self.start, self.end):
-            if on and log:
-                self.on_periods.append((t0, t1))
+    def _one(self, rng, models, slos, share: float, log: bool,
+             chunk: int = CHUNK) -> Iterator[Arrival]:
+        # the on/off schedule from a stream of its own: drawn from the arrivals' stream,
+        # every period after the first depended on how many arrivals the rates drew (at
+        # one seed, burst_rps 400 and 401 had 25 s and 35 s of bursts in 60 s)
+        periods, arrivals = rng.spawn(2)
+        kept = self.on_periods if log else None
+        for t0, t1, on in self.onoff.schedule(periods, self.start, self.end):
+            if on and kept is not None and len(kept) < ON_PERIODS_KEPT:
+                kept.append((t0, t1))
             rate = (self.burst_rps if on else self.rate_rps) * share
-            yield from segment(rng, t0, min(t1, self.end), rate, models, slos)
+            yield from segment(arrivals, t0, min(t1, self.end), rate, models, slos, chunk)
 
     def stream(self) -> Iterator[Arrival]:
         slos = [self.slo.resolve(m, self.exec1) for m in self.models]
@@ -211,7 +223,10 @@ class BurstyOpenLoop(StreamWorkload):
             return self._one(self.rng, self.models, slos, 1.0, True)
         n = len(self.models)
         rngs = self.rng.spawn(n)
-        parts = [self._one(r, [m], [s], 1.0 / n, False)
+        # each instance's process drawn in its share of a chunk: merged, every one holds
+        # its next chunk (2,000 instances of CHUNK arrivals each held 324 MiB)
+        chunk = max(INSTANCE_CHUNK_MIN, CHUNK // n)
+        parts = [self._one(r, [m], [s], 1.0 / n, False, chunk)
                  for r, m, s in zip(rngs, self.models, slos, strict=True)]
         return heapq.merge(*parts, key=itemgetter(0))
 
