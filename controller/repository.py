@@ -21,8 +21,10 @@ config     Triton's model configuration (JSON text, what ``tritonclient``'s     
            ``load_model(name, config=...)`` sends): ``instance_group`` counts add
            up to ``copies``; ``parameters`` may hold ``copies``, ``profile`` and
            ``package`` (``{"string_value": ...}``); ``max_batch_size``, if
-           given, must be the profile's largest batch size; the other fields (a
-           configuration read back from ``get_model_config``) are not used
+           given, must be the profile's largest batch size, and each ``input``
+           and ``output`` tensor listed one of the profile's, as it is; the other
+           fields (a configuration read back from ``get_model_config``) are not
+           used
 =========  =====================================================================  ==========
 
 Loading a model that is loaded with the same parameters succeeds and changes nothing, and
@@ -51,7 +53,7 @@ import grpc
 
 from clockwork.errors import STOPPING_MESSAGE
 from controller.kserve_status import INVALID, NOT_FOUND, UNAVAILABLE, KServeError
-from controller.kserve_validate import json_loads, max_batch_size
+from controller.kserve_validate import _short, json_loads, max_batch_size
 
 
 class RepositoryError(Exception):
@@ -75,7 +77,8 @@ LOAD_PARAMS = ("copies", "profile", "package", "config")
 # Triton model configuration fields a load accepts (those our get_model_config answers)
 CONFIG_FIELDS = ("name", "platform", "backend", "max_batch_size", "input", "output",
                  "dynamic_batching", "instance_group", "parameters")
-UNLOAD_PARAMS = ("unload_dependents",)  # Triton's; there are no dependents here
+UNLOAD_PARAMS = ("unload_dependents",)
+DIGITS_MAX = 20  # digits of an integer written as text (int64's 19, and a sign)  # Triton's; there are no dependents here
 _KIND = {grpc.StatusCode.NOT_FOUND: NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT: INVALID,
          grpc.StatusCode.UNAVAILABLE: UNAVAILABLE}
 
@@ -96,6 +99,7 @@ async def load(node, name: str, params: dict) -> None:
     ``KServeError``."""
     _check_keys(params, LOAD_PARAMS, "load")
     asked_max = _config_max_batch(params.get("config"))
+    asked_tensors = _config_tensors(params.get("config"))
 
     def resolve():  # (under the model's lock: after the loads and unloads before it)
         given = as_loaded(node, name, params)
@@ -112,6 +116,8 @@ async def load(node, name: str, params: dict) -> None:
                               f"not this model's: {max_batch_size(prof)}, the largest batch "
                               f"size of profile {prof.model!r} (a configuration chooses the "
                               "copies, profile and package only)")
+        if prof is not None:
+            _check_config_tensors(asked_tensors, prof)
         return copies, profile, package
 
     try:
@@ -276,6 +282,52 @@ def _from_config(text, name: str) -> dict:
     return out
 
 
+def _config_tensors(text) -> dict[str, list]:
+    """The ``input`` and ``output`` lists a load's configuration gives (a missing one:
+    empty); what is wrong with the configuration otherwise is ``_from_config``'s to
+    say."""
+    if text is None:
+        return {}
+    try:
+        cfg = _config_object(text)
+    except KServeError:
+        return {}
+    return {k: cfg[k] for k in ("input", "output") if cfg.get(k) is not None}
+
+
+def _check_config_tensors(given: dict[str, list], prof) -> None:
+    """Each tensor a load's configuration lists must be one of the profile's, of its
+    data type and dims (without the batch dimension; -1 stands for any size), as Triton
+    refuses a configuration its model does not match: a typo in one was taken, and
+    ``get_model_config`` then said otherwise. Tensors it leaves out are the profile's."""
+    from controller.kserve_validate import NP_TO_KS
+
+    for key, listed in given.items():
+        specs = {t.name: t for t in (prof.inputs if key == "input" else prof.outputs)}
+        if not isinstance(listed, list) or not all(isinstance(t, dict) for t in listed):
+            raise KServeError(INVALID, f"the configuration's {key!r} must be a list of "
+                              "objects")
+        for t in map(_snake_keys, listed):
+            spec = specs.get(t.get("name"))
+            if spec is None:
+                raise KServeError(INVALID, f"the configuration's {key} {t.get('name')!r} is "
+                                  f"not one of profile {prof.model!r}'s: "
+                                  f"{', '.join(specs) or 'none'}")
+            want = "TYPE_" + NP_TO_KS.get(spec.dtype, spec.dtype.upper())
+            if t.get("data_type") not in (None, want):
+                raise KServeError(INVALID, f"the configuration's {key} {spec.name!r} has "
+                                  f"data_type {t['data_type']!r}; profile {prof.model!r} "
+                                  f"says {want}")
+            dims = t.get("dims")
+            if dims is not None:
+                dims = [_pb_int(d) for d in dims] if isinstance(dims, list) else dims
+                if not isinstance(dims, list) or len(dims) != len(spec.shape) or any(
+                        d != -1 and d != s for d, s in zip(dims, spec.shape, strict=True)):
+                    raise KServeError(INVALID, f"the configuration's {key} {spec.name!r} "
+                                      f"has dims {t['dims']!r}; profile {prof.model!r} says "
+                                      f"{list(spec.shape)} (without the batch dimension)")
+
+
 def _config_max_batch(text) -> int | None:
     """The ``max_batch_size`` a load's configuration asks for, if it names one (it must
     be the profile's: ``load`` checks)."""
@@ -314,7 +366,8 @@ def _pb_int(v):
     """A configuration's integer as protobuf's JSON form writes it: a number, or its
     decimal digits in a string (``"16"``); anything else is returned as it is (the
     caller refuses it)."""
-    if isinstance(v, str) and v.strip().lstrip("-").isdigit() and v.strip().isascii():
+    if (isinstance(v, str) and v.strip().lstrip("-").isdigit() and v.strip().isascii()
+            and len(v) <= DIGITS_MAX):  # (longer: Python's int() refuses past 4,300 digits)
         return int(v)
     return v
 
@@ -342,10 +395,11 @@ def _count(v) -> int:
     elif isinstance(v, str | bytes):
         text = v.decode("utf-8", "replace") if isinstance(v, bytes) else v
         text = text.strip()
-        if text.isascii() and text.isdigit():  # (not other scripts' digits, nor '²')
-            n = int(text)
+        if text.isascii() and text.isdigit() and len(text) <= DIGITS_MAX:
+            n = int(text)  # (not other scripts' digits, nor '²'; 5,000 digits: a 500)
     if n is None or n < 1:
-        raise KServeError(INVALID, f"parameter 'copies' must be an integer >= 1, got {v!r}")
+        raise KServeError(INVALID, f"parameter 'copies' must be an integer >= 1, got "
+                          f"{_short(v)}")
     return n
 
 

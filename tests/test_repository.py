@@ -393,10 +393,15 @@ def test_repository_parameters_are_checked_and_passed_on():
                 {"config": "{"}, {"config": "[]"}, {"config": json.dumps({"name": "other"})},
                 {"config": json.dumps({"instance_group": [{"count": 0}]})},
                 {"config": json.dumps({"version_policy": {}})},
-                {"config": json.dumps(cfg), "copies": 2}):
+                {"config": json.dumps(cfg), "copies": 2},
+                # digits past Python's int() limit (4,300): an internal error (500) before
+                {"copies": "1" * 5000},
+                {"config": json.dumps({"parameters": {"copies": {"string_value": "1" * 5000}}})},
+                {"config": json.dumps({"instance_group": [{"count": "1" * 5000}]})}):
         with pytest.raises(KServeError) as e:
             load(bad)
         assert e.value.kind == INVALID, bad
+        assert len(e.value.message) < 400, e.value.message
     # a configuration is a string holding JSON, as Triton takes it: the message says so
     for given, said in (({"instance_group": []}, "got a dict"), ("[]", "got JSON list")):
         with pytest.raises(KServeError) as e:
@@ -1056,6 +1061,24 @@ def test_a_configuration_read_back_loads_a_model_of_several_copies_as_it_is(clus
                       config=json.dumps(four))
         assert "max_batch_size 4 is not this model's" in msg, msg
         assert "quad" not in [m.name for m in g.get_model_repository_index().models]
+        # so is an input or output the profile does not have as given (taken, and the
+        # configuration read back said otherwise), each named; one as it is loads
+        profile = {"parameters": {"profile": {"string_value": "mobilenet_v2"}}}
+        for change, said in (
+                ({"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [3, 224, 224]}]},
+                 "input 'x' is not one of profile 'mobilenet_v2''s: data"),
+                ({"input": [{"name": "data", "data_type": "TYPE_INT8"}]},
+                 "input 'data' has data_type 'TYPE_INT8'; profile 'mobilenet_v2' says TYPE_FP32"),
+                ({"output": [{"name": "output", "dims": [99]}]},
+                 "output 'output' has dims [99]; profile 'mobilenet_v2' says [1000]")):
+            msg = refused("StatusCode.INVALID_ARGUMENT", g.load_model, "quad",
+                          config=json.dumps({**profile, **change}))
+            assert said in msg, msg
+        assert "quad" not in [m.name for m in g.get_model_repository_index().models]
+        g.load_model("quad", config=json.dumps({**profile, "input": [
+            {"name": "data", "data_type": "TYPE_FP32", "dims": ["-1", "224", 224]}]}))
+        assert g.is_model_ready("quad")
+        g.unload_model("quad")
         assert served() == [(n, "READY") for n in names]
     finally:
         try:
