@@ -14,6 +14,7 @@ import copy
 import json
 import os
 import re
+import sys
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -116,6 +117,13 @@ def _nested_line(where: str = "") -> str:
     return f"{where}: {line}" if where else line
 
 
+def _digits_line(where: str = "") -> str:
+    """What Python's ``int()`` refuses (a plain ValueError out of tomllib, not its
+    TOMLDecodeError: a traceback for a file, a line naming no key for ``--set``)."""
+    line = f"a number of more than {sys.get_int_max_str_digits():,} digits"
+    return f"{where}: {line}" if where else line
+
+
 def parse_toml(raw: bytes | str, where: str, error: type[Exception] = ScenarioError) -> dict:
     """A TOML document (a file's bytes, or text): UTF-8, valid TOML, arrays and tables
     nested at most ``MAX_TOML_DEPTH`` levels; otherwise ``error`` with one line that starts
@@ -135,6 +143,8 @@ def parse_toml(raw: bytes | str, where: str, error: type[Exception] = ScenarioEr
         raise error(f"{where}: not valid TOML: {e}") from None
     except RecursionError:  # (far deeper than the bound: the parser ran out of stack)
         raise error(_nested_line(where)) from None
+    except ValueError:
+        raise error(_digits_line(where)) from None
     if any(_too_deep(v, MAX_TOML_DEPTH) for v in data.values()):
         raise error(_nested_line(where))
     return data
@@ -165,6 +175,8 @@ def parse_value(text: str) -> Any:
         return text
     except RecursionError:
         raise ScenarioError(_nested_line()) from None
+    except ValueError:
+        raise ScenarioError(_digits_line()) from None
     if _too_deep(value, MAX_TOML_DEPTH):
         raise ScenarioError(_nested_line())
     return value

@@ -164,7 +164,7 @@ def limits_from_flags(items: list[str]) -> Limits:
     read as TOML would (``--limit stream_outstanding=1000``, ``--limit
     rest_idle_timeout_s=5.5``); a malformed item, an unknown key or a bad value raises
     ``SettingsError`` with one line."""
-    from clockwork.scenario import parse_value
+    from clockwork.scenario import ScenarioError, parse_value
     from clockwork.settings import SettingsError
 
     table: dict[str, Any] = {}
@@ -172,5 +172,8 @@ def limits_from_flags(items: list[str]) -> Limits:
         key, eq, text = item.partition("=")
         if not eq or not key.strip():
             raise SettingsError(f"--limit wants KEY=VALUE, got {item!r}")
-        table[key.strip()] = parse_value(text.strip())
+        try:
+            table[key.strip()] = parse_value(text.strip())
+        except ScenarioError as e:
+            raise SettingsError(f"--limit {key.strip()}: {e}") from None
     return Limits.from_table(table, where="--limit")

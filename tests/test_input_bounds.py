@@ -195,6 +195,30 @@ def test_set_value_nested_too_deeply(depth, capsys):
                        "--set workloads.0.x", f"at most {MAX_DEPTH} levels")
 
 
+DIGITS = "1" * 5000  # past Python's int() limit (4,300 digits)
+
+
+def test_numbers_of_more_digits_than_python_reads_are_refused_by_name(tmp_path, capsys):
+    """A 5,000-digit number: in a scenario file (a traceback: tomllib's plain ValueError),
+    a --set value and a --limit value (Python's "Exceeds the limit (4300 digits) for
+    integer string conversion", naming no key), a sweep's grid key (a traceback)."""
+    from clockwork.settings import SettingsError
+    from controller.limits import limits_from_flags
+
+    f = tmp_path / "big.toml"
+    f.write_text(f"seed = {DIGITS}\n")
+    refused_in_process(["simulate", str(f)], capsys, f"{f}: a number of more than 4,300 digits")
+    refused_in_process(["simulate", SC, "--set", f"seed={DIGITS}"], capsys,
+                       "--set seed: a number of more than 4,300 digits")
+    with pytest.raises(SettingsError, match="--limit admit_slice: a number of more than"):
+        limits_from_flags([f"admit_slice={DIGITS}"])
+    sweep = tmp_path / "sw.toml"
+    sweep.write_text(f'scenarios = ["{SC}"]\nseeds = [1]\n[grid]\n"workloads.{DIGITS}.slo_ms" = [100]\n')
+    line = refused_in_process(["sweep", str(sweep), "--list", "--out", str(tmp_path / "o")],
+                              capsys)
+    assert "workloads.111" in line and "Traceback" not in line, line
+
+
 def test_set_value_nested_to_the_bound_is_read(capsys):
     """As deep as allowed: read, and refused only for what it is (a key poisson lacks)."""
     refused_in_process(["simulate", SC, "--set", f"workloads.0.x={nested(MAX_DEPTH)}"],

@@ -189,7 +189,8 @@ def _same_as(v: Any) -> Any:
 def _key_parts(key: str) -> tuple:
     """A dotted key as the setting it names: list indexes as numbers (``workloads.00``
     is ``workloads.0``)."""
-    return tuple(int(p) if p.isascii() and p.isdigit() else p for p in key.strip().split("."))
+    return tuple(int(p) if p.isascii() and p.isdigit() and len(p) <= 18 else p
+                 for p in key.strip().split("."))  # (5,000 digits: int() refuses them)
 
 
 def _check_scheduler(table, grid_keys: list[str]) -> str | None:
