@@ -693,7 +693,7 @@ def test_a_point_with_no_requests_has_no_attainment_and_is_warned_of(tmp_path, c
     its figures."""
     pytest.importorskip("matplotlib")
     f = tmp_path / "s.toml"
-    f.write_text('scenarios = ["bursty"]\noverrides = ["duration_s=3"]\nseeds = [1, 2]\n'
+    f.write_text('scenarios = ["bursty"]\noverrides = ["duration_s=3"]\nseeds = [11, 12]\n'
                  '[grid]\n"workloads.0.slo_ms" = [100]\n')
     out = tmp_path / "o"
     assert main(["sweep", str(f), "--out", str(out), "--jobs", "1", "--plot"]) == 0
