@@ -208,10 +208,19 @@ def _seconds(timeout, what: str = "timeout") -> float | None:
     if timeout is None:
         return None
     if (isinstance(timeout, numbers.Real) and not isinstance(timeout, bool)
-            and math.isfinite(timeout) and timeout > 0):
-        return min(float(timeout), MAX_TIMEOUT_S)
+            and _finite(timeout) and timeout > 0):
+        return MAX_TIMEOUT_S if timeout >= MAX_TIMEOUT_S else float(timeout)
     raise ValueError(f"{what} must be None (no limit) or a finite number of seconds > 0, "
                      f"got {timeout!r}")
+
+
+def _finite(value) -> bool:
+    """``math.isfinite``, for an int past any float too (finite: it raised
+    OverflowError)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return True
 
 
 MAX_INTERVAL_US = 1_000_000.0  # a stream's pacing interval: at most a second
@@ -222,7 +231,7 @@ def _interval_us(value) -> float:
     ``MAX_INTERVAL_US``; anything else (nan, inf, a negative, a string, a bool) raises
     ``ValueError`` naming it."""
     if (isinstance(value, numbers.Real) and not isinstance(value, bool)
-            and math.isfinite(value) and 0 <= value <= MAX_INTERVAL_US):
+            and _finite(value) and 0 <= value <= MAX_INTERVAL_US):
         return float(value)
     raise ValueError(f"interval_us must be a number of microseconds from 0 (no pacing) to "
                      f"{MAX_INTERVAL_US:,.0f} (a second), got {value!r}")
@@ -268,8 +277,8 @@ def _request(model: str, inputs, slo_ms: float | None,
                          f"milliseconds, got {slo_ms!r}")
     try:
         slo = float(slo_ms or 0.0)
-    except OverflowError:  # an int beyond any float: sent as inf, for the controller to refuse
-        slo = math.inf
+    except OverflowError:  # an int beyond any float: sent as +-inf, for the controller to refuse
+        slo = math.inf if slo_ms > 0 else -math.inf
     req = pb.InferRequest(model=model, slo_ms=slo, client_id=client_id)
     if inputs is None:
         return req, _size(req, 0)

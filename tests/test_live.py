@@ -56,6 +56,11 @@ def test_typed_errors(cluster):
         assert str(e.value).startswith("resnet50_v2: "), e.value  # (its words name no model)
         with pytest.raises(InvalidRequest):
             c.infer("resnet50_v2", slo_ms=-1)
+        # an int past any float keeps its sign (-10**400 was refused as "got inf")
+        for huge, said in ((-10**400, "got -inf"), (10**400, "got inf")):
+            with pytest.raises(InvalidRequest) as e:
+                c.infer("resnet50_v2", slo_ms=huge)
+            assert said in str(e.value), e.value
 
 
 def test_async_client(cluster):
