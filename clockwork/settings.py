@@ -677,6 +677,14 @@ class SchedulerTable(Settings):
                           "`clipper`, `tfserving`, `infaas`.", min_length=1)
 
 
+# a length of time in seconds (a float, as written) that must not round to 0 ns: 1e-12 s
+# was taken (a run of no time, a hang resumed as it began) where a setting in ns said
+# "(rounds to 0 ns)"
+AT_LEAST_A_NS: dict[str, Any] = {
+    "ge": 1e-9, "expected": "a number of seconds >= 1e-9 (1 ns)",
+    "allowed_text": ">= 1e-9 (1 ns)"}
+
+
 class KillFault(Settings):
     """One ``[[faults.kill]]`` entry: a worker process dies and later restarts."""
 
@@ -702,7 +710,8 @@ class HangFault(Settings):
 
     worker: int = setting(description="Index of the worker (0-based).", ge=0)
     at_s: float = setting(description="When it stops, in seconds from the start.", ge=0)
-    for_s: float = setting(description="How long it stays stopped, in seconds.", gt=0)
+    for_s: float = setting(description="How long it stays stopped, in seconds.",
+                           **AT_LEAST_A_NS)
 
 
 class SlowNetworkFault(Settings):
@@ -712,7 +721,7 @@ class SlowNetworkFault(Settings):
 
     worker: int = setting(description="Index of the worker (0-based).", ge=0)
     at_s: float = setting(description="When it starts, in seconds from the start.", ge=0)
-    for_s: float = setting(description="How long it lasts, in seconds.", gt=0)
+    for_s: float = setting(description="How long it lasts, in seconds.", **AT_LEAST_A_NS)
     delay_ms: float = setting(description="Extra one-way delay of each message, in "
                               "milliseconds.", gt=0)
 
@@ -861,7 +870,7 @@ class ScenarioSettings(Settings):
                         ge=0, le=MAX_SEED, allowed_text="[0, 2^63 - 1]",
                         expected="an integer in [0, 2^63 - 1]")
     duration_s: float = setting(60.0, "Seconds of (virtual) time during which requests "
-                                "are submitted.", gt=0)
+                                "are submitted.", **AT_LEAST_A_NS)
     drain_s: float = setting(120.0, "Simulator: seconds after `duration_s` to wait for "
                              "outstanding requests before the run stops.", ge=0)
     cluster: ClusterSettings = setting(
