@@ -182,6 +182,9 @@ def profile_roots() -> list[Path]:
     return out
 
 
+UNREADABLE_KEPT = 1_000  # ProfileSet.unreadable: reasons kept at most
+
+
 @dataclass
 class ProfileSet:
     """The profiles of one folder: model name -> profile, plus the set's defaults."""
@@ -193,6 +196,9 @@ class ProfileSet:
     files: set[Path] = field(default_factory=set, repr=False)  # the profile files read
     read_at: float = field(default=0.0, repr=False)  # (time.monotonic of the last read)
     read_mtime: int = field(default=-1, repr=False)  # (the folder's st_mtime_ns then)
+    # file stem -> why a profile file added since the set was read cannot be (``refresh``
+    # leaves it out; a load of that name says why, not only "no profile")
+    unreadable: dict[str, str] = field(default_factory=dict, repr=False)
 
     def find(self, model: str) -> ModelProfile | None:
         """``model``'s profile, or None. One not in the set when it was read is looked for
@@ -222,8 +228,11 @@ class ProfileSet:
                 continue
             try:
                 prof = load_profile(f)
-            except (ProfileError, OSError):
+            except (ProfileError, OSError) as e:
+                if len(self.unreadable) < UNREADABLE_KEPT or f.stem in self.unreadable:
+                    self.unreadable[f.stem] = str(e)
                 continue
+            self.unreadable.pop(f.stem, None)
             self.files.add(f)
             if prof.model not in self.profiles:
                 self.profiles[prof.model] = prof

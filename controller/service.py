@@ -1032,6 +1032,11 @@ class ControllerNode(WorkerLinks):
         profile = profile or base
         prof = self.pset.find(profile)  # (one profiled since the controller started too)
         if prof is None:
+            why = self.pset.unreadable.get(profile)
+            if why:  # (its file is there: what is wrong with it, not a guess at a name)
+                raise RepositoryError(grpc.StatusCode.NOT_FOUND, (
+                    f"no profile {profile!r} in the controller's profile set "
+                    f"{self.pset.name!r}: its file cannot be read: {why}"))
             raise RepositoryError(grpc.StatusCode.NOT_FOUND, unknown_message(
                 "no profile", profile, sorted(self.pset.profiles), len(self.pset.profiles),
                 f"in the controller's profile set {self.pset.name!r}"))

@@ -64,3 +64,36 @@ def test_a_folder_that_is_no_profile_set_is_named_as_such(tmp_path):
     (tmp_path / "notes.json").write_text("{not json")
     with pytest.raises(ProfileError, match="is not a profile set \\(no set.json"):
         load_profile_set(str(tmp_path))
+
+
+def test_a_load_of_a_profile_whose_file_cannot_be_read_says_why(tmp_path):
+    """A profile file added to the controller's set that cannot be read (an element type
+    no tensor may have): a load of that name says what is wrong with the file. It said
+    "no profile 'bf16' (did you mean 'fp16'?)", the file left out without a word."""
+    import asyncio
+
+    from controller.service import RepositoryError
+    from tests.inprocess import controller_with
+    from worker.service import WorkerNode
+
+    folder = tmp_path / "set"
+    shutil.copytree(data_root() / "profiles" / "v100-reference", folder)
+
+    async def main():
+        wnode = WorkerNode(1, 64, str(folder))
+        async with controller_with([wnode], str(folder), models="resnet50_v2") as node:
+            bad = json.loads(_profile(folder, "bf16"))
+            bad["inputs"] = [{"name": "x", "shape": [4], "dtype": "bfloat16"}]
+            (folder / "bf16.json").write_text(json.dumps(bad))
+            with pytest.raises(RepositoryError) as e:
+                await node.load_model("bf16")
+            mended = folder / "bf16.json.new"  # (renamed into place: the folder changes)
+            mended.write_text(_profile(folder, "bf16"))
+            mended.replace(folder / "bf16.json")
+            await node.load_model("bf16")
+            return e.value.message, sorted(node.instances)
+
+    said, served = asyncio.run(asyncio.wait_for(main(), 60))
+    assert "no profile 'bf16'" in said and "its file cannot be read" in said, said
+    assert "'bfloat16' is not an element type a model may have" in said, said
+    assert served == ["bf16", "resnet50_v2"]
