@@ -381,6 +381,40 @@ def test_infer_refused_for_what_it_carried_is_answered_at_once_not_retried():
     assert again[0].earliest >= t + 5 * MS + FAULT_PAUSE_NS
 
 
+class Driven:
+    """The scheduler ``s`` driven in virtual time against a device whose ``outcome(action,
+    sent_at)`` says when each action ends and its ``Result``: ``request`` and ``until``
+    play arrivals and everything due up to a time, in order."""
+
+    def __init__(self, s, outcome) -> None:
+        self.s, self.outcome = s, outcome
+        self.pending: list = []
+        self.seq = 0
+
+    def send(self, actions, now: int) -> None:
+        for a in actions:
+            self.seq += 1
+            at, res = self.outcome(a, now)
+            heapq.heappush(self.pending, (at, self.seq, res))
+
+    def request(self, r, now: int) -> None:
+        self.until(now)
+        self.send(self.s.on_request(r, now), now)
+
+    def until(self, t: int) -> None:
+        s, pending = self.s, self.pending
+        while True:
+            wake = s.next_wakeup()
+            due = pending[0][0] if pending else None
+            if due is not None and due <= t and (wake is None or due <= wake):
+                at, _, res = heapq.heappop(pending)
+                self.send(s.on_result(res, at), at)
+            elif wake is not None and wake <= t:
+                self.send(s.on_tick(wake), wake)
+            else:
+                return
+
+
 def test_a_copy_whose_device_fails_its_infers_sits_out_and_the_other_copy_serves():
     """Two GPUs with a copy each; GPU 0's device fails every INFER (INVALID_INPUT: its
     kernels fail) from 50 ms on, at once. Each failed batch goes back to the queue and,
@@ -389,45 +423,22 @@ def test_a_copy_whose_device_fails_its_infers_sits_out_and_the_other_copy_serves
     1 sat idle. The failing copy sits out 1 ms, then 2, 4, ... (up to 1 s) after each
     failure in a row, so the other copy serves: every request succeeds, a few dozen
     failures in all."""
-    import heapq
-
-    s = sched(gpus=2)
-    pending: list = []
-    seq = 0
     tried = {0: 0, 1: 0}
 
-    def send(actions, now):
-        nonlocal seq
-        for a in actions:
-            seq += 1
-            if a.type == ActionType.INFER and a.gpu == 0 and now > 50 * MS:
-                heapq.heappush(pending, (now + 200_000, seq, a, False))
-            else:
-                begin = max(now, a.earliest)
-                heapq.heappush(pending, (begin + a.expected_duration + 100_000, seq, a, True))
+    def outcome(a, now):
+        if a.type == ActionType.INFER:
+            tried[a.gpu] += 1
+            if a.gpu == 0 and now > 50 * MS:
+                return now + 200_000, fail(a, now + 200_000, ErrorCode.INVALID_INPUT)
+        begin = max(now, a.earliest)
+        return begin + a.expected_duration + 100_000, ok(a, begin)
 
-    def until(t):
-        while True:
-            wake = s.next_wakeup()
-            due = pending[0][0] if pending else None
-            if due is not None and due <= t and (wake is None or due <= wake):
-                at, _, a, good = heapq.heappop(pending)
-                if a.type == ActionType.INFER:
-                    tried[a.gpu] += 1
-                res = ok(a, at - a.expected_duration - 100_000) if good else fail(
-                    a, at, ErrorCode.INVALID_INPUT)
-                send(s.on_result(res, at), at)
-            elif wake is not None and wake <= t:
-                send(s.on_tick(wake), wake)
-            else:
-                return
-
+    s = sched(gpus=2)
+    d = Driven(s, outcome)
     for k in range(400):  # 500 r/s: both GPUs get a copy before 50 ms
-        t = 2 * k * MS
-        until(t)
-        send(s.on_request(req(k, t=t), t), t)
-    until(2_000 * MS)
-    assert not pending and s.next_wakeup() is None
+        d.request(req(k, t=2 * k * MS), 2 * k * MS)
+    d.until(2_000 * MS)
+    assert not d.pending and s.next_wakeup() is None
     late = [r for r in s.drain_replies() if r.request.arrival > 50 * MS]
     assert len(late) == 374 and {r.status for r in late} == {RequestStatus.SUCCESS}
     assert s.model_view("a").loaded_on == (0, 1)
@@ -462,42 +473,22 @@ def test_a_model_whose_infers_fail_on_every_copy_is_answered_error_not_timeout()
     reached nobody. After 3 failures in a row the queued and arriving requests are
     answered ERROR with the worker's message at once, and the copy is tried again at
     each pause's end: once the device works again, the requests succeed."""
+    heal = 3_000 * MS
+
+    def outcome(a, now):
+        begin = max(now, a.earliest)
+        return begin + a.expected_duration, (
+            ok(a, begin) if begin >= heal else fail(a, begin, ErrorCode.INVALID_INPUT))
+
     s = sched()
     s.adopt_copies(0, 0, [("a", 1)])
-    pending: list = []
-    seq = 0
-    heal = 3_000 * MS
-    answered: dict[int, tuple] = {}
-
-    def send(actions, now):
-        nonlocal seq
-        for a in actions:
-            seq += 1
-            begin = max(now, a.earliest)
-            heapq.heappush(pending, (begin + a.expected_duration, seq, a, begin))
-
-    def until(t):
-        while True:
-            wake = s.next_wakeup()
-            due = pending[0][0] if pending else None
-            if due is not None and due <= t and (wake is None or due <= wake):
-                at, _, a, begin = heapq.heappop(pending)
-                res = ok(a, begin) if begin >= heal else fail(a, begin, ErrorCode.INVALID_INPUT)
-                send(s.on_result(res, at), at)
-            elif wake is not None and wake <= t:
-                send(s.on_tick(wake), wake)
-            else:
-                break
-            for r in s.drain_replies():
-                answered[r.request.id] = (r.status, r.time - r.request.arrival, r.message)
-
+    d = Driven(s, outcome)
     for k in range(500):
         t = 10 * MS + 10 * k * MS
-        until(t)
-        send(s.on_request(req(k, t=t, slo=2_000 * MS), t), t)
-        for r in s.drain_replies():
-            answered[r.request.id] = (r.status, r.time - r.request.arrival, r.message)
-    until(10_000 * MS)
+        d.request(req(k, t=t, slo=2_000 * MS), t)
+    d.until(10_000 * MS)
+    answered = {r.request.id: (r.status, r.time - r.request.arrival, r.message)
+                for r in s.drain_replies()}
     assert len(answered) == 500
     failing = [answered[k] for k in range(5, 250)]  # (from the 3rd failure to 2.5 s)
     assert {st for st, _, _ in failing} == {RequestStatus.ERROR}, failing[:3]
