@@ -164,3 +164,41 @@ def test_a_model_whose_kernels_always_fail_is_answered_error_and_logged(tmp_path
     assert fine.status == RequestStatus.SUCCESS, fine
     err = capsys.readouterr().err
     assert "of bad (batch 1) failed on GPU 0: INVALID_INPUT: model 'bad': EXEC" in err, err
+
+
+def test_a_broken_package_of_many_instances_is_read_and_said_once(tmp_path, cpu_package,
+                                                                  capsys, monkeypatch):
+    """A load of 8 copies from a package whose weights are damaged: the worker reads and
+    checks the package once and says why once, then again not within the minute. It read
+    and hashed it once for each copy, and said 8 lines (they differed by the copy's name
+    only), at every load and every reconnection."""
+    pytest.importorskip("tvm")
+    from worker.devices.cpu import CpuDevice
+    from worker.service import WorkerNode
+
+    cpu_package("mlp", tmp_path)
+    bad = shutil.copytree(tmp_path / "mlp", tmp_path / "damaged")
+    blob = bytearray((bad / "weights.bin").read_bytes())
+    blob[:64] = b"\xff" * 64
+    (bad / "weights.bin").write_bytes(bytes(blob))
+    reads = []
+    read = CpuDevice._package
+    monkeypatch.setattr(CpuDevice, "_package", lambda dev, path: reads.append(path) or read(
+        dev, path))
+
+    async def main():
+        wnode = WorkerNode(1, 8, "cpu", "cpu", packages=str(tmp_path))
+        async with controller_with([wnode], "cpu", models="mlp") as node:
+            from controller.service import RepositoryError
+
+            for name in ("d", "e"):  # (the second: within the minute, not said again)
+                before = len(reads)
+                with pytest.raises(RepositoryError):
+                    await node.load_model(name, profile="mlp", package="damaged", copies=8)
+                assert len(reads) - before <= 2, reads  # (once prepared, once registered)
+
+    asyncio.run(asyncio.wait_for(main(), 120))
+    said = [ln for ln in capsys.readouterr().err.splitlines()
+            if f"cannot load package {bad}" in ln]
+    assert len(said) == 1, said
+    assert "for d" in said[0] and "not the weights this package was compiled with" in said[0]

@@ -193,6 +193,10 @@ class WorkerNode:
         self.packages = Path(packages) if packages else Path("packages") / device
         self.registered: dict[str, Path] = {}  # LoadModelFromDisk: name -> package path
         self._looking: dict[str, Path | None] | None = None  # (``confined``'s memo)
+        # (package, profile) -> why it cannot serve, within one Hello or InstanceUpdate:
+        # a broken package named by many instances is read and checked once, not once
+        # for each (8 copies of a 45 MB package: 360 MB read at every reconnection)
+        self._refused_here: dict[tuple, str] | None = None
         self.worker_id = 0
         self.instances: dict[str, ModelProfile] = {}
         # instance name -> (its profile, the profile under its name): a Hello that names the
@@ -466,10 +470,11 @@ class WorkerNode:
         path = self.package_for(i.name, i.profile, i.package) if self.real else None
         if p is not None and self.real and path is None and not i.package:
             # (a package named for it and missing was said by package_for)
-            self._bad_package(("none", i.profile), (
-                f"no model package for profile {_cut(i.profile)} in {self.packages} "
-                f"(clockwork compile {_cut(i.profile)} --out {self.packages}/"
-                f"{_cut(i.profile)}): its instances, {_cut(i.name)} among them, refused"))
+            none = (f"no model package for profile {_cut(i.profile)} in {self.packages} "
+                    f"(clockwork compile {_cut(i.profile)} --out {self.packages}/"
+                    f"{_cut(i.profile)}): its instances")
+            self._bad_package(("none", i.profile), f"{none} refused",
+                              f"{none}, {_cut(i.name)} among them, refused")
         if p is None or (self.real and path is None):
             return None
         why = controller_disagreement(i, p)
@@ -484,7 +489,11 @@ class WorkerNode:
                 dev.unregister(i.name)  # (its weights evicted), registered anew below
             made = None  # (new figures: a reset keeps none of the old weights for it)
         if path is not None:
+            memo = self._refused_here
+            why = memo.get((path, i.profile)) if memo is not None else None
             try:
+                if why is not None:
+                    raise ValueError(why)
                 from clockwork.models.package import profile_disagreement
 
                 why = profile_disagreement(self._meta(path), p)
@@ -492,8 +501,11 @@ class WorkerNode:
                     raise ValueError(f"it does not match profile {i.profile!r}: {why}")
                 self._register(i.name, path)
             except Exception as e:  # noqa: BLE001 - a broken package: report it missing
-                self._bad_package(path, f"cannot load package {path} for {_cut(i.name)}: "
-                                        f"{e}")
+                if memo is not None:
+                    memo[(path, i.profile)] = str(e)
+                # (one line a package: its instances' lines differ by name only)
+                self._bad_package(path, f"cannot load package {path}: {e}",
+                                  f"cannot load package {path} for {_cut(i.name)}: {e}")
                 return None
         if made is not None and made[0] is p:
             return made[1]  # a Hello again (a reset): the same figures, made before
@@ -503,10 +515,11 @@ class WorkerNode:
 
     def hello(self, h: pb.Hello) -> pb.WorkerState:
         self._looking = {}  # (thousands of instances name a few packages)
+        self._refused_here = {}
         try:
             return self._hello(h)
         finally:
-            self._looking = None
+            self._looking = self._refused_here = None
 
     def _hello(self, h: pb.Hello) -> pb.WorkerState:
         self.worker_id = h.worker_id
@@ -530,6 +543,13 @@ class WorkerNode:
         """InstanceUpdate: instances leave (their cached weights, if any, are dropped, and
         their actions still queued answered ``UNKNOWN_MODEL``) and join, without touching
         anything else; the state answers it (``missing``: those it could not add)."""
+        self._refused_here = {}
+        try:
+            return self._update(u)
+        finally:
+            self._refused_here = None
+
+    def _update(self, u: pb.InstanceUpdate) -> pb.WorkerState:
         now = now_ns()
         for name in u.remove:
             self._renamed.pop(name, None)

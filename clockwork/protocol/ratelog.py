@@ -54,7 +54,10 @@ class KeyedLog:
         self.keep = keep
         self._last: dict = {}  # key -> (line, when said)
 
-    def __call__(self, key, line: str) -> None:
+    def __call__(self, key, line: str, text: str | None = None) -> None:
+        """Say ``text`` (default ``line``) about ``key`` unless ``line`` was said of it
+        within ``every`` seconds (``text`` may add what differs each time, such as which
+        of many users of the thing asked)."""
         t = time.monotonic()
         said = self._last.get(key)
         if said is not None and said[0] == line and t - said[1] < self.every:
@@ -63,4 +66,4 @@ class KeyedLog:
         self._last[key] = (line, t)
         while len(self._last) > self.keep:
             self._last.pop(next(iter(self._last)))
-        print(f"{self.prefix}: {line}", file=sys.stderr, flush=True)
+        print(f"{self.prefix}: {text or line}", file=sys.stderr, flush=True)
