@@ -170,7 +170,12 @@ def test_a_credential_file_others_can_read_is_warned_of(tmp_path, capsys):
     taken, with a warning naming it, its mode and the chmod (it was taken silently: any
     local user could act as a client or as the controller); one only its owner reads,
     or one refused anyway, says nothing more."""
-    from clockwork.protocol.security import SecurityError, cluster_secret, server_token
+    from clockwork.protocol.security import (
+        SecurityError,
+        client_token,
+        cluster_secret,
+        server_token,
+    )
 
     token, secret = tmp_path / "token", tmp_path / "secret"
     token.write_text(TOKEN + "\n")
@@ -179,13 +184,16 @@ def test_a_credential_file_others_can_read_is_warned_of(tmp_path, capsys):
         f.chmod(0o644)
     assert server_token(None, str(token)) == TOKEN
     assert cluster_secret(str(secret)) == b"s" * 40
+    assert client_token(None, str(token)) == TOKEN  # (a client's: warned of as well)
     said = capsys.readouterr().err.splitlines()
     assert said == [f"clockwork: warning: {flag} {f} can be read by other users (mode 644): "
                     f"chmod 600 {f}" for flag, f in (("--token-file", token),
-                                                      ("--cluster-secret-file", secret))]
+                                                      ("--cluster-secret-file", secret),
+                                                      ("--token-file", token))]
     for f in (token, secret):
         f.chmod(0o600)
     assert server_token(None, str(token)) == TOKEN and cluster_secret(str(secret))
+    assert client_token(None, str(token)) == TOKEN
     short = tmp_path / "short"
     short.write_text("x")
     short.chmod(0o644)

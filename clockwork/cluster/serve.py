@@ -679,7 +679,8 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
     from clockwork.protocol.security import client_token
     from clockwork.scenario import joining_workers, repository_plan
 
-    token = client_token(getattr(args, "token", None), getattr(args, "token_file", None))
+    token = client_token(getattr(args, "token", None), getattr(args, "token_file", None),
+                         warn=False)  # (its controller has said it of the same file)
     try:
         faults = LiveFaults(cluster, sc.faults, sc.duration_s, repository_plan(sc), token,
                             {m["name"]: int(m.get("copies", 1)) for m in sc.models},

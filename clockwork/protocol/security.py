@@ -166,14 +166,18 @@ def server_token(token: str | None, token_file: str | None,
     return None
 
 
-def client_token(token: str | None = None, token_file: str | None = None) -> str | None:
+def client_token(token: str | None = None, token_file: str | None = None,
+                 warn: bool = True) -> str | None:
     """A client's token: ``token``, else ``token_file``'s content, else
     ``$CLOCKWORK_TOKEN``; None (or "") sends none. Only its characters are checked (the
-    server decides what is long enough)."""
+    server decides what is long enough); ``warn``: a file others can read is warned of,
+    as the controller's is (``clockwork serve`` leaves that to its controller)."""
     if token is None and token_file:
         token = _read(token_file, "--token-file").decode("latin-1")
         if not token:  # (it sent none, and the server's refusal told of no file)
             raise SecurityError(f"--token-file {token_file}: empty")
+        if warn:
+            warn_if_readable(token_file, "--token-file")
     if token is None:
         token = os.environ.get(TOKEN_ENV)
     if token is not None and not isinstance(token, str):  # (123, a bytes read from a file)
