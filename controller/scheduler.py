@@ -633,13 +633,13 @@ class ClockworkScheduler(Policy):
             for r in requests:
                 self._answer(r, RequestStatus.INVALID_REQUEST, now, MODEL_UNLOADED)
             return
-        if m.refused_until > now and not m.ready_copies:  # its LOADs were refused
+        why = (m.refused_why if m.refused_until > now and not m.ready_copies  # LOADs refused
+               else m.failing_why if m.failing_until > now  # INFERs fail on every copy
+               else None)
+        if why is not None:  # (answered at once: a caller gone, as such)
             for r in requests:
-                self._answer(r, RequestStatus.ERROR, now, m.refused_why)
-            return
-        if m.failing_until > now:  # its INFERs fail on every copy (_failing)
-            for r in requests:
-                self._answer(r, RequestStatus.ERROR, now, m.failing_why)
+                self._answer(r, RequestStatus.ERROR, now,
+                             CANCELLED if r.state == WITHDRAWN else why)
             return
         keep = []
         e1 = m.est.exec(m.batch_sizes[0])

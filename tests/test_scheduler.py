@@ -498,6 +498,32 @@ def test_a_model_whose_infers_fail_on_every_copy_is_answered_error_not_timeout()
     assert set(healed) == {RequestStatus.SUCCESS}
 
 
+def test_a_cancelled_request_in_the_infer_that_finds_every_copy_failing_is_cancelled():
+    """A request cancelled while its INFER runs, that INFER the copy's third failure in a
+    row (the model's every copy failing: its requests answered at once): it is answered
+    CANCELLED, as a withdrawn request of a failed INFER is. It was answered the worker's
+    error, and not counted cancelled."""
+    from controller.policy import CANCELLED
+
+    s = sched()
+    s.adopt_copies(0, 0, [("a", 1)])
+    t = 100 * MS
+    r = req(1, t=t, slo=2_000 * MS)
+    acts = s.on_request(r, t)
+    for k in range(3):
+        while not [a for a in acts if a.type == ActionType.INFER]:
+            t = s.next_wakeup()
+            acts = s.on_tick(t)
+        (a,) = [a for a in acts if a.type == ActionType.INFER]
+        t = max(t, a.earliest) + MS
+        if k == 2:
+            assert s.cancel([r], t) == [] and s.drain_replies() == []  # (it runs on)
+        acts = s.on_result(fail(a, t, ErrorCode.INVALID_INPUT), t)
+    (rep,) = s.drain_replies()
+    assert rep.status == RequestStatus.ERROR and rep.message == CANCELLED, rep
+    assert s.models["a"].failing_until > t  # (the model's requests answered at once)
+
+
 def test_a_copy_found_gone_while_it_sits_out_a_fault_is_forgotten():
     """Two INFERs out on the only copy: the first fails on the device (the copy sits out
     a pause), the second finds the weights gone (the worker was reset): the copy is
