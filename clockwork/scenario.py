@@ -97,6 +97,22 @@ def _too_deep(value: Any, levels: int) -> bool:
     return False
 
 
+def _too_long_int(value: Any) -> bool:
+    """Whether ``value`` (already no deeper than ``MAX_TOML_DEPTH``) holds an integer of
+    more decimal digits than Python writes (tomllib reads ``0x``/``0o``/``0b`` ones of any
+    length; every message that names the value then failed with Python's own line)."""
+    stack = [value]
+    bits = int(sys.get_int_max_str_digits() * 3.3219)  # (log2(10): the digits' bits)
+    while stack:
+        v = stack.pop()
+        if isinstance(v, int) and not isinstance(v, bool):
+            if v.bit_length() > bits:
+                return True
+        elif isinstance(v, dict | list):
+            stack.extend(v.values() if isinstance(v, dict) else v)
+    return False
+
+
 def _plain(value: Any) -> Any:
     """A scenario table given from Python, its values as TOML would give them: numpy
     scalars (a seed from ``np.arange``) as Python numbers, paths (``pathlib.Path``) as
@@ -147,6 +163,8 @@ def parse_toml(raw: bytes | str, where: str, error: type[Exception] = ScenarioEr
         raise error(_digits_line(where)) from None
     if any(_too_deep(v, MAX_TOML_DEPTH) for v in data.values()):
         raise error(_nested_line(where))
+    if _too_long_int(data):
+        raise error(_digits_line(where))
     return data
 
 
@@ -179,6 +197,8 @@ def parse_value(text: str) -> Any:
         raise ScenarioError(_digits_line()) from None
     if _too_deep(value, MAX_TOML_DEPTH):
         raise ScenarioError(_nested_line())
+    if _too_long_int(value):
+        raise ScenarioError(_digits_line())
     return value
 
 

@@ -212,6 +212,14 @@ def test_numbers_of_more_digits_than_python_reads_are_refused_by_name(tmp_path, 
                        "--set seed: a number of more than 4,300 digits")
     with pytest.raises(SettingsError, match="--limit admit_slice: a number of more than"):
         limits_from_flags([f"admit_slice={DIGITS}"])
+    # in hexadecimal (or octal, binary) TOML reads any length: refused all the same
+    for big in ("0x" + "f" * 5000, "0o" + "7" * 6000, "0b" + "1" * 15000):
+        refused_in_process(["simulate", SC, "--set", f"seed={big}"], capsys,
+                           "--set seed: a number of more than 4,300 digits")
+        with pytest.raises(SettingsError, match="--limit admit_slice: a number of more"):
+            limits_from_flags([f"admit_slice={big}"])
+    f.write_text(f"seed = 0x{'f' * 5000}\n")
+    refused_in_process(["simulate", str(f)], capsys, f"{f}: a number of more than 4,300 digits")
     sweep = tmp_path / "sw.toml"
     sweep.write_text(f'scenarios = ["{SC}"]\nseeds = [1]\n[grid]\n"workloads.{DIGITS}.slo_ms" = [100]\n')
     line = refused_in_process(["sweep", str(sweep), "--list", "--out", str(tmp_path / "o")],
