@@ -223,7 +223,11 @@ class ProfileSet:
             return False
         self.read_at, self.read_mtime = now, mtime
         added = False
-        for f in sorted(self.path.glob("*.json")):
+        files = sorted(self.path.glob("*.json"))
+        present = {f.stem for f in files}
+        for stem in [s for s in self.unreadable if s not in present]:
+            del self.unreadable[stem]  # (its file is gone: nothing to tell of it)
+        for f in files:
             if f.name == "set.json" or f in self.files:
                 continue
             try:

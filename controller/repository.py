@@ -308,7 +308,10 @@ def _check_config_tensors(given: dict[str, list], prof) -> None:
             raise KServeError(INVALID, f"the configuration's {key!r} must be a list of "
                               "objects")
         for t in map(_snake_keys, listed):
-            spec = specs.get(t.get("name"))
+            if not isinstance(t.get("name"), str):
+                raise KServeError(INVALID, f"the configuration's {key} names must be "
+                                  f"strings, got {_short(t.get('name'))}")
+            spec = specs.get(t["name"])
             if spec is None:
                 raise KServeError(INVALID, f"the configuration's {key} {t.get('name')!r} is "
                                   f"not one of profile {prof.model!r}'s: "

@@ -97,3 +97,16 @@ def test_a_load_of_a_profile_whose_file_cannot_be_read_says_why(tmp_path):
     assert "no profile 'bf16'" in said and "its file cannot be read" in said, said
     assert "'bfloat16' is not an element type a model may have" in said, said
     assert served == ["bf16", "resnet50_v2"]
+
+
+def test_the_reason_a_file_could_not_be_read_goes_with_the_file(tmp_path, clock):
+    """A profile file that cannot be read is named as such while it is there; once it is
+    removed, nothing is said of it (its reason was kept, and a load of the name went on
+    naming a file no longer there)."""
+    folder = tmp_path / "set"
+    shutil.copytree(data_root() / "profiles" / "v100-reference", folder)
+    ps = load_profile_set(folder)
+    (folder / "bad.json").write_text("{")
+    assert ps.find("bad") is None and "bad.json" in ps.unreadable["bad"]
+    (folder / "bad.json").unlink()
+    assert ps.find("bad") is None and "bad" not in ps.unreadable

@@ -1070,7 +1070,9 @@ def test_a_configuration_read_back_loads_a_model_of_several_copies_as_it_is(clus
                 ({"input": [{"name": "data", "data_type": "TYPE_INT8"}]},
                  "input 'data' has data_type 'TYPE_INT8'; profile 'mobilenet_v2' says TYPE_FP32"),
                 ({"output": [{"name": "output", "dims": [99]}]},
-                 "output 'output' has dims [99]; profile 'mobilenet_v2' says [1000]")):
+                 "output 'output' has dims [99]; profile 'mobilenet_v2' says [1000]"),
+                ({"input": [{"name": ["data"]}]},  # (an internal error 500 before)
+                 "the configuration's input names must be strings, got ['data']")):
             msg = refused("StatusCode.INVALID_ARGUMENT", g.load_model, "quad",
                           config=json.dumps({**profile, **change}))
             assert said in msg, msg
