@@ -182,6 +182,40 @@ def test_wrong_header(tmp_path, header, words):
     assert f"{path}:1:" in str(ei.value)
 
 
+@pytest.mark.parametrize("at", [0, 2])
+def test_a_header_line_again_is_refused_not_read_as_a_function(tmp_path, at):
+    """Two day files joined (``cat d01.csv d02.csv``), or the header written twice: the
+    second header is refused naming its line. Its minutes "1".."1440" were read as a
+    function's counts (1,037,520 invocations of a function "HashOwner"), the busiest of
+    the day."""
+    rows = [_row(i, np.zeros(MINUTES, int)) for i in range(4)]
+    rows.insert(at, ("\ufeff" if at else "") + HEADER)
+    with pytest.raises(TraceError, match=rf":{at + 2}: a header line again"):
+        AzureTrace.load(_write(tmp_path / "two.csv", rows))
+
+
+def test_an_id_past_its_bound_is_refused_before_it_is_kept(tmp_path):
+    """One id of 2,000 bytes: refused naming its line (each id column became a numpy
+    string array as wide as the longest id: one of 2 MB asked 37 GiB for 5,000 rows)."""
+    rows = [_row(i, np.zeros(MINUTES, int)) for i in range(3)]
+    rows[1] = "x" * 2000 + rows[1]
+    with pytest.raises(TraceError, match=r":3: its ids \(the first 4 columns\) are 2,"):
+        AzureTrace.load(_write(tmp_path / "long.csv", rows))
+
+
+def test_lines_ending_in_cr_alone_are_named_without_splitting_the_file(tmp_path):
+    """A file whose lines end in CR alone is one line: refused saying so, from its first
+    bytes (its whole text was split into fields first: 70 MB took 929 MB)."""
+    rows = [_row(i, np.zeros(MINUTES, int)) for i in range(20)]
+    path = _write(tmp_path / "cr.csv", rows, newline="\r")
+    with pytest.raises(TraceError, match=r"cr.csv:1: no header line .*end in CR alone"):
+        AzureTrace.load(path)
+    joined = tmp_path / "joined.csv"  # (a row of many joined: counted, not split)
+    joined.write_text(HEADER + "\n" + ",".join(rows) + "\n")
+    with pytest.raises(TraceError, match=r":2: expected 1444 columns .*found 28880"):
+        AzureTrace.load(joined)
+
+
 def test_missing_file_and_unreadable_gzip(tmp_path):
     with pytest.raises(TraceError, match="not found"):
         AzureTrace.load(tmp_path / "nope.csv")

@@ -133,6 +133,8 @@ BAD = [
     (["worker", "--profiles", "no_such_set"], "no_such_set"),
     (["trace", "synth", "--functions", "0", "--out", "x"], "0"),
     (["trace", "info", "/no/such/trace.csv"], "/no/such/trace.csv"),
+    # (a digit str.isdigit takes and int() does not: a traceback, not a file name)
+    (["trace", "info", "\u00b2"], "\u00b2"),
     (["trace", "info", "x.csv", "--top", "-2"], "-2"),
     (["compile", "mlp", "--batch-sizes", "1,x"], "1,x"),
     (["compile", "mlp", "--device", "tpu"], "tpu"),

@@ -45,6 +45,13 @@ _BLOCK_BYTES = 8 << 20
 MAX_TRACE_BYTES = 1 << 30
 _GZ_READ = 16 << 20  # decompressed bytes read at a time
 _U32_MAX = 2**32 - 1
+# the id columns of one row, in bytes with their commas: the dataset's are three 64-digit
+# hashes and a trigger (~210); one id of 2 MB made every id column a numpy string array
+# of that width (37 GiB for 5,000 rows)
+ID_BYTES_MAX = 1024
+# the header line, in bytes (its own is ~6,400): past it the first line is no header (a
+# file whose lines end in CR alone is one line; split whole, 70 MB took 929 MB)
+HEADER_BYTES_MAX = 2 * len(HEADER)
 
 
 class TraceError(ValueError):
@@ -80,8 +87,12 @@ def find_trace_file(day: int, trace_dir: str | Path | None = None) -> Path:
         raise TraceError(f"trace day must be an integer >= 1, got {day!r}")
     dirs = trace_dirs(trace_dir)
     for d in dirs:
-        found = [p for form in NAME_FORMS for suffix in ("", ".gz")
-                 if (p := d / (form.format(day=int(day)) + suffix)).is_file()]
+        try:
+            found = [p for form in NAME_FORMS for suffix in ("", ".gz")
+                     if (p := d / (form.format(day=int(day)) + suffix)).is_file()]
+        except OSError as e:  # (a folder it may not look into: PermissionError)
+            raise TraceError(f"cannot look for day {day}'s trace file in {d}: "
+                             f"{e.strerror or e}") from None
         if len(found) > 1:
             # (one was taken, silently: a stale .csv beside a new .csv.gz, say)
             raise TraceError(f"{len(found)} trace files for day {day} in {d} "
@@ -151,14 +162,14 @@ def _read_text(path: Path) -> bytes:
 def _diagnose(line: bytes, path: str, lineno: int) -> TraceError:
     """The precise complaint about one bad line (the slow path, run only on errors)."""
     where = f"{path}:{lineno}"
-    text = line.decode("utf-8", "replace")
-    if text.endswith("\r"):
+    if line.endswith(b"\r"):
         return TraceError(f"{where}: the line ends with CR LF (\\r\\n), the header with LF "
                           "alone: give every line the same ending")
-    fields = text.split(",")
-    if len(fields) != NCOLS:
+    ncols = line.count(b",") + 1  # (counted before the line is split: it may be huge)
+    if ncols != NCOLS:
         return TraceError(f"{where}: expected {NCOLS} columns (4 ids + {MINUTES} minutes), "
-                          f"found {len(fields)}")
+                          f"found {ncols}")
+    fields = line.decode("utf-8", "replace").split(",")
     for j, f in enumerate(fields[len(ID_COLUMNS):]):
         at = f'minute {j} (column "{j + 1}")'  # (minutes count from 0, as start_minute)
         if f.isascii() and f.isdigit():
@@ -214,6 +225,12 @@ def _parse_block(buf: bytes, lo: int, hi: int, path: str, first_lineno: int
     if bad.size:
         raise fail(int(bad[0]))
     com = com.reshape(k, NCOLS - 1)
+    bad = np.flatnonzero(com[:, 3] - line_start > ID_BYTES_MAX)
+    if bad.size:
+        i = int(bad[0])
+        raise TraceError(f"{path}:{first_lineno + i}: its ids (the first 4 columns) are "
+                         f"{int(com[i, 3] - line_start[i]):,} bytes, at most "
+                         f"{ID_BYTES_MAX:,} (the dataset's hashes take ~210)")
     starts = com[:, 3:] + 1
     ends = np.empty_like(starts)
     ends[:, :-1] = com[:, 4:]
@@ -246,12 +263,26 @@ def _parse_block(buf: bytes, lo: int, hi: int, path: str, first_lineno: int
         raise fail(int(np.flatnonzero(val > _U32_MAX)[0]) // MINUTES)
     ids = [buf[lo + s:lo + c].decode("utf-8", "replace").split(",")
            for s, c in zip(line_start.tolist(), com[:, 3].tolist(), strict=True)]
+    again = next((i for i, row in enumerate(ids)
+                  if row[1:] == _HEADER_IDS[1:] and row[0].lstrip("\ufeff") == ID_COLUMNS[0]),
+                 None)
+    if again is not None:  # (its minutes "1".."1440" read as counts: a function made up)
+        raise TraceError(f"{path}:{first_lineno + again}: a header line again (files joined "
+                         "together?): a trace file holds one day, one header, first")
     return ids, val.reshape(k, MINUTES)
 
 
+_HEADER_IDS = list(ID_COLUMNS)
+
+
 def _parse(buf: bytes, path: str) -> tuple[list[list[str]], np.ndarray]:
-    first_end = buf.find(b"\n")
+    first_end = buf.find(b"\n", 0, HEADER_BYTES_MAX + 1)
     if first_end < 0:
+        if len(buf) > HEADER_BYTES_MAX:
+            raise TraceError(
+                f"{path}:1: no header line ({HEADER_BYTES_MAX:,} bytes without a line end)"
+                + (": its lines end in CR alone; give them LF (or CR LF) endings"
+                   if b"\r" in buf[:HEADER_BYTES_MAX] else ""))
         first_end = len(buf)
     _check_header(buf[:first_end], path)
     if b"\r" in buf[:first_end + 1]:
@@ -261,9 +292,14 @@ def _parse(buf: bytes, path: str) -> tuple[list[list[str]], np.ndarray]:
         first_end = buf.find(b"\n")
         if first_end < 0:
             first_end = len(buf)
-    end = len(buf)
-    while end > first_end and buf[end - 1:end] == b"\n":
-        end -= 1
+    end = len(buf)  # (less the blank lines at its end, a slice at a time from the end)
+    while end > first_end:
+        s = max(first_end, end - 65536)
+        kept = len(buf[s:end].rstrip(b"\n"))
+        if kept:
+            end = s + kept
+            break
+        end = s
     ids: list[list[str]] = []
     if end <= first_end + 1:
         return ids, np.zeros((0, MINUTES), np.uint32)

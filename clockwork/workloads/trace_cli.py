@@ -59,7 +59,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from clockwork.workloads.azure import AzureTrace, TraceError
 
     src: str | int = args.file
-    if args.file.isdigit() and not Path(args.file).exists():
+    if args.file.isascii() and args.file.isdigit() and not Path(args.file).exists():
         src = int(args.file)
     elif args.trace_dir is not None:  # (it looks for a DAY's file: a path is read as given)
         print(f"clockwork trace info: --trace-dir is for a DAY number, and {args.file} "
