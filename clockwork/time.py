@@ -18,6 +18,9 @@ NS_PER_S = 1_000_000_000
 MAX_SLO_MS = 86_400_000.0  # an SLO: at most a day
 MAX_SLO_FACTOR = 10_000.0  # an SLO as a multiple of the batch-1 EXEC: at most this
 MAX_TIME_S = 365 * 86_400  # any other time setting: at most a year
+# the longest an action may have taken, as a worker's result says (its duration, and its
+# span on the controller's clock): a year, as any time setting
+RESULT_SPAN_MAX_NS = MAX_TIME_S * NS_PER_S
 
 
 def ms(x: float) -> int:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from clockwork.actions import Action, ActionType, Result
+from clockwork.actions import Action, ActionType, ErrorCode, Result
 from clockwork.protocol import addresses, keepalive
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
@@ -231,6 +231,27 @@ def _mismatch(a: Action, r: Result) -> str:
                 f"{a.type.name} of {a.model!r} on gpu {a.gpu}")
     if r.outputs and a.requests and any(t.shape[0] < len(a.requests) for t in r.outputs):
         return f"outputs of fewer rows than the {len(a.requests)} request(s) of action {a.id}"
+    return ""
+
+
+def _unfit_outputs(r: Result, a: Action, profile, device: str) -> str:
+    """How a successful INFER's outputs differ from the model's (its profile's names,
+    dtypes and shapes, in order; "" if they do not): such outputs were answered SUCCESS
+    as they came (another name, int8, a row of 0 values, tensors more). A real device
+    that sent none where a request wanted them: its requests got zeros, as from an
+    emulated device."""
+    outs = r.outputs
+    if not outs:
+        if device != "emulated" and any(q.want_outputs for q in a.requests):
+            return "no outputs, though a request wanted them"
+        return ""
+    specs = profile.outputs if profile is not None else ()
+    if len(outs) != len(specs) or any(
+            t.name != s.name or t.dtype.name != s.dtype or tuple(t.shape[1:]) != tuple(s.shape)
+            for t, s in zip(outs, specs, strict=True)):
+        got = ", ".join(f"{t.name} {t.dtype.name}{list(t.shape[1:])}" for t in outs)
+        want = ", ".join(f"{s.name} {s.dtype}{list(s.shape)}" for s in specs)
+        return f"outputs {got}, the model's are {want or 'none'}"
     return ""
 
 
@@ -1218,6 +1239,15 @@ class WorkerLinks:
                 bad = _mismatch(a, r) if a is not None else ""
                 if bad:
                     raise WireError(f"result {r.id}: {bad}")
+                if a is not None and r.type == ActionType.INFER and not r.status:
+                    unfit = _unfit_outputs(r, a, self.profiles.get(a.model),
+                                           link.state.device if link.state else "")
+                    if unfit:  # (the copy's device failed the batch: as a fault of it)
+                        self.count("results_bad_outputs")
+                        self._bad_worker_msg(f"worker {link.address}: INFER {r.id} of "
+                                             f"{a.model} answered failed: {unfit}")
+                        r.status, r.message, r.outputs = (
+                            ErrorCode.INVALID_INPUT, f"outputs that do not fit: {unfit}", None)
             except WireError as e:
                 self.count("results_malformed")
                 self._bad_worker_msg(f"worker {link.address}: malformed result dropped: {e}")

@@ -48,7 +48,7 @@ from typing import Protocol
 
 from clockwork.actions import NEVER, Action, ErrorCode, Result
 from clockwork.requests import Reply, Request
-from clockwork.time import ms
+from clockwork.time import RESULT_SPAN_MAX_NS, ms
 from controller.policy import GpuSpec, Policy
 
 FAIL_DELAY = ms(2)  # a failed action's result reaches the policy this much later
@@ -194,6 +194,8 @@ class ControllerLoop:
             if r.end > now:  # the worker's clock ahead of ours: moved back, span and all
                 r.begin -= r.end - now
                 r.end = now
+            if r.end - r.begin > RESULT_SPAN_MAX_NS:  # (a worker's begin far back: its
+                r.begin = r.end - RESULT_SPAN_MAX_NS  # span would become an estimate)
             if obs is not None:
                 obs(a, r)
             if tel is not None:

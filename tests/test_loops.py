@@ -356,6 +356,23 @@ def test_a_result_from_a_clock_ahead_is_moved_back_whole():
     assert loop.policy.models["resnet50_v2"].est.load == held
 
 
+def test_a_result_whose_span_is_past_a_year_is_cut_to_one():
+    """A LOAD result whose begin is ~2^63 ns back (a broken or hostile worker): the
+    estimate learns at most a year. It learned the whole span, and every later LOAD's
+    expected duration left int64: no worker could be written to."""
+    from clockwork.actions import Result
+    from clockwork.time import RESULT_SPAN_MAX_NS
+    loop, t = controller(workers=1)
+    loop.request(Request(1, "resnet50_v2", 0, ms(100)), 0)
+    (w, acts), = t.sent
+    load = acts[0]
+    now = ms(40)
+    loop.results(w, [Result(id=load.id, type=ActionType.LOAD, status=ErrorCode.SUCCESS,
+                            worker=w, gpu=0, model=load.model, received=0,
+                            begin=-(2**63) + 1, end=now)], now)
+    assert loop.policy.models["resnet50_v2"].est.load == RESULT_SPAN_MAX_NS
+
+
 def test_unknown_results_are_ignored():
     loop, t = controller(workers=1)
     from clockwork.actions import Result

@@ -22,6 +22,7 @@ from clockwork.protocol.wire import (  # noqa: E402
     msgs_to_tensors,
 )
 from clockwork.tensors import TensorError  # noqa: E402
+from clockwork.time import RESULT_SPAN_MAX_NS  # noqa: E402
 
 INT32 = st.integers(-(1 << 31), (1 << 31) - 1)
 INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
@@ -82,7 +83,10 @@ def test_msg_to_result_returns_a_usable_result_or_raises_wire_error(m, worker, o
     except WireError:
         return
     assert isinstance(r.type, ActionType) and isinstance(r.status, ErrorCode)
-    assert r.gpu >= 0 and r.batch_size >= 0 and r.duration >= 0
+    assert r.gpu >= 0 and r.batch_size >= 0 and 0 <= r.duration <= RESULT_SPAN_MAX_NS
+    # times on the worker's clock from its start, an end no earlier than its begin
+    assert min(m.received, m.begin, m.end) >= 0
+    assert not (m.begin and m.end) or m.end >= m.begin
     for t in r.outputs or ():
         a = t.array  # the bytes fit the shape: no ValueError downstream
         assert a.shape == t.shape and a.shape[0] >= r.batch_size

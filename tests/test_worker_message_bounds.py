@@ -13,9 +13,10 @@ import time
 from types import SimpleNamespace
 
 import grpc
+import numpy as np
 import pytest
 
-from clockwork.actions import NEVER, Action, ActionType
+from clockwork.actions import NEVER, Action, ActionType, ErrorCode
 from clockwork.cluster.local import _Child, _cli
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
@@ -138,3 +139,50 @@ def test_controller_splits_a_long_action_list_into_messages_under_the_bound():
     written.clear()
     asyncio.run(ControllerNode._write_actions(node, link, Call(), acts[:5]))
     assert written == [[1, 2, 3, 4, 5]]  # the usual case: one message
+
+
+@pytest.mark.parametrize("outputs, device, said", [
+    ([("evil", np.int8, (1, 3))], "cpu", "outputs evil int8[3], the model's are output"),
+    ([("output", np.float32, (1, 1000)), ("x0", np.float32, (1, 2))], "cpu", "outputs "),
+    ([("output", np.float32, (1, 0))], "cpu", "outputs output float32[0]"),
+    ([], "cpu", "no outputs, though a request wanted them"),
+])
+def test_a_success_whose_outputs_do_not_fit_the_model_fails_its_infer(outputs, device, said):
+    """A successful INFER whose outputs are not the model's (another name or dtype, a
+    tensor more, a row of no values; none at all from a real device where a request
+    wanted them) is taken as failed on the copy's device, counted and said: each was
+    answered SUCCESS with what came (zeros where nothing came)."""
+    from clockwork.protocol.wire import tensor_to_msg
+    from clockwork.requests import Request
+    from clockwork.tensors import Tensor
+    from controller.service import ControllerNode, WorkerLink
+    from tests.conftest import make_profile
+
+    req = Request(1, "m", 0, 100_000_000)
+    req.want_outputs = True
+    a = Action(id=7, type=ActionType.INFER, worker=0, gpu=0, model="m", earliest=0,
+               latest=NEVER, expected_duration=1000, batch_size=1, requests=[req])
+    msg = pb.ResultMsg(id=7, type=int(ActionType.INFER), status=0, gpu=0, model="m",
+                       batch_size=1, begin=10, end=20, duration=5,
+                       outputs=[tensor_to_msg(Tensor.of(n, np.zeros(s, dt)))
+                                for n, dt, s in outputs])
+    got, counted, said_lines = [], [], []
+    node = SimpleNamespace(
+        ctrl=SimpleNamespace(outstanding={0: {7: a}},
+                             results=lambda w, rs, now: got.extend(rs)),
+        count=counted.append, _bad_worker_msg=said_lines.append,
+        profiles={"m": make_profile("m")})
+    link = WorkerLink(0, "127.0.0.1:1", state=pb.WorkerState(device=device))
+    assert ControllerNode._on_results(node, link, [msg]) == ""
+    (r,) = got
+    assert r.status == ErrorCode.INVALID_INPUT and r.outputs is None, r
+    assert said in r.message and counted == ["results_bad_outputs"], (r.message, counted)
+    assert len(said_lines) == 1 and said in said_lines[0]
+    # the model's own outputs (and none from an emulated device) pass as they are
+    msg.ClearField("outputs")
+    fine = [("output", np.float32, (1, 1000))] if device != "emulated" else []
+    msg.outputs.extend(tensor_to_msg(Tensor.of(n, np.zeros(s, dt))) for n, dt, s in fine)
+    got.clear()
+    node.ctrl.outstanding[0][7] = a
+    ControllerNode._on_results(node, link, [msg])
+    assert got[0].status == ErrorCode.SUCCESS and len(got[0].outputs) == 1

@@ -26,6 +26,7 @@ import numpy as np
 from clockwork.actions import NEVER, Action, ActionType, ErrorCode, Result
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.tensors import Tensor, TensorError
+from clockwork.time import RESULT_SPAN_MAX_NS
 
 INT64_MAX = (1 << 63) - 1
 MAX_DIMS = 32  # a tensor with more dimensions is refused
@@ -160,9 +161,10 @@ def msg_to_result(m: pb.ResultMsg, worker: int, offset: int = 0, attached=None) 
     """``offset`` = worker clock - controller clock, subtracted from the times;
     ``attached``: the outputs' attached bytes (:func:`split_attachments`). An
     unknown status code reads as ``INVALID_INPUT`` (the action failed, reason unknown).
-    Raises ``WireError`` for an unknown type, a negative GPU, batch size or duration, or
-    an output tensor that is unreadable, has no batch dimension of at least
-    ``batch_size`` rows, or whose bytes do not fit its shape."""
+    Raises ``WireError`` for an unknown type, a negative GPU, batch size or duration, a
+    duration past ``RESULT_SPAN_MAX_NS``, times before the worker's clock began or an end
+    before its begin, or an output tensor that is unreadable, has no batch dimension of
+    at least ``batch_size`` rows, or whose bytes do not fit its shape."""
     t = _ACTION_TYPES.get(m.type)
     if t is None:
         raise WireError(f"result {m.id}: unknown action type {m.type}")
@@ -170,6 +172,13 @@ def msg_to_result(m: pb.ResultMsg, worker: int, offset: int = 0, attached=None) 
     if gpu < 0 or batch < 0 or duration < 0:
         raise WireError(f"result {m.id}: negative gpu, batch size or duration "
                         f"({gpu}, {batch}, {duration})")
+    received, begin, end = m.received, m.begin, m.end
+    if duration > RESULT_SPAN_MAX_NS or received < 0 or begin < 0 or end < 0 or (
+            begin and end and end < begin):
+        # (taken, a LOAD's span of 2^63 ns became the model's LOAD estimate, and every
+        # later LOAD's expected duration left int64: no worker could be written to)
+        raise WireError(f"result {m.id}: times that cannot be (received {received}, begin "
+                        f"{begin}, end {end}, duration {duration})")
     status = _ERROR_CODES.get(m.status, ErrorCode.INVALID_INPUT)
     outputs = None
     if m.outputs:
@@ -179,7 +188,6 @@ def msg_to_result(m: pb.ResultMsg, worker: int, offset: int = 0, attached=None) 
                 raise TensorWireError(f"result {m.id}: output {o.name!r} of shape "
                                       f"{list(o.shape)} ({o.nbytes} bytes) does not hold a "
                                       f"batch of {batch}")
-    received, begin, end = m.received, m.begin, m.end
     return Result(id=m.id, type=t, status=status, worker=worker, gpu=gpu, model=m.model,
                   batch_size=batch, received=received - offset if received else 0,
                   begin=begin - offset if begin else 0, end=end - offset if end else 0,
