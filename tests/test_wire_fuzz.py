@@ -15,6 +15,7 @@ from hypothesis import strategies as st  # noqa: E402
 from clockwork.actions import ActionType, ErrorCode  # noqa: E402
 from clockwork.protocol import clockwork_pb2 as pb  # noqa: E402
 from clockwork.protocol.wire import (  # noqa: E402
+    DURATION_SLACK_NS,
     WireError,
     msg_to_action,
     msg_to_result,
@@ -87,6 +88,7 @@ def test_msg_to_result_returns_a_usable_result_or_raises_wire_error(m, worker, o
     # times on the worker's clock from its start, an end no earlier than its begin
     assert min(m.received, m.begin, m.end) >= 0
     assert not (m.begin and m.end) or m.end >= m.begin
+    assert not (m.begin and m.end) or m.duration <= m.end - m.begin + DURATION_SLACK_NS
     for t in r.outputs or ():
         a = t.array  # the bytes fit the shape: no ValueError downstream
         assert a.shape == t.shape and a.shape[0] >= r.batch_size

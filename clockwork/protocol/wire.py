@@ -28,6 +28,11 @@ from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.tensors import Tensor, TensorError
 from clockwork.time import RESULT_SPAN_MAX_NS
 
+# how much longer than its span (end - begin) a result's duration may be: a device's own
+# timer against the worker's clock (a duration of 10^15 ns in a span of milliseconds made
+# every request of the model TIMEOUT, the estimate a percentile of what came)
+DURATION_SLACK_NS = 1_000_000
+
 INT64_MAX = (1 << 63) - 1
 MAX_DIMS = 32  # a tensor with more dimensions is refused
 _NUMERIC_KINDS = frozenset("biufc")  # bool, int, uint, float, complex
@@ -162,8 +167,9 @@ def msg_to_result(m: pb.ResultMsg, worker: int, offset: int = 0, attached=None) 
     ``attached``: the outputs' attached bytes (:func:`split_attachments`). An
     unknown status code reads as ``INVALID_INPUT`` (the action failed, reason unknown).
     Raises ``WireError`` for an unknown type, a negative GPU, batch size or duration, a
-    duration past ``RESULT_SPAN_MAX_NS``, times before the worker's clock began or an end
-    before its begin, or an output tensor that is unreadable, has no batch dimension of
+    duration past ``RESULT_SPAN_MAX_NS`` or longer than its span (``DURATION_SLACK_NS``
+    aside: the work is timed inside the span), times before the worker's clock began or an
+    end before its begin, or an output tensor that is unreadable, has no batch dimension of
     at least ``batch_size`` rows, or whose bytes do not fit its shape."""
     t = _ACTION_TYPES.get(m.type)
     if t is None:
@@ -174,7 +180,7 @@ def msg_to_result(m: pb.ResultMsg, worker: int, offset: int = 0, attached=None) 
                         f"({gpu}, {batch}, {duration})")
     received, begin, end = m.received, m.begin, m.end
     if duration > RESULT_SPAN_MAX_NS or received < 0 or begin < 0 or end < 0 or (
-            begin and end and end < begin):
+            begin and end and (end < begin or duration > end - begin + DURATION_SLACK_NS)):
         # (taken, a LOAD's span of 2^63 ns became the model's LOAD estimate, and every
         # later LOAD's expected duration left int64: no worker could be written to)
         raise WireError(f"result {m.id}: times that cannot be (received {received}, begin "
