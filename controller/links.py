@@ -242,7 +242,7 @@ def _unfit_outputs(r: Result, a: Action, profile, device: str) -> str:
     emulated device."""
     outs = r.outputs
     if not outs:
-        if device != "emulated" and any(q.want_outputs for q in a.requests):
+        if device != "emulated" and any(q.want_outputs for q in a.requests or ()):
             return "no outputs, though a request wanted them"
         return ""
     specs = profile.outputs if profile is not None else ()

@@ -77,8 +77,8 @@ LOAD_PARAMS = ("copies", "profile", "package", "config")
 # Triton model configuration fields a load accepts (those our get_model_config answers)
 CONFIG_FIELDS = ("name", "platform", "backend", "max_batch_size", "input", "output",
                  "dynamic_batching", "instance_group", "parameters")
-UNLOAD_PARAMS = ("unload_dependents",)
-DIGITS_MAX = 20  # digits of an integer written as text (int64's 19, and a sign)  # Triton's; there are no dependents here
+UNLOAD_PARAMS = ("unload_dependents",)  # Triton's; there are no dependents here
+DIGITS_MAX = 20  # digits of an integer written as text (int64's 19, and a sign)
 _KIND = {grpc.StatusCode.NOT_FOUND: NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT: INVALID,
          grpc.StatusCode.UNAVAILABLE: UNAVAILABLE}
 

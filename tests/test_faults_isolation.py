@@ -968,8 +968,9 @@ class FakeWorker(pbg.WorkerServicer):
         self.actions += 1
         now = time.monotonic_ns()
         r = pb.ResultMsg(id=a.id, type=a.type, status=0, gpu=a.gpu, model=a.model,
-                         batch_size=a.batch_size, received=now, begin=now, end=now,
-                         duration=a.expected_duration)
+                         batch_size=a.batch_size, received=now - a.expected_duration,
+                         begin=now - a.expected_duration, end=now,
+                         duration=a.expected_duration)  # (its work inside its span)
         if conn == 1:
             r.type = 99
         elif conn == 2 and a.type == 2:
