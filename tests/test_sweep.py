@@ -1101,3 +1101,29 @@ def test_the_plot_gives_a_line_one_colour_on_both_panels_and_a_legend_entry(tmp_
     above = {c.get_label(): c.lines[0].get_color() for c in top.containers}
     assert above == {"B": below["B"]} and below["A"] != below["B"], (above, below)
     assert [t.get_text() for t in top.get_legend().get_texts()] == ["B", "A"]
+
+
+def test_a_pool_found_broken_as_points_go_in_runs_them_alone(tmp_path):
+    """The pool breaks (a process of it killed) before a round's points have all gone in:
+    each point of the round runs in a process of its own, and every one is done. The
+    sweep ended in a BrokenProcessPool traceback from ``submit`` (a loaded host's run of
+    the test above killed the process that early)."""
+    import signal
+    import time
+
+    from clockwork.cluster.parallel import Point, Runner
+
+    sc = str(REPO / "scenarios" / "poisson_warm.toml")
+    points = [Point("poisson_warm", sc, ("duration_s=0.2", "drain_s=0.2", f"seed={k}"))
+              for k in range(1, 4)]
+    with Runner(2, "local", False, False) as runner:
+        assert all(not o.error for o in runner.run(points[:2], tmp_path / "a", "first"))
+        ex = runner._executor  # (the pool of the first round, kept for the next)
+        os.kill(next(iter(ex._processes)), signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while not ex._broken:  # (its manager thread marks it: then submit raises)
+            assert time.monotonic() < deadline, "the pool was not found broken"
+            time.sleep(0.01)
+        outcomes = runner.run(points, tmp_path / "b", "second")
+    assert [bool(o.error) for o in outcomes] == [False] * 3, [o.error for o in outcomes]
+    assert all((o.folder / "summary.json").exists() for o in outcomes)

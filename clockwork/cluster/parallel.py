@@ -691,11 +691,18 @@ class Runner:
             self._size = want
         ex = self._executor
         futures: dict[Future, Outcome] = {}
+        broken: list[Outcome] = []
         try:
             for o in todo:  # all submitted before the bar exists (forked workers, no threads)
+                if broken:  # (the pool broke while they were submitted: the rest as well)
+                    broken.append(o)
+                    continue
                 point = pinned_point(o.point)  # (a Ray worker's folder is not ours)
-                futures[ex.submit(run_point, point, str(o.folder.resolve()), self.logs)] = o
-            broken: list[Outcome] = []
+                try:
+                    futures[ex.submit(run_point, point, str(o.folder.resolve()),
+                                      self.logs)] = o
+                except BrokenProcessPool:  # a worker died before this point went in (the
+                    broken.append(o)  # sweep ended in this traceback)
             with self._bar(len(todo), desc) as bar:
                 for f in as_completed(futures):
                     o = futures[f]
