@@ -1073,6 +1073,10 @@ class WorkerLinks:
                     self.ctrl.heard_from(link.index, t)
                 elif kind == "state":
                     if msg.state.update_seq == 0:  # the answer to a reset's Hello
+                        if not self.ctrl.resetting[link.index]:  # (none asked: a state
+                            # sent for nothing was taken as one, its kept copies counted)
+                            self.count("msgs_malformed")
+                            continue
                         if msg.state.missing:  # (a model loaded while it was suspect)
                             # refused as at a connection's Hello: it reconnects, and
                             # stays out while it cannot serve them (it was let back in,
