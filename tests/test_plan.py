@@ -79,19 +79,24 @@ def test_plan_not_met_exits_1(capsys):
             "--set", "workloads.0.rate_rps=5000", "--max-gpus", "1", "--seeds", "1",
             "--jobs", "1", "--quiet"]
     assert main(argv) == 1
-    assert capsys.readouterr().out.startswith("not met: even 1 GPUs")
+    out = capsys.readouterr().out
+    assert out.startswith("not met: even 1 GPUs") and "(tried 1; attainment need not" in out
 
 
-def test_plan_warns_when_no_request_was_submitted(capsys):
-    argv = ["plan", "poisson_warm", "--set", "duration_s=1", "--set", "drain_s=1",
-            "--set", "workloads.0.rate_rps=0.001", "--max-gpus", "2", "--seeds", "1",
-            "--jobs", "1", "--quiet"]
-    assert main(argv) == 1
-    cap = capsys.readouterr()
-    assert cap.out.startswith("not met")
-    err = cap.err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("clockwork plan: warning: no requests were "
-                                               "submitted in duration_s = 1 s"), err
+def test_plan_refuses_a_scenario_that_submits_no_request(capsys):
+    """No requests in the run: refused once the first count ran, exit 2 (every doubling
+    was simulated, then "not met" with a warning, exit 1; with --attainment 0 it "met" at
+    0 of 0)."""
+    for target in ("0.999", "0"):
+        argv = ["plan", "poisson_warm", "--set", "duration_s=1", "--set", "drain_s=1",
+                "--set", "workloads.0.rate_rps=0.001", "--max-gpus", "8", "--seeds", "1",
+                "--jobs", "1", "--quiet", "--attainment", target]
+        assert main(argv) == 2
+        cap = capsys.readouterr()
+        assert cap.out == ""
+        err = cap.err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("clockwork plan: no requests were "
+                                                   "submitted in duration_s = 1 s"), err
 
 
 def test_plan_reruns_a_summary_that_is_not_a_runs_summary(tmp_path, capsys):
@@ -403,3 +408,19 @@ def test_worst_p99_is_over_the_seeds_with_an_answer():
 
     assert Count(1, 1, [out(0.0, 0), out(7.5, 3), out(2.0, 1)]).row(0.9)["p99_ms_max"] == 7.5
     assert Count(1, 1, [out(0.0, 0), out(0.0, 0)]).row(0.9)["p99_ms_max"] is None
+
+
+def test_a_count_simulated_ahead_that_meets_below_the_answer_is_noted():
+    """Attainment up and down with GPUs (9 and 11 meet, 10 misses): with counts simulated
+    ahead, the answer stays the search path's (11), and a note names 9, which it
+    simulated and printed as meeting, then said nothing of."""
+    from clockwork.cluster.plan import answer_line
+
+    meets = {9, 11, 12}
+    curve = (lambda w, s: 1.0 if w in meets else 0.5)  # noqa: E731
+    plan = search(_plan(hi=12), FakeRunner(curve), "/nowhere", 6)
+    assert plan.answer == 11 and 9 in plan.counts and 9 not in plan.decided
+    line = answer_line(plan)
+    assert line.startswith("11 GPUs meet") and "(note: 9 GPUs, simulated ahead, meet" in line
+    plan = search(_plan(hi=12), FakeRunner(curve), "/nowhere", 1)  # (none ahead: no note)
+    assert plan.answer == 11 and "note" not in answer_line(plan)

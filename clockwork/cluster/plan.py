@@ -53,6 +53,10 @@ class PlanError(ValueError):
     """A bad argument or scenario; the message is one line."""
 
 
+class NoRequests(PlanError):
+    """The scenario submits no requests: nothing to size a cluster by (an input error)."""
+
+
 @dataclass
 class Count:
     """One GPU count: its simulations (one per seed)."""
@@ -242,7 +246,15 @@ def search(plan: Plan, runner: Runner, root: str | Path, k: int, log=None) -> Pl
             plan.counts[w] = Count(w, w * g, [by_name[p.name] for p in pts[w]])
         if log:
             log(f"round {len(plan.rounds)}: " + ", ".join(said(w) for w in todo))
+        empty = [s for w in todo for s in plan.counts[w].summaries if not s["submitted"]]
+        if empty:  # (the requests do not depend on the GPUs: no count will have any; the
+            # search ran every doubling to "not met", or "met" at 0 of 0 for a target 0)
+            raise NoRequests(
+                f"no requests were submitted in duration_s = "
+                f"{empty[0].get('duration_s', 0):g} s (rates too low or the run too short): "
+                "no cluster size can be judged by them")
     return plan
+
 
 
 def _number(v: float) -> str:
@@ -385,7 +397,10 @@ def answer_line(plan: Plan) -> str:
     want = (f"attainment >= {plan.target:g} with {slo} in every seed "
             f"({len(plan.seeds)} seed{'s' if len(plan.seeds) != 1 else ''})")
     if plan.answer is None:
-        return (f"not met: even {plan.max_workers * g} GPUs (--max-gpus) miss {want}")
+        tried = sorted(w * g for w in plan.decided)
+        return (f"not met: even {plan.max_workers * g} GPUs (--max-gpus) miss {want} "
+                f"(tried {', '.join(map(str, tried))}; attainment need not grow with GPUs, "
+                "so a size between may meet it)")
     n = plan.answer * g
     per = f" ({plan.answer} workers x {g} GPUs)" if g != 1 else ""
     if plan.answer == plan.min_workers:
@@ -393,7 +408,14 @@ def answer_line(plan: Plan) -> str:
                  f"{n - g} GPUs are below --min-gpus, not checked")
     else:
         below = f"{n - g} GPUs do not"
-    return f"{n} GPUs{per} meet {want}; {below}"
+    line = f"{n} GPUs{per} meet {want}; {below}"
+    fewer = sorted(w * g for w, c in plan.counts.items()
+                   if w < plan.answer and w not in plan.decided and c.ok and plan.meets(w))
+    if fewer:  # (simulated ahead, off the search's path: said, not taken, so that the
+        # answer does not depend on --jobs)
+        line += (f" (note: {', '.join(map(str, fewer))} GPUs, simulated ahead, meet it "
+                 "too: attainment does not grow steadily with GPUs here)")
+    return line
 
 
 def plot_curve(plan: Plan, path: Path) -> Path:
@@ -488,16 +510,14 @@ def _run_plan(args: argparse.Namespace, plan: Plan, out: Path | None) -> int:
             with Runner(jobs, args.backend, progress=False if quiet else
                         (True if args.progress else None)) as runner:
                 search(plan, runner, root, k, log)
+        except NoRequests as e:  # (the scenario's fault, found once it ran: exit 2)
+            print(f"clockwork plan: {e}", file=sys.stderr)
+            return 2
         except PlanError as e:
             return _failed(str(e))
         finally:
             if tmp is not None:
                 tmp.cleanup()
-    empty = [s for w in plan.decided for s in plan.counts[w].summaries if not s["submitted"]]
-    if empty:  # (as clockwork simulate: the figures are empty, "not met" says nothing)
-        print(f"clockwork plan: warning: no requests were submitted in duration_s = "
-              f"{empty[0].get('duration_s', 0):g} s (rates too low or the run too short): "
-              "attainment is 0 at every such count", file=sys.stderr)
     result = plan.result()
     if out is not None:
         from clockwork.telemetry import write_json

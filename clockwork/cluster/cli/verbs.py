@@ -610,8 +610,10 @@ PLAN_EPILOG = """the answer:
   count meets the target when every seed's SLO attainment is >= --attainment.
   Attainment need not grow with GPUs (seeds, placement, cold starts), so the answer N
   is defined by the counts the search decided on (the curve printed): N meets the
-  target, one worker fewer (N-1 GPUs) is in the curve and misses it (unless N is
-  --min-gpus), and no count of the curve below N meets it. The search doubles the
+  target, one worker fewer (N - gpus_per_worker GPUs) is in the curve and misses it
+  (unless N is --min-gpus), and no count of the curve below N meets it (a count
+  simulated ahead, off that path, that meets it too is named in a note). A scenario
+  that submits no requests is refused (exit 2) once its first count ran. The search doubles the
   count from --min-gpus until one meets the target, then bisects the gap (midpoints
   rounded down), one count at a time: the answer and the curve are the same whatever
   --jobs. More jobs simulate ahead, in parallel, the counts it may need next (up to
