@@ -1262,8 +1262,10 @@ def format_summary(s: dict) -> str:
                      f"{oc['checked']:,} / {oc['wrong']:,} (max |error| {oc['max_abs_err']:.1e}"
                      + (f"; {oc['unchecked']:,} without a reference)" if oc["unchecked"] else ")")))
     pe = s.get("prediction_error_ms")
-    if pe:
-        rows.append(("EXEC prediction error p50 / p99", f"{pe['exec_p50']:.3f} / {pe['exec_p99']:.3f} ms"))
+    if pe:  # (no request served, no INFER succeeded: nothing was predicted, not 0.000)
+        rows.append(("EXEC prediction error p50 / p99",
+                     f"{pe['exec_p50']:.3f} / {pe['exec_p99']:.3f} ms" if s.get("succeeded")
+                     else "n/a (no INFER succeeded)"))
     w = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
 

@@ -312,6 +312,8 @@ def test_a_run_without_requests_warns_and_says_n_a(override, capsys, tmp_path):
     warnings = [x for x in got.err.splitlines() if "warning" in x]
     assert len(warnings) == 1 and "no requests were submitted" in warnings[0], got.err
     assert "n/a" in got.out and "0.0000 %" not in got.out and "0.00 ms" not in got.out
+    # (nothing predicted: not a perfect 0.000 ms)
+    assert "0.000 / 0.000 ms" not in got.out and "n/a (no INFER succeeded)" in got.out
     s = orjson.loads((tmp_path / "summary.json").read_bytes())
     assert (s["submitted"], s["slo_attainment"], s["latency_ms"]["p99"]) == (0, 0.0, 0.0)
     assert main(["simulate", SC, "--set", "duration_s=1", "--out", str(tmp_path / "b")]) == 0
