@@ -68,7 +68,8 @@ from clockwork.protocol.wire import add_tensors, msg_to_array
 
 # the largest gRPC message either way: the channel's limits, and what the controller
 # accepts by default (its grpc_max_receive_bytes; a stream message counts whole)
-from clockwork.sizes import (  # (the first re-exported)
+from clockwork.sizes import (  # (MAX_MESSAGE_BYTES re-exported)
+    INT32_MAX,
     MAX_MESSAGE_BYTES,
     STREAM_DEFAULT_SLO_KEY,
     STREAM_LIMIT_KEY,
@@ -97,7 +98,6 @@ CLOSE_POLL_S = 0.05  # InferStream.close(): how often it looks whether all are a
 # what gRPC says of a stream's call that ended while a message was being sent on it (the
 # write fails, and the status the server sent is lost)
 CORE_INTERNAL = "Internal error from Core"
-_INT32_MAX = (1 << 31) - 1
 _CLOSED = "the client is closed"
 
 
@@ -405,7 +405,7 @@ def _load_request(name: str, copies: int | None, profile: str | None,
         n = None if isinstance(copies, bool) else operator.index(copies)
     except TypeError:
         n = None
-    if n is None or not 1 <= n <= _INT32_MAX:
+    if n is None or not 1 <= n <= INT32_MAX:
         # (the controller's own bound: 1,024 a new load, more for one loaded so at start)
         raise InvalidRequest(f"{name}: copies must be an integer >= 1 (a load makes at most "
                              f"1,024), got {copies!r}", 6, "bad_request", name)

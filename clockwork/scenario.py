@@ -84,33 +84,30 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def _too_deep(value: Any, levels: int) -> bool:
-    """Whether ``value`` holds arrays or tables nested more than ``levels`` deep (walked
-    without recursion: the point is a value too deep to recurse through)."""
+def _nodes(value: Any):
+    """``value`` and every value inside it, each with its depth (``value``'s is 0),
+    walked without recursion (the point may be a value too deep to recurse through); a
+    table's or array's items are reached only when the walk goes on past it."""
     stack = [(value, 0)]
     while stack:
         v, depth = stack.pop()
+        yield v, depth
         if isinstance(v, dict | list):
-            if depth >= levels:
-                return True
             stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
-    return False
+
+
+def _too_deep(value: Any, levels: int) -> bool:
+    """Whether ``value`` holds arrays or tables nested more than ``levels`` deep."""
+    return any(depth >= levels for v, depth in _nodes(value) if isinstance(v, dict | list))
 
 
 def _too_long_int(value: Any) -> bool:
     """Whether ``value`` (already no deeper than ``MAX_TOML_DEPTH``) holds an integer of
     more decimal digits than Python writes (tomllib reads ``0x``/``0o``/``0b`` ones of any
     length; every message that names the value then failed with Python's own line)."""
-    stack = [value]
     bits = int(sys.get_int_max_str_digits() * 3.3219)  # (log2(10): the digits' bits)
-    while stack:
-        v = stack.pop()
-        if isinstance(v, int) and not isinstance(v, bool):
-            if v.bit_length() > bits:
-                return True
-        elif isinstance(v, dict | list):
-            stack.extend(v.values() if isinstance(v, dict) else v)
-    return False
+    return any(isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > bits
+               for v, _ in _nodes(value))
 
 
 def _plain(value: Any) -> Any:

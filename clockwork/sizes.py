@@ -18,7 +18,8 @@ MAX_WORKERS = 10_000
 MAX_SLOW_FACTOR = 1000.0
 MAX_NOISE = 10.0
 MAX_GPUS_PER_WORKER = 64
-MAX_PAGES = 2**31 - 1  # weights-cache pages per GPU (a worker reports them in an int32)
+INT32_MAX = 2**31 - 1  # protobuf's int32 fields, gRPC's C int options, its message bound
+MAX_PAGES = INT32_MAX  # weights-cache pages per GPU (a worker reports them in an int32)
 # a worker's clock offset (--clock-offset-ms): ~31 years either way keeps its clock, in
 # int64 ns, far from overflowing
 MAX_CLOCK_OFFSET_MS = 10**12
@@ -121,7 +122,7 @@ MAX_BATCH_SIZE = 65_536
 # Bytes of one row of a profile's tensor: a row must fit in a message (gRPC's messages
 # stop short of 2 GiB). A shape of 2^60 elements was taken, and every request of the
 # model failed "internal error" (MemoryError building its answer).
-MAX_TENSOR_ROW_BYTES = 2**31 - 1
+MAX_TENSOR_ROW_BYTES = INT32_MAX
 
 
 # progress lines this far apart (s) when stderr is not a terminal (simulate, sweep, replay)

@@ -23,9 +23,7 @@ from typing import Any, ClassVar
 from pydantic.dataclasses import dataclass
 
 from clockwork.settings import CONFIG, from_table, setting
-from clockwork.sizes import MAX_MESSAGE_BYTES
-
-INT32_MAX = 2**31 - 1  # gRPC's options are C ints: a larger value ended the start in a traceback
+from clockwork.sizes import INT32_MAX, MAX_MESSAGE_BYTES
 
 MiB = 1 << 20
 S = 1_000_000_000  # ns per second
@@ -85,6 +83,8 @@ class Limits:
         "replies have not moved for longest (none sent) are ended as slow readers until the "
         "rest are back under it: many clients that do not read cannot together hold more "
         "than this, and one that reads is not cut for what it is sent at once.", ge=1024)
+    # (the gRPC sizes are C ints in gRPC's options, INT32_MAX at most: a larger value ended
+    # the controller's start in a traceback)
     grpc_max_receive_bytes: int = setting(
         MAX_MESSAGE_BYTES, "Largest gRPC message the controller accepts from a client (a stream "
         "message of many requests counts whole); at least 4 MiB, the messages the Python "
