@@ -123,6 +123,7 @@ SERVER_OPTIONS = [*CHANNEL_OPTIONS, *LISTEN_OPTIONS, *keepalive.CLIENT_SERVER]
 # the model repository
 MAX_LOAD_COPIES = 1024  # instances one LoadModel call may make (a scenario or --models: sizes.MAX_COPIES)
 LOG_ERROR_EVERY_S = 60.0  # a failing log write is said at most this often
+UNKNOWN_LOG_S = 60.0  # a result for no outstanding action is said at most this often
 MAX_SERVED = MAX_INSTANCES  # instances served at once (--models, then loads)
 # an InstanceUpdate's answer is waited for while its worker is heard from (its echoes
 # every ECHO_S at least): the worker reads a new package on a thread, and answers once it
@@ -318,6 +319,9 @@ class ControllerNode(WorkerLinks):
         self.counters: dict[str, int] = {}
         self.gate = Gate(self)  # requests outstanding, in all and per connection
         self._bad_worker_msg = LogLimiter("controller")
+        # results for no outstanding action: said at most once a minute (a reset's
+        # stragglers come in bursts)
+        self._unknown_results = LogLimiter("controller", every=UNKNOWN_LOG_S)
         # a log write that fails (a full disk) fails again at every flush: said once a
         # minute, and once when writing works again
         self._log_error = LogLimiter("controller", every=LOG_ERROR_EVERY_S)
@@ -577,6 +581,10 @@ class ControllerNode(WorkerLinks):
 
     def unknown(self, worker: int, r: Result) -> None:
         self.count("results_unknown")
+        self._unknown_results(
+            f"worker {self.links[worker].address} answered {r.type.name} {r.id}, which is not "
+            "outstanding (a duplicate, or sent before the worker was reset or lost): ignored, "
+            "counted results_unknown")
 
     def suspect(self, worker: int, failed: int, reason: str = "") -> None:
         self.count("worker_suspects")

@@ -186,3 +186,25 @@ def test_a_success_whose_outputs_do_not_fit_the_model_fails_its_infer(outputs, d
     node.ctrl.outstanding[0][7] = a
     ControllerNode._on_results(node, link, [msg])
     assert got[0].status == ErrorCode.SUCCESS and len(got[0].outputs) == 1
+
+
+def test_a_result_for_no_outstanding_action_is_logged_at_most_once_a_minute(capsys):
+    """A result for no action outstanding (a duplicate, or one sent before a reset) is
+    ignored and counted each time, and said in the log, one line a minute however many
+    come (it was counted only: nothing told the operator which worker sent them)."""
+    from clockwork.actions import Result
+    from clockwork.protocol.ratelog import LogLimiter
+    from controller import service
+    from controller.service import ControllerNode, WorkerLink
+
+    counted = []
+    node = SimpleNamespace(
+        count=counted.append, links=[WorkerLink(0, "10.0.0.7:9000", state=pb.WorkerState())],
+        _unknown_results=LogLimiter("controller", every=service.UNKNOWN_LOG_S))
+    r = Result(id=41, type=ActionType.INFER, status=ErrorCode.SUCCESS, worker=0, gpu=0,
+               model="m")
+    for _ in range(3):
+        ControllerNode.unknown(node, 0, r)
+    err = capsys.readouterr().err.splitlines()
+    assert counted == ["results_unknown"] * 3
+    assert len(err) == 1 and "worker 10.0.0.7:9000" in err[0] and "INFER 41" in err[0], err
