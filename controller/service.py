@@ -432,6 +432,12 @@ class ControllerNode(WorkerLinks):
                 self._flush_failures += 1
                 self._log_error(f"writing the logs in {self.log_dir} failed ({e}); this "
                                 f"flush's rows are lost, the next one tries again")
+            except Exception as e:  # noqa: BLE001 - a bug: said with its traceback; the
+                # flusher goes on (ended, every later row would wait in memory unwritten)
+                self.count("log_flush_errors")
+                self._flush_failures += 1
+                self._log_error(f"writing the logs in {self.log_dir} failed ({e!r}); this "
+                                f"flush's rows are lost, the next one tries again", exc=e)
             else:
                 if self._flush_failures:
                     print(f"controller: writing the logs in {self.log_dir} works again "

@@ -316,6 +316,45 @@ def test_a_log_flush_that_fails_is_logged_and_the_next_one_goes_on(tmp_path, cap
     assert 1 <= len(back.requests) <= 2 and all(r[5] == RequestStatus.SUCCESS for r in back.requests)
 
 
+def test_a_log_flush_that_fails_on_a_bug_is_said_and_the_flusher_goes_on(tmp_path, capsys):
+    """A flush that raises something other than OSError (a bug in formatting a row, say)
+    is counted and said with its traceback, and the next flush goes on: the flusher task
+    ended on it, and from then on every row waited in memory, never written."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from clockwork.protocol.ratelog import LogLimiter
+    from controller.service import ControllerNode
+
+    flushes = []
+
+    def flush_steps(out, rows_per_step):
+        flushes.append(out)
+        if len(flushes) == 1:
+            raise RuntimeError("a row that cannot be formatted")
+        yield
+
+    counted = []
+    node = SimpleNamespace(
+        log_flush_s=0.001, log_dir=str(tmp_path), _log_steps=None, _flush_failures=0,
+        telemetry=SimpleNamespace(flush_steps=flush_steps),
+        count=counted.append, _log_error=LogLimiter("controller", every=60.0),
+        _said_spill_error=lambda: None)
+
+    async def main():
+        task = asyncio.create_task(ControllerNode._flush_logs(node))
+        while len(flushes) < 3:
+            assert not task.done(), task
+            await asyncio.sleep(0.001)
+        task.cancel()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    err = capsys.readouterr().err
+    assert counted == ["log_flush_errors"]
+    assert "RuntimeError('a row that cannot be formatted')" in err and "Traceback" in err, err
+    assert "works again (1 flush(es) failed before" in err, err
+
+
 @pytest.mark.parametrize("full_at", ["requests.npz", "actions.npz"])
 def test_npz_logs_that_cannot_be_written_at_stop_leave_their_rows(tmp_path, capsys,
                                                                   monkeypatch, full_at):
