@@ -429,7 +429,7 @@ def data_files(sc: Scenario) -> list[Path]:
 def validate(sc: Scenario) -> None:
     """Check ``sc.data`` against the scenario schema and replace it by the validated
     values (defaults filled); a bad key or value raises ``ScenarioError`` with one line
-    naming it, e.g. ``cluster.noise: must be a finite number >= 0, got nan``."""
+    naming it, e.g. ``cluster.noise: must be a finite number in [0, 10], got nan``."""
     try:
         sc.data = check_scenario(sc.data, sc.source, ScenarioError)
     except ScenarioError as e:

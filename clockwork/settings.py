@@ -15,7 +15,7 @@ place where a setting is documented: ``docs/settings.md`` is rendered from the s
 A bad value is refused with one line that names the key, the value and what is
 expected (``validate`` / ``error_line``)::
 
-    cluster.noise: must be a finite number >= 0, got nan
+    cluster.noise: must be a finite number in [0, 10], got nan
     unknown setting 'cluster.wokers' (did you mean 'cluster.workers'?)
 
 Time settings of the scheduler and the baselines are stored as int nanoseconds but

@@ -280,6 +280,23 @@ def test_bad_settings_file_is_one_line_exit_2(name, text, fragment, capsys, tmp_
     assert str(f) in lines[0] and fragment in lines[0], lines[0]
 
 
+def test_profile_refuses_another_checkouts_shipped_set(capsys, tmp_path, monkeypatch):
+    """Run from a second checkout with this one's installed package (a clone beside the
+    development one, say), ``profiles/cpu`` links into that checkout's own shipped data:
+    written there, the clone's tracked profile was replaced, though the check guarded
+    the installed package's set only."""
+    clone = tmp_path / "clone"
+    data = clone / "clockwork" / "data" / "profiles" / "cpu"
+    data.mkdir(parents=True)
+    (clone / "profiles").mkdir()
+    (clone / "profiles" / "cpu").symlink_to(data)
+    monkeypatch.chdir(clone)
+    rc = main(["profile", "resnet18", "--device", "cpu", "--package", "p"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "is the profile set shipped with clockwork" in err, (rc, err)
+    assert not list(data.iterdir())
+
+
 @pytest.mark.parametrize("text,fragment", [
     ("[1]", "profile set: must be a table, got [1]"),
     ('{"weights_cache_pages": 0}', "weights_cache_pages: must be an integer in [1, 2147483647], got 0"),

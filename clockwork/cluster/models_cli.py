@@ -207,7 +207,10 @@ def _shipped_target(folder: Path) -> str | None:
 
     shipped = profiles_root().resolve()
     where = folder.resolve()
-    if where != shipped and shipped not in where.parents:
+    parts = where.parts  # (or another checkout's shipped sets: a clone run with this one's
+    # installed package, whose profiles/cpu links into the clone's own data)
+    in_data = any(parts[i:i + 3] == ("clockwork", "data", "profiles") for i in range(len(parts)))
+    if where != shipped and shipped not in where.parents and not in_data:
         return None
     return (f"{folder} is the profile set shipped with clockwork ({where}): writing there "
             "would change the figures every run of it reads; give --out FILE in a folder "

@@ -103,7 +103,7 @@ simulate`, `serve` and `controller`, `--models`, profile files):
   naming it.
 - Unknown keys are refused, with the closest valid key when there is one.
 - A refusal is one line naming the key, the value and what is expected, e.g.
-  `cluster.noise: must be a finite number >= 0, got nan` or
+  `cluster.noise: must be a finite number in [0, 10], got nan` or
   `unknown setting 'cluster.wokers' (did you mean 'cluster.workers'?)`; the command
   prints it and exits with status 2.
 
