@@ -177,6 +177,10 @@ BAD = [
     (["sweep", "example", "--ray", "127.0.0.1:1", "--out", "out"], "cannot reach the Ray"),
     (["plan", SC, "--slo-ms", "100", "--ray", "ray://127.0.0.1:1"], "cannot reach the Ray"),
     (["simulate", "azure_sample", "--set", "workloads.0.minutes=0"], "0 minutes is empty"),
+    # a fault only the simulator models: refused before the cluster starts (it started,
+    # replayed nothing and stopped; with --device cpu after compiling the packages)
+    (["serve", SC, "--replay", "--set", "faults.slow_network=[{worker=0, at_s=1, for_s=1, "
+      "delay_ms=30}]"], "slow_network has no live form"),
     # a profile written into the shipped set changed the figures every run of it reads
     # (in a checkout profiles/cpu links there): refused before anything is measured
     (["profile", "resnet18", "--device", "cpu", "--package", "p", "--out",

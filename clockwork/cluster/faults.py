@@ -29,6 +29,19 @@ class Interrupted(Exception):
     """A stop asked for while ``LiveFaults`` started the joining workers' processes."""
 
 
+def no_live_form(faults: dict) -> str | None:
+    """Why a scenario's ``[faults]`` cannot be played live (a fault only the simulator
+    models), or None: asked before any process starts, and again by ``LiveFaults``."""
+    if faults.get("controller_restart"):
+        return ("[faults] controller_restart has no live form here (a replay's streams do "
+                "not outlive their controller; experiments/controller_restart.py restarts a "
+                "live one between two loads); remove it to run this scenario live")
+    if faults.get("slow_network"):
+        return ("[faults] slow_network has no live form (the simulator models it); remove it "
+                "to run this scenario live")
+    return None
+
+
 class LiveFaults:
     """Plays ``faults`` (a scenario's ``[faults]`` table) against ``cluster`` (a started
     ``LocalCluster``). ``start(t0)`` with ``t0`` the replay's start (``time.monotonic_ns``);
@@ -46,14 +59,9 @@ class LiveFaults:
         run, and the controller connects each at its time; ``stopped()`` (if given),
         looked at before each one starts: once true, ``Interrupted`` is raised (the
         processes started so far stop with the cluster)."""
-        if faults.get("controller_restart"):
-            raise ValueError("[faults] controller_restart has no live form here (a replay's "
-                             "streams do not outlive their controller; "
-                             "experiments/controller_restart.py restarts a live one between "
-                             "two loads); remove it to run this scenario live")
-        if faults.get("slow_network"):
-            raise ValueError("[faults] slow_network has no live form (the simulator models "
-                             "it); remove it to run this scenario live")
+        why = no_live_form(faults)
+        if why:
+            raise ValueError(why)
         n = len(cluster.workers)
         plan: list[tuple[float, int, str, object]] = []  # (at_s, order, what, argument)
         for kind, entries in (("kill", faults.get("kill", ())), ("hang", faults.get("hang", ()))):

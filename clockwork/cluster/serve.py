@@ -387,6 +387,13 @@ def _serve(args: argparse.Namespace, return_killed: list[bool]) -> int:
     if why:
         print(f"clockwork serve: {why}", file=sys.stderr)
         return 2
+    if sc is not None and getattr(args, "replay", False):
+        from clockwork.cluster.faults import no_live_form
+
+        why = no_live_form(sc.faults)  # (before a process starts or a package is compiled)
+        if why:
+            print(f"clockwork serve: {why}", file=sys.stderr)
+            return 2
     ray_address = getattr(args, "ray", None)  # "local": start a Ray instance here
     if ray_address is None and sc is not None and sc.cluster.get("backend") == "ray":
         # (the cluster RAY_ADDRESS names, as sweep --backend ray takes it: inside a Ray

@@ -28,6 +28,11 @@ SPILL_HELP = ("keep the request and action rows in files in a temporary folder i
               "disk per request and ~90 per action; the folder is removed at the end). Same "
               "results and logs. For runs of tens of millions of requests, whose rows would "
               "otherwise fill the memory")
+# a replay (a client) keeps the request rows only: the actions are the controller's
+REPLAY_SPILL_HELP = ("keep the request rows in files in a temporary folder inside DIR instead "
+                     "of in memory, so that a long replay's memory stays flat (~50 bytes of "
+                     "disk per request; the folder is removed at the end). Same results and "
+                     "logs")
 SET_HELP = ("override a dotted scenario key, e.g. --set cluster.workers=4 "
             "--set workloads.0.rate_rps=500 (repeatable; clockwork settings lists every key)")
 
@@ -325,7 +330,7 @@ def add_serve(sub) -> None:
                        help="with --replay (needs it): the progress line even without a TTY "
                        "(a line every 30 s)")
     p.add_argument("--spill-dir", type=t.out_dir, metavar="DIR",
-                   help="with --replay (needs it): the replay's " + SPILL_HELP)
+                   help="with --replay (needs it): " + REPLAY_SPILL_HELP)
     p.add_argument("--log-dir", type=t.out_dir, metavar="DIR",
                    help="the controller writes requests.tsv and "
                    "actions.tsv (its own view: every request and action) here")
@@ -535,7 +540,7 @@ def add_replay(sub) -> None:
                    help="send real inputs and check every answer against the zoo model's "
                    "numpy reference, with the weights of the packages in this folder "
                    "(real devices; e.g. packages/cpu)")
-    p.add_argument("--spill-dir", type=t.out_dir, metavar="DIR", help=SPILL_HELP)
+    p.add_argument("--spill-dir", type=t.out_dir, metavar="DIR", help=REPLAY_SPILL_HELP)
     p.add_argument("--max-outstanding", type=t.positive_int, default=20000,
                    help="bound on requests in flight (default 20000)")
     p.add_argument("--json", action="store_true", help="print summary.json instead of the table")
