@@ -1244,6 +1244,10 @@ def format_summary(s: dict) -> str:
         rows.append(("stopped early", f"at {stopped.get('at_s')} s: {stopped.get('reason')}"))
     if isinstance(s.get("incomplete"), str):  # (report's figures of a run's rows alone)
         rows.append(("incomplete", s["incomplete"]))
+    unsent = s.get("not_sent")
+    if isinstance(unsent, int) and not isinstance(unsent, bool) and unsent > 0:
+        at = [k for k, _ in rows].index("  dropped (timeout)") + 1
+        rows.insert(at, ("    not sent: SLO over before", f"{unsent:,}"))
     lag = s.get("send_lag_ms")
     if isinstance(lag, dict) and lag.get("max"):
         rows.append(("sent late p50 / p99 / max",

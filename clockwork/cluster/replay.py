@@ -159,7 +159,9 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
             seq += 1
             heapq.heappush(heap, (t, seq, m, slo, i))
         open_next[i] = w.next_arrival()
-    state = {"sent": 0, "answered": 0, "dup": 0}
+    # unsent: requests the client answered TIMEOUT itself, their SLO over before they
+    # could go out (the controller never saw them)
+    state = {"sent": 0, "answered": 0, "dup": 0, "unsent": 0}
     lost: list = []  # (when, why) the controller went away: nothing more is sent
     lags: Counter[int] = Counter()  # how late requests went out, in LAG_UNIT_NS
     failures: Counter[str] = Counter()  # what the failed requests were told, by message
@@ -187,6 +189,8 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
             read = answered_ns.pop(resp.client_id, None)
             req.cold = resp.cold
             status = resp.status
+            if status == 4 and resp.reason == "late" and resp.gpu < 0:
+                state["unsent"] += 1
             if status == 4 and resp.reason == "late" and resp.gpu >= 0:
                 # the controller's SUCCESS, read past its SLO (the client calls it a late
                 # TIMEOUT): logged as the simulator logs it, SUCCESS not within the SLO
@@ -322,12 +326,17 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         "rejected": sum(v for k, v in d.items() if k.endswith("_rejected")),
     } if stats1 is not None else None  # (the controller's counts: unknown)
     summary["send_lag_ms"] = _lag_figures(lags)
+    summary["not_sent"] = state["unsent"]
     late = summary["send_lag_ms"]
     if warn_late and late["p99"] > LAG_WARN_MS:
         print(f"clockwork replay: requests went out late: p99 {late['p99']:g} ms, max "
               f"{late['max']:g} ms after their arrival times (the client could not keep "
               "up, or max_outstanding held them back); their latencies and SLOs count "
               "from the arrival times", file=sys.stderr, flush=True)
+    if warn_late and state["unsent"]:
+        print(f"clockwork replay: {state['unsent']:,} request(s) were not sent: their SLO "
+              "was over before they could go out (dropped, as the controller would have "
+              "answered them; its own counts leave them out)", file=sys.stderr, flush=True)
     if halted is not None and not (lost and lost[0][0] <= halted):
         summary["stopped"] = {"at_s": round(halted / NS_PER_S, 3), "reason": "interrupted"}
     elif lost:
