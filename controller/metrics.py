@@ -28,9 +28,10 @@ A KServe request of several rows is several controller requests (one per row): T
 figures count it once, as Triton counts a batched request (``Rows``); the
 ``clockwork_*`` figures count controller requests.
 
-Triton's counters are exposed under their exact sample names (no ``_total`` suffix),
-which the client library writes only for families of type ``untyped``; so that is their
-``# TYPE``. PromQL (``rate``, ``increase``) works on them as on counters.
+Triton's counters are exposed as Triton exposes them: ``# TYPE ... counter`` under their
+exact sample names (no ``_total`` suffix; the client library would write the family's
+head as ``<name>_total``, which a scraper reads as another family, so ``write_families``
+writes them).
 
 Ours, ``clockwork_*``: requests by model and status, controller-side latency histogram,
 SLO attainment and requests that met their SLO, cold starts, actions by type and status,
@@ -197,7 +198,7 @@ class _Rows(Metric):
 
 def _family(name: str, doc: str, typ: str, sample: str, rows, plain: bool = False) -> Metric:
     """A family of samples named ``sample``, ``rows``: (labels dict, value). Triton's
-    counters are ``untyped`` families with samples named exactly ``name`` (no ``_total``).
+    counters are counters with samples named exactly ``name`` (no ``_total``).
     ``plain``: values written in decimal digits, never an exponent (see
     ``write_families``). ``rows`` may be an iterator (see ``_Rows``)."""
     return _Rows(name, doc, typ, sample, rows, plain)
@@ -248,7 +249,9 @@ def write_families(families: list, labels_text: dict, values_text: dict,
             yield
             continue
         kind = _HEAD_TYPE[f.type]
-        head = f.name + "_total" if kind == "counter" else f.name
+        # (a counter's head names its samples: ``x_total`` for ours, the exact name for
+        # Triton's, as Triton writes them)
+        head = f.sample if kind == "counter" else f.name
         doc = f.documentation.replace("\\", r"\\").replace("\n", r"\n")
         out.append(f"# HELP {head} {doc}\n# TYPE {head} {kind}\n")
         name, plain, rows = f.sample, f.plain, f.rows
@@ -282,6 +285,11 @@ def _labels_text(labels: dict) -> str:
 
 def _untyped(name: str, doc: str, rows) -> Metric:
     return _family(name, doc, "unknown", name, rows)
+
+
+def _triton_counter(name: str, doc: str, rows) -> Metric:
+    """One of Triton's counters: samples named exactly ``name``."""
+    return _family(name, doc, "counter", name, rows)
 
 
 def _name(enum, v) -> str:
@@ -669,28 +677,29 @@ class _Collector:
         per = [r for r in rows if r[0]]  # "": unknown models
 
         # --- Triton's names
-        add(_untyped("nv_inference_request_success",
-                     "Number of successful inference requests, all batch sizes",
-                     ((r[1], r[3]) for r in per)))
-        add(_untyped("nv_inference_request_failure",
-                     "Number of failed inference requests, all batch sizes",
-                     ((r[1], r[4]) for r in per)))
-        add(_untyped("nv_inference_count",
-                     "Number of inferences performed (the rows of successful requests)",
-                     ((r[1], r[5]) for r in per)))
-        add(_untyped("nv_inference_exec_count",
-                     "Number of model executions performed (successful INFER batches)",
-                     ((r[1], r[6]) for r in per)))
-        add(_untyped("nv_inference_request_duration_us",
-                     "Cumulative inference request duration in microseconds "
-                     "(arrival to answer)", ((r[1], r[7] // 1000) for r in per)))
-        add(_untyped("nv_inference_queue_duration_us",
-                     "Cumulative inference queuing duration in microseconds "
-                     "(arrival to the batch's EXEC start)", ((r[1], r[8] // 1000) for r in per)))
-        add(_untyped("nv_inference_compute_infer_duration_us",
-                     "Cumulative compute inference duration in microseconds (the batch's "
-                     "EXEC time, for each request of the batch)",
-                     ((r[1], r[9] // 1000) for r in per)))
+        add(_triton_counter("nv_inference_request_success",
+                            "Number of successful inference requests, all batch sizes",
+                            ((r[1], r[3]) for r in per)))
+        add(_triton_counter("nv_inference_request_failure",
+                            "Number of failed inference requests, all batch sizes",
+                            ((r[1], r[4]) for r in per)))
+        add(_triton_counter("nv_inference_count",
+                            "Number of inferences performed (the rows of successful requests)",
+                            ((r[1], r[5]) for r in per)))
+        add(_triton_counter("nv_inference_exec_count",
+                            "Number of model executions performed (successful INFER batches)",
+                            ((r[1], r[6]) for r in per)))
+        add(_triton_counter("nv_inference_request_duration_us",
+                            "Cumulative inference request duration in microseconds "
+                            "(arrival to answer)", ((r[1], r[7] // 1000) for r in per)))
+        add(_triton_counter("nv_inference_queue_duration_us",
+                            "Cumulative inference queuing duration in microseconds "
+                            "(arrival to the batch's EXEC start)",
+                            ((r[1], r[8] // 1000) for r in per)))
+        add(_triton_counter("nv_inference_compute_infer_duration_us",
+                            "Cumulative compute inference duration in microseconds (the batch's "
+                            "EXEC time, for each request of the batch)",
+                            ((r[1], r[9] // 1000) for r in per)))
         add(_family("nv_inference_pending_request_count",
                     "Instantaneous number of pending requests awaiting execution per-model",
                     "gauge", "nv_inference_pending_request_count",
@@ -841,13 +850,17 @@ class _Collector:
 
 def parse_text(text: str) -> dict[str, list[tuple[dict, float]]]:
     """Samples of an exposition, read with ``prometheus_client``'s parser: sample name ->
-    [(labels, value)]. Raises ValueError on a malformed exposition (tests, the benchmark).
-    (The parser names a counter's samples ``<name>_total``, as a scraper would store them
-    for the exposition's ``_total`` counters; Triton's ``nv_*`` are untyped, exact.)"""
+    [(labels, value)], under the names the text gives them, as Prometheus stores them.
+    Raises ValueError on a malformed exposition (tests, the benchmark). (The parser
+    names every counter's samples ``<name>_total``: Triton's counters, written under
+    their exact names, are given those back.)"""
     from prometheus_client.parser import text_string_to_metric_families
 
+    written = {line.split("{", 1)[0].split(" ", 1)[0] for line in text.splitlines()
+               if line and not line.startswith("#")}
     out: dict[str, list[tuple[dict, float]]] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
+            name = s.name if s.name in written or fam.name not in written else fam.name
+            out.setdefault(name, []).append((dict(s.labels), float(s.value)))
     return out

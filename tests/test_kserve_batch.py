@@ -97,7 +97,7 @@ def _counts(client, cluster, model: str = "m") -> np.ndarray:
     """Triton's figures of ``model``: [successful requests, failed requests, inferences
     (rows of successful requests), successful requests in queue and compute, in the
     /metrics ``nv_inference_request_success`` and ``nv_inference_count``]."""
-    from prometheus_client.parser import text_string_to_metric_families
+    from controller.metrics import parse_text
 
     s = client.get_inference_statistics(model, as_json=True, client_timeout=TIMEOUT)
     m = s["model_stats"][0]
@@ -109,9 +109,9 @@ def _counts(client, cluster, model: str = "m") -> np.ndarray:
     url = f"http://{_http(cluster)}/metrics"
     with urllib.request.urlopen(url, timeout=TIMEOUT) as r:
         text = r.read().decode()
-    prom = {s.name: s.value for f in text_string_to_metric_families(text)
-            for s in f.samples if s.labels.get("model") == model
-            and s.name in ("nv_inference_request_success", "nv_inference_count")}
+    samples = parse_text(text)
+    prom = {name: v for name in ("nv_inference_request_success", "nv_inference_count")
+            for lb, v in samples[name] if lb.get("model") == model}
     return np.array([count("success"), count("fail"), int(m.get("inference_count", 0)),
                      count("queue"), count("compute_infer"),
                      prom["nv_inference_request_success"], prom["nv_inference_count"]])
