@@ -355,3 +355,35 @@ def test_a_scenario_read_from_a_relative_path_runs_after_a_chdir(tmp_path, monke
     monkeypatch.chdir(elsewhere)
     assert simulate(sc).summary == here and here["submitted"] > 0
     assert simulate(sc, ["seed=1"]).summary == here  # (with overrides: loaded again)
+
+
+def test_simulate_warns_as_clockwork_simulate_does():
+    """``simulate()`` tells a script what ``clockwork simulate`` says on stderr: a network
+    slower than the policy's windows (every action refused: 0 % attainment with no word
+    of why), settings the policy ignores, a run without requests; and the faults as they
+    played out (the Python API said none of it)."""
+    import warnings
+
+    from clockwork.cluster.sim import SimulationWarning
+
+    cases = [
+        (["cluster.network_latency_ms=20", "duration_s=1"], "cluster.network_latency_ms: "
+         "actions take ~20 ms to reach the worker"),
+        (["scheduler.policy='tfserving'", "scheduler.max_exec_ms=1", "duration_s=1"],
+         "not used by policy 'tfserving'"),
+        (["workloads.0.rate_rps=1e-9", "duration_s=1"], "no requests were submitted"),
+    ]
+    for sets, said in cases:
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            res = simulate("poisson_warm", sets)
+        texts = [str(w.message) for w in got if issubclass(w.category, SimulationWarning)]
+        assert len(texts) == 1 and said in texts[0], (sets, texts)
+        assert got[0].filename == __file__  # (the caller's line)
+        assert res.warnings == [f"warning: {texts[0]}"], res.warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (nothing to say: no warning)
+        res = simulate("poisson_warm", "duration_s=1")
+    assert res.warnings == [] and res.event_log == []
+    res = simulate("faults", "duration_s=60")
+    assert (20.0, "worker 1 killed") in res.event_log, res.event_log

@@ -17,7 +17,8 @@ import platform
 import sys
 import time
 import types
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +52,7 @@ from controller import (
     policy_class,
     split_settings,
     table_policy,
+    unused_line,
 )
 from controller.config import SchedulerConfig, reach_note
 from controller.loop import ControllerLoop, Liveness, LoopObserver
@@ -60,6 +62,13 @@ from worker.executor import GpuExecutor, held_weights, keep_weights
 from worker.loop import WorkerLoop
 
 
+class SimulationWarning(UserWarning):
+    """What ``clockwork simulate`` warns of on stderr, from ``simulate()``: settings the
+    policy does not use, a network slower than the policy's windows (every action
+    refused), rows that stopped going to ``spill_dir``, a run that submitted no
+    requests."""
+
+
 @dataclass
 class SimResult:
     summary: dict
@@ -67,6 +76,10 @@ class SimResult:
     scenario: Scenario
     wall_s: float
     events: int
+    # what ``clockwork simulate`` warns of (``SimulationWarning``'s texts), in its words
+    warnings: list[str] = field(default_factory=list)
+    # the scenario's faults and events as they played out: (seconds, what happened)
+    event_log: list[tuple[float, str]] = field(default_factory=list)
 
     def write(self, out: str | Path) -> Path:
         return write_run(out, self.telemetry, self.summary,
@@ -236,6 +249,13 @@ class Simulation:
         # (time, what happened): the faults, the [[repository]] events ("repository: ...")
         # and the workers that joined ("cluster: ...")
         self.fault_log: list[tuple[int, str]] = []
+        # said before the run (``clockwork simulate``'s stderr lines, without its name)
+        self.warnings: list[str] = []
+        line = unused_line(*table_policy(sc.scheduler))
+        if line:
+            self.warnings.append(line)
+        if self.reach_note:
+            self.warnings.append(f"warning: cluster.network_latency_ms: {self.reach_note}")
 
     def _check_restarts(self, restarts: list[dict], duration_s: float) -> None:
         if restarts and (self.faults.get("kill") or self.faults.get("hang")):
@@ -764,7 +784,16 @@ class Simulation:
         if ctrl_restarts:
             extra["weights_adopted"] = adopted
         summary = tel.summary(self.sc.duration_s, extra)
-        return SimResult(summary, tel, self.sc, wall_s, events)
+        said = list(self.warnings)
+        if tel.spill_error is not None:
+            said.append(f"warning: rows stopped going to --spill-dir ({tel.spill_error}); "
+                        "the rest were kept in memory")
+        if not summary["submitted"]:  # (a sweep may hold such a point: not an error)
+            said.append(f"warning: no requests were submitted in duration_s = "
+                        f"{self.sc.duration_s:g} s (rates too low or the run too short): "
+                        "the figures are empty")
+        return SimResult(summary, tel, self.sc, wall_s, events, said,
+                         [(t / NS_PER_S, what) for t, what in self.fault_log])
 
     @staticmethod
     def _quiet(heap) -> bool:
@@ -786,7 +815,9 @@ def simulate(scenario: Scenario | str | Path | dict, overrides: list[str] | str 
     """Run a scenario (a ``Scenario``, a TOML path or a shipped scenario's name, or a
     dict) in the simulator; ``overrides``: ``--set`` assignments, a list of them or one
     string (``spill_dir``: see ``Simulation``). Anything else raises ``ScenarioError``
-    naming the parameter."""
+    naming the parameter. What ``clockwork simulate`` warns of on stderr is a
+    ``SimulationWarning`` (those about the settings before the run, the others after it),
+    and is in the result's ``warnings``."""
     overrides = override_list(overrides, "simulate")
     if not isinstance(scenario, Scenario | dict | str | os.PathLike):
         raise ScenarioError("simulate: a scenario is needed: a scenario file's path, a "
@@ -803,4 +834,10 @@ def simulate(scenario: Scenario | str | Path | dict, overrides: list[str] | str 
         sc = load_scenario(data=scenario, overrides=overrides)
     else:
         sc = load_scenario(scenario, overrides)
-    return Simulation(sc, progress, spill_dir).run()
+    sim = Simulation(sc, progress, spill_dir)
+    for line in sim.warnings:
+        warnings.warn(line.removeprefix("warning: "), SimulationWarning, stacklevel=2)
+    res = sim.run()
+    for line in res.warnings[len(sim.warnings):]:
+        warnings.warn(line.removeprefix("warning: "), SimulationWarning, stacklevel=2)
+    return res

@@ -33,30 +33,19 @@ def _simulate(args: argparse.Namespace) -> int:
     except (ScenarioError, ValueError, OSError) as e:
         print(f"clockwork simulate: {e}", file=sys.stderr)
         return 2
-    from controller import table_policy, unused_line
-
-    line = unused_line(*table_policy(sc.scheduler))
-    if line:
+    for line in sim.warnings:  # (about the settings: before the run)
         print(f"clockwork simulate: {line}", file=sys.stderr)
-    if sim.reach_note:
-        print(f"clockwork simulate: warning: cluster.network_latency_ms: {sim.reach_note}",
-              file=sys.stderr)
     try:
         res = sim.run()
     except RuntimeError as e:  # requests still unanswered when drain_s ran out
         print(f"clockwork simulate: {e}", file=sys.stderr)
         return 1
-    if res.telemetry.spill_error is not None:
-        print(f"clockwork simulate: warning: rows stopped going to --spill-dir "
-              f"({res.telemetry.spill_error}); the rest were kept in memory", file=sys.stderr)
-    for t, what in sim.fault_log:  # the scenario's events as they played out
+    for t, what in res.event_log:  # the scenario's events as they played out
         kind = "" if what.startswith(("repository: ", "cluster: ")) else "fault: "
-        print(f"clockwork simulate: {t / 1e9:7.2f} s  {kind}{what}", file=sys.stderr)
+        print(f"clockwork simulate: {t:7.2f} s  {kind}{what}", file=sys.stderr)
+    for line in res.warnings[len(sim.warnings):]:  # (about the run: after it)
+        print(f"clockwork simulate: {line}", file=sys.stderr)
     s = res.summary
-    if not s["submitted"]:  # (a sweep may hold such a point: a warning, not an error)
-        print(f"clockwork simulate: warning: no requests were submitted in duration_s = "
-              f"{sc.duration_s:g} s (rates too low or the run too short): the figures are "
-              "empty", file=sys.stderr)
     res.telemetry.log_format = args.log_format or "tsv"
     try:
         emit_run(res, sc, f"{s['gpus']} GPU(s), {s['model_instances']} model instance(s), "
