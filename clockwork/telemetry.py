@@ -196,7 +196,13 @@ class ColumnLog:
                     c[j] = None
             self._chunks = [merged]
             self._fill = self._rows
-        return [a[:self._fill] for a in self._chunks[0]]
+        elif len(chunks[0][0]) - self._fill > self._fill // 4:  # (a chunk is made for at
+            # least _BUF_ROWS rows: a small run's result kept ~0.5 MiB of slack per log)
+            self._chunks = [[a[:self._fill].copy() for a in chunks[0]]]
+        out = [a[:self._fill] for a in self._chunks[0]]
+        for a in out:  # (views of the log's own rows: what its summary and files read)
+            a.flags.writeable = False
+        return out
 
     def set_arrays(self, arrays: list[np.ndarray]) -> None:
         self.clear()
