@@ -79,6 +79,12 @@ def test_simulate_takes_one_override_as_a_string_and_names_bad_arguments():
                            "scenario file's path, a shipped scenario's name") as e:
             simulate(bad, ["duration_s=1"])
         assert f"got {bad!r}" in str(e.value)
+    # a spill_dir that cannot be one, refused as --spill-dir is, before anything is built
+    # (FileExistsError, or pathlib's TypeError, from deep inside, after the set-up)
+    for bad, said in ((__file__, "exists and is not a folder"), (3, "got 3"),
+                      (b"/tmp", "a folder's path")):
+        with pytest.raises(ScenarioError, match=f"^simulate: spill_dir.*{said}"):
+            simulate(base(), "duration_s=0.5", spill_dir=bad)
     # the same rule in load_scenario, which simulate calls
     from clockwork.scenario import load_scenario
 

@@ -819,6 +819,18 @@ def simulate(scenario: Scenario | str | Path | dict, overrides: list[str] | str 
     ``SimulationWarning`` (those about the settings before the run, the others after it),
     and is in the result's ``warnings``."""
     overrides = override_list(overrides, "simulate")
+    if spill_dir is not None:  # (as --spill-dir is checked: before anything is built)
+        import argparse
+
+        from clockwork.cluster.cli.argtypes import out_dir
+
+        if not isinstance(spill_dir, str | os.PathLike):
+            raise ScenarioError(f"simulate: spill_dir must be a folder's path (a str or a "
+                                f"path), got {spill_dir!r}")
+        try:
+            out_dir(os.fspath(spill_dir))
+        except argparse.ArgumentTypeError as e:
+            raise ScenarioError(f"simulate: spill_dir: {e}") from None
     if not isinstance(scenario, Scenario | dict | str | os.PathLike):
         raise ScenarioError("simulate: a scenario is needed: a scenario file's path, a "
                             "shipped scenario's name (`clockwork scenarios` lists them), a "
