@@ -112,6 +112,12 @@ def resolve_scenario(name_or_path: str | Path) -> Path:
             return shipped
     from clockwork.errors import ScenarioError
 
+    text = str(name_or_path)
+    if "\n" in text and "=" in text:  # (TOML text given for a path: the whole text was
+        # echoed twice as a file's and a scenario's name)
+        raise ScenarioError(f"a scenario file's path or a shipped scenario's name is "
+                            f"needed, got TOML text ({text[:40]!r}...): give its dict, "
+                            "tomllib.loads(text), or write it to a file")
     names = shipped_scenario_names()
     close = difflib.get_close_matches(name or p.stem, names, n=3, cutoff=0.5)
     if close:

@@ -79,6 +79,11 @@ def test_simulate_takes_one_override_as_a_string_and_names_bad_arguments():
                            "scenario file's path, a shipped scenario's name") as e:
             simulate(bad, ["duration_s=1"])
         assert f"got {bad!r}" in str(e.value)
+    # TOML text for a path: said so, in one short line (the text was echoed twice)
+    toml = "seed = 1\nduration_s = 0.5\n[cluster]\nworkers = 1\n" * 20
+    with pytest.raises(ScenarioError, match="got TOML text") as e:
+        simulate(toml)
+    assert len(str(e.value)) < 200 and "\n" not in str(e.value), str(e.value)
     # a spill_dir that cannot be one, refused as --spill-dir is, before anything is built
     # (FileExistsError, or pathlib's TypeError, from deep inside, after the set-up)
     for bad, said in ((__file__, "exists and is not a folder"), (3, "got 3"),
