@@ -102,22 +102,28 @@ def not_a_file(kind: str, name_or_path: str | Path) -> str:
 def resolve_scenario(name_or_path: str | Path) -> Path:
     """The scenario file ``name_or_path`` means: an existing file wins; otherwise a shipped
     scenario by name. Raises ``ScenarioError`` naming the closest shipped scenarios."""
-    p = Path(name_or_path)
-    if p.is_file():
-        return p
-    name = shipped_name(p)
-    if name:
-        shipped = scenarios_root() / f"{name}{SCENARIO_SUFFIX}"
-        if shipped.is_file():
-            return shipped
     from clockwork.errors import ScenarioError
 
+    p = Path(name_or_path)
+    try:
+        if p.is_file():
+            return p
+        unusable = None
+    except OSError as e:  # (a name too long for a path: ENAMETOOLONG, not False)
+        unusable = e.strerror or str(e)
     text = str(name_or_path)
     if "\n" in text and "=" in text:  # (TOML text given for a path: the whole text was
         # echoed twice as a file's and a scenario's name)
         raise ScenarioError(f"a scenario file's path or a shipped scenario's name is "
                             f"needed, got TOML text ({text[:40]!r}...): give its dict, "
                             "tomllib.loads(text), or write it to a file")
+    if unusable:
+        raise ScenarioError(f"scenario {text[:40]!r}...: not a file's path ({unusable})")
+    name = shipped_name(p)
+    if name:
+        shipped = scenarios_root() / f"{name}{SCENARIO_SUFFIX}"
+        if shipped.is_file():
+            return shipped
     names = shipped_scenario_names()
     close = difflib.get_close_matches(name or p.stem, names, n=3, cutoff=0.5)
     if close:

@@ -84,6 +84,8 @@ def test_simulate_takes_one_override_as_a_string_and_names_bad_arguments():
     with pytest.raises(ScenarioError, match="got TOML text") as e:
         simulate(toml)
     assert len(str(e.value)) < 200 and "\n" not in str(e.value), str(e.value)
+    with pytest.raises(ScenarioError, match="not a file's path"):  # (was an OSError)
+        simulate("x" * 5000)
     # a spill_dir that cannot be one, refused as --spill-dir is, before anything is built
     # (FileExistsError, or pathlib's TypeError, from deep inside, after the set-up)
     for bad, said in ((__file__, "exists and is not a folder"), (3, "got 3"),
