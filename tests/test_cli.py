@@ -371,6 +371,52 @@ def test_simulate_stopped_by_a_signal_removes_its_spill_folder(tmp_path, sig):
     assert list(spill.iterdir()) == []
 
 
+_REPLAY_SIGNALLED_WHILE_WRITING = """
+import os, signal, sys, time, types
+import clockwork.cluster.replay as R
+from clockwork.cluster.cli import main
+
+async def finished(*args, **kwargs):  # (a replay that ran: its files are next)
+    return types.SimpleNamespace(wall_s=0.0, answered_once=True)
+
+def writing(*args, **kwargs):  # the signal comes as the files are written
+    os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+    time.sleep(10)
+    print("not stopped", file=sys.stderr)
+
+R.replay, R.emit_run = finished, writing
+sys.exit(main(["replay", "poisson_warm", "--controller", "127.0.0.1:1"]))
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_replay_signalled_while_writing_its_files_ends_as_ctrl_c_does(sig):
+    """SIGTERM or SIGHUP as a replay's files are written ends it as Ctrl-C does (exit
+    130, ``interrupted``; the files' hidden folder and spilled rows removed on the way):
+    the replay's loop had put their handlers back to the defaults, which killed it,
+    leaving both behind and the table unprinted."""
+    if sig == "SIGHUP" and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+        pytest.skip("this test run ignores SIGHUP (nohup), and its children with it")
+    r = subprocess.run([sys.executable, "-c", _REPLAY_SIGNALLED_WHILE_WRITING, sig],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 130 and "interrupted" in r.stderr, (r.returncode, r.stderr)
+    assert "not stopped" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_ctrl_c_while_the_arguments_are_read_is_one_line(monkeypatch, capsys):
+    """Ctrl-C in a command's first tenth of a second, while its arguments are read (their
+    checks import gRPC, numpy), is the one ``interrupted`` line and exit 130, as later
+    (a traceback of 25-60 lines ending in KeyboardInterrupt)."""
+    import clockwork.cluster.cli as cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert cli.main(["replay", "poisson_warm"]) == 130
+    assert capsys.readouterr().err == "interrupted\n"
+
+
 _THREADS = """
 import os, sys
 from clockwork.cluster.cli import main

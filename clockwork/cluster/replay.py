@@ -432,8 +432,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
     except asyncio.CancelledError:  # (a second signal: nothing kept)
         print("\nclockwork replay: interrupted", file=sys.stderr)
         return 130
-    emit_run(res, sc, f"live replay against {args.controller} in {res.wall_s:.1f} s wall; "
-             f"every request answered exactly once: {res.answered_once}", args.out, args.json)
+    from clockwork.signals import term_as_ctrl_c
+
+    # (the loop's signal handlers are gone with it, SIGTERM and SIGHUP back at their
+    # defaults, which killed the process as the files were written: the hidden folder
+    # and the spilled rows left behind, the table lost)
+    with term_as_ctrl_c():
+        emit_run(res, sc, f"live replay against {args.controller} in {res.wall_s:.1f} s "
+                 f"wall; every request answered exactly once: {res.answered_once}",
+                 args.out, args.json)
     return run_status(res)
 
 

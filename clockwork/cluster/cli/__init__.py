@@ -140,13 +140,16 @@ def main(argv: list[str] | None = None) -> int:
               "another one", file=sys.stderr)
         return 2
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    try:
+    try:  # (the arguments' checks import modules, gRPC's among them: a tenth of a second)
+        parser = build_parser()
         args, extra = parser.parse_known_args(argv)
         if extra:  # said by the (sub)command they were given to, not by "clockwork"
             _named(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:
         return int(e.code or 0)
+    except KeyboardInterrupt:  # (Ctrl-C as it starts: the same line, not a traceback)
+        print("interrupted", file=sys.stderr)
+        return 130
     impl = getattr(args, "impl", None)
     if not args.command:
         parser.print_help()
