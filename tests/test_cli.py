@@ -268,6 +268,22 @@ def test_report_on_the_rows_of_a_controller_killed_before_it_wrote_its_logs(tmp_
     assert int(infer) + int(load) - int(rejected) == 6, r.stdout
     inc = next(ln for ln in r.stdout.splitlines() if ln.startswith("incomplete"))
     assert f"no logs written, the rows in {rows.name}" in inc, r.stdout
+    # an earlier run's logs beside them (the killed controller's --log-dir was used
+    # before): report reads those, and says the later run's rows are there (it said
+    # nothing), which it reads when named (refused: "no summary.json")
+    assert main(["simulate", "poisson_warm", "--set", "duration_s=1", "--quiet", "--out",
+                 str(tmp_path / "earlier"), "--log-format", "npz"]) == 0
+    for name in ("requests.npz", "actions.npz"):
+        (logs / name).write_bytes((tmp_path / "earlier" / name).read_bytes())
+        os.utime(logs / name, ns=(rows.stat().st_mtime_ns - 10**9,) * 2)
+    r = subprocess.run([*cli_command("report", str(logs))], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and f"also holds {rows.name}, the rows of a later run" in r.stderr
+    r = subprocess.run([*cli_command("report", str(rows))], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    submitted = next(ln for ln in r.stdout.splitlines() if ln.startswith("requests submitted"))
+    assert submitted.split()[-1] == "5", r.stdout
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])

@@ -82,19 +82,37 @@ def _summary_from_logs(path: Path) -> tuple[dict, dict, dict, float | None] | st
     the last answer (s from the logs' time 0: where the run ended, for the timeline;
     None without requests); None without logs, a message for logs it cannot read or
     that are incomplete (a request log without its action log). Without log files, the
-    rows a controller writing npz logs left in a ``clockwork-rows-*`` folder there."""
-    from clockwork.telemetry import WRITING_MARK, read_logs, rows_folder, summary_of
+    rows a controller writing npz logs left in a ``clockwork-rows-*`` folder there (or
+    that folder itself, named); such a folder newer than the logs beside it is said."""
+    from clockwork.telemetry import (
+        ROWS_PREFIX,
+        WRITING_MARK,
+        read_logs,
+        read_rows,
+        rows_folder,
+        summary_of,
+    )
 
-    found = [(q.stat().st_mtime_ns, q) for x in ("tsv", "npz")
-             if (q := path / f"requests.{x}").exists()]
-    rows = None if found else rows_folder(path)
+    own = path.name.startswith(ROWS_PREFIX) and (path / "requests.status").is_file()
+    found = [] if own else [(q.stat().st_mtime_ns, q) for x in ("tsv", "npz")
+                            if (q := path / f"requests.{x}").exists()]
+    rows = path if own else None if found else rows_folder(path)
     if not found and rows is None:
         return None
-    if rows is not None:  # (all its rows: the folder goes once the .npz files are in place)
+    if own:  # (a rows folder named: the run folder's newest may be another)
+        print(f"clockwork report: {path}: the rows of a run whose npz logs were never "
+              "written (a controller killed, or still running)", file=sys.stderr)
+    elif rows is not None:  # (all its rows: the folder goes once the .npz files are in place)
         print(f"clockwork report: no logs in {path}: read from {rows.name}, the rows of a "
               "run whose npz logs were never written (a controller killed, or still "
               "running)", file=sys.stderr)
     else:
+        newer = rows_folder(path)  # (a later run's rows beside an earlier run's logs)
+        if newer is not None and newer.stat().st_mtime_ns > max(found)[0]:
+            print(f"clockwork report: warning: {path} also holds {newer.name}, the rows of "
+                  "a later run whose npz logs were never written (a controller killed, or "
+                  f"still running); these figures are the earlier logs': clockwork report "
+                  f"{newer} reads the later run", file=sys.stderr)
         req_log = max(found)[1]  # (the one read_logs reads: the newer)
         act_log = req_log.with_name("actions" + req_log.suffix)
         if not act_log.exists():  # (every run writes both: a write stopped part way)
@@ -106,7 +124,7 @@ def _summary_from_logs(path: Path) -> tuple[dict, dict, dict, float | None] | st
                     "files were not all written (stopped or killed while writing them, a "
                     "full disk); its logs are incomplete")
     try:
-        tel = read_logs(path)
+        tel = read_rows(path) if own else read_logs(path)
     except (FileNotFoundError, ValueError) as e:
         return str(e)
     _warn(tel.notes)
