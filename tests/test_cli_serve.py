@@ -297,3 +297,32 @@ def _lines_until(child, text: str, timeout: float = 60.0) -> list[str]:
         except queue.Empty:
             pass
     return list(child.output)
+
+
+def test_a_second_signal_kills_a_worker_that_does_not_stop():
+    """A cluster stopped with its second signal already given (``hard``) kills a worker
+    that does not end (here SIGSTOPped) at once, as it does the controller: it waited
+    the worker's 5 s all the same."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from clockwork.cluster.local import LocalCluster
+
+    c = LocalCluster(workers=1, gpus=1, models="mobilenet_v2", http_port=-1, timeout=30.0)
+    c.start()
+    try:
+        (w,) = c.workers
+        os.kill(w.proc.pid, signal.SIGSTOP)
+        hard = threading.Event()
+        hard.set()
+        t0 = time.monotonic()
+        c.stop(hard)
+        took = time.monotonic() - t0
+    finally:
+        for ch in [c.controller, *c.workers]:
+            if ch is not None and ch.proc.poll() is None:
+                ch.proc.kill()
+    assert w.killed and w.proc.poll() is not None
+    assert took < 4.0, took  # (the worker's own wait is 5 s)

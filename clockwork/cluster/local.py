@@ -340,9 +340,11 @@ class LocalCluster:
             self.workers.append(self._child(f"worker{i}", argv))
         return [w.wait_address(self.timeout) for w in self.workers]
 
-    def _stop_workers(self) -> None:
+    def _stop_workers(self, hard: threading.Event | None = None) -> None:
+        """Each worker: SIGTERM, SIGKILL after 5 s, or at once when ``hard`` is set (a
+        second Ctrl-C: it waited out the 5 s of a hung worker all the same)."""
         for w in self.workers:
-            w.stop()
+            w.stop(hard=hard)
 
     def add_worker(self) -> dict:
         """Start one more worker process (the flags of the others) and have the running
@@ -438,7 +440,7 @@ class LocalCluster:
     def stop(self, hard: threading.Event | None = None) -> None:
         """The controller (SIGTERM: it answers what it can and writes its logs; SIGKILL
         after ``CONTROLLER_STOP_S``, or once ``hard``, else ``self.hard``, is set), then
-        the workers."""
+        the workers (likewise)."""
         hard = hard or self.hard
         if self.controller is not None:
             now = "; a second Ctrl-C kills it now" if hard is not None else ""
@@ -446,7 +448,7 @@ class LocalCluster:
                 f"clockwork: waiting for the controller to stop (it writes its logs; at most "
                 f"{CONTROLLER_STOP_S:g} s, then it is killed{now})", file=sys.stderr,
                 flush=True))
-        self._stop_workers()
+        self._stop_workers(hard)
         if self._own_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
             self.run_dir, self._own_run_dir = None, False

@@ -1117,7 +1117,7 @@ class RayCluster(LocalCluster):
         if watcher is not None and watcher is not threading.current_thread():
             watcher.join(timeout=self.timeout)
 
-    def _stop_workers(self) -> None:
+    def _stop_workers(self, hard=None) -> None:  # (actors: ``hard`` not needed)
         self._stop_watcher()  # (done already by stop)
         # the workers, and the actors still starting or being added by the watcher (one
         # still running past the join above kills what it makes or adds from now on)
