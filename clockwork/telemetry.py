@@ -497,6 +497,10 @@ class Telemetry:
         req, act, models = self._req.arrays(), self._act.arrays(), list(self.models)
         self._req.clear()
         self._act.clear()
+        if self.spill_folder is None:  # no row left uses the codes: a new table, so that a
+            # long-running controller does not keep (and copy at every flush) every name
+            # it ever logged (its spilled rows' model_names file, when spilling, keeps them)
+            self.models, self._model_code = [], {}
         yield from _tsv_steps(out, req, act, models, not first, rows_per_step)
 
     def _write_tsv(self, out: Path, append: bool) -> None:
