@@ -7,7 +7,8 @@ it changes (looked at every ``WATCH_INTERVAL_S``). The service names answered ar
 (the server as a whole) and the services these ports serve; another is ``NOT_FOUND``
 (``Check``) or ``SERVICE_UNKNOWN`` (``Watch``, which keeps the call open, as for a
 service it knows), as the health protocol says. Like the
-REST probes, it needs no token (``HEALTH_METHODS``).
+REST probes, it needs no token (``HEALTH_METHODS``), and so it is bounded: requests of
+at most ``REQUEST_MAX_BYTES``, at most ``WATCH_MAX`` Watch calls open at once.
 
 The two messages are built from their descriptor here (field numbers and names as in
 grpc's ``health.proto``) rather than taken from grpcio-health-checking, whose current
@@ -27,6 +28,14 @@ HEALTH_METHODS = frozenset({f"/{SERVICE}/Check", f"/{SERVICE}/Watch"})
 SERVED = frozenset({"", "clockwork.v1.Clockwork", "inference.GRPCInferenceService"})
 WATCH_INTERVAL_S = 1.0
 SERVING, NOT_SERVING, SERVICE_UNKNOWN = 1, 2, 3
+# Open to peers without the token, so bounded: a request (a service name) of at most this
+# many bytes is read, a larger one refused as it is decoded (50 MiB names were decoded,
+# kept by each Watch and echoed back: ~120 MiB held a call); at most this many Watch calls
+# open at once, and a fraction of them from one address (20,000 open Watches took every
+# call slot of the server: every client with the token was refused RESOURCE_EXHAUSTED)
+REQUEST_MAX_BYTES = 1024
+WATCH_MAX = 128
+WATCH_PER_ADDRESS = 16
 
 
 def _messages():
@@ -52,33 +61,71 @@ def _messages():
 HealthCheckRequest, HealthCheckResponse = _messages()
 
 
+def _service(data: bytes) -> str | None:
+    """A request's service name; None for a request over ``REQUEST_MAX_BYTES`` or one that
+    is not a HealthCheckRequest (refused by the handler, INVALID_ARGUMENT)."""
+    if len(data) > REQUEST_MAX_BYTES:
+        return None
+    try:
+        return HealthCheckRequest.FromString(data).service
+    except Exception:  # noqa: BLE001 - protobuf's DecodeError, or a bad UTF-8 string
+        return None
+
+
+def _address(peer: str) -> str:
+    """``ipv4:1.2.3.4:5678`` -> ``ipv4:1.2.3.4`` (the peer's address, its port left out)."""
+    return peer.rpartition(":")[0] or peer
+
+
 def add_health(node, server) -> None:
     """Serve ``grpc.health.v1.Health`` for ``node`` on gRPC ``server``."""
+    # (a server allowed few calls at once, --limit grpc_max_calls: an eighth of them)
+    cap = max(1, min(WATCH_MAX, node.limits.grpc_max_calls // 8))
+    watching: dict[str, int] = {}  # peer address -> its Watch calls open
 
     def status() -> int:
         return SERVING if node.serving() else NOT_SERVING
 
-    async def check(request, context):
-        if request.service not in SERVED:
+    async def refuse_bad(service, context) -> None:
+        if service is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a health check request "
+                                f"is a service name of at most {REQUEST_MAX_BYTES} bytes")
+
+    async def check(service, context):
+        await refuse_bad(service, context)
+        if service not in SERVED:
             await context.abort(grpc.StatusCode.NOT_FOUND,
-                                f"unknown service {request.service!r}")
+                                f"unknown service {service[:100]!r}")
         return HealthCheckResponse(status=status())
 
-    async def watch(request, context):
-        if request.service not in SERVED:
-            # said once, the call kept open (the protocol: a call that ends, even OK,
-            # makes a client call again, in a loop; the services served never change)
-            yield HealthCheckResponse(status=SERVICE_UNKNOWN)
-            await asyncio.get_running_loop().create_future()  # (until cancelled)
-        last = None
-        while True:
-            now = status()
-            if now != last:
-                yield HealthCheckResponse(status=now)
-                last = now
-            await asyncio.sleep(WATCH_INTERVAL_S)
+    async def watch(service, context):
+        await refuse_bad(service, context)
+        who = _address(context.peer() or "")
+        if sum(watching.values()) >= cap or watching.get(who, 0) >= min(cap, WATCH_PER_ADDRESS):
+            node.count("health_watches_refused")
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, (
+                f"too many health Watch calls open (at most {cap}, "
+                f"{min(cap, WATCH_PER_ADDRESS)} from one address): use Check"))
+        watching[who] = watching.get(who, 0) + 1
+        try:
+            if service not in SERVED:
+                # said once, the call kept open (the protocol: a call that ends, even OK,
+                # makes a client call again, in a loop; the services served never change)
+                yield HealthCheckResponse(status=SERVICE_UNKNOWN)
+                await asyncio.get_running_loop().create_future()  # (until cancelled)
+            last = None
+            while True:
+                now = status()
+                if now != last:
+                    yield HealthCheckResponse(status=now)
+                    last = now
+                await asyncio.sleep(WATCH_INTERVAL_S)
+        finally:
+            watching[who] -= 1
+            if not watching[who]:
+                del watching[who]
 
-    kw = {"request_deserializer": HealthCheckRequest.FromString,
+    kw = {"request_deserializer": _service,
           "response_serializer": HealthCheckResponse.SerializeToString}
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
         "Check": grpc.unary_unary_rpc_method_handler(check, **kw),

@@ -63,6 +63,7 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz", "/v2/health/live", "/v2/health/re
 JSON_TYPE = "application/json"
 TEXT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # /metrics, /healthz, /readyz
 BINARY_TYPE = "application/octet-stream"  # JSON header + binary tensor data
+SERVER_HEADER = "clockwork"  # every answer's Server header: no versions
 # the Content-Encodings of request bodies served ("identity": as it is; "x-gzip" is gzip,
 # as HTTP says); any other name is refused 415 with Accept-Encoding, as Triton and HTTP
 # (RFC 9110) answer (aiohttp would pass an unknown one through undecoded, and decode br and
@@ -728,7 +729,19 @@ def make_runner(node, token: str | None = None) -> web.AppRunner:
     async def close_decoders(_app) -> None:
         await rest.decoders.close()
 
+    async def plain_server(_request, response) -> None:  # (not aiohttp's "Server:
+        # Python/3.11 aiohttp/3.x", versions told to anyone, the probes' callers included)
+        response.headers["Server"] = SERVER_HEADER
+
     app.on_cleanup.append(close_decoders)
+    app.on_response_prepare.append(plain_server)
+    # (and the answers aiohttp gives before a request reaches the app, a head it cannot
+    # parse: its own default, a name of its module, read as each answer is made; a
+    # release without it just keeps its own)
+    from aiohttp import web_response
+
+    if hasattr(web_response, "SERVER_SOFTWARE"):
+        web_response.SERVER_SOFTWARE = SERVER_HEADER
     # every path is the handler's: [\s\S], not ".", which stops at a line break (the
     # path aiohttp matches is percent-decoded: "/v2/models/a%0Ab" would get aiohttp's
     # plain-text 404)

@@ -121,3 +121,48 @@ def test_probes_answer_while_the_controller_waits_for_its_workers():
         p.kill()
         p.wait()
     assert p.returncode == 130 and "Traceback" not in rest, (p.returncode, rest)
+
+
+def test_the_open_health_service_is_bounded_for_peers_without_the_token():
+    """The health service answers without the token, so what a peer can make of it is
+    bounded: a request over 1 KiB is refused INVALID_ARGUMENT as it is decoded (a 50 MiB
+    service name was decoded, kept by its Watch and echoed back: ~120 MiB a call), an
+    unknown name is echoed cut short, and Watch calls past a small share of the server's
+    call slots are refused RESOURCE_EXHAUSTED while the clients with the token are served
+    (20,000 open Watches took every slot: every client was refused)."""
+    import clockwork
+    from controller.grpc_health import REQUEST_MAX_BYTES, WATCH_PER_ADDRESS
+
+    with local_cluster(models="mobilenet_v2", token=TOKEN, http_port=-1,
+                       controller_args=["--limit", "grpc_max_calls=64"]) as c:
+        with grpc.insecure_channel(c.address) as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Check(health_pb2.HealthCheckRequest(service="x" * (REQUEST_MAX_BYTES + 1)),
+                           timeout=TIMEOUT)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Check(health_pb2.HealthCheckRequest(service="y" * 1000), timeout=TIMEOUT)
+            assert e.value.code() == grpc.StatusCode.NOT_FOUND and len(e.value.details()) < 200
+            cap = 64 // 8  # (a server of 64 call slots: an eighth of them)
+            assert cap < WATCH_PER_ADDRESS
+            watches = [stub.Watch(health_pb2.HealthCheckRequest(), timeout=60)
+                       for _ in range(cap)]
+            assert all(next(w).status == SERVING for w in watches)  # (open, each)
+            with pytest.raises(grpc.RpcError) as e:
+                next(stub.Watch(health_pb2.HealthCheckRequest(), timeout=TIMEOUT))
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value
+            with clockwork.Client(c.address, token=TOKEN, timeout=TIMEOUT) as cl:
+                assert cl.infer("mobilenet_v2", slo_ms=1000).status == 0
+            watches[0].cancel()  # one ends: another may open
+            deadline = __import__("time").monotonic() + TIMEOUT
+            while True:
+                w = stub.Watch(health_pb2.HealthCheckRequest(), timeout=60)
+                try:
+                    assert next(w).status == SERVING
+                    break
+                except grpc.RpcError as err:  # (until the server has seen the cancel)
+                    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    assert __import__("time").monotonic() < deadline
+            for x in [*watches, w]:
+                x.cancel()

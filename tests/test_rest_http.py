@@ -798,3 +798,17 @@ def test_only_inference_answers_are_compressed_so_the_asyncio_client_reads_the_r
             await c.close()
 
     asyncio.run(main())
+
+
+def test_no_answer_tells_the_servers_software_versions(addr):
+    """Every answer, a probe's, a 404 and the 400 of a head aiohttp cannot parse (before
+    the app sees it) alike, says ``Server: clockwork``: it said ``Python/3.11
+    aiohttp/3.14.5`` to anyone, the probes' callers included, who need no token."""
+    for raw in (b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+                b"GET /no/such/path HTTP/1.1\r\nHost: x\r\n\r\n",
+                b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n"):
+        with socket.create_connection(addr, timeout=10) as s:
+            s.sendall(raw)
+            head = _head(s).decode("latin-1")
+        server = [ln for ln in head.split("\r\n") if ln.lower().startswith("server:")]
+        assert server == ["Server: clockwork"], (raw, head)
