@@ -68,6 +68,8 @@ def quiet(loop: asyncio.AbstractEventLoop, who: str) -> None:
     limit = _limit()  # (read now: with no descriptor left, nothing can be looked up)
 
     def handler(lp: asyncio.AbstractEventLoop, context: dict) -> None:
+        if _late_retry(context):
+            return
         if context.get("message") != ACCEPT_FAILED:
             if before is not None:
                 before(lp, context)
@@ -80,6 +82,18 @@ def quiet(loop: asyncio.AbstractEventLoop, who: str) -> None:
 
     handler.accept_guard = True  # type: ignore[attr-defined]
     loop.set_exception_handler(handler)
+
+
+def _late_retry(context: dict) -> bool:
+    """Whether ``context`` is asyncio's retry of an out-of-descriptors listener, put back a
+    second later, failing because the listener closed meanwhile (the process stopping:
+    a traceback of ``_start_serving`` on a socket of fd -1 at every such stop)."""
+    handle = context.get("handle")
+    callback = getattr(handle, "_callback", None)
+    return (getattr(callback, "__name__", "") == "_start_serving"
+            and isinstance(context.get("exception"), OSError | ValueError)
+            and any(isinstance(a, _Listener) and a.fileno() == -1
+                    for a in getattr(handle, "_args", None) or ()))
 
 
 def _limit() -> str:
