@@ -16,6 +16,7 @@ from clockwork.errors import STARTING_MESSAGE
 from clockwork.protocol import clockwork_pb2 as pb
 from clockwork.protocol import clockwork_pb2_grpc as pbg
 from clockwork.protocol.addresses import join
+from clockwork.protocol.decode import add_service
 from clockwork.protocol.holding import controller_label
 from clockwork.protocol.listen import ListenError, bind_grpc
 from clockwork.protocol.security import TlsFiles, TokenInterceptor, refuse
@@ -146,7 +147,7 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
     interceptors.append(StartingInterceptor(node))
     server = grpc.aio.server(options=server_options(node.limits), interceptors=interceptors,
                              maximum_concurrent_rpcs=node.limits.grpc_max_calls)
-    pbg.add_ClockworkServicer_to_server(ClockworkServicer(node), server)
+    add_service(server, ClockworkServicer(node), pb.DESCRIPTOR.services_by_name["Clockwork"])
     add_health(node, server)  # grpc.health.v1.Health (Kubernetes' grpc probes), no token
     from controller.kserve import add_kserve_grpc  # lazy: its inference.* protos clash
     add_kserve_grpc(node, server)  # with tritonclient's in one process; KServe v2, same port

@@ -35,6 +35,7 @@ import grpc
 from clockwork.actions import RequestStatus
 from clockwork.errors import STOPPING_MESSAGE
 from clockwork.protocol import clockwork_pb2 as pb
+from clockwork.protocol.decode import Malformed
 from clockwork.protocol.pacing import Pacer, doze
 from clockwork.protocol.ratelog import LogLimiter
 from clockwork.sizes import STREAM_DEFAULT_SLO_KEY, STREAM_LIMIT_KEY
@@ -544,6 +545,9 @@ async def serve_stream(node, context) -> None:
         while (batch := await context.read()) is not grpc.aio.EOF:
             if st.dead:
                 return
+            if type(batch) is Malformed:  # (its requests cannot be told apart: the
+                # stream ends, INVALID_ARGUMENT)
+                raise _MalformedMessage(batch.message)
             node.count("msgs_from_clients")
             t0 = now_ns()
             late = clock.late(t0, batch.client_time_ns)
@@ -626,6 +630,9 @@ async def serve_stream(node, context) -> None:
             e = rtask.exception()
             if isinstance(e, grpc.RpcError | asyncio.CancelledError):
                 raise e
+            if isinstance(e, _MalformedMessage):  # the client's error, not a failure here
+                node.count("msgs_malformed_from_clients")
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             node.count("streams_failed")
             _FAILED_LOG(f"InferStream from {conn} failed: {e!r}", e)
             await context.abort(grpc.StatusCode.INTERNAL, f"stream failed: {e!r}")
@@ -637,6 +644,10 @@ async def serve_stream(node, context) -> None:
         for t in (rtask, wtask, ktask):
             t.cancel()
         st.admitted.withdraw(node)  # (those its client will never read)
+
+
+class _MalformedMessage(Exception):
+    """A stream message whose bytes are not an ``InferRequestBatch``."""
 
 
 def reply_dues(dues: dict[int, int], reqs, n: int, sent: int, default_slo: int,

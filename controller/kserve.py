@@ -49,6 +49,7 @@ from clockwork import __version__
 from clockwork.actions import RequestStatus
 from clockwork.protocol import kserve_pb2 as kpb
 from clockwork.protocol import kserve_pb2_grpc as kpbg
+from clockwork.protocol.decode import Malformed, add_service
 from clockwork.protocol.ratelog import LogLimiter
 from clockwork.sizes import status_details
 from clockwork.tensors import Tensor
@@ -709,6 +710,10 @@ class _ModelStream:
     # -- requests
 
     def _read_one(self, request) -> None:
+        if type(request) is Malformed:  # (answered, the stream goes on, as for a request
+            # refused; no id, no model: counted nowhere, as a unary call's)
+            self._error(kpb.ModelInferRequest(), KServeError(INVALID, request.message))
+            return
         try:
             inputs, params, requested = grpc_request(request)
             rows, batched = self.fe.prepare(request.model_name, inputs, params, requested)
@@ -845,8 +850,10 @@ class _ModelStream:
 
 
 def add_kserve_grpc(node, server: grpc.aio.Server) -> None:
-    """Register ``inference.GRPCInferenceService`` on the controller's gRPC server."""
-    kpbg.add_GRPCInferenceServiceServicer_to_server(KServeGrpcServicer(node), server)
+    """Register ``inference.GRPCInferenceService`` on the controller's gRPC server (its
+    requests that do not decode: ``clockwork.protocol.decode``)."""
+    add_service(server, KServeGrpcServicer(node),
+                kpb.DESCRIPTOR.services_by_name["GRPCInferenceService"])
     add_unserved(server)  # (Triton's shared-memory, trace and logging calls: by name)
 
 

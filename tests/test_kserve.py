@@ -733,3 +733,43 @@ def test_statistics_messages_are_their_json_forms_parsed():
     p = subprocess.run([sys.executable, "-c", _STATS_MESSAGES], capture_output=True,
                        text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
     assert p.returncode == 0 and p.stdout.strip() == "same", p.stdout + p.stderr
+
+
+def test_requests_that_do_not_decode_are_invalid_argument_not_a_failure_here(cluster):
+    """A request whose bytes are not its message (a model name that is not UTF-8, bytes of
+    nothing) is INVALID_ARGUMENT naming the message type, on KServe's and clockwork.v1's
+    unary calls (gRPC's UNKNOWN with the decoder's exception text); on ModelStreamInfer an
+    error response, the stream serving on (it ended INTERNAL, a traceback in the log);
+    on clockwork.v1's InferStream the stream ends INVALID_ARGUMENT."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as kpb
+
+    good = kpb.ModelInferRequest(model_name="mobilenet_v2", id="ok", inputs=[
+        kpb.ModelInferRequest.InferInputTensor(name="data", datatype="FP32",
+                                               shape=[1, 3, 224, 224])])
+    good.raw_input_contents.append(np.zeros((1, 3, 224, 224), np.float32).tobytes())
+    not_utf8 = b"\x0a\x02\xff\xfe"  # field 1 (model_name), two bytes that are not UTF-8
+    same = {"request_serializer": None, "response_deserializer": None}
+    with grpc.insecure_channel(cluster.address) as ch:
+        for method, kind in (("/inference.GRPCInferenceService/ModelInfer",
+                              "inference.ModelInferRequest"),
+                             ("/inference.GRPCInferenceService/ModelMetadata",
+                              "inference.ModelMetadataRequest"),
+                             ("/clockwork.v1.Clockwork/Infer", "clockwork.v1.InferRequest")):
+            for data in (not_utf8, b"\xff" * 7):
+                with pytest.raises(grpc.RpcError) as e:
+                    ch.unary_unary(method, **same)(data, timeout=TIMEOUT)
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, e.value)
+                assert f"not a {kind} message" in e.value.details(), e.value.details()
+        stream = ch.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer", **same)
+        got = [kpb.ModelStreamInferResponse.FromString(b) for b in stream(
+            iter([not_utf8, good.SerializeToString(), b"\xff" * 7]), timeout=TIMEOUT)]
+        assert len(got) == 3, got
+        bad = [r for r in got if r.error_message]
+        assert len(bad) == 2 and all(r.error_message.startswith("INVALID_ARGUMENT: malformed")
+                                     for r in bad), bad
+        assert [r.infer_response.id for r in got if not r.error_message] == ["ok"]
+        v1 = ch.stream_stream("/clockwork.v1.Clockwork/InferStream", **same)
+        with pytest.raises(grpc.RpcError) as e:
+            list(v1(iter([b"\xff" * 7]), timeout=TIMEOUT))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value
