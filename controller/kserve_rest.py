@@ -359,7 +359,9 @@ class KServeRest:
                               f"not a length within the body of {len(body)} bytes")
         if n == 0 and hlen is not None:
             raise KServeError(INVALID, "Inference-Header-Content-Length 0: the request's JSON "
-                              "header is empty (it comes first, before any binary data)")
+                              "header is empty (it comes first, before any binary data); a "
+                              "raw binary request, the body one input's bytes alone, is "
+                              "not served: send a JSON header naming the input first")
         view = memoryview(body)
         if n > self.node.limits.rest_json_offload_bytes:  # JSON data lists become arrays:
             # in a decoding process (json_offload), where they hold up no other request
