@@ -525,7 +525,8 @@ class _Handler:
         """The request's whole body, decoded (chunked, gzip, deflate), or the response
         that refuses it: 413 over ``rest_max_body_bytes`` (announced or decoded), 408 not
         received within ``rest_read_timeout``, 400 malformed, 415 in a Content-Encoding
-        not in ``CODINGS`` (one coding, in any case; several are refused too)."""
+        not in ``CODINGS`` (one coding, in any case; several are refused too), 501 in a
+        Transfer-Encoding other than chunked."""
         lim = self.limits
         cap = lim.rest_max_body_bytes
         n = request.content_length
@@ -538,6 +539,16 @@ class _Handler:
                 "as it is, or gzip or deflate")
             refusal.headers["Accept-Encoding"] = ACCEPTED_CODINGS
             return self._drop_rest(request, refusal)
+        # a transfer coding but chunked (aiohttp reads chunked and passes the others on
+        # undecoded: "gzip, chunked" was read as JSON): 501, as HTTP says for a transfer
+        # coding not implemented
+        transfer = [c.strip().lower() for v in request.headers.getall("Transfer-Encoding", ())
+                    for c in v.split(",") if c.strip()]
+        if any(c != "chunked" for c in transfer):
+            return self._drop_rest(request, self._refuse(
+                501, f"Transfer-Encoding {_short(', '.join(transfer))} is not supported: "
+                "send the body as it is or chunked (compressed: Content-Encoding gzip or "
+                "deflate)"))
         coding = "gzip" if coding == "x-gzip" else coding
         decoder = BodyDecoder(coding) if coding in ("gzip", "deflate") else None
         # the body as it arrives: its first part as it is, then parts appended to one

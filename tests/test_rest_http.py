@@ -812,3 +812,20 @@ def test_no_answer_tells_the_servers_software_versions(addr):
             head = _head(s).decode("latin-1")
         server = [ln for ln in head.split("\r\n") if ln.lower().startswith("server:")]
         assert server == ["Server: clockwork"], (raw, head)
+
+
+def test_a_transfer_coding_other_than_chunked_is_501(addr):
+    """``Transfer-Encoding: gzip, chunked``: the gzip transfer coding is not served, and is
+    refused 501 naming it (the compressed bytes were read as the JSON body: "not JSON");
+    plain chunked is served."""
+    import gzip
+
+    body = gzip.compress(_json_body())
+    wire = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    for te, status in (("gzip, chunked", 501), ("chunked", 400)):
+        with socket.create_connection(addr, timeout=10) as s:
+            s.sendall(f"POST {INFER} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: {te}\r\n"
+                      "\r\n".encode() + wire)
+            head = _head(s).decode("latin-1")
+        assert head.startswith(f"HTTP/1.1 {status} "), (te, head)
+    assert _request(addr, "POST", INFER, _json_body(), encode_chunked=True)[0] == 200
