@@ -41,6 +41,7 @@ from __future__ import annotations
 import grpc
 
 from clockwork.actions import ErrorCode, RequestStatus
+from clockwork.sizes import status_details
 from controller.inflight import failed_code
 from controller.policy import CANCELLED, NO_GPU_FITS, QUEUE_FULL
 
@@ -77,6 +78,9 @@ class KServeError(Exception):
     """A KServe request's failure: ``kind`` (one of :data:`KINDS`) and its message."""
 
     def __init__(self, kind: str, message: str) -> None:
+        # (cut as gRPC's status details are: a message naming a 20,000-character input,
+        # or a shape of 10,000 dimensions, made REST bodies and stream errors of 20-30 KB)
+        message = status_details(message)
         super().__init__(message)
         self.kind = kind
         self.message = message

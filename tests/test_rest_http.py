@@ -829,3 +829,14 @@ def test_a_transfer_coding_other_than_chunked_is_501(addr):
             head = _head(s).decode("latin-1")
         assert head.startswith(f"HTTP/1.1 {status} "), (te, head)
     assert _request(addr, "POST", INFER, _json_body(), encode_chunked=True)[0] == 200
+
+
+def test_an_error_quoting_a_huge_input_name_or_shape_is_cut(addr):
+    """A REST error quoting what the client sent (an input of a 20,000-character name, a
+    shape of 10,000 dimensions) is cut to 2,000 bytes, as gRPC's status messages are (the
+    bodies were 20-30 KB, the whole name or shape echoed back)."""
+    for t in ({"name": "x" * 20_000, "shape": [1, 4], "datatype": "FP32", "data": [0] * 4},
+              {"name": "x", "shape": [1] * 10_000, "datatype": "FP32", "data": [0]}):
+        status, _, body = _request(addr, "POST", INFER, json.dumps({"inputs": [t]}).encode())
+        assert status == 400 and len(json.loads(body)["error"].encode()) <= 2000, \
+            (status, len(body))
