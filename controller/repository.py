@@ -235,8 +235,10 @@ def _config_object(text) -> dict:
     except ValueError as e:  # (also nested too deeply: json_loads says so)
         raise KServeError(INVALID, f"parameter 'config' is not JSON: {e}") from None
     if not isinstance(cfg, dict):
+        json_kind = {type(None): "null", bool: "a boolean", int: "a number", float: "a number",
+                     str: "a string", list: "an array"}
         given = (f"a {type(text).__name__}" if not isinstance(text, str)
-                 else f"JSON {type(cfg).__name__}")
+                 else f"JSON: {json_kind.get(type(cfg), type(cfg).__name__)}")
         raise KServeError(INVALID, "parameter 'config' must be a string holding a JSON object "
                           f"(a model configuration, as Triton takes it), got {given}")
     return _snake_keys(cfg)

@@ -403,7 +403,8 @@ def test_repository_parameters_are_checked_and_passed_on():
         assert e.value.kind == INVALID, bad
         assert len(e.value.message) < 400, e.value.message
     # a configuration is a string holding JSON, as Triton takes it: the message says so
-    for given, said in (({"instance_group": []}, "got a dict"), ("[]", "got JSON list")):
+    for given, said in (({"instance_group": []}, "got a dict"), ("[]", "got JSON: an array"),
+                        ("null", "got JSON: null")):
         with pytest.raises(KServeError) as e:
             load({"config": given})
         assert "must be a string holding a JSON object" in e.value.message, e.value.message
