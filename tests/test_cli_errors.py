@@ -161,6 +161,9 @@ BAD = [
     (["controller", "--workers", "127.0.0.1:1", "--tls-cert", "notsummary"],
      "is not a PEM certificate"),
     (["worker", "--tls-key", "notsummary"], "is not a PEM private key"),
+    # a folder given for a file is named so (it said "no such file")
+    (["controller", "--workers", "127.0.0.1:1", "--token-file", "adir"],
+     "is a folder, not a file"),
     (["simulate", SC, "--spill-dir", "afile/sub"], "is not a folder"),
     (["serve", SC, "--replay", "--out", "afile"], "exists and is not a folder"),
     (["replay", SC, "--out", "afile"], "exists and is not a folder"),

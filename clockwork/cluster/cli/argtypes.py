@@ -287,6 +287,8 @@ def readable_file(text: str) -> str:
     """A path to a file this process can read (a certificate, a key, a token)."""
     import os
 
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file")
     if not os.path.isfile(text):
         raise argparse.ArgumentTypeError(f"no such file: {text!r}")
     if not os.access(text, os.R_OK):
