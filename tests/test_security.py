@@ -1217,3 +1217,18 @@ def test_a_controller_without_the_secret_a_worker_wants_is_told_so(plain_cluster
     assert (f"worker {addr}: it wants a cluster secret and this controller has none (give "
             "it the worker's: --cluster-secret-file, or CLOCKWORK_CLUSTER_SECRET)") in said, said
     assert "refused our cluster credentials" not in said
+
+
+def test_tls_clients_with_plaintext_links_to_far_workers_are_warned_of():
+    """Clients on TLS and the links to workers off this machine in the clear (allowed) is
+    said in a warning naming those workers (it was said nowhere, and the start line said
+    TLS); loopback workers, no client TLS, or TLS to the workers: nothing said."""
+    from controller.command import _plaintext_workers_line as line
+
+    tls, worker_tls = object(), object()
+    said = line(tls, None, ["10.0.0.5:12345", "127.0.0.1:1", "[::1]:2"])
+    assert said is not None and "10.0.0.5:12345" in said and "127.0.0.1" not in said
+    assert "--worker-tls-ca" in said
+    assert line(tls, None, ["127.0.0.1:1", "localhost:2"]) is None
+    assert line(None, None, ["10.0.0.5:1"]) is None
+    assert line(tls, worker_tls, ["10.0.0.5:1"]) is None
