@@ -21,6 +21,7 @@ Standard library only; this module imports nothing else from the project at impo
 from __future__ import annotations
 
 import difflib
+import errno
 import tomllib
 from importlib import resources
 from pathlib import Path
@@ -109,7 +110,10 @@ def resolve_scenario(name_or_path: str | Path) -> Path:
         if p.is_file():
             return p
         unusable = None
-    except OSError as e:  # (a name too long for a path: ENAMETOOLONG, not False)
+    except OSError as e:  # (a name too long for a path: ENAMETOOLONG, not False; other
+        # errors, a folder it may not enter, are said where the file is read)
+        if e.errno != errno.ENAMETOOLONG:
+            return p
         unusable = e.strerror or str(e)
     text = str(name_or_path)
     if "\n" in text and "=" in text:  # (TOML text given for a path: the whole text was
@@ -118,7 +122,8 @@ def resolve_scenario(name_or_path: str | Path) -> Path:
                             f"needed, got TOML text ({text[:40]!r}...): give its dict, "
                             "tomllib.loads(text), or write it to a file")
     if unusable:
-        raise ScenarioError(f"scenario {text[:40]!r}...: not a file's path ({unusable})")
+        raise ScenarioError(f"scenario {text[:40]!r}{'...' if len(text) > 40 else ''}: "
+                            f"not a file's path ({unusable})")
     name = shipped_name(p)
     if name:
         shipped = scenarios_root() / f"{name}{SCENARIO_SUFFIX}"

@@ -139,12 +139,11 @@ def _plaintext_workers_line(tls, worker_tls, workers: list[str]) -> str | None:
     """A warning when the clients speak TLS and the links to workers off this machine do
     not (allowed, as SECURITY.md says, but the tensors cross the network in the clear:
     it was said nowhere, and the start line said TLS), or None."""
-    from clockwork.protocol.addresses import split
-    from clockwork.protocol.security import is_loopback
+    from clockwork.protocol.security import far_workers
 
     if tls is None or worker_tls is not None:
         return None
-    far = [w for w in workers if not is_loopback(split(w)[0])]
+    far = far_workers(workers)
     if not far:
         return None
     return (f"clients speak TLS, but the links to {', '.join(far[:3])}"

@@ -676,7 +676,9 @@ class _ModelStream:
         _final(resp)
         # (the request's id in the message too, as Triton's errors say it: tritonclient's
         # stream callback is given the message alone)
-        said = f"[request id: {request.id}] " if request.id else ""
+        rid = request.id
+        said = (f"[request id: {rid if len(rid) <= 200 else rid[:200] + '...'}] " if rid
+                else "")  # (cut: an id of any length was echoed whole into the message)
         self._reply(kpb.ModelStreamInferResponse(
             error_message=f"{e.kind}: {said}{e.message}", infer_response=resp))
 

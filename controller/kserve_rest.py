@@ -742,19 +742,21 @@ def make_runner(node, token: str | None = None) -> web.AppRunner:
     async def close_decoders(_app) -> None:
         await rest.decoders.close()
 
-    async def plain_server(_request, response) -> None:  # (not aiohttp's "Server:
-        # Python/3.11 aiohttp/3.x", versions told to anyone, the probes' callers included)
-        response.headers["Server"] = SERVER_HEADER
-
     app.on_cleanup.append(close_decoders)
-    app.on_response_prepare.append(plain_server)
-    # (and the answers aiohttp gives before a request reaches the app, a head it cannot
-    # parse: its own default, a name of its module, read as each answer is made; a
-    # release without it just keeps its own)
+    # every answer's Server header, not aiohttp's "Python/3.11 aiohttp/3.x" (versions told
+    # to anyone, the probes' callers included): its default is a name of its module, read
+    # as each answer is made, those it gives before a request reaches the app (a head it
+    # cannot parse) included; set for the whole process (the controller's, which serves
+    # no other). A release without that name: set on the app's answers.
     from aiohttp import web_response
 
     if hasattr(web_response, "SERVER_SOFTWARE"):
         web_response.SERVER_SOFTWARE = SERVER_HEADER
+    else:
+        async def plain_server(_request, response) -> None:
+            response.headers["Server"] = SERVER_HEADER
+
+        app.on_response_prepare.append(plain_server)
     # every path is the handler's: [\s\S], not ".", which stops at a line break (the
     # path aiohttp matches is percent-decoded: "/v2/models/a%0Ab" would get aiohttp's
     # plain-text 404)

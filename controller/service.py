@@ -52,6 +52,7 @@ import re
 import ssl
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 
 import grpc
@@ -325,6 +326,8 @@ class ControllerNode(WorkerLinks):
         # a log write that fails (a full disk) fails again at every flush: said once a
         # minute, and once when writing works again
         self._log_error = LogLimiter("controller", every=LOG_ERROR_EVERY_S)
+        self._log_bug = LogLimiter("controller", every=LOG_ERROR_EVERY_S)  # (its own: a
+        # full disk's line does not hide a bug's)
         self._flush_failures = 0  # flushes failed since the last that worked
         self._spill_said = False  # that npz rows stopped going to their files
         self.logs_lost = ""  # why the logs could not be written at stop (exit status 1)
@@ -436,8 +439,10 @@ class ControllerNode(WorkerLinks):
                 # flusher goes on (ended, every later row would wait in memory unwritten)
                 self.count("log_flush_errors")
                 self._flush_failures += 1
-                self._log_error(f"writing the logs in {self.log_dir} failed ({e!r}); this "
-                                f"flush's rows are lost, the next one tries again", exc=e)
+                where = "".join(traceback.format_exception(e)).rstrip()  # (a ValueError's
+                # too, which LogLimiter takes for bad input and says without one)
+                self._log_bug(f"writing the logs in {self.log_dir} failed ({e!r}); this "
+                              f"flush's rows are lost, the next one tries again\n{where}")
             else:
                 if self._flush_failures:
                     print(f"controller: writing the logs in {self.log_dir} works again "

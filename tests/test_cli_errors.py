@@ -295,6 +295,7 @@ def test_profile_refuses_another_checkouts_shipped_set(capsys, tmp_path, monkeyp
     clone = tmp_path / "clone"
     data = clone / "clockwork" / "data" / "profiles" / "cpu"
     data.mkdir(parents=True)
+    (clone / "clockwork" / "__init__.py").write_text("")  # (a checkout's package)
     (clone / "profiles").mkdir()
     (clone / "profiles" / "cpu").symlink_to(data)
     monkeypatch.chdir(clone)
@@ -302,6 +303,12 @@ def test_profile_refuses_another_checkouts_shipped_set(capsys, tmp_path, monkeyp
     err = capsys.readouterr().err
     assert rc == 2 and "is the profile set shipped with clockwork" in err, (rc, err)
     assert not list(data.iterdir())
+    # a folder of the user's own of the same names, in no package, is not refused so
+    from clockwork.cluster.models_cli import _shipped_target
+
+    own = tmp_path / "mine" / "clockwork" / "data" / "profiles" / "cpu"
+    own.mkdir(parents=True)
+    assert _shipped_target(own) is None
 
 
 @pytest.mark.parametrize("text,fragment", [

@@ -332,6 +332,8 @@ def test_a_log_flush_that_fails_on_a_bug_is_said_and_the_flusher_goes_on(tmp_pat
         flushes.append(out)
         if len(flushes) == 1:
             raise RuntimeError("a row that cannot be formatted")
+        if len(flushes) == 2:  # (a ValueError too: LogLimiter says those without one)
+            raise ValueError("I/O operation on closed file.")
         yield
 
     counted = []
@@ -339,20 +341,22 @@ def test_a_log_flush_that_fails_on_a_bug_is_said_and_the_flusher_goes_on(tmp_pat
         log_flush_s=0.001, log_dir=str(tmp_path), _log_steps=None, _flush_failures=0,
         telemetry=SimpleNamespace(flush_steps=flush_steps),
         count=counted.append, _log_error=LogLimiter("controller", every=60.0),
+        _log_bug=LogLimiter("controller", every=0.0),
         _said_spill_error=lambda: None)
 
     async def main():
         task = asyncio.create_task(ControllerNode._flush_logs(node))
-        while len(flushes) < 3:
+        while len(flushes) < 4:
             assert not task.done(), task
             await asyncio.sleep(0.001)
         task.cancel()
 
     asyncio.run(asyncio.wait_for(main(), 30))
     err = capsys.readouterr().err
-    assert counted == ["log_flush_errors"]
-    assert "RuntimeError('a row that cannot be formatted')" in err and "Traceback" in err, err
-    assert "works again (1 flush(es) failed before" in err, err
+    assert counted == ["log_flush_errors"] * 2
+    assert "RuntimeError('a row that cannot be formatted')" in err, err
+    assert err.count("Traceback") == 2 and "ValueError('I/O operation on closed" in err, err
+    assert "works again (2 flush(es) failed before" in err, err
 
 
 @pytest.mark.parametrize("full_at", ["requests.npz", "actions.npz"])

@@ -773,3 +773,21 @@ def test_requests_that_do_not_decode_are_invalid_argument_not_a_failure_here(clu
         with pytest.raises(grpc.RpcError) as e:
             list(v1(iter([b"\xff" * 7]), timeout=TIMEOUT))
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value
+
+
+def test_a_stream_errors_message_quotes_a_long_request_id_cut_short(cluster):
+    """A stream error quotes its request's id in the message (tritonclient's callback sees
+    the message alone): a 50,000-character id is cut there (the response's own id keeps
+    it whole), so the message stays near gRPC's 2,000-byte status size (it was 52 KB)."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as kpb
+    from tritonclient.grpc import service_pb2_grpc as kpbg
+
+    rid = "i" * 50_000
+    r = kpb.ModelInferRequest(model_name="mobilenet_v2", id=rid, inputs=[
+        kpb.ModelInferRequest.InferInputTensor(name="data", datatype="FP32", shape=[7])])
+    r.raw_input_contents.append(np.zeros(7, np.float32).tobytes())
+    with grpc.insecure_channel(cluster.address) as ch:
+        (got,) = kpbg.GRPCInferenceServiceStub(ch).ModelStreamInfer(iter([r]), timeout=TIMEOUT)
+    assert got.error_message.startswith("INVALID_ARGUMENT: [request id: iii")
+    assert len(got.error_message) < 2500 and got.infer_response.id == rid

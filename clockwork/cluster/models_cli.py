@@ -209,7 +209,8 @@ def _shipped_target(folder: Path) -> str | None:
     where = folder.resolve()
     parts = where.parts  # (or another checkout's shipped sets: a clone run with this one's
     # installed package, whose profiles/cpu links into the clone's own data)
-    in_data = any(parts[i:i + 3] == ("clockwork", "data", "profiles") for i in range(len(parts)))
+    in_data = any(parts[i:i + 3] == ("clockwork", "data", "profiles")
+                  and Path(*parts[:i + 1], "__init__.py").is_file() for i in range(len(parts)))
     if where != shipped and shipped not in where.parents and not in_data:
         return None
     return (f"{folder} is the profile set shipped with clockwork ({where}): writing there "

@@ -92,6 +92,11 @@ class AuthFailed(ValueError):
 # ---------------------------------------------------------------------- settings
 
 
+def far_workers(workers) -> list[str]:
+    """The worker addresses (``host:port``) off this machine (not loopback)."""
+    return [w for w in workers if not is_loopback(host_of(w))]
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` (an address or a name) reaches only this machine. A name counts
     when every address it resolves to is a loopback address; "" and wildcards do not."""
@@ -239,7 +244,7 @@ def exposure_error(who: str, host: str, token: str | None, secret: bytes | None,
         if token is None and not is_loopback(host):
             return (f"--host {host} is not a loopback address, so clients must authenticate: "
                     f"give --token-file FILE (or --token), or {off}")
-        far = [w for w in workers if not is_loopback(host_of(w))]
+        far = far_workers(workers)
         if secret is None and far:
             return (f"worker {far[0]} is not on a loopback address, so the link needs the "
                     f"cluster secret: give --cluster-secret-file FILE (or ${SECRET_ENV}), "
