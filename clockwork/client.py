@@ -41,6 +41,7 @@ import itertools
 import math
 import numbers
 import operator
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -291,15 +292,25 @@ def _request(model: str, inputs, slo_ms: float | None,
                              f"to send: a gRPC message carries at most "
                              f"{MAX_MESSAGE_BYTES:,} (send smaller inputs)", 6, "bad_input",
                              model)
-    for name, a in items:  # (an object array's bytes are pointers into this process)
-        kind = getattr(getattr(a, "dtype", None), "kind", None)
-        if kind is not None and kind in "OUSVMm":
-            raise _bad_inputs(model, f"input {name or 0!r} has dtype {a.dtype}: not numbers "
-                              f"a model takes; {_ONE_ARRAY}")
+    _check_kinds(model, items)  # (an object array's bytes are pointers into this process)
     tensors = [Tensor.of(name, a) for name, a in items]
+    # (and what an array-like with no dtype of its own became: a DataFrame of strings, an
+    # object with __array__, sent the pointers and 'str96' bytes)
+    _check_kinds(model, [(t.name, t) for t in tensors])
     add_tensors(req.inputs, tensors)  # (built in place: no copy of each message)
     return req, _size(req, sum(_TENSOR_BYTES + 4 * len(t.name) + 11 * len(t.shape)
                                + t.nbytes for t in tensors))
+
+
+def _check_kinds(model: str, items) -> None:
+    """``InvalidRequest`` for an input whose dtype is not numbers (objects, strings,
+    bytes, times)."""
+    for name, a in items:
+        dtype = getattr(a, "dtype", None)
+        kind = getattr(dtype, "kind", None)
+        if kind is not None and kind in "OUSVMm":
+            raise _bad_inputs(model, f"input {name or 0!r} has dtype {dtype}: not numbers "
+                              f"a model takes; {_ONE_ARRAY}")
 
 
 def _is_array(value) -> bool:
@@ -517,6 +528,55 @@ def _stub(channel, token: str | None) -> pbg.ClockworkStub:
     return stub
 
 
+class _ClosedCall(grpc.RpcError):
+    """What a call says whose channel ``close()`` closed (from another thread) between
+    the call's reading the stub and its starting: gRPC raised a plain ``ValueError``
+    ("Cannot invoke RPC on closed channel!"), which no caller takes for a closed
+    client."""
+
+    def code(self):
+        return grpc.StatusCode.CANCELLED
+
+    def details(self) -> str:
+        return CLIENT_CLOSED
+
+
+_FORKED = ("this Client was made in another process, which this one was forked from: "
+           "gRPC's connections do not survive fork() (calls hung, or crashed the process); "
+           "make a Client in this process (with multiprocessing, the 'spawn' or "
+           "'forkserver' start methods fork no gRPC state)")
+
+
+class _SyncCall:
+    """A blocking client's stub method: refused with ``RuntimeError`` in a process
+    forked from the one that made it; a closed channel's ``ValueError`` is
+    ``_ClosedCall``."""
+
+    __slots__ = ("_method", "_pid")
+
+    def __init__(self, method, pid: int) -> None:
+        self._method = method
+        self._pid = pid
+
+    def __call__(self, *args, **kw):
+        if os.getpid() != self._pid:
+            raise RuntimeError(_FORKED)
+        try:
+            return self._method(*args, **kw)
+        except ValueError as e:
+            if "closed" in str(e).lower():
+                raise _ClosedCall() from e
+            raise
+
+
+def _sync_stub(channel, token: str | None) -> pbg.ClockworkStub:
+    stub = _stub(channel, token)
+    pid = os.getpid()
+    for name, method in list(vars(stub).items()):
+        setattr(stub, name, _SyncCall(method, pid))
+    return stub
+
+
 CLIENT_CLOSED = "the client was closed while the call waited"
 # (a copy shared the connection: closing it closed the original's)
 _NOT_COPIED = ("a {} owns its connection and cannot be copied or pickled: make another "
@@ -676,6 +736,10 @@ def _unavailable(e: grpc.RpcError, url: str = "", slo: pb.InferRequest | None = 
         return ControllerUnavailable(f"controller unavailable: {why}")
     if code == grpc.StatusCode.UNAVAILABLE and details == STOPPING_MESSAGE:
         return ControllerUnavailable(STOPPING_MESSAGE, reason="shutdown")  # (as its answers)
+    if code == grpc.StatusCode.CANCELLED and "fork" in str(details).lower():
+        # (gRPC ends the calls a fork() in this process interrupts: not the controller)
+        return ControllerUnavailable(f"the call was ended by a fork() in this process: "
+                                     f"{code}: {details}")
     if code == grpc.StatusCode.CANCELLED and not str(details).startswith("Locally"):
         # not this client's (its own cancels raise CancelledError, or say CLIENT_CLOSED):
         # gRPC's server ends so a call that reaches it while it stops
@@ -704,7 +768,7 @@ class Client:
         self.timeout = _seconds(timeout)
         self._channel = _channel(self.url, tls or tls_url, tls_ca, tls_cert, tls_key,
                                  aio=False)
-        self._stub = _stub(self._channel, client_token(token))
+        self._stub = _sync_stub(self._channel, client_token(token))
 
     def infer(self, model: str, inputs=None, slo_ms: float | None = None) -> InferResult:
         req, _ = _request(model, inputs, slo_ms)

@@ -576,6 +576,17 @@ def test_a_closed_client_raises_the_same_error_from_both_clients(cluster):
 
 # ---------------------------------------------------------------- inputs and arguments
 
+class _ArrayLike:
+    """An array-like with no ``dtype`` attribute (a DataFrame, a wrapper): numpy reads it
+    through ``__array__``."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self._a = a
+
+    def __array__(self, dtype=None, copy=None):
+        return self._a
+
+
 NOT_ARRAYS = [
     ([], "empty list: pass None"),
     ((), "empty tuple: pass None"),
@@ -591,6 +602,10 @@ NOT_ARRAYS = [
     (np.array([object(), "x"], dtype=object), "input 0 has dtype object: not numbers"),
     ({"data": np.array(["a", "b"])}, "input 'data' has dtype <U1: not numbers"),
     (np.array(["2020-01-01"], dtype="datetime64[D]"), "has dtype datetime64[D]"),
+    # an array-like without a dtype of its own (a DataFrame of strings): what it becomes
+    # (its strings' addresses went out, or 'str96' bytes)
+    (_ArrayLike(np.array([["x", "y"]], dtype=object)), "input 0 has dtype object"),
+    (_ArrayLike(np.array(["ab", "cd"])), "input 0 has dtype <U2"),
 ]
 
 
@@ -1061,3 +1076,45 @@ def test_an_async_call_waiting_for_a_call_slot_is_charged_that_wait(monkeypatch)
     assert 0 < ok < 60 and late, (ok, late[:1])
     ran = after.get("requests_success", 0) - before.get("requests_success", 0)
     assert ran <= ok + 2, (ran, ok)  # (an answer sent just in time may arrive late)
+
+
+def test_a_call_racing_close_from_another_thread_is_a_closed_client_error():
+    """A call that read the stub just before ``close()`` (from another thread) closed its
+    channel: ``ControllerUnavailable`` as for a call that waited (gRPC's plain
+    ``ValueError``, "Cannot invoke RPC on closed channel!", escaped: a bad argument's
+    exception, to a caller)."""
+    c = clockwork.Client("127.0.0.1:1", timeout=5)
+    c._channel.close()  # (the race's window: the channel closed, the stub not yet swapped)
+    with pytest.raises(ControllerUnavailable, match="the client was closed"):
+        c.stats()
+    c.close()
+    with pytest.raises(RuntimeError, match="the client is closed"):
+        c.stats()
+
+
+_FORKED_CHILD = """
+import os, sys
+import clockwork
+c = clockwork.Client("127.0.0.1:1", timeout=5)
+pid = os.fork()
+if pid == 0:
+    try:
+        c.stats()
+    except RuntimeError as e:
+        os._exit(0 if "forked" in str(e) else 3)
+    except BaseException:
+        os._exit(4)
+    os._exit(5)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_client_used_in_a_forked_child_says_to_make_one_there():
+    """A ``Client`` made before ``fork()`` and called in the child is ``RuntimeError``
+    saying to make one in that process (gRPC's connection does not survive a fork: such
+    calls hung past their timeout, or crashed the child)."""
+    r = subprocess.run([sys.executable, "-c", _FORKED_CHILD], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, (r.returncode, r.stderr)
