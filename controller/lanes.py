@@ -25,7 +25,8 @@ class LaneTracker:
         self.future = future
         self.lag = lag
         self.base = 0  # last reported completion
-        self._work: dict[int, tuple[int, int]] = {}  # id -> (earliest, duration), in send order
+        # id -> (earliest, its start bound, duration), in send order
+        self._work: dict[int, tuple[int, int, int]] = {}
         self._free_at = 0
         self._first = 0  # duration of the oldest outstanding action (0: none)
         self.on_change = None  # WatchedLane: called after every change of the prediction
@@ -77,7 +78,12 @@ class LaneTracker:
         if not self._work:
             self.base = start
             self._first = duration
-        self._work[action_id] = (earliest, duration)
+        # (its start bound when the chain is replayed: never before it can have reached the
+        # worker, ``now + future``, as here; replayed from ``earliest`` alone, the send
+        # time, a result's re-anchor predicted the next actions up to ``future`` early,
+        # and a batch predicted in time ran past its requests' deadlines)
+        lo = now + self.future
+        self._work[action_id] = (earliest, earliest if earliest > lo else lo, duration)
         self._free_at = start + duration
         return start
 
@@ -97,11 +103,11 @@ class LaneTracker:
             self._recompute()
 
     def _recompute(self) -> None:
-        self._first = next(iter(self._work.values()))[1] if self._work else 0
+        self._first = next(iter(self._work.values()))[2] if self._work else 0
         t = self.base
-        for earliest, dur in self._work.values():
-            if earliest > t:
-                t = earliest
+        for _, lo, dur in self._work.values():
+            if lo > t:
+                t = lo
             t += dur
         self._free_at = t
 

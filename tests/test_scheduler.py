@@ -1702,3 +1702,30 @@ def test_a_rejected_request_goes_to_another_copy_that_can_still_serve_it():
     out = s.on_result(fail(x, now, ErrorCode.EXEC_TOO_LATE), now)
     assert [(a.type, a.gpu, a.model) for a in out] == [(ActionType.INFER, 1, "a")], brief(out)
     assert s.drain_replies() == []
+
+
+def test_a_lane_replayed_after_a_result_keeps_each_actions_start_bound():
+    """A result re-anchors a lane and its outstanding chain is replayed: each action from
+    no earlier than it was predicted to start when sent (``now + future``: it cannot have
+    reached the worker sooner), as ``add`` predicted it. Replayed from ``earliest`` alone
+    (the send time), the next action was predicted up to ``future`` early."""
+    lane = LaneTracker(future=1_000_000, lag=10_000_000)
+    assert lane.add(1, 0, 500_000, now=0) == 1_000_000  # idle: starts a future after now
+    assert lane.add(2, 1_200_000, 500_000, now=1_200_000) == 2_200_000
+    lane.done(1, end=1_300_000)  # the first ended; the second cannot start before 2.2 ms
+    assert lane.free_at == 2_700_000
+
+
+def test_no_success_past_its_slo_with_a_network_below_the_buffer():
+    """Clockwork's promise, with no noise: a request is answered in time or turned away.
+    One-way network 0.3 ms under an SLO of 4.5 ms (a buffer of 0.45 ms): 7 of 556
+    successes came up to 132 us late, each batch's start predicted from a chain replayed
+    from send times after a result came."""
+    from clockwork.cluster.sim import simulate
+
+    res = simulate({"seed": 1, "duration_s": 2.0,
+                    "cluster": {"workers": 1, "gpus_per_worker": 1, "network_latency_ms": 0.3},
+                    "models": [{"name": "resnet34_v2"}],
+                    "workloads": [{"kind": "poisson", "rate_rps": 600, "slo_ms": 4.5}]})
+    s = res.summary
+    assert s["succeeded"] > 400 and s["slo_met"] == s["succeeded"], s
