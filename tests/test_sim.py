@@ -418,3 +418,17 @@ def test_a_small_runs_result_holds_its_rows_not_a_chunks_slack():
     lat = res.telemetry.request_columns()["latency"]
     with pytest.raises(ValueError, match="read-only"):
         lat[:] = 0
+
+
+def test_a_run_whose_every_worker_is_killed_for_good_says_why_requests_wait():
+    """tfserving keeps a request until a GPU serves it: with its only worker killed for
+    good, the run ends with requests unanswered, and says why (it said to give drain_s
+    longer, which could not help)."""
+    with pytest.raises(RuntimeError, match="every worker was killed for good") as e:
+        simulate({"seed": 1, "duration_s": 1.0, "drain_s": 2.0,
+                  "cluster": {"workers": 1, "gpus_per_worker": 1},
+                  "scheduler": {"policy": "tfserving"},
+                  "models": [{"name": "resnet50_v2"}],
+                  "workloads": [{"kind": "poisson", "rate_rps": 100, "slo_ms": 50}],
+                  "faults": {"kill": [{"worker": 0, "at_s": 0.5}]}})
+    assert "drain_s" not in str(e.value)

@@ -769,6 +769,14 @@ class Simulation:
             self._report(min(now, self.duration) if heap else self.duration, wall_s,
                          next_id, end="\n")
         if outstanding:
+            if not any(alive):  # (more drain would not help: say why they wait)
+                raise RuntimeError(
+                    f"simulation ended with {outstanding} unanswered request(s): every "
+                    "worker was killed for good (no back_s), and policy "
+                    f"{self.sc.scheduler.get('policy', 'clockwork')!r} keeps a request "
+                    "until a GPU serves it (the live controller turns requests away, ERROR "
+                    "no_worker, while no worker is connected); give a kill a back_s, or "
+                    "keep a worker")
             raise RuntimeError(
                 f"simulation ended with {outstanding} unanswered request(s) at drain_s = "
                 f"{self.sc.data.get('drain_s', 120.0):g} s after duration_s: give them "
