@@ -888,3 +888,19 @@ def test_a_baselines_only_copy_is_kept_through_one_device_fault(name):
     assert again.gpu == 0 and not of(acts, ActionType.EVICT)
     p.on_result(ok(again, t + again.expected_duration), t + again.expected_duration)
     assert [r.status for r in p.drain_replies()] == [RequestStatus.SUCCESS]
+
+
+@pytest.mark.parametrize("policy", ["clipper", "tfserving", "infaas"])
+def test_a_healthy_worker_loading_many_copies_is_not_found_suspect(policy):
+    """28 LOADs sent at once to one GPU run one after another on its PCIe lane, the last
+    ending ~1.2 s later: each is predicted to end after those sent before it (predicted
+    from its send time alone, the last was "long overdue" on a healthy worker, which was
+    found suspect and, under tfserving and infaas, reset, its loaded copies dropped)."""
+    from clockwork.cluster.sim import simulate
+
+    res = simulate({"seed": 1934266000, "duration_s": 0.076,
+                    "cluster": {"workers": 1}, "scheduler": {"policy": policy},
+                    "models": [{"name": "vgg16", "copies": 28}],
+                    "workloads": [{"kind": "poisson", "rate_rps": 1052.18}]})
+    assert res.event_log == [], res.event_log
+    assert res.summary["actions"]["rejected"] == 0, res.summary["actions"]

@@ -90,7 +90,7 @@ class Copy:
 
 class Gpu:
     __slots__ = ("index", "worker", "gpu", "total_pages", "free_pages", "copies", "outstanding",
-                 "loads", "up")
+                 "loads", "up", "exec_end", "load_end")
 
     def __init__(self, index: int, spec: GpuSpec) -> None:
         self.index = index
@@ -102,6 +102,12 @@ class Gpu:
         self.outstanding = 0  # INFERs sent to this GPU and not answered
         self.loads = 0  # LOADs sent and not answered
         self.up = True  # False while its worker is lost (``set_gpu_available``): nothing goes there
+        # when the work sent to its EXEC and PCIe lanes is predicted to end: each lane runs
+        # one action at a time, so one sent behind others ends after them (predicted from
+        # its send time alone, the last of 28 LOADs sent at once was "long overdue" on a
+        # healthy worker, which was reset, its loaded copies dropped)
+        self.exec_end = 0
+        self.load_end = 0
 
 
 class BaselinePolicy(Policy):
@@ -397,8 +403,9 @@ class BaselinePolicy(Policy):
         b = self._padded(c.model, len(batch))
         e = self.profiles[c.model].exec_ns[b]
         aid = self._sent.new_id()
+        g.exec_end = (g.exec_end if g.exec_end > now else now) + e
         a = Action(aid, ActionType.INFER, g.worker, g.gpu, c.model, now, NEVER, e,
-                   batch_size=b, expected_end=now + e, sent_at=now, requests=batch)
+                   batch_size=b, expected_end=g.exec_end, sent_at=now, requests=batch)
         for r in batch:
             r.state = EXECUTING
         c.inflight += 1
@@ -492,8 +499,9 @@ class BaselinePolicy(Policy):
     def _send_load(self, g: Gpu, model: str, now: int, out: list[Action]) -> Copy:
         p = self.profiles[model]
         aid = self._sent.new_id()
+        g.load_end = (g.load_end if g.load_end > now else now) + p.load_ns
         a = Action(aid, ActionType.LOAD, g.worker, g.gpu, model, now, NEVER, p.load_ns,
-                   expected_end=now + p.load_ns, sent_at=now)
+                   expected_end=g.load_end, sent_at=now)
         c = Copy(model, g, p.weights_pages, self.copies[model])
         self._use_seq += 1
         c.last_used = self._use_seq
@@ -563,6 +571,7 @@ class BaselinePolicy(Policy):
                 del self._refused_on[k]
             self._may_take_refused(g, now)
         else:
+            g.exec_end = g.load_end = 0  # (its work failed back: nothing queued there)
             for name in sorted(g.copies):
                 self._drop(g.copies[name])
                 self._lost(name, g, now, out)
