@@ -2,7 +2,8 @@
 
 The controller keeps, per lane, the actions it has sent and not yet heard back
 about. The lane is predicted free at the end of that chain, each action starting
-no earlier than its ``earliest`` and taking its expected duration, anchored at
+no earlier than its ``earliest``, nor than ``future`` after it was sent (it cannot
+have reached the worker sooner), and taking its expected duration, anchored at
 the last completion the worker reported. Work that is ``lag`` overdue is assumed
 done, so one lost result cannot stall a GPU forever.
 
