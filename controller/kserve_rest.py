@@ -582,7 +582,7 @@ class _Handler:
                     decoder.end()
         except TimeoutError:
             return await self._closing(request, self._refuse(
-                408, "request body not received in time (rest_read_timeout)"))
+                408, "request body not received in time (rest_read_timeout_s)"))
         except (ValueError, web.RequestPayloadError) as e:  # not decoding; bad chunks
             return self._drop_rest(request, self._refuse(400, f"malformed request body: {e}"))
         except ConnectionError as e:  # the client went away before its body's end

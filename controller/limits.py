@@ -111,11 +111,12 @@ class Limits:
         "announced (with `Expect: 100-continue`, before the client sends it), else as "
         "soon as the limit is passed.", ge=1024)
     rest_max_header_bytes: int = setting(
-        16 * 1024, "Longest REST request line, and longest header (name and value); "
-        "longer is answered 400. With `rest_max_headers`, a request head is at most "
-        "their product.", ge=1024)
+        16 * 1024, "Longest REST request target (the path and query), longest header "
+        "name and longest header value, each; longer is answered 400. (A value too large "
+        "for the HTTP parser, 2^64 and beyond, made it reset every REST connection.)",
+        ge=1024, le=INT32_MAX)
     rest_max_headers: int = setting(
-        100, "Most headers in a REST request; more is answered 400.", ge=1)
+        100, "Most headers in a REST request; more is answered 400.", ge=1, le=INT32_MAX)
     rest_idle_timeout: int = setting(
         60 * S, "A REST connection that does not send a whole request head for this long "
         "(from its start, or from the end of its last answer) is closed; so is one that "

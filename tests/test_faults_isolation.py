@@ -1323,3 +1323,16 @@ def test_a_call_over_grpc_max_calls_is_overloaded_for_the_python_client(profiles
                     await s.close()
 
         asyncio.run(main())
+
+
+@pytest.mark.parametrize("key", ["rest_max_header_bytes", "rest_max_headers"])
+def test_rest_header_limits_past_what_the_parser_takes_are_refused_by_name(key):
+    """A REST header bound of 2^64 was taken, and then aiohttp's parser failed every
+    REST connection (OverflowError, reset with no answer, nothing logged); at most
+    2^31 - 1 is taken now, the largest working."""
+    from clockwork.settings import SettingsError
+    from controller.limits import limits_from_flags
+
+    with pytest.raises(SettingsError, match=key):
+        limits_from_flags([f"{key}={2**64}"])
+    assert getattr(limits_from_flags([f"{key}={2**31 - 1}"]), key) == 2**31 - 1
