@@ -98,6 +98,11 @@ def parse_args(argv: Sequence[str] | None, description: str,
     elif args.out is None:
         sub = "full" if args.scale == "full" else ""
         args.out = FIGURES / "live" / sub if args.live else FIGURES / sub
+        try:  # (checked as a given --out is, before the runs: a folder it cannot write
+            # failed after them, up to 25 minutes at --full, in a traceback)
+            out_dir(str(args.out))
+        except argparse.ArgumentTypeError as e:
+            p.error(f"the default --out {args.out}: {e} (give --out DIR)")
     args.out.mkdir(parents=True, exist_ok=True)
     return args
 

@@ -262,3 +262,16 @@ def test_bench_reconnect_without_a_success_is_a_failure(monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 1 and len(err) == 1, err
     assert err[0].startswith("bench_reconnect.py: ") and "no success within" in err[0], err
+
+
+def test_a_default_out_that_cannot_be_written_is_refused_before_the_runs(monkeypatch,
+                                                                           tmp_path, capsys):
+    """The default --out (the repository's figures/) is checked as a given one is, before
+    anything runs: a folder it cannot write failed after the whole run (up to 25 minutes
+    at --full), in a traceback."""
+    (tmp_path / "figures").write_text("a file where the folder goes")
+    monkeypatch.setattr(common, "FIGURES", tmp_path / "figures")
+    with pytest.raises(SystemExit) as e:
+        common.parse_args([], "a figure")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "the default --out" in err and "--out DIR" in err, err
