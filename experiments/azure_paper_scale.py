@@ -541,6 +541,17 @@ def main(argv=None) -> dict:
              f"minute(s) (simulated, not counted)"
              if args.warmup_minutes and len(starts) > 1 else "") + "; load average "
           f"{load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}", flush=True)
+    if args.out and not args.no_logs and args.out.is_dir():
+        # (part folders of an earlier run this one would not replace: its figures and logs
+        # were left beside this run's, for whoever reads part-* to take as one run)
+        ours = {f"part-{s:04d}" for s in starts}
+        stale = sorted(d.name for d in args.out.glob("part-*") if d.name not in ours)
+        if stale:
+            print(f"{NAME}: --out {args.out} holds part folders of an earlier run that this "
+                  f"one would not replace ({', '.join(stale[:3])}"
+                  f"{', ...' if len(stale) > 3 else ''}): give another --out, or remove them",
+                  file=sys.stderr)
+            raise SystemExit(2)
     specs = []
     for s in starts:
         out = None

@@ -194,3 +194,17 @@ def test_ctrl_c_removes_the_rows_in_spill_dir_and_says_so_once(tmp_path, jobs, g
         except ProcessLookupError:
             pass
         p.wait()
+
+
+def test_an_out_holding_another_runs_parts_is_refused(tmp_path, capsys):
+    """--out holding part folders of an earlier run that this one would not replace is
+    refused (the new run's parts were written beside them, for whoever reads part-* to
+    take as one run); the parts this run writes may be there."""
+    out = tmp_path / "out"
+    (out / "part-0001").mkdir(parents=True)  # (an earlier run of minutes 0-1)
+    (out / "part-0000").mkdir()
+    with pytest.raises(SystemExit) as e:
+        azure_paper_scale.main(["--trace", "sample", "--load-factor", "1", "--minutes", "1",
+                                "--out", str(out)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "part-0001" in err and "part-0000" not in err, err
