@@ -21,15 +21,32 @@ from pathlib import Path
 
 import numpy as np
 
-from clockwork.cluster.cli import argtypes
-from clockwork.resources import resolve_scenario
-from clockwork.scenario import ScenarioError, load_scenario
-from clockwork.telemetry import timeline
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from clockwork.cluster.cli import argtypes  # noqa: E402
+from clockwork.resources import resolve_scenario  # noqa: E402
+from clockwork.scenario import ScenarioError, load_scenario  # noqa: E402
+from clockwork.telemetry import timeline  # noqa: E402
+from experiments import common  # noqa: E402
 
 
 def _cli(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", *args], check=True,
-                   stdout=subprocess.DEVNULL)
+    """A clockwork command, run to its end; stopped (SIGTERM: it stops as on Ctrl-C) when
+    this script is (a live cluster was left running when only this script was told to
+    stop); one that fails ends this script with one line, exit 1."""
+    p = subprocess.Popen([sys.executable, "-m", "clockwork.cluster.cli", *args],
+                         stdout=subprocess.DEVNULL)
+    try:
+        rc = p.wait()
+    except BaseException:
+        p.terminate()
+        try:
+            p.wait(60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+        raise
+    if rc:
+        raise SystemExit(f"{Path(sys.argv[0]).name}: clockwork {args[0]} failed (exit {rc})")
 
 
 def _digest(run: Path) -> str:
@@ -71,6 +88,13 @@ def main() -> int:
         ap.error(str(e))
     if a.live_dir and not (Path(a.live_dir) / "summary.json").is_file():
         ap.error(f"--live-dir {a.live_dir}: no run there (no summary.json)")
+    if a.live_dir:  # (a run stopped early covers part of the plan: its seconds ran out)
+        import json
+
+        stopped = json.loads((Path(a.live_dir) / "summary.json").read_bytes()).get("stopped")
+        if stopped:
+            ap.error(f"--live-dir {a.live_dir}: a run stopped early ({stopped}), not the "
+                     "whole scenario")
     if a.out is None:
         with tempfile.TemporaryDirectory(prefix="faults-") as tmp:
             return _compare(a, path, sc, Path(tmp), kept=False)
@@ -95,7 +119,7 @@ def _compare(a, path: Path, sc, out: Path, kept: bool) -> int:
     gs = np.array([r["goodput_rps"] for r in ts[:n]] + [0.0] * (n - len(ts[:n])))
     gl = np.array([r["goodput_rps"] for r in tl[:n]] + [0.0] * (n - len(tl[:n])))
     ats = [r["slo_attainment"] for r in ts[:n]]
-    atl = [r["slo_attainment"] for r in tl[:n]]
+    atl = [r["slo_attainment"] for r in tl[:n]] + [0.0] * (n - len(tl[:n]))
     print(f"\n{'second':>6} {'sim goodput':>12} {'live goodput':>13} {'diff %':>7} "
           f"{'sim SLO %':>10} {'live SLO %':>11}")
     for i in range(n):
@@ -127,4 +151,4 @@ def _compare(a, path: Path, sc, out: Path, kept: bool) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    common.script(main)

@@ -386,6 +386,8 @@ BENCH_BAD = [
     ("faults_timeline", ["--scenario", "nosuch"], "nosuch"),
     ("faults_timeline", ["--out", "{file}"], "--out"),
     ("faults_timeline", ["--live-dir", "{dir}/missing"], "--live-dir"),
+    # a live run stopped early (it was taken, and the comparison failed in an IndexError)
+    ("faults_timeline", ["--live-dir", "{dir}/stopped"], "--live-dir"),
     ("fig5_compare", ["--smoke", "--out", "{file}"], "--out"),
     ("live_prediction", ["--out", "{file}"], "--out"),
 ]
@@ -397,6 +399,9 @@ def test_a_benchmarks_bad_value_is_a_usage_error(script, argv, option, tmp_path)
     """A benchmark given a value it cannot use stops in its parser: the usage and one
     error line that names the option, exit 2, no traceback and no work done."""
     (tmp_path / "file").write_text("")
+    (tmp_path / "stopped").mkdir()
+    (tmp_path / "stopped" / "summary.json").write_text(
+        '{"stopped": {"at_s": 9.1, "reason": "interrupted"}}')
     argv = [a.format(dir=tmp_path, file=tmp_path / "file") for a in argv]
     r = subprocess.run([sys.executable, str(EXPERIMENTS / f"{script}.py"), *argv],
                        capture_output=True, text=True, timeout=120)
