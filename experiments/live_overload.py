@@ -59,10 +59,10 @@ def main(argv=None) -> list[dict]:
                    help="every request's SLO, ms (default %(default)s)")
     p.add_argument("--repeat", type=t.positive_int, default=1,
                    help="runs per rate, interleaved over the rates (default %(default)s)")
-    p.add_argument("--packages", type=Path, default=None,
+    p.add_argument("--packages", type=lambda v: Path(t.out_dir(v)), default=None,
                    help="folder of compiled packages (default packages/DEVICE); missing "
                         "ones are compiled there first")
-    p.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
+    p.add_argument("--seed", type=t.seed, default=1, help="workload seed (default 1)")
     p.add_argument("--pacing", action="append", default=[], metavar="HOP=US",
                    help="a stream's pacing interval under load, microseconds (0: none; "
                         "repeatable); HOP: requests, actions, results, replies, or all "

@@ -122,7 +122,7 @@ def main(argv=None) -> dict:
                    help="seconds (> 0, default 30)")
     p.add_argument("--rate", type=argtypes.positive_float, default=None,
                    help="override the Poisson rate (r/s, > 0)")
-    p.add_argument("--packages", type=Path, default=None,
+    p.add_argument("--packages", type=lambda v: Path(argtypes.out_dir(v)), default=None,
                    help="folder of compiled model packages (default: the scenario's, else "
                         "packages/DEVICE); missing ones are compiled there first")
     p.add_argument("--out", type=common.out_dir, default=common.FIGURES / NAME,

@@ -390,6 +390,10 @@ BENCH_BAD = [
     ("faults_timeline", ["--live-dir", "{dir}/stopped"], "--live-dir"),
     ("fig5_compare", ["--smoke", "--out", "{file}"], "--out"),
     ("live_prediction", ["--out", "{file}"], "--out"),
+    # (a file for --packages failed after the header, compiling into it: a traceback)
+    ("live_prediction", ["--packages", "{file}"], "--packages"),
+    ("live_overload", ["--packages", "{file}"], "--packages"),
+    ("live_overload", ["--seed", "-1"], "--seed"),
 ]
 
 
