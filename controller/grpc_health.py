@@ -23,6 +23,8 @@ import asyncio
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+from clockwork.protocol.decode import Malformed, decoder
+
 SERVICE = "grpc.health.v1.Health"
 HEALTH_METHODS = frozenset({f"/{SERVICE}/Check", f"/{SERVICE}/Watch"})
 SERVED = frozenset({"", "clockwork.v1.Clockwork", "inference.GRPCInferenceService"})
@@ -61,15 +63,16 @@ def _messages():
 HealthCheckRequest, HealthCheckResponse = _messages()
 
 
+_decode = decoder(HealthCheckRequest)
+
+
 def _service(data: bytes) -> str | None:
     """A request's service name; None for a request over ``REQUEST_MAX_BYTES`` or one that
     is not a HealthCheckRequest (refused by the handler, INVALID_ARGUMENT)."""
     if len(data) > REQUEST_MAX_BYTES:
         return None
-    try:
-        return HealthCheckRequest.FromString(data).service
-    except Exception:  # noqa: BLE001 - protobuf's DecodeError, or a bad UTF-8 string
-        return None
+    request = _decode(data)
+    return None if type(request) is Malformed else request.service
 
 
 def _address(peer: str) -> str:
@@ -81,6 +84,7 @@ def add_health(node, server) -> None:
     """Serve ``grpc.health.v1.Health`` for ``node`` on gRPC ``server``."""
     # (a server allowed few calls at once, --limit grpc_max_calls: an eighth of them)
     cap = max(1, min(WATCH_MAX, node.limits.grpc_max_calls // 8))
+    per_address = min(cap, WATCH_PER_ADDRESS)
     watching: dict[str, int] = {}  # peer address -> its Watch calls open
 
     def status() -> int:
@@ -101,11 +105,11 @@ def add_health(node, server) -> None:
     async def watch(service, context):
         await refuse_bad(service, context)
         who = _address(context.peer() or "")
-        if sum(watching.values()) >= cap or watching.get(who, 0) >= min(cap, WATCH_PER_ADDRESS):
+        if sum(watching.values()) >= cap or watching.get(who, 0) >= per_address:
             node.count("health_watches_refused")
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, (
-                f"too many health Watch calls open (at most {cap}, "
-                f"{min(cap, WATCH_PER_ADDRESS)} from one address): use Check"))
+                f"too many health Watch calls open (at most {cap}, {per_address} from one "
+                "address): use Check"))
         watching[who] = watching.get(who, 0) + 1
         try:
             if service not in SERVED:

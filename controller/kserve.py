@@ -51,7 +51,6 @@ from clockwork.protocol import kserve_pb2 as kpb
 from clockwork.protocol import kserve_pb2_grpc as kpbg
 from clockwork.protocol.decode import Malformed, add_service
 from clockwork.protocol.ratelog import LogLimiter
-from clockwork.sizes import status_details
 from clockwork.tensors import Tensor
 from controller.intake import (
     REPLY_OBJECT_BYTES,
@@ -474,7 +473,7 @@ class KServeGrpcServicer(kpbg.GRPCInferenceServiceServicer):
 
     async def _abort(self, context, e: KServeError):
         trailer = (("retry-after", str(RETRY_AFTER_S)),) if e.kind == UNAVAILABLE else ()
-        await context.abort(GRPC_CODE[e.kind], status_details(e.message), trailer)
+        await context.abort(GRPC_CODE[e.kind], e.message, trailer)  # (cut: KServeError)
 
     async def ServerLive(self, request, context):  # noqa: N802
         return kpb.ServerLiveResponse(live=True)

@@ -40,7 +40,7 @@ def decoder(cls):
     def decode(data: bytes):
         try:
             return parse(data)
-        except (DecodeError, UnicodeDecodeError, ValueError):
+        except (DecodeError, ValueError):  # (a string that is not UTF-8: a ValueError)
             return Malformed(name)
 
     return decode
