@@ -5,7 +5,8 @@
 ``--quick`` (default) takes about a minute on a 2-core machine; ``--full`` about an hour
 (see experiments/README.md). ``--live`` runs every script on a local live cluster in real
 time (``--live --smoke``: about a minute); a script whose scale cannot run live here is
-reported as refused and the others still run.
+said to be refused before anything runs, reported as refused in the table, and the
+others still run.
 """
 
 from __future__ import annotations
@@ -32,15 +33,29 @@ SCRIPTS = (fig5_compare, fig6_thousands, fig7_tight_slo, fig8_isolation, fig9_az
 def main(argv=None) -> list[dict]:
     args = common.parse_args(argv, " ".join(__doc__.split("\n\n")[0].split()))
     passed = [f"--{args.scale}", "--out", str(args.out)] + (["--live"] if args.live else [])
+    # the scripts whose scale cannot run live here, said before any runs (the others
+    # still do), not after the hour the ones before them took
+    refused: dict[str, str] = {}
+    for mod in SCRIPTS:
+        check = getattr(mod, "_check_live", None)
+        if check is not None:
+            try:
+                check(args)
+            except common.LiveRefused as e:
+                refused[mod.NAME] = f"refused: {e}"
+                print(f"{mod.NAME}: {refused[mod.NAME]}", file=sys.stderr, flush=True)
     results = []
     t0 = time.perf_counter()
     for mod in SCRIPTS:
         print(f"== {mod.NAME}")
         t = time.perf_counter()
-        try:
-            res = mod.main(passed)
-        except common.LiveRefused as e:
-            res = {"name": mod.NAME, "summary": f"refused: {e}"}
+        if mod.NAME in refused:
+            res = {"name": mod.NAME, "summary": refused[mod.NAME]}
+        else:
+            try:
+                res = mod.main(passed)
+            except common.LiveRefused as e:
+                res = {"name": mod.NAME, "summary": f"refused: {e}"}
         res["wall_s"] = round(time.perf_counter() - t, 1)
         results.append(res)
     total = time.perf_counter() - t0

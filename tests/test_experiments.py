@@ -217,6 +217,28 @@ def test_live_refuses_scales_it_cannot_hold(tmp_path):
         fig11_scale.main(["--full", "--live", "--out", str(tmp_path)])
 
 
+def test_run_all_says_which_live_scales_it_refuses_before_anything_runs(
+        tmp_path, capsys, monkeypatch):
+    """run_all --full --live refused Figs. 9 and 11 only after Figs. 5-8 had run (an hour
+    live); now it says so first, and still runs the others (here the first is stopped
+    as it starts)."""
+    from experiments import run_all
+
+    class Started(Exception):
+        pass
+
+    def first(argv):
+        print("fig5 starts", file=sys.stderr)
+        raise Started
+    monkeypatch.setattr(fig5_compare, "main", first)
+    with pytest.raises(Started):
+        run_all.main(["--full", "--live", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert "fig9_azure: refused: --live: fig9 --full needs" in err, err
+    assert "fig11_scale: refused: --live: fig11 --full needs" in err, err
+    assert err.index("fig11_scale: refused") < err.index("fig5 starts")
+
+
 def test_controller_restart_compares_taking_over_the_caches_with_emptying_them(
         tmp_path, capsys):
     """experiments/controller_restart.py at a small shape: load, a controller restart,
