@@ -52,6 +52,9 @@ from clockwork.time import RESULT_SPAN_MAX_NS, ms
 from controller.policy import GpuSpec, Policy
 
 FAIL_DELAY = ms(2)  # a failed action's result reaches the policy this much later
+# the answer to a request that came while no worker was connected and answering
+NO_WORKER_FOR_REQUEST = ("no worker is available to serve the model (none is connected "
+                         "and answering); try again once a worker is back")
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +143,7 @@ class ControllerLoop:
         self.local = [s.gpu for s in specs]  # policy GPU index -> the GPU on its worker
         self.n_gpus = len(specs)
         self.up = [True] * n
+        self.n_up = n  # how many of ``up`` are True
         self.outstanding: list[dict[int, Action]] = [{} for _ in range(n)]
         self.armed: int | None = None  # the time the transport's timer is set for
         self._failed: list[tuple[int, Result]] = []  # (due, result), due ascending
@@ -158,6 +162,13 @@ class ControllerLoop:
         self._dirty = False
 
     # ------------------------------------------------------------------ events
+
+    def no_worker(self) -> bool:
+        """Whether no worker is connected and answering (each lost or suspect): a request
+        is then answered at once, ERROR ``no_worker`` (``NO_WORKER_FOR_REQUEST``), not
+        handed to the policy to wait out its SLO for a GPU none can give it. False for a
+        loop with no worker at all (its caller adds them later, or never serves)."""
+        return not self.n_up and bool(self.up)
 
     def request(self, r: Request, now: int) -> None:
         self._after(self.policy.on_request(r, now), now)
@@ -271,7 +282,7 @@ class ControllerLoop:
         if probing:
             for w in [w for w, until in probing.items() if until <= now]:
                 del probing[w]
-                if w not in self._again and self.up[w] and sum(self.up) == 1:
+                if w not in self._again and self.up[w] and self.n_up == 1:
                     # the only worker up: found suspect, every request would be answered
                     # no_worker at once, and no work could move elsewhere; a process
                     # starved of CPU (a burst on a small host) misses one probe, so it
@@ -309,6 +320,8 @@ class ControllerLoop:
     def worker_lost(self, worker: int, now: int, why: str = "worker lost") -> int:
         """``worker`` went away: the policy places nothing on its GPUs until it is back,
         and its outstanding actions fail. Returns how many actions failed."""
+        if self.up[worker]:
+            self.n_up -= 1
         self.up[worker] = False
         self.resetting[worker] = False
         self._dirty = True
@@ -333,6 +346,7 @@ class ControllerLoop:
             raise ValueError(f"the new worker's GPUs must name worker {w}")
         self.gpus_of.append([])
         self.up.append(True)
+        self.n_up += 1
         self.outstanding.append({})
         self.suspect.append(False)
         self.resetting.append(False)
@@ -346,6 +360,7 @@ class ControllerLoop:
                 for per_worker in (self.gpus_of, self.up, self.outstanding, self.suspect,
                                    self.resetting):
                     per_worker.pop()  # (a policy that cannot grow: no worker was added)
+                self.n_up -= 1
                 raise
             out.extend(got)
             self.gpus_of[w].append(self.n_gpus)
@@ -375,6 +390,8 @@ class ControllerLoop:
         self._back(worker, now, kept or {})
 
     def _back(self, worker: int, now: int, kept: dict[int, Container[str]]) -> None:
+        if not self.up[worker]:
+            self.n_up += 1
         self.up[worker] = True
         self._dirty = True
         self.probing.pop(worker, None)

@@ -100,7 +100,7 @@ from controller.links import (
     _canonical,
     _endpoints,
 )
-from controller.loop import ControllerLoop, Liveness
+from controller.loop import NO_WORKER_FOR_REQUEST, ControllerLoop, Liveness
 from controller.metrics import ControllerMetrics
 from controller.policy import CANCELLED, GpuSpec, Policy
 from controller.repository import RepositoryError, shutting_down
@@ -136,8 +136,6 @@ UPDATE_TIMEOUT_S = 30.0
 UNLOAD_WAIT_S = 60.0  # a load waits this long for an unload of the same names to finish
 UNLOADED_KEPT = 1000  # unloaded instances the index still lists (the newest ones)
 UNLOAD_POLL_S = 0.005  # how often an unload looks whether its copies and requests are gone
-NO_WORKER_FOR_REQUEST = ("no worker is available to serve the model (none is connected "
-                         "and answering); try again once a worker is back")
 NO_WORKER_FOR_LOAD = ("no worker is connected and answering to take the model (a load "
                       "completes once a connected worker can serve it); nothing was loaded: "
                       "try again once a worker is back")
@@ -734,7 +732,9 @@ class ControllerNode(WorkerLinks):
         now = now_ns()
         admit = self._admit
         # no worker connected and answering: each request is answered at once, not
-        # queued for a GPU that none can give it (it would wait out its SLO)
+        # queued for a GPU that none can give it (it would wait out its SLO); the rule
+        # of ``ControllerLoop.no_worker``, which the simulator applies, read here from the
+        # links (they include workers the loop has not been given yet, still joining)
         # (a node with no worker links at all, as tests build, admits as before)
         self._no_worker = bool(self.links) and not any(self.available(lk) for lk in self.links)
         self.ctrl.requests([r for r in (admit(req, deliver, now, late, budget) for req in reqs)

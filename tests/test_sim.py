@@ -7,10 +7,12 @@ import numpy as np
 import orjson
 import pytest
 
+from clockwork.actions import ActionType, RequestStatus
 from clockwork.cluster.sim import simulate
 from clockwork.profiles import load_profile_set
 from clockwork.scenario import ScenarioError, load_scenario
 from clockwork.telemetry import REQUEST_COLUMNS
+from clockwork.time import ms
 
 _R50 = load_profile_set("v100-reference").get("resnet50_v2")
 # the capacity bound that follows from the profile: the best batch size's throughput
@@ -422,13 +424,49 @@ def test_a_small_runs_result_holds_its_rows_not_a_chunks_slack():
 
 def test_a_run_whose_every_worker_is_killed_for_good_says_why_requests_wait():
     """tfserving keeps a request until a GPU serves it: with its only worker killed for
-    good, the run ends with requests unanswered, and says why (it said to give drain_s
-    longer, which could not help)."""
+    good, those it held then (a queue, at 2,000 r/s) stay unanswered (the later ones are
+    answered at once, no worker), the run ends with requests unanswered, and says why (it
+    said to give drain_s longer, which could not help)."""
     with pytest.raises(RuntimeError, match="every worker was killed for good") as e:
         simulate({"seed": 1, "duration_s": 1.0, "drain_s": 2.0,
                   "cluster": {"workers": 1, "gpus_per_worker": 1},
                   "scheduler": {"policy": "tfserving"},
                   "models": [{"name": "resnet50_v2"}],
-                  "workloads": [{"kind": "poisson", "rate_rps": 100, "slo_ms": 50}],
+                  "workloads": [{"kind": "poisson", "rate_rps": 2000, "slo_ms": 50}],
                   "faults": {"kill": [{"worker": 0, "at_s": 0.5}]}})
     assert "drain_s" not in str(e.value)
+
+
+def test_requests_that_come_together_share_a_batch_as_live():
+    """A closed loop of 4 on one copy: the 4 answers of a batch come at one instant and
+    the 4 requests they make reach the controller together, as a message of several does
+    live (ControllerLoop.requests), and run as one INFER of 4. They reached it one at a
+    time and the first went alone to the idle GPU: 690 INFERs of 1 in 2 s (live: batches
+    of 4), half the requests served."""
+    res = simulate({"seed": 1, "duration_s": 2.0,
+                    "cluster": {"workers": 1, "gpus_per_worker": 1,
+                                "network_latency_ms": 0.1},
+                    "models": [{"name": "resnet50_v2"}],
+                    "workloads": [{"kind": "closed_loop", "models": "resnet50_v2",
+                                   "concurrency": 4, "slo_ms": 100}]})
+    a = res.telemetry.action_columns()
+    batches = a["batch_size"][a["type"] == ActionType.INFER]
+    assert len(batches) > 100 and (batches == 4).all(), np.unique(batches, return_counts=True)
+    assert res.summary["succeeded"] == res.summary["submitted"]
+
+
+def test_requests_while_no_worker_answers_are_answered_at_once_as_live():
+    """The only worker killed: a request that comes while the controller has no worker
+    connected and answering is answered at once, ERROR (the live intake's no_worker), not
+    queued until its SLO runs out (307 TIMEOUT after 50 ms each, against ERROR live)."""
+    res = simulate({"seed": 1, "duration_s": 1.0,
+                    "cluster": {"workers": 1, "gpus_per_worker": 1},
+                    "models": [{"name": "resnet50_v2"}],
+                    "workloads": [{"kind": "poisson", "rate_rps": 400, "slo_ms": 50}],
+                    "faults": {"kill": [{"worker": 0, "at_s": 0.3, "back_s": 0.5}],
+                               "detect_ms": 1.0}})
+    r = res.telemetry.request_columns()
+    later = r["arrival"] > ms(301)  # the loss found; reconnected at 1.2 s, after the run
+    assert later.sum() > 200
+    assert (r["status"][later] == RequestStatus.ERROR).all()
+    assert (r["latency"][later] == 0).all()

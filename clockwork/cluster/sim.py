@@ -55,7 +55,7 @@ from controller import (
     unused_line,
 )
 from controller.config import SchedulerConfig, reach_note
-from controller.loop import ControllerLoop, Liveness, LoopObserver
+from controller.loop import NO_WORKER_FOR_REQUEST, ControllerLoop, Liveness, LoopObserver
 from controller.policy import GpuSpec, Policy
 from worker.devices.emulated import EmulatedDevice
 from worker.executor import GpuExecutor, held_weights, keep_weights
@@ -493,7 +493,11 @@ class Simulation:
         ctrl_up = True
         waiting: list[Request] = []
 
-        def submit(model, slo, widx, at):
+        default_slo = self.cfg.default_slo
+
+        def submit(model, slo, widx, at, together=None):
+            """A request that came at ``at``, to the controller (or to ``together``, a
+            list of requests that came with it, for ``submit_together``)."""
             nonlocal next_id, outstanding
             rid = next_id
             next_id += 1
@@ -504,7 +508,33 @@ class Simulation:
                 if not ctrl_up:  # the client's call waits for the new controller
                     waiting.append(r)
                     return
-            request(r, at)
+            if together is not None:
+                together.append(r)
+            elif ctrl.n_up or not ctrl.up:
+                request(r, at)
+            else:
+                turn_away([r], at)
+
+        def submit_together(arrivals, at):
+            """Requests that came at one instant reach the controller together (as a
+            message of several does live: ``ControllerLoop.requests``), so that they can
+            share a batch."""
+            rs: list[Request] = []
+            for m, slo, w in arrivals:
+                submit(m, slo, w, at, rs)
+            if rs:
+                if ctrl.no_worker():
+                    turn_away(rs, at)
+                else:
+                    ctrl.requests(rs, at)
+
+        def turn_away(rs, at):
+            """No worker is connected and answering (``ControllerLoop.no_worker``): each
+            request answered at once, ERROR, as the live intake answers it (no_worker)."""
+            for r in rs:
+                r.slo = r.slo or default_slo
+            ToWorkers.answer([Reply(r, RequestStatus.ERROR, at, NO_WORKER_FOR_REQUEST)
+                              for r in rs])
 
         def fault_at(t, what, *args):
             nonlocal seq
@@ -652,8 +682,7 @@ class Simulation:
                     fault_at(now + LOAD_RETRY_NS, what, *args)
                     return
                 repo_next[0] += 1
-                if what == "load" and not any(ctrl.up[x] and not ctrl.suspect[x]
-                                              for x in range(len(ctrl.up))):
+                if what == "load" and not ctrl.n_up:
                     # (the live repository refuses a load then: no worker to take it)
                     log.append((now, f"repository: load {name} failed: no worker is "
                                      "connected and answering"))
@@ -747,8 +776,15 @@ class Simulation:
                 if wl.armed == wnow and g == gen[w] and alive[w] and hung[w] <= now:
                     wl.timer(wnow)
             elif kind == _SUBMIT:
-                m, slo, widx = a
-                submit(m, slo, widx, now)
+                if heap and heap[0][0] == now and heap[0][2] == _SUBMIT:  # came together
+                    arrivals = [a]
+                    while heap and heap[0][0] == now and heap[0][2] == _SUBMIT:
+                        arrivals.append(pop(heap)[3])
+                        events += 1
+                    submit_together(arrivals, now)
+                else:
+                    m, slo, widx = a
+                    submit(m, slo, widx, now)
             elif kind == _TICK:
                 if ctrl.armed == now and ctrl_up:  # (no timer of a controller that died)
                     tick(now)
@@ -773,10 +809,10 @@ class Simulation:
                 raise RuntimeError(
                     f"simulation ended with {outstanding} unanswered request(s): every "
                     "worker was killed for good (no back_s), and policy "
-                    f"{self.sc.scheduler.get('policy', 'clockwork')!r} keeps a request "
-                    "until a GPU serves it (the live controller turns requests away, ERROR "
-                    "no_worker, while no worker is connected); give a kill a back_s, or "
-                    "keep a worker")
+                    f"{self.sc.scheduler.get('policy', 'clockwork')!r} keeps the requests "
+                    "it held then until a GPU serves them (later ones are answered ERROR, "
+                    "no worker, as the live controller answers them); give a kill a "
+                    "back_s, or keep a worker")
             raise RuntimeError(
                 f"simulation ended with {outstanding} unanswered request(s) at drain_s = "
                 f"{self.sc.data.get('drain_s', 120.0):g} s after duration_s: give them "
