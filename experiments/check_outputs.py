@@ -59,7 +59,7 @@ def main(argv=None) -> int:
         from worker.devices.cpu import CpuDevice as Device
         target = "llvm"
     bad = 0
-    print(f"{'model':18} {'batch':>5} {'max |err|':>10} {'after reload':>12}  pages")
+    print(f"{'model':18} {'batch':>5} {'max |err|':>10} {'after reload':>12}  pages", flush=True)
     with tempfile.TemporaryDirectory(prefix="cw-check-") as tmp:
         for name in args.models.split(","):
             if args.packages:
@@ -91,10 +91,12 @@ def main(argv=None) -> int:
                 ok = all(np.allclose(y, refs[b], rtol=1e-4, atol=1e-4) for y in (first[b], again))
                 bad += not ok
                 print(f"{name:18} {b:>5} {e1:>10.2e} {e2:>12.2e}  {pages1} -> {pages2}"
-                      + ("" if ok else "  MISMATCH"))
+                      + ("" if ok else "  MISMATCH"), flush=True)
     print("all outputs within 1e-4" if not bad else f"{bad} mismatching (model, batch) pairs")
     return 1 if bad else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from common import script  # (this folder is the script's: Ctrl-C and SIGTERM in one line)
+
+    script(main)

@@ -499,6 +499,25 @@ def test_a_script_stopped_or_refused_says_so_in_one_line(tmp_path):
             assert len(r.stderr.strip().splitlines()) == 1 and line in r.stderr, r.stderr
 
 
+def test_check_outputs_stopped_says_so_in_one_line():
+    """experiments/check_outputs.py stopped (SIGTERM) while it compiles ends in one line,
+    exit 130 (a traceback on Ctrl-C, and 143 with nothing said on SIGTERM, before)."""
+    import signal
+
+    pytest.importorskip("tvm")
+    p = subprocess.Popen([sys.executable, str(EXPERIMENTS / "check_outputs.py"), "--models",
+                          "resnet18"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        assert p.stdout.readline().startswith("model")  # its header: compiling now
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 130, err
+    assert err.strip() == "check_outputs.py: interrupted", err
+
+
 def test_azure_paper_scale_stopped_with_parts_side_by_side_stops_them(tmp_path):
     """SIGINT to azure_paper_scale.py running two parts side by side (--jobs 2) ends it and
     both parts at once (the parts ran on to their ends, ~12 s here, hours at scale)."""
