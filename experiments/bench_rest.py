@@ -61,7 +61,11 @@ def write_profiles(d: Path, floats: int, exec_us: float) -> None:
 def client_proc(url: str, n: int, floats: int, start: float, warm_end: float, end: float,
                 out) -> None:
     """``n`` closed-loop clients until ``end`` (time.time()); sends back (latencies in ms
-    of the answers that arrived inside [warm_end, end), failures)."""
+    of the answers that arrived inside [warm_end, end), failures). Ctrl-C is the parent's
+    to handle: it ends the benchmark, and with it this process (a daemon)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import tritonclient.http.aio as thttp
 
     async def main():
@@ -93,7 +97,11 @@ def client_proc(url: str, n: int, floats: int, start: float, warm_end: float, en
         await cl.close()
         return lat, fails
 
-    out.send(asyncio.run(main()))
+    got = asyncio.run(main())
+    try:
+        out.send(got)
+    except BrokenPipeError:  # (the parent is gone: stopped)
+        return
     out.close()
 
 
@@ -120,7 +128,7 @@ def run(args) -> dict:
                     continue
                 rd, wr = ctx.Pipe(duplex=False)
                 p = ctx.Process(target=client_proc, args=(url, n, args.floats, start,
-                                                          warm_end, end, wr))
+                                                          warm_end, end, wr), daemon=True)
                 p.start()
                 procs.append(p)
                 pipes.append(rd)
