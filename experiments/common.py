@@ -527,14 +527,22 @@ def cdf(values: np.ndarray, points: int = 200) -> tuple[np.ndarray, np.ndarray]:
     return np.quantile(v, q), q
 
 
+def _wrote(path: Path, existed: bool) -> Path:
+    """Say on stderr which file was written, and whether it replaced one (a given --out
+    is written over without asking, the repository's figures/ too)."""
+    print(f"wrote {path}" + (" (replaced)" if existed else ""), file=sys.stderr, flush=True)
+    return path
+
+
 def write_tsv(path: Path, rows: list[dict]) -> Path:
+    existed = path.exists()
     with path.open("w") as f:
         if rows:
             keys = list(rows[0])
             f.write("\t".join(keys) + "\n")
             for r in rows:
                 f.write("\t".join(str(r[k]) for k in keys) + "\n")
-    return path
+    return _wrote(path, existed)
 
 
 def read_tsv(path: Path) -> list[dict]:
@@ -562,8 +570,9 @@ def write_json(path: Path, data: dict) -> Path:
             return o.tolist()
         raise TypeError(type(o))
 
+    existed = path.exists()
     path.write_text(json.dumps(data, indent=1, default=default) + "\n")
-    return path
+    return _wrote(path, existed)
 
 
 def figure(nrows: int = 1, ncols: int = 1, size: tuple[float, float] = (6.4, 3.6)):
@@ -581,9 +590,10 @@ def save(fig, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
+    existed = path.exists()
     fig.savefig(path, dpi=80)
     plt.close(fig)
-    return path
+    return _wrote(path, existed)
 
 
 def compare(what: str, paper: str, ours: str) -> str:

@@ -30,8 +30,14 @@ def _png(path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and 5_000 < len(data) < 300_000
 
 
-def test_fig5(tmp_path):
+def test_fig5(tmp_path, capsys):
+    (tmp_path / "fig5_compare.png").write_bytes(b"an earlier run's")
     fig5_compare.main(["--smoke", "--out", str(tmp_path)])
+    # each file written is said, and one written over too
+    err = capsys.readouterr().err.splitlines()
+    assert f"wrote {tmp_path / 'fig5_compare.tsv'}" in err, err
+    assert f"wrote {tmp_path / 'fig5_compare_cdf.json'}" in err, err
+    assert f"wrote {tmp_path / 'fig5_compare.png'} (replaced)" in err, err
     rows = common.read_tsv(tmp_path / "fig5_compare.tsv")
     assert {r["policy"] for r in rows} == set(common.POLICIES)
     by = {r["policy"]: r for r in rows}
