@@ -653,7 +653,7 @@ class WorkloadEntry(Settings):
         None, "SLO of each request, in milliseconds.",
         default_text="the scheduler's `default_slo_ms`")
     slo_factor: float | None = setting(
-        None, "SLO as a multiple of the model's batch-1 EXEC time (instead of `slo_ms`).",
+        None, "SLO as a multiple of the model's batch-1 EXEC time (instead of `slo_ms`); at most a day, as `slo_ms`.",
         le=MAX_SLO_FACTOR)
     concurrency: int | None = setting(
         None, "Closed-loop kinds: requests kept outstanding per instance.",

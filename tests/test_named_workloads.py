@@ -560,3 +560,14 @@ def test_the_basic_kinds_types_are_as_strict_as_the_others(spec, words):
     was 2, rate_rps true 1.0), as every other kind."""
     with pytest.raises(WorkloadError, match=words):
         build_workload(spec, {"m": "m"})
+
+
+def test_an_slo_factor_of_a_slow_models_exec_is_at_most_a_day():
+    """slo_factor x a model's batch-1 EXEC past a day (the most the controller takes):
+    the simulator served such requests, the live controller refused them (bad_slo); the
+    SLO is now a day, as the stepped SLOs' already are."""
+    from clockwork.time import MAX_SLO_NS
+    from clockwork.workloads.base import SloSpec
+
+    assert SloSpec(slo_factor=10_000).resolve("slow", {"slow": 10**10}) == MAX_SLO_NS
+    assert SloSpec(slo_factor=2).resolve("m", {"m": 10**6}) == 2 * 10**6

@@ -231,10 +231,24 @@ kill = [{worker = 0, at_s = 1.0, back_s = 5.5}, {worker = 1, at_s = 1.0, back_s 
 [[repository]]""", 1)
 
 
+def test_requests_answered_before_the_default_slo_is_taken_log_it_as_live(tmp_path):
+    """A request with the default SLO (no slo_ms) for an unloaded model is answered
+    INVALID_REQUEST before the policy takes the default: its requests.tsv row had its
+    deadline at its arrival; live (and now simulated) the default SLO's."""
+    res = simulate(_scenario(tmp_path, SCENARIO.replace("slo_ms = 100\n", ""),
+                             ["scheduler.default_slo_ms=70"]))
+    res.write(tmp_path / "a")
+    rows = [r for r in _rows(tmp_path / "a") if r["status"] == "INVALID_REQUEST"]
+    assert len(rows) > 100
+    assert {int(r["deadline"]) - int(r["arrival"]) for r in rows} == {70_000_000}
+
+
 def test_a_load_with_no_worker_to_take_it_fails_as_live(tmp_path):
     """Both workers dead from 1 s: the load at 4 s fails, as the live repository refuses
     it (no worker connected and answering), said in the log; the model stays unloaded, and
-    the run goes on, every request answered once."""
+    the run goes on, every request answered once: those for the unloaded model
+    INVALID_REQUEST, as the live intake answers them before it looks for a worker, the
+    others ERROR (no worker)."""
     sim = Simulation(_scenario(tmp_path, NO_WORKER))
     res = sim.run()
     said = [what for _, what in sim.fault_log if what.startswith("repository")]
@@ -244,6 +258,9 @@ def test_a_load_with_no_worker_to_take_it_fails_as_live(tmp_path):
     res.write(tmp_path / "a")
     counts = _by_second(_rows(tmp_path / "a"))
     assert counts.get(("resnet50_v2", 5, "INVALID_REQUEST"), 0) > 50, counts
+    assert counts.get(("resnet50_v2", 3, "INVALID_REQUEST"), 0) > 50, counts
+    assert counts.get(("mobilenet_v2", 3, "ERROR"), 0) > 50, counts
+    assert not any(k[2] == "ERROR" for k in counts if k[0] == "resnet50_v2" and k[1] >= 2)
     s = res.summary
     assert s["submitted"] == s["succeeded"] + s["failed"] + s["dropped"]
 

@@ -455,6 +455,20 @@ def test_requests_that_come_together_share_a_batch_as_live():
     assert res.summary["succeeded"] == res.summary["submitted"]
 
 
+def test_open_arrivals_at_one_instant_share_a_batch_as_live():
+    """Two fixed-rate workloads at the same instants on one copy: each pair reaches the
+    controller together, as live (the replay sends the arrivals due together in one
+    message), and runs as one INFER of 2 (300 INFERs of 1 before; live 150 of 2)."""
+    res = simulate({"seed": 1, "duration_s": 3.0,
+                    "cluster": {"workers": 1, "gpus_per_worker": 1},
+                    "models": [{"name": "resnet50_v2"}],
+                    "workloads": [{"kind": "fixed_rate", "models": "resnet50_v2",
+                                   "rate_rps": 50, "slo_ms": 100}] * 2})
+    a = res.telemetry.action_columns()
+    batches = a["batch_size"][a["type"] == ActionType.INFER]
+    assert len(batches) == 150 and (batches == 2).all(), np.unique(batches, return_counts=True)
+
+
 def test_requests_while_no_worker_answers_are_answered_at_once_as_live():
     """The only worker killed: a request that comes while the controller has no worker
     connected and answering is answered at once, ERROR (the live intake's no_worker), not

@@ -108,7 +108,7 @@ def run_info(wall_s: float, sc: Scenario, events: int | None = None) -> dict:
     }
 
 
-# event kinds
+# event kinds (the two that are a request arriving first: ``kind <= _SUBMIT``)
 _OPEN, _SUBMIT, _TO_WORKER, _WAKE, _TO_CTRL, _TICK, _FAULT = range(7)
 _PROBE = "probe"  # a controller -> worker message that is not actions (nor a reset)
 _RESET_DONE = "reset done"  # a worker's answer to a reset
@@ -398,6 +398,8 @@ class Simulation:
             last_in[w] = t
             push(heap, (t, seq, _TO_WORKER, (w, now, payload)))
 
+        default_slo = self.cfg.default_slo
+
         class ToWorkers:  # the controller's side of the network
             @staticmethod
             def send(w, actions):
@@ -421,8 +423,10 @@ class Simulation:
                 reply = tel.reply
                 outstanding -= len(replies)
                 for rep in replies:
-                    reply(rep)
                     r = rep.request
+                    if not r.slo:  # (one the policy answered before it took the default:
+                        r.slo = default_slo  # its row's deadline, as live, from that)
+                    reply(rep)
                     if track:
                         unanswered.pop(r.id, None)
                     tag = r.tag
@@ -493,11 +497,9 @@ class Simulation:
         ctrl_up = True
         waiting: list[Request] = []
 
-        default_slo = self.cfg.default_slo
-
-        def submit(model, slo, widx, at, together=None):
-            """A request that came at ``at``, to the controller (or to ``together``, a
-            list of requests that came with it, for ``submit_together``)."""
+        def submit(model, slo, widx, at, into=None):
+            """A request that came at ``at``, to the controller (or into the list ``into``
+            of the requests that came with it, for ``submit_together``)."""
             nonlocal next_id, outstanding
             rid = next_id
             next_id += 1
@@ -508,20 +510,26 @@ class Simulation:
                 if not ctrl_up:  # the client's call waits for the new controller
                     waiting.append(r)
                     return
-            if together is not None:
-                together.append(r)
+            if into is not None:
+                into.append(r)
             elif ctrl.n_up or not ctrl.up:
                 request(r, at)
             else:
                 turn_away([r], at)
 
-        def submit_together(arrivals, at):
-            """Requests that came at one instant reach the controller together (as a
-            message of several does live: ``ControllerLoop.requests``), so that they can
-            share a batch."""
+        # the requests that arrived at this instant before the one being handled (the
+        # event loop keeps them here while the next event is another arrival at it)
+        together: list[tuple] = []
+
+        def submit_together(model, slo, widx, at):
+            """The last request of several that came at one instant (the others in
+            ``together``): they reach the controller together (as a message of several
+            does live: ``ControllerLoop.requests``), so that they can share a batch."""
             rs: list[Request] = []
-            for m, slo, w in arrivals:
-                submit(m, slo, w, at, rs)
+            together.append((model, slo, widx))
+            for m, s, w in together:
+                submit(m, s, w, at, rs)
+            together.clear()
             if rs:
                 if ctrl.no_worker():
                     turn_away(rs, at)
@@ -530,11 +538,22 @@ class Simulation:
 
         def turn_away(rs, at):
             """No worker is connected and answering (``ControllerLoop.no_worker``): each
-            request answered at once, ERROR, as the live intake answers it (no_worker)."""
+            request answered at once, ERROR, as the live intake answers it (no_worker);
+            but one for a model not served (unloaded, being unloaded) goes to the policy,
+            which answers it INVALID_REQUEST, as the live intake does before that."""
+            view = ctrl.policy.model_view
+            away: list[Reply] = []
+            unserved: list[Request] = []
             for r in rs:
-                r.slo = r.slo or default_slo
-            ToWorkers.answer([Reply(r, RequestStatus.ERROR, at, NO_WORKER_FOR_REQUEST)
-                              for r in rs])
+                v = view(r.model)
+                if v is None or v.removing:
+                    unserved.append(r)
+                else:
+                    away.append(Reply(r, RequestStatus.ERROR, at, NO_WORKER_FOR_REQUEST))
+            if away:
+                ToWorkers.answer(away)
+            if unserved:
+                ctrl.requests(unserved, at)
 
         def fault_at(t, what, *args):
             nonlocal seq
@@ -730,7 +749,13 @@ class Simulation:
                 if nxt is not None:
                     seq += 1
                     push(heap, (nxt[0], seq, _OPEN, a))
-                submit(m, slo, a, now)
+                if heap and heap[0][0] == now and heap[0][2] <= _SUBMIT:
+                    together.append((m, slo, a))  # another arrives at this instant
+                    continue
+                if together:
+                    submit_together(m, slo, a, now)
+                else:
+                    submit(m, slo, a, now)
             elif kind == _TO_CTRL:
                 if track and deaf[a[0]]:  # to a controller that is gone: lost
                     if a[1] is _TAKEN_OVER and a[2] == epoch:
@@ -776,14 +801,13 @@ class Simulation:
                 if wl.armed == wnow and g == gen[w] and alive[w] and hung[w] <= now:
                     wl.timer(wnow)
             elif kind == _SUBMIT:
-                if heap and heap[0][0] == now and heap[0][2] == _SUBMIT:  # came together
-                    arrivals = [a]
-                    while heap and heap[0][0] == now and heap[0][2] == _SUBMIT:
-                        arrivals.append(pop(heap)[3])
-                        events += 1
-                    submit_together(arrivals, now)
+                m, slo, widx = a
+                if heap and heap[0][0] == now and heap[0][2] <= _SUBMIT:
+                    together.append(a)  # another arrives at this instant
+                    continue
+                if together:
+                    submit_together(m, slo, widx, now)
                 else:
-                    m, slo, widx = a
                     submit(m, slo, widx, now)
             elif kind == _TICK:
                 if ctrl.armed == now and ctrl_up:  # (no timer of a controller that died)

@@ -19,7 +19,7 @@ import numpy as np
 
 from clockwork.settings import count_text
 from clockwork.sizes import MAX_CONCURRENCY, MAX_OFFERED_REQUESTS, MAX_OUTSTANDING
-from clockwork.time import MAX_SLO_FACTOR, MAX_SLO_MS
+from clockwork.time import MAX_SLO_FACTOR, MAX_SLO_MS, MAX_SLO_NS
 
 Arrival = tuple[int, str, int]
 
@@ -142,8 +142,9 @@ class SloSpec:
     def resolve(self, model: str, exec1: dict[str, int]) -> int:
         if self.slo_ms is not None:  # (at least 1 ns: 0 means the controller's default)
             return max(1, round(self.slo_ms * 1e6))
-        if self.slo_factor is not None:
-            return max(1, round(self.slo_factor * exec1[model]))
+        if self.slo_factor is not None:  # (at most a day, the most the controller takes:
+            # a factor of a slow model's EXEC beyond it was served simulated, refused live)
+            return max(1, min(MAX_SLO_NS, round(self.slo_factor * exec1[model])))
         return 0
 
 
