@@ -611,6 +611,11 @@ def test_stop_kills_the_actors_the_node_watcher_is_adding(ray_nodes, monkeypatch
         assert not watcher.is_alive()
         assert c.actors == []
         poll(lambda: _gpus_free() >= 4, 30.0, 0.1)
+        # no place file of the killed actors left behind (a folder a run was left in the
+        # temporary folder, holding the place file of the actor killed before its stop)
+        from clockwork.cluster.ray_cluster import _state_dir
+
+        assert not _state_dir(c.run_id).exists(), list(_state_dir(c.run_id).iterdir())
     finally:
         fake.hold.set()
         for a in c.actors:

@@ -78,6 +78,7 @@ import json
 import math
 import os
 import secrets
+import shutil
 import signal
 import stat
 import sys
@@ -1135,6 +1136,11 @@ class RayCluster(LocalCluster):
                     ray.get(r)
         for a in actors + pending:
             _kill(a)
+        # the run's folder of place files on this node goes: an actor that died for good
+        # or was killed above (its own stop never ran) left its file there, and the
+        # folder with it, one per run in the temporary folder (another node's is its own)
+        with contextlib.suppress(OSError, RuntimeError):
+            shutil.rmtree(_state_dir(self.run_id))
         if self._own_ray:
             ray.shutdown()
             self._own_ray = False
