@@ -484,3 +484,46 @@ def test_requests_while_no_worker_answers_are_answered_at_once_as_live():
     assert later.sum() > 200
     assert (r["status"][later] == RequestStatus.ERROR).all()
     assert (r["latency"][later] == 0).all()
+
+
+def test_requests_waiting_for_a_new_controller_are_not_failed_by_another_death():
+    """A second controller restart before the first's new controller took the workers
+    over: the requests waiting for a controller (which never reached one) were failed by
+    the second death and handed to the next controller all the same, answered twice (the
+    run ended with -106 unanswered). They wait on, and each is answered once."""
+    from clockwork.cluster.sim import Simulation
+
+    sim = Simulation(load_scenario(data={
+        "seed": 1, "duration_s": 3.0,
+        "cluster": {"workers": 1, "gpus_per_worker": 1, "network_latency_ms": 0.1},
+        "models": [{"name": "resnet50_v2"}],
+        "workloads": [{"kind": "poisson", "rate_rps": 200, "slo_ms": 100}],
+        "faults": {"controller_restart": [{"at_s": 1.0, "down_s": 0.5},
+                                          {"at_s": 1.50001, "down_s": 0.2}]}}))
+    res = sim.run()
+    ids = res.telemetry.request_columns()["request_id"]
+    assert len(ids) == len(set(ids.tolist())) == res.summary["submitted"] > 500
+    assert any("152 request(s) waited for it" in what for _, what in sim.fault_log), \
+        sim.fault_log
+
+
+def test_a_loss_seen_late_is_seen_at_the_reconnection_not_after_it():
+    """detect_ms longer than a killed worker's restart and reconnect_s: the controller
+    sees the old connection gone as it reconnects (as live, where it reconnects only once
+    it has), not at kill + detect_ms, which marked the worker, back and serving, lost for
+    good (every request from then on answered ERROR, no worker)."""
+    from clockwork.cluster.sim import Simulation
+
+    sim = Simulation(load_scenario(data={
+        "seed": 1, "duration_s": 4.0,
+        "cluster": {"workers": 1, "gpus_per_worker": 1},
+        "models": [{"name": "resnet50_v2"}],
+        "workloads": [{"kind": "poisson", "rate_rps": 200, "slo_ms": 100}],
+        "faults": {"kill": [{"worker": 0, "at_s": 1.0, "back_s": 1.05}], "detect_ms": 1000,
+                   "reconnect_s": 0.1}}))
+    res = sim.run()
+    said = [(t, what) for t, what in sim.fault_log if "lost worker 0" in what]
+    assert [t for t, _ in said] == [ms(1150)], sim.fault_log
+    r = res.telemetry.request_columns()
+    later = r["arrival"] > ms(2000)
+    assert later.sum() > 300 and (r["status"][later] == RequestStatus.SUCCESS).all()

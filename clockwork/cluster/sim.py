@@ -585,7 +585,9 @@ class Simulation:
             epoch += 1
             for i in range(W):
                 deaf[i] = True
-            lost = list(unanswered.values())
+            # (those still waiting for a controller never reached one: they wait on)
+            held = {r.id for r in waiting}
+            lost = [r for r in unanswered.values() if r.id not in held]
             ToWorkers.answer([Reply(r, RequestStatus.ERROR, now, "the controller died")
                               for r in lost])
             n = tel.forget_unfinished()
@@ -640,6 +642,14 @@ class Simulation:
         detect = ms(float(fl.get("detect_ms", 1.0)))
         reconnect = sec(float(fl.get("reconnect_s", 0.7)))
 
+        kills = [0] * W  # each worker's kills so far
+        seen = [0] * W  # ... of which the controller has seen the connection close
+
+        def see_loss(w, now):
+            seen[w] = kills[w]
+            n = ctrl.worker_lost(w, now, "worker lost")
+            log.append((now, f"controller lost worker {w}; {n} action(s) failed"))
+
         def on_fault(now, what, args):
             nonlocal seq
             w = args[0]
@@ -652,11 +662,12 @@ class Simulation:
                     alive[w] = False
                     cut[w] = True
                     hung[w] = 0
+                    kills[w] += 1
                     log.append((now, f"worker {w} killed"))
-                    fault_at(now + detect, "lost", w)
+                    fault_at(now + detect, "lost", w, kills[w])
             elif what == "lost":
-                n = ctrl.worker_lost(w, now, "worker lost")
-                log.append((now, f"controller lost worker {w}; {n} action(s) failed"))
+                if seen[w] < args[1]:  # (not seen at a reconnection already)
+                    see_loss(w, now)
             elif what == "restart":
                 if not alive[w]:
                     restarts[w] += 1
@@ -668,6 +679,8 @@ class Simulation:
                     fault_at(now + reconnect, "back", w, restarts[w])
             elif what == "back":
                 if alive[w] and restarts[w] == args[1]:
+                    if seen[w] < kills[w]:  # (reconnecting, it finds the connection gone:
+                        see_loss(w, now)  # detect_ms longer than restart and reconnect_s)
                     cut[w] = False
                     conn_at[w] = now
                     ctrl.worker_back(w, now)
