@@ -164,10 +164,11 @@ class ControllerLoop:
     # ------------------------------------------------------------------ events
 
     def no_worker(self) -> bool:
-        """Whether no worker is connected and answering (each lost or suspect): a request
-        is then answered at once, ERROR ``no_worker`` (``NO_WORKER_FOR_REQUEST``), not
-        handed to the policy to wait out its SLO for a GPU none can give it. False for a
-        loop with no worker at all (its caller adds them later, or never serves)."""
+        """Whether no worker is connected and answering (each lost, suspect, or not yet
+        re-admitted: its reset unanswered): a request is then answered at once, ERROR
+        ``no_worker`` (``NO_WORKER_FOR_REQUEST``), not handed to the policy to wait out
+        its SLO for a GPU none can give it. False for a loop with no worker at all (its
+        caller adds them later, or never serves)."""
         return not self.n_up and bool(self.up)
 
     def request(self, r: Request, now: int) -> None:

@@ -911,3 +911,43 @@ hang = [{ worker = 0, at_s = 3.0, for_s = 0.5 }]
         outs.append(out)
     for name in ("requests.tsv", "actions.tsv", "summary.json"):
         assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name
+
+
+def test_the_count_of_workers_up_follows_every_change():
+    """``n_up`` (what ``no_worker`` reads) is the count of ``up`` after a loss, a loss
+    seen twice, a suspect worker, its reset answered, a worker back, a worker added and
+    an add the policy refuses."""
+    loop, t = controller(3)
+
+    def check():
+        assert loop.n_up == sum(loop.up), (loop.n_up, loop.up)
+
+    check()
+    loop.worker_lost(0, 0)
+    loop.worker_lost(0, 1)  # (seen twice)
+    check()
+    loop._suspect(1, 2, "test")
+    check()
+    loop.heard_from(1, 3)  # re-admission: reset sent, not up until it is answered
+    check()
+    assert loop.up[1] is False and t.resets == [1]
+    loop.reset_done(1, 4, {})
+    check()
+    loop.worker_back(0, 5)
+    loop.worker_back(0, 6)  # (back twice)
+    check()
+    assert loop.n_up == 3 and not loop.no_worker()
+    assert loop.add_worker([GpuSpec(3, 0, 100)], 7) == 3
+    check()
+    for w in range(4):
+        loop.worker_lost(w, 8)
+    check()
+    assert loop.no_worker()
+
+    def refuse(spec, now):  # a policy that cannot grow: the add refused, none counted
+        raise NotImplementedError
+    loop.policy.add_gpu = refuse
+    with pytest.raises(NotImplementedError):
+        loop.add_worker([GpuSpec(4, 0, 100)], 9)
+    check()
+    assert len(loop.up) == 4

@@ -1139,8 +1139,10 @@ class RayCluster(LocalCluster):
         # the run's folder of place files on this node goes: an actor that died for good
         # or was killed above (its own stop never ran) left its file there, and the
         # folder with it, one per run in the temporary folder (another node's is its own)
-        with contextlib.suppress(OSError, RuntimeError):
-            shutil.rmtree(_state_dir(self.run_id))
+        base = Path(tempfile.gettempdir()) / f"clockwork-ray-{os.getuid()}"
+        if base.is_dir():  # (not made here when none is: the actors ran elsewhere)
+            with contextlib.suppress(OSError, RuntimeError):  # (not ours: left alone)
+                shutil.rmtree(_private_dir(base) / self.run_id)
         if self._own_ray:
             ray.shutdown()
             self._own_ray = False
