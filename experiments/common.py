@@ -17,6 +17,7 @@ the output directory and prints ``paper: ... / ours: ...`` lines.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -103,8 +104,20 @@ def parse_args(argv: Sequence[str] | None, description: str,
             out_dir(str(args.out))
         except argparse.ArgumentTypeError as e:
             p.error(f"the default --out {args.out}: {e} (give --out DIR)")
+    if not args.out.exists():  # (made for this run: removed if it stops with it empty)
+        _MADE.append(args.out)
     args.out.mkdir(parents=True, exist_ok=True)
     return args
+
+
+_MADE: list[Path] = []  # the --out folders this process made (``script``)
+
+
+def _unmake() -> None:
+    """The --out folders this run made and left empty, removed (it stopped early)."""
+    while _MADE:
+        with contextlib.suppress(OSError):  # (not empty, or gone: left as it is)
+            _MADE.pop().rmdir()
 
 
 def out_dir(text: str) -> Path:
@@ -126,7 +139,8 @@ def script(main) -> None:
     """Run an experiment script's ``main()`` as a command: Ctrl-C (and SIGTERM or SIGHUP,
     which stop it as Ctrl-C does) ends it with one line (exit 130) and a setting the
     scenario refuses, or a scale that cannot run live (``LiveRefused``), with its one line
-    (exit 2), not a traceback; else the exit status is ``main``'s (an int), or 0."""
+    (exit 2), not a traceback; else the exit status is ``main``'s (an int), or 0. Stopped
+    so, it removes the --out folder it made if nothing was written there."""
     from clockwork.errors import ControllerUnavailable, ScenarioError
     from clockwork.profiles import ProfileError
     from clockwork.settings import SettingsError
@@ -137,12 +151,15 @@ def script(main) -> None:
         with term_as_ctrl_c():  # (SIGTERM, SIGHUP: as Ctrl-C)
             rc = main()
     except KeyboardInterrupt:
+        _unmake()
         print(f"{name}: interrupted", file=sys.stderr)
         raise SystemExit(130) from None
     except (ScenarioError, SettingsError, ProfileError, LiveRefused) as e:
+        _unmake()
         print(f"{name}: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     except ControllerUnavailable as e:  # (a live run's controller that went away)
+        _unmake()
         print(f"{name}: {e}", file=sys.stderr)
         raise SystemExit(1) from None
     raise SystemExit(rc if isinstance(rc, int) else 0)

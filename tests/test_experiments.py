@@ -505,6 +505,21 @@ def test_a_script_stopped_or_refused_says_so_in_one_line(tmp_path):
             assert len(r.stderr.strip().splitlines()) == 1 and line in r.stderr, r.stderr
 
 
+def test_a_script_stopped_early_removes_the_out_folder_it_made(tmp_path):
+    """Interrupted before it wrote anything, a figure script removes the --out folder it
+    made (an empty folder was left); one that was there already stays."""
+    made, kept = tmp_path / "new" / "out", tmp_path / "kept"
+    kept.mkdir()
+    for out in (made, kept):
+        def main(out=out):
+            assert common.parse_args(["--out", str(out)], "x").out.is_dir()
+            raise KeyboardInterrupt
+        with pytest.raises(SystemExit) as e:
+            common.script(main)
+        assert e.value.code == 130
+    assert not made.exists() and made.parent.is_dir() and kept.is_dir()
+
+
 def test_check_outputs_stopped_says_so_in_one_line():
     """experiments/check_outputs.py stopped (SIGTERM) while it compiles ends in one line,
     exit 130 (a traceback on Ctrl-C, and 143 with nothing said on SIGTERM, before)."""
