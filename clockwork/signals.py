@@ -106,3 +106,27 @@ def term_as_ctrl_c():
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def stops_held():
+    """Within it, a stop signal (``stop_signals``) is held: KeyboardInterrupt is raised
+    when it ends, not in the middle (a child process being started: one cut short left
+    the child reading half its start message, a traceback of its own). Only in the main
+    thread; the previous handlers are put back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+
+    def hold(signum, frame):
+        got.append(signum)
+
+    old = {s: signal.signal(s, hold) for s in stop_signals()}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if got:
+        raise KeyboardInterrupt

@@ -460,12 +460,15 @@ class Clients:
     """``procs`` client processes, started once and given one job per run."""
 
     def __init__(self, procs: int) -> None:
+        from clockwork.signals import stops_held
+
         ctx = mp.get_context("spawn")
         self.pipes, self.procs = [], []
         for _ in range(procs):
             a, b = ctx.Pipe()
             p = ctx.Process(target=client_loop, args=(b,), daemon=True)
-            p.start()
+            with stops_held():  # (a start cut short: the child's EOFError traceback)
+                p.start()
             self.pipes.append(a)
             self.procs.append(p)
 

@@ -275,3 +275,20 @@ def test_a_default_out_that_cannot_be_written_is_refused_before_the_runs(monkeyp
         common.parse_args([], "a figure")
     err = capsys.readouterr().err
     assert e.value.code == 2 and "the default --out" in err and "--out DIR" in err, err
+
+
+def test_a_stop_signal_held_while_a_child_starts_is_raised_after():
+    """clockwork.signals.stops_held: SIGTERM (as Ctrl-C, term_as_ctrl_c) inside it is
+    raised as KeyboardInterrupt once it ends, not in the middle (bench_kserve's client
+    process started then read half its start message: an EOFError traceback)."""
+    import os
+    import signal
+
+    from clockwork.signals import stops_held, term_as_ctrl_c
+
+    reached = []
+    with term_as_ctrl_c(), pytest.raises(KeyboardInterrupt):
+        with stops_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            reached.append(True)
+    assert reached == [True]
