@@ -110,9 +110,10 @@ def term_as_ctrl_c():
 
 @contextlib.contextmanager
 def stops_held():
-    """Within it, a stop signal (``stop_signals``) is held: KeyboardInterrupt is raised
-    when it ends, not in the middle (a child process being started: one cut short left
-    the child reading half its start message, a traceback of its own). Only in the main
+    """Within it, a first stop signal (``stop_signals``) is held: KeyboardInterrupt is
+    raised when it ends, not in the middle (a child process being started: one cut short
+    left the child reading half its start message, a traceback of its own; a finished
+    run's files being written: lost); a second one raises at once. Only in the main
     thread; the previous handlers are put back after."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -120,6 +121,8 @@ def stops_held():
     got: list[int] = []
 
     def hold(signum, frame):
+        if got:  # (asked twice: now)
+            raise KeyboardInterrupt
         got.append(signum)
 
     old = {s: signal.signal(s, hold) for s in stop_signals()}

@@ -712,3 +712,27 @@ def test_a_scenarios_ray_backend_takes_the_cluster_ray_address_names(monkeypatch
                  "--http-port", "-1", "--kserve-port", "-1"]) == 2
     err = capsys.readouterr().err
     assert "cannot reach the Ray cluster at 127.0.0.1:1" in err, err
+
+
+def test_a_signal_as_a_finished_simulation_writes_its_files_keeps_them(tmp_path, monkeypatch,
+                                                                        capsys):
+    """SIGTERM (or Ctrl-C) once the run is over, while its files are written: they are
+    written all the same, then the command ends interrupted (exit 130). The signal, raised
+    as Ctrl-C in the middle of the write, lost the whole run's files."""
+    import os
+    import signal
+
+    from clockwork.cluster.sim import SimResult
+
+    write = SimResult.write
+
+    def signalled(self, out):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return write(self, out)
+    monkeypatch.setattr(SimResult, "write", signalled)
+    out = tmp_path / "run"
+    assert main(["simulate", "poisson_warm", "--set", "duration_s=0.2", "--out", str(out),
+                 "--quiet"]) == 130
+    assert sorted(p.name for p in out.iterdir()) == ["actions.tsv", "requests.tsv",
+                                                      "run.json", "summary.json"]
+    assert capsys.readouterr().err.strip().endswith("interrupted")

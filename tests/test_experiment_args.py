@@ -292,3 +292,10 @@ def test_a_stop_signal_held_while_a_child_starts_is_raised_after():
             os.kill(os.getpid(), signal.SIGTERM)
             reached.append(True)
     assert reached == [True]
+    # a second one stops at once (asked twice)
+    with term_as_ctrl_c(), pytest.raises(KeyboardInterrupt):
+        with stops_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGINT)
+            reached.append(True)
+    assert reached == [True]

@@ -432,12 +432,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
     except asyncio.CancelledError:  # (a second signal: nothing kept)
         print("\nclockwork replay: interrupted", file=sys.stderr)
         return 130
-    from clockwork.signals import term_as_ctrl_c
+    from clockwork.signals import stops_held
 
     # (the loop's signal handlers are gone with it, SIGTERM and SIGHUP back at their
     # defaults, which killed the process as the files were written: the hidden folder
-    # and the spilled rows left behind, the table lost)
-    with term_as_ctrl_c():
+    # and the spilled rows left behind, the table lost; then a first signal, raised as
+    # Ctrl-C in the middle of the write, lost the files all the same: it is held until
+    # they are written, and a second one stops at once)
+    with stops_held():
         emit_run(res, sc, f"live replay against {args.controller} in {res.wall_s:.1f} s "
                  f"wall; every request answered exactly once: {res.answered_once}",
                  args.out, args.json)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import orjson
 
-from clockwork.signals import term_as_ctrl_c
+from clockwork.signals import stops_held, term_as_ctrl_c
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -47,9 +47,11 @@ def _simulate(args: argparse.Namespace) -> int:
         print(f"clockwork simulate: {line}", file=sys.stderr)
     s = res.summary
     res.telemetry.log_format = args.log_format or "tsv"
-    try:
-        emit_run(res, sc, f"{s['gpus']} GPU(s), {s['model_instances']} model instance(s), "
-                 f"policy {s['policy']}, simulated in {res.wall_s:.1f} s wall", args.out, args.json)
+    try:  # (a first signal as the files are written is held until they are: the run kept)
+        with stops_held():
+            emit_run(res, sc, f"{s['gpus']} GPU(s), {s['model_instances']} model "
+                     f"instance(s), policy {s['policy']}, simulated in {res.wall_s:.1f} s "
+                     "wall", args.out, args.json)
     finally:
         res.telemetry.close()  # (--spill-dir: the rows' files go now)
     return 0
