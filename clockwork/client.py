@@ -94,6 +94,10 @@ _OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_reconnect_backoff_ms", 2000),
             *keepalive.CHANNEL]  # a vanished controller fails the calls within ~15 s
 GRACE_S = 1.0  # past its SLO, how long the client waits for an answer before giving up
+# the stream's watchdog looks every 50 ms; a look this late after the last (the process,
+# its event loop, was held up) gives up nothing: it comes again once the answers that
+# arrived meanwhile are read
+WATCH_STALL_NS = 250_000_000
 MAX_TIMEOUT_S = 86_400.0  # a client's timeout beyond a day is taken as a day
 CLOSE_POLL_S = 0.05  # InferStream.close(): how often it looks whether all are answered
 # what gRPC says of a stream's call that ended while a message was being sent on it (the
@@ -1129,9 +1133,15 @@ class InferStream:
     async def _watchdog(self) -> None:
         """Resolve requests whose SLO and grace have passed without an answer (ends with
         the reader: the call's end fails whatever still waits)."""
+        last, skipped = time.monotonic_ns(), False
         while True:
             await asyncio.sleep(0.05)
             now = time.monotonic_ns()
+            held, last = now - last > WATCH_STALL_NS, now
+            if held and not skipped:  # (this process was held up: the answers that came
+                skipped = True  # meanwhile are read first, not given up unread; one
+                continue  # look skipped, not every look of a loop always this late)
+            skipped = False
             due = self._due
             while due and due[0][0] <= now:
                 _, cid = heapq.heappop(due)

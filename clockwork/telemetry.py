@@ -1258,6 +1258,10 @@ def format_summary(s: dict) -> str:
     if isinstance(unsent, int) and not isinstance(unsent, bool) and unsent > 0:
         at = [k for k, _ in rows].index("  dropped (timeout)") + 1
         rows.insert(at, ("    not sent: SLO over before", f"{unsent:,}"))
+    gave_up = s.get("no_answer")
+    if isinstance(gave_up, int) and not isinstance(gave_up, bool) and gave_up > 0:
+        at = [k for k, _ in rows].index("  dropped (timeout)") + 1
+        rows.insert(at, ("    given up: no answer", f"{gave_up:,}"))
     lag = s.get("send_lag_ms")
     if isinstance(lag, dict) and lag.get("max"):
         rows.append(("sent late p50 / p99 / max",

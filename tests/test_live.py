@@ -804,3 +804,66 @@ def test_replay_progress_into_a_log_is_lines(cluster, tmp_path, monkeypatch, cap
     assert "\r" not in err and len(lines) >= 2, err[-500:]
     assert main(["replay", str(sc), "--controller", cluster.address, "--quiet",
                  "--progress"]) == 2
+
+
+def test_a_client_held_up_reads_the_answers_before_it_gives_any_up(cluster):
+    """A client process held up past its requests' SLO plus 1 s (stopped, starved of CPU)
+    while their answers came: the stream reads them first (8-24 of 50 were given up
+    unread, TIMEOUT no_answer, answers the controller had sent in time)."""
+    import time
+    from collections import Counter
+
+    async def main():
+        async with clockwork.AsyncClient(cluster.address, timeout=10) as c:
+            s = c.stream()
+            assert (await s.submit("mobilenet_v2", slo_ms=1000)).status == 0
+            futs = [asyncio.ensure_future(s.submit("mobilenet_v2", slo_ms=10))
+                    for _ in range(50)]
+            await asyncio.sleep(0.005)  # (sent)
+            time.sleep(1.5)  # the process held up: the answers arrive meanwhile
+            rs = await asyncio.gather(*futs)
+            await s.close()
+            return Counter((r.status, r.reason) for r in rs)
+
+    got = asyncio.run(main())
+    assert sum(got.values()) == 50 and not got[(4, "no_answer")], got
+
+
+def test_requests_a_held_up_controller_does_not_answer_in_time_are_said_given_up(cluster,
+                                                                                  capsys):
+    """The controller held up (SIGSTOP) 1.4 s during a replay: the requests it did not
+    answer by their 50 ms SLO plus the client's 1 s are given up by the client, and the
+    summary counts them (no_answer), said on stderr and in the table (they were in
+    'dropped' alone, while the controller, answering later, counted them otherwise)."""
+    import threading
+    import time
+
+    pid = cluster.controller.proc.pid
+    sc = load_scenario(data={
+        "seed": 1, "duration_s": 3.0,
+        "cluster": {"workers": 2, "gpus_per_worker": 1},
+        "models": [{"name": "mobilenet_v2"}],
+        "workloads": [{"kind": "poisson", "models": "*", "rate_rps": 100, "slo_ms": 50}]})
+    held = threading.Event()
+
+    def hold(t0):
+        def stop_and_go():
+            time.sleep(0.5)  # (where in the run: a fault's time, not a wait for an event)
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                held.set()
+                time.sleep(1.4)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+        threading.Thread(target=stop_and_go, daemon=True).start()
+
+    try:
+        res = asyncio.run(asyncio.wait_for(replay(sc, cluster.address, on_start=hold), 60))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert held.is_set()
+    s = res.summary
+    assert res.answered_once and s["submitted"] == s["succeeded"] + s["failed"] + s["dropped"]
+    assert 0 < s["no_answer"] <= s["dropped"], s
+    assert f"{s['no_answer']:,} request(s) had no answer" in capsys.readouterr().err
+    assert "given up: no answer" in format_summary(s)

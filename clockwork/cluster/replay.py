@@ -161,7 +161,8 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         open_next[i] = w.next_arrival()
     # unsent: requests the client answered TIMEOUT itself, their SLO over before they
     # could go out (the controller never saw them)
-    state = {"sent": 0, "answered": 0, "dup": 0, "unsent": 0}
+    # no_answer: requests the client gave up on, no answer by their SLO plus its grace
+    state = {"sent": 0, "answered": 0, "dup": 0, "unsent": 0, "no_answer": 0}
     lost: list = []  # (when, why) the controller went away: nothing more is sent
     lags: Counter[int] = Counter()  # how late requests went out, in LAG_UNIT_NS
     failures: Counter[str] = Counter()  # what the failed requests were told, by message
@@ -191,6 +192,8 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
             status = resp.status
             if status == 4 and resp.reason == "late" and resp.gpu < 0:
                 state["unsent"] += 1
+            elif status == 4 and resp.reason == "no_answer":
+                state["no_answer"] += 1
             if status == 4 and resp.reason == "late" and resp.gpu >= 0:
                 # the controller's SUCCESS, read past its SLO (the client calls it a late
                 # TIMEOUT): logged as the simulator logs it, SUCCESS not within the SLO
@@ -327,6 +330,7 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     } if stats1 is not None else None  # (the controller's counts: unknown)
     summary["send_lag_ms"] = _lag_figures(lags)
     summary["not_sent"] = state["unsent"]
+    summary["no_answer"] = state["no_answer"]
     late = summary["send_lag_ms"]
     if warn_late and late["p99"] > LAG_WARN_MS:
         print(f"clockwork replay: requests went out late: p99 {late['p99']:g} ms, max "
@@ -337,6 +341,11 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         print(f"clockwork replay: {state['unsent']:,} request(s) were not sent: their SLO "
               "was over before they could go out (dropped, as the controller would have "
               "answered them; its own counts leave them out)", file=sys.stderr, flush=True)
+    if warn_late and state["no_answer"]:
+        print(f"clockwork replay: {state['no_answer']:,} request(s) had no answer by their "
+              "SLO plus the client's grace and were given up (dropped, TIMEOUT no_answer): "
+              "the controller, held up, may have answered them later, and its own counts "
+              "then differ", file=sys.stderr, flush=True)
     if halted is not None and not (lost and lost[0][0] <= halted):
         summary["stopped"] = {"at_s": round(halted / NS_PER_S, 3), "reason": "interrupted"}
     elif lost:
