@@ -867,3 +867,35 @@ def test_requests_a_held_up_controller_does_not_answer_in_time_are_said_given_up
     assert 0 < s["no_answer"] <= s["dropped"], s
     assert f"{s['no_answer']:,} request(s) had no answer" in capsys.readouterr().err
     assert "given up: no answer" in format_summary(s)
+
+
+def test_a_replay_beside_another_client_says_the_counters_are_shared(cluster, capsys):
+    """Another client's requests during a replay: the action counts, from the
+    controller's counters, are the whole controller's; the summary counts those requests
+    (other_requests) and says so (two replays at once each claimed every INFER)."""
+    import threading
+
+    sc = load_scenario(data={
+        "seed": 1, "duration_s": 1.0,
+        "cluster": {"workers": 2, "gpus_per_worker": 1},
+        "models": [{"name": "mobilenet_v2"}],
+        "workloads": [{"kind": "poisson", "models": "*", "rate_rps": 50, "slo_ms": 500}]})
+    done = threading.Event()
+
+    def beside(t0):
+        def run():
+            with clockwork.Client(cluster.address, timeout=10) as c:
+                for _ in range(20):
+                    c.infer("resnet50_v2", slo_ms=1000)
+            done.set()
+        threading.Thread(target=run, daemon=True).start()
+
+    async def main():
+        res = await replay(sc, cluster.address, on_start=beside)
+        assert done.is_set() or not res  # (the other client ends well within the run)
+        return res
+
+    res = asyncio.run(asyncio.wait_for(main(), 60))
+    s = res.summary
+    assert s["other_requests"] == 20, s
+    assert "took in 20 request(s) of other clients" in capsys.readouterr().err

@@ -358,6 +358,16 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     summary["failures"] = [{"message": m, "count": n} for m, n in failures.most_common(3)]
     summary["workers_suspected"] = d.get("worker_suspects", 0)
     summary["weights_kept"] = d.get("weights_kept", 0)
+    # requests of other clients the controller took in meanwhile: its counters (the
+    # actions, the suspects above) are the whole controller's, theirs included
+    other = d.get("requests", 0) - (state["sent"] - state["unsent"]) if stats1 is not None \
+        else None
+    summary["other_requests"] = other
+    if warn_late and other:
+        print(f"clockwork replay: the controller took in {other:,} request(s) of other "
+              "clients during the replay: the action counts (and workers suspected, weights "
+              "kept) are the whole controller's, theirs included", file=sys.stderr,
+              flush=True)
     # the action log (and so prediction errors) is the controller's: its --log-dir
     summary["prediction_error_ms"] = None
     if check is not None:
