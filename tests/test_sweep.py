@@ -1127,3 +1127,16 @@ def test_a_pool_found_broken_as_points_go_in_runs_them_alone(tmp_path):
         outcomes = runner.run(points, tmp_path / "b", "second")
     assert [bool(o.error) for o in outcomes] == [False] * 3, [o.error for o in outcomes]
     assert all((o.folder / "summary.json").exists() for o in outcomes)
+
+
+@pytest.mark.parametrize("key", ["seed", "seed ", " seed"])
+def test_a_grid_of_seeds_is_refused_however_the_key_is_spaced(tmp_path, key):
+    """grid."seed " (a space in the quoted key) passed the check for grid.seed: the table
+    showed seeds 5 and 6 beside the scenario's seed 1, and both points ran seed 1."""
+    from clockwork.cluster.sweep import SweepError
+
+    f = tmp_path / "s.toml"
+    f.write_text(f'scenarios = ["poisson_warm"]\noverrides = ["duration_s=1"]\nseeds = [1]\n'
+                 f'[grid]\n"{key}" = [5, 6]\n')
+    with pytest.raises(SweepError, match="give the seeds as seeds"):
+        load_sweep(f)

@@ -275,8 +275,8 @@ def load_sweep(path: str | Path) -> Sweep:
     for key, values in spec.grid.items():
         if not all(key.split(".")):
             raise bad(f"grid: key {key!r} has an empty part")
-        if key == "seed":
-            raise bad("grid.seed: give the seeds as seeds = [...]")
+        if _key_parts(key) == ("seed",):  # (" seed" too: the scenario's seed was run)
+            raise bad(f"grid.{key}: give the seeds as seeds = [...]")
         if key in fixed_keys:
             raise bad(f"grid.{key}: also set in overrides (give it in one place)")
         seen: set = set()
