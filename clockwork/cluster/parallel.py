@@ -569,6 +569,13 @@ def _stop(executor: Executor) -> None:
             pass
 
 
+class _Pools(set):
+    """The one-process pools of points run alone (``Runner._run_alone``), and whether
+    their caller has stopped them."""
+
+    stopped = False
+
+
 @dataclass
 class Runner:
     """Runs points: ``jobs`` at a time on ``backend``, the finished ones skipped.
@@ -643,10 +650,16 @@ class Runner:
         return Bar(total=total, desc=desc, unit="sim", disable=not show, file=sys.stderr,
                    dynamic_ncols=True, leave=True)
 
-    def _alone(self, o: Outcome) -> dict:
+    def _alone(self, o: Outcome, pools: _Pools | None = None) -> dict:
         """Run ``o`` in a process pool of its own: the answer, or its error if that process
-        died too (it, and not a point beside it, is what kills its process)."""
+        died too (it, and not a point beside it, is what kills its process). ``pools``:
+        where the pool is kept while it runs (to be stopped by the caller)."""
         ex = backend(self.backend)(1)
+        if pools is not None:
+            pools.add(ex)
+            if pools.stopped:  # (the caller stopped the others as this one was made)
+                _stop(ex)
+                return {"error": "stopped"}
         try:
             return ex.submit(run_point, pinned_point(o.point), str(o.folder.resolve()),
                              self.logs).result()
@@ -657,6 +670,26 @@ class Runner:
             return {"error": f"{type(e).__name__}: {e}".strip()}
         finally:
             _stop(ex)
+            if pools is not None:
+                pools.discard(ex)
+
+    def _run_alone(self, broken: list[Outcome], bar) -> None:
+        """The points a broken pool failed, each in a process of its own, ``jobs`` at a
+        time (one after another, one process dead made the rest of a sweep serial)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        pools = _Pools()
+        threads = ThreadPoolExecutor(max_workers=min(self.jobs, len(broken)))
+        try:
+            running = {threads.submit(self._alone, o, pools): o for o in broken}
+            for f in as_completed(running):
+                self._finish(running[f], f.result())
+                bar.update(1)
+        finally:  # (interrupted: the points still running stopped, their threads end)
+            pools.stopped = True
+            for ex in list(pools):
+                _stop(ex)
+            threads.shutdown(wait=True, cancel_futures=True)
 
     def _finish(self, o: Outcome, answer: dict) -> None:
         if "error" in answer:
@@ -718,9 +751,7 @@ class Runner:
                 if broken:  # each again in a process of its own: only its killer fails
                     _stop(ex)
                     self._executor = None
-                    for o in broken:
-                        self._finish(o, self._alone(o))
-                        bar.update(1)
+                    self._run_alone(broken, bar)
         except BaseException:
             _stop(ex)
             self._executor = None
