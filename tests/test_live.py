@@ -764,6 +764,8 @@ def test_failures_are_counted_by_kind_not_by_their_figures():
     assert a == failure_kind("worker error EXEC_TOO_LATE: late by 42.088 ms")
     assert a == "worker error EXEC_TOO_LATE: late by # ms"
     assert failure_kind("model resnet50_v2: 3 tries") == "model resnet50_v2: # tries"
+    # a copy's instance number too (requests to two copies were one kind, 'name:#')
+    assert failure_kind("unknown model 'resnet18_v2:3'") == "unknown model 'resnet18_v2:3'"
 
 
 def test_a_stopped_local_cluster_starts_again():

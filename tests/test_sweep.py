@@ -132,13 +132,14 @@ def test_list_plot_and_a_failing_point(tmp_path, capsys):
     out = tmp_path / "o"
     assert main(["sweep", str(f), "--out", str(out), "--list"]) == 0
     listed = capsys.readouterr().out.splitlines()
-    assert len(listed) == 2 and all(x.startswith("to run") for x in listed)
+    assert len(listed) == 2 and all(x.startswith("to run  ") for x in listed)
     assert "clockwork simulate poisson_warm --set duration_s=1" in listed[0]
     assert main(["sweep", str(f), "--out", str(out), "--jobs", "1", "--plot", "--quiet"]) == 0
     assert (out / "sweep.png").stat().st_size > 1000
     capsys.readouterr()
     assert main(["sweep", str(f), "--out", str(out), "--list"]) == 0
-    assert all(x.startswith("done") for x in capsys.readouterr().out.splitlines())
+    done = capsys.readouterr().out.splitlines()  # (in the same columns as "to run")
+    assert [x.replace("done  ", "to run", 1) for x in done] == listed, (done, listed)
 
     # a point that cannot run (a key its workload kind refuses): the others still run
     f.write_text('scenarios = ["poisson_warm"]\noverrides = ["duration_s=1", "drain_s=1"]\n'

@@ -41,7 +41,7 @@ MESSAGES_KEPT, MESSAGE_CHARS = 50, 300  # failure messages counted apart, and th
 # a failure message's figures (a number on its own, not part of a name such as resnet50_v2):
 # counted apart they made one kind of failure (EXEC_TOO_LATE: late by 45.634 ms) as many
 # kinds as requests
-_FIGURE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.])")
+_FIGURE = re.compile(r"(?<![\w.:])\d+(?:\.\d+)?(?![\w.])")  # (nor a copy's, name:3)
 
 
 def failure_kind(message: str) -> str:

@@ -546,7 +546,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         points = sweep.points
         done = _done(sweep, out)
         for p, d in zip(points, done, strict=True):
-            print(f"{'done ' if d else 'to run'}  {p.name}  {p.command()}")
+            print(f"{'done  ' if d else 'to run'}  {p.name}  {p.command()}")
         print(f"{len(points)} points, {sum(done)} done, in {out}", file=sys.stderr)
         return 0
     out.mkdir(parents=True, exist_ok=True)
