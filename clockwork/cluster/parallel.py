@@ -37,6 +37,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
@@ -561,12 +562,17 @@ def _stop(executor: Executor) -> None:
     """Stop at once: drop the queued tasks and end the running ones (a point left half
     done has no summary.json and runs again next time)."""
     procs = list((getattr(executor, "_processes", None) or {}).values())  # gone after shutdown
+    manager = getattr(executor, "_executor_manager_thread", None)
     executor.shutdown(wait=False, cancel_futures=True)
     for p in procs:
         try:
             p.terminate()
         except Exception:  # noqa: BLE001, S110 - already gone
             pass
+    if manager is not None and manager is not threading.current_thread():
+        # (its cleanup closes the pool's wake-up pipe: left running, it raced Python's own
+        # at exit, which wrote to that pipe, "OSError: Bad file descriptor" after exit 130)
+        manager.join(timeout=2.0)
 
 
 class _Pools(set):
