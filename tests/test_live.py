@@ -831,6 +831,16 @@ def test_a_client_held_up_reads_the_answers_before_it_gives_any_up(cluster):
     assert sum(got.values()) == 50 and not got[(4, "no_answer")], got
 
 
+def _mobilenet_poisson(duration_s: float, rate_rps: float, slo_ms: float):
+    """A replay of Poisson arrivals for mobilenet_v2 (the module's cluster serves it)."""
+    return load_scenario(data={
+        "seed": 1, "duration_s": duration_s,
+        "cluster": {"workers": 2, "gpus_per_worker": 1},
+        "models": [{"name": "mobilenet_v2"}],
+        "workloads": [{"kind": "poisson", "models": "*", "rate_rps": rate_rps,
+                       "slo_ms": slo_ms}]})
+
+
 def test_requests_a_held_up_controller_does_not_answer_in_time_are_said_given_up(cluster,
                                                                                   capsys):
     """The controller held up (SIGSTOP) 1.4 s during a replay: the requests it did not
@@ -841,11 +851,7 @@ def test_requests_a_held_up_controller_does_not_answer_in_time_are_said_given_up
     import time
 
     pid = cluster.controller.proc.pid
-    sc = load_scenario(data={
-        "seed": 1, "duration_s": 3.0,
-        "cluster": {"workers": 2, "gpus_per_worker": 1},
-        "models": [{"name": "mobilenet_v2"}],
-        "workloads": [{"kind": "poisson", "models": "*", "rate_rps": 100, "slo_ms": 50}]})
+    sc = _mobilenet_poisson(3.0, 100, 50)
     held = threading.Event()
 
     def hold(t0):
@@ -877,11 +883,7 @@ def test_a_replay_beside_another_client_says_the_counters_are_shared(cluster, ca
     (other_requests) and says so (two replays at once each claimed every INFER)."""
     import threading
 
-    sc = load_scenario(data={
-        "seed": 1, "duration_s": 1.0,
-        "cluster": {"workers": 2, "gpus_per_worker": 1},
-        "models": [{"name": "mobilenet_v2"}],
-        "workloads": [{"kind": "poisson", "models": "*", "rate_rps": 50, "slo_ms": 500}]})
+    sc = _mobilenet_poisson(1.0, 50, 500)
     done = threading.Event()
 
     def beside(t0):
