@@ -87,25 +87,33 @@ def term_signals() -> tuple[signal.Signals, ...]:
 
 
 @contextlib.contextmanager
+def _handled(signals, handler):
+    """Within it, ``handler`` handles ``signals``; the previous handlers are put back
+    after. Nothing is changed outside the main thread (where Python runs signal
+    handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, handler) for s in signals}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
 def term_as_ctrl_c():
     """Within it, SIGTERM and SIGHUP (``term_signals``) raise KeyboardInterrupt as Ctrl-C
     does, so that the command they stop ends its own way (its children stopped, its
     temporary folders removed: they killed the process, leaving both behind). Only in the
     main thread (where Python runs signal handlers); the previous handlers are put back
     after."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
     def on_term(signum, frame):
         raise KeyboardInterrupt
 
-    old = {s: signal.signal(s, on_term) for s in term_signals()}
-    try:
+    with _handled(term_signals(), on_term):
         yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 @contextlib.contextmanager
@@ -115,9 +123,6 @@ def stops_held():
     left the child reading half its start message, a traceback of its own; a finished
     run's files being written: lost); a second one raises at once. Only in the main
     thread; the previous handlers are put back after."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     got: list[int] = []
 
     def hold(signum, frame):
@@ -125,11 +130,7 @@ def stops_held():
             raise KeyboardInterrupt
         got.append(signum)
 
-    old = {s: signal.signal(s, hold) for s in stop_signals()}
-    try:
+    with _handled(stop_signals(), hold):
         yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
     if got:
         raise KeyboardInterrupt

@@ -1254,14 +1254,14 @@ def format_summary(s: dict) -> str:
         rows.append(("stopped early", f"at {stopped.get('at_s')} s: {stopped.get('reason')}"))
     if isinstance(s.get("incomplete"), str):  # (report's figures of a run's rows alone)
         rows.append(("incomplete", s["incomplete"]))
-    unsent = s.get("not_sent")
-    if isinstance(unsent, int) and not isinstance(unsent, bool) and unsent > 0:
-        at = [k for k, _ in rows].index("  dropped (timeout)") + 1
-        rows.insert(at, ("    not sent: SLO over before", f"{unsent:,}"))
-    gave_up = s.get("no_answer")
-    if isinstance(gave_up, int) and not isinstance(gave_up, bool) and gave_up > 0:
-        at = [k for k, _ in rows].index("  dropped (timeout)") + 1
-        rows.insert(at, ("    given up: no answer", f"{gave_up:,}"))
+    # (a live replay's dropped requests the controller never answered; each inserted
+    # right under dropped, so the later stands first)
+    for key, label in (("not_sent", "    not sent: SLO over before"),
+                       ("no_answer", "    given up: no answer")):
+        n = s.get(key)
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            at = [k for k, _ in rows].index("  dropped (timeout)") + 1
+            rows.insert(at, (label, f"{n:,}"))
     lag = s.get("send_lag_ms")
     if isinstance(lag, dict) and lag.get("max"):
         rows.append(("sent late p50 / p99 / max",

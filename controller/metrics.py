@@ -229,10 +229,9 @@ def write_families(families: list, labels_text: dict, values_text: dict,
     """The text exposition of ``families``, byte for byte what
     ``prometheus_client.generate_latest`` writes for them (but the heads of Triton's
     counters, under their exact names, where the library would write ``<name>_total``),
-    ~8x faster for the families of
-    one sample per model (thousands of lines: the library took ~40-65 ms for 5,500, while
-    the controller's event loop waited for the interpreter lock, and requests missed
-    their SLO when /metrics was scraped). The families ``_family`` made (``_Rows``:
+    ~8x faster for the families of one sample per model (thousands of lines: the library
+    took ~40-65 ms for 5,500, while the controller's event loop waited for the
+    interpreter lock, and requests missed their SLO when /metrics was scraped). The families ``_family`` made (``_Rows``:
     untyped, gauge or counter) are written here: each label set's ``{...}`` as the library
     writes it (asked of it once per label set, kept in ``labels_text``), each value by the
     library's ``floatToGoString`` (kept in ``values_text``) -- or, for a ``plain`` family,
