@@ -65,9 +65,12 @@ def _silent():
 def _first_bytes():
     """``(address, got, connected)``: a socket that accepts one connection, records in
     ``got`` the first bytes the client sends on it and then sets ``connected``, and never
-    answers."""
+    answers. On leaving, the connection is shut (a closed client's connection whose set-up the
+    server never answered stays open until gRPC's own timeout, ~15 s, which the thread
+    waited out)."""
     got: list[bytes] = []
     connected = threading.Event()
+    accepted: list[socket.socket] = []
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen(1)
@@ -75,6 +78,7 @@ def _first_bytes():
 
         def accept():
             conn, _ = s.accept()
+            accepted.append(conn)
             with conn:
                 conn.settimeout(15)
                 got.append(conn.recv(64))
@@ -86,6 +90,9 @@ def _first_bytes():
         t = threading.Thread(target=accept, daemon=True)
         t.start()
         yield f"127.0.0.1:{s.getsockname()[1]}", got, connected
+        for conn in accepted:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
         t.join(15)
 
 
