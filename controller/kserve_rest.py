@@ -30,8 +30,9 @@ import orjson
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.http_exceptions import BadHttpMessage, BadHttpMethod, HttpProcessingError, LineTooLong
+from aiohttp.streams import EMPTY_PAYLOAD
 from aiohttp.web import ContentCoding
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_protocol import RequestHandler, _ErrInfo
 from aiohttp.web_urldispatcher import _default_expect_handler
 
 from clockwork.errors import STARTING_MESSAGE
@@ -715,7 +716,8 @@ def make_runner(node, token: str | None = None) -> web.AppRunner:
     ``node.limits``' (``rest_*``):
 
     - the request line and each header (name and value) at most
-      ``rest_max_header_bytes``, at most ``rest_max_headers`` headers: else 400;
+      ``rest_max_header_bytes``, at most ``rest_max_headers`` headers, the whole head at
+      most ``rest_max_head_bytes`` (``_HeadBound``): else 400;
     - the body (Content-Length or chunked; after decoding ``gzip``/``deflate``, which
       ``BodyDecoder`` does in slices as it is read) at most ``rest_max_body_bytes``: else 413,
       before reading it when its length is announced (with ``Expect: 100-continue``
@@ -772,9 +774,74 @@ def make_runner(node, token: str | None = None) -> web.AppRunner:
         max_headers=lim.rest_max_headers)
 
 
+class HeadTooLarge(HttpProcessingError):
+    """A REST request head over ``rest_max_head_bytes`` (``_HeadBound``)."""
+
+    code = 400
+
+
+def _head_bytes(msg) -> int:
+    """The bytes of a parsed request head: its request line and headers with their
+    separators (the whitespace around header values not counted)."""
+    n = len(msg.method) + len(msg.path) + 14  # (" ", " HTTP/1.1\r\n", the last "\r\n")
+    for k, v in msg.raw_headers:
+        n += len(k) + len(v) + 4  # (": " and "\r\n")
+    return n
+
+
+class _HeadBound:
+    """A connection's HTTP parser (aiohttp's), with a bound on each request head in all:
+    the bytes of a head still arriving (all that came since the last head, while no body
+    is being read) and of each head parsed. Over ``limit``, the parser's own refusal
+    path answers 400 (``HeadTooLarge``): the requests parsed before it are served, the
+    rest of the connection's bytes are not read. aiohttp bounds each line and the
+    number of headers only."""
+
+    __slots__ = ("_parser", "_limit", "_pending", "_body", "_refused")
+
+    def __init__(self, parser, limit: int) -> None:
+        self._parser, self._limit = parser, limit
+        self._pending = 0  # bytes of the head arriving
+        self._body = None  # the payload of the last request parsed
+        self._refused = False
+
+    def __getattr__(self, name: str):
+        return getattr(self._parser, name)
+
+    def _too_large(self) -> HeadTooLarge:
+        self._refused = True
+        return HeadTooLarge(message=f"request head over {self._limit} bytes "
+                                    "(rest_max_head_bytes)")
+
+    def feed_data(self, data):
+        if self._refused:  # (answered 400; the connection closes after it)
+            return (), False, b""
+        body = self._body
+        in_head = body is None or body.is_eof()
+        messages, upgraded, tail = self._parser.feed_data(data)
+        if messages:
+            limit = self._limit
+            for i, (msg, payload) in enumerate(messages):
+                if hasattr(msg, "raw_headers") and _head_bytes(msg) > limit:
+                    # the requests before it answered first, then its 400 (as aiohttp
+                    # refuses what its parser cannot read)
+                    e = self._too_large()
+                    return [*messages[:i], (_ErrInfo(status=400, exc=e, message=e.message),
+                                            EMPTY_PAYLOAD)], False, b""
+                self._body = payload
+            self._pending = 0
+        elif in_head:
+            self._pending += len(data)
+            if self._pending > self._limit:
+                raise self._too_large()
+        return messages, upgraded, tail
+
+
 def head_refusal(exc: BaseException | None, status: int, limits) -> str:
     """What is wrong with a request aiohttp's parser refused before our handler saw it
     (or, 500 and 504, one whose handling failed there), in the words of the limits."""
+    if isinstance(exc, HeadTooLarge):
+        return exc.message
     if isinstance(exc, LineTooLong):
         return (f"request line or header over {limits.rest_max_header_bytes} bytes "
                 "(rest_max_header_bytes)")
@@ -826,10 +893,14 @@ class _BoundSite(web.TCPSite):
         super().__init__(runner, *args, **kw)
         self._handler_class = _json_errors(limits)
         self._handshake_s = limits.rest_idle_timeout / 1e9  # (TLS: asyncio's own is 60 s)
+        self._head_bytes = limits.rest_max_head_bytes
 
     def _handler(self) -> RequestHandler:
         h = self._runner.server()
         h.__class__ = self._handler_class
+        parser = getattr(h, "_parser", None)  # (aiohttp's; tests/test_rest_http.py
+        if parser is not None:                # checks the bound is there)
+            h._parser = _HeadBound(parser, self._head_bytes)
         return h
 
     async def start(self) -> None:
