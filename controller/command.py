@@ -21,6 +21,7 @@ from clockwork.protocol.security import (
     client_ssl_context,
     cluster_secret,
     exposure_error,
+    plaintext_workers_warning,
     server_token,
 )
 from clockwork.signals import said_why, stop_event_on_signals
@@ -135,23 +136,6 @@ def _security(args: argparse.Namespace, workers: list[str]):
     return token, secret, tls
 
 
-def _plaintext_workers_line(tls, worker_tls, workers: list[str]) -> str | None:
-    """A warning when the clients speak TLS and the links to workers off this machine do
-    not (allowed, as SECURITY.md says, but the tensors cross the network in the clear:
-    it was said nowhere, and the start line said TLS), or None."""
-    from clockwork.protocol.security import far_workers
-
-    if tls is None or worker_tls is not None:
-        return None
-    far = far_workers(workers)
-    if not far:
-        return None
-    return (f"clients speak TLS, but the links to {', '.join(far[:3])}"
-            f"{' and more' if len(far) > 3 else ''} do not (the tensors cross the network "
-            "in the clear): --worker-tls-ca CA for TLS to the workers (started with "
-            "--tls-cert/--tls-key)")
-
-
 def _worker_credentials(args: argparse.Namespace, tls: TlsFiles | None):
     """With --worker-tls-ca: TLS to the workers, verified against that CA, presenting our
     --tls-cert/--tls-key as client certificate (for workers started with --tls-ca): the
@@ -191,7 +175,8 @@ def cmd_controller(args: argparse.Namespace) -> int:
     except SecurityError as e:
         print(f"clockwork controller: {e}", file=sys.stderr)
         return 2
-    line = _plaintext_workers_line(tls, node.worker_credentials, workers)
+    node.clients_tls = tls is not None
+    line = plaintext_workers_warning(node.clients_tls, node.worker_credentials, workers)
     if line:
         print(f"clockwork controller: warning: {line}", file=sys.stderr, flush=True)
     node.cluster_auth = ClusterAuth(secret) if secret is not None else None

@@ -37,6 +37,7 @@ from clockwork.protocol.security import (
     AuthFailed,
     Refusals,
     exposure_error,
+    plaintext_workers_warning,
 )
 from clockwork.protocol.versions import PROTOCOL, SOFTWARE, is_other_protocol, mismatch
 from clockwork.protocol.wire import (
@@ -403,6 +404,10 @@ class WorkerLinks:
             more = said() if said is not None else ""
             print(f"controller: worker {address} joined with {len(specs)} GPU(s){more}",
                   file=sys.stderr, flush=True)
+            line = plaintext_workers_warning(self.clients_tls, self.worker_credentials,
+                                             [address])
+            if line:  # (as for the workers at start)
+                print(f"controller: warning: {line}", file=sys.stderr, flush=True)
             return link.index, list(range(first, first + len(specs))), True
 
     def _channel(self, address: str) -> grpc.aio.Channel:

@@ -246,6 +246,7 @@ class ControllerNode(WorkerLinks):
     insecure_no_auth: bool = False  # --insecure-no-auth: far workers without the secret too
     worker_credentials: grpc.ChannelCredentials | None = None
     worker_tls: ssl.SSLContext | None = None
+    clients_tls: bool = False  # --tls-cert: a far worker linked in the clear is warned of
     _worker_refusals: Refusals | None = None
 
     def __init__(self, workers: list[str], profiles: str = "v100-reference",

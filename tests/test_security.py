@@ -1223,12 +1223,47 @@ def test_tls_clients_with_plaintext_links_to_far_workers_are_warned_of():
     """Clients on TLS and the links to workers off this machine in the clear (allowed) is
     said in a warning naming those workers (it was said nowhere, and the start line said
     TLS); loopback workers, no client TLS, or TLS to the workers: nothing said."""
-    from controller.command import _plaintext_workers_line as line
+    from clockwork.protocol.security import plaintext_workers_warning as line
 
-    tls, worker_tls = object(), object()
+    tls, worker_tls = True, object()
     said = line(tls, None, ["10.0.0.5:12345", "127.0.0.1:1", "[::1]:2"])
     assert said is not None and "10.0.0.5:12345" in said and "127.0.0.1" not in said
     assert "--worker-tls-ca" in said
     assert line(tls, None, ["127.0.0.1:1", "localhost:2"]) is None
-    assert line(None, None, ["10.0.0.5:1"]) is None
+    assert line(False, None, ["10.0.0.5:1"]) is None
     assert line(tls, worker_tls, ["10.0.0.5:1"]) is None
+
+
+def _this_hosts_address() -> str | None:
+    """An address of this machine off loopback (the one a packet out would leave by),
+    or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("198.51.100.1", 9))  # (nothing is sent: a route is chosen)
+            ip = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if ip.startswith("127.") or ip == "0.0.0.0" else ip
+
+
+def test_a_far_worker_added_in_the_clear_to_a_tls_controller_is_warned_of(pki):
+    """The warning said at start for workers off this machine linked in the clear while
+    the clients speak TLS is said too for one added while serving (``AddWorker``): it was
+    said for the workers at start only."""
+    ip = _this_hosts_address()
+    if ip is None:
+        pytest.skip("this machine has no address off loopback")
+    with local_cluster(models=MODEL,
+                       controller_args=["--tls-cert", pki.cert, "--tls-key", pki.key]) as c:
+        w = _Child("worker", _cli() + ["worker", "--host", ip, "--port", "0"],
+                   extra_env={SECRET_ENV: c.cluster_secret})
+        try:
+            addr = w.wait_address(30)
+            with clockwork.Client(c.address, timeout=30, tls_ca=pki.ca) as cl:
+                assert cl.add_worker(addr)["added"]
+            line = wait_output(c.controller, "clients speak TLS")
+            assert f"the links to {addr} do not" in line and "--worker-tls-ca" in line, line
+            assert not [x for x in c.controller.output if "clients speak TLS" in x
+                        and "127.0.0.1" in x]  # (its loopback worker: nothing said)
+        finally:
+            w.stop()

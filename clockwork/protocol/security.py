@@ -97,6 +97,22 @@ def far_workers(workers) -> list[str]:
     return [w for w in workers if not is_loopback(host_of(w))]
 
 
+def plaintext_workers_warning(clients_tls: bool, worker_tls, workers) -> str | None:
+    """A warning when the clients speak TLS and the links to the workers among
+    ``workers`` off this machine do not (``worker_tls`` None; allowed, but the tensors
+    cross the network in the clear, while the start line says TLS), or None. Said for
+    the workers at start and for each one added later."""
+    if not clients_tls or worker_tls is not None:
+        return None
+    far = far_workers(workers)
+    if not far:
+        return None
+    return (f"clients speak TLS, but the links to {', '.join(far[:3])}"
+            f"{' and more' if len(far) > 3 else ''} do not (the tensors cross the network "
+            "in the clear): --worker-tls-ca CA for TLS to the workers (started with "
+            "--tls-cert/--tls-key)")
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` (an address or a name) reaches only this machine. A name counts
     when every address it resolves to is a loopback address; "" and wildcards do not."""
