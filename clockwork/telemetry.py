@@ -645,25 +645,50 @@ def _naming(path: Path):
         raise OSError(e.errno, e.strerror or os.strerror(e.errno), str(path)) from e
 
 
+def is_log_file(path: Path) -> bool:
+    """Whether ``path`` names one of a log pair's files rather than a run folder: a
+    request or action log under its own name or renamed by its suffix, as a rotated log
+    is (``requests.tsv.1``, ``actions.1.npz``)."""
+    return (path.name.startswith(("requests.", "actions."))
+            and any(f".{fmt}" in path.suffixes for fmt in LOG_FORMATS))
+
+
+def log_pair(path: Path) -> tuple[Path, Path, str]:
+    """``(requests file, actions file, format)`` of the logs ``path`` names: a run
+    folder's (``requests.tsv``/``actions.tsv`` or the npz pair, whichever request log is
+    newer), or, for one of a pair's files (``is_log_file``), that pair: the file and the
+    other one of the same name after ``requests``/``actions`` (``requests.tsv.1`` and
+    ``actions.tsv.1``). Raises ``FileNotFoundError`` without a request log."""
+    if not is_log_file(path):
+        fmt = _format_in(path)
+        return path / f"requests.{fmt}", path / f"actions.{fmt}", fmt
+    tail = path.name.split(".", 1)[1]
+    requests, actions = (path.with_name(f"{k}.{tail}") for k in ("requests", "actions"))
+    if not requests.is_file():
+        raise FileNotFoundError(f"no {requests.name} beside {path.name} in {path.parent}"
+                                if requests != path else f"no such file: {path}")
+    return requests, actions, "npz" if ".npz" in path.suffixes else "tsv"
+
+
 def read_logs(run_dir: str | Path) -> Telemetry:
     """A run directory's logs as a ``Telemetry`` (its columns; ``log_format`` the format
     found): requests.npz/actions.npz or requests.tsv/actions.tsv, whichever ``requests``
-    file is newer if both are there. A missing actions file reads as no actions.
+    file is newer if both are there; or, ``run_dir`` one file of a pair, that pair
+    (``log_pair``). A missing actions file reads as no actions.
     Without either, the rows a controller writing npz logs left in a ``clockwork-rows-*``
     folder there (killed before it wrote its logs; ``read_rows``). Raises
     ``FileNotFoundError`` without any of these, ``ValueError`` for a file that is not
     such a log."""
     run_dir = Path(run_dir)
     try:
-        fmt = _format_in(run_dir)
+        requests, actions, fmt = log_pair(run_dir)
     except FileNotFoundError:
-        rows = rows_folder(run_dir)
+        rows = None if is_log_file(run_dir) else rows_folder(run_dir)
         if rows is None:
             raise
         return read_rows(rows)
     tel = Telemetry(0, fmt)
     read = _read_npz if fmt == "npz" else _read_tsv
-    requests, actions = run_dir / f"requests.{fmt}", run_dir / f"actions.{fmt}"
     read(tel, requests, tel._req)
     _check_values(requests, dict(zip(tel._req.names, tel._req.arrays(), strict=True)))
     if actions.exists():
@@ -1403,21 +1428,20 @@ def _timeline_columns(what: str, cols: dict, names: tuple) -> dict[str, np.ndarr
 def read_columns(run_dir: str | Path, request_columns: tuple, action_columns: tuple,
                  notes: list[str] | None = None
                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Some columns of a run directory's logs, as ``read_logs`` finds them: from npz logs
+    """Some columns of a run directory's logs (or a pair's), as ``read_logs`` finds them: from npz logs
     only those columns are read; TSV logs are read whole. ``model`` comes as codes.
     ``notes``: what reading left out is appended there (``Telemetry.notes``)."""
     run_dir = Path(run_dir)
     try:
-        fmt = _format_in(run_dir)
+        pair = log_pair(run_dir)
     except FileNotFoundError:
-        fmt = None  # no log files: read_logs reads a rows folder there, or raises
-    if fmt == "npz":
+        pair = None, None, None  # no log files: read_logs reads a rows folder, or raises
+    if pair[2] == "npz":
         out = []
-        for name, want, names in (("requests", request_columns, REQUEST_COLUMNS),
-                                  ("actions", action_columns, ACTION_COLUMNS)):
+        for name, want, names, path in (("requests", request_columns, REQUEST_COLUMNS, pair[0]),
+                                        ("actions", action_columns, ACTION_COLUMNS, pair[1])):
             if not set(want) <= set(names):
                 raise ValueError(f"unknown {name} column(s): {sorted(set(want) - set(names))}")
-            path = run_dir / f"{name}.npz"
             dts = dict(zip(names, REQUEST_DTYPES if name == "requests" else ACTION_DTYPES,
                            strict=True))
             if name == "actions" and not path.exists():

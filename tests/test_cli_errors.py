@@ -566,12 +566,16 @@ def test_a_binary_file_given_as_a_trace_is_named_in_a_short_line(tmp_path, capsy
     assert "header must start with HashOwner" in err and "' ...;" in err, err
 
 
-def test_report_given_a_log_file_names_its_run_folder(tmp_path, capsys):
+def test_report_given_a_log_file_reads_its_pair_or_names_what_is_missing(tmp_path, capsys):
     (tmp_path / "requests.tsv").write_text("request_id\tmodel\n")
     rc = main(["report", str(tmp_path / "requests.tsv")])
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
-    assert f"(a log file: give its run folder, {str(tmp_path)!r})" in err, err
+    assert f"no actions.tsv beside requests.tsv in {tmp_path}" in err, err
+    (tmp_path / "requests.status").write_text("x")  # (not a log: read as a summary)
+    rc = main(["report", str(tmp_path / "requests.status")])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"(a log file: give its run folder, {str(tmp_path)!r})" in err, err
 
 
 def test_worker_ports_clash_only_with_the_controller_on_the_same_address():

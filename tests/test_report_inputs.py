@@ -418,3 +418,25 @@ def test_the_python_readers_refuse_what_they_cannot_use_in_one_line(runs):
     for empty in ("", "  "):  # (it wrote the run's files into the current folder)
         with pytest.raises(ValueError, match="the run's folder must be a path"):
             T.write_run(empty, tel, s, {})
+
+
+@pytest.mark.parametrize("fmt,renamed", [("tsv", "{k}.tsv.1"), ("npz", "{k}.1.npz")])
+def test_a_renamed_log_pair_is_read_by_naming_one_of_its_files(runs, tmp_path, capsys, fmt,
+                                                               renamed):
+    """A log pair renamed (as logrotate renames a controller's TSV logs, or as a restart
+    leaves them) is read by naming either of its files; a folder holding only such pairs
+    says how (it said only "no summary.json"); a pair missing its other file is one line."""
+    d = tmp_path / "logs"
+    d.mkdir()
+    for k in ("requests", "actions"):
+        shutil.copy(runs / fmt / f"{k}.{fmt}", d / renamed.format(k=k))
+    req, act = d / renamed.format(k="requests"), d / renamed.format(k="actions")
+    _one_line(capsys, main(["report", str(d)]), f"clockwork report {req} reads that pair")
+    submitted = orjson.loads((runs / fmt / "summary.json").read_bytes())["submitted"]
+    for named in (req, act, runs / fmt / f"requests.{fmt}"):
+        assert main(["report", str(named), "--timeline", "0.5"]) == 0, named
+        out, err = capsys.readouterr()
+        assert out.splitlines()[0].split() == ["requests", "submitted", f"{submitted:,}"], out
+        assert "figures computed from the log pair" in err and "Traceback" not in err, err
+    act.unlink()
+    _one_line(capsys, main(["report", str(req)]), f"no {act.name} beside {req.name}")

@@ -89,6 +89,8 @@ def _summary_from_logs(path: Path) -> tuple[dict, dict, dict, float | None] | st
     from clockwork.telemetry import (
         ROWS_PREFIX,
         WRITING_MARK,
+        is_log_file,
+        log_pair,
         read_logs,
         read_rows,
         rows_folder,
@@ -96,12 +98,23 @@ def _summary_from_logs(path: Path) -> tuple[dict, dict, dict, float | None] | st
     )
 
     own = path.name.startswith(ROWS_PREFIX) and (path / "requests.status").is_file()
-    found = [] if own else [(q.stat().st_mtime_ns, q) for x in ("tsv", "npz")
-                            if (q := path / f"requests.{x}").exists()]
+    pair = is_log_file(path)  # (one log pair named: a renamed one, as rotated)
+    if pair:
+        try:
+            req_log, act_log, _ = log_pair(path)
+        except FileNotFoundError as e:
+            return str(e)
+        found = [(0, req_log)]
+    else:
+        found = [] if own else [(q.stat().st_mtime_ns, q) for x in ("tsv", "npz")
+                                if (q := path / f"requests.{x}").exists()]
     rows = path if own else None if found else rows_folder(path)
     if not found and rows is None:
         return None
-    if own:  # (a rows folder named: the run folder's newest may be another)
+    if pair:
+        if not act_log.exists():
+            return f"no {act_log.name} beside {req_log.name} in {path.parent}"
+    elif own:  # (a rows folder named: the run folder's newest may be another)
         print(f"clockwork report: {path}: the rows of a run whose npz logs were never "
               "written (a controller killed, or still running)", file=sys.stderr)
     elif rows is not None:  # (all its rows: the folder goes once the .npz files are in place)
@@ -134,9 +147,11 @@ def _summary_from_logs(path: Path) -> tuple[dict, dict, dict, float | None] | st
     arrival, latency = req["arrival"], req["latency"]
     last = int((arrival + latency).max()) if len(arrival) else None  # ns
     span = last - int(arrival.min()) if last is not None else 0
-    print(f"clockwork report: no summary.json in {path}: figures computed from its logs, "
-          f"over {span / 1e9:.1f} s from the first arrival to the last answer",
-          file=sys.stderr)
+    what = (f"{path}: figures computed from the log pair {found[0][1].name} and "
+            f"{act_log.name}" if pair else
+            f"no summary.json in {path}: figures computed from its logs")
+    print(f"clockwork report: {what}, over {span / 1e9:.1f} s from the first arrival to "
+          "the last answer", file=sys.stderr)
     act = tel.action_columns()
     end = last / 1e9 if last is not None and last > 0 else None
     summary = summary_of(req, act, round(span / 1e9, 6))
@@ -164,6 +179,14 @@ def _no_summary(path: Path) -> str:
             got.append(f"a point's run: clockwork report {point}")
         return (f"{path} is a sweep's output, not a run: no summary.json of its own"
                 + (f"; see {' or '.join(got)}" if got else " (and no point finished yet)"))
+    from clockwork.telemetry import is_log_file
+
+    renamed = sorted(p.name for p in path.glob("requests.*") if is_log_file(p))
+    if renamed:  # (only renamed log pairs there: rotated, or a restart's)
+        return (f"no summary.json and no requests.tsv or requests.npz in {path}; it holds "
+                f"renamed request logs ({', '.join(renamed[:4])}"
+                f"{', ...' if len(renamed) > 4 else ''}): clockwork report "
+                f"{path / renamed[0]} reads that pair")
     return f"no summary.json in {path}"
 
 
@@ -188,16 +211,19 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from clockwork.telemetry import format_summary
+    from clockwork.telemetry import format_summary, is_log_file
 
     path = Path(args.dir)
+    log = is_log_file(path)  # (a log pair named by one of its files: read from the pair)
     f = path / "summary.json" if path.is_dir() else path
     columns = None  # (request, action) columns, when read already
     end = None  # where the run ended, s from the logs' time 0
     try:
+        if log:
+            raise FileNotFoundError(path)
         s = orjson.loads(f.read_bytes())
     except FileNotFoundError:
-        got = _summary_from_logs(path) if path.is_dir() else None
+        got = _summary_from_logs(path) if path.is_dir() or log else None
         if got is None:
             print(f"clockwork report: {_no_summary(path)}", file=sys.stderr)
             return 2

@@ -135,7 +135,9 @@ def add_report(sub) -> None:
               "print a run's summary as a table",
               "Print the summary.json of a run directory as a table; --timeline reads "
               "its logs (requests.tsv/actions.tsv or requests.npz/actions.npz).")
-    p.add_argument("dir", help="a run directory (from --out) or a summary.json file")
+    p.add_argument("dir", help="a run directory (from --out, or a controller's --log-dir), "
+                   "a summary.json file, or one file of a log pair (requests.tsv, or renamed "
+                   "as a rotated log is: requests.tsv.1): that pair's figures")
     p.add_argument("--timeline", type=t.timeline_seconds, nargs="?", const=60.0, default=None,
                    metavar="SECONDS", help="also print per-interval figures (requests, goodput, "
                    "SLO attainment, cold starts, loads, evicts); interval default 60 s, at least "
