@@ -793,6 +793,19 @@ class _BadLog(ValueError):
     """A log file that cannot be read as one; the message names the file (and line)."""
 
 
+def _undecodable_line(path: Path, after: int) -> int:
+    """The number of the first line of ``path`` after line ``after`` that is not UTF-8
+    text (a block of lines failed to decode: which one of them)."""
+    with path.open("rb") as f:
+        for n, line in enumerate(f, 1):
+            if n > after:
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError:
+                    return n
+    return after + 1
+
+
 def _value_range(dt: np.dtype) -> tuple[int, int]:
     """The smallest and largest value a log column of type ``dt`` holds."""
     if dt == _BOOL:
@@ -1017,8 +1030,8 @@ def _read_tsv(tel: Telemetry, path: Path, log: ColumnLog) -> None:
                     parts.append(cols)
                 lineno += len(lines)
     except UnicodeDecodeError as e:
-        raise _BadLog(f"{path}: not a log file: bytes that are not UTF-8 text after line "
-                      f"{lineno} ({e.reason})") from None
+        raise _BadLog(f"{path}: not a log file: bytes that are not UTF-8 text on line "
+                      f"{_undecodable_line(path, lineno)} ({e.reason})") from None
     if not parts:
         log.set_arrays([np.zeros(0, dt) for dt in log.dtypes])
         return

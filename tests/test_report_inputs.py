@@ -440,3 +440,27 @@ def test_a_renamed_log_pair_is_read_by_naming_one_of_its_files(runs, tmp_path, c
         assert "figures computed from the log pair" in err and "Traceback" not in err, err
     act.unlink()
     _one_line(capsys, main(["report", str(req)]), f"no {act.name} beside {req.name}")
+
+
+def test_bytes_that_are_not_utf8_are_named_by_their_line(runs, tmp_path, capsys):
+    """A TSV log with a byte that is not UTF-8 on some line is refused naming that line
+    (it said "after line 1": the line before the block of lines being decoded)."""
+    d = _copy(runs, "tsv", tmp_path, summary=False)
+    lines = (d / "requests.tsv").read_bytes().splitlines(keepends=True)
+    assert len(lines) > 600
+    lines[499] = lines[499].replace(b"\t", b"\t\xff", 1)  # (line 500)
+    (d / "requests.tsv").write_bytes(b"".join(lines))
+    _one_line(capsys, main(["report", str(d)]), "requests.tsv: not a log file: bytes that "
+              "are not UTF-8 text on line 500")
+
+
+@pytest.mark.parametrize("summary", [True, False])
+def test_a_log_that_is_a_folder_is_one_line_exit_2(runs, tmp_path, capsys, summary):
+    """A run folder whose requests.tsv is a folder: one line naming it, exit 2 (as for a
+    summary.json that is a folder; it was exit 1), with the summary (--timeline) or
+    without (the figures from the logs)."""
+    d = _copy(runs, "tsv", tmp_path, summary=summary)
+    (d / "requests.tsv").unlink()
+    (d / "requests.tsv").mkdir()
+    _one_line(capsys, main(["report", str(d), "--timeline"]),
+              f"cannot read {d / 'requests.tsv'}: Is a directory")

@@ -142,6 +142,8 @@ def _summary_from_logs(path: Path) -> tuple[dict, dict, dict, float | None] | st
         tel = read_rows(path) if own else read_logs(path)
     except (FileNotFoundError, ValueError) as e:
         return str(e)
+    except OSError as e:  # (a log that is a folder, or that cannot be read)
+        return f"cannot read {e.filename or path}: {e.strerror or e}"
     _warn(tel.notes)
     req = tel.request_columns()
     arrival, latency = req["arrival"], req["latency"]
@@ -274,6 +276,10 @@ def _report(args: argparse.Namespace) -> int:
                       "they of one run?", file=sys.stderr)
         except (FileNotFoundError, ValueError) as e:
             print(f"clockwork report: {e}", file=sys.stderr)
+            return 2
+        except OSError as e:  # (a log that is a folder, or that cannot be read)
+            print(f"clockwork report: cannot read {e.filename or f.parent}: "
+                  f"{e.strerror or e}", file=sys.stderr)
             return 2
     print(table)
     run = f.parent / "run.json"
