@@ -294,9 +294,14 @@ def unknown_key_line(key: Sequence[Any], known: Sequence[str], name: str = "",
     key is a bare name."""
     *parent, last = list(key)
     what = f"unknown {name} setting" if name and not parent else "unknown setting"
-    close = difflib.get_close_matches(str(last), list(known), n=1, cutoff=0.6)
+    # (the keys that begin with the one given first: 'load_factor' -> 'load_factor_max',
+    # 'load_factor_start' or 'load_factor_step', not the closer-spelled 'slo_factor')
+    close = sorted(k for k in known if k.startswith(str(last)) and k != str(last)) \
+        or difflib.get_close_matches(str(last), list(known), n=1, cutoff=0.6)
     if close:
-        hint = f" (did you mean {_key([*parent, close[0]])!r}?)"
+        names = [repr(_key([*parent, k])) for k in close]
+        hint = (f" (did you mean {names[0]}?)" if len(names) == 1 else
+                f" (did you mean {', '.join(names[:-1])} or {names[-1]}?)")
     elif known:
         hint = f" (known: {', '.join(sorted(known))})"
     else:

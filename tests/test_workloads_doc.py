@@ -105,3 +105,28 @@ def test_the_common_keys_section_lists_them_once(page):
     assert "Common keys" in page, "docs/workloads.md has no 'Common keys' section"
     rows = table_keys(page["Common keys"])
     assert sorted(rows) == sorted(_COMMON)
+
+
+def test_the_settings_reference_names_each_kinds_keys():
+    """``clockwork settings`` (docs/settings.md), which ships with the package where
+    workloads.md does not, names every key each kind takes, in the kind's row."""
+    from clockwork.cluster.settings_doc import render
+
+    rows = {m.group(1): set(TICKED.findall(m.group(2)))
+            for m in re.finditer(r"^\| `([a-z_0-9]+)` \| (.*) \|$", render(), re.M)}
+    for kind, keys in _KEYS.items():
+        assert rows.get(kind) == keys - {"kind", "models"}, kind
+
+
+def test_a_misspelt_key_is_pointed_to_the_key_it_begins():
+    """A key that is the start of those the kind takes is pointed to them ('load_factor'
+    in an azure_scalability entry: its three 'load_factor_*' keys, not the closer-spelled
+    'slo_factor')."""
+    from clockwork.workloads import build_workload
+    from clockwork.workloads.base import WorkloadError
+
+    with pytest.raises(WorkloadError, match=r"did you mean 'load_factor_max', "
+                       r"'load_factor_start' or 'load_factor_step'\?\)"):
+        build_workload({"kind": "azure_scalability", "load_factor": 2}, {"m": "m"})
+    with pytest.raises(WorkloadError, match=r"did you mean 'rate_rps'\?"):
+        build_workload({"kind": "poisson", "rate_rp": 2}, {"m": "m"})

@@ -117,6 +117,19 @@ def _section(title: str, text: str, table: str) -> str:
     return f"## {title}\n\n{text}\n\n{table}" if text else f"## {title}\n\n{table}"
 
 
+def _workload_kinds_table() -> str:
+    """Each workload kind and the keys it takes besides ``kind`` and ``models`` (what
+    ``build_workload`` accepts), so that the reference names them without workloads.md."""
+    from clockwork.workloads import _KEYS
+
+    rows = ["| kind | its other keys |", "|---|---|"]
+    for kind in sorted(_KEYS):
+        rows.append(f"| `{kind}` | " + ", ".join(
+            f"`{k}`" for k in sorted(_KEYS[kind] - {"kind", "models"})) + " |")
+    return ("The keys each kind takes besides `kind` and `models`:\n\n" + "\n".join(rows)
+            + "\n")
+
+
 def render() -> str:
     """The whole page, as the schemas give it."""
     from controller import BASELINE_SHARED, POLICIES, policy_config
@@ -144,7 +157,8 @@ def render() -> str:
         "read; their ranges, and every other key (`burst_rps`, `on_s`, `trace`, ...), depend "
         "on the kind and are checked when the workload is built: every kind's keys, "
         "defaults and allowed values are in [workloads.md](workloads.md). "
-        "Every number in an entry must be finite.", markdown_table(WorkloadEntry)))
+        "Every number in an entry must be finite.", markdown_table(WorkloadEntry)
+        + "\n\n" + _workload_kinds_table()))
     sched = markdown_table(SchedulerTable)
     parts.append(_section(
         "`[scheduler]`", "The policy and its settings; `clockwork controller --settings FILE` "
