@@ -367,7 +367,19 @@ class WorkerLinks:
             try:
                 async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                     await self._unless_stopping(self._connect(link, tries_end))
+                    # a load or unload made while the connection's task handed back went
+                    # to the links of then, not this one (its requests failed
+                    # UNKNOWN_MODEL on the new GPUs): caught up again, the last look at
+                    # the instances with no await before the link joins the others
+                    try:
+                        await self._catch_up(link, pbg.WorkerStub(link.channel), link.call)
+                    except grpc.aio.AioRpcError as e:
+                        raise ConnectionError(f"worker {link.address}: {e.details()}") from None
             except ValueError as e:
+                if link.channel is not None:  # (connected, then refused by the catch-up)
+                    if isinstance(link.call, FrameStream):
+                        link.call.close()
+                    await link.channel.close()
                 raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
             except (ConnectionError, TimeoutError) as e:
                 # (a connection made just as the time ran out is let go, not left open)

@@ -545,3 +545,46 @@ def test_a_worker_started_by_hand_joins_a_served_cluster_given_its_secret(tmp_pa
     finally:
         worker.stop()
         serve.stop()
+
+
+def test_a_model_loaded_as_a_worker_is_added_reaches_that_worker():
+    """A load made just as an added worker's connection is handed back (after its
+    catch-up on the instances, before it joins the links the load updates) reaches that
+    worker too: it was told of none of it, and its GPUs failed the model's requests
+    UNKNOWN_MODEL until it reconnected (a race seen in 5 of 8 tries with loads running
+    beside an AddWorker). Controller and workers in this process; the load is made in
+    that gap."""
+    import asyncio
+
+    from controller.service import ControllerNode
+    from tests.inprocess import serve_in_process
+    from worker.service import WorkerNode
+
+    async def main():
+        first, second = WorkerNode(gpus=1, pages=100), WorkerNode(gpus=1, pages=100)
+        a1, stop1, served1 = await serve_in_process(first)
+        a2, stop2, served2 = await serve_in_process(second)
+        node = ControllerNode([a1], "v100-reference", models="resnet50_v2")
+        await node.start()
+        unless_stopping, loads = node._unless_stopping, []
+
+        async def connected_then_a_load(coro):
+            got = await unless_stopping(coro)
+            if not loads:  # (the add's connection: a load lands before it joins)
+                loads.append(asyncio.create_task(node.load_model("late", 1, "mobilenet_v2")))
+                while "late" not in node.instances:
+                    await asyncio.sleep(0)
+            return got
+
+        node._unless_stopping = connected_then_a_load
+        try:
+            await node.add_worker(a2)
+            assert await loads[0] == ["late"]
+            assert "late" in second.instances and "late" in first.instances
+        finally:
+            await node.stop()
+            for stop, served in ((stop1, served1), (stop2, served2)):
+                stop.set()
+                await served
+
+    asyncio.run(asyncio.wait_for(main(), 60))
