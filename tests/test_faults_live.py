@@ -559,3 +559,38 @@ def test_a_lost_worker_that_stays_away_is_said_again_with_why(monkeypatch, capsy
     assert re.fullmatch(r"controller: worker 127\.0\.0\.1:\d+ still lost \(for \d+ s; still "
                         r"trying\): connection refused: is a `clockwork worker` listening "
                         r"there\?", line), line
+
+
+def test_a_reset_the_worker_fails_ends_its_connection_and_it_is_taken_back():
+    """A re-admitted worker (found suspect, then heard from) is reset; a reset whose
+    handling fails on the worker ends its connection, so that the controller connects
+    again with a Hello and takes it back. (The worker said so in its log and answered
+    nothing: the controller waited for the answer for good, the worker connected and
+    unused, every request answered no_worker.) Controller and worker in this process."""
+    import asyncio
+    import time
+
+    from worker.service import WorkerNode
+
+    async def main():
+        wnode = WorkerNode(gpus=1, pages=100)
+        hello, failing = wnode.hello, []
+
+        def failing_once(h):
+            if failing == [True]:
+                failing.append(False)
+                raise RuntimeError("a reset that fails (a test)")
+            return hello(h)
+
+        wnode.hello = failing_once
+        async with controller_with([wnode], "v100-reference", models="resnet50_v2") as node:
+            assert (await answer(node, "resnet50_v2")).status == 0
+            failing.append(True)
+            node.ctrl._suspect(0, time.monotonic_ns(), "a test")  # (re-admitted when next heard from)
+            deadline = time.monotonic() + 20
+            while failing != [True, False] or not node.ctrl.up[0] or node.ctrl.resetting[0]:
+                assert time.monotonic() < deadline, (failing, node.ctrl.up, node.ctrl.resetting)
+                await asyncio.sleep(0.02)
+            assert (await answer(node, "resnet50_v2")).status == 0
+
+    asyncio.run(asyncio.wait_for(main(), 60))

@@ -1347,6 +1347,12 @@ class _Session:
                                f"not know ({_unknown_fields(msg)}): ignored")
         except Exception as e:  # noqa: BLE001 - one bad message, not the stream
             node._complain(f"a {kind} message from the controller failed: {e!r}", e)
+            if kind == "hello":  # (a reset unanswered held the controller's re-admission
+                # for good, this worker connected and unused): the session ends, and the
+                # controller connects again, with a Hello of its own
+                self.refused = f"a reset from the controller failed: {e!r}"
+                self.stop()
+                return False
             if kind == "update":  # answered all the same (the controller waits for it):
                 with contextlib.suppress(Exception):  # none of its instances was added
                     st = node.state([i.name for i in msg.update.add])
