@@ -268,3 +268,31 @@ def test_simulated_end_to_end(trace_file):
     assert a["submitted"] == a["succeeded"] + a["failed"] + a["dropped"]
     assert a["slo_attainment"] > 0.5
     assert simulate(scenario).summary == a
+
+
+@pytest.mark.parametrize("minutes,said", [(4, False), (3, True)])
+def test_trace_minutes_shorter_than_the_run_are_said(trace_file, minutes, said):
+    """Trace minutes that end before ``duration_s`` (no arrivals after, while goodput
+    counts the whole run) are said in a warning naming where they end; minutes that
+    fill the run (here 4 x 5 s = 20 s), nothing (a ``randomise_start`` offset, which ends
+    them up to a minute early by design, not counted)."""
+    import warnings
+
+    from clockwork.cluster.sim import SimulationWarning
+
+    scenario = {
+        "seed": 3, "duration_s": 20.0,
+        "models": [{"name": "resnet50_v2", "copies": 2}],
+        "workloads": [{"kind": "azure", "trace": str(trace_file), "start_minute": 720,
+                       "minutes": minutes, "interval_s": 5.0, "load_factor": 0.01,
+                       "randomise_start": True}],
+    }
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        res = simulate(scenario)
+    said_here = [str(w.message) for w in got if issubclass(w.category, SimulationWarning)]
+    line = ("workloads.0 (azure): its 3 trace minute(s) end at 15 s, before duration_s = "
+            "20 s: no arrivals after, and goodput and throughput are over the whole run")
+    assert said_here == ([line] if said else []), said_here
+    assert [x for x in res.warnings if "trace minute" in x] == (
+        [f"warning: {line}"] if said else [])

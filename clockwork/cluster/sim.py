@@ -236,6 +236,7 @@ class Simulation:
         self.duration = sec(sc.duration_s)
         exec1 = {i: p.exec_ns[p.batch_sizes[0]] for i, p in self.profiles.items()}
         self.workloads: list[Workload] = []
+        short: list[str] = []  # (workloads whose arrivals end before the run does)
         wseeds = s_work.spawn(len(sc.workloads))
         for i, spec in enumerate(sc.workloads):
             try:  # (what bind refuses too: the run's length and the entry's values)
@@ -244,13 +245,21 @@ class Simulation:
             except ValueError as e:
                 raise ScenarioError(f"workloads.{i}: {e}") from e
             self.workloads.append(w)
+            ends = getattr(w, "arrivals_end", None)
+            end = ends() if ends is not None else None
+            if end is not None:  # (a trace shorter than the run: said, the figures are
+                # the whole run's)
+                short.append(
+                    f"warning: workloads.{i} ({w.kind}): its {w.minutes} trace minute(s) "
+                    f"end at {end / NS_PER_S:g} s, before duration_s = {sc.duration_s:g} s: "
+                    "no arrivals after, and goodput and throughput are over the whole run")
         self.telemetry = Telemetry(0, spill_dir=spill_dir)
         self._executors: list[GpuExecutor] = []  # every one made, for their peak pages
         # (time, what happened): the faults, the [[repository]] events ("repository: ...")
         # and the workers that joined ("cluster: ...")
         self.fault_log: list[tuple[int, str]] = []
         # said before the run (``clockwork simulate``'s stderr lines, without its name)
-        self.warnings: list[str] = []
+        self.warnings: list[str] = list(short)
         line = unused_line(*table_policy(sc.scheduler))
         if line:
             self.warnings.append(line)

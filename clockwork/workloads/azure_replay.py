@@ -160,6 +160,13 @@ class AzureReplay(Workload):
         """The load factor trace minute ``m``'s arrivals are drawn at."""
         return self.load_factor
 
+    def arrivals_end(self) -> int | None:
+        """Where its trace minutes end (ns, after ``bind``) when that is before the run's
+        end (its arrivals stop there, the run goes on), else None. (A ``randomise_start``
+        offset, which ends them up to one interval early by design, is not counted.)"""
+        t = self.start + self.minutes * self.interval
+        return t if t < self.end else None
+
     def _check_draws(self) -> None:
         """Refuse a replay that would draw more than ``MAX_MINUTE_ARRIVALS`` for one trace
         minute (drawn, sorted and held at once), or more than ``MAX_OFFERED_REQUESTS`` in
