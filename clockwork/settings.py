@@ -296,8 +296,10 @@ def unknown_key_line(key: Sequence[Any], known: Sequence[str], name: str = "",
     what = f"unknown {name} setting" if name and not parent else "unknown setting"
     # (the keys that begin with the one given first: 'load_factor' -> 'load_factor_max',
     # 'load_factor_start' or 'load_factor_step', not the closer-spelled 'slo_factor')
-    close = sorted(k for k in known if k.startswith(str(last)) and k != str(last)) \
-        or difflib.get_close_matches(str(last), list(known), n=1, cutoff=0.6)
+    begun = sorted(k for k in known if str(last) and k.startswith(str(last))
+                   and k != str(last))
+    close = begun if 0 < len(begun) <= 4 else \
+        difflib.get_close_matches(str(last), list(known), n=1, cutoff=0.6)
     if close:
         names = [repr(_key([*parent, k])) for k in close]
         hint = (f" (did you mean {names[0]}?)" if len(names) == 1 else
