@@ -649,8 +649,11 @@ def is_log_file(path: Path) -> bool:
     """Whether ``path`` names one of a log pair's files rather than a run folder: a
     request or action log under its own name or renamed by its suffix, as a rotated log
     is (``requests.tsv.1``, ``actions.1.npz``)."""
-    return (path.name.startswith(("requests.", "actions."))
+    return (path.name.startswith(("requests.", "actions.")) and not path.is_dir()
             and any(f".{fmt}" in path.suffixes for fmt in LOG_FORMATS))
+
+
+_COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip")  # (logrotate's ``compress``, say)
 
 
 def log_pair(path: Path) -> tuple[Path, Path, str]:
@@ -662,6 +665,9 @@ def log_pair(path: Path) -> tuple[Path, Path, str]:
     if not is_log_file(path):
         fmt = _format_in(path)
         return path / f"requests.{fmt}", path / f"actions.{fmt}", fmt
+    if path.suffix in _COMPRESSED:
+        raise ValueError(f"{path}: a compressed log ({path.suffix}): decompress it, and the "
+                         "other file of its pair, first")
     tail = path.name.split(".", 1)[1]
     requests, actions = (path.with_name(f"{k}.{tail}") for k in ("requests", "actions"))
     if not requests.is_file():
@@ -1031,7 +1037,7 @@ def _read_tsv(tel: Telemetry, path: Path, log: ColumnLog) -> None:
                 lineno += len(lines)
     except UnicodeDecodeError as e:
         raise _BadLog(f"{path}: not a log file: bytes that are not UTF-8 text on line "
-                      f"{_undecodable_line(path, lineno)} ({e.reason})") from None
+                      f"{_undecodable_line(path, 0)} ({e.reason})") from None
     if not parts:
         log.set_arrays([np.zeros(0, dt) for dt in log.dtypes])
         return

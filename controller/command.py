@@ -178,6 +178,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
     node.clients_tls = tls is not None
     line = plaintext_workers_warning(node.clients_tls, node.worker_credentials, workers)
     if line:
+        node.plaintext_said = frozenset(workers)
         print(f"clockwork controller: warning: {line}", file=sys.stderr, flush=True)
     node.cluster_auth = ClusterAuth(secret) if secret is not None else None
     node.insecure_no_auth = getattr(args, "insecure_no_auth", False)

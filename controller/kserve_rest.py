@@ -791,8 +791,9 @@ def _head_bytes(msg) -> int:
 
 class _HeadBound:
     """A connection's HTTP parser (aiohttp's), with a bound on each request head in all:
-    the bytes of a head still arriving (all that came since the last head, while no body
-    is being read) and of each head parsed. Over ``limit``, the parser's own refusal
+    the bytes of a head still arriving (the reads since the one that ended the last
+    request, while no body is being read: that read's rest is not counted, so an
+    unfinished head holds at most the bound plus one read) and of each head parsed. Over ``limit``, the parser's own refusal
     path answers 400 (``HeadTooLarge``): the requests parsed before it are served, the
     rest of the connection's bytes are not read. aiohttp bounds each line and the
     number of headers only."""

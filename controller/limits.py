@@ -119,11 +119,14 @@ class Limits:
         100, "Most headers in a REST request; more is answered 400.", ge=1, le=INT32_MAX)
     rest_max_head_bytes: int = setting(
         64 * 1024, "Largest REST request head in all: the request line and every header "
-        "(names and values, each with its line's 4 bytes of separators). More is "
-        "answered 400; a head still arriving is refused as soon as what has come of it "
-        "is over this, before the rest is read. (The bounds per line and on the count "
-        "alone let one unfinished head hold ~1.6 MB, and ~3 MB of the controller's "
-        "memory, for `rest_idle_timeout_s`, on every connection, with no token needed.)",
+        "(names and values, each with its line's 4 bytes of separators; the whitespace "
+        "around values not counted). More is answered 400; a head still arriving is "
+        "refused as soon as more than this has come of it after the read that ended the "
+        "request before it (that read's rest is not counted: an unfinished head holds at "
+        "most this plus one read, 256 KiB), before the rest is read. (The bounds per line "
+        "and on the count alone let one unfinished head hold ~1.6 MB, and ~3 MB of the "
+        "controller's memory, for `rest_idle_timeout_s`, on every connection, with no "
+        "token needed.)",
         ge=1024, le=INT32_MAX)
     rest_idle_timeout: int = setting(
         60 * S, "A REST connection that does not send a whole request head for this long "

@@ -375,6 +375,13 @@ class WorkerLinks:
                         await self._catch_up(link, pbg.WorkerStub(link.channel), link.call)
                     except grpc.aio.AioRpcError as e:
                         raise ConnectionError(f"worker {link.address}: {e.details()}") from None
+                    except asyncio.CancelledError:  # (the caller gone: its connection
+                        # closed, or a fast link would hold the worker for good)
+                        if isinstance(link.call, FrameStream):
+                            link.call.close()
+                        with contextlib.suppress(Exception):
+                            await asyncio.shield(link.channel.close())
+                        raise
             except ValueError as e:
                 if link.channel is not None:  # (connected, then refused by the catch-up)
                     if isinstance(link.call, FrameStream):
@@ -418,7 +425,7 @@ class WorkerLinks:
                   file=sys.stderr, flush=True)
             line = plaintext_workers_warning(self.clients_tls, self.worker_credentials,
                                              [address])
-            if line:  # (as for the workers at start)
+            if line and address not in self.plaintext_said:  # (as for those at start)
                 print(f"controller: warning: {line}", file=sys.stderr, flush=True)
             return link.index, list(range(first, first + len(specs))), True
 

@@ -247,6 +247,7 @@ class ControllerNode(WorkerLinks):
     worker_credentials: grpc.ChannelCredentials | None = None
     worker_tls: ssl.SSLContext | None = None
     clients_tls: bool = False  # --tls-cert: a far worker linked in the clear is warned of
+    plaintext_said: frozenset[str] = frozenset()  # (the workers at start so warned of)
     _worker_refusals: Refusals | None = None
 
     def __init__(self, workers: list[str], profiles: str = "v100-reference",

@@ -464,3 +464,21 @@ def test_a_log_that_is_a_folder_is_one_line_exit_2(runs, tmp_path, capsys, summa
     (d / "requests.tsv").mkdir()
     _one_line(capsys, main(["report", str(d), "--timeline"]),
               f"cannot read {d / 'requests.tsv'}: Is a directory")
+
+
+def test_a_run_folder_named_as_a_log_is_a_run_and_a_compressed_pair_is_said(runs, tmp_path,
+                                                                            capsys):
+    """A run folder whose name looks like a log's (``requests.tsv``) is read as the run
+    folder it is; a compressed renamed log (logrotate's ``compress``) is one line saying
+    to decompress it, not read as garbled TSV; a bad byte on the header line is named
+    on line 1."""
+    d = tmp_path / "requests.tsv"
+    shutil.copytree(runs / "tsv", d)
+    assert main(["report", str(d)]) == 0
+    capsys.readouterr()
+    gz = tmp_path / "requests.tsv.1.gz"
+    gz.write_bytes(b"\x1f\x8b\x08\x00 not read")
+    _one_line(capsys, main(["report", str(gz)]), "a compressed log (.gz): decompress it")
+    e = _copy(runs, "tsv", tmp_path / "h", summary=False)
+    (e / "requests.tsv").write_bytes(b"\xff" + (e / "requests.tsv").read_bytes())
+    _one_line(capsys, main(["report", str(e)]), "not UTF-8 text on line 1 ")

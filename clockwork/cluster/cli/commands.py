@@ -102,7 +102,7 @@ def _summary_from_logs(path: Path) -> tuple[dict, dict, dict, float | None] | st
     if pair:
         try:
             req_log, act_log, _ = log_pair(path)
-        except FileNotFoundError as e:
+        except (FileNotFoundError, ValueError) as e:
             return str(e)
         found = [(0, req_log)]
     else:
@@ -181,9 +181,10 @@ def _no_summary(path: Path) -> str:
             got.append(f"a point's run: clockwork report {point}")
         return (f"{path} is a sweep's output, not a run: no summary.json of its own"
                 + (f"; see {' or '.join(got)}" if got else " (and no point finished yet)"))
-    from clockwork.telemetry import is_log_file
+    from clockwork.telemetry import _COMPRESSED, is_log_file
 
-    renamed = sorted(p.name for p in path.glob("requests.*") if is_log_file(p))
+    renamed = sorted(p.name for p in path.glob("requests.*")
+                     if is_log_file(p) and not p.name.endswith(_COMPRESSED))
     if renamed:  # (only renamed log pairs there: rotated, or a restart's)
         return (f"no summary.json and no requests.tsv or requests.npz in {path}; it holds "
                 f"renamed request logs ({', '.join(renamed[:4])}"
@@ -283,7 +284,7 @@ def _report(args: argparse.Namespace) -> int:
             return 2
     print(table)
     run = f.parent / "run.json"
-    if run.exists():
+    if run.exists() and not log:  # (a pair named: the run.json beside may be another's)
         try:
             r = orjson.loads(run.read_bytes())
             print(f"{'wall time':<40}  {float(r.get('wall_s', 0)):.2f} s")
