@@ -908,6 +908,7 @@ class AsyncClient:
             raise RuntimeError(_NO_LOOP) from None
         self._stub = _stub(self._channel, client_token(token))
         self._closing = False
+        self._pid = os.getpid()  # (a process forked from this one cannot use it)
         self._calls = asyncio.Semaphore(MAX_UNARY_CALLS)
         try:  # its channel is bound to this loop (grpc.aio)
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -999,7 +1000,13 @@ class AsyncClient:
     def _check_loop(self) -> None:
         """A call from another event loop than the client's (a second ``asyncio.run``,
         another thread's loop) raises ``RuntimeError`` saying so; gRPC's own errors there
-        are 'Event loop is closed' or a future attached to a different loop."""
+        are 'Event loop is closed' or a future attached to a different loop. In a
+        process forked from the one that made the client, the ``RuntimeError`` says that
+        instead (it said "another event loop": the child's loop is another, but the cause
+        is the fork)."""
+        if os.getpid() != self._pid:
+            raise RuntimeError(_FORKED.replace("this Client", "this AsyncClient")
+                               .replace("make a Client", "make an AsyncClient"))
         if self._loop is not None and asyncio.get_running_loop() is not self._loop:
             raise RuntimeError(_OTHER_LOOP)
 

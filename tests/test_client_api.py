@@ -1117,6 +1117,40 @@ sys.exit(os.waitstatus_to_exitcode(status))
 """
 
 
+_FORKED_ASYNC_CHILD = """
+import asyncio, os, sys
+import clockwork
+
+async def made():
+    return clockwork.AsyncClient("127.0.0.1:1", timeout=5)
+
+c = asyncio.run(made())
+pid = os.fork()
+if pid == 0:
+    async def use():
+        await c.stats()
+    try:
+        asyncio.run(use())
+    except RuntimeError as e:
+        os._exit(0 if "forked" in str(e) and "make an AsyncClient" in str(e) else 3)
+    except BaseException:
+        os._exit(4)
+    os._exit(5)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_an_async_client_used_in_a_forked_child_says_it_was_forked():
+    """An ``AsyncClient`` made before ``fork()`` and called in the child is
+    ``RuntimeError`` naming the fork (it said the client was made in another event loop:
+    true of the child's loop, but not the cause)."""
+    r = subprocess.run([sys.executable, "-c", _FORKED_ASYNC_CHILD], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, (r.returncode, r.stderr)
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 def test_a_client_used_in_a_forked_child_says_to_make_one_there():
     """A ``Client`` made before ``fork()`` and called in the child is ``RuntimeError``
