@@ -210,6 +210,9 @@ def test_lines_ending_in_cr_alone_are_named_without_splitting_the_file(tmp_path)
     path = _write(tmp_path / "cr.csv", rows, newline="\r")
     with pytest.raises(TraceError, match=r"cr.csv:1: no header line .*end in CR alone"):
         AzureTrace.load(path)
+    small = _write(tmp_path / "small.csv", rows[:1], newline="\r")  # (under the header's
+    with pytest.raises(TraceError, match=r"small.csv:1: header has .*end in CR alone"):  # max)
+        AzureTrace.load(small)
     joined = tmp_path / "joined.csv"  # (a row of many joined: counted, not split)
     joined.write_text(HEADER + "\n" + ",".join(rows) + "\n")
     with pytest.raises(TraceError, match=r":2: expected 1444 columns .*found 28880"):

@@ -197,8 +197,11 @@ def _check_header(first: bytes, path: str) -> None:
                          f"found {found}; is this an Azure Functions 2019 "
                          "invocations_per_function file?")
     if len(cols) != NCOLS:
+        cr = "\r" in text  # (a small file whose lines end in CR alone: one line)
         raise TraceError(f"{path}:1: header has {len(cols)} columns, expected {NCOLS} "
-                         f"(4 ids + minutes 1..{MINUTES})")
+                         f"(4 ids + minutes 1..{MINUTES})"
+                         + ("; its lines end in CR alone: give them LF (or CR LF) endings"
+                            if cr else ""))
     for j, c in enumerate(cols[4:], start=1):
         if c != str(j):
             raise TraceError(f"{path}:1: header column {j + 4} is {c!r}, expected {str(j)!r}")
