@@ -791,9 +791,9 @@ def _head_bytes(msg) -> int:
 
 class _HeadBound:
     """A connection's HTTP parser (aiohttp's), with a bound on each request head in all:
-    the bytes of a head still arriving (the reads since the one that ended the last
-    request, while no body is being read: that read's rest is not counted, so an
-    unfinished head holds at most the bound plus one read) and of each head parsed. Over ``limit``, the parser's own refusal
+    the bytes of a head still arriving (since the end of the last head, when that
+    request had no body; else from the read after the one that ended its body, so that
+    such a head holds at most the bound plus one read) and of each head parsed. Over ``limit``, the parser's own refusal
     path answers 400 (``HeadTooLarge``): the requests parsed before it are served, the
     rest of the connection's bytes are not read. aiohttp bounds each line and the
     number of headers only."""
@@ -830,7 +830,14 @@ class _HeadBound:
                     return [*messages[:i], (_ErrInfo(status=400, exc=e, message=e.message),
                                             EMPTY_PAYLOAD)], False, b""
                 self._body = payload
-            self._pending = 0
+            # what follows the last head in this read, when it had no body: the start of
+            # the next head, counted (after a body, that read's rest is not counted)
+            end = data.rfind(b"\r\n\r\n") if payload is EMPTY_PAYLOAD else -1
+            self._pending = len(data) - end - 4 if end >= 0 else 0
+            if self._pending > self._limit:
+                e = self._too_large()
+                return [*messages, (_ErrInfo(status=400, exc=e, message=e.message),
+                                    EMPTY_PAYLOAD)], False, b""
         elif in_head:
             self._pending += len(data)
             if self._pending > self._limit:

@@ -121,9 +121,9 @@ class Limits:
         64 * 1024, "Largest REST request head in all: the request line and every header "
         "(names and values, each with its line's 4 bytes of separators; the whitespace "
         "around values not counted). More is answered 400; a head still arriving is "
-        "refused as soon as more than this has come of it after the read that ended the "
-        "request before it (that read's rest is not counted: an unfinished head holds at "
-        "most this plus one read, 256 KiB), before the rest is read. (The bounds per line "
+        "refused as soon as more than this has come of it, before the rest is read (after "
+        "a request with a body, counted from the read after the one that ended the body: "
+        "such a head holds at most this plus one read, 256 KiB). (The bounds per line "
         "and on the count alone let one unfinished head hold ~1.6 MB, and ~3 MB of the "
         "controller's memory, for `rest_idle_timeout_s`, on every connection, with no "
         "token needed.)",
