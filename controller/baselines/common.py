@@ -58,6 +58,11 @@ from controller.inflight import (
 from controller.policy import CANCELLED, MODEL_UNLOADED, GpuSpec, ModelView, Policy
 
 MAX_ATTEMPTS = 3  # INFERs a request may be part of before a worker error is final
+# every action's earliest start: 0, at once when the worker has it (the systems these
+# policies model give no start times; one on the controller's clock, moved to the
+# worker's by the estimate of its offset, made each action wait out that estimate's error:
+# p50 latency 3.1 -> 10.0 ms at 50 ms of clock error, Clockwork's own 3.1 -> 3.75 ms)
+AT_ONCE = 0
 
 
 def parse_settings(cls, settings: Mapping[str, object] | None, policy: str = ""):
@@ -404,7 +409,7 @@ class BaselinePolicy(Policy):
         e = self.profiles[c.model].exec_ns[b]
         aid = self._sent.new_id()
         g.exec_end = (g.exec_end if g.exec_end > now else now) + e
-        a = Action(aid, ActionType.INFER, g.worker, g.gpu, c.model, now, NEVER, e,
+        a = Action(aid, ActionType.INFER, g.worker, g.gpu, c.model, AT_ONCE, NEVER, e,
                    batch_size=b, expected_end=g.exec_end, sent_at=now, requests=batch)
         for r in batch:
             r.state = EXECUTING
@@ -500,7 +505,7 @@ class BaselinePolicy(Policy):
         p = self.profiles[model]
         aid = self._sent.new_id()
         g.load_end = (g.load_end if g.load_end > now else now) + p.load_ns
-        a = Action(aid, ActionType.LOAD, g.worker, g.gpu, model, now, NEVER, p.load_ns,
+        a = Action(aid, ActionType.LOAD, g.worker, g.gpu, model, AT_ONCE, NEVER, p.load_ns,
                    expected_end=g.load_end, sent_at=now)
         c = Copy(model, g, p.weights_pages, self.copies[model])
         self._use_seq += 1
@@ -516,7 +521,7 @@ class BaselinePolicy(Policy):
     def _send_evict(self, c: Copy, now: int, out: list[Action]) -> None:
         g = c.gpu
         aid = self._sent.new_id()
-        a = Action(aid, ActionType.EVICT, g.worker, g.gpu, c.model, now, NEVER, 0,
+        a = Action(aid, ActionType.EVICT, g.worker, g.gpu, c.model, AT_ONCE, NEVER, 0,
                    expected_end=now, sent_at=now)
         self._drop(c)
         self._sent.add(a, g, c, [])
