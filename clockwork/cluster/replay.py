@@ -344,8 +344,9 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     if warn_late and state["no_answer"]:
         print(f"clockwork replay: {state['no_answer']:,} request(s) had no answer by their "
               "SLO plus the client's grace and were given up (dropped, TIMEOUT no_answer): "
-              "the controller, held up, may have answered them later, and its own counts "
-              "then differ", file=sys.stderr, flush=True)
+              "the controller may have answered them later (held up, or a policy that keeps "
+              "requests past their SLO, as tfserving and infaas do under overload), and its "
+              "own counts then differ", file=sys.stderr, flush=True)
     if halted is not None and not (lost and lost[0][0] <= halted):
         summary["stopped"] = {"at_s": round(halted / NS_PER_S, 3), "reason": "interrupted"}
     elif lost:
