@@ -924,3 +924,38 @@ def test_a_healthy_worker_loading_many_copies_is_not_found_suspect(policy):
                     "workloads": [{"kind": "poisson", "rate_rps": 1052.18}]})
     assert res.event_log == [], res.event_log
     assert res.summary["actions"]["rejected"] == 0, res.summary["actions"]
+
+
+@pytest.mark.parametrize("name", ["tfserving", "infaas"])
+def test_places_found_without_room_are_not_searched_again_and_decide_the_same(name,
+                                                                             monkeypatch):
+    """While waiting work is placed, a GPU found without room for some pages is not
+    searched again for as many until a copy is loaded or evicted (and infaas keeps each
+    GPU's load meanwhile): the same decisions as searching every time, with far fewer
+    searches (with 20,000 models waiting for room, tfserving took 18 s and infaas 79 s
+    for a simulated second; 4.4 s each now)."""
+    import contextlib
+
+    from controller.baselines.common import BaselinePolicy
+
+    sc = {"seed": 3, "duration_s": 1.0, "cluster": {"workers": 1, "gpus_per_worker": 2},
+          "scheduler": {"policy": name},
+          "models": [{"name": "resnet50_v2", "copies": 600}],
+          "workloads": [{"kind": "poisson", "rate_rps": 1500, "slo_ms": 100}]}
+    searched = {"n": 0}
+    search = BaselinePolicy._lru_idle
+
+    def counted(self, g, need):
+        searched["n"] += 1
+        return search(self, g, need)
+
+    monkeypatch.setattr(BaselinePolicy, "_lru_idle", counted)
+    fast = simulate(sc)
+    n_fast, searched["n"] = searched["n"], 0
+    monkeypatch.setattr(BaselinePolicy, "_placing", lambda self: contextlib.nullcontext())
+    slow = simulate(sc)
+    assert fast.summary == slow.summary
+    for col in ("type", "gpu", "model", "sent"):
+        assert (fast.telemetry.action_columns()[col].tolist()
+                == slow.telemetry.action_columns()[col].tolist()), col
+    assert searched["n"] > 3 * n_fast, (n_fast, searched["n"])

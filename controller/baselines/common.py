@@ -36,6 +36,7 @@ of a model its queues hold) for the read-only views.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 from collections.abc import Iterable, Mapping
 
@@ -137,6 +138,11 @@ class BaselinePolicy(Policy):
         self._timers: list[int] = []
         self._timer_set: set[int] = set()
         self._use_seq = 0
+        # while waiting work is placed (``_placing``): for each GPU the fewest pages no
+        # eviction could make room for; more cannot be made either until a copy is loaded
+        # or evicted (requests queued and INFERs sent meanwhile only make fewer copies
+        # evictable). None outside: a result may free a copy at any time
+        self._no_room: dict[int, int] | None = None
         # LOADs a worker refused for the model itself (LOAD_REFUSED): (model, GPU) -> until
         # when that GPU is passed over for it; model -> (until, why) while every GPU that
         # could hold it refused it (its requests answered ERROR meanwhile)
@@ -421,11 +427,34 @@ class BaselinePolicy(Policy):
         out.append(a)
         return a
 
+    @contextlib.contextmanager
+    def _placing(self):
+        """A pass over the waiting work that may try LOADs for many models (a GPU freed, a
+        timer): a GPU found without room for some pages is not searched again for as many
+        or more until a copy is loaded or evicted (each search sorts the GPU's copies: with
+        20,000 models waiting for room, tens of milliseconds a pass)."""
+        self._no_room = {}
+        try:
+            yield
+        finally:
+            self._no_room = None
+
     def _victims(self, g: Gpu, pages: int) -> list[Copy] | None:
         """Least recently used idle copies to evict so ``pages`` fit on ``g``."""
         need = pages - g.free_pages
         if need <= 0:
             return []
+        no_room = self._no_room
+        if no_room is not None and pages >= no_room.get(g.index, pages + 1):
+            return None
+        chosen = self._lru_idle(g, need)
+        if chosen is None and no_room is not None:
+            no_room[g.index] = pages
+        return chosen
+
+    def _lru_idle(self, g: Gpu, need: int) -> list[Copy] | None:
+        """The least recently used idle copies on ``g`` whose pages add up to ``need``,
+        or None if all of them do not."""
         cands = sorted((c for c in g.copies.values()
                         if not c.loading and not c.inflight and self._evictable(c)),
                        key=lambda c: (c.last_used, c.model))
@@ -502,6 +531,8 @@ class BaselinePolicy(Policy):
         return None
 
     def _send_load(self, g: Gpu, model: str, now: int, out: list[Action]) -> Copy:
+        if self._no_room:
+            self._no_room.clear()
         p = self.profiles[model]
         aid = self._sent.new_id()
         g.load_end = (g.load_end if g.load_end > now else now) + p.load_ns
@@ -528,6 +559,8 @@ class BaselinePolicy(Policy):
         out.append(a)
 
     def _drop(self, c: Copy) -> None:
+        if self._no_room:
+            self._no_room.clear()
         g = c.gpu
         del g.copies[c.model]
         del self.copies[c.model][g.index]

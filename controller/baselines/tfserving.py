@@ -183,15 +183,19 @@ class TfServingPolicy(BaselinePolicy):
     def _gpu_free(self, gpu: Gpu, now: int, out: list[Action]) -> None:
         self._schedule(gpu, now, out)
         if self._unplaced:
-            for name in sorted(self._unplaced):
-                self._serve(self.queues[name], now, out)
+            with self._placing():
+                for name in sorted(self._unplaced):
+                    self._serve(self.queues[name], now, out)
 
     def _tick(self, now: int, out: list[Action]) -> None:
-        for q in self.queues.values():
-            if self._open_due(q, now):
-                self._serve(q, now, out)  # schedulable now (taken if a GPU is free)
-            elif q.open:
-                self._wake(q.opened + self.tcfg.batch_timeout)
+        timeout = self.tcfg.batch_timeout
+        with self._placing():
+            for q in self.queues.values():
+                if q.open:  # (_open_due, inline: every queue is looked at)
+                    if q.opened + timeout <= now:
+                        self._serve(q, now, out)  # schedulable now (taken if a GPU is free)
+                    else:
+                        self._wake(q.opened + timeout)
 
     def _evictable(self, copy: Copy) -> bool:
         return self.queues[copy.model].empty()
