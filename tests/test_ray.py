@@ -221,12 +221,13 @@ def test_ray_address_is_checked(capsys):
     assert len(lines) == 1 and "cluster.backend" in lines[0] and "k8s" in lines[0], lines
 
 
-def test_a_node_that_joins_gets_a_worker_that_serves(ray_nodes):
+def test_a_node_that_joins_gets_a_worker_that_serves(ray_nodes, capfd):
     """A third Ray node offering 2 GPUs joins while the cluster serves: a worker actor is
     started there and added to the running controller, whose new GPUs (4 and 5) then hold
     copies and serve requests. A controller restarted then (``restart_controller``) has
     the three workers (it had the first two: the joined node counted as known, so its
-    worker was never added to it)."""
+    worker was never added to it). The node then leaves: said once (a call on its actor
+    fails ActorUnschedulableError, not ActorDiedError, and it went unsaid)."""
     import clockwork
     from clockwork.cluster.ray_cluster import RayCluster
 
@@ -250,9 +251,18 @@ def test_a_node_that_joins_gets_a_worker_that_serves(ray_nodes):
             c.controller.proc.wait()
             c.restart_controller()
             assert asyncio.run(_workers_and_gpus(c.address)) == (3, 6)
+            capfd.readouterr()
+            ray_nodes.remove_node(node)
+            node, said = None, ""
+            while "is gone: the controller serves without it" not in said:
+                assert time.monotonic() < deadline + 60, f"the node's leaving unsaid: {said}"
+                time.sleep(0.2)
+                said += capfd.readouterr().err
+            assert "clockwork: worker 2 (" in said, said
         finally:
             c.stop()
-            ray_nodes.remove_node(node)
+            if node is not None:
+                ray_nodes.remove_node(node)
 
 
 async def _workers_and_gpus(address: str) -> tuple[int, int]:

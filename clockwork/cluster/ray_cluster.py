@@ -95,6 +95,11 @@ from clockwork.cluster.local import ChildRefused, LocalCluster
 from clockwork.protocol.addresses import join
 
 RESOURCE = "clockwork_gpu"  # Ray custom resource: emulated (and cpu-device) GPUs
+# what a call on an actor that will not run again raises: died (killed for good, its
+# restart failed) or unschedulable (pinned to a node that left)
+_DEAD_FOR_GOOD = tuple(e for e in (getattr(ray.exceptions, "ActorDiedError", None),
+                                   getattr(ray.exceptions, "ActorUnschedulableError", None))
+                       if e is not None)
 READY_TIMEOUT_S = 60.0  # for a worker in an actor to listen, from its last sign of life
 # a cuda worker builds its packages' kernels before it listens (minutes the first time
 # on a machine), each sign of life giving it READY_TIMEOUT_S more in its actor, which
@@ -976,8 +981,10 @@ class RayCluster(LocalCluster):
         return back
 
     def _died(self, actors: list) -> list[tuple[int, BaseException]]:
-        """(index, error) of each of ``actors`` whose ``ready`` call fails ActorDiedError
-        within a second (one alive answers at once; one Ray restarts waits)."""
+        """(index, error) of each of ``actors`` whose ``ready`` call fails within a second
+        with ActorDiedError, or ActorUnschedulableError (an actor pinned to a node that
+        left: its call fails so, never ActorDiedError, and the node's leaving went
+        unsaid); one alive answers at once, one Ray restarts waits."""
         refs = [a.ready.remote() for a in actors]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=min(1.0, self.watch_s))
         out = []
@@ -986,7 +993,7 @@ class RayCluster(LocalCluster):
                 continue  # (alive and slow, or being restarted by Ray)
             try:
                 ray.get(ref)
-            except ray.exceptions.ActorDiedError as e:
+            except _DEAD_FOR_GOOD as e:
                 out.append((i, e))
             except Exception:  # noqa: BLE001, S112 - unavailable for now (restarting)
                 continue
