@@ -178,10 +178,9 @@ class GpuExecutor:
 
     def submit(self, action: Action, now: int) -> list[Result]:
         """An action arrives at ``now``. EVICT runs at once, whatever its window: the
-        controller frees the pages in its view as it sends one (the baselines stamp it
-        ``earliest`` = their now, which a worker clock a little behind would refuse), so a
-        refused EVICT would leave weights the controller no longer counts. Others are
-        queued."""
+        controller frees the pages in its view as it sends one (an EVICT sent with a
+        window, which a worker clock a little behind would refuse), so a refused EVICT
+        would leave weights the controller no longer counts. Others are queued."""
         out: list[Result] = []
         if action.gpu != self.gpu:
             out.append(self._error(action, now, now, ErrorCode.INVALID_GPU, "wrong gpu"))

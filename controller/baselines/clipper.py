@@ -24,7 +24,7 @@ Modelled (paper §4.3 and the open-source ModelQueue / container loop):
   with the default output at its deadline) and removed from the queue, as its ModelQueue
   removes such requests (``remove_tasks_with_elapsed_deadlines``); one already in a batch
   runs to the end. ``drop_expired = false`` runs them all. Everything runs with
-  ``earliest = now``, ``latest = NEVER``.
+  ``earliest = 0`` (at once), ``latest = NEVER``.
 * **Placement (our choice; Clipper deploys containers statically):** a model's
   containers are started (LOAD) on its first request, each on a GPU without a copy of
   it, fewest containers first, then most free pages. They stay there; only when a LOAD

@@ -2,8 +2,8 @@
 sending LOAD / EVICT / INFER, answering every request exactly once, timers.
 
 Baselines do not control execution windows: every action is sent with
-``earliest = now`` and ``latest = NEVER``, so a worker never rejects one for
-lateness; it runs actions in arrival order on its LOAD and EXEC lanes. An INFER is
+``earliest = 0`` (at once when the worker has it) and ``latest = NEVER``, so a worker
+never holds one back or rejects one for lateness; it runs actions in arrival order on its LOAD and EXEC lanes. An INFER is
 only sent once its model's LOAD has been reported done (the baselines have no
 predicted schedule to place it behind the LOAD). Pages are tracked like
 ``controller/state.py`` does: a LOAD takes its pages in our view when it is sent, an

@@ -35,7 +35,7 @@ Modelled, at the granularity of our actions:
   is empty and nothing runs on it. The last copy stays until memory forces an LRU
   eviction.
 * **No execution-window control or SLO-aware dropping:** actions carry
-  ``earliest = now``, ``latest = NEVER``; requests run however late.
+  ``earliest = 0`` (at once), ``latest = NEVER``; requests run however late.
 
 Not modelled: variant selection across architectures/frameworks/hardware (CPU
 variants, "upgrade" to a faster variant), accuracy requirements, the VM-level

@@ -27,7 +27,7 @@ Modelled:
   several GPUs, each GPU is one model server; a model is loaded on the GPU with the
   most free pages (fewest models on a tie) and is served there until unloaded.
 * **No SLO awareness:** batches run however late; nothing is dropped. Actions carry
-  ``earliest = now``, ``latest = NEVER``.
+  ``earliest = 0`` (at once), ``latest = NEVER``.
 
 Not modelled: the AspiredVersions lifecycle (sources, canary/rollback version policies),
 several versions of a model, ``num_batch_threads`` beyond the outstanding-INFER limit,
