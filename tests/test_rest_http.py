@@ -474,23 +474,18 @@ def test_a_head_is_bounded_in_all(cluster, addr):
             s.sendall(line.encode() + b"\r\n")
         got = _until_eof(s)
     assert got.split(b" ", 2)[1] == b"400" and json.loads(got.partition(b"\r\n\r\n")[2]) == says
-    # a request before it on the connection is answered first
-    with socket.create_connection(addr, timeout=10) as s:
-        s.sendall(f"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n{fits}\r\n"
-                  f"GET /v2 HTTP/1.1\r\nHost: x\r\n{big}\r\n".encode())
-        got = _until_eof(s)
-    first, _, rest = got.partition(b" 400 Bad Request\r\n")
-    assert first.startswith(b"HTTP/1.1 200") and b'{"live":true}' in first, got[:300]
-    assert json.loads(rest.partition(b"\r\n\r\n")[2]) == says
-    # ... also when the head after it is unfinished, in the same piece (what came after
-    # a head with no body is counted)
-    with socket.create_connection(addr, timeout=10) as s:
-        s.sendall(f"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
-                  f"GET /v2 HTTP/1.1\r\nHost: x\r\n{big}".encode())
-        got = _until_eof(s)
-    first, _, rest = got.partition(b" 400 Bad Request\r\n")
-    assert first.startswith(b"HTTP/1.1 200") and b'{"live":true}' in first, got[:300]
-    assert json.loads(rest.partition(b"\r\n\r\n")[2]) == says
+    # a request before it on the connection is answered first, also when the head after
+    # it is unfinished, in the same piece (what came after a head with no body counts)
+    for data in (f"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n{fits}\r\n"
+                 f"GET /v2 HTTP/1.1\r\nHost: x\r\n{big}\r\n",
+                 f"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+                 f"GET /v2 HTTP/1.1\r\nHost: x\r\n{big}"):
+        with socket.create_connection(addr, timeout=10) as s:
+            s.sendall(data.encode())
+            got = _until_eof(s)
+        first, _, rest = got.partition(b" 400 Bad Request\r\n")
+        assert first.startswith(b"HTTP/1.1 200") and b'{"live":true}' in first, got[:300]
+        assert json.loads(rest.partition(b"\r\n\r\n")[2]) == says
     status, _, _ = _request(addr, "GET", "/v2", None,
                             dict(line.split(": ") for line in fits.split("\r\n") if line))
     assert status == 200
