@@ -653,7 +653,7 @@ def is_log_file(path: Path) -> bool:
             and any(f".{fmt}" in path.suffixes for fmt in LOG_FORMATS))
 
 
-_COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip")  # (logrotate's ``compress``, say)
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zip")  # (logrotate's ``compress``, say)
 
 
 def log_pair(path: Path) -> tuple[Path, Path, str]:
@@ -665,7 +665,7 @@ def log_pair(path: Path) -> tuple[Path, Path, str]:
     if not is_log_file(path):
         fmt = _format_in(path)
         return path / f"requests.{fmt}", path / f"actions.{fmt}", fmt
-    if path.suffix in _COMPRESSED:
+    if path.suffix in COMPRESSED_SUFFIXES:
         raise ValueError(f"{path}: a compressed log ({path.suffix}): decompress it, and the "
                          "other file of its pair, first")
     tail = path.name.split(".", 1)[1]

@@ -104,6 +104,8 @@ def _summary_from_logs(path: Path) -> tuple[dict, dict, dict, float | None] | st
             req_log, act_log, _ = log_pair(path)
         except (FileNotFoundError, ValueError) as e:
             return str(e)
+        if not act_log.exists():
+            return f"no {act_log.name} beside {req_log.name} in {path.parent}"
         found = [(0, req_log)]
     else:
         found = [] if own else [(q.stat().st_mtime_ns, q) for x in ("tsv", "npz")
@@ -111,17 +113,14 @@ def _summary_from_logs(path: Path) -> tuple[dict, dict, dict, float | None] | st
     rows = path if own else None if found else rows_folder(path)
     if not found and rows is None:
         return None
-    if pair:
-        if not act_log.exists():
-            return f"no {act_log.name} beside {req_log.name} in {path.parent}"
-    elif own:  # (a rows folder named: the run folder's newest may be another)
+    if own:  # (a rows folder named: the run folder's newest may be another)
         print(f"clockwork report: {path}: the rows of a run whose npz logs were never "
               "written (a controller killed, or still running)", file=sys.stderr)
     elif rows is not None:  # (all its rows: the folder goes once the .npz files are in place)
         print(f"clockwork report: no logs in {path}: read from {rows.name}, the rows of a "
               "run whose npz logs were never written (a controller killed, or still "
               "running)", file=sys.stderr)
-    else:
+    elif not pair:
         newer = rows_folder(path)  # (a later run's rows beside an earlier run's logs)
         if newer is not None and newer.stat().st_mtime_ns > max(found)[0]:
             print(f"clockwork report: warning: {path} also holds {newer.name}, the rows of "
@@ -149,7 +148,7 @@ def _summary_from_logs(path: Path) -> tuple[dict, dict, dict, float | None] | st
     arrival, latency = req["arrival"], req["latency"]
     last = int((arrival + latency).max()) if len(arrival) else None  # ns
     span = last - int(arrival.min()) if last is not None else 0
-    what = (f"{path}: figures computed from the log pair {found[0][1].name} and "
+    what = (f"{path}: figures computed from the log pair {req_log.name} and "
             f"{act_log.name}" if pair else
             f"no summary.json in {path}: figures computed from its logs")
     print(f"clockwork report: {what}, over {span / 1e9:.1f} s from the first arrival to "
@@ -181,10 +180,10 @@ def _no_summary(path: Path) -> str:
             got.append(f"a point's run: clockwork report {point}")
         return (f"{path} is a sweep's output, not a run: no summary.json of its own"
                 + (f"; see {' or '.join(got)}" if got else " (and no point finished yet)"))
-    from clockwork.telemetry import _COMPRESSED, is_log_file
+    from clockwork.telemetry import COMPRESSED_SUFFIXES, is_log_file
 
     renamed = sorted(p.name for p in path.glob("requests.*")
-                     if is_log_file(p) and not p.name.endswith(_COMPRESSED))
+                     if is_log_file(p) and not p.name.endswith(COMPRESSED_SUFFIXES))
     if renamed:  # (only renamed log pairs there: rotated, or a restart's)
         return (f"no summary.json and no requests.tsv or requests.npz in {path}; it holds "
                 f"renamed request logs ({', '.join(renamed[:4])}"
@@ -221,19 +220,15 @@ def _report(args: argparse.Namespace) -> int:
     f = path / "summary.json" if path.is_dir() else path
     columns = None  # (request, action) columns, when read already
     end = None  # where the run ended, s from the logs' time 0
+    from_logs = log  # (no summary.json to read: the figures from the logs)
     try:
-        if log:
-            raise FileNotFoundError(path)
-        s = orjson.loads(f.read_bytes())
+        if not log:
+            s = orjson.loads(f.read_bytes())
     except FileNotFoundError:
-        got = _summary_from_logs(path) if path.is_dir() or log else None
-        if got is None:
+        from_logs = path.is_dir()
+        if not from_logs:
             print(f"clockwork report: {_no_summary(path)}", file=sys.stderr)
             return 2
-        if isinstance(got, str):
-            print(f"clockwork report: {got}", file=sys.stderr)
-            return 2
-        s, *columns, end = got
     except OSError as e:  # (a folder named summary.json, no permission to read it)
         print(f"clockwork report: cannot read {f}: {e.strerror or e}", file=sys.stderr)
         return 2
@@ -242,6 +237,12 @@ def _report(args: argparse.Namespace) -> int:
                 if path.name.startswith(("requests.", "actions.")) else "")
         print(f"clockwork report: {f} is not valid JSON: {e}{hint}", file=sys.stderr)
         return 2
+    if from_logs:
+        got = _summary_from_logs(path)
+        if got is None or isinstance(got, str):
+            print(f"clockwork report: {got or _no_summary(path)}", file=sys.stderr)
+            return 2
+        s, *columns, end = got
     try:
         table = format_summary(s) if isinstance(s, dict) else None
     except (KeyError, TypeError, ValueError, AttributeError) as e:
