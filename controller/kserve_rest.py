@@ -793,10 +793,10 @@ class _HeadBound:
     """A connection's HTTP parser (aiohttp's), with a bound on each request head in all:
     the bytes of a head still arriving (since the end of the last head, when that
     request had no body; else from the read after the one that ended its body, so that
-    such a head holds at most the bound plus one read) and of each head parsed. Over ``limit``, the parser's own refusal
-    path answers 400 (``HeadTooLarge``): the requests parsed before it are served, the
-    rest of the connection's bytes are not read. aiohttp bounds each line and the
-    number of headers only."""
+    such a head holds at most the bound plus one read) and of each head parsed. Over
+    ``limit``, the parser's own refusal path answers 400 (``HeadTooLarge``): the
+    requests parsed before it are served, the rest of the connection's bytes are not
+    read. aiohttp bounds each line and the number of headers only."""
 
     __slots__ = ("_parser", "_limit", "_pending", "_body", "_refused")
 

@@ -3,7 +3,8 @@ sending LOAD / EVICT / INFER, answering every request exactly once, timers.
 
 Baselines do not control execution windows: every action is sent with
 ``earliest = 0`` (at once when the worker has it) and ``latest = NEVER``, so a worker
-never holds one back or rejects one for lateness; it runs actions in arrival order on its LOAD and EXEC lanes. An INFER is
+never holds one back or rejects one for lateness; it runs actions in arrival order on
+its LOAD and EXEC lanes. An INFER is
 only sent once its model's LOAD has been reported done (the baselines have no
 predicted schedule to place it behind the LOAD). Pages are tracked like
 ``controller/state.py`` does: a LOAD takes its pages in our view when it is sent, an
@@ -439,6 +440,11 @@ class BaselinePolicy(Policy):
         finally:
             self._no_room = None
 
+    def _room_changed(self) -> None:
+        """A copy loaded or evicted: what ``_placing`` found of the GPUs' room is stale."""
+        if self._no_room:
+            self._no_room.clear()
+
     def _victims(self, g: Gpu, pages: int) -> list[Copy] | None:
         """Least recently used idle copies to evict so ``pages`` fit on ``g``."""
         need = pages - g.free_pages
@@ -531,8 +537,7 @@ class BaselinePolicy(Policy):
         return None
 
     def _send_load(self, g: Gpu, model: str, now: int, out: list[Action]) -> Copy:
-        if self._no_room:
-            self._no_room.clear()
+        self._room_changed()
         p = self.profiles[model]
         aid = self._sent.new_id()
         g.load_end = (g.load_end if g.load_end > now else now) + p.load_ns
@@ -559,8 +564,7 @@ class BaselinePolicy(Policy):
         out.append(a)
 
     def _drop(self, c: Copy) -> None:
-        if self._no_room:
-            self._no_room.clear()
+        self._room_changed()
         g = c.gpu
         del g.copies[c.model]
         del self.copies[c.model][g.index]

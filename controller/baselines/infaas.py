@@ -45,6 +45,7 @@ INFaaS's model-profiler.
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from typing import ClassVar
 
@@ -179,9 +180,22 @@ class InfaasPolicy(BaselinePolicy):
         c = self._try_load(model, gpus, now, out)
         if c is not None:
             c.data = _Replica(c)
-            if self._utils is not None:  # (copies loaded and evicted: utils moved)
-                self._utils.clear()
         return c
+
+    @contextlib.contextmanager
+    def _placing(self):
+        """As ``BaselinePolicy._placing``, each GPU's ``gpu_util`` kept for the pass too."""
+        self._utils = {}
+        try:
+            with super()._placing():
+                yield
+        finally:
+            self._utils = None
+
+    def _room_changed(self) -> None:
+        super()._room_changed()
+        if self._utils:
+            self._utils.clear()
 
     def _schedule(self, g: Gpu, now: int, out: list[Action]) -> None:
         """Triton-like dynamic batching: the oldest queued request's copy runs next."""
@@ -310,17 +324,13 @@ class InfaasPolicy(BaselinePolicy):
             if c.data.draining:
                 self._retire(c, now, out)
         if self._unplaced:
-            self._utils = {}
-            try:
-                with self._placing():
-                    for name in sorted(self._unplaced):
-                        m = self.models[name]
-                        self._unplaced.discard(name)
-                        pending, m.pending = m.pending, deque()
-                        for r in pending:
-                            self._route(r, now, out)
-            finally:
-                self._utils = None
+            with self._placing():
+                for name in sorted(self._unplaced):
+                    m = self.models[name]
+                    self._unplaced.discard(name)
+                    pending, m.pending = m.pending, deque()
+                    for r in pending:
+                        self._route(r, now, out)
         self._schedule(gpu, now, out)
 
     def _tick(self, now: int, out: list[Action]) -> None:

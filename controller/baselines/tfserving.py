@@ -188,14 +188,14 @@ class TfServingPolicy(BaselinePolicy):
                     self._serve(self.queues[name], now, out)
 
     def _tick(self, now: int, out: list[Action]) -> None:
-        timeout = self.tcfg.batch_timeout
         with self._placing():
             for q in self.queues.values():
-                if q.open:  # (_open_due, inline: every queue is looked at)
-                    if q.opened + timeout <= now:
-                        self._serve(q, now, out)  # schedulable now (taken if a GPU is free)
-                    else:
-                        self._wake(q.opened + timeout)
+                if not q.open:  # (most, with many models: nothing to look at)
+                    continue
+                if self._open_due(q, now):
+                    self._serve(q, now, out)  # schedulable now (taken if a GPU is free)
+                else:
+                    self._wake(q.opened + self.tcfg.batch_timeout)
 
     def _evictable(self, copy: Copy) -> bool:
         return self.queues[copy.model].empty()
