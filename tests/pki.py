@@ -51,7 +51,7 @@ def _ca(name: str):
     cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=2))
+            .not_valid_after(now + datetime.timedelta(days=60))
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True,
                                          crl_sign=True, content_commitment=False,
@@ -64,19 +64,23 @@ def _ca(name: str):
     return key, cert
 
 
-def _leaf(ca_key, ca_cert, name: str, server: bool):
+def _leaf(ca_key, ca_cert, name: str, server: bool,
+          valid: tuple[datetime.timedelta, datetime.timedelta] | None = None):
+    """``valid``: from and until when, from now (by default from 5 minutes ago for 30
+    days: a certificate that ends within a week is warned of)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     key = _key()
     now = datetime.datetime.now(datetime.UTC)
+    since, until = valid or (-datetime.timedelta(minutes=5), datetime.timedelta(days=30))
     b = (x509.CertificateBuilder()
          .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
          .issuer_name(ca_cert.subject).public_key(key.public_key())
          .serial_number(x509.random_serial_number())
-         .not_valid_before(now - datetime.timedelta(minutes=5))
-         .not_valid_after(now + datetime.timedelta(days=1))
+         .not_valid_before(now + since)
+         .not_valid_after(now + until)
          .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
          .add_extension(x509.ExtendedKeyUsage(
              [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH] if server
@@ -111,3 +115,17 @@ def make_pki(folder: str | Path) -> Pki:
                client_cert=put("client.pem", _pem_cert(ccert)),
                client_key=put("client-key.pem", _pem_key(ckey), True),
                other_ca=put("other-ca.pem", _pem_cert(other)))
+
+
+def dated_server_cert(folder: str | Path, since: datetime.timedelta,
+                      until: datetime.timedelta) -> tuple[str, str]:
+    """A server certificate (signed by a CA of its own) valid from ``since`` until
+    ``until`` from now, and its key: PEM paths in ``folder``."""
+    d = Path(folder)
+    d.mkdir(parents=True, exist_ok=True)
+    ca_key, ca = _ca("clockwork test CA")
+    key, cert = _leaf(ca_key, ca, "127.0.0.1", server=True, valid=(since, until))
+    (d / "dated.pem").write_bytes(_pem_cert(cert) + _pem_cert(ca))
+    (d / "dated-key.pem").write_bytes(_pem_key(key))
+    (d / "dated-key.pem").chmod(0o600)
+    return str(d / "dated.pem"), str(d / "dated-key.pem")

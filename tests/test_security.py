@@ -202,6 +202,38 @@ def test_a_credential_file_others_can_read_is_warned_of(tmp_path, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_an_own_certificate_out_of_its_dates_is_warned_of(tmp_path, capsys, pki):
+    """A ``--tls-cert`` that has expired, is not valid yet, or ends within a week is
+    taken with one warning line naming it and why every client will refuse it (the
+    server listened, and only its clients learnt it); one well within its dates, the
+    usual test certificate among them, says nothing."""
+    import datetime
+
+    from clockwork.protocol.security import TlsFiles
+    from tests.pki import dated_server_cert
+
+    day = datetime.timedelta(days=1)
+    cases = {"expired": (-10 * day, -day), "not yet valid": (day, 30 * day),
+             "expires on": (-day, 2 * day), None: (-day, 30 * day)}
+    for i, (said, (since, until)) in enumerate(cases.items()):
+        cert, key = dated_server_cert(tmp_path / str(i), since, until)
+        assert TlsFiles.from_flags(cert, key, None) == TlsFiles(cert, key)
+        lines = capsys.readouterr().err.splitlines()
+        if said is None:
+            assert lines == [], lines
+            continue
+        assert len(lines) == 1 and lines[0].startswith(
+            f"clockwork: warning: --tls-cert {cert}: certificate "), lines
+        assert said in lines[0] and "every client will refuse" in lines[0], lines
+        TlsFiles.from_flags(cert, key, None, warn=False)  # (serve's check: its controller says it)
+        assert capsys.readouterr().err == ""
+    assert TlsFiles.from_flags(pki.cert, pki.key, pki.ca) is not None  # (30 days left)
+    assert capsys.readouterr().err == ""
+    cert, key = dated_server_cert(tmp_path / "ca", -day, 2 * day)  # a server that asks for
+    assert TlsFiles.from_flags(cert, key, pki.ca) is not None  # client certificates: the same
+    assert "expires on" in capsys.readouterr().err
+
+
 def test_authenticated_clients_work_over_tls(cluster, addresses, pki):
     with clockwork.Client(cluster.address, timeout=TIMEOUT, token=TOKEN, tls_ca=pki.ca) as c:
         assert c.infer(MODEL, slo_ms=1000).output.shape == (1000,)

@@ -202,7 +202,7 @@ def controller_security_error(args: argparse.Namespace) -> str | None:
         token = server_token(getattr(args, "token", None), getattr(args, "token_file", None),
                              warn=False)  # (its controller warns, reading the file again)
         TlsFiles.from_flags(getattr(args, "tls_cert", None), getattr(args, "tls_key", None),
-                            None)
+                            None, warn=False)  # (its controller warns of the dates)
     except SecurityError as e:
         return str(e)
     return exposure_error("controller", args.host, token, None,

@@ -58,6 +58,7 @@ from urllib.parse import unquote
 import grpc
 
 from clockwork.protocol.addresses import host_of
+from clockwork.protocol.cert_validity import validity_warning
 
 TOKEN_ENV = "CLOCKWORK_TOKEN"  # clients: the bearer token when none is given
 SECRET_ENV = "CLOCKWORK_CLUSTER_SECRET"  # controller and workers: the cluster secret
@@ -285,7 +286,11 @@ class TlsFiles:
     ca: str | None = None
 
     @classmethod
-    def from_flags(cls, cert: str | None, key: str | None, ca: str | None) -> TlsFiles | None:
+    def from_flags(cls, cert: str | None, key: str | None, ca: str | None,
+                   warn: bool = True) -> TlsFiles | None:
+        """The files of ``--tls-cert``, ``--tls-key`` and ``--tls-ca`` (None: no TLS),
+        checked: ``SecurityError`` for files that cannot be used. ``warn``: a certificate
+        that has expired, is not valid yet or ends within a week is said on stderr."""
         if not cert and not key:
             if ca:
                 raise SecurityError("--tls-ca (client certificates) needs --tls-cert and --tls-key")
@@ -293,7 +298,10 @@ class TlsFiles:
         if not cert or not key:
             raise SecurityError("--tls-cert and --tls-key go together")
         files = cls(cert, key, ca or None)
-        files.ssl_context()  # refuses a certificate, key or CA that cannot be used
+        ctx = files.ssl_context()  # refuses a certificate, key or CA that cannot be used
+        line = validity_warning(ctx, cert) if warn else None
+        if line is not None:
+            print(f"clockwork: warning: {line}", file=sys.stderr, flush=True)
         return files
 
     def ssl_context(self, alpn: tuple[str, ...] = ("http/1.1",)) -> ssl.SSLContext:
