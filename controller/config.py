@@ -76,7 +76,9 @@ class SchedulerConfig:
         0.5, "Liveness: see `probe_slack_ms`.", ge=0, le=1000)
     probe_timeout: int = setting(
         ms(50), "Liveness: a worker that does not answer a probe within this is suspect: "
-        "its in-flight requests are re-planned elsewhere until it answers again.",
+        "its in-flight requests are re-planned elsewhere until it answers again. A probe "
+        "lost on a network that drops packets waits for TCP to resend it (200 ms at the "
+        "least on Linux): there, set this above that (e.g. 500).",
         units=("ms",), gt=0)
     liveness: bool = setting(
         True, "Probe workers whose actions are overdue and stop using those that do not "

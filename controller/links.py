@@ -111,6 +111,11 @@ UPDATE_MAX_S = 1800.0
 # for in rounds of this long, each ended by a ClockSync it must answer, up to UPDATE_MAX_S
 HELLO_WAIT_S = 5.0
 ECHO_S = 1.0  # a clock echo to each worker this often (a clock sample, and a sign of life)
+# why a fast link ended whose socket timed out: what was sent to the worker went
+# unacknowledged past TCP_USER_TIMEOUT (clockwork.protocol.keepalive.watch_tcp)
+LINK_TIMED_OUT = ("its fast link timed out: nothing sent on it acknowledged for "
+                  f"{keepalive.SILENT_S} s "
+                  "(the network to it drops the link's packets, or its host is gone)")
 
 
 class WorkerHeld(ConnectionError):
@@ -961,6 +966,8 @@ class WorkerLinks:
                     # the worker closed the fast link as we wrote (it died): the link's
                     # end, said once, as the reader says it, not as a failed write
                     link.error = "stream ended"
+                elif isinstance(e, TimeoutError):  # (as the reader says it)
+                    link.error = LINK_TIMED_OUT
                 else:
                     link.error = f"writing failed: {e!r}"
                     self._bad_worker_msg(f"writing to worker {link.address} failed: {e!r}",
@@ -1126,6 +1133,8 @@ class WorkerLinks:
             link.error = f"{e.code()}: {e.details()}"
         except ConnectionError as e:  # the fast link (an oversized frame)
             link.error = str(e)
+        except TimeoutError:  # the fast link's kernel gave up on a silent worker
+            link.error = LINK_TIMED_OUT
         except asyncio.CancelledError:
             return
         except Exception as e:  # noqa: BLE001 - a message we could not handle: reset

@@ -95,6 +95,46 @@ def test_frames_are_bounded_and_a_cut_frame_ends_the_link():
     assert first.echo.seq == 7 and "at most" in err
 
 
+def test_both_ends_of_a_fast_link_have_the_kernel_watch_for_a_silent_peer():
+    """A fast link whose packets are dropped while the gRPC stream beside it still answers
+    (a firewall rule or partition of that port) stayed open for as long as TCP retransmits,
+    ~15 minutes: the worker never counted lost, and once the path healed the first message
+    waited out TCP's back-off (47 s after a 60 s outage). Both ends now have the kernel end
+    the connection after ~15 s unacknowledged (``TCP_USER_TIMEOUT``) and probe it when
+    idle (keepalive), as gRPC's keepalive does for the stream: the controller's end (made by
+    ``dial``) and the worker's (the ``FrameStream`` of an accepted connection)."""
+    from clockwork.protocol.keepalive import KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS
+
+    def watched(sock) -> dict[str, int]:
+        out = {"keepalive": sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)}
+        for name in ("TCP_USER_TIMEOUT", "TCP_KEEPIDLE"):
+            if hasattr(socket, name):
+                out[name] = sock.getsockopt(socket.IPPROTO_TCP, getattr(socket, name))
+        return out
+
+    async def run():
+        accepted = asyncio.get_running_loop().create_future()
+
+        async def serve(reader, writer):
+            FrameStream(reader, writer, pb.ControllerMessage.FromString)
+            accepted.set_result(watched(writer.get_extra_info("socket")))
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        s = await dial("127.0.0.1", port, b"t" * TICKET_BYTES, pb.WorkerMessage.FromString)
+        ends = [watched(s._w.get_extra_info("socket")), await accepted]
+        s.close()
+        server.close()
+        return ends
+
+    want = {"keepalive": 1}
+    if hasattr(socket, "TCP_USER_TIMEOUT"):  # (Linux)
+        want |= {"TCP_USER_TIMEOUT": KEEPALIVE_TIME_MS + KEEPALIVE_TIMEOUT_MS,
+                 "TCP_KEEPIDLE": KEEPALIVE_TIME_MS // 1000}
+    for end in asyncio.run(run()):
+        assert end == want, end
+
+
 def test_dial_fails_fast_on_a_closed_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1173,8 +1173,13 @@ def _unknown_fields(msg) -> str:
 
 
 def _report_reader(t: asyncio.Task) -> None:
-    if not t.cancelled() and t.exception() is not None:
-        print(f"worker: controller stream failed: {t.exception()!r}", file=sys.stderr, flush=True)
+    if t.cancelled() or t.exception() is None:
+        return
+    e = t.exception()
+    why = ("nothing sent to the controller on it acknowledged for "
+           f"{keepalive.SILENT_S} s"
+           if isinstance(e, TimeoutError) else repr(e))  # (watch_tcp: a silent controller)
+    print(f"worker: controller stream failed: {why}", file=sys.stderr, flush=True)
 
 
 class _Session:

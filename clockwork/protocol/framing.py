@@ -33,6 +33,7 @@ import asyncio
 import secrets
 import struct
 
+from clockwork.protocol.keepalive import watch_tcp
 from clockwork.sizes import MAX_MESSAGE_BYTES
 
 MAX_FRAME = MAX_MESSAGE_BYTES  # bytes in one message, as the gRPC link's limit
@@ -74,6 +75,9 @@ class FrameStream:
                  parse) -> None:
         self._r, self._w, self._parse = reader, writer, parse
         self.tail = memoryview(b"")
+        # a peer that falls silent (dropped packets, a vanished host) ends the connection
+        # within ~15 s, as gRPC's keepalive ends the stream beside it
+        watch_tcp(writer.get_extra_info("socket"))
 
     async def write(self, msg, attachments=()) -> None:
         """``msg``, then ``attachments`` (buffers: bytes, memoryviews, C-contiguous
