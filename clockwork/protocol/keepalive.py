@@ -12,13 +12,15 @@ every 5 minutes and close the connection after two).
 
 The worker's fast link, a plain TCP connection beside the gRPC stream, is watched by the
 kernel to the same bounds (``watch_tcp``): data it sent that goes unacknowledged for
-``KEEPALIVE_TIME_MS + KEEPALIVE_TIMEOUT_MS`` (the controller sends a clock echo every
-second), or a connection idle for ``KEEPALIVE_TIME_MS`` whose keepalive probes go
-unanswered, ends the connection. Without it a fast link whose packets were dropped while
-its gRPC stream still answered pings (a firewall rule, a partition of that port) stayed
-open for as long as TCP retransmits (~15 minutes): its worker was never counted lost, and
-once the path healed the link waited out TCP's retransmission back-off (47 s after a
-60 s outage) before a message went through.
+``SILENT_S`` (the controller sends a clock echo every second; on Linux a peer whose
+receive window stays shut that long counts too, though the kernel answers the probes: a
+process that reads nothing for 15 s, as a stopped one, whose gRPC pings would go
+unanswered as long), or a connection idle for ``KEEPALIVE_TIME_MS`` whose keepalive
+probes go unanswered, ends the connection. Without it a fast link whose packets were
+dropped while its gRPC stream still answered pings (a firewall rule, a partition of that
+port) stayed open for as long as TCP retransmits (~15 minutes): its worker was never
+counted lost, and once the path healed the link waited out TCP's retransmission back-off
+(46 s after a 60 s outage) before a message went through.
 
 A worker's server pings its controller the same way (``WORKER_SERVER``): a controller that
 stops answering (a stopped process, a vanished host) loses the worker's connection after
