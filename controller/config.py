@@ -77,8 +77,8 @@ class SchedulerConfig:
     probe_timeout: int = setting(
         ms(50), "Liveness: a worker that does not answer a probe within this is suspect: "
         "its in-flight requests are re-planned elsewhere until it answers again. A probe "
-        "lost on a network that drops packets waits for TCP to resend it (200 ms at the "
-        "least on Linux): there, set this above that (e.g. 500).",
+        "lost on a network that drops packets waits for TCP to resend it (often 200 ms or "
+        "more on Linux): there, set this above that (e.g. 500).",
         units=("ms",), gt=0)
     liveness: bool = setting(
         True, "Probe workers whose actions are overdue and stop using those that do not "

@@ -113,9 +113,9 @@ HELLO_WAIT_S = 5.0
 ECHO_S = 1.0  # a clock echo to each worker this often (a clock sample, and a sign of life)
 # why a fast link ended whose socket timed out: what was sent to the worker went
 # unacknowledged past TCP_USER_TIMEOUT (clockwork.protocol.keepalive.watch_tcp)
-LINK_TIMED_OUT = ("its fast link timed out: nothing sent on it acknowledged for "
-                  f"{keepalive.SILENT_S} s "
-                  "(the network to it drops the link's packets, or its host is gone)")
+LINK_TIMED_OUT = ("its fast link timed out: nothing sent on it acknowledged or read for "
+                  f"{keepalive.SILENT_S} s (the network to it drops the link's packets, its "
+                  "host is gone, or its process reads nothing: stopped or stalled)")
 
 
 class WorkerHeld(ConnectionError):

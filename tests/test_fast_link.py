@@ -135,6 +135,30 @@ def test_both_ends_of_a_fast_link_have_the_kernel_watch_for_a_silent_peer():
         assert end == want, end
 
 
+def test_an_option_the_system_refuses_leaves_the_others_set():
+    """``watch_tcp`` on a system that refuses one option (an older kernel without
+    ``TCP_USER_TIMEOUT``) still sets the rest (it stopped at the first refusal, leaving the
+    system's two-hour keepalive)."""
+    from clockwork.protocol.keepalive import KEEPALIVE_TIME_MS, watch_tcp
+
+    class RefusesUserTimeout:
+        def __init__(self) -> None:
+            self.set: dict[int, int] = {}
+
+        def setsockopt(self, level: int, option: int, value: int) -> None:
+            if option == getattr(socket, "TCP_USER_TIMEOUT", None):
+                raise OSError(92, "Protocol not available")
+            self.set[option] = value
+
+    s = RefusesUserTimeout()
+    watch_tcp(s)
+    assert s.set[socket.SO_KEEPALIVE] == 1
+    if hasattr(socket, "TCP_KEEPIDLE"):
+        assert s.set[socket.TCP_KEEPIDLE] == KEEPALIVE_TIME_MS // 1000
+        assert s.set[socket.TCP_KEEPINTVL] == 1
+    watch_tcp(None)  # (a transport without a socket: nothing to do)
+
+
 def test_dial_fails_fast_on_a_closed_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -206,16 +206,19 @@ def test_an_own_certificate_out_of_its_dates_is_warned_of(tmp_path, capsys, pki)
     """A ``--tls-cert`` that has expired, is not valid yet, or ends within a week is
     taken with one warning line naming it and why every client will refuse it (the
     server listened, and only its clients learnt it); one well within its dates, the
-    usual test certificate among them, says nothing."""
+    usual test certificate among them, says nothing; a short-lived one is said to end soon
+    only within a quarter of its lifetime (one of a day, not at every start)."""
     import datetime
 
     from clockwork.protocol.security import TlsFiles
     from tests.pki import dated_server_cert
 
-    day = datetime.timedelta(days=1)
-    cases = {"expired": (-10 * day, -day), "not yet valid": (day, 30 * day),
-             "expires on": (-day, 2 * day), None: (-day, 30 * day)}
-    for i, (said, (since, until)) in enumerate(cases.items()):
+    day, hour = datetime.timedelta(days=1), datetime.timedelta(hours=1)
+    cases = [("expired", (-10 * day, -day)), ("not yet valid", (day, 30 * day)),
+             ("expires on", (-30 * day, 2 * day)), (None, (-day, 30 * day)),
+             # a certificate of a day (renewed daily): soon is within a quarter of that
+             (None, (-4 * hour, 20 * hour)), ("expires on", (-21 * hour, 3 * hour))]
+    for i, (said, (since, until)) in enumerate(cases):
         cert, key = dated_server_cert(tmp_path / str(i), since, until)
         assert TlsFiles.from_flags(cert, key, None) == TlsFiles(cert, key)
         lines = capsys.readouterr().err.splitlines()
@@ -229,7 +232,7 @@ def test_an_own_certificate_out_of_its_dates_is_warned_of(tmp_path, capsys, pki)
         assert capsys.readouterr().err == ""
     assert TlsFiles.from_flags(pki.cert, pki.key, pki.ca) is not None  # (30 days left)
     assert capsys.readouterr().err == ""
-    cert, key = dated_server_cert(tmp_path / "ca", -day, 2 * day)  # a server that asks for
+    cert, key = dated_server_cert(tmp_path / "ca", -30 * day, 2 * day)  # a server that asks for
     assert TlsFiles.from_flags(cert, key, pki.ca) is not None  # client certificates: the same
     assert "expires on" in capsys.readouterr().err
 

@@ -1176,7 +1176,7 @@ def _report_reader(t: asyncio.Task) -> None:
     if t.cancelled() or t.exception() is None:
         return
     e = t.exception()
-    why = ("nothing sent to the controller on it acknowledged for "
+    why = ("nothing sent to the controller on it acknowledged or read for "
            f"{keepalive.SILENT_S} s"
            if isinstance(e, TimeoutError) else repr(e))  # (watch_tcp: a silent controller)
     print(f"worker: controller stream failed: {why}", file=sys.stderr, flush=True)

@@ -13,7 +13,10 @@ from __future__ import annotations
 import ssl
 import time
 
-SOON_S = 7 * 86_400  # a certificate that ends within this long is said to end soon
+# a certificate that ends within this long, or within a quarter of its lifetime if that is
+# shorter (one of a day, renewed and the process restarted each day, is not said every start),
+# is said to end soon
+SOON_S = 7 * 86_400
 _HANDSHAKE_ROUNDS = 8  # a TLS 1.3 handshake in memory takes 2-3; more means it is stuck
 
 
@@ -43,12 +46,17 @@ def _handshake(server: ssl.SSLContext, cert: str) -> dict | str:
     return "no TLS handshake in memory"
 
 
-def validity_warning(server: ssl.SSLContext, cert: str, flag: str = "--tls-cert",
+def validity_warning(cert: str, key: str, flag: str = "--tls-cert",
                      now: float | None = None) -> str | None:
-    """One line when the certificate ``server`` presents (loaded from ``cert``, given as
-    ``flag``) has expired, is not valid yet, or ends within ``SOON_S``; None if its dates
-    hold (or the check itself could not be made: the listener then says what it can)."""
+    """One line when the certificate a server presents with ``cert`` and ``key`` (PEM
+    files; ``cert`` given as ``flag``) has expired, is not valid yet, or ends soon
+    (``SOON_S``); None if its dates hold (or the check itself could not be made: the
+    listener then says what it can). The server side here asks for no client
+    certificate, whatever the listener's ``--tls-ca`` (with TLS 1.2 a server that asks
+    ends the handshake before the client has read the dates)."""
     try:
+        server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server.load_cert_chain(cert, key)
         seen = _handshake(server, cert)
     except (OSError, ssl.SSLError):
         return None
@@ -57,11 +65,11 @@ def validity_warning(server: ssl.SSLContext, cert: str, flag: str = "--tls-cert"
             return f"{flag} {cert}: {seen}: every client will refuse the TLS handshake"
         return None  # (another reason: the clients' own checks say it)
     try:
-        end = ssl.cert_time_to_seconds(seen["notAfter"])
+        start, end = (ssl.cert_time_to_seconds(seen[k]) for k in ("notBefore", "notAfter"))
     except (KeyError, ValueError):
         return None
     left = end - (time.time() if now is None else now)
-    if left < SOON_S:
+    if left < min(SOON_S, (end - start) / 4):
         return (f"{flag} {cert}: certificate expires on {seen['notAfter']} (in "
                 f"{left / 86_400:.1f} days); after that every client will refuse the TLS "
                 "handshake")

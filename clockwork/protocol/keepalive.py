@@ -75,5 +75,5 @@ def watch_tcp(sock) -> None:
     for level, option, value in options:
         try:
             sock.setsockopt(level, option, value)
-        except OSError:  # (a socket that is not TCP, or closed already: nothing to watch)
-            return
+        except OSError:  # (one the system refuses: the others still hold)
+            continue

@@ -290,7 +290,7 @@ class TlsFiles:
                    warn: bool = True) -> TlsFiles | None:
         """The files of ``--tls-cert``, ``--tls-key`` and ``--tls-ca`` (None: no TLS),
         checked: ``SecurityError`` for files that cannot be used. ``warn``: a certificate
-        that has expired, is not valid yet or ends within a week is said on stderr."""
+        that has expired, is not valid yet or ends soon is said on stderr."""
         if not cert and not key:
             if ca:
                 raise SecurityError("--tls-ca (client certificates) needs --tls-cert and --tls-key")
@@ -298,8 +298,8 @@ class TlsFiles:
         if not cert or not key:
             raise SecurityError("--tls-cert and --tls-key go together")
         files = cls(cert, key, ca or None)
-        ctx = files.ssl_context()  # refuses a certificate, key or CA that cannot be used
-        line = validity_warning(ctx, cert) if warn else None
+        files.ssl_context()  # refuses a certificate, key or CA that cannot be used
+        line = validity_warning(cert, key) if warn else None
         if line is not None:
             print(f"clockwork: warning: {line}", file=sys.stderr, flush=True)
         return files
