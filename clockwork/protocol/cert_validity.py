@@ -3,9 +3,9 @@
 A server whose ``--tls-cert`` has expired (or is not valid yet) starts and listens as
 usual, but every client refuses its handshake, and the server's side sees only
 connections that end: without a word at start the operator learns it from the clients.
-The dates are read by a TLS handshake in memory between the server's own context and a
-client that trusts that certificate alone (OpenSSL checks the dates as any client does),
-which needs nothing beyond Python's ``ssl`` module.
+The dates are read by a TLS handshake in memory between a server holding that certificate
+and key and a client that trusts that certificate alone (OpenSSL checks the dates as any
+client does), which needs nothing beyond Python's ``ssl`` module.
 """
 
 from __future__ import annotations

@@ -59,11 +59,11 @@ CLIENT_SERVER = PINGING_SERVER
 
 
 def watch_tcp(sock) -> None:
-    """Have the kernel end TCP connection ``sock`` once its peer has not acknowledged
-    for ``SILENT_S`` (``TCP_USER_TIMEOUT``), and probe it after ``KEEPALIVE_TIME_MS``
-    idle (keepalive, ~1 s apart). Options the platform lacks
-    (``TCP_USER_TIMEOUT`` is Linux's) are left as they are; ``sock`` None (not a socket's
-    transport) does nothing."""
+    """Have the kernel end TCP connection ``sock`` once its peer has acknowledged (or
+    read) nothing sent for ``SILENT_S`` (``TCP_USER_TIMEOUT``), and probe it after
+    ``KEEPALIVE_TIME_MS`` idle (keepalive, ~1 s apart). Options the platform lacks
+    (``TCP_USER_TIMEOUT`` is Linux's) or refuses are left as they are; ``sock`` None (not
+    a socket's transport) does nothing."""
     if sock is None:
         return
     options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
