@@ -7,6 +7,7 @@ Skipped without the ``ray`` extra; the one-line message without it is tested any
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -42,15 +43,60 @@ def _scenario(duration_s: float):
     })
 
 
+def _two_nodes(Cluster, node: dict, tries: int = 3):
+    """A head and one more node, tried again when Ray's own start gives up: a node's
+    raylet must register within a fixed 30 s (not a setting), which a starved CI host
+    once missed and every test on the cluster errored. The processes a failed try
+    started are killed; the tail of its raylet and GCS logs goes to stderr (the cause)."""
+    import psutil
+
+    me = psutil.Process()
+    for attempt in range(1, tries + 1):
+        before = {p.pid for p in me.children(recursive=True)}
+        cluster = None
+        try:
+            cluster = Cluster(initialize_head=True,
+                              head_node_args={**node, "include_dashboard": False})
+            cluster.add_node(**node)
+            return cluster
+        except Exception as e:
+            if attempt == tries:
+                raise
+            print(f"Ray's local cluster did not start (try {attempt} of {tries}): {e}",
+                  file=sys.stderr)
+            _print_ray_log_tails()
+            if cluster is not None:
+                cluster.shutdown()
+            for p in me.children(recursive=True):
+                if p.pid not in before:
+                    with contextlib.suppress(psutil.Error):
+                        p.kill()
+
+
+def _print_ray_log_tails(lines: int = 20) -> None:
+    import glob
+
+    try:  # Ray's own place for its session folders (RAY_TMPDIR, TMPDIR, else /tmp)
+        from ray._common.utils import get_default_ray_temp_dir
+        root = get_default_ray_temp_dir()
+    except ImportError:
+        root = "/tmp/ray"
+    logs = os.path.join(root, "session_latest", "logs")
+    for path in sorted(glob.glob(os.path.join(logs, "raylet*.out"))
+                       + glob.glob(os.path.join(logs, "gcs_server.out"))):
+        with contextlib.suppress(OSError), open(path, errors="replace") as f:
+            tail = [ln for ln in f if not ln.startswith("[state-dump]")][-lines:]
+            print(f"--- {path} (last {lines} lines)", *tail, sep="", file=sys.stderr)
+
+
 @pytest.fixture(scope="module")
 def ray_nodes():
     ray = pytest.importorskip("ray", reason="needs the ray extra: pip install -e '.[ray]'")
     from ray.cluster_utils import Cluster
 
     node = {"num_cpus": 1, "resources": {"clockwork_gpu": 2}, "node_ip_address": "127.0.0.1"}
-    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+    cluster = _two_nodes(Cluster, node)
     try:
-        cluster.add_node(**node)
         ray.init(address=cluster.address, log_to_driver=False)
         cluster.wait_for_nodes()
         yield cluster
