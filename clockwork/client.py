@@ -448,17 +448,18 @@ def _repository_error(e: grpc.RpcError, name: str, url: str = "") -> ClockworkEr
     return _unavailable(e, url=url)
 
 
-def _worker_error(e: grpc.RpcError, url: str = "") -> ClockworkError:
-    """The typed error of a failed AddWorker call."""
+def _worker_error(e: grpc.RpcError, url: str = "", what: str = "add worker"
+                  ) -> ClockworkError:
+    """The typed error of a failed AddWorker (or RemoveWorker: ``what``) call."""
     code = e.code() if hasattr(e, "code") else None
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return InvalidRequest(f"add worker: {e.details()}", 6, "bad_request", "")
+    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND):
+        return InvalidRequest(f"{what}: {e.details()}", 6, "bad_request", "")
     if code == grpc.StatusCode.FAILED_PRECONDITION or (
             code == grpc.StatusCode.UNAVAILABLE and not _unreachable(e)
             and "worker" in (e.details() or "")):
         # another controller holds the worker; the controller cannot reach the worker (its
         # answers name the worker: a connection to the controller that broke does not)
-        return ControllerUnavailable(f"add worker: {e.details()}")
+        return ControllerUnavailable(f"{what}: {e.details()}")
     return _unavailable(e, url=url)
 
 
@@ -592,8 +593,8 @@ _OTHER_LOOP = ("this AsyncClient was made in another event loop (each asyncio.ru
                "a new one; a thread runs its own): make the AsyncClient in the loop that "
                "uses it")
 # the unary methods of clockwork.v1 (the stream's call is InferStream's own)
-_UNARY = ("Infer", "ListModels", "LoadModel", "UnloadModel", "AddWorker", "Stats",
-          "ModelStatus")
+_UNARY = ("Infer", "ListModels", "LoadModel", "UnloadModel", "AddWorker", "RemoveWorker",
+          "Stats", "ModelStatus")
 # An AsyncClient's unary calls open at once, at most: the controller takes 4,096 streams
 # a connection (limits.grpc_max_streams_per_connection) and refuses the others, which
 # gRPC fails as UNAVAILABLE ("RST_STREAM ... 7") rather than queueing them, so with more
@@ -865,6 +866,24 @@ class Client:
             raise _worker_error(e, self.url) from e
         return {"worker": r.worker, "gpus": list(r.gpus), "added": r.added}
 
+    def remove_worker(self, address: str, timeout: float | None = None) -> dict:
+        """Have the controller take the worker at ``address`` out of the cluster for good
+        (scaled down, retired): nothing more is placed on its GPUs, the actions it has in
+        flight fail at once (their requests served elsewhere where their SLO allows,
+        else answered), its connection is closed and not made again; the worker process
+        runs on. Returns ``{"worker": index (-1: one listed at the controller's start
+        that never answered), "gpus": [its controller-wide GPU indices], "removed":
+        False if it was removed already}``. A worker added again later gets a new index
+        and empty GPUs. Raises ``InvalidRequest`` (no such worker, or not
+        ``host:port``) or ``ControllerUnavailable``."""
+        req = pb.RemoveWorkerRequest(address=_text(address, "address"))
+        timeout = _per_call(timeout, self.timeout)
+        try:
+            r = self._stub.RemoveWorker(req, timeout=timeout)
+        except grpc.RpcError as e:
+            raise _worker_error(e, self.url, "remove worker") from e
+        return {"worker": r.worker, "gpus": list(r.gpus), "removed": r.removed}
+
     def stats(self) -> dict[str, int]:
         try:
             r = self._stub.Stats(pb.StatsRequest(), timeout=self.timeout)
@@ -981,6 +1000,16 @@ class AsyncClient:
         except grpc.RpcError as e:
             raise _worker_error(e, self.url) from e
         return {"worker": r.worker, "gpus": list(r.gpus), "added": r.added}
+
+    async def remove_worker(self, address: str, timeout: float | None = None) -> dict:
+        """As ``Client.remove_worker``."""
+        req = pb.RemoveWorkerRequest(address=_text(address, "address"))
+        timeout = _per_call(timeout, self.timeout)
+        try:
+            r = await self._stub.RemoveWorker(req, timeout=timeout)
+        except grpc.RpcError as e:
+            raise _worker_error(e, self.url, "remove worker") from e
+        return {"worker": r.worker, "gpus": list(r.gpus), "removed": r.removed}
 
     async def repository_index(self, ready_only: bool = False) -> list[ModelMeta]:
         """As ``Client.repository_index``."""

@@ -1,5 +1,5 @@
 """The controller's gRPC face: the ``clockwork.v1`` servicer (``Infer``, ``InferStream``,
-``Stats``, the model repository and ``AddWorker`` calls, each handed to the
+``Stats``, the model repository and ``AddWorker`` / ``RemoveWorker`` calls, each handed to the
 ``ControllerNode``) and ``serve_controller``, which binds every listener (clockwork.v1
 and KServe v2 gRPC, gRPC health, KServe v2 REST), starts the node and serves until told
 to stop."""
@@ -73,7 +73,8 @@ class ClockworkServicer(pbg.ClockworkServicer):
             models = await asyncio.get_running_loop().run_in_executor(None, model_infos, rows)
         return pb.ListModelsResponse(
             models=models, default_slo_ms=n.cfg.default_slo / 1e6,
-            workers=len(n.links), workers_connected=sum(1 for lk in n.links if lk.connected),
+            workers=sum(1 for lk in n.links if not lk.removed),
+            workers_connected=sum(1 for lk in n.links if lk.connected),
             gpus=len(n.gpu_index))
 
     async def ModelStatus(self, request, context):  # noqa: N802
@@ -125,6 +126,17 @@ class ClockworkServicer(pbg.ClockworkServicer):
         except RepositoryError as e:
             await context.abort(e.code, status_details(e.message))
         return pb.AddWorkerResponse(worker=w, gpus=gpus, added=added)
+
+    async def RemoveWorker(self, request, context):  # noqa: N802
+        if not request.address:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "give the worker's host:port")
+        try:
+            left = context.time_remaining()  # (as AddWorker's: answered before the deadline)
+            w, gpus, removed = await self.node.remove_worker(
+                request.address, None if left is None else left - min(0.5, left / 4))
+        except RepositoryError as e:
+            await context.abort(e.code, status_details(e.message))
+        return pb.RemoveWorkerResponse(worker=w, gpus=gpus, removed=removed)
 
     async def UnloadModel(self, request, context):  # noqa: N802
         try:

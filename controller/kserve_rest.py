@@ -271,8 +271,12 @@ class KServeRest:
             return Reply(200, await node.metrics.render_async(), compress=True)
         if path == "/healthz":
             return Reply(200, b"ok\n")
+        # (every worker in service available; one removed counts no more, but with every
+        # one removed there is none to serve)
+        kept = [lk for lk in node.links if not lk.removed]
         ready = (node.policy is not None and not node._stopping and not node.awaited
-                 and all(node.available(lk) for lk in node.links))
+                 and all(node.available(lk) for lk in kept)
+                 and (bool(kept) or not node.links))
         return Reply(200, b"ready\n") if ready else Reply(503, b"not ready\n")
 
     async def _json(self, body: bytes | memoryview, what: str = "request body"):

@@ -196,6 +196,8 @@ class WorkerLink:
     lost_at: float = 0.0  # when it was last lost (time.monotonic)
     lost_again: float = 0.0  # when "still lost" is said next (time.monotonic)
     slow_said: bool = False  # its round trip was said to be too slow for the windows
+    removed: bool = False  # removed by an operator (RemoveWorker): never reconnected
+    reconnecting: asyncio.Future | None = None  # its reconnection task, while lost
 
     def add_sample(self, t0: int, tw: int, t2: int) -> None:
         """A clock sample: our send at ``t0``, the worker's clock read ``tw``, our receipt
@@ -305,7 +307,8 @@ class WorkerLinks:
         resolves to one of the same endpoints (a second link to one worker would take it
         from the first again and again), or None; and the endpoints ``address`` resolves
         to (each link keeps its own, resolved when it was made)."""
-        for lk in self.links:
+        links = [lk for lk in self.links if not lk.removed]
+        for lk in links:
             if lk.address == address:
                 return lk, lk.endpoints
         try:
@@ -314,7 +317,7 @@ class WorkerLinks:
         except TimeoutError:
             raise RepositoryError(grpc.StatusCode.UNAVAILABLE,
                                   f"cannot resolve worker {address} in {wait:.1f} s") from None
-        return next((lk for lk in self.links if wanted & lk.endpoints), None), wanted
+        return next((lk for lk in links if wanted & lk.endpoints), None), wanted
 
     async def add_worker(self, address: str, timeout: float | None = None,
                          said=None) -> tuple[int, list[int], bool]:
@@ -433,6 +436,83 @@ class WorkerLinks:
             if line and address not in self.plaintext_said:  # (as for those at start)
                 print(f"controller: warning: {line}", file=sys.stderr, flush=True)
             return link.index, list(range(first, first + len(specs))), True
+
+    async def remove_worker(self, address: str, timeout: float | None = None
+                            ) -> tuple[int, list[int], bool]:
+        """Take the worker ``address`` names out of the cluster for good (scaled down,
+        retired): the policy places nothing more on its GPUs, the actions it has in
+        flight fail at once (``ControllerLoop.remove_worker``: their requests placed
+        again elsewhere where their SLO allows, else answered), its connection closes
+        (the worker process runs on, free for another controller, its weights cache as
+        it was) and it is not reconnected. A worker lost and being reconnected is removed
+        the same way; one listed at start that has not answered yet is no longer awaited
+        (worker index -1, no GPUs). Returns (worker index, its GPU indices, removed); an
+        address of a worker removed already: removed False. An add under way is waited
+        for first (``timeout``, default ``connect_timeout``: UNAVAILABLE when it runs
+        out). NOT_FOUND for an address that names no worker of this controller,
+        INVALID_ARGUMENT for one that is not HOST:PORT."""
+        if self.ctrl is None or self._stopping:
+            raise RepositoryError(grpc.StatusCode.UNAVAILABLE, "the controller is not serving")
+        try:
+            address = addresses.canonical(address)
+        except ValueError as e:
+            raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        wait = self.connect_timeout if timeout is None else timeout
+        deadline = time.monotonic() + wait
+        lk, endpoints = await self._link_to(address, wait)
+        if lk is None and address in self.awaited:  # listed at start, never in
+            joining = self.awaited[address]
+            joining.cancel()
+            with contextlib.suppress(BaseException):
+                await joining
+            self.count("workers_removed")
+            print(f"controller: worker {address} removed: it is no longer awaited",
+                  file=sys.stderr, flush=True)
+            return -1, [], True
+        if lk is None:  # an add of it may be under way: its end first
+            try:
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    async with self._add_lock:
+                        lk, endpoints = await self._link_to(
+                            address, max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise RepositoryError(grpc.StatusCode.UNAVAILABLE, (
+                    f"remove worker {address}: its {wait:g} s ran out while a worker's add "
+                    "was under way; try again")) from None
+        if lk is None:
+            was = next((x for x in reversed(self.links) if x.removed
+                        and (x.address == address or endpoints & x.endpoints)), None)
+            if was is None:
+                raise RepositoryError(grpc.StatusCode.NOT_FOUND,
+                                      f"no worker {address} in this controller")
+            return was.index, self._gpus_of(was), False
+        gpus = self._gpus_of(lk)
+        self._remove(lk, gpus)
+        return lk.index, gpus, True
+
+    def _gpus_of(self, link: WorkerLink) -> list[int]:
+        """The controller-wide indices of ``link``'s GPUs."""
+        return [g for (w, _), g in sorted(self.gpu_index.items()) if w == link.index]
+
+    def _remove(self, link: WorkerLink, gpus: list[int]) -> None:
+        """``remove_worker``'s work on the link (no await: nothing sent to it after)."""
+        link.removed = True
+        link.connected = False
+        for t in link.tasks:
+            t.cancel()
+        if link.reconnecting is not None:
+            link.reconnecting.cancel()
+        if isinstance(link.call, FrameStream):
+            link.call.close()
+        if link.channel is not None:
+            asyncio.ensure_future(link.channel.close())
+        link.pending, link.due = [], 0
+        self._drop_updates(link)
+        n = self.ctrl.remove_worker(link.index, now_ns())
+        self.count("workers_removed")
+        print(f"controller: worker {link.address} removed with its {len(gpus)} GPU(s): "
+              f"{n} action(s) in flight failed (their requests placed again or answered); "
+              "its connection closed, and it is not reconnected", file=sys.stderr, flush=True)
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         if self.worker_credentials is not None:
@@ -1177,7 +1257,7 @@ class WorkerLinks:
         else:  # a repeat: quiet while sessions come and go (two controllers, say), said
             link.lost_quiet = line  # if a reconnection attempt fails (_reconnect)
             link.lost_skipped += 1
-        asyncio.ensure_future(self._reconnect(link))
+        link.reconnecting = asyncio.ensure_future(self._reconnect(link))
 
     async def _refused_pause(self, wait: float, models_change: bool) -> None:
         """The pause after a worker refused as it connected: ``wait`` seconds (each
@@ -1200,7 +1280,7 @@ class WorkerLinks:
     async def _reconnect(self, link: WorkerLink) -> None:
         if link.backoff and not self._stopping:
             await asyncio.sleep(link.backoff)
-        while not self._stopping and not link.connected:
+        while not self._stopping and not link.connected and not link.removed:
             try:
                 await self._open(link)
             except ValueError as e:

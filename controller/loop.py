@@ -155,6 +155,7 @@ class ControllerLoop:
         self._again: set[int] = set()  # the workers on a second probe (``_check_liveness``)
         self.suspect = [False] * n
         self.resetting = [False] * n  # reset sent, its answer not yet heard
+        self.removed = [False] * n  # left the cluster for good (``remove_worker``)
         # the earliest of: the next failure to feed, the next liveness bound of an
         # outstanding action, the next probe deadline (NEVER: none). Recomputed when
         # ``_dirty`` (after any event that can change one of them but a new request)
@@ -190,7 +191,10 @@ class ControllerLoop:
 
     def results(self, worker: int, results: list[Result], now: int) -> None:
         """Results from ``worker``, their times already on the controller's clock. A
-        result claiming to end after ``now`` (a clock-offset error) is clamped to ``now``."""
+        result claiming to end after ``now`` (a clock-offset error) is clamped to ``now``.
+        Those of a removed worker are dropped (its actions failed when it was removed)."""
+        if self.removed[worker]:
+            return
         self._dirty = True
         if worker in self.probing or self.suspect[worker]:
             self.heard_from(worker, now)
@@ -244,6 +248,8 @@ class ControllerLoop:
 
     def heard_from(self, worker: int, now: int) -> None:
         """The transport got a message from ``worker`` (a result or a probe's answer)."""
+        if self.removed[worker]:
+            return
         self._dirty = True
         self.probing.pop(worker, None)
         self._again.discard(worker)
@@ -267,8 +273,8 @@ class ControllerLoop:
         """``worker`` answered the reset sent when it was re-admitted, having kept
         ``kept`` (its GPU -> the models whose weights it kept): its GPUs are the policy's
         again, with those copies (``readmit_gpu``)."""
-        if not self.resetting[worker]:
-            return  # lost meanwhile, or not ours
+        if not self.resetting[worker] or self.removed[worker]:
+            return  # lost or removed meanwhile, or not ours
         self.resetting[worker] = False
         self._back(worker, now, kept)
 
@@ -337,6 +343,19 @@ class ControllerLoop:
         self._after(out, now)
         return len(lost)
 
+    def remove_worker(self, worker: int, now: int) -> int:
+        """``worker`` leaves the cluster for good (an operator's ``remove_worker``): as
+        for a lost worker (``worker_lost``), the policy places nothing more on its GPUs
+        and its outstanding actions fail (their requests placed again elsewhere where
+        their SLO allows, else answered), and nothing brings it back: what is still
+        heard from it is ignored. Its index stays taken (a worker added later gets the
+        next one). Returns how many actions failed; 0 for one removed already."""
+        if self.removed[worker]:
+            return 0
+        self.removed[worker] = True
+        self.suspect[worker] = False
+        return self.worker_lost(worker, now, "worker removed")
+
     def add_worker(self, specs: list[GpuSpec], now: int) -> int:
         """A worker joins at run time with these GPUs (each spec's ``worker`` is the new
         worker's index: the number of workers so far, which this returns). The policy
@@ -351,6 +370,7 @@ class ControllerLoop:
         self.outstanding.append({})
         self.suspect.append(False)
         self.resetting.append(False)
+        self.removed.append(False)
         out: list[Action] = []
         for s in specs:
             try:
@@ -359,7 +379,7 @@ class ControllerLoop:
                 if self.gpus_of[w]:
                     raise
                 for per_worker in (self.gpus_of, self.up, self.outstanding, self.suspect,
-                                   self.resetting):
+                                   self.resetting, self.removed):
                     per_worker.pop()  # (a policy that cannot grow: no worker was added)
                 self.n_up -= 1
                 raise
@@ -385,7 +405,10 @@ class ControllerLoop:
     def worker_back(self, worker: int, now: int,
                     kept: dict[int, Container[str]] | None = None) -> None:
         """``worker`` is connected again, having kept ``kept`` (its GPU -> the models
-        whose weights it kept, of ``keep_list``; None: an empty weights cache)."""
+        whose weights it kept, of ``keep_list``; None: an empty weights cache). A removed
+        worker is not taken back."""
+        if self.removed[worker]:
+            return
         self.suspect[worker] = False
         self.resetting[worker] = False
         self._back(worker, now, kept or {})

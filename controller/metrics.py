@@ -840,12 +840,14 @@ class _Collector:
         node = self.m.node
         index = dict(getattr(node, "gpu_index", {}))
         pages: dict[tuple[int, int], int] = {}
-        for lk in getattr(node, "links", []):
+        links = getattr(node, "links", [])
+        gone = {lk.index for lk in links if getattr(lk, "removed", False)}
+        for lk in links:
             st = getattr(lk, "state", None)
             if st is not None:
                 for g in st.gpus:
                     pages[(lk.index, g.gpu)] = g.pages
-        keys = sorted(set(index) | set(self.m.busy_ns))
+        keys = sorted(k for k in set(index) | set(self.m.busy_ns) if k[0] not in gone)
         return [(k, index.get(k), pages.get(k)) for k in keys]
 
 

@@ -951,3 +951,39 @@ def test_the_count_of_workers_up_follows_every_change():
         loop.add_worker([GpuSpec(4, 0, 100)], 9)
     check()
     assert len(loop.up) == 4
+
+
+def test_a_removed_worker_takes_nothing_and_is_never_taken_back():
+    loop, t = controller(workers=2)
+    loop.requests([Request(i, "resnet50_v2", 0, ms(100)) for i in range(4)], 0)
+    (w, acts), = t.sent
+    other = 1 - w
+    failed = loop.remove_worker(w, ms(1))
+    assert failed == len(acts) and not loop.outstanding[w]
+    assert loop.removed[w] and not loop.up[w] and not loop.no_worker()
+    assert loop.remove_worker(w, ms(1)) == 0  # (removed already)
+    # nothing brings it back: a late result, a probe's answer, a reconnection, a reset
+    loop.results(w, [], ms(2))
+    loop.heard_from(w, ms(2))
+    loop.worker_back(w, ms(2))
+    loop.reset_done(w, ms(2), {})
+    assert not loop.up[w] and t.resets == []
+    # the requests its failed actions held are served on the other worker, as every later one
+    now = ms(2)
+    while loop.armed is not None and loop.armed <= ms(50):
+        now = loop.armed
+        loop.tick(now)
+        for x, sent in list(t.sent):
+            assert x == other or sent is acts
+    loop.request(Request(9, "resnet50_v2", now, ms(100)), now)
+    assert t.sent[-1][0] == other
+    # removing the last worker leaves none: requests are answered no_worker at once
+    loop.remove_worker(other, now)
+    assert loop.no_worker()
+
+
+def test_a_worker_added_after_a_removal_gets_the_next_index():
+    loop, _ = controller(workers=1)
+    loop.remove_worker(0, 0)
+    assert loop.add_worker([GpuSpec(1, 0, 100)], ms(1)) == 1
+    assert loop.removed == [True, False] and loop.up == [False, True]

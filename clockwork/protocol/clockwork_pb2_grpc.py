@@ -64,6 +64,11 @@ class ClockworkStub(object):
                 request_serializer=clockwork_dot_protocol_dot_clockwork__pb2.AddWorkerRequest.SerializeToString,
                 response_deserializer=clockwork_dot_protocol_dot_clockwork__pb2.AddWorkerResponse.FromString,
                 _registered_method=True)
+        self.RemoveWorker = channel.unary_unary(
+                '/clockwork.v1.Clockwork/RemoveWorker',
+                request_serializer=clockwork_dot_protocol_dot_clockwork__pb2.RemoveWorkerRequest.SerializeToString,
+                response_deserializer=clockwork_dot_protocol_dot_clockwork__pb2.RemoveWorkerResponse.FromString,
+                _registered_method=True)
         self.LoadModel = channel.unary_unary(
                 '/clockwork.v1.Clockwork/LoadModel',
                 request_serializer=clockwork_dot_protocol_dot_clockwork__pb2.LoadModelRequest.SerializeToString,
@@ -117,6 +122,12 @@ class ClockworkServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RemoveWorker(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def LoadModel(self, request, context):
         """The model repository (errors: NOT_FOUND for an unknown profile or model,
         INVALID_ARGUMENT for bad parameters or a name loaded otherwise, UNAVAILABLE when a
@@ -164,6 +175,11 @@ def add_ClockworkServicer_to_server(servicer, server):
                     servicer.AddWorker,
                     request_deserializer=clockwork_dot_protocol_dot_clockwork__pb2.AddWorkerRequest.FromString,
                     response_serializer=clockwork_dot_protocol_dot_clockwork__pb2.AddWorkerResponse.SerializeToString,
+            ),
+            'RemoveWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveWorker,
+                    request_deserializer=clockwork_dot_protocol_dot_clockwork__pb2.RemoveWorkerRequest.FromString,
+                    response_serializer=clockwork_dot_protocol_dot_clockwork__pb2.RemoveWorkerResponse.SerializeToString,
             ),
             'LoadModel': grpc.unary_unary_rpc_method_handler(
                     servicer.LoadModel,
@@ -338,6 +354,33 @@ class Clockwork(object):
             '/clockwork.v1.Clockwork/AddWorker',
             clockwork_dot_protocol_dot_clockwork__pb2.AddWorkerRequest.SerializeToString,
             clockwork_dot_protocol_dot_clockwork__pb2.AddWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clockwork.v1.Clockwork/RemoveWorker',
+            clockwork_dot_protocol_dot_clockwork__pb2.RemoveWorkerRequest.SerializeToString,
+            clockwork_dot_protocol_dot_clockwork__pb2.RemoveWorkerResponse.FromString,
             options,
             channel_credentials,
             insecure,
