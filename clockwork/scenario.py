@@ -557,6 +557,45 @@ def joining_workers(sc: Scenario) -> list[tuple[float, int]]:
     return out
 
 
+def leaving_workers(sc: Scenario) -> list[tuple[float, int]]:
+    """The workers the scenario's ``[[remove_workers]]`` entries take out: (at_s, worker
+    index) by time, then the file's order. Raises ``ScenarioError`` for one at or after
+    the end, a worker not in the cluster by then (past ``cluster.workers`` and not joined
+    at or before ``at_s``), one removed twice, or a removal that leaves no worker."""
+    events = sc.data.get("remove_workers") or []
+    if not events:
+        return []
+    w0 = int(sc.cluster["workers"])
+    joined = {w: at for at, w in joining_workers(sc)}
+    out: list[tuple[float, int]] = []
+    gone: set[int] = set()
+    for i, e in sorted(enumerate(events), key=lambda ie: (float(ie[1]["at_s"]), ie[0])):
+        at, w = float(e["at_s"]), int(e["worker"])
+        where = f"remove_workers.{i}"
+        why = event_time_error(where, at, sc.duration_s)
+        if why:
+            raise ScenarioError(why)
+        if w >= w0 and (w not in joined or joined[w] > at):
+            raise ScenarioError(
+                f"{where}.worker: {w} is not in the cluster at {at:g} s (the {w0} at the start "
+                f"are 0 ... {w0 - 1}" + (f"; those [[add_workers]] adds follow, each from its "
+                                          f"at_s: {_join_times(joined)}" if joined else "")
+                + ")")
+        if w in gone:
+            raise ScenarioError(f"{where}.worker: {w} is removed already")
+        gone.add(w)
+        if len(gone) >= w0 + sum(1 for j in joined.values() if j <= at):
+            raise ScenarioError(f"{where}: removes the last worker in the cluster at {at:g} s "
+                                "(keep at least one to serve the run)")
+        out.append((at, w))
+    return out
+
+
+def _join_times(joined: dict[int, float]) -> str:
+    shown = [f"worker {w} at {at:g} s" for w, at in sorted(joined.items())[:4]]
+    return ", ".join(shown) + (", ..." if len(joined) > 4 else "")
+
+
 def clock_offsets_error(sc: Scenario) -> str | None:
     """More ``cluster.clock_offsets_ms`` than the scenario has workers (those at the start
     and those ``[[add_workers]]`` adds), in one line; None if not. The simulator's and a

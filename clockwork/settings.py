@@ -864,6 +864,19 @@ class AddWorkersEvent(Settings):
                          ge=1, le=MAX_WORKERS)
 
 
+class RemoveWorkersEvent(Settings):
+    """One ``[[remove_workers]]`` entry: a worker that leaves the cluster for good while
+    the run goes on, as ``clockwork.Client.remove_worker`` takes one out of a live
+    controller."""
+
+    settings_name: ClassVar[str] = "remove_workers"
+
+    at_s: float = setting(description="When it leaves, in seconds from the start.", ge=0)
+    worker: int = setting(description="Which worker: its index (those at the start are 0 "
+                          "... `cluster.workers` - 1; those `[[add_workers]]` adds follow, "
+                          "and must have joined by `at_s`).", ge=0, le=MAX_WORKERS)
+
+
 class ScenarioSettings(Settings):
     """A scenario file (top level)."""
 
@@ -897,6 +910,10 @@ class ScenarioSettings(Settings):
         "the cluster during the run (`{at_s, count}`; `cluster.workers` are those at the "
         "start). The simulator plays them, and so does `clockwork serve --replay`, which "
         "starts their processes before the run and has the controller connect them then.")
+    remove_workers: list[RemoveWorkersEvent] = setting(
+        default_factory=list, description="The `[[remove_workers]]` entries: workers that "
+        "leave the cluster for good during the run (`{at_s, worker}`). The simulator plays "
+        "them, and so does `clockwork serve --replay`, through the controller.")
     repository: list[RepositoryEvent] = setting(
         default_factory=list, description="The `[[repository]]` entries: models unloaded "
         "and loaded again during the run (`{at_s, unload}` or `{at_s, load}`). The "

@@ -102,3 +102,223 @@ def test_removing_every_worker_leaves_a_controller_that_answers_no_worker():
         with pytest.raises(ClockworkError, match="(?i)no worker"):
             k.infer("resnet50_v2", slo_ms=1000)
         assert _ready(c) == 503
+
+
+def test_a_lost_worker_removed_is_not_reconnected_and_a_listed_one_no_longer_awaited():
+    """Controller and workers in this process. A worker listed at start that never
+    answered is no longer awaited once removed (readiness no longer waits for it); a
+    connected worker whose process stops is lost and reconnected to until removed: its
+    process started again on the same port is not taken back by the old link, and an add
+    makes it worker 2, a new link (the old one holding it, the add would be refused)."""
+    import asyncio
+    import socket
+
+    from controller.service import ControllerNode, RepositoryError
+    from tests.inprocess import answer, serve_in_process
+    from worker.service import WorkerNode
+
+    with socket.socket() as s:  # a port nobody listens on (closed at once)
+        s.bind(("127.0.0.1", 0))
+        silent = f"127.0.0.1:{s.getsockname()[1]}"
+
+    async def main():
+        a_addr, stop_a, served_a = await serve_in_process(WorkerNode(gpus=1, pages=100))
+        b_addr, stop_b, served_b = await serve_in_process(WorkerNode(gpus=1, pages=100))
+        node = ControllerNode([a_addr, b_addr, silent], "v100-reference",
+                              models="resnet50_v2", connect_timeout=2.0)
+        await node.start()
+        try:
+            assert list(node.awaited) == [silent]
+            assert await node.remove_worker(silent) == (-1, [], True)
+            assert not node.awaited
+            with pytest.raises(RepositoryError, match="no worker"):
+                await node.remove_worker(silent)
+            b = next(lk for lk in node.links if lk.address == b_addr)
+            stop_b.set()
+            await served_b
+            while b.connected or b.reconnecting is None:  # lost: reconnecting
+                await asyncio.sleep(0.02)
+            assert await node.remove_worker(b_addr) == (b.index, [b.index], True)
+            assert b.reconnecting.cancelling() or b.reconnecting.done()
+            port = int(b_addr.rpartition(":")[2])
+            from worker.service import serve_worker
+            stop_b2 = asyncio.Event()
+            up = asyncio.get_running_loop().create_future()
+            served_b2 = asyncio.create_task(serve_worker(
+                "127.0.0.1", port, WorkerNode(gpus=1, pages=100), stop=stop_b2, link_port=-1,
+                ready=lambda p, _: up.set_result(p)))
+            await up
+            assert await node.add_worker(b_addr) == (2, [2], True)
+            assert not b.connected and node.links[2].connected
+            assert (await answer(node, "resnet50_v2")).status == 0
+            stop_b2.set()
+            await served_b2
+        finally:
+            await node.stop()
+            stop_a.set()
+            await served_a
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+# two GPUs for a load one carries; worker 1 leaves at 3 s
+SCENARIO = """
+name = "remove-workers"
+seed = 3
+duration_s = 6.0
+
+[cluster]
+workers = 2
+gpus_per_worker = 1
+
+[[models]]
+name = "resnet50_v2"
+copies = 4
+
+[[workloads]]
+kind = "poisson"
+models = "*"
+rate_rps = 600
+slo_ms = 100
+
+[[remove_workers]]
+at_s = 3.0
+worker = 1
+"""
+
+
+def _scenario(tmp_path, overrides=(), text: str = SCENARIO):
+    from clockwork.scenario import load_scenario
+
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    return load_scenario(path, list(overrides))
+
+
+def _rows(folder, name: str = "requests.tsv") -> list[dict]:
+    import csv
+
+    with open(folder / name) as f:
+        return list(csv.DictReader(f, delimiter="\t"))
+
+
+def test_a_worker_removed_in_a_simulated_run_takes_nothing_from_its_time_on(tmp_path):
+    """No action is sent to worker 1 after 3 s and no request is answered on its GPU
+    past the actions it had then; worker 0 carries the rest, every request answered
+    once; two runs are identical."""
+    from clockwork.cluster.sim import Simulation, simulate
+
+    sim = Simulation(_scenario(tmp_path))
+    res = sim.run()
+    assert sim.fault_log[0][0] == 3_000_000_000
+    assert sim.fault_log[0][1].startswith("cluster: worker 1 removed; ")
+    res.write(tmp_path / "a")
+    acts = _rows(tmp_path / "a", "actions.tsv")
+    on1 = [int(a["sent"]) for a in acts if a["worker"] == "1"]
+    assert on1 and max(on1) < 3e9 and any(s > 2.9e9 for s in on1)
+    rows = _rows(tmp_path / "a")
+    assert len(rows) == len({r["request_id"] for r in rows}) == res.summary["submitted"]
+    late = [r for r in rows if r["gpu"] == "1" and int(r["arrival"]) > 3.1e9]
+    assert not late
+    after = [r for r in rows if int(r["arrival"]) > 3.2e9]
+    assert sum(r["status"] == "SUCCESS" for r in after) >= 0.99 * len(after)
+    assert simulate(_scenario(tmp_path)).summary == res.summary
+
+
+@pytest.mark.parametrize("overrides,error", [
+    (["remove_workers.0.at_s=6"], "remove_workers.0.at_s: must be before the end"),
+    (["remove_workers.0.worker=2"],
+     "remove_workers.0.worker: 2 is not in the cluster at 3 s (the 2 at the start are 0 ... 1)"),
+    (["add_workers=[{at_s=4}]", "remove_workers.0.worker=2"],
+     "remove_workers.0.worker: 2 is not in the cluster at 3 s (the 2 at the start are 0 ... "
+     "1; those [[add_workers]] adds follow, each from its at_s: worker 2 at 4 s)"),
+    (["remove_workers=[{at_s=1, worker=1}, {at_s=2, worker=1}]"],
+     "remove_workers.1.worker: 1 is removed already"),
+    (["remove_workers=[{at_s=1, worker=1}, {at_s=2, worker=0}]"],
+     "remove_workers.1: removes the last worker in the cluster at 2 s"),
+    (["faults.controller_restart=[{at_s=1}]"],
+     "remove_workers: not together with faults.controller_restart"),
+])
+def test_remove_workers_are_checked_before_anything_runs(tmp_path, overrides, error):
+    from clockwork.cluster.serve import events_error
+    from clockwork.cluster.sim import Simulation
+    from clockwork.scenario import ScenarioError
+
+    with pytest.raises(ScenarioError) as e:
+        Simulation(_scenario(tmp_path, overrides))
+    assert error in str(e.value), str(e.value)
+    assert error in events_error(_scenario(tmp_path, overrides), replay=True)
+
+
+def test_a_worker_removed_at_the_time_it_joins_and_one_killed_before_it_leaves(tmp_path):
+    """Same-time events go joins first: a worker that joins at 2 s may leave at 2 s (it
+    takes nothing). A worker killed (restarted later) and removed meanwhile is not taken
+    back by its restart."""
+    from clockwork.cluster.sim import Simulation
+
+    sim = Simulation(_scenario(tmp_path, [
+        "add_workers=[{at_s=2}]", "remove_workers=[{at_s=2, worker=2}, {at_s=3, worker=1}]",
+        "faults.kill=[{worker=1, at_s=2.5, back_s=4}]"]))
+    res = sim.run()
+    said = [line for _, line in sim.fault_log]
+    assert said[:2] == ["cluster: worker 2 joined (1 GPU(s))",
+                        "cluster: worker 2 removed; 0 action(s) failed"], said
+    assert "controller reconnected to worker 1" not in said, said
+    res.write(tmp_path / "a")
+    acts = _rows(tmp_path / "a", "actions.tsv")
+    assert not [a for a in acts if a["worker"] == "2"]
+    assert not [a for a in acts if a["worker"] == "1" and int(a["sent"]) >= 2.5e9]
+
+
+@pytest.mark.faults
+def test_a_worker_leaves_a_live_run_at_its_time(tmp_path):
+    """``clockwork serve --replay``: the controller takes worker 1 out at 3 s: no request
+    arriving after then is answered on its GPU, every request is answered once, and
+    worker 0 serves the rest as the simulator does (the run exits 0: the worker process,
+    which runs on, did not crash)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "s.toml"
+    path.write_text(SCENARIO)
+    p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve", str(path),
+                        "--replay", "--quiet", "--out", str(tmp_path / "live")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    import re
+
+    removed = float(re.search(r"clockwork serve: +([\d.]+) s  cluster: worker 1 removed",
+                              p.stderr)[1])
+    assert 3.0 <= removed < 4.0, removed
+    rows = _rows(tmp_path / "live")
+    assert len(rows) == len({r["request_id"] for r in rows})
+    assert not [r for r in rows if r["gpu"] == "1" and int(r["arrival"]) > (removed + 0.1) * 1e9]
+    assert [r for r in rows if r["gpu"] == "1"]  # (it served before)
+    after = [r for r in rows if int(r["arrival"]) > (removed + 0.5) * 1e9]
+    assert sum(r["status"] == "SUCCESS" for r in after) >= 0.97 * len(after)
+
+
+def test_plan_replay_serve_and_ray_say_what_they_do_with_removals(tmp_path):
+    """``clockwork plan`` chooses the workers of the whole run: it refuses them; a replay
+    against a running controller refuses them (they would change its workers for
+    everyone); serve without ``--replay`` says it does not play them; on Ray they are
+    refused before anything starts."""
+    from clockwork.cluster.plan import PlanError, make_plan
+    from clockwork.cluster.serve import live_ignored
+    from tests.conftest import replay_with_no_controller
+
+    path = tmp_path / "s.toml"
+    path.write_text(SCENARIO)
+    with pytest.raises(PlanError, match=r"\[\[remove_workers\]\] events.*--set remove_workers=\[\]"):
+        make_plan(str(path), [], 0.99, None, 1, 4, 1)
+    p = replay_with_no_controller(tmp_path, SCENARIO)
+    assert p.returncode == 2 and "[[remove_workers]] events" in p.stderr, p.stderr
+    assert "remove_workers (played by --replay only)" in live_ignored(_scenario(tmp_path),
+                                                                      replay=False)
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve", str(path),
+                        "--ray"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "[[remove_workers]] events are not played on a Ray" \
+        in p.stderr, p.stderr

@@ -81,8 +81,8 @@ def raises(exc: type[Exception], fn, *args, **kw) -> str:
     ("seed=1.5", "seed: must be an integer in [0, 2^63 - 1], got 1.5"),
     ("drain_s=nan", "drain_s: must be a finite number >= 0, got nan"),
     ("nosuch=1", "unknown top-level setting 'nosuch' (known: add_workers, cluster, "
-                 "description, drain_s, duration_s, faults, models, name, repository, "
-                 "scheduler, seed, workloads)"),
+                 "description, drain_s, duration_s, faults, models, name, remove_workers, "
+                 "repository, scheduler, seed, workloads)"),
     ("seeed=1", "unknown top-level setting 'seeed' (did you mean 'seed'?)"),
     ("models.0.copies=0", "models.0.copies: must be an integer in [1, 100000], got 0"),
     ("models.0.copis=2", "unknown setting 'models.0.copis' (did you mean 'models.0.copies'?)"),

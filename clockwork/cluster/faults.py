@@ -1,5 +1,5 @@
-"""A scenario's ``[faults]``, ``[[repository]]`` and ``[[add_workers]]`` events on a live
-local cluster (composition root).
+"""A scenario's ``[faults]``, ``[[repository]]``, ``[[add_workers]]`` and
+``[[remove_workers]]`` events on a live local cluster (composition root).
 
 ``LiveFaults`` runs beside a replay (``clockwork serve SCENARIO --replay``): at each
 fault's time, counted from the moment the replay starts, it kills a worker process
@@ -7,7 +7,8 @@ fault's time, counted from the moment the replay starts, it kills a worker proce
 (SIGCONT) one; at each ``[[repository]]`` event's, it unloads or loads a model through
 the controller's model repository (``clockwork.Client.unload_model`` / ``load_model``);
 at each joining worker's, it has the controller connect that worker
-(``Client.add_worker``; its process was started before the run).
+(``Client.add_worker``; its process was started before the run); at each leaving
+worker's, it has the controller take that worker out (``Client.remove_worker``).
 The simulator models the same events (``clockwork.cluster.sim``); ``slow_network`` and
 ``controller_restart`` have no live form here and are refused.
 """
@@ -50,7 +51,7 @@ class LiveFaults:
     def __init__(self, cluster, faults: dict, duration_s: float,
                  repository: list | None = None, token: str | None = None,
                  copies: dict[str, int] | None = None, joins: list | None = None,
-                 stopped=None) -> None:
+                 stopped=None, leaves: list | None = None) -> None:
         """``repository``: ``clockwork.scenario.repository_plan``'s events; ``token``: the
         one the controller takes from clients (its repository calls need it); ``copies``:
         each ``[[models]]`` name's copies (a model's load asks for all of them: the
@@ -58,7 +59,8 @@ class LiveFaults:
         joining_workers``' (at_s, worker index): their processes start here, before the
         run, and the controller connects each at its time; ``stopped()`` (if given),
         looked at before each one starts: once true, ``Interrupted`` is raised (the
-        processes started so far stop with the cluster)."""
+        processes started so far stop with the cluster); ``leaves``: ``clockwork.scenario.
+        leaving_workers``' (at_s, worker index), each taken out at its time."""
         why = no_live_form(faults)
         if why:
             raise ValueError(why)
@@ -89,6 +91,8 @@ class LiveFaults:
                 raise ValueError(f"add_workers: worker {w} would join as worker "
                                  f"{len(cluster.workers)}")
             plan.append((at_s, len(plan), "join", (w, cluster.spare_worker())))
+        for at_s, w in leaves or ():  # (after the joins at one time)
+            plan.append((at_s, len(plan), "remove", w))
         for at_s, what, name, insts in repository or ():  # (in the plan's order at one time)
             plan.append((at_s, len(plan), what, (name, len(insts))))
         self.plan = sorted(plan)
@@ -100,7 +104,7 @@ class LiveFaults:
         self.log: list[tuple[float, str]] = []  # (seconds from t0, what was done)
         self.failed: list[str] = []  # what could not be done, in words
         self._client = None
-        if repository or joins:  # (connected before the run: a first event's import and
+        if repository or joins or leaves:  # (connected before the run: a first event's import and
             # connection made it ~10 ms late)
             from clockwork.client import Client
 
@@ -177,7 +181,7 @@ class LiveFaults:
             left = (t0 + round(at_s * 1e9) - time.monotonic_ns()) / 1e9
             if left > 0 and self._stop.wait(left):
                 return
-            if what in ("unload", "load", "join"):
+            if what in ("unload", "load", "join", "remove"):
                 try:
                     if what == "join":
                         proc = self.cluster.workers[w[0]].proc
@@ -190,6 +194,9 @@ class LiveFaults:
                             REPOSITORY_S, left)))
                         said = (f"cluster: worker {got['worker']} joined "
                                 f"({len(got['gpus'])} GPU(s))")
+                    elif what == "remove":
+                        self._client.remove_worker(self.cluster.worker_addresses[w])
+                        said = f"cluster: worker {w} removed"
                     else:
                         said = self._repository(what, *w)
                 except Exception as e:  # noqa: BLE001 - one line; the events after it still run
@@ -237,6 +244,8 @@ def _event(what: str, arg) -> str:
     ``cluster: worker 2 join``, ``repository: unload resnet50_v2``."""
     if what == "join":
         return f"cluster: worker {arg[0]} join"
+    if what == "remove":
+        return f"cluster: worker {arg} remove"
     if what in ("load", "unload"):
         return f"repository: {what} {arg[0]}"
     return f"fault: {what} worker {arg}"

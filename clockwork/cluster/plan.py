@@ -310,10 +310,11 @@ def make_plan(scenario: str, sets: list[str], target: float, slo_ms: float | Non
     if hi_w > MAX_WORKERS:
         raise PlanError(f"--max-gpus {max_gpus}: {hi_w:,} workers of {g} GPU(s), more than a "
                         f"cluster may have ({MAX_WORKERS:,} workers: cluster.workers)")
-    if sc.data.get("add_workers"):  # (the count it chooses is of the workers at the start)
-        raise PlanError("the scenario has [[add_workers]] events: the plan chooses how many "
-                        "workers serve the whole run (cluster.workers); remove them "
-                        "(--set add_workers=[])")
+    for key in ("add_workers", "remove_workers"):  # (it chooses the workers at the start)
+        if sc.data.get(key):
+            raise PlanError(f"the scenario has [[{key}]] events: the plan chooses how many "
+                            "workers serve the whole run (cluster.workers); remove them "
+                            f"(--set {key}=[])")
     seed0 = sc.seed
     if seed0 + seeds - 1 > MAX_SEED:
         raise PlanError(f"--seeds {seeds}: the seeds {seed0} ... {seed0 + seeds - 1} pass the "

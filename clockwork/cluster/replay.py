@@ -423,7 +423,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
               "clockwork serve SCENARIO --replay plays them on a cluster of its own; or "
               + " ".join(f"--set faults.{k}=[]" for k in events), file=sys.stderr)
         return 2
-    changes = [k for k in ("repository", "add_workers") if sc.data.get(k)]
+    changes = [k for k in ("repository", "add_workers", "remove_workers") if sc.data.get(k)]
     if changes:
         print(f"clockwork replay: the scenario has [[{']] and [['.join(changes)}]] events, "
               "which a replay against a running controller does not play (they would change "

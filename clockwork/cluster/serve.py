@@ -24,6 +24,7 @@ from clockwork.scenario import (
     ScenarioError,
     clock_offsets_error,
     joining_workers,
+    leaving_workers,
     load_scenario,
 )
 from clockwork.signals import stop_signals
@@ -128,8 +129,9 @@ def live_ignored(sc, replay: bool = True) -> list[str]:
                 if faults.get(k)]
         if sc.data.get("repository"):
             out.append("repository (played by --replay only)")
-        if sc.data.get("add_workers"):
-            out.append("add_workers (played by --replay only)")
+        for key in ("add_workers", "remove_workers"):
+            if sc.data.get(key):
+                out.append(f"{key} (played by --replay only)")
     return out
 
 
@@ -165,20 +167,26 @@ def models_error(sc) -> str | None:
 
 
 def events_error(sc, replay: bool) -> str | None:
-    """What is wrong with the scenario's ``[[repository]]`` or ``[[add_workers]]`` events
-    for a replay (a name not served at that point, a time past the end, a policy that
-    cannot change its models or grow), as ``clockwork simulate`` says it; None if nothing
-    (or nothing plays them: no replay)."""
+    """What is wrong with the scenario's ``[[repository]]``, ``[[add_workers]]`` or
+    ``[[remove_workers]]`` events for a replay (a name not served at that point, a time
+    past the end, a policy that cannot change its models or grow, a worker not there to
+    remove), as ``clockwork simulate`` says it; None if nothing (or nothing plays them:
+    no replay)."""
     from clockwork.scenario import fault_worker_error, repository_plan
     from controller import events_policy_error, table_policy
 
-    if not replay or not (sc.data.get("repository") or sc.data.get("add_workers")):
+    if not replay or not any(sc.data.get(k) for k in ("repository", "add_workers",
+                                                      "remove_workers")):
         return None
     try:
         repository_plan(sc)
         joins = joining_workers(sc)
+        leaving_workers(sc)
     except ScenarioError as e:
         return str(e)
+    if sc.data.get("remove_workers") and (sc.faults or {}).get("controller_restart"):
+        return ("remove_workers: not together with faults.controller_restart (a new "
+                "controller starts from the workers at the start)")
     why = fault_worker_error(sc)
     if why:
         return why
@@ -417,9 +425,11 @@ def _serve(args: argparse.Namespace, return_killed: list[bool]) -> int:
                   "worker that dies by itself); remove them, or run without --ray",
                   file=sys.stderr)
             return 2
-        if sc is not None and (sc.data.get("repository") or sc.data.get("add_workers")):
-            print("clockwork serve: [[repository]] and [[add_workers]] events are not played "
-                  "on a Ray cluster; remove them, or run without --ray", file=sys.stderr)
+        if sc is not None and any(sc.data.get(k) for k in ("repository", "add_workers",
+                                                             "remove_workers")):
+            print("clockwork serve: [[repository]], [[add_workers]] and [[remove_workers]] "
+                  "events are not played on a Ray cluster; remove them, or run without "
+                  "--ray", file=sys.stderr)
             return 2
     if getattr(args, "log_dir", None):
         if getattr(args, "out", None) and Path(args.out).resolve() == Path(args.log_dir).resolve():
@@ -684,14 +694,15 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
     progress = args.progress or (not args.quiet and sys.stderr.isatty())
     from clockwork.cluster.faults import Interrupted, LiveFaults
     from clockwork.protocol.security import client_token
-    from clockwork.scenario import joining_workers, repository_plan
+    from clockwork.scenario import joining_workers, leaving_workers, repository_plan
 
     token = client_token(getattr(args, "token", None), getattr(args, "token_file", None),
                          warn=False)  # (its controller has said it of the same file)
     try:
         faults = LiveFaults(cluster, sc.faults, sc.duration_s, repository_plan(sc), token,
                             {m["name"]: int(m.get("copies", 1)) for m in sc.models},
-                            joining_workers(sc), stopped=stop.is_set)
+                            joining_workers(sc), stopped=stop.is_set,
+                            leaves=leaving_workers(sc))
     except Interrupted:
         print("\nclockwork serve: interrupted before the replay started", file=sys.stderr)
         return 130
@@ -748,7 +759,8 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
         status = status or 1
     if faults.failed:  # the run did not follow its scenario's plan: said last, exit 1
         print(f"clockwork serve: {len(faults.failed)} of the scenario's [faults] / "
-              "[[repository]] / [[add_workers]] events could not be played, so this run is "
+              "[[repository]] / [[add_workers]] / [[remove_workers]] events could not be "
+              "played, so this run is "
               "not the scenario's: "
               + "; ".join(faults.failed), file=sys.stderr)
         status = status or 1

@@ -23,6 +23,7 @@ from clockwork.settings import (
     ModelEntry,
     ProfileFile,
     ProfileSetFile,
+    RemoveWorkersEvent,
     RepositoryEvent,
     ScenarioSettings,
     SchedulerTable,
@@ -214,6 +215,20 @@ def render() -> str:
         "the workers at the start only. Not on a Ray cluster, nor with "
         "`faults.controller_restart`; `clockwork replay` refuses them.",
         markdown_table(AddWorkersEvent)))
+    parts.append(_section(
+        "`[[remove_workers]]`", "Workers that leave the cluster for good while the run goes "
+        "on, as `clockwork.Client.remove_worker` takes one out of a live controller: from "
+        "`at_s` the policy places nothing more on the worker's GPUs, the actions it has in "
+        "flight fail (their requests placed again on other GPUs where their SLO allows, "
+        "else answered with an error), and the controller never reconnects to it. A worker "
+        "that `[[add_workers]]` adds can be removed once it has joined; each worker at most "
+        "once, and at least one must be left. Events at one time go in one order: the "
+        "faults, the workers that join, those that leave, then the `[[repository]]` "
+        "events. The simulator plays them; a live run (`clockwork serve SCENARIO --replay`) "
+        "has the controller take each out at its time (the worker process runs on until "
+        "the run ends). Not on a Ray cluster, nor with `faults.controller_restart`; "
+        "`clockwork replay` refuses them.",
+        markdown_table(RemoveWorkersEvent)))
     from controller.limits import Limits
     parts.append(_section(
         "Controller limits", "The bounds on what clients may hold and send "

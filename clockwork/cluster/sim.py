@@ -37,6 +37,7 @@ from clockwork.scenario import (
     fault_worker_error,
     instance_names,
     joining_workers,
+    leaving_workers,
     load_scenario,
     override_list,
     repository_plan,
@@ -194,6 +195,10 @@ class Simulation:
                                 "(a new controller starts from the [[models]] list)")
         if self.joins and self.faults.get("controller_restart"):
             raise ScenarioError("add_workers: not together with faults.controller_restart "
+                                "(a new controller starts from the workers at the start)")
+        self.leaves = leaving_workers(sc)
+        if self.leaves and self.faults.get("controller_restart"):
+            raise ScenarioError("remove_workers: not together with faults.controller_restart "
                                 "(a new controller starts from the workers at the start)")
         why = events_policy_error(policy, bool(self.repository), bool(self.joins))
         if why:
@@ -645,6 +650,8 @@ class Simulation:
             fault_at(sec(f["at_s"] + f["for_s"]), "slow", f["worker"], 0)
         for at, w in self.joins:
             fault_at(sec(at), "join", w)
+        for at, w in self.leaves:  # (after the joins at one time, before the repository)
+            fault_at(sec(at), "remove", w)
         for k, (at, what, name, insts) in enumerate(self.repository):
             fault_at(sec(at), what, -1, name, insts, k)
         repo_next = [0]  # the [[repository]] event to play next: they go strictly in order
@@ -675,7 +682,8 @@ class Simulation:
                     log.append((now, f"worker {w} killed"))
                     fault_at(now + detect, "lost", w, kills[w])
             elif what == "lost":
-                if seen[w] < args[1]:  # (not seen at a reconnection already)
+                if seen[w] < args[1] and not ctrl.removed[w]:  # (not seen at a reconnection
+                    # already; a removed worker is not the controller's any more)
                     see_loss(w, now)
             elif what == "restart":
                 if not alive[w]:
@@ -687,7 +695,7 @@ class Simulation:
                     log.append((now, f"worker {w} restarted"))
                     fault_at(now + reconnect, "back", w, restarts[w])
             elif what == "back":
-                if alive[w] and restarts[w] == args[1]:
+                if alive[w] and restarts[w] == args[1] and not ctrl.removed[w]:
                     if seen[w] < kills[w]:  # (reconnecting, it finds the connection gone:
                         see_loss(w, now)  # detect_ms longer than restart and reconnect_s)
                     cut[w] = False
@@ -713,6 +721,10 @@ class Simulation:
                     raise RuntimeError(f"worker {w} joined as worker {got}")
                 conn_at[w] = now
                 log.append((now, f"cluster: worker {w} joined ({G} GPU(s))"))
+            elif what == "remove":  # as Client.remove_worker: taken out, its link closed
+                n = ctrl.remove_worker(w, now)
+                cut[w] = True
+                log.append((now, f"cluster: worker {w} removed; {n} action(s) failed"))
             elif what in ("unload", "load"):
                 # one after another, as a live run's calls go: an event waits for the one
                 # before it, and a load for an unload's copies still being evicted (as the
