@@ -75,7 +75,7 @@ class ClockworkServicer(pbg.ClockworkServicer):
             models=models, default_slo_ms=n.cfg.default_slo / 1e6,
             workers=sum(1 for lk in n.links if not lk.removed),
             workers_connected=sum(1 for lk in n.links if lk.connected),
-            gpus=len(n.gpu_index))
+            gpus=len(n.gpus_in_service()))
 
     async def ModelStatus(self, request, context):  # noqa: N802
         n = self.node

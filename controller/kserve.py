@@ -302,7 +302,7 @@ class KServeFrontend:
                         "dims": list(t.shape), "label_filename": ""} for t in p.outputs],
             "dynamic_batching": {},
             "instance_group": [{"name": name, "kind": "KIND_GPU", "count": copies,
-                                "gpus": list(range(len(n.gpu_index)))}],
+                                "gpus": n.gpus_in_service()}],
             "parameters": {
                 "execution_batch_sizes": {"string_value": ",".join(map(str, p.batch_sizes))},
                 "default_slo_ms": {"string_value": f"{n.cfg.default_slo / 1e6:g}"},

@@ -349,6 +349,7 @@ class WorkerLinks:
         if lk is not None and lk.state is not None:
             return connected(lk)
         async with self._add_lock:
+            self._adding = None  # (the add before this one ended)
             if time.monotonic() >= deadline:  # (it waited for another worker's add)
                 raise RepositoryError(grpc.StatusCode.UNAVAILABLE, (
                     f"add worker {address}: its {wait:g} s ran out while another worker's "
@@ -364,6 +365,7 @@ class WorkerLinks:
                 raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT,
                                       f"this controller runs without the cluster secret: {why}")
             link = WorkerLink(len(self.links), address, endpoints=endpoints)
+            self._adding = (address, endpoints)  # (a remove of it waits for its end)
             # (tries end PROBE_S early, where there is time: giving up, _connect looks
             # why it could not reach the worker, within the caller's deadline)
             tries_end = deadline - PROBE_S if deadline - time.monotonic() > 2 * PROBE_S \
@@ -447,10 +449,11 @@ class WorkerLinks:
         it was) and it is not reconnected. A worker lost and being reconnected is removed
         the same way; one listed at start that has not answered yet is no longer awaited
         (worker index -1, no GPUs). Returns (worker index, its GPU indices, removed); an
-        address of a worker removed already: removed False. An add under way is waited
-        for first (``timeout``, default ``connect_timeout``: UNAVAILABLE when it runs
-        out). NOT_FOUND for an address that names no worker of this controller,
-        INVALID_ARGUMENT for one that is not HOST:PORT."""
+        address of a worker removed already: removed False. An add of the same worker
+        under way is waited for first (``timeout``, default ``connect_timeout``:
+        UNAVAILABLE when it runs out). NOT_FOUND for an address that names no worker of
+        this controller, INVALID_ARGUMENT for one that is not HOST:PORT. Each address is
+        matched under any spelling that resolves to the same endpoints."""
         if self.ctrl is None or self._stopping:
             raise RepositoryError(grpc.StatusCode.UNAVAILABLE, "the controller is not serving")
         try:
@@ -460,39 +463,71 @@ class WorkerLinks:
         wait = self.connect_timeout if timeout is None else timeout
         deadline = time.monotonic() + wait
         lk, endpoints = await self._link_to(address, wait)
-        if lk is None and address in self.awaited:  # listed at start, never in
-            joining = self.awaited[address]
-            joining.cancel()
-            with contextlib.suppress(BaseException):
-                await joining
-            self.count("workers_removed")
-            print(f"controller: worker {address} removed: it is no longer awaited",
-                  file=sys.stderr, flush=True)
-            return -1, [], True
-        if lk is None:  # an add of it may be under way: its end first
-            try:
-                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                    async with self._add_lock:
-                        lk, endpoints = await self._link_to(
-                            address, max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
-                raise RepositoryError(grpc.StatusCode.UNAVAILABLE, (
-                    f"remove worker {address}: its {wait:g} s ran out while a worker's add "
-                    "was under way; try again")) from None
         if lk is None:
-            was = next((x for x in reversed(self.links) if x.removed
-                        and (x.address == address or endpoints & x.endpoints)), None)
-            if was is None:
-                raise RepositoryError(grpc.StatusCode.NOT_FOUND,
-                                      f"no worker {address} in this controller")
-            return was.index, self._gpus_of(was), False
+            awaited = await self._awaited_as(address, endpoints, deadline)
+            if awaited is not None:  # listed at start, never in
+                return await self._no_longer_awaited(awaited)
+            adding = self._adding
+            if adding is not None and (adding[0] == address or endpoints & adding[1]):
+                try:  # an add of this worker under way: its end first
+                    async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                        async with self._add_lock:
+                            lk, endpoints = await self._link_to(
+                                address, max(0.0, deadline - time.monotonic()))
+                except TimeoutError:
+                    raise RepositoryError(grpc.StatusCode.UNAVAILABLE, (
+                        f"{address}: its add was still under way when the {wait:.1f} s ran "
+                        "out; try again")) from None
+        if lk is None or lk.removed:  # (removed meanwhile by a call beside this one)
+            was = lk if lk is not None else next(
+                (x for x in reversed(self.links) if x.removed
+                 and (x.address == address or endpoints & x.endpoints)), None)
+            if was is not None:
+                return was.index, self._gpus_of(was), False
+            if address in self._removed_awaited or endpoints & self._removed_awaited_at:
+                return -1, [], False
+            raise RepositoryError(grpc.StatusCode.NOT_FOUND,
+                                  f"no worker {address} in this controller")
         gpus = self._gpus_of(lk)
         self._remove(lk, gpus)
         return lk.index, gpus, True
 
+    async def _awaited_as(self, address: str, endpoints: frozenset, deadline: float
+                          ) -> str | None:
+        """The address of the listed worker still awaited (``_join_later``) that
+        ``address`` names, under its spelling or one resolving to the same endpoints."""
+        if address in self.awaited:
+            return address
+        for a in list(self.awaited):
+            with contextlib.suppress(TimeoutError, OSError, ValueError):
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    if endpoints & await _endpoints(a):
+                        return a
+        return None
+
+    async def _no_longer_awaited(self, address: str) -> tuple[int, list[int], bool]:
+        joining = self.awaited.get(address)
+        if joining is None:  # (taken in meanwhile, or removed by a call beside this one)
+            return -1, [], False
+        joining.cancel()
+        with contextlib.suppress(BaseException):
+            await joining
+        self._removed_awaited.add(address)
+        with contextlib.suppress(OSError, ValueError):
+            self._removed_awaited_at |= await _endpoints(address)
+        self.count("workers_removed")
+        print(f"controller: worker {address} removed: it is no longer awaited",
+              file=sys.stderr, flush=True)
+        return -1, [], True
+
     def _gpus_of(self, link: WorkerLink) -> list[int]:
         """The controller-wide indices of ``link``'s GPUs."""
         return [g for (w, _), g in sorted(self.gpu_index.items()) if w == link.index]
+
+    def gpus_in_service(self) -> list[int]:
+        """The controller-wide indices of the GPUs of the workers not removed."""
+        gone = {lk.index for lk in self.links if lk.removed}
+        return sorted(g for (w, _), g in self.gpu_index.items() if w not in gone)
 
     def _remove(self, link: WorkerLink, gpus: list[int]) -> None:
         """``remove_worker``'s work on the link (no await: nothing sent to it after)."""

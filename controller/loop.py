@@ -324,9 +324,11 @@ class ControllerLoop:
         self.suspect[w] = True
         failed = self.worker_lost(w, now, f"worker suspect ({reason})")
         self.observer.suspect(w, failed, reason)
-    def worker_lost(self, worker: int, now: int, why: str = "worker lost") -> int:
-        """``worker`` went away: the policy places nothing on its GPUs until it is back,
-        and its outstanding actions fail. Returns how many actions failed."""
+    def worker_lost(self, worker: int, now: int, why: str = "worker lost",
+                    for_good: bool = False) -> int:
+        """``worker`` went away: the policy places nothing on its GPUs until it is back
+        (``for_good``: never, ``Policy.remove_gpu``), and its outstanding actions fail.
+        Returns how many actions failed."""
         if self.up[worker]:
             self.n_up -= 1
         self.up[worker] = False
@@ -337,8 +339,10 @@ class ControllerLoop:
         lost = list(self.outstanding[worker].values())
         self.outstanding[worker].clear()
         out: list[Action] = []
+        gone = self.policy.remove_gpu if for_good else (
+            lambda g, now: self.policy.set_gpu_available(g, False, now))
         for g in self.gpus_of[worker]:
-            out.extend(self.policy.set_gpu_available(g, False, now))
+            out.extend(gone(g, now))
         self._fail(lost, why, now)
         self._after(out, now)
         return len(lost)
@@ -354,7 +358,7 @@ class ControllerLoop:
             return 0
         self.removed[worker] = True
         self.suspect[worker] = False
-        return self.worker_lost(worker, now, "worker removed")
+        return self.worker_lost(worker, now, "worker removed", for_good=True)
 
     def add_worker(self, specs: list[GpuSpec], now: int) -> int:
         """A worker joins at run time with these GPUs (each spec's ``worker`` is the new

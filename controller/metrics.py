@@ -83,7 +83,8 @@ WRITE_SLICE_NS = 250_000
 
 # clockwork_worker_events{event}: the controller's counters they read
 WORKER_EVENTS = (("lost", "worker_losses"), ("suspect", "worker_suspects"),
-                 ("readmitted", "worker_readmissions"), ("refused", "worker_refusals"))
+                 ("readmitted", "worker_readmissions"), ("refused", "worker_refusals"),
+                 ("removed", "workers_removed"))
 
 class _Model:
     """What the hooks count for one model instance (plain ints: cheap to add to)."""
@@ -815,7 +816,8 @@ class _Collector:
                                  "Workers lost (connection closed), found suspect (no answer to "
                                  "a liveness probe), re-admitted after it, and refused on "
                                  "reconnecting (each attempt: it cannot serve a model loaded "
-                                 "while it was away, or has other GPUs)", labels=["event"])
+                                 "while it was away, or has other GPUs), and removed (taken "
+                                 "out for good: RemoveWorker)", labels=["event"])
         for event, key in WORKER_EVENTS:
             ev.add_metric((event,), counted[key])
         add(ev)

@@ -95,6 +95,13 @@ class Policy(ABC):
         from the failed results of the actions sent to it."""
         return []
 
+    def remove_gpu(self, gpu_index: int, now: int) -> list[Action]:
+        """The GPU leaves for good (its worker was removed): as lost
+        (``set_gpu_available(gpu_index, False, now)``), and it never comes back, so it no
+        longer counts when the policy asks whether a model fits on any GPU. A policy that
+        does not override this treats it as lost."""
+        return self.set_gpu_available(gpu_index, False, now)
+
     def readmit_gpu(self, gpu_index: int, now: int, kept: Container[str]) -> list[Action]:
         """A lost GPU is back, and its worker kept the weights named in ``kept`` of those
         it was asked to keep (``held_copies(gpu_index)``, at their versions; the worker

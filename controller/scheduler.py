@@ -107,6 +107,7 @@ class ClockworkScheduler(Policy):
         ]
         # the largest weights cache of a GPU: a model larger could never be loaded
         self._pages_max = max((g.total_pages for g in self.gpus), default=0)
+        self._gone: set[int] = set()  # GPUs removed for good (``remove_gpu``)
         self._replies: list[Reply] = []
         self._sent = Inflight()  # actions sent, not answered (copy: the Instance)
         # (drop_at, id, request) of queued requests; answered ones leave it from the top,
@@ -1563,6 +1564,16 @@ class ClockworkScheduler(Policy):
             if m.live:
                 g.active[m.name] = inst
         self._schedule_infer(g, now, out)
+
+    def remove_gpu(self, gpu_index: int, now: int) -> list[Action]:
+        """Lost for good: no copies kept for its return, and the largest GPU that may
+        hold a model is looked for among the others."""
+        self._gone.add(gpu_index)
+        self._pages_max = max((g.total_pages for g in self.gpus if g.index not in self._gone),
+                              default=0)
+        out = self.set_gpu_available(gpu_index, False, now)
+        self.gpus[gpu_index].held = []
+        return out
 
     def add_gpu(self, spec: GpuSpec, now: int) -> list[Action]:
         g = GpuState(len(self.gpus), spec.worker, spec.gpu, spec.pages, self.cfg)

@@ -305,6 +305,12 @@ class ControllerNode(WorkerLinks):
         self.label = controller_label()
         self.links = [WorkerLink(i, _canonical(a)) for i, a in enumerate(workers)]
         self._add_lock = asyncio.Lock()  # workers joining at run time, one at a time
+        # the add under way under that lock, (address, endpoints): a remove of that
+        # worker waits for its end (None: none, or not known yet)
+        self._adding: tuple[str, frozenset] | None = None
+        # listed workers removed while still awaited: their addresses and endpoints
+        self._removed_awaited: set[str] = set()
+        self._removed_awaited_at: frozenset = frozenset()
         # listed workers that did not answer at start: address -> the task that adds it
         # once it answers (/readyz is 503 meanwhile)
         self.awaited: dict[str, asyncio.Future] = {}
@@ -513,9 +519,11 @@ class ControllerNode(WorkerLinks):
         self.starting = False
 
     def largest_cache(self) -> int:
-        """Pages of the largest GPU weights cache of the workers (0 before any answered);
-        kept while no worker's state changes (a repository index asks it per name)."""
-        states, (seen, pages) = [lk.state for lk in self.links], self._largest
+        """Pages of the largest GPU weights cache of the workers (0 before any answered;
+        a removed worker's counts no more: it never comes back); kept while no worker's
+        state changes (a repository index asks it per name)."""
+        states = [None if lk.removed else lk.state for lk in self.links]
+        seen, pages = self._largest
         if len(states) != len(seen) or any(a is not b for a, b in zip(states, seen, strict=True)):
             pages = max((g.pages for st in states if st for g in st.gpus), default=0)
             self._largest = (states, pages)  # (the states held: each one's identity)

@@ -987,3 +987,20 @@ def test_a_worker_added_after_a_removal_gets_the_next_index():
     loop.remove_worker(0, 0)
     assert loop.add_worker([GpuSpec(1, 0, 100)], ms(1)) == 1
     assert loop.removed == [True, False] and loop.up == [False, True]
+
+
+@pytest.mark.parametrize("policy", ["clockwork", "clipper", "tfserving", "infaas"])
+def test_a_model_that_fit_only_on_a_removed_gpu_fits_nowhere(policy):
+    """The only GPU large enough for the model was a removed worker's: each request is
+    answered at once that it fits on no GPU (it waited out its SLO for that GPU), while a
+    lost one still counts (it may come back)."""
+    specs = [GpuSpec(0, 0, 5), GpuSpec(1, 0, 100)]
+    t = Recorder()
+    loop = ControllerLoop(make_policy(policy, [R50], specs), t, specs)
+    loop.worker_lost(1, 0)
+    loop.request(Request(1, "resnet50_v2", ms(1), ms(100)), ms(1))
+    assert not t.answers  # (waits for the lost GPU to come back)
+    loop.remove_worker(1, ms(2))
+    loop.request(Request(2, "resnet50_v2", ms(3), ms(100)), ms(3))
+    assert [(r.request.id, r.message) for r in t.answers if r.request.id == 2] == [
+        (2, "model does not fit on any GPU")]

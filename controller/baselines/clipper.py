@@ -151,7 +151,7 @@ class ClipperPolicy(BaselinePolicy):
 
     def _admit(self, r: Request, now: int, out: list[Action]) -> None:
         m = self.models[r.model]
-        if self.profiles[r.model].weights_pages > max(g.total_pages for g in self.gpus):
+        if not self.fits_somewhere(r.model):
             self._answer(r, RequestStatus.ERROR, now, NO_GPU_FITS)
             return
         self._enqueue(m, r)

@@ -132,6 +132,7 @@ class BaselinePolicy(Policy):
         self._removing: set[str] = set()  # removed, some copy not yet evicted
         self.sizes: dict[str, list[int]] = {n: self._sizes(p) for n, p in self.profiles.items()}
         self.gpus: list[Gpu] = [Gpu(i, s) for i, s in enumerate(gpus)]
+        self._gone: set[int] = set()  # GPUs removed for good (``remove_gpu``)
         self.copies: dict[str, dict[int, Copy]] = {n: {} for n in self.profiles}
         self._replies: list[Reply] = []
         self._sent = Inflight()  # actions sent, not answered (gpu: a Gpu, copy: a Copy)
@@ -593,6 +594,15 @@ class BaselinePolicy(Policy):
         out); one too big for it stays refused."""
         for model in [m for m in self._refused if self._may_load(m, g, now)]:
             del self._refused[model]
+
+    def fits_somewhere(self, model: str) -> bool:
+        """Whether a GPU not removed for good is large enough for ``model``'s weights."""
+        need = self.profiles[model].weights_pages
+        return any(g.total_pages >= need for g in self.gpus if g.index not in self._gone)
+
+    def remove_gpu(self, gpu_index: int, now: int) -> list[Action]:
+        self._gone.add(gpu_index)
+        return self.set_gpu_available(gpu_index, False, now)
 
     def set_gpu_available(self, gpu_index: int, available: bool, now: int) -> list[Action]:
         """Lost (False): every copy on the GPU is forgotten, each as a lost copy is

@@ -289,7 +289,7 @@ class InfaasPolicy(BaselinePolicy):
         return False
 
     def _admit(self, r: Request, now: int, out: list[Action]) -> None:
-        if self.profiles[r.model].weights_pages > max(g.total_pages for g in self.gpus):
+        if not self.fits_somewhere(r.model):
             self._answer(r, RequestStatus.ERROR, now, NO_GPU_FITS)
             return
         m = self.models[r.model]

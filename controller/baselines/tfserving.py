@@ -138,7 +138,7 @@ class TfServingPolicy(BaselinePolicy):
 
     def _admit(self, r: Request, now: int, out: list[Action]) -> None:
         q = self.queues[r.model]
-        if self.profiles[r.model].weights_pages > max(g.total_pages for g in self.gpus):
+        if not self.fits_somewhere(r.model):
             self._answer(r, RequestStatus.ERROR, now, NO_GPU_FITS)
             return
         if len(q.open) >= q.max_batch:
