@@ -273,7 +273,8 @@ def test_a_node_that_joins_gets_a_worker_that_serves(ray_nodes, capfd):
     copies and serve requests. A controller restarted then (``restart_controller``) has
     the three workers (it had the first two: the joined node counted as known, so its
     worker was never added to it). The node then leaves: said once (a call on its actor
-    fails ActorUnschedulableError, not ActorDiedError, and it went unsaid)."""
+    fails ActorUnschedulableError, not ActorDiedError, and it went unsaid), and its
+    worker is removed from the controller (it was reconnected to for as long as it ran)."""
     import clockwork
     from clockwork.cluster.ray_cluster import RayCluster
 
@@ -305,6 +306,10 @@ def test_a_node_that_joins_gets_a_worker_that_serves(ray_nodes, capfd):
                 time.sleep(0.2)
                 said += capfd.readouterr().err
             assert "clockwork: worker 2 (" in said, said
+            # taken out of the controller for good: not reconnected to, out of the counts
+            assert "serves without it (removed from the controller)" in said, said
+            assert asyncio.run(_workers_and_gpus(c.address)) == (2, 4)
+            assert cl.stats().get("workers_removed") == 1
         finally:
             c.stop()
             if node is not None:

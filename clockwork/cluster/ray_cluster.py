@@ -64,10 +64,12 @@ pid, node and address.
   node joining during the stop gets an actor, or is asked of the controller, and none is
   left holding a node's GPUs.
 
+- a node that **leaves** (its actor dead for good and the node no longer in Ray's list):
+  said once, and its worker taken out of the controller for good
+  (``Client.remove_worker``): no more reconnecting to it, its GPUs out of the counts.
+
 Not here yet: a worker whose old port is taken cannot serve its place again (the
-controller would have to learn a new address: it is said, and tried again later); a node
-that leaves keeps its worker's GPUs in the controller's view, lost (the controller keeps
-trying to reconnect).
+controller would have to learn a new address: it is said, and tried again later).
 """
 
 from __future__ import annotations
@@ -964,10 +966,10 @@ class RayCluster(LocalCluster):
             node, address = self.nodes[i], self.worker_addresses[i]
             if self._dead.get(i, [""])[0] == "gone" or _not_yet(self._dead, i):
                 continue
-            if node[0] not in live:
+            if node[0] not in live:  # (once: a "gone" one is passed over above)
                 self._dead_now(i, "gone", f"its actor died ({_first_line(err)}) and its Ray "
                                f"node {_node_name(node)} is gone: the controller serves "
-                               "without it")
+                               f"without it ({self._remove_gone(address)})")
                 continue
             why = self._serve_again(i, node, address)
             if why is None:
@@ -979,6 +981,19 @@ class RayCluster(LocalCluster):
             else:
                 self._dead_now(i, *why)
         return back
+
+    def _remove_gone(self, address: str) -> str:
+        """Have the controller take out for good the worker at ``address``, whose Ray node
+        left (``Client.remove_worker``: it stops reconnecting to it, and its GPUs leave
+        the counts); what happened, in words."""
+        from clockwork.client import Client
+
+        try:
+            with Client(self.address, token=self.token or "") as c:
+                c.remove_worker(address, timeout=self.timeout)
+        except Exception as e:  # noqa: BLE001 - said; the controller keeps it as lost
+            return f"removing it from the controller failed: {_first_line(e)}"
+        return "removed from the controller"
 
     def _died(self, actors: list) -> list[tuple[int, BaseException]]:
         """(index, error) of each of ``actors`` whose ``ready`` call fails within a second
