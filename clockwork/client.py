@@ -463,6 +463,11 @@ def _worker_error(e: grpc.RpcError, url: str = "", what: str = "add worker"
     return _unavailable(e, url=url)
 
 
+def _worker_row(w: pb.WorkerRow) -> dict:
+    return {"worker": w.worker, "address": w.address, "state": w.state, "gpus": list(w.gpus),
+            "link": w.link, "rtt_ms": w.rtt_ms, "for_s": w.for_s, "detail": w.detail}
+
+
 def _result(model: str, resp: pb.InferResponse, latency_ms: float,
             slo_ms: float | None = None) -> InferResult:
     if resp.status != 0:
@@ -594,7 +599,7 @@ _OTHER_LOOP = ("this AsyncClient was made in another event loop (each asyncio.ru
                "uses it")
 # the unary methods of clockwork.v1 (the stream's call is InferStream's own)
 _UNARY = ("Infer", "ListModels", "LoadModel", "UnloadModel", "AddWorker", "RemoveWorker",
-          "Stats", "ModelStatus")
+          "ListWorkers", "Stats", "ModelStatus")
 # An AsyncClient's unary calls open at once, at most: the controller takes 4,096 streams
 # a connection (limits.grpc_max_streams_per_connection) and refuses the others, which
 # gRPC fails as UNAVAILABLE ("RST_STREAM ... 7") rather than queueing them, so with more
@@ -884,6 +889,21 @@ class Client:
             raise _worker_error(e, self.url, "remove worker") from e
         return {"worker": r.worker, "gpus": list(r.gpus), "removed": r.removed}
 
+    def workers(self) -> list[dict]:
+        """The controller's workers, one dict each: ``worker`` (index; -1 for one listed
+        at its start that has not answered yet), ``address``, ``state`` (``serving``,
+        ``suspect``: missed a liveness probe, ``resetting``: heard again, its reset not
+        answered yet, ``lost``: being reconnected to, ``held``: another controller holds
+        it, ``awaited``, ``removed``), ``gpus`` (controller-wide indices), ``link``
+        (``fast`` or ``grpc`` while connected), ``rtt_ms`` (clock-sync round trip),
+        ``for_s`` (seconds in this connection or this loss) and ``detail`` (why it is
+        lost, held or awaited)."""
+        try:
+            r = self._stub.ListWorkers(pb.ListWorkersRequest(), timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise _unavailable(e, url=self.url) from e
+        return [_worker_row(w) for w in r.workers]
+
     def stats(self) -> dict[str, int]:
         try:
             r = self._stub.Stats(pb.StatsRequest(), timeout=self.timeout)
@@ -1018,6 +1038,14 @@ class AsyncClient:
         except grpc.RpcError as e:
             raise _unavailable(e, url=self.url) from e
         return [_meta(m) for m in r.models]
+
+    async def workers(self) -> list[dict]:
+        """As ``Client.workers``."""
+        try:
+            r = await self._stub.ListWorkers(pb.ListWorkersRequest(), timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise _unavailable(e, url=self.url) from e
+        return [_worker_row(w) for w in r.workers]
 
     async def stats(self) -> dict[str, int]:
         try:

@@ -138,6 +138,10 @@ class ClockworkServicer(pbg.ClockworkServicer):
             await context.abort(e.code, status_details(e.message))
         return pb.RemoveWorkerResponse(worker=w, gpus=gpus, removed=removed)
 
+    async def ListWorkers(self, request, context):  # noqa: N802
+        return pb.ListWorkersResponse(
+            workers=[pb.WorkerRow(**row) for row in self.node.worker_rows()])
+
     async def UnloadModel(self, request, context):  # noqa: N802
         try:
             names = await self.node.unload_model(request.name)

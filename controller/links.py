@@ -520,6 +520,36 @@ class WorkerLinks:
               file=sys.stderr, flush=True)
         return -1, [], True
 
+    def worker_rows(self) -> list[dict]:
+        """Each worker in one row (``ListWorkers``): its index, address, state (serving,
+        suspect, resetting, lost, held, awaited, removed), GPU indices, link kind while
+        connected, clock-sync round trip, seconds in this connection or loss, and why
+        it is lost, held or awaited."""
+        ctrl, now = self.ctrl, time.monotonic()
+        rows = []
+        for lk in self.links:
+            i = lk.index
+            state, detail, since = "lost", lk.lost_err, lk.lost_at
+            if lk.removed:
+                state, detail, since = "removed", "", 0.0
+            elif lk.connected:
+                since = lk.since
+                state = ("suspect" if ctrl is not None and ctrl.suspect[i] else
+                         "resetting" if ctrl is not None and ctrl.resetting[i] else "serving")
+            elif lk.held:
+                state, detail = "held", lk.held
+            rows.append({
+                "worker": i, "address": lk.address, "state": state, "gpus": self._gpus_of(lk),
+                "link": ("fast" if isinstance(lk.call, FrameStream) else "grpc")
+                if lk.connected else "",
+                "rtt_ms": lk.rtt / 1e6, "for_s": now - since if since else 0.0,
+                "detail": detail})
+        rows.extend({"worker": -1, "address": a, "state": "awaited", "gpus": [], "link": "",
+                     "rtt_ms": 0.0, "for_s": 0.0,
+                     "detail": "listed at start; added once it answers"}
+                    for a in self.awaited)
+        return rows
+
     def _gpus_of(self, link: WorkerLink) -> list[int]:
         """The controller-wide indices of ``link``'s GPUs."""
         return [g for (w, _), g in sorted(self.gpu_index.items()) if w == link.index]

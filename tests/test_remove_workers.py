@@ -386,3 +386,47 @@ def test_removals_beside_each_other_an_add_and_a_model_that_fit_only_there():
             await served_b
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_clockwork_workers_lists_adds_and_removes():
+    """``clockwork workers``: each worker's state in a line (serving on its fast link;
+    lost, with why, once its process died), ``remove`` takes one out (listed removed),
+    ``add`` puts its restarted process back as a new worker; a wrong use or an unknown
+    worker is exit 2 in one line."""
+    import subprocess
+    import sys
+
+    def cli(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "workers",
+                               *argv, "--controller", c.address], capture_output=True,
+                              text=True, timeout=60)
+
+    with local_cluster(workers=2, gpus=1, models="resnet50_v2") as c, \
+            Client(c.address, timeout=10) as k:
+        a0, a1 = c.worker_addresses
+        p = cli()
+        assert p.returncode == 0, p.stderr
+        lines = p.stdout.splitlines()
+        assert lines[0].split()[:5] == ["worker", "address", "state", "gpus", "link"]
+        assert lines[1].split()[:5] == ["0", a0, "serving", "0", "fast"], lines
+        assert lines[2].split()[:5] == ["1", a1, "serving", "1", "fast"], lines
+        c.workers[1].proc.kill()
+        c.workers[1].proc.wait()
+        poll(lambda: [w["state"] for w in k.workers()] == ["serving", "lost"], 20)
+        lost = k.workers()[1]
+        assert lost["detail"] and lost["link"] == "" and lost["gpus"] == [1], lost
+        p = cli("remove", a1)
+        assert (p.returncode, p.stdout) == (0, f"worker 1 ({a1}): removed, GPUs 1\n"), p
+        assert [w["state"] for w in k.workers()] == ["serving", "removed"]
+        p = cli("remove", a1)
+        assert (p.returncode, p.stdout) == (0, f"worker 1 ({a1}): removed already, GPUs 1\n")
+        c.restart_worker(1)
+        p = cli("add", a1)
+        assert (p.returncode, p.stdout) == (0, f"worker 2 ({a1}): added, GPUs 2\n"), p
+        assert [(w["worker"], w["state"]) for w in k.workers()] == [
+            (0, "serving"), (1, "removed"), (2, "serving")]
+        p = cli("remove", "127.0.0.1:1")
+        assert p.returncode == 2 and "InvalidRequest" in p.stderr and "no worker" in p.stderr
+        p = cli("add")
+        assert p.returncode == 2 and p.stderr == ("clockwork workers: add needs the worker's "
+                                                  "ADDRESS (HOST:PORT)\n"), p.stderr

@@ -1,5 +1,5 @@
-"""The live cluster's user commands: ``clockwork infer``, ``clockwork serve``,
-``clockwork replay`` (composition root; talks to the processes over gRPC only)."""
+"""The live cluster's user commands: ``clockwork infer``, ``clockwork workers``
+(composition root; talks to the controller over gRPC only)."""
 
 from __future__ import annotations
 
@@ -40,3 +40,73 @@ def cmd_infer(args: argparse.Namespace) -> int:
             # turns away as asked, an unknown model; 1: a failure while running)
             return 2 if isinstance(e, Unauthenticated | InvalidRequest) else 1
     return 0
+
+
+def cmd_workers(args: argparse.Namespace) -> int:
+    """``clockwork workers [list | add ADDRESS | remove ADDRESS]``."""
+    from clockwork.client import Client
+    from clockwork.errors import ClockworkError, InvalidRequest, Unauthenticated
+    from clockwork.protocol.security import SecurityError, client_token
+
+    what = args.action
+    if (what == "list") != (args.address is None):
+        print(f"clockwork workers: {what} " + ("takes no ADDRESS" if what == "list" else
+                                                "needs the worker's ADDRESS (HOST:PORT)"),
+              file=sys.stderr)
+        return 2
+    try:
+        token = client_token(getattr(args, "token", None), getattr(args, "token_file", None))
+    except SecurityError as e:
+        print(f"clockwork workers: {e}", file=sys.stderr)
+        return 2
+    with Client(args.controller, timeout=args.timeout, token=token,
+                tls=getattr(args, "tls", False), tls_ca=getattr(args, "tls_ca", None)) as c:
+        try:
+            if what == "add":
+                got = c.add_worker(args.address)
+                print(f"worker {got['worker']} ({args.address}): "
+                      + ("added" if got["added"] else "a worker of the controller already")
+                      + f", GPUs {_gpus(got['gpus'])}")
+            elif what == "remove":
+                got = c.remove_worker(args.address)
+                print(f"worker {got['worker']} ({args.address}): "
+                      + ("removed" if got["removed"] else "removed already")
+                      + (f", GPUs {_gpus(got['gpus'])}" if got["gpus"] else ""))
+            else:
+                _print_workers(c.workers())
+        except ClockworkError as e:
+            print(f"clockwork workers: {type(e).__name__}: {e}", file=sys.stderr)
+            return 2 if isinstance(e, Unauthenticated | InvalidRequest) else 1
+    return 0
+
+
+def _gpus(gpus: list[int]) -> str:
+    return ",".join(map(str, gpus)) or "none"
+
+
+def _print_workers(rows: list[dict]) -> None:
+    """One line a worker, aligned: index, address, state, GPUs, link, round trip, time in
+    that state, and why (lost, held, awaited)."""
+    head = ("worker", "address", "state", "gpus", "link", "rtt ms", "for", "detail")
+    table = [head] + [
+        (str(r["worker"]) if r["worker"] >= 0 else "-", r["address"], r["state"],
+         _gpus(r["gpus"]) if r["gpus"] else "-", r["link"] or "-",
+         f"{r['rtt_ms']:.2f}" if r["rtt_ms"] else "-",
+         _span(r["for_s"]) if r["for_s"] else "-", r["detail"]) for r in rows]
+    widths = [max(len(row[k]) for row in table) for k in range(len(head) - 1)]
+    for row in table:
+        print(("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=False))
+               + "  " + row[-1]).rstrip())
+    if not rows:
+        print("(no workers)")
+
+
+def _span(s: float) -> str:
+    """``s`` seconds in words: 42 s, 12 min, 3.5 h, 2.1 d."""
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    if s < 172800:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} d"

@@ -69,6 +69,11 @@ class ClockworkStub(object):
                 request_serializer=clockwork_dot_protocol_dot_clockwork__pb2.RemoveWorkerRequest.SerializeToString,
                 response_deserializer=clockwork_dot_protocol_dot_clockwork__pb2.RemoveWorkerResponse.FromString,
                 _registered_method=True)
+        self.ListWorkers = channel.unary_unary(
+                '/clockwork.v1.Clockwork/ListWorkers',
+                request_serializer=clockwork_dot_protocol_dot_clockwork__pb2.ListWorkersRequest.SerializeToString,
+                response_deserializer=clockwork_dot_protocol_dot_clockwork__pb2.ListWorkersResponse.FromString,
+                _registered_method=True)
         self.LoadModel = channel.unary_unary(
                 '/clockwork.v1.Clockwork/LoadModel',
                 request_serializer=clockwork_dot_protocol_dot_clockwork__pb2.LoadModelRequest.SerializeToString,
@@ -128,6 +133,12 @@ class ClockworkServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListWorkers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def LoadModel(self, request, context):
         """The model repository (errors: NOT_FOUND for an unknown profile or model,
         INVALID_ARGUMENT for bad parameters or a name loaded otherwise, UNAVAILABLE when a
@@ -180,6 +191,11 @@ def add_ClockworkServicer_to_server(servicer, server):
                     servicer.RemoveWorker,
                     request_deserializer=clockwork_dot_protocol_dot_clockwork__pb2.RemoveWorkerRequest.FromString,
                     response_serializer=clockwork_dot_protocol_dot_clockwork__pb2.RemoveWorkerResponse.SerializeToString,
+            ),
+            'ListWorkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkers,
+                    request_deserializer=clockwork_dot_protocol_dot_clockwork__pb2.ListWorkersRequest.FromString,
+                    response_serializer=clockwork_dot_protocol_dot_clockwork__pb2.ListWorkersResponse.SerializeToString,
             ),
             'LoadModel': grpc.unary_unary_rpc_method_handler(
                     servicer.LoadModel,
@@ -381,6 +397,33 @@ class Clockwork(object):
             '/clockwork.v1.Clockwork/RemoveWorker',
             clockwork_dot_protocol_dot_clockwork__pb2.RemoveWorkerRequest.SerializeToString,
             clockwork_dot_protocol_dot_clockwork__pb2.RemoveWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clockwork.v1.Clockwork/ListWorkers',
+            clockwork_dot_protocol_dot_clockwork__pb2.ListWorkersRequest.SerializeToString,
+            clockwork_dot_protocol_dot_clockwork__pb2.ListWorkersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -9,6 +9,7 @@ imports it only when the verb runs (see ``NEEDS`` for what each verb needs insta
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 from clockwork.cluster.cli import argtypes as t
 from clockwork.extras import pip_extra
@@ -526,6 +527,35 @@ def add_infer(sub) -> None:
     _add_client_security(p)
 
 
+def add_workers(sub) -> None:
+    p = _verb(sub, "workers", "clockwork.cluster.live:cmd_workers",
+              "list, add or remove a live controller's workers",
+              textwrap.fill(  # (raw: the examples below keep their lines)
+              "List a running controller's workers (each one's state: serving, suspect, "
+              "resetting, lost, held by another controller, awaited, removed; its GPUs, "
+              "link and round trip), add a worker started by hand (it must share the "
+              "cluster's secret), or remove one for good (nothing more is placed on its "
+              "GPUs, its requests in flight are placed again or answered, and the "
+              "controller never reconnects to it; the worker process runs on).", 80),
+              epilog="examples:\n"
+              "  clockwork workers                                   # list\n"
+              "  clockwork workers add 10.0.0.7:12400 --token-file t\n"
+              "  clockwork workers remove 10.0.0.7:12400 --token-file t",
+              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("action", nargs="?", choices=("list", "add", "remove"), default="list",
+                   help="list (default), add or remove")
+    p.add_argument("address", nargs="?", metavar="ADDRESS",
+                   help="the worker's HOST:PORT (add and remove)")
+    p.add_argument("--controller", default="127.0.0.1:12346", type=t.controller_url,
+                   help="the controller's gRPC port (its --port or --kserve-port, not the "
+                   "REST --http-port) as HOST:PORT, optionally after grpc://, http:// or "
+                   "clockwork://, or grpcs:// or https:// (TLS) (default 127.0.0.1:12346)")
+    p.add_argument("--timeout", type=t.positive_float, default=30.0,
+                   help="seconds for the call (an add tries to reach the worker this long; "
+                   "default 30)")
+    _add_client_security(p)
+
+
 def add_replay(sub) -> None:
     p = _verb(sub, "replay", "clockwork.cluster.replay:cmd_replay",
               "run a scenario's workloads against a live controller",
@@ -684,5 +714,5 @@ def add_settings(sub) -> None:
 
 
 VERBS = [add_simulate, add_report, add_sweep, add_plan, add_scenarios, add_serve, add_replay,
-         add_infer, add_controller, add_worker, add_trace, add_compile, add_profile,
-         add_settings]
+         add_infer, add_workers, add_controller, add_worker, add_trace, add_compile,
+         add_profile, add_settings]
