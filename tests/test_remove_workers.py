@@ -423,8 +423,8 @@ def test_clockwork_workers_lists_adds_and_removes():
         c.restart_worker(1)
         p = cli("add", a1)
         assert (p.returncode, p.stdout) == (0, f"worker 2 ({a1}): added, GPUs 2\n"), p
-        assert [(w["worker"], w["state"]) for w in k.workers()] == [
-            (0, "serving"), (1, "removed"), (2, "serving")]
+        assert [(w["worker"], w["state"], w["link"]) for w in k.workers()] == [
+            (0, "serving", "fast"), (1, "removed", ""), (2, "serving", "fast")]
         p = cli("remove", "127.0.0.1:1")
         assert p.returncode == 2 and "InvalidRequest" in p.stderr and "no worker" in p.stderr
         p = cli("add")
