@@ -345,11 +345,24 @@ class WorkerLinks:
 
         # a worker connected already is answered at once, not after the adds before it
         # (one that cannot reach its worker holds the lock for up to its timeout)
-        lk, _ = await self._link_to(address, max(0.0, deadline - time.monotonic()))
-        if lk is not None and lk.state is not None:
-            return connected(lk)
+        # (a remove of this worker waits for this add's end: its address, its endpoints
+        # once resolved, and the event set as it ends)
+        pending = [address, frozenset(), asyncio.Event()]
+        self._adds_pending.append(pending)
+        try:
+            lk, pending[1] = await self._link_to(address,
+                                                 max(0.0, deadline - time.monotonic()))
+            if lk is not None and lk.state is not None:
+                return connected(lk)
+            return await self._add_in_turn(address, deadline, wait, said, connected)
+        finally:
+            self._adds_pending.remove(pending)
+            pending[2].set()
+
+    async def _add_in_turn(self, address: str, deadline: float, wait: float, said,
+                           connected) -> tuple[int, list[int], bool]:
+        """``add_worker``'s connection, made under the adds' lock (one at a time)."""
         async with self._add_lock:
-            self._adding = None  # (the add before this one ended)
             if time.monotonic() >= deadline:  # (it waited for another worker's add)
                 raise RepositoryError(grpc.StatusCode.UNAVAILABLE, (
                     f"add worker {address}: its {wait:g} s ran out while another worker's "
@@ -365,7 +378,6 @@ class WorkerLinks:
                 raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT,
                                       f"this controller runs without the cluster secret: {why}")
             link = WorkerLink(len(self.links), address, endpoints=endpoints)
-            self._adding = (address, endpoints)  # (a remove of it waits for its end)
             # (tries end PROBE_S early, where there is time: giving up, _connect looks
             # why it could not reach the worker, within the caller's deadline)
             tries_end = deadline - PROBE_S if deadline - time.monotonic() > 2 * PROBE_S \
@@ -466,14 +478,20 @@ class WorkerLinks:
         if lk is None:
             awaited = await self._awaited_as(address, endpoints, deadline)
             if awaited is not None:  # listed at start, never in
-                return await self._no_longer_awaited(awaited)
-            adding = self._adding
-            if adding is not None and (adding[0] == address or endpoints & adding[1]):
+                done = await self._no_longer_awaited(awaited, deadline)
+                if done is not None:
+                    return done
+                lk, endpoints = await self._link_to(address,
+                                                    max(0.0, deadline - time.monotonic()))
+            adds = [ended for a, eps, ended in self._adds_pending
+                    if a == address or endpoints & eps]
+            if adds:
                 try:  # an add of this worker under way: its end first
                     async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                        async with self._add_lock:
-                            lk, endpoints = await self._link_to(
-                                address, max(0.0, deadline - time.monotonic()))
+                        for ended in adds:
+                            await ended.wait()
+                        lk, endpoints = await self._link_to(
+                            address, max(0.0, deadline - time.monotonic()))
                 except TimeoutError:
                     raise RepositoryError(grpc.StatusCode.UNAVAILABLE, (
                         f"{address}: its add was still under way when the {wait:.1f} s ran "
@@ -505,19 +523,29 @@ class WorkerLinks:
                         return a
         return None
 
-    async def _no_longer_awaited(self, address: str) -> tuple[int, list[int], bool]:
-        joining = self.awaited.get(address)
-        if joining is None:  # (taken in meanwhile, or removed by a call beside this one)
-            return -1, [], False
-        joining.cancel()
-        with contextlib.suppress(BaseException):
-            await joining
+    async def _no_longer_awaited(self, address: str, deadline: float
+                                 ) -> tuple[int, list[int], bool] | None:
+        """Stop awaiting the listed worker ``address``: its endpoints resolved first, then
+        with no await between, it leaves ``awaited`` and is recorded removed (a remove
+        beside this one answers removed False, under any spelling). None if it was
+        taken in meanwhile (a link now: removed as one)."""
+        eps: frozenset = frozenset()
+        with contextlib.suppress(TimeoutError, OSError, ValueError):
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                eps = await _endpoints(address)
+        joining = self.awaited.pop(address, None)
+        if joining is None:  # (removed by a call beside this one, or in now)
+            if address in self._removed_awaited:
+                return -1, [], False
+            return None
         self._removed_awaited.add(address)
-        with contextlib.suppress(OSError, ValueError):
-            self._removed_awaited_at |= await _endpoints(address)
+        self._removed_awaited_at |= eps
         self.count("workers_removed")
         print(f"controller: worker {address} removed: it is no longer awaited",
               file=sys.stderr, flush=True)
+        joining.cancel()
+        with contextlib.suppress(BaseException):
+            await joining
         return -1, [], True
 
     def worker_rows(self) -> list[dict]:
@@ -542,12 +570,15 @@ class WorkerLinks:
                 "worker": i, "address": lk.address, "state": state, "gpus": self._gpus_of(lk),
                 "link": ("fast" if isinstance(lk.call, FrameStream) else "grpc")
                 if lk.connected else "",
-                "rtt_ms": lk.rtt / 1e6, "for_s": now - since if since else 0.0,
-                "detail": detail})
+                "rtt_ms": 0.0 if lk.removed else lk.rtt / 1e6,
+                "for_s": now - since if since else 0.0, "detail": detail})
         rows.extend({"worker": -1, "address": a, "state": "awaited", "gpus": [], "link": "",
                      "rtt_ms": 0.0, "for_s": 0.0,
                      "detail": "listed at start; added once it answers"}
                     for a in self.awaited)
+        rows.extend({"worker": -1, "address": a, "state": "removed", "gpus": [], "link": "",
+                     "rtt_ms": 0.0, "for_s": 0.0, "detail": "listed at start, never in"}
+                    for a in sorted(self._removed_awaited))
         return rows
 
     def _gpus_of(self, link: WorkerLink) -> list[int]:

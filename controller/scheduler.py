@@ -1567,12 +1567,20 @@ class ClockworkScheduler(Policy):
 
     def remove_gpu(self, gpu_index: int, now: int) -> list[Action]:
         """Lost for good: no copies kept for its return, and the largest GPU that may
-        hold a model is looked for among the others."""
+        hold a model is looked for among the others; the requests queued for a model no
+        other GPU can hold are answered so at once (none could ever serve them)."""
         self._gone.add(gpu_index)
         self._pages_max = max((g.total_pages for g in self.gpus if g.index not in self._gone),
                               default=0)
         out = self.set_gpu_available(gpu_index, False, now)
         self.gpus[gpu_index].held = []
+        if self._pages_max:
+            for m in self.models.values():
+                if m.pages > self._pages_max:
+                    for r in list(m.queue):
+                        if r.state == QUEUED:
+                            self._unqueue(m, r)
+                            self._answer(r, RequestStatus.ERROR, now, NO_GPU_FITS)
         return out
 
     def add_gpu(self, spec: GpuSpec, now: int) -> list[Action]:

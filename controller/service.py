@@ -305,9 +305,9 @@ class ControllerNode(WorkerLinks):
         self.label = controller_label()
         self.links = [WorkerLink(i, _canonical(a)) for i, a in enumerate(workers)]
         self._add_lock = asyncio.Lock()  # workers joining at run time, one at a time
-        # the add under way under that lock, (address, endpoints): a remove of that
-        # worker waits for its end (None: none, or not known yet)
-        self._adding: tuple[str, frozenset] | None = None
+        # the adds asked for and not ended, (address, endpoints) each: a remove of one of
+        # those workers waits for its add's end
+        self._adds_pending: list[list] = []
         # listed workers removed while still awaited: their addresses and endpoints
         self._removed_awaited: set[str] = set()
         self._removed_awaited_at: frozenset = frozenset()

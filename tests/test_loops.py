@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from clockwork.actions import Action, ActionType, ErrorCode
+from clockwork.actions import Action, ActionType, ErrorCode, RequestStatus
 from clockwork.cluster.sim import simulate
 from clockwork.profiles import load_profile_set
 from clockwork.requests import Request
@@ -992,8 +992,10 @@ def test_a_worker_added_after_a_removal_gets_the_next_index():
 @pytest.mark.parametrize("policy", ["clockwork", "clipper", "tfserving", "infaas"])
 def test_a_model_that_fit_only_on_a_removed_gpu_fits_nowhere(policy):
     """The only GPU large enough for the model was a removed worker's: each request is
-    answered at once that it fits on no GPU (it waited out its SLO for that GPU), while a
-    lost one still counts (it may come back)."""
+    answered that it fits on no GPU, those that arrive later at once (they waited out
+    their SLO for that GPU), and those queued for it then too (tfserving and infaas,
+    which keep a request until it is served, never answered them); a lost GPU still
+    counts (it may come back)."""
     specs = [GpuSpec(0, 0, 5), GpuSpec(1, 0, 100)]
     t = Recorder()
     loop = ControllerLoop(make_policy(policy, [R50], specs), t, specs)
@@ -1002,5 +1004,24 @@ def test_a_model_that_fit_only_on_a_removed_gpu_fits_nowhere(policy):
     assert not t.answers  # (waits for the lost GPU to come back)
     loop.remove_worker(1, ms(2))
     loop.request(Request(2, "resnet50_v2", ms(3), ms(100)), ms(3))
-    assert [(r.request.id, r.message) for r in t.answers if r.request.id == 2] == [
-        (2, "model does not fit on any GPU")]
+    assert sorted((r.request.id, r.message) for r in t.answers) == [
+        (1, "model does not fit on any GPU"), (2, "model does not fit on any GPU")]
+
+
+@pytest.mark.parametrize("policy", ["clockwork", "clipper", "tfserving", "infaas"])
+def test_requests_whose_load_was_on_a_removed_gpu_are_answered(policy):
+    """Requests wait for a LOAD on the only GPU that can hold their model when its
+    worker is removed: every one is answered within its SLO (the baselines kept them
+    for ever)."""
+    specs = [GpuSpec(0, 0, 5), GpuSpec(1, 0, 100)]
+    t = Recorder()
+    loop = ControllerLoop(make_policy(policy, [R50], specs), t, specs)
+    loop.requests([Request(i, "resnet50_v2", ms(1), ms(100)) for i in range(3)], ms(1))
+    assert [(w, acts[0].type) for w, acts in t.sent] == [(1, ActionType.LOAD)]
+    loop.remove_worker(1, ms(2))
+    now = ms(2)
+    while loop.armed is not None and loop.armed <= ms(101) and len(t.answers) < 3:
+        now = loop.armed
+        loop.tick(now)
+    assert sorted(r.request.id for r in t.answers) == [0, 1, 2] and now <= ms(101)
+    assert all(r.status != RequestStatus.SUCCESS for r in t.answers)

@@ -130,7 +130,12 @@ def test_a_lost_worker_removed_is_not_reconnected_and_a_listed_one_no_longer_awa
         try:
             assert list(node.awaited) == [silent]
             port = silent.rpartition(":")[2]
-            assert await node.remove_worker(f"localhost:{port}") == (-1, [], True)
+            got = await asyncio.gather(*(node.remove_worker(f"{host}:{port}")
+                                         for host in ["localhost", "127.0.0.1"] * 5))
+            assert sorted(got) == [(-1, [], False)] * 9 + [(-1, [], True)], got
+            assert node.counters["workers_removed"] == 1
+            assert [(r["worker"], r["state"]) for r in node.worker_rows()] == [
+                (0, "serving"), (1, "serving"), (-1, "removed")]
             assert not node.awaited
             assert await node.remove_worker(silent) == (-1, [], False)  # (again)
             with pytest.raises(RepositoryError, match="no worker"):
@@ -368,7 +373,7 @@ def test_removals_beside_each_other_an_add_and_a_model_that_fit_only_there():
             assert (await answer(node, "mobilenet_v2")).status == 0
             adding = asyncio.create_task(node.add_worker(
                 f"127.0.0.1:{silent.getsockname()[1]}", timeout=4.0))
-            while node._adding is None:
+            while not node._adds_pending:
                 await asyncio.sleep(0.01)
             t0 = time.monotonic()
             with pytest.raises(RepositoryError, match="no worker 127.0.0.1:1 "):

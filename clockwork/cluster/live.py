@@ -64,12 +64,12 @@ def cmd_workers(args: argparse.Namespace) -> int:
         try:
             if what == "add":
                 got = c.add_worker(args.address)
-                print(f"worker {got['worker']} ({args.address}): "
+                print(f"worker {_index(got['worker'])} ({args.address}): "
                       + ("added" if got["added"] else "a worker of the controller already")
                       + f", GPUs {_gpus(got['gpus'])}")
             elif what == "remove":
                 got = c.remove_worker(args.address)
-                print(f"worker {got['worker']} ({args.address}): "
+                print(f"worker {_index(got['worker'])} ({args.address}): "
                       + ("removed" if got["removed"] else "removed already")
                       + (f", GPUs {_gpus(got['gpus'])}" if got["gpus"] else ""))
             else:
@@ -78,6 +78,11 @@ def cmd_workers(args: argparse.Namespace) -> int:
             print(f"clockwork workers: {type(e).__name__}: {e}", file=sys.stderr)
             return 2 if isinstance(e, Unauthenticated | InvalidRequest) else 1
     return 0
+
+
+def _index(i: int) -> str:
+    """A worker's index, ``-`` for one listed at the controller's start, never in."""
+    return str(i) if i >= 0 else "-"
 
 
 def _gpus(gpus: list[int]) -> str:
@@ -89,7 +94,7 @@ def _print_workers(rows: list[dict]) -> None:
     that state, and why (lost, held, awaited)."""
     head = ("worker", "address", "state", "gpus", "link", "rtt ms", "for", "detail")
     table = [head] + [
-        (str(r["worker"]) if r["worker"] >= 0 else "-", r["address"], r["state"],
+        (_index(r["worker"]), r["address"], r["state"],
          _gpus(r["gpus"]) if r["gpus"] else "-", r["link"] or "-",
          f"{r['rtt_ms']:.2f}" if r["rtt_ms"] else "-",
          _span(r["for_s"]) if r["for_s"] else "-", r["detail"]) for r in rows]

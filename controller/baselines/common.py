@@ -57,7 +57,7 @@ from controller.inflight import (
     error_message,
     failed_status,
 )
-from controller.policy import CANCELLED, MODEL_UNLOADED, GpuSpec, ModelView, Policy
+from controller.policy import CANCELLED, MODEL_UNLOADED, NO_GPU_FITS, GpuSpec, ModelView, Policy
 
 MAX_ATTEMPTS = 3  # INFERs a request may be part of before a worker error is final
 # every action's earliest start: 0, at once when the worker has it (the systems these
@@ -295,6 +295,10 @@ class BaselinePolicy(Policy):
                 if result.status in LOAD_REFUSED:
                     self._load_refused(c.model, g, result, now)
                 self._lost(c.model, g, now, out)
+        if result.status and self._gone and len(self._gone) < len(self.gpus) \
+                and c.model in self.serving and not self.fits_somewhere(c.model):
+            # (retried, or waiting for a copy: nowhere to go now)
+            self._answer_unfit(c.model, now)
         if self._removing:
             self._sweep(now, out)
         self._gpu_free(g, now, out)
@@ -601,8 +605,21 @@ class BaselinePolicy(Policy):
         return any(g.total_pages >= need for g in self.gpus if g.index not in self._gone)
 
     def remove_gpu(self, gpu_index: int, now: int) -> list[Action]:
+        """As lost, for good: the requests queued for a model no other GPU can hold are
+        answered so at once (none could ever serve them)."""
         self._gone.add(gpu_index)
-        return self.set_gpu_available(gpu_index, False, now)
+        out = self.set_gpu_available(gpu_index, False, now)
+        if len(self._gone) < len(self.gpus):  # (none left: the shell answers no_worker)
+            for name in [n for n in self.serving if not self.fits_somewhere(n)]:
+                self._answer_unfit(name, now)
+        return out
+
+    def _answer_unfit(self, name: str, now: int) -> None:
+        """Answer every request queued for ``name``, which no GPU left can hold (the
+        baselines keep a request until it is served: these would wait for ever)."""
+        for r in self._take_queued(name):
+            self._attempts.pop(r.id, None)
+            self._answer(r, RequestStatus.ERROR, now, NO_GPU_FITS)
 
     def set_gpu_available(self, gpu_index: int, available: bool, now: int) -> list[Action]:
         """Lost (False): every copy on the GPU is forgotten, each as a lost copy is

@@ -533,8 +533,8 @@ def add_workers(sub) -> None:
               textwrap.fill(  # (raw: the examples below keep their lines)
               "List a running controller's workers (each one's state: serving, suspect, "
               "resetting, lost, held by another controller, awaited, removed; its GPUs, "
-              "link and round trip), add a worker started by hand (it must share the "
-              "cluster's secret), or remove one for good (nothing more is placed on its "
+              "link and round trip), add a worker started by hand (with the cluster's "
+              "secret, where the controller has one), or remove one for good (nothing more is placed on its "
               "GPUs, its requests in flight are placed again or answered, and the "
               "controller never reconnects to it; the worker process runs on).", 80),
               epilog="examples:\n"
