@@ -107,7 +107,6 @@ class ClockworkScheduler(Policy):
         ]
         # the largest weights cache of a GPU: a model larger could never be loaded
         self._pages_max = max((g.total_pages for g in self.gpus), default=0)
-        self._gone: set[int] = set()  # GPUs removed for good (``remove_gpu``)
         self._replies: list[Reply] = []
         self._sent = Inflight()  # actions sent, not answered (copy: the Instance)
         # (drop_at, id, request) of queued requests; answered ones leave it from the top,
@@ -1569,9 +1568,8 @@ class ClockworkScheduler(Policy):
         """Lost for good: no copies kept for its return, and the largest GPU that may
         hold a model is looked for among the others; the requests queued for a model no
         other GPU can hold are answered so at once (none could ever serve them)."""
-        self._gone.add(gpu_index)
-        self._pages_max = max((g.total_pages for g in self.gpus if g.index not in self._gone),
-                              default=0)
+        self.gpus[gpu_index].gone = True
+        self._pages_max = max((g.total_pages for g in self.gpus if not g.gone), default=0)
         out = self.set_gpu_available(gpu_index, False, now)
         self.gpus[gpu_index].held = []
         if self._pages_max:

@@ -162,7 +162,7 @@ class ModelState:
 class GpuState:
     __slots__ = ("index", "worker", "gpu", "total_pages", "free_pages", "exec", "pcie",
                  "instances", "active", "wake_at", "available", "held",
-                 "wide", "share")
+                 "wide", "share", "gone")
 
     def __init__(self, index: int, worker: int, gpu: int, pages: int, cfg: SchedulerConfig) -> None:
         self.index = index
@@ -182,6 +182,7 @@ class GpuState:
         self.held: list[tuple[str, int]] = []
         self.wide: list[ModelState] = []  # models with a CopyIndex that have a copy here
         self.share = 0.0  # load_share() when the scheduler last looked (see _refresh_shares)
+        self.gone = False  # removed for good (its worker was removed): never back
 
     def load_share(self) -> float:
         """Queued demand this GPU is expected to absorb, in GPUs (1.0 = saturated)."""
