@@ -332,13 +332,7 @@ class WorkerLinks:
         INVALID_ARGUMENT: it cannot serve the models, or the policy cannot grow).
         ``said``: a function of nothing that says more for the line that says it
         joined (called as the line is written)."""
-        if self.ctrl is None or self._stopping:
-            raise RepositoryError(grpc.StatusCode.UNAVAILABLE, "the controller is not serving")
-        try:
-            address = addresses.canonical(address)
-        except ValueError as e:
-            raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-        wait = self.connect_timeout if timeout is None else timeout
+        address, wait = self._worker_call(address, timeout)
         deadline = time.monotonic() + wait  # (one for the name's resolution and the dial)
         def connected(lk: WorkerLink) -> tuple[int, list[int], bool]:
             return lk.index, [self.gpu_index[(lk.index, g.gpu)] for g in lk.state.gpus], False
@@ -451,6 +445,18 @@ class WorkerLinks:
                 print(f"controller: warning: {line}", file=sys.stderr, flush=True)
             return link.index, list(range(first, first + len(specs))), True
 
+    def _worker_call(self, address: str, timeout: float | None) -> tuple[str, float]:
+        """An AddWorker's or RemoveWorker's address (canonical) and wait (``timeout``,
+        default ``connect_timeout``); ``RepositoryError`` UNAVAILABLE while the controller
+        does not serve, INVALID_ARGUMENT for an address that is not HOST:PORT."""
+        if self.ctrl is None or self._stopping:
+            raise RepositoryError(grpc.StatusCode.UNAVAILABLE, "the controller is not serving")
+        try:
+            address = addresses.canonical(address)
+        except ValueError as e:
+            raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        return address, self.connect_timeout if timeout is None else timeout
+
     async def remove_worker(self, address: str, timeout: float | None = None
                             ) -> tuple[int, list[int], bool]:
         """Take the worker ``address`` names out of the cluster for good (scaled down,
@@ -466,13 +472,7 @@ class WorkerLinks:
         UNAVAILABLE when it runs out). NOT_FOUND for an address that names no worker of
         this controller, INVALID_ARGUMENT for one that is not HOST:PORT. Each address is
         matched under any spelling that resolves to the same endpoints."""
-        if self.ctrl is None or self._stopping:
-            raise RepositoryError(grpc.StatusCode.UNAVAILABLE, "the controller is not serving")
-        try:
-            address = addresses.canonical(address)
-        except ValueError as e:
-            raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-        wait = self.connect_timeout if timeout is None else timeout
+        address, wait = self._worker_call(address, timeout)
         deadline = time.monotonic() + wait
         lk, endpoints = await self._link_to(address, wait)
         if lk is None:

@@ -339,10 +339,10 @@ class ControllerLoop:
         lost = list(self.outstanding[worker].values())
         self.outstanding[worker].clear()
         out: list[Action] = []
-        gone = self.policy.remove_gpu if for_good else (
-            lambda g, now: self.policy.set_gpu_available(g, False, now))
+        policy = self.policy
         for g in self.gpus_of[worker]:
-            out.extend(gone(g, now))
+            out.extend(policy.remove_gpu(g, now) if for_good
+                       else policy.set_gpu_available(g, False, now))
         self._fail(lost, why, now)
         self._after(out, now)
         return len(lost)

@@ -14,6 +14,8 @@ import pytest
 from clockwork.client import Client
 from clockwork.errors import ClockworkError, InvalidRequest
 from tests.conftest import local_cluster, poll
+from tests.test_add_workers_events import _rows
+from tests.test_add_workers_events import _scenario as events_scenario
 
 
 def _ready(c) -> int:
@@ -194,19 +196,8 @@ worker = 1
 """
 
 
-def _scenario(tmp_path, overrides=(), text: str = SCENARIO):
-    from clockwork.scenario import load_scenario
-
-    path = tmp_path / "s.toml"
-    path.write_text(text)
-    return load_scenario(path, list(overrides))
-
-
-def _rows(folder, name: str = "requests.tsv") -> list[dict]:
-    import csv
-
-    with open(folder / name) as f:
-        return list(csv.DictReader(f, delimiter="\t"))
+def _scenario(tmp_path, overrides=()):
+    return events_scenario(tmp_path, SCENARIO, overrides)
 
 
 def test_a_worker_removed_in_a_simulated_run_takes_nothing_from_its_time_on(tmp_path):

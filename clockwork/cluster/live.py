@@ -8,17 +8,12 @@ import sys
 
 
 def cmd_infer(args: argparse.Namespace) -> int:
-    from clockwork.client import Client
     from clockwork.errors import ClockworkError, InvalidRequest, Unauthenticated
-    from clockwork.protocol.security import SecurityError, client_token
 
-    try:
-        token = client_token(getattr(args, "token", None), getattr(args, "token_file", None))
-    except SecurityError as e:
-        print(f"clockwork infer: {e}", file=sys.stderr)
+    c = _client(args, "infer")
+    if c is None:
         return 2
-    with Client(args.controller, timeout=args.timeout, token=token,
-                tls=getattr(args, "tls", False), tls_ca=getattr(args, "tls_ca", None)) as c:
+    with c:
         try:
             if args.list:
                 for m in c.list_models():
@@ -44,9 +39,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
 
 def cmd_workers(args: argparse.Namespace) -> int:
     """``clockwork workers [list | add ADDRESS | remove ADDRESS]``."""
-    from clockwork.client import Client
     from clockwork.errors import ClockworkError, InvalidRequest, Unauthenticated
-    from clockwork.protocol.security import SecurityError, client_token
 
     what = args.action
     if (what == "list") != (args.address is None):
@@ -54,13 +47,10 @@ def cmd_workers(args: argparse.Namespace) -> int:
                                                 "needs the worker's ADDRESS (HOST:PORT)"),
               file=sys.stderr)
         return 2
-    try:
-        token = client_token(getattr(args, "token", None), getattr(args, "token_file", None))
-    except SecurityError as e:
-        print(f"clockwork workers: {e}", file=sys.stderr)
+    c = _client(args, "workers")
+    if c is None:
         return 2
-    with Client(args.controller, timeout=args.timeout, token=token,
-                tls=getattr(args, "tls", False), tls_ca=getattr(args, "tls_ca", None)) as c:
+    with c:
         try:
             if what == "add":
                 got = c.add_worker(args.address)
@@ -78,6 +68,21 @@ def cmd_workers(args: argparse.Namespace) -> int:
             print(f"clockwork workers: {type(e).__name__}: {e}", file=sys.stderr)
             return 2 if isinstance(e, Unauthenticated | InvalidRequest) else 1
     return 0
+
+
+def _client(args: argparse.Namespace, verb: str):
+    """The ``clockwork.Client`` the command's flags describe (controller, timeout, token,
+    TLS); None after saying why the token cannot be read."""
+    from clockwork.client import Client
+    from clockwork.protocol.security import SecurityError, client_token
+
+    try:
+        token = client_token(getattr(args, "token", None), getattr(args, "token_file", None))
+    except SecurityError as e:
+        print(f"clockwork {verb}: {e}", file=sys.stderr)
+        return None
+    return Client(args.controller, timeout=args.timeout, token=token,
+                  tls=getattr(args, "tls", False), tls_ca=getattr(args, "tls_ca", None))
 
 
 def _index(i: int) -> str:
