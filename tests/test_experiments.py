@@ -422,6 +422,10 @@ BENCH_BAD = [
     ("live_prediction", ["--packages", "{file}"], "--packages"),
     ("live_overload", ["--packages", "{file}"], "--packages"),
     ("live_overload", ["--seed", "-1"], "--seed"),
+    ("bench_churn", ["--churn", "5,x"], "--churn"),
+    ("bench_churn", ["--repeat", "0"], "--repeat"),
+    ("bench_churn", ["--duration", "1"], "--duration"),
+    ("bench_churn", ["--json", "{dir}"], "--json"),
 ]
 
 
@@ -611,3 +615,18 @@ def test_bench_live_prints_the_cpu_per_request_and_the_ceiling_it_sets(tmp_path)
     total = ctl + wrk + gen
     cores = len(os.sched_getaffinity(0))
     assert f"({total:.0f} µs)" in line and f"~{cores * 1e6 / total:,.0f} r/s" in line, line
+
+
+def test_bench_churn_prints_the_cost_of_each_worker_that_joined_and_left(tmp_path, capsys):
+    """experiments/bench_churn.py at a small size: a run without churn and one where 5
+    workers each join and leave, side by side with the cost per churned worker."""
+    from experiments import bench_churn
+
+    text = bench_churn.scenario(3, 4.0, 100.0)
+    assert text.count("[[add_workers]]") == text.count("[[remove_workers]]") == 3
+    assert bench_churn.main(["--churn", "0,5", "--repeat", "1", "--duration", "2",
+                             "--rate", "200", "--json", str(tmp_path / "c.json")]) == 0
+    runs = json.loads((tmp_path / "c.json").read_text())["runs"]
+    assert runs["0"][0]["submitted"] == runs["5"][0]["submitted"] > 200
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[1].split()[:2] == ["churned", "CPU"] and rows[3].split()[0] == "5"
