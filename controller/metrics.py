@@ -82,6 +82,8 @@ WRITE_SLICE_NS = 250_000
 
 
 # clockwork_worker_events{event}: the controller's counters they read
+# the states clockwork_worker_state has a series for (``WorkerLinks.worker_rows``)
+WORKER_STATES = ("serving", "suspect", "resetting", "lost", "held", "awaited")
 WORKER_EVENTS = (("lost", "worker_losses"), ("suspect", "worker_suspects"),
                  ("readmitted", "worker_readmissions"), ("refused", "worker_refusals"),
                  ("removed", "workers_removed"))
@@ -664,6 +666,10 @@ class _Collector:
                 available is None or available(lk))),
             "held": sum(1 for lk in links if not lk.connected and getattr(lk, "held", "")),
             "awaited": len(getattr(node, "awaited", ())),
+            # each worker not removed: (index, address, state) as ListWorkers says it
+            "workers": [(r["worker"], r["address"], r["state"])
+                        for r in (node.worker_rows() if hasattr(node, "worker_rows") else ())
+                        if r["state"] != "removed"],
             "counted": {key: counted.get(key, 0) for key in (
                 *(k for _, k in WORKER_EVENTS), "weights_kept", "weights_adopted",
                 "log_flush_errors")},
@@ -811,6 +817,15 @@ class _Collector:
                               "controller serves without them and adds each once it "
                               "answers (/readyz says 503 until none is left)",
                               value=st["awaited"]))
+        ws = GaugeMetricFamily("clockwork_worker_state",
+                               "Each worker's state, 1 for the one it is in (serving, suspect, "
+                               "resetting, lost, held, awaited), as clockwork workers lists "
+                               "it; a removed worker has no series",
+                               labels=["worker", "address", "state"])
+        for w, address, state in st["workers"]:
+            for name in WORKER_STATES:
+                ws.add_metric((str(w), address, name), 1.0 if name == state else 0.0)
+        add(ws)
         counted = st["counted"]
         ev = CounterMetricFamily("clockwork_worker_events",
                                  "Workers lost (connection closed), found suspect (no answer to "

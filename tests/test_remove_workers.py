@@ -27,6 +27,17 @@ def _ready(c) -> int:
         return e.code
 
 
+def _states(c) -> set[tuple[str, str, str]]:
+    """(worker, address, state) of each clockwork_worker_state series at 1 in /metrics."""
+    from controller.metrics import parse_text
+
+    with urllib.request.urlopen(f"http://{c.printed_address('http')}/metrics",
+                                timeout=5) as r:
+        samples = parse_text(r.read().decode())
+    return {(lb["worker"], lb["address"], lb["state"])
+            for lb, v in samples["clockwork_worker_state"] if v == 1}
+
+
 def test_a_removed_worker_takes_nothing_more_and_can_be_added_again():
     """Two workers serving two copies of one model while clients send requests; worker 1
     is removed mid-stream: every request is answered (SUCCESS or an error, none left
@@ -411,9 +422,11 @@ def test_clockwork_workers_lists_adds_and_removes():
         poll(lambda: [w["state"] for w in k.workers()] == ["serving", "lost"], 20)
         lost = k.workers()[1]
         assert lost["detail"] and lost["link"] == "" and lost["gpus"] == [1], lost
+        assert _states(c) == {("0", a0, "serving"), ("1", a1, "lost")}
         p = cli("remove", a1)
         assert (p.returncode, p.stdout) == (0, f"worker 1 ({a1}): removed, GPUs 1\n"), p
         assert [w["state"] for w in k.workers()] == ["serving", "removed"]
+        assert _states(c) == {("0", a0, "serving")}  # (a removed worker: no series)
         p = cli("remove", a1)
         assert (p.returncode, p.stdout) == (0, f"worker 1 ({a1}): removed already, GPUs 1\n")
         c.restart_worker(1)
