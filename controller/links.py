@@ -548,30 +548,39 @@ class WorkerLinks:
             await joining
         return -1, [], True
 
+    def _state_of(self, lk: WorkerLink) -> str:
+        """``lk``'s worker's state: removed, serving, suspect (it missed a probe),
+        resetting (heard again, its reset not answered), held (by another controller) or
+        lost (being reconnected to)."""
+        ctrl, i = self.ctrl, lk.index
+        if lk.removed:
+            return "removed"
+        if lk.connected:
+            return ("suspect" if ctrl is not None and ctrl.suspect[i] else
+                    "resetting" if ctrl is not None and ctrl.resetting[i] else "serving")
+        return "held" if lk.held else "lost"
+
     def worker_rows(self) -> list[dict]:
-        """Each worker in one row (``ListWorkers``): its index, address, state (serving,
-        suspect, resetting, lost, held, awaited, removed), GPU indices, link kind while
-        connected, clock-sync round trip, seconds in this connection or loss, and why
-        it is lost, held or awaited."""
-        ctrl, now = self.ctrl, time.monotonic()
+        """Each worker in one row (``ListWorkers``): its index, address, state
+        (``_state_of``, or awaited), GPU indices, link kind while connected, clock-sync
+        round trip, seconds in this connection or loss, and why it is lost, held or
+        awaited."""
+        now = time.monotonic()
+        gpus: dict[int, list[int]] = {}
+        for (w, _), g in sorted(self.gpu_index.items()):
+            gpus.setdefault(w, []).append(g)
         rows = []
         for lk in self.links:
-            i = lk.index
-            state, detail, since = "lost", lk.lost_err, lk.lost_at
-            if lk.removed:
-                state, detail, since = "removed", "", 0.0
-            elif lk.connected:
-                since = lk.since
-                state = ("suspect" if ctrl is not None and ctrl.suspect[i] else
-                         "resetting" if ctrl is not None and ctrl.resetting[i] else "serving")
-            elif lk.held:
-                state, detail = "held", lk.held
+            state = self._state_of(lk)
+            since = (lk.since if lk.connected else lk.lost_at) if state != "removed" else 0.0
             rows.append({
-                "worker": i, "address": lk.address, "state": state, "gpus": self._gpus_of(lk),
+                "worker": lk.index, "address": lk.address, "state": state,
+                "gpus": gpus.get(lk.index, []),
                 "link": ("fast" if isinstance(lk.call, FrameStream) else "grpc")
                 if lk.connected else "",
                 "rtt_ms": 0.0 if lk.removed else lk.rtt / 1e6,
-                "for_s": now - since if since else 0.0, "detail": detail})
+                "for_s": now - since if since else 0.0,
+                "detail": {"lost": lk.lost_err, "held": lk.held}.get(state, "")})
         rows.extend({"worker": -1, "address": a, "state": "awaited", "gpus": [], "link": "",
                      "rtt_ms": 0.0, "for_s": 0.0,
                      "detail": "listed at start; added once it answers"}
@@ -580,6 +589,15 @@ class WorkerLinks:
                      "rtt_ms": 0.0, "for_s": 0.0, "detail": "listed at start, never in"}
                     for a in sorted(self._removed_awaited))
         return rows
+
+    def worker_states(self) -> list[tuple[int, str, str]]:
+        """(index, address, state) of each worker not removed (``_state_of``; awaited
+        ones -1): the metrics' per-worker family, read at every scrape, with no work for
+        a removed worker but a flag's look."""
+        out = [(lk.index, lk.address, self._state_of(lk)) for lk in self.links
+               if not lk.removed]
+        out.extend((-1, a, "awaited") for a in self.awaited)
+        return out
 
     def _gpus_of(self, link: WorkerLink) -> list[int]:
         """The controller-wide indices of ``link``'s GPUs."""

@@ -667,9 +667,7 @@ class _Collector:
             "held": sum(1 for lk in links if not lk.connected and getattr(lk, "held", "")),
             "awaited": len(getattr(node, "awaited", ())),
             # each worker not removed: (index, address, state) as ListWorkers says it
-            "workers": [(r["worker"], r["address"], r["state"])
-                        for r in (node.worker_rows() if hasattr(node, "worker_rows") else ())
-                        if r["state"] != "removed"],
+            "workers": node.worker_states() if hasattr(node, "worker_states") else [],
             "counted": {key: counted.get(key, 0) for key in (
                 *(k for _, k in WORKER_EVENTS), "weights_kept", "weights_adopted",
                 "log_flush_errors")},

@@ -635,6 +635,8 @@ class ClockworkScheduler(Policy):
             return
         why = (m.refused_why if m.refused_until > now and not m.ready_copies  # LOADs refused
                else m.failing_why if m.failing_until > now  # INFERs fail on every copy
+               # (the only GPUs that could hold it removed for good)
+               else NO_GPU_FITS if m.pages > self._pages_max and self._pages_max
                else None)
         if why is not None:  # (answered at once: a caller gone, as such)
             for r in requests:

@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="requests per second (default 1000)")
     ap.add_argument("--json", type=out_file, metavar="FILE", help="write the runs here")
     args = ap.parse_args(argv)
+    args.churn = list(dict.fromkeys(args.churn))  # (each count once, in the order given)
     if args.duration < 2:
         ap.error("--duration: at least 2 (the workers join from 0.5 s on, 1.5 s before "
                  "the end)")

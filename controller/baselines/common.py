@@ -133,6 +133,8 @@ class BaselinePolicy(Policy):
         self.sizes: dict[str, list[int]] = {n: self._sizes(p) for n, p in self.profiles.items()}
         self.gpus: list[Gpu] = [Gpu(i, s) for i, s in enumerate(gpus)]
         self._gone: set[int] = set()  # GPUs removed for good (``remove_gpu``)
+        # the largest weights cache of a GPU not removed (``fits_somewhere``)
+        self._fit_pages = max((g.total_pages for g in self.gpus), default=0)
         self.copies: dict[str, dict[int, Copy]] = {n: {} for n in self.profiles}
         self._replies: list[Reply] = []
         self._sent = Inflight()  # actions sent, not answered (gpu: a Gpu, copy: a Copy)
@@ -583,10 +585,14 @@ class BaselinePolicy(Policy):
         later copies are placed on it by the policy's rules as demand asks."""
         g = Gpu(len(self.gpus), spec)
         self.gpus.append(g)
+        self._fit_pages = max(self._fit_pages, g.total_pages)
         self._gpu_added(g)
         self._may_take_refused(g, now)
         out: list[Action] = []
         self._gpu_free(g, now, out)
+        if self._gone:  # (work queued while every GPU was removed: this one may not fit)
+            for name in [n for n in self.serving if not self.fits_somewhere(n)]:
+                self._answer_unfit(name, now)
         return out
 
     def _gpu_added(self, g: Gpu) -> None:
@@ -601,13 +607,14 @@ class BaselinePolicy(Policy):
 
     def fits_somewhere(self, model: str) -> bool:
         """Whether a GPU not removed for good is large enough for ``model``'s weights."""
-        need = self.profiles[model].weights_pages
-        return any(g.total_pages >= need for g in self.gpus if g.index not in self._gone)
+        return self.profiles[model].weights_pages <= self._fit_pages
 
     def remove_gpu(self, gpu_index: int, now: int) -> list[Action]:
         """As lost, for good: the requests queued for a model no other GPU can hold are
         answered so at once (none could ever serve them)."""
         self._gone.add(gpu_index)
+        self._fit_pages = max((g.total_pages for g in self.gpus if g.index not in self._gone),
+                              default=0)
         out = self.set_gpu_available(gpu_index, False, now)
         if len(self._gone) < len(self.gpus):  # (none left: the shell answers no_worker)
             for name in [n for n in self.serving if not self.fits_somewhere(n)]:
