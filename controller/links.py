@@ -335,7 +335,7 @@ class WorkerLinks:
         address, wait = self._worker_call(address, timeout)
         deadline = time.monotonic() + wait  # (one for the name's resolution and the dial)
         def connected(lk: WorkerLink) -> tuple[int, list[int], bool]:
-            return lk.index, [self.gpu_index[(lk.index, g.gpu)] for g in lk.state.gpus], False
+            return lk.index, self._gpus_of(lk), False
 
         # a worker connected already is answered at once, not after the adds before it
         # (one that cannot reach its worker holds the lock for up to its timeout)
@@ -566,16 +566,13 @@ class WorkerLinks:
         round trip, seconds in this connection or loss, and why it is lost, held or
         awaited."""
         now = time.monotonic()
-        gpus: dict[int, list[int]] = {}
-        for (w, _), g in sorted(self.gpu_index.items()):
-            gpus.setdefault(w, []).append(g)
         rows = []
         for lk in self.links:
             state = self._state_of(lk)
             since = (lk.since if lk.connected else lk.lost_at) if state != "removed" else 0.0
             rows.append({
                 "worker": lk.index, "address": lk.address, "state": state,
-                "gpus": gpus.get(lk.index, []),
+                "gpus": self._gpus_of(lk),
                 "link": ("fast" if isinstance(lk.call, FrameStream) else "grpc")
                 if lk.connected else "",
                 "rtt_ms": 0.0 if lk.removed else lk.rtt / 1e6,
@@ -600,8 +597,11 @@ class WorkerLinks:
         return out
 
     def _gpus_of(self, link: WorkerLink) -> list[int]:
-        """The controller-wide indices of ``link``'s GPUs."""
-        return [g for (w, _), g in sorted(self.gpu_index.items()) if w == link.index]
+        """The controller-wide indices of ``link``'s GPUs (none before they have them)."""
+        if link.state is None:
+            return []
+        index = self.gpu_index
+        return [index[k] for k in ((link.index, g.gpu) for g in link.state.gpus) if k in index]
 
     def gpus_in_service(self) -> list[int]:
         """The controller-wide indices of the GPUs of the workers not removed."""

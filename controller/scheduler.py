@@ -628,6 +628,16 @@ class ClockworkScheduler(Policy):
         self._sent.add(a, g, inst, batch)
         out.append(a)
 
+    def _answer_queued(self, m: ModelState, status: RequestStatus, now: int,
+                       message: str) -> None:
+        """Answer every request queued for ``m`` (``status``, ``message``): none of them
+        can be served (its model unloaded, its LOADs refused, its INFERs failing, no GPU
+        left that holds it)."""
+        for r in list(m.queue):
+            if r.state == QUEUED:
+                self._unqueue(m, r)
+                self._answer(r, status, now, message)
+
     def _requeue(self, m: ModelState, requests: list[Request], result: Result, now: int) -> None:
         if m.removed:  # nowhere to run them any more
             for r in requests:
@@ -703,10 +713,7 @@ class ClockworkScheduler(Policy):
             return
         m.failing_until = min(i.ready_at for i in insts)
         m.failing_why = error_message(result)
-        for r in list(m.queue):
-            if r.state == QUEUED:
-                self._unqueue(m, r)
-                self._answer(r, RequestStatus.ERROR, now, m.failing_why)
+        self._answer_queued(m, RequestStatus.ERROR, now, m.failing_why)
 
     def _load_refused(self, m: ModelState, g: GpuState, result: Result, now: int) -> None:
         """A LOAD of ``m`` refused by ``g``'s worker (``LOAD_REFUSED``).
@@ -751,10 +758,7 @@ class ClockworkScheduler(Policy):
             return
         m.refused_until = now + REFUSED_FOR_NS
         m.refused_why = error_message(result)
-        for r in list(m.queue):
-            if r.state == QUEUED:
-                self._unqueue(m, r)
-                self._answer(r, RequestStatus.ERROR, now, m.refused_why)
+        self._answer_queued(m, RequestStatus.ERROR, now, m.refused_why)
 
     def _first_copy_elsewhere(self, m: ModelState, now: int,
                               memo: dict[str, bool] | None = None) -> bool:
@@ -1400,10 +1404,7 @@ class ClockworkScheduler(Policy):
         self._held_back.discard(m)  # (its back-offs mean nothing now)
         if m.instances:
             self._removed[name] = m
-        for r in list(m.queue):
-            if r.state == QUEUED:
-                self._unqueue(m, r)
-                self._answer(r, RequestStatus.INVALID_REQUEST, now, MODEL_UNLOADED)
+        self._answer_queued(m, RequestStatus.INVALID_REQUEST, now, MODEL_UNLOADED)
         for inst in list(m.instances.values()):
             self._retire(inst, now, out)
         if out and (self._unserved or self._misses):
@@ -1577,10 +1578,7 @@ class ClockworkScheduler(Policy):
         if self._pages_max:
             for m in self.models.values():
                 if m.pages > self._pages_max:
-                    for r in list(m.queue):
-                        if r.state == QUEUED:
-                            self._unqueue(m, r)
-                            self._answer(r, RequestStatus.ERROR, now, NO_GPU_FITS)
+                    self._answer_queued(m, RequestStatus.ERROR, now, NO_GPU_FITS)
         return out
 
     def add_gpu(self, spec: GpuSpec, now: int) -> list[Action]:

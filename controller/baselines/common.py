@@ -297,10 +297,8 @@ class BaselinePolicy(Policy):
                 if result.status in LOAD_REFUSED:
                     self._load_refused(c.model, g, result, now)
                 self._lost(c.model, g, now, out)
-        if result.status and self._gone and len(self._gone) < len(self.gpus) \
-                and c.model in self.serving and not self.fits_somewhere(c.model):
-            # (retried, or waiting for a copy: nowhere to go now)
-            self._answer_unfit(c.model, now)
+        if result.status and self._gone and len(self._gone) < len(self.gpus):
+            self._answer_unfit((c.model,), now)  # (retried, or waiting for a copy)
         if self._removing:
             self._sweep(now, out)
         self._gpu_free(g, now, out)
@@ -591,8 +589,7 @@ class BaselinePolicy(Policy):
         out: list[Action] = []
         self._gpu_free(g, now, out)
         if self._gone:  # (work queued while every GPU was removed: this one may not fit)
-            for name in [n for n in self.serving if not self.fits_somewhere(n)]:
-                self._answer_unfit(name, now)
+            self._answer_unfit(self.serving, now)
         return out
 
     def _gpu_added(self, g: Gpu) -> None:
@@ -617,16 +614,17 @@ class BaselinePolicy(Policy):
                               default=0)
         out = self.set_gpu_available(gpu_index, False, now)
         if len(self._gone) < len(self.gpus):  # (none left: the shell answers no_worker)
-            for name in [n for n in self.serving if not self.fits_somewhere(n)]:
-                self._answer_unfit(name, now)
+            self._answer_unfit(self.serving, now)
         return out
 
-    def _answer_unfit(self, name: str, now: int) -> None:
-        """Answer every request queued for ``name``, which no GPU left can hold (the
-        baselines keep a request until it is served: these would wait for ever)."""
-        for r in self._take_queued(name):
-            self._attempts.pop(r.id, None)
-            self._answer(r, RequestStatus.ERROR, now, NO_GPU_FITS)
+    def _answer_unfit(self, models, now: int) -> None:
+        """Answer every request queued for each of ``models`` (served) that no GPU left
+        can hold (the baselines keep a request until it is served: these would wait for
+        ever)."""
+        for name in [n for n in models if n in self.serving and not self.fits_somewhere(n)]:
+            for r in self._take_queued(name):
+                self._attempts.pop(r.id, None)
+                self._answer(r, RequestStatus.ERROR, now, NO_GPU_FITS)
 
     def set_gpu_available(self, gpu_index: int, available: bool, now: int) -> list[Action]:
         """Lost (False): every copy on the GPU is forgotten, each as a lost copy is
