@@ -116,27 +116,26 @@ class ClockworkServicer(pbg.ClockworkServicer):
         return pb.LoadModelResponse(models=[n.model_info(i) for i in names])
 
     async def AddWorker(self, request, context):  # noqa: N802
-        if not request.address:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "give the worker's host:port")
-        try:
-            left = context.time_remaining()  # answer before the caller's deadline (its
-            # last quarter, at most half a second, for the answer to reach it)
-            w, gpus, added = await self.node.add_worker(
-                request.address, None if left is None else left - min(0.5, left / 4))
-        except RepositoryError as e:
-            await context.abort(e.code, status_details(e.message))
+        w, gpus, added = await self._change_workers(self.node.add_worker, request, context)
         return pb.AddWorkerResponse(worker=w, gpus=gpus, added=added)
 
     async def RemoveWorker(self, request, context):  # noqa: N802
+        w, gpus, removed = await self._change_workers(self.node.remove_worker, request, context)
+        return pb.RemoveWorkerResponse(worker=w, gpus=gpus, removed=removed)
+
+    @staticmethod
+    async def _change_workers(call, request, context) -> tuple[int, list[int], bool]:
+        """AddWorker's or RemoveWorker's ``call`` (the node's) on the request's address,
+        answered before the caller's deadline (its last quarter, at most half a second,
+        for the answer to reach it); its ``RepositoryError`` as the call's status."""
         if not request.address:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "give the worker's host:port")
         try:
-            left = context.time_remaining()  # (as AddWorker's: answered before the deadline)
-            w, gpus, removed = await self.node.remove_worker(
-                request.address, None if left is None else left - min(0.5, left / 4))
+            left = context.time_remaining()
+            return await call(request.address,
+                              None if left is None else left - min(0.5, left / 4))
         except RepositoryError as e:
             await context.abort(e.code, status_details(e.message))
-        return pb.RemoveWorkerResponse(worker=w, gpus=gpus, removed=removed)
 
     async def ListWorkers(self, request, context):  # noqa: N802
         return pb.ListWorkersResponse(
