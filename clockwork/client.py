@@ -472,7 +472,9 @@ def _result(model: str, resp: pb.InferResponse, latency_ms: float,
             slo_ms: float | None = None) -> InferResult:
     if resp.status != 0:
         raise error_for(resp.status, resp.reason, resp.message, model, latency_ms)
-    if slo_ms and latency_ms > slo_ms:  # the deadline as seen here, the network included
+    # the deadline as seen here, the network included; only an SLO the caller gave (one
+    # sent without is the controller's to keep: docs/contracts.md, infer)
+    if slo_ms and latency_ms > slo_ms:
         raise error_for(4, "late", f"answered {latency_ms:.1f} ms after it was sent, past its "
                         f"{slo_ms:g} ms SLO", model, latency_ms)
     return InferResult(model, {t.name: msg_to_array(t) for t in resp.outputs}, latency_ms,
