@@ -10,6 +10,7 @@ built (``controller.split_settings``), each ``[[workloads]]`` entry by its kind
 
 from __future__ import annotations
 
+import bisect
 import copy
 import json
 import os
@@ -567,6 +568,7 @@ def leaving_workers(sc: Scenario) -> list[tuple[float, int]]:
         return []
     w0 = int(sc.cluster["workers"])
     joined = {w: at for at, w in joining_workers(sc)}
+    join_times = sorted(joined.values())  # (how many joined by a time: a bisection)
     out: list[tuple[float, int]] = []
     gone: set[int] = set()
     for i, e in sorted(enumerate(events), key=lambda ie: (float(ie[1]["at_s"]), ie[0])):
@@ -584,7 +586,7 @@ def leaving_workers(sc: Scenario) -> list[tuple[float, int]]:
         if w in gone:
             raise ScenarioError(f"{where}.worker: {w} is removed already")
         gone.add(w)
-        if len(gone) >= w0 + sum(1 for j in joined.values() if j <= at):
+        if len(gone) >= w0 + bisect.bisect_right(join_times, at):
             raise ScenarioError(f"{where}: removes the last worker in the cluster at {at:g} s "
                                 "(keep at least one to serve the run)")
         out.append((at, w))

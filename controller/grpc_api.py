@@ -73,8 +73,8 @@ class ClockworkServicer(pbg.ClockworkServicer):
             models = await asyncio.get_running_loop().run_in_executor(None, model_infos, rows)
         return pb.ListModelsResponse(
             models=models, default_slo_ms=n.cfg.default_slo / 1e6,
-            workers=sum(1 for lk in n.links if not lk.removed),
-            workers_connected=sum(1 for lk in n.links if lk.connected),
+            workers=len(n.in_service()),
+            workers_connected=sum(1 for lk in n.in_service() if lk.connected),
             gpus=len(n.gpus_in_service()))
 
     async def ModelStatus(self, request, context):  # noqa: N802

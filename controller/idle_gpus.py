@@ -40,7 +40,7 @@ class IdleGpus:
     order is that of sorting them all at its start.
     """
 
-    __slots__ = ("gpus", "idle", "heap", "dirty", "up")
+    __slots__ = ("gpus", "idle", "heap", "dirty", "up", "in_service")
 
     def __init__(self, gpus: list[GpuState]) -> None:
         self.gpus = gpus  # the scheduler's list (GpuState.index is the position in it)
@@ -50,6 +50,11 @@ class IdleGpus:
         # GPUs available, idle or not (kept by the scheduler; a model with this many
         # copies can take no more)
         self.up = len(gpus)
+        # the GPUs not removed, in index order: what the scheduler's walks over GPUs read
+        # (a removed GPU keeps its place in ``gpus`` for good, and is never available
+        # again: walking every GPU ever added made each LOAD look cost more with every
+        # worker that joined and left)
+        self.in_service: list[GpuState] = []
         for g in gpus:
             self.add(g)
 
@@ -57,6 +62,12 @@ class IdleGpus:
         """A new GPU, its PCIe lane idle."""
         self.idle.add(g.index)
         self.dirty.add(g.index)
+        self.in_service.append(g)
+
+    def remove(self, g: GpuState) -> None:
+        """``g`` removed for good (``Scheduler.remove_gpu``)."""
+        self.in_service = [h for h in self.in_service if h is not g]
+        self.idle.discard(g.index)
 
     def hook(self, g: GpuState):
         """The callback for ``g``'s PCIe lane (``lanes.watch``)."""

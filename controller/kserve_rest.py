@@ -273,7 +273,7 @@ class KServeRest:
             return Reply(200, b"ok\n")
         # (every worker in service available; one removed counts no more, but with every
         # one removed there is none to serve)
-        kept = [lk for lk in node.links if not lk.removed]
+        kept = node.in_service()
         ready = (node.policy is not None and not node._stopping and not node.awaited
                  and all(node.available(lk) for lk in kept)
                  and (bool(kept) or not node.links))

@@ -266,6 +266,23 @@ def _unfit_outputs(r: Result, a: Action, profile, device: str) -> str:
 class WorkerLinks:
     """``ControllerNode``'s worker links (see the module's docstring)."""
 
+    # ``in_service``'s list, and the (links, removals) counts it was made at
+    _in_service: list = []
+    _in_service_at: tuple[int, int] = (-1, -1)
+    _removals = 0  # links removed so far (``_remove``)
+
+    def in_service(self) -> list[WorkerLink]:
+        """The links of the workers not removed, in index order: what the walks over the
+        workers at each request, probe and scrape read. A removed worker's link keeps its
+        place in ``links`` for good (its index is never reused); walking every link ever
+        made cost each request more with every worker that joined and left. Made again
+        only after a link was added, dropped or removed."""
+        at = (len(self.links), self._removals)
+        if at != self._in_service_at:
+            self._in_service = [lk for lk in self.links if not lk.removed]
+            self._in_service_at = at
+        return self._in_service
+
     def instance_message(self, name: str, profile: str) -> pb.Instance:
         """Instance ``name`` (profile ``profile``) as workers are told it: with the pages
         and the batch sizes the controller counts for it, which the worker's own profile
@@ -307,7 +324,7 @@ class WorkerLinks:
         resolves to one of the same endpoints (a second link to one worker would take it
         from the first again and again), or None; and the endpoints ``address`` resolves
         to (each link keeps its own, resolved when it was made)."""
-        links = [lk for lk in self.links if not lk.removed]
+        links = self.in_service()
         for lk in links:
             if lk.address == address:
                 return lk, lk.endpoints
@@ -591,8 +608,7 @@ class WorkerLinks:
         """(index, address, state) of each worker not removed (``_state_of``; awaited
         ones -1): the metrics' per-worker family, read at every scrape, with no work for
         a removed worker but a flag's look."""
-        out = [(lk.index, lk.address, self._state_of(lk)) for lk in self.links
-               if not lk.removed]
+        out = [(lk.index, lk.address, self._state_of(lk)) for lk in self.in_service()]
         out.extend((-1, a, "awaited") for a in self.awaited)
         return out
 
@@ -611,6 +627,7 @@ class WorkerLinks:
     def _remove(self, link: WorkerLink, gpus: list[int]) -> None:
         """``remove_worker``'s work on the link (no await: nothing sent to it after)."""
         link.removed = True
+        self._removals += 1
         link.connected = False
         for t in link.tasks:
             t.cancel()

@@ -771,7 +771,7 @@ class ClockworkScheduler(Policy):
                 return known
         bl, insts, pages = m.load_blocked or {}, m.instances, m.pages
         found = any(g.available and g.index not in insts and pages <= g.total_pages
-                    and bl.get(g.index, 0) <= now for g in self.gpus)
+                    and bl.get(g.index, 0) <= now for g in self._idle.in_service)
         if memo is not None:
             memo[m.name] = found
         return found
@@ -1000,7 +1000,7 @@ class ClockworkScheduler(Policy):
         else:
             # (asked only when something is wanted: ``pcie.available`` may re-anchor a lane)
             horizon = now + self.cfg.schedule_ahead
-            gpus = least_loaded([g for g in self.gpus
+            gpus = least_loaded([g for g in self._idle.in_service
                                  if g.available and g.pcie.available(now) < horizon])
         try:
             self._place_on(gpus, warm, cold, first, now, out)
@@ -1126,7 +1126,8 @@ class ClockworkScheduler(Policy):
             return now
         insts = m.instances
         # the GPUs that could take a copy now: up, without one; held back or not
-        could = [g.index for g in self.gpus if g.available and g.index not in insts]
+        could = [g.index for g in self._idle.in_service
+                 if g.available and g.index not in insts]
         held = [bl[gi] for gi in could if gi in bl]
         if not held or len(held) < len(could):
             return now
@@ -1571,10 +1572,12 @@ class ClockworkScheduler(Policy):
         """Lost for good: no copies kept for its return, and the largest GPU that may
         hold a model is looked for among the others; the requests queued for a model no
         other GPU can hold are answered so at once (none could ever serve them)."""
-        self.gpus[gpu_index].gone = True
-        self._pages_max = max((g.total_pages for g in self.gpus if not g.gone), default=0)
+        g = self.gpus[gpu_index]
+        g.gone = True
+        self._idle.remove(g)
+        self._pages_max = max((h.total_pages for h in self._idle.in_service), default=0)
         out = self.set_gpu_available(gpu_index, False, now)
-        self.gpus[gpu_index].held = []
+        g.held = []
         if self._pages_max:
             for m in self.models.values():
                 if m.pages > self._pages_max:

@@ -746,7 +746,8 @@ class ControllerNode(WorkerLinks):
         # of ``ControllerLoop.no_worker``, which the simulator applies, read here from the
         # links (they include workers the loop has not been given yet, still joining)
         # (a node with no worker links at all, as tests build, admits as before)
-        self._no_worker = bool(self.links) and not any(self.available(lk) for lk in self.links)
+        serving = self.in_service()  # (not the removed: a walk of them cost each request)
+        self._no_worker = bool(self.links) and not any(self.available(lk) for lk in serving)
         self.ctrl.requests([r for r in (admit(req, deliver, now, late, budget) for req in reqs)
                             if r is not None], now)
 
@@ -910,7 +911,7 @@ class ControllerNode(WorkerLinks):
         """Whether the controller serves: started, not stopping, a worker available
         (connected and not suspect)."""
         return (self.policy is not None and not self._stopping
-                and any(self.available(lk) for lk in self.links))
+                and any(self.available(lk) for lk in self.in_service()))
 
     def model_state(self, name: str) -> tuple[str, str] | None:
         """(state, reason) of a name in the model repository, Triton's states: ``READY``
@@ -1072,7 +1073,7 @@ class ControllerNode(WorkerLinks):
         # (the workers that can take it now: a larger one away could not, and when it
         # comes back it would be told a model no GPU up can hold, after it was answered
         # READY and its requests timed out meanwhile)
-        biggest = max((g.pages for lk in self.links if self.available(lk) and lk.state
+        biggest = max((g.pages for lk in self.in_service() if self.available(lk) and lk.state
                        for g in lk.state.gpus), default=0)
         if biggest and prof.weights_pages > biggest:
             raise RepositoryError(bad, f"profile {profile!r} needs {prof.weights_pages} pages "
@@ -1092,7 +1093,7 @@ class ControllerNode(WorkerLinks):
             if i in self.profiles and i not in self.unloading:
                 raise RepositoryError(bad, f"{i!r} is served already (a copy of model "
                                       f"{_group_name(i)!r}); unload it first")
-        if not any(self.available(lk) for lk in self.links):  # (connected and answering)
+        if not any(self.available(lk) for lk in self.in_service()):  # (connected, answering)
             raise RepositoryError(grpc.StatusCode.UNAVAILABLE, NO_WORKER_FOR_LOAD)
         await self._wait_unloaded(names)
         # (checked here, with no await before the instances are added: a load of another
@@ -1255,7 +1256,7 @@ class ControllerNode(WorkerLinks):
         seq = self._update_seq
         u = pb.InstanceUpdate(seq=seq, add=list(add), remove=list(remove))
         waits = []
-        for link in self.links:
+        for link in self.in_service():
             if not link.connected or self._is_suspect(link):
                 continue  # (a suspect one gets every instance in its Hello when it is back)
             link.updates.append((len(link.pending), u))

@@ -12,12 +12,23 @@ CPU.
 
     python experiments/bench_churn.py [--churn 0,1000,3000] [--repeat 2]
         [--duration 60] [--rate 1000] [--json FILE]
+
+``--live N`` measures the live controller instead: a local cluster of two emulated
+workers serving ResNet50 v2, the controller's CPU time per request (``/proc``) over
+``--requests`` inferences from 16 concurrent callers, then N remove + add cycles, each of
+the worker that has been in the cluster longer (a rolling replacement: each removed
+worker keeps its index, ahead of the two in service), the same inferences again, and so
+on for ``--rounds`` rounds: what the removed workers cost each request afterwards
+(nothing, if nothing walks the removed ones per request).
+
+    python experiments/bench_churn.py --live 1000 [--rounds 3] [--requests 3000]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -69,6 +80,52 @@ def run_one(path: Path) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def _cpu_s(pid: int) -> float:
+    """A process's user + system CPU time so far (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def live(cycles: int, rounds: int, requests: int) -> list[dict]:
+    """``--live``: per round, the controller's CPU per request over ``requests``
+    inferences, then ``cycles`` remove + add cycles of the older of its two workers."""
+    import asyncio
+
+    import numpy as np
+
+    from clockwork.client import AsyncClient, Client
+    from clockwork.cluster.local import LocalCluster
+
+    async def load(address: str) -> None:
+        x = np.zeros((3, 224, 224), np.float32)
+        async with AsyncClient(address) as k:
+            async def caller(n: int) -> None:
+                for _ in range(n):
+                    await k.infer("resnet50_v2", x, slo_ms=1000)
+            await asyncio.gather(*(caller(requests // 16) for _ in range(16)))
+
+    out = []
+    with LocalCluster(workers=2, models="resnet50_v2") as c, Client(c.address) as k:
+        pid = c.controller.proc.pid
+        asyncio.run(load(c.address))  # (warm: the model loaded, the estimates made)
+        removed = 0
+        for r in range(rounds + 1):
+            cpu0 = _cpu_s(pid)
+            asyncio.run(load(c.address))
+            per_ms = (_cpu_s(pid) - cpu0) / (requests // 16 * 16) * 1e3
+            out.append({"removed_workers": removed, "cpu_ms_per_request": per_ms})
+            print(f"  {removed:>6,} workers removed: {per_ms:.3f} ms of controller CPU a "
+                  "request", file=sys.stderr, flush=True)
+            if r == rounds:
+                break
+            for _ in range(cycles):
+                oldest = c.worker_addresses[removed % 2]
+                k.remove_worker(oldest)
+                k.add_worker(oldest)
+                removed += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--churn", type=t.comma_list(t.nonneg_int), default=[0, 1000, 3000],
@@ -81,7 +138,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=t.positive_float, default=1000.0,
                     help="requests per second (default 1000)")
     ap.add_argument("--json", type=out_file, metavar="FILE", help="write the runs here")
+    ap.add_argument("--live", type=t.positive_int, metavar="N",
+                    help="measure the live controller instead: N remove + add cycles of a "
+                    "worker between rounds of inferences")
+    ap.add_argument("--rounds", type=t.positive_int, default=3,
+                    help="--live: rounds of churn (default 3)")
+    ap.add_argument("--requests", type=t.positive_int, default=3000,
+                    help="--live: inferences per measure (default 3,000; at least 16)")
     args = ap.parse_args(argv)
+    if args.live:
+        if args.requests < 16:
+            ap.error("--requests: at least 16 (16 concurrent callers)")
+        rows = live(args.live, args.rounds, args.requests)
+        print("workers removed   controller CPU ms per request   vs none removed")
+        for row in rows:
+            print(f"{row['removed_workers']:>15,}   {row['cpu_ms_per_request']:>29.3f}   "
+                  f"{row['cpu_ms_per_request'] / rows[0]['cpu_ms_per_request']:>15.2f}")
+        if args.json:
+            args.json.write_text(json.dumps({"live": rows}, indent=1))
+        return 0
     args.churn = list(dict.fromkeys(args.churn))  # (each count once, in the order given)
     if args.duration < 2:
         ap.error("--duration: at least 2 (the workers join from 0.5 s on, 1.5 s before "

@@ -242,7 +242,7 @@ class ClipperPolicy(BaselinePolicy):
     def _place(self, m: _Model, now: int, out: list[Action]) -> None:
         """Start containers for ``m`` until it has ``replicas`` (where memory allows)."""
         while len(m.containers) < self.ccfg.replicas:
-            gpus = sorted((g for g in self.gpus if m.name not in g.copies),
+            gpus = sorted((g for g in self.in_service if m.name not in g.copies),
                           key=lambda g: (len(g.copies), -g.free_pages, g.index))
             if not gpus:
                 break

@@ -133,6 +133,9 @@ class BaselinePolicy(Policy):
         self.sizes: dict[str, list[int]] = {n: self._sizes(p) for n, p in self.profiles.items()}
         self.gpus: list[Gpu] = [Gpu(i, s) for i, s in enumerate(gpus)]
         self._gone: set[int] = set()  # GPUs removed for good (``remove_gpu``)
+        # the GPUs not removed, in index order: what the walks over GPUs read (a removed
+        # one keeps its place in ``gpus`` for good, never up again)
+        self.in_service: list[Gpu] = list(self.gpus)
         # the largest weights cache of a GPU not removed (``fits_somewhere``)
         self._fit_pages = max((g.total_pages for g in self.gpus), default=0)
         self.copies: dict[str, dict[int, Copy]] = {n: {} for n in self.profiles}
@@ -491,7 +494,7 @@ class BaselinePolicy(Policy):
                 del refused[k]
         refused[(model, g.index)] = now + REFUSED_FOR_NS
         if any(not c.loading for c in self.copies[model].values()) or any(
-                self._may_load(model, h, now) for h in self.gpus):
+                self._may_load(model, h, now) for h in self.in_service):
             return
         why = error_message(result)
         self._refused[model] = (now + REFUSED_FOR_NS, why)
@@ -512,7 +515,8 @@ class BaselinePolicy(Policy):
         g = c.gpu
         if c.loading or not (
                 any(o is not c and not o.loading for o in self.copies[c.model].values())
-                or any(h is not g and self._may_load(c.model, h, now) for h in self.gpus)):
+                or any(h is not g and self._may_load(c.model, h, now)
+                       for h in self.in_service)):
             return
         self._refused_on[(c.model, g.index)] = now + REFUSED_FOR_NS
         self._send_evict(c, now, out)
@@ -583,6 +587,7 @@ class BaselinePolicy(Policy):
         later copies are placed on it by the policy's rules as demand asks."""
         g = Gpu(len(self.gpus), spec)
         self.gpus.append(g)
+        self.in_service.append(g)
         self._fit_pages = max(self._fit_pages, g.total_pages)
         self._gpu_added(g)
         self._may_take_refused(g, now)
@@ -610,8 +615,8 @@ class BaselinePolicy(Policy):
         """As lost, for good: the requests queued for a model no other GPU can hold are
         answered so at once (none could ever serve them)."""
         self._gone.add(gpu_index)
-        self._fit_pages = max((g.total_pages for g in self.gpus if g.index not in self._gone),
-                              default=0)
+        self.in_service = [g for g in self.in_service if g.index != gpu_index]
+        self._fit_pages = max((g.total_pages for g in self.in_service), default=0)
         out = self.set_gpu_available(gpu_index, False, now)
         if len(self._gone) < len(self.gpus):  # (none left: the shell answers no_worker)
             self._answer_unfit(self.serving, now)

@@ -175,7 +175,7 @@ class InfaasPolicy(BaselinePolicy):
             self._schedule(best.gpu, now, out)
 
     def _cold_load(self, model: str, now: int, out: list[Action], exclude=()) -> Copy | None:
-        gpus = sorted((g for g in self.gpus if g not in exclude),
+        gpus = sorted((g for g in self.in_service if g not in exclude),
                       key=lambda g: (self.gpu_util(g), -g.free_pages, g.index))
         c = self._try_load(model, gpus, now, out)
         if c is not None:
@@ -236,7 +236,7 @@ class InfaasPolicy(BaselinePolicy):
                 self.gpu_util(c.gpu) > cfg.scale_up_util for c in live)
             if hot:
                 m.low = 0
-                cands = [g for g in self.gpus if name not in g.copies
+                cands = [g for g in self.in_service if name not in g.copies
                          and self.gpu_util(g) < cfg.scale_up_util]
                 cands.sort(key=lambda g: (self.gpu_util(g), -g.free_pages, g.index))
                 c = self._try_load(name, cands, now, out)

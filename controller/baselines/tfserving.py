@@ -219,7 +219,7 @@ class TfServingPolicy(BaselinePolicy):
             if q.empty():
                 self._unplaced.discard(q.name)
                 return
-            gpus = sorted(self.gpus, key=lambda g: (-g.free_pages, len(g.copies), g.index))
+            gpus = sorted(self.in_service, key=lambda g: (-g.free_pages, len(g.copies), g.index))
             if self._try_load(q.name, gpus, now, out) is None:
                 self._unplaced.add(q.name)
                 return
