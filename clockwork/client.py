@@ -700,10 +700,14 @@ def _unreachable_text(e: grpc.RpcError, url: str) -> str:
         hint = ("the TLS handshake failed: TLS on one side only (a controller without "
                 "--tls-cert takes no grpcs:// or --tls; one with it needs them), or its "
                 "certificate is not trusted (tls_ca= / --tls-ca)")
-    elif "Socket closed" in details:  # (what a plain client hears from a TLS listener)
+    elif "Socket closed" in details:  # (what a plain client hears from a TLS listener,
+        # and a client without the certificate a mutual-TLS controller asks for)
         hint = ("is it running, and listening there? A controller with --tls-cert takes "
-                "only grpcs:// or --tls")
-    elif "http1.x server" in details or "Failed parsing HTTP/2" in details:  # (REST: 8000)
+                "only grpcs:// or --tls, and one with --tls-ca also a client certificate: "
+                "tls_cert= and tls_key= in Python, --tls-cert and --tls-key for the "
+                "clockwork commands")
+    elif ("http1.x server" in details or "Failed parsing HTTP/2" in details
+          or "missing selected ALPN" in details):  # (REST: 8000; over TLS, no h2 ALPN)
         hint = ("that port speaks HTTP/1.1, not gRPC: the controller's REST port? Give its "
                 "gRPC port, --port (12346) or --kserve-port (8001)")
     else:

@@ -599,6 +599,40 @@ def test_cli_infer_with_token(cluster, pki, tmp_path):
     assert p.returncode == 2 and "UnknownModel" in p.stderr, p.stderr
 
 
+def test_the_clockwork_commands_present_a_client_certificate_to_a_mutual_tls_controller(
+        pki):
+    """A controller with --tls-ca takes only clients with a certificate its CA signed:
+    clockwork infer and clockwork workers present one with --tls-cert and --tls-key (they
+    had no way to: every command failed, 'is it running?'); without one, the error says
+    what the controller wants."""
+    with local_cluster(models=MODEL, controller_args=[
+            "--tls-cert", pki.cert, "--tls-key", pki.key, "--tls-ca", pki.ca]) as c:
+        tls = ["--controller", c.address, "--tls-ca", pki.ca, "--timeout", "10"]
+        cert = ["--tls-cert", pki.client_cert, "--tls-key", pki.client_key]
+        for verb in (["infer", MODEL], ["workers"]):
+            p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", *verb, *tls,
+                                *cert], capture_output=True, text=True, timeout=60)
+            assert p.returncode == 0, p.stderr
+            assert (f"{MODEL}: ok" if verb[0] == "infer" else "serving") in p.stdout, p.stdout
+            p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", *verb, *tls],
+                               capture_output=True, text=True, timeout=60)
+            assert p.returncode == 1, p.stderr
+            assert "--tls-cert and --tls-key" in p.stderr, p.stderr
+        p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "workers", *tls,
+                            "--tls-cert", pki.client_cert], capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 2 and "tls_cert and tls_key go together" in p.stderr, p.stderr
+
+
+def test_a_client_at_the_tls_rest_port_is_told_it_is_the_rest_port(addresses, pki):
+    """Over TLS the REST port's refusal is gRPC's 'missing selected ALPN property': the
+    client said 'is it running?' there, and the REST port's hint only without TLS."""
+    with clockwork.Client(addresses["http"], timeout=TIMEOUT, token=TOKEN,
+                          tls_ca=pki.ca) as c, pytest.raises(ControllerUnavailable) as e:
+        c.stats()
+    assert "that port speaks HTTP/1.1, not gRPC" in str(e.value), e.value
+
+
 def test_listeners_are_exclusive(cluster, addresses):
     """No listener sets SO_REUSEPORT, so not even a socket that asks for it can share a
     port with the controller (every port) or a worker."""

@@ -81,8 +81,19 @@ def _client(args: argparse.Namespace, verb: str):
     except SecurityError as e:
         print(f"clockwork {verb}: {e}", file=sys.stderr)
         return None
-    return Client(args.controller, timeout=args.timeout, token=token,
-                  tls=getattr(args, "tls", False), tls_ca=getattr(args, "tls_ca", None))
+    try:
+        return Client(args.controller, timeout=args.timeout, token=token,
+                      **client_tls(args))
+    except SecurityError as e:  # (a client certificate without its key, say)
+        print(f"clockwork {verb}: {e}", file=sys.stderr)
+        return None
+
+
+def client_tls(args: argparse.Namespace) -> dict:
+    """The TLS keywords of ``Client`` / ``AsyncClient`` that a client command's flags
+    give (``--tls``, ``--tls-ca``, ``--tls-cert``, ``--tls-key``)."""
+    return {k: getattr(args, k, None) for k in ("tls_ca", "tls_cert", "tls_key")} | {
+        "tls": bool(getattr(args, "tls", False))}
 
 
 def _index(i: int) -> str:

@@ -76,7 +76,8 @@ class ReplayResult:
 async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
                  progress: bool = False, check_packages: str | None = None,
                  on_start=None, *, token: str | None = None, tls: bool = False,
-                 tls_ca: str | None = None,
+                 tls_ca: str | None = None, tls_cert: str | None = None,
+                 tls_key: str | None = None,
                  stream_interval_us: float = STREAM_INTERVAL_US,
                  warn_late: bool = True, stop=None,
                  spill_dir: str | None = None) -> ReplayResult:
@@ -85,7 +86,8 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     model's numpy reference with that package folder's weights (``summary["outputs"]``).
     ``on_start(t0)``: called with the replay's time zero (``time.monotonic_ns``) as the
     first request is due (``clockwork serve`` starts its ``[faults]`` from it).
-    ``token``, ``tls``, ``tls_ca``: as ``clockwork.AsyncClient``'s (default token:
+    ``token``, ``tls``, ``tls_ca``, ``tls_cert``, ``tls_key``: as
+    ``clockwork.AsyncClient``'s (default token:
     ``$CLOCKWORK_TOKEN``). ``stream_interval_us``: the request stream's pacing interval
     under load (``clockwork.protocol.pacing``; 0: none). ``warn_late``: say on stderr
     when requests went out late (the summary's ``send_lag_ms`` says it always).
@@ -120,7 +122,8 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
             raise ScenarioError(f"workloads.{i}: {e}") from e
         workloads.append(w)
 
-    client = AsyncClient(controller, token=token, tls=tls, tls_ca=tls_ca)
+    client = AsyncClient(controller, token=token, tls=tls, tls_ca=tls_ca, tls_cert=tls_cert,
+                         tls_key=tls_key)
     info = await client.list_models_raw()
     served = {m.name for m in info.models}
     missing = sorted(set(instances) - served)
@@ -438,13 +441,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
               "cluster and scheduler serve the replay", file=sys.stderr)
     progress = args.progress or (not args.quiet and sys.stderr.isatty())
     try:
+        from clockwork.cluster.live import client_tls
         from clockwork.protocol.security import client_token
 
         token = client_token(getattr(args, "token", None), getattr(args, "token_file", None))
         res = asyncio.run(_until_signalled(lambda stop, began: replay(
             sc, args.controller, args.max_outstanding, progress, args.check_outputs,
-            on_start=began, token=token, tls=getattr(args, "tls", False),
-            tls_ca=getattr(args, "tls_ca", None), stop=stop,
+            on_start=began, token=token, **client_tls(args), stop=stop,
             spill_dir=getattr(args, "spill_dir", None))))
     except (ScenarioError, ClockworkError, ValueError) as e:
         print(f"clockwork replay: {e}", file=sys.stderr)

@@ -98,6 +98,11 @@ def _add_client_security(p) -> None:
                    help="connect with TLS, verified against the system's CAs")
     g.add_argument("--tls-ca", type=t.pem_certificate, metavar="PEM",
                    help="connect with TLS, verified against this CA")
+    g.add_argument("--tls-cert", type=t.pem_certificate, metavar="PEM",
+                   help="connect with TLS, presenting this client certificate (a "
+                   "controller started with --tls-ca requires one; with --tls-key)")
+    g.add_argument("--tls-key", type=t.pem_key, metavar="PEM",
+                   help="... and its private key")
 
 
 def _verb(sub, name: str, impl: str, help: str, description: str, requires: tuple = (),
