@@ -190,6 +190,9 @@ class WorkerLink:
     # its "lost" line (ControllerNode._lost): the cause last logged, when, and a line not
     # logged (a repeat within LINK_LOG_S), said after all if it does not come back at once
     lost_err: str = ""
+    # why the attempts to reconnect it fail (ListWorkers' detail; "" while none failed):
+    # the first one's, and again each time it is said still lost
+    retry_err: str = ""
     lost_logged: float = -1e9
     lost_quiet: str = ""
     lost_skipped: int = 0
@@ -594,10 +597,14 @@ class WorkerLinks:
                 if lk.connected else "",
                 "rtt_ms": 0.0 if lk.removed else lk.rtt / 1e6,
                 "for_s": now - since if since else 0.0,
-                "detail": {"lost": lk.lost_err, "held": lk.held}.get(state, "")})
+                "detail": {"lost": lk.lost_err + (f"; reconnecting fails: {lk.retry_err}"
+                                                  if lk.retry_err else ""),
+                           "held": lk.held}.get(state, "")})
+        why = self.awaited_why
         rows.extend({"worker": -1, "address": a, "state": "awaited", "gpus": [], "link": "",
                      "rtt_ms": 0.0, "for_s": 0.0,
-                     "detail": "listed at start; added once it answers"}
+                     "detail": "listed at start; added once it answers"
+                     + (f" (not yet: {why[a]})" if why.get(a) else "")}
                     for a in self.awaited)
         rows.extend({"worker": -1, "address": a, "state": "removed", "gpus": [], "link": "",
                      "rtt_ms": 0.0, "for_s": 0.0, "detail": "listed at start, never in"}
@@ -712,7 +719,7 @@ class WorkerLinks:
                 except ValueError:  # (it answers, refusing our credentials: the add says)
                     last = None
                 if last is not None:
-                    reason = await self._why_unreached(probe, last)
+                    reason = self.awaited_why[address] = await self._why_unreached(probe, last)
                     if time.monotonic() >= again or said:
                         said, again = "", time.monotonic() + JOIN_SAY_AGAIN_S
                         print(f"controller: worker {address} (left out at start) still does "
@@ -731,6 +738,7 @@ class WorkerLinks:
                     await self.add_worker(address, timeout=JOIN_TRY_S, said=joined)
                     return
                 except RepositoryError as e:
+                    self.awaited_why[address] = e.message
                     kind = "" if e.code == grpc.StatusCode.UNAVAILABLE else e.message
                     if kind != said or time.monotonic() >= again:
                         said, again = kind, time.monotonic() + JOIN_SAY_AGAIN_S
@@ -740,6 +748,7 @@ class WorkerLinks:
                 wait = min(JOIN_RETRY_MAX_S, 2 * wait)
         finally:
             self.awaited.pop(address, None)
+            self.awaited_why.pop(address, None)
 
     async def _open(self, link: WorkerLink, ready_s: float = 2.0) -> None:
         """One connection attempt: clock sync, Connect stream, Hello, state. ``NoAnswer``
@@ -1388,6 +1397,7 @@ class WorkerLinks:
         else:  # a repeat: quiet while sessions come and go (two controllers, say), said
             link.lost_quiet = line  # if a reconnection attempt fails (_reconnect)
             link.lost_skipped += 1
+        link.retry_err = ""
         link.reconnecting = asyncio.ensure_future(self._reconnect(link))
 
     async def _refused_pause(self, wait: float, models_change: bool) -> None:
@@ -1420,6 +1430,7 @@ class WorkerLinks:
                 # why (each attempt counted, a line every REFUSED_LOG_S at most)
                 self.count("worker_refusals")
                 serve = isinstance(e, CannotServe)
+                link.retry_err = str(e)
                 link.refused(f"{e}; it stays out (trying again after {RECONNECT_S:g} s, "
                              f"doubling to {RECONNECT_MAX_S:g} s"
                              + (", and at once when the models served change) until they "
@@ -1440,13 +1451,16 @@ class WorkerLinks:
             except (grpc.aio.AioRpcError, TimeoutError, ConnectionError, OSError) as e:
                 if link.lost_quiet:  # it is not coming back at once: say it was lost
                     self._log_lost(link, link.lost_quiet)
-                if time.monotonic() >= link.lost_again:  # (an operator who looks later
-                    # learns it is still out, and why, without reading back an hour)
+                say = time.monotonic() >= link.lost_again  # (an operator who looks later
+                # learns it is still out, and why, without reading back an hour)
+                if say or not link.retry_err:  # (its first failure's cause, for
+                    # ListWorkers: a look at the port, again only as it is said)
+                    link.retry_err = await self._why_unreached(link, e)
+                if say:
                     link.lost_again = time.monotonic() + LOST_SAY_AGAIN_S
                     print(f"controller: worker {link.address} still lost (for "
                           f"{time.monotonic() - link.lost_at:.0f} s; still trying): "
-                          f"{await self._why_unreached(link, e)}", file=sys.stderr,
-                          flush=True)
+                          f"{link.retry_err}", file=sys.stderr, flush=True)
                 await asyncio.sleep(RECONNECT_S)
                 continue
             except Exception as e:  # noqa: BLE001 - whatever the worker said: keep trying

@@ -314,6 +314,7 @@ class ControllerNode(WorkerLinks):
         # listed workers that did not answer at start: address -> the task that adds it
         # once it answers (/readyz is 503 meanwhile)
         self.awaited: dict[str, asyncio.Future] = {}
+        self.awaited_why: dict[str, str] = {}  # why each is not in yet (its last look)
         self.answered_at_stop = 0  # requests still waiting when it stopped (ERROR shutdown)
         # until start() is done (its workers awaited): the front ends answer the probes
         # only, every other call "starting" (STARTING_MESSAGE)
@@ -509,6 +510,7 @@ class ControllerNode(WorkerLinks):
             raise ConnectionError(f"{self._unreached_text(*whys[0], '--connect-timeout')}, "
                                   f"and policy {self.policy_name} cannot add it later")
         for address, why in whys:
+            self.awaited_why[address] = why
             self.awaited[address] = asyncio.ensure_future(self._join_later(address, why))
         if self.adopt_weights:
             for link in self.links:

@@ -119,7 +119,7 @@ def test_removing_every_worker_leaves_a_controller_that_answers_no_worker():
 
 def test_a_lost_worker_removed_is_not_reconnected_and_a_listed_one_no_longer_awaited():
     """Controller and workers in this process. A worker listed at start that never
-    answered is no longer awaited once removed (readiness no longer waits for it); a
+    answered is listed awaited with why (it said only that it was), and no longer awaited once removed (readiness no longer waits for it); a
     connected worker whose process stops is lost and reconnected to until removed: its
     process started again on the same port is not taken back by the old link, and an add
     makes it worker 2, a new link (the old one holding it, the add would be refused)."""
@@ -142,6 +142,8 @@ def test_a_lost_worker_removed_is_not_reconnected_and_a_listed_one_no_longer_awa
         await node.start()
         try:
             assert list(node.awaited) == [silent]
+            row = next(r for r in node.worker_rows() if r["state"] == "awaited")
+            assert "(not yet: " in row["detail"] and "refused" in row["detail"], row
             port = silent.rpartition(":")[2]
             got = await asyncio.gather(*(node.remove_worker(f"{host}:{port}")
                                          for host in ["localhost", "127.0.0.1"] * 5))
@@ -397,7 +399,7 @@ def test_removals_beside_each_other_an_add_and_a_model_that_fit_only_there():
 
 def test_clockwork_workers_lists_adds_and_removes():
     """``clockwork workers``: each worker's state in a line (serving on its fast link;
-    lost, with why, once its process died), ``remove`` takes one out (listed removed),
+    lost, with why, and why reconnecting fails, once its process died), ``remove`` takes one out (listed removed),
     ``add`` puts its restarted process back as a new worker; a wrong use or an unknown
     worker is exit 2 in one line."""
     import subprocess
@@ -422,6 +424,9 @@ def test_clockwork_workers_lists_adds_and_removes():
         poll(lambda: [w["state"] for w in k.workers()] == ["serving", "lost"], 20)
         lost = k.workers()[1]
         assert lost["detail"] and lost["link"] == "" and lost["gpus"] == [1], lost
+        # then why reconnecting fails (it said what ended the connection only, for good)
+        poll(lambda: "; reconnecting fails: connection refused" in k.workers()[1]["detail"],
+             20)
         assert _states(c) == {("0", a0, "serving"), ("1", a1, "lost")}
         p = cli("remove", a1)
         assert (p.returncode, p.stdout) == (0, f"worker 1 ({a1}): removed, GPUs 1\n"), p
