@@ -29,6 +29,7 @@ from controller import split_settings, unused_line
 from controller.config import SchedulerConfig
 from controller.grpc_api import Interrupted, serve_controller
 from controller.limits import limits_from_flags
+from controller.links import ListedTwice
 from controller.service import LOG_FLUSH_S, ControllerNode
 
 
@@ -217,7 +218,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
     except Interrupted as e:
         print(f"clockwork controller: {e}", file=sys.stderr)
         return 130
-    except ListenError as e:
+    except (ListenError, ListedTwice) as e:  # (the user's to correct, as an argument)
         print(f"clockwork controller: {e}", file=sys.stderr)
         return 2
     except LogsLost as e:

@@ -133,6 +133,11 @@ class OtherProtocol(ValueError):
     not used until it runs this controller's version."""
 
 
+class ListedTwice(ValueError):
+    """Two of the workers listed at start are one listener (the user's list to correct:
+    exit 2, as for a bad argument)."""
+
+
 class CannotServe(ValueError):
     """A worker that lacks the profile (or package) of an instance served: it is not
     used."""

@@ -95,6 +95,7 @@ from controller.intake import (
 from controller.limits import Limits
 from controller.links import (
     CHANNEL_OPTIONS,
+    ListedTwice,
     WorkerLink,
     WorkerLinks,
     _canonical,
@@ -472,8 +473,8 @@ class ControllerNode(WorkerLinks):
             link.endpoints = await _endpoints(link.address)
             for ep in link.endpoints:
                 if seen.setdefault(ep, link) is not link:
-                    raise ValueError(f"workers {seen[ep].address} and {link.address} are one "
-                                     f"listener ({ep[0]} port {ep[1]}): list each worker once")
+                    raise ListedTwice(f"workers {seen[ep].address} and {link.address} are one "
+                                      f"listener ({ep[0]} port {ep[1]}): list each worker once")
         said = asyncio.ensure_future(self._say_waiting())
         try:  # first whether each answers at all (no Hello yet: the indices may change)
             lasts = await asyncio.gather(*(self._reach(link, deadline) for link in self.links))

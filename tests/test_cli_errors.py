@@ -49,6 +49,8 @@ BAD = [
     (["worker", "--profiles", ""], "expected a name, got ''"),
     (["serve", "faults", "--worker-port", "65535"], "up to 65545, past 65535"),
     (["controller", "--workers", "127.0.0.1:5,127.0.0.1:5"], "listed twice"),
+    # (the same worker under two spellings: found as the names resolve; exit 1 before)
+    (["controller", "--workers", "127.0.0.1:5,localhost:5"], "list each worker once"),
     (["infer", "m", "--slo-ms", "1e300"], "at most 86400000 (a day)"),
     (["plan", SC, "--max-gpus", "10001"], "--max-gpus 10001: 10,001 workers of 1 GPU(s)"),
     (["simulate", "adir"], "is a folder, not a scenario file"),
