@@ -52,6 +52,7 @@ from clockwork.protocol import kserve_pb2_grpc as kpbg
 from clockwork.protocol.decode import Malformed, add_service
 from clockwork.protocol.ratelog import LogLimiter
 from clockwork.tensors import Tensor
+from controller.config import usable_batch_sizes
 from controller.intake import (
     REPLY_OBJECT_BYTES,
     STOPPING_MESSAGE,
@@ -280,7 +281,8 @@ class KServeFrontend:
         REST's JSON form; gRPC parses it into ``ModelConfig``): dims leave out the batch
         dimension, ``max_batch_size`` is the most rows one request may carry (the
         profile's largest batch size), the profile's batch sizes (those the scheduler
-        runs) are the ``execution_batch_sizes`` parameter, and one instance group on any
+        runs: those up to its ``max_batch``) are the ``execution_batch_sizes`` parameter,
+        and one instance group on any
         GPU of the cluster (``gpus`` the controller-wide GPU indices; each instance has at
         most one copy of its weights per GPU). What it says of the load that made the
         instance is ``controller.repository.as_configured``'s, so that a load with the
@@ -304,7 +306,8 @@ class KServeFrontend:
             "instance_group": [{"name": name, "kind": "KIND_GPU", "count": copies,
                                 "gpus": n.gpus_in_service()}],
             "parameters": {
-                "execution_batch_sizes": {"string_value": ",".join(map(str, p.batch_sizes))},
+                "execution_batch_sizes": {"string_value": ",".join(
+                    map(str, usable_batch_sizes(p.batch_sizes, n.cfg.max_batch)))},
                 "default_slo_ms": {"string_value": f"{n.cfg.default_slo / 1e6:g}"},
                 **loaded_as},
         }
