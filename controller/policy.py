@@ -118,6 +118,11 @@ class Policy(ABC):
     #: leaves this False starts with empty caches: the controller has them emptied)
     adopts_weights = False
 
+    #: whether a model's copies stay where they were placed (until evicted) rather than
+    #: follow demand: a GPU that joins (``add_gpu``) serves only the models placed after
+    #: it joined (the simulator warns a scenario that adds workers)
+    places_once = False
+
     def adopt_copies(self, gpu_index: int, now: int,
                      copies: Sequence[tuple[str, int]]) -> list[Action]:
         """At start, before any request: the GPU's worker still holds these weights,

@@ -959,3 +959,22 @@ def test_places_found_without_room_are_not_searched_again_and_decide_the_same(na
         assert (fast.telemetry.action_columns()[col].tolist()
                 == slow.telemetry.action_columns()[col].tolist()), col
     assert searched["n"] > 3 * n_fast, (n_fast, searched["n"])
+
+
+@pytest.mark.parametrize("policy,warned", [("clipper", True), ("tfserving", True),
+                                           ("infaas", False), ("clockwork", False)])
+def test_a_scale_out_with_a_policy_that_keeps_its_placements_is_warned_of(policy, warned):
+    """clipper and tfserving keep a model's copies where they were placed, so workers
+    added during a run serve only models placed after they join: a scale-out comparison
+    showed them no gain, and nothing said why."""
+    from pathlib import Path
+
+    from clockwork.cluster.sim import Simulation
+    from clockwork.scenario import load_scenario
+
+    sc = load_scenario(Path(__file__).parent.parent / "scenarios" / "scale_out.toml",
+                       [f"scheduler.policy={policy!r}"])
+    said = [w for w in Simulation(sc).warnings if w.startswith("warning: add_workers:")]
+    assert bool(said) == warned, said
+    if warned:
+        assert f"policy {policy!r} keeps a model's copies where they were placed" in said[0]

@@ -265,9 +265,15 @@ class Simulation:
         self.fault_log: list[tuple[int, str]] = []
         # said before the run (``clockwork simulate``'s stderr lines, without its name)
         self.warnings: list[str] = list(short)
-        line = unused_line(*table_policy(sc.scheduler))
+        policy_name, policy_table = table_policy(sc.scheduler)
+        line = unused_line(policy_name, policy_table)
         if line:
             self.warnings.append(line)
+        if self.joins and policy_class(policy_name).places_once:
+            self.warnings.append(
+                f"warning: add_workers: policy {policy_name!r} keeps a model's copies where "
+                "they were placed (until evicted), so the workers that join serve only the "
+                "models placed after they join (scaling out may show no gain for it)")
         if self.reach_note:
             self.warnings.append(f"warning: cluster.network_latency_ms: {self.reach_note}")
 

@@ -75,7 +75,8 @@ class ClipperConfig:
     drop_expired: bool = setting(
         True, "Answer TIMEOUT at its deadline, instead of running it, a request still "
         "queued then.")
-    replicas: int = setting(1, "Containers per model, each on a different GPU.", ge=1)
+    replicas: int = setting(1, "Containers per model, each on a different GPU (so at "
+                            "most as many as there are GPUs, and as memory allows).", ge=1)
 
     @classmethod
     def from_settings(cls, settings=None) -> ClipperConfig:
@@ -104,6 +105,7 @@ class _Model:
 
 class ClipperPolicy(BaselinePolicy):
     name = "clipper"
+    places_once = True  # (a model's containers stay where they started)
 
     def __init__(self, profiles, gpus, config=None, settings=None) -> None:
         super().__init__(profiles, gpus, config)

@@ -90,6 +90,7 @@ class _Queue:
 
 class TfServingPolicy(BaselinePolicy):
     name = "tfserving"
+    places_once = True  # (a model stays where it was loaded until evicted)
 
     def __init__(self, profiles, gpus, config=None, settings=None) -> None:
         super().__init__(profiles, gpus, config)
