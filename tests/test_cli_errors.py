@@ -237,7 +237,8 @@ def test_a_worker_listed_twice_under_two_spellings_is_exit_2():
     process of its own: the controller's protocol modules are not loaded beside the
     Triton client's): one line, exit 2, as the same spelling twice (it was exit 1)."""
     p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "controller",
-                        "--workers", "127.0.0.1:5,localhost:5"], capture_output=True,
+                        "--workers", "127.0.0.1:5,localhost:5", "--port", "0",
+                        "--http-port", "-1", "--kserve-port", "-1"], capture_output=True,
                        text=True, timeout=60)
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2, p.stderr

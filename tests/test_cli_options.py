@@ -125,33 +125,23 @@ def test_worker_packages_that_do_not_exist_is_one_warning_line(device, tmp_path)
     assert not missing.exists()
 
 
+
 def test_config_names_only_the_batch_sizes_the_scheduler_runs():
     """With the controller's max_batch below the profile's largest batch, the model
     configuration's execution_batch_sizes are those up to it (they listed every compiled
-    size: with max_batch 4, '1,2,4,8,16' while 8 rows ran as two INFERs of 4);
-    max_batch_size stays the most rows a request may carry. In this process: controller
-    and worker, no client (the KServe tests' file loads the Triton client's protocol
-    modules, which the controller's cannot share a process with)."""
-    import asyncio
+    size: with --max-batch 4, '1,2,4,8,16' while 8 rows ran as two INFERs of 4);
+    max_batch_size stays the most rows a request may carry. Read over REST with the
+    standard library: the controller runs as a process of its own (its protocol modules
+    cannot share a process with the Triton client's, which other test files load)."""
+    import json
+    import urllib.request
 
-    from controller.config import SchedulerConfig
-    from controller.kserve import KServeFrontend
-    from controller.service import ControllerNode
-    from tests.inprocess import serve_in_process
-    from worker.service import WorkerNode
+    from tests.conftest import local_cluster
 
-    async def main():
-        address, stop, served = await serve_in_process(WorkerNode(gpus=1, pages=100))
-        node = ControllerNode([address], "v100-reference", models="resnet18_v2",
-                              cfg=SchedulerConfig.from_ms(max_batch=4), connect_timeout=5.0)
-        await node.start()
-        try:
-            cfg = KServeFrontend(node).model_config("resnet18_v2")
-            assert cfg["parameters"]["execution_batch_sizes"]["string_value"] == "1,2,4"
-            assert cfg["max_batch_size"] == 16
-        finally:
-            await node.stop()
-            stop.set()
-            await served
-
-    asyncio.run(asyncio.wait_for(main(), 60))
+    with local_cluster(models="resnet18_v2", http_port=0,
+                       controller_args=["--max-batch", "4"]) as c:
+        url = f"http://{c.printed_address('http')}/v2/models/resnet18_v2/config"
+        with urllib.request.urlopen(url, timeout=30) as r:
+            cfg = json.loads(r.read())
+    assert cfg["parameters"]["execution_batch_sizes"]["string_value"] == "1,2,4"
+    assert cfg["max_batch_size"] == 16
