@@ -196,8 +196,11 @@ class WorkerLink:
     # logged (a repeat within LINK_LOG_S), said after all if it does not come back at once
     lost_err: str = ""
     # why the attempts to reconnect it fail (ListWorkers' detail; "" while none failed):
-    # the first one's, and again each time it is said still lost
+    # a refusal's words, or an unreachable worker's cause (looked at beside the attempts
+    # after the first that failed so, ``_note_why``, and again as it is said still lost)
     retry_err: str = ""
+    retry_net: bool = False  # retry_err is an unreachable worker's cause
+    why_task: object = None  # the look at that cause under way
     lost_logged: float = -1e9
     lost_quiet: str = ""
     lost_skipped: int = 0
@@ -633,8 +636,7 @@ class WorkerLinks:
 
     def gpus_in_service(self) -> list[int]:
         """The controller-wide indices of the GPUs of the workers not removed."""
-        gone = {lk.index for lk in self.links if lk.removed}
-        return sorted(g for (w, _), g in self.gpu_index.items() if w not in gone)
+        return sorted(g for lk in self.in_service() for g in self._gpus_of(lk))
 
     def _remove(self, link: WorkerLink, gpus: list[int]) -> None:
         """``remove_worker``'s work on the link (no await: nothing sent to it after)."""
@@ -1402,8 +1404,20 @@ class WorkerLinks:
         else:  # a repeat: quiet while sessions come and go (two controllers, say), said
             link.lost_quiet = line  # if a reconnection attempt fails (_reconnect)
             link.lost_skipped += 1
-        link.retry_err = ""
+        link.retry_err, link.retry_net = "", False
         link.reconnecting = asyncio.ensure_future(self._reconnect(link))
+
+    async def _note_why(self, link: WorkerLink, e: BaseException) -> None:
+        """ListWorkers' cause of a lost worker's failed reconnection (``retry_err``),
+        looked at beside the next attempts, not before them (the look may take a second),
+        and kept only if the worker is still out of the same loss."""
+        lost_at = link.lost_at
+        try:
+            why = await self._why_unreached(link, e)
+        finally:
+            link.why_task = None
+        if link.lost_at == lost_at and not link.connected and not link.removed:
+            link.retry_err, link.retry_net = why, True
 
     async def _refused_pause(self, wait: float, models_change: bool) -> None:
         """The pause after a worker refused as it connected: ``wait`` seconds (each
@@ -1435,7 +1449,7 @@ class WorkerLinks:
                 # why (each attempt counted, a line every REFUSED_LOG_S at most)
                 self.count("worker_refusals")
                 serve = isinstance(e, CannotServe)
-                link.retry_err = str(e)
+                link.retry_err, link.retry_net = str(e), False
                 link.refused(f"{e}; it stays out (trying again after {RECONNECT_S:g} s, "
                              f"doubling to {RECONNECT_MAX_S:g} s"
                              + (", and at once when the models served change) until they "
@@ -1456,16 +1470,16 @@ class WorkerLinks:
             except (grpc.aio.AioRpcError, TimeoutError, ConnectionError, OSError) as e:
                 if link.lost_quiet:  # it is not coming back at once: say it was lost
                     self._log_lost(link, link.lost_quiet)
-                say = time.monotonic() >= link.lost_again  # (an operator who looks later
-                # learns it is still out, and why, without reading back an hour)
-                if say or not link.retry_err:  # (its first failure's cause, for
-                    # ListWorkers: a look at the port, again only as it is said)
-                    link.retry_err = await self._why_unreached(link, e)
-                if say:
+                if time.monotonic() >= link.lost_again:  # (an operator who looks later
+                    # learns it is still out, and why, without reading back an hour)
                     link.lost_again = time.monotonic() + LOST_SAY_AGAIN_S
+                    link.retry_err = await self._why_unreached(link, e)
+                    link.retry_net = True
                     print(f"controller: worker {link.address} still lost (for "
                           f"{time.monotonic() - link.lost_at:.0f} s; still trying): "
                           f"{link.retry_err}", file=sys.stderr, flush=True)
+                elif not link.retry_net and link.why_task is None:
+                    link.why_task = asyncio.ensure_future(self._note_why(link, e))
                 await asyncio.sleep(RECONNECT_S)
                 continue
             except Exception as e:  # noqa: BLE001 - whatever the worker said: keep trying

@@ -525,7 +525,7 @@ class ControllerNode(WorkerLinks):
         """Pages of the largest GPU weights cache of the workers (0 before any answered;
         a removed worker's counts no more: it never comes back); kept while no worker's
         state changes (a repository index asks it per name)."""
-        states = [None if lk.removed else lk.state for lk in self.links]
+        states = [lk.state for lk in self.in_service()]
         seen, pages = self._largest
         if len(states) != len(seen) or any(a is not b for a, b in zip(states, seen, strict=True)):
             pages = max((g.pages for st in states if st for g in st.gpus), default=0)
@@ -892,6 +892,8 @@ class ControllerNode(WorkerLinks):
         for link in self.links:
             for t in link.tasks:
                 t.cancel()
+            if link.why_task is not None:  # (a look at why it is not back, under way)
+                link.why_task.cancel()
             if link.channel is not None:
                 await link.channel.close()
 
