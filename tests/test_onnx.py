@@ -256,6 +256,9 @@ def test_an_embedding_with_an_index_out_of_range_reads_no_further(tmp_path):
 def test_bad_files(tmp_path):
     with pytest.raises(OnnxImportError, match="no such ONNX file"):
         compile_onnx(tmp_path / "missing.onnx", [1], tmp_path / "a")
+    (tmp_path / "d.onnx").mkdir()  # (said missing, though it is there)
+    with pytest.raises(OnnxImportError, match="d.onnx is a folder, not an ONNX file"):
+        compile_onnx(tmp_path / "d.onnx", [1], tmp_path / "a")
     junk = tmp_path / "junk.onnx"
     junk.write_bytes(b"this is not a protobuf \x00\xff")
     with pytest.raises(OnnxImportError, match="not a valid ONNX model"):

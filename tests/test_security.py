@@ -621,7 +621,7 @@ def test_the_clockwork_commands_present_a_client_certificate_to_a_mutual_tls_con
         p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "workers", *tls,
                             "--tls-cert", pki.client_cert], capture_output=True, text=True,
                            timeout=60)
-        assert p.returncode == 2 and "tls_cert and tls_key go together" in p.stderr, p.stderr
+        assert p.returncode == 2 and "--tls-cert and --tls-key go together" in p.stderr, p.stderr
 
 
 def test_a_client_at_the_tls_rest_port_is_told_it_is_the_rest_port(addresses, pki):

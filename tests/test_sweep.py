@@ -229,6 +229,9 @@ def test_bad_arguments(tmp_path, capsys):
     assert main(["sweep", str(f), "--jobs", "0"]) == 2
     assert main(["sweep", str(f), "--backend", "nosuch"]) == 2
     assert "nosuch" in capsys.readouterr().err
+    # two backends asked for (--ray won without a word, running on Ray)
+    assert main(["sweep", str(f), "--backend", "local", "--ray"]) == 2
+    assert "--ray and --backend local ask for two backends" in capsys.readouterr().err
 
 
 def test_jobs_is_bounded_and_one_out_folder_takes_one_sweep(tmp_path, capsys):

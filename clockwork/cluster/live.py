@@ -82,8 +82,7 @@ def _client(args: argparse.Namespace, verb: str):
         print(f"clockwork {verb}: {e}", file=sys.stderr)
         return None
     try:
-        return Client(args.controller, timeout=args.timeout, token=token,
-                      **client_tls(args))
+        return Client(args.controller, timeout=args.timeout, token=token, **client_tls(args))
     except SecurityError as e:  # (a client certificate without its key, say)
         print(f"clockwork {verb}: {e}", file=sys.stderr)
         return None
@@ -91,9 +90,16 @@ def _client(args: argparse.Namespace, verb: str):
 
 def client_tls(args: argparse.Namespace) -> dict:
     """The TLS keywords of ``Client`` / ``AsyncClient`` that a client command's flags
-    give (``--tls``, ``--tls-ca``, ``--tls-cert``, ``--tls-key``)."""
-    return {k: getattr(args, k, None) for k in ("tls_ca", "tls_cert", "tls_key")} | {
-        "tls": bool(getattr(args, "tls", False))}
+    give (``--tls``, ``--tls-ca``, ``--tls-cert``, ``--tls-key``); ``SecurityError``,
+    naming the flags, for a certificate without its key or a key without its
+    certificate."""
+    from clockwork.protocol.security import SecurityError
+
+    got = {k: getattr(args, k, None) for k in ("tls_ca", "tls_cert", "tls_key")}
+    if (got["tls_cert"] is None) != (got["tls_key"] is None):
+        raise SecurityError("--tls-cert and --tls-key go together: a client certificate "
+                            "needs its private key (give both, or neither)")
+    return got | {"tls": bool(getattr(args, "tls", False))}
 
 
 def _index(i: int) -> str:

@@ -428,7 +428,7 @@ def backend_of(args) -> str:
     ``RAY_ADDRESS`` said), else ``--backend``."""
     ray_address = getattr(args, "ray", None)
     if ray_address is None:
-        return args.backend
+        return args.backend or "local"
     if ray_address == "local":
         os.environ.pop("RAY_ADDRESS", None)  # (not a cluster the environment names)
     else:
@@ -517,6 +517,8 @@ def check_parts(args) -> str | None:
     jobs = getattr(args, "jobs", None)
     if jobs is not None and jobs > MAX_JOBS:
         return f"--jobs {jobs}: at most {MAX_JOBS:,} simulations at once"
+    if getattr(args, "ray", None) is not None and args.backend not in (None, "ray"):
+        return f"--ray and --backend {args.backend} ask for two backends: give one"
     args.backend = backend_of(args)
     return check_backend(args.backend)
 

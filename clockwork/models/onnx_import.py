@@ -46,6 +46,8 @@ def load_onnx(path: str | Path):
     import onnx
 
     p = Path(path)
+    if p.is_dir():
+        raise OnnxImportError(f"{p} is a folder, not an ONNX file")
     if not p.is_file():
         raise OnnxImportError(f"{p}: no such ONNX file")
     try:

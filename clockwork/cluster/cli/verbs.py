@@ -606,7 +606,7 @@ examples:
 def _add_parallel(p) -> None:
     p.add_argument("--jobs", "-j", type=t.positive_int, default=None, metavar="N",
                    help="simulations run at once (default: the CPUs this process may use)")
-    p.add_argument("--backend", default="local", metavar="NAME",
+    p.add_argument("--backend", default=None, metavar="NAME",
                    help="where simulations run: local (processes on this machine; the "
                    "default) or ray (tasks on a Ray cluster, see --ray)")
     p.add_argument("--ray", nargs="?", const="local", default=None, type=t.ray_address,
