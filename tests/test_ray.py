@@ -852,9 +852,9 @@ def test_a_worker_after_one_that_did_not_start_takes_its_place(ray_nodes, monkey
     holder = Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
         first[0], soft=False)).remote()
     ray.get(holder.ready.remote(), timeout=60)
-    # (the held node's actor is waited for this long; the other's must start within it,
-    # on a loaded host too)
-    c = RayCluster(watch_s=0, timeout=8.0)
+    # (the held node's actor is waited for this long; the other's must start and listen
+    # within it, on a loaded host too: 8 s was missed once, the worker not listening yet)
+    c = RayCluster(watch_s=0, timeout=15.0)
     c.address = "127.0.0.1:1"
     monkeypatch.setattr(clockwork.client, "Client", _FakeController(c))
     try:
