@@ -72,18 +72,14 @@ def cmd_workers(args: argparse.Namespace) -> int:
 
 def _client(args: argparse.Namespace, verb: str):
     """The ``clockwork.Client`` the command's flags describe (controller, timeout, token,
-    TLS); None after saying why the token cannot be read."""
+    TLS); None after saying why the token cannot be read or the TLS flags not used."""
     from clockwork.client import Client
     from clockwork.protocol.security import SecurityError, client_token
 
-    try:
+    try:  # (a token that cannot be read, a client certificate without its key)
         token = client_token(getattr(args, "token", None), getattr(args, "token_file", None))
-    except SecurityError as e:
-        print(f"clockwork {verb}: {e}", file=sys.stderr)
-        return None
-    try:
         return Client(args.controller, timeout=args.timeout, token=token, **client_tls(args))
-    except SecurityError as e:  # (a client certificate without its key, say)
+    except SecurityError as e:
         print(f"clockwork {verb}: {e}", file=sys.stderr)
         return None
 

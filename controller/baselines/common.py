@@ -132,9 +132,9 @@ class BaselinePolicy(Policy):
         self._removing: set[str] = set()  # removed, some copy not yet evicted
         self.sizes: dict[str, list[int]] = {n: self._sizes(p) for n, p in self.profiles.items()}
         self.gpus: list[Gpu] = [Gpu(i, s) for i, s in enumerate(gpus)]
-        self._gone: set[int] = set()  # GPUs removed for good (``remove_gpu``)
-        # the GPUs not removed, in index order: what the walks over GPUs read (a removed
-        # one keeps its place in ``gpus`` for good, never up again)
+        # the GPUs not removed for good (``remove_gpu``), in index order: what the walks
+        # over GPUs read (a removed one keeps its place in ``gpus``, never up again; some
+        # were removed while this is shorter than ``gpus``)
         self.in_service: list[Gpu] = list(self.gpus)
         # the largest weights cache of a GPU not removed (``fits_somewhere``)
         self._fit_pages = max((g.total_pages for g in self.gpus), default=0)
@@ -300,7 +300,7 @@ class BaselinePolicy(Policy):
                 if result.status in LOAD_REFUSED:
                     self._load_refused(c.model, g, result, now)
                 self._lost(c.model, g, now, out)
-        if result.status and self._gone and len(self._gone) < len(self.gpus):
+        if result.status and self.in_service and len(self.in_service) < len(self.gpus):
             self._answer_unfit((c.model,), now)  # (retried, or waiting for a copy)
         if self._removing:
             self._sweep(now, out)
@@ -593,7 +593,8 @@ class BaselinePolicy(Policy):
         self._may_take_refused(g, now)
         out: list[Action] = []
         self._gpu_free(g, now, out)
-        if self._gone:  # (work queued while every GPU was removed: this one may not fit)
+        if len(self.in_service) < len(self.gpus):  # (work queued while every GPU was
+            # removed: this one may not fit)
             self._answer_unfit(self.serving, now)
         return out
 
@@ -614,11 +615,10 @@ class BaselinePolicy(Policy):
     def remove_gpu(self, gpu_index: int, now: int) -> list[Action]:
         """As lost, for good: the requests queued for a model no other GPU can hold are
         answered so at once (none could ever serve them)."""
-        self._gone.add(gpu_index)
         self.in_service = [g for g in self.in_service if g.index != gpu_index]
         self._fit_pages = max((g.total_pages for g in self.in_service), default=0)
         out = self.set_gpu_available(gpu_index, False, now)
-        if len(self._gone) < len(self.gpus):  # (none left: the shell answers no_worker)
+        if self.in_service:  # (none left: the shell answers no_worker)
             self._answer_unfit(self.serving, now)
         return out
 
