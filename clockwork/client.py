@@ -448,6 +448,12 @@ def _repository_error(e: grpc.RpcError, name: str, url: str = "") -> ClockworkEr
     return _unavailable(e, url=url)
 
 
+def _removed(r: pb.RemoveWorkerResponse) -> dict:
+    """``remove_worker``'s answer as its dict."""
+    return {"worker": r.worker, "gpus": list(r.gpus), "removed": r.removed,
+            "drained": r.drained, "failed": r.failed}
+
+
 def _worker_error(e: grpc.RpcError, url: str = "", what: str = "add worker"
                   ) -> ClockworkError:
     """The typed error of a failed AddWorker (or RemoveWorker: ``what``) call."""
@@ -877,30 +883,38 @@ class Client:
             raise _worker_error(e, self.url) from e
         return {"worker": r.worker, "gpus": list(r.gpus), "added": r.added}
 
-    def remove_worker(self, address: str, timeout: float | None = None) -> dict:
+    def remove_worker(self, address: str, timeout: float | None = None,
+                      drain: bool = False) -> dict:
         """Have the controller take the worker at ``address`` out of the cluster for good
         (scaled down, retired): nothing more is placed on its GPUs, the actions it has in
         flight fail at once (their requests served elsewhere where their SLO allows,
         else answered), its connection is closed and not made again; the worker process
-        runs on. Returns ``{"worker": index (-1: one listed at the controller's start
+        runs on. ``drain=True``: gently -- nothing more is placed on its GPUs at once,
+        but the actions it has in flight run to their end there and their requests are
+        answered from it; the call returns once none is left and the worker is out, or
+        when ``timeout`` runs out (it is taken out then, what is still in flight
+        failing). Returns ``{"worker": index (-1: one listed at the controller's start
         that never answered), "gpus": [its controller-wide GPU indices], "removed":
-        False if it was removed already}``. A worker added again later gets a new index
-        and empty GPUs. Raises ``InvalidRequest`` (no such worker, or not
-        ``host:port``) or ``ControllerUnavailable``."""
-        req = pb.RemoveWorkerRequest(address=_text(address, "address"))
+        False if it was removed already, "drained": True if every action it had in
+        flight ran to its end there, "failed": how many failed when it was taken
+        out}``. A worker added again later gets a new index and empty GPUs. Raises
+        ``InvalidRequest`` (no such worker, or not ``host:port``) or
+        ``ControllerUnavailable``."""
+        req = pb.RemoveWorkerRequest(address=_text(address, "address"), drain=bool(drain))
         timeout = _per_call(timeout, self.timeout)
         try:
             r = self._stub.RemoveWorker(req, timeout=timeout)
         except grpc.RpcError as e:
             raise _worker_error(e, self.url, "remove worker") from e
-        return {"worker": r.worker, "gpus": list(r.gpus), "removed": r.removed}
+        return _removed(r)
 
     def workers(self) -> list[dict]:
         """The controller's workers, one dict each: ``worker`` (index; -1 for one listed
         at its start that has not answered yet), ``address``, ``state`` (``serving``,
         ``suspect``: missed a liveness probe, ``resetting``: heard again, its reset not
         answered yet, ``lost``: being reconnected to, ``held``: another controller holds
-        it, ``awaited``, ``removed``), ``gpus`` (controller-wide indices), ``link``
+        it, ``awaited``, ``draining``: a drain waits for its actions in flight,
+        ``removed``), ``gpus`` (controller-wide indices), ``link``
         (``fast`` or ``grpc`` while connected), ``rtt_ms`` (clock-sync round trip),
         ``for_s`` (seconds in this connection or this loss) and ``detail`` (why it is
         lost, held or awaited)."""
@@ -1027,15 +1041,16 @@ class AsyncClient:
             raise _worker_error(e, self.url) from e
         return {"worker": r.worker, "gpus": list(r.gpus), "added": r.added}
 
-    async def remove_worker(self, address: str, timeout: float | None = None) -> dict:
+    async def remove_worker(self, address: str, timeout: float | None = None,
+                            drain: bool = False) -> dict:
         """As ``Client.remove_worker``."""
-        req = pb.RemoveWorkerRequest(address=_text(address, "address"))
+        req = pb.RemoveWorkerRequest(address=_text(address, "address"), drain=bool(drain))
         timeout = _per_call(timeout, self.timeout)
         try:
             r = await self._stub.RemoveWorker(req, timeout=timeout)
         except grpc.RpcError as e:
             raise _worker_error(e, self.url, "remove worker") from e
-        return {"worker": r.worker, "gpus": list(r.gpus), "removed": r.removed}
+        return _removed(r)
 
     async def repository_index(self, ready_only: bool = False) -> list[ModelMeta]:
         """As ``Client.repository_index``."""

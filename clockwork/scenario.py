@@ -558,9 +558,9 @@ def joining_workers(sc: Scenario) -> list[tuple[float, int]]:
     return out
 
 
-def leaving_workers(sc: Scenario) -> list[tuple[float, int]]:
+def leaving_workers(sc: Scenario) -> list[tuple[float, int, bool]]:
     """The workers the scenario's ``[[remove_workers]]`` entries take out: (at_s, worker
-    index) by time, then the file's order. Raises ``ScenarioError`` for one at or after
+    index, drain) by time, then the file's order. Raises ``ScenarioError`` for one at or after
     the end, a worker not in the cluster by then (past ``cluster.workers`` and not joined
     at or before ``at_s``), one removed twice, or a removal that leaves no worker."""
     events = sc.data.get("remove_workers") or []
@@ -569,7 +569,7 @@ def leaving_workers(sc: Scenario) -> list[tuple[float, int]]:
     w0 = int(sc.cluster["workers"])
     joined = {w: at for at, w in joining_workers(sc)}
     join_times = sorted(joined.values())  # (how many joined by a time: a bisection)
-    out: list[tuple[float, int]] = []
+    out: list[tuple[float, int, bool]] = []
     gone: set[int] = set()
     for i, e in sorted(enumerate(events), key=lambda ie: (float(ie[1]["at_s"]), ie[0])):
         at, w = float(e["at_s"]), int(e["worker"])
@@ -589,7 +589,7 @@ def leaving_workers(sc: Scenario) -> list[tuple[float, int]]:
         if len(gone) >= w0 + bisect.bisect_right(join_times, at):
             raise ScenarioError(f"{where}: removes the last worker in the cluster at {at:g} s "
                                 "(keep at least one to serve the run)")
-        out.append((at, w))
+        out.append((at, w, bool(e.get("drain", False))))
     return out
 
 

@@ -875,6 +875,12 @@ class RemoveWorkersEvent(Settings):
     worker: int = setting(description="Which worker: its index (those at the start are 0 "
                           "... `cluster.workers` - 1; those `[[add_workers]]` adds follow, "
                           "and must have joined by `at_s`).", ge=0, le=MAX_WORKERS)
+    drain: bool = setting(False, "Leave gently: from `at_s` nothing more is placed on the "
+                          "worker's GPUs, but the actions it has in flight run to their "
+                          "end there (their requests answered as usual); it is taken out "
+                          "once none is left. False: taken out at once, its actions in "
+                          "flight failed and their requests placed again elsewhere or "
+                          "answered.")
 
 
 class ScenarioSettings(Settings):

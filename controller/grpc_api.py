@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 
 import grpc
@@ -120,11 +121,13 @@ class ClockworkServicer(pbg.ClockworkServicer):
         return pb.AddWorkerResponse(worker=w, gpus=gpus, added=added)
 
     async def RemoveWorker(self, request, context):  # noqa: N802
-        w, gpus, removed = await self._change_workers(self.node.remove_worker, request, context)
-        return pb.RemoveWorkerResponse(worker=w, gpus=gpus, removed=removed)
+        w, gpus, removed, drained, failed = await self._change_workers(
+            functools.partial(self.node.remove_worker, drain=request.drain), request, context)
+        return pb.RemoveWorkerResponse(worker=w, gpus=gpus, removed=removed, drained=drained,
+                                       failed=failed)
 
     @staticmethod
-    async def _change_workers(call, request, context) -> tuple[int, list[int], bool]:
+    async def _change_workers(call, request, context) -> tuple:
         """AddWorker's or RemoveWorker's ``call`` (the node's) on the request's address,
         answered before the caller's deadline (its last quarter, at most half a second,
         for the answer to reach it); its ``RepositoryError`` as the call's status."""

@@ -208,6 +208,10 @@ class WorkerLink:
     lost_again: float = 0.0  # when "still lost" is said next (time.monotonic)
     slow_said: bool = False  # its round trip was said to be too slow for the windows
     removed: bool = False  # removed by an operator (RemoveWorker): never reconnected
+    # while a RemoveWorker drains it (its actions in flight finishing): set when none is
+    # left outstanding, or it was lost (``ControllerLoop.drain_worker``, ``drained``)
+    drained: asyncio.Event | None = None
+    drain_task: asyncio.Future | None = None  # that drain, then its removal
     reconnecting: asyncio.Future | None = None  # its reconnection task, while lost
 
     def add_sample(self, t0: int, tw: int, t2: int) -> None:
@@ -485,21 +489,27 @@ class WorkerLinks:
             raise RepositoryError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         return address, self.connect_timeout if timeout is None else timeout
 
-    async def remove_worker(self, address: str, timeout: float | None = None
-                            ) -> tuple[int, list[int], bool]:
+    async def remove_worker(self, address: str, timeout: float | None = None,
+                            drain: bool = False) -> tuple[int, list[int], bool, bool, int]:
         """Take the worker ``address`` names out of the cluster for good (scaled down,
         retired): the policy places nothing more on its GPUs, the actions it has in
         flight fail at once (``ControllerLoop.remove_worker``: their requests placed
         again elsewhere where their SLO allows, else answered), its connection closes
         (the worker process runs on, free for another controller, its weights cache as
-        it was) and it is not reconnected. A worker lost and being reconnected is removed
-        the same way; one listed at start that has not answered yet is no longer awaited
-        (worker index -1, no GPUs). Returns (worker index, its GPU indices, removed); an
-        address of a worker removed already: removed False. An add of the same worker
-        under way is waited for first (``timeout``, default ``connect_timeout``:
-        UNAVAILABLE when it runs out). NOT_FOUND for an address that names no worker of
-        this controller, INVALID_ARGUMENT for one that is not HOST:PORT. Each address is
-        matched under any spelling that resolves to the same endpoints."""
+        it was) and it is not reconnected. ``drain``: gently, for a worker connected --
+        nothing more is placed on its GPUs at once, but the actions it has in flight run
+        to their end there (``ControllerLoop.drain_worker``); it is taken out as above
+        once none is left, or when ``timeout`` has run out (what is still in flight then
+        fails), or at once if it is lost meanwhile. A worker lost and being reconnected
+        is removed at once; one listed at start that has not answered yet is no longer
+        awaited (worker index -1, no GPUs). Returns (worker index, its GPU indices,
+        removed, drained: every action it had in flight ran to its end there, failed:
+        how many failed when it was taken out); an address of a worker removed already:
+        removed False. An add of the same worker under way is waited for first
+        (``timeout``, default ``connect_timeout``: UNAVAILABLE when it runs out).
+        NOT_FOUND for an address that names no worker of this controller,
+        INVALID_ARGUMENT for one that is not HOST:PORT. Each address is matched under
+        any spelling that resolves to the same endpoints."""
         address, wait = self._worker_call(address, timeout)
         deadline = time.monotonic() + wait
         lk, endpoints = await self._link_to(address, wait)
@@ -508,7 +518,7 @@ class WorkerLinks:
             if awaited is not None:  # listed at start, never in
                 done = await self._no_longer_awaited(awaited, deadline)
                 if done is not None:
-                    return done
+                    return (*done, False, 0)
                 lk, endpoints = await self._link_to(address,
                                                     max(0.0, deadline - time.monotonic()))
             adds = [ended for a, eps, ended in self._adds_pending
@@ -529,14 +539,41 @@ class WorkerLinks:
                 (x for x in reversed(self.links) if x.removed
                  and (x.address == address or endpoints & x.endpoints)), None)
             if was is not None:
-                return was.index, self._gpus_of(was), False
+                return was.index, self._gpus_of(was), False, False, 0
             if address in self._removed_awaited or endpoints & self._removed_awaited_at:
-                return -1, [], False
+                return -1, [], False, False, 0
             raise RepositoryError(grpc.StatusCode.NOT_FOUND,
                                   f"no worker {address} in this controller")
         gpus = self._gpus_of(lk)
-        self._remove(lk, gpus)
-        return lk.index, gpus, True
+        if drain and lk.connected or lk.drain_task is not None:
+            if lk.drain_task is None:
+                lk.drain_task = asyncio.ensure_future(self._drain(lk, gpus, deadline))
+            # (a drain beside this one, or the call's caller gone: the drain goes on)
+            drained, failed = await asyncio.shield(lk.drain_task)
+            if failed < 0:  # (removed by a call beside this one meanwhile)
+                return lk.index, gpus, False, False, 0
+            return lk.index, gpus, True, drained, failed
+        return lk.index, gpus, True, False, self._remove(lk, gpus)
+
+    async def _drain(self, lk: WorkerLink, gpus: list[int], deadline: float
+                     ) -> tuple[bool, int]:
+        """``remove_worker`` with drain: ``lk``'s GPUs leave the policy at once
+        (``ControllerLoop.drain_worker``), its actions in flight are waited for until
+        ``deadline``, then it is removed (``_remove``). (whether every action in flight
+        ran to its end there, how many failed when it was taken out; -1 when a removal
+        beside it took it out first)."""
+        lk.drained = asyncio.Event()
+        n = self.ctrl.drain_worker(lk.index, now_ns())
+        print(f"controller: worker {lk.address} draining: nothing more is placed on its "
+              f"{len(gpus)} GPU(s); waiting for its {n} action(s) in flight",
+              file=sys.stderr, flush=True)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                await lk.drained.wait()
+        if lk.removed:
+            return False, -1
+        drained = lk.connected and not self.ctrl.outstanding[lk.index]
+        return drained, self._remove(lk, gpus)
 
     async def _awaited_as(self, address: str, endpoints: frozenset, deadline: float
                           ) -> str | None:
@@ -577,12 +614,15 @@ class WorkerLinks:
         return -1, [], True
 
     def _state_of(self, lk: WorkerLink) -> str:
-        """``lk``'s worker's state: removed, serving, suspect (it missed a probe),
-        resetting (heard again, its reset not answered), held (by another controller) or
-        lost (being reconnected to)."""
+        """``lk``'s worker's state: removed, draining (a RemoveWorker waits for its
+        actions in flight), serving, suspect (it missed a probe), resetting (heard again,
+        its reset not answered), held (by another controller) or lost (being reconnected
+        to)."""
         ctrl, i = self.ctrl, lk.index
         if lk.removed:
             return "removed"
+        if lk.drained is not None:
+            return "draining"
         if lk.connected:
             return ("suspect" if ctrl is not None and ctrl.suspect[i] else
                     "resetting" if ctrl is not None and ctrl.resetting[i] else "serving")
@@ -638,11 +678,14 @@ class WorkerLinks:
         """The controller-wide indices of the GPUs of the workers not removed."""
         return sorted(g for lk in self.in_service() for g in self._gpus_of(lk))
 
-    def _remove(self, link: WorkerLink, gpus: list[int]) -> None:
-        """``remove_worker``'s work on the link (no await: nothing sent to it after)."""
+    def _remove(self, link: WorkerLink, gpus: list[int]) -> int:
+        """``remove_worker``'s work on the link (no await: nothing sent to it after); how
+        many of its actions in flight failed."""
         link.removed = True
         self._removals += 1
         link.connected = False
+        if link.drained is not None:  # (a drain under way ends: removed beside it)
+            link.drained.set()
         for t in link.tasks:
             t.cancel()
         if link.reconnecting is not None:
@@ -658,6 +701,7 @@ class WorkerLinks:
         print(f"controller: worker {link.address} removed with its {len(gpus)} GPU(s): "
               f"{n} action(s) in flight failed (their requests placed again or answered); "
               "its connection closed, and it is not reconnected", file=sys.stderr, flush=True)
+        return n
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         if self.worker_credentials is not None:
@@ -1553,6 +1597,11 @@ class WorkerLinks:
             if link.send_at and due >= link.send_at:
                 return
         link.wake.set()
+
+    def drained(self, worker: int) -> None:
+        ev = self.links[worker].drained
+        if ev is not None:
+            ev.set()
 
     def probe(self, worker: int) -> None:
         link = self.links[worker]

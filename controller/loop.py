@@ -9,7 +9,7 @@ every call says what time it is (int ns, the controller's clock).
 What it does, for every event:
 
 - feeds the event to the policy (``request``/``requests``, ``results``, ``tick``,
-  ``worker_lost``/``worker_back``);
+  ``worker_lost``/``worker_back``, ``add_worker``, ``remove_worker``/``drain_worker``);
 - sends the actions the policy returned, one batch per worker (``send``), remembering
   each as outstanding until its result comes back; an action for a worker that is not
   connected fails at once;
@@ -100,6 +100,11 @@ class ControllerTransport(Protocol):
         after it was suspect. Report its answer with ``loop.reset_done``, with the
         weights it kept."""
 
+    def drained(self, worker: int) -> None:
+        """``worker``, being drained (``loop.drain_worker``), has no action outstanding
+        any more (each answered, or failed when it was lost): take it out now with
+        ``loop.remove_worker`` (outside this call). Said once per drain."""
+
 
 class LoopObserver:
     """Optional hooks for counters and metrics (the defaults do nothing)."""
@@ -156,6 +161,11 @@ class ControllerLoop:
         self.suspect = [False] * n
         self.resetting = [False] * n  # reset sent, its answer not yet heard
         self.removed = [False] * n  # left the cluster for good (``remove_worker``)
+        # its GPUs left the policy at the start of a drain (``drain_worker``): nothing
+        # more is placed there, and nothing takes them back; ``draining``: those whose
+        # transport has not yet been told ``drained``
+        self.leaving = [False] * n
+        self.draining: set[int] = set()
         # the earliest of: the next failure to feed, the next liveness bound of an
         # outstanding action, the next probe deadline (NEVER: none). Recomputed when
         # ``_dirty`` (after any event that can change one of them but a new request)
@@ -218,6 +228,9 @@ class ControllerLoop:
                 tel.result(r, now)
             out.extend(on_result(r, now))
         self._after(out, now)
+        if self.draining and worker in self.draining and not outstanding:
+            self.draining.discard(worker)
+            self.transport.drained(worker)
 
     def tick(self, now: int) -> None:
         """The armed timer fired (the transport may call this early or late)."""
@@ -253,7 +266,8 @@ class ControllerLoop:
         self._dirty = True
         self.probing.pop(worker, None)
         self._again.discard(worker)
-        if self.suspect[worker]:
+        if self.suspect[worker] and not self.leaving[worker]:  # (one drained is not
+            # taken back: it is removed once the transport hears ``drained``)
             self.suspect[worker] = False
             self.resetting[worker] = True
             self.observer.readmitted(worker)
@@ -273,8 +287,8 @@ class ControllerLoop:
         """``worker`` answered the reset sent when it was re-admitted, having kept
         ``kept`` (its GPU -> the models whose weights it kept): its GPUs are the policy's
         again, with those copies (``readmit_gpu``)."""
-        if not self.resetting[worker] or self.removed[worker]:
-            return  # lost or removed meanwhile, or not ours
+        if not self.resetting[worker] or self.removed[worker] or self.leaving[worker]:
+            return  # lost, removed or drained meanwhile, or not ours
         self.resetting[worker] = False
         self._back(worker, now, kept)
 
@@ -328,7 +342,8 @@ class ControllerLoop:
                     for_good: bool = False) -> int:
         """``worker`` went away: the policy places nothing on its GPUs until it is back
         (``for_good``: never, ``Policy.remove_gpu``), and its outstanding actions fail.
-        Returns how many actions failed."""
+        A worker being drained (``drain_worker``) had its GPUs out of the policy already:
+        its transport is told ``drained``. Returns how many actions failed."""
         if self.up[worker]:
             self.n_up -= 1
         self.up[worker] = False
@@ -340,11 +355,15 @@ class ControllerLoop:
         self.outstanding[worker].clear()
         out: list[Action] = []
         policy = self.policy
-        for g in self.gpus_of[worker]:
-            out.extend(policy.remove_gpu(g, now) if for_good
-                       else policy.set_gpu_available(g, False, now))
+        if not self.leaving[worker]:
+            for g in self.gpus_of[worker]:
+                out.extend(policy.remove_gpu(g, now) if for_good
+                           else policy.set_gpu_available(g, False, now))
         self._fail(lost, why, now)
         self._after(out, now)
+        if worker in self.draining:
+            self.draining.discard(worker)
+            self.transport.drained(worker)
         return len(lost)
 
     def remove_worker(self, worker: int, now: int) -> int:
@@ -358,7 +377,33 @@ class ControllerLoop:
             return 0
         self.removed[worker] = True
         self.suspect[worker] = False
+        self.draining.discard(worker)  # (removed before its drain ended: nothing to say)
         return self.worker_lost(worker, now, "worker removed", for_good=True)
+
+    def drain_worker(self, worker: int, now: int) -> int:
+        """``worker`` is to leave the cluster gently: the policy places nothing more on
+        its GPUs from now (``Policy.remove_gpu``: their queued work goes elsewhere, as for
+        ``remove_worker``), but the actions it has in flight run to their end there and
+        their results are the policy's as usual. When none is left outstanding (at once
+        if none is), or the worker is lost before, the transport is told ``drained``,
+        and its caller then removes it (``remove_worker``, which fails whatever is still
+        outstanding: the caller's bound on the wait). A drained worker is not taken back
+        on a reconnection. Returns how many actions were outstanding; 0 for one removed
+        or drained already."""
+        if self.removed[worker] or self.leaving[worker]:
+            return 0
+        self.leaving[worker] = True
+        self._dirty = True
+        out: list[Action] = []
+        for g in self.gpus_of[worker]:
+            out.extend(self.policy.remove_gpu(g, now))
+        self._after(out, now)
+        n = len(self.outstanding[worker])
+        if n and self.up[worker]:
+            self.draining.add(worker)
+        else:  # (nothing in flight, or lost: what it had in flight failed already)
+            self.transport.drained(worker)
+        return n
 
     def add_worker(self, specs: list[GpuSpec], now: int) -> int:
         """A worker joins at run time with these GPUs (each spec's ``worker`` is the new
@@ -375,6 +420,7 @@ class ControllerLoop:
         self.suspect.append(False)
         self.resetting.append(False)
         self.removed.append(False)
+        self.leaving.append(False)
         out: list[Action] = []
         for s in specs:
             try:
@@ -383,7 +429,7 @@ class ControllerLoop:
                 if self.gpus_of[w]:
                     raise
                 for per_worker in (self.gpus_of, self.up, self.outstanding, self.suspect,
-                                   self.resetting, self.removed):
+                                   self.resetting, self.removed, self.leaving):
                     per_worker.pop()  # (a policy that cannot grow: no worker was added)
                 self.n_up -= 1
                 raise
@@ -410,8 +456,8 @@ class ControllerLoop:
                     kept: dict[int, Container[str]] | None = None) -> None:
         """``worker`` is connected again, having kept ``kept`` (its GPU -> the models
         whose weights it kept, of ``keep_list``; None: an empty weights cache). A removed
-        worker is not taken back."""
-        if self.removed[worker]:
+        or drained worker is not taken back."""
+        if self.removed[worker] or self.leaving[worker]:
             return
         self.suspect[worker] = False
         self.resetting[worker] = False

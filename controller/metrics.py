@@ -83,7 +83,7 @@ WRITE_SLICE_NS = 250_000
 
 # clockwork_worker_events{event}: the controller's counters they read
 # the states clockwork_worker_state has a series for (``WorkerLinks.worker_rows``)
-WORKER_STATES = ("serving", "suspect", "resetting", "lost", "held", "awaited")
+WORKER_STATES = ("serving", "suspect", "resetting", "lost", "held", "awaited", "draining")
 WORKER_EVENTS = (("lost", "worker_losses"), ("suspect", "worker_suspects"),
                  ("readmitted", "worker_readmissions"), ("refused", "worker_refusals"),
                  ("removed", "workers_removed"))
@@ -817,7 +817,8 @@ class _Collector:
                               value=st["awaited"]))
         ws = GaugeMetricFamily("clockwork_worker_state",
                                "Each worker's state, 1 for the one it is in (serving, suspect, "
-                               "resetting, lost, held, awaited), as clockwork workers lists "
+                               "resetting, lost, held, awaited, draining), as clockwork "
+                               "workers lists "
                                "it; a removed worker has no series",
                                labels=["worker", "address", "state"])
         for w, address, state in st["workers"]:

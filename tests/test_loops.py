@@ -41,6 +41,7 @@ class Recorder:
         self.probes: list[int] = []
         self.resets: list[int] = []
         self.kept: list[list[tuple[int, str, int]]] = []  # what each reset keeps
+        self.drains: list[int] = []  # the workers each ``drained`` named
 
     def send(self, worker, actions):
         self.sent.append((worker, list(actions)))
@@ -57,6 +58,9 @@ class Recorder:
     def reset(self, worker, keep):
         self.resets.append(worker)
         self.kept.append(list(keep))
+
+    def drained(self, worker):
+        self.drains.append(worker)
 
     # worker side
     def run(self, executor, action):
@@ -980,6 +984,100 @@ def test_a_removed_worker_takes_nothing_and_is_never_taken_back():
     # removing the last worker leaves none: requests are answered no_worker at once
     loop.remove_worker(other, now)
     assert loop.no_worker()
+
+
+def _answer_all(loop, w: int, now: int) -> None:
+    """Every action outstanding at worker ``w`` ends well, in the order sent, by ``now``."""
+    from clockwork.actions import Result
+    rs = [Result(id=a.id, type=a.type, status=ErrorCode.SUCCESS, worker=w, gpu=a.gpu,
+                 model=a.model, batch_size=a.batch_size, received=now,
+                 begin=min(a.earliest, now), end=min(max(a.expected_end, a.earliest), now))
+          for a in sorted(loop.outstanding[w].values(), key=lambda a: a.id)]
+    loop.results(w, rs, now)
+
+
+def _run_until(loop, t, end: int, serving: tuple[int, ...] = ()) -> int:
+    """Until ``end``: the actions sent to the ``serving`` workers each end well at its
+    expected end, and the loop is ticked at its armed times; the last time reached."""
+    now = 0
+    while True:
+        due = [a.expected_end for w in serving for a in loop.outstanding[w].values()]
+        at = min([x for x in (loop.armed, min(due, default=None)) if x is not None],
+                 default=end + 1)
+        if at > end:
+            return now
+        now = max(now, at)
+        for w in serving:
+            _answer_due(loop, w, now)
+        if loop.armed is not None and loop.armed <= now:
+            loop.tick(now)
+
+
+def _answer_due(loop, w: int, now: int) -> None:
+    """The actions outstanding at worker ``w`` expected to end by ``now`` end well then."""
+    from clockwork.actions import Result
+    rs = [Result(id=a.id, type=a.type, status=ErrorCode.SUCCESS, worker=w, gpu=a.gpu,
+                 model=a.model, batch_size=a.batch_size, received=now,
+                 begin=min(a.earliest, now), end=a.expected_end)
+          for a in sorted(loop.outstanding[w].values(), key=lambda a: a.id)
+          if a.expected_end <= now]
+    if rs:
+        loop.results(w, rs, now)
+
+
+@pytest.mark.parametrize("policy", ["clockwork", "clipper", "tfserving", "infaas"])
+def test_a_drained_worker_finishes_what_it_has_in_flight_and_takes_nothing_new(policy):
+    """Worker ``w`` is drained with actions in flight: nothing more is sent to it, its
+    actions' results reach the policy as usual (none fails), the transport hears
+    ``drained`` once, with the last of them, and every request is answered once and
+    well (those it was serving from it, the others on the other worker); nothing brings
+    it back, and its removal then fails nothing."""
+    specs = [GpuSpec(0, 0, 100), GpuSpec(1, 0, 100)]
+    t = Recorder()
+    loop = ControllerLoop(make_policy(policy, [R50], specs), t, specs)
+    loop.requests([Request(i, "resnet50_v2", 0, sec(2)) for i in range(4)], 0)
+    (w, acts), = t.sent
+    other = 1 - w
+    n = loop.drain_worker(w, ms(1))
+    assert n == len(acts) == len(loop.outstanding[w]) and t.drains == []
+    assert loop.drain_worker(w, ms(1)) == 0  # (draining already)
+    sent = len(t.sent)
+    loop.requests([Request(i, "resnet50_v2", ms(1), sec(2)) for i in range(4, 8)], ms(1))
+    loop.heard_from(w, ms(2))
+    loop.worker_back(w, ms(2))
+    assert t.drains == []
+    _answer_all(loop, w, ms(40))
+    assert t.drains == [w] and not loop.outstanding[w]
+    now = _run_until(loop, t, sec(3), (other,))
+    assert all(x == other for x, _ in t.sent[sent:]), t.sent[sent:]
+    assert sorted(r.request.id for r in t.answers) == list(range(8))
+    assert all(r.status == 0 for r in t.answers), [r.message for r in t.answers]
+    assert loop.remove_worker(w, now) == 0 and t.drains == [w] and t.resets == []
+
+
+def test_a_worker_lost_while_draining_is_said_drained_and_not_taken_back():
+    """Lost before its actions in flight end: they fail back (their requests go to the
+    other worker), the transport hears ``drained`` then, and neither a reconnection nor
+    a probe's answer takes it back."""
+    loop, t = controller(workers=2)
+    loop.requests([Request(i, "resnet50_v2", 0, sec(2)) for i in range(4)], 0)
+    (w, acts), = t.sent
+    assert loop.drain_worker(w, ms(1)) == len(acts)
+    assert loop.worker_lost(w, ms(2)) == len(acts) and t.drains == [w]
+    loop.worker_back(w, ms(3))
+    loop.heard_from(w, ms(3))
+    assert not loop.up[w] and t.resets == []
+    _run_until(loop, t, sec(3), (1 - w,))
+    assert sorted(r.request.id for r in t.answers) == list(range(4))
+    assert all(r.status == 0 for r in t.answers)
+    assert loop.remove_worker(w, ms(5)) == 0 and t.drains == [w]
+
+
+def test_a_worker_drained_with_nothing_in_flight_is_said_drained_at_once():
+    loop, t = controller(workers=2)
+    assert loop.drain_worker(1, 0) == 0 and t.drains == [1]
+    loop.request(Request(1, "resnet50_v2", 0, ms(100)), 0)
+    assert [w for w, _ in t.sent] == [0]
 
 
 def test_a_worker_added_after_a_removal_gets_the_next_index():

@@ -71,7 +71,8 @@ def test_a_removed_worker_takes_nothing_more_and_can_be_added_again():
         poll(lambda: answered[0] > 50, 20)
         before = answered[0]
         got = k.remove_worker(c.worker_addresses[1])
-        assert got == {"worker": 1, "gpus": [1], "removed": True}
+        assert got.items() >= {"worker": 1, "gpus": [1], "removed": True,
+                               "drained": False}.items(), got
         poll(lambda: answered[0] > before + 100, 30)
         stop.set()
         for t in senders:
@@ -81,8 +82,8 @@ def test_a_removed_worker_takes_nothing_more_and_can_be_added_again():
         for m in ("resnet50_v2", "resnet50_v2:1"):
             k.infer(m, slo_ms=1000)  # raises unless served
             assert list(k.model_status(m).loaded_on) == [0]
-        assert k.remove_worker(c.worker_addresses[1]) == {"worker": 1, "gpus": [1],
-                                                         "removed": False}
+        assert k.remove_worker(c.worker_addresses[1]) == {
+            "worker": 1, "gpus": [1], "removed": False, "drained": False, "failed": 0}
         assert _ready(c) == 200
         stats = k.stats()
         assert stats.get("workers_removed") == 1
@@ -99,6 +100,53 @@ def test_a_removed_worker_takes_nothing_more_and_can_be_added_again():
         for m in ("resnet50_v2", "resnet50_v2:1"):
             k.infer(m, slo_ms=2000)  # raises unless served
             assert list(k.model_status(m).loaded_on) == [2]
+
+def test_a_worker_drained_under_load_finishes_its_work_and_fails_nothing():
+    """Two workers serving two copies of one model while clients send requests; worker 1
+    is removed with ``drain=True``: the call returns once its actions in flight have
+    ended there (none failed), no request fails, and the model is then served on worker 0
+    only."""
+    with local_cluster(workers=2, gpus=1, models="resnet50_v2:2") as c, \
+            Client(c.address, timeout=10) as k:
+        poll(lambda: _ready(c) == 200, 20)
+        for _ in range(4):
+            k.infer("resnet50_v2", slo_ms=1000)
+            k.infer("resnet50_v2:1", slo_ms=1000)
+        stop = threading.Event()
+        answered, failed = [0], []
+
+        def send() -> None:
+            with Client(c.address, timeout=10) as mine:
+                while not stop.is_set():
+                    for m in ("resnet50_v2", "resnet50_v2:1"):
+                        try:
+                            mine.infer(m, slo_ms=1000)
+                            answered[0] += 1
+                        except Exception as e:  # noqa: BLE001 - none should fail
+                            failed.append(e)
+
+        senders = [threading.Thread(target=send, daemon=True) for _ in range(4)]
+        for t in senders:
+            t.start()
+        poll(lambda: answered[0] > 50, 20)
+        before = answered[0]
+        got = k.remove_worker(c.worker_addresses[1], drain=True)
+        assert got == {"worker": 1, "gpus": [1], "removed": True, "drained": True,
+                       "failed": 0}, got
+        poll(lambda: answered[0] > before + 100, 30)
+        stop.set()
+        for t in senders:
+            t.join(30)
+        assert not failed, failed[:3]
+        for m in ("resnet50_v2", "resnet50_v2:1"):
+            assert list(k.model_status(m).loaded_on) == [0]
+        out = "".join(c.controller.output)
+        assert f"worker {c.worker_addresses[1]} draining: nothing more is placed" in out, \
+            out[-2000:]
+        assert (f"worker {c.worker_addresses[1]} removed with its 1 GPU(s): 0 action(s) in "
+                "flight failed") in out, out[-2000:]
+        assert [w["state"] for w in k.workers()] == ["serving", "removed"]
+
 
 def test_removing_every_worker_leaves_a_controller_that_answers_no_worker():
     """The last worker removed: requests are answered at once with an error (no worker),
@@ -147,12 +195,12 @@ def test_a_lost_worker_removed_is_not_reconnected_and_a_listed_one_no_longer_awa
             port = silent.rpartition(":")[2]
             got = await asyncio.gather(*(node.remove_worker(f"{host}:{port}")
                                          for host in ["localhost", "127.0.0.1"] * 5))
-            assert sorted(got) == [(-1, [], False)] * 9 + [(-1, [], True)], got
+            assert sorted(got) == [(-1, [], False, False, 0)] * 9 + [(-1, [], True, False, 0)], got
             assert node.counters["workers_removed"] == 1
             assert [(r["worker"], r["state"]) for r in node.worker_rows()] == [
                 (0, "serving"), (1, "serving"), (-1, "removed")]
             assert not node.awaited
-            assert await node.remove_worker(silent) == (-1, [], False)  # (again)
+            assert await node.remove_worker(silent) == (-1, [], False, False, 0)  # (again)
             with pytest.raises(RepositoryError, match="no worker"):
                 await node.remove_worker("127.0.0.1:1")
             b = next(lk for lk in node.links if lk.address == b_addr)
@@ -160,7 +208,7 @@ def test_a_lost_worker_removed_is_not_reconnected_and_a_listed_one_no_longer_awa
             await served_b
             while b.connected or b.reconnecting is None:  # lost: reconnecting
                 await asyncio.sleep(0.02)
-            assert await node.remove_worker(b_addr) == (b.index, [b.index], True)
+            assert await node.remove_worker(b_addr) == (b.index, [b.index], True, False, 0)
             assert b.reconnecting.cancelling() or b.reconnecting.done()
             port = int(b_addr.rpartition(":")[2])
             from worker.service import serve_worker
@@ -236,6 +284,38 @@ def test_a_worker_removed_in_a_simulated_run_takes_nothing_from_its_time_on(tmp_
     assert simulate(_scenario(tmp_path)).summary == res.summary
 
 
+@pytest.mark.parametrize("policy", ["clockwork", "clipper"])
+def test_a_worker_drained_in_a_simulated_run_finishes_its_actions_there(tmp_path, policy):
+    """``drain = true``: worker 1 takes nothing new from 3 s, its actions in flight then
+    end there (none fails: taken out at once, the same run fails them), it is taken out
+    once they have, and every request is answered once; two runs are identical."""
+    from clockwork.cluster.sim import Simulation, simulate
+
+    over = [f"scheduler.policy={policy}", "workloads.0.rate_rps=1500"]
+    sim = Simulation(_scenario(tmp_path, over + ["remove_workers.0.drain=true"]))
+    res = sim.run()
+    said = [line for _, line in sim.fault_log]
+    assert sim.fault_log[0][0] == 3_000_000_000, said
+    assert said[0].startswith("cluster: worker 1 draining (") and not said[0].startswith(
+        "cluster: worker 1 draining (0 "), said
+    assert said[1] == "cluster: worker 1 removed (drained)", said
+    assert 3e9 < sim.fault_log[1][0] < 3.1e9
+    res.write(tmp_path / "a")
+    acts = _rows(tmp_path / "a", "actions.tsv")
+    on1 = [a for a in acts if a["worker"] == "1"]
+    assert max(int(a["sent"]) for a in on1) < 3e9
+    assert all(a["status"] == "SUCCESS" for a in on1), {a["status"] for a in on1}
+    assert [a for a in on1 if int(a["measured_completion"]) > 3e9]  # (ran past 3 s)
+    rows = _rows(tmp_path / "a")
+    assert len(rows) == len({r["request_id"] for r in rows}) == res.summary["submitted"]
+    assert simulate(_scenario(tmp_path, over + ["remove_workers.0.drain=true"])
+                    ).summary == res.summary
+    # taken out at once instead: the actions in flight at 3 s fail
+    Simulation(_scenario(tmp_path, over)).run().write(tmp_path / "b")
+    assert [a for a in _rows(tmp_path / "b", "actions.tsv")
+            if a["worker"] == "1" and a["status"] == "WORKER_LOST"]
+
+
 @pytest.mark.parametrize("overrides,error", [
     (["remove_workers.0.at_s=6"], "remove_workers.0.at_s: must be before the end"),
     (["remove_workers.0.worker=2"],
@@ -282,24 +362,27 @@ def test_a_worker_removed_at_the_time_it_joins_and_one_killed_before_it_leaves(t
 
 
 @pytest.mark.faults
-def test_a_worker_leaves_a_live_run_at_its_time(tmp_path):
-    """``clockwork serve --replay``: the controller takes worker 1 out at 3 s: no request
-    arriving after then is answered on its GPU, every request is answered once, and
-    worker 0 serves the rest (the run exits 0: the worker process, which runs on, did not
-    crash)."""
+@pytest.mark.parametrize("drain", [False, True])
+def test_a_worker_leaves_a_live_run_at_its_time(tmp_path, drain):
+    """``clockwork serve --replay``: the controller takes worker 1 out at 3 s (``drain``:
+    once its actions in flight have ended there): no request arriving after then is
+    answered on its GPU, every request is answered once, and worker 0 serves the rest
+    (the run exits 0: the worker process, which runs on, did not crash)."""
     import subprocess
     import sys
 
     path = tmp_path / "s.toml"
-    path.write_text(SCENARIO)
+    path.write_text(SCENARIO + ("drain = true\n" if drain else ""))
     p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve", str(path),
                         "--replay", "--quiet", "--out", str(tmp_path / "live")],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     import re
 
-    removed = float(re.search(r"clockwork serve: +([\d.]+) s  cluster: worker 1 removed",
-                              p.stderr)[1])
+    said = re.search(r"clockwork serve: +([\d.]+) s  cluster: worker 1 removed(.*)",
+                     p.stderr)
+    removed = float(said[1])
+    assert said[2] == (" (drained)" if drain else ""), said[0]
     assert 3.0 <= removed < 4.0, removed
     rows = _rows(tmp_path / "live")
     assert len(rows) == len({r["request_id"] for r in rows})
@@ -366,7 +449,7 @@ def test_removals_beside_each_other_an_add_and_a_model_that_fit_only_there():
             port = big.rpartition(":")[2]
             got = await asyncio.gather(node.remove_worker(f"localhost:{port}"),
                                        node.remove_worker(f"127.0.0.1:{port}"))
-            assert sorted(got) == [(1, [1], False), (1, [1], True)]
+            assert sorted(got) == [(1, [1], False, False, 0), (1, [1], True, False, 0)]
             assert node.counters["workers_removed"] == 1
             assert node.unfit("resnet50_v2").startswith("fits on no GPU")
             assert node.gpus_in_service() == [0]
@@ -383,7 +466,7 @@ def test_removals_beside_each_other_an_add_and_a_model_that_fit_only_there():
             with pytest.raises(RepositoryError, match="no worker 127.0.0.1:1 "):
                 await node.remove_worker("127.0.0.1:1", timeout=4.0)
             assert time.monotonic() - t0 < 1.0
-            assert await node.remove_worker(big, timeout=4.0) == (1, [1], False)
+            assert await node.remove_worker(big, timeout=4.0) == (1, [1], False, False, 0)
             with pytest.raises(RepositoryError):
                 await adding
         finally:
@@ -439,6 +522,13 @@ def test_clockwork_workers_lists_adds_and_removes():
         assert (p.returncode, p.stdout) == (0, f"worker 2 ({a1}): added, GPUs 2\n"), p
         assert [(w["worker"], w["state"], w["link"]) for w in k.workers()] == [
             (0, "serving", "fast"), (1, "removed", ""), (2, "serving", "fast")]
+        p = cli("list", "--drain")
+        assert (p.returncode, p.stderr) == (
+            2, "clockwork workers: --drain goes with remove, not list\n"), p
+        p = cli("remove", a1, "--drain")  # (nothing in flight: drained at once)
+        assert (p.returncode, p.stdout) == (0, f"worker 2 ({a1}): removed, GPUs 2, drained: "
+                                               "its actions in flight finished there\n"), p
+        assert k.add_worker(a1)["worker"] == 3  # (its process ran on: free again)
         p = cli("remove", "127.0.0.1:1")
         assert p.returncode == 2 and "InvalidRequest" in p.stderr and "no worker" in p.stderr
         p = cli("add")
@@ -532,7 +622,7 @@ def test_a_request_walks_no_removed_worker():
                               connect_timeout=5.0)
         await node.start()
         try:
-            assert await node.remove_worker(a, timeout=4.0) == (0, [0], True)
+            assert await node.remove_worker(a, timeout=4.0) == (0, [0], True, False, 0)
             node.links[0].__class__ = Watched
             for m in ("resnet50_v2", "resnet50_v2:1"):
                 assert (await answer(node, m)).status == 0

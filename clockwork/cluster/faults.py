@@ -60,7 +60,8 @@ class LiveFaults:
         run, and the controller connects each at its time; ``stopped()`` (if given),
         looked at before each one starts: once true, ``Interrupted`` is raised (the
         processes started so far stop with the cluster); ``leaves``: ``clockwork.scenario.
-        leaving_workers``' (at_s, worker index), each taken out at its time."""
+        leaving_workers``' (at_s, worker index, drain), each taken out at its time
+        (gently with drain: ``Client.remove_worker(..., drain=True)``)."""
         why = no_live_form(faults)
         if why:
             raise ValueError(why)
@@ -91,8 +92,8 @@ class LiveFaults:
                 raise ValueError(f"add_workers: worker {w} would join as worker "
                                  f"{len(cluster.workers)}")
             plan.append((at_s, len(plan), "join", (w, cluster.spare_worker())))
-        for at_s, w in leaves or ():  # (after the joins at one time)
-            plan.append((at_s, len(plan), "remove", w))
+        for at_s, w, drain in leaves or ():  # (after the joins at one time)
+            plan.append((at_s, len(plan), "remove", (w, drain)))
         for at_s, what, name, insts in repository or ():  # (in the plan's order at one time)
             plan.append((at_s, len(plan), what, (name, len(insts))))
         self.plan = sorted(plan)
@@ -195,8 +196,11 @@ class LiveFaults:
                         said = (f"cluster: worker {got['worker']} joined "
                                 f"({len(got['gpus'])} GPU(s))")
                     elif what == "remove":
-                        self._client.remove_worker(self.cluster.worker_addresses[w])
-                        said = f"cluster: worker {w} removed"
+                        got = self._client.remove_worker(
+                            self.cluster.worker_addresses[w[0]], drain=w[1])
+                        said = (f"cluster: worker {w[0]} removed" + (
+                            "" if not w[1] else " (drained)" if got["drained"] else
+                            f" (not drained: {got['failed']} action(s) failed)"))
                     else:
                         said = self._repository(what, *w)
                 except Exception as e:  # noqa: BLE001 - one line; the events after it still run
@@ -245,7 +249,7 @@ def _event(what: str, arg) -> str:
     if what == "join":
         return f"cluster: worker {arg[0]} join"
     if what == "remove":
-        return f"cluster: worker {arg} remove"
+        return f"cluster: worker {arg[0]} remove" + (" (drain)" if arg[1] else "")
     if what in ("load", "unload"):
         return f"repository: {what} {arg[0]}"
     return f"fault: {what} worker {arg}"

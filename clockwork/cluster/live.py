@@ -42,6 +42,9 @@ def cmd_workers(args: argparse.Namespace) -> int:
     from clockwork.errors import ClockworkError, InvalidRequest, Unauthenticated
 
     what = args.action
+    if args.drain and what != "remove":
+        print(f"clockwork workers: --drain goes with remove, not {what}", file=sys.stderr)
+        return 2
     if (what == "list") != (args.address is None):
         print(f"clockwork workers: {what} " + ("takes no ADDRESS" if what == "list" else
                                                 "needs the worker's ADDRESS (HOST:PORT)"),
@@ -58,10 +61,11 @@ def cmd_workers(args: argparse.Namespace) -> int:
                       + ("added" if got["added"] else "a worker of the controller already")
                       + f", GPUs {_gpus(got['gpus'])}")
             elif what == "remove":
-                got = c.remove_worker(args.address)
+                got = c.remove_worker(args.address, drain=args.drain)
                 print(f"worker {_index(got['worker'])} ({args.address}): "
                       + ("removed" if got["removed"] else "removed already")
-                      + (f", GPUs {_gpus(got['gpus'])}" if got["gpus"] else ""))
+                      + (f", GPUs {_gpus(got['gpus'])}" if got["gpus"] else "")
+                      + _removal(got, args.drain))
             else:
                 _print_workers(c.workers())
         except ClockworkError as e:
@@ -96,6 +100,19 @@ def client_tls(args: argparse.Namespace) -> dict:
         raise SecurityError("--tls-cert and --tls-key go together: a client certificate "
                             "needs its private key (give both, or neither)")
     return got | {"tls": bool(getattr(args, "tls", False))}
+
+
+def _removal(got: dict, drain: bool) -> str:
+    """How a removal went, for ``clockwork workers remove``: drained, or what failed."""
+    if not got["removed"] or got["worker"] < 0:
+        return ""
+    if got["drained"]:
+        return ", drained: its actions in flight finished there"
+    said = ("; not drained (lost meanwhile, or --timeout ran out)" if drain else "")
+    if got["failed"]:
+        said += (f"; {got['failed']} action(s) in flight failed (their requests placed "
+                 "again or answered)")
+    return said
 
 
 def _index(i: int) -> str:

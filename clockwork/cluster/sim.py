@@ -461,6 +461,10 @@ class Simulation:
                 seq += 1
                 push(heap, (at, seq, _TICK, None))
 
+            @staticmethod
+            def drained(w):  # (its removal: an event at this instant, outside the loop)
+                fault_at(now, "remove", w)
+
         class ToController:  # one worker's side of the network
             __slots__ = ("w", "restart")
 
@@ -656,8 +660,8 @@ class Simulation:
             fault_at(sec(f["at_s"] + f["for_s"]), "slow", f["worker"], 0)
         for at, w in self.joins:
             fault_at(sec(at), "join", w)
-        for at, w in self.leaves:  # (after the joins at one time, before the repository)
-            fault_at(sec(at), "remove", w)
+        for at, w, drain in self.leaves:  # (after the joins at one time, before the
+            fault_at(sec(at), "drain" if drain else "remove", w)  # repository)
         for k, (at, what, name, insts) in enumerate(self.repository):
             fault_at(sec(at), what, -1, name, insts, k)
         repo_next = [0]  # the [[repository]] event to play next: they go strictly in order
@@ -728,9 +732,18 @@ class Simulation:
                 conn_at[w] = now
                 log.append((now, f"cluster: worker {w} joined ({G} GPU(s))"))
             elif what == "remove":  # as Client.remove_worker: taken out, its link closed
+                if ctrl.removed[w]:
+                    return
                 n = ctrl.remove_worker(w, now)
                 cut[w] = True
-                log.append((now, f"cluster: worker {w} removed; {n} action(s) failed"))
+                log.append((now, f"cluster: worker {w} removed" + (
+                    " (drained)" if ctrl.leaving[w] and not n
+                    else f"; {n} action(s) failed")))
+            elif what == "drain":  # as Client.remove_worker(drain=True): nothing more
+                # placed there; taken out once its actions in flight are answered
+                n = ctrl.drain_worker(w, now)
+                log.append((now, f"cluster: worker {w} draining ({n} action(s) in "
+                                 "flight)"))
             elif what in ("unload", "load"):
                 # one after another, as a live run's calls go: an event waits for the one
                 # before it, and a load for an unload's copies still being evicted (as the

@@ -537,15 +537,17 @@ def add_workers(sub) -> None:
               "list, add or remove a live controller's workers",
               textwrap.fill(  # (raw: the examples below keep their lines)
               "List a running controller's workers (each one's state: serving, suspect, "
-              "resetting, lost, held by another controller, awaited, removed; its GPUs, "
-              "link and round trip), add a worker started by hand (with the cluster's "
-              "secret, where the controller has one), or remove one for good (nothing more is placed on its "
-              "GPUs, its requests in flight are placed again or answered, and the "
+              "resetting, lost, held by another controller, awaited, draining, removed; "
+              "its GPUs, link and round trip), add a worker started by hand (with the "
+              "cluster's secret, where the controller has one), or remove one for good "
+              "(nothing more is placed on its GPUs, its requests in flight are placed "
+              "again or answered -- with --drain they finish there first --, and the "
               "controller never reconnects to it; the worker process runs on).", 80),
               epilog="examples:\n"
               "  clockwork workers                                   # list\n"
               "  clockwork workers add 10.0.0.7:12400 --token-file t\n"
-              "  clockwork workers remove 10.0.0.7:12400 --token-file t",
+              "  clockwork workers remove 10.0.0.7:12400 --token-file t\n"
+              "  clockwork workers remove 10.0.0.7:12400 --drain     # gently",
               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("action", nargs="?", choices=("list", "add", "remove"), default="list",
                    help="list (default), add or remove")
@@ -557,7 +559,12 @@ def add_workers(sub) -> None:
                    "clockwork://, or grpcs:// or https:// (TLS) (default 127.0.0.1:12346)")
     p.add_argument("--timeout", type=t.positive_float, default=30.0,
                    help="seconds for the call (an add tries to reach the worker this long; "
-                   "default 30)")
+                   "a drain waits at most this long; default 30)")
+    p.add_argument("--drain", action="store_true",
+                   help="remove: gently -- nothing more is placed on its GPUs at once, but "
+                   "the actions it has in flight finish there (their requests answered "
+                   "from it) before it is taken out; what is still in flight when "
+                   "--timeout runs out fails as without --drain")
     _add_client_security(p)
 
 
