@@ -896,8 +896,8 @@ class Client:
         failing). Returns ``{"worker": index (-1: one listed at the controller's start
         that never answered), "gpus": [its controller-wide GPU indices], "removed":
         False if it was removed already, "drained": True if every action it had in
-        flight ran to its end there, "failed": how many failed when it was taken
-        out}``. A worker added again later gets a new index and empty GPUs. Raises
+        flight ran to its end there, "failed": how many failed, in flight when it
+        was taken out or lost during the drain}``. A worker added again later gets a new index and empty GPUs. Raises
         ``InvalidRequest`` (no such worker, or not ``host:port``) or
         ``ControllerUnavailable``."""
         req = pb.RemoveWorkerRequest(address=_text(address, "address"), drain=bool(drain))

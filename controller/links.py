@@ -212,6 +212,7 @@ class WorkerLink:
     # left outstanding, or it was lost (``ControllerLoop.drain_worker``, ``drained``)
     drained: asyncio.Event | None = None
     drain_task: asyncio.Future | None = None  # that drain, then its removal
+    drain_failed: int = 0  # its actions in flight that failed during it (lost)
     reconnecting: asyncio.Future | None = None  # its reconnection task, while lost
 
     def add_sample(self, t0: int, tw: int, t2: int) -> None:
@@ -504,9 +505,10 @@ class WorkerLinks:
         is removed at once; one listed at start that has not answered yet is no longer
         awaited (worker index -1, no GPUs). Returns (worker index, its GPU indices,
         removed, drained: every action it had in flight ran to its end there, failed:
-        how many failed when it was taken out); an address of a worker removed already:
-        removed False. An add of the same worker under way is waited for first
-        (``timeout``, default ``connect_timeout``: UNAVAILABLE when it runs out).
+        how many failed, lost during a drain or in flight when it was taken out); an
+        address of a worker removed already: removed False. An add of the same worker
+        under way is waited for first (``timeout``, default ``connect_timeout``:
+        UNAVAILABLE when it runs out).
         NOT_FOUND for an address that names no worker of this controller,
         INVALID_ARGUMENT for one that is not HOST:PORT. Each address is matched under
         any spelling that resolves to the same endpoints."""
@@ -560,8 +562,8 @@ class WorkerLinks:
         """``remove_worker`` with drain: ``lk``'s GPUs leave the policy at once
         (``ControllerLoop.drain_worker``), its actions in flight are waited for until
         ``deadline``, then it is removed (``_remove``). (whether every action in flight
-        ran to its end there, how many failed when it was taken out; -1 when a removal
-        beside it took it out first)."""
+        ran to its end there, how many failed: lost during the drain, or in flight when
+        it was taken out; -1 when a removal beside it took it out first)."""
         lk.drained = asyncio.Event()
         n = self.ctrl.drain_worker(lk.index, now_ns())
         print(f"controller: worker {lk.address} draining: nothing more is placed on its "
@@ -572,8 +574,9 @@ class WorkerLinks:
                 await lk.drained.wait()
         if lk.removed:
             return False, -1
-        drained = lk.connected and not self.ctrl.outstanding[lk.index]
-        return drained, self._remove(lk, gpus)
+        ended = lk.drained.is_set()  # (not when the deadline came first)
+        failed = self._remove(lk, gpus) + lk.drain_failed
+        return ended and not failed, failed
 
     async def _awaited_as(self, address: str, endpoints: frozenset, deadline: float
                           ) -> str | None:
@@ -1598,10 +1601,11 @@ class WorkerLinks:
                 return
         link.wake.set()
 
-    def drained(self, worker: int) -> None:
-        ev = self.links[worker].drained
-        if ev is not None:
-            ev.set()
+    def drained(self, worker: int, failed: int) -> None:
+        link = self.links[worker]
+        if link.drained is not None:
+            link.drain_failed = failed
+            link.drained.set()
 
     def probe(self, worker: int) -> None:
         link = self.links[worker]

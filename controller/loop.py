@@ -100,10 +100,10 @@ class ControllerTransport(Protocol):
         after it was suspect. Report its answer with ``loop.reset_done``, with the
         weights it kept."""
 
-    def drained(self, worker: int) -> None:
+    def drained(self, worker: int, failed: int) -> None:
         """``worker``, being drained (``loop.drain_worker``), has no action outstanding
-        any more (each answered, or failed when it was lost): take it out now with
-        ``loop.remove_worker`` (outside this call). Said once per drain."""
+        any more: each answered, or ``failed`` of them failed when it was lost. Take it
+        out now with ``loop.remove_worker`` (outside this call). Said once per drain."""
 
 
 class LoopObserver:
@@ -230,7 +230,7 @@ class ControllerLoop:
         self._after(out, now)
         if self.draining and worker in self.draining and not outstanding:
             self.draining.discard(worker)
-            self.transport.drained(worker)
+            self.transport.drained(worker, 0)
 
     def tick(self, now: int) -> None:
         """The armed timer fired (the transport may call this early or late)."""
@@ -343,7 +343,8 @@ class ControllerLoop:
         """``worker`` went away: the policy places nothing on its GPUs until it is back
         (``for_good``: never, ``Policy.remove_gpu``), and its outstanding actions fail.
         A worker being drained (``drain_worker``) had its GPUs out of the policy already:
-        its transport is told ``drained``. Returns how many actions failed."""
+        its transport is told ``drained`` (with how many failed). Returns how many
+        actions failed."""
         if self.up[worker]:
             self.n_up -= 1
         self.up[worker] = False
@@ -363,7 +364,7 @@ class ControllerLoop:
         self._after(out, now)
         if worker in self.draining:
             self.draining.discard(worker)
-            self.transport.drained(worker)
+            self.transport.drained(worker, len(lost))
         return len(lost)
 
     def remove_worker(self, worker: int, now: int) -> int:
@@ -402,7 +403,7 @@ class ControllerLoop:
         if n and self.up[worker]:
             self.draining.add(worker)
         else:  # (nothing in flight, or lost: what it had in flight failed already)
-            self.transport.drained(worker)
+            self.transport.drained(worker, 0)
         return n
 
     def add_worker(self, specs: list[GpuSpec], now: int) -> int:

@@ -41,7 +41,7 @@ class Recorder:
         self.probes: list[int] = []
         self.resets: list[int] = []
         self.kept: list[list[tuple[int, str, int]]] = []  # what each reset keeps
-        self.drains: list[int] = []  # the workers each ``drained`` named
+        self.drains: list[tuple[int, int]] = []  # each ``drained``: (worker, failed)
 
     def send(self, worker, actions):
         self.sent.append((worker, list(actions)))
@@ -59,8 +59,8 @@ class Recorder:
         self.resets.append(worker)
         self.kept.append(list(keep))
 
-    def drained(self, worker):
-        self.drains.append(worker)
+    def drained(self, worker, failed):
+        self.drains.append((worker, failed))
 
     # worker side
     def run(self, executor, action):
@@ -1047,12 +1047,12 @@ def test_a_drained_worker_finishes_what_it_has_in_flight_and_takes_nothing_new(p
     loop.worker_back(w, ms(2))
     assert t.drains == []
     _answer_all(loop, w, ms(40))
-    assert t.drains == [w] and not loop.outstanding[w]
+    assert t.drains == [(w, 0)] and not loop.outstanding[w]
     now = _run_until(loop, t, sec(3), (other,))
     assert all(x == other for x, _ in t.sent[sent:]), t.sent[sent:]
     assert sorted(r.request.id for r in t.answers) == list(range(8))
     assert all(r.status == 0 for r in t.answers), [r.message for r in t.answers]
-    assert loop.remove_worker(w, now) == 0 and t.drains == [w] and t.resets == []
+    assert loop.remove_worker(w, now) == 0 and t.drains == [(w, 0)] and t.resets == []
 
 
 def test_a_worker_lost_while_draining_is_said_drained_and_not_taken_back():
@@ -1063,19 +1063,19 @@ def test_a_worker_lost_while_draining_is_said_drained_and_not_taken_back():
     loop.requests([Request(i, "resnet50_v2", 0, sec(2)) for i in range(4)], 0)
     (w, acts), = t.sent
     assert loop.drain_worker(w, ms(1)) == len(acts)
-    assert loop.worker_lost(w, ms(2)) == len(acts) and t.drains == [w]
+    assert loop.worker_lost(w, ms(2)) == len(acts) and t.drains == [(w, len(acts))]
     loop.worker_back(w, ms(3))
     loop.heard_from(w, ms(3))
     assert not loop.up[w] and t.resets == []
     _run_until(loop, t, sec(3), (1 - w,))
     assert sorted(r.request.id for r in t.answers) == list(range(4))
     assert all(r.status == 0 for r in t.answers)
-    assert loop.remove_worker(w, ms(5)) == 0 and t.drains == [w]
+    assert loop.remove_worker(w, ms(5)) == 0 and t.drains == [(w, len(acts))]
 
 
 def test_a_worker_drained_with_nothing_in_flight_is_said_drained_at_once():
     loop, t = controller(workers=2)
-    assert loop.drain_worker(1, 0) == 0 and t.drains == [1]
+    assert loop.drain_worker(1, 0) == 0 and t.drains == [(1, 0)]
     loop.request(Request(1, "resnet50_v2", 0, ms(100)), 0)
     assert [w for w, _ in t.sent] == [0]
 

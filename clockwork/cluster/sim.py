@@ -462,7 +462,8 @@ class Simulation:
                 push(heap, (at, seq, _TICK, None))
 
             @staticmethod
-            def drained(w):  # (its removal: an event at this instant, outside the loop)
+            def drained(w, failed):  # (its removal: an event at this instant, outside
+                # the loop)
                 fault_at(now, "remove", w)
 
         class ToController:  # one worker's side of the network
