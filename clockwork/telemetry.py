@@ -1239,6 +1239,26 @@ def write_json(path: Path, data: dict) -> None:
     path.write_bytes(_json_bytes(data))
 
 
+def write_atomic(path: Path, data: bytes | dict) -> None:
+    """``data`` (bytes, or a dict written as JSON) into ``path`` through a temporary file
+    beside it renamed into place: a reader never sees half a file, and a write that
+    fails (a full disk) leaves the file as it was and no temporary one. An ``OSError``
+    names ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        try:
+            tmp.write_bytes(data if isinstance(data, bytes) else _json_bytes(data))
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise
+    except OSError as e:
+        if e.errno is None:
+            raise
+        raise OSError(e.errno, e.strerror or os.strerror(e.errno), str(path)) from e
+
+
 def _check_counts(s: dict, keys: tuple, required: bool = False) -> None:
     """ValueError unless each of ``keys`` that ``s`` has is a whole number >= 0 (a count);
     with ``required``, ValueError for one it lacks too."""

@@ -141,19 +141,20 @@ def test_list_plot_and_a_failing_point(tmp_path, capsys):
     done = capsys.readouterr().out.splitlines()  # (in the same columns as "to run")
     assert [x.replace("done  ", "to run", 1) for x in done] == listed, (done, listed)
 
-    # a point that cannot run (a key its workload kind refuses): the others still run
-    f.write_text('scenarios = ["poisson_warm"]\noverrides = ["duration_s=1", "drain_s=1"]\n'
-                 '[grid]\n"workloads.0.rate_rps" = [100.0]\n"workloads.0.burst" = [1, 2]\n')
-    f2 = tmp_path / "ok.toml"
-    f2.write_text('scenarios = ["poisson_warm"]\noverrides = ["duration_s=1", "drain_s=1"]\n')
+    # points that fail while running (requests still unanswered when the drain ends):
+    # error rows, with their seed; the others still run
     capsys.readouterr()
+    f.write_text('scenarios = ["poisson_warm"]\noverrides = ["duration_s=1"]\n'
+                 '[grid]\n"drain_s" = [0, 1]\n')
     assert main(["sweep", str(f), "--out", str(tmp_path / "bad"), "--quiet"]) == 1
     err = capsys.readouterr().err
-    assert "failed" in err and "burst" in err
+    assert "failed" in err and "unanswered request(s) at drain_s = 0 s" in err, err
     rows = orjson.loads((tmp_path / "bad" / "results.json").read_bytes())["points"]
-    assert [r["status"] for r in rows] == ["error", "error"]
-    assert all("burst" in r["error"] for r in rows)
-    assert not list((tmp_path / "bad" / "points").glob("*/summary.json"))
+    assert [r["status"] for r in rows] == ["error", "ok"]
+    assert "unanswered" in rows[0]["error"] and rows[0]["seed"] == rows[1]["seed"] == 1
+    tsv = [ln.split("\t") for ln in (tmp_path / "bad" / "results.tsv").read_text().splitlines()]
+    assert [r[tsv[0].index("seed")] for r in tsv[1:]] == ["1", "1"]
+    assert len(list((tmp_path / "bad" / "points").glob("*/summary.json"))) == 1
 
 
 BAD = [
@@ -204,6 +205,17 @@ BAD = [
      "unknown scheduler setting 'max_batc' (did you mean 'max_batch'?)"),
     ('scenarios = ["poisson_warm"]\n[grid]\n"scheduler.policy" = ["clockwork", "clipr"]',
      "unknown scheduler policy 'clipr'"),
+    # what only the simulator checks, before anything runs as clockwork simulate does (each
+    # was an error row after the other points ran, exit 1)
+    ('scenarios = ["poisson_warm"]\n[grid]\n"workloads.0.slo_ms" = [-5, 50]',
+     "with workloads.0.slo_ms=-5: workloads.0: slo_ms must be > 0"),
+    ('scenarios = ["poisson_warm"]\n[grid]\n"workloads.0.rate_rps" = [100.0]\n'
+     '"workloads.0.burst" = [1, 2]', "burst"),
+    ('scenarios = ["poisson_warm"]\n[grid]\n"workloads.0.kind" = ["nosuch"]', "nosuch"),
+    ('scenarios = ["poisson_warm"]\noverrides = ["duration_s=5"]\n[grid]\n'
+     '"faults.kill" = [[{worker = 0, at_s = 6.0}]]', "faults.kill.0.at_s: must be before the end"),
+    ('scenarios = ["poisson_warm"]\n[grid]\n"cluster.profiles" = ["/nonexistent/profiles"]',
+     "/nonexistent/profiles"),
 ]
 
 
@@ -408,8 +420,14 @@ def test_a_points_command_runs_as_written_from_any_folder(tmp_path, monkeypatch,
     argv = shlex.split(p.command())
     assert argv[:2] == ["clockwork", "simulate"] and argv[2] == str(here / "mine.toml")
     assert main(argv[1:] + ["--quiet"]) == 0
-    assert Point("poisson_warm", "/x/poisson_warm.toml").command() == \
+    assert Point("poisson_warm", str(resolve_scenario("poisson_warm"))).command() == \
         "clockwork simulate poisson_warm"
+    # a scenario found next to the sweep file by its bare name: by its path (by name, the
+    # shipped one ran: other figures, or "not found" for a name none ships)
+    shutil.copy(resolve_scenario("poisson_warm"), here / "poisson_warm.toml")
+    (here / "s.toml").write_text('scenarios = ["poisson_warm", "mine"]\n')
+    got = [shlex.split(p.command())[2] for p in load_sweep(here / "s.toml").points]
+    assert got == [str(here / "poisson_warm.toml"), str(here / "mine.toml")]
 
 
 def test_plot_without_matplotlib_says_what_to_install(tmp_path, monkeypatch, capsys):
@@ -1183,3 +1201,44 @@ def test_points_a_broken_pool_failed_run_again_side_by_side(tmp_path, monkeypatc
         outcomes = runner.run(points, tmp_path / "b", "second")
     assert [bool(o.error) for o in outcomes] == [False] * 4, [o.error for o in outcomes]
     assert most[0] == 2
+
+
+def test_files_that_cannot_be_written_cost_their_point_or_a_line_after_the_table(
+        tmp_path, capsys):
+    """A point's summary.json that cannot be written (here a folder in its place) is that
+    point's error row, naming the file; the other point runs. results.json that cannot
+    be written: the table is printed first, then one line naming it, exit 1, and no
+    half-written file is left."""
+    f = tmp_path / "s.toml"
+    f.write_text('scenarios = ["poisson_warm"]\noverrides = ["duration_s=1", "drain_s=1"]\n'
+                 '[grid]\n"workloads.0.slo_ms" = [10, 50]\n')
+    out = tmp_path / "o"
+    first = load_sweep(f).points[0].name
+    (out / "points" / first / "summary.json").mkdir(parents=True)
+    assert main(["sweep", str(f), "--jobs", "1", "--out", str(out), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot write {out / 'points' / first / 'summary.json'}: Is a directory" in err
+    rows = orjson.loads((out / "results.json").read_bytes())["points"]
+    assert [r["status"] for r in rows] == ["error", "ok"]
+    (out / "points" / first / "summary.json").rmdir()
+    (out / "results.json").unlink()
+    (out / "results.json").mkdir()
+    assert main(["sweep", str(f), "--jobs", "1", "--out", str(out), "--quiet"]) == 1
+    cap = capsys.readouterr()
+    assert "poisson_warm  10" in cap.out and "poisson_warm  50" in cap.out, cap.out
+    assert cap.err.strip().splitlines()[-1] == (
+        f"clockwork sweep: cannot write {out / 'results.json'}: Is a directory"), cap.err
+    assert not [p for p in out.iterdir() if ".tmp-" in p.name]
+
+
+def test_an_empty_list_grid_value_shows_as_one(tmp_path, capsys):
+    f = tmp_path / "s.toml"
+    f.write_text('scenarios = ["poisson_warm"]\noverrides = ["duration_s=1", "drain_s=1"]\n'
+                 '[grid]\n"faults.hang" = [[], [{worker = 0, at_s = 0.5, for_s = 0.2}]]\n')
+    assert main(["sweep", str(f), "--jobs", "1", "--out", str(tmp_path / "o"),
+                 "--quiet"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[1].split()[:2] == ["poisson_warm", "[]"], printed
+    tsv = [ln.split("\t") for ln in (tmp_path / "o" / "results.tsv").read_text().splitlines()]
+    col = tsv[0].index("faults.hang")
+    assert tsv[1][col] == "[]" and tsv[2][col].startswith("[{"), tsv

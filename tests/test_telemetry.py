@@ -848,6 +848,12 @@ def test_report_on_a_missing_path_or_a_sweeps_folder_says_what_it_is(tmp_path, c
     assert main(["report", str(sweep)]) == 2
     err = capsys.readouterr().err.strip()
     assert "is a sweep's output, not a run" in err and "no point finished yet" in err, err
+    plan = tmp_path / "plan"  # (clockwork plan --out: its tables, not a sweep's, named)
+    (plan / "points" / "a-1").mkdir(parents=True)
+    (plan / "plan.json").write_text("{}")
+    assert main(["report", str(plan)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is a plan's output, not a run" in err and f"see {plan / 'plan.json'}" in err, err
     point = sweep / "points" / "b-2"
     _controller_logs(point)
     tel = read_logs(point)

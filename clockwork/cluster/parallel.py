@@ -50,7 +50,7 @@ import orjson
 
 from clockwork.extras import pip_extra
 from clockwork.filenames import name_bytes, printable
-from clockwork.telemetry import write_json
+from clockwork.telemetry import write_atomic, write_json
 
 POINTS = "points"  # ROOT/points/<name>/
 SUMMARY = "summary.json"
@@ -151,10 +151,15 @@ class Point:
 
     def command(self) -> str:
         """The ``clockwork simulate`` command line that runs this point alone, from any
-        folder: a shipped scenario by its name, a file by its path as found (a name that
-        is not UTF-8 quoted as bash's ``$'...'``, so the line is valid UTF-8)."""
-        shipped = "/" not in self.scenario and not self.scenario.endswith(".toml")
-        scenario = self.scenario if shipped else str(Path(self.path).resolve())
+        folder: a shipped scenario by its name, any other file by its absolute path (a
+        bare name found next to a sweep file too: by name, the shipped one would run; a
+        name that is not UTF-8 quoted as bash's ``$'...'``, so the line is valid UTF-8)."""
+        from clockwork.resources import scenarios_root
+
+        found = Path(self.path).resolve()
+        shipped = ("/" not in self.scenario and not self.scenario.endswith(".toml")
+                   and found.parent == scenarios_root().resolve())
+        scenario = self.scenario if shipped else str(found)
         sets = " ".join(f"--set {shell_word(o)}" for o in self.overrides)
         return f"clockwork simulate {shell_word(scenario)}" + (f" {sets}" if sets else "")
 
@@ -291,10 +296,10 @@ def point_digests(points: Sequence[Point]) -> list[str]:
     return out
 
 
-def _write_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    write_json(tmp, data)
-    os.replace(tmp, path)
+def _unwritable(e: OSError, folder: Path) -> str:
+    """A point's error for a file of it that could not be written, in one line."""
+    return (f"cannot write {printable(str(e.filename or folder))}: "
+            f"{e.strerror or e}").rstrip()
 
 
 def run_point(point: Point, folder: str | None = None, logs: bool = False) -> dict:
@@ -634,18 +639,22 @@ class Runner:
             if s is None:
                 todo.append((o, digest))
         if todo:
+            ready = []
             for o, digest in todo:
-                o.folder.mkdir(parents=True, exist_ok=True)
-                # (an earlier file's run: its logs too, which a run without logs would
-                # have left beside this run's summary)
-                for name in ("error.txt", SUMMARY, "run.json", *_LOG_FILES):
-                    (o.folder / name).unlink(missing_ok=True)
-                write_json(o.folder / "point.json", {"scenario": o.point.scenario,
-                                                     "overrides": list(o.point.overrides),
-                                                     "command": o.point.command(),
-                                                     "inputs_sha256": digest})
-            todo = [o for o, _ in todo]
-            self._run(todo, desc)
+                try:
+                    o.folder.mkdir(parents=True, exist_ok=True)
+                    # (an earlier file's run: its logs too, which a run without logs would
+                    # have left beside this run's summary)
+                    for name in ("error.txt", SUMMARY, "run.json", *_LOG_FILES):
+                        (o.folder / name).unlink(missing_ok=True)
+                    write_atomic(o.folder / "point.json", {
+                        "scenario": o.point.scenario, "overrides": list(o.point.overrides),
+                        "command": o.point.command(), "inputs_sha256": digest})
+                except OSError as e:  # (a full disk: this point's error, the others go on)
+                    o.error = _unwritable(e, o.folder)
+                    continue
+                ready.append(o)
+            self._run(ready, desc)
         return out
 
     def _bar(self, total: int, desc: str):
@@ -702,11 +711,16 @@ class Runner:
     def _finish(self, o: Outcome, answer: dict) -> None:
         if "error" in answer:
             o.error = printable(str(answer["error"]))
-            (o.folder / "error.txt").write_text(o.error + "\n")
+            with contextlib.suppress(OSError):  # (what the error says is the outcome's)
+                (o.folder / "error.txt").write_text(o.error + "\n")
             return
         o.wall_s = float(answer.get("wall_s", 0.0))
-        write_json(o.folder / "run.json", answer["run"])
-        _write_atomic(o.folder / SUMMARY, answer["summary"])  # last: the point is done
+        try:
+            write_json(o.folder / "run.json", answer["run"])
+            write_atomic(o.folder / SUMMARY, answer["summary"])  # last: the point is done
+        except OSError as e:  # (a full disk: this point's error, the others go on)
+            o.error = _unwritable(e, o.folder)
+            return
         o.summary = answer["summary"]
 
     def _run(self, todo: list[Outcome], desc: str) -> None:

@@ -520,15 +520,6 @@ def _run_plan(args: argparse.Namespace, plan: Plan, out: Path | None) -> int:
             if tmp is not None:
                 tmp.cleanup()
     result = plan.result()
-    if out is not None:
-        from clockwork.telemetry import write_json
-
-        write_json(out / "plan.json", result)
-        cols = ["gpus", "workers", "meets", "attainment_min", "attainment_mean",
-                "goodput_rps_mean", "cold_starts_mean", "p99_ms_max"]
-        lines = ["\t".join(cols)] + ["\t".join(_tsv_cell(r[c]) for c in cols)
-                                     for r in result["curve"]]
-        (out / "curve.tsv").write_text("\n".join(lines) + "\n")
     if args.json:
         import orjson
 
@@ -539,8 +530,20 @@ def _run_plan(args: argparse.Namespace, plan: Plan, out: Path | None) -> int:
         if plan.answer is not None:
             check = plan.counts[plan.answer].outcomes[0].point.command()
             print(f"check (first seed): {check}")
+    sys.stdout.flush()  # (the answer first: files that cannot be written lose nothing else)
+    if out is not None:
+        from clockwork.telemetry import write_atomic
+
+        cols = ["gpus", "workers", "meets", "attainment_min", "attainment_mean",
+                "goodput_rps_mean", "cold_starts_mean", "p99_ms_max"]
+        lines = ["\t".join(cols)] + ["\t".join(_tsv_cell(r[c]) for c in cols)
+                                     for r in result["curve"]]
+        try:
+            write_atomic(out / "plan.json", result)
+            write_atomic(out / "curve.tsv", ("\n".join(lines) + "\n").encode())
+        except OSError as e:
+            return _failed(f"cannot write {e.filename or out}: {e.strerror or e}")
     if args.plot:  # (after the answer: a plot that fails loses nothing else)
-        sys.stdout.flush()
         try:
             png = plot_curve(plan, Path(args.plot))
         except Exception as e:  # noqa: BLE001 - matplotlib's errors are of many kinds

@@ -33,6 +33,7 @@ attainment and goodput against the first grid key into ``OUT/sweep.png``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import math
 import sys
@@ -317,7 +318,10 @@ def load_sweep(path: str | Path) -> Sweep:
                 sc = load_scenario(scen, sets)
                 # (the table is checked by the policy; a setting it ignores is said once)
                 unused = _check_scheduler(sc.scheduler, keys)
-            except (ScenarioError, ValueError) as e:
+                # (what only the simulator checks -- workloads, faults, profiles, events --
+                # as clockwork simulate does before it runs: building it runs nothing)
+                _simulatable(sc)
+            except (ScenarioError, ValueError, OSError) as e:
                 what = " ".join(f"{k}={label_value(v)}" for k, v in zip(keys, combo,
                                                                        strict=True))
                 raise bad(f"scenario {entry}" + (f" with {what}" if what else "")
@@ -331,8 +335,21 @@ def load_sweep(path: str | Path) -> Sweep:
                           labels + ((("seed", seed),) if seed is not None else ()))
                 points.append(p)
                 sweep.grid_of[p.name] = dict(zip(keys, combo, strict=True))
-                sweep.seed_of[p.name] = seed
+                sweep.seed_of[p.name] = seed if seed is not None else sc.seed
     return sweep
+
+
+def _simulatable(sc) -> None:
+    """Raise what ``clockwork simulate`` would refuse ``sc`` for before running it (its
+    workloads, faults, profiles and events are checked as the simulation is built; its
+    warnings are said by the point's own run)."""
+    import warnings
+
+    from clockwork.cluster.sim import Simulation
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        Simulation(sc)
 
 
 # ----------------------------------------------------------------------------- results
@@ -398,10 +415,13 @@ def rows(sweep: Sweep, outcomes: list[Outcome]) -> list[dict]:
     return out
 
 
-def _cell(v: Any) -> str:
+def _cell(v: Any, words: bool = False) -> str:
+    """A table's cell: None empty, a string as it is, ``words`` (the overrides column's
+    list of strings) joined by spaces, any other value as TOML writes it (an empty list
+    ``[]``)."""
     if v is None:
         return ""
-    if isinstance(v, list) and all(isinstance(x, str) for x in v):
+    if words and isinstance(v, list):
         text = " ".join(v)
     elif isinstance(v, str):
         text = v
@@ -410,15 +430,19 @@ def _cell(v: Any) -> str:
     return text.replace("\t", " ").replace("\n", " ")
 
 
-def write_results(out: Path, sweep: Sweep, outcomes: list[Outcome]) -> list[dict]:
-    """``results.tsv`` and ``results.json`` in ``out``; returns the rows."""
-    from clockwork.telemetry import write_json
+def write_results(out: Path, sweep: Sweep, outcomes: list[Outcome],
+                  table: list[dict] | None = None) -> list[dict]:
+    """``results.tsv`` and ``results.json`` in ``out`` (``table``: the rows, made here if
+    not given), each written whole or not at all (an ``OSError`` names the file);
+    returns the rows."""
+    from clockwork.telemetry import write_atomic
 
-    table = rows(sweep, outcomes)
+    if table is None:
+        table = rows(sweep, outcomes)
     cols = list(table[0]) if table else []
     lines = ["\t".join(cols)]
-    lines += ["\t".join(_cell(r[c]) for c in cols) for r in table]
-    (out / "results.tsv").write_text("\n".join(lines) + "\n")
+    lines += ["\t".join(_cell(r[c], c == "overrides") for c in cols) for r in table]
+    write_atomic(out / "results.tsv", ("\n".join(lines) + "\n").encode())
     doc = {
         "sweep": sweep.name,
         "file": str(sweep.path),
@@ -428,7 +452,7 @@ def write_results(out: Path, sweep: Sweep, outcomes: list[Outcome]) -> list[dict
         "grid": sweep.grid,
         "points": [{**r, "summary": o.summary} for r, o in zip(table, outcomes, strict=True)],
     }
-    write_json(out / "results.json", doc)
+    write_atomic(out / "results.json", doc)
     return table
 
 
@@ -577,22 +601,30 @@ def _run_sweep(args: argparse.Namespace, sweep: Sweep, out: Path) -> int:
               f"{at_once} ({args.backend}), out {out}", file=sys.stderr)
     if todo:  # (the tables of an earlier run, until this one ends: one stopped left them
         for name in ("results.tsv", "results.json"):  # looking current, a point short)
-            (out / name).unlink(missing_ok=True)
+            with contextlib.suppress(IsADirectoryError):  # (its write says so, at the end)
+                (out / name).unlink(missing_ok=True)
     with term_as_ctrl_c(), Runner(jobs, args.backend, sweep.spec.logs, progress=False
                                       if quiet else (True if args.progress else None)) as runner:
         outcomes = runner.run(points, out, desc=f"sweep {sweep.name}")
-    table = write_results(out, sweep, outcomes)
+    table = rows(sweep, outcomes)
     failed = [o for o in outcomes if not o.ok]
-    print(format_rows(sweep, table))
-    if args.plot:
-        png = plot(out, sweep, table)
-        if not quiet:
-            print(f"wrote {png}", file=sys.stderr)
+    print(format_rows(sweep, table))  # (first: a results file that cannot be written
+    sys.stdout.flush()  # loses nothing else)
+    unwritten = None
+    try:
+        write_results(out, sweep, outcomes, table)
+        if args.plot:
+            png = plot(out, sweep, table)
+            if not quiet:
+                print(f"wrote {png}", file=sys.stderr)
+    except OSError as e:
+        unwritten = f"cannot write {e.filename or out}: {e.strerror or e}"
     if not quiet:
         ran = sum(1 for o in outcomes if not o.reused)
         print(f"{len(points)} points: {ran - len(failed)} run, "
-              f"{sum(o.reused for o in outcomes)} already done, {len(failed)} failed; "
-              f"wrote {out / 'results.tsv'}, {out / 'results.json'}", file=sys.stderr)
+              f"{sum(o.reused for o in outcomes)} already done, {len(failed)} failed"
+              + ("" if unwritten else
+                 f"; wrote {out / 'results.tsv'}, {out / 'results.json'}"), file=sys.stderr)
     empty = [r["point"] for r in table if r["status"] == "ok" and r["submitted"] == 0]
     if empty:  # (as simulate says it: a warning, not an error)
         print(f"clockwork sweep: warning: {len(empty)} point(s) submitted no requests (rates "
@@ -600,4 +632,6 @@ def _run_sweep(args: argparse.Namespace, sweep: Sweep, out: Path) -> int:
               f"{', '.join(empty[:5])}{' ...' if len(empty) > 5 else ''}", file=sys.stderr)
     for o in failed:
         print(f"clockwork sweep: point {o.point.name} failed: {o.error}", file=sys.stderr)
-    return 1 if failed else 0
+    if unwritten:
+        print(f"clockwork sweep: {unwritten}", file=sys.stderr)
+    return 1 if failed or unwritten else 0

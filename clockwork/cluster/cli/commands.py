@@ -172,13 +172,16 @@ def _no_summary(path: Path) -> str:
     """Why ``path`` (a folder or a file's path) has no run summary to report, in words."""
     if not path.exists():
         return f"no such {'file' if path.suffix == '.json' else 'folder'}: {path}"
-    if (path / "points").is_dir():  # a sweep's OUT (clockwork sweep; its points inside)
-        got = [str(path / "results.tsv")] if (path / "results.tsv").exists() else []
+    if (path / "points").is_dir():  # a sweep's or a plan's OUT (their points inside)
+        plan = any((path / n).exists() for n in ("plan.json", "curve.tsv"))
+        tables = ("plan.json", "curve.tsv") if plan else ("results.tsv",)
+        got = [str(path / n) for n in tables if (path / n).exists()]
         point = next((p for p in sorted((path / "points").iterdir())
                       if (p / "summary.json").exists()), None)
         if point is not None:
             got.append(f"a point's run: clockwork report {point}")
-        return (f"{path} is a sweep's output, not a run: no summary.json of its own"
+        return (f"{path} is a {'plan' if plan else 'sweep'}'s output, not a run: no "
+                "summary.json of its own"
                 + (f"; see {' or '.join(got)}" if got else " (and no point finished yet)"))
     from clockwork.telemetry import COMPRESSED_SUFFIXES, is_log_file
 

@@ -655,8 +655,10 @@ def add_sweep(sub) -> None:
 
 PLAN_EPILOG = """the answer:
   The GPU count is varied through cluster.workers (gpus_per_worker stays the scenario's;
-  GPUs = workers x gpus_per_worker, the same as workers in every shipped scenario). A
-  count meets the target when every seed's SLO attainment is >= --attainment.
+  GPUs = workers x gpus_per_worker, the same as workers in every shipped scenario;
+  --min-gpus is rounded up to whole workers, --max-gpus down). A scenario with
+  [[add_workers]] or [[remove_workers]] is refused (--set add_workers=[] plans
+  without them). A count meets the target when every seed's SLO attainment is >= --attainment.
   Attainment need not grow with GPUs (seeds, placement, cold starts), so the answer N
   is defined by the counts the search decided on (the curve printed): N meets the
   target, one worker fewer (N - gpus_per_worker GPUs) is in the curve and misses it
@@ -705,8 +707,8 @@ def add_plan(sub) -> None:
                    "whose scenario, profile set and traces are unchanged) "
                    "and write OUT/plan.json and OUT/curve.tsv")
     p.add_argument("--plot", type=t.figure_file, metavar="FILE", default=None,
-                   help="draw the curve (attainment and goodput against GPUs) into FILE, "
-                   "in the format its extension names (.png, .pdf, .svg, ...; needs "
+                   help="draw the curve (attainment and goodput against GPUs) into FILE "
+                   "(its missing folders made), in the format its extension names (.png, .pdf, .svg, ...; needs "
                    "matplotlib: the plots extra)")
     p.add_argument("--json", action="store_true",
                    help="print the answer and the curve as JSON instead of the table")
