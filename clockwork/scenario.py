@@ -538,12 +538,21 @@ def joining_workers(sc: Scenario) -> list[tuple[float, int]]:
     """The workers the scenario's ``[[add_workers]]`` entries add: (at_s, worker index) in
     the order they join (by time, then the file's order), indices from ``cluster.workers``
     on. Raises ``ScenarioError`` for one at or after the end, or more workers in all than
-    a cluster may have."""
-    from clockwork.sizes import MAX_WORKERS
+    a cluster may have, or more GPUs in all (``cluster.gpus_per_worker`` each)."""
+    from clockwork.sizes import MAX_GPUS, MAX_WORKERS
 
     events = sc.data.get("add_workers") or []
     out: list[tuple[float, int]] = []
     w = int(sc.cluster["workers"])
+    total = w + sum(int(e.get("count", 1)) for e in events)  # (checked before any is made)
+    if total > MAX_WORKERS:
+        raise ScenarioError(f"add_workers: {total:,} workers in all with cluster.workers, "
+                            f"more than a cluster may have ({MAX_WORKERS:,})")
+    g = int(sc.cluster["gpus_per_worker"])
+    if total * g > MAX_GPUS:
+        raise ScenarioError(f"add_workers: {total:,} workers of {g} GPU(s) in all with "
+                            f"cluster.workers, {total * g:,} GPUs: more than a cluster may "
+                            f"have ({MAX_GPUS:,})")
     for i, e in sorted(enumerate(events), key=lambda ie: (float(ie[1]["at_s"]), ie[0])):
         at = float(e["at_s"])
         why = event_time_error(f"add_workers.{i}", at, sc.duration_s)
@@ -552,9 +561,6 @@ def joining_workers(sc: Scenario) -> list[tuple[float, int]]:
         for _ in range(int(e.get("count", 1))):
             out.append((at, w))
             w += 1
-    if w > MAX_WORKERS:
-        raise ScenarioError(f"add_workers: {w:,} workers in all with cluster.workers, more "
-                            f"than a cluster may have ({MAX_WORKERS:,})")
     return out
 
 

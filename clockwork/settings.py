@@ -617,13 +617,26 @@ class ModelEntry(Settings):
 
 
 def _has_nonfinite(value: Any) -> bool:
+    """Whether ``value`` holds nan or an infinity, or an integer no float can hold
+    (beyond ~1.8e308: each number is used as a float)."""
     if isinstance(value, float):
         return not math.isfinite(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return not _fits_float(value)
     if isinstance(value, list):
         return any(_has_nonfinite(v) for v in value)
     if isinstance(value, dict):
         return any(_has_nonfinite(v) for v in value.values())
     return False
+
+
+def _fits_float(v: int) -> bool:
+    """Whether the integer ``v`` converts to a float (|v| below ~1.8e308)."""
+    try:
+        float(v)
+    except OverflowError:
+        return False
+    return True
 
 
 def _selector(value: Any) -> Any:
@@ -939,8 +952,9 @@ def check_scenario(data: Any, where: str = "", error: type[Exception] = Settings
     for i, w in enumerate(sc.workloads):  # the kind's own keys: numbers must be finite
         for key, value in (w.model_extra or {}).items():
             if _has_nonfinite(value):
-                want = "a finite number" if isinstance(value, float) else \
-                    "free of nan and inf"
+                want = ("a finite number" if isinstance(value, float) else
+                        "a number a float can hold (at most ~1.8e308)"
+                        if isinstance(value, int) else "free of nan and inf")
                 line = f"workloads.{i}.{key}: must be {want}, got {show(value)}"
                 raise error(f"{where}: {line}" if where else line)
     out = sc.model_dump(exclude_none=True)
@@ -1031,8 +1045,9 @@ def _time_too_long(v: Any, path: tuple, key: str = "") -> str | None:
                 return line
     elif isinstance(v, int | float) and not isinstance(v, bool):
         bound = time_bound(key)
-        if bound is not None and abs(v) > bound[0] and math.isfinite(v):  # (inf: the
-            # schema of its table says what is expected there)
+        if bound is not None and abs(v) > bound[0] and (
+                isinstance(v, int) or math.isfinite(v)):  # (inf: the schema of its table
+            # says what is expected there; an integer of any size is too long here)
             side = f"at most {bound[0]:,.0f}" if v > 0 else f"at least {-bound[0]:,.0f}"
             return f"{_key(path)}: must be {side} ({bound[1]}), got {show(v)}"
     return None

@@ -78,6 +78,16 @@ def test_a_worker_that_joins_takes_work_from_its_time_on(tmp_path):
     assert simulate(_scenario(tmp_path)).summary == res.summary
 
 
+def test_joining_workers_count_in_the_gpus_a_cluster_may_have(tmp_path):
+    """Workers added past the GPUs a cluster may have (65,536) are refused, as a cluster
+    that large at the start is (the run went ahead with 128,064 GPUs)."""
+    with pytest.raises(ScenarioError, match=r"add_workers: 1,101 workers of 64 GPU\(s\) in "
+                       r"all with cluster.workers, 70,464 GPUs: more than a cluster may "
+                       r"have \(65,536\)"):
+        joining_workers(_scenario(tmp_path, overrides=[
+            "cluster.gpus_per_worker=64", "add_workers=[{at_s=1, count=1100}]"]))
+
+
 def test_joining_workers_take_the_next_indices_in_time_order(tmp_path):
     sc = _scenario(tmp_path, overrides=[
         "cluster.workers=2", "add_workers=[{at_s=5, count=2}, {at_s=1}]"])

@@ -143,6 +143,11 @@ def raises(exc: type[Exception], fn, *args, **kw) -> str:
      "models.0.copies: must be an integer in [1, 100000], got 10000000"),
     ("workloads.0.concurrency=100000000",
      "workloads.0.concurrency: must be an integer <= 100000, got 100000000"),
+    # integers no float holds (a traceback: OverflowError, exit 1)
+    ("workloads.0.on_s=1" + "0" * 400, "workloads.0.on_s: must be a number a float can hold "
+     "(at most ~1.8e308), got 1" + "0" * 56 + "..."),
+    ("scheduler.default_slo_ms=1" + "0" * 400, "scheduler.default_slo_ms: must be at most "
+     "86,400,000 (a day), got 1" + "0" * 56 + "..."),
 ])
 def test_bad_scenario_values_give_one_line(override, msg):
     """A bad value an override gave is named as the override's (the file did not say

@@ -161,9 +161,13 @@ class Params:
                 raise WorkloadError(f"{self.kind} workload needs {key}")
             return float(default)
         v = self.spec[key]
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-            raise WorkloadError(f"{key} must be a finite number, got {v!r}")
-        return float(v)
+        try:
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise OverflowError
+            return float(v)
+        except OverflowError:  # (an integer no float holds: beyond ~1.8e308)
+            shown = repr(v) if len(repr(v)) <= 60 else repr(v)[:57] + "..."
+            raise WorkloadError(f"{key} must be a finite number, got {shown}") from None
 
     def opt_num(self, key: str) -> float | None:
         return self.num(key) if key in self.spec else None
