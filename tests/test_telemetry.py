@@ -818,6 +818,41 @@ def test_timeline_counts_what_came_before_time_0_in_the_first_interval():
     assert [r["requests"] for r in timeline_of(only_before, act, 1.0)] == [2]
 
 
+def test_report_of_a_renamed_summary_reads_the_logs_and_run_renamed_with_it(tmp_path,
+                                                                              capsys):
+    """A controller logging into a finished run's folder renames its files ``.1``:
+    ``report summary.1.json --timeline`` reads ``requests.1.*``/``actions.1.*`` and
+    ``run.1.json`` (it read the new, empty logs and another run's run.json, exit 0). A
+    run.json that cannot be read (a folder) is a warning, as a malformed one is."""
+    d = tmp_path / "run"
+    assert main(["simulate", "poisson_warm", "--set", "duration_s=2", "--out", str(d),
+                 "--quiet"]) == 0
+    for name in ("summary", "run"):
+        (d / f"{name}.json").rename(d / f"{name}.1.json")
+    for name in ("requests", "actions"):
+        (d / f"{name}.tsv").rename(d / f"{name}.1.tsv")
+    assert main(["simulate", "poisson_warm", "--set", "duration_s=2",
+                 "--set", "workloads.0.rate_rps=10", "--out", str(tmp_path / "other"),
+                 "--quiet"]) == 0
+    for name in ("requests.tsv", "actions.tsv", "run.json"):  # (the later run's, beside)
+        (d / name).write_bytes((tmp_path / "other" / name).read_bytes())
+    capsys.readouterr()
+    assert main(["report", str(d / "summary.1.json"), "--timeline", "1"]) == 0
+    cap = capsys.readouterr()
+    submitted = orjson.loads((d / "summary.1.json").read_bytes())["submitted"]
+    rows = [ln.split() for ln in cap.out.split("start_s")[1].splitlines()[1:] if ln.strip()]
+    assert sum(int(r[1]) for r in rows) == submitted > 100, cap.out
+    wall = orjson.loads((d / "run.1.json").read_bytes())["wall_s"]
+    assert f"{wall:.2f} s" in cap.out.split("wall time")[1].splitlines()[0], cap.out
+    assert "warning" not in cap.err, cap.err
+    (d / "run.1.json").unlink()
+    (d / "run.1.json").mkdir()
+    assert main(["report", str(d / "summary.1.json")]) == 0
+    cap = capsys.readouterr()
+    assert "wall time" not in cap.out and "run.1.json is not readable run information" \
+        in cap.err, cap.err
+
+
 def test_report_timeline_interval_over_a_year_is_one_line(tmp_path, capsys):
     """An interval whose nanoseconds overflow (>= ~9.2e9 s) was a traceback; intervals
     are bounded at a year (as other times)."""

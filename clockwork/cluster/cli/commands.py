@@ -168,6 +168,23 @@ def _warn(notes: list[str]) -> None:
         print(f"clockwork report: warning: {n}", file=sys.stderr)
 
 
+def _beside(f: Path) -> tuple[Path, Path]:
+    """The logs and the run information that go with the summary file ``f``: for
+    ``summary.json``, its folder's pair and ``run.json``; for ``summary.N.json`` (a
+    finished run's, renamed by a controller that then logged into its folder), the pair
+    renamed alike (``requests.N.tsv`` or ``requests.N.npz``, the newer if both) and
+    ``run.N.json``."""
+    tag = f.name[len("summary."):-len(".json")] if (
+        f.name.startswith("summary.") and f.name.endswith(".json")) else ""
+    if not tag:
+        return f.parent, f.parent / "run.json"
+    pair = [p for p in (f.parent / f"requests.{tag}.npz", f.parent / f"requests.{tag}.tsv")
+            if p.is_file()]
+    logs = (max(pair, key=lambda p: p.stat().st_mtime_ns) if pair
+            else f.parent / f"requests.{tag}.tsv")
+    return logs, f.parent / f"run.{tag}.json"
+
+
 def _no_summary(path: Path) -> str:
     """Why ``path`` (a folder or a file's path) has no run summary to report, in words."""
     if not path.exists():
@@ -221,6 +238,7 @@ def _report(args: argparse.Namespace) -> int:
     path = Path(args.dir)
     log = is_log_file(path)  # (a log pair named by one of its files: read from the pair)
     f = path / "summary.json" if path.is_dir() else path
+    logs, run = _beside(f)
     columns = None  # (request, action) columns, when read already
     end = None  # where the run ended, s from the logs' time 0
     from_logs = log  # (no summary.json to read: the figures from the logs)
@@ -271,28 +289,27 @@ def _report(args: argparse.Namespace) -> int:
                 d = s.get("duration_s")
                 end = d if isinstance(d, int | float) and d > 0 else None
                 notes: list[str] = []
-                columns = read_columns(f.parent, *TIMELINE_COLUMNS, notes)
+                columns = read_columns(logs, *TIMELINE_COLUMNS, notes)
                 _warn(notes)
             rows = timeline_of(*columns, args.timeline, end)
             logged = len(columns[0]["arrival"])
             if isinstance(s.get("submitted"), int) and s["submitted"] != logged:
-                print(f"clockwork report: warning: {f.parent}'s request log holds "
+                print(f"clockwork report: warning: {logs}'s request log holds "
                       f"{logged:,} requests, its summary counts {s['submitted']:,}: are "
                       "they of one run?", file=sys.stderr)
         except (FileNotFoundError, ValueError) as e:
             print(f"clockwork report: {e}", file=sys.stderr)
             return 2
         except OSError as e:  # (a log that is a folder, or that cannot be read)
-            print(f"clockwork report: cannot read {e.filename or f.parent}: "
+            print(f"clockwork report: cannot read {e.filename or logs}: "
                   f"{e.strerror or e}", file=sys.stderr)
             return 2
     print(table)
-    run = f.parent / "run.json"
     if run.exists() and not log:  # (a pair named: the run.json beside may be another's)
         try:
             r = orjson.loads(run.read_bytes())
             print(f"{'wall time':<40}  {float(r.get('wall_s', 0)):.2f} s")
-        except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+        except (OSError, orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
             print(f"clockwork report: warning: {run} is not readable run information; "
                   "left out", file=sys.stderr)
     if rows is not None:
@@ -304,7 +321,7 @@ def _report(args: argparse.Namespace) -> int:
         if not logged:
             what = ("the actions the summary counts are" if isinstance(s.get("actions"), dict)
                     else "the run's actions (unknown to its summary) are")
-            print(f"clockwork report: {what} not in {f.parent}'s action log (a live "
+            print(f"clockwork report: {what} not in {logs}'s action log (a live "
                   "replay's are the controller's: its --log-dir): loads and evicts n/a",
                   file=sys.stderr)
         print()
