@@ -147,7 +147,7 @@ def add_report(sub) -> None:
     p.add_argument("--timeline", type=t.timeline_seconds, nargs="?", const=60.0, default=None,
                    metavar="SECONDS", help="also print per-interval figures (requests, goodput, "
                    "SLO attainment, cold starts, loads, evicts); interval default 60 s, at least "
-                   "0.001 s, at most a year")
+                   "0.001 s, at most a year, and at most 1,000,000 intervals over the run")
 
 
 def add_scenarios(sub) -> None:
