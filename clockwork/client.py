@@ -100,6 +100,9 @@ GRACE_S = 1.0  # past its SLO, how long the client waits for an answer before gi
 WATCH_STALL_NS = 250_000_000
 MAX_TIMEOUT_S = 86_400.0  # a client's timeout beyond a day is taken as a day
 CLOSE_POLL_S = 0.05  # InferStream.close(): how often it looks whether all are answered
+# InferStream: after its call ends (the controller went away), the wait before a new call
+# is opened, doubling from the first to the last while calls keep ending unanswered
+REOPEN_FIRST_S, REOPEN_MAX_S = 0.05, 2.0
 # what gRPC says of a stream's call that ended while a message was being sent on it (the
 # write fails, and the status the server sent is lost)
 CORE_INTERNAL = "Internal error from Core"
@@ -1088,15 +1091,18 @@ class AsyncClient:
         if self._loop is not None and asyncio.get_running_loop() is not self._loop:
             raise RuntimeError(_OTHER_LOOP)
 
-    def stream(self, interval_us: float = 0.0, answer_times: bool = False) -> InferStream:
+    def stream(self, interval_us: float = 0.0, answer_times: bool = False,
+               reconnect: bool = True) -> InferStream:
         """A pipelined stream: ``submit`` many, replies resolve their futures.
         ``interval_us``: send at most one message per interval (requests submitted in
         between share it; for load generators, see clockwork.protocol.pacing): 0 (no
         pacing) to ``MAX_INTERVAL_US`` (a second), else ``ValueError``.
-        ``answer_times``: keep when each answer was read (``InferStream.answered_ns``)."""
+        ``answer_times``: keep when each answer was read (``InferStream.answered_ns``).
+        ``reconnect``: when the controller goes away, open a new call once it is back
+        (see ``InferStream``); False: the stream ends with its call."""
         self._check_loop()
         return InferStream(self._stub, _interval_us(interval_us), self.url, answer_times,
-                           self)
+                           self, reconnect=bool(reconnect))
 
     async def close(self) -> None:
         """Close the channel; calls still waiting fail with ``ControllerUnavailable``."""
@@ -1176,6 +1182,19 @@ class InferStream:
     say it: such requests are neither given up nor found late here). The later answer,
     if any, is ignored.
 
+    When its call ends because the controller went away (it stopped or died, or the
+    connection broke: a vanished controller is noticed within ~15 s, keepalive), the
+    requests sent on it and still unanswered fail ``ControllerUnavailable`` (they may have
+    run), and with ``reconnect`` (the default; once the controller has answered on the
+    stream: one never reached fails at once, as before) a new call is opened on the same
+    channel,
+    ``REOPEN_FIRST_S`` later (doubling to ``REOPEN_MAX_S`` while calls keep ending before
+    the controller says anything): it waits for the controller to be back, and the
+    requests submitted meanwhile wait in the stream -- each given up at its SLO plus
+    ``GRACE_S`` as any other -- and go on it. A refused token (``Unauthenticated``), a
+    closed client, or a stream made with ``reconnect=False`` ends for good instead: what
+    is unanswered fails, and so does every later ``submit``.
+
     ``close()`` sends what was submitted and waits for the answers still due: it returns
     once every request is answered or given up (its SLO, or the default, plus ``GRACE_S``), or the call
     ends -- a stalled or vanished controller within ~15 s (keepalive), what is
@@ -1189,7 +1208,7 @@ class InferStream:
 
     def __init__(self, stub: pbg.ClockworkStub, interval_us: float = 0.0,
                  url: str = "", answer_times: bool = False,
-                 owner: AsyncClient | None = None) -> None:
+                 owner: AsyncClient | None = None, reconnect: bool = True) -> None:
         self._stub = stub
         self._owner = owner  # its client: closed, submit raises RuntimeError
         self._url = url  # the controller's address, for messages
@@ -1209,11 +1228,25 @@ class InferStream:
         self._default_slo = 0
         self._undated: list[int] | None = []
         self.answered_ns: dict[int, int] | None = {} if answer_times else None
-        self._call = stub.InferStream(self._requests())
-        self._opened = time.monotonic()
-        self._said = asyncio.ensure_future(self._read_limit())  # (the controller's limit)
-        self._reader = asyncio.create_task(self._read())
+        self._reconnect = reconnect
+        self._away: str | None = None  # why the last call ended, until a new one answers
+        # the requests sent on the current call and not yet answered, by client id (sent
+        # again on the next call if the controller never took the call: it was starting)
+        self._carried: dict[int, pb.InferRequest] = {}
+        self._gen = 0  # the calls opened so far (the current one's number)
+        self._open()
+        self._reader = asyncio.create_task(self._run())
         self._watch = asyncio.create_task(self._watchdog())
+
+    def _open(self) -> None:
+        """A new call on the stream's channel (the first, or one after the last ended,
+        once the channel is connected again); its sender takes from the queue, and the
+        controller's limit is read from it again."""
+        self._gen += 1
+        self._call = self._stub.InferStream(self._requests(self._gen))
+        self._opened = time.monotonic()
+        self._limit = None
+        self._said = asyncio.ensure_future(self._read_limit(self._call))
 
     async def _watchdog(self) -> None:
         """Resolve requests whose SLO and grace have passed without an answer (ends with
@@ -1230,21 +1263,25 @@ class InferStream:
             due = self._due
             while due and due[0][0] <= now:
                 _, cid = heapq.heappop(due)
+                self._carried.pop(cid, None)
                 fut = self._waiting.pop(cid, None)
                 sent = self._sent.pop(cid, None)
                 if fut is not None and not fut.done():
                     waited = (now - sent[0]) / 1e6 if sent else 0.0
                     slo = (f"its SLO {sent[1]:g} ms" if sent and sent[1] else
                            f"the controller's default SLO {self._default_slo / 1e6:g} ms")
+                    away = (f"; the stream's call ended ({self._away}) and no controller "
+                            "has taken a new one since" if self._away else "")
                     fut.set_result(pb.InferResponse(
                         status=4, reason="no_answer", client_id=cid, gpu=-1,
                         message=f"no answer {waited:.0f} ms after it was submitted ({slo} "
-                                f"plus {GRACE_S:g} s)"))
+                                f"plus {GRACE_S:g} s){away}"))
 
-    async def _requests(self):
-        """The call's messages: what was submitted, up to ``STREAM_MESSAGE_BYTES`` a
-        message (one larger request alone), until the stream is closed and all sent."""
-        while True:
+    async def _requests(self, gen: int):
+        """Call ``gen``'s messages: what was submitted, up to ``STREAM_MESSAGE_BYTES`` a
+        message (one larger request alone), until the stream is closed and all sent, or
+        a later call took over."""
+        while gen == self._gen:
             if not self._queue:
                 if self._closed:
                     return
@@ -1252,6 +1289,8 @@ class InferStream:
                 await self._wake.wait()
                 continue
             await self._pacer.wait()  # under load: one message per interval
+            if gen != self._gen or not self._queue:  # (the call ended meanwhile)
+                continue
             sizes = self._sizes
             n, size = 1, sizes[0]
             while n < len(sizes) and size + sizes[n] <= STREAM_MESSAGE_BYTES:
@@ -1268,19 +1307,25 @@ class InferStream:
                 continue
             self._pacer.note(len(batch))
             now = time.monotonic_ns()
+            if gen != self._gen:  # (the call ended while one too large was looked at:
+                self._queue[:0] = batch  # these go on the next)
+                self._sizes[:0] = [r.ByteSize() for r in batch]
+                return
+            carried = self._carried
             for req in batch:  # the wait here counts against its SLO (at the controller too)
                 t = sent[req.client_id]
                 if now > t[0]:
                     req.queued_ns = now - t[0]
+                carried[req.client_id] = req
             yield pb.InferRequestBatch(requests=batch, client_time_ns=now)
 
-    async def _read_limit(self) -> None:
-        """The controller's largest message and default SLO, from the stream's initial
-        metadata, which it sends as the stream opens (a controller that does not: none,
+    async def _read_limit(self, call) -> None:
+        """The controller's largest message and default SLO, from the call's initial
+        metadata, which it sends as the call opens (a controller that does not: none,
         0; requests without an SLO of their own are then not given up here)."""
         try:
             with contextlib.suppress(grpc.RpcError, ValueError, TypeError):
-                said = dict(await self._call.initial_metadata() or ())
+                said = dict(await call.initial_metadata() or ())
                 limit = said.get(STREAM_LIMIT_KEY)
                 self._limit = int(limit) if limit else 0
                 slo = int(said.get(STREAM_DEFAULT_SLO_KEY) or 0)
@@ -1333,12 +1378,66 @@ class InferStream:
                         "smaller inputs"))
         return True
 
-    async def _read(self) -> None:
+    async def _run(self) -> None:
+        """Each call's answers read (``_read``); when a call ends, what it carried
+        unanswered fails, and with ``reconnect`` the next call is opened (the class
+        says when); otherwise, or for an error a new call cannot mend, everything
+        unanswered fails and the stream has ended."""
+        wait, ever = REOPEN_FIRST_S, False
         try:
-            async for batch in self._call:
+            while True:
+                err, heard = await self._read(self._call)
+                self._gen += 1  # (its sender takes nothing more: the next call's will)
+                self._said.cancel()
+                ever = ever or heard
+                owner = self._owner
+                if (not self._reconnect or self._closed or not ever  # (never reached: no
+                        # controller there, as the first call says at once)
+                        or type(err) is not ControllerUnavailable
+                        or owner is not None and owner._closing):
+                    self._fail_waiting(err)
+                    return
+                self._call.cancel()
+                self._away = str(err)
+                carried, self._carried = self._carried, {}
+                back = [r for c, r in carried.items() if c in self._waiting]
+                if heard:  # (taken in: they may have run)
+                    self._fail_waiting(err, [r.client_id for r in back])
+                else:  # the controller never took the call (starting): sent again
+                    self._queue[:0] = back
+                    self._sizes[:0] = [r.ByteSize() for r in back]
+                if heard:
+                    wait = REOPEN_FIRST_S
+                await asyncio.sleep(wait)
+                wait = min(2 * wait, REOPEN_MAX_S)
+                if owner is not None and not owner._closing:
+                    # the controller back (a call made before it is, with wait_for_ready,
+                    # could hang on a channel connected again meanwhile)
+                    await owner._channel.channel_ready()
+                if self._closed or owner is not None and owner._closing:
+                    self._fail_waiting(err)
+                    return
+                self._open()
+        except asyncio.CancelledError:  # the channel closed under it (client.close())
+            self._fail_waiting(ControllerUnavailable("the client was closed with requests "
+                                                     "on its stream unanswered"))
+        finally:
+            self._watch.cancel()  # nothing is left to watch (it woke 20 times a second)
+            self._said.cancel()
+
+    async def _read(self, call) -> tuple[ClockworkError, bool]:
+        """``call``'s answers, each resolving its request, until the call ends: (why it
+        ended, whether the controller said anything on it)."""
+        heard = False
+        try:
+            async for batch in call:
+                heard = True
+                self._away = None
                 now = time.monotonic_ns()
                 times = self.answered_ns
+                carried = self._carried
                 for resp in batch.responses:
+                    carried.pop(resp.client_id, None)
                     fut = self._waiting.pop(resp.client_id, None)
                     sent = self._sent.pop(resp.client_id, None)
                     if fut is not None and not fut.done():
@@ -1354,6 +1453,10 @@ class InferStream:
                                                "default)"))
                         fut.set_result(resp)
         except grpc.RpcError as e:
+            if not heard:  # (the controller took the call: it said its limit as it opened)
+                with contextlib.suppress(grpc.RpcError, ValueError, TypeError):
+                    said = dict(await call.initial_metadata() or ())
+                    heard = STREAM_LIMIT_KEY in said or STREAM_DEFAULT_SLO_KEY in said
             err = _unavailable(e, self._url)
             if e.code() == grpc.StatusCode.INTERNAL and e.details() == CORE_INTERNAL:
                 # gRPC's words for a call that ended while a message was being sent on
@@ -1366,25 +1469,28 @@ class InferStream:
                 # requests still waiting are lost with it, not invalid)
                 err = ControllerUnavailable(f"the stream ended, a message on it larger than "
                                             f"the controller takes: {e.details()}")
-            self._fail_waiting(err)
-        except asyncio.CancelledError:  # the channel closed under it (client.close())
-            self._fail_waiting(ControllerUnavailable("the client was closed with requests "
-                                                     "on its stream unanswered"))
+            return err, heard
+        except asyncio.CancelledError:
+            raise
         except Exception as e:  # noqa: BLE001 - anything else ends the call: none waits on
             # (e.g. the client made on another event loop than the one using it)
-            self._fail_waiting(ControllerUnavailable(f"the stream's call failed: {e!r}"))
-        else:  # the controller ended the stream (it stops, or closed it): none is lost
-            self._fail_waiting(ControllerUnavailable("controller stream closed"))
-        finally:
-            self._watch.cancel()  # nothing is left to watch (it woke 20 times a second)
-            self._said.cancel()
+            return ControllerUnavailable(f"the stream's call failed: {e!r}"), heard
+        # the controller ended the call (it stops, or closed it): none is lost
+        return ControllerUnavailable("controller stream closed"), True
 
-    def _fail_waiting(self, err: ClockworkError) -> None:
-        """Every request still waiting fails with ``err`` (and a later submit too)."""
-        self._error = err
-        waiting = list(self._waiting.values())  # (an ``on_answer`` runs as it fails)
-        self._waiting.clear()
-        self._sent.clear()
+    def _fail_waiting(self, err: ClockworkError, ids: list[int] | None = None) -> None:
+        """The requests ``ids`` (None: every one still waiting, and every later submit:
+        the stream has ended) fail with ``err``."""
+        if ids is None:
+            self._error = err
+            waiting = list(self._waiting.values())  # (an ``on_answer`` runs as it fails)
+            self._waiting.clear()
+            self._sent.clear()
+            self._carried.clear()
+        else:
+            waiting = [self._waiting.pop(c) for c in ids]
+            for c in ids:
+                self._sent.pop(c, None)
         for fut in waiting:
             if not fut.done():
                 fut.set_exception(err)
@@ -1494,6 +1600,7 @@ class InferStream:
             raise
         finally:
             self._call.cancel()
+            self._reader.cancel()  # (waiting to open the next call: no more)
             self._watch.cancel()
             self._said.cancel()
         await asyncio.wait({self._reader}, timeout=1.0)  # (the cancel ends it at once)

@@ -126,6 +126,48 @@ def test_a_killed_controller_is_replaced_and_every_request_answered_once():
             assert st.get("weights_adopted", 0) >= 1
 
 
+def test_a_stream_goes_on_with_the_controller_that_replaces_a_killed_one():
+    """kill -9 the controller under a stream: what was in flight fails (or was answered),
+    the requests submitted while it is down wait in the stream, and once a new controller
+    listens on the port the same stream carries them and every later one (it failed
+    every later submit until a new stream was made). One made with reconnect=False
+    ends for good."""
+    import asyncio
+
+    import clockwork
+    from clockwork.errors import ControllerUnavailable
+    from tests.conftest import local_cluster
+
+    with local_cluster(workers=1, gpus=1, models="mobilenet_v2") as c:
+        async def run():
+            async with clockwork.AsyncClient(c.address, timeout=10) as cl:
+                s, once = cl.stream(), cl.stream(reconnect=False)
+                for st in (s, once):
+                    assert (await asyncio.wait_for(st.submit("mobilenet_v2", slo_ms=1000),
+                                                   10)).status == 0
+                inflight = [s.submit("mobilenet_v2", slo_ms=5000) for _ in range(20)]
+                c.controller.proc.kill()
+                done = await asyncio.wait_for(
+                    asyncio.gather(*inflight, return_exceptions=True), 20)
+                await asyncio.to_thread(c.controller.proc.wait)
+                ended = await asyncio.wait_for(asyncio.gather(
+                    once.submit("mobilenet_v2", slo_ms=1000), return_exceptions=True), 20)
+                waiting = [s.submit("mobilenet_v2", slo_ms=30000) for _ in range(5)]
+                await asyncio.to_thread(c.restart_controller)
+                got = await asyncio.wait_for(asyncio.gather(*waiting), 40)
+                after = await asyncio.wait_for(s.submit("mobilenet_v2", slo_ms=2000), 10)
+                await s.close()
+                await once.close()
+                return done, ended, got, after
+
+        done, ended, got, after = asyncio.run(run())
+        assert len(done) == 20 and all(
+            isinstance(r, ControllerUnavailable) or r.status == 0 for r in done), done
+        assert isinstance(ended[0], ControllerUnavailable), ended
+        assert [r.status for r in got] == [0] * 5, [r.message for r in got]
+        assert after.status == 0, after.message
+
+
 def test_a_restarted_controller_forgets_what_changed_at_run_time():
     """The controller keeps no state on disk: a new one (same flags) serves the models of
     its --models and connects the workers of its --workers. A model loaded at run time

@@ -295,17 +295,23 @@ def test_a_stopping_controller_ends_its_open_streams_saying_why():
 
         async def main():
             async with clockwork.AsyncClient(c.address, timeout=10) as ac:
-                st = ac.stream()
-                assert (await st.submit("mobilenet_v2", slo_ms=5000)).status == 0
+                st, again = ac.stream(reconnect=False), ac.stream()
+                for s in (st, again):
+                    assert (await s.submit("mobilenet_v2", slo_ms=5000)).status == 0
                 c.controller.proc.send_signal(signal.SIGTERM)
                 await asyncio.to_thread(c.controller.proc.wait, 30)
                 with pytest.raises(ControllerUnavailable) as e:
                     await st.submit("mobilenet_v2", slo_ms=5000)
-                return str(e.value)
+                # (one that reconnects waits for a controller, and says why none answered)
+                late = await asyncio.wait_for(again.submit("mobilenet_v2", slo_ms=200), 10)
+                return str(e.value), late
 
-        said = asyncio.run(main())
+        said, late = asyncio.run(main())
         # (the words of its answers: the replay's table counted two kinds of failure)
         assert said == "controller is shutting down", said
+        assert (late.status, late.reason) == (4, "no_answer"), late
+        assert late.message.endswith("; the stream's call ended (controller is shutting down) "
+                                     "and no controller has taken a new one since"), late
         err = got.get(timeout=10)
         assert err is not None and "controller is shutting down" in str(err), err
         k.stop_stream()

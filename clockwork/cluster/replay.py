@@ -151,7 +151,9 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
                                 f"{' ...' if len(sent_to) > 5 else ''}): nothing to check "
                                 "against")
     stats0 = await client.stats()
-    stream = client.stream(stream_interval_us, answer_times=True)
+    # (not reconnecting: a replay whose controller went away stops sending and says when;
+    # its table is of one controller's run)
+    stream = client.stream(stream_interval_us, answer_times=True, reconnect=False)
     answered_ns = stream.answered_ns
     tel = Telemetry(0, spill_dir=spill_dir)
     heap: list = []  # (t, seq, model, slo, widx) relative to t0
