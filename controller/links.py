@@ -547,14 +547,24 @@ class WorkerLinks:
             raise RepositoryError(grpc.StatusCode.NOT_FOUND,
                                   f"no worker {address} in this controller")
         gpus = self._gpus_of(lk)
-        if drain and lk.connected or lk.drain_task is not None:
-            if lk.drain_task is None:
-                lk.drain_task = asyncio.ensure_future(self._drain(lk, gpus, deadline))
-            # (a drain beside this one, or the call's caller gone: the drain goes on)
+        if lk.drain_task is not None and drain:  # a drain beside this one: its end waited
+            # for (within this call's time), which that call says
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    await asyncio.shield(lk.drain_task)
+            if not lk.removed:
+                raise RepositoryError(grpc.StatusCode.UNAVAILABLE, (
+                    f"{address}: still draining (another call drains it) when this call's "
+                    f"{wait:.1f} s ran out; remove it without drain to take it out now"))
+            return lk.index, gpus, False, False, 0
+        if drain and lk.connected:
+            lk.drain_task = asyncio.ensure_future(self._drain(lk, gpus, deadline))
+            # (the call's caller gone: the drain goes on)
             drained, failed = await asyncio.shield(lk.drain_task)
-            if failed < 0:  # (removed by a call beside this one meanwhile)
+            if failed < 0:  # (taken out by a remove beside it meanwhile)
                 return lk.index, gpus, False, False, 0
             return lk.index, gpus, True, drained, failed
+        # (a drain under way ends here: what it waits for fails now)
         return lk.index, gpus, True, False, self._remove(lk, gpus)
 
     async def _drain(self, lk: WorkerLink, gpus: list[int], deadline: float

@@ -148,6 +148,54 @@ def test_a_worker_drained_under_load_finishes_its_work_and_fails_nothing():
         assert [w["state"] for w in k.workers()] == ["serving", "removed"]
 
 
+def _gauge(c, name: str) -> float:
+    from controller.metrics import parse_text
+
+    with urllib.request.urlopen(f"http://{c.printed_address('http')}/metrics",
+                                timeout=5) as r:
+        samples = parse_text(r.read().decode())
+    return sum(v for _, v in samples[name])
+
+
+def test_a_plain_remove_ends_a_drain_and_a_second_drain_keeps_to_its_own_time():
+    """Worker 1 stopped (SIGSTOP, liveness off) with an INFER in flight, drained with a
+    long timeout: a second drain gives up within its own timeout (it waited on the first
+    with no bound: the call timed out as if the controller were down), and a plain remove
+    takes the worker out at once, failing that action (it could not end a drain); the
+    drain's call then says another call removed it, so one removal is reported once."""
+    import os
+    import signal
+
+    with local_cluster(workers=2, gpus=1, models="resnet50_v2:2",
+                       controller_args=["--set", "liveness=false"]) as c, \
+            Client(c.address, timeout=30) as k:
+        poll(lambda: _ready(c) == 200, 20)
+        on1 = next(m for m in ("resnet50_v2", "resnet50_v2:1")
+                   if k.infer(m, slo_ms=2000) and list(k.model_status(m).loaded_on) == [1])
+        os.kill(c.workers[1].proc.pid, signal.SIGSTOP)
+        try:
+            threading.Thread(target=lambda: Client(c.address, timeout=30).infer(
+                on1, slo_ms=20000), daemon=True).start()
+            poll(lambda: _gauge(c, "clockwork_requests_outstanding") == 1
+                 and _gauge(c, "clockwork_queue_depth") == 0, 20)  # (its INFER sent)
+            first: list = []
+            drain = threading.Thread(target=lambda: first.append(
+                k.remove_worker(c.worker_addresses[1], drain=True, timeout=25)))
+            drain.start()
+            poll(lambda: [w["state"] for w in k.workers()] == ["serving", "draining"], 10)
+            with pytest.raises(ClockworkError, match="still draining"):
+                k.remove_worker(c.worker_addresses[1], drain=True, timeout=1.5)
+            got = k.remove_worker(c.worker_addresses[1], timeout=5)
+            assert got == {"worker": 1, "gpus": [1], "removed": True, "drained": False,
+                           "failed": 1}, got
+            drain.join(10)
+            assert first == [{"worker": 1, "gpus": [1], "removed": False, "drained": False,
+                              "failed": 0}], first
+            assert [w["state"] for w in k.workers()] == ["serving", "removed"]
+        finally:
+            os.kill(c.workers[1].proc.pid, signal.SIGCONT)
+
+
 def test_removing_every_worker_leaves_a_controller_that_answers_no_worker():
     """The last worker removed: requests are answered at once with an error (no worker),
     and the readiness probe says 503; an unknown address or a malformed one is refused
@@ -316,6 +364,21 @@ def test_a_worker_drained_in_a_simulated_run_finishes_its_actions_there(tmp_path
             if a["worker"] == "1" and a["status"] == "WORKER_LOST"]
 
 
+def test_a_worker_lost_while_draining_in_a_simulated_run_is_said_not_drained(tmp_path):
+    """Worker 1 hangs as it is drained: the liveness check fails its actions, and the
+    removal says so, as the live run does (it said "removed (drained)")."""
+    from clockwork.cluster.sim import Simulation
+
+    sim = Simulation(_scenario(tmp_path, [
+        "workloads.0.rate_rps=1500", "remove_workers.0.at_s=3.005",
+        "remove_workers.0.drain=true", "faults.hang=[{worker=1, at_s=3.0, for_s=1.0}]"]))
+    sim.run()
+    said = [line for _, line in sim.fault_log if "worker 1" in line]
+    failed = next(int(x.split("; ")[1].split()[0]) for x in said if "suspects" in x)
+    assert failed > 0 and f"cluster: worker 1 removed (not drained: {failed} action(s) " \
+        "failed)" in said, said
+
+
 @pytest.mark.parametrize("overrides,error", [
     (["remove_workers.0.at_s=6"], "remove_workers.0.at_s: must be before the end"),
     (["remove_workers.0.worker=2"],
@@ -392,6 +455,37 @@ def test_a_worker_leaves_a_live_run_at_its_time(tmp_path, drain):
     # a shared host can starve this cluster's for tens of ms, so a few percent may time out
     after = [r for r in rows if int(r["arrival"]) > (removed + 0.5) * 1e9]
     assert sum(r["status"] == "SUCCESS" for r in after) >= 0.85 * len(after)
+
+
+@pytest.mark.faults
+def test_a_drain_in_a_live_run_holds_up_no_later_event(tmp_path):
+    """``clockwork serve --replay``: worker 1 hangs at 2 s for 3 s and is drained at
+    2.05 s with the actions sent to it meanwhile in flight (liveness off: the drain waits
+    for them); worker 2's removal at 3 s is played at its time (it waited for the drain,
+    ~3 s late), and so is the hang's end."""
+    import re
+    import subprocess
+    import sys
+
+    path = tmp_path / "s.toml"
+    path.write_text(SCENARIO.replace("workers = 2", "workers = 3").replace(
+        "copies = 4", "copies = 6").replace("at_s = 3.0", "at_s = 2.05")
+        + "drain = true\n\n[[remove_workers]]\nat_s = 3.0\nworker = 2\n\n"
+        "[scheduler]\nliveness = false\n\n[faults]\nhang = [{worker = 1, at_s = 2.0, "
+        "for_s = 3.0}]\n")
+    p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve", str(path),
+                        "--replay", "--quiet", "--set", "workloads.0.rate_rps=1200",
+                        "--out", str(tmp_path / "live")],
+                       capture_output=True, text=True, timeout=120)
+    said = {m[2]: float(m[1]) for m in re.finditer(
+        r"clockwork serve: +([\d.]+) s  (cluster: worker 2 removed|fault: resume worker 1|"
+        r"cluster: worker 1 removed)", p.stderr)}
+    assert set(said) == {"cluster: worker 2 removed", "fault: resume worker 1",
+                         "cluster: worker 1 removed"}, p.stderr[-3000:]
+    assert 3.0 <= said["cluster: worker 2 removed"] < 3.9, said
+    assert 5.0 <= said["fault: resume worker 1"] < 5.9, said
+    assert said["cluster: worker 1 removed"] >= said["fault: resume worker 1"], said
+    assert p.returncode == 0, p.stderr[-3000:]
 
 
 def test_plan_replay_serve_and_ray_say_what_they_do_with_removals(tmp_path):

@@ -118,6 +118,7 @@ class LiveFaults:
         # the restarts under way, by worker: each on a thread of its own (a new process
         # takes ~0.3 s to listen, and the events due meanwhile were played that late)
         self._restarts: dict[int, threading.Thread] = {}
+        self._drains: list[tuple[int, threading.Thread]] = []  # (worker, its drain) each
 
     def __bool__(self) -> bool:
         return bool(self.plan)
@@ -139,6 +140,11 @@ class LiveFaults:
                 if th.is_alive():
                     self.failed.append(f"{_event('restart', w)}: not done by the end "
                                        "(still under way)")
+            for w, th in self._drains:
+                th.join(10.0)
+                if th.is_alive():
+                    self.failed.append(f"{_event('remove', (w, True))}: not done by the "
+                                       "end (still draining)")
             done = time.monotonic_ns()
             for at_s, _, what, w in self.plan[self._played + (0 if busy else 1):]:
                 if self._t0 + round(at_s * 1e9) <= done:
@@ -182,33 +188,14 @@ class LiveFaults:
             left = (t0 + round(at_s * 1e9) - time.monotonic_ns()) / 1e9
             if left > 0 and self._stop.wait(left):
                 return
+            if what == "remove" and w[1]:  # a drain waits for what the worker has in
+                # flight: on a thread of its own, so the events after it play on time
+                th = threading.Thread(target=self._event, args=(t0, what, w), daemon=True)
+                self._drains.append((w[0], th))
+                th.start()
+                continue
             if what in ("unload", "load", "join", "remove"):
-                try:
-                    if what == "join":
-                        proc = self.cluster.workers[w[0]].proc
-                        if proc.poll() is not None:
-                            raise RuntimeError(f"its process (started before the run) has "
-                                               f"exited (code {proc.returncode})")
-                        # (no longer than the run has left: the events after it must go on)
-                        left = self.duration_s - (time.monotonic_ns() - t0) / 1e9
-                        got = self._client.add_worker(w[1], timeout=max(1.0, min(
-                            REPOSITORY_S, left)))
-                        said = (f"cluster: worker {got['worker']} joined "
-                                f"({len(got['gpus'])} GPU(s))")
-                    elif what == "remove":
-                        got = self._client.remove_worker(
-                            self.cluster.worker_addresses[w[0]], drain=w[1])
-                        said = (f"cluster: worker {w[0]} removed" + (
-                            "" if not w[1] else " (drained)" if got["drained"] else
-                            f" (not drained: {got['failed']} action(s) failed)"))
-                    else:
-                        said = self._repository(what, *w)
-                except Exception as e:  # noqa: BLE001 - one line; the events after it still run
-                    self._failed(t0, what, w, e)
-                    continue
-                t = (time.monotonic_ns() - t0) / 1e9
-                self.log.append((t, said))
-                print(f"clockwork serve: {t:7.2f} s  {said}", file=sys.stderr, flush=True)
+                self._event(t0, what, w)
                 continue
             earlier = self._restarts.pop(w, None)
             if earlier is not None:  # (a worker's own events stay in order)
@@ -219,6 +206,36 @@ class LiveFaults:
                 th.start()
             else:
                 self._fault(t0, what, w)
+
+    def _event(self, t0: int, what: str, w) -> None:
+        """Play one cluster or repository event through the controller now; said (and
+        logged) once done, or failed."""
+        try:
+            if what == "join":
+                proc = self.cluster.workers[w[0]].proc
+                if proc.poll() is not None:
+                    raise RuntimeError(f"its process (started before the run) has "
+                                       f"exited (code {proc.returncode})")
+                # (no longer than the run has left: the events after it must go on)
+                left = self.duration_s - (time.monotonic_ns() - t0) / 1e9
+                got = self._client.add_worker(w[1], timeout=max(1.0, min(
+                    REPOSITORY_S, left)))
+                said = (f"cluster: worker {got['worker']} joined "
+                        f"({len(got['gpus'])} GPU(s))")
+            elif what == "remove":
+                got = self._client.remove_worker(
+                    self.cluster.worker_addresses[w[0]], drain=w[1])
+                said = (f"cluster: worker {w[0]} removed" + (
+                    "" if not w[1] else " (drained)" if got["drained"] else
+                    f" (not drained: {got['failed']} action(s) failed)"))
+            else:
+                said = self._repository(what, *w)
+        except Exception as e:  # noqa: BLE001 - one line; the events after it still run
+            self._failed(t0, what, w, e)
+            return
+        t = (time.monotonic_ns() - t0) / 1e9
+        self.log.append((t, said))
+        print(f"clockwork serve: {t:7.2f} s  {said}", file=sys.stderr, flush=True)
 
     def _fault(self, t0: int, what: str, w: int) -> None:
         """Play one fault on worker ``w`` now; said (and logged) once done."""

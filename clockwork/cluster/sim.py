@@ -464,6 +464,7 @@ class Simulation:
             @staticmethod
             def drained(w, failed):  # (its removal: an event at this instant, outside
                 # the loop)
+                drain_failed[w] = failed
                 fault_at(now, "remove", w)
 
         class ToController:  # one worker's side of the network
@@ -669,6 +670,7 @@ class Simulation:
         detect = ms(float(fl.get("detect_ms", 1.0)))
         reconnect = sec(float(fl.get("reconnect_s", 0.7)))
 
+        drain_failed: dict[int, int] = {}  # drained workers: their actions a loss failed
         kills = [0] * W  # each worker's kills so far
         seen = [0] * W  # ... of which the controller has seen the connection close
 
@@ -737,9 +739,10 @@ class Simulation:
                     return
                 n = ctrl.remove_worker(w, now)
                 cut[w] = True
+                lost = drain_failed.pop(w, None)  # (None: not drained)
                 log.append((now, f"cluster: worker {w} removed" + (
-                    " (drained)" if ctrl.leaving[w] and not n
-                    else f"; {n} action(s) failed")))
+                    f"; {n} action(s) failed" if lost is None else " (drained)"
+                    if not n + lost else f" (not drained: {n + lost} action(s) failed)")))
             elif what == "drain":  # as Client.remove_worker(drain=True): nothing more
                 # placed there; taken out once its actions in flight are answered
                 n = ctrl.drain_worker(w, now)
