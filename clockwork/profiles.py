@@ -330,10 +330,11 @@ def load_profile_set(name_or_path: str | Path, base: str | Path | None = None) -
         except ProfileError as e:
             if (folder / "set.json").exists():
                 raise
-            # (a folder that is no profile set: say that, not only what its file is)
-            raise ProfileError(f"{folder} is not a profile set (no set.json; a set is a "
-                               f"folder of set.json and one JSON profile per model): "
-                               f"{e}") from None
+            # (a folder that may be no profile set: say how it was read, besides what its
+            # file is)
+            raise ProfileError(f"{e} (read as a profile set: {folder} has no set.json, "
+                               "which is optional; a set is a folder of one JSON profile "
+                               "per model)") from None
         if prof.model in files:
             raise ProfileError(f"{f}: model {prof.model!r} already has a profile in this "
                                f"set, {files[prof.model]}: one profile file per model")

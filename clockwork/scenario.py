@@ -649,7 +649,10 @@ def cache_fit_error(sc: Scenario, pset) -> str | None:
     need = pset.get(biggest).weights_pages
     if need <= pages:
         return None
+    given = pset.path / "set.json"
     where = ("cluster.weights_cache_pages" if "weights_cache_pages" in sc.cluster else
-             f"weights_cache_pages of profile set {pset.name!r} ({pset.path / 'set.json'})")
+             f"weights_cache_pages of profile set {pset.name!r} ({given})" if given.exists()
+             else f"the default weights_cache_pages (profile set {pset.name!r} has no "
+                  "set.json to set it; or set cluster.weights_cache_pages)")
     return (f"{where}: model {biggest!r} takes {need} pages, more than the {pages} page(s) "
             "of each GPU's weights cache: it could never be loaded")

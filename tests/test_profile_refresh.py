@@ -55,15 +55,19 @@ def test_a_file_completed_in_place_is_found_within_a_second(tmp_path, clock):
 
 def test_a_folder_that_is_no_profile_set_is_named_as_such(tmp_path):
     """``--profiles`` given a folder that holds other JSON files and no set.json: the
-    error says the folder is not a profile set (it named an unrelated file as bad JSON,
-    e.g. ``/tmp/azure_paper_scale-....json: not valid JSON`` for ``--profiles /tmp``)."""
+    error says the folder was read as a profile set, without a set.json (it named an
+    unrelated file as bad JSON, e.g. ``/tmp/azure_paper_scale-....json: not valid JSON``
+    for ``--profiles /tmp``); it does not call set.json required (it is optional)."""
     import pytest
 
     from clockwork.profiles import ProfileError, load_profile_set
 
     (tmp_path / "notes.json").write_text("{not json")
-    with pytest.raises(ProfileError, match="is not a profile set \\(no set.json"):
+    with pytest.raises(ProfileError) as e:
         load_profile_set(str(tmp_path))
+    assert "notes.json: " in str(e.value) and str(e.value).endswith(
+        f"(read as a profile set: {tmp_path} has no set.json, which is optional; a set is "
+        "a folder of one JSON profile per model)"), str(e.value)
 
 
 def test_a_load_of_a_profile_whose_file_cannot_be_read_says_why(tmp_path):

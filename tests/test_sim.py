@@ -265,6 +265,15 @@ def test_a_profile_sets_cache_too_small_for_a_model_is_named(tmp_path):
         simulate(d)
     assert str(tmp_path / "set.json") in str(pytest.raises(ScenarioError, simulate, d).value)
     assert simulate(d, ["cluster.weights_cache_pages=7"]).summary["slo_met"] > 0  # fits
+    # a set without set.json: the default is named, not a file that does not exist
+    (tmp_path / "set.json").unlink()
+    big = _R50.to_json() | {"weights_bytes": 10**13, "weights_pages": 596_047}
+    (tmp_path / "resnet50_v2.json").write_bytes(orjson.dumps(big))
+    with pytest.raises(ScenarioError) as e:
+        simulate(d)
+    assert str(e.value).startswith(f"the default weights_cache_pages (profile set "
+                                   f"{tmp_path.name!r} has no set.json to set it; or set "
+                                   "cluster.weights_cache_pages): model"), str(e.value)
 
 
 def test_fault_times_are_checked_after_overrides():
