@@ -61,7 +61,16 @@ def cmd_workers(args: argparse.Namespace) -> int:
                       + ("added" if got["added"] else "a worker of the controller already")
                       + f", GPUs {_gpus(got['gpus'])}")
             elif what == "remove":
-                got = c.remove_worker(args.address, drain=args.drain)
+                try:
+                    got = c.remove_worker(args.address, drain=args.drain)
+                except KeyboardInterrupt:
+                    if args.drain:  # (the controller's drain does not end with this call)
+                        print(f"clockwork workers: interrupted; a drain of {args.address} "
+                              "the controller began goes on, and it is removed at its end "
+                              "(clockwork workers shows it draining until then)",
+                              file=sys.stderr)
+                        return 130
+                    raise
                 print(f"worker {_index(got['worker'])} ({args.address}): "
                       + ("removed" if got["removed"] else "removed already")
                       + (f", GPUs {_gpus(got['gpus'])}" if got["gpus"] else "")
