@@ -43,6 +43,7 @@ import numbers
 import operator
 import os
 import time
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -970,6 +971,7 @@ class AsyncClient:
             raise RuntimeError(_NO_LOOP) from None
         self._stub = _stub(self._channel, client_token(token))
         self._closing = False
+        self._streams: weakref.WeakSet[InferStream] = weakref.WeakSet()  # (ended at close)
         self._pid = os.getpid()  # (a process forked from this one cannot use it)
         self._calls = asyncio.Semaphore(MAX_UNARY_CALLS)
         try:  # its channel is bound to this loop (grpc.aio)
@@ -1101,13 +1103,17 @@ class AsyncClient:
         ``reconnect``: when the controller goes away, open a new call once it is back
         (see ``InferStream``); False: the stream ends with its call."""
         self._check_loop()
-        return InferStream(self._stub, _interval_us(interval_us), self.url, answer_times,
-                           self, reconnect=bool(reconnect))
+        st = InferStream(self._stub, _interval_us(interval_us), self.url, answer_times,
+                         self, reconnect=bool(reconnect))
+        self._streams.add(st)
+        return st
 
     async def close(self) -> None:
         """Close the channel; calls still waiting fail with ``ControllerUnavailable``."""
         self._closing = True
         self._stub = _CLOSED_STUB
+        for st in list(self._streams):  # (one waiting to open its next call has none for
+            st._reader.cancel()  # the channel's close to end)
         await self._channel.close()
 
     def __reduce__(self):  # copy.copy, deepcopy and pickle

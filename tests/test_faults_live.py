@@ -168,6 +168,33 @@ def test_a_stream_goes_on_with_the_controller_that_replaces_a_killed_one():
         assert after.status == 0, after.message
 
 
+def test_closing_the_client_ends_a_stream_waiting_for_its_controller():
+    """A stream waiting for its controller to come back (killed) ends when its client
+    closes: what waits in it fails ControllerUnavailable at once (it waited out its SLO,
+    the stream's task left pending)."""
+    import asyncio
+
+    import clockwork
+    from clockwork.errors import ControllerUnavailable
+    from tests.conftest import local_cluster
+
+    with local_cluster(workers=1, gpus=1, models="mobilenet_v2") as c:
+        async def run():
+            cl = clockwork.AsyncClient(c.address, timeout=10)
+            s = cl.stream()
+            assert (await asyncio.wait_for(s.submit("mobilenet_v2", slo_ms=1000),
+                                           10)).status == 0
+            c.controller.proc.kill()
+            await asyncio.to_thread(c.controller.proc.wait)
+            f = s.submit("mobilenet_v2", slo_ms=60000)
+            await cl.close()
+            with pytest.raises(ControllerUnavailable, match="the client was closed"):
+                await asyncio.wait_for(f, 5)
+            await asyncio.wait_for(s._reader, 5)
+
+        asyncio.run(run())
+
+
 def test_a_restarted_controller_forgets_what_changed_at_run_time():
     """The controller keeps no state on disk: a new one (same flags) serves the models of
     its --models and connects the workers of its --workers. A model loaded at run time
