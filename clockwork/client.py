@@ -1252,7 +1252,14 @@ class InferStream:
         self._call = self._stub.InferStream(self._requests(self._gen))
         self._opened = time.monotonic()
         self._limit = None
+        self._took = self._answered = False  # the controller took it; answered on it
         self._said = asyncio.ensure_future(self._read_limit(self._call))
+
+    def _took_call(self) -> None:
+        """The controller took the current call (it said its limit, or answered): what
+        was sent on it is not sent again, so its messages are not kept."""
+        self._took = True
+        self._carried = {}
 
     async def _watchdog(self) -> None:
         """Resolve requests whose SLO and grace have passed without an answer (ends with
@@ -1303,8 +1310,13 @@ class InferStream:
                 size += sizes[n]
                 n += 1
             batch, self._queue, self._sizes = self._queue[:n], self._queue[n:], sizes[n:]
-            if size > STREAM_MESSAGE_BYTES and await self._too_large(batch[0]):
-                continue  # (answered: not sent, where it would end the whole stream)
+            try:
+                if size > STREAM_MESSAGE_BYTES and await self._too_large(batch[0]):
+                    continue  # (answered: not sent, where it would end the whole stream)
+            except asyncio.CancelledError:  # (the call ended: they go on the next)
+                self._queue[:0] = batch
+                self._sizes[:0] = [r.ByteSize() for r in batch]
+                raise
             sent = self._sent
             # (one the watchdog gave up while it waited here is answered: not sent, where
             # the controller would run it with no wait counted and its answer be dropped)
@@ -1317,12 +1329,15 @@ class InferStream:
                 self._queue[:0] = batch  # these go on the next)
                 self._sizes[:0] = [r.ByteSize() for r in batch]
                 return
-            carried = self._carried
+            # (kept to be sent again only until the controller takes the call: it may
+            # refuse it as it starts; a stream that does not reconnect keeps none)
+            carried = self._carried if self._reconnect and not self._took else None
             for req in batch:  # the wait here counts against its SLO (at the controller too)
                 t = sent[req.client_id]
                 if now > t[0]:
                     req.queued_ns = now - t[0]
-                carried[req.client_id] = req
+                if carried is not None:
+                    carried[req.client_id] = req
             yield pb.InferRequestBatch(requests=batch, client_time_ns=now)
 
     async def _read_limit(self, call) -> None:
@@ -1332,6 +1347,9 @@ class InferStream:
         try:
             with contextlib.suppress(grpc.RpcError, ValueError, TypeError):
                 said = dict(await call.initial_metadata() or ())
+                if call is self._call and (STREAM_LIMIT_KEY in said
+                                           or STREAM_DEFAULT_SLO_KEY in said):
+                    self._took_call()
                 limit = said.get(STREAM_LIMIT_KEY)
                 self._limit = int(limit) if limit else 0
                 slo = int(said.get(STREAM_DEFAULT_SLO_KEY) or 0)
@@ -1364,9 +1382,14 @@ class InferStream:
         if self._limit is None:
             wait = self._opened + LIMIT_WAIT_S - time.monotonic()
             if wait > 0:
-                with contextlib.suppress(TimeoutError):
+                try:
                     async with asyncio.timeout(wait):
                         await asyncio.shield(self._said)
+                except TimeoutError:
+                    pass
+                except asyncio.CancelledError:  # (its call ended: the look was called off)
+                    if asyncio.current_task().cancelling():
+                        raise
         limit = self._limit
         if not limit:
             return False
@@ -1406,13 +1429,17 @@ class InferStream:
                 self._call.cancel()
                 self._away = str(err)
                 carried, self._carried = self._carried, {}
-                back = [r for c, r in carried.items() if c in self._waiting]
-                if heard:  # (taken in: they may have run)
-                    self._fail_waiting(err, [r.client_id for r in back])
-                else:  # the controller never took the call (starting): sent again
+                queued = {r.client_id for r in self._queue}
+                sent = [c for c in self._waiting if c not in queued]
+                back = [] if heard else [carried[c] for c in sent if c in carried]
+                if back:  # the controller never took the call (starting): sent again
                     self._queue[:0] = back
                     self._sizes[:0] = [r.ByteSize() for r in back]
-                if heard:
+                    resent = {r.client_id for r in back}
+                    sent = [c for c in sent if c not in resent]
+                # (taken in: they may have run)
+                self._fail_waiting(err, sent)
+                if self._answered:  # (a call that ends before any answer: the wait grows)
                     wait = REOPEN_FIRST_S
                 await asyncio.sleep(wait)
                 wait = min(2 * wait, REOPEN_MAX_S)
@@ -1437,8 +1464,10 @@ class InferStream:
         heard = False
         try:
             async for batch in call:
-                heard = True
-                self._away = None
+                if not heard:
+                    heard = self._answered = True
+                    self._away = None
+                    self._took_call()
                 now = time.monotonic_ns()
                 times = self.answered_ns
                 carried = self._carried

@@ -557,8 +557,10 @@ class WorkerLinks:
                     f"{address}: still draining (another call drains it) when this call's "
                     f"{wait:.1f} s ran out; remove it without drain to take it out now"))
             return lk.index, gpus, False, False, 0
-        if drain and lk.connected:
+        if drain and lk.connected and self.ctrl.up[lk.index]:  # (one lost or suspect has
+            # nothing in flight to wait for: removed at once, not drained)
             lk.drain_task = asyncio.ensure_future(self._drain(lk, gpus, deadline))
+            lk.drain_task.add_done_callback(_said_if_failed)
             # (the call's caller gone: the drain goes on)
             drained, failed = await asyncio.shield(lk.drain_task)
             if failed < 0:  # (taken out by a remove beside it meanwhile)
@@ -1637,6 +1639,13 @@ class WorkerLinks:
         kept = {g.gpu: set(g.loaded) for g in state.gpus}
         self.count("weights_kept", sum(len(v) for v in kept.values()))
         return kept
+
+
+def _said_if_failed(task: asyncio.Future) -> None:
+    """A drain's task that failed (none should) is said, though its call went away."""
+    if not task.cancelled() and task.exception() is not None:
+        print(f"controller: a worker's drain failed: {task.exception()!r}", file=sys.stderr,
+              flush=True)
 
 
 async def _takes_connections(host: str, port: int) -> bool:

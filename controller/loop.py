@@ -12,7 +12,7 @@ What it does, for every event:
   ``worker_lost``/``worker_back``, ``add_worker``, ``remove_worker``/``drain_worker``);
 - sends the actions the policy returned, one batch per worker (``send``), remembering
   each as outstanding until its result comes back; an action for a worker that is not
-  connected fails at once;
+  connected, or is being drained, fails at once;
 - answers every reply the policy produced (``answer``);
 - arms one timer (``arm``) for the policy's next wakeup or the next failure to feed.
 
@@ -148,7 +148,9 @@ class ControllerLoop:
         self.local = [s.gpu for s in specs]  # policy GPU index -> the GPU on its worker
         self.n_gpus = len(specs)
         self.up = [True] * n
-        self.n_up = n  # how many of ``up`` are True
+        # up and not leaving (``drain_worker``): what the policy places is sent there
+        self.takes = [True] * n
+        self.n_up = n  # how many of ``takes`` are True: the workers up that take work
         self.outstanding: list[dict[int, Action]] = [{} for _ in range(n)]
         self.armed: int | None = None  # the time the transport's timer is set for
         self._failed: list[tuple[int, Result]] = []  # (due, result), due ascending
@@ -175,8 +177,9 @@ class ControllerLoop:
     # ------------------------------------------------------------------ events
 
     def no_worker(self) -> bool:
-        """Whether no worker is connected and answering (each lost, suspect, or not yet
-        re-admitted: its reset unanswered): a request is then answered at once, ERROR
+        """Whether no worker is connected and answering and takes work (each lost,
+        suspect, not yet re-admitted: its reset unanswered, or being drained): a request
+        is then answered at once, ERROR
         ``no_worker`` (``NO_WORKER_FOR_REQUEST``), not handed to the policy to wait out
         its SLO for a GPU none can give it. False for a loop with no worker at all (its
         caller adds them later, or never serves)."""
@@ -345,9 +348,9 @@ class ControllerLoop:
         A worker being drained (``drain_worker``) had its GPUs out of the policy already:
         its transport is told ``drained`` (with how many failed). Returns how many
         actions failed."""
-        if self.up[worker]:
+        if self.takes[worker]:
             self.n_up -= 1
-        self.up[worker] = False
+        self.up[worker] = self.takes[worker] = False
         self.resetting[worker] = False
         self._dirty = True
         self.probing.pop(worker, None)
@@ -394,6 +397,9 @@ class ControllerLoop:
         if self.removed[worker] or self.leaving[worker]:
             return 0
         self.leaving[worker] = True
+        if self.takes[worker]:  # (first: work one of its GPUs leaves goes to no other of
+            self.n_up -= 1  # them, and an action made for it fails back at once)
+            self.takes[worker] = False
         self._dirty = True
         out: list[Action] = []
         for g in self.gpus_of[worker]:
@@ -416,6 +422,7 @@ class ControllerLoop:
             raise ValueError(f"the new worker's GPUs must name worker {w}")
         self.gpus_of.append([])
         self.up.append(True)
+        self.takes.append(True)
         self.n_up += 1
         self.outstanding.append({})
         self.suspect.append(False)
@@ -429,8 +436,8 @@ class ControllerLoop:
             except NotImplementedError:
                 if self.gpus_of[w]:
                     raise
-                for per_worker in (self.gpus_of, self.up, self.outstanding, self.suspect,
-                                   self.resetting, self.removed, self.leaving):
+                for per_worker in (self.gpus_of, self.up, self.takes, self.outstanding,
+                                   self.suspect, self.resetting, self.removed, self.leaving):
                     per_worker.pop()  # (a policy that cannot grow: no worker was added)
                 self.n_up -= 1
                 raise
@@ -465,9 +472,9 @@ class ControllerLoop:
         self._back(worker, now, kept or {})
 
     def _back(self, worker: int, now: int, kept: dict[int, Container[str]]) -> None:
-        if not self.up[worker]:
+        if not self.takes[worker]:
             self.n_up += 1
-        self.up[worker] = True
+        self.up[worker] = self.takes[worker] = True
         self._dirty = True
         self.probing.pop(worker, None)
         out: list[Action] = []
@@ -487,7 +494,7 @@ class ControllerLoop:
         """Send ``actions``, answer the policy's replies, arm the timer."""
         if actions:
             tel, sent = self.telemetry, self._obs_sent
-            up, outstanding = self.up, self.outstanding
+            takes, outstanding = self.takes, self.outstanding
             batches: dict[int, list[Action]] = {}
             dead: list[Action] = []
             live, due, push = self._live, self._due, heapq.heappush
@@ -501,7 +508,7 @@ class ControllerLoop:
                 if tel is not None:
                     tel.sent(a)
                 w = a.worker
-                if up[w]:
+                if takes[w]:
                     outstanding[w][a.id] = a
                     if live:
                         slack = int(a.expected_duration * slack_frac)
@@ -521,7 +528,13 @@ class ControllerLoop:
             for w, b in batches.items():
                 send(w, b)
             if dead:
-                self._fail(dead, "worker not connected", now)
+                leaving = self.leaving
+                for why, acts in (("worker not connected", [a for a in dead
+                                                            if not leaving[a.worker]]),
+                                  ("worker leaving (drained)", [a for a in dead
+                                                                if leaving[a.worker]])):
+                    if acts:
+                        self._fail(acts, why, now)
             if low < self._other and not self._dirty:
                 self._other = low
         replies = self.policy.drain_replies()

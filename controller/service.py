@@ -907,10 +907,10 @@ class ControllerNode(WorkerLinks):
         return ctrl is not None and link.index < len(ctrl.suspect) and ctrl.suspect[link.index]
 
     def available(self, link: WorkerLink) -> bool:
-        """Whether ``link``'s worker takes work now: connected, and not suspect (one
-        that did not answer a probe is handled as lost until it answers again and its
-        reset is answered; ``ControllerLoop.up``)."""
-        return link.connected and (self.ctrl is None or self.ctrl.up[link.index])
+        """Whether ``link``'s worker takes work now: connected, not suspect (one that did
+        not answer a probe is handled as lost until it answers again and its reset is
+        answered) and not being drained (``ControllerLoop.takes``)."""
+        return link.connected and (self.ctrl is None or self.ctrl.takes[link.index])
 
     def serving(self) -> bool:
         """Whether the controller serves: started, not stopping, a worker available

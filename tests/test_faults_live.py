@@ -146,6 +146,11 @@ def test_a_stream_goes_on_with_the_controller_that_replaces_a_killed_one():
                     assert (await asyncio.wait_for(st.submit("mobilenet_v2", slo_ms=1000),
                                                    10)).status == 0
                 inflight = [s.submit("mobilenet_v2", slo_ms=5000) for _ in range(20)]
+                while s._queue:  # (sent: taken by the call's sender)
+                    await asyncio.sleep(0)
+                # (the messages sent are kept only until the controller takes the call: a
+                # load generator's inputs were held until their answers)
+                assert s._carried == {} and s.outstanding == 20
                 c.controller.proc.kill()
                 done = await asyncio.wait_for(
                     asyncio.gather(*inflight, return_exceptions=True), 20)

@@ -1055,6 +1055,26 @@ def test_a_drained_worker_finishes_what_it_has_in_flight_and_takes_nothing_new(p
     assert loop.remove_worker(w, now) == 0 and t.drains == [(w, 0)] and t.resets == []
 
 
+@pytest.mark.parametrize("policy", ["clockwork", "clipper", "tfserving", "infaas"])
+def test_a_draining_worker_with_two_gpus_is_sent_nothing_new(policy):
+    """Worker 0 has two GPUs: the work its first GPU gives back as it leaves the policy
+    goes to the other worker, not to its second GPU (which left just after: its LOAD and
+    INFER were sent to the draining worker); and a draining worker is not one that takes
+    work: with the other worker lost, a request is answered no_worker at once."""
+    specs = [GpuSpec(w, g, 100) for w in range(2) for g in range(2)]
+    t = Recorder()
+    loop = ControllerLoop(make_policy(policy, [R50], specs), t, specs)
+    loop.requests([Request(i, "resnet50_v2", 0, sec(2)) for i in range(64)], 0)
+    assert any(w == 0 for w, _ in t.sent)
+    sent = len(t.sent)
+    loop.drain_worker(0, ms(1))
+    assert all(w == 1 for w, _ in t.sent[sent:]), [(w, [a.type for a in acts])
+                                                   for w, acts in t.sent[sent:]]
+    assert not loop.no_worker()
+    loop.worker_lost(1, ms(2))
+    assert loop.no_worker() and loop.n_up == 0
+
+
 def test_a_worker_lost_while_draining_is_said_drained_and_not_taken_back():
     """Lost before its actions in flight end: they fail back (their requests go to the
     other worker), the transport hears ``drained`` then, and neither a reconnection nor

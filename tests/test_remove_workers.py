@@ -364,6 +364,19 @@ def test_a_worker_drained_in_a_simulated_run_finishes_its_actions_there(tmp_path
             if a["worker"] == "1" and a["status"] == "WORKER_LOST"]
 
 
+def test_a_worker_lost_before_its_drain_is_removed_at_once_not_drained(tmp_path):
+    """Killed at 2 s (no restart), drained at 3 s: removed at once, and said not drained,
+    as a live run says it (the simulator said it drained)."""
+    from clockwork.cluster.sim import Simulation
+
+    sim = Simulation(_scenario(tmp_path, ["remove_workers.0.drain=true",
+                                          "faults.kill=[{worker=1, at_s=2.0}]"]))
+    sim.run()
+    said = [line for _, line in sim.fault_log if "worker 1" in line]
+    assert said[-1] == "cluster: worker 1 removed (not drained: 0 action(s) failed)", said
+    assert not [x for x in said if "draining" in x], said
+
+
 def test_a_worker_lost_while_draining_in_a_simulated_run_is_said_not_drained(tmp_path):
     """Worker 1 hangs as it is drained: the liveness check fails its actions, and the
     removal says so, as the live run does (it said "removed (drained)")."""

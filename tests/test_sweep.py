@@ -1231,6 +1231,22 @@ def test_files_that_cannot_be_written_cost_their_point_or_a_line_after_the_table
     assert not [p for p in out.iterdir() if ".tmp-" in p.name]
 
 
+def test_no_point_file_that_can_be_written_is_error_rows_with_jobs(tmp_path, capsys):
+    """With --jobs 2, every point's point.json unwritable (folders in their place): error
+    rows naming the file, exit 1 (a pool of no processes was made: a traceback)."""
+    f = tmp_path / "s.toml"
+    f.write_text('scenarios = ["poisson_warm"]\noverrides = ["duration_s=1", "drain_s=1"]\n'
+                 '[grid]\n"workloads.0.slo_ms" = [10, 50]\n')
+    out = tmp_path / "o"
+    for p in load_sweep(f).points:
+        (out / "points" / p.name / "point.json").mkdir(parents=True)
+    assert main(["sweep", str(f), "--jobs", "2", "--out", str(out), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("point.json: Is a directory") == 2, err
+    rows = orjson.loads((out / "results.json").read_bytes())["points"]
+    assert [r["status"] for r in rows] == ["error", "error"]
+
+
 def test_an_empty_list_grid_value_shows_as_one(tmp_path, capsys):
     f = tmp_path / "s.toml"
     f.write_text('scenarios = ["poisson_warm"]\noverrides = ["duration_s=1", "drain_s=1"]\n'

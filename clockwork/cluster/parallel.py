@@ -654,7 +654,8 @@ class Runner:
                     o.error = _unwritable(e, o.folder)
                     continue
                 ready.append(o)
-            self._run(ready, desc)
+            if ready:
+                self._run(ready, desc)
         return out
 
     def _bar(self, total: int, desc: str):

@@ -531,6 +531,7 @@ def _run_plan(args: argparse.Namespace, plan: Plan, out: Path | None) -> int:
             check = plan.counts[plan.answer].outcomes[0].point.command()
             print(f"check (first seed): {check}")
     sys.stdout.flush()  # (the answer first: files that cannot be written lose nothing else)
+    unwritten = 0  # (1 once a file could not be written)
     if out is not None:
         from clockwork.telemetry import write_atomic
 
@@ -542,7 +543,7 @@ def _run_plan(args: argparse.Namespace, plan: Plan, out: Path | None) -> int:
             write_atomic(out / "plan.json", result)
             write_atomic(out / "curve.tsv", ("\n".join(lines) + "\n").encode())
         except OSError as e:
-            return _failed(f"cannot write {e.filename or out}: {e.strerror or e}")
+            unwritten = _failed(f"cannot write {e.filename or out}: {e.strerror or e}")
     if args.plot:  # (after the answer: a plot that fails loses nothing else)
         try:
             png = plot_curve(plan, Path(args.plot))
@@ -551,7 +552,7 @@ def _run_plan(args: argparse.Namespace, plan: Plan, out: Path | None) -> int:
             return _failed(f"--plot {args.plot}: could not draw the curve "
                            f"({type(e).__name__}: {first})")
         log(f"wrote {png}")
-    return 0 if plan.answer is not None else 1
+    return unwritten or (0 if plan.answer is not None else 1)
 
 
 def _tsv_cell(v: Any) -> str:

@@ -745,6 +745,12 @@ class Simulation:
                     if not n + lost else f" (not drained: {n + lost} action(s) failed)")))
             elif what == "drain":  # as Client.remove_worker(drain=True): nothing more
                 # placed there; taken out once its actions in flight are answered
+                if not ctrl.up[w]:  # (lost or suspect: removed at once, as live)
+                    n = ctrl.remove_worker(w, now)
+                    cut[w] = True
+                    log.append((now, f"cluster: worker {w} removed (not drained: {n} "
+                                     "action(s) failed)"))
+                    return
                 n = ctrl.drain_worker(w, now)
                 log.append((now, f"cluster: worker {w} draining ({n} action(s) in "
                                  "flight)"))

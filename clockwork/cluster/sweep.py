@@ -310,6 +310,7 @@ def load_sweep(path: str | Path) -> Sweep:
     combos = list(itertools.product(*(grid[k] for k in keys)))
     points: list[Point] = []
     sweep = Sweep(path, spec.name or path.stem, spec, grid, points)
+    checked: set[tuple] = set()  # (scenario, grid key, value) built into a simulation
     for entry, scen in zip(spec.scenarios, paths, strict=True):
         for combo in combos:
             sets = [*spec.overrides, *(f"{k}={toml_value(v)}" for k, v in zip(keys, combo,
@@ -318,9 +319,16 @@ def load_sweep(path: str | Path) -> Sweep:
                 sc = load_scenario(scen, sets)
                 # (the table is checked by the policy; a setting it ignores is said once)
                 unused = _check_scheduler(sc.scheduler, keys)
-                # (what only the simulator checks -- workloads, faults, profiles, events --
-                # as clockwork simulate does before it runs: building it runs nothing)
-                _simulatable(sc)
+                # what only the simulator checks -- workloads, faults, profiles, events --
+                # as clockwork simulate does before it runs (building it runs nothing),
+                # with the first point of each scenario and grid value: values wrong only
+                # together are the point's error row (one build a point took a minute
+                # for 500 points of an Azure grid)
+                seen = {(entry,), *((entry, k, sets[len(spec.overrides) + i])
+                                    for i, k in enumerate(keys))}
+                if not seen <= checked:
+                    _simulatable(sc)
+                    checked |= seen
             except (ScenarioError, ValueError, OSError) as e:
                 what = " ".join(f"{k}={label_value(v)}" for k, v in zip(keys, combo,
                                                                        strict=True))
@@ -601,7 +609,8 @@ def _run_sweep(args: argparse.Namespace, sweep: Sweep, out: Path) -> int:
               f"{at_once} ({args.backend}), out {out}", file=sys.stderr)
     if todo:  # (the tables of an earlier run, until this one ends: one stopped left them
         for name in ("results.tsv", "results.json"):  # looking current, a point short)
-            with contextlib.suppress(IsADirectoryError):  # (its write says so, at the end)
+            with contextlib.suppress(IsADirectoryError, PermissionError):  # (its write
+                # says so, at the end; a folder there: EISDIR on Linux, EPERM elsewhere)
                 (out / name).unlink(missing_ok=True)
     with term_as_ctrl_c(), Runner(jobs, args.backend, sweep.spec.logs, progress=False
                                       if quiet else (True if args.progress else None)) as runner:
@@ -610,21 +619,26 @@ def _run_sweep(args: argparse.Namespace, sweep: Sweep, out: Path) -> int:
     failed = [o for o in outcomes if not o.ok]
     print(format_rows(sweep, table))  # (first: a results file that cannot be written
     sys.stdout.flush()  # loses nothing else)
-    unwritten = None
+    unwritten = []
     try:
         write_results(out, sweep, outcomes, table)
-        if args.plot:
+        wrote = f"; wrote {out / 'results.tsv'}, {out / 'results.json'}"
+    except OSError as e:
+        unwritten.append(f"cannot write {e.filename or out}: {e.strerror or e}")
+        wrote = ""
+    if args.plot:
+        try:
             png = plot(out, sweep, table)
             if not quiet:
                 print(f"wrote {png}", file=sys.stderr)
-    except OSError as e:
-        unwritten = f"cannot write {e.filename or out}: {e.strerror or e}"
+        except OSError as e:
+            unwritten.append(f"cannot write {e.filename or out / 'sweep.png'}: "
+                             f"{e.strerror or e}")
     if not quiet:
         ran = sum(1 for o in outcomes if not o.reused)
         print(f"{len(points)} points: {ran - len(failed)} run, "
-              f"{sum(o.reused for o in outcomes)} already done, {len(failed)} failed"
-              + ("" if unwritten else
-                 f"; wrote {out / 'results.tsv'}, {out / 'results.json'}"), file=sys.stderr)
+              f"{sum(o.reused for o in outcomes)} already done, {len(failed)} failed{wrote}",
+              file=sys.stderr)
     empty = [r["point"] for r in table if r["status"] == "ok" and r["submitted"] == 0]
     if empty:  # (as simulate says it: a warning, not an error)
         print(f"clockwork sweep: warning: {len(empty)} point(s) submitted no requests (rates "
@@ -632,6 +646,6 @@ def _run_sweep(args: argparse.Namespace, sweep: Sweep, out: Path) -> int:
               f"{', '.join(empty[:5])}{' ...' if len(empty) > 5 else ''}", file=sys.stderr)
     for o in failed:
         print(f"clockwork sweep: point {o.point.name} failed: {o.error}", file=sys.stderr)
-    if unwritten:
-        print(f"clockwork sweep: {unwritten}", file=sys.stderr)
+    for line in unwritten:
+        print(f"clockwork sweep: {line}", file=sys.stderr)
     return 1 if failed or unwritten else 0
