@@ -118,6 +118,18 @@ def cli_command(*argv: str, mem_bytes: int | None = None,
     return [sys.executable, "-c", code, *argv]
 
 
+def script_command(path, *argv: str) -> list[str]:
+    """The command line of ``python PATH ARGV`` in a child that first takes Python's own
+    SIGINT handler, as ``cli_command`` does: a test process may ignore SIGINT (a test
+    before it in the same xdist worker ran code that does), and a child started plainly
+    inherits that, so a SIGINT the test sends it is ignored (the script ran on to its end,
+    exit 0)."""
+    code = ("import runpy, signal, sys; "
+            "signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+    return [sys.executable, "-c", code, str(path), *argv]
+
+
 def scenario_apart_from_its_files(root, set_dir: str, trace_dir: str):
     """``root/sub/s.toml``: seed 1, 2 s, 20 copies of ResNet18 v2 and an Azure workload,
     whose profile set (a copy of ``v100-reference`` at ``root/set_dir``) and trace (the

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -167,10 +166,13 @@ def test_ctrl_c_removes_the_rows_in_spill_dir_and_says_so_once(tmp_path, jobs, g
     "interrupted" once (a part said it too)."""
     spill = tmp_path / "spill"
     spill.mkdir()
-    p = subprocess.Popen([sys.executable, str(Path(azure_paper_scale.__file__)), "--trace",
-                          "sample", "--minutes", "4", "--part-minutes",
-                          "2" if jobs == 2 else "0", "--jobs", str(jobs), "--load-factor",
-                          "30", "--spill-dir", str(spill), "--out", str(tmp_path / "out")],
+    from tests.conftest import script_command
+
+    p = subprocess.Popen(script_command(Path(azure_paper_scale.__file__), "--trace",
+                                        "sample", "--minutes", "4", "--part-minutes",
+                                        "2" if jobs == 2 else "0", "--jobs", str(jobs),
+                                        "--load-factor", "30", "--spill-dir", str(spill),
+                                        "--out", str(tmp_path / "out")),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     try:

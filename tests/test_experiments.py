@@ -550,10 +550,13 @@ def test_azure_paper_scale_stopped_with_parts_side_by_side_stops_them(tmp_path):
     import signal
     import time
 
-    p = subprocess.Popen([sys.executable, str(EXPERIMENTS / "azure_paper_scale.py"), "--trace",
-                          "sample", "--minutes", "4", "--rate", "3000", "--part-minutes",
-                          "2", "--jobs", "2"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    from tests.conftest import script_command
+
+    p = subprocess.Popen(script_command(EXPERIMENTS / "azure_paper_scale.py", "--trace",
+                                        "sample", "--minutes", "4", "--rate", "3000",
+                                        "--part-minutes", "2", "--jobs", "2"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
 
     def parts() -> list[int]:
         kids = []
