@@ -51,6 +51,7 @@ import grpc
 import numpy as np
 
 from clockwork.errors import (
+    STARTING_MESSAGE,
     STOPPING_MESSAGE,
     ClockworkError,
     ControllerUnavailable,
@@ -1274,8 +1275,10 @@ class InferStream:
                 continue  # look skipped, not every look of a loop always this late)
             skipped = False
             due = self._due
+            gave_up = False
             while due and due[0][0] <= now:
                 _, cid = heapq.heappop(due)
+                gave_up = True
                 self._carried.pop(cid, None)
                 fut = self._waiting.pop(cid, None)
                 sent = self._sent.pop(cid, None)
@@ -1289,6 +1292,15 @@ class InferStream:
                         status=4, reason="no_answer", client_id=cid, gpu=-1,
                         message=f"no answer {waited:.0f} ms after it was submitted ({slo} "
                                 f"plus {GRACE_S:g} s){away}"))
+            queue = self._queue
+            if gave_up and len(queue) > 2 * len(self._sent) + 64:
+                # (given up while waiting to be sent, as during an outage: their messages,
+                # inputs included, go now, not once a call is open to skip them)
+                sent = self._sent
+                keep = [k for k, r in enumerate(queue) if r.client_id in sent]
+                sizes = self._sizes
+                self._queue = [queue[k] for k in keep]
+                self._sizes = [sizes[k] for k in keep]
 
     async def _requests(self, gen: int):
         """Call ``gen``'s messages: what was submitted, up to ``STREAM_MESSAGE_BYTES`` a
@@ -1418,10 +1430,11 @@ class InferStream:
                 err, heard = await self._read(self._call)
                 self._gen += 1  # (its sender takes nothing more: the next call's will)
                 self._said.cancel()
-                ever = ever or heard
+                # (a controller that refused the call as it starts was reached too)
+                ever = ever or heard or STARTING_MESSAGE in str(err)
                 owner = self._owner
-                if (not self._reconnect or self._closed or not ever  # (never reached: no
-                        # controller there, as the first call says at once)
+                if (not self._reconnect or not ever  # (never reached: no controller
+                        # there, as the first call says at once)
                         or type(err) is not ControllerUnavailable
                         or owner is not None and owner._closing):
                     self._fail_waiting(err)
@@ -1439,6 +1452,8 @@ class InferStream:
                     sent = [c for c in sent if c not in resent]
                 # (taken in: they may have run)
                 self._fail_waiting(err, sent)
+                if self._closed and not self._waiting:  # (closed: nothing left to send)
+                    return
                 if self._answered:  # (a call that ends before any answer: the wait grows)
                     wait = REOPEN_FIRST_S
                 await asyncio.sleep(wait)
@@ -1447,10 +1462,10 @@ class InferStream:
                     # the controller back (a call made before it is, with wait_for_ready,
                     # could hang on a channel connected again meanwhile)
                     await owner._channel.channel_ready()
-                if self._closed or owner is not None and owner._closing:
+                if owner is not None and owner._closing:
                     self._fail_waiting(err)
                     return
-                self._open()
+                self._open()  # (closed meanwhile: it sends what waits, then ends)
         except asyncio.CancelledError:  # the channel closed under it (client.close())
             self._fail_waiting(ControllerUnavailable("the client was closed with requests "
                                                      "on its stream unanswered"))

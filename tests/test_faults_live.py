@@ -173,6 +173,67 @@ def test_a_stream_goes_on_with_the_controller_that_replaces_a_killed_one():
         assert after.status == 0, after.message
 
 
+def test_a_stream_through_outages_holds_no_given_up_request_and_sends_what_it_closes_on():
+    """While its controller is down a stream keeps no message of a request it gave up
+    (its queue grew by each one, inputs included: gigabytes a minute under load); closed
+    during an outage it sends what waits once a controller is back (it failed them with
+    the old call's error); and a stream opened on a controller that is starting (it waits
+    for its worker) waits for it (it ended for good)."""
+    import asyncio
+    import os
+    import signal
+
+    import clockwork
+    from tests.conftest import local_cluster
+
+    with local_cluster(workers=1, gpus=1, models="mobilenet_v2") as c:
+        async def run():
+            async with clockwork.AsyncClient(c.address, timeout=10) as cl:
+                s = cl.stream()
+                assert (await asyncio.wait_for(s.submit("mobilenet_v2", slo_ms=1000),
+                                               10)).status == 0
+                c.controller.proc.kill()
+                await asyncio.to_thread(c.controller.proc.wait)
+                short = []
+                for _ in range(200):
+                    short.append(s.submit("mobilenet_v2", slo_ms=20))
+                    await asyncio.sleep(0.01)
+                await asyncio.wait_for(asyncio.gather(*short), 10)
+                assert s.outstanding == 0 and len(s._queue) <= 64, len(s._queue)
+                waiting = [s.submit("mobilenet_v2", slo_ms=30000) for _ in range(5)]
+                closing = asyncio.create_task(s.close())
+                await asyncio.to_thread(c.restart_controller)
+                await asyncio.wait_for(closing, 30)
+                got = [(await f).status for f in waiting]
+                # a controller that starts: it waits for its worker, stopped
+                os.kill(c.workers[0].proc.pid, signal.SIGSTOP)
+                try:
+                    c.controller.proc.kill()
+                    await asyncio.to_thread(c.controller.proc.wait)
+                    starting = asyncio.create_task(asyncio.to_thread(
+                        c.restart_controller, ["--connect-timeout", "30"]))
+                    host, _, port = c.address.rpartition(":")
+                    while True:  # (it listens as it starts, refusing calls: "starting")
+                        try:
+                            _, w = await asyncio.open_connection(host, int(port))
+                            w.close()
+                            break
+                        except OSError:
+                            await asyncio.sleep(0.05)
+                    fresh = cl.stream()
+                    early = [fresh.submit("mobilenet_v2", slo_ms=30000) for _ in range(3)]
+                    await asyncio.sleep(1.0)
+                finally:
+                    os.kill(c.workers[0].proc.pid, signal.SIGCONT)
+                await asyncio.wait_for(starting, 40)
+                late = [(await asyncio.wait_for(f, 40)).status for f in early]
+                await fresh.close()
+                return got, late
+
+        got, late = asyncio.run(run())
+        assert got == [0] * 5 and late == [0] * 3, (got, late)
+
+
 def test_closing_the_client_ends_a_stream_waiting_for_its_controller():
     """A stream waiting for its controller to come back (killed) ends when its client
     closes: what waits in it fails ControllerUnavailable at once (it waited out its SLO,
