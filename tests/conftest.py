@@ -100,11 +100,12 @@ def replay_with_no_controller(tmp_path, scenario: str) -> subprocess.CompletedPr
 
 
 def cli_command(*argv: str, mem_bytes: int | None = None,
-                file_bytes: int | None = None) -> list[str]:
+                file_bytes: int | None = None, descriptors: int | None = None) -> list[str]:
     """The command line of ``python -m clockwork.cluster.cli ARGV`` in a child that sets up
     itself what a ``preexec_fn`` would: Python's own SIGINT handler (a test process may
     ignore SIGINT, and a child inherits that), with ``mem_bytes`` a cap on its address
-    space, with ``file_bytes`` one on the size of the files it writes. A ``preexec_fn`` makes ``subprocess`` fork() where it would vfork(), and in a
+    space, with ``file_bytes`` one on the size of the files it writes, with
+    ``descriptors`` one on its open files. A ``preexec_fn`` makes ``subprocess`` fork() where it would vfork(), and in a
     test process that has used gRPC, gRPC's fork handlers restart its poller in the
     child, which can abort it before exec (exit -6, "epoll_wait error: Bad file
     descriptor")."""
@@ -112,6 +113,9 @@ def cli_command(*argv: str, mem_bytes: int | None = None,
            if mem_bytes else "")
     if file_bytes:
         cap += f"resource.setrlimit(resource.RLIMIT_FSIZE, ({file_bytes}, {file_bytes})); "
+    if descriptors:
+        cap += (f"resource.setrlimit(resource.RLIMIT_NOFILE, ({descriptors}, "
+                f"{descriptors})); ")
     code = ("import resource, runpy, signal; "
             "signal.signal(signal.SIGINT, signal.default_int_handler); " + cap +
             "runpy.run_module('clockwork.cluster.cli', run_name='__main__', alter_sys=True)")
