@@ -184,6 +184,7 @@ def test_a_stream_through_outages_holds_no_given_up_request_and_sends_what_it_cl
     import signal
 
     import clockwork
+    from clockwork.errors import ControllerUnavailable
     from tests.conftest import local_cluster
 
     with local_cluster(workers=1, gpus=1, models="mobilenet_v2") as c:
@@ -198,7 +199,11 @@ def test_a_stream_through_outages_holds_no_given_up_request_and_sends_what_it_cl
                 for _ in range(200):
                     short.append(s.submit("mobilenet_v2", slo_ms=20))
                     await asyncio.sleep(0.01)
-                await asyncio.wait_for(asyncio.gather(*short), 10)
+                # (given up, or failed if sent on the call before its end was read)
+                gone = await asyncio.wait_for(asyncio.gather(*short, return_exceptions=True),
+                                              10)
+                assert all(isinstance(r, ControllerUnavailable) or r.status == 4
+                           for r in gone), gone
                 assert s.outstanding == 0 and len(s._queue) <= 64, len(s._queue)
                 waiting = [s.submit("mobilenet_v2", slo_ms=30000) for _ in range(5)]
                 closing = asyncio.create_task(s.close())
@@ -252,6 +257,8 @@ def test_closing_the_client_ends_a_stream_waiting_for_its_controller():
                                            10)).status == 0
             c.controller.proc.kill()
             await asyncio.to_thread(c.controller.proc.wait)
+            while s._away is None:  # (the stream has seen its call end: what is submitted
+                await asyncio.sleep(0.01)  # now waits in it, not sent on the dead call)
             f = s.submit("mobilenet_v2", slo_ms=60000)
             await cl.close()
             with pytest.raises(ControllerUnavailable, match="the client was closed"):
