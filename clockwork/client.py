@@ -1170,6 +1170,12 @@ class _Callback:
         asyncio.get_running_loop().call_soon(self._call, response, error)
 
 
+def _took(said: dict) -> bool:
+    """Whether a stream call's initial metadata ``said`` is the controller's as it takes
+    the call (its limit or default SLO: a refusal says neither)."""
+    return STREAM_LIMIT_KEY in said or STREAM_DEFAULT_SLO_KEY in said
+
+
 class InferStream:
     """Many requests over one ``InferStream`` call. ``submit`` returns a future of the raw
     ``InferResponse`` (no exception for non-success: load generators count statuses), or
@@ -1193,10 +1199,10 @@ class InferStream:
     connection broke: a vanished controller is noticed within ~15 s, keepalive), the
     requests sent on it and still unanswered fail ``ControllerUnavailable`` (they may have
     run), and with ``reconnect`` (the default; once the controller has answered on the
-    stream: one never reached fails at once, as before) a new call is opened on the same
-    channel,
-    ``REOPEN_FIRST_S`` later (doubling to ``REOPEN_MAX_S`` while calls keep ending before
-    the controller says anything): it waits for the controller to be back, and the
+    stream, or refused a call as it starts: one never reached fails at once, as before) a
+    new call is opened on the same channel ``REOPEN_FIRST_S`` later (doubling to
+    ``REOPEN_MAX_S`` while calls keep ending before the controller answers on them), once
+    the channel is connected again: it waits for the controller to be back, and the
     requests submitted meanwhile wait in the stream -- each given up at its SLO plus
     ``GRACE_S`` as any other -- and go on it. A refused token (``Unauthenticated``), a
     closed client, or a stream made with ``reconnect=False`` ends for good instead: what
@@ -1321,13 +1327,13 @@ class InferStream:
             while n < len(sizes) and size + sizes[n] <= STREAM_MESSAGE_BYTES:
                 size += sizes[n]
                 n += 1
-            batch, self._queue, self._sizes = self._queue[:n], self._queue[n:], sizes[n:]
+            batch, taken = self._queue[:n], sizes[:n]
+            self._queue, self._sizes = self._queue[n:], sizes[n:]
             try:
                 if size > STREAM_MESSAGE_BYTES and await self._too_large(batch[0]):
                     continue  # (answered: not sent, where it would end the whole stream)
             except asyncio.CancelledError:  # (the call ended: they go on the next)
-                self._queue[:0] = batch
-                self._sizes[:0] = [r.ByteSize() for r in batch]
+                self._put_back(batch, taken)
                 raise
             sent = self._sent
             # (one the watchdog gave up while it waited here is answered: not sent, where
@@ -1338,8 +1344,7 @@ class InferStream:
             self._pacer.note(len(batch))
             now = time.monotonic_ns()
             if gen != self._gen:  # (the call ended while one too large was looked at:
-                self._queue[:0] = batch  # these go on the next)
-                self._sizes[:0] = [r.ByteSize() for r in batch]
+                self._put_back(batch, taken)  # these go on the next)
                 return
             # (kept to be sent again only until the controller takes the call: it may
             # refuse it as it starts; a stream that does not reconnect keeps none)
@@ -1352,6 +1357,12 @@ class InferStream:
                     carried[req.client_id] = req
             yield pb.InferRequestBatch(requests=batch, client_time_ns=now)
 
+    def _put_back(self, reqs: list[pb.InferRequest], sizes: list[int]) -> None:
+        """``reqs`` (their ``sizes``), taken from the queue for a call that ended, go
+        first on the next."""
+        self._queue[:0] = reqs
+        self._sizes[:0] = sizes
+
     async def _read_limit(self, call) -> None:
         """The controller's largest message and default SLO, from the call's initial
         metadata, which it sends as the call opens (a controller that does not: none,
@@ -1359,8 +1370,7 @@ class InferStream:
         try:
             with contextlib.suppress(grpc.RpcError, ValueError, TypeError):
                 said = dict(await call.initial_metadata() or ())
-                if call is self._call and (STREAM_LIMIT_KEY in said
-                                           or STREAM_DEFAULT_SLO_KEY in said):
+                if call is self._call and _took(said):
                     self._took_call()
                 limit = said.get(STREAM_LIMIT_KEY)
                 self._limit = int(limit) if limit else 0
@@ -1446,8 +1456,7 @@ class InferStream:
                 sent = [c for c in self._waiting if c not in queued]
                 back = [] if heard else [carried[c] for c in sent if c in carried]
                 if back:  # the controller never took the call (starting): sent again
-                    self._queue[:0] = back
-                    self._sizes[:0] = [r.ByteSize() for r in back]
+                    self._put_back(back, [r.ByteSize() for r in back])
                     resent = {r.client_id for r in back}
                     sent = [c for c in sent if c not in resent]
                 # (taken in: they may have run)
@@ -1506,7 +1515,7 @@ class InferStream:
             if not heard:  # (the controller took the call: it said its limit as it opened)
                 with contextlib.suppress(grpc.RpcError, ValueError, TypeError):
                     said = dict(await call.initial_metadata() or ())
-                    heard = STREAM_LIMIT_KEY in said or STREAM_DEFAULT_SLO_KEY in said
+                    heard = _took(said)
             err = _unavailable(e, self._url)
             if e.code() == grpc.StatusCode.INTERNAL and e.details() == CORE_INTERNAL:
                 # gRPC's words for a call that ended while a message was being sent on

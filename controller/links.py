@@ -508,10 +508,9 @@ class WorkerLinks:
         how many failed, lost during a drain or in flight when it was taken out); an
         address of a worker removed already: removed False. An add of the same worker
         under way is waited for first (``timeout``, default ``connect_timeout``:
-        UNAVAILABLE when it runs out).
-        NOT_FOUND for an address that names no worker of this controller,
-        INVALID_ARGUMENT for one that is not HOST:PORT. Each address is matched under
-        any spelling that resolves to the same endpoints."""
+        UNAVAILABLE when it runs out). NOT_FOUND for an address that names no worker of
+        this controller, INVALID_ARGUMENT for one that is not HOST:PORT. Each address is
+        matched under any spelling that resolves to the same endpoints."""
         address, wait = self._worker_call(address, timeout)
         deadline = time.monotonic() + wait
         lk, endpoints = await self._link_to(address, wait)
