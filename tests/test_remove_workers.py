@@ -39,10 +39,15 @@ def _states(c) -> set[tuple[str, str, str]]:
             for lb, v in samples["clockwork_worker_state"] if v == 1}
 
 
-def _sending(c, n: int, stop: threading.Event):
-    """``n`` threads each sending requests to both copies of resnet50_v2, one after
-    another, until ``stop``: (the answered count in a list, the ClockworkErrors, the
-    other exceptions -- a request never answered --, the threads, started)."""
+def _sending(c, k: Client, n: int, stop: threading.Event):
+    """Once ``c`` is ready and both copies of resnet50_v2 have served (``k``), ``n``
+    threads each sending requests to both, one after another, until ``stop``: (the
+    answered count in a list, the ClockworkErrors, the other exceptions -- a request never
+    answered --, the threads), returned once more than 50 are answered."""
+    poll(lambda: _ready(c) == 200, 20)
+    for _ in range(4):
+        k.infer("resnet50_v2", slo_ms=1000)
+        k.infer("resnet50_v2:1", slo_ms=1000)
     answered, failed, lost = [0], [], []
 
     def send() -> None:
@@ -60,6 +65,7 @@ def _sending(c, n: int, stop: threading.Event):
     senders = [threading.Thread(target=send, daemon=True) for _ in range(n)]
     for t in senders:
         t.start()
+    poll(lambda: answered[0] > 50, 20)
     return answered, failed, lost, senders
 
 
@@ -71,13 +77,8 @@ def test_a_removed_worker_takes_nothing_more_and_can_be_added_again():
     worker, free again, is added back as worker 2 and serves."""
     with local_cluster(workers=2, gpus=1, models="resnet50_v2:2") as c, \
             Client(c.address, timeout=10) as k:
-        poll(lambda: _ready(c) == 200, 20)
-        for _ in range(4):
-            k.infer("resnet50_v2", slo_ms=1000)
-            k.infer("resnet50_v2:1", slo_ms=1000)
         stop = threading.Event()
-        answered, failed, lost, senders = _sending(c, 3, stop)
-        poll(lambda: answered[0] > 50, 20)
+        answered, failed, lost, senders = _sending(c, k, 3, stop)
         before = answered[0]
         got = k.remove_worker(c.worker_addresses[1])
         assert got.items() >= {"worker": 1, "gpus": [1], "removed": True,
@@ -117,13 +118,8 @@ def test_a_worker_drained_under_load_finishes_its_work_and_fails_nothing():
     only."""
     with local_cluster(workers=2, gpus=1, models="resnet50_v2:2") as c, \
             Client(c.address, timeout=10) as k:
-        poll(lambda: _ready(c) == 200, 20)
-        for _ in range(4):
-            k.infer("resnet50_v2", slo_ms=1000)
-            k.infer("resnet50_v2:1", slo_ms=1000)
         stop = threading.Event()
-        answered, failed, lost, senders = _sending(c, 4, stop)
-        poll(lambda: answered[0] > 50, 20)
+        answered, failed, lost, senders = _sending(c, k, 4, stop)
         before = answered[0]
         got = k.remove_worker(c.worker_addresses[1], drain=True)
         assert got == {"worker": 1, "gpus": [1], "removed": True, "drained": True,
