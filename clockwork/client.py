@@ -1198,7 +1198,9 @@ class InferStream:
     When its call ends because the controller went away (it stopped or died, or the
     connection broke: a vanished controller is noticed within ~15 s, keepalive), the
     requests sent on it and still unanswered fail ``ControllerUnavailable`` (they may have
-    run), and with ``reconnect`` (the default; once the controller has answered on the
+    run; only a call the controller refused as it starts, or one that found no
+    connection, took none in: its requests go on the next call, so each runs at most
+    once), and with ``reconnect`` (the default; once the controller has answered on the
     stream, or refused a call as it starts: one never reached fails at once, as before) a
     new call is opened on the same channel ``REOPEN_FIRST_S`` later (doubling to
     ``REOPEN_MAX_S`` while calls keep ending before the controller answers on them), once
@@ -1437,7 +1439,7 @@ class InferStream:
         wait, ever = REOPEN_FIRST_S, False
         try:
             while True:
-                err, heard = await self._read(self._call)
+                err, heard, unread = await self._read(self._call)
                 self._gen += 1  # (its sender takes nothing more: the next call's will)
                 self._said.cancel()
                 # (a controller that refused the call as it starts was reached too)
@@ -1454,8 +1456,10 @@ class InferStream:
                 carried, self._carried = self._carried, {}
                 queued = {r.client_id for r in self._queue}
                 sent = [c for c in self._waiting if c not in queued]
-                back = [] if heard else [carried[c] for c in sent if c in carried]
-                if back:  # the controller never took the call (starting): sent again
+                back = [carried[c] for c in sent if c in carried] if unread else []
+                if back:  # the controller never read them (starting, or no connection):
+                    # sent again. A call that ended otherwise before the controller said
+                    # it took it may have been taken: its requests fail, as run or not
                     self._put_back(back, [r.ByteSize() for r in back])
                     resent = {r.client_id for r in back}
                     sent = [c for c in sent if c not in resent]
@@ -1482,9 +1486,10 @@ class InferStream:
             self._watch.cancel()  # nothing is left to watch (it woke 20 times a second)
             self._said.cancel()
 
-    async def _read(self, call) -> tuple[ClockworkError, bool]:
+    async def _read(self, call) -> tuple[ClockworkError, bool, bool]:
         """``call``'s answers, each resolving its request, until the call ends: (why it
-        ended, whether the controller said anything on it)."""
+        ended, whether the controller said anything on it, whether it surely read none of
+        the call's requests: it refused the call as it starts, or none was connected)."""
         heard = False
         try:
             async for batch in call:
@@ -1528,14 +1533,16 @@ class InferStream:
                 # requests still waiting are lost with it, not invalid)
                 err = ControllerUnavailable(f"the stream ended, a message on it larger than "
                                             f"the controller takes: {e.details()}")
-            return err, heard
+            unread = not heard and (_unreachable(e) or _refused_stream(e) or (
+                e.code() == grpc.StatusCode.UNAVAILABLE and e.details() == STARTING_MESSAGE))
+            return err, heard, unread
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - anything else ends the call: none waits on
             # (e.g. the client made on another event loop than the one using it)
-            return ControllerUnavailable(f"the stream's call failed: {e!r}"), heard
+            return ControllerUnavailable(f"the stream's call failed: {e!r}"), heard, False
         # the controller ended the call (it stops, or closed it): none is lost
-        return ControllerUnavailable("controller stream closed"), True
+        return ControllerUnavailable("controller stream closed"), True, False
 
     def _fail_waiting(self, err: ClockworkError, ids: list[int] | None = None) -> None:
         """The requests ``ids`` (None: every one still waiting, and every later submit:
