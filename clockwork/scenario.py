@@ -631,6 +631,21 @@ def fault_worker_error(sc: Scenario) -> str | None:
     return None
 
 
+def faults_error(sc: Scenario) -> str | None:
+    """What is wrong with the scenario's kill, hang and slow_network faults (a worker not
+    there at the start, a time at or after the end), in one line; None if nothing. Asked
+    by the simulator and by a live replay before anything runs."""
+    why = fault_worker_error(sc)
+    if why:
+        return why
+    for kind in ("kill", "hang", "slow_network"):
+        for i, f in enumerate(sc.faults.get(kind, ()) if sc.faults else ()):
+            why = fault_time_error(kind, i, f, sc.duration_s)
+            if why:
+                return why
+    return None
+
+
 def cache_pages(sc: Scenario, pset) -> int:
     """The pages of each GPU's weights cache: the scenario's
     ``cluster.weights_cache_pages``, else its profile set's (``pset``)."""

@@ -184,6 +184,13 @@ BAD = [
     # replayed nothing and stopped; with --device cpu after compiling the packages)
     (["serve", SC, "--replay", "--set", "faults.slow_network=[{worker=0, at_s=1, for_s=1, "
       "delay_ms=30}]"], "slow_network has no live form"),
+    # a fault after the end or of a worker not there: refused before the cluster starts
+    # and before --out is cleared (the earlier run there was deleted first)
+    (["serve", SC, "--replay", "--out", "out", "--set", "duration_s=1", "--set",
+      "faults.hang=[{worker=0, at_s=5, for_s=1}]"],
+     "faults.hang.0.at_s: must be before the end (duration_s 1), got 5"),
+    (["serve", SC, "--replay", "--set", "faults.kill=[{worker=7, at_s=0.5}]"],
+     "faults.kill.0.worker: 7 is not one of the"),
     # a profile written into the shipped set changed the figures every run of it reads
     # (in a checkout profiles/cpu links there): refused before anything is measured
     (["profile", "resnet18", "--device", "cpu", "--package", "p", "--out",

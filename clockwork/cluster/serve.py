@@ -397,8 +397,10 @@ def _serve(args: argparse.Namespace, return_killed: list[bool]) -> int:
         return 2
     if sc is not None and getattr(args, "replay", False):
         from clockwork.cluster.faults import no_live_form
+        from clockwork.scenario import faults_error
 
-        why = no_live_form(sc.faults)  # (before a process starts or a package is compiled)
+        # (before a process starts, a package is compiled or --out is cleared)
+        why = no_live_form(sc.faults or {}) or faults_error(sc)
         if why:
             print(f"clockwork serve: {why}", file=sys.stderr)
             return 2

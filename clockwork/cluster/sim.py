@@ -33,8 +33,7 @@ from clockwork.scenario import (
     cache_fit_error,
     cache_pages,
     clock_offsets_error,
-    fault_time_error,
-    fault_worker_error,
+    faults_error,
     instance_names,
     joining_workers,
     leaving_workers,
@@ -203,14 +202,9 @@ class Simulation:
         why = events_policy_error(policy, bool(self.repository), bool(self.joins))
         if why:
             raise ScenarioError(why)
-        why = fault_worker_error(sc)
+        why = faults_error(sc)
         if why:
             raise ScenarioError(why)
-        for kind in ("kill", "hang", "slow_network"):
-            for i, f in enumerate(self.faults.get(kind, ())):
-                why = fault_time_error(kind, i, f, sc.duration_s)
-                if why:
-                    raise ScenarioError(why)
         root = np.random.SeedSequence(sc.seed)
         s_work, s_dev, s_net = root.spawn(3)
         self._dev_seeds = [int(s.generate_state(1)[0]) for s in s_dev.spawn(len(specs))]
