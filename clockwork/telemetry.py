@@ -1284,7 +1284,7 @@ def format_summary(s: dict) -> str:
         raise TypeError(f"'latency_ms' is {lat!r}, not an object of percentiles")
     acts = s.get("actions", {})
     if acts is None:  # (a live run whose controller went away: its counts are unknown)
-        acts_text = "n/a (the controller did not say)"
+        acts_text = f"n/a ({s.get('actions_where') or 'the controller did not say'})"
     else:
         acts_text = (f"{acts.get('infer', 0):,} / {acts.get('load', 0):,} / "
                      f"{acts.get('evict', 0):,} / {acts.get('rejected', 0):,}")

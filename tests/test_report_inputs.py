@@ -482,3 +482,22 @@ def test_a_run_folder_named_as_a_log_is_a_run_and_a_compressed_pair_is_said(runs
     e = _copy(runs, "tsv", tmp_path / "h", summary=False)
     (e / "requests.tsv").write_bytes(b"\xff" + (e / "requests.tsv").read_bytes())
     _one_line(capsys, main(["report", str(e)]), "not UTF-8 text on line 1 ")
+
+
+@pytest.mark.parametrize("named", ["pair", "folder"])
+def test_a_request_log_whose_actions_are_logged_elsewhere_says_actions_n_a(
+        runs, tmp_path, capsys, named):
+    """A live replay's own action log is empty (its actions are the controller's, in its
+    --log-dir): read without its summary.json, its figures said 0 actions and an EXEC
+    prediction error of 0.000 ms, as if every prediction had been exact."""
+    d = _copy(runs, "tsv", tmp_path, summary=False)
+    acts = d / "actions.tsv"
+    acts.write_text(acts.read_text().splitlines()[0] + "\n")  # (the header alone)
+    rc = main(["report", str(d / "requests.tsv" if named == "pair" else d),
+               "--timeline", "0.5"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "holds no actions though" in err and err.count("loads and evicts n/a") == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("actions infer"))
+    assert "n/a (not in this action log)" in line, line
+    assert "EXEC prediction error" not in out, out

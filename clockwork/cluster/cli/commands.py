@@ -156,6 +156,15 @@ def _summary_from_logs(path: Path) -> tuple[dict, dict, dict, float | None] | st
     act = tel.action_columns()
     end = last / 1e9 if last is not None and last > 0 else None
     summary = summary_of(req, act, round(span / 1e9, 6))
+    if not len(act["type"]) and summary["succeeded"]:
+        # requests served with no INFER logged: the actions are logged elsewhere (a live
+        # replay's are the controller's), so their counts and errors are unknown, not 0
+        summary["actions"] = summary["prediction_error_ms"] = None
+        summary["actions_where"] = "not in this action log"
+        print(f"clockwork report: {act_log if found else rows} holds no actions"
+              f" though {summary['succeeded']:,} requests succeeded (a live "
+              "replay's actions are the controller's: its --log-dir): actions n/a",
+              file=sys.stderr)
     if rows is not None:  # (in the table too: a script reads stdout)
         summary["incomplete"] = (f"no logs written, the rows in {rows.name}: a run killed, "
                                  "still running, or whose logs could not be written "
@@ -318,7 +327,7 @@ def _report(args: argparse.Namespace) -> int:
         # a live replay's action log is empty (its actions are the controller's, in the
         # controller's --log-dir) while its summary counts them: loads and evicts n/a
         logged = len(columns[1]["type"]) > 0 or not _actions_counted(s)
-        if not logged:
+        if not logged and not s.get("actions_where"):  # (said as the logs were read)
             what = ("the actions the summary counts are" if isinstance(s.get("actions"), dict)
                     else "the run's actions (unknown to its summary) are")
             print(f"clockwork report: {what} not in {logs}'s action log (a live "
