@@ -73,6 +73,7 @@ from clockwork.protocol.wire import add_tensors, msg_to_array
 # accepts by default (its grpc_max_receive_bytes; a stream message counts whole)
 from clockwork.sizes import (  # (MAX_MESSAGE_BYTES re-exported)
     INT32_MAX,
+    MAX_LOAD_COPIES,
     MAX_MESSAGE_BYTES,
     STREAM_DEFAULT_SLO_KEY,
     STREAM_LIMIT_KEY,
@@ -426,9 +427,10 @@ def _load_request(name: str, copies: int | None, profile: str | None,
     except TypeError:
         n = None
     if n is None or not 1 <= n <= INT32_MAX:
-        # (the controller's own bound: 1,024 a new load, more for one loaded so at start)
-        raise InvalidRequest(f"{name}: copies must be an integer >= 1 (a load makes at most "
-                             f"1,024), got {copies!r}", 6, "bad_request", name)
+        # (in the controller's words: its bound, 1,024 a new load, more for a model
+        # loaded so at start, is its own)
+        raise InvalidRequest(f"{name}: copies must be an integer from 1 to "
+                             f"{MAX_LOAD_COPIES}, got {copies!r}", 6, "bad_request", name)
     return pb.LoadModelRequest(name=name, copies=n, profile=profile or "",
                                package=package or "")
 

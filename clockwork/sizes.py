@@ -27,6 +27,8 @@ MAX_CLOCK_OFFSET_MS = 10**12
 # the offset a worker may be given, for hosts' clocks that differ as well)
 CLOCK_OFFSET_MAX_NS = 2 * MAX_CLOCK_OFFSET_MS * 1_000_000
 MAX_COPIES = 100_000  # per [[models]] entry
+# instances one LoadModel call may make (a scenario or --models: MAX_COPIES)
+MAX_LOAD_COPIES = 1024
 MAX_CONCURRENCY = 100_000  # outstanding requests per instance of a closed loop
 MAX_GPUS = 65_536  # workers x gpus_per_worker
 MAX_INSTANCES = 1_000_000  # the copies of every [[models]] entry together

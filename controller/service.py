@@ -76,6 +76,7 @@ from clockwork.protocol.wire import (
 from clockwork.requests import Answer, Reply, Request
 from clockwork.sizes import (
     MAX_INSTANCES,
+    MAX_LOAD_COPIES,
 )
 from clockwork.tensors import (
     Tensor,
@@ -123,7 +124,6 @@ SAY_WAITING_S = 0.5
 HELLO_MIN_S = 5.0
 SERVER_OPTIONS = [*CHANNEL_OPTIONS, *LISTEN_OPTIONS, *keepalive.CLIENT_SERVER]
 # the model repository
-MAX_LOAD_COPIES = 1024  # instances one LoadModel call may make (a scenario or --models: sizes.MAX_COPIES)
 LOG_ERROR_EVERY_S = 60.0  # a failing log write is said at most this often
 UNKNOWN_LOG_S = 60.0  # a result for no outstanding action is said at most this often
 MAX_SERVED = MAX_INSTANCES  # instances served at once (--models, then loads)

@@ -872,12 +872,15 @@ def test_a_rest_port_given_as_the_controller_is_named_as_such():
 
 def test_a_bad_copies_count_is_refused_naming_the_controllers_bound():
     """``load_model(copies=0)`` is refused before anything is sent, naming the bound the
-    controller applies (1,024 a load), not the wire's 2,147,483,647."""
+    controller applies (1,024 a load), not the wire's 2,147,483,647, in the controller's
+    own words (a count past the wire's said "an integer >= 1 (a load makes at most
+    1,024)", one under it "an integer from 1 to 1024")."""
     from clockwork.errors import InvalidRequest
 
     with clockwork.Client("127.0.0.1:1", timeout=5) as c:
-        for bad in (0, -3, True, 2.5):
-            with pytest.raises(InvalidRequest, match="at most 1,024"):
+        for bad in (0, -3, True, 2.5, 2**31):
+            with pytest.raises(InvalidRequest, match=(
+                    f"^m: copies must be an integer from 1 to 1024, got {bad!r}$")):
                 c.load_model("m", copies=bad)
 
 
