@@ -1155,7 +1155,17 @@ RUN_FILES = ("summary.json", "run.json",
              *(f"{n}.{f}" for n in ("requests", "actions") for f in LOG_FORMATS))
 
 
-def write_run(out: str | Path, telemetry: Telemetry, summary: dict, run: dict) -> Path:
+PROCESS_LOGS = "logs"  # in a live run's folder: its processes' output (NAME.log)
+
+
+def process_logs(out: Path) -> list[Path]:
+    """The processes' output files (``NAME.log``) of a live run in ``out/logs``."""
+    logs = out / PROCESS_LOGS
+    return [p for p in logs.glob("*.log") if p.is_file()] if logs.is_dir() else []
+
+
+def write_run(out: str | Path, telemetry: Telemetry, summary: dict, run: dict,
+              own_process_logs: bool = False) -> Path:
     """A run's files in ``out``: the two logs (as ``telemetry.log_format``), run.json and
     summary.json. They are written first into a hidden folder inside ``out``
     (``NEW_RUN_PREFIX``), and only once all are written do they replace the earlier run's
@@ -1166,7 +1176,8 @@ def write_run(out: str | Path, telemetry: Telemetry, summary: dict, run: dict) -
     holds an earlier run's files beside this run's. Both JSON files are encoded before
     anything is written (a value JSON cannot hold changes nothing). An error names the
     file as it would be in ``out``. An empty ``out`` is a ValueError (it wrote into the
-    current folder)."""
+    current folder). An earlier live run's process output (``process_logs``) goes with
+    its files, unless ``own_process_logs``: this run's processes wrote it there."""
     if not str(out).strip():
         raise ValueError(f"the run's folder must be a path, got {str(out)!r}")
     out = Path(out)
@@ -1188,6 +1199,11 @@ def write_run(out: str | Path, telemetry: Telemetry, summary: dict, run: dict) -
             mark.touch()
         for name in RUN_FILES:  # (the earlier run's, both log formats)
             (out / name).unlink(missing_ok=True)
+        if not own_process_logs:  # (an earlier live run's controller and worker output)
+            for p in process_logs(out):
+                p.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # (only if nothing else is in it)
+                (out / PROCESS_LOGS).rmdir()
         for f in sorted(new.iterdir(), key=lambda f: f.name == "summary.json"):
             os.replace(f, out / f.name)  # (summary.json last)
         mark.unlink(missing_ok=True)

@@ -501,3 +501,22 @@ def test_a_request_log_whose_actions_are_logged_elsewhere_says_actions_n_a(
     line = next(x for x in out.splitlines() if x.startswith("actions infer"))
     assert "n/a (not in this action log)" in line, line
     assert "EXEC prediction error" not in out, out
+
+
+def test_a_simulated_run_replaces_an_earlier_live_runs_process_output(runs, tmp_path):
+    """A run written over a live one (``clockwork serve --replay --out``) takes its
+    processes' output (``logs/controller.log``, ``logs/worker0.log``) with its other files:
+    they stayed beside the new run's, read as its own. Other files there are left."""
+    d = _copy(runs, "tsv", tmp_path)
+    (d / "logs").mkdir()
+    for name in ("controller.log", "worker0.log"):
+        (d / "logs" / name).write_text("the earlier live run\n")
+    assert main(["simulate", "poisson_warm", "--set", "duration_s=0.5", "--quiet",
+                 "--out", str(d)]) == 0
+    assert not (d / "logs").exists()
+    (d / "logs").mkdir()
+    (d / "logs" / "controller.log").write_text("the earlier live run\n")
+    (d / "logs" / "notes.txt").write_text("mine\n")
+    assert main(["simulate", "poisson_warm", "--set", "duration_s=0.5", "--quiet",
+                 "--out", str(d)]) == 0
+    assert sorted(p.name for p in (d / "logs").iterdir()) == ["notes.txt"]

@@ -64,13 +64,15 @@ class ReplayResult:
     wall_s: float
     answered_once: bool
     interrupted: bool = False  # ``stop`` ended it early (its figures cover until then)
+    # the cluster's processes wrote their output into the run's folder (serve --replay)
+    own_process_logs: bool = False
 
     def write(self, out: str | Path) -> Path:
         from clockwork.cluster.sim import run_info
 
         info = run_info(self.wall_s, self.scenario)
         info["mode"] = "live"
-        return write_run(out, self.telemetry, self.summary, info)
+        return write_run(out, self.telemetry, self.summary, info, self.own_process_logs)
 
 
 async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,

@@ -60,12 +60,9 @@ def clear_run_folder(out: Path, who: str) -> None:
     ``out/logs``) removed before a live run writes its own logs there: a folder holds one
     run, and a run that fails or is interrupted leaves no earlier summary beside its
     logs. Says so on stderr when there were any."""
-    from clockwork.telemetry import RUN_FILES
+    from clockwork.telemetry import RUN_FILES, process_logs
 
-    logs = out / "logs"
-    old = [out / n for n in RUN_FILES if (out / n).is_file()]
-    if logs.is_dir():
-        old += [p for p in logs.glob("*.log") if p.is_file()]
+    old = [out / n for n in RUN_FILES if (out / n).is_file()] + process_logs(out)
     for p in old:
         p.unlink()
     if old:
@@ -502,6 +499,8 @@ def _serve(args: argparse.Namespace, return_killed: list[bool]) -> int:
             print(f"clockwork serve: --cluster-secret-file {args.cluster_secret_file}: not "
                   "ASCII text (the workers are given it in their environment)", file=sys.stderr)
             return 2
+    from clockwork.telemetry import PROCESS_LOGS
+
     replaying = getattr(args, "replay", False)
     if replaying and args.out:
         try:
@@ -520,7 +519,7 @@ def _serve(args: argparse.Namespace, return_killed: list[bool]) -> int:
           "cluster_secret": secret,
           "worker_host": "127.0.0.1",
           # a replay's report folder keeps what the controller and workers said
-          "log_dir": Path(args.out) / "logs" if replaying and args.out else None}
+          "log_dir": Path(args.out) / PROCESS_LOGS if replaying and args.out else None}
     if ray_address is None:
         why = worker_ports_error(args.worker_port, workers + joining, {
             "--port": port, "--http-port": kw["http_port"], "--kserve-port": kw["kserve_port"]},
@@ -748,6 +747,7 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
         faults.stop()
     from clockwork.signals import stops_held
 
+    res.own_process_logs = True  # (its processes' output, in --out's logs/)
     with stops_held():  # (a first signal as the files are written: held until they are)
         emit_run(res, sc, f"live cluster, {res.wall_s:.1f} s wall; every request answered "
                  f"exactly once: {res.answered_once}", args.out)
