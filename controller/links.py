@@ -586,7 +586,7 @@ class WorkerLinks:
         if lk.removed:
             return False, -1
         ended = lk.drained.is_set()  # (not when the deadline came first)
-        failed = self._remove(lk, gpus) + lk.drain_failed
+        failed = self._remove(lk, gpus, lk.drain_failed) + lk.drain_failed
         return ended and not failed, failed
 
     async def _awaited_as(self, address: str, endpoints: frozenset, deadline: float
@@ -692,9 +692,10 @@ class WorkerLinks:
         """The controller-wide indices of the GPUs of the workers not removed."""
         return sorted(g for lk in self.in_service() for g in self._gpus_of(lk))
 
-    def _remove(self, link: WorkerLink, gpus: list[int]) -> int:
+    def _remove(self, link: WorkerLink, gpus: list[int], lost: int = 0) -> int:
         """``remove_worker``'s work on the link (no await: nothing sent to it after); how
-        many of its actions in flight failed."""
+        many of its actions in flight failed (``lost``: how many failed before, as it was
+        lost while it drained: said too)."""
         link.removed = True
         self._removals += 1
         link.connected = False
@@ -713,8 +714,10 @@ class WorkerLinks:
         n = self.ctrl.remove_worker(link.index, now_ns())
         self.count("workers_removed")
         print(f"controller: worker {link.address} removed with its {len(gpus)} GPU(s): "
-              f"{n} action(s) in flight failed (their requests placed again or answered); "
-              "its connection closed, and it is not reconnected", file=sys.stderr, flush=True)
+              f"{n} action(s) in flight failed (their requests placed again or answered)"
+              + (f", {lost} before, as it was lost while it drained" if lost else "")
+              + "; its connection closed, and it is not reconnected", file=sys.stderr,
+              flush=True)
         return n
 
     def _channel(self, address: str) -> grpc.aio.Channel:
@@ -1455,7 +1458,10 @@ class WorkerLinks:
                         if held < SHORT_SESSION_S else 0.0)
         why = (f" in {link.backoff:g} s (its session lasted {held:.1f} s)"
                if link.backoff else "")
-        line = f"lost worker {link.address} ({err}); failed {n} action(s), reconnecting{why}"
+        line = (f"lost worker {link.address} ({err}) while it drained; failed {n} "
+                "action(s); it is taken out, not reconnected" if link.drained is not None
+                else f"lost worker {link.address} ({err}); failed {n} action(s), "
+                     f"reconnecting{why}")
         if err != link.lost_err or t - link.lost_logged >= LINK_LOG_S:
             self._log_lost(link, line)  # (another cause: at once; a repeat: this often)
             link.lost_err, link.lost_logged = err, t
