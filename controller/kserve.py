@@ -283,8 +283,8 @@ class KServeFrontend:
         profile's largest batch size), the profile's batch sizes (those the scheduler
         runs: those up to its ``max_batch``) are the ``execution_batch_sizes`` parameter,
         and one instance group on any
-        GPU of the cluster (``gpus`` the controller-wide GPU indices; each instance has at
-        most one copy of its weights per GPU). What it says of the load that made the
+        GPU of the cluster whose weights cache can hold it (``gpus`` the controller-wide
+        GPU indices; each instance has at most one copy of its weights per GPU). What it says of the load that made the
         instance is ``controller.repository.as_configured``'s, so that a load with the
         configuration read back changes nothing: ``count`` is the copies of a model
         loaded as ``name`` (``name``, ``name:1``, ...; 1 for one of a model's copies
@@ -304,7 +304,7 @@ class KServeFrontend:
                         "dims": list(t.shape), "label_filename": ""} for t in p.outputs],
             "dynamic_batching": {},
             "instance_group": [{"name": name, "kind": "KIND_GPU", "count": copies,
-                                "gpus": n.gpus_in_service()}],
+                                "gpus": n.gpus_in_service(p.weights_pages)}],
             "parameters": {
                 "execution_batch_sizes": {"string_value": ",".join(
                     map(str, usable_batch_sizes(p.batch_sizes, n.cfg.max_batch)))},

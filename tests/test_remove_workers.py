@@ -548,6 +548,9 @@ def test_removals_beside_each_other_an_add_and_a_model_that_fit_only_there():
         silent.listen()
         try:
             assert not node.unfit("resnet50_v2") and node.gpus_in_service() == [0, 1]
+            # the GPUs a model's KServe configuration lists: those that can hold it
+            # (resnet50_v2 7 pages, mobilenet_v2 1; it listed both for either)
+            assert node.gpus_in_service(7) == [1] and node.gpus_in_service(1) == [0, 1]
             port = big.rpartition(":")[2]
             got = await asyncio.gather(node.remove_worker(f"localhost:{port}"),
                                        node.remove_worker(f"127.0.0.1:{port}"))
