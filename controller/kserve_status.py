@@ -109,8 +109,9 @@ def of_answer(status: int, reason: str, message: str) -> KServeError:
                                f"{code.name})")
         return KServeError(DEADLINE, f"{name}: {text}")
     if status == RequestStatus.INVALID_REQUEST:
-        return KServeError(NOT_FOUND if reason == "unknown_model" else INVALID,
-                           f"{name}: {text}")
+        if reason == "unknown_model":  # (as the front end says it: unloaded meanwhile)
+            return KServeError(NOT_FOUND, text)
+        return KServeError(INVALID, f"{name}: {text}")
     if status != RequestStatus.ERROR:
         return KServeError(INTERNAL, INTERNAL_MESSAGE)
     if reason in UNAVAILABLE_REASONS or message in UNAVAILABLE_MESSAGES:

@@ -289,3 +289,13 @@ def test_a_call_whose_deadline_passed_before_its_answer_logs_nothing(tmp_path):
         out = "".join(cluster.controller.output)
     assert set(statuses) <= {"OK", "StatusCode.DEADLINE_EXCEEDED"}, statuses
     assert "ExecuteBatchError" not in out and "Traceback" not in out, out[-3000:]
+
+
+def test_a_model_unloaded_after_its_request_was_checked_is_said_as_the_front_end_says_it():
+    """A request for a model unloaded between the front end's check and the controller's
+    answer reads as any request for an unknown model (its text had INVALID_REQUEST
+    before it, a second wording of one 404)."""
+    e = of_answer(RequestStatus.INVALID_REQUEST, "unknown_model", "unknown model 'tt' (7 served)")
+    assert (e.kind, e.message) == (NOT_FOUND, "unknown model 'tt' (7 served)")
+    e = of_answer(RequestStatus.INVALID_REQUEST, "", "bad input")
+    assert e.message == "INVALID_REQUEST: bad input"
