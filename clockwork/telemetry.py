@@ -1549,13 +1549,23 @@ def format_timeline(rows: list[dict], actions_logged: bool = True) -> str:
     return "\n".join(lines)
 
 
+def no_requests_warning(summary: dict, duration_s: float) -> str | None:
+    """The warning for a run in which no request was submitted (its figures are empty;
+    a sweep may hold such a point: not an error), or None."""
+    if summary.get("submitted"):
+        return None
+    return (f"warning: no requests were submitted in duration_s = {duration_s:g} s (rates "
+            "too low or the run too short): the figures are empty")
+
+
 def emit_run(result, scenario, headline: str, out: str | Path | None = None,
-             as_json: bool = False) -> None:
+             as_json: bool = False, who: str = "clockwork") -> None:
     """Show a finished run (simulated or live) on the command line: print summary.json
     (``as_json``) or the scenario's name with ``headline`` and the SLO table, then
     optionally write its files to ``out`` (printed first, so that a write that fails, a
     full disk, does not lose the figures too). ``result`` has ``.summary`` and
-    ``.write(dir)``."""
+    ``.write(dir)``. A live replay with no request submitted is warned of, as command
+    ``who`` (a simulated run says it among its warnings)."""
     import sys
 
     if as_json:
@@ -1564,6 +1574,11 @@ def emit_run(result, scenario, headline: str, out: str | Path | None = None,
         title = scenario.data.get("name") or Path(scenario.source).stem
         print(f"{title}: {headline}")
         print(format_summary(result.summary))
+    # (a live replay's; a simulated run's is among its warnings, said before it ran)
+    said = (no_requests_warning(result.summary, scenario.duration_s)
+            if hasattr(result, "answered_once") else None)
+    if said:
+        print(f"{who}: {said}", file=sys.stderr)
     if out:
         sys.stdout.flush()
         earlier = [n for n in ("summary.json", "requests.tsv", "requests.npz")

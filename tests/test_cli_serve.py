@@ -326,3 +326,19 @@ def test_a_second_signal_kills_a_worker_that_does_not_stop():
                 ch.proc.kill()
     assert w.killed and w.proc.poll() is not None
     assert took < 4.0, took  # (the worker's own wait is 5 s)
+
+
+def test_a_live_replay_with_no_request_says_so_as_a_simulated_one_does(tmp_path):
+    """No request in the run (a rate too low for its length): a warning that its figures
+    are empty, as ``clockwork simulate`` says it (the live replay said nothing)."""
+    over = ["--set", "duration_s=0.5", "--set", "workloads.0.rate_rps=0.001"]
+    p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve",
+                        "poisson_warm", "--replay", "--quiet", *over],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert ("clockwork serve: warning: no requests were submitted in duration_s = 0.5 s"
+            in p.stderr), p.stderr
+    s = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "simulate",
+                        "poisson_warm", "--quiet", *over],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert "warning: no requests were submitted in duration_s = 0.5 s" in s.stderr, s.stderr

@@ -469,7 +469,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     with stops_held():
         emit_run(res, sc, f"live replay against {args.controller} in {res.wall_s:.1f} s "
                  f"wall; every request answered exactly once: {res.answered_once}",
-                 args.out, args.json)
+                 args.out, args.json, "clockwork replay")
     return run_status(res)
 
 

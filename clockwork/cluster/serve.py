@@ -750,7 +750,7 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
     res.own_process_logs = True  # (its processes' output, in --out's logs/)
     with stops_held():  # (a first signal as the files are written: held until they are)
         emit_run(res, sc, f"live cluster, {res.wall_s:.1f} s wall; every request answered "
-                 f"exactly once: {res.answered_once}", args.out)
+                 f"exactly once: {res.answered_once}", args.out, who="clockwork serve")
     status = run_status(res)
     if crashed:  # (a worker whose process died: the rest of the run had fewer GPUs)
         print(f"clockwork serve: {len(crashed)} worker process(es) exited during the "

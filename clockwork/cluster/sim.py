@@ -43,7 +43,7 @@ from clockwork.scenario import (
     validate,
 )
 from clockwork.sizes import PROGRESS_LOG_S
-from clockwork.telemetry import Telemetry, format_summary, write_run
+from clockwork.telemetry import Telemetry, format_summary, no_requests_warning, write_run
 from clockwork.time import NS_PER_S, ms, sec
 from clockwork.workloads import Workload, build_workload
 from controller import (
@@ -913,10 +913,9 @@ class Simulation:
         if tel.spill_error is not None:
             said.append(f"warning: rows stopped going to --spill-dir ({tel.spill_error}); "
                         "the rest were kept in memory")
-        if not summary["submitted"]:  # (a sweep may hold such a point: not an error)
-            said.append(f"warning: no requests were submitted in duration_s = "
-                        f"{self.sc.duration_s:g} s (rates too low or the run too short): "
-                        "the figures are empty")
+        empty = no_requests_warning(summary, self.sc.duration_s)
+        if empty:
+            said.append(empty)
         return SimResult(summary, tel, self.sc, wall_s, events, said,
                          [(t / NS_PER_S, what) for t, what in self.fault_log])
 
