@@ -520,3 +520,14 @@ def test_a_simulated_run_replaces_an_earlier_live_runs_process_output(runs, tmp_
     assert main(["simulate", "poisson_warm", "--set", "duration_s=0.5", "--quiet",
                  "--out", str(d)]) == 0
     assert sorted(p.name for p in (d / "logs").iterdir()) == ["notes.txt"]
+
+
+def test_logs_without_a_request_are_said_to_hold_none(runs, tmp_path, capsys):
+    """A controller's log folder with the headers alone (it served nothing): said so (it
+    said "over 0.0 s from the first arrival to the last answer")."""
+    d = _copy(runs, "tsv", tmp_path, summary=False)
+    for log in ("requests.tsv", "actions.tsv"):
+        (d / log).write_text((d / log).read_text().splitlines()[0] + "\n")
+    assert main(["report", str(d)]) == 0
+    err = capsys.readouterr().err
+    assert "which hold no request" in err and "first arrival" not in err, err

@@ -151,8 +151,9 @@ def _summary_from_logs(path: Path) -> tuple[dict, dict, dict, float | None] | st
     what = (f"{path}: figures computed from the log pair {req_log.name} and "
             f"{act_log.name}" if pair else
             f"no summary.json in {path}: figures computed from its logs")
-    print(f"clockwork report: {what}, over {span / 1e9:.1f} s from the first arrival to "
-          "the last answer", file=sys.stderr)
+    print(f"clockwork report: {what}, " + (
+        f"over {span / 1e9:.1f} s from the first arrival to the last answer"
+        if last is not None else "which hold no request"), file=sys.stderr)
     act = tel.action_columns()
     end = last / 1e9 if last is not None and last > 0 else None
     summary = summary_of(req, act, round(span / 1e9, 6))
