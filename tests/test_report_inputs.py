@@ -531,3 +531,15 @@ def test_logs_without_a_request_are_said_to_hold_none(runs, tmp_path, capsys):
     assert main(["report", str(d)]) == 0
     err = capsys.readouterr().err
     assert "which hold no request" in err and "first arrival" not in err, err
+
+
+def test_a_sweep_point_without_logs_names_the_setting_that_keeps_them(runs, tmp_path, capsys):
+    """``report POINT --timeline`` on a sweep's point folder (summary.json, point.json,
+    no logs) says how a sweep keeps a point's logs (it said only that none are there)."""
+    d = _copy(runs, "tsv", tmp_path)
+    for log in ("requests.tsv", "actions.tsv"):
+        (d / log).unlink()
+    (d / "point.json").write_text("{}")
+    assert main(["report", str(d), "--timeline", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "no requests.tsv or requests.npz in" in err and "logs = true" in err, err

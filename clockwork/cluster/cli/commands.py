@@ -308,7 +308,10 @@ def _report(args: argparse.Namespace) -> int:
                       f"{logged:,} requests, its summary counts {s['submitted']:,}: are "
                       "they of one run?", file=sys.stderr)
         except (FileNotFoundError, ValueError) as e:
-            print(f"clockwork report: {e}", file=sys.stderr)
+            point = isinstance(e, FileNotFoundError) and (logs / "point.json").is_file()
+            print(f"clockwork report: {e}" + (
+                " (a sweep keeps a point's logs only with logs = true in its sweep file)"
+                if point else ""), file=sys.stderr)
             return 2
         except OSError as e:  # (a log that is a folder, or that cannot be read)
             print(f"clockwork report: cannot read {e.filename or logs}: "
