@@ -543,3 +543,13 @@ def test_a_sweep_point_without_logs_names_the_setting_that_keeps_them(runs, tmp_
     assert main(["report", str(d), "--timeline", "1"]) == 2
     err = capsys.readouterr().err
     assert "no requests.tsv or requests.npz in" in err and "logs = true" in err, err
+
+
+def test_a_live_run_that_did_not_finish_is_said_so(tmp_path, capsys):
+    """A ``serve --replay --out`` folder of a run killed before it wrote its files (its
+    processes' output alone in logs/): said so (it said only "no summary.json")."""
+    (tmp_path / "k9" / "logs").mkdir(parents=True)
+    (tmp_path / "k9" / "logs" / "controller.log").write_text("clockwork controller ...\n")
+    assert main(["report", str(tmp_path / "k9")]) == 2
+    err = capsys.readouterr().err
+    assert "a live run that did not finish" in err, err

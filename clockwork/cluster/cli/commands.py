@@ -219,6 +219,12 @@ def _no_summary(path: Path) -> str:
                 f"renamed request logs ({', '.join(renamed[:4])}"
                 f"{', ...' if len(renamed) > 4 else ''}): clockwork report "
                 f"{path / renamed[0]} reads that pair")
+    from clockwork.telemetry import PROCESS_LOGS, process_logs
+
+    if process_logs(path):  # (serve --replay --out writes its files at the end)
+        return (f"no summary.json in {path}: its {PROCESS_LOGS}/ holds the output of a live "
+                "run that did not finish (killed, or still running); the controller's "
+                "own logs, if it was given --log-dir, have its requests so far")
     return f"no summary.json in {path}"
 
 
