@@ -880,8 +880,9 @@ class Client:
         serves: returns ``{"worker": index, "gpus": [controller-wide GPU indices],
         "added": False if it was connected already}``. Raises ``InvalidRequest`` (the
         worker cannot serve the models, or the policy cannot grow) or
-        ``ControllerUnavailable`` (the worker or the controller cannot be reached, or
-        another controller held the worker for as long as the controller tried)."""
+        ``ControllerUnavailable`` (the worker or the controller cannot be reached,
+        another controller held the worker for as long as the controller tried, or the
+        worker is draining: add it again once it is removed)."""
         req = pb.AddWorkerRequest(address=_text(address, "address"))
         timeout = _per_call(timeout, self.timeout)
         try:

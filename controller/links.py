@@ -359,8 +359,8 @@ class WorkerLinks:
         get the next controller-wide indices, the policy places copies there by its
         rules, and the link is kept up like any other. Returns (worker index, its GPU
         indices, added); a worker already connected (an address that resolves to one of
-        its endpoints) is left as it is (added False); an address that is not HOST:PORT is
-        INVALID_ARGUMENT. Raises ``RepositoryError`` (UNAVAILABLE: cannot reach it in
+        its endpoints) is left as it is (added False), one draining is FAILED_PRECONDITION;
+        an address that is not HOST:PORT is INVALID_ARGUMENT. Raises ``RepositoryError`` (UNAVAILABLE: cannot reach it in
         ``timeout`` seconds, default ``connect_timeout``, tried at most ``ADD_WORKER_MAX_S``;
         INVALID_ARGUMENT: it cannot serve the models, or the policy cannot grow).
         ``said``: a function of nothing that says more for the line that says it
@@ -368,6 +368,10 @@ class WorkerLinks:
         address, wait = self._worker_call(address, timeout)
         deadline = time.monotonic() + wait  # (one for the name's resolution and the dial)
         def connected(lk: WorkerLink) -> tuple[int, list[int], bool]:
+            if lk.drained is not None:  # (it said "a worker already", and left soon after)
+                raise RepositoryError(grpc.StatusCode.FAILED_PRECONDITION, (
+                    f"add worker {address}: it is draining (a removal under way, its GPUs "
+                    "taking nothing more); add it again once it is removed"))
             return lk.index, self._gpus_of(lk), False
 
         # a worker connected already is answered at once, not after the adds before it

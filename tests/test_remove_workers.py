@@ -153,7 +153,8 @@ def test_a_plain_remove_ends_a_drain_and_a_second_drain_keeps_to_its_own_time():
     long timeout: a second drain gives up within its own timeout (it waited on the first
     with no bound: the call timed out as if the controller were down), and a plain remove
     takes the worker out at once, failing that action (it could not end a drain); the
-    drain's call then says another call removed it, so one removal is reported once."""
+    drain's call then says another call removed it, so one removal is reported once. An
+    add of the draining worker is refused."""
     import os
     import signal
 
@@ -180,6 +181,9 @@ def test_a_plain_remove_ends_a_drain_and_a_second_drain_keeps_to_its_own_time():
             poll(lambda: [w["state"] for w in k.workers()] == ["serving", "draining"], 10)
             with pytest.raises(ClockworkError, match="still draining"):
                 k.remove_worker(c.worker_addresses[1], drain=True, timeout=1.5)
+            # (an add of it is refused: it said "a worker already", and it left soon after)
+            with pytest.raises(ClockworkError, match="it is draining"):
+                k.add_worker(c.worker_addresses[1], timeout=5)
             got = k.remove_worker(c.worker_addresses[1], timeout=5)
             assert got == {"worker": 1, "gpus": [1], "removed": True, "drained": False,
                            "failed": 1}, got
