@@ -66,6 +66,9 @@ from controller.repository import RepositoryError
 
 now_ns = time.monotonic_ns
 RECONNECT_S = 0.25  # between attempts to reach a lost worker again
+# a worker whose fast link could not be reached is served on its gRPC stream, and asked
+# for the fast link again when it next connects from this long after
+FAST_RETRY_S = 60.0
 # a worker listed at start that did not answer in time: looked at again (at most
 # JOIN_TRY_S; added as by an AddWorker once it answers) after JOIN_RETRY_S, the pause
 # doubling to JOIN_RETRY_MAX_S
@@ -152,7 +155,8 @@ class WorkerLink:
     # the Connect stream, held (so it stays open) while the fast link carries the messages
     grpc_call: object = None
     endpoints: frozenset = frozenset()  # the (IP, port) pairs its address resolved to
-    fast: bool = True  # ask for the fast link (off after it could not be reached)
+    # (time.monotonic) until then its fast link is not asked for: it could not be reached
+    fast_off_until: float = 0.0
     connected: bool = False
     offset: int = 0  # worker clock - controller clock
     rtt: int = 0
@@ -988,15 +992,17 @@ class WorkerLinks:
 
     async def _dial_fast(self, link: WorkerLink, state: pb.WorkerState) -> FrameStream:
         """The fast link the worker offered (``clockwork.protocol.framing``). If it cannot
-        be reached, this link stays on gRPC from the next attempt on (and says so once)."""
+        be reached, this link is on gRPC from the next attempt on, and asks for the fast
+        link again at a connection ``FAST_RETRY_S`` or more later (said each time)."""
         try:
             return await dial(addresses.host_of(link.address), state.link_port, state.link_ticket,
                               pb.WorkerMessage.FromString, self.worker_tls)
         except (OSError, TimeoutError) as e:
-            link.fast = False
+            link.fast_off_until = time.monotonic() + FAST_RETRY_S
             print(f"controller: worker {link.address}: its fast link (port {state.link_port}) "
-                  f"cannot be reached ({e!r}); using its gRPC stream", file=sys.stderr,
-                  flush=True)
+                  f"cannot be reached ({e!r}); using its gRPC stream (the fast link is asked "
+                  f"for again when it next connects, from {FAST_RETRY_S:g} s on)",
+                  file=sys.stderr, flush=True)
             raise ConnectionError(f"fast link of {link.address} unreachable") from e
 
     async def _clock_sync(self, stub: pbg.WorkerStub, link: WorkerLink):
@@ -1179,7 +1185,8 @@ class WorkerLinks:
                                          for i, m in self.instances.items()])
             cached = self._hello_list = (key, listed.SerializeToString())
         h = pb.Hello.FromString(cached[1])
-        h.worker_id, h.reset, h.fast_link, h.adopt = link.index, True, link.fast, adopt
+        fast = time.monotonic() >= link.fast_off_until
+        h.worker_id, h.reset, h.fast_link, h.adopt = link.index, True, fast, adopt
         h.controller_id, h.controller = self.controller_id, self.label
         h.protocol, h.software = PROTOCOL, SOFTWARE
         h.keep.extend(pb.KeptWeights(gpu=g, model=m, version=v) for g, m, v in keep)

@@ -392,3 +392,57 @@ def test_the_worker_reads_no_more_actions_while_its_results_back_up(fast, monkey
     assert ids == list(range(1, per * batches + 1))
     assert max(sizes) <= 4096
     assert len(backlog) == batches and max(backlog) <= 16384, backlog
+
+
+@pytest.mark.parametrize("retry_s", [1.0, 3600.0])
+def test_a_worker_whose_fast_link_failed_asks_for_it_again_when_it_next_connects(
+        monkeypatch, retry_s):
+    """Controller and worker in this process. The fast link cannot be reached once (its
+    dial fails): the worker is served on its gRPC stream. When it next connects (lost and
+    reconnected) the fast link is asked for again once ``FAST_RETRY_S`` has passed (it
+    stayed on gRPC for as long as the controller ran); before that, it stays on gRPC."""
+    import controller.links as links
+    from controller.service import ControllerNode
+    from tests.inprocess import answer
+    from worker.service import WorkerNode, serve_worker
+
+    real, calls = links.dial, []
+
+    async def flaky(*a, **kw):
+        calls.append(a)
+        if len(calls) == 1:
+            raise ConnectionRefusedError("refused (a fault of the test)")
+        return await real(*a, **kw)
+
+    monkeypatch.setattr(links, "dial", flaky)
+    monkeypatch.setattr(links, "FAST_RETRY_S", retry_s)
+
+    async def main():
+        stop = asyncio.Event()
+        port = asyncio.get_running_loop().create_future()
+        served = asyncio.create_task(serve_worker(
+            "127.0.0.1", 0, WorkerNode(gpus=1, pages=100), stop=stop, link_port=0,
+            ready=lambda p, _: port.set_result(p)))
+        node = ControllerNode([f"127.0.0.1:{await port}"], "v100-reference", models=MODEL,
+                              connect_timeout=10.0)
+        await node.start()
+        try:
+            link = node.links[0]
+            assert (await answer(node, MODEL)).status == 0
+            first = (node.counters.get("worker_fast_links", 0),
+                     isinstance(link.call, FrameStream))
+            await asyncio.sleep(1.1)  # (past the shorter FAST_RETRY_S)
+            node._lost(link)  # (as a broken connection is noticed)
+            while not link.connected:
+                await asyncio.sleep(0.02)
+            assert (await answer(node, MODEL)).status == 0
+            return first, (node.counters.get("worker_fast_links", 0),
+                           isinstance(link.call, FrameStream))
+        finally:
+            await node.stop()
+            stop.set()
+            await served
+
+    first, then = asyncio.run(asyncio.wait_for(main(), 60))
+    assert first == (0, False)  # (its dial failed: on gRPC)
+    assert then == ((1, True) if retry_s == 1.0 else (0, False)), then
