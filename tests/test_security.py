@@ -1336,3 +1336,26 @@ def test_a_far_worker_added_in_the_clear_to_a_tls_controller_is_warned_of(pki):
                         and "127.0.0.1" in x]  # (its loopback worker: nothing said)
         finally:
             w.stop()
+
+
+def test_a_refusal_held_back_by_the_line_a_second_is_said_when_its_second_is_over(capsys):
+    """Refusals are logged at most a line a second; those that come within the second
+    are said once it is over (the latest, with how many more), not only when another
+    refusal follows (when none did, they were never said)."""
+    import asyncio
+
+    from clockwork.protocol.security import Refusals
+
+    async def main():
+        r = Refusals("worker")
+        r.said("ClockSync from A: no cluster credentials")
+        r.said("ClockSync from B: wrong cluster credentials")
+        r.said("ClockSync from C: wrong cluster credentials")
+        first = capsys.readouterr().err
+        await asyncio.sleep(1.2)
+        return first, capsys.readouterr().err
+
+    first, later = asyncio.run(main())
+    assert first == "worker: refused ClockSync from A: no cluster credentials\n", first
+    assert later == ("worker: refused ClockSync from C: wrong cluster credentials (and 1 "
+                     "more since the last line)\n"), later

@@ -429,6 +429,8 @@ class Refusals:
         self.count = count  # count(key) -> None, e.g. the controller's Stats counters
         self._last = 0.0
         self._quiet = 0
+        self._held = ""  # the last refusal not said yet (said once its second is over)
+        self._timer: asyncio.TimerHandle | None = None
 
     def __call__(self, what: str, key: str = "auth_refused") -> None:
         self.counted(key)
@@ -440,14 +442,34 @@ class Refusals:
             self.count(key)
 
     def said(self, what: str) -> None:
-        """Log a refusal (at most a line a second, with how many were not said)."""
+        """Log a refusal (at most a line a second, with how many were not said). One that
+        comes within a second of the last line is said when that second is over (on
+        the running event loop: said only with a later refusal, it went unsaid when
+        none followed), or with the next refusal."""
         now = time.monotonic()
         if now - self._last < 1.0:
             self._quiet += 1
+            self._held = what
+            if self._timer is None:
+                with contextlib.suppress(RuntimeError):  # (no loop: with the next one)
+                    self._timer = asyncio.get_running_loop().call_later(
+                        self._last + 1.0 - now, self._say_held)
             return
-        more = f" (and {self._quiet} more since the last line)" if self._quiet else ""
-        self._last, self._quiet = now, 0
+        self._say(what, self._quiet, now)
+
+    def _say(self, what: str, quiet: int, now: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        more = f" (and {quiet} more since the last line)" if quiet else ""
+        self._last, self._quiet, self._held = now, 0, ""
         print(f"{self.who}: refused {what}{more}", file=sys.stderr, flush=True)
+
+    def _say_held(self) -> None:
+        """The refusals held in the last second, as the latest of them."""
+        self._timer = None
+        if self._quiet:
+            self._say(self._held, self._quiet - 1, time.monotonic())
 
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):
