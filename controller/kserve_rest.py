@@ -487,7 +487,9 @@ class _Handler:
         request[_ROUTED] = True
         reply = await self._unread(request)
         if reply is not None:  # no 100 Continue: answered, and the body is never sent
-            return await self._closing(request, self._reply(request, reply))
+            resp = self._reply(request, reply)
+            resp.force_close()  # (said: Connection: close, as every 401 says it)
+            return await self._closing(request, resp)
         n = request.content_length
         if n is not None and n > self.limits.rest_max_body_bytes:
             return await self._closing(request, self._too_large(n))

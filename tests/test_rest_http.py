@@ -416,6 +416,8 @@ def test_probes_never_read_their_bodies(addr):
                       "Expect: 100-continue\r\n\r\n".encode())
             got = _until_eof(s)  # answered, then closed: the body is not asked for
             assert got.startswith(b"HTTP/1.1 200 ") and b"100 Continue" not in got, got
+            # (said, as every answer that closes its connection says it)
+            assert b"\r\nConnection: close\r\n" in got, got
     # a probe without a body keeps its connection alive (load balancers reuse it)
     conn = http.client.HTTPConnection(*addr, timeout=10)
     try:
