@@ -168,17 +168,19 @@ class KServeRest:
         return (self.token is None or self.is_open(target)
                 or one_bearer_ok(_authorization(headers), self.token))
 
-    def unauthorized(self, headers, peer: str = "") -> Reply:
+    def unauthorized(self, headers, peer: str = "", what: str = "") -> Reply:
         """401 with ``WWW-Authenticate: Bearer`` (counted, logged at most once a second,
-        with ``peer``, the caller's address, and whether it sent no token or a wrong one);
-        nothing of the request runs and its body is not read."""
+        with ``what`` was asked (method and path, its first 200 characters, those that
+        cannot be printed as '?'), ``peer``, the caller's address, and whether it sent no
+        token or a wrong one); nothing of the request runs and its body is not read."""
         if self._refused is None:
             self._refused = Refusals("controller", self.node.count)
         given = _authorization(headers)
         sent = bool(given)
         how = token_refused_how(given, "Authorization headers")
-        self._refused("an unauthenticated HTTP request" + (f" from {peer}" if peer else "")
-                      + f" ({how})")
+        what = "".join(c if c.isprintable() else "?" for c in what[:200])
+        self._refused("an unauthenticated HTTP request" + (f" {what}" if what else "")
+                      + (f" from {peer}" if peer else "") + f" ({how})")
         challenge = 'Bearer realm="clockwork"'
         if sent:
             challenge += ', error="invalid_token"'
@@ -523,7 +525,8 @@ class _Handler:
         rest = self.rest
         target, headers = request.raw_path, request.headers
         if not rest.authorized(target, headers):
-            return rest.unauthorized(headers, _peer(request))
+            return rest.unauthorized(headers, _peer(request),
+                                     f"{request.method} {urllib.parse.urlsplit(target).path}")
         if rest.is_open(target):
             return await rest.route(request.method, target, headers, b"")
         return None

@@ -55,7 +55,8 @@ def test_a_cluster_on_ipv6_loopback_serves(tmp_path):
             urllib.request.urlopen(f"http://{http}/v2/models/resnet50_v2", timeout=30)
         assert e.value.code == 401
         line = wait_output(c, "refused an unauthenticated HTTP request")
-        assert re.search(r"request from \[::1\]:\d+ \(no token\)", line), line
+        assert re.search(r"request GET /v2/models/resnet50_v2 from \[::1\]:\d+ "
+                         r"\(no token\)", line), line
     finally:
         if c is not None:
             c.stop()

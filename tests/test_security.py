@@ -414,8 +414,8 @@ def test_unauthenticated_calls_are_refused_and_nothing_runs(cluster, addresses, 
     assert re.search(r" from ipv[46]:\S+ \((no token|a token that is not this controller's)\)",
                      line), line
     line = wait_output(cluster.controller, "refused an unauthenticated HTTP request")
-    assert re.search(r"request from [0-9a-f.:]+:\d+ \((no token|a token that is not this "
-                     r"controller's)\)", line), line
+    assert re.search(r"request (GET|POST) /\S* from [0-9a-f.:]+:\d+ \((no token|a token "
+                     r"that is not this controller's)\)", line), line
 
 
 def test_a_refused_call_is_logged_with_its_peer_and_whether_a_token_came(capsys):
