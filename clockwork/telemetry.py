@@ -237,6 +237,19 @@ class ColumnLog:
         self.set_arrays(state["columns"])
         self.spill_error = state["spill_error"]
 
+    def seal(self) -> None:
+        """Spilling, once no more rows are to come: the files are closed and their rows
+        kept as read-only maps, which outlive the files' removal; rows that come after
+        are kept in memory."""
+        if self._files is None:
+            return
+        cols = self.arrays()
+        for f in self._files:
+            f.close()
+        self._files = None
+        self._chunks = [cols] if len(cols[0]) else []
+        self._fill = self._rows = len(cols[0])
+
     def close(self) -> None:
         """Spilling: close the column files (they stay on disk until removed) and forget
         their rows; rows that come after are kept in memory."""
@@ -316,6 +329,21 @@ class Telemetry:
         if self._finalizer is not None and self._finalizer.alive:
             self._finalizer()
             self.rows_removed = True
+
+    def seal(self) -> None:
+        """With ``spill_dir``, once no more rows are to come (a simulated run ended): the
+        rows stay readable (maps of their files) and the rows' folder is removed now,
+        not when this object is garbage-collected (a process ended by a signal, as a
+        ``multiprocessing`` pool ends its workers on leaving its ``with``, left it on
+        disk, a whole run's rows); ``close`` then has nothing to remove. Without
+        ``spill_dir``: nothing."""
+        if self._finalizer is None or not self._finalizer.alive:
+            return
+        self._req.seal()
+        self._act.seal()
+        self._finalizer.detach()
+        shutil.rmtree(self.spill_folder, ignore_errors=True)  # (the maps keep their data)
+        self.spill_folder = None
 
     def keep(self) -> None:
         """With ``spill_dir``: close the rows' files and leave their folder where it is

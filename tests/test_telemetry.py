@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import filecmp
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -1111,13 +1114,43 @@ def test_report_out_of_memory_is_one_line(tmp_path, monkeypatch, capsys):
 
 
 def test_a_run_whose_spilled_rows_were_closed_cannot_be_written(tmp_path):
-    """``SimResult.write`` after ``telemetry.close()`` removed the spilled rows: a
-    ValueError saying so, and nothing in the folder (it wrote logs of a header only
-    beside a summary counting every request)."""
+    """``write`` after ``close()`` removed the spilled rows: a ValueError saying so, and
+    nothing in the folder (it wrote logs of a header only beside a summary counting every
+    request)."""
+    tel = Telemetry(origin=1000, spill_dir=tmp_path / "spill")
+    fill(tel, N, o=1000)
+    tel.close()
+    with pytest.raises(ValueError, match="rows were removed"):
+        tel.write(tmp_path / "out")
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+
+
+SPILLED_THEN_KILLED = """
+import os, signal, sys
+from clockwork.cluster.sim import simulate
+r = simulate("poisson_warm", ["duration_s=0.5"], spill_dir=sys.argv[1])
+print(len(r.telemetry.request_columns()["latency"]), flush=True)
+os.kill(os.getpid(), signal.SIGTERM)  # (as a pool's terminate ends its workers)
+"""
+
+
+def test_a_simulated_runs_spill_folder_goes_as_the_run_ends(tmp_path):
+    """A simulated run's rows' folder is removed as the run ends, its rows readable on
+    (maps of the files): a process ended by a signal while it held the result (the
+    workers of a ``multiprocessing`` pool left by its ``with``) left the whole run's rows
+    on disk; ``close()`` afterwards removes nothing the result still reads."""
     from clockwork.cluster.sim import simulate
 
-    r = simulate("poisson_warm", ["duration_s=1"], spill_dir=tmp_path / "spill")
+    p = subprocess.run([sys.executable, "-c", SPILLED_THEN_KILLED, str(tmp_path / "sp")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == -signal.SIGTERM, p.stderr[-2000:]
+    assert int(p.stdout) > 0
+    assert list((tmp_path / "sp").iterdir()) == []
+    r = simulate("poisson_warm", ["duration_s=0.5"], spill_dir=tmp_path / "sp2")
+    assert list((tmp_path / "sp2").iterdir()) == []
+    want = simulate("poisson_warm", ["duration_s=0.5"]).telemetry.request_columns()
     r.telemetry.close()
-    with pytest.raises(ValueError, match="rows were removed"):
-        r.write(tmp_path / "out")
-    assert list((tmp_path / "out").iterdir()) == []
+    got = r.telemetry.request_columns()
+    assert all(np.array_equal(got[k], want[k]) for k in want)
+    r.write(tmp_path / "out")  # (the rows were not removed: still its own)
+    assert (tmp_path / "out" / "summary.json").exists()

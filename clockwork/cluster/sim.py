@@ -908,6 +908,7 @@ class Simulation:
         }
         if ctrl_restarts:
             extra["weights_adopted"] = adopted
+        tel.seal()  # (--spill-dir: the rows' folder goes now, the rows stay readable)
         summary = tel.summary(self.sc.duration_s, extra)
         said = list(self.warnings)
         if tel.spill_error is not None:
