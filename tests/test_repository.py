@@ -583,7 +583,7 @@ def test_the_controllers_hello_lists_the_current_instances_each_time():
         return {i.name: (i.profile, i.package) for i in h.instances}
 
     h0 = node._hello(WorkerLink(0, "a"))
-    h1 = node._hello(WorkerLink(1, "b", fast=False))
+    h1 = node._hello(WorkerLink(1, "b", fast_off_until=float("inf")))  # (its link failed)
     assert (h0.worker_id, h0.reset, h0.fast_link) == (0, True, True)
     assert (h1.worker_id, h1.reset, h1.fast_link) == (1, True, False)
     want = {"resnet50_v2": ("resnet50_v2", ""), "resnet50_v2:1": ("resnet50_v2", ""),
