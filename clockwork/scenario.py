@@ -113,7 +113,7 @@ def _too_long_int(value: Any) -> bool:
 
 def _plain(value: Any) -> Any:
     """A scenario table given from Python, its values as TOML would give them: numpy
-    scalars (a seed from ``np.arange``) as Python numbers, paths (``pathlib.Path``) as
+    scalars (a seed from ``np.arange``) as Python numbers, numpy arrays as lists, paths (``pathlib.Path``) as
     strings; dicts and lists copied, anything else as it is."""
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
@@ -121,8 +121,9 @@ def _plain(value: Any) -> Any:
         return [_plain(v) for v in value]
     if isinstance(value, os.PathLike):
         return os.fspath(value)
-    if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():
-        return value.item()  # (a numpy scalar, or an array of none)
+    if type(value).__module__ == "numpy" and getattr(value, "shape", None) is not None:
+        # (a numpy scalar, or an array of none, as a number; an array as TOML's array)
+        return value.item() if value.shape == () else _plain(value.tolist())
     return value
 
 
@@ -328,6 +329,14 @@ def load_scenario(path: str | Path | None = None, overrides: list[str] | str | N
     (``pinned_paths``); not in ``overrides``."""
     from clockwork.resources import scenario_folder
 
+    if path is not None and not isinstance(path, str | os.PathLike):
+        raise ScenarioError(
+            "load_scenario: path must be a scenario file's path or a shipped scenario's "
+            f"name (str or os.PathLike), got {type(path).__name__}"
+            + (" (a scenario's tables go as data=...)" if isinstance(path, dict) else ""))
+    if data is not None and not isinstance(data, dict):
+        raise ScenarioError("load_scenario: data must be a dict of the scenario's tables, "
+                            f"got {type(data).__name__}")
     src = source or "<dict>"
     if folder is None and source is not None:
         found = scenario_folder(source)

@@ -387,6 +387,24 @@ def test_a_table_from_python_takes_numpy_numbers_and_paths():
     with pytest.raises(ScenarioError, match="seed: must be an integer"):
         load_scenario(data={"seed": np.float64(1.5), "models": [{"name": "a"}],
                             "workloads": [{"kind": "poisson", "rate_rps": 1}]})
+    # a numpy array as TOML's array (it was refused: "must be an array of numbers")
+    sc = load_scenario("poisson_warm", data={"cluster": {"clock_offsets_ms": np.array([0.5])}})
+    assert sc.cluster["clock_offsets_ms"] == [0.5]
+    assert type(sc.cluster["clock_offsets_ms"][0]) is float
+
+
+@pytest.mark.parametrize("kw,fragment", [
+    ({"path": {"seed": 1}}, "path must be a scenario file's path or a shipped scenario's "
+                            "name (str or os.PathLike), got dict (a scenario's tables go "
+                            "as data=...)"),
+    ({"path": 5}, "got int"),
+    ({"data": [1]}, "data must be a dict of the scenario's tables, got list")])
+def test_load_scenario_of_the_wrong_type_is_a_scenario_error(kw, fragment):
+    """A dict given as the path, or data that is not a dict: a ScenarioError naming the
+    parameter (a TypeError from pathlib, an AttributeError from deep inside)."""
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(**kw)
+    assert fragment in str(e.value), e.value
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "scenarios").glob("*.toml")),
