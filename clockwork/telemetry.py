@@ -1193,8 +1193,9 @@ def process_logs(out: Path) -> list[Path]:
 
 
 def write_run(out: str | Path, telemetry: Telemetry, summary: dict, run: dict,
-              own_process_logs: bool = False) -> Path:
-    """A run's files in ``out``: the two logs (as ``telemetry.log_format``), run.json and
+              own_process_logs: bool = False, log_format: str | None = None) -> Path:
+    """A run's files in ``out``: the two logs (as ``log_format``, default
+    ``telemetry.log_format``), run.json and
     summary.json. They are written first into a hidden folder inside ``out``
     (``NEW_RUN_PREFIX``), and only once all are written do they replace the earlier run's
     (summary.json, run.json and the logs of both formats), by renames, summary.json last,
@@ -1209,6 +1210,8 @@ def write_run(out: str | Path, telemetry: Telemetry, summary: dict, run: dict,
     if not str(out).strip():
         raise ValueError(f"the run's folder must be a path, got {str(out)!r}")
     out = Path(out)
+    if log_format is not None:  # (before anything is written)
+        check_log_format(log_format)
     summary_bytes, run_bytes = _json_bytes(summary), _json_bytes(run)
     out.mkdir(parents=True, exist_ok=True)
     for name in RUN_FILES:  # (what the run's files would replace: files only)
@@ -1218,7 +1221,7 @@ def write_run(out: str | Path, telemetry: Telemetry, summary: dict, run: dict,
         new = Path(tempfile.mkdtemp(prefix=NEW_RUN_PREFIX, dir=out))
     try:
         with _in_place(new, out):
-            telemetry.write(new)
+            telemetry.write(new, log_format)
             for name, data in (("run.json", run_bytes), ("summary.json", summary_bytes)):
                 with _naming(new / name):
                     (new / name).write_bytes(data)

@@ -1154,3 +1154,24 @@ def test_a_simulated_runs_spill_folder_goes_as_the_run_ends(tmp_path):
     assert all(np.array_equal(got[k], want[k]) for k in want)
     r.write(tmp_path / "out")  # (the rows were not removed: still its own)
     assert (tmp_path / "out" / "summary.json").exists()
+
+
+def test_a_simulated_result_writes_npz_logs_from_python_and_progress_is_a_bool(tmp_path):
+    """``SimResult.write(dir, log_format="npz")`` writes the run's files with npz logs,
+    byte for byte what ``clockwork simulate --log-format npz`` writes (a script could
+    not: ``write`` took no format); a format that is neither is refused before anything
+    is written; ``progress`` that is not a bool is refused (``"no"`` turned it on)."""
+    from clockwork.cluster.sim import simulate
+    from clockwork.scenario import ScenarioError
+
+    r = simulate("poisson_warm", ["duration_s=0.5"])
+    r.write(tmp_path / "py", log_format="npz")
+    assert main(["simulate", "poisson_warm", "--set", "duration_s=0.5", "--quiet",
+                 "--out", str(tmp_path / "cli"), "--log-format", "npz"]) == 0
+    for name in ("summary.json", "requests.npz", "actions.npz"):
+        assert (tmp_path / "py" / name).read_bytes() == (tmp_path / "cli" / name).read_bytes()
+    with pytest.raises(ValueError, match="log format 'csv'"):
+        r.write(tmp_path / "bad", log_format="csv")
+    assert not (tmp_path / "bad").exists()
+    with pytest.raises(ScenarioError, match="progress must be True or False, got 'no'"):
+        simulate("poisson_warm", ["duration_s=0.5"], progress="no")

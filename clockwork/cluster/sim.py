@@ -81,9 +81,12 @@ class SimResult:
     # the scenario's faults and events as they played out: (seconds, what happened)
     event_log: list[tuple[float, str]] = field(default_factory=list)
 
-    def write(self, out: str | Path) -> Path:
+    def write(self, out: str | Path, log_format: str | None = None) -> Path:
+        """The run's files in ``out`` (``clockwork simulate --out``'s), the logs as
+        ``log_format`` ("tsv" or "npz"; default the telemetry's, "tsv")."""
         return write_run(out, self.telemetry, self.summary,
-                         run_info(self.wall_s, self.scenario, self.events))
+                         run_info(self.wall_s, self.scenario, self.events),
+                         log_format=log_format)
 
     def table(self) -> str:
         return format_summary(self.summary)
@@ -944,6 +947,8 @@ def simulate(scenario: Scenario | str | Path | dict, overrides: list[str] | str 
     ``SimulationWarning`` (those about the settings before the run, the others after it),
     and is in the result's ``warnings``."""
     overrides = override_list(overrides, "simulate")
+    if not isinstance(progress, bool):  # (progress="no" turned it on)
+        raise ScenarioError(f"simulate: progress must be True or False, got {progress!r}")
     if spill_dir is not None:  # (as --spill-dir is checked: before anything is built)
         import argparse
 
