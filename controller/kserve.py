@@ -282,14 +282,13 @@ class KServeFrontend:
         dimension, ``max_batch_size`` is the most rows one request may carry (the
         profile's largest batch size), the profile's batch sizes (those the scheduler
         runs: those up to its ``max_batch``) are the ``execution_batch_sizes`` parameter,
-        and one instance group on any
-        GPU of the cluster whose weights cache can hold it (``gpus`` the controller-wide
-        GPU indices; each instance has at most one copy of its weights per GPU). What it says of the load that made the
-        instance is ``controller.repository.as_configured``'s, so that a load with the
-        configuration read back changes nothing: ``count`` is the copies of a model
-        loaded as ``name`` (``name``, ``name:1``, ...; 1 for one of a model's copies
-        ``m:k``), and the parameters ``profile`` and ``package`` (when not the
-        defaults)."""
+        and one instance group on any GPU of the cluster whose weights cache can hold it
+        (``gpus`` the controller-wide GPU indices; each instance has at most one copy of
+        its weights per GPU). What it says of the load that made the instance is
+        ``controller.repository.as_configured``'s, so that a load with the configuration
+        read back changes nothing: ``count`` is the copies of a model loaded as ``name``
+        (``name``, ``name:1``, ...; 1 for one of a model's copies ``m:k``), and the
+        parameters ``profile`` and ``package`` (when not the defaults)."""
         from controller.repository import as_configured
 
         p = self.described(name)
