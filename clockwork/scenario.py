@@ -113,8 +113,8 @@ def _too_long_int(value: Any) -> bool:
 
 def _plain(value: Any) -> Any:
     """A scenario table given from Python, its values as TOML would give them: numpy
-    scalars (a seed from ``np.arange``) as Python numbers, numpy arrays as lists, paths (``pathlib.Path``) as
-    strings; dicts and lists copied, anything else as it is."""
+    scalars (a seed from ``np.arange``) as Python numbers, numpy arrays as lists, paths
+    (``pathlib.Path``) as strings; dicts and lists copied, anything else as it is."""
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):  # (TOML's arrays: a namedtuple's fields too)
