@@ -1051,8 +1051,8 @@ def test_a_run_stopped_while_its_files_are_written_leaves_the_earlier_one(tmp_pa
     res = simulate("poisson_warm", ["duration_s=2", "seed=3"])
     real = res.telemetry.write
 
-    def stopped(out):  # its request log written, then the stop: no action log of its own
-        real(tmp_path / "whole")
+    def stopped(out, log_format=None):  # its request log written, then the stop: no
+        real(tmp_path / "whole", log_format)  # action log of its own
         for f in (tmp_path / "whole").glob("requests.*"):
             (out / f.name).write_bytes(f.read_bytes())
         raise KeyboardInterrupt
