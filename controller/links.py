@@ -689,20 +689,19 @@ class WorkerLinks:
         out.extend((-1, a, "awaited") for a in self.awaited)
         return out
 
-    def _gpus_of(self, link: WorkerLink) -> list[int]:
-        """The controller-wide indices of ``link``'s GPUs (none before they have them)."""
+    def _gpus_of(self, link: WorkerLink, pages: int = 0) -> list[int]:
+        """The controller-wide indices of ``link``'s GPUs (none before they have them;
+        with ``pages``: those whose weights cache holds that many pages)."""
         if link.state is None:
             return []
         index = self.gpu_index
-        return [index[k] for k in ((link.index, g.gpu) for g in link.state.gpus) if k in index]
+        return [index[k] for k in ((link.index, g.gpu) for g in link.state.gpus
+                                   if g.pages >= pages) if k in index]
 
     def gpus_in_service(self, pages: int = 0) -> list[int]:
         """The controller-wide indices of the GPUs of the workers not removed (with
         ``pages``: those whose weights cache holds that many pages, a model's weights)."""
-        index = self.gpu_index
-        return sorted(index[k] for lk in self.in_service() if lk.state is not None
-                      for g in lk.state.gpus
-                      if g.pages >= pages and (k := (lk.index, g.gpu)) in index)
+        return sorted(g for lk in self.in_service() for g in self._gpus_of(lk, pages))
 
     def _remove(self, link: WorkerLink, gpus: list[int], lost: int = 0) -> int:
         """``remove_worker``'s work on the link (no await: nothing sent to it after); how
