@@ -655,6 +655,38 @@ def faults_error(sc: Scenario) -> str | None:
     return None
 
 
+def restarts_error(sc: Scenario) -> str | None:
+    """What is wrong with the scenario's ``faults.controller_restart`` entries (with a
+    kill or hang fault, or with ``[[repository]]``, ``[[add_workers]]`` or
+    ``[[remove_workers]]`` events; one that starts before the last one's new controller,
+    or whose new controller starts at or after the end), in one line; None if nothing.
+    Asked by the simulator and by a live replay before anything runs."""
+    faults = sc.data.get("faults") or {}
+    restarts = faults.get("controller_restart") or []
+    if not restarts:
+        return None
+    if faults.get("kill") or faults.get("hang"):
+        return ("faults.controller_restart: not together with faults.kill or faults.hang "
+                "(the simulator models them apart)")
+    end = -1.0
+    for i, f in enumerate(restarts):
+        if f["at_s"] <= end:
+            return (f"faults.controller_restart.{i}.at_s: {f['at_s']:g} is not after the "
+                    f"previous restart's end ({end:g} s)")
+        end = f["at_s"] + f["down_s"]
+        if end >= sc.duration_s:
+            return (f"faults.controller_restart.{i}: the new controller must start before "
+                    f"the end ({end:g} s >= duration_s {sc.duration_s:g})")
+    if sc.data.get("repository"):
+        return ("repository: not together with faults.controller_restart (a new controller "
+                "starts from the [[models]] list)")
+    for key in ("add_workers", "remove_workers"):
+        if sc.data.get(key):
+            return (f"{key}: not together with faults.controller_restart (a new controller "
+                    "starts from the workers at the start)")
+    return None
+
+
 def cache_pages(sc: Scenario, pset) -> int:
     """The pages of each GPU's weights cache: the scenario's
     ``cluster.weights_cache_pages``, else its profile set's (``pset``)."""

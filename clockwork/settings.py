@@ -749,7 +749,7 @@ class SlowNetworkFault(Settings):
 class ControllerRestartFault(Settings):
     """One ``[[faults.controller_restart]]`` entry: the controller dies, a new one starts.
 
-    The new controller takes the workers over (simulator only)."""
+    The new controller takes the workers over."""
 
     settings_name: ClassVar[str] = "faults.controller_restart"
 
@@ -780,8 +780,8 @@ def _overlap(spells: list[tuple[float, float, str]]):
 class FaultSettings(Settings):
     """``[faults]``: faults injected into a run. The simulator models each one in its
     network and workers, deterministically; a live run (`clockwork serve --replay`)
-    kills, restarts, stops and resumes the worker processes at the same times
-    (`slow_network` and `controller_restart` are simulator-only)."""
+    kills, restarts, stops and resumes the worker processes, and kills and restarts the
+    controller, at the same times (`slow_network` is simulator-only)."""
 
     settings_name: ClassVar[str] = "faults"
 
@@ -795,7 +795,7 @@ class FaultSettings(Settings):
         "(simulator only).")
     controller_restart: list[ControllerRestartFault] = setting(
         default_factory=list, description="Controller restarts: `{at_s, down_s, "
-        "fresh_caches}` (simulator only; not with `kill` or `hang`).")
+        "fresh_caches}` (not with `kill` or `hang`).")
     detect_ms: float = setting(
         1.0, "Simulator: how long after a worker dies the controller sees its connection "
         "close, in milliseconds.", ge=0)

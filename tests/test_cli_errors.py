@@ -191,6 +191,14 @@ BAD = [
      "faults.hang.0.at_s: must be before the end (duration_s 1), got 5"),
     (["serve", SC, "--replay", "--set", "faults.kill=[{worker=7, at_s=0.5}]"],
      "faults.kill.0.worker: 7 is not one of the"),
+    # a controller restart the simulator would refuse: refused as it (before anything runs)
+    (["serve", SC, "--replay", "--out", "out", "--set",
+      "faults.controller_restart=[{at_s=1, down_s=1}]", "--set",
+      "faults.hang=[{worker=0, at_s=5, for_s=1}]"],
+     "faults.controller_restart: not together with faults.kill or faults.hang"),
+    (["serve", SC, "--replay", "--set", "duration_s=2", "--set",
+      "faults.controller_restart=[{at_s=1, down_s=1}]"],
+     "faults.controller_restart.0: the new controller must start before the end"),
     # a profile written into the shipped set changed the figures every run of it reads
     # (in a checkout profiles/cpu links there): refused before anything is measured
     (["profile", "resnet18", "--device", "cpu", "--package", "p", "--out",

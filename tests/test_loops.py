@@ -687,8 +687,14 @@ def test_controller_restart_settings_are_checked():
     twice = {"controller_restart": [{"at_s": 2.0, "down_s": 1.0}, {"at_s": 2.5}]}
     with pytest.raises(ScenarioError, match=r"controller_restart.1.at_s: 2.5 is not after"):
         simulate({**FAULTY, "faults": twice})
-    with pytest.raises(ValueError, match="controller_restart has no live form"):
-        LiveFaults(None, RESTART["faults"], 10.0)
+    with pytest.raises(ValueError, match="slow_network has no live form"):
+        LiveFaults(None, {"slow_network": [{"worker": 0, "at_s": 1.0, "for_s": 1.0,
+                                            "delay_ms": 5.0}]}, 10.0)
+    # (live: tests/test_faults_live.py; the same checks before a replay starts)
+    from clockwork.scenario import Scenario, restarts_error
+
+    assert "not together with faults.kill" in restarts_error(Scenario({
+        **FAULTY, "faults": {**FAULTY["faults"], **RESTART["faults"]}}))
     # live as in the simulator: a fault at or after the end would never happen
 
     class Cluster:

@@ -8,9 +8,13 @@ fault's time, counted from the moment the replay starts, it kills a worker proce
 the controller's model repository (``clockwork.Client.unload_model`` / ``load_model``);
 at each joining worker's, it has the controller connect that worker
 (``Client.add_worker``; its process was started before the run); at each leaving
-worker's, it has the controller take that worker out (``Client.remove_worker``).
-The simulator models the same events (``clockwork.cluster.sim``); ``slow_network`` and
-``controller_restart`` have no live form here and are refused.
+worker's, it has the controller take that worker out (``Client.remove_worker``); at
+each ``controller_restart``'s, it kills the controller process (SIGKILL, after reading
+its counters) and ``down_s`` later starts a new one on the same port and workers
+(``LocalCluster.restart_controller``; ``--fresh-caches`` with ``fresh_caches``), which
+takes the workers over as ``clockwork controller`` does on running workers.
+The simulator models the same events (``clockwork.cluster.sim``); ``slow_network`` has
+no live form here and is refused.
 """
 
 from __future__ import annotations
@@ -33,10 +37,6 @@ class Interrupted(Exception):
 def no_live_form(faults: dict) -> str | None:
     """Why a scenario's ``[faults]`` cannot be played live (a fault only the simulator
     models), or None: asked before any process starts, and again by ``LiveFaults``."""
-    if faults.get("controller_restart"):
-        return ("[faults] controller_restart has no live form here (a replay's streams do "
-                "not outlive their controller; experiments/controller_restart.py restarts a "
-                "live one between two loads); remove it to run this scenario live")
     if faults.get("slow_network"):
         return ("[faults] slow_network has no live form (the simulator models it); remove it "
                 "to run this scenario live")
@@ -83,6 +83,11 @@ class LiveFaults:
                 else:
                     plan.append((float(f["at_s"]), len(plan), "stop", w))
                     plan.append((float(f["at_s"]) + float(f["for_s"]), len(plan), "resume", w))
+        restarts = faults.get("controller_restart") or ()
+        for i, f in enumerate(restarts):  # (checked: scenario.restarts_error)
+            plan.append((float(f["at_s"]), len(plan), "ctrl_kill", i))
+            plan.append((float(f["at_s"]) + float(f["down_s"]), len(plan), "ctrl_start",
+                         (i, bool(f.get("fresh_caches", False)))))
         # at one time: the faults, then the workers that join, then the repository events
         # (the simulator's order)
         for at_s, w in joins or ():
@@ -105,7 +110,10 @@ class LiveFaults:
         self.log: list[tuple[float, str]] = []  # (seconds from t0, what was done)
         self.failed: list[str] = []  # what could not be done, in words
         self._client = None
-        if repository or joins or leaves:  # (connected before the run: a first event's import and
+        # each killed controller's counters, read just before it was killed (None: they
+        # could not be read), in order: a replay's action counts add them up
+        self.counts: list[dict[str, int] | None] = []
+        if repository or joins or leaves or restarts:  # (connected before the run: a first event's import and
             # connection made it ~10 ms late)
             from clockwork.client import Client
 
@@ -197,6 +205,9 @@ class LiveFaults:
             if what in ("unload", "load", "join", "remove"):
                 self._event(t0, what, w)
                 continue
+            if what in ("ctrl_kill", "ctrl_start"):
+                self._controller(t0, what, w)
+                continue
             earlier = self._restarts.pop(w, None)
             if earlier is not None:  # (a worker's own events stay in order)
                 earlier.join()
@@ -237,6 +248,30 @@ class LiveFaults:
         self.log.append((t, said))
         print(f"clockwork serve: {t:7.2f} s  {said}", file=sys.stderr, flush=True)
 
+    def _controller(self, t0: int, what: str, arg) -> None:
+        """A controller restart's step now: its process killed (its counters read first),
+        or the new one started (returns once it listens); said (and logged) once done."""
+        try:
+            if what == "ctrl_kill":
+                try:
+                    self.counts.append(self._client.stats())
+                except Exception:  # noqa: BLE001 - its counts are then unknown
+                    self.counts.append(None)
+                proc = self.cluster.controller.proc
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+                said = "fault: controller killed"
+            else:
+                self.cluster.restart_controller(["--fresh-caches"] if arg[1] else [])
+                said = "fault: new controller started" + (" (fresh caches)" if arg[1] else "")
+        except Exception as e:  # noqa: BLE001 - one line; the faults after it still run
+            self._failed(t0, what, arg, e)
+            return
+        t = (time.monotonic_ns() - t0) / 1e9
+        self.log.append((t, said.removeprefix("fault: ")))
+        print(f"clockwork serve: {t:7.2f} s  {said}", file=sys.stderr, flush=True)
+
     def _fault(self, t0: int, what: str, w: int) -> None:
         """Play one fault on worker ``w`` now; said (and logged) once done."""
         try:
@@ -269,4 +304,8 @@ def _event(what: str, arg) -> str:
         return f"cluster: worker {arg[0]} remove" + (" (drain)" if arg[1] else "")
     if what in ("load", "unload"):
         return f"repository: {what} {arg[0]}"
+    if what == "ctrl_kill":
+        return f"fault: controller restart {arg} (kill)"
+    if what == "ctrl_start":
+        return f"fault: controller restart {arg[0]} (new controller)"
     return f"fault: {what} worker {arg}"

@@ -82,7 +82,8 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
                  tls_key: str | None = None,
                  stream_interval_us: float = STREAM_INTERVAL_US,
                  warn_late: bool = True, stop=None,
-                 spill_dir: str | None = None) -> ReplayResult:
+                 spill_dir: str | None = None, reconnect: bool = False,
+                 earlier_counts=None) -> ReplayResult:
     """Drive ``sc``'s workloads against a live controller. ``check_packages``: send real
     inputs (a seeded pool per model) and check every answer's output against the zoo
     model's numpy reference with that package folder's weights (``summary["outputs"]``).
@@ -98,7 +99,14 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     due are awaited (each no longer than its SLO and the stream's grace), and the result
     covers the run until then (``summary["stopped"]``, ``interrupted``). ``spill_dir``:
     the request rows in files in a temporary folder inside it, not in memory
-    (``Telemetry``'s), so that a long replay's memory stays flat."""
+    (``Telemetry``'s), so that a long replay's memory stays flat. ``reconnect``: the
+    controller is restarted during the run (``clockwork serve``'s controller_restart
+    faults): what it had not answered as it went away fails (ERROR), the requests due
+    meanwhile wait in the stream for the new one (each given up at its SLO plus the
+    stream's grace), and the run goes on; without it, a controller that goes away ends
+    the run there. ``earlier_counts()``: with ``reconnect``, the counters of each
+    controller that went away, read just before (None where they could not be): the
+    action counts add them to the last controller's."""
     from clockwork.client import AsyncClient
     from clockwork.errors import ControllerUnavailable
     from clockwork.profiles import load_profile_set
@@ -155,7 +163,7 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     stats0 = await client.stats()
     # (not reconnecting: a replay whose controller went away stops sending and says when;
     # its table is of one controller's run)
-    stream = client.stream(stream_interval_us, answer_times=True, reconnect=False)
+    stream = client.stream(stream_interval_us, answer_times=True, reconnect=reconnect)
     answered_ns = stream.answered_ns
     tel = Telemetry(0, spill_dir=spill_dir)
     heap: list = []  # (t, seq, model, slo, widx) relative to t0
@@ -188,7 +196,7 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         req.state = DONE
         state["answered"] += 1
         if exc is not None:
-            if isinstance(exc, ControllerUnavailable) and not lost:
+            if isinstance(exc, ControllerUnavailable) and not lost and not reconnect:
                 lost.append((now - t0, str(exc)))
             rep = Reply(req, RequestStatus.ERROR, now - t0, str(exc))
         else:
@@ -316,10 +324,12 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         try:
             stats1 = await client.stats()
         except ControllerUnavailable as e:  # (it went away as the last answers came)
-            lost.append((now_ns() - t0, str(e)))
+            if not reconnect:
+                lost.append((now_ns() - t0, str(e)))
     await client.close()
-    d = {k: stats1.get(k, 0) - stats0.get(k, 0) for k in set(stats1) | set(stats0)} \
-        if stats1 is not None else {}
+    d = _counted(stats0, stats1, earlier_counts() if reconnect and earlier_counts else [])
+    if d is None:  # (a controller's counts unknown: so are the run's)
+        stats1, d = None, {}
     extra = {
         "seed": sc.seed, "policy": sc.scheduler.get("policy", "clockwork"),
         "model_instances": len(instances), "mode": "live",
@@ -366,10 +376,15 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     summary["failures"] = [{"message": m, "count": n} for m, n in failures.most_common(3)]
     summary["workers_suspected"] = d.get("worker_suspects", 0)
     summary["weights_kept"] = d.get("weights_kept", 0)
+    if reconnect:  # the copies the new controllers took over, as the simulator counts them
+        summary["weights_adopted"] = d.get("weights_adopted", 0) if stats1 is not None \
+            else None
     # requests of other clients the controller took in meanwhile: its counters (the
     # actions, the suspects above) are the whole controller's, theirs included
-    other = d.get("requests", 0) - (state["sent"] - state["unsent"]) if stats1 is not None \
-        else None
+    # (not known across a controller restart: the requests a controller took in after
+    # its counters were read, as it went away, are in none of them)
+    other = d.get("requests", 0) - (state["sent"] - state["unsent"]) \
+        if stats1 is not None and not reconnect else None
     summary["other_requests"] = other
     if warn_late and other:
         print(f"clockwork replay: the controller took in {other:,} request(s) of other "
@@ -382,6 +397,22 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         summary["outputs"] = check.verify()
     return ReplayResult(summary, tel, sc, wall_s, bool(extra["answered_once"]),
                         halted is not None)
+
+
+def _counted(first: dict[str, int], last: dict[str, int] | None,
+             earlier: list[dict[str, int] | None]) -> dict[str, int] | None:
+    """The controllers' counts over a run: ``last`` (the controller's counters at the end)
+    less ``first`` (at the start); with ``earlier``, the counters of controllers that went
+    away during it, each read just before: the first of them less ``first``, the others
+    and ``last`` whole (a new controller counts from 0). None if one is unknown."""
+    if last is None or None in earlier:
+        return None
+    whole = [*earlier, last]
+    d = {k: -v for k, v in first.items()}
+    for counts in whole:
+        for k, v in counts.items():
+            d[k] = d.get(k, 0) + v
+    return d
 
 
 def _lag_figures(lags: Counter[int]) -> dict:

@@ -165,25 +165,26 @@ def models_error(sc) -> str | None:
 
 def events_error(sc, replay: bool) -> str | None:
     """What is wrong with the scenario's ``[[repository]]``, ``[[add_workers]]`` or
-    ``[[remove_workers]]`` events for a replay (a name not served at that point, a time
-    past the end, a policy that cannot change its models or grow, a worker not there to
-    remove), as ``clockwork simulate`` says it; None if nothing (or nothing plays them:
-    no replay)."""
-    from clockwork.scenario import fault_worker_error, repository_plan
+    ``[[remove_workers]]`` events or controller restarts for a replay (a name not served
+    at that point, a time past the end, a policy that cannot change its models or grow,
+    a worker not there to remove, a restart with events or faults it does not go with),
+    as ``clockwork simulate`` says it; None if nothing (or nothing plays them: no
+    replay)."""
+    from clockwork.scenario import fault_worker_error, repository_plan, restarts_error
     from controller import events_policy_error, table_policy
 
-    if not replay or not any(sc.data.get(k) for k in ("repository", "add_workers",
-                                                      "remove_workers")):
+    if not replay:
         return None
+    why = restarts_error(sc)
+    if why or not any(sc.data.get(k) for k in ("repository", "add_workers",
+                                               "remove_workers")):
+        return why
     try:
         repository_plan(sc)
         joins = joining_workers(sc)
         leaving_workers(sc)
     except ScenarioError as e:
         return str(e)
-    if sc.data.get("remove_workers") and (sc.faults or {}).get("controller_restart"):
-        return ("remove_workers: not together with faults.controller_restart (a new "
-                "controller starts from the workers at the start)")
     why = fault_worker_error(sc)
     if why:
         return why
@@ -724,7 +725,10 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
             task = asyncio.ensure_future(replay(
                 sc, cluster.address, 20000, progress, check,
                 on_start=faults.start if faults else None, token=token, stop=stop.is_set,
-                spill_dir=getattr(args, "spill_dir", None)))
+                spill_dir=getattr(args, "spill_dir", None),
+                # (a controller the scenario restarts: the stream waits for the new one)
+                reconnect=bool((sc.faults or {}).get("controller_restart")),
+                earlier_counts=lambda: faults.counts))
             while not task.done():
                 if hard.is_set():  # (the signal handler only sets it)
                     task.cancel()

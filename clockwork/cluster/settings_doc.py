@@ -186,9 +186,12 @@ def render() -> str:
     parts.append(_section(
         "`[faults]`", "Faults injected into a run. The simulator models each one in its "
         "network and workers, deterministically; a live run (`clockwork serve SCENARIO "
-        "--replay`) kills, restarts, stops and resumes the worker processes at the same "
-        "times, counted from the start of the replay. `slow_network` and `controller_restart` "
-        "are simulator-only.",
+        "--replay`) kills, restarts, stops and resumes the worker processes, and kills and "
+        "restarts the controller, at the same times, counted from the start of the replay "
+        "(a new controller process is started `down_s` after the old one was killed, and "
+        "serves once it has started and taken the workers over: about a second later on a "
+        "small machine; the requests that arrive meanwhile wait in the replay's stream for "
+        "it). `slow_network` is simulator-only.",
         markdown_table(FaultSettings)))
     for cls, key in ((KillFault, "kill"), (HangFault, "hang"),
                      (SlowNetworkFault, "slow_network"),

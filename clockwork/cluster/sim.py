@@ -40,6 +40,7 @@ from clockwork.scenario import (
     load_scenario,
     override_list,
     repository_plan,
+    restarts_error,
     validate,
 )
 from clockwork.sizes import PROGRESS_LOG_S
@@ -190,18 +191,11 @@ class Simulation:
         self.cfg = cfg
         self._adopts = policy_class(policy).adopts_weights
         self.faults = sc.data.get("faults") or {}
-        self._check_restarts(self.faults.get("controller_restart") or [], sc.duration_s)
+        why = restarts_error(sc)
+        if why:
+            raise ScenarioError(why)
         self.repository = repository_plan(sc)
-        if self.repository and self.faults.get("controller_restart"):
-            raise ScenarioError("repository: not together with faults.controller_restart "
-                                "(a new controller starts from the [[models]] list)")
-        if self.joins and self.faults.get("controller_restart"):
-            raise ScenarioError("add_workers: not together with faults.controller_restart "
-                                "(a new controller starts from the workers at the start)")
         self.leaves = leaving_workers(sc)
-        if self.leaves and self.faults.get("controller_restart"):
-            raise ScenarioError("remove_workers: not together with faults.controller_restart "
-                                "(a new controller starts from the workers at the start)")
         why = events_policy_error(policy, bool(self.repository), bool(self.joins))
         if why:
             raise ScenarioError(why)
@@ -273,21 +267,6 @@ class Simulation:
                 "models placed after they join (scaling out may show no gain for it)")
         if self.reach_note:
             self.warnings.append(f"warning: cluster.network_latency_ms: {self.reach_note}")
-
-    def _check_restarts(self, restarts: list[dict], duration_s: float) -> None:
-        if restarts and (self.faults.get("kill") or self.faults.get("hang")):
-            raise ScenarioError("faults.controller_restart: not together with faults.kill or "
-                                "faults.hang (the simulator models them apart)")
-        end = -1.0
-        for i, f in enumerate(restarts):
-            if f["at_s"] <= end:
-                raise ScenarioError(f"faults.controller_restart.{i}.at_s: {f['at_s']:g} is not "
-                                    f"after the previous restart's end ({end:g} s)")
-            end = f["at_s"] + f["down_s"]
-            if end >= duration_s:
-                raise ScenarioError(f"faults.controller_restart.{i}: the new controller must "
-                                    f"start before the end ({end:g} s >= duration_s "
-                                    f"{duration_s:g})")
 
     def executors_of(self, w: int, restart: int = 0) -> list[GpuExecutor]:
         """Worker ``w``'s GPUs with empty caches (``restart``: how many times it restarted;
