@@ -195,12 +195,19 @@ def _datatype(name: str, datatype) -> str:
 
 
 def _sized(name: str, datatype: str, shape: list[int], data) -> None:
-    """Raw data must hold exactly the shape's elements."""
+    """Raw data must hold exactly the shape's elements (and ``BOOL`` data bytes 0 or 1:
+    numpy's bools read other bytes inconsistently, true to one operation and not to
+    another)."""
     want = _count(shape) * KS_ITEMSIZE[datatype]
     have = len(data) if isinstance(data, bytes) else memoryview(data).nbytes
     if have != want:
         raise _bad(f"input {name!r}: {have} bytes of data, expected {want} for shape "
                    f"{shape} {datatype}")
+    if datatype == "BOOL" and have:
+        b = np.frombuffer(data, np.uint8)
+        if b.max() > 1:
+            raise _bad(f"input {name!r}: BOOL data must be bytes 0 (false) or 1 (true), "
+                       f"got {int(b[b > 1][0])}")
 
 
 def _in_range(name: str, arr: np.ndarray, np_name: str) -> None:
@@ -353,21 +360,33 @@ def json_loads(body: bytes | memoryview | str):
     """A JSON body as Python values: read by orjson (4-5x faster than the standard library
     on tensor data lists), and by the standard library's ``json`` where orjson refuses
     it, so that what ``json`` reads beyond strict JSON is still read (NaN and Infinity,
-    numbers beyond a float's range, a byte-order mark, lone surrogates) and a body
-    neither reads gets ``json``'s message. One difference: an integer beyond 64 bits is
-    read as a float, as Triton's own server reads it. ValueError for a body that is not
-    JSON, or is nested more than ``JSON_DEPTH`` levels deep."""
+    a byte-order mark, lone surrogates) and a body neither reads gets ``json``'s
+    message. One difference: an integer beyond 64 bits is read as a float, as Triton's
+    own server reads it. ValueError for a body that is not JSON, holds a number beyond
+    a double's range (``1e400``: it would be read as an infinity; the ``Infinity``
+    literal is read), or is nested more than ``JSON_DEPTH`` levels deep."""
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as e:
         if str(e).startswith("depth limit exceeded"):  # (orjson's words, at 1,024 levels)
             raise ValueError(f"nested more than {JSON_DEPTH} levels deep") from None
     try:
-        v = json.loads(bytes(body) if isinstance(body, memoryview) else body)
+        v = json.loads(bytes(body) if isinstance(body, memoryview) else body,
+                       parse_float=_finite_float)
     except RecursionError:  # json runs out of stack (Python 3.11: at ~1,000 levels)
         raise ValueError(f"nested more than {JSON_DEPTH} levels deep") from None
     if _deeper_than(v, JSON_DEPTH):  # (Python 3.12's json reads thousands of levels)
         raise ValueError(f"nested more than {JSON_DEPTH} levels deep")
+    return v
+
+
+def _finite_float(text: str) -> float:
+    """A JSON number's text as a float; ValueError where it is beyond a double's range
+    (Python reads it as an infinity)."""
+    v = float(text)
+    if v in (math.inf, -math.inf):
+        raise ValueError(f"number {text[:40]}{'...' if len(text) > 40 else ''} is beyond "
+                         "the range of a double")
     return v
 
 

@@ -190,7 +190,7 @@ def test_json_bodies_read_as_the_standard_library_reads_them():
     tensor = json.dumps({"inputs": [{"name": "x", "shape": [5000], "datatype": "FP32",
                                      "data": x.tolist()}], "id": "\u00e9"}).encode()
     for body in (tensor, b'{"a":[1,2.5,-0.0,1e-400,-0,1E5],"a":3}', b'{"x": NaN}',
-                 b"[Infinity, -Infinity]", b"1e400", b"\xef\xbb\xbf{}", b'"\\ud800"',
+                 b"[Infinity, -Infinity]", b"\xef\xbb\xbf{}", b'"\\ud800"',
                  b"[18446744073709551615, -9223372036854775808]"):
         assert repr(json_loads(body)) == repr(json.loads(body)), body[:40]
         assert repr(json_loads(memoryview(body))) == repr(json.loads(body)), body[:40]
@@ -201,6 +201,13 @@ def test_json_bodies_read_as_the_standard_library_reads_them():
             json.loads(bad)
         assert (type(ours.value), str(ours.value)) == (type(theirs.value), str(theirs.value))
     assert json_loads(b"[18446744073709551616]") == [float(2**64)]
+    # a number beyond a double's range (json reads it as an infinity, which the checks
+    # of a float datatype's range then took as sent): refused; the Infinity literal and
+    # numbers that underflow to 0 are read
+    for body in (b"[1e400]", b'{"x": NaN, "y": -1e999}', b"[1" + b"0" * 400 + b".5]"):
+        with pytest.raises(ValueError, match="is beyond the range of a double"):
+            json_loads(body)
+    assert json_loads(b"[1e-400, Infinity]") == [0.0, math.inf]
     # nesting: orjson reads 1,024 levels; deeper is refused with a ValueError (json
     # itself would run out of stack: RecursionError)
     v, depth = json_loads(b"[" * 1024 + b"]" * 1024), 1
@@ -244,6 +251,19 @@ def test_rest_request_fields():
     ]}, memoryview(body))[0]
     assert [np.frombuffer(t.data, np.float32).tolist() for t in inputs] == [[0, 1], [2, 3, 4, 5]]
     assert all(t.data.obj is body for t in inputs)
+
+
+def test_raw_bool_data_is_bytes_0_or_1():
+    """Raw BOOL data (REST binary, gRPC raw_input_contents) is checked as JSON's is:
+    bytes other than 0 and 1 are refused (numpy's bools read them inconsistently)."""
+    spec = {"name": "c", "datatype": "BOOL", "shape": [3], "parameters": {"binary_data_size": 3}}
+    assert rest_request({"inputs": [spec]}, b"\x01\x00\x01")[0][0].data is not None
+    _invalid(lambda: rest_request({"inputs": [spec]}, b"\x01\x02\xff"),
+             "input 'c': BOOL data must be bytes 0 (false) or 1 (true), got 2")
+    kpb, r = _grpc()
+    r.inputs.add(name="c", datatype="BOOL", shape=[3])
+    r.raw_input_contents.append(b"\x00\x00\x07")
+    _invalid(lambda: grpc_request(r), "BOOL data must be bytes 0 (false) or 1 (true), got 7")
 
 
 def _grpc(**kw):

@@ -29,7 +29,7 @@ class Malformed:
 
     @property
     def message(self) -> str:
-        return f"malformed request: its bytes are not a {self.type_name} message"
+        return f"malformed request: its bytes are not a message of type {self.type_name}"
 
 
 def decoder(cls):
