@@ -156,6 +156,37 @@ def test_top_keeps_busiest_functions(synthetic):
     assert len(arr) == synthetic.counts[best, :30].sum()
 
 
+def test_what_a_replay_does_otherwise_than_its_settings_say_is_noted(synthetic, tmp_path):
+    """A ``top`` past the trace's functions, and rows that repeat another's ids (files
+    joined: each is replayed as a function of its own), are said before the run, by the
+    simulator as warnings and by ``clockwork trace info``; a plain replay says nothing."""
+    assert AzureReplay(["a"], synthetic, top=300).notes == []
+    w = AzureReplay(["a"], synthetic, top=301)
+    assert w.notes == ["top = 301, but the trace holds 300 function(s): every one is replayed"]
+    assert synthetic.repeated_ids() == 0
+    twice = synthetic.select(np.r_[np.arange(300), [7, 7, 12]])
+    assert twice.repeated_ids() == 3
+    assert "3 of the trace's rows repeat the owner, app, function and trigger" in \
+        AzureReplay(["a"], twice).notes[0]
+    from clockwork.cluster.sim import Simulation
+    from clockwork.scenario import load_scenario
+    from clockwork.workloads.trace_cli import format_info
+
+    path = twice.save(tmp_path / "joined.csv")
+    assert "; 3 row(s) repeat the ids of a row before them" in format_info(AzureTrace.load(path))
+    sim = Simulation(load_scenario(data={
+        "duration_s": 1.0, "cluster": {"workers": 1, "gpus_per_worker": 1},
+        "models": [{"name": "resnet50_v2"}],
+        "workloads": [{"kind": "azure", "trace": str(path), "minutes": 1, "interval_s": 1.0,
+                       "top": 1000}]}))
+    assert [w for w in sim.warnings if "workloads.0 (azure)" in w] == [
+        "warning: workloads.0 (azure): top = 1,000, but the trace holds 303 function(s): "
+        "every one is replayed",
+        "warning: workloads.0 (azure): 3 of the trace's rows repeat the owner, app, function "
+        "and trigger of a row before them (files joined, or an extract cut wrong?): each row "
+        "is replayed as a function of its own"]
+
+
 def test_stops_at_end_and_at_window_end(synthetic):
     w = AzureReplay(["a"], synthetic, minutes=10, interval_s=1.0, arrivals="uniform")
     arr = _drain(w, start=2 * S, end=int(6.5 * S))

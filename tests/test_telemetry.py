@@ -904,6 +904,12 @@ def test_report_on_a_missing_path_or_a_sweeps_folder_says_what_it_is(tmp_path, c
     assert str(sweep / "results.tsv") in err and f"clockwork report {point}" in err, err
     assert main(["report", str(point)]) == 0  # (what it points to works)
     capsys.readouterr()
+    # one of its tables named (it said "not valid JSON: unexpected character")
+    for table in (sweep / "results.tsv", plan / "plan.json"):
+        assert main(["report", str(table)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"clockwork report: {table}: {table.parent} is a "), err
+        assert "output, not a run" in err and "not valid JSON" not in err, err
 
 
 def test_report_timeline_of_a_live_replay_says_n_a_for_actions_it_has_not(tmp_path,

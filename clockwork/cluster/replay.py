@@ -131,6 +131,9 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         except ValueError as e:
             raise ScenarioError(f"workloads.{i}: {e}") from e
         workloads.append(w)
+        for n in getattr(w, "notes", ()):  # (as the simulator says them)
+            print(f"clockwork replay: warning: workloads.{i} ({w.kind}): {n}",
+                  file=sys.stderr, flush=True)
 
     client = AsyncClient(controller, token=token, tls=tls, tls_ca=tls_ca, tls_cert=tls_cert,
                          tls_key=tls_key)

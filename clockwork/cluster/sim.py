@@ -241,6 +241,7 @@ class Simulation:
             except ValueError as e:
                 raise ScenarioError(f"workloads.{i}: {e}") from e
             self.workloads.append(w)
+            short += [f"warning: workloads.{i} ({w.kind}): {n}" for n in getattr(w, "notes", ())]
             ends = getattr(w, "arrivals_end", None)
             end = ends() if ends is not None else None
             if end is not None:  # (a trace shorter than the run: said, the figures are

@@ -474,6 +474,15 @@ class AzureTrace:
             order = order[a:b]
         return self.select(order)
 
+    def repeated_ids(self) -> int:
+        """How many rows have the owner, app, function and trigger of a row before them
+        (the dataset's files have none: each names one function)."""
+        n = self.n_functions
+        if n < 2:
+            return 0
+        return n - len(set(zip(self.owners.tolist(), self.apps.tolist(),
+                               self.functions.tolist(), self.triggers.tolist(), strict=True)))
+
     def trigger_summary(self) -> dict[str, tuple[int, int]]:
         """Trigger -> (functions, invocations), busiest trigger first."""
         tot = self.totals()

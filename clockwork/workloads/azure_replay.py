@@ -101,8 +101,20 @@ class AzureReplay(Workload):
         self.models = list(models)
         self.trace_source = trace.source
         order = trace.rank_order()  # whole-day (all minutes held) ranking, busiest first
+        # what the run does otherwise than its settings may lead one to think: said before
+        # it (``clockwork simulate``'s warnings)
+        self.notes: list[str] = []
+        if top is not None and top > len(order):
+            self.notes.append(f"top = {top:,}, but the trace holds {len(order):,} "
+                              "function(s): every one is replayed")
         if top is not None:
             order = order[:top]
+        repeated = trace.repeated_ids()
+        if repeated:
+            self.notes.append(f"{repeated:,} of the trace's rows repeat the owner, app, "
+                              "function and trigger of a row before them (files joined, or "
+                              "an extract cut wrong?): each row is replayed as a function "
+                              "of its own")
         inst = map_functions(len(order), len(self.models), mapping)
         try:
             win = trace.window(int(start_minute), None if minutes is None else int(minutes))

@@ -86,7 +86,9 @@ def format_info(tr, top: int = 10) -> str:
     lines = [
         f"file          {tr.source}",
         f"functions     {tr.n_functions:,}  (apps {len(set(tr.apps.tolist())):,}, "
-        f"owners {len(set(tr.owners.tolist())):,})",
+        f"owners {len(set(tr.owners.tolist())):,})"
+        + (f"; {repeated:,} row(s) repeat the ids of a row before them"
+           if (repeated := tr.repeated_ids()) else ""),
         f"minutes       {tr.start_minute}..{tr.start_minute + tr.n_minutes - 1} "
         f"({tr.n_minutes})",
         f"invocations   {total:,}  (mean {total / secs:,.1f} r/s; busiest minute "

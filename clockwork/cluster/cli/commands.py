@@ -258,6 +258,10 @@ def _report(args: argparse.Namespace) -> int:
     columns = None  # (request, action) columns, when read already
     end = None  # where the run ended, s from the logs' time 0
     from_logs = log  # (no summary.json to read: the figures from the logs)
+    if not log and path.name != "summary.json" and (path.parent / "points").is_dir() \
+            and path.is_file():  # (a sweep's or a plan's table: it said "not valid JSON")
+        print(f"clockwork report: {path}: {_no_summary(path.parent)}", file=sys.stderr)
+        return 2
     try:
         if not log:
             s = orjson.loads(f.read_bytes())

@@ -133,7 +133,8 @@ def add_simulate(sub) -> None:
     shown = p.add_mutually_exclusive_group()
     shown.add_argument("--quiet", action="store_true", help="no progress line")
     shown.add_argument("--progress", action="store_true",
-                       help="progress line even without a TTY")
+                       help="progress line even without a TTY (then a line every 30 s; "
+                       "none while the run is set up)")
 
 
 def add_report(sub) -> None:
