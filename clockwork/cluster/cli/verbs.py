@@ -217,8 +217,8 @@ def add_trace(sub) -> None:
         "time.")
     i.set_defaults(impl="clockwork.workloads.trace_cli:cmd_info")
     i.add_argument("file", metavar="FILE|DAY",
-                   help="a day file, or a day number looked up in traces/azure and "
-                   "$AZURE_TRACE_DIR (both name forms)")
+                   help="a day file, or a day number looked up in --trace-dir, then "
+                   "$AZURE_TRACE_DIR, then traces/azure (both name forms)")
     i.add_argument("--top", type=t.nonneg_int, default=10, metavar="K",
                    help="list the K busiest functions (default 10; 0 for none)")
     i.add_argument("--start-minute", type=t.nonneg_int, default=0, metavar="M",
