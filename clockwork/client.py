@@ -932,9 +932,10 @@ class Client:
             raise _unavailable(e, url=self.url) from e
         return [_worker_row(w) for w in r.workers]
 
-    def stats(self) -> dict[str, int]:
+    def stats(self, timeout: float | None = None) -> dict[str, int]:
+        """The controller's counters (``timeout``: seconds, default the client's)."""
         try:
-            r = self._stub.Stats(pb.StatsRequest(), timeout=self.timeout)
+            r = self._stub.Stats(pb.StatsRequest(), timeout=timeout or self.timeout)
         except grpc.RpcError as e:
             raise _unavailable(e, url=self.url) from e
         return dict(r.counters)

@@ -17,14 +17,14 @@ from tests.inprocess import answer, controller_with, workers_served
 pytestmark = pytest.mark.faults
 
 
-def _serve(tmp_path, scenario: str):
+def _serve(tmp_path, scenario: str, *flags: str):
     sc = tmp_path / "s.toml"
     sc.write_text(scenario)
     out = tmp_path / "run"
     p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve", str(sc),
                         "--replay", "--quiet", "--out", str(out),
-                        "--log-dir", str(tmp_path / "controller")], capture_output=True,
-                       text=True, timeout=120)
+                        "--log-dir", str(tmp_path / "controller"), *flags],
+                       capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     with open(out / "requests.tsv") as f:
         return p, list(csv.DictReader(f, delimiter="\t"))
@@ -128,6 +128,66 @@ controller_restart = [{ at_s = 2.5, down_s = 0.5 }]
     assert len(after) > 100 and met >= 0.8, met
     # the old controller's log rows kept beside the new one's
     assert (tmp_path / "controller" / "requests.1.tsv").is_file()
+
+
+def test_restarts_closer_than_a_controller_starts_are_played_late_saying_so(tmp_path):
+    """Two restarts 0.2 s apart: the second kill waits for the first restart's new
+    controller to have started (about a second), said on stderr with how late, and the
+    events after it are not held up by the start. The REST and KServe gRPC ports chosen
+    by the first controller (0: a free one) are every new controller's too."""
+    p, rows = _serve(tmp_path, """
+seed = 5
+duration_s = 5.0
+[cluster]
+workers = 1
+gpus_per_worker = 1
+[[models]]
+name = "resnet18_v2"
+[[workloads]]
+kind = "poisson"
+rate_rps = 100
+slo_ms = 100
+[faults]
+controller_restart = [{ at_s = 1.0, down_s = 0.1 }, { at_s = 1.2, down_s = 0.1 }]
+""", "--http-port", "0", "--kserve-port", "0")
+    assert "every request answered exactly once: True" in p.stdout + p.stderr
+    assert p.stderr.count("fault: controller killed") == 2, p.stderr[-2000:]
+    assert p.stderr.count("fault: new controller started") == 2, p.stderr[-2000:]
+    late = re.search(r"fault: controller restart 1 \(kill\) played ([\d.]+) s late", p.stderr)
+    assert late and float(late.group(1)) > 0.1, p.stderr[-2000:]
+    log = (tmp_path / "run" / "logs" / "controller.log").read_text()
+    for what in ("http", "kserve grpc"):
+        ports = re.findall(rf"controller {what} listening on \S+:(\d+)", log)
+        assert len(ports) == 3 and len(set(ports)) == 1, (what, ports)
+    assert any(r["status"] == "SUCCESS" and int(r["arrival"]) > sec(3.5) for r in rows)
+
+
+def test_a_stop_asked_for_plays_no_more_faults():
+    """Once the run is asked to stop (serve's Ctrl-C or SIGTERM, ``stopped``), nothing
+    more of the plan is played (a new controller was started after the stop), and what
+    was not played is not counted as failed."""
+    import threading
+    import time
+
+    from clockwork.cluster.faults import LiveFaults
+
+    class Cluster:
+        workers = [None]
+        timeout = 5.0
+
+    asked = threading.Event()
+    for stop_first, want in ((False, ["stop", "resume"]), (True, [])):
+        played: list[str] = []
+        faults = LiveFaults(Cluster(), {"hang": [{"worker": 0, "at_s": 0.05, "for_s": 0.05}]},
+                            10.0, stopped=asked.is_set)
+        faults._fault = lambda t0, what, w, played=played: played.append(what)
+        if stop_first:
+            asked.set()
+        faults.start(time.monotonic_ns())
+        faults._thread.join(5.0)
+        assert not faults._thread.is_alive()
+        faults.stop()
+        assert played == want and faults.failed == [], (played, faults.failed)
 
 
 def test_a_killed_controller_is_replaced_and_every_request_answered_once():

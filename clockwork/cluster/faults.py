@@ -28,6 +28,8 @@ import time
 from clockwork.scenario import fault_time_error
 
 REPOSITORY_S = 30.0  # how long a [[repository]] event's call to the controller may take
+COUNTS_S = 1.0  # how long reading a controller's counters before it is killed may take
+LATE_S = 0.1  # a controller restart's kill this late (its predecessor still starting): said
 
 
 class Interrupted(Exception):
@@ -120,6 +122,9 @@ class LiveFaults:
             self._client = Client(cluster.address, token=token or "", timeout=REPOSITORY_S)
             self._client.list_models_raw()
         self._stop = threading.Event()
+        # the run was asked to stop (serve's Ctrl-C, SIGTERM): nothing more is played
+        self._asked_stop = stopped
+        self._halted = 0  # when that was seen (monotonic ns; 0: not)
         self._stopped: set[int] = set()
         self.down: set[int] = set()  # workers a kill took down (until a restart)
         self._thread: threading.Thread | None = None
@@ -127,6 +132,9 @@ class LiveFaults:
         # takes ~0.3 s to listen, and the events due meanwhile were played that late)
         self._restarts: dict[int, threading.Thread] = {}
         self._drains: list[tuple[int, threading.Thread]] = []  # (worker, its drain) each
+        # a new controller starting (the process takes ~1 s to listen): on a thread of its
+        # own, as a worker's restart; the next restart's kill waits for it
+        self._ctrl_start: threading.Thread | None = None
 
     def __bool__(self) -> bool:
         return bool(self.plan)
@@ -153,7 +161,14 @@ class LiveFaults:
                 if th.is_alive():
                     self.failed.append(f"{_event('remove', (w, True))}: not done by the "
                                        "end (still draining)")
-            done = time.monotonic_ns()
+            th = self._ctrl_start
+            if th is not None:
+                th.join(self.cluster.timeout + 10.0)
+                if th.is_alive():
+                    self.failed.append("fault: controller restart (new controller): not "
+                                       "done by the end (still starting)")
+            # (an event due after the run was asked to stop was not missed: not played)
+            done = self._halted or time.monotonic_ns()
             for at_s, _, what, w in self.plan[self._played + (0 if busy else 1):]:
                 if self._t0 + round(at_s * 1e9) <= done:
                     self.failed.append(f"{at_s:.2f} s: {_event(what, w)}: not done by the "
@@ -190,11 +205,26 @@ class LiveFaults:
         c.load_model(name, copies=self.copies.get(name, 1) if ":" not in name else None)
         return f"repository: loaded {name} ({n} instance(s))"
 
+    def _wait(self, until: int) -> bool:
+        """Wait until ``until`` (monotonic ns); False if the run ends or is asked to stop
+        first (then nothing more is played)."""
+        while True:
+            asked = self._asked_stop is not None and self._asked_stop()
+            if asked or self._stop.is_set():
+                if asked and not self._halted:
+                    self._halted = time.monotonic_ns()
+                return False
+            left = (until - time.monotonic_ns()) / 1e9
+            if left <= 0:
+                return True
+            # (serve's stop event is not this one: looked at every 0.1 s)
+            if self._stop.wait(min(left, 0.1) if self._asked_stop is not None else left):
+                return False
+
     def _run(self, t0: int) -> None:
         for k, (at_s, _, what, w) in enumerate(self.plan):
             self._played = k
-            left = (t0 + round(at_s * 1e9) - time.monotonic_ns()) / 1e9
-            if left > 0 and self._stop.wait(left):
+            if not self._wait(t0 + round(at_s * 1e9)):
                 return
             if what == "remove" and w[1]:  # a drain waits for what the worker has in
                 # flight: on a thread of its own, so the events after it play on time
@@ -205,7 +235,20 @@ class LiveFaults:
             if what in ("unload", "load", "join", "remove"):
                 self._event(t0, what, w)
                 continue
-            if what in ("ctrl_kill", "ctrl_start"):
+            if what == "ctrl_start":
+                self._ctrl_start = threading.Thread(target=self._controller,
+                                                    args=(t0, what, w), daemon=True)
+                self._ctrl_start.start()
+                continue
+            if what == "ctrl_kill":
+                if self._ctrl_start is not None:  # (the last restart's new controller
+                    # kills only once it has started: said if that made this one late)
+                    self._ctrl_start.join()
+                late = (time.monotonic_ns() - t0) / 1e9 - at_s
+                if late > LATE_S:
+                    print(f"clockwork serve: {_event(what, w)} played {late:.2f} s late: "
+                          "the new controller of the restart before it took that long to "
+                          "start", file=sys.stderr, flush=True)
                 self._controller(t0, what, w)
                 continue
             earlier = self._restarts.pop(w, None)
@@ -254,7 +297,7 @@ class LiveFaults:
         try:
             if what == "ctrl_kill":
                 try:
-                    self.counts.append(self._client.stats())
+                    self.counts.append(self._client.stats(timeout=COUNTS_S))
                 except Exception:  # noqa: BLE001 - its counts are then unknown
                     self.counts.append(None)
                 proc = self.cluster.controller.proc

@@ -311,6 +311,12 @@ class LocalCluster:
             raise RuntimeError("the controller is still running")
         argv = list(self._controller_argv) + list(extra)
         argv[argv.index("--port") + 1] = self.address.rpartition(":")[2]
+        # the REST and KServe gRPC ports the first one chose (0: a free one) too, so that
+        # the addresses said as the cluster started stay those of the cluster
+        for flag, what in (("--http-port", "http"), ("--kserve-port", "kserve grpc")):
+            said = self.controller.announced(what) if self.controller is not None else None
+            if said is not None and flag in argv:
+                argv[argv.index(flag) + 1] = said.rpartition(":")[2]
         self.controller = self._child("controller", argv)
         self.address = self.controller.wait_address(self.timeout)
 

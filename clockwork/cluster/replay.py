@@ -348,6 +348,9 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         "evict": d.get("evict_ok", 0) + d.get("evict_rejected", 0),
         "rejected": sum(v for k, v in d.items() if k.endswith("_rejected")),
     } if stats1 is not None else None  # (the controller's counts: unknown)
+    if stats1 is None and reconnect:  # (one of the controllers did not say them)
+        summary["actions_where"] = ("a controller's counters could not be read, as it was "
+                                    "killed or at the end")
     summary["send_lag_ms"] = _lag_figures(lags)
     summary["not_sent"] = state["unsent"]
     summary["no_answer"] = state["no_answer"]
@@ -364,9 +367,11 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     if warn_late and state["no_answer"]:
         print(f"clockwork replay: {state['no_answer']:,} request(s) had no answer by their "
               "SLO plus the client's grace and were given up (dropped, TIMEOUT no_answer): "
-              "the controller may have answered them later (held up, or a policy that keeps "
-              "requests past their SLO, as tfserving and infaas do under overload), and its "
-              "own counts then differ", file=sys.stderr, flush=True)
+              + ("those that waited for a new controller while the scenario restarted it, "
+                 "and any " if reconnect else "")
+              + ("the controller may have answered later (held up, or a policy that keeps "
+                 "requests past their SLO, as tfserving and infaas do under overload), and "
+                 "its own counts then differ"), file=sys.stderr, flush=True)
     if halted is not None and not (lost and lost[0][0] <= halted):
         summary["stopped"] = {"at_s": round(halted / NS_PER_S, 3), "reason": "interrupted"}
     elif lost:
