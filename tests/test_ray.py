@@ -267,6 +267,46 @@ def test_ray_address_is_checked(capsys):
     assert len(lines) == 1 and "cluster.backend" in lines[0] and "k8s" in lines[0], lines
 
 
+def test_a_ray_cluster_that_does_not_connect_is_said_with_what_to_look_at(monkeypatch):
+    """Ray connecting to a cluster at an address retries for minutes, saying only its own
+    words (a head advertising an address this machine cannot reach, a token it
+    refuses): after ``CONNECT_SAY_S`` one line says what to look at, and a connection
+    Ray gives up on is one line naming the address and the same (it said "Failed to
+    connect to Ray cluster at ..." alone)."""
+    pytest.importorskip("ray", reason="needs the ray extra: pip install -e '.[ray]'")
+    from clockwork.cluster import ray_cluster
+    from clockwork.cluster.local import ChildRefused
+
+    said = threading.Event()
+    lines: list[str] = []
+
+    class Stderr:
+        def write(self, text):
+            lines.append(text)
+            if "not connected after" in text:
+                said.set()
+
+        def flush(self):
+            pass
+
+    def init_ray(**kw):  # (Ray retrying until the line is said, then giving up)
+        assert kw["address"] == "10.0.0.9:6379"
+        assert said.wait(10)
+        raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.9:6379")
+
+    monkeypatch.setattr(ray_cluster, "CONNECT_SAY_S", 0.05)
+    monkeypatch.setattr(ray_cluster, "init_ray", init_ray)
+    monkeypatch.setattr(ray_cluster.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(sys, "stderr", Stderr())
+    with pytest.raises(ChildRefused) as e:
+        ray_cluster.RayCluster(address="10.0.0.9:6379")._init_ray()
+    text = "".join(lines)
+    assert "--ray 10.0.0.9:6379: not connected after 0 s" in text, text
+    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0" in text and "RAY_AUTH_TOKEN" in text
+    assert str(e.value).startswith("--ray 10.0.0.9:6379: Ray did not connect (Failed to "
+                                   "connect to Ray cluster at 10.0.0.9:6379); check the address")
+
+
 def test_a_node_that_joins_gets_a_worker_that_serves(ray_nodes, capfd):
     """A third Ray node offering 2 GPUs joins while the cluster serves: a worker actor is
     started there and added to the running controller, whose new GPUs (4 and 5) then hold

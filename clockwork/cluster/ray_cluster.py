@@ -121,6 +121,14 @@ RELEASE_S = 15.0
 WAIT_SLICE_S = 0.1  # the node watcher's waits on Ray end this soon once the cluster stops
 ADD_TRIES = 2  # AddWorker calls per look for a worker whose add is in doubt
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's nodes use 127.0.0.1
+# connecting to a Ray cluster by its address this long without an answer: said (Ray's own
+# retries go on for minutes, each a line of its words only)
+CONNECT_SAY_S = 30.0
+# what to look at when Ray does not connect to the cluster at an address
+CONNECT_HINT = (f"check the address; that this machine reaches the address the head "
+                f"advertises (a head started on this machine's loopback advertises it only "
+                f"with {LOOPBACK_ENV}=0 set for `ray start` and for this command); and Ray's "
+                "authentication (RAY_AUTH_TOKEN or RAY_AUTH_MODE, as the head's)")
 
 
 def _state_dir(run_id: str) -> Path:
@@ -548,16 +556,28 @@ class RayCluster(LocalCluster):
                     pass
         else:
             kw["address"] = self.ray_address
+        said = None
+        if self.ray_address not in (None, "", "local", "auto"):
+            said = threading.Timer(CONNECT_SAY_S, lambda: print(
+                f"clockwork serve: --ray {self.ray_address}: not connected after "
+                f"{CONNECT_SAY_S:.0f} s (Ray's lines above say what it tries); "
+                f"{CONNECT_HINT}; Ctrl-C stops", file=sys.stderr, flush=True))
+            said.daemon = True
+            said.start()
         try:
             init_ray(**kw)
         except ConnectionError as e:
             if self.ray_address != "auto":
-                raise
+                raise ChildRefused(f"--ray {self.ray_address}: Ray did not connect "
+                                   f"({_first_line(e)}); {CONNECT_HINT}") from e
             # (Ray's own words name an --address flag this command does not have)
             raise ChildRefused("--ray auto: no running Ray cluster found from this machine "
                                "($RAY_ADDRESS unset, none started here); start one (ray "
                                "start --head), or give its address (--ray HOST:PORT), or "
                                "give --ray alone for a one-node cluster of its own") from e
+        finally:
+            if said is not None:
+                said.cancel()
         self._own_ray = True
 
     def _flags(self, i: int, gpus: int) -> list[str]:

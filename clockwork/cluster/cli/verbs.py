@@ -331,7 +331,8 @@ def add_serve(sub) -> None:
                    "table, and stop (one command: cluster + load + report)")
     p.add_argument("--out", type=t.out_dir, metavar="DIR",
                    help="with --replay (needs it): write logs and summary.json here, and the "
-                   "controller's and workers' output as logs/NAME.log")
+                   "controller's and workers' output as logs/NAME.log (on Ray, the workers' "
+                   "output is in Ray's logs)")
     shown = p.add_mutually_exclusive_group()
     shown.add_argument("--quiet", action="store_true",
                        help="with --replay (needs it): no progress line")
