@@ -754,6 +754,17 @@ class ControllerNode(WorkerLinks):
         self.ctrl.requests([r for r in (admit(req, deliver, now, late, budget) for req in reqs)
                             if r is not None], now)
 
+    def no_worker_message(self) -> str:
+        """What a request is told while no worker takes work: ``NO_WORKER_FOR_REQUEST``,
+        or, where a worker is connected but refused (it cannot serve a model served: a
+        package it could not load), that refusal (it read "none is connected")."""
+        refused = next((lk.retry_err for lk in self.in_service()
+                        if lk.retry_err and not lk.retry_net), None)
+        if refused is None:
+            return NO_WORKER_FOR_REQUEST
+        return (f"no worker is available to serve the model: {refused[:400]}; it stays out "
+                "until that is mended (the controller's log says more)")
+
     def _admit(self, req: pb.InferRequest, deliver, now: int, late: int = 0,
                budget: int | None = None) -> Request | None:
         """Check a request; answer it at once if it is invalid, else make its Request.
@@ -814,7 +825,8 @@ class ControllerNode(WorkerLinks):
             self.metrics.reply(req.model, "error", None)
             self.log_refused(req.model, req.slo_ms, RequestStatus.ERROR, now, rid)
             deliver(pb.InferResponse(status=RequestStatus.ERROR, reason="no_worker",
-                                     message=NO_WORKER_FOR_REQUEST, client_id=cid, gpu=-1))
+                                     message=self.no_worker_message(), client_id=cid,
+                                     gpu=-1))
             return None
 
         def tagged(resp: pb.InferResponse) -> None:

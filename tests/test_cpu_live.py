@@ -214,9 +214,13 @@ def test_worker_without_package_is_refused_with_a_clear_message(tmp_path):
 
     c = LocalCluster(workers=1, gpus=1, profiles="cpu", models="mlp", pages=1, device="cpu",
                      packages=str(tmp_path), timeout=30)
-    with pytest.raises(RuntimeError, match="no model package"):
+    with pytest.raises(RuntimeError, match="no model package") as e:
         c.start()
     c.stop()
+    # the worker's own words of why (not shown without --out under serve --replay: the
+    # controller's line says only "the worker's log says which")
+    assert "the workers said:\nworker0: no model package for profile mlp in " \
+        f"{tmp_path}" in str(e.value), str(e.value)
 
 
 def test_live_prediction_script(tmp_path, cpu_package):

@@ -731,6 +731,13 @@ def test_a_worker_back_with_another_weights_cache_stays_out_saying_so(capsys):
                     await _until(lambda: node.counters.get("worker_refusals", 0) >= 3,
                                  "refused three times")
                     assert not node.links[0].connected
+                    # a request meanwhile is told why no worker serves (it read "none
+                    # is connected")
+                    r = await answer(node, "resnet50_v2")
+                    assert r.status == 1 and r.reason == "no_worker", r
+                    assert r.message.startswith(
+                        f"no worker is available to serve the model: worker {address} "
+                        "came back with another weights cache"), r.message
             await _until(lambda: node.links[0].connected, "taken back as it was")
             assert (await answer(node, "resnet50_v2")).status == 0
         finally:

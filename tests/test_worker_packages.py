@@ -93,6 +93,77 @@ def test_packages_no_instance_uses_are_not_kept_for_good(tmp_path, cpu_package):
     assert dev.models["again"].package is kept
 
 
+def _mapped_libraries() -> int:
+    """How many of this process's mappings are of a file named model.so."""
+    with open("/proc/self/maps") as f:
+        return sum("model.so" in line for line in f)
+
+
+def test_a_library_is_loaded_once_and_never_from_the_package_folder(tmp_path, cpu_package):
+    """The same library in eight package folders, each registered, run and unregistered
+    in turn: mapped once (TVM never unloads a library: each folder's was mapped for the
+    worker's life, ~5 MB a package registered again for a worker rotating models), and
+    from a private copy: the package's own file truncated while it serves (a compile into
+    the folder served) leaves the worker running (it died of SIGBUS)."""
+    pytest.importorskip("tvm")
+    import subprocess
+    import sys
+
+    from worker.devices.cpu import CpuDevice
+
+    first = cpu_package("mlp", tmp_path)
+    folders = [first] + [shutil.copytree(first, tmp_path / f"mlp{k}") for k in range(1, 8)]
+    dev = CpuDevice(8)
+    before = _mapped_libraries()
+    for k, folder in enumerate(folders):
+        dev.register(f"m{k}", folder)
+        dev.load(f"m{k}")
+        dev.infer(f"m{k}", None, 1)
+        dev.unregister(f"m{k}")
+        if k == 0:
+            once = _mapped_libraries()
+    assert once > before and _mapped_libraries() == once
+    # (in a process of its own: the old way, it died)
+    code = f"""
+import os
+from worker.devices.cpu import CpuDevice
+dev = CpuDevice(8)
+dev.register("m", {str(folders[1])!r})
+dev.load("m")
+dev.infer("m", None, 1)
+os.truncate({str(folders[1] / "model.so")!r}, 0)
+dev.infer("m", None, 1)
+print("served")
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and "served" in p.stdout, (p.returncode, p.stderr[-2000:])
+
+
+def test_a_package_compiled_with_another_tvm_is_said_once(tmp_path, cpu_package, capsys):
+    """``model.json``'s ``tvm_version`` other than the worker's TVM: served, and said once
+    (it was recorded and never read)."""
+    pytest.importorskip("tvm")
+    import json
+
+    from worker.devices.cpu import CpuDevice
+
+    folder = cpu_package("mlp", tmp_path)
+    meta = json.loads((folder / "model.json").read_text())
+    meta["tvm_version"] = "0.1.0"
+    (folder / "model.json").write_text(json.dumps(meta))
+    dev = CpuDevice(8)
+    for name in ("a", "b"):
+        dev.register(name, folder)
+        dev.load(name)
+        dev.infer(name, None, 1)
+        dev.unregister(name)
+        dev.packages.clear()  # (read again)
+    said = [x for x in capsys.readouterr().err.splitlines() if "compiled with TVM" in x]
+    assert len(said) == 1 and f"package {folder} was compiled with TVM 0.1.0, this worker " \
+        "runs TVM " in said[0], said
+
+
 def test_the_worker_says_why_for_each_package_it_cannot_serve(tmp_path, cpu_package,
                                                               capsys):
     """The controller's refusal says "the worker's log says why": the worker says it for

@@ -409,11 +409,30 @@ class LocalCluster:
                                                            self.token + "\n"))]
             self._controller_argv = argv
             self.controller = self._child("controller", argv)
-            self.address = self.controller.wait_address(self.timeout)
+            try:
+                self.address = self.controller.wait_address(self.timeout)
+            except RuntimeError as e:  # (its workers' own words of why, not echoed)
+                said = self._workers_said()
+                if not said:
+                    raise
+                raise type(e)(f"{str(e).rstrip()}\n{said}") from e
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _workers_said(self) -> str:
+        """What the workers said beside their connections (a package they refused, and
+        why: the controller says only that a worker cannot serve a model), for a
+        controller that did not start; "" if nothing, or their output was shown."""
+        lines = []
+        for i, w in enumerate(self.workers):
+            if w.echo:
+                continue
+            said = [ln.strip() for ln in w.output if ln.startswith("worker: ")
+                    and "controller pid" not in ln][:5]
+            lines += [f"worker{i}: {ln.removeprefix('worker: ')}" for ln in said]
+        return "the workers said:\n" + "\n".join(lines) if lines else ""
 
     def _run_path(self) -> Path:
         """The run directory (made on first use: a private temporary one by default)."""

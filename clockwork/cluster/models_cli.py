@@ -194,7 +194,7 @@ def _other_profile_of(out: Path, model: str) -> str | None:
             continue
         if other == model:
             return (f"{f} holds a profile of model {model!r} already, and a profile set "
-                    f"holds one a model: write over it (--out {f}) or remove it first")
+                    f"holds one profile per model: write over it (--out {f}) or remove it first")
     return None
 
 

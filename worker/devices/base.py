@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -254,6 +254,8 @@ def target_kind(target) -> str:
 
 # packages no instance uses any more, kept ready in case they are registered again
 UNUSED_PACKAGES_KEPT = 4
+# (package folder, TVM version) of the packages compiled with another TVM, said once each
+_VERSIONS_SAID: set = set()
 
 
 class RealDevice:
@@ -292,19 +294,40 @@ class RealDevice:
         self.stamps[key] = stamp
 
     def _library(self, tvm, path: Path):
-        """The package's library loaded: from a copy when a library was loaded from that
-        path before (the dynamic loader keeps one per path: the same path again would give
-        the old one's code)."""
-        from clockwork.models.package import LIBRARY
+        """The package's library loaded, once per distinct library: TVM never unloads one
+        (each load mapped the file again for the process's life, so a worker that
+        registered packages again and again grew by a library each time), so the same
+        bytes again are the module loaded before. A new one is loaded from a private copy,
+        removed once loaded: the dynamic loader keeps one library per path (the same path
+        again gave the old one's code), and a package's own file, rewritten or truncated
+        in place while mapped (a compile into the folder served), killed the worker with
+        SIGBUS."""
+        from clockwork.models.package import LIBRARY, digest, elf_problem
 
-        key = path.resolve()
-        loaded = self.__dict__.setdefault("_libraries", set())  # (every path loaded from,
-        # those of packages dropped since, ``_release``, too: their libraries stay loaded)
-        if key not in loaded:
-            loaded.add(key)
-            return tvm.runtime.load_module(str(path / LIBRARY))
-        with tempfile.TemporaryDirectory(prefix="clockwork-package-") as tmp:
-            return tvm.runtime.load_module(shutil.copy(path / LIBRARY, Path(tmp) / LIBRARY))
+        data = (path / LIBRARY).read_bytes()
+        key = digest(data)
+        libraries = self.__dict__.setdefault("_libraries", {})  # digest -> module
+        lib = libraries.get(key)
+        if lib is None:
+            with tempfile.TemporaryDirectory(prefix="clockwork-package-") as tmp:
+                copy = Path(tmp) / LIBRARY
+                copy.write_bytes(data)
+                why = elf_problem(copy)  # (what is loaded: the bytes read, checked)
+                if why:
+                    raise InvalidPackage(f"package {path}: {LIBRARY}: {why}")
+                try:
+                    lib = tvm.runtime.load_module(str(copy))
+                except Exception:
+                    # (a temporary folder that may not hold code, mounted noexec: from
+                    # the package's own file, if no library was loaded from that path)
+                    # (the dynamic loader would give a path loaded before its old code)
+                    direct = self.__dict__.setdefault("_library_paths", set())
+                    if path.resolve() in direct:
+                        raise
+                    direct.add(path.resolve())
+                    lib = tvm.runtime.load_module(str(path / LIBRARY))
+            libraries[key] = lib
+        return lib
 
     @staticmethod
     def _check_files(path: Path, meta: dict, blob) -> None:
@@ -317,6 +340,16 @@ class RealDevice:
         why = integrity_problem(meta, (path / LIBRARY).read_bytes(), blob)
         if why:
             raise InvalidPackage(f"package {path}: {why}")
+        built = meta.get("tvm_version")
+        if isinstance(built, str) and (path, built) not in _VERSIONS_SAID:
+            import tvm
+
+            if built != tvm.__version__:  # (it may work: said, not refused)
+                _VERSIONS_SAID.add((path, built))
+                print(f"worker: package {path} was compiled with TVM {built[:40]}, this "
+                      f"worker runs TVM {tvm.__version__}: if it fails or answers wrongly, "
+                      "compile it again with this one (clockwork compile)", file=sys.stderr,
+                      flush=True)
 
     def duration(self, action, profile) -> None:
         return None
