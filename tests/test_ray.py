@@ -228,6 +228,56 @@ slo_ms = 100
         time.sleep(0.2)
 
 
+def test_repository_and_remove_workers_events_are_played_on_ray(ray_nodes, tmp_path):
+    """A scenario's ``[[repository]]`` and ``[[remove_workers]]`` events on Ray, as on a
+    local cluster: a copy unloaded at its time (its later requests refused), worker 1
+    drained and taken out (its GPUs serve nothing after, and the node watcher, which
+    gives a node without a worker one, does not bring it back). They were refused."""
+    import csv
+
+    from clockwork.time import sec
+
+    sc = tmp_path / "s.toml"
+    sc.write_text("""
+seed = 4
+duration_s = 5.0
+[cluster]
+workers = 2
+gpus_per_worker = 2
+[[models]]
+name = "resnet18_v2"
+copies = 4
+[[workloads]]
+kind = "poisson"
+rate_rps = 200
+slo_ms = 1000
+[[repository]]
+at_s = 1.0
+unload = "resnet18_v2:3"
+[[remove_workers]]
+at_s = 1.5
+worker = 1
+drain = true
+""")
+    p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve", str(sc),
+                        "--ray", ray_nodes.address, "--replay", "--quiet",
+                        "--out", str(tmp_path / "run")],
+                       capture_output=True, text=True, timeout=120)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-3000:]
+    assert "repository: unloaded resnet18_v2:3 (1 instance(s))" in out, out[-3000:]
+    assert "cluster: worker 1 removed (drained)" in out, out[-3000:]
+    assert "every request answered exactly once: True" in out
+    with open(tmp_path / "run" / "requests.tsv") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    late = [r for r in rows if int(r["arrival"]) > sec(2.0)]
+    assert late and all(r["gpu"] in ("0", "1", "-1") for r in late), \
+        {r["gpu"] for r in late}
+    assert any(r["status"] == "SUCCESS" for r in late)
+    gone = [r for r in rows if r["model"] == "resnet18_v2:3" and int(r["arrival"]) > sec(1.1)]
+    assert gone and all(r["status"] == "INVALID_REQUEST" for r in gone), gone[:3]
+
+
 def test_without_ray_serve_ray_says_what_to_install(tmp_path):
     """No ray installed (its import blocked): ``serve --ray``, a scenario's backend =
     "ray" and ``sweep --ray`` are one line naming the extra, exit 2."""

@@ -503,8 +503,7 @@ def test_a_drain_in_a_live_run_holds_up_no_later_event(tmp_path):
 def test_plan_replay_serve_and_ray_say_what_they_do_with_removals(tmp_path):
     """``clockwork plan`` chooses the workers of the whole run: it refuses them; a replay
     against a running controller refuses them (they would change its workers for
-    everyone); serve without ``--replay`` says it does not play them; on Ray they are
-    refused before anything starts."""
+    everyone); serve without ``--replay`` says it does not play them."""
     from clockwork.cluster.plan import PlanError, make_plan
     from clockwork.cluster.serve import live_ignored
     from tests.conftest import replay_with_no_controller
@@ -520,9 +519,12 @@ def test_plan_replay_serve_and_ray_say_what_they_do_with_removals(tmp_path):
     import subprocess
     import sys
 
+    # (on Ray they are played: tests/test_ray.py; [[add_workers]] are not, refused before
+    # anything starts: a Ray cluster's workers join as its nodes do)
     p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve", str(path),
-                        "--ray"], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 2 and "[[remove_workers]] events are not played on a Ray" \
+                        "--ray", "--set", "add_workers=[{at_s=1}]"], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2 and "[[add_workers]] events are not played on a Ray" \
         in p.stderr, p.stderr
 
 

@@ -425,11 +425,11 @@ def _serve(args: argparse.Namespace, return_killed: list[bool]) -> int:
                   "worker that dies by itself); remove them, or run without --ray",
                   file=sys.stderr)
             return 2
-        if sc is not None and any(sc.data.get(k) for k in ("repository", "add_workers",
-                                                             "remove_workers")):
-            print("clockwork serve: [[repository]], [[add_workers]] and [[remove_workers]] "
-                  "events are not played on a Ray cluster; remove them, or run without "
-                  "--ray", file=sys.stderr)
+        if sc is not None and sc.data.get("add_workers"):
+            print("clockwork serve: [[add_workers]] events are not played on a Ray cluster "
+                  "(its workers join as Ray nodes join: start a node with the GPU resource "
+                  "while the cluster serves); remove them, or run without --ray",
+                  file=sys.stderr)
             return 2
     if getattr(args, "log_dir", None):
         if getattr(args, "out", None) and Path(args.out).resolve() == Path(args.log_dir).resolve():

@@ -205,7 +205,7 @@ def render() -> str:
         "copies evicted); a live run (`clockwork serve SCENARIO --replay`) makes the calls "
         "to the controller's model repository at the same times, counted from the start of "
         "the replay. The entries are checked in time order against what is served at each "
-        "point before anything runs. Not on a Ray cluster; `clockwork replay` refuses them.",
+        "point before anything runs. `clockwork replay` refuses them.",
         markdown_table(RepositoryEvent)))
     parts.append(_section(
         "`[[add_workers]]`", "Workers that join the cluster while the run goes on, as "
@@ -234,7 +234,7 @@ def render() -> str:
         "faults, the workers that join, those that leave, then the `[[repository]]` "
         "events. The simulator plays them; a live run (`clockwork serve SCENARIO --replay`) "
         "has the controller take each out at its time (the worker process runs on until "
-        "the run ends). Not on a Ray cluster, nor with `faults.controller_restart`; "
+        "the run ends). Not with `faults.controller_restart`; "
         "`clockwork replay` refuses them.",
         markdown_table(RemoveWorkersEvent)))
     from controller.limits import Limits
