@@ -228,11 +228,12 @@ slo_ms = 100
         time.sleep(0.2)
 
 
-def test_repository_and_remove_workers_events_are_played_on_ray(ray_nodes, tmp_path):
+def test_repository_remove_workers_and_restart_events_are_played_on_ray(ray_nodes, tmp_path):
     """A scenario's ``[[repository]]`` and ``[[remove_workers]]`` events on Ray, as on a
     local cluster: a copy unloaded at its time (its later requests refused), worker 1
     drained and taken out (its GPUs serve nothing after, and the node watcher, which
-    gives a node without a worker one, does not bring it back). They were refused."""
+    gives a node without a worker one, does not bring it back); and a controller restart,
+    whose new controller takes the actors over. They were refused."""
     import csv
 
     from clockwork.time import sec
@@ -276,6 +277,22 @@ drain = true
     assert any(r["status"] == "SUCCESS" for r in late)
     gone = [r for r in rows if r["model"] == "resnet18_v2:3" and int(r["arrival"]) > sec(1.1)]
     assert gone and all(r["status"] == "INVALID_REQUEST" for r in gone), gone[:3]
+    # a controller restart on Ray: the new one takes the worker actors over
+    text = sc.read_text()
+    sc.write_text(text[:text.index("[[repository]]")]
+                  + "[faults]\ncontroller_restart = [{ at_s = 1.5, down_s = 0.2 }]\n")
+    p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve", str(sc),
+                        "--ray", ray_nodes.address, "--replay", "--quiet",
+                        "--out", str(tmp_path / "run2")],
+                       capture_output=True, text=True, timeout=120)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-3000:]
+    assert "fault: controller killed" in out and "fault: new controller started" in out
+    assert "every request answered exactly once: True" in out
+    with open(tmp_path / "run2" / "requests.tsv") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    assert {r["gpu"] for r in rows if r["status"] == "SUCCESS"
+            and int(r["arrival"]) > sec(4.0)} == {"0", "1", "2", "3"}
 
 
 def test_without_ray_serve_ray_says_what_to_install(tmp_path):
