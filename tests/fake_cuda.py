@@ -224,7 +224,8 @@ def fake_package(path: Path, pages: int = 4, batch_sizes=(1, 2), n_in: int = 8,
         "outputs": [{"name": out_name, "shape": [n_out], "dtype": "float32"}],
     }
     (path / "model.json").write_text(json.dumps(meta))
-    (path / "model.so").write_bytes(b"")
+    # (each package's library its own: a library's bytes are loaded once, ``_library``)
+    (path / "model.so").write_bytes(f"fake library of {path.resolve()}".encode())
     np.arange(n, dtype=np.float32).tofile(path / "weights.bin")
     return path
 

@@ -535,7 +535,8 @@ def test_valid_binary_requests_are_answered(server, data):
 EITHER = -1
 
 HLEN = ("Inference-Header-Content-Length",)
-SIZE = ("binary_data_size", "binary data", "bytes of data")
+# (bytes shifted into a BOOL input of the right size: not its 0 and 1 bytes)
+SIZE = ("binary_data_size", "binary data", "bytes of data", "BOOL data must be bytes")
 # (``{a}_{b}`` is the length with an underscore in it: Python's int() reads it)
 MALFORMED_HLEN = ["-1", "-{n}", "+{n}", "{n}.0", "0x{n:x}", "{a}_{b}", "", " ", "abc", "1e3",
                   "{n} {n}", "{n},{n}", "9" * 30, "-" + "9" * 30]
@@ -640,7 +641,8 @@ def broken_requests(draw, meta: Meta, kind: str) -> Broken:
     if kind == "datatype":
         t["datatype"] = draw(st.sampled_from([d for d in DATATYPES if d != t["datatype"]])
                              | JSON_VALUES.filter(lambda v: v not in DATATYPES))
-        return broken(_with_header(req, header), ("datatype", "bytes of data"))
+        return broken(_with_header(req, header), ("datatype", "bytes of data",
+                                                  "BOOL data must be bytes"))
     if kind == "shape":
         (dims,) = [d for name, _, d in meta.inputs if name == t["name"]]
         valid_forms = [list(dims)] + [[r, *dims] for r in range(1, meta.max_batch + 1)]

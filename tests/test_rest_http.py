@@ -158,10 +158,14 @@ def test_empty_or_missing_json_header_is_named(addr):
 
 
 def test_json_beyond_strict_json(addr):
-    """What Python's json reads beyond strict JSON is still read (NaN, Infinity, a number
-    beyond a float's range, a byte-order mark), an integer beyond 64 bits is a number (a
-    float, as Triton reads it), and a body that is not JSON is the client's error."""
-    for data, head in ((b"[NaN, Infinity, -Infinity, 1e400]", b""),
+    """What Python's json reads beyond strict JSON is still read (NaN, Infinity, a
+    byte-order mark), an integer beyond 64 bits is a number (a float, as Triton reads
+    it), and a body that is not JSON, or holds a number beyond a double's range (read as
+    an infinity, it was taken as sent), is the client's error."""
+    status, _, got = _request(addr, "POST", INFER, _json_body((1.0, 2.0, 3.0, 4.0)).replace(
+        b"4.0", b"1e400"), {"Content-Type": "application/json"})
+    assert status == 400 and b"number 1e400 is beyond the range of a double" in got, got
+    for data, head in ((b"[NaN, Infinity, -Infinity, 1e30]", b""),
                        (b"[1, 2, 3, 4]", b"\xef\xbb\xbf"),
                        (b"[1, 2, 3, 18446744073709551616]", b"")):
         body = head + (b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", '

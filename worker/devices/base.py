@@ -37,9 +37,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import tempfile
 import threading
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -256,6 +258,11 @@ def target_kind(target) -> str:
 UNUSED_PACKAGES_KEPT = 4
 # (package folder, TVM version) of the packages compiled with another TVM, said once each
 _VERSIONS_SAID: set = set()
+# the libraries loaded in this process, per TVM (a test's fake one has its own): TVM never
+# unloads one, so each distinct one is loaded once (``RealDevice._library``)
+_LIBRARIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LIBRARIES_LOCK = threading.Lock()
+_DIRECT_PATHS: set = set()  # packages whose library was loaded from their own file
 
 
 class RealDevice:
@@ -293,51 +300,59 @@ class RealDevice:
         self.packages[key] = pkg
         self.stamps[key] = stamp
 
-    def _library(self, tvm, path: Path):
-        """The package's library loaded, once per distinct library: TVM never unloads one
-        (each load mapped the file again for the process's life, so a worker that
-        registered packages again and again grew by a library each time), so the same
-        bytes again are the module loaded before. A new one is loaded from a private copy,
-        removed once loaded: the dynamic loader keeps one library per path (the same path
-        again gave the old one's code), and a package's own file, rewritten or truncated
-        in place while mapped (a compile into the folder served), killed the worker with
-        SIGBUS."""
-        from clockwork.models.package import LIBRARY, digest, elf_problem
+    def _library(self, tvm, path: Path, data: bytes):
+        """The package's library (``data``, ``model.so``'s bytes as read and checked)
+        loaded, once per distinct library in the process: TVM never unloads one (each
+        load mapped the file again for the process's life, so a worker that registered
+        packages again and again grew by a library each time), so the same bytes again,
+        on any of the worker's devices, are the module loaded before. A new one is loaded
+        from a private copy, removed once loaded: the dynamic loader keeps one library per
+        path (the same path again gave the old one's code), and a package's own file,
+        rewritten or truncated in place while mapped (a compile into the folder served),
+        killed the worker with SIGBUS."""
+        from clockwork.models.package import digest
 
-        data = (path / LIBRARY).read_bytes()
         key = digest(data)
-        libraries = self.__dict__.setdefault("_libraries", {})  # digest -> module
-        lib = libraries.get(key)
-        if lib is None:
-            with tempfile.TemporaryDirectory(prefix="clockwork-package-") as tmp:
-                copy = Path(tmp) / LIBRARY
-                copy.write_bytes(data)
-                why = elf_problem(copy)  # (what is loaded: the bytes read, checked)
-                if why:
-                    raise InvalidPackage(f"package {path}: {LIBRARY}: {why}")
-                try:
-                    lib = tvm.runtime.load_module(str(copy))
-                except Exception:
-                    # (a temporary folder that may not hold code, mounted noexec: from
-                    # the package's own file, if no library was loaded from that path)
-                    # (the dynamic loader would give a path loaded before its old code)
-                    direct = self.__dict__.setdefault("_library_paths", set())
-                    if path.resolve() in direct:
-                        raise
-                    direct.add(path.resolve())
-                    lib = tvm.runtime.load_module(str(path / LIBRARY))
-            libraries[key] = lib
-        return lib
+        with _LIBRARIES_LOCK:  # (held a moment: a cuda build takes minutes, each its own)
+            entry = _LIBRARIES.setdefault(tvm, {}).setdefault(key, [threading.Lock(), None])
+        with entry[0]:
+            if entry[1] is None:
+                entry[1] = self._load_copy(tvm, path, data)
+            return entry[1]
 
     @staticmethod
-    def _check_files(path: Path, meta: dict, blob) -> None:
+    def _load_copy(tvm, path: Path, data: bytes):
+        """``data`` loaded as a library from a private copy, removed once loaded."""
+        from clockwork.models.package import LIBRARY
+
+        # (named after the package: what a build's logs and tools show)
+        with tempfile.TemporaryDirectory(prefix=f"clockwork-package-{path.name[:40]}-") as tmp:
+            copy = Path(tmp) / LIBRARY
+            copy.write_bytes(data)
+            if not os.statvfs(tmp).f_flag & os.ST_NOEXEC:
+                return tvm.runtime.load_module(str(copy))
+            # a temporary folder that may not hold code: from the package's own file (the
+            # first time only: the loader would give that path's old code again)
+            with _LIBRARIES_LOCK:
+                if path.resolve() in _DIRECT_PATHS:
+                    raise InvalidPackage(
+                        f"package {path}: a library loaded from {path / LIBRARY} before cannot "
+                        f"be loaded again: the temporary folder {tempfile.gettempdir()} holds "
+                        "no code (noexec); set TMPDIR to one that does")
+                _DIRECT_PATHS.add(path.resolve())
+            return tvm.runtime.load_module(str(path / LIBRARY))
+
+    @staticmethod
+    def _check_files(path: Path, meta: dict, blob) -> bytes:
         """Refuse the package at ``path`` if its library, weights (``blob``, as read) or
         layout are not those it was compiled with (``model.json``'s digests): a library
         from another package or weights changed on disk loaded, said READY, and then
-        failed every request or answered wrongly."""
+        failed every request or answered wrongly. Returns the library's bytes, as read
+        and checked (what ``_library`` loads)."""
         from clockwork.models.package import LIBRARY, integrity_problem
 
-        why = integrity_problem(meta, (path / LIBRARY).read_bytes(), blob)
+        library = (path / LIBRARY).read_bytes()
+        why = integrity_problem(meta, library, blob)
         if why:
             raise InvalidPackage(f"package {path}: {why}")
         built = meta.get("tvm_version")
@@ -350,6 +365,7 @@ class RealDevice:
                       f"worker runs TVM {tvm.__version__}: if it fails or answers wrongly, "
                       "compile it again with this one (clockwork compile)", file=sys.stderr,
                       flush=True)
+        return library
 
     def duration(self, action, profile) -> None:
         return None
@@ -492,8 +508,9 @@ class RealDevice:
     def _release(self, pkg) -> None:
         """``pkg``'s last instance went: it is kept among the ``UNUSED_PACKAGES_KEPT`` such
         packages last used (registered again soon, it is not read again); the one used
-        longest ago is dropped, its weights, library and buffers with it (a worker that
-        served many packages in turn grew by each one's whole size, for good)."""
+        longest ago is dropped, its weights and buffers with it (a worker that served
+        many packages in turn grew by each one's whole size, for good; its library stays
+        loaded, as TVM keeps every one: ``_library``)."""
         if any(x.package is pkg for x in self.models.values()):
             return
         unused = self.__dict__.setdefault("_unused", [])

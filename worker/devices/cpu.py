@@ -99,9 +99,9 @@ class CpuDevice(RealDevice):
         if why:
             raise InvalidPackage(f"package {path}: {LIBRARY}: {why}")
         blob = np.fromfile(path / WEIGHTS, dtype=np.uint8)
-        self._check_files(path, meta, blob)  # (before another package's library is opened)
+        library = self._check_files(path, meta, blob)  # (before a library is opened)
         try:
-            lib = self._library(tvm, path)
+            lib = self._library(tvm, path, library)
             vm = VirtualMachine(lib, tvm.cpu())
             functions = {int(b): vm[f] for b, f in meta["functions"].items()}
         except Exception as e:  # noqa: BLE001 - TVM's own errors: a library it cannot use

@@ -436,8 +436,8 @@ class CudaDevice(RealDevice):
             raise InvalidPackage(f"package {path} is laid out in {meta['page_size']}-byte "
                                  f"pages, the arena has {self.arena.page_size}-byte pages")
         host = np.fromfile(path / WEIGHTS, dtype=np.uint8)
-        self._check_files(path, meta, host)
-        lib = self._library(tvm, path)  # compiles the kernels
+        library = self._check_files(path, meta, host)
+        lib = self._library(tvm, path, library)  # compiles the kernels
         vm = self._vm_module().VirtualMachine(lib, self._dev)
         functions = {int(b): vm[f] for b, f in meta["functions"].items()}
         blob = self._pinned(host)
