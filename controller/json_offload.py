@@ -40,7 +40,7 @@ import threading
 from pathlib import Path
 
 from controller.kserve_status import INVALID, KServeError
-from controller.kserve_validate import json_loads, rest_request
+from controller.kserve_validate import json_loads, json_problem, rest_request
 
 _LENGTHS = struct.Struct("<QQ")
 _LENGTH = struct.Struct("<Q")
@@ -64,7 +64,7 @@ def decode(header: bytes | memoryview, binary: bytes | memoryview) -> tuple:
     try:
         req = json_loads(header)
     except ValueError as e:
-        raise KServeError(INVALID, f"request body is not JSON: {e}") from None
+        raise KServeError(INVALID, json_problem("request body", e)) from None
     if not isinstance(req, dict):
         raise KServeError(INVALID, "request body must be a JSON object")
     inputs, params, names, binary_of, binary_all = rest_request(req, binary)

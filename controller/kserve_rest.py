@@ -55,7 +55,7 @@ from controller.kserve import (
 )
 from controller.kserve_status import UNAVAILABLE
 from controller.kserve_unserved import rest_message
-from controller.kserve_validate import _short, json_loads
+from controller.kserve_validate import _short, json_loads, json_problem
 
 # with a token, every path but these needs "Authorization: Bearer <token>" (probes stay
 # open); their requests are answered without reading (or decoding) a body, which they never
@@ -291,7 +291,7 @@ class KServeRest:
                                                                         body)
             return json_loads(body)
         except ValueError as e:
-            raise KServeError(INVALID, f"{what} is not JSON: {e}") from None
+            raise KServeError(INVALID, json_problem(what, e)) from None
 
     async def repository(self, op: str, args: list[str], body: bytes) -> Reply:
         """Triton's model repository extension: ``index`` (body ``{"ready": bool}``,

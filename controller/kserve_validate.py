@@ -380,13 +380,22 @@ def json_loads(body: bytes | memoryview | str):
     return v
 
 
+class BeyondDouble(ValueError):
+    """A JSON number beyond a double's range: JSON, but not taken."""
+
+
+def json_problem(what: str, e: ValueError) -> str:
+    """``json_loads``' refusal of ``what`` (a request body, a parameter), in words."""
+    return f"{what}: {e}" if isinstance(e, BeyondDouble) else f"{what} is not JSON: {e}"
+
+
 def _finite_float(text: str) -> float:
-    """A JSON number's text as a float; ValueError where it is beyond a double's range
-    (Python reads it as an infinity)."""
+    """A JSON number's text as a float; ``BeyondDouble`` where it is beyond a double's
+    range (Python reads it as an infinity)."""
     v = float(text)
     if v in (math.inf, -math.inf):
-        raise ValueError(f"number {text[:40]}{'...' if len(text) > 40 else ''} is beyond "
-                         "the range of a double")
+        raise BeyondDouble(f"number {text[:40]}{'...' if len(text) > 40 else ''} is beyond "
+                           "the range of a double")
     return v
 
 

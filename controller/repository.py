@@ -53,7 +53,7 @@ import grpc
 
 from clockwork.errors import STOPPING_MESSAGE
 from controller.kserve_status import INVALID, NOT_FOUND, UNAVAILABLE, KServeError
-from controller.kserve_validate import _short, json_loads, max_batch_size
+from controller.kserve_validate import _short, json_loads, json_problem, max_batch_size
 
 
 class RepositoryError(Exception):
@@ -233,7 +233,7 @@ def _config_object(text) -> dict:
     try:
         cfg = json_loads(text) if isinstance(text, str) else None
     except ValueError as e:  # (also nested too deeply: json_loads says so)
-        raise KServeError(INVALID, f"parameter 'config' is not JSON: {e}") from None
+        raise KServeError(INVALID, json_problem("parameter 'config'", e)) from None
     if not isinstance(cfg, dict):
         json_kind = {type(None): "null", bool: "a boolean", int: "a number", float: "a number",
                      str: "a string", list: "an array"}

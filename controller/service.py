@@ -754,12 +754,15 @@ class ControllerNode(WorkerLinks):
         self.ctrl.requests([r for r in (admit(req, deliver, now, late, budget) for req in reqs)
                             if r is not None], now)
 
-    def no_worker_message(self) -> str:
-        """What a request is told while no worker takes work: ``NO_WORKER_FOR_REQUEST``,
-        or, where a worker is connected but refused (it cannot serve a model served: a
-        package it could not load), that refusal (it read "none is connected")."""
-        refused = next((lk.retry_err for lk in self.in_service()
-                        if lk.retry_err and not lk.retry_net), None)
+    def no_worker_message(self, model: str = "") -> str:
+        """What a request for ``model`` is told while no worker takes work:
+        ``NO_WORKER_FOR_REQUEST``, or, where a worker is connected but refused (it cannot
+        serve a model served: a package it could not load), that refusal, one naming
+        ``model`` first (it read "none is connected")."""
+        refusals = [lk.retry_err for lk in self.in_service()
+                    if lk.retry_err and not lk.retry_net and not lk.connected]
+        refused = next((r for r in refusals if model and model in r),
+                       refusals[0] if refusals else None)
         if refused is None:
             return NO_WORKER_FOR_REQUEST
         return (f"no worker is available to serve the model: {refused[:400]}; it stays out "
@@ -825,8 +828,8 @@ class ControllerNode(WorkerLinks):
             self.metrics.reply(req.model, "error", None)
             self.log_refused(req.model, req.slo_ms, RequestStatus.ERROR, now, rid)
             deliver(pb.InferResponse(status=RequestStatus.ERROR, reason="no_worker",
-                                     message=self.no_worker_message(), client_id=cid,
-                                     gpu=-1))
+                                     message=self.no_worker_message(req.model),
+                                     client_id=cid, gpu=-1))
             return None
 
         def tagged(resp: pb.InferResponse) -> None:

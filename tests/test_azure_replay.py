@@ -164,10 +164,13 @@ def test_what_a_replay_does_otherwise_than_its_settings_say_is_noted(synthetic, 
     w = AzureReplay(["a"], synthetic, top=301)
     assert w.notes == ["top = 301, but the trace holds 300 function(s): every one is replayed"]
     assert synthetic.repeated_ids() == 0
-    twice = synthetic.select(np.r_[np.arange(300), [7, 7, 12]])
+    quiet = synthetic.rank_order()[-2:]  # (repeated: the quietest rows, twice and once)
+    twice = synthetic.select(np.r_[np.arange(300), [quiet[0], quiet[0], quiet[1]]])
     assert twice.repeated_ids() == 3
-    assert "3 of the trace's rows repeat the owner, app, function and trigger" in \
-        AzureReplay(["a"], twice).notes[0]
+    assert "3 of the trace's rows replayed repeat the owner, app, function and trigger" \
+        in AzureReplay(["a"], twice).notes[0]
+    # (among the functions replayed: the busiest 10 hold none of the repeated rows)
+    assert AzureReplay(["a"], twice, top=10).notes == []
     from clockwork.cluster.sim import Simulation
     from clockwork.scenario import load_scenario
     from clockwork.workloads.trace_cli import format_info
@@ -182,8 +185,8 @@ def test_what_a_replay_does_otherwise_than_its_settings_say_is_noted(synthetic, 
     assert [w for w in sim.warnings if "workloads.0 (azure)" in w] == [
         "warning: workloads.0 (azure): top = 1,000, but the trace holds 303 function(s): "
         "every one is replayed",
-        "warning: workloads.0 (azure): 3 of the trace's rows repeat the owner, app, function "
-        "and trigger of a row before them (files joined, or an extract cut wrong?): each row "
+        "warning: workloads.0 (azure): 3 of the trace's rows replayed repeat the owner, app, "
+        "function and trigger of a row before them (files joined, or an extract cut wrong?): each row "
         "is replayed as a function of its own"]
 
 

@@ -155,11 +155,69 @@ controller_restart = [{ at_s = 1.0, down_s = 0.1 }, { at_s = 1.2, down_s = 0.1 }
     assert p.stderr.count("fault: new controller started") == 2, p.stderr[-2000:]
     late = re.search(r"fault: controller restart 1 \(kill\) played ([\d.]+) s late", p.stderr)
     assert late and float(late.group(1)) > 0.1, p.stderr[-2000:]
+    assert "restart 0 (kill) played" not in p.stderr  # (no restart before it to wait for)
     log = (tmp_path / "run" / "logs" / "controller.log").read_text()
     for what in ("http", "kserve grpc"):
         ports = re.findall(rf"controller {what} listening on \S+:(\d+)", log)
         assert len(ports) == 3 and len(set(ports)) == 1, (what, ports)
     assert any(r["status"] == "SUCCESS" and int(r["arrival"]) > sec(3.5) for r in rows)
+
+
+def test_a_controller_that_dies_outside_the_scenarios_restarts_is_said_exit_1(tmp_path):
+    """A replay whose scenario restarts the controller waits for a controller however it
+    went away; one that dies outside the plan (here before the planned restart) is said
+    as it happens and at the end, exit 1 (it went unnoticed, exit 0)."""
+    import psutil
+
+    sc = tmp_path / "s.toml"
+    sc.write_text("""
+seed = 5
+duration_s = 6.0
+[cluster]
+workers = 1
+gpus_per_worker = 1
+[[models]]
+name = "resnet18_v2"
+[[workloads]]
+kind = "poisson"
+rate_rps = 100
+slo_ms = 100
+[faults]
+controller_restart = [{ at_s = 4.0, down_s = 0.1 }]
+""")
+    serve = subprocess.Popen([sys.executable, "-m", "clockwork.cluster.cli", "serve", str(sc),
+                              "--replay", "--quiet"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        import time
+
+        import clockwork
+
+        lines = []
+        for line in serve.stderr:
+            lines.append(line)
+            if "replaying 1 workload(s)" in line:
+                break
+        address = re.search(r"controller at (\S+);", lines[-1]).group(1)
+        with clockwork.Client(address, timeout=10) as c:  # (the replay's requests come)
+            deadline = time.monotonic() + 30
+            while c.stats().get("requests", 0) < 10:
+                assert time.monotonic() < deadline, "no request reached the controller"
+                time.sleep(0.05)
+        ctrl = [c for c in psutil.Process(serve.pid).children(recursive=True)
+                if "controller" in c.cmdline()]
+        assert len(ctrl) == 1, lines
+        ctrl[0].kill()
+        out, err = serve.communicate(timeout=120)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+    err = "".join(lines) + err
+    assert serve.returncode == 1, err[-3000:]
+    assert "the controller was killed by SIGKILL during the replay, outside the scenario's " \
+        "controller restarts" in err, err[-3000:]
+    assert "so this run is not the scenario's" in err
+    assert "fault: new controller started" in err  # (the planned restart: served again)
 
 
 def test_a_stop_asked_for_plays_no_more_faults():

@@ -135,6 +135,9 @@ class LiveFaults:
         # a new controller starting (the process takes ~1 s to listen): on a thread of its
         # own, as a worker's restart; the next restart's kill waits for it
         self._ctrl_start: threading.Thread | None = None
+        # the controller is down by the plan (killed, its successor not started yet, or
+        # its start failed): its process's exit is not a crash
+        self.controller_down = False
 
     def __bool__(self) -> bool:
         return bool(self.plan)
@@ -213,6 +216,11 @@ class LiveFaults:
             if asked or self._stop.is_set():
                 if asked and not self._halted:
                     self._halted = time.monotonic_ns()
+                    if self.controller_down and self._ctrl_start is None:
+                        print("clockwork serve: stopped while the scenario's controller "
+                              "restart has the controller down: no new one is started, and "
+                              "the answers still due are given up", file=sys.stderr,
+                              flush=True)
                 return False
             left = (until - time.monotonic_ns()) / 1e9
             if left <= 0:
@@ -241,14 +249,15 @@ class LiveFaults:
                 self._ctrl_start.start()
                 continue
             if what == "ctrl_kill":
-                if self._ctrl_start is not None:  # (the last restart's new controller
-                    # kills only once it has started: said if that made this one late)
-                    self._ctrl_start.join()
-                late = (time.monotonic_ns() - t0) / 1e9 - at_s
-                if late > LATE_S:
-                    print(f"clockwork serve: {_event(what, w)} played {late:.2f} s late: "
-                          "the new controller of the restart before it took that long to "
-                          "start", file=sys.stderr, flush=True)
+                before, self._ctrl_start = self._ctrl_start, None
+                if before is not None:  # (the last restart's new controller: killed only
+                    # once it has started, said if that made this one late)
+                    before.join()
+                    late = (time.monotonic_ns() - t0) / 1e9 - at_s
+                    if late > LATE_S:
+                        print(f"clockwork serve: {_event(what, w)} played {late:.2f} s "
+                              "late: the new controller of the restart before it took that "
+                              "long to start", file=sys.stderr, flush=True)
                 self._controller(t0, what, w)
                 continue
             earlier = self._restarts.pop(w, None)
@@ -287,9 +296,7 @@ class LiveFaults:
         except Exception as e:  # noqa: BLE001 - one line; the events after it still run
             self._failed(t0, what, w, e)
             return
-        t = (time.monotonic_ns() - t0) / 1e9
-        self.log.append((t, said))
-        print(f"clockwork serve: {t:7.2f} s  {said}", file=sys.stderr, flush=True)
+        self._said(t0, said)
 
     def _controller(self, t0: int, what: str, arg) -> None:
         """A controller restart's step now: its process killed (its counters read first),
@@ -300,20 +307,27 @@ class LiveFaults:
                     self.counts.append(self._client.stats(timeout=COUNTS_S))
                 except Exception:  # noqa: BLE001 - its counts are then unknown
                     self.counts.append(None)
+                self.controller_down = True  # (before: its exit is the plan's)
                 proc = self.cluster.controller.proc
                 if proc.poll() is None:
                     proc.kill()
                 proc.wait()
-                said = "fault: controller killed"
+                said = "controller killed"
             else:
                 self.cluster.restart_controller(["--fresh-caches"] if arg[1] else [])
-                said = "fault: new controller started" + (" (fresh caches)" if arg[1] else "")
+                self.controller_down = False
+                said = "new controller started" + (" (fresh caches)" if arg[1] else "")
         except Exception as e:  # noqa: BLE001 - one line; the faults after it still run
             self._failed(t0, what, arg, e)
             return
-        t = (time.monotonic_ns() - t0) / 1e9
-        self.log.append((t, said.removeprefix("fault: ")))
-        print(f"clockwork serve: {t:7.2f} s  {said}", file=sys.stderr, flush=True)
+        self._said(t0, said, "fault: ")
+
+    def settle(self) -> None:
+        """Wait for a new controller still starting (a run's counters are read once it
+        has), at most as long as its start may take."""
+        th = self._ctrl_start
+        if th is not None:
+            th.join(self.cluster.timeout + 10.0)
 
     def _fault(self, t0: int, what: str, w: int) -> None:
         """Play one fault on worker ``w`` now; said (and logged) once done."""
@@ -332,10 +346,14 @@ class LiveFaults:
         except Exception as e:  # noqa: BLE001 - one line; the faults after it still run
             self._failed(t0, what, w, e)
             return
+        self._said(t0, f"{what} worker {w}", "fault: ")
+
+    def _said(self, t0: int, said: str, kind: str = "") -> None:
+        """An event done: logged (``said``) and said on stderr (after ``kind``), with its
+        time from the start of the run."""
         t = (time.monotonic_ns() - t0) / 1e9
-        self.log.append((t, f"{what} worker {w}"))
-        print(f"clockwork serve: {t:7.2f} s  fault: {what} worker {w}", file=sys.stderr,
-              flush=True)
+        self.log.append((t, said))
+        print(f"clockwork serve: {t:7.2f} s  {kind}{said}", file=sys.stderr, flush=True)
 
 
 def _event(what: str, arg) -> str:

@@ -33,6 +33,11 @@ _ADDR = re.compile(r"listening on (\S+):(\d+)")
 WORKER_PORT_STEP = 10  # with --worker-port P, worker i listens on P + 10 i
 
 
+# a worker's lines that say why it cannot serve something (LocalCluster._workers_said)
+REFUSAL_WORDS = ("cannot", "refused", "not prepared", "no model package", "no profile",
+                 "compiled with TVM", "disagree")
+
+
 def how_it_ended(code: int) -> str:
     """A child's exit, from its return code, in words: "was killed by SIGKILL" (a signal
     it did not handle), "stopped (code 0: ...)" (a controller or worker ends with 0 only
@@ -411,11 +416,13 @@ class LocalCluster:
             self.controller = self._child("controller", argv)
             try:
                 self.address = self.controller.wait_address(self.timeout)
+            except ChildRefused:  # (its own setting or port: the workers have nothing to add)
+                raise
             except RuntimeError as e:  # (its workers' own words of why, not echoed)
                 said = self._workers_said()
                 if not said:
                     raise
-                raise type(e)(f"{str(e).rstrip()}\n{said}") from e
+                raise RuntimeError(f"{str(e).rstrip()}\n{said}") from e
         except BaseException:
             self.stop()
             raise
@@ -430,7 +437,7 @@ class LocalCluster:
             if w.echo:
                 continue
             said = [ln.strip() for ln in w.output if ln.startswith("worker: ")
-                    and "controller pid" not in ln][:5]
+                    and any(word in ln for word in REFUSAL_WORDS)][-5:]
             lines += [f"worker{i}: {ln.removeprefix('worker: ')}" for ln in said]
         return "the workers said:\n" + "\n".join(lines) if lines else ""
 

@@ -322,6 +322,9 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
               f"requests are sent; waiting for the {state['sent'] - state['answered']:,} "
               "answers still due", file=sys.stderr, flush=True)
     await stream.close()
+    # (the controllers the scenario killed; a new one still starting is waited for first)
+    earlier = (await asyncio.to_thread(earlier_counts)) if reconnect and earlier_counts \
+        else []
     stats1 = None
     if not lost:
         try:
@@ -330,7 +333,7 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
             if not reconnect:
                 lost.append((now_ns() - t0, str(e)))
     await client.close()
-    d = _counted(stats0, stats1, earlier_counts() if reconnect and earlier_counts else [])
+    d = _counted(stats0, stats1, earlier)
     if d is None:  # (a controller's counts unknown: so are the run's)
         stats1, d = None, {}
     extra = {

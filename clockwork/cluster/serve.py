@@ -421,9 +421,9 @@ def _serve(args: argparse.Namespace, return_killed: list[bool]) -> int:
             print(f"clockwork serve: --ray: {why}", file=sys.stderr)
             return 2
         if sc is not None and any(sc.faults.get(k) for k in ("kill", "hang", "slow_network")):
-            print("clockwork serve: [faults] are not played on a Ray cluster (Ray restarts a "
-                  "worker that dies by itself); remove them, or run without --ray",
-                  file=sys.stderr)
+            print("clockwork serve: [faults] kill, hang and slow_network are not played on a "
+                  "Ray cluster (Ray restarts a worker that dies by itself; controller_restart "
+                  "is played); remove them, or run without --ray", file=sys.stderr)
             return 2
         if sc is not None and sc.data.get("add_workers"):
             print("clockwork serve: [[add_workers]] events are not played on a Ray cluster "
@@ -674,6 +674,20 @@ def _crashed_workers(cluster: LocalCluster, faults, crashed: dict[int, str]) -> 
               flush=True)
 
 
+def _crashed_controller(cluster: LocalCluster, faults) -> list[str]:
+    """How the controller's process ended, if it did outside the scenario's restarts
+    (``faults.controller_down``), said at once; else []."""
+    ctrl = cluster.controller
+    code = ctrl.proc.poll() if ctrl is not None else None
+    if code is None or faults.controller_down:
+        return []
+    how = how_it_ended(code)
+    print(f"clockwork serve: the controller {how} during the replay, outside the "
+          "scenario's controller restarts; the replay goes on, its requests waiting for a "
+          "controller until their SLO is over", file=sys.stderr, flush=True)
+    return [how]
+
+
 def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
                     stop: threading.Event, hard: threading.Event) -> int:
     """``clockwork serve SCENARIO --replay``: drive the workloads, print the table, stop.
@@ -720,6 +734,10 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
         # real devices: answers carry real outputs; check every one against the reference
         check = cluster.packages if cluster.device != "emulated" else None
         crashed: dict[int, str] = {}  # worker -> how its process ended, unplanned
+        # a controller the scenario restarts: the replay's stream waits for it however it
+        # went away, so an exit outside the plan is watched for here
+        restarts = bool((sc.faults or {}).get("controller_restart"))
+        lost_controller: list[str] = []  # how it ended, unplanned (said once)
 
         async def until_stopped():
             task = asyncio.ensure_future(replay(
@@ -727,14 +745,15 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
                 on_start=faults.start if faults else None, token=token, stop=stop.is_set,
                 spill_dir=getattr(args, "spill_dir", None),
                 # (a controller the scenario restarts: the stream waits for the new one)
-                reconnect=bool((sc.faults or {}).get("controller_restart")),
-                earlier_counts=lambda: faults.counts))
+                reconnect=restarts, earlier_counts=lambda: (faults.settle(), faults.counts)[1]))
             while not task.done():
                 if hard.is_set():  # (the signal handler only sets it)
                     task.cancel()
                     break
                 if not stop.is_set():
                     _crashed_workers(cluster, faults, crashed)
+                    if restarts and not lost_controller:
+                        lost_controller.extend(_crashed_controller(cluster, faults))
                 await asyncio.wait({task}, timeout=0.1)
             return await task
 
@@ -762,6 +781,12 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
               "run is not the scenario's: "
               + "; ".join(f"worker {i} {how}" for i, how in sorted(crashed.items())),
               file=sys.stderr)
+        status = status or 1
+    if lost_controller:
+        print(f"clockwork serve: the controller {lost_controller[0]} during the replay, "
+              "unplanned (not by the scenario's controller_restart; the replay waited for "
+              "the next one the scenario starts, if any), so this run is not the "
+              "scenario's", file=sys.stderr)
         status = status or 1
     if faults.failed:  # the run did not follow its scenario's plan: said last, exit 1
         print(f"clockwork serve: {len(faults.failed)} of the scenario's [faults] / "

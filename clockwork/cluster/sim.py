@@ -232,7 +232,7 @@ class Simulation:
         self.duration = sec(sc.duration_s)
         exec1 = {i: p.exec_ns[p.batch_sizes[0]] for i, p in self.profiles.items()}
         self.workloads: list[Workload] = []
-        short: list[str] = []  # (workloads whose arrivals end before the run does)
+        notes: list[str] = []  # (workloads' warnings: arrivals that end early, ...)
         wseeds = s_work.spawn(len(sc.workloads))
         for i, spec in enumerate(sc.workloads):
             try:  # (what bind refuses too: the run's length and the entry's values)
@@ -241,12 +241,12 @@ class Simulation:
             except ValueError as e:
                 raise ScenarioError(f"workloads.{i}: {e}") from e
             self.workloads.append(w)
-            short += [f"warning: workloads.{i} ({w.kind}): {n}" for n in getattr(w, "notes", ())]
+            notes += [f"warning: workloads.{i} ({w.kind}): {n}" for n in getattr(w, "notes", ())]
             ends = getattr(w, "arrivals_end", None)
             end = ends() if ends is not None else None
             if end is not None:  # (a trace shorter than the run: said, the figures are
                 # the whole run's)
-                short.append(
+                notes.append(
                     f"warning: workloads.{i} ({w.kind}): its {w.minutes} trace minute(s) "
                     f"end at {end / NS_PER_S:g} s, before duration_s = {sc.duration_s:g} s: "
                     "no arrivals after, and goodput and throughput are over the whole run")
@@ -256,7 +256,7 @@ class Simulation:
         # and the workers that joined ("cluster: ...")
         self.fault_log: list[tuple[int, str]] = []
         # said before the run (``clockwork simulate``'s stderr lines, without its name)
-        self.warnings: list[str] = list(short)
+        self.warnings: list[str] = list(notes)
         policy_name, policy_table = table_policy(sc.scheduler)
         line = unused_line(policy_name, policy_table)
         if line:

@@ -474,14 +474,17 @@ class AzureTrace:
             order = order[a:b]
         return self.select(order)
 
-    def repeated_ids(self) -> int:
-        """How many rows have the owner, app, function and trigger of a row before them
-        (the dataset's files have none: each names one function)."""
-        n = self.n_functions
+    def repeated_ids(self, rows: np.ndarray | None = None) -> int:
+        """How many rows (of ``rows``, indices; default all) have the owner, app, function
+        and trigger of a row before them (the dataset's files have none: each names one
+        function)."""
+        cols = (self.owners, self.apps, self.functions, self.triggers)
+        if rows is not None:
+            cols = tuple(c[rows] for c in cols)
+        n = len(cols[0])
         if n < 2:
             return 0
-        return n - len(set(zip(self.owners.tolist(), self.apps.tolist(),
-                               self.functions.tolist(), self.triggers.tolist(), strict=True)))
+        return n - len(set(zip(*(c.tolist() for c in cols), strict=True)))
 
     def trigger_summary(self) -> dict[str, tuple[int, int]]:
         """Trigger -> (functions, invocations), busiest trigger first."""

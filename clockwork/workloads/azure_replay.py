@@ -109,12 +109,12 @@ class AzureReplay(Workload):
                               "function(s): every one is replayed")
         if top is not None:
             order = order[:top]
-        repeated = trace.repeated_ids()
+        repeated = trace.repeated_ids(order if top is not None else None)
         if repeated:
-            self.notes.append(f"{repeated:,} of the trace's rows repeat the owner, app, "
-                              "function and trigger of a row before them (files joined, or "
-                              "an extract cut wrong?): each row is replayed as a function "
-                              "of its own")
+            self.notes.append(f"{repeated:,} of the trace's rows replayed repeat the owner, "
+                              "app, function and trigger of a row before them (files "
+                              "joined, or an extract cut wrong?): each row is replayed as a "
+                              "function of its own")
         inst = map_functions(len(order), len(self.models), mapping)
         try:
             win = trace.window(int(start_minute), None if minutes is None else int(minutes))
