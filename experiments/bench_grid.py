@@ -149,12 +149,21 @@ def run_cell(toml: str, work: Path, keep: Path | None, tag: str) -> dict:
            str(out), "--json", "--quiet"]
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    # (stopped meanwhile, Ctrl-C or SIGTERM: the simulation is killed and waited for, so
+    # that none runs on once this script has ended; subprocess.run killed it unwaited)
+    with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as p:
+        try:
+            stdout, stderr = p.communicate()
+        except BaseException:
+            p.kill()
+            p.wait()
+            raise
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode:
-        raise SystemExit(f"{tag}: {' '.join(cmd)} failed:\n{p.stderr}")
-    s = json.loads(p.stdout)
+        raise SystemExit(f"{tag}: {' '.join(cmd)} failed:\n{stderr}")
+    s = json.loads(stdout)
     run = json.loads((out / "run.json").read_text())
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     if not keep:
