@@ -192,6 +192,17 @@ def test_replay_on_ray_and_a_killed_worker_actor_is_readmitted(ray_nodes):
               f"GPUs serving {sorted(gpus)}")
 
 
+def _serve_replay(scenario, address: str, out) -> str:
+    """``clockwork serve SCENARIO --ray ADDRESS --replay --out OUT``, which must exit 0:
+    what it printed."""
+    p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve", str(scenario),
+                        "--ray", address, "--replay", "--quiet", "--out", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    said = p.stdout + p.stderr
+    assert p.returncode == 0, said[-3000:]
+    return said
+
+
 def test_serve_ray_replays_a_scenario_on_the_attached_cluster(ray_nodes, tmp_path):
     """The command line: ``clockwork serve SCENARIO --ray ADDRESS --replay`` attaches to the
     running Ray cluster, starts a worker on each of its nodes, replays and stops them."""
@@ -212,12 +223,7 @@ kind = "poisson"
 rate_rps = 200
 slo_ms = 100
 """)
-    p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve", str(sc),
-                        "--ray", ray_nodes.address, "--replay", "--quiet",
-                        "--out", str(tmp_path / "run")],
-                       capture_output=True, text=True, timeout=120)
-    out = p.stdout + p.stderr
-    assert p.returncode == 0, out[-3000:]
+    out = _serve_replay(sc, ray_nodes.address, tmp_path / "run")
     assert "2 emulated worker actor(s) on Ray node(s) x 2+2 GPU(s)" in out, out[-3000:]
     assert "every request answered exactly once: True" in out
     assert (tmp_path / "run" / "summary.json").exists()
@@ -260,12 +266,7 @@ at_s = 1.5
 worker = 1
 drain = true
 """)
-    p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve", str(sc),
-                        "--ray", ray_nodes.address, "--replay", "--quiet",
-                        "--out", str(tmp_path / "run")],
-                       capture_output=True, text=True, timeout=120)
-    out = p.stdout + p.stderr
-    assert p.returncode == 0, out[-3000:]
+    out = _serve_replay(sc, ray_nodes.address, tmp_path / "run")
     assert "repository: unloaded resnet18_v2:3 (1 instance(s))" in out, out[-3000:]
     assert "cluster: worker 1 removed (drained)" in out, out[-3000:]
     assert "every request answered exactly once: True" in out
@@ -281,12 +282,7 @@ drain = true
     text = sc.read_text()
     sc.write_text(text[:text.index("[[repository]]")]
                   + "[faults]\ncontroller_restart = [{ at_s = 1.5, down_s = 0.2 }]\n")
-    p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve", str(sc),
-                        "--ray", ray_nodes.address, "--replay", "--quiet",
-                        "--out", str(tmp_path / "run2")],
-                       capture_output=True, text=True, timeout=120)
-    out = p.stdout + p.stderr
-    assert p.returncode == 0, out[-3000:]
+    out = _serve_replay(sc, ray_nodes.address, tmp_path / "run2")
     assert "fault: controller killed" in out and "fault: new controller started" in out
     assert "every request answered exactly once: True" in out
     with open(tmp_path / "run2" / "requests.tsv") as f:
