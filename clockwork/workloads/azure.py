@@ -165,6 +165,9 @@ def _diagnose(line: bytes, path: str, lineno: int) -> TraceError:
     if line.endswith(b"\r"):
         return TraceError(f"{where}: the line ends with CR LF (\\r\\n), the header with LF "
                           "alone: give every line the same ending")
+    if not line.strip():
+        return TraceError(f"{where}: the line is blank (a row of {NCOLS} columns expected: "
+                          "remove it)")
     ncols = line.count(b",") + 1  # (counted before the line is split: it may be huge)
     if ncols != NCOLS:
         return TraceError(f"{where}: expected {NCOLS} columns (4 ids + {MINUTES} minutes), "
