@@ -142,8 +142,8 @@ print("served")
 
 
 def test_a_package_compiled_with_another_tvm_is_said_once(tmp_path, cpu_package, capsys):
-    """``model.json``'s ``tvm_version`` other than the worker's TVM: served, and said once
-    (it was recorded and never read)."""
+    """``model.json``'s ``tvm_version`` other than the worker's TVM, and no digests of
+    its files (an older package's): served, and each said once (neither was said)."""
     pytest.importorskip("tvm")
     import json
 
@@ -152,6 +152,7 @@ def test_a_package_compiled_with_another_tvm_is_said_once(tmp_path, cpu_package,
     folder = cpu_package("mlp", tmp_path)
     meta = json.loads((folder / "model.json").read_text())
     meta["tvm_version"] = "0.1.0"
+    del meta["sha256"]  # (an older package's: no digests)
     (folder / "model.json").write_text(json.dumps(meta))
     dev = CpuDevice(8)
     for name in ("a", "b"):
@@ -160,9 +161,12 @@ def test_a_package_compiled_with_another_tvm_is_said_once(tmp_path, cpu_package,
         dev.infer(name, None, 1)
         dev.unregister(name)
         dev.packages.clear()  # (read again)
-    said = [x for x in capsys.readouterr().err.splitlines() if "compiled with TVM" in x]
+    err = capsys.readouterr().err.splitlines()
+    said = [x for x in err if "compiled with TVM" in x]
     assert len(said) == 1 and f"package {folder} was compiled with TVM 0.1.0, this worker " \
         "runs TVM " in said[0], said
+    said = [x for x in err if "has no digests of its files" in x]
+    assert len(said) == 1 and f"package {folder} has no digests" in said[0], err
 
 
 def test_the_worker_says_why_for_each_package_it_cannot_serve(tmp_path, cpu_package,

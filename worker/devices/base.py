@@ -256,7 +256,8 @@ def target_kind(target) -> str:
 
 # packages no instance uses any more, kept ready in case they are registered again
 UNUSED_PACKAGES_KEPT = 4
-# (package folder, TVM version) of the packages compiled with another TVM, said once each
+# (package folder, TVM version) of the packages compiled with another TVM, and (folder,
+# None) of those without digests, said once each
 _VERSIONS_SAID: set = set()
 # the libraries loaded in this process, per TVM (a test's fake one has its own): TVM never
 # unloads one, so each distinct one is loaded once (``RealDevice._library``)
@@ -355,6 +356,12 @@ class RealDevice:
         why = integrity_problem(meta, library, blob)
         if why:
             raise InvalidPackage(f"package {path}: {why}")
+        if meta.get("sha256") is None and (path, None) not in _VERSIONS_SAID:
+            _VERSIONS_SAID.add((path, None))  # (an older package: served, said once)
+            print(f"worker: package {path} has no digests of its files (compiled by an "
+                  "older version): a changed or damaged file is not found; compile it "
+                  "again (clockwork compile) to have them checked", file=sys.stderr,
+                  flush=True)
         built = meta.get("tvm_version")
         if isinstance(built, str) and (path, built) not in _VERSIONS_SAID:
             import tvm
