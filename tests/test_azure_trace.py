@@ -291,3 +291,15 @@ def test_bulk_parse_over_several_blocks(tmp_path):
     rows = [_row(i, c[i]) for i in range(len(c))]
     tr = AzureTrace.load(_write(tmp_path / "mid.csv", rows))
     np.testing.assert_array_equal(tr.counts, c)
+
+
+def test_trace_info_columns_stay_aligned_with_wide_characters():
+    """Function names of wide characters (CJK, emoji: two terminal columns each) are cut
+    and padded by the columns they take, so the table stays aligned (it counted them as
+    one each)."""
+    from clockwork.workloads.trace_cli import _cell
+
+    assert _cell("函数函数函数函数", 12) == "函数函数函数"  # 6 x 2 columns
+    assert _cell("😀f", 12) == "😀f" + " " * 9
+    assert _cell("plain", 5) == "plain" and _cell("longer", 3) == "lon"
+    assert _cell("函a", 2) == "函"

@@ -99,7 +99,7 @@ def format_info(tr, top: int = 10) -> str:
         f"{'trigger':<14} {'functions':>10} {'%':>6} {'invocations':>15} {'%':>6}",
     ]
     for name, (nf, ni) in tr.trigger_summary().items():
-        lines.append(f"{name:<14} {nf:>10,} {100 * nf / max(tr.n_functions, 1):>6.1f} "
+        lines.append(f"{_cell(name, 14)} {nf:>10,} {100 * nf / max(tr.n_functions, 1):>6.1f} "
                      f"{ni:>15,} {100 * ni / max(total, 1):>6.1f}")
     if top > 0 and tr.n_functions:
         order = tr.rank_order()[:top]
@@ -107,7 +107,22 @@ def format_info(tr, top: int = 10) -> str:
                   f"{'rank':>4}  {'function':<12}  {'app':<12}  {'trigger':<13} "
                   f"{'invocations':>13} {'mean r/s':>10} {'peak/min':>10}"]
         for r, i in enumerate(order.tolist()):
-            lines.append(f"{r:>4}  {tr.functions[i][:12]:<12}  {tr.apps[i][:12]:<12}  "
-                         f"{tr.triggers[i]:<13} {int(tot[i]):>13,} {int(tot[i]) / secs:>10,.2f} "
-                         f"{int(tr.counts[i].max()):>10,}")
+            lines.append(f"{r:>4}  {_cell(tr.functions[i], 12)}  {_cell(tr.apps[i], 12)}  "
+                         f"{_cell(tr.triggers[i], 13)} {int(tot[i]):>13,} "
+                         f"{int(tot[i]) / secs:>10,.2f} {int(tr.counts[i].max()):>10,}")
     return "\n".join(lines)
+
+
+def _cell(text: str, width: int) -> str:
+    """``text`` cut and padded to ``width`` terminal columns (a wide character, as in
+    CJK names or emoji, takes two: the table's columns stayed aligned only for ASCII)."""
+    import unicodedata
+
+    out, used = [], 0
+    for ch in text:
+        w = 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+        if used + w > width:
+            break
+        out.append(ch)
+        used += w
+    return "".join(out) + " " * (width - used)
