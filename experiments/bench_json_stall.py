@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import math
 import statistics
 import sys
 import threading
@@ -45,8 +46,8 @@ def _items(text: str) -> list[int]:
 def _positive(kind):
     def parse(text: str):
         v = kind(text)
-        if not v > 0:
-            raise argparse.ArgumentTypeError(f"{text!r}: must be > 0")
+        if not (v > 0 and math.isfinite(v)):  # (inf: a run that never ended)
+            raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number > 0")
         return v
     return parse
 

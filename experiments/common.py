@@ -138,13 +138,17 @@ def out_file(text: str) -> Path:
 def script(main) -> None:
     """Run an experiment script's ``main()`` as a command: Ctrl-C (and SIGTERM or SIGHUP,
     which stop it as Ctrl-C does) ends it with one line (exit 130) and a setting the
-    scenario refuses, or a scale that cannot run live (``LiveRefused``), with its one line
+    scenario refuses, a scale that cannot run live (``LiveRefused``), a device this
+    machine has not (``DeviceUnavailable``) or a child process's refusal of its settings
+    (``ChildRefused``), with its one line
     (exit 2), not a traceback; else the exit status is ``main``'s (an int), or 0. Stopped
     so, it removes the --out folder it made if nothing was written there."""
+    from clockwork.cluster.local import ChildRefused
     from clockwork.errors import ControllerUnavailable, ScenarioError
     from clockwork.profiles import ProfileError
     from clockwork.settings import SettingsError
     from clockwork.signals import term_as_ctrl_c
+    from worker.devices.base import DeviceUnavailable
 
     name = Path(sys.argv[0]).name
     try:
@@ -154,9 +158,10 @@ def script(main) -> None:
         _unmake()
         print(f"{name}: interrupted", file=sys.stderr)
         raise SystemExit(130) from None
-    except (ScenarioError, SettingsError, ProfileError, LiveRefused) as e:
+    except (ScenarioError, SettingsError, ProfileError, LiveRefused, DeviceUnavailable,
+            ChildRefused) as e:  # (no such device here; a child refused its settings)
         _unmake()
-        print(f"{name}: {e}", file=sys.stderr)
+        print(f"{name}: {str(e).strip()}", file=sys.stderr)
         raise SystemExit(2) from None
     except ControllerUnavailable as e:  # (a live run's controller that went away)
         _unmake()

@@ -114,7 +114,7 @@ def main(argv=None) -> int:
                    help="rounds of both modes, alternating (default 2)")
     p.add_argument("--simulate", action="store_true",
                    help="run it in the simulator ([faults] controller_restart), once per mode")
-    p.add_argument("--down", type=float, default=1.0,
+    p.add_argument("--down", type=float, default=None,
                    help="--simulate: seconds until the new controller starts (default 1.0)")
     a = p.parse_args(argv)
     live_scale.check_shape_args(p, a)
@@ -122,6 +122,10 @@ def main(argv=None) -> int:
             or not math.isfinite(a.warm + a.after):
         p.error("--instances, --workers, --gpus, --rate, --warm, --after and --repeats must "
                 "be positive (--warm and --after finite)")
+    if a.down is not None and not a.simulate:
+        p.error("--down is for --simulate (a live restart starts the new controller at "
+                "once; its start-up is the outage)")
+    a.down = 1.0 if a.down is None else a.down
     if a.simulate and not 0 <= a.down < a.after:
         p.error("--down must be at least 0 and below --after")
     if a.simulate:

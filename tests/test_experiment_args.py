@@ -152,6 +152,9 @@ def test_live_scale_refused_is_one_line_exit_2():
     ("live_scale", ["--duration", "inf"], "--duration"),
     ("live_scale", ["--duration", "nan"], "--duration"),
     ("controller_restart", ["--warm", "inf"], "--warm"),
+    # (a live restart has no --down: it was taken and not used)
+    ("controller_restart", ["--down", "2"], "--down"),
+    ("bench_json_stall", ["--seconds", "inf"], "--seconds"),  # (it never ended)
     ("bench_repository_reads", ["--copies", "0", "--models", "1"], "--copies"),
     ("bench_repository_reads", ["--models", "0"], "--models"),
     ("bench_repository_reads", ["--repeat", "0", "--models", "1", "--copies", "1"],
@@ -299,3 +302,24 @@ def test_a_stop_signal_held_while_a_child_starts_is_raised_after():
             os.kill(os.getpid(), signal.SIGINT)
             reached.append(True)
     assert reached == [True]
+
+
+@pytest.mark.parametrize("error", ["device", "child"])
+def test_a_device_not_here_or_a_childs_refusal_is_one_line_exit_2(monkeypatch, capsys, error):
+    """A script asked for a device this machine has not (cupy missing: ``--device
+    cuda``), or whose cluster's child refused its settings, ends in one line, exit 2 (it
+    was a traceback, exit 1)."""
+    from clockwork.cluster.local import ChildRefused
+    from worker.devices.base import DeviceUnavailable
+
+    def main():
+        if error == "device":
+            raise DeviceUnavailable("cuda device unavailable: cupy is not installed")
+        raise ChildRefused("worker0: --pages 0: must be at least 1\n", False)
+
+    monkeypatch.setattr(sys, "argv", ["check_outputs.py"])
+    with pytest.raises(SystemExit) as e:
+        common.script(main)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith("check_outputs.py: ") and ("cupy" in err[0] or "--pages" in err[0])
