@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
-import sys
 import tempfile
 import threading
 import weakref
@@ -50,6 +50,7 @@ import numpy as np
 
 from clockwork.actions import Action, ErrorCode
 from clockwork.profiles import ModelProfile
+from clockwork.protocol.ratelog import KeyedLog
 from worker.memory import ArenaError, PageArena
 
 # -- errors ---------------------------------------------------------------------------
@@ -256,9 +257,8 @@ def target_kind(target) -> str:
 
 # packages no instance uses any more, kept ready in case they are registered again
 UNUSED_PACKAGES_KEPT = 4
-# (package folder, TVM version) of the packages compiled with another TVM, and (folder,
-# None) of those without digests, said once each
-_VERSIONS_SAID: set = set()
+# what is said once about a package (compiled with another TVM, or without digests)
+_SAY_ONCE = KeyedLog("worker", every=math.inf)
 # the libraries loaded in this process, per TVM (a test's fake one has its own): TVM never
 # unloads one, so each distinct one is loaded once (``RealDevice._library``)
 _LIBRARIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -356,22 +356,19 @@ class RealDevice:
         why = integrity_problem(meta, library, blob)
         if why:
             raise InvalidPackage(f"package {path}: {why}")
-        if meta.get("sha256") is None and (path, None) not in _VERSIONS_SAID:
-            _VERSIONS_SAID.add((path, None))  # (an older package: served, said once)
-            print(f"worker: package {path} has no digests of its files (compiled by an "
-                  "older version): a changed or damaged file is not found; compile it "
-                  "again (clockwork compile) to have them checked", file=sys.stderr,
-                  flush=True)
+        if meta.get("sha256") is None:  # (an older package: served, said once)
+            _SAY_ONCE((path, "digests"), f"package {path} has no digests of its files "
+                      "(compiled by an older version): a changed or damaged file is not "
+                      "found; compile it again (clockwork compile) to have them checked")
         built = meta.get("tvm_version")
-        if isinstance(built, str) and (path, built) not in _VERSIONS_SAID:
+        if isinstance(built, str):
             import tvm
 
             if built != tvm.__version__:  # (it may work: said, not refused)
-                _VERSIONS_SAID.add((path, built))
-                print(f"worker: package {path} was compiled with TVM {built[:40]}, this "
-                      f"worker runs TVM {tvm.__version__}: if it fails or answers wrongly, "
-                      "compile it again with this one (clockwork compile)", file=sys.stderr,
-                      flush=True)
+                _SAY_ONCE((path, "tvm"), f"package {path} was compiled with TVM "
+                          f"{built[:40]}, this worker runs TVM {tvm.__version__}: if it "
+                          "fails or answers wrongly, compile it again with this one "
+                          "(clockwork compile)")
         return library
 
     def duration(self, action, profile) -> None:
