@@ -95,6 +95,7 @@ def parse_args(argv: Sequence[str] | None, description: str,
         check(args)
     if args.out is None and args.scale == "smoke":  # (not over the figures kept)
         args.out = Path(tempfile.mkdtemp(prefix="clockwork-smoke-"))
+        _MADE.append(args.out)  # (made for this run: removed if it stops with it empty)
         print(f"--smoke: writing to {args.out}", file=sys.stderr)
     elif args.out is None:
         sub = "full" if args.scale == "full" else ""

@@ -323,3 +323,16 @@ def test_a_device_not_here_or_a_childs_refusal_is_one_line_exit_2(monkeypatch, c
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1, err
     assert err[0].startswith("check_outputs.py: ") and ("cupy" in err[0] or "--pages" in err[0])
+
+
+def test_a_smoke_runs_temporary_folder_is_removed_if_it_stops_empty(monkeypatch, tmp_path):
+    """--smoke without --out writes to a new temporary folder: one the run stopped
+    before writing to is removed as a made --out is (it was left behind, empty)."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(common, "_MADE", [])
+    args = common.parse_args(["--smoke"], "test")
+    assert args.out.parent == tmp_path and args.out.is_dir()
+    common._unmake()
+    assert not args.out.exists()
