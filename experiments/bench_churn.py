@@ -183,9 +183,11 @@ def main(argv: list[str] | None = None) -> int:
         cpu = [x["cpu_s"] for x in runs[n]]
         mb = min(x["peak_mb"] for x in runs[n])
         per_cpu = per_kb = "-"
-        if n and base_cpu is not None:
-            per_cpu = f"{(min(cpu) - base_cpu) / n * 1e3:.2f}"
-            per_kb = f"{(mb - base_mb) / n * 1024:.1f}"
+        if n and base_cpu is not None:  # (a cost below the runs' noise is said so, not
+            # printed negative)
+            extra_cpu, extra_mb = min(cpu) - base_cpu, mb - base_mb
+            per_cpu = f"{extra_cpu / n * 1e3:.2f}" if extra_cpu >= 0 else "<noise"
+            per_kb = f"{extra_mb / n * 1024:.1f}" if extra_mb >= 0 else "<noise"
         print(f"{n:>8,} {min(cpu):>10.2f} {statistics.median(cpu):>9.2f} {mb:>8.1f} "
               f"{runs[n][0]['attainment']:>10.4f} {per_cpu:>14} {per_kb:>10}")
     if args.json:

@@ -79,10 +79,13 @@ def main(argv=None) -> dict:
                    "offered_at_peak_rps": best["offered_rps"],
                    "attainment_at_peak": best["attainment"],
                    "peak_per_worker_rps": round(best["goodput_rps"] / w, 1),
-                   "requests": n, "sim_s": period * steps,
-                   "wall_s": round(tw.wall_s, 3),
-                   "wall_per_sim_s": round(tw.wall_s / (period * steps), 4),
-                   "sim_requests_per_wall_s": round(n / tw.wall_s)}
+                   "requests": n}
+            # (live: the run's own seconds, not simulated ones)
+            run = "run" if args.live else "sim"
+            row.update({f"{run}_s": period * steps, "wall_s": round(tw.wall_s, 3),
+                        f"wall_per_{run}_s": round(tw.wall_s / (period * steps), 4),
+                        f"{'' if args.live else 'sim_'}requests_per_wall_s":
+                            round(n / tw.wall_s)})
             if args.live:
                 # the largest step served with attainment >= 0.99, as in the simulator
                 # (None: no step was); the controller process's CPU is known only for
@@ -108,15 +111,17 @@ def main(argv=None) -> dict:
             rows.append(row)
             del res
     common.write_tsv(args.out / f"{NAME}.tsv", rows)
-    ctl = min(r["sim_requests_per_wall_s"] for r in rows)
+    rate = "requests_per_wall_s" if args.live else "sim_requests_per_wall_s"
+    ctl = min(r[rate] for r in rows)
     # (live: the whole run's figure, the only one measured)
     at_served = "ctl_cpu_per_s" if args.live else "ctl_cpu_per_s_at_served"
     over_one = [r["workers"] for r in rows if r[at_served] > 1.0]
     bottleneck = over_one[0] if over_one else None
     common.write_json(args.out / f"{NAME}.json", {
-        # (the slowest whole simulation, requests per wall second: the simulator's rate,
-        # not the controller's; the controller's cost is ctl_us_per_request per row)
-        "scale": args.scale, "live": args.live, "rows": rows, "sim_requests_per_wall_s_min": ctl,
+        # (the slowest whole run, requests per wall second: the simulator's rate, or live
+        # the cluster's, not the controller's; the simulated controller's cost is
+        # ctl_us_per_request per row)
+        "scale": args.scale, "live": args.live, "rows": rows, f"{rate}_min": ctl,
         "period_s": period, "steps": steps, "instances": sum(BASE_COPIES) * mult,
         "first_N_controller_over_one_core": bottleneck, "wall_s": round(t.wall_s, 1)})
 

@@ -157,7 +157,7 @@ def main(argv=None) -> dict:
     print(f"{args.scenario}: {s['submitted']:,} requests, attainment {s['slo_attainment']:.4f}, "
           f"actions {s['actions']}")
     print(f"{'':8} {'vs':8} {'n':>6} {'p1':>8} {'p50':>8} {'p99':>8} {'p99.9':>8} "
-          f"{'|p99|':>8} {'rel p50':>8} {'rel p99':>8}  (ms)")
+          f"{'|p99|':>8} {'rel p50':>8} {'rel p99':>8}  (ms; rel: |error| / prediction)")
     for kind in ("INFER", "LOAD"):
         for vs in ("profile", "online", "completion"):
             st = out[kind][vs]

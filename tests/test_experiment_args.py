@@ -4,6 +4,7 @@ SIGTERM stops a live run as Ctrl-C does, a live Fig. 11 says only what it measur
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -53,6 +54,11 @@ def test_fig11_live_summary_says_what_was_measured(monkeypatch, tmp_path):
         assert r["served_rps"] == 150 and r["peak_goodput_rps"] == 200
         assert r["ctl_cpu_per_s"] == 0.3
         assert "ctl_cpu_per_s_at_served" not in r and "ctl_cpu_per_s_at_peak" not in r
+        # (the run's own seconds: they were named as simulated ones)
+        assert not [k for k in r if k.startswith("sim") or k.endswith("sim_s")], r
+        assert r["run_s"] > 0 and r["requests_per_wall_s"] > 0
+    saved = json.loads((tmp_path / "fig11_scale.json").read_text())
+    assert "requests_per_wall_s_min" in saved and "sim_requests_per_wall_s_min" not in saved
     s = out["summary"]
     assert "200 r/s at >= 99 %" not in s and "150 r/s served at >= 99 %" in s, s
     assert "attainment 0.59 at the peak" in s and "over the run" in s, s
