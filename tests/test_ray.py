@@ -377,7 +377,8 @@ def test_a_node_that_joins_gets_a_worker_that_serves(ray_nodes, capfd):
     the three workers (it had the first two: the joined node counted as known, so its
     worker was never added to it). The node then leaves: said once (a call on its actor
     fails ActorUnschedulableError, not ActorDiedError, and it went unsaid), and its
-    worker is removed from the controller (it was reconnected to for as long as it ran)."""
+    worker is removed from the controller (it was reconnected to for as long as it ran),
+    and not given to a controller restarted after."""
     import clockwork
     from clockwork.cluster.ray_cluster import RayCluster
 
@@ -413,6 +414,14 @@ def test_a_node_that_joins_gets_a_worker_that_serves(ray_nodes, capfd):
             assert "serves without it (removed from the controller)" in said, said
             assert asyncio.run(_workers_and_gpus(c.address)) == (2, 4)
             assert cl.stats().get("workers_removed") == 1
+            # a controller restarted after it left is not given its worker (it was, and
+            # counted it, dialing it on)
+            c.controller.proc.kill()
+            c.controller.proc.wait()
+            c.restart_controller()
+            argv = c.controller.proc.args
+            assert c.worker_addresses[2] not in argv[argv.index("--workers") + 1], argv
+            assert asyncio.run(_workers_and_gpus(c.address)) == (2, 4)
         finally:
             c.stop()
             if node is not None:

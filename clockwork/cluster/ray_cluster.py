@@ -1124,9 +1124,11 @@ class RayCluster(LocalCluster):
         """As ``LocalCluster``'s, with the workers of every node the cluster holds: those
         of nodes that joined while the old controller served too (the new one was given
         the first ``--workers`` list, and the node watcher, which counts those nodes as
-        known, never added their workers to it)."""
+        known, never added their workers to it), but not those of nodes that left (taken
+        out of the old one for good: the new one would dial them, and wait for them)."""
         with self._lock:
-            workers = ",".join(self.worker_addresses)
+            workers = ",".join(a for i, a in enumerate(self.worker_addresses)
+                               if self._dead.get(i, [""])[0] != "gone")
         argv = self._controller_argv
         argv[argv.index("--workers") + 1] = workers
         super().restart_controller(extra)
