@@ -8,7 +8,9 @@ it changes (looked at every ``WATCH_INTERVAL_S``). The service names answered ar
 (``Check``) or ``SERVICE_UNKNOWN`` (``Watch``, which keeps the call open, as for a
 service it knows), as the health protocol says. Like the
 REST probes, it needs no token (``HEALTH_METHODS``), and so it is bounded: requests of
-at most ``REQUEST_MAX_BYTES``, at most ``WATCH_MAX`` Watch calls open at once.
+at most ``REQUEST_MAX_BYTES``, at most ``WATCH_MAX`` Watch calls open at once, a call's
+request read within ``REQUEST_WAIT_S`` of its start, at most ``WAITING_MAX`` calls waiting
+for theirs and ``READERS`` requests read at once (``_read_request``).
 
 The two messages are built from their descriptor here (field numbers and names as in
 grpc's ``health.proto``) rather than taken from grpcio-health-checking, whose current
@@ -38,6 +40,19 @@ SERVING, NOT_SERVING, SERVICE_UNKNOWN = 1, 2, 3
 REQUEST_MAX_BYTES = 1024
 WATCH_MAX = 128
 WATCH_PER_ADDRESS = 16
+# A request is read only once it has arrived whole, and gRPC's transport takes in a message
+# being read up to the server's receive limit (64 MiB by default) whatever its size: a
+# call that never sent its request held a call slot for good (20,000 such calls took them
+# all), and one sending a large request slowly held it in memory (20 calls, 1.3 GB). So a
+# call's request must come within this many seconds of the call, at most this many calls
+# wait for theirs at once (an eighth of --limit grpc_max_calls when fewer: past them
+# RESOURCE_EXHAUSTED at once), and the requests of at most ``READ_BUDGET_BYTES`` / the
+# receive limit calls (1 to ``READERS_MAX``) are read at once, the others waiting unread
+# (what a transport holds of a request not being read is its flow-control window)
+REQUEST_WAIT_S = 1.0
+WAITING_MAX = 128
+READ_BUDGET_BYTES = 64 << 20
+READERS_MAX = 8
 
 
 def _messages():
@@ -86,24 +101,51 @@ def add_health(node, server) -> None:
     cap = max(1, min(WATCH_MAX, node.limits.grpc_max_calls // 8))
     per_address = min(cap, WATCH_PER_ADDRESS)
     watching: dict[str, int] = {}  # peer address -> its Watch calls open
+    waiting_cap = max(1, min(WAITING_MAX, node.limits.grpc_max_calls // 8))
+    readers = asyncio.Semaphore(max(1, min(
+        READERS_MAX, READ_BUDGET_BYTES // max(1, node.limits.grpc_max_receive_bytes))))
+    waiting = 0  # calls whose request has not been read yet
 
     def status() -> int:
         return SERVING if node.serving() else NOT_SERVING
 
-    async def refuse_bad(service, context) -> None:
+    async def read_request(context) -> str:
+        """The call's service name, its request read as bounded above (``add_health``'s
+        constants): the call aborted if it cannot be, or is not a request of at most
+        ``REQUEST_MAX_BYTES``."""
+        nonlocal waiting
+        if waiting >= waiting_cap:
+            node.count("health_calls_refused")
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, (
+                f"too many health calls waiting for their request (at most {waiting_cap})"))
+        waiting += 1
+        data = None
+        try:
+            async with asyncio.timeout(REQUEST_WAIT_S), readers:
+                data = await context.read()
+        except TimeoutError:
+            pass
+        finally:
+            waiting -= 1
+        if data is None:
+            node.count("health_calls_refused")
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, (
+                f"a health check's request did not come within {REQUEST_WAIT_S:g} s"))
+        service = None if data is grpc.aio.EOF else _service(data)
         if service is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a health check request "
                                 f"is a service name of at most {REQUEST_MAX_BYTES} bytes")
+        return service
 
-    async def check(service, context):
-        await refuse_bad(service, context)
+    async def check(requests, context):
+        service = await read_request(context)
         if service not in SERVED:
             await context.abort(grpc.StatusCode.NOT_FOUND,
                                 f"unknown service {service[:100]!r}")
         return HealthCheckResponse(status=status())
 
-    async def watch(service, context):
-        await refuse_bad(service, context)
+    async def watch(requests, context):
+        service = await read_request(context)
         who = _address(context.peer() or "")
         if sum(watching.values()) >= cap or watching.get(who, 0) >= per_address:
             node.count("health_watches_refused")
@@ -129,8 +171,10 @@ def add_health(node, server) -> None:
             if not watching[who]:
                 del watching[who]
 
-    kw = {"request_deserializer": _service,
+    # (handlers of a request stream, the same messages on the wire: a unary handler runs
+    # only once its request has come, however long that takes)
+    kw = {"request_deserializer": None,
           "response_serializer": HealthCheckResponse.SerializeToString}
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
-        "Check": grpc.unary_unary_rpc_method_handler(check, **kw),
-        "Watch": grpc.unary_stream_rpc_method_handler(watch, **kw)}),))
+        "Check": grpc.stream_unary_rpc_method_handler(check, **kw),
+        "Watch": grpc.stream_stream_rpc_method_handler(watch, **kw)}),))

@@ -166,3 +166,50 @@ def test_the_open_health_service_is_bounded_for_peers_without_the_token():
                     assert __import__("time").monotonic() < deadline
             for x in [*watches, w]:
                 x.cancel()
+
+
+def test_health_calls_that_never_send_their_request_take_no_call_slots():
+    """A health call is answered only once its request has come: calls that never sent
+    it held a call slot each for good (as many as the server has took them all: every
+    client with the token was refused RESOURCE_EXHAUSTED, nothing said). Now a call waits
+    for its request ``REQUEST_WAIT_S`` at most (then DEADLINE_EXCEEDED), and past a share
+    of the slots such calls are refused at once; the clients with the token are served."""
+    import asyncio
+
+    import clockwork
+    from controller.grpc_health import REQUEST_WAIT_S
+
+    async def never():
+        await asyncio.Event().wait()
+        yield b""  # (never reached)
+
+    async def hold(address: str, n: int) -> list:
+        async with grpc.aio.insecure_channel(address) as ch:
+            check = ch.stream_unary("/grpc.health.v1.Health/Check")
+            watch = ch.stream_stream("/grpc.health.v1.Health/Watch")
+            calls = [check(never()) if i % 2 else watch(never()) for i in range(n)]
+            t0 = asyncio.get_running_loop().time()
+            with clockwork.Client(address, token=TOKEN, timeout=TIMEOUT) as cl:
+                served = await asyncio.to_thread(cl.infer, "mobilenet_v2", slo_ms=1000)
+            assert served.status == 0
+            codes = []
+            for i, call in enumerate(calls):
+                try:
+                    if i % 2:
+                        await call
+                    else:
+                        async for _ in call:
+                            pass
+                    codes.append(grpc.StatusCode.OK)
+                except grpc.aio.AioRpcError as e:
+                    codes.append(e.code())
+            return codes, asyncio.get_running_loop().time() - t0
+
+    with local_cluster(models="mobilenet_v2", token=TOKEN, http_port=-1,
+                       controller_args=["--limit", "grpc_max_calls=64"]) as c:
+        # (bounded: on the code before, the calls held every slot and the client waited)
+        codes, took = asyncio.run(asyncio.wait_for(hold(c.address, 80), 60))
+    assert set(codes) <= {grpc.StatusCode.DEADLINE_EXCEEDED,
+                          grpc.StatusCode.RESOURCE_EXHAUSTED}, set(codes)
+    assert codes.count(grpc.StatusCode.DEADLINE_EXCEEDED) == 64 // 8, codes
+    assert took < REQUEST_WAIT_S + TIMEOUT
