@@ -756,7 +756,8 @@ def _unavailable(e: grpc.RpcError, url: str = "", slo: pb.InferRequest | None = 
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in (details or ""):
         # the controller's grpc_max_receive_bytes: sending it again cannot help
         return error_for(6, "bad_input", f"the request is larger than the controller "
-                         f"takes in one message: {details}", slo.model if slo else "")
+                         f"takes in one message: {details}",
+                         slo.model if slo else model or "")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "Concurrent RPC limit" in (details or ""):
         why = (f"the controller has as many calls open as it takes (its limit "
                f"grpc_max_calls): {details}")
@@ -933,9 +934,11 @@ class Client:
         return [_worker_row(w) for w in r.workers]
 
     def stats(self, timeout: float | None = None) -> dict[str, int]:
-        """The controller's counters (``timeout``: seconds, default the client's)."""
+        """The controller's counters (``timeout``: seconds, default the client's; another
+        value than seconds > 0 raises ``ValueError``, as the other calls' ``timeout=``)."""
+        timeout = _per_call(timeout, self.timeout)
         try:
-            r = self._stub.Stats(pb.StatsRequest(), timeout=timeout or self.timeout)
+            r = self._stub.Stats(pb.StatsRequest(), timeout=timeout)
         except grpc.RpcError as e:
             raise _unavailable(e, url=self.url) from e
         return dict(r.counters)

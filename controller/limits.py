@@ -27,6 +27,9 @@ from clockwork.sizes import INT32_MAX, MAX_MESSAGE_BYTES
 
 MiB = 1 << 20
 S = 1_000_000_000  # ns per second
+# calls that came and wait for the controller to take them up, kept by gRPC's server at
+# the least (``Limits.grpc_max_pending``): past them it ends calls CANCELLED, unrefused
+PENDING_MIN = 4096
 
 
 @dataclass(frozen=True, slots=True, config=CONFIG)
@@ -101,9 +104,9 @@ class Limits:
         "and it may be left open, idle, for as long as its client answers keepalive pings. "
         "(Unary requests are bounded by this before `connection_outstanding` and "
         "`global_outstanding`, which bound streams' requests.) Calls that arrive faster "
-        "than the controller takes them up wait for it, up to four times this many (gRPC's "
-        "own default cancelled some past 1,000 waiting; at this many, a burst past the "
-        "limit ended CANCELLED, not refused).", ge=1, le=INT32_MAX // 4)
+        "than the controller takes them up wait for it, up to four times this many and 4,096 "
+        "at least (gRPC's own default cancelled some past 1,000 waiting; at this many, a "
+        "burst past the limit ended CANCELLED, not refused).", ge=1, le=INT32_MAX // 4)
     rest_max_body_bytes: int = setting(
         64 * MiB, "Largest REST request body, counted after decoding a `gzip` or `deflate` "
         "body (decoded in slices as it is read: a compression bomb is refused at this "
@@ -165,10 +168,17 @@ class Limits:
                 # calls that came and wait to be taken up: past the soft limit gRPC drops
                 # some at random, past the hard one all, CANCELLED -- never reaching the
                 # controller, whose refusal past grpc_max_calls (RESOURCE_EXHAUSTED) says
-                # what happened: room for four times as many (at the limit, a burst of 400 at
-                # grpc_max_calls=100 ended 262 calls CANCELLED)
-                ("grpc.server.max_pending_requests", 4 * self.grpc_max_calls),
-                ("grpc.server.max_pending_requests_hard_limit", 4 * self.grpc_max_calls)]
+                # what happened: room for four times as many, and ``PENDING_MIN`` at least (at
+                # the limit, a burst of 400 at grpc_max_calls=100 ended 262 calls CANCELLED;
+                # at four times it, a burst of 200 at grpc_max_calls=10 ended 152 so, which
+                # the Python client could only take for the controller stopping)
+                ("grpc.server.max_pending_requests", self.grpc_max_pending),
+                ("grpc.server.max_pending_requests_hard_limit", self.grpc_max_pending)]
+
+    @property
+    def grpc_max_pending(self) -> int:
+        """Calls that came and that gRPC's server keeps waiting to be taken up."""
+        return max(4 * self.grpc_max_calls, PENDING_MIN)
 
 
 def limits_from_flags(items: list[str]) -> Limits:

@@ -473,7 +473,9 @@ def test_a_bad_timeout_is_refused_at_once_naming_it(bad):
              lambda: clockwork.AsyncClient("127.0.0.1:1", timeout=bad)]
     c = clockwork.Client("127.0.0.1:1")
     calls += [lambda: c.load_model("m", timeout=bad), lambda: c.unload_model("m", timeout=bad),
-              lambda: c.add_worker("127.0.0.1:2", timeout=bad)]
+              lambda: c.add_worker("127.0.0.1:2", timeout=bad),
+              lambda: c.stats(timeout=bad)]  # (stats took 0 as the client's, and raised
+    # ControllerUnavailable at once for -1, inf or nan, TypeError for a string)
     for call in calls:
         with pytest.raises(ValueError) as e:
             call()
