@@ -295,6 +295,15 @@ def fault_time_error(kind: str, i: int, fault: dict, duration_s: float) -> str |
     return event_time_error(f"faults.{kind}.{i}", fault["at_s"], duration_s)
 
 
+def in_time_order(faults) -> list[dict]:
+    """A fault kind's entries in the order they start (entries that start together in the
+    file's order), as the simulator and a live replay play them: a worker's spells may
+    follow one another at an instant (one ends as the next starts), and listed the other
+    way round the end was played after the start and undid it (a slow link fast again, a
+    kill at another's restart lost). One rule for the simulator and for live replays."""
+    return sorted(faults or (), key=lambda f: float(f["at_s"]))
+
+
 def event_time_error(where: str, at_s: float, duration_s: float) -> str | None:
     """The message for a scenario event (entry ``where``) at or after the end of the run
     (it would never happen); None when it comes before."""

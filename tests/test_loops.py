@@ -634,6 +634,25 @@ def test_slow_network_delays_answers():
     assert len(slow) > 100 and min(slow) >= ms(60) > max(fast)
 
 
+@pytest.mark.parametrize("kind,spells", [
+    ("slow_network", [{"worker": 0, "at_s": 1.0, "for_s": 0.5, "delay_ms": 30.0},
+                      {"worker": 0, "at_s": 0.5, "for_s": 0.5, "delay_ms": 30.0}]),
+    ("kill", [{"worker": 0, "at_s": 1.0}, {"worker": 0, "at_s": 0.5, "back_s": 1.0}]),
+    ("hang", [{"worker": 0, "at_s": 1.0, "for_s": 0.5}, {"worker": 0, "at_s": 0.5,
+                                                        "for_s": 0.5}])])
+def test_spells_that_follow_one_another_play_the_same_in_any_order(kind, spells):
+    """A worker's faults that follow one another at an instant (one ends as the next
+    starts) are played as in time order whatever the order listed: listed the other way
+    round, the end was played after the start at that instant and undid it (the second
+    slow spell never slowed the link; the second kill was lost, its worker served on)."""
+    d = {**FAULTY, "faults": {kind: spells}}
+    d["cluster"] = {**d["cluster"], "workers": 1}
+    d["workloads"] = [{"kind": "poisson", "rate_rps": 200, "slo_ms": 1000}]
+    listed, ordered = simulate(d), simulate({**d, "faults": {kind: spells[::-1]}})
+    assert listed.telemetry.requests == ordered.telemetry.requests
+    assert listed.telemetry.actions == ordered.telemetry.actions
+
+
 RESTART_AT, DOWN = 3.0107, 0.5
 RESTART = {**FAULTY, "faults": {"controller_restart": [{"at_s": RESTART_AT, "down_s": DOWN}]}}
 
@@ -704,6 +723,15 @@ def test_controller_restart_settings_are_checked():
         LiveFaults(Cluster(), {"hang": [{"worker": 1, "at_s": 10.0, "for_s": 1.0}]}, 10.0)
     assert LiveFaults(Cluster(), {"hang": [{"worker": 1, "at_s": 9.0, "for_s": 1.0}]},
                       10.0).plan == [(9.0, 0, "stop", 1), (10.0, 1, "resume", 1)]
+    # a worker's spells that follow one another, listed the other way round: played in
+    # time order, the first one's end before the next one's start (the worker was
+    # resumed at 2 s and ran on; a kill at another's restart was lost)
+    hangs = [{"worker": 1, "at_s": 2.0, "for_s": 1.0}, {"worker": 1, "at_s": 1.0, "for_s": 1.0}]
+    assert [p[2:] for p in LiveFaults(Cluster(), {"hang": hangs}, 10.0).plan] == [
+        ("stop", 1), ("resume", 1), ("stop", 1), ("resume", 1)]
+    kills = [{"worker": 1, "at_s": 2.0}, {"worker": 1, "at_s": 1.0, "back_s": 2.0}]
+    assert [p[2:] for p in LiveFaults(Cluster(), {"kill": kills}, 10.0).plan] == [
+        ("kill", 1), ("restart", 1), ("kill", 1)]
 
 
 # ------------------------------------------------------------------ one driver per core

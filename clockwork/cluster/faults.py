@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 
-from clockwork.scenario import fault_time_error
+from clockwork.scenario import fault_time_error, in_time_order
 
 REPOSITORY_S = 30.0  # how long a [[repository]] event's call to the controller may take
 COUNTS_S = 1.0  # how long reading a controller's counters before it is killed may take
@@ -78,6 +78,8 @@ class LiveFaults:
                 why = fault_time_error(kind, i, f, duration_s)
                 if why:
                     raise ValueError(why)
+            for f in in_time_order(entries):  # (checked above, in the file's order)
+                w = int(f["worker"])
                 if kind == "kill":
                     plan.append((float(f["at_s"]), len(plan), "kill", w))
                     if f.get("back_s") is not None:

@@ -34,6 +34,7 @@ from clockwork.scenario import (
     cache_pages,
     clock_offsets_error,
     faults_error,
+    in_time_order,
     instance_names,
     joining_workers,
     leaving_workers,
@@ -564,11 +565,11 @@ class Simulation:
             push(heap, (t, seq, _FAULT, (what, args)))
 
         fl = self.faults
-        for f in fl.get("kill", ()):
+        for f in in_time_order(fl.get("kill")):
             fault_at(sec(f["at_s"]), "kill", f["worker"])
             if f.get("back_s") is not None:
                 fault_at(sec(f["back_s"]), "restart", f["worker"])
-        for f in fl.get("hang", ()):
+        for f in in_time_order(fl.get("hang")):
             fault_at(sec(f["at_s"]), "hang", f["worker"], sec(f["at_s"] + f["for_s"]))
         for f in ctrl_restarts:
             fault_at(sec(f["at_s"]), "controller_dies", -1)
@@ -634,7 +635,7 @@ class Simulation:
                 ctrl.requests(list(waiting), now)
                 waiting.clear()
 
-        for f in fl.get("slow_network", ()):
+        for f in in_time_order(fl.get("slow_network")):
             fault_at(sec(f["at_s"]), "slow", f["worker"], ms(f["delay_ms"]))
             fault_at(sec(f["at_s"] + f["for_s"]), "slow", f["worker"], 0)
         for at, w in self.joins:
