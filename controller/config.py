@@ -115,6 +115,21 @@ def reach_note(cfg: SchedulerConfig, one_way_ns: int) -> str:
             f"raise latest_delta_ms above {(one_way_ns - cfg.future) / 1e6:.3g}")
 
 
+def jitter_note(cfg: SchedulerConfig, one_way_ns: int, jitter_ns: int) -> str:
+    """As ``reach_note`` for a link whose actions take ``one_way_ns`` plus up to
+    ``jitter_ns`` more: "" when the slowest reaches in time (or none does: ``reach_note``
+    says so), else what becomes of those that do not."""
+    reach = cfg.future + cfg.latest_delta
+    slowest = one_way_ns + jitter_ns
+    if not jitter_ns or one_way_ns > reach or slowest <= reach:
+        return ""
+    return (f"actions take up to ~{slowest / 1e6:.3g} ms to reach the worker with "
+            f"jitter_ms, longer than scheduler future_ms + latest_delta_ms "
+            f"({reach / 1e6:g} ms) allow: those that take longer may arrive after their "
+            "window and be refused (*_TOO_LATE); raise latest_delta_ms above "
+            f"{(slowest - cfg.future) / 1e6:.3g} for none to be")
+
+
 def usable_batch_sizes(batch_sizes: list[int], max_batch: int) -> list[int]:
     """The compiled batch sizes a policy runs: those up to ``max_batch``, or the smallest
     when ``max_batch`` is below every one (a batch of 1 with no function for it crashed

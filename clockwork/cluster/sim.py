@@ -56,7 +56,7 @@ from controller import (
     table_policy,
     unused_line,
 )
-from controller.config import SchedulerConfig, reach_note
+from controller.config import SchedulerConfig, jitter_note, reach_note
 from controller.loop import NO_WORKER_FOR_REQUEST, ControllerLoop, Liveness, LoopObserver
 from controller.policy import GpuSpec, Policy
 from worker.devices.emulated import EmulatedDevice
@@ -212,8 +212,9 @@ class Simulation:
         self.jitter = ms(float(c["jitter_ms"]))
         # a link slower than the policy's windows: every action refused (said, not refused:
         # a run may study it)
-        self.reach_note = (reach_note(cfg, self.latency)
-                           if policy_class(policy).timed_windows else "")
+        timed = policy_class(policy).timed_windows
+        self.reach_note = reach_note(cfg, self.latency) if timed else ""
+        self.jitter_note = jitter_note(cfg, self.latency, self.jitter) if timed else ""
         self._net_rng = np.random.default_rng(s_net)
         # clocks: worker w's clock is the simulation's + offsets[w]; the controller
         # converts windows and result times with its estimate, off by up to clock_error_ms
@@ -269,6 +270,8 @@ class Simulation:
                 "models placed after they join (scaling out may show no gain for it)")
         if self.reach_note:
             self.warnings.append(f"warning: cluster.network_latency_ms: {self.reach_note}")
+        if self.jitter_note:
+            self.warnings.append(f"warning: cluster.jitter_ms: {self.jitter_note}")
 
     def executors_of(self, w: int, restart: int = 0) -> list[GpuExecutor]:
         """Worker ``w``'s GPUs with empty caches (``restart``: how many times it restarted;
