@@ -575,7 +575,10 @@ _FORKED = ("this Client was made in another process, which this one was forked f
 class _SyncCall:
     """A blocking client's stub method: refused with ``RuntimeError`` in a process
     forked from the one that made it; a closed channel's ``ValueError`` is
-    ``_ClosedCall``."""
+    ``_ClosedCall``; a call whose stream the controller refused unread (``_refused_stream``:
+    a client shared by thousands of threads, the controller held up) made again, as an
+    ``AsyncClient``'s, ``REFUSED_RETRIES`` times at most (they failed as if the controller
+    could not be reached)."""
 
     __slots__ = ("_method", "_pid")
 
@@ -586,12 +589,19 @@ class _SyncCall:
     def __call__(self, *args, **kw):
         if os.getpid() != self._pid:
             raise RuntimeError(_FORKED)
-        try:
-            return self._method(*args, **kw)
-        except ValueError as e:
-            if "closed" in str(e).lower():
-                raise _ClosedCall() from e
-            raise
+        tries = 0
+        while True:
+            try:
+                return self._method(*args, **kw)
+            except ValueError as e:
+                if "closed" in str(e).lower():
+                    raise _ClosedCall() from e
+                raise
+            except grpc.RpcError as e:
+                tries += 1
+                if tries == REFUSED_RETRIES or not _refused_stream(e):
+                    raise
+            time.sleep(0.001 * tries)  # (a stream ends meanwhile)
 
 
 def _sync_stub(channel, token: str | None) -> pbg.ClockworkStub:
@@ -627,9 +637,9 @@ MAX_UNARY_CALLS = 4000
 REFUSED_RETRIES = 8
 
 
-def _refused_stream(e: grpc.aio.AioRpcError) -> bool:
+def _refused_stream(e: grpc.RpcError) -> bool:
     """Whether the server refused the call's stream before it read it (safe to repeat)."""
-    return (e.code() == grpc.StatusCode.UNAVAILABLE
+    return (hasattr(e, "code") and e.code() == grpc.StatusCode.UNAVAILABLE
             and "RST_STREAM with error code 7" in (e.details() or ""))
 
 

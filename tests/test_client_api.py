@@ -1164,3 +1164,41 @@ def test_a_client_used_in_a_forked_child_says_to_make_one_there():
     r = subprocess.run([sys.executable, "-c", _FORKED_CHILD], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, (r.returncode, r.stderr)
+
+
+def test_a_blocking_client_shared_by_many_threads_makes_refused_streams_again():
+    """A ``Client`` shared by more threads than the controller takes streams on one
+    connection, the controller held up meanwhile (SIGSTOP): the controller refuses some
+    streams unread (HTTP/2 REFUSED_STREAM), which are safe to make again, as an
+    ``AsyncClient`` does; the blocking client raised ControllerUnavailable ("Stream
+    removed") for them (22 of 60 here)."""
+    n = 60
+    with local_cluster(models="mobilenet_v2", http_port=-1,
+                       controller_args=["--limit", "grpc_max_streams_per_connection=8"]) as c, \
+            clockwork.Client(c.address, timeout=60) as cl:
+        assert cl.infer("mobilenet_v2", slo_ms=1000).status == 0
+        got: collections.Counter = collections.Counter()
+        lock, start = threading.Lock(), threading.Barrier(n + 1)
+
+        def one() -> None:
+            start.wait()
+            try:
+                what = cl.infer("mobilenet_v2", slo_ms=30_000).status
+            except Exception as e:  # noqa: BLE001 - counted by kind
+                what = f"{type(e).__name__}: {e}"[:200]
+            with lock:
+                got[what] += 1
+
+        threads = [threading.Thread(target=one) for _ in range(n)]
+        for t in threads:
+            t.start()
+        pid = c.controller.proc.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            start.wait()
+            time.sleep(1.0)  # (the controller held up while the calls are made)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        for t in threads:
+            t.join(60)
+    assert got == {0: n}, got
