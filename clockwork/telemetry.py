@@ -111,8 +111,9 @@ class ColumnLog:
         paths = self._paths()
         for p in paths:
             p.unlink(missing_ok=True)
-        # unbuffered: a row counted is on disk, and a failed write fails that drain only
-        self._files = [p.open("wb", buffering=0) for p in paths]
+        # unbuffered: a row counted is on disk, and a failed write fails that drain only;
+        # open for reading too: the rows are read back through them (``_mapped``)
+        self._files = [p.open("w+b", buffering=0) for p in paths]
 
     def drain(self) -> None:
         buf = self.buf
@@ -167,8 +168,21 @@ class ColumnLog:
         self._on_disk, self._rows = self._rows, 0
 
     def _mapped(self, n: int) -> list[np.ndarray]:
-        return [np.memmap(p, dtype=dt, mode="r", shape=(n,)) if n else np.zeros(0, dt)
-                for p, dt in zip(self._paths(), self.dtypes, strict=True)]
+        """Read-only maps of the column files' first ``n`` rows: through the files still
+        open for appending when they are (their folder may have been removed meanwhile, by
+        a clean-up job, say: they were opened again by name, and the run's every row was
+        lost), else by name."""
+        if not n:
+            return [np.zeros(0, dt) for dt in self.dtypes]
+        # (a file object is left at its end by the map: where the next rows go anyway)
+        files = self._paths() if self._files is None else self._files
+        return [np.memmap(f, dtype=dt, mode="r", shape=(n,))
+                for f, dt in zip(files, self.dtypes, strict=True)]
+
+    def files_gone(self) -> bool:
+        """Spilling: whether the column files are no longer where they were made (their
+        folder removed while they are open: their rows are still read through them)."""
+        return self._files is not None and not self._paths()[0].exists()
 
     def arrays(self) -> list[np.ndarray]:
         """The columns (views; the chunks are merged into one on the way; spilling:
@@ -344,6 +358,11 @@ class Telemetry:
         self._finalizer.detach()
         shutil.rmtree(self.spill_folder, ignore_errors=True)  # (the maps keep their data)
         self.spill_folder = None
+
+    def rows_files_gone(self) -> bool:
+        """With ``spill_dir``: whether the rows' files were removed while open (their rows
+        are still read through them: written whole at the end)."""
+        return self._req.files_gone() or self._act.files_gone()
 
     def keep(self) -> None:
         """With ``spill_dir``: close the rows' files and leave their folder where it is

@@ -337,6 +337,7 @@ class ControllerNode(WorkerLinks):
         self._log_bug = LogLimiter("controller", every=LOG_ERROR_EVERY_S)  # (its own: a
         # full disk's line does not hide a bug's)
         self._flush_failures = 0  # flushes failed since the last that worked
+        self._rows_gone_said = False  # (_said_rows_gone)
         self._spill_said = False  # that npz rows stopped going to their files
         self.logs_lost = ""  # why the logs could not be written at stop (exit status 1)
         self._tick_handle: asyncio.TimerHandle | None = None
@@ -458,7 +459,20 @@ class ControllerNode(WorkerLinks):
                           "lost)", file=sys.stderr, flush=True)
                     self._flush_failures = 0
                 self._said_spill_error()
+                self._said_rows_gone()
             self._log_steps = None
+
+    def _said_rows_gone(self) -> None:
+        """Say once that npz rows' files were removed while open (their folder removed by
+        hand or a clean-up job): nothing is lost, but it went unsaid, and their rows were
+        then lost at stop."""
+        if self._rows_gone_said or not self.telemetry.rows_files_gone():
+            return
+        self._rows_gone_said = True
+        print(f"controller: the files of the logs' rows in {self.telemetry.spill_folder} "
+              f"were removed while open: their rows are still read through them and "
+              f"written to {self.log_dir} at stop (made again then); until then they take "
+              "disk space no folder shows", file=sys.stderr, flush=True)
 
     def count(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
