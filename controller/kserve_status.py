@@ -43,7 +43,7 @@ import grpc
 from clockwork.actions import ErrorCode, RequestStatus
 from clockwork.sizes import status_details
 from controller.inflight import failed_code
-from controller.policy import CANCELLED, NO_GPU_FITS, QUEUE_FULL
+from controller.policy import CANCELLED, NO_GPU_FITS, NO_GPU_LEFT, QUEUE_FULL
 
 NOT_FOUND, INVALID, DEADLINE, UNAVAILABLE, INTERNAL = (
     "NOT_FOUND", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "UNAVAILABLE", "INTERNAL")
@@ -61,10 +61,10 @@ INTERNAL_MESSAGE = "internal error"
 # connected and answering
 UNAVAILABLE_REASONS = frozenset({"overloaded", "shutdown", "no_worker"})
 # ERROR messages of policies that mean the same (controller/baselines): a full batching
-# queue is load shedding; a model too large for every GPU cannot be served here
-# (and a request withdrawn as its caller went away, CANCELLED: read by nobody, but it did
-# not run, and trying again would be the answer)
-UNAVAILABLE_MESSAGES = frozenset({QUEUE_FULL, NO_GPU_FITS, CANCELLED})
+# queue is load shedding; a model too large for every GPU cannot be served here; every
+# worker removed, no_worker (and a request withdrawn as its caller went away, CANCELLED:
+# read by nobody, but it did not run, and trying again would be the answer)
+UNAVAILABLE_MESSAGES = frozenset({QUEUE_FULL, NO_GPU_FITS, NO_GPU_LEFT, CANCELLED})
 # worker errors that mean the request's copy was gone (a lost or reset worker, evicted
 # weights): the infrastructure, not the request, and not retried in time
 # (also a model whose LOADs were refused again and again: the GPUs' caches full, or a

@@ -33,6 +33,11 @@ CANCELLED = "cancelled: the client's call ended before the request ran"
 # messages of ERROR answers a policy gives for "not here, not now" (front ends answer them
 # as unavailable, 503): a model too large for every GPU; a baseline's full batching queue
 NO_GPU_FITS = "model does not fit on any GPU"
+# every GPU removed for good (their workers taken out of the cluster): what was queued,
+# or comes back from their failed actions, is answered as the shell answers a request
+# that comes while no worker is left (reason ``no_worker``)
+NO_GPU_LEFT = ("no worker is available to serve the model (every worker was removed); try "
+               "again once a worker is added")
 QUEUE_FULL = "batching queue is full"
 
 

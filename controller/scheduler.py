@@ -65,6 +65,7 @@ from controller.policy import (
     CANCELLED,
     MODEL_UNLOADED,
     NO_GPU_FITS,
+    NO_GPU_LEFT,
     GpuSpec,
     ModelView,
     Policy,
@@ -647,6 +648,7 @@ class ClockworkScheduler(Policy):
                else m.failing_why if m.failing_until > now  # INFERs fail on every copy
                # (the only GPUs that could hold it removed for good)
                else NO_GPU_FITS if m.pages > self._pages_max and self._pages_max
+               else NO_GPU_LEFT if not self._pages_max  # (every GPU removed)
                else None)
         if why is not None:  # (answered at once: a caller gone, as such)
             for r in requests:
@@ -1571,17 +1573,19 @@ class ClockworkScheduler(Policy):
     def remove_gpu(self, gpu_index: int, now: int) -> list[Action]:
         """Lost for good: no copies kept for its return, and the largest GPU that may
         hold a model is looked for among the others; the requests queued for a model no
-        other GPU can hold are answered so at once (none could ever serve them)."""
+        other GPU can hold are answered so at once (none could ever serve them), and with
+        no GPU left every request queued is (``NO_GPU_LEFT``: they waited out their SLO)."""
         g = self.gpus[gpu_index]
         g.gone = True
         self._idle.remove(g)
         self._pages_max = max((h.total_pages for h in self._idle.in_service), default=0)
         out = self.set_gpu_available(gpu_index, False, now)
         g.held = []
-        if self._pages_max:
-            for m in self.models.values():
-                if m.pages > self._pages_max:
-                    self._answer_queued(m, RequestStatus.ERROR, now, NO_GPU_FITS)
+        for m in self.models.values():
+            if not self._pages_max:
+                self._answer_queued(m, RequestStatus.ERROR, now, NO_GPU_LEFT)
+            elif m.pages > self._pages_max:
+                self._answer_queued(m, RequestStatus.ERROR, now, NO_GPU_FITS)
         return out
 
     def add_gpu(self, spec: GpuSpec, now: int) -> list[Action]:

@@ -104,7 +104,7 @@ from controller.links import (
 )
 from controller.loop import NO_WORKER_FOR_REQUEST, ControllerLoop, Liveness
 from controller.metrics import ControllerMetrics
-from controller.policy import CANCELLED, GpuSpec, Policy
+from controller.policy import CANCELLED, NO_GPU_LEFT, GpuSpec, Policy
 from controller.repository import RepositoryError, shutting_down
 from controller.repository import group_name as _group_name
 
@@ -708,6 +708,8 @@ class ControllerNode(WorkerLinks):
                 reason = "shutdown"
             elif rep.message == CANCELLED:
                 reason = "cancelled"  # (read by nobody: counted)
+            elif rep.message == NO_GPU_LEFT:
+                reason = "no_worker"  # (queued as the last worker was removed)
             elif failed_code(rep.message) == ErrorCode.WORKER_LOST:
                 reason = "worker_lost"  # its worker went away and no retry was in time
         if r.typed:

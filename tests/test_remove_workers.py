@@ -6,6 +6,7 @@ Real processes on loopback; the loop's own rule is in ``test_loops.py``."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 import urllib.request
@@ -37,6 +38,43 @@ def _states(c) -> set[tuple[str, str, str]]:
         samples = parse_text(r.read().decode())
     return {(lb["worker"], lb["address"], lb["state"])
             for lb, v in samples["clockwork_worker_state"] if v == 1}
+
+
+@pytest.mark.parametrize("drain", [False, True])
+def test_requests_queued_as_the_last_worker_is_removed_are_answered_no_worker(drain):
+    """Requests queued when the last worker is removed (plainly or drained): no worker
+    is left to serve them, so they are answered at once, ERROR ``no_worker``, as a
+    request that comes then is; they waited in the queue until their SLO ran out (30 s
+    here: TIMEOUT, or the client gave up)."""
+    import asyncio
+    import time
+
+    import clockwork
+    from clockwork.errors import InferenceError
+
+    async def main(c) -> tuple[dict, float]:
+        async with clockwork.AsyncClient(c.address, timeout=60) as ac:
+            async def one() -> str:
+                try:
+                    await ac.infer("resnet50_v2", slo_ms=30_000)
+                    return "ok"
+                except InferenceError as e:
+                    return e.reason
+            tasks = [asyncio.ensure_future(one()) for _ in range(3000)]
+            deadline = time.monotonic() + 20
+            while (await ac.model_status("resnet50_v2")).queued < 20:
+                assert time.monotonic() < deadline, "no request queued"
+                await asyncio.sleep(0.01)
+            got = await ac.remove_worker(c.worker_addresses[0], drain=drain)
+            assert got["removed"], got
+            t0 = time.monotonic()
+            done = await asyncio.wait_for(asyncio.gather(*tasks), 20)
+            return collections.Counter(done), time.monotonic() - t0
+
+    with local_cluster(workers=1, gpus=1, models="resnet50_v2", http_port=-1) as c:
+        got, took = asyncio.run(main(c))
+    assert set(got) <= {"ok", "no_worker"} and got["no_worker"] >= 20, got
+    assert took < 10, took
 
 
 def _sending(c, k: Client, n: int, stop: threading.Event):

@@ -57,7 +57,15 @@ from controller.inflight import (
     error_message,
     failed_status,
 )
-from controller.policy import CANCELLED, MODEL_UNLOADED, NO_GPU_FITS, GpuSpec, ModelView, Policy
+from controller.policy import (
+    CANCELLED,
+    MODEL_UNLOADED,
+    NO_GPU_FITS,
+    NO_GPU_LEFT,
+    GpuSpec,
+    ModelView,
+    Policy,
+)
 
 MAX_ATTEMPTS = 3  # INFERs a request may be part of before a worker error is final
 # every action's earliest start: 0, at once when the worker has it (the systems these
@@ -300,7 +308,7 @@ class BaselinePolicy(Policy):
                 if result.status in LOAD_REFUSED:
                     self._load_refused(c.model, g, result, now)
                 self._lost(c.model, g, now, out)
-        if result.status and self.in_service and len(self.in_service) < len(self.gpus):
+        if result.status and len(self.in_service) < len(self.gpus):
             self._answer_unfit((c.model,), now)  # (retried, or waiting for a copy)
         if self._removing:
             self._sweep(now, out)
@@ -614,22 +622,23 @@ class BaselinePolicy(Policy):
 
     def remove_gpu(self, gpu_index: int, now: int) -> list[Action]:
         """As lost, for good: the requests queued for a model no other GPU can hold are
-        answered so at once (none could ever serve them)."""
+        answered so at once (none could ever serve them), with ``NO_GPU_LEFT`` when no
+        GPU is left (they waited out their SLO)."""
         self.in_service = [g for g in self.in_service if g.index != gpu_index]
         self._fit_pages = max((g.total_pages for g in self.in_service), default=0)
         out = self.set_gpu_available(gpu_index, False, now)
-        if self.in_service:  # (none left: the shell answers no_worker)
-            self._answer_unfit(self.serving, now)
+        self._answer_unfit(self.serving, now)
         return out
 
     def _answer_unfit(self, models, now: int) -> None:
         """Answer every request queued for each of ``models`` (served) that no GPU left
         can hold (the baselines keep a request until it is served: these would wait for
         ever)."""
+        why = NO_GPU_FITS if self.in_service else NO_GPU_LEFT
         for name in [n for n in models if n in self.serving and not self.fits_somewhere(n)]:
             for r in self._take_queued(name):
                 self._attempts.pop(r.id, None)
-                self._answer(r, RequestStatus.ERROR, now, NO_GPU_FITS)
+                self._answer(r, RequestStatus.ERROR, now, why)
 
     def set_gpu_available(self, gpu_index: int, available: bool, now: int) -> list[Action]:
         """Lost (False): every copy on the GPU is forgotten, each as a lost copy is
