@@ -909,3 +909,23 @@ def test_a_replay_beside_another_client_says_the_counters_are_shared(cluster, ca
     s = res.summary
     assert s["other_requests"] == 20, s
     assert "took in 20 request(s) of other clients" in capsys.readouterr().err
+
+
+def test_a_replay_says_trace_minutes_shorter_than_the_run(cluster, capsys):
+    """A trace whose minutes end before ``duration_s`` is said before a replay, as the
+    simulator says it (the replay said nothing, and gave goodput over the whole run)."""
+    from pathlib import Path
+
+    trace = (Path(__file__).resolve().parent.parent / "traces" / "samples"
+             / "invocations_per_function_md.anon.d01.csv.gz")
+    sc = load_scenario(data={
+        "seed": 5, "duration_s": 1.0,
+        "cluster": {"workers": 2, "gpus_per_worker": 1},
+        "models": [{"name": "resnet50_v2", "copies": 2}, {"name": "mobilenet_v2"}],
+        "workloads": [{"kind": "azure", "trace": str(trace), "minutes": 1,
+                       "interval_s": 0.5, "load_factor": 0.001, "slo_ms": 1000}]})
+    res = asyncio.run(asyncio.wait_for(replay(sc, cluster.address), 30))
+    assert res.answered_once
+    err = capsys.readouterr().err
+    assert ("clockwork replay: warning: workloads.0 (azure): its 1 trace minute(s) end at "
+            "0.5 s, before duration_s = 1 s") in err, err

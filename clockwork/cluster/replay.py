@@ -111,7 +111,7 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     from clockwork.errors import ControllerUnavailable
     from clockwork.profiles import load_profile_set
     from clockwork.resources import scenario_folder
-    from clockwork.workloads import build_workload
+    from clockwork.workloads import build_workload, end_note
 
     instances = instance_names(sc.models)
     pset = load_profile_set(str(sc.cluster["profiles"]), scenario_folder(sc))
@@ -131,9 +131,10 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         except ValueError as e:
             raise ScenarioError(f"workloads.{i}: {e}") from e
         workloads.append(w)
-        for n in getattr(w, "notes", ()):  # (as the simulator says them)
-            print(f"clockwork replay: warning: workloads.{i} ({w.kind}): {n}",
-                  file=sys.stderr, flush=True)
+        for n in [*getattr(w, "notes", ()), end_note(w, sc.duration_s)]:  # (as the
+            if n:  # simulator says them)
+                print(f"clockwork replay: warning: workloads.{i} ({w.kind}): {n}",
+                      file=sys.stderr, flush=True)
 
     client = AsyncClient(controller, token=token, tls=tls, tls_ca=tls_ca, tls_cert=tls_cert,
                          tls_key=tls_key)

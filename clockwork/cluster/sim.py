@@ -47,7 +47,7 @@ from clockwork.scenario import (
 from clockwork.sizes import PROGRESS_LOG_S
 from clockwork.telemetry import Telemetry, format_summary, no_requests_warning, write_run
 from clockwork.time import NS_PER_S, ms, sec
-from clockwork.workloads import Workload, build_workload
+from clockwork.workloads import Workload, build_workload, end_note
 from controller import (
     events_policy_error,
     make_policy,
@@ -243,15 +243,9 @@ class Simulation:
             except ValueError as e:
                 raise ScenarioError(f"workloads.{i}: {e}") from e
             self.workloads.append(w)
-            notes += [f"warning: workloads.{i} ({w.kind}): {n}" for n in getattr(w, "notes", ())]
-            ends = getattr(w, "arrivals_end", None)
-            end = ends() if ends is not None else None
-            if end is not None:  # (a trace shorter than the run: said, the figures are
-                # the whole run's)
-                notes.append(
-                    f"warning: workloads.{i} ({w.kind}): its {w.minutes} trace minute(s) "
-                    f"end at {end / NS_PER_S:g} s, before duration_s = {sc.duration_s:g} s: "
-                    "no arrivals after, and goodput and throughput are over the whole run")
+            # (a trace shorter than the run: said, the figures are the whole run's)
+            said = [*getattr(w, "notes", ()), end_note(w, sc.duration_s)]
+            notes += [f"warning: workloads.{i} ({w.kind}): {n}" for n in said if n]
         self.telemetry = Telemetry(0, spill_dir=spill_dir)
         self._executors: list[GpuExecutor] = []  # every one made, for their peak pages
         # (time, what happened): the faults, the [[repository]] events ("repository: ...")

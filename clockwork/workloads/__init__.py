@@ -94,6 +94,18 @@ def build_workload(spec: dict, instances: dict[str, str],
 DATA_PATH_KEYS = ("trace", "trace_dir")  # workload keys naming files or folders
 
 
+def end_note(w: Workload, duration_s: float) -> str | None:
+    """What to say of a bound workload whose arrivals stop before the run's end (a trace
+    shorter than ``duration_s``), or None: one line for the simulator and a replay."""
+    ends = getattr(w, "arrivals_end", None)
+    end = ends() if ends is not None else None
+    if end is None:
+        return None
+    return (f"its {w.minutes} trace minute(s) end at {end / 1e9:g} s, before duration_s = "
+            f"{duration_s:g} s: no arrivals after, and goodput and throughput are over the "
+            "whole run")
+
+
 def data_files(spec: dict, base_dir: str | Path | None = None) -> list[Path]:
     """The files workload entry ``spec`` reads, as ``build_workload`` finds them: its
     ``trace`` file, or the day file an ``azure`` entry's ``day`` names (in its
