@@ -665,17 +665,22 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def test_serve_killed_outright_takes_its_cluster_with_it():
+def test_serve_killed_outright_takes_its_cluster_with_it(tmp_path):
     """``clockwork serve`` killed with SIGKILL (no chance to stop its children): its
-    controller and worker notice they were orphaned and stop, freeing their ports."""
+    controller and worker notice they were orphaned and stop, freeing their ports, and
+    its temporary run folder goes (it was left, the client token in it)."""
     import signal
     import subprocess
     import sys
     import time
 
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     p = subprocess.Popen([sys.executable, "-m", "clockwork.cluster.cli", "serve", "--port",
-                          "0", "--http-port", "-1", "--kserve-port", "-1"],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                          "0", "--http-port", "-1", "--kserve-port", "-1",
+                          "--token", "a-token-of-32-characters-or-so-0123"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env={**os.environ, "TMPDIR": str(tmp)})
     try:
         for line in p.stdout:  # until it serves
             if "Ctrl-C stops" in line:
@@ -693,6 +698,7 @@ def test_serve_killed_outright_takes_its_cluster_with_it():
                 os.kill(k, signal.SIGKILL)
             raise AssertionError(f"still running 20 s after their parent was killed: {alive}")
         time.sleep(0.1)
+    assert not [x.name for x in tmp.iterdir() if x.name.startswith("clockwork-cluster-")]
 
 
 def test_replay_wait_passes_on_a_cancel_that_comes_as_its_event_is_set():

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from clockwork.protocol.parent import parent_env
+from clockwork.protocol.parent import PARENT_DIR_ENV, parent_env
 
 _ADDR = re.compile(r"listening on (\S+):(\d+)")
 WORKER_PORT_STEP = 10  # with --worker-port P, worker i listens on P + 10 i
@@ -292,7 +292,10 @@ class LocalCluster:
         """Start a controller or worker process; with ``log_dir`` its output goes to
         ``log_dir/NAME.log`` too."""
         log = self.log_dir / f"{name}.log" if self.log_dir is not None else None
-        return _Child(name, argv, self.echo, self._env, log)
+        env = dict(self._env)
+        if self._own_run_dir:  # (removed by the child should this process die unstopped)
+            env[PARENT_DIR_ENV] = str(self.run_dir)
+        return _Child(name, argv, self.echo, env, log)
 
     def restart_worker(self, i: int) -> None:
         """Start worker ``i`` again on its port (after it died); returns once it listens.
