@@ -646,7 +646,7 @@ def test_a_log_flush_that_fails_on_a_bug_is_said_and_the_flusher_goes_on(tmp_pat
         telemetry=SimpleNamespace(flush_steps=flush_steps),
         count=counted.append, _log_error=LogLimiter("controller", every=60.0),
         _log_bug=LogLimiter("controller", every=0.0),
-        _said_spill_error=lambda: None)
+        _said_spill_error=lambda: None, _said_rows_gone=lambda: None)
 
     async def main():
         task = asyncio.create_task(ControllerNode._flush_logs(node))

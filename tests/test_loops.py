@@ -20,7 +20,7 @@ from clockwork.requests import Request
 from clockwork.time import ms, sec
 from controller import make_policy
 from controller.loop import FAIL_DELAY, ControllerLoop
-from controller.policy import GpuSpec
+from controller.policy import NO_GPU_LEFT, GpuSpec
 from worker.devices.emulated import EmulatedDevice
 from worker.executor import GpuExecutor
 from worker.loop import WorkerLoop
@@ -1175,12 +1175,14 @@ def test_requests_whose_load_was_on_a_removed_gpu_are_answered(policy):
     _all_answered_unfit_by(loop, t, ms(2) + 2 * FAIL_DELAY)
 
 
-@pytest.mark.parametrize("policy", ["clipper", "tfserving", "infaas"])
-def test_requests_queued_while_every_gpu_was_removed_are_answered_when_one_too_small_joins(
+@pytest.mark.parametrize("policy", ["clockwork", "clipper", "tfserving", "infaas"])
+def test_requests_queued_while_every_gpu_is_removed_are_answered_no_worker_at_once(
         policy):
-    """Every GPU removed while requests wait for their model (no worker: nothing to
-    answer them with yet), then a worker joins whose GPU cannot hold the model: they are
-    answered that it fits on no GPU (tfserving and infaas kept them for ever)."""
+    """Every GPU removed while requests wait for their model: nothing is left to serve
+    them, so they are answered at once, as the shell answers those that come then
+    (``no_worker``: they waited out their SLO, and tfserving and infaas kept them until a
+    worker joined); a worker that joins then whose GPU cannot hold the model has the
+    requests that come after answered that it fits on no GPU."""
     specs = [GpuSpec(0, 0, 100)]
     t = Recorder()
     loop = ControllerLoop(make_policy(policy, [R50], specs), t, specs)
@@ -1188,9 +1190,14 @@ def test_requests_queued_while_every_gpu_was_removed_are_answered_when_one_too_s
     loop.remove_worker(0, ms(1))
     while loop.armed is not None and loop.armed <= ms(50):  # (its LOAD failed back)
         loop.tick(loop.armed)
-    assert not t.answers
+    # (one whose LOAD or INFER was in flight: once it failed back, FAIL_DELAY after)
+    assert sorted((r.request.id, r.message) for r in t.answers) == [
+        (i, NO_GPU_LEFT) for i in range(3)]
+    assert max(r.time for r in t.answers) <= ms(1) + FAIL_DELAY
+    t.answers.clear()
     loop.add_worker([GpuSpec(1, 0, 5)], ms(60))
-    _all_answered_unfit_by(loop, t, ms(60) + 2 * FAIL_DELAY)
+    loop.requests([Request(i, "resnet50_v2", ms(61), sec(5)) for i in range(3)], ms(61))
+    _all_answered_unfit_by(loop, t, ms(61) + 2 * FAIL_DELAY)
 
 
 def _all_answered_unfit_by(loop, t, by: int) -> None:
