@@ -22,11 +22,12 @@ from clockwork.errors import ClockworkError
 class Serve:
     """``clockwork serve`` as a child process; its stderr lines read by a thread."""
 
-    def __init__(self, read_err: bool = True) -> None:
+    def __init__(self, read_err: bool = True, env: dict | None = None) -> None:
         self.p = subprocess.Popen(
             [sys.executable, "-m", "clockwork.cluster.cli", "serve", "--port", "0",
              "--http-port", "-1", "--kserve-port", "-1"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+            env=env)
         self.out: list[str] = []
         self.err: list[str] = []
         self.readers = [threading.Thread(target=lambda f=f, into=into: into.extend(f),
@@ -254,3 +255,38 @@ def test_serve_goes_on_when_the_reader_of_its_stderr_goes_away():
     finally:
         rc = s.stop()
     assert rc == 0
+
+
+def test_a_stop_while_a_worker_restarts_stops_at_once(tmp_path):
+    """SIGTERM while serve waits for a restarted worker to listen (a cuda worker may take
+    minutes, each line it says giving it more): the cluster stops at once, exit 0, as
+    while serving. The stop was taken up only once the restart gave up, 30 s later (never,
+    for a worker that said a line every 10 s), and said as its failure, exit 1."""
+    # a worker started once the flag file exists never listens (each process of the
+    # cluster imports sitecustomize at its start: only the restarted worker sees the flag)
+    flag = tmp_path / "hang"
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, sys, time\n"
+        f"if os.path.exists({str(flag)!r}) and 'worker' in sys.argv:\n"
+        "    time.sleep(3600)\n")
+    path = os.pathsep.join(x for x in (str(site), os.environ.get("PYTHONPATH")) if x)
+    s = Serve(env={**os.environ, "PYTHONPATH": path})
+    try:
+        s.wait_line(s.err, r"\[worker0\] clockwork worker listening on ")
+        flag.touch()
+        seen = len(s.err)
+        os.kill(s.worker_pid(), signal.SIGKILL)
+        s.wait_line(s.err, r"clockwork serve: worker0 was killed by SIGKILL; restarting it",
+                    after=seen)
+        t0 = time.monotonic()
+        rc = s.stop()
+        took = time.monotonic() - t0
+    finally:
+        if s.p.poll() is None:
+            s.p.kill()
+    assert rc == 0, "".join(s.err[-20:])
+    assert took < 15, took
+    assert "could not be restarted" not in "".join(s.err)
+    assert s.err[-1].strip() == "clockwork serve: stopped", s.err[-5:]

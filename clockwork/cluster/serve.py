@@ -543,7 +543,7 @@ def _serve(args: argparse.Namespace, return_killed: list[bool]) -> int:
     stop = threading.Event()
     hard = threading.Event()  # a second signal: a replay ends, a stopping controller dies
     cluster.hard = hard  # (also when a start that was interrupted stops the cluster)
-    starting = [True]
+    starting = [True]  # a start, or a worker's restart, under way: a signal ends its wait
 
     def on_signal(signum, frame):
         if stop.is_set():
@@ -593,7 +593,17 @@ def _serve(args: argparse.Namespace, return_killed: list[bool]) -> int:
                 if stop.is_set():
                     break
                 if cluster.workers[i].proc.poll() is not None:
-                    rc = _restart_worker(cluster, i, restarts.setdefault(i, []))
+                    # (a restart waits for the new worker to listen: a cuda one may take
+                    # minutes, each line it says giving it more; a stop asked meanwhile
+                    # ends the wait, as at the start: it was taken up only after the
+                    # restart gave up, and said as its failure, exit 1)
+                    starting[0] = not stop.is_set()
+                    try:
+                        rc = _restart_worker(cluster, i, restarts.setdefault(i, []))
+                    except _StartInterrupted:
+                        return 0  # (stopped as while serving: the new worker with it)
+                    finally:
+                        starting[0] = False
                     if rc is not None:
                         return rc
             stop.wait(0.5)
@@ -612,7 +622,8 @@ def _serve(args: argparse.Namespace, return_killed: list[bool]) -> int:
 
 
 class _StartInterrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM while the cluster started: what started is stopped, exit 130.
+    """Ctrl-C or SIGTERM while the cluster started: what started is stopped, exit 130
+    (while a worker is restarted: the cluster is stopped, exit 0, as while serving).
     (A KeyboardInterrupt: no ``except Exception`` on the way takes it for a failed step,
     and Ray's waits pass it through as it is -- any other exception a signal handler
     raises in them comes out as a SystemError.)"""
