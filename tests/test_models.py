@@ -334,3 +334,35 @@ def test_a_package_that_disagrees_with_its_profile_is_named():
             "batch_sizes": "batch sizes [4, 8, 16]", "weights_pages": "pages"}
     for key, value in cases.items():
         assert says[key] in profile_disagreement({**meta, key: value}, prof), key
+
+
+def test_a_package_file_that_is_not_a_regular_file_is_refused_at_once(tmp_path):
+    """A package's model.json that is a FIFO (or a device): refused at once, naming it;
+    it was read for ever (a worker hung at the controller's Hello, and would not stop on
+    SIGTERM)."""
+    import os
+    import threading
+
+    from clockwork.models.package import METADATA, PackageError, read_package
+
+    d = tmp_path / "pkg"
+    d.mkdir()
+    os.mkfifo(d / METADATA)
+    got: list = []
+
+    def read() -> None:
+        try:
+            read_package(d)
+        except Exception as e:  # noqa: BLE001 - looked at below
+            got.append(e)
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(10)
+    if t.is_alive():  # (the code before: blocked opening the FIFO; a writer frees it)
+        fd = os.open(d / METADATA, os.O_WRONLY | os.O_NONBLOCK)
+        os.close(fd)
+        t.join(10)
+        raise AssertionError("reading the package blocked on its FIFO")
+    assert len(got) == 1 and isinstance(got[0], PackageError), got
+    assert "not a regular file" in str(got[0]) and METADATA in str(got[0])

@@ -341,6 +341,12 @@ def elf_problem(path: Path) -> str:
 def read_package(path: str | Path) -> dict:
     """The metadata of the package at ``path``, checked against the files."""
     p = Path(path)
+    for name in (METADATA, LIBRARY, WEIGHTS):  # (a FIFO was read for ever: the worker
+        # hung at the controller's Hello, and would not stop on SIGTERM)
+        f = p / name
+        if f.exists() and not f.is_file():
+            raise PackageError(f"{f}: not a regular file (a package's files are plain "
+                               "files)")
     try:
         meta = orjson.loads((p / METADATA).read_bytes())
     except (FileNotFoundError, NotADirectoryError):
