@@ -97,6 +97,9 @@ BAD = [
     # Connect), and a clock offset that overflowed its clock failed every Connect too
     (["worker", "--port", "0", "--pages", "3000000000"], "from 1 to 2,147,483,647"),
     (["worker", "--port", "0", "--clock-offset-ms", "1e13"], "1e+12"),
+    # one below minus the host's uptime: its clock read negative, every result it sent
+    # was dropped as malformed and the worker lost again and again, nothing served
+    (["worker", "--port", "0", "--clock-offset-ms=-1e12"], "would read before 0"),
     # a cpu worker's caches are allocated at start: more than the machine has was a
     # numpy MemoryError traceback (or the OOM killer)
     (["worker", "--port", "0", "--device", "cpu", "--pages", "100000000"],

@@ -1468,6 +1468,13 @@ def listening_line(args: argparse.Namespace, node: WorkerNode, port: int, link_p
 def cmd_worker(args: argparse.Namespace) -> int:
     global _OFFSET
     _OFFSET = round(args.clock_offset_ms * 1e6)
+    up = time.monotonic_ns()
+    if up + _OFFSET < 0:  # (every time it sent was refused as malformed: nothing served)
+        print(f"clockwork worker: --clock-offset-ms {args.clock_offset_ms:g}: the worker's "
+              f"clock would read before 0 (it counts from this host's start, "
+              f"{up / 1e9:,.0f} s ago, and its times are never negative): at least "
+              f"{-(up // 1_000_000):,}", file=sys.stderr)
+        return 2
     if args.device == "cuda":  # say first when there is no GPU, before profiles and packages
         try:
             from worker.devices.cuda import probe

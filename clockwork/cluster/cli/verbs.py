@@ -510,7 +510,8 @@ def add_worker(sub) -> None:
     p.add_argument("--clock-offset-ms", type=t.float_in(-MAX_CLOCK_OFFSET_MS,
                                                          MAX_CLOCK_OFFSET_MS), default=0.0,
                    help="add this to the worker's clock (to test clock-offset handling; "
-                   "default 0)")
+                   "default 0; at least minus this host's uptime: its clock never reads "
+                   "below 0)")
     _add_server_security(p, "worker")
 
 
