@@ -185,6 +185,11 @@ def test_the_worker_says_why_for_each_package_it_cannot_serve(tmp_path, cpu_pack
     for k in range(3):  # broken: weights cut short
         bad = shutil.copytree(tmp_path / "mlp", tmp_path / f"broken{k}")
         (bad / "weights.bin").write_bytes(b"\0" * (k + 1))
+    # a package folder that is a symbolic link out of the package directory: refused,
+    # said as such (it was said as no package, to compile one: through the link, refused
+    # again)
+    outside = shutil.copytree(tmp_path / "mlp", tmp_path.parent / f"{tmp_path.name}-out")
+    (tmp_path / "mobilenet_tiny").symlink_to(outside, target_is_directory=True)
     cuda = shutil.copytree(tmp_path / "mlp", tmp_path / "for_cuda")
     meta = json.loads((cuda / "model.json").read_text())
     meta["target"] = json.dumps({"kind": "cuda", "arch": "sm_90"})
@@ -194,6 +199,7 @@ def test_the_worker_says_why_for_each_package_it_cannot_serve(tmp_path, cpu_pack
         wnode = WorkerNode(1, 8, "cpu", "cpu", packages=str(tmp_path))
         async with controller_with([wnode], "cpu", models="mlp") as node:
             await _refused(node, "t", "transformer_tiny")  # (no package for it)
+            await _refused(node, "s", "mobilenet_tiny")  # (a symbolic link out)
             for k in range(3):
                 await _refused(node, f"b{k}", "mlp", f"broken{k}")
             await _refused(node, "c", "mlp", "for_cuda")
@@ -201,6 +207,8 @@ def test_the_worker_says_why_for_each_package_it_cannot_serve(tmp_path, cpu_pack
     asyncio.run(asyncio.wait_for(main(), 120))
     err = capsys.readouterr().err
     assert "no model package for profile transformer_tiny in" in err, err
+    assert "the model package for profile mobilenet_tiny in" in err, err
+    assert "leads outside it" in err and "mobilenet_tiny --out" not in err, err
     for k in range(3):
         assert f"cannot load package {tmp_path / f'broken{k}'} for b{k}" in err, err
     assert f"package {tmp_path / 'for_cuda'} was compiled for cuda, not the CPU" in err, err

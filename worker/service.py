@@ -342,6 +342,14 @@ class WorkerNode:
             return None
         return p if p != root and p.is_relative_to(root) else None
 
+    def _leads_out(self, ref: str) -> bool:
+        """Whether ``ref`` names something in the package directory that leads outside it
+        (a symbolic link out, which ``confined`` refuses)."""
+        try:
+            return (self.packages / ref).exists() and self.confined(ref) is None
+        except (OSError, ValueError):
+            return False
+
     def package_for(self, name: str, profile: str, explicit: str = "",
                     say: bool = True) -> Path | None:
         """Where instance ``name`` (of ``profile``) has its model package, if anywhere
@@ -473,6 +481,12 @@ class WorkerNode:
             none = (f"no model package for profile {_cut(i.profile)} in {self.packages} "
                     f"(clockwork compile {_cut(i.profile)} --out {self.packages}/"
                     f"{_cut(i.profile)}): its instances")
+            if self._leads_out(i.profile):  # (a symbolic link out: said as none, whose
+                # advice, compiling through the link, was refused again)
+                none = (f"the model package for profile {_cut(i.profile)} in "
+                        f"{self.packages} leads outside it (a symbolic link out of the "
+                        "package directory is not followed: put the package inside): its "
+                        "instances")
             self._bad_package(("none", i.profile), f"{none} refused",
                               f"{none}, {_cut(i.name)} among them, refused")
         if p is None or (self.real and path is None):
