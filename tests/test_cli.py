@@ -532,3 +532,15 @@ def test_controller_and_worker_lines_are_timed_when_asked():
                for ln in timed.stderr.splitlines()), timed.stderr
     assert [re.sub("^" + stamp, "", ln) for ln in timed.stderr.splitlines()] == \
         plain.stderr.splitlines()
+
+
+def test_python_dash_m_clockwork_is_the_command(tmp_path):
+    """``python -m clockwork`` runs the ``clockwork`` command (for an environment whose
+    scripts are not on the path): it said "'clockwork' is a package and cannot be
+    directly executed", exit 1."""
+    r = subprocess.run([sys.executable, "-m", "clockwork", "--version"], capture_output=True,
+                       text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("clockwork "), (r.stdout, r.stderr)
+    r = subprocess.run([sys.executable, "-m", "clockwork", "simulate", "no_such_scenario"],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith("clockwork simulate: "), r.stderr
