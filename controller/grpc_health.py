@@ -10,7 +10,7 @@ service it knows), as the health protocol says. Like the
 REST probes, it needs no token (``HEALTH_METHODS``), and so it is bounded: requests of
 at most ``REQUEST_MAX_BYTES``, at most ``WATCH_MAX`` Watch calls open at once, a call's
 request read within ``REQUEST_WAIT_S`` of its start, at most ``WAITING_MAX`` calls waiting
-for theirs and ``READERS`` requests read at once (``_read_request``).
+for theirs and ``READERS_MAX`` requests read at once, one per address (``read_request``).
 
 The two messages are built from their descriptor here (field numbers and names as in
 grpc's ``health.proto``) rather than taken from grpcio-health-checking, whose current
@@ -45,13 +45,16 @@ WATCH_PER_ADDRESS = 16
 # call that never sent its request held a call slot for good (20,000 such calls took them
 # all), and one sending a large request slowly held it in memory (20 calls, 1.3 GB). So a
 # call's request must come within this many seconds of the call, at most this many calls
-# wait for theirs at once (an eighth of --limit grpc_max_calls when fewer: past them
-# RESOURCE_EXHAUSTED at once), and the requests of at most ``READ_BUDGET_BYTES`` / the
-# receive limit calls (1 to ``READERS_MAX``) are read at once, the others waiting unread
-# (what a transport holds of a request not being read is its flow-control window)
+# wait for theirs at once, ``WAITING_PER_ADDRESS`` from one address (an eighth of --limit
+# grpc_max_calls when fewer: past them RESOURCE_EXHAUSTED at once), and the requests of
+# at most ``READ_BUDGET_BYTES`` / the receive limit calls (1 to ``READERS_MAX``) are read
+# at once, one per address, the others waiting unread (what a transport holds of a request
+# not being read is its flow-control window): a peer that never sends its requests holds
+# one reader, not all of them (with one reader, every other probe waited behind it)
 REQUEST_WAIT_S = 1.0
 WAITING_MAX = 128
-READ_BUDGET_BYTES = 64 << 20
+WAITING_PER_ADDRESS = 16
+READ_BUDGET_BYTES = 256 << 20
 READERS_MAX = 8
 
 
@@ -102,9 +105,12 @@ def add_health(node, server) -> None:
     per_address = min(cap, WATCH_PER_ADDRESS)
     watching: dict[str, int] = {}  # peer address -> its Watch calls open
     waiting_cap = max(1, min(WAITING_MAX, node.limits.grpc_max_calls // 8))
+    waiting_per_address = min(waiting_cap, WAITING_PER_ADDRESS)
     readers = asyncio.Semaphore(max(1, min(
         READERS_MAX, READ_BUDGET_BYTES // max(1, node.limits.grpc_max_receive_bytes))))
-    waiting = 0  # calls whose request has not been read yet
+    # peer address -> [its calls whose request has not been read yet, the lock that
+    # reads them one at a time]
+    waiting: dict[str, list] = {}
 
     def status() -> int:
         return SERVING if node.serving() else NOT_SERVING
@@ -113,24 +119,36 @@ def add_health(node, server) -> None:
         """The call's service name, its request read as bounded above (``add_health``'s
         constants): the call aborted if it cannot be, or is not a request of at most
         ``REQUEST_MAX_BYTES``."""
-        nonlocal waiting
-        if waiting >= waiting_cap:
+        who = _address(context.peer() or "")
+        mine = waiting.get(who)
+        if (sum(w[0] for w in waiting.values()) >= waiting_cap
+                or (mine is not None and mine[0] >= waiting_per_address)):
             node.count("health_calls_refused")
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, (
-                f"too many health calls waiting for their request (at most {waiting_cap})"))
-        waiting += 1
-        data = None
+                f"too many health calls waiting for their request (at most {waiting_cap}, "
+                f"{waiting_per_address} from one address)"))
+        if mine is None:
+            mine = waiting[who] = [0, asyncio.Lock()]
+        mine[0] += 1
+        data, reading = None, False
         try:
-            async with asyncio.timeout(REQUEST_WAIT_S), readers:
+            async with asyncio.timeout(REQUEST_WAIT_S), mine[1], readers:
+                reading = True
                 data = await context.read()
         except TimeoutError:
             pass
         finally:
-            waiting -= 1
+            mine[0] -= 1
+            if not mine[0]:
+                del waiting[who]
         if data is None:
             node.count("health_calls_refused")
-            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, (
-                f"a health check's request did not come within {REQUEST_WAIT_S:g} s"))
+            if reading:
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, (
+                    f"a health check's request did not come within {REQUEST_WAIT_S:g} s"))
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, (
+                f"the health service did not get to this call's request in "
+                f"{REQUEST_WAIT_S:g} s (it was reading others'): try again"))
         service = None if data is grpc.aio.EOF else _service(data)
         if service is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a health check request "

@@ -172,8 +172,10 @@ def test_health_calls_that_never_send_their_request_take_no_call_slots():
     """A health call is answered only once its request has come: calls that never sent
     it held a call slot each for good (as many as the server has took them all: every
     client with the token was refused RESOURCE_EXHAUSTED, nothing said). Now a call waits
-    for its request ``REQUEST_WAIT_S`` at most (then DEADLINE_EXCEEDED), and past a share
-    of the slots such calls are refused at once; the clients with the token are served."""
+    for its request ``REQUEST_WAIT_S`` at most (then DEADLINE_EXCEEDED; an address's
+    requests are read one at a time: its others, not reached, RESOURCE_EXHAUSTED), and
+    past a share of the slots such calls are refused at once; the clients with the token
+    are served."""
     import asyncio
 
     import clockwork
@@ -211,5 +213,8 @@ def test_health_calls_that_never_send_their_request_take_no_call_slots():
         codes, took = asyncio.run(asyncio.wait_for(hold(c.address, 80), 60))
     assert set(codes) <= {grpc.StatusCode.DEADLINE_EXCEEDED,
                           grpc.StatusCode.RESOURCE_EXHAUSTED}, set(codes)
-    assert codes.count(grpc.StatusCode.DEADLINE_EXCEEDED) == 64 // 8, codes
+    # (at most the 8 let wait, each read in turn while its own second lasts: on a quiet
+    # host the first, the others then past their second unread)
+    assert 1 <= codes.count(grpc.StatusCode.DEADLINE_EXCEEDED) <= 64 // 8, codes
+    assert len(codes) == 80
     assert took < REQUEST_WAIT_S + TIMEOUT
