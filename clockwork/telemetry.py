@@ -79,7 +79,7 @@ class ColumnLog:
     cache holds what the machine can spare)."""
 
     __slots__ = ("names", "dtypes", "width", "buf", "limit", "_chunks", "_fill", "_rows",
-                 "_spill", "_files", "_on_disk", "spill_error")
+                 "_spill", "_files", "_on_disk", "_disk_maps", "spill_error")
 
     def __init__(self, names: tuple, dtypes: tuple, spill: Path | None = None,
                  buf_rows: int = _BUF_ROWS) -> None:
@@ -94,6 +94,7 @@ class ColumnLog:
         self._spill = spill
         self._files: list | None = None  # spilling: the column files, open for appending
         self._on_disk = 0  # rows in the files after spilling failed (then in memory)
+        self._disk_maps: list[np.ndarray] | None = None  # ... mapped as spilling stopped
         self.spill_error: OSError | None = None  # why spilling stopped, if it did
         if spill is not None:
             self._open_files()
@@ -159,6 +160,9 @@ class ColumnLog:
         in the files, this drain's and all later ones are kept in memory (nothing is lost;
         ``spill_error`` says why)."""
         self.spill_error = e
+        # (the rows written mapped through the files before they close: read by name later,
+        # they were lost with a folder removed meanwhile)
+        self._disk_maps = self._mapped(self._rows) if self._rows else None
         for f in self._files or ():
             try:
                 f.close()
@@ -191,7 +195,7 @@ class ColumnLog:
         if self._files is not None:
             return self._mapped(self._rows)
         if self._on_disk:  # spilling stopped: the files' rows, then the memory's
-            disk, self._on_disk = self._mapped(self._on_disk), 0
+            disk, self._on_disk, self._disk_maps = self._disk_maps, 0, None
             mem = self._memory_arrays()
             self._chunks = [[np.concatenate([d, m]) for d, m in zip(disk, mem, strict=True)]]
             self._fill = self._rows = len(self._chunks[0][0])
@@ -235,6 +239,7 @@ class ColumnLog:
         self.buf.clear()
         self._chunks = []
         self._fill = self._rows = self._on_disk = 0
+        self._disk_maps = None
         if self._files is not None:
             self.close()
             self._open_files()

@@ -551,6 +551,28 @@ def test_a_full_disk_keeps_the_rest_of_the_rows_in_memory(tmp_path):
     assert list(tmp_path.iterdir()) == []  # and the folder went at exit
 
 
+FULL_DISK_THEN_GONE = FULL_DISK.replace(
+    "ok = (sp.requests", "import shutil\nshutil.rmtree(sp.spill_folder)\nok = (sp.requests"
+).replace("size = (sp.spill_folder / \"requests.latency\").stat().st_size", "size = 1")
+
+
+def test_rows_on_a_full_disk_are_kept_when_their_folder_is_removed(tmp_path):
+    """Column files that stopped growing (a full disk), then their folder removed (by
+    hand, a clean-up job) before the rows are read: none is lost. They were read again
+    by name (FileNotFoundError: at a controller's stop, 'not written', every row lost)."""
+    import subprocess
+    import sys
+
+    assert "rmtree" in FULL_DISK_THEN_GONE and "size = 1" in FULL_DISK_THEN_GONE
+    r = subprocess.run([sys.executable, "-c", FULL_DISK_THEN_GONE, str(tmp_path)],
+                       capture_output=True, text=True, timeout=120,
+                       cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert r.returncode == 0, r.stderr
+    ok, all_rows, _, err = r.stdout.split(" ", 3)
+    assert ok == "True" and all_rows == "True"
+    assert "File too large" in err or "short write" in err, err
+
+
 def _timeline_reference(run_dir, bucket_s):
     """The per-interval figures counted interval by interval (the definition)."""
     tel = read_logs(run_dir)

@@ -465,7 +465,7 @@ class WorkerNode:
             batch_sizes=sorted(int(b) for b in meta["functions"]),
             weights_pages=int(meta["weights_pages"]))
         pj = p / "profile.json"
-        if pj.exists():
+        if pj.is_file():  # (not a FIFO: read for ever, the event loop held with it)
             text = pj.read_text()
         else:
             text = orjson.dumps(prof.to_json()).decode() if prof is not None else ""
