@@ -1382,3 +1382,22 @@ def test_ray_auto_with_no_cluster_running_is_refused_in_our_words(monkeypatch):
                                            r"ray start --head") as e:
         cluster._init_ray()
     assert "--address" not in str(e.value)
+
+
+def test_a_worker_actor_imports_this_installations_worker_package(tmp_path):
+    """Ray puts the driver's working folder ahead on a worker actor's path: a user's
+    ``worker.py`` there was imported instead of this installation's ``worker`` package,
+    and every actor failed ("'worker' is not a package"). ``own_packages`` (what the
+    actor runs first) takes ours, even after the other was imported."""
+    (tmp_path / "worker.py").write_text("print('the user worker.py')\n")
+    (tmp_path / "controller.py").write_text("")
+    code = ("import sys; sys.path.insert(0, '.'); import worker\n"
+            "from clockwork.cluster.ray_cluster import own_packages\n"
+            "own_packages()\n"
+            "from worker.service import WorkerNode\n"
+            "import controller.loop\n"
+            "print('imported', WorkerNode.__module__)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines() == ["the user worker.py", "imported worker.service"], r.stdout

@@ -131,6 +131,24 @@ CONNECT_HINT = (f"check the address; that this machine reaches the address the h
                 "authentication (RAY_AUTH_TOKEN or RAY_AUTH_MODE, as the head's)")
 
 
+def own_packages() -> None:
+    """In a worker actor's process: ``worker`` and ``controller`` imported from this
+    installation, before any folder Ray put ahead of it on the path (the driver's working
+    folder: a user's ``worker.py`` there was imported instead, and every actor failed
+    "No module named 'worker.service'; 'worker' is not a package")."""
+    import clockwork
+
+    root = str(Path(clockwork.__file__).resolve().parent.parent)
+    for name in ("worker", "controller"):
+        m = sys.modules.get(name)
+        where = getattr(m, "__file__", None) or ""
+        if m is not None and not str(Path(where).resolve()).startswith(root + os.sep):
+            for k in [k for k in sys.modules if k == name or k.startswith(f"{name}.")]:
+                del sys.modules[k]  # (another's, imported by mistake: ours from now)
+    if sys.path[:1] != [root]:
+        sys.path.insert(0, root)
+
+
 def _state_dir(run_id: str) -> Path:
     """Where a node's worker actors keep their place files for run ``run_id``: inside a
     folder of this user's alone (``clockwork-ray-UID``, mode 0700) in the temporary
@@ -276,6 +294,8 @@ class WorkerActor:
     def _main(self, run: _Run) -> None:
         from clockwork.protocol.precise_loop import run_precise
         from clockwork.protocol.security import ClusterAuth
+
+        own_packages()
         from worker.service import WorkerNode, listening_line, serve_worker
 
         a = run.args
