@@ -544,3 +544,11 @@ def test_python_dash_m_clockwork_is_the_command(tmp_path):
     r = subprocess.run([sys.executable, "-m", "clockwork", "simulate", "no_such_scenario"],
                        capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.startswith("clockwork simulate: "), r.stderr
+    # a controller.py and a worker.py of the user's in the current folder, which
+    # ``python -m`` puts first on the path: this installation's packages all the same
+    for name in ("controller", "worker"):
+        (tmp_path / f"{name}.py").write_text(f"raise SystemExit('the user {name}.py')\n")
+    r = subprocess.run([sys.executable, "-m", "clockwork", "simulate", "poisson_warm", "--set",
+                        "duration_s=0.2", "--quiet"], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path)
+    assert r.returncode == 0 and "the user" not in r.stderr, r.stderr
