@@ -149,6 +149,14 @@ def own_packages() -> None:
         sys.path.insert(0, root)
 
 
+def _own_then(fn, /, *args, **kwargs):
+    """A Ray task: ``fn(*args, **kwargs)`` once ``own_packages`` has run (a sweep's point
+    imports ``controller``: a user's ``controller.py`` in the driver's folder, on the
+    task's path, would be imported instead)."""
+    own_packages()
+    return fn(*args, **kwargs)
+
+
 def _state_dir(run_id: str) -> Path:
     """Where a node's worker actors keep their place files for run ``run_id``: inside a
     folder of this user's alone (``clockwork-ray-UID``, mode 0700) in the temporary
@@ -1231,10 +1239,10 @@ class RayExecutor(Executor):
         self._refs: list = []
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
-        task = self._remote.get(fn)
+        task = self._remote.get(_own_then)
         if task is None:
-            task = self._remote[fn] = ray.remote(num_cpus=1, max_retries=0)(fn)
-        ref = task.remote(*args, **kwargs)
+            task = self._remote[_own_then] = ray.remote(num_cpus=1, max_retries=0)(_own_then)
+        ref = task.remote(fn, *args, **kwargs)
         self._refs.append(ref)
         return ref.future()
 
