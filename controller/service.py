@@ -850,7 +850,8 @@ class ControllerNode(WorkerLinks):
 
         def tagged(resp: pb.InferResponse) -> None:
             resp.client_id = cid
-            if cut and not typed and resp.status == RequestStatus.TIMEOUT:
+            if cut and resp.status == RequestStatus.TIMEOUT:  # (a KServe row's Answer too:
+                # it was told "SLO cannot be met", its SLO feasible)
                 # (the client's own timeout, not the SLO, made it too late: say so, and
                 # the SLO it would have had: its own, or the default)
                 slo_asked = (f"{req.slo_ms:g} ms" if req.slo_ms else

@@ -272,6 +272,10 @@ def test_slo_cut_to_the_call_deadline(client):
         client.infer("glacial", x, parameters={"slo_ms": 10_000}, client_timeout=GLACIAL_S / 2)
     assert "DEADLINE_EXCEEDED" in e.value.status()
     assert e.value.message().startswith("TIMEOUT"), e.value.message()  # the server's answer
+    # (the call's deadline, not the SLO, made it too late: said, as clockwork.v1 says it;
+    # it was told "SLO cannot be met", its 10 s SLO feasible)
+    assert "within the call's deadline" in e.value.message(), e.value.message()
+    assert "give the client a longer timeout" in e.value.message()
     r = client.infer("glacial", x, parameters={"slo_ms": 10_000}, client_timeout=3 * GLACIAL_S)
     assert r.as_numpy("y").shape == (1, 4)
 
