@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from clockwork.protocol.parent import PARENT_DIR_ENV, parent_env
+from clockwork.protocol.parent import PARENT_DIR_ENV, PARENT_DIR_PREFIX, parent_env
 
 _ADDR = re.compile(r"listening on (\S+):(\d+)")
 WORKER_PORT_STEP = 10  # with --worker-port P, worker i listens on P + 10 i
@@ -447,7 +447,7 @@ class LocalCluster:
     def _run_path(self) -> Path:
         """The run directory (made on first use: a private temporary one by default)."""
         if self.run_dir is None:
-            self.run_dir = tempfile.mkdtemp(prefix="clockwork-cluster-")
+            self.run_dir = tempfile.mkdtemp(prefix=PARENT_DIR_PREFIX)
             self._own_run_dir = True
         path = Path(self.run_dir)
         path.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ PARENT_ENV = "CLOCKWORK_PARENT_PID"
 # client token it hands its controller), which an orphaned child removes: the parent,
 # killed, could not (a token in plain text was left behind, a folder per killed run)
 PARENT_DIR_ENV = "CLOCKWORK_PARENT_RUN_DIR"
-PARENT_DIR_PREFIX = "clockwork-cluster-"  # (only such a folder is ever removed)
+PARENT_DIR_PREFIX = "clockwork-cluster-"  # its name's start (only such a folder is removed)
 CHECK_EVERY_S = 0.5
 
 
