@@ -1,7 +1,8 @@
 """The layout is the architecture: ``clockwork/`` (outside ``clockwork/cluster/``) is the
 vocabulary both sides speak and imports nothing from ``controller/`` or ``worker/``;
 ``controller/`` and ``worker/`` never import each other; only ``clockwork/cluster/`` (and
-experiments/tests) put the sides together; and no module imports, directly or through
+``clockwork/__main__.py``, the command's entry point, and experiments/tests) put the sides
+together; and no module imports, directly or through
 others, itself. Every import statement counts, also those inside functions."""
 
 from __future__ import annotations
@@ -64,7 +65,10 @@ def _graph() -> dict[str, set[str]]:
 
 
 def _side(mod: str) -> str:
-    if mod == "clockwork.cluster" or mod.startswith("clockwork.cluster."):
+    # (``clockwork/__main__.py``, ``python -m clockwork``, is the command's entry point, as
+    # ``clockwork/cluster/cli`` is: the composition root's side, nobody's import)
+    if (mod == "clockwork.cluster" or mod.startswith("clockwork.cluster.")
+            or mod == "clockwork.__main__"):
         return "cluster"
     return mod.split(".")[0]
 
