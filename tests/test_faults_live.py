@@ -130,14 +130,12 @@ controller_restart = [{ at_s = 2.5, down_s = 0.5 }]
     assert (tmp_path / "controller" / "requests.1.tsv").is_file()
 
 
-def test_restarts_closer_than_a_controller_starts_are_played_late_saying_so(tmp_path):
-    """Two restarts 0.2 s apart: the second kill waits for the first restart's new
-    controller to have started (about a second), said on stderr with how late, and the
-    events after it are not held up by the start. The REST and KServe gRPC ports chosen
-    by the first controller (0: a free one) are every new controller's too."""
-    p, rows = _serve(tmp_path, """
+def _one_worker_restarts(duration_s: float, restarts: str) -> str:
+    """A scenario of one worker serving resnet18_v2 at 100 r/s for ``duration_s``, with
+    ``restarts`` (TOML) as its controller restarts."""
+    return f"""
 seed = 5
-duration_s = 5.0
+duration_s = {duration_s}
 [cluster]
 workers = 1
 gpus_per_worker = 1
@@ -148,8 +146,18 @@ kind = "poisson"
 rate_rps = 100
 slo_ms = 100
 [faults]
-controller_restart = [{ at_s = 1.0, down_s = 0.1 }, { at_s = 1.2, down_s = 0.1 }]
-""", "--http-port", "0", "--kserve-port", "0")
+controller_restart = {restarts}
+"""
+
+
+def test_restarts_closer_than_a_controller_starts_are_played_late_saying_so(tmp_path):
+    """Two restarts 0.2 s apart: the second kill waits for the first restart's new
+    controller to have started (about a second), said on stderr with how late, and the
+    events after it are not held up by the start. The REST and KServe gRPC ports chosen
+    by the first controller (0: a free one) are every new controller's too."""
+    p, rows = _serve(tmp_path, _one_worker_restarts(
+        5.0, "[{ at_s = 1.0, down_s = 0.1 }, { at_s = 1.2, down_s = 0.1 }]"),
+        "--http-port", "0", "--kserve-port", "0")
     assert "every request answered exactly once: True" in p.stdout + p.stderr
     assert p.stderr.count("fault: controller killed") == 2, p.stderr[-2000:]
     assert p.stderr.count("fault: new controller started") == 2, p.stderr[-2000:]
@@ -170,21 +178,7 @@ def test_a_controller_that_dies_outside_the_scenarios_restarts_is_said_exit_1(tm
     import psutil
 
     sc = tmp_path / "s.toml"
-    sc.write_text("""
-seed = 5
-duration_s = 6.0
-[cluster]
-workers = 1
-gpus_per_worker = 1
-[[models]]
-name = "resnet18_v2"
-[[workloads]]
-kind = "poisson"
-rate_rps = 100
-slo_ms = 100
-[faults]
-controller_restart = [{ at_s = 4.0, down_s = 0.1 }]
-""")
+    sc.write_text(_one_worker_restarts(6.0, "[{ at_s = 4.0, down_s = 0.1 }]"))
     serve = subprocess.Popen([sys.executable, "-m", "clockwork.cluster.cli", "serve", str(sc),
                               "--replay", "--quiet"], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
