@@ -39,6 +39,7 @@ import contextlib
 import json
 import math
 import os
+import signal
 import tempfile
 import threading
 import weakref
@@ -326,8 +327,16 @@ class RealDevice:
         """``data`` loaded as a library from a private copy, removed once loaded."""
         from clockwork.models.package import LIBRARY
 
-        # (named after the package: what a build's logs and tools show)
-        with tempfile.TemporaryDirectory(prefix=f"clockwork-package-{path.name[:40]}-") as tmp:
+        # (named after the package: what a build's logs and tools show; made with the stop
+        # signals held back: Ctrl-C or SIGTERM between the folder's making and its
+        # clean-up's arming left it behind, a clockwork profile stopped as it started)
+        held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+        was = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+        try:
+            made = tempfile.TemporaryDirectory(prefix=f"clockwork-package-{path.name[:40]}-")
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, was)
+        with made as tmp:
             copy = Path(tmp) / LIBRARY
             copy.write_bytes(data)
             if not os.statvfs(tmp).f_flag & os.ST_NOEXEC:
