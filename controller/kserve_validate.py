@@ -101,8 +101,10 @@ def _count(shape) -> int:
 # ---------------------------------------------------------------------- versions, SLOs
 
 def check_version(name: str, version: str) -> None:
-    """NOT_FOUND unless ``version`` is the model's (``"1"``) or empty (the default)."""
-    if version not in ("", VERSION):
+    """NOT_FOUND unless ``version`` is the model's (``"1"``, also written with leading
+    zeros, as Triton reads a version as an integer) or empty (the default)."""
+    if version not in ("", VERSION) and not (
+            version.isascii() and version.isdigit() and int(version) == int(VERSION)):
         raise KServeError(NOT_FOUND, f"model {name!r} has no version {_short(version, 130)} "
                           f"(its only version is {VERSION!r})")  # (cut, as a name is)
 
@@ -538,8 +540,9 @@ def _json_data(name: str, datatype: str, shape: list[int], data) -> np.ndarray:
     if arr is None or arr.dtype.kind in "OUS":
         found, odd = _first_odd(data)
         if found:
+            kind = np.dtype(np_name).kind
             raise _bad(f"input {name!r}: 'data' holds {_short(odd)}; {datatype} data must "
-                       "be numbers")
+                       f"be {'true/false' if kind == 'b' else 'numbers'}")
         raise _bad(f"input {name!r}: 'data' must be a flat list, or nested lists of equal "
                    "lengths (or a number too large for any datatype)")
     want = _count(shape)

@@ -203,6 +203,10 @@ async def unload(node, name: str, params: dict) -> None:
     """Unload ``name``; returns once its queued requests are answered (its copies are
     evicted afterwards, as they go idle). Raises ``KServeError``."""
     _check_keys(params, UNLOAD_PARAMS, "unload")
+    for k, v in params.items():  # (each a bool, as Triton's; there are no dependents here)
+        if not isinstance(v, bool):
+            raise KServeError(INVALID, f"unload parameter {k!r} must be true or false, got "
+                              f"{v!r:.60}")
     try:
         await node.unload_model(name)
     except Exception as e:

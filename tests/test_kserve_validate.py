@@ -116,6 +116,12 @@ def test_versions():
     check_version("m", "")
     check_version("m", "1")
     _invalid(lambda: check_version("m", "2"), "no version '2'", kind=NOT_FOUND)
+    # Triton reads a version as an integer: "01" is version 1; "-1", "+1", " 1", "1.0",
+    # "１" (a full-width digit) are not a version of this model
+    check_version("m", "01")
+    check_version("m", "0001")
+    for v in ("-1", "+1", " 1", "1 ", "1.0", "\uff11", "0", "10"):
+        _invalid(lambda v=v: check_version("m", v), "no version", kind=NOT_FOUND)
 
 
 def test_slo_parameters():
@@ -156,6 +162,9 @@ def test_rest_json_data():
     _invalid(lambda: one("UINT16", [1, -1]), "value -1 is out of range for UINT16")
     _invalid(lambda: one("INT32", [1, 2.5]), "INT32 'data' must be integers")
     _invalid(lambda: one("BOOL", [1, 0]), "BOOL 'data' must be true/false")
+    # strings among booleans: said as such (not "must be numbers")
+    _invalid(lambda: one("BOOL", ["true", False]), "'data' holds 'true'",
+             "BOOL data must be true/false")
     # integers past the datatype's range that numpy reads as floats or objects (from
     # 2**63, or beyond 64 bits): out of range, not "must be integers" or "a flat list"
     _invalid(lambda: one("INT64", [2**63, 0]), "a value is out of range for INT64")

@@ -410,6 +410,11 @@ def test_repository_parameters_are_checked_and_passed_on():
         assert "must be a string holding a JSON object" in e.value.message, e.value.message
         assert said in e.value.message, e.value.message
     asyncio.run(repository.unload(_FakeNode(), "m", {"unload_dependents": True}))
+    asyncio.run(repository.unload(_FakeNode(), "m", {"unload_dependents": False}))
+    for bad in ("x", 1, None):  # a bool, as Triton's (every other parameter is checked)
+        with pytest.raises(KServeError) as e:
+            asyncio.run(repository.unload(_FakeNode(), "m", {"unload_dependents": bad}))
+        assert e.value.kind == INVALID and "must be true or false" in e.value.message
     with pytest.raises(KServeError) as e:
         asyncio.run(repository.unload(_FakeNode(), "m", {"copies": 1}))
     assert e.value.kind == INVALID
