@@ -1104,9 +1104,12 @@ class ControllerNode(WorkerLinks):
                 raise RepositoryError(grpc.StatusCode.NOT_FOUND, (
                     f"no profile {profile!r} in the controller's profile set "
                     f"{self.pset.name!r}: its file cannot be read: {why}"))
+            said = "" if have is None or profile != base else (
+                f"; {name!r} is loaded with profile {have.profile!r}, and a load that names "
+                "no profile looks up the model's own name: name its profile to load it again")
             raise RepositoryError(grpc.StatusCode.NOT_FOUND, unknown_message(
                 "no profile", profile, sorted(self.pset.profiles), len(self.pset.profiles),
-                f"in the controller's profile set {self.pset.name!r}"))
+                f"in the controller's profile set {self.pset.name!r}") + said)
         # (the workers that can take it now: a larger one away could not, and when it
         # comes back it would be told a model no GPU up can hold, after it was answered
         # READY and its requests timed out meanwhile)

@@ -673,6 +673,10 @@ def test_client_loads_serves_and_unloads_a_model(cluster):
         assert [m.name for m in cl.load_model("mnet:1", profile="mobilenet_v2")] == ["mnet:1"]
         with pytest.raises(UnknownModel, match="no profile 'nope'"):
             cl.load_model("nope")
+        # a load of a loaded model that names no profile looks up its own name: said so
+        with pytest.raises(UnknownModel, match="no profile 'mnet'.*'mnet' is loaded with "
+                           "profile 'mobilenet_v2'.*name its profile"):
+            cl.load_model("mnet", copies=2)
         with pytest.raises(InvalidRequest):
             cl.load_model("bad name")
         with pytest.raises(InvalidRequest):
