@@ -303,3 +303,16 @@ def test_trace_info_columns_stay_aligned_with_wide_characters():
     assert _cell("😀f", 12) == "😀f" + " " * 9
     assert _cell("plain", 5) == "plain" and _cell("longer", 3) == "lon"
     assert _cell("函a", 2) == "函"
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be"])
+def test_a_utf16_file_is_said_as_such(tmp_path, encoding):
+    """A trace saved as UTF-16 (a spreadsheet's "Unicode text") is named as UTF-16, with
+    or without its byte-order mark (it was said to have no header line: 12,262 bytes
+    without a line end)."""
+    rows = [_row(i, np.zeros(MINUTES, int)) for i in range(3)]
+    path = tmp_path / "u16.csv"
+    path.write_bytes((HEADER + "\n" + "\n".join(rows) + "\n").encode(encoding))
+    with pytest.raises(TraceError, match=r"u16.csv:1: the file is UTF-16 text; save it as "
+                       "UTF-8"):
+        AzureTrace.load(path)

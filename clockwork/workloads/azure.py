@@ -282,6 +282,10 @@ _HEADER_IDS = list(ID_COLUMNS)
 
 
 def _parse(buf: bytes, path: str) -> tuple[list[list[str]], np.ndarray]:
+    if buf[:2] in (b"\xff\xfe", b"\xfe\xff") or buf[:4] in (b"H\x00a\x00", b"\x00H\x00a"):
+        # (UTF-16, with its byte-order mark or without: the header's "Ha")
+        raise TraceError(f"{path}:1: the file is UTF-16 text; save it as UTF-8 (or ASCII), "
+                         "as the Azure Functions files are")
     first_end = buf.find(b"\n", 0, HEADER_BYTES_MAX + 1)
     if first_end < 0:
         if len(buf) > HEADER_BYTES_MAX:
