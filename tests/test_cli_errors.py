@@ -47,7 +47,7 @@ BAD = [
     (["controller", "--workers", "127.0.0.1:1", "--policy", ""], "expected a name, got ''"),
     (["controller", "--workers", "127.0.0.1:1", "--profiles", " "], "expected a name"),
     (["worker", "--profiles", ""], "expected a name, got ''"),
-    (["serve", "faults", "--worker-port", "65535"], "up to 65545, past 65535"),
+    (["serve", "faults", "--worker-port", "65535"], "up to 65546, past 65535"),
     (["controller", "--workers", "127.0.0.1:5,127.0.0.1:5"], "listed twice"),
     (["infer", "m", "--slo-ms", "1e300"], "at most 86400000 (a day)"),
     (["plan", SC, "--max-gpus", "10001"], "--max-gpus 10001: 10,001 workers of 1 GPU(s)"),
@@ -66,7 +66,7 @@ BAD = [
     (["simulate", SC, "--set", "name=a\nb"], "name: must be one line of text"),
     (["report", "--timeline", "adir"], "give the run folder before --timeline"),
     (["serve", "faults", "--port", "23456", "--worker-port", "23446"],
-     "--port 23456 is worker 1's port (--worker-port 23446: worker i listens on 23446 + 10 i)"),
+     "--port 23456 is worker 1's port (--worker-port 23446: worker i listens on 23446 + 10 i, its fast link on 23446 + 10 i + 1)"),
     (["report", SC, "--timeline", "-3"], "-3"),
     (["serve", "--port", "99999"], "99999"),
     (["serve", "--http-port", "-5"], "-5"),
@@ -620,6 +620,11 @@ def test_worker_ports_clash_only_with_the_controller_on_the_same_address():
     assert worker_ports_error(23446, 3, ports, "127.0.0.2") == ""
     assert worker_ports_error(23446, 1, ports, "127.0.0.1") == ""  # (one worker: 23446)
     assert "past 65535" in worker_ports_error(65530, 2, ports, "127.0.0.2")
+    # each worker's fast link listens one port above its own
+    said = worker_ports_error(23446, 3, {"--http-port": 23457}, "127.0.0.1")
+    assert "--http-port 23457 is worker 1's fast link's port" in said, said
+    assert "its fast link on 23446 + 10 i + 1" in said, said
+    assert "past 65535" in worker_ports_error(65535, 1, {}, "127.0.0.1")  # (its link: 65536)
 
 
 def test_a_scenario_saved_with_a_byte_order_mark_runs(tmp_path, capsys):
@@ -771,3 +776,21 @@ def test_a_signal_as_a_finished_simulation_writes_its_files_keeps_them(tmp_path,
     assert sorted(p.name for p in out.iterdir()) == ["actions.tsv", "requests.tsv",
                                                       "run.json", "summary.json"]
     assert capsys.readouterr().err.strip().endswith("interrupted")
+
+
+def test_serve_names_a_workers_taken_fast_link_port_as_worker_port_plus_one():
+    """With --worker-port P, worker 0's fast link listens on P + 1: that port taken,
+    serve says the worker's refusal and which of its own ports that is, exit 2."""
+    s, busy = _busy_port()
+    first = busy - 1
+    with s:
+        p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve", "--port",
+                            "0", "--http-port", "-1", "--kserve-port", "-1", "--worker-port",
+                            str(first)], capture_output=True, text=True, timeout=90,
+                           cwd=Path(__file__).resolve().parent.parent)
+    out = p.stdout + p.stderr
+    assert p.returncode == 2, (p.returncode, out)
+    assert f"--link-port {busy}: cannot listen on 127.0.0.1" in out, out
+    assert (f"clockwork serve: worker0's fast link's port is --worker-port {first} + 10 x 0 "
+            "+ 1: give --worker-port other ports") in out, out
+    assert "Traceback" not in out

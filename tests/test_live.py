@@ -801,6 +801,34 @@ def test_a_stopped_local_cluster_starts_again():
     assert seen[0] != seen[1]
 
 
+def test_a_fixed_worker_port_fixes_the_fast_links_port_too():
+    """With ``--worker-port P`` serve's workers listen on P + 10 i and their fast links
+    on P + 10 i + 1 (the links took free ports: a firewalled host, or several clusters
+    on one machine, could not know them); the link serves."""
+    import socket
+
+    from clockwork.cluster.local import LocalCluster
+
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port + 1))
+            break
+        except OSError:
+            continue
+    c = LocalCluster(workers=1, gpus=1, models="resnet50_v2", timeout=30.0, worker_port=port)
+    with c:
+        assert c.worker_addresses == [f"127.0.0.1:{port}"]
+        said = "".join(c.workers[0].output)
+        assert f"fast link on port {port + 1}" in said, said
+        with clockwork.Client(c.address, timeout=20) as cl:
+            assert cl.infer("resnet50_v2", slo_ms=2000).status == 0
+            assert [w["link"] for w in cl.workers()] == ["fast"]
+
+
 def test_replay_progress_into_a_log_is_lines(cluster, tmp_path, monkeypatch, capsys):
     """``clockwork replay --progress`` with stderr not a terminal (a log file, a pipe):
     whole lines, at most one every PROGRESS_LOG_S (it printed nothing: only --quiet

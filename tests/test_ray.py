@@ -980,21 +980,26 @@ def test_a_worker_after_one_that_did_not_start_takes_its_place(ray_nodes, monkey
 
 
 def _free_ports(step: int = 10) -> int:
-    """A port P on 127.0.0.1 such that P and P + ``step`` are free now (a fixed
-    ``--worker-port`` for places 0 and 1)."""
+    """A port P on 127.0.0.1 such that P and P + ``step`` are free now, and the ports
+    one above each (a fixed ``--worker-port`` for places 0 and 1, and their fast links)."""
     for _ in range(50):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        if port + step > 65535:
+        if port + step + 1 > 65535:
             continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + step))
-            except OSError:
-                continue
-        return port
-    raise AssertionError("no two free ports")
+        free = True
+        for other in (port + 1, port + step, port + step + 1):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", other))
+                except OSError:
+                    free = False
+            if not free:
+                break
+        if free:
+            return port
+    raise AssertionError("no free ports")
 
 
 def test_an_add_the_controller_answers_too_late_is_asked_again(ray_nodes, monkeypatch,

@@ -31,6 +31,7 @@ from clockwork.protocol.parent import PARENT_DIR_ENV, PARENT_DIR_PREFIX, parent_
 
 _ADDR = re.compile(r"listening on (\S+):(\d+)")
 WORKER_PORT_STEP = 10  # with --worker-port P, worker i listens on P + 10 i
+LINK_PORT_OFFSET = 1  # ... and its fast link on P + 10 i + 1 (0: both free ports)
 
 
 # a worker's lines that say why it cannot serve something (LocalCluster._workers_said)
@@ -210,6 +211,11 @@ class _Child:
 _ROOT = str(Path(__file__).resolve().parents[2])
 
 
+def own_link_port(flags: Sequence[str]) -> bool:
+    """Whether a worker's ``flags`` name its fast link's port themselves."""
+    return any(f == "--link-port" or f.startswith("--link-port=") for f in flags)
+
+
 def _cli() -> list[str]:
     """The ``clockwork`` command as a child process. ``-P``: the current folder does not go
     first on the child's path, so a user's own ``worker.py`` or ``controller.py`` there is
@@ -328,6 +334,19 @@ class LocalCluster:
         self.controller = self._child("controller", argv)
         self.address = self.controller.wait_address(self.timeout)
 
+    def _worker_command(self, i: int) -> list[str]:
+        """Worker ``i``'s command: on ``worker_port`` + 10 i, its fast link one port
+        above (unless its flags name a ``--link-port``), or both on free ports."""
+        flags = self.worker_flags(i)
+        port = link = 0
+        if self.worker_port:
+            port = self.worker_port + WORKER_PORT_STEP * i
+            link = port + LINK_PORT_OFFSET
+        return _cli() + ["worker", "--host", self.worker_host, "--port", str(port),
+                         *([] if own_link_port(flags) or not link
+                           else ["--link-port", str(link)]),
+                         *flags]
+
     def worker_flags(self, i: int) -> list[str]:
         """Worker ``i``'s ``clockwork worker`` flags but ``--host`` and ``--port``."""
         argv = ["--gpus", str(self.gpus), "--profiles", self.profiles]
@@ -347,9 +366,7 @@ class LocalCluster:
         """Start the workers; return their addresses once each listens (RayCluster
         starts them as Ray actors instead)."""
         for i in range(self.n_workers):
-            port = self.worker_port + WORKER_PORT_STEP * i if self.worker_port else 0
-            argv = _cli() + ["worker", "--host", self.worker_host, "--port", str(port),
-                             *self.worker_flags(i)]
+            argv = self._worker_command(i)
             self._worker_argv.append(argv)
             self.workers.append(self._child(f"worker{i}", argv))
         return [w.wait_address(self.timeout) for w in self.workers]
@@ -376,9 +393,7 @@ class LocalCluster:
         a scenario's ``[[add_workers]]`` start theirs before the run, so that joining
         costs no process start-up). It stops with the cluster."""
         i = len(self.workers)
-        port = self.worker_port + WORKER_PORT_STEP * i if self.worker_port else 0
-        argv = _cli() + ["worker", "--host", self.worker_host, "--port", str(port),
-                         *self.worker_flags(i)]
+        argv = self._worker_command(i)
         self._worker_argv.append(argv)
         child = self._child(f"worker{i}", argv)
         self.workers.append(child)

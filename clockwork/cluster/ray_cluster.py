@@ -41,7 +41,8 @@ pid, node and address.
   at again after 1, 2, 4, ... ``RETRY_LOOKS_MAX`` looks (its line again only for another
   cause);
 - a worker's per-worker flags (``worker_args[i]``: a scenario's clock offset, seed) and
-  port (``worker_port + 10 * i``) are those of its place ``i`` in the controller's order.
+  port (``worker_port + 10 * i``, its fast link one above) are those of its place ``i``
+  in the controller's order.
   An actor is made once per node and look and first only holds its node; its worker is
   started for a place when its turn comes (at start all at once, one after a node that
   failed started again in the same actor for the place it then takes), so a node that
@@ -93,7 +94,13 @@ from pathlib import Path
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from clockwork.cluster.local import ChildRefused, LocalCluster
+from clockwork.cluster.local import (
+    LINK_PORT_OFFSET,
+    WORKER_PORT_STEP,
+    ChildRefused,
+    LocalCluster,
+    own_link_port,
+)
 from clockwork.protocol.addresses import join
 
 RESOURCE = "clockwork_gpu"  # Ray custom resource: emulated (and cpu-device) GPUs
@@ -700,7 +707,9 @@ class RayCluster(LocalCluster):
         flags = self._flags(place, node[2])
         worker_args(flags, "127.0.0.1", 0)
         if port is None:
-            port = self.worker_port + 10 * place if self.worker_port else 0
+            port = self.worker_port + WORKER_PORT_STEP * place if self.worker_port else 0
+        if port and not own_link_port(flags):  # (a fixed port: its fast link's fixed too)
+            flags = [*flags, "--link-port", str(port + LINK_PORT_OFFSET)]
         return actor.serve.remote(place, flags, port)
 
     @property

@@ -18,7 +18,13 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from clockwork.cluster.local import WORKER_PORT_STEP, ChildRefused, LocalCluster, how_it_ended
+from clockwork.cluster.local import (
+    LINK_PORT_OFFSET,
+    WORKER_PORT_STEP,
+    ChildRefused,
+    LocalCluster,
+    how_it_ended,
+)
 from clockwork.extras import pip_extra
 from clockwork.scenario import (
     ScenarioError,
@@ -265,15 +271,18 @@ def worker_ports_error(first: int, workers: int, listeners: dict[str, int],
     if not first:
         return ""
     step = WORKER_PORT_STEP
-    rule = f"--worker-port {first}: worker i listens on {first} + {step} i"
-    last = first + step * (workers - 1)
+    rule = (f"--worker-port {first}: worker i listens on {first} + {step} i, its fast "
+            f"link on {first} + {step} i + {LINK_PORT_OFFSET}")
+    last = first + step * (workers - 1) + LINK_PORT_OFFSET
     if last > 65535:
         return f"{rule}, so its {workers} workers need ports up to {last}, past 65535"
     if host not in ("127.0.0.1", "localhost", "0.0.0.0", "::", "", "[::]"):
         return ""  # (the controller's ports are another address's)
     for flag, p in listeners.items():
-        if p > 0 and p >= first and (p - first) % step == 0 and (p - first) // step < workers:
-            return f"{flag} {p} is worker {(p - first) // step}'s port ({rule})"
+        i, at = divmod(p - first, step)
+        if p > 0 and p >= first and at in (0, LINK_PORT_OFFSET) and i < workers:
+            what = "port" if at == 0 else "fast link's port"
+            return f"{flag} {p} is worker {i}'s {what} ({rule})"
     return ""
 
 
@@ -282,9 +291,14 @@ def _worker_port_hint(refusal: str, first: int) -> str:
     line names its own flag (``--port``), which serve's user did not give; "" for any
     other refusal."""
     m = re.match(r"worker(\d+): (?:clockwork worker: )?cannot listen on \S+ \(--port\)", refusal)
-    if not m or not first:
+    link = re.match(r"worker(\d+): (?:clockwork worker: )?--link-port \d+: cannot listen", refusal)
+    if not (m or link) or not first:
         return ""
-    i = int(m.group(1))
+    i = int((m or link).group(1))
+    if link:
+        return (f"worker{i}'s fast link's port is --worker-port {first} + {WORKER_PORT_STEP} "
+                f"x {i} + {LINK_PORT_OFFSET}: give --worker-port other ports, or 0 for free "
+                "ones")
     return (f"worker{i}'s port is --worker-port {first} + {WORKER_PORT_STEP} x {i}: give "
             "--worker-port other ports, or 0 for free ones")
 

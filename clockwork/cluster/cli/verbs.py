@@ -310,8 +310,8 @@ def add_serve(sub) -> None:
                    help="controller port (0: pick one; default 12346, or any free port with "
                    "--replay)")
     p.add_argument("--worker-port", type=t.port, default=0,
-                   help="worker ports: worker i listens on WORKER_PORT + 10 i (default 0: "
-                   "free ports)")
+                   help="worker ports: worker i listens on WORKER_PORT + 10 i, its fast "
+                   "link on WORKER_PORT + 10 i + 1 (default 0: free ports)")
     p.add_argument("--http-port", type=t.optional_port, default=None,
                    help="KServe v2 REST, /metrics and health (default 8000, off with "
                    "--replay; 0: pick one, -1: off)")
