@@ -523,6 +523,30 @@ def test_sweep_ray_without_an_address_starts_a_local_instance(monkeypatch):
         assert seen[-1] == address, (flag, env, seen)
 
 
+@pytest.mark.parametrize("command", ["sweep", "plan"])
+def test_sweep_and_plan_on_ray_auto_with_no_cluster_say_so_in_one_line_exit_2(tmp_path,
+                                                                             command):
+    """``--ray auto`` with no Ray cluster to find: one line of ours, exit 2 (it was
+    Ray's own message, naming an ``--address`` flag these commands lack, exit 1)."""
+    pytest.importorskip("ray", reason="needs the ray extra: pip install -e '.[ray]'")
+    sw = tmp_path / "g.toml"
+    sw.write_text('scenarios = ["poisson_warm"]\noverrides = ["duration_s=1"]\n[grid]\n')
+    argv = ([str(sw), "--out", str(tmp_path / "out")] if command == "sweep"
+            else ["poisson_warm", "--set", "duration_s=1", "--slo-ms", "100"])
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAY_TMPDIR"] = str(tmp_path / "ray")  # (no Ray instance started there)
+    p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", command, *argv,
+                        "--ray", "auto", "--quiet"], capture_output=True, text=True,
+                       timeout=120, env=env, cwd=tmp_path)
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("clockwork")]
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert lines == [f"clockwork {command}: --ray auto: no running Ray cluster found from "
+                     "this machine ($RAY_ADDRESS unset, none started here); start one (ray "
+                     "start --head), give its address (--ray HOST:PORT), or give --ray alone "
+                     "for a one-node Ray instance of its own"], p.stderr
+    assert "--address" not in p.stderr and "Traceback" not in p.stderr
+
+
 def _ray_cpus_free() -> float:
     import ray
 
@@ -581,6 +605,38 @@ def test_sweep_on_ray_stops_on_sigterm_as_on_ctrl_c(ray_nodes, tmp_path):
     assert err.strip().splitlines()[-1] == "interrupted", err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     poll(lambda: _ray_cpus_free() >= before, 60.0, 0.1)  # the task was stopped
+
+
+def test_a_sweep_point_whose_ray_task_process_dies_is_run_again(ray_nodes, tmp_path):
+    """A point's Ray task whose process is killed (out of memory, a node's process
+    reaped) is run once more and the sweep ends as a local one would (it was an error
+    row, "WorkerCrashedError", exit 1, where a local pool runs the point again alone)."""
+    sw = tmp_path / "sw.toml"
+    sw.write_text('scenarios = ["poisson_warm"]\noverrides = ["duration_s=600"]\n')
+    import ray
+
+    before = ray.cluster_resources()["CPU"]
+    poll(lambda: _ray_cpus_free() >= before, 60.0, 0.1)  # (the earlier tests' work ended)
+    p = subprocess.Popen([sys.executable, "-m", "clockwork.cluster.cli", "sweep", str(sw),
+                          "--ray", ray_nodes.address, "--quiet", "--out", str(tmp_path / "o")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def task() -> list[str]:
+            """the process running the point's task (Ray names it after the function)"""
+            assert p.poll() is None, p.communicate()
+            return subprocess.run(["pgrep", "-f", "^ray::_own_then"], capture_output=True,
+                                  text=True).stdout.split()
+        pids = poll(task, 60.0, 0.05)
+        for pid in pids:
+            os.kill(int(pid), signal.SIGKILL)
+        out, err = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 0, (p.returncode, err[-3000:])
+    assert "WorkerCrashedError" not in err, err[-3000:]
+    assert (tmp_path / "o" / "results.tsv").read_text().count("\n") == 2  # header, the point
 
 
 def test_sigterm_while_a_local_ray_starts_stops_as_ctrl_c_and_leaves_no_process(tmp_path):

@@ -405,6 +405,11 @@ BACKENDS: dict[str, Callable[[int], Executor] | str] = {
 }
 
 
+class BackendUnavailable(RuntimeError):
+    """A backend's executor could not be made (a Ray cluster it did not connect to): its
+    one-line reason. ``sweep`` and ``plan`` say it and exit 2, nothing run."""
+
+
 def register_backend(name: str, factory: Callable[[int], Executor] | str) -> None:
     """Make ``factory`` (``jobs -> concurrent.futures.Executor``, or its
     ``"module:function"``) available as ``--backend name``. Its executor runs

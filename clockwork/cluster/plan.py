@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from clockwork.cluster.parallel import (
+    BackendUnavailable,
     FolderBusy,
     Outcome,
     Point,
@@ -511,7 +512,8 @@ def _run_plan(args: argparse.Namespace, plan: Plan, out: Path | None) -> int:
             with Runner(jobs, args.backend, progress=False if quiet else
                         (True if args.progress else None)) as runner:
                 search(plan, runner, root, k, log)
-        except NoRequests as e:  # (the scenario's fault, found once it ran: exit 2)
+        except (NoRequests, BackendUnavailable) as e:  # (the scenario's fault, found once
+            # it ran, or a Ray cluster not connected to: exit 2)
             print(f"clockwork plan: {e}", file=sys.stderr)
             return 2
         except PlanError as e:

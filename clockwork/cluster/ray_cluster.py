@@ -1240,17 +1240,43 @@ class RayExecutor(Executor):
     sized_by_jobs = False  # (so a sweep's Runner keeps it for a larger round of points)
 
     def __init__(self, jobs: int) -> None:
+        from clockwork.cluster.parallel import BackendUnavailable
+
         self._own = not ray.is_initialized()
         if self._own:
-            init_ray(address=os.environ.get("RAY_ADDRESS") or "local", log_to_driver=False,
-                     include_dashboard=False, configure_logging=False)
+            address = os.environ.get("RAY_ADDRESS") or "local"
+            said = None
+            if address not in ("local", "auto"):  # (Ray may retry for minutes, silent)
+                said = threading.Timer(CONNECT_SAY_S, lambda: print(
+                    f"clockwork: --ray {address}: not connected after {CONNECT_SAY_S:.0f} s; "
+                    f"{CONNECT_HINT}; Ctrl-C stops", file=sys.stderr, flush=True))
+                said.daemon = True
+                said.start()
+            try:
+                init_ray(address=address, log_to_driver=False, include_dashboard=False,
+                         configure_logging=False)
+            except ConnectionError as e:  # (Ray's own words name flags we do not have)
+                if address == "auto":
+                    raise BackendUnavailable(
+                        "--ray auto: no running Ray cluster found from this machine "
+                        "($RAY_ADDRESS unset, none started here); start one (ray start "
+                        "--head), give its address (--ray HOST:PORT), or give --ray alone "
+                        "for a one-node Ray instance of its own") from e
+                raise BackendUnavailable(f"--ray {address}: Ray did not connect "
+                                         f"({_first_line(e)}); {CONNECT_HINT}") from e
+            finally:
+                if said is not None:
+                    said.cancel()
         self._remote: dict = {}
         self._refs: list = []
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
         task = self._remote.get(_own_then)
         if task is None:
-            task = self._remote[_own_then] = ray.remote(num_cpus=1, max_retries=0)(_own_then)
+            # (a task whose process died, killed or out of memory, is run once more, as a
+            # local pool's broken point is run again alone: each writes its own folder
+            # only, and runs the same again)
+            task = self._remote[_own_then] = ray.remote(num_cpus=1, max_retries=1)(_own_then)
         ref = task.remote(fn, *args, **kwargs)
         self._refs.append(ref)
         return ref.future()

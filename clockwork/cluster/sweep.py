@@ -44,6 +44,7 @@ from typing import Annotated, Any, ClassVar
 import annotated_types as at
 
 from clockwork.cluster.parallel import (
+    BackendUnavailable,
     FolderBusy,
     Outcome,
     Point,
@@ -612,9 +613,13 @@ def _run_sweep(args: argparse.Namespace, sweep: Sweep, out: Path) -> int:
             with contextlib.suppress(IsADirectoryError, PermissionError):  # (its write
                 # says so, at the end; a folder there: EISDIR on Linux, EPERM elsewhere)
                 (out / name).unlink(missing_ok=True)
-    with term_as_ctrl_c(), Runner(jobs, args.backend, sweep.spec.logs, progress=False
+    try:
+        with term_as_ctrl_c(), Runner(jobs, args.backend, sweep.spec.logs, progress=False
                                       if quiet else (True if args.progress else None)) as runner:
-        outcomes = runner.run(points, out, desc=f"sweep {sweep.name}")
+            outcomes = runner.run(points, out, desc=f"sweep {sweep.name}")
+    except BackendUnavailable as e:
+        print(f"clockwork sweep: {e}", file=sys.stderr)
+        return 2
     table = rows(sweep, outcomes)
     failed = [o for o in outcomes if not o.ok]
     print(format_rows(sweep, table))  # (first: a results file that cannot be written
