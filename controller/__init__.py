@@ -144,7 +144,7 @@ def table_policy(table: Mapping[str, object]) -> tuple[str, dict]:
 # and the liveness probes every controller loop runs; the others are the clockwork
 # policy's own
 BASELINE_SHARED = frozenset({"default_slo_ms", "max_batch", "liveness", "probe_slack_ms",
-                             "probe_slack_frac", "probe_timeout_ms"})
+                             "probe_slack_frac", "probe_timeout_ms", "probe_idle_ms"})
 
 
 def unused_settings(name: str, table: Mapping[str, object]) -> list[str]:

@@ -83,6 +83,11 @@ class SchedulerConfig:
     liveness: bool = setting(
         True, "Probe workers whose actions are overdue and stop using those that do not "
         "answer (a hung worker); off: only a closed connection takes a worker out.")
+    probe_idle: int = setting(
+        ms(500), "Liveness: this often, a worker with nothing in flight that was not heard "
+        "from for as long is probed, so that one hung while idle is found before requests "
+        "are placed on it (0: only workers with overdue actions are probed).",
+        units=("ms",), ge=0)
 
     @model_validator(mode="after")
     def _plans_past_an_idle_start(self) -> SchedulerConfig:

@@ -70,11 +70,16 @@ class Liveness:
     # least twice its expected duration), from a worker that answers its probes, makes
     # the worker suspect all the same: a device that hangs under a live process
     stuck_min: int = ms(1000)
+    # every this long, a worker with nothing outstanding that was not heard from for as
+    # long is probed (0: never): a worker that hangs while idle is found before work is
+    # placed on it, not only once an action sent to it is overdue
+    idle_probe: int = ms(500)
 
     @classmethod
     def of(cls, cfg) -> Liveness:
         """From a ``SchedulerConfig`` (its ``probe_*`` and ``liveness`` settings)."""
-        return cls(cfg.probe_slack, cfg.probe_slack_frac, cfg.probe_timeout, cfg.liveness)
+        return cls(cfg.probe_slack, cfg.probe_slack_frac, cfg.probe_timeout, cfg.liveness,
+                   idle_probe=cfg.probe_idle)
 
 
 class ControllerTransport(Protocol):
@@ -159,6 +164,10 @@ class ControllerLoop:
         # (bound, action id, worker, 0 = first look / 1 = the look for a stuck action) heap
         self._due: list[tuple[int, int, int, int]] = []
         self.probing: dict[int, int] = {}  # worker -> when its probe's answer is due
+        self.heard = [0] * n  # when each worker was last heard from
+        # the next look for idle workers not heard from (``_probe_idle``; None: not yet
+        # started, at the first event)
+        self._idle_at: int | None = None
         self._again: set[int] = set()  # the workers on a second probe (``_check_liveness``)
         self.suspect = [False] * n
         self.resetting = [False] * n  # reset sent, its answer not yet heard
@@ -209,6 +218,7 @@ class ControllerLoop:
         if self.removed[worker]:
             return
         self._dirty = True
+        self.heard[worker] = now
         if worker in self.probing or self.suspect[worker]:
             self.heard_from(worker, now)
         outstanding = self.outstanding[worker]
@@ -257,6 +267,8 @@ class ControllerLoop:
                 out.extend(on_result(r, now))
         if self._live:
             self._check_liveness(now, lag)
+            if self._idle_at is not None and now >= self._idle_at:
+                self._probe_idle(now)
         nw = self.policy.next_wakeup()
         if nw is not None and nw <= now:
             out.extend(self.policy.on_tick(now))
@@ -267,6 +279,7 @@ class ControllerLoop:
         if self.removed[worker]:
             return
         self._dirty = True
+        self.heard[worker] = now
         self.probing.pop(worker, None)
         self._again.discard(worker)
         if self.suspect[worker] and not self.leaving[worker]:  # (one drained is not
@@ -327,6 +340,8 @@ class ControllerLoop:
                 if w not in probing:
                     probing[w] = now + self.liveness.probe_timeout
                     self.transport.probe(w)
+                elif probing[w] > now + self.liveness.probe_timeout:  # (an idle probe's
+                    probing[w] = now + self.liveness.probe_timeout  # longer wait: cut)
                 wait = max(self.liveness.stuck_min, 2 * a.expected_duration)
                 heapq.heappush(due, (now + wait, aid, w, 1))
             elif w in probing:  # the probe out decides first
@@ -334,6 +349,27 @@ class ControllerLoop:
             else:  # long overdue, and its worker answers: it will never finish there
                 self._suspect(w, now, "an action long overdue, though the "
                                       "worker answers probes")
+
+    def _probe_idle(self, now: int) -> None:
+        """Probe each worker that takes work, has nothing outstanding, is not probed or
+        being re-admitted already, and was not heard from for ``idle_probe``: one that
+        does not answer within half that (at least ``probe_timeout``) is suspect
+        (``_check_liveness``), before a request is placed on it. Next look
+        ``idle_probe`` later."""
+        every = self.liveness.idle_probe
+        since = now - every
+        # (no work waits on the answer: a worker starved of CPU on a busy host is given
+        # half the look's interval, not the probe timeout; an action sent meanwhile and
+        # overdue cuts the wait back to the probe timeout, ``_check_liveness``)
+        until = now + max(self.liveness.probe_timeout, every // 2)
+        probing, heard, outstanding = self.probing, self.heard, self.outstanding
+        for w, takes in enumerate(self.takes):
+            if takes and heard[w] <= since and not outstanding[w] and w not in probing \
+                    and not self.resetting[w]:
+                probing[w] = until
+                self.transport.probe(w)
+        self._idle_at = now + every
+        self._dirty = True
 
     def _suspect(self, w: int, now: int, reason: str) -> None:
         """``w`` is suspect (``reason``): handled as lost (``worker_lost``) until it is
@@ -421,6 +457,7 @@ class ControllerLoop:
         if any(s.worker != w for s in specs):
             raise ValueError(f"the new worker's GPUs must name worker {w}")
         self.gpus_of.append([])
+        self.heard.append(now)
         self.up.append(True)
         self.takes.append(True)
         self.n_up += 1
@@ -437,7 +474,8 @@ class ControllerLoop:
                 if self.gpus_of[w]:
                     raise
                 for per_worker in (self.gpus_of, self.up, self.takes, self.outstanding,
-                                   self.suspect, self.resetting, self.removed, self.leaving):
+                                   self.suspect, self.resetting, self.removed, self.leaving,
+                                   self.heard):
                     per_worker.pop()  # (a policy that cannot grow: no worker was added)
                 self.n_up -= 1
                 raise
@@ -476,6 +514,7 @@ class ControllerLoop:
             self.n_up += 1
         self.up[worker] = self.takes[worker] = True
         self._dirty = True
+        self.heard[worker] = now
         self.probing.pop(worker, None)
         out: list[Action] = []
         for g in self.gpus_of[worker]:
@@ -540,8 +579,11 @@ class ControllerLoop:
         replies = self.policy.drain_replies()
         if replies:
             self.transport.answer(replies)
+        if self._idle_at is None and self._live and self.liveness.idle_probe:
+            self._idle_at = now + self.liveness.idle_probe  # (the first event: looks begin)
+            self._dirty = True
         # arm the timer: the policy's next wakeup, the next failure to feed, the next
-        # liveness bound or probe deadline, whichever is first
+        # liveness bound, probe deadline or look at idle workers, whichever is first
         nw = self.policy.next_wakeup()
         if self._dirty:
             self._other = self._earliest_other()
@@ -572,6 +614,8 @@ class ControllerLoop:
                 until = min(self.probing.values())
                 if until < at:
                     at = until
+            if self._idle_at is not None and self._idle_at < at:
+                at = self._idle_at
         return at
 
     def _fail(self, actions: list[Action], why: str, now: int) -> None:

@@ -899,3 +899,40 @@ def test_a_reset_the_worker_fails_ends_its_connection_and_it_is_taken_back():
             assert (await answer(node, "resnet50_v2")).status == 0
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_worker_stopped_while_idle_is_suspect_before_a_request_reaches_it():
+    """Two workers, both holding the model; worker 1 is stopped (SIGSTOP) while idle. It
+    is suspect within about a second (the idle probe: it was listed serving and taken
+    for ready for 10-15 s, until its connection's keepalive gave up, and a request placed
+    on it waited for its action to be overdue: a 40 ms SLO failed WorkerLost though
+    worker 0 held the model). Requests then go to worker 0; resumed, worker 1 serves
+    again."""
+    import os
+    import signal
+    import time
+
+    import clockwork
+    from tests.conftest import local_cluster
+
+    with local_cluster(workers=2, gpus=1, models="mobilenet_v2:2") as c:
+        with clockwork.Client(c.address, timeout=10) as cl:
+            for _ in range(20):  # (both copies loaded)
+                assert cl.infer("mobilenet_v2", slo_ms=1000).status == 0
+            pid = c.workers[1].proc.pid
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                t0 = time.monotonic()
+                while [w["state"] for w in cl.workers()] != ["serving", "suspect"]:
+                    assert time.monotonic() - t0 < 5, cl.workers()
+                    time.sleep(0.05)
+                found = time.monotonic() - t0
+                assert found < 3, found
+                rs = [cl.infer("mobilenet_v2", slo_ms=40) for _ in range(20)]
+                assert [r.status for r in rs] == [0] * 20
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            t0 = time.monotonic()
+            while [w["state"] for w in cl.workers()] != ["serving", "serving"]:
+                assert time.monotonic() - t0 < 10, cl.workers()
+                time.sleep(0.05)

@@ -137,6 +137,68 @@ def test_an_overdue_action_probes_its_worker_and_silence_makes_it_suspect():
     assert loop.up[w]
 
 
+def test_a_worker_silent_while_idle_is_probed_and_suspect_before_work_reaches_it():
+    """A worker with nothing outstanding that was not heard from for ``idle_probe`` is
+    probed, and suspect if it does not answer within the probe timeout (a worker that
+    hung while idle was listed serving, and the first request placed on it waited for
+    its action to be overdue first). One that answers is left alone; a worker that is
+    heard from (its results, echoes) is not probed."""
+    loop, t = controller(workers=3)
+    assert loop.liveness.idle_probe == ms(500)
+    loop.apply([], 0)  # (the first event: the looks begin)
+    assert loop.armed == ms(500)
+    loop.heard_from(2, ms(300))  # (an echo: heard within the last 500 ms)
+    loop.tick(ms(500))
+    assert t.probes == [0, 1] and set(loop.probing) == {0, 1}
+    loop.heard_from(0, ms(510))  # 0 answers, 1 stays silent
+    # (nothing waits on the answer: it is given half the interval, not the 50 ms)
+    assert loop.probing == {1: ms(750)}
+    while loop.armed is not None and loop.armed <= ms(750):
+        loop.tick(loop.armed)
+    assert loop.suspect == [False, True, False] and loop.up == [True, False, True]
+    # requests go to the workers that answer
+    loop.request(Request(1, "resnet50_v2", ms(600), ms(100)), ms(600))
+    assert t.sent and {w for w, _ in t.sent} <= {0, 2}
+    # the next look, 500 ms on: a worker with work outstanding is left to the overdue
+    # check, the suspect one is not probed again (its next message re-admits it)
+    busy = {w for w, _ in t.sent}
+    probes = len(t.probes)
+    loop.tick(ms(1000))
+    assert not set(t.probes[probes:]) & (busy | {1}), t.probes
+
+
+def test_idle_probes_off():
+    from controller.loop import Liveness
+
+    specs = [GpuSpec(w, 0, 100) for w in range(2)]
+    t = Recorder()
+    loop = ControllerLoop(make_policy("clockwork", [R50], specs), t, specs,
+                          liveness=Liveness(idle_probe=0))
+    loop.apply([], 0)
+    assert loop.armed is None  # nothing to look at
+    loop.tick(sec(10))
+    assert t.probes == [] and loop.up == [True, True]
+
+
+def test_the_simulator_finds_a_worker_hung_while_idle_before_the_next_request():
+    """Simulated: one request a second; worker 1 hangs at 0.1 s, idle. It is suspect
+    within the idle probe and its timeout (before the request at 1 s), not only once a
+    request's action on it is overdue; every request is served."""
+    from clockwork.cluster.sim import Simulation
+    from clockwork.scenario import load_scenario
+
+    sim = Simulation(load_scenario(data={
+        "seed": 1, "duration_s": 4.0,
+        "cluster": {"workers": 2, "gpus_per_worker": 1, "profiles": "v100-reference"},
+        "models": [{"name": "resnet18_v2"}],
+        "workloads": [{"kind": "fixed_rate", "rate_rps": 1, "slo_ms": 1000}],
+        "faults": {"hang": [{"worker": 1, "at_s": 0.1, "for_s": 2.0}]}}))
+    s = sim.run().summary
+    said = [t for t, what in sim.fault_log if "suspects worker 1" in what]
+    assert said and said[0] < sec(1), sim.fault_log
+    assert s["submitted"] == s["succeeded"] == 4, s
+
+
 def _overdue_and_probe_answered():
     """One worker, one request: its first action overdue at its bound, the probe that
     makes answered 1 ms later. -> (loop, transport, the action, its bound)."""
