@@ -56,6 +56,7 @@ from controller.inflight import (
     REFUSED_AS_SENT,
     REFUSED_FOR_NS,
     WEIGHTS_UNCOUNTED,
+    WINDOW_MISSED,
     Inflight,
     error_message,
     failed_status,
@@ -308,7 +309,9 @@ class ClockworkScheduler(Policy):
                         and g.instances.get(m.name) is inst):
                     self._pause_copy(inst, now)
                     self._failing(m, result, now)
-                self._requeue(m, inf.requests, result, now)
+                missed = inst.load_missed  # (its LOAD came too late: that is why)
+                self._requeue(m, inf.requests, result if missed is None or result.status
+                              != ErrorCode.WEIGHTS_NOT_PRESENT else missed, now)
                 # our view was wrong: forget the copy. Not when the INFER was turned away
                 # before its LOAD finished (a real LOAD that ran long): the weights are there.
                 if result.status in COPY_GONE and not inst.loading and g.instances.get(m.name) is inst \
@@ -352,6 +355,8 @@ class ClockworkScheduler(Policy):
                     if inst.model.removed:
                         self._retire(inst, now, out)
             else:
+                if result.status.name.endswith(WINDOW_MISSED):
+                    inst.load_missed = result
                 if current and result.status == WEIGHTS_UNCOUNTED:
                     self._send_evict(inst, now, out)  # (then placed again: below)
                 elif current:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import deque
 from heapq import heapify, heappush
 
-from clockwork.actions import NEVER
+from clockwork.actions import NEVER, Result
 from clockwork.profiles import ModelProfile
 from clockwork.requests import QUEUED, Request
 from controller.config import SchedulerConfig, usable_batch_sizes
@@ -18,7 +18,7 @@ class Instance:
     """A model's weights on one GPU (loading or loaded), as the controller believes."""
 
     __slots__ = ("model", "gpu", "version", "ready_at", "loading", "inflight", "last_used",
-                 "seq", "faults")
+                 "seq", "faults", "load_missed")
 
     def __init__(self, model: ModelState, gpu: GpuState, version: int, ready_at: int) -> None:
         self.model = model
@@ -30,6 +30,10 @@ class Instance:
         self.last_used = 0
         self.seq = 0  # order of creation (a model's ``instances`` dict is in this order)
         self.faults = 0  # INFERs failed in a row on its device (``COPY_FAULTED``)
+        # its LOAD's result when the worker refused it outside its window (``*_TOO_LATE``):
+        # the INFERs sent after it then fail for want of its weights, and what they answer
+        # is that their SLO could not be met (TIMEOUT), not an error of the cluster
+        self.load_missed: Result | None = None
 
 
 class CopyIndex:

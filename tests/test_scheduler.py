@@ -230,6 +230,25 @@ def test_rejected_infer_too_late_to_retry_answers_timeout_other_failures_error()
         assert rep.status == status and code.name in rep.message, (code, rep)
 
 
+def test_infers_behind_a_load_refused_too_late_answer_timeout_not_error():
+    """A cold request's LOAD refused as too late (a burst: it reached the worker past its
+    window), then its INFER, sent behind it, refused for want of the weights: with no
+    time left the request is answered TIMEOUT, the LOAD's code in the message (it was
+    ERROR "weights not in the cache": a cluster fault to the caller, 503/UNAVAILABLE,
+    for what was a deadline missed). A LOAD refused otherwise (no room) stays ERROR."""
+    for load_code, status in ((ErrorCode.LOAD_TOO_LATE, RequestStatus.TIMEOUT),
+                              (ErrorCode.LOAD_INSUFFICIENT_CACHE, RequestStatus.ERROR)):
+        s = sched()
+        load, inf = s.on_request(req(1, slo=20 * MS), 0)
+        assert (load.type, inf.type) == (ActionType.LOAD, ActionType.INFER)
+        s.on_result(fail(load, MS, load_code), MS)
+        s.on_result(fail(inf, 17 * MS, ErrorCode.WEIGHTS_NOT_PRESENT), 17 * MS)
+        (rep,) = s.drain_replies()
+        assert rep.status == status, (load_code, rep)
+        said = load_code if status == RequestStatus.TIMEOUT else ErrorCode.WEIGHTS_NOT_PRESENT
+        assert said.name in rep.message, (load_code, rep)
+
+
 def test_max_batch_below_every_compiled_size_runs_the_smallest():
     """A model compiled for batches of 4 and 8 only, ``max_batch`` 2: its requests run
     in batches of 4, the smallest it has, as the baselines run them (the scheduler took
