@@ -174,6 +174,10 @@ class Gate:
             self.conns.pop(conn, None)
 
 
+# at the controller's stop, a stream's writer still held up this long after (a client
+# that does not read: its window full) is given up, and the stream ends UNAVAILABLE
+# within the gRPC server's stop grace (1 s) instead of being cancelled by it
+STOP_WRITE_S = 0.5
 TOKEN_BIT = 1 << 63  # set in the client id of a stream's request with inputs while inside
 # (and of one whose client id has this bit set: see serve_stream's admit)
 
@@ -616,6 +620,8 @@ async def serve_stream(node, context) -> None:
         st.stopping = st.done = True
         rtask.cancel()
         st.wake.set()
+        asyncio.get_running_loop().call_later(
+            STOP_WRITE_S, lambda: wtask.done() or wtask.cancel())
 
     node.stream_closers.add(stopping)
     try:
@@ -625,6 +631,8 @@ async def serve_stream(node, context) -> None:
             wtask.cancel()
             _SLOW_LOG(f"InferStream from {conn} ended: {st.why}")
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, st.why)
+        if st.stopping and wtask.cancelled():  # (its client does not read: given up)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, STOPPING_MESSAGE)
         wtask.result()  # a failed write (the client went away) raises here
         if rtask.done() and not rtask.cancelled() and rtask.exception() is not None:
             e = rtask.exception()

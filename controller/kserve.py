@@ -55,6 +55,7 @@ from clockwork.tensors import Tensor
 from controller.config import usable_batch_sizes
 from controller.intake import (
     REPLY_OBJECT_BYTES,
+    STOP_WRITE_S,
     STOPPING_MESSAGE,
     Admitted,
     answer_or_withdraw,
@@ -826,6 +827,8 @@ class _ModelStream:
             self._admit()
             rtask.cancel()
             self.wake.set()
+            asyncio.get_running_loop().call_later(  # (a client that does not read)
+                STOP_WRITE_S, lambda: wtask.done() or wtask.cancel())
 
         self.node.stream_closers.add(stopping)
         try:
@@ -833,6 +836,8 @@ class _ModelStream:
             if self.killed.is_set():
                 _internal_log(f"ModelStreamInfer from {self.conn} ended: {self.why}")
                 await self.context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self.why)
+            if self.stopping and wtask.cancelled():  # (its client does not read: given up)
+                await self.context.abort(grpc.StatusCode.UNAVAILABLE, STOPPING_MESSAGE)
             wtask.result()  # a failed write (the client went away) raises here
             if rtask.done() and not rtask.cancelled() and rtask.exception() is not None:
                 e = rtask.exception()

@@ -963,3 +963,77 @@ def test_a_replay_says_trace_minutes_shorter_than_the_run(cluster, capsys):
     err = capsys.readouterr().err
     assert ("clockwork replay: warning: workloads.0 (azure): its 1 trace minute(s) end at "
             "0.5 s, before duration_s = 1 s") in err, err
+
+
+_UNREAD_STREAM = r'''
+import sys, time
+import grpc
+from clockwork.protocol import clockwork_pb2 as pb, clockwork_pb2_grpc as pbg
+from clockwork.protocol import kserve_pb2 as kpb, kserve_pb2_grpc as kpbg
+address, kind = sys.argv[1], sys.argv[2]
+ch = grpc.insecure_channel(address)
+def clockwork_msgs():
+    cid = 0
+    while True:
+        b = pb.InferRequestBatch()
+        for _ in range(20):
+            b.requests.add(model="mobilenet_v2", slo_ms=1000, client_id=cid)
+            cid += 1
+        yield b
+        time.sleep(0.01)
+def kserve_msgs():
+    data = bytes(3 * 224 * 224 * 4)
+    k = 0
+    while True:
+        r = kpb.ModelInferRequest(model_name="mobilenet_v2", id=str(k))
+        r.inputs.add(name="data", datatype="FP32", shape=[1, 3, 224, 224])
+        r.raw_input_contents.append(data)
+        k += 1
+        yield r
+        time.sleep(0.002)
+if kind == "clockwork":
+    call = pbg.ClockworkStub(ch).InferStream(clockwork_msgs())
+else:
+    call = kpbg.GRPCInferenceServiceStub(ch).ModelStreamInfer(kserve_msgs())
+print("streaming", flush=True)
+time.sleep(600)  # never reads an answer
+'''
+
+
+@pytest.mark.parametrize("kind", ["clockwork", "kserve"])
+def test_a_stopping_controller_ends_a_stream_whose_client_does_not_read(tmp_path, kind):
+    """A stream client that sends and never reads (its window full, the controller's
+    write of its answers held up): SIGTERM stops the controller cleanly, the stream
+    given up at the stop (it was cancelled by the gRPC server's grace, a traceback on
+    the controller's output), exit 0."""
+    import subprocess
+    import sys
+    import time
+
+    from clockwork.cluster.local import LocalCluster
+
+    script = tmp_path / "unread.py"
+    script.write_text(_UNREAD_STREAM)
+    c = LocalCluster(workers=1, gpus=1, models="mobilenet_v2", timeout=30.0)
+    with c:
+        with clockwork.Client(c.address, timeout=20) as cl:
+            before = cl.stats().get("requests", 0)
+        p = subprocess.Popen([sys.executable, str(script), c.address, kind],
+                             stdout=subprocess.PIPE, text=True)
+        try:
+            assert p.stdout.readline().strip() == "streaming"
+            # (its answers go out until its window is full: the writes then wait)
+            enough = 5000 if kind == "clockwork" else 1000
+            with clockwork.Client(c.address, timeout=20) as cl:
+                t0 = time.monotonic()
+                while cl.stats().get("requests", 0) - before < enough:
+                    assert time.monotonic() - t0 < 60, cl.stats()
+                    time.sleep(0.05)
+            c.controller.proc.send_signal(signal.SIGTERM)
+            rc = c.controller.proc.wait(30)
+        finally:
+            p.kill()
+            p.wait()
+        out = "".join(c.controller.output)
+        assert rc == 0, out[-3000:]
+        assert "Traceback" not in out and "CancelledError" not in out, out[-3000:]
