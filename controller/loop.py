@@ -165,6 +165,10 @@ class ControllerLoop:
         self._due: list[tuple[int, int, int, int]] = []
         self.probing: dict[int, int] = {}  # worker -> when its probe's answer is due
         self.heard = [0] * n  # when each worker was last heard from
+        # each worker's last idle probe: when it was sent (until answered), and the round
+        # trip its answer took (a worker far away, or on a slow link, is given longer)
+        self._idle_sent: dict[int, int] = {}
+        self._idle_rtt = [0] * n
         # the next look for idle workers not heard from (``_probe_idle``; None: not yet
         # started, at the first event)
         self._idle_at: int | None = None
@@ -280,6 +284,10 @@ class ControllerLoop:
             return
         self._dirty = True
         self.heard[worker] = now
+        if self._idle_sent:
+            sent = self._idle_sent.pop(worker, None)
+            if sent is not None:
+                self._idle_rtt[worker] = now - sent
         self.probing.pop(worker, None)
         self._again.discard(worker)
         if self.suspect[worker] and not self.leaving[worker]:  # (one drained is not
@@ -312,9 +320,12 @@ class ControllerLoop:
         probing = self.probing
         if lag > self.liveness.probe_timeout // 2:
             # we ourselves ran this late (a saturated CPU): an answer may be waiting
-            # unread; give every probe a fresh timeout instead of blaming the workers
-            for w in probing:
-                probing[w] = now + self.liveness.probe_timeout
+            # unread; give every probe a fresh timeout instead of blaming the workers (an
+            # idle probe's longer wait kept)
+            fresh = now + self.liveness.probe_timeout
+            for w, until in probing.items():
+                if until < fresh:
+                    probing[w] = fresh
             return
         if probing:
             for w in [w for w, until in probing.items() if until <= now]:
@@ -361,12 +372,17 @@ class ControllerLoop:
         # (no work waits on the answer: a worker starved of CPU on a busy host is given
         # half the look's interval, not the probe timeout; an action sent meanwhile and
         # overdue cuts the wait back to the probe timeout, ``_check_liveness``)
-        until = now + max(self.liveness.probe_timeout, every // 2)
+        wait = max(self.liveness.probe_timeout, every // 2)
         probing, heard, outstanding = self.probing, self.heard, self.outstanding
+        rtt, sent = self._idle_rtt, self._idle_sent
         for w, takes in enumerate(self.takes):
             if takes and heard[w] <= since and not outstanding[w] and w not in probing \
                     and not self.resetting[w]:
-                probing[w] = until
+                # (a worker whose last answer took longer is given twice that, up to four
+                # looks' time: one on a link slower than the wait was found suspect at
+                # every look; each answer's time counts, so one hang's is forgotten)
+                probing[w] = now + max(wait, min(2 * rtt[w], 4 * every))
+                sent[w] = now
                 self.transport.probe(w)
         self._idle_at = now + every
         self._dirty = True
@@ -458,6 +474,7 @@ class ControllerLoop:
             raise ValueError(f"the new worker's GPUs must name worker {w}")
         self.gpus_of.append([])
         self.heard.append(now)
+        self._idle_rtt.append(0)
         self.up.append(True)
         self.takes.append(True)
         self.n_up += 1
@@ -475,7 +492,7 @@ class ControllerLoop:
                     raise
                 for per_worker in (self.gpus_of, self.up, self.takes, self.outstanding,
                                    self.suspect, self.resetting, self.removed, self.leaving,
-                                   self.heard):
+                                   self.heard, self._idle_rtt):
                     per_worker.pop()  # (a policy that cannot grow: no worker was added)
                 self.n_up -= 1
                 raise

@@ -309,9 +309,16 @@ class ClockworkScheduler(Policy):
                         and g.instances.get(m.name) is inst):
                     self._pause_copy(inst, now)
                     self._failing(m, result, now)
-                missed = inst.load_missed  # (its LOAD came too late: that is why)
-                self._requeue(m, inf.requests, result if missed is None or result.status
-                              != ErrorCode.WEIGHTS_NOT_PRESENT else missed, now)
+                why, late = result, False
+                if result.status == ErrorCode.WEIGHTS_NOT_PRESENT:
+                    # its copy's LOAD came too late (its code said), or has not finished
+                    # (its result, refused or not, may come after this one: the lanes
+                    # run apart): what a request with no time left misses is its deadline
+                    if inst.load_missed is not None:
+                        why = inst.load_missed
+                    late = inst.load_missed is not None or (
+                        inst.loading and g.instances.get(m.name) is inst)  # (unanswered)
+                self._requeue(m, inf.requests, why, now, late)
                 # our view was wrong: forget the copy. Not when the INFER was turned away
                 # before its LOAD finished (a real LOAD that ran long): the weights are there.
                 if result.status in COPY_GONE and not inst.loading and g.instances.get(m.name) is inst \
@@ -644,7 +651,11 @@ class ClockworkScheduler(Policy):
                 self._unqueue(m, r)
                 self._answer(r, status, now, message)
 
-    def _requeue(self, m: ModelState, requests: list[Request], result: Result, now: int) -> None:
+    def _requeue(self, m: ModelState, requests: list[Request], result: Result, now: int,
+                 late: bool = False) -> None:
+        """Queue again the requests of a failed INFER that can still make their deadline;
+        answer the others as ``result`` says (TIMEOUT for a window missed, or ``late``:
+        the weights were not there in time; else ERROR)."""
         if m.removed:  # nowhere to run them any more
             for r in requests:
                 self._answer(r, RequestStatus.INVALID_REQUEST, now, MODEL_UNLOADED)
@@ -668,7 +679,8 @@ class ClockworkScheduler(Policy):
             elif now + self.cfg.future + e1 <= r.deadline:
                 keep.append(r)
             else:  # (TIMEOUT when the worker found it too late: its SLO is out of reach)
-                self._answer(r, failed_status(result), now, error_message(result))
+                self._answer(r, RequestStatus.TIMEOUT if late else failed_status(result), now,
+                             error_message(result))
         if not keep:
             return
         keep.sort(key=lambda r: (r.arrival, r.id))

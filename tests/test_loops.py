@@ -167,6 +167,41 @@ def test_a_worker_silent_while_idle_is_probed_and_suspect_before_work_reaches_it
     assert not set(t.probes[probes:]) & (busy | {1}), t.probes
 
 
+def test_a_late_controller_keeps_an_idle_probes_longer_wait():
+    """A tick that runs late renews the probes out, as before, but never shortens an
+    idle probe's wait (it was cut to the 50 ms probe timeout: an idle worker whose
+    answer was read late on a busy host was suspect)."""
+    loop, t = controller(workers=2)
+    loop.apply([], 0)
+    loop.tick(ms(500))
+    assert loop.probing == {0: ms(750), 1: ms(750)}
+    loop.heard_from(0, ms(510))
+    loop.armed = ms(560)  # (a timer armed for 560 ms fires 30 ms late)
+    loop.tick(ms(590))
+    assert loop.probing == {1: ms(750)} and loop.up == [True, True]
+
+
+def test_an_idle_worker_on_a_slow_link_is_not_suspect_at_every_look():
+    """Simulated: a worker mostly idle on a link 150 ms each way (a round trip past the
+    250 ms an idle probe waits): suspect once, then its probes wait twice the round trip
+    its last answer took (it was suspect and reset at every look: 10 times in 15 s)."""
+    from clockwork.cluster.sim import Simulation
+    from clockwork.scenario import load_scenario
+
+    sim = Simulation(load_scenario(data={
+        "seed": 1, "duration_s": 20.0,
+        "cluster": {"workers": 2, "gpus_per_worker": 1, "profiles": "v100-reference",
+                    "network_latency_ms": 0.1},
+        "models": [{"name": "resnet18_v2", "copies": 2}],
+        "workloads": [{"kind": "fixed_rate", "rate_rps": 2, "slo_ms": 1000}],
+        "faults": {"slow_network": [{"worker": 1, "at_s": 1.0, "for_s": 15.0,
+                                     "delay_ms": 150}]}}))
+    s = sim.run().summary
+    said = [t for t, what in sim.fault_log if "suspects worker 1" in what]
+    assert 1 <= len(said) <= 2, sim.fault_log
+    assert s["submitted"] == s["succeeded"], s
+
+
 def test_idle_probes_off():
     from controller.loop import Liveness
 

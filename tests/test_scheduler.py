@@ -235,7 +235,9 @@ def test_infers_behind_a_load_refused_too_late_answer_timeout_not_error():
     window), then its INFER, sent behind it, refused for want of the weights: with no
     time left the request is answered TIMEOUT, the LOAD's code in the message (it was
     ERROR "weights not in the cache": a cluster fault to the caller, 503/UNAVAILABLE,
-    for what was a deadline missed). A LOAD refused otherwise (no room) stays ERROR."""
+    for what was a deadline missed). A LOAD refused otherwise (no room) stays ERROR. The
+    INFER's result may come first (the LOAD and EXEC lanes run apart): its LOAD not
+    answered yet, TIMEOUT too."""
     for load_code, status in ((ErrorCode.LOAD_TOO_LATE, RequestStatus.TIMEOUT),
                               (ErrorCode.LOAD_INSUFFICIENT_CACHE, RequestStatus.ERROR)):
         s = sched()
@@ -247,6 +249,13 @@ def test_infers_behind_a_load_refused_too_late_answer_timeout_not_error():
         assert rep.status == status, (load_code, rep)
         said = load_code if status == RequestStatus.TIMEOUT else ErrorCode.WEIGHTS_NOT_PRESENT
         assert said.name in rep.message, (load_code, rep)
+    s = sched()
+    load, inf = s.on_request(req(1, slo=20 * MS), 0)
+    s.on_result(fail(inf, 17 * MS, ErrorCode.WEIGHTS_NOT_PRESENT), 17 * MS)  # (first)
+    (rep,) = s.drain_replies()
+    assert rep.status == RequestStatus.TIMEOUT and "WEIGHTS_NOT_PRESENT" in rep.message, rep
+    s.on_result(fail(load, 18 * MS, ErrorCode.LOAD_TOO_LATE), 18 * MS)
+    assert s.drain_replies() == []
 
 
 def test_max_batch_below_every_compiled_size_runs_the_smallest():
