@@ -1350,9 +1350,10 @@ class WorkerLinks:
 
     async def _watch_grpc(self, link: WorkerLink) -> None:
         """On the fast link the Connect stream stays open, idle, and nothing else reads it:
-        its keepalive is what notices a worker whose host vanished or whose process hangs
-        while no action is out (nothing is overdue, so liveness probes nothing). When the
-        stream ends, or a message comes on it, the link is lost as for a broken stream."""
+        its keepalive is what ends the connection of a worker whose host vanished or whose
+        process hangs (liveness finds it suspect sooner: its idle probes, or an action
+        overdue). When the stream ends, or a message comes on it, the link is lost as for
+        a broken stream."""
         call = link.grpc_call
         try:
             msg = await call.read()
