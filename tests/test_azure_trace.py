@@ -316,3 +316,13 @@ def test_a_utf16_file_is_said_as_such(tmp_path, encoding):
     with pytest.raises(TraceError, match=r"u16.csv:1: the file is UTF-16 text; save it as "
                        "UTF-8"):
         AzureTrace.load(path)
+
+
+def test_trace_info_ranks_start_at_1(small):
+    """``clockwork trace info``'s table of top functions ranks them from 1 (the busiest
+    was rank 0)."""
+    from clockwork.workloads.trace_cli import format_info
+
+    text = format_info(AzureTrace.load(small[0]), top=3)
+    table = text.split("functions by invocations\n")[1].splitlines()
+    assert [row.split()[0] for row in table] == ["rank", "1", "2", "3"], text

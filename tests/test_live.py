@@ -136,6 +136,15 @@ def test_replay_poisson(cluster, tmp_path):
     with pytest.raises(ScenarioError, match="no compiled package there"):
         asyncio.run(asyncio.wait_for(replay(sc, cluster.address,
                                             check_packages=str(tmp_path)), 30))
+    # a scenario of models the controller does not serve: how many, and what to do
+    other = load_scenario(data={
+        "seed": 5, "duration_s": 1.0, "cluster": {"workers": 1, "gpus_per_worker": 1},
+        "models": [{"name": "resnet18_v2", "copies": 7}],
+        "workloads": [{"kind": "poisson", "rate_rps": 10, "slo_ms": 100}]})
+    with pytest.raises(ScenarioError, match=r"the controller does not serve 7 of the "
+                       r"scenario's 7 model instances \(resnet18_v2, resnet18_v2:1, .* \.\.\.\); "
+                       "serve them"):
+        asyncio.run(asyncio.wait_for(replay(other, cluster.address), 30))
 
 
 def test_a_replay_that_falls_behind_counts_from_the_arrival_times(cluster, capsys):
@@ -1037,3 +1046,16 @@ def test_a_stopping_controller_ends_a_stream_whose_client_does_not_read(tmp_path
         out = "".join(c.controller.output)
         assert rc == 0, out[-3000:]
         assert "Traceback" not in out and "CancelledError" not in out, out[-3000:]
+
+
+def test_infer_list_has_a_header(cluster, capsys):
+    """``clockwork infer --list``: a header line names the columns (the first two, the
+    instance and its profile, looked the same for a model served under its own name),
+    then one line an instance."""
+    from clockwork.cluster.cli import main
+
+    assert main(["infer", "--list", "--controller", cluster.address]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split("\t") == ["instance", "profile", "batch sizes", "inputs", "outputs"]
+    assert sorted(line.split("\t")[0] for line in lines[1:]) == [
+        "mobilenet_v2", "resnet50_v2", "resnet50_v2:1"], lines

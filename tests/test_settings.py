@@ -849,6 +849,9 @@ def test_clockwork_settings_prints_the_reference_or_a_topics_sections():
                         ("faults kill", "### `kill` entries"),
                         ("slow network", "### `slow_network` entries"),
                         ("slow_network", "### `slow_network` entries")]:
+        p = run(*topic.split())  # (several words as they are typed: one topic)
+        heads = [line for line in p.stdout.splitlines() if line.startswith("#")]
+        assert p.returncode == 0 and heads == [head], (topic, heads, p.stderr)
         p = run(topic)
         heads = [line for line in p.stdout.splitlines() if line.startswith("#")]
         assert p.returncode == 0 and heads == [head], (topic, heads, p.stderr)

@@ -16,6 +16,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
     with c:
         try:
             if args.list:
+                print("instance\tprofile\tbatch sizes\tinputs\toutputs")
                 for m in c.list_models():
                     print(f"{m.name}\t{m.profile}\tbatch {m.batch_sizes}\t"
                           f"in {m.inputs}\tout {m.outputs}")

@@ -143,8 +143,11 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     missing = sorted(set(instances) - served)
     if missing:
         await client.close()
-        raise ScenarioError(f"the controller does not serve {', '.join(missing[:5])}"
-                            f"{' ...' if len(missing) > 5 else ''}")
+        raise ScenarioError(f"the controller does not serve {len(missing):,} of the "
+                            f"scenario's {len(set(instances)):,} model instances "
+                            f"({', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}); "
+                            "serve them (clockwork serve SCENARIO starts a cluster that does, "
+                            "or load them: Client.load_model)")
     default_slo = ms(info.default_slo_ms or 100.0)
     check = None
     specs: dict[str, tuple[str, list]] = {}  # instance -> (profile, input pool)

@@ -299,6 +299,8 @@ def cmd_settings(args: argparse.Namespace) -> int:
     the topic's words (``##`` sections first; else ``###`` parts, e.g. ``kill`` or
     ``faults kill``)."""
     text = render()
+    if isinstance(args.topic, list):  # (several words: one topic, "top level")
+        args.topic = " ".join(args.topic)
     if not args.topic:
         sys.stdout.write(text)
         return 0

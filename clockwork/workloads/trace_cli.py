@@ -106,7 +106,7 @@ def format_info(tr, top: int = 10) -> str:
         lines += ["", f"top {len(order)} functions by invocations",
                   f"{'rank':>4}  {'function':<12}  {'app':<12}  {'trigger':<13} "
                   f"{'invocations':>13} {'mean r/s':>10} {'peak/min':>10}"]
-        for r, i in enumerate(order.tolist()):
+        for r, i in enumerate(order.tolist(), start=1):
             lines.append(f"{r:>4}  {_cell(tr.functions[i], 12)}  {_cell(tr.apps[i], 12)}  "
                          f"{_cell(tr.triggers[i], 13)} {int(tot[i]):>13,} "
                          f"{int(tot[i]) / secs:>10,.2f} {int(tr.counts[i].max()):>10,}")

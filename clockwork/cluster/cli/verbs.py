@@ -725,9 +725,9 @@ def add_settings(sub) -> None:
               "each scenario key ([cluster], [[models]], [[workloads]], [scheduler] of every "
               "policy, [faults]), the controller's --limit keys, and the fields of profile "
               "files, with type, default, allowed range and meaning (markdown).")
-    p.add_argument("topic", nargs="?", default="", metavar="TOPIC",
-                   help="print only the sections this word names, e.g. cluster, models, "
-                   "workloads, scheduler, clipper, faults, kill, limits, profile")
+    p.add_argument("topic", nargs="*", default=[], metavar="TOPIC",
+                   help="print only the sections these words name, e.g. cluster, models, "
+                   "workloads, scheduler, clipper, faults, kill, limits, profile, top level")
 
 
 VERBS = [add_simulate, add_report, add_sweep, add_plan, add_scenarios, add_serve, add_replay,
