@@ -79,7 +79,7 @@ from clockwork.sizes import (  # (MAX_MESSAGE_BYTES re-exported)
     STREAM_LIMIT_KEY,
 )
 from clockwork.tensors import Tensor
-from clockwork.time import MAX_SLO_MS
+from clockwork.time import CLIENT_GRACE_NS, MAX_SLO_MS, NS_PER_S
 
 # a stream message carries requests up to this many bytes (one larger goes alone): well
 # under MAX_MESSAGE_BYTES, so the requests of one event-loop turn never add up to a
@@ -96,7 +96,7 @@ _OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.initial_reconnect_backoff_ms", 250),
             ("grpc.max_reconnect_backoff_ms", 2000),
             *keepalive.CHANNEL]  # a vanished controller fails the calls within ~15 s
-GRACE_S = 1.0  # past its SLO, how long the client waits for an answer before giving up
+GRACE_S = CLIENT_GRACE_NS / NS_PER_S  # past its SLO, the wait for an answer before giving up
 # the stream's watchdog looks every 50 ms; a look this late after the last (the process,
 # its event loop, was held up) gives up nothing: it comes again once the answers that
 # arrived meanwhile are read

@@ -21,6 +21,11 @@ MAX_TIME_S = 365 * 86_400  # any other time setting: at most a year
 # the longest an action may have taken, as a worker's result says (its duration, and its
 # span on the controller's clock): a year, as any time setting
 RESULT_SPAN_MAX_NS = MAX_TIME_S * NS_PER_S
+# past its SLO, how long a client waits for an answer before giving it up (TIMEOUT,
+# reason no_answer): ``clockwork.Client``'s and a live replay's, and the simulator's
+# clients' too, so that a policy that answers later (tfserving, infaas under overload)
+# counts the same in both
+CLIENT_GRACE_NS = NS_PER_S
 
 
 def ms(x: float) -> int:

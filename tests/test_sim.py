@@ -538,3 +538,32 @@ def test_a_loss_seen_late_is_seen_at_the_reconnection_not_after_it():
     r = res.telemetry.request_columns()
     later = r["arrival"] > ms(2000)
     assert later.sum() > 300 and (r["status"][later] == RequestStatus.SUCCESS).all()
+
+
+def test_answers_past_the_slo_and_the_clients_grace_are_given_up_as_live():
+    """A policy that keeps requests past their SLO under overload (infaas) answers some
+    seconds late: the simulator's clients give each up at its SLO plus the client's
+    grace (1 s), TIMEOUT no_answer, as a live replay's client does (the simulator
+    counted them succeeded, over a throughput the GPU cannot reach, where live dropped
+    them). Policies that answer in time are untouched (no ``no_answer`` key)."""
+    from clockwork.time import CLIENT_GRACE_NS
+
+    def run(policy):
+        return simulate(load_scenario(data={
+            "seed": 1, "duration_s": 12.0,
+            "cluster": {"workers": 1, "gpus_per_worker": 1, "profiles": "v100-reference"},
+            "models": [{"name": "resnet50_v2"}],
+            "scheduler": {"policy": policy, "max_batch": 1},
+            "workloads": [{"kind": "poisson", "rate_rps": 400, "slo_ms": 100}]}))
+
+    res = run("infaas")
+    s = res.summary
+    assert s["no_answer"] > 100, s
+    assert s["submitted"] == s["succeeded"] + s["failed"] + s["dropped"], s
+    lat = REQUEST_COLUMNS.index("latency")
+    st = REQUEST_COLUMNS.index("status")
+    rows = res.telemetry.requests
+    assert max(r[lat] for r in rows) <= ms(100) + CLIENT_GRACE_NS
+    assert sum(1 for r in rows if r[st] == RequestStatus.TIMEOUT
+               and r[lat] == ms(100) + CLIENT_GRACE_NS) == s["no_answer"]
+    assert "no_answer" not in run("clockwork").summary

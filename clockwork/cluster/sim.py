@@ -46,7 +46,7 @@ from clockwork.scenario import (
 )
 from clockwork.sizes import PROGRESS_LOG_S
 from clockwork.telemetry import Telemetry, format_summary, no_requests_warning, write_run
-from clockwork.time import NS_PER_S, ms, sec
+from clockwork.time import CLIENT_GRACE_NS, NS_PER_S, ms, sec
 from clockwork.workloads import Workload, build_workload, end_note
 from controller import (
     events_policy_error,
@@ -394,6 +394,13 @@ class Simulation:
             push(heap, (t, seq, _TO_WORKER, (w, now, payload)))
 
         default_slo = self.cfg.default_slo
+        no_answer = 0  # requests answered past their SLO and the client's grace
+
+        def gave_up(r: Request) -> Reply:
+            at = r.arrival + r.slo + CLIENT_GRACE_NS
+            return Reply(r, RequestStatus.TIMEOUT, at, f"no answer {(at - r.arrival) / 1e6:.0f} "
+                         f"ms after it was submitted (its SLO {r.slo / 1e6:g} ms plus "
+                         f"{CLIENT_GRACE_NS / NS_PER_S:g} s)")
 
         class ToWorkers:  # the controller's side of the network
             @staticmethod
@@ -414,13 +421,19 @@ class Simulation:
 
             @staticmethod
             def answer(replies):
-                nonlocal seq, outstanding
+                nonlocal seq, outstanding, no_answer
                 reply = tel.reply
                 outstanding -= len(replies)
                 for rep in replies:
                     r = rep.request
                     if not r.slo:  # (one the policy answered before it took the default:
                         r.slo = default_slo  # its row's deadline, as live, from that)
+                    if rep.time > r.arrival + r.slo + CLIENT_GRACE_NS:
+                        # answered past the SLO and the client's grace (a policy that
+                        # keeps requests, under overload): its client gave it up by then,
+                        # TIMEOUT no_answer, as a live replay's does
+                        rep = gave_up(r)
+                        no_answer += 1
                     reply(rep)
                     if track:
                         unanswered.pop(r.id, None)
@@ -889,6 +902,8 @@ class Simulation:
         }
         if ctrl_restarts:
             extra["weights_adopted"] = adopted
+        if no_answer:  # (as a live replay's summary says them)
+            extra["no_answer"] = no_answer
         tel.seal()  # (--spill-dir: the rows' folder goes now, the rows stay readable)
         summary = tel.summary(self.sc.duration_s, extra)
         said = list(self.warnings)
