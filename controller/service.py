@@ -979,9 +979,12 @@ class ControllerNode(WorkerLinks):
         names takes milliseconds with thousands served: a name asked again (a client
         sending many requests for one wrong name) is answered from ``_unknown_said``
         while the models served stay the same."""
+        count = len(self.profiles) - len(self.unloading)
+        if type(name) is str and name in self.unloaded:  # (not a misspelling: no guess)
+            return (f"unknown model {echo_name(name)} (it was unloaded: load it again to "
+                    f"serve it; {count:,} served)")
         if self._names_served is None:
             self._names_served = sorted(self.loaded)
-        count = len(self.profiles) - len(self.unloading)
         said = self._unknown_said
         if said[0] is not self._names_served or said[1] != count:
             said = self._unknown_said = (self._names_served, count, {})

@@ -694,6 +694,10 @@ def test_client_loads_serves_and_unloads_a_model(cluster):
         _poll(unloaded)
         assert _pages_used(cluster) == pages
         assert "mnet" not in {m.name for m in cl.list_models()}
+        # a request for it says it was unloaded (it guessed another model's name)
+        with pytest.raises(UnknownModel, match=r"unknown model 'mnet:1' \(it was unloaded: "
+                           r"load it again to serve it; .* served\)"):
+            cl.infer("mnet:1", slo_ms=200)
         assert cl.unload_model("mnet") == []  # not loaded: nothing to do
         with pytest.raises(UnknownModel):
             cl.unload_model("never_heard_of")
