@@ -74,12 +74,13 @@ def read_settings_file(path: str) -> dict:
     except OSError as e:
         raise SettingsError(f"--settings {path}: cannot read it ({e.strerror or e})") from None
     where = f"--settings {path}"
-    if p.suffix == ".json":
+    json_file = p.suffix.lower() == ".json"
+    if json_file:
         data = parse_json(raw, where, SettingsError)
     else:
         data = parse_toml(raw, where, SettingsError)
     table = data.get("scheduler") if isinstance(data, dict) else None
-    if (table is None and p.suffix != ".json" and isinstance(data, dict)
+    if (table is None and not json_file and isinstance(data, dict)
             and {"cluster", "models", "workloads"} & data.keys()):
         table = {}  # a scenario without [scheduler]: the defaults, as simulate runs it
     if not isinstance(table, dict):
@@ -111,6 +112,12 @@ def scheduler_settings(args: argparse.Namespace) -> tuple[str, SchedulerConfig, 
         ("schedule_ahead_ms", args.schedule_ahead_ms), ("default_slo_ms", args.default_slo_ms),
         ("max_batch", args.max_batch)) if v is not None})
     sets = parse_settings(args.set)
+    for key, flag in (("schedule_ahead_ms", "--schedule-ahead-ms"),
+                      ("default_slo_ms", "--default-slo-ms"), ("max_batch", "--max-batch")):
+        given = getattr(args, key)
+        if key in sets and given is not None and sets[key] != given:
+            raise SettingsError(f"--set {key}={sets[key]} and {flag} {given:g} give it two "
+                                "values: give one")
     if "policy" in sets:  # (it was "unknown scheduler setting 'policy'", known keys listed)
         raise SettingsError(f"--set policy={sets['policy']}: the policy is given with "
                             f"--policy {sets['policy']} (or as policy in --settings FILE)")

@@ -56,7 +56,7 @@ class SchedulerConfig:
         ms(25), "Cap on the window a cold request allows for LOAD demand.", units=("ms",), ge=0)
     estimate_window: int = setting(
         10, "Measurements kept per estimate (a model's LOAD, its EXEC per batch size).",
-        ge=1)
+        ge=1, le=10_000)
     estimate_percentile: float = setting(
         0.99, "The estimate is this percentile of the window.", gt=0, le=1)
     estimate_stale: int = setting(

@@ -220,6 +220,9 @@ def parse_models(spec: str | None, profiles: dict[str, ModelProfile]) -> dict[st
             if inst in out:
                 raise SettingsError(f"--models {part}: model instance {inst!r} is listed twice")
             out[inst] = m.name
+    if not out:  # (",,": items all empty, not the empty default that means every model)
+        raise SettingsError(f"--models {spec!r}: names no model (leave it out, or give "
+                            "an empty string, to serve every profile of the set once)")
     return out
 
 

@@ -1032,6 +1032,10 @@ def _cli_run(args, env=None, timeout=60) -> subprocess.CompletedProcess:
     # (an empty token on loopback: refused, not taken as "no token")
     (["controller", "--workers", "127.0.0.1:1", "--port", "0", "--token", ""], None,
      "--token: empty"),
+    # (one past what a call's header carries: it started, then every call was refused
+    # RESOURCE_EXHAUSTED, said as the controller unavailable)
+    (["controller", "--workers", "127.0.0.1:1", "--port", "0", "--token", "t" * 15000], None,
+     "--token: 15,000 characters; a token has at most 4,096"),
     (["controller", "--workers", "192.0.2.1:5000", "--port", "0"], None,
      "--cluster-secret-file"),
     (["worker", "--host", "0.0.0.0", "--port", "0"], None, "--cluster-secret-file"),

@@ -465,7 +465,7 @@ def test_defaults_are_the_schemas():
      "max_exec_ms: must be a finite number >= 0 (at most a year), got nan"),
     ({"estimate_percentile": 1.5},
      "estimate_percentile: must be a finite number in (0, 1], got 1.5"),
-    ({"estimate_window": 0}, "estimate_window: must be an integer >= 1, got 0"),
+    ({"estimate_window": 0}, "estimate_window: must be an integer in [1, 10000], got 0"),
     ({"batch_first": 1}, "batch_first: must be true or false, got 1"),
     ({"batch_first": "false"}, "batch_first: must be true or false, got 'false'"),
     ({"max_batc": 3}, "unknown scheduler setting 'max_batc' (did you mean 'max_batch'?)"),
@@ -616,6 +616,15 @@ def test_controller_parse_settings_and_models():
     (["--models", "nosuchmodel"], "no profile for model 'nosuchmodel'"),
     (["--set", "policy=clipper"], "--set policy=clipper: the policy is given with --policy "
      "clipper"),
+    # a flag and --set of the same setting with two values (--set won, unsaid)
+    (["--default-slo-ms", "500", "--set", "default_slo_ms=5"],
+     "--set default_slo_ms=5 and --default-slo-ms 500 give it two values"),
+    (["--max-batch", "4", "--set", "max_batch=8"], "--max-batch 4 give it two values"),
+    # items all empty: it served nothing ("" serves every profile)
+    (["--models", ",,"], "--models ',,': names no model"),
+    # a window kept per estimate, sorted at each measurement: bounded
+    (["--set", "estimate_window=100000000"], "estimate_window: must be an integer in [1, "
+     "10000]"),
 ])
 def test_controller_command_refuses_bad_settings(args, text, capsys):
     from clockwork.cluster.cli import main
@@ -892,3 +901,26 @@ def test_a_profile_duration_past_a_year_is_refused(key, value):
     with pytest.raises(SettingsError, match="year"):
         validate(ProfileFile, fig, where="m.json")
     validate(ProfileFile, {**fig, "load_ns": 10**7, "exec_ns": {"1": 10**6}}, where="m.json")
+
+
+def test_a_settings_file_named_json_in_capitals_is_read_as_json(tmp_path):
+    """``--settings s.JSON`` is JSON (it was read as TOML: "not valid TOML")."""
+    from controller.command import read_settings_file
+
+    f = tmp_path / "s.JSON"
+    f.write_text('{"scheduler": {"policy": "clockwork", "max_batch": 4}}')
+    assert read_settings_file(str(f)) == {"policy": "clockwork", "max_batch": 4}
+
+
+def test_a_flag_and_set_of_one_setting_agreeing_are_taken(capsys):
+    """``--default-slo-ms 500 --set default_slo_ms=500``: one value, taken (only two
+    different values are refused)."""
+    import argparse
+
+    from controller.command import scheduler_settings
+
+    args = argparse.Namespace(policy=None, settings=None, schedule_ahead_ms=None,
+                              default_slo_ms=500.0, max_batch=None,
+                              set=["default_slo_ms=500"])
+    _, cfg, _ = scheduler_settings(args)
+    assert cfg.default_slo == 500_000_000

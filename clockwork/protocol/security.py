@@ -160,6 +160,9 @@ def warn_if_readable(path: str, flag: str) -> None:
               flush=True)
 
 
+MAX_TOKEN = 4096  # a token's characters at most: it goes in each call's metadata / header
+
+
 def check_token(token: str, where: str) -> str:
     if not token:
         raise SecurityError(f"{where}: empty; a token needs at least {MIN_CREDENTIAL} "
@@ -169,6 +172,10 @@ def check_token(token: str, where: str) -> str:
     if len(token) < MIN_CREDENTIAL:
         raise SecurityError(f"{where}: a token needs at least {MIN_CREDENTIAL} characters "
                             "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')")
+    if len(token) > MAX_TOKEN:
+        raise SecurityError(f"{where}: {len(token):,} characters; a token has at most "
+                            f"{MAX_TOKEN:,} (it travels in every call's header, which gRPC "
+                            "and HTTP servers cap at 8 KiB)")
     return token
 
 
