@@ -424,3 +424,16 @@ def test_a_count_simulated_ahead_that_meets_below_the_answer_is_noted():
     assert line.startswith("11 GPUs meet") and "(note: 9 GPUs, simulated ahead, meet" in line
     plan = search(_plan(hi=12), FakeRunner(curve), "/nowhere", 1)  # (none ahead: no note)
     assert plan.answer == 11 and "note" not in answer_line(plan)
+
+
+def test_plan_out_with_a_folder_where_its_file_goes_answers_then_says_so(tmp_path, capsys):
+    """``plan --out D`` where ``D/plan.json`` is a folder: the search runs and answers,
+    then the file that cannot be written is said, exit 1 (it failed before anything ran,
+    "Is a directory", where sweep answers first)."""
+    (tmp_path / "plan.json").mkdir()
+    rc = main([*QUICK, "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert rc == 1, (out, err)
+    assert out.splitlines()[0].startswith("1 GPUs meet attainment"), out
+    assert err.strip() == f"clockwork plan: cannot write {tmp_path / 'plan.json'}: Is a " \
+        "directory", err

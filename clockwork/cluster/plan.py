@@ -29,6 +29,7 @@ kept on disk, so a rerun reuses those whose files are unchanged.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
 import tempfile
@@ -507,7 +508,10 @@ def _run_plan(args: argparse.Namespace, plan: Plan, out: Path | None) -> int:
         else:
             root = out
             for name in ("plan.json", "curve.tsv"):  # (an earlier plan's, until this one ends:
-                (out / name).unlink(missing_ok=True)  # one stopped left them looking current)
+                # one stopped left them looking current; a folder there: its write says
+                # so, after the search, as sweep's does)
+                with contextlib.suppress(IsADirectoryError, PermissionError):
+                    (out / name).unlink(missing_ok=True)
         try:
             with Runner(jobs, args.backend, progress=False if quiet else
                         (True if args.progress else None)) as runner:
