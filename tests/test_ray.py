@@ -586,18 +586,26 @@ def test_sweep_on_ray_finds_paths_relative_to_the_callers_folder(ray_nodes, tmp_
     assert run["overrides"] == ["seed=1"], run
 
 
-def test_sweep_on_ray_stops_on_sigterm_as_on_ctrl_c(ray_nodes, tmp_path):
-    """``clockwork sweep --ray ADDRESS``: SIGTERM while a point runs as a Ray task stops
-    the sweep as Ctrl-C does ("interrupted", exit 130), not with Ray's own handler."""
+def _one_point_sweep_on(ray_nodes, tmp_path, duration_s: int):
+    """``clockwork sweep --ray ADDRESS`` of one ``poisson_warm`` point of ``duration_s``,
+    started once the cluster's CPUs are all free (the earlier tests' work ended): (the
+    process, the cluster's CPUs)."""
     sw = tmp_path / "sw.toml"
-    sw.write_text('scenarios = ["poisson_warm"]\noverrides = ["duration_s=3000"]\n')
+    sw.write_text(f'scenarios = ["poisson_warm"]\noverrides = ["duration_s={duration_s}"]\n')
     import ray
 
     before = ray.cluster_resources()["CPU"]
-    poll(lambda: _ray_cpus_free() >= before, 60.0, 0.1)  # (the earlier tests' work ended)
+    poll(lambda: _ray_cpus_free() >= before, 60.0, 0.1)
     p = subprocess.Popen([sys.executable, "-m", "clockwork.cluster.cli", "sweep", str(sw),
                           "--ray", ray_nodes.address, "--quiet", "--out", str(tmp_path / "o")],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return p, before
+
+
+def test_sweep_on_ray_stops_on_sigterm_as_on_ctrl_c(ray_nodes, tmp_path):
+    """``clockwork sweep --ray ADDRESS``: SIGTERM while a point runs as a Ray task stops
+    the sweep as Ctrl-C does ("interrupted", exit 130), not with Ray's own handler."""
+    p, before = _one_point_sweep_on(ray_nodes, tmp_path, 3000)
     try:
         def running() -> bool:
             """the point's Ray task holds a CPU of the cluster"""
@@ -620,15 +628,7 @@ def test_a_sweep_point_whose_ray_task_process_dies_is_run_again(ray_nodes, tmp_p
     """A point's Ray task whose process is killed (out of memory, a node's process
     reaped) is run once more and the sweep ends as a local one would (it was an error
     row, "WorkerCrashedError", exit 1, where a local pool runs the point again alone)."""
-    sw = tmp_path / "sw.toml"
-    sw.write_text('scenarios = ["poisson_warm"]\noverrides = ["duration_s=600"]\n')
-    import ray
-
-    before = ray.cluster_resources()["CPU"]
-    poll(lambda: _ray_cpus_free() >= before, 60.0, 0.1)  # (the earlier tests' work ended)
-    p = subprocess.Popen([sys.executable, "-m", "clockwork.cluster.cli", "sweep", str(sw),
-                          "--ray", ray_nodes.address, "--quiet", "--out", str(tmp_path / "o")],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p, _ = _one_point_sweep_on(ray_nodes, tmp_path, 600)
     try:
         def task() -> list[str]:
             """the process running the point's task (Ray names it after the function)"""

@@ -138,6 +138,35 @@ CONNECT_HINT = (f"check the address; that this machine reaches the address the h
                 "authentication (RAY_AUTH_TOKEN or RAY_AUTH_MODE, as the head's)")
 
 
+def connect_ray(who: str, error: type[Exception], **kw) -> None:
+    """``init_ray(**kw)`` for command ``who`` (``clockwork serve``): for a cluster at an
+    address, a wait past ``CONNECT_SAY_S`` is said with what to look at (Ray retries for
+    minutes in its own words); a connection Ray gives up on is raised as ``error`` in one
+    line (Ray's words name an ``--address`` flag our commands do not have)."""
+    address = kw["address"]
+    said = None
+    if address not in ("local", "auto"):
+        said = threading.Timer(CONNECT_SAY_S, lambda: print(
+            f"{who}: --ray {address}: not connected after {CONNECT_SAY_S:.0f} s (Ray's lines "
+            f"above say what it tries); {CONNECT_HINT}; Ctrl-C stops", file=sys.stderr,
+            flush=True))
+        said.daemon = True
+        said.start()
+    try:
+        init_ray(**kw)
+    except ConnectionError as e:
+        if address == "auto":
+            raise error("--ray auto: no running Ray cluster found from this machine "
+                        "($RAY_ADDRESS unset, none started here); start one (ray start "
+                        "--head), give its address (--ray HOST:PORT), or give --ray alone "
+                        "for a one-node Ray instance of its own") from e
+        raise error(f"--ray {address}: Ray did not connect ({_first_line(e)}); "
+                    f"{CONNECT_HINT}") from e
+    finally:
+        if said is not None:
+            said.cancel()
+
+
 def own_packages() -> None:
     """In a worker actor's process: ``worker`` and ``controller`` imported from this
     installation, before any folder Ray put ahead of it on the path (the driver's working
@@ -591,28 +620,7 @@ class RayCluster(LocalCluster):
                     pass
         else:
             kw["address"] = self.ray_address
-        said = None
-        if self.ray_address not in (None, "", "local", "auto"):
-            said = threading.Timer(CONNECT_SAY_S, lambda: print(
-                f"clockwork serve: --ray {self.ray_address}: not connected after "
-                f"{CONNECT_SAY_S:.0f} s (Ray's lines above say what it tries); "
-                f"{CONNECT_HINT}; Ctrl-C stops", file=sys.stderr, flush=True))
-            said.daemon = True
-            said.start()
-        try:
-            init_ray(**kw)
-        except ConnectionError as e:
-            if self.ray_address != "auto":
-                raise ChildRefused(f"--ray {self.ray_address}: Ray did not connect "
-                                   f"({_first_line(e)}); {CONNECT_HINT}") from e
-            # (Ray's own words name an --address flag this command does not have)
-            raise ChildRefused("--ray auto: no running Ray cluster found from this machine "
-                               "($RAY_ADDRESS unset, none started here); start one (ray "
-                               "start --head), or give its address (--ray HOST:PORT), or "
-                               "give --ray alone for a one-node cluster of its own") from e
-        finally:
-            if said is not None:
-                said.cancel()
+        connect_ray("clockwork serve", ChildRefused, **kw)
         self._own_ray = True
 
     def _flags(self, i: int, gpus: int) -> list[str]:
@@ -1244,29 +1252,9 @@ class RayExecutor(Executor):
 
         self._own = not ray.is_initialized()
         if self._own:
-            address = os.environ.get("RAY_ADDRESS") or "local"
-            said = None
-            if address not in ("local", "auto"):  # (Ray may retry for minutes, silent)
-                said = threading.Timer(CONNECT_SAY_S, lambda: print(
-                    f"clockwork: --ray {address}: not connected after {CONNECT_SAY_S:.0f} s; "
-                    f"{CONNECT_HINT}; Ctrl-C stops", file=sys.stderr, flush=True))
-                said.daemon = True
-                said.start()
-            try:
-                init_ray(address=address, log_to_driver=False, include_dashboard=False,
-                         configure_logging=False)
-            except ConnectionError as e:  # (Ray's own words name flags we do not have)
-                if address == "auto":
-                    raise BackendUnavailable(
-                        "--ray auto: no running Ray cluster found from this machine "
-                        "($RAY_ADDRESS unset, none started here); start one (ray start "
-                        "--head), give its address (--ray HOST:PORT), or give --ray alone "
-                        "for a one-node Ray instance of its own") from e
-                raise BackendUnavailable(f"--ray {address}: Ray did not connect "
-                                         f"({_first_line(e)}); {CONNECT_HINT}") from e
-            finally:
-                if said is not None:
-                    said.cancel()
+            connect_ray("clockwork", BackendUnavailable,
+                        address=os.environ.get("RAY_ADDRESS") or "local", log_to_driver=False,
+                        include_dashboard=False, configure_logging=False)
         self._remote: dict = {}
         self._refs: list = []
 

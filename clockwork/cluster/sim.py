@@ -396,8 +396,7 @@ class Simulation:
         default_slo = self.cfg.default_slo
         no_answer = 0  # requests answered past their SLO and the client's grace
 
-        def gave_up(r: Request) -> Reply:
-            at = r.arrival + r.slo + CLIENT_GRACE_NS
+        def gave_up(r: Request, at: int) -> Reply:
             return Reply(r, RequestStatus.TIMEOUT, at, f"no answer {(at - r.arrival) / 1e6:.0f} "
                          f"ms after it was submitted (its SLO {r.slo / 1e6:g} ms plus "
                          f"{CLIENT_GRACE_NS / NS_PER_S:g} s)")
@@ -428,11 +427,12 @@ class Simulation:
                     r = rep.request
                     if not r.slo:  # (one the policy answered before it took the default:
                         r.slo = default_slo  # its row's deadline, as live, from that)
-                    if rep.time > r.arrival + r.slo + CLIENT_GRACE_NS:
+                    given_up = r.arrival + r.slo + CLIENT_GRACE_NS
+                    if rep.time > given_up:
                         # answered past the SLO and the client's grace (a policy that
                         # keeps requests, under overload): its client gave it up by then,
                         # TIMEOUT no_answer, as a live replay's does
-                        rep = gave_up(r)
+                        rep = gave_up(r, given_up)
                         no_answer += 1
                     reply(rep)
                     if track:
