@@ -452,14 +452,45 @@ def validate(sc: Scenario) -> None:
     try:
         sc.data = check_scenario(sc.data, sc.source, ScenarioError)
     except ScenarioError as e:
-        raise ScenarioError(_blame_override(str(e), sc.source, sc.overrides)) from None
+        raise ScenarioError(_blame_override(str(e), sc.source, sc.overrides, sc.data)) from None
 
 
-def _blame_override(line: str, source: str, overrides) -> str:
+def _still_set(data: dict, assignment: str, key: str) -> bool:
+    """Whether the override ``assignment`` (``K=value``, ``K`` being ``key`` or a table
+    holding it) is what ``data`` holds at ``key`` (False when the value there was changed
+    since, e.g. a ``Scenario``'s ``data`` edited in Python: the override did not make it).
+    """
+    k, _, raw = assignment.partition("=")
+    k = k.strip()
+    try:
+        value = parse_value(raw.strip())
+        for p in key[len(k):].split(".")[1:]:  # (the part of key inside the override's)
+            value = value[_index(p)] if isinstance(value, list) else value[p]
+        node: Any = data
+        for p in key.split("."):
+            node = node[_index(p)] if isinstance(node, list) else node[p]
+    except (KeyError, ValueError, IndexError, TypeError, ScenarioError):
+        return True  # (not found where it was set: as before, the override is named)
+    return _holds(node, value)
+
+
+def _holds(node: Any, value: Any) -> bool:
+    """Whether ``node`` is ``value`` (tables: what it gives, defaults filled beside it)."""
+    if isinstance(value, dict):
+        return isinstance(node, dict) and all(k in node and _holds(node[k], v)
+                                              for k, v in value.items())
+    if isinstance(value, list):
+        return (isinstance(node, list) and len(node) == len(value)
+                and all(_holds(n, v) for n, v in zip(node, value, strict=True)))
+    return node == value or repr(node) == repr(value)  # (nan: not equal to itself)
+
+
+def _blame_override(line: str, source: str, overrides, data: dict | None = None) -> str:
     """``line`` (``SOURCE: KEY: ...``) as ``--set KEY: ...`` when ``KEY`` (or the table
-    it is in) was given by an override: the file did not say it; as ``SOURCE with --set
-    K: KEY: ...`` when an override ``K`` set something inside table ``KEY`` (both made
-    what is wrong there: two faults that overlap, one of them from the override)."""
+    it is in) was given by an override still holding there (``data``): the file did not
+    say it; as ``SOURCE with --set K: KEY: ...`` when an override ``K`` set something
+    inside table ``KEY`` (both made what is wrong there: two faults that overlap, one of
+    them from the override)."""
     head = f"{source}: "
     if not line.startswith(head):
         return line
@@ -467,11 +498,12 @@ def _blame_override(line: str, source: str, overrides) -> str:
     unknown = re.match(r"unknown (?:top-level )?setting '([^']+)'", line[len(head):])
     if unknown:  # ("unknown setting 'cluster.wokers' (did you mean ...)")
         key = unknown[1]
-    keys = [k for o in overrides or () if (k := str(o).partition("=")[0].strip())]
-    for k in keys:
-        if key == k or key.startswith(k + "."):
+    sets = [(k, str(o)) for o in overrides or () if (k := str(o).partition("=")[0].strip())]
+    for k, o in sets:
+        if (key == k or key.startswith(k + ".")) and (data is None or _still_set(data, o, key)):
             return f"--set{':' if unknown else ''} {line[len(head):]}"
-    within = [k for k in keys if k.startswith(key + ".")]
+    within = [k for k, o in sets if k.startswith(key + ".")
+              and (data is None or _still_set(data, o, k))]
     if within:  # a table an override set something in: the file and the override both
         if unknown:  # (a table the file does not have: made by the override)
             return f"--set: {line[len(head):]}"

@@ -203,6 +203,26 @@ def test_set_into_a_list_the_scenario_does_not_have_says_so():
                    "'workloads'?)"), got
 
 
+def test_a_value_edited_after_an_override_is_not_blamed_on_it():
+    """A ``Scenario``'s data edited in Python after ``load_scenario`` applied an override
+    of that key: the bad value is the edit's, said as the scenario's (it was "--set
+    duration_s: ... got -1" for ``duration_s=3``); a bad value the override itself gave
+    (nan too, not equal to itself; a table setting it) is still the override's."""
+    from clockwork.scenario import validate
+
+    sc = load_scenario(SCENARIO, ["duration_s=3", "cluster.noise=0.1"])
+    sc.data["duration_s"] = -1
+    got = raises(ScenarioError, validate, sc)
+    assert got.startswith(f"{SCENARIO}: duration_s: "), got
+    sc = load_scenario(SCENARIO, ["cluster.noise=0.1"])
+    sc.data["cluster"]["noise"] = 11
+    got = raises(ScenarioError, validate, sc)
+    assert got.startswith(f"{SCENARIO}: cluster.noise: "), got
+    for override in ("cluster.noise=nan", "cluster={noise=nan}"):
+        got = raises(ScenarioError, load_scenario, SCENARIO, [override])
+        assert got.startswith("--set cluster.noise: "), got
+
+
 def test_the_largest_sizes_still_load():
     sc = load_scenario(SCENARIO, ["cluster.workers=1024", "cluster.gpus_per_worker=64",
                                   "models.0.copies=100000"])
