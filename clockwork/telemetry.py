@@ -114,7 +114,7 @@ class ColumnLog:
             p.unlink(missing_ok=True)
         # unbuffered: a row counted is on disk, and a failed write fails that drain only;
         # open for reading too: the rows are read back through them (``_mapped``)
-        self._files = [p.open("w+b", buffering=0) for p in paths]
+        self._files = _with_more_files(lambda: [p.open("w+b", buffering=0) for p in paths])
 
     def drain(self) -> None:
         buf = self.buf
@@ -180,8 +180,8 @@ class ColumnLog:
             return [np.zeros(0, dt) for dt in self.dtypes]
         # (a file object is left at its end by the map: where the next rows go anyway)
         files = self._paths() if self._files is None else self._files
-        return [np.memmap(f, dtype=dt, mode="r", shape=(n,))
-                for f, dt in zip(files, self.dtypes, strict=True)]
+        return _with_more_files(lambda: [np.memmap(f, dtype=dt, mode="r", shape=(n,))
+                                         for f, dt in zip(files, self.dtypes, strict=True)])
 
     def files_gone(self) -> bool:
         """Spilling: whether the column files are no longer where they were made (their
@@ -575,6 +575,33 @@ class Telemetry:
 
     def summary(self, duration_s: float, extra: dict | None = None) -> dict:
         return summary_of(self.request_columns(), self.action_columns(), duration_s, extra)
+
+
+def _with_more_files(call):
+    """``call()`` (opening or mapping spilled column files), once more after raising the
+    process's soft limit on open files to its hard limit if it ran out: each column is a
+    file, and the read-only maps a kept result holds its rows in keep one open each (25
+    a run). Still out: an ``OSError`` (EMFILE) that says so."""
+    try:
+        return call()
+    except OSError as e:
+        if e.errno != errno.EMFILE:
+            raise
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            return call()
+    except OSError as e:
+        if e.errno != errno.EMFILE:
+            raise
+    except (ImportError, ValueError):  # (no resource module, or a limit not raised)
+        pass
+    raise OSError(errno.EMFILE, "too many open files: rows kept in files (spill_dir) hold "
+                  "one open file per column, 25 a run, for as long as its result is kept; "
+                  "drop the results no longer needed, or raise the limit (ulimit -n)")
 
 
 def _remove_spill(req: ColumnLog, act: ColumnLog, folder: Path) -> None:

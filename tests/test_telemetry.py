@@ -4,6 +4,7 @@ form they replaced (reference implementations below), the npz format round-trips
 
 from __future__ import annotations
 
+import errno
 import filecmp
 import os
 import signal
@@ -1182,6 +1183,41 @@ def test_a_simulated_runs_spill_folder_goes_as_the_run_ends(tmp_path):
     assert all(np.array_equal(got[k], want[k]) for k in want)
     r.write(tmp_path / "out")  # (the rows were not removed: still its own)
     assert (tmp_path / "out" / "summary.json").exists()
+
+
+KEEPS_SPILLED_RESULTS = """
+import os, resource, sys
+from clockwork.cluster.sim import simulate
+soft, hard = int(sys.argv[2]), int(sys.argv[3])
+used = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (used + soft, used + hard))
+kept = []
+try:
+    for i in range(12):
+        kept.append(simulate("poisson_warm", ["duration_s=0.2", f"seed={i}"],
+                             spill_dir=sys.argv[1]))
+except OSError as e:
+    print(len(kept), e.errno, e.strerror)
+else:
+    print(len(kept), resource.getrlimit(resource.RLIMIT_NOFILE)[0] - used)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
+def test_results_kept_with_spilled_rows_raise_the_open_file_limit_or_say_it(tmp_path):
+    """Each result kept with ``spill_dir`` holds its rows as maps, one open file each (25
+    a run): a script keeping them ran out of files under the usual soft limit of 1,024
+    at the 41st, a bare "Too many open files" from inside the run. The soft limit is
+    raised to the hard one when it runs out; with no room left, the error says why."""
+    args = [sys.executable, "-c", KEEPS_SPILLED_RESULTS, str(tmp_path / "sp")]
+    p = subprocess.run(args + ["100", "1000"], capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["12", "1000"]  # (every run kept: the soft limit raised)
+    p = subprocess.run(args + ["100", "100"], capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-2000:]
+    kept, code, line = p.stdout.split(" ", 2)
+    assert int(kept) < 12 and int(code) == errno.EMFILE
+    assert "25 a run, for as long as its result is kept" in line and "ulimit -n" in line
 
 
 def test_a_simulated_result_writes_npz_logs_from_python_and_progress_is_a_bool(tmp_path):
