@@ -420,6 +420,46 @@ def test_weights_an_exec_reads_stay_where_they_are(tmp_path):
         np.testing.assert_array_equal(now, w)
 
 
+def test_a_load_waits_for_the_exec_reading_weights_it_must_slide(tmp_path):
+    """Free pages enough, but only with the weights an EXEC is reading slid aside: the
+    LOAD waits for that EXEC to end, then slides them (it was refused
+    LOAD_INSUFFICIENT_CACHE: a model with a tensor over a page, sharing a tight cache,
+    had 4 in 10 of its requests failed in a live run on the CPU); an EXEC asked for
+    meanwhile starts after the slide, on the weights where they then are."""
+    dev, _, _ = fake_cuda_device(12, kernel_s=0.3)
+    pkg = fake_package(tmp_path / "mlp", pages=5, batch_sizes=BATCHES)  # a 5-page run each
+    for n in ("a", "c"):
+        dev.register(n, pkg)
+    gap = dev.arena.alloc(3)
+    dev.load("a")  # a: 3..7; free once the gap goes: 0..2 and 8..11, no run of 5
+    dev.arena.free(gap)
+    weights = _weights(dev, "a")
+    starts, seen = dev._exec_starts, []  # (where a's weights are as each EXEC takes them)
+    dev._exec_starts = lambda m: (starts(m), seen.append(list(m.pages)))
+    first = threading.Thread(target=dev.infer, args=("a", None, 1))
+    first.start()
+    deadline = time.monotonic() + 10
+    while not dev.models["a"].busy:
+        assert time.monotonic() < deadline, "the EXEC did not start"
+        time.sleep(0.001)
+    loaded: dict = {}
+    load = threading.Thread(target=lambda: loaded.update(pages=dev.load("c")[0]))
+    load.start()
+    while not dev._sliding:  # (the LOAD waits for the EXEC)
+        assert load.is_alive() and time.monotonic() < deadline, loaded
+        time.sleep(0.001)
+    second = threading.Thread(target=dev.infer, args=("a", None, 1))
+    second.start()
+    for t in (first, load, second):
+        t.join(10)
+    assert sorted(loaded["pages"]) == loaded["pages"] and len(loaded["pages"]) == 5
+    assert dev.models["a"].pages == [0, 1, 2, 3, 4]  # slid down, once the EXEC ended
+    assert seen == [[3, 4, 5, 6, 7], [0, 1, 2, 3, 4]]  # (the second EXEC: after the slide)
+    for w, now in zip(weights, _weights(dev, "a"), strict=True):
+        np.testing.assert_array_equal(now, w)
+    assert dev.models["a"].busy == 0 and dev._sliding == 0
+
+
 def test_a_copy_that_fails_while_sliding_is_a_failed_load_and_the_moved_weights_serve(
         tmp_path, monkeypatch):
     """A device error in a copy while the weights slide together: the LOAD fails

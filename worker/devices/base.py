@@ -42,6 +42,7 @@ import os
 import signal
 import tempfile
 import threading
+import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -256,6 +257,9 @@ def target_kind(target) -> str:
         return target.split()[0] if isinstance(target, str) and target else ""
 
 
+# how long a LOAD whose free pages lie apart waits for running EXECs to leave the weights
+# it must slide together (an EXEC takes milliseconds; past this, LOAD_INSUFFICIENT_CACHE)
+SLIDE_WAIT_S = 2.0
 # packages no instance uses any more, kept ready in case they are registered again
 UNUSED_PACKAGES_KEPT = 4
 # what is said once about a package (compiled with another TVM, or without digests)
@@ -281,6 +285,8 @@ class RealDevice:
     stamps: dict  # resolved package path -> ``package_stamp`` of it when it was read
     _registering: threading.Lock  # one package made at a time
     _lock: threading.Lock
+    _idle: threading.Condition  # on ``_lock``: an EXEC left its weights, or may start
+    _sliding: int = 0  # LOADs waiting for EXECs to leave weights they must slide
 
     # -- packages read, and read again when written again -------------------------------
 
@@ -434,8 +440,10 @@ class RealDevice:
         """The arena pages for a LOAD of a package with ``meta`` (under the subclass's
         ``_lock``). A tensor larger than a page needs a run of contiguous pages; when the
         free pages suffice but lie apart, the loaded weights no EXEC is using are slid
-        together first (:meth:`PageArena.compact`) and re-bound where they now lie, so a
-        LOAD is refused only for want of pages, not for their order. Raises
+        together first (:meth:`PageArena.compact`) and re-bound where they now lie; if
+        that is not enough, the LOAD waits (up to ``SLIDE_WAIT_S``, EXECs not starting
+        meanwhile) for the EXECs running to leave their weights, and slides those too:
+        a LOAD is refused only for want of pages, not for their order. Raises
         ``InsufficientCache``, or ``LoadFailed`` if a copy fails (the weights moved until
         then are bound where they lie), with nothing taken."""
         n, runs = meta["weights_pages"], meta["page_runs"]
@@ -444,6 +452,29 @@ class RealDevice:
         except ArenaError as e:
             if n > self.arena.free_pages:
                 raise InsufficientCache(str(e)) from None
+        self._slide_idle()
+        try:
+            return self.arena.alloc(n, runs)
+        except ArenaError as e:
+            if not any(m.busy for m in list(self.models.values())):
+                raise InsufficientCache(str(e)) from None
+        self._sliding += 1  # (EXECs wait to start: under a stream of them, no gap comes)
+        try:
+            deadline = time.monotonic() + SLIDE_WAIT_S
+            while (any(m.busy for m in list(self.models.values()))
+                   and (left := deadline - time.monotonic()) > 0):
+                self._idle.wait(left)  # (releases _lock: evictions may free pages too)
+            self._slide_idle()  # (the lock held from the wake: no EXEC starts between)
+        finally:
+            self._sliding -= 1
+            self._idle.notify_all()
+        try:
+            return self.arena.alloc(n, runs)
+        except ArenaError as e:
+            raise InsufficientCache(str(e)) from None
+
+    def _slide_idle(self) -> None:
+        """Slide the loaded weights no EXEC is using together (under ``_lock``)."""
         loaded = {name: m for name, m in list(self.models.items())  # (unregister pops)
                   if m.pages is not None and not m.busy}
         moved: dict = {}
@@ -466,10 +497,22 @@ class RealDevice:
                     m.pages = m.bound = None
                 for name, pages in moved.items():
                     loaded[name].bound = self._bind(pages, loaded[name].meta)
-        try:
-            return self.arena.alloc(n, runs)
-        except ArenaError as e:
-            raise InsufficientCache(str(e)) from None
+
+    def _exec_starts(self, m) -> None:
+        """Under ``_lock``, as an EXEC takes ``m``'s weights: after any LOAD waiting to
+        slide weights together (``_take_pages``), then ``m`` is busy."""
+        while self._sliding:
+            self._idle.wait()
+        m.busy += 1
+
+    def _exec_ends(self, m) -> None:
+        """Under ``_lock``, as an EXEC leaves ``m``'s weights: pages evicted meanwhile are
+        freed once no EXEC reads them; a LOAD waiting to slide them is woken."""
+        m.busy -= 1
+        if not m.busy and m.free_after is not None:
+            self.arena.free(m.free_after)
+            m.free_after = None
+        self._idle.notify_all()
 
     def _moving(self):
         """Where :meth:`_take_pages` moves pages (a device: on its copy stream, waited for)."""

@@ -72,6 +72,7 @@ class CpuDevice(RealDevice):
         self.stamps: dict[Path, tuple] = {}
         self._registering = threading.Lock()  # one package made at a time
         self._lock = threading.Lock()  # models and the arena's page table
+        self._idle = threading.Condition(self._lock)  # (RealDevice._take_pages)
         self._exec = threading.Lock()  # one EXEC at a time
 
     # -- LoadModelFromDisk --------------------------------------------------------------
@@ -170,7 +171,7 @@ class CpuDevice(RealDevice):
                 bound = m.bound
                 if bound is None:
                     raise WeightsNotPresent(f"model {name!r}: weights not in the cache")
-                m.busy = True
+                self._exec_starts(m)
             try:
                 t0 = time.perf_counter_ns()
                 if inputs is None:
@@ -185,10 +186,7 @@ class CpuDevice(RealDevice):
                 return outputs, max(1, time.perf_counter_ns() - t0)
             finally:
                 with self._lock:
-                    m.busy = False
-                    if m.free_after is not None:
-                        self.arena.free(m.free_after)
-                        m.free_after = None
+                    self._exec_ends(m)
 
 
 __all__ = ["CpuDevice", "DeviceError"]

@@ -400,6 +400,7 @@ class CudaDevice(RealDevice):
         # models and the arena's page table; held on the GPU only while a LOAD slides
         # loaded weights together (_take_pages)
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # (RealDevice._take_pages)
         self._load_lane = threading.Lock()  # one LOAD at a time
         self._exec_lane = threading.Lock()  # one EXEC at a time
 
@@ -533,7 +534,7 @@ class CudaDevice(RealDevice):
                 bound = m.bound
                 if bound is None:
                     raise WeightsNotPresent(f"model {name!r}: weights not in the cache")
-                m.busy += 1
+                self._exec_starts(m)
             try:
                 t0 = time.perf_counter_ns()
                 with cupy.cuda.Device(self.index):
@@ -551,10 +552,7 @@ class CudaDevice(RealDevice):
                 raise ExecFailed(f"model {name!r}: EXEC failed: {e}") from e
             finally:
                 with self._lock:
-                    m.busy -= 1
-                    if not m.busy and m.free_after is not None:
-                        self.arena.free(m.free_after)
-                        m.free_after = None
+                    self._exec_ends(m)
 
     # -- telemetry ------------------------------------------------------------------------
 
