@@ -212,7 +212,7 @@ def main(argv=None) -> dict:
              if m != "hot" or c == 1]
     if not shape:
         ap.error("--models hot runs with 1 copy per GPU only: add 1 to --copies")
-    keep = Path(a.keep) if a.keep else None
+    keep = Path(a.keep).resolve() if a.keep else None  # (the cells run in the repository)
     cells: dict[tuple, dict] = {}
     same: dict[tuple, tuple] = {}  # a cell whose scenario is another's (1,000 models)
     by_toml: dict[str, tuple] = {}

@@ -39,7 +39,7 @@ def foreground(res, delay_s: float) -> tuple[list, dict]:
     bg = ~fg
     runs_s = res.summary["duration_s"] - delay_s
     bgs = {"requests": int(bg.sum()), "goodput_rps": float(r["met"][bg].sum()) / runs_s,
-           "attainment": float(r["met"][bg].mean()) if bg.any() else 0.0, "seconds": runs_s}
+           "attainment": float(r["met"][bg].mean()) if bg.any() else None, "seconds": runs_s}
     return pts, bgs
 
 

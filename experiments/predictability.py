@@ -88,6 +88,8 @@ def parse_args(argv) -> argparse.Namespace:
                 f"zoo: {', '.join(ZOO)}")
     if args.out is None:
         args.out = OUT / "quick" if args.quick else OUT
+    if not args.out.exists():  # (made for this run: removed if it stops with it empty)
+        common._MADE.append(args.out)
     args.out.mkdir(parents=True, exist_ok=True)
     return args
 

@@ -34,6 +34,19 @@ def test_a_tiny_grid(tmp_path):
     assert target.endswith(": met" if met else ": NOT met")
 
 
+def test_keep_relative_to_where_it_is_run(tmp_path):
+    """``--keep DIR`` relative: the cells' logs go under the folder it is run from (the
+    cells run in the repository: they went into the repository's DIR, and the script
+    then failed to read DIR/10-1-1/run.json, a traceback)."""
+    r = subprocess.run([sys.executable, str(SCRIPT), "--gpus", "10", "--copies", "1",
+                        "--models", "1", "--requests", "500", "--repeat", "1",
+                        "--keep", "kept"], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert (tmp_path / "kept" / "10-1-1" / "run.json").is_file()
+    assert not (SCRIPT.parent.parent / "kept").exists()
+
+
 def test_sigterm_stops_the_grid_and_its_simulation_in_one_line(tmp_path):
     """SIGTERM while a cell's simulation runs: the script says so in one line (exit 130),
     and neither the simulation process nor its temporary folder is left (the process

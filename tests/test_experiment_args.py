@@ -331,6 +331,32 @@ def test_a_device_not_here_or_a_childs_refusal_is_one_line_exit_2(monkeypatch, c
     assert err[0].startswith("check_outputs.py: ") and ("cupy" in err[0] or "--pages" in err[0])
 
 
+def test_check_outputs_says_a_package_it_cannot_check_in_one_line(tmp_path, capsys):
+    """``check_outputs.py --packages DIR`` with a folder that is no package (or another
+    model's, or damaged): one line naming it and why, exit 2 (it was a traceback, exit
+    1: an output outside 1e-4 to a script driving it)."""
+    from experiments import check_outputs
+
+    (tmp_path / "mlp").mkdir()
+    assert check_outputs.main(["--models", "mlp", "--packages", str(tmp_path)]) == 2
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split() [:2] == ["mlp", "INVALID"] and "no model.json" in out[1], out
+    assert out[-1].endswith("1 package(s) not checked (INVALID above)"), out
+
+
+def test_predictability_removes_the_out_it_made_if_stopped_empty(tmp_path, monkeypatch):
+    """predictability.py stopped before writing: the --out it made is removed, as the
+    figure scripts' are (it was left, empty)."""
+    from experiments import predictability
+
+    monkeypatch.setattr(common, "_MADE", [])
+    out = tmp_path / "new" / "out"
+    predictability.parse_args(["--models", "mlp", "--out", str(out)])
+    assert out.is_dir()
+    common._unmake()
+    assert not out.exists()
+
+
 def test_a_smoke_runs_temporary_folder_is_removed_if_it_stops_empty(monkeypatch, tmp_path):
     """--smoke without --out writes to a new temporary folder: one the run stopped
     before writing to is removed as a made --out is (it was left behind, empty)."""

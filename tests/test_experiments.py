@@ -69,6 +69,8 @@ def test_fig8(tmp_path):
     rows = common.read_tsv(tmp_path / "fig8_isolation.tsv")
     assert {r["case"] for r in rows} == {"with_background", "without_background"}
     assert out["info"]["without_background"]["background"]["requests"] == 0
+    # (no background: no attainment of it, not 0 %)
+    assert out["info"]["without_background"]["background"]["attainment"] is None
     bg = out["info"]["with_background"]["background"]
     assert bg["requests"] > 0
     # the background's goodput is over the time it runs (from background_delay_s; it
