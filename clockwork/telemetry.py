@@ -1096,7 +1096,7 @@ def _read_tsv(tel: Telemetry, path: Path, log: ColumnLog) -> None:
         with path.open(encoding="utf-8") as f:
             header = f.readline().rstrip("\n").split("\t")
             if tuple(header) != log.names:
-                raise _BadLog(f"{path}: not a log file (header {header[:3]}...)")
+                raise _BadLog(_header_line(path, header, log.names))
             while True:
                 lines = f.readlines(_TSV_READ_ROWS * 64)  # (a size hint: whole lines)
                 if not lines:
@@ -1153,6 +1153,24 @@ def _bad_tsv_row(path: Path, log: ColumnLog, lines: list[str], first: int, statu
             if not lo <= x <= hi:
                 return _BadLog(f"{where}: column '{name}': {x} is not {_range_words(dt)}")
     return _BadLog(f"{path}: lines {first}-{first + len(lines) - 1}: not a log's rows")
+
+
+def _header_line(path: Path, header: list[str], names: tuple) -> str:
+    """What is wrong with a TSV log's header: the columns missing, the ones it has that
+    a log has not, or the first out of order (an older or another version's log)."""
+    if not set(header) & set(names):
+        return f"{path}: not a log file (header {header[:3]}...)"
+    missing = [n for n in names if n not in header]
+    extra = [h for h in header if h not in names]
+    if missing or extra:
+        what = "; ".join(([f"no column {', '.join(map(repr, missing))}"] if missing else [])
+                         + ([f"unknown column(s) {', '.join(map(repr, extra))}"] if extra else []))
+    elif (i := next((i for i, (h, n) in enumerate(zip(header, names, strict=False))
+                     if h != n), None)) is not None:
+        what = f"column {i + 1} is {header[i]!r}, where a log has {names[i]!r}"
+    else:  # (a column twice)
+        what = f"{len(header)} columns, where a log has {len(names)}"
+    return f"{path}: not a log file of this version ({what})"
 
 
 def _pct(values: np.ndarray, q: float) -> float:

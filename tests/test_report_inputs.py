@@ -85,6 +85,26 @@ def test_a_bad_tsv_cell_names_file_line_and_column(runs, tmp_path, capsys, log, 
     _one_line(capsys, rc, f"{d / log}.tsv:4: ", fragment)
 
 
+@pytest.mark.parametrize("edit, fragment", [
+    (lambda h: h[:-1], "(no column 'gpu')"),
+    (lambda h: h + ["zone"], "(unknown column(s) 'zone')"),
+    (lambda h: [h[0], h[2], h[1]] + h[3:], "(column 2 is 'arrival', where a log has 'model')"),
+    (lambda h: h + [h[-1]], "(11 columns, where a log has 10)"),
+])
+def test_a_tsv_header_of_another_version_names_the_column(runs, tmp_path, capsys, edit,
+                                                           fragment):
+    """A request log whose header lacks a column, has one more, or has them in another
+    order says which (it said "not a log file (header ['request_id', 'model',
+    'arrival']...)", three names all right)."""
+    d = _copy(runs, "tsv", tmp_path, summary=False)
+    p = d / "requests.tsv"
+    lines = p.read_text().splitlines(keepends=True)
+    lines[0] = "\t".join(edit(lines[0].rstrip("\n").split("\t"))) + "\n"
+    p.write_text("".join(lines))
+    _one_line(capsys, main(["report", str(d)]), f"{p}: not a log file of this version "
+              + fragment)
+
+
 def test_a_tsv_row_with_a_field_too_many_names_its_line(runs, tmp_path, capsys):
     d = _copy(runs, "tsv", tmp_path, summary=False)
     p = d / "requests.tsv"
