@@ -659,7 +659,7 @@ def check_inputs(model: str, profile, inputs: list[InTensor],
             rows, batched = shape[0], True
         else:
             raise _bad(f"input {t.name!r} of model {model!r} has shape {list(shape)}, "
-                       f"expected [n, {', '.join(map(str, dims))}] with 1 <= n <= {limit} "
+                       f"expected [{', '.join(['n', *map(str, dims)])}] with 1 <= n <= {limit} "
                        f"rows, or {list(dims)}")
         if batched and rows < 1:
             raise _bad(f"input {t.name!r} of model {model!r} has a batch of 0 rows "

@@ -91,6 +91,15 @@ def test_batch_form_checks():
     bad = _inputs(2)
     bad[1].datatype = "UINT8"
     _invalid(lambda: check_inputs("two", TWO, bad, []), "datatype UINT8, expected INT8")
+    # a model whose rows are scalars (input [n]): its form said "[n, ]"
+    scalar = ModelProfile(model="ids", device="test", weights_bytes=1, load_ns=1,
+                          exec_ns={1: 1, 4: 4}, inputs=[TensorSpec("x", (), "int64")],
+                          outputs=[TensorSpec("y", (3,), "float32")])
+    x = InTensor("x", "INT64", [2, 1], np.arange(2, dtype=np.int64).tobytes())
+    _invalid(lambda: check_inputs("ids", scalar, [x], []),
+             "has shape [2, 1], expected [n] with 1 <= n <= 4 rows, or []")
+    _invalid(lambda: check_inputs("two", TWO, [InTensor("a", "FP32", [1, 3, 3], b"")], []),
+             "expected [n, 2, 3] with 1 <= n <= 4 rows, or [2, 3]")
 
 
 def test_profile_read_again_when_replaced():

@@ -166,7 +166,13 @@ def test_a_broken_package_is_refused_not_run(packages, tmp_path, capsys):
             # digests (it loaded, said READY and failed every EXEC)
             ("params", [{**original["params"][0],
                          "shape": [*original["params"][0]["shape"], 2]},
-                        *original["params"][1:]], "which is not its nbytes"))):
+                        *original["params"][1:]], "which is not its nbytes"),
+            # an offset past the weights' pages, or before them (READY, then every LOAD
+            # failed, said as a full cache)
+            ("params", [{**original["params"][0], "offset": PS * 10},
+                        *original["params"][1:]], "does not lie within one run"),
+            ("params", [{**original["params"][0], "offset": -64},
+                        *original["params"][1:]], "does not lie within one run"))):
         d = tmp_path / f"meta{i}"
         shutil.copytree(src, d)
         meta = dict(original)

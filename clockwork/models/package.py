@@ -18,6 +18,7 @@ A package directory holds
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import time
 from pathlib import Path
@@ -296,6 +297,15 @@ def _meta_problem(meta: dict) -> str:
         if size is None or size != t.get("nbytes"):
             return (f"params: {t.get('name')!r} has shape {t.get('shape')!r} of "
                     f"{t.get('dtype')!r}, which is not its nbytes ({t.get('nbytes')!r})")
+        # (an offset past the pages, or across two runs of them: the package was READY
+        # and failed every LOAD, said as a full cache)
+        off = t.get("offset")
+        ends = [r * meta["page_size"] for r in itertools.accumulate(runs)]
+        if not count(off) or size and not any(
+                lo <= off and off + size <= hi for lo, hi in zip([0, *ends], ends, strict=False)):
+            return (f"params: {t.get('name')!r} at offset {off!r} of {size} bytes does not "
+                    f"lie within one run of the weights pages (page_runs {runs}, "
+                    f"{meta['page_size']}-byte pages)")
     return ""
 
 
