@@ -79,8 +79,8 @@ from worker.memory import ARENA_ALIGNMENT, ArenaError, PageArena
 
 INSTALL_HINT = (f"{pip_extra('cuda12', 'cuda13')}, matching the CUDA major version "
                 "nvidia-smi shows")
-ALTERNATIVES = ("use `--device cpu` for real execution on the host CPU, or `--device emulated` "
-                "for profile-timed emulation")
+ALTERNATIVES = ("use `--device cpu` for real execution on the host CPU (or, where the command "
+                "takes it, `--device emulated` for profile-timed emulation)")
 DEFAULT_ARCH = "sm_90"
 
 
