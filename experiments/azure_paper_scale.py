@@ -469,6 +469,8 @@ def parse_args(argv) -> argparse.Namespace:
     if args.no_logs and args.log_format:
         p.error("--log-format with --no-logs: no logs are written")
     args.log_format = args.log_format or "npz"
+    if args.out is not None:  # (said if it stops early: the parts written are kept)
+        common.OUTS.append(args.out)
 
     if args.hours is not None:
         if args.hours > MINUTES / 60:  # (a huge value would overflow into minutes)

@@ -108,10 +108,23 @@ def parse_args(argv: Sequence[str] | None, description: str,
     if not args.out.exists():  # (made for this run: removed if it stops with it empty)
         _MADE.append(args.out)
     args.out.mkdir(parents=True, exist_ok=True)
+    OUTS.append(args.out)
     return args
 
 
 _MADE: list[Path] = []  # the --out folders this process made (``script``)
+OUTS: list[Path] = []  # the --out folders this process writes to (said if it stops early)
+
+
+def _kept() -> str:
+    """Where what a run stopped early wrote is (its --out folders not empty), as words
+    after "interrupted", or ""."""
+    kept = []
+    for o in dict.fromkeys(OUTS):
+        with contextlib.suppress(OSError):
+            if o.is_dir() and any(o.iterdir()):
+                kept.append(str(o))
+    return f"; what it wrote before is in {', '.join(kept)}" if kept else ""
 
 
 def _unmake() -> None:
@@ -157,7 +170,7 @@ def script(main) -> None:
             rc = main()
     except KeyboardInterrupt:
         _unmake()
-        print(f"{name}: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted{_kept()}", file=sys.stderr)
         raise SystemExit(130) from None
     except (ScenarioError, SettingsError, ProfileError, LiveRefused, DeviceUnavailable,
             ChildRefused) as e:  # (no such device here; a child refused its settings)

@@ -91,6 +91,7 @@ def parse_args(argv) -> argparse.Namespace:
     if not args.out.exists():  # (made for this run: removed if it stops with it empty)
         common._MADE.append(args.out)
     args.out.mkdir(parents=True, exist_ok=True)
+    common.OUTS.append(args.out)
     return args
 
 

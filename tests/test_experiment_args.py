@@ -357,6 +357,31 @@ def test_predictability_removes_the_out_it_made_if_stopped_empty(tmp_path, monke
     assert not out.exists()
 
 
+def test_an_interrupted_script_says_where_its_files_so_far_are(monkeypatch, tmp_path,
+                                                               capsys):
+    """Ctrl-C after a script wrote some of its files (run_all after fig5, a part of the
+    Azure replay): the one line says where they are (it said only "interrupted")."""
+    monkeypatch.setattr(common, "_MADE", [])
+    monkeypatch.setattr(common, "OUTS", [])
+    monkeypatch.setattr(sys, "argv", ["run_all.py"])
+    out = tmp_path / "out"
+
+    def main(done: bool):
+        args = common.parse_args(["--smoke", "--out", str(out)], "test")
+        if done:
+            (args.out / "fig5_compare.tsv").write_text("x\n")
+        raise KeyboardInterrupt
+
+    for done in (False, True):
+        with pytest.raises(SystemExit) as e:
+            common.script(lambda done=done: main(done))
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 130
+        assert err == "run_all.py: interrupted" + (
+            f"; what it wrote before is in {out}" if done else ""), err
+        assert out.exists() == done  # (made, left empty: removed)
+
+
 def test_a_smoke_runs_temporary_folder_is_removed_if_it_stops_empty(monkeypatch, tmp_path):
     """--smoke without --out writes to a new temporary folder: one the run stopped
     before writing to is removed as a made --out is (it was left behind, empty)."""
