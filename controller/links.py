@@ -90,6 +90,8 @@ REFUSED_LOG_S = 60.0  # a worker refused at each reconnection attempt: a line th
 # a worker found suspect, answering again and re-admitted (a line each): at most
 # LIVENESS_LOG_BURST such lines per LIVENESS_LOG_S (one that flaps, stopped for 300 ms at a
 # time, wrote three lines a second)
+# ListWorkers lists the removed workers of the highest indices, at most this many
+REMOVED_LISTED = 100
 LIVENESS_LOG_S = 60.0
 LIVENESS_LOG_BURST = 15
 # a session with a worker that ends within SHORT_SESSION_S of being made (another
@@ -234,6 +236,26 @@ class WorkerLink:
         self.samples.append((rtt, offset))
         best = min(self.samples)
         self.rtt, self.offset = best
+
+
+# stand-ins for what a removed link held of its own (``_forget``)
+_NO_SAMPLES: deque = deque(maxlen=0)
+_REMOVED_LOG = LogLimiter("controller", LIVENESS_LOG_S, burst=LIVENESS_LOG_BURST)
+
+
+def _forget(link: WorkerLink) -> None:
+    """What a removed worker's link held for its connection, let go: it stays in the
+    links (its index is taken for good, and ``ListWorkers`` lists it removed) as an
+    address and its GPUs only (an operator's add and remove a minute held ~100 KB each,
+    its gRPC calls and channel among them, for the controller's life)."""
+    link.channel = link.call = link.grpc_call = link.why_task = None
+    link.drained = None  # (its reconnection and drain tasks: cancelled, or ended)
+    link.tasks, link.keep, link.told, link.acks = [], [], {}, {}
+    link.samples = _NO_SAMPLES  # (appended to, it keeps nothing)
+    link.refused = link.liveness_log = _REMOVED_LOG
+    if link.state is not None:  # (its GPUs, as ListWorkers gives them)
+        link.state = pb.WorkerState(device=link.state.device, gpus=[
+            pb.GpuState(gpu=g.gpu, pages=g.pages) for g in link.state.gpus])
 
 
 def _canonical(address: str) -> str:
@@ -654,10 +676,14 @@ class WorkerLinks:
         """Each worker in one row (``ListWorkers``): its index, address, state
         (``_state_of``, or awaited), GPU indices, link kind while connected, clock-sync
         round trip, seconds in this connection or loss, and why it is lost, held or
-        awaited."""
+        awaited; of the workers removed, the last ``REMOVED_LISTED`` (by index)."""
         now = time.monotonic()
         rows = []
+        removed = [lk.index for lk in self.links if lk.removed]
+        shown = set(removed[-REMOVED_LISTED:])  # (an add and remove a minute: a row each)
         for lk in self.links:
+            if lk.removed and lk.index not in shown:
+                continue
             state = self._state_of(lk)
             since = (lk.since if lk.connected else lk.lost_at) if state != "removed" else 0.0
             rows.append({
@@ -723,6 +749,7 @@ class WorkerLinks:
         link.pending, link.due = [], 0
         self._drop_updates(link)
         n = self.ctrl.remove_worker(link.index, now_ns())
+        _forget(link)
         self.count("workers_removed")
         print(f"controller: worker {link.address} removed with its {len(gpus)} GPU(s): "
               f"{n} action(s) in flight failed (their requests placed again or answered)"
