@@ -342,3 +342,21 @@ def test_a_live_replay_with_no_request_says_so_as_a_simulated_one_does(tmp_path)
                         "poisson_warm", "--quiet", *over],
                        capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert "warning: no requests were submitted in duration_s = 0.5 s" in s.stderr, s.stderr
+
+
+def test_a_scenario_without_workloads_is_served_but_not_replayed(tmp_path):
+    """``serve SCENARIO`` without --replay runs no workload: a scenario of a cluster and
+    its models only is served (it was refused, "must be at least one [[workloads]]
+    table"); with --replay it is still refused, naming what is missing."""
+    from clockwork.cluster.serve import _served_scenario
+    from clockwork.scenario import ScenarioError
+
+    f = tmp_path / "cluster_only.toml"
+    f.write_text('name = "c"\n[cluster]\nworkers = 2\n[[models]]\nname = "resnet50_v2"\n'
+                 'copies = 3\n')
+    sc = _served_scenario(str(f), ["cluster.noise=0"], replay=False)
+    assert sc.cluster["workers"] == 2 and sc.models[0]["copies"] == 3 and sc.workloads == []
+    with pytest.raises(ScenarioError, match=r"at least one \[\[workloads\]\] table"):
+        _served_scenario(str(f), [], replay=True)
+    with pytest.raises(ScenarioError, match="cluster.workers"):  # (other errors: as before)
+        _served_scenario(str(f), ["cluster.workers=0"], replay=False)

@@ -332,6 +332,25 @@ def local_workers_error(n: int, available: int | None = None) -> str | None:
             "GPUs each (cluster.gpus_per_worker), or spread them over machines (--ray)")
 
 
+# what stands for the [[workloads]] of a scenario served without --replay that has none
+_NO_WORKLOADS = "workloads: must be at least one [[workloads]] table"
+
+
+def _served_scenario(path: str, overrides: list[str], replay: bool):
+    """The scenario ``serve`` starts a cluster from. Without ``--replay`` its workloads
+    are not run, so one with no ``[[workloads]]`` (a cluster and its models only) is
+    served as it is (it was refused: a placeholder workload had to be written in)."""
+    try:
+        return load_scenario(path, overrides)
+    except ScenarioError as e:
+        if replay or f": {_NO_WORKLOADS}, got " not in str(e):
+            raise
+    sc = load_scenario(path, overrides, pinned=[("workloads", [{"kind": "poisson",
+                                                                "rate_rps": 1.0}])])
+    sc.data["workloads"] = []
+    return sc
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """``clockwork serve``; a controller that had to be killed as the cluster stopped
     (it did not end within ``CONTROLLER_STOP_S`` of SIGTERM, or a second signal came)
@@ -373,7 +392,7 @@ def _serve(args: argparse.Namespace, return_killed: list[bool]) -> int:
             return 2
     if args.scenario:
         try:
-            sc = load_scenario(args.scenario, args.set)
+            sc = _served_scenario(args.scenario, args.set, bool(getattr(args, "replay", False)))
         except ScenarioError as e:
             print(f"clockwork serve: {e}", file=sys.stderr)
             return 2
