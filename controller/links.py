@@ -749,6 +749,8 @@ class WorkerLinks:
         link.pending, link.due = [], 0
         self._drop_updates(link)
         n = self.ctrl.remove_worker(link.index, now_ns())
+        if link.why_task is not None:  # (a look at why it was lost: no longer asked for)
+            link.why_task.cancel()
         _forget(link)
         self.count("workers_removed")
         print(f"controller: worker {link.address} removed with its {len(gpus)} GPU(s): "

@@ -356,6 +356,9 @@ def test_a_scenario_without_workloads_is_served_but_not_replayed(tmp_path):
                  'copies = 3\n')
     sc = _served_scenario(str(f), ["cluster.noise=0"], replay=False)
     assert sc.cluster["workers"] == 2 and sc.models[0]["copies"] == 3 and sc.workloads == []
+    sc = _served_scenario(str(ROOT / "scenarios" / "poisson_warm.toml"), ["workloads=[]"],
+                          replay=False)
+    assert sc.workloads == []  # (a scenario's workloads taken out by --set: the same)
     with pytest.raises(ScenarioError, match=r"at least one \[\[workloads\]\] table"):
         _served_scenario(str(f), [], replay=True)
     with pytest.raises(ScenarioError, match="cluster.workers"):  # (other errors: as before)

@@ -425,7 +425,9 @@ def test_a_load_waits_for_the_exec_reading_weights_it_must_slide(tmp_path):
     LOAD waits for that EXEC to end, then slides them (it was refused
     LOAD_INSUFFICIENT_CACHE: a model with a tensor over a page, sharing a tight cache,
     had 4 in 10 of its requests failed in a live run on the CPU); an EXEC asked for
-    meanwhile starts after the slide, on the weights where they then are."""
+    meanwhile runs after the slide, on the weights where they then lie, even when it
+    takes the lock before the woken LOAD does (it ran on the old place, where the new
+    model's weights were being written)."""
     dev, _, _ = fake_cuda_device(12, kernel_s=0.3)
     pkg = fake_package(tmp_path / "mlp", pages=5, batch_sizes=BATCHES)  # a 5-page run each
     for n in ("a", "c"):
@@ -434,16 +436,34 @@ def test_a_load_waits_for_the_exec_reading_weights_it_must_slide(tmp_path):
     dev.load("a")  # a: 3..7; free once the gap goes: 0..2 and 8..11, no run of 5
     dev.arena.free(gap)
     weights = _weights(dev, "a")
-    starts, seen = dev._exec_starts, []  # (where a's weights are as each EXEC takes them)
-    dev._exec_starts = lambda m: (starts(m), seen.append(list(m.pages)))
+    a = dev.models["a"]
+    arena0 = dev.arena.page(0).__array_interface__["data"][0]
+    run, read = a.package.functions[1], []  # (the page each EXEC's weights start at)
+
+    def spy(x, *w):
+        read.append((w[0].__array_interface__["data"][0] - arena0) // dev.arena.page_size)
+        return run(x, *w)
+
+    a.package.functions[1] = spy
+    wait = dev._idle.wait
+
+    def load_late(timeout=None):  # (the woken LOAD is the last to take the lock back)
+        woke = wait(timeout)
+        if threading.current_thread().name == "load":
+            dev._lock.release()
+            time.sleep(0.05)
+            dev._lock.acquire()
+        return woke
+
+    dev._idle.wait = load_late
     first = threading.Thread(target=dev.infer, args=("a", None, 1))
     first.start()
     deadline = time.monotonic() + 10
-    while not dev.models["a"].busy:
+    while not a.busy:
         assert time.monotonic() < deadline, "the EXEC did not start"
         time.sleep(0.001)
     loaded: dict = {}
-    load = threading.Thread(target=lambda: loaded.update(pages=dev.load("c")[0]))
+    load = threading.Thread(target=lambda: loaded.update(pages=dev.load("c")[0]), name="load")
     load.start()
     while not dev._sliding:  # (the LOAD waits for the EXEC)
         assert load.is_alive() and time.monotonic() < deadline, loaded
@@ -453,11 +473,11 @@ def test_a_load_waits_for_the_exec_reading_weights_it_must_slide(tmp_path):
     for t in (first, load, second):
         t.join(10)
     assert sorted(loaded["pages"]) == loaded["pages"] and len(loaded["pages"]) == 5
-    assert dev.models["a"].pages == [0, 1, 2, 3, 4]  # slid down, once the EXEC ended
-    assert seen == [[3, 4, 5, 6, 7], [0, 1, 2, 3, 4]]  # (the second EXEC: after the slide)
+    assert a.pages == [0, 1, 2, 3, 4]  # slid down, once the EXEC ended
+    assert read == [3, 0]  # (the second EXEC: on the weights where the slide left them)
     for w, now in zip(weights, _weights(dev, "a"), strict=True):
         np.testing.assert_array_equal(now, w)
-    assert dev.models["a"].busy == 0 and dev._sliding == 0
+    assert a.busy == 0 and dev._sliding == 0
 
 
 def test_a_copy_that_fails_while_sliding_is_a_failed_load_and_the_moved_weights_serve(

@@ -333,7 +333,7 @@ def local_workers_error(n: int, available: int | None = None) -> str | None:
 
 
 # what stands for the [[workloads]] of a scenario served without --replay that has none
-_NO_WORKLOADS = "workloads: must be at least one [[workloads]] table"
+_NO_WORKLOADS = "workloads: must be at least one [[workloads]] table"  # (its refusal)
 
 
 def _served_scenario(path: str, overrides: list[str], replay: bool):
@@ -343,7 +343,7 @@ def _served_scenario(path: str, overrides: list[str], replay: bool):
     try:
         return load_scenario(path, overrides)
     except ScenarioError as e:
-        if replay or f": {_NO_WORKLOADS}, got " not in str(e):
+        if replay or f"{_NO_WORKLOADS}, got " not in str(e):  # (--set workloads=[] too)
             raise
     sc = load_scenario(path, overrides, pinned=[("workloads", [{"kind": "poisson",
                                                                 "rate_rps": 1.0}])])

@@ -498,12 +498,17 @@ class RealDevice:
                 for name, pages in moved.items():
                     loaded[name].bound = self._bind(pages, loaded[name].meta)
 
-    def _exec_starts(self, m) -> None:
+    def _exec_starts(self, m) -> list:
         """Under ``_lock``, as an EXEC takes ``m``'s weights: after any LOAD waiting to
-        slide weights together (``_take_pages``), then ``m`` is busy."""
+        slide weights together (``_take_pages``), ``m`` is busy and its weights' tensors
+        where they then lie are returned (read after the wait: the slide may have moved
+        them, or an EVICT dropped them, ``WeightsNotPresent``)."""
         while self._sliding:
             self._idle.wait()
+        if m.bound is None:
+            raise WeightsNotPresent(f"model {m.name!r}: weights not in the cache")
         m.busy += 1
+        return m.bound
 
     def _exec_ends(self, m) -> None:
         """Under ``_lock``, as an EXEC leaves ``m``'s weights: pages evicted meanwhile are

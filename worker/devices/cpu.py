@@ -42,7 +42,6 @@ from worker.devices.base import (
     Package,
     RealDevice,
     WeightsAlreadyLoaded,
-    WeightsNotPresent,
     numpy_outputs,
     package_stamp,
     target_kind,
@@ -168,10 +167,7 @@ class CpuDevice(RealDevice):
                               f"expected {buf.shape}")
         with self._exec:
             with self._lock:
-                bound = m.bound
-                if bound is None:
-                    raise WeightsNotPresent(f"model {name!r}: weights not in the cache")
-                self._exec_starts(m)
+                bound = self._exec_starts(m)
             try:
                 t0 = time.perf_counter_ns()
                 if inputs is None:

@@ -70,7 +70,6 @@ from worker.devices.base import (
     Package,
     RealDevice,
     WeightsAlreadyLoaded,
-    WeightsNotPresent,
     numpy_outputs,
     package_stamp,
     target_kind,
@@ -531,10 +530,7 @@ class CudaDevice(RealDevice):
         cupy, stream = self._cupy, self.exec_stream
         with self._exec_lane:
             with self._lock:
-                bound = m.bound
-                if bound is None:
-                    raise WeightsNotPresent(f"model {name!r}: weights not in the cache")
-                self._exec_starts(m)
+                bound = self._exec_starts(m)
             try:
                 t0 = time.perf_counter_ns()
                 with cupy.cuda.Device(self.index):
