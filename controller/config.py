@@ -28,7 +28,7 @@ class SchedulerConfig:
     schedule_ahead: int = setting(
         ms(10), "Keep each GPU's EXEC lane planned this far into the future, no further; "
         "more than `future_ms` (an idle GPU's work is planned to start that far ahead).",
-        units=("ms",), ge=0)
+        units=("ms",), ge=0, allowed_text="> future_ms (at most a year)")
     default_slo: int = setting(
         ms(100), "SLO of a request that gives none (or 0).", units=("ms",), gt=0,
         le=MAX_SLO_NS)
@@ -62,10 +62,14 @@ class SchedulerConfig:
     estimate_stale: int = setting(
         ms(1000), "A request that only an inflated EXEC estimate makes infeasible, when no "
         "EXEC of its model was measured for this long, resets the model's estimates to "
-        "the profile (a straggler's figure would otherwise keep every request out).",
+        "the profile (a straggler's figure would otherwise keep every request out); and "
+        "a batch size whose estimate is inflated and not measured for this long goes "
+        "back to the profile's figure as the model's other sizes are measured (a "
+        "straggler's figure would otherwise keep that size from ever running again).",
         units=("ms",), ge=0)
     batch_first: bool = setting(
-        True, "Run a larger batch first when the most urgent request can wait for it.")
+        True, "Run a larger batch first when the most urgent request can wait for it "
+        "(between the models whose copies share a GPU).")
     load_check_interval: int = setting(
         ms(2), "How often unmet LOAD demand is re-examined.", units=("ms",), ge=ms(0.1))
     probe_slack: int = setting(

@@ -65,13 +65,20 @@ class Estimator:
     """
 
     __slots__ = ("profile", "percentile", "_exec", "exec_ns", "_exec_w", "_load_w", "load",
-                 "batch_sizes", "window", "measured_at", "inflated", "version")
+                 "batch_sizes", "window", "measured_at", "inflated", "version", "stale",
+                 "_measured", "_aged_at")
 
-    def __init__(self, profile: ModelProfile, window: int = 10, percentile: float = 0.99) -> None:
+    def __init__(self, profile: ModelProfile, window: int = 10, percentile: float = 0.99,
+                 stale: int | None = None) -> None:
         self.profile = profile
         self.percentile = percentile
         self.window = window
         self.measured_at = 0  # when the last EXEC was measured (ns)
+        # an inflated EXEC estimate of a batch size not measured for this long (ns) goes
+        # back to the profile's figure (``_age``); None: never
+        self.stale = stale
+        self._measured: dict[int, int] = {}  # batch size -> when it was last measured
+        self._aged_at = 0  # when ``_age`` last looked
         self.inflated = False  # some EXEC estimate is above the profile's figure
         self.version = 0  # bumped whenever an EXEC estimate changes
         self.batch_sizes = profile.batch_sizes
@@ -100,12 +107,29 @@ class Estimator:
         if e != self._exec[batch_size]:
             self._exec[batch_size] = e
             self.version += 1
-        self.measured_at = now
+        self.measured_at = self._measured[batch_size] = now
         if e > self.profile.exec_ns[batch_size]:
             self.inflated = True
         elif self.inflated:
             prof = self.profile.exec_ns
             self.inflated = any(v > prof[b] for b, v in self._exec.items())
+        if self.inflated and self.stale is not None and now - self._aged_at > self.stale:
+            self._aged_at = now
+            self._age(now)
+
+    def _age(self, now: int) -> None:
+        """The inflated EXEC estimates of the batch sizes not measured for ``stale`` back
+        at the profile's figures: one straggler at a batch size made that size look too
+        slow for every batch, so it never ran, so nothing measured it again (the model
+        then ran at its smaller sizes for good, short of the rate it was offered).
+        Looked at as its other sizes are measured, at most once per ``stale``."""
+        prof = self.profile.exec_ns
+        for b in [b for b, v in self._exec.items()
+                  if v > prof[b] and now - self._measured.get(b, 0) > self.stale]:
+            self._exec_w.pop(b, None)
+            self._exec[b] = prof[b]
+            self.version += 1
+        self.inflated = any(v > prof[b] for b, v in self._exec.items())
 
     def forget_exec(self) -> None:
         """Back to the profile's EXEC figures. For an estimate that a straggler pushed past

@@ -108,7 +108,8 @@ class ModelState:
     def __init__(self, profile: ModelProfile, cfg: SchedulerConfig) -> None:
         self.name = profile.model
         self.profile = profile
-        self.est = Estimator(profile, cfg.estimate_window, cfg.estimate_percentile)
+        self.est = Estimator(profile, cfg.estimate_window, cfg.estimate_percentile,
+                             cfg.estimate_stale)
         self.queue: deque[Request] = deque()
         self.live = 0  # QUEUED requests in ``queue`` (it may also hold answered ones)
         self.outstanding = 0.0  # LOAD demand of queued requests, in GPUs
