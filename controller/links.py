@@ -1315,6 +1315,8 @@ class WorkerLinks:
                 link.echo_seq += 1
                 await call.write(pb.ControllerMessage(
                     echo=pb.ClockEcho(seq=link.echo_seq, controller_time=now_ns())))
+                if self.ctrl is not None:  # (a probe's wait counts from its write)
+                    self.ctrl.probe_sent(link.index, now_ns())
             if link.reset_due:
                 link.reset_due = False
                 keep, link.keep = link.keep, []

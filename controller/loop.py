@@ -278,6 +278,17 @@ class ControllerLoop:
             out.extend(self.policy.on_tick(now))
         self._after(out, now)
 
+    def probe_sent(self, worker: int, now: int) -> None:
+        """The transport wrote a probe to ``worker`` at ``now``: a live link's writer runs
+        some time after the probe was asked for (``transport.probe``), on a busy
+        controller tens of milliseconds; the answer is waited for ``probe_timeout`` from
+        the write (that wait counted against the worker: healthy workers of a controller
+        under overload were found suspect, their work failed ``worker_lost``). A longer
+        wait set already (an idle probe's) is kept."""
+        until = self.probing.get(worker)
+        if until is not None and until < now + self.liveness.probe_timeout:
+            self.probing[worker] = now + self.liveness.probe_timeout
+
     def heard_from(self, worker: int, now: int) -> None:
         """The transport got a message from ``worker`` (a result or a probe's answer)."""
         if self.removed[worker]:
@@ -351,8 +362,9 @@ class ControllerLoop:
                 if w not in probing:
                     probing[w] = now + self.liveness.probe_timeout
                     self.transport.probe(w)
-                elif probing[w] > now + self.liveness.probe_timeout:  # (an idle probe's
-                    probing[w] = now + self.liveness.probe_timeout  # longer wait: cut)
+                elif w in self._idle_sent and probing[w] > now + self.liveness.probe_timeout:
+                    probing[w] = now + self.liveness.probe_timeout  # (an idle probe's
+                    # longer wait: cut; not one counted from its write, ``probe_sent``)
                 wait = max(self.liveness.stuck_min, 2 * a.expected_duration)
                 heapq.heappush(due, (now + wait, aid, w, 1))
             elif w in probing:  # the probe out decides first

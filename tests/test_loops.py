@@ -137,6 +137,32 @@ def test_an_overdue_action_probes_its_worker_and_silence_makes_it_suspect():
     assert loop.up[w]
 
 
+def test_a_probes_wait_counts_from_when_the_transport_wrote_it():
+    """A live link writes the probe some time after the loop asked for it (its writer
+    task runs later on a busy controller): the worker's answer is waited for the probe
+    timeout from the write, not from the ask (healthy workers of an overloaded
+    controller were found suspect, their work failed ``worker_lost``)."""
+    loop, t = controller(workers=2)
+    loop.request(Request(1, "resnet50_v2", 0, ms(100)), 0)
+    (w, acts), = t.sent
+    a = acts[0]
+    bound = a.expected_end + max(ms(10), a.expected_duration // 2)
+    loop.tick(bound)
+    assert t.probes == [w] and loop.probing[w] == bound + loop.liveness.probe_timeout
+    loop.probe_sent(w, bound + ms(40))  # written 40 ms later
+    timeout = loop.liveness.probe_timeout
+    while loop.armed is not None and loop.armed <= bound + timeout + ms(1):
+        loop.tick(loop.armed)  # (the timer, on time: the timeout from the ask passes)
+    assert not loop.suspect[w] and loop.probing[w] == bound + ms(40) + timeout
+    loop.probe_sent(w, bound + ms(41))  # (a later echo: its write counts)
+    assert loop.probing[w] == bound + ms(41) + timeout
+    while loop.armed is not None and loop.armed <= bound + ms(41) + timeout:
+        loop.tick(loop.armed)
+    assert loop.suspect[w]  # (no answer from the write on: suspect, as before)
+    loop.probe_sent(1 - w, bound)  # (a worker not probed: nothing)
+    assert 1 - w not in loop.probing
+
+
 def test_a_worker_silent_while_idle_is_probed_and_suspect_before_work_reaches_it():
     """A worker with nothing outstanding that was not heard from for ``idle_probe`` is
     probed, and suspect if it does not answer within the probe timeout (a worker that
