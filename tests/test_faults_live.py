@@ -111,8 +111,10 @@ controller_restart = [{ at_s = 2.5, down_s = 0.5 }]
     killed = re.search(r"([\d.]+) s  fault: controller killed", p.stderr)
     assert killed and "fault: new controller started" in p.stderr, p.stderr[-2000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    # the new controller took the 4 copies over (the actions: both controllers' counts)
-    assert summary["weights_adopted"] == 4, summary
+    # the new controller took the copies over (the actions: both controllers' counts):
+    # the 4 instances' at least; on a loaded host the old one may have placed a second
+    # copy of some on the other GPU before the kill (6 seen), which are taken over too
+    assert 4 <= summary["weights_adopted"] <= 8, summary
     assert summary["actions"] is not None and summary["actions"]["infer"] > 100, summary
     # only what was sent before the kill failed
     kill_ns = sec(float(killed.group(1)))
