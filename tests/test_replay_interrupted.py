@@ -184,3 +184,15 @@ def _cmdline(d) -> bytes:
         return (d / "cmdline").read_bytes().replace(b"\0", b" ")
     except OSError:
         return b""
+
+
+def test_other_clients_requests_are_not_said_below_zero():
+    """A replay's ``other_requests``: the controller's request count's growth less what
+    the replay sent; below 0 (an overloaded controller had not yet read requests the
+    replay gave up on when its counters were read) it is not known, None (it said "the
+    controller took in -11,478 request(s) of other clients")."""
+    from clockwork.cluster.replay import other_requests
+
+    assert other_requests(1_500, 1_000) == 500
+    assert other_requests(1_000, 1_000) == 0
+    assert other_requests(900, 1_000) is None

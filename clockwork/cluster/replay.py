@@ -398,7 +398,7 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     # actions, the suspects above) are the whole controller's, theirs included
     # (not known across a controller restart: the requests a controller took in after
     # its counters were read, as it went away, are in none of them)
-    other = d.get("requests", 0) - (state["sent"] - state["unsent"]) \
+    other = other_requests(d.get("requests", 0), state["sent"] - state["unsent"]) \
         if stats1 is not None and not reconnect else None
     summary["other_requests"] = other
     if warn_late and other:
@@ -412,6 +412,16 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
         summary["outputs"] = check.verify()
     return ReplayResult(summary, tel, sc, wall_s, bool(extra["answered_once"]),
                         halted is not None)
+
+
+def other_requests(taken_in: int, sent: int) -> int | None:
+    """Requests of other clients a controller took in during a replay: its request
+    counter's growth ``taken_in`` less the replay's ``sent``; None when that is below 0
+    (an overloaded controller had not read all the replay's requests when its counters
+    were read: those given up unanswered; the count is then not known, and was said as
+    a negative number of other clients' requests)."""
+    other = taken_in - sent
+    return other if other >= 0 else None
 
 
 def _counted(first: dict[str, int], last: dict[str, int] | None,
