@@ -114,15 +114,16 @@ def parse_args(argv: Sequence[str] | None, description: str,
 
 _MADE: list[Path] = []  # the --out folders this process made (``script``)
 OUTS: list[Path] = []  # the --out folders this process writes to (said if it stops early)
+_STARTED = time.time()  # (what an --out holds from before: not this run's)
 
 
 def _kept() -> str:
-    """Where what a run stopped early wrote is (its --out folders not empty), as words
-    after "interrupted", or ""."""
+    """Where what a run stopped early wrote is (its --out folders holding something
+    written since the process started), as words after "interrupted", or ""."""
     kept = []
     for o in dict.fromkeys(OUTS):
         with contextlib.suppress(OSError):
-            if o.is_dir() and any(o.iterdir()):
+            if o.is_dir() and any(p.stat().st_mtime >= _STARTED for p in o.iterdir()):
                 kept.append(str(o))
     return f"; what it wrote before is in {', '.join(kept)}" if kept else ""
 

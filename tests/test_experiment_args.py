@@ -365,6 +365,9 @@ def test_an_interrupted_script_says_where_its_files_so_far_are(monkeypatch, tmp_
     monkeypatch.setattr(common, "OUTS", [])
     monkeypatch.setattr(sys, "argv", ["run_all.py"])
     out = tmp_path / "out"
+    earlier = tmp_path / "earlier"  # (an --out holding an earlier run's files only)
+    earlier.mkdir()
+    os.utime(_touch(earlier / "fig5_compare.tsv"), (0, 0))
 
     def main(done: bool):
         args = common.parse_args(["--smoke", "--out", str(out)], "test")
@@ -380,6 +383,16 @@ def test_an_interrupted_script_says_where_its_files_so_far_are(monkeypatch, tmp_
         assert err == "run_all.py: interrupted" + (
             f"; what it wrote before is in {out}" if done else ""), err
         assert out.exists() == done  # (made, left empty: removed)
+    common.OUTS.clear()
+    common.parse_args(["--smoke", "--out", str(earlier)], "test")
+    with pytest.raises(SystemExit):
+        common.script(lambda: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert capsys.readouterr().err.strip() == "run_all.py: interrupted"
+
+
+def _touch(p):
+    p.write_text("x\n")
+    return p
 
 
 def test_a_smoke_runs_temporary_folder_is_removed_if_it_stops_empty(monkeypatch, tmp_path):
