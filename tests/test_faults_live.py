@@ -118,7 +118,8 @@ controller_restart = [{ at_s = 2.5, down_s = 0.5 }]
     assert summary["actions"] is not None and summary["actions"]["infer"] > 100, summary
     # only what was sent before the kill failed
     kill_ns = sec(float(killed.group(1)))
-    assert all(int(r["arrival"]) <= kill_ns for r in rows if r["status"] == "ERROR")
+    late = [r for r in rows if r["status"] == "ERROR" and int(r["arrival"]) > kill_ns]
+    assert not late, (kill_ns, late[:5], p.stderr[-3000:])
     # the cluster serves again: ~1 s after the kill on a quiet host (a new process
     # starting and taking the workers over; 3.5 s seen with the 2 cores shared by 3 busy
     # loops), and from then on nearly every request meets its SLO
