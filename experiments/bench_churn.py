@@ -15,7 +15,8 @@ CPU.
 
 ``--live N`` measures the live controller instead: a local cluster of two emulated
 workers serving ResNet50 v2, the controller's CPU time per request (``/proc``) over
-``--requests`` inferences from 16 concurrent callers, then N remove + add cycles, each of
+``--requests`` inferences from 16 concurrent callers (and its resident memory after
+them), then N remove + add cycles, each of
 the worker that has been in the cluster longer (a rolling replacement: each removed
 worker keeps its index, ahead of the two in service), the same inferences again, and so
 on for ``--rounds`` rounds: what the removed workers cost each request afterwards
@@ -86,9 +87,18 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _rss_mb(pid: int) -> float:
+    """A process's resident memory now, MB (``/proc/PID/status`` VmRSS)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def live(cycles: int, rounds: int, requests: int) -> list[dict]:
     """``--live``: per round, the controller's CPU per request over ``requests``
-    inferences, then ``cycles`` remove + add cycles of the older of its two workers."""
+    inferences and its resident memory after them, then ``cycles`` remove + add cycles of
+    the older of its two workers."""
     import asyncio
 
     import numpy as np
@@ -113,9 +123,11 @@ def live(cycles: int, rounds: int, requests: int) -> list[dict]:
             cpu0 = _cpu_s(pid)
             asyncio.run(load(c.address))
             per_ms = (_cpu_s(pid) - cpu0) / (requests // 16 * 16) * 1e3
-            out.append({"removed_workers": removed, "cpu_ms_per_request": per_ms})
+            rss = _rss_mb(pid)
+            out.append({"removed_workers": removed, "cpu_ms_per_request": per_ms,
+                        "controller_rss_mb": rss})
             print(f"  {removed:>6,} workers removed: {per_ms:.3f} ms of controller CPU a "
-                  "request", file=sys.stderr, flush=True)
+                  f"request, {rss:.1f} MB resident", file=sys.stderr, flush=True)
             if r == rounds:
                 break
             for _ in range(cycles):
@@ -150,10 +162,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.requests < 16:
             ap.error("--requests: at least 16 (16 concurrent callers)")
         rows = live(args.live, args.rounds, args.requests)
-        print("workers removed   controller CPU ms per request   vs none removed")
+        print("workers removed   controller CPU ms per request   vs none removed   "
+              "controller MB resident   KB per worker removed")
         for row in rows:
-            print(f"{row['removed_workers']:>15,}   {row['cpu_ms_per_request']:>29.3f}   "
-                  f"{row['cpu_ms_per_request'] / rows[0]['cpu_ms_per_request']:>15.2f}")
+            n = row["removed_workers"]
+            per = (row["controller_rss_mb"] - rows[0]["controller_rss_mb"]) * 1024 / n \
+                if n else float("nan")
+            print(f"{n:>15,}   {row['cpu_ms_per_request']:>29.3f}   "
+                  f"{row['cpu_ms_per_request'] / rows[0]['cpu_ms_per_request']:>15.2f}   "
+                  f"{row['controller_rss_mb']:>22.1f}   {per:>21.1f}")
         if args.json:
             args.json.write_text(json.dumps({"live": rows}, indent=1))
         return 0
