@@ -164,6 +164,8 @@ class ControllerLoop:
         # (bound, action id, worker, 0 = first look / 1 = the look for a stuck action) heap
         self._due: list[tuple[int, int, int, int]] = []
         self.probing: dict[int, int] = {}  # worker -> when its probe's answer is due
+        # workers whose probe the transport has not yet said it wrote (``probe_sent``)
+        self._unsent: set[int] = set()
         self.heard = [0] * n  # when each worker was last heard from
         # each worker's last idle probe: when it was sent (until answered), and the round
         # trip its answer took (a worker far away, or on a slow link, is given longer)
@@ -284,7 +286,13 @@ class ControllerLoop:
         controller tens of milliseconds; the answer is waited for ``probe_timeout`` from
         the write (that wait counted against the worker: healthy workers of a controller
         under overload were found suspect, their work failed ``worker_lost``). A longer
-        wait set already (an idle probe's) is kept."""
+        wait set already (an idle probe's) is kept. Only the first write after each ask
+        counts."""
+        if worker not in self._unsent:
+            return  # (an echo written for the clock's sake, or a probe's again: the wait
+            # was counted from its first write; moved on at each, a hung worker whose
+            # socket still took the echoes was never found suspect)
+        self._unsent.discard(worker)
         until = self.probing.get(worker)
         if until is not None and until < now + self.liveness.probe_timeout:
             self.probing[worker] = now + self.liveness.probe_timeout
@@ -300,6 +308,7 @@ class ControllerLoop:
             if sent is not None:
                 self._idle_rtt[worker] = now - sent
         self.probing.pop(worker, None)
+        self._unsent.discard(worker)
         self._again.discard(worker)
         if self.suspect[worker] and not self.leaving[worker]:  # (one drained is not
             # taken back: it is removed once the transport hears ``drained``)
@@ -341,6 +350,8 @@ class ControllerLoop:
         if probing:
             for w in [w for w, until in probing.items() if until <= now]:
                 del probing[w]
+                self._unsent.discard(w)  # (its late answer, if it comes, is still the round
+                # trip an idle probe's next wait is made of: a slow link's)
                 if w not in self._again and self.up[w] and self.n_up == 1:
                     # the only worker up: found suspect, every request would be answered
                     # no_worker at once, and no work could move elsewhere; a process
@@ -348,6 +359,7 @@ class ControllerLoop:
                     # gets a second before that
                     self._again.add(w)
                     probing[w] = now + self.liveness.probe_timeout
+                    self._unsent.add(w)
                     self.transport.probe(w)
                     continue
                 self._again.discard(w)
@@ -361,6 +373,7 @@ class ControllerLoop:
             if not again:  # overdue: is its worker alive? And look at it once more later
                 if w not in probing:
                     probing[w] = now + self.liveness.probe_timeout
+                    self._unsent.add(w)
                     self.transport.probe(w)
                 elif w in self._idle_sent and probing[w] > now + self.liveness.probe_timeout:
                     probing[w] = now + self.liveness.probe_timeout  # (an idle probe's
@@ -395,9 +408,18 @@ class ControllerLoop:
                 # every look; each answer's time counts, so one hang's is forgotten)
                 probing[w] = now + max(wait, min(2 * rtt[w], 4 * every))
                 sent[w] = now
+                self._unsent.add(w)
                 self.transport.probe(w)
         self._idle_at = now + every
         self._dirty = True
+
+    def _forget_probe(self, worker: int) -> None:
+        """``worker`` is back: a probe out before is no longer waited for, and an idle
+        probe's send time kept would have been taken, at its next answer, for a round
+        trip of the whole time away (its idle probes then waited 2 s, not 250 ms)."""
+        self.probing.pop(worker, None)
+        self._unsent.discard(worker)
+        self._idle_sent.pop(worker, None)
 
     def _suspect(self, w: int, now: int, reason: str) -> None:
         """``w`` is suspect (``reason``): handled as lost (``worker_lost``) until it is
@@ -418,6 +440,7 @@ class ControllerLoop:
         self.resetting[worker] = False
         self._dirty = True
         self.probing.pop(worker, None)
+        self._unsent.discard(worker)
         self._again.discard(worker)
         lost = list(self.outstanding[worker].values())
         self.outstanding[worker].clear()
@@ -544,7 +567,7 @@ class ControllerLoop:
         self.up[worker] = self.takes[worker] = True
         self._dirty = True
         self.heard[worker] = now
-        self.probing.pop(worker, None)
+        self._forget_probe(worker)
         out: list[Action] = []
         for g in self.gpus_of[worker]:
             out.extend(self.policy.readmit_gpu(g, now, kept.get(self.local[g], ())))

@@ -154,13 +154,32 @@ def test_a_probes_wait_counts_from_when_the_transport_wrote_it():
     while loop.armed is not None and loop.armed <= bound + timeout + ms(1):
         loop.tick(loop.armed)  # (the timer, on time: the timeout from the ask passes)
     assert not loop.suspect[w] and loop.probing[w] == bound + ms(40) + timeout
-    loop.probe_sent(w, bound + ms(41))  # (a later echo: its write counts)
-    assert loop.probing[w] == bound + ms(41) + timeout
-    while loop.armed is not None and loop.armed <= bound + ms(41) + timeout:
+    for k in range(2, 40):  # (the clock's echoes written after it, once a second say:
+        loop.probe_sent(w, bound + ms(40 * k))  # they do not move the wait on: a hung
+    assert loop.probing[w] == bound + ms(40) + timeout  # worker's socket takes them)
+    while loop.armed is not None and loop.armed <= bound + ms(40) + timeout:
         loop.tick(loop.armed)
     assert loop.suspect[w]  # (no answer from the write on: suspect, as before)
     loop.probe_sent(1 - w, bound)  # (a worker not probed: nothing)
     assert 1 - w not in loop.probing
+
+
+def test_a_worker_lost_while_idle_probed_keeps_no_round_trip_of_its_time_away():
+    """An idle probe out as the worker's connection closed, and the worker back seconds
+    later: its next answer is not taken for the idle probe's round trip (5 s: its next
+    idle probe then waited 2 s, not 250 ms, and an overdue action's probe was taken for
+    an idle one)."""
+    loop, t = controller(workers=2)
+    loop.tick(0)
+    while not t.probes:
+        loop.tick(loop.armed)
+    w, now = t.probes[-1], loop.armed
+    assert w in loop._idle_sent and w in loop.probing
+    rtt = loop._idle_rtt[w]
+    loop.worker_lost(w, now + ms(1))
+    loop.worker_back(w, now + sec(5))
+    loop.heard_from(w, now + sec(5) + ms(1))
+    assert loop._idle_rtt[w] == rtt and w not in loop._idle_sent and w not in loop.probing
 
 
 def test_a_worker_silent_while_idle_is_probed_and_suspect_before_work_reaches_it():

@@ -196,3 +196,4 @@ def test_other_clients_requests_are_not_said_below_zero():
     assert other_requests(1_500, 1_000) == 500
     assert other_requests(1_000, 1_000) == 0
     assert other_requests(900, 1_000) is None
+    assert other_requests(1_500, 1_000, given_up=3) is None  # (too small, maybe: unknown)

@@ -398,7 +398,8 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
     # actions, the suspects above) are the whole controller's, theirs included
     # (not known across a controller restart: the requests a controller took in after
     # its counters were read, as it went away, are in none of them)
-    other = other_requests(d.get("requests", 0), state["sent"] - state["unsent"]) \
+    other = other_requests(d.get("requests", 0), state["sent"] - state["unsent"],
+                           state["no_answer"]) \
         if stats1 is not None and not reconnect else None
     summary["other_requests"] = other
     if warn_late and other:
@@ -414,14 +415,14 @@ async def replay(sc: Scenario, controller: str, max_outstanding: int = 20000,
                         halted is not None)
 
 
-def other_requests(taken_in: int, sent: int) -> int | None:
+def other_requests(taken_in: int, sent: int, given_up: int = 0) -> int | None:
     """Requests of other clients a controller took in during a replay: its request
-    counter's growth ``taken_in`` less the replay's ``sent``; None when that is below 0
-    (an overloaded controller had not read all the replay's requests when its counters
-    were read: those given up unanswered; the count is then not known, and was said as
-    a negative number of other clients' requests)."""
+    counter's growth ``taken_in`` less the replay's ``sent``; None when the replay gave
+    requests up unanswered (``given_up``: an overloaded controller may not have read
+    them when its counters were read, so the count is not known; it was said as a
+    negative number of other clients' requests) or the difference is below 0."""
     other = taken_in - sent
-    return other if other >= 0 else None
+    return other if other >= 0 and not given_up else None
 
 
 def _counted(first: dict[str, int], last: dict[str, int] | None,
