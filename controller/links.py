@@ -87,11 +87,11 @@ ADD_WORKER_MAX_S = 300.0
 PROBE_S = 1.0
 REFUSED_LOG_S = 60.0  # a worker refused at each reconnection attempt: a line this often
 # (as a lost worker's, LOST_SAY_AGAIN_S; a new reason at once)
+# ListWorkers lists the removed workers of the highest indices, at most this many
+REMOVED_LISTED = 100
 # a worker found suspect, answering again and re-admitted (a line each): at most
 # LIVENESS_LOG_BURST such lines per LIVENESS_LOG_S (one that flaps, stopped for 300 ms at a
 # time, wrote three lines a second)
-# ListWorkers lists the removed workers of the highest indices, at most this many
-REMOVED_LISTED = 100
 LIVENESS_LOG_S = 60.0
 LIVENESS_LOG_BURST = 15
 # a session with a worker that ends within SHORT_SESSION_S of being made (another

@@ -358,9 +358,7 @@ class ControllerLoop:
                     # starved of CPU (a burst on a small host) misses one probe, so it
                     # gets a second before that
                     self._again.add(w)
-                    probing[w] = now + self.liveness.probe_timeout
-                    self._unsent.add(w)
-                    self.transport.probe(w)
+                    self._ask(w, now + self.liveness.probe_timeout)
                     continue
                 self._again.discard(w)
                 self._suspect(w, now, "no answer to a probe")
@@ -372,9 +370,7 @@ class ControllerLoop:
                 continue  # answered, or its worker is gone already
             if not again:  # overdue: is its worker alive? And look at it once more later
                 if w not in probing:
-                    probing[w] = now + self.liveness.probe_timeout
-                    self._unsent.add(w)
-                    self.transport.probe(w)
+                    self._ask(w, now + self.liveness.probe_timeout)
                 elif w in self._idle_sent and probing[w] > now + self.liveness.probe_timeout:
                     probing[w] = now + self.liveness.probe_timeout  # (an idle probe's
                     # longer wait: cut; not one counted from its write, ``probe_sent``)
@@ -406,12 +402,17 @@ class ControllerLoop:
                 # (a worker whose last answer took longer is given twice that, up to four
                 # looks' time: one on a link slower than the wait was found suspect at
                 # every look; each answer's time counts, so one hang's is forgotten)
-                probing[w] = now + max(wait, min(2 * rtt[w], 4 * every))
                 sent[w] = now
-                self._unsent.add(w)
-                self.transport.probe(w)
+                self._ask(w, now + max(wait, min(2 * rtt[w], 4 * every)))
         self._idle_at = now + every
         self._dirty = True
+
+    def _ask(self, w: int, until: int) -> None:
+        """Probe ``w``, its answer waited for until ``until`` (moved on once the transport
+        writes the probe, ``probe_sent``)."""
+        self.probing[w] = until
+        self._unsent.add(w)
+        self.transport.probe(w)
 
     def _forget_probe(self, worker: int) -> None:
         """``worker`` is back: a probe out before is no longer waited for, and an idle

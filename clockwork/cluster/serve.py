@@ -332,8 +332,8 @@ def local_workers_error(n: int, available: int | None = None) -> str | None:
             "GPUs each (cluster.gpus_per_worker), or spread them over machines (--ray)")
 
 
-# what stands for the [[workloads]] of a scenario served without --replay that has none
-_NO_WORKLOADS = "workloads: must be at least one [[workloads]] table"  # (its refusal)
+# how a scenario with no [[workloads]] is refused (served without --replay all the same)
+_NO_WORKLOADS = "workloads: must be at least one [[workloads]] table"
 
 
 def _served_scenario(path: str, overrides: list[str], replay: bool):
