@@ -63,9 +63,9 @@ class SchedulerConfig:
         ms(1000), "A request that only an inflated EXEC estimate makes infeasible, when no "
         "EXEC of its model was measured for this long, resets the model's estimates to "
         "the profile (a straggler's figure would otherwise keep every request out); and "
-        "a batch size whose estimate is inflated and not measured for this long goes "
-        "back to the profile's figure as the model's other sizes are measured (a "
-        "straggler's figure would otherwise keep that size from ever running again).",
+        "a batch size whose estimate is inflated and not measured for this long is set "
+        "to its window's median as the model's other sizes are measured (a straggler's "
+        "figure would otherwise keep that size from ever running again).",
         units=("ms",), ge=0)
     batch_first: bool = setting(
         True, "Run a larger batch first when the most urgent request can wait for it "

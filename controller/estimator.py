@@ -118,17 +118,22 @@ class Estimator:
             self._age(now)
 
     def _age(self, now: int) -> None:
-        """The inflated EXEC estimates of the batch sizes not measured for ``stale`` back
-        at the profile's figures: one straggler at a batch size made that size look too
-        slow for every batch, so it never ran, so nothing measured it again (the model
-        then ran at its smaller sizes for good, short of the rate it was offered).
-        Looked at as its other sizes are measured, at most once per ``stale``."""
+        """The inflated EXEC estimates of the batch sizes not measured for ``stale`` made
+        the median of their windows: one straggler at a batch size made that size look
+        too slow for every batch, so it never ran, so nothing measured it again (the
+        model then ran at its smaller sizes for good, short of the rate it was offered);
+        the median leaves a straggler out and keeps what the size usually takes (on a
+        live worker, more than the profile's figure). Looked at as the model's other
+        sizes are measured, at most once per ``stale``."""
         prof = self.profile.exec_ns
-        for b in [b for b, v in self._exec.items()
-                  if v > prof[b] and now - self._measured.get(b, 0) > self.stale]:
-            self._exec_w.pop(b, None)
-            self._exec[b] = prof[b]
-            self.version += 1
+        for b, v in list(self._exec.items()):
+            w = self._exec_w.get(b)
+            if v > prof[b] and w is not None and now - self._measured.get(b, 0) > self.stale:
+                mid = w.percentile(0.5)
+                if mid != v:
+                    self._exec_w[b] = SlidingWindow(self.window, mid)
+                    self._exec[b] = mid
+                    self.version += 1
         self.inflated = any(v > prof[b] for b, v in self._exec.items())
 
     def forget_exec(self) -> None:

@@ -971,7 +971,7 @@ def test_a_batch_size_a_straggler_locked_out_comes_back_once_stale():
     never ran again and nothing measured it: the model ran at batch 1 for good, short of
     the rate it was offered (half load on one GPU: 39 % attainment in a 10 s run). Once
     the size's figure is ``estimate_stale`` old (and others are measured meanwhile), it
-    is the profile's again; one measured since is kept."""
+    is its window's median (here the profile's); one measured since is kept."""
     from clockwork.profiles import ModelProfile
     from controller.estimator import Estimator
 
@@ -988,6 +988,13 @@ def test_a_batch_size_a_straggler_locked_out_comes_back_once_stale():
     assert (e.exec(1), e.exec(2), e.exec(4)) == (100, 150, 250) and e.version > v
     assert e.inflated  # (4's figure is still above the profile's)
     assert Estimator(prof).stale is None  # (no aging unless asked)
+    # a live worker's sizes take more than the profile says: aged, a size keeps what it
+    # usually took (the median of its window), the straggler left out
+    e = Estimator(prof, stale=1_000)
+    for d in (130, 130, 130, 3_000):
+        e.add_exec(2, d, now=10)
+    e.add_exec(1, 100, now=2_000)
+    assert e.exec(2) == 130
 
 
 def test_a_simulated_straggler_does_not_turn_batching_off_for_good():
