@@ -31,3 +31,34 @@ def test_the_window_keeps_the_last_size_measurements():
     for v in (5, 1, 9, 7):
         w.insert(v)
     assert len(w) == 3 and w.percentile(1.0) == 9 and w.percentile(0.01) == 1
+
+
+def test_a_batch_size_a_straggler_locked_out_comes_back_once_stale():
+    """One straggler at batch size 2 made that size look too slow for every batch, so it
+    never ran again and nothing measured it: the model ran at batch 1 for good, short of
+    the rate it was offered (half load on one GPU: 39 % attainment in a 10 s run). Once
+    the size's figure is ``estimate_stale`` old (and others are measured meanwhile), it
+    is its window's median (here the profile's); one measured since is kept."""
+    from clockwork.profiles import ModelProfile
+    from controller.estimator import Estimator
+
+    prof = ModelProfile(model="m", device="t", weights_bytes=1, load_ns=1,
+                        exec_ns={1: 100, 2: 150, 4: 200})
+    e = Estimator(prof, stale=1_000)
+    e.add_exec(2, 3_000, now=10)  # the straggler
+    e.add_exec(4, 250, now=20)  # (4 inflated too, but measured lately)
+    v = e.version
+    e.add_exec(1, 100, now=900)
+    assert e.exec(2) == 3_000 and e.version == v  # (not stale yet)
+    e.add_exec(4, 250, now=1_500)
+    e.add_exec(1, 100, now=1_900)  # (the look: at most once per stale)
+    assert (e.exec(1), e.exec(2), e.exec(4)) == (100, 150, 250) and e.version > v
+    assert e.inflated  # (4's figure is still above the profile's)
+    assert Estimator(prof).stale is None  # (no aging unless asked)
+    # a live worker's sizes take more than the profile says: aged, a size keeps what it
+    # usually took (the median of its window), the straggler left out
+    e = Estimator(prof, stale=1_000)
+    for d in (130, 130, 130, 3_000):
+        e.add_exec(2, d, now=10)
+    e.add_exec(1, 100, now=2_000)
+    assert e.exec(2) == 130
