@@ -163,17 +163,16 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
     speaks TLS."""
     interceptors = [TokenInterceptor(token, node.count, HEALTH_METHODS)] if token else []
     interceptors.append(StartingInterceptor(node))
-    server = grpc.aio.server(options=server_options(node.limits), interceptors=interceptors,
-                             maximum_concurrent_rpcs=node.limits.grpc_max_calls)
-    add_service(server, ClockworkServicer(node), pb.DESCRIPTOR.services_by_name["Clockwork"])
-    add_health(node, server)  # grpc.health.v1.Health (Kubernetes' grpc probes), no token
-    from controller.kserve import add_kserve_grpc  # lazy: its inference.* protos clash
-    add_kserve_grpc(node, server)  # with tritonclient's in one process; KServe v2, same port
     creds = tls.grpc_credentials() if tls is not None else None
+    server = _client_server(node, interceptors)
     bound = bind_grpc(server, host, port, "--port", creds)
     node.label = controller_label(bound)  # (in our Hellos: a worker names us by it)
-    kbound = (bind_grpc(server, host, kserve_port, "--kserve-port", creds)
-              if kserve_port is not None else 0)
+    servers = [server]
+    kbound = 0
+    if kserve_port is not None:  # (a server of its own: see _client_server)
+        servers.append(_client_server(node, interceptors))
+        kbound = bind_grpc(servers[-1], host, kserve_port, "--kserve-port", creds)
+    add_health(node, *servers)  # grpc.health.v1.Health (Kubernetes' grpc probes), no token
     http = None
     if http_port is not None:  # KServe v2 REST: bound now (accepting nothing yet), as every
         # port is before any worker is contacted: a port that is taken stops this
@@ -189,12 +188,13 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
     try:
         # the probes answer while the workers are awaited (a liveness probe found no
         # listener, for up to --connect-timeout); every other call is refused "starting"
-        await server.start()
+        for sv in servers:
+            await sv.start()
         if http is not None:
             await http.serve()
         await _unless_stopped(node.start(), stop)
     except BaseException:
-        await server.stop(None)
+        await asyncio.gather(*(sv.stop(None) for sv in servers))
         if http is not None:
             await http.close()
         raise
@@ -219,8 +219,23 @@ async def serve_controller(node: ControllerNode, host: str, port: int, ready=Non
         if http is not None:
             await http.close()
         await node.stop()
-        await server.stop(1.0)
+        await asyncio.gather(*(sv.stop(1.0) for sv in servers))
         node.write_logs(final=True)
+
+
+def _client_server(node: ControllerNode, interceptors: list) -> grpc.aio.Server:
+    """A client-facing gRPC server: clockwork.v1 and KServe v2 (and, added by the caller,
+    ``grpc.health.v1.Health``), calls bounded by ``grpc_max_calls``. Each port has one of
+    its own: a gRPC server of this library takes up one new call per turn of the event
+    loop or two, so with the loop busy (REST clients sending ResNet-size tensors) calls
+    queue for it, and the controller port's control calls (``ListWorkers``, ``Stats``, the
+    repository index) waited 1-3 s behind the KServe port's inferences (now ~50 ms)."""
+    server = grpc.aio.server(options=server_options(node.limits), interceptors=interceptors,
+                             maximum_concurrent_rpcs=node.limits.grpc_max_calls)
+    add_service(server, ClockworkServicer(node), pb.DESCRIPTOR.services_by_name["Clockwork"])
+    from controller.kserve import add_kserve_grpc  # lazy: its inference.* protos clash
+    add_kserve_grpc(node, server)  # with tritonclient's in one process; KServe v2
+    return server
 
 
 def _settle_heap() -> None:

@@ -98,8 +98,9 @@ def _address(peer: str) -> str:
     return peer.rpartition(":")[0] or peer
 
 
-def add_health(node, server) -> None:
-    """Serve ``grpc.health.v1.Health`` for ``node`` on gRPC ``server``."""
+def add_health(node, *servers) -> None:
+    """Serve ``grpc.health.v1.Health`` for ``node`` on each gRPC server of ``servers`` (one
+    per port: their health calls bounded together)."""
     # (a server allowed few calls at once, --limit grpc_max_calls: an eighth of them)
     cap = max(1, min(WATCH_MAX, node.limits.grpc_max_calls // 8))
     per_address = min(cap, WATCH_PER_ADDRESS)
@@ -193,6 +194,8 @@ def add_health(node, server) -> None:
     # only once its request has come, however long that takes)
     kw = {"request_deserializer": None,
           "response_serializer": HealthCheckResponse.SerializeToString}
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
+    handler = grpc.method_handlers_generic_handler(SERVICE, {
         "Check": grpc.stream_unary_rpc_method_handler(check, **kw),
-        "Watch": grpc.stream_stream_rpc_method_handler(watch, **kw)}),))
+        "Watch": grpc.stream_stream_rpc_method_handler(watch, **kw)})
+    for server in servers:
+        server.add_generic_rpc_handlers((handler,))

@@ -98,8 +98,9 @@ class Limits:
         "client connection may have open at once (HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS): "
         "a client's further calls wait in the client until one ends.", ge=1, le=INT32_MAX)
     grpc_max_calls: int = setting(
-        20_000, "gRPC calls open at once over every client connection; a call beyond it "
-        "is refused at once with `RESOURCE_EXHAUSTED` (the Python client: `Overloaded` for "
+        20_000, "gRPC calls open at once over every client connection, on each gRPC port (the "
+        "controller port and the KServe port are servers of their own: calls held on one "
+        "take no room on the other); a call beyond it is refused at once with `RESOURCE_EXHAUSTED` (the Python client: `Overloaded` for "
         "an inference). An open stream costs the controller ~30 KB besides what it carries, "
         "and it may be left open, idle, for as long as its client answers keepalive pings. "
         "(Unary requests are bounded by this before `connection_outstanding` and "
