@@ -635,3 +635,17 @@ def test_bench_churn_prints_the_cost_of_each_worker_that_joined_and_left(tmp_pat
     assert runs["0"][0]["submitted"] == runs["5"][0]["submitted"] > 200
     rows = capsys.readouterr().out.splitlines()
     assert rows[1].split()[:2] == ["churned", "CPU"] and rows[3].split()[0] == "5"
+
+
+def test_bench_control_calls_times_every_call_under_a_small_load(capsys):
+    """experiments/bench_control_calls.py at a small size: every control call is answered
+    and timed while the clients' inferences are answered."""
+    from experiments import bench_control_calls
+
+    out = bench_control_calls.main(["--grpc", "2", "--http", "2", "--duration", "4",
+                                    "--workers", "1"])
+    assert set(out["calls"]) == {"workers", "index", "stats", "ready", "metrics"}
+    for k, row in out["calls"].items():
+        assert row["failed"] == 0 and 0 < row["median_ms"] <= row["worst_ms"], (k, row)
+    assert out["answered"].get("grpc ok", 0) > 0 and out["answered"].get("http ok", 0) > 0
+    assert "| workers |" in capsys.readouterr().out
