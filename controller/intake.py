@@ -69,6 +69,10 @@ CLIENT_CLOCK_WINDOW_NS = 60 * 1_000_000_000
 CLIENT_CLOCK_STEP_RUN = 3
 CLIENT_CLOCK_STEP_NS = 1_000_000_000
 CLIENT_CLOCK_STEP_SPAN_NS = 2_000_000_000
+# a message charged at least this much within the window is said (``ClientClock.note``):
+# held up that long, or its client's clock stepped back (each later message is charged the
+# step, and a stream with SLOs under it times out whole)
+CLIENT_CLOCK_NOTE_NS = 1_000_000_000
 # a stream's earlier messages found at least this much later than they were charged, in
 # all (a message whose offset is the smallest yet: ``ClientClock.shifted``), move their
 # requests still waiting that much earlier (``Admitted.arrived_earlier``); smaller steps,
@@ -364,18 +368,19 @@ class ClientClock:
     window moves none; one forward by less reads as such a fall, and moves them (the
     protocol asks for a monotonic clock, which does not step)."""
 
-    __slots__ = ("fastest", "why", "off", "run", "since", "shifted")
+    __slots__ = ("fastest", "why", "note", "off", "run", "since", "shifted")
 
     def __init__(self) -> None:
         self.fastest: int | None = None  # the stream's smallest receipt - client time
         self.why = ""
+        self.note = ""  # a message charged CLIENT_CLOCK_NOTE_NS or more, said
         self.off = 0  # the offset of the first of the latest messages past the window,
         self.run = 0  # how many in a row agree with it,
         self.since = 0  # and when it arrived
         self.shifted = 0  # how far the stream's offset fell in all (see above)
 
     def late(self, receipt: int, client_time_ns: int) -> int:
-        self.why = ""
+        self.why = self.note = ""
         if not client_time_ns:
             return 0
         if not 0 < client_time_ns < CLIENT_CLOCK_MAX_NS:
@@ -394,6 +399,11 @@ class ClientClock:
                 self.fastest = d
                 self.shifted -= gap
                 return 0
+            if gap >= CLIENT_CLOCK_NOTE_NS:
+                self.note = (f"client_time_ns {client_time_ns} is {gap / 1e9:.3g} s behind "
+                             "the clock of the stream's fastest message: charged that much "
+                             "(held up on the way, or the client's clock stepped back: "
+                             "client_time_ns must come from a monotonic clock)")
             return gap
         if self.run and abs(d - self.off) <= CLIENT_CLOCK_STEP_NS:
             self.run += 1
@@ -409,7 +419,7 @@ class ClientClock:
             return 0
         self.why = (f"client_time_ns {client_time_ns} is {where} the clock of the stream's "
                     f"earlier messages (at most {CLIENT_CLOCK_WINDOW_NS // 10**9} s either "
-                    f"way): {'charged that much' if gap > 0 else 'taken as sent on arrival'}")
+                    f"way): {'charged ' + str(CLIENT_CLOCK_WINDOW_NS // 10**9) + ' s' if gap > 0 else 'taken as sent on arrival'}")
         return CLIENT_CLOCK_WINDOW_NS if gap > 0 else 0
 
 
@@ -558,6 +568,9 @@ async def serve_stream(node, context) -> None:
             if clock.why:
                 node.count("client_times_ignored")
                 _CLOCK_LOG(f"InferStream from {conn}: {clock.why}")
+            elif clock.note:
+                node.count("client_times_late")
+                _CLOCK_LOG(f"InferStream from {conn}: {clock.note}")
             if clock.shifted - st.admitted.applied >= CLIENT_CLOCK_SHIFT_NS:
                 # the requests admitted before were sent earlier than they were charged
                 st.admitted.arrived_earlier(node, clock.shifted)

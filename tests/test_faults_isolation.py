@@ -875,6 +875,25 @@ def test_a_stream_clock_is_capped_and_follows_a_step():
     assert got == want and c.fastest == 0
 
 
+def test_a_stream_clock_says_a_message_charged_a_second_or_more():
+    """A charge of 1 s or more within the window is said (``note``: the controller counts
+    and logs it, ``client_times_late``), not taken for an ignored time (``why``): a client
+    clock stepped back 30 s had every later message charged 30 s, its whole stream
+    timing out with nothing in the log. Under a second, nothing is said; past the
+    window the charge is the window, and its text says so."""
+    from controller.intake import ClientClock
+
+    s, ms = 10**9, 10**6
+    c = ClientClock()
+    assert c.late(1000 * s, 5000 * s) == 0
+    assert c.late(1001 * s, 5001 * s - 999 * ms) == 999 * ms and c.note == c.why == ""
+    assert c.late(1002 * s, 4972 * s) == 30 * s and c.why == ""  # stepped back 30 s
+    assert "30 s behind" in c.note and "monotonic" in c.note
+    assert c.late(1003 * s, 4973 * s) == 30 * s and c.note  # (each later one)
+    assert c.late(1004 * s, 5004 * s) == 0 and c.note == ""
+    assert c.late(1100 * s, 5000 * s) == 60 * s and "charged 60 s" in c.why
+
+
 def test_a_streams_earlier_requests_move_by_what_its_clock_fell_since_each():
     """``ClientClock.shifted`` adds up each fall of the stream's offset (a message faster
     than every earlier one) within the window, not a clock step; ``Admitted`` moves each
