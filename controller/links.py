@@ -188,6 +188,7 @@ class WorkerLink:
     liveness_log: LogLimiter = field(default_factory=lambda: LogLimiter(
         "controller", LIVENESS_LOG_S, burst=LIVENESS_LOG_BURST))
     since: float = 0.0  # when its session was made (time.monotonic)
+    changed: float = 0.0  # when it was last found suspect or taken back (time.monotonic)
     heard: float = 0.0  # when a message last came from it (time.monotonic)
     # while another controller holds the worker (its refusals, ``WorkerHeld``): what the
     # worker said, logged once; "" once we have it
@@ -675,7 +676,8 @@ class WorkerLinks:
     def worker_rows(self) -> list[dict]:
         """Each worker in one row (``ListWorkers``): its index, address, state
         (``_state_of``, or awaited), GPU indices, link kind while connected, clock-sync
-        round trip, seconds in this connection or loss, and why it is lost, held or
+        round trip, seconds in this state (since its connection, loss, or last suspicion
+        or readmission while connected), and why it is lost, held or
         awaited; of the workers removed, the last ``REMOVED_LISTED`` (by index)."""
         now = time.monotonic()
         rows = []
@@ -685,7 +687,8 @@ class WorkerLinks:
             if lk.removed and lk.index not in shown:
                 continue
             state = self._state_of(lk)
-            since = (lk.since if lk.connected else lk.lost_at) if state != "removed" else 0.0
+            since = ((max(lk.since, lk.changed) if lk.connected else lk.lost_at)
+                     if state != "removed" else 0.0)
             rows.append({
                 "worker": lk.index, "address": lk.address, "state": state,
                 "gpus": self._gpus_of(lk),

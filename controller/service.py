@@ -628,11 +628,13 @@ class ControllerNode(WorkerLinks):
     def suspect(self, worker: int, failed: int, reason: str = "") -> None:
         self.count("worker_suspects")
         link = self.links[worker]
+        link.changed = time.monotonic()  # (ListWorkers: its time in this state)
         link.liveness_log(f"worker {link.address} is suspect "
                           f"({reason or 'no answer to a probe'}); {failed} action(s) failed")
 
     def readmitted(self, worker: int) -> None:
         self.count("worker_readmissions")
+        self.links[worker].changed = time.monotonic()
 
     def log_refused(self, model: str, slo_ms: float, status: RequestStatus,
                     now: int | None = None, rid: int | None = None) -> None:

@@ -931,6 +931,10 @@ def test_a_worker_stopped_while_idle_is_suspect_before_a_request_reaches_it():
                     time.sleep(0.05)
                 found = time.monotonic() - t0
                 assert found < 3, found
+                # its time in that state counts from its suspicion (it counted from its
+                # connection: 19 s suspect after 6 s stopped)
+                row = cl.workers()[1]
+                assert 0 < row["for_s"] <= time.monotonic() - t0, row
                 rs = [cl.infer("mobilenet_v2", slo_ms=40) for _ in range(20)]
                 assert [r.status for r in rs] == [0] * 20
             finally:
@@ -939,3 +943,5 @@ def test_a_worker_stopped_while_idle_is_suspect_before_a_request_reaches_it():
             while [w["state"] for w in cl.workers()] != ["serving", "serving"]:
                 assert time.monotonic() - t0 < 10, cl.workers()
                 time.sleep(0.05)
+            row = cl.workers()[1]  # (and serving again, from its readmission)
+            assert 0 < row["for_s"] <= time.monotonic() - t0, row
