@@ -141,10 +141,11 @@ def table_policy(table: Mapping[str, object]) -> tuple[str, dict]:
 
 
 # the SchedulerConfig keys a baseline policy reads: the default SLO, the largest batch,
-# and the liveness probes every controller loop runs; the others are the clockwork
-# policy's own
+# and the liveness probes and the wait with no worker that every controller loop runs;
+# the others are the clockwork policy's own
 BASELINE_SHARED = frozenset({"default_slo_ms", "max_batch", "liveness", "probe_slack_ms",
-                             "probe_slack_frac", "probe_timeout_ms", "probe_idle_ms"})
+                             "probe_slack_frac", "probe_timeout_ms", "probe_idle_ms",
+                             "no_worker_wait_ms"})
 
 
 def unused_settings(name: str, table: Mapping[str, object]) -> list[str]:

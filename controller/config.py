@@ -92,6 +92,13 @@ class SchedulerConfig:
         "from for as long is probed, so that one hung while idle is found before requests "
         "are placed on it (0: only workers with overdue actions are probed).",
         units=("ms",), ge=0)
+    no_worker_wait: int = setting(
+        ms(2000), "When every worker is lost or suspect (none takes work), a request that "
+        "arrives is answered at once `ERROR` `no_worker` (503); one already queued waits "
+        "this long for a worker to come back (a restarted one takes a second or two), "
+        "then it is answered so too, rather than held until its SLO ends (up to a day) "
+        "or, with a baseline policy, for ever (0: it waits for its SLO).",
+        units=("ms",), ge=0)
 
     @model_validator(mode="after")
     def _plans_past_an_idle_start(self) -> SchedulerConfig:

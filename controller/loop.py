@@ -74,12 +74,16 @@ class Liveness:
     # long is probed (0: never): a worker that hangs while idle is found before work is
     # placed on it, not only once an action sent to it is overdue
     idle_probe: int = ms(500)
+    # with no worker taking work this long, the requests queued are answered ``no_worker``
+    # (``Policy.answer_queued``; 0: never)
+    no_worker_wait: int = ms(2000)
 
     @classmethod
     def of(cls, cfg) -> Liveness:
-        """From a ``SchedulerConfig`` (its ``probe_*`` and ``liveness`` settings)."""
+        """From a ``SchedulerConfig`` (its ``probe_*``, ``liveness`` and ``no_worker_wait``
+        settings)."""
         return cls(cfg.probe_slack, cfg.probe_slack_frac, cfg.probe_timeout, cfg.liveness,
-                   idle_probe=cfg.probe_idle)
+                   idle_probe=cfg.probe_idle, no_worker_wait=cfg.no_worker_wait)
 
 
 class ControllerTransport(Protocol):
@@ -188,6 +192,9 @@ class ControllerLoop:
         # ``_dirty`` (after any event that can change one of them but a new request)
         self._other = NEVER
         self._dirty = False
+        # when the requests queued are answered ``no_worker`` if no worker takes work by
+        # then (NEVER: one does; ``_none_up``)
+        self._unserved_at = NEVER
 
     # ------------------------------------------------------------------ events
 
@@ -275,6 +282,10 @@ class ControllerLoop:
             self._check_liveness(now, lag)
             if self._idle_at is not None and now >= self._idle_at:
                 self._probe_idle(now)
+        if now >= self._unserved_at:
+            self._unserved_at = NEVER
+            if self.no_worker():
+                out.extend(self.policy.answer_queued(now, NO_WORKER_FOR_REQUEST))
         nw = self.policy.next_wakeup()
         if nw is not None and nw <= now:
             out.extend(self.policy.on_tick(now))
@@ -422,6 +433,15 @@ class ControllerLoop:
         self._unsent.discard(worker)
         self._idle_sent.pop(worker, None)
 
+    def _none_up(self, now: int) -> None:
+        """A worker stopped taking work: with none left that does, the requests queued
+        are answered ``no_worker`` once ``no_worker_wait`` has passed (``tick``) unless
+        one is back by then (as a request that arrives meanwhile is, at once)."""
+        wait = self.liveness.no_worker_wait
+        if not self.n_up and wait and self._unserved_at == NEVER:
+            self._unserved_at = now + wait
+            self._dirty = True
+
     def _suspect(self, w: int, now: int, reason: str) -> None:
         """``w`` is suspect (``reason``): handled as lost (``worker_lost``) until it is
         heard from."""
@@ -437,6 +457,7 @@ class ControllerLoop:
         actions failed."""
         if self.takes[worker]:
             self.n_up -= 1
+            self._none_up(now)
         self.up[worker] = self.takes[worker] = False
         self.resetting[worker] = False
         self._dirty = True
@@ -488,6 +509,7 @@ class ControllerLoop:
         if self.takes[worker]:  # (first: work one of its GPUs leaves goes to no other of
             self.n_up -= 1  # them, and an action made for it fails back at once)
             self.takes[worker] = False
+            self._none_up(now)
         self._dirty = True
         out: list[Action] = []
         for g in self.gpus_of[worker]:
@@ -514,6 +536,7 @@ class ControllerLoop:
         self.up.append(True)
         self.takes.append(True)
         self.n_up += 1
+        self._unserved_at = NEVER
         self.outstanding.append({})
         self.suspect.append(False)
         self.resetting.append(False)
@@ -565,6 +588,7 @@ class ControllerLoop:
     def _back(self, worker: int, now: int, kept: dict[int, Container[str]]) -> None:
         if not self.takes[worker]:
             self.n_up += 1
+            self._unserved_at = NEVER
         self.up[worker] = self.takes[worker] = True
         self._dirty = True
         self.heard[worker] = now
@@ -657,6 +681,8 @@ class ControllerLoop:
 
     def _earliest_other(self) -> int:
         at = self._failed[0][0] if self._failed else NEVER
+        if self._unserved_at < at:
+            at = self._unserved_at
         if self._live:
             due, outstanding = self._due, self.outstanding
             while due and due[0][1] not in outstanding[due[0][2]]:

@@ -191,6 +191,14 @@ class Policy(ABC):
         keeps them: they run, or time out, as if their callers still waited."""
         return []
 
+    def answer_queued(self, now: int, why: str) -> list[Action]:
+        """No GPU has been available for a while (every worker lost or suspect for the
+        loop's ``no_worker_wait``): every request waiting in a queue is answered now,
+        ``ERROR`` with message ``why`` (in the next ``drain_replies``), as one arriving
+        then is. Every shipped policy does so; one that does not override this keeps
+        them until a GPU is back, or their SLO ends."""
+        return []
+
     def arrived_earlier(self, requests: list[Request], by: int, now: int) -> list[Action]:
         """``requests`` were sent ``by`` ns earlier than they were admitted as (a client's
         clock, read on later messages of its stream, says so): each one still waiting in a

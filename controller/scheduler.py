@@ -1443,6 +1443,13 @@ class ClockworkScheduler(Policy):
                 r.state = WITHDRAWN
         return []
 
+    def answer_queued(self, now: int, why: str) -> list[Action]:
+        for name in sorted(self._queued):
+            m = self.models.get(name)
+            if m is not None:
+                self._answer_queued(m, RequestStatus.ERROR, now, why)
+        return []
+
     def arrived_earlier(self, requests: list[Request], by: int, now: int) -> list[Action]:
         models = self.models
         for r in requests:

@@ -713,8 +713,9 @@ class ControllerNode(WorkerLinks):
                 reason = "shutdown"
             elif rep.message == CANCELLED:
                 reason = "cancelled"  # (read by nobody: counted)
-            elif rep.message == NO_GPU_LEFT:
-                reason = "no_worker"  # (queued as the last worker was removed)
+            elif rep.message in (NO_GPU_LEFT, NO_WORKER_FOR_REQUEST):
+                # (queued as the last worker was removed, or went: no_worker_wait)
+                reason = "no_worker"
             elif failed_code(rep.message) == ErrorCode.WORKER_LOST:
                 reason = "worker_lost"  # its worker went away and no retry was in time
         if r.typed:

@@ -107,6 +107,39 @@ def test_lost_worker_fails_its_actions_later_and_requests_are_answered():
     assert len(t.sent) == n_sent
 
 
+@pytest.mark.parametrize("policy", ["clockwork", "clipper", "infaas", "tfserving"])
+def test_requests_queued_when_every_worker_is_gone_are_answered_no_worker(policy):
+    """Every worker lost: a request queued then waits ``no_worker_wait`` (2 s) for one to
+    come back, then is answered ERROR no_worker, as one arriving meanwhile is (it was held
+    until its SLO ended: a day, with a 1-day SLO; with a baseline, for ever)."""
+    from controller.loop import NO_WORKER_FOR_REQUEST
+
+    specs = [GpuSpec(0, 0, 100)]
+    t = Recorder()
+    loop = ControllerLoop(make_policy(policy, [R50], specs), t, specs)
+    day = sec(86_400)
+    loop.requests([Request(i, "resnet50_v2", 0, day) for i in range(3)], 0)
+    loop.worker_lost(0, ms(1))  # (its LOAD and any INFER fail back: queued again)
+    _run_until(loop, t, ms(1) + sec(2) - 1)
+    assert t.answers == [] and loop.policy.queued() == 3
+    _run_until(loop, t, sec(3))
+    assert sorted(r.request.id for r in t.answers) == [0, 1, 2]
+    assert {(r.status, r.message) for r in t.answers} == {(1, NO_WORKER_FOR_REQUEST)}
+    assert loop.policy.queued() == 0
+
+
+def test_a_worker_back_within_the_wait_serves_the_requests_queued():
+    loop, t = controller(workers=1)
+    day = sec(86_400)
+    loop.requests([Request(i, "resnet50_v2", 0, day) for i in range(3)], 0)
+    loop.worker_lost(0, ms(1))
+    _run_until(loop, t, sec(1))
+    loop.worker_back(0, sec(1))
+    _run_until(loop, t, sec(4), serving=(0,))  # (it answers what it is sent)
+    assert sorted(r.request.id for r in t.answers) == [0, 1, 2]
+    assert {r.status for r in t.answers} == {0}
+
+
 def test_worker_back_makes_its_gpus_usable_again():
     loop, t = controller(workers=1)
     loop.worker_lost(0, 0)

@@ -162,8 +162,8 @@ def test_plan_says_the_scheduler_settings_the_policy_does_not_use(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["clockwork plan: warning: [scheduler] schedule_ahead_ms not used by "
                    "policy 'clipper' (the clockwork policy's settings; it uses "
-                   "default_slo_ms, liveness, max_batch, probe_idle_ms, probe_slack_frac, "
-                   "probe_slack_ms, probe_timeout_ms and its own)"], err
+                   "default_slo_ms, liveness, max_batch, no_worker_wait_ms, probe_idle_ms, "
+                   "probe_slack_frac, probe_slack_ms, probe_timeout_ms and its own)"], err
 
 
 def test_plan_with_slo_ms_and_other_workload_overrides_still_runs():

@@ -435,16 +435,24 @@ def test_a_small_runs_result_holds_its_rows_not_a_chunks_slack():
 
 def test_a_run_whose_every_worker_is_killed_for_good_says_why_requests_wait():
     """tfserving keeps a request until a GPU serves it: with its only worker killed for
-    good, those it held then (a queue, at 2,000 r/s) stay unanswered (the later ones are
-    answered at once, no worker), the run ends with requests unanswered, and says why (it
-    said to give drain_s longer, which could not help)."""
+    good, those it held then (a queue, at 2,000 r/s) are answered ERROR no_worker once no
+    worker has come back for no_worker_wait_ms (the later ones at once), and the run ends
+    with every request answered. With no_worker_wait_ms = 0 they stay unanswered, and the
+    run says why (it said to give drain_s longer, which could not help)."""
+    sc = {"seed": 1, "duration_s": 1.0, "drain_s": 3.0,
+          "cluster": {"workers": 1, "gpus_per_worker": 1},
+          "scheduler": {"policy": "tfserving"},
+          "models": [{"name": "resnet50_v2"}],
+          "workloads": [{"kind": "poisson", "rate_rps": 2000, "slo_ms": 5000}],
+          "faults": {"kill": [{"worker": 0, "at_s": 0.5}]}}
+    res = simulate(sc)  # (5 s SLOs: the clients wait for the answers)
+    rows = res.telemetry.request_columns()
+    held = (rows["status"] == 1) & (rows["latency"] > 1_500_000_000)
+    assert held.sum() > 10, int(held.sum())  # answered at the wait's end, 2.5 s
+    assert rows["latency"].max() < 2_200_000_000
+    assert res.summary["failed"] + res.summary["succeeded"] == res.summary["submitted"]
     with pytest.raises(RuntimeError, match="every worker was killed for good") as e:
-        simulate({"seed": 1, "duration_s": 1.0, "drain_s": 2.0,
-                  "cluster": {"workers": 1, "gpus_per_worker": 1},
-                  "scheduler": {"policy": "tfserving"},
-                  "models": [{"name": "resnet50_v2"}],
-                  "workloads": [{"kind": "poisson", "rate_rps": 2000, "slo_ms": 50}],
-                  "faults": {"kill": [{"worker": 0, "at_s": 0.5}]}})
+        simulate({**sc, "scheduler": {"policy": "tfserving", "no_worker_wait_ms": 0}})
     assert "drain_s" not in str(e.value)
 
 

@@ -331,6 +331,51 @@ def test_a_request_with_no_worker_connected_is_unavailable_at_once():
             k.close()
 
 
+def test_a_request_queued_when_the_only_worker_hangs_is_answered_no_worker():
+    """The only worker is stopped (SIGSTOP) with requests of a 1-day SLO on it: found
+    suspect, their INFERs fail back and they are queued again, with no worker to take
+    them. After no_worker_wait_ms (here 500 ms) they are answered no_worker, as one
+    arriving then is (they were held until the worker came back, or for a day)."""
+    import concurrent.futures
+
+    import clockwork
+
+    with local_cluster(workers=1, gpus=1, models=MODEL,
+                       controller_args=["--set", "no_worker_wait_ms=500"]) as c:
+        worker = c.workers[0].proc
+        with clockwork.Client(c.address, timeout=60) as cl:
+            assert cl.infer(MODEL, slo_ms=2000).status == 0  # (loaded)
+            os.kill(worker.pid, signal.SIGSTOP)
+            try:
+                with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                    t0 = time.monotonic()
+                    calls = [pool.submit(cl.infer, MODEL, slo_ms=86_400_000)
+                             for _ in range(4)]
+                    errors = []
+                    for f in calls:
+                        with pytest.raises(clockwork.errors.InferenceError) as e:
+                            f.result(timeout=30)
+                        errors.append(e.value)
+                    took = time.monotonic() - t0
+            finally:
+                os.kill(worker.pid, signal.SIGCONT)
+            assert {e.reason for e in errors} == {"no_worker"}, [str(e) for e in errors]
+            assert took < 15, took
+            # the worker back, the model is served again
+            _poll(lambda: not _raises(cl, MODEL), 30)
+
+
+def _raises(cl, model: str) -> bool:
+    """Whether a request for ``model`` raises (no worker yet)."""
+    import clockwork
+
+    try:
+        cl.infer(model, slo_ms=5000)
+    except clockwork.errors.ClockworkError:
+        return True
+    return False
+
+
 def test_a_worker_lost_again_for_the_same_cause_and_not_back_is_logged():
     """A worker killed and restarted twice in a row (it reconnects each time), then
     killed for good, within the 5 s in which a repeat of the same cause gets no line:

@@ -172,7 +172,7 @@ def render() -> str:
         "The settings of the Clockwork scheduler (`SchedulerConfig`). Every policy takes "
         "them; the baselines use "
         + ", ".join(f"`{k}`" for k in sorted(BASELINE_SHARED))
-        + " (the liveness probes every controller runs), and `clockwork simulate`, "
+        + " (the liveness probes and the wait with no worker that every controller runs), and `clockwork simulate`, "
         "`serve` and `controller` warn of the others given to a baseline (they change "
         "nothing there).\n\n"
         + markdown_table(SchedulerConfig))

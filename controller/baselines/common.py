@@ -325,6 +325,13 @@ class BaselinePolicy(Policy):
                 r.state = WITHDRAWN
         return []
 
+    def answer_queued(self, now: int, why: str) -> list[Action]:
+        for name in sorted(self.serving):
+            for r in self._take_queued(name):
+                self._attempts.pop(r.id, None)
+                self._answer(r, RequestStatus.ERROR, now, why)
+        return []
+
     def arrived_earlier(self, requests: list[Request], by: int, now: int) -> list[Action]:
         moved: dict[str, list[Request]] = {}
         for r in requests:
