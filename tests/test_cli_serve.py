@@ -110,6 +110,15 @@ def test_serve_replay_serves_rest_and_kserve_only_when_asked(tmp_path):
     logs = tmp_path / "run" / "logs"
     assert (logs / "controller.log").read_text().count("clockwork controller listening on") == 1
     assert "clockwork worker listening on" in (logs / "worker0.log").read_text()
+    # the controller's own logs, every action (the replay's action log has none), of the
+    # second run only (the first's removed, not numbered beside them)
+    own = tmp_path / "run" / "controller"
+    assert sorted(p.name for p in own.iterdir()) == ["actions.tsv", "requests.tsv"]
+    acts = (own / "actions.tsv").read_text().splitlines()
+    assert len(acts) > 10 and "\tINFER\t" in "\n".join(acts), acts[:3]
+    reqs = (tmp_path / "run" / "requests.tsv").read_text().splitlines()
+    assert len((own / "requests.tsv").read_text().splitlines()) == len(reqs)
+    assert f"the controller's logs: {Path('run') / 'controller'}" in err["again"]
     assert "replacing the earlier run in run" in err["again"], err["again"]
     assert "not applied by a live cluster: cluster.jitter_ms" in err["again"], err["again"]
     assert "replacing" not in err["default"] and "not applied" not in err["default"]

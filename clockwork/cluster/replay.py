@@ -10,7 +10,8 @@ also counts against its SLO at the controller; how late requests went out is the
 summary's ``send_lag_ms``. A controller that goes away ends the replay at once (no more
 requests; the summary says ``stopped`` and covers the run until then).
 Writes the same outputs as ``simulate``: summary.json, requests.tsv, actions.tsv (empty:
-actions are the controller's; their counts come from its Stats), run.json.
+actions are the controller's, in its ``--log-dir``, which ``serve --replay --out OUT``
+sets to OUT/controller; their counts come from its Stats), run.json.
 """
 
 from __future__ import annotations

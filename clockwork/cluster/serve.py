@@ -61,14 +61,23 @@ def _profiles_of(sc) -> str:
     return os.path.abspath(found)
 
 
+# in ``serve --replay --out OUT``: the controller's own logs (``--log-dir``), unless given
+CONTROLLER_LOGS = "controller"
+_LOG_STEMS = ("requests", "actions", "summary", "run")  # (a restarted one's: numbered)
+
+
 def clear_run_folder(out: Path, who: str) -> None:
-    """An earlier run's files in ``out`` (its summary, logs and the processes' logs in
-    ``out/logs``) removed before a live run writes its own logs there: a folder holds one
-    run, and a run that fails or is interrupted leaves no earlier summary beside its
-    logs. Says so on stderr when there were any."""
+    """An earlier run's files in ``out`` (its summary, logs, the processes' logs in
+    ``out/logs`` and the controller's in ``out/controller``) removed before a live run
+    writes its own logs there: a folder holds one run, and a run that fails or is
+    interrupted leaves no earlier summary beside its logs. Says so on stderr when there
+    were any."""
     from clockwork.telemetry import RUN_FILES, process_logs
 
-    old = [out / n for n in RUN_FILES if (out / n).is_file()] + process_logs(out)
+    own = out / CONTROLLER_LOGS
+    old = [out / n for n in RUN_FILES if (out / n).is_file()] + process_logs(out) + (
+        [p for p in own.iterdir() if p.is_file() and p.name.split(".")[0] in _LOG_STEMS]
+        if own.is_dir() else [])
     for p in old:
         p.unlink()
     if old:
@@ -464,6 +473,11 @@ def _serve(args: argparse.Namespace, return_killed: list[bool]) -> int:
                   "while the cluster serves); remove them, or run without --ray",
                   file=sys.stderr)
             return 2
+    if getattr(args, "replay", False) and getattr(args, "out", None) \
+            and not getattr(args, "log_dir", None):
+        # the controller's own view beside the replay's: every action, with its prediction
+        # error (the replay's action log has none: its client sees no actions)
+        args.log_dir = str(Path(args.out) / CONTROLLER_LOGS)
     if getattr(args, "log_dir", None):
         if getattr(args, "out", None) and Path(args.out).resolve() == Path(args.log_dir).resolve():
             print("clockwork serve: --log-dir and --out name one folder: the controller's logs "
@@ -818,6 +832,9 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
     with stops_held():  # (a first signal as the files are written: held until they are)
         emit_run(res, sc, f"live cluster, {res.wall_s:.1f} s wall; every request answered "
                  f"exactly once: {res.answered_once}", args.out, who="clockwork serve")
+    if args.out and getattr(args, "log_dir", None):
+        print(f"clockwork serve: the controller's logs: {args.log_dir} (every action, with "
+              f"its prediction error; clockwork report {args.log_dir})", file=sys.stderr)
     status = run_status(res)
     if crashed:  # (a worker whose process died: the rest of the run had fewer GPUs)
         print(f"clockwork serve: {len(crashed)} worker process(es) exited during the "
