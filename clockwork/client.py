@@ -935,7 +935,7 @@ class Client:
         it, ``awaited``, ``draining``: a drain waits for its actions in flight,
         ``removed``), ``gpus`` (controller-wide indices), ``link``
         (``fast`` or ``grpc`` while connected), ``rtt_ms`` (clock-sync round trip),
-        ``for_s`` (seconds in this connection or this loss) and ``detail`` (why it is
+        ``for_s`` (seconds in this state) and ``detail`` (why it is
         lost, held or awaited)."""
         try:
             r = self._stub.ListWorkers(pb.ListWorkersRequest(), timeout=self.timeout)

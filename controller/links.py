@@ -188,7 +188,8 @@ class WorkerLink:
     liveness_log: LogLimiter = field(default_factory=lambda: LogLimiter(
         "controller", LIVENESS_LOG_S, burst=LIVENESS_LOG_BURST))
     since: float = 0.0  # when its session was made (time.monotonic)
-    changed: float = 0.0  # when it was last found suspect or taken back (time.monotonic)
+    # when it was last found suspect, taken back or began to drain (time.monotonic)
+    changed: float = 0.0
     heard: float = 0.0  # when a message last came from it (time.monotonic)
     # while another controller holds the worker (its refusals, ``WorkerHeld``): what the
     # worker said, logged once; "" once we have it
@@ -607,6 +608,7 @@ class WorkerLinks:
         ran to its end there, how many failed: lost during the drain, or in flight when
         it was taken out; -1 when a removal beside it took it out first)."""
         lk.drained = asyncio.Event()
+        lk.changed = time.monotonic()  # (ListWorkers: its time draining)
         n = self.ctrl.drain_worker(lk.index, now_ns())
         print(f"controller: worker {lk.address} draining: nothing more is placed on its "
               f"{len(gpus)} GPU(s); waiting for its {n} action(s) in flight",
@@ -676,8 +678,8 @@ class WorkerLinks:
     def worker_rows(self) -> list[dict]:
         """Each worker in one row (``ListWorkers``): its index, address, state
         (``_state_of``, or awaited), GPU indices, link kind while connected, clock-sync
-        round trip, seconds in this state (since its connection, loss, or last suspicion
-        or readmission while connected), and why it is lost, held or
+        round trip, seconds in this state (since its connection, loss, or last suspicion,
+        readmission or drain's start while connected), and why it is lost, held or
         awaited; of the workers removed, the last ``REMOVED_LISTED`` (by index)."""
         now = time.monotonic()
         rows = []

@@ -536,7 +536,6 @@ class ControllerLoop:
         self.up.append(True)
         self.takes.append(True)
         self.n_up += 1
-        self._unserved_at = NEVER
         self.outstanding.append({})
         self.suspect.append(False)
         self.resetting.append(False)
@@ -559,6 +558,7 @@ class ControllerLoop:
             self.gpus_of[w].append(self.n_gpus)
             self.local.append(s.gpu)
             self.n_gpus += 1
+        self._unserved_at = NEVER  # (a worker takes work: nothing waits for one)
         self._after(out, now)
         return w
 

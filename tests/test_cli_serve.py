@@ -372,3 +372,38 @@ def test_a_scenario_without_workloads_is_served_but_not_replayed(tmp_path):
         _served_scenario(str(f), [], replay=True)
     with pytest.raises(ScenarioError, match="cluster.workers"):  # (other errors: as before)
         _served_scenario(str(f), ["cluster.workers=0"], replay=False)
+
+
+def test_an_earlier_runs_controller_logs_are_removed_and_nothing_else(tmp_path, capsys):
+    """``serve --replay --out DIR`` clears an earlier run's controller logs in
+    ``DIR/controller`` (a restarted one's numbered, a rotated one's) and nothing else
+    there: files whose names only begin as a log's (``run.py``, ``summary.md``) were
+    removed too."""
+    from clockwork.cluster.serve import clear_run_folder
+
+    own = tmp_path / "controller"
+    own.mkdir()
+    logs = ["requests.tsv", "actions.tsv", "requests.1.tsv", "actions.1.npz",
+            "requests.tsv.1"]
+    mine = ["run.py", "summary.md", "actions.todo.txt", "requests.tsv.bak", "notes.txt"]
+    for name in logs + mine:
+        (own / name).write_text("x")
+    clear_run_folder(tmp_path, "clockwork serve")
+    assert sorted(p.name for p in own.iterdir()) == sorted(mine)
+    assert "replacing the earlier run" in capsys.readouterr().err
+
+
+def test_serve_out_whose_controller_folder_is_a_file_is_refused_first(tmp_path):
+    """``DIR/controller``, where the controller's logs go, a file: refused naming --out,
+    exit 2, before anything starts (the controller refused its --log-dir, a flag the
+    user never gave, after the workers had started)."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "controller").write_text("mine")
+    p = subprocess.run([sys.executable, "-m", "clockwork.cluster.cli", "serve", "poisson_warm",
+                        "--replay", "--out", "out", "--set", "duration_s=1", "--quiet"],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.stderr.strip().splitlines() == [
+        "clockwork serve: --out out: out/controller is a file, where the controller's logs "
+        "go: move it, or give --log-dir another folder"], p.stderr
+    assert "listening" not in p.stdout + p.stderr

@@ -63,7 +63,9 @@ def _profiles_of(sc) -> str:
 
 # in ``serve --replay --out OUT``: the controller's own logs (``--log-dir``), unless given
 CONTROLLER_LOGS = "controller"
-_LOG_STEMS = ("requests", "actions", "summary", "run")  # (a restarted one's: numbered)
+# the names of a controller's logs there: requests.tsv, a restarted one's earlier
+# actions.1.tsv, a rotated requests.tsv.1, npz (nothing else there is touched)
+_CONTROLLER_LOG = re.compile(r"(requests|actions)(\.\d+)?\.(tsv|npz)(\.\d+)?")
 
 
 def clear_run_folder(out: Path, who: str) -> None:
@@ -76,7 +78,7 @@ def clear_run_folder(out: Path, who: str) -> None:
 
     own = out / CONTROLLER_LOGS
     old = [out / n for n in RUN_FILES if (out / n).is_file()] + process_logs(out) + (
-        [p for p in own.iterdir() if p.is_file() and p.name.split(".")[0] in _LOG_STEMS]
+        [p for p in own.iterdir() if p.is_file() and _CONTROLLER_LOG.fullmatch(p.name)]
         if own.is_dir() else [])
     for p in old:
         p.unlink()
@@ -478,6 +480,11 @@ def _serve(args: argparse.Namespace, return_killed: list[bool]) -> int:
         # the controller's own view beside the replay's: every action, with its prediction
         # error (the replay's action log has none: its client sees no actions)
         args.log_dir = str(Path(args.out) / CONTROLLER_LOGS)
+        if Path(args.log_dir).exists() and not Path(args.log_dir).is_dir():
+            print(f"clockwork serve: --out {args.out}: {args.log_dir} is a file, where the "
+                  "controller's logs go: move it, or give --log-dir another folder",
+                  file=sys.stderr)
+            return 2
     if getattr(args, "log_dir", None):
         if getattr(args, "out", None) and Path(args.out).resolve() == Path(args.log_dir).resolve():
             print("clockwork serve: --log-dir and --out name one folder: the controller's logs "
@@ -833,8 +840,12 @@ def _replay_against(cluster: LocalCluster, sc, args: argparse.Namespace,
         emit_run(res, sc, f"live cluster, {res.wall_s:.1f} s wall; every request answered "
                  f"exactly once: {res.answered_once}", args.out, who="clockwork serve")
     if args.out and getattr(args, "log_dir", None):
+        earlier = sorted(p.name for p in Path(args.log_dir).glob("requests.[0-9]*.*"))
+        also = (f"; the earlier controllers' are numbered: clockwork report "
+                f"{Path(args.log_dir) / earlier[0]}, ..." if earlier else "")
         print(f"clockwork serve: the controller's logs: {args.log_dir} (every action, with "
-              f"its prediction error; clockwork report {args.log_dir})", file=sys.stderr)
+              f"its prediction error; clockwork report {args.log_dir}{also})",
+              file=sys.stderr)
     status = run_status(res)
     if crashed:  # (a worker whose process died: the rest of the run had fewer GPUs)
         print(f"clockwork serve: {len(crashed)} worker process(es) exited during the "
