@@ -571,11 +571,18 @@ def repository_plan(sc: Scenario) -> list[tuple[float, str, str, list[str]]]:
                     raise ScenarioError(f"{where}.load: {name!r} is a copy of model {base!r}, "
                                         f"none of whose copies is served then: load "
                                         f"{base!r} (every copy)")
+        elif base in groups and name == f"{base}:0":
+            raise ScenarioError(f"{where}.{what}: {name!r}: the first copy of {base!r} goes "
+                                f"by the model's name, which {what}s every copy; a copy alone "
+                                f"is {base}:1 and up"
+                                + ("" if len(groups[base]) > 1 else
+                                   f" ({base!r} has one copy: {what} {base!r})"))
         else:
             known = sorted(groups)
             raise ScenarioError(f"{where}.{what}: {name!r} is not a [[models]] name or one of "
                                 f"their copies' names ({', '.join(known[:5])}"
-                                f"{' ...' if len(known) > 5 else ''})")
+                                f"{' ...' if len(known) > 5 else ''}; a copy k >= 1 is "
+                                "name:k)")
         if what == "unload":
             served.difference_update(insts)
         else:

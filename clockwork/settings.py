@@ -795,7 +795,9 @@ class FaultSettings(Settings):
         "(simulator only).")
     controller_restart: list[ControllerRestartFault] = setting(
         default_factory=list, description="Controller restarts: `{at_s, down_s, "
-        "fresh_caches}` (not with `kill` or `hang`).")
+        "fresh_caches}` (not with `kill` or `hang`, nor with `[[repository]]`, "
+        "`[[add_workers]]` or `[[remove_workers]]` entries: a new controller starts from "
+        "the `[[models]]` list and the workers at the start).")
     detect_ms: float = setting(
         1.0, "Simulator: how long after a worker dies the controller sees its connection "
         "close, in milliseconds.", ge=0)
@@ -845,7 +847,8 @@ class RepositoryEvent(Settings):
     at_s: float = setting(description="When, in seconds from the start.", ge=0)
     unload: str | None = setting(
         None, "Stop serving this: a `[[models]]` name (every copy of it still served) or "
-        "one copy's instance name (`name:k`). Its queued requests are answered at once, "
+        "one copy's instance name (`name:k`, k >= 1: the first copy goes by the model's "
+        "name, which unloads every copy). Its queued requests are answered at once, "
         "`INVALID_REQUEST` (reason `unknown_model`), and so are those that arrive while it "
         "is not served; what runs finishes; its copies are evicted.",
         default_text="none", pattern=r"^\S+$", expected="a model or instance name")

@@ -115,6 +115,10 @@ def test_one_copy_unloaded_alone_and_loaded_back(tmp_path):
     ([("unload", "resnet50_v2"), ("load", "resnet50_v2:1")],
      "repository.1.load: 'resnet50_v2:1' is a copy of model 'resnet50_v2', none of whose"),
     ([("load", "mobilenet_v2:1")], "'mobilenet_v2:1' is not a [[models]] name"),
+    # the first copy goes by the model's name (it was only "not a [[models]] name")
+    ([("unload", "resnet50_v2:0")], "repository.0.unload: 'resnet50_v2:0': the first copy "
+     "of 'resnet50_v2' goes by the model's name, which unloads every copy; a copy alone is "
+     "resnet50_v2:1 and up"),
 ])
 def test_repository_events_are_checked_in_time_order(tmp_path, events, error):
     """Each event against what is served at its time (every instance at the start),

@@ -456,6 +456,20 @@ def test_a_run_whose_every_worker_is_killed_for_good_says_why_requests_wait():
     assert "drain_s" not in str(e.value)
 
 
+def test_a_run_ended_before_a_killed_worker_is_back_asks_for_more_drain():
+    """Its only worker killed with a back_s after the run's end: the requests still
+    unanswered at drain_s's end wait for it, so the run asks for a longer drain_s (it said
+    every worker was killed for good, no back_s, and to give the kill one)."""
+    sc = {"seed": 1, "duration_s": 0.5, "drain_s": 0.1,
+          "cluster": {"workers": 1, "gpus_per_worker": 1},
+          "scheduler": {"policy": "infaas"},
+          "models": [{"name": "mobilenet_v2"}],
+          "workloads": [{"kind": "fixed_rate", "rate_rps": 100.0}],
+          "faults": {"kill": [{"worker": 0, "at_s": 0.3, "back_s": 5.0}]}}
+    with pytest.raises(RuntimeError, match=r"at drain_s = 0\.1 s after duration_s"):
+        simulate(sc)
+
+
 def test_requests_that_come_together_share_a_batch_as_live():
     """A closed loop of 4 on one copy: the 4 answers of a batch come at one instant and
     the 4 requests they make reach the controller together, as a message of several does

@@ -880,14 +880,20 @@ class Simulation:
             self._report(min(now, self.duration) if heap else self.duration, wall_s,
                          next_id, end="\n")
         if outstanding:
-            if not any(alive):  # (more drain would not help: say why they wait)
+            # a worker still to come back or join after the end: more drain would help
+            coming = any(e[2] == _FAULT and e[3][0] in ("restart", "join") for e in heap)
+            if not any(alive) and not coming:  # (more drain would not help: say why)
+                wait = self.sc.scheduler.get("no_worker_wait_ms", 2000)
                 raise RuntimeError(
                     f"simulation ended with {outstanding} unanswered request(s): every "
                     "worker was killed for good (no back_s), and policy "
                     f"{self.sc.scheduler.get('policy', 'clockwork')!r} keeps the requests "
-                    "it held then until a GPU serves them (later ones are answered ERROR, "
-                    "no worker, as the live controller answers them); give a kill a "
-                    "back_s, or keep a worker")
+                    "it held then for a GPU "
+                    + ("for good (scheduler.no_worker_wait_ms = 0)" if not wait else
+                       f"until {wait:g} ms after the last worker went (no_worker_wait_ms), "
+                       "past drain_s here")
+                    + " (later ones are answered ERROR, no worker, as the live controller "
+                    "answers them); give a kill a back_s, or keep a worker")
             raise RuntimeError(
                 f"simulation ended with {outstanding} unanswered request(s) at drain_s = "
                 f"{self.sc.data.get('drain_s', 120.0):g} s after duration_s: give them "
