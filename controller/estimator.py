@@ -74,8 +74,8 @@ class Estimator:
         self.percentile = percentile
         self.window = window
         self.measured_at = 0  # when the last EXEC was measured (ns)
-        # an inflated EXEC estimate of a batch size not measured for this long (ns) goes
-        # back to the profile's figure (``_age``); None: never
+        # an inflated EXEC estimate of a batch size not measured for this long (ns) is set
+        # to its window's median (``_age``); None: never
         self.stale = stale
         self._measured: dict[int, int] = {}  # batch size -> when it was last measured
         self._aged_at = 0  # when ``_age`` last looked

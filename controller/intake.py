@@ -417,9 +417,10 @@ class ClientClock:
                         f"{CLIENT_CLOCK_STEP_SPAN_NS // 10**9} s {where} the stream's clock "
                         "agree; theirs is the stream's clock from now on")
             return 0
+        window_s = CLIENT_CLOCK_WINDOW_NS // 10**9
         self.why = (f"client_time_ns {client_time_ns} is {where} the clock of the stream's "
-                    f"earlier messages (at most {CLIENT_CLOCK_WINDOW_NS // 10**9} s either "
-                    f"way): {'charged ' + str(CLIENT_CLOCK_WINDOW_NS // 10**9) + ' s' if gap > 0 else 'taken as sent on arrival'}")
+                    f"earlier messages (at most {window_s} s either way): "
+                    + (f"charged {window_s} s" if gap > 0 else "taken as sent on arrival"))
         return CLIENT_CLOCK_WINDOW_NS if gap > 0 else 0
 
 

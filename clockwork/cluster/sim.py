@@ -883,7 +883,7 @@ class Simulation:
             # a worker still to come back or join after the end: more drain would help
             coming = any(e[2] == _FAULT and e[3][0] in ("restart", "join") for e in heap)
             if not any(alive) and not coming:  # (more drain would not help: say why)
-                wait = self.sc.scheduler.get("no_worker_wait_ms", 2000)
+                wait = self.cfg.no_worker_wait / 1e6  # (ms)
                 raise RuntimeError(
                     f"simulation ended with {outstanding} unanswered request(s): every "
                     "worker was killed for good (no back_s), and policy "

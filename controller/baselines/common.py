@@ -327,9 +327,7 @@ class BaselinePolicy(Policy):
 
     def answer_queued(self, now: int, why: str) -> list[Action]:
         for name in sorted(self.serving):
-            for r in self._take_queued(name):
-                self._attempts.pop(r.id, None)
-                self._answer(r, RequestStatus.ERROR, now, why)
+            self._answer_all(name, RequestStatus.ERROR, now, why)
         return []
 
     def arrived_earlier(self, requests: list[Request], by: int, now: int) -> list[Action]:
@@ -385,9 +383,7 @@ class BaselinePolicy(Policy):
         self._refused.pop(name, None)  # (the name added again starts afresh)
         for k in [k for k in self._refused_on if k[0] == name]:
             del self._refused_on[k]
-        for r in self._take_queued(name):
-            self._attempts.pop(r.id, None)
-            self._answer(r, RequestStatus.INVALID_REQUEST, now, MODEL_UNLOADED)
+        self._answer_all(name, RequestStatus.INVALID_REQUEST, now, MODEL_UNLOADED)
         freed = {c.gpu.index: c.gpu for c in self.copies[name].values()}
         self._sweep(now, out)
         for g in freed.values():  # pages freed: the policy may place waiting work
@@ -513,9 +509,7 @@ class BaselinePolicy(Policy):
             return
         why = error_message(result)
         self._refused[model] = (now + REFUSED_FOR_NS, why)
-        for r in self._take_queued(model):
-            self._attempts.pop(r.id, None)
-            self._answer(r, RequestStatus.ERROR, now, why)
+        self._answer_all(model, RequestStatus.ERROR, now, why)
 
     def _faulted(self, c: Copy, now: int, out: list[Action]) -> None:
         """An INFER on copy ``c`` failed on its device (``COPY_FAULTED``): failing at
@@ -637,15 +631,19 @@ class BaselinePolicy(Policy):
         self._answer_unfit(self.serving, now)
         return out
 
+    def _answer_all(self, model: str, status: RequestStatus, now: int, why: str) -> None:
+        """Answer every request queued for ``model`` (``status``, ``why``), oldest first."""
+        for r in self._take_queued(model):
+            self._attempts.pop(r.id, None)
+            self._answer(r, status, now, why)
+
     def _answer_unfit(self, models, now: int) -> None:
         """Answer every request queued for each of ``models`` (served) that no GPU left
         can hold (the baselines keep a request until it is served: these would wait for
         ever)."""
         why = NO_GPU_FITS if self.in_service else NO_GPU_LEFT
         for name in [n for n in models if n in self.serving and not self.fits_somewhere(n)]:
-            for r in self._take_queued(name):
-                self._attempts.pop(r.id, None)
-                self._answer(r, RequestStatus.ERROR, now, why)
+            self._answer_all(name, RequestStatus.ERROR, now, why)
 
     def set_gpu_available(self, gpu_index: int, available: bool, now: int) -> list[Action]:
         """Lost (False): every copy on the GPU is forgotten, each as a lost copy is
